@@ -1,0 +1,113 @@
+# tp-toolkit build. `make` builds everything into build/bin; `make test` runs
+# every test; `make demo` runs the main job end to end. Each installs missing
+# Debian packages first (`make deps`).
+
+BUILD ?= build
+CC ?= cc
+PYTHON := /usr/bin/python3
+
+# CUDA: on when nvcc is found (PATH or /usr/local/cuda/bin); `make CUDA=0` turns it off.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+ifeq ($(NVCC),)
+CUDA ?= 0
+else
+CUDA ?= 1
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+
+# Third-party headers come in as system headers so their warnings stay theirs.
+PKGS := hdf5 libzstd libcjson libxxhash
+PKG_CFLAGS := $(patsubst -I%,-isystem %,$(shell pkg-config --cflags $(PKGS) 2>/dev/null))
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+SANITIZE ?=
+CFLAGS ?= -O2 -g
+CFLAGS += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -MMD -MP $(PKG_CFLAGS) $(SANITIZE)
+LDFLAGS += -pthread $(SANITIZE)
+LDLIBS += $(PKG_LIBS) -lm
+NVCCFLAGS ?= -O2 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
+
+COMMON_SRC := $(wildcard common/*.c)
+CKPT_SRC := $(filter-out ckpt/tp-ckpt.c,$(wildcard ckpt/*.c))
+KERNELS_SRC := kernels/convert.c
+TRAINER_LIB_SRC := trainer/gpt_catalog.c
+ifeq ($(CUDA),1)
+KERNELS_CU := $(wildcard kernels/*.cu)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+else
+KERNELS_SRC += kernels/cuda_none.c
+KERNELS_CU :=
+CUDA_LIBS :=
+endif
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+LIB_COMMON := $(BUILD)/lib/libtpcommon.a
+LIB_CKPT := $(BUILD)/lib/libtpckpt.a
+LIB_KERNELS := $(BUILD)/lib/libtpkernels.a
+LIB_TRAINER := $(BUILD)/lib/libtptrainer.a
+LIBS := $(LIB_TRAINER) $(LIB_CKPT) $(LIB_KERNELS) $(LIB_COMMON)
+
+PROGRAMS := $(BUILD)/bin/tp-ckpt
+TEST_SRC := $(wildcard tests/*/test_*.c)
+TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+
+.PHONY: all build deps test asan demo bench-ckpt clean programs tests
+
+all: deps
+	@$(MAKE) --no-print-directory build
+
+build: programs tests
+
+programs: $(PROGRAMS)
+tests: $(TEST_BINS)
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu kernels/convert_bits.h kernels/kernels.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB_COMMON): $(call obj,$(COMMON_SRC))
+$(LIB_CKPT): $(call obj,$(CKPT_SRC))
+$(LIB_KERNELS): $(call obj,$(KERNELS_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(KERNELS_CU))
+$(LIB_TRAINER): $(call obj,$(TRAINER_LIB_SRC))
+$(BUILD)/lib/%.a:
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/tp-ckpt: $(call obj,ckpt/tp-ckpt.c) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS) -lcriterion
+
+test: deps
+	@$(MAKE) --no-print-directory build
+	@BUILD=$(BUILD) scripts/run-tests.sh
+
+# The same suite under AddressSanitizer and UndefinedBehaviorSanitizer.
+asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 CFLAGS="-O1 -g -fno-omit-frame-pointer" \
+		SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all" build
+	@BUILD=build-asan SANITIZED=1 scripts/run-tests.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory build
+	@BUILD=$(BUILD) scripts/demo.sh
+
+bench-ckpt: deps
+	@$(MAKE) --no-print-directory build
+	@BUILD=$(BUILD) scripts/bench-ckpt.sh
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,300 @@
+/* ckpt.h: sharded, self-describing HDF5 checkpoints (format: docs/FORMAT.md).
+ *
+ * A checkpoint is a directory holding one HDF5 file per shard (pipeline stage x
+ * tensor-parallel rank) and index.json. Every tensor is stored under its global
+ * name with a partition description that says how its global (logical) tensor
+ * is cut into per-rank pieces, so any layout can be read back without model code.
+ *
+ * Conventions:
+ *  - Every function that can fail returns a ckpt_status (CKPT_OK == 0). The
+ *    message of the most recent failure in the calling thread is ckpt_errmsg();
+ *    the library never prints.
+ *  - Handles are opaque; each _create/_open has its _free/_close.
+ *  - Reading functions may be called from several threads at once on one reader.
+ *    Writer put functions may be called from several threads at once as long as
+ *    they write disjoint rows.
+ */
+#ifndef TP_CKPT_H
+#define TP_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CKPT_FORMAT_MAJOR 1
+#define CKPT_FORMAT_MINOR 0
+#define CKPT_MAX_DIMS 8
+#define CKPT_MAX_SEGMENTS 16
+#define CKPT_NAME_MAX 255
+#define CKPT_ZSTD_FILTER_ID 32015 /* the registered HDF5 filter id of Zstandard */
+
+typedef enum {
+    CKPT_OK = 0,
+    CKPT_ERR_ARG,       /* an argument or tensor description is invalid */
+    CKPT_ERR_IO,        /* a system call failed */
+    CKPT_ERR_HDF5,      /* the HDF5 library reported an error */
+    CKPT_ERR_FORMAT,    /* contents do not follow docs/FORMAT.md (damaged or foreign) */
+    CKPT_ERR_VERSION,   /* written by a newer major format version */
+    CKPT_ERR_CHECKSUM,  /* data does not match its stored checksum */
+    CKPT_ERR_NOT_FOUND, /* no such checkpoint, file or tensor */
+    CKPT_ERR_EXISTS,    /* the output exists and overwriting was not asked for */
+    CKPT_ERR_LAYOUT,    /* a tensor cannot be partitioned at the requested layout */
+    CKPT_ERR_NOMEM,
+    CKPT_ERR_STATE,     /* a call out of order, e.g. commit with pieces missing */
+} ckpt_status;
+
+/* Message of the last failure in this thread: names the file, tensor and the
+ * expected against the actual value where there are such. Never NULL. */
+const char *ckpt_errmsg(void);
+const char *ckpt_status_name(int status);
+
+/* ---------------------------------------------------------------- types */
+
+typedef enum { CKPT_FP32 = 0, CKPT_BF16 = 1, CKPT_FP16 = 2 } ckpt_dtype;
+
+size_t ckpt_dtype_size(ckpt_dtype dtype);
+const char *ckpt_dtype_name(ckpt_dtype dtype); /* "fp32", "bf16", "fp16" */
+int ckpt_dtype_parse(const char *text, ckpt_dtype *out);
+
+/* A parallel layout. Layers are split evenly over pipeline stages. */
+typedef struct {
+    int tp;             /* tensor-parallel degree */
+    int pp;             /* pipeline-parallel degree */
+    int dp;             /* data-parallel degree (recorded; shards do not depend on it) */
+    int64_t num_layers; /* transformer layers in the whole model */
+} ckpt_layout;
+
+/* Checks tp, pp, dp >= 1 and num_layers divisible by pp. */
+int ckpt_layout_check(const ckpt_layout *layout);
+
+typedef enum { CKPT_REPLICATED = 0, CKPT_SPLIT = 1 } ckpt_partition_kind;
+
+/* How a global tensor is cut into tensor-parallel pieces.
+ *
+ * A split axis is a concatenation of segments (fused QKV: [q, k, v]; SwiGLU:
+ * [gate, up]). Each segment is split evenly and independently over the tp
+ * ranks, and rank r's piece is the concatenation, in segment order, of its
+ * share of every segment. A share is a whole number of granules (head_dim for
+ * attention heads, 1 otherwise). With pad_multiple d >= 1 each segment is
+ * padded at its end with zero rows up to a multiple of tp * d * granule (a
+ * vocabulary padded for tp); with d == 0 a segment that does not split evenly
+ * is an error. */
+typedef struct {
+    ckpt_partition_kind kind;
+    int axis;                               /* split axis, 0 <= axis < ndim */
+    int num_segments;                       /* 0 means one segment spanning the axis */
+    int64_t segments[CKPT_MAX_SEGMENTS];    /* logical sizes; they sum to shape[axis] */
+    int64_t granule;                        /* 0 is taken as 1 */
+    int64_t pad_multiple;                   /* 0: no padding allowed */
+} ckpt_partition;
+
+/* Where a tensor lives in the pipeline: with a layer (stage = layer / (layers/pp)),
+ * or on the first or last stage (embeddings, final norm). */
+typedef enum { CKPT_ANCHOR_LAYER = 0, CKPT_ANCHOR_FIRST = 1, CKPT_ANCHOR_LAST = 2 } ckpt_anchor;
+
+typedef struct {
+    const char *name;   /* global name, e.g. "model/layers.3.attn.qkv.weight" */
+    const char *role;   /* "param" (NULL means this), "exp_avg", "exp_avg_sq", "master", ... */
+    const char *param;  /* name of the parameter this belongs to; NULL means name */
+    ckpt_dtype dtype;
+    int ndim;                      /* 1..CKPT_MAX_DIMS */
+    int64_t shape[CKPT_MAX_DIMS];  /* logical global shape (no padding) */
+    ckpt_partition partition;
+    ckpt_anchor anchor;
+    int64_t layer;                 /* global layer index when anchor == CKPT_ANCHOR_LAYER */
+} ckpt_tensor_desc;
+
+/* Training state recorded with a checkpoint (docs/FORMAT.md "train"). The JSON
+ * texts are validated on write; NULL stands for an empty object/array. */
+typedef struct {
+    int64_t step;
+    int64_t consumed_samples;
+    const char *model_json;    /* object: model configuration */
+    const char *schedule_json; /* object: learning-rate schedule state */
+    const char *rng_json;      /* array: per-rank random-number state */
+    const char *user_json;     /* object: free-form user metadata */
+} ckpt_train_state;
+
+/* ---------------------------------------------------- partition arithmetic */
+
+/* Checks the description (names, shape, segments, granule) and that it can be
+ * partitioned over tp ranks; the error names the tensor, segment and sizes. */
+int ckpt_tensor_check(const ckpt_tensor_desc *tensor, int tp);
+
+/* Number of pieces at degree tp: tp for split tensors, 1 for replicated ones. */
+int ckpt_piece_count(const ckpt_tensor_desc *tensor, int tp);
+
+/* Stored shape of every piece at degree tp (padding included). */
+void ckpt_piece_shape(const ckpt_tensor_desc *tensor, int tp, int64_t shape_out[CKPT_MAX_DIMS]);
+
+/* Global stored shape at degree tp: the logical shape with padding. */
+void ckpt_padded_shape(const ckpt_tensor_desc *tensor, int tp, int64_t shape_out[CKPT_MAX_DIMS]);
+
+/* Pipeline stage that holds the tensor in the given layout. */
+int ckpt_tensor_stage(const ckpt_tensor_desc *tensor, const ckpt_layout *layout);
+
+/* A run of consecutive logical indices along the split axis that lie
+ * consecutively in one rank's piece. */
+typedef struct {
+    int rank;
+    int64_t logical_start; /* along the split axis of the logical tensor */
+    int64_t local_start;   /* along the split axis of the rank's piece */
+    int64_t length;
+} ckpt_run;
+
+/* Cuts the logical range [start, start + count) of the split axis into runs, in
+ * increasing logical order. At most num_segments * tp runs; returns how many
+ * were written, or -1 when max_runs is too small or the range is out of bounds. */
+int64_t ckpt_partition_runs(const ckpt_tensor_desc *tensor, int tp, int64_t start, int64_t count,
+                            ckpt_run *runs, int64_t max_runs);
+
+/* Runs of rank's piece in local order, covering its whole split axis: entries
+ * with logical_start == -1 are padding. At most 2 * num_segments runs; returns
+ * how many were written, or -1 when max_runs is too small. */
+int64_t ckpt_piece_runs(const ckpt_tensor_desc *tensor, int tp, int rank, ckpt_run *runs,
+                        int64_t max_runs);
+
+/* ------------------------------------------------------------------ writer */
+
+typedef struct ckpt_writer ckpt_writer;
+
+typedef struct {
+    int compress_level; /* 0: uncompressed (default); 1..22: zstd level */
+    int overwrite;      /* 1: replace a checkpoint already at the path (default 0: refuse) */
+    int update_latest;  /* 1: point <parent>/latest at this checkpoint on commit (default 0) */
+    /* Distributed writing (one process per rank): when shard_pp >= 0 this writer
+     * writes only shard (shard_pp, shard_tp) into the shared staging directory and
+     * ckpt_writer_finish() ends it; one process then calls ckpt_commit_staged().
+     * Default -1: this writer writes every shard and ckpt_writer_commit() ends it. */
+    int shard_pp, shard_tp;
+} ckpt_write_options;
+
+void ckpt_write_options_init(ckpt_write_options *options);
+
+/* Starts a checkpoint at `path` (its parent must exist). Fails with
+ * CKPT_ERR_EXISTS when path exists and options->overwrite is 0. Nothing is
+ * visible at path until commit. */
+int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *layout,
+                       const ckpt_write_options *options);
+
+/* Declares a tensor and allocates its pieces in their shard files. *id_out is
+ * the handle for the put functions. Fails with CKPT_ERR_LAYOUT when the tensor
+ * cannot be split at this layout. A tensor on a shard this writer does not
+ * write is accepted and ignored. */
+int ckpt_writer_add_tensor(ckpt_writer *writer, const ckpt_tensor_desc *tensor, int *id_out);
+
+/* Whether this writer writes the given piece (distributed writers own one shard). */
+int ckpt_writer_owns_piece(const ckpt_writer *writer, int tensor_id, int piece);
+
+/* Rows (indices along axis 0 of the stored piece) per checksum block. Slabs put
+ * with ckpt_writer_put_rows must start on a block boundary and cover whole
+ * blocks, except for the last block of the piece. */
+int64_t ckpt_writer_block_rows(const ckpt_writer *writer, int tensor_id);
+
+/* Writes a whole piece (stored shape, padding included, padding zero). */
+int ckpt_writer_put_piece(ckpt_writer *writer, int tensor_id, int piece, const void *data);
+
+/* Writes rows [row_start, row_start + row_count) of a piece. */
+int ckpt_writer_put_rows(ckpt_writer *writer, int tensor_id, int piece, int64_t row_start,
+                         int64_t row_count, const void *data);
+
+/* Checks every piece is complete, syncs, writes index.json and atomically
+ * renames the checkpoint into place (then updates `latest` if asked). Frees
+ * the writer whatever the outcome; on failure nothing is visible at path. */
+int ckpt_writer_commit(ckpt_writer *writer, const ckpt_train_state *state);
+
+/* Distributed writing: completes and syncs this writer's shard without
+ * committing. Frees the writer. */
+int ckpt_writer_finish(ckpt_writer *writer);
+
+/* Removes everything written so far. Frees the writer. */
+void ckpt_writer_abort(ckpt_writer *writer);
+
+/* Distributed writing, called by one process before any writer is created:
+ * clears a staging directory left by an interrupted attempt at `path`. */
+int ckpt_stage_prepare(const char *path, const ckpt_write_options *options);
+
+/* Distributed writing, called by one process after every writer finished:
+ * checks that all shards are complete and commits as ckpt_writer_commit. */
+int ckpt_commit_staged(const char *path, const ckpt_layout *layout, const ckpt_train_state *state,
+                       const ckpt_write_options *options);
+
+/* ------------------------------------------------------------------ reader */
+
+typedef struct ckpt_reader ckpt_reader;
+
+typedef struct {
+    int verify; /* 1 (default): check the checksum of every block read */
+} ckpt_read_options;
+
+void ckpt_read_options_init(ckpt_read_options *options);
+
+/* Finds the checkpoint a path names: a checkpoint directory itself, or a run
+ * directory, through its `latest` pointer or else its newest committed step_*
+ * directory. */
+int ckpt_resolve(const char *path, char *out, size_t out_size);
+
+/* Opens a checkpoint (a path as ckpt_resolve takes). Checks the index, the
+ * format version and that every shard file is present with its recorded size. */
+int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_options *options);
+void ckpt_reader_close(ckpt_reader *reader);
+
+const char *ckpt_reader_path(const ckpt_reader *reader); /* the resolved checkpoint directory */
+const ckpt_layout *ckpt_reader_layout(const ckpt_reader *reader);
+const ckpt_train_state *ckpt_reader_state(const ckpt_reader *reader);
+void ckpt_reader_version(const ckpt_reader *reader, int *major, int *minor);
+
+int ckpt_reader_num_tensors(const ckpt_reader *reader);
+const ckpt_tensor_desc *ckpt_reader_tensor(const ckpt_reader *reader, int index);
+int ckpt_reader_find(const ckpt_reader *reader, const char *name); /* index, or -1 */
+
+typedef struct {
+    const char *file;               /* shard file name inside the checkpoint */
+    int pp, tp;                     /* the shard */
+    int64_t shape[CKPT_MAX_DIMS];   /* stored shape */
+    int64_t bytes;                  /* stored bytes, uncompressed */
+    uint64_t checksum;
+    int compressed;
+} ckpt_piece_info;
+
+int ckpt_reader_piece_info(const ckpt_reader *reader, int index, int piece, ckpt_piece_info *out);
+
+int ckpt_reader_num_files(const ckpt_reader *reader);
+/* Name and size in bytes of shard file i. */
+const char *ckpt_reader_file(const ckpt_reader *reader, int i, int64_t *bytes);
+
+/* Reads a whole stored piece (padding included) into buf. */
+int ckpt_reader_read_piece(ckpt_reader *reader, int index, int piece, void *buf, size_t buf_size);
+
+/* Reads the region [start, start + count) of the logical global tensor, in the
+ * stored dtype, into buf as a dense row-major array of shape count. Reads only
+ * the pieces and rows the region needs (with verification on, whole checksum
+ * blocks). */
+int ckpt_reader_read_region(ckpt_reader *reader, int index, const int64_t *start,
+                            const int64_t *count, void *buf, size_t buf_size);
+
+/* Reads a piece and checks every block against its checksum, and the block
+ * checksums against the piece checksum in the file and in the index. */
+int ckpt_reader_verify_piece(ckpt_reader *reader, int index, int piece);
+
+/* Checks that every padding element of a piece is zero. */
+int ckpt_reader_check_padding(ckpt_reader *reader, int index, int piece);
+
+/* ------------------------------------------------------ logical comparison */
+
+typedef struct {
+    int64_t elements;        /* elements compared */
+    int64_t mismatches;      /* elements outside tolerance */
+    double max_abs_diff;
+    double max_rel_diff;     /* |a-b| / max(|a|,|b|), over elements with a nonzero */
+    int64_t worst_index;     /* flat logical index of the largest absolute difference */
+} ckpt_compare_result;
+
+/* Compares tensor a_index of a with tensor b_index of b logically (merged,
+ * unpadded), whatever the layouts and stored dtypes. An element matches when
+ * its values are bit-identical after conversion to fp32 or
+ * |a-b| <= atol + rtol * max(|a|,|b|). Streams in slabs of at most
+ * slab_bytes per side. Fails with CKPT_ERR_ARG when the logical shapes differ. */
+int ckpt_compare_tensor(ckpt_reader *a, int a_index, ckpt_reader *b, int b_index, double rtol,
+                        double atol, size_t slab_bytes, ckpt_compare_result *out);
+
+#endif

@@ -1,0 +1,325 @@
+/* commit.c: from a staging directory of complete shard files to a visible
+ * checkpoint. The index is built from the shard files themselves (their
+ * attributes are the single source of truth), so distributed writers need
+ * no side channel: each rank writes its shard, one process commits.
+ *
+ * Durability order: shard files fsynced (by their writers), index.json
+ * written and fsynced, staging directory fsynced, renamed to its final name,
+ * parent fsynced, then `latest` replaced by rename. A crash before the rename
+ * leaves only a hidden staging directory; after it, a complete checkpoint. */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "attrs.h"
+#include "commit.h"
+#include "index.h"
+#include "namemap.h"
+
+int ckpt_store_checksums(hid_t file, const char *file_path, const char *tensor_name,
+                         const uint64_t *block_hashes, int64_t num_blocks)
+{
+    char path[CKPT_NAME_MAX + 32];
+    uint64_t checksum = ckpt_hash_blocks(block_hashes, num_blocks);
+    hsize_t dims[1] = {(hsize_t)num_blocks};
+    hid_t space = H5Screate_simple(1, dims, NULL);
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    hid_t sums = -1, dset = -1;
+    int status = CKPT_OK;
+    snprintf(path, sizeof path, "/%s/%s", CKPT_CHECKSUM_GROUP, tensor_name);
+    if (space < 0 || lcpl < 0 || H5Pset_create_intermediate_group(lcpl, 1) < 0 ||
+        (sums = H5Dcreate2(file, path, H5T_STD_U64LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT)) < 0 ||
+        H5Dwrite(sums, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, block_hashes) < 0)
+        status = ckpt_fail_hdf5("%s: cannot store block checksums of tensor %s", file_path, tensor_name);
+    snprintf(path, sizeof path, "/%s/%s", CKPT_TENSOR_GROUP, tensor_name);
+    if (!status && (dset = H5Dopen2(file, path, H5P_DEFAULT)) < 0)
+        status = ckpt_fail_hdf5("%s: cannot open tensor %s", file_path, tensor_name);
+    if (!status) status = ckpt_h5_write_u64(dset, "checksum", checksum);
+    if (dset >= 0) H5Dclose(dset);
+    if (sums >= 0) H5Dclose(sums);
+    if (lcpl >= 0) H5Pclose(lcpl);
+    if (space >= 0) H5Sclose(space);
+    return status;
+}
+
+/* ------------------------------------------------------------ index build */
+
+typedef struct {
+    ckpt_index *index;
+    ckpt_name_map names;
+    int capacity;
+    const ckpt_index_file *file;
+    const char *file_path;
+    int status;
+} scan_state;
+
+static const char *index_name_of(const void *ctx, int64_t i)
+{
+    const ckpt_index *index = ctx;
+    return index->tensors[i].tensor.name;
+}
+
+/* Adds one dataset (a piece) of the file being scanned to the index. */
+static int scan_piece(scan_state *st, hid_t dset)
+{
+    ckpt_index *index = st->index;
+    ckpt_piece_attrs attrs;
+    int status = ckpt_attrs_read(dset, &attrs, 1);
+    if (status) return status;
+    const ckpt_tensor_desc *t = &attrs.tensor.desc;
+    if (attrs.tp != index->layout.tp)
+        return ckpt_fail(CKPT_ERR_FORMAT, "tensor %s was written for tp=%d, the checkpoint has tp=%d",
+                         t->name, attrs.tp, index->layout.tp);
+    int stage = ckpt_tensor_stage(t, &index->layout);
+    int expect_tp = t->partition.kind == CKPT_SPLIT ? attrs.piece : 0;
+    if (stage != st->file->pp || expect_tp != st->file->tp)
+        return ckpt_fail(CKPT_ERR_FORMAT,
+                         "tensor %s piece %d belongs in shard pp=%d tp=%d, found in pp=%d tp=%d",
+                         t->name, attrs.piece, stage, expect_tp, st->file->pp, st->file->tp);
+
+    ckpt_piece_geometry g;
+    ckpt_piece_geometry_init(&g, t, index->layout.tp, attrs.block_rows);
+    hid_t space = H5Dget_space(dset);
+    hsize_t dims[CKPT_MAX_DIMS];
+    int ndim = space >= 0 ? H5Sget_simple_extent_dims(space, dims, NULL) : -1;
+    if (space >= 0) H5Sclose(space);
+    int shape_ok = ndim == t->ndim;
+    for (int d = 0; shape_ok && d < ndim; d++) shape_ok = (int64_t)dims[d] == g.shape[d];
+    if (!shape_ok)
+        return ckpt_fail(CKPT_ERR_FORMAT, "tensor %s: dataset shape does not match its partition",
+                         t->name);
+    hid_t dcpl = H5Dget_create_plist(dset);
+    int compressed = dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED;
+    if (dcpl >= 0) H5Pclose(dcpl);
+
+    int64_t i = ckpt_name_map_find(&st->names, t->name, index_name_of, index);
+    if (i < 0) {
+        if (index->num_tensors == st->capacity) {
+            int capacity = st->capacity ? 2 * st->capacity : 256;
+            ckpt_index_tensor *grown = realloc(index->tensors, (size_t)capacity * sizeof *grown);
+            if (!grown) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+            index->tensors = grown;
+            st->capacity = capacity;
+            for (int k = 0; k < index->num_tensors; k++) ckpt_tensor_copy_rebind(&grown[k].tensor);
+        }
+        ckpt_index_tensor *it = &index->tensors[index->num_tensors];
+        memset(it, 0, sizeof *it);
+        it->tensor = attrs.tensor;
+        ckpt_tensor_copy_rebind(&it->tensor);
+        it->stage = stage;
+        it->block_rows = attrs.block_rows;
+        it->order = attrs.order;
+        it->num_pieces = ckpt_piece_count(t, index->layout.tp);
+        it->pieces = calloc((size_t)it->num_pieces, sizeof *it->pieces);
+        if (!it->pieces) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+        for (int p = 0; p < it->num_pieces; p++) it->pieces[p].file_index = -1;
+        i = index->num_tensors++;
+        status = ckpt_name_map_insert(&st->names, it->tensor.name, i, index_name_of, index);
+        if (status) return status;
+    }
+    ckpt_index_tensor *it = &index->tensors[i];
+    if (!ckpt_tensor_equal(&it->tensor.desc, t) || it->block_rows != attrs.block_rows)
+        return ckpt_fail(CKPT_ERR_FORMAT, "tensor %s is described differently in different shards",
+                         t->name);
+    if (attrs.order < it->order) it->order = attrs.order;
+    ckpt_index_piece *ip = &it->pieces[attrs.piece];
+    if (ip->file_index >= 0)
+        return ckpt_fail(CKPT_ERR_FORMAT, "tensor %s piece %d is stored twice", t->name, attrs.piece);
+    snprintf(ip->file, sizeof ip->file, "%s", st->file->name);
+    ip->file_index = (int)(st->file - index->files);
+    ip->pp = st->file->pp;
+    ip->tp = st->file->tp;
+    memcpy(ip->shape, g.shape, sizeof ip->shape);
+    ip->bytes = g.bytes;
+    ip->checksum = attrs.checksum;
+    ip->compressed = compressed;
+    return CKPT_OK;
+}
+
+static herr_t visit_object(hid_t group, const char *name, const H5O_info_t *info, void *data)
+{
+    scan_state *st = data;
+    if (info->type != H5O_TYPE_DATASET) return 0;
+    hid_t dset = H5Dopen2(group, name, H5P_DEFAULT);
+    if (dset < 0) {
+        st->status = ckpt_fail_hdf5("%s: cannot open dataset %s", st->file_path, name);
+        return -1;
+    }
+    st->status = scan_piece(st, dset);
+    H5Dclose(dset);
+    if (st->status) {
+        st->status = ckpt_fail_context(st->status, "%s", st->file_path);
+        return -1;
+    }
+    return 0;
+}
+
+/* Opens a shard file of the staging directory and checks its root attributes. */
+static int scan_file(scan_state *st, const char *dir)
+{
+    char path[CKPT_PATH_MAX];
+    int status = ckpt_path_join(path, dir, st->file->name);
+    if (status) return status;
+    st->file_path = path;
+    if (!ckpt_path_exists(path))
+        return ckpt_fail(CKPT_ERR_STATE, "%s missing: the writer of shard pp=%d tp=%d did not finish",
+                         path, st->file->pp, st->file->tp);
+    hid_t fapl = ckpt_h5_file_access();
+    hid_t file = fapl >= 0 ? H5Fopen(path, H5F_ACC_RDONLY, fapl) : -1;
+    if (fapl >= 0) H5Pclose(fapl);
+    if (file < 0) return ckpt_fail_hdf5("%s: cannot open shard file", path);
+    int64_t complete = 0, coords[2] = {-1, -1};
+    char format[64];
+    status = ckpt_h5_read_string(file, "format", format, sizeof format);
+    if (!status) status = ckpt_h5_read_i64s(file, "complete", &complete, 1, NULL);
+    if (!status) {
+        int n = 0;
+        status = ckpt_h5_read_i64s(file, "shard_pp_tp", coords, 2, &n);
+    }
+    if (status) status = ckpt_fail_context(status, "%s", path);
+    else if (strcmp(format, CKPT_FORMAT_TAG) != 0 || coords[0] != st->file->pp ||
+             coords[1] != st->file->tp)
+        status = ckpt_fail(CKPT_ERR_FORMAT, "%s: not shard pp=%d tp=%d of this checkpoint", path,
+                           st->file->pp, st->file->tp);
+    else if (complete != 1)
+        status = ckpt_fail(CKPT_ERR_STATE, "%s: the shard's writer did not finish", path);
+    if (!status && H5Lexists(file, CKPT_TENSOR_GROUP, H5P_DEFAULT) > 0) {
+        hid_t group = H5Gopen2(file, CKPT_TENSOR_GROUP, H5P_DEFAULT);
+        st->status = CKPT_OK;
+        if (group < 0 ||
+            H5Ovisit2(group, H5_INDEX_NAME, H5_ITER_NATIVE, visit_object, st, H5O_INFO_BASIC) < 0 ||
+            st->status)
+            status = st->status ? st->status : ckpt_fail_hdf5("%s: cannot list tensors", path);
+        if (group >= 0) H5Gclose(group);
+    }
+    H5Fclose(file);
+    if (!status) {
+        struct stat sb;
+        if (stat(path, &sb) != 0) status = ckpt_fail(CKPT_ERR_IO, "%s: %s", path, strerror(errno));
+        else ((ckpt_index_file *)st->file)->bytes = (int64_t)sb.st_size;
+    }
+    return status;
+}
+
+static int by_order(const void *a, const void *b)
+{
+    const ckpt_index_tensor *x = a, *y = b;
+    if (x->order != y->order) return x->order < y->order ? -1 : 1;
+    return strcmp(x->tensor.name, y->tensor.name);
+}
+
+static int build_index(const char *staging, const ckpt_layout *layout, const ckpt_train_state *state)
+{
+    ckpt_index index;
+    memset(&index, 0, sizeof index);
+    index.major = CKPT_FORMAT_MAJOR;
+    index.minor = CKPT_FORMAT_MINOR;
+    index.layout = *layout;
+    ckpt_train_state empty = {0, 0, NULL, NULL, NULL, NULL};
+    int status = ckpt_index_set_state(&index, state ? state : &empty);
+    if (status) return status;
+    scan_state st = {&index, {0}, 0, NULL, NULL, CKPT_OK};
+    index.num_files = layout->tp * layout->pp;
+    index.files = calloc((size_t)index.num_files, sizeof *index.files);
+    if (!index.files) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    for (int f = 0; !status && f < index.num_files; f++) {
+        ckpt_index_file *file = &index.files[f];
+        file->pp = f / layout->tp;
+        file->tp = f % layout->tp;
+        ckpt_shard_file_name(file->pp, file->tp, file->name, sizeof file->name);
+        st.file = file;
+        status = scan_file(&st, staging);
+    }
+    for (int i = 0; !status && i < index.num_tensors; i++) {
+        const ckpt_index_tensor *it = &index.tensors[i];
+        for (int p = 0; !status && p < it->num_pieces; p++)
+            if (it->pieces[p].file_index < 0)
+                status = ckpt_fail(CKPT_ERR_STATE, "%s: tensor %s has no piece %d in any shard",
+                                   staging, it->tensor.name, p);
+    }
+    if (!status) {
+        qsort(index.tensors, (size_t)index.num_tensors, sizeof *index.tensors, by_order);
+        for (int k = 0; k < index.num_tensors; k++) ckpt_tensor_copy_rebind(&index.tensors[k].tensor);
+        char *json = NULL;
+        status = ckpt_index_to_json(&index, &json);
+        if (!status) status = ckpt_write_file_atomic(staging, CKPT_INDEX_NAME, json, strlen(json));
+        free(json);
+    }
+    ckpt_name_map_free(&st.names);
+    ckpt_index_free(&index);
+    return status;
+}
+
+/* ----------------------------------------------------------------- publish */
+
+/* Moves the staging directory to path. An existing checkpoint (when
+ * overwriting) is swapped out atomically and then removed. */
+static int publish(const char *staging, const char *path, const char *parent, int overwrite)
+{
+    if (rename(staging, path) == 0) return ckpt_fsync_path(parent, 1);
+    int err = errno;
+    if (!overwrite || (err != ENOTEMPTY && err != EEXIST && err != EISDIR && err != ENOTDIR))
+        return ckpt_fail(err == ENOTEMPTY || err == EEXIST ? CKPT_ERR_EXISTS : CKPT_ERR_IO,
+                         "cannot move %s to %s: %s", staging, path, strerror(err));
+    if (renameat2(AT_FDCWD, staging, AT_FDCWD, path, RENAME_EXCHANGE) != 0) {
+        /* No atomic exchange on this file system: move the old one aside first. */
+        char aside[CKPT_PATH_MAX + 16];
+        snprintf(aside, sizeof aside, "%s.replaced", staging);
+        ckpt_remove_tree(aside);
+        if (rename(path, aside) != 0 || rename(staging, path) != 0)
+            return ckpt_fail(CKPT_ERR_IO, "cannot replace %s: %s", path, strerror(errno));
+        ckpt_fsync_path(parent, 1);
+        return ckpt_remove_tree(aside);
+    }
+    int status = ckpt_fsync_path(parent, 1);
+    if (!status) status = ckpt_remove_tree(staging); /* now holds the replaced checkpoint */
+    return status;
+}
+
+/* Step of the checkpoint `latest` names in dir, or -1. */
+static int64_t latest_step(const char *dir)
+{
+    char resolved[CKPT_PATH_MAX], index_path[CKPT_PATH_MAX];
+    if (ckpt_resolve(dir, resolved, sizeof resolved) != CKPT_OK ||
+        ckpt_path_join(index_path, resolved, CKPT_INDEX_NAME) != CKPT_OK)
+        return -1;
+    char *text = NULL;
+    if (ckpt_read_text_file(index_path, &text, NULL) != CKPT_OK) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
+    int64_t value = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : -1;
+    cJSON_Delete(root);
+    return value;
+}
+
+int ckpt_commit_directory(const char *staging, const char *path, const ckpt_layout *layout,
+                          const ckpt_train_state *state, const ckpt_write_options *options)
+{
+    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
+    int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
+    if (status) return status;
+    if (!options->overwrite && ckpt_path_exists(path))
+        return ckpt_fail(CKPT_ERR_EXISTS, "%s already exists; refusing to replace it without --force",
+                         path);
+    ckpt_fault_point("before-index");
+    status = build_index(staging, layout, state);
+    if (status) return status;
+    status = ckpt_fsync_path(staging, 1);
+    if (status) return status;
+    ckpt_fault_point("before-rename");
+    status = publish(staging, path, parent, options->overwrite);
+    if (status || !options->update_latest) return status;
+    ckpt_fault_point("before-latest");
+    int64_t step = state ? state->step : 0;
+    if (latest_step(parent) > step) return CKPT_OK; /* never move `latest` backwards */
+    char line[CKPT_PATH_MAX + 2];
+    int n = snprintf(line, sizeof line, "%s\n", base);
+    return ckpt_write_file_atomic(parent, CKPT_LATEST_NAME, line, (size_t)n);
+}

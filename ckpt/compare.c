@@ -1,0 +1,77 @@
+/* compare.c: logical comparison of two tensors, whatever their layouts.
+ * Both sides are read as slabs of whole logical rows (axis 0) through
+ * ckpt_reader_read_region, widened to fp32 and compared element by element. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/kernels.h"
+#include "internal.h"
+
+static number_format format_of(ckpt_dtype dtype)
+{
+    return dtype == CKPT_BF16 ? NUMBER_BF16 : dtype == CKPT_FP16 ? NUMBER_F16 : NUMBER_F32;
+}
+
+int ckpt_compare_tensor(ckpt_reader *a, int ai, ckpt_reader *b, int bi, double rtol, double atol,
+                        size_t slab_bytes, ckpt_compare_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->worst_index = -1;
+    const ckpt_tensor_desc *ta = ckpt_reader_tensor(a, ai), *tb = ckpt_reader_tensor(b, bi);
+    if (!ta || !tb) return ckpt_fail(CKPT_ERR_ARG, "tensor index out of range");
+    if (ta->ndim != tb->ndim || memcmp(ta->shape, tb->shape, sizeof(int64_t) * (size_t)ta->ndim) != 0)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: logical shapes differ between the checkpoints",
+                         ta->name);
+    int64_t row_elements = 1;
+    for (int d = 1; d < ta->ndim; d++) row_elements *= ta->shape[d];
+    int64_t rows_per_slab = (int64_t)(slab_bytes / 4) / row_elements;
+    if (rows_per_slab < 1) rows_per_slab = 1;
+    if (rows_per_slab > ta->shape[0]) rows_per_slab = ta->shape[0];
+    size_t slab_elements = (size_t)(rows_per_slab * row_elements);
+    size_t raw_a = slab_elements * ckpt_dtype_size(ta->dtype), raw_b = slab_elements * ckpt_dtype_size(tb->dtype);
+    void *buf_a = malloc(raw_a), *buf_b = malloc(raw_b);
+    float *fa = malloc(slab_elements * 4), *fb = malloc(slab_elements * 4);
+    int status = CKPT_OK;
+    if (!buf_a || !buf_b || !fa || !fb)
+        status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory for %zu-element comparison slabs", slab_elements);
+    int exact = rtol == 0 && atol == 0;
+    for (int64_t row = 0; !status && row < ta->shape[0]; row += rows_per_slab) {
+        int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS];
+        memcpy(count, ta->shape, sizeof count);
+        start[0] = row;
+        count[0] = ta->shape[0] - row < rows_per_slab ? ta->shape[0] - row : rows_per_slab;
+        int64_t n = count[0] * row_elements;
+        status = ckpt_reader_read_region(a, ai, start, count, buf_a, raw_a);
+        if (!status) status = ckpt_reader_read_region(b, bi, start, count, buf_b, raw_b);
+        if (status) break;
+        out->elements += n;
+        if (ta->dtype == tb->dtype && memcmp(buf_a, buf_b, (size_t)n * ckpt_dtype_size(ta->dtype)) == 0)
+            continue;
+        convert_to_f32(buf_a, format_of(ta->dtype), fa, n);
+        convert_to_f32(buf_b, format_of(tb->dtype), fb, n);
+        for (int64_t k = 0; k < n; k++) {
+            double x = fa[k], y = fb[k];
+            uint32_t bx, by;
+            memcpy(&bx, &fa[k], 4);
+            memcpy(&by, &fb[k], 4);
+            if (bx == by) continue;
+            double diff = fabs(x - y);
+            double scale = fmax(fabs(x), fabs(y));
+            if (isnan(diff)) diff = INFINITY; /* NaN against a number, or differing NaNs */
+            double rel = scale > 0 ? diff / scale : diff;
+            int within = !exact && diff <= atol + rtol * scale;
+            if (!within) out->mismatches++;
+            if (diff > out->max_abs_diff || out->worst_index < 0) {
+                out->max_abs_diff = diff;
+                out->worst_index = row * row_elements + k;
+            }
+            if (rel > out->max_rel_diff) out->max_rel_diff = rel;
+        }
+    }
+    free(buf_a);
+    free(buf_b);
+    free(fa);
+    free(fb);
+    return status;
+}

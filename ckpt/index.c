@@ -1,0 +1,433 @@
+/* index.c: index.json, serialized and parsed with cJSON (docs/FORMAT.md "Index"). */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attrs.h"
+#include "index.h"
+
+/* ------------------------------------------------------------- serialize */
+
+static cJSON *int_array(const int64_t *values, int count)
+{
+    cJSON *array = cJSON_CreateArray();
+    for (int i = 0; array && i < count; i++)
+        cJSON_AddItemToArray(array, cJSON_CreateNumber((double)values[i]));
+    return array;
+}
+
+/* Parses text as JSON of the wanted type ('o' object, 'a' array); NULL text
+ * gives an empty one. */
+static cJSON *parse_state_json(const char *text, char kind, const char *what, int *status)
+{
+    if (!text || !*text) return kind == 'o' ? cJSON_CreateObject() : cJSON_CreateArray();
+    cJSON *value = cJSON_Parse(text);
+    if (!value || (kind == 'o' && !cJSON_IsObject(value)) || (kind == 'a' && !cJSON_IsArray(value))) {
+        cJSON_Delete(value);
+        *status = ckpt_fail(CKPT_ERR_ARG, "training state: %s is not a JSON %s", what,
+                            kind == 'o' ? "object" : "array");
+        return NULL;
+    }
+    return value;
+}
+
+static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp)
+{
+    const ckpt_tensor_desc *t = &it->tensor.desc;
+    cJSON *o = cJSON_CreateObject();
+    int64_t padded[CKPT_MAX_DIMS];
+    ckpt_padded_shape(t, tp, padded);
+    cJSON_AddStringToObject(o, "name", t->name);
+    cJSON_AddStringToObject(o, "role", t->role);
+    cJSON_AddStringToObject(o, "param", t->param);
+    cJSON_AddStringToObject(o, "dtype", ckpt_dtype_name(t->dtype));
+    cJSON_AddItemToObject(o, "shape", int_array(t->shape, t->ndim));
+    cJSON_AddItemToObject(o, "padded_shape", int_array(padded, t->ndim));
+    cJSON *part = cJSON_AddObjectToObject(o, "partition");
+    if (t->partition.kind == CKPT_SPLIT) {
+        cJSON_AddStringToObject(part, "kind", "split");
+        cJSON_AddNumberToObject(part, "axis", t->partition.axis);
+        cJSON_AddItemToObject(part, "segments",
+                              int_array(t->partition.segments, t->partition.num_segments));
+        cJSON_AddNumberToObject(part, "granule", (double)t->partition.granule);
+        cJSON_AddNumberToObject(part, "pad_multiple", (double)t->partition.pad_multiple);
+    } else {
+        cJSON_AddStringToObject(part, "kind", "replicated");
+    }
+    cJSON_AddStringToObject(o, "anchor", ckpt_anchor_name(t->anchor));
+    cJSON_AddNumberToObject(o, "layer", (double)t->layer);
+    cJSON_AddNumberToObject(o, "stage", it->stage);
+    cJSON_AddNumberToObject(o, "checksum_block_rows", (double)it->block_rows);
+    cJSON *pieces = cJSON_AddArrayToObject(o, "pieces");
+    for (int p = 0; p < it->num_pieces; p++) {
+        const ckpt_index_piece *ip = &it->pieces[p];
+        char hex[17];
+        ckpt_format_checksum(ip->checksum, hex);
+        cJSON *po = cJSON_CreateObject();
+        cJSON_AddStringToObject(po, "file", ip->file);
+        cJSON_AddNumberToObject(po, "tp", ip->tp);
+        cJSON_AddItemToObject(po, "shape", int_array(ip->shape, t->ndim));
+        cJSON_AddNumberToObject(po, "bytes", (double)ip->bytes);
+        cJSON_AddStringToObject(po, "checksum", hex);
+        cJSON_AddBoolToObject(po, "compressed", ip->compressed);
+        cJSON_AddItemToArray(pieces, po);
+    }
+    return o;
+}
+
+int ckpt_index_to_json(const ckpt_index *index, char **out)
+{
+    int status = CKPT_OK;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", CKPT_FORMAT_TAG);
+    int64_t version[2] = {index->major, index->minor};
+    cJSON_AddItemToObject(root, "format_version", int_array(version, 2));
+    cJSON_AddNumberToObject(root, "step", (double)index->state.step);
+    cJSON *layout = cJSON_AddObjectToObject(root, "layout");
+    cJSON_AddNumberToObject(layout, "tp", index->layout.tp);
+    cJSON_AddNumberToObject(layout, "pp", index->layout.pp);
+    cJSON_AddNumberToObject(layout, "dp", index->layout.dp);
+    cJSON_AddNumberToObject(layout, "num_layers", (double)index->layout.num_layers);
+    cJSON *model = parse_state_json(index->state.model_json, 'o', "model", &status);
+    cJSON *schedule = parse_state_json(index->state.schedule_json, 'o', "schedule", &status);
+    cJSON *rng = parse_state_json(index->state.rng_json, 'a', "rng", &status);
+    cJSON *user = parse_state_json(index->state.user_json, 'o', "user", &status);
+    cJSON_AddItemToObject(root, "model", model ? model : cJSON_CreateObject());
+    cJSON *train = cJSON_AddObjectToObject(root, "train");
+    cJSON_AddNumberToObject(train, "consumed_samples", (double)index->state.consumed_samples);
+    cJSON_AddItemToObject(train, "schedule", schedule ? schedule : cJSON_CreateObject());
+    cJSON_AddItemToObject(train, "rng", rng ? rng : cJSON_CreateArray());
+    cJSON_AddItemToObject(root, "user", user ? user : cJSON_CreateObject());
+    cJSON *files = cJSON_AddArrayToObject(root, "files");
+    for (int i = 0; i < index->num_files; i++) {
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddStringToObject(f, "name", index->files[i].name);
+        cJSON_AddNumberToObject(f, "pp", index->files[i].pp);
+        cJSON_AddNumberToObject(f, "tp", index->files[i].tp);
+        cJSON_AddNumberToObject(f, "bytes", (double)index->files[i].bytes);
+        cJSON_AddItemToArray(files, f);
+    }
+    cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
+    for (int i = 0; i < index->num_tensors; i++)
+        cJSON_AddItemToArray(tensors, tensor_to_json(&index->tensors[i], index->layout.tp));
+    if (!status) {
+        *out = cJSON_Print(root);
+        if (!*out) status = ckpt_fail(CKPT_ERR_NOMEM, "cannot serialize the index");
+    }
+    cJSON_Delete(root);
+    return status;
+}
+
+/* ----------------------------------------------------------------- parse */
+
+typedef struct {
+    const char *where;   /* file name for messages */
+    char context[300];   /* "tensor 'x'" etc. */
+    int status;
+} parse_ctx;
+
+static void parse_error(parse_ctx *ctx, const char *field, const char *expected)
+{
+    if (ctx->status) return;
+    ctx->status = ckpt_fail(CKPT_ERR_FORMAT, "%s: %s%sfield '%s' missing or not %s", ctx->where,
+                            ctx->context, ctx->context[0] ? ": " : "", field, expected);
+}
+
+static int64_t get_int(parse_ctx *ctx, const cJSON *obj, const char *field, int64_t min, int64_t max)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, field);
+    double v = cJSON_IsNumber(item) ? item->valuedouble : NAN;
+    if (!(v >= (double)min && v <= (double)max) || v != floor(v)) {
+        parse_error(ctx, field, "an integer in range");
+        return min;
+    }
+    return (int64_t)v;
+}
+
+static const char *get_string(parse_ctx *ctx, const cJSON *obj, const char *field, size_t max_len)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, field);
+    if (!cJSON_IsString(item) || strlen(item->valuestring) > max_len) {
+        parse_error(ctx, field, "a string");
+        return "";
+    }
+    return item->valuestring;
+}
+
+static int get_int_array(parse_ctx *ctx, const cJSON *obj, const char *field, int64_t *out,
+                         int max_count, int64_t min)
+{
+    const cJSON *array = cJSON_GetObjectItemCaseSensitive(obj, field);
+    int n = cJSON_IsArray(array) ? cJSON_GetArraySize(array) : -1;
+    if (n < 1 || n > max_count) {
+        parse_error(ctx, field, "an array of integers of the right length");
+        return 0;
+    }
+    int i = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, array)
+    {
+        double v = cJSON_IsNumber(item) ? item->valuedouble : NAN;
+        if (!(v >= (double)min && v <= 9.0e15) || v != floor(v)) {
+            parse_error(ctx, field, "an array of integers in range");
+            return 0;
+        }
+        out[i++] = (int64_t)v;
+    }
+    return n;
+}
+
+static char *dup_json(const cJSON *value)
+{
+    return value ? cJSON_PrintUnformatted(value) : NULL;
+}
+
+static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index,
+                         ckpt_index_tensor *it)
+{
+    ckpt_tensor_desc d;
+    memset(&d, 0, sizeof d);
+    d.name = get_string(ctx, o, "name", CKPT_NAME_MAX);
+    snprintf(ctx->context, sizeof ctx->context, "tensor '%s'", d.name);
+    d.role = get_string(ctx, o, "role", 63);
+    d.param = get_string(ctx, o, "param", CKPT_NAME_MAX);
+    const char *dtype = get_string(ctx, o, "dtype", 15);
+    if (!ctx->status && ckpt_dtype_parse(dtype, &d.dtype)) parse_error(ctx, "dtype", "fp32, bf16 or fp16");
+    d.ndim = get_int_array(ctx, o, "shape", d.shape, CKPT_MAX_DIMS, 1);
+    const cJSON *part = cJSON_GetObjectItemCaseSensitive(o, "partition");
+    const char *kind = cJSON_IsObject(part) ? get_string(ctx, part, "kind", 15) : "";
+    if (!cJSON_IsObject(part)) parse_error(ctx, "partition", "an object");
+    if (strcmp(kind, "split") == 0) {
+        d.partition.kind = CKPT_SPLIT;
+        d.partition.axis = (int)get_int(ctx, part, "axis", 0, CKPT_MAX_DIMS - 1);
+        d.partition.num_segments =
+            get_int_array(ctx, part, "segments", d.partition.segments, CKPT_MAX_SEGMENTS, 1);
+        d.partition.granule = get_int(ctx, part, "granule", 1, (int64_t)1 << 40);
+        d.partition.pad_multiple = get_int(ctx, part, "pad_multiple", 0, 1 << 20);
+    } else if (strcmp(kind, "replicated") != 0) {
+        parse_error(ctx, "partition.kind", "'split' or 'replicated'");
+    }
+    const char *anchor = get_string(ctx, o, "anchor", 15);
+    if (!ctx->status && ckpt_anchor_parse(anchor, &d.anchor)) parse_error(ctx, "anchor", "first, last or layer");
+    d.layer = get_int(ctx, o, "layer", -1, (int64_t)1 << 40);
+    it->stage = (int)get_int(ctx, o, "stage", 0, index->layout.pp - 1);
+    it->block_rows = get_int(ctx, o, "checksum_block_rows", 1, (int64_t)1 << 40);
+    if (ctx->status) return;
+    if (ckpt_tensor_copy_init(&it->tensor, &d) ||
+        ckpt_tensor_check(&it->tensor.desc, index->layout.tp)) {
+        ctx->status = ckpt_fail_context(CKPT_ERR_FORMAT, "%s", ctx->where);
+        return;
+    }
+    const ckpt_tensor_desc *t = &it->tensor.desc;
+    if (ckpt_tensor_stage(t, &index->layout) != it->stage) {
+        parse_error(ctx, "stage", "the stage its anchor and layer give");
+        return;
+    }
+    const cJSON *pieces = cJSON_GetObjectItemCaseSensitive(o, "pieces");
+    int expected = ckpt_piece_count(t, index->layout.tp);
+    if (!cJSON_IsArray(pieces) || cJSON_GetArraySize(pieces) != expected) {
+        char want[64];
+        snprintf(want, sizeof want, "an array of %d pieces", expected);
+        parse_error(ctx, "pieces", want);
+        return;
+    }
+    it->num_pieces = expected;
+    it->pieces = calloc((size_t)expected, sizeof *it->pieces);
+    if (!it->pieces) {
+        ctx->status = ckpt_fail(CKPT_ERR_NOMEM, "%s: out of memory", ctx->where);
+        return;
+    }
+    int64_t shape[CKPT_MAX_DIMS];
+    ckpt_piece_shape(t, index->layout.tp, shape);
+    ckpt_piece_geometry geometry;
+    ckpt_piece_geometry_init(&geometry, t, index->layout.tp, it->block_rows);
+    int p = 0;
+    const cJSON *po;
+    cJSON_ArrayForEach(po, pieces)
+    {
+        ckpt_index_piece *ip = &it->pieces[p];
+        snprintf(ctx->context, sizeof ctx->context, "tensor '%s' piece %d", t->name, p);
+        snprintf(ip->file, sizeof ip->file, "%s", get_string(ctx, po, "file", 63));
+        ip->tp = (int)get_int(ctx, po, "tp", 0, index->layout.tp - 1);
+        int n = get_int_array(ctx, po, "shape", ip->shape, CKPT_MAX_DIMS, 1);
+        ip->bytes = get_int(ctx, po, "bytes", 0, (int64_t)1 << 52);
+        const char *hex = get_string(ctx, po, "checksum", 16);
+        const cJSON *compressed = cJSON_GetObjectItemCaseSensitive(po, "compressed");
+        if (!cJSON_IsBool(compressed)) parse_error(ctx, "compressed", "a boolean");
+        if (ctx->status) return;
+        ip->compressed = cJSON_IsTrue(compressed);
+        if (ckpt_parse_checksum(hex, &ip->checksum)) parse_error(ctx, "checksum", "16 hex digits");
+        if (ip->tp != (t->partition.kind == CKPT_SPLIT ? p : 0)) parse_error(ctx, "tp", "the piece's rank");
+        if (n != t->ndim || memcmp(shape, ip->shape, sizeof(int64_t) * (size_t)n) != 0)
+            parse_error(ctx, "shape", "the shape the partition gives");
+        if (ip->bytes != geometry.bytes) parse_error(ctx, "bytes", "the piece's size");
+        ip->file_index = -1;
+        for (int f = 0; f < index->num_files; f++)
+            if (strcmp(index->files[f].name, ip->file) == 0) ip->file_index = f;
+        if (ip->file_index < 0) parse_error(ctx, "file", "a file listed in 'files'");
+        else {
+            ip->pp = index->files[ip->file_index].pp;
+            if (ip->pp != it->stage || index->files[ip->file_index].tp != ip->tp)
+                parse_error(ctx, "file", "the shard of the piece's stage and rank");
+        }
+        if (ctx->status) return;
+        p++;
+    }
+    ctx->context[0] = '\0';
+}
+
+int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
+{
+    memset(out, 0, sizeof *out);
+    parse_ctx ctx = {where, "", CKPT_OK};
+    cJSON *root = cJSON_Parse(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return ckpt_fail(CKPT_ERR_FORMAT, "%s: not a JSON object (damaged index?)", where);
+    }
+    const char *format = get_string(&ctx, root, "format", 63);
+    if (!ctx.status && strcmp(format, CKPT_FORMAT_TAG) != 0)
+        ctx.status = ckpt_fail(CKPT_ERR_FORMAT, "%s: format is '%s', expected '%s'", where, format,
+                               CKPT_FORMAT_TAG);
+    int64_t version[2] = {0, 0};
+    if (!ctx.status && get_int_array(&ctx, root, "format_version", version, 2, 0) != 2)
+        parse_error(&ctx, "format_version", "[major, minor]");
+    if (!ctx.status && version[0] > CKPT_FORMAT_MAJOR)
+        ctx.status = ckpt_fail(CKPT_ERR_VERSION,
+                               "%s: checkpoint format version %lld.%lld is newer than this build "
+                               "reads (%d.x); upgrade tp-toolkit to read it",
+                               where, (long long)version[0], (long long)version[1],
+                               CKPT_FORMAT_MAJOR);
+    if (!ctx.status && version[0] < 1)
+        ctx.status = ckpt_fail(CKPT_ERR_VERSION, "%s: format version %lld.%lld is not valid",
+                               where, (long long)version[0], (long long)version[1]);
+    if (ctx.status) goto done;
+    out->major = (int)version[0];
+    out->minor = (int)version[1];
+
+    const cJSON *layout = cJSON_GetObjectItemCaseSensitive(root, "layout");
+    if (!cJSON_IsObject(layout)) parse_error(&ctx, "layout", "an object");
+    else {
+        out->layout.tp = (int)get_int(&ctx, layout, "tp", 1, 4096);
+        out->layout.pp = (int)get_int(&ctx, layout, "pp", 1, 4096);
+        out->layout.dp = (int)get_int(&ctx, layout, "dp", 1, 1 << 30);
+        out->layout.num_layers = get_int(&ctx, layout, "num_layers", 0, (int64_t)1 << 30);
+    }
+    if (!ctx.status && ckpt_layout_check(&out->layout))
+        ctx.status = ckpt_fail_context(CKPT_ERR_FORMAT, "%s", where);
+    out->state.step = get_int(&ctx, root, "step", 0, (int64_t)1 << 52);
+    const cJSON *train = cJSON_GetObjectItemCaseSensitive(root, "train");
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
+    if (!cJSON_IsObject(model)) parse_error(&ctx, "model", "an object");
+    if (!cJSON_IsObject(user)) parse_error(&ctx, "user", "an object");
+    if (!cJSON_IsObject(train)) parse_error(&ctx, "train", "an object");
+    if (ctx.status) goto done;
+    out->state.consumed_samples = get_int(&ctx, train, "consumed_samples", 0, (int64_t)1 << 52);
+    const cJSON *schedule = cJSON_GetObjectItemCaseSensitive(train, "schedule");
+    const cJSON *rng = cJSON_GetObjectItemCaseSensitive(train, "rng");
+    if (!cJSON_IsObject(schedule)) parse_error(&ctx, "train.schedule", "an object");
+    if (!cJSON_IsArray(rng)) parse_error(&ctx, "train.rng", "an array");
+    if (ctx.status) goto done;
+    out->state.model_json = dup_json(model);
+    out->state.schedule_json = dup_json(schedule);
+    out->state.rng_json = dup_json(rng);
+    out->state.user_json = dup_json(user);
+
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
+    int expected_files = out->layout.tp * out->layout.pp;
+    if (!cJSON_IsArray(files) || cJSON_GetArraySize(files) != expected_files) {
+        char want[64];
+        snprintf(want, sizeof want, "an array of %d shard files", expected_files);
+        parse_error(&ctx, "files", want);
+        goto done;
+    }
+    out->files = calloc((size_t)expected_files, sizeof *out->files);
+    if (!out->files) {
+        ctx.status = ckpt_fail(CKPT_ERR_NOMEM, "%s: out of memory", where);
+        goto done;
+    }
+    const cJSON *f;
+    cJSON_ArrayForEach(f, files)
+    {
+        ckpt_index_file *file = &out->files[out->num_files];
+        snprintf(ctx.context, sizeof ctx.context, "file #%d", out->num_files);
+        snprintf(file->name, sizeof file->name, "%s", get_string(&ctx, f, "name", 63));
+        file->pp = (int)get_int(&ctx, f, "pp", 0, out->layout.pp - 1);
+        file->tp = (int)get_int(&ctx, f, "tp", 0, out->layout.tp - 1);
+        file->bytes = get_int(&ctx, f, "bytes", 0, (int64_t)1 << 52);
+        char expect[64];
+        ckpt_shard_file_name(file->pp, file->tp, expect, sizeof expect);
+        if (!ctx.status && strcmp(expect, file->name) != 0) parse_error(&ctx, "name", expect);
+        if (ctx.status) goto done;
+        for (int g = 0; g < out->num_files; g++)
+            if (strcmp(out->files[g].name, file->name) == 0)
+                parse_error(&ctx, "name", "a file listed once");
+        out->num_files++;
+    }
+    ctx.context[0] = '\0';
+
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(root, "tensors");
+    if (!cJSON_IsArray(tensors)) {
+        parse_error(&ctx, "tensors", "an array");
+        goto done;
+    }
+    int n = cJSON_GetArraySize(tensors);
+    out->tensors = calloc(n > 0 ? (size_t)n : 1, sizeof *out->tensors);
+    if (!out->tensors) {
+        ctx.status = ckpt_fail(CKPT_ERR_NOMEM, "%s: out of memory", where);
+        goto done;
+    }
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tensors)
+    {
+        snprintf(ctx.context, sizeof ctx.context, "tensor #%d", out->num_tensors);
+        ckpt_index_tensor *it = &out->tensors[out->num_tensors++];
+        it->order = out->num_tensors - 1;
+        if (!cJSON_IsObject(t)) parse_error(&ctx, "tensors[]", "an object");
+        else parse_tensor(&ctx, t, out, it);
+        if (ctx.status) goto done;
+    }
+done:
+    cJSON_Delete(root);
+    if (ctx.status) ckpt_index_free(out);
+    return ctx.status;
+}
+
+int ckpt_index_set_state(ckpt_index *index, const ckpt_train_state *state)
+{
+    int status = CKPT_OK;
+    const char *texts[4] = {state->model_json, state->schedule_json, state->rng_json,
+                            state->user_json};
+    const char *names[4] = {"model", "schedule", "rng", "user"};
+    char *copies[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; i < 4 && !status; i++) {
+        cJSON *value = parse_state_json(texts[i], i == 2 ? 'a' : 'o', names[i], &status);
+        if (value) copies[i] = cJSON_PrintUnformatted(value);
+        cJSON_Delete(value);
+    }
+    if (status) {
+        for (int i = 0; i < 4; i++) cJSON_free(copies[i]);
+        return status;
+    }
+    index->state.step = state->step;
+    index->state.consumed_samples = state->consumed_samples;
+    index->state.model_json = copies[0];
+    index->state.schedule_json = copies[1];
+    index->state.rng_json = copies[2];
+    index->state.user_json = copies[3];
+    return CKPT_OK;
+}
+
+void ckpt_index_free(ckpt_index *index)
+{
+    cJSON_free((void *)index->state.model_json);
+    cJSON_free((void *)index->state.schedule_json);
+    cJSON_free((void *)index->state.rng_json);
+    cJSON_free((void *)index->state.user_json);
+    for (int i = 0; i < index->num_tensors; i++) free(index->tensors[i].pieces);
+    free(index->tensors);
+    free(index->files);
+    memset(index, 0, sizeof *index);
+}

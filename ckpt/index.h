@@ -1,0 +1,53 @@
+/* index.h: the checkpoint index (index.json) in memory. */
+#ifndef TP_CKPT_INDEX_H
+#define TP_CKPT_INDEX_H
+
+#include "internal.h"
+
+typedef struct {
+    char file[64];
+    int file_index;               /* into ckpt_index.files */
+    int pp, tp;
+    int64_t shape[CKPT_MAX_DIMS];
+    int64_t bytes;
+    uint64_t checksum;
+    int compressed;
+} ckpt_index_piece;
+
+typedef struct {
+    ckpt_tensor_copy tensor;
+    int stage;
+    int64_t block_rows;
+    int64_t order;
+    int num_pieces;
+    ckpt_index_piece *pieces;
+} ckpt_index_tensor;
+
+typedef struct {
+    char name[64];
+    int pp, tp;
+    int64_t bytes;
+} ckpt_index_file;
+
+typedef struct {
+    int major, minor;
+    ckpt_layout layout;
+    ckpt_train_state state; /* JSON strings owned by the index */
+    int num_files;
+    ckpt_index_file *files;
+    int num_tensors;
+    ckpt_index_tensor *tensors;
+} ckpt_index;
+
+/* Serializes the index; *out is malloc'ed, NUL-terminated. */
+int ckpt_index_to_json(const ckpt_index *index, char **out);
+
+/* Parses and validates index.json text; `where` names the file in errors. */
+int ckpt_index_parse(const char *text, const char *where, ckpt_index *out);
+
+/* Owned copies of the train state's JSON texts (validated: objects/array). */
+int ckpt_index_set_state(ckpt_index *index, const ckpt_train_state *state);
+
+void ckpt_index_free(ckpt_index *index);
+
+#endif

@@ -1,0 +1,134 @@
+/* internal.h: what the ckpt/ sources share and users of ckpt.h do not see. */
+#ifndef TP_CKPT_INTERNAL_H
+#define TP_CKPT_INTERNAL_H
+
+#include <hdf5.h>
+#include <stdint.h>
+
+#include "ckpt.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "tp-ckpt writes little-endian files with positioned I/O and needs a little-endian host"
+#endif
+
+/* ------------------------------------------------------------------ errors */
+
+/* Records the message of a failure for ckpt_errmsg() and returns status, so a
+ * failure reads `return ckpt_fail(CKPT_ERR_IO, "%s: ...", path, ...);`. */
+int ckpt_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* As ckpt_fail, with the innermost message of HDF5's error stack appended. */
+int ckpt_fail_hdf5(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Prefixes the current message with context ("file.h5: " + old message). */
+int ckpt_fail_context(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Library setup: registers the zstd filter once and silences HDF5's error
+ * printing in the calling thread. Every entry point that may reach HDF5 calls
+ * it; cheap after the first call in a thread. */
+int ckpt_library_init(void);
+
+/* ------------------------------------------------------------------ format */
+
+#define CKPT_INDEX_NAME "index.json"
+#define CKPT_LATEST_NAME "latest"
+#define CKPT_FORMAT_TAG "tp-ckpt"
+#define CKPT_TENSOR_GROUP "tensors"
+#define CKPT_CHECKSUM_GROUP "checksums"
+#define CKPT_BLOCK_TARGET_BYTES ((int64_t)1 << 20) /* checksum block and zstd chunk */
+
+/* "shard_pp%02d_tp%02d.h5" */
+void ckpt_shard_file_name(int pp, int tp, char *out, size_t out_size);
+
+/* Rows per checksum block for a piece whose rows hold row_bytes bytes. */
+int64_t ckpt_block_rows_for(int64_t rows, int64_t row_bytes);
+
+/* A tensor description with a normalized partition (one explicit segment list,
+ * granule >= 1) and owned strings. */
+typedef struct {
+    ckpt_tensor_desc desc;
+    char name[CKPT_NAME_MAX + 1];
+    char role[64];
+    char param[CKPT_NAME_MAX + 1];
+} ckpt_tensor_copy;
+
+/* Validates names and shape, normalizes the partition and copies the strings. */
+int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in);
+
+/* Points desc's strings at the copy's own arrays again: needed after the
+ * struct was moved (realloc, qsort, assignment). */
+void ckpt_tensor_copy_rebind(ckpt_tensor_copy *copy);
+
+/* Whether two normalized descriptions (ckpt_tensor_copy_init) are the same. */
+int ckpt_tensor_equal(const ckpt_tensor_desc *a, const ckpt_tensor_desc *b);
+
+/* Helpers for the partition arithmetic. */
+int64_t ckpt_segment_padded(const ckpt_partition *p, int s, int tp);
+int64_t ckpt_piece_axis_size(const ckpt_partition *p, int tp);
+
+/* Piece geometry as the writer and reader see it: rows along axis 0. */
+typedef struct {
+    int ndim;
+    int64_t shape[CKPT_MAX_DIMS];
+    int64_t rows;       /* shape[0] */
+    int64_t row_bytes;  /* bytes of one index along axis 0 */
+    int64_t bytes;      /* rows * row_bytes */
+    int64_t block_rows; /* rows per checksum block */
+    int64_t num_blocks;
+} ckpt_piece_geometry;
+
+void ckpt_piece_geometry_init(ckpt_piece_geometry *g, const ckpt_tensor_desc *t, int tp,
+                              int64_t block_rows);
+
+/* XXH3-64 of a block; the piece checksum is XXH3-64 of the block hashes as
+ * little-endian uint64 values (docs/FORMAT.md "Checksums"). */
+uint64_t ckpt_hash_block(const void *data, size_t bytes);
+uint64_t ckpt_hash_blocks(const uint64_t *block_hashes, int64_t num_blocks);
+void ckpt_format_checksum(uint64_t checksum, char out[17]);
+int ckpt_parse_checksum(const char *text, uint64_t *out);
+
+/* HDF5 type of a stored dtype (file and memory, little-endian); caller closes. */
+hid_t ckpt_h5_type(ckpt_dtype dtype);
+
+/* zstd chunk codec shared by the HDF5 filter and the direct chunk paths. */
+int ckpt_zstd_compress(const void *src, size_t src_size, void *dst, size_t dst_capacity,
+                       int level, size_t *out_size);
+int ckpt_zstd_decompress(const void *src, size_t src_size, void *dst, size_t dst_size);
+size_t ckpt_zstd_bound(size_t src_size);
+
+/* HDF5 attribute helpers: return CKPT_OK or a status with the message set. */
+int ckpt_h5_write_string(hid_t obj, const char *name, const char *value);
+int ckpt_h5_write_i64s(hid_t obj, const char *name, const int64_t *values, int count);
+int ckpt_h5_write_u64(hid_t obj, const char *name, uint64_t value);
+int ckpt_h5_read_string(hid_t obj, const char *name, char *out, size_t out_size);
+int ckpt_h5_read_i64s(hid_t obj, const char *name, int64_t *values, int max_count, int *count);
+int ckpt_h5_read_u64(hid_t obj, const char *name, uint64_t *value);
+hid_t ckpt_h5_file_access(void); /* property list: alignment, libver, no file locking */
+
+/* ----------------------------------------------------------- file system */
+
+#define CKPT_PATH_MAX 4096
+
+/* out = dir + "/" + name; fails with CKPT_ERR_ARG when longer than CKPT_PATH_MAX. */
+int ckpt_path_join(char *out, const char *dir, const char *name);
+
+int ckpt_write_all_at(int fd, const void *buf, size_t size, int64_t offset, const char *path);
+int ckpt_read_all_at(int fd, void *buf, size_t size, int64_t offset, const char *path);
+int ckpt_fsync_path(const char *path, int is_dir);
+int ckpt_remove_tree(const char *path);
+int ckpt_path_exists(const char *path);
+/* Writes a small file atomically: temp file, fsync, rename, fsync directory. */
+int ckpt_write_file_atomic(const char *dir, const char *name, const char *data, size_t size);
+/* Reads a whole (small) file into a malloc'ed NUL-terminated string. */
+int ckpt_read_text_file(const char *path, char **out, int64_t *size_out);
+/* Splits a path into its parent directory and base name. */
+int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *base,
+                    size_t base_size);
+/* "<parent>/.<base>.staging": where a checkpoint is written before commit. */
+int ckpt_staging_path(const char *path, char *out, size_t out_size);
+
+/* Test hook (docs/FORMAT.md "Fault injection"): kills the process with SIGKILL
+ * when the environment variable TP_CKPT_FAULT names this point. */
+void ckpt_fault_point(const char *point);
+
+#endif

@@ -1,0 +1,337 @@
+/* partition.c: how a global tensor is cut into tensor-parallel pieces.
+ *
+ * Split axis of logical size sum(S_s) over segments s, granule g, pad multiple
+ * d, degree T (docs/FORMAT.md "Partition"):
+ *   padded_s = d == 0 ? S_s : roundup(S_s, T * d * g)
+ *   share_s  = padded_s / T                  rows of segment s on every rank
+ *   piece of rank r = concat over s of padded segment s, [r*share_s, (r+1)*share_s)
+ * Logical index k inside segment s goes to rank k / share_s at local index
+ * (sum of earlier shares) + k % share_s; indices in [S_s, padded_s) are padding. */
+#include <string.h>
+
+#include "internal.h"
+
+size_t ckpt_dtype_size(ckpt_dtype dtype)
+{
+    return dtype == CKPT_FP32 ? 4 : 2;
+}
+
+const char *ckpt_dtype_name(ckpt_dtype dtype)
+{
+    switch (dtype) {
+    case CKPT_FP32: return "fp32";
+    case CKPT_BF16: return "bf16";
+    case CKPT_FP16: return "fp16";
+    }
+    return "?";
+}
+
+int ckpt_dtype_parse(const char *text, ckpt_dtype *out)
+{
+    static const ckpt_dtype all[] = {CKPT_FP32, CKPT_BF16, CKPT_FP16};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (strcmp(text, ckpt_dtype_name(all[i])) == 0) {
+            *out = all[i];
+            return CKPT_OK;
+        }
+    }
+    return ckpt_fail(CKPT_ERR_ARG, "unknown dtype '%s' (expected fp32, bf16 or fp16)", text);
+}
+
+int ckpt_layout_check(const ckpt_layout *layout)
+{
+    if (layout->tp < 1 || layout->pp < 1 || layout->dp < 1)
+        return ckpt_fail(CKPT_ERR_LAYOUT, "layout tp=%d pp=%d dp=%d: every degree must be >= 1",
+                         layout->tp, layout->pp, layout->dp);
+    if (layout->tp > 4096 || layout->pp > 4096)
+        return ckpt_fail(CKPT_ERR_LAYOUT, "layout tp=%d pp=%d: degrees above 4096 are not supported",
+                         layout->tp, layout->pp);
+    if (layout->num_layers < 0)
+        return ckpt_fail(CKPT_ERR_LAYOUT, "layout: negative layer count %lld",
+                         (long long)layout->num_layers);
+    if (layout->num_layers % layout->pp != 0)
+        return ckpt_fail(CKPT_ERR_LAYOUT,
+                         "%lld layers cannot be split evenly over pp=%d pipeline stages",
+                         (long long)layout->num_layers, layout->pp);
+    return CKPT_OK;
+}
+
+/* The partition with the defaults of ckpt.h filled in (one segment spanning the
+ * axis, granule 1), so the public functions accept descriptions as written. */
+static ckpt_partition normalized(const ckpt_tensor_desc *t)
+{
+    ckpt_partition p = t->partition;
+    if (p.kind != CKPT_SPLIT) return p;
+    if (p.num_segments == 0) {
+        p.num_segments = 1;
+        p.segments[0] = t->shape[p.axis];
+    }
+    if (p.granule == 0) p.granule = 1;
+    return p;
+}
+
+static int name_is_valid(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > CKPT_NAME_MAX || name[0] == '/' || name[n - 1] == '/') return 0;
+    const char *component = name;
+    for (size_t i = 0; i <= n; i++) {
+        char c = name[i];
+        if (c == '/' || c == '\0') {
+            size_t len = (size_t)(name + i - component);
+            if (len == 0) return 0;
+            if ((len == 1 && component[0] == '.') ||
+                (len == 2 && component[0] == '.' && component[1] == '.'))
+                return 0;
+            component = name + i + 1;
+            continue;
+        }
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '.' || c == '_' || c == '-';
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+void ckpt_tensor_copy_rebind(ckpt_tensor_copy *copy)
+{
+    copy->desc.name = copy->name;
+    copy->desc.role = copy->role;
+    copy->desc.param = copy->param;
+}
+
+int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in)
+{
+    memset(out, 0, sizeof *out);
+    if (!in->name || !name_is_valid(in->name))
+        return ckpt_fail(CKPT_ERR_ARG,
+                         "tensor name '%s' is not valid: use 1..%d characters of [A-Za-z0-9._-] "
+                         "in '/'-separated components",
+                         in->name ? in->name : "(null)", CKPT_NAME_MAX);
+    const char *role = in->role ? in->role : "param";
+    const char *param = in->param ? in->param : in->name;
+    if (strlen(role) == 0 || strlen(role) >= sizeof out->role || strchr(role, '"'))
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: role '%s' is not valid", in->name, role);
+    if (!name_is_valid(param))
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: parameter name '%s' is not valid", in->name,
+                         param);
+    strcpy(out->name, in->name);
+    strcpy(out->role, role);
+    strcpy(out->param, param);
+    out->desc = *in;
+    ckpt_tensor_copy_rebind(out);
+
+    ckpt_tensor_desc *t = &out->desc;
+    if (t->dtype != CKPT_FP32 && t->dtype != CKPT_BF16 && t->dtype != CKPT_FP16)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: unknown dtype %d", t->name, (int)t->dtype);
+    if (t->ndim < 1 || t->ndim > CKPT_MAX_DIMS)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: %d dimensions, expected 1..%d", t->name, t->ndim,
+                         CKPT_MAX_DIMS);
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] < 1 || t->shape[d] > ((int64_t)1 << 40))
+            return ckpt_fail(CKPT_ERR_ARG, "tensor %s: dimension %d has size %lld", t->name, d,
+                             (long long)t->shape[d]);
+    for (int d = t->ndim; d < CKPT_MAX_DIMS; d++) t->shape[d] = 1;
+    if (t->anchor != CKPT_ANCHOR_LAYER && t->anchor != CKPT_ANCHOR_FIRST &&
+        t->anchor != CKPT_ANCHOR_LAST)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: unknown pipeline anchor %d", t->name,
+                         (int)t->anchor);
+    if (t->anchor == CKPT_ANCHOR_LAYER && t->layer < 0)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: negative layer index %lld", t->name,
+                         (long long)t->layer);
+    if (t->anchor != CKPT_ANCHOR_LAYER) t->layer = -1;
+
+    ckpt_partition *p = &t->partition;
+    if (p->kind == CKPT_REPLICATED) {
+        memset(p, 0, sizeof *p);
+        return CKPT_OK;
+    }
+    if (p->kind != CKPT_SPLIT)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: unknown partition kind %d", t->name,
+                         (int)p->kind);
+    if (p->axis < 0 || p->axis >= t->ndim)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: split axis %d outside 0..%d", t->name, p->axis,
+                         t->ndim - 1);
+    if (p->num_segments < 0 || p->num_segments > CKPT_MAX_SEGMENTS)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: %d segments, expected 1..%d", t->name,
+                         p->num_segments, CKPT_MAX_SEGMENTS);
+    *p = normalized(t);
+    if (p->granule < 0 || p->pad_multiple < 0 || p->pad_multiple > (1 << 20))
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: granule %lld or pad multiple %lld out of range",
+                         t->name, (long long)p->granule, (long long)p->pad_multiple);
+    int64_t total = 0;
+    for (int s = 0; s < p->num_segments; s++) {
+        if (p->segments[s] < 1)
+            return ckpt_fail(CKPT_ERR_ARG, "tensor %s: segment %d has size %lld", t->name, s,
+                             (long long)p->segments[s]);
+        if (p->segments[s] % p->granule != 0)
+            return ckpt_fail(CKPT_ERR_ARG,
+                             "tensor %s: segment %d (size %lld) is not a multiple of the "
+                             "granule %lld",
+                             t->name, s, (long long)p->segments[s], (long long)p->granule);
+        total += p->segments[s];
+    }
+    for (int s = p->num_segments; s < CKPT_MAX_SEGMENTS; s++) p->segments[s] = 0;
+    if (total != t->shape[p->axis])
+        return ckpt_fail(CKPT_ERR_ARG,
+                         "tensor %s: segments sum to %lld but axis %d has size %lld", t->name,
+                         (long long)total, p->axis, (long long)t->shape[p->axis]);
+    return CKPT_OK;
+}
+
+int64_t ckpt_segment_padded(const ckpt_partition *p, int s, int tp)
+{
+    if (p->pad_multiple == 0) return p->segments[s];
+    int64_t unit = (int64_t)tp * p->pad_multiple * p->granule;
+    return (p->segments[s] + unit - 1) / unit * unit;
+}
+
+int64_t ckpt_piece_axis_size(const ckpt_partition *p, int tp)
+{
+    int64_t size = 0;
+    for (int s = 0; s < p->num_segments; s++) size += ckpt_segment_padded(p, s, tp) / tp;
+    return size;
+}
+
+int ckpt_tensor_check(const ckpt_tensor_desc *tensor, int tp)
+{
+    ckpt_tensor_copy copy;
+    int status = ckpt_tensor_copy_init(&copy, tensor);
+    if (status) return status;
+    if (tp < 1) return ckpt_fail(CKPT_ERR_LAYOUT, "tensor %s: tp=%d must be >= 1", tensor->name, tp);
+    const ckpt_tensor_desc *t = &copy.desc;
+    const ckpt_partition *p = &t->partition;
+    if (p->kind == CKPT_REPLICATED) return CKPT_OK;
+    for (int s = 0; s < p->num_segments; s++) {
+        int64_t granules = ckpt_segment_padded(p, s, tp) / p->granule;
+        if (granules % tp != 0)
+            return ckpt_fail(CKPT_ERR_LAYOUT,
+                             "tensor %s: segment %d of split axis %d has %lld granules of %lld "
+                             "(size %lld), not divisible by tp=%d",
+                             t->name, s, p->axis, (long long)(p->segments[s] / p->granule),
+                             (long long)p->granule, (long long)p->segments[s], tp);
+    }
+    return CKPT_OK;
+}
+
+int ckpt_piece_count(const ckpt_tensor_desc *tensor, int tp)
+{
+    return tensor->partition.kind == CKPT_SPLIT ? tp : 1;
+}
+
+void ckpt_piece_shape(const ckpt_tensor_desc *tensor, int tp, int64_t shape_out[CKPT_MAX_DIMS])
+{
+    for (int d = 0; d < CKPT_MAX_DIMS; d++) shape_out[d] = d < tensor->ndim ? tensor->shape[d] : 1;
+    if (tensor->partition.kind == CKPT_SPLIT) {
+        ckpt_partition p = normalized(tensor);
+        shape_out[p.axis] = ckpt_piece_axis_size(&p, tp);
+    }
+}
+
+void ckpt_padded_shape(const ckpt_tensor_desc *tensor, int tp, int64_t shape_out[CKPT_MAX_DIMS])
+{
+    ckpt_piece_shape(tensor, tp, shape_out);
+    if (tensor->partition.kind == CKPT_SPLIT) shape_out[tensor->partition.axis] *= tp;
+}
+
+int ckpt_tensor_stage(const ckpt_tensor_desc *tensor, const ckpt_layout *layout)
+{
+    switch (tensor->anchor) {
+    case CKPT_ANCHOR_FIRST: return 0;
+    case CKPT_ANCHOR_LAST: return layout->pp - 1;
+    case CKPT_ANCHOR_LAYER: break;
+    }
+    int64_t per_stage = layout->num_layers / layout->pp;
+    if (per_stage < 1) return 0;
+    int64_t stage = tensor->layer / per_stage;
+    return stage >= layout->pp ? layout->pp - 1 : (int)stage;
+}
+
+int64_t ckpt_partition_runs(const ckpt_tensor_desc *tensor, int tp, int64_t start, int64_t count,
+                            ckpt_run *runs, int64_t max_runs)
+{
+    const ckpt_partition norm = normalized(tensor), *p = &norm;
+    if (p->kind != CKPT_SPLIT || start < 0 || count < 0 ||
+        start + count > tensor->shape[p->axis])
+        return -1;
+    int64_t n = 0, end = start + count;
+    int64_t seg_logical = 0, seg_local = 0;
+    for (int s = 0; s < p->num_segments; s++) {
+        int64_t size = p->segments[s];
+        int64_t share = ckpt_segment_padded(p, s, tp) / tp;
+        int64_t lo = start > seg_logical ? start - seg_logical : 0;
+        int64_t hi = end < seg_logical + size ? end - seg_logical : size;
+        /* [lo, hi) is the requested part of this segment, in segment coordinates */
+        while (lo < hi) {
+            int64_t rank = lo / share;
+            int64_t rank_end = (rank + 1) * share;
+            int64_t stop = hi < rank_end ? hi : rank_end;
+            if (n == max_runs) return -1;
+            runs[n].rank = (int)rank;
+            runs[n].logical_start = seg_logical + lo;
+            runs[n].local_start = seg_local + lo - rank * share;
+            runs[n].length = stop - lo;
+            n++;
+            lo = stop;
+        }
+        seg_logical += size;
+        seg_local += share;
+    }
+    return n;
+}
+
+int64_t ckpt_piece_runs(const ckpt_tensor_desc *tensor, int tp, int rank, ckpt_run *runs,
+                        int64_t max_runs)
+{
+    const ckpt_partition norm = normalized(tensor), *p = &norm;
+    if (p->kind != CKPT_SPLIT || rank < 0 || rank >= tp) return -1;
+    int64_t n = 0, seg_logical = 0, seg_local = 0;
+    for (int s = 0; s < p->num_segments; s++) {
+        int64_t size = p->segments[s];
+        int64_t share = ckpt_segment_padded(p, s, tp) / tp;
+        int64_t first = (int64_t)rank * share; /* segment coordinate of the share's start */
+        int64_t data = size - first;           /* logical rows that fall in this share */
+        if (data > share) data = share;
+        if (data < 0) data = 0;
+        if (data > 0) {
+            if (n == max_runs) return -1;
+            runs[n++] = (ckpt_run){rank, seg_logical + first, seg_local, data};
+        }
+        if (share - data > 0) {
+            if (n == max_runs) return -1;
+            runs[n++] = (ckpt_run){rank, -1, seg_local + data, share - data};
+        }
+        seg_logical += size;
+        seg_local += share;
+    }
+    return n;
+}
+
+void ckpt_piece_geometry_init(ckpt_piece_geometry *g, const ckpt_tensor_desc *t, int tp,
+                              int64_t block_rows)
+{
+    g->ndim = t->ndim;
+    ckpt_piece_shape(t, tp, g->shape);
+    int64_t row_elements = 1;
+    for (int d = 1; d < t->ndim; d++) row_elements *= g->shape[d];
+    g->rows = g->shape[0];
+    g->row_bytes = row_elements * (int64_t)ckpt_dtype_size(t->dtype);
+    g->bytes = g->rows * g->row_bytes;
+    g->block_rows = block_rows > 0 ? block_rows : ckpt_block_rows_for(g->rows, g->row_bytes);
+    g->num_blocks = (g->rows + g->block_rows - 1) / g->block_rows;
+}
+
+int ckpt_tensor_equal(const ckpt_tensor_desc *a, const ckpt_tensor_desc *b)
+{
+    const ckpt_partition *p = &a->partition, *q = &b->partition;
+    int same_partition = p->kind == q->kind;
+    if (same_partition && p->kind == CKPT_SPLIT)
+        same_partition = p->axis == q->axis && p->num_segments == q->num_segments &&
+                         p->granule == q->granule && p->pad_multiple == q->pad_multiple &&
+                         memcmp(p->segments, q->segments,
+                                sizeof(int64_t) * (size_t)p->num_segments) == 0;
+    return same_partition && strcmp(a->name, b->name) == 0 && strcmp(a->role, b->role) == 0 &&
+           strcmp(a->param, b->param) == 0 && a->dtype == b->dtype && a->ndim == b->ndim &&
+           memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0 &&
+           a->anchor == b->anchor && a->layer == b->layer;
+}

@@ -1,0 +1,863 @@
+/* reader.c: reading checkpoints.
+ *
+ * Metadata comes from index.json. When a piece is first touched its dataset
+ * is opened once, cross-checked against the index (attributes, shape,
+ * checksum), and its storage located: the file offset of a contiguous piece,
+ * or the address and size of every chunk of a compressed one. From then on
+ * data is read with pread() outside HDF5's global lock, so many threads read
+ * in parallel; compressed chunks are decompressed in the reading thread.
+ * With verification on, every block read is hashed and compared. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "attrs.h"
+#include "index.h"
+#include "namemap.h"
+
+#define DIRECT_READ_MAX ((int64_t)64 << 20) /* bytes per pread straight into a caller buffer */
+#define GROUP_TARGET ((int64_t)8 << 20)     /* bytes per bounced read without verification */
+#define SPARSE_RUN_MIN ((int64_t)64 << 10)  /* runs at least this long are read one by one */
+
+typedef struct {
+    uint64_t address;
+    uint64_t size;
+    uint32_t filter_mask;
+} chunk_location;
+
+typedef struct {
+    int loaded;
+    int64_t offset;          /* contiguous pieces */
+    chunk_location *chunks;  /* compressed pieces, one per block */
+    uint64_t *block_hash;
+    ckpt_piece_geometry geometry;
+} piece_runtime;
+
+typedef struct {
+    char path[CKPT_PATH_MAX];
+    hid_t file;
+    int fd;
+} file_runtime;
+
+struct ckpt_reader {
+    char path[CKPT_PATH_MAX];
+    ckpt_index index;
+    ckpt_read_options options;
+    file_runtime *files;
+    piece_runtime **pieces; /* [tensor][piece] */
+    ckpt_name_map names;
+    pthread_mutex_t lock;   /* lazy opening of files and pieces */
+};
+
+void ckpt_read_options_init(ckpt_read_options *options)
+{
+    options->verify = 1;
+}
+
+/* ----------------------------------------------------------------- resolve */
+
+static int is_checkpoint_dir(const char *dir)
+{
+    char index[CKPT_PATH_MAX];
+    return ckpt_path_join(index, dir, CKPT_INDEX_NAME) == CKPT_OK && ckpt_path_exists(index);
+}
+
+/* Step number of a name "step_<digits>", or -1. */
+static int64_t step_of_name(const char *name)
+{
+    if (strncmp(name, "step_", 5) != 0 || !name[5]) return -1;
+    int64_t step = 0;
+    for (const char *c = name + 5; *c; c++) {
+        if (*c < '0' || *c > '9' || step > ((int64_t)1 << 50)) return -1;
+        step = step * 10 + (*c - '0');
+    }
+    return step;
+}
+
+int ckpt_resolve(const char *path, char *out, size_t out_size)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return ckpt_fail(CKPT_ERR_NOT_FOUND, "%s: no such checkpoint: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return ckpt_fail(CKPT_ERR_NOT_FOUND, "%s is not a checkpoint: not a directory", path);
+    if (is_checkpoint_dir(path)) {
+        if (snprintf(out, out_size, "%s", path) >= (int)out_size)
+            return ckpt_fail(CKPT_ERR_ARG, "path too long: %s", path);
+        return CKPT_OK;
+    }
+    char latest_path[CKPT_PATH_MAX], candidate[CKPT_PATH_MAX];
+    int status = ckpt_path_join(latest_path, path, CKPT_LATEST_NAME);
+    if (status) return status;
+    char *latest = NULL;
+    if (ckpt_read_text_file(latest_path, &latest, NULL) == CKPT_OK) {
+        latest[strcspn(latest, "\r\n")] = '\0';
+        int ok = latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 &&
+                 strcmp(latest, ".") != 0 && ckpt_path_join(candidate, path, latest) == CKPT_OK;
+        free(latest);
+        if (ok && is_checkpoint_dir(candidate)) {
+            if (snprintf(out, out_size, "%s", candidate) >= (int)out_size)
+                return ckpt_fail(CKPT_ERR_ARG, "path too long: %s", candidate);
+            return CKPT_OK;
+        }
+    }
+    /* No usable `latest`: the newest committed step_* directory. */
+    DIR *dir = opendir(path);
+    if (!dir) return ckpt_fail(CKPT_ERR_IO, "%s: cannot list: %s", path, strerror(errno));
+    int64_t best = -1;
+    char best_name[256] = "";
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL) {
+        int64_t step = step_of_name(entry->d_name);
+        if (step <= best || strlen(entry->d_name) >= sizeof best_name) continue;
+        if (ckpt_path_join(candidate, path, entry->d_name) || !is_checkpoint_dir(candidate)) continue;
+        best = step;
+        strcpy(best_name, entry->d_name);
+    }
+    closedir(dir);
+    if (best < 0)
+        return ckpt_fail(CKPT_ERR_NOT_FOUND,
+                         "%s is not a checkpoint: no %s, no usable '%s' pointer and no committed "
+                         "step_* directory",
+                         path, CKPT_INDEX_NAME, CKPT_LATEST_NAME);
+    if (out_size < CKPT_PATH_MAX) return ckpt_fail(CKPT_ERR_ARG, "path buffer too small");
+    return ckpt_path_join(out, path, best_name);
+}
+
+/* -------------------------------------------------------------------- open */
+
+static const char *reader_name_of(const void *ctx, int64_t i)
+{
+    const ckpt_reader *r = ctx;
+    return r->index.tensors[i].tensor.name;
+}
+
+void ckpt_reader_close(ckpt_reader *r)
+{
+    if (!r) return;
+    for (int f = 0; r->files && f < r->index.num_files; f++) {
+        if (r->files[f].file >= 0) H5Fclose(r->files[f].file);
+        if (r->files[f].fd >= 0) close(r->files[f].fd);
+    }
+    for (int i = 0; r->pieces && i < r->index.num_tensors; i++) {
+        for (int p = 0; r->pieces[i] && p < r->index.tensors[i].num_pieces; p++) {
+            free(r->pieces[i][p].chunks);
+            free(r->pieces[i][p].block_hash);
+        }
+        free(r->pieces[i]);
+    }
+    free(r->pieces);
+    free(r->files);
+    ckpt_name_map_free(&r->names);
+    ckpt_index_free(&r->index);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_options *options)
+{
+    *out = NULL;
+    int status = ckpt_library_init();
+    if (status) return status;
+    ckpt_reader *r = calloc(1, sizeof *r);
+    if (!r) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&r->lock, NULL);
+    if (options) r->options = *options;
+    else ckpt_read_options_init(&r->options);
+    status = ckpt_resolve(path, r->path, sizeof r->path);
+    char index_path[CKPT_PATH_MAX] = "";
+    char *text = NULL;
+    if (!status) status = ckpt_path_join(index_path, r->path, CKPT_INDEX_NAME);
+    if (!status) status = ckpt_read_text_file(index_path, &text, NULL);
+    if (!status) status = ckpt_index_parse(text, index_path, &r->index);
+    free(text);
+    for (int i = 0; !status && i < r->index.num_tensors; i++)
+        status = ckpt_name_map_insert(&r->names, r->index.tensors[i].tensor.name, i,
+                                      reader_name_of, r);
+    if (status == CKPT_ERR_ARG) status = ckpt_fail_context(CKPT_ERR_FORMAT, "%s", index_path);
+    if (!status) {
+        r->files = calloc((size_t)r->index.num_files, sizeof *r->files);
+        r->pieces = calloc((size_t)r->index.num_tensors + 1, sizeof *r->pieces);
+        if (!r->files || !r->pieces) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    }
+    for (int f = 0; !status && f < r->index.num_files; f++) {
+        file_runtime *fr = &r->files[f];
+        fr->file = -1;
+        fr->fd = -1;
+        struct stat st;
+        status = ckpt_path_join(fr->path, r->path, r->index.files[f].name);
+        if (status) break;
+        if (stat(fr->path, &st) != 0)
+            status = ckpt_fail(CKPT_ERR_NOT_FOUND, "%s: shard file missing: %s", fr->path,
+                               strerror(errno));
+        else if ((int64_t)st.st_size != r->index.files[f].bytes)
+            status = ckpt_fail(CKPT_ERR_FORMAT,
+                               "%s: %lld bytes, the index records %lld (truncated or replaced?)",
+                               fr->path, (long long)st.st_size, (long long)r->index.files[f].bytes);
+    }
+    for (int f = status ? r->index.num_files : 0; f < r->index.num_files; f++) {
+        r->files[f].file = -1;
+        r->files[f].fd = -1;
+    }
+    for (int i = 0; !status && i < r->index.num_tensors; i++) {
+        const ckpt_index_tensor *it = &r->index.tensors[i];
+        r->pieces[i] = calloc((size_t)it->num_pieces, sizeof **r->pieces);
+        if (!r->pieces[i]) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+        for (int p = 0; !status && p < it->num_pieces; p++)
+            ckpt_piece_geometry_init(&r->pieces[i][p].geometry, &it->tensor.desc, r->index.layout.tp,
+                                     it->block_rows);
+    }
+    if (status) {
+        ckpt_reader_close(r);
+        return status;
+    }
+    *out = r;
+    return CKPT_OK;
+}
+
+const char *ckpt_reader_path(const ckpt_reader *r) { return r->path; }
+const ckpt_layout *ckpt_reader_layout(const ckpt_reader *r) { return &r->index.layout; }
+const ckpt_train_state *ckpt_reader_state(const ckpt_reader *r) { return &r->index.state; }
+int ckpt_reader_num_tensors(const ckpt_reader *r) { return r->index.num_tensors; }
+int ckpt_reader_num_files(const ckpt_reader *r) { return r->index.num_files; }
+
+void ckpt_reader_version(const ckpt_reader *r, int *major, int *minor)
+{
+    *major = r->index.major;
+    *minor = r->index.minor;
+}
+
+const ckpt_tensor_desc *ckpt_reader_tensor(const ckpt_reader *r, int i)
+{
+    return i >= 0 && i < r->index.num_tensors ? &r->index.tensors[i].tensor.desc : NULL;
+}
+
+int ckpt_reader_find(const ckpt_reader *r, const char *name)
+{
+    return (int)ckpt_name_map_find(&r->names, name, reader_name_of, r);
+}
+
+const char *ckpt_reader_file(const ckpt_reader *r, int i, int64_t *bytes)
+{
+    if (i < 0 || i >= r->index.num_files) return NULL;
+    if (bytes) *bytes = r->index.files[i].bytes;
+    return r->index.files[i].name;
+}
+
+static int check_piece_arg(const ckpt_reader *r, int i, int piece)
+{
+    if (i < 0 || i >= r->index.num_tensors)
+        return ckpt_fail(CKPT_ERR_ARG, "%s: tensor index %d out of range", r->path, i);
+    if (piece < 0 || piece >= r->index.tensors[i].num_pieces)
+        return ckpt_fail(CKPT_ERR_ARG, "%s: tensor %s has no piece %d", r->path,
+                         r->index.tensors[i].tensor.name, piece);
+    return CKPT_OK;
+}
+
+int ckpt_reader_piece_info(const ckpt_reader *r, int i, int piece, ckpt_piece_info *out)
+{
+    int status = check_piece_arg(r, i, piece);
+    if (status) return status;
+    const ckpt_index_piece *ip = &r->index.tensors[i].pieces[piece];
+    out->file = ip->file;
+    out->pp = ip->pp;
+    out->tp = ip->tp;
+    memcpy(out->shape, ip->shape, sizeof out->shape);
+    out->bytes = ip->bytes;
+    out->checksum = ip->checksum;
+    out->compressed = ip->compressed;
+    return CKPT_OK;
+}
+
+/* ----------------------------------------------------- lazy piece loading */
+
+static int open_file(ckpt_reader *r, int f)
+{
+    file_runtime *fr = &r->files[f];
+    if (fr->file >= 0) return CKPT_OK;
+    hid_t fapl = ckpt_h5_file_access();
+    hid_t file = fapl >= 0 ? H5Fopen(fr->path, H5F_ACC_RDONLY, fapl) : -1;
+    if (fapl >= 0) H5Pclose(fapl);
+    if (file < 0) return ckpt_fail_hdf5("%s: cannot open shard file (damaged?)", fr->path);
+    char format[64];
+    int64_t version[2] = {0, 0}, coords[2] = {-1, -1}, complete = 0;
+    int n = 0;
+    int status = ckpt_h5_read_string(file, "format", format, sizeof format);
+    if (!status) status = ckpt_h5_read_i64s(file, "format_version", version, 2, &n);
+    if (!status) status = ckpt_h5_read_i64s(file, "shard_pp_tp", coords, 2, &n);
+    if (!status) status = ckpt_h5_read_i64s(file, "complete", &complete, 1, NULL);
+    const ckpt_index_file *idx = &r->index.files[f];
+    if (status) status = ckpt_fail_context(CKPT_ERR_FORMAT, "%s", fr->path);
+    else if (strcmp(format, CKPT_FORMAT_TAG) != 0)
+        status = ckpt_fail(CKPT_ERR_FORMAT, "%s: not a tp-ckpt shard (format '%s')", fr->path, format);
+    else if (version[0] > CKPT_FORMAT_MAJOR)
+        status = ckpt_fail(CKPT_ERR_VERSION,
+                           "%s: format version %lld.%lld is newer than this build reads (%d.x)",
+                           fr->path, (long long)version[0], (long long)version[1], CKPT_FORMAT_MAJOR);
+    else if (coords[0] != idx->pp || coords[1] != idx->tp || complete != 1)
+        status = ckpt_fail(CKPT_ERR_FORMAT, "%s: shard pp=%lld tp=%lld complete=%lld, the index "
+                           "expects pp=%d tp=%d complete=1",
+                           fr->path, (long long)coords[0], (long long)coords[1],
+                           (long long)complete, idx->pp, idx->tp);
+    if (!status) {
+        fr->fd = open(fr->path, O_RDONLY | O_CLOEXEC);
+        if (fr->fd < 0)
+            status = ckpt_fail(CKPT_ERR_IO, "%s: cannot open: %s", fr->path, strerror(errno));
+    }
+    if (status) {
+        H5Fclose(file);
+        return status;
+    }
+    fr->file = file;
+    return CKPT_OK;
+}
+
+/* Finds every chunk of a compressed piece (address, size, skipped filters). */
+static int locate_chunks(hid_t dset, piece_runtime *pr, const char *where)
+{
+    const ckpt_piece_geometry *g = &pr->geometry;
+    pr->chunks = calloc((size_t)g->num_blocks, sizeof *pr->chunks);
+    if (!pr->chunks) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    hid_t dcpl = H5Dget_create_plist(dset);
+    int has_zstd = 0;
+    int num_filters = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1;
+    for (int k = 0; k < num_filters; k++) {
+        unsigned flags, values[8];
+        size_t num_values = 8;
+        char name[64];
+        H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)k, &flags, &num_values, values, sizeof name,
+                                         name, NULL);
+        if (id == CKPT_ZSTD_FILTER_ID && k == 0) has_zstd = 1;
+    }
+    hsize_t chunk_dims[CKPT_MAX_DIMS];
+    int chunk_ndim = dcpl >= 0 ? H5Pget_chunk(dcpl, CKPT_MAX_DIMS, chunk_dims) : -1;
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (!has_zstd || num_filters != 1 || chunk_ndim != g->ndim ||
+        (int64_t)chunk_dims[0] != g->block_rows)
+        return ckpt_fail(CKPT_ERR_FORMAT, "%s: chunked tensor without the expected zstd filter "
+                         "and one chunk per checksum block", where);
+    for (int d = 1; d < g->ndim; d++)
+        if ((int64_t)chunk_dims[d] != g->shape[d])
+            return ckpt_fail(CKPT_ERR_FORMAT, "%s: chunks do not span whole rows", where);
+    for (int64_t b = 0; b < g->num_blocks; b++) {
+        hsize_t offset[CKPT_MAX_DIMS] = {0};
+        offset[0] = (hsize_t)(b * g->block_rows);
+        unsigned mask = 0;
+        haddr_t address = HADDR_UNDEF;
+        hsize_t size = 0;
+        if (H5Dget_chunk_info_by_coord(dset, offset, &mask, &address, &size) < 0 ||
+            address == HADDR_UNDEF || size == 0)
+            return ckpt_fail_hdf5("%s: chunk %lld missing", where, (long long)b);
+        pr->chunks[b] = (chunk_location){(uint64_t)address, (uint64_t)size, mask};
+    }
+    return CKPT_OK;
+}
+
+/* Opens a piece's dataset, checks it against the index and locates its data. */
+static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr)
+{
+    const ckpt_index_tensor *it = &r->index.tensors[i];
+    const ckpt_index_piece *ip = &it->pieces[piece];
+    const ckpt_tensor_desc *t = &it->tensor.desc;
+    int status = open_file(r, ip->file_index);
+    if (status) return status;
+    file_runtime *fr = &r->files[ip->file_index];
+    char where[CKPT_PATH_MAX + CKPT_NAME_MAX + 32], path[CKPT_NAME_MAX + 32];
+    snprintf(where, sizeof where, "%s: tensor %s piece %d", fr->path, t->name, piece);
+    snprintf(path, sizeof path, "/%s/%s", CKPT_TENSOR_GROUP, t->name);
+    hid_t dset = H5Dopen2(fr->file, path, H5P_DEFAULT);
+    if (dset < 0) return ckpt_fail_hdf5("%s: dataset missing or damaged", where);
+    ckpt_piece_attrs attrs;
+    status = ckpt_attrs_read(dset, &attrs, 1);
+    if (status) status = ckpt_fail_context(CKPT_ERR_FORMAT, "%s", where);
+    else if (!ckpt_tensor_equal(&attrs.tensor.desc, t) || attrs.piece != piece ||
+             attrs.block_rows != it->block_rows || attrs.tp != r->index.layout.tp)
+        status = ckpt_fail(CKPT_ERR_FORMAT, "%s: attributes disagree with the index", where);
+    else if (attrs.checksum != ip->checksum)
+        status = ckpt_fail(CKPT_ERR_CHECKSUM, "%s: checksum attribute %016llx, the index records %016llx",
+                           where, (unsigned long long)attrs.checksum,
+                           (unsigned long long)ip->checksum);
+    const ckpt_piece_geometry *g = &pr->geometry;
+    if (!status) {
+        hid_t space = H5Dget_space(dset);
+        hsize_t dims[CKPT_MAX_DIMS];
+        int ndim = space >= 0 ? H5Sget_simple_extent_dims(space, dims, NULL) : -1;
+        if (space >= 0) H5Sclose(space);
+        int ok = ndim == g->ndim;
+        for (int d = 0; ok && d < ndim; d++) ok = (int64_t)dims[d] == g->shape[d];
+        hid_t type = H5Dget_type(dset), want = ckpt_h5_type(t->dtype);
+        if (ok) ok = type >= 0 && want >= 0 && H5Tequal(type, want) > 0;
+        if (type >= 0) H5Tclose(type);
+        if (want >= 0) H5Tclose(want);
+        if (!ok) status = ckpt_fail(CKPT_ERR_FORMAT, "%s: dataset shape or type disagrees with the index", where);
+    }
+    if (!status) {
+        hid_t dcpl = H5Dget_create_plist(dset);
+        H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
+        if (dcpl >= 0) H5Pclose(dcpl);
+        if ((layout == H5D_CHUNKED) != (ip->compressed != 0))
+            status = ckpt_fail(CKPT_ERR_FORMAT, "%s: storage layout disagrees with the index", where);
+        else if (layout == H5D_CHUNKED)
+            status = locate_chunks(dset, pr, where);
+        else if (layout == H5D_CONTIGUOUS) {
+            haddr_t offset = H5Dget_offset(dset);
+            const ckpt_index_file *fi = &r->index.files[ip->file_index];
+            if (offset == HADDR_UNDEF || (int64_t)offset + g->bytes > fi->bytes)
+                status = ckpt_fail(CKPT_ERR_FORMAT, "%s: data lies outside the file", where);
+            pr->offset = (int64_t)offset;
+        } else
+            status = ckpt_fail(CKPT_ERR_FORMAT, "%s: unexpected storage layout", where);
+    }
+    H5Dclose(dset);
+    if (status) return status;
+
+    pr->block_hash = calloc((size_t)g->num_blocks, sizeof *pr->block_hash);
+    if (!pr->block_hash) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    snprintf(path, sizeof path, "/%s/%s", CKPT_CHECKSUM_GROUP, t->name);
+    hid_t sums = H5Dopen2(fr->file, path, H5P_DEFAULT);
+    hid_t space = sums >= 0 ? H5Dget_space(sums) : -1;
+    hssize_t count = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;
+    if (space >= 0) H5Sclose(space);
+    if (sums < 0 || count != g->num_blocks ||
+        H5Dread(sums, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, pr->block_hash) < 0)
+        status = ckpt_fail_hdf5("%s: block checksums missing or damaged", where);
+    if (sums >= 0) H5Dclose(sums);
+    if (!status && ckpt_hash_blocks(pr->block_hash, g->num_blocks) != ip->checksum)
+        status = ckpt_fail(CKPT_ERR_CHECKSUM, "%s: block checksum list does not match the piece checksum",
+                           where);
+    if (status) {
+        free(pr->block_hash);
+        free(pr->chunks);
+        pr->block_hash = NULL;
+        pr->chunks = NULL;
+        return status;
+    }
+    pr->loaded = 1;
+    return CKPT_OK;
+}
+
+static int load_piece(ckpt_reader *r, int i, int piece, piece_runtime **out)
+{
+    int status = ckpt_library_init();
+    if (!status) status = check_piece_arg(r, i, piece);
+    if (status) return status;
+    piece_runtime *pr = &r->pieces[i][piece];
+    pthread_mutex_lock(&r->lock);
+    if (!pr->loaded) status = load_piece_locked(r, i, piece, pr);
+    pthread_mutex_unlock(&r->lock);
+    *out = pr;
+    return status;
+}
+
+/* ----------------------------------------------------------- data access */
+
+typedef struct {
+    ckpt_reader *r;
+    int tensor, piece;
+    piece_runtime *pr;
+    int fd;
+    const char *file_path;
+} piece_ctx;
+
+static int piece_context(ckpt_reader *r, int i, int piece, piece_ctx *ctx)
+{
+    int status = load_piece(r, i, piece, &ctx->pr);
+    if (status) return status;
+    const ckpt_index_piece *ip = &r->index.tensors[i].pieces[piece];
+    ctx->r = r;
+    ctx->tensor = i;
+    ctx->piece = piece;
+    ctx->fd = r->files[ip->file_index].fd;
+    ctx->file_path = r->files[ip->file_index].path;
+    return CKPT_OK;
+}
+
+static int64_t block_row_count(const ckpt_piece_geometry *g, int64_t b)
+{
+    int64_t rows = g->rows - b * g->block_rows;
+    return rows < g->block_rows ? rows : g->block_rows;
+}
+
+static int verify_block(const piece_ctx *c, int64_t b, const void *data)
+{
+    const ckpt_piece_geometry *g = &c->pr->geometry;
+    int64_t rows = block_row_count(g, b);
+    uint64_t got = ckpt_hash_block(data, (size_t)(rows * g->row_bytes));
+    if (got == c->pr->block_hash[b]) return CKPT_OK;
+    return ckpt_fail(CKPT_ERR_CHECKSUM,
+                     "%s: tensor %s piece %d rows %lld..%lld: checksum %016llx, expected %016llx "
+                     "(data damaged)",
+                     c->file_path, c->r->index.tensors[c->tensor].tensor.name, c->piece,
+                     (long long)(b * g->block_rows), (long long)(b * g->block_rows + rows - 1),
+                     (unsigned long long)got, (unsigned long long)c->pr->block_hash[b]);
+}
+
+/* Reads block b of a compressed piece: its rows into dst (block_row_count rows).
+ * scratch holds at least a full chunk plus its compressed bound. */
+static int read_chunk(const piece_ctx *c, int64_t b, char *dst, char *scratch)
+{
+    const ckpt_piece_geometry *g = &c->pr->geometry;
+    const chunk_location *loc = &c->pr->chunks[b];
+    size_t chunk_bytes = (size_t)(g->block_rows * g->row_bytes);
+    size_t rows_bytes = (size_t)(block_row_count(g, b) * g->row_bytes);
+    if (loc->size > ckpt_zstd_bound(chunk_bytes))
+        return ckpt_fail(CKPT_ERR_FORMAT, "%s: tensor %s chunk %lld has an impossible size",
+                         c->file_path, c->r->index.tensors[c->tensor].tensor.name, (long long)b);
+    char *packed = scratch + chunk_bytes;
+    int status = ckpt_read_all_at(c->fd, packed, loc->size, (int64_t)loc->address, c->file_path);
+    if (status) return status;
+    if (loc->filter_mask & 1) {
+        if (loc->size != chunk_bytes)
+            return ckpt_fail(CKPT_ERR_FORMAT, "%s: raw chunk %lld of tensor %s has the wrong size",
+                             c->file_path, (long long)b, c->r->index.tensors[c->tensor].tensor.name);
+        memcpy(dst, packed, rows_bytes);
+        return CKPT_OK;
+    }
+    status = ckpt_zstd_decompress(packed, loc->size, scratch, chunk_bytes);
+    if (status)
+        return ckpt_fail_context(status, "%s: tensor %s chunk %lld", c->file_path,
+                                 c->r->index.tensors[c->tensor].tensor.name, (long long)b);
+    memcpy(dst, scratch, rows_bytes);
+    return CKPT_OK;
+}
+
+static size_t scratch_bytes(const ckpt_piece_geometry *g)
+{
+    size_t chunk = (size_t)(g->block_rows * g->row_bytes);
+    return chunk + ckpt_zstd_bound(chunk);
+}
+
+/* Reads blocks [b0, b1) into dst (their rows, contiguous), verifying each
+ * when asked. scratch: scratch_bytes() for compressed pieces, else unused. */
+static int read_blocks(const piece_ctx *c, int64_t b0, int64_t b1, char *dst, char *scratch,
+                       int verify)
+{
+    const ckpt_piece_geometry *g = &c->pr->geometry;
+    int64_t block_bytes = g->block_rows * g->row_bytes;
+    int status = CKPT_OK;
+    if (c->pr->chunks) {
+        for (int64_t b = b0; b < b1 && !status; b++) {
+            char *out = dst + (b - b0) * block_bytes;
+            status = read_chunk(c, b, out, scratch);
+            if (!status && verify) status = verify_block(c, b, out);
+        }
+        return status;
+    }
+    int64_t row_end = b1 * g->block_rows < g->rows ? b1 * g->block_rows : g->rows;
+    int64_t bytes = (row_end - b0 * g->block_rows) * g->row_bytes;
+    status = ckpt_read_all_at(c->fd, dst, (size_t)bytes, c->pr->offset + b0 * block_bytes,
+                              c->file_path);
+    for (int64_t b = b0; b < b1 && !status && verify; b++)
+        status = verify_block(c, b, dst + (b - b0) * block_bytes);
+    return status;
+}
+
+/* A box inside a dense row-major array. */
+typedef struct {
+    int ndim;
+    int64_t shape[CKPT_MAX_DIMS];  /* of the whole array */
+    int64_t origin[CKPT_MAX_DIMS]; /* of the box */
+} box_frame;
+
+/* Calls emit(src_offset, dst_offset, bytes) for every maximal run that is
+ * contiguous in both frames, for a box of extents count. Offsets in bytes. */
+typedef int (*run_fn)(void *ctx, int64_t src_offset, int64_t dst_offset, int64_t bytes);
+
+static int box_runs(const box_frame *src, const box_frame *dst, const int64_t *count, int ndim,
+                    int64_t elem_size, run_fn emit, void *ctx)
+{
+    /* Merge trailing dimensions that are whole in both frames into the run. */
+    int inner = ndim - 1;
+    int64_t run = count[inner] * elem_size;
+    while (inner > 0 && count[inner] == src->shape[inner] && count[inner] == dst->shape[inner]) {
+        inner--;
+        run *= count[inner];
+    }
+    int64_t src_stride[CKPT_MAX_DIMS], dst_stride[CKPT_MAX_DIMS];
+    src_stride[ndim - 1] = dst_stride[ndim - 1] = elem_size;
+    for (int d = ndim - 2; d >= 0; d--) {
+        src_stride[d] = src_stride[d + 1] * src->shape[d + 1];
+        dst_stride[d] = dst_stride[d + 1] * dst->shape[d + 1];
+    }
+    int64_t idx[CKPT_MAX_DIMS] = {0};
+    for (;;) {
+        int64_t so = 0, dof = 0;
+        for (int d = 0; d < ndim; d++) {
+            int64_t i = d < inner ? idx[d] : 0;
+            so += (src->origin[d] + i) * src_stride[d];
+            dof += (dst->origin[d] + i) * dst_stride[d];
+        }
+        int status = emit(ctx, so, dof, run);
+        if (status) return status;
+        int d = inner - 1;
+        while (d >= 0 && ++idx[d] == count[d]) idx[d--] = 0;
+        if (d < 0) return CKPT_OK;
+    }
+}
+
+typedef struct {
+    const char *src;
+    char *dst;
+} copy_ctx;
+
+static int copy_run(void *ctx, int64_t so, int64_t dof, int64_t bytes)
+{
+    copy_ctx *c = ctx;
+    memcpy(c->dst + dof, c->src + so, (size_t)bytes);
+    return CKPT_OK;
+}
+
+typedef struct {
+    const piece_ctx *piece;
+    char *dst;
+} pread_ctx;
+
+static int pread_run(void *ctx, int64_t so, int64_t dof, int64_t bytes)
+{
+    pread_ctx *c = ctx;
+    return ckpt_read_all_at(c->piece->fd, c->dst + dof, (size_t)bytes, c->piece->pr->offset + so,
+                            c->piece->file_path);
+}
+
+/* Reads the box [start, start + count) of a piece into the box of dst at
+ * dst_frame->origin (dst_frame->shape is the caller's whole array). */
+static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_t *count,
+                          char *dst, const box_frame *dst_frame)
+{
+    const ckpt_piece_geometry *g = &c->pr->geometry;
+    int ndim = g->ndim;
+    int64_t elem = g->row_bytes;
+    for (int d = 1; d < ndim; d++) elem /= g->shape[d];
+    int verify = c->r->options.verify;
+    int blockwise = verify || c->pr->chunks;
+    /* Whole rows, landing contiguously in dst: row r goes to dst_row0 + r - start[0]. */
+    int whole_rows = 1;
+    for (int d = 1; d < ndim; d++)
+        whole_rows = whole_rows && count[d] == g->shape[d] && dst_frame->shape[d] == count[d];
+    int64_t row0 = start[0], row1 = start[0] + count[0];
+    /* With whole rows, piece row r lands at dst row origin[0] + r - row0. */
+#define DST_ROW(r) (dst + (dst_frame->origin[0] + (r) - row0) * g->row_bytes)
+
+    if (!blockwise && whole_rows) { /* one pread per 64 MiB, straight into dst */
+        for (int64_t r = row0; r < row1;) {
+            int64_t n = DIRECT_READ_MAX / g->row_bytes;
+            if (n < 1) n = 1;
+            if (n > row1 - r) n = row1 - r;
+            int status = ckpt_read_all_at(c->fd, DST_ROW(r), (size_t)(n * g->row_bytes),
+                                          c->pr->offset + r * g->row_bytes, c->file_path);
+            if (status) return status;
+            r += n;
+        }
+        return CKPT_OK;
+    }
+    /* Row groups: checksum blocks when verifying or compressed, else ~8 MiB. */
+    int64_t group_rows = blockwise ? g->block_rows : GROUP_TARGET / g->row_bytes;
+    if (group_rows < 1) group_rows = 1;
+    int64_t first = blockwise ? row0 / group_rows * group_rows : row0;
+    char *bounce = NULL, *scratch = NULL;
+    int status = CKPT_OK;
+    if (c->pr->chunks && !(scratch = malloc(scratch_bytes(g))))
+        return ckpt_fail(CKPT_ERR_NOMEM, "out of memory for a %zu-byte chunk buffer", scratch_bytes(g));
+    box_frame src_frame = {ndim, {0}, {0}};
+    memcpy(src_frame.shape, g->shape, sizeof src_frame.shape);
+
+    for (int64_t r = first; r < row1 && !status;) {
+        int64_t group_end = r + group_rows < g->rows ? r + group_rows : g->rows;
+        if (!blockwise && group_end > row1) group_end = row1;
+        int64_t sel0 = r > row0 ? r : row0, sel1 = group_end < row1 ? group_end : row1;
+        if (blockwise && whole_rows && sel0 == r && sel1 == group_end) {
+            /* Whole blocks inside the selection go straight into dst, many per read. */
+            int64_t b0 = r / g->block_rows, b1 = b0 + 1;
+            for (;;) {
+                int64_t next = b1 * g->block_rows;
+                int64_t next_end = next + g->block_rows < g->rows ? next + g->block_rows : g->rows;
+                if (next >= row1 || next_end > row1 || (next_end - r) * g->row_bytes > DIRECT_READ_MAX)
+                    break;
+                b1++;
+            }
+            status = read_blocks(c, b0, b1, DST_ROW(r), scratch, verify);
+            r = b1 * g->block_rows;
+            continue;
+        }
+        if (!blockwise && !whole_rows) {
+            /* Long runs are read one by one; short ones through the bounce buffer. */
+            int inner = ndim - 1;
+            int64_t run = count[inner] * elem;
+            while (inner > 0 && count[inner] == g->shape[inner] &&
+                   count[inner] == dst_frame->shape[inner])
+                run *= count[--inner];
+            if (run >= SPARSE_RUN_MIN) {
+                int64_t sub_count[CKPT_MAX_DIMS];
+                memcpy(sub_count, count, sizeof(int64_t) * (size_t)ndim);
+                sub_count[0] = sel1 - sel0;
+                box_frame s = src_frame, dd = *dst_frame;
+                memcpy(s.origin, start, sizeof(int64_t) * (size_t)ndim);
+                s.origin[0] = sel0;
+                dd.origin[0] = dst_frame->origin[0] + sel0 - row0;
+                pread_ctx pc = {c, dst};
+                status = box_runs(&s, &dd, sub_count, ndim, elem, pread_run, &pc);
+                r = group_end;
+                continue;
+            }
+        }
+        /* Bounce: rows [r, group_end) into the buffer, then copy the selection. */
+        size_t bounce_size = (size_t)(group_rows * g->row_bytes);
+        if (!bounce && !(bounce = malloc(bounce_size))) {
+            status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory for a %zu-byte read buffer", bounce_size);
+            break;
+        }
+        if (blockwise) {
+            int64_t b = r / g->block_rows;
+            status = read_blocks(c, b, b + 1, bounce, scratch, verify);
+        } else {
+            status = ckpt_read_all_at(c->fd, bounce, (size_t)((group_end - r) * g->row_bytes),
+                                      c->pr->offset + r * g->row_bytes, c->file_path);
+        }
+        if (status) break;
+        box_frame s = src_frame, dd = *dst_frame;
+        memcpy(s.origin, start, sizeof(int64_t) * (size_t)ndim);
+        s.shape[0] = group_end - r;
+        s.origin[0] = sel0 - r;
+        dd.origin[0] = dst_frame->origin[0] + sel0 - row0;
+        int64_t sub_count[CKPT_MAX_DIMS];
+        memcpy(sub_count, count, sizeof(int64_t) * (size_t)ndim);
+        sub_count[0] = sel1 - sel0;
+        copy_ctx cc = {bounce, dst};
+        status = box_runs(&s, &dd, sub_count, ndim, elem, copy_run, &cc);
+        r = group_end;
+    }
+    free(bounce);
+    free(scratch);
+    return status;
+#undef DST_ROW
+}
+
+int ckpt_reader_read_piece(ckpt_reader *r, int i, int piece, void *buf, size_t buf_size)
+{
+    piece_ctx c;
+    int status = piece_context(r, i, piece, &c);
+    if (status) return status;
+    const ckpt_piece_geometry *g = &c.pr->geometry;
+    if (buf_size < (size_t)g->bytes)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s piece %d: buffer of %zu bytes, need %lld",
+                         r->index.tensors[i].tensor.name, piece, buf_size, (long long)g->bytes);
+    int64_t start[CKPT_MAX_DIMS] = {0};
+    box_frame frame = {g->ndim, {0}, {0}};
+    memcpy(frame.shape, g->shape, sizeof frame.shape);
+    return read_piece_box(&c, start, g->shape, buf, &frame);
+}
+
+int ckpt_reader_read_region(ckpt_reader *r, int i, const int64_t *start, const int64_t *count,
+                            void *buf, size_t buf_size)
+{
+    if (i < 0 || i >= r->index.num_tensors)
+        return ckpt_fail(CKPT_ERR_ARG, "%s: tensor index %d out of range", r->path, i);
+    const ckpt_tensor_desc *t = &r->index.tensors[i].tensor.desc;
+    int64_t elements = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (start[d] < 0 || count[d] < 1 || start[d] + count[d] > t->shape[d])
+            return ckpt_fail(CKPT_ERR_ARG,
+                             "tensor %s: region [%lld, %lld) of dimension %d outside 0..%lld",
+                             t->name, (long long)start[d], (long long)(start[d] + count[d]), d,
+                             (long long)t->shape[d]);
+        elements *= count[d];
+    }
+    if (buf_size < (size_t)elements * ckpt_dtype_size(t->dtype))
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: buffer of %zu bytes, region needs %lld", t->name,
+                         buf_size, (long long)(elements * (int64_t)ckpt_dtype_size(t->dtype)));
+    box_frame frame = {t->ndim, {0}, {0}};
+    memcpy(frame.shape, count, sizeof(int64_t) * (size_t)t->ndim);
+    piece_ctx c;
+    int status;
+    if (t->partition.kind == CKPT_REPLICATED) {
+        status = piece_context(r, i, 0, &c);
+        return status ? status : read_piece_box(&c, start, count, buf, &frame);
+    }
+    int axis = t->partition.axis;
+    int64_t max_runs = (int64_t)t->partition.num_segments * r->index.layout.tp;
+    ckpt_run *runs = malloc((size_t)max_runs * sizeof *runs);
+    if (!runs) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    int64_t n = ckpt_partition_runs(t, r->index.layout.tp, start[axis], count[axis], runs, max_runs);
+    status = n < 0 ? ckpt_fail(CKPT_ERR_ARG, "tensor %s: bad region", t->name) : CKPT_OK;
+    for (int64_t k = 0; k < n && !status; k++) {
+        int64_t piece_start[CKPT_MAX_DIMS], piece_count[CKPT_MAX_DIMS];
+        memcpy(piece_start, start, sizeof(int64_t) * (size_t)t->ndim);
+        memcpy(piece_count, count, sizeof(int64_t) * (size_t)t->ndim);
+        piece_start[axis] = runs[k].local_start;
+        piece_count[axis] = runs[k].length;
+        box_frame dst = frame;
+        dst.origin[axis] = runs[k].logical_start - start[axis];
+        status = piece_context(r, i, runs[k].rank, &c);
+        if (!status) status = read_piece_box(&c, piece_start, piece_count, buf, &dst);
+    }
+    free(runs);
+    return status;
+}
+
+int ckpt_reader_verify_piece(ckpt_reader *r, int i, int piece)
+{
+    piece_ctx c;
+    int status = piece_context(r, i, piece, &c);
+    if (status) return status;
+    const ckpt_piece_geometry *g = &c.pr->geometry;
+    int64_t block_bytes = g->block_rows * g->row_bytes;
+    int64_t per_read = c.pr->chunks ? 1 : (16 << 20) / block_bytes;
+    if (per_read < 1) per_read = 1;
+    if (per_read > g->num_blocks) per_read = g->num_blocks;
+    size_t size = (size_t)(per_read * block_bytes) + (c.pr->chunks ? scratch_bytes(g) : 0);
+    /* [per_read blocks of data][chunk scratch when compressed] */
+    char *buf = malloc(size);
+    if (!buf) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory for a %zu-byte buffer", size);
+    for (int64_t b = 0; b < g->num_blocks && !status; b += per_read) {
+        int64_t end = b + per_read < g->num_blocks ? b + per_read : g->num_blocks;
+        status = read_blocks(&c, b, end, buf, buf + per_read * block_bytes, 1);
+    }
+    free(buf);
+    return status;
+}
+
+int ckpt_reader_check_padding(ckpt_reader *r, int i, int piece)
+{
+    int status = check_piece_arg(r, i, piece);
+    if (status) return status;
+    const ckpt_tensor_desc *t = &r->index.tensors[i].tensor.desc;
+    if (t->partition.kind != CKPT_SPLIT) return CKPT_OK;
+    ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
+    int64_t n = ckpt_piece_runs(t, r->index.layout.tp, piece, runs, 2 * CKPT_MAX_SEGMENTS);
+    piece_ctx c;
+    status = piece_context(r, i, piece, &c);
+    const ckpt_piece_geometry *g = &c.pr->geometry;
+    int axis = t->partition.axis;
+    for (int64_t k = 0; k < n && !status; k++) {
+        if (runs[k].logical_start >= 0) continue;
+        int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS];
+        memcpy(count, g->shape, sizeof count);
+        start[axis] = runs[k].local_start;
+        count[axis] = runs[k].length;
+        /* Padding along axis 0 can be read slab by slab; along other axes it is
+         * a thin box that is small whenever the tensor is. */
+        int64_t elements = 1;
+        for (int d = 0; d < g->ndim; d++) elements *= count[d];
+        size_t bytes = (size_t)elements * ckpt_dtype_size(t->dtype);
+        unsigned char *buf = malloc(bytes ? bytes : 1);
+        if (!buf) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+        box_frame frame = {g->ndim, {0}, {0}};
+        memcpy(frame.shape, count, sizeof frame.shape);
+        status = read_piece_box(&c, start, count, (char *)buf, &frame);
+        for (size_t b = 0; b < bytes && !status; b++)
+            if (buf[b] != 0)
+                status = ckpt_fail(CKPT_ERR_FORMAT,
+                                   "%s: tensor %s piece %d: padding at %lld..%lld of axis %d is "
+                                   "not zero",
+                                   c.file_path, t->name, piece, (long long)runs[k].local_start,
+                                   (long long)(runs[k].local_start + runs[k].length - 1), axis);
+        free(buf);
+    }
+    return status;
+}

@@ -1,0 +1,204 @@
+/* synth.c: writes synthetic checkpoints in parallel, slab by slab. Every
+ * slab is a run of whole checksum blocks of one piece, generated straight in
+ * the piece's stored layout (padding zero) from the logical indices. */
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "../common/parallel.h"
+#include "../kernels/kernels.h"
+#include "internal.h"
+#include "synth.h"
+
+#define SLAB_TARGET_BYTES ((int64_t)4 << 20)
+
+uint64_t synth_name_hash(const char *seed_name)
+{
+    return XXH3_64bits(seed_name, strlen(seed_name));
+}
+
+void synth_fill(uint64_t seed, uint64_t name_hash, float mean, float scale, int64_t first,
+                int64_t n, float *out)
+{
+    uint64_t key = (seed * 0x9E3779B97F4A7C15ull) ^ name_hash;
+    for (int64_t k = 0; k < n; k++) {
+        uint64_t z = key + (uint64_t)(first + k + 1) * 0xD1B54A32D192ED03ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float u = (float)((int32_t)(z >> 40) - 8388608) * (1.0f / 8388608.0f);
+        float t = scale * u;
+        out[k] = mean + t;
+    }
+}
+
+typedef struct {
+    int tensor, piece;
+    int64_t row_start, row_count;
+} slab;
+
+typedef struct {
+    ckpt_writer *writer;
+    const ckpt_layout *layout;
+    const synth_tensor *tensors;
+    const int *ids;
+    const uint64_t *hashes;
+    slab *slabs;
+    const synth_options *options;
+    float **scratch;   /* per thread: fp32 values of one slab */
+    void **converted;  /* per thread: the slab in its stored dtype */
+} synth_job;
+
+/* Generates rows [r0, r1) of a piece in stored layout into out (fp32). */
+static void generate_rows(const synth_job *job, const slab *s, float *out)
+{
+    const synth_tensor *st = &job->tensors[s->tensor];
+    const ckpt_tensor_desc *t = &st->desc;
+    uint64_t h = job->hashes[s->tensor];
+    int64_t shape[CKPT_MAX_DIMS];
+    ckpt_piece_shape(t, job->layout->tp, shape);
+    int64_t row_elements = 1;
+    for (int d = 1; d < t->ndim; d++) row_elements *= shape[d];
+    uint64_t seed = job->options->seed;
+    int64_t r0 = s->row_start, r1 = s->row_start + s->row_count;
+    if (t->partition.kind == CKPT_REPLICATED) {
+        synth_fill(seed, h, st->mean, st->scale, r0 * row_elements, (r1 - r0) * row_elements, out);
+        return;
+    }
+    ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
+    int64_t n = ckpt_piece_runs(t, job->layout->tp, s->piece, runs, 2 * CKPT_MAX_SEGMENTS);
+    int axis = t->partition.axis;
+    if (axis == 0) { /* runs are row ranges: logical row = logical_start + offset */
+        for (int64_t k = 0; k < n; k++) {
+            int64_t a = runs[k].local_start > r0 ? runs[k].local_start : r0;
+            int64_t b = runs[k].local_start + runs[k].length < r1 ? runs[k].local_start + runs[k].length : r1;
+            if (a >= b) continue;
+            float *dst = out + (a - r0) * row_elements;
+            if (runs[k].logical_start < 0)
+                memset(dst, 0, (size_t)((b - a) * row_elements) * sizeof(float));
+            else
+                synth_fill(seed, h, st->mean, st->scale,
+                           (runs[k].logical_start + a - runs[k].local_start) * row_elements,
+                           (b - a) * row_elements, dst);
+        }
+        return;
+    }
+    /* Split axis > 0: piece [outer, P_axis, inner] against logical [outer, L_axis, inner]. */
+    int64_t outer_per_row = 1, inner = 1;
+    for (int d = 1; d < axis; d++) outer_per_row *= shape[d];
+    for (int d = axis + 1; d < t->ndim; d++) inner *= shape[d];
+    int64_t logical_axis = t->shape[axis], piece_axis = shape[axis];
+    float *dst = out;
+    for (int64_t o = r0 * outer_per_row; o < r1 * outer_per_row; o++) {
+        for (int64_t k = 0; k < n; k++) {
+            int64_t len = runs[k].length * inner;
+            if (runs[k].logical_start < 0)
+                memset(dst, 0, (size_t)len * sizeof(float));
+            else
+                synth_fill(seed, h, st->mean, st->scale,
+                           (o * logical_axis + runs[k].logical_start) * inner, len, dst);
+            dst += len;
+        }
+    }
+    (void)piece_axis;
+}
+
+static number_format format_of(ckpt_dtype dtype)
+{
+    return dtype == CKPT_BF16 ? NUMBER_BF16 : dtype == CKPT_FP16 ? NUMBER_F16 : NUMBER_F32;
+}
+
+static int write_slab(void *ctx, int64_t i, int thread)
+{
+    synth_job *job = ctx;
+    const slab *s = &job->slabs[i];
+    const ckpt_tensor_desc *t = &job->tensors[s->tensor].desc;
+    int64_t shape[CKPT_MAX_DIMS];
+    ckpt_piece_shape(t, job->layout->tp, shape);
+    int64_t elements = s->row_count;
+    for (int d = 1; d < t->ndim; d++) elements *= shape[d];
+    float *values = job->scratch[thread];
+    generate_rows(job, s, values);
+    const void *data = values;
+    if (t->dtype != CKPT_FP32) {
+        convert_from_f32(values, job->converted[thread], format_of(t->dtype), elements);
+        data = job->converted[thread];
+    }
+    int status = ckpt_writer_put_rows(job->writer, job->ids[s->tensor], s->piece, s->row_start,
+                                      s->row_count, data);
+    if (!status && job->options->on_bytes)
+        job->options->on_bytes(job->options->ctx, elements * (int64_t)ckpt_dtype_size(t->dtype));
+    return status;
+}
+
+int synth_write(const char *path, const ckpt_layout *layout, const ckpt_write_options *write_options,
+                const synth_tensor *tensors, int count, const ckpt_train_state *state,
+                const synth_options *options)
+{
+    ckpt_writer *writer = NULL;
+    int status = ckpt_writer_create(&writer, path, layout, write_options);
+    if (status) return status;
+    int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
+    int *ids = calloc((size_t)count + 1, sizeof *ids);
+    uint64_t *hashes = calloc((size_t)count + 1, sizeof *hashes);
+    slab *slabs = NULL;
+    int64_t num_slabs = 0, capacity = 0, max_slab_elements = 1;
+    float **scratch = calloc((size_t)threads, sizeof *scratch);
+    void **converted = calloc((size_t)threads, sizeof *converted);
+    if (!ids || !hashes || !scratch || !converted) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < count && !status; i++) {
+        status = ckpt_writer_add_tensor(writer, &tensors[i].desc, &ids[i]);
+        if (status) break;
+        hashes[i] = synth_name_hash(tensors[i].seed_name ? tensors[i].seed_name : tensors[i].desc.name);
+        int64_t shape[CKPT_MAX_DIMS], row_elements = 1;
+        ckpt_piece_shape(&tensors[i].desc, layout->tp, shape);
+        for (int d = 1; d < tensors[i].desc.ndim; d++) row_elements *= shape[d];
+        int64_t block_rows = ckpt_writer_block_rows(writer, ids[i]);
+        int64_t blocks_per_slab = SLAB_TARGET_BYTES / (block_rows * row_elements * 4);
+        if (blocks_per_slab < 1) blocks_per_slab = 1;
+        int64_t slab_rows = blocks_per_slab * block_rows;
+        if (slab_rows > shape[0]) slab_rows = shape[0];
+        if (slab_rows * row_elements > max_slab_elements) max_slab_elements = slab_rows * row_elements;
+        for (int p = 0; p < ckpt_piece_count(&tensors[i].desc, layout->tp); p++) {
+            for (int64_t r = 0; r < shape[0]; r += slab_rows) {
+                if (num_slabs == capacity) {
+                    capacity = capacity ? 2 * capacity : 1024;
+                    slab *grown = realloc(slabs, (size_t)capacity * sizeof *grown);
+                    if (!grown) {
+                        status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+                        break;
+                    }
+                    slabs = grown;
+                }
+                slabs[num_slabs++] = (slab){i, p, r, shape[0] - r < slab_rows ? shape[0] - r : slab_rows};
+            }
+        }
+    }
+    for (int t = 0; t < threads && !status; t++) {
+        scratch[t] = malloc((size_t)max_slab_elements * sizeof(float));
+        converted[t] = malloc((size_t)max_slab_elements * sizeof(uint16_t));
+        if (!scratch[t] || !converted[t])
+            status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory for %lld-element slabs",
+                               (long long)max_slab_elements);
+    }
+    if (!status) {
+        synth_job job = {writer, layout, tensors, ids, hashes, slabs, options, scratch, converted};
+        parallel_failure failure = {ckpt_errmsg, ""};
+        status = parallel_for(num_slabs, threads, write_slab, &job, &failure);
+        if (status) ckpt_fail(status, "%s", failure.text);
+    }
+    for (int t = 0; t < threads && scratch && converted; t++) {
+        free(scratch[t]);
+        free(converted[t]);
+    }
+    free(scratch);
+    free(converted);
+    free(slabs);
+    free(hashes);
+    free(ids);
+    if (status) {
+        ckpt_writer_abort(writer);
+        return status;
+    }
+    return ckpt_writer_commit(writer, state);
+}

@@ -1,0 +1,43 @@
+/* synth.h: deterministic synthetic checkpoints for tests and benchmarks.
+ *
+ * Element i (flat row-major index into the logical, unpadded tensor) of a
+ * tensor with seed name N holds, in fp32 arithmetic:
+ *   h = XXH3_64bits(N)
+ *   z = (seed * 0x9E3779B97F4A7C15 ^ h) + (i + 1) * 0xD1B54A32D192ED03   (mod 2^64)
+ *   z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9;  z = (z ^ z >> 27) * 0x94D049BB133111EB;
+ *   z = z ^ z >> 31                                                      (splitmix64)
+ *   u = ((z >> 40) - 2^23) / 2^23          in [-1, 1), exact in fp32
+ *   value = mean + scale * u               (two fp32 roundings)
+ * then rounded to the stored dtype (nearest, ties to even). Padding is zero.
+ * The contents depend on the seed, the seed name and the global index only,
+ * never on the layout, so checkpoints synthesized at any two layouts are
+ * logically identical. */
+#ifndef TP_CKPT_SYNTH_H
+#define TP_CKPT_SYNTH_H
+
+#include "ckpt.h"
+
+typedef struct {
+    ckpt_tensor_desc desc;
+    const char *seed_name; /* whose values it holds: desc.name, or the parameter for a master copy */
+    float mean, scale;
+} synth_tensor;
+
+typedef struct {
+    uint64_t seed;
+    int threads;                               /* 0: all cores */
+    void (*on_bytes)(void *ctx, int64_t bytes); /* progress, called from worker threads */
+    void *ctx;
+} synth_options;
+
+/* Writes and commits a checkpoint of the given tensors at path. */
+int synth_write(const char *path, const ckpt_layout *layout, const ckpt_write_options *write_options,
+                const synth_tensor *tensors, int count, const ckpt_train_state *state,
+                const synth_options *options);
+
+/* The values of n consecutive flat indices starting at first. */
+void synth_fill(uint64_t seed, uint64_t name_hash, float mean, float scale, int64_t first,
+                int64_t n, float *out);
+uint64_t synth_name_hash(const char *seed_name);
+
+#endif

@@ -1,0 +1,654 @@
+/* tp-ckpt: inspect, verify, compare and synthesize checkpoints.
+ * A thin layer over ckpt.h; see `tp-ckpt --help`. Exit status: 0 success,
+ * 1 failure (damage found, checkpoints differ, an operation failed), 2 usage. */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/cli.h"
+#include "../common/parallel.h"
+#include "../common/progress.h"
+#include "../trainer/gpt_catalog.h"
+#include "ckpt.h"
+#include "synth.h"
+
+static const char *usage_text =
+    "usage: tp-ckpt <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  info CKPT [--json]           layout, step, model and the tensor table\n"
+    "  verify CKPT [--threads N]    check completeness and every checksum (exit 1 if damaged)\n"
+    "  diff A B [--tol X] [--atol X] [--threads N]\n"
+    "                               compare the merged tensors of two checkpoints, any layouts\n"
+    "                               (default bit-exact; exit 1 if they differ)\n"
+    "  synth -o DIR --tp T --pp P --layers L --dim D --heads H --vocab V --seq S\n"
+    "        [--kv-heads K] [--ffn F] [--swiglu] [--optim] [--dtype fp32|bf16|fp16]\n"
+    "        [--seed N] [--step N] [--compress zstd[:LEVEL]|none] [--vocab-pad-multiple N]\n"
+    "        [--threads N] [--force] [--progress]\n"
+    "                               write a deterministic GPT-style checkpoint\n"
+    "\n"
+    "CKPT is a checkpoint directory, or a run directory (its `latest` checkpoint).\n"
+    "Run `tp-ckpt <command> --help` for a command's options.\n";
+
+static void die_usage(const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "tp-ckpt: ");
+    vfprintf(stderr, fmt, args);
+    fprintf(stderr, " (see tp-ckpt --help)\n");
+    va_end(args);
+    exit(2);
+}
+
+static int fail(const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "tp-ckpt: error: ");
+    vfprintf(stderr, fmt, args);
+    fprintf(stderr, "\n");
+    va_end(args);
+    return 1;
+}
+
+static int64_t parse_int_option(const char *name, const char *text, int64_t min, int64_t max)
+{
+    int64_t value;
+    if (cli_parse_int(text, min, max, &value))
+        die_usage("%s expects an integer in %lld..%lld, got '%s'", name, (long long)min,
+                  (long long)max, text);
+    return value;
+}
+
+static double parse_double_option(const char *name, const char *text)
+{
+    double value;
+    if (cli_parse_double(text, &value) || value < 0)
+        die_usage("%s expects a non-negative number, got '%s'", name, text);
+    return value;
+}
+
+static ckpt_reader *open_or_die(const char *path, int verify, int *exit_code)
+{
+    ckpt_read_options options;
+    ckpt_read_options_init(&options);
+    options.verify = verify;
+    ckpt_reader *reader = NULL;
+    if (ckpt_reader_open(&reader, path, &options) != CKPT_OK) {
+        *exit_code = fail("%s", ckpt_errmsg());
+        return NULL;
+    }
+    return reader;
+}
+
+/* ------------------------------------------------------------------- info */
+
+static void format_shape(const int64_t *shape, int ndim, char *out, size_t size)
+{
+    int n = snprintf(out, size, "[");
+    for (int d = 0; d < ndim && n < (int)size; d++)
+        n += snprintf(out + n, size - (size_t)n, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (n < (int)size) snprintf(out + n, size - (size_t)n, "]");
+}
+
+static void format_partition(const ckpt_tensor_desc *t, char *out, size_t size)
+{
+    const ckpt_partition *p = &t->partition;
+    if (p->kind == CKPT_REPLICATED) {
+        snprintf(out, size, "replicated");
+        return;
+    }
+    int n = snprintf(out, size, "split axis %d", p->axis);
+    if (p->num_segments > 1) {
+        char segments[128];
+        format_shape(p->segments, p->num_segments, segments, sizeof segments);
+        n += snprintf(out + n, size - (size_t)n, " segments %s", segments);
+    }
+    if (p->granule > 1) n += snprintf(out + n, size - (size_t)n, " granule %lld", (long long)p->granule);
+    if (p->pad_multiple > 0)
+        snprintf(out + n, size - (size_t)n, " pad x%lld", (long long)p->pad_multiple);
+}
+
+static int64_t tensor_stored_bytes(const ckpt_reader *r, int i)
+{
+    int64_t bytes = 0;
+    const ckpt_tensor_desc *t = ckpt_reader_tensor(r, i);
+    for (int p = 0; p < ckpt_piece_count(t, ckpt_reader_layout(r)->tp); p++) {
+        ckpt_piece_info info;
+        if (ckpt_reader_piece_info(r, i, p, &info) == CKPT_OK) bytes += info.bytes;
+    }
+    return bytes;
+}
+
+static cJSON *json_shape(const int64_t *shape, int ndim)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int d = 0; d < ndim; d++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)shape[d]));
+    return a;
+}
+
+static void info_json(const ckpt_reader *r)
+{
+    const ckpt_layout *layout = ckpt_reader_layout(r);
+    const ckpt_train_state *state = ckpt_reader_state(r);
+    int major, minor;
+    ckpt_reader_version(r, &major, &minor);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "path", ckpt_reader_path(r));
+    cJSON *version = cJSON_AddArrayToObject(root, "format_version");
+    cJSON_AddItemToArray(version, cJSON_CreateNumber(major));
+    cJSON_AddItemToArray(version, cJSON_CreateNumber(minor));
+    cJSON_AddNumberToObject(root, "step", (double)state->step);
+    cJSON_AddNumberToObject(root, "tp", layout->tp);
+    cJSON_AddNumberToObject(root, "pp", layout->pp);
+    cJSON_AddNumberToObject(root, "dp", layout->dp);
+    cJSON_AddNumberToObject(root, "num_layers", (double)layout->num_layers);
+    cJSON_AddItemToObject(root, "model", cJSON_Parse(state->model_json));
+    cJSON *train = cJSON_AddObjectToObject(root, "train");
+    cJSON_AddNumberToObject(train, "consumed_samples", (double)state->consumed_samples);
+    cJSON_AddItemToObject(train, "schedule", cJSON_Parse(state->schedule_json));
+    cJSON_AddItemToObject(train, "rng", cJSON_Parse(state->rng_json));
+    cJSON_AddItemToObject(root, "user", cJSON_Parse(state->user_json));
+    cJSON *files = cJSON_AddArrayToObject(root, "files");
+    int64_t total = 0;
+    for (int f = 0; f < ckpt_reader_num_files(r); f++) {
+        int64_t bytes;
+        const char *name = ckpt_reader_file(r, f, &bytes);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", name);
+        cJSON_AddNumberToObject(o, "bytes", (double)bytes);
+        cJSON_AddItemToArray(files, o);
+        total += bytes;
+    }
+    cJSON_AddNumberToObject(root, "total_bytes", (double)total);
+    cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
+    for (int i = 0; i < ckpt_reader_num_tensors(r); i++) {
+        const ckpt_tensor_desc *t = ckpt_reader_tensor(r, i);
+        int64_t padded[CKPT_MAX_DIMS], piece[CKPT_MAX_DIMS];
+        ckpt_padded_shape(t, layout->tp, padded);
+        ckpt_piece_shape(t, layout->tp, piece);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", t->name);
+        cJSON_AddStringToObject(o, "role", t->role);
+        cJSON_AddStringToObject(o, "param", t->param);
+        cJSON_AddStringToObject(o, "dtype", ckpt_dtype_name(t->dtype));
+        cJSON_AddItemToObject(o, "shape", json_shape(t->shape, t->ndim));
+        cJSON_AddItemToObject(o, "padded_shape", json_shape(padded, t->ndim));
+        cJSON_AddItemToObject(o, "piece_shape", json_shape(piece, t->ndim));
+        cJSON *part = cJSON_AddObjectToObject(o, "partition");
+        if (t->partition.kind == CKPT_SPLIT) {
+            cJSON_AddStringToObject(part, "kind", "split");
+            cJSON_AddNumberToObject(part, "axis", t->partition.axis);
+            cJSON_AddItemToObject(part, "segments",
+                                  json_shape(t->partition.segments, t->partition.num_segments));
+            cJSON_AddNumberToObject(part, "granule", (double)t->partition.granule);
+            cJSON_AddNumberToObject(part, "pad_multiple", (double)t->partition.pad_multiple);
+        } else {
+            cJSON_AddStringToObject(part, "kind", "replicated");
+        }
+        cJSON_AddNumberToObject(o, "stage", ckpt_tensor_stage(t, layout));
+        cJSON_AddNumberToObject(o, "bytes", (double)tensor_stored_bytes(r, i));
+        cJSON_AddItemToArray(tensors, o);
+    }
+    char *text = cJSON_Print(root);
+    printf("%s\n", text);
+    cJSON_free(text);
+    cJSON_Delete(root);
+}
+
+static void info_text(const ckpt_reader *r)
+{
+    const ckpt_layout *layout = ckpt_reader_layout(r);
+    const ckpt_train_state *state = ckpt_reader_state(r);
+    int major, minor;
+    ckpt_reader_version(r, &major, &minor);
+    int64_t total = 0, param_bytes = 0, optim_bytes = 0, param_elements = 0;
+    for (int f = 0; f < ckpt_reader_num_files(r); f++) {
+        int64_t bytes;
+        ckpt_reader_file(r, f, &bytes);
+        total += bytes;
+    }
+    int params = 0;
+    for (int i = 0; i < ckpt_reader_num_tensors(r); i++) {
+        const ckpt_tensor_desc *t = ckpt_reader_tensor(r, i);
+        int64_t bytes = tensor_stored_bytes(r, i);
+        if (strcmp(t->role, "param") == 0) {
+            params++;
+            param_bytes += bytes;
+            int64_t n = 1;
+            for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+            param_elements += n;
+        } else {
+            optim_bytes += bytes;
+        }
+    }
+    char size[32], psize[32], osize[32];
+    format_bytes((double)total, size, sizeof size);
+    format_bytes((double)param_bytes, psize, sizeof psize);
+    format_bytes((double)optim_bytes, osize, sizeof osize);
+    printf("checkpoint   %s (format %d.%d)\n", ckpt_reader_path(r), major, minor);
+    printf("step         %lld   consumed samples %lld\n", (long long)state->step,
+           (long long)state->consumed_samples);
+    printf("layout       tp=%d pp=%d dp=%d   layers=%lld   files=%d   %s on disk\n", layout->tp,
+           layout->pp, layout->dp, (long long)layout->num_layers, ckpt_reader_num_files(r), size);
+    printf("model        %s\n", state->model_json);
+    printf("tensors      %d: %d parameters (%lld elements, %s), optimizer state %s\n\n",
+           ckpt_reader_num_tensors(r), params, (long long)param_elements, psize, osize);
+    printf("%-44s %-5s %-16s %-16s %-40s %5s %12s\n", "name", "dtype", "shape", "padded",
+           "partition", "stage", "bytes");
+    for (int i = 0; i < ckpt_reader_num_tensors(r); i++) {
+        const ckpt_tensor_desc *t = ckpt_reader_tensor(r, i);
+        char shape[64], padded_text[64], partition[128];
+        int64_t padded[CKPT_MAX_DIMS];
+        ckpt_padded_shape(t, layout->tp, padded);
+        format_shape(t->shape, t->ndim, shape, sizeof shape);
+        format_shape(padded, t->ndim, padded_text, sizeof padded_text);
+        format_partition(t, partition, sizeof partition);
+        printf("%-44s %-5s %-16s %-16s %-40s %5d %12lld\n", t->name, ckpt_dtype_name(t->dtype), shape,
+               padded_text, partition, ckpt_tensor_stage(t, layout), (long long)tensor_stored_bytes(r, i));
+    }
+}
+
+static int cmd_info(int argc, char **argv)
+{
+    int json = 0;
+    static const struct option options[] = {{"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "jh", options, NULL)) != -1) {
+        if (c == 'j') json = 1;
+        else if (c == 'h') {
+            printf("usage: tp-ckpt info CKPT [--json]\n");
+            return 0;
+        } else die_usage("info: unknown option");
+    }
+    if (optind != argc - 1) die_usage("info takes one checkpoint");
+    int code = 0;
+    ckpt_reader *r = open_or_die(argv[optind], 0, &code);
+    if (!r) return code;
+    if (json) info_json(r);
+    else info_text(r);
+    ckpt_reader_close(r);
+    return 0;
+}
+
+/* ----------------------------------------------------------------- verify */
+
+typedef struct {
+    int tensor, piece;
+    int64_t bytes;
+    int status;
+    char message[1024];
+} piece_check;
+
+typedef struct {
+    ckpt_reader *reader;
+    piece_check *checks;
+    progress bar;
+} verify_job;
+
+static int by_bytes_desc(const void *a, const void *b)
+{
+    const piece_check *x = a, *y = b;
+    return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
+}
+
+static int verify_one(void *ctx, int64_t i, int thread)
+{
+    (void)thread;
+    verify_job *job = ctx;
+    piece_check *check = &job->checks[i];
+    check->status = ckpt_reader_verify_piece(job->reader, check->tensor, check->piece);
+    if (!check->status) check->status = ckpt_reader_check_padding(job->reader, check->tensor, check->piece);
+    if (check->status) snprintf(check->message, sizeof check->message, "%s", ckpt_errmsg());
+    progress_add(&job->bar, check->bytes);
+    return 0; /* keep going: report every damaged piece */
+}
+
+static int cmd_verify(int argc, char **argv)
+{
+    int64_t threads = parallel_cpu_count();
+    static const struct option options[] = {{"threads", required_argument, 0, 't'},
+                                            {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "t:h", options, NULL)) != -1) {
+        if (c == 't') threads = parse_int_option("--threads", optarg, 1, 1024);
+        else if (c == 'h') {
+            printf("usage: tp-ckpt verify CKPT [--threads N]\n"
+                   "Checks that every shard is present with its recorded size, that every tensor\n"
+                   "matches its index entry, every block its checksum, and padding is zero.\n");
+            return 0;
+        } else die_usage("verify: unknown option");
+    }
+    if (optind != argc - 1) die_usage("verify takes one checkpoint");
+    int code = 0;
+    ckpt_reader *r = open_or_die(argv[optind], 1, &code);
+    if (!r) return code;
+    int64_t count = 0, total = 0;
+    for (int i = 0; i < ckpt_reader_num_tensors(r); i++)
+        count += ckpt_piece_count(ckpt_reader_tensor(r, i), ckpt_reader_layout(r)->tp);
+    verify_job job = {r, calloc((size_t)count + 1, sizeof(piece_check)), {0}};
+    if (!job.checks) {
+        ckpt_reader_close(r);
+        return fail("out of memory");
+    }
+    int64_t k = 0;
+    for (int i = 0; i < ckpt_reader_num_tensors(r); i++) {
+        for (int p = 0; p < ckpt_piece_count(ckpt_reader_tensor(r, i), ckpt_reader_layout(r)->tp); p++) {
+            ckpt_piece_info info;
+            ckpt_reader_piece_info(r, i, p, &info);
+            job.checks[k++] = (piece_check){i, p, info.bytes, 0, ""};
+            total += info.bytes;
+        }
+    }
+    qsort(job.checks, (size_t)count, sizeof *job.checks, by_bytes_desc);
+    progress_start(&job.bar, "verify", total, 0);
+    parallel_for(count, (int)threads, verify_one, &job, NULL);
+    double seconds = progress_finish(&job.bar);
+    int bad = 0;
+    for (int64_t i = 0; i < count; i++) {
+        if (!job.checks[i].status) continue;
+        bad++;
+        fprintf(stderr, "tp-ckpt: damaged: %s\n", job.checks[i].message);
+    }
+    char size[32];
+    format_bytes((double)total, size, sizeof size);
+    if (bad)
+        fprintf(stderr, "tp-ckpt: error: %s: %d of %lld pieces damaged\n", ckpt_reader_path(r), bad,
+                (long long)count);
+    else
+        printf("ok: %s: %d tensors, %lld pieces, %s verified in %.2f s (%.0f MB/s)\n", ckpt_reader_path(r),
+               ckpt_reader_num_tensors(r), (long long)count, size, seconds,
+               seconds > 0 ? (double)total / seconds / 1e6 : 0.0);
+    free(job.checks);
+    ckpt_reader_close(r);
+    return bad ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------- diff */
+
+typedef struct {
+    int a, b;
+    int status;
+    char message[1024];
+    ckpt_compare_result result;
+} tensor_diff;
+
+typedef struct {
+    ckpt_reader *a, *b;
+    tensor_diff *diffs;
+    double rtol, atol;
+} diff_job;
+
+static int diff_one(void *ctx, int64_t i, int thread)
+{
+    (void)thread;
+    diff_job *job = ctx;
+    tensor_diff *d = &job->diffs[i];
+    d->status = ckpt_compare_tensor(job->a, d->a, job->b, d->b, job->rtol, job->atol, 16 << 20, &d->result);
+    if (d->status) snprintf(d->message, sizeof d->message, "%s", ckpt_errmsg());
+    return 0;
+}
+
+static int worse_first(const void *x, const void *y)
+{
+    const tensor_diff *a = x, *b = y;
+    int fa = a->status || a->result.mismatches, fb = b->status || b->result.mismatches;
+    if (fa != fb) return fb - fa;
+    if (a->result.max_rel_diff != b->result.max_rel_diff)
+        return a->result.max_rel_diff < b->result.max_rel_diff ? 1 : -1;
+    return a->result.max_abs_diff < b->result.max_abs_diff ? 1 : a->result.max_abs_diff > b->result.max_abs_diff ? -1 : 0;
+}
+
+static int cmd_diff(int argc, char **argv)
+{
+    double rtol = 0, atol = 0;
+    int64_t threads = parallel_cpu_count();
+    static const struct option options[] = {{"tol", required_argument, 0, 'r'}, {"atol", required_argument, 0, 'a'},
+                                            {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
+                                            {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "r:a:t:h", options, NULL)) != -1) {
+        if (c == 'r') rtol = parse_double_option("--tol", optarg);
+        else if (c == 'a') atol = parse_double_option("--atol", optarg);
+        else if (c == 't') threads = parse_int_option("--threads", optarg, 1, 1024);
+        else if (c == 'h') {
+            printf("usage: tp-ckpt diff A B [--tol X] [--atol X] [--threads N]\n"
+                   "Compares the merged (logical) tensors of two checkpoints of any layouts.\n"
+                   "Elements match when bit-identical or |a-b| <= atol + tol * max(|a|,|b|);\n"
+                   "the default is bit-exact. Exit 0 when equal, 1 otherwise.\n");
+            return 0;
+        } else die_usage("diff: unknown option");
+    }
+    if (optind != argc - 2) die_usage("diff takes two checkpoints");
+    int code = 0;
+    ckpt_reader *a = open_or_die(argv[optind], 1, &code);
+    if (!a) return code;
+    ckpt_reader *b = open_or_die(argv[optind + 1], 1, &code);
+    if (!b) {
+        ckpt_reader_close(a);
+        return code;
+    }
+    int na = ckpt_reader_num_tensors(a), nb = ckpt_reader_num_tensors(b), only = 0, n = 0;
+    tensor_diff *diffs = calloc((size_t)na + 1, sizeof *diffs);
+    for (int i = 0; i < na; i++) {
+        int j = ckpt_reader_find(b, ckpt_reader_tensor(a, i)->name);
+        if (j < 0) {
+            printf("only in A: %s\n", ckpt_reader_tensor(a, i)->name);
+            only++;
+        } else {
+            diffs[n++] = (tensor_diff){i, j, 0, "", {0}};
+        }
+    }
+    for (int j = 0; j < nb; j++)
+        if (ckpt_reader_find(a, ckpt_reader_tensor(b, j)->name) < 0) {
+            printf("only in B: %s\n", ckpt_reader_tensor(b, j)->name);
+            only++;
+        }
+    const ckpt_train_state *sa = ckpt_reader_state(a), *sb = ckpt_reader_state(b);
+    if (sa->step != sb->step)
+        printf("note: steps differ (%lld vs %lld)\n", (long long)sa->step, (long long)sb->step);
+    if (strcmp(sa->model_json, sb->model_json) != 0) printf("note: model configurations differ\n");
+    diff_job job = {a, b, diffs, rtol, atol};
+    parallel_for(n, (int)threads, diff_one, &job, NULL);
+    qsort(diffs, (size_t)n, sizeof *diffs, worse_first);
+    int differing = 0;
+    int64_t elements = 0;
+    for (int i = 0; i < n; i++) {
+        elements += diffs[i].result.elements;
+        if (diffs[i].status || diffs[i].result.mismatches) differing++;
+    }
+    if (differing) {
+        printf("%-44s %14s %14s %12s %12s\n", "tensor", "mismatches", "elements", "max abs", "max rel");
+        for (int i = 0; i < n && i < 10 && (diffs[i].status || diffs[i].result.mismatches); i++) {
+            const tensor_diff *d = &diffs[i];
+            if (d->status) {
+                printf("%-44s error: %s\n", ckpt_reader_tensor(a, d->a)->name, d->message);
+                continue;
+            }
+            printf("%-44s %14lld %14lld %12.4g %12.4g\n", ckpt_reader_tensor(a, d->a)->name,
+                   (long long)d->result.mismatches, (long long)d->result.elements, d->result.max_abs_diff,
+                   d->result.max_rel_diff);
+        }
+    }
+    int differ = differing || only;
+    if (differ)
+        fprintf(stderr, "tp-ckpt: checkpoints differ: %d of %d common tensors differ, %d tensors in one only\n",
+                differing, n, only);
+    else
+        printf("equal: %d tensors, %lld elements%s\n", n, (long long)elements,
+               rtol == 0 && atol == 0 ? ", bit-exact" : " within tolerance");
+    free(diffs);
+    ckpt_reader_close(a);
+    ckpt_reader_close(b);
+    return differ ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------ synth */
+
+static void synth_progress(void *ctx, int64_t bytes)
+{
+    progress_add(ctx, bytes);
+}
+
+static int cmd_synth(int argc, char **argv)
+{
+    gpt_config config = {0};
+    config.dtype = CKPT_FP32;
+    ckpt_layout layout = {1, 1, 1, 0};
+    ckpt_write_options write_options;
+    ckpt_write_options_init(&write_options);
+    const char *out = NULL;
+    int optim = 0, force_progress = 0;
+    int64_t seed = 1234, step = 0, threads = 0;
+    enum { O_TP = 256, O_PP, O_LAYERS, O_DIM, O_HEADS, O_KV, O_VOCAB, O_SEQ, O_FFN, O_SWIGLU, O_OPTIM,
+           O_DTYPE, O_SEED, O_STEP, O_COMPRESS, O_PAD, O_THREADS, O_FORCE, O_PROGRESS };
+    static const struct option options[] = {
+        {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP},
+        {"layers", required_argument, 0, O_LAYERS}, {"dim", required_argument, 0, O_DIM},
+        {"heads", required_argument, 0, O_HEADS}, {"kv-heads", required_argument, 0, O_KV},
+        {"vocab", required_argument, 0, O_VOCAB}, {"seq", required_argument, 0, O_SEQ},
+        {"ffn", required_argument, 0, O_FFN}, {"swiglu", no_argument, 0, O_SWIGLU},
+        {"optim", no_argument, 0, O_OPTIM}, {"dtype", required_argument, 0, O_DTYPE},
+        {"seed", required_argument, 0, O_SEED}, {"step", required_argument, 0, O_STEP},
+        {"compress", required_argument, 0, O_COMPRESS}, {"vocab-pad-multiple", required_argument, 0, O_PAD},
+        {"threads", required_argument, 0, O_THREADS}, {"force", no_argument, 0, O_FORCE},
+        {"progress", no_argument, 0, O_PROGRESS}, {"output", required_argument, 0, 'o'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const int64_t big = (int64_t)1 << 31;
+    int c;
+    while ((c = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case O_TP: layout.tp = (int)parse_int_option("--tp", optarg, 1, 4096); break;
+        case O_PP: layout.pp = (int)parse_int_option("--pp", optarg, 1, 4096); break;
+        case O_LAYERS: config.layers = parse_int_option("--layers", optarg, 1, 100000); break;
+        case O_DIM: config.dim = parse_int_option("--dim", optarg, 1, big); break;
+        case O_HEADS: config.heads = parse_int_option("--heads", optarg, 1, big); break;
+        case O_KV: config.kv_heads = parse_int_option("--kv-heads", optarg, 1, big); break;
+        case O_VOCAB: config.vocab = parse_int_option("--vocab", optarg, 1, big); break;
+        case O_SEQ: config.seq = parse_int_option("--seq", optarg, 1, big); break;
+        case O_FFN: config.ffn = parse_int_option("--ffn", optarg, 1, big); break;
+        case O_SWIGLU: config.swiglu = 1; break;
+        case O_OPTIM: optim = 1; break;
+        case O_DTYPE:
+            if (ckpt_dtype_parse(optarg, &config.dtype)) die_usage("--dtype: %s", ckpt_errmsg());
+            break;
+        case O_SEED: seed = parse_int_option("--seed", optarg, 0, INT64_MAX); break;
+        case O_STEP: step = parse_int_option("--step", optarg, 0, (int64_t)1 << 50); break;
+        case O_COMPRESS:
+            if (strcmp(optarg, "none") == 0) write_options.compress_level = 0;
+            else if (strcmp(optarg, "zstd") == 0) write_options.compress_level = 3;
+            else if (strncmp(optarg, "zstd:", 5) == 0)
+                write_options.compress_level = (int)parse_int_option("--compress zstd:LEVEL", optarg + 5, 1, 22);
+            else die_usage("--compress expects zstd, zstd:LEVEL or none, got '%s'", optarg);
+            break;
+        case O_PAD: config.vocab_pad_multiple = parse_int_option("--vocab-pad-multiple", optarg, 1, 1 << 20); break;
+        case O_THREADS: threads = parse_int_option("--threads", optarg, 1, 1024); break;
+        case O_FORCE: write_options.overwrite = 1; break;
+        case O_PROGRESS: force_progress = 1; break;
+        case 'h':
+            printf("usage: tp-ckpt synth -o DIR --tp T --pp P --layers L --dim D --heads H --vocab V --seq S\n"
+                   "        [--kv-heads K] [--ffn F] [--swiglu] [--optim] [--dtype fp32|bf16|fp16]\n"
+                   "        [--seed N] [--step N] [--compress zstd[:LEVEL]|none] [--vocab-pad-multiple N]\n"
+                   "        [--threads N] [--force] [--progress]\n"
+                   "Writes a GPT-style checkpoint whose values depend only on the seed and each\n"
+                   "element's global index (docs/TOOLS.md), so any two layouts are logically equal.\n");
+            return 0;
+        default: die_usage("synth: unknown option");
+        }
+    }
+    if (optind != argc) die_usage("synth: unexpected argument '%s'", argv[optind]);
+    if (!out) die_usage("synth needs -o DIR");
+    if (!config.layers || !config.dim || !config.heads || !config.vocab || !config.seq)
+        die_usage("synth needs --layers, --dim, --heads, --vocab and --seq");
+    gpt_config_defaults(&config);
+    char err[256];
+    if (gpt_config_check(&config, layout.tp, layout.pp, err, sizeof err)) return fail("%s", err);
+    layout.num_layers = config.layers;
+
+    gpt_tensor *catalog = NULL;
+    int count = 0;
+    if (gpt_catalog(&config, optim, &catalog, &count)) return fail("out of memory");
+    synth_tensor *tensors = calloc((size_t)count, sizeof *tensors);
+    int64_t total = 0;
+    for (int i = 0; i < count && tensors; i++) {
+        const gpt_tensor *g = &catalog[i];
+        synth_tensor *s = &tensors[i];
+        s->desc = g->desc;
+        s->seed_name = g->desc.name;
+        /* Every tensor gets distinct nonzero values so that misplaced elements show. */
+        float scale = g->init_std > 0 ? g->init_std : 0.02f;
+        switch (g->role) {
+        case GPT_ROLE_PARAM: s->mean = g->init_mean; s->scale = scale; break;
+        case GPT_ROLE_MASTER: s->seed_name = g->param; s->mean = g->init_mean; s->scale = scale; break;
+        case GPT_ROLE_EXP_AVG: s->mean = 0; s->scale = 1e-3f; break;
+        case GPT_ROLE_EXP_AVG_SQ: s->mean = 1e-6f; s->scale = 1e-6f; break;
+        }
+        int64_t padded[CKPT_MAX_DIMS], bytes = (int64_t)ckpt_dtype_size(g->desc.dtype);
+        ckpt_padded_shape(&g->desc, layout.tp, padded);
+        for (int d = 0; d < g->desc.ndim; d++) bytes *= padded[d];
+        total += bytes;
+    }
+    if (!tensors) {
+        free(catalog);
+        return fail("out of memory");
+    }
+    char *model_json = gpt_config_to_json(&config);
+    /* A plausible training state: cosine schedule, a random state per rank. */
+    char schedule[256], *rng = malloc((size_t)layout.tp * layout.pp * 96 + 16);
+    snprintf(schedule, sizeof schedule,
+             "{\"kind\":\"cosine\",\"lr\":0.0003,\"min_lr\":0.00003,\"warmup\":100,\"step\":%lld}",
+             (long long)step);
+    int n = sprintf(rng, "[");
+    for (int p = 0; p < layout.pp; p++)
+        for (int t = 0; t < layout.tp; t++)
+            n += sprintf(rng + n, "%s{\"pp\":%d,\"tp\":%d,\"dp\":0,\"state\":\"%016llx\"}",
+                         p || t ? "," : "", p, t,
+                         (unsigned long long)((uint64_t)seed * 0x9E3779B97F4A7C15ull + (uint64_t)(p * 4096 + t)));
+    sprintf(rng + n, "]");
+    ckpt_train_state state = {step, step * 512, model_json, schedule, rng, "{\"synthetic\":true}"};
+    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+    write_options.update_latest = strncmp(base, "step_", 5) == 0;
+
+    progress bar;
+    progress_start(&bar, "synth", total, force_progress);
+    synth_options so = {(uint64_t)seed, (int)threads, synth_progress, &bar};
+    int status = synth_write(out, &layout, &write_options, tensors, count, &state, &so);
+    double seconds = progress_finish(&bar);
+    int code = 0;
+    if (status) code = fail("%s", ckpt_errmsg());
+    else {
+        char size[32];
+        format_bytes((double)total, size, sizeof size);
+        printf("wrote %s: %d tensors, tp=%d pp=%d, %s in %.2f s (%.0f MB/s)\n", out, count, layout.tp,
+               layout.pp, size, seconds, seconds > 0 ? (double)total / seconds / 1e6 : 0.0);
+    }
+    cJSON_free(model_json);
+    free(rng);
+    free(tensors);
+    free(catalog);
+    return code;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        fputs(usage_text, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *command = argv[1];
+    argv[1] = argv[0];
+    argc--;
+    argv++;
+    if (strcmp(command, "info") == 0) return cmd_info(argc, argv);
+    if (strcmp(command, "verify") == 0) return cmd_verify(argc, argv);
+    if (strcmp(command, "diff") == 0) return cmd_diff(argc, argv);
+    if (strcmp(command, "synth") == 0) return cmd_synth(argc, argv);
+    die_usage("unknown command '%s'", command);
+    return 2;
+}

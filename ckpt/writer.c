@@ -1,0 +1,548 @@
+/* writer.c: writing shard files into a staging directory.
+ *
+ * Each piece is a dataset under /tensors/<name>. Uncompressed pieces are
+ * contiguous datasets allocated when declared; their bytes are written with
+ * pwrite() at the offset HDF5 reports, from any thread, outside HDF5's global
+ * lock. Compressed pieces are chunked (one chunk per checksum block); chunks
+ * are compressed in the caller's thread and stored with H5Dwrite_chunk.
+ * Block hashes are taken from the caller's buffer as rows arrive. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "attrs.h"
+#include "commit.h"
+#include "namemap.h"
+
+typedef struct {
+    int pp, tp;
+    char path[CKPT_PATH_MAX];
+    hid_t file;
+    int fd;
+} shard_file;
+
+typedef struct {
+    int shard; /* index into writer->shards, -1 when another process writes it */
+    ckpt_piece_geometry geometry;
+    int64_t offset; /* contiguous: file offset of the data; -1 when chunked */
+    uint64_t *block_hash;
+    uint8_t *block_done;
+    int64_t blocks_done;
+} piece_state;
+
+typedef struct {
+    ckpt_tensor_copy tensor;
+    int stage;
+    int num_pieces;
+    piece_state *pieces;
+} tensor_state;
+
+struct ckpt_writer {
+    char path[CKPT_PATH_MAX];
+    char staging[CKPT_PATH_MAX];
+    ckpt_layout layout;
+    ckpt_write_options options;
+    int distributed;
+    shard_file *shards;
+    int num_shards;
+    tensor_state *tensors;
+    int num_tensors, capacity;
+    ckpt_name_map names;
+    pthread_mutex_t lock; /* bookkeeping of blocks written */
+};
+
+void ckpt_write_options_init(ckpt_write_options *options)
+{
+    memset(options, 0, sizeof *options);
+    options->shard_pp = -1;
+    options->shard_tp = -1;
+}
+
+void ckpt_shard_file_name(int pp, int tp, char *out, size_t out_size)
+{
+    snprintf(out, out_size, "shard_pp%02d_tp%02d.h5", pp, tp);
+}
+
+static const char *tensor_name_of(const void *ctx, int64_t i)
+{
+    const ckpt_writer *w = ctx;
+    return w->tensors[i].tensor.name;
+}
+
+static int shard_index(const ckpt_writer *w, int pp, int tp)
+{
+    if (!w->distributed) return pp * w->layout.tp + tp;
+    return pp == w->options.shard_pp && tp == w->options.shard_tp ? 0 : -1;
+}
+
+static int open_shard(ckpt_writer *w, shard_file *s)
+{
+    char name[64];
+    ckpt_shard_file_name(s->pp, s->tp, name, sizeof name);
+    s->file = -1;
+    s->fd = -1;
+    int status = ckpt_path_join(s->path, w->staging, name);
+    if (status) return status;
+    hid_t fapl = ckpt_h5_file_access();
+    if (fapl < 0) return ckpt_fail_hdf5("%s: cannot set up file access", s->path);
+    s->file = H5Fcreate(s->path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
+    if (s->file < 0) return ckpt_fail_hdf5("%s: cannot create shard file", s->path);
+    int64_t version[2] = {CKPT_FORMAT_MAJOR, CKPT_FORMAT_MINOR};
+    int64_t coords[2] = {s->pp, s->tp};
+    int64_t degrees[3] = {w->layout.tp, w->layout.pp, w->layout.dp};
+    int64_t complete = 0;
+    status = ckpt_h5_write_string(s->file, "format", CKPT_FORMAT_TAG);
+    if (!status) status = ckpt_h5_write_i64s(s->file, "format_version", version, 2);
+    if (!status) status = ckpt_h5_write_i64s(s->file, "shard_pp_tp", coords, 2);
+    if (!status) status = ckpt_h5_write_i64s(s->file, "layout_tp_pp_dp", degrees, 3);
+    if (!status) status = ckpt_h5_write_i64s(s->file, "num_layers", &w->layout.num_layers, 1);
+    if (!status) status = ckpt_h5_write_i64s(s->file, "complete", &complete, 1);
+    if (status) return ckpt_fail_context(status, "%s", s->path);
+    s->fd = open(s->path, O_WRONLY | O_CLOEXEC);
+    if (s->fd < 0) return ckpt_fail(CKPT_ERR_IO, "%s: cannot open for writing: %s", s->path, strerror(errno));
+    return CKPT_OK;
+}
+
+static void close_shard(shard_file *s)
+{
+    if (s->file >= 0) H5Fclose(s->file);
+    if (s->fd >= 0) close(s->fd);
+    s->file = -1;
+    s->fd = -1;
+}
+
+static void free_writer(ckpt_writer *w)
+{
+    for (int i = 0; i < w->num_shards; i++) close_shard(&w->shards[i]);
+    for (int i = 0; i < w->num_tensors; i++) {
+        for (int p = 0; p < w->tensors[i].num_pieces; p++) {
+            free(w->tensors[i].pieces[p].block_hash);
+            free(w->tensors[i].pieces[p].block_done);
+        }
+        free(w->tensors[i].pieces);
+    }
+    free(w->tensors);
+    free(w->shards);
+    ckpt_name_map_free(&w->names);
+    pthread_mutex_destroy(&w->lock);
+    free(w);
+}
+
+/* Checks that a checkpoint may be written at path: refuses an existing one
+ * unless overwriting, and a missing parent directory. */
+static int check_destination(const char *path, const ckpt_write_options *options)
+{
+    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
+    int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
+    if (status) return status;
+    struct stat st;
+    if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode))
+        return ckpt_fail(CKPT_ERR_NOT_FOUND, "%s: parent directory %s does not exist", path, parent);
+    if (ckpt_path_exists(path) && !options->overwrite)
+        return ckpt_fail(CKPT_ERR_EXISTS, "%s already exists; refusing to replace it without --force",
+                         path);
+    return CKPT_OK;
+}
+
+int ckpt_stage_prepare(const char *path, const ckpt_write_options *options)
+{
+    int status = ckpt_library_init();
+    if (status) return status;
+    status = check_destination(path, options);
+    char staging[CKPT_PATH_MAX];
+    if (!status) status = ckpt_staging_path(path, staging, sizeof staging);
+    if (!status) status = ckpt_remove_tree(staging);
+    if (!status && mkdir(staging, 0755) != 0)
+        status = ckpt_fail(CKPT_ERR_IO, "%s: cannot create: %s", staging, strerror(errno));
+    return status;
+}
+
+int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *layout,
+                       const ckpt_write_options *options)
+{
+    *out = NULL;
+    ckpt_write_options defaults;
+    if (!options) {
+        ckpt_write_options_init(&defaults);
+        options = &defaults;
+    }
+    int status = ckpt_library_init();
+    if (status) return status;
+    status = ckpt_layout_check(layout);
+    if (status) return status;
+    if (options->compress_level < 0 || options->compress_level > 22)
+        return ckpt_fail(CKPT_ERR_ARG, "zstd level %d outside 1..22", options->compress_level);
+    int distributed = options->shard_pp >= 0;
+    if (distributed && (options->shard_pp >= layout->pp || options->shard_tp < 0 ||
+                        options->shard_tp >= layout->tp))
+        return ckpt_fail(CKPT_ERR_ARG, "shard pp=%d tp=%d is outside layout tp=%d pp=%d",
+                         options->shard_pp, options->shard_tp, layout->tp, layout->pp);
+    if (strlen(path) >= CKPT_PATH_MAX) return ckpt_fail(CKPT_ERR_ARG, "path too long: %s", path);
+
+    ckpt_writer *w = calloc(1, sizeof *w);
+    if (!w) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&w->lock, NULL);
+    strcpy(w->path, path);
+    w->layout = *layout;
+    w->options = *options;
+    w->distributed = distributed;
+    status = ckpt_staging_path(path, w->staging, sizeof w->staging);
+    if (!status && !distributed) status = ckpt_stage_prepare(path, options);
+    if (!status && distributed) {
+        struct stat st;
+        if (stat(w->staging, &st) != 0 || !S_ISDIR(st.st_mode))
+            status = ckpt_fail(CKPT_ERR_STATE,
+                               "%s: staging directory %s missing (ckpt_stage_prepare not called?)",
+                               path, w->staging);
+    }
+    if (status) {
+        free_writer(w);
+        return status;
+    }
+    w->num_shards = distributed ? 1 : layout->tp * layout->pp;
+    w->shards = calloc((size_t)w->num_shards, sizeof *w->shards);
+    if (!w->shards) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    for (int i = 0; !status && i < w->num_shards; i++) {
+        w->shards[i].pp = distributed ? options->shard_pp : i / layout->tp;
+        w->shards[i].tp = distributed ? options->shard_tp : i % layout->tp;
+        status = open_shard(w, &w->shards[i]);
+    }
+    if (status) {
+        ckpt_writer_abort(w);
+        return status;
+    }
+    *out = w;
+    return CKPT_OK;
+}
+
+/* Creates the dataset of one piece, with its attributes; records the offset
+ * of contiguous data. */
+static int create_piece(ckpt_writer *w, tensor_state *ts, int piece, piece_state *ps)
+{
+    const ckpt_tensor_desc *t = &ts->tensor.desc;
+    shard_file *s = &w->shards[ps->shard];
+    char dset_path[CKPT_NAME_MAX + 32];
+    snprintf(dset_path, sizeof dset_path, "/%s/%s", CKPT_TENSOR_GROUP, t->name);
+    hsize_t dims[CKPT_MAX_DIMS], chunk[CKPT_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++) dims[d] = chunk[d] = (hsize_t)ps->geometry.shape[d];
+    chunk[0] = (hsize_t)ps->geometry.block_rows;
+
+    hid_t type = ckpt_h5_type(t->dtype);
+    hid_t space = H5Screate_simple(t->ndim, dims, NULL);
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t dset = -1;
+    int status = CKPT_OK;
+    int ok = type >= 0 && space >= 0 && lcpl >= 0 && dcpl >= 0 &&
+             H5Pset_create_intermediate_group(lcpl, 1) >= 0;
+    if (ok && w->options.compress_level > 0) {
+        unsigned level = (unsigned)w->options.compress_level;
+        ok = H5Pset_chunk(dcpl, t->ndim, chunk) >= 0 &&
+             H5Pset_filter(dcpl, CKPT_ZSTD_FILTER_ID, H5Z_FLAG_OPTIONAL, 1, &level) >= 0;
+    } else if (ok) {
+        /* Space reserved now, never filled by HDF5: the data arrives by pwrite. */
+        ok = H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
+             H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
+             H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0;
+    }
+    if (ok) dset = H5Dcreate2(s->file, dset_path, type, space, lcpl, dcpl, H5P_DEFAULT);
+    if (!ok || dset < 0) {
+        status = ckpt_fail_hdf5("%s: cannot create dataset for tensor %s", s->path, t->name);
+    } else {
+        ckpt_piece_attrs attrs = {ts->tensor, piece, w->layout.tp, w->num_tensors,
+                                  ps->geometry.block_rows, 0};
+        status = ckpt_attrs_write(dset, &attrs);
+        if (status) status = ckpt_fail_context(status, "%s", s->path);
+        ps->offset = -1;
+        if (!status && w->options.compress_level == 0) {
+            haddr_t offset = H5Dget_offset(dset);
+            if (offset == HADDR_UNDEF)
+                status = ckpt_fail_hdf5("%s: tensor %s has no file offset", s->path, t->name);
+            ps->offset = (int64_t)offset;
+        }
+    }
+    if (dset >= 0) H5Dclose(dset);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (lcpl >= 0) H5Pclose(lcpl);
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    if (status) return status;
+    ps->block_hash = calloc((size_t)ps->geometry.num_blocks, sizeof *ps->block_hash);
+    ps->block_done = calloc((size_t)ps->geometry.num_blocks, 1);
+    if (!ps->block_hash || !ps->block_done) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    return CKPT_OK;
+}
+
+int ckpt_writer_add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int *id_out)
+{
+    *id_out = -1;
+    int status = ckpt_library_init();
+    if (status) return status;
+    if (w->num_tensors == w->capacity) {
+        int capacity = w->capacity ? 2 * w->capacity : 64;
+        tensor_state *grown = realloc(w->tensors, (size_t)capacity * sizeof *grown);
+        if (!grown) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+        w->tensors = grown;
+        w->capacity = capacity;
+        for (int k = 0; k < w->num_tensors; k++) ckpt_tensor_copy_rebind(&grown[k].tensor);
+    }
+    tensor_state *ts = &w->tensors[w->num_tensors];
+    memset(ts, 0, sizeof *ts);
+    status = ckpt_tensor_copy_init(&ts->tensor, tensor);
+    if (!status) status = ckpt_tensor_check(&ts->tensor.desc, w->layout.tp);
+    if (status) return status;
+    const ckpt_tensor_desc *t = &ts->tensor.desc;
+    if (t->anchor == CKPT_ANCHOR_LAYER && t->layer >= w->layout.num_layers)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: layer %lld outside the model's %lld layers",
+                         t->name, (long long)t->layer, (long long)w->layout.num_layers);
+    ts->stage = ckpt_tensor_stage(t, &w->layout);
+    ts->num_pieces = ckpt_piece_count(t, w->layout.tp);
+    ts->pieces = calloc((size_t)ts->num_pieces, sizeof *ts->pieces);
+    if (!ts->pieces) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    /* Registered before the pieces so that free_writer releases them on failure. */
+    status = ckpt_name_map_insert(&w->names, t->name, w->num_tensors, tensor_name_of, w);
+    if (status) {
+        free(ts->pieces);
+        return status;
+    }
+    w->num_tensors++;
+    for (int p = 0; p < ts->num_pieces; p++) {
+        piece_state *ps = &ts->pieces[p];
+        ps->shard = shard_index(w, ts->stage, t->partition.kind == CKPT_SPLIT ? p : 0);
+        ckpt_piece_geometry_init(&ps->geometry, t, w->layout.tp, 0);
+        if (ps->shard >= 0) {
+            status = create_piece(w, ts, p, ps);
+            if (status) return status;
+        }
+    }
+    *id_out = w->num_tensors - 1;
+    return CKPT_OK;
+}
+
+static int get_piece(const ckpt_writer *w, int id, int piece, piece_state **out)
+{
+    if (id < 0 || id >= w->num_tensors)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor id %d out of range (0..%d)", id, w->num_tensors - 1);
+    const tensor_state *ts = &w->tensors[id];
+    if (piece < 0 || piece >= ts->num_pieces)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: piece %d out of range (0..%d)", ts->tensor.name,
+                         piece, ts->num_pieces - 1);
+    if (ts->pieces[piece].shard < 0)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: piece %d belongs to a shard this writer does not write",
+                         ts->tensor.name, piece);
+    *out = &ts->pieces[piece];
+    return CKPT_OK;
+}
+
+int ckpt_writer_owns_piece(const ckpt_writer *w, int id, int piece)
+{
+    return id >= 0 && id < w->num_tensors && piece >= 0 && piece < w->tensors[id].num_pieces &&
+           w->tensors[id].pieces[piece].shard >= 0;
+}
+
+int64_t ckpt_writer_block_rows(const ckpt_writer *w, int id)
+{
+    if (id < 0 || id >= w->num_tensors) return -1;
+    return w->tensors[id].pieces[0].geometry.block_rows;
+}
+
+/* Compresses and stores blocks [first, first + count) of a chunked piece. */
+static int write_chunks(ckpt_writer *w, const tensor_state *ts, const piece_state *ps,
+                        int64_t first, int64_t count, const char *data)
+{
+    const ckpt_piece_geometry *g = &ps->geometry;
+    const shard_file *s = &w->shards[ps->shard];
+    size_t chunk_bytes = (size_t)(g->block_rows * g->row_bytes);
+    size_t capacity = ckpt_zstd_bound(chunk_bytes);
+    char *padded = malloc(chunk_bytes), *packed = malloc(capacity);
+    char dset_path[CKPT_NAME_MAX + 32];
+    snprintf(dset_path, sizeof dset_path, "/%s/%s", CKPT_TENSOR_GROUP, ts->tensor.name);
+    hid_t dset = H5Dopen2(s->file, dset_path, H5P_DEFAULT);
+    int status = CKPT_OK;
+    if (!padded || !packed) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    else if (dset < 0) status = ckpt_fail_hdf5("%s: cannot open tensor %s", s->path, ts->tensor.name);
+    for (int64_t b = first; !status && b < first + count; b++) {
+        int64_t rows = g->rows - b * g->block_rows;
+        if (rows > g->block_rows) rows = g->block_rows;
+        const char *block = data + (b - first) * g->block_rows * g->row_bytes;
+        if (rows < g->block_rows) { /* HDF5 stores edge chunks at full size */
+            memcpy(padded, block, (size_t)(rows * g->row_bytes));
+            memset(padded + rows * g->row_bytes, 0, chunk_bytes - (size_t)(rows * g->row_bytes));
+            block = padded;
+        }
+        size_t packed_size = 0;
+        status = ckpt_zstd_compress(block, chunk_bytes, packed, capacity,
+                                    w->options.compress_level, &packed_size);
+        if (status) break;
+        /* An incompressible chunk is stored raw with the (optional) filter skipped. */
+        uint32_t filter_mask = packed_size < chunk_bytes ? 0 : 1;
+        hsize_t offset[CKPT_MAX_DIMS] = {0};
+        offset[0] = (hsize_t)(b * g->block_rows);
+        if (H5Dwrite_chunk(dset, H5P_DEFAULT, filter_mask, offset,
+                           filter_mask ? chunk_bytes : packed_size,
+                           filter_mask ? block : packed) < 0)
+            status = ckpt_fail_hdf5("%s: cannot write chunk %lld of tensor %s", s->path,
+                                    (long long)b, ts->tensor.name);
+    }
+    if (dset >= 0) H5Dclose(dset);
+    free(padded);
+    free(packed);
+    return status;
+}
+
+int ckpt_writer_put_rows(ckpt_writer *w, int id, int piece, int64_t row_start, int64_t row_count,
+                         const void *data)
+{
+    piece_state *ps;
+    int status = ckpt_library_init();
+    if (!status) status = get_piece(w, id, piece, &ps);
+    if (status) return status;
+    const tensor_state *ts = &w->tensors[id];
+    const ckpt_piece_geometry *g = &ps->geometry;
+    if (row_start < 0 || row_count < 1 || row_start + row_count > g->rows)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s piece %d: rows [%lld, %lld) outside 0..%lld",
+                         ts->tensor.name, piece, (long long)row_start,
+                         (long long)(row_start + row_count), (long long)g->rows);
+    if (row_start % g->block_rows != 0 ||
+        (row_count % g->block_rows != 0 && row_start + row_count != g->rows))
+        return ckpt_fail(CKPT_ERR_ARG,
+                         "tensor %s piece %d: rows [%lld, %lld) do not cover whole blocks of %lld rows",
+                         ts->tensor.name, piece, (long long)row_start,
+                         (long long)(row_start + row_count), (long long)g->block_rows);
+    int64_t first = row_start / g->block_rows;
+    int64_t count = (row_count + g->block_rows - 1) / g->block_rows;
+    pthread_mutex_lock(&w->lock);
+    for (int64_t b = first; b < first + count && !status; b++)
+        if (ps->block_done[b])
+            status = ckpt_fail(CKPT_ERR_STATE, "tensor %s piece %d: rows from %lld written twice",
+                               ts->tensor.name, piece, (long long)(b * g->block_rows));
+    for (int64_t b = first; b < first + count && !status; b++) ps->block_done[b] = 2; /* claimed */
+    pthread_mutex_unlock(&w->lock);
+    if (status) return status;
+
+    const char *bytes = data;
+    for (int64_t b = first; b < first + count; b++) {
+        int64_t rows = g->rows - b * g->block_rows;
+        if (rows > g->block_rows) rows = g->block_rows;
+        ps->block_hash[b] = ckpt_hash_block(bytes + (b - first) * g->block_rows * g->row_bytes,
+                                            (size_t)(rows * g->row_bytes));
+    }
+    if (ps->offset >= 0)
+        status = ckpt_write_all_at(w->shards[ps->shard].fd, data, (size_t)(row_count * g->row_bytes),
+                                   ps->offset + row_start * g->row_bytes,
+                                   w->shards[ps->shard].path);
+    else
+        status = write_chunks(w, ts, ps, first, count, data);
+
+    pthread_mutex_lock(&w->lock);
+    for (int64_t b = first; b < first + count; b++) ps->block_done[b] = status ? 0 : 1;
+    if (!status) ps->blocks_done += count;
+    pthread_mutex_unlock(&w->lock);
+    return status;
+}
+
+int ckpt_writer_put_piece(ckpt_writer *w, int id, int piece, const void *data)
+{
+    piece_state *ps;
+    int status = get_piece(w, id, piece, &ps);
+    if (status) return status;
+    return ckpt_writer_put_rows(w, id, piece, 0, ps->geometry.rows, data);
+}
+
+/* Writes the checksums of every piece of shard s and marks the file complete. */
+static int seal_shard(ckpt_writer *w, int s)
+{
+    shard_file *sf = &w->shards[s];
+    int status = CKPT_OK;
+    for (int i = 0; i < w->num_tensors && !status; i++) {
+        tensor_state *ts = &w->tensors[i];
+        for (int p = 0; p < ts->num_pieces && !status; p++) {
+            piece_state *ps = &ts->pieces[p];
+            if (ps->shard != s) continue;
+            if (ps->blocks_done != ps->geometry.num_blocks) {
+                status = ckpt_fail(CKPT_ERR_STATE,
+                                   "tensor %s piece %d is incomplete: %lld of %lld blocks written",
+                                   ts->tensor.name, p, (long long)ps->blocks_done,
+                                   (long long)ps->geometry.num_blocks);
+                break;
+            }
+            status = ckpt_store_checksums(sf->file, sf->path, ts->tensor.name, ps->block_hash,
+                                          ps->geometry.num_blocks);
+        }
+    }
+    int64_t complete = 1;
+    if (!status) {
+        if (H5Adelete(sf->file, "complete") < 0)
+            status = ckpt_fail_hdf5("%s: cannot update attribute complete", sf->path);
+        else
+            status = ckpt_h5_write_i64s(sf->file, "complete", &complete, 1);
+    }
+    if (!status && H5Fclose(sf->file) < 0)
+        status = ckpt_fail_hdf5("%s: cannot close shard file", sf->path);
+    sf->file = -1;
+    if (!status && fsync(sf->fd) != 0)
+        status = ckpt_fail(CKPT_ERR_IO, "%s: fsync failed: %s", sf->path, strerror(errno));
+    return status;
+}
+
+static int seal_all(ckpt_writer *w)
+{
+    ckpt_library_init();
+    for (int s = 0; s < w->num_shards; s++) {
+        int status = seal_shard(w, s);
+        if (status) return status;
+    }
+    return CKPT_OK;
+}
+
+int ckpt_writer_finish(ckpt_writer *w)
+{
+    int status = seal_all(w);
+    free_writer(w);
+    return status;
+}
+
+int ckpt_writer_commit(ckpt_writer *w, const ckpt_train_state *state)
+{
+    if (w->distributed) {
+        ckpt_writer_abort(w);
+        return ckpt_fail(CKPT_ERR_STATE, "a distributed writer ends with ckpt_writer_finish");
+    }
+    int status = seal_all(w);
+    if (!status) status = ckpt_commit_directory(w->staging, w->path, &w->layout, state, &w->options);
+    if (status) {
+        ckpt_writer_abort(w);
+        return status;
+    }
+    free_writer(w);
+    return CKPT_OK;
+}
+
+void ckpt_writer_abort(ckpt_writer *w)
+{
+    if (!w) return;
+    for (int i = 0; i < w->num_shards; i++) close_shard(&w->shards[i]);
+    if (!w->distributed) ckpt_remove_tree(w->staging);
+    free_writer(w);
+}
+
+int ckpt_commit_staged(const char *path, const ckpt_layout *layout, const ckpt_train_state *state,
+                       const ckpt_write_options *options)
+{
+    int status = ckpt_library_init();
+    if (status) return status;
+    status = ckpt_layout_check(layout);
+    if (status) return status;
+    char staging[CKPT_PATH_MAX];
+    status = ckpt_staging_path(path, staging, sizeof staging);
+    if (!status && !ckpt_path_exists(staging))
+        status = ckpt_fail(CKPT_ERR_STATE, "%s: no staging directory %s to commit", path, staging);
+    if (!status) status = ckpt_commit_directory(staging, path, layout, state, options);
+    return status;
+}

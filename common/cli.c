@@ -1,0 +1,55 @@
+/* cli.c: parsing of numbers and sizes on command lines. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "cli.h"
+
+int cli_parse_int(const char *text, int64_t min, int64_t max, int64_t *out)
+{
+    if (!text || !*text) return -1;
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || *end || v < min || v > max) return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_parse_double(const char *text, double *out)
+{
+    if (!text || !*text) return -1;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_parse_size(const char *text, int64_t *out)
+{
+    if (!text || !*text) return -1;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || !(v >= 0)) return -1;
+    while (isspace((unsigned char)*end)) end++;
+    double scale = 1;
+    if (*end) {
+        const char *units = "KMGT";
+        const char *u = strchr(units, toupper((unsigned char)*end));
+        if (!u) return -1;
+        scale = pow(1024, (double)(u - units + 1));
+        end++;
+        if (strcasecmp(end, "iB") == 0 || strcasecmp(end, "B") == 0) end += strlen(end);
+        if (*end) return -1;
+    }
+    double bytes = v * scale;
+    if (bytes > 9.0e18) return -1;
+    *out = (int64_t)bytes;
+    return 0;
+}

@@ -1,0 +1,16 @@
+/* cli.h: small parsing helpers shared by the command-line programs. */
+#ifndef TP_CLI_H
+#define TP_CLI_H
+
+#include <stdint.h>
+
+/* Parses a non-negative integer (decimal) into *out within [min, max]. */
+int cli_parse_int(const char *text, int64_t min, int64_t max, int64_t *out);
+
+/* Parses a size with an optional binary suffix: "512", "64K", "1.5G", "2GiB". */
+int cli_parse_size(const char *text, int64_t *out);
+
+/* Parses a floating-point number. */
+int cli_parse_double(const char *text, double *out);
+
+#endif

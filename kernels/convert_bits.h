@@ -1,0 +1,68 @@
+/* convert_bits.h: bit-level float conversions shared by the CPU kernels and
+ * their CUDA twins, so both round identically by construction. */
+#ifndef TP_CONVERT_BITS_H
+#define TP_CONVERT_BITS_H
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define BITS_FN static inline __host__ __device__
+#else
+#define BITS_FN static inline
+#endif
+
+/* bf16 is the top half of an fp32: widening is a shift. */
+BITS_FN uint32_t bits_bf16_to_f32(uint16_t h)
+{
+    return (uint32_t)h << 16;
+}
+
+BITS_FN uint16_t bits_f32_to_bf16(uint32_t x)
+{
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u); /* quiet NaN */
+    x += 0x7fffu + ((x >> 16) & 1u); /* round to nearest, ties to even */
+    return (uint16_t)(x >> 16);
+}
+
+BITS_FN uint32_t bits_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exponent = (h >> 10) & 0x1fu;
+    uint32_t mantissa = h & 0x3ffu;
+    if (exponent == 0x1fu) return sign | 0x7f800000u | (mantissa << 13); /* inf, NaN */
+    if (exponent != 0) return sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    if (mantissa == 0) return sign;
+    /* Subnormal: value = mantissa * 2^-24; shift until the implicit bit (10) is set. */
+    uint32_t shifts = 0;
+    while (!(mantissa & 0x400u)) {
+        mantissa <<= 1;
+        shifts++;
+    }
+    return sign | ((113u - shifts) << 23) | ((mantissa & 0x3ffu) << 13);
+}
+
+BITS_FN uint16_t bits_f32_to_f16(uint32_t x)
+{
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t exponent = (x >> 23) & 0xffu;
+    uint32_t mantissa = x & 0x7fffffu;
+    if (exponent == 0xffu) /* inf stays inf; NaN keeps its top payload bits, made quiet */
+        return (uint16_t)(sign | 0x7c00u | (mantissa ? 0x200u | (mantissa >> 13) : 0u));
+    int32_t e = (int32_t)exponent - 127 + 15; /* fp16 biased exponent */
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) {
+        /* Subnormal result m * 2^-24 with m = (1.mantissa) * 2^(e + 10), rounded. */
+        if (e < -10) return (uint16_t)sign;
+        uint32_t full = mantissa | 0x800000u;
+        uint32_t shift = (uint32_t)(14 - e);
+        uint32_t m = full >> shift, rest = full & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rest > half || (rest == half && (m & 1u))) m++;
+        return (uint16_t)(sign | m);
+    }
+    uint32_t h = sign | ((uint32_t)e << 10) | (mantissa >> 13);
+    uint32_t rest = mantissa & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++; /* a carry may reach infinity: right */
+    return (uint16_t)h;
+}
+
+#endif

@@ -1,0 +1,198 @@
+#!/usr/bin/python3
+"""Independent reader of tp-ckpt checkpoints, written from docs/FORMAT.md.
+
+Uses only h5py, numpy, xxhash and zstandard (no project code). For every
+tensor it reads each piece, checks every block hash, the piece checksum in
+the file and in the index, that padding is zero, merges the pieces into the
+logical tensor and, with --synth-seed, compares the values with the formula
+of `tp-ckpt synth` (docs/TOOLS.md), recomputed here in numpy.
+
+Usage: check_h5py.py CKPT_DIR [--synth-seed N] [--dump NAME OUT.npy]
+Exit 0 when everything matches, 1 otherwise (one line per problem).
+"""
+import json
+import os
+import sys
+
+import h5py
+import numpy as np
+import xxhash
+import zstandard
+
+M64 = (1 << 64) - 1
+
+
+def resolve(path):
+    if os.path.exists(os.path.join(path, "index.json")):
+        return path
+    with open(os.path.join(path, "latest")) as f:
+        return os.path.join(path, f.read().strip())
+
+
+def raw_piece_bytes(dset, path):
+    """The stored bytes of a dataset, read beside HDF5: contiguous data at its
+    file offset, chunks through read_direct_chunk and zstandard."""
+    shape = dset.shape
+    itemsize = dset.id.get_type().get_size()
+    row_bytes = itemsize * (int(np.prod(shape[1:])) if len(shape) > 1 else 1)
+    total = row_bytes * shape[0]
+    if dset.chunks is None:
+        offset = dset.id.get_offset()
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(total)
+        assert len(data) == total, "short read"
+        return data
+    chunk_rows = dset.chunks[0]
+    out = bytearray()
+    for r in range(0, shape[0], chunk_rows):
+        mask, chunk = dset.id.read_direct_chunk((r,) + (0,) * (len(shape) - 1))
+        if mask & 1 == 0:
+            chunk = zstandard.ZstdDecompressor().decompress(chunk)
+        rows = min(chunk_rows, shape[0] - r)
+        out += chunk[: rows * row_bytes]
+    return bytes(out)
+
+
+def values_from_bytes(data, dtype, shape):
+    """fp32 values of raw little-endian bytes in the stored dtype."""
+    if dtype == "fp32":
+        return np.frombuffer(data, "<f4").reshape(shape)
+    if dtype == "bf16":
+        return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return np.frombuffer(data, "<f2").astype(np.float32).reshape(shape)
+
+
+def round_to(values, dtype):
+    """Round fp32 values to the stored dtype (nearest, ties to even), as fp32."""
+    if dtype == "fp32":
+        return values
+    if dtype == "fp16":
+        return values.astype(np.float16).astype(np.float32)
+    bits = values.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def synth_values(seed, seed_name, count, mean, scale):
+    h = xxhash.xxh3_64_intdigest(seed_name.encode())
+    key = np.uint64(((seed * 0x9E3779B97F4A7C15) & M64) ^ h)
+    index = np.arange(1, count + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = key + index * np.uint64(0xD1B54A32D192ED03)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    u = ((z >> np.uint64(40)).astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(1.0 / (1 << 23))
+    return np.float32(mean) + np.float32(scale) * u
+
+
+def synth_rule(tensor, config):
+    """(seed name, mean, scale) of a tensor as `tp-ckpt synth` generates it."""
+    role, name = tensor["role"], tensor["name"]
+    if role in ("param", "master"):
+        param = tensor["param"]
+        base = param.split("/", 1)[1]
+        layers = config["layers"]
+        if base.endswith(("ln1.weight", "ln2.weight", "final_norm.weight")):
+            return param, 1.0, 0.02
+        if base.endswith(("attn.proj.weight", "mlp.proj.weight")):
+            return param, 0.0, float(np.float32(0.02) / np.sqrt(np.float32(2.0 * layers)))
+        return param, 0.0, 0.02
+    if role == "exp_avg":
+        return name, 0.0, 1e-3
+    if role == "exp_avg_sq":
+        return name, 1e-6, 1e-6
+    raise ValueError("unknown role " + role)
+
+
+def merge(tensor, pieces, tp):
+    """The logical tensor from its pieces (docs/FORMAT.md "Partition"), and
+    the padding it leaves out."""
+    part = tensor["partition"]
+    if part["kind"] == "replicated":
+        return pieces[0], []
+    axis, granule, pad = part["axis"], part["granule"], part["pad_multiple"]
+    out, padding, local = [], [], 0
+    for size in part["segments"]:
+        padded = size if pad == 0 else -(-size // (tp * pad * granule)) * (tp * pad * granule)
+        share = padded // tp
+        full = np.concatenate([np.take(p, range(local, local + share), axis=axis) for p in pieces], axis=axis)
+        out.append(np.take(full, range(size), axis=axis))
+        padding.append(np.take(full, range(size, padded), axis=axis))
+        local += share
+    return np.concatenate(out, axis=axis), padding
+
+
+def main(argv):
+    ckpt = resolve(argv[1])
+    seed = int(argv[argv.index("--synth-seed") + 1]) if "--synth-seed" in argv else None
+    dump = argv[argv.index("--dump") + 1: argv.index("--dump") + 3] if "--dump" in argv else None
+    with open(os.path.join(ckpt, "index.json")) as f:
+        index = json.load(f)
+    problems = []
+    assert index["format"] == "tp-ckpt" and index["format_version"][0] == 1
+    tp = index["layout"]["tp"]
+    config = index["model"]
+    files = {}
+    checked = 0
+    for tensor in index["tensors"]:
+        name, dtype = tensor["name"], tensor["dtype"]
+        pieces = []
+        for p, piece in enumerate(tensor["pieces"]):
+            path = os.path.join(ckpt, piece["file"])
+            if path not in files:
+                files[path] = h5py.File(path, "r")
+            f = files[path]
+            dset = f["tensors/" + name]
+            if list(dset.shape) != piece["shape"]:
+                problems.append(f"{name} piece {p}: shape {dset.shape} != index {piece['shape']}")
+                continue
+            if dset.attrs["dtype"] != dtype or int(dset.attrs["piece"]) != p:
+                problems.append(f"{name} piece {p}: attributes disagree with the index")
+            data = raw_piece_bytes(dset, path)
+            rows = dset.shape[0]
+            row_bytes = len(data) // rows
+            block_rows = int(dset.attrs["checksum_block_rows"])
+            stored = f["checksums/" + name][...]
+            hashes = [xxhash.xxh3_64_intdigest(data[b * row_bytes: min(b + block_rows, rows) * row_bytes])
+                      for b in range(0, rows, block_rows)]
+            if list(map(int, stored)) != hashes:
+                problems.append(f"{name} piece {p}: block hashes differ")
+            checksum = xxhash.xxh3_64_intdigest(np.array(hashes, dtype="<u8").tobytes())
+            if checksum != int(dset.attrs["checksum"]) or f"{checksum:016x}" != piece["checksum"]:
+                problems.append(f"{name} piece {p}: piece checksum differs")
+            values = values_from_bytes(data, dtype, dset.shape)
+            # h5py's own conversion of the stored type must agree (bf16/fp16 as
+            # floats). Compressed data needs the zstd plugin, absent here: the
+            # chunks were already decoded above with zstandard.
+            if dset.chunks is None and not np.array_equal(dset[...].astype(np.float32), values, equal_nan=True):
+                problems.append(f"{name} piece {p}: h5py reads different values than the raw bytes")
+            pieces.append(values)
+        if len(pieces) != len(tensor["pieces"]):
+            continue
+        logical, padding = merge(tensor, pieces, tp)
+        if list(logical.shape) != tensor["shape"]:
+            problems.append(f"{name}: merged shape {logical.shape} != {tensor['shape']}")
+            continue
+        if any(np.count_nonzero(p) for p in padding):
+            problems.append(f"{name}: padding is not zero")
+        if seed is not None:
+            seed_name, mean, scale = synth_rule(tensor, config)
+            expect = round_to(synth_values(seed, seed_name, logical.size, mean, scale), dtype).reshape(logical.shape)
+            if not np.array_equal(expect, logical):
+                bad = int(np.count_nonzero(expect != logical))
+                problems.append(f"{name}: {bad} of {logical.size} values differ from the synth formula")
+        if dump and dump[0] == name:
+            np.save(dump[1], logical)
+        checked += 1
+    for f in files.values():
+        f.close()
+    for p in problems:
+        print("check_h5py: " + p)
+    print(f"check_h5py: {checked} tensors read, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
