@@ -21,10 +21,12 @@ PKGS := hdf5 libzstd libcjson libxxhash
 PKG_CFLAGS := $(patsubst -I%,-isystem %,$(shell pkg-config --cflags $(PKGS) 2>/dev/null))
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
+# OPTFLAGS and SANITIZE select the build flavour; CFLAGS/LDFLAGS add to them.
+OPTFLAGS ?= -O2 -g
 SANITIZE ?=
-CFLAGS ?= -O2 -g
-CFLAGS += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -MMD -MP $(PKG_CFLAGS) $(SANITIZE)
-LDFLAGS += -pthread $(SANITIZE)
+ALL_CFLAGS = $(OPTFLAGS) -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -MMD -MP $(PKG_CFLAGS) \
+	$(SANITIZE) $(CFLAGS)
+ALL_LDFLAGS = -pthread $(SANITIZE) $(LDFLAGS)
 LDLIBS += $(PKG_LIBS) -lm
 NVCCFLAGS ?= -O2 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 
@@ -34,7 +36,7 @@ KERNELS_SRC := kernels/convert.c
 TRAINER_LIB_SRC := trainer/gpt_catalog.c
 ifeq ($(CUDA),1)
 KERNELS_CU := $(wildcard kernels/*.cu)
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 else
 KERNELS_SRC += kernels/cuda_none.c
 KERNELS_CU :=
@@ -52,6 +54,9 @@ PROGRAMS := $(BUILD)/bin/tp-ckpt
 TEST_SRC := $(wildcard tests/*/test_*.c)
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
+# Keep objects of tests between builds.
+.SECONDARY:
+
 .PHONY: all build deps test asan demo bench-ckpt clean programs tests
 
 all: deps
@@ -67,7 +72,7 @@ deps:
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu kernels/convert_bits.h kernels/kernels.h
 	@mkdir -p $(dir $@)
@@ -83,11 +88,11 @@ $(BUILD)/lib/%.a:
 
 $(BUILD)/bin/tp-ckpt: $(call obj,ckpt/tp-ckpt.c) $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS) -lcriterion
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS) -lcriterion
 
 test: deps
 	@$(MAKE) --no-print-directory build
@@ -95,7 +100,7 @@ test: deps
 
 # The same suite under AddressSanitizer and UndefinedBehaviorSanitizer.
 asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 CFLAGS="-O1 -g -fno-omit-frame-pointer" \
+	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
 		SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all" build
 	@BUILD=build-asan SANITIZED=1 scripts/run-tests.sh
 

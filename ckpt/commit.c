@@ -244,7 +244,8 @@ static int build_index(const char *staging, const ckpt_layout *layout, const ckp
                                    staging, it->tensor.name, p);
     }
     if (!status) {
-        qsort(index.tensors, (size_t)index.num_tensors, sizeof *index.tensors, by_order);
+        if (index.num_tensors > 1)
+            qsort(index.tensors, (size_t)index.num_tensors, sizeof *index.tensors, by_order);
         for (int k = 0; k < index.num_tensors; k++) ckpt_tensor_copy_rebind(&index.tensors[k].tensor);
         char *json = NULL;
         status = ckpt_index_to_json(&index, &json);

@@ -1,0 +1,633 @@
+/* Writer and reader: round trips over random tensors and layouts, region
+ * reads against a naive extraction, corruption, versions, atomicity and
+ * distributed writing. Each test works in its own temporary directory. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../ckpt/ckpt.h"
+
+static char dir[512];
+
+static void make_dir(void)
+{
+    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(dir, sizeof dir, "%s/tp-ckpt-test-XXXXXX", base);
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void remove_dir(void)
+{
+    char command[600];
+    snprintf(command, sizeof command, "rm -rf '%s'", dir);
+    cr_assert_eq(system(command), 0);
+}
+
+TestSuite(io, .init = make_dir, .fini = remove_dir);
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static uint64_t next_random(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static int64_t rnd(int64_t lo, int64_t hi) { return lo + (int64_t)(next_random() % (uint64_t)(hi - lo + 1)); }
+
+static int64_t elements_of(const int64_t *shape, int ndim)
+{
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    return n;
+}
+
+/* Naive: the stored piece of `rank`, element by element from the logical
+ * tensor, using the definition of the partition (docs/FORMAT.md). */
+static void build_piece(const ckpt_tensor_desc *t, int tp, int rank, const uint8_t *logical, uint8_t *out)
+{
+    size_t es = ckpt_dtype_size(t->dtype);
+    int64_t pshape[CKPT_MAX_DIMS];
+    ckpt_piece_shape(t, tp, pshape);
+    int64_t n = elements_of(pshape, t->ndim);
+    int axis = t->partition.axis;
+    for (int64_t e = 0; e < n; e++) {
+        int64_t idx[CKPT_MAX_DIMS] = {0}, rest = e;
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            idx[d] = rest % pshape[d];
+            rest /= pshape[d];
+        }
+        int64_t logical_axis = idx[axis];
+        if (t->partition.kind == CKPT_SPLIT) {
+            /* Walk the segments: local index -> segment, offset in share. */
+            /* The defaults: no segment list is one segment, granule 0 is 1. */
+            int segments = t->partition.num_segments ? t->partition.num_segments : 1;
+            int64_t granule = t->partition.granule ? t->partition.granule : 1;
+            int64_t local = idx[axis], seg_logical = 0;
+            logical_axis = -1;
+            for (int s = 0; s < segments; s++) {
+                int64_t size = t->partition.num_segments ? t->partition.segments[s] : t->shape[axis];
+                int64_t padded = size, unit = tp * t->partition.pad_multiple * granule;
+                if (unit) padded = (size + unit - 1) / unit * unit;
+                int64_t share = padded / tp;
+                if (local < share) {
+                    int64_t k = rank * share + local;
+                    logical_axis = k < size ? seg_logical + k : -1;
+                    break;
+                }
+                local -= share;
+                seg_logical += size;
+            }
+        }
+        if (logical_axis < 0) {
+            memset(out + e * es, 0, es);
+            continue;
+        }
+        int64_t flat = 0;
+        for (int d = 0; d < t->ndim; d++) flat = flat * t->shape[d] + (d == axis ? logical_axis : idx[d]);
+        memcpy(out + e * es, logical + flat * es, es);
+    }
+}
+
+typedef struct {
+    ckpt_tensor_desc desc;
+    char name[64];
+    uint8_t *logical;
+} test_tensor;
+
+/* Random tensors that split at degree tp: GQA-like segments, padding, axis 0 or 1. */
+static int random_tensors(test_tensor *out, int max, int tp, int64_t layers)
+{
+    int n = (int)rnd(3, max);
+    for (int i = 0; i < n; i++) {
+        test_tensor *t = &out[i];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, "%s/t%d.w", i % 2 ? "model" : "optim/exp_avg", i);
+        t->desc.name = t->name;
+        t->desc.dtype = (ckpt_dtype)rnd(0, 2);
+        t->desc.ndim = (int)rnd(1, 3);
+        for (int d = 0; d < t->desc.ndim; d++) t->desc.shape[d] = rnd(1, 40);
+        t->desc.anchor = (ckpt_anchor)rnd(0, 2);
+        t->desc.layer = rnd(0, layers - 1);
+        if (rnd(0, 3) > 0) {
+            ckpt_partition *p = &t->desc.partition;
+            p->kind = CKPT_SPLIT;
+            p->axis = (int)rnd(0, t->desc.ndim - 1);
+            p->granule = rnd(1, 3);
+            p->num_segments = (int)rnd(1, 3);
+            p->pad_multiple = rnd(0, 1) ? rnd(1, 2) : 0;
+            int64_t total = 0;
+            for (int s = 0; s < p->num_segments; s++) {
+                /* Without padding a segment must divide: make it a multiple of tp granules. */
+                p->segments[s] = p->granule * (p->pad_multiple ? rnd(1, 30) : tp * rnd(1, 6));
+                total += p->segments[s];
+            }
+            t->desc.shape[p->axis] = total;
+        }
+        size_t bytes = (size_t)elements_of(t->desc.shape, t->desc.ndim) * ckpt_dtype_size(t->desc.dtype);
+        t->logical = malloc(bytes);
+        for (size_t b = 0; b < bytes; b++) t->logical[b] = (uint8_t)next_random();
+        cr_assert_eq(ckpt_tensor_check(&t->desc, tp), CKPT_OK, "%s", ckpt_errmsg());
+    }
+    return n;
+}
+
+static void write_tensors(const char *path, const ckpt_layout *layout, test_tensor *tensors, int n,
+                          int compress, int64_t step)
+{
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    options.compress_level = compress;
+    ckpt_writer *w;
+    cr_assert_eq(ckpt_writer_create(&w, path, layout, &options), CKPT_OK, "%s", ckpt_errmsg());
+    for (int i = 0; i < n; i++) {
+        int id;
+        cr_assert_eq(ckpt_writer_add_tensor(w, &tensors[i].desc, &id), CKPT_OK, "%s", ckpt_errmsg());
+        int64_t pshape[CKPT_MAX_DIMS];
+        ckpt_piece_shape(&tensors[i].desc, layout->tp, pshape);
+        size_t es = ckpt_dtype_size(tensors[i].desc.dtype);
+        int64_t row = elements_of(pshape + 1, tensors[i].desc.ndim - 1) * (int64_t)es;
+        uint8_t *piece = malloc((size_t)(pshape[0] * row));
+        int64_t block = ckpt_writer_block_rows(w, id);
+        for (int p = 0; p < ckpt_piece_count(&tensors[i].desc, layout->tp); p++) {
+            build_piece(&tensors[i].desc, layout->tp, p, tensors[i].logical, piece);
+            /* Whole pieces, or block-aligned slabs written last-first. */
+            if (rnd(0, 1)) {
+                cr_assert_eq(ckpt_writer_put_piece(w, id, p, piece), CKPT_OK, "%s", ckpt_errmsg());
+            } else {
+                for (int64_t start = (pshape[0] - 1) / block * block; start >= 0; start -= block) {
+                    int64_t rows = pshape[0] - start < block ? pshape[0] - start : block;
+                    cr_assert_eq(ckpt_writer_put_rows(w, id, p, start, rows, piece + start * row), CKPT_OK,
+                                 "%s", ckpt_errmsg());
+                }
+            }
+        }
+        free(piece);
+    }
+    ckpt_train_state state = {step, step * 8, "{\"arch\":\"test\"}", NULL, "[{\"rank\":0}]", NULL};
+    cr_assert_eq(ckpt_writer_commit(w, &state), CKPT_OK, "%s", ckpt_errmsg());
+}
+
+/* Naive extraction of a box from the logical tensor. */
+static void extract(const test_tensor *t, const int64_t *start, const int64_t *count, uint8_t *out)
+{
+    size_t es = ckpt_dtype_size(t->desc.dtype);
+    int64_t n = elements_of(count, t->desc.ndim);
+    for (int64_t e = 0; e < n; e++) {
+        int64_t rest = e, flat = 0, idx[CKPT_MAX_DIMS];
+        for (int d = t->desc.ndim - 1; d >= 0; d--) {
+            idx[d] = rest % count[d];
+            rest /= count[d];
+        }
+        for (int d = 0; d < t->desc.ndim; d++) flat = flat * t->desc.shape[d] + start[d] + idx[d];
+        memcpy(out + e * es, t->logical + flat * es, es);
+    }
+}
+
+static void check_reads(const char *path, const ckpt_layout *layout, test_tensor *tensors, int n, int verify)
+{
+    ckpt_read_options options = {verify};
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, &options), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_num_tensors(r), n);
+    cr_assert_eq(ckpt_reader_layout(r)->tp, layout->tp);
+    cr_assert_eq(ckpt_reader_layout(r)->pp, layout->pp);
+    for (int i = 0; i < n; i++) {
+        const test_tensor *t = &tensors[i];
+        int k = ckpt_reader_find(r, t->name);
+        cr_assert(k >= 0, "tensor %s listed", t->name);
+        const ckpt_tensor_desc *d = ckpt_reader_tensor(r, k);
+        cr_assert_eq(d->dtype, t->desc.dtype);
+        cr_assert_eq(d->ndim, t->desc.ndim);
+        cr_assert_eq(d->partition.kind, t->desc.partition.kind);
+        cr_assert_eq(ckpt_tensor_stage(d, layout), ckpt_tensor_stage(&t->desc, layout));
+        size_t es = ckpt_dtype_size(t->desc.dtype);
+        int64_t pshape[CKPT_MAX_DIMS];
+        ckpt_piece_shape(&t->desc, layout->tp, pshape);
+        size_t piece_bytes = (size_t)elements_of(pshape, t->desc.ndim) * es;
+        uint8_t *want = malloc(piece_bytes), *got = malloc(piece_bytes);
+        for (int p = 0; p < ckpt_piece_count(&t->desc, layout->tp); p++) {
+            build_piece(&t->desc, layout->tp, p, t->logical, want);
+            memset(got, 0xAB, piece_bytes);
+            cr_assert_eq(ckpt_reader_read_piece(r, k, p, got, piece_bytes), CKPT_OK, "%s", ckpt_errmsg());
+            cr_assert_eq(memcmp(want, got, piece_bytes), 0, "piece %d of %s", p, t->name);
+            cr_assert_eq(ckpt_reader_verify_piece(r, k, p), CKPT_OK, "%s", ckpt_errmsg());
+            cr_assert_eq(ckpt_reader_check_padding(r, k, p), CKPT_OK, "%s", ckpt_errmsg());
+        }
+        free(want);
+        free(got);
+        /* The whole logical tensor and random boxes of it. */
+        for (int q = 0; q < 12; q++) {
+            int64_t start[CKPT_MAX_DIMS], count[CKPT_MAX_DIMS];
+            for (int dd = 0; dd < t->desc.ndim; dd++) {
+                start[dd] = q == 0 ? 0 : rnd(0, t->desc.shape[dd] - 1);
+                count[dd] = q == 0 ? t->desc.shape[dd] : rnd(1, t->desc.shape[dd] - start[dd]);
+            }
+            size_t bytes = (size_t)elements_of(count, t->desc.ndim) * es;
+            uint8_t *expect = malloc(bytes), *region = malloc(bytes);
+            extract(t, start, count, expect);
+            cr_assert_eq(ckpt_reader_read_region(r, k, start, count, region, bytes), CKPT_OK, "%s",
+                         ckpt_errmsg());
+            cr_assert_eq(memcmp(expect, region, bytes), 0, "region %d of %s", q, t->name);
+            free(expect);
+            free(region);
+        }
+    }
+    const ckpt_train_state *state = ckpt_reader_state(r);
+    cr_assert_eq(state->consumed_samples, state->step * 8);
+    cr_assert_str_eq(state->model_json, "{\"arch\":\"test\"}");
+    cr_assert_str_eq(state->rng_json, "[{\"rank\":0}]");
+    ckpt_reader_close(r);
+}
+
+Test(io, random_round_trips)
+{
+    for (int iter = 0; iter < 24; iter++) {
+        ckpt_layout layout = {(int)rnd(1, 4), (int)rnd(1, 3), 1, 0};
+        layout.num_layers = layout.pp * rnd(1, 3);
+        test_tensor tensors[10];
+        int n = random_tensors(tensors, 10, layout.tp, layout.num_layers);
+        char path[600];
+        snprintf(path, sizeof path, "%s/ckpt%d", dir, iter);
+        int compress = iter % 3 == 2 ? 3 : 0;
+        write_tensors(path, &layout, tensors, n, compress, iter);
+        check_reads(path, &layout, tensors, n, iter % 2);
+        for (int i = 0; i < n; i++) free(tensors[i].logical);
+    }
+}
+
+/* A tensor with many blocks, so reads cross block boundaries, and its
+ * compressed twin. */
+Test(io, multi_block_regions)
+{
+    ckpt_layout layout = {2, 1, 1, 1};
+    test_tensor tensors[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&tensors[i], 0, sizeof tensors[i]);
+        snprintf(tensors[i].name, sizeof tensors[i].name, "model/big%d", i);
+        tensors[i].desc = (ckpt_tensor_desc){.name = tensors[i].name, .dtype = CKPT_FP32, .ndim = 2,
+                                             .shape = {3000, 300}, .anchor = CKPT_ANCHOR_FIRST};
+        tensors[i].desc.partition = (ckpt_partition){CKPT_SPLIT, i, 0, {0}, 0, 0};
+        size_t bytes = 3000 * 300 * 4;
+        tensors[i].logical = malloc(bytes);
+        for (size_t b = 0; b < bytes; b++) tensors[i].logical[b] = (uint8_t)next_random();
+    }
+    for (int compress = 0; compress <= 1; compress++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/big%d", dir, compress);
+        write_tensors(path, &layout, tensors, 2, compress, 5);
+        check_reads(path, &layout, tensors, 2, 1);
+        check_reads(path, &layout, tensors, 2, 0);
+    }
+    for (int i = 0; i < 2; i++) free(tensors[i].logical);
+}
+
+/* ------------------------------------------------------------- damage */
+
+static void simple_checkpoint(const char *path, int64_t step)
+{
+    ckpt_layout layout = {2, 1, 1, 2};
+    static uint8_t data[2][4096 * 4];
+    for (size_t b = 0; b < sizeof data; b++) ((uint8_t *)data)[b] = (uint8_t)(b * 7 + (size_t)step);
+    test_tensor t[2];
+    memset(t, 0, sizeof t);
+    strcpy(t[0].name, "model/a.weight");
+    strcpy(t[1].name, "model/b.bias");
+    t[0].desc = (ckpt_tensor_desc){.name = t[0].name, .dtype = CKPT_FP32, .ndim = 2, .shape = {64, 64},
+                                   .anchor = CKPT_ANCHOR_LAYER, .layer = 1};
+    t[0].desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 0};
+    t[1].desc = (ckpt_tensor_desc){.name = t[1].name, .dtype = CKPT_BF16, .ndim = 1, .shape = {4096},
+                                   .anchor = CKPT_ANCHOR_FIRST};
+    t[0].logical = data[0];
+    t[1].logical = data[1];
+    write_tensors(path, &layout, t, 2, 0, step);
+}
+
+/* File offset of a tensor's data in a shard, through HDF5. */
+static long data_offset(const char *file, const char *tensor)
+{
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    char path[256];
+    snprintf(path, sizeof path, "/tensors/%s", tensor);
+    hid_t d = H5Dopen2(f, path, H5P_DEFAULT);
+    long offset = (long)H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+    return offset;
+}
+
+static void flip_byte(const char *file, long offset)
+{
+    int fd = open(file, O_RDWR);
+    unsigned char c;
+    cr_assert_eq(pread(fd, &c, 1, offset), 1);
+    c ^= 0x10;
+    cr_assert_eq(pwrite(fd, &c, 1, offset), 1);
+    close(fd);
+}
+
+Test(io, flipped_byte_is_named)
+{
+    char path[600], shard[700];
+    snprintf(path, sizeof path, "%s/step_00000001", dir);
+    simple_checkpoint(path, 1);
+    snprintf(shard, sizeof shard, "%s/shard_pp00_tp01.h5", path);
+    flip_byte(shard, data_offset(shard, "model/a.weight") + 100);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_OK, "%s", ckpt_errmsg());
+    int k = ckpt_reader_find(r, "model/a.weight");
+    cr_assert_eq(ckpt_reader_verify_piece(r, k, 0), CKPT_OK, "the other piece is intact");
+    cr_assert_eq(ckpt_reader_verify_piece(r, k, 1), CKPT_ERR_CHECKSUM);
+    cr_assert(strstr(ckpt_errmsg(), "model/a.weight") && strstr(ckpt_errmsg(), "shard_pp00_tp01.h5"),
+              "message names tensor and file: %s", ckpt_errmsg());
+    float buf[64 * 64];
+    int64_t start[2] = {0, 0}, count[2] = {64, 64};
+    cr_assert_eq(ckpt_reader_read_region(r, k, start, count, buf, sizeof buf), CKPT_ERR_CHECKSUM);
+    ckpt_reader_close(r);
+    ckpt_read_options no_verify = {0};
+    cr_assert_eq(ckpt_reader_open(&r, path, &no_verify), CKPT_OK);
+    cr_assert_eq(ckpt_reader_read_region(r, k, start, count, buf, sizeof buf), CKPT_OK,
+                 "without verification the damaged data is returned");
+    ckpt_reader_close(r);
+}
+
+static void edit_index(const char *path, const char *from, const char *to)
+{
+    char file[700], command[2000];
+    snprintf(file, sizeof file, "%s/index.json", path);
+    snprintf(command, sizeof command, "sed -i 's/%s/%s/' '%s'", from, to, file);
+    cr_assert_eq(system(command), 0);
+}
+
+Test(io, future_version_is_refused)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    simple_checkpoint(path, 1);
+    edit_index(path, "\"format_version\":\\t\\[1, 0\\]", "\"format_version\":\\t[2, 0]");
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_ERR_VERSION, "%s", ckpt_errmsg());
+    cr_assert(strstr(ckpt_errmsg(), "2.0") && strstr(ckpt_errmsg(), "newer"), "%s", ckpt_errmsg());
+}
+
+Test(io, truncated_and_missing_files)
+{
+    char path[600], shard[700];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    simple_checkpoint(path, 1);
+    snprintf(shard, sizeof shard, "%s/shard_pp00_tp00.h5", path);
+    struct stat st;
+    stat(shard, &st);
+    cr_assert_eq(truncate(shard, st.st_size - 10), 0);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_ERR_FORMAT);
+    cr_assert(strstr(ckpt_errmsg(), "shard_pp00_tp00.h5") && strstr(ckpt_errmsg(), "truncated"), "%s",
+              ckpt_errmsg());
+    unlink(shard);
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_ERR_NOT_FOUND);
+    cr_assert(strstr(ckpt_errmsg(), "shard_pp00_tp00.h5"), "%s", ckpt_errmsg());
+}
+
+Test(io, not_a_checkpoint)
+{
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, dir, NULL), CKPT_ERR_NOT_FOUND);
+    cr_assert(strstr(ckpt_errmsg(), "is not a checkpoint"), "%s", ckpt_errmsg());
+    char path[600];
+    snprintf(path, sizeof path, "%s/missing", dir);
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_ERR_NOT_FOUND);
+    snprintf(path, sizeof path, "%s/ck", dir);
+    simple_checkpoint(path, 1);
+    edit_index(path, "\"tensors\"", "\"tensorz\"");
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_ERR_FORMAT);
+    cr_assert(strstr(ckpt_errmsg(), "tensors"), "%s", ckpt_errmsg());
+}
+
+/* ------------------------------------------------------------ atomicity */
+
+Test(io, existing_output_needs_overwrite)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    simple_checkpoint(path, 1);
+    ckpt_layout layout = {1, 1, 1, 0};
+    ckpt_writer *w;
+    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), CKPT_ERR_EXISTS);
+    cr_assert(strstr(ckpt_errmsg(), "--force"), "%s", ckpt_errmsg());
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    options.overwrite = 1;
+    cr_assert_eq(ckpt_writer_create(&w, path, &layout, &options), CKPT_OK);
+    ckpt_train_state state = {42, 0, NULL, NULL, NULL, NULL};
+    cr_assert_eq(ckpt_writer_commit(w, &state), CKPT_OK, "%s", ckpt_errmsg());
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_OK);
+    cr_assert_eq(ckpt_reader_state(r)->step, 42);
+    cr_assert_eq(ckpt_reader_num_tensors(r), 0);
+    ckpt_reader_close(r);
+    char staging[700];
+    snprintf(staging, sizeof staging, "%s/.ck.staging", dir);
+    cr_assert_eq(access(staging, F_OK), -1, "the replaced checkpoint is gone");
+}
+
+Test(io, abort_and_incomplete_leave_nothing)
+{
+    char path[600], staging[700];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    snprintf(staging, sizeof staging, "%s/.ck.staging", dir);
+    ckpt_layout layout = {2, 1, 1, 0};
+    ckpt_tensor_desc t = {.name = "model/w", .dtype = CKPT_FP32, .ndim = 1, .shape = {8},
+                          .anchor = CKPT_ANCHOR_FIRST};
+    t.partition.kind = CKPT_SPLIT;
+    ckpt_writer *w;
+    int id;
+    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), CKPT_OK);
+    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), CKPT_OK);
+    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), CKPT_ERR_ARG, "a name is declared once");
+    ckpt_writer_abort(w);
+    cr_assert_eq(access(path, F_OK), -1);
+    cr_assert_eq(access(staging, F_OK), -1);
+
+    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), CKPT_OK);
+    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), CKPT_OK);
+    float values[4] = {1, 2, 3, 4};
+    cr_assert_eq(ckpt_writer_put_piece(w, id, 0, values), CKPT_OK);
+    cr_assert_eq(ckpt_writer_put_piece(w, id, 0, values), CKPT_ERR_STATE, "rows written twice");
+    cr_assert_eq(ckpt_writer_put_rows(w, id, 1, 1, 2, values), CKPT_ERR_ARG, "not block aligned");
+    cr_assert_eq(ckpt_writer_commit(w, NULL), CKPT_ERR_STATE, "piece 1 missing");
+    cr_assert(strstr(ckpt_errmsg(), "model/w piece 1"), "%s", ckpt_errmsg());
+    cr_assert_eq(access(path, F_OK), -1, "nothing visible after a failed commit");
+    cr_assert_eq(access(staging, F_OK), -1);
+}
+
+Test(io, nonzero_padding_is_found)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    ckpt_layout layout = {2, 1, 1, 0};
+    ckpt_tensor_desc t = {.name = "model/tok", .dtype = CKPT_FP32, .ndim = 1, .shape = {5},
+                          .anchor = CKPT_ANCHOR_FIRST};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 1, 4}; /* 5 padded to 8 */
+    ckpt_writer *w;
+    int id;
+    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), CKPT_OK);
+    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), CKPT_OK);
+    float first[4] = {1, 2, 3, 4}, second[4] = {5, 0, 9, 0}; /* 9 sits in padding */
+    cr_assert_eq(ckpt_writer_put_piece(w, id, 0, first), CKPT_OK);
+    cr_assert_eq(ckpt_writer_put_piece(w, id, 1, second), CKPT_OK);
+    cr_assert_eq(ckpt_writer_commit(w, NULL), CKPT_OK);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_OK);
+    cr_assert_eq(ckpt_reader_check_padding(r, 0, 0), CKPT_OK);
+    cr_assert_eq(ckpt_reader_check_padding(r, 0, 1), CKPT_ERR_FORMAT);
+    cr_assert(strstr(ckpt_errmsg(), "padding"), "%s", ckpt_errmsg());
+    float logical[5];
+    int64_t start = 0, count = 5;
+    cr_assert_eq(ckpt_reader_read_region(r, 0, &start, &count, logical, sizeof logical), CKPT_OK);
+    float expect[5] = {1, 2, 3, 4, 5};
+    cr_assert_eq(memcmp(logical, expect, sizeof expect), 0, "padding is not part of the logical tensor");
+    ckpt_reader_close(r);
+}
+
+Test(io, latest_pointer_and_resolution)
+{
+    char run[600], a[700], b[700], resolved[4096];
+    snprintf(run, sizeof run, "%s/run", dir);
+    mkdir(run, 0755);
+    snprintf(a, sizeof a, "%s/step_00000020", run);
+    snprintf(b, sizeof b, "%s/step_00000010", run);
+    ckpt_layout layout = {1, 1, 1, 0};
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    options.update_latest = 1;
+    ckpt_writer *w;
+    ckpt_train_state s20 = {20, 0, NULL, NULL, NULL, NULL}, s10 = {10, 0, NULL, NULL, NULL, NULL};
+    cr_assert_eq(ckpt_writer_create(&w, a, &layout, &options), CKPT_OK);
+    cr_assert_eq(ckpt_writer_commit(w, &s20), CKPT_OK);
+    cr_assert_eq(ckpt_writer_create(&w, b, &layout, &options), CKPT_OK);
+    cr_assert_eq(ckpt_writer_commit(w, &s10), CKPT_OK);
+    cr_assert_eq(ckpt_resolve(run, resolved, sizeof resolved), CKPT_OK);
+    cr_assert_str_eq(resolved, a, "latest never moves back to an older step");
+    /* A damaged pointer falls back to the newest committed step_* directory. */
+    char latest[700];
+    snprintf(latest, sizeof latest, "%s/latest", run);
+    FILE *f = fopen(latest, "w");
+    fputs("step_99999999\n", f);
+    fclose(f);
+    cr_assert_eq(ckpt_resolve(run, resolved, sizeof resolved), CKPT_OK);
+    cr_assert_str_eq(resolved, a);
+    /* A staging directory (an interrupted write) is never chosen. */
+    char staging[700];
+    snprintf(staging, sizeof staging, "%s/.step_00000030.staging", run);
+    mkdir(staging, 0755);
+    cr_assert_eq(ckpt_resolve(run, resolved, sizeof resolved), CKPT_OK);
+    cr_assert_str_eq(resolved, a);
+}
+
+/* ------------------------------------------------------- distributed */
+
+typedef struct {
+    const char *path;
+    ckpt_layout layout;
+    int pp, tp;
+    int status;
+} rank_job;
+
+/* One "rank": writes its shard of a column-split weight and a replicated bias. */
+static void *write_rank(void *arg)
+{
+    rank_job *job = arg;
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    options.shard_pp = job->pp;
+    options.shard_tp = job->tp;
+    ckpt_writer *w;
+    job->status = ckpt_writer_create(&w, job->path, &job->layout, &options);
+    if (job->status) return NULL;
+    for (int64_t layer = 0; layer < job->layout.num_layers && !job->status; layer++) {
+        char wname[64], bname[64];
+        snprintf(wname, sizeof wname, "model/layers.%lld.w", (long long)layer);
+        snprintf(bname, sizeof bname, "model/layers.%lld.b", (long long)layer);
+        ckpt_tensor_desc w_desc = {.name = wname, .dtype = CKPT_FP32, .ndim = 2, .shape = {8, 3},
+                                   .anchor = CKPT_ANCHOR_LAYER, .layer = layer};
+        w_desc.partition.kind = CKPT_SPLIT;
+        ckpt_tensor_desc b_desc = {.name = bname, .dtype = CKPT_FP32, .ndim = 1, .shape = {3},
+                                   .anchor = CKPT_ANCHOR_LAYER, .layer = layer};
+        int wid, bid;
+        job->status = ckpt_writer_add_tensor(w, &w_desc, &wid);
+        if (!job->status) job->status = ckpt_writer_add_tensor(w, &b_desc, &bid);
+        if (job->status || !ckpt_writer_owns_piece(w, wid, job->tp)) continue;
+        float piece[12], bias[3] = {(float)layer, 1, 2};
+        int rows = 8 / job->layout.tp;
+        for (int i = 0; i < rows * 3; i++) piece[i] = (float)(layer * 100 + (job->tp * rows) * 3 + i);
+        job->status = ckpt_writer_put_piece(w, wid, job->tp, piece);
+        if (!job->status && ckpt_writer_owns_piece(w, bid, 0)) job->status = ckpt_writer_put_piece(w, bid, 0, bias);
+    }
+    int finish = ckpt_writer_finish(w);
+    if (!job->status) job->status = finish;
+    return NULL;
+}
+
+Test(io, distributed_writers_commit_once)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/step_00000005", dir);
+    ckpt_layout layout = {2, 2, 4, 4};
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    options.update_latest = 1;
+    cr_assert_eq(ckpt_stage_prepare(path, &options), CKPT_OK, "%s", ckpt_errmsg());
+    rank_job jobs[4];
+    pthread_t threads[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (rank_job){path, layout, i / 2, i % 2, 0};
+        pthread_create(&threads[i], NULL, write_rank, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(threads[i], NULL);
+        cr_assert_eq(jobs[i].status, CKPT_OK, "rank %d", i);
+    }
+    ckpt_train_state state = {5, 40, NULL, NULL, "[{\"pp\":0,\"tp\":0,\"dp\":0,\"state\":\"01\"}]", NULL};
+    cr_assert_eq(ckpt_commit_staged(path, &layout, &state, &options), CKPT_OK, "%s", ckpt_errmsg());
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, dir, NULL), CKPT_OK, "the run directory resolves: %s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_num_tensors(r), 8);
+    cr_assert_eq(ckpt_reader_layout(r)->dp, 4);
+    for (int64_t layer = 0; layer < 4; layer++) {
+        char wname[64];
+        snprintf(wname, sizeof wname, "model/layers.%lld.w", (long long)layer);
+        int k = ckpt_reader_find(r, wname);
+        float merged[24];
+        int64_t start[2] = {0, 0}, count[2] = {8, 3};
+        cr_assert_eq(ckpt_reader_read_region(r, k, start, count, merged, sizeof merged), CKPT_OK, "%s",
+                     ckpt_errmsg());
+        for (int i = 0; i < 24; i++) cr_assert_eq(merged[i], (float)(layer * 100 + i));
+        ckpt_piece_info info;
+        ckpt_reader_piece_info(r, k, 1, &info);
+        cr_assert_eq(info.pp, (int)layer / 2);
+        cr_assert_eq(info.tp, 1);
+    }
+    ckpt_reader_close(r);
+}
+
+Test(io, distributed_commit_needs_every_shard)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    ckpt_layout layout = {2, 1, 1, 2};
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    cr_assert_eq(ckpt_stage_prepare(path, &options), CKPT_OK);
+    rank_job job = {path, layout, 0, 1, 0};
+    write_rank(&job);
+    cr_assert_eq(job.status, CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_commit_staged(path, &layout, NULL, &options), CKPT_ERR_STATE);
+    cr_assert(strstr(ckpt_errmsg(), "shard_pp00_tp00.h5"), "names the missing shard: %s", ckpt_errmsg());
+    cr_assert_eq(access(path, F_OK), -1);
+}

@@ -1,0 +1,221 @@
+/* Partition arithmetic against a naive reference built from the definition in
+ * docs/FORMAT.md, over many random tensors, segment lists and layouts. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../ckpt/ckpt.h"
+
+/* xorshift so that failures reproduce */
+static uint64_t rng_state = 88172645463325252ull;
+static int64_t rnd(int64_t lo, int64_t hi) /* inclusive */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return lo + (int64_t)(rng_state % (uint64_t)(hi - lo + 1));
+}
+
+/* A random split tensor along axis 0 or 1 with 1..4 segments. */
+static ckpt_tensor_desc random_split(int64_t *granule_out)
+{
+    ckpt_tensor_desc t;
+    memset(&t, 0, sizeof t);
+    t.name = "model/x.weight";
+    t.dtype = CKPT_FP32;
+    t.ndim = (int)rnd(1, 3);
+    for (int d = 0; d < t.ndim; d++) t.shape[d] = rnd(1, 5);
+    t.partition.kind = CKPT_SPLIT;
+    t.partition.axis = (int)rnd(0, t.ndim - 1);
+    t.partition.granule = rnd(1, 4);
+    t.partition.num_segments = (int)rnd(1, 4);
+    t.partition.pad_multiple = rnd(0, 1) ? rnd(1, 3) : 0;
+    int64_t total = 0;
+    for (int s = 0; s < t.partition.num_segments; s++) {
+        t.partition.segments[s] = t.partition.granule * rnd(1, 12);
+        total += t.partition.segments[s];
+    }
+    t.shape[t.partition.axis] = total;
+    t.anchor = CKPT_ANCHOR_FIRST;
+    *granule_out = t.partition.granule;
+    return t;
+}
+
+/* Reference: for every rank and local index, the logical index or -1 for
+ * padding, straight from the definition. owner[] maps logical -> rank*B+local. */
+static int reference(const ckpt_tensor_desc *t, int tp, int64_t **map_out, int64_t *piece_size)
+{
+    const ckpt_partition *p = &t->partition;
+    int64_t local_total = 0, paddeds[CKPT_MAX_SEGMENTS];
+    for (int s = 0; s < p->num_segments; s++) {
+        int64_t size = p->segments[s], padded = size;
+        if (p->pad_multiple) {
+            int64_t unit = tp * p->pad_multiple * p->granule;
+            while (padded % unit) padded++;
+        } else if (size % (tp * p->granule)) {
+            return 0; /* cannot split */
+        }
+        if ((padded / p->granule) % tp) return 0;
+        paddeds[s] = padded;
+        local_total += padded / tp;
+    }
+    int64_t *map = malloc(sizeof(int64_t) * (size_t)(local_total * tp));
+    int64_t seg_logical = 0, seg_local = 0;
+    for (int s = 0; s < p->num_segments; s++) {
+        int64_t share = paddeds[s] / tp;
+        for (int64_t k = 0; k < paddeds[s]; k++) {
+            int64_t rank = k / share, local = seg_local + k % share;
+            map[rank * local_total + local] = k < p->segments[s] ? seg_logical + k : -1;
+        }
+        seg_logical += p->segments[s];
+        seg_local += share;
+    }
+    *map_out = map;
+    *piece_size = local_total;
+    return 1;
+}
+
+Test(partition, random_layouts_match_reference)
+{
+    int checked = 0, refused = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        int64_t granule;
+        ckpt_tensor_desc t = random_split(&granule);
+        int tp = (int)rnd(1, 8);
+        int64_t *map = NULL, piece_size = 0;
+        int possible = reference(&t, tp, &map, &piece_size);
+        int status = ckpt_tensor_check(&t, tp);
+        cr_assert_eq(status == CKPT_OK, possible, "iteration %d: check says %d, reference %d", iter,
+                     status, possible);
+        if (!possible) {
+            cr_assert_eq(status, CKPT_ERR_LAYOUT);
+            cr_assert(strstr(ckpt_errmsg(), "model/x.weight") && strstr(ckpt_errmsg(), "tp="),
+                      "message names the tensor and degree: %s", ckpt_errmsg());
+            refused++;
+            continue;
+        }
+        int axis = t.partition.axis;
+        int64_t piece[CKPT_MAX_DIMS], padded[CKPT_MAX_DIMS];
+        ckpt_piece_shape(&t, tp, piece);
+        ckpt_padded_shape(&t, tp, padded);
+        cr_assert_eq(piece[axis], piece_size);
+        cr_assert_eq(padded[axis], piece_size * tp);
+        cr_assert_eq(ckpt_piece_count(&t, tp), tp);
+
+        /* Piece runs reproduce the reference map, rank by rank. */
+        for (int r = 0; r < tp; r++) {
+            ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
+            int64_t n = ckpt_piece_runs(&t, tp, r, runs, 2 * CKPT_MAX_SEGMENTS);
+            cr_assert(n > 0 && n <= 2 * t.partition.num_segments);
+            int64_t local = 0;
+            for (int64_t k = 0; k < n; k++) {
+                cr_assert_eq(runs[k].local_start, local);
+                for (int64_t i = 0; i < runs[k].length; i++) {
+                    int64_t want = map[r * piece_size + local + i];
+                    int64_t got = runs[k].logical_start < 0 ? -1 : runs[k].logical_start + i;
+                    cr_assert_eq(got, want, "iter %d rank %d local %lld", iter, r, (long long)(local + i));
+                }
+                local += runs[k].length;
+            }
+            cr_assert_eq(local, piece_size);
+        }
+        /* Logical ranges: runs in increasing order land where the reference says. */
+        for (int q = 0; q < 10; q++) {
+            int64_t len = t.shape[axis];
+            int64_t start = rnd(0, len - 1), count = rnd(1, len - start);
+            int64_t max_runs = (int64_t)t.partition.num_segments * tp;
+            ckpt_run *runs = malloc(sizeof *runs * (size_t)max_runs);
+            int64_t n = ckpt_partition_runs(&t, tp, start, count, runs, max_runs);
+            cr_assert(n >= 1 && n <= max_runs);
+            int64_t next = start;
+            for (int64_t k = 0; k < n; k++) {
+                cr_assert_eq(runs[k].logical_start, next);
+                for (int64_t i = 0; i < runs[k].length; i++)
+                    cr_assert_eq(map[runs[k].rank * piece_size + runs[k].local_start + i], next + i);
+                next += runs[k].length;
+            }
+            cr_assert_eq(next, start + count);
+            cr_assert_eq(ckpt_partition_runs(&t, tp, start, count, runs, 0), -1, "too few runs is an error");
+            free(runs);
+        }
+        free(map);
+        checked++;
+    }
+    cr_assert(checked > 1000 && refused > 100, "both outcomes exercised: %d ok, %d refused", checked, refused);
+}
+
+Test(partition, fused_qkv_grouped_query)
+{
+    /* 8 query heads, 2 KV heads of 16: segments [128, 32, 32] granule 16. */
+    ckpt_tensor_desc t = {.name = "model/layers.0.attn.qkv.weight", .dtype = CKPT_BF16, .ndim = 2,
+                          .shape = {192, 64}, .anchor = CKPT_ANCHOR_LAYER, .layer = 0};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {128, 32, 32}, 16, 0};
+    cr_assert_eq(ckpt_tensor_check(&t, 2), CKPT_OK);
+    int64_t shape[CKPT_MAX_DIMS];
+    ckpt_piece_shape(&t, 2, shape);
+    cr_assert_eq(shape[0], 96); /* 64 q + 16 k + 16 v */
+    ckpt_run runs[8];
+    cr_assert_eq(ckpt_piece_runs(&t, 2, 1, runs, 8), 3);
+    cr_assert_eq(runs[0].logical_start, 64);  /* q rows 64..127 */
+    cr_assert_eq(runs[1].logical_start, 144); /* k rows 128 + 16 */
+    cr_assert_eq(runs[2].logical_start, 176); /* v rows 160 + 16 */
+    cr_assert_eq(ckpt_tensor_check(&t, 4), CKPT_ERR_LAYOUT, "2 KV heads cannot split over 4 ranks");
+    cr_assert(strstr(ckpt_errmsg(), "segment 1"), "names the segment: %s", ckpt_errmsg());
+}
+
+Test(partition, vocabulary_padding)
+{
+    ckpt_tensor_desc t = {.name = "model/tok_embed.weight", .dtype = CKPT_FP32, .ndim = 2,
+                          .shape = {50257, 8}, .anchor = CKPT_ANCHOR_FIRST};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 1, {50257}, 1, 128};
+    int64_t padded[CKPT_MAX_DIMS];
+    ckpt_padded_shape(&t, 1, padded);
+    cr_assert_eq(padded[0], 50304); /* Megatron's 128-multiple */
+    ckpt_padded_shape(&t, 8, padded);
+    cr_assert_eq(padded[0], 51200); /* multiple of 8 * 128 */
+    ckpt_run runs[4];
+    cr_assert_eq(ckpt_piece_runs(&t, 8, 7, runs, 4), 2);
+    cr_assert_eq(runs[1].logical_start, -1);
+    cr_assert_eq(runs[1].length, 51200 - 50257);
+}
+
+Test(partition, stages_follow_layers)
+{
+    ckpt_layout layout = {2, 4, 1, 8};
+    ckpt_tensor_desc t = {.name = "a", .ndim = 1, .shape = {4}, .anchor = CKPT_ANCHOR_LAYER};
+    int expect[8] = {0, 0, 1, 1, 2, 2, 3, 3};
+    for (int l = 0; l < 8; l++) {
+        t.layer = l;
+        cr_assert_eq(ckpt_tensor_stage(&t, &layout), expect[l]);
+    }
+    t.anchor = CKPT_ANCHOR_FIRST;
+    cr_assert_eq(ckpt_tensor_stage(&t, &layout), 0);
+    t.anchor = CKPT_ANCHOR_LAST;
+    cr_assert_eq(ckpt_tensor_stage(&t, &layout), 3);
+    ckpt_layout bad = {2, 3, 1, 8};
+    cr_assert_eq(ckpt_layout_check(&bad), CKPT_ERR_LAYOUT);
+    cr_assert(strstr(ckpt_errmsg(), "8 layers") && strstr(ckpt_errmsg(), "pp=3"), "%s", ckpt_errmsg());
+}
+
+Test(partition, invalid_descriptions_are_refused)
+{
+    ckpt_tensor_desc t = {.name = "model/w", .dtype = CKPT_FP32, .ndim = 2, .shape = {10, 4},
+                          .anchor = CKPT_ANCHOR_FIRST};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 2, {4, 5}, 1, 0};
+    cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_ERR_ARG, "segments must sum to the axis");
+    cr_assert(strstr(ckpt_errmsg(), "sum to 9"), "%s", ckpt_errmsg());
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 1, {10}, 4, 0};
+    cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_ERR_ARG, "segment not a multiple of the granule");
+    t.partition = (ckpt_partition){CKPT_SPLIT, 2, 0, {0}, 0, 0};
+    cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_ERR_ARG, "axis out of range");
+    t.partition = (ckpt_partition){CKPT_REPLICATED, 0, 0, {0}, 0, 0};
+    const char *bad_names[] = {"", "/abs", "a//b", "a/../b", "trailing/", "sp ace", "a/./b"};
+    for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
+        t.name = bad_names[i];
+        cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_ERR_ARG, "name '%s' refused", bad_names[i]);
+    }
+    t.name = "optim/exp_avg/layers.0.attn.qkv-weight_1";
+    cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_OK);
+    t.shape[1] = 0;
+    cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_ERR_ARG, "zero-sized dimension");
+}

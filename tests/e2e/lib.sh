@@ -1,0 +1,79 @@
+# lib.sh: helpers for end-to-end tests of the real programs on real files.
+# Each test script sources this, runs checks, and ends with `finish`.
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BIN="$ROOT/${BUILD:-build}/bin"
+PY=/usr/bin/python3
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tp-e2e-XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+PASSED=0
+FAILED=0
+NAME=$(basename "$0" .sh)
+
+pass() { PASSED=$((PASSED + 1)); }
+failed() {
+    FAILED=$((FAILED + 1))
+    echo "FAIL [$NAME] $1" >&2
+    [ -s "$WORK/.out" ] && sed 's/^/    out: /' "$WORK/.out" | head -20 >&2
+    [ -s "$WORK/.err" ] && sed 's/^/    err: /' "$WORK/.err" | head -20 >&2
+    return 0
+}
+
+# run CMD...: runs with stdout/stderr captured in $WORK/.out and $WORK/.err; sets RC.
+run() {
+    "$@" >"$WORK/.out" 2>"$WORK/.err"
+    RC=$?
+}
+
+# expect_ok "what" CMD...: must exit 0.
+expect_ok() {
+    what=$1
+    shift
+    run "$@"
+    if [ "$RC" -eq 0 ]; then pass; else failed "$what (exit $RC)"; fi
+}
+
+# expect_error "what" CODE PATTERN CMD...: must exit with CODE (never a crash),
+# and stderr must be one line matching the extended regex PATTERN.
+expect_error() {
+    what=$1 code=$2 pattern=$3
+    shift 3
+    run "$@"
+    lines=$(wc -l <"$WORK/.err")
+    if [ "$RC" -ne "$code" ]; then failed "$what: exit $RC, expected $code"
+    elif [ "$lines" -ne 1 ]; then failed "$what: $lines lines on stderr, expected one"
+    elif ! grep -Eq -- "$pattern" "$WORK/.err"; then failed "$what: stderr does not match /$pattern/"
+    else pass; fi
+}
+
+# check "what" CONDITION...: a shell test.
+check() {
+    what=$1
+    shift
+    if "$@"; then pass; else failed "$what"; fi
+}
+
+# File offset of a tensor's data in a shard, found with h5py.
+data_offset() {
+    "$PY" -c 'import h5py, sys; print(h5py.File(sys.argv[1], "r")["tensors/" + sys.argv[2]].id.get_offset())' "$1" "$2"
+}
+
+# flip_byte FILE OFFSET: inverts one bit of the byte at OFFSET.
+flip_byte() {
+    "$PY" - "$1" "$2" <<'PYEOF'
+import sys
+path, offset = sys.argv[1], int(sys.argv[2])
+with open(path, "r+b") as f:
+    f.seek(offset)
+    b = f.read(1)[0]
+    f.seek(offset)
+    f.write(bytes([b ^ 0x10]))
+PYEOF
+}
+
+tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum) | md5sum; }
+
+finish() {
+    echo "[$NAME] $PASSED passed, $FAILED failed"
+    [ "$FAILED" -eq 0 ]
+}

@@ -1,0 +1,149 @@
+#!/bin/sh
+# tp-ckpt end to end: synthesize, inspect, verify, read back independently,
+# compare across layouts, corrupt, crash mid-commit, and bad input.
+. "$(dirname "$0")/lib.sh"
+CK="$BIN/tp-ckpt"
+MODEL="--layers 4 --dim 64 --heads 4 --vocab 1000 --seq 32"
+
+# ---------------------------------------------------------------- basics
+expect_ok "synth tp2pp2" "$CK" synth -o "$WORK/a" --tp 2 --pp 2 $MODEL --optim --step 7 --seed 11
+expect_ok "info" "$CK" info "$WORK/a"
+check "info shows the layout" grep -q "tp=2 pp=2" "$WORK/.out"
+check "info lists a fused qkv weight" grep -q "model/layers.3.attn.qkv.weight" "$WORK/.out"
+expect_ok "info --json" "$CK" info "$WORK/a" --json
+check "info --json has tp, pp, step, model, tensors" "$PY" -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["tp"] == 2 and j["pp"] == 2 and j["step"] == 7, j
+assert j["model"]["layers"] == 4 and j["model"]["dim"] == 64
+names = {t["name"] for t in j["tensors"]}
+assert "model/tok_embed.weight" in names and "optim/exp_avg_sq/layers.0.mlp.fc.weight" in names
+assert len(j["tensors"]) == 3 * (4 + 12 * 4)
+' "$WORK/.out"
+expect_ok "verify" "$CK" verify "$WORK/a"
+check "verify reports ok" grep -q "^ok:" "$WORK/.out"
+expect_ok "help" "$CK" --help
+expect_ok "synth --help" "$CK" synth --help
+
+# ------------------------------------------- independent reader (h5py)
+expect_ok "h5py reads fp32 tp2pp2 with optimizer" "$PY" "$ROOT/tests/ckpt/check_h5py.py" "$WORK/a" --synth-seed 11
+expect_ok "synth bf16 GQA SwiGLU padded, zstd" "$CK" synth -o "$WORK/b" --tp 4 --pp 2 --layers 4 --dim 128 \
+    --heads 8 --kv-heads 4 --swiglu --ffn 96 --vocab 1001 --vocab-pad-multiple 8 --seq 16 --optim --dtype bf16 \
+    --seed 5 --compress zstd:5
+expect_ok "h5py reads bf16 + zstd chunks (decoded with python zstandard)" "$PY" "$ROOT/tests/ckpt/check_h5py.py" \
+    "$WORK/b" --synth-seed 5
+expect_ok "synth fp16 tp1" "$CK" synth -o "$WORK/c" --tp 1 --pp 1 --layers 2 --dim 32 --heads 2 --vocab 77 --seq 8 \
+    --dtype fp16 --seed 3
+expect_ok "h5py reads fp16" "$PY" "$ROOT/tests/ckpt/check_h5py.py" "$WORK/c" --synth-seed 3
+expect_ok "verify compressed" "$CK" verify "$WORK/b"
+
+# ------------------------------------------------------- logical diff
+expect_ok "synth the same model at tp1pp1" "$CK" synth -o "$WORK/a1" --tp 1 --pp 1 $MODEL --optim --step 7 --seed 11
+expect_ok "diff across layouts is bit-exact" "$CK" diff "$WORK/a" "$WORK/a1"
+check "diff says bit-exact" grep -q "bit-exact" "$WORK/.out"
+expect_ok "synth another seed" "$CK" synth -o "$WORK/a2" --tp 2 --pp 1 $MODEL --optim --seed 12
+expect_error "diff of different values exits 1" 1 "checkpoints differ" "$CK" diff "$WORK/a" "$WORK/a2"
+check "diff lists the worst tensors" grep -q "model/" "$WORK/.out"
+expect_ok "diff within a loose tolerance" "$CK" diff "$WORK/a" "$WORK/a2" --tol 10
+expect_ok "synth without optimizer" "$CK" synth -o "$WORK/a3" --tp 2 --pp 2 $MODEL --seed 11
+expect_error "diff notices missing tensors" 1 "in one only" "$CK" diff "$WORK/a" "$WORK/a3"
+check "diff names a missing tensor" grep -q "only in A: optim/" "$WORK/.out"
+
+# ------------------------------------------------------ one flipped byte
+cp -r "$WORK/a" "$WORK/damaged"
+SHARD="$WORK/damaged/shard_pp01_tp01.h5"
+OFFSET=$(data_offset "$SHARD" "model/layers.3.mlp.fc.weight")
+flip_byte "$SHARD" $((OFFSET + 1000))
+run "$CK" verify "$WORK/damaged"
+check "verify of a flipped byte exits 1" [ "$RC" -eq 1 ]
+check "verify names the damaged tensor and file" \
+    grep -q "shard_pp01_tp01.h5: tensor model/layers.3.mlp.fc.weight piece 1" "$WORK/.err"
+check "verify reports only that piece" grep -q "1 of 231 pieces damaged" "$WORK/.err"
+expect_error "diff refuses damaged data" 1 "differ" "$CK" diff "$WORK/a" "$WORK/damaged"
+
+# Random flips anywhere (data, HDF5 metadata, index): a clean verdict, never a crash.
+i=0
+while [ $i -lt 20 ]; do
+    rm -rf "$WORK/fuzz" && cp -r "$WORK/a" "$WORK/fuzz"
+    TARGET=$("$PY" -c 'import random, glob, sys; random.seed(int(sys.argv[2])); print(random.choice(sorted(glob.glob(sys.argv[1] + "/*"))))' "$WORK/fuzz" $i)
+    SIZE=$(stat -c %s "$TARGET")
+    flip_byte "$TARGET" $(( (i * 7919 + 13) * 104729 % SIZE ))
+    run "$CK" verify "$WORK/fuzz"
+    if [ "$RC" -gt 1 ]; then failed "verify after a random flip in $(basename "$TARGET") exited $RC"; else pass; fi
+    if grep -v '^tp-ckpt: ' "$WORK/.err" | grep -q .; then failed "stray output after a random flip"; else pass; fi
+    i=$((i + 1))
+done
+
+# ----------------------------------------------- crash (SIGKILL) mid-commit
+RUN="$WORK/run"
+mkdir -p "$RUN"
+expect_ok "first checkpoint of a run" "$CK" synth -o "$RUN/step_00000010" --tp 2 --pp 1 $MODEL --optim --step 10
+BEFORE=$(tree_digest "$RUN/step_00000010")
+for point in before-index before-rename before-latest; do
+    rm -rf "$RUN/step_00000020"
+    TP_CKPT_FAULT=$point "$CK" synth -o "$RUN/step_00000020" --tp 2 --pp 1 $MODEL --optim --step 20 >/dev/null 2>&1
+    RC=$?
+    check "killed at $point" [ "$RC" -eq 137 ]
+    check "previous checkpoint untouched after a kill at $point" [ "$(tree_digest "$RUN/step_00000010")" = "$BEFORE" ]
+    run "$CK" info "$RUN" --json
+    check "the run still resolves to step 10 after a kill at $point" grep -q '"step":	10' "$WORK/.out"
+    expect_ok "the run verifies after a kill at $point" "$CK" verify "$RUN"
+done
+check "a kill after the rename leaves a complete new checkpoint" [ -f "$RUN/step_00000020/index.json" ]
+expect_ok "which verifies" "$CK" verify "$RUN/step_00000020"
+TP_CKPT_FAULT=before-rename "$CK" synth -o "$RUN/step_00000010" --force --tp 1 --pp 1 $MODEL --step 10 >/dev/null 2>&1
+check "an interrupted --force replacement keeps the old checkpoint" \
+    [ "$(tree_digest "$RUN/step_00000010")" = "$BEFORE" ]
+rm -rf "$RUN/step_00000020"
+expect_ok "writing again after interrupted attempts" "$CK" synth -o "$RUN/step_00000030" --tp 2 --pp 1 $MODEL --step 30
+run "$CK" info "$RUN" --json
+check "latest moved to the new checkpoint" grep -q '"step":	30' "$WORK/.out"
+check "a successful write leaves no staging directory" [ ! -e "$RUN/.step_00000030.staging" ]
+
+# Kills at random moments of a larger write: the run always resolves and verifies.
+for delay in 0.05 0.15 0.3 0.6; do
+    "$CK" synth -o "$RUN/step_00000040" --force --tp 2 --pp 2 --layers 4 --dim 512 --heads 8 --vocab 8000 --seq 64 \
+        --optim --step 40 >/dev/null 2>&1 &
+    PID=$!
+    sleep $delay
+    kill -9 $PID 2>/dev/null
+    wait $PID 2>/dev/null
+    expect_ok "the run verifies after a kill at ${delay}s" "$CK" verify "$RUN"
+done
+
+# ------------------------------------------------------------ bad input
+cp -r "$WORK/a" "$WORK/missing" && rm "$WORK/missing/shard_pp00_tp01.h5"
+expect_error "missing shard" 1 "shard_pp00_tp01.h5: shard file missing" "$CK" verify "$WORK/missing"
+expect_error "info on a missing shard" 1 "shard_pp00_tp01.h5" "$CK" info "$WORK/missing"
+cp -r "$WORK/a" "$WORK/truncated" && truncate -s -100 "$WORK/truncated/shard_pp01_tp00.h5"
+expect_error "truncated shard" 1 "shard_pp01_tp00.h5: .*truncated" "$CK" verify "$WORK/truncated"
+cp -r "$WORK/a" "$WORK/future" && sed -i 's/"format_version":\t\[1, 0\]/"format_version":\t[7, 1]/' "$WORK/future/index.json"
+expect_error "future major version" 1 "version 7.1 is newer than this build reads" "$CK" info "$WORK/future"
+cp -r "$WORK/a" "$WORK/minor" && sed -i 's/"format_version":\t\[1, 0\]/"format_version":\t[1, 9]/' "$WORK/minor/index.json"
+expect_ok "a newer minor version still reads" "$CK" verify "$WORK/minor"
+cp -r "$WORK/a" "$WORK/wrong" && sed -i 's/"format_version":\t\[1, 0\]/"format_version":\t[0, 3]/' "$WORK/wrong/index.json"
+expect_error "version 0 is not valid" 1 "version 0.3 is not valid" "$CK" info "$WORK/wrong"
+cp -r "$WORK/a" "$WORK/garbled" && printf 'garbage' >"$WORK/garbled/index.json"
+expect_error "garbled index" 1 "index.json: not a JSON object" "$CK" verify "$WORK/garbled"
+mkdir -p "$WORK/empty"
+expect_error "a directory that is not a checkpoint" 1 "is not a checkpoint" "$CK" info "$WORK/empty"
+expect_error "a file that is not a checkpoint" 1 "not a directory" "$CK" info "$WORK/empty/../a/index.json"
+expect_error "no such path" 1 "no such checkpoint" "$CK" verify "$WORK/nowhere"
+BEFORE=$(tree_digest "$WORK/a")
+expect_error "existing output without --force" 1 "already exists.*--force" "$CK" synth -o "$WORK/a" --tp 1 --pp 1 $MODEL
+check "the existing checkpoint is untouched" [ "$(tree_digest "$WORK/a")" = "$BEFORE" ]
+expect_error "heads not divisible by tp" 1 "heads 4 is not divisible by tp 8" \
+    "$CK" synth -o "$WORK/bad1" --tp 8 --pp 1 $MODEL
+check "no output for an impossible layout" [ ! -e "$WORK/bad1" ]
+expect_error "layers not divisible by pp" 1 "layers 4 is not divisible by pp 3" \
+    "$CK" synth -o "$WORK/bad2" --tp 1 --pp 3 $MODEL
+expect_error "kv heads not divisible by tp" 1 "kv_heads 2 is not divisible by tp 4" \
+    "$CK" synth -o "$WORK/bad3" --tp 4 --pp 1 --layers 2 --dim 64 --heads 8 --kv-heads 2 --vocab 10 --seq 4
+expect_error "missing parent directory" 1 "parent directory .* does not exist" \
+    "$CK" synth -o "$WORK/no/such/dir" --tp 1 --pp 1 $MODEL
+expect_error "unknown command" 2 "unknown command" "$CK" frobnicate
+expect_error "bad number" 2 "--tp expects an integer" "$CK" synth -o "$WORK/x" --tp two $MODEL
+expect_error "synth without a model shape" 2 "synth needs" "$CK" synth -o "$WORK/x"
+expect_error "bad compression" 2 "--compress expects" "$CK" synth -o "$WORK/x" $MODEL --compress lz4
+
+finish

@@ -1,0 +1,145 @@
+/* Conversions between fp32, bf16 and fp16 against independent references:
+ * the compiler's _Float16 (libgcc's rounding) for fp16 and a naive
+ * nearest-value search for bf16. The CUDA twin is compared bit for bit with
+ * the CPU version when a GPU is present, and reports itself skipped otherwise. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../kernels/kernels.h"
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t next_bits(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+static float from_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+static uint32_t to_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
+
+/* Naive bf16 rounding: the two neighbouring bf16 values, the nearer one, ties
+ * to the even mantissa; NaN stays NaN. */
+static uint16_t reference_bf16(float x)
+{
+    if (isnan(x)) return 0x7fc0;
+    uint32_t b = to_bits(x);
+    uint32_t lo = b & 0xffff0000u, hi = lo + 0x10000u;
+    double dl = fabs((double)from_bits(lo) - (double)x);
+    double dh = isinf(from_bits(hi)) && !isinf(x) ? INFINITY : fabs((double)from_bits(hi) - (double)x);
+    /* Rounding past the largest finite bf16 gives infinity, as IEEE does. */
+    if (isinf(from_bits(hi)) && !isinf(x)) {
+        double halfway = (double)from_bits(lo) + ((double)from_bits(lo) - (double)from_bits(lo - 0x10000u)) / 2;
+        if (fabs((double)x) >= fabs(halfway)) return (uint16_t)(hi >> 16);
+    }
+    if (dl < dh) return (uint16_t)(lo >> 16);
+    if (dh < dl) return (uint16_t)(hi >> 16);
+    return (uint16_t)(((lo >> 16) & 1) ? hi >> 16 : lo >> 16);
+}
+
+/* Special values every conversion must get right. */
+static const uint32_t specials[] = {
+    0x00000000, 0x80000000, 0x3f800000, 0xbf800000, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001,
+    0xffc12345, 0x00000001, 0x807fffff, 0x00800000, 0x7f7fffff, 0x477fe000, 0x477ff000, 0x477fefff,
+    0x38800000, 0x387fc000, 0x33800000, 0x33000000, 0x33000001, 0x3f808000, 0x3f818000, 0x3f80ffff,
+    0x47800000, 0xc77ff000, 0x34000000, 0x337fffff, 0x7f7f8000, 0x7f7f7fff};
+
+static int same_number(uint32_t a, uint32_t b)
+{
+    int a_nan = (a & 0x7fffffffu) > 0x7f800000u, b_nan = (b & 0x7fffffffu) > 0x7f800000u;
+    return a_nan && b_nan ? 1 : a == b;
+}
+
+Test(convert, bf16_matches_reference)
+{
+    enum { N = 1 << 20 };
+    static float in[N];
+    static uint16_t out[N];
+    for (int i = 0; i < N; i++)
+        in[i] = from_bits(i < (int)(sizeof specials / 4) ? specials[i] : next_bits() ^ (uint32_t)i << 31);
+    convert_from_f32(in, out, NUMBER_BF16, N);
+    for (int i = 0; i < N; i++) {
+        uint16_t want = reference_bf16(in[i]);
+        if (isnan(in[i])) cr_assert((out[i] & 0x7fff) > 0x7f80, "NaN %08x stays NaN", to_bits(in[i]));
+        else cr_assert_eq(out[i], want, "bf16 of %08x: got %04x want %04x", to_bits(in[i]), out[i], want);
+    }
+    /* Widening is exact: every bf16 back to fp32 and down again is identity. */
+    static uint16_t all[65536], back[65536];
+    static float wide[65536];
+    for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    convert_to_f32(all, NUMBER_BF16, wide, 65536);
+    convert_from_f32(wide, back, NUMBER_BF16, 65536);
+    for (int i = 0; i < 65536; i++)
+        if ((i & 0x7fff) <= 0x7f80) cr_assert_eq(back[i], all[i], "round trip of %04x", i);
+}
+
+Test(convert, fp16_matches_compiler)
+{
+    enum { N = 1 << 20 };
+    static float in[N];
+    static uint16_t out[N];
+    for (int i = 0; i < N; i++) {
+        uint32_t b = i < (int)(sizeof specials / 4) ? specials[i] : next_bits();
+        /* Concentrate on the fp16 range, subnormals included. */
+        if (i % 2) b = (b & 0x83ffffffu) | ((uint32_t)(96 + i % 48) << 23);
+        in[i] = from_bits(b);
+    }
+    convert_from_f32(in, out, NUMBER_F16, N);
+    for (int i = 0; i < N; i++) {
+        _Float16 h = (_Float16)in[i];
+        uint16_t want;
+        memcpy(&want, &h, 2);
+        if (isnan(in[i])) cr_assert((out[i] & 0x7fff) > 0x7c00, "NaN %08x stays NaN", to_bits(in[i]));
+        else cr_assert_eq(out[i], want, "fp16 of %08x (%g): got %04x want %04x", to_bits(in[i]), in[i], out[i], want);
+    }
+    static uint16_t all[65536];
+    static float wide[65536];
+    for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    convert_to_f32(all, NUMBER_F16, wide, 65536);
+    for (int i = 0; i < 65536; i++) {
+        _Float16 h;
+        uint16_t bits = (uint16_t)i;
+        memcpy(&h, &bits, 2);
+        cr_assert(same_number(to_bits(wide[i]), to_bits((float)h)), "widening %04x", i);
+    }
+}
+
+Test(convert, any_to_any_goes_through_fp32)
+{
+    uint16_t bf[4] = {0x3f80, 0xc000, 0x4049, 0x0000}, half[4], again[4];
+    float f[4];
+    convert_numbers(bf, NUMBER_BF16, half, NUMBER_F16, 4);
+    convert_to_f32(half, NUMBER_F16, f, 4);
+    cr_assert_eq(f[0], 1.0f);
+    cr_assert_eq(f[1], -2.0f);
+    cr_assert_float_eq(f[2], 3.140625f, 1e-3);
+    convert_numbers(half, NUMBER_F16, again, NUMBER_BF16, 4);
+    cr_assert_eq(memcmp(again, bf, sizeof bf), 0);
+    float same[4];
+    convert_numbers(f, NUMBER_F32, same, NUMBER_F32, 4);
+    cr_assert_eq(memcmp(f, same, sizeof f), 0);
+}
+
+Test(convert, cuda_twin_is_bit_identical)
+{
+    if (cuda_device_count() == 0)
+        cr_skip_test("no CUDA device (%s)", cuda_built() ? "built with CUDA" : "built without CUDA");
+    enum { N = 1 << 22 };
+    float *in = malloc(N * sizeof(float));
+    uint16_t *cpu = malloc(N * 2), *gpu = malloc(N * 2);
+    float *cpu_wide = malloc(N * 4), *gpu_wide = malloc(N * 4);
+    for (int i = 0; i < N; i++) in[i] = from_bits(i < (int)(sizeof specials / 4) ? specials[i] : next_bits());
+    char err[256];
+    for (number_format f = NUMBER_BF16; f <= NUMBER_F16; f++) {
+        convert_from_f32(in, cpu, f, N);
+        cr_assert_eq(cuda_convert_numbers(in, NUMBER_F32, gpu, f, N, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(memcmp(cpu, gpu, N * 2), 0, "narrowing to format %d", f);
+        convert_to_f32(cpu, f, cpu_wide, N);
+        cr_assert_eq(cuda_convert_numbers(cpu, f, gpu_wide, NUMBER_F32, N, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(memcmp(cpu_wide, gpu_wide, N * 4), 0, "widening from format %d", f);
+    }
+    free(in), free(cpu), free(gpu), free(cpu_wide), free(gpu_wide);
+}
