@@ -51,6 +51,7 @@ LIB_TRAINER := $(BUILD)/lib/libtptrainer.a
 LIBS := $(LIB_TRAINER) $(LIB_CKPT) $(LIB_KERNELS) $(LIB_COMMON)
 
 PROGRAMS := $(BUILD)/bin/tp-ckpt
+BENCH_PROGRAMS := $(BUILD)/bench/bench_ckpt
 TEST_SRC := $(wildcard tests/*/test_*.c)
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
@@ -62,7 +63,7 @@ TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 all: deps
 	@$(MAKE) --no-print-directory build
 
-build: programs tests
+build: programs tests $(BENCH_PROGRAMS)
 
 programs: $(PROGRAMS)
 tests: $(TEST_BINS)
@@ -87,6 +88,10 @@ $(BUILD)/lib/%.a:
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/bin/tp-ckpt: $(call obj,ckpt/tp-ckpt.c) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 

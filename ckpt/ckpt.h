@@ -10,6 +10,8 @@
  *    message of the most recent failure in the calling thread is ckpt_errmsg();
  *    the library never prints.
  *  - Handles are opaque; each _create/_open has its _free/_close.
+ *  - Data moves with positioned I/O between files and caller buffers; buffers
+ *    aligned to 4096 bytes copy about twice as fast (common/memory.h).
  *  - Reading functions may be called from several threads at once on one reader.
  *    Writer put functions may be called from several threads at once as long as
  *    they write disjoint rows.
@@ -264,6 +266,11 @@ const char *ckpt_reader_file(const ckpt_reader *reader, int i, int64_t *bytes);
 
 /* Reads a whole stored piece (padding included) into buf. */
 int ckpt_reader_read_piece(ckpt_reader *reader, int index, int piece, void *buf, size_t buf_size);
+
+/* Reads rows [row_start, row_start + row_count) of a stored piece (indices
+ * along its axis 0), for streaming a piece through a small buffer. */
+int ckpt_reader_read_rows(ckpt_reader *reader, int index, int piece, int64_t row_start,
+                          int64_t row_count, void *buf, size_t buf_size);
 
 /* Reads the region [start, start + count) of the logical global tensor, in the
  * stored dtype, into buf as a dense row-major array of shape count. Reads only

@@ -48,6 +48,57 @@ int64_t ckpt_block_rows_for(int64_t rows, int64_t row_bytes)
     return block_rows;
 }
 
+/* HDF5's shuffle filter (id 2): byte j of element i moves to plane j, so
+ * the slowly varying sign/exponent bytes of floats sit together and zstd finds
+ * them. out[j * n + i] = in[i * size + j]; bytes past the last element stay. */
+void ckpt_shuffle(const void *in, void *out, size_t bytes, size_t size)
+{
+    const uint8_t *src = in;
+    uint8_t *dst = out;
+    size_t n = bytes / size;
+    if (size == 4) {
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = src[4 * i];
+            dst[n + i] = src[4 * i + 1];
+            dst[2 * n + i] = src[4 * i + 2];
+            dst[3 * n + i] = src[4 * i + 3];
+        }
+    } else if (size == 2) {
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = src[2 * i];
+            dst[n + i] = src[2 * i + 1];
+        }
+    } else {
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < size; j++) dst[j * n + i] = src[i * size + j];
+    }
+    memcpy(dst + n * size, src + n * size, bytes - n * size);
+}
+
+void ckpt_unshuffle(const void *in, void *out, size_t bytes, size_t size)
+{
+    const uint8_t *src = in;
+    uint8_t *dst = out;
+    size_t n = bytes / size;
+    if (size == 4) {
+        for (size_t i = 0; i < n; i++) {
+            dst[4 * i] = src[i];
+            dst[4 * i + 1] = src[n + i];
+            dst[4 * i + 2] = src[2 * n + i];
+            dst[4 * i + 3] = src[3 * n + i];
+        }
+    } else if (size == 2) {
+        for (size_t i = 0; i < n; i++) {
+            dst[2 * i] = src[i];
+            dst[2 * i + 1] = src[n + i];
+        }
+    } else {
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < size; j++) dst[i * size + j] = src[j * n + i];
+    }
+    memcpy(dst + n * size, src + n * size, bytes - n * size);
+}
+
 size_t ckpt_zstd_bound(size_t src_size)
 {
     return ZSTD_compressBound(src_size);

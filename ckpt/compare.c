@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/memory.h"
 #include "../kernels/kernels.h"
 #include "internal.h"
 
@@ -30,7 +31,7 @@ int ckpt_compare_tensor(ckpt_reader *a, int ai, ckpt_reader *b, int bi, double r
     if (rows_per_slab > ta->shape[0]) rows_per_slab = ta->shape[0];
     size_t slab_elements = (size_t)(rows_per_slab * row_elements);
     size_t raw_a = slab_elements * ckpt_dtype_size(ta->dtype), raw_b = slab_elements * ckpt_dtype_size(tb->dtype);
-    void *buf_a = malloc(raw_a), *buf_b = malloc(raw_b);
+    void *buf_a = alloc_pages(raw_a), *buf_b = alloc_pages(raw_b);
     float *fa = malloc(slab_elements * 4), *fb = malloc(slab_elements * 4);
     int status = CKPT_OK;
     if (!buf_a || !buf_b || !fa || !fb)

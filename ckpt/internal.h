@@ -96,6 +96,15 @@ int ckpt_zstd_compress(const void *src, size_t src_size, void *dst, size_t dst_c
 int ckpt_zstd_decompress(const void *src, size_t src_size, void *dst, size_t dst_size);
 size_t ckpt_zstd_bound(size_t src_size);
 
+/* HDF5's byte shuffle (filter 2) and its inverse; stored chunks are
+ * shuffle then zstd (docs/FORMAT.md "Compression"). */
+void ckpt_shuffle(const void *in, void *out, size_t bytes, size_t element_size);
+void ckpt_unshuffle(const void *in, void *out, size_t bytes, size_t element_size);
+
+/* Filter-mask bits of a chunk: which pipeline stages were skipped. */
+#define CKPT_MASK_NO_SHUFFLE 1u
+#define CKPT_MASK_NO_ZSTD 2u
+
 /* HDF5 attribute helpers: return CKPT_OK or a status with the message set. */
 int ckpt_h5_write_string(hid_t obj, const char *name, const char *value);
 int ckpt_h5_write_i64s(hid_t obj, const char *name, const int64_t *values, int count);

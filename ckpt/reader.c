@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/memory.h"
 #include "attrs.h"
 #include "index.h"
 #include "namemap.h"
@@ -318,29 +319,27 @@ static int open_file(ckpt_reader *r, int f)
     return CKPT_OK;
 }
 
-/* Finds every chunk of a compressed piece (address, size, skipped filters). */
+/* Finds every chunk of a compressed piece (address, size, skipped filters)
+ * after checking the pipeline is shuffle then zstd, one chunk per block. */
 static int locate_chunks(hid_t dset, piece_runtime *pr, const char *where)
 {
     const ckpt_piece_geometry *g = &pr->geometry;
     pr->chunks = calloc((size_t)g->num_blocks, sizeof *pr->chunks);
     if (!pr->chunks) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
     hid_t dcpl = H5Dget_create_plist(dset);
-    int has_zstd = 0;
     int num_filters = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1;
-    for (int k = 0; k < num_filters; k++) {
+    H5Z_filter_t ids[2] = {-1, -1};
+    for (int k = 0; k < num_filters && k < 2; k++) {
         unsigned flags, values[8];
         size_t num_values = 8;
-        char name[64];
-        H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)k, &flags, &num_values, values, sizeof name,
-                                         name, NULL);
-        if (id == CKPT_ZSTD_FILTER_ID && k == 0) has_zstd = 1;
+        ids[k] = H5Pget_filter2(dcpl, (unsigned)k, &flags, &num_values, values, 0, NULL, NULL);
     }
     hsize_t chunk_dims[CKPT_MAX_DIMS];
     int chunk_ndim = dcpl >= 0 ? H5Pget_chunk(dcpl, CKPT_MAX_DIMS, chunk_dims) : -1;
     if (dcpl >= 0) H5Pclose(dcpl);
-    if (!has_zstd || num_filters != 1 || chunk_ndim != g->ndim ||
-        (int64_t)chunk_dims[0] != g->block_rows)
-        return ckpt_fail(CKPT_ERR_FORMAT, "%s: chunked tensor without the expected zstd filter "
+    if (num_filters != 2 || ids[0] != H5Z_FILTER_SHUFFLE || ids[1] != CKPT_ZSTD_FILTER_ID ||
+        chunk_ndim != g->ndim || (int64_t)chunk_dims[0] != g->block_rows)
+        return ckpt_fail(CKPT_ERR_FORMAT, "%s: chunked tensor without the shuffle and zstd filters "
                          "and one chunk per checksum block", where);
     for (int d = 1; d < g->ndim; d++)
         if ((int64_t)chunk_dims[d] != g->shape[d])
@@ -499,31 +498,40 @@ static int verify_block(const piece_ctx *c, int64_t b, const void *data)
 }
 
 /* Reads block b of a compressed piece: its rows into dst (block_row_count rows).
- * scratch holds at least a full chunk plus its compressed bound. */
+ * scratch holds scratch_bytes(): a full chunk, then its compressed bound. */
 static int read_chunk(const piece_ctx *c, int64_t b, char *dst, char *scratch)
 {
     const ckpt_piece_geometry *g = &c->pr->geometry;
     const chunk_location *loc = &c->pr->chunks[b];
+    const char *name = c->r->index.tensors[c->tensor].tensor.name;
     size_t chunk_bytes = (size_t)(g->block_rows * g->row_bytes);
     size_t rows_bytes = (size_t)(block_row_count(g, b) * g->row_bytes);
-    if (loc->size > ckpt_zstd_bound(chunk_bytes))
-        return ckpt_fail(CKPT_ERR_FORMAT, "%s: tensor %s chunk %lld has an impossible size",
-                         c->file_path, c->r->index.tensors[c->tensor].tensor.name, (long long)b);
+    size_t element_size = ckpt_dtype_size(c->r->index.tensors[c->tensor].tensor.desc.dtype);
+    int shuffled = !(loc->filter_mask & CKPT_MASK_NO_SHUFFLE), zstd = !(loc->filter_mask & CKPT_MASK_NO_ZSTD);
+    if (loc->size > ckpt_zstd_bound(chunk_bytes) || (!zstd && loc->size != chunk_bytes))
+        return ckpt_fail(CKPT_ERR_FORMAT, "%s: tensor %s chunk %lld has an impossible size %llu",
+                         c->file_path, name, (long long)b, (unsigned long long)loc->size);
     char *packed = scratch + chunk_bytes;
     int status = ckpt_read_all_at(c->fd, packed, loc->size, (int64_t)loc->address, c->file_path);
     if (status) return status;
-    if (loc->filter_mask & 1) {
-        if (loc->size != chunk_bytes)
-            return ckpt_fail(CKPT_ERR_FORMAT, "%s: raw chunk %lld of tensor %s has the wrong size",
-                             c->file_path, (long long)b, c->r->index.tensors[c->tensor].tensor.name);
-        memcpy(dst, packed, rows_bytes);
-        return CKPT_OK;
+    /* Stages in reverse: zstd, then unshuffle; whole blocks land straight in dst. */
+    const char *plain = packed;
+    if (zstd) {
+        char *out = !shuffled && rows_bytes == chunk_bytes ? dst : scratch;
+        status = ckpt_zstd_decompress(packed, loc->size, out, chunk_bytes);
+        if (status) return ckpt_fail_context(status, "%s: tensor %s chunk %lld", c->file_path, name, (long long)b);
+        plain = out;
     }
-    status = ckpt_zstd_decompress(packed, loc->size, scratch, chunk_bytes);
-    if (status)
-        return ckpt_fail_context(status, "%s: tensor %s chunk %lld", c->file_path,
-                                 c->r->index.tensors[c->tensor].tensor.name, (long long)b);
-    memcpy(dst, scratch, rows_bytes);
+    if (shuffled) {
+        if (rows_bytes == chunk_bytes) {
+            ckpt_unshuffle(plain, dst, chunk_bytes, element_size);
+            return CKPT_OK;
+        }
+        char *out = plain == scratch ? packed : scratch; /* the other buffer */
+        ckpt_unshuffle(plain, out, chunk_bytes, element_size);
+        plain = out;
+    }
+    if (plain != dst) memcpy(dst, plain, rows_bytes);
     return CKPT_OK;
 }
 
@@ -549,12 +557,18 @@ static int read_blocks(const piece_ctx *c, int64_t b0, int64_t b1, char *dst, ch
         }
         return status;
     }
-    int64_t row_end = b1 * g->block_rows < g->rows ? b1 * g->block_rows : g->rows;
-    int64_t bytes = (row_end - b0 * g->block_rows) * g->row_bytes;
-    status = ckpt_read_all_at(c->fd, dst, (size_t)bytes, c->pr->offset + b0 * block_bytes,
-                              c->file_path);
-    for (int64_t b = b0; b < b1 && !status && verify; b++)
-        status = verify_block(c, b, dst + (b - b0) * block_bytes);
+    if (!verify) {
+        int64_t row_end = b1 * g->block_rows < g->rows ? b1 * g->block_rows : g->rows;
+        int64_t bytes = (row_end - b0 * g->block_rows) * g->row_bytes;
+        return ckpt_read_all_at(c->fd, dst, (size_t)bytes, c->pr->offset + b0 * block_bytes, c->file_path);
+    }
+    /* One block per read, hashed at once while it is still in cache. */
+    for (int64_t b = b0; b < b1 && !status; b++) {
+        char *out = dst + (b - b0) * block_bytes;
+        status = ckpt_read_all_at(c->fd, out, (size_t)(block_row_count(g, b) * g->row_bytes),
+                                  c->pr->offset + b * block_bytes, c->file_path);
+        if (!status) status = verify_block(c, b, out);
+    }
     return status;
 }
 
@@ -662,7 +676,7 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
     int64_t first = blockwise ? row0 / group_rows * group_rows : row0;
     char *bounce = NULL, *scratch = NULL;
     int status = CKPT_OK;
-    if (c->pr->chunks && !(scratch = malloc(scratch_bytes(g))))
+    if (c->pr->chunks && !(scratch = alloc_pages(scratch_bytes(g))))
         return ckpt_fail(CKPT_ERR_NOMEM, "out of memory for a %zu-byte chunk buffer", scratch_bytes(g));
     box_frame src_frame = {ndim, {0}, {0}};
     memcpy(src_frame.shape, g->shape, sizeof src_frame.shape);
@@ -708,7 +722,7 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
         }
         /* Bounce: rows [r, group_end) into the buffer, then copy the selection. */
         size_t bounce_size = (size_t)(group_rows * g->row_bytes);
-        if (!bounce && !(bounce = malloc(bounce_size))) {
+        if (!bounce && !(bounce = alloc_pages(bounce_size))) {
             status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory for a %zu-byte read buffer", bounce_size);
             break;
         }
@@ -738,19 +752,34 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
 #undef DST_ROW
 }
 
-int ckpt_reader_read_piece(ckpt_reader *r, int i, int piece, void *buf, size_t buf_size)
+int ckpt_reader_read_rows(ckpt_reader *r, int i, int piece, int64_t row_start, int64_t row_count,
+                          void *buf, size_t buf_size)
 {
     piece_ctx c;
     int status = piece_context(r, i, piece, &c);
     if (status) return status;
     const ckpt_piece_geometry *g = &c.pr->geometry;
-    if (buf_size < (size_t)g->bytes)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s piece %d: buffer of %zu bytes, need %lld",
-                         r->index.tensors[i].tensor.name, piece, buf_size, (long long)g->bytes);
-    int64_t start[CKPT_MAX_DIMS] = {0};
+    const char *name = r->index.tensors[i].tensor.name;
+    if (row_start < 0 || row_count < 1 || row_start + row_count > g->rows)
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s piece %d: rows [%lld, %lld) outside 0..%lld", name, piece,
+                         (long long)row_start, (long long)(row_start + row_count), (long long)g->rows);
+    if (buf_size < (size_t)(row_count * g->row_bytes))
+        return ckpt_fail(CKPT_ERR_ARG, "tensor %s piece %d: buffer of %zu bytes, need %lld", name, piece,
+                         buf_size, (long long)(row_count * g->row_bytes));
+    int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS];
+    memcpy(count, g->shape, sizeof count);
+    start[0] = row_start;
+    count[0] = row_count;
     box_frame frame = {g->ndim, {0}, {0}};
-    memcpy(frame.shape, g->shape, sizeof frame.shape);
-    return read_piece_box(&c, start, g->shape, buf, &frame);
+    memcpy(frame.shape, count, sizeof frame.shape);
+    return read_piece_box(&c, start, count, buf, &frame);
+}
+
+int ckpt_reader_read_piece(ckpt_reader *r, int i, int piece, void *buf, size_t buf_size)
+{
+    int status = check_piece_arg(r, i, piece);
+    if (status) return status;
+    return ckpt_reader_read_rows(r, i, piece, 0, r->pieces[i][piece].geometry.rows, buf, buf_size);
 }
 
 int ckpt_reader_read_region(ckpt_reader *r, int i, const int64_t *start, const int64_t *count,
@@ -812,7 +841,7 @@ int ckpt_reader_verify_piece(ckpt_reader *r, int i, int piece)
     if (per_read > g->num_blocks) per_read = g->num_blocks;
     size_t size = (size_t)(per_read * block_bytes) + (c.pr->chunks ? scratch_bytes(g) : 0);
     /* [per_read blocks of data][chunk scratch when compressed] */
-    char *buf = malloc(size);
+    char *buf = alloc_pages(size);
     if (!buf) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory for a %zu-byte buffer", size);
     for (int64_t b = 0; b < g->num_blocks && !status; b += per_read) {
         int64_t end = b + per_read < g->num_blocks ? b + per_read : g->num_blocks;
@@ -845,7 +874,7 @@ int ckpt_reader_check_padding(ckpt_reader *r, int i, int piece)
         int64_t elements = 1;
         for (int d = 0; d < g->ndim; d++) elements *= count[d];
         size_t bytes = (size_t)elements * ckpt_dtype_size(t->dtype);
-        unsigned char *buf = malloc(bytes ? bytes : 1);
+        unsigned char *buf = alloc_pages(bytes);
         if (!buf) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
         box_frame frame = {g->ndim, {0}, {0}};
         memcpy(frame.shape, count, sizeof frame.shape);

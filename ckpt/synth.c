@@ -5,6 +5,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "../common/memory.h"
 #include "../common/parallel.h"
 #include "../kernels/kernels.h"
 #include "internal.h"
@@ -175,8 +176,8 @@ int synth_write(const char *path, const ckpt_layout *layout, const ckpt_write_op
         }
     }
     for (int t = 0; t < threads && !status; t++) {
-        scratch[t] = malloc((size_t)max_slab_elements * sizeof(float));
-        converted[t] = malloc((size_t)max_slab_elements * sizeof(uint16_t));
+        scratch[t] = alloc_pages((size_t)max_slab_elements * sizeof(float));
+        converted[t] = alloc_pages((size_t)max_slab_elements * sizeof(uint16_t));
         if (!scratch[t] || !converted[t])
             status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory for %lld-element slabs",
                                (long long)max_slab_elements);

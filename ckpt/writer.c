@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/memory.h"
 #include "attrs.h"
 #include "commit.h"
 #include "namemap.h"
@@ -243,7 +244,7 @@ static int create_piece(ckpt_writer *w, tensor_state *ts, int piece, piece_state
              H5Pset_create_intermediate_group(lcpl, 1) >= 0;
     if (ok && w->options.compress_level > 0) {
         unsigned level = (unsigned)w->options.compress_level;
-        ok = H5Pset_chunk(dcpl, t->ndim, chunk) >= 0 &&
+        ok = H5Pset_chunk(dcpl, t->ndim, chunk) >= 0 && H5Pset_shuffle(dcpl) >= 0 &&
              H5Pset_filter(dcpl, CKPT_ZSTD_FILTER_ID, H5Z_FLAG_OPTIONAL, 1, &level) >= 0;
     } else if (ok) {
         /* Space reserved now, never filled by HDF5: the data arrives by pwrite. */
@@ -352,20 +353,23 @@ int64_t ckpt_writer_block_rows(const ckpt_writer *w, int id)
     return w->tensors[id].pieces[0].geometry.block_rows;
 }
 
-/* Compresses and stores blocks [first, first + count) of a chunked piece. */
+/* Shuffles, compresses and stores blocks [first, first + count) of a chunked
+ * piece. */
 static int write_chunks(ckpt_writer *w, const tensor_state *ts, const piece_state *ps,
                         int64_t first, int64_t count, const char *data)
 {
     const ckpt_piece_geometry *g = &ps->geometry;
     const shard_file *s = &w->shards[ps->shard];
     size_t chunk_bytes = (size_t)(g->block_rows * g->row_bytes);
+    size_t element_size = ckpt_dtype_size(ts->tensor.desc.dtype);
     size_t capacity = ckpt_zstd_bound(chunk_bytes);
-    char *padded = malloc(chunk_bytes), *packed = malloc(capacity);
+    char *padded = alloc_pages(chunk_bytes), *shuffled = alloc_pages(chunk_bytes);
+    char *packed = alloc_pages(capacity);
     char dset_path[CKPT_NAME_MAX + 32];
     snprintf(dset_path, sizeof dset_path, "/%s/%s", CKPT_TENSOR_GROUP, ts->tensor.name);
     hid_t dset = H5Dopen2(s->file, dset_path, H5P_DEFAULT);
     int status = CKPT_OK;
-    if (!padded || !packed) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!padded || !shuffled || !packed) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
     else if (dset < 0) status = ckpt_fail_hdf5("%s: cannot open tensor %s", s->path, ts->tensor.name);
     for (int64_t b = first; !status && b < first + count; b++) {
         int64_t rows = g->rows - b * g->block_rows;
@@ -376,22 +380,24 @@ static int write_chunks(ckpt_writer *w, const tensor_state *ts, const piece_stat
             memset(padded + rows * g->row_bytes, 0, chunk_bytes - (size_t)(rows * g->row_bytes));
             block = padded;
         }
+        ckpt_shuffle(block, shuffled, chunk_bytes, element_size);
         size_t packed_size = 0;
-        status = ckpt_zstd_compress(block, chunk_bytes, packed, capacity,
+        status = ckpt_zstd_compress(shuffled, chunk_bytes, packed, capacity,
                                     w->options.compress_level, &packed_size);
         if (status) break;
-        /* An incompressible chunk is stored raw with the (optional) filter skipped. */
-        uint32_t filter_mask = packed_size < chunk_bytes ? 0 : 1;
+        /* An incompressible chunk is stored as it is, both (optional) filters skipped. */
+        int raw = packed_size >= chunk_bytes;
+        uint32_t filter_mask = raw ? CKPT_MASK_NO_SHUFFLE | CKPT_MASK_NO_ZSTD : 0;
         hsize_t offset[CKPT_MAX_DIMS] = {0};
         offset[0] = (hsize_t)(b * g->block_rows);
-        if (H5Dwrite_chunk(dset, H5P_DEFAULT, filter_mask, offset,
-                           filter_mask ? chunk_bytes : packed_size,
-                           filter_mask ? block : packed) < 0)
+        if (H5Dwrite_chunk(dset, H5P_DEFAULT, filter_mask, offset, raw ? chunk_bytes : packed_size,
+                           raw ? block : packed) < 0)
             status = ckpt_fail_hdf5("%s: cannot write chunk %lld of tensor %s", s->path,
                                     (long long)b, ts->tensor.name);
     }
     if (dset >= 0) H5Dclose(dset);
     free(padded);
+    free(shuffled);
     free(packed);
     return status;
 }

@@ -43,12 +43,18 @@ def raw_piece_bytes(dset, path):
             data = f.read(total)
         assert len(data) == total, "short read"
         return data
+    # The pipeline is HDF5's shuffle (filter 2) then zstd (filter 32015);
+    # bit k of a chunk's filter mask says stage k was skipped.
+    plist = dset.id.get_create_plist()
+    assert [plist.get_filter(k)[0] for k in range(plist.get_nfilters())] == [2, 32015]
     chunk_rows = dset.chunks[0]
     out = bytearray()
     for r in range(0, shape[0], chunk_rows):
         mask, chunk = dset.id.read_direct_chunk((r,) + (0,) * (len(shape) - 1))
-        if mask & 1 == 0:
+        if mask & 2 == 0:
             chunk = zstandard.ZstdDecompressor().decompress(chunk)
+        if mask & 1 == 0:
+            chunk = np.frombuffer(chunk, np.uint8).reshape(itemsize, -1).T.tobytes()
         rows = min(chunk_rows, shape[0] - r)
         out += chunk[: rows * row_bytes]
     return bytes(out)

@@ -1,0 +1,108 @@
+#!/bin/sh
+# make bench-ckpt: checkpoint write and read throughput against cp of the
+# same bytes, side by side in one run, cold and warm page cache, uncompressed
+# and zstd. Writes the table into docs/BENCHMARKS.md (section bench-ckpt).
+#   BENCH_GB (default 4): checkpoint size; BENCH_REPS (default 3): repetitions.
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+GB=${BENCH_GB:-4}
+REPS=${BENCH_REPS:-3}
+DIR=bench/scratch/ckpt
+BENCH="$BUILD/bench/bench_ckpt"
+mkdir -p "$DIR"
+rm -rf "$DIR"/*
+
+# Cold cache: drop the page cache when allowed, else evict the files we read.
+drop_cache() {
+    sync
+    if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches
+    else /usr/bin/python3 - "$@" <<'PY'
+import os, sys
+for root in sys.argv[1:]:
+    for d, _, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+PY
+    fi
+}
+field() { /usr/bin/python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+timed() {
+    /usr/bin/python3 -c 'import subprocess, sys, time
+t = time.monotonic(); subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); print(time.monotonic() - t)' "$@"
+}
+
+RESULTS="$DIR/results.txt"
+: >"$RESULTS"
+for rep in $(seq 1 "$REPS"); do
+    for level in 0 3; do
+        rm -rf "$DIR/c$level" "$DIR/copy.bin"
+        drop_cache "$DIR"
+        out=$("$BENCH" write "$DIR/c$level" --gb "$GB" --compress $level)
+        bytes=$(field "$out" bytes)
+        write=$(field "$out" seconds)
+        if [ ! -f "$DIR/src.bin" ]; then cat "$DIR"/c0/*.h5 >"$DIR/src.bin"; fi
+        cat "$DIR/src.bin" >/dev/null # the copy's source is in memory, as the writer's is
+        cp_write=$(timed sh -c "cp '$DIR/src.bin' '$DIR/copy.bin' && sync '$DIR/copy.bin'")
+        drop_cache "$DIR"
+        read_cold=$(field "$("$BENCH" read "$DIR/c$level")" seconds)
+        drop_cache "$DIR"
+        cp_cold=$(timed cp "$DIR/src.bin" /dev/null)
+        # Warm: best of three, interleaved, so a noisy neighbour hurts both alike.
+        read_warm=999999 cp_warm=999999
+        for i in 1 2 3; do
+            t=$(field "$("$BENCH" read "$DIR/c$level")" seconds)
+            read_warm=$(/usr/bin/python3 -c "print(min($read_warm, $t))")
+            t=$(timed cp "$DIR/src.bin" /dev/null)
+            cp_warm=$(/usr/bin/python3 -c "print(min($cp_warm, $t))")
+        done
+        src_bytes=$(stat -c %s "$DIR/src.bin")
+        echo "$level $bytes $src_bytes $write $cp_write $read_cold $cp_cold $read_warm $cp_warm" >>"$RESULTS"
+        echo "rep $rep zstd=$level: write ${write}s (cp ${cp_write}s), read cold ${read_cold}s (cp ${cp_cold}s), warm ${read_warm}s (cp ${cp_warm}s)"
+    done
+done
+rm -f "$DIR/copy.bin"
+
+TABLE=$(/usr/bin/python3 - "$RESULTS" "$GB" "$REPS" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+out = []
+out.append("| case | checkpoint | cp of the same bytes | ratio (median of %s) |" % sys.argv[3])
+out.append("| --- | --- | --- | --- |")
+for level in ("0", "3"):
+    sel = [list(map(float, r[1:])) for r in rows if r[0] == level]
+    name = "uncompressed" if level == "0" else "zstd level 3"
+    for label, ours, theirs in (("write (fsynced)", 2, 3), ("read, cold cache", 4, 5), ("read, warm cache", 6, 7)):
+        # throughput in logical bytes for the checkpoint, file bytes for cp
+        ratios = [(r[0] / r[ours]) / (r[1] / r[theirs]) for r in sel]
+        a = statistics.median(r[0] / r[ours] for r in sel) / 1e9
+        b = statistics.median(r[1] / r[theirs] for r in sel) / 1e9
+        out.append("| %s, %s | %.2f GB/s | %.2f GB/s | %.2fx |" % (name, label, a, b, statistics.median(ratios)))
+print("\n".join(out))
+PY
+)
+echo "$TABLE"
+/usr/bin/python3 - docs/BENCHMARKS.md "$TABLE" "$GB" "$REPS" <<'PY'
+import datetime, os, platform, subprocess, sys
+path, table, gb, reps = sys.argv[1:5]
+cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
+section = f"""<!-- bench-ckpt:begin -->
+Command: `make bench-ckpt` (BENCH_GB={gb}, BENCH_REPS={reps}), {datetime.date.today()}, {os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}.
+The checkpoint holds weights and Adam moments (fp32) of a GPT with dim 2048; its writer takes data from memory
+and commits (fsync); its reader reads every piece into memory and checks every block checksum. `cp` copies the
+concatenated shard files: for writing, from a warm source to a new file then `sync`; for reading, to /dev/null.
+Cold runs start after dropping the page cache; warm figures are the best of three interleaved runs. Throughput
+counts tensor bytes (uncompressed) for the checkpoint and file bytes for `cp`.
+
+{table}
+<!-- bench-ckpt:end -->"""
+text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+begin, end = "<!-- bench-ckpt:begin -->", "<!-- bench-ckpt:end -->"
+if begin in text:
+    text = text[: text.index(begin)] + section + text[text.index(end) + len(end):]
+else:
+    text = text.rstrip() + "\n\n## Checkpoint write and read (bench-ckpt)\n\n" + section + "\n"
+open(path, "w").write(text)
+PY
