@@ -25,6 +25,8 @@
 #define DIRECT_READ_MAX ((int64_t)64 << 20) /* bytes per pread straight into a caller buffer */
 #define GROUP_TARGET ((int64_t)8 << 20)     /* bytes per bounced read without verification */
 #define SPARSE_RUN_MIN ((int64_t)64 << 10)  /* runs at least this long are read one by one */
+#define PREFETCH_MIN ((int64_t)256 << 10)   /* reads this large are announced to the kernel */
+#define PREFETCH_AHEAD ((int64_t)16 << 20)  /* and so are this many bytes after them */
 
 typedef struct {
     uint64_t address;
@@ -639,6 +641,29 @@ static int pread_run(void *ctx, int64_t so, int64_t dof, int64_t bytes)
                             c->piece->file_path);
 }
 
+/* Asks the kernel to start reading rows [row0, row1) of a piece, and a little
+ * beyond, in the background: callers stream pieces in order, so the disk
+ * works ahead while blocks are hashed and copied. */
+static void prefetch(const piece_ctx *c, int64_t row0, int64_t row1)
+{
+    const ckpt_piece_geometry *g = &c->pr->geometry;
+    int64_t ahead = PREFETCH_AHEAD / g->row_bytes;
+    if ((row1 - row0) * g->row_bytes < PREFETCH_MIN) return;
+    row1 = row1 + ahead < g->rows ? row1 + ahead : g->rows;
+    int64_t begin, end;
+    if (c->pr->chunks) {
+        const chunk_location *first = &c->pr->chunks[row0 / g->block_rows];
+        const chunk_location *last = &c->pr->chunks[(row1 - 1) / g->block_rows];
+        begin = (int64_t)first->address;
+        end = (int64_t)(last->address + last->size);
+        if (end <= begin) return; /* chunks out of file order: no single range */
+    } else {
+        begin = c->pr->offset + row0 * g->row_bytes;
+        end = c->pr->offset + row1 * g->row_bytes;
+    }
+    posix_fadvise(c->fd, begin, end - begin, POSIX_FADV_WILLNEED);
+}
+
 /* Reads the box [start, start + count) of a piece into the box of dst at
  * dst_frame->origin (dst_frame->shape is the caller's whole array). */
 static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_t *count,
@@ -650,6 +675,7 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
     for (int d = 1; d < ndim; d++) elem /= g->shape[d];
     int verify = c->r->options.verify;
     int blockwise = verify || c->pr->chunks;
+    prefetch(c, start[0], start[0] + count[0]);
     /* Whole rows, landing contiguously in dst: row r goes to dst_row0 + r - start[0]. */
     int whole_rows = 1;
     for (int d = 1; d < ndim; d++)

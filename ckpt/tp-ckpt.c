@@ -239,7 +239,7 @@ static void info_text(const ckpt_reader *r)
     printf("model        %s\n", state->model_json);
     printf("tensors      %d: %d parameters (%lld elements, %s), optimizer state %s\n\n",
            ckpt_reader_num_tensors(r), params, (long long)param_elements, psize, osize);
-    printf("%-44s %-5s %-16s %-16s %-40s %5s %12s\n", "name", "dtype", "shape", "padded",
+    printf("%-44s %-5s %-16s %-16s %-48s %5s %12s\n", "name", "dtype", "shape", "padded",
            "partition", "stage", "bytes");
     for (int i = 0; i < ckpt_reader_num_tensors(r); i++) {
         const ckpt_tensor_desc *t = ckpt_reader_tensor(r, i);
@@ -249,7 +249,7 @@ static void info_text(const ckpt_reader *r)
         format_shape(t->shape, t->ndim, shape, sizeof shape);
         format_shape(padded, t->ndim, padded_text, sizeof padded_text);
         format_partition(t, partition, sizeof partition);
-        printf("%-44s %-5s %-16s %-16s %-40s %5d %12lld\n", t->name, ckpt_dtype_name(t->dtype), shape,
+        printf("%-44s %-5s %-16s %-16s %-48s %5d %12lld\n", t->name, ckpt_dtype_name(t->dtype), shape,
                padded_text, partition, ckpt_tensor_stage(t, layout), (long long)tensor_stored_bytes(r, i));
     }
 }
