@@ -260,6 +260,9 @@ typedef struct {
 
 int ckpt_reader_piece_info(const ckpt_reader *reader, int index, int piece, ckpt_piece_info *out);
 
+/* The index as JSON text (docs/FORMAT.md section 3); *out is malloc'ed. */
+int ckpt_reader_index_json(const ckpt_reader *reader, char **out);
+
 int ckpt_reader_num_files(const ckpt_reader *reader);
 /* Name and size in bytes of shard file i. */
 const char *ckpt_reader_file(const ckpt_reader *reader, int i, int64_t *bytes);

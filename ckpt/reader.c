@@ -246,6 +246,11 @@ int ckpt_reader_find(const ckpt_reader *r, const char *name)
     return (int)ckpt_name_map_find(&r->names, name, reader_name_of, r);
 }
 
+int ckpt_reader_index_json(const ckpt_reader *r, char **out)
+{
+    return ckpt_index_to_json(&r->index, out);
+}
+
 const char *ckpt_reader_file(const ckpt_reader *r, int i, int64_t *bytes)
 {
     if (i < 0 || i >= r->index.num_files) return NULL;
@@ -585,16 +590,27 @@ typedef struct {
  * contiguous in both frames, for a box of extents count. Offsets in bytes. */
 typedef int (*run_fn)(void *ctx, int64_t src_offset, int64_t dst_offset, int64_t bytes);
 
-static int box_runs(const box_frame *src, const box_frame *dst, const int64_t *count, int ndim,
-                    int64_t elem_size, run_fn emit, void *ctx)
+/* Bytes of the longest run contiguous in both frames: the innermost extent
+ * and every trailing dimension whole in both. *inner_out is the outermost
+ * dimension the run spans. */
+static int64_t common_run_bytes(const int64_t *src_shape, const int64_t *dst_shape, const int64_t *count,
+                                int ndim, int64_t elem_size, int *inner_out)
 {
-    /* Merge trailing dimensions that are whole in both frames into the run. */
     int inner = ndim - 1;
     int64_t run = count[inner] * elem_size;
-    while (inner > 0 && count[inner] == src->shape[inner] && count[inner] == dst->shape[inner]) {
+    while (inner > 0 && count[inner] == src_shape[inner] && count[inner] == dst_shape[inner]) {
         inner--;
         run *= count[inner];
     }
+    *inner_out = inner;
+    return run;
+}
+
+static int box_runs(const box_frame *src, const box_frame *dst, const int64_t *count, int ndim,
+                    int64_t elem_size, run_fn emit, void *ctx)
+{
+    int inner;
+    int64_t run = common_run_bytes(src->shape, dst->shape, count, ndim, elem_size, &inner);
     int64_t src_stride[CKPT_MAX_DIMS], dst_stride[CKPT_MAX_DIMS];
     src_stride[ndim - 1] = dst_stride[ndim - 1] = elem_size;
     for (int d = ndim - 2; d >= 0; d--) {
@@ -727,12 +743,8 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
         }
         if (!blockwise && !whole_rows) {
             /* Long runs are read one by one; short ones through the bounce buffer. */
-            int inner = ndim - 1;
-            int64_t run = count[inner] * elem;
-            while (inner > 0 && count[inner] == g->shape[inner] &&
-                   count[inner] == dst_frame->shape[inner])
-                run *= count[--inner];
-            if (run >= SPARSE_RUN_MIN) {
+            int inner;
+            if (common_run_bytes(g->shape, dst_frame->shape, count, ndim, elem, &inner) >= SPARSE_RUN_MIN) {
                 int64_t sub_count[CKPT_MAX_DIMS];
                 memcpy(sub_count, count, sizeof(int64_t) * (size_t)ndim);
                 sub_count[0] = sel1 - sel0;

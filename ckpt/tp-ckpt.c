@@ -125,80 +125,43 @@ static int64_t tensor_stored_bytes(const ckpt_reader *r, int i)
     return bytes;
 }
 
-static cJSON *json_shape(const int64_t *shape, int ndim)
+/* The index, with the layout also at the top level (tp, pp, dp, num_layers),
+ * the resolved path, total bytes, and per tensor its piece shape and bytes. */
+static int info_json(const ckpt_reader *r)
 {
-    cJSON *a = cJSON_CreateArray();
-    for (int d = 0; d < ndim; d++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)shape[d]));
-    return a;
-}
-
-static void info_json(const ckpt_reader *r)
-{
+    char *text = NULL;
+    if (ckpt_reader_index_json(r, &text)) return fail("%s", ckpt_errmsg());
+    cJSON *root = cJSON_Parse(text);
+    free(text);
     const ckpt_layout *layout = ckpt_reader_layout(r);
-    const ckpt_train_state *state = ckpt_reader_state(r);
-    int major, minor;
-    ckpt_reader_version(r, &major, &minor);
-    cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "path", ckpt_reader_path(r));
-    cJSON *version = cJSON_AddArrayToObject(root, "format_version");
-    cJSON_AddItemToArray(version, cJSON_CreateNumber(major));
-    cJSON_AddItemToArray(version, cJSON_CreateNumber(minor));
-    cJSON_AddNumberToObject(root, "step", (double)state->step);
     cJSON_AddNumberToObject(root, "tp", layout->tp);
     cJSON_AddNumberToObject(root, "pp", layout->pp);
     cJSON_AddNumberToObject(root, "dp", layout->dp);
     cJSON_AddNumberToObject(root, "num_layers", (double)layout->num_layers);
-    cJSON_AddItemToObject(root, "model", cJSON_Parse(state->model_json));
-    cJSON *train = cJSON_AddObjectToObject(root, "train");
-    cJSON_AddNumberToObject(train, "consumed_samples", (double)state->consumed_samples);
-    cJSON_AddItemToObject(train, "schedule", cJSON_Parse(state->schedule_json));
-    cJSON_AddItemToObject(train, "rng", cJSON_Parse(state->rng_json));
-    cJSON_AddItemToObject(root, "user", cJSON_Parse(state->user_json));
-    cJSON *files = cJSON_AddArrayToObject(root, "files");
     int64_t total = 0;
     for (int f = 0; f < ckpt_reader_num_files(r); f++) {
         int64_t bytes;
-        const char *name = ckpt_reader_file(r, f, &bytes);
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "name", name);
-        cJSON_AddNumberToObject(o, "bytes", (double)bytes);
-        cJSON_AddItemToArray(files, o);
+        ckpt_reader_file(r, f, &bytes);
         total += bytes;
     }
     cJSON_AddNumberToObject(root, "total_bytes", (double)total);
-    cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
-    for (int i = 0; i < ckpt_reader_num_tensors(r); i++) {
+    int i = 0;
+    cJSON *tensor;
+    cJSON_ArrayForEach(tensor, cJSON_GetObjectItem(root, "tensors"))
+    {
         const ckpt_tensor_desc *t = ckpt_reader_tensor(r, i);
-        int64_t padded[CKPT_MAX_DIMS], piece[CKPT_MAX_DIMS];
-        ckpt_padded_shape(t, layout->tp, padded);
+        int64_t piece[CKPT_MAX_DIMS];
         ckpt_piece_shape(t, layout->tp, piece);
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "name", t->name);
-        cJSON_AddStringToObject(o, "role", t->role);
-        cJSON_AddStringToObject(o, "param", t->param);
-        cJSON_AddStringToObject(o, "dtype", ckpt_dtype_name(t->dtype));
-        cJSON_AddItemToObject(o, "shape", json_shape(t->shape, t->ndim));
-        cJSON_AddItemToObject(o, "padded_shape", json_shape(padded, t->ndim));
-        cJSON_AddItemToObject(o, "piece_shape", json_shape(piece, t->ndim));
-        cJSON *part = cJSON_AddObjectToObject(o, "partition");
-        if (t->partition.kind == CKPT_SPLIT) {
-            cJSON_AddStringToObject(part, "kind", "split");
-            cJSON_AddNumberToObject(part, "axis", t->partition.axis);
-            cJSON_AddItemToObject(part, "segments",
-                                  json_shape(t->partition.segments, t->partition.num_segments));
-            cJSON_AddNumberToObject(part, "granule", (double)t->partition.granule);
-            cJSON_AddNumberToObject(part, "pad_multiple", (double)t->partition.pad_multiple);
-        } else {
-            cJSON_AddStringToObject(part, "kind", "replicated");
-        }
-        cJSON_AddNumberToObject(o, "stage", ckpt_tensor_stage(t, layout));
-        cJSON_AddNumberToObject(o, "bytes", (double)tensor_stored_bytes(r, i));
-        cJSON_AddItemToArray(tensors, o);
+        cJSON *shape = cJSON_AddArrayToObject(tensor, "piece_shape");
+        for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)piece[d]));
+        cJSON_AddNumberToObject(tensor, "bytes", (double)tensor_stored_bytes(r, i++));
     }
-    char *text = cJSON_Print(root);
-    printf("%s\n", text);
-    cJSON_free(text);
+    char *out = cJSON_Print(root);
+    printf("%s\n", out);
+    cJSON_free(out);
     cJSON_Delete(root);
+    return 0;
 }
 
 static void info_text(const ckpt_reader *r)
@@ -270,10 +233,10 @@ static int cmd_info(int argc, char **argv)
     int code = 0;
     ckpt_reader *r = open_or_die(argv[optind], 0, &code);
     if (!r) return code;
-    if (json) info_json(r);
+    if (json) code = info_json(r);
     else info_text(r);
     ckpt_reader_close(r);
-    return 0;
+    return code;
 }
 
 /* ----------------------------------------------------------------- verify */
