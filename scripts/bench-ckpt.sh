@@ -2,12 +2,12 @@
 # make bench-ckpt: checkpoint write and read throughput against cp of the
 # same bytes, side by side in one run, cold and warm page cache, uncompressed
 # and zstd. Writes the table into docs/BENCHMARKS.md (section bench-ckpt).
-#   BENCH_GB (default 4): checkpoint size; BENCH_REPS (default 3): repetitions.
+#   BENCH_GB (default 4): checkpoint size; BENCH_REPS (default 5): repetitions.
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 GB=${BENCH_GB:-4}
-REPS=${BENCH_REPS:-3}
+REPS=${BENCH_REPS:-5}
 DIR=bench/scratch/ckpt
 BENCH="$BUILD/bench/bench_ckpt"
 mkdir -p "$DIR"
@@ -46,11 +46,18 @@ for rep in $(seq 1 "$REPS"); do
         if [ ! -f "$DIR/src.bin" ]; then cat "$DIR"/c0/*.h5 >"$DIR/src.bin"; fi
         cat "$DIR/src.bin" >/dev/null # the copy's source is in memory, as the writer's is
         cp_write=$(timed sh -c "cp '$DIR/src.bin' '$DIR/copy.bin' && sync '$DIR/copy.bin'")
-        drop_cache "$DIR"
-        read_cold=$(field "$("$BENCH" read "$DIR/c$level")" seconds)
-        drop_cache "$DIR"
-        cp_cold=$(timed cp "$DIR/src.bin" /dev/null)
+        # Cold: the two readers take turns going first; each starts from a settled,
+        # dropped cache.
+        settle() { drop_cache "$DIR"; sleep 2; }
+        if [ $((rep % 2)) -eq 1 ]; then
+            settle; read_cold=$(field "$("$BENCH" read "$DIR/c$level")" seconds)
+            settle; cp_cold=$(timed cp "$DIR/src.bin" /dev/null)
+        else
+            settle; cp_cold=$(timed cp "$DIR/src.bin" /dev/null)
+            settle; read_cold=$(field "$("$BENCH" read "$DIR/c$level")" seconds)
+        fi
         # Warm: best of three, interleaved, so a noisy neighbour hurts both alike.
+        cat "$DIR"/c$level/*.h5 "$DIR/src.bin" >/dev/null
         read_warm=999999 cp_warm=999999
         for i in 1 2 3; do
             t=$(field "$("$BENCH" read "$DIR/c$level")" seconds)
@@ -93,7 +100,8 @@ Command: `make bench-ckpt` (BENCH_GB={gb}, BENCH_REPS={reps}), {datetime.date.to
 The checkpoint holds weights and Adam moments (fp32) of a GPT with dim 2048; its writer takes data from memory
 and commits (fsync); its reader reads every piece into memory and checks every block checksum. `cp` copies the
 concatenated shard files: for writing, from a warm source to a new file then `sync`; for reading, to /dev/null.
-Cold runs start after dropping the page cache; warm figures are the best of three interleaved runs. Throughput
+Cold runs start after dropping the page cache and a pause, the two readers taking turns to go first; warm
+figures are the best of three interleaved runs. Ratios are medians over the repetitions of per-repetition ratios. Throughput
 counts tensor bytes (uncompressed) for the checkpoint and file bytes for `cp`.
 
 {table}
