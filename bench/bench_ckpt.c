@@ -27,7 +27,16 @@
 typedef struct {
     int tensor, piece;
     int64_t row, rows;
+    int file; /* shard file, for reading each file front to back */
 } slab;
+
+static int by_file_order(const void *a, const void *b)
+{
+    const slab *x = a, *y = b;
+    if (x->file != y->file) return x->file - y->file;
+    if (x->tensor != y->tensor) return x->tensor - y->tensor;
+    return x->row < y->row ? -1 : x->row > y->row;
+}
 
 typedef struct {
     ckpt_writer *writer;
@@ -90,7 +99,7 @@ static int bench_write(const char *dir, double gib, int tp, int pp, int threads,
                     slabs = realloc(slabs, (size_t)capacity * sizeof *slabs);
                 }
                 int64_t n = shape[0] - r < rows ? shape[0] - r : rows;
-                slabs[num_slabs++] = (slab){i, p, r, n};
+                slabs[num_slabs++] = (slab){i, p, r, n, 0};
                 total += n * row_bytes;
             }
         }
@@ -148,11 +157,13 @@ static int bench_read(const char *dir, int threads, int verify)
                     slabs = realloc(slabs, (size_t)capacity * sizeof *slabs);
                 }
                 int64_t n = info.shape[0] - row < rows ? info.shape[0] - row : rows;
-                slabs[num_slabs++] = (slab){i, p, row, n};
+                slabs[num_slabs++] = (slab){i, p, row, n, info.pp * layout->tp + info.tp};
             }
             total += info.bytes;
         }
     }
+    /* Threads take consecutive slabs of one file: the disk sees one stream. */
+    qsort(slabs, (size_t)num_slabs, sizeof *slabs, by_file_order);
     char **buffers = calloc((size_t)threads, sizeof *buffers);
     for (int t = 0; t < threads; t++) buffers[t] = alloc_pages(SLAB_BYTES);
     read_job job = {r, slabs, buffers};

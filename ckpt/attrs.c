@@ -80,6 +80,7 @@ int ckpt_attrs_read(hid_t dset, ckpt_piece_attrs *a, int with_checksum)
     if (!status) status = ckpt_h5_read_i64s(dset, "checksum_block_rows", &block_rows, 1, NULL);
     if (!status) status = ckpt_h5_read_string(dset, "partition", partition, sizeof partition);
     if (!status && with_checksum) status = ckpt_h5_read_u64(dset, "checksum", &a->checksum);
+    if (!status && with_checksum) status = ckpt_h5_read_u64(dset, "digest", &a->digest);
     if (!status) status = ckpt_dtype_parse(dtype, &d.dtype) ? CKPT_ERR_FORMAT : CKPT_OK;
     if (!status) status = ckpt_anchor_parse(anchor, &d.anchor);
     if (status) return status == CKPT_ERR_ARG ? CKPT_ERR_FORMAT : status;

@@ -11,6 +11,7 @@ typedef struct {
     int64_t order;      /* declaration order, for listing */
     int64_t block_rows; /* rows per checksum block */
     uint64_t checksum;  /* piece checksum (read only with with_checksum) */
+    uint64_t digest;    /* the piece's part of the logical digest (likewise) */
 } ckpt_piece_attrs;
 
 int ckpt_attrs_write(hid_t dset, const ckpt_piece_attrs *attrs);

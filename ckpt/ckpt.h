@@ -155,6 +155,21 @@ int64_t ckpt_partition_runs(const ckpt_tensor_desc *tensor, int tp, int64_t star
 int64_t ckpt_piece_runs(const ckpt_tensor_desc *tensor, int tp, int rank, ckpt_run *runs,
                         int64_t max_runs);
 
+/* Visits the elements of rows [row0, row1) of a piece (indices along its
+ * axis 0) in stored order, as runs contiguous both in the piece and in the
+ * logical tensor: offset counts elements from the start of row row0;
+ * logical_first is the flat row-major index of the run's first element in
+ * the logical tensor, or -1 for padding. A nonzero return stops the walk and
+ * is returned. */
+typedef int (*ckpt_element_run_fn)(void *ctx, int64_t offset, int64_t logical_first, int64_t n);
+int ckpt_piece_element_runs(const ckpt_tensor_desc *tensor, int tp, int piece, int64_t row0,
+                            int64_t row1, ckpt_element_run_fn visit, void *ctx);
+
+/* Logical digest (docs/FORMAT.md "Logical digests") of n elements stored
+ * contiguously whose flat logical indices start at first. Digests of
+ * disjoint parts of a tensor add up (mod 2^64) to the tensor's digest. */
+uint64_t ckpt_digest_run(const void *data, size_t element_size, int64_t first, int64_t n);
+
 /* ------------------------------------------------------------------ writer */
 
 typedef struct ckpt_writer ckpt_writer;
@@ -255,10 +270,15 @@ typedef struct {
     int64_t shape[CKPT_MAX_DIMS];   /* stored shape */
     int64_t bytes;                  /* stored bytes, uncompressed */
     uint64_t checksum;
+    uint64_t digest;                /* the piece's part of the tensor's logical digest */
     int compressed;
 } ckpt_piece_info;
 
 int ckpt_reader_piece_info(const ckpt_reader *reader, int index, int piece, ckpt_piece_info *out);
+
+/* The logical digest of a tensor as recorded in the index: equal for equal
+ * logical tensors (same values, same dtype) whatever the layout. */
+uint64_t ckpt_reader_digest(const ckpt_reader *reader, int index);
 
 /* The index as JSON text (docs/FORMAT.md section 3); *out is malloc'ed. */
 int ckpt_reader_index_json(const ckpt_reader *reader, char **out);
@@ -282,8 +302,9 @@ int ckpt_reader_read_rows(ckpt_reader *reader, int index, int piece, int64_t row
 int ckpt_reader_read_region(ckpt_reader *reader, int index, const int64_t *start,
                             const int64_t *count, void *buf, size_t buf_size);
 
-/* Reads a piece and checks every block against its checksum, and the block
- * checksums against the piece checksum in the file and in the index. */
+/* Reads a piece and checks every block against its checksum, the block
+ * checksums against the piece checksum in the file and in the index, and the
+ * data against the piece's recorded part of the logical digest. */
 int ckpt_reader_verify_piece(ckpt_reader *reader, int index, int piece);
 
 /* Checks that every padding element of a piece is zero. */

@@ -22,8 +22,8 @@
 #include "index.h"
 #include "namemap.h"
 
-int ckpt_store_checksums(hid_t file, const char *file_path, const char *tensor_name,
-                         const uint64_t *block_hashes, int64_t num_blocks)
+int ckpt_seal_piece(hid_t file, const char *file_path, const char *tensor_name,
+                    const uint64_t *block_hashes, int64_t num_blocks, uint64_t digest)
 {
     char path[CKPT_NAME_MAX + 32];
     uint64_t checksum = ckpt_hash_blocks(block_hashes, num_blocks);
@@ -41,6 +41,7 @@ int ckpt_store_checksums(hid_t file, const char *file_path, const char *tensor_n
     if (!status && (dset = H5Dopen2(file, path, H5P_DEFAULT)) < 0)
         status = ckpt_fail_hdf5("%s: cannot open tensor %s", file_path, tensor_name);
     if (!status) status = ckpt_h5_write_u64(dset, "checksum", checksum);
+    if (!status) status = ckpt_h5_write_u64(dset, "digest", digest);
     if (dset >= 0) H5Dclose(dset);
     if (sums >= 0) H5Dclose(sums);
     if (lcpl >= 0) H5Pclose(lcpl);
@@ -138,6 +139,7 @@ static int scan_piece(scan_state *st, hid_t dset)
     memcpy(ip->shape, g.shape, sizeof ip->shape);
     ip->bytes = g.bytes;
     ip->checksum = attrs.checksum;
+    ip->digest = attrs.digest;
     ip->compressed = compressed;
     return CKPT_OK;
 }

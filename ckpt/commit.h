@@ -4,9 +4,10 @@
 
 #include "internal.h"
 
-/* Stores a piece's block hashes (/checksums/<name>) and its checksum attribute. */
-int ckpt_store_checksums(hid_t file, const char *file_path, const char *tensor_name,
-                         const uint64_t *block_hashes, int64_t num_blocks);
+/* Seals a finished piece: its block hashes (/checksums/<name>), checksum
+ * attribute and logical-digest attribute. */
+int ckpt_seal_piece(hid_t file, const char *file_path, const char *tensor_name,
+                    const uint64_t *block_hashes, int64_t num_blocks, uint64_t digest);
 
 /* Builds index.json from the staging directory's shard files, then makes the
  * checkpoint visible at path and updates `latest` as the options say. */

@@ -59,17 +59,24 @@ static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp)
     cJSON_AddNumberToObject(o, "layer", (double)t->layer);
     cJSON_AddNumberToObject(o, "stage", it->stage);
     cJSON_AddNumberToObject(o, "checksum_block_rows", (double)it->block_rows);
+    char digest[17];
+    uint64_t sum = 0;
+    for (int p = 0; p < it->num_pieces; p++) sum += it->pieces[p].digest;
+    ckpt_format_checksum(sum, digest);
+    cJSON_AddStringToObject(o, "digest", digest);
     cJSON *pieces = cJSON_AddArrayToObject(o, "pieces");
     for (int p = 0; p < it->num_pieces; p++) {
         const ckpt_index_piece *ip = &it->pieces[p];
-        char hex[17];
+        char hex[17], piece_digest[17];
         ckpt_format_checksum(ip->checksum, hex);
+        ckpt_format_checksum(ip->digest, piece_digest);
         cJSON *po = cJSON_CreateObject();
         cJSON_AddStringToObject(po, "file", ip->file);
         cJSON_AddNumberToObject(po, "tp", ip->tp);
         cJSON_AddItemToObject(po, "shape", int_array(ip->shape, t->ndim));
         cJSON_AddNumberToObject(po, "bytes", (double)ip->bytes);
         cJSON_AddStringToObject(po, "checksum", hex);
+        cJSON_AddStringToObject(po, "digest", piece_digest);
         cJSON_AddBoolToObject(po, "compressed", ip->compressed);
         cJSON_AddItemToArray(pieces, po);
     }
@@ -213,6 +220,8 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
     d.layer = get_int(ctx, o, "layer", -1, (int64_t)1 << 40);
     it->stage = (int)get_int(ctx, o, "stage", 0, index->layout.pp - 1);
     it->block_rows = get_int(ctx, o, "checksum_block_rows", 1, (int64_t)1 << 40);
+    const char *digest = get_string(ctx, o, "digest", 16);
+    if (!ctx->status && ckpt_parse_checksum(digest, &it->digest)) parse_error(ctx, "digest", "16 hex digits");
     if (ctx->status) return;
     if (ckpt_tensor_copy_init(&it->tensor, &d) ||
         ckpt_tensor_check(&it->tensor.desc, index->layout.tp)) {
@@ -253,11 +262,13 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
         int n = get_int_array(ctx, po, "shape", ip->shape, CKPT_MAX_DIMS, 1);
         ip->bytes = get_int(ctx, po, "bytes", 0, (int64_t)1 << 52);
         const char *hex = get_string(ctx, po, "checksum", 16);
+        const char *piece_digest = get_string(ctx, po, "digest", 16);
         const cJSON *compressed = cJSON_GetObjectItemCaseSensitive(po, "compressed");
         if (!cJSON_IsBool(compressed)) parse_error(ctx, "compressed", "a boolean");
         if (ctx->status) return;
         ip->compressed = cJSON_IsTrue(compressed);
         if (ckpt_parse_checksum(hex, &ip->checksum)) parse_error(ctx, "checksum", "16 hex digits");
+        if (ckpt_parse_checksum(piece_digest, &ip->digest)) parse_error(ctx, "digest", "16 hex digits");
         if (ip->tp != (t->partition.kind == CKPT_SPLIT ? p : 0)) parse_error(ctx, "tp", "the piece's rank");
         if (n != t->ndim || memcmp(shape, ip->shape, sizeof(int64_t) * (size_t)n) != 0)
             parse_error(ctx, "shape", "the shape the partition gives");
@@ -274,6 +285,10 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
         if (ctx->status) return;
         p++;
     }
+    uint64_t sum = 0;
+    for (p = 0; p < it->num_pieces; p++) sum += it->pieces[p].digest;
+    snprintf(ctx->context, sizeof ctx->context, "tensor '%s'", t->name);
+    if (sum != it->digest) parse_error(ctx, "digest", "the sum of its pieces' digests");
     ctx->context[0] = '\0';
 }
 

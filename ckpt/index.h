@@ -11,6 +11,7 @@ typedef struct {
     int64_t shape[CKPT_MAX_DIMS];
     int64_t bytes;
     uint64_t checksum;
+    uint64_t digest; /* the piece's part of the tensor's logical digest */
     int compressed;
 } ckpt_index_piece;
 
@@ -19,6 +20,7 @@ typedef struct {
     int stage;
     int64_t block_rows;
     int64_t order;
+    uint64_t digest; /* logical digest: the sum of the pieces' */
     int num_pieces;
     ckpt_index_piece *pieces;
 } ckpt_index_tensor;

@@ -87,6 +87,16 @@ uint64_t ckpt_hash_blocks(const uint64_t *block_hashes, int64_t num_blocks);
 void ckpt_format_checksum(uint64_t checksum, char out[17]);
 int ckpt_parse_checksum(const char *text, uint64_t *out);
 
+/* Seeds of the digest keys (docs/FORMAT.md "Logical digests"). */
+#define CKPT_DIGEST_KEY_SEED 0x7470636B70744B00ull   /* "tpckptK\0" */
+#define CKPT_DIGEST_BLOCK_SEED 0x7470636B70744600ull /* "tpckptF\0" */
+uint64_t ckpt_digest_block_key(uint64_t block);
+
+/* Digest contribution of rows [row0, row1) of a piece held in data (padding
+ * excluded). */
+uint64_t ckpt_digest_rows(const ckpt_tensor_desc *tensor, int tp, int piece, int64_t row0, int64_t row1,
+                          const void *data);
+
 /* HDF5 type of a stored dtype (file and memory, little-endian); caller closes. */
 hid_t ckpt_h5_type(ckpt_dtype dtype);
 

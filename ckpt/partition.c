@@ -335,3 +335,44 @@ int ckpt_tensor_equal(const ckpt_tensor_desc *a, const ckpt_tensor_desc *b)
            memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0 &&
            a->anchor == b->anchor && a->layer == b->layer;
 }
+
+int ckpt_piece_element_runs(const ckpt_tensor_desc *t, int tp, int piece, int64_t row0, int64_t row1,
+                            ckpt_element_run_fn visit, void *ctx)
+{
+    int64_t shape[CKPT_MAX_DIMS], row_elements = 1;
+    ckpt_piece_shape(t, tp, shape);
+    for (int d = 1; d < t->ndim; d++) row_elements *= shape[d];
+    if (t->partition.kind == CKPT_REPLICATED)
+        return visit(ctx, 0, row0 * row_elements, (row1 - row0) * row_elements);
+    ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
+    int64_t n = ckpt_piece_runs(t, tp, piece, runs, 2 * CKPT_MAX_SEGMENTS);
+    int axis = t->partition.axis, status = 0;
+    if (axis == 0) { /* runs are row ranges */
+        for (int64_t k = 0; k < n && !status; k++) {
+            int64_t a = runs[k].local_start > row0 ? runs[k].local_start : row0;
+            int64_t end = runs[k].local_start + runs[k].length;
+            int64_t b = end < row1 ? end : row1;
+            if (a >= b) continue;
+            int64_t logical = runs[k].logical_start < 0
+                                  ? -1
+                                  : (runs[k].logical_start + a - runs[k].local_start) * row_elements;
+            status = visit(ctx, (a - row0) * row_elements, logical, (b - a) * row_elements);
+        }
+        return status;
+    }
+    /* Split axis > 0: the piece is [outer, P_axis, inner] against the logical
+     * [outer, L_axis, inner]; each outer index repeats the runs. */
+    int64_t outer_per_row = 1, inner = 1;
+    for (int d = 1; d < axis; d++) outer_per_row *= shape[d];
+    for (int d = axis + 1; d < t->ndim; d++) inner *= shape[d];
+    int64_t offset = 0;
+    for (int64_t o = row0 * outer_per_row; o < row1 * outer_per_row && !status; o++) {
+        for (int64_t k = 0; k < n && !status; k++) {
+            int64_t len = runs[k].length * inner;
+            int64_t logical = runs[k].logical_start < 0 ? -1 : (o * t->shape[axis] + runs[k].logical_start) * inner;
+            status = visit(ctx, offset, logical, len);
+            offset += len;
+        }
+    }
+    return status;
+}

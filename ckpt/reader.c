@@ -279,8 +279,14 @@ int ckpt_reader_piece_info(const ckpt_reader *r, int i, int piece, ckpt_piece_in
     memcpy(out->shape, ip->shape, sizeof out->shape);
     out->bytes = ip->bytes;
     out->checksum = ip->checksum;
+    out->digest = ip->digest;
     out->compressed = ip->compressed;
     return CKPT_OK;
+}
+
+uint64_t ckpt_reader_digest(const ckpt_reader *r, int i)
+{
+    return i >= 0 && i < r->index.num_tensors ? r->index.tensors[i].digest : 0;
 }
 
 /* ----------------------------------------------------- lazy piece loading */
@@ -385,10 +391,11 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     else if (!ckpt_tensor_equal(&attrs.tensor.desc, t) || attrs.piece != piece ||
              attrs.block_rows != it->block_rows || attrs.tp != r->index.layout.tp)
         status = ckpt_fail(CKPT_ERR_FORMAT, "%s: attributes disagree with the index", where);
-    else if (attrs.checksum != ip->checksum)
-        status = ckpt_fail(CKPT_ERR_CHECKSUM, "%s: checksum attribute %016llx, the index records %016llx",
-                           where, (unsigned long long)attrs.checksum,
-                           (unsigned long long)ip->checksum);
+    else if (attrs.checksum != ip->checksum || attrs.digest != ip->digest)
+        status = ckpt_fail(CKPT_ERR_CHECKSUM,
+                           "%s: checksum and digest attributes %016llx %016llx, the index records %016llx %016llx",
+                           where, (unsigned long long)attrs.checksum, (unsigned long long)attrs.digest,
+                           (unsigned long long)ip->checksum, (unsigned long long)ip->digest);
     const ckpt_piece_geometry *g = &pr->geometry;
     if (!status) {
         hid_t space = H5Dget_space(dset);
@@ -881,11 +888,21 @@ int ckpt_reader_verify_piece(ckpt_reader *r, int i, int piece)
     /* [per_read blocks of data][chunk scratch when compressed] */
     char *buf = alloc_pages(size);
     if (!buf) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory for a %zu-byte buffer", size);
+    const ckpt_tensor_desc *t = &r->index.tensors[i].tensor.desc;
+    uint64_t digest = 0;
     for (int64_t b = 0; b < g->num_blocks && !status; b += per_read) {
         int64_t end = b + per_read < g->num_blocks ? b + per_read : g->num_blocks;
         status = read_blocks(&c, b, end, buf, buf + per_read * block_bytes, 1);
+        int64_t row_end = end * g->block_rows < g->rows ? end * g->block_rows : g->rows;
+        if (!status) digest += ckpt_digest_rows(t, r->index.layout.tp, piece, b * g->block_rows, row_end, buf);
     }
     free(buf);
+    const ckpt_index_piece *ip = &r->index.tensors[i].pieces[piece];
+    if (!status && digest != ip->digest)
+        status = ckpt_fail(CKPT_ERR_CHECKSUM,
+                           "%s: tensor %s piece %d: logical digest %016llx, the index records %016llx",
+                           c.file_path, t->name, piece, (unsigned long long)digest,
+                           (unsigned long long)ip->digest);
     return status;
 }
 

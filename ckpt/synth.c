@@ -50,58 +50,27 @@ typedef struct {
     void **converted;  /* per thread: the slab in its stored dtype */
 } synth_job;
 
+typedef struct {
+    uint64_t seed, hash;
+    float mean, scale;
+    float *out;
+} fill_ctx;
+
+static int fill_run(void *ctx, int64_t offset, int64_t logical_first, int64_t n)
+{
+    fill_ctx *f = ctx;
+    if (logical_first < 0) memset(f->out + offset, 0, (size_t)n * sizeof(float));
+    else synth_fill(f->seed, f->hash, f->mean, f->scale, logical_first, n, f->out + offset);
+    return 0;
+}
+
 /* Generates rows [r0, r1) of a piece in stored layout into out (fp32). */
 static void generate_rows(const synth_job *job, const slab *s, float *out)
 {
     const synth_tensor *st = &job->tensors[s->tensor];
-    const ckpt_tensor_desc *t = &st->desc;
-    uint64_t h = job->hashes[s->tensor];
-    int64_t shape[CKPT_MAX_DIMS];
-    ckpt_piece_shape(t, job->layout->tp, shape);
-    int64_t row_elements = 1;
-    for (int d = 1; d < t->ndim; d++) row_elements *= shape[d];
-    uint64_t seed = job->options->seed;
-    int64_t r0 = s->row_start, r1 = s->row_start + s->row_count;
-    if (t->partition.kind == CKPT_REPLICATED) {
-        synth_fill(seed, h, st->mean, st->scale, r0 * row_elements, (r1 - r0) * row_elements, out);
-        return;
-    }
-    ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
-    int64_t n = ckpt_piece_runs(t, job->layout->tp, s->piece, runs, 2 * CKPT_MAX_SEGMENTS);
-    int axis = t->partition.axis;
-    if (axis == 0) { /* runs are row ranges: logical row = logical_start + offset */
-        for (int64_t k = 0; k < n; k++) {
-            int64_t a = runs[k].local_start > r0 ? runs[k].local_start : r0;
-            int64_t b = runs[k].local_start + runs[k].length < r1 ? runs[k].local_start + runs[k].length : r1;
-            if (a >= b) continue;
-            float *dst = out + (a - r0) * row_elements;
-            if (runs[k].logical_start < 0)
-                memset(dst, 0, (size_t)((b - a) * row_elements) * sizeof(float));
-            else
-                synth_fill(seed, h, st->mean, st->scale,
-                           (runs[k].logical_start + a - runs[k].local_start) * row_elements,
-                           (b - a) * row_elements, dst);
-        }
-        return;
-    }
-    /* Split axis > 0: piece [outer, P_axis, inner] against logical [outer, L_axis, inner]. */
-    int64_t outer_per_row = 1, inner = 1;
-    for (int d = 1; d < axis; d++) outer_per_row *= shape[d];
-    for (int d = axis + 1; d < t->ndim; d++) inner *= shape[d];
-    int64_t logical_axis = t->shape[axis], piece_axis = shape[axis];
-    float *dst = out;
-    for (int64_t o = r0 * outer_per_row; o < r1 * outer_per_row; o++) {
-        for (int64_t k = 0; k < n; k++) {
-            int64_t len = runs[k].length * inner;
-            if (runs[k].logical_start < 0)
-                memset(dst, 0, (size_t)len * sizeof(float));
-            else
-                synth_fill(seed, h, st->mean, st->scale,
-                           (o * logical_axis + runs[k].logical_start) * inner, len, dst);
-            dst += len;
-        }
-    }
-    (void)piece_axis;
+    fill_ctx f = {job->options->seed, job->hashes[s->tensor], st->mean, st->scale, out};
+    ckpt_piece_element_runs(&st->desc, job->layout->tp, s->piece, s->row_start, s->row_start + s->row_count,
+                            fill_run, &f);
 }
 
 static number_format format_of(ckpt_dtype dtype)

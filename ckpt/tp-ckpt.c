@@ -244,6 +244,7 @@ static int cmd_info(int argc, char **argv)
 typedef struct {
     int tensor, piece;
     int64_t bytes;
+    int file; /* shard file: pieces are checked file by file, front to back */
     int status;
     char message[1024];
 } piece_check;
@@ -254,10 +255,10 @@ typedef struct {
     progress bar;
 } verify_job;
 
-static int by_bytes_desc(const void *a, const void *b)
+static int by_file_order(const void *a, const void *b)
 {
     const piece_check *x = a, *y = b;
-    return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
+    return x->file != y->file ? x->file - y->file : x->tensor - y->tensor;
 }
 
 static int verify_one(void *ctx, int64_t i, int thread)
@@ -304,11 +305,12 @@ static int cmd_verify(int argc, char **argv)
         for (int p = 0; p < ckpt_piece_count(ckpt_reader_tensor(r, i), ckpt_reader_layout(r)->tp); p++) {
             ckpt_piece_info info;
             ckpt_reader_piece_info(r, i, p, &info);
-            job.checks[k++] = (piece_check){i, p, info.bytes, 0, ""};
+            job.checks[k++] = (piece_check){i, p, info.bytes, info.pp * ckpt_reader_layout(r)->tp + info.tp, 0, ""};
             total += info.bytes;
         }
     }
-    qsort(job.checks, (size_t)count, sizeof *job.checks, by_bytes_desc);
+    /* Threads take neighbouring pieces of one file, so the disk sees one stream. */
+    qsort(job.checks, (size_t)count, sizeof *job.checks, by_file_order);
     progress_start(&job.bar, "verify", total, 0);
     parallel_for(count, (int)threads, verify_one, &job, NULL);
     double seconds = progress_finish(&job.bar);

@@ -34,6 +34,7 @@ typedef struct {
     uint64_t *block_hash;
     uint8_t *block_done;
     int64_t blocks_done;
+    uint64_t digest; /* logical digest of the rows written so far */
 } piece_state;
 
 typedef struct {
@@ -257,7 +258,7 @@ static int create_piece(ckpt_writer *w, tensor_state *ts, int piece, piece_state
         status = ckpt_fail_hdf5("%s: cannot create dataset for tensor %s", s->path, t->name);
     } else {
         ckpt_piece_attrs attrs = {ts->tensor, piece, w->layout.tp, w->num_tensors,
-                                  ps->geometry.block_rows, 0};
+                                  ps->geometry.block_rows, 0, 0};
         status = ckpt_attrs_write(dset, &attrs);
         if (status) status = ckpt_fail_context(status, "%s", s->path);
         ps->offset = -1;
@@ -439,6 +440,7 @@ int ckpt_writer_put_rows(ckpt_writer *w, int id, int piece, int64_t row_start, i
         ps->block_hash[b] = ckpt_hash_block(bytes + (b - first) * g->block_rows * g->row_bytes,
                                             (size_t)(rows * g->row_bytes));
     }
+    uint64_t digest = ckpt_digest_rows(&ts->tensor.desc, w->layout.tp, piece, row_start, row_start + row_count, data);
     if (ps->offset >= 0)
         status = ckpt_write_all_at(w->shards[ps->shard].fd, data, (size_t)(row_count * g->row_bytes),
                                    ps->offset + row_start * g->row_bytes,
@@ -448,7 +450,10 @@ int ckpt_writer_put_rows(ckpt_writer *w, int id, int piece, int64_t row_start, i
 
     pthread_mutex_lock(&w->lock);
     for (int64_t b = first; b < first + count; b++) ps->block_done[b] = status ? 0 : 1;
-    if (!status) ps->blocks_done += count;
+    if (!status) {
+        ps->blocks_done += count;
+        ps->digest += digest;
+    }
     pthread_mutex_unlock(&w->lock);
     return status;
 }
@@ -478,8 +483,8 @@ static int seal_shard(ckpt_writer *w, int s)
                                    (long long)ps->geometry.num_blocks);
                 break;
             }
-            status = ckpt_store_checksums(sf->file, sf->path, ts->tensor.name, ps->block_hash,
-                                          ps->geometry.num_blocks);
+            status = ckpt_seal_piece(sf->file, sf->path, ts->tensor.name, ps->block_hash,
+                                     ps->geometry.num_blocks, ps->digest);
         }
     }
     int64_t complete = 1;

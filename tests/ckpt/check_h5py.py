@@ -112,6 +112,24 @@ def synth_rule(tensor, config):
     raise ValueError("unknown role " + role)
 
 
+def splitmix64(z):
+    with np.errstate(over="ignore"):
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def logical_digest(bits):
+    """docs/FORMAT.md "Logical digests": sum of x_i * K[i % 4096] * F[i // 4096] mod 2^64."""
+    x = bits.reshape(-1).astype(np.uint64)
+    i = np.arange(x.size, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        k = (splitmix64(np.uint64(0x7470636B70744B00) + (i % np.uint64(4096))) & np.uint64(0xFFFFFFFF)) | np.uint64(1)
+        f = splitmix64(np.uint64(0x7470636B70744600) + i // np.uint64(4096)) | np.uint64(1)
+        return int(np.sum(x * k * f, dtype=np.uint64))
+
+
 def merge(tensor, pieces, tp):
     """The logical tensor from its pieces (docs/FORMAT.md "Partition"), and
     the padding it leaves out."""
@@ -144,7 +162,7 @@ def main(argv):
     checked = 0
     for tensor in index["tensors"]:
         name, dtype = tensor["name"], tensor["dtype"]
-        pieces = []
+        pieces, raw = [], []
         for p, piece in enumerate(tensor["pieces"]):
             path = os.path.join(ckpt, piece["file"])
             if path not in files:
@@ -169,6 +187,7 @@ def main(argv):
             if checksum != int(dset.attrs["checksum"]) or f"{checksum:016x}" != piece["checksum"]:
                 problems.append(f"{name} piece {p}: piece checksum differs")
             values = values_from_bytes(data, dtype, dset.shape)
+            raw.append(np.frombuffer(data, "<u4" if dtype == "fp32" else "<u2").reshape(dset.shape))
             # h5py's own conversion of the stored type must agree (bf16/fp16 as
             # floats). Compressed data needs the zstd plugin, absent here: the
             # chunks were already decoded above with zstandard.
@@ -183,6 +202,12 @@ def main(argv):
             continue
         if any(np.count_nonzero(p) for p in padding):
             problems.append(f"{name}: padding is not zero")
+        digest = logical_digest(merge(tensor, raw, tp)[0])
+        if f"{digest:016x}" != tensor["digest"]:
+            problems.append(f"{name}: logical digest {digest:016x} != index {tensor['digest']}")
+        pieces_sum = sum(int(p["digest"], 16) for p in tensor["pieces"]) % (1 << 64)
+        if pieces_sum != digest:
+            problems.append(f"{name}: piece digests do not add up to the tensor's")
         if seed is not None:
             seed_name, mean, scale = synth_rule(tensor, config)
             expect = round_to(synth_values(seed, seed_name, logical.size, mean, scale), dtype).reshape(logical.shape)

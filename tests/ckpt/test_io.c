@@ -190,6 +190,28 @@ static void extract(const test_tensor *t, const int64_t *start, const int64_t *c
     }
 }
 
+/* The logical digest straight from its definition in docs/FORMAT.md. */
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t naive_digest(const uint8_t *logical, size_t element_size, int64_t n)
+{
+    uint64_t d = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t x = 0;
+        memcpy(&x, logical + i * (int64_t)element_size, element_size);
+        uint64_t k = (uint32_t)mix64(0x7470636B70744B00ull + (uint64_t)(i % 4096)) | 1u;
+        uint64_t f = mix64(0x7470636B70744600ull + (uint64_t)(i / 4096)) | 1u;
+        d += x * k * f;
+    }
+    return d;
+}
+
 static void check_reads(const char *path, const ckpt_layout *layout, test_tensor *tensors, int n, int verify)
 {
     ckpt_read_options options = {verify};
@@ -207,6 +229,9 @@ static void check_reads(const char *path, const ckpt_layout *layout, test_tensor
         cr_assert_eq(d->ndim, t->desc.ndim);
         cr_assert_eq(d->partition.kind, t->desc.partition.kind);
         cr_assert_eq(ckpt_tensor_stage(d, layout), ckpt_tensor_stage(&t->desc, layout));
+        cr_assert_eq(ckpt_reader_digest(r, k),
+                     naive_digest(t->logical, ckpt_dtype_size(t->desc.dtype), elements_of(t->desc.shape, t->desc.ndim)),
+                     "logical digest of %s", t->name);
         size_t es = ckpt_dtype_size(t->desc.dtype);
         int64_t pshape[CKPT_MAX_DIMS];
         ckpt_piece_shape(&t->desc, layout->tp, pshape);
@@ -286,6 +311,25 @@ Test(io, multi_block_regions)
         check_reads(path, &layout, tensors, 2, 0);
     }
     for (int i = 0; i < 2; i++) free(tensors[i].logical);
+}
+
+Test(io, digest_sees_every_change)
+{
+    uint32_t values[10000];
+    for (int i = 0; i < 10000; i++) values[i] = (uint32_t)next_random();
+    uint64_t base = ckpt_digest_run(values, 4, 0, 10000);
+    cr_assert_eq(base, naive_digest((uint8_t *)values, 4, 10000));
+    cr_assert_eq(base, ckpt_digest_run(values, 4, 0, 4000) + ckpt_digest_run(values + 4000, 4, 4000, 6000),
+                 "parts add up");
+    for (int i = 0; i < 10000; i += 97) {
+        uint32_t saved = values[i];
+        values[i] ^= 1u << (i % 32);
+        cr_assert_neq(ckpt_digest_run(values, 4, 0, 10000), base, "flip in element %d", i);
+        values[i] = saved;
+    }
+    uint32_t a = values[10], b = values[4106]; /* same key position, other block */
+    values[10] = b, values[4106] = a;
+    cr_assert_neq(ckpt_digest_run(values, 4, 0, 10000), base, "swapped elements");
 }
 
 /* ------------------------------------------------------------- damage */
