@@ -1,0 +1,90 @@
+/* reshard.h: converting a checkpoint to another tensor/pipeline layout.
+ *
+ * Every tensor goes through one code path driven by its partition
+ * description (ckpt.h): a plan cuts each output piece into slabs of whole
+ * checksum blocks; for each slab it lists the source rows to read and the
+ * moves (strided copies, with dtype conversion, and zero fills for padding)
+ * that place them. A CPU executor and a CUDA executor carry out the same
+ * plan, so their outputs are identical. Memory stays within a limit whatever
+ * the checkpoint size: slabs are sized from it, and sources are read only
+ * where a slab needs them.
+ *
+ * Functions return a ckpt_status; the message of a failure in the calling
+ * thread is reshard_errmsg(). Nothing is printed. */
+#ifndef TP_RESHARD_H
+#define TP_RESHARD_H
+
+#include <stdint.h>
+
+#include "../ckpt/ckpt.h"
+
+#define RESHARD_DEFAULT_MEMORY ((int64_t)1 << 30)
+
+typedef enum { RESHARD_DEVICE_AUTO = 0, RESHARD_DEVICE_CPU, RESHARD_DEVICE_CUDA } reshard_device;
+
+typedef struct {
+    int tp, pp;                 /* target degrees; 0 keeps the source's */
+    int threads;                /* 0: all cores */
+    int64_t memory_limit;       /* bytes for buffers and bookkeeping; 0: RESHARD_DEFAULT_MEMORY */
+    reshard_device device;      /* AUTO: CUDA when a GPU is present, else the CPU */
+    int param_dtype;            /* -1: keep; else the ckpt_dtype of parameters (role "param") */
+    int compress_level;         /* -1: zstd 3 when the source is compressed, else none; 0: none */
+    int drop_optimizer;         /* leave out every tensor whose role is not "param" */
+    int overwrite;              /* replace an existing output */
+    int update_latest;          /* point the output's parent `latest` at it */
+    void (*on_bytes)(void *ctx, int64_t bytes_written); /* progress, from worker threads */
+    void *progress_ctx;
+} reshard_options;
+
+void reshard_options_init(reshard_options *options);
+
+typedef struct reshard_plan reshard_plan;
+
+/* What a plan will do; figures are exact for the bytes written and read. */
+typedef struct {
+    ckpt_layout from, to;
+    int tensors;              /* output tensors */
+    int tensors_dropped;      /* optimizer state left out */
+    int64_t pieces_written;
+    int files_written;
+    int64_t bytes_read;       /* from the source, whole checksum blocks */
+    int64_t bytes_written;    /* tensor bytes of the output, uncompressed */
+    int64_t slabs;
+    int threads;
+    int64_t slab_bytes;       /* largest slab: staging and output buffer, each */
+    int64_t buffer_memory;    /* buffers of all threads together */
+    int64_t memory_limit;
+    const char *device;       /* "cpu" or "cuda" */
+} reshard_summary;
+
+/* Checks that every tensor of the source can be laid out at the target and
+ * sizes the slabs for the memory limit. Fails, naming the tensor and the
+ * dimension, when a target degree does not divide a segment or the layers. */
+int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_options *options);
+const reshard_summary *reshard_plan_summary(const reshard_plan *plan);
+void reshard_plan_free(reshard_plan *plan);
+
+/* Writes the output checkpoint at out_path (committed atomically: nothing is
+ * visible there unless it completes). */
+int reshard_execute(reshard_plan *plan, const char *out_path);
+
+typedef struct {
+    int tensors;          /* compared */
+    int mismatches;       /* tensors whose digest differs */
+    char first_mismatch[CKPT_NAME_MAX + 1];
+} reshard_verify_result;
+
+/* Proves an output equal to its source without merging anything: every
+ * output piece is read and checked against its checksums and digest part,
+ * and every tensor's logical digest is compared with the source's (for
+ * tensors whose dtype changed, with the digest of the converted source
+ * values, computed from the source). */
+int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshard_verify_result *result);
+
+/* Message of the last failure in this thread. */
+const char *reshard_errmsg(void);
+
+/* Parses "tp4", "pp2", "tp4pp2" (either order); a degree not named is 0. */
+int reshard_parse_layout(const char *text, int *tp, int *pp);
+
+#endif
