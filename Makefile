@@ -32,7 +32,8 @@ NVCCFLAGS ?= -O2 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 
 COMMON_SRC := $(wildcard common/*.c)
 CKPT_SRC := $(filter-out ckpt/tp-ckpt.c,$(wildcard ckpt/*.c))
-KERNELS_SRC := kernels/convert.c
+KERNELS_SRC := kernels/convert.c kernels/moves.c
+RESHARD_SRC := $(filter-out reshard/tp-reshard.c,$(wildcard reshard/*.c))
 TRAINER_LIB_SRC := trainer/gpt_catalog.c
 ifeq ($(CUDA),1)
 KERNELS_CU := $(wildcard kernels/*.cu)
@@ -48,11 +49,13 @@ LIB_COMMON := $(BUILD)/lib/libtpcommon.a
 LIB_CKPT := $(BUILD)/lib/libtpckpt.a
 LIB_KERNELS := $(BUILD)/lib/libtpkernels.a
 LIB_TRAINER := $(BUILD)/lib/libtptrainer.a
-LIBS := $(LIB_TRAINER) $(LIB_CKPT) $(LIB_KERNELS) $(LIB_COMMON)
+LIB_RESHARD := $(BUILD)/lib/libtpreshard.a
+LIBS := $(LIB_TRAINER) $(LIB_RESHARD) $(LIB_CKPT) $(LIB_KERNELS) $(LIB_COMMON)
 
-PROGRAMS := $(BUILD)/bin/tp-ckpt
+PROGRAMS := $(BUILD)/bin/tp-ckpt $(BUILD)/bin/tp-reshard
 BENCH_PROGRAMS := $(BUILD)/bench/bench_ckpt
 TEST_SRC := $(wildcard tests/*/test_*.c)
+TEST_SUPPORT := $(call obj,$(wildcard tests/support/*.c))
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
 # Keep objects of tests between builds.
@@ -83,11 +86,14 @@ $(LIB_COMMON): $(call obj,$(COMMON_SRC))
 $(LIB_CKPT): $(call obj,$(CKPT_SRC))
 $(LIB_KERNELS): $(call obj,$(KERNELS_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(KERNELS_CU))
 $(LIB_TRAINER): $(call obj,$(TRAINER_LIB_SRC))
+$(LIB_RESHARD): $(call obj,$(RESHARD_SRC))
 $(BUILD)/lib/%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/bin/tp-ckpt: $(call obj,ckpt/tp-ckpt.c) $(LIBS)
+$(BUILD)/bin/tp-reshard: $(call obj,reshard/tp-reshard.c) $(LIBS)
+$(BUILD)/bin/%:
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
@@ -95,7 +101,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS) -lcriterion
 

@@ -105,6 +105,22 @@ typedef struct {
     int64_t layer;                 /* global layer index when anchor == CKPT_ANCHOR_LAYER */
 } ckpt_tensor_desc;
 
+/* A tensor description that owns its strings, with the partition normalized
+ * (an explicit segment list, granule >= 1). */
+typedef struct {
+    ckpt_tensor_desc desc;
+    char name[CKPT_NAME_MAX + 1];
+    char role[64];
+    char param[CKPT_NAME_MAX + 1];
+} ckpt_tensor_copy;
+
+/* Validates a description (names, shape, partition) and copies it. */
+int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in);
+
+/* Points desc's strings at the copy's own arrays again: needed after the
+ * struct was moved (realloc, qsort, assignment). */
+void ckpt_tensor_copy_rebind(ckpt_tensor_copy *copy);
+
 /* Training state recorded with a checkpoint (docs/FORMAT.md "train"). The JSON
  * texts are validated on write; NULL stands for an empty object/array. */
 typedef struct {
@@ -130,6 +146,10 @@ void ckpt_piece_shape(const ckpt_tensor_desc *tensor, int tp, int64_t shape_out[
 
 /* Global stored shape at degree tp: the logical shape with padding. */
 void ckpt_padded_shape(const ckpt_tensor_desc *tensor, int tp, int64_t shape_out[CKPT_MAX_DIMS]);
+
+/* Rows per checksum block (and zstd chunk) in pieces a writer stores at
+ * degree tp: about 1 MiB of data, at least one row. */
+int64_t ckpt_piece_block_rows(const ckpt_tensor_desc *tensor, int tp);
 
 /* Pipeline stage that holds the tensor in the given layout. */
 int ckpt_tensor_stage(const ckpt_tensor_desc *tensor, const ckpt_layout *layout);
@@ -271,6 +291,7 @@ typedef struct {
     int64_t bytes;                  /* stored bytes, uncompressed */
     uint64_t checksum;
     uint64_t digest;                /* the piece's part of the tensor's logical digest */
+    int64_t block_rows;             /* rows per checksum block */
     int compressed;
 } ckpt_piece_info;
 

@@ -43,22 +43,6 @@ void ckpt_shard_file_name(int pp, int tp, char *out, size_t out_size);
 /* Rows per checksum block for a piece whose rows hold row_bytes bytes. */
 int64_t ckpt_block_rows_for(int64_t rows, int64_t row_bytes);
 
-/* A tensor description with a normalized partition (one explicit segment list,
- * granule >= 1) and owned strings. */
-typedef struct {
-    ckpt_tensor_desc desc;
-    char name[CKPT_NAME_MAX + 1];
-    char role[64];
-    char param[CKPT_NAME_MAX + 1];
-} ckpt_tensor_copy;
-
-/* Validates names and shape, normalizes the partition and copies the strings. */
-int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in);
-
-/* Points desc's strings at the copy's own arrays again: needed after the
- * struct was moved (realloc, qsort, assignment). */
-void ckpt_tensor_copy_rebind(ckpt_tensor_copy *copy);
-
 /* Whether two normalized descriptions (ckpt_tensor_copy_init) are the same. */
 int ckpt_tensor_equal(const ckpt_tensor_desc *a, const ckpt_tensor_desc *b);
 

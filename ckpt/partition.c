@@ -376,3 +376,10 @@ int ckpt_piece_element_runs(const ckpt_tensor_desc *t, int tp, int piece, int64_
     }
     return status;
 }
+
+int64_t ckpt_piece_block_rows(const ckpt_tensor_desc *t, int tp)
+{
+    ckpt_piece_geometry g;
+    ckpt_piece_geometry_init(&g, t, tp, 0);
+    return g.block_rows;
+}

@@ -84,9 +84,24 @@ static int64_t step_of_name(const char *name)
     return step;
 }
 
+/* Whether path is, or has beside it, the staging directory of a checkpoint
+ * being written. */
+static int is_being_written(const char *path)
+{
+    size_t n = strlen(path);
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    if (base[0] == '.' && n > 8 && strcmp(path + n - 8, ".staging") == 0) return 1;
+    char staging[CKPT_PATH_MAX];
+    return ckpt_staging_path(path, staging, sizeof staging) == CKPT_OK && ckpt_path_exists(staging);
+}
+
 int ckpt_resolve(const char *path, char *out, size_t out_size)
 {
     struct stat st;
+    if (is_being_written(path) && !is_checkpoint_dir(path))
+        return ckpt_fail(CKPT_ERR_NOT_FOUND,
+                         "%s is a checkpoint still being written (not committed); use a committed one",
+                         path);
     if (stat(path, &st) != 0)
         return ckpt_fail(CKPT_ERR_NOT_FOUND, "%s: no such checkpoint: %s", path, strerror(errno));
     if (!S_ISDIR(st.st_mode))
@@ -281,6 +296,7 @@ int ckpt_reader_piece_info(const ckpt_reader *r, int i, int piece, ckpt_piece_in
     out->bytes = ip->bytes;
     out->checksum = ip->checksum;
     out->digest = ip->digest;
+    out->block_rows = r->index.tensors[i].block_rows;
     out->compressed = ip->compressed;
     return CKPT_OK;
 }

@@ -351,7 +351,7 @@ int ckpt_writer_owns_piece(const ckpt_writer *w, int id, int piece)
 int64_t ckpt_writer_block_rows(const ckpt_writer *w, int id)
 {
     if (id < 0 || id >= w->num_tensors) return -1;
-    return w->tensors[id].pieces[0].geometry.block_rows;
+    return ckpt_piece_block_rows(&w->tensors[id].tensor.desc, w->layout.tp);
 }
 
 /* Shuffles, compresses and stores blocks [first, first + count) of a chunked

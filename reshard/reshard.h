@@ -71,7 +71,7 @@ int reshard_execute(reshard_plan *plan, const char *out_path);
 typedef struct {
     int tensors;          /* compared */
     int mismatches;       /* tensors whose digest differs */
-    char first_mismatch[CKPT_NAME_MAX + 1];
+    char first_mismatch[512]; /* why the first differing tensor differs */
 } reshard_verify_result;
 
 /* Proves an output equal to its source without merging anything: every

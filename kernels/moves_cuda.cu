@@ -1,0 +1,153 @@
+/* moves_cuda.cu: strided moves with conversion on the GPU, the twin of
+ * moves_apply (moves.c). Conversions use convert_bits.h like the CPU, so the
+ * output is bit-identical. Each worker thread owns a mover: pinned host
+ * buffers, device buffers and a stream, so transfers of one thread overlap
+ * the kernels and disk I/O of the others. */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+extern "C" {
+#include "kernels.h"
+}
+#include "convert_bits.h"
+
+struct cuda_mover {
+    cudaStream_t stream;
+    void *host_staging, *host_output;     /* pinned */
+    void *device_staging, *device_output;
+    strided_move *device_moves;
+    size_t staging_bytes, output_bytes;
+    int64_t max_moves;
+};
+
+#define CUDA_TRY(call)                                                                                 \
+    do {                                                                                               \
+        cudaError_t e_ = (call);                                                                       \
+        if (e_ != cudaSuccess) {                                                                       \
+            snprintf(err, err_size, "%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            goto fail;                                                                                 \
+        }                                                                                              \
+    } while (0)
+
+__device__ static uint32_t load_bits(const void *src, int format, int64_t i)
+{
+    if (format == NUMBER_F32) return ((const uint32_t *)src)[i];
+    uint16_t h = ((const uint16_t *)src)[i];
+    return format == NUMBER_BF16 ? bits_bf16_to_f32(h) : bits_f16_to_f32(h);
+}
+
+__device__ static void store_bits(void *dst, int format, int64_t i, uint32_t bits)
+{
+    if (format == NUMBER_F32) ((uint32_t *)dst)[i] = bits;
+    else if (format == NUMBER_BF16) ((uint16_t *)dst)[i] = bits_f32_to_bf16(bits);
+    else ((uint16_t *)dst)[i] = bits_f32_to_f16(bits);
+}
+
+/* blockIdx.y picks the move; the x dimension walks its len * repeat elements. */
+__global__ void moves_kernel(const void *src, int src_format, void *dst, int dst_format,
+                             const strided_move *moves)
+{
+    strided_move mv = moves[blockIdx.y];
+    int64_t total = mv.len * mv.repeat;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = e / mv.len, i = e % mv.len;
+        int64_t to = mv.dst + r * mv.dst_stride + i;
+        if (mv.src < 0) {
+            store_bits(dst, dst_format, to, 0);
+            continue;
+        }
+        uint32_t bits = load_bits(src, src_format, mv.src + r * mv.src_stride + i);
+        if (src_format == dst_format && src_format != NUMBER_F32)
+            ((uint16_t *)dst)[to] = ((const uint16_t *)src)[mv.src + r * mv.src_stride + i]; /* exact copy */
+        else
+            store_bits(dst, dst_format, to, bits);
+    }
+}
+
+extern "C" int cuda_mover_create(cuda_mover **out, size_t staging_bytes, size_t output_bytes,
+                                 int64_t max_moves, char *err, size_t err_size)
+{
+    *out = NULL;
+    if (cuda_device_count() == 0) {
+        snprintf(err, err_size, "no CUDA device is available");
+        return -1;
+    }
+    cuda_mover *m = (cuda_mover *)calloc(1, sizeof *m);
+    if (!m) {
+        snprintf(err, err_size, "out of memory");
+        return -1;
+    }
+    m->staging_bytes = staging_bytes;
+    m->output_bytes = output_bytes;
+    m->max_moves = max_moves > 0 ? max_moves : 1;
+    CUDA_TRY(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+    CUDA_TRY(cudaMallocHost(&m->host_staging, staging_bytes ? staging_bytes : 1));
+    CUDA_TRY(cudaMallocHost(&m->host_output, output_bytes ? output_bytes : 1));
+    CUDA_TRY(cudaMalloc(&m->device_staging, staging_bytes ? staging_bytes : 1));
+    CUDA_TRY(cudaMalloc(&m->device_output, output_bytes ? output_bytes : 1));
+    CUDA_TRY(cudaMalloc(&m->device_moves, (size_t)m->max_moves * sizeof(strided_move)));
+    *out = m;
+    return 0;
+fail:
+    cuda_mover_free(m);
+    return -1;
+}
+
+extern "C" void *cuda_mover_staging(cuda_mover *m)
+{
+    return m->host_staging;
+}
+
+extern "C" void *cuda_mover_output(cuda_mover *m)
+{
+    return m->host_output;
+}
+
+extern "C" int cuda_mover_run(cuda_mover *m, size_t staging_used, number_format src_format,
+                              size_t output_used, number_format dst_format, const strided_move *moves,
+                              int64_t count, char *err, size_t err_size)
+{
+    if (staging_used > m->staging_bytes || output_used > m->output_bytes || count > m->max_moves) {
+        snprintf(err, err_size, "GPU mover: %zu/%zu staging bytes, %zu/%zu output bytes, %lld/%lld moves",
+                 staging_used, m->staging_bytes, output_used, m->output_bytes, (long long)count,
+                 (long long)m->max_moves);
+        return -1;
+    }
+    CUDA_TRY(cudaMemcpyAsync(m->device_staging, m->host_staging, staging_used, cudaMemcpyHostToDevice, m->stream));
+    CUDA_TRY(cudaMemcpyAsync(m->device_moves, moves, (size_t)count * sizeof(strided_move), cudaMemcpyHostToDevice,
+                             m->stream));
+    /* Moves beyond 65535 go in batches (the grid's y limit). */
+    for (int64_t first = 0; first < count; first += 65535) {
+        int64_t batch = count - first < 65535 ? count - first : 65535;
+        int64_t longest = 0;
+        for (int64_t k = first; k < first + batch; k++)
+            if (moves[k].len * moves[k].repeat > longest) longest = moves[k].len * moves[k].repeat;
+        int threads = 256;
+        int64_t blocks = (longest + threads - 1) / threads;
+        if (blocks > 1024) blocks = 1024;
+        if (blocks < 1) blocks = 1;
+        dim3 grid((unsigned)blocks, (unsigned)batch);
+        moves_kernel<<<grid, threads, 0, m->stream>>>(m->device_staging, src_format, m->device_output, dst_format,
+                                                      m->device_moves + first);
+        CUDA_TRY(cudaGetLastError());
+    }
+    CUDA_TRY(cudaMemcpyAsync(m->host_output, m->device_output, output_used, cudaMemcpyDeviceToHost, m->stream));
+    CUDA_TRY(cudaStreamSynchronize(m->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" void cuda_mover_free(cuda_mover *m)
+{
+    if (!m) return;
+    if (m->device_moves) cudaFree(m->device_moves);
+    if (m->device_output) cudaFree(m->device_output);
+    if (m->device_staging) cudaFree(m->device_staging);
+    if (m->host_output) cudaFreeHost(m->host_output);
+    if (m->host_staging) cudaFreeHost(m->host_staging);
+    if (m->stream) cudaStreamDestroy(m->stream);
+    free(m);
+}

@@ -1,0 +1,434 @@
+/* plan.c: from a source checkpoint and a target layout to a list of slabs,
+ * each with the source rows it reads and the moves that place them.
+ *
+ * A tensor's output is cut one of three ways, by its partition alone:
+ *  - replicated: rows of its one piece, read from the one source piece;
+ *  - split along axis 0: rows of one output piece; each maps to logical rows
+ *    (or padding), which map to rows of source pieces, read straight to place;
+ *  - split along a later axis A: the same rows of every output piece at once,
+ *    so every source row is read once; per output piece and run along A, one
+ *    strided move per source piece places [outer, run, inner] elements. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "../common/parallel.h"
+#include "internal.h"
+
+#define SLAB_MAX_BYTES ((int64_t)64 << 20)  /* per thread: larger slabs gain nothing */
+#define THREAD_OVERHEAD ((int64_t)12 << 20) /* reader and writer scratch per thread */
+#define FIXED_OVERHEAD ((int64_t)32 << 20)  /* HDF5, the writer's tables, the program */
+
+void reshard_options_init(reshard_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->device = RESHARD_DEVICE_AUTO;
+    o->param_dtype = -1;
+    o->compress_level = -1;
+}
+
+int reshard_parse_layout(const char *text, int *tp, int *pp)
+{
+    *tp = 0;
+    *pp = 0;
+    const char *c = text;
+    int ok = *c != '\0';
+    while (ok && *c) {
+        int *degree = strncmp(c, "tp", 2) == 0 ? tp : strncmp(c, "pp", 2) == 0 ? pp : NULL;
+        ok = degree && !*degree && c[2] >= '1' && c[2] <= '9';
+        if (!ok) break;
+        c += 2;
+        long value = 0;
+        while (*c >= '0' && *c <= '9' && value <= 4096) value = value * 10 + (*c++ - '0');
+        ok = value <= 4096;
+        *degree = (int)value;
+    }
+    if (!ok) return reshard_fail(CKPT_ERR_ARG, "layout '%s' not understood (expected e.g. tp4, pp2 or tp4pp2)", text);
+    return CKPT_OK;
+}
+
+number_format reshard_format(ckpt_dtype dtype)
+{
+    return dtype == CKPT_BF16 ? NUMBER_BF16 : dtype == CKPT_FP16 ? NUMBER_F16 : NUMBER_F32;
+}
+
+static int64_t row_elements(const int64_t *shape, int ndim)
+{
+    int64_t n = 1;
+    for (int d = 1; d < ndim; d++) n *= shape[d];
+    return n;
+}
+
+/* ------------------------------------------------------------ slab ops */
+
+static int add_read(slab_ops *ops, int piece, int64_t row0, int64_t row1, int64_t staging)
+{
+    if (ops->num_reads == ops->reads_capacity) {
+        int64_t capacity = ops->reads_capacity ? 2 * ops->reads_capacity : 64;
+        read_op *grown = realloc(ops->reads, (size_t)capacity * sizeof *grown);
+        if (!grown) return reshard_fail(CKPT_ERR_NOMEM, "out of memory for the slab plan");
+        ops->reads = grown;
+        ops->reads_capacity = capacity;
+    }
+    ops->reads[ops->num_reads++] = (read_op){piece, row0, row1, staging};
+    return CKPT_OK;
+}
+
+static int add_move(slab_ops *ops, strided_move move)
+{
+    if (ops->num_moves == ops->moves_capacity) {
+        int64_t capacity = ops->moves_capacity ? 2 * ops->moves_capacity : 64;
+        strided_move *grown = realloc(ops->moves, (size_t)capacity * sizeof *grown);
+        if (!grown) return reshard_fail(CKPT_ERR_NOMEM, "out of memory for the slab plan");
+        ops->moves = grown;
+        ops->moves_capacity = capacity;
+    }
+    ops->moves[ops->num_moves++] = move;
+    return CKPT_OK;
+}
+
+void reshard_slab_ops_free(slab_ops *ops)
+{
+    free(ops->reads);
+    free(ops->moves);
+    memset(ops, 0, sizeof *ops);
+}
+
+/* Output rows [row0, row1) of one piece of a tensor split along axis 0. */
+static int rows_ops(const reshard_plan *plan, const tensor_plan *t, int piece, int64_t row0, int64_t row1,
+                    slab_ops *ops)
+{
+    const ckpt_tensor_desc *src = ckpt_reader_tensor(plan->source, t->source);
+    int src_tp = ckpt_reader_layout(plan->source)->tp;
+    ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
+    int64_t n = ckpt_piece_runs(&t->out.desc, plan->to.tp, piece, runs, 2 * CKPT_MAX_SEGMENTS);
+    int64_t max_src_runs = (int64_t)src->partition.num_segments * src_tp;
+    ckpt_run *src_runs = malloc((size_t)max_src_runs * sizeof *src_runs);
+    int status = src_runs ? CKPT_OK : reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    for (int64_t k = 0; k < n && !status; k++) {
+        int64_t a = runs[k].local_start > row0 ? runs[k].local_start : row0;
+        int64_t end = runs[k].local_start + runs[k].length, b = end < row1 ? end : row1;
+        if (a >= b) continue;
+        int64_t offset = (a - row0) * t->out_row;
+        if (runs[k].logical_start < 0) {
+            status = add_move(ops, (strided_move){-1, 0, offset, 0, (b - a) * t->out_row, 1});
+            continue;
+        }
+        int64_t logical = runs[k].logical_start + a - runs[k].local_start;
+        int64_t m = ckpt_partition_runs(src, src_tp, logical, b - a, src_runs, max_src_runs);
+        if (m < 0) status = reshard_fail(CKPT_ERR_FORMAT, "tensor %s: source partition does not cover rows", src->name);
+        for (int64_t j = 0; j < m && !status; j++) {
+            int64_t at = offset + (src_runs[j].logical_start - logical) * t->out_row;
+            status = add_read(ops, src_runs[j].rank, src_runs[j].local_start,
+                              src_runs[j].local_start + src_runs[j].length, at);
+            if (!status) status = add_move(ops, (strided_move){at, 0, at, 0, src_runs[j].length * t->out_row, 1});
+        }
+    }
+    free(src_runs);
+    ops->staging_elements = ops->output_elements = (row1 - row0) * t->out_row;
+    ops->direct = 1;
+    return status;
+}
+
+/* Rows [row0, row1) of every output piece of a tensor split along axis A > 0.
+ * Staging holds the rows of each source piece in turn, the output those of
+ * each output piece in turn. */
+static int all_pieces_ops(const reshard_plan *plan, const tensor_plan *t, int64_t row0, int64_t row1,
+                          slab_ops *ops)
+{
+    const ckpt_tensor_desc *src = ckpt_reader_tensor(plan->source, t->source);
+    const ckpt_tensor_desc *out = &t->out.desc;
+    int src_tp = ckpt_reader_layout(plan->source)->tp, out_tp = plan->to.tp, axis = out->partition.axis;
+    int64_t src_shape[CKPT_MAX_DIMS], out_shape[CKPT_MAX_DIMS];
+    ckpt_piece_shape(src, src_tp, src_shape);
+    ckpt_piece_shape(out, out_tp, out_shape);
+    int64_t outer = row1 - row0, inner = 1;
+    for (int d = 1; d < axis; d++) outer *= out_shape[d];
+    for (int d = axis + 1; d < out->ndim; d++) inner *= out_shape[d];
+    int64_t rows = row1 - row0;
+    int status = CKPT_OK;
+    for (int s = 0; s < src_tp && !status; s++) status = add_read(ops, s, row0, row1, s * rows * t->src_row);
+    int64_t max_src_runs = (int64_t)src->partition.num_segments * src_tp;
+    ckpt_run runs[2 * CKPT_MAX_SEGMENTS], *src_runs = malloc((size_t)max_src_runs * sizeof *src_runs);
+    if (!src_runs) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    for (int p = 0; p < out_tp && !status; p++) {
+        int64_t base = p * rows * t->out_row;
+        int64_t n = ckpt_piece_runs(out, out_tp, p, runs, 2 * CKPT_MAX_SEGMENTS);
+        for (int64_t k = 0; k < n && !status; k++) {
+            int64_t dst = base + runs[k].local_start * inner, dst_stride = out_shape[axis] * inner;
+            if (runs[k].logical_start < 0) {
+                status = add_move(ops, (strided_move){-1, 0, dst, dst_stride, runs[k].length * inner, outer});
+                continue;
+            }
+            int64_t m = ckpt_partition_runs(src, src_tp, runs[k].logical_start, runs[k].length, src_runs, max_src_runs);
+            if (m < 0) status = reshard_fail(CKPT_ERR_FORMAT, "tensor %s: source partition does not cover a run", src->name);
+            for (int64_t j = 0; j < m && !status; j++) {
+                int64_t from = src_runs[j].rank * rows * t->src_row + src_runs[j].local_start * inner;
+                int64_t to = dst + (src_runs[j].logical_start - runs[k].logical_start) * inner;
+                status = add_move(ops, (strided_move){from, src_shape[axis] * inner, to, dst_stride,
+                                                      src_runs[j].length * inner, outer});
+            }
+        }
+    }
+    free(src_runs);
+    ops->staging_elements = src_tp * rows * t->src_row;
+    ops->output_elements = out_tp * rows * t->out_row;
+    ops->direct = 0;
+    return status;
+}
+
+int reshard_slab_ops(const reshard_plan *plan, const slab *s, slab_ops *ops)
+{
+    ops->num_reads = ops->num_moves = 0;
+    const tensor_plan *t = &plan->tensors[s->tensor];
+    switch (t->kind) {
+    case SLAB_WHOLE: {
+        int64_t n = (s->row1 - s->row0) * t->out_row;
+        ops->staging_elements = ops->output_elements = n;
+        ops->direct = 1;
+        int status = add_read(ops, 0, s->row0, s->row1, 0);
+        return status ? status : add_move(ops, (strided_move){0, 0, 0, 0, n, 1});
+    }
+    case SLAB_ROWS: return rows_ops(plan, t, s->piece, s->row0, s->row1, ops);
+    case SLAB_ALL_PIECES: return all_pieces_ops(plan, t, s->row0, s->row1, ops);
+    }
+    return reshard_fail(CKPT_ERR_ARG, "unknown slab kind");
+}
+
+/* ----------------------------------------------------------------- plan */
+
+/* Bytes a slab of one row needs in staging and output buffers together. */
+static int64_t bytes_per_row(const reshard_plan *plan, const tensor_plan *t)
+{
+    const ckpt_tensor_desc *src = ckpt_reader_tensor(plan->source, t->source);
+    int64_t src_size = (int64_t)ckpt_dtype_size(src->dtype), out_size = (int64_t)ckpt_dtype_size(t->out.desc.dtype);
+    if (t->kind == SLAB_ALL_PIECES)
+        return ckpt_reader_layout(plan->source)->tp * t->src_row * src_size + plan->to.tp * t->out_row * out_size;
+    return t->src_row * src_size + t->out_row * out_size;
+}
+
+static int64_t resident_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return (int64_t)resident * 4096;
+}
+
+/* Rows per slab for every tensor within a per-thread budget; fails naming the
+ * first tensor one checksum block of which does not fit. */
+static int size_slabs(reshard_plan *plan, int64_t budget, const char **offender, int64_t *needed)
+{
+    for (int i = 0; i < plan->num_tensors; i++) {
+        tensor_plan *t = &plan->tensors[i];
+        int64_t per_row = bytes_per_row(plan, t);
+        int64_t limit = budget < SLAB_MAX_BYTES ? budget : SLAB_MAX_BYTES;
+        if (t->block_rows * per_row > budget) {
+            *offender = t->out.name;
+            *needed = t->block_rows * per_row;
+            return -1;
+        }
+        int64_t rows = limit / per_row / t->block_rows * t->block_rows;
+        if (rows < t->block_rows) rows = t->block_rows;
+        t->rows_per_slab = rows < t->rows ? rows : t->rows;
+    }
+    return 0;
+}
+
+static int by_file_then_order(const void *a, const void *b)
+{
+    const slab *x = a, *y = b;
+    if (x->file != y->file) return x->file - y->file;
+    if (x->tensor != y->tensor) return x->tensor - y->tensor;
+    return x->row0 < y->row0 ? -1 : x->row0 > y->row0;
+}
+
+static int add_slab(reshard_plan *plan, int64_t *capacity, slab s)
+{
+    if (plan->num_slabs == *capacity) {
+        *capacity = *capacity ? 2 * *capacity : 1024;
+        slab *grown = realloc(plan->slabs, (size_t)*capacity * sizeof *grown);
+        if (!grown) return reshard_fail(CKPT_ERR_NOMEM, "out of memory for the slab list");
+        plan->slabs = grown;
+    }
+    plan->slabs[plan->num_slabs++] = s;
+    return CKPT_OK;
+}
+
+/* Walks every slab once: source bytes read (whole checksum blocks, as the
+ * verifying reader reads them), buffer sizes and move counts. */
+static int measure(reshard_plan *plan)
+{
+    slab_ops ops;
+    memset(&ops, 0, sizeof ops);
+    int status = CKPT_OK;
+    for (int64_t k = 0; k < plan->num_slabs && !status; k++) {
+        const slab *s = &plan->slabs[k];
+        const tensor_plan *t = &plan->tensors[s->tensor];
+        const ckpt_tensor_desc *src = ckpt_reader_tensor(plan->source, t->source);
+        status = reshard_slab_ops(plan, s, &ops);
+        if (status) break;
+        for (int64_t r = 0; r < ops.num_reads; r++) {
+            ckpt_piece_info info;
+            ckpt_reader_piece_info(plan->source, t->source, ops.reads[r].piece, &info);
+            int64_t block = info.block_rows, rows = info.shape[0];
+            int64_t b0 = ops.reads[r].row0 / block * block;
+            int64_t b1 = (ops.reads[r].row1 + block - 1) / block * block;
+            plan->summary.bytes_read += ((b1 < rows ? b1 : rows) - b0) * (info.bytes / rows);
+        }
+        int64_t staging = ops.staging_elements * (int64_t)ckpt_dtype_size(src->dtype);
+        int64_t output = ops.output_elements * (int64_t)ckpt_dtype_size(t->out.desc.dtype);
+        if (staging > plan->max_staging_bytes) plan->max_staging_bytes = staging;
+        if (output > plan->max_output_bytes) plan->max_output_bytes = output;
+        if (ops.num_moves > plan->max_moves) plan->max_moves = ops.num_moves;
+    }
+    reshard_slab_ops_free(&ops);
+    return status;
+}
+
+void reshard_plan_free(reshard_plan *plan)
+{
+    if (!plan) return;
+    free(plan->tensors);
+    free(plan->slabs);
+    free(plan);
+}
+
+int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_options *options)
+{
+    *out = NULL;
+    reshard_plan *plan = calloc(1, sizeof *plan);
+    if (!plan) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    plan->source = source;
+    if (options) plan->options = *options;
+    else reshard_options_init(&plan->options);
+    const reshard_options *o = &plan->options;
+    const ckpt_layout *from = ckpt_reader_layout(source);
+    plan->to = *from;
+    if (o->tp) plan->to.tp = o->tp;
+    if (o->pp) plan->to.pp = o->pp;
+    int status = ckpt_layout_check(&plan->to);
+    if (status) {
+        reshard_fail_ckpt(status, "cannot reshard to tp=%d pp=%d", plan->to.tp, plan->to.pp);
+        reshard_plan_free(plan);
+        return status;
+    }
+    int n = ckpt_reader_num_tensors(source), any_compressed = 0;
+    plan->tensors = calloc((size_t)n + 1, sizeof *plan->tensors);
+    if (!plan->tensors) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n && !status; i++) {
+        const ckpt_tensor_desc *src = ckpt_reader_tensor(source, i);
+        ckpt_piece_info info;
+        ckpt_reader_piece_info(source, i, 0, &info);
+        any_compressed |= info.compressed;
+        if (o->drop_optimizer && strcmp(src->role, "param") != 0) {
+            plan->summary.tensors_dropped++;
+            continue;
+        }
+        tensor_plan *t = &plan->tensors[plan->num_tensors];
+        t->source = i;
+        ckpt_tensor_desc desc = *src;
+        if (o->param_dtype >= 0 && strcmp(src->role, "param") == 0) desc.dtype = (ckpt_dtype)o->param_dtype;
+        status = ckpt_tensor_copy_init(&t->out, &desc);
+        if (!status) status = ckpt_tensor_check(&t->out.desc, plan->to.tp);
+        if (status) {
+            status = reshard_fail_ckpt(status, "cannot reshard to tp=%d pp=%d", plan->to.tp, plan->to.pp);
+            break;
+        }
+        const ckpt_tensor_desc *d = &t->out.desc;
+        t->kind = d->partition.kind == CKPT_REPLICATED ? SLAB_WHOLE : d->partition.axis == 0 ? SLAB_ROWS : SLAB_ALL_PIECES;
+        t->stage = ckpt_tensor_stage(d, &plan->to);
+        t->block_rows = ckpt_piece_block_rows(d, plan->to.tp);
+        int64_t shape[CKPT_MAX_DIMS];
+        ckpt_piece_shape(d, plan->to.tp, shape);
+        t->rows = shape[0];
+        t->out_row = row_elements(shape, d->ndim);
+        ckpt_piece_shape(src, from->tp, shape);
+        t->src_row = row_elements(shape, src->ndim);
+        plan->num_tensors++;
+    }
+    if (status) {
+        reshard_plan_free(plan);
+        return status;
+    }
+
+    /* Device. */
+    int gpus = cuda_device_count();
+    if (o->device == RESHARD_DEVICE_CUDA && gpus == 0) {
+        reshard_plan_free(plan);
+        return reshard_fail(CKPT_ERR_ARG, "--device cuda: %s",
+                            cuda_built() ? "no CUDA device is available" : "this build has no CUDA support");
+    }
+    plan->use_cuda = o->device != RESHARD_DEVICE_CPU && gpus > 0;
+    plan->compress_level = o->compress_level >= 0 ? o->compress_level : any_compressed ? 3 : 0;
+
+    /* Memory: what is resident now, fixed and per-thread overheads, then the
+     * rest split between the threads' staging and output buffers. With too
+     * little for one checksum block per slab, fewer threads are tried. */
+    int64_t limit = o->memory_limit > 0 ? o->memory_limit : RESHARD_DEFAULT_MEMORY;
+    int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
+    int64_t base = resident_bytes() + FIXED_OVERHEAD;
+    const char *offender = NULL;
+    int64_t needed = 0, budget = 0;
+    for (; threads >= 1; threads--) {
+        budget = (limit - base) / threads - THREAD_OVERHEAD;
+        if (budget > 0 && size_slabs(plan, budget, &offender, &needed) == 0) break;
+    }
+    if (threads < 1) {
+        char text[64];
+        snprintf(text, sizeof text, "%.1f MiB", (double)(needed + THREAD_OVERHEAD + base) / 1048576.0);
+        status = reshard_fail(CKPT_ERR_ARG,
+                              "memory limit of %.1f MiB is too small: tensor %s needs at least %s "
+                              "(one checksum block per slab); raise --memory-limit",
+                              (double)limit / 1048576.0, offender ? offender : "?", text);
+        reshard_plan_free(plan);
+        return status;
+    }
+
+    /* Slabs, file by file. */
+    int64_t capacity = 0;
+    for (int i = 0; i < plan->num_tensors && !status; i++) {
+        const tensor_plan *t = &plan->tensors[i];
+        int pieces = t->kind == SLAB_ROWS ? plan->to.tp : 1;
+        for (int p = 0; p < pieces && !status; p++) {
+            int piece = t->kind == SLAB_ALL_PIECES ? -1 : p;
+            int file = t->stage * plan->to.tp + (piece > 0 ? piece : 0);
+            for (int64_t r = 0; r < t->rows && !status; r += t->rows_per_slab) {
+                int64_t end = r + t->rows_per_slab < t->rows ? r + t->rows_per_slab : t->rows;
+                status = add_slab(plan, &capacity, (slab){i, piece, r, end, file});
+            }
+        }
+        plan->summary.pieces_written += ckpt_piece_count(&t->out.desc, plan->to.tp);
+        plan->summary.bytes_written += (int64_t)ckpt_piece_count(&t->out.desc, plan->to.tp) * t->rows * t->out_row *
+                                       (int64_t)ckpt_dtype_size(t->out.desc.dtype);
+    }
+    if (!status && plan->num_slabs > 1)
+        qsort(plan->slabs, (size_t)plan->num_slabs, sizeof *plan->slabs, by_file_then_order);
+    if (!status) status = measure(plan);
+    if (status) {
+        reshard_plan_free(plan);
+        return status;
+    }
+    reshard_summary *s = &plan->summary;
+    s->from = *from;
+    s->to = plan->to;
+    s->tensors = plan->num_tensors;
+    s->files_written = plan->to.tp * plan->to.pp;
+    s->slabs = plan->num_slabs;
+    s->threads = threads;
+    s->slab_bytes = plan->max_staging_bytes > plan->max_output_bytes ? plan->max_staging_bytes : plan->max_output_bytes;
+    s->buffer_memory = threads * (plan->max_staging_bytes + plan->max_output_bytes);
+    s->memory_limit = limit;
+    s->device = plan->use_cuda ? "cuda" : "cpu";
+    *out = plan;
+    return CKPT_OK;
+}
+
+const reshard_summary *reshard_plan_summary(const reshard_plan *plan)
+{
+    return &plan->summary;
+}

@@ -1,0 +1,287 @@
+/* tp-reshard: convert a checkpoint to another tensor/pipeline layout.
+ * A thin layer over reshard.h; see `tp-reshard --help`. Exit status: 0
+ * success, 1 failure (including a failed --verify), 2 usage. */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "../common/cli.h"
+#include "../common/parallel.h"
+#include "../common/progress.h"
+#include "reshard.h"
+
+static const char *usage_text =
+    "usage: tp-reshard CKPT --to LAYOUT [--from LAYOUT] [-o OUT] [options]\n"
+    "\n"
+    "Converts a checkpoint (weights and optimizer state) to another tensor/pipeline layout,\n"
+    "streaming with bounded memory; the output is committed atomically.\n"
+    "\n"
+    "  --to LAYOUT              target degrees: tp4, pp2 or tp4pp2 (a degree not named is kept)\n"
+    "  --from LAYOUT            the source's degrees, checked against its metadata\n"
+    "  -o, --output DIR         output checkpoint (default: beside CKPT, named after the layout)\n"
+    "  --threads N              worker threads (default: all cores)\n"
+    "  --memory-limit SIZE      bound on memory, e.g. 512M or 4G (default 1G)\n"
+    "  --device auto|cpu|cuda   where moves and conversions run (default auto: a GPU if present)\n"
+    "  --dtype keep|fp32|bf16|fp16  parameter dtype (optimizer state stays fp32; default keep)\n"
+    "  --compress zstd[:L]|none output compression (default: as the source)\n"
+    "  --no-optim               leave out optimizer state (e.g. for inference)\n"
+    "  --dry-run                print the plan: files, tensors, bytes, memory; write nothing\n"
+    "  --verify                 after writing, prove the output equal to the source (digests)\n"
+    "  --json                   print a machine-readable summary instead of text\n"
+    "  --force                  replace an existing output\n"
+    "  --progress               show progress even when stderr is not a terminal\n"
+    "\n"
+    "CKPT is a checkpoint directory, or a run directory (its latest checkpoint).\n";
+
+static void die_usage(const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "tp-reshard: ");
+    vfprintf(stderr, fmt, args);
+    fprintf(stderr, " (see tp-reshard --help)\n");
+    va_end(args);
+    exit(2);
+}
+
+static int fail(const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "tp-reshard: error: ");
+    vfprintf(stderr, fmt, args);
+    fprintf(stderr, "\n");
+    va_end(args);
+    return 1;
+}
+
+static void on_bytes(void *ctx, int64_t bytes)
+{
+    progress_add(ctx, bytes);
+}
+
+static int64_t peak_rss_bytes(void)
+{
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    return (int64_t)usage.ru_maxrss * 1024;
+}
+
+static void print_plan(const reshard_summary *s, const char *source, const char *out)
+{
+    char read[32], written[32], buffers[32], limit[32], slab[32];
+    format_bytes((double)s->bytes_read, read, sizeof read);
+    format_bytes((double)s->bytes_written, written, sizeof written);
+    format_bytes((double)s->buffer_memory, buffers, sizeof buffers);
+    format_bytes((double)s->memory_limit, limit, sizeof limit);
+    format_bytes((double)s->slab_bytes, slab, sizeof slab);
+    printf("plan: %s (tp%dpp%d) -> %s (tp%dpp%d)\n", source, s->from.tp, s->from.pp, out, s->to.tp, s->to.pp);
+    printf("  files      %d shard files: shard_pp00_tp00.h5 .. shard_pp%02d_tp%02d.h5\n", s->files_written,
+           s->to.pp - 1, s->to.tp - 1);
+    printf("  tensors    %d (%lld pieces)%s\n", s->tensors, (long long)s->pieces_written,
+           s->tensors_dropped ? ", optimizer state left out" : "");
+    printf("  read       %s from the source\n", read);
+    printf("  write      %s\n", written);
+    printf("  work       %lld slabs on %d threads (%s), slabs up to %s\n", (long long)s->slabs, s->threads,
+           s->device, slab);
+    printf("  memory     %s of buffers within a limit of %s\n", buffers, limit);
+}
+
+static cJSON *layout_json(const ckpt_layout *l)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "tp", l->tp);
+    cJSON_AddNumberToObject(o, "pp", l->pp);
+    return o;
+}
+
+int main(int argc, char **argv)
+{
+    reshard_options options;
+    reshard_options_init(&options);
+    const char *to = NULL, *from = NULL, *out = NULL;
+    int dry_run = 0, verify = 0, json = 0, force_progress = 0;
+    enum { O_TO = 256, O_FROM, O_THREADS, O_MEMORY, O_DEVICE, O_DTYPE, O_COMPRESS, O_NO_OPTIM, O_DRY, O_VERIFY,
+           O_JSON, O_FORCE, O_PROGRESS };
+    static const struct option long_options[] = {
+        {"to", required_argument, 0, O_TO}, {"from", required_argument, 0, O_FROM},
+        {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, O_THREADS},
+        {"memory-limit", required_argument, 0, O_MEMORY}, {"device", required_argument, 0, O_DEVICE},
+        {"dtype", required_argument, 0, O_DTYPE}, {"compress", required_argument, 0, O_COMPRESS},
+        {"no-optim", no_argument, 0, O_NO_OPTIM}, {"dry-run", no_argument, 0, O_DRY},
+        {"verify", no_argument, 0, O_VERIFY}, {"json", no_argument, 0, O_JSON}, {"force", no_argument, 0, O_FORCE},
+        {"progress", no_argument, 0, O_PROGRESS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    int64_t value;
+    while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case O_TO: to = optarg; break;
+        case O_FROM: from = optarg; break;
+        case O_THREADS:
+            if (cli_parse_int(optarg, 1, 1024, &value)) die_usage("--threads expects 1..1024, got '%s'", optarg);
+            options.threads = (int)value;
+            break;
+        case O_MEMORY:
+            if (cli_parse_size(optarg, &value) || value < 1) die_usage("--memory-limit expects a size like 512M, got '%s'", optarg);
+            options.memory_limit = value;
+            break;
+        case O_DEVICE:
+            if (strcmp(optarg, "auto") == 0) options.device = RESHARD_DEVICE_AUTO;
+            else if (strcmp(optarg, "cpu") == 0) options.device = RESHARD_DEVICE_CPU;
+            else if (strcmp(optarg, "cuda") == 0) options.device = RESHARD_DEVICE_CUDA;
+            else die_usage("--device expects auto, cpu or cuda, got '%s'", optarg);
+            break;
+        case O_DTYPE: {
+            ckpt_dtype dtype;
+            if (strcmp(optarg, "keep") == 0) options.param_dtype = -1;
+            else if (ckpt_dtype_parse(optarg, &dtype) == CKPT_OK) options.param_dtype = (int)dtype;
+            else die_usage("--dtype expects keep, fp32, bf16 or fp16, got '%s'", optarg);
+            break;
+        }
+        case O_COMPRESS:
+            if (strcmp(optarg, "none") == 0) options.compress_level = 0;
+            else if (strcmp(optarg, "zstd") == 0) options.compress_level = 3;
+            else if (strncmp(optarg, "zstd:", 5) == 0 && cli_parse_int(optarg + 5, 1, 22, &value) == 0)
+                options.compress_level = (int)value;
+            else die_usage("--compress expects zstd, zstd:LEVEL (1..22) or none, got '%s'", optarg);
+            break;
+        case O_NO_OPTIM: options.drop_optimizer = 1; break;
+        case O_DRY: dry_run = 1; break;
+        case O_VERIFY: verify = 1; break;
+        case O_JSON: json = 1; break;
+        case O_FORCE: options.overwrite = 1; break;
+        case O_PROGRESS: force_progress = 1; break;
+        case 'h': fputs(usage_text, stdout); return 0;
+        default: die_usage("unknown option");
+        }
+    }
+    if (optind != argc - 1) die_usage(optind >= argc ? "missing CKPT" : "one checkpoint at a time");
+    if (!to) die_usage("--to is required (e.g. --to tp4pp2)");
+    if (reshard_parse_layout(to, &options.tp, &options.pp)) die_usage("--to: %s", reshard_errmsg());
+    int from_tp = 0, from_pp = 0;
+    if (from && reshard_parse_layout(from, &from_tp, &from_pp)) die_usage("--from: %s", reshard_errmsg());
+
+    ckpt_reader *source = NULL;
+    if (ckpt_reader_open(&source, argv[optind], NULL)) return fail("%s", ckpt_errmsg());
+    const ckpt_layout *layout = ckpt_reader_layout(source);
+    if ((from_tp && from_tp != layout->tp) || (from_pp && from_pp != layout->pp)) {
+        int code = fail("--from %s does not match %s, which is tp%dpp%d", from, ckpt_reader_path(source), layout->tp,
+                        layout->pp);
+        ckpt_reader_close(source);
+        return code;
+    }
+    char default_out[4200];
+    if (!out) {
+        snprintf(default_out, sizeof default_out, "%s_tp%dpp%d", ckpt_reader_path(source),
+                 options.tp ? options.tp : layout->tp, options.pp ? options.pp : layout->pp);
+        out = default_out;
+    }
+    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+    options.update_latest = strncmp(base, "step_", 5) == 0;
+
+    progress bar;
+    options.on_bytes = on_bytes;
+    options.progress_ctx = &bar;
+    reshard_plan *plan = NULL;
+    if (reshard_plan_create(&plan, source, &options)) {
+        int code = fail("%s", reshard_errmsg());
+        ckpt_reader_close(source);
+        return code;
+    }
+    const reshard_summary *s = reshard_plan_summary(plan);
+    if (options.device == RESHARD_DEVICE_AUTO && strcmp(s->device, "cpu") == 0)
+        fprintf(stderr, "tp-reshard: no CUDA device found; using the CPU\n");
+    if (dry_run) {
+        if (json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "source", ckpt_reader_path(source));
+            cJSON_AddStringToObject(o, "output", out);
+            cJSON_AddItemToObject(o, "from", layout_json(&s->from));
+            cJSON_AddItemToObject(o, "to", layout_json(&s->to));
+            cJSON_AddNumberToObject(o, "files", s->files_written);
+            cJSON_AddNumberToObject(o, "tensors", s->tensors);
+            cJSON_AddNumberToObject(o, "pieces", (double)s->pieces_written);
+            cJSON_AddNumberToObject(o, "bytes_read", (double)s->bytes_read);
+            cJSON_AddNumberToObject(o, "bytes_written", (double)s->bytes_written);
+            cJSON_AddNumberToObject(o, "threads", s->threads);
+            cJSON_AddNumberToObject(o, "buffer_memory", (double)s->buffer_memory);
+            cJSON_AddNumberToObject(o, "memory_limit", (double)s->memory_limit);
+            cJSON_AddStringToObject(o, "device", s->device);
+            char *text = cJSON_Print(o);
+            printf("%s\n", text);
+            cJSON_free(text);
+            cJSON_Delete(o);
+        } else {
+            print_plan(s, ckpt_reader_path(source), out);
+        }
+        reshard_plan_free(plan);
+        ckpt_reader_close(source);
+        return 0;
+    }
+
+    progress_start(&bar, "reshard", s->bytes_written, force_progress);
+    int status = reshard_execute(plan, out);
+    double seconds = progress_finish(&bar);
+    int code = 0;
+    if (status) code = fail("%s", reshard_errmsg());
+    reshard_verify_result checked = {0, 0, ""};
+    double verify_seconds = 0;
+    if (!code && verify) {
+        ckpt_reader *output = NULL;
+        double start = now_seconds();
+        if (ckpt_reader_open(&output, out, NULL)) code = fail("%s", ckpt_errmsg());
+        else if (reshard_verify(source, output, s->threads, &checked)) code = fail("%s", reshard_errmsg());
+        else if (checked.mismatches)
+            code = fail("verification failed: %d of %d tensors differ from the source; first: %s", checked.mismatches,
+                        checked.tensors, checked.first_mismatch);
+        verify_seconds = now_seconds() - start;
+        ckpt_reader_close(output);
+    }
+    if (!code) {
+        double gbps = seconds > 0 ? (double)s->bytes_written / seconds / 1e9 : 0;
+        if (json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "source", ckpt_reader_path(source));
+            cJSON_AddStringToObject(o, "output", out);
+            cJSON_AddItemToObject(o, "from", layout_json(&s->from));
+            cJSON_AddItemToObject(o, "to", layout_json(&s->to));
+            cJSON_AddNumberToObject(o, "tensors", s->tensors);
+            cJSON_AddNumberToObject(o, "bytes_read", (double)s->bytes_read);
+            cJSON_AddNumberToObject(o, "bytes_written", (double)s->bytes_written);
+            cJSON_AddNumberToObject(o, "seconds", seconds);
+            cJSON_AddNumberToObject(o, "gbps", gbps);
+            cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)peak_rss_bytes());
+            cJSON_AddNumberToObject(o, "memory_limit", (double)s->memory_limit);
+            cJSON_AddNumberToObject(o, "threads", s->threads);
+            cJSON_AddStringToObject(o, "device", s->device);
+            if (verify) {
+                cJSON_AddBoolToObject(o, "verified", 1);
+                cJSON_AddNumberToObject(o, "verify_seconds", verify_seconds);
+            }
+            char *text = cJSON_Print(o);
+            printf("%s\n", text);
+            cJSON_free(text);
+            cJSON_Delete(o);
+        } else {
+            char read[32], written[32], peak[32];
+            format_bytes((double)s->bytes_read, read, sizeof read);
+            format_bytes((double)s->bytes_written, written, sizeof written);
+            format_bytes((double)peak_rss_bytes(), peak, sizeof peak);
+            printf("resharded %s (tp%dpp%d) -> %s (tp%dpp%d): %d tensors, %s read, %s written in %.2f s "
+                   "(%.2f GB/s, %s), peak memory %s\n",
+                   ckpt_reader_path(source), s->from.tp, s->from.pp, out, s->to.tp, s->to.pp, s->tensors, read,
+                   written, seconds, gbps, s->device, peak);
+            if (verify)
+                printf("verified: %d tensors equal to the source (logical digests), in %.2f s\n", checked.tensors,
+                       verify_seconds);
+        }
+    }
+    reshard_plan_free(plan);
+    ckpt_reader_close(source);
+    return code;
+}

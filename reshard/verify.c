@@ -1,0 +1,113 @@
+/* verify.c: an output proven equal to its source without merging anything.
+ * Each output piece is read and checked against its checksums and its part
+ * of the logical digest; each tensor's logical digest is compared with the
+ * source's. Where the dtype changed, the expected digest is that of the
+ * source values converted, computed from the source one slab at a time. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/memory.h"
+#include "../common/parallel.h"
+#include "internal.h"
+
+#define VERIFY_SLAB_BYTES ((int64_t)16 << 20)
+
+typedef struct {
+    ckpt_reader *source, *output;
+    int *mismatch;       /* per output tensor: 0 equal, 1 differs */
+    char (*reason)[512];
+} verify_job;
+
+/* Digest of a source tensor converted to dtype, slab by slab of logical rows. */
+static int converted_digest(ckpt_reader *source, int index, ckpt_dtype dtype, uint64_t *out)
+{
+    const ckpt_tensor_desc *t = ckpt_reader_tensor(source, index);
+    int64_t row = 1;
+    for (int d = 1; d < t->ndim; d++) row *= t->shape[d];
+    int64_t rows = VERIFY_SLAB_BYTES / (row * 4);
+    if (rows < 1) rows = 1;
+    if (rows > t->shape[0]) rows = t->shape[0];
+    size_t src_bytes = (size_t)(rows * row) * ckpt_dtype_size(t->dtype);
+    char *raw = alloc_pages(src_bytes), *converted = alloc_pages((size_t)(rows * row) * ckpt_dtype_size(dtype));
+    int status = raw && converted ? CKPT_OK : reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    uint64_t digest = 0;
+    for (int64_t r = 0; r < t->shape[0] && !status; r += rows) {
+        int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS];
+        memcpy(count, t->shape, sizeof count);
+        start[0] = r;
+        count[0] = t->shape[0] - r < rows ? t->shape[0] - r : rows;
+        status = ckpt_reader_read_region(source, index, start, count, raw, src_bytes);
+        if (status) {
+            status = reshard_ckpt_error(status);
+            break;
+        }
+        convert_numbers(raw, reshard_format(t->dtype), converted, reshard_format(dtype), count[0] * row);
+        digest += ckpt_digest_run(converted, ckpt_dtype_size(dtype), r * row, count[0] * row);
+    }
+    free(raw);
+    free(converted);
+    *out = digest;
+    return status;
+}
+
+static int verify_tensor(void *ctx, int64_t i, int thread)
+{
+    (void)thread;
+    verify_job *job = ctx;
+    const ckpt_tensor_desc *t = ckpt_reader_tensor(job->output, (int)i);
+    int j = ckpt_reader_find(job->source, t->name);
+    char *reason = job->reason[i];
+    job->mismatch[i] = 1;
+    if (j < 0) {
+        snprintf(reason, 512, "%s: not in the source", t->name);
+        return 0;
+    }
+    const ckpt_tensor_desc *s = ckpt_reader_tensor(job->source, j);
+    if (s->ndim != t->ndim || memcmp(s->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0) {
+        snprintf(reason, 512, "%s: logical shape differs from the source", t->name);
+        return 0;
+    }
+    for (int p = 0; p < ckpt_piece_count(t, ckpt_reader_layout(job->output)->tp); p++) {
+        if (ckpt_reader_verify_piece(job->output, (int)i, p) || ckpt_reader_check_padding(job->output, (int)i, p)) {
+            snprintf(reason, 512, "%s", ckpt_errmsg());
+            return 0;
+        }
+    }
+    uint64_t expected = ckpt_reader_digest(job->source, j);
+    if (s->dtype != t->dtype && converted_digest(job->source, j, t->dtype, &expected)) {
+        snprintf(reason, 512, "%s", reshard_errmsg());
+        return 0;
+    }
+    uint64_t actual = ckpt_reader_digest(job->output, (int)i);
+    if (actual != expected) {
+        snprintf(reason, 512, "%s: logical digest %016llx, the source gives %016llx", t->name,
+                 (unsigned long long)actual, (unsigned long long)expected);
+        return 0;
+    }
+    job->mismatch[i] = 0;
+    return 0;
+}
+
+int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshard_verify_result *result)
+{
+    memset(result, 0, sizeof *result);
+    int n = ckpt_reader_num_tensors(output);
+    verify_job job = {source, output, calloc((size_t)n + 1, sizeof(int)), calloc((size_t)n + 1, 512)};
+    if (!job.mismatch || !job.reason) {
+        free(job.mismatch);
+        free(job.reason);
+        return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    }
+    parallel_for(n, threads > 0 ? threads : parallel_cpu_count(), verify_tensor, &job, NULL);
+    result->tensors = n;
+    for (int i = 0; i < n; i++) {
+        if (!job.mismatch[i]) continue;
+        if (!result->mismatches)
+            snprintf(result->first_mismatch, sizeof result->first_mismatch, "%s", job.reason[i]);
+        result->mismatches++;
+    }
+    free(job.mismatch);
+    free(job.reason);
+    return CKPT_OK;
+}

@@ -1,0 +1,252 @@
+/* Resharding against naive references: random tensors, segment lists,
+ * padding and layouts; multi-slab streaming under a tight memory limit;
+ * round trips; impossible targets; the CUDA executor against the CPU one. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../kernels/kernels.h"
+#include "../../reshard/reshard.h"
+#include "../support/fixture.h"
+
+TestSuite(reshard, .init = make_dir, .fini = remove_dir);
+
+static number_format format_of(ckpt_dtype dtype)
+{
+    return dtype == CKPT_BF16 ? NUMBER_BF16 : dtype == CKPT_FP16 ? NUMBER_F16 : NUMBER_F32;
+}
+
+static void run_reshard(const char *from, const char *to, const reshard_options *options)
+{
+    ckpt_reader *source;
+    cr_assert_eq(ckpt_reader_open(&source, from, NULL), CKPT_OK, "%s", ckpt_errmsg());
+    reshard_plan *plan;
+    cr_assert_eq(reshard_plan_create(&plan, source, options), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(reshard_execute(plan, to), CKPT_OK, "%s", reshard_errmsg());
+    reshard_plan_free(plan);
+    ckpt_reader *output;
+    cr_assert_eq(ckpt_reader_open(&output, to, NULL), CKPT_OK, "%s", ckpt_errmsg());
+    reshard_verify_result result;
+    cr_assert_eq(reshard_verify(source, output, 2, &result), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(result.mismatches, 0, "verify: %s", result.first_mismatch);
+    ckpt_reader_close(output);
+    ckpt_reader_close(source);
+}
+
+/* Every piece of every tensor at path equals the naive piece of the expected
+ * logical tensor (the source's, converted where the dtype changed). */
+static void check_output(const char *path, const test_tensor *tensors, int n, int drop_optimizer)
+{
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_OK, "%s", ckpt_errmsg());
+    int tp = ckpt_reader_layout(r)->tp, seen = 0;
+    for (int i = 0; i < n; i++) {
+        const test_tensor *t = &tensors[i];
+        int k = ckpt_reader_find(r, t->name);
+        if (drop_optimizer && strcmp(t->desc.role, "param") != 0) {
+            cr_assert_eq(k, -1, "%s dropped", t->name);
+            continue;
+        }
+        cr_assert(k >= 0, "%s present", t->name);
+        seen++;
+        const ckpt_tensor_desc *d = ckpt_reader_tensor(r, k);
+        int64_t count = elements_of(t->desc.shape, t->desc.ndim);
+        uint8_t *logical = malloc((size_t)count * 4);
+        convert_numbers(t->logical, format_of(t->desc.dtype), logical, format_of(d->dtype), count);
+        cr_assert_eq(ckpt_reader_digest(r, k), naive_digest(logical, ckpt_dtype_size(d->dtype), count), "digest of %s",
+                     t->name);
+        int64_t shape[CKPT_MAX_DIMS];
+        ckpt_piece_shape(d, tp, shape);
+        size_t bytes = (size_t)elements_of(shape, d->ndim) * ckpt_dtype_size(d->dtype);
+        uint8_t *want = malloc(bytes), *got = malloc(bytes);
+        for (int p = 0; p < ckpt_piece_count(d, tp); p++) {
+            build_piece(d, tp, p, logical, want);
+            cr_assert_eq(ckpt_reader_read_piece(r, k, p, got, bytes), CKPT_OK, "%s", ckpt_errmsg());
+            cr_assert_eq(memcmp(want, got, bytes), 0, "piece %d of %s at tp=%d", p, t->name, tp);
+        }
+        free(want);
+        free(got);
+        free(logical);
+    }
+    cr_assert_eq(ckpt_reader_num_tensors(r), seen);
+    ckpt_reader_close(r);
+}
+
+Test(reshard, random_layouts_against_reference)
+{
+    static const int degrees[] = {1, 2, 3, 4, 6, 8};
+    for (int iter = 0; iter < 20; iter++) {
+        int tps[2] = {degrees[rnd(0, 4)], degrees[rnd(0, 5)]};
+        int pps[2] = {(int)rnd(1, 3), (int)rnd(1, 3)};
+        int64_t layers = (int64_t)pps[0] * pps[1] * rnd(1, 2);
+        ckpt_layout layout = {tps[0], pps[0], 1, layers};
+        test_tensor tensors[10];
+        int n = random_tensors(tensors, 10, tps, 2, layers);
+        char source[600], target[600], back[600];
+        snprintf(source, sizeof source, "%s/src%d", dir, iter);
+        snprintf(target, sizeof target, "%s/dst%d", dir, iter);
+        snprintf(back, sizeof back, "%s/back%d", dir, iter);
+        write_tensors(source, &layout, tensors, n, iter % 4 == 3 ? 1 : 0, iter);
+
+        reshard_options options;
+        reshard_options_init(&options);
+        options.tp = tps[1];
+        options.pp = pps[1];
+        options.threads = (int)rnd(1, 3);
+        options.device = RESHARD_DEVICE_CPU;
+        options.param_dtype = iter % 3 == 1 ? (int)rnd(0, 2) : -1;
+        options.drop_optimizer = iter % 5 == 4;
+        options.compress_level = iter % 4 == 2 ? 1 : -1;
+        run_reshard(source, target, &options);
+        check_output(target, tensors, n, options.drop_optimizer);
+
+        /* Back to the source layout: bit-identical to the source. */
+        if (options.param_dtype < 0 && !options.drop_optimizer) {
+            reshard_options again;
+            reshard_options_init(&again);
+            again.tp = tps[0];
+            again.pp = pps[0];
+            again.device = RESHARD_DEVICE_CPU;
+            run_reshard(target, back, &again);
+            check_output(back, tensors, n, 0);
+        }
+        for (int i = 0; i < n; i++) free(tensors[i].logical);
+    }
+}
+
+/* Tensors of many checksum blocks under a memory limit that allows only a
+ * few blocks per slab, along both split axes and with padding. */
+Test(reshard, streams_in_slabs_within_memory)
+{
+    test_tensor tensors[3];
+    static const int64_t shapes[3][2] = {{6000, 300}, {300, 6000}, {5001, 256}};
+    for (int i = 0; i < 3; i++) {
+        memset(&tensors[i], 0, sizeof tensors[i]);
+        snprintf(tensors[i].name, sizeof tensors[i].name, "model/big%d", i);
+        tensors[i].desc = (ckpt_tensor_desc){.name = tensors[i].name, .dtype = CKPT_FP32, .ndim = 2,
+                                             .shape = {shapes[i][0], shapes[i][1]}, .anchor = CKPT_ANCHOR_FIRST};
+        tensors[i].desc.partition = (ckpt_partition){CKPT_SPLIT, i == 1, 0, {0}, 0, i == 2 ? 8 : 0};
+        size_t bytes = (size_t)(shapes[i][0] * shapes[i][1] * 4);
+        tensors[i].logical = malloc(bytes);
+        for (size_t b = 0; b < bytes; b++) tensors[i].logical[b] = (uint8_t)next_random();
+    }
+    char source[600], target[600];
+    snprintf(source, sizeof source, "%s/src", dir);
+    snprintf(target, sizeof target, "%s/dst", dir);
+    ckpt_layout layout = {4, 1, 1, 1};
+    write_tensors(source, &layout, tensors, 3, 0, 1);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, source, NULL), CKPT_OK);
+    reshard_options options;
+    reshard_options_init(&options);
+    options.tp = 2;
+    options.threads = 1;
+    options.device = RESHARD_DEVICE_CPU;
+    /* What is resident now, the plan's fixed and per-thread allowances, and
+     * 4 MiB for slabs: a few checksum blocks at a time. */
+    long pages = 0, resident = 0;
+    FILE *statm = fopen("/proc/self/statm", "r");
+    cr_assert(statm && fscanf(statm, "%ld %ld", &pages, &resident) == 2);
+    fclose(statm);
+    options.memory_limit = (int64_t)resident * 4096 + ((int64_t)(32 + 12 + 4) << 20);
+    reshard_plan *plan;
+    cr_assert_eq(reshard_plan_create(&plan, r, &options), CKPT_OK, "%s", reshard_errmsg());
+    const reshard_summary *s = reshard_plan_summary(plan);
+    cr_assert(s->slabs > 12, "many slabs: %lld", (long long)s->slabs);
+    cr_assert(s->buffer_memory < options.memory_limit, "buffers within the limit");
+    reshard_plan_free(plan);
+    ckpt_reader_close(r);
+    run_reshard(source, target, &options);
+    check_output(target, tensors, 3, 0);
+    for (int i = 0; i < 3; i++) free(tensors[i].logical);
+}
+
+Test(reshard, impossible_targets_name_the_tensor)
+{
+    char source[600], target[600];
+    snprintf(source, sizeof source, "%s/src", dir);
+    snprintf(target, sizeof target, "%s/dst", dir);
+    test_tensor t;
+    memset(&t, 0, sizeof t);
+    strcpy(t.name, "model/layers.1.attn.qkv.weight");
+    t.desc = (ckpt_tensor_desc){.name = t.name, .dtype = CKPT_FP32, .ndim = 2, .shape = {192, 4},
+                                .anchor = CKPT_ANCHOR_LAYER, .layer = 1};
+    t.desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {128, 32, 32}, 16, 0};
+    t.logical = calloc(192 * 4, 4);
+    ckpt_layout layout = {2, 2, 1, 4};
+    write_tensors(source, &layout, &t, 1, 0, 1);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, source, NULL), CKPT_OK);
+    reshard_options options;
+    reshard_options_init(&options);
+    options.tp = 4;
+    reshard_plan *plan;
+    cr_assert_eq(reshard_plan_create(&plan, r, &options), CKPT_ERR_LAYOUT);
+    cr_assert(strstr(reshard_errmsg(), "model/layers.1.attn.qkv.weight") && strstr(reshard_errmsg(), "segment 1"),
+              "%s", reshard_errmsg());
+    options.tp = 2;
+    options.pp = 3;
+    cr_assert_eq(reshard_plan_create(&plan, r, &options), CKPT_ERR_LAYOUT);
+    cr_assert(strstr(reshard_errmsg(), "4 layers") && strstr(reshard_errmsg(), "pp=3"), "%s", reshard_errmsg());
+    options.pp = 1;
+    options.memory_limit = 1 << 20;
+    cr_assert_eq(reshard_plan_create(&plan, r, &options), CKPT_ERR_ARG);
+    cr_assert(strstr(reshard_errmsg(), "memory limit"), "%s", reshard_errmsg());
+    ckpt_reader_close(r);
+    cr_assert_eq(access(target, F_OK), -1, "nothing written");
+    free(t.logical);
+}
+
+Test(reshard, layouts_parse)
+{
+    int tp, pp;
+    cr_assert_eq(reshard_parse_layout("tp4pp2", &tp, &pp), CKPT_OK);
+    cr_assert(tp == 4 && pp == 2);
+    cr_assert_eq(reshard_parse_layout("pp2", &tp, &pp), CKPT_OK);
+    cr_assert(tp == 0 && pp == 2);
+    cr_assert_eq(reshard_parse_layout("pp3tp8", &tp, &pp), CKPT_OK);
+    cr_assert(tp == 8 && pp == 3);
+    const char *bad[] = {"", "tp", "tp0", "tp4tp2", "tp4x", "4", "dp2", "tp99999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_assert_eq(reshard_parse_layout(bad[i], &tp, &pp), CKPT_ERR_ARG, "'%s' refused", bad[i]);
+}
+
+Test(reshard, cuda_matches_cpu)
+{
+    if (cuda_device_count() == 0)
+        cr_skip_test("no CUDA device (%s)", cuda_built() ? "built with CUDA" : "built without CUDA");
+    int tps[2] = {4, 2};
+    test_tensor tensors[10];
+    int n = random_tensors(tensors, 10, tps, 2, 2);
+    char source[600], on_cpu[600], on_gpu[600];
+    snprintf(source, sizeof source, "%s/src", dir);
+    snprintf(on_cpu, sizeof on_cpu, "%s/cpu", dir);
+    snprintf(on_gpu, sizeof on_gpu, "%s/gpu", dir);
+    ckpt_layout layout = {4, 1, 1, 2};
+    write_tensors(source, &layout, tensors, n, 0, 1);
+    reshard_options options;
+    reshard_options_init(&options);
+    options.tp = 2;
+    options.pp = 2;
+    options.param_dtype = CKPT_BF16;
+    options.device = RESHARD_DEVICE_CPU;
+    run_reshard(source, on_cpu, &options);
+    options.device = RESHARD_DEVICE_CUDA;
+    run_reshard(source, on_gpu, &options);
+    check_output(on_gpu, tensors, n, 0);
+    ckpt_reader *a, *b;
+    cr_assert_eq(ckpt_reader_open(&a, on_cpu, NULL), CKPT_OK);
+    cr_assert_eq(ckpt_reader_open(&b, on_gpu, NULL), CKPT_OK);
+    for (int i = 0; i < ckpt_reader_num_tensors(a); i++) {
+        ckpt_compare_result result;
+        cr_assert_eq(ckpt_compare_tensor(a, i, b, ckpt_reader_find(b, ckpt_reader_tensor(a, i)->name), 0, 0, 1 << 20,
+                                         &result), CKPT_OK);
+        cr_assert_eq(result.mismatches, 0, "%s differs between CPU and GPU", ckpt_reader_tensor(a, i)->name);
+        cr_assert_eq(ckpt_reader_digest(a, i), ckpt_reader_digest(b, ckpt_reader_find(b, ckpt_reader_tensor(a, i)->name)));
+    }
+    ckpt_reader_close(a);
+    ckpt_reader_close(b);
+    for (int i = 0; i < n; i++) free(tensors[i].logical);
+}
