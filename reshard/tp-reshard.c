@@ -71,7 +71,7 @@ static int64_t peak_rss_bytes(void)
     return (int64_t)usage.ru_maxrss * 1024;
 }
 
-static void print_plan(const reshard_summary *s, const char *source, const char *out)
+static void print_plan(const reshard_summary *s, const char *device, const char *source, const char *out)
 {
     char read[32], written[32], buffers[32], limit[32], slab[32];
     format_bytes((double)s->bytes_read, read, sizeof read);
@@ -87,7 +87,7 @@ static void print_plan(const reshard_summary *s, const char *source, const char 
     printf("  read       %s from the source\n", read);
     printf("  write      %s\n", written);
     printf("  work       %lld slabs on %d threads (%s), slabs up to %s\n", (long long)s->slabs, s->threads,
-           s->device, slab);
+           device, slab);
     printf("  memory     %s of buffers within a limit of %s\n", buffers, limit);
 }
 
@@ -194,8 +194,10 @@ int main(int argc, char **argv)
         return code;
     }
     const reshard_summary *s = reshard_plan_summary(plan);
-    if (options.device == RESHARD_DEVICE_AUTO && strcmp(s->device, "cpu") == 0)
-        fprintf(stderr, "tp-reshard: no CUDA device found; using the CPU\n");
+    /* Said once, in the plan or the summary, so that an error stays one line. */
+    const char *device = options.device == RESHARD_DEVICE_AUTO && strcmp(s->device, "cpu") == 0
+                             ? "cpu: no CUDA device found, using the CPU"
+                             : s->device;
     if (dry_run) {
         if (json) {
             cJSON *o = cJSON_CreateObject();
@@ -217,7 +219,7 @@ int main(int argc, char **argv)
             cJSON_free(text);
             cJSON_Delete(o);
         } else {
-            print_plan(s, ckpt_reader_path(source), out);
+            print_plan(s, device, ckpt_reader_path(source), out);
         }
         reshard_plan_free(plan);
         ckpt_reader_close(source);
@@ -275,7 +277,7 @@ int main(int argc, char **argv)
             printf("resharded %s (tp%dpp%d) -> %s (tp%dpp%d): %d tensors, %s read, %s written in %.2f s "
                    "(%.2f GB/s, %s), peak memory %s\n",
                    ckpt_reader_path(source), s->from.tp, s->from.pp, out, s->to.tp, s->to.pp, s->tensors, read,
-                   written, seconds, gbps, s->device, peak);
+                   written, seconds, gbps, device, peak);
             if (verify)
                 printf("verified: %d tensors equal to the source (logical digests), in %.2f s\n", checked.tensors,
                        verify_seconds);

@@ -7,7 +7,11 @@ the file and in the index, that padding is zero, merges the pieces into the
 logical tensor and, with --synth-seed, compares the values with the formula
 of `tp-ckpt synth` (docs/TOOLS.md), recomputed here in numpy.
 
-Usage: check_h5py.py CKPT_DIR [--synth-seed N] [--dump NAME OUT.npy]
+With --compare OTHER, it also merges every tensor of OTHER (any layout)
+the same way and requires bit-identical logical tensors and equal tensor
+sets: an independent check of a reshard.
+
+Usage: check_h5py.py CKPT_DIR [--synth-seed N] [--compare OTHER] [--dump NAME OUT.npy]
 Exit 0 when everything matches, 1 otherwise (one line per problem).
 """
 import json
@@ -148,76 +152,101 @@ def merge(tensor, pieces, tp):
     return np.concatenate(out, axis=axis), padding
 
 
-def main(argv):
-    ckpt = resolve(argv[1])
-    seed = int(argv[argv.index("--synth-seed") + 1]) if "--synth-seed" in argv else None
-    dump = argv[argv.index("--dump") + 1: argv.index("--dump") + 3] if "--dump" in argv else None
+def read_logical(ckpt, index, tensor, files, problems):
+    """Checks every piece of a tensor and merges it: (logical values as
+    float32, logical raw bits), or None after a problem."""
+    name, dtype = tensor["name"], tensor["dtype"]
+    tp = index["layout"]["tp"]
+    pieces, raw = [], []
+    for p, piece in enumerate(tensor["pieces"]):
+        path = os.path.join(ckpt, piece["file"])
+        if path not in files:
+            files[path] = h5py.File(path, "r")
+        f = files[path]
+        dset = f["tensors/" + name]
+        if list(dset.shape) != piece["shape"]:
+            problems.append(f"{name} piece {p}: shape {dset.shape} != index {piece['shape']}")
+            return None
+        if dset.attrs["dtype"] != dtype or int(dset.attrs["piece"]) != p:
+            problems.append(f"{name} piece {p}: attributes disagree with the index")
+        data = raw_piece_bytes(dset, path)
+        rows = dset.shape[0]
+        row_bytes = len(data) // rows
+        block_rows = int(dset.attrs["checksum_block_rows"])
+        stored = f["checksums/" + name][...]
+        hashes = [xxhash.xxh3_64_intdigest(data[b * row_bytes: min(b + block_rows, rows) * row_bytes])
+                  for b in range(0, rows, block_rows)]
+        if list(map(int, stored)) != hashes:
+            problems.append(f"{name} piece {p}: block hashes differ")
+        checksum = xxhash.xxh3_64_intdigest(np.array(hashes, dtype="<u8").tobytes())
+        if checksum != int(dset.attrs["checksum"]) or f"{checksum:016x}" != piece["checksum"]:
+            problems.append(f"{name} piece {p}: piece checksum differs")
+        values = values_from_bytes(data, dtype, dset.shape)
+        raw.append(np.frombuffer(data, "<u4" if dtype == "fp32" else "<u2").reshape(dset.shape))
+        # h5py's own conversion of the stored type must agree (bf16/fp16 as
+        # floats). Compressed data needs the zstd plugin, absent here: the
+        # chunks were already decoded above with zstandard.
+        if dset.chunks is None and not np.array_equal(dset[...].astype(np.float32), values, equal_nan=True):
+            problems.append(f"{name} piece {p}: h5py reads different values than the raw bytes")
+        pieces.append(values)
+    logical, padding = merge(tensor, pieces, tp)
+    bits = merge(tensor, raw, tp)[0]
+    if list(logical.shape) != tensor["shape"]:
+        problems.append(f"{name}: merged shape {logical.shape} != {tensor['shape']}")
+        return None
+    if any(np.count_nonzero(p) for p in padding):
+        problems.append(f"{name}: padding is not zero")
+    digest = logical_digest(bits)
+    if f"{digest:016x}" != tensor["digest"]:
+        problems.append(f"{name}: logical digest {digest:016x} != index {tensor['digest']}")
+    pieces_sum = sum(int(p["digest"], 16) for p in tensor["pieces"]) % (1 << 64)
+    if pieces_sum != digest:
+        problems.append(f"{name}: piece digests do not add up to the tensor's")
+    return logical, bits
+
+
+def load_index(path):
+    ckpt = resolve(path)
     with open(os.path.join(ckpt, "index.json")) as f:
         index = json.load(f)
-    problems = []
     assert index["format"] == "tp-ckpt" and index["format_version"][0] == 1
-    tp = index["layout"]["tp"]
-    config = index["model"]
-    files = {}
+    return ckpt, index
+
+
+def main(argv):
+    ckpt, index = load_index(argv[1])
+    seed = int(argv[argv.index("--synth-seed") + 1]) if "--synth-seed" in argv else None
+    dump = argv[argv.index("--dump") + 1: argv.index("--dump") + 3] if "--dump" in argv else None
+    other = load_index(argv[argv.index("--compare") + 1]) if "--compare" in argv else None
+    problems = []
+    files, other_files = {}, {}
     checked = 0
+    if other:
+        names = {t["name"] for t in index["tensors"]}
+        other_names = {t["name"] for t in other[1]["tensors"]}
+        for n in sorted(names ^ other_names):
+            problems.append(f"{n}: in one checkpoint only")
+        other_tensors = {t["name"]: t for t in other[1]["tensors"]}
     for tensor in index["tensors"]:
         name, dtype = tensor["name"], tensor["dtype"]
-        pieces, raw = [], []
-        for p, piece in enumerate(tensor["pieces"]):
-            path = os.path.join(ckpt, piece["file"])
-            if path not in files:
-                files[path] = h5py.File(path, "r")
-            f = files[path]
-            dset = f["tensors/" + name]
-            if list(dset.shape) != piece["shape"]:
-                problems.append(f"{name} piece {p}: shape {dset.shape} != index {piece['shape']}")
-                continue
-            if dset.attrs["dtype"] != dtype or int(dset.attrs["piece"]) != p:
-                problems.append(f"{name} piece {p}: attributes disagree with the index")
-            data = raw_piece_bytes(dset, path)
-            rows = dset.shape[0]
-            row_bytes = len(data) // rows
-            block_rows = int(dset.attrs["checksum_block_rows"])
-            stored = f["checksums/" + name][...]
-            hashes = [xxhash.xxh3_64_intdigest(data[b * row_bytes: min(b + block_rows, rows) * row_bytes])
-                      for b in range(0, rows, block_rows)]
-            if list(map(int, stored)) != hashes:
-                problems.append(f"{name} piece {p}: block hashes differ")
-            checksum = xxhash.xxh3_64_intdigest(np.array(hashes, dtype="<u8").tobytes())
-            if checksum != int(dset.attrs["checksum"]) or f"{checksum:016x}" != piece["checksum"]:
-                problems.append(f"{name} piece {p}: piece checksum differs")
-            values = values_from_bytes(data, dtype, dset.shape)
-            raw.append(np.frombuffer(data, "<u4" if dtype == "fp32" else "<u2").reshape(dset.shape))
-            # h5py's own conversion of the stored type must agree (bf16/fp16 as
-            # floats). Compressed data needs the zstd plugin, absent here: the
-            # chunks were already decoded above with zstandard.
-            if dset.chunks is None and not np.array_equal(dset[...].astype(np.float32), values, equal_nan=True):
-                problems.append(f"{name} piece {p}: h5py reads different values than the raw bytes")
-            pieces.append(values)
-        if len(pieces) != len(tensor["pieces"]):
+        result = read_logical(ckpt, index, tensor, files, problems)
+        if result is None:
             continue
-        logical, padding = merge(tensor, pieces, tp)
-        if list(logical.shape) != tensor["shape"]:
-            problems.append(f"{name}: merged shape {logical.shape} != {tensor['shape']}")
-            continue
-        if any(np.count_nonzero(p) for p in padding):
-            problems.append(f"{name}: padding is not zero")
-        digest = logical_digest(merge(tensor, raw, tp)[0])
-        if f"{digest:016x}" != tensor["digest"]:
-            problems.append(f"{name}: logical digest {digest:016x} != index {tensor['digest']}")
-        pieces_sum = sum(int(p["digest"], 16) for p in tensor["pieces"]) % (1 << 64)
-        if pieces_sum != digest:
-            problems.append(f"{name}: piece digests do not add up to the tensor's")
+        logical, bits = result
         if seed is not None:
-            seed_name, mean, scale = synth_rule(tensor, config)
+            seed_name, mean, scale = synth_rule(tensor, index["model"])
             expect = round_to(synth_values(seed, seed_name, logical.size, mean, scale), dtype).reshape(logical.shape)
             if not np.array_equal(expect, logical):
                 bad = int(np.count_nonzero(expect != logical))
                 problems.append(f"{name}: {bad} of {logical.size} values differ from the synth formula")
+        if other and name in other_tensors:
+            theirs = read_logical(other[0], other[1], other_tensors[name], other_files, problems)
+            if theirs is not None and (other_tensors[name]["dtype"] != dtype or not np.array_equal(theirs[1], bits)):
+                problems.append(f"{name}: differs from {other[0]}")
         if dump and dump[0] == name:
             np.save(dump[1], logical)
         checked += 1
-    for f in files.values():
+    for f in list(files.values()) + list(other_files.values()):
         f.close()
     for p in problems:
         print("check_h5py: " + p)

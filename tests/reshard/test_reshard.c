@@ -121,7 +121,7 @@ Test(reshard, random_layouts_against_reference)
 Test(reshard, streams_in_slabs_within_memory)
 {
     test_tensor tensors[3];
-    static const int64_t shapes[3][2] = {{6000, 300}, {300, 6000}, {5001, 256}};
+    static const int64_t shapes[3][2] = {{12000, 300}, {300, 6000}, {10001, 256}};
     for (int i = 0; i < 3; i++) {
         memset(&tensors[i], 0, sizeof tensors[i]);
         snprintf(tensors[i].name, sizeof tensors[i].name, "model/big%d", i);
@@ -145,16 +145,17 @@ Test(reshard, streams_in_slabs_within_memory)
     options.threads = 1;
     options.device = RESHARD_DEVICE_CPU;
     /* What is resident now, the plan's fixed and per-thread allowances, and
-     * 4 MiB for slabs: a few checksum blocks at a time. */
+     * 8 MiB for slabs: a few checksum blocks at a time. */
     long pages = 0, resident = 0;
     FILE *statm = fopen("/proc/self/statm", "r");
     cr_assert(statm && fscanf(statm, "%ld %ld", &pages, &resident) == 2);
     fclose(statm);
-    options.memory_limit = (int64_t)resident * 4096 + ((int64_t)(32 + 12 + 4) << 20);
+    options.memory_limit = (int64_t)resident * 4096 + ((int64_t)(32 + 12 + 8) << 20);
     reshard_plan *plan;
     cr_assert_eq(reshard_plan_create(&plan, r, &options), CKPT_OK, "%s", reshard_errmsg());
     const reshard_summary *s = reshard_plan_summary(plan);
-    cr_assert(s->slabs > 12, "many slabs: %lld", (long long)s->slabs);
+    cr_assert(s->slabs >= 8, "several slabs per piece: %lld", (long long)s->slabs);
+    cr_assert(s->slab_bytes <= (int64_t)8 << 20, "slabs of at most 8 MiB: %lld", (long long)s->slab_bytes);
     cr_assert(s->buffer_memory < options.memory_limit, "buffers within the limit");
     reshard_plan_free(plan);
     ckpt_reader_close(r);
