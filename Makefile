@@ -61,7 +61,7 @@ TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps test asan demo bench-ckpt clean programs tests
+.PHONY: all build deps test asan demo bench-ckpt bench-reshard clean programs tests
 
 all: deps
 	@$(MAKE) --no-print-directory build
@@ -122,6 +122,10 @@ demo: deps
 bench-ckpt: deps
 	@$(MAKE) --no-print-directory build
 	@BUILD=$(BUILD) scripts/bench-ckpt.sh
+
+bench-reshard: deps
+	@$(MAKE) --no-print-directory build
+	@BUILD=$(BUILD) scripts/bench-reshard.sh
 
 clean:
 	rm -rf build build-asan

@@ -34,7 +34,8 @@ typedef struct {
     int tensor;      /* into plan->tensors */
     int piece;       /* output piece; -1 for SLAB_ALL_PIECES */
     int64_t row0, row1;
-    int file;        /* output shard file: slabs go file by file, front to back */
+    int file;        /* output shard file */
+    int64_t turn;    /* position among the slabs of its file */
 } slab;
 
 /* Source rows to read into the staging buffer (offsets in elements). */

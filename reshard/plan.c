@@ -247,6 +247,16 @@ static int by_file_then_order(const void *a, const void *b)
     return x->row0 < y->row0 ? -1 : x->row0 > y->row0;
 }
 
+/* Files take turns: workers running at once write different files (writers
+ * of one file wait on each other for its inode lock), while each file is
+ * still written front to back. */
+static int by_turn_then_file(const void *a, const void *b)
+{
+    const slab *x = a, *y = b;
+    if (x->turn != y->turn) return x->turn < y->turn ? -1 : 1;
+    return x->file - y->file;
+}
+
 static int add_slab(reshard_plan *plan, int64_t *capacity, slab s)
 {
     if (plan->num_slabs == *capacity) {
@@ -399,15 +409,19 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
             int file = t->stage * plan->to.tp + (piece > 0 ? piece : 0);
             for (int64_t r = 0; r < t->rows && !status; r += t->rows_per_slab) {
                 int64_t end = r + t->rows_per_slab < t->rows ? r + t->rows_per_slab : t->rows;
-                status = add_slab(plan, &capacity, (slab){i, piece, r, end, file});
+                status = add_slab(plan, &capacity, (slab){i, piece, r, end, file, 0});
             }
         }
         plan->summary.pieces_written += ckpt_piece_count(&t->out.desc, plan->to.tp);
         plan->summary.bytes_written += (int64_t)ckpt_piece_count(&t->out.desc, plan->to.tp) * t->rows * t->out_row *
                                        (int64_t)ckpt_dtype_size(t->out.desc.dtype);
     }
-    if (!status && plan->num_slabs > 1)
+    if (!status && plan->num_slabs > 1) {
         qsort(plan->slabs, (size_t)plan->num_slabs, sizeof *plan->slabs, by_file_then_order);
+        for (int64_t k = 1; k < plan->num_slabs; k++)
+            plan->slabs[k].turn = plan->slabs[k].file == plan->slabs[k - 1].file ? plan->slabs[k - 1].turn + 1 : 0;
+        qsort(plan->slabs, (size_t)plan->num_slabs, sizeof *plan->slabs, by_turn_then_file);
+    }
     if (!status) status = measure(plan);
     if (status) {
         reshard_plan_free(plan);

@@ -1,0 +1,117 @@
+#!/bin/sh
+# make bench-reshard: tp8pp1 -> tp4pp2 of a GPT checkpoint of about 1B
+# parameters with Adam state (bf16 weights, fp32 master and moments: ~15 GB),
+# side by side in one run with copying the same files (cp -r, the I/O limit)
+# and a straightforward h5py+numpy resharder (bench/reshard_baseline.py),
+# cold and warm page cache. Writes docs/BENCHMARKS.md (section bench-reshard).
+#   BENCH_PARAMS_B (default 1): model size in billions of parameters
+#   BENCH_MEMORY (default 1G): tp-reshard --memory-limit
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+PARAMS=${BENCH_PARAMS_B:-1}
+MEMORY=${BENCH_MEMORY:-1G}
+DIR=bench/scratch/reshard
+PY=/usr/bin/python3
+mkdir -p "$DIR"
+
+# Layers for the size: 12 * dim^2 parameters each at dim 2048, even for pp2.
+LAYERS=$($PY -c "import sys; print(max(2, round(float(sys.argv[1]) * 1e9 / (12 * 2048 ** 2) / 2) * 2))" "$PARAMS")
+MODEL="--layers $LAYERS --dim 2048 --heads 16 --vocab 50257 --seq 2048 --optim --dtype bf16 --seed 1"
+if ! "$BUILD/bin/tp-ckpt" info "$DIR/src" --json 2>/dev/null | grep -q "\"layers\":	$LAYERS,"; then
+    rm -rf "$DIR/src"
+    "$BUILD/bin/tp-ckpt" synth -o "$DIR/src" --tp 8 --pp 1 $MODEL --progress
+fi
+BYTES=$("$BUILD/bin/tp-ckpt" info "$DIR/src" --json | $PY -c 'import json,sys; print(sum(t["bytes"] for t in json.load(sys.stdin)["tensors"]))')
+
+drop_cache() {
+    sync
+    if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches
+    else $PY -c '
+import os, sys
+for d, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        fd = os.open(os.path.join(d, f), os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$DIR"
+    fi
+    sleep 2
+}
+warm_source() { cat "$DIR"/src/*.h5 >/dev/null; }
+clean_outputs() { rm -rf "$DIR/out" "$DIR/copy" "$DIR/py"; sync; }
+measure() { $PY bench/measure.py "$@"; }
+
+RESULTS="$DIR/results.txt"
+: >"$RESULTS"
+for cache in cold warm; do
+    for tool in reshard cp python; do
+        clean_outputs
+        if [ $cache = cold ]; then drop_cache; else warm_source; fi
+        case $tool in
+        reshard) m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --from tp8pp1 --to tp4pp2 -o "$DIR/out" --memory-limit "$MEMORY") ;;
+        cp) m=$(measure sh -c "cp -r '$DIR/src' '$DIR/copy' && sync") ;;
+        python) m=$(measure sh -c "$PY bench/reshard_baseline.py '$DIR/src' '$DIR/py' 4 2 && sync") ;;
+        esac
+        echo "$cache $tool $m" >>"$RESULTS"
+        echo "$cache $tool: $m"
+    done
+done
+# Bounded memory at a quarter of the default limit.
+clean_outputs
+drop_cache
+m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/out" --memory-limit 256M)
+echo "cold reshard-256M $m" >>"$RESULTS"
+echo "cold reshard-256M: $m"
+# The output the benchmark produced is right.
+"$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/out" --force --memory-limit "$MEMORY" --verify >/dev/null
+clean_outputs
+
+GPU_NOTE="No GPU on this machine: the CUDA path was not measured."
+if [ "$("$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/gpu" --dry-run --device cuda 2>/dev/null | grep -c cuda)" -gt 0 ]; then
+    drop_cache
+    m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/gpu" --memory-limit "$MEMORY" --device cuda)
+    echo "cold cuda $m" >>"$RESULTS"
+    rm -rf "$DIR/gpu"
+    GPU_NOTE="CUDA path measured: see the 'cuda' row."
+fi
+
+TABLE=$($PY - "$RESULTS" "$BYTES" "$MEMORY" <<'PY'
+import json, sys
+bytes_ = int(sys.argv[2])
+rows = {}
+for line in open(sys.argv[1]):
+    cache, tool, m = line.split(" ", 2)
+    rows[(cache, tool)] = json.loads(m)
+out = ["| cache | tool | seconds | GB/s | peak RSS | vs cp | vs Python |", "| --- | --- | --- | --- | --- | --- | --- |"]
+for (cache, tool), m in rows.items():
+    cp = rows.get((cache, "cp"), rows.get(("cold", "cp")))
+    py = rows.get((cache, "python"), rows.get(("cold", "python")))
+    name = {"reshard": "tp-reshard tp8pp1 -> tp4pp2", "cp": "cp -r (same bytes)", "python": "h5py+numpy resharder",
+            "cuda": "tp-reshard --device cuda", "reshard-256M": "tp-reshard --memory-limit 256M"}[tool]
+    out.append("| %s | %s | %.1f | %.2f | %.0f MiB | %.2fx | %.2fx |" % (
+        cache, name, m["seconds"], bytes_ / m["seconds"] / 1e9, m["max_rss_bytes"] / 2**20,
+        cp["seconds"] / m["seconds"], py["seconds"] / m["seconds"]))
+print("\n".join(out))
+PY
+)
+echo "$TABLE"
+$PY - docs/BENCHMARKS.md "$TABLE" "$PARAMS" "$LAYERS" "$BYTES" "$MEMORY" "$GPU_NOTE" <<'PY'
+import datetime, os, platform, subprocess, sys
+path, table, params, layers, bytes_, memory, gpu = sys.argv[1:8]
+cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
+section = f"""<!-- bench-reshard:begin -->
+Command: `make bench-reshard` (BENCH_PARAMS_B={params}, BENCH_MEMORY={memory}), {datetime.date.today()},
+{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}.
+Checkpoint: GPT, dim 2048, {layers} layers, 16 heads, vocabulary 50257, bf16 weights with fp32 master weights
+and Adam moments, tp8pp1: {int(bytes_) / 1e9:.1f} GB of tensors. Each tool starts from a dropped page cache (cold)
+or a source read just before (warm); its time includes making the output durable (fsync or `sync`). GB/s counts
+the tensor bytes; peak RSS is the tool's maximum resident memory. {gpu}
+
+{table}
+<!-- bench-reshard:end -->"""
+text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+begin, end = "<!-- bench-reshard:begin -->", "<!-- bench-reshard:end -->"
+if begin in text:
+    text = text[: text.index(begin)] + section + text[text.index(end) + len(end):]
+else:
+    text = text.rstrip() + "\n\n## Resharding (bench-reshard)\n\nTargets: at least 0.9x `cp`, at least 3x the Python baseline, peak RSS within `--memory-limit`.\n\n" + section + "\n"
+open(path, "w").write(text)
+PY
