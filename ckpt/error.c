@@ -89,6 +89,9 @@ static void init_library(void)
 {
     /* The library reports errors through ckpt_errmsg(); HDF5 must not print. */
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    /* HDF5 keeps freed internal objects on free lists; bounded, so that
+     * memory does not grow with the number of tensors a process touches. */
+    H5set_free_list_limits(1 << 20, 256 << 10, 1 << 20, 256 << 10, 4 << 20, 1 << 20);
     init_status = ckpt_zstd_register();
 }
 

