@@ -4,7 +4,6 @@
 #include <cjson/cJSON.h>
 #include <getopt.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,27 +33,8 @@ static const char *usage_text =
     "CKPT is a checkpoint directory, or a run directory (its `latest` checkpoint).\n"
     "Run `tp-ckpt <command> --help` for a command's options.\n";
 
-static void die_usage(const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    fprintf(stderr, "tp-ckpt: ");
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, " (see tp-ckpt --help)\n");
-    va_end(args);
-    exit(2);
-}
-
-static int fail(const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    fprintf(stderr, "tp-ckpt: error: ");
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, "\n");
-    va_end(args);
-    return 1;
-}
+#define die_usage(...) cli_usage_error("tp-ckpt", __VA_ARGS__)
+#define fail(...) cli_error("tp-ckpt", __VA_ARGS__)
 
 static int64_t parse_int_option(const char *name, const char *text, int64_t min, int64_t max)
 {

@@ -2,6 +2,8 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -52,4 +54,26 @@ int cli_parse_size(const char *text, int64_t *out)
     if (bytes > 9.0e18) return -1;
     *out = (int64_t)bytes;
     return 0;
+}
+
+void cli_usage_error(const char *program, const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "%s: ", program);
+    vfprintf(stderr, fmt, args);
+    fprintf(stderr, " (see %s --help)\n", program);
+    va_end(args);
+    exit(2);
+}
+
+int cli_error(const char *program, const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "%s: error: ", program);
+    vfprintf(stderr, fmt, args);
+    fprintf(stderr, "\n");
+    va_end(args);
+    return 1;
 }

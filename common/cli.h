@@ -13,4 +13,11 @@ int cli_parse_size(const char *text, int64_t *out);
 /* Parses a floating-point number. */
 int cli_parse_double(const char *text, double *out);
 
+/* "PROGRAM: message (see PROGRAM --help)" on stderr, then exit status 2. */
+void cli_usage_error(const char *program, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3), noreturn));
+
+/* "PROGRAM: error: message" on stderr; returns 1, the failure exit status. */
+int cli_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 #endif

@@ -3,7 +3,6 @@
  * success, 1 failure (including a failed --verify), 2 usage. */
 #include <cjson/cJSON.h>
 #include <getopt.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,27 +36,8 @@ static const char *usage_text =
     "\n"
     "CKPT is a checkpoint directory, or a run directory (its latest checkpoint).\n";
 
-static void die_usage(const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    fprintf(stderr, "tp-reshard: ");
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, " (see tp-reshard --help)\n");
-    va_end(args);
-    exit(2);
-}
-
-static int fail(const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    fprintf(stderr, "tp-reshard: error: ");
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, "\n");
-    va_end(args);
-    return 1;
-}
+#define die_usage(...) cli_usage_error("tp-reshard", __VA_ARGS__)
+#define fail(...) cli_error("tp-reshard", __VA_ARGS__)
 
 static void on_bytes(void *ctx, int64_t bytes)
 {

@@ -91,26 +91,14 @@ print("\n".join(out))
 PY
 )
 echo "$TABLE"
-/usr/bin/python3 - docs/BENCHMARKS.md "$TABLE" "$GB" "$REPS" <<'PY'
-import datetime, os, platform, subprocess, sys
-path, table, gb, reps = sys.argv[1:5]
-cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
-section = f"""<!-- bench-ckpt:begin -->
-Command: `make bench-ckpt` (BENCH_GB={gb}, BENCH_REPS={reps}), {datetime.date.today()}, {os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}.
+/usr/bin/python3 bench/doc_section.py docs/BENCHMARKS.md bench-ckpt "Checkpoint write and read (bench-ckpt)" <<DOC
+Command: \`make bench-ckpt\` (BENCH_GB=$GB, BENCH_REPS=$REPS).
 The checkpoint holds weights and Adam moments (fp32) of a GPT with dim 2048; its writer takes data from memory
-and commits (fsync); its reader reads every piece into memory and checks every block checksum. `cp` copies the
-concatenated shard files: for writing, from a warm source to a new file then `sync`; for reading, to /dev/null.
-Cold runs start after dropping the page cache and a pause, the two readers taking turns to go first; warm
-figures are the best of three interleaved runs. Ratios are medians over the repetitions of per-repetition ratios. Throughput
-counts tensor bytes (uncompressed) for the checkpoint and file bytes for `cp`.
+and commits (fsync); its reader streams every piece through an 8 MiB buffer per thread and checks every block
+checksum. \`cp\` copies the concatenated shard files: for writing, from a warm source to a new file then \`sync\`;
+for reading, to /dev/null. Cold runs start after dropping the page cache and a pause, the two readers taking
+turns to go first; warm figures are the best of three interleaved runs. Ratios are medians over the repetitions
+of per-repetition ratios. Throughput counts tensor bytes (uncompressed) for the checkpoint and file bytes for cp.
 
-{table}
-<!-- bench-ckpt:end -->"""
-text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-begin, end = "<!-- bench-ckpt:begin -->", "<!-- bench-ckpt:end -->"
-if begin in text:
-    text = text[: text.index(begin)] + section + text[text.index(end) + len(end):]
-else:
-    text = text.rstrip() + "\n\n## Checkpoint write and read (bench-ckpt)\n\n" + section + "\n"
-open(path, "w").write(text)
-PY
+$TABLE
+DOC

@@ -102,26 +102,14 @@ print("\n".join(out))
 PY
 )
 echo "$TABLE"
-$PY - docs/BENCHMARKS.md "$TABLE" "$PARAMS" "$LAYERS" "$BYTES" "$MEMORY" "$GPU_NOTE" <<'PY'
-import datetime, os, platform, subprocess, sys
-path, table, params, layers, bytes_, memory, gpu = sys.argv[1:8]
-cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
-section = f"""<!-- bench-reshard:begin -->
-Command: `make bench-reshard` (BENCH_PARAMS_B={params}, BENCH_MEMORY={memory}), {datetime.date.today()},
-{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}.
-Checkpoint: GPT, dim 2048, {layers} layers, 16 heads, vocabulary 50257, bf16 weights with fp32 master weights
-and Adam moments, tp8pp1: {int(bytes_) / 1e9:.1f} GB of tensors. Each tool starts from a dropped page cache (cold)
-or a source read just before (warm); its time includes making the output durable (fsync or `sync`). The tools
-take turns going first; figures are medians over the runs, peak RSS the largest. GB/s counts the tensor bytes.
-{gpu}
+GB=$($PY -c "print(round($BYTES / 1e9, 1))")
+$PY bench/doc_section.py docs/BENCHMARKS.md bench-reshard "Resharding (bench-reshard)" <<DOC
+Command: \`make bench-reshard\` (BENCH_PARAMS_B=$PARAMS, BENCH_MEMORY=$MEMORY, BENCH_REPS=$REPS).
+Checkpoint: GPT, dim 2048, $LAYERS layers, 16 heads, vocabulary 50257, bf16 weights with fp32 master weights
+and Adam moments, tp8pp1: $GB GB of tensors. Each tool starts from a dropped page cache (cold) or a source read
+just before (warm); its time includes making the output durable (fsync or \`sync\`). The tools take turns going
+first; figures are medians over the runs, peak RSS the largest. GB/s counts the tensor bytes. $GPU_NOTE
+Targets: at least 0.9x \`cp\`, at least 3x the Python baseline, peak RSS within \`--memory-limit\`.
 
-{table}
-<!-- bench-reshard:end -->"""
-text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-begin, end = "<!-- bench-reshard:begin -->", "<!-- bench-reshard:end -->"
-if begin in text:
-    text = text[: text.index(begin)] + section + text[text.index(end) + len(end):]
-else:
-    text = text.rstrip() + "\n\n## Resharding (bench-reshard)\n\nTargets: at least 0.9x `cp`, at least 3x the Python baseline, peak RSS within `--memory-limit`.\n\n" + section + "\n"
-open(path, "w").write(text)
-PY
+$TABLE
+DOC
