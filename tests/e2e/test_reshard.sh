@@ -119,6 +119,19 @@ expect_error "a corrupted input shard" 1 "shard_pp01_tp05.h5: tensor optim/exp_a
 check "no output from a corrupted input" [ ! -e "$WORK/x5" ]
 check "no staging left from a failed reshard" [ ! -e "$WORK/.x5.staging" ]
 expect_error "not a checkpoint" 1 "is not a checkpoint" "$RS" "$WORK/run/.." --to tp2 -o "$WORK/x6"
+cp -r "$WORK/src" "$WORK/missing" && rm "$WORK/missing/shard_pp00_tp03.h5"
+expect_error "a missing input shard" 1 "shard_pp00_tp03.h5: shard file missing" "$RS" "$WORK/missing" --to tp4 -o "$WORK/x9"
+cp -r "$WORK/src" "$WORK/short" && truncate -s -1000 "$WORK/short/shard_pp01_tp02.h5"
+expect_error "a truncated input shard" 1 "shard_pp01_tp02.h5: .*truncated" "$RS" "$WORK/short" --to tp4 -o "$WORK/x9"
+cp -r "$WORK/src" "$WORK/newer" && sed -i 's/"format_version":\t\[1, 0\]/"format_version":\t[2, 0]/' "$WORK/newer/index.json"
+expect_error "an input of a future format" 1 "version 2.0 is newer than this build reads" "$RS" "$WORK/newer" --to tp4 -o "$WORK/x9"
+check "no output from bad inputs" [ ! -e "$WORK/x9" ]
+
+# Killed mid-run (SIGKILL, at the last moment before the output would appear): nothing visible.
+TP_CKPT_FAULT=before-rename "$RS" "$WORK/src" --to tp4 -o "$WORK/killed" >/dev/null 2>&1
+check "a reshard killed before its commit exits by SIGKILL" [ $? -eq 137 ]
+check "and leaves no output" [ ! -e "$WORK/killed" ]
+expect_ok "running it again succeeds" "$RS" "$WORK/src" --to tp4 -o "$WORK/killed"
 expect_error "--device cuda without a GPU" 1 "--device cuda: (no CUDA device is available|this build has no CUDA support)" \
     "$RS" "$WORK/src" --to tp4 -o "$WORK/x7" --device cuda
 expect_error "bad --to" 2 "layout 'tp0' not understood" "$RS" "$WORK/src" --to tp0
