@@ -79,6 +79,31 @@ static cJSON *layout_json(const ckpt_layout *l)
     return o;
 }
 
+/* The keys the plan (--dry-run --json) and the summary (--json) share. */
+static cJSON *summary_json(const reshard_summary *s, const char *source, const char *out)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "source", source);
+    cJSON_AddStringToObject(o, "output", out);
+    cJSON_AddItemToObject(o, "from", layout_json(&s->from));
+    cJSON_AddItemToObject(o, "to", layout_json(&s->to));
+    cJSON_AddNumberToObject(o, "tensors", s->tensors);
+    cJSON_AddNumberToObject(o, "bytes_read", (double)s->bytes_read);
+    cJSON_AddNumberToObject(o, "bytes_written", (double)s->bytes_written);
+    cJSON_AddNumberToObject(o, "threads", s->threads);
+    cJSON_AddNumberToObject(o, "memory_limit", (double)s->memory_limit);
+    cJSON_AddStringToObject(o, "device", s->device);
+    return o;
+}
+
+static void print_json(cJSON *o)
+{
+    char *text = cJSON_Print(o);
+    printf("%s\n", text);
+    cJSON_free(text);
+    cJSON_Delete(o);
+}
+
 int main(int argc, char **argv)
 {
     reshard_options options;
@@ -180,24 +205,11 @@ int main(int argc, char **argv)
                              : s->device;
     if (dry_run) {
         if (json) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "source", ckpt_reader_path(source));
-            cJSON_AddStringToObject(o, "output", out);
-            cJSON_AddItemToObject(o, "from", layout_json(&s->from));
-            cJSON_AddItemToObject(o, "to", layout_json(&s->to));
+            cJSON *o = summary_json(s, ckpt_reader_path(source), out);
             cJSON_AddNumberToObject(o, "files", s->files_written);
-            cJSON_AddNumberToObject(o, "tensors", s->tensors);
             cJSON_AddNumberToObject(o, "pieces", (double)s->pieces_written);
-            cJSON_AddNumberToObject(o, "bytes_read", (double)s->bytes_read);
-            cJSON_AddNumberToObject(o, "bytes_written", (double)s->bytes_written);
-            cJSON_AddNumberToObject(o, "threads", s->threads);
             cJSON_AddNumberToObject(o, "buffer_memory", (double)s->buffer_memory);
-            cJSON_AddNumberToObject(o, "memory_limit", (double)s->memory_limit);
-            cJSON_AddStringToObject(o, "device", s->device);
-            char *text = cJSON_Print(o);
-            printf("%s\n", text);
-            cJSON_free(text);
-            cJSON_Delete(o);
+            print_json(o);
         } else {
             print_plan(s, device, ckpt_reader_path(source), out);
         }
@@ -227,28 +239,15 @@ int main(int argc, char **argv)
     if (!code) {
         double gbps = seconds > 0 ? (double)s->bytes_written / seconds / 1e9 : 0;
         if (json) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "source", ckpt_reader_path(source));
-            cJSON_AddStringToObject(o, "output", out);
-            cJSON_AddItemToObject(o, "from", layout_json(&s->from));
-            cJSON_AddItemToObject(o, "to", layout_json(&s->to));
-            cJSON_AddNumberToObject(o, "tensors", s->tensors);
-            cJSON_AddNumberToObject(o, "bytes_read", (double)s->bytes_read);
-            cJSON_AddNumberToObject(o, "bytes_written", (double)s->bytes_written);
+            cJSON *o = summary_json(s, ckpt_reader_path(source), out);
             cJSON_AddNumberToObject(o, "seconds", seconds);
             cJSON_AddNumberToObject(o, "gbps", gbps);
             cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)peak_rss_bytes());
-            cJSON_AddNumberToObject(o, "memory_limit", (double)s->memory_limit);
-            cJSON_AddNumberToObject(o, "threads", s->threads);
-            cJSON_AddStringToObject(o, "device", s->device);
             if (verify) {
                 cJSON_AddBoolToObject(o, "verified", 1);
                 cJSON_AddNumberToObject(o, "verify_seconds", verify_seconds);
             }
-            char *text = cJSON_Print(o);
-            printf("%s\n", text);
-            cJSON_free(text);
-            cJSON_Delete(o);
+            print_json(o);
         } else {
             char read[32], written[32], peak[32];
             format_bytes((double)s->bytes_read, read, sizeof read);
