@@ -17,7 +17,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 
 # Third-party headers come in as system headers so their warnings stay theirs.
-PKGS := hdf5 libzstd libcjson libxxhash
+PKGS := hdf5 libzstd libcjson libxxhash openblas ompi-c
 PKG_CFLAGS := $(patsubst -I%,-isystem %,$(shell pkg-config --cflags $(PKGS) 2>/dev/null))
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -32,7 +32,8 @@ NVCCFLAGS ?= -O2 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 
 COMMON_SRC := $(wildcard common/*.c)
 CKPT_SRC := $(filter-out ckpt/tp-ckpt.c,$(wildcard ckpt/*.c))
-KERNELS_SRC := kernels/convert.c kernels/moves.c
+KERNELS_SRC := kernels/convert.c kernels/moves.c kernels/linear.c kernels/norm.c kernels/attention.c \
+	kernels/embedding.c kernels/adamw.c
 RESHARD_SRC := $(filter-out reshard/tp-reshard.c,$(wildcard reshard/*.c))
 TRAINER_LIB_SRC := trainer/gpt_catalog.c
 ifeq ($(CUDA),1)

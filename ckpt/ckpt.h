@@ -138,6 +138,10 @@ typedef struct {
  * partitioned over tp ranks; the error names the tensor, segment and sizes. */
 int ckpt_tensor_check(const ckpt_tensor_desc *tensor, int tp);
 
+/* Whether two descriptions have the same logical shape, partition and
+ * pipeline placement (names, roles and dtypes aside). */
+int ckpt_tensor_equal_layout(const ckpt_tensor_desc *a, const ckpt_tensor_desc *b);
+
 /* Number of pieces at degree tp: tp for split tensors, 1 for replicated ones. */
 int ckpt_piece_count(const ckpt_tensor_desc *tensor, int tp);
 

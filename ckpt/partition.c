@@ -321,19 +321,23 @@ void ckpt_piece_geometry_init(ckpt_piece_geometry *g, const ckpt_tensor_desc *t,
     g->num_blocks = (g->rows + g->block_rows - 1) / g->block_rows;
 }
 
+int ckpt_tensor_equal_layout(const ckpt_tensor_desc *a, const ckpt_tensor_desc *b)
+{
+    ckpt_partition p = normalized(a), q = normalized(b);
+    int same_partition = p.kind == q.kind;
+    if (same_partition && p.kind == CKPT_SPLIT)
+        same_partition = p.axis == q.axis && p.num_segments == q.num_segments && p.granule == q.granule &&
+                         p.pad_multiple == q.pad_multiple &&
+                         memcmp(p.segments, q.segments, sizeof(int64_t) * (size_t)p.num_segments) == 0;
+    return same_partition && a->ndim == b->ndim &&
+           memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0 && a->anchor == b->anchor &&
+           (a->anchor != CKPT_ANCHOR_LAYER || a->layer == b->layer);
+}
+
 int ckpt_tensor_equal(const ckpt_tensor_desc *a, const ckpt_tensor_desc *b)
 {
-    const ckpt_partition *p = &a->partition, *q = &b->partition;
-    int same_partition = p->kind == q->kind;
-    if (same_partition && p->kind == CKPT_SPLIT)
-        same_partition = p->axis == q->axis && p->num_segments == q->num_segments &&
-                         p->granule == q->granule && p->pad_multiple == q->pad_multiple &&
-                         memcmp(p->segments, q->segments,
-                                sizeof(int64_t) * (size_t)p->num_segments) == 0;
-    return same_partition && strcmp(a->name, b->name) == 0 && strcmp(a->role, b->role) == 0 &&
-           strcmp(a->param, b->param) == 0 && a->dtype == b->dtype && a->ndim == b->ndim &&
-           memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0 &&
-           a->anchor == b->anchor && a->layer == b->layer;
+    return ckpt_tensor_equal_layout(a, b) && strcmp(a->name, b->name) == 0 && strcmp(a->role, b->role) == 0 &&
+           strcmp(a->param, b->param) == 0 && a->dtype == b->dtype && a->layer == b->layer;
 }
 
 int ckpt_piece_element_runs(const ckpt_tensor_desc *t, int tp, int piece, int64_t row0, int64_t row1,

@@ -61,3 +61,73 @@ int cuda_mover_run(cuda_mover *mover, size_t staging_used, number_format src_for
 void cuda_mover_free(cuda_mover *mover);
 
 #endif
+
+/* ====================================================================
+ * Transformer arithmetic, fp32, row-major. Shapes are in the comments;
+ * N counts rows (batch x time). Backward functions accumulate (+=) into
+ * parameter gradients and overwrite input gradients unless said otherwise.
+ * ==================================================================== */
+
+/* Threads the matrix products may use (OpenBLAS). */
+void kernels_set_threads(int threads);
+
+/* out[N,OC] = in[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL). */
+void matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
+                    int64_t OC);
+/* d_in[N,C] = d_out[N,OC] @ weight[OC,C] (skipped when d_in is NULL);
+ * d_weight[OC,C] += d_out^T @ in; d_bias[OC] += column sums of d_out (if not NULL). */
+void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                     const float *weight, int64_t N, int64_t C, int64_t OC);
+
+/* out[N,C] = (in - mean) * rstd * weight + bias over each row (eps 1e-5);
+ * mean[N], rstd[N] kept for backward. */
+void layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
+                       const float *bias, int64_t N, int64_t C);
+/* d_in[N,C] += ..., d_weight[C] += ..., d_bias[C] += ... */
+void layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                        const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C);
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+void gelu_forward(float *out, const float *in, int64_t n);
+void gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n); /* d_in = gelu'(in) * d_out */
+
+/* out[n] = a[n] + b[n] */
+void residual_forward(float *out, const float *a, const float *b, int64_t n);
+
+/* Causal self-attention of the heads held locally. qkv[B,T,(Hq+2Hkv)*hd] holds
+ * [Q | K | V] per position; query head h attends with key/value head
+ * h / (Hq/Hkv). out[B,T,Hq*hd]; att[B,Hq,T,T] keeps the probabilities. Scale
+ * 1/sqrt(hd). */
+void attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                       int64_t hd);
+/* d_qkv[B,T,(Hq+2Hkv)*hd] = gradient from d_out[B,T,Hq*hd]; scratch holds B*Hq*T*T floats. */
+void attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *att,
+                        int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+
+/* Vocabulary-parallel embedding: this rank holds rows [first, first + rows)
+ * of the (padded) token table. out[N,C] = the row of each token held here,
+ * zero for the others (summed over ranks afterwards). */
+void embedding_forward(float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first,
+                       int64_t rows);
+/* d_table[rows,C] += d_out rows of the tokens held here. */
+void embedding_backward(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C, int64_t first,
+                        int64_t rows);
+
+/* Vocabulary-parallel cross-entropy over local logits[N,V] whose columns are
+ * global ids [first, first + V); ids >= vocab (padding) take no part. Steps
+ * that need the other ranks' values are separated by the caller's reduction:
+ * row_max (then MAX over ranks), row_sumexp given the global max (then SUM),
+ * target_logit (then SUM). */
+void crossentropy_row_max(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab);
+void crossentropy_row_sumexp(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
+                             int64_t first, int64_t vocab);
+void crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
+                               int64_t first);
+/* d_logits[N,V] = scale * (softmax - onehot(target)); zero in padding columns. */
+void crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
+                           const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
+
+/* One AdamW step exactly as torch.optim.AdamW computes it (decoupled decay
+ * first, then the bias-corrected Adam update). step counts from 1. */
+void adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t step);

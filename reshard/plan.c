@@ -131,15 +131,16 @@ static int rows_ops(const reshard_plan *plan, const tensor_plan *t, int piece, i
     return status;
 }
 
-/* Rows [row0, row1) of every output piece of a tensor split along axis A > 0.
- * Staging holds the rows of each source piece in turn, the output those of
- * each output piece in turn. */
-static int all_pieces_ops(const reshard_plan *plan, const tensor_plan *t, int64_t row0, int64_t row1,
-                          slab_ops *ops)
+/* Rows [row0, row1) of output pieces [first, first + count) of a tensor split
+ * along axis A > 0. Staging holds the rows of each source piece in turn, the
+ * output those of each output piece in turn. */
+static int all_pieces_ops(const reshard_plan *plan, const tensor_plan *t, int64_t row0, int64_t row1, int first,
+                          int count, slab_ops *ops)
 {
     const ckpt_tensor_desc *src = ckpt_reader_tensor(plan->source, t->source);
     const ckpt_tensor_desc *out = &t->out.desc;
     int src_tp = ckpt_reader_layout(plan->source)->tp, out_tp = plan->to.tp, axis = out->partition.axis;
+    (void)out_tp;
     int64_t src_shape[CKPT_MAX_DIMS], out_shape[CKPT_MAX_DIMS];
     ckpt_piece_shape(src, src_tp, src_shape);
     ckpt_piece_shape(out, out_tp, out_shape);
@@ -152,8 +153,8 @@ static int all_pieces_ops(const reshard_plan *plan, const tensor_plan *t, int64_
     int64_t max_src_runs = (int64_t)src->partition.num_segments * src_tp;
     ckpt_run runs[2 * CKPT_MAX_SEGMENTS], *src_runs = malloc((size_t)max_src_runs * sizeof *src_runs);
     if (!src_runs) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
-    for (int p = 0; p < out_tp && !status; p++) {
-        int64_t base = p * rows * t->out_row;
+    for (int p = first; p < first + count && !status; p++) {
+        int64_t base = (p - first) * rows * t->out_row;
         int64_t n = ckpt_piece_runs(out, out_tp, p, runs, 2 * CKPT_MAX_SEGMENTS);
         for (int64_t k = 0; k < n && !status; k++) {
             int64_t dst = base + runs[k].local_start * inner, dst_stride = out_shape[axis] * inner;
@@ -173,7 +174,7 @@ static int all_pieces_ops(const reshard_plan *plan, const tensor_plan *t, int64_
     }
     free(src_runs);
     ops->staging_elements = src_tp * rows * t->src_row;
-    ops->output_elements = out_tp * rows * t->out_row;
+    ops->output_elements = count * rows * t->out_row;
     ops->direct = 0;
     return status;
 }
@@ -191,7 +192,9 @@ int reshard_slab_ops(const reshard_plan *plan, const slab *s, slab_ops *ops)
         return status ? status : add_move(ops, (strided_move){0, 0, 0, 0, n, 1});
     }
     case SLAB_ROWS: return rows_ops(plan, t, s->piece, s->row0, s->row1, ops);
-    case SLAB_ALL_PIECES: return all_pieces_ops(plan, t, s->row0, s->row1, ops);
+    case SLAB_ALL_PIECES:
+        return s->piece < 0 ? all_pieces_ops(plan, t, s->row0, s->row1, 0, plan->to.tp, ops)
+                            : all_pieces_ops(plan, t, s->row0, s->row1, s->piece, 1, ops);
     }
     return reshard_fail(CKPT_ERR_ARG, "unknown slab kind");
 }

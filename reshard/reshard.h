@@ -81,6 +81,12 @@ typedef struct {
  * values, computed from the source). */
 int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshard_verify_result *result);
 
+/* Reads piece `piece` of tensor `index` of source as it is laid out at degree
+ * tp (target: the source's description, the dtype possibly changed) into
+ * out, reading only the source regions that piece needs. */
+int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *target, int tp, int piece,
+                       void *out, size_t out_size);
+
 /* Message of the last failure in this thread. */
 const char *reshard_errmsg(void);
 

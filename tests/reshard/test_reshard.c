@@ -118,6 +118,47 @@ Test(reshard, random_layouts_against_reference)
 
 /* Tensors of many checksum blocks under a memory limit that allows only a
  * few blocks per slab, along both split axes and with padding. */
+/* reshard_read_piece: each piece of a target layout straight from a source of
+ * another, as a trainer resuming at a new layout reads its parameters. */
+Test(reshard, single_pieces_at_any_degree)
+{
+    static const int degrees[] = {1, 2, 3, 4, 6};
+    for (int iter = 0; iter < 12; iter++) {
+        int tps[2] = {degrees[rnd(0, 4)], degrees[rnd(0, 4)]};
+        ckpt_layout layout = {tps[0], 1, 1, 2};
+        test_tensor tensors[8];
+        int n = random_tensors(tensors, 8, tps, 2, 2);
+        char source[600];
+        snprintf(source, sizeof source, "%s/src%d", dir, iter);
+        write_tensors(source, &layout, tensors, n, iter % 3 == 2, iter);
+        ckpt_reader *r;
+        cr_assert_eq(ckpt_reader_open(&r, source, NULL), CKPT_OK, "%s", ckpt_errmsg());
+        for (int i = 0; i < n; i++) {
+            ckpt_tensor_desc target = tensors[i].desc;
+            target.dtype = (ckpt_dtype)rnd(0, 2);
+            int64_t count = elements_of(target.shape, target.ndim);
+            uint8_t *logical = malloc((size_t)count * 4);
+            convert_numbers(tensors[i].logical, format_of(tensors[i].desc.dtype), logical, format_of(target.dtype), count);
+            int64_t shape[CKPT_MAX_DIMS];
+            ckpt_piece_shape(&target, tps[1], shape);
+            size_t bytes = (size_t)elements_of(shape, target.ndim) * ckpt_dtype_size(target.dtype);
+            uint8_t *want = malloc(bytes), *got = malloc(bytes);
+            for (int p = 0; p < ckpt_piece_count(&target, tps[1]); p++) {
+                build_piece(&target, tps[1], p, logical, want);
+                memset(got, 0x77, bytes);
+                cr_assert_eq(reshard_read_piece(r, ckpt_reader_find(r, tensors[i].name), &target, tps[1], p, got, bytes),
+                             CKPT_OK, "%s", reshard_errmsg());
+                cr_assert_eq(memcmp(want, got, bytes), 0, "%s piece %d: tp %d -> %d", tensors[i].name, p, tps[0], tps[1]);
+            }
+            free(want);
+            free(got);
+            free(logical);
+        }
+        ckpt_reader_close(r);
+        for (int i = 0; i < n; i++) free(tensors[i].logical);
+    }
+}
+
 Test(reshard, streams_in_slabs_within_memory)
 {
     test_tensor tensors[3];

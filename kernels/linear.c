@@ -1,0 +1,42 @@
+/* linear.c: matrix products (OpenBLAS) and elementwise sums. */
+#include <cblas.h>
+#include <string.h>
+
+#include "kernels.h"
+
+void kernels_set_threads(int threads)
+{
+    openblas_set_num_threads(threads > 0 ? threads : 1);
+}
+
+void matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
+                    int64_t OC)
+{
+    /* out[N,OC] = in[N,C] @ weight[OC,C]^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1.0f, in, (int)C, weight, (int)C,
+                0.0f, out, (int)OC);
+    if (!bias) return;
+    for (int64_t n = 0; n < N; n++) {
+        float *row = out + n * OC;
+        for (int64_t o = 0; o < OC; o++) row[o] += bias[o];
+    }
+}
+
+void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                     const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    if (d_in) /* d_in[N,C] = d_out[N,OC] @ weight[OC,C] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)OC, 1.0f, d_out, (int)OC, weight,
+                    (int)C, 0.0f, d_in, (int)C);
+    if (d_weight) /* d_weight[OC,C] += d_out^T[OC,N] @ in[N,C] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)C, (int)N, 1.0f, d_out, (int)OC, in, (int)C,
+                    1.0f, d_weight, (int)C);
+    if (d_bias)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t o = 0; o < OC; o++) d_bias[o] += d_out[n * OC + o];
+}
+
+void residual_forward(float *out, const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}

@@ -1,0 +1,71 @@
+/* norm.c: layer normalization (eps 1e-5) and GELU. */
+#include <math.h>
+
+#include "kernels.h"
+
+#define LAYERNORM_EPS 1e-5f
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
+                       const float *bias, int64_t N, int64_t C)
+{
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = in + n * C;
+        float m = 0;
+        for (int64_t c = 0; c < C; c++) m += x[c];
+        m /= (float)C;
+        float var = 0;
+        for (int64_t c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
+        var /= (float)C;
+        float s = 1.0f / sqrtf(var + LAYERNORM_EPS);
+        float *y = out + n * C;
+        for (int64_t c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+void layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                        const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
+{
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = in + n * C, *dy = d_out + n * C;
+        float m = mean[n], s = rstd[n];
+        /* With xhat = (x - m) s: dx = s (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy w. */
+        float mean_dxhat = 0, mean_dxhat_xhat = 0;
+        for (int64_t c = 0; c < C; c++) {
+            float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
+            mean_dxhat += dxhat;
+            mean_dxhat_xhat += dxhat * xhat;
+        }
+        mean_dxhat /= (float)C;
+        mean_dxhat_xhat /= (float)C;
+        float *dx = d_in + n * C;
+        for (int64_t c = 0; c < C; c++) {
+            float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
+            d_bias[c] += dy[c];
+            d_weight[c] += xhat * dy[c];
+            dx[c] += (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
+        }
+    }
+}
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+
+void gelu_forward(float *out, const float *in, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float x = in[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+    }
+}
+
+void gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float x = in[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float t = tanhf(u);
+        float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        d_in[i] = (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du) * d_out[i];
+    }
+}

@@ -1,0 +1,84 @@
+/* piece.c: one piece of a tensor, at any degree, from a checkpoint of any
+ * layout: the plan of a single slab covering the piece, carried out on the
+ * CPU. Trainers resuming at a new layout read their parameters this way,
+ * each rank touching only the source regions its pieces need. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/memory.h"
+#include "internal.h"
+
+static void init_tensor_plan(tensor_plan *t, const ckpt_tensor_desc *src, int src_tp, int tp)
+{
+    const ckpt_tensor_desc *d = &t->out.desc;
+    t->kind = d->partition.kind == CKPT_REPLICATED ? SLAB_WHOLE : d->partition.axis == 0 ? SLAB_ROWS : SLAB_ALL_PIECES;
+    int64_t shape[CKPT_MAX_DIMS];
+    ckpt_piece_shape(d, tp, shape);
+    t->rows = shape[0];
+    t->out_row = 1;
+    for (int k = 1; k < d->ndim; k++) t->out_row *= shape[k];
+    ckpt_piece_shape(src, src_tp, shape);
+    t->src_row = 1;
+    for (int k = 1; k < src->ndim; k++) t->src_row *= shape[k];
+}
+
+int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *target, int tp, int piece,
+                       void *out, size_t out_size)
+{
+    const ckpt_tensor_desc *src = ckpt_reader_tensor(source, index);
+    if (!src) return reshard_fail(CKPT_ERR_ARG, "tensor index %d out of range", index);
+    reshard_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.source = source;
+    plan.to = *ckpt_reader_layout(source);
+    plan.to.tp = tp;
+    tensor_plan t;
+    memset(&t, 0, sizeof t);
+    t.source = index;
+    int status = ckpt_tensor_copy_init(&t.out, target);
+    if (!status) status = ckpt_tensor_check(&t.out.desc, tp);
+    if (status) return reshard_ckpt_error(status);
+    ckpt_tensor_desc same = t.out.desc;
+    same.dtype = src->dtype;
+    same.name = src->name;
+    same.role = src->role;
+    same.param = src->param;
+    if (!ckpt_tensor_equal_layout(src, &same))
+        return reshard_fail(CKPT_ERR_ARG, "tensor %s: the checkpoint describes it differently (shape or partition)",
+                            src->name);
+    if (piece < 0 || piece >= ckpt_piece_count(&t.out.desc, tp))
+        return reshard_fail(CKPT_ERR_ARG, "tensor %s: no piece %d at tp=%d", src->name, piece, tp);
+    init_tensor_plan(&t, src, ckpt_reader_layout(source)->tp, tp);
+    plan.tensors = &t;
+    plan.num_tensors = 1;
+    slab s = {0, t.kind == SLAB_WHOLE ? 0 : piece, 0, t.rows, 0, 0};
+    slab_ops ops;
+    memset(&ops, 0, sizeof ops);
+    status = reshard_slab_ops(&plan, &s, &ops);
+    size_t src_size = ckpt_dtype_size(src->dtype), out_elem = ckpt_dtype_size(t.out.desc.dtype);
+    if (!status && out_size < (size_t)ops.output_elements * out_elem)
+        status = reshard_fail(CKPT_ERR_ARG, "tensor %s piece %d: buffer of %zu bytes, need %lld", src->name, piece,
+                              out_size, (long long)(ops.output_elements * (int64_t)out_elem));
+    int direct = ops.direct && src->dtype == t.out.desc.dtype;
+    size_t staging_size = (size_t)ops.staging_elements * src_size;
+    char *staging = status || direct ? NULL : alloc_pages(staging_size);
+    if (!status && !direct && !staging) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    char *target_buffer = direct ? out : staging;
+    size_t target_size = direct ? out_size : staging_size;
+    for (int64_t r = 0; r < ops.num_reads && !status; r++) {
+        const read_op *op = &ops.reads[r];
+        size_t offset = (size_t)op->staging * src_size;
+        status = ckpt_reader_read_rows(source, index, op->piece, op->row0, op->row1 - op->row0, target_buffer + offset,
+                                       target_size - offset);
+        if (status) status = reshard_ckpt_error(status);
+    }
+    if (!status) {
+        for (int64_t k = 0; k < ops.num_moves; k++) {
+            if (direct && ops.moves[k].src >= 0) continue; /* identities: already in place */
+            moves_apply(staging, reshard_format(src->dtype), out, reshard_format(t.out.desc.dtype), &ops.moves[k], 1);
+        }
+    }
+    free(staging);
+    reshard_slab_ops_free(&ops);
+    return status;
+}

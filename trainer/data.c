@@ -1,0 +1,193 @@
+/* data.c: token files (llm.c's format: 256 int32 header with magic 20240520,
+ * version 1 and the token count, then uint16 tokens), globs of them, and the
+ * synthetic dataset. Files are mapped, not read. */
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "data.h"
+
+#define SYNTH_KEEP 0.75 /* probability that a token follows the rule */
+
+typedef struct {
+    const uint16_t *tokens;
+    int64_t count;
+    void *map;
+    size_t map_size;
+} token_file;
+
+struct dataset {
+    uint64_t seed;
+    int64_t vocab;
+    token_file *files;
+    int num_files;
+    int64_t total;
+};
+
+static uint64_t splitmix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int map_file(token_file *f, const char *path, int64_t vocab, char *err, size_t err_size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return snprintf(err, err_size, "%s: cannot open: %s", path, strerror(errno)), -1;
+    struct stat st;
+    int32_t header[DATA_HEADER_INTS];
+    int ok = fstat(fd, &st) == 0 && pread(fd, header, sizeof header, 0) == (ssize_t)sizeof header;
+    if (!ok || header[0] != DATA_MAGIC) {
+        close(fd);
+        return snprintf(err, err_size, "%s: not a token file (magic %d, expected %d)", path, ok ? header[0] : -1,
+                        DATA_MAGIC), -1;
+    }
+    if (header[1] != DATA_VERSION) {
+        close(fd);
+        return snprintf(err, err_size, "%s: token file version %d, expected %d", path, header[1], DATA_VERSION), -1;
+    }
+    int64_t count = header[2];
+    if (count < 2 || (int64_t)sizeof header + count * 2 > (int64_t)st.st_size) {
+        close(fd);
+        return snprintf(err, err_size, "%s: header says %lld tokens, the file holds %lld (truncated?)", path,
+                        (long long)count, (long long)((st.st_size - (off_t)sizeof header) / 2)), -1;
+    }
+    f->map_size = (size_t)st.st_size;
+    f->map = mmap(NULL, f->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (f->map == MAP_FAILED) return snprintf(err, err_size, "%s: cannot map: %s", path, strerror(errno)), -1;
+    f->tokens = (const uint16_t *)((const char *)f->map + sizeof header);
+    f->count = count;
+    for (int64_t i = 0; i < count; i++)
+        if (f->tokens[i] >= vocab)
+            return snprintf(err, err_size, "%s: token %u at position %lld is outside the vocabulary of %lld", path,
+                            f->tokens[i], (long long)i, (long long)vocab), -1;
+    return 0;
+}
+
+int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t seed, char *err, size_t err_size)
+{
+    *out = NULL;
+    dataset *d = calloc(1, sizeof *d);
+    if (!d) return snprintf(err, err_size, "out of memory"), -1;
+    d->seed = seed;
+    d->vocab = vocab;
+    if (!pattern) {
+        *out = d;
+        return 0;
+    }
+    glob_t g;
+    if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
+        free(d);
+        return snprintf(err, err_size, "%s: no such token file", pattern), -1;
+    }
+    d->files = calloc(g.gl_pathc, sizeof *d->files);
+    int status = d->files ? 0 : (snprintf(err, err_size, "out of memory"), -1);
+    for (size_t i = 0; i < g.gl_pathc && !status; i++) {
+        status = map_file(&d->files[d->num_files], g.gl_pathv[i], vocab, err, err_size);
+        if (!status) d->total += d->files[d->num_files++].count;
+    }
+    globfree(&g);
+    if (status) {
+        dataset_close(d);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+void dataset_close(dataset *d)
+{
+    if (!d) return;
+    for (int i = 0; i < d->num_files; i++)
+        if (d->files[i].map) munmap(d->files[i].map, d->files[i].map_size);
+    free(d->files);
+    free(d);
+}
+
+int64_t dataset_tokens(const dataset *d)
+{
+    return d->total;
+}
+
+void dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens)
+{
+    uint64_t z = splitmix64(d->seed ^ splitmix64((uint64_t)index));
+    if (!d->num_files) {
+        /* The rule: next = (5 * previous + 3) mod vocab. */
+        tokens[0] = (int)(z % (uint64_t)d->vocab);
+        for (int64_t t = 1; t <= seq; t++) {
+            z = splitmix64(z);
+            double u = (double)(z >> 11) * 0x1.0p-53;
+            tokens[t] = u < SYNTH_KEEP ? (int)((5 * (int64_t)tokens[t - 1] + 3) % d->vocab)
+                                       : (int)(splitmix64(z ^ 0xA5A5A5A5ull) % (uint64_t)d->vocab);
+        }
+        return;
+    }
+    /* A window of seq + 1 tokens inside one file. */
+    int64_t windows = 0;
+    for (int i = 0; i < d->num_files; i++) windows += d->files[i].count > seq ? d->files[i].count - seq : 0;
+    int64_t w = windows > 0 ? (int64_t)(z % (uint64_t)windows) : 0;
+    for (int i = 0; i < d->num_files; i++) {
+        int64_t n = d->files[i].count > seq ? d->files[i].count - seq : 0;
+        if (w < n) {
+            for (int64_t t = 0; t <= seq; t++) tokens[t] = d->files[i].tokens[w + t];
+            return;
+        }
+        w -= n;
+    }
+    memset(tokens, 0, (size_t)(seq + 1) * sizeof(int)); /* no file long enough (checked by callers) */
+}
+
+double dataset_loss_floor(const dataset *d)
+{
+    if (d->num_files) return -1;
+    double V = (double)d->vocab, hit = SYNTH_KEEP + (1 - SYNTH_KEEP) / V, miss = (1 - SYNTH_KEEP) / V;
+    return -(hit * log(hit) + (V - 1) * miss * log(miss));
+}
+
+int dataset_prepare(const char *text_path, const char *out_path, char *err, size_t err_size)
+{
+    FILE *in = fopen(text_path, "rb");
+    if (!in) return snprintf(err, err_size, "%s: cannot open: %s", text_path, strerror(errno)), -1;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
+    FILE *out = fopen(tmp, "wb");
+    if (!out) {
+        fclose(in);
+        return snprintf(err, err_size, "%s: cannot create: %s", tmp, strerror(errno)), -1;
+    }
+    int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC, DATA_VERSION, 0};
+    fwrite(header, sizeof header, 1, out);
+    int64_t count = 0;
+    int c;
+    while ((c = fgetc(in)) != EOF) {
+        uint16_t token = (uint16_t)(unsigned char)c;
+        fwrite(&token, 2, 1, out);
+        count++;
+    }
+    fclose(in);
+    if (count > INT32_MAX || count < 2) {
+        fclose(out);
+        unlink(tmp);
+        return snprintf(err, err_size, "%s: %lld bytes: a token file holds 2 to %d tokens", text_path,
+                        (long long)count, INT32_MAX), -1;
+    }
+    header[2] = (int32_t)count;
+    int ok = fseek(out, 0, SEEK_SET) == 0 && fwrite(header, sizeof header, 1, out) == 1;
+    ok = fclose(out) == 0 && ok;
+    if (!ok || rename(tmp, out_path) != 0) {
+        unlink(tmp);
+        return snprintf(err, err_size, "%s: cannot write: %s", out_path, strerror(errno)), -1;
+    }
+    return 0;
+}

@@ -1,0 +1,38 @@
+/* data.h: training samples by global index, independent of the layout.
+ *
+ * A token file (llm.c format, docs/DATA.md) or a glob of them is one stream;
+ * sample i is the window of seq+1 tokens at an offset drawn from (seed, i).
+ * Without a file, a synthetic dataset: sample i is a sequence drawn from
+ * (seed, i) where each token follows its predecessor by a fixed rule with
+ * probability 3/4 and is uniform otherwise, so the loss falls toward the
+ * entropy of that process (dataset_loss_floor). */
+#ifndef TP_DATA_H
+#define TP_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dataset dataset;
+
+/* pattern NULL: the synthetic dataset over vocab tokens. */
+int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t seed, char *err, size_t err_size);
+void dataset_close(dataset *d);
+
+/* tokens[seq + 1] of sample index. */
+void dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens);
+
+/* Tokens in the files (0 for the synthetic dataset). */
+int64_t dataset_tokens(const dataset *d);
+
+/* Expected loss (nats per token) of a perfect model: the synthetic data's
+ * entropy rate; -1 for files. */
+double dataset_loss_floor(const dataset *d);
+
+/* Writes text as a token file with the byte-level vocabulary (256 tokens). */
+int dataset_prepare(const char *text_path, const char *out_path, char *err, size_t err_size);
+
+#define DATA_MAGIC 20240520
+#define DATA_VERSION 1
+#define DATA_HEADER_INTS 256
+
+#endif

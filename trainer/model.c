@@ -1,0 +1,403 @@
+/* model.c: GPT-2 forward and backward on one rank of a (TP, PP) layout.
+ *
+ * Per block (x: [N, D] rows of the micro-batch, N = B*T; identical on every
+ * TP rank of the stage):
+ *   ln1 = LN(x);  qkv = ln1 Wqkv^T + bqkv            column-parallel: local heads
+ *   a = attention(qkv);  p = a Wproj^T                 row-parallel: partial sums
+ *   p = allreduce_tp(p) + bproj;  r1 = x + p
+ *   ln2 = LN(r1);  h = ln2 Wfc^T + bfc;  g = gelu(h)    column-parallel
+ *   o = allreduce_tp(g Wfcproj^T) + bfcproj;  r2 = r1 + o
+ * Backward mirrors it: the gradients of the column-parallel inputs (ln1, ln2)
+ * are partial per rank and summed over TP; replicated parameters get the
+ * same gradient on every TP rank. The token table is split by vocabulary:
+ * embedding rows held elsewhere contribute zero and are summed over TP; the
+ * output logits stay split and the cross-entropy reduces max, sum and target
+ * logit over TP, so no rank holds the full logits. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "../common/memory.h"
+#include "../kernels/kernels.h"
+#include "model.h"
+
+enum { LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
+static const char *const layer_names[12] = {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias",
+                                            "attn.proj.weight", "attn.proj.bias", "ln2.weight", "ln2.bias",
+                                            "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"};
+
+/* ------------------------------------------------------------ initialization */
+
+static uint64_t splitmix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+float gpt_init_normal(uint64_t seed, uint64_t name_hash, int64_t index)
+{
+    /* Box-Muller on two uniforms drawn from a counter-based generator. */
+    uint64_t z1 = splitmix64(seed ^ splitmix64(name_hash ^ splitmix64((uint64_t)index)));
+    uint64_t z2 = splitmix64(z1);
+    double u1 = ((double)(z1 >> 11) + 0.5) * 0x1.0p-53, u2 = (double)(z2 >> 11) * 0x1.0p-53;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+typedef struct {
+    float *data;
+    uint64_t seed, hash;
+    float mean, std;
+} init_ctx;
+
+static int init_run(void *ctx, int64_t offset, int64_t logical, int64_t n)
+{
+    init_ctx *c = ctx;
+    for (int64_t i = 0; i < n; i++)
+        c->data[offset + i] =
+            logical < 0 ? 0.0f : c->std == 0 ? c->mean : c->mean + c->std * gpt_init_normal(c->seed, c->hash, logical + i);
+    return 0;
+}
+
+/* ------------------------------------------------------------ construction */
+
+int gpt_model_find(const gpt_model *m, const char *name)
+{
+    for (int i = 0; i < m->num_params; i++)
+        if (m->params[i].saved && strcmp(m->params[i].spec->name, name) == 0) return i;
+    return -1;
+}
+
+void gpt_model_free(gpt_model *m)
+{
+    if (!m) return;
+    for (int s = 0; s < m->num_slots; s++) {
+        free(m->slots[s].tokens);
+        free(m->slots[s].input);
+    }
+    free(m->slots);
+    free(m->scratch);
+    free(m->memory);
+    free(m->layer);
+    free(m->catalog);
+    free(m->params);
+    free(m);
+}
+
+static int64_t slot_floats(const gpt_model *m, int64_t *ints)
+{
+    int64_t N = m->B * m->T, L = m->num_layers;
+    int64_t per_layer = N * (m->D * 4 + 4 + m->qkv_local + m->attn_local + 2 * m->ffn_local) +
+                        m->B * m->heads_local * m->T * m->T;
+    int64_t head = m->is_last ? N * (m->D + m->vocab_local + 5) : 0;
+    *ints = 2 * N;
+    return N * m->D + L * per_layer + head;
+}
+
+/* Carves a slot's buffers out of one allocation. */
+static int slot_init(gpt_model *m, gpt_slot *s)
+{
+    int64_t ints, floats = slot_floats(m, &ints), N = m->B * m->T, L = m->num_layers;
+    s->tokens = malloc((size_t)ints * sizeof(int));
+    s->input = alloc_pages((size_t)floats * sizeof(float));
+    if (!s->tokens || !s->input) return -1;
+    s->targets = s->tokens + N;
+    float *p = s->input + N * m->D;
+#define CARVE(field, count) (s->field = p, p += (count))
+    CARVE(ln1, L * N * m->D);
+    CARVE(ln1_mean, L * N);
+    CARVE(ln1_rstd, L * N);
+    CARVE(qkv, L * N * m->qkv_local);
+    CARVE(att, L * m->B * m->heads_local * m->T * m->T);
+    CARVE(attn, L * N * m->attn_local);
+    CARVE(res1, L * N * m->D);
+    CARVE(ln2, L * N * m->D);
+    CARVE(ln2_mean, L * N);
+    CARVE(ln2_rstd, L * N);
+    CARVE(fc, L * N * m->ffn_local);
+    CARVE(gelu, L * N * m->ffn_local);
+    CARVE(res2, L * N * m->D);
+    if (m->is_last) {
+        CARVE(lnf, N * m->D);
+        CARVE(lnf_mean, N);
+        CARVE(lnf_rstd, N);
+        CARVE(logits, N * m->vocab_local);
+        CARVE(row_max, N);
+        CARVE(row_sum, N);
+        CARVE(target_logit, N);
+    }
+#undef CARVE
+    return 0;
+}
+
+int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t micro_batch, int64_t seq,
+                     int slots, uint64_t seed, char *err, size_t err_size)
+{
+    *out = NULL;
+    if (gpt_config_check(config, c->tp, c->pp, err, err_size)) return -1;
+    if (config->swiglu || config->kv_heads != config->heads || config->dtype != CKPT_FP32) {
+        snprintf(err, err_size, "the trainer runs GPT-2 in fp32: GELU MLP, kv_heads == heads");
+        return -1;
+    }
+    if (seq > config->seq) {
+        snprintf(err, err_size, "sequence length %lld exceeds the model's %lld positions", (long long)seq,
+                 (long long)config->seq);
+        return -1;
+    }
+    gpt_model *m = calloc(1, sizeof *m);
+    if (!m) return snprintf(err, err_size, "out of memory"), -1;
+    m->config = *config;
+    m->comm = c;
+    m->B = micro_batch;
+    m->T = seq;
+    m->num_layers = (int)(config->layers / c->pp);
+    m->first_layer = c->pp_rank * m->num_layers;
+    m->is_first = c->pp_rank == 0;
+    m->is_last = c->pp_rank == c->pp - 1;
+    m->D = config->dim;
+    m->hd = config->dim / config->heads;
+    m->heads_local = config->heads / c->tp;
+    m->kv_local = config->kv_heads / c->tp;
+    m->qkv_local = (m->heads_local + 2 * m->kv_local) * m->hd;
+    m->attn_local = m->heads_local * m->hd;
+    m->ffn_local = config->ffn / c->tp;
+    m->wte = m->wpe = m->lnf_w = m->lnf_b = m->wte_out = -1;
+
+    int count = 0;
+    if (gpt_catalog(config, 0, &m->catalog, &count)) goto nomem;
+    const gpt_tensor *catalog = m->catalog;
+    m->params = calloc((size_t)count + 1, sizeof *m->params);
+    if (!m->params) goto nomem;
+    ckpt_layout layout = {c->tp, c->pp, c->dp, config->layers};
+    for (int i = 0; i < count; i++) {
+        const gpt_tensor *g = &catalog[i];
+        int here = ckpt_tensor_stage(&g->desc, &layout) == c->pp_rank;
+        int is_wte = strcmp(g->name, "model/tok_embed.weight") == 0;
+        /* The last stage keeps its own copy of the tied token table. */
+        int tied_copy = is_wte && m->is_last && !m->is_first;
+        for (int copy = 0; copy < 2; copy++) {
+            if (copy == 0 ? !here : !tied_copy) continue;
+            param_view *v = &m->params[m->num_params++];
+            v->spec = g;
+            v->piece = g->desc.partition.kind == CKPT_SPLIT ? c->tp_rank : 0;
+            ckpt_piece_shape(&g->desc, c->tp, v->shape);
+            v->numel = 1;
+            for (int d = 0; d < g->desc.ndim; d++) v->numel *= v->shape[d];
+            v->saved = copy == 0;
+            v->counts_in_norm = copy == 0 && (g->desc.partition.kind == CKPT_SPLIT || c->tp_rank == 0);
+            m->total += v->numel;
+        }
+    }
+    m->memory = alloc_pages((size_t)(4 * m->total) * sizeof(float));
+    if (!m->memory) goto nomem;
+    memset(m->memory, 0, (size_t)(4 * m->total) * sizeof(float));
+    int64_t offset = 0;
+    for (int i = 0; i < m->num_params; i++) {
+        param_view *v = &m->params[i];
+        v->data = m->memory + offset;
+        v->grad = m->memory + m->total + offset;
+        v->m = m->memory + 2 * m->total + offset;
+        v->v = m->memory + 3 * m->total + offset;
+        offset += v->numel;
+        const ckpt_tensor_desc *d = &v->spec->desc;
+        init_ctx ic = {v->data, seed, XXH3_64bits(v->spec->name, strlen(v->spec->name)), v->spec->init_mean,
+                       v->spec->init_std};
+        ckpt_piece_element_runs(d, c->tp, v->piece, 0, v->shape[0], init_run, &ic);
+        if (strcmp(v->spec->name, "model/tok_embed.weight") == 0) {
+            if (v->saved) m->wte = i;
+            if (m->is_last) m->wte_out = i; /* the copy on a separate last stage comes second */
+        } else if (strcmp(v->spec->name, "model/pos_embed.weight") == 0) m->wpe = i;
+        else if (strcmp(v->spec->name, "model/final_norm.weight") == 0) m->lnf_w = i;
+        else if (strcmp(v->spec->name, "model/final_norm.bias") == 0) m->lnf_b = i;
+    }
+    int64_t padded[CKPT_MAX_DIMS];
+    ckpt_padded_shape(&catalog[0].desc, c->tp, padded); /* the token table comes first */
+    m->vocab_local = padded[0] / c->tp;
+    m->vocab_first = c->tp_rank * m->vocab_local;
+
+    m->layer = calloc((size_t)m->num_layers + 1, sizeof *m->layer);
+    if (!m->layer) goto nomem;
+    for (int l = 0; l < m->num_layers; l++) {
+        for (int k = 0; k < 12; k++) {
+            char name[CKPT_NAME_MAX];
+            snprintf(name, sizeof name, "model/layers.%d.%s", m->first_layer + l, layer_names[k]);
+            m->layer[l][k] = gpt_model_find(m, name);
+            if (m->layer[l][k] < 0) {
+                snprintf(err, err_size, "internal: %s missing from the catalogue", name);
+                gpt_model_free(m);
+                return -1;
+            }
+        }
+    }
+    m->num_slots = slots;
+    m->slots = calloc((size_t)slots, sizeof *m->slots);
+    if (!m->slots) goto nomem;
+    for (int s = 0; s < slots; s++)
+        if (slot_init(m, &m->slots[s])) goto nomem;
+    /* Backward scratch: two [N, D] gradients, [N, qkv], [N, attn], [N, ffn] x2, [T, T], [N, vocab]. */
+    int64_t N = m->B * m->T;
+    m->scratch_size = N * (3 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + m->T * m->T +
+                      (m->is_last ? N * m->vocab_local : 0);
+    m->scratch = alloc_pages((size_t)m->scratch_size * sizeof(float));
+    if (!m->scratch) goto nomem;
+    *out = m;
+    return 0;
+nomem:
+    gpt_model_free(m);
+    snprintf(err, err_size, "out of memory for the model");
+    return -1;
+}
+
+void gpt_model_zero_grads(gpt_model *m)
+{
+    memset(m->memory + m->total, 0, (size_t)m->total * sizeof(float));
+}
+
+/* ------------------------------------------------------------------ forward */
+
+#define W(k) (m->params[m->layer[l][k]].data)
+#define G(k) (m->params[m->layer[l][k]].grad)
+#define TRY(call)                                                                                                   \
+    do {                                                                                                            \
+        if ((call) != 0) return -1;                                                                                 \
+    } while (0)
+
+static int embed_forward(gpt_model *m, gpt_slot *s)
+{
+    int64_t N = m->B * m->T, D = m->D;
+    const param_view *wte = &m->params[m->wte], *wpe = &m->params[m->wpe];
+    embedding_forward(s->input, s->tokens, wte->data, N, D, m->vocab_first, m->vocab_local);
+    TRY(m->comm->ops->sum_floats(m->comm, GROUP_TP, s->input, N * D));
+    for (int64_t b = 0; b < m->B; b++) residual_forward(s->input + b * m->T * D, s->input + b * m->T * D, wpe->data, m->T * D);
+    return 0;
+}
+
+static int block_forward(gpt_model *m, gpt_slot *s, int l, const float *x)
+{
+    int64_t N = m->B * m->T, D = m->D;
+    float *ln1 = s->ln1 + l * N * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
+    float *att = s->att + l * m->B * m->heads_local * m->T * m->T, *res1 = s->res1 + l * N * D;
+    float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->ffn_local, *gl = s->gelu + l * N * m->ffn_local;
+    float *res2 = s->res2 + l * N * D;
+    layernorm_forward(ln1, s->ln1_mean + l * N, s->ln1_rstd + l * N, x, W(LN1_W), W(LN1_B), N, D);
+    matmul_forward(qkv, ln1, W(QKV_W), W(QKV_B), N, D, m->qkv_local);
+    attention_forward(attn, att, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd);
+    matmul_forward(res1, attn, W(PROJ_W), NULL, N, m->attn_local, D); /* partial sums of this rank's heads */
+    TRY(m->comm->ops->sum_floats(m->comm, GROUP_TP, res1, N * D));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t d = 0; d < D; d++) res1[n * D + d] = x[n * D + d] + (res1[n * D + d] + W(PROJ_B)[d]);
+    layernorm_forward(ln2, s->ln2_mean + l * N, s->ln2_rstd + l * N, res1, W(LN2_W), W(LN2_B), N, D);
+    matmul_forward(fc, ln2, W(FC_W), W(FC_B), N, D, m->ffn_local);
+    gelu_forward(gl, fc, N * m->ffn_local);
+    matmul_forward(res2, gl, W(FCPROJ_W), NULL, N, m->ffn_local, D);
+    TRY(m->comm->ops->sum_floats(m->comm, GROUP_TP, res2, N * D));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t d = 0; d < D; d++) res2[n * D + d] = res1[n * D + d] + (res2[n * D + d] + W(FCPROJ_B)[d]);
+    return 0;
+}
+
+/* Final norm, vocabulary-parallel logits and cross-entropy. */
+static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
+{
+    int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
+    comm *c = m->comm;
+    layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, x, m->params[m->lnf_w].data, m->params[m->lnf_b].data, N, D);
+    matmul_forward(s->logits, s->lnf, m->params[m->wte_out].data, NULL, N, D, V);
+    crossentropy_row_max(s->row_max, s->logits, N, V, m->vocab_first, m->config.vocab);
+    TRY(c->ops->max_floats(c, GROUP_TP, s->row_max, N));
+    crossentropy_row_sumexp(s->row_sum, s->logits, s->row_max, N, V, m->vocab_first, m->config.vocab);
+    TRY(c->ops->sum_floats(c, GROUP_TP, s->row_sum, N));
+    crossentropy_target_logit(s->target_logit, s->logits, s->targets, N, V, m->vocab_first);
+    TRY(c->ops->sum_floats(c, GROUP_TP, s->target_logit, N));
+    double loss = 0;
+    for (int64_t n = 0; n < N; n++) loss += (double)(logf(s->row_sum[n]) + s->row_max[n] - s->target_logit[n]);
+    s->loss_sum = loss;
+    return 0;
+}
+
+int gpt_model_forward(gpt_model *m, gpt_slot *s)
+{
+    if (m->is_first) TRY(embed_forward(m, s));
+    const float *x = s->input;
+    int64_t N = m->B * m->T;
+    for (int l = 0; l < m->num_layers; l++) {
+        TRY(block_forward(m, s, l, x));
+        x = s->res2 + l * N * m->D;
+    }
+    if (m->is_last) TRY(head_forward(m, s, x));
+    return 0;
+}
+
+/* ----------------------------------------------------------------- backward */
+
+/* d_x: in, the gradient of the block's output r2; out, that of its input x. */
+static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, float *d_x, float *work)
+{
+    int64_t N = m->B * m->T, D = m->D;
+    comm *c = m->comm;
+    const float *ln1 = s->ln1 + l * N * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
+    const float *att = s->att + l * m->B * m->heads_local * m->T * m->T, *res1 = s->res1 + l * N * D;
+    const float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->ffn_local, *gl = s->gelu + l * N * m->ffn_local;
+    float *d_res1 = work, *d_ln = d_res1 + N * D, *d_qkv = d_ln + N * D, *d_attn = d_qkv + N * m->qkv_local;
+    float *d_gelu = d_attn + N * m->attn_local, *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->ffn_local;
+
+    /* MLP: o = allreduce(g Wfcproj^T) + b: the gradient of o is d_x on every rank. */
+    memcpy(d_res1, d_x, (size_t)(N * D) * sizeof(float));
+    matmul_backward(d_gelu, G(FCPROJ_W), G(FCPROJ_B), d_x, gl, W(FCPROJ_W), N, m->ffn_local, D);
+    gelu_backward(d_fc, fc, d_gelu, N * m->ffn_local);
+    matmul_backward(d_ln, G(FC_W), G(FC_B), d_fc, ln2, W(FC_W), N, D, m->ffn_local);
+    TRY(c->ops->sum_floats(c, GROUP_TP, d_ln, N * D)); /* column-parallel input: partial per rank */
+    layernorm_backward(d_res1, G(LN2_W), G(LN2_B), d_ln, res1, W(LN2_W), s->ln2_mean + l * N, s->ln2_rstd + l * N, N, D);
+
+    /* Attention: p = allreduce(a Wproj^T) + b. */
+    matmul_backward(d_attn, G(PROJ_W), G(PROJ_B), d_res1, attn, W(PROJ_W), N, m->attn_local, D);
+    attention_backward(d_qkv, att_scratch, d_attn, qkv, att, m->B, m->T, m->heads_local, m->kv_local, m->hd);
+    matmul_backward(d_ln, G(QKV_W), G(QKV_B), d_qkv, ln1, W(QKV_W), N, D, m->qkv_local);
+    TRY(c->ops->sum_floats(c, GROUP_TP, d_ln, N * D));
+    memcpy(d_x, d_res1, (size_t)(N * D) * sizeof(float));
+    layernorm_backward(d_x, G(LN1_W), G(LN1_B), d_ln, x, W(LN1_W), s->ln1_mean + l * N, s->ln1_rstd + l * N, N, D);
+    return 0;
+}
+
+static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, float *work, float loss_scale)
+{
+    int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
+    float *d_logits = work + N * (3 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + m->T * m->T;
+    float *d_lnf = work;
+    param_view *wte = &m->params[m->wte_out];
+    crossentropy_backward(d_logits, s->logits, s->row_max, s->row_sum, s->targets, N, V, m->vocab_first,
+                          m->config.vocab, loss_scale);
+    matmul_backward(d_lnf, wte->grad, NULL, d_logits, s->lnf, wte->data, N, D, V);
+    TRY(m->comm->ops->sum_floats(m->comm, GROUP_TP, d_lnf, N * D)); /* logits were split by vocabulary */
+    memset(d_x, 0, (size_t)(N * D) * sizeof(float));
+    layernorm_backward(d_x, m->params[m->lnf_w].grad, m->params[m->lnf_b].grad, d_lnf, x, m->params[m->lnf_w].data,
+                       s->lnf_mean, s->lnf_rstd, N, D);
+    return 0;
+}
+
+int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *d_input, float loss_scale)
+{
+    int64_t N = m->B * m->T, D = m->D;
+    float *work = m->scratch;
+    /* d_x lives in the last [N, D] of the scratch, after the block's buffers. */
+    float *d_x = work + N * (2 * D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + m->T * m->T;
+    const float *top = m->num_layers ? s->res2 + (m->num_layers - 1) * N * D : s->input;
+    if (m->is_last) TRY(head_backward(m, s, top, d_x, work, loss_scale));
+    else memcpy(d_x, d_output, (size_t)(N * D) * sizeof(float));
+    for (int l = m->num_layers - 1; l >= 0; l--) {
+        const float *x = l ? s->res2 + (l - 1) * N * D : s->input;
+        TRY(block_backward(m, s, l, x, d_x, work));
+    }
+    if (m->is_first) {
+        const param_view *wte = &m->params[m->wte], *wpe = &m->params[m->wpe];
+        embedding_backward(wte->grad, s->tokens, d_x, N, D, m->vocab_first, m->vocab_local);
+        for (int64_t b = 0; b < m->B; b++)
+            for (int64_t i = 0; i < m->T * D; i++) wpe->grad[i] += d_x[b * m->T * D + i];
+    } else {
+        memcpy(d_input, d_x, (size_t)(N * D) * sizeof(float));
+    }
+    return 0;
+}

@@ -1,0 +1,85 @@
+/* model.h: the GPT-2 model of one rank: its pipeline stage's layers, with
+ * tensor-parallel shards of the column- and row-parallel linears and of the
+ * vocabulary (Megatron-LM's layout), forward and backward on micro-batches.
+ *
+ * Parameters live in one allocation (and so do gradients and the two Adam
+ * moments), with a view per tensor of the catalogue (gpt_catalog.h) held on
+ * this stage. Values depend only on the seed, the tensor's global name and
+ * each element's global index, whatever the layout. */
+#ifndef TP_MODEL_H
+#define TP_MODEL_H
+
+#include <stdint.h>
+
+#include "comm.h"
+#include "gpt_catalog.h"
+
+typedef struct {
+    const gpt_tensor *spec;  /* catalogue entry (global description) */
+    int piece;               /* tp rank for split tensors, 0 for replicated ones */
+    int64_t numel;           /* elements of the local piece */
+    int64_t shape[CKPT_MAX_DIMS];
+    float *data, *grad, *m, *v;
+    int counts_in_norm;      /* counted once in the global gradient norm */
+    int saved;               /* written to checkpoints by this rank's shard */
+} param_view;
+
+/* Activations of one micro-batch in flight through this stage. */
+typedef struct {
+    int *tokens, *targets;       /* [B*T] */
+    float *input;                /* [B*T, D]: embeddings (first stage) or the previous stage's output */
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *attn, *res1;  /* per local layer, consecutive */
+    float *ln2, *ln2_mean, *ln2_rstd, *fc, *gelu, *res2;
+    float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit; /* last stage */
+    double loss_sum;             /* sum of token losses (last stage) */
+} gpt_slot;
+
+typedef struct {
+    gpt_config config;
+    comm *comm;
+    int64_t B, T;                /* micro-batch and sequence length */
+    int first_layer, num_layers; /* this stage's layers */
+    int is_first, is_last;
+    int64_t D, hd, heads_local, kv_local, qkv_local, attn_local, ffn_local;
+    int64_t vocab_local, vocab_first; /* rows of the (padded) token table held here */
+
+    gpt_tensor *catalog;         /* every tensor of the model (gpt_catalog) */
+    param_view *params;
+    int num_params;
+    int64_t total;               /* elements of all local parameters */
+    float *memory;               /* params | grads | m | v, each `total` */
+    int wte, wpe, lnf_w, lnf_b;  /* indices into params, -1 when not on this stage */
+    int wte_out;                 /* the output projection: wte itself, or the last stage's tied copy */
+    int (*layer)[12];            /* per local layer: ln1 w,b, qkv w,b, proj w,b, ln2 w,b, fc w,b, fcproj w,b */
+
+    gpt_slot *slots;
+    int num_slots;
+    float *scratch;              /* backward buffers, shared by all slots */
+    int64_t scratch_size;
+} gpt_model;
+
+/* Builds this rank's part of the model; parameters initialized from the seed. */
+int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t micro_batch, int64_t seq,
+                     int slots, uint64_t seed, char *err, size_t err_size);
+void gpt_model_free(gpt_model *model);
+
+/* Zeroes every gradient. */
+void gpt_model_zero_grads(gpt_model *model);
+
+/* Forward of a slot whose tokens/targets (first/last stage) and input (other
+ * stages) are set. On the last stage adds the token losses, and the gradient
+ * scale for backward is loss_scale (1 / tokens in the global batch). */
+int gpt_model_forward(gpt_model *model, gpt_slot *slot);
+
+/* Backward of a slot; d_output is the gradient of this stage's output
+ * [B*T, D] (unused on the last stage); on return d_input holds the gradient
+ * of its input (unused on the first stage). */
+int gpt_model_backward(gpt_model *model, gpt_slot *slot, const float *d_output, float *d_input, float loss_scale);
+
+/* Index of a parameter by global name, or -1. */
+int gpt_model_find(const gpt_model *model, const char *name);
+
+/* Standard normal from (seed, tensor name hash, element index): layout-independent. */
+float gpt_init_normal(uint64_t seed, uint64_t name_hash, int64_t index);
+
+#endif
