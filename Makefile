@@ -35,7 +35,7 @@ CKPT_SRC := $(filter-out ckpt/tp-ckpt.c,$(wildcard ckpt/*.c))
 KERNELS_SRC := kernels/convert.c kernels/moves.c kernels/linear.c kernels/norm.c kernels/attention.c \
 	kernels/embedding.c kernels/adamw.c
 RESHARD_SRC := $(filter-out reshard/tp-reshard.c,$(wildcard reshard/*.c))
-TRAINER_LIB_SRC := trainer/gpt_catalog.c
+TRAINER_LIB_SRC := $(filter-out trainer/tp-train.c,$(wildcard trainer/*.c))
 ifeq ($(CUDA),1)
 KERNELS_CU := $(wildcard kernels/*.cu)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
@@ -53,7 +53,7 @@ LIB_TRAINER := $(BUILD)/lib/libtptrainer.a
 LIB_RESHARD := $(BUILD)/lib/libtpreshard.a
 LIBS := $(LIB_TRAINER) $(LIB_RESHARD) $(LIB_CKPT) $(LIB_KERNELS) $(LIB_COMMON)
 
-PROGRAMS := $(BUILD)/bin/tp-ckpt $(BUILD)/bin/tp-reshard
+PROGRAMS := $(BUILD)/bin/tp-ckpt $(BUILD)/bin/tp-reshard $(BUILD)/bin/tp-train
 BENCH_PROGRAMS := $(BUILD)/bench/bench_ckpt
 TEST_SRC := $(wildcard tests/*/test_*.c)
 TEST_SUPPORT := $(call obj,$(wildcard tests/support/*.c))
@@ -94,6 +94,7 @@ $(BUILD)/lib/%.a:
 
 $(BUILD)/bin/tp-ckpt: $(call obj,ckpt/tp-ckpt.c) $(LIBS)
 $(BUILD)/bin/tp-reshard: $(call obj,reshard/tp-reshard.c) $(LIBS)
+$(BUILD)/bin/tp-train: $(call obj,trainer/tp-train.c) $(LIBS)
 $(BUILD)/bin/%:
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)

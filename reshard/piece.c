@@ -43,6 +43,7 @@ int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *t
     same.name = src->name;
     same.role = src->role;
     same.param = src->param;
+    same.partition.pad_multiple = src->partition.pad_multiple; /* padding is recomputed for the target */
     if (!ckpt_tensor_equal_layout(src, &same))
         return reshard_fail(CKPT_ERR_ARG, "tensor %s: the checkpoint describes it differently (shape or partition)",
                             src->name);

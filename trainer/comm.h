@@ -28,6 +28,7 @@ typedef struct {
     int (*wait_sends)(comm *c); /* every send started so far has completed */
     int (*barrier)(comm *c);
     int (*broadcast_bytes)(comm *c, void *data, int64_t n, int root); /* over the world */
+    void (*abort)(comm *c, int status); /* ends every rank: one failed while others wait on it */
     void (*free)(comm *c);
 } comm_ops;
 
@@ -37,7 +38,7 @@ struct comm {
     int rank, world;
     int tp, pp, dp;
     int tp_rank, pp_rank, dp_rank;
-    char error[256]; /* message of the last failure */
+    char error[512]; /* message of the last failure */
 };
 
 /* MPI: calls MPI_Init when needed. Fails when tp * pp * dp != world size. */
@@ -45,5 +46,11 @@ int comm_mpi_create(comm **out, int *argc, char ***argv, int tp, int pp, int dp,
 
 /* Initializes MPI (if not done) and tells the world size, for choosing a layout. */
 int comm_mpi_world_size(int *argc, char ***argv);
+
+/* This process's rank in the world (after comm_mpi_world_size). */
+int comm_mpi_rank(void);
+
+/* Ends MPI when no communicator was made. */
+void comm_mpi_finalize(void);
 
 #endif

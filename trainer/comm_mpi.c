@@ -134,6 +134,11 @@ static int broadcast_bytes(comm *c, void *data, int64_t n, int root)
     return check(c, MPI_Bcast(data, (int)n, MPI_BYTE, root, ((mpi_impl *)c->impl)->world), "broadcast");
 }
 
+static void abort_all(comm *c, int status)
+{
+    MPI_Abort(((mpi_impl *)c->impl)->world, status);
+}
+
 static void free_comm(comm *c)
 {
     if (!c) return;
@@ -152,7 +157,7 @@ static void free_comm(comm *c)
 }
 
 static const comm_ops mpi_ops = {sum_floats, max_floats, sum_doubles, max_ints, send_next, send_prev, recv_prev,
-                                 recv_next, wait_sends, barrier, broadcast_bytes, free_comm};
+                                 recv_next, wait_sends, barrier, broadcast_bytes, abort_all, free_comm};
 
 int comm_mpi_world_size(int *argc, char ***argv)
 {
@@ -165,6 +170,20 @@ int comm_mpi_world_size(int *argc, char ***argv)
     }
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     return size;
+}
+
+int comm_mpi_rank(void)
+{
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank;
+}
+
+void comm_mpi_finalize(void)
+{
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
 }
 
 int comm_mpi_create(comm **out, int *argc, char ***argv, int tp, int pp, int dp, char *err, size_t err_size)

@@ -1,0 +1,56 @@
+/* checkpoint.h: the trainer's checkpoints through the ckpt and reshard
+ * libraries. Every rank of data-parallel replica 0 writes its own shard; one
+ * process commits. Saving is asynchronous: the step stalls only while
+ * parameters and optimizer state are copied into a snapshot, a background
+ * thread writes it, and the commit happens at a later step boundary once
+ * every shard is written. Loading works at any layout: each rank reads only
+ * the regions of its own pieces (reshard_read_piece). */
+#ifndef TP_TRAINER_CHECKPOINT_H
+#define TP_TRAINER_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "model.h"
+
+typedef struct saver saver;
+
+/* What goes into the training state of a checkpoint. */
+typedef struct {
+    int64_t step;
+    int64_t consumed_samples;
+    const char *schedule_json;
+    const char *user_json;
+    uint64_t seed;
+} save_state;
+
+/* A checkpoint writer for the model; values: parameters and Adam moments, or
+ * (dump_grads) the gradients in the parameters' places. */
+int saver_create(saver **out, gpt_model *model, int dump_grads, char *err, size_t err_size);
+void saver_free(saver *s);
+
+/* Starts a checkpoint at path (a staging directory first; committed later).
+ * With sync, returns once it is committed. Collective over all ranks. */
+int saver_start(saver *s, const char *path, const save_state *state, int sync, char *err, size_t err_size);
+
+/* Completes a save whose shards are all written (commit by rank 0); with
+ * wait, waits for them. Collective; returns 1 when a checkpoint was
+ * committed, 0 when none is pending or it is still being written. */
+int saver_poll(saver *s, int wait, char *err, size_t err_size);
+
+/* Seconds the caller spent in saver_start/saver_poll for the last save. */
+double saver_stall_seconds(const saver *s);
+
+typedef struct {
+    int64_t step;
+    int64_t consumed_samples;
+    char path[4096];
+    int optimizer_loaded;
+} load_result;
+
+/* Loads the newest intact checkpoint under dir (a run directory or a
+ * checkpoint): every rank reads its pieces, verifying their checksums; if any
+ * rank finds damage, all fall back to the next older one and rank 0 says so.
+ * Collective. Returns 0, or -1 with a message when none is usable. */
+int checkpoint_load(gpt_model *model, const char *dir, load_result *out, char *err, size_t err_size);
+
+#endif
