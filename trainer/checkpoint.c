@@ -64,7 +64,7 @@ int saver_create(saver **out, gpt_model *m, int dump_grads, char *err, size_t er
         s->entries[i].exp_avg = find_entry(s, optim);
         snprintf(optim, sizeof optim, "optim/exp_avg_sq/%s", base);
         s->entries[i].exp_avg_sq = find_entry(s, optim);
-        if (m->params[i].saved) s->snapshot_floats += per_view * m->params[i].numel;
+        if (m->params[i].owner) s->snapshot_floats += per_view * m->params[i].numel;
     }
     /* Only the first data-parallel replica writes. */
     if (m->comm->dp_rank == 0 && s->snapshot_floats) {
@@ -113,7 +113,7 @@ static void *write_shard(void *arg)
     const float *p = s->snapshot;
     for (int i = 0; i < m->num_params && !status; i++) {
         const param_view *v = &m->params[i];
-        if (!v->saved) continue;
+        if (!v->owner) continue;
         int which[3] = {s->entries[i].param, s->entries[i].exp_avg, s->entries[i].exp_avg_sq};
         for (int k = 0; k < (s->dump_grads ? 1 : 3) && !status; k++) {
             status = ckpt_writer_put_piece(w, ids[which[k]], v->piece, p);
@@ -239,7 +239,7 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync, c
         float *p = s->snapshot;
         for (int i = 0; i < m->num_params; i++) {
             const param_view *v = &m->params[i];
-            if (!v->saved) continue;
+            if (!v->owner) continue;
             const float *sources[3] = {s->dump_grads ? v->grad : v->data, v->m, v->v};
             for (int k = 0; k < (s->dump_grads ? 1 : 3); k++) {
                 memcpy(p, sources[k], (size_t)v->numel * sizeof(float));

@@ -67,7 +67,7 @@ static int init_run(void *ctx, int64_t offset, int64_t logical, int64_t n)
 int gpt_model_find(const gpt_model *m, const char *name)
 {
     for (int i = 0; i < m->num_params; i++)
-        if (m->params[i].saved && strcmp(m->params[i].spec->name, name) == 0) return i;
+        if (!m->params[i].tied_copy && strcmp(m->params[i].spec->name, name) == 0) return i;
     return -1;
 }
 
@@ -186,8 +186,9 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
             ckpt_piece_shape(&g->desc, c->tp, v->shape);
             v->numel = 1;
             for (int d = 0; d < g->desc.ndim; d++) v->numel *= v->shape[d];
-            v->saved = copy == 0;
-            v->counts_in_norm = copy == 0 && (g->desc.partition.kind == CKPT_SPLIT || c->tp_rank == 0);
+            v->tied_copy = copy == 1;
+            /* Replicated tensors are stored once, by the first TP rank (docs/FORMAT.md). */
+            v->owner = copy == 0 && (g->desc.partition.kind == CKPT_SPLIT || c->tp_rank == 0);
             m->total += v->numel;
         }
     }
@@ -207,7 +208,7 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
                        v->spec->init_std};
         ckpt_piece_element_runs(d, c->tp, v->piece, 0, v->shape[0], init_run, &ic);
         if (strcmp(v->spec->name, "model/tok_embed.weight") == 0) {
-            if (v->saved) m->wte = i;
+            if (!v->tied_copy) m->wte = i;
             if (m->is_last) m->wte_out = i; /* the copy on a separate last stage comes second */
         } else if (strcmp(v->spec->name, "model/pos_embed.weight") == 0) m->wpe = i;
         else if (strcmp(v->spec->name, "model/final_norm.weight") == 0) m->lnf_w = i;

@@ -20,8 +20,9 @@ typedef struct {
     int64_t numel;           /* elements of the local piece */
     int64_t shape[CKPT_MAX_DIMS];
     float *data, *grad, *m, *v;
-    int counts_in_norm;      /* counted once in the global gradient norm */
-    int saved;               /* written to checkpoints by this rank's shard */
+    int tied_copy;           /* the last stage's own copy of the tied token table */
+    int owner;               /* this rank holds the stored copy: it writes the piece to
+                                checkpoints and counts it in the gradient norm */
 } param_view;
 
 /* Activations of one micro-batch in flight through this stage. */

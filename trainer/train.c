@@ -150,23 +150,31 @@ static int run_pipeline(trainer *t, double *loss_sum)
     return t->c->ops->wait_sends(t->c) ? FAIL(t, "%s", t->c->error) : 0;
 }
 
-/* Reductions of gradients, global norm, clipping and the AdamW update. */
-static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr_out)
+/* Gradients of the whole global batch on every rank that holds a piece: the
+ * tied token table's two copies add theirs, then the data-parallel replicas. */
+static int reduce_gradients(trainer *t)
 {
     gpt_model *m = t->model;
     comm *c = t->c;
-    const train_options *o = t->o;
-    /* The tied token table: first and last stage add their gradients. */
     if (c->pp > 1 && (m->is_first || m->is_last)) {
         param_view *w = &m->params[m->is_first ? m->wte : m->wte_out];
         if (c->ops->sum_floats(c, GROUP_EMBED, w->grad, w->numel)) return FAIL(t, "%s", c->error);
     }
     if (c->dp > 1 && c->ops->sum_floats(c, GROUP_DP, m->memory + m->total, m->total)) return FAIL(t, "%s", c->error);
+    return 0;
+}
+
+/* Global norm (each stored piece counted once), clipping, AdamW. */
+static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr_out)
+{
+    gpt_model *m = t->model;
+    comm *c = t->c;
+    const train_options *o = t->o;
     double sumsq = 0;
     if (c->dp_rank == 0)
         for (int i = 0; i < m->num_params; i++) {
             const param_view *v = &m->params[i];
-            if (!v->counts_in_norm) continue;
+            if (!v->owner) continue;
             for (int64_t k = 0; k < v->numel; k++) sumsq += (double)v->grad[k] * v->grad[k];
         }
     if (c->ops->sum_doubles(c, GROUP_WORLD, &sumsq, 1)) return FAIL(t, "%s", c->error);
@@ -398,7 +406,7 @@ int train_run(const train_options *o, comm *c)
         double start = now_seconds(), loss_sum = 0, norm = 0, lr = 0;
         if (o->dump_dir && dump_batch(&t)) goto fail;
         gpt_model_zero_grads(t.model);
-        if (run_pipeline(&t, &loss_sum)) goto fail;
+        if (run_pipeline(&t, &loss_sum) || reduce_gradients(&t)) goto fail;
         if (o->dump_dir && step == start_step + 1 && (dump_gradients(&t) || dump_logits(&t))) goto fail;
         if (optimizer_step(&t, step, &norm, &lr)) goto fail;
         /* The loss of the step: last stage, first TP rank of each replica. */

@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""Checks tp-train against the independent PyTorch GPT-2 (gpt2_ref.py).
+
+tp-train --dump DIR writes its initial weights (DIR/init), the tokens of every
+global batch (DIR/batches.bin), and, at the first step, the gradients
+(DIR/grads) and the logits of the last micro-batch of data-parallel replica 0
+(DIR/logits), as checkpoints of its own layout. This script merges them with
+the independent reader (tests/ckpt/check_h5py.py), loads the weights into the
+PyTorch model, and compares, in fp32:
+  - those logits and the first step's loss (1e-5 relative),
+  - every parameter gradient (1e-4 relative to the tensor's largest),
+  - the losses of every logged step of AdamW training (--loss-tol relative).
+
+Usage: check_torch.py DUMP_DIR LOG.jsonl --micro-batch B --grad-accum A --steps N
+       --lr X --warmup N [--min-lr X] [--weight-decay X] [--clip X] [--loss-tol X]
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ckpt"))
+import check_h5py  # noqa: E402
+from gpt2_ref import GPT2, lr_at  # noqa: E402
+
+
+def merged(path):
+    """{name: logical tensor} of a checkpoint, merged independently."""
+    ckpt, index = check_h5py.load_index(path)
+    files, problems, out = {}, [], {}
+    for tensor in index["tensors"]:
+        result = check_h5py.read_logical(ckpt, index, tensor, files, problems)
+        if result is not None:
+            out[tensor["name"]] = np.array(result[0], dtype=np.float32)
+    for f in files.values():
+        f.close()
+    if problems:
+        raise SystemExit("reading %s: %s" % (path, problems))
+    return out, index
+
+
+def relative(a, b):
+    scale = float(np.abs(b).max())
+    return float(np.abs(a - b).max()) / (scale if scale > 0 else 1.0)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("dump")
+    p.add_argument("log")
+    p.add_argument("--micro-batch", type=int, required=True)
+    p.add_argument("--grad-accum", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--lr", type=float, required=True)
+    p.add_argument("--warmup", type=int, required=True)
+    p.add_argument("--min-lr", type=float, default=None)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--loss-tol", type=float, default=1e-5)
+    a = p.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+    weights, index = merged(os.path.join(a.dump, "init"))
+    cfg = index["model"]
+    model = GPT2(cfg["layers"], cfg["dim"], cfg["heads"], cfg["vocab"], cfg["seq"], cfg["ffn"])
+    params = model.load_named(weights)
+    T = cfg["seq"]
+    batches = np.fromfile(os.path.join(a.dump, "batches.bin"), dtype=np.int32)
+    batches = torch.from_numpy(batches.copy()).view(a.steps, -1, T + 1).long()  # [step, sample, T + 1]
+    logged = [json.loads(line) for line in open(a.log)]
+    failures = []
+
+    def check(what, value, tol):
+        status = "ok" if value <= tol else "FAIL"
+        print(f"check_torch: {what}: {value:.3e} (tolerance {tol:g}) {status}")
+        if value > tol:
+            failures.append(what)
+
+    # Step 1: logits of the dumped micro-batch, the loss, every gradient.
+    tokens = batches[0]
+    logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    B, A = a.micro_batch, a.grad_accum
+    ours_logits, _ = merged(os.path.join(a.dump, "logits"))
+    theirs = logits[(A - 1) * B: A * B].reshape(B * T, -1).detach().numpy()
+    check("logits of the last micro-batch of replica 0", relative(ours_logits["dump/logits"], theirs), 1e-5)
+    check("loss of step 1", abs(logged[0]["loss"] - loss.item()) / loss.item(), 1e-5)
+    loss.backward()
+    grads, _ = merged(os.path.join(a.dump, "grads"))
+    worst = max((relative(grads[name], param.grad.numpy()), name) for name, param in params.items())
+    check(f"gradients (worst: {worst[1]})", worst[0], 1e-4)
+
+    # Training: AdamW with decoupled decay on matrices and embeddings, clipping, schedule.
+    model.zero_grad()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    min_lr = a.min_lr if a.min_lr is not None else a.lr / 10
+    worst_loss = 0.0
+    for step in range(1, a.steps + 1):
+        tokens = batches[step - 1]
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        ours = logged[step - 1]
+        assert ours["step"] == step
+        worst_loss = max(worst_loss, abs(ours["loss"] - loss.item()) / loss.item())
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, a.lr, min_lr, a.warmup, a.steps)
+        optimizer.step()
+    check(f"losses of {a.steps} AdamW steps", worst_loss, a.loss_tol)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
