@@ -26,8 +26,9 @@ static const char *usage_text =
     "optimizer: --steps N (100) --lr X (3e-4) --min-lr X (lr/10) --warmup N (steps/10)\n"
     "           --weight-decay X (0.1) --clip X (1.0) --seed N (1337)\n"
     "data:      --data FILE|GLOB              token files (docs/DATA.md); default: synthetic data\n"
-    "checkpoints: --ckpt-dir DIR --ckpt-every N --resume [--sync-save]\n"
-    "           written asynchronously; SIGTERM or SIGUSR1: finish the step, checkpoint, exit 0\n"
+    "checkpoints: --ckpt-dir DIR --ckpt-every N --resume [--sync-save] [--stop-at N]\n"
+    "           written asynchronously; SIGTERM or SIGUSR1 (or --stop-at): finish the step,\n"
+    "           checkpoint, exit 0. --resume continues from the newest intact checkpoint, at any layout\n"
     "output:    --log FILE (JSON lines: step, loss, lr, grad_norm, tokens_per_s) --quiet\n"
     "other:     --threads N (matrix-product threads per rank, 1)\n";
 
@@ -85,7 +86,7 @@ int main(int argc, char **argv)
     int64_t tp = 1, pp = 1, dp = 0;
     enum { O_MODEL = 256, O_LAYERS, O_DIM, O_HEADS, O_VOCAB, O_SEQ, O_FFN, O_PAD, O_TP, O_PP, O_DP, O_MB, O_ACCUM,
            O_STEPS, O_LR, O_MIN_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_CKPT, O_EVERY, O_RESUME, O_SYNC, O_LOG,
-           O_THREADS, O_DUMP, O_QUIET };
+           O_THREADS, O_DUMP, O_QUIET, O_STOP };
     static const struct option options[] = {
         {"model", required_argument, 0, O_MODEL}, {"layers", required_argument, 0, O_LAYERS},
         {"dim", required_argument, 0, O_DIM}, {"heads", required_argument, 0, O_HEADS},
@@ -101,6 +102,7 @@ int main(int argc, char **argv)
         {"resume", no_argument, 0, O_RESUME}, {"sync-save", no_argument, 0, O_SYNC},
         {"log", required_argument, 0, O_LOG}, {"threads", required_argument, 0, O_THREADS},
         {"dump", required_argument, 0, O_DUMP}, {"quiet", no_argument, 0, O_QUIET},
+        {"stop-at", required_argument, 0, O_STOP},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const int64_t big = (int64_t)1 << 31;
     int c;
@@ -136,6 +138,7 @@ int main(int argc, char **argv)
         case O_THREADS: o.threads = (int)int_option("--threads", optarg, 1, 1024); break;
         case O_DUMP: o.dump_dir = optarg; break;
         case O_QUIET: o.quiet = 1; break;
+        case O_STOP: o.stop_at = int_option("--stop-at", optarg, 1, (int64_t)1 << 40); break;
         case 'h': fputs(usage_text, stdout); return 0;
         default: die_usage("unknown option");
         }

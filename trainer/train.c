@@ -194,6 +194,20 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
     return 0;
 }
 
+/* mkdir -p */
+static int make_dirs(const char *path)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 static char *schedule_json(const train_options *o, int64_t step)
 {
     cJSON *s = cJSON_CreateObject();
@@ -346,6 +360,8 @@ int train_run(const train_options *o, comm *c)
             if (!(t.d_input[s] = alloc_pages((size_t)(t.model->B * t.model->T * t.model->D) * sizeof(float))))
                 status = FAIL(&t, "out of memory");
     }
+    if (!status && o->ckpt_dir && c->rank == 0 && make_dirs(o->ckpt_dir))
+        status = FAIL(&t, "%s: cannot create: %s", o->ckpt_dir, strerror(errno));
     int local_failed = status != 0, any = local_failed;
     c->ops->max_ints(c, GROUP_WORLD, &any, 1);
     if (any) {
@@ -415,7 +431,7 @@ int train_run(const train_options *o, comm *c)
         loss /= (double)(t.global_batch * t.model->T);
         t.consumed += t.global_batch;
         /* Checkpoints: finish a pending one, start a new one, or stop on a signal. */
-        int stop = stop_requested;
+        int stop = stop_requested || (o->stop_at > 0 && step == o->stop_at);
         if (c->ops->max_ints(c, GROUP_WORLD, &stop, 1)) goto comm_fail;
         double stall = 0;
         if (o->ckpt_dir) {
@@ -431,7 +447,8 @@ int train_run(const train_options *o, comm *c)
         }
         log_step(&t, step, loss, lr, norm, now_seconds() - start, stall);
         if (stop) {
-            if (c->rank == 0) printf("stopped at step %lld on a signal; checkpoint committed\n", (long long)step);
+            if (c->rank == 0 && !o->quiet)
+                printf("stopped after step %lld%s\n", (long long)step, o->ckpt_dir ? "; checkpoint committed" : "");
             goto done;
         }
     }

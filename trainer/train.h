@@ -18,6 +18,7 @@ typedef struct {
     int64_t ckpt_every;   /* 0: at the end and on SIGTERM/SIGUSR1 only */
     int sync_save;        /* write checkpoints in the foreground (for comparison) */
     int resume;
+    int64_t stop_at;      /* > 0: checkpoint and exit after this step, as a preemption would */
     const char *log_path; /* one JSON object per step */
     int threads;
     const char *dump_dir; /* test hook: initial weights, batches, step-1 gradients and logits */
