@@ -41,6 +41,9 @@ struct comm {
     char error[512]; /* message of the last failure */
 };
 
+/* One process alone (tp = pp = dp = 1), without MPI. */
+int comm_local_create(comm **out);
+
 /* MPI: calls MPI_Init when needed. Fails when tp * pp * dp != world size. */
 int comm_mpi_create(comm **out, int *argc, char ***argv, int tp, int pp, int dp, char *err, size_t err_size);
 

@@ -1,0 +1,272 @@
+/* Transformer kernels against naive references in double precision: matrix
+ * products, layer norm, GELU, attention (with grouped KV heads), embedding,
+ * vocabulary-parallel cross-entropy pieces, AdamW. Backward passes are also
+ * checked against central finite differences of the naive forward. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../kernels/kernels.h"
+
+static uint64_t rng_state = 0x853C49E6748FEA9Bull;
+static float uniform(void) /* [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static float *random_floats(int64_t n)
+{
+    float *p = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = uniform();
+    return p;
+}
+
+static void assert_close(const float *got, const double *want, int64_t n, double tol, const char *what)
+{
+    double scale = 0;
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++)
+        cr_assert(fabs(got[i] - want[i]) <= tol * fmax(scale, 1e-3), "%s[%lld]: %g, want %g", what, (long long)i,
+                  got[i], want[i]);
+}
+
+Test(transformer, matmul_against_loops)
+{
+    int64_t N = 7, C = 13, OC = 5;
+    float *in = random_floats(N * C), *w = random_floats(OC * C), *b = random_floats(OC), *out = calloc(N * OC, 4);
+    float *dout = random_floats(N * OC), *din = calloc(N * C, 4), *dw = calloc(OC * C, 4), *db = calloc(OC, 4);
+    matmul_forward(out, in, w, b, N, C, OC);
+    matmul_backward(din, dw, db, dout, in, w, N, C, OC);
+    double want[1024];
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < OC; o++) {
+            double s = b[o];
+            for (int64_t c = 0; c < C; c++) s += (double)in[n * C + c] * w[o * C + c];
+            want[n * OC + o] = s;
+        }
+    assert_close(out, want, N * OC, 1e-6, "out");
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) {
+            double s = 0;
+            for (int64_t o = 0; o < OC; o++) s += (double)dout[n * OC + o] * w[o * C + c];
+            want[n * C + c] = s;
+        }
+    assert_close(din, want, N * C, 1e-6, "d_in");
+    for (int64_t o = 0; o < OC; o++)
+        for (int64_t c = 0; c < C; c++) {
+            double s = 0;
+            for (int64_t n = 0; n < N; n++) s += (double)dout[n * OC + o] * in[n * C + c];
+            want[o * C + c] = s;
+        }
+    assert_close(dw, want, OC * C, 1e-6, "d_weight");
+    for (int64_t o = 0; o < OC; o++) {
+        double s = 0;
+        for (int64_t n = 0; n < N; n++) s += dout[n * OC + o];
+        want[o] = s;
+    }
+    assert_close(db, want, OC, 1e-6, "d_bias");
+    free(in), free(w), free(b), free(out), free(dout), free(din), free(dw), free(db);
+}
+
+/* Naive forwards in double, for the finite differences. */
+static void layernorm_naive(double *out, const float *x, const float *w, const float *b, int64_t N, int64_t C)
+{
+    for (int64_t n = 0; n < N; n++) {
+        double m = 0, v = 0;
+        for (int64_t c = 0; c < C; c++) m += x[n * C + c];
+        m /= (double)C;
+        for (int64_t c = 0; c < C; c++) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+        v /= (double)C;
+        for (int64_t c = 0; c < C; c++) out[n * C + c] = (x[n * C + c] - m) / sqrt(v + 1e-5) * w[c] + b[c];
+    }
+}
+
+/* d(sum(dout * f(x)))/dx_i by central differences on a float input. */
+static double numeric_grad(float *x, int64_t i, const float *dout, int64_t n_out,
+                           void (*f)(double *out, void *ctx), void *ctx)
+{
+    double *plus = malloc((size_t)n_out * sizeof(double)), *minus = malloc((size_t)n_out * sizeof(double));
+    float saved = x[i], h = 1e-2f;
+    x[i] = saved + h;
+    f(plus, ctx);
+    x[i] = saved - h;
+    f(minus, ctx);
+    x[i] = saved;
+    double g = 0;
+    for (int64_t k = 0; k < n_out; k++) g += dout[k] * (plus[k] - minus[k]) / (2.0 * h);
+    free(plus);
+    free(minus);
+    return g;
+}
+
+typedef struct {
+    float *x, *w, *b;
+    int64_t N, C;
+} ln_ctx;
+
+static void ln_eval(double *out, void *ctx)
+{
+    ln_ctx *c = ctx;
+    layernorm_naive(out, c->x, c->w, c->b, c->N, c->C);
+}
+
+Test(transformer, layernorm_against_naive_and_finite_differences)
+{
+    int64_t N = 5, C = 24;
+    float *x = random_floats(N * C), *w = random_floats(C), *b = random_floats(C), *out = malloc(N * C * 4);
+    float mean[5], rstd[5], *dout = random_floats(N * C), *dx = calloc(N * C, 4), *dw = calloc(C, 4), *db = calloc(C, 4);
+    layernorm_forward(out, mean, rstd, x, w, b, N, C);
+    double want[5 * 24];
+    layernorm_naive(want, x, w, b, N, C);
+    assert_close(out, want, N * C, 1e-5, "layernorm");
+    layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+    ln_ctx ctx = {x, w, b, N, C};
+    double grads[5 * 24];
+    for (int64_t i = 0; i < N * C; i++) grads[i] = numeric_grad(x, i, dout, N * C, ln_eval, &ctx);
+    assert_close(dx, grads, N * C, 2e-3, "d_in");
+    for (int64_t i = 0; i < C; i++) grads[i] = numeric_grad(w, i, dout, N * C, ln_eval, &ctx);
+    assert_close(dw, grads, C, 2e-3, "d_weight");
+    for (int64_t i = 0; i < C; i++) grads[i] = numeric_grad(b, i, dout, N * C, ln_eval, &ctx);
+    assert_close(db, grads, C, 2e-3, "d_bias");
+    free(x), free(w), free(b), free(out), free(dout), free(dx), free(dw), free(db);
+}
+
+Test(transformer, gelu_tanh_approximation)
+{
+    float x[200], y[200], dy[200], dx[200];
+    double want[200], slope[200];
+    for (int i = 0; i < 200; i++) {
+        x[i] = (float)(i - 100) / 20.0f;
+        dy[i] = 1.0f;
+        double u = sqrt(2.0 / M_PI) * (x[i] + 0.044715 * pow(x[i], 3));
+        want[i] = 0.5 * x[i] * (1 + tanh(u));
+        double h = 1e-4, a = x[i] + h, b = x[i] - h;
+        double fa = 0.5 * a * (1 + tanh(sqrt(2.0 / M_PI) * (a + 0.044715 * a * a * a)));
+        double fb = 0.5 * b * (1 + tanh(sqrt(2.0 / M_PI) * (b + 0.044715 * b * b * b)));
+        slope[i] = (fa - fb) / (2 * h);
+    }
+    gelu_forward(y, x, 200);
+    gelu_backward(dx, x, dy, 200);
+    assert_close(y, want, 200, 1e-6, "gelu");
+    assert_close(dx, slope, 200, 1e-5, "gelu'");
+}
+
+typedef struct {
+    float *qkv;
+    int64_t B, T, Hq, Hkv, hd;
+} att_ctx;
+
+static void attention_naive(double *out, void *ctx)
+{
+    att_ctx *c = ctx;
+    int64_t stride = (c->Hq + 2 * c->Hkv) * c->hd, group = c->Hq / c->Hkv;
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < c->Hq; h++)
+            for (int64_t i = 0; i < c->T; i++) {
+                double scores[64], max = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double s = 0;
+                    for (int64_t d = 0; d < c->hd; d++)
+                        s += (double)c->qkv[(b * c->T + i) * stride + h * c->hd + d] *
+                             c->qkv[(b * c->T + j) * stride + (c->Hq + h / group) * c->hd + d];
+                    scores[j] = s / sqrt((double)c->hd);
+                    max = fmax(max, scores[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) sum += (scores[j] = exp(scores[j] - max));
+                for (int64_t d = 0; d < c->hd; d++) {
+                    double y = 0;
+                    for (int64_t j = 0; j <= i; j++)
+                        y += scores[j] / sum * c->qkv[(b * c->T + j) * stride + (c->Hq + c->Hkv + h / group) * c->hd + d];
+                    out[(b * c->T + i) * c->Hq * c->hd + h * c->hd + d] = y;
+                }
+            }
+}
+
+Test(transformer, attention_with_grouped_heads)
+{
+    int64_t B = 2, T = 6, Hq = 4, Hkv = 2, hd = 3;
+    int64_t n_in = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd;
+    float *qkv = random_floats(n_in), *out = malloc(n_out * 4), *att = malloc(B * Hq * T * T * 4);
+    float *dout = random_floats(n_out), *dqkv = malloc(n_in * 4), *scratch = malloc(T * T * 4);
+    attention_forward(out, att, qkv, B, T, Hq, Hkv, hd);
+    att_ctx ctx = {qkv, B, T, Hq, Hkv, hd};
+    double *want = malloc(n_out * sizeof(double)), *grads = malloc(n_in * sizeof(double));
+    attention_naive(want, &ctx);
+    assert_close(out, want, n_out, 1e-5, "attention");
+    attention_backward(dqkv, scratch, dout, qkv, att, B, T, Hq, Hkv, hd);
+    for (int64_t i = 0; i < n_in; i++) grads[i] = numeric_grad(qkv, i, dout, n_out, attention_naive, &ctx);
+    assert_close(dqkv, grads, n_in, 2e-3, "d_qkv");
+    free(qkv), free(out), free(att), free(dout), free(dqkv), free(scratch), free(want), free(grads);
+}
+
+Test(transformer, vocabulary_parallel_embedding_and_cross_entropy)
+{
+    /* Vocabulary 10 padded to 12, split over 3 ranks of 4 rows; the pieces
+     * reduced by hand must give the dense embedding and loss. */
+    int64_t N = 5, C = 3, V = 10, Vp = 12, ranks = 3, rows = Vp / ranks;
+    int tokens[5] = {0, 4, 9, 7, 3}, targets[5] = {2, 9, 0, 5, 8};
+    float *table = random_floats(Vp * C), *x = random_floats(N * C);
+    float emb[15] = {0}, part[15];
+    for (int64_t r = 0; r < ranks; r++) {
+        embedding_forward(part, tokens, table + r * rows * C, N, C, r * rows, rows);
+        for (int i = 0; i < 15; i++) emb[i] += part[i];
+    }
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) cr_assert_eq(emb[n * C + c], table[tokens[n] * C + c]);
+    /* logits = x @ table^T, per rank its columns */
+    float logits[3][5 * 4], max[5], sum[5] = {0}, target[5] = {0}, part_max[5], part_sum[5], part_target[5];
+    for (int64_t n = 0; n < N; n++) max[n] = -INFINITY;
+    for (int64_t r = 0; r < ranks; r++) {
+        matmul_forward(logits[r], x, table + r * rows * C, NULL, N, C, rows);
+        crossentropy_row_max(part_max, logits[r], N, rows, r * rows, V);
+        for (int64_t n = 0; n < N; n++) max[n] = fmaxf(max[n], part_max[n]);
+    }
+    for (int64_t r = 0; r < ranks; r++) {
+        crossentropy_row_sumexp(part_sum, logits[r], max, N, rows, r * rows, V);
+        crossentropy_target_logit(part_target, logits[r], targets, N, rows, r * rows);
+        for (int64_t n = 0; n < N; n++) sum[n] += part_sum[n], target[n] += part_target[n];
+    }
+    for (int64_t n = 0; n < N; n++) {
+        double dense[10], m = -INFINITY, s = 0;
+        for (int64_t v = 0; v < V; v++) {
+            dense[v] = 0;
+            for (int64_t c = 0; c < C; c++) dense[v] += (double)x[n * C + c] * table[v * C + c];
+            m = fmax(m, dense[v]);
+        }
+        for (int64_t v = 0; v < V; v++) s += exp(dense[v] - m);
+        double loss = log(s) + m - dense[targets[n]];
+        double got = log(sum[n]) + max[n] - target[n];
+        cr_assert(fabs(got - loss) < 1e-5, "loss of row %lld: %g, want %g", (long long)n, got, loss);
+        for (int64_t r = 0; r < ranks; r++) {
+            float d[5 * 4];
+            crossentropy_backward(d, logits[r], max, sum, targets, N, rows, r * rows, V, 0.5f);
+            for (int64_t k = 0; k < rows; k++) {
+                int64_t v = r * rows + k;
+                double want = v >= V ? 0 : 0.5 * (exp(dense[v] - m) / s - (v == targets[n]));
+                cr_assert(fabs(d[n * rows + k] - want) < 1e-6, "d_logits[%lld][%lld]", (long long)n, (long long)v);
+            }
+        }
+    }
+    free(table), free(x);
+}
+
+Test(transformer, adamw_step_formula)
+{
+    float p[3] = {0.5f, -1.0f, 2.0f}, g[3] = {0.1f, -0.2f, 0.0f}, m[3] = {0}, v[3] = {0};
+    for (int64_t step = 1; step <= 3; step++) adamw_update(p, g, m, v, 3, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+    /* The same three steps in double. */
+    double P[3] = {0.5, -1.0, 2.0}, M[3] = {0}, Vv[3] = {0};
+    for (int step = 1; step <= 3; step++)
+        for (int i = 0; i < 3; i++) {
+            P[i] *= 1 - 1e-2 * 0.1;
+            M[i] = 0.9 * M[i] + 0.1 * g[i];
+            Vv[i] = 0.95 * Vv[i] + 0.05 * (double)g[i] * g[i];
+            double mh = M[i] / (1 - pow(0.9, step)), vh = Vv[i] / (1 - pow(0.95, step));
+            P[i] -= 1e-2 * mh / (sqrt(vh) + 1e-8);
+        }
+    for (int i = 0; i < 3; i++) cr_assert(fabs(p[i] - P[i]) < 1e-6, "param %d: %g, want %g", i, p[i], P[i]);
+}

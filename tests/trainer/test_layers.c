@@ -1,0 +1,23 @@
+/* Runs layer_check (each tensor-parallel layer against its dense version)
+ * under mpirun at tp = 1, 2 and 4. */
+#include <criterion/criterion.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void run_at(int ranks)
+{
+    char self[PATH_MAX] = "", command[PATH_MAX + 128];
+    cr_assert(readlink("/proc/self/exe", self, sizeof self - 1) > 0);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    snprintf(command, sizeof command, "mpirun --oversubscribe -np %d '%s/layer_check' </dev/null >/dev/null", ranks, dirname(self));
+    cr_assert_eq(system(command), 0, "layer_check at tp=%d: a parallel layer differs from its dense version", ranks);
+}
+
+Test(layers, tp1) { run_at(1); }
+Test(layers, tp2) { run_at(2); }
+Test(layers, tp4) { run_at(4); }
