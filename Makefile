@@ -75,11 +75,19 @@ tests: $(TEST_BINS)
 deps:
 	@scripts/deps.sh
 
-$(BUILD)/obj/%.o: %.c
+# The build configuration: when it changes (CUDA=0 after a CUDA build, other
+# flags), every object is rebuilt, so no build mixes two configurations.
+BUILD_CONFIG := CUDA=$(CUDA) CC=$(CC) NVCC=$(NVCC) CFLAGS=$(ALL_CFLAGS) NVCCFLAGS=$(NVCCFLAGS) LDFLAGS=$(ALL_LDFLAGS)
+$(BUILD)/config: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(BUILD_CONFIG)' | cmp -s - $@ || echo '$(BUILD_CONFIG)' >$@
+FORCE:
+
+$(BUILD)/obj/%.o: %.c $(BUILD)/config
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu kernels/convert_bits.h kernels/kernels.h
+$(BUILD)/obj/%.cu.o: %.cu kernels/convert_bits.h kernels/kernels.h $(BUILD)/config
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 

@@ -207,7 +207,7 @@ static int cmd_info(int argc, char **argv)
         else if (c == 'h') {
             printf("usage: tp-ckpt info CKPT [--json]\n");
             return 0;
-        } else die_usage("info: unknown option");
+        } else die_usage("info: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1) die_usage("info takes one checkpoint");
     int code = 0;
@@ -266,7 +266,7 @@ static int cmd_verify(int argc, char **argv)
                    "Checks that every shard is present with its recorded size, that every tensor\n"
                    "matches its index entry, every block its checksum, and padding is zero.\n");
             return 0;
-        } else die_usage("verify: unknown option");
+        } else die_usage("verify: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1) die_usage("verify takes one checkpoint");
     int code = 0;
@@ -367,7 +367,7 @@ static int cmd_diff(int argc, char **argv)
                    "Elements match when bit-identical or |a-b| <= atol + tol * max(|a|,|b|);\n"
                    "the default is bit-exact. Exit 0 when equal, 1 otherwise.\n");
             return 0;
-        } else die_usage("diff: unknown option");
+        } else die_usage("diff: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 2) die_usage("diff takes two checkpoints");
     int code = 0;
@@ -504,7 +504,7 @@ static int cmd_synth(int argc, char **argv)
                    "Writes a GPT-style checkpoint whose values depend only on the seed and each\n"
                    "element's global index (docs/TOOLS.md), so any two layouts are logically equal.\n");
             return 0;
-        default: die_usage("synth: unknown option");
+        default: die_usage("synth: unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
     }
     if (optind != argc) die_usage("synth: unexpected argument '%s'", argv[optind]);
@@ -582,6 +582,7 @@ static int cmd_synth(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    opterr = 0; /* rejected options are reported in one line */
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(usage_text, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

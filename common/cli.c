@@ -10,6 +10,8 @@
 
 #include "cli.h"
 
+#include <getopt.h>
+
 int cli_parse_int(const char *text, int64_t min, int64_t max, int64_t *out)
 {
     if (!text || !*text) return -1;
@@ -76,4 +78,9 @@ int cli_error(const char *program, const char *fmt, ...)
     fprintf(stderr, "\n");
     va_end(args);
     return 1;
+}
+
+const char *cli_rejected_option(char *const argv[])
+{
+    return optind > 1 ? argv[optind - 1] : "?";
 }

@@ -13,6 +13,10 @@ int cli_parse_size(const char *text, int64_t *out);
 /* Parses a floating-point number. */
 int cli_parse_double(const char *text, double *out);
 
+/* The command-line word getopt just rejected (an unknown option, or one
+ * missing its value), for a one-line message; set opterr = 0 before parsing. */
+const char *cli_rejected_option(char *const argv[]);
+
 /* "PROGRAM: message (see PROGRAM --help)" on stderr, then exit status 2. */
 void cli_usage_error(const char *program, const char *fmt, ...)
     __attribute__((format(printf, 2, 3), noreturn));

@@ -106,6 +106,7 @@ static void print_json(cJSON *o)
 
 int main(int argc, char **argv)
 {
+    opterr = 0; /* rejected options are reported in one line */
     reshard_options options;
     reshard_options_init(&options);
     const char *to = NULL, *from = NULL, *out = NULL;
@@ -162,7 +163,7 @@ int main(int argc, char **argv)
         case O_FORCE: options.overwrite = 1; break;
         case O_PROGRESS: force_progress = 1; break;
         case 'h': fputs(usage_text, stdout); return 0;
-        default: die_usage("unknown option");
+        default: die_usage("unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
     }
     if (optind != argc - 1) die_usage(optind >= argc ? "missing CKPT" : "one checkpoint at a time");

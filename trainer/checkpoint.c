@@ -90,9 +90,11 @@ void saver_free(saver *s)
     free(s);
 }
 
-double saver_stall_seconds(const saver *s)
+double saver_take_stall_seconds(saver *s)
 {
-    return s->stall;
+    double stall = s->stall;
+    s->stall = 0;
+    return stall;
 }
 
 /* Background: this rank's shard, from the snapshot. */
@@ -210,7 +212,6 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync, c
     comm *c = m->comm;
     if (s->pending && saver_poll(s, 1, err, err_size) < 0) return -1;
     double start = now_seconds();
-    s->stall = 0;
     snprintf(s->path, sizeof s->path, "%s", path);
     s->step = state->step;
     s->consumed = state->consumed_samples;

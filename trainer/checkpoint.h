@@ -37,8 +37,9 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync, c
  * committed, 0 when none is pending or it is still being written. */
 int saver_poll(saver *s, int wait, char *err, size_t err_size);
 
-/* Seconds the caller spent in saver_start/saver_poll for the last save. */
-double saver_stall_seconds(const saver *s);
+/* Seconds the caller has spent in saver_start/saver_poll since the last
+ * call (the training stall due to checkpointing); resets the count. */
+double saver_take_stall_seconds(saver *s);
 
 typedef struct {
     int64_t step;

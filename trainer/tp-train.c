@@ -67,7 +67,7 @@ static int prepare(int argc, char **argv)
             printf("usage: tp-train prepare TEXT -o FILE\nWrites TEXT's bytes as tokens (vocabulary 256) in the "
                    "llm.c token-file format (docs/DATA.md).\n");
             return 0;
-        } else die_usage("prepare: unknown option");
+        } else die_usage("prepare: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1 || !out) die_usage("prepare takes TEXT and -o FILE");
     char err[512];
@@ -77,6 +77,7 @@ static int prepare(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    opterr = 0; /* rejected options are reported in one line */
     if (argc > 1 && strcmp(argv[1], "prepare") == 0) return prepare(argc - 1, argv + 1);
     int first = argc > 1 && strcmp(argv[1], "train") == 0 ? 2 : 1;
     train_options o;
@@ -140,7 +141,7 @@ int main(int argc, char **argv)
         case O_QUIET: o.quiet = 1; break;
         case O_STOP: o.stop_at = int_option("--stop-at", optarg, 1, (int64_t)1 << 40); break;
         case 'h': fputs(usage_text, stdout); return 0;
-        default: die_usage("unknown option");
+        default: die_usage("unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
     }
     if (optind != argc) die_usage("unexpected argument '%s'", argv[optind]);

@@ -72,6 +72,10 @@ typedef struct {
     int64_t global_batch;
     FILE *log;
     char err[1024];
+    /* For the summary at exit. */
+    int64_t steps_run, saves;
+    double seconds, stall_seconds, first_loss, last_loss;
+    char last_checkpoint[4200];
 } trainer;
 
 static int fail_with(trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -320,9 +324,12 @@ static void log_step(trainer *t, int64_t step, double loss, double lr, double no
 {
     double tokens = (double)(t->global_batch * t->model->T);
     if (t->c->rank != 0) return;
-    if (!t->o->quiet)
-        printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.0f tok/s | %.1f ms%s\n", (long long)step,
-               (long long)t->o->steps, loss, lr, norm, tokens / seconds, seconds * 1e3, stall > 0 ? " | saved" : "");
+    if (!t->o->quiet) {
+        printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.0f tok/s | %.1f ms", (long long)step,
+               (long long)t->o->steps, loss, lr, norm, tokens / seconds, seconds * 1e3);
+        if (stall > 0) printf(" | checkpoint stall %.1f ms", stall * 1e3);
+        printf("\n");
+    }
     if (t->log) {
         fprintf(t->log,
                 "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
@@ -436,23 +443,38 @@ int train_run(const train_options *o, comm *c)
         double stall = 0;
         if (o->ckpt_dir) {
             if (saver_poll(t.saver, stop, t.err, sizeof t.err) < 0) goto fail;
-            stall += saver_stall_seconds(t.saver);
             int due = (o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == o->steps || stop;
             if (due) {
                 char path[4200];
                 step_path(&t, step, path, sizeof path);
                 if (save(&t, path, step, o->sync_save || stop, NULL)) goto fail;
-                stall += saver_stall_seconds(t.saver);
+                snprintf(t.last_checkpoint, sizeof t.last_checkpoint, "%s", path);
+                t.saves++;
             }
+            stall = saver_take_stall_seconds(t.saver);
         }
-        log_step(&t, step, loss, lr, norm, now_seconds() - start, stall);
+        double seconds = now_seconds() - start;
+        log_step(&t, step, loss, lr, norm, seconds, stall);
+        if (t.steps_run++ == 0) t.first_loss = loss;
+        t.last_loss = loss;
+        t.seconds += seconds;
+        t.stall_seconds += stall;
         if (stop) {
             if (c->rank == 0 && !o->quiet)
                 printf("stopped after step %lld%s\n", (long long)step, o->ckpt_dir ? "; checkpoint committed" : "");
-            goto done;
+            goto summary;
         }
     }
     if (o->ckpt_dir && saver_poll(t.saver, 1, t.err, sizeof t.err) < 0) goto fail;
+summary:
+    if (c->rank == 0 && !o->quiet && t.steps_run > 0) {
+        printf("done: %lld steps in %.2f s (%.0f tokens/s), loss %.4f -> %.4f", (long long)t.steps_run, t.seconds,
+               (double)(t.steps_run * t.global_batch * t.model->T) / t.seconds, t.first_loss, t.last_loss);
+        if (t.saves)
+            printf("; %lld checkpoint%s (training stalled %.1f ms for them), last %s", (long long)t.saves,
+                   t.saves == 1 ? "" : "s", t.stall_seconds * 1e3, t.last_checkpoint);
+        printf("\n");
+    }
     goto done;
 comm_fail:
     snprintf(t.err, sizeof t.err, "%s", c->error);

@@ -1,0 +1,207 @@
+#!/bin/sh
+# End-to-end tests of tp-train: the PyTorch cross-check at three layouts,
+# layout invariance, exact resume, resume at a new layout, preemption by
+# signals, refusal of and fallback from a corrupted checkpoint, token files,
+# and errors on bad input. Tiny models, so that it stays fast on two cores.
+. "$(dirname "$0")/lib.sh"
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Open MPI's own messages (a rank failed, ...) go to stderr beside ours.
+export OMPI_MCA_rmaps_base_oversubscribe=1
+TRAIN="$BIN/tp-train"
+TINY="--model tiny --micro-batch 2 --quiet"
+
+# mpi_train RANKS ARGS...: tp-train under mpirun.
+mpi_train() {
+    ranks=$1
+    shift
+    mpirun --oversubscribe -np "$ranks" "$TRAIN" "$@" </dev/null
+}
+
+# losses_match A.jsonl B.jsonl TOL: same steps, losses equal to TOL relative
+# (0: bit-exact, as printed with 9 significant digits).
+losses_match() {
+    "$PY" - "$@" <<'PYEOF'
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+tol = float(sys.argv[3])
+steps_a, steps_b = [r["step"] for r in a], [r["step"] for r in b]
+if steps_a != steps_b:
+    sys.exit("steps differ: %s vs %s" % (steps_a, steps_b))
+worst = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a, b))
+if worst > tol:
+    sys.exit("losses differ by %.3e relative (tolerance %g)" % (worst, tol))
+PYEOF
+}
+
+# steps_from LOG FIRST: the log's records from step FIRST on.
+steps_from() { "$PY" -c 'import json,sys; [print(l, end="") for l in open(sys.argv[1]) if json.loads(l)["step"] >= int(sys.argv[2])]' "$1" "$2"; }
+
+last_step() { tail -n 1 "$1" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["step"])'; }
+
+# --- The cross-check against the PyTorch GPT-2 (tests/trainer/gpt2_ref.py):
+# logits, loss, every gradient, 10 AdamW steps. The vocabulary 250 is padded
+# at tp4; grad-accum 2 exercises accumulation and the 1F1B schedule.
+torch_check() {
+    layout=$1 ranks=$2
+    shift 2
+    dir="$WORK/torch-$layout"
+    opts="--micro-batch 2 --grad-accum 2 --steps 10 --lr 1e-3 --warmup 2"
+    # shellcheck disable=SC2086
+    expect_ok "tp-train $layout with --dump" mpi_train "$ranks" --model tiny --vocab 250 "$@" $opts \
+        --dump "$dir" --log "$dir.jsonl" --quiet
+    # shellcheck disable=SC2086
+    run "$PY" "$ROOT/tests/trainer/check_torch.py" "$dir" "$dir.jsonl" $opts
+    if [ "$RC" -eq 0 ] && [ "$(grep -c ' ok$' "$WORK/.out")" -eq 4 ]; then pass
+    else failed "tp-train $layout against PyTorch (exit $RC)"; fi
+}
+torch_check tp1 1 --tp 1
+torch_check tp2pp2 4 --tp 2 --pp 2
+torch_check tp4 4 --tp 4
+
+# --- Layout invariance: the same 20 losses at five layouts of 4-sequence batches.
+# Fields: ranks tp pp dp micro-batch grad-accum (global batch 4 sequences).
+for layout in "1 1 1 1 4 1" "4 2 2 1 2 2" "4 4 1 1 4 1" "4 1 1 4 1 1" "4 2 1 2 2 1"; do
+    set -- $layout
+    name="tp$2pp$3dp$4"
+    expect_ok "20 steps at $name" mpi_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" --micro-batch "$5" \
+        --grad-accum "$6" --steps 20 --log "$WORK/$name.jsonl"
+done
+for name in tp2pp2dp1 tp4pp1dp1 tp1pp1dp4 tp2pp1dp2; do
+    check "$name has the losses of tp1pp1dp1 (1e-4)" losses_match "$WORK/$name.jsonl" "$WORK/tp1pp1dp1.jsonl" 1e-4
+done
+check "the loss falls on synthetic data" "$PY" -c 'import json,sys; r=[json.loads(l)["loss"] for l in open(sys.argv[1])]; sys.exit(not r[-1] < r[0] - 0.05)' "$WORK/tp1pp1dp1.jsonl"
+
+# --- Exact resume: 10 steps, stop, resume, 10 steps = 20 straight (tp2, async saves).
+expect_ok "20 straight steps at tp2" mpi_train 2 $TINY --tp 2 --steps 20 --log "$WORK/straight.jsonl"
+expect_ok "10 steps at tp2 then stop" mpi_train 2 $TINY --tp 2 --steps 20 --stop-at 10 --ckpt-dir "$WORK/run" \
+    --ckpt-every 4 --log "$WORK/split.jsonl"
+check "stopped at step 10" [ "$(last_step "$WORK/split.jsonl")" = 10 ]
+check "checkpoints at steps 4, 8, 10; latest is 10" [ "$(ls "$WORK/run" | tr '\n' ' ')" = \
+    "latest step_00000004 step_00000008 step_00000010 " ] && [ "$(cat "$WORK/run/latest")" = step_00000010 ]
+expect_ok "tp-ckpt verify on the trainer's checkpoint" "$BIN/tp-ckpt" verify "$WORK/run"
+expect_ok "resume at tp2" mpi_train 2 $TINY --tp 2 --steps 20 --ckpt-dir "$WORK/run" --resume --log "$WORK/split.jsonl"
+check "resumed run has the straight run's losses bit for bit" losses_match "$WORK/split.jsonl" "$WORK/straight.jsonl" 0
+expect_ok "tp-ckpt info --json of the final checkpoint" "$BIN/tp-ckpt" info --json "$WORK/run"
+check "training state: step 20, 40 samples consumed" "$PY" -c '
+import json, sys
+i = json.load(open(sys.argv[1]))
+sys.exit(not (i["step"] == 20 and i["train"]["consumed_samples"] == 40))' "$WORK/.out"
+
+# --- Resume at another layout: written at tp4pp2, resumed at tp2pp1dp2.
+expect_ok "10 steps at tp4pp2 then stop" mpi_train 8 $TINY --tp 4 --pp 2 --steps 20 --stop-at 10 \
+    --ckpt-dir "$WORK/relayout" --log "$WORK/relayout.jsonl"
+expect_ok "resume at tp2pp1dp2" mpi_train 4 $TINY --tp 2 --dp 2 --micro-batch 1 --steps 20 --ckpt-dir "$WORK/relayout" \
+    --resume --log "$WORK/relayout.jsonl"
+check "tp4pp2 -> tp2pp1dp2 has the straight tp2 losses (1e-4)" losses_match "$WORK/relayout.jsonl" "$WORK/straight.jsonl" 1e-4
+
+# A checkpoint converted by tp-reshard resumes as well.
+expect_ok "tp-reshard tp4pp2 -> tp1" "$BIN/tp-reshard" "$WORK/relayout/step_00000010" --to tp1pp1 -o "$WORK/tp1ckpt"
+steps_from "$WORK/straight.jsonl" 11 >"$WORK/straight-tail.jsonl"
+expect_ok "resume at tp1 from the resharded checkpoint" "$TRAIN" $TINY --steps 20 \
+    --ckpt-dir "$WORK/tp1ckpt" --resume --log "$WORK/from-reshard.jsonl"
+check "resumed from tp-reshard output: the straight losses (1e-4)" \
+    losses_match "$WORK/from-reshard.jsonl" "$WORK/straight-tail.jsonl" 1e-4
+
+# --- Preemption: SIGTERM (to the process, or to each rank under mpirun) or
+# SIGUSR1 (to mpirun, which forwards it) ends the step, commits a checkpoint,
+# exits 0; the resumed run continues exactly.
+LONG="--model tiny --micro-batch 16 --quiet --steps 100000"
+# preempt NAME SIGNAL TARGET RANKS ARGS...: TARGET is self, ranks or mpirun.
+preempt() {
+    name=$1 signal=$2 target=$3 ranks=$4
+    shift 4
+    dir="$WORK/pre-$name"
+    if [ "$target" = self ]; then
+        "$TRAIN" $LONG "$@" --ckpt-dir "$dir" --log "$dir.jsonl" >"$WORK/.out" 2>"$WORK/.err" &
+    else
+        mpirun --oversubscribe -np "$ranks" "$TRAIN" $LONG "$@" --ckpt-dir "$dir" --log "$dir.jsonl" \
+            </dev/null >"$WORK/.out" 2>"$WORK/.err" &
+    fi
+    pid=$!
+    waited=0
+    while [ "$(cat "$dir.jsonl" 2>/dev/null | wc -l)" -lt 3 ] && [ $waited -lt 300 ]; do
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    case $target in
+    ranks) pkill "-$signal" -P "$pid" ;;
+    *) kill "-$signal" "$pid" ;;
+    esac
+    wait "$pid"
+    RC=$?
+    if [ "$RC" -ne 0 ]; then failed "$name: exit $RC after SIG$signal"; return; fi
+    stopped=$(last_step "$dir.jsonl")
+    if [ "$stopped" -ge 100000 ] || [ "$(cat "$dir/latest")" != "$(printf 'step_%08d' "$stopped")" ]; then
+        failed "$name: no checkpoint of step $stopped"
+        return
+    fi
+    pass
+    # Three more steps resumed at tp1, against an uninterrupted tp1 run (same
+    # schedule: --steps stays, --stop-at ends both).
+    expect_ok "$name: resume for 3 steps" "$TRAIN" $LONG --stop-at $((stopped + 3)) --ckpt-dir "$dir" --resume \
+        --log "$dir-resumed.jsonl"
+    expect_ok "$name: straight run" "$TRAIN" $LONG --stop-at $((stopped + 3)) --log "$dir-straight.jsonl"
+    steps_from "$dir-straight.jsonl" $((stopped + 1)) >"$dir-tail.jsonl"
+    check "$name: the resumed steps match a straight run (1e-4)" losses_match "$dir-resumed.jsonl" "$dir-tail.jsonl" 1e-4
+}
+preempt sigterm TERM self 1
+preempt ranks-sigterm TERM ranks 2 --tp 2
+preempt mpirun-sigusr1 USR1 mpirun 2 --tp 2
+
+# --- A corrupted checkpoint is refused by name; --resume falls back to the
+# newest intact one and says so.
+cp -r "$WORK/run" "$WORK/damaged"
+shard=$(ls "$WORK/damaged/step_00000020"/*.h5 | head -n 1)
+flip_byte "$shard" $(($(data_offset "$shard" model/layers.0.mlp.fc.weight) + 100))
+expect_ok "resume past damage" mpi_train 2 $TINY --tp 2 --steps 22 --ckpt-dir "$WORK/damaged" --resume \
+    --log "$WORK/damaged.jsonl"
+check "the damaged checkpoint is named, and the fallback" \
+    grep -Eq "step_00000020 is unusable.*checksum.*falling back to .*step_00000010" "$WORK/.err"
+check "resumed from step 10: steps 11..22 logged" [ "$(head -n 1 "$WORK/damaged.jsonl" | cut -c1-11)" = '{"step":11,' ]
+for s in 4 8 10; do
+    f=$(ls "$WORK/damaged/$(printf 'step_%08d' $s)"/*.h5 | head -n 1)
+    flip_byte "$f" $(($(data_offset "$f" model/layers.0.mlp.fc.weight) + 100))
+done
+rm -rf "$WORK/damaged/step_00000022"
+run "$TRAIN" $TINY --steps 22 --ckpt-dir "$WORK/damaged" --resume
+check "no intact checkpoint left: refused (exit 1), every one named" [ "$RC" -eq 1 ] &&
+    [ "$(grep -c 'step_000000.* is unusable' "$WORK/.err")" -eq 4 ] && grep -q '^tp-train: error: ' "$WORK/.err"
+
+# --- Token files: prepare, then train on one file and on a glob of two.
+cat "$ROOT"/docs/*.md "$ROOT/README.md" >"$WORK/text.txt"
+expect_ok "prepare a token file" "$TRAIN" prepare "$WORK/text.txt" -o "$WORK/tokens_0.bin"
+check "token file: llm.c header, 2 bytes per token" "$PY" -c '
+import numpy as np, os, sys
+h = np.fromfile(sys.argv[1], dtype=np.int32, count=256)
+n = os.path.getsize(sys.argv[2])
+sys.exit(not (h[0] == 20240520 and h[1] == 1 and 1024 + 2 * h[2] == os.path.getsize(sys.argv[1]) and h[2] == n))' \
+    "$WORK/tokens_0.bin" "$WORK/text.txt"
+head -c 20000 "$WORK/text.txt" >"$WORK/text1.txt"
+expect_ok "prepare a second token file" "$TRAIN" prepare "$WORK/text1.txt" -o "$WORK/tokens_1.bin"
+expect_ok "train 40 steps on text" mpi_train 2 $TINY --tp 2 --steps 40 --lr 3e-3 --data "$WORK/tokens_*.bin" \
+    --log "$WORK/text.jsonl"
+check "the loss falls on text" "$PY" -c 'import json,sys; r=[json.loads(l)["loss"] for l in open(sys.argv[1])]; sys.exit(not r[-1] < r[0] - 1.0)' "$WORK/text.jsonl"
+printf 'not a token file, but long enough to have a header of 1024 bytes %01024d' 0 >"$WORK/bad.bin"
+expect_error "a file that is not a token file" 1 "bad.bin.*(magic|header)" "$TRAIN" $TINY --data "$WORK/bad.bin"
+expect_error "no file matches --data" 1 "nothing.*bin" "$TRAIN" $TINY --data "$WORK/nothing*.bin"
+expect_error "token ids beyond the vocabulary" 1 "tokens_0.bin.*vocab" "$TRAIN" $TINY --vocab 64 --data "$WORK/tokens_0.bin"
+
+# --- Bad input: one clear line before any work.
+expect_ok "--help" "$TRAIN" --help
+expect_error "unknown option" 2 "unknown option.*--bogus" "$TRAIN" --bogus
+expect_error "--resume without --ckpt-dir" 2 "resume.*ckpt-dir" "$TRAIN" $TINY --resume
+mpi_error() {
+    what=$1 pattern=$2
+    shift 2
+    run mpi_train "$@"
+    if [ "$RC" -eq 0 ]; then failed "$what: exit 0"
+    elif [ "$(grep -c '^tp-train: ' "$WORK/.err")" -ne 1 ]; then failed "$what: not one line from tp-train"
+    elif ! grep -Eq -- "$pattern" "$WORK/.err"; then failed "$what: stderr does not match /$pattern/"
+    else pass; fi
+}
+mpi_error "ranks != tp x pp x dp" "tp 2 x --pp 2 x --dp 1 = 4 ranks, but 3" 3 $TINY --tp 2 --pp 2 --dp 1
+mpi_error "heads not divisible by tp" "heads 4 is not divisible by tp 3" 3 $TINY --tp 3
+mpi_error "layers not divisible by pp" "layers 3 is not divisible by pp 2" 2 $TINY --layers 3 --pp 2
+
+finish
