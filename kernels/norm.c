@@ -1,6 +1,7 @@
 /* norm.c: layer normalization (eps 1e-5) and GELU. */
 #include <math.h>
 
+#include "fast_exp.h"
 #include "kernels.h"
 
 #define LAYERNORM_EPS 1e-5f
@@ -51,21 +52,29 @@ void layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 
-void gelu_forward(float *out, const float *in, int64_t n)
+/* GELU (tanh approximation): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+ * Computed as x * s with s = 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)): one expf
+ * instead of tanhf (several times dearer), and no cancellation near u = 0. */
+static inline float gelu_gate(float x)
 {
-    for (int64_t i = 0; i < n; i++) {
-        float x = in[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
-    }
+    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    return 1.0f / (1.0f + fast_expf(-2.0f * u));
 }
 
-void gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
+/* Wider vectors where the processor has them; the arithmetic is the same. */
+#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+VECTOR_CLONES void gelu_forward(float *out, const float *in, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = in[i] * gelu_gate(in[i]);
+}
+
+/* d/dx [x s] = s + x * 2 s (1 - s) * du/dx, since 1 - tanh^2 = 4 s (1 - s). */
+VECTOR_CLONES void gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
-        float x = in[i];
-        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        float t = tanhf(u);
+        float x = in[i], s = gelu_gate(x);
         float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        d_in[i] = (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du) * d_out[i];
+        d_in[i] = (s + 2.0f * x * s * (1.0f - s) * du) * d_out[i];
     }
 }

@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../common/memory.h"
 #include "../common/progress.h"
@@ -26,11 +28,17 @@ struct saver {
     view_entries *entries; /* per model view */
     float *snapshot;       /* per saved view: data | m | v (or the gradient alone) */
     int64_t snapshot_floats;
-    pthread_t thread;
+    pthread_t thread;      /* writes this rank's shard */
     int running, pending;
     atomic_int done;
     int status;
     char message[1024];
+    pthread_t commit_thread; /* rank 0: commits once every shard is written */
+    int committing, commit_threaded;
+    atomic_int commit_done;
+    int commit_status;
+    char commit_message[1024];
+    char *model_json, *rng;
     char path[4096];
     int64_t step, consumed;
     uint64_t seed;
@@ -78,10 +86,20 @@ nomem:
     return snprintf(err, err_size, "out of memory for checkpoint snapshots"), -1;
 }
 
+void saver_prefault(saver *s)
+{
+    /* Touch the snapshot once now, so that the first save's stall is a copy,
+     * not a copy and page faults. */
+    if (s->snapshot) memset(s->snapshot, 0, (size_t)s->snapshot_floats * sizeof(float));
+}
+
 void saver_free(saver *s)
 {
     if (!s) return;
     if (s->running) pthread_join(s->thread, NULL);
+    if (s->committing && s->commit_threaded) pthread_join(s->commit_thread, NULL);
+    cJSON_free(s->model_json);
+    cJSON_free(s->rng);
     free(s->snapshot);
     free(s->entries);
     free(s->catalog);
@@ -101,6 +119,9 @@ double saver_take_stall_seconds(saver *s)
 static void *write_shard(void *arg)
 {
     saver *s = arg;
+    /* Training has the processor first: the shard is written in its gaps (on
+     * Linux, nice applies to the calling thread; failure only costs speed). */
+    (void)setpriority(PRIO_PROCESS, (id_t)gettid(), 10);
     gpt_model *m = s->model;
     comm *c = m->comm;
     ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
@@ -153,8 +174,26 @@ static char *rng_json(const comm *c, uint64_t seed, int64_t step)
     return text;
 }
 
-/* Rank 0 commits once every shard is written; all ranks learn the outcome. */
-static int finish_save(saver *s, char *err, size_t err_size)
+/* Rank 0, in the background: the commit (index, fsyncs, renames, latest). */
+static void *commit_checkpoint(void *arg)
+{
+    saver *s = arg;
+    gpt_model *m = s->model;
+    comm *c = m->comm;
+    ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
+    ckpt_train_state state = {s->step, s->consumed, s->model_json, s->schedule, s->rng, s->user};
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    options.overwrite = 1;
+    options.update_latest = 1;
+    s->commit_status = ckpt_commit_staged(s->path, &layout, &state, &options);
+    if (s->commit_status != CKPT_OK) snprintf(s->commit_message, sizeof s->commit_message, "%s", ckpt_errmsg());
+    atomic_store(&s->commit_done, 1);
+    return NULL;
+}
+
+/* Every shard is written (or failed): all ranks learn it; rank 0 starts the commit. */
+static int finish_writes(saver *s, char *err, size_t err_size)
 {
     gpt_model *m = s->model;
     comm *c = m->comm;
@@ -164,31 +203,35 @@ static int finish_save(saver *s, char *err, size_t err_size)
     }
     int failed = s->status != CKPT_OK;
     if (c->ops->max_ints(c, GROUP_WORLD, &failed, 1)) return snprintf(err, err_size, "%s", c->error), -1;
-    int status = 0;
-    char message[1024] = "";
     if (failed) {
-        snprintf(message, sizeof message, "%s", s->status ? s->message : "another rank failed to write its shard");
-        status = -1;
-    } else if (c->rank == 0) {
-        ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
-        char *model_json = gpt_config_to_json(&m->config), *rng = rng_json(c, s->seed, s->step);
-        ckpt_train_state state = {s->step, s->consumed, model_json, s->schedule, rng, s->user};
-        ckpt_write_options options;
-        ckpt_write_options_init(&options);
-        options.overwrite = 1;
-        options.update_latest = 1;
-        if (ckpt_commit_staged(s->path, &layout, &state, &options) != CKPT_OK) {
-            snprintf(message, sizeof message, "%s", ckpt_errmsg());
-            status = -1;
-        }
-        cJSON_free(model_json);
-        cJSON_free(rng);
+        s->pending = 0;
+        snprintf(err, err_size, "checkpoint %s: %s", s->path,
+                 s->status ? s->message : "another rank failed to write its shard");
+        return -1;
     }
-    int any = status != 0;
-    if (c->ops->max_ints(c, GROUP_WORLD, &any, 1)) return snprintf(err, err_size, "%s", c->error), -1;
+    s->committing = 1;
+    if (c->rank != 0) return 0;
+    cJSON_free(s->model_json);
+    cJSON_free(s->rng);
+    s->model_json = gpt_config_to_json(&m->config);
+    s->rng = rng_json(c, s->seed, s->step);
+    atomic_store(&s->commit_done, 0);
+    s->commit_threaded = pthread_create(&s->commit_thread, NULL, commit_checkpoint, s) == 0;
+    if (!s->commit_threaded) commit_checkpoint(s); /* no thread to be had: commit now */
+    return 0;
+}
+
+/* The commit is done on rank 0: all ranks learn its outcome. */
+static int finish_commit(saver *s, char *err, size_t err_size)
+{
+    comm *c = s->model->comm;
+    if (s->commit_threaded) pthread_join(s->commit_thread, NULL);
+    s->committing = s->commit_threaded = 0;
     s->pending = 0;
-    if (any) {
-        snprintf(err, err_size, "checkpoint %s: %s", s->path, message[0] ? message : "failed on another rank");
+    int failed = c->rank == 0 && s->commit_status != CKPT_OK;
+    if (c->ops->max_ints(c, GROUP_WORLD, &failed, 1)) return snprintf(err, err_size, "%s", c->error), -1;
+    if (failed) {
+        snprintf(err, err_size, "checkpoint %s: %s", s->path, c->rank == 0 ? s->commit_message : "commit failed on rank 0");
         return -1;
     }
     return 1;
@@ -199,9 +242,17 @@ int saver_poll(saver *s, int wait, char *err, size_t err_size)
     if (!s->pending) return 0;
     double start = now_seconds();
     comm *c = s->model->comm;
-    int not_done = s->running && !wait && !atomic_load(&s->done);
-    if (c->ops->max_ints(c, GROUP_WORLD, &not_done, 1)) return snprintf(err, err_size, "%s", c->error), -1;
-    int result = not_done ? 0 : finish_save(s, err, err_size);
+    int result = 0;
+    if (!s->committing) {
+        int not_done = s->running && !wait && !atomic_load(&s->done);
+        if (c->ops->max_ints(c, GROUP_WORLD, &not_done, 1)) result = (snprintf(err, err_size, "%s", c->error), -1);
+        else if (!not_done) result = finish_writes(s, err, err_size);
+    }
+    if (result == 0 && s->committing) {
+        int not_done = c->rank == 0 && !wait && !atomic_load(&s->commit_done);
+        if (c->ops->max_ints(c, GROUP_WORLD, &not_done, 1)) result = (snprintf(err, err_size, "%s", c->error), -1);
+        else if (!not_done) result = finish_commit(s, err, err_size);
+    }
     s->stall += now_seconds() - start;
     return result;
 }

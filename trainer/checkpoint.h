@@ -28,12 +28,17 @@ typedef struct {
 int saver_create(saver **out, gpt_model *model, int dump_grads, char *err, size_t err_size);
 void saver_free(saver *s);
 
+/* Touches the snapshot buffer, so that the first save does not stall on page
+ * faults; for runs that will checkpoint. */
+void saver_prefault(saver *s);
+
 /* Starts a checkpoint at path (a staging directory first; committed later).
  * With sync, returns once it is committed. Collective over all ranks. */
 int saver_start(saver *s, const char *path, const save_state *state, int sync, char *err, size_t err_size);
 
-/* Completes a save whose shards are all written (commit by rank 0); with
- * wait, waits for them. Collective; returns 1 when a checkpoint was
+/* Advances a pending save without waiting: once every shard is written,
+ * rank 0 commits it in the background; once committed, all ranks learn it.
+ * With wait, finishes both. Collective; returns 1 when a checkpoint was
  * committed, 0 when none is pending or it is still being written. */
 int saver_poll(saver *s, int wait, char *err, size_t err_size);
 

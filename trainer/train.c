@@ -358,6 +358,7 @@ int train_run(const train_options *o, comm *c)
         status = FAIL(&t, "%s: %lld tokens, fewer than a sequence of %lld", o->data,
                       (long long)dataset_tokens(t.data), (long long)o->seq + 1);
     if (!status && saver_create(&t.saver, t.model, 0, err, sizeof err)) status = FAIL(&t, "%s", err);
+    if (!status && o->ckpt_dir) saver_prefault(t.saver);
     if (!status) {
         t.sample = malloc((size_t)(o->seq + 1) * sizeof(int));
         t.d_output = alloc_pages((size_t)(t.model->B * t.model->T * t.model->D) * sizeof(float));

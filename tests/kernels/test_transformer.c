@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../kernels/fast_exp.h"
 #include "../../kernels/kernels.h"
 
 static uint64_t rng_state = 0x853C49E6748FEA9Bull;
@@ -153,6 +154,21 @@ Test(transformer, gelu_tanh_approximation)
     gelu_backward(dx, x, dy, 200);
     assert_close(y, want, 200, 1e-6, "gelu");
     assert_close(dx, slope, 200, 1e-5, "gelu'");
+}
+
+Test(transformer, fast_exp_within_three_ulp_of_exp)
+{
+    double worst = 0, worst_at = 0;
+    for (int i = 0; i <= 1750000; i++) {
+        float x = -87.0f + (float)i * 1e-4f;
+        double want = exp((double)x), relative = fabs(fast_expf(x) - want) / want;
+        if (relative > worst) worst = relative, worst_at = x;
+    }
+    cr_assert(worst < 3 * 0x1.0p-24, "fast_expf(%g) is %.3g off (relative), more than 3 ulp", worst_at, worst);
+    cr_assert_eq(fast_expf(0.0f), 1.0f);
+    cr_assert(fast_expf(-1000.0f) > 0 && fast_expf(-1000.0f) < 1e-37f, "clamped below at exp(-87)");
+    cr_assert(isfinite(fast_expf(1000.0f)) && fast_expf(1000.0f) > 1e38f, "clamped above at exp(88)");
+    cr_assert(isnan(fast_expf(NAN)), "NaN stays NaN");
 }
 
 typedef struct {
