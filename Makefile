@@ -62,7 +62,7 @@ TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/t
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps test asan demo bench-ckpt bench-reshard clean programs tests
+.PHONY: all build deps test asan demo bench-ckpt bench-reshard bench-train clean programs tests
 
 all: deps
 	@$(MAKE) --no-print-directory build
@@ -81,6 +81,7 @@ BUILD_CONFIG := CUDA=$(CUDA) CC=$(CC) NVCC=$(NVCC) CFLAGS=$(ALL_CFLAGS) NVCCFLAG
 $(BUILD)/config: FORCE
 	@mkdir -p $(dir $@)
 	@echo '$(BUILD_CONFIG)' | cmp -s - $@ || echo '$(BUILD_CONFIG)' >$@
+.PHONY: FORCE
 FORCE:
 
 # Kernels: loops over elements vectorize (floating-point exceptions are not used).
@@ -145,6 +146,10 @@ bench-ckpt: deps
 bench-reshard: deps
 	@$(MAKE) --no-print-directory build
 	@BUILD=$(BUILD) scripts/bench-reshard.sh
+
+bench-train: deps
+	@$(MAKE) --no-print-directory build
+	@BUILD=$(BUILD) scripts/bench-train.sh
 
 clean:
 	rm -rf build build-asan

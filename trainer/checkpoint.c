@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../common/memory.h"
@@ -39,6 +40,7 @@ struct saver {
     int commit_status;
     char commit_message[1024];
     char *model_json, *rng;
+    atomic_int snapshot_taken; /* parameters and moments may change again */
     char path[4096];
     int64_t step, consumed;
     uint64_t seed;
@@ -60,6 +62,7 @@ int saver_create(saver **out, gpt_model *m, int dump_grads, char *err, size_t er
     if (!s) return snprintf(err, err_size, "out of memory"), -1;
     s->model = m;
     s->dump_grads = dump_grads;
+    atomic_init(&s->snapshot_taken, 1);
     if (gpt_catalog(&m->config, !dump_grads, &s->catalog, &s->count)) goto nomem;
     s->entries = calloc((size_t)m->num_params + 1, sizeof *s->entries);
     if (!s->entries) goto nomem;
@@ -88,8 +91,6 @@ nomem:
 
 void saver_prefault(saver *s)
 {
-    /* Touch the snapshot once now, so that the first save's stall is a copy,
-     * not a copy and page faults. */
     if (s->snapshot) memset(s->snapshot, 0, (size_t)s->snapshot_floats * sizeof(float));
 }
 
@@ -115,12 +116,32 @@ double saver_take_stall_seconds(saver *s)
     return stall;
 }
 
-/* Background: this rank's shard, from the snapshot. */
+/* Parameters and moments (or gradients) into the snapshot, in the order the
+ * writer reads them. */
+static void take_snapshot(saver *s)
+{
+    const gpt_model *m = s->model;
+    float *to = s->snapshot;
+    for (int i = 0; i < m->num_params; i++) {
+        const param_view *v = &m->params[i];
+        if (!v->owner) continue;
+        const float *sources[3] = {s->dump_grads ? v->grad : v->data, v->m, v->v};
+        for (int k = 0; k < (s->dump_grads ? 1 : 3); k++, to += v->numel)
+            memcpy(to, sources[k], (size_t)v->numel * sizeof(float));
+    }
+}
+
+/* Background: the snapshot, then this rank's shard from it. The snapshot is
+ * taken while the next step runs its forward and backward passes, which read
+ * parameters and moments but do not change them; the optimizer waits for it
+ * (saver_before_update). */
 static void *write_shard(void *arg)
 {
     saver *s = arg;
-    /* Training has the processor first: the shard is written in its gaps (on
-     * Linux, nice applies to the calling thread; failure only costs speed). */
+    take_snapshot(s);
+    atomic_store(&s->snapshot_taken, 1);
+    /* Then training has the processor first: the shard is written in its gaps
+     * (on Linux, nice applies to the calling thread; failure only costs speed). */
     (void)setpriority(PRIO_PROCESS, (id_t)gettid(), 10);
     gpt_model *m = s->model;
     comm *c = m->comm;
@@ -237,6 +258,15 @@ static int finish_commit(saver *s, char *err, size_t err_size)
     return 1;
 }
 
+void saver_before_update(saver *s)
+{
+    if (atomic_load(&s->snapshot_taken)) return;
+    double start = now_seconds();
+    struct timespec pause = {0, 20000};
+    while (!atomic_load(&s->snapshot_taken)) nanosleep(&pause, NULL);
+    s->stall += now_seconds() - start;
+}
+
 int saver_poll(saver *s, int wait, char *err, size_t err_size)
 {
     if (!s->pending) return 0;
@@ -284,25 +314,17 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync, c
     }
     if (c->ops->max_ints(c, GROUP_WORLD, &failed, 1)) return snprintf(err, err_size, "%s", c->error), -1;
     if (failed) return snprintf(err, err_size, "checkpoint %s: %s", path, message[0] ? message : "cannot stage"), -1;
-    /* The stall: copying parameters and moments (or gradients) aside. */
     s->status = CKPT_OK;
     atomic_store(&s->done, 1);
+    atomic_store(&s->snapshot_taken, 1);
     if (c->dp_rank == 0) {
-        float *p = s->snapshot;
-        for (int i = 0; i < m->num_params; i++) {
-            const param_view *v = &m->params[i];
-            if (!v->owner) continue;
-            const float *sources[3] = {s->dump_grads ? v->grad : v->data, v->m, v->v};
-            for (int k = 0; k < (s->dump_grads ? 1 : 3); k++) {
-                memcpy(p, sources[k], (size_t)v->numel * sizeof(float));
-                p += v->numel;
-            }
-        }
         atomic_store(&s->done, 0);
+        atomic_store(&s->snapshot_taken, 0);
         if (pthread_create(&s->thread, NULL, write_shard, s) != 0) {
             s->status = CKPT_ERR_STATE;
             snprintf(s->message, sizeof s->message, "cannot start the checkpoint writer thread");
             atomic_store(&s->done, 1);
+            atomic_store(&s->snapshot_taken, 1);
         } else {
             s->running = 1;
         }

@@ -28,13 +28,18 @@ typedef struct {
 int saver_create(saver **out, gpt_model *model, int dump_grads, char *err, size_t err_size);
 void saver_free(saver *s);
 
-/* Touches the snapshot buffer, so that the first save does not stall on page
- * faults; for runs that will checkpoint. */
+/* Touches the snapshot buffer now, so that the first save does not take page
+ * faults while training waits for its copy; for runs that will checkpoint. */
 void saver_prefault(saver *s);
 
 /* Starts a checkpoint at path (a staging directory first; committed later).
  * With sync, returns once it is committed. Collective over all ranks. */
 int saver_start(saver *s, const char *path, const save_state *state, int sync, char *err, size_t err_size);
+
+/* Waits, if need be, until a save in progress has copied the parameters and
+ * moments aside (it does so in the background, while forward and backward
+ * passes run). Call before changing them. */
+void saver_before_update(saver *s);
 
 /* Advances a pending save without waiting: once every shard is written,
  * rank 0 commits it in the background; once committed, all ranks learn it.

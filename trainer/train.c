@@ -432,6 +432,7 @@ int train_run(const train_options *o, comm *c)
         gpt_model_zero_grads(t.model);
         if (run_pipeline(&t, &loss_sum) || reduce_gradients(&t)) goto fail;
         if (o->dump_dir && step == start_step + 1 && (dump_gradients(&t) || dump_logits(&t))) goto fail;
+        saver_before_update(t.saver);
         if (optimizer_step(&t, step, &norm, &lr)) goto fail;
         /* The loss of the step: last stage, first TP rank of each replica. */
         double loss = t.model->is_last && c->tp_rank == 0 ? loss_sum : 0;

@@ -1,0 +1,133 @@
+#!/bin/sh
+# make bench-train: training throughput of tp-train on CPU against the PyTorch
+# GPT-2 the test suite checks it against (tests/trainer/gpt2_ref.py, driven by
+# bench/train_baseline.py), same model, batch and thread count, side by side
+# in one run; and the training stall per checkpoint, asynchronous against
+# --sync-save. Writes docs/BENCHMARKS.md (section bench-train).
+#   BENCH_STEPS (default 10): steps per run; the first 2 are warm-up, not counted
+#   BENCH_REPS (default 3): repetitions; the table gives medians
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+STEPS=${BENCH_STEPS:-10}
+REPS=${BENCH_REPS:-3}
+DIR=bench/scratch/train
+PY=/usr/bin/python3
+CORES=$(nproc)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mkdir -p "$DIR"
+
+# The model: GPT-2's architecture at 6 layers, dim 384, 6 heads, sequence 256,
+# byte vocabulary (tp-train --model small); 4 sequences per step.
+SHAPE="--layers 6 --dim 384 --heads 6 --vocab 256 --seq 256"
+BATCH=4
+RESULTS="$DIR/results.txt"
+: >"$RESULTS"
+
+# Median milliseconds per step of a tp-train log, warm-up steps left out.
+median_ms() { $PY -c 'import json,statistics,sys; print(statistics.median([json.loads(l)["ms"] for l in open(sys.argv[1])][2:]))' "$1"; }
+
+tp_train() { # THREADS RANKS
+    if [ "$2" -eq 1 ]; then
+        "$BUILD/bin/tp-train" $SHAPE --micro-batch $BATCH --steps "$STEPS" --threads "$1" --quiet --log "$DIR/log.jsonl"
+    else
+        mpirun --oversubscribe -np "$2" "$BUILD/bin/tp-train" $SHAPE --tp "$2" --micro-batch $BATCH --steps "$STEPS" \
+            --threads "$1" --quiet --log "$DIR/log.jsonl" </dev/null
+    fi
+    median_ms "$DIR/log.jsonl"
+}
+
+# PyTorch runs element-wise work on OpenMP threads and matrix products on
+# OpenBLAS threads: each split of the thread count is tried, the best kept.
+torch_best() { # THREADS
+    best=""
+    for split in "$1 1" "1 $1" "$1 $1"; do
+        set -- $split
+        ms=$(OPENBLAS_NUM_THREADS=$2 OMP_NUM_THREADS=$1 $PY bench/train_baseline.py $SHAPE --batch $BATCH \
+            --threads "$1" --steps $((STEPS - 2)) | $PY -c 'import json,sys; print(json.load(sys.stdin)["ms"])')
+        echo "  torch (OpenMP $1, OpenBLAS $2): $ms ms" >&2
+        best=$($PY -c 'import sys; a = sys.argv[1:]; print(min(float(x) for x in a if x))' "$ms" $best)
+        [ "$1" = 1 ] && [ "$2" = 1 ] && break
+    done
+    echo "$best"
+}
+
+THREADS="1"
+[ "$CORES" -ge 2 ] && THREADS="1 2"
+for rep in $(seq 1 "$REPS"); do
+    for t in $THREADS; do
+        # Take turns going first.
+        if [ $((rep % 2)) = 1 ]; then order="ours torch"; else order="torch ours"; fi
+        for tool in $order; do
+            if [ $tool = ours ]; then ms=$(tp_train "$t" 1); else ms=$(torch_best "$t"); fi
+            echo "throughput $t $tool $ms" >>"$RESULTS"
+            echo "rep $rep, $t thread(s), $tool: $ms ms/step"
+        done
+        if [ "$t" -gt 1 ]; then
+            ms=$(tp_train 1 "$t")
+            echo "throughput $t ours-tp $ms" >>"$RESULTS"
+            echo "rep $rep, $t thread(s), tp-train --tp $t: $ms ms/step"
+        fi
+    done
+    # Checkpoints every 4 steps of 12, asynchronous and synchronous: the stall per save.
+    for mode in async sync; do
+        rm -rf "$DIR/ckpt"
+        flag=""
+        [ $mode = sync ] && flag=--sync-save
+        "$BUILD/bin/tp-train" $SHAPE --micro-batch $BATCH --steps 12 --threads "$CORES" --quiet --ckpt-dir "$DIR/ckpt" \
+            --ckpt-every 4 $flag --log "$DIR/ckpt.jsonl"
+        m=$($PY -c '
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+print(json.dumps({"stall_ms_per_save": sum(x["ckpt_stall_ms"] for x in r) / 3, "total_ms": sum(x["ms"] for x in r)}))' \
+            "$DIR/ckpt.jsonl")
+        echo "checkpoint $mode $m" >>"$RESULTS"
+        echo "rep $rep, checkpoints $mode: $m"
+    done
+done
+"$BUILD/bin/tp-ckpt" verify "$DIR/ckpt" >/dev/null
+SAVE_MB=$(du -sm "$DIR/ckpt/step_00000012" | cut -f1)
+rm -rf "$DIR/ckpt"
+
+TABLE=$($PY - "$RESULTS" "$BATCH" <<'PY'
+import json, statistics, sys
+tokens = int(sys.argv[2]) * 256
+through, ckpt = {}, {}
+for line in open(sys.argv[1]):
+    kind, a, b = line.split(" ", 2)
+    if kind == "throughput":
+        tool, ms = b.split()
+        through.setdefault((int(a), tool), []).append(float(ms))
+    else:
+        ckpt.setdefault(a, []).append(json.loads(b))
+out = ["| threads | trainer | ms/step (median) | tokens/s | vs PyTorch |", "| --- | --- | --- | --- | --- |"]
+names = {"ours": "tp-train (1 process)", "ours-tp": "tp-train --tp %d (%d processes x 1 thread)",
+         "torch": "PyTorch (best thread split)"}
+for (threads, tool), values in sorted(through.items()):
+    ms, torch = statistics.median(values), statistics.median(through[(threads, "torch")])
+    name = names[tool] % (threads, threads) if tool == "ours-tp" else names[tool]
+    out.append("| %d | %s | %.0f | %.0f | %.2fx |" % (threads, name, ms, tokens / ms * 1e3, torch / ms))
+out += ["", "| saving | stall per save (median) | 12 steps, total (median) | stall vs synchronous |",
+        "| --- | --- | --- | --- |"]
+sync = statistics.median(m["stall_ms_per_save"] for m in ckpt["sync"])
+for mode in ("async", "sync"):
+    stall = statistics.median(m["stall_ms_per_save"] for m in ckpt[mode])
+    total = statistics.median(m["total_ms"] for m in ckpt[mode])
+    out.append("| %s | %.1f ms | %.0f ms | %.1f%% |" % (mode, stall, total, 100 * stall / sync))
+print("\n".join(out))
+PY
+)
+echo "$TABLE"
+$PY bench/doc_section.py docs/BENCHMARKS.md bench-train "Training throughput and checkpoint stall (bench-train)" <<DOC
+Command: \`make bench-train\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS).
+Model: GPT-2's architecture, 6 layers, dim 384, 6 heads, sequence 256, vocabulary 256 (\`tp-train --model small\`),
+fp32, $BATCH sequences per step, AdamW with clipping; each run's first 2 steps are warm-up and not counted, figures
+are medians over the runs. PyTorch is the GPT-2 of tests/trainer/gpt2_ref.py (the model tp-train is checked against)
+on the same shape, batch and thread count; its element-wise work runs on OpenMP threads and its matrix products on
+OpenBLAS threads, so each split of the thread count is tried and the fastest kept. Checkpoints: $SAVE_MB MB each
+(weights and Adam moments), every 4 of 12 steps, on $CORES threads; the stall is the time the training loop spends
+in saving (\`ckpt_stall_ms\` in the log), the total the sum of the step times.
+Targets: at least PyTorch's throughput; asynchronous stall under 10% of the synchronous one.
+
+$TABLE
+DOC
