@@ -34,8 +34,11 @@ if worst > tol:
 PYEOF
 }
 
-# steps_from LOG FIRST: the log's records from step FIRST on.
-steps_from() { "$PY" -c 'import json,sys; [print(l, end="") for l in open(sys.argv[1]) if json.loads(l)["step"] >= int(sys.argv[2])]' "$1" "$2"; }
+# steps_from LOG FIRST [LAST]: the log's records of steps FIRST..LAST.
+steps_from() {
+    "$PY" -c 'import json,sys; [print(l, end="") for l in open(sys.argv[1]) if int(sys.argv[2]) <= json.loads(l)["step"] <= int(sys.argv[3])]' \
+        "$1" "$2" "${3:-999999999}"
+}
 
 last_step() { tail -n 1 "$1" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["step"])'; }
 
@@ -80,6 +83,12 @@ check "stopped at step 10" [ "$(last_step "$WORK/split.jsonl")" = 10 ]
 check "checkpoints at steps 4, 8, 10; latest is 10" [ "$(ls "$WORK/run" | tr '\n' ' ')" = \
     "latest step_00000004 step_00000008 step_00000010 " ] && [ "$(cat "$WORK/run/latest")" = step_00000010 ]
 expect_ok "tp-ckpt verify on the trainer's checkpoint" "$BIN/tp-ckpt" verify "$WORK/run"
+# Step 8 was saved asynchronously: its snapshot was copied while step 9 ran.
+mkdir "$WORK/from8" && cp -r "$WORK/run/step_00000008" "$WORK/from8/"
+expect_ok "resume from the asynchronous save of step 8" mpi_train 2 $TINY --tp 2 --steps 20 --stop-at 12 \
+    --ckpt-dir "$WORK/from8" --resume --log "$WORK/from8.jsonl"
+steps_from "$WORK/straight.jsonl" 9 12 >"$WORK/straight-9-12.jsonl"
+check "resumed from step 8: the straight run's losses bit for bit" losses_match "$WORK/from8.jsonl" "$WORK/straight-9-12.jsonl" 0
 expect_ok "resume at tp2" mpi_train 2 $TINY --tp 2 --steps 20 --ckpt-dir "$WORK/run" --resume --log "$WORK/split.jsonl"
 check "resumed run has the straight run's losses bit for bit" losses_match "$WORK/split.jsonl" "$WORK/straight.jsonl" 0
 expect_ok "tp-ckpt info --json of the final checkpoint" "$BIN/tp-ckpt" info --json "$WORK/run"
