@@ -127,7 +127,9 @@ on the same shape, batch and thread count; its element-wise work runs on OpenMP 
 OpenBLAS threads, so each split of the thread count is tried and the fastest kept. Checkpoints: $SAVE_MB MB each
 (weights and Adam moments), every 4 of 12 steps, on $CORES threads; the stall is the time the training loop spends
 in saving (\`ckpt_stall_ms\` in the log), the total the sum of the step times.
-Targets: at least PyTorch's throughput; asynchronous stall under 10% of the synchronous one.
+On this shared machine the speed of both trainers varies between runs by up to 1.5x, so only the ratios
+within one run mean much. Targets: at least PyTorch's throughput; asynchronous stall under 10% of the synchronous
+one.
 
 $TABLE
 DOC

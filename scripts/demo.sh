@@ -5,6 +5,8 @@
 #   3. reshard it to tp2pp1 and back, each proven equal to its source
 #   4. synthesize the same model at tp1pp1 and prove it logically equal
 #   5. damage one byte of a copy and watch verify name the tensor
+#   6. train a small GPT on this repository's docs at tp2pp2 (4 ranks), stop
+#      half-way with a checkpoint, resume at tp1pp1dp2 (resharded on load)
 # Output goes to demo-run/ (ignored by git).
 set -eu
 cd "$(dirname "$0")/.."
@@ -42,4 +44,17 @@ if "$BIN/tp-ckpt" verify "$OUT/damaged"; then
     echo "demo: verify missed the damage" >&2
     exit 1
 fi
+say "6. train a GPT on the docs at tp2pp2 (4 ranks), stop at step 40 with a checkpoint"
+cat docs/*.md README.md >"$OUT/text.txt"
+"$BIN/tp-train" prepare "$OUT/text.txt" -o "$OUT/text.bin"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+TRAIN="--layers 4 --dim 128 --heads 4 --vocab 256 --seq 64 --steps 80 --lr 3e-3 --data $OUT/text.bin --ckpt-dir $OUT/train --ckpt-every 20"
+mpirun --oversubscribe -np 4 "$BIN/tp-train" $TRAIN --tp 2 --pp 2 --micro-batch 4 --grad-accum 2 --stop-at 40 </dev/null |
+    awk 'NR <= 3 || /step +(10|20|30|40)\/|stopped|done/'
+"$BIN/tp-ckpt" verify "$OUT/train"
+
+say "7. resume at tp1pp1dp2 (2 ranks): each rank reads just its pieces of the tp2pp2 checkpoint"
+mpirun --oversubscribe -np 2 "$BIN/tp-train" $TRAIN --dp 2 --micro-batch 4 --resume </dev/null |
+    awk 'NR <= 3 || /step +(41|50|60|70|80)\/|done/'
+
 say "demo done: checkpoints are in $OUT/"

@@ -425,9 +425,13 @@ static int load_one(gpt_model *m, const char *path, load_result *out, char *mess
         snprintf(message, size, "%s: %s", path, err);
         status = -1;
     } else if (!same_model(&config, &m->config)) {
-        snprintf(message, size, "%s holds another model (layers %lld dim %lld heads %lld vocab %lld seq %lld)", path,
-                 (long long)config.layers, (long long)config.dim, (long long)config.heads, (long long)config.vocab,
-                 (long long)config.seq);
+        const gpt_config *ours = &m->config;
+        snprintf(message, size,
+                 "%s holds another model: layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld, this run has "
+                 "layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld",
+                 path, (long long)config.layers, (long long)config.dim, (long long)config.heads, (long long)config.ffn,
+                 (long long)config.vocab, (long long)config.seq, (long long)ours->layers, (long long)ours->dim,
+                 (long long)ours->heads, (long long)ours->ffn, (long long)ours->vocab, (long long)ours->seq);
         status = -1;
     }
     int missing_optimizer = 0;

@@ -169,13 +169,23 @@ int dataset_prepare(const char *text_path, const char *out_path, char *err, size
     int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC, DATA_VERSION, 0};
     fwrite(header, sizeof header, 1, out);
     int64_t count = 0;
-    int c;
-    while ((c = fgetc(in)) != EOF) {
-        uint16_t token = (uint16_t)(unsigned char)c;
-        fwrite(&token, 2, 1, out);
-        count++;
+    unsigned char bytes[1 << 16];
+    uint16_t tokens[1 << 16];
+    size_t got;
+    int write_ok = 1;
+    while ((got = fread(bytes, 1, sizeof bytes, in)) > 0) {
+        for (size_t i = 0; i < got; i++) tokens[i] = bytes[i]; /* byte-level vocabulary: token = byte */
+        write_ok = write_ok && fwrite(tokens, sizeof tokens[0], got, out) == got;
+        count += (int64_t)got;
     }
+    int read_ok = !ferror(in);
     fclose(in);
+    if (!read_ok || !write_ok) {
+        fclose(out);
+        unlink(tmp);
+        return snprintf(err, err_size, "%s: cannot %s: %s", read_ok ? tmp : text_path, read_ok ? "write" : "read",
+                        strerror(errno)), -1;
+    }
     if (count > INT32_MAX || count < 2) {
         fclose(out);
         unlink(tmp);

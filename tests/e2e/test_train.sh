@@ -200,6 +200,9 @@ expect_error "token ids beyond the vocabulary" 1 "tokens_0.bin.*vocab" "$TRAIN" 
 expect_ok "--help" "$TRAIN" --help
 expect_error "unknown option" 2 "unknown option.*--bogus" "$TRAIN" --bogus
 expect_error "--resume without --ckpt-dir" 2 "resume.*ckpt-dir" "$TRAIN" $TINY --resume
+run "$TRAIN" $TINY --dim 128 --steps 22 --ckpt-dir "$WORK/run" --resume
+check "resume with another model shape: refused, both shapes named" [ "$RC" -eq 1 ] &&
+    tail -n 1 "$WORK/.err" | grep -q "^tp-train: error: .*holds another model: .*dim 64 .*this run has .*dim 128"
 mpi_error() {
     what=$1 pattern=$2
     shift 2
