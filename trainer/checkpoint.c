@@ -479,7 +479,7 @@ int checkpoint_load(gpt_model *m, const char *dir, load_result *out, char *err, 
         return -1;
     }
     for (int k = 0; k < n; k++) {
-        char message[1024] = "";
+        char message[8192] = ""; /* a path (up to 4096) and why */
         int failed = load_one(m, list[k].path, out, message, sizeof message) != 0;
         /* The lowest failing rank tells everyone why. */
         int flag = failed ? c->world - c->rank : 0;

@@ -134,12 +134,11 @@ int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *
     for (int p = 0; with_optimizer && p < params; p++) {
         for (gpt_role role = GPT_ROLE_MASTER; role <= GPT_ROLE_EXP_AVG_SQ; role++) {
             if (role == GPT_ROLE_MASTER && c->dtype == CKPT_FP32) continue;
-            gpt_tensor *o = &b.items[b.count++];
-            *o = b.items[p];
-            o->role = role;
-            o->desc.dtype = CKPT_FP32;
-            snprintf(o->name, sizeof o->name, "optim/%s/%s", role_names[role],
-                     b.items[p].name + strlen("model/"));
+            gpt_tensor state = b.items[p];
+            state.role = role;
+            state.desc.dtype = CKPT_FP32;
+            snprintf(state.name, sizeof state.name, "optim/%s/%s", role_names[role], b.items[p].name + strlen("model/"));
+            b.items[b.count++] = state;
         }
     }
     for (int i = 0; i < b.count; i++) {
