@@ -48,6 +48,8 @@ say "6. train a GPT on the docs at tp2pp2 (4 ranks), stop at step 40 with a chec
 cat docs/*.md README.md >"$OUT/text.txt"
 "$BIN/tp-train" prepare "$OUT/text.txt" -o "$OUT/text.bin"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Plain shared memory between ranks: containers often forbid cross-process copies.
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
 TRAIN="--layers 4 --dim 128 --heads 4 --vocab 256 --seq 64 --steps 80 --lr 3e-3 --data $OUT/text.bin --ckpt-dir $OUT/train --ckpt-every 20"
 mpirun --oversubscribe -np 4 "$BIN/tp-train" $TRAIN --tp 2 --pp 2 --micro-batch 4 --grad-accum 2 --stop-at 40 </dev/null |
     awk 'NR <= 3 || /step +(10|20|30|40)\/|stopped|done/'

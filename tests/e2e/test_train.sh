@@ -6,8 +6,10 @@
 . "$(dirname "$0")/lib.sh"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# Open MPI's own messages (a rank failed, ...) go to stderr beside ours.
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# Containers often forbid the cross-process memory copies Open MPI uses for
+# large messages between ranks on one machine; plain shared memory always works.
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
 TRAIN="$BIN/tp-train"
 TINY="--model tiny --micro-batch 2 --quiet"
 
