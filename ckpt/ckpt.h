@@ -335,6 +335,45 @@ int ckpt_reader_verify_piece(ckpt_reader *reader, int index, int piece);
 /* Checks that every padding element of a piece is zero. */
 int ckpt_reader_check_padding(ckpt_reader *reader, int index, int piece);
 
+/* ---------------------------------------------------- staged outputs */
+
+/* Other outputs that must appear whole or not at all (exports) go through
+ * the same steps as a checkpoint: written under <parent>/.<name>.staging,
+ * then renamed into place. */
+
+/* Checks that path may be written (its parent exists; path itself only with
+ * overwrite), clears an old staging entry and, for a directory, creates it.
+ * staging_size must be at least 4096. */
+int ckpt_output_stage(const char *path, int overwrite, int directory, char *staging, size_t staging_size);
+/* Syncs the staging file or directory (files inside are the caller's to
+ * sync) and renames it to path, replacing what is there when overwrite. */
+int ckpt_output_publish(const char *staging, const char *path, int overwrite);
+/* Removes a staging file or directory after a failure. */
+void ckpt_output_discard(const char *staging);
+
+/* ------------------------------------------------- merged HDF5 files */
+
+/* A plain HDF5 file of whole (merged, unpadded) tensors for tools outside
+ * this format (docs/FORMAT.md "Merged HDF5 files"): one contiguous dataset
+ * per tensor at its name, string attributes on the root. The caller writes
+ * each dataset's bytes at the file offset ckpt_flat_add reports. The file is
+ * written under a temporary name beside path and renamed into place by
+ * commit, so a failure leaves nothing at path. */
+typedef struct ckpt_flat_file ckpt_flat_file;
+
+/* Fails with CKPT_ERR_EXISTS when path exists and overwrite is 0. */
+int ckpt_flat_create(ckpt_flat_file **out, const char *path, int overwrite);
+/* Adds dataset `name` ('/' makes groups) of the given dtype and shape. */
+int ckpt_flat_add(ckpt_flat_file *file, const char *name, ckpt_dtype dtype, int ndim, const int64_t *shape,
+                  int64_t *offset_out);
+int ckpt_flat_attribute(ckpt_flat_file *file, const char *name, const char *value);
+/* Positioned write of data bytes; any thread, after every dataset is added. */
+int ckpt_flat_write(ckpt_flat_file *file, int64_t offset, const void *data, size_t bytes);
+/* Closes, syncs and renames into place; frees the handle whatever the outcome. */
+int ckpt_flat_commit(ckpt_flat_file *file);
+/* Removes the temporary file; frees the handle. */
+void ckpt_flat_abort(ckpt_flat_file *file);
+
 /* ------------------------------------------------------ logical comparison */
 
 typedef struct {

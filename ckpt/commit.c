@@ -285,6 +285,23 @@ static int publish(const char *staging, const char *path, const char *parent, in
     return status;
 }
 
+int ckpt_output_publish(const char *staging, const char *path, int overwrite)
+{
+    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
+    int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
+    struct stat st;
+    if (!status && stat(staging, &st) != 0)
+        status = ckpt_fail(CKPT_ERR_IO, "%s: %s", staging, strerror(errno));
+    if (!status) status = ckpt_fsync_path(staging, S_ISDIR(st.st_mode));
+    if (!status) status = publish(staging, path, parent, overwrite);
+    return status;
+}
+
+void ckpt_output_discard(const char *staging)
+{
+    ckpt_remove_tree(staging);
+}
+
 /* Step of the checkpoint `latest` names in dir, or -1. */
 static int64_t latest_step(const char *dir)
 {

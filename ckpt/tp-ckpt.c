@@ -2,6 +2,7 @@
  * A thin layer over ckpt.h; see `tp-ckpt --help`. Exit status: 0 success,
  * 1 failure (damage found, checkpoints differ, an operation failed), 2 usage. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,7 +12,10 @@
 #include "../common/cli.h"
 #include "../common/parallel.h"
 #include "../common/progress.h"
+#include "../reshard/export.h"
+#include "../reshard/reshard.h"
 #include "../trainer/gpt_catalog.h"
+#include "../trainer/gpt_interop.h"
 #include "ckpt.h"
 #include "synth.h"
 
@@ -29,6 +33,15 @@ static const char *usage_text =
     "        [--seed N] [--step N] [--compress zstd[:LEVEL]|none] [--vocab-pad-multiple N]\n"
     "        [--threads N] [--force] [--progress]\n"
     "                               write a deterministic GPT-style checkpoint\n"
+    "  export CKPT --format safetensors|gguf|hdf5 -o OUT [--dtype fp32|bf16|fp16]\n"
+    "        [--max-shard-size SIZE] [--tokenizer DIR] [--name NAME] [--threads N]\n"
+    "        [--memory-limit SIZE] [--force] [--progress]\n"
+    "                               merged weights for inference: a Hugging Face GPT-2\n"
+    "                               directory, a llama.cpp GGUF file, or one HDF5 file\n"
+    "  import DIR -o CKPT --tp T --pp P [--dtype fp32|bf16|fp16] [--vocab-pad-multiple N]\n"
+    "        [--threads N] [--compress zstd[:LEVEL]|none] [--force] [--progress]\n"
+    "                               a Hugging Face GPT-2 (config.json + safetensors) as a\n"
+    "                               sharded checkpoint, to train from\n"
     "\n"
     "CKPT is a checkpoint directory, or a run directory (its `latest` checkpoint).\n"
     "Run `tp-ckpt <command> --help` for a command's options.\n";
@@ -440,6 +453,14 @@ static void synth_progress(void *ctx, int64_t bytes)
     progress_add(ctx, bytes);
 }
 
+static int parse_compress(const char *text)
+{
+    if (strcmp(text, "none") == 0) return 0;
+    if (strcmp(text, "zstd") == 0) return 3;
+    if (strncmp(text, "zstd:", 5) == 0) return (int)parse_int_option("--compress zstd:LEVEL", text + 5, 1, 22);
+    die_usage("--compress expects zstd, zstd:LEVEL or none, got '%s'", text);
+}
+
 static int cmd_synth(int argc, char **argv)
 {
     gpt_config config = {0};
@@ -485,13 +506,7 @@ static int cmd_synth(int argc, char **argv)
             break;
         case O_SEED: seed = parse_int_option("--seed", optarg, 0, INT64_MAX); break;
         case O_STEP: step = parse_int_option("--step", optarg, 0, (int64_t)1 << 50); break;
-        case O_COMPRESS:
-            if (strcmp(optarg, "none") == 0) write_options.compress_level = 0;
-            else if (strcmp(optarg, "zstd") == 0) write_options.compress_level = 3;
-            else if (strncmp(optarg, "zstd:", 5) == 0)
-                write_options.compress_level = (int)parse_int_option("--compress zstd:LEVEL", optarg + 5, 1, 22);
-            else die_usage("--compress expects zstd, zstd:LEVEL or none, got '%s'", optarg);
-            break;
+        case O_COMPRESS: write_options.compress_level = parse_compress(optarg); break;
         case O_PAD: config.vocab_pad_multiple = parse_int_option("--vocab-pad-multiple", optarg, 1, 1 << 20); break;
         case O_THREADS: threads = parse_int_option("--threads", optarg, 1, 1024); break;
         case O_FORCE: write_options.overwrite = 1; break;
@@ -580,6 +595,315 @@ static int cmd_synth(int argc, char **argv)
     return code;
 }
 
+/* ----------------------------------------------------------------- export */
+
+static const char *export_usage =
+    "usage: tp-ckpt export CKPT --format safetensors|gguf|hdf5 -o OUT [options]\n"
+    "Merges the weights of a checkpoint of any layout into the files inference tools load:\n"
+    "  safetensors  OUT is a directory: config.json and model.safetensors (or numbered shards\n"
+    "               and model.safetensors.index.json) for transformers' GPT2LMHeadModel\n"
+    "  gguf         OUT is a file for llama.cpp's gpt2 architecture\n"
+    "  hdf5         OUT is one HDF5 file of every parameter under its checkpoint name\n"
+    "\n"
+    "  --dtype fp32|bf16|fp16   dtype of the weights (default: as stored; GGUF keeps 1-D in fp32)\n"
+    "  --max-shard-size SIZE    safetensors: bytes per file, binary units (default 5e9)\n"
+    "  --tokenizer DIR          gguf: a GPT-2 tokenizer (vocab.json, merges.txt); default no_vocab\n"
+    "  --name NAME              gguf: general.name (default \"GPT-2 (tp-toolkit)\")\n"
+    "  --threads N              worker threads (default: all cores)\n"
+    "  --memory-limit SIZE      bound on buffers (default 1G)\n"
+    "  --force                  replace an existing output\n"
+    "  --progress               show progress even when stderr is not a terminal\n"
+    "Nothing appears at OUT unless the export completes.\n";
+
+static void count_bytes(void *ctx, int64_t bytes)
+{
+    progress_add(ctx, bytes);
+}
+
+static int cmd_export(int argc, char **argv)
+{
+    export_options options;
+    export_options_init(&options);
+    const char *out = NULL, *format = NULL, *tokenizer = NULL, *name = "GPT-2 (tp-toolkit)";
+    int force_progress = 0;
+    enum { O_FORMAT = 256, O_DTYPE, O_SHARD, O_TOKENIZER, O_NAME, O_THREADS, O_MEMORY, O_FORCE, O_PROGRESS };
+    static const struct option long_options[] = {
+        {"format", required_argument, 0, O_FORMAT}, {"dtype", required_argument, 0, O_DTYPE},
+        {"max-shard-size", required_argument, 0, O_SHARD}, {"tokenizer", required_argument, 0, O_TOKENIZER},
+        {"name", required_argument, 0, O_NAME}, {"threads", required_argument, 0, O_THREADS},
+        {"memory-limit", required_argument, 0, O_MEMORY}, {"force", no_argument, 0, O_FORCE},
+        {"progress", no_argument, 0, O_PROGRESS}, {"output", required_argument, 0, 'o'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    ckpt_dtype dtype;
+    while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case O_FORMAT: format = optarg; break;
+        case O_DTYPE:
+            if (ckpt_dtype_parse(optarg, &dtype)) die_usage("--dtype: %s", ckpt_errmsg());
+            options.dtype = (int)dtype;
+            break;
+        case O_SHARD:
+            if (cli_parse_size(optarg, &options.max_shard_bytes) || options.max_shard_bytes < 1)
+                die_usage("--max-shard-size expects a size such as 2G or 500M, got '%s'", optarg);
+            break;
+        case O_TOKENIZER: tokenizer = optarg; break;
+        case O_NAME: name = optarg; break;
+        case O_THREADS: options.threads = (int)parse_int_option("--threads", optarg, 1, 1024); break;
+        case O_MEMORY:
+            if (cli_parse_size(optarg, &options.memory_limit) || options.memory_limit < 1)
+                die_usage("--memory-limit expects a size such as 512M or 4G, got '%s'", optarg);
+            break;
+        case O_FORCE: options.overwrite = 1; break;
+        case O_PROGRESS: force_progress = 1; break;
+        case 'h': fputs(export_usage, stdout); return 0;
+        default: die_usage("export: unknown option or missing value: '%s'", cli_rejected_option(argv));
+        }
+    }
+    if (optind != argc - 1) die_usage("export takes one checkpoint");
+    if (!format || !out) die_usage("export needs --format and -o OUT");
+    if (export_format_parse(format, &options.format)) die_usage("--format: %s", reshard_errmsg());
+    if (tokenizer && options.format != EXPORT_GGUF) die_usage("--tokenizer applies to --format gguf only");
+    int code = 0;
+    ckpt_reader *r = open_or_die(argv[optind], 1, &code);
+    if (!r) return code;
+    const ckpt_layout *layout = ckpt_reader_layout(r);
+    const ckpt_train_state *state = ckpt_reader_state(r);
+    char err[1024], step[32], source_layout[64];
+    snprintf(step, sizeof step, "%lld", (long long)state->step);
+    snprintf(source_layout, sizeof source_layout, "tp%dpp%d", layout->tp, layout->pp);
+    gpt_config config;
+    gpt_name_map map = {0};
+    gpt_gguf_metadata *gguf = NULL;
+    export_tensor *all = NULL;
+    char *config_json = NULL;
+    const export_tensor *tensors = NULL;
+    int count = 0;
+    /* Provenance: the step and the layout of the source. */
+    const char *st_metadata[] = {"tp_toolkit.step", step, "tp_toolkit.source_layout", source_layout, NULL};
+    const char *h5_metadata[] = {"format", "tp-toolkit merged weights", "model", state->model_json, "step", step,
+                                 "source_layout", source_layout, NULL};
+    if (options.format == EXPORT_HDF5) {
+        /* Every parameter under its own name: no model knowledge needed. */
+        all = calloc((size_t)ckpt_reader_num_tensors(r) + 1, sizeof *all);
+        for (int i = 0; all && i < ckpt_reader_num_tensors(r); i++) {
+            const ckpt_tensor_desc *t = ckpt_reader_tensor(r, i);
+            if (strcmp(t->role, "param") == 0) all[count++] = (export_tensor){t->name, t->name, 0};
+        }
+        tensors = all;
+        options.metadata = h5_metadata;
+        if (!all) code = fail("out of memory");
+    } else if (gpt_config_from_json(state->model_json, &config, err, sizeof err)) {
+        code = fail("%s: %s", ckpt_reader_path(r), err);
+    } else if (gpt_name_map_create(&map, &config, options.format, "transformer.", err, sizeof err)) {
+        code = fail("%s: %s", ckpt_reader_path(r), err);
+    } else {
+        tensors = map.tensors;
+        count = map.count;
+        if (options.format == EXPORT_SAFETENSORS) {
+            options.metadata = st_metadata;
+            options.config_json = config_json =
+                gpt_hf_config_json(&config, options.dtype >= 0 ? (ckpt_dtype)options.dtype : config.dtype);
+        } else if (gpt_gguf_metadata_create(&gguf, &config, name, tokenizer, err, sizeof err)) {
+            code = fail("%s", err);
+        } else {
+            options.kvs = gpt_gguf_metadata_kvs(gguf, &options.num_kvs);
+        }
+    }
+    if (!code) {
+        int64_t total = 0;
+        for (int i = 0; i < count; i++) {
+            const ckpt_tensor_desc *t = ckpt_reader_tensor(r, ckpt_reader_find(r, tensors[i].source));
+            int64_t n = t ? (int64_t)ckpt_dtype_size(options.dtype >= 0 ? (ckpt_dtype)options.dtype : t->dtype) : 0;
+            for (int d = 0; t && d < t->ndim; d++) n *= t->shape[d];
+            total += n;
+        }
+        progress bar;
+        progress_start(&bar, "export", total, force_progress);
+        options.on_bytes = count_bytes;
+        options.progress_ctx = &bar;
+        export_summary summary;
+        int status = export_run(r, tensors, count, &options, out, &summary);
+        double seconds = progress_finish(&bar);
+        if (status) {
+            code = fail("%s", reshard_errmsg());
+        } else {
+            char size[32];
+            format_bytes((double)summary.tensor_bytes, size, sizeof size);
+            printf("exported %s (step %lld, %s) to %s: %d tensors in %d file%s, %s in %.2f s (%.0f MB/s)\n",
+                   ckpt_reader_path(r), (long long)state->step, source_layout, out, summary.tensors, summary.files,
+                   summary.files == 1 ? "" : "s", size, seconds,
+                   seconds > 0 ? (double)summary.tensor_bytes / seconds / 1e6 : 0.0);
+        }
+    }
+    cJSON_free(config_json);
+    gpt_gguf_metadata_free(gguf);
+    gpt_name_map_free(&map);
+    free(all);
+    ckpt_reader_close(r);
+    return code;
+}
+
+/* ----------------------------------------------------------------- import */
+
+static const char *import_usage =
+    "usage: tp-ckpt import DIR -o CKPT --tp T --pp P [options]\n"
+    "Writes a Hugging Face GPT-2 (DIR: config.json and model.safetensors, or shards with\n"
+    "model.safetensors.index.json) as a sharded checkpoint at layout tpTppP, weights only,\n"
+    "step 0: tp-train --resume starts from it (name it RUN/step_00000000).\n"
+    "\n"
+    "  --dtype fp32|bf16|fp16   dtype of the parameters (default fp32, what tp-train trains in)\n"
+    "  --vocab-pad-multiple N   pad the vocabulary to a multiple of tp x N (default 1)\n"
+    "  --threads N              worker threads (default: all cores)\n"
+    "  --compress zstd[:L]|none output compression (default none)\n"
+    "  --force                  replace an existing checkpoint\n"
+    "  --progress               show progress even when stderr is not a terminal\n"
+    "Every tensor is checked (presence, dtype, shape, the file's own rules) before\n"
+    "anything is written; nothing appears at CKPT unless the import completes.\n";
+
+/* Entries of a GPT-2 file that are not parameters of the model: attention
+ * masks older transformers saved as buffers, and a tied output head. */
+static int ignorable(const char *name, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n) != 0) return 0;
+    long long layer;
+    int end = 0;
+    if (sscanf(name + n, "h.%lld.attn.bias%n", &layer, &end) == 1 && name[n + (size_t)end] == '\0') return 1;
+    end = 0;
+    return sscanf(name + n, "h.%lld.attn.masked_bias%n", &layer, &end) == 1 && name[n + (size_t)end] == '\0';
+}
+
+static int cmd_import(int argc, char **argv)
+{
+    import_options options;
+    import_options_init(&options);
+    const char *out = NULL;
+    int64_t tp = 0, pp = 0, pad = 1;
+    int force_progress = 0;
+    ckpt_dtype dtype = CKPT_FP32;
+    enum { O_TP = 256, O_PP, O_DTYPE, O_PAD, O_THREADS, O_COMPRESS, O_FORCE, O_PROGRESS };
+    static const struct option long_options[] = {
+        {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP},
+        {"dtype", required_argument, 0, O_DTYPE}, {"vocab-pad-multiple", required_argument, 0, O_PAD},
+        {"threads", required_argument, 0, O_THREADS}, {"compress", required_argument, 0, O_COMPRESS},
+        {"force", no_argument, 0, O_FORCE}, {"progress", no_argument, 0, O_PROGRESS},
+        {"output", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case O_TP: tp = parse_int_option("--tp", optarg, 1, 4096); break;
+        case O_PP: pp = parse_int_option("--pp", optarg, 1, 4096); break;
+        case O_DTYPE:
+            if (ckpt_dtype_parse(optarg, &dtype)) die_usage("--dtype: %s", ckpt_errmsg());
+            break;
+        case O_PAD: pad = parse_int_option("--vocab-pad-multiple", optarg, 1, 1 << 20); break;
+        case O_THREADS: options.threads = (int)parse_int_option("--threads", optarg, 1, 1024); break;
+        case O_COMPRESS: options.compress_level = parse_compress(optarg); break;
+        case O_FORCE: options.overwrite = 1; break;
+        case O_PROGRESS: force_progress = 1; break;
+        case 'h': fputs(import_usage, stdout); return 0;
+        default: die_usage("import: unknown option or missing value: '%s'", cli_rejected_option(argv));
+        }
+    }
+    if (optind != argc - 1) die_usage("import takes one Hugging Face directory");
+    if (!out || !tp || !pp) die_usage("import needs -o CKPT, --tp and --pp");
+    const char *dir = argv[optind];
+    char path[4200], err[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return fail("%s: cannot open: %s (import reads a Hugging Face GPT-2 directory)", path, strerror(errno));
+    char *text = NULL;
+    size_t size = 0;
+    FILE *mem = open_memstream(&text, &size);
+    char chunk[65536];
+    size_t got;
+    while (mem && (got = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, got, mem);
+    fclose(f);
+    if (mem) fclose(mem);
+    gpt_config config;
+    if (!text) return fail("out of memory");
+    int parsed = gpt_hf_config_parse(text, path, &config, err, sizeof err);
+    free(text);
+    if (parsed) return fail("%s", err);
+    config.dtype = dtype;
+    config.vocab_pad_multiple = pad;
+    if (gpt_config_check(&config, (int)tp, (int)pp, err, sizeof err)) return fail("%s: %s", path, err);
+
+    safetensors_set *set = NULL;
+    if (safetensors_open(&set, dir)) return fail("%s", reshard_errmsg());
+    /* GPT2LMHeadModel saves under "transformer.", GPT2Model (and the hub's gpt2) without. */
+    const char *prefix = safetensors_find(set, "transformer.wte.weight") ? "transformer." : "";
+    gpt_name_map map = {0};
+    gpt_tensor *catalog = NULL;
+    int count = 0, code = 0;
+    if (gpt_name_map_create(&map, &config, EXPORT_SAFETENSORS, prefix, err, sizeof err))
+        code = fail("%s", err);
+    else if (gpt_catalog(&config, 0, &catalog, &count) || count != map.count)
+        code = fail("out of memory");
+    for (int i = 0; i < safetensors_count(set) && !code; i++) {
+        const char *name = safetensors_tensor(set, i)->name;
+        int known = ignorable(name, prefix);
+        for (int k = 0; k < map.count && !known; k++) known = strcmp(map.tensors[k].name, name) == 0;
+        if (!known && strcmp(name, "lm_head.weight") == 0) {
+            /* Tied to the token embedding, or not GPT-2 as tp-train computes it. */
+            char wte[64];
+            snprintf(wte, sizeof wte, "%swte.weight", prefix);
+            int equal = 0;
+            if (safetensors_equal(set, name, wte, &equal)) code = fail("%s", reshard_errmsg());
+            else if (!equal)
+                code = fail("%s: lm_head.weight differs from %s: an untied output head cannot be expressed", dir, wte);
+            known = 1;
+        }
+        if (!known && !code)
+            code = fail("%s: unexpected tensor %s (not a parameter of GPT-2 with %lld layers)",
+                        safetensors_tensor(set, i)->file, name, (long long)config.layers);
+    }
+    ckpt_tensor_desc *descs = code ? NULL : calloc((size_t)count + 1, sizeof *descs);
+    if (!code && !descs) code = fail("out of memory");
+    if (!code) {
+        int64_t total = 0;
+        for (int i = 0; i < count; i++) {
+            descs[i] = catalog[i].desc;
+            int64_t padded[CKPT_MAX_DIMS], n = (int64_t)ckpt_dtype_size(dtype);
+            ckpt_padded_shape(&descs[i], (int)tp, padded);
+            for (int d = 0; d < descs[i].ndim; d++) n *= padded[d];
+            total += n;
+        }
+        char *model_json = gpt_config_to_json(&config), user[4400];
+        cJSON *source = cJSON_CreateString(dir);
+        char *quoted = cJSON_PrintUnformatted(source);
+        snprintf(user, sizeof user, "{\"imported_from\":%s,\"format\":\"huggingface-gpt2\"}", quoted ? quoted : "\"\"");
+        cJSON_free(quoted);
+        cJSON_Delete(source);
+        ckpt_train_state state = {0, 0, model_json, NULL, NULL, user};
+        ckpt_layout layout = {(int)tp, (int)pp, 1, config.layers};
+        const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+        options.update_latest = strncmp(base, "step_", 5) == 0;
+        progress bar;
+        progress_start(&bar, "import", total, force_progress);
+        options.on_bytes = count_bytes;
+        options.progress_ctx = &bar;
+        int status = import_run(set, descs, map.tensors, count, &layout, &state, &options, out);
+        double seconds = progress_finish(&bar);
+        if (status) code = fail("%s", reshard_errmsg());
+        else {
+            char bytes[32];
+            format_bytes((double)total, bytes, sizeof bytes);
+            printf("imported %s to %s: %d tensors at tp=%lld pp=%lld, %s in %.2f s\n", dir, out, count, (long long)tp,
+                   (long long)pp, bytes, seconds);
+        }
+        cJSON_free(model_json);
+    }
+    free(descs);
+    free(catalog);
+    gpt_name_map_free(&map);
+    safetensors_close(set);
+    return code;
+}
+
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
@@ -595,6 +919,8 @@ int main(int argc, char **argv)
     if (strcmp(command, "verify") == 0) return cmd_verify(argc, argv);
     if (strcmp(command, "diff") == 0) return cmd_diff(argc, argv);
     if (strcmp(command, "synth") == 0) return cmd_synth(argc, argv);
+    if (strcmp(command, "export") == 0) return cmd_export(argc, argv);
+    if (strcmp(command, "import") == 0) return cmd_import(argc, argv);
     die_usage("unknown command '%s'", command);
     return 2;
 }

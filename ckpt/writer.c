@@ -152,17 +152,25 @@ static int check_destination(const char *path, const ckpt_write_options *options
     return CKPT_OK;
 }
 
-int ckpt_stage_prepare(const char *path, const ckpt_write_options *options)
+int ckpt_output_stage(const char *path, int overwrite, int directory, char *staging, size_t staging_size)
 {
     int status = ckpt_library_init();
     if (status) return status;
-    status = check_destination(path, options);
-    char staging[CKPT_PATH_MAX];
-    if (!status) status = ckpt_staging_path(path, staging, sizeof staging);
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    options.overwrite = overwrite;
+    status = check_destination(path, &options);
+    if (!status) status = ckpt_staging_path(path, staging, staging_size);
     if (!status) status = ckpt_remove_tree(staging);
-    if (!status && mkdir(staging, 0755) != 0)
+    if (!status && directory && mkdir(staging, 0755) != 0)
         status = ckpt_fail(CKPT_ERR_IO, "%s: cannot create: %s", staging, strerror(errno));
     return status;
+}
+
+int ckpt_stage_prepare(const char *path, const ckpt_write_options *options)
+{
+    char staging[CKPT_PATH_MAX];
+    return ckpt_output_stage(path, options->overwrite, 1, staging, sizeof staging);
 }
 
 int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *layout,

@@ -413,7 +413,7 @@ static int read_view(ckpt_reader *r, const char *name, const ckpt_tensor_desc *d
     return 0;
 }
 
-static int load_one(gpt_model *m, const char *path, load_result *out, char *message, size_t size)
+static int load_one(gpt_model *m, const char *path, int with_optimizer, load_result *out, char *message, size_t size)
 {
     ckpt_reader *r = NULL;
     if (ckpt_reader_open(&r, path, NULL) != CKPT_OK) return snprintf(message, size, "%s", ckpt_errmsg()), -1;
@@ -447,7 +447,8 @@ static int load_one(gpt_model *m, const char *path, load_result *out, char *mess
         }
         float *moments[2] = {v->m, v->v};
         const char *roles[2] = {"exp_avg", "exp_avg_sq"};
-        for (int k = 0; k < 2 && !status; k++) {
+        missing_optimizer |= !with_optimizer;
+        for (int k = 0; k < 2 && !status && with_optimizer; k++) {
             snprintf(optim, sizeof optim, "optim/%s/%s", roles[k], base);
             got = read_view(r, optim, &v->spec->desc, m->comm->tp, v->piece, moments[k], v->numel, message, size);
             if (got < 0) status = -1;
@@ -467,7 +468,7 @@ static int load_one(gpt_model *m, const char *path, load_result *out, char *mess
     return status;
 }
 
-int checkpoint_load(gpt_model *m, const char *dir, load_result *out, char *err, size_t err_size)
+int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, load_result *out, char *err, size_t err_size)
 {
     comm *c = m->comm;
     candidate *list = NULL;
@@ -480,7 +481,7 @@ int checkpoint_load(gpt_model *m, const char *dir, load_result *out, char *err, 
     }
     for (int k = 0; k < n; k++) {
         char message[8192] = ""; /* a path (up to 4096) and why */
-        int failed = load_one(m, list[k].path, out, message, sizeof message) != 0;
+        int failed = load_one(m, list[k].path, with_optimizer, out, message, sizeof message) != 0;
         /* The lowest failing rank tells everyone why. */
         int flag = failed ? c->world - c->rank : 0;
         if (c->ops->max_ints(c, GROUP_WORLD, &flag, 1)) break;
@@ -505,4 +506,17 @@ int checkpoint_load(gpt_model *m, const char *dir, load_result *out, char *err, 
     }
     free(list);
     return -1;
+}
+
+int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, size_t resolved_size, char *err,
+                            size_t err_size)
+{
+    ckpt_reader *r = NULL;
+    if (ckpt_reader_open(&r, path, NULL) != CKPT_OK) return snprintf(err, err_size, "%s", ckpt_errmsg()), -1;
+    char why[256];
+    int status = gpt_config_from_json(ckpt_reader_state(r)->model_json, out, why, sizeof why);
+    if (status) snprintf(err, err_size, "%s: %s", ckpt_reader_path(r), why);
+    else snprintf(resolved, resolved_size, "%s", ckpt_reader_path(r));
+    ckpt_reader_close(r);
+    return status;
 }

@@ -61,7 +61,14 @@ typedef struct {
 /* Loads the newest intact checkpoint under dir (a run directory or a
  * checkpoint): every rank reads its pieces, verifying their checksums; if any
  * rank finds damage, all fall back to the next older one and rank 0 says so.
+ * Without with_optimizer only the parameters are read (evaluation).
  * Collective. Returns 0, or -1 with a message when none is usable. */
-int checkpoint_load(gpt_model *model, const char *dir, load_result *out, char *err, size_t err_size);
+int checkpoint_load(gpt_model *model, const char *dir, int with_optimizer, load_result *out, char *err,
+                    size_t err_size);
+
+/* The model configuration of the checkpoint a path names (as ckpt_resolve
+ * finds it), with its resolved path; for building a model to load it into. */
+int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, size_t resolved_size, char *err,
+                            size_t err_size);
 
 #endif

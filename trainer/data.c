@@ -119,6 +119,24 @@ int64_t dataset_tokens(const dataset *d)
     return d->total;
 }
 
+int dataset_read_tokens(const dataset *d, int64_t first, int64_t count, int *tokens)
+{
+    if (first < 0 || count < 0 || first + count > d->total) return -1;
+    for (int i = 0; i < d->num_files && count > 0; i++) {
+        const token_file *f = &d->files[i];
+        if (first >= f->count) {
+            first -= f->count;
+            continue;
+        }
+        int64_t n = f->count - first < count ? f->count - first : count;
+        for (int64_t t = 0; t < n; t++) tokens[t] = f->tokens[first + t];
+        tokens += n;
+        count -= n;
+        first = 0;
+    }
+    return 0;
+}
+
 void dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens)
 {
     uint64_t z = splitmix64(d->seed ^ splitmix64((uint64_t)index));

@@ -24,6 +24,11 @@ void dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens);
 /* Tokens in the files (0 for the synthetic dataset). */
 int64_t dataset_tokens(const dataset *d);
 
+/* Tokens [first, first + count) of the files read as one stream, in the
+ * glob's order (for evaluation windows). Returns 0, or -1 when the range
+ * is not inside the stream (or the dataset is synthetic). */
+int dataset_read_tokens(const dataset *d, int64_t first, int64_t count, int *tokens);
+
 /* Expected loss (nats per token) of a perfect model: the synthetic data's
  * entropy rate; -1 for files. */
 double dataset_loss_floor(const dataset *d);

@@ -313,10 +313,20 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
     TRY(c->ops->sum_floats(c, GROUP_TP, s->row_sum, N));
     crossentropy_target_logit(s->target_logit, s->logits, s->targets, N, V, m->vocab_first);
     TRY(c->ops->sum_floats(c, GROUP_TP, s->target_logit, N));
-    double loss = 0;
-    for (int64_t n = 0; n < N; n++) loss += (double)(logf(s->row_sum[n]) + s->row_max[n] - s->target_logit[n]);
-    s->loss_sum = loss;
+    s->loss_sum = gpt_slot_loss(s, N);
     return 0;
+}
+
+double gpt_slot_loss(const gpt_slot *s, int64_t rows)
+{
+    double loss = 0;
+    for (int64_t n = 0; n < rows; n++) loss += (double)(logf(s->row_sum[n]) + s->row_max[n] - s->target_logit[n]);
+    return loss;
+}
+
+const float *gpt_model_output(const gpt_model *m, const gpt_slot *s)
+{
+    return m->num_layers ? s->res2 + (m->num_layers - 1) * m->B * m->T * m->D : s->input;
 }
 
 int gpt_model_forward(gpt_model *m, gpt_slot *s)

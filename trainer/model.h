@@ -72,10 +72,17 @@ void gpt_model_zero_grads(gpt_model *model);
  * scale for backward is loss_scale (1 / tokens in the global batch). */
 int gpt_model_forward(gpt_model *model, gpt_slot *slot);
 
+/* This stage's output [B*T, D] after a forward: what the next stage receives. */
+const float *gpt_model_output(const gpt_model *model, const gpt_slot *slot);
+
 /* Backward of a slot; d_output is the gradient of this stage's output
  * [B*T, D] (unused on the last stage); on return d_input holds the gradient
  * of its input (unused on the first stage). */
 int gpt_model_backward(gpt_model *model, gpt_slot *slot, const float *d_output, float *d_input, float loss_scale);
+
+/* Sum of the token losses (nats) of rows [0, rows) of a slot after its
+ * forward on the last stage; the forward's loss_sum is that of all rows. */
+double gpt_slot_loss(const gpt_slot *slot, int64_t rows);
 
 /* Index of a parameter by global name, or -1. */
 int gpt_model_find(const gpt_model *model, const char *name);

@@ -10,6 +10,7 @@
 #include "../common/cli.h"
 #include "comm.h"
 #include "data.h"
+#include "evaluate.h"
 #include "train.h"
 
 #define die_usage(...) cli_usage_error("tp-train", __VA_ARGS__)
@@ -18,6 +19,8 @@
 static const char *usage_text =
     "usage: mpirun -np N tp-train [options]      train (N = tp x pp x dp)\n"
     "       tp-train prepare TEXT -o FILE        turn text into a token file (byte vocabulary, 256)\n"
+    "       [mpirun -np N] tp-train eval --ckpt CKPT --data FILE [options]   loss on token windows\n"
+    "       tp-train generate --ckpt CKPT --prompt TEXT [options]            sample text\n"
     "\n"
     "model:     --model tiny|small|gpt2-124m, or --layers L --dim D --heads H --vocab V --seq S [--ffn F]\n"
     "           [--vocab-pad-multiple N]  (GPT-2: pre-LayerNorm, GELU, tied output; fp32)\n"
@@ -30,7 +33,8 @@ static const char *usage_text =
     "           written asynchronously; SIGTERM or SIGUSR1 (or --stop-at): finish the step,\n"
     "           checkpoint, exit 0. --resume continues from the newest intact checkpoint, at any layout\n"
     "output:    --log FILE (JSON lines: step, loss, lr, grad_norm, tokens_per_s) --quiet\n"
-    "other:     --threads N (matrix-product threads per rank, 1)\n";
+    "other:     --threads N (matrix-product threads per rank, 1)\n"
+    "Run `tp-train eval --help` or `tp-train generate --help` for theirs.\n";
 
 static int64_t int_option(const char *name, const char *text, int64_t min, int64_t max)
 {
@@ -75,10 +79,125 @@ static int prepare(int argc, char **argv)
     return 0;
 }
 
+static const char *eval_usage =
+    "usage: [mpirun -np N] tp-train eval --ckpt CKPT --data FILE [options]\n"
+    "Mean cross-entropy of a checkpoint over the first N non-overlapping windows of the\n"
+    "token files (read as one stream): window i has inputs tokens[i*T, i*T+T) and\n"
+    "targets tokens[i*T+1, i*T+T+1). Any layout: N ranks = tp x pp x dp.\n"
+    "\n"
+    "  --ckpt CKPT          checkpoint, or run directory (its newest intact checkpoint)\n"
+    "  --data FILE|GLOB     token files (docs/DATA.md)\n"
+    "  --windows N          windows to evaluate (default: every whole window)\n"
+    "  --seq T              window length (default: the model's context length)\n"
+    "  --tp T --pp P --dp D layout (default tp 1, pp 1, dp = ranks / (tp x pp))\n"
+    "  --micro-batch B      windows per forward pass (4)\n"
+    "  --threads N          matrix-product threads per rank (1)\n"
+    "  --json               print {\"loss\", \"windows\", \"tokens\", \"seq\", \"step\"}\n";
+
+static int eval_command(int argc, char **argv)
+{
+    eval_options o;
+    eval_options_init(&o);
+    int64_t tp = 1, pp = 1, dp = 0;
+    int json = 0;
+    enum { O_CKPT = 256, O_DATA, O_WINDOWS, O_SEQ, O_TP, O_PP, O_DP, O_MB, O_THREADS, O_JSON };
+    static const struct option options[] = {
+        {"ckpt", required_argument, 0, O_CKPT}, {"data", required_argument, 0, O_DATA},
+        {"windows", required_argument, 0, O_WINDOWS}, {"seq", required_argument, 0, O_SEQ},
+        {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP}, {"dp", required_argument, 0, O_DP},
+        {"micro-batch", required_argument, 0, O_MB}, {"threads", required_argument, 0, O_THREADS},
+        {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (c) {
+        case O_CKPT: o.ckpt = optarg; break;
+        case O_DATA: o.data = optarg; break;
+        case O_WINDOWS: o.windows = int_option("--windows", optarg, 1, (int64_t)1 << 40); break;
+        case O_SEQ: o.seq = int_option("--seq", optarg, 1, (int64_t)1 << 31); break;
+        case O_TP: tp = int_option("--tp", optarg, 1, 4096); break;
+        case O_PP: pp = int_option("--pp", optarg, 1, 4096); break;
+        case O_DP: dp = int_option("--dp", optarg, 1, 1 << 20); break;
+        case O_MB: o.micro_batch = int_option("--micro-batch", optarg, 1, 1 << 20); break;
+        case O_THREADS: o.threads = (int)int_option("--threads", optarg, 1, 1024); break;
+        case O_JSON: json = 1; break;
+        case 'h': fputs(eval_usage, stdout); return 0;
+        default: die_usage("eval: unknown option or missing value: '%s'", cli_rejected_option(argv));
+        }
+    }
+    if (optind != argc) die_usage("eval: unexpected argument '%s'", argv[optind]);
+    if (!o.ckpt || !o.data) die_usage("eval needs --ckpt CKPT and --data FILE");
+    int world = comm_mpi_world_size(&argc, &argv);
+    if (!dp) dp = world / (tp * pp) > 0 ? world / (tp * pp) : 1;
+    char err[8192];
+    comm *cm = NULL;
+    if (comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp, err, sizeof err)) {
+        int code = comm_mpi_rank() == 0 ? fail("%s", err) : 1;
+        comm_mpi_finalize();
+        return code;
+    }
+    eval_result result;
+    int status = eval_run(&o, cm, &result, err, sizeof err);
+    if (cm->rank == 0) {
+        if (status) fail("%s", err);
+        else if (json)
+            printf("{\"loss\": %.9g, \"windows\": %lld, \"tokens\": %lld, \"seq\": %lld, \"step\": %lld}\n",
+                   result.loss, (long long)result.windows, (long long)result.tokens, (long long)result.seq,
+                   (long long)result.step);
+        else
+            printf("loss %.6f (%.4f bits per token) over %lld windows of %lld tokens: %s, step %lld, tp=%d pp=%d dp=%d\n",
+                   result.loss, result.loss / 0.6931471805599453, (long long)result.windows, (long long)result.seq,
+                   result.path, (long long)result.step, cm->tp, cm->pp, cm->dp);
+    }
+    cm->ops->free(cm);
+    return status ? 1 : 0;
+}
+
+static const char *generate_usage =
+    "usage: tp-train generate --ckpt CKPT --prompt TEXT [options]\n"
+    "Continues TEXT with the model of a checkpoint (any layout; one process), using the\n"
+    "byte-level vocabulary: each byte is a token. Tokens beyond the 256 bytes print as <|id|>.\n"
+    "\n"
+    "  --tokens N           tokens to generate (200)\n"
+    "  --temperature X      sampling temperature; 0 picks the most likely token (0.8)\n"
+    "  --seed N             random seed of the sampling (1337)\n"
+    "  --threads N          matrix-product threads (1)\n";
+
+static int generate_command(int argc, char **argv)
+{
+    generate_options o;
+    generate_options_init(&o);
+    enum { O_CKPT = 256, O_PROMPT, O_TOKENS, O_TEMPERATURE, O_SEED, O_THREADS };
+    static const struct option options[] = {
+        {"ckpt", required_argument, 0, O_CKPT}, {"prompt", required_argument, 0, O_PROMPT},
+        {"tokens", required_argument, 0, O_TOKENS}, {"temperature", required_argument, 0, O_TEMPERATURE},
+        {"seed", required_argument, 0, O_SEED}, {"threads", required_argument, 0, O_THREADS},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (c) {
+        case O_CKPT: o.ckpt = optarg; break;
+        case O_PROMPT: o.prompt = optarg; break;
+        case O_TOKENS: o.tokens = int_option("--tokens", optarg, 0, (int64_t)1 << 30); break;
+        case O_TEMPERATURE: o.temperature = double_option("--temperature", optarg); break;
+        case O_SEED: o.seed = (uint64_t)int_option("--seed", optarg, 0, INT64_MAX); break;
+        case O_THREADS: o.threads = (int)int_option("--threads", optarg, 1, 1024); break;
+        case 'h': fputs(generate_usage, stdout); return 0;
+        default: die_usage("generate: unknown option or missing value: '%s'", cli_rejected_option(argv));
+        }
+    }
+    if (optind != argc) die_usage("generate: unexpected argument '%s'", argv[optind]);
+    if (!o.ckpt || !o.prompt) die_usage("generate needs --ckpt CKPT and --prompt TEXT");
+    char err[8192];
+    if (generate_run(&o, stdout, err, sizeof err)) return fail("%s", err);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
     if (argc > 1 && strcmp(argv[1], "prepare") == 0) return prepare(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_command(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "generate") == 0) return generate_command(argc - 1, argv + 1);
     int first = argc > 1 && strcmp(argv[1], "train") == 0 ? 2 : 1;
     train_options o;
     train_options_init(&o);

@@ -101,11 +101,6 @@ static void load_micro_batch(trainer *t, gpt_slot *slot, int64_t k)
     }
 }
 
-static const float *stage_output(const gpt_model *m, const gpt_slot *s)
-{
-    return m->num_layers ? s->res2 + (m->num_layers - 1) * m->B * m->T * m->D : s->input;
-}
-
 static int forward_micro_batch(trainer *t, int64_t k)
 {
     gpt_model *m = t->model;
@@ -116,7 +111,7 @@ static int forward_micro_batch(trainer *t, int64_t k)
     load_micro_batch(t, s, k);
     if (!m->is_first && c->ops->recv_prev(c, s->input, n, (int)k)) return FAIL(t, "%s", c->error);
     if (gpt_model_forward(m, s)) return FAIL(t, "%s", c->error);
-    if (!m->is_last && c->ops->send_next(c, stage_output(m, s), n, (int)k)) return FAIL(t, "%s", c->error);
+    if (!m->is_last && c->ops->send_next(c, gpt_model_output(m, s), n, (int)k)) return FAIL(t, "%s", c->error);
     return 0;
 }
 
@@ -382,7 +377,7 @@ int train_run(const train_options *o, comm *c)
         struct stat st;
         if (stat(o->ckpt_dir, &st) == 0) {
             load_result loaded;
-            if (checkpoint_load(t.model, o->ckpt_dir, &loaded, t.err, sizeof t.err)) {
+            if (checkpoint_load(t.model, o->ckpt_dir, 1, &loaded, t.err, sizeof t.err)) {
                 if (c->rank == 0) fprintf(stderr, "tp-train: error: %s\n", t.err);
                 status = -1;
                 goto done;

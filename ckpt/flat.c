@@ -1,0 +1,129 @@
+/* flat.c: a plain HDF5 file of whole tensors (docs/FORMAT.md "Merged HDF5
+ * files"). Datasets are contiguous and allocated when created, so their data
+ * goes in by positioned writes at the offset HDF5 reports, from any thread,
+ * outside HDF5's global lock, as the shard writer does. Object times are not
+ * recorded, so equal contents give equal files. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+struct ckpt_flat_file {
+    char path[CKPT_PATH_MAX];  /* final name */
+    char temp[CKPT_PATH_MAX];  /* written here, renamed on commit */
+    int overwrite;
+    hid_t file;
+    int fd;
+};
+
+void ckpt_flat_abort(ckpt_flat_file *f)
+{
+    if (!f) return;
+    if (f->file >= 0) H5Fclose(f->file);
+    if (f->fd >= 0) close(f->fd);
+    ckpt_output_discard(f->temp);
+    free(f);
+}
+
+int ckpt_flat_create(ckpt_flat_file **out, const char *path, int overwrite)
+{
+    *out = NULL;
+    ckpt_flat_file *f = calloc(1, sizeof *f);
+    if (!f) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    f->file = -1;
+    f->fd = -1;
+    f->overwrite = overwrite;
+    int status = ckpt_output_stage(path, overwrite, 0, f->temp, sizeof f->temp);
+    if (status) {
+        free(f);
+        return status;
+    }
+    snprintf(f->path, sizeof f->path, "%s", path);
+    hid_t fapl = ckpt_h5_file_access(), fcpl = H5Pcreate(H5P_FILE_CREATE);
+    if (fapl >= 0 && fcpl >= 0 && H5Pset_obj_track_times(fcpl, 0) >= 0)
+        f->file = H5Fcreate(f->temp, H5F_ACC_TRUNC, fcpl, fapl);
+    if (fapl >= 0) H5Pclose(fapl);
+    if (fcpl >= 0) H5Pclose(fcpl);
+    if (f->file < 0) status = ckpt_fail_hdf5("%s: cannot create", f->temp);
+    if (!status && (f->fd = open(f->temp, O_WRONLY | O_CLOEXEC)) < 0)
+        status = ckpt_fail(CKPT_ERR_IO, "%s: cannot open for writing: %s", f->temp, strerror(errno));
+    if (status) {
+        ckpt_flat_abort(f);
+        return status;
+    }
+    *out = f;
+    return CKPT_OK;
+}
+
+int ckpt_flat_add(ckpt_flat_file *f, const char *name, ckpt_dtype dtype, int ndim, const int64_t *shape,
+                  int64_t *offset_out)
+{
+    if (ndim < 1 || ndim > CKPT_MAX_DIMS) return ckpt_fail(CKPT_ERR_ARG, "%s: %d dimensions", name, ndim);
+    hsize_t dims[CKPT_MAX_DIMS];
+    for (int d = 0; d < ndim; d++) dims[d] = (hsize_t)shape[d];
+    char dset_path[CKPT_NAME_MAX + 2];
+    snprintf(dset_path, sizeof dset_path, "/%s", name);
+    hid_t type = ckpt_h5_type(dtype), space = H5Screate_simple(ndim, dims, NULL);
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE), dcpl = H5Pcreate(H5P_DATASET_CREATE), gcpl = H5Pcreate(H5P_GROUP_CREATE);
+    hid_t dset = -1;
+    int ok = type >= 0 && space >= 0 && lcpl >= 0 && dcpl >= 0 && gcpl >= 0 && H5Pset_obj_track_times(gcpl, 0) >= 0 &&
+             H5Pset_obj_track_times(dcpl, 0) >= 0 &&
+             H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 && H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
+             H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0;
+    /* The groups on the way, made here so that they record no times either. */
+    for (char *slash = strchr(dset_path + 1, '/'); ok && slash; slash = strchr(slash + 1, '/')) {
+        *slash = '\0';
+        htri_t exists = H5Lexists(f->file, dset_path, H5P_DEFAULT);
+        if (exists == 0) {
+            hid_t group = H5Gcreate2(f->file, dset_path, H5P_DEFAULT, gcpl, H5P_DEFAULT);
+            ok = group >= 0;
+            if (ok) H5Gclose(group);
+        }
+        ok = ok && exists >= 0;
+        *slash = '/';
+    }
+    if (ok) dset = H5Dcreate2(f->file, dset_path, type, space, lcpl, dcpl, H5P_DEFAULT);
+    int status = CKPT_OK;
+    if (!ok || dset < 0) status = ckpt_fail_hdf5("%s: cannot create dataset %s", f->path, name);
+    if (!status) {
+        haddr_t offset = H5Dget_offset(dset);
+        if (offset == HADDR_UNDEF) status = ckpt_fail_hdf5("%s: dataset %s has no file offset", f->path, name);
+        else *offset_out = (int64_t)offset;
+    }
+    if (dset >= 0) H5Dclose(dset);
+    if (gcpl >= 0) H5Pclose(gcpl);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (lcpl >= 0) H5Pclose(lcpl);
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    return status;
+}
+
+int ckpt_flat_attribute(ckpt_flat_file *f, const char *name, const char *value)
+{
+    int status = ckpt_h5_write_string(f->file, name, value);
+    return status ? ckpt_fail_context(status, "%s", f->path) : CKPT_OK;
+}
+
+int ckpt_flat_write(ckpt_flat_file *f, int64_t offset, const void *data, size_t bytes)
+{
+    return ckpt_write_all_at(f->fd, data, bytes, offset, f->temp);
+}
+
+int ckpt_flat_commit(ckpt_flat_file *f)
+{
+    int status = H5Fclose(f->file) < 0 ? ckpt_fail_hdf5("%s: cannot close", f->temp) : CKPT_OK;
+    f->file = -1;
+    if (!status) status = ckpt_output_publish(f->temp, f->path, f->overwrite);
+    if (status) {
+        ckpt_flat_abort(f);
+        return status;
+    }
+    close(f->fd);
+    free(f);
+    return CKPT_OK;
+}

@@ -1,0 +1,592 @@
+/* export.c: merged tensors into safetensors, GGUF and plain HDF5 files.
+ *
+ * Every format comes down to a header and each tensor's bytes at a known
+ * offset of a known file, so export is in two phases: lay out the files
+ * (headers written, sizes fixed, every tensor given its file and offset),
+ * then stream the data. Streaming cuts each output tensor into bands of
+ * output rows sized from the memory limit; a band is read from the
+ * checkpoint as a region of the logical tensor (whole verified checksum
+ * blocks), converted and, for transposed tensors, transposed by strided
+ * moves (kernels.h), then written at its offset. Bands of all tensors run on
+ * a pool of threads, each with buffers of its own. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/memory.h"
+#include "../common/parallel.h"
+#include "export.h"
+#include "internal.h"
+
+#define BAND_TARGET_BYTES ((int64_t)8 << 20) /* untransposed bands: enough to keep the disk busy */
+#define GGUF_ALIGNMENT 32                    /* llama.cpp's default general.alignment */
+#define GGUF_MAX_NAME 63                     /* llama.cpp refuses names of GGML_MAX_NAME (64) bytes or more */
+
+int export_format_parse(const char *text, export_format *out)
+{
+    static const char *const names[] = {"safetensors", "gguf", "hdf5"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(text, names[i]) == 0) return *out = (export_format)i, CKPT_OK;
+    return reshard_fail(CKPT_ERR_ARG, "unknown format '%s': expected safetensors, gguf or hdf5", text);
+}
+
+void export_options_init(export_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->dtype = -1;
+}
+
+typedef struct {
+    int source;                     /* index in the reader */
+    const export_tensor *spec;
+    ckpt_dtype in, out;             /* stored and written dtypes */
+    int ndim;
+    int64_t shape[CKPT_MAX_DIMS];   /* as written (transposed when asked) */
+    int64_t rows, row_elements;     /* shape[0] and the elements of one row */
+    int64_t bytes;
+    int64_t band_rows;
+    int file;
+    int64_t offset;                 /* of its data in that file */
+} out_tensor;
+
+typedef struct {
+    int tensor;
+    int64_t row0, row1;
+} band;
+
+typedef struct {
+    void *staging, *output;
+    strided_move *moves;
+} worker_buffers;
+
+typedef struct {
+    ckpt_reader *source;
+    const export_options *o;
+    out_tensor *tensors;
+    int count;
+    band *bands;
+    int64_t num_bands;
+    int threads;
+    int64_t staging_bytes, output_bytes, max_moves; /* per thread */
+    worker_buffers *buffers;
+    /* Files: num_files descriptors under staging (safetensors, GGUF), or the HDF5 file. */
+    char staging[4096]; /* what ckpt_output_stage needs */
+    char (*file_names)[64];
+    int *fds;
+    int num_files;
+    ckpt_flat_file *flat;
+} exporter;
+
+static const char *safetensors_dtype(ckpt_dtype dtype)
+{
+    return dtype == CKPT_BF16 ? "BF16" : dtype == CKPT_FP16 ? "F16" : "F32";
+}
+
+/* ggml_type ids: F32 0, F16 1, BF16 30. */
+static uint32_t ggml_type(ckpt_dtype dtype)
+{
+    return dtype == CKPT_BF16 ? 30 : dtype == CKPT_FP16 ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------- plan */
+
+static int plan_tensors(exporter *x, const export_tensor *specs, int count)
+{
+    x->tensors = calloc((size_t)count + 1, sizeof *x->tensors);
+    if (!x->tensors) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    x->count = count;
+    for (int i = 0; i < count; i++) {
+        out_tensor *t = &x->tensors[i];
+        t->spec = &specs[i];
+        t->source = ckpt_reader_find(x->source, specs[i].source);
+        if (t->source < 0)
+            return reshard_fail(CKPT_ERR_NOT_FOUND, "%s: no tensor %s to export as %s", ckpt_reader_path(x->source),
+                                specs[i].source, specs[i].name);
+        for (int j = 0; j < i; j++)
+            if (strcmp(specs[j].name, specs[i].name) == 0)
+                return reshard_fail(CKPT_ERR_ARG, "output name %s given twice (for %s and %s)", specs[i].name,
+                                    specs[j].source, specs[i].source);
+        const ckpt_tensor_desc *d = ckpt_reader_tensor(x->source, t->source);
+        t->in = d->dtype;
+        t->out = x->o->dtype >= 0 ? (ckpt_dtype)x->o->dtype : d->dtype;
+        /* llama.cpp's converter keeps norms and biases in fp32: many of its
+         * kernels take only fp32 there. */
+        if (x->o->format == EXPORT_GGUF && d->ndim == 1) t->out = CKPT_FP32;
+        t->ndim = d->ndim;
+        memcpy(t->shape, d->shape, sizeof t->shape);
+        if (specs[i].transpose) {
+            if (d->ndim != 2)
+                return reshard_fail(CKPT_ERR_ARG, "tensor %s has %d dimensions; only matrices can be transposed",
+                                    d->name, d->ndim);
+            t->shape[0] = d->shape[1];
+            t->shape[1] = d->shape[0];
+        }
+        if (x->o->format == EXPORT_GGUF && (d->ndim > 4 || strlen(specs[i].name) > GGUF_MAX_NAME))
+            return reshard_fail(CKPT_ERR_ARG, "tensor %s cannot be stored in GGUF as %s: %s", d->name, specs[i].name,
+                                d->ndim > 4 ? "more than 4 dimensions" : "the name is longer than 63 bytes");
+        t->rows = t->shape[0];
+        t->row_elements = 1;
+        for (int k = 1; k < t->ndim; k++) t->row_elements *= t->shape[k];
+        t->bytes = t->rows * t->row_elements * (int64_t)ckpt_dtype_size(t->out);
+    }
+    return CKPT_OK;
+}
+
+/* Bands of output rows within the per-thread share of the memory limit. A
+ * transposed band reads whole source rows, so it takes as much of the share
+ * as it can (fewer bands, fewer passes over the source). */
+static int plan_bands(exporter *x)
+{
+    const export_options *o = x->o;
+    int64_t limit = o->memory_limit > 0 ? o->memory_limit : RESHARD_DEFAULT_MEMORY;
+    int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
+    int64_t share = limit / threads;
+    x->num_bands = 0;
+    for (int i = 0; i < x->count; i++) {
+        out_tensor *t = &x->tensors[i];
+        int converts = t->spec->transpose || t->in != t->out;
+        int64_t per_row = t->row_elements * ((int64_t)ckpt_dtype_size(t->out) +
+                                             (converts ? (int64_t)ckpt_dtype_size(t->in) : 0));
+        int64_t target = t->spec->transpose ? share : (share < BAND_TARGET_BYTES ? share : BAND_TARGET_BYTES);
+        if (per_row > share)
+            return reshard_fail(CKPT_ERR_ARG,
+                                "memory limit %lld bytes is too small for %d threads: a row of tensor %s takes %lld "
+                                "bytes of buffers (raise --memory-limit or lower --threads)",
+                                (long long)limit, threads, t->spec->source, (long long)per_row);
+        t->band_rows = target / per_row;
+        if (t->band_rows > t->rows) t->band_rows = t->rows;
+        if (t->band_rows < 1) t->band_rows = 1;
+        x->num_bands += (t->rows + t->band_rows - 1) / t->band_rows;
+        int64_t elements = t->band_rows * t->row_elements;
+        if (converts && elements * (int64_t)ckpt_dtype_size(t->in) > x->staging_bytes)
+            x->staging_bytes = elements * (int64_t)ckpt_dtype_size(t->in);
+        if (elements * (int64_t)ckpt_dtype_size(t->out) > x->output_bytes)
+            x->output_bytes = elements * (int64_t)ckpt_dtype_size(t->out);
+        if (t->spec->transpose && t->band_rows > x->max_moves) x->max_moves = t->band_rows;
+    }
+    x->bands = calloc((size_t)x->num_bands + 1, sizeof *x->bands);
+    if (!x->bands) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    int64_t k = 0;
+    for (int i = 0; i < x->count; i++)
+        for (int64_t r = 0; r < x->tensors[i].rows; r += x->tensors[i].band_rows) {
+            int64_t end = r + x->tensors[i].band_rows;
+            x->bands[k++] = (band){i, r, end < x->tensors[i].rows ? end : x->tensors[i].rows};
+        }
+    x->threads = threads < x->num_bands ? threads : (int)(x->num_bands > 0 ? x->num_bands : 1);
+    return CKPT_OK;
+}
+
+/* ----------------------------------------------------------- file layouts */
+
+static int create_files(exporter *x, int num_files)
+{
+    x->num_files = num_files;
+    x->fds = malloc((size_t)num_files * sizeof *x->fds);
+    x->file_names = calloc((size_t)num_files, sizeof *x->file_names);
+    if (!x->fds || !x->file_names) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    for (int f = 0; f < num_files; f++) x->fds[f] = -1;
+    return CKPT_OK;
+}
+
+/* Opens file f under the staging directory (or the staging file itself),
+ * sized to its final length so data can arrive in any order. */
+static int open_file(exporter *x, int f, int64_t size)
+{
+    char path[4096 + 80];
+    if (x->file_names[f][0]) snprintf(path, sizeof path, "%s/%s", x->staging, x->file_names[f]);
+    else snprintf(path, sizeof path, "%s", x->staging);
+    x->fds[f] = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (x->fds[f] < 0) return reshard_fail(CKPT_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (ftruncate(x->fds[f], (off_t)size) != 0)
+        return reshard_fail(CKPT_ERR_IO, "%s: cannot size to %lld bytes: %s", path, (long long)size, strerror(errno));
+    return CKPT_OK;
+}
+
+static int write_at(exporter *x, int f, int64_t offset, const void *data, size_t bytes)
+{
+    if (x->flat) return ckpt_flat_write(x->flat, offset, data, bytes) ? reshard_ckpt_error(CKPT_ERR_IO) : CKPT_OK;
+    const char *p = data;
+    while (bytes > 0) {
+        ssize_t n = pwrite(x->fds[f], p, bytes, (off_t)offset);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            return reshard_fail(CKPT_ERR_IO, "%s/%s: write of %zu bytes at offset %lld failed: %s", x->staging,
+                                x->file_names[f], bytes, (long long)offset, n < 0 ? strerror(errno) : "no progress");
+        p += n;
+        bytes -= (size_t)n;
+        offset += n;
+    }
+    return CKPT_OK;
+}
+
+static int write_text_file(exporter *x, const char *name, const char *text)
+{
+    char path[4096 + 80];
+    snprintf(path, sizeof path, "%s/%s", x->staging, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return reshard_fail(CKPT_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    size_t size = strlen(text);
+    int ok = write(fd, text, size) == (ssize_t)size && fsync(fd) == 0;
+    int err = errno;
+    close(fd);
+    return ok ? CKPT_OK : reshard_fail(CKPT_ERR_IO, "%s: cannot write: %s", path, strerror(err));
+}
+
+/* safetensors: in list order, a new file whenever the next tensor would take
+ * the current one past the shard size (a larger tensor gets a file alone). */
+static int layout_safetensors(exporter *x)
+{
+    const export_options *o = x->o;
+    int64_t max = o->max_shard_bytes > 0 ? o->max_shard_bytes : EXPORT_DEFAULT_SHARD_BYTES, used = 0;
+    int files = 0;
+    for (int i = 0; i < x->count; i++) {
+        if (files == 0 || (used > 0 && used + x->tensors[i].bytes > max)) {
+            files++;
+            used = 0;
+        }
+        x->tensors[i].file = files - 1;
+        x->tensors[i].offset = used; /* within the data section, for now */
+        used += x->tensors[i].bytes;
+    }
+    int status = create_files(x, files);
+    for (int f = 0; f < files && !status; f++) {
+        if (files == 1) snprintf(x->file_names[f], sizeof x->file_names[f], "model.safetensors");
+        else snprintf(x->file_names[f], sizeof x->file_names[f], "model-%05d-of-%05d.safetensors", f + 1, files);
+        /* Header: __metadata__ (format, then the caller's), then the tensors in offset order. */
+        cJSON *header = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(header, "__metadata__");
+        cJSON_AddStringToObject(meta, "format", "pt");
+        for (int k = 0; o->metadata && o->metadata[k] && o->metadata[k + 1]; k += 2)
+            cJSON_AddStringToObject(meta, o->metadata[k], o->metadata[k + 1]);
+        int64_t data_bytes = 0;
+        for (int i = 0; i < x->count; i++) {
+            const out_tensor *t = &x->tensors[i];
+            if (t->file != f) continue;
+            cJSON *entry = cJSON_AddObjectToObject(header, t->spec->name);
+            cJSON_AddStringToObject(entry, "dtype", safetensors_dtype(t->out));
+            cJSON *shape = cJSON_AddArrayToObject(entry, "shape");
+            for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+            cJSON *offsets = cJSON_AddArrayToObject(entry, "data_offsets");
+            cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)t->offset));
+            cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)(t->offset + t->bytes)));
+            data_bytes = t->offset + t->bytes;
+        }
+        char *json = cJSON_PrintUnformatted(header);
+        cJSON_Delete(header);
+        if (!json) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+        /* The length, then the JSON padded with spaces to a multiple of 8 bytes
+         * (the reference writer's alignment), then the data. */
+        size_t length = strlen(json), padded = (length + 7) / 8 * 8;
+        char *head = malloc(8 + padded);
+        if (!head) {
+            cJSON_free(json);
+            return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+        }
+        uint64_t n = padded;
+        memcpy(head, &n, 8); /* little-endian host (ckpt/internal.h) */
+        memcpy(head + 8, json, length);
+        memset(head + 8 + length, ' ', padded - length);
+        cJSON_free(json);
+        status = open_file(x, f, (int64_t)(8 + padded) + data_bytes);
+        if (!status) status = write_at(x, f, 0, head, 8 + padded);
+        free(head);
+        for (int i = 0; i < x->count; i++)
+            if (x->tensors[i].file == f) x->tensors[i].offset += (int64_t)(8 + padded);
+    }
+    return status;
+}
+
+/* model.safetensors.index.json of a sharded export, as Hugging Face writes
+ * it (keys sorted): total tensor bytes and which file holds each tensor. */
+static int by_name(const void *a, const void *b)
+{
+    const out_tensor *const *x = a, *const *y = b;
+    return strcmp((*x)->spec->name, (*y)->spec->name);
+}
+
+static int write_safetensors_index(exporter *x)
+{
+    const out_tensor **sorted = malloc((size_t)x->count * sizeof *sorted);
+    if (!sorted) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    int64_t total = 0;
+    for (int i = 0; i < x->count; i++) {
+        sorted[i] = &x->tensors[i];
+        total += x->tensors[i].bytes;
+    }
+    qsort(sorted, (size_t)x->count, sizeof *sorted, by_name);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(root, "metadata"), "total_size", (double)total);
+    cJSON *map = cJSON_AddObjectToObject(root, "weight_map");
+    for (int i = 0; i < x->count; i++) cJSON_AddStringToObject(map, sorted[i]->spec->name, x->file_names[sorted[i]->file]);
+    free(sorted);
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    int status = write_text_file(x, "model.safetensors.index.json", text);
+    cJSON_free(text);
+    return status;
+}
+
+/* A growing byte buffer for the GGUF header. */
+typedef struct {
+    unsigned char *data;
+    size_t size, capacity;
+    int failed;
+} bytes_out;
+
+static void put(bytes_out *b, const void *data, size_t n)
+{
+    if (b->failed) return;
+    if (b->size + n > b->capacity) {
+        size_t capacity = b->capacity ? b->capacity : 4096;
+        while (capacity < b->size + n) capacity *= 2;
+        unsigned char *grown = realloc(b->data, capacity);
+        if (!grown) {
+            b->failed = 1;
+            return;
+        }
+        b->data = grown;
+        b->capacity = capacity;
+    }
+    memcpy(b->data + b->size, data, n);
+    b->size += n;
+}
+
+static void put_u32(bytes_out *b, uint32_t v) { put(b, &v, 4); }
+static void put_u64(bytes_out *b, uint64_t v) { put(b, &v, 8); }
+
+static void put_string(bytes_out *b, const char *s)
+{
+    put_u64(b, strlen(s));
+    put(b, s, strlen(s));
+}
+
+enum { GGUF_U32 = 4, GGUF_I32 = 5, GGUF_F32 = 6, GGUF_STRING = 8, GGUF_ARRAY = 9 };
+
+static void put_kv(bytes_out *b, const export_kv *kv)
+{
+    put_string(b, kv->key);
+    switch (kv->type) {
+    case EXPORT_KV_U32: put_u32(b, GGUF_U32); put_u32(b, kv->u32); break;
+    case EXPORT_KV_F32: put_u32(b, GGUF_F32); put(b, &kv->f32, 4); break;
+    case EXPORT_KV_STRING: put_u32(b, GGUF_STRING); put_string(b, kv->string); break;
+    case EXPORT_KV_STRINGS:
+        put_u32(b, GGUF_ARRAY);
+        put_u32(b, GGUF_STRING);
+        put_u64(b, (uint64_t)kv->count);
+        for (int64_t i = 0; i < kv->count; i++) put_string(b, kv->strings[i]);
+        break;
+    case EXPORT_KV_I32S:
+        put_u32(b, GGUF_ARRAY);
+        put_u32(b, GGUF_I32);
+        put_u64(b, (uint64_t)kv->count);
+        put(b, kv->i32s, (size_t)kv->count * 4);
+        break;
+    }
+}
+
+static int64_t align_up(int64_t n, int64_t a)
+{
+    return (n + a - 1) / a * a;
+}
+
+/* GGUF v3: header, key-values, tensor infos (dimensions fastest first),
+ * padding to the alignment, then every tensor at the running padded offset. */
+static int layout_gguf(exporter *x)
+{
+    const export_options *o = x->o;
+    bytes_out b = {0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, (uint64_t)x->count);
+    put_u64(&b, (uint64_t)o->num_kvs + 1);
+    for (int i = 0; i < o->num_kvs; i++) put_kv(&b, &o->kvs[i]);
+    /* llama_ftype: the type of the matrices (ALL_F32 0, MOSTLY_F16 1, MOSTLY_BF16 32). */
+    ckpt_dtype matrices = CKPT_FP32;
+    for (int i = 0; i < x->count; i++)
+        if (x->tensors[i].ndim >= 2) {
+            matrices = x->tensors[i].out;
+            break;
+        }
+    export_kv file_type = {"general.file_type", EXPORT_KV_U32, matrices == CKPT_BF16 ? 32 : matrices == CKPT_FP16 ? 1 : 0,
+                           0, NULL, NULL, NULL, 0};
+    put_kv(&b, &file_type);
+    int64_t offset = 0;
+    for (int i = 0; i < x->count; i++) {
+        out_tensor *t = &x->tensors[i];
+        put_string(&b, t->spec->name);
+        put_u32(&b, (uint32_t)t->ndim);
+        for (int d = t->ndim - 1; d >= 0; d--) put_u64(&b, (uint64_t)t->shape[d]);
+        put_u32(&b, ggml_type(t->out));
+        put_u64(&b, (uint64_t)offset);
+        t->file = 0;
+        t->offset = offset;
+        offset += align_up(t->bytes, GGUF_ALIGNMENT);
+    }
+    int64_t data_start = align_up((int64_t)b.size, GGUF_ALIGNMENT);
+    int status = b.failed ? reshard_fail(CKPT_ERR_NOMEM, "out of memory") : create_files(x, 1);
+    if (!status) status = open_file(x, 0, data_start + offset);
+    if (!status) status = write_at(x, 0, 0, b.data, b.size);
+    for (int i = 0; i < x->count; i++) x->tensors[i].offset += data_start;
+    free(b.data);
+    return status;
+}
+
+static int layout_hdf5(exporter *x, const char *out_path)
+{
+    int status = ckpt_flat_create(&x->flat, out_path, x->o->overwrite);
+    if (status) return reshard_ckpt_error(status);
+    for (int i = 0; i < x->count && !status; i++) {
+        out_tensor *t = &x->tensors[i];
+        t->file = 0;
+        status = ckpt_flat_add(x->flat, t->spec->name, t->out, t->ndim, t->shape, &t->offset);
+    }
+    for (int k = 0; !status && x->o->metadata && x->o->metadata[k] && x->o->metadata[k + 1]; k += 2)
+        status = ckpt_flat_attribute(x->flat, x->o->metadata[k], x->o->metadata[k + 1]);
+    return status ? reshard_ckpt_error(status) : CKPT_OK;
+}
+
+/* ------------------------------------------------------------------- data */
+
+static int export_band(void *ctx, int64_t k, int thread)
+{
+    exporter *x = ctx;
+    const band *b = &x->bands[k];
+    const out_tensor *t = &x->tensors[b->tensor];
+    worker_buffers *w = &x->buffers[thread];
+    int64_t rows = b->row1 - b->row0, elements = rows * t->row_elements;
+    size_t out_size = ckpt_dtype_size(t->out);
+    int converts = t->spec->transpose || t->in != t->out;
+    void *target = converts ? w->staging : w->output;
+    size_t target_size = (size_t)(converts ? x->staging_bytes : x->output_bytes);
+    int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS];
+    const ckpt_tensor_desc *d = ckpt_reader_tensor(x->source, t->source);
+    memcpy(count, d->shape, sizeof count);
+    if (t->spec->transpose) { /* output rows are source columns */
+        start[1] = b->row0;
+        count[1] = rows;
+    } else {
+        start[0] = b->row0;
+        count[0] = rows;
+    }
+    int status = ckpt_reader_read_region(x->source, t->source, start, count, target, target_size);
+    if (status) return reshard_fail_ckpt(status, "exporting %s", t->spec->source);
+    if (t->spec->transpose) {
+        /* staging [R, rows] -> output [rows, R]: output row i is column i. */
+        int64_t R = d->shape[0];
+        for (int64_t i = 0; i < rows; i++) w->moves[i] = (strided_move){i, rows, i * R, 1, 1, R};
+        moves_apply(w->staging, reshard_format(t->in), w->output, reshard_format(t->out), w->moves, rows);
+    } else if (converts) {
+        convert_numbers(w->staging, reshard_format(t->in), w->output, reshard_format(t->out), elements);
+    }
+    status = write_at(x, t->file, t->offset + b->row0 * t->row_elements * (int64_t)out_size, w->output,
+                      (size_t)elements * out_size);
+    if (!status && x->o->on_bytes) x->o->on_bytes(x->o->progress_ctx, elements * (int64_t)out_size);
+    return status;
+}
+
+static int stream_data(exporter *x)
+{
+    x->buffers = calloc((size_t)x->threads, sizeof *x->buffers);
+    if (!x->buffers) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < x->threads; i++) {
+        worker_buffers *w = &x->buffers[i];
+        w->staging = x->staging_bytes ? alloc_pages((size_t)x->staging_bytes) : NULL;
+        w->output = alloc_pages((size_t)x->output_bytes);
+        w->moves = x->max_moves ? malloc((size_t)x->max_moves * sizeof *w->moves) : NULL;
+        if ((x->staging_bytes && !w->staging) || !w->output || (x->max_moves && !w->moves))
+            return reshard_fail(CKPT_ERR_NOMEM, "out of memory for %lld bytes of export buffers",
+                                (long long)(x->staging_bytes + x->output_bytes));
+    }
+    parallel_failure failure = {reshard_errmsg, ""};
+    int status = parallel_for(x->num_bands, x->threads, export_band, x, &failure);
+    if (status) return reshard_fail(status, "%s", failure.text);
+    return CKPT_OK;
+}
+
+/* ----------------------------------------------------------------- commit */
+
+static int close_files(exporter *x, int sync)
+{
+    int status = CKPT_OK;
+    for (int f = 0; f < x->num_files; f++) {
+        if (x->fds[f] < 0) continue;
+        if (sync && !status && fsync(x->fds[f]) != 0)
+            status = reshard_fail(CKPT_ERR_IO, "%s/%s: fsync failed: %s", x->staging, x->file_names[f], strerror(errno));
+        close(x->fds[f]);
+        x->fds[f] = -1;
+    }
+    return status;
+}
+
+static void free_exporter(exporter *x)
+{
+    for (int i = 0; x->buffers && i < x->threads; i++) {
+        free(x->buffers[i].staging);
+        free(x->buffers[i].output);
+        free(x->buffers[i].moves);
+    }
+    free(x->buffers);
+    free(x->fds);
+    free(x->file_names);
+    free(x->bands);
+    free(x->tensors);
+}
+
+int export_run(ckpt_reader *source, const export_tensor *tensors, int count, const export_options *options,
+               const char *out_path, export_summary *summary)
+{
+    exporter x;
+    memset(&x, 0, sizeof x);
+    x.source = source;
+    x.o = options;
+    if (count < 1) return reshard_fail(CKPT_ERR_ARG, "nothing to export");
+    int status = plan_tensors(&x, tensors, count);
+    if (!status) status = plan_bands(&x);
+    int staged = 0;
+    if (!status && options->format != EXPORT_HDF5) {
+        status = ckpt_output_stage(out_path, options->overwrite, options->format == EXPORT_SAFETENSORS, x.staging,
+                                   sizeof x.staging);
+        if (status) status = reshard_ckpt_error(status);
+        else staged = 1;
+    }
+    if (!status) {
+        switch (options->format) {
+        case EXPORT_SAFETENSORS: status = layout_safetensors(&x); break;
+        case EXPORT_GGUF: status = layout_gguf(&x); break;
+        case EXPORT_HDF5: status = layout_hdf5(&x, out_path); break;
+        }
+    }
+    if (!status) status = stream_data(&x);
+    if (!status && options->format == EXPORT_SAFETENSORS) {
+        if (x.num_files > 1) status = write_safetensors_index(&x);
+        if (!status && options->config_json) status = write_text_file(&x, "config.json", options->config_json);
+    }
+    int closed = close_files(&x, !status);
+    if (!status) status = closed;
+    if (!status && x.flat) {
+        status = ckpt_flat_commit(x.flat);
+        if (status) status = reshard_ckpt_error(status);
+        x.flat = NULL;
+    } else if (!status && staged) {
+        status = ckpt_output_publish(x.staging, out_path, options->overwrite);
+        if (status) status = reshard_ckpt_error(status);
+        staged = 0;
+    }
+    if (status) {
+        if (x.flat) ckpt_flat_abort(x.flat);
+        if (staged) ckpt_output_discard(x.staging);
+    } else if (summary) {
+        memset(summary, 0, sizeof *summary);
+        summary->tensors = count;
+        summary->files = options->format == EXPORT_SAFETENSORS ? x.num_files : 1;
+        for (int i = 0; i < count; i++) summary->tensor_bytes += x.tensors[i].bytes;
+        summary->buffer_memory = (int64_t)x.threads * (x.staging_bytes + x.output_bytes);
+        summary->threads = x.threads;
+    }
+    free_exporter(&x);
+    return status;
+}

@@ -1,0 +1,139 @@
+/* export.h: a checkpoint's weights, merged, in the files inference tools
+ * load (Hugging Face safetensors, llama.cpp's GGUF, a plain HDF5 file), and
+ * safetensors weights back into a sharded checkpoint (docs/EXPORT.md).
+ *
+ * This library knows the file formats; what a tensor is called outside and
+ * whether it is transposed comes from the caller (for GPT-2:
+ * trainer/gpt_interop.h), as a list of export_tensor. Export streams each
+ * tensor through buffers sized from a memory limit, reading only checksum-
+ * verified blocks of the source; import checks every header rule and shape
+ * before writing anything. Outputs are committed atomically: nothing appears
+ * at the output path unless it is complete.
+ *
+ * Functions return a ckpt_status; the message of a failure in the calling
+ * thread is reshard_errmsg(). Nothing is printed. */
+#ifndef TP_RESHARD_EXPORT_H
+#define TP_RESHARD_EXPORT_H
+
+#include <stdint.h>
+
+#include "../ckpt/ckpt.h"
+
+typedef enum { EXPORT_SAFETENSORS = 0, EXPORT_GGUF, EXPORT_HDF5 } export_format;
+
+/* "safetensors", "gguf", "hdf5". */
+int export_format_parse(const char *text, export_format *out);
+
+/* Hugging Face's default shard size ("5GB"). */
+#define EXPORT_DEFAULT_SHARD_BYTES ((int64_t)5000000000)
+
+/* One tensor as the outside world names it. */
+typedef struct {
+    const char *source; /* name in the checkpoint */
+    const char *name;   /* name in the files */
+    int transpose;      /* 2-D: stored [columns, rows] outside (Hugging Face's Conv1D is [in, out]) */
+} export_tensor;
+
+/* GGUF metadata values, in the types llama.cpp checks for. */
+typedef enum { EXPORT_KV_U32, EXPORT_KV_F32, EXPORT_KV_STRING, EXPORT_KV_STRINGS, EXPORT_KV_I32S } export_kv_type;
+
+typedef struct {
+    const char *key;
+    export_kv_type type;
+    uint32_t u32;
+    float f32;
+    const char *string;
+    const char *const *strings; /* count of them */
+    const int32_t *i32s;        /* count of them */
+    int64_t count;
+} export_kv;
+
+typedef struct {
+    export_format format;
+    int dtype;                  /* -1: as stored; else the ckpt_dtype of the output (GGUF keeps
+                                   1-D tensors in fp32, as llama.cpp's converter does) */
+    int64_t max_shard_bytes;    /* safetensors: tensor bytes per file; 0: EXPORT_DEFAULT_SHARD_BYTES */
+    int64_t memory_limit;       /* buffers of all threads; 0: 1 GiB */
+    int threads;                /* 0: all cores */
+    int overwrite;              /* replace an existing output */
+    const char *const *metadata; /* key, value, key, value, ..., NULL: safetensors __metadata__
+                                    (after "format": "pt") or root attributes of the HDF5 file */
+    const export_kv *kvs;       /* GGUF metadata (general.file_type is added from the dtype) */
+    int num_kvs;
+    const char *config_json;    /* safetensors: written as config.json beside the weights */
+    void (*on_bytes)(void *ctx, int64_t bytes); /* progress, from worker threads */
+    void *progress_ctx;
+} export_options;
+
+void export_options_init(export_options *options);
+
+typedef struct {
+    int tensors;
+    int files;              /* weight files written */
+    int64_t tensor_bytes;   /* bytes of tensor data written */
+    int64_t buffer_memory;  /* buffers of all threads together */
+    int threads;
+} export_summary;
+
+/* Writes the listed tensors of source to out_path: a directory for
+ * safetensors (model.safetensors, or numbered shards with
+ * model.safetensors.index.json, plus config.json), a file for GGUF and HDF5.
+ * Fails, naming the tensor, when a listed tensor is missing or cannot be
+ * expressed (more than 4 dimensions in GGUF, transposing what is not 2-D). */
+int export_run(ckpt_reader *source, const export_tensor *tensors, int count, const export_options *options,
+               const char *out_path, export_summary *summary);
+
+/* ------------------------------------------------------------------ import */
+
+/* A parsed safetensors file or sharded directory, validated against the
+ * format's rules: 8-byte little-endian header length, a JSON header of
+ * tensors with known dtypes and shapes whose data offsets are contiguous,
+ * non-overlapping, start at 0 and cover the data exactly, no trailing bytes. */
+typedef struct safetensors_set safetensors_set;
+
+/* path: a .safetensors file, or a directory holding model.safetensors or
+ * model.safetensors.index.json and the shards it names. */
+int safetensors_open(safetensors_set **out, const char *path);
+void safetensors_close(safetensors_set *set);
+
+typedef struct {
+    const char *name;
+    const char *file;   /* the file holding it */
+    ckpt_dtype dtype;   /* F32, BF16 or F16 (other dtypes fail on open only when imported) */
+    int supported;      /* dtype is one of those three */
+    const char *dtype_name;
+    int ndim;
+    int64_t shape[CKPT_MAX_DIMS];
+} safetensors_info;
+
+int safetensors_count(const safetensors_set *set);
+/* Tensor i, or by name (NULL when absent). */
+const safetensors_info *safetensors_tensor(const safetensors_set *set, int i);
+const safetensors_info *safetensors_find(const safetensors_set *set, const char *name);
+/* Value of __metadata__ key, or NULL. */
+const char *safetensors_metadata(const safetensors_set *set, const char *key);
+/* Whether two tensors hold the same bytes (same dtype and shape assumed). */
+int safetensors_equal(safetensors_set *set, const char *a, const char *b, int *equal);
+
+typedef struct {
+    int threads;                /* 0: all cores */
+    int overwrite;
+    int update_latest;          /* point the output's parent `latest` at it */
+    int compress_level;         /* 0: none */
+    void (*on_bytes)(void *ctx, int64_t bytes);
+    void *progress_ctx;
+} import_options;
+
+void import_options_init(import_options *options);
+
+/* Writes a checkpoint at out_path with layout: for each of the count
+ * descriptions (the target tensors: names, shapes, partitions, dtypes),
+ * map[i].name names its source in set and map[i].transpose says the source
+ * is its transpose. Values are converted to the target dtype (exact when
+ * widening or equal). Every source is checked for presence, dtype and shape
+ * before anything is written. */
+int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const export_tensor *map, int count,
+               const ckpt_layout *layout, const ckpt_train_state *state, const import_options *options,
+               const char *out_path);
+
+#endif

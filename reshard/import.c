@@ -1,0 +1,596 @@
+/* import.c: safetensors files, checked against the format's rules, and their
+ * tensors written into a sharded checkpoint.
+ *
+ * Files are mapped read-only. Each target tensor is one task: its pieces are
+ * filled slab by slab (whole checksum blocks, about 8 MiB) straight from the
+ * mapping, through the partition's element runs (ckpt_piece_element_runs),
+ * converting and, for transposed sources, gathering with strided moves;
+ * then the tensor's pages are dropped from memory. So memory stays at a slab
+ * per thread plus the pages of the tensors in flight. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/memory.h"
+#include "../common/parallel.h"
+#include "export.h"
+#include "internal.h"
+
+#define SAFETENSORS_MAX_HEADER 100000000 /* the reference implementation's limit */
+#define SLAB_TARGET_BYTES ((int64_t)8 << 20)
+
+typedef struct {
+    char path[4096];
+    int64_t size, data_start; /* data_start: 8 + header length */
+    void *map;
+} st_file;
+
+typedef struct {
+    safetensors_info info;
+    int file;
+    int64_t begin, end; /* data_offsets, relative to the file's data */
+} st_tensor;
+
+struct safetensors_set {
+    st_file *files;
+    int num_files;
+    st_tensor *tensors;
+    int count, capacity;
+    cJSON *metadata; /* __metadata__ of the first file, or NULL */
+    char *names;     /* every tensor name, one block */
+};
+
+void import_options_init(import_options *o)
+{
+    memset(o, 0, sizeof *o);
+}
+
+/* Sizes of every safetensors dtype, so that any valid file parses. */
+static const struct {
+    const char *name;
+    int size;
+} st_dtypes[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+                 {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8}};
+
+static int by_begin(const void *a, const void *b)
+{
+    const st_tensor *const *x = a, *const *y = b;
+    return (*x)->begin < (*y)->begin ? -1 : (*x)->begin > (*y)->begin ? 1 : 0;
+}
+
+/* A nonnegative integer that fits int64 and a double exactly. */
+static int json_int(const cJSON *v, int64_t *out)
+{
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9007199254740992.0 ||
+        v->valuedouble != floor(v->valuedouble))
+        return -1;
+    *out = (int64_t)v->valuedouble;
+    return 0;
+}
+
+static int add_tensor(safetensors_set *set, const st_tensor *t)
+{
+    if (set->count == set->capacity) {
+        int capacity = set->capacity ? 2 * set->capacity : 64;
+        st_tensor *grown = realloc(set->tensors, (size_t)capacity * sizeof *grown);
+        if (!grown) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+        set->tensors = grown;
+        set->capacity = capacity;
+    }
+    set->tensors[set->count++] = *t;
+    return CKPT_OK;
+}
+
+/* One tensor entry of a header. */
+static int parse_entry(safetensors_set *set, int file, const cJSON *item, st_tensor *t)
+{
+    const char *path = set->files[file].path;
+    memset(t, 0, sizeof *t);
+    t->file = file;
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
+    const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
+    if (!cJSON_IsObject(item) || !cJSON_IsString(dtype) || !cJSON_IsArray(shape) || !cJSON_IsArray(offsets) ||
+        cJSON_GetArraySize(offsets) != 2)
+        return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: expected {\"dtype\", \"shape\", \"data_offsets\": [begin, end]}",
+                            path, item->string);
+    int size = 0;
+    for (size_t k = 0; k < sizeof st_dtypes / sizeof st_dtypes[0]; k++)
+        if (strcmp(dtype->valuestring, st_dtypes[k].name) == 0) {
+            size = st_dtypes[k].size;
+            t->info.dtype_name = st_dtypes[k].name;
+        }
+    if (!size) return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: unknown dtype '%s'", path, item->string, dtype->valuestring);
+    t->info.supported = !strcmp(t->info.dtype_name, "F32") || !strcmp(t->info.dtype_name, "BF16") ||
+                        !strcmp(t->info.dtype_name, "F16");
+    t->info.dtype = !strcmp(t->info.dtype_name, "BF16") ? CKPT_BF16 : !strcmp(t->info.dtype_name, "F16") ? CKPT_FP16 : CKPT_FP32;
+    t->info.ndim = cJSON_GetArraySize(shape);
+    if (t->info.ndim > CKPT_MAX_DIMS)
+        return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s has %d dimensions, at most %d are supported", path,
+                            item->string, t->info.ndim, CKPT_MAX_DIMS);
+    int64_t bytes = size;
+    for (int d = 0; d < t->info.ndim; d++) {
+        if (json_int(cJSON_GetArrayItem(shape, d), &t->info.shape[d]))
+            return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: shape entry %d is not a nonnegative integer", path,
+                                item->string, d);
+        if (t->info.shape[d] > 0 && bytes > INT64_MAX / 2 / t->info.shape[d])
+            return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: shape too large", path, item->string);
+        bytes *= t->info.shape[d];
+    }
+    if (json_int(cJSON_GetArrayItem(offsets, 0), &t->begin) || json_int(cJSON_GetArrayItem(offsets, 1), &t->end) ||
+        t->end < t->begin)
+        return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: data_offsets must be [begin, end] with begin <= end", path,
+                            item->string);
+    if (t->end - t->begin != bytes)
+        return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: %s of %s shape needs %lld bytes, data_offsets [%lld, %lld] hold %lld",
+                            path, item->string, t->info.dtype_name, t->info.ndim ? "its" : "scalar", (long long)bytes,
+                            (long long)t->begin, (long long)t->end, (long long)(t->end - t->begin));
+    t->info.name = item->string; /* owned by the header, kept until close */
+    t->info.file = path;
+    return CKPT_OK;
+}
+
+/* Parses and checks one file; its tensors join the set. headers keeps the
+ * parsed JSON alive (the names point into it). */
+static int parse_file(safetensors_set *set, int file, cJSON **header_out)
+{
+    st_file *f = &set->files[file];
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return reshard_fail(CKPT_ERR_NOT_FOUND, "%s: cannot open: %s", f->path, strerror(errno));
+    struct stat st;
+    uint64_t length = 0;
+    int status = CKPT_OK;
+    char *text = NULL;
+    if (fstat(fd, &st) != 0) status = reshard_fail(CKPT_ERR_IO, "%s: %s", f->path, strerror(errno));
+    else if (st.st_size < 8)
+        status = reshard_fail(CKPT_ERR_FORMAT, "%s: %lld bytes: too short for the 8-byte header length (truncated?)",
+                              f->path, (long long)st.st_size);
+    else if (pread(fd, &length, 8, 0) != 8) status = reshard_fail(CKPT_ERR_IO, "%s: cannot read: %s", f->path, strerror(errno));
+    else if (length > SAFETENSORS_MAX_HEADER)
+        status = reshard_fail(CKPT_ERR_FORMAT, "%s: header length %llu exceeds the limit of %d bytes (not a safetensors file?)",
+                              f->path, (unsigned long long)length, SAFETENSORS_MAX_HEADER);
+    else if ((int64_t)length > st.st_size - 8)
+        status = reshard_fail(CKPT_ERR_FORMAT, "%s: header length %llu runs past the end of the %lld-byte file (truncated?)",
+                              f->path, (unsigned long long)length, (long long)st.st_size);
+    else if (!(text = malloc(length + 1))) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    else if (pread(fd, text, length, 8) != (ssize_t)length)
+        status = reshard_fail(CKPT_ERR_IO, "%s: cannot read the header: %s", f->path, strerror(errno));
+    if (!status) {
+        f->size = st.st_size;
+        f->data_start = 8 + (int64_t)length;
+        if (st.st_size > 0) {
+            f->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+            if (f->map == MAP_FAILED) {
+                f->map = NULL;
+                status = reshard_fail(CKPT_ERR_IO, "%s: cannot map: %s", f->path, strerror(errno));
+            }
+        }
+    }
+    close(fd);
+    cJSON *header = NULL;
+    if (!status) {
+        text[length] = '\0';
+        header = cJSON_ParseWithLength(text, length);
+        if (!cJSON_IsObject(header))
+            status = reshard_fail(CKPT_ERR_FORMAT, "%s: the header is not a JSON object", f->path);
+    }
+    free(text);
+    *header_out = header;
+    if (status) return status;
+    int first = set->count;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, header)
+    {
+        if (strcmp(item->string, "__metadata__") == 0) {
+            const cJSON *v;
+            int strings = cJSON_IsObject(item);
+            cJSON_ArrayForEach(v, item) strings = strings && cJSON_IsString(v);
+            if (!strings)
+                return reshard_fail(CKPT_ERR_FORMAT, "%s: __metadata__ must map strings to strings", f->path);
+            if (!set->metadata) set->metadata = cJSON_Duplicate(item, 1);
+            continue;
+        }
+        if (safetensors_find(set, item->string))
+            return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s appears twice", f->path, item->string);
+        st_tensor t;
+        status = parse_entry(set, file, item, &t);
+        if (!status) status = add_tensor(set, &t);
+        if (status) return status;
+    }
+    /* The data must be covered exactly: contiguous, in some order, from 0. */
+    int n = set->count - first;
+    st_tensor **order = malloc((size_t)(n + 1) * sizeof *order);
+    if (!order) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) order[i] = &set->tensors[first + i];
+    qsort(order, (size_t)n, sizeof *order, by_begin);
+    int64_t covered = 0, data = f->size - f->data_start;
+    for (int i = 0; i < n && !status; i++) {
+        if (order[i]->begin < covered)
+            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s [%lld, %lld) overlaps tensor %s [%lld, %lld)", f->path,
+                                  order[i]->info.name, (long long)order[i]->begin, (long long)order[i]->end,
+                                  order[i - 1]->info.name, (long long)order[i - 1]->begin, (long long)order[i - 1]->end);
+        else if (order[i]->begin > covered)
+            status = reshard_fail(CKPT_ERR_FORMAT, "%s: bytes [%lld, %lld) of the data belong to no tensor (before %s)",
+                                  f->path, (long long)covered, (long long)order[i]->begin, order[i]->info.name);
+        covered = order[i]->end;
+    }
+    free(order);
+    if (!status && covered != data)
+        status = reshard_fail(CKPT_ERR_FORMAT, "%s: the tensors cover %lld bytes of data, the file holds %lld (%s)",
+                              f->path, (long long)covered, (long long)data,
+                              covered > data ? "truncated?" : "trailing bytes");
+    return status;
+}
+
+void safetensors_close(safetensors_set *set)
+{
+    if (!set) return;
+    for (int f = 0; f < set->num_files; f++)
+        if (set->files[f].map) munmap(set->files[f].map, (size_t)set->files[f].size);
+    free(set->files);
+    free(set->tensors);
+    free(set->names);
+    cJSON_Delete(set->metadata);
+    free(set);
+}
+
+/* Parsed headers stay alive as long as the set: tensor names point into them. */
+typedef struct {
+    cJSON **headers;
+    int count;
+} header_list;
+
+static cJSON *index_json(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    rewind(f);
+    char *text = size >= 0 && size < (1 << 28) ? malloc((size_t)size + 1) : NULL;
+    cJSON *json = NULL;
+    if (text && fread(text, 1, (size_t)size, f) == (size_t)size) {
+        text[size] = '\0';
+        json = cJSON_Parse(text);
+    }
+    free(text);
+    fclose(f);
+    return json ? json : cJSON_CreateNull();
+}
+
+int safetensors_open(safetensors_set **out, const char *path)
+{
+    *out = NULL;
+    safetensors_set *set = calloc(1, sizeof *set);
+    if (!set) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        free(set);
+        return reshard_fail(CKPT_ERR_NOT_FOUND, "%s: %s", path, strerror(errno));
+    }
+    cJSON *index = NULL, *shard_names = cJSON_CreateArray();
+    int status = CKPT_OK;
+    char index_path[4200];
+    snprintf(index_path, sizeof index_path, "%s/model.safetensors.index.json", path);
+    if (!S_ISDIR(st.st_mode)) {
+        cJSON_AddItemToArray(shard_names, cJSON_CreateString(path));
+    } else if (stat(index_path, &st) == 0) {
+        /* Sharded: every file the weight map names, once, in order of appearance. */
+        index = index_json(index_path);
+        const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *entry;
+        if (!cJSON_IsObject(map))
+            status = reshard_fail(CKPT_ERR_FORMAT, "%s: no \"weight_map\" object (not a safetensors index?)", index_path);
+        cJSON_ArrayForEach(entry, map)
+        {
+            if (status) break;
+            if (!cJSON_IsString(entry) || strchr(entry->valuestring, '/') || !entry->valuestring[0]) {
+                status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s maps to no plain file name", index_path, entry->string);
+                break;
+            }
+            char file[4200];
+            snprintf(file, sizeof file, "%s/%s", path, entry->valuestring);
+            int seen = 0;
+            const cJSON *name;
+            cJSON_ArrayForEach(name, shard_names) seen = seen || strcmp(name->valuestring, file) == 0;
+            if (!seen) cJSON_AddItemToArray(shard_names, cJSON_CreateString(file));
+        }
+    } else {
+        char single[4200];
+        snprintf(single, sizeof single, "%s/model.safetensors", path);
+        if (stat(single, &st) != 0)
+            status = reshard_fail(CKPT_ERR_NOT_FOUND, "%s holds neither model.safetensors nor model.safetensors.index.json",
+                                  path);
+        cJSON_AddItemToArray(shard_names, cJSON_CreateString(single));
+    }
+    int files = cJSON_GetArraySize(shard_names);
+    header_list headers = {calloc((size_t)files + 1, sizeof(cJSON *)), files};
+    set->files = calloc((size_t)files + 1, sizeof *set->files);
+    if (!status && (!headers.headers || !set->files)) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    for (int f = 0; f < files && !status; f++) {
+        snprintf(set->files[f].path, sizeof set->files[f].path, "%s", cJSON_GetArrayItem(shard_names, f)->valuestring);
+        set->num_files = f + 1;
+        status = parse_file(set, f, &headers.headers[f]);
+    }
+    /* Names must outlive the headers' JSON: copy them into one block. */
+    size_t name_bytes = 0;
+    for (int i = 0; i < set->count; i++) name_bytes += strlen(set->tensors[i].info.name) + 1;
+    if (!status && !(set->names = malloc(name_bytes + 1))) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    for (int i = 0, at = 0; i < set->count && !status; i++) {
+        size_t n = strlen(set->tensors[i].info.name) + 1;
+        memcpy(set->names + at, set->tensors[i].info.name, n);
+        set->tensors[i].info.name = set->names + at;
+        at += (int)n;
+    }
+    /* The index and the files must agree. */
+    const cJSON *entry, *weight_map = cJSON_GetObjectItemCaseSensitive(index, "weight_map");
+    cJSON_ArrayForEach(entry, weight_map)
+    {
+        if (status) break;
+        const safetensors_info *t = safetensors_find(set, entry->string);
+        if (!t || strcmp(strrchr(t->file, '/') + 1, entry->valuestring) != 0)
+            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s is listed in %s but missing from it", index_path,
+                                  entry->string, entry->valuestring);
+    }
+    for (int f = 0; f < files && headers.headers; f++) cJSON_Delete(headers.headers[f]);
+    free(headers.headers);
+    cJSON_Delete(index);
+    cJSON_Delete(shard_names);
+    if (status) {
+        safetensors_close(set);
+        return status;
+    }
+    *out = set;
+    return CKPT_OK;
+}
+
+int safetensors_count(const safetensors_set *set)
+{
+    return set->count;
+}
+
+const safetensors_info *safetensors_tensor(const safetensors_set *set, int i)
+{
+    return i >= 0 && i < set->count ? &set->tensors[i].info : NULL;
+}
+
+const safetensors_info *safetensors_find(const safetensors_set *set, const char *name)
+{
+    for (int i = 0; i < set->count; i++)
+        if (strcmp(set->tensors[i].info.name, name) == 0) return &set->tensors[i].info;
+    return NULL;
+}
+
+const char *safetensors_metadata(const safetensors_set *set, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(set->metadata, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static const st_tensor *find_tensor(const safetensors_set *set, const char *name)
+{
+    const safetensors_info *info = safetensors_find(set, name);
+    return info ? (const st_tensor *)info : NULL; /* info is the first member */
+}
+
+static const unsigned char *tensor_data(const safetensors_set *set, const st_tensor *t)
+{
+    return (const unsigned char *)set->files[t->file].map + set->files[t->file].data_start + t->begin;
+}
+
+int safetensors_equal(safetensors_set *set, const char *a, const char *b, int *equal)
+{
+    const st_tensor *x = find_tensor(set, a), *y = find_tensor(set, b);
+    if (!x || !y) return reshard_fail(CKPT_ERR_NOT_FOUND, "no tensor %s", x ? b : a);
+    *equal = x->end - x->begin == y->end - y->begin &&
+             memcmp(tensor_data(set, x), tensor_data(set, y), (size_t)(x->end - x->begin)) == 0;
+    return CKPT_OK;
+}
+
+/* ------------------------------------------------------------------ import */
+
+typedef struct {
+    safetensors_set *set;
+    const ckpt_tensor_desc *tensors;
+    const export_tensor *map;
+    const st_tensor **sources;
+    int *ids;          /* writer tensor ids */
+    int *order;        /* tasks: tensors, largest first */
+    ckpt_writer *writer;
+    int tp;
+    const import_options *o;
+    void **slabs;      /* per thread */
+    int64_t slab_bytes;
+} importer;
+
+typedef struct {
+    const unsigned char *src;   /* the source tensor's data */
+    number_format in, out;
+    unsigned char *slab;
+    size_t out_size;
+    int transpose;
+    int64_t rows, cols;         /* the target's logical [rows, cols] (transposed sources: [cols, rows]) */
+} fill_ctx;
+
+/* Elements of the slab at offset come from logical elements [first, first + n)
+ * of the target tensor (-1: padding). */
+static int fill_run(void *ctx, int64_t offset, int64_t first, int64_t n)
+{
+    fill_ctx *c = ctx;
+    unsigned char *dst = c->slab + (size_t)offset * c->out_size;
+    if (first < 0) {
+        memset(dst, 0, (size_t)n * c->out_size);
+        return 0;
+    }
+    if (!c->transpose) {
+        convert_numbers(c->src + (size_t)first * number_format_size(c->in), c->in, dst, c->out, n);
+        return 0;
+    }
+    /* Target element (r, k) is source element (k, r): a gather with stride rows,
+     * one logical row of the run at a time. */
+    for (int64_t done = 0; done < n;) {
+        int64_t r = (first + done) / c->cols, k = (first + done) % c->cols, m = c->cols - k;
+        if (m > n - done) m = n - done;
+        strided_move move = {k * c->rows + r, c->rows, done, 1, 1, m};
+        moves_apply(c->src, c->in, dst, c->out, &move, 1);
+        done += m;
+    }
+    return 0;
+}
+
+static int import_tensor(void *ctx, int64_t task, int thread)
+{
+    importer *im = ctx;
+    int i = im->order[task];
+    const ckpt_tensor_desc *d = &im->tensors[i];
+    const st_tensor *s = im->sources[i];
+    size_t in_size = ckpt_dtype_size(s->info.dtype);
+    const unsigned char *src = tensor_data(im->set, s);
+    void *aligned = NULL;
+    int status = CKPT_OK;
+    if ((uintptr_t)src % in_size != 0) { /* a header not padded to the element size */
+        aligned = alloc_pages((size_t)(s->end - s->begin));
+        if (!aligned) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+        memcpy(aligned, src, (size_t)(s->end - s->begin));
+        src = aligned;
+    }
+    fill_ctx fill = {src, reshard_format(s->info.dtype), reshard_format(d->dtype), im->slabs[thread],
+                     ckpt_dtype_size(d->dtype), im->map[i].transpose, d->shape[0], 1};
+    for (int k = 1; k < d->ndim; k++) fill.cols *= d->shape[k];
+    int64_t piece_shape[CKPT_MAX_DIMS], row_elements = 1;
+    ckpt_piece_shape(d, im->tp, piece_shape);
+    for (int k = 1; k < d->ndim; k++) row_elements *= piece_shape[k];
+    int64_t block = ckpt_writer_block_rows(im->writer, im->ids[i]);
+    int64_t slab_rows = im->slab_bytes / (row_elements * (int64_t)fill.out_size) / block * block;
+    if (slab_rows < block) slab_rows = block;
+    for (int p = 0; p < ckpt_piece_count(d, im->tp) && !status; p++) {
+        for (int64_t r = 0; r < piece_shape[0] && !status; r += slab_rows) {
+            int64_t n = piece_shape[0] - r < slab_rows ? piece_shape[0] - r : slab_rows;
+            ckpt_piece_element_runs(d, im->tp, p, r, r + n, fill_run, &fill);
+            status = ckpt_writer_put_rows(im->writer, im->ids[i], p, r, n, fill.slab);
+            if (status) status = reshard_ckpt_error(status);
+            else if (im->o->on_bytes) im->o->on_bytes(im->o->progress_ctx, n * row_elements * (int64_t)fill.out_size);
+        }
+    }
+    /* Done with this tensor: its pages leave this process's memory. */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)tensor_data(im->set, s) / page * page;
+    uintptr_t end = (uintptr_t)tensor_data(im->set, s) + (uintptr_t)(s->end - s->begin);
+    if (end > start) madvise((void *)start, end - start, MADV_DONTNEED);
+    free(aligned);
+    return status;
+}
+
+static int64_t tensor_elements(const ckpt_tensor_desc *d)
+{
+    int64_t n = 1;
+    for (int k = 0; k < d->ndim; k++) n *= d->shape[k];
+    return n;
+}
+
+static const importer *sort_importer;
+static int larger_first(const void *a, const void *b)
+{
+    int64_t x = tensor_elements(&sort_importer->tensors[*(const int *)a]);
+    int64_t y = tensor_elements(&sort_importer->tensors[*(const int *)b]);
+    return x < y ? 1 : x > y ? -1 : *(const int *)a - *(const int *)b;
+}
+
+/* Every source present, of a supported dtype, with the expected shape. */
+static int check_sources(importer *im, int count)
+{
+    for (int i = 0; i < count; i++) {
+        const ckpt_tensor_desc *d = &im->tensors[i];
+        const st_tensor *s = find_tensor(im->set, im->map[i].name);
+        if (!s)
+            return reshard_fail(CKPT_ERR_NOT_FOUND, "%s: tensor %s (for %s) is missing", im->set->files[0].path,
+                                im->map[i].name, d->name);
+        if (!s->info.supported)
+            return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s is %s; import reads F32, BF16 and F16", s->info.file,
+                                s->info.name, s->info.dtype_name);
+        int64_t expected[CKPT_MAX_DIMS];
+        memcpy(expected, d->shape, sizeof expected);
+        if (im->map[i].transpose) {
+            if (d->ndim != 2) return reshard_fail(CKPT_ERR_ARG, "tensor %s: only matrices can be transposed", d->name);
+            expected[0] = d->shape[1];
+            expected[1] = d->shape[0];
+        }
+        int same = s->info.ndim == d->ndim;
+        for (int k = 0; same && k < d->ndim; k++) same = s->info.shape[k] == expected[k];
+        if (!same) {
+            char want[160] = "[", got[160] = "[";
+            for (int k = 0; k < d->ndim; k++)
+                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", k ? ", " : "", (long long)expected[k]);
+            for (int k = 0; k < s->info.ndim; k++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", k ? ", " : "", (long long)s->info.shape[k]);
+            return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s has shape %s], expected %s] for %s", s->info.file,
+                                s->info.name, got, want, d->name);
+        }
+        im->sources[i] = s;
+    }
+    return CKPT_OK;
+}
+
+int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const export_tensor *map, int count,
+               const ckpt_layout *layout, const ckpt_train_state *state, const import_options *options,
+               const char *out_path)
+{
+    importer im = {set, tensors, map, calloc((size_t)count + 1, sizeof(st_tensor *)), calloc((size_t)count + 1, sizeof(int)),
+                   calloc((size_t)count + 1, sizeof(int)), NULL, layout->tp, options, NULL, SLAB_TARGET_BYTES};
+    int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
+    if (threads > count) threads = count > 0 ? count : 1;
+    int status = !im.sources || !im.ids || !im.order ? reshard_fail(CKPT_ERR_NOMEM, "out of memory") : CKPT_OK;
+    for (int i = 0; i < count && !status; i++) {
+        status = ckpt_tensor_check(&tensors[i], layout->tp);
+        if (status) status = reshard_ckpt_error(status);
+    }
+    if (!status) status = check_sources(&im, count);
+    ckpt_write_options write_options;
+    ckpt_write_options_init(&write_options);
+    write_options.overwrite = options->overwrite;
+    write_options.update_latest = options->update_latest;
+    write_options.compress_level = options->compress_level;
+    if (!status && (status = ckpt_writer_create(&im.writer, out_path, layout, &write_options)) != CKPT_OK)
+        status = reshard_ckpt_error(status);
+    for (int i = 0; i < count && !status; i++) {
+        status = ckpt_writer_add_tensor(im.writer, &tensors[i], &im.ids[i]);
+        if (status) status = reshard_ckpt_error(status);
+        im.order[i] = i;
+    }
+    if (!status) {
+        sort_importer = &im;
+        qsort(im.order, (size_t)count, sizeof *im.order, larger_first);
+        /* A slab must hold at least one checksum block of any piece. */
+        for (int i = 0; i < count; i++) {
+            int64_t shape[CKPT_MAX_DIMS], row = (int64_t)ckpt_dtype_size(tensors[i].dtype);
+            ckpt_piece_shape(&tensors[i], layout->tp, shape);
+            for (int k = 1; k < tensors[i].ndim; k++) row *= shape[k];
+            int64_t block = ckpt_writer_block_rows(im.writer, im.ids[i]) * row;
+            if (block > im.slab_bytes) im.slab_bytes = block;
+        }
+        im.slabs = calloc((size_t)threads, sizeof *im.slabs);
+        for (int t = 0; t < threads && im.slabs; t++)
+            if (!(im.slabs[t] = alloc_pages((size_t)im.slab_bytes))) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+        if (!im.slabs) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    }
+    if (!status) {
+        parallel_failure failure = {reshard_errmsg, ""};
+        status = parallel_for(count, threads, import_tensor, &im, &failure);
+        if (status) status = reshard_fail(status, "%s", failure.text);
+    }
+    if (im.writer) {
+        if (status) ckpt_writer_abort(im.writer);
+        else if ((status = ckpt_writer_commit(im.writer, state)) != CKPT_OK) status = reshard_ckpt_error(status);
+    }
+    for (int t = 0; im.slabs && t < threads; t++) free(im.slabs[t]);
+    free(im.slabs);
+    free(im.sources);
+    free(im.ids);
+    free(im.order);
+    return status;
+}

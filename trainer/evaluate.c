@@ -1,0 +1,236 @@
+/* evaluate.c: the loss of a checkpoint on token windows, and sampling text
+ * from it. Forward passes only, through the same model code as training, so
+ * `eval` at any layout computes what training would (to summation order). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/kernels.h"
+#include "checkpoint.h"
+#include "data.h"
+#include "evaluate.h"
+#include "model.h"
+
+void eval_options_init(eval_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->micro_batch = 4;
+    o->threads = 1;
+}
+
+void generate_options_init(generate_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->tokens = 200;
+    o->temperature = 0.8;
+    o->seed = 1337;
+    o->threads = 1;
+}
+
+static int fail(char *err, size_t err_size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t err_size, const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(err, err_size, fmt, args);
+    va_end(args);
+    return -1;
+}
+
+/* The checkpoint's model, built for inference at this rank's place in the
+ * layout with fp32 parameters (a bf16 or fp16 checkpoint is widened on load). */
+static int model_from_checkpoint(const char *ckpt, comm *c, int64_t micro_batch, int64_t *seq, gpt_model **out,
+                                 char *err, size_t err_size)
+{
+    gpt_config config;
+    char resolved[4096];
+    if (checkpoint_model_config(ckpt, &config, resolved, sizeof resolved, err, err_size)) return -1;
+    config.dtype = CKPT_FP32;
+    if (*seq == 0) *seq = config.seq;
+    if (*seq > config.seq)
+        return fail(err, err_size, "--seq %lld exceeds the %lld positions of the model in %s", (long long)*seq,
+                    (long long)config.seq, resolved);
+    char why[512];
+    if (gpt_model_create(out, &config, c, micro_batch, *seq, 1, 0, why, sizeof why))
+        return fail(err, err_size, "%s: %s", resolved, why);
+    return 0;
+}
+
+/* Whether any rank failed; every rank learns it. */
+static int any_failed(comm *c, int failed)
+{
+    int flag = failed != 0;
+    if (c->ops->max_ints(c, GROUP_WORLD, &flag, 1)) return 1;
+    return flag;
+}
+
+/* Inputs and targets of windows [first, first + valid) into a slot; rows of
+ * a partly filled micro-batch repeat the first window and are not counted. */
+static int fill_windows(const dataset *d, gpt_slot *s, int64_t B, int64_t T, int64_t first, int64_t valid,
+                        int *window)
+{
+    for (int64_t b = 0; b < B; b++) {
+        if (dataset_read_tokens(d, (first + (b < valid ? b : 0)) * T, T + 1, window)) return -1;
+        memcpy(s->tokens + b * T, window, (size_t)T * sizeof(int));
+        memcpy(s->targets + b * T, window + 1, (size_t)T * sizeof(int));
+    }
+    return 0;
+}
+
+int eval_run(const eval_options *o, comm *c, eval_result *out, char *err, size_t err_size)
+{
+    memset(out, 0, sizeof *out);
+    kernels_set_threads(o->threads);
+    gpt_model *m = NULL;
+    dataset *data = NULL;
+    int *window = NULL;
+    int64_t T = o->seq;
+    int status = model_from_checkpoint(o->ckpt, c, o->micro_batch, &T, &m, err, err_size);
+    if (!status) status = dataset_open(&data, o->data, m->config.vocab, 0, err, err_size);
+    int64_t available = 0, windows = o->windows;
+    if (!status) {
+        available = (dataset_tokens(data) - 1) / T; /* each window also needs the token after it */
+        if (windows == 0) windows = available;
+        if (available < 1 || windows > available)
+            status = fail(err, err_size, "%s: %lld tokens hold %lld windows of %lld tokens (plus one target), %s %lld",
+                          o->data, (long long)dataset_tokens(data), (long long)available, (long long)T,
+                          o->windows ? "asked for" : "need at least", (long long)(windows ? windows : 1));
+    }
+    if (!status && !(window = malloc((size_t)(T + 1) * sizeof(int)))) status = fail(err, err_size, "out of memory");
+    if (any_failed(c, status)) {
+        if (!status) snprintf(err, err_size, "another rank failed");
+        status = -1;
+        goto done;
+    }
+    load_result loaded;
+    if (checkpoint_load(m, o->ckpt, 0, &loaded, err, err_size)) {
+        status = -1;
+        goto done;
+    }
+    /* This replica's windows, in micro-batches through its pipeline. */
+    int64_t first = windows * c->dp_rank / c->dp, last = windows * (c->dp_rank + 1) / c->dp;
+    int64_t B = m->B, passes = (last - first + B - 1) / B, n = B * T * m->D;
+    gpt_slot *s = &m->slots[0];
+    double loss = 0;
+    for (int64_t k = 0; k < passes && !status; k++) {
+        int64_t start = first + k * B, valid = last - start < B ? last - start : B;
+        if (fill_windows(data, s, B, T, start, valid, window))
+            status = fail(err, err_size, "internal: window %lld outside %s", (long long)start, o->data);
+        else if ((!m->is_first && c->ops->recv_prev(c, s->input, n, (int)k)) || gpt_model_forward(m, s) ||
+                 (!m->is_last && c->ops->send_next(c, gpt_model_output(m, s), n, (int)k)) ||
+                 c->ops->wait_sends(c))
+            status = fail(err, err_size, "%s", c->error);
+        else if (m->is_last && c->tp_rank == 0)
+            loss += gpt_slot_loss(s, valid * T);
+    }
+    if (status || c->ops->sum_doubles(c, GROUP_WORLD, &loss, 1)) {
+        if (!status) snprintf(err, err_size, "%s", c->error);
+        if (c->world > 1) c->ops->abort(c, 1); /* others may wait in a pipeline receive */
+        status = -1;
+        goto done;
+    }
+    out->loss = loss / (double)(windows * T);
+    out->windows = windows;
+    out->tokens = windows * T;
+    out->seq = T;
+    out->step = loaded.step;
+    snprintf(out->path, sizeof out->path, "%s", loaded.path);
+done:
+    free(window);
+    dataset_close(data);
+    gpt_model_free(m);
+    return status;
+}
+
+/* ------------------------------------------------------------------ generate */
+
+static uint64_t splitmix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* A token from logits[vocab]: the most likely one at temperature 0 (the
+ * lowest id among equals), else drawn from softmax(logits / temperature)
+ * with the uniform number u in [0, 1). */
+static int sample_token(const float *logits, int64_t vocab, double temperature, double u)
+{
+    int64_t best = 0;
+    for (int64_t i = 1; i < vocab; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (temperature <= 0) return (int)best;
+    double total = 0;
+    for (int64_t i = 0; i < vocab; i++) total += exp((double)(logits[i] - logits[best]) / temperature);
+    double target = u * total, running = 0;
+    for (int64_t i = 0; i < vocab; i++) {
+        running += exp((double)(logits[i] - logits[best]) / temperature);
+        if (running > target) return (int)i;
+    }
+    return (int)best; /* rounding left target at the very end */
+}
+
+static void write_token(FILE *out, int token)
+{
+    if (token < 256) fputc(token, out);
+    else fprintf(out, "<|%d|>", token);
+    fflush(out);
+}
+
+int generate_run(const generate_options *o, FILE *out, char *err, size_t err_size)
+{
+    size_t prompt_len = strlen(o->prompt);
+    if (prompt_len == 0) return fail(err, err_size, "the prompt is empty: give at least one byte to continue");
+    comm *c = NULL;
+    if (comm_local_create(&c)) return fail(err, err_size, "out of memory");
+    kernels_set_threads(o->threads);
+    gpt_config config;
+    char resolved[4096];
+    gpt_model *m = NULL;
+    int *context = NULL, status = checkpoint_model_config(o->ckpt, &config, resolved, sizeof resolved, err, err_size);
+    /* The window: the whole context when it fits, else the last seq tokens. */
+    int64_t T = (int64_t)prompt_len + o->tokens;
+    if (!status && T > config.seq) T = config.seq;
+    for (size_t i = 0; i < prompt_len && !status; i++)
+        if ((unsigned char)o->prompt[i] >= config.vocab)
+            status = fail(err, err_size, "prompt byte %u at offset %zu is outside the model's vocabulary of %lld",
+                          (unsigned char)o->prompt[i], i, (long long)config.vocab);
+    if (!status) status = model_from_checkpoint(o->ckpt, c, 1, &T, &m, err, err_size);
+    load_result loaded;
+    if (!status) status = checkpoint_load(m, o->ckpt, 0, &loaded, err, err_size);
+    if (!status && !(context = calloc((size_t)T, sizeof *context))) status = fail(err, err_size, "out of memory");
+    if (status) goto done;
+    int64_t len = 0;
+    for (size_t i = prompt_len > (size_t)T ? prompt_len - (size_t)T : 0; i < prompt_len; i++)
+        context[len++] = (unsigned char)o->prompt[i];
+    fwrite(o->prompt, 1, prompt_len, out);
+    fflush(out);
+    gpt_slot *s = &m->slots[0];
+    int64_t V = m->vocab_local; /* tp = 1: every (padded) column is here */
+    for (int64_t k = 0; k < o->tokens; k++) {
+        /* Causal attention: positions after len - 1 do not change its logits. */
+        memcpy(s->tokens, context, (size_t)T * sizeof(int));
+        memset(s->targets, 0, (size_t)T * sizeof(int));
+        if (gpt_model_forward(m, s)) {
+            status = fail(err, err_size, "%s", c->error);
+            break;
+        }
+        double u = (double)(splitmix64(o->seed ^ splitmix64((uint64_t)k)) >> 11) * 0x1.0p-53;
+        int token = sample_token(s->logits + (len - 1) * V, m->config.vocab, o->temperature, u);
+        write_token(out, token);
+        if (len == T) {
+            memmove(context, context + 1, (size_t)(T - 1) * sizeof *context);
+            len--;
+        }
+        context[len++] = token;
+    }
+    fputc('\n', out);
+done:
+    free(context);
+    gpt_model_free(m);
+    c->ops->free(c);
+    return status;
+}

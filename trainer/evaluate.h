@@ -1,0 +1,59 @@
+/* evaluate.h: using a trained checkpoint: the loss on held-out token windows
+ * (`tp-train eval`, at any layout under mpirun) and sampling text from it
+ * (`tp-train generate`, one process). Both build the model from the
+ * checkpoint's own configuration and read only its parameters. */
+#ifndef TP_EVALUATE_H
+#define TP_EVALUATE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "comm.h"
+
+typedef struct {
+    const char *ckpt;    /* a checkpoint, or a run directory (its newest intact checkpoint) */
+    const char *data;    /* token files (docs/DATA.md), read as one stream */
+    int64_t windows;     /* windows to evaluate; 0: every whole window of the stream */
+    int64_t seq;         /* window length T; 0: the model's context length */
+    int64_t micro_batch; /* windows per forward pass */
+    int threads;         /* matrix-product threads per rank */
+} eval_options;
+
+/* Defaults: every window, the model's length, 4 windows per pass, 1 thread. */
+void eval_options_init(eval_options *options);
+
+typedef struct {
+    double loss;      /* mean cross-entropy, nats per token */
+    int64_t windows;  /* windows evaluated */
+    int64_t tokens;   /* predicted tokens: windows x seq */
+    int64_t seq;
+    int64_t step;     /* the checkpoint's step */
+    char path[4096];  /* the checkpoint loaded */
+} eval_result;
+
+/* Mean cross-entropy over windows 0..N-1 of the token stream, where window
+ * i has inputs tokens[i*T, i*T+T) and targets tokens[i*T+1, i*T+T+1).
+ * Data-parallel replicas take consecutive shares of the windows. Collective;
+ * every rank gets the result. Returns 0, or -1 with a message in err (the
+ * same verdict on every rank). */
+int eval_run(const eval_options *options, comm *c, eval_result *out, char *err, size_t err_size);
+
+typedef struct {
+    const char *ckpt;
+    const char *prompt;  /* text; its bytes are the first tokens */
+    int64_t tokens;      /* tokens to generate */
+    double temperature;  /* 0: always the most likely token */
+    uint64_t seed;
+    int threads;
+} generate_options;
+
+/* Defaults: 200 tokens, temperature 0.8, seed 1337, 1 thread. */
+void generate_options_init(generate_options *options);
+
+/* Samples text with the byte-level vocabulary (token = byte) and writes the
+ * prompt and then each new token to out as it comes; tokens beyond the 256
+ * bytes (a wider vocabulary) are written as <|id|>. The context keeps the
+ * last seq tokens. Returns 0, or -1 with a message in err. */
+int generate_run(const generate_options *options, FILE *out, char *err, size_t err_size);
+
+#endif
