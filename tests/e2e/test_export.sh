@@ -1,0 +1,256 @@
+#!/bin/sh
+# End-to-end tests of export, import, eval and generate on a small GPT-2
+# trained here at tp2pp2 (vocabulary 250, padded at tp4), resharded to
+# tp1pp1 and tp4pp1:
+#   - tp-train eval agrees across layouts; the safetensors export loaded into
+#     the independent PyTorch GPT-2 gives the same loss (1e-5 relative), and
+#     so does transformers' from_pretrained where it is installed;
+#   - every exported tensor equals the checkpoint's (independent parsers of
+#     safetensors, GGUF and HDF5), in fp32, bf16 and fp16, sharded or not;
+#   - exports from the three layouts are byte-identical but for the source
+#     layout they record;
+#   - export then import is bit-exact, into tp-train's resume;
+#   - greedy generation equals PyTorch's; sampling repeats with its seed;
+#   - bad input gives one clear error and leaves nothing behind.
+. "$(dirname "$0")/lib.sh"
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+CKPT="$BIN/tp-ckpt"
+TRAIN="$BIN/tp-train"
+CHECK="$ROOT/tests/trainer/check_export.py"
+MODEL="--model tiny --vocab 250"
+
+# --- A model that has learned something: a repeated sentence.
+"$PY" -c "print('the quick brown fox jumps over the lazy dog. ' * 300, end='')" >"$WORK/fox.txt"
+expect_ok "prepare tokens" "$TRAIN" prepare "$WORK/fox.txt" -o "$WORK/fox.bin"
+# Held-out text: the same words shuffled, so that the loss is neither tiny
+# (where fp32 rounding of logsumexp - target dominates it) nor huge.
+"$PY" -c "import random; w = 'the quick brown fox jumps over the lazy dog.'.split(); r = random.Random(5); print(' '.join(r.choice(w) for _ in range(400)), end='')" >"$WORK/held.txt"
+expect_ok "prepare held-out tokens" "$TRAIN" prepare "$WORK/held.txt" -o "$WORK/held.bin"
+expect_ok "train at tp2pp2" mpirun --oversubscribe -np 4 "$TRAIN" $MODEL --tp 2 --pp 2 --micro-batch 4 --grad-accum 2 \
+    --steps 120 --lr 1e-2 --data "$WORK/fox.bin" --ckpt-dir "$WORK/run" --quiet </dev/null
+SRC="$WORK/run/step_00000120"
+expect_ok "reshard to tp1pp1" "$BIN/tp-reshard" "$SRC" --to tp1pp1 -o "$WORK/tp1pp1"
+expect_ok "reshard to tp4pp1" "$BIN/tp-reshard" "$SRC" --to tp4pp1 -o "$WORK/tp4pp1"
+
+json_field() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+
+# --- eval at three layouts: the same loss (summation order aside).
+EVAL="--data $WORK/held.bin --windows 24 --seq 32 --micro-batch 5 --json"
+run "$TRAIN" eval --ckpt "$SRC" $EVAL
+cp "$WORK/.out" "$WORK/eval1.json"
+check "eval (one process) succeeds" [ "$RC" -eq 0 ]
+run mpirun --oversubscribe -np 4 "$TRAIN" eval --ckpt "$WORK/run" --tp 2 --pp 2 $EVAL </dev/null
+cp "$WORK/.out" "$WORK/eval4.json"
+check "eval at tp2pp2 succeeds" [ "$RC" -eq 0 ]
+run mpirun --oversubscribe -np 2 "$TRAIN" eval --ckpt "$WORK/tp4pp1" --pp 2 $EVAL </dev/null
+cp "$WORK/.out" "$WORK/eval2.json"
+check "eval at pp2 of a tp4 checkpoint succeeds" [ "$RC" -eq 0 ]
+LOSS=$(json_field "$WORK/eval1.json" loss)
+check "eval reports windows and tokens" [ "$(json_field "$WORK/eval1.json" windows)" = 24 ] && \
+    check "eval counts tokens" [ "$(json_field "$WORK/eval1.json" tokens)" = 768 ]
+same_loss() {
+    "$PY" -c 'import json,sys; a,b=(json.load(open(p))["loss"] for p in sys.argv[1:]); sys.exit(abs(a-b) > 1e-5*abs(a))' "$1" "$2"
+}
+check "eval: tp2pp2 and one process agree" same_loss "$WORK/eval1.json" "$WORK/eval4.json"
+check "eval: pp2 (from tp4) and one process agree" same_loss "$WORK/eval1.json" "$WORK/eval2.json"
+run "$TRAIN" eval --ckpt "$SRC" --data "$WORK/fox.bin" --seq 32 --json
+check "eval: the model learned the sentence" "$PY" -c "import json, sys; sys.exit(not json.load(open(sys.argv[1]))['loss'] < 0.1)" "$WORK/.out"
+check "eval of every window by default" [ "$(json_field "$WORK/.out" windows)" = $(( (13500 - 1) / 32 )) ]
+
+# --- safetensors: independent parse, every tensor, the loss in PyTorch.
+for layout in tp2pp2:$SRC tp1pp1:$WORK/tp1pp1 tp4pp1:$WORK/tp4pp1; do
+    name=${layout%%:*} from=${layout#*:}
+    expect_ok "export safetensors from $name" "$CKPT" export "$from" --format safetensors -o "$WORK/hf-$name"
+    expect_ok "export gguf from $name" "$CKPT" export "$from" --format gguf -o "$WORK/$name.gguf"
+    expect_ok "export hdf5 from $name" "$CKPT" export "$from" --format hdf5 -o "$WORK/$name.h5"
+done
+run "$PY" "$CHECK" safetensors "$WORK/hf-tp2pp2" "$SRC" --data "$WORK/held.bin" --windows 24 --seq 32 --loss "$LOSS"
+if [ "$RC" -eq 0 ] && grep -q "relative (tolerance 1e-5) ok" "$WORK/.out"; then pass; else failed "safetensors against the checkpoint and PyTorch"; fi
+run "$PY" "$CHECK" gguf "$WORK/tp2pp2.gguf" "$SRC"
+check "gguf against the checkpoint" [ "$RC" -eq 0 ]
+run "$PY" "$CHECK" hdf5 "$WORK/tp2pp2.h5" "$SRC"
+check "hdf5 against the checkpoint" [ "$RC" -eq 0 ]
+run "$PY" "$CHECK" transformers "$WORK/hf-tp2pp2" --data "$WORK/held.bin" --windows 24 --seq 32 --loss "$LOSS"
+if [ "$RC" -eq 77 ]; then echo "[SKIP] [$NAME] transformers' GPT2LMHeadModel.from_pretrained: transformers is not installed"
+else check "transformers loads the export with the same loss" [ "$RC" -eq 0 ]; fi
+
+# Byte-identical exports whatever the source layout, but for the layout
+# recorded as provenance (the same number of bytes: tpXppY).
+same_but_layout() {
+    "$PY" - "$@" <<'PYEOF'
+import sys
+a, b, la, lb = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read(), sys.argv[3].encode(), sys.argv[4].encode()
+if len(a) != len(b) or a.count(la) != 1 or b.count(lb) != 1 or a.index(la) != b.index(lb):
+    sys.exit("sizes or the recorded layout differ in place")
+at = a.index(la)
+if a[:at] != b[:at] or a[at + len(la):] != b[at + len(lb):]:
+    sys.exit("files differ beyond the recorded layout")
+PYEOF
+}
+for other in tp1pp1 tp4pp1; do
+    check "safetensors from tp2pp2 and $other identical but for the layout" \
+        same_but_layout "$WORK/hf-tp2pp2/model.safetensors" "$WORK/hf-$other/model.safetensors" tp2pp2 "$other"
+    check "config.json from tp2pp2 and $other identical" cmp -s "$WORK/hf-tp2pp2/config.json" "$WORK/hf-$other/config.json"
+    check "gguf from tp2pp2 and $other byte-identical" cmp -s "$WORK/tp2pp2.gguf" "$WORK/$other.gguf"
+    check "hdf5 from tp2pp2 and $other identical but for the layout" \
+        same_but_layout "$WORK/tp2pp2.h5" "$WORK/$other.h5" tp2pp2 "$other"
+done
+
+# Other dtypes and sharding, checked the same way.
+expect_ok "export bf16 in shards" "$CKPT" export "$SRC" --format safetensors --dtype bf16 --max-shard-size 64K -o "$WORK/hf-bf16"
+SHARDS=$(ls "$WORK/hf-bf16" | grep -c '^model-[0-9]\{5\}-of-[0-9]\{5\}\.safetensors$')
+check "bf16 export is sharded with an index" [ -f "$WORK/hf-bf16/model.safetensors.index.json" ] && \
+    check "bf16 shards are numbered" [ "$SHARDS" -gt 1 ] && \
+    check "the last shard is N of N" [ -f "$WORK/hf-bf16/$(printf 'model-%05d-of-%05d.safetensors' "$SHARDS" "$SHARDS")" ]
+run "$PY" "$CHECK" safetensors "$WORK/hf-bf16" "$SRC"
+check "bf16 shards against the checkpoint" [ "$RC" -eq 0 ]
+expect_ok "export fp16 gguf" "$CKPT" export "$SRC" --format gguf --dtype fp16 -o "$WORK/fp16.gguf"
+run "$PY" "$CHECK" gguf "$WORK/fp16.gguf" "$SRC"
+check "fp16 gguf against the checkpoint" [ "$RC" -eq 0 ]
+expect_ok "export bf16 hdf5" "$CKPT" export "$SRC" --format hdf5 --dtype bf16 -o "$WORK/bf16.h5"
+run "$PY" "$CHECK" hdf5 "$WORK/bf16.h5" "$SRC" --dtype bf16
+check "bf16 hdf5 against the checkpoint" [ "$RC" -eq 0 ]
+
+# A GGUF with a GPT-2 BPE tokenizer (a small one covering the vocabulary).
+mkdir "$WORK/tokenizer"
+"$PY" - "$WORK/tokenizer" <<'PYEOF'
+import json, sys
+vocab = {f"t{i}": i for i in range(249)}
+vocab["<|endoftext|>"] = 249
+json.dump(vocab, open(sys.argv[1] + "/vocab.json", "w"))
+open(sys.argv[1] + "/merges.txt", "w").write("#version: 0.2\nt 1\nt1 0\n")
+PYEOF
+expect_ok "export gguf with a tokenizer" "$CKPT" export "$SRC" --format gguf --tokenizer "$WORK/tokenizer" -o "$WORK/tok.gguf"
+run "$PY" "$CHECK" gguf "$WORK/tok.gguf" "$SRC" --tokenizer "$WORK/tokenizer"
+check "gguf tokenizer matches vocab.json and merges.txt" [ "$RC" -eq 0 ]
+
+# --- import: bit-exact round trip, at other layouts, and training from it.
+expect_ok "weights-only copy of the source" "$BIN/tp-reshard" "$SRC" --to tp2pp2 --no-optim -o "$WORK/weights"
+expect_ok "import at tp4pp2" "$CKPT" import "$WORK/hf-tp2pp2" -o "$WORK/imported" --tp 4 --pp 2
+expect_ok "import is bit-exact" "$CKPT" diff "$WORK/imported" "$WORK/weights"
+expect_ok "imported checkpoint verifies" "$CKPT" verify "$WORK/imported"
+expect_ok "import sharded bf16 as fp32" "$CKPT" import "$WORK/hf-bf16" -o "$WORK/imported16" --tp 1 --pp 1
+expect_ok "bf16 round trip within bf16 rounding" "$CKPT" diff "$WORK/imported16" "$WORK/weights" --tol 4e-3 --atol 1e-6
+mkdir "$WORK/trainrun"
+expect_ok "import into a run directory" "$CKPT" import "$WORK/hf-tp1pp1" -o "$WORK/trainrun/step_00000000" --tp 2 --pp 1
+run mpirun --oversubscribe -np 2 "$TRAIN" $MODEL --tp 2 --steps 2 --lr 1e-3 --data "$WORK/fox.bin" \
+    --ckpt-dir "$WORK/trainrun" --resume </dev/null
+if [ "$RC" -eq 0 ] && grep -q "resumed from .*step_00000000 at step 0" "$WORK/.out" && \
+    grep -q "no optimizer state" "$WORK/.out" && [ -d "$WORK/trainrun/step_00000002" ]; then pass
+else failed "tp-train resumes from an imported checkpoint"; fi
+# Files saved by GPT2Model (no "transformer." prefix), with the old attention
+# buffers and a tied lm_head, import the same; an untied lm_head does not.
+"$PY" - "$WORK/hf-tp2pp2" "$WORK/hf-plain" "$WORK/hf-untied" <<'PYEOF'
+import json, os, shutil, struct, sys
+src, plain, untied = sys.argv[1:4]
+raw = open(src + "/model.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+def write(path, entries):
+    os.mkdir(path)
+    shutil.copy(src + "/config.json", path)
+    out, blob = {"__metadata__": {"format": "pt"}}, b""
+    for name, (entry, payload) in entries.items():
+        out[name] = {"dtype": entry["dtype"], "shape": entry["shape"], "data_offsets": [len(blob), len(blob) + len(payload)]}
+        blob += payload
+    text = json.dumps(out).encode()
+    open(path + "/model.safetensors", "wb").write(struct.pack("<Q", len(text)) + text + blob)
+tensors = {k[len("transformer."):]: (v, data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items() if k != "__metadata__"}
+mask = ({"dtype": "F32", "shape": [1, 1, 2, 2]}, struct.pack("<4f", 1, 0, 1, 1))
+entries = dict(tensors, **{"h.0.attn.bias": mask, "h.1.attn.masked_bias": ({"dtype": "F32", "shape": []}, struct.pack("<f", -1e4)),
+                           "lm_head.weight": tensors["wte.weight"]})
+write(plain, entries)
+wte = tensors["wte.weight"]
+entries["lm_head.weight"] = (wte[0], bytes(len(wte[1])))
+write(untied, entries)
+PYEOF
+expect_ok "import without the transformer. prefix, buffers and tied lm_head" \
+    "$CKPT" import "$WORK/hf-plain" -o "$WORK/imported-plain" --tp 2 --pp 1
+expect_ok "prefix-less import is bit-exact" "$CKPT" diff "$WORK/imported-plain" "$WORK/weights"
+expect_error "an untied lm_head is refused" 1 "untied output head" \
+    "$CKPT" import "$WORK/hf-untied" -o "$WORK/bad-untied" --tp 1 --pp 1
+check "nothing written for the untied import" [ ! -e "$WORK/bad-untied" ]
+
+# --- generate: greedy equals PyTorch's greedy; sampling repeats with its seed.
+run "$TRAIN" generate --ckpt "$SRC" --prompt "the quick " --tokens 30 --temperature 0
+cp "$WORK/.out" "$WORK/greedy.txt"
+check "greedy generation succeeds" [ "$RC" -eq 0 ]
+run "$PY" "$CHECK" generate "$SRC" --prompt "the quick " --tokens 30
+check "greedy generation equals PyTorch's" cmp -s "$WORK/.out" "$WORK/greedy.txt"
+check "the model continues the sentence" grep -q "the quick brown fox jumps" "$WORK/greedy.txt"
+run "$TRAIN" generate --ckpt "$WORK/tp4pp1" --prompt "the " --tokens 40 --seed 7
+cp "$WORK/.out" "$WORK/sample1.txt"
+run "$TRAIN" generate --ckpt "$SRC" --prompt "the " --tokens 40 --seed 7
+check "sampling with one seed repeats, from any layout" cmp -s "$WORK/.out" "$WORK/sample1.txt"
+
+# --- Bad input: one line, the right exit status, nothing half-written.
+expect_ok "synthesize a SwiGLU model" "$CKPT" synth -o "$WORK/swiglu" --tp 1 --pp 1 --layers 2 --dim 64 --heads 4 \
+    --vocab 250 --seq 32 --swiglu
+expect_error "SwiGLU cannot be exported as GPT-2" 1 "SwiGLU MLP cannot be expressed" \
+    "$CKPT" export "$WORK/swiglu" --format safetensors -o "$WORK/bad-export"
+expect_error "SwiGLU cannot be exported as GGUF" 1 "cannot be expressed as llama.cpp" \
+    "$CKPT" export "$WORK/swiglu" --format gguf -o "$WORK/bad.gguf"
+check "no output from refused exports" [ ! -e "$WORK/bad-export" ] && check "no gguf from refused exports" [ ! -e "$WORK/bad.gguf" ]
+expect_error "unknown format" 2 "unknown format 'onnx'" "$CKPT" export "$SRC" --format onnx -o "$WORK/x"
+expect_error "export over an existing output" 1 "already exists" "$CKPT" export "$SRC" --format gguf -o "$WORK/tp2pp2.gguf"
+expect_ok "export over it with --force" "$CKPT" export "$SRC" --format gguf -o "$WORK/tp2pp2.gguf" --force
+check "no staging leftovers" [ -z "$(find "$WORK" -maxdepth 1 -name '.*staging*')" ]
+
+# Damaged Hugging Face directories, each made from a good one.
+damage() {
+    "$PY" - "$WORK/hf-tp1pp1" "$WORK/dmg-$1" "$1" <<'PYEOF'
+import json, os, shutil, struct, sys
+src, dst, kind = sys.argv[1:4]
+shutil.copytree(src, dst)
+path = dst + "/model.safetensors"
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+if kind == "truncated":
+    open(path, "wb").write(raw[: 8 + n // 2])
+elif kind == "config":
+    open(dst + "/config.json", "w").write(open(src + "/config.json").read()[:40])
+elif kind == "activation":
+    c = json.load(open(src + "/config.json")); c["activation_function"] = "relu"
+    json.dump(c, open(dst + "/config.json", "w"))
+else:
+    if kind == "overlap":
+        header["transformer.wpe.weight"]["data_offsets"][0] -= 4
+        header["transformer.wpe.weight"]["data_offsets"][1] -= 4
+    elif kind == "missing":
+        del header["transformer.h.1.mlp.c_fc.bias"]
+        header["transformer.h.1.mlp.c_proj.weight"]["data_offsets"][0] -= 1024  # keep the data covered
+        header["transformer.h.1.mlp.c_proj.weight"]["shape"][0] += 4
+    elif kind == "shape":
+        s = header["transformer.wte.weight"]["shape"]; s.reverse()
+    text = json.dumps(header).encode()
+    open(path, "wb").write(struct.pack("<Q", len(text)) + text + data)
+PYEOF
+}
+for case in "truncated:truncated" "overlap:overlaps tensor" "missing:tensor transformer.h.1.mlp.c_fc.bias .*is missing" \
+    "shape:has shape \[64, 250\], expected \[250, 64\]" "config:config.json: not a JSON object" \
+    "activation:activation_function relu"; do
+    kind=${case%%:*} pattern=${case#*:}
+    damage "$kind"
+    expect_error "import refuses a damaged directory ($kind)" 1 "$pattern" \
+        "$CKPT" import "$WORK/dmg-$kind" -o "$WORK/bad-$kind" --tp 2 --pp 1
+    check "nothing written for the damaged import ($kind)" [ ! -e "$WORK/bad-$kind" ]
+done
+expect_error "import of a model the layout cannot split" 1 "heads 4 is not divisible by tp 3" \
+    "$CKPT" import "$WORK/hf-tp1pp1" -o "$WORK/bad-tp3" --tp 3 --pp 1
+expect_error "import needs a layout" 2 "needs -o CKPT, --tp and --pp" "$CKPT" import "$WORK/hf-tp1pp1" -o "$WORK/x"
+
+expect_error "eval: more windows than the data holds" 1 "hold [0-9]+ windows of 32 tokens .* asked for 100000" \
+    "$TRAIN" eval --ckpt "$SRC" --data "$WORK/fox.bin" --windows 100000 --seq 32
+expect_error "eval: a window longer than the model's context" 1 "--seq 64 exceeds the 32 positions" \
+    "$TRAIN" eval --ckpt "$SRC" --data "$WORK/fox.bin" --seq 64
+expect_error "eval needs data" 2 "eval needs --ckpt CKPT and --data FILE" "$TRAIN" eval --ckpt "$SRC"
+expect_error "eval of a missing checkpoint" 1 "no-such" "$TRAIN" eval --ckpt "$WORK/no-such" --data "$WORK/fox.bin"
+expect_error "generate: a prompt byte outside the vocabulary" 1 "prompt byte 255 at offset 1 is outside the model's vocabulary of 250" \
+    "$TRAIN" generate --ckpt "$SRC" --prompt "$(printf 'a\377')"
+expect_error "generate: an empty prompt" 1 "the prompt is empty" "$TRAIN" generate --ckpt "$SRC" --prompt ""
+
+finish

@@ -1,0 +1,462 @@
+#!/usr/bin/python3
+"""Independent checks of `tp-ckpt export` and `tp-train eval/generate`.
+
+Written from the formats' own specifications (safetensors: the Hugging Face
+README; GGUF v3: ggml's docs/gguf.md and llama.cpp's loader rules) and from
+Hugging Face's GPT-2 naming, with struct, json, numpy, h5py and torch only:
+no code of the project. Checkpoints are merged with the independent reader
+tests/ckpt/check_h5py.py.
+
+  check_export.py safetensors DIR CKPT [--data F --windows N --seq T --loss X]
+      Parses every file (8-byte little-endian header length, JSON header,
+      offsets contiguous from 0, no trailing bytes, __metadata__ strings with
+      format "pt"), the index of a sharded export and config.json; compares
+      every tensor with the checkpoint bit for bit (Conv1D weights are the
+      transposes; a dtype change rounds to nearest even); with --loss, loads
+      the weights into the PyTorch GPT-2 (gpt2_ref.py) and compares its mean
+      cross-entropy on the token windows with X (1e-5 relative).
+  check_export.py gguf FILE CKPT
+      Parses the GGUF v3 file (key types llama.cpp checks, alignment and
+      offset rules, the gpt2 tensor names) and compares every tensor.
+  check_export.py hdf5 FILE CKPT
+      Reads every dataset with h5py and compares it.
+  check_export.py generate CKPT --prompt P --tokens N
+      Prints the greedy continuation of the PyTorch GPT-2 (the prompt's bytes
+      are the tokens), to compare with `tp-train generate --temperature 0`.
+  check_export.py transformers DIR --data F --windows N --seq T --loss X
+      Loads DIR with transformers' GPT2LMHeadModel.from_pretrained, compares
+      its logits with gpt2_ref's and its loss with X; exit 77 (skipped) where
+      transformers is not installed.
+Exit 0 when everything matches, 1 otherwise (one line per problem).
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "ckpt"))
+sys.path.insert(0, HERE)
+import check_h5py  # noqa: E402
+from gpt2_ref import GPT2  # noqa: E402
+
+PROBLEMS = []
+
+
+def problem(text):
+    PROBLEMS.append(text)
+    print("check_export: " + text)
+
+
+# ---------------------------------------------------------------- checkpoint
+
+def merged_params(path):
+    """{name: (fp32 values, raw bits, dtype)} of the checkpoint's parameters."""
+    ckpt, index = check_h5py.load_index(path)
+    files, problems, out = {}, [], {}
+    for tensor in index["tensors"]:
+        if tensor["role"] != "param":
+            continue
+        result = check_h5py.read_logical(ckpt, index, tensor, files, problems)
+        if result is not None:
+            out[tensor["name"]] = (np.array(result[0], np.float32), np.array(result[1]), tensor["dtype"])
+    for f in files.values():
+        f.close()
+    for p in problems:
+        problem("reading the checkpoint: " + p)
+    return out, index
+
+
+def expected_bits(values, bits, dtype, out_dtype):
+    """Raw bits of a tensor written in out_dtype (round to nearest even)."""
+    if out_dtype == dtype:
+        return bits
+    rounded = check_h5py.round_to(values, out_dtype)
+    if out_dtype == "fp32":
+        return rounded.view(np.uint32)
+    if out_dtype == "fp16":
+        return rounded.astype(np.float16).view(np.uint16)
+    return (rounded.view(np.uint32) >> 16).astype(np.uint16)
+
+
+# GPT-2 in Hugging Face's names (GPT2LMHeadModel): Conv1D weights are [in, out].
+HF_LAYER = [("ln1", "ln_1", False), ("attn.qkv", "attn.c_attn", True), ("attn.proj", "attn.c_proj", True),
+            ("ln2", "ln_2", False), ("mlp.fc", "mlp.c_fc", True), ("mlp.proj", "mlp.c_proj", True)]
+# llama.cpp's gpt2 names; torch layout [out, in] throughout.
+GGUF_LAYER = [("ln1", "attn_norm"), ("attn.qkv", "attn_qkv"), ("attn.proj", "attn_output"), ("ln2", "ffn_norm"),
+              ("mlp.fc", "ffn_up"), ("mlp.proj", "ffn_down")]
+
+
+def hf_names(layers):
+    """{Hugging Face name: (our name, transposed)}"""
+    names = {"transformer.wte.weight": ("model/tok_embed.weight", False),
+             "transformer.wpe.weight": ("model/pos_embed.weight", False),
+             "transformer.ln_f.weight": ("model/final_norm.weight", False),
+             "transformer.ln_f.bias": ("model/final_norm.bias", False)}
+    for i in range(layers):
+        for ours, theirs, transposed in HF_LAYER:
+            names[f"transformer.h.{i}.{theirs}.weight"] = (f"model/layers.{i}.{ours}.weight", transposed)
+            names[f"transformer.h.{i}.{theirs}.bias"] = (f"model/layers.{i}.{ours}.bias", False)
+    return names
+
+
+def gguf_names(layers):
+    names = {"token_embd.weight": "model/tok_embed.weight", "position_embd.weight": "model/pos_embed.weight",
+             "output_norm.weight": "model/final_norm.weight", "output_norm.bias": "model/final_norm.bias"}
+    for i in range(layers):
+        for ours, theirs in GGUF_LAYER:
+            for kind in ("weight", "bias"):
+                names[f"blk.{i}.{theirs}.{kind}"] = f"model/layers.{i}.{ours}.{kind}"
+    return names
+
+
+# --------------------------------------------------------------- safetensors
+
+ST_DTYPES = {"F32": ("<u4", 4, "fp32"), "BF16": ("<u2", 2, "bf16"), "F16": ("<u2", 2, "fp16")}
+
+
+def read_safetensors(path):
+    """{name: (raw bits array, dtype name)} and __metadata__ of one file."""
+    raw = open(path, "rb").read()
+    if len(raw) < 8:
+        problem(f"{path}: shorter than the 8-byte header length")
+        return {}, {}
+    (n,) = struct.unpack("<Q", raw[:8])
+    if 8 + n > len(raw):
+        problem(f"{path}: header length {n} runs past the end")
+        return {}, {}
+    text = raw[8:8 + n].decode("utf-8")
+    if not text.startswith("{"):
+        problem(f"{path}: the header does not start with '{{'")
+    if (8 + n) % 8:
+        problem(f"{path}: data starts at {8 + n}, not 8-byte aligned")
+    header = json.loads(text)
+    data = raw[8 + n:]
+    meta = header.pop("__metadata__", None)
+    if meta is None or not all(isinstance(v, str) for v in meta.values()) or meta.get("format") != "pt":
+        problem(f"{path}: __metadata__ must map strings to strings with format 'pt': {meta}")
+    spans, out = [], {}
+    for name, entry in header.items():
+        if entry["dtype"] not in ST_DTYPES:
+            problem(f"{path}: {name}: dtype {entry['dtype']}")
+            continue
+        code, size, dtype = ST_DTYPES[entry["dtype"]]
+        begin, end = entry["data_offsets"]
+        count = int(np.prod(entry["shape"], dtype=np.int64))
+        if end - begin != count * size:
+            problem(f"{path}: {name}: {end - begin} bytes for shape {entry['shape']}")
+            continue
+        spans.append((begin, end, name))
+        out[name] = (np.frombuffer(data[begin:end], code).reshape(entry["shape"]), dtype)
+    covered = 0
+    for begin, end, name in sorted(spans):
+        if begin != covered:
+            problem(f"{path}: {name} starts at {begin}, expected {covered} (gap or overlap)")
+        covered = end
+    if covered != len(data):
+        problem(f"{path}: tensors cover {covered} bytes, the data section holds {len(data)}")
+    return out, meta or {}
+
+
+def check_safetensors(a):
+    params, index = merged_params(a.ckpt)
+    model = index["model"]
+    layers = model["layers"]
+    index_path = os.path.join(a.dir, "model.safetensors.index.json")
+    tensors, meta = {}, None
+    if os.path.exists(index_path):
+        idx = json.load(open(index_path))
+        files = sorted(set(idx["weight_map"].values()))
+        total = 0
+        for name in files:
+            got, m = read_safetensors(os.path.join(a.dir, name))
+            meta = meta or m
+            for t, (bits, dtype) in got.items():
+                if idx["weight_map"].get(t) != name:
+                    problem(f"{name}: {t} is not mapped to this file in the index")
+                total += bits.nbytes
+            tensors.update(got)
+        if idx["metadata"]["total_size"] != total:
+            problem(f"index total_size {idx['metadata']['total_size']} != {total}")
+        count = len(files)
+        for i, name in enumerate(files):
+            if name != f"model-{i + 1:05d}-of-{count:05d}.safetensors":
+                problem(f"shard file name {name}")
+    else:
+        tensors, meta = read_safetensors(os.path.join(a.dir, "model.safetensors"))
+    if meta.get("tp_toolkit.step") != str(index["step"]):
+        problem(f"__metadata__ step {meta.get('tp_toolkit.step')} != {index['step']}")
+    layout = index["layout"]
+    if meta.get("tp_toolkit.source_layout") != f"tp{layout['tp']}pp{layout['pp']}":
+        problem(f"__metadata__ source layout {meta.get('tp_toolkit.source_layout')}")
+    config = json.load(open(os.path.join(a.dir, "config.json")))
+    want = {"model_type": "gpt2", "n_layer": layers, "n_embd": model["dim"], "n_head": model["heads"],
+            "vocab_size": model["vocab"], "n_positions": model["seq"], "activation_function": "gelu_new",
+            "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, "architectures": ["GPT2LMHeadModel"]}
+    for key, value in want.items():
+        if config.get(key) != value:
+            problem(f"config.json: {key} is {config.get(key)!r}, expected {value!r}")
+    if (config.get("n_inner") or 4 * model["dim"]) != model["ffn"]:
+        problem(f"config.json: n_inner {config.get('n_inner')} for ffn {model['ffn']}")
+    names = hf_names(layers)
+    if set(tensors) != set(names):
+        problem(f"tensor names differ from GPT2LMHeadModel's: extra {sorted(set(tensors) - set(names))}, "
+                f"missing {sorted(set(names) - set(tensors))}")
+    ours = {}
+    for theirs, (name, transposed) in names.items():
+        if theirs not in tensors or name not in params:
+            continue
+        bits, out_dtype = tensors[theirs]
+        values, source_bits, dtype = params[name]
+        want_bits = expected_bits(values, source_bits, dtype, out_dtype)
+        got = bits.T if transposed else bits
+        if got.shape != want_bits.shape or not np.array_equal(got, want_bits):
+            problem(f"{theirs}: differs from {name}{' transposed' if transposed else ''}")
+        ours[name] = check_h5py.values_from_bytes(np.ascontiguousarray(got).tobytes(), out_dtype, got.shape).copy()
+    print(f"check_export: safetensors: {len(tensors)} tensors compared with {a.ckpt}")
+    if a.loss is not None and len(ours) == len(names):
+        check_loss(model, ours, a)
+
+
+def windows(path, count, seq):
+    tokens = np.fromfile(path, dtype="<u2", offset=256 * 4).astype(np.int64)
+    x = np.stack([tokens[i * seq:i * seq + seq] for i in range(count)])
+    y = np.stack([tokens[i * seq + 1:i * seq + seq + 1] for i in range(count)])
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def reference_model(model, weights):
+    torch.set_num_threads(1)
+    m = GPT2(model["layers"], model["dim"], model["heads"], model["vocab"], model["seq"], model["ffn"])
+    m.load_named(weights)
+    return m
+
+
+def check_loss(model, weights, a):
+    m = reference_model(model, weights)
+    x, y = windows(a.data, a.windows, a.seq)
+    with torch.no_grad():
+        logits = m(x)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+    rel = abs(loss - a.loss) / abs(loss)
+    status = "ok" if rel <= 1e-5 else "FAIL"
+    print(f"check_export: loss of the safetensors weights in PyTorch {loss:.9g}, tp-train eval {a.loss:.9g}: "
+          f"{rel:.2e} relative (tolerance 1e-5) {status}")
+    if rel > 1e-5:
+        problem("loss differs")
+
+
+# ---------------------------------------------------------------------- GGUF
+
+GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+GGML_TYPES = {0: ("<u4", 4, "fp32"), 1: ("<u2", 2, "fp16"), 30: ("<u2", 2, "bf16")}
+
+
+class Reader:
+    def __init__(self, raw):
+        self.raw, self.at = raw, 0
+
+    def take(self, fmt):
+        (v,) = struct.unpack_from(fmt, self.raw, self.at)
+        self.at += struct.calcsize(fmt)
+        return v
+
+    def string(self):
+        n = self.take("<Q")
+        s = self.raw[self.at:self.at + n].decode("utf-8")
+        self.at += n
+        return s
+
+    def value(self, kind):
+        if kind == 8:
+            return self.string()
+        if kind == 9:
+            inner, n = self.take("<I"), self.take("<Q")
+            return (inner, [self.value(inner) for _ in range(n)])
+        return self.take(GGUF_SCALARS[kind])
+
+
+def check_gguf(a):
+    params, index = merged_params(a.ckpt)
+    model = index["model"]
+    raw = open(a.file, "rb").read()
+    r = Reader(raw)
+    if raw[:4] != b"GGUF":
+        problem("magic is not GGUF")
+        return
+    r.at = 4
+    version, n_tensors, n_kv = r.take("<I"), r.take("<Q"), r.take("<Q")
+    if version != 3:
+        problem(f"version {version}")
+    kv = {}
+    for _ in range(n_kv):
+        key = r.string()
+        kind = r.take("<I")
+        if key in kv:
+            problem(f"key {key} twice")
+        kv[key] = (kind, r.value(kind))
+    # Types llama.cpp insists on: counts u32 (4), the epsilon f32 (6), strings (8).
+    want = {"general.architecture": (8, "gpt2"), "gpt2.context_length": (4, model["seq"]),
+            "gpt2.embedding_length": (4, model["dim"]), "gpt2.feed_forward_length": (4, model["ffn"]),
+            "gpt2.block_count": (4, model["layers"]), "gpt2.attention.head_count": (4, model["heads"]),
+            "gpt2.vocab_size": (4, model["vocab"])}
+    for key, value in want.items():
+        if kv.get(key) != value:
+            problem(f"metadata {key} = {kv.get(key)}, expected {value}")
+    kind, eps = kv.get("gpt2.attention.layer_norm_epsilon", (None, None))
+    if kind != 6 or abs(eps - 1e-5) > 1e-12:
+        problem(f"gpt2.attention.layer_norm_epsilon = {kv.get('gpt2.attention.layer_norm_epsilon')}")
+    model_kind = kv.get("tokenizer.ggml.model", (None, None))[1]
+    if model_kind not in ("no_vocab", "gpt2"):
+        problem(f"tokenizer.ggml.model = {model_kind}")
+    if model_kind == "gpt2":
+        tokens = kv["tokenizer.ggml.tokens"][1][1]
+        if len(tokens) != model["vocab"] or kv["tokenizer.ggml.token_type"][1][0] != 5:
+            problem("tokenizer tokens or token types")
+        if a.tokenizer:
+            vocab = json.load(open(os.path.join(a.tokenizer, "vocab.json")))
+            for token, i in vocab.items():
+                if tokens[i] != token:
+                    problem(f"token {i} is {tokens[i]!r}, vocab.json says {token!r}")
+            merges = [l for l in open(os.path.join(a.tokenizer, "merges.txt"), encoding="utf-8").read().splitlines()
+                      if l and not l.startswith("#version")]
+            if kv["tokenizer.ggml.merges"][1][1] != merges:
+                problem("merges differ from merges.txt")
+    alignment = kv.get("general.alignment", (4, 32))[1]
+    infos = []
+    for _ in range(n_tensors):
+        name = r.string()
+        n_dims = r.take("<I")
+        ne = [r.take("<Q") for _ in range(n_dims)]
+        infos.append((name, ne, r.take("<I"), r.take("<Q")))
+    start = -(-r.at // alignment) * alignment
+    expected_offset = 0
+    names = gguf_names(model["layers"])
+    if sorted(n for n, *_ in infos) != sorted(names):
+        problem(f"tensor names differ from llama.cpp's gpt2: {sorted(set(n for n, *_ in infos) ^ set(names))}")
+    file_types = {0: "fp32", 1: "fp16", 32: "bf16"}
+    matrix_dtype = None
+    for name, ne, ggml_type, offset in infos:
+        if len(name) >= 64:
+            problem(f"{name}: name of 64 bytes or more")
+        if offset != expected_offset:
+            problem(f"{name}: offset {offset}, expected {expected_offset}")
+        code, size, dtype = GGML_TYPES[ggml_type]
+        shape = list(reversed(ne))
+        nbytes = int(np.prod(shape)) * size
+        expected_offset += -(-nbytes // alignment) * alignment
+        bits = np.frombuffer(raw, code, count=int(np.prod(shape)), offset=start + offset).reshape(shape)
+        if len(shape) == 1 and dtype != "fp32":
+            problem(f"{name}: a 1-D tensor in {dtype} (llama.cpp keeps them in fp32)")
+        if len(shape) == 2:
+            matrix_dtype = dtype
+        if name not in names or names[name] not in params:
+            continue
+        values, source_bits, source_dtype = params[names[name]]
+        if not np.array_equal(bits, expected_bits(values, source_bits, source_dtype, dtype)):
+            problem(f"{name}: differs from {names[name]}")
+    if file_types.get(kv.get("general.file_type", (None, None))[1]) != matrix_dtype:
+        problem(f"general.file_type {kv.get('general.file_type')} for {matrix_dtype} matrices")
+    if start + expected_offset != len(raw):
+        problem(f"file is {len(raw)} bytes, the padded tensors end at {start + expected_offset}")
+    print(f"check_export: gguf: {n_tensors} tensors, {n_kv} keys compared with {a.ckpt}")
+
+
+# ---------------------------------------------------------------------- HDF5
+
+def check_hdf5(a):
+    import h5py
+    params, index = merged_params(a.ckpt)
+    with h5py.File(a.file, "r") as f:
+        names = []
+        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+        if sorted(names) != sorted(params):
+            problem(f"datasets differ from the checkpoint's parameters: {sorted(set(names) ^ set(params))}")
+        for name in names:
+            if name not in params:
+                continue
+            values, bits, dtype = params[name]
+            got = f[name][...].astype(np.float32)
+            want = check_h5py.round_to(values, a.dtype or dtype)
+            if not np.array_equal(got, want):
+                problem(f"{name}: differs")
+        if json.loads(f.attrs["model"]) != index["model"] or f.attrs["step"] != str(index["step"]):
+            problem("root attributes model/step differ from the checkpoint's")
+    print(f"check_export: hdf5: {len(names)} datasets compared with {a.ckpt}")
+
+
+# ------------------------------------------------------------------ generate
+
+def greedy(a):
+    params, index = merged_params(a.ckpt)
+    model = index["model"]
+    m = reference_model(model, {k: v[0] for k, v in params.items()})
+    context = list(a.prompt.encode())
+    out = []
+    with torch.no_grad():
+        for _ in range(a.tokens):
+            window = context[-model["seq"]:]
+            logits = m(torch.tensor([window]))[0, -1]
+            token = int(torch.argmax(logits))
+            out.append(token)
+            context.append(token)
+    sys.stdout.buffer.write(a.prompt.encode() + bytes(t if t < 256 else 63 for t in out) + b"\n")
+
+
+# -------------------------------------------------------------- transformers
+
+def check_transformers(a):
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        print("check_export: SKIP: Hugging Face transformers is not installed")
+        sys.exit(77)
+    hf = GPT2LMHeadModel.from_pretrained(a.dir).eval()
+    x, y = windows(a.data, a.windows, a.seq)
+    with torch.no_grad():
+        logits = hf(x).logits.float()
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+    rel = abs(loss - a.loss) / abs(loss)
+    print(f"check_export: transformers loss {loss:.9g}, tp-train eval {a.loss:.9g}: {rel:.2e} relative")
+    if rel > 1e-5:
+        problem("transformers' loss differs")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["safetensors", "gguf", "hdf5", "generate", "transformers"])
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--data")
+    p.add_argument("--windows", type=int)
+    p.add_argument("--seq", type=int)
+    p.add_argument("--loss", type=float)
+    p.add_argument("--dtype")
+    p.add_argument("--tokenizer")
+    p.add_argument("--prompt")
+    p.add_argument("--tokens", type=int)
+    a = p.parse_args()
+    if a.mode == "safetensors":
+        a.dir, a.ckpt = a.paths
+        check_safetensors(a)
+    elif a.mode == "gguf":
+        a.file, a.ckpt = a.paths
+        check_gguf(a)
+    elif a.mode == "hdf5":
+        a.file, a.ckpt = a.paths
+        check_hdf5(a)
+    elif a.mode == "generate":
+        a.ckpt = a.paths[0]
+        greedy(a)
+    else:
+        a.dir = a.paths[0]
+        check_transformers(a)
+    sys.exit(1 if PROBLEMS else 0)
+
+
+if __name__ == "__main__":
+    main()
