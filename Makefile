@@ -62,7 +62,7 @@ TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/t
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps test asan demo bench-ckpt bench-reshard bench-train clean programs tests
+.PHONY: all build deps test asan demo bench-ckpt bench-reshard bench-train bench-export clean programs tests
 
 all: deps
 	@$(MAKE) --no-print-directory build
@@ -150,6 +150,10 @@ bench-reshard: deps
 bench-train: deps
 	@$(MAKE) --no-print-directory build
 	@BUILD=$(BUILD) scripts/bench-train.sh
+
+bench-export: deps
+	@$(MAKE) --no-print-directory build
+	@BUILD=$(BUILD) scripts/bench-export.sh
 
 clean:
 	rm -rf build build-asan

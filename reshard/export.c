@@ -49,6 +49,7 @@ typedef struct {
     int64_t rows, row_elements;     /* shape[0] and the elements of one row */
     int64_t bytes;
     int64_t band_rows;
+    int64_t block_rows;             /* transposed: source rows read at a time */
     int file;
     int64_t offset;                 /* of its data in that file */
 } out_tensor;
@@ -136,37 +137,52 @@ static int plan_tensors(exporter *x, const export_tensor *specs, int count)
     return CKPT_OK;
 }
 
-/* Bands of output rows within the per-thread share of the memory limit. A
- * transposed band reads whole source rows, so it takes as much of the share
- * as it can (fewer bands, fewer passes over the source). */
+/* Bands of output rows within the per-thread share of the memory limit
+ * (what is left after the resident memory and the reader's scratch).
+ * Untransposed bands are at most BAND_TARGET_BYTES. A transposed band (output
+ * rows = source columns) takes as much of the share as it can, since each
+ * band reads whole source rows: a tensor that fits is read once. It is
+ * filled from the source in row blocks of one checksum block each, small
+ * enough that the transposition stays in cache. */
 static int plan_bands(exporter *x)
 {
     const export_options *o = x->o;
     int64_t limit = o->memory_limit > 0 ? o->memory_limit : RESHARD_DEFAULT_MEMORY;
     int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
-    int64_t share = limit / threads;
+    int64_t share = (limit - reshard_resident_bytes() - RESHARD_FIXED_OVERHEAD) / threads - RESHARD_THREAD_OVERHEAD;
     x->num_bands = 0;
     for (int i = 0; i < x->count; i++) {
         out_tensor *t = &x->tensors[i];
-        int converts = t->spec->transpose || t->in != t->out;
-        int64_t per_row = t->row_elements * ((int64_t)ckpt_dtype_size(t->out) +
-                                             (converts ? (int64_t)ckpt_dtype_size(t->in) : 0));
+        int64_t in_size = (int64_t)ckpt_dtype_size(t->in), out_size = (int64_t)ckpt_dtype_size(t->out);
+        int64_t per_row, staging = 0;
+        if (t->spec->transpose) {
+            ckpt_piece_info info;
+            ckpt_reader_piece_info(x->source, t->source, 0, &info);
+            t->block_rows = info.block_rows < t->row_elements ? info.block_rows : t->row_elements;
+            per_row = t->row_elements * out_size + t->block_rows * in_size; /* output row + its staging column */
+        } else {
+            per_row = t->row_elements * (out_size + (t->in != t->out ? in_size : 0));
+        }
         int64_t target = t->spec->transpose ? share : (share < BAND_TARGET_BYTES ? share : BAND_TARGET_BYTES);
         if (per_row > share)
             return reshard_fail(CKPT_ERR_ARG,
                                 "memory limit %lld bytes is too small for %d threads: a row of tensor %s takes %lld "
-                                "bytes of buffers (raise --memory-limit or lower --threads)",
-                                (long long)limit, threads, t->spec->source, (long long)per_row);
+                                "bytes of buffers beside %lld of overhead (raise --memory-limit or lower --threads)",
+                                (long long)limit, threads, t->spec->source, (long long)per_row,
+                                (long long)(limit - share * threads));
         t->band_rows = target / per_row;
         if (t->band_rows > t->rows) t->band_rows = t->rows;
         if (t->band_rows < 1) t->band_rows = 1;
         x->num_bands += (t->rows + t->band_rows - 1) / t->band_rows;
-        int64_t elements = t->band_rows * t->row_elements;
-        if (converts && elements * (int64_t)ckpt_dtype_size(t->in) > x->staging_bytes)
-            x->staging_bytes = elements * (int64_t)ckpt_dtype_size(t->in);
-        if (elements * (int64_t)ckpt_dtype_size(t->out) > x->output_bytes)
-            x->output_bytes = elements * (int64_t)ckpt_dtype_size(t->out);
-        if (t->spec->transpose && t->band_rows > x->max_moves) x->max_moves = t->band_rows;
+        if (t->spec->transpose) {
+            staging = t->block_rows * t->band_rows * in_size;
+            if (t->band_rows > x->max_moves) x->max_moves = t->band_rows;
+        } else if (t->in != t->out) {
+            staging = t->band_rows * t->row_elements * in_size;
+        }
+        if (staging > x->staging_bytes) x->staging_bytes = staging;
+        if (t->band_rows * t->row_elements * out_size > x->output_bytes)
+            x->output_bytes = t->band_rows * t->row_elements * out_size;
     }
     x->bands = calloc((size_t)x->num_bands + 1, sizeof *x->bands);
     if (!x->bands) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
@@ -451,6 +467,25 @@ static int layout_hdf5(exporter *x, const char *out_path)
 
 /* ------------------------------------------------------------------- data */
 
+/* Output rows [row0, row1) of a transposed tensor: source columns, read in
+ * blocks of source rows; block [r0, r0 + n) x columns lands as a run of n
+ * elements in each output row. */
+static int transposed_band(exporter *x, const out_tensor *t, const band *b, worker_buffers *w)
+{
+    const ckpt_tensor_desc *d = ckpt_reader_tensor(x->source, t->source);
+    int64_t R = d->shape[0], columns = b->row1 - b->row0;
+    for (int64_t r0 = 0; r0 < R; r0 += t->block_rows) {
+        int64_t n = R - r0 < t->block_rows ? R - r0 : t->block_rows;
+        int64_t start[CKPT_MAX_DIMS] = {r0, b->row0}, count[CKPT_MAX_DIMS] = {n, columns};
+        int status = ckpt_reader_read_region(x->source, t->source, start, count, w->staging, (size_t)x->staging_bytes);
+        if (status) return reshard_fail_ckpt(status, "exporting %s", t->spec->source);
+        /* staging [n, columns] -> output[i, r0 .. r0 + n) for each column i */
+        for (int64_t i = 0; i < columns; i++) w->moves[i] = (strided_move){i, columns, i * R + r0, 1, 1, n};
+        moves_apply(w->staging, reshard_format(t->in), w->output, reshard_format(t->out), w->moves, columns);
+    }
+    return CKPT_OK;
+}
+
 static int export_band(void *ctx, int64_t k, int thread)
 {
     exporter *x = ctx;
@@ -459,31 +494,24 @@ static int export_band(void *ctx, int64_t k, int thread)
     worker_buffers *w = &x->buffers[thread];
     int64_t rows = b->row1 - b->row0, elements = rows * t->row_elements;
     size_t out_size = ckpt_dtype_size(t->out);
-    int converts = t->spec->transpose || t->in != t->out;
-    void *target = converts ? w->staging : w->output;
-    size_t target_size = (size_t)(converts ? x->staging_bytes : x->output_bytes);
-    int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS];
-    const ckpt_tensor_desc *d = ckpt_reader_tensor(x->source, t->source);
-    memcpy(count, d->shape, sizeof count);
-    if (t->spec->transpose) { /* output rows are source columns */
-        start[1] = b->row0;
-        count[1] = rows;
-    } else {
-        start[0] = b->row0;
-        count[0] = rows;
-    }
-    int status = ckpt_reader_read_region(x->source, t->source, start, count, target, target_size);
-    if (status) return reshard_fail_ckpt(status, "exporting %s", t->spec->source);
+    int status;
     if (t->spec->transpose) {
-        /* staging [R, rows] -> output [rows, R]: output row i is column i. */
-        int64_t R = d->shape[0];
-        for (int64_t i = 0; i < rows; i++) w->moves[i] = (strided_move){i, rows, i * R, 1, 1, R};
-        moves_apply(w->staging, reshard_format(t->in), w->output, reshard_format(t->out), w->moves, rows);
-    } else if (converts) {
-        convert_numbers(w->staging, reshard_format(t->in), w->output, reshard_format(t->out), elements);
+        status = transposed_band(x, t, b, w);
+    } else {
+        int converts = t->in != t->out;
+        const ckpt_tensor_desc *d = ckpt_reader_tensor(x->source, t->source);
+        int64_t start[CKPT_MAX_DIMS] = {b->row0}, count[CKPT_MAX_DIMS];
+        memcpy(count, d->shape, sizeof count);
+        count[0] = rows;
+        status = ckpt_reader_read_region(x->source, t->source, start, count, converts ? w->staging : w->output,
+                                         (size_t)(converts ? x->staging_bytes : x->output_bytes));
+        if (status) status = reshard_fail_ckpt(status, "exporting %s", t->spec->source);
+        else if (converts)
+            convert_numbers(w->staging, reshard_format(t->in), w->output, reshard_format(t->out), elements);
     }
-    status = write_at(x, t->file, t->offset + b->row0 * t->row_elements * (int64_t)out_size, w->output,
-                      (size_t)elements * out_size);
+    if (!status)
+        status = write_at(x, t->file, t->offset + b->row0 * t->row_elements * (int64_t)out_size, w->output,
+                          (size_t)elements * out_size);
     if (!status && x->o->on_bytes) x->o->on_bytes(x->o->progress_ctx, elements * (int64_t)out_size);
     return status;
 }

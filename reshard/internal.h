@@ -5,6 +5,14 @@
 #include "../kernels/kernels.h"
 #include "reshard.h"
 
+/* Memory a plan keeps beside its buffers: fixed (HDF5, the writer's tables,
+ * the program) and per thread (reader and writer scratch). */
+#define RESHARD_THREAD_OVERHEAD ((int64_t)12 << 20)
+#define RESHARD_FIXED_OVERHEAD ((int64_t)32 << 20)
+
+/* Bytes resident in this process now. */
+int64_t reshard_resident_bytes(void);
+
 int reshard_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A ckpt call failed: keep its message, with context in front. */
 int reshard_fail_ckpt(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

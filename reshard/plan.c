@@ -17,8 +17,6 @@
 #include "internal.h"
 
 #define SLAB_MAX_BYTES ((int64_t)64 << 20)  /* per thread: larger slabs gain nothing */
-#define THREAD_OVERHEAD ((int64_t)12 << 20) /* reader and writer scratch per thread */
-#define FIXED_OVERHEAD ((int64_t)32 << 20)  /* HDF5, the writer's tables, the program */
 
 void reshard_options_init(reshard_options *o)
 {
@@ -211,7 +209,7 @@ static int64_t bytes_per_row(const reshard_plan *plan, const tensor_plan *t)
     return t->src_row * src_size + t->out_row * out_size;
 }
 
-static int64_t resident_bytes(void)
+int64_t reshard_resident_bytes(void)
 {
     FILE *f = fopen("/proc/self/statm", "r");
     long pages = 0, resident = 0;
@@ -384,16 +382,16 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
      * little for one checksum block per slab, fewer threads are tried. */
     int64_t limit = o->memory_limit > 0 ? o->memory_limit : RESHARD_DEFAULT_MEMORY;
     int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
-    int64_t base = resident_bytes() + FIXED_OVERHEAD;
+    int64_t base = reshard_resident_bytes() + RESHARD_FIXED_OVERHEAD;
     const char *offender = NULL;
     int64_t needed = 0, budget = 0;
     for (; threads >= 1; threads--) {
-        budget = (limit - base) / threads - THREAD_OVERHEAD;
+        budget = (limit - base) / threads - RESHARD_THREAD_OVERHEAD;
         if (budget > 0 && size_slabs(plan, budget, &offender, &needed) == 0) break;
     }
     if (threads < 1) {
         char text[64];
-        snprintf(text, sizeof text, "%.1f MiB", (double)(needed + THREAD_OVERHEAD + base) / 1048576.0);
+        snprintf(text, sizeof text, "%.1f MiB", (double)(needed + RESHARD_THREAD_OVERHEAD + base) / 1048576.0);
         status = reshard_fail(CKPT_ERR_ARG,
                               "memory limit of %.1f MiB is too small: tensor %s needs at least %s "
                               "(one checksum block per slab); raise --memory-limit",

@@ -1,0 +1,1666 @@
+/* Export (safetensors, GGUF, merged HDF5) and safetensors import against
+ * naive references: every output file is parsed here, with plain C, cJSON
+ * and the HDF5 C API, and every tensor compared byte for byte with the
+ * logical tensor of the fixture, transposed and converted where asked.
+ * Also: shards and their index, streaming in many bands under a tight
+ * memory limit, atomic outputs, the format rules safetensors_open enforces
+ * (malformed files written byte by byte) and import into several layouts. */
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../kernels/kernels.h"
+#include "../../reshard/export.h"
+#include "../../reshard/reshard.h"
+#include "../support/fixture.h"
+
+TestSuite(export, .init = make_dir, .fini = remove_dir);
+
+/* ------------------------------------------------------------- helpers */
+
+static number_format format_of(ckpt_dtype dtype)
+{
+    return dtype == CKPT_BF16 ? NUMBER_BF16 : dtype == CKPT_FP16 ? NUMBER_F16 : NUMBER_F32;
+}
+
+static const char *st_dtype_name(ckpt_dtype dtype)
+{
+    return dtype == CKPT_BF16 ? "BF16" : dtype == CKPT_FP16 ? "F16" : "F32";
+}
+
+static int path_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Entries of a directory other than . and ..; with a name containing
+ * "staging", "tmp" or "replaced", *leftovers counts it too. */
+static int count_entries(const char *path, int *leftovers)
+{
+    DIR *d = opendir(path);
+    cr_assert_not_null(d, "cannot list %s", path);
+    int n = 0, bad = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        n++;
+        if (strstr(e->d_name, "staging") || strstr(e->d_name, "tmp") || strstr(e->d_name, "replaced")) bad++;
+    }
+    closedir(d);
+    if (leftovers) *leftovers = bad;
+    return n;
+}
+
+/* Nothing at path, and its parent holds exactly `entries` entries, none of
+ * them a staging leftover. */
+static void assert_nothing_left(const char *parent, const char *path, int entries)
+{
+    cr_assert(!path_exists(path), "%s must not exist after a failed export", path);
+    int leftovers = 0, n = count_entries(parent, &leftovers);
+    cr_assert_eq(leftovers, 0, "%s holds a staging leftover", parent);
+    cr_assert_eq(n, entries, "%s holds %d entries, expected %d", parent, n, entries);
+}
+
+typedef struct {
+    uint8_t *bytes;
+    size_t size;
+} blob;
+
+static blob read_all(const char *path)
+{
+    blob b = {NULL, 0};
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    b.bytes = malloc((size_t)n + 1);
+    cr_assert_eq(fread(b.bytes, 1, (size_t)n, f), (size_t)n, "read %s", path);
+    fclose(f);
+    b.size = (size_t)n;
+    return b;
+}
+
+static void write_all(const char *path, const void *data, size_t size)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot create %s", path);
+    if (size) cr_assert_eq(fwrite(data, 1, size, f), size);
+    cr_assert_eq(fclose(f), 0);
+}
+
+static int same_file(const char *path, const blob *b)
+{
+    blob now = read_all(path);
+    int same = now.size == b->size && memcmp(now.bytes, b->bytes, b->size) == 0;
+    free(now.bytes);
+    return same;
+}
+
+/* A tensor of given shape with random bytes; split_axis < 0: replicated. */
+static void fixed_tensor(test_tensor *t, const char *name, ckpt_dtype dtype, int ndim, const int64_t *shape,
+                         int split_axis, ckpt_anchor anchor, int64_t layer)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->desc.name = t->name;
+    t->desc.dtype = dtype;
+    t->desc.ndim = ndim;
+    memcpy(t->desc.shape, shape, (size_t)ndim * sizeof *shape);
+    if (split_axis >= 0) {
+        t->desc.partition.kind = CKPT_SPLIT;
+        t->desc.partition.axis = split_axis;
+    }
+    t->desc.anchor = anchor;
+    t->desc.layer = layer;
+    size_t bytes = (size_t)elements_of(shape, ndim) * ckpt_dtype_size(dtype);
+    t->logical = malloc(bytes);
+    for (size_t b = 0; b < bytes; b++) t->logical[b] = (uint8_t)next_random();
+}
+
+static void free_tensors(test_tensor *t, int n)
+{
+    for (int i = 0; i < n; i++) free(t[i].logical);
+}
+
+static int64_t tensor_bytes(const test_tensor *t, ckpt_dtype out)
+{
+    return elements_of(t->desc.shape, t->desc.ndim) * (int64_t)ckpt_dtype_size(out);
+}
+
+/* Naive: the logical tensor, transposed when asked (2-D), in dtype out. */
+static uint8_t *expected_tensor(const test_tensor *t, int transpose, ckpt_dtype out)
+{
+    int64_t n = elements_of(t->desc.shape, t->desc.ndim);
+    size_t es = ckpt_dtype_size(t->desc.dtype);
+    const uint8_t *src = t->logical;
+    uint8_t *moved = NULL;
+    if (transpose) {
+        cr_assert_eq(t->desc.ndim, 2);
+        int64_t rows = t->desc.shape[0], cols = t->desc.shape[1];
+        moved = malloc((size_t)n * es);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) memcpy(moved + (c * rows + r) * es, src + (r * cols + c) * es, es);
+        src = moved;
+    }
+    uint8_t *result = malloc((size_t)n * ckpt_dtype_size(out) + 1);
+    convert_numbers(src, format_of(t->desc.dtype), result, format_of(out), n);
+    free(moved);
+    return result;
+}
+
+/* Shape as written: transposed when asked. */
+static void written_shape(const test_tensor *t, int transpose, int64_t *shape)
+{
+    memcpy(shape, t->desc.shape, sizeof t->desc.shape);
+    if (transpose) {
+        shape[0] = t->desc.shape[1];
+        shape[1] = t->desc.shape[0];
+    }
+}
+
+static ckpt_reader *open_reader(const char *path)
+{
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_OK, "%s", ckpt_errmsg());
+    return r;
+}
+
+/* Progress from worker threads. */
+typedef struct {
+    atomic_llong bytes;
+    atomic_int calls;
+} progress;
+
+static void on_bytes(void *ctx, int64_t bytes)
+{
+    progress *p = ctx;
+    atomic_fetch_add(&p->bytes, (long long)bytes);
+    atomic_fetch_add(&p->calls, 1);
+}
+
+/* ------------------------------------------------- safetensors parsing */
+
+typedef struct {
+    blob file;
+    uint64_t header_length;
+    cJSON *header;
+} st_parsed;
+
+static int64_t json_int(const cJSON *v)
+{
+    cr_assert(cJSON_IsNumber(v), "expected a number");
+    return (int64_t)v->valuedouble;
+}
+
+typedef struct {
+    const char *name;
+    int64_t begin, end;
+} st_span;
+
+static int by_span(const void *a, const void *b)
+{
+    const st_span *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Parses a safetensors file and checks the rules of the format as the
+ * reference writer applies them: header padded with spaces to a multiple of
+ * 8 bytes, data offsets contiguous from 0, no trailing bytes. */
+static void st_parse(const char *path, st_parsed *out)
+{
+    out->file = read_all(path);
+    const uint8_t *bytes = out->file.bytes;
+    cr_assert_geq(out->file.size, 8, "%s: too short", path);
+    uint64_t n = 0;
+    for (int k = 0; k < 8; k++) n |= (uint64_t)bytes[k] << (8 * k);
+    out->header_length = n;
+    cr_assert_leq(n, out->file.size - 8, "%s: header length %llu beyond the file", path, (unsigned long long)n);
+    cr_assert_eq((8 + n) % 8, 0, "%s: header length %llu: data not 8-byte aligned", path, (unsigned long long)n);
+    const char *text = (const char *)bytes + 8, *end = NULL;
+    out->header = cJSON_ParseWithLengthOpts(text, (size_t)n, &end, 0);
+    cr_assert(cJSON_IsObject(out->header), "%s: header is not a JSON object", path);
+    size_t json_length = (size_t)(end - text);
+    cr_assert_lt(n - json_length, 8, "%s: %llu bytes of padding", path, (unsigned long long)(n - json_length));
+    for (size_t k = json_length; k < n; k++) cr_assert_eq(text[k], ' ', "%s: padding byte %zu is not a space", path, k);
+    /* Offsets: contiguous from 0, covering the data exactly. */
+    int count = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, out->header) count++;
+    st_span *spans = calloc((size_t)count + 1, sizeof *spans);
+    int m = 0;
+    cJSON_ArrayForEach(item, out->header)
+    {
+        if (!strcmp(item->string, "__metadata__")) continue;
+        const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
+        cr_assert(cJSON_IsArray(offsets) && cJSON_GetArraySize(offsets) == 2, "%s: %s: data_offsets", path,
+                  item->string);
+        spans[m++] = (st_span){item->string, json_int(cJSON_GetArrayItem(offsets, 0)),
+                               json_int(cJSON_GetArrayItem(offsets, 1))};
+    }
+    qsort(spans, (size_t)m, sizeof *spans, by_span);
+    int64_t covered = 0;
+    for (int i = 0; i < m; i++) {
+        cr_assert_eq(spans[i].begin, covered, "%s: %s begins at %lld, expected %lld", path, spans[i].name,
+                     (long long)spans[i].begin, (long long)covered);
+        covered = spans[i].end;
+    }
+    free(spans);
+    cr_assert_eq(covered, (int64_t)(out->file.size - 8 - n), "%s: tensors cover %lld bytes, the data is %lld", path,
+                 (long long)covered, (long long)(out->file.size - 8 - n));
+}
+
+static void st_free(st_parsed *p)
+{
+    cJSON_Delete(p->header);
+    free(p->file.bytes);
+}
+
+/* Checks tensor `name` of a parsed file: dtype, shape and bytes. */
+static void st_check_tensor(const st_parsed *p, const char *name, ckpt_dtype dtype, int ndim, const int64_t *shape,
+                            const uint8_t *want)
+{
+    const cJSON *entry = cJSON_GetObjectItemCaseSensitive(p->header, name);
+    cr_assert(cJSON_IsObject(entry), "tensor %s missing from the header", name);
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(entry, "dtype");
+    cr_assert(cJSON_IsString(d) && !strcmp(d->valuestring, st_dtype_name(dtype)), "%s: dtype %s, expected %s", name,
+              cJSON_IsString(d) ? d->valuestring : "?", st_dtype_name(dtype));
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(entry, "shape");
+    cr_assert(cJSON_IsArray(s) && cJSON_GetArraySize(s) == ndim, "%s: shape rank", name);
+    for (int k = 0; k < ndim; k++)
+        cr_assert_eq(json_int(cJSON_GetArrayItem(s, k)), shape[k], "%s: shape[%d]", name, k);
+    const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(entry, "data_offsets");
+    int64_t begin = json_int(cJSON_GetArrayItem(offsets, 0)), end = json_int(cJSON_GetArrayItem(offsets, 1));
+    int64_t bytes = elements_of(shape, ndim) * (int64_t)ckpt_dtype_size(dtype);
+    cr_assert_eq(end - begin, bytes, "%s: data_offsets [%lld, %lld] for %lld bytes", name, (long long)begin,
+                 (long long)end, (long long)bytes);
+    const uint8_t *data = p->file.bytes + 8 + p->header_length + begin;
+    cr_assert_eq(memcmp(data, want, (size_t)bytes), 0, "%s: data differs from the expected tensor", name);
+}
+
+/* __metadata__ holds "format": "pt" and exactly the given pairs. */
+static void st_check_metadata(const st_parsed *p, const char *const *pairs)
+{
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(p->header, "__metadata__");
+    cr_assert(cJSON_IsObject(meta), "no __metadata__");
+    const cJSON *format = cJSON_GetObjectItemCaseSensitive(meta, "format");
+    cr_assert(cJSON_IsString(format) && !strcmp(format->valuestring, "pt"), "__metadata__ lacks \"format\": \"pt\"");
+    int expected = 1;
+    for (int k = 0; pairs && pairs[k]; k += 2, expected++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, pairs[k]);
+        cr_assert(cJSON_IsString(v) && !strcmp(v->valuestring, pairs[k + 1]), "__metadata__ %s should be %s", pairs[k],
+                  pairs[k + 1]);
+    }
+    cr_assert_eq(cJSON_GetArraySize(meta), expected, "__metadata__ entries");
+}
+
+/* A source checkpoint of random tensors at a random layout. */
+static int random_source(const char *path, test_tensor *tensors, int max, ckpt_layout *layout)
+{
+    static const int tps[] = {1, 2, 4};
+    int n = random_tensors(tensors, max, tps, 3, 2);
+    *layout = (ckpt_layout){tps[rnd(0, 2)], (int)rnd(1, 2), 1, 2};
+    write_tensors(path, layout, tensors, n, rnd(0, 3) == 0, 7);
+    return n;
+}
+
+/* ====================================================== 1. safetensors */
+
+Test(export, safetensors_random_tensors)
+{
+    seed_random(101);
+    static const char *const metadata[] = {"source", "tp-toolkit test", "step", "7", NULL};
+    int transposed = 0;
+    for (int iter = 0; iter < 8; iter++) {
+        char src[700], out[700], file[800];
+        snprintf(src, sizeof src, "%s/src%d", dir, iter);
+        snprintf(out, sizeof out, "%s/hf%d", dir, iter);
+        test_tensor tensors[10];
+        ckpt_layout layout;
+        int n = random_source(src, tensors, 10, &layout);
+        ckpt_reader *r = open_reader(src);
+
+        /* Listed last-first, under other names; some matrices transposed. */
+        export_tensor specs[10];
+        char names[10][64];
+        int which[10];
+        for (int k = 0; k < n; k++) {
+            int i = n - 1 - k;
+            which[k] = i;
+            snprintf(names[k], sizeof names[k], "transformer.h.%d.weight", k);
+            specs[k] = (export_tensor){tensors[i].name, names[k], tensors[i].desc.ndim == 2 && rnd(0, 1)};
+            transposed += specs[k].transpose;
+        }
+        export_options options;
+        export_options_init(&options);
+        options.format = EXPORT_SAFETENSORS;
+        options.dtype = iter % 4 == 0 ? -1 : (int)rnd(0, 2);
+        options.threads = (int)rnd(1, 2);
+        options.metadata = metadata;
+        options.config_json = "{\"model_type\": \"gpt2\"}";
+        export_summary summary;
+        cr_assert_eq(export_run(r, specs, n, &options, out, &summary), CKPT_OK, "%s", reshard_errmsg());
+
+        /* One file, config.json beside it, no index, no staging leftover. */
+        int leftovers = 0;
+        cr_assert_eq(count_entries(out, NULL), 2, "model.safetensors and config.json");
+        count_entries(dir, &leftovers);
+        cr_assert_eq(leftovers, 0, "staging leftover in %s", dir);
+        snprintf(file, sizeof file, "%s/config.json", out);
+        blob config = read_all(file);
+        cr_assert(config.size == strlen(options.config_json) && !memcmp(config.bytes, options.config_json, config.size),
+                  "config.json holds the caller's text");
+        free(config.bytes);
+
+        snprintf(file, sizeof file, "%s/model.safetensors", out);
+        st_parsed p;
+        st_parse(file, &p);
+        st_check_metadata(&p, metadata);
+        cr_assert_eq(cJSON_GetArraySize(p.header), n + 1, "every tensor and __metadata__");
+        int64_t total = 0;
+        for (int k = 0; k < n; k++) {
+            const test_tensor *t = &tensors[which[k]];
+            ckpt_dtype dtype = options.dtype >= 0 ? (ckpt_dtype)options.dtype : t->desc.dtype;
+            int64_t shape[CKPT_MAX_DIMS];
+            written_shape(t, specs[k].transpose, shape);
+            uint8_t *want = expected_tensor(t, specs[k].transpose, dtype);
+            st_check_tensor(&p, names[k], dtype, t->desc.ndim, shape, want);
+            free(want);
+            total += tensor_bytes(t, dtype);
+        }
+        st_free(&p);
+        cr_assert_eq(summary.tensors, n);
+        cr_assert_eq(summary.files, 1);
+        cr_assert_eq(summary.tensor_bytes, total);
+
+        /* The library's own reader agrees. */
+        safetensors_set *set;
+        cr_assert_eq(safetensors_open(&set, out), CKPT_OK, "%s", reshard_errmsg());
+        cr_assert_eq(safetensors_count(set), n);
+        cr_assert_str_eq(safetensors_metadata(set, "format"), "pt");
+        cr_assert_str_eq(safetensors_metadata(set, "source"), "tp-toolkit test");
+        cr_assert_null(safetensors_metadata(set, "absent"));
+        for (int k = 0; k < n; k++) {
+            const safetensors_info *info = safetensors_find(set, names[k]);
+            cr_assert_not_null(info, "%s", names[k]);
+            cr_assert_eq(info->ndim, tensors[which[k]].desc.ndim);
+            cr_assert_str_eq(info->file, file);
+        }
+        cr_assert_null(safetensors_find(set, tensors[0].name), "source names are not output names");
+        safetensors_close(set);
+        ckpt_reader_close(r);
+        free_tensors(tensors, n);
+    }
+    cr_assert_gt(transposed, 0, "the random tensors included a transposed matrix");
+}
+
+/* ======================================================== 2. sharding */
+
+Test(export, safetensors_shards_and_index)
+{
+    seed_random(202);
+    test_tensor t[7];
+    fixed_tensor(&t[0], "model/a", CKPT_FP32, 2, (int64_t[]){10, 10}, 0, CKPT_ANCHOR_LAYER, 0);  /* 400 B */
+    fixed_tensor(&t[1], "model/b", CKPT_BF16, 1, (int64_t[]){30}, -1, CKPT_ANCHOR_FIRST, 0);     /* 60 */
+    fixed_tensor(&t[2], "model/c", CKPT_FP32, 2, (int64_t[]){40, 30}, 1, CKPT_ANCHOR_LAYER, 1);  /* 4800 */
+    fixed_tensor(&t[3], "model/d", CKPT_FP16, 2, (int64_t[]){8, 25}, 0, CKPT_ANCHOR_LAYER, 1);   /* 400 */
+    fixed_tensor(&t[4], "model/e", CKPT_FP32, 1, (int64_t[]){50}, 0, CKPT_ANCHOR_LAST, 0);       /* 200 */
+    fixed_tensor(&t[5], "model/f", CKPT_BF16, 2, (int64_t[]){20, 20}, -1, CKPT_ANCHOR_LAST, 0);  /* 800 */
+    fixed_tensor(&t[6], "model/g", CKPT_FP32, 1, (int64_t[]){300}, -1, CKPT_ANCHOR_FIRST, 0);    /* 1200 */
+    char src[700], out[700];
+    snprintf(src, sizeof src, "%s/src", dir);
+    snprintf(out, sizeof out, "%s/sharded", dir);
+    ckpt_layout layout = {2, 2, 1, 2};
+    write_tensors(src, &layout, t, 7, 0, 3);
+    ckpt_reader *r = open_reader(src);
+
+    /* a also as its transpose's copy and untransposed: equal and unequal pairs. */
+    const export_tensor specs[] = {
+        {"model/a", "h.a", 1}, {"model/b", "h.b", 0}, {"model/c", "h.c", 1}, {"model/d", "h.d", 0},
+        {"model/e", "h.e", 0}, {"model/f", "h.f", 0}, {"model/g", "h.g", 0}, {"model/a", "h.a.copy", 1},
+        {"model/a", "h.a.plain", 0},
+    };
+    const int source_of[] = {0, 1, 2, 3, 4, 5, 6, 0, 0};
+    const int count = 9;
+    /* Greedy in list order, max 1000 bytes: a+b | c (4800, alone) | d+e | f | g (1200, alone) | a.copy+a.plain. */
+    const int file_of[] = {0, 0, 1, 2, 2, 3, 4, 5, 5};
+    const int num_files = 6;
+    export_options options;
+    export_options_init(&options);
+    options.max_shard_bytes = 1000;
+    options.threads = 2;
+    export_summary summary;
+    cr_assert_eq(export_run(r, specs, count, &options, out, &summary), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(summary.files, num_files);
+
+    char file[800];
+    snprintf(file, sizeof file, "%s/model.safetensors", out);
+    cr_assert(!path_exists(file), "a sharded export has no model.safetensors");
+    cr_assert_eq(count_entries(out, NULL), num_files + 1, "shards and the index");
+    int64_t total = 0, file_bytes[6] = {0};
+    int file_tensors[6] = {0};
+    for (int f = 0; f < num_files; f++) {
+        snprintf(file, sizeof file, "%s/model-%05d-of-%05d.safetensors", out, f + 1, num_files);
+        st_parsed p;
+        st_parse(file, &p);
+        st_check_metadata(&p, NULL);
+        for (int i = 0; i < count; i++) {
+            const test_tensor *s = &t[source_of[i]];
+            const cJSON *entry = cJSON_GetObjectItemCaseSensitive(p.header, specs[i].name);
+            if (file_of[i] != f) {
+                cr_assert_null(entry, "%s is not in shard %d", specs[i].name, f + 1);
+                continue;
+            }
+            int64_t shape[CKPT_MAX_DIMS];
+            written_shape(s, specs[i].transpose, shape);
+            uint8_t *want = expected_tensor(s, specs[i].transpose, s->desc.dtype);
+            st_check_tensor(&p, specs[i].name, s->desc.dtype, s->desc.ndim, shape, want);
+            free(want);
+            file_bytes[f] += tensor_bytes(s, s->desc.dtype);
+            file_tensors[f]++;
+        }
+        cr_assert_eq(cJSON_GetArraySize(p.header), file_tensors[f] + 1, "shard %d holds only its tensors", f + 1);
+        cr_assert(file_tensors[f] == 1 || file_bytes[f] <= options.max_shard_bytes,
+                  "shard %d: %lld bytes in %d tensors exceed the shard size", f + 1, (long long)file_bytes[f],
+                  file_tensors[f]);
+        total += file_bytes[f];
+        st_free(&p);
+    }
+    cr_assert_eq(summary.tensor_bytes, total);
+
+    /* The index: total_size and the file of every tensor. */
+    snprintf(file, sizeof file, "%s/model.safetensors.index.json", out);
+    blob text = read_all(file);
+    cJSON *index = cJSON_ParseWithLength((const char *)text.bytes, text.size);
+    free(text.bytes);
+    cr_assert(cJSON_IsObject(index), "index is JSON");
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(index, "metadata"), "total_size");
+    cr_assert_eq(json_int(size), total, "metadata.total_size");
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *entry;
+    cr_assert_eq(cJSON_GetArraySize(map), count, "weight_map entries");
+    const char *previous = "";
+    cJSON_ArrayForEach(entry, map)
+    {
+        cr_assert_lt(strcmp(previous, entry->string), 0, "weight_map keys sorted: %s after %s", entry->string, previous);
+        previous = entry->string;
+    }
+    for (int i = 0; i < count; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "model-%05d-of-%05d.safetensors", file_of[i] + 1, num_files);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(map, specs[i].name);
+        cr_assert(cJSON_IsString(v) && !strcmp(v->valuestring, want), "weight_map[%s] should be %s", specs[i].name, want);
+    }
+    cJSON_Delete(index);
+
+    /* The directory opens as one set. */
+    safetensors_set *set;
+    cr_assert_eq(safetensors_open(&set, out), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(safetensors_count(set), count);
+    for (int i = 0; i < count; i++) {
+        const safetensors_info *info = safetensors_find(set, specs[i].name);
+        cr_assert_not_null(info);
+        char want[64];
+        snprintf(want, sizeof want, "model-%05d-of-%05d.safetensors", file_of[i] + 1, num_files);
+        cr_assert_str_eq(strrchr(info->file, '/') + 1, want);
+    }
+    int equal = -1;
+    cr_assert_eq(safetensors_equal(set, "h.a", "h.a.copy", &equal), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(equal, 1, "the same transposed source twice");
+    cr_assert_eq(safetensors_equal(set, "h.a", "h.a.plain", &equal), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(equal, 0, "a tensor and its transpose");
+    cr_assert_eq(safetensors_equal(set, "h.a", "h.nothing", &equal), CKPT_ERR_NOT_FOUND);
+    safetensors_close(set);
+    ckpt_reader_close(r);
+    free_tensors(t, 7);
+}
+
+/* ============================================ 3. multi-band streaming */
+
+/* Bytes of buffers one output row needs at most: the row in the output dtype,
+ * plus the stored dtype's row where it is converted or transposed. */
+static int64_t row_estimate(const test_tensor *s, int transpose, int dtype)
+{
+    int64_t shape[CKPT_MAX_DIMS];
+    written_shape(s, transpose, shape);
+    ckpt_dtype out = dtype >= 0 ? (ckpt_dtype)dtype : s->desc.dtype;
+    int64_t per_element = (int64_t)ckpt_dtype_size(out);
+    if (transpose || out != s->desc.dtype) per_element += (int64_t)ckpt_dtype_size(s->desc.dtype);
+    return elements_of(shape + 1, s->desc.ndim - 1) * per_element;
+}
+
+static int64_t widest_row(const test_tensor *const *sources, const export_tensor *specs, int count, int dtype)
+{
+    int64_t widest = 0;
+    for (int i = 0; i < count; i++) {
+        int64_t bytes = row_estimate(sources[i], specs[i].transpose, dtype);
+        if (bytes > widest) widest = bytes;
+    }
+    return widest;
+}
+
+/* The smallest memory limit export_run accepts for these tensors (the limit
+ * may count the process's own memory beside the buffers), by bisection.
+ * Planning comes before the output is staged, so with an output path whose
+ * parent does not exist a limit that is enough fails with
+ * CKPT_ERR_NOT_FOUND and one too small with CKPT_ERR_ARG; nothing is
+ * written either way. */
+static int64_t smallest_memory_limit(ckpt_reader *r, const export_tensor *specs, int count,
+                                     const export_options *options)
+{
+    char nowhere[800];
+    snprintf(nowhere, sizeof nowhere, "%s/no-such-directory/out", dir);
+    export_options o = *options;
+    int64_t fails = 0, plans = (int64_t)1 << 40;
+    o.memory_limit = plans;
+    cr_assert_eq(export_run(r, specs, count, &o, nowhere, NULL), CKPT_ERR_NOT_FOUND, "%s", reshard_errmsg());
+    while (plans - fails > 1) {
+        o.memory_limit = fails + (plans - fails) / 2;
+        int status = export_run(r, specs, count, &o, nowhere, NULL);
+        cr_assert(status == CKPT_ERR_ARG || status == CKPT_ERR_NOT_FOUND, "limit %lld: %s",
+                  (long long)o.memory_limit, reshard_errmsg());
+        if (status == CKPT_ERR_ARG) fails = o.memory_limit;
+        else plans = o.memory_limit;
+    }
+    return plans;
+}
+
+/* export_run with memory_limit `margin` bytes above the smallest accepted
+ * one; returns the margin the run had. The process's memory moves a little
+ * between the bisection and the run, so a refusal is retried. */
+static int64_t export_tight(ckpt_reader *r, const export_tensor *specs, int count, export_options *options,
+                            int64_t margin, const char *out, export_summary *summary)
+{
+    int status = CKPT_ERR_ARG;
+    for (int attempt = 0; attempt < 4 && status == CKPT_ERR_ARG; attempt++) {
+        int64_t smallest = smallest_memory_limit(r, specs, count, options);
+        options->memory_limit = smallest + margin;
+        status = export_run(r, specs, count, options, out, summary);
+    }
+    cr_assert_eq(status, CKPT_OK, "%s", reshard_errmsg());
+    return margin;
+}
+
+/* Tensors whose rows are wide, transposed and not, converted and not. */
+static int band_tensors(test_tensor *t)
+{
+    fixed_tensor(&t[0], "model/wide.w", CKPT_FP32, 2, (int64_t[]){37, 64}, 1, CKPT_ANCHOR_LAYER, 0);
+    fixed_tensor(&t[1], "model/tall.w", CKPT_BF16, 2, (int64_t[]){96, 12}, 0, CKPT_ANCHOR_LAYER, 1);
+    fixed_tensor(&t[2], "model/cube.w", CKPT_FP16, 3, (int64_t[]){20, 6, 10}, 1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[3], "model/bias", CKPT_FP32, 1, (int64_t[]){200}, 0, CKPT_ANCHOR_LAST, 0);
+    fixed_tensor(&t[4], "model/sq.w", CKPT_BF16, 2, (int64_t[]){30, 30}, -1, CKPT_ANCHOR_LAST, 0);
+    return 5;
+}
+
+static const export_tensor band_specs[] = {
+    {"model/wide.w", "wide", 1}, {"model/tall.w", "tall", 0}, {"model/cube.w", "cube", 0},
+    {"model/bias", "bias", 0},   {"model/sq.w", "sq", 1},     {"model/tall.w", "tall.T", 1},
+};
+static const int band_source[] = {0, 1, 2, 3, 4, 1};
+#define BAND_COUNT 6
+
+Test(export, many_bands_under_tight_memory_limit)
+{
+    seed_random(303);
+    test_tensor t[5];
+    int n = band_tensors(t);
+    const test_tensor *sources[BAND_COUNT];
+    for (int i = 0; i < BAND_COUNT; i++) sources[i] = &t[band_source[i]];
+    char src[700], out[700], file[800];
+    snprintf(src, sizeof src, "%s/src", dir);
+    ckpt_layout layout = {2, 1, 1, 2};
+    write_tensors(src, &layout, t, n, 0, 1);
+    ckpt_reader *r = open_reader(src);
+    static const int dtypes[] = {-1, CKPT_FP32, CKPT_BF16, CKPT_FP16};
+    for (int iter = 0; iter < 4; iter++) {
+        snprintf(out, sizeof out, "%s/bands%d", dir, iter);
+        export_options options;
+        export_options_init(&options);
+        options.dtype = dtypes[iter];
+        options.threads = 2;
+        progress seen;
+        atomic_init(&seen.bytes, 0);
+        atomic_init(&seen.calls, 0);
+        options.on_bytes = on_bytes;
+        options.progress_ctx = &seen;
+        export_summary summary;
+        /* About four of the widest rows per thread beyond the least that plans. */
+        int64_t widest = widest_row(sources, band_specs, BAND_COUNT, options.dtype);
+        export_tight(r, band_specs, BAND_COUNT, &options, 2 * 4 * widest, out, &summary);
+        /* wide (64 output rows of the widest kind or close) alone takes 10 bands or more. */
+        cr_assert_geq(atomic_load(&seen.calls), 16, "only %d bands", atomic_load(&seen.calls));
+        cr_assert_eq(atomic_load(&seen.bytes), summary.tensor_bytes, "progress adds up to the tensor bytes");
+        snprintf(file, sizeof file, "%s/model.safetensors", out);
+        st_parsed p;
+        st_parse(file, &p);
+        for (int i = 0; i < BAND_COUNT; i++) {
+            const test_tensor *s = sources[i];
+            ckpt_dtype dtype = options.dtype >= 0 ? (ckpt_dtype)options.dtype : s->desc.dtype;
+            int64_t shape[CKPT_MAX_DIMS];
+            written_shape(s, band_specs[i].transpose, shape);
+            uint8_t *want = expected_tensor(s, band_specs[i].transpose, dtype);
+            st_check_tensor(&p, band_specs[i].name, dtype, s->desc.ndim, shape, want);
+            free(want);
+        }
+        st_free(&p);
+    }
+
+    /* Too small for one row: refused before anything is written. */
+    for (int format = 0; format < 3; format++) {
+        snprintf(out, sizeof out, "%s/too-small%d", dir, format);
+        int entries = count_entries(dir, NULL);
+        export_options options;
+        export_options_init(&options);
+        options.format = (export_format)format;
+        options.threads = 2;
+        options.memory_limit = 2 * 40; /* the row of wide (transposed: 37 fp32 values) needs 296 bytes */
+        cr_assert_eq(export_run(r, band_specs, BAND_COUNT, &options, out, NULL), CKPT_ERR_ARG, "%s", reshard_errmsg());
+        cr_assert(strstr(reshard_errmsg(), "memory"), "message: %s", reshard_errmsg());
+        assert_nothing_left(dir, out, entries);
+    }
+    ckpt_reader_close(r);
+    free_tensors(t, n);
+}
+
+/* All buffers together stay within memory_limit (export.h: "buffers of all
+ * threads"; docs/EXPORT.md: "all buffers together stay within
+ * --memory-limit"), also when the tensor with the largest staging buffer is
+ * not the one with the largest output buffer. Measured against the
+ * smallest limit that plans: raising the limit by M bytes may add at most M
+ * bytes of buffers to those the smallest limit allows, which are at most a
+ * widest row per thread. */
+Test(export, buffers_stay_within_memory_limit)
+{
+    seed_random(304);
+    test_tensor t[4];
+    fixed_tensor(&t[0], "model/square.w", CKPT_FP32, 2, (int64_t[]){256, 256}, -1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[1], "model/rows.w", CKPT_FP32, 2, (int64_t[]){64, 1024}, -1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[2], "model/half.w", CKPT_BF16, 2, (int64_t[]){128, 512}, -1, CKPT_ANCHOR_LAST, 0);
+    fixed_tensor(&t[3], "model/bias", CKPT_FP32, 1, (int64_t[]){1024}, -1, CKPT_ANCHOR_LAST, 0);
+    char src[700], out[700];
+    snprintf(src, sizeof src, "%s/src", dir);
+    ckpt_layout layout = {1, 1, 1, 1};
+    write_tensors(src, &layout, t, 4, 0, 1);
+    ckpt_reader *r = open_reader(src);
+    const export_tensor specs[] = {
+        {"model/square.w", "square", 1}, {"model/rows.w", "rows", 0}, {"model/half.w", "half", 0}, {"model/bias", "bias", 0}};
+    const test_tensor *sources[] = {&t[0], &t[1], &t[2], &t[3]};
+    static const int dtypes[] = {-1, CKPT_FP32, CKPT_BF16};
+    int64_t allowed[3], used[3];
+    for (int iter = 0; iter < 3; iter++) {
+        snprintf(out, sizeof out, "%s/buffers%d", dir, iter);
+        export_options options;
+        export_options_init(&options);
+        options.dtype = dtypes[iter];
+        options.threads = 2;
+        int64_t widest = widest_row(sources, specs, 4, options.dtype), margin = 2 * 4 * widest;
+        export_summary summary;
+        export_tight(r, specs, 4, &options, margin, out, &summary);
+        allowed[iter] = 2 * widest + margin + 16384; /* 16 KiB: the process's memory may move a little */
+        used[iter] = summary.buffer_memory;
+    }
+    ckpt_reader_close(r);
+    free_tensors(t, 4);
+    for (int iter = 0; iter < 3; iter++)
+        cr_expect_leq(used[iter], allowed[iter],
+                      "dtype %d: %lld bytes of buffers where the memory limit leaves at most %lld for them",
+                      dtypes[iter], (long long)used[iter], (long long)allowed[iter]);
+}
+
+/* ============================================================= 4. GGUF */
+
+typedef struct {
+    const uint8_t *p;
+    size_t size, pos;
+} cursor;
+
+static void take(cursor *c, void *out, size_t n)
+{
+    cr_assert_leq(c->pos + n, c->size, "GGUF: read past the end at %zu", c->pos);
+    memcpy(out, c->p + c->pos, n);
+    c->pos += n;
+}
+
+static uint32_t take_u32(cursor *c)
+{
+    uint32_t v;
+    take(c, &v, 4);
+    return v;
+}
+
+static uint64_t take_u64(cursor *c)
+{
+    uint64_t v;
+    take(c, &v, 8);
+    return v;
+}
+
+/* A GGUF string, compared with want (NULL: into out). */
+static void take_string(cursor *c, char *out, size_t cap)
+{
+    uint64_t n = take_u64(c);
+    cr_assert_lt(n, cap, "GGUF string of %llu bytes", (unsigned long long)n);
+    take(c, out, (size_t)n);
+    out[n] = '\0';
+}
+
+static void expect_string(cursor *c, const char *want, const char *what)
+{
+    char got[256];
+    take_string(c, got, sizeof got);
+    cr_assert_str_eq(got, want, "%s", what);
+}
+
+static int64_t align32(int64_t n)
+{
+    return (n + 31) / 32 * 32;
+}
+
+Test(export, gguf_random_tensors)
+{
+    seed_random(404);
+    static const char *const tokens[] = {"a", "bc", "<|endoftext|>"};
+    static const int32_t types[] = {1, -2, 3, 2147483647};
+    const export_kv kvs[] = {
+        {"general.architecture", EXPORT_KV_STRING, 0, 0, "gpt2", NULL, NULL, 0},
+        {"gpt2.context_length", EXPORT_KV_U32, 1024, 0, NULL, NULL, NULL, 0},
+        {"gpt2.attention.layer_norm_epsilon", EXPORT_KV_F32, 0, 1e-5f, NULL, NULL, NULL, 0},
+        {"tokenizer.ggml.tokens", EXPORT_KV_STRINGS, 0, 0, NULL, tokens, NULL, 3},
+        {"tokenizer.ggml.token_type", EXPORT_KV_I32S, 0, 0, NULL, NULL, types, 4},
+    };
+    static const int dtypes[] = {CKPT_FP32, CKPT_BF16, CKPT_FP16, -1, CKPT_BF16, CKPT_FP32};
+    int transposed = 0;
+    for (int iter = 0; iter < 6; iter++) {
+        char src[700], out[700];
+        snprintf(src, sizeof src, "%s/src%d", dir, iter);
+        snprintf(out, sizeof out, "%s/model%d.gguf", dir, iter);
+        test_tensor t[10];
+        ckpt_layout layout;
+        int n = random_source(src, t, 10, &layout);
+        ckpt_reader *r = open_reader(src);
+        export_tensor specs[10];
+        char names[10][64];
+        for (int i = 0; i < n; i++) {
+            snprintf(names[i], sizeof names[i], "blk.%d.w", i);
+            specs[i] = (export_tensor){t[i].name, names[i], t[i].desc.ndim == 2 && rnd(0, 1)};
+            transposed += specs[i].transpose;
+        }
+        export_options options;
+        export_options_init(&options);
+        options.format = EXPORT_GGUF;
+        options.dtype = dtypes[iter];
+        options.threads = 2;
+        options.kvs = kvs;
+        options.num_kvs = 5;
+        export_summary summary;
+        cr_assert_eq(export_run(r, specs, n, &options, out, &summary), CKPT_OK, "%s", reshard_errmsg());
+        cr_assert_eq(summary.files, 1);
+
+        /* The output dtype of each tensor: 1-D stays fp32. */
+        ckpt_dtype out_dtype[10];
+        int file_type = 0, matrices = 0;
+        for (int i = 0; i < n; i++) {
+            out_dtype[i] = t[i].desc.ndim == 1 ? CKPT_FP32 : options.dtype >= 0 ? (ckpt_dtype)options.dtype : t[i].desc.dtype;
+            if (t[i].desc.ndim >= 2) matrices++;
+        }
+        if (options.dtype >= 0 && matrices)
+            file_type = options.dtype == CKPT_BF16 ? 32 : options.dtype == CKPT_FP16 ? 1 : 0;
+
+        blob file = read_all(out);
+        cursor c = {file.bytes, file.size, 0};
+        char magic[4];
+        take(&c, magic, 4);
+        cr_assert_eq(memcmp(magic, "GGUF", 4), 0, "magic");
+        cr_assert_eq(take_u32(&c), 3, "version");
+        cr_assert_eq(take_u64(&c), (uint64_t)n, "tensor count");
+        cr_assert_eq(take_u64(&c), 6, "key-value count: five and general.file_type");
+        expect_string(&c, "general.architecture", "key 0");
+        cr_assert_eq(take_u32(&c), 8, "string type");
+        expect_string(&c, "gpt2", "architecture");
+        expect_string(&c, "gpt2.context_length", "key 1");
+        cr_assert_eq(take_u32(&c), 4, "u32 type");
+        cr_assert_eq(take_u32(&c), 1024);
+        expect_string(&c, "gpt2.attention.layer_norm_epsilon", "key 2");
+        cr_assert_eq(take_u32(&c), 6, "f32 type");
+        float eps;
+        take(&c, &eps, 4);
+        cr_assert_eq(memcmp(&eps, &kvs[2].f32, 4), 0, "epsilon bits");
+        expect_string(&c, "tokenizer.ggml.tokens", "key 3");
+        cr_assert_eq(take_u32(&c), 9, "array type");
+        cr_assert_eq(take_u32(&c), 8, "array of strings");
+        cr_assert_eq(take_u64(&c), 3, "three tokens");
+        for (int k = 0; k < 3; k++) expect_string(&c, tokens[k], "token");
+        expect_string(&c, "tokenizer.ggml.token_type", "key 4");
+        cr_assert_eq(take_u32(&c), 9, "array type");
+        cr_assert_eq(take_u32(&c), 5, "array of i32");
+        cr_assert_eq(take_u64(&c), 4, "four token types");
+        for (int k = 0; k < 4; k++) {
+            int32_t v;
+            take(&c, &v, 4);
+            cr_assert_eq(v, types[k], "token type %d", k);
+        }
+        expect_string(&c, "general.file_type", "key 5");
+        cr_assert_eq(take_u32(&c), 4, "u32 type");
+        uint32_t got_file_type = take_u32(&c);
+        if (options.dtype >= 0)
+            cr_assert_eq(got_file_type, (uint32_t)file_type, "general.file_type for dtype %d", options.dtype);
+        else
+            cr_assert(got_file_type == 0 || got_file_type == 1 || got_file_type == 32, "file type %u", got_file_type);
+
+        /* Tensor infos: dimensions fastest first, ggml types, padded running offsets. */
+        int64_t offsets[10], running = 0;
+        for (int i = 0; i < n; i++) {
+            expect_string(&c, names[i], "tensor name");
+            cr_assert_eq(take_u32(&c), (uint32_t)t[i].desc.ndim, "%s: dimensions", names[i]);
+            int64_t shape[CKPT_MAX_DIMS];
+            written_shape(&t[i], specs[i].transpose, shape);
+            for (int d = 0; d < t[i].desc.ndim; d++)
+                cr_assert_eq(take_u64(&c), (uint64_t)shape[t[i].desc.ndim - 1 - d], "%s: ne[%d]", names[i], d);
+            uint32_t ggml = out_dtype[i] == CKPT_BF16 ? 30 : out_dtype[i] == CKPT_FP16 ? 1 : 0;
+            cr_assert_eq(take_u32(&c), ggml, "%s: ggml type", names[i]);
+            offsets[i] = (int64_t)take_u64(&c);
+            cr_assert_eq(offsets[i], running, "%s: offset", names[i]);
+            running += align32(tensor_bytes(&t[i], out_dtype[i]));
+        }
+        int64_t data_start = align32((int64_t)c.pos);
+        cr_assert_eq((int64_t)file.size, data_start + running, "file size: header %zu, data %lld", c.pos,
+                     (long long)running);
+        for (int i = 0; i < n; i++) {
+            uint8_t *want = expected_tensor(&t[i], specs[i].transpose, out_dtype[i]);
+            cr_assert_eq(memcmp(file.bytes + data_start + offsets[i], want, (size_t)tensor_bytes(&t[i], out_dtype[i])), 0,
+                         "%s: data", names[i]);
+            free(want);
+        }
+        free(file.bytes);
+        ckpt_reader_close(r);
+        free_tensors(t, n);
+    }
+    cr_assert_gt(transposed, 0, "the random tensors included a transposed matrix");
+}
+
+/* ============================================================= 5. HDF5 */
+
+static char *root_attribute(hid_t file, const char *name)
+{
+    cr_assert_gt(H5Aexists(file, name), 0, "root attribute %s", name);
+    hid_t attr = H5Aopen(file, name, H5P_DEFAULT), type = H5Aget_type(attr);
+    cr_assert(attr >= 0 && type >= 0);
+    cr_assert_gt(H5Tis_variable_str(type), 0, "attribute %s: a variable-length string", name);
+    cr_assert_eq(H5Tget_cset(type), H5T_CSET_UTF8, "attribute %s: UTF-8", name);
+    char *value = NULL;
+    cr_assert_geq(H5Aread(attr, type, &value), 0);
+    char *copy = strdup(value);
+    H5free_memory(value);
+    H5Tclose(type);
+    H5Aclose(attr);
+    return copy;
+}
+
+Test(export, hdf5_random_tensors)
+{
+    seed_random(505);
+    static const char *const metadata[] = {"architecture", "gpt2", "exported_by", "tp-ckpt", NULL};
+    static const int dtypes[] = {-1, CKPT_BF16, CKPT_FP16, CKPT_FP32, -1};
+    int transposed = 0;
+    for (int iter = 0; iter < 5; iter++) {
+        char src[700], out[700];
+        snprintf(src, sizeof src, "%s/src%d", dir, iter);
+        snprintf(out, sizeof out, "%s/merged%d.h5", dir, iter);
+        test_tensor t[10];
+        ckpt_layout layout;
+        int n = random_source(src, t, 10, &layout);
+        ckpt_reader *r = open_reader(src);
+        export_tensor specs[10];
+        char names[10][64];
+        for (int i = 0; i < n; i++) {
+            snprintf(names[i], sizeof names[i], "%s/t%d", i % 2 ? "decoder/layer" : "head", i);
+            specs[i] = (export_tensor){t[i].name, names[i], t[i].desc.ndim == 2 && rnd(0, 1)};
+            transposed += specs[i].transpose;
+        }
+        export_options options;
+        export_options_init(&options);
+        options.format = EXPORT_HDF5;
+        options.dtype = dtypes[iter];
+        options.threads = 2;
+        options.metadata = metadata;
+        export_summary summary;
+        cr_assert_eq(export_run(r, specs, n, &options, out, &summary), CKPT_OK, "%s", reshard_errmsg());
+        cr_assert_eq(summary.files, 1);
+        int leftovers = 0;
+        count_entries(dir, &leftovers);
+        cr_assert_eq(leftovers, 0);
+
+        hid_t file = H5Fopen(out, H5F_ACC_RDONLY, H5P_DEFAULT);
+        cr_assert_geq(file, 0, "HDF5 opens %s", out);
+        for (int k = 0; metadata[k]; k += 2) {
+            char *value = root_attribute(file, metadata[k]);
+            cr_assert_str_eq(value, metadata[k + 1], "attribute %s", metadata[k]);
+            free(value);
+        }
+        for (int i = 0; i < n; i++) {
+            ckpt_dtype dtype = options.dtype >= 0 ? (ckpt_dtype)options.dtype : t[i].desc.dtype;
+            hid_t dset = H5Dopen2(file, names[i], H5P_DEFAULT);
+            cr_assert_geq(dset, 0, "dataset %s", names[i]);
+            hid_t space = H5Dget_space(dset), type = H5Dget_type(dset);
+            hsize_t dims[CKPT_MAX_DIMS];
+            cr_assert_eq(H5Sget_simple_extent_ndims(space), t[i].desc.ndim, "%s: rank", names[i]);
+            H5Sget_simple_extent_dims(space, dims, NULL);
+            int64_t shape[CKPT_MAX_DIMS];
+            written_shape(&t[i], specs[i].transpose, shape);
+            for (int d = 0; d < t[i].desc.ndim; d++) cr_assert_eq(dims[d], (hsize_t)shape[d], "%s: dim %d", names[i], d);
+            cr_assert_eq(H5Tget_class(type), H5T_FLOAT, "%s: a float type", names[i]);
+            hid_t dcpl = H5Dget_create_plist(dset);
+            cr_assert_eq(H5Pget_layout(dcpl), H5D_CONTIGUOUS, "%s: stored contiguously", names[i]);
+            H5Pclose(dcpl);
+            cr_assert_eq(H5Tget_size(type), ckpt_dtype_size(dtype), "%s: element size", names[i]);
+            size_t spos, epos, esize, mpos, msize;
+            cr_assert_geq(H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize), 0);
+            if (dtype == CKPT_BF16)
+                cr_assert(spos == 15 && epos == 7 && esize == 8 && mpos == 0 && msize == 7 && H5Tget_ebias(type) == 127,
+                          "%s: bf16 fields", names[i]);
+            else if (dtype == CKPT_FP16)
+                cr_assert(spos == 15 && epos == 10 && esize == 5 && mpos == 0 && msize == 10 && H5Tget_ebias(type) == 15,
+                          "%s: fp16 fields", names[i]);
+            else
+                cr_assert_gt(H5Tequal(type, H5T_IEEE_F32LE), 0, "%s: IEEE fp32 little-endian", names[i]);
+            size_t bytes = (size_t)tensor_bytes(&t[i], dtype);
+            uint8_t *got = malloc(bytes + 1);
+            /* fp32 as native floats; 16-bit floats in their own (file) type: raw bytes. */
+            cr_assert_geq(H5Dread(dset, dtype == CKPT_FP32 ? H5T_NATIVE_FLOAT : type, H5S_ALL, H5S_ALL, H5P_DEFAULT, got), 0,
+                          "%s: read", names[i]);
+            uint8_t *want = expected_tensor(&t[i], specs[i].transpose, dtype);
+            cr_assert_eq(memcmp(got, want, bytes), 0, "%s: data", names[i]);
+            free(want);
+            free(got);
+            H5Tclose(type);
+            H5Sclose(space);
+            H5Dclose(dset);
+        }
+        H5Fclose(file);
+        ckpt_reader_close(r);
+        free_tensors(t, n);
+    }
+    cr_assert_gt(transposed, 0, "the random tensors included a transposed matrix");
+}
+
+/* ======================================================= 6. atomicity */
+
+/* A small source; with corrupt, a byte of model/big's data flipped. */
+static void small_source(const char *path, test_tensor *t, int corrupt)
+{
+    fixed_tensor(&t[0], "model/big", CKPT_FP32, 2, (int64_t[]){64, 64}, -1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[1], "model/vec", CKPT_BF16, 1, (int64_t[]){64}, -1, CKPT_ANCHOR_FIRST, 0);
+    ckpt_layout layout = {1, 1, 1, 1};
+    write_tensors(path, &layout, t, 2, 0, 1);
+    if (!corrupt) return;
+    char shard[800];
+    snprintf(shard, sizeof shard, "%s/shard_pp00_tp00.h5", path);
+    hid_t f = H5Fopen(shard, H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "/tensors/model/big", H5P_DEFAULT);
+    cr_assert_geq(d, 0, "dataset of model/big in %s", shard);
+    haddr_t offset = H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+    cr_assert_neq(offset, HADDR_UNDEF);
+    int fd = open(shard, O_RDWR);
+    unsigned char c;
+    cr_assert_eq(pread(fd, &c, 1, (off_t)offset + 5000), 1);
+    c ^= 0x10;
+    cr_assert_eq(pwrite(fd, &c, 1, (off_t)offset + 5000), 1);
+    close(fd);
+}
+
+static const char *const format_suffix[] = {"", ".gguf", ".h5"};
+
+Test(export, outputs_are_atomic)
+{
+    seed_random(606);
+    char src[700], bad[700], outdir[700], out[800], marker[900];
+    snprintf(src, sizeof src, "%s/src", dir);
+    snprintf(bad, sizeof bad, "%s/bad", dir);
+    snprintf(outdir, sizeof outdir, "%s/out", dir);
+    cr_assert_eq(mkdir(outdir, 0755), 0);
+    test_tensor t[2], u[2];
+    small_source(src, t, 0);
+    small_source(bad, u, 1);
+    ckpt_reader *r = open_reader(src), *broken = open_reader(bad);
+    const export_tensor good[] = {{"model/big", "big", 1}, {"model/vec", "vec", 0}};
+    for (int format = 0; format < 3; format++) {
+        export_options options;
+        export_options_init(&options);
+        options.format = (export_format)format;
+        options.threads = 2;
+
+        /* An existing output is refused and left as it was. */
+        snprintf(out, sizeof out, "%s/existing%s", outdir, format_suffix[format]);
+        blob old = {(uint8_t *)"not an export\n", 14};
+        if (format == EXPORT_SAFETENSORS) {
+            cr_assert_eq(mkdir(out, 0755), 0);
+            snprintf(marker, sizeof marker, "%s/marker.txt", out);
+        } else {
+            snprintf(marker, sizeof marker, "%s", out);
+        }
+        write_all(marker, old.bytes, old.size);
+        int entries = count_entries(outdir, NULL);
+        cr_assert_eq(export_run(r, good, 2, &options, out, NULL), CKPT_ERR_EXISTS, "format %d: %s", format,
+                     reshard_errmsg());
+        cr_assert(strstr(reshard_errmsg(), out), "message names the path: %s", reshard_errmsg());
+        cr_assert(same_file(marker, &old), "the existing output is untouched");
+        cr_assert_eq(count_entries(outdir, NULL), entries, "no staging leftover");
+        if (format == EXPORT_SAFETENSORS) cr_assert_eq(count_entries(out, NULL), 1);
+
+        /* A failing export with overwrite leaves the existing output too. */
+        options.overwrite = 1;
+        cr_assert_eq(export_run(broken, good, 2, &options, out, NULL), CKPT_ERR_CHECKSUM, "format %d: %s", format,
+                     reshard_errmsg());
+        cr_assert(same_file(marker, &old), "the existing output survives a failed overwrite");
+        cr_assert_eq(count_entries(outdir, NULL), entries, "no staging leftover after a failed overwrite");
+
+        /* With overwrite it is replaced by a complete export. */
+        cr_assert_eq(export_run(r, good, 2, &options, out, NULL), CKPT_OK, "format %d: %s", format, reshard_errmsg());
+        cr_assert_eq(count_entries(outdir, NULL), entries, "no staging leftover after the overwrite");
+        if (format == EXPORT_SAFETENSORS) {
+            cr_assert(!path_exists(marker), "the old directory's content is gone");
+            snprintf(marker, sizeof marker, "%s/model.safetensors", out);
+            st_parsed p;
+            st_parse(marker, &p);
+            int64_t shape[CKPT_MAX_DIMS];
+            written_shape(&t[0], 1, shape);
+            uint8_t *want = expected_tensor(&t[0], 1, CKPT_FP32);
+            st_check_tensor(&p, "big", CKPT_FP32, 2, shape, want);
+            free(want);
+            st_free(&p);
+        } else if (format == EXPORT_GGUF) {
+            blob now = read_all(out);
+            cr_assert(now.size > 4 && !memcmp(now.bytes, "GGUF", 4), "a GGUF file replaced the old one");
+            free(now.bytes);
+        } else {
+            hid_t f = H5Fopen(out, H5F_ACC_RDONLY, H5P_DEFAULT);
+            cr_assert_geq(f, 0, "an HDF5 file replaced the old one");
+            cr_assert_gt(H5Lexists(f, "big", H5P_DEFAULT), 0);
+            H5Fclose(f);
+        }
+        options.overwrite = 0;
+
+        /* Failures leave nothing: before the output is staged ... */
+        snprintf(out, sizeof out, "%s/failed%s", outdir, format_suffix[format]);
+        entries = count_entries(outdir, NULL);
+        const export_tensor missing[] = {{"model/big", "big", 0}, {"model/nothing", "nothing", 0}};
+        cr_assert_eq(export_run(r, missing, 2, &options, out, NULL), CKPT_ERR_NOT_FOUND, "%s", reshard_errmsg());
+        cr_assert(strstr(reshard_errmsg(), "model/nothing"), "message names the tensor: %s", reshard_errmsg());
+        assert_nothing_left(outdir, out, entries);
+        const export_tensor vector_transposed[] = {{"model/big", "big", 0}, {"model/vec", "vec", 1}};
+        cr_assert_eq(export_run(r, vector_transposed, 2, &options, out, NULL), CKPT_ERR_ARG, "%s", reshard_errmsg());
+        cr_assert(strstr(reshard_errmsg(), "model/vec"), "message names the tensor: %s", reshard_errmsg());
+        assert_nothing_left(outdir, out, entries);
+        const export_tensor twice[] = {{"model/big", "same", 0}, {"model/vec", "same", 0}};
+        cr_assert_eq(export_run(r, twice, 2, &options, out, NULL), CKPT_ERR_ARG, "%s", reshard_errmsg());
+        assert_nothing_left(outdir, out, entries);
+        cr_assert_eq(export_run(r, good, 0, &options, out, NULL), CKPT_ERR_ARG, "nothing to export");
+        assert_nothing_left(outdir, out, entries);
+        /* ... and while streaming (a damaged block of the source). */
+        cr_assert_eq(export_run(broken, good, 2, &options, out, NULL), CKPT_ERR_CHECKSUM, "%s", reshard_errmsg());
+        cr_assert(strstr(reshard_errmsg(), "model/big"), "message names the tensor: %s", reshard_errmsg());
+        assert_nothing_left(outdir, out, entries);
+    }
+
+    /* GGUF limits: names of 64 bytes or more. */
+    snprintf(out, sizeof out, "%s/long.gguf", outdir);
+    int entries = count_entries(outdir, NULL);
+    char long_name[80];
+    memset(long_name, 'x', 64);
+    long_name[64] = '\0';
+    const export_tensor too_long[] = {{"model/vec", long_name, 0}};
+    export_options options;
+    export_options_init(&options);
+    options.format = EXPORT_GGUF;
+    cr_assert_eq(export_run(r, too_long, 1, &options, out, NULL), CKPT_ERR_ARG, "%s", reshard_errmsg());
+    assert_nothing_left(outdir, out, entries);
+
+    /* HDF5: a dataset where a group is needed fails once the file exists. */
+    snprintf(out, sizeof out, "%s/clash.h5", outdir);
+    const export_tensor clash[] = {{"model/vec", "blk", 0}, {"model/big", "blk/w", 0}};
+    options.format = EXPORT_HDF5;
+    cr_assert_neq(export_run(r, clash, 2, &options, out, NULL), CKPT_OK, "blk is a dataset, not a group");
+    assert_nothing_left(outdir, out, entries);
+
+    ckpt_reader_close(broken);
+    ckpt_reader_close(r);
+    free_tensors(t, 2);
+    free_tensors(u, 2);
+}
+
+/* The same tensors give the same bytes whatever the layout, thread count
+ * and band size they come through (docs/EXPORT.md "Deterministic"). */
+Test(export, outputs_are_deterministic)
+{
+    seed_random(650);
+    static const int tps[] = {1, 2, 4};
+    test_tensor t[8];
+    int n = random_tensors(t, 8, tps, 3, 2);
+    char a[700], b[700], out[2][800], file[2][1700];
+    snprintf(a, sizeof a, "%s/tp1pp1", dir);
+    snprintf(b, sizeof b, "%s/tp4pp2", dir);
+    write_tensors(a, &(ckpt_layout){1, 1, 1, 2}, t, n, 0, 1);
+    write_tensors(b, &(ckpt_layout){4, 2, 1, 2}, t, n, 1, 1);
+    ckpt_reader *readers[2] = {open_reader(a), open_reader(b)};
+    export_tensor specs[8];
+    char names[8][64];
+    for (int i = 0; i < n; i++) {
+        snprintf(names[i], sizeof names[i], "w.%d", i);
+        specs[i] = (export_tensor){t[i].name, names[i], t[i].desc.ndim == 2 && i % 2};
+    }
+    static const char *const metadata[] = {"k", "v", NULL};
+    for (int format = 0; format < 3; format++) {
+        for (int k = 0; k < 2; k++) {
+            snprintf(out[k], sizeof out[k], "%s/det%d-%d%s", dir, format, k, format_suffix[format]);
+            export_options options;
+            export_options_init(&options);
+            options.format = (export_format)format;
+            options.dtype = format == EXPORT_GGUF ? CKPT_BF16 : -1;
+            options.metadata = metadata;
+            options.threads = k ? 2 : 1;
+            if (k == 0) {
+                cr_assert_eq(export_run(readers[k], specs, n, &options, out[k], NULL), CKPT_OK, "%s", reshard_errmsg());
+            } else { /* in many bands */
+                const test_tensor *sources[8];
+                for (int i = 0; i < n; i++) sources[i] = &t[i];
+                export_tight(readers[k], specs, n, &options, 2 * 2 * widest_row(sources, specs, n, options.dtype), out[k],
+                             NULL);
+            }
+            snprintf(file[k], sizeof file[k], "%s%s", out[k], format == EXPORT_SAFETENSORS ? "/model.safetensors" : "");
+        }
+        blob first = read_all(file[0]);
+        cr_assert(same_file(file[1], &first), "format %d: %s and %s differ", format, file[0], file[1]);
+        free(first.bytes);
+    }
+    ckpt_reader_close(readers[0]);
+    ckpt_reader_close(readers[1]);
+    free_tensors(t, n);
+}
+
+/* ============================================ 7. malformed safetensors */
+
+/* A safetensors file byte by byte: the 8-byte little-endian header length
+ * (length < 0: the JSON's own), the header text, then data bytes. */
+static void write_st(const char *path, int64_t length, const char *json, const void *data, size_t data_size)
+{
+    size_t text = strlen(json);
+    uint64_t n = length >= 0 ? (uint64_t)length : (uint64_t)text;
+    uint8_t *bytes = malloc(8 + text + data_size + 1);
+    for (int k = 0; k < 8; k++) bytes[k] = (uint8_t)(n >> (8 * k));
+    memcpy(bytes + 8, json, text);
+    if (data_size) memcpy(bytes + 8 + text, data, data_size);
+    write_all(path, bytes, 8 + text + data_size);
+    free(bytes);
+}
+
+static void expect_open_fails(const char *path, int status, const char *named)
+{
+    safetensors_set *set = NULL;
+    int got = safetensors_open(&set, path);
+    if (got == CKPT_OK) safetensors_close(set);
+    cr_assert_eq(got, status, "%s: expected %s, got %s: %s", path, ckpt_status_name(status), ckpt_status_name(got),
+                 reshard_errmsg());
+    cr_assert(strstr(reshard_errmsg(), named), "the message names %s: %s", named, reshard_errmsg());
+}
+
+Test(export, safetensors_open_rejects_malformed_files)
+{
+    uint8_t data[64];
+    for (int k = 0; k < 64; k++) data[k] = (uint8_t)(k * 7 + 1);
+    char path[800];
+#define CASE(name) snprintf(path, sizeof path, "%s/%s.safetensors", dir, name)
+
+    CASE("short");
+    write_all(path, "\x10\0\0\0\0", 5);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("empty");
+    write_all(path, "", 0);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("beyond");
+    write_st(path, 1000, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("huge-length");
+    write_st(path, (int64_t)1 << 62, "{}", NULL, 0);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("not-json");
+    write_st(path, -1, "this is not JSON at all", NULL, 0);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("truncated-json");
+    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],", data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("array");
+    write_st(path, -1, "[1, 2]  ", NULL, 0);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("dtype");
+    write_st(path, -1, "{\"a\":{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    cr_assert(strstr(reshard_errmsg(), "F33"), "names the dtype: %s", reshard_errmsg());
+
+    CASE("size");
+    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("size2");
+    write_st(path, -1, "{\"a\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,8]}}", data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("backwards");
+    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("no-offsets");
+    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("overlap");
+    write_st(path, -1,
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+             "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+             data, 12);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("same-place");
+    write_st(path, -1,
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+             "\"b\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+             data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("gap");
+    write_st(path, -1,
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+             "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
+             data, 20);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("not-from-zero");
+    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", data, 12);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("trailing");
+    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 12);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("truncated-data");
+    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 6);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("metadata");
+    write_st(path, -1,
+             "{\"__metadata__\":{\"format\":\"pt\",\"layers\":12},"
+             "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+             data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("metadata-array");
+    write_st(path, -1, "{\"__metadata__\":[\"pt\"],\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+             data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("negative-shape");
+    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    CASE("twice");
+    write_st(path, -1,
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+             "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+             data, 8);
+    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+
+    /* Not there at all. */
+    snprintf(path, sizeof path, "%s/absent.safetensors", dir);
+    expect_open_fails(path, CKPT_ERR_NOT_FOUND, path);
+
+    /* A directory with neither model.safetensors nor an index. */
+    snprintf(path, sizeof path, "%s/emptydir", dir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    expect_open_fails(path, CKPT_ERR_NOT_FOUND, path);
+
+    /* A sharded directory whose index names a tensor missing from its shard. */
+    char file[900];
+    snprintf(path, sizeof path, "%s/sharded", dir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    snprintf(file, sizeof file, "%s/part-1.safetensors", path);
+    write_st(file, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
+    snprintf(file, sizeof file, "%s/part-2.safetensors", path);
+    write_st(file, -1, "{\"b\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}", data, 4);
+    snprintf(file, sizeof file, "%s/model.safetensors.index.json", path);
+    const char *index = "{\"metadata\":{\"total_size\":12},\"weight_map\":{\"a\":\"part-1.safetensors\","
+                        "\"b\":\"part-2.safetensors\",\"c\":\"part-2.safetensors\"}}";
+    write_all(file, index, strlen(index));
+    expect_open_fails(path, CKPT_ERR_FORMAT, "part-2.safetensors");
+    cr_assert(strstr(reshard_errmsg(), "c"), "names the tensor: %s", reshard_errmsg());
+    /* ... a tensor listed in the wrong shard ... */
+    index = "{\"weight_map\":{\"a\":\"part-2.safetensors\",\"b\":\"part-2.safetensors\"}}";
+    write_all(file, index, strlen(index));
+    expect_open_fails(path, CKPT_ERR_FORMAT, "part-2.safetensors");
+    /* ... a shard that is not there ... */
+    index = "{\"weight_map\":{\"a\":\"part-1.safetensors\",\"b\":\"part-3.safetensors\"}}";
+    write_all(file, index, strlen(index));
+    expect_open_fails(path, CKPT_ERR_NOT_FOUND, "part-3.safetensors");
+    /* ... an index that is not one ... */
+    index = "{\"metadata\":{}}";
+    write_all(file, index, strlen(index));
+    expect_open_fails(path, CKPT_ERR_FORMAT, "model.safetensors.index.json");
+    /* ... and the same directory with a correct index opens. */
+    index = "{\"metadata\":{\"total_size\":12},\"weight_map\":{\"a\":\"part-1.safetensors\",\"b\":\"part-2.safetensors\"}}";
+    write_all(file, index, strlen(index));
+    safetensors_set *set;
+    cr_assert_eq(safetensors_open(&set, path), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(safetensors_count(set), 2);
+    cr_assert_eq(safetensors_find(set, "b")->dtype, CKPT_FP16);
+    safetensors_close(set);
+#undef CASE
+}
+
+/* An empty tensor takes no bytes; the reference implementation sorts by
+ * (begin, end), so one at an offset where another tensor begins is valid. */
+Test(export, safetensors_open_accepts_empty_tensor_between_others)
+{
+    uint8_t data[16] = {0};
+    static const char *const headers[] = {
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+        "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+        "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]}}",
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+        "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]},"
+        "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
+    };
+    int status[2], count[2];
+    char message[2][512];
+    for (int k = 0; k < 2; k++) {
+        char path[800];
+        snprintf(path, sizeof path, "%s/empty-between%d.safetensors", dir, k);
+        write_st(path, -1, headers[k], data, 16);
+        safetensors_set *set = NULL;
+        status[k] = safetensors_open(&set, path);
+        snprintf(message[k], sizeof message[k], "%s", reshard_errmsg());
+        count[k] = status[k] == CKPT_OK ? safetensors_count(set) : -1;
+        safetensors_close(set);
+    }
+    for (int k = 0; k < 2; k++) {
+        cr_expect_eq(status[k], CKPT_OK, "header order %d: a valid file with an empty tensor: %s", k, message[k]);
+        cr_expect(status[k] != CKPT_OK || count[k] == 3, "three tensors");
+    }
+}
+
+/* The header must be JSON and nothing else (the reference parser refuses
+ * trailing characters); only spaces may pad it. */
+Test(export, safetensors_open_rejects_trailing_garbage_in_header)
+{
+    uint8_t data[8] = {0};
+    char path[800];
+    snprintf(path, sizeof path, "%s/garbage.safetensors", dir);
+    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}garbage", data, 8);
+    safetensors_set *set = NULL;
+    int status = safetensors_open(&set, path);
+    safetensors_close(set);
+    cr_assert_eq(status, CKPT_ERR_FORMAT, "a header with trailing garbage: got %s", ckpt_status_name(status));
+}
+
+/* A valid file whose header is not padded: data at odd offsets of the file. */
+Test(export, unpadded_header_imports)
+{
+    seed_random(707);
+    /* a: bf16 [4, 6] -> target [4, 6] split on rows; b: f32 [4] replicated;
+     * c: f16 [6, 4], the transpose of target [4, 6] fp32. */
+    uint8_t data[48 + 16 + 48];
+    for (size_t k = 0; k < sizeof data; k++) data[k] = (uint8_t)next_random();
+    const char *json = "{\"__metadata__\":{\"format\":\"pt\"},"
+                       "\"a\":{\"dtype\":\"BF16\",\"shape\":[4,6],\"data_offsets\":[0,48]},"
+                       "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[48,64]},"
+                       "\"c\":{\"dtype\":\"F16\",\"shape\":[6,4],\"data_offsets\":[64,112]}}";
+    char header[600];
+    snprintf(header, sizeof header, "%s%s", json, strlen(json) % 2 ? "" : " ");
+    cr_assert_eq(strlen(header) % 2, 1, "odd header length");
+    char path[800], out[800];
+    snprintf(path, sizeof path, "%s/odd.safetensors", dir);
+    write_st(path, -1, header, data, sizeof data);
+    safetensors_set *set;
+    cr_assert_eq(safetensors_open(&set, path), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(safetensors_count(set), 3);
+    const safetensors_info *c = safetensors_find(set, "c");
+    cr_assert(c && c->dtype == CKPT_FP16 && c->supported && c->ndim == 2 && c->shape[0] == 6 && c->shape[1] == 4);
+
+    test_tensor t[3];
+    fixed_tensor(&t[0], "model/a", CKPT_BF16, 2, (int64_t[]){4, 6}, 0, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[1], "model/b", CKPT_FP32, 1, (int64_t[]){4}, -1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[2], "model/c", CKPT_FP32, 2, (int64_t[]){4, 6}, 1, CKPT_ANCHOR_LAST, 0);
+    /* The expected logical tensors, from the file's bytes. */
+    memcpy(t[0].logical, data, 48);
+    memcpy(t[1].logical, data + 48, 16);
+    test_tensor source_c;
+    fixed_tensor(&source_c, "c", CKPT_FP16, 2, (int64_t[]){6, 4}, -1, CKPT_ANCHOR_LAST, 0);
+    memcpy(source_c.logical, data + 64, 48);
+    uint8_t *c_want = expected_tensor(&source_c, 1, CKPT_FP32);
+    memcpy(t[2].logical, c_want, 96);
+    free(c_want);
+
+    ckpt_tensor_desc descs[3] = {t[0].desc, t[1].desc, t[2].desc};
+    const export_tensor map[] = {{NULL, "a", 0}, {NULL, "b", 0}, {NULL, "c", 1}};
+    ckpt_layout layout = {2, 1, 1, 1};
+    import_options options;
+    import_options_init(&options);
+    options.threads = 2;
+    snprintf(out, sizeof out, "%s/imported", dir);
+    cr_assert_eq(import_run(set, descs, map, 3, &layout, NULL, &options, out), CKPT_OK, "%s", reshard_errmsg());
+    safetensors_close(set);
+    ckpt_reader *r = open_reader(out);
+    for (int i = 0; i < 3; i++) {
+        int k = ckpt_reader_find(r, t[i].name);
+        cr_assert_geq(k, 0, "%s", t[i].name);
+        size_t bytes = (size_t)tensor_bytes(&t[i], t[i].desc.dtype);
+        uint8_t *got = malloc(bytes);
+        int64_t start[CKPT_MAX_DIMS] = {0};
+        cr_assert_eq(ckpt_reader_read_region(r, k, start, t[i].desc.shape, got, bytes), CKPT_OK, "%s", ckpt_errmsg());
+        cr_assert_eq(memcmp(got, t[i].logical, bytes), 0, "%s imported from an unaligned offset", t[i].name);
+        free(got);
+    }
+    ckpt_reader_close(r);
+    free_tensors(t, 3);
+    free(source_c.logical);
+}
+
+/* ============================================================ 8. import */
+
+/* Every tensor at path equals its expected logical bytes, and padding is zero. */
+static void check_imported(const char *path, const test_tensor *t, uint8_t *const *want, int n)
+{
+    ckpt_reader *r = open_reader(path);
+    cr_assert_eq(ckpt_reader_num_tensors(r), n);
+    int tp = ckpt_reader_layout(r)->tp;
+    for (int i = 0; i < n; i++) {
+        int k = ckpt_reader_find(r, t[i].name);
+        cr_assert_geq(k, 0, "%s imported", t[i].name);
+        const ckpt_tensor_desc *d = ckpt_reader_tensor(r, k);
+        cr_assert(ckpt_tensor_equal_layout(d, &t[i].desc), "%s: layout as described", t[i].name);
+        cr_assert_eq(d->dtype, t[i].desc.dtype);
+        size_t bytes = (size_t)tensor_bytes(&t[i], t[i].desc.dtype);
+        uint8_t *got = malloc(bytes + 1);
+        int64_t start[CKPT_MAX_DIMS] = {0};
+        cr_assert_eq(ckpt_reader_read_region(r, k, start, t[i].desc.shape, got, bytes), CKPT_OK, "%s", ckpt_errmsg());
+        cr_assert_eq(memcmp(got, want[i], bytes), 0, "%s at tp=%d: values differ", t[i].name, tp);
+        free(got);
+        int64_t n_elements = elements_of(t[i].desc.shape, t[i].desc.ndim);
+        cr_assert_eq(ckpt_reader_digest(r, k), naive_digest(want[i], ckpt_dtype_size(d->dtype), n_elements),
+                     "%s: logical digest", t[i].name);
+        for (int p = 0; p < ckpt_piece_count(d, tp); p++) {
+            cr_assert_eq(ckpt_reader_check_padding(r, k, p), CKPT_OK, "%s piece %d: %s", t[i].name, p, ckpt_errmsg());
+            cr_assert_eq(ckpt_reader_verify_piece(r, k, p), CKPT_OK, "%s piece %d: %s", t[i].name, p, ckpt_errmsg());
+        }
+    }
+    ckpt_reader_close(r);
+}
+
+Test(export, import_into_layouts)
+{
+    seed_random(808);
+    int transposed = 0;
+    for (int iter = 0; iter < 3; iter++) {
+        char src[700], hf[700], out[800];
+        snprintf(src, sizeof src, "%s/src%d", dir, iter);
+        snprintf(hf, sizeof hf, "%s/hf%d", dir, iter);
+        static const int tps[] = {1, 2, 4};
+        test_tensor t[10];
+        int n = random_tensors(t, 10, tps, 3, 2);
+        for (int i = 0; i < n; i++)
+            if (t[i].desc.dtype == CKPT_FP16) t[i].desc.dtype = CKPT_BF16; /* fp32 and bf16 only */
+        ckpt_layout layout = {tps[rnd(0, 2)], (int)rnd(1, 2), 1, 2};
+        write_tensors(src, &layout, t, n, 0, 5);
+        ckpt_reader *r = open_reader(src);
+        export_tensor specs[10], map[10];
+        char names[10][64];
+        for (int i = 0; i < n; i++) {
+            snprintf(names[i], sizeof names[i], "h.%d.%s", i, i % 2 ? "weight" : "bias");
+            specs[i] = (export_tensor){t[i].name, names[i], t[i].desc.ndim == 2 && rnd(0, 1)};
+            transposed += specs[i].transpose;
+            map[i] = (export_tensor){NULL, names[i], specs[i].transpose};
+        }
+        export_options options;
+        export_options_init(&options);
+        options.threads = 2;
+        options.max_shard_bytes = iter == 1 ? 2000 : 0; /* a sharded directory once */
+        cr_assert_eq(export_run(r, specs, n, &options, hf, NULL), CKPT_OK, "%s", reshard_errmsg());
+        ckpt_reader_close(r);
+
+        safetensors_set *set;
+        cr_assert_eq(safetensors_open(&set, hf), CKPT_OK, "%s", reshard_errmsg());
+        ckpt_tensor_desc descs[10];
+        uint8_t *want[10];
+        for (int i = 0; i < n; i++) {
+            descs[i] = t[i].desc;
+            want[i] = t[i].logical;
+        }
+        import_options io;
+        import_options_init(&io);
+        io.threads = 2;
+        ckpt_train_state state = {42, 336, "{\"arch\":\"gpt2\"}", NULL, NULL, NULL};
+        for (int k = 0; k < 3; k++)
+            for (int pp = 1; pp <= 2; pp++) {
+                ckpt_layout to = {tps[k], pp, 1, 2};
+                snprintf(out, sizeof out, "%s/imported%d_tp%d_pp%d", dir, iter, tps[k], pp);
+                cr_assert_eq(import_run(set, descs, map, n, &to, &state, &io, out), CKPT_OK, "tp=%d pp=%d: %s", tps[k], pp,
+                             reshard_errmsg());
+                check_imported(out, t, want, n);
+                ckpt_reader *back = open_reader(out);
+                cr_assert_eq(ckpt_reader_state(back)->step, 42);
+                ckpt_reader_close(back);
+            }
+        safetensors_close(set);
+
+        /* Through fp32 and back to the stored dtypes: converted as convert_numbers does. */
+        snprintf(hf, sizeof hf, "%s/hf%d-fp32", dir, iter);
+        r = open_reader(src);
+        options.dtype = CKPT_FP32;
+        cr_assert_eq(export_run(r, specs, n, &options, hf, NULL), CKPT_OK, "%s", reshard_errmsg());
+        ckpt_reader_close(r);
+        cr_assert_eq(safetensors_open(&set, hf), CKPT_OK, "%s", reshard_errmsg());
+        for (int i = 0; i < n; i++) {
+            int64_t count = elements_of(t[i].desc.shape, t[i].desc.ndim);
+            uint8_t *wide = malloc((size_t)count * 4);
+            want[i] = malloc((size_t)count * 4);
+            convert_numbers(t[i].logical, format_of(t[i].desc.dtype), wide, NUMBER_F32, count);
+            convert_numbers(wide, NUMBER_F32, want[i], format_of(t[i].desc.dtype), count);
+            free(wide);
+        }
+        snprintf(out, sizeof out, "%s/imported%d-narrowed", dir, iter);
+        ckpt_layout to = {2, 2, 1, 2};
+        cr_assert_eq(import_run(set, descs, map, n, &to, &state, &io, out), CKPT_OK, "%s", reshard_errmsg());
+        check_imported(out, t, want, n);
+        for (int i = 0; i < n; i++) free(want[i]);
+        safetensors_close(set);
+        free_tensors(t, n);
+    }
+    cr_assert_gt(transposed, 0, "the random tensors included a transposed matrix");
+}
+
+Test(export, import_checks_sources_before_writing)
+{
+    seed_random(909);
+    test_tensor t[2];
+    fixed_tensor(&t[0], "model/w", CKPT_FP32, 2, (int64_t[]){4, 6}, 1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[1], "model/v", CKPT_BF16, 1, (int64_t[]){6}, -1, CKPT_ANCHOR_FIRST, 0);
+    char path[800], out[800];
+    snprintf(path, sizeof path, "%s/in.safetensors", dir);
+    uint8_t data[96 + 12 + 16];
+    memcpy(data, t[0].logical, 96);
+    memcpy(data + 96, t[1].logical, 12);
+    for (int k = 0; k < 16; k++) data[108 + k] = (uint8_t)k;
+    write_st(path, -1,
+             "{\"w\":{\"dtype\":\"F32\",\"shape\":[4,6],\"data_offsets\":[0,96]},"
+             "\"v\":{\"dtype\":\"BF16\",\"shape\":[6],\"data_offsets\":[96,108]},"
+             "\"ints\":{\"dtype\":\"I32\",\"shape\":[4],\"data_offsets\":[108,124]}}",
+             data, sizeof data);
+    safetensors_set *set;
+    cr_assert_eq(safetensors_open(&set, path), CKPT_OK, "%s", reshard_errmsg());
+    const safetensors_info *ints = safetensors_find(set, "ints");
+    cr_assert(ints && !ints->supported && !strcmp(ints->dtype_name, "I32"), "I32 parses, unsupported");
+    ckpt_tensor_desc descs[2] = {t[0].desc, t[1].desc};
+    ckpt_layout layout = {2, 1, 1, 1};
+    import_options options;
+    import_options_init(&options);
+    snprintf(out, sizeof out, "%s/ckpt", dir);
+    int entries = count_entries(dir, NULL);
+
+    /* The good mapping works (so the failures below are the sources' fault). */
+    const export_tensor good[] = {{NULL, "w", 0}, {NULL, "v", 0}};
+    char ok_out[800];
+    snprintf(ok_out, sizeof ok_out, "%s/ok", dir);
+    cr_assert_eq(import_run(set, descs, good, 2, &layout, NULL, &options, ok_out), CKPT_OK, "%s", reshard_errmsg());
+    uint8_t *want[2] = {t[0].logical, t[1].logical};
+    check_imported(ok_out, t, want, 2);
+    entries++;
+
+    const export_tensor missing[] = {{NULL, "w", 0}, {NULL, "nothing", 0}};
+    cr_assert_eq(import_run(set, descs, missing, 2, &layout, NULL, &options, out), CKPT_ERR_NOT_FOUND, "%s",
+                 reshard_errmsg());
+    cr_assert(strstr(reshard_errmsg(), "nothing"), "names the source: %s", reshard_errmsg());
+    assert_nothing_left(dir, out, entries);
+
+    const export_tensor transposed[] = {{NULL, "w", 1}, {NULL, "v", 0}}; /* [6, 4] expected, [4, 6] found */
+    cr_assert_neq(import_run(set, descs, transposed, 2, &layout, NULL, &options, out), CKPT_OK, "shape mismatch");
+    cr_assert(strstr(reshard_errmsg(), "model/w"), "names the tensor: %s", reshard_errmsg());
+    assert_nothing_left(dir, out, entries);
+
+    const export_tensor swapped[] = {{NULL, "v", 0}, {NULL, "w", 0}};
+    cr_assert_neq(import_run(set, descs, swapped, 2, &layout, NULL, &options, out), CKPT_OK, "shape mismatch");
+    assert_nothing_left(dir, out, entries);
+
+    ckpt_tensor_desc int_target = t[1].desc;
+    int_target.shape[0] = 4;
+    ckpt_tensor_desc with_ints[2] = {t[0].desc, int_target};
+    const export_tensor int_map[] = {{NULL, "w", 0}, {NULL, "ints", 0}};
+    cr_assert_neq(import_run(set, with_ints, int_map, 2, &layout, NULL, &options, out), CKPT_OK, "I32 is not imported");
+    cr_assert(strstr(reshard_errmsg(), "I32"), "names the dtype: %s", reshard_errmsg());
+    assert_nothing_left(dir, out, entries);
+
+    const export_tensor vector_transposed[] = {{NULL, "w", 0}, {NULL, "v", 1}};
+    cr_assert_neq(import_run(set, descs, vector_transposed, 2, &layout, NULL, &options, out), CKPT_OK,
+                  "a vector cannot be transposed");
+    assert_nothing_left(dir, out, entries);
+
+    /* An existing output is refused without overwrite. */
+    cr_assert_eq(import_run(set, descs, good, 2, &layout, NULL, &options, ok_out), CKPT_ERR_EXISTS, "%s",
+                 reshard_errmsg());
+    safetensors_close(set);
+    free_tensors(t, 2);
+}
