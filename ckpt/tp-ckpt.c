@@ -711,14 +711,9 @@ static int cmd_export(int argc, char **argv)
             options.kvs = gpt_gguf_metadata_kvs(gguf, &options.num_kvs);
         }
     }
+    int64_t total = 0;
+    if (!code && export_output_bytes(r, tensors, count, &options, &total)) code = fail("%s", reshard_errmsg());
     if (!code) {
-        int64_t total = 0;
-        for (int i = 0; i < count; i++) {
-            const ckpt_tensor_desc *t = ckpt_reader_tensor(r, ckpt_reader_find(r, tensors[i].source));
-            int64_t n = t ? (int64_t)ckpt_dtype_size(options.dtype >= 0 ? (ckpt_dtype)options.dtype : t->dtype) : 0;
-            for (int d = 0; t && d < t->ndim; d++) n *= t->shape[d];
-            total += n;
-        }
         progress bar;
         progress_start(&bar, "export", total, force_progress);
         options.on_bytes = count_bytes;

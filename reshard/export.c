@@ -23,6 +23,7 @@
 #include "internal.h"
 
 #define BAND_TARGET_BYTES ((int64_t)8 << 20) /* untransposed bands: enough to keep the disk busy */
+#define PAGE_BYTES ((int64_t)4096)
 #define GGUF_ALIGNMENT 32                    /* llama.cpp's default general.alignment */
 #define GGUF_MAX_NAME 63                     /* llama.cpp refuses names of GGML_MAX_NAME (64) bytes or more */
 
@@ -50,6 +51,8 @@ typedef struct {
     int64_t bytes;
     int64_t band_rows;
     int64_t block_rows;             /* transposed: source rows read at a time */
+    int64_t staging_at, moves_at;   /* offsets of a band's staging and moves in a worker's memory */
+    int64_t staging_bytes;
     int file;
     int64_t offset;                 /* of its data in that file */
 } out_tensor;
@@ -60,8 +63,7 @@ typedef struct {
 } band;
 
 typedef struct {
-    void *staging, *output;
-    strided_move *moves;
+    unsigned char *memory; /* buffer_bytes: carved per band (out_tensor offsets) */
 } worker_buffers;
 
 typedef struct {
@@ -72,7 +74,7 @@ typedef struct {
     band *bands;
     int64_t num_bands;
     int threads;
-    int64_t staging_bytes, output_bytes, max_moves; /* per thread */
+    int64_t buffer_bytes;  /* per thread: the largest band's output, staging and moves together */
     worker_buffers *buffers;
     /* Files: num_files descriptors under staging (safetensors, GGUF), or the HDF5 file. */
     char staging[4096]; /* what ckpt_output_stage needs */
@@ -81,6 +83,11 @@ typedef struct {
     int num_files;
     ckpt_flat_file *flat;
 } exporter;
+
+static int64_t align_up(int64_t n, int64_t a)
+{
+    return (n + a - 1) / a * a;
+}
 
 static const char *safetensors_dtype(ckpt_dtype dtype)
 {
@@ -149,17 +156,20 @@ static int plan_bands(exporter *x)
     const export_options *o = x->o;
     int64_t limit = o->memory_limit > 0 ? o->memory_limit : RESHARD_DEFAULT_MEMORY;
     int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
-    int64_t share = (limit - reshard_resident_bytes() - RESHARD_FIXED_OVERHEAD) / threads - RESHARD_THREAD_OVERHEAD;
+    /* Two pages of slack: a band's output and staging each start on a page. */
+    int64_t share = (limit - reshard_resident_bytes() - RESHARD_FIXED_OVERHEAD) / threads - RESHARD_THREAD_OVERHEAD -
+                    2 * PAGE_BYTES;
     x->num_bands = 0;
     for (int i = 0; i < x->count; i++) {
         out_tensor *t = &x->tensors[i];
         int64_t in_size = (int64_t)ckpt_dtype_size(t->in), out_size = (int64_t)ckpt_dtype_size(t->out);
-        int64_t per_row, staging = 0;
+        int64_t per_row;
         if (t->spec->transpose) {
             ckpt_piece_info info;
             ckpt_reader_piece_info(x->source, t->source, 0, &info);
             t->block_rows = info.block_rows < t->row_elements ? info.block_rows : t->row_elements;
-            per_row = t->row_elements * out_size + t->block_rows * in_size; /* output row + its staging column */
+            /* An output row, its column of staging and its move. */
+            per_row = t->row_elements * out_size + t->block_rows * in_size + (int64_t)sizeof(strided_move);
         } else {
             per_row = t->row_elements * (out_size + (t->in != t->out ? in_size : 0));
         }
@@ -174,15 +184,12 @@ static int plan_bands(exporter *x)
         if (t->band_rows > t->rows) t->band_rows = t->rows;
         if (t->band_rows < 1) t->band_rows = 1;
         x->num_bands += (t->rows + t->band_rows - 1) / t->band_rows;
-        if (t->spec->transpose) {
-            staging = t->block_rows * t->band_rows * in_size;
-            if (t->band_rows > x->max_moves) x->max_moves = t->band_rows;
-        } else if (t->in != t->out) {
-            staging = t->band_rows * t->row_elements * in_size;
-        }
-        if (staging > x->staging_bytes) x->staging_bytes = staging;
-        if (t->band_rows * t->row_elements * out_size > x->output_bytes)
-            x->output_bytes = t->band_rows * t->row_elements * out_size;
+        if (t->spec->transpose) t->staging_bytes = t->block_rows * t->band_rows * in_size;
+        else if (t->in != t->out) t->staging_bytes = t->band_rows * t->row_elements * in_size;
+        t->staging_at = align_up(t->band_rows * t->row_elements * out_size, PAGE_BYTES);
+        t->moves_at = t->staging_at + align_up(t->staging_bytes, 64);
+        int64_t bytes = t->moves_at + (t->spec->transpose ? t->band_rows * (int64_t)sizeof(strided_move) : 0);
+        if (bytes > x->buffer_bytes) x->buffer_bytes = bytes;
     }
     x->bands = calloc((size_t)x->num_bands + 1, sizeof *x->bands);
     if (!x->bands) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
@@ -404,11 +411,6 @@ static void put_kv(bytes_out *b, const export_kv *kv)
     }
 }
 
-static int64_t align_up(int64_t n, int64_t a)
-{
-    return (n + a - 1) / a * a;
-}
-
 /* GGUF v3: header, key-values, tensor infos (dimensions fastest first),
  * padding to the alignment, then every tensor at the running padded offset. */
 static int layout_gguf(exporter *x)
@@ -470,18 +472,20 @@ static int layout_hdf5(exporter *x, const char *out_path)
 /* Output rows [row0, row1) of a transposed tensor: source columns, read in
  * blocks of source rows; block [r0, r0 + n) x columns lands as a run of n
  * elements in each output row. */
-static int transposed_band(exporter *x, const out_tensor *t, const band *b, worker_buffers *w)
+static int transposed_band(exporter *x, const out_tensor *t, const band *b, unsigned char *memory)
 {
     const ckpt_tensor_desc *d = ckpt_reader_tensor(x->source, t->source);
+    unsigned char *staging = memory + t->staging_at;
+    strided_move *moves = (strided_move *)(memory + t->moves_at);
     int64_t R = d->shape[0], columns = b->row1 - b->row0;
     for (int64_t r0 = 0; r0 < R; r0 += t->block_rows) {
         int64_t n = R - r0 < t->block_rows ? R - r0 : t->block_rows;
         int64_t start[CKPT_MAX_DIMS] = {r0, b->row0}, count[CKPT_MAX_DIMS] = {n, columns};
-        int status = ckpt_reader_read_region(x->source, t->source, start, count, w->staging, (size_t)x->staging_bytes);
+        int status = ckpt_reader_read_region(x->source, t->source, start, count, staging, (size_t)t->staging_bytes);
         if (status) return reshard_fail_ckpt(status, "exporting %s", t->spec->source);
         /* staging [n, columns] -> output[i, r0 .. r0 + n) for each column i */
-        for (int64_t i = 0; i < columns; i++) w->moves[i] = (strided_move){i, columns, i * R + r0, 1, 1, n};
-        moves_apply(w->staging, reshard_format(t->in), w->output, reshard_format(t->out), w->moves, columns);
+        for (int64_t i = 0; i < columns; i++) moves[i] = (strided_move){i, columns, i * R + r0, 1, 1, n};
+        moves_apply(staging, reshard_format(t->in), memory, reshard_format(t->out), moves, columns);
     }
     return CKPT_OK;
 }
@@ -491,26 +495,25 @@ static int export_band(void *ctx, int64_t k, int thread)
     exporter *x = ctx;
     const band *b = &x->bands[k];
     const out_tensor *t = &x->tensors[b->tensor];
-    worker_buffers *w = &x->buffers[thread];
+    unsigned char *output = x->buffers[thread].memory, *staging = output + t->staging_at;
     int64_t rows = b->row1 - b->row0, elements = rows * t->row_elements;
     size_t out_size = ckpt_dtype_size(t->out);
     int status;
     if (t->spec->transpose) {
-        status = transposed_band(x, t, b, w);
+        status = transposed_band(x, t, b, output);
     } else {
         int converts = t->in != t->out;
         const ckpt_tensor_desc *d = ckpt_reader_tensor(x->source, t->source);
         int64_t start[CKPT_MAX_DIMS] = {b->row0}, count[CKPT_MAX_DIMS];
         memcpy(count, d->shape, sizeof count);
         count[0] = rows;
-        status = ckpt_reader_read_region(x->source, t->source, start, count, converts ? w->staging : w->output,
-                                         (size_t)(converts ? x->staging_bytes : x->output_bytes));
+        status = ckpt_reader_read_region(x->source, t->source, start, count, converts ? staging : output,
+                                         converts ? (size_t)t->staging_bytes : (size_t)elements * out_size);
         if (status) status = reshard_fail_ckpt(status, "exporting %s", t->spec->source);
-        else if (converts)
-            convert_numbers(w->staging, reshard_format(t->in), w->output, reshard_format(t->out), elements);
+        else if (converts) convert_numbers(staging, reshard_format(t->in), output, reshard_format(t->out), elements);
     }
     if (!status)
-        status = write_at(x, t->file, t->offset + b->row0 * t->row_elements * (int64_t)out_size, w->output,
+        status = write_at(x, t->file, t->offset + b->row0 * t->row_elements * (int64_t)out_size, output,
                           (size_t)elements * out_size);
     if (!status && x->o->on_bytes) x->o->on_bytes(x->o->progress_ctx, elements * (int64_t)out_size);
     return status;
@@ -520,15 +523,10 @@ static int stream_data(exporter *x)
 {
     x->buffers = calloc((size_t)x->threads, sizeof *x->buffers);
     if (!x->buffers) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < x->threads; i++) {
-        worker_buffers *w = &x->buffers[i];
-        w->staging = x->staging_bytes ? alloc_pages((size_t)x->staging_bytes) : NULL;
-        w->output = alloc_pages((size_t)x->output_bytes);
-        w->moves = x->max_moves ? malloc((size_t)x->max_moves * sizeof *w->moves) : NULL;
-        if ((x->staging_bytes && !w->staging) || !w->output || (x->max_moves && !w->moves))
+    for (int i = 0; i < x->threads; i++)
+        if (!(x->buffers[i].memory = alloc_pages((size_t)x->buffer_bytes)))
             return reshard_fail(CKPT_ERR_NOMEM, "out of memory for %lld bytes of export buffers",
-                                (long long)(x->staging_bytes + x->output_bytes));
-    }
+                                (long long)x->buffer_bytes);
     parallel_failure failure = {reshard_errmsg, ""};
     int status = parallel_for(x->num_bands, x->threads, export_band, x, &failure);
     if (status) return reshard_fail(status, "%s", failure.text);
@@ -552,16 +550,26 @@ static int close_files(exporter *x, int sync)
 
 static void free_exporter(exporter *x)
 {
-    for (int i = 0; x->buffers && i < x->threads; i++) {
-        free(x->buffers[i].staging);
-        free(x->buffers[i].output);
-        free(x->buffers[i].moves);
-    }
+    for (int i = 0; x->buffers && i < x->threads; i++) free(x->buffers[i].memory);
     free(x->buffers);
     free(x->fds);
     free(x->file_names);
     free(x->bands);
     free(x->tensors);
+}
+
+int export_output_bytes(ckpt_reader *source, const export_tensor *tensors, int count, const export_options *options,
+                        int64_t *bytes)
+{
+    exporter x;
+    memset(&x, 0, sizeof x);
+    x.source = source;
+    x.o = options;
+    int status = plan_tensors(&x, tensors, count);
+    *bytes = 0;
+    for (int i = 0; !status && i < count; i++) *bytes += x.tensors[i].bytes;
+    free_exporter(&x);
+    return status;
 }
 
 int export_run(ckpt_reader *source, const export_tensor *tensors, int count, const export_options *options,
@@ -612,7 +620,7 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
         summary->tensors = count;
         summary->files = options->format == EXPORT_SAFETENSORS ? x.num_files : 1;
         for (int i = 0; i < count; i++) summary->tensor_bytes += x.tensors[i].bytes;
-        summary->buffer_memory = (int64_t)x.threads * (x.staging_bytes + x.output_bytes);
+        summary->buffer_memory = (int64_t)x.threads * x.buffer_bytes;
         summary->threads = x.threads;
     }
     free_exporter(&x);

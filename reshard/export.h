@@ -75,6 +75,11 @@ typedef struct {
     int threads;
 } export_summary;
 
+/* Bytes of tensor data export_run would write (for progress); fails as
+ * export_run does on tensors that are missing or cannot be expressed. */
+int export_output_bytes(ckpt_reader *source, const export_tensor *tensors, int count, const export_options *options,
+                        int64_t *bytes);
+
 /* Writes the listed tensors of source to out_path: a directory for
  * safetensors (model.safetensors, or numbered shards with
  * model.safetensors.index.json, plus config.json), a file for GGUF and HDF5.

@@ -59,10 +59,13 @@ static const struct {
 } st_dtypes[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
                  {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8}};
 
+/* By offsets, as the reference reader orders them: an empty tensor at the
+ * offset where another begins comes first. */
 static int by_begin(const void *a, const void *b)
 {
     const st_tensor *const *x = a, *const *y = b;
-    return (*x)->begin < (*y)->begin ? -1 : (*x)->begin > (*y)->begin ? 1 : 0;
+    if ((*x)->begin != (*y)->begin) return (*x)->begin < (*y)->begin ? -1 : 1;
+    return (*x)->end < (*y)->end ? -1 : (*x)->end > (*y)->end ? 1 : 0;
 }
 
 /* A nonnegative integer that fits int64 and a double exactly. */
@@ -177,9 +180,14 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
     cJSON *header = NULL;
     if (!status) {
         text[length] = '\0';
-        header = cJSON_ParseWithLength(text, length);
-        if (!cJSON_IsObject(header))
-            status = reshard_fail(CKPT_ERR_FORMAT, "%s: the header is not a JSON object", f->path);
+        const char *end = NULL;
+        header = cJSON_ParseWithLengthOpts(text, length, &end, 0);
+        /* After the object only padding (spaces, as the reference writer pads) may follow. */
+        while (header && end && end < text + length && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+            end++;
+        if (!cJSON_IsObject(header) || !end || end != text + length)
+            status = reshard_fail(CKPT_ERR_FORMAT, "%s: the header is not a JSON object%s", f->path,
+                                  cJSON_IsObject(header) ? " (text follows it)" : "");
     }
     free(text);
     *header_out = header;

@@ -20,7 +20,7 @@ trap 'rm -f "$log"' EXIT
 # unloads at exit; only full stack unwinding shows them as its own (tests/lsan.supp).
 mpi_env() {
     case "$1" in
-    */trainer/*|*train.sh) [ "${SANITIZED:-0}" = 1 ] && echo "ASAN_OPTIONS=$ASAN_OPTIONS:fast_unwind_on_malloc=0" ;;
+    */trainer/*|*train.sh|*export.sh) [ "${SANITIZED:-0}" = 1 ] && echo "ASAN_OPTIONS=$ASAN_OPTIONS:fast_unwind_on_malloc=0" ;;
     esac
 }
 for t in "$BUILD"/tests/*/test_*; do
