@@ -33,6 +33,12 @@ typedef struct {
 void moves_apply(const void *src, number_format src_format, void *dst, number_format dst_format,
                  const strided_move *moves, int64_t count);
 
+/* out[c * out_stride + r] = in[r * in_stride + c] for r < rows, c < cols,
+ * converted as convert_numbers does; in tiles, so that both sides stay in
+ * cache (strides in elements). CPU only: export's transposition. */
+void transpose_numbers(const void *in, number_format in_format, int64_t rows, int64_t cols, int64_t in_stride,
+                       void *out, number_format out_format, int64_t out_stride);
+
 /* ----------------------------------------------------------------- CUDA */
 
 /* Number of usable CUDA devices: 0 without a GPU or in a build without CUDA. */

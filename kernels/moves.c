@@ -1,7 +1,8 @@
 /* moves.c: strided moves with conversion, on the CPU (the twin of the
- * kernel in moves_cuda.cu). */
+ * kernel in moves_cuda.cu), and transposition with conversion. */
 #include <string.h>
 
+#include "convert_bits.h"
 #include "kernels.h"
 
 void moves_apply(const void *src, number_format src_format, void *dst, number_format dst_format,
@@ -19,6 +20,57 @@ void moves_apply(const void *src, number_format src_format, void *dst, number_fo
             else
                 convert_numbers(in + (mv->src + r * mv->src_stride) * (int64_t)src_size, src_format, to,
                                 dst_format, mv->len);
+        }
+    }
+}
+
+/* An element's bits as fp32 bits, and back: convert.c's conversions one
+ * element at a time (bf16 <-> fp16 goes through fp32 as there). */
+static uint32_t load_as_f32(const unsigned char *p, number_format format)
+{
+    if (format == NUMBER_F32) {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return format == NUMBER_BF16 ? bits_bf16_to_f32(h) : bits_f16_to_f32(h);
+}
+
+static void store_from_f32(unsigned char *p, uint32_t x, number_format format)
+{
+    if (format == NUMBER_F32) {
+        memcpy(p, &x, 4);
+        return;
+    }
+    uint16_t h = format == NUMBER_BF16 ? bits_f32_to_bf16(x) : bits_f32_to_f16(x);
+    memcpy(p, &h, 2);
+}
+
+#define TRANSPOSE_TILE 32 /* 32 x 32 elements: a tile of input and of output stay in L1 */
+
+void transpose_numbers(const void *in, number_format in_format, int64_t rows, int64_t cols, int64_t in_stride,
+                       void *out, number_format out_format, int64_t out_stride)
+{
+    const unsigned char *src = in;
+    unsigned char *dst = out;
+    int64_t is = (int64_t)number_format_size(in_format), os = (int64_t)number_format_size(out_format);
+    for (int64_t r0 = 0; r0 < rows; r0 += TRANSPOSE_TILE) {
+        int64_t r1 = r0 + TRANSPOSE_TILE < rows ? r0 + TRANSPOSE_TILE : rows;
+        for (int64_t c0 = 0; c0 < cols; c0 += TRANSPOSE_TILE) {
+            int64_t c1 = c0 + TRANSPOSE_TILE < cols ? c0 + TRANSPOSE_TILE : cols;
+            for (int64_t c = c0; c < c1; c++) {
+                unsigned char *to = dst + (c * out_stride + r0) * os;
+                const unsigned char *from = src + (r0 * in_stride + c) * is;
+                if (in_format == out_format && is == 4)
+                    for (int64_t r = r0; r < r1; r++, to += 4, from += in_stride * 4) memcpy(to, from, 4);
+                else if (in_format == out_format)
+                    for (int64_t r = r0; r < r1; r++, to += 2, from += in_stride * 2) memcpy(to, from, 2);
+                else
+                    for (int64_t r = r0; r < r1; r++, to += os, from += in_stride * is)
+                        store_from_f32(to, load_as_f32(from, in_format), out_format);
+            }
         }
     }
 }

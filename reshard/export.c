@@ -6,8 +6,8 @@
  * then stream the data. Streaming cuts each output tensor into bands of
  * output rows sized from the memory limit; a band is read from the
  * checkpoint as a region of the logical tensor (whole verified checksum
- * blocks), converted and, for transposed tensors, transposed by strided
- * moves (kernels.h), then written at its offset. Bands of all tensors run on
+ * blocks), converted and, for transposed tensors, transposed in tiles
+ * (kernels.h), then written at its offset. Bands of all tensors run on
  * a pool of threads, each with buffers of its own. */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -51,7 +51,7 @@ typedef struct {
     int64_t bytes;
     int64_t band_rows;
     int64_t block_rows;             /* transposed: source rows read at a time */
-    int64_t staging_at, moves_at;   /* offsets of a band's staging and moves in a worker's memory */
+    int64_t staging_at;             /* offset of a band's staging in a worker's memory */
     int64_t staging_bytes;
     int file;
     int64_t offset;                 /* of its data in that file */
@@ -74,7 +74,7 @@ typedef struct {
     band *bands;
     int64_t num_bands;
     int threads;
-    int64_t buffer_bytes;  /* per thread: the largest band's output, staging and moves together */
+    int64_t buffer_bytes;  /* per thread: the largest band's output and staging together */
     worker_buffers *buffers;
     /* Files: num_files descriptors under staging (safetensors, GGUF), or the HDF5 file. */
     char staging[4096]; /* what ckpt_output_stage needs */
@@ -156,9 +156,8 @@ static int plan_bands(exporter *x)
     const export_options *o = x->o;
     int64_t limit = o->memory_limit > 0 ? o->memory_limit : RESHARD_DEFAULT_MEMORY;
     int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
-    /* Two pages of slack: a band's output and staging each start on a page. */
-    int64_t share = (limit - reshard_resident_bytes() - RESHARD_FIXED_OVERHEAD) / threads - RESHARD_THREAD_OVERHEAD -
-                    2 * PAGE_BYTES;
+    /* A page of slack: a band's staging starts on a page. */
+    int64_t share = (limit - reshard_resident_bytes() - RESHARD_FIXED_OVERHEAD) / threads - RESHARD_THREAD_OVERHEAD - PAGE_BYTES;
     x->num_bands = 0;
     for (int i = 0; i < x->count; i++) {
         out_tensor *t = &x->tensors[i];
@@ -168,8 +167,8 @@ static int plan_bands(exporter *x)
             ckpt_piece_info info;
             ckpt_reader_piece_info(x->source, t->source, 0, &info);
             t->block_rows = info.block_rows < t->row_elements ? info.block_rows : t->row_elements;
-            /* An output row, its column of staging and its move. */
-            per_row = t->row_elements * out_size + t->block_rows * in_size + (int64_t)sizeof(strided_move);
+            /* An output row and its column of staging. */
+            per_row = t->row_elements * out_size + t->block_rows * in_size;
         } else {
             per_row = t->row_elements * (out_size + (t->in != t->out ? in_size : 0));
         }
@@ -187,9 +186,7 @@ static int plan_bands(exporter *x)
         if (t->spec->transpose) t->staging_bytes = t->block_rows * t->band_rows * in_size;
         else if (t->in != t->out) t->staging_bytes = t->band_rows * t->row_elements * in_size;
         t->staging_at = align_up(t->band_rows * t->row_elements * out_size, PAGE_BYTES);
-        t->moves_at = t->staging_at + align_up(t->staging_bytes, 64);
-        int64_t bytes = t->moves_at + (t->spec->transpose ? t->band_rows * (int64_t)sizeof(strided_move) : 0);
-        if (bytes > x->buffer_bytes) x->buffer_bytes = bytes;
+        if (t->staging_at + t->staging_bytes > x->buffer_bytes) x->buffer_bytes = t->staging_at + t->staging_bytes;
     }
     x->bands = calloc((size_t)x->num_bands + 1, sizeof *x->bands);
     if (!x->bands) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
@@ -476,7 +473,6 @@ static int transposed_band(exporter *x, const out_tensor *t, const band *b, unsi
 {
     const ckpt_tensor_desc *d = ckpt_reader_tensor(x->source, t->source);
     unsigned char *staging = memory + t->staging_at;
-    strided_move *moves = (strided_move *)(memory + t->moves_at);
     int64_t R = d->shape[0], columns = b->row1 - b->row0;
     for (int64_t r0 = 0; r0 < R; r0 += t->block_rows) {
         int64_t n = R - r0 < t->block_rows ? R - r0 : t->block_rows;
@@ -484,8 +480,8 @@ static int transposed_band(exporter *x, const out_tensor *t, const band *b, unsi
         int status = ckpt_reader_read_region(x->source, t->source, start, count, staging, (size_t)t->staging_bytes);
         if (status) return reshard_fail_ckpt(status, "exporting %s", t->spec->source);
         /* staging [n, columns] -> output[i, r0 .. r0 + n) for each column i */
-        for (int64_t i = 0; i < columns; i++) moves[i] = (strided_move){i, columns, i * R + r0, 1, 1, n};
-        moves_apply(staging, reshard_format(t->in), memory, reshard_format(t->out), moves, columns);
+        transpose_numbers(staging, reshard_format(t->in), n, columns, columns,
+                          memory + r0 * (int64_t)ckpt_dtype_size(t->out), reshard_format(t->out), R);
     }
     return CKPT_OK;
 }

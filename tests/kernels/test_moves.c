@@ -32,6 +32,38 @@ static int64_t random_moves(strided_move *moves, int64_t src_elements, int64_t r
     return n;
 }
 
+/* Transposition with conversion against convert_numbers one element at a
+ * time: every format pair, sizes that do and do not fill whole tiles,
+ * strides wider than the rows, NaNs, infinities and subnormals among the
+ * values; what lies outside the transposed box stays untouched. */
+Test(moves, transpose_matches_element_reference)
+{
+    static const uint32_t specials[] = {0x7fc00001u, 0xff800000u, 0x7f800000u, 0x00000001u, 0x80400000u,
+                                        0x3f7fffffu, 0x477fe000u, 0x33800000u};
+    static const int64_t shapes[][2] = {{1, 1}, {37, 23}, {64, 32}, {3, 100}, {70, 65}};
+    enum { MAX = 120 * 120 };
+    static uint32_t src[MAX];
+    static uint8_t got[MAX * 4], want[MAX * 4];
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int64_t rows = shapes[k][0], cols = shapes[k][1], in_stride = cols + 3, out_stride = rows + 5;
+        for (int sf = 0; sf < 3; sf++) {
+            for (int df = 0; df < 3; df++) {
+                for (int i = 0; i < MAX; i++) src[i] = i % 11 == 0 ? specials[(i / 11) % 8] : (uint32_t)next_random();
+                size_t ds = number_format_size((number_format)df), ss = number_format_size((number_format)sf);
+                memset(got, 0x5A, sizeof got);
+                memset(want, 0x5A, sizeof want);
+                transpose_numbers(src, (number_format)sf, rows, cols, in_stride, got, (number_format)df, out_stride);
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < cols; c++)
+                        convert_numbers((uint8_t *)src + (r * in_stride + c) * (int64_t)ss, (number_format)sf,
+                                        want + (c * out_stride + r) * (int64_t)ds, (number_format)df, 1);
+                cr_assert_eq(memcmp(got, want, sizeof got), 0, "[%lld, %lld], formats %d -> %d", (long long)rows,
+                             (long long)cols, sf, df);
+            }
+        }
+    }
+}
+
 Test(moves, cpu_matches_element_reference)
 {
     enum { SRC = 20000, ROWS = 64, COLS = 100 };
