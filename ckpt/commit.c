@@ -265,7 +265,11 @@ static int build_index(const char *staging, const ckpt_layout *layout, const ckp
  * overwriting) is swapped out atomically and then removed. */
 static int publish(const char *staging, const char *path, const char *parent, int overwrite)
 {
-    if (rename(staging, path) == 0) return ckpt_fsync_path(parent, 1);
+    /* Without overwrite, something that appeared at path since the writer
+     * checked is refused, not replaced (a plain rename would replace a file). */
+    int moved = overwrite ? rename(staging, path) : renameat2(AT_FDCWD, staging, AT_FDCWD, path, RENAME_NOREPLACE);
+    if (moved != 0 && !overwrite && errno == EINVAL) moved = rename(staging, path); /* no RENAME_NOREPLACE here */
+    if (moved == 0) return ckpt_fsync_path(parent, 1);
     int err = errno;
     if (!overwrite || (err != ENOTEMPTY && err != EEXIST && err != EISDIR && err != ENOTDIR))
         return ckpt_fail(err == ENOTEMPTY || err == EEXIST ? CKPT_ERR_EXISTS : CKPT_ERR_IO,

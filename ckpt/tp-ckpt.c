@@ -694,7 +694,8 @@ static int cmd_export(int argc, char **argv)
         tensors = all;
         options.metadata = h5_metadata;
         if (!all) code = fail("out of memory");
-    } else if (gpt_config_from_json(state->model_json, &config, err, sizeof err)) {
+    } else if (gpt_config_from_json(state->model_json, &config, err, sizeof err) ||
+               gpt_config_check(&config, 1, 1, err, sizeof err)) {
         code = fail("%s: %s", ckpt_reader_path(r), err);
     } else if (gpt_name_map_create(&map, &config, options.format, "transformer.", err, sizeof err)) {
         code = fail("%s: %s", ckpt_reader_path(r), err);
@@ -705,6 +706,7 @@ static int cmd_export(int argc, char **argv)
             options.metadata = st_metadata;
             options.config_json = config_json =
                 gpt_hf_config_json(&config, options.dtype >= 0 ? (ckpt_dtype)options.dtype : config.dtype);
+            if (!config_json) code = fail("out of memory");
         } else if (gpt_gguf_metadata_create(&gguf, &config, name, tokenizer, err, sizeof err)) {
             code = fail("%s", err);
         } else {
@@ -759,15 +761,17 @@ static const char *import_usage =
 
 /* Entries of a GPT-2 file that are not parameters of the model: attention
  * masks older transformers saved as buffers, and a tied output head. */
-static int ignorable(const char *name, const char *prefix)
+static int ignorable(const char *name, const char *prefix, int64_t layers)
 {
     size_t n = strlen(prefix);
     if (strncmp(name, prefix, n) != 0) return 0;
-    long long layer;
+    long long layer = -1;
     int end = 0;
-    if (sscanf(name + n, "h.%lld.attn.bias%n", &layer, &end) == 1 && name[n + (size_t)end] == '\0') return 1;
+    int mask = sscanf(name + n, "h.%lld.attn.bias%n", &layer, &end) == 1 && end > 0 && name[n + (size_t)end] == '\0';
     end = 0;
-    return sscanf(name + n, "h.%lld.attn.masked_bias%n", &layer, &end) == 1 && name[n + (size_t)end] == '\0';
+    mask = mask || (sscanf(name + n, "h.%lld.attn.masked_bias%n", &layer, &end) == 1 && end > 0 &&
+                    name[n + (size_t)end] == '\0');
+    return mask && layer >= 0 && layer < layers;
 }
 
 static int cmd_import(int argc, char **argv)
@@ -840,7 +844,7 @@ static int cmd_import(int argc, char **argv)
         code = fail("out of memory");
     for (int i = 0; i < safetensors_count(set) && !code; i++) {
         const char *name = safetensors_tensor(set, i)->name;
-        int known = ignorable(name, prefix);
+        int known = ignorable(name, prefix, config.layers);
         for (int k = 0; k < map.count && !known; k++) known = strcmp(map.tensors[k].name, name) == 0;
         if (!known && strcmp(name, "lm_head.weight") == 0) {
             /* Tied to the token embedding, or not GPT-2 as tp-train computes it. */

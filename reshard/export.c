@@ -51,6 +51,7 @@ typedef struct {
     int64_t bytes;
     int64_t band_rows;
     int64_t block_rows;             /* transposed: source rows read at a time */
+    int64_t per_row;                /* buffer bytes per output row */
     int64_t staging_at;             /* offset of a band's staging in a worker's memory */
     int64_t staging_bytes;
     int file;
@@ -155,31 +156,46 @@ static int plan_bands(exporter *x)
 {
     const export_options *o = x->o;
     int64_t limit = o->memory_limit > 0 ? o->memory_limit : RESHARD_DEFAULT_MEMORY;
-    int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
-    /* A page of slack: a band's staging starts on a page. */
-    int64_t share = (limit - reshard_resident_bytes() - RESHARD_FIXED_OVERHEAD) / threads - RESHARD_THREAD_OVERHEAD - PAGE_BYTES;
-    x->num_bands = 0;
+    int64_t widest = 0; /* the most bytes of buffers one output row needs */
+    const char *widest_name = "";
     for (int i = 0; i < x->count; i++) {
         out_tensor *t = &x->tensors[i];
         int64_t in_size = (int64_t)ckpt_dtype_size(t->in), out_size = (int64_t)ckpt_dtype_size(t->out);
-        int64_t per_row;
         if (t->spec->transpose) {
             ckpt_piece_info info;
             ckpt_reader_piece_info(x->source, t->source, 0, &info);
             t->block_rows = info.block_rows < t->row_elements ? info.block_rows : t->row_elements;
-            /* An output row and its column of staging. */
-            per_row = t->row_elements * out_size + t->block_rows * in_size;
+            t->per_row = t->row_elements * out_size + t->block_rows * in_size; /* an output row, its staging column */
         } else {
-            per_row = t->row_elements * (out_size + (t->in != t->out ? in_size : 0));
+            t->per_row = t->row_elements * (out_size + (t->in != t->out ? in_size : 0));
         }
+        if (t->per_row > widest) {
+            widest = t->per_row;
+            widest_name = t->spec->source;
+        }
+    }
+    /* Threads share what the limit leaves after the resident memory, the
+     * fixed overhead and each thread's reader scratch (and a page of slack:
+     * a band's staging starts on a page); fewer threads when a share would
+     * not hold the widest row. */
+    int64_t base = reshard_resident_bytes() + RESHARD_FIXED_OVERHEAD, share = 0;
+    int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
+    for (; threads >= 1; threads--) {
+        share = (limit - base) / threads - RESHARD_THREAD_OVERHEAD - PAGE_BYTES;
+        if (share >= widest) break;
+    }
+    if (threads < 1)
+        return reshard_fail(CKPT_ERR_ARG,
+                            "memory limit %lld bytes is too small: a row of tensor %s takes %lld bytes of buffers "
+                            "beside %lld of overhead (raise --memory-limit)",
+                            (long long)limit, widest_name, (long long)widest,
+                            (long long)(base + RESHARD_THREAD_OVERHEAD + PAGE_BYTES));
+    x->num_bands = 0;
+    for (int i = 0; i < x->count; i++) {
+        out_tensor *t = &x->tensors[i];
+        int64_t in_size = (int64_t)ckpt_dtype_size(t->in), out_size = (int64_t)ckpt_dtype_size(t->out);
         int64_t target = t->spec->transpose ? share : (share < BAND_TARGET_BYTES ? share : BAND_TARGET_BYTES);
-        if (per_row > share)
-            return reshard_fail(CKPT_ERR_ARG,
-                                "memory limit %lld bytes is too small for %d threads: a row of tensor %s takes %lld "
-                                "bytes of buffers beside %lld of overhead (raise --memory-limit or lower --threads)",
-                                (long long)limit, threads, t->spec->source, (long long)per_row,
-                                (long long)(limit - share * threads));
-        t->band_rows = target / per_row;
+        t->band_rows = target / t->per_row;
         if (t->band_rows > t->rows) t->band_rows = t->rows;
         if (t->band_rows < 1) t->band_rows = 1;
         x->num_bands += (t->rows + t->band_rows - 1) / t->band_rows;
@@ -606,7 +622,7 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
     } else if (!status && staged) {
         status = ckpt_output_publish(x.staging, out_path, options->overwrite);
         if (status) status = reshard_ckpt_error(status);
-        staged = 0;
+        else staged = 0;
     }
     if (status) {
         if (x.flat) ckpt_flat_abort(x.flat);

@@ -45,6 +45,7 @@ struct safetensors_set {
     int count, capacity;
     cJSON *metadata; /* __metadata__ of the first file, or NULL */
     char *names;     /* every tensor name, one block */
+    int *by_name;    /* tensor indices in name order, for lookups */
 };
 
 void import_options_init(import_options *o)
@@ -205,8 +206,6 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
             if (!set->metadata) set->metadata = cJSON_Duplicate(item, 1);
             continue;
         }
-        if (safetensors_find(set, item->string))
-            return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s appears twice", f->path, item->string);
         st_tensor t;
         status = parse_entry(set, file, item, &t);
         if (!status) status = add_tensor(set, &t);
@@ -245,6 +244,7 @@ void safetensors_close(safetensors_set *set)
     free(set->files);
     free(set->tensors);
     free(set->names);
+    free(set->by_name);
     cJSON_Delete(set->metadata);
     free(set);
 }
@@ -271,6 +271,51 @@ static cJSON *index_json(const char *path)
     free(text);
     fclose(f);
     return json ? json : cJSON_CreateNull();
+}
+
+static const safetensors_set *sorting_set;
+static int by_tensor_name(const void *a, const void *b)
+{
+    return strcmp(sorting_set->tensors[*(const int *)a].info.name, sorting_set->tensors[*(const int *)b].info.name);
+}
+
+typedef struct {
+    const char *name, *file;
+} map_entry;
+
+static int by_entry_name(const void *a, const void *b)
+{
+    return strcmp(((const map_entry *)a)->name, ((const map_entry *)b)->name);
+}
+
+/* The index lists exactly the tensors of the files, each in its own file. */
+static int check_weight_map(const safetensors_set *set, const cJSON *index, const char *index_path)
+{
+    const cJSON *weight_map = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *entry;
+    int n = cJSON_GetArraySize(weight_map), k = 0;
+    map_entry *entries = malloc((size_t)(n + 1) * sizeof *entries);
+    if (!entries) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    cJSON_ArrayForEach(entry, weight_map) entries[k++] = (map_entry){entry->string, entry->valuestring};
+    qsort(entries, (size_t)n, sizeof *entries, by_entry_name);
+    int status = CKPT_OK, i = 0, j = 0;
+    while (!status && (i < n || j < set->count)) {
+        const safetensors_info *t = j < set->count ? &set->tensors[set->by_name[j]].info : NULL;
+        int order = i >= n ? 1 : !t ? -1 : strcmp(entries[i].name, t->name);
+        if (order < 0)
+            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s is listed in %s but missing from it", index_path,
+                                  entries[i].name, entries[i].file);
+        else if (order > 0)
+            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s of %s is not in the index", index_path, t->name, t->file);
+        else if (i > 0 && strcmp(entries[i - 1].name, entries[i].name) == 0)
+            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s is listed twice", index_path, entries[i].name);
+        else if (strcmp(strrchr(t->file, '/') + 1, entries[i].file) != 0)
+            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s is listed in %s but missing from it", index_path,
+                                  entries[i].name, entries[i].file);
+        i++;
+        j++;
+    }
+    free(entries);
+    return status;
 }
 
 int safetensors_open(safetensors_set **out, const char *path)
@@ -336,16 +381,20 @@ int safetensors_open(safetensors_set **out, const char *path)
         set->tensors[i].info.name = set->names + at;
         at += (int)n;
     }
-    /* The index and the files must agree. */
-    const cJSON *entry, *weight_map = cJSON_GetObjectItemCaseSensitive(index, "weight_map");
-    cJSON_ArrayForEach(entry, weight_map)
-    {
-        if (status) break;
-        const safetensors_info *t = safetensors_find(set, entry->string);
-        if (!t || strcmp(strrchr(t->file, '/') + 1, entry->valuestring) != 0)
-            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s is listed in %s but missing from it", index_path,
-                                  entry->string, entry->valuestring);
+    /* Names in order: duplicates side by side, lookups by bisection. */
+    if (!status && !(set->by_name = malloc((size_t)(set->count + 1) * sizeof *set->by_name)))
+        status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!status) {
+        for (int i = 0; i < set->count; i++) set->by_name[i] = i;
+        sorting_set = set;
+        qsort(set->by_name, (size_t)set->count, sizeof *set->by_name, by_tensor_name);
     }
+    for (int i = 1; i < set->count && !status; i++) {
+        const safetensors_info *a = &set->tensors[set->by_name[i - 1]].info, *b = &set->tensors[set->by_name[i]].info;
+        if (strcmp(a->name, b->name) == 0)
+            status = reshard_fail(CKPT_ERR_FORMAT, "tensor %s appears twice (in %s and %s)", a->name, a->file, b->file);
+    }
+    if (!status && index) status = check_weight_map(set, index, index_path);
     for (int f = 0; f < files && headers.headers; f++) cJSON_Delete(headers.headers[f]);
     free(headers.headers);
     cJSON_Delete(index);
@@ -370,8 +419,13 @@ const safetensors_info *safetensors_tensor(const safetensors_set *set, int i)
 
 const safetensors_info *safetensors_find(const safetensors_set *set, const char *name)
 {
-    for (int i = 0; i < set->count; i++)
-        if (strcmp(set->tensors[i].info.name, name) == 0) return &set->tensors[i].info;
+    int lo = 0, hi = set->count;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2, order = strcmp(set->tensors[set->by_name[mid]].info.name, name);
+        if (order == 0) return &set->tensors[set->by_name[mid]].info;
+        if (order < 0) lo = mid + 1;
+        else hi = mid;
+    }
     return NULL;
 }
 

@@ -511,12 +511,21 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, load_resu
 int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, size_t resolved_size, char *err,
                             size_t err_size)
 {
-    ckpt_reader *r = NULL;
-    if (ckpt_reader_open(&r, path, NULL) != CKPT_OK) return snprintf(err, err_size, "%s", ckpt_errmsg()), -1;
-    char why[256];
-    int status = gpt_config_from_json(ckpt_reader_state(r)->model_json, out, why, sizeof why);
-    if (status) snprintf(err, err_size, "%s: %s", ckpt_reader_path(r), why);
-    else snprintf(resolved, resolved_size, "%s", ckpt_reader_path(r));
-    ckpt_reader_close(r);
+    /* The checkpoints checkpoint_load would try, in its order: the first that opens. */
+    candidate *list = NULL;
+    int n = candidates(path, &list, err, err_size), status = -1;
+    for (int k = 0; k < n && status; k++) {
+        ckpt_reader *r = NULL;
+        if (ckpt_reader_open(&r, list[k].path, NULL) != CKPT_OK) {
+            snprintf(err, err_size, "%s", ckpt_errmsg());
+            continue;
+        }
+        char why[256];
+        status = gpt_config_from_json(ckpt_reader_state(r)->model_json, out, why, sizeof why);
+        if (status) snprintf(err, err_size, "%s: %s", ckpt_reader_path(r), why);
+        else snprintf(resolved, resolved_size, "%s", ckpt_reader_path(r));
+        ckpt_reader_close(r);
+    }
+    free(list);
     return status;
 }

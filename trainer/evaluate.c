@@ -127,7 +127,11 @@ int eval_run(const eval_options *o, comm *c, eval_result *out, char *err, size_t
     }
     if (status || c->ops->sum_doubles(c, GROUP_WORLD, &loss, 1)) {
         if (!status) snprintf(err, err_size, "%s", c->error);
-        if (c->world > 1) c->ops->abort(c, 1); /* others may wait in a pipeline receive */
+        if (c->world > 1) { /* others may wait in a pipeline receive: say why, then end them all */
+            fprintf(stderr, "tp-train: error (rank %d): %s\n", c->rank, err);
+            fflush(stderr);
+            c->ops->abort(c, 1);
+        }
         status = -1;
         goto done;
     }

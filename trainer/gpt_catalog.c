@@ -26,6 +26,16 @@ int gpt_config_check(const gpt_config *c, int tp, int pp, char *err, size_t err_
              "vocab=%lld seq=%lld ffn=%lld",
              (long long)c->layers, (long long)c->dim, (long long)c->heads, (long long)c->kv_heads,
              (long long)c->vocab, (long long)c->seq, (long long)c->ffn);
+    /* Bounds that keep every count and shape product far from overflow (the
+     * catalogue counts tensors in an int; shapes multiply in int64). */
+    if (c->layers > GPT_MAX_LAYERS)
+        FAIL("%lld layers: at most %d are supported", (long long)c->layers, GPT_MAX_LAYERS);
+    const int64_t sizes[] = {c->dim, c->heads, c->kv_heads, c->vocab, c->seq, c->ffn, c->vocab_pad_multiple};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i] > GPT_MAX_SIZE)
+            FAIL("model dimension %lld exceeds %lld: dim=%lld heads=%lld vocab=%lld seq=%lld ffn=%lld", (long long)sizes[i],
+                 (long long)GPT_MAX_SIZE, (long long)c->dim, (long long)c->heads, (long long)c->vocab, (long long)c->seq,
+                 (long long)c->ffn);
     if (c->dim % c->heads != 0)
         FAIL("dim %lld is not divisible by heads %lld", (long long)c->dim, (long long)c->heads);
     if (c->heads % c->kv_heads != 0)
@@ -87,6 +97,7 @@ static void constant(gpt_tensor *t, float value)
 int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *count)
 {
     int per_param = with_optimizer ? (c->dtype == CKPT_FP32 ? 3 : 4) : 1;
+    if (c->layers < 1 || c->layers > GPT_MAX_LAYERS) return -1; /* gpt_config_check says why */
     int params = 4 + 12 * (int)c->layers;
     catalog_builder b = {calloc((size_t)(params * per_param), sizeof(gpt_tensor)), 0};
     if (!b.items) return -1;

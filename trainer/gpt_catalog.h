@@ -25,8 +25,11 @@ typedef struct {
 /* GPT-2 shapes where fields are 0: kv_heads = heads, ffn = 4 * dim, pad 1. */
 void gpt_config_defaults(gpt_config *config);
 
-/* Checks the shape and that it splits over tp and pp; on failure writes one
- * line naming the dimension to err and returns -1. */
+#define GPT_MAX_LAYERS 100000
+#define GPT_MAX_SIZE ((int64_t)1 << 31) /* any other dimension */
+
+/* Checks the shape (within the bounds above) and that it splits over tp and
+ * pp; on failure writes one line naming the dimension to err and returns -1. */
 int gpt_config_check(const gpt_config *config, int tp, int pp, char *err, size_t err_size);
 
 typedef enum { GPT_ROLE_PARAM, GPT_ROLE_MASTER, GPT_ROLE_EXP_AVG, GPT_ROLE_EXP_AVG_SQ } gpt_role;
@@ -40,7 +43,9 @@ typedef struct {
     int weight_decay;                 /* decay applies (matrices and embeddings) */
 } gpt_tensor;
 
-/* The parameter tensors and, with optimizer, each one's Adam moments (fp32)
+/* Fails (-1) on a configuration gpt_config_check refuses for its size, or
+ * without memory.
+ * The parameter tensors and, with optimizer, each one's Adam moments (fp32)
  * and fp32 master copy when parameters are stored in lower precision.
  * *out is malloc'ed; free it with free(). */
 int gpt_catalog(const gpt_config *config, int with_optimizer, gpt_tensor **out, int *count);

@@ -163,19 +163,26 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char
     } sizes[] = {{"n_layer", &c->layers}, {"n_embd", &c->dim}, {"n_head", &c->heads}, {"vocab_size", &c->vocab},
                  {"n_positions", &c->seq}};
     v = cJSON_GetObjectItemCaseSensitive(o, "model_type");
-    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2") != 0))
-        status = fail(err, err_size, "%s: model_type %s is not gpt2", where, cJSON_IsString(v) ? v->valuestring : "(not a string)");
+    if (!v)
+        status = fail(err, err_size, "%s: model_type is missing (expected gpt2)", where);
+    else if (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2") != 0)
+        status = fail(err, err_size, "%s: model_type %s is not gpt2", where,
+                      cJSON_IsString(v) ? v->valuestring : "(not a string)");
+    /* Within the catalogue's bounds (gpt_config_check says which), so that
+     * the conversion to int64 is exact. */
+    const double most = (double)GPT_MAX_SIZE;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && !status; i++) {
         v = cJSON_GetObjectItemCaseSensitive(o, sizes[i].key);
-        if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 1e12 || v->valuedouble != floor(v->valuedouble))
-            status = fail(err, err_size, "%s: '%s' missing or not a positive integer", where, sizes[i].key);
+        if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > most || v->valuedouble != floor(v->valuedouble))
+            status = fail(err, err_size, "%s: '%s' missing or not an integer in 1..%.0f", where, sizes[i].key, most);
         else *sizes[i].field = (int64_t)v->valuedouble;
     }
     if (!status) {
         v = cJSON_GetObjectItemCaseSensitive(o, "n_inner");
         if (!v || cJSON_IsNull(v)) c->ffn = 4 * c->dim;
-        else if (cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble == floor(v->valuedouble)) c->ffn = (int64_t)v->valuedouble;
-        else status = fail(err, err_size, "%s: 'n_inner' must be null or a positive integer", where);
+        else if (cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= most && v->valuedouble == floor(v->valuedouble))
+            c->ffn = (int64_t)v->valuedouble;
+        else status = fail(err, err_size, "%s: 'n_inner' must be null or an integer in 1..%.0f", where, most);
     }
     v = cJSON_GetObjectItemCaseSensitive(o, "activation_function");
     if (!status && v &&

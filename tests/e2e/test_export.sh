@@ -213,8 +213,11 @@ if kind == "truncated":
     open(path, "wb").write(raw[: 8 + n // 2])
 elif kind == "config":
     open(dst + "/config.json", "w").write(open(src + "/config.json").read()[:40])
-elif kind == "activation":
-    c = json.load(open(src + "/config.json")); c["activation_function"] = "relu"
+elif kind in ("activation", "layers", "model_type"):
+    c = json.load(open(src + "/config.json"))
+    if kind == "activation": c["activation_function"] = "relu"
+    if kind == "layers": c["n_layer"] = 357913942  # 12 x this wraps a 32-bit count
+    if kind == "model_type": del c["model_type"]
     json.dump(c, open(dst + "/config.json", "w"))
 else:
     if kind == "overlap":
@@ -232,13 +235,25 @@ PYEOF
 }
 for case in "truncated:truncated" "overlap:overlaps tensor" "missing:tensor transformer.h.1.mlp.c_fc.bias .*is missing" \
     "shape:has shape \[64, 250\], expected \[250, 64\]" "config:config.json: not a JSON object" \
-    "activation:activation_function relu"; do
+    "activation:activation_function relu" "layers:357913942 layers: at most 100000" \
+    "model_type:model_type is missing \(expected gpt2\)"; do
     kind=${case%%:*} pattern=${case#*:}
     damage "$kind"
     expect_error "import refuses a damaged directory ($kind)" 1 "$pattern" \
         "$CKPT" import "$WORK/dmg-$kind" -o "$WORK/bad-$kind" --tp 2 --pp 1
     check "nothing written for the damaged import ($kind)" [ ! -e "$WORK/bad-$kind" ]
 done
+# A sharded directory whose index leaves out a tensor its shard holds.
+cp -r "$WORK/hf-bf16" "$WORK/dmg-index"
+"$PY" - "$WORK/dmg-index/model.safetensors.index.json" <<'PYEOF'
+import json, sys
+index = json.load(open(sys.argv[1]))
+del index["weight_map"]["transformer.h.0.ln_2.bias"]
+json.dump(index, open(sys.argv[1], "w"))
+PYEOF
+expect_error "import refuses an index that leaves out a tensor" 1 "transformer.h.0.ln_2.bias of .* is not in the index" \
+    "$CKPT" import "$WORK/dmg-index" -o "$WORK/bad-index" --tp 1 --pp 1
+check "nothing written for the incomplete index" [ ! -e "$WORK/bad-index" ]
 expect_error "import of a model the layout cannot split" 1 "heads 4 is not divisible by tp 3" \
     "$CKPT" import "$WORK/hf-tp1pp1" -o "$WORK/bad-tp3" --tp 3 --pp 1
 expect_error "import needs a layout" 2 "needs -o CKPT, --tp and --pp" "$CKPT" import "$WORK/hf-tp1pp1" -o "$WORK/x"
