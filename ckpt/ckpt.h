@@ -335,6 +335,10 @@ int ckpt_reader_verify_piece(ckpt_reader *reader, int index, int piece);
 /* Checks that every padding element of a piece is zero. */
 int ckpt_reader_check_padding(ckpt_reader *reader, int index, int piece);
 
+/* Reads a whole text file (up to 1 GiB, no NUL bytes) into a malloc'ed
+ * NUL-terminated string; size_out may be NULL. */
+int ckpt_read_text_file(const char *path, char **out, int64_t *size_out);
+
 /* ---------------------------------------------------- staged outputs */
 
 /* Other outputs that must appear whole or not at all (exports) go through

@@ -10,20 +10,13 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "../common/random.h"
 #include "internal.h"
 
 #define DIGEST_SPAN 4096
 
 static uint32_t keys[DIGEST_SPAN];
 static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
-
-static uint64_t splitmix64(uint64_t z)
-{
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static void init_keys(void)
 {

@@ -165,7 +165,7 @@ int ckpt_read_text_file(const char *path, char **out, int64_t *size_out)
     int status = CKPT_OK;
     if (fstat(fd, &st) != 0) status = ckpt_fail(CKPT_ERR_IO, "%s: %s", path, strerror(errno));
     else if (st.st_size > ((int64_t)1 << 30))
-        status = ckpt_fail(CKPT_ERR_FORMAT, "%s: %lld bytes is too large for an index", path,
+        status = ckpt_fail(CKPT_ERR_FORMAT, "%s: %lld bytes is too large for a text file (at most 1 GiB)", path,
                            (long long)st.st_size);
     char *text = status ? NULL : malloc((size_t)st.st_size + 1);
     if (!status && !text) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory reading %s", path);

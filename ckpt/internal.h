@@ -122,8 +122,6 @@ int ckpt_remove_tree(const char *path);
 int ckpt_path_exists(const char *path);
 /* Writes a small file atomically: temp file, fsync, rename, fsync directory. */
 int ckpt_write_file_atomic(const char *dir, const char *name, const char *data, size_t size);
-/* Reads a whole (small) file into a malloc'ed NUL-terminated string. */
-int ckpt_read_text_file(const char *path, char **out, int64_t *size_out);
 /* Splits a path into its parent directory and base name. */
 int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *base,
                     size_t base_size);

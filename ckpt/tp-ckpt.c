@@ -2,7 +2,6 @@
  * A thin layer over ckpt.h; see `tp-ckpt --help`. Exit status: 0 success,
  * 1 failure (damage found, checkpoints differ, an operation failed), 2 usage. */
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -812,18 +811,10 @@ static int cmd_import(int argc, char **argv)
     const char *dir = argv[optind];
     char path[4200], err[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return fail("%s: cannot open: %s (import reads a Hugging Face GPT-2 directory)", path, strerror(errno));
     char *text = NULL;
-    size_t size = 0;
-    FILE *mem = open_memstream(&text, &size);
-    char chunk[65536];
-    size_t got;
-    while (mem && (got = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, got, mem);
-    fclose(f);
-    if (mem) fclose(mem);
+    if (ckpt_read_text_file(path, &text, NULL))
+        return fail("%s (import reads a Hugging Face GPT-2 directory)", ckpt_errmsg());
     gpt_config config;
-    if (!text) return fail("out of memory");
     int parsed = gpt_hf_config_parse(text, path, &config, err, sizeof err);
     free(text);
     if (parsed) return fail("%s", err);

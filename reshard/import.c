@@ -249,28 +249,22 @@ void safetensors_close(safetensors_set *set)
     free(set);
 }
 
-/* Parsed headers stay alive as long as the set: tensor names point into them. */
-typedef struct {
-    cJSON **headers;
-    int count;
-} header_list;
+#define SAFETENSORS_MAX_INDEX ((int64_t)1 << 28)
 
-static cJSON *index_json(const char *path)
+/* model.safetensors.index.json, parsed. */
+static int read_index(const char *path, cJSON **out)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    rewind(f);
-    char *text = size >= 0 && size < (1 << 28) ? malloc((size_t)size + 1) : NULL;
-    cJSON *json = NULL;
-    if (text && fread(text, 1, (size_t)size, f) == (size_t)size) {
-        text[size] = '\0';
-        json = cJSON_Parse(text);
-    }
+    char *text = NULL;
+    int64_t size = 0;
+    *out = NULL;
+    int status = ckpt_read_text_file(path, &text, &size);
+    if (status) return reshard_ckpt_error(status);
+    if (size >= SAFETENSORS_MAX_INDEX)
+        status = reshard_fail(CKPT_ERR_FORMAT, "%s: %lld bytes is too large for a safetensors index", path, (long long)size);
+    else if (!cJSON_IsObject(*out = cJSON_Parse(text)))
+        status = reshard_fail(CKPT_ERR_FORMAT, "%s: not a JSON object (damaged or truncated?)", path);
     free(text);
-    fclose(f);
-    return json ? json : cJSON_CreateNull();
+    return status;
 }
 
 static const safetensors_set *sorting_set;
@@ -336,9 +330,9 @@ int safetensors_open(safetensors_set **out, const char *path)
         cJSON_AddItemToArray(shard_names, cJSON_CreateString(path));
     } else if (stat(index_path, &st) == 0) {
         /* Sharded: every file the weight map names, once, in order of appearance. */
-        index = index_json(index_path);
+        status = read_index(index_path, &index);
         const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *entry;
-        if (!cJSON_IsObject(map))
+        if (!status && !cJSON_IsObject(map))
             status = reshard_fail(CKPT_ERR_FORMAT, "%s: no \"weight_map\" object (not a safetensors index?)", index_path);
         cJSON_ArrayForEach(entry, map)
         {
@@ -363,13 +357,13 @@ int safetensors_open(safetensors_set **out, const char *path)
         cJSON_AddItemToArray(shard_names, cJSON_CreateString(single));
     }
     int files = cJSON_GetArraySize(shard_names);
-    header_list headers = {calloc((size_t)files + 1, sizeof(cJSON *)), files};
+    cJSON **headers = calloc((size_t)files + 1, sizeof(cJSON *)); /* kept until the names are copied */
     set->files = calloc((size_t)files + 1, sizeof *set->files);
-    if (!status && (!headers.headers || !set->files)) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!status && (!headers || !set->files)) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
     for (int f = 0; f < files && !status; f++) {
         snprintf(set->files[f].path, sizeof set->files[f].path, "%s", cJSON_GetArrayItem(shard_names, f)->valuestring);
         set->num_files = f + 1;
-        status = parse_file(set, f, &headers.headers[f]);
+        status = parse_file(set, f, &headers[f]);
     }
     /* Names must outlive the headers' JSON: copy them into one block. */
     size_t name_bytes = 0;
@@ -395,8 +389,8 @@ int safetensors_open(safetensors_set **out, const char *path)
             status = reshard_fail(CKPT_ERR_FORMAT, "tensor %s appears twice (in %s and %s)", a->name, a->file, b->file);
     }
     if (!status && index) status = check_weight_map(set, index, index_path);
-    for (int f = 0; f < files && headers.headers; f++) cJSON_Delete(headers.headers[f]);
-    free(headers.headers);
+    for (int f = 0; f < files && headers; f++) cJSON_Delete(headers[f]);
+    free(headers);
     cJSON_Delete(index);
     cJSON_Delete(shard_names);
     if (status) {

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/random.h"
 #include "data.h"
 
 #define SYNTH_KEEP 0.75 /* probability that a token follows the rule */
@@ -30,14 +31,6 @@ struct dataset {
     int num_files;
     int64_t total;
 };
-
-static uint64_t splitmix64(uint64_t z)
-{
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static int map_file(token_file *f, const char *path, int64_t vocab, char *err, size_t err_size)
 {

@@ -2,11 +2,11 @@
  * from it. Forward passes only, through the same model code as training, so
  * `eval` at any layout computes what training would (to summation order). */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/random.h"
 #include "../kernels/kernels.h"
 #include "checkpoint.h"
 #include "data.h"
@@ -29,32 +29,20 @@ void generate_options_init(generate_options *o)
     o->threads = 1;
 }
 
-static int fail(char *err, size_t err_size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t err_size, const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(err, err_size, fmt, args);
-    va_end(args);
-    return -1;
-}
-
-/* The checkpoint's model, built for inference at this rank's place in the
+/* The model of the checkpoint at resolved (its configuration read with
+ * checkpoint_model_config), built for inference at this rank's place in the
  * layout with fp32 parameters (a bf16 or fp16 checkpoint is widened on load). */
-static int model_from_checkpoint(const char *ckpt, comm *c, int64_t micro_batch, int64_t *seq, gpt_model **out,
-                                 char *err, size_t err_size)
+static int inference_model(gpt_config config, const char *resolved, comm *c, int64_t micro_batch, int64_t *seq,
+                           gpt_model **out, char *err, size_t err_size)
 {
-    gpt_config config;
-    char resolved[4096];
-    if (checkpoint_model_config(ckpt, &config, resolved, sizeof resolved, err, err_size)) return -1;
     config.dtype = CKPT_FP32;
     if (*seq == 0) *seq = config.seq;
     if (*seq > config.seq)
-        return fail(err, err_size, "--seq %lld exceeds the %lld positions of the model in %s", (long long)*seq,
-                    (long long)config.seq, resolved);
+        return gpt_error(err, err_size, "--seq %lld exceeds the %lld positions of the model in %s", (long long)*seq,
+                         (long long)config.seq, resolved);
     char why[512];
     if (gpt_model_create(out, &config, c, micro_batch, *seq, 1, 0, why, sizeof why))
-        return fail(err, err_size, "%s: %s", resolved, why);
+        return gpt_error(err, err_size, "%s: %s", resolved, why);
     return 0;
 }
 
@@ -87,18 +75,21 @@ int eval_run(const eval_options *o, comm *c, eval_result *out, char *err, size_t
     dataset *data = NULL;
     int *window = NULL;
     int64_t T = o->seq;
-    int status = model_from_checkpoint(o->ckpt, c, o->micro_batch, &T, &m, err, err_size);
+    gpt_config config;
+    char resolved[4096];
+    int status = checkpoint_model_config(o->ckpt, &config, resolved, sizeof resolved, err, err_size);
+    if (!status) status = inference_model(config, resolved, c, o->micro_batch, &T, &m, err, err_size);
     if (!status) status = dataset_open(&data, o->data, m->config.vocab, 0, err, err_size);
     int64_t available = 0, windows = o->windows;
     if (!status) {
         available = (dataset_tokens(data) - 1) / T; /* each window also needs the token after it */
         if (windows == 0) windows = available;
         if (available < 1 || windows > available)
-            status = fail(err, err_size, "%s: %lld tokens hold %lld windows of %lld tokens (plus one target), %s %lld",
+            status = gpt_error(err, err_size, "%s: %lld tokens hold %lld windows of %lld tokens (plus one target), %s %lld",
                           o->data, (long long)dataset_tokens(data), (long long)available, (long long)T,
                           o->windows ? "asked for" : "need at least", (long long)(windows ? windows : 1));
     }
-    if (!status && !(window = malloc((size_t)(T + 1) * sizeof(int)))) status = fail(err, err_size, "out of memory");
+    if (!status && !(window = malloc((size_t)(T + 1) * sizeof(int)))) status = gpt_error(err, err_size, "out of memory");
     if (any_failed(c, status)) {
         if (!status) snprintf(err, err_size, "another rank failed");
         status = -1;
@@ -117,11 +108,11 @@ int eval_run(const eval_options *o, comm *c, eval_result *out, char *err, size_t
     for (int64_t k = 0; k < passes && !status; k++) {
         int64_t start = first + k * B, valid = last - start < B ? last - start : B;
         if (fill_windows(data, s, B, T, start, valid, window))
-            status = fail(err, err_size, "internal: window %lld outside %s", (long long)start, o->data);
+            status = gpt_error(err, err_size, "internal: window %lld outside %s", (long long)start, o->data);
         else if ((!m->is_first && c->ops->recv_prev(c, s->input, n, (int)k)) || gpt_model_forward(m, s) ||
                  (!m->is_last && c->ops->send_next(c, gpt_model_output(m, s), n, (int)k)) ||
                  c->ops->wait_sends(c))
-            status = fail(err, err_size, "%s", c->error);
+            status = gpt_error(err, err_size, "%s", c->error);
         else if (m->is_last && c->tp_rank == 0)
             loss += gpt_slot_loss(s, valid * T);
     }
@@ -149,14 +140,6 @@ done:
 }
 
 /* ------------------------------------------------------------------ generate */
-
-static uint64_t splitmix64(uint64_t z)
-{
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 /* A token from logits[vocab]: the most likely one at temperature 0 (the
  * lowest id among equals), else drawn from softmax(logits / temperature)
@@ -187,9 +170,9 @@ static void write_token(FILE *out, int token)
 int generate_run(const generate_options *o, FILE *out, char *err, size_t err_size)
 {
     size_t prompt_len = strlen(o->prompt);
-    if (prompt_len == 0) return fail(err, err_size, "the prompt is empty: give at least one byte to continue");
+    if (prompt_len == 0) return gpt_error(err, err_size, "the prompt is empty: give at least one byte to continue");
     comm *c = NULL;
-    if (comm_local_create(&c)) return fail(err, err_size, "out of memory");
+    if (comm_local_create(&c)) return gpt_error(err, err_size, "out of memory");
     kernels_set_threads(o->threads);
     gpt_config config;
     char resolved[4096];
@@ -200,12 +183,12 @@ int generate_run(const generate_options *o, FILE *out, char *err, size_t err_siz
     if (!status && T > config.seq) T = config.seq;
     for (size_t i = 0; i < prompt_len && !status; i++)
         if ((unsigned char)o->prompt[i] >= config.vocab)
-            status = fail(err, err_size, "prompt byte %u at offset %zu is outside the model's vocabulary of %lld",
+            status = gpt_error(err, err_size, "prompt byte %u at offset %zu is outside the model's vocabulary of %lld",
                           (unsigned char)o->prompt[i], i, (long long)config.vocab);
-    if (!status) status = model_from_checkpoint(o->ckpt, c, 1, &T, &m, err, err_size);
+    if (!status) status = inference_model(config, resolved, c, 1, &T, &m, err, err_size);
     load_result loaded;
     if (!status) status = checkpoint_load(m, o->ckpt, 0, &loaded, err, err_size);
-    if (!status && !(context = calloc((size_t)T, sizeof *context))) status = fail(err, err_size, "out of memory");
+    if (!status && !(context = calloc((size_t)T, sizeof *context))) status = gpt_error(err, err_size, "out of memory");
     if (status) goto done;
     int64_t len = 0;
     for (size_t i = prompt_len > (size_t)T ? prompt_len - (size_t)T : 0; i < prompt_len; i++)
@@ -219,7 +202,7 @@ int generate_run(const generate_options *o, FILE *out, char *err, size_t err_siz
         memcpy(s->tokens, context, (size_t)T * sizeof(int));
         memset(s->targets, 0, (size_t)T * sizeof(int));
         if (gpt_model_forward(m, s)) {
-            status = fail(err, err_size, "%s", c->error);
+            status = gpt_error(err, err_size, "%s", c->error);
             break;
         }
         double u = (double)(splitmix64(o->seed ^ splitmix64((uint64_t)k)) >> 11) * 0x1.0p-53;

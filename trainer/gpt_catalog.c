@@ -4,11 +4,21 @@
  * mlp.proj) split axis 1; the token embedding splits the (padded) vocabulary. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gpt_catalog.h"
+
+int gpt_error(char *err, size_t err_size, const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(err, err_size, fmt, args);
+    va_end(args);
+    return -1;
+}
 
 void gpt_config_defaults(gpt_config *c)
 {
@@ -19,7 +29,7 @@ void gpt_config_defaults(gpt_config *c)
 
 int gpt_config_check(const gpt_config *c, int tp, int pp, char *err, size_t err_size)
 {
-#define FAIL(...) return snprintf(err, err_size, __VA_ARGS__), -1
+#define FAIL(...) return gpt_error(err, err_size, __VA_ARGS__)
     if (c->layers < 1 || c->dim < 1 || c->heads < 1 || c->kv_heads < 1 || c->vocab < 1 ||
         c->seq < 1 || c->ffn < 1 || c->vocab_pad_multiple < 1)
         FAIL("model shape must be positive: layers=%lld dim=%lld heads=%lld kv_heads=%lld "

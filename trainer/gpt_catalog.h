@@ -25,6 +25,10 @@ typedef struct {
 /* GPT-2 shapes where fields are 0: kv_heads = heads, ffn = 4 * dim, pad 1. */
 void gpt_config_defaults(gpt_config *config);
 
+/* Writes a one-line message to err (the trainer's way of failing: every
+ * function that can fail takes err, err_size) and returns -1. */
+int gpt_error(char *err, size_t err_size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 #define GPT_MAX_LAYERS 100000
 #define GPT_MAX_SIZE ((int64_t)1 << 31) /* any other dimension */
 

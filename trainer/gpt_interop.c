@@ -2,22 +2,11 @@
  * transformers and llama.cpp (docs/EXPORT.md). */
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gpt_interop.h"
-
-static int fail(char *err, size_t err_size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t err_size, const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(err, err_size, fmt, args);
-    va_end(args);
-    return -1;
-}
 
 /* Per layer: catalogue suffix, Hugging Face name, llama.cpp name, whether
  * Hugging Face stores it transposed (Conv1D weights are [in, out]; ours and
@@ -61,19 +50,19 @@ int gpt_name_map_create(gpt_name_map *out, const gpt_config *c, export_format fo
 {
     memset(out, 0, sizeof *out);
     const char *what = format == EXPORT_GGUF ? "llama.cpp's gpt2 architecture" : "Hugging Face's GPT-2";
-    if (c->swiglu) return fail(err, err_size, "a SwiGLU MLP cannot be expressed as %s (GELU MLP only)", what);
+    if (c->swiglu) return gpt_error(err, err_size, "a SwiGLU MLP cannot be expressed as %s (GELU MLP only)", what);
     if (c->kv_heads != c->heads)
-        return fail(err, err_size, "grouped-query attention (%lld key/value heads for %lld heads) cannot be expressed as %s",
+        return gpt_error(err, err_size, "grouped-query attention (%lld key/value heads for %lld heads) cannot be expressed as %s",
                     (long long)c->kv_heads, (long long)c->heads, what);
     gpt_tensor *catalog = NULL;
     int count = 0;
-    if (gpt_catalog(c, 0, &catalog, &count)) return fail(err, err_size, "out of memory");
+    if (gpt_catalog(c, 0, &catalog, &count)) return gpt_error(err, err_size, "out of memory");
     out->tensors = calloc((size_t)count, sizeof *out->tensors);
     out->names = calloc((size_t)count, sizeof *out->names);
     if (!out->tensors || !out->names) {
         free(catalog);
         gpt_name_map_free(out);
-        return fail(err, err_size, "out of memory");
+        return gpt_error(err, err_size, "out of memory");
     }
     for (int i = 0; i < count; i++) {
         const char *ours = catalog[i].name + strlen("model/");
@@ -99,7 +88,7 @@ int gpt_name_map_create(gpt_name_map *out, const gpt_config *c, export_format fo
         if (!name[0]) {
             free(catalog);
             gpt_name_map_free(out);
-            return fail(err, err_size, "internal: no %s name for %s", what, catalog[i].name);
+            return gpt_error(err, err_size, "internal: no %s name for %s", what, catalog[i].name);
         }
         out->tensors[i] = (export_tensor){source, name, transpose};
     }
@@ -153,7 +142,7 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char
     cJSON *o = cJSON_Parse(json);
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
-        return fail(err, err_size, "%s: not a JSON object (damaged or truncated?)", where);
+        return gpt_error(err, err_size, "%s: not a JSON object (damaged or truncated?)", where);
     }
     int status = 0;
     const cJSON *v;
@@ -164,9 +153,9 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char
                  {"n_positions", &c->seq}};
     v = cJSON_GetObjectItemCaseSensitive(o, "model_type");
     if (!v)
-        status = fail(err, err_size, "%s: model_type is missing (expected gpt2)", where);
+        status = gpt_error(err, err_size, "%s: model_type is missing (expected gpt2)", where);
     else if (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2") != 0)
-        status = fail(err, err_size, "%s: model_type %s is not gpt2", where,
+        status = gpt_error(err, err_size, "%s: model_type %s is not gpt2", where,
                       cJSON_IsString(v) ? v->valuestring : "(not a string)");
     /* Within the catalogue's bounds (gpt_config_check says which), so that
      * the conversion to int64 is exact. */
@@ -174,7 +163,7 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && !status; i++) {
         v = cJSON_GetObjectItemCaseSensitive(o, sizes[i].key);
         if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > most || v->valuedouble != floor(v->valuedouble))
-            status = fail(err, err_size, "%s: '%s' missing or not an integer in 1..%.0f", where, sizes[i].key, most);
+            status = gpt_error(err, err_size, "%s: '%s' missing or not an integer in 1..%.0f", where, sizes[i].key, most);
         else *sizes[i].field = (int64_t)v->valuedouble;
     }
     if (!status) {
@@ -182,16 +171,16 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char
         if (!v || cJSON_IsNull(v)) c->ffn = 4 * c->dim;
         else if (cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= most && v->valuedouble == floor(v->valuedouble))
             c->ffn = (int64_t)v->valuedouble;
-        else status = fail(err, err_size, "%s: 'n_inner' must be null or an integer in 1..%.0f", where, most);
+        else status = gpt_error(err, err_size, "%s: 'n_inner' must be null or an integer in 1..%.0f", where, most);
     }
     v = cJSON_GetObjectItemCaseSensitive(o, "activation_function");
     if (!status && v &&
         (!cJSON_IsString(v) || (strcmp(v->valuestring, "gelu_new") != 0 && strcmp(v->valuestring, "gelu_pytorch_tanh") != 0)))
-        status = fail(err, err_size, "%s: activation_function %s: tp-train computes GELU's tanh form (gelu_new) only", where,
+        status = gpt_error(err, err_size, "%s: activation_function %s: tp-train computes GELU's tanh form (gelu_new) only", where,
                       cJSON_IsString(v) ? v->valuestring : "(not a string)");
     v = cJSON_GetObjectItemCaseSensitive(o, "layer_norm_epsilon");
     if (!status && v && (!cJSON_IsNumber(v) || fabs(v->valuedouble - 1e-5) > 1e-12))
-        status = fail(err, err_size, "%s: layer_norm_epsilon %g: tp-train's layer norm uses 1e-5", where,
+        status = gpt_error(err, err_size, "%s: layer_norm_epsilon %g: tp-train's layer norm uses 1e-5", where,
                       cJSON_IsNumber(v) ? v->valuedouble : NAN);
     struct {
         const char *key;
@@ -200,7 +189,7 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char
     for (size_t i = 0; i < sizeof flags / sizeof flags[0] && !status; i++) {
         v = cJSON_GetObjectItemCaseSensitive(o, flags[i].key);
         if (v && (!cJSON_IsBool(v) || cJSON_IsTrue(v) != flags[i].required))
-            status = fail(err, err_size, "%s: %s must be %s for tp-train's GPT-2", where, flags[i].key,
+            status = gpt_error(err, err_size, "%s: %s must be %s for tp-train's GPT-2", where, flags[i].key,
                           flags[i].required ? "true" : "false");
     }
     cJSON_Delete(o);
@@ -236,25 +225,6 @@ void gpt_gguf_metadata_free(gpt_gguf_metadata *m)
     free(m);
 }
 
-static char *read_text(const char *path, size_t *size_out)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *text = NULL;
-    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (size >= 0 && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)size + 1)) != NULL) {
-        if (fread(text, 1, (size_t)size, f) != (size_t)size) {
-            free(text);
-            text = NULL;
-        } else {
-            text[size] = '\0';
-            if (size_out) *size_out = (size_t)size;
-        }
-    }
-    fclose(f);
-    return text;
-}
-
 /* GPT-2 BPE as llama.cpp's converter writes it: the tokens of vocab.json in
  * id order (missing ids as [PADn], unused), <|...|> tokens as control
  * tokens, and the merges of merges.txt without its #version line. */
@@ -262,13 +232,14 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/vocab.json", dir);
-    char *text = read_text(path, NULL);
-    if (!text) return fail(err, err_size, "%s: cannot read (a tokenizer needs vocab.json and merges.txt)", path);
+    char *text = NULL;
+    if (ckpt_read_text_file(path, &text, NULL))
+        return gpt_error(err, err_size, "%s (a tokenizer needs vocab.json and merges.txt)", ckpt_errmsg());
     cJSON *json = cJSON_Parse(text);
     free(text);
     if (!cJSON_IsObject(json)) {
         cJSON_Delete(json);
-        return fail(err, err_size, "%s: not a JSON object of token: id", path);
+        return gpt_error(err, err_size, "%s: not a JSON object of token: id", path);
     }
     m->num_tokens = vocab;
     m->tokens = calloc((size_t)vocab, sizeof *m->tokens);
@@ -277,7 +248,7 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
     const cJSON *entry;
     cJSON_ArrayForEach(entry, json) bytes += strlen(entry->string) + 1;
     m->token_text = malloc(bytes + (size_t)vocab * 16 + 1);
-    int status = !m->tokens || !m->token_types || !m->token_text ? fail(err, err_size, "out of memory") : 0;
+    int status = !m->tokens || !m->token_types || !m->token_text ? gpt_error(err, err_size, "out of memory") : 0;
     char *at = m->token_text;
     *eos = -1;
     cJSON_ArrayForEach(entry, json)
@@ -285,13 +256,13 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
         if (status) break;
         double id = cJSON_IsNumber(entry) ? entry->valuedouble : -1;
         if (id < 0 || id != floor(id) || id >= (double)vocab) {
-            status = fail(err, err_size, "%s: token '%s' has id %g, outside the model's vocabulary of %lld", path,
+            status = gpt_error(err, err_size, "%s: token '%s' has id %g, outside the model's vocabulary of %lld", path,
                           entry->string, id, (long long)vocab);
             break;
         }
         int64_t k = (int64_t)id;
         if (m->tokens[k]) {
-            status = fail(err, err_size, "%s: id %lld is given twice", path, (long long)k);
+            status = gpt_error(err, err_size, "%s: id %lld is given twice", path, (long long)k);
             break;
         }
         strcpy(at, entry->string);
@@ -311,18 +282,18 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
         }
     if (status) return status;
     snprintf(path, sizeof path, "%s/merges.txt", dir);
-    size_t size = 0;
-    m->merge_text = read_text(path, &size);
-    if (!m->merge_text) return fail(err, err_size, "%s: cannot read (a tokenizer needs vocab.json and merges.txt)", path);
+    int64_t size = 0;
+    if (ckpt_read_text_file(path, &m->merge_text, &size))
+        return gpt_error(err, err_size, "%s (a tokenizer needs vocab.json and merges.txt)", ckpt_errmsg());
     int64_t lines = 1;
-    for (size_t i = 0; i < size; i++) lines += m->merge_text[i] == '\n';
+    for (int64_t i = 0; i < size; i++) lines += m->merge_text[i] == '\n';
     m->merges = calloc((size_t)lines, sizeof *m->merges);
-    if (!m->merges) return fail(err, err_size, "out of memory");
+    if (!m->merges) return gpt_error(err, err_size, "out of memory");
     for (char *line = strtok(m->merge_text, "\r\n"); line; line = strtok(NULL, "\r\n")) {
         if (strncmp(line, "#version", 8) == 0 || !*line) continue;
         char *space = strchr(line, ' ');
         if (!space || space == line || !space[1])
-            return fail(err, err_size, "%s: merge '%s' is not two tokens separated by a space", path, line);
+            return gpt_error(err, err_size, "%s: merge '%s' is not two tokens separated by a space", path, line);
         m->merges[m->num_merges++] = line;
     }
     return 0;
@@ -344,9 +315,9 @@ int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const
     *out = NULL;
     const int64_t u32_max = 0xFFFFFFFFll;
     if (c->seq > u32_max || c->dim > u32_max || c->ffn > u32_max || c->vocab > u32_max)
-        return fail(err, err_size, "the model's sizes do not fit GGUF's 32-bit hyperparameters");
+        return gpt_error(err, err_size, "the model's sizes do not fit GGUF's 32-bit hyperparameters");
     gpt_gguf_metadata *m = calloc(1, sizeof *m);
-    if (!m) return fail(err, err_size, "out of memory");
+    if (!m) return gpt_error(err, err_size, "out of memory");
     snprintf(m->name, sizeof m->name, "%s", name);
     int32_t eos = -1;
     if (tokenizer_dir && load_tokenizer(m, tokenizer_dir, c->vocab, &eos, err, err_size)) {

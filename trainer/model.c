@@ -20,6 +20,7 @@
 #include <xxhash.h>
 
 #include "../common/memory.h"
+#include "../common/random.h"
 #include "../kernels/kernels.h"
 #include "model.h"
 
@@ -29,14 +30,6 @@ static const char *const layer_names[12] = {"ln1.weight", "ln1.bias", "attn.qkv.
                                             "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"};
 
 /* ------------------------------------------------------------ initialization */
-
-static uint64_t splitmix64(uint64_t z)
-{
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 float gpt_init_normal(uint64_t seed, uint64_t name_hash, int64_t index)
 {
