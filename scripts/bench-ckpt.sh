@@ -5,6 +5,7 @@
 #   BENCH_GB (default 4): checkpoint size; BENCH_REPS (default 5): repetitions.
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
 BUILD=${BUILD:-build}
 GB=${BENCH_GB:-4}
 REPS=${BENCH_REPS:-5}
@@ -13,21 +14,6 @@ BENCH="$BUILD/bench/bench_ckpt"
 mkdir -p "$DIR"
 rm -rf "$DIR"/*
 
-# Cold cache: drop the page cache when allowed, else evict the files we read.
-drop_cache() {
-    sync
-    if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches
-    else /usr/bin/python3 - "$@" <<'PY'
-import os, sys
-for root in sys.argv[1:]:
-    for d, _, files in os.walk(root):
-        for f in files:
-            fd = os.open(os.path.join(d, f), os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-PY
-    fi
-}
 field() { /usr/bin/python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 timed() {
     /usr/bin/python3 -c 'import subprocess, sys, time

@@ -10,17 +10,16 @@
 #   BENCH_REPS (default 3): repetitions; the table gives medians
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
 BUILD=${BUILD:-build}
 PARAMS=${BENCH_PARAMS_B:-0.5}
 MEMORY=${BENCH_MEMORY:-1G}
 REPS=${BENCH_REPS:-3}
 DIR=bench/scratch/export
-PY=/usr/bin/python3
 CKPT="$BUILD/bin/tp-ckpt"
 mkdir -p "$DIR"
 
-# Layers for the size: 12 * dim^2 parameters each at dim 2048, even for pp2.
-LAYERS=$($PY -c "import sys; print(max(2, round(float(sys.argv[1]) * 1e9 / (12 * 2048 ** 2) / 2) * 2))" "$PARAMS")
+LAYERS=$(gpt_layers "$PARAMS")
 MODEL="--layers $LAYERS --dim 2048 --heads 16 --vocab 50257 --seq 2048 --dtype fp32 --seed 1"
 if ! "$CKPT" info "$DIR/src" --json 2>/dev/null | grep -q "\"layers\":	$LAYERS,"; then
     rm -rf "$DIR/src"
@@ -28,20 +27,8 @@ if ! "$CKPT" info "$DIR/src" --json 2>/dev/null | grep -q "\"layers\":	$LAYERS,"
 fi
 BYTES=$("$CKPT" info "$DIR/src" --json | $PY -c 'import json,sys; print(sum(t["bytes"] for t in json.load(sys.stdin)["tensors"]))')
 
-drop_cache() {
-    sync
-    if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches
-    else $PY -c '
-import os, sys
-for d, _, files in os.walk(sys.argv[1]):
-    for f in files:
-        fd = os.open(os.path.join(d, f), os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$DIR"
-    fi
-    sleep 2
-}
 warm() { cat "$1"/*.* >/dev/null; }
 clean_outputs() { rm -rf "$DIR/hf" "$DIR/model.gguf" "$DIR/model.h5" "$DIR/copy" "$DIR/py.safetensors" "$DIR/imported"; sync; }
-measure() { $PY bench/measure.py "$@"; }
 
 # The safetensors the import reads, made once.
 "$CKPT" export "$DIR/src" --format safetensors -o "$DIR/import-src" --force >/dev/null
@@ -58,7 +45,7 @@ for rep in $(seq 1 "$REPS"); do
             clean_outputs
             source="$DIR/src"
             [ $tool = import ] && source="$DIR/import-src"
-            if [ $cache = cold ]; then drop_cache; else warm "$source"; fi
+            if [ $cache = cold ]; then drop_cache "$DIR"; sleep 2; else warm "$source"; fi
             case $tool in
             safetensors|gguf|hdf5)
                 out="$DIR/hf"
@@ -77,7 +64,7 @@ done
 # Bounded memory: a tight limit for every format.
 for tool in safetensors gguf; do
     clean_outputs
-    drop_cache
+    drop_cache "$DIR"; sleep 2
     out="$DIR/hf"
     [ $tool = gguf ] && out="$DIR/model.gguf"
     m=$(measure "$CKPT" export "$DIR/src" --format $tool -o "$out" --memory-limit 128M)

@@ -9,16 +9,15 @@
 #   BENCH_REPS (default 3): repetitions; the table gives medians
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
 BUILD=${BUILD:-build}
 PARAMS=${BENCH_PARAMS_B:-1}
 MEMORY=${BENCH_MEMORY:-1G}
 REPS=${BENCH_REPS:-3}
 DIR=bench/scratch/reshard
-PY=/usr/bin/python3
 mkdir -p "$DIR"
 
-# Layers for the size: 12 * dim^2 parameters each at dim 2048, even for pp2.
-LAYERS=$($PY -c "import sys; print(max(2, round(float(sys.argv[1]) * 1e9 / (12 * 2048 ** 2) / 2) * 2))" "$PARAMS")
+LAYERS=$(gpt_layers "$PARAMS")
 MODEL="--layers $LAYERS --dim 2048 --heads 16 --vocab 50257 --seq 2048 --optim --dtype bf16 --seed 1"
 if ! "$BUILD/bin/tp-ckpt" info "$DIR/src" --json 2>/dev/null | grep -q "\"layers\":	$LAYERS,"; then
     rm -rf "$DIR/src"
@@ -26,20 +25,8 @@ if ! "$BUILD/bin/tp-ckpt" info "$DIR/src" --json 2>/dev/null | grep -q "\"layers
 fi
 BYTES=$("$BUILD/bin/tp-ckpt" info "$DIR/src" --json | $PY -c 'import json,sys; print(sum(t["bytes"] for t in json.load(sys.stdin)["tensors"]))')
 
-drop_cache() {
-    sync
-    if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches
-    else $PY -c '
-import os, sys
-for d, _, files in os.walk(sys.argv[1]):
-    for f in files:
-        fd = os.open(os.path.join(d, f), os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$DIR"
-    fi
-    sleep 2
-}
 warm_source() { cat "$DIR"/src/*.h5 >/dev/null; }
 clean_outputs() { rm -rf "$DIR/out" "$DIR/copy" "$DIR/py"; sync; }
-measure() { $PY bench/measure.py "$@"; }
 
 RESULTS="$DIR/results.txt"
 : >"$RESULTS"
@@ -49,7 +36,7 @@ for rep in $(seq 1 "$REPS"); do
     for cache in cold warm; do
         for tool in $order; do
             clean_outputs
-            if [ $cache = cold ]; then drop_cache; else warm_source; fi
+            if [ $cache = cold ]; then drop_cache "$DIR"; sleep 2; else warm_source; fi
             case $tool in
             reshard) m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --from tp8pp1 --to tp4pp2 -o "$DIR/out" --memory-limit "$MEMORY") ;;
             cp) m=$(measure sh -c "cp -r '$DIR/src' '$DIR/copy' && sync") ;;
@@ -62,7 +49,7 @@ for rep in $(seq 1 "$REPS"); do
 done
 # Bounded memory at a quarter of the default limit.
 clean_outputs
-drop_cache
+drop_cache "$DIR"; sleep 2
 m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/out" --memory-limit 256M)
 echo "cold reshard-256M $m" >>"$RESULTS"
 echo "cold reshard-256M: $m"
@@ -72,7 +59,7 @@ clean_outputs
 
 GPU_NOTE="No GPU on this machine: the CUDA path was not measured."
 if [ "$("$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/gpu" --dry-run --device cuda 2>/dev/null | grep -c cuda)" -gt 0 ]; then
-    drop_cache
+    drop_cache "$DIR"; sleep 2
     m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/gpu" --memory-limit "$MEMORY" --device cuda)
     echo "cold cuda $m" >>"$RESULTS"
     rm -rf "$DIR/gpu"

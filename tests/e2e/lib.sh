@@ -53,6 +53,18 @@ check() {
     if "$@"; then pass; else failed "$what"; fi
 }
 
+# use_open_mpi: for tests that run programs under mpirun. As root, with more
+# ranks than cores; containers often forbid the cross-process memory copies
+# Open MPI uses for large messages between ranks on one machine, and plain
+# shared memory always works. Under AddressSanitizer, Open MPI's allocations
+# are suppressed (tests/lsan.supp) only with full stack unwinding.
+use_open_mpi() {
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_rmaps_base_oversubscribe=1
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none
+    if [ "${SANITIZED:-0}" = 1 ]; then export ASAN_OPTIONS="${ASAN_OPTIONS:-}:fast_unwind_on_malloc=0"; fi
+}
+
 # File offset of a tensor's data in a shard, found with h5py.
 data_offset() {
     "$PY" -c 'import h5py, sys; print(h5py.File(sys.argv[1], "r")["tensors/" + sys.argv[2]].id.get_offset())' "$1" "$2"

@@ -14,9 +14,7 @@
 #   - bad input gives one clear error and leaves nothing behind.
 . "$(dirname "$0")/lib.sh"
 
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
+use_open_mpi
 CKPT="$BIN/tp-ckpt"
 TRAIN="$BIN/tp-train"
 CHECK="$ROOT/tests/trainer/check_export.py"

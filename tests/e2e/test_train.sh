@@ -5,11 +5,7 @@
 # and errors on bad input. Tiny models, so that it stays fast on two cores.
 . "$(dirname "$0")/lib.sh"
 
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
-# Containers often forbid the cross-process memory copies Open MPI uses for
-# large messages between ranks on one machine; plain shared memory always works.
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
+use_open_mpi
 TRAIN="$BIN/tp-train"
 TINY="--model tiny --micro-batch 2 --quiet"
 
