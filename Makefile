@@ -32,15 +32,14 @@ NVCCFLAGS ?= -O2 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 
 COMMON_SRC := $(wildcard common/*.c)
 CKPT_SRC := $(filter-out ckpt/tp-ckpt.c,$(wildcard ckpt/*.c))
-KERNELS_SRC := kernels/convert.c kernels/moves.c kernels/linear.c kernels/norm.c kernels/attention.c \
-	kernels/embedding.c kernels/adamw.c
+KERNELS_SRC := $(wildcard kernels/cpu/*.c)
 RESHARD_SRC := $(filter-out reshard/tp-reshard.c,$(wildcard reshard/*.c))
 TRAINER_LIB_SRC := $(filter-out trainer/tp-train.c,$(wildcard trainer/*.c))
 ifeq ($(CUDA),1)
-KERNELS_CU := $(wildcard kernels/*.cu)
+KERNELS_CU := $(wildcard kernels/cuda/*.cu)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 else
-KERNELS_SRC += kernels/cuda_none.c
+KERNELS_SRC += kernels/cuda/none.c
 KERNELS_CU :=
 CUDA_LIBS :=
 endif
@@ -91,7 +90,7 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/config
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu kernels/convert_bits.h kernels/kernels.h $(BUILD)/config
+$(BUILD)/obj/%.cu.o: %.cu kernels/convert_bits.h kernels/kernels.h kernels/cuda/check.h $(BUILD)/config
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 

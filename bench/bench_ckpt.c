@@ -58,7 +58,7 @@ static int write_slab(void *ctx, int64_t i, int thread)
 static int bench_write(const char *dir, double gib, int tp, int pp, int threads, int compress)
 {
     /* GPT-2-like proportions: dim 2048, 16 heads, vocab 50257; layers for the size. */
-    gpt_config config = {.dim = 2048, .heads = 16, .vocab = 50257, .seq = 2048, .dtype = CKPT_FP32};
+    gpt_config config = {.dim = 2048, .heads = 16, .vocab = 50257, .seq = 2048, .dtype = TP_FP32};
     gpt_config_defaults(&config);
     double bytes_per_layer = 12.0 * 2048 * 2048 * 4 * 3; /* weights + Adam moments, fp32 */
     double embedding_bytes = (50257.0 + 2048) * 2048 * 4 * 3;
@@ -79,14 +79,14 @@ static int bench_write(const char *dir, double gib, int tp, int pp, int threads,
     options.overwrite = 1;
     double start = now_seconds();
     ckpt_writer *writer;
-    if (ckpt_writer_create(&writer, dir, &layout, &options)) return fprintf(stderr, "%s\n", ckpt_errmsg()), 1;
+    if (ckpt_writer_create(&writer, dir, &layout, &options)) return fprintf(stderr, "%s\n", tp_errmsg()), 1;
     int *ids = calloc((size_t)count, sizeof *ids);
     slab *slabs = NULL;
     int64_t num_slabs = 0, capacity = 0, total = 0;
     for (int i = 0; i < count; i++) {
         if (ckpt_writer_add_tensor(writer, &catalog[i].desc, &ids[i]))
-            return fprintf(stderr, "%s\n", ckpt_errmsg()), 1;
-        int64_t shape[CKPT_MAX_DIMS], row_bytes = (int64_t)ckpt_dtype_size(catalog[i].desc.dtype);
+            return fprintf(stderr, "%s\n", tp_errmsg()), 1;
+        int64_t shape[CKPT_MAX_DIMS], row_bytes = (int64_t)tp_dtype_size(catalog[i].desc.dtype);
         ckpt_piece_shape(&catalog[i].desc, tp, shape);
         for (int d = 1; d < catalog[i].desc.ndim; d++) row_bytes *= shape[d];
         int64_t block = ckpt_writer_block_rows(writer, ids[i]);
@@ -105,11 +105,10 @@ static int bench_write(const char *dir, double gib, int tp, int pp, int threads,
         }
     }
     write_job job = {writer, catalog, ids, slabs, tp, pattern};
-    parallel_failure failure = {ckpt_errmsg, ""};
-    if (parallel_for(num_slabs, threads, write_slab, &job, &failure))
-        return fprintf(stderr, "%s\n", failure.text), 1;
+    if (parallel_for(num_slabs, threads, write_slab, &job))
+        return fprintf(stderr, "%s\n", tp_errmsg()), 1;
     ckpt_train_state state = {1, 0, NULL, NULL, NULL, NULL};
-    if (ckpt_writer_commit(writer, &state)) return fprintf(stderr, "%s\n", ckpt_errmsg()), 1;
+    if (ckpt_writer_commit(writer, &state)) return fprintf(stderr, "%s\n", tp_errmsg()), 1;
     double seconds = now_seconds() - start;
     printf("{\"op\":\"write\",\"bytes\":%lld,\"seconds\":%.3f,\"gbps\":%.3f,\"layers\":%lld,\"compress\":%d}\n",
            (long long)total, seconds, total / seconds / 1e9, (long long)config.layers, compress);
@@ -139,7 +138,7 @@ static int bench_read(const char *dir, int threads, int verify)
     double start = now_seconds();
     ckpt_read_options options = {verify};
     ckpt_reader *r;
-    if (ckpt_reader_open(&r, dir, &options)) return fprintf(stderr, "%s\n", ckpt_errmsg()), 1;
+    if (ckpt_reader_open(&r, dir, &options)) return fprintf(stderr, "%s\n", tp_errmsg()), 1;
     const ckpt_layout *layout = ckpt_reader_layout(r);
     slab *slabs = NULL;
     int64_t num_slabs = 0, capacity = 0, total = 0;
@@ -167,9 +166,8 @@ static int bench_read(const char *dir, int threads, int verify)
     char **buffers = calloc((size_t)threads, sizeof *buffers);
     for (int t = 0; t < threads; t++) buffers[t] = alloc_pages(SLAB_BYTES);
     read_job job = {r, slabs, buffers};
-    parallel_failure failure = {ckpt_errmsg, ""};
-    if (parallel_for(num_slabs, threads, read_slab, &job, &failure))
-        return fprintf(stderr, "%s\n", failure.text), 1;
+    if (parallel_for(num_slabs, threads, read_slab, &job))
+        return fprintf(stderr, "%s\n", tp_errmsg()), 1;
     double seconds = now_seconds() - start;
     printf("{\"op\":\"read\",\"bytes\":%lld,\"seconds\":%.3f,\"gbps\":%.3f,\"verify\":%d}\n", (long long)total,
            seconds, total / seconds / 1e9, verify);

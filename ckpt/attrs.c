@@ -15,8 +15,8 @@ int ckpt_anchor_parse(const char *text, ckpt_anchor *out)
     if (strcmp(text, "layer") == 0) *out = CKPT_ANCHOR_LAYER;
     else if (strcmp(text, "first") == 0) *out = CKPT_ANCHOR_FIRST;
     else if (strcmp(text, "last") == 0) *out = CKPT_ANCHOR_LAST;
-    else return ckpt_fail(CKPT_ERR_FORMAT, "unknown pipeline anchor '%s'", text);
-    return CKPT_OK;
+    else return tp_fail(TP_ERR_FORMAT, "unknown pipeline anchor '%s'", text);
+    return TP_OK;
 }
 
 const char *ckpt_anchor_name(ckpt_anchor anchor)
@@ -34,7 +34,7 @@ int ckpt_attrs_write(hid_t dset, const ckpt_piece_attrs *a)
     int status = ckpt_h5_write_string(dset, "name", t->name);
     if (!status) status = ckpt_h5_write_string(dset, "role", t->role);
     if (!status) status = ckpt_h5_write_string(dset, "param", t->param);
-    if (!status) status = ckpt_h5_write_string(dset, "dtype", ckpt_dtype_name(t->dtype));
+    if (!status) status = ckpt_h5_write_string(dset, "dtype", tp_dtype_name(t->dtype));
     if (!status) status = ckpt_h5_write_i64s(dset, "logical_shape", t->shape, t->ndim);
     if (!status) status = ckpt_h5_write_i64s(dset, "padded_shape", padded, t->ndim);
     if (!status) status = ckpt_h5_write_string(dset, "anchor", anchor_name(t->anchor));
@@ -54,7 +54,7 @@ int ckpt_attrs_write(hid_t dset, const ckpt_piece_attrs *a)
         if (!status) status = ckpt_h5_write_i64s(dset, "granule", &p->granule, 1);
         if (!status) status = ckpt_h5_write_i64s(dset, "pad_multiple", &p->pad_multiple, 1);
     }
-    return status ? ckpt_fail_context(status, "tensor %s", t->name) : CKPT_OK;
+    return status ? tp_fail_context(status, "tensor %s", t->name) : TP_OK;
 }
 
 int ckpt_attrs_read(hid_t dset, ckpt_piece_attrs *a, int with_checksum)
@@ -81,9 +81,9 @@ int ckpt_attrs_read(hid_t dset, ckpt_piece_attrs *a, int with_checksum)
     if (!status) status = ckpt_h5_read_string(dset, "partition", partition, sizeof partition);
     if (!status && with_checksum) status = ckpt_h5_read_u64(dset, "checksum", &a->checksum);
     if (!status && with_checksum) status = ckpt_h5_read_u64(dset, "digest", &a->digest);
-    if (!status) status = ckpt_dtype_parse(dtype, &d.dtype) ? CKPT_ERR_FORMAT : CKPT_OK;
+    if (!status) status = tp_dtype_parse(dtype, &d.dtype) ? TP_ERR_FORMAT : TP_OK;
     if (!status) status = ckpt_anchor_parse(anchor, &d.anchor);
-    if (status) return status == CKPT_ERR_ARG ? CKPT_ERR_FORMAT : status;
+    if (status) return status == TP_ERR_ARG ? TP_ERR_FORMAT : status;
     d.ndim = ndim;
     d.layer = layer;
     if (strcmp(partition, "split") == 0) {
@@ -99,7 +99,7 @@ int ckpt_attrs_read(hid_t dset, ckpt_piece_attrs *a, int with_checksum)
         if (status) return status;
         d.partition.axis = (int)axis;
     } else if (strcmp(partition, "replicated") != 0) {
-        return ckpt_fail(CKPT_ERR_FORMAT, "unknown partition '%s'", partition);
+        return tp_fail(TP_ERR_FORMAT, "unknown partition '%s'", partition);
     }
     char name[sizeof c->name], role[sizeof c->role], param[sizeof c->param];
     strcpy(name, c->name);
@@ -109,19 +109,19 @@ int ckpt_attrs_read(hid_t dset, ckpt_piece_attrs *a, int with_checksum)
     d.role = role;
     d.param = param;
     status = ckpt_tensor_copy_init(c, &d);
-    if (status) return CKPT_ERR_FORMAT;
+    if (status) return TP_ERR_FORMAT;
     if (tp < 1 || tp > 4096 || piece < 0 || piece >= ckpt_piece_count(&c->desc, (int)tp))
-        return ckpt_fail(CKPT_ERR_FORMAT, "piece %lld of tp=%lld is out of range", (long long)piece,
+        return tp_fail(TP_ERR_FORMAT, "piece %lld of tp=%lld is out of range", (long long)piece,
                          (long long)tp);
     status = ckpt_tensor_check(&c->desc, (int)tp);
-    if (status) return CKPT_ERR_FORMAT;
+    if (status) return TP_ERR_FORMAT;
     int64_t expect[CKPT_MAX_DIMS];
     ckpt_padded_shape(&c->desc, (int)tp, expect);
     if (ndim_padded != ndim || memcmp(expect, padded, sizeof(int64_t) * (size_t)ndim) != 0)
-        return ckpt_fail(CKPT_ERR_FORMAT, "padded_shape does not follow from the partition");
+        return tp_fail(TP_ERR_FORMAT, "padded_shape does not follow from the partition");
     a->piece = (int)piece;
     a->tp = (int)tp;
     a->order = order;
     a->block_rows = block_rows;
-    return CKPT_OK;
+    return TP_OK;
 }

@@ -6,8 +6,8 @@
  * is cut into per-rank pieces, so any layout can be read back without model code.
  *
  * Conventions:
- *  - Every function that can fail returns a ckpt_status (CKPT_OK == 0). The
- *    message of the most recent failure in the calling thread is ckpt_errmsg();
+ *  - Every function that can fail returns a tp_status (TP_OK == 0). The
+ *    message of the most recent failure in the calling thread is tp_errmsg();
  *    the library never prints.
  *  - Handles are opaque; each _create/_open has its _free/_close.
  *  - Data moves with positioned I/O between files and caller buffers; buffers
@@ -22,6 +22,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../common/dtype.h"
+#include "../common/error.h"
+
 #define CKPT_FORMAT_MAJOR 1
 #define CKPT_FORMAT_MINOR 0
 #define CKPT_MAX_DIMS 8
@@ -29,33 +32,7 @@
 #define CKPT_NAME_MAX 255
 #define CKPT_ZSTD_FILTER_ID 32015 /* the registered HDF5 filter id of Zstandard */
 
-typedef enum {
-    CKPT_OK = 0,
-    CKPT_ERR_ARG,       /* an argument or tensor description is invalid */
-    CKPT_ERR_IO,        /* a system call failed */
-    CKPT_ERR_HDF5,      /* the HDF5 library reported an error */
-    CKPT_ERR_FORMAT,    /* contents do not follow docs/FORMAT.md (damaged or foreign) */
-    CKPT_ERR_VERSION,   /* written by a newer major format version */
-    CKPT_ERR_CHECKSUM,  /* data does not match its stored checksum */
-    CKPT_ERR_NOT_FOUND, /* no such checkpoint, file or tensor */
-    CKPT_ERR_EXISTS,    /* the output exists and overwriting was not asked for */
-    CKPT_ERR_LAYOUT,    /* a tensor cannot be partitioned at the requested layout */
-    CKPT_ERR_NOMEM,
-    CKPT_ERR_STATE,     /* a call out of order, e.g. commit with pieces missing */
-} ckpt_status;
-
-/* Message of the last failure in this thread: names the file, tensor and the
- * expected against the actual value where there are such. Never NULL. */
-const char *ckpt_errmsg(void);
-const char *ckpt_status_name(int status);
-
 /* ---------------------------------------------------------------- types */
-
-typedef enum { CKPT_FP32 = 0, CKPT_BF16 = 1, CKPT_FP16 = 2 } ckpt_dtype;
-
-size_t ckpt_dtype_size(ckpt_dtype dtype);
-const char *ckpt_dtype_name(ckpt_dtype dtype); /* "fp32", "bf16", "fp16" */
-int ckpt_dtype_parse(const char *text, ckpt_dtype *out);
 
 /* A parallel layout. Layers are split evenly over pipeline stages. */
 typedef struct {
@@ -97,7 +74,7 @@ typedef struct {
     const char *name;   /* global name, e.g. "model/layers.3.attn.qkv.weight" */
     const char *role;   /* "param" (NULL means this), "exp_avg", "exp_avg_sq", "master", ... */
     const char *param;  /* name of the parameter this belongs to; NULL means name */
-    ckpt_dtype dtype;
+    tp_dtype dtype;
     int ndim;                      /* 1..CKPT_MAX_DIMS */
     int64_t shape[CKPT_MAX_DIMS];  /* logical global shape (no padding) */
     ckpt_partition partition;
@@ -212,13 +189,13 @@ typedef struct {
 void ckpt_write_options_init(ckpt_write_options *options);
 
 /* Starts a checkpoint at `path` (its parent must exist). Fails with
- * CKPT_ERR_EXISTS when path exists and options->overwrite is 0. Nothing is
+ * TP_ERR_EXISTS when path exists and options->overwrite is 0. Nothing is
  * visible at path until commit. */
 int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *layout,
                        const ckpt_write_options *options);
 
 /* Declares a tensor and allocates its pieces in their shard files. *id_out is
- * the handle for the put functions. Fails with CKPT_ERR_LAYOUT when the tensor
+ * the handle for the put functions. Fails with TP_ERR_LAYOUT when the tensor
  * cannot be split at this layout. A tensor on a shard this writer does not
  * write is accepted and ignored. */
 int ckpt_writer_add_tensor(ckpt_writer *writer, const ckpt_tensor_desc *tensor, int *id_out);
@@ -365,10 +342,10 @@ void ckpt_output_discard(const char *staging);
  * commit, so a failure leaves nothing at path. */
 typedef struct ckpt_flat_file ckpt_flat_file;
 
-/* Fails with CKPT_ERR_EXISTS when path exists and overwrite is 0. */
+/* Fails with TP_ERR_EXISTS when path exists and overwrite is 0. */
 int ckpt_flat_create(ckpt_flat_file **out, const char *path, int overwrite);
 /* Adds dataset `name` ('/' makes groups) of the given dtype and shape. */
-int ckpt_flat_add(ckpt_flat_file *file, const char *name, ckpt_dtype dtype, int ndim, const int64_t *shape,
+int ckpt_flat_add(ckpt_flat_file *file, const char *name, tp_dtype dtype, int ndim, const int64_t *shape,
                   int64_t *offset_out);
 int ckpt_flat_attribute(ckpt_flat_file *file, const char *name, const char *value);
 /* Positioned write of data bytes; any thread, after every dataset is added. */
@@ -392,7 +369,7 @@ typedef struct {
  * unpadded), whatever the layouts and stored dtypes. An element matches when
  * its values are bit-identical after conversion to fp32 or
  * |a-b| <= atol + rtol * max(|a|,|b|). Streams in slabs of at most
- * slab_bytes per side. Fails with CKPT_ERR_ARG when the logical shapes differ. */
+ * slab_bytes per side. Fails with TP_ERR_ARG when the logical shapes differ. */
 int ckpt_compare_tensor(ckpt_reader *a, int a_index, ckpt_reader *b, int b_index, double rtol,
                         double atol, size_t slab_bytes, ckpt_compare_result *out);
 

@@ -34,15 +34,15 @@ void ckpt_format_checksum(uint64_t checksum, char out[17])
 int ckpt_parse_checksum(const char *text, uint64_t *out)
 {
     uint64_t value = 0;
-    if (strlen(text) != 16) return CKPT_ERR_FORMAT;
+    if (strlen(text) != 16) return TP_ERR_FORMAT;
     for (int i = 0; i < 16; i++) {
         char c = text[i];
         int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (digit < 0) return CKPT_ERR_FORMAT;
+        if (digit < 0) return TP_ERR_FORMAT;
         value = value << 4 | (uint64_t)digit;
     }
     *out = value;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int64_t ckpt_block_rows_for(int64_t rows, int64_t row_bytes)
@@ -116,26 +116,26 @@ int ckpt_zstd_compress(const void *src, size_t src_size, void *dst, size_t dst_c
      * plugin expects to find in a chunk. */
     size_t n = ZSTD_compress(dst, dst_capacity, src, src_size, level);
     if (ZSTD_isError(n))
-        return ckpt_fail(CKPT_ERR_ARG, "zstd compression failed: %s", ZSTD_getErrorName(n));
+        return tp_fail(TP_ERR_ARG, "zstd compression failed: %s", ZSTD_getErrorName(n));
     *out_size = n;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int ckpt_zstd_decompress(const void *src, size_t src_size, void *dst, size_t dst_size)
 {
     unsigned long long content = ZSTD_getFrameContentSize(src, src_size);
     if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN)
-        return ckpt_fail(CKPT_ERR_FORMAT, "compressed chunk is not a zstd frame with its size");
+        return tp_fail(TP_ERR_FORMAT, "compressed chunk is not a zstd frame with its size");
     if (content != dst_size)
-        return ckpt_fail(CKPT_ERR_FORMAT, "compressed chunk holds %llu bytes, expected %zu",
+        return tp_fail(TP_ERR_FORMAT, "compressed chunk holds %llu bytes, expected %zu",
                          content, dst_size);
     size_t n = ZSTD_decompress(dst, dst_size, src, src_size);
     if (ZSTD_isError(n))
-        return ckpt_fail(CKPT_ERR_FORMAT, "zstd decompression failed: %s", ZSTD_getErrorName(n));
+        return tp_fail(TP_ERR_FORMAT, "zstd decompression failed: %s", ZSTD_getErrorName(n));
     if (n != dst_size)
-        return ckpt_fail(CKPT_ERR_FORMAT, "chunk decompressed to %zu bytes, expected %zu", n,
+        return tp_fail(TP_ERR_FORMAT, "chunk decompressed to %zu bytes, expected %zu", n,
                          dst_size);
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* The HDF5 filter callback. Returns the size of the new buffer, or 0 on
@@ -176,5 +176,5 @@ int ckpt_zstd_register(void)
         (H5Z_func_t)zstd_h5_filter,
     };
     if (H5Zregister(&zstd_class) < 0) return ckpt_fail_hdf5("cannot register the zstd filter");
-    return CKPT_OK;
+    return TP_OK;
 }

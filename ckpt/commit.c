@@ -31,7 +31,7 @@ int ckpt_seal_piece(hid_t file, const char *file_path, const char *tensor_name,
     hid_t space = H5Screate_simple(1, dims, NULL);
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     hid_t sums = -1, dset = -1;
-    int status = CKPT_OK;
+    int status = TP_OK;
     snprintf(path, sizeof path, "/%s/%s", CKPT_CHECKSUM_GROUP, tensor_name);
     if (space < 0 || lcpl < 0 || H5Pset_create_intermediate_group(lcpl, 1) < 0 ||
         (sums = H5Dcreate2(file, path, H5T_STD_U64LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT)) < 0 ||
@@ -75,12 +75,12 @@ static int scan_piece(scan_state *st, hid_t dset)
     if (status) return status;
     const ckpt_tensor_desc *t = &attrs.tensor.desc;
     if (attrs.tp != index->layout.tp)
-        return ckpt_fail(CKPT_ERR_FORMAT, "tensor %s was written for tp=%d, the checkpoint has tp=%d",
+        return tp_fail(TP_ERR_FORMAT, "tensor %s was written for tp=%d, the checkpoint has tp=%d",
                          t->name, attrs.tp, index->layout.tp);
     int stage = ckpt_tensor_stage(t, &index->layout);
     int expect_tp = t->partition.kind == CKPT_SPLIT ? attrs.piece : 0;
     if (stage != st->file->pp || expect_tp != st->file->tp)
-        return ckpt_fail(CKPT_ERR_FORMAT,
+        return tp_fail(TP_ERR_FORMAT,
                          "tensor %s piece %d belongs in shard pp=%d tp=%d, found in pp=%d tp=%d",
                          t->name, attrs.piece, stage, expect_tp, st->file->pp, st->file->tp);
 
@@ -93,7 +93,7 @@ static int scan_piece(scan_state *st, hid_t dset)
     int shape_ok = ndim == t->ndim;
     for (int d = 0; shape_ok && d < ndim; d++) shape_ok = (int64_t)dims[d] == g.shape[d];
     if (!shape_ok)
-        return ckpt_fail(CKPT_ERR_FORMAT, "tensor %s: dataset shape does not match its partition",
+        return tp_fail(TP_ERR_FORMAT, "tensor %s: dataset shape does not match its partition",
                          t->name);
     hid_t dcpl = H5Dget_create_plist(dset);
     int compressed = dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED;
@@ -104,7 +104,7 @@ static int scan_piece(scan_state *st, hid_t dset)
         if (index->num_tensors == st->capacity) {
             int capacity = st->capacity ? 2 * st->capacity : 256;
             ckpt_index_tensor *grown = realloc(index->tensors, (size_t)capacity * sizeof *grown);
-            if (!grown) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+            if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
             index->tensors = grown;
             st->capacity = capacity;
             for (int k = 0; k < index->num_tensors; k++) ckpt_tensor_copy_rebind(&grown[k].tensor);
@@ -118,7 +118,7 @@ static int scan_piece(scan_state *st, hid_t dset)
         it->order = attrs.order;
         it->num_pieces = ckpt_piece_count(t, index->layout.tp);
         it->pieces = calloc((size_t)it->num_pieces, sizeof *it->pieces);
-        if (!it->pieces) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+        if (!it->pieces) return tp_fail(TP_ERR_NOMEM, "out of memory");
         for (int p = 0; p < it->num_pieces; p++) it->pieces[p].file_index = -1;
         i = index->num_tensors++;
         status = ckpt_name_map_insert(&st->names, it->tensor.name, i, index_name_of, index);
@@ -126,12 +126,12 @@ static int scan_piece(scan_state *st, hid_t dset)
     }
     ckpt_index_tensor *it = &index->tensors[i];
     if (!ckpt_tensor_equal(&it->tensor.desc, t) || it->block_rows != attrs.block_rows)
-        return ckpt_fail(CKPT_ERR_FORMAT, "tensor %s is described differently in different shards",
+        return tp_fail(TP_ERR_FORMAT, "tensor %s is described differently in different shards",
                          t->name);
     if (attrs.order < it->order) it->order = attrs.order;
     ckpt_index_piece *ip = &it->pieces[attrs.piece];
     if (ip->file_index >= 0)
-        return ckpt_fail(CKPT_ERR_FORMAT, "tensor %s piece %d is stored twice", t->name, attrs.piece);
+        return tp_fail(TP_ERR_FORMAT, "tensor %s piece %d is stored twice", t->name, attrs.piece);
     snprintf(ip->file, sizeof ip->file, "%s", st->file->name);
     ip->file_index = (int)(st->file - index->files);
     ip->pp = st->file->pp;
@@ -141,7 +141,7 @@ static int scan_piece(scan_state *st, hid_t dset)
     ip->checksum = attrs.checksum;
     ip->digest = attrs.digest;
     ip->compressed = compressed;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 static herr_t visit_object(hid_t group, const char *name, const H5O_info_t *info, void *data)
@@ -156,7 +156,7 @@ static herr_t visit_object(hid_t group, const char *name, const H5O_info_t *info
     st->status = scan_piece(st, dset);
     H5Dclose(dset);
     if (st->status) {
-        st->status = ckpt_fail_context(st->status, "%s", st->file_path);
+        st->status = tp_fail_context(st->status, "%s", st->file_path);
         return -1;
     }
     return 0;
@@ -170,7 +170,7 @@ static int scan_file(scan_state *st, const char *dir)
     if (status) return status;
     st->file_path = path;
     if (!ckpt_path_exists(path))
-        return ckpt_fail(CKPT_ERR_STATE, "%s missing: the writer of shard pp=%d tp=%d did not finish",
+        return tp_fail(TP_ERR_STATE, "%s missing: the writer of shard pp=%d tp=%d did not finish",
                          path, st->file->pp, st->file->tp);
     hid_t fapl = ckpt_h5_file_access();
     hid_t file = fapl >= 0 ? H5Fopen(path, H5F_ACC_RDONLY, fapl) : -1;
@@ -184,16 +184,16 @@ static int scan_file(scan_state *st, const char *dir)
         int n = 0;
         status = ckpt_h5_read_i64s(file, "shard_pp_tp", coords, 2, &n);
     }
-    if (status) status = ckpt_fail_context(status, "%s", path);
+    if (status) status = tp_fail_context(status, "%s", path);
     else if (strcmp(format, CKPT_FORMAT_TAG) != 0 || coords[0] != st->file->pp ||
              coords[1] != st->file->tp)
-        status = ckpt_fail(CKPT_ERR_FORMAT, "%s: not shard pp=%d tp=%d of this checkpoint", path,
+        status = tp_fail(TP_ERR_FORMAT, "%s: not shard pp=%d tp=%d of this checkpoint", path,
                            st->file->pp, st->file->tp);
     else if (complete != 1)
-        status = ckpt_fail(CKPT_ERR_STATE, "%s: the shard's writer did not finish", path);
+        status = tp_fail(TP_ERR_STATE, "%s: the shard's writer did not finish", path);
     if (!status && H5Lexists(file, CKPT_TENSOR_GROUP, H5P_DEFAULT) > 0) {
         hid_t group = H5Gopen2(file, CKPT_TENSOR_GROUP, H5P_DEFAULT);
-        st->status = CKPT_OK;
+        st->status = TP_OK;
         if (group < 0 ||
             H5Ovisit2(group, H5_INDEX_NAME, H5_ITER_NATIVE, visit_object, st, H5O_INFO_BASIC) < 0 ||
             st->status)
@@ -203,7 +203,7 @@ static int scan_file(scan_state *st, const char *dir)
     H5Fclose(file);
     if (!status) {
         struct stat sb;
-        if (stat(path, &sb) != 0) status = ckpt_fail(CKPT_ERR_IO, "%s: %s", path, strerror(errno));
+        if (stat(path, &sb) != 0) status = tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));
         else ((ckpt_index_file *)st->file)->bytes = (int64_t)sb.st_size;
     }
     return status;
@@ -226,10 +226,10 @@ static int build_index(const char *staging, const ckpt_layout *layout, const ckp
     ckpt_train_state empty = {0, 0, NULL, NULL, NULL, NULL};
     int status = ckpt_index_set_state(&index, state ? state : &empty);
     if (status) return status;
-    scan_state st = {&index, {0}, 0, NULL, NULL, CKPT_OK};
+    scan_state st = {&index, {0}, 0, NULL, NULL, TP_OK};
     index.num_files = layout->tp * layout->pp;
     index.files = calloc((size_t)index.num_files, sizeof *index.files);
-    if (!index.files) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!index.files) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int f = 0; !status && f < index.num_files; f++) {
         ckpt_index_file *file = &index.files[f];
         file->pp = f / layout->tp;
@@ -242,7 +242,7 @@ static int build_index(const char *staging, const ckpt_layout *layout, const ckp
         const ckpt_index_tensor *it = &index.tensors[i];
         for (int p = 0; !status && p < it->num_pieces; p++)
             if (it->pieces[p].file_index < 0)
-                status = ckpt_fail(CKPT_ERR_STATE, "%s: tensor %s has no piece %d in any shard",
+                status = tp_fail(TP_ERR_STATE, "%s: tensor %s has no piece %d in any shard",
                                    staging, it->tensor.name, p);
     }
     if (!status) {
@@ -272,7 +272,7 @@ static int publish(const char *staging, const char *path, const char *parent, in
     if (moved == 0) return ckpt_fsync_path(parent, 1);
     int err = errno;
     if (!overwrite || (err != ENOTEMPTY && err != EEXIST && err != EISDIR && err != ENOTDIR))
-        return ckpt_fail(err == ENOTEMPTY || err == EEXIST ? CKPT_ERR_EXISTS : CKPT_ERR_IO,
+        return tp_fail(err == ENOTEMPTY || err == EEXIST ? TP_ERR_EXISTS : TP_ERR_IO,
                          "cannot move %s to %s: %s", staging, path, strerror(err));
     if (renameat2(AT_FDCWD, staging, AT_FDCWD, path, RENAME_EXCHANGE) != 0) {
         /* No atomic exchange on this file system: move the old one aside first. */
@@ -280,7 +280,7 @@ static int publish(const char *staging, const char *path, const char *parent, in
         snprintf(aside, sizeof aside, "%s.replaced", staging);
         ckpt_remove_tree(aside);
         if (rename(path, aside) != 0 || rename(staging, path) != 0)
-            return ckpt_fail(CKPT_ERR_IO, "cannot replace %s: %s", path, strerror(errno));
+            return tp_fail(TP_ERR_IO, "cannot replace %s: %s", path, strerror(errno));
         ckpt_fsync_path(parent, 1);
         return ckpt_remove_tree(aside);
     }
@@ -295,7 +295,7 @@ int ckpt_output_publish(const char *staging, const char *path, int overwrite)
     int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
     struct stat st;
     if (!status && stat(staging, &st) != 0)
-        status = ckpt_fail(CKPT_ERR_IO, "%s: %s", staging, strerror(errno));
+        status = tp_fail(TP_ERR_IO, "%s: %s", staging, strerror(errno));
     if (!status) status = ckpt_fsync_path(staging, S_ISDIR(st.st_mode));
     if (!status) status = publish(staging, path, parent, overwrite);
     return status;
@@ -310,11 +310,11 @@ void ckpt_output_discard(const char *staging)
 static int64_t latest_step(const char *dir)
 {
     char resolved[CKPT_PATH_MAX], index_path[CKPT_PATH_MAX];
-    if (ckpt_resolve(dir, resolved, sizeof resolved) != CKPT_OK ||
-        ckpt_path_join(index_path, resolved, CKPT_INDEX_NAME) != CKPT_OK)
+    if (ckpt_resolve(dir, resolved, sizeof resolved) != TP_OK ||
+        ckpt_path_join(index_path, resolved, CKPT_INDEX_NAME) != TP_OK)
         return -1;
     char *text = NULL;
-    if (ckpt_read_text_file(index_path, &text, NULL) != CKPT_OK) return -1;
+    if (ckpt_read_text_file(index_path, &text, NULL) != TP_OK) return -1;
     cJSON *root = cJSON_Parse(text);
     free(text);
     const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
@@ -330,7 +330,7 @@ int ckpt_commit_directory(const char *staging, const char *path, const ckpt_layo
     int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
     if (status) return status;
     if (!options->overwrite && ckpt_path_exists(path))
-        return ckpt_fail(CKPT_ERR_EXISTS, "%s already exists; refusing to replace it without --force",
+        return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force",
                          path);
     ckpt_fault_point("before-index");
     status = build_index(staging, layout, state);
@@ -342,7 +342,7 @@ int ckpt_commit_directory(const char *staging, const char *path, const ckpt_layo
     if (status || !options->update_latest) return status;
     ckpt_fault_point("before-latest");
     int64_t step = state ? state->step : 0;
-    if (latest_step(parent) > step) return CKPT_OK; /* never move `latest` backwards */
+    if (latest_step(parent) > step) return TP_OK; /* never move `latest` backwards */
     char line[CKPT_PATH_MAX + 2];
     int n = snprintf(line, sizeof line, "%s\n", base);
     return ckpt_write_file_atomic(parent, CKPT_LATEST_NAME, line, (size_t)n);

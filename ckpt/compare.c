@@ -9,20 +9,15 @@
 #include "../kernels/kernels.h"
 #include "internal.h"
 
-static number_format format_of(ckpt_dtype dtype)
-{
-    return dtype == CKPT_BF16 ? NUMBER_BF16 : dtype == CKPT_FP16 ? NUMBER_F16 : NUMBER_F32;
-}
-
 int ckpt_compare_tensor(ckpt_reader *a, int ai, ckpt_reader *b, int bi, double rtol, double atol,
                         size_t slab_bytes, ckpt_compare_result *out)
 {
     memset(out, 0, sizeof *out);
     out->worst_index = -1;
     const ckpt_tensor_desc *ta = ckpt_reader_tensor(a, ai), *tb = ckpt_reader_tensor(b, bi);
-    if (!ta || !tb) return ckpt_fail(CKPT_ERR_ARG, "tensor index out of range");
+    if (!ta || !tb) return tp_fail(TP_ERR_ARG, "tensor index out of range");
     if (ta->ndim != tb->ndim || memcmp(ta->shape, tb->shape, sizeof(int64_t) * (size_t)ta->ndim) != 0)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: logical shapes differ between the checkpoints",
+        return tp_fail(TP_ERR_ARG, "tensor %s: logical shapes differ between the checkpoints",
                          ta->name);
     int64_t row_elements = 1;
     for (int d = 1; d < ta->ndim; d++) row_elements *= ta->shape[d];
@@ -30,12 +25,12 @@ int ckpt_compare_tensor(ckpt_reader *a, int ai, ckpt_reader *b, int bi, double r
     if (rows_per_slab < 1) rows_per_slab = 1;
     if (rows_per_slab > ta->shape[0]) rows_per_slab = ta->shape[0];
     size_t slab_elements = (size_t)(rows_per_slab * row_elements);
-    size_t raw_a = slab_elements * ckpt_dtype_size(ta->dtype), raw_b = slab_elements * ckpt_dtype_size(tb->dtype);
+    size_t raw_a = slab_elements * tp_dtype_size(ta->dtype), raw_b = slab_elements * tp_dtype_size(tb->dtype);
     void *buf_a = alloc_pages(raw_a), *buf_b = alloc_pages(raw_b);
     float *fa = malloc(slab_elements * 4), *fb = malloc(slab_elements * 4);
-    int status = CKPT_OK;
+    int status = TP_OK;
     if (!buf_a || !buf_b || !fa || !fb)
-        status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory for %zu-element comparison slabs", slab_elements);
+        status = tp_fail(TP_ERR_NOMEM, "out of memory for %zu-element comparison slabs", slab_elements);
     int exact = rtol == 0 && atol == 0;
     for (int64_t row = 0; !status && row < ta->shape[0]; row += rows_per_slab) {
         int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS];
@@ -47,10 +42,10 @@ int ckpt_compare_tensor(ckpt_reader *a, int ai, ckpt_reader *b, int bi, double r
         if (!status) status = ckpt_reader_read_region(b, bi, start, count, buf_b, raw_b);
         if (status) break;
         out->elements += n;
-        if (ta->dtype == tb->dtype && memcmp(buf_a, buf_b, (size_t)n * ckpt_dtype_size(ta->dtype)) == 0)
+        if (ta->dtype == tb->dtype && memcmp(buf_a, buf_b, (size_t)n * tp_dtype_size(ta->dtype)) == 0)
             continue;
-        convert_to_f32(buf_a, format_of(ta->dtype), fa, n);
-        convert_to_f32(buf_b, format_of(tb->dtype), fb, n);
+        convert_to_f32(buf_a, ta->dtype, fa, n);
+        convert_to_f32(buf_b, tb->dtype, fb, n);
         for (int64_t k = 0; k < n; k++) {
             double x = fa[k], y = fb[k];
             uint32_t bx, by;

@@ -81,7 +81,7 @@ static int add_run(void *ctx, int64_t offset, int64_t logical_first, int64_t n)
 uint64_t ckpt_digest_rows(const ckpt_tensor_desc *t, int tp, int piece, int64_t row0, int64_t row1,
                           const void *data)
 {
-    digest_walk w = {data, ckpt_dtype_size(t->dtype), 0};
+    digest_walk w = {data, tp_dtype_size(t->dtype), 0};
     ckpt_piece_element_runs(t, tp, piece, row0, row1, add_run, &w);
     return w.sum;
 }

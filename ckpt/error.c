@@ -1,4 +1,5 @@
-/* error.c: per-thread failure messages and one-time library setup. */
+/* error.c: HDF5's errors in this project's convention, one-time library
+ * setup and the fault-injection hook. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -7,54 +8,6 @@
 #include <string.h>
 
 #include "internal.h"
-
-static _Thread_local char last_message[2048];
-
-const char *ckpt_errmsg(void)
-{
-    return last_message[0] ? last_message : "no error";
-}
-
-const char *ckpt_status_name(int status)
-{
-    switch (status) {
-    case CKPT_OK: return "ok";
-    case CKPT_ERR_ARG: return "invalid argument";
-    case CKPT_ERR_IO: return "I/O error";
-    case CKPT_ERR_HDF5: return "HDF5 error";
-    case CKPT_ERR_FORMAT: return "format error";
-    case CKPT_ERR_VERSION: return "unsupported version";
-    case CKPT_ERR_CHECKSUM: return "checksum mismatch";
-    case CKPT_ERR_NOT_FOUND: return "not found";
-    case CKPT_ERR_EXISTS: return "already exists";
-    case CKPT_ERR_LAYOUT: return "impossible layout";
-    case CKPT_ERR_NOMEM: return "out of memory";
-    case CKPT_ERR_STATE: return "call out of order";
-    default: return "unknown status";
-    }
-}
-
-int ckpt_fail(int status, const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(last_message, sizeof last_message, fmt, args);
-    va_end(args);
-    return status;
-}
-
-int ckpt_fail_context(int status, const char *fmt, ...)
-{
-    char prefix[1024], old[sizeof last_message];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, args);
-    va_end(args);
-    memcpy(old, last_message, sizeof old);
-    if (snprintf(last_message, sizeof last_message, "%s: %s", prefix, old) >= (int)sizeof last_message)
-        strcpy(last_message + sizeof last_message - 4, "...");
-    return status;
-}
 
 /* H5Ewalk callback: keeps the innermost (first) entry's description. */
 static herr_t keep_innermost(unsigned n, const H5E_error2_t *entry, void *out)
@@ -77,17 +30,17 @@ int ckpt_fail_hdf5(const char *fmt, ...)
     va_end(args);
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_innermost, detail);
     H5Eclear2(H5E_DEFAULT);
-    return ckpt_fail(CKPT_ERR_HDF5, "%s: %s", prefix, detail);
+    return tp_fail(TP_ERR_HDF5, "%s: %s", prefix, detail);
 }
 
 extern int ckpt_zstd_register(void);
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static int init_status = CKPT_OK;
+static int init_status = TP_OK;
 
 static void init_library(void)
 {
-    /* The library reports errors through ckpt_errmsg(); HDF5 must not print. */
+    /* The library reports errors through tp_errmsg(); HDF5 must not print. */
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     /* HDF5 keeps freed internal objects on free lists; bounded, so that
      * memory does not grow with the number of tensors a process touches. */

@@ -33,7 +33,7 @@ int ckpt_flat_create(ckpt_flat_file **out, const char *path, int overwrite)
 {
     *out = NULL;
     ckpt_flat_file *f = calloc(1, sizeof *f);
-    if (!f) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!f) return tp_fail(TP_ERR_NOMEM, "out of memory");
     f->file = -1;
     f->fd = -1;
     f->overwrite = overwrite;
@@ -50,19 +50,19 @@ int ckpt_flat_create(ckpt_flat_file **out, const char *path, int overwrite)
     if (fcpl >= 0) H5Pclose(fcpl);
     if (f->file < 0) status = ckpt_fail_hdf5("%s: cannot create", f->temp);
     if (!status && (f->fd = open(f->temp, O_WRONLY | O_CLOEXEC)) < 0)
-        status = ckpt_fail(CKPT_ERR_IO, "%s: cannot open for writing: %s", f->temp, strerror(errno));
+        status = tp_fail(TP_ERR_IO, "%s: cannot open for writing: %s", f->temp, strerror(errno));
     if (status) {
         ckpt_flat_abort(f);
         return status;
     }
     *out = f;
-    return CKPT_OK;
+    return TP_OK;
 }
 
-int ckpt_flat_add(ckpt_flat_file *f, const char *name, ckpt_dtype dtype, int ndim, const int64_t *shape,
+int ckpt_flat_add(ckpt_flat_file *f, const char *name, tp_dtype dtype, int ndim, const int64_t *shape,
                   int64_t *offset_out)
 {
-    if (ndim < 1 || ndim > CKPT_MAX_DIMS) return ckpt_fail(CKPT_ERR_ARG, "%s: %d dimensions", name, ndim);
+    if (ndim < 1 || ndim > CKPT_MAX_DIMS) return tp_fail(TP_ERR_ARG, "%s: %d dimensions", name, ndim);
     hsize_t dims[CKPT_MAX_DIMS];
     for (int d = 0; d < ndim; d++) dims[d] = (hsize_t)shape[d];
     char dset_path[CKPT_NAME_MAX + 2];
@@ -87,7 +87,7 @@ int ckpt_flat_add(ckpt_flat_file *f, const char *name, ckpt_dtype dtype, int ndi
         *slash = '/';
     }
     if (ok) dset = H5Dcreate2(f->file, dset_path, type, space, lcpl, dcpl, H5P_DEFAULT);
-    int status = CKPT_OK;
+    int status = TP_OK;
     if (!ok || dset < 0) status = ckpt_fail_hdf5("%s: cannot create dataset %s", f->path, name);
     if (!status) {
         haddr_t offset = H5Dget_offset(dset);
@@ -106,7 +106,7 @@ int ckpt_flat_add(ckpt_flat_file *f, const char *name, ckpt_dtype dtype, int ndi
 int ckpt_flat_attribute(ckpt_flat_file *f, const char *name, const char *value)
 {
     int status = ckpt_h5_write_string(f->file, name, value);
-    return status ? ckpt_fail_context(status, "%s", f->path) : CKPT_OK;
+    return status ? tp_fail_context(status, "%s", f->path) : TP_OK;
 }
 
 int ckpt_flat_write(ckpt_flat_file *f, int64_t offset, const void *data, size_t bytes)
@@ -116,7 +116,7 @@ int ckpt_flat_write(ckpt_flat_file *f, int64_t offset, const void *data, size_t 
 
 int ckpt_flat_commit(ckpt_flat_file *f)
 {
-    int status = H5Fclose(f->file) < 0 ? ckpt_fail_hdf5("%s: cannot close", f->temp) : CKPT_OK;
+    int status = H5Fclose(f->file) < 0 ? ckpt_fail_hdf5("%s: cannot close", f->temp) : TP_OK;
     f->file = -1;
     if (!status) status = ckpt_output_publish(f->temp, f->path, f->overwrite);
     if (status) {
@@ -125,5 +125,5 @@ int ckpt_flat_commit(ckpt_flat_file *f)
     }
     close(f->fd);
     free(f);
-    return CKPT_OK;
+    return TP_OK;
 }

@@ -14,11 +14,11 @@ int ckpt_path_join(char *out, const char *dir, const char *name)
 {
     size_t a = strlen(dir), b = strlen(name);
     if (a + 1 + b + 1 > CKPT_PATH_MAX)
-        return ckpt_fail(CKPT_ERR_ARG, "path %s/%s is longer than %d bytes", dir, name, CKPT_PATH_MAX);
+        return tp_fail(TP_ERR_ARG, "path %s/%s is longer than %d bytes", dir, name, CKPT_PATH_MAX);
     memcpy(out, dir, a);
     out[a] = '/';
     memcpy(out + a + 1, name, b + 1);
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int ckpt_write_all_at(int fd, const void *buf, size_t size, int64_t offset, const char *path)
@@ -28,13 +28,13 @@ int ckpt_write_all_at(int fd, const void *buf, size_t size, int64_t offset, cons
         ssize_t n = pwrite(fd, p, size, (off_t)offset);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0)
-            return ckpt_fail(CKPT_ERR_IO, "%s: write of %zu bytes at offset %lld failed: %s", path,
+            return tp_fail(TP_ERR_IO, "%s: write of %zu bytes at offset %lld failed: %s", path,
                              size, (long long)offset, n < 0 ? strerror(errno) : "no progress");
         p += n;
         size -= (size_t)n;
         offset += n;
     }
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int ckpt_read_all_at(int fd, void *buf, size_t size, int64_t offset, const char *path)
@@ -44,28 +44,28 @@ int ckpt_read_all_at(int fd, void *buf, size_t size, int64_t offset, const char 
         ssize_t n = pread(fd, p, size, (off_t)offset);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0)
-            return ckpt_fail(CKPT_ERR_IO, "%s: read of %zu bytes at offset %lld failed: %s", path,
+            return tp_fail(TP_ERR_IO, "%s: read of %zu bytes at offset %lld failed: %s", path,
                              size, (long long)offset, strerror(errno));
         if (n == 0)
-            return ckpt_fail(CKPT_ERR_FORMAT,
+            return tp_fail(TP_ERR_FORMAT,
                              "%s: file ends before offset %lld (%zu bytes missing; truncated?)",
                              path, (long long)offset, size);
         p += n;
         size -= (size_t)n;
         offset += n;
     }
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int ckpt_fsync_path(const char *path, int is_dir)
 {
     int fd = open(path, (is_dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-    if (fd < 0) return ckpt_fail(CKPT_ERR_IO, "%s: cannot open to sync: %s", path, strerror(errno));
+    if (fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot open to sync: %s", path, strerror(errno));
     int rc = fsync(fd);
     int err = errno;
     close(fd);
-    if (rc != 0) return ckpt_fail(CKPT_ERR_IO, "%s: fsync failed: %s", path, strerror(err));
-    return CKPT_OK;
+    if (rc != 0) return tp_fail(TP_ERR_IO, "%s: fsync failed: %s", path, strerror(err));
+    return TP_OK;
 }
 
 static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
@@ -79,15 +79,15 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
 int ckpt_remove_tree(const char *path)
 {
     struct stat st;
-    if (lstat(path, &st) != 0) return errno == ENOENT ? CKPT_OK : ckpt_fail(CKPT_ERR_IO, "%s: %s", path, strerror(errno));
+    if (lstat(path, &st) != 0) return errno == ENOENT ? TP_OK : tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));
     if (!S_ISDIR(st.st_mode)) {
         if (unlink(path) != 0)
-            return ckpt_fail(CKPT_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
-        return CKPT_OK;
+            return tp_fail(TP_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+        return TP_OK;
     }
     if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        return ckpt_fail(CKPT_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
-    return CKPT_OK;
+        return tp_fail(TP_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    return TP_OK;
 }
 
 int ckpt_path_exists(const char *path)
@@ -101,7 +101,7 @@ int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *ba
 {
     char copy[CKPT_PATH_MAX];
     size_t n = strlen(path);
-    if (n == 0 || n >= sizeof copy) return ckpt_fail(CKPT_ERR_ARG, "path '%s' is empty or too long", path);
+    if (n == 0 || n >= sizeof copy) return tp_fail(TP_ERR_ARG, "path '%s' is empty or too long", path);
     memcpy(copy, path, n + 1);
     while (n > 1 && copy[n - 1] == '/') copy[--n] = '\0';
     char *slash = strrchr(copy, '/');
@@ -115,11 +115,11 @@ int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *ba
         name = slash + 1;
     }
     if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-        return ckpt_fail(CKPT_ERR_ARG, "path '%s' does not name a directory entry", path);
+        return tp_fail(TP_ERR_ARG, "path '%s' does not name a directory entry", path);
     if (snprintf(parent, parent_size, "%s", dir) >= (int)parent_size ||
         snprintf(base, base_size, "%s", name) >= (int)base_size)
-        return ckpt_fail(CKPT_ERR_ARG, "path '%s' is too long", path);
-    return CKPT_OK;
+        return tp_fail(TP_ERR_ARG, "path '%s' is too long", path);
+    return TP_OK;
 }
 
 int ckpt_staging_path(const char *path, char *out, size_t out_size)
@@ -128,7 +128,7 @@ int ckpt_staging_path(const char *path, char *out, size_t out_size)
     int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
     if (status) return status;
     snprintf(hidden, sizeof hidden, ".%s.staging", base);
-    if (out_size < CKPT_PATH_MAX) return ckpt_fail(CKPT_ERR_ARG, "path buffer too small");
+    if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
     return ckpt_path_join(out, parent, hidden);
 }
 
@@ -140,13 +140,13 @@ int ckpt_write_file_atomic(const char *dir, const char *name, const char *data, 
     if (!status) status = ckpt_path_join(final, dir, name);
     if (status) return status;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return ckpt_fail(CKPT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    if (fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     status = ckpt_write_all_at(fd, data, size, 0, tmp);
     if (!status && fsync(fd) != 0)
-        status = ckpt_fail(CKPT_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
+        status = tp_fail(TP_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
     close(fd);
     if (!status && rename(tmp, final) != 0)
-        status = ckpt_fail(CKPT_ERR_IO, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+        status = tp_fail(TP_ERR_IO, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
     if (status) {
         unlink(tmp);
         return status;
@@ -159,16 +159,16 @@ int ckpt_read_text_file(const char *path, char **out, int64_t *size_out)
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return ckpt_fail(errno == ENOENT ? CKPT_ERR_NOT_FOUND : CKPT_ERR_IO, "%s: cannot open: %s",
+        return tp_fail(errno == ENOENT ? TP_ERR_NOT_FOUND : TP_ERR_IO, "%s: cannot open: %s",
                          path, strerror(errno));
     struct stat st;
-    int status = CKPT_OK;
-    if (fstat(fd, &st) != 0) status = ckpt_fail(CKPT_ERR_IO, "%s: %s", path, strerror(errno));
+    int status = TP_OK;
+    if (fstat(fd, &st) != 0) status = tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));
     else if (st.st_size > ((int64_t)1 << 30))
-        status = ckpt_fail(CKPT_ERR_FORMAT, "%s: %lld bytes is too large for a text file (at most 1 GiB)", path,
+        status = tp_fail(TP_ERR_FORMAT, "%s: %lld bytes is too large for a text file (at most 1 GiB)", path,
                            (long long)st.st_size);
     char *text = status ? NULL : malloc((size_t)st.st_size + 1);
-    if (!status && !text) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory reading %s", path);
+    if (!status && !text) status = tp_fail(TP_ERR_NOMEM, "out of memory reading %s", path);
     if (!status) status = ckpt_read_all_at(fd, text, (size_t)st.st_size, 0, path);
     close(fd);
     if (status) {
@@ -178,9 +178,9 @@ int ckpt_read_text_file(const char *path, char **out, int64_t *size_out)
     text[st.st_size] = '\0';
     if (strlen(text) != (size_t)st.st_size) {
         free(text);
-        return ckpt_fail(CKPT_ERR_FORMAT, "%s: contains NUL bytes (damaged?)", path);
+        return tp_fail(TP_ERR_FORMAT, "%s: contains NUL bytes (damaged?)", path);
     }
     *out = text;
     if (size_out) *size_out = (int64_t)st.st_size;
-    return CKPT_OK;
+    return TP_OK;
 }

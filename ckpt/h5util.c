@@ -3,15 +3,15 @@
 
 #include "internal.h"
 
-hid_t ckpt_h5_type(ckpt_dtype dtype)
+hid_t ckpt_h5_type(tp_dtype dtype)
 {
-    if (dtype == CKPT_FP32) return H5Tcopy(H5T_IEEE_F32LE);
+    if (dtype == TP_FP32) return H5Tcopy(H5T_IEEE_F32LE);
     /* bf16 and fp16 are IEEE-style floats HDF5 describes field by field, so
      * h5py and h5dump convert them to fp32 on read (docs/FORMAT.md "Dtypes"). */
     hid_t type = H5Tcopy(H5T_IEEE_F32LE);
     if (type < 0) return type;
     int ok;
-    if (dtype == CKPT_BF16) /* sign 15, exponent 7..14 (bias 127), mantissa 0..6 */
+    if (dtype == TP_BF16) /* sign 15, exponent 7..14 (bias 127), mantissa 0..6 */
         ok = H5Tset_fields(type, 15, 7, 8, 0, 7) >= 0 && H5Tset_size(type, 2) >= 0 &&
              H5Tset_precision(type, 16) >= 0 && H5Tset_ebias(type, 127) >= 0;
     else /* fp16: sign 15, exponent 10..14 (bias 15), mantissa 0..9 */
@@ -71,7 +71,7 @@ int ckpt_h5_write_string(hid_t obj, const char *name, const char *value)
     if (attr >= 0) H5Aclose(attr);
     if (space >= 0) H5Sclose(space);
     if (type >= 0) H5Tclose(type);
-    return ok ? CKPT_OK : ckpt_fail_hdf5("cannot write attribute %s", name);
+    return ok ? TP_OK : ckpt_fail_hdf5("cannot write attribute %s", name);
 }
 
 int ckpt_h5_write_i64s(hid_t obj, const char *name, const int64_t *values, int count)
@@ -82,7 +82,7 @@ int ckpt_h5_write_i64s(hid_t obj, const char *name, const int64_t *values, int c
     int ok = attr >= 0 && H5Awrite(attr, H5T_NATIVE_INT64, values) >= 0;
     if (attr >= 0) H5Aclose(attr);
     if (space >= 0) H5Sclose(space);
-    return ok ? CKPT_OK : ckpt_fail_hdf5("cannot write attribute %s", name);
+    return ok ? TP_OK : ckpt_fail_hdf5("cannot write attribute %s", name);
 }
 
 int ckpt_h5_write_u64(hid_t obj, const char *name, uint64_t value)
@@ -92,7 +92,7 @@ int ckpt_h5_write_u64(hid_t obj, const char *name, uint64_t value)
     int ok = attr >= 0 && H5Awrite(attr, H5T_NATIVE_UINT64, &value) >= 0;
     if (attr >= 0) H5Aclose(attr);
     if (space >= 0) H5Sclose(space);
-    return ok ? CKPT_OK : ckpt_fail_hdf5("cannot write attribute %s", name);
+    return ok ? TP_OK : ckpt_fail_hdf5("cannot write attribute %s", name);
 }
 
 int ckpt_h5_read_string(hid_t obj, const char *name, char *out, size_t out_size)
@@ -101,10 +101,10 @@ int ckpt_h5_read_string(hid_t obj, const char *name, char *out, size_t out_size)
     if (attr < 0) return ckpt_fail_hdf5("attribute %s missing", name);
     hid_t file_type = H5Aget_type(attr);
     hid_t space = H5Aget_space(attr);
-    int status = CKPT_OK;
+    int status = TP_OK;
     if (file_type < 0 || space < 0 || H5Tget_class(file_type) != H5T_STRING ||
         H5Sget_simple_extent_npoints(space) != 1) {
-        status = ckpt_fail(CKPT_ERR_FORMAT, "attribute %s is not a string", name);
+        status = tp_fail(TP_ERR_FORMAT, "attribute %s is not a string", name);
     } else if (H5Tis_variable_str(file_type) > 0) {
         hid_t mem_type = H5Tcopy(H5T_C_S1);
         char *value = NULL;
@@ -114,7 +114,7 @@ int ckpt_h5_read_string(hid_t obj, const char *name, char *out, size_t out_size)
             status = ckpt_fail_hdf5("cannot read attribute %s", name);
         } else {
             if (strlen(value) >= out_size)
-                status = ckpt_fail(CKPT_ERR_FORMAT, "attribute %s is too long", name);
+                status = tp_fail(TP_ERR_FORMAT, "attribute %s is too long", name);
             else
                 strcpy(out, value);
             H5free_memory(value);
@@ -123,7 +123,7 @@ int ckpt_h5_read_string(hid_t obj, const char *name, char *out, size_t out_size)
     } else {
         size_t size = H5Tget_size(file_type);
         if (size + 1 > out_size) {
-            status = ckpt_fail(CKPT_ERR_FORMAT, "attribute %s is too long", name);
+            status = tp_fail(TP_ERR_FORMAT, "attribute %s is too long", name);
         } else {
             hid_t mem_type = H5Tcopy(file_type);
             memset(out, 0, out_size);
@@ -145,16 +145,16 @@ int ckpt_h5_read_i64s(hid_t obj, const char *name, int64_t *values, int max_coun
     hid_t space = H5Aget_space(attr);
     hid_t type = H5Aget_type(attr);
     hssize_t n = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;
-    int status = CKPT_OK;
+    int status = TP_OK;
     if (n < 1 || n > max_count || type < 0 || H5Tget_class(type) != H5T_INTEGER)
-        status = ckpt_fail(CKPT_ERR_FORMAT, "attribute %s: expected 1..%d integers", name,
+        status = tp_fail(TP_ERR_FORMAT, "attribute %s: expected 1..%d integers", name,
                            max_count);
     else if (H5Aread(attr, H5T_NATIVE_INT64, values) < 0)
         status = ckpt_fail_hdf5("cannot read attribute %s", name);
     else if (count)
         *count = (int)n;
     else if (n != 1)
-        status = ckpt_fail(CKPT_ERR_FORMAT, "attribute %s: expected one integer", name);
+        status = tp_fail(TP_ERR_FORMAT, "attribute %s: expected one integer", name);
     if (type >= 0) H5Tclose(type);
     if (space >= 0) H5Sclose(space);
     H5Aclose(attr);
@@ -166,9 +166,9 @@ int ckpt_h5_read_u64(hid_t obj, const char *name, uint64_t *value)
     hid_t attr = H5Aopen(obj, name, H5P_DEFAULT);
     if (attr < 0) return ckpt_fail_hdf5("attribute %s missing", name);
     hid_t space = H5Aget_space(attr);
-    int status = CKPT_OK;
+    int status = TP_OK;
     if (space < 0 || H5Sget_simple_extent_npoints(space) != 1)
-        status = ckpt_fail(CKPT_ERR_FORMAT, "attribute %s: expected one integer", name);
+        status = tp_fail(TP_ERR_FORMAT, "attribute %s: expected one integer", name);
     else if (H5Aread(attr, H5T_NATIVE_UINT64, value) < 0)
         status = ckpt_fail_hdf5("cannot read attribute %s", name);
     if (space >= 0) H5Sclose(space);

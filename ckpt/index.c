@@ -25,7 +25,7 @@ static cJSON *parse_state_json(const char *text, char kind, const char *what, in
     cJSON *value = cJSON_Parse(text);
     if (!value || (kind == 'o' && !cJSON_IsObject(value)) || (kind == 'a' && !cJSON_IsArray(value))) {
         cJSON_Delete(value);
-        *status = ckpt_fail(CKPT_ERR_ARG, "training state: %s is not a JSON %s", what,
+        *status = tp_fail(TP_ERR_ARG, "training state: %s is not a JSON %s", what,
                             kind == 'o' ? "object" : "array");
         return NULL;
     }
@@ -41,7 +41,7 @@ static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp)
     cJSON_AddStringToObject(o, "name", t->name);
     cJSON_AddStringToObject(o, "role", t->role);
     cJSON_AddStringToObject(o, "param", t->param);
-    cJSON_AddStringToObject(o, "dtype", ckpt_dtype_name(t->dtype));
+    cJSON_AddStringToObject(o, "dtype", tp_dtype_name(t->dtype));
     cJSON_AddItemToObject(o, "shape", int_array(t->shape, t->ndim));
     cJSON_AddItemToObject(o, "padded_shape", int_array(padded, t->ndim));
     cJSON *part = cJSON_AddObjectToObject(o, "partition");
@@ -85,7 +85,7 @@ static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp)
 
 int ckpt_index_to_json(const ckpt_index *index, char **out)
 {
-    int status = CKPT_OK;
+    int status = TP_OK;
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "format", CKPT_FORMAT_TAG);
     int64_t version[2] = {index->major, index->minor};
@@ -120,7 +120,7 @@ int ckpt_index_to_json(const ckpt_index *index, char **out)
         cJSON_AddItemToArray(tensors, tensor_to_json(&index->tensors[i], index->layout.tp));
     if (!status) {
         *out = cJSON_Print(root);
-        if (!*out) status = ckpt_fail(CKPT_ERR_NOMEM, "cannot serialize the index");
+        if (!*out) status = tp_fail(TP_ERR_NOMEM, "cannot serialize the index");
     }
     cJSON_Delete(root);
     return status;
@@ -137,7 +137,7 @@ typedef struct {
 static void parse_error(parse_ctx *ctx, const char *field, const char *expected)
 {
     if (ctx->status) return;
-    ctx->status = ckpt_fail(CKPT_ERR_FORMAT, "%s: %s%sfield '%s' missing or not %s", ctx->where,
+    ctx->status = tp_fail(TP_ERR_FORMAT, "%s: %s%sfield '%s' missing or not %s", ctx->where,
                             ctx->context, ctx->context[0] ? ": " : "", field, expected);
 }
 
@@ -200,7 +200,7 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
     d.role = get_string(ctx, o, "role", 63);
     d.param = get_string(ctx, o, "param", CKPT_NAME_MAX);
     const char *dtype = get_string(ctx, o, "dtype", 15);
-    if (!ctx->status && ckpt_dtype_parse(dtype, &d.dtype)) parse_error(ctx, "dtype", "fp32, bf16 or fp16");
+    if (!ctx->status && tp_dtype_parse(dtype, &d.dtype)) parse_error(ctx, "dtype", "fp32, bf16 or fp16");
     d.ndim = get_int_array(ctx, o, "shape", d.shape, CKPT_MAX_DIMS, 1);
     const cJSON *part = cJSON_GetObjectItemCaseSensitive(o, "partition");
     const char *kind = cJSON_IsObject(part) ? get_string(ctx, part, "kind", 15) : "";
@@ -225,7 +225,7 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
     if (ctx->status) return;
     if (ckpt_tensor_copy_init(&it->tensor, &d) ||
         ckpt_tensor_check(&it->tensor.desc, index->layout.tp)) {
-        ctx->status = ckpt_fail_context(CKPT_ERR_FORMAT, "%s", ctx->where);
+        ctx->status = tp_fail_context(TP_ERR_FORMAT, "%s", ctx->where);
         return;
     }
     const ckpt_tensor_desc *t = &it->tensor.desc;
@@ -244,7 +244,7 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
     it->num_pieces = expected;
     it->pieces = calloc((size_t)expected, sizeof *it->pieces);
     if (!it->pieces) {
-        ctx->status = ckpt_fail(CKPT_ERR_NOMEM, "%s: out of memory", ctx->where);
+        ctx->status = tp_fail(TP_ERR_NOMEM, "%s: out of memory", ctx->where);
         return;
     }
     int64_t shape[CKPT_MAX_DIMS];
@@ -295,27 +295,27 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
 int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
 {
     memset(out, 0, sizeof *out);
-    parse_ctx ctx = {where, "", CKPT_OK};
+    parse_ctx ctx = {where, "", TP_OK};
     cJSON *root = cJSON_Parse(text);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return ckpt_fail(CKPT_ERR_FORMAT, "%s: not a JSON object (damaged index?)", where);
+        return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object (damaged index?)", where);
     }
     const char *format = get_string(&ctx, root, "format", 63);
     if (!ctx.status && strcmp(format, CKPT_FORMAT_TAG) != 0)
-        ctx.status = ckpt_fail(CKPT_ERR_FORMAT, "%s: format is '%s', expected '%s'", where, format,
+        ctx.status = tp_fail(TP_ERR_FORMAT, "%s: format is '%s', expected '%s'", where, format,
                                CKPT_FORMAT_TAG);
     int64_t version[2] = {0, 0};
     if (!ctx.status && get_int_array(&ctx, root, "format_version", version, 2, 0) != 2)
         parse_error(&ctx, "format_version", "[major, minor]");
     if (!ctx.status && version[0] > CKPT_FORMAT_MAJOR)
-        ctx.status = ckpt_fail(CKPT_ERR_VERSION,
+        ctx.status = tp_fail(TP_ERR_VERSION,
                                "%s: checkpoint format version %lld.%lld is newer than this build "
                                "reads (%d.x); upgrade tp-toolkit to read it",
                                where, (long long)version[0], (long long)version[1],
                                CKPT_FORMAT_MAJOR);
     if (!ctx.status && version[0] < 1)
-        ctx.status = ckpt_fail(CKPT_ERR_VERSION, "%s: format version %lld.%lld is not valid",
+        ctx.status = tp_fail(TP_ERR_VERSION, "%s: format version %lld.%lld is not valid",
                                where, (long long)version[0], (long long)version[1]);
     if (ctx.status) goto done;
     out->major = (int)version[0];
@@ -330,7 +330,7 @@ int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
         out->layout.num_layers = get_int(&ctx, layout, "num_layers", 0, (int64_t)1 << 30);
     }
     if (!ctx.status && ckpt_layout_check(&out->layout))
-        ctx.status = ckpt_fail_context(CKPT_ERR_FORMAT, "%s", where);
+        ctx.status = tp_fail_context(TP_ERR_FORMAT, "%s", where);
     out->state.step = get_int(&ctx, root, "step", 0, (int64_t)1 << 52);
     const cJSON *train = cJSON_GetObjectItemCaseSensitive(root, "train");
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -360,7 +360,7 @@ int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
     }
     out->files = calloc((size_t)expected_files, sizeof *out->files);
     if (!out->files) {
-        ctx.status = ckpt_fail(CKPT_ERR_NOMEM, "%s: out of memory", where);
+        ctx.status = tp_fail(TP_ERR_NOMEM, "%s: out of memory", where);
         goto done;
     }
     const cJSON *f;
@@ -391,7 +391,7 @@ int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
     int n = cJSON_GetArraySize(tensors);
     out->tensors = calloc(n > 0 ? (size_t)n : 1, sizeof *out->tensors);
     if (!out->tensors) {
-        ctx.status = ckpt_fail(CKPT_ERR_NOMEM, "%s: out of memory", where);
+        ctx.status = tp_fail(TP_ERR_NOMEM, "%s: out of memory", where);
         goto done;
     }
     const cJSON *t;
@@ -412,7 +412,7 @@ done:
 
 int ckpt_index_set_state(ckpt_index *index, const ckpt_train_state *state)
 {
-    int status = CKPT_OK;
+    int status = TP_OK;
     const char *texts[4] = {state->model_json, state->schedule_json, state->rng_json,
                             state->user_json};
     const char *names[4] = {"model", "schedule", "rng", "user"};
@@ -432,7 +432,7 @@ int ckpt_index_set_state(ckpt_index *index, const ckpt_train_state *state)
     index->state.schedule_json = copies[1];
     index->state.rng_json = copies[2];
     index->state.user_json = copies[3];
-    return CKPT_OK;
+    return TP_OK;
 }
 
 void ckpt_index_free(ckpt_index *index)

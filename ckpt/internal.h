@@ -13,15 +13,9 @@
 
 /* ------------------------------------------------------------------ errors */
 
-/* Records the message of a failure for ckpt_errmsg() and returns status, so a
- * failure reads `return ckpt_fail(CKPT_ERR_IO, "%s: ...", path, ...);`. */
-int ckpt_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* As ckpt_fail, with the innermost message of HDF5's error stack appended. */
+/* As tp_fail(TP_ERR_HDF5, ...), with the innermost message of HDF5's error
+ * stack appended. */
 int ckpt_fail_hdf5(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* Prefixes the current message with context ("file.h5: " + old message). */
-int ckpt_fail_context(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Library setup: registers the zstd filter once and silences HDF5's error
  * printing in the calling thread. Every entry point that may reach HDF5 calls
@@ -82,7 +76,7 @@ uint64_t ckpt_digest_rows(const ckpt_tensor_desc *tensor, int tp, int piece, int
                           const void *data);
 
 /* HDF5 type of a stored dtype (file and memory, little-endian); caller closes. */
-hid_t ckpt_h5_type(ckpt_dtype dtype);
+hid_t ckpt_h5_type(tp_dtype dtype);
 
 /* zstd chunk codec shared by the HDF5 filter and the direct chunk paths. */
 int ckpt_zstd_compress(const void *src, size_t src_size, void *dst, size_t dst_capacity,
@@ -99,7 +93,7 @@ void ckpt_unshuffle(const void *in, void *out, size_t bytes, size_t element_size
 #define CKPT_MASK_NO_SHUFFLE 1u
 #define CKPT_MASK_NO_ZSTD 2u
 
-/* HDF5 attribute helpers: return CKPT_OK or a status with the message set. */
+/* HDF5 attribute helpers: return TP_OK or a status with the message set. */
 int ckpt_h5_write_string(hid_t obj, const char *name, const char *value);
 int ckpt_h5_write_i64s(hid_t obj, const char *name, const int64_t *values, int count);
 int ckpt_h5_write_u64(hid_t obj, const char *name, uint64_t value);
@@ -112,7 +106,7 @@ hid_t ckpt_h5_file_access(void); /* property list: alignment, libver, no file lo
 
 #define CKPT_PATH_MAX 4096
 
-/* out = dir + "/" + name; fails with CKPT_ERR_ARG when longer than CKPT_PATH_MAX. */
+/* out = dir + "/" + name; fails with TP_ERR_ARG when longer than CKPT_PATH_MAX. */
 int ckpt_path_join(char *out, const char *dir, const char *name);
 
 int ckpt_write_all_at(int fd, const void *buf, size_t size, int64_t offset, const char *path);

@@ -33,7 +33,7 @@ int ckpt_name_map_insert(ckpt_name_map *map, const char *name, int64_t index, ck
     if (2 * (map->count + 1) > (int64_t)(map->mask + 1) || !map->slots) {
         uint64_t capacity = map->slots ? 2 * (map->mask + 1) : 64;
         int64_t *slots = calloc(capacity, sizeof *slots);
-        if (!slots) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory for the tensor table");
+        if (!slots) return tp_fail(TP_ERR_NOMEM, "out of memory for the tensor table");
         for (uint64_t i = 0; map->slots && i <= map->mask; i++)
             if (map->slots[i])
                 *find_slot(slots, capacity - 1, name_of(ctx, map->slots[i] - 1), name_of, ctx) =
@@ -43,8 +43,8 @@ int ckpt_name_map_insert(ckpt_name_map *map, const char *name, int64_t index, ck
         map->mask = capacity - 1;
     }
     int64_t *slot = find_slot(map->slots, map->mask, name, name_of, ctx);
-    if (*slot) return ckpt_fail(CKPT_ERR_ARG, "tensor %s is declared twice", name);
+    if (*slot) return tp_fail(TP_ERR_ARG, "tensor %s is declared twice", name);
     *slot = index + 1;
     map->count++;
-    return CKPT_OK;
+    return TP_OK;
 }

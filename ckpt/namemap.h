@@ -12,7 +12,7 @@ typedef struct {
     int64_t count;
 } ckpt_name_map;
 
-/* Inserting a name already present fails with CKPT_ERR_ARG. */
+/* Inserting a name already present fails with TP_ERR_ARG. */
 int ckpt_name_map_insert(ckpt_name_map *map, const char *name, int64_t index, ckpt_name_of name_of,
                          const void *ctx);
 int64_t ckpt_name_map_find(const ckpt_name_map *map, const char *name, ckpt_name_of name_of,

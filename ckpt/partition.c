@@ -11,49 +11,22 @@
 
 #include "internal.h"
 
-size_t ckpt_dtype_size(ckpt_dtype dtype)
-{
-    return dtype == CKPT_FP32 ? 4 : 2;
-}
-
-const char *ckpt_dtype_name(ckpt_dtype dtype)
-{
-    switch (dtype) {
-    case CKPT_FP32: return "fp32";
-    case CKPT_BF16: return "bf16";
-    case CKPT_FP16: return "fp16";
-    }
-    return "?";
-}
-
-int ckpt_dtype_parse(const char *text, ckpt_dtype *out)
-{
-    static const ckpt_dtype all[] = {CKPT_FP32, CKPT_BF16, CKPT_FP16};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        if (strcmp(text, ckpt_dtype_name(all[i])) == 0) {
-            *out = all[i];
-            return CKPT_OK;
-        }
-    }
-    return ckpt_fail(CKPT_ERR_ARG, "unknown dtype '%s' (expected fp32, bf16 or fp16)", text);
-}
-
 int ckpt_layout_check(const ckpt_layout *layout)
 {
     if (layout->tp < 1 || layout->pp < 1 || layout->dp < 1)
-        return ckpt_fail(CKPT_ERR_LAYOUT, "layout tp=%d pp=%d dp=%d: every degree must be >= 1",
+        return tp_fail(TP_ERR_LAYOUT, "layout tp=%d pp=%d dp=%d: every degree must be >= 1",
                          layout->tp, layout->pp, layout->dp);
     if (layout->tp > 4096 || layout->pp > 4096)
-        return ckpt_fail(CKPT_ERR_LAYOUT, "layout tp=%d pp=%d: degrees above 4096 are not supported",
+        return tp_fail(TP_ERR_LAYOUT, "layout tp=%d pp=%d: degrees above 4096 are not supported",
                          layout->tp, layout->pp);
     if (layout->num_layers < 0)
-        return ckpt_fail(CKPT_ERR_LAYOUT, "layout: negative layer count %lld",
+        return tp_fail(TP_ERR_LAYOUT, "layout: negative layer count %lld",
                          (long long)layout->num_layers);
     if (layout->num_layers % layout->pp != 0)
-        return ckpt_fail(CKPT_ERR_LAYOUT,
+        return tp_fail(TP_ERR_LAYOUT,
                          "%lld layers cannot be split evenly over pp=%d pipeline stages",
                          (long long)layout->num_layers, layout->pp);
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* The partition with the defaults of ckpt.h filled in (one segment spanning the
@@ -104,16 +77,16 @@ int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in)
 {
     memset(out, 0, sizeof *out);
     if (!in->name || !name_is_valid(in->name))
-        return ckpt_fail(CKPT_ERR_ARG,
+        return tp_fail(TP_ERR_ARG,
                          "tensor name '%s' is not valid: use 1..%d characters of [A-Za-z0-9._-] "
                          "in '/'-separated components",
                          in->name ? in->name : "(null)", CKPT_NAME_MAX);
     const char *role = in->role ? in->role : "param";
     const char *param = in->param ? in->param : in->name;
     if (strlen(role) == 0 || strlen(role) >= sizeof out->role || strchr(role, '"'))
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: role '%s' is not valid", in->name, role);
+        return tp_fail(TP_ERR_ARG, "tensor %s: role '%s' is not valid", in->name, role);
     if (!name_is_valid(param))
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: parameter name '%s' is not valid", in->name,
+        return tp_fail(TP_ERR_ARG, "tensor %s: parameter name '%s' is not valid", in->name,
                          param);
     strcpy(out->name, in->name);
     strcpy(out->role, role);
@@ -122,50 +95,50 @@ int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in)
     ckpt_tensor_copy_rebind(out);
 
     ckpt_tensor_desc *t = &out->desc;
-    if (t->dtype != CKPT_FP32 && t->dtype != CKPT_BF16 && t->dtype != CKPT_FP16)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: unknown dtype %d", t->name, (int)t->dtype);
+    if (t->dtype != TP_FP32 && t->dtype != TP_BF16 && t->dtype != TP_FP16)
+        return tp_fail(TP_ERR_ARG, "tensor %s: unknown dtype %d", t->name, (int)t->dtype);
     if (t->ndim < 1 || t->ndim > CKPT_MAX_DIMS)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: %d dimensions, expected 1..%d", t->name, t->ndim,
+        return tp_fail(TP_ERR_ARG, "tensor %s: %d dimensions, expected 1..%d", t->name, t->ndim,
                          CKPT_MAX_DIMS);
     for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] < 1 || t->shape[d] > ((int64_t)1 << 40))
-            return ckpt_fail(CKPT_ERR_ARG, "tensor %s: dimension %d has size %lld", t->name, d,
+            return tp_fail(TP_ERR_ARG, "tensor %s: dimension %d has size %lld", t->name, d,
                              (long long)t->shape[d]);
     for (int d = t->ndim; d < CKPT_MAX_DIMS; d++) t->shape[d] = 1;
     if (t->anchor != CKPT_ANCHOR_LAYER && t->anchor != CKPT_ANCHOR_FIRST &&
         t->anchor != CKPT_ANCHOR_LAST)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: unknown pipeline anchor %d", t->name,
+        return tp_fail(TP_ERR_ARG, "tensor %s: unknown pipeline anchor %d", t->name,
                          (int)t->anchor);
     if (t->anchor == CKPT_ANCHOR_LAYER && t->layer < 0)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: negative layer index %lld", t->name,
+        return tp_fail(TP_ERR_ARG, "tensor %s: negative layer index %lld", t->name,
                          (long long)t->layer);
     if (t->anchor != CKPT_ANCHOR_LAYER) t->layer = -1;
 
     ckpt_partition *p = &t->partition;
     if (p->kind == CKPT_REPLICATED) {
         memset(p, 0, sizeof *p);
-        return CKPT_OK;
+        return TP_OK;
     }
     if (p->kind != CKPT_SPLIT)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: unknown partition kind %d", t->name,
+        return tp_fail(TP_ERR_ARG, "tensor %s: unknown partition kind %d", t->name,
                          (int)p->kind);
     if (p->axis < 0 || p->axis >= t->ndim)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: split axis %d outside 0..%d", t->name, p->axis,
+        return tp_fail(TP_ERR_ARG, "tensor %s: split axis %d outside 0..%d", t->name, p->axis,
                          t->ndim - 1);
     if (p->num_segments < 0 || p->num_segments > CKPT_MAX_SEGMENTS)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: %d segments, expected 1..%d", t->name,
+        return tp_fail(TP_ERR_ARG, "tensor %s: %d segments, expected 1..%d", t->name,
                          p->num_segments, CKPT_MAX_SEGMENTS);
     *p = normalized(t);
     if (p->granule < 0 || p->pad_multiple < 0 || p->pad_multiple > (1 << 20))
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: granule %lld or pad multiple %lld out of range",
+        return tp_fail(TP_ERR_ARG, "tensor %s: granule %lld or pad multiple %lld out of range",
                          t->name, (long long)p->granule, (long long)p->pad_multiple);
     int64_t total = 0;
     for (int s = 0; s < p->num_segments; s++) {
         if (p->segments[s] < 1)
-            return ckpt_fail(CKPT_ERR_ARG, "tensor %s: segment %d has size %lld", t->name, s,
+            return tp_fail(TP_ERR_ARG, "tensor %s: segment %d has size %lld", t->name, s,
                              (long long)p->segments[s]);
         if (p->segments[s] % p->granule != 0)
-            return ckpt_fail(CKPT_ERR_ARG,
+            return tp_fail(TP_ERR_ARG,
                              "tensor %s: segment %d (size %lld) is not a multiple of the "
                              "granule %lld",
                              t->name, s, (long long)p->segments[s], (long long)p->granule);
@@ -173,10 +146,10 @@ int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in)
     }
     for (int s = p->num_segments; s < CKPT_MAX_SEGMENTS; s++) p->segments[s] = 0;
     if (total != t->shape[p->axis])
-        return ckpt_fail(CKPT_ERR_ARG,
+        return tp_fail(TP_ERR_ARG,
                          "tensor %s: segments sum to %lld but axis %d has size %lld", t->name,
                          (long long)total, p->axis, (long long)t->shape[p->axis]);
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int64_t ckpt_segment_padded(const ckpt_partition *p, int s, int tp)
@@ -198,20 +171,20 @@ int ckpt_tensor_check(const ckpt_tensor_desc *tensor, int tp)
     ckpt_tensor_copy copy;
     int status = ckpt_tensor_copy_init(&copy, tensor);
     if (status) return status;
-    if (tp < 1) return ckpt_fail(CKPT_ERR_LAYOUT, "tensor %s: tp=%d must be >= 1", tensor->name, tp);
+    if (tp < 1) return tp_fail(TP_ERR_LAYOUT, "tensor %s: tp=%d must be >= 1", tensor->name, tp);
     const ckpt_tensor_desc *t = &copy.desc;
     const ckpt_partition *p = &t->partition;
-    if (p->kind == CKPT_REPLICATED) return CKPT_OK;
+    if (p->kind == CKPT_REPLICATED) return TP_OK;
     for (int s = 0; s < p->num_segments; s++) {
         int64_t granules = ckpt_segment_padded(p, s, tp) / p->granule;
         if (granules % tp != 0)
-            return ckpt_fail(CKPT_ERR_LAYOUT,
+            return tp_fail(TP_ERR_LAYOUT,
                              "tensor %s: segment %d of split axis %d has %lld granules of %lld "
                              "(size %lld), not divisible by tp=%d",
                              t->name, s, p->axis, (long long)(p->segments[s] / p->granule),
                              (long long)p->granule, (long long)p->segments[s], tp);
     }
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int ckpt_piece_count(const ckpt_tensor_desc *tensor, int tp)
@@ -315,7 +288,7 @@ void ckpt_piece_geometry_init(ckpt_piece_geometry *g, const ckpt_tensor_desc *t,
     int64_t row_elements = 1;
     for (int d = 1; d < t->ndim; d++) row_elements *= g->shape[d];
     g->rows = g->shape[0];
-    g->row_bytes = row_elements * (int64_t)ckpt_dtype_size(t->dtype);
+    g->row_bytes = row_elements * (int64_t)tp_dtype_size(t->dtype);
     g->bytes = g->rows * g->row_bytes;
     g->block_rows = block_rows > 0 ? block_rows : ckpt_block_rows_for(g->rows, g->row_bytes);
     g->num_blocks = (g->rows + g->block_rows - 1) / g->block_rows;

@@ -69,7 +69,7 @@ void ckpt_read_options_init(ckpt_read_options *options)
 static int is_checkpoint_dir(const char *dir)
 {
     char index[CKPT_PATH_MAX];
-    return ckpt_path_join(index, dir, CKPT_INDEX_NAME) == CKPT_OK && ckpt_path_exists(index);
+    return ckpt_path_join(index, dir, CKPT_INDEX_NAME) == TP_OK && ckpt_path_exists(index);
 }
 
 /* Step number of a name "step_<digits>", or -1. */
@@ -92,43 +92,43 @@ static int is_being_written(const char *path)
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     if (base[0] == '.' && n > 8 && strcmp(path + n - 8, ".staging") == 0) return 1;
     char staging[CKPT_PATH_MAX];
-    return ckpt_staging_path(path, staging, sizeof staging) == CKPT_OK && ckpt_path_exists(staging);
+    return ckpt_staging_path(path, staging, sizeof staging) == TP_OK && ckpt_path_exists(staging);
 }
 
 int ckpt_resolve(const char *path, char *out, size_t out_size)
 {
     struct stat st;
     if (is_being_written(path) && !is_checkpoint_dir(path))
-        return ckpt_fail(CKPT_ERR_NOT_FOUND,
+        return tp_fail(TP_ERR_NOT_FOUND,
                          "%s is a checkpoint still being written (not committed); use a committed one",
                          path);
     if (stat(path, &st) != 0)
-        return ckpt_fail(CKPT_ERR_NOT_FOUND, "%s: no such checkpoint: %s", path, strerror(errno));
+        return tp_fail(TP_ERR_NOT_FOUND, "%s: no such checkpoint: %s", path, strerror(errno));
     if (!S_ISDIR(st.st_mode))
-        return ckpt_fail(CKPT_ERR_NOT_FOUND, "%s is not a checkpoint: not a directory", path);
+        return tp_fail(TP_ERR_NOT_FOUND, "%s is not a checkpoint: not a directory", path);
     if (is_checkpoint_dir(path)) {
         if (snprintf(out, out_size, "%s", path) >= (int)out_size)
-            return ckpt_fail(CKPT_ERR_ARG, "path too long: %s", path);
-        return CKPT_OK;
+            return tp_fail(TP_ERR_ARG, "path too long: %s", path);
+        return TP_OK;
     }
     char latest_path[CKPT_PATH_MAX], candidate[CKPT_PATH_MAX];
     int status = ckpt_path_join(latest_path, path, CKPT_LATEST_NAME);
     if (status) return status;
     char *latest = NULL;
-    if (ckpt_read_text_file(latest_path, &latest, NULL) == CKPT_OK) {
+    if (ckpt_read_text_file(latest_path, &latest, NULL) == TP_OK) {
         latest[strcspn(latest, "\r\n")] = '\0';
         int ok = latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 &&
-                 strcmp(latest, ".") != 0 && ckpt_path_join(candidate, path, latest) == CKPT_OK;
+                 strcmp(latest, ".") != 0 && ckpt_path_join(candidate, path, latest) == TP_OK;
         free(latest);
         if (ok && is_checkpoint_dir(candidate)) {
             if (snprintf(out, out_size, "%s", candidate) >= (int)out_size)
-                return ckpt_fail(CKPT_ERR_ARG, "path too long: %s", candidate);
-            return CKPT_OK;
+                return tp_fail(TP_ERR_ARG, "path too long: %s", candidate);
+            return TP_OK;
         }
     }
     /* No usable `latest`: the newest committed step_* directory. */
     DIR *dir = opendir(path);
-    if (!dir) return ckpt_fail(CKPT_ERR_IO, "%s: cannot list: %s", path, strerror(errno));
+    if (!dir) return tp_fail(TP_ERR_IO, "%s: cannot list: %s", path, strerror(errno));
     int64_t best = -1;
     char best_name[256] = "";
     struct dirent *entry;
@@ -141,11 +141,11 @@ int ckpt_resolve(const char *path, char *out, size_t out_size)
     }
     closedir(dir);
     if (best < 0)
-        return ckpt_fail(CKPT_ERR_NOT_FOUND,
+        return tp_fail(TP_ERR_NOT_FOUND,
                          "%s is not a checkpoint: no %s, no usable '%s' pointer and no committed "
                          "step_* directory",
                          path, CKPT_INDEX_NAME, CKPT_LATEST_NAME);
-    if (out_size < CKPT_PATH_MAX) return ckpt_fail(CKPT_ERR_ARG, "path buffer too small");
+    if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
     return ckpt_path_join(out, path, best_name);
 }
 
@@ -185,7 +185,7 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     int status = ckpt_library_init();
     if (status) return status;
     ckpt_reader *r = calloc(1, sizeof *r);
-    if (!r) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!r) return tp_fail(TP_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&r->lock, NULL);
     if (options) r->options = *options;
     else ckpt_read_options_init(&r->options);
@@ -199,11 +199,11 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     for (int i = 0; !status && i < r->index.num_tensors; i++)
         status = ckpt_name_map_insert(&r->names, r->index.tensors[i].tensor.name, i,
                                       reader_name_of, r);
-    if (status == CKPT_ERR_ARG) status = ckpt_fail_context(CKPT_ERR_FORMAT, "%s", index_path);
+    if (status == TP_ERR_ARG) status = tp_fail_context(TP_ERR_FORMAT, "%s", index_path);
     if (!status) {
         r->files = calloc((size_t)r->index.num_files, sizeof *r->files);
         r->pieces = calloc((size_t)r->index.num_tensors + 1, sizeof *r->pieces);
-        if (!r->files || !r->pieces) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+        if (!r->files || !r->pieces) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     }
     for (int f = 0; !status && f < r->index.num_files; f++) {
         file_runtime *fr = &r->files[f];
@@ -213,10 +213,10 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
         status = ckpt_path_join(fr->path, r->path, r->index.files[f].name);
         if (status) break;
         if (stat(fr->path, &st) != 0)
-            status = ckpt_fail(CKPT_ERR_NOT_FOUND, "%s: shard file missing: %s", fr->path,
+            status = tp_fail(TP_ERR_NOT_FOUND, "%s: shard file missing: %s", fr->path,
                                strerror(errno));
         else if ((int64_t)st.st_size != r->index.files[f].bytes)
-            status = ckpt_fail(CKPT_ERR_FORMAT,
+            status = tp_fail(TP_ERR_FORMAT,
                                "%s: %lld bytes, the index records %lld (truncated or replaced?)",
                                fr->path, (long long)st.st_size, (long long)r->index.files[f].bytes);
     }
@@ -227,7 +227,7 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     for (int i = 0; !status && i < r->index.num_tensors; i++) {
         const ckpt_index_tensor *it = &r->index.tensors[i];
         r->pieces[i] = calloc((size_t)it->num_pieces, sizeof **r->pieces);
-        if (!r->pieces[i]) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+        if (!r->pieces[i]) status = tp_fail(TP_ERR_NOMEM, "out of memory");
         for (int p = 0; !status && p < it->num_pieces; p++)
             ckpt_piece_geometry_init(&r->pieces[i][p].geometry, &it->tensor.desc, r->index.layout.tp,
                                      it->block_rows);
@@ -237,7 +237,7 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
         return status;
     }
     *out = r;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 const char *ckpt_reader_path(const ckpt_reader *r) { return r->path; }
@@ -277,11 +277,11 @@ const char *ckpt_reader_file(const ckpt_reader *r, int i, int64_t *bytes)
 static int check_piece_arg(const ckpt_reader *r, int i, int piece)
 {
     if (i < 0 || i >= r->index.num_tensors)
-        return ckpt_fail(CKPT_ERR_ARG, "%s: tensor index %d out of range", r->path, i);
+        return tp_fail(TP_ERR_ARG, "%s: tensor index %d out of range", r->path, i);
     if (piece < 0 || piece >= r->index.tensors[i].num_pieces)
-        return ckpt_fail(CKPT_ERR_ARG, "%s: tensor %s has no piece %d", r->path,
+        return tp_fail(TP_ERR_ARG, "%s: tensor %s has no piece %d", r->path,
                          r->index.tensors[i].tensor.name, piece);
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int ckpt_reader_piece_info(const ckpt_reader *r, int i, int piece, ckpt_piece_info *out)
@@ -298,7 +298,7 @@ int ckpt_reader_piece_info(const ckpt_reader *r, int i, int piece, ckpt_piece_in
     out->digest = ip->digest;
     out->block_rows = r->index.tensors[i].block_rows;
     out->compressed = ip->compressed;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 uint64_t ckpt_reader_digest(const ckpt_reader *r, int i)
@@ -311,7 +311,7 @@ uint64_t ckpt_reader_digest(const ckpt_reader *r, int i)
 static int open_file(ckpt_reader *r, int f)
 {
     file_runtime *fr = &r->files[f];
-    if (fr->file >= 0) return CKPT_OK;
+    if (fr->file >= 0) return TP_OK;
     hid_t fapl = ckpt_h5_file_access();
     hid_t file = fapl >= 0 ? H5Fopen(fr->path, H5F_ACC_RDONLY, fapl) : -1;
     if (fapl >= 0) H5Pclose(fapl);
@@ -324,29 +324,29 @@ static int open_file(ckpt_reader *r, int f)
     if (!status) status = ckpt_h5_read_i64s(file, "shard_pp_tp", coords, 2, &n);
     if (!status) status = ckpt_h5_read_i64s(file, "complete", &complete, 1, NULL);
     const ckpt_index_file *idx = &r->index.files[f];
-    if (status) status = ckpt_fail_context(CKPT_ERR_FORMAT, "%s", fr->path);
+    if (status) status = tp_fail_context(TP_ERR_FORMAT, "%s", fr->path);
     else if (strcmp(format, CKPT_FORMAT_TAG) != 0)
-        status = ckpt_fail(CKPT_ERR_FORMAT, "%s: not a tp-ckpt shard (format '%s')", fr->path, format);
+        status = tp_fail(TP_ERR_FORMAT, "%s: not a tp-ckpt shard (format '%s')", fr->path, format);
     else if (version[0] > CKPT_FORMAT_MAJOR)
-        status = ckpt_fail(CKPT_ERR_VERSION,
+        status = tp_fail(TP_ERR_VERSION,
                            "%s: format version %lld.%lld is newer than this build reads (%d.x)",
                            fr->path, (long long)version[0], (long long)version[1], CKPT_FORMAT_MAJOR);
     else if (coords[0] != idx->pp || coords[1] != idx->tp || complete != 1)
-        status = ckpt_fail(CKPT_ERR_FORMAT, "%s: shard pp=%lld tp=%lld complete=%lld, the index "
+        status = tp_fail(TP_ERR_FORMAT, "%s: shard pp=%lld tp=%lld complete=%lld, the index "
                            "expects pp=%d tp=%d complete=1",
                            fr->path, (long long)coords[0], (long long)coords[1],
                            (long long)complete, idx->pp, idx->tp);
     if (!status) {
         fr->fd = open(fr->path, O_RDONLY | O_CLOEXEC);
         if (fr->fd < 0)
-            status = ckpt_fail(CKPT_ERR_IO, "%s: cannot open: %s", fr->path, strerror(errno));
+            status = tp_fail(TP_ERR_IO, "%s: cannot open: %s", fr->path, strerror(errno));
     }
     if (status) {
         H5Fclose(file);
         return status;
     }
     fr->file = file;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* Finds every chunk of a compressed piece (address, size, skipped filters)
@@ -355,7 +355,7 @@ static int locate_chunks(hid_t dset, piece_runtime *pr, const char *where)
 {
     const ckpt_piece_geometry *g = &pr->geometry;
     pr->chunks = calloc((size_t)g->num_blocks, sizeof *pr->chunks);
-    if (!pr->chunks) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!pr->chunks) return tp_fail(TP_ERR_NOMEM, "out of memory");
     hid_t dcpl = H5Dget_create_plist(dset);
     int num_filters = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1;
     H5Z_filter_t ids[2] = {-1, -1};
@@ -369,11 +369,11 @@ static int locate_chunks(hid_t dset, piece_runtime *pr, const char *where)
     if (dcpl >= 0) H5Pclose(dcpl);
     if (num_filters != 2 || ids[0] != H5Z_FILTER_SHUFFLE || ids[1] != CKPT_ZSTD_FILTER_ID ||
         chunk_ndim != g->ndim || (int64_t)chunk_dims[0] != g->block_rows)
-        return ckpt_fail(CKPT_ERR_FORMAT, "%s: chunked tensor without the shuffle and zstd filters "
+        return tp_fail(TP_ERR_FORMAT, "%s: chunked tensor without the shuffle and zstd filters "
                          "and one chunk per checksum block", where);
     for (int d = 1; d < g->ndim; d++)
         if ((int64_t)chunk_dims[d] != g->shape[d])
-            return ckpt_fail(CKPT_ERR_FORMAT, "%s: chunks do not span whole rows", where);
+            return tp_fail(TP_ERR_FORMAT, "%s: chunks do not span whole rows", where);
     for (int64_t b = 0; b < g->num_blocks; b++) {
         hsize_t offset[CKPT_MAX_DIMS] = {0};
         offset[0] = (hsize_t)(b * g->block_rows);
@@ -385,7 +385,7 @@ static int locate_chunks(hid_t dset, piece_runtime *pr, const char *where)
             return ckpt_fail_hdf5("%s: chunk %lld missing", where, (long long)b);
         pr->chunks[b] = (chunk_location){(uint64_t)address, (uint64_t)size, mask};
     }
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* Opens a piece's dataset, checks it against the index and locates its data. */
@@ -404,12 +404,12 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     if (dset < 0) return ckpt_fail_hdf5("%s: dataset missing or damaged", where);
     ckpt_piece_attrs attrs;
     status = ckpt_attrs_read(dset, &attrs, 1);
-    if (status) status = ckpt_fail_context(CKPT_ERR_FORMAT, "%s", where);
+    if (status) status = tp_fail_context(TP_ERR_FORMAT, "%s", where);
     else if (!ckpt_tensor_equal(&attrs.tensor.desc, t) || attrs.piece != piece ||
              attrs.block_rows != it->block_rows || attrs.tp != r->index.layout.tp)
-        status = ckpt_fail(CKPT_ERR_FORMAT, "%s: attributes disagree with the index", where);
+        status = tp_fail(TP_ERR_FORMAT, "%s: attributes disagree with the index", where);
     else if (attrs.checksum != ip->checksum || attrs.digest != ip->digest)
-        status = ckpt_fail(CKPT_ERR_CHECKSUM,
+        status = tp_fail(TP_ERR_CHECKSUM,
                            "%s: checksum and digest attributes %016llx %016llx, the index records %016llx %016llx",
                            where, (unsigned long long)attrs.checksum, (unsigned long long)attrs.digest,
                            (unsigned long long)ip->checksum, (unsigned long long)ip->digest);
@@ -425,30 +425,30 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
         if (ok) ok = type >= 0 && want >= 0 && H5Tequal(type, want) > 0;
         if (type >= 0) H5Tclose(type);
         if (want >= 0) H5Tclose(want);
-        if (!ok) status = ckpt_fail(CKPT_ERR_FORMAT, "%s: dataset shape or type disagrees with the index", where);
+        if (!ok) status = tp_fail(TP_ERR_FORMAT, "%s: dataset shape or type disagrees with the index", where);
     }
     if (!status) {
         hid_t dcpl = H5Dget_create_plist(dset);
         H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
         if (dcpl >= 0) H5Pclose(dcpl);
         if ((layout == H5D_CHUNKED) != (ip->compressed != 0))
-            status = ckpt_fail(CKPT_ERR_FORMAT, "%s: storage layout disagrees with the index", where);
+            status = tp_fail(TP_ERR_FORMAT, "%s: storage layout disagrees with the index", where);
         else if (layout == H5D_CHUNKED)
             status = locate_chunks(dset, pr, where);
         else if (layout == H5D_CONTIGUOUS) {
             haddr_t offset = H5Dget_offset(dset);
             const ckpt_index_file *fi = &r->index.files[ip->file_index];
             if (offset == HADDR_UNDEF || (int64_t)offset + g->bytes > fi->bytes)
-                status = ckpt_fail(CKPT_ERR_FORMAT, "%s: data lies outside the file", where);
+                status = tp_fail(TP_ERR_FORMAT, "%s: data lies outside the file", where);
             pr->offset = (int64_t)offset;
         } else
-            status = ckpt_fail(CKPT_ERR_FORMAT, "%s: unexpected storage layout", where);
+            status = tp_fail(TP_ERR_FORMAT, "%s: unexpected storage layout", where);
     }
     H5Dclose(dset);
     if (status) return status;
 
     pr->block_hash = calloc((size_t)g->num_blocks, sizeof *pr->block_hash);
-    if (!pr->block_hash) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!pr->block_hash) return tp_fail(TP_ERR_NOMEM, "out of memory");
     snprintf(path, sizeof path, "/%s/%s", CKPT_CHECKSUM_GROUP, t->name);
     hid_t sums = H5Dopen2(fr->file, path, H5P_DEFAULT);
     hid_t space = sums >= 0 ? H5Dget_space(sums) : -1;
@@ -459,7 +459,7 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
         status = ckpt_fail_hdf5("%s: block checksums missing or damaged", where);
     if (sums >= 0) H5Dclose(sums);
     if (!status && ckpt_hash_blocks(pr->block_hash, g->num_blocks) != ip->checksum)
-        status = ckpt_fail(CKPT_ERR_CHECKSUM, "%s: block checksum list does not match the piece checksum",
+        status = tp_fail(TP_ERR_CHECKSUM, "%s: block checksum list does not match the piece checksum",
                            where);
     if (status) {
         free(pr->block_hash);
@@ -469,7 +469,7 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
         return status;
     }
     pr->loaded = 1;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 static int load_piece(ckpt_reader *r, int i, int piece, piece_runtime **out)
@@ -544,7 +544,7 @@ static int piece_context(ckpt_reader *r, int i, int piece, piece_ctx *ctx)
     ctx->piece = piece;
     ctx->fd = r->files[ip->file_index].fd;
     ctx->file_path = r->files[ip->file_index].path;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 static int64_t block_row_count(const ckpt_piece_geometry *g, int64_t b)
@@ -558,8 +558,8 @@ static int verify_block(const piece_ctx *c, int64_t b, const void *data)
     const ckpt_piece_geometry *g = &c->pr->geometry;
     int64_t rows = block_row_count(g, b);
     uint64_t got = ckpt_hash_block(data, (size_t)(rows * g->row_bytes));
-    if (got == c->pr->block_hash[b]) return CKPT_OK;
-    return ckpt_fail(CKPT_ERR_CHECKSUM,
+    if (got == c->pr->block_hash[b]) return TP_OK;
+    return tp_fail(TP_ERR_CHECKSUM,
                      "%s: tensor %s piece %d rows %lld..%lld: checksum %016llx, expected %016llx "
                      "(data damaged)",
                      c->file_path, c->r->index.tensors[c->tensor].tensor.name, c->piece,
@@ -576,10 +576,10 @@ static int read_chunk(const piece_ctx *c, int64_t b, char *dst, char *scratch)
     const char *name = c->r->index.tensors[c->tensor].tensor.name;
     size_t chunk_bytes = (size_t)(g->block_rows * g->row_bytes);
     size_t rows_bytes = (size_t)(block_row_count(g, b) * g->row_bytes);
-    size_t element_size = ckpt_dtype_size(c->r->index.tensors[c->tensor].tensor.desc.dtype);
+    size_t element_size = tp_dtype_size(c->r->index.tensors[c->tensor].tensor.desc.dtype);
     int shuffled = !(loc->filter_mask & CKPT_MASK_NO_SHUFFLE), zstd = !(loc->filter_mask & CKPT_MASK_NO_ZSTD);
     if (loc->size > ckpt_zstd_bound(chunk_bytes) || (!zstd && loc->size != chunk_bytes))
-        return ckpt_fail(CKPT_ERR_FORMAT, "%s: tensor %s chunk %lld has an impossible size %llu",
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s chunk %lld has an impossible size %llu",
                          c->file_path, name, (long long)b, (unsigned long long)loc->size);
     char *packed = scratch + chunk_bytes;
     int status = ckpt_read_all_at(c->fd, packed, loc->size, (int64_t)loc->address, c->file_path);
@@ -589,20 +589,20 @@ static int read_chunk(const piece_ctx *c, int64_t b, char *dst, char *scratch)
     if (zstd) {
         char *out = !shuffled && rows_bytes == chunk_bytes ? dst : scratch;
         status = ckpt_zstd_decompress(packed, loc->size, out, chunk_bytes);
-        if (status) return ckpt_fail_context(status, "%s: tensor %s chunk %lld", c->file_path, name, (long long)b);
+        if (status) return tp_fail_context(status, "%s: tensor %s chunk %lld", c->file_path, name, (long long)b);
         plain = out;
     }
     if (shuffled) {
         if (rows_bytes == chunk_bytes) {
             ckpt_unshuffle(plain, dst, chunk_bytes, element_size);
-            return CKPT_OK;
+            return TP_OK;
         }
         char *out = plain == scratch ? packed : scratch; /* the other buffer */
         ckpt_unshuffle(plain, out, chunk_bytes, element_size);
         plain = out;
     }
     if (plain != dst) memcpy(dst, plain, rows_bytes);
-    return CKPT_OK;
+    return TP_OK;
 }
 
 static size_t scratch_bytes(const ckpt_piece_geometry *g)
@@ -618,7 +618,7 @@ static int read_blocks(const piece_ctx *c, int64_t b0, int64_t b1, char *dst, ch
 {
     const ckpt_piece_geometry *g = &c->pr->geometry;
     int64_t block_bytes = g->block_rows * g->row_bytes;
-    int status = CKPT_OK;
+    int status = TP_OK;
     if (c->pr->chunks) {
         for (int64_t b = b0; b < b1 && !status; b++) {
             char *out = dst + (b - b0) * block_bytes;
@@ -694,7 +694,7 @@ static int box_runs(const box_frame *src, const box_frame *dst, const int64_t *c
         if (status) return status;
         int d = inner - 1;
         while (d >= 0 && ++idx[d] == count[d]) idx[d--] = 0;
-        if (d < 0) return CKPT_OK;
+        if (d < 0) return TP_OK;
     }
 }
 
@@ -707,7 +707,7 @@ static int copy_run(void *ctx, int64_t so, int64_t dof, int64_t bytes)
 {
     copy_ctx *c = ctx;
     memcpy(c->dst + dof, c->src + so, (size_t)bytes);
-    return CKPT_OK;
+    return TP_OK;
 }
 
 typedef struct {
@@ -775,16 +775,16 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
             if (status) return status;
             r += n;
         }
-        return CKPT_OK;
+        return TP_OK;
     }
     /* Row groups: checksum blocks when verifying or compressed, else ~8 MiB. */
     int64_t group_rows = blockwise ? g->block_rows : GROUP_TARGET / g->row_bytes;
     if (group_rows < 1) group_rows = 1;
     int64_t first = blockwise ? row0 / group_rows * group_rows : row0;
     char *bounce = NULL, *scratch = NULL;
-    int status = CKPT_OK;
+    int status = TP_OK;
     if (c->pr->chunks && !(scratch = scratch_buffer(SCRATCH_CHUNK, scratch_bytes(g))))
-        return ckpt_fail(CKPT_ERR_NOMEM, "out of memory for a %zu-byte chunk buffer", scratch_bytes(g));
+        return tp_fail(TP_ERR_NOMEM, "out of memory for a %zu-byte chunk buffer", scratch_bytes(g));
     box_frame src_frame = {ndim, {0}, {0}};
     memcpy(src_frame.shape, g->shape, sizeof src_frame.shape);
 
@@ -826,7 +826,7 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
         /* Bounce: rows [r, group_end) into the buffer, then copy the selection. */
         size_t bounce_size = (size_t)(group_rows * g->row_bytes);
         if (!bounce && !(bounce = scratch_buffer(SCRATCH_BOUNCE, bounce_size))) {
-            status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory for a %zu-byte read buffer", bounce_size);
+            status = tp_fail(TP_ERR_NOMEM, "out of memory for a %zu-byte read buffer", bounce_size);
             break;
         }
         if (blockwise) {
@@ -862,10 +862,10 @@ int ckpt_reader_read_rows(ckpt_reader *r, int i, int piece, int64_t row_start, i
     const ckpt_piece_geometry *g = &c.pr->geometry;
     const char *name = r->index.tensors[i].tensor.name;
     if (row_start < 0 || row_count < 1 || row_start + row_count > g->rows)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s piece %d: rows [%lld, %lld) outside 0..%lld", name, piece,
+        return tp_fail(TP_ERR_ARG, "tensor %s piece %d: rows [%lld, %lld) outside 0..%lld", name, piece,
                          (long long)row_start, (long long)(row_start + row_count), (long long)g->rows);
     if (buf_size < (size_t)(row_count * g->row_bytes))
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s piece %d: buffer of %zu bytes, need %lld", name, piece,
+        return tp_fail(TP_ERR_ARG, "tensor %s piece %d: buffer of %zu bytes, need %lld", name, piece,
                          buf_size, (long long)(row_count * g->row_bytes));
     int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS];
     memcpy(count, g->shape, sizeof count);
@@ -887,20 +887,20 @@ int ckpt_reader_read_region(ckpt_reader *r, int i, const int64_t *start, const i
                             void *buf, size_t buf_size)
 {
     if (i < 0 || i >= r->index.num_tensors)
-        return ckpt_fail(CKPT_ERR_ARG, "%s: tensor index %d out of range", r->path, i);
+        return tp_fail(TP_ERR_ARG, "%s: tensor index %d out of range", r->path, i);
     const ckpt_tensor_desc *t = &r->index.tensors[i].tensor.desc;
     int64_t elements = 1;
     for (int d = 0; d < t->ndim; d++) {
         if (start[d] < 0 || count[d] < 1 || start[d] + count[d] > t->shape[d])
-            return ckpt_fail(CKPT_ERR_ARG,
+            return tp_fail(TP_ERR_ARG,
                              "tensor %s: region [%lld, %lld) of dimension %d outside 0..%lld",
                              t->name, (long long)start[d], (long long)(start[d] + count[d]), d,
                              (long long)t->shape[d]);
         elements *= count[d];
     }
-    if (buf_size < (size_t)elements * ckpt_dtype_size(t->dtype))
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: buffer of %zu bytes, region needs %lld", t->name,
-                         buf_size, (long long)(elements * (int64_t)ckpt_dtype_size(t->dtype)));
+    if (buf_size < (size_t)elements * tp_dtype_size(t->dtype))
+        return tp_fail(TP_ERR_ARG, "tensor %s: buffer of %zu bytes, region needs %lld", t->name,
+                         buf_size, (long long)(elements * (int64_t)tp_dtype_size(t->dtype)));
     box_frame frame = {t->ndim, {0}, {0}};
     memcpy(frame.shape, count, sizeof(int64_t) * (size_t)t->ndim);
     piece_ctx c;
@@ -912,9 +912,9 @@ int ckpt_reader_read_region(ckpt_reader *r, int i, const int64_t *start, const i
     int axis = t->partition.axis;
     int64_t max_runs = (int64_t)t->partition.num_segments * r->index.layout.tp;
     ckpt_run *runs = malloc((size_t)max_runs * sizeof *runs);
-    if (!runs) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!runs) return tp_fail(TP_ERR_NOMEM, "out of memory");
     int64_t n = ckpt_partition_runs(t, r->index.layout.tp, start[axis], count[axis], runs, max_runs);
-    status = n < 0 ? ckpt_fail(CKPT_ERR_ARG, "tensor %s: bad region", t->name) : CKPT_OK;
+    status = n < 0 ? tp_fail(TP_ERR_ARG, "tensor %s: bad region", t->name) : TP_OK;
     for (int64_t k = 0; k < n && !status; k++) {
         int64_t piece_start[CKPT_MAX_DIMS], piece_count[CKPT_MAX_DIMS];
         memcpy(piece_start, start, sizeof(int64_t) * (size_t)t->ndim);
@@ -943,7 +943,7 @@ int ckpt_reader_verify_piece(ckpt_reader *r, int i, int piece)
     size_t size = (size_t)(per_read * block_bytes) + (c.pr->chunks ? scratch_bytes(g) : 0);
     /* [per_read blocks of data][chunk scratch when compressed] */
     char *buf = scratch_buffer(SCRATCH_VERIFY, size);
-    if (!buf) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory for a %zu-byte buffer", size);
+    if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory for a %zu-byte buffer", size);
     const ckpt_tensor_desc *t = &r->index.tensors[i].tensor.desc;
     uint64_t digest = 0;
     for (int64_t b = 0; b < g->num_blocks && !status; b += per_read) {
@@ -954,7 +954,7 @@ int ckpt_reader_verify_piece(ckpt_reader *r, int i, int piece)
     }
     const ckpt_index_piece *ip = &r->index.tensors[i].pieces[piece];
     if (!status && digest != ip->digest)
-        status = ckpt_fail(CKPT_ERR_CHECKSUM,
+        status = tp_fail(TP_ERR_CHECKSUM,
                            "%s: tensor %s piece %d: logical digest %016llx, the index records %016llx",
                            c.file_path, t->name, piece, (unsigned long long)digest,
                            (unsigned long long)ip->digest);
@@ -966,7 +966,7 @@ int ckpt_reader_check_padding(ckpt_reader *r, int i, int piece)
     int status = check_piece_arg(r, i, piece);
     if (status) return status;
     const ckpt_tensor_desc *t = &r->index.tensors[i].tensor.desc;
-    if (t->partition.kind != CKPT_SPLIT) return CKPT_OK;
+    if (t->partition.kind != CKPT_SPLIT) return TP_OK;
     ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
     int64_t n = ckpt_piece_runs(t, r->index.layout.tp, piece, runs, 2 * CKPT_MAX_SEGMENTS);
     piece_ctx c;
@@ -983,15 +983,15 @@ int ckpt_reader_check_padding(ckpt_reader *r, int i, int piece)
          * a thin box that is small whenever the tensor is. */
         int64_t elements = 1;
         for (int d = 0; d < g->ndim; d++) elements *= count[d];
-        size_t bytes = (size_t)elements * ckpt_dtype_size(t->dtype);
+        size_t bytes = (size_t)elements * tp_dtype_size(t->dtype);
         unsigned char *buf = alloc_pages(bytes);
-        if (!buf) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+        if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
         box_frame frame = {g->ndim, {0}, {0}};
         memcpy(frame.shape, count, sizeof frame.shape);
         status = read_piece_box(&c, start, count, (char *)buf, &frame);
         for (size_t b = 0; b < bytes && !status; b++)
             if (buf[b] != 0)
-                status = ckpt_fail(CKPT_ERR_FORMAT,
+                status = tp_fail(TP_ERR_FORMAT,
                                    "%s: tensor %s piece %d: padding at %lld..%lld of axis %d is "
                                    "not zero",
                                    c.file_path, t->name, piece, (long long)runs[k].local_start,

@@ -73,11 +73,6 @@ static void generate_rows(const synth_job *job, const slab *s, float *out)
                             fill_run, &f);
 }
 
-static number_format format_of(ckpt_dtype dtype)
-{
-    return dtype == CKPT_BF16 ? NUMBER_BF16 : dtype == CKPT_FP16 ? NUMBER_F16 : NUMBER_F32;
-}
-
 static int write_slab(void *ctx, int64_t i, int thread)
 {
     synth_job *job = ctx;
@@ -90,14 +85,14 @@ static int write_slab(void *ctx, int64_t i, int thread)
     float *values = job->scratch[thread];
     generate_rows(job, s, values);
     const void *data = values;
-    if (t->dtype != CKPT_FP32) {
-        convert_from_f32(values, job->converted[thread], format_of(t->dtype), elements);
+    if (t->dtype != TP_FP32) {
+        convert_from_f32(values, job->converted[thread], t->dtype, elements);
         data = job->converted[thread];
     }
     int status = ckpt_writer_put_rows(job->writer, job->ids[s->tensor], s->piece, s->row_start,
                                       s->row_count, data);
     if (!status && job->options->on_bytes)
-        job->options->on_bytes(job->options->ctx, elements * (int64_t)ckpt_dtype_size(t->dtype));
+        job->options->on_bytes(job->options->ctx, elements * (int64_t)tp_dtype_size(t->dtype));
     return status;
 }
 
@@ -115,7 +110,7 @@ int synth_write(const char *path, const ckpt_layout *layout, const ckpt_write_op
     int64_t num_slabs = 0, capacity = 0, max_slab_elements = 1;
     float **scratch = calloc((size_t)threads, sizeof *scratch);
     void **converted = calloc((size_t)threads, sizeof *converted);
-    if (!ids || !hashes || !scratch || !converted) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!ids || !hashes || !scratch || !converted) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < count && !status; i++) {
         status = ckpt_writer_add_tensor(writer, &tensors[i].desc, &ids[i]);
         if (status) break;
@@ -135,7 +130,7 @@ int synth_write(const char *path, const ckpt_layout *layout, const ckpt_write_op
                     capacity = capacity ? 2 * capacity : 1024;
                     slab *grown = realloc(slabs, (size_t)capacity * sizeof *grown);
                     if (!grown) {
-                        status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+                        status = tp_fail(TP_ERR_NOMEM, "out of memory");
                         break;
                     }
                     slabs = grown;
@@ -148,14 +143,12 @@ int synth_write(const char *path, const ckpt_layout *layout, const ckpt_write_op
         scratch[t] = alloc_pages((size_t)max_slab_elements * sizeof(float));
         converted[t] = alloc_pages((size_t)max_slab_elements * sizeof(uint16_t));
         if (!scratch[t] || !converted[t])
-            status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory for %lld-element slabs",
+            status = tp_fail(TP_ERR_NOMEM, "out of memory for %lld-element slabs",
                                (long long)max_slab_elements);
     }
     if (!status) {
         synth_job job = {writer, layout, tensors, ids, hashes, slabs, options, scratch, converted};
-        parallel_failure failure = {ckpt_errmsg, ""};
-        status = parallel_for(num_slabs, threads, write_slab, &job, &failure);
-        if (status) ckpt_fail(status, "%s", failure.text);
+        status = parallel_for(num_slabs, threads, write_slab, &job);
     }
     for (int t = 0; t < threads && scratch && converted; t++) {
         free(scratch[t]);

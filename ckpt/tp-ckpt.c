@@ -71,8 +71,8 @@ static ckpt_reader *open_or_die(const char *path, int verify, int *exit_code)
     ckpt_read_options_init(&options);
     options.verify = verify;
     ckpt_reader *reader = NULL;
-    if (ckpt_reader_open(&reader, path, &options) != CKPT_OK) {
-        *exit_code = fail("%s", ckpt_errmsg());
+    if (ckpt_reader_open(&reader, path, &options) != TP_OK) {
+        *exit_code = fail("%s", tp_errmsg());
         return NULL;
     }
     return reader;
@@ -112,7 +112,7 @@ static int64_t tensor_stored_bytes(const ckpt_reader *r, int i)
     const ckpt_tensor_desc *t = ckpt_reader_tensor(r, i);
     for (int p = 0; p < ckpt_piece_count(t, ckpt_reader_layout(r)->tp); p++) {
         ckpt_piece_info info;
-        if (ckpt_reader_piece_info(r, i, p, &info) == CKPT_OK) bytes += info.bytes;
+        if (ckpt_reader_piece_info(r, i, p, &info) == TP_OK) bytes += info.bytes;
     }
     return bytes;
 }
@@ -122,7 +122,7 @@ static int64_t tensor_stored_bytes(const ckpt_reader *r, int i)
 static int info_json(const ckpt_reader *r)
 {
     char *text = NULL;
-    if (ckpt_reader_index_json(r, &text)) return fail("%s", ckpt_errmsg());
+    if (ckpt_reader_index_json(r, &text)) return fail("%s", tp_errmsg());
     cJSON *root = cJSON_Parse(text);
     free(text);
     const ckpt_layout *layout = ckpt_reader_layout(r);
@@ -204,7 +204,7 @@ static void info_text(const ckpt_reader *r)
         format_shape(t->shape, t->ndim, shape, sizeof shape);
         format_shape(padded, t->ndim, padded_text, sizeof padded_text);
         format_partition(t, partition, sizeof partition);
-        printf("%-44s %-5s %-16s %-16s %-48s %5d %12lld\n", t->name, ckpt_dtype_name(t->dtype), shape,
+        printf("%-44s %-5s %-16s %-16s %-48s %5d %12lld\n", t->name, tp_dtype_name(t->dtype), shape,
                padded_text, partition, ckpt_tensor_stage(t, layout), (long long)tensor_stored_bytes(r, i));
     }
 }
@@ -260,7 +260,7 @@ static int verify_one(void *ctx, int64_t i, int thread)
     piece_check *check = &job->checks[i];
     check->status = ckpt_reader_verify_piece(job->reader, check->tensor, check->piece);
     if (!check->status) check->status = ckpt_reader_check_padding(job->reader, check->tensor, check->piece);
-    if (check->status) snprintf(check->message, sizeof check->message, "%s", ckpt_errmsg());
+    if (check->status) snprintf(check->message, sizeof check->message, "%s", tp_errmsg());
     progress_add(&job->bar, check->bytes);
     return 0; /* keep going: report every damaged piece */
 }
@@ -304,7 +304,7 @@ static int cmd_verify(int argc, char **argv)
     /* Threads take neighbouring pieces of one file, so the disk sees one stream. */
     qsort(job.checks, (size_t)count, sizeof *job.checks, by_file_order);
     progress_start(&job.bar, "verify", total, 0);
-    parallel_for(count, (int)threads, verify_one, &job, NULL);
+    parallel_for(count, (int)threads, verify_one, &job);
     double seconds = progress_finish(&job.bar);
     int bad = 0;
     for (int64_t i = 0; i < count; i++) {
@@ -347,7 +347,7 @@ static int diff_one(void *ctx, int64_t i, int thread)
     diff_job *job = ctx;
     tensor_diff *d = &job->diffs[i];
     d->status = ckpt_compare_tensor(job->a, d->a, job->b, d->b, job->rtol, job->atol, 16 << 20, &d->result);
-    if (d->status) snprintf(d->message, sizeof d->message, "%s", ckpt_errmsg());
+    if (d->status) snprintf(d->message, sizeof d->message, "%s", tp_errmsg());
     return 0;
 }
 
@@ -411,7 +411,7 @@ static int cmd_diff(int argc, char **argv)
         printf("note: steps differ (%lld vs %lld)\n", (long long)sa->step, (long long)sb->step);
     if (strcmp(sa->model_json, sb->model_json) != 0) printf("note: model configurations differ\n");
     diff_job job = {a, b, diffs, rtol, atol};
-    parallel_for(n, (int)threads, diff_one, &job, NULL);
+    parallel_for(n, (int)threads, diff_one, &job);
     qsort(diffs, (size_t)n, sizeof *diffs, worse_first);
     int differing = 0;
     int64_t elements = 0;
@@ -463,7 +463,7 @@ static int parse_compress(const char *text)
 static int cmd_synth(int argc, char **argv)
 {
     gpt_config config = {0};
-    config.dtype = CKPT_FP32;
+    config.dtype = TP_FP32;
     ckpt_layout layout = {1, 1, 1, 0};
     ckpt_write_options write_options;
     ckpt_write_options_init(&write_options);
@@ -501,7 +501,7 @@ static int cmd_synth(int argc, char **argv)
         case O_SWIGLU: config.swiglu = 1; break;
         case O_OPTIM: optim = 1; break;
         case O_DTYPE:
-            if (ckpt_dtype_parse(optarg, &config.dtype)) die_usage("--dtype: %s", ckpt_errmsg());
+            if (tp_dtype_parse(optarg, &config.dtype)) die_usage("--dtype: %s", tp_errmsg());
             break;
         case O_SEED: seed = parse_int_option("--seed", optarg, 0, INT64_MAX); break;
         case O_STEP: step = parse_int_option("--step", optarg, 0, (int64_t)1 << 50); break;
@@ -548,7 +548,7 @@ static int cmd_synth(int argc, char **argv)
         case GPT_ROLE_EXP_AVG: s->mean = 0; s->scale = 1e-3f; break;
         case GPT_ROLE_EXP_AVG_SQ: s->mean = 1e-6f; s->scale = 1e-6f; break;
         }
-        int64_t padded[CKPT_MAX_DIMS], bytes = (int64_t)ckpt_dtype_size(g->desc.dtype);
+        int64_t padded[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(g->desc.dtype);
         ckpt_padded_shape(&g->desc, layout.tp, padded);
         for (int d = 0; d < g->desc.ndim; d++) bytes *= padded[d];
         total += bytes;
@@ -580,7 +580,7 @@ static int cmd_synth(int argc, char **argv)
     int status = synth_write(out, &layout, &write_options, tensors, count, &state, &so);
     double seconds = progress_finish(&bar);
     int code = 0;
-    if (status) code = fail("%s", ckpt_errmsg());
+    if (status) code = fail("%s", tp_errmsg());
     else {
         char size[32];
         format_bytes((double)total, size, sizeof size);
@@ -634,13 +634,13 @@ static int cmd_export(int argc, char **argv)
         {"progress", no_argument, 0, O_PROGRESS}, {"output", required_argument, 0, 'o'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
-    ckpt_dtype dtype;
+    tp_dtype dtype;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
         case O_FORMAT: format = optarg; break;
         case O_DTYPE:
-            if (ckpt_dtype_parse(optarg, &dtype)) die_usage("--dtype: %s", ckpt_errmsg());
+            if (tp_dtype_parse(optarg, &dtype)) die_usage("--dtype: %s", tp_errmsg());
             options.dtype = (int)dtype;
             break;
         case O_SHARD:
@@ -662,7 +662,7 @@ static int cmd_export(int argc, char **argv)
     }
     if (optind != argc - 1) die_usage("export takes one checkpoint");
     if (!format || !out) die_usage("export needs --format and -o OUT");
-    if (export_format_parse(format, &options.format)) die_usage("--format: %s", reshard_errmsg());
+    if (export_format_parse(format, &options.format)) die_usage("--format: %s", tp_errmsg());
     if (tokenizer && options.format != EXPORT_GGUF) die_usage("--tokenizer applies to --format gguf only");
     int code = 0;
     ckpt_reader *r = open_or_die(argv[optind], 1, &code);
@@ -704,7 +704,7 @@ static int cmd_export(int argc, char **argv)
         if (options.format == EXPORT_SAFETENSORS) {
             options.metadata = st_metadata;
             options.config_json = config_json =
-                gpt_hf_config_json(&config, options.dtype >= 0 ? (ckpt_dtype)options.dtype : config.dtype);
+                gpt_hf_config_json(&config, options.dtype >= 0 ? (tp_dtype)options.dtype : config.dtype);
             if (!config_json) code = fail("out of memory");
         } else if (gpt_gguf_metadata_create(&gguf, &config, name, tokenizer, err, sizeof err)) {
             code = fail("%s", err);
@@ -713,7 +713,7 @@ static int cmd_export(int argc, char **argv)
         }
     }
     int64_t total = 0;
-    if (!code && export_output_bytes(r, tensors, count, &options, &total)) code = fail("%s", reshard_errmsg());
+    if (!code && export_output_bytes(r, tensors, count, &options, &total)) code = fail("%s", tp_errmsg());
     if (!code) {
         progress bar;
         progress_start(&bar, "export", total, force_progress);
@@ -723,7 +723,7 @@ static int cmd_export(int argc, char **argv)
         int status = export_run(r, tensors, count, &options, out, &summary);
         double seconds = progress_finish(&bar);
         if (status) {
-            code = fail("%s", reshard_errmsg());
+            code = fail("%s", tp_errmsg());
         } else {
             char size[32];
             format_bytes((double)summary.tensor_bytes, size, sizeof size);
@@ -780,7 +780,7 @@ static int cmd_import(int argc, char **argv)
     const char *out = NULL;
     int64_t tp = 0, pp = 0, pad = 1;
     int force_progress = 0;
-    ckpt_dtype dtype = CKPT_FP32;
+    tp_dtype dtype = TP_FP32;
     enum { O_TP = 256, O_PP, O_DTYPE, O_PAD, O_THREADS, O_COMPRESS, O_FORCE, O_PROGRESS };
     static const struct option long_options[] = {
         {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP},
@@ -795,7 +795,7 @@ static int cmd_import(int argc, char **argv)
         case O_TP: tp = parse_int_option("--tp", optarg, 1, 4096); break;
         case O_PP: pp = parse_int_option("--pp", optarg, 1, 4096); break;
         case O_DTYPE:
-            if (ckpt_dtype_parse(optarg, &dtype)) die_usage("--dtype: %s", ckpt_errmsg());
+            if (tp_dtype_parse(optarg, &dtype)) die_usage("--dtype: %s", tp_errmsg());
             break;
         case O_PAD: pad = parse_int_option("--vocab-pad-multiple", optarg, 1, 1 << 20); break;
         case O_THREADS: options.threads = (int)parse_int_option("--threads", optarg, 1, 1024); break;
@@ -813,7 +813,7 @@ static int cmd_import(int argc, char **argv)
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *text = NULL;
     if (ckpt_read_text_file(path, &text, NULL))
-        return fail("%s (import reads a Hugging Face GPT-2 directory)", ckpt_errmsg());
+        return fail("%s (import reads a Hugging Face GPT-2 directory)", tp_errmsg());
     gpt_config config;
     int parsed = gpt_hf_config_parse(text, path, &config, err, sizeof err);
     free(text);
@@ -823,7 +823,7 @@ static int cmd_import(int argc, char **argv)
     if (gpt_config_check(&config, (int)tp, (int)pp, err, sizeof err)) return fail("%s: %s", path, err);
 
     safetensors_set *set = NULL;
-    if (safetensors_open(&set, dir)) return fail("%s", reshard_errmsg());
+    if (safetensors_open(&set, dir)) return fail("%s", tp_errmsg());
     /* GPT2LMHeadModel saves under "transformer.", GPT2Model (and the hub's gpt2) without. */
     const char *prefix = safetensors_find(set, "transformer.wte.weight") ? "transformer." : "";
     gpt_name_map map = {0};
@@ -842,7 +842,7 @@ static int cmd_import(int argc, char **argv)
             char wte[64];
             snprintf(wte, sizeof wte, "%swte.weight", prefix);
             int equal = 0;
-            if (safetensors_equal(set, name, wte, &equal)) code = fail("%s", reshard_errmsg());
+            if (safetensors_equal(set, name, wte, &equal)) code = fail("%s", tp_errmsg());
             else if (!equal)
                 code = fail("%s: lm_head.weight differs from %s: an untied output head cannot be expressed", dir, wte);
             known = 1;
@@ -857,7 +857,7 @@ static int cmd_import(int argc, char **argv)
         int64_t total = 0;
         for (int i = 0; i < count; i++) {
             descs[i] = catalog[i].desc;
-            int64_t padded[CKPT_MAX_DIMS], n = (int64_t)ckpt_dtype_size(dtype);
+            int64_t padded[CKPT_MAX_DIMS], n = (int64_t)tp_dtype_size(dtype);
             ckpt_padded_shape(&descs[i], (int)tp, padded);
             for (int d = 0; d < descs[i].ndim; d++) n *= padded[d];
             total += n;
@@ -878,7 +878,7 @@ static int cmd_import(int argc, char **argv)
         options.progress_ctx = &bar;
         int status = import_run(set, descs, map.tensors, count, &layout, &state, &options, out);
         double seconds = progress_finish(&bar);
-        if (status) code = fail("%s", reshard_errmsg());
+        if (status) code = fail("%s", tp_errmsg());
         else {
             char bytes[32];
             format_bytes((double)total, bytes, sizeof bytes);

@@ -105,10 +105,10 @@ static int open_shard(ckpt_writer *w, shard_file *s)
     if (!status) status = ckpt_h5_write_i64s(s->file, "layout_tp_pp_dp", degrees, 3);
     if (!status) status = ckpt_h5_write_i64s(s->file, "num_layers", &w->layout.num_layers, 1);
     if (!status) status = ckpt_h5_write_i64s(s->file, "complete", &complete, 1);
-    if (status) return ckpt_fail_context(status, "%s", s->path);
+    if (status) return tp_fail_context(status, "%s", s->path);
     s->fd = open(s->path, O_WRONLY | O_CLOEXEC);
-    if (s->fd < 0) return ckpt_fail(CKPT_ERR_IO, "%s: cannot open for writing: %s", s->path, strerror(errno));
-    return CKPT_OK;
+    if (s->fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot open for writing: %s", s->path, strerror(errno));
+    return TP_OK;
 }
 
 static void close_shard(shard_file *s)
@@ -145,11 +145,11 @@ static int check_destination(const char *path, const ckpt_write_options *options
     if (status) return status;
     struct stat st;
     if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode))
-        return ckpt_fail(CKPT_ERR_NOT_FOUND, "%s: parent directory %s does not exist", path, parent);
+        return tp_fail(TP_ERR_NOT_FOUND, "%s: parent directory %s does not exist", path, parent);
     if (ckpt_path_exists(path) && !options->overwrite)
-        return ckpt_fail(CKPT_ERR_EXISTS, "%s already exists; refusing to replace it without --force",
+        return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force",
                          path);
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int ckpt_output_stage(const char *path, int overwrite, int directory, char *staging, size_t staging_size)
@@ -163,7 +163,7 @@ int ckpt_output_stage(const char *path, int overwrite, int directory, char *stag
     if (!status) status = ckpt_staging_path(path, staging, staging_size);
     if (!status) status = ckpt_remove_tree(staging);
     if (!status && directory && mkdir(staging, 0755) != 0)
-        status = ckpt_fail(CKPT_ERR_IO, "%s: cannot create: %s", staging, strerror(errno));
+        status = tp_fail(TP_ERR_IO, "%s: cannot create: %s", staging, strerror(errno));
     return status;
 }
 
@@ -187,16 +187,16 @@ int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *l
     status = ckpt_layout_check(layout);
     if (status) return status;
     if (options->compress_level < 0 || options->compress_level > 22)
-        return ckpt_fail(CKPT_ERR_ARG, "zstd level %d outside 1..22", options->compress_level);
+        return tp_fail(TP_ERR_ARG, "zstd level %d outside 1..22", options->compress_level);
     int distributed = options->shard_pp >= 0;
     if (distributed && (options->shard_pp >= layout->pp || options->shard_tp < 0 ||
                         options->shard_tp >= layout->tp))
-        return ckpt_fail(CKPT_ERR_ARG, "shard pp=%d tp=%d is outside layout tp=%d pp=%d",
+        return tp_fail(TP_ERR_ARG, "shard pp=%d tp=%d is outside layout tp=%d pp=%d",
                          options->shard_pp, options->shard_tp, layout->tp, layout->pp);
-    if (strlen(path) >= CKPT_PATH_MAX) return ckpt_fail(CKPT_ERR_ARG, "path too long: %s", path);
+    if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
 
     ckpt_writer *w = calloc(1, sizeof *w);
-    if (!w) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!w) return tp_fail(TP_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&w->lock, NULL);
     strcpy(w->path, path);
     w->layout = *layout;
@@ -207,7 +207,7 @@ int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *l
     if (!status && distributed) {
         struct stat st;
         if (stat(w->staging, &st) != 0 || !S_ISDIR(st.st_mode))
-            status = ckpt_fail(CKPT_ERR_STATE,
+            status = tp_fail(TP_ERR_STATE,
                                "%s: staging directory %s missing (ckpt_stage_prepare not called?)",
                                path, w->staging);
     }
@@ -217,7 +217,7 @@ int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *l
     }
     w->num_shards = distributed ? 1 : layout->tp * layout->pp;
     w->shards = calloc((size_t)w->num_shards, sizeof *w->shards);
-    if (!w->shards) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!w->shards) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; !status && i < w->num_shards; i++) {
         w->shards[i].pp = distributed ? options->shard_pp : i / layout->tp;
         w->shards[i].tp = distributed ? options->shard_tp : i % layout->tp;
@@ -228,7 +228,7 @@ int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *l
         return status;
     }
     *out = w;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* Creates the dataset of one piece, with its attributes; records the offset
@@ -248,7 +248,7 @@ static int create_piece(ckpt_writer *w, tensor_state *ts, int piece, piece_state
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     hid_t dset = -1;
-    int status = CKPT_OK;
+    int status = TP_OK;
     int ok = type >= 0 && space >= 0 && lcpl >= 0 && dcpl >= 0 &&
              H5Pset_create_intermediate_group(lcpl, 1) >= 0;
     if (ok && w->options.compress_level > 0) {
@@ -268,7 +268,7 @@ static int create_piece(ckpt_writer *w, tensor_state *ts, int piece, piece_state
         ckpt_piece_attrs attrs = {ts->tensor, piece, w->layout.tp, w->num_tensors,
                                   ps->geometry.block_rows, 0, 0};
         status = ckpt_attrs_write(dset, &attrs);
-        if (status) status = ckpt_fail_context(status, "%s", s->path);
+        if (status) status = tp_fail_context(status, "%s", s->path);
         ps->offset = -1;
         if (!status && w->options.compress_level == 0) {
             haddr_t offset = H5Dget_offset(dset);
@@ -285,8 +285,8 @@ static int create_piece(ckpt_writer *w, tensor_state *ts, int piece, piece_state
     if (status) return status;
     ps->block_hash = calloc((size_t)ps->geometry.num_blocks, sizeof *ps->block_hash);
     ps->block_done = calloc((size_t)ps->geometry.num_blocks, 1);
-    if (!ps->block_hash || !ps->block_done) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
-    return CKPT_OK;
+    if (!ps->block_hash || !ps->block_done) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    return TP_OK;
 }
 
 int ckpt_writer_add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int *id_out)
@@ -297,7 +297,7 @@ int ckpt_writer_add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int *
     if (w->num_tensors == w->capacity) {
         int capacity = w->capacity ? 2 * w->capacity : 64;
         tensor_state *grown = realloc(w->tensors, (size_t)capacity * sizeof *grown);
-        if (!grown) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
         w->tensors = grown;
         w->capacity = capacity;
         for (int k = 0; k < w->num_tensors; k++) ckpt_tensor_copy_rebind(&grown[k].tensor);
@@ -309,12 +309,12 @@ int ckpt_writer_add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int *
     if (status) return status;
     const ckpt_tensor_desc *t = &ts->tensor.desc;
     if (t->anchor == CKPT_ANCHOR_LAYER && t->layer >= w->layout.num_layers)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: layer %lld outside the model's %lld layers",
+        return tp_fail(TP_ERR_ARG, "tensor %s: layer %lld outside the model's %lld layers",
                          t->name, (long long)t->layer, (long long)w->layout.num_layers);
     ts->stage = ckpt_tensor_stage(t, &w->layout);
     ts->num_pieces = ckpt_piece_count(t, w->layout.tp);
     ts->pieces = calloc((size_t)ts->num_pieces, sizeof *ts->pieces);
-    if (!ts->pieces) return ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!ts->pieces) return tp_fail(TP_ERR_NOMEM, "out of memory");
     /* Registered before the pieces so that free_writer releases them on failure. */
     status = ckpt_name_map_insert(&w->names, t->name, w->num_tensors, tensor_name_of, w);
     if (status) {
@@ -332,22 +332,22 @@ int ckpt_writer_add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int *
         }
     }
     *id_out = w->num_tensors - 1;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 static int get_piece(const ckpt_writer *w, int id, int piece, piece_state **out)
 {
     if (id < 0 || id >= w->num_tensors)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor id %d out of range (0..%d)", id, w->num_tensors - 1);
+        return tp_fail(TP_ERR_ARG, "tensor id %d out of range (0..%d)", id, w->num_tensors - 1);
     const tensor_state *ts = &w->tensors[id];
     if (piece < 0 || piece >= ts->num_pieces)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: piece %d out of range (0..%d)", ts->tensor.name,
+        return tp_fail(TP_ERR_ARG, "tensor %s: piece %d out of range (0..%d)", ts->tensor.name,
                          piece, ts->num_pieces - 1);
     if (ts->pieces[piece].shard < 0)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s: piece %d belongs to a shard this writer does not write",
+        return tp_fail(TP_ERR_ARG, "tensor %s: piece %d belongs to a shard this writer does not write",
                          ts->tensor.name, piece);
     *out = &ts->pieces[piece];
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int ckpt_writer_owns_piece(const ckpt_writer *w, int id, int piece)
@@ -370,15 +370,15 @@ static int write_chunks(ckpt_writer *w, const tensor_state *ts, const piece_stat
     const ckpt_piece_geometry *g = &ps->geometry;
     const shard_file *s = &w->shards[ps->shard];
     size_t chunk_bytes = (size_t)(g->block_rows * g->row_bytes);
-    size_t element_size = ckpt_dtype_size(ts->tensor.desc.dtype);
+    size_t element_size = tp_dtype_size(ts->tensor.desc.dtype);
     size_t capacity = ckpt_zstd_bound(chunk_bytes);
     char *padded = alloc_pages(chunk_bytes), *shuffled = alloc_pages(chunk_bytes);
     char *packed = alloc_pages(capacity);
     char dset_path[CKPT_NAME_MAX + 32];
     snprintf(dset_path, sizeof dset_path, "/%s/%s", CKPT_TENSOR_GROUP, ts->tensor.name);
     hid_t dset = H5Dopen2(s->file, dset_path, H5P_DEFAULT);
-    int status = CKPT_OK;
-    if (!padded || !shuffled || !packed) status = ckpt_fail(CKPT_ERR_NOMEM, "out of memory");
+    int status = TP_OK;
+    if (!padded || !shuffled || !packed) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     else if (dset < 0) status = ckpt_fail_hdf5("%s: cannot open tensor %s", s->path, ts->tensor.name);
     for (int64_t b = first; !status && b < first + count; b++) {
         int64_t rows = g->rows - b * g->block_rows;
@@ -421,12 +421,12 @@ int ckpt_writer_put_rows(ckpt_writer *w, int id, int piece, int64_t row_start, i
     const tensor_state *ts = &w->tensors[id];
     const ckpt_piece_geometry *g = &ps->geometry;
     if (row_start < 0 || row_count < 1 || row_start + row_count > g->rows)
-        return ckpt_fail(CKPT_ERR_ARG, "tensor %s piece %d: rows [%lld, %lld) outside 0..%lld",
+        return tp_fail(TP_ERR_ARG, "tensor %s piece %d: rows [%lld, %lld) outside 0..%lld",
                          ts->tensor.name, piece, (long long)row_start,
                          (long long)(row_start + row_count), (long long)g->rows);
     if (row_start % g->block_rows != 0 ||
         (row_count % g->block_rows != 0 && row_start + row_count != g->rows))
-        return ckpt_fail(CKPT_ERR_ARG,
+        return tp_fail(TP_ERR_ARG,
                          "tensor %s piece %d: rows [%lld, %lld) do not cover whole blocks of %lld rows",
                          ts->tensor.name, piece, (long long)row_start,
                          (long long)(row_start + row_count), (long long)g->block_rows);
@@ -435,7 +435,7 @@ int ckpt_writer_put_rows(ckpt_writer *w, int id, int piece, int64_t row_start, i
     pthread_mutex_lock(&w->lock);
     for (int64_t b = first; b < first + count && !status; b++)
         if (ps->block_done[b])
-            status = ckpt_fail(CKPT_ERR_STATE, "tensor %s piece %d: rows from %lld written twice",
+            status = tp_fail(TP_ERR_STATE, "tensor %s piece %d: rows from %lld written twice",
                                ts->tensor.name, piece, (long long)(b * g->block_rows));
     for (int64_t b = first; b < first + count && !status; b++) ps->block_done[b] = 2; /* claimed */
     pthread_mutex_unlock(&w->lock);
@@ -478,14 +478,14 @@ int ckpt_writer_put_piece(ckpt_writer *w, int id, int piece, const void *data)
 static int seal_shard(ckpt_writer *w, int s)
 {
     shard_file *sf = &w->shards[s];
-    int status = CKPT_OK;
+    int status = TP_OK;
     for (int i = 0; i < w->num_tensors && !status; i++) {
         tensor_state *ts = &w->tensors[i];
         for (int p = 0; p < ts->num_pieces && !status; p++) {
             piece_state *ps = &ts->pieces[p];
             if (ps->shard != s) continue;
             if (ps->blocks_done != ps->geometry.num_blocks) {
-                status = ckpt_fail(CKPT_ERR_STATE,
+                status = tp_fail(TP_ERR_STATE,
                                    "tensor %s piece %d is incomplete: %lld of %lld blocks written",
                                    ts->tensor.name, p, (long long)ps->blocks_done,
                                    (long long)ps->geometry.num_blocks);
@@ -506,7 +506,7 @@ static int seal_shard(ckpt_writer *w, int s)
         status = ckpt_fail_hdf5("%s: cannot close shard file", sf->path);
     sf->file = -1;
     if (!status && fsync(sf->fd) != 0)
-        status = ckpt_fail(CKPT_ERR_IO, "%s: fsync failed: %s", sf->path, strerror(errno));
+        status = tp_fail(TP_ERR_IO, "%s: fsync failed: %s", sf->path, strerror(errno));
     return status;
 }
 
@@ -517,7 +517,7 @@ static int seal_all(ckpt_writer *w)
         int status = seal_shard(w, s);
         if (status) return status;
     }
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int ckpt_writer_finish(ckpt_writer *w)
@@ -531,7 +531,7 @@ int ckpt_writer_commit(ckpt_writer *w, const ckpt_train_state *state)
 {
     if (w->distributed) {
         ckpt_writer_abort(w);
-        return ckpt_fail(CKPT_ERR_STATE, "a distributed writer ends with ckpt_writer_finish");
+        return tp_fail(TP_ERR_STATE, "a distributed writer ends with ckpt_writer_finish");
     }
     int status = seal_all(w);
     if (!status) status = ckpt_commit_directory(w->staging, w->path, &w->layout, state, &w->options);
@@ -540,7 +540,7 @@ int ckpt_writer_commit(ckpt_writer *w, const ckpt_train_state *state)
         return status;
     }
     free_writer(w);
-    return CKPT_OK;
+    return TP_OK;
 }
 
 void ckpt_writer_abort(ckpt_writer *w)
@@ -561,7 +561,7 @@ int ckpt_commit_staged(const char *path, const ckpt_layout *layout, const ckpt_t
     char staging[CKPT_PATH_MAX];
     status = ckpt_staging_path(path, staging, sizeof staging);
     if (!status && !ckpt_path_exists(staging))
-        status = ckpt_fail(CKPT_ERR_STATE, "%s: no staging directory %s to commit", path, staging);
+        status = tp_fail(TP_ERR_STATE, "%s: no staging directory %s to commit", path, staging);
     if (!status) status = ckpt_commit_directory(staging, path, layout, state, options);
     return status;
 }

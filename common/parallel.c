@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "error.h"
 #include "parallel.h"
 
 typedef struct {
@@ -16,7 +17,7 @@ typedef struct {
     pthread_mutex_t lock;
     int64_t failed_task;
     int failed_status;
-    parallel_failure *failure;
+    char message[2048]; /* of the failed task */
 } loop_state;
 
 typedef struct {
@@ -37,8 +38,7 @@ static void *worker(void *arg)
             if (s->failed_task < 0 || i < s->failed_task) {
                 s->failed_task = i;
                 s->failed_status = status;
-                if (s->failure && s->failure->message)
-                    snprintf(s->failure->text, sizeof s->failure->text, "%s", s->failure->message());
+                snprintf(s->message, sizeof s->message, "%s", tp_errmsg());
             }
             pthread_mutex_unlock(&s->lock);
             atomic_store(&s->stop, 1);
@@ -47,14 +47,12 @@ static void *worker(void *arg)
     return NULL;
 }
 
-int parallel_for(int64_t n, int threads, parallel_task task, void *ctx, parallel_failure *failure)
+int parallel_for(int64_t n, int threads, parallel_task task, void *ctx)
 {
-    if (failure) failure->text[0] = '\0';
-    if (n <= 0) return 0;
+    if (n <= 0) return TP_OK;
     if (threads < 1) threads = 1;
     if (threads > n) threads = (int)n;
-    loop_state s = {.n = n, .task = task, .ctx = ctx, .failed_task = -1, .failed_status = 0,
-                    .failure = failure};
+    loop_state s = {.n = n, .task = task, .ctx = ctx, .failed_task = -1, .failed_status = TP_OK};
     atomic_init(&s.next, 0);
     atomic_init(&s.stop, 0);
     pthread_mutex_init(&s.lock, NULL);
@@ -74,7 +72,8 @@ int parallel_for(int64_t n, int threads, parallel_task task, void *ctx, parallel
     free(ids);
     free(args);
     pthread_mutex_destroy(&s.lock);
-    return s.failed_status;
+    if (s.failed_status != TP_OK) return tp_fail(s.failed_status, "%s", s.message);
+    return TP_OK;
 }
 
 int parallel_cpu_count(void)

@@ -1,22 +1,30 @@
-/* kernels.h: arithmetic kernels. Each exists as a plain CPU function and, in
- * builds with CUDA, as a GPU twin that is tested bit for bit against it. */
+/* kernels.h: the arithmetic of the project, one header for every backend.
+ *
+ * Every operation has a plain CPU version (cpu/) that is obviously correct
+ * and is the reference its faster twins are tested against. CUDA twins
+ * (cuda/, built when nvcc is present) exist today for the conversions and
+ * the strided moves, bit for bit equal to the CPU; the transformer
+ * operations below get theirs with the GPU trainer. A build without CUDA
+ * links cuda/none.c, whose entry points report that there is no device.
+ *
+ * Arrays are row-major; shapes are in the comments. Functions that can fail
+ * return a tp_status with the message in tp_errmsg() (common/error.h). */
 #ifndef TP_KERNELS_H
 #define TP_KERNELS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* Floating-point storage formats the kernels convert between. */
-typedef enum { NUMBER_F32 = 0, NUMBER_BF16 = 1, NUMBER_F16 = 2 } number_format;
+#include "../common/dtype.h"
 
-size_t number_format_size(number_format format);
+/* ============================================================ data movement */
 
 /* Converts n values; out may not overlap in. Narrowing rounds to nearest,
  * ties to even; overflow gives infinity; NaN stays NaN (quiet). */
-void convert_to_f32(const void *in, number_format in_format, float *out, int64_t n);
-void convert_from_f32(const float *in, void *out, number_format out_format, int64_t n);
+void convert_to_f32(const void *in, tp_dtype in_format, float *out, int64_t n);
+void convert_from_f32(const float *in, void *out, tp_dtype out_format, int64_t n);
 /* Any format to any format (through fp32, which is exact for widening). */
-void convert_numbers(const void *in, number_format in_format, void *out, number_format out_format,
+void convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format,
                      int64_t n);
 
 /* A strided move: `repeat` times, copy `len` elements from src to dst, then
@@ -30,16 +38,16 @@ typedef struct {
 
 /* Applies moves from src (in src_format) to dst (in dst_format), converting
  * as convert_numbers does. Moves must not overlap in dst. */
-void moves_apply(const void *src, number_format src_format, void *dst, number_format dst_format,
+void moves_apply(const void *src, tp_dtype src_format, void *dst, tp_dtype dst_format,
                  const strided_move *moves, int64_t count);
 
 /* out[c * out_stride + r] = in[r * in_stride + c] for r < rows, c < cols,
  * converted as convert_numbers does; in tiles, so that both sides stay in
  * cache (strides in elements). CPU only: export's transposition. */
-void transpose_numbers(const void *in, number_format in_format, int64_t rows, int64_t cols, int64_t in_stride,
-                       void *out, number_format out_format, int64_t out_stride);
+void transpose_numbers(const void *in, tp_dtype in_format, int64_t rows, int64_t cols, int64_t in_stride,
+                       void *out, tp_dtype out_format, int64_t out_stride);
 
-/* ----------------------------------------------------------------- CUDA */
+/* =================================================================== CUDA */
 
 /* Number of usable CUDA devices: 0 without a GPU or in a build without CUDA. */
 int cuda_device_count(void);
@@ -47,32 +55,26 @@ int cuda_device_count(void);
 /* Whether this build includes the CUDA kernels. */
 int cuda_built(void);
 
-/* GPU twin of convert_numbers on host buffers. Returns 0, or -1 with a
- * message in err (no GPU, build without CUDA, CUDA error). */
-int cuda_convert_numbers(const void *in, number_format in_format, void *out,
-                         number_format out_format, int64_t n, char *err, size_t err_size);
+/* GPU twin of convert_numbers on host buffers. Fails with TP_ERR_DEVICE
+ * (no GPU, a build without CUDA, a CUDA error). */
+int cuda_convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format, int64_t n);
 
 /* A GPU mover: pinned host buffers, device buffers and a stream of its own,
  * for one worker thread. The caller fills staging (host), run() copies it to
  * the device, applies the moves there and brings the output back. */
 typedef struct cuda_mover cuda_mover;
 
-int cuda_mover_create(cuda_mover **out, size_t staging_bytes, size_t output_bytes, int64_t max_moves,
-                      char *err, size_t err_size);
+int cuda_mover_create(cuda_mover **out, size_t staging_bytes, size_t output_bytes, int64_t max_moves);
 void *cuda_mover_staging(cuda_mover *mover); /* pinned, staging_bytes */
 void *cuda_mover_output(cuda_mover *mover);  /* pinned, output_bytes */
-int cuda_mover_run(cuda_mover *mover, size_t staging_used, number_format src_format, size_t output_used,
-                   number_format dst_format, const strided_move *moves, int64_t count, char *err,
-                   size_t err_size);
+int cuda_mover_run(cuda_mover *mover, size_t staging_used, tp_dtype src_format, size_t output_used,
+                   tp_dtype dst_format, const strided_move *moves, int64_t count);
 void cuda_mover_free(cuda_mover *mover);
 
-#endif
-
-/* ====================================================================
- * Transformer arithmetic, fp32, row-major. Shapes are in the comments;
- * N counts rows (batch x time). Backward functions accumulate (+=) into
- * parameter gradients and overwrite input gradients unless said otherwise.
- * ==================================================================== */
+/* ================================================= transformer arithmetic
+ * fp32. N counts rows (batch x time). Backward functions accumulate (+=)
+ * into parameter gradients and overwrite input gradients unless said
+ * otherwise. CPU only today. */
 
 /* Threads the matrix products may use (OpenBLAS). */
 void kernels_set_threads(int threads);
@@ -137,3 +139,5 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
  * first, then the bias-corrected Adam update). step counts from 1. */
 void adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t step);
+
+#endif

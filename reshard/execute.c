@@ -43,7 +43,7 @@ static int run_slab(void *ctx, int64_t k, int thread)
     slab_ops *ops = &job->ops[thread];
     int status = reshard_slab_ops(plan, s, ops);
     if (status) return status;
-    size_t src_size = ckpt_dtype_size(src->dtype), out_size = ckpt_dtype_size(t->out.desc.dtype);
+    size_t src_size = tp_dtype_size(src->dtype), out_size = tp_dtype_size(t->out.desc.dtype);
     int cuda = plan->use_cuda;
     char *staging = cuda ? cuda_mover_staging(job->movers[thread]) : job->staging[thread];
     char *output = cuda ? cuda_mover_output(job->movers[thread]) : job->output[thread];
@@ -55,19 +55,17 @@ static int run_slab(void *ctx, int64_t k, int thread)
         size_t offset = (size_t)op->staging * src_size;
         status = ckpt_reader_read_rows(plan->source, t->source, op->piece, op->row0, op->row1 - op->row0,
                                        target + offset, target_size - offset);
-        if (status) return reshard_ckpt_error(status);
+        if (status) return status;
     }
     if (cuda) {
-        char err[512];
-        if (cuda_mover_run(job->movers[thread], (size_t)ops->staging_elements * src_size, reshard_format(src->dtype),
-                           (size_t)ops->output_elements * out_size, reshard_format(t->out.desc.dtype), ops->moves,
-                           ops->num_moves, err, sizeof err))
-            return reshard_fail(CKPT_ERR_IO, "tensor %s: GPU: %s", t->out.name, err);
+        status = cuda_mover_run(job->movers[thread], (size_t)ops->staging_elements * src_size, src->dtype,
+                                (size_t)ops->output_elements * out_size, t->out.desc.dtype, ops->moves, ops->num_moves);
+        if (status) return tp_fail_context(status, "tensor %s: GPU", t->out.name);
     } else if (target == output) {
         for (int64_t m = 0; m < ops->num_moves; m++) /* only the zero fills remain */
-            if (ops->moves[m].src < 0) moves_apply(NULL, NUMBER_F32, output, reshard_format(t->out.desc.dtype), &ops->moves[m], 1);
+            if (ops->moves[m].src < 0) moves_apply(NULL, TP_FP32, output, t->out.desc.dtype, &ops->moves[m], 1);
     } else {
-        moves_apply(staging, reshard_format(src->dtype), output, reshard_format(t->out.desc.dtype), ops->moves,
+        moves_apply(staging, src->dtype, output, t->out.desc.dtype, ops->moves,
                     ops->num_moves);
     }
     int64_t rows = s->row1 - s->row0;
@@ -75,11 +73,11 @@ static int run_slab(void *ctx, int64_t k, int thread)
     for (int p = first; p <= last && !status; p++) {
         const char *data = output + (size_t)((p - first) * rows * t->out_row) * out_size;
         status = ckpt_writer_put_rows(job->writer, job->ids[s->tensor], p, s->row0, rows, data);
-        if (status) return reshard_ckpt_error(status);
+        if (status) return status;
     }
     if (plan->options.on_bytes)
         plan->options.on_bytes(plan->options.progress_ctx, ops->output_elements * (int64_t)out_size);
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* The source's training state, with the model's dtype updated when the
@@ -92,10 +90,10 @@ static int output_state(const reshard_plan *plan, ckpt_train_state *out, char **
     if (!m || !u) {
         cJSON_Delete(m);
         cJSON_Delete(u);
-        return reshard_fail(CKPT_ERR_FORMAT, "source training state is not valid JSON");
+        return tp_fail(TP_ERR_FORMAT, "source training state is not valid JSON");
     }
     if (plan->options.param_dtype >= 0 && cJSON_IsString(cJSON_GetObjectItem(m, "dtype")))
-        cJSON_ReplaceItemInObject(m, "dtype", cJSON_CreateString(ckpt_dtype_name((ckpt_dtype)plan->options.param_dtype)));
+        cJSON_ReplaceItemInObject(m, "dtype", cJSON_CreateString(tp_dtype_name((tp_dtype)plan->options.param_dtype)));
     cJSON_DeleteItemFromObject(u, "reshard");
     cJSON *note = cJSON_AddObjectToObject(u, "reshard");
     cJSON_AddStringToObject(note, "source", ckpt_reader_path(plan->source));
@@ -108,7 +106,7 @@ static int output_state(const reshard_plan *plan, ckpt_train_state *out, char **
     cJSON_Delete(u);
     out->model_json = *model;
     out->user_json = *user;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int reshard_execute(reshard_plan *plan, const char *out_path)
@@ -122,37 +120,32 @@ int reshard_execute(reshard_plan *plan, const char *out_path)
     write_options.update_latest = plan->options.update_latest;
     ckpt_writer *writer = NULL;
     int status = ckpt_writer_create(&writer, out_path, &plan->to, &write_options);
-    if (status) return reshard_ckpt_error(status);
+    if (status) return status;
 
     exec_job job = {plan, writer, calloc((size_t)plan->num_tensors + 1, sizeof(int)),
                     calloc((size_t)threads, sizeof(char *)), calloc((size_t)threads, sizeof(char *)),
                     calloc((size_t)threads, sizeof(cuda_mover *)), calloc((size_t)threads, sizeof(slab_ops))};
     if (!job.ids || !job.staging || !job.output || !job.movers || !job.ops)
-        status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+        status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < plan->num_tensors && !status; i++) {
         status = ckpt_writer_add_tensor(writer, &plan->tensors[i].out.desc, &job.ids[i]);
-        if (status) status = reshard_ckpt_error(status);
+        if (status) status = status;
     }
     malloc_trim(0); /* what declaring every output dataset left behind */
     for (int t = 0; t < threads && !status; t++) {
         if (plan->use_cuda) {
-            char err[512];
-            if (cuda_mover_create(&job.movers[t], (size_t)plan->max_staging_bytes, (size_t)plan->max_output_bytes,
-                                  plan->max_moves, err, sizeof err))
-                status = reshard_fail(CKPT_ERR_IO, "GPU: %s", err);
+            status = cuda_mover_create(&job.movers[t], (size_t)plan->max_staging_bytes, (size_t)plan->max_output_bytes,
+                                       plan->max_moves);
+            if (status) tp_fail_context(status, "GPU");
         } else {
             job.staging[t] = alloc_pages((size_t)plan->max_staging_bytes);
             job.output[t] = alloc_pages((size_t)plan->max_output_bytes);
             if (!job.staging[t] || !job.output[t])
-                status = reshard_fail(CKPT_ERR_NOMEM, "out of memory for %lld-byte slab buffers",
+                status = tp_fail(TP_ERR_NOMEM, "out of memory for %lld-byte slab buffers",
                                       (long long)plan->max_output_bytes);
         }
     }
-    if (!status) {
-        parallel_failure failure = {reshard_errmsg, ""};
-        status = parallel_for(plan->num_slabs, threads, run_slab, &job, &failure);
-        if (status) reshard_fail(status, "%s", failure.text);
-    }
+    if (!status) status = parallel_for(plan->num_slabs, threads, run_slab, &job);
     for (int t = 0; t < threads && job.ops; t++) {
         if (job.staging) free(job.staging[t]);
         if (job.output) free(job.output[t]);
@@ -178,5 +171,5 @@ int reshard_execute(reshard_plan *plan, const char *out_path)
     status = ckpt_writer_commit(writer, &state);
     cJSON_free(model);
     cJSON_free(user);
-    return status ? reshard_ckpt_error(status) : CKPT_OK;
+    return status ? status : TP_OK;
 }

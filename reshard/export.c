@@ -31,8 +31,8 @@ int export_format_parse(const char *text, export_format *out)
 {
     static const char *const names[] = {"safetensors", "gguf", "hdf5"};
     for (int i = 0; i < 3; i++)
-        if (strcmp(text, names[i]) == 0) return *out = (export_format)i, CKPT_OK;
-    return reshard_fail(CKPT_ERR_ARG, "unknown format '%s': expected safetensors, gguf or hdf5", text);
+        if (strcmp(text, names[i]) == 0) return *out = (export_format)i, TP_OK;
+    return tp_fail(TP_ERR_ARG, "unknown format '%s': expected safetensors, gguf or hdf5", text);
 }
 
 void export_options_init(export_options *o)
@@ -44,7 +44,7 @@ void export_options_init(export_options *o)
 typedef struct {
     int source;                     /* index in the reader */
     const export_tensor *spec;
-    ckpt_dtype in, out;             /* stored and written dtypes */
+    tp_dtype in, out;             /* stored and written dtypes */
     int ndim;
     int64_t shape[CKPT_MAX_DIMS];   /* as written (transposed when asked) */
     int64_t rows, row_elements;     /* shape[0] and the elements of one row */
@@ -90,15 +90,15 @@ static int64_t align_up(int64_t n, int64_t a)
     return (n + a - 1) / a * a;
 }
 
-static const char *safetensors_dtype(ckpt_dtype dtype)
+static const char *safetensors_dtype(tp_dtype dtype)
 {
-    return dtype == CKPT_BF16 ? "BF16" : dtype == CKPT_FP16 ? "F16" : "F32";
+    return dtype == TP_BF16 ? "BF16" : dtype == TP_FP16 ? "F16" : "F32";
 }
 
 /* ggml_type ids: F32 0, F16 1, BF16 30. */
-static uint32_t ggml_type(ckpt_dtype dtype)
+static uint32_t ggml_type(tp_dtype dtype)
 {
-    return dtype == CKPT_BF16 ? 30 : dtype == CKPT_FP16 ? 1 : 0;
+    return dtype == TP_BF16 ? 30 : dtype == TP_FP16 ? 1 : 0;
 }
 
 /* ------------------------------------------------------------------- plan */
@@ -106,43 +106,43 @@ static uint32_t ggml_type(ckpt_dtype dtype)
 static int plan_tensors(exporter *x, const export_tensor *specs, int count)
 {
     x->tensors = calloc((size_t)count + 1, sizeof *x->tensors);
-    if (!x->tensors) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!x->tensors) return tp_fail(TP_ERR_NOMEM, "out of memory");
     x->count = count;
     for (int i = 0; i < count; i++) {
         out_tensor *t = &x->tensors[i];
         t->spec = &specs[i];
         t->source = ckpt_reader_find(x->source, specs[i].source);
         if (t->source < 0)
-            return reshard_fail(CKPT_ERR_NOT_FOUND, "%s: no tensor %s to export as %s", ckpt_reader_path(x->source),
+            return tp_fail(TP_ERR_NOT_FOUND, "%s: no tensor %s to export as %s", ckpt_reader_path(x->source),
                                 specs[i].source, specs[i].name);
         for (int j = 0; j < i; j++)
             if (strcmp(specs[j].name, specs[i].name) == 0)
-                return reshard_fail(CKPT_ERR_ARG, "output name %s given twice (for %s and %s)", specs[i].name,
+                return tp_fail(TP_ERR_ARG, "output name %s given twice (for %s and %s)", specs[i].name,
                                     specs[j].source, specs[i].source);
         const ckpt_tensor_desc *d = ckpt_reader_tensor(x->source, t->source);
         t->in = d->dtype;
-        t->out = x->o->dtype >= 0 ? (ckpt_dtype)x->o->dtype : d->dtype;
+        t->out = x->o->dtype >= 0 ? (tp_dtype)x->o->dtype : d->dtype;
         /* llama.cpp's converter keeps norms and biases in fp32: many of its
          * kernels take only fp32 there. */
-        if (x->o->format == EXPORT_GGUF && d->ndim == 1) t->out = CKPT_FP32;
+        if (x->o->format == EXPORT_GGUF && d->ndim == 1) t->out = TP_FP32;
         t->ndim = d->ndim;
         memcpy(t->shape, d->shape, sizeof t->shape);
         if (specs[i].transpose) {
             if (d->ndim != 2)
-                return reshard_fail(CKPT_ERR_ARG, "tensor %s has %d dimensions; only matrices can be transposed",
+                return tp_fail(TP_ERR_ARG, "tensor %s has %d dimensions; only matrices can be transposed",
                                     d->name, d->ndim);
             t->shape[0] = d->shape[1];
             t->shape[1] = d->shape[0];
         }
         if (x->o->format == EXPORT_GGUF && (d->ndim > 4 || strlen(specs[i].name) > GGUF_MAX_NAME))
-            return reshard_fail(CKPT_ERR_ARG, "tensor %s cannot be stored in GGUF as %s: %s", d->name, specs[i].name,
+            return tp_fail(TP_ERR_ARG, "tensor %s cannot be stored in GGUF as %s: %s", d->name, specs[i].name,
                                 d->ndim > 4 ? "more than 4 dimensions" : "the name is longer than 63 bytes");
         t->rows = t->shape[0];
         t->row_elements = 1;
         for (int k = 1; k < t->ndim; k++) t->row_elements *= t->shape[k];
-        t->bytes = t->rows * t->row_elements * (int64_t)ckpt_dtype_size(t->out);
+        t->bytes = t->rows * t->row_elements * (int64_t)tp_dtype_size(t->out);
     }
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* Bands of output rows within the per-thread share of the memory limit
@@ -160,7 +160,7 @@ static int plan_bands(exporter *x)
     const char *widest_name = "";
     for (int i = 0; i < x->count; i++) {
         out_tensor *t = &x->tensors[i];
-        int64_t in_size = (int64_t)ckpt_dtype_size(t->in), out_size = (int64_t)ckpt_dtype_size(t->out);
+        int64_t in_size = (int64_t)tp_dtype_size(t->in), out_size = (int64_t)tp_dtype_size(t->out);
         if (t->spec->transpose) {
             ckpt_piece_info info;
             ckpt_reader_piece_info(x->source, t->source, 0, &info);
@@ -185,7 +185,7 @@ static int plan_bands(exporter *x)
         if (share >= widest) break;
     }
     if (threads < 1)
-        return reshard_fail(CKPT_ERR_ARG,
+        return tp_fail(TP_ERR_ARG,
                             "memory limit %lld bytes is too small: a row of tensor %s takes %lld bytes of buffers "
                             "beside %lld of overhead (raise --memory-limit)",
                             (long long)limit, widest_name, (long long)widest,
@@ -193,7 +193,7 @@ static int plan_bands(exporter *x)
     x->num_bands = 0;
     for (int i = 0; i < x->count; i++) {
         out_tensor *t = &x->tensors[i];
-        int64_t in_size = (int64_t)ckpt_dtype_size(t->in), out_size = (int64_t)ckpt_dtype_size(t->out);
+        int64_t in_size = (int64_t)tp_dtype_size(t->in), out_size = (int64_t)tp_dtype_size(t->out);
         int64_t target = t->spec->transpose ? share : (share < BAND_TARGET_BYTES ? share : BAND_TARGET_BYTES);
         t->band_rows = target / t->per_row;
         if (t->band_rows > t->rows) t->band_rows = t->rows;
@@ -205,7 +205,7 @@ static int plan_bands(exporter *x)
         if (t->staging_at + t->staging_bytes > x->buffer_bytes) x->buffer_bytes = t->staging_at + t->staging_bytes;
     }
     x->bands = calloc((size_t)x->num_bands + 1, sizeof *x->bands);
-    if (!x->bands) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!x->bands) return tp_fail(TP_ERR_NOMEM, "out of memory");
     int64_t k = 0;
     for (int i = 0; i < x->count; i++)
         for (int64_t r = 0; r < x->tensors[i].rows; r += x->tensors[i].band_rows) {
@@ -213,7 +213,7 @@ static int plan_bands(exporter *x)
             x->bands[k++] = (band){i, r, end < x->tensors[i].rows ? end : x->tensors[i].rows};
         }
     x->threads = threads < x->num_bands ? threads : (int)(x->num_bands > 0 ? x->num_bands : 1);
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* ----------------------------------------------------------- file layouts */
@@ -223,9 +223,9 @@ static int create_files(exporter *x, int num_files)
     x->num_files = num_files;
     x->fds = malloc((size_t)num_files * sizeof *x->fds);
     x->file_names = calloc((size_t)num_files, sizeof *x->file_names);
-    if (!x->fds || !x->file_names) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!x->fds || !x->file_names) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int f = 0; f < num_files; f++) x->fds[f] = -1;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* Opens file f under the staging directory (or the staging file itself),
@@ -236,27 +236,27 @@ static int open_file(exporter *x, int f, int64_t size)
     if (x->file_names[f][0]) snprintf(path, sizeof path, "%s/%s", x->staging, x->file_names[f]);
     else snprintf(path, sizeof path, "%s", x->staging);
     x->fds[f] = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (x->fds[f] < 0) return reshard_fail(CKPT_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (x->fds[f] < 0) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     if (ftruncate(x->fds[f], (off_t)size) != 0)
-        return reshard_fail(CKPT_ERR_IO, "%s: cannot size to %lld bytes: %s", path, (long long)size, strerror(errno));
-    return CKPT_OK;
+        return tp_fail(TP_ERR_IO, "%s: cannot size to %lld bytes: %s", path, (long long)size, strerror(errno));
+    return TP_OK;
 }
 
 static int write_at(exporter *x, int f, int64_t offset, const void *data, size_t bytes)
 {
-    if (x->flat) return ckpt_flat_write(x->flat, offset, data, bytes) ? reshard_ckpt_error(CKPT_ERR_IO) : CKPT_OK;
+    if (x->flat) return ckpt_flat_write(x->flat, offset, data, bytes) ? TP_ERR_IO : TP_OK;
     const char *p = data;
     while (bytes > 0) {
         ssize_t n = pwrite(x->fds[f], p, bytes, (off_t)offset);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0)
-            return reshard_fail(CKPT_ERR_IO, "%s/%s: write of %zu bytes at offset %lld failed: %s", x->staging,
+            return tp_fail(TP_ERR_IO, "%s/%s: write of %zu bytes at offset %lld failed: %s", x->staging,
                                 x->file_names[f], bytes, (long long)offset, n < 0 ? strerror(errno) : "no progress");
         p += n;
         bytes -= (size_t)n;
         offset += n;
     }
-    return CKPT_OK;
+    return TP_OK;
 }
 
 static int write_text_file(exporter *x, const char *name, const char *text)
@@ -264,12 +264,12 @@ static int write_text_file(exporter *x, const char *name, const char *text)
     char path[4096 + 80];
     snprintf(path, sizeof path, "%s/%s", x->staging, name);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return reshard_fail(CKPT_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     size_t size = strlen(text);
     int ok = write(fd, text, size) == (ssize_t)size && fsync(fd) == 0;
     int err = errno;
     close(fd);
-    return ok ? CKPT_OK : reshard_fail(CKPT_ERR_IO, "%s: cannot write: %s", path, strerror(err));
+    return ok ? TP_OK : tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(err));
 }
 
 /* safetensors: in list order, a new file whenever the next tensor would take
@@ -312,14 +312,14 @@ static int layout_safetensors(exporter *x)
         }
         char *json = cJSON_PrintUnformatted(header);
         cJSON_Delete(header);
-        if (!json) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+        if (!json) return tp_fail(TP_ERR_NOMEM, "out of memory");
         /* The length, then the JSON padded with spaces to a multiple of 8 bytes
          * (the reference writer's alignment), then the data. */
         size_t length = strlen(json), padded = (length + 7) / 8 * 8;
         char *head = malloc(8 + padded);
         if (!head) {
             cJSON_free(json);
-            return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+            return tp_fail(TP_ERR_NOMEM, "out of memory");
         }
         uint64_t n = padded;
         memcpy(head, &n, 8); /* little-endian host (ckpt/internal.h) */
@@ -346,7 +346,7 @@ static int by_name(const void *a, const void *b)
 static int write_safetensors_index(exporter *x)
 {
     const out_tensor **sorted = malloc((size_t)x->count * sizeof *sorted);
-    if (!sorted) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!sorted) return tp_fail(TP_ERR_NOMEM, "out of memory");
     int64_t total = 0;
     for (int i = 0; i < x->count; i++) {
         sorted[i] = &x->tensors[i];
@@ -360,7 +360,7 @@ static int write_safetensors_index(exporter *x)
     free(sorted);
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
-    if (!text) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!text) return tp_fail(TP_ERR_NOMEM, "out of memory");
     int status = write_text_file(x, "model.safetensors.index.json", text);
     cJSON_free(text);
     return status;
@@ -436,13 +436,13 @@ static int layout_gguf(exporter *x)
     put_u64(&b, (uint64_t)o->num_kvs + 1);
     for (int i = 0; i < o->num_kvs; i++) put_kv(&b, &o->kvs[i]);
     /* llama_ftype: the type of the matrices (ALL_F32 0, MOSTLY_F16 1, MOSTLY_BF16 32). */
-    ckpt_dtype matrices = CKPT_FP32;
+    tp_dtype matrices = TP_FP32;
     for (int i = 0; i < x->count; i++)
         if (x->tensors[i].ndim >= 2) {
             matrices = x->tensors[i].out;
             break;
         }
-    export_kv file_type = {"general.file_type", EXPORT_KV_U32, matrices == CKPT_BF16 ? 32 : matrices == CKPT_FP16 ? 1 : 0,
+    export_kv file_type = {"general.file_type", EXPORT_KV_U32, matrices == TP_BF16 ? 32 : matrices == TP_FP16 ? 1 : 0,
                            0, NULL, NULL, NULL, 0};
     put_kv(&b, &file_type);
     int64_t offset = 0;
@@ -458,7 +458,7 @@ static int layout_gguf(exporter *x)
         offset += align_up(t->bytes, GGUF_ALIGNMENT);
     }
     int64_t data_start = align_up((int64_t)b.size, GGUF_ALIGNMENT);
-    int status = b.failed ? reshard_fail(CKPT_ERR_NOMEM, "out of memory") : create_files(x, 1);
+    int status = b.failed ? tp_fail(TP_ERR_NOMEM, "out of memory") : create_files(x, 1);
     if (!status) status = open_file(x, 0, data_start + offset);
     if (!status) status = write_at(x, 0, 0, b.data, b.size);
     for (int i = 0; i < x->count; i++) x->tensors[i].offset += data_start;
@@ -469,7 +469,7 @@ static int layout_gguf(exporter *x)
 static int layout_hdf5(exporter *x, const char *out_path)
 {
     int status = ckpt_flat_create(&x->flat, out_path, x->o->overwrite);
-    if (status) return reshard_ckpt_error(status);
+    if (status) return status;
     for (int i = 0; i < x->count && !status; i++) {
         out_tensor *t = &x->tensors[i];
         t->file = 0;
@@ -477,7 +477,7 @@ static int layout_hdf5(exporter *x, const char *out_path)
     }
     for (int k = 0; !status && x->o->metadata && x->o->metadata[k] && x->o->metadata[k + 1]; k += 2)
         status = ckpt_flat_attribute(x->flat, x->o->metadata[k], x->o->metadata[k + 1]);
-    return status ? reshard_ckpt_error(status) : CKPT_OK;
+    return status ? status : TP_OK;
 }
 
 /* ------------------------------------------------------------------- data */
@@ -494,12 +494,12 @@ static int transposed_band(exporter *x, const out_tensor *t, const band *b, unsi
         int64_t n = R - r0 < t->block_rows ? R - r0 : t->block_rows;
         int64_t start[CKPT_MAX_DIMS] = {r0, b->row0}, count[CKPT_MAX_DIMS] = {n, columns};
         int status = ckpt_reader_read_region(x->source, t->source, start, count, staging, (size_t)t->staging_bytes);
-        if (status) return reshard_fail_ckpt(status, "exporting %s", t->spec->source);
+        if (status) return tp_fail_context(status, "exporting %s", t->spec->source);
         /* staging [n, columns] -> output[i, r0 .. r0 + n) for each column i */
-        transpose_numbers(staging, reshard_format(t->in), n, columns, columns,
-                          memory + r0 * (int64_t)ckpt_dtype_size(t->out), reshard_format(t->out), R);
+        transpose_numbers(staging, t->in, n, columns, columns,
+                          memory + r0 * (int64_t)tp_dtype_size(t->out), t->out, R);
     }
-    return CKPT_OK;
+    return TP_OK;
 }
 
 static int export_band(void *ctx, int64_t k, int thread)
@@ -509,7 +509,7 @@ static int export_band(void *ctx, int64_t k, int thread)
     const out_tensor *t = &x->tensors[b->tensor];
     unsigned char *output = x->buffers[thread].memory, *staging = output + t->staging_at;
     int64_t rows = b->row1 - b->row0, elements = rows * t->row_elements;
-    size_t out_size = ckpt_dtype_size(t->out);
+    size_t out_size = tp_dtype_size(t->out);
     int status;
     if (t->spec->transpose) {
         status = transposed_band(x, t, b, output);
@@ -521,8 +521,8 @@ static int export_band(void *ctx, int64_t k, int thread)
         count[0] = rows;
         status = ckpt_reader_read_region(x->source, t->source, start, count, converts ? staging : output,
                                          converts ? (size_t)t->staging_bytes : (size_t)elements * out_size);
-        if (status) status = reshard_fail_ckpt(status, "exporting %s", t->spec->source);
-        else if (converts) convert_numbers(staging, reshard_format(t->in), output, reshard_format(t->out), elements);
+        if (status) status = tp_fail_context(status, "exporting %s", t->spec->source);
+        else if (converts) convert_numbers(staging, t->in, output, t->out, elements);
     }
     if (!status)
         status = write_at(x, t->file, t->offset + b->row0 * t->row_elements * (int64_t)out_size, output,
@@ -534,26 +534,23 @@ static int export_band(void *ctx, int64_t k, int thread)
 static int stream_data(exporter *x)
 {
     x->buffers = calloc((size_t)x->threads, sizeof *x->buffers);
-    if (!x->buffers) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!x->buffers) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < x->threads; i++)
         if (!(x->buffers[i].memory = alloc_pages((size_t)x->buffer_bytes)))
-            return reshard_fail(CKPT_ERR_NOMEM, "out of memory for %lld bytes of export buffers",
+            return tp_fail(TP_ERR_NOMEM, "out of memory for %lld bytes of export buffers",
                                 (long long)x->buffer_bytes);
-    parallel_failure failure = {reshard_errmsg, ""};
-    int status = parallel_for(x->num_bands, x->threads, export_band, x, &failure);
-    if (status) return reshard_fail(status, "%s", failure.text);
-    return CKPT_OK;
+    return parallel_for(x->num_bands, x->threads, export_band, x);
 }
 
 /* ----------------------------------------------------------------- commit */
 
 static int close_files(exporter *x, int sync)
 {
-    int status = CKPT_OK;
+    int status = TP_OK;
     for (int f = 0; f < x->num_files; f++) {
         if (x->fds[f] < 0) continue;
         if (sync && !status && fsync(x->fds[f]) != 0)
-            status = reshard_fail(CKPT_ERR_IO, "%s/%s: fsync failed: %s", x->staging, x->file_names[f], strerror(errno));
+            status = tp_fail(TP_ERR_IO, "%s/%s: fsync failed: %s", x->staging, x->file_names[f], strerror(errno));
         close(x->fds[f]);
         x->fds[f] = -1;
     }
@@ -591,14 +588,14 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
     memset(&x, 0, sizeof x);
     x.source = source;
     x.o = options;
-    if (count < 1) return reshard_fail(CKPT_ERR_ARG, "nothing to export");
+    if (count < 1) return tp_fail(TP_ERR_ARG, "nothing to export");
     int status = plan_tensors(&x, tensors, count);
     if (!status) status = plan_bands(&x);
     int staged = 0;
     if (!status && options->format != EXPORT_HDF5) {
         status = ckpt_output_stage(out_path, options->overwrite, options->format == EXPORT_SAFETENSORS, x.staging,
                                    sizeof x.staging);
-        if (status) status = reshard_ckpt_error(status);
+        if (status) status = status;
         else staged = 1;
     }
     if (!status) {
@@ -617,11 +614,11 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
     if (!status) status = closed;
     if (!status && x.flat) {
         status = ckpt_flat_commit(x.flat);
-        if (status) status = reshard_ckpt_error(status);
+        if (status) status = status;
         x.flat = NULL;
     } else if (!status && staged) {
         status = ckpt_output_publish(x.staging, out_path, options->overwrite);
-        if (status) status = reshard_ckpt_error(status);
+        if (status) status = status;
         else staged = 0;
     }
     if (status) {

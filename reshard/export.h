@@ -10,8 +10,8 @@
  * before writing anything. Outputs are committed atomically: nothing appears
  * at the output path unless it is complete.
  *
- * Functions return a ckpt_status; the message of a failure in the calling
- * thread is reshard_errmsg(). Nothing is printed. */
+ * Functions return a tp_status; the message of a failure in the calling
+ * thread is tp_errmsg(). Nothing is printed. */
 #ifndef TP_RESHARD_EXPORT_H
 #define TP_RESHARD_EXPORT_H
 
@@ -50,7 +50,7 @@ typedef struct {
 
 typedef struct {
     export_format format;
-    int dtype;                  /* -1: as stored; else the ckpt_dtype of the output (GGUF keeps
+    int dtype;                  /* -1: as stored; else the tp_dtype of the output (GGUF keeps
                                    1-D tensors in fp32, as llama.cpp's converter does) */
     int64_t max_shard_bytes;    /* safetensors: tensor bytes per file; 0: EXPORT_DEFAULT_SHARD_BYTES */
     int64_t memory_limit;       /* buffers of all threads; 0: 1 GiB */
@@ -104,7 +104,7 @@ void safetensors_close(safetensors_set *set);
 typedef struct {
     const char *name;
     const char *file;   /* the file holding it */
-    ckpt_dtype dtype;   /* F32, BF16 or F16 (other dtypes fail on open only when imported) */
+    tp_dtype dtype;   /* F32, BF16 or F16 (other dtypes fail on open only when imported) */
     int supported;      /* dtype is one of those three */
     const char *dtype_name;
     int ndim;

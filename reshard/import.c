@@ -84,12 +84,12 @@ static int add_tensor(safetensors_set *set, const st_tensor *t)
     if (set->count == set->capacity) {
         int capacity = set->capacity ? 2 * set->capacity : 64;
         st_tensor *grown = realloc(set->tensors, (size_t)capacity * sizeof *grown);
-        if (!grown) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
         set->tensors = grown;
         set->capacity = capacity;
     }
     set->tensors[set->count++] = *t;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* One tensor entry of a header. */
@@ -103,7 +103,7 @@ static int parse_entry(safetensors_set *set, int file, const cJSON *item, st_ten
     const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     if (!cJSON_IsObject(item) || !cJSON_IsString(dtype) || !cJSON_IsArray(shape) || !cJSON_IsArray(offsets) ||
         cJSON_GetArraySize(offsets) != 2)
-        return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: expected {\"dtype\", \"shape\", \"data_offsets\": [begin, end]}",
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: expected {\"dtype\", \"shape\", \"data_offsets\": [begin, end]}",
                             path, item->string);
     int size = 0;
     for (size_t k = 0; k < sizeof st_dtypes / sizeof st_dtypes[0]; k++)
@@ -111,34 +111,34 @@ static int parse_entry(safetensors_set *set, int file, const cJSON *item, st_ten
             size = st_dtypes[k].size;
             t->info.dtype_name = st_dtypes[k].name;
         }
-    if (!size) return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: unknown dtype '%s'", path, item->string, dtype->valuestring);
+    if (!size) return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: unknown dtype '%s'", path, item->string, dtype->valuestring);
     t->info.supported = !strcmp(t->info.dtype_name, "F32") || !strcmp(t->info.dtype_name, "BF16") ||
                         !strcmp(t->info.dtype_name, "F16");
-    t->info.dtype = !strcmp(t->info.dtype_name, "BF16") ? CKPT_BF16 : !strcmp(t->info.dtype_name, "F16") ? CKPT_FP16 : CKPT_FP32;
+    t->info.dtype = !strcmp(t->info.dtype_name, "BF16") ? TP_BF16 : !strcmp(t->info.dtype_name, "F16") ? TP_FP16 : TP_FP32;
     t->info.ndim = cJSON_GetArraySize(shape);
     if (t->info.ndim > CKPT_MAX_DIMS)
-        return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s has %d dimensions, at most %d are supported", path,
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s has %d dimensions, at most %d are supported", path,
                             item->string, t->info.ndim, CKPT_MAX_DIMS);
     int64_t bytes = size;
     for (int d = 0; d < t->info.ndim; d++) {
         if (json_int(cJSON_GetArrayItem(shape, d), &t->info.shape[d]))
-            return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: shape entry %d is not a nonnegative integer", path,
+            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: shape entry %d is not a nonnegative integer", path,
                                 item->string, d);
         if (t->info.shape[d] > 0 && bytes > INT64_MAX / 2 / t->info.shape[d])
-            return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: shape too large", path, item->string);
+            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: shape too large", path, item->string);
         bytes *= t->info.shape[d];
     }
     if (json_int(cJSON_GetArrayItem(offsets, 0), &t->begin) || json_int(cJSON_GetArrayItem(offsets, 1), &t->end) ||
         t->end < t->begin)
-        return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: data_offsets must be [begin, end] with begin <= end", path,
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: data_offsets must be [begin, end] with begin <= end", path,
                             item->string);
     if (t->end - t->begin != bytes)
-        return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s: %s of %s shape needs %lld bytes, data_offsets [%lld, %lld] hold %lld",
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: %s of %s shape needs %lld bytes, data_offsets [%lld, %lld] hold %lld",
                             path, item->string, t->info.dtype_name, t->info.ndim ? "its" : "scalar", (long long)bytes,
                             (long long)t->begin, (long long)t->end, (long long)(t->end - t->begin));
     t->info.name = item->string; /* owned by the header, kept until close */
     t->info.file = path;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* Parses and checks one file; its tensors join the set. headers keeps the
@@ -147,25 +147,25 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
 {
     st_file *f = &set->files[file];
     int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return reshard_fail(CKPT_ERR_NOT_FOUND, "%s: cannot open: %s", f->path, strerror(errno));
+    if (fd < 0) return tp_fail(TP_ERR_NOT_FOUND, "%s: cannot open: %s", f->path, strerror(errno));
     struct stat st;
     uint64_t length = 0;
-    int status = CKPT_OK;
+    int status = TP_OK;
     char *text = NULL;
-    if (fstat(fd, &st) != 0) status = reshard_fail(CKPT_ERR_IO, "%s: %s", f->path, strerror(errno));
+    if (fstat(fd, &st) != 0) status = tp_fail(TP_ERR_IO, "%s: %s", f->path, strerror(errno));
     else if (st.st_size < 8)
-        status = reshard_fail(CKPT_ERR_FORMAT, "%s: %lld bytes: too short for the 8-byte header length (truncated?)",
+        status = tp_fail(TP_ERR_FORMAT, "%s: %lld bytes: too short for the 8-byte header length (truncated?)",
                               f->path, (long long)st.st_size);
-    else if (pread(fd, &length, 8, 0) != 8) status = reshard_fail(CKPT_ERR_IO, "%s: cannot read: %s", f->path, strerror(errno));
+    else if (pread(fd, &length, 8, 0) != 8) status = tp_fail(TP_ERR_IO, "%s: cannot read: %s", f->path, strerror(errno));
     else if (length > SAFETENSORS_MAX_HEADER)
-        status = reshard_fail(CKPT_ERR_FORMAT, "%s: header length %llu exceeds the limit of %d bytes (not a safetensors file?)",
+        status = tp_fail(TP_ERR_FORMAT, "%s: header length %llu exceeds the limit of %d bytes (not a safetensors file?)",
                               f->path, (unsigned long long)length, SAFETENSORS_MAX_HEADER);
     else if ((int64_t)length > st.st_size - 8)
-        status = reshard_fail(CKPT_ERR_FORMAT, "%s: header length %llu runs past the end of the %lld-byte file (truncated?)",
+        status = tp_fail(TP_ERR_FORMAT, "%s: header length %llu runs past the end of the %lld-byte file (truncated?)",
                               f->path, (unsigned long long)length, (long long)st.st_size);
-    else if (!(text = malloc(length + 1))) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    else if (!(text = malloc(length + 1))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     else if (pread(fd, text, length, 8) != (ssize_t)length)
-        status = reshard_fail(CKPT_ERR_IO, "%s: cannot read the header: %s", f->path, strerror(errno));
+        status = tp_fail(TP_ERR_IO, "%s: cannot read the header: %s", f->path, strerror(errno));
     if (!status) {
         f->size = st.st_size;
         f->data_start = 8 + (int64_t)length;
@@ -173,7 +173,7 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
             f->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
             if (f->map == MAP_FAILED) {
                 f->map = NULL;
-                status = reshard_fail(CKPT_ERR_IO, "%s: cannot map: %s", f->path, strerror(errno));
+                status = tp_fail(TP_ERR_IO, "%s: cannot map: %s", f->path, strerror(errno));
             }
         }
     }
@@ -187,7 +187,7 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
         while (header && end && end < text + length && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
             end++;
         if (!cJSON_IsObject(header) || !end || end != text + length)
-            status = reshard_fail(CKPT_ERR_FORMAT, "%s: the header is not a JSON object%s", f->path,
+            status = tp_fail(TP_ERR_FORMAT, "%s: the header is not a JSON object%s", f->path,
                                   cJSON_IsObject(header) ? " (text follows it)" : "");
     }
     free(text);
@@ -202,7 +202,7 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
             int strings = cJSON_IsObject(item);
             cJSON_ArrayForEach(v, item) strings = strings && cJSON_IsString(v);
             if (!strings)
-                return reshard_fail(CKPT_ERR_FORMAT, "%s: __metadata__ must map strings to strings", f->path);
+                return tp_fail(TP_ERR_FORMAT, "%s: __metadata__ must map strings to strings", f->path);
             if (!set->metadata) set->metadata = cJSON_Duplicate(item, 1);
             continue;
         }
@@ -214,23 +214,23 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
     /* The data must be covered exactly: contiguous, in some order, from 0. */
     int n = set->count - first;
     st_tensor **order = malloc((size_t)(n + 1) * sizeof *order);
-    if (!order) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!order) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) order[i] = &set->tensors[first + i];
     qsort(order, (size_t)n, sizeof *order, by_begin);
     int64_t covered = 0, data = f->size - f->data_start;
     for (int i = 0; i < n && !status; i++) {
         if (order[i]->begin < covered)
-            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s [%lld, %lld) overlaps tensor %s [%lld, %lld)", f->path,
+            status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s [%lld, %lld) overlaps tensor %s [%lld, %lld)", f->path,
                                   order[i]->info.name, (long long)order[i]->begin, (long long)order[i]->end,
                                   order[i - 1]->info.name, (long long)order[i - 1]->begin, (long long)order[i - 1]->end);
         else if (order[i]->begin > covered)
-            status = reshard_fail(CKPT_ERR_FORMAT, "%s: bytes [%lld, %lld) of the data belong to no tensor (before %s)",
+            status = tp_fail(TP_ERR_FORMAT, "%s: bytes [%lld, %lld) of the data belong to no tensor (before %s)",
                                   f->path, (long long)covered, (long long)order[i]->begin, order[i]->info.name);
         covered = order[i]->end;
     }
     free(order);
     if (!status && covered != data)
-        status = reshard_fail(CKPT_ERR_FORMAT, "%s: the tensors cover %lld bytes of data, the file holds %lld (%s)",
+        status = tp_fail(TP_ERR_FORMAT, "%s: the tensors cover %lld bytes of data, the file holds %lld (%s)",
                               f->path, (long long)covered, (long long)data,
                               covered > data ? "truncated?" : "trailing bytes");
     return status;
@@ -258,11 +258,11 @@ static int read_index(const char *path, cJSON **out)
     int64_t size = 0;
     *out = NULL;
     int status = ckpt_read_text_file(path, &text, &size);
-    if (status) return reshard_ckpt_error(status);
+    if (status) return status;
     if (size >= SAFETENSORS_MAX_INDEX)
-        status = reshard_fail(CKPT_ERR_FORMAT, "%s: %lld bytes is too large for a safetensors index", path, (long long)size);
+        status = tp_fail(TP_ERR_FORMAT, "%s: %lld bytes is too large for a safetensors index", path, (long long)size);
     else if (!cJSON_IsObject(*out = cJSON_Parse(text)))
-        status = reshard_fail(CKPT_ERR_FORMAT, "%s: not a JSON object (damaged or truncated?)", path);
+        status = tp_fail(TP_ERR_FORMAT, "%s: not a JSON object (damaged or truncated?)", path);
     free(text);
     return status;
 }
@@ -288,22 +288,22 @@ static int check_weight_map(const safetensors_set *set, const cJSON *index, cons
     const cJSON *weight_map = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *entry;
     int n = cJSON_GetArraySize(weight_map), k = 0;
     map_entry *entries = malloc((size_t)(n + 1) * sizeof *entries);
-    if (!entries) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!entries) return tp_fail(TP_ERR_NOMEM, "out of memory");
     cJSON_ArrayForEach(entry, weight_map) entries[k++] = (map_entry){entry->string, entry->valuestring};
     qsort(entries, (size_t)n, sizeof *entries, by_entry_name);
-    int status = CKPT_OK, i = 0, j = 0;
+    int status = TP_OK, i = 0, j = 0;
     while (!status && (i < n || j < set->count)) {
         const safetensors_info *t = j < set->count ? &set->tensors[set->by_name[j]].info : NULL;
         int order = i >= n ? 1 : !t ? -1 : strcmp(entries[i].name, t->name);
         if (order < 0)
-            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s is listed in %s but missing from it", index_path,
+            status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s is listed in %s but missing from it", index_path,
                                   entries[i].name, entries[i].file);
         else if (order > 0)
-            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s of %s is not in the index", index_path, t->name, t->file);
+            status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s of %s is not in the index", index_path, t->name, t->file);
         else if (i > 0 && strcmp(entries[i - 1].name, entries[i].name) == 0)
-            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s is listed twice", index_path, entries[i].name);
+            status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s is listed twice", index_path, entries[i].name);
         else if (strcmp(strrchr(t->file, '/') + 1, entries[i].file) != 0)
-            status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s is listed in %s but missing from it", index_path,
+            status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s is listed in %s but missing from it", index_path,
                                   entries[i].name, entries[i].file);
         i++;
         j++;
@@ -316,14 +316,14 @@ int safetensors_open(safetensors_set **out, const char *path)
 {
     *out = NULL;
     safetensors_set *set = calloc(1, sizeof *set);
-    if (!set) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!set) return tp_fail(TP_ERR_NOMEM, "out of memory");
     struct stat st;
     if (stat(path, &st) != 0) {
         free(set);
-        return reshard_fail(CKPT_ERR_NOT_FOUND, "%s: %s", path, strerror(errno));
+        return tp_fail(TP_ERR_NOT_FOUND, "%s: %s", path, strerror(errno));
     }
     cJSON *index = NULL, *shard_names = cJSON_CreateArray();
-    int status = CKPT_OK;
+    int status = TP_OK;
     char index_path[4200];
     snprintf(index_path, sizeof index_path, "%s/model.safetensors.index.json", path);
     if (!S_ISDIR(st.st_mode)) {
@@ -333,12 +333,12 @@ int safetensors_open(safetensors_set **out, const char *path)
         status = read_index(index_path, &index);
         const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *entry;
         if (!status && !cJSON_IsObject(map))
-            status = reshard_fail(CKPT_ERR_FORMAT, "%s: no \"weight_map\" object (not a safetensors index?)", index_path);
+            status = tp_fail(TP_ERR_FORMAT, "%s: no \"weight_map\" object (not a safetensors index?)", index_path);
         cJSON_ArrayForEach(entry, map)
         {
             if (status) break;
             if (!cJSON_IsString(entry) || strchr(entry->valuestring, '/') || !entry->valuestring[0]) {
-                status = reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s maps to no plain file name", index_path, entry->string);
+                status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s maps to no plain file name", index_path, entry->string);
                 break;
             }
             char file[4200];
@@ -352,14 +352,14 @@ int safetensors_open(safetensors_set **out, const char *path)
         char single[4200];
         snprintf(single, sizeof single, "%s/model.safetensors", path);
         if (stat(single, &st) != 0)
-            status = reshard_fail(CKPT_ERR_NOT_FOUND, "%s holds neither model.safetensors nor model.safetensors.index.json",
+            status = tp_fail(TP_ERR_NOT_FOUND, "%s holds neither model.safetensors nor model.safetensors.index.json",
                                   path);
         cJSON_AddItemToArray(shard_names, cJSON_CreateString(single));
     }
     int files = cJSON_GetArraySize(shard_names);
     cJSON **headers = calloc((size_t)files + 1, sizeof(cJSON *)); /* kept until the names are copied */
     set->files = calloc((size_t)files + 1, sizeof *set->files);
-    if (!status && (!headers || !set->files)) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!status && (!headers || !set->files)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int f = 0; f < files && !status; f++) {
         snprintf(set->files[f].path, sizeof set->files[f].path, "%s", cJSON_GetArrayItem(shard_names, f)->valuestring);
         set->num_files = f + 1;
@@ -368,7 +368,7 @@ int safetensors_open(safetensors_set **out, const char *path)
     /* Names must outlive the headers' JSON: copy them into one block. */
     size_t name_bytes = 0;
     for (int i = 0; i < set->count; i++) name_bytes += strlen(set->tensors[i].info.name) + 1;
-    if (!status && !(set->names = malloc(name_bytes + 1))) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!status && !(set->names = malloc(name_bytes + 1))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0, at = 0; i < set->count && !status; i++) {
         size_t n = strlen(set->tensors[i].info.name) + 1;
         memcpy(set->names + at, set->tensors[i].info.name, n);
@@ -377,7 +377,7 @@ int safetensors_open(safetensors_set **out, const char *path)
     }
     /* Names in order: duplicates side by side, lookups by bisection. */
     if (!status && !(set->by_name = malloc((size_t)(set->count + 1) * sizeof *set->by_name)))
-        status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+        status = tp_fail(TP_ERR_NOMEM, "out of memory");
     if (!status) {
         for (int i = 0; i < set->count; i++) set->by_name[i] = i;
         sorting_set = set;
@@ -386,7 +386,7 @@ int safetensors_open(safetensors_set **out, const char *path)
     for (int i = 1; i < set->count && !status; i++) {
         const safetensors_info *a = &set->tensors[set->by_name[i - 1]].info, *b = &set->tensors[set->by_name[i]].info;
         if (strcmp(a->name, b->name) == 0)
-            status = reshard_fail(CKPT_ERR_FORMAT, "tensor %s appears twice (in %s and %s)", a->name, a->file, b->file);
+            status = tp_fail(TP_ERR_FORMAT, "tensor %s appears twice (in %s and %s)", a->name, a->file, b->file);
     }
     if (!status && index) status = check_weight_map(set, index, index_path);
     for (int f = 0; f < files && headers; f++) cJSON_Delete(headers[f]);
@@ -398,7 +398,7 @@ int safetensors_open(safetensors_set **out, const char *path)
         return status;
     }
     *out = set;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int safetensors_count(const safetensors_set *set)
@@ -443,10 +443,10 @@ static const unsigned char *tensor_data(const safetensors_set *set, const st_ten
 int safetensors_equal(safetensors_set *set, const char *a, const char *b, int *equal)
 {
     const st_tensor *x = find_tensor(set, a), *y = find_tensor(set, b);
-    if (!x || !y) return reshard_fail(CKPT_ERR_NOT_FOUND, "no tensor %s", x ? b : a);
+    if (!x || !y) return tp_fail(TP_ERR_NOT_FOUND, "no tensor %s", x ? b : a);
     *equal = x->end - x->begin == y->end - y->begin &&
              memcmp(tensor_data(set, x), tensor_data(set, y), (size_t)(x->end - x->begin)) == 0;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* ------------------------------------------------------------------ import */
@@ -467,7 +467,7 @@ typedef struct {
 
 typedef struct {
     const unsigned char *src;   /* the source tensor's data */
-    number_format in, out;
+    tp_dtype in, out;
     unsigned char *slab;
     size_t out_size;
     int transpose;
@@ -485,7 +485,7 @@ static int fill_run(void *ctx, int64_t offset, int64_t first, int64_t n)
         return 0;
     }
     if (!c->transpose) {
-        convert_numbers(c->src + (size_t)first * number_format_size(c->in), c->in, dst, c->out, n);
+        convert_numbers(c->src + (size_t)first * tp_dtype_size(c->in), c->in, dst, c->out, n);
         return 0;
     }
     /* Target element (r, k) is source element (k, r): a gather with stride rows,
@@ -506,18 +506,18 @@ static int import_tensor(void *ctx, int64_t task, int thread)
     int i = im->order[task];
     const ckpt_tensor_desc *d = &im->tensors[i];
     const st_tensor *s = im->sources[i];
-    size_t in_size = ckpt_dtype_size(s->info.dtype);
+    size_t in_size = tp_dtype_size(s->info.dtype);
     const unsigned char *src = tensor_data(im->set, s);
     void *aligned = NULL;
-    int status = CKPT_OK;
+    int status = TP_OK;
     if ((uintptr_t)src % in_size != 0) { /* a header not padded to the element size */
         aligned = alloc_pages((size_t)(s->end - s->begin));
-        if (!aligned) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+        if (!aligned) return tp_fail(TP_ERR_NOMEM, "out of memory");
         memcpy(aligned, src, (size_t)(s->end - s->begin));
         src = aligned;
     }
-    fill_ctx fill = {src, reshard_format(s->info.dtype), reshard_format(d->dtype), im->slabs[thread],
-                     ckpt_dtype_size(d->dtype), im->map[i].transpose, d->shape[0], 1};
+    fill_ctx fill = {src, s->info.dtype, d->dtype, im->slabs[thread],
+                     tp_dtype_size(d->dtype), im->map[i].transpose, d->shape[0], 1};
     for (int k = 1; k < d->ndim; k++) fill.cols *= d->shape[k];
     int64_t piece_shape[CKPT_MAX_DIMS], row_elements = 1;
     ckpt_piece_shape(d, im->tp, piece_shape);
@@ -530,7 +530,7 @@ static int import_tensor(void *ctx, int64_t task, int thread)
             int64_t n = piece_shape[0] - r < slab_rows ? piece_shape[0] - r : slab_rows;
             ckpt_piece_element_runs(d, im->tp, p, r, r + n, fill_run, &fill);
             status = ckpt_writer_put_rows(im->writer, im->ids[i], p, r, n, fill.slab);
-            if (status) status = reshard_ckpt_error(status);
+            if (status) status = status;
             else if (im->o->on_bytes) im->o->on_bytes(im->o->progress_ctx, n * row_elements * (int64_t)fill.out_size);
         }
     }
@@ -564,15 +564,15 @@ static int check_sources(importer *im, int count)
         const ckpt_tensor_desc *d = &im->tensors[i];
         const st_tensor *s = find_tensor(im->set, im->map[i].name);
         if (!s)
-            return reshard_fail(CKPT_ERR_NOT_FOUND, "%s: tensor %s (for %s) is missing", im->set->files[0].path,
+            return tp_fail(TP_ERR_NOT_FOUND, "%s: tensor %s (for %s) is missing", im->set->files[0].path,
                                 im->map[i].name, d->name);
         if (!s->info.supported)
-            return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s is %s; import reads F32, BF16 and F16", s->info.file,
+            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s; import reads F32, BF16 and F16", s->info.file,
                                 s->info.name, s->info.dtype_name);
         int64_t expected[CKPT_MAX_DIMS];
         memcpy(expected, d->shape, sizeof expected);
         if (im->map[i].transpose) {
-            if (d->ndim != 2) return reshard_fail(CKPT_ERR_ARG, "tensor %s: only matrices can be transposed", d->name);
+            if (d->ndim != 2) return tp_fail(TP_ERR_ARG, "tensor %s: only matrices can be transposed", d->name);
             expected[0] = d->shape[1];
             expected[1] = d->shape[0];
         }
@@ -584,12 +584,12 @@ static int check_sources(importer *im, int count)
                 snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", k ? ", " : "", (long long)expected[k]);
             for (int k = 0; k < s->info.ndim; k++)
                 snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", k ? ", " : "", (long long)s->info.shape[k]);
-            return reshard_fail(CKPT_ERR_FORMAT, "%s: tensor %s has shape %s], expected %s] for %s", s->info.file,
+            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s has shape %s], expected %s] for %s", s->info.file,
                                 s->info.name, got, want, d->name);
         }
         im->sources[i] = s;
     }
-    return CKPT_OK;
+    return TP_OK;
 }
 
 int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const export_tensor *map, int count,
@@ -600,10 +600,10 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
                    calloc((size_t)count + 1, sizeof(int)), NULL, layout->tp, options, NULL, SLAB_TARGET_BYTES};
     int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
     if (threads > count) threads = count > 0 ? count : 1;
-    int status = !im.sources || !im.ids || !im.order ? reshard_fail(CKPT_ERR_NOMEM, "out of memory") : CKPT_OK;
+    int status = !im.sources || !im.ids || !im.order ? tp_fail(TP_ERR_NOMEM, "out of memory") : TP_OK;
     for (int i = 0; i < count && !status; i++) {
         status = ckpt_tensor_check(&tensors[i], layout->tp);
-        if (status) status = reshard_ckpt_error(status);
+        if (status) status = status;
     }
     if (!status) status = check_sources(&im, count);
     ckpt_write_options write_options;
@@ -611,11 +611,11 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
     write_options.overwrite = options->overwrite;
     write_options.update_latest = options->update_latest;
     write_options.compress_level = options->compress_level;
-    if (!status && (status = ckpt_writer_create(&im.writer, out_path, layout, &write_options)) != CKPT_OK)
-        status = reshard_ckpt_error(status);
+    if (!status && (status = ckpt_writer_create(&im.writer, out_path, layout, &write_options)) != TP_OK)
+        status = status;
     for (int i = 0; i < count && !status; i++) {
         status = ckpt_writer_add_tensor(im.writer, &tensors[i], &im.ids[i]);
-        if (status) status = reshard_ckpt_error(status);
+        if (status) status = status;
         im.order[i] = i;
     }
     if (!status) {
@@ -623,7 +623,7 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
         qsort(im.order, (size_t)count, sizeof *im.order, larger_first);
         /* A slab must hold at least one checksum block of any piece. */
         for (int i = 0; i < count; i++) {
-            int64_t shape[CKPT_MAX_DIMS], row = (int64_t)ckpt_dtype_size(tensors[i].dtype);
+            int64_t shape[CKPT_MAX_DIMS], row = (int64_t)tp_dtype_size(tensors[i].dtype);
             ckpt_piece_shape(&tensors[i], layout->tp, shape);
             for (int k = 1; k < tensors[i].ndim; k++) row *= shape[k];
             int64_t block = ckpt_writer_block_rows(im.writer, im.ids[i]) * row;
@@ -631,17 +631,13 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
         }
         im.slabs = calloc((size_t)threads, sizeof *im.slabs);
         for (int t = 0; t < threads && im.slabs; t++)
-            if (!(im.slabs[t] = alloc_pages((size_t)im.slab_bytes))) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
-        if (!im.slabs) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+            if (!(im.slabs[t] = alloc_pages((size_t)im.slab_bytes))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+        if (!im.slabs) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     }
-    if (!status) {
-        parallel_failure failure = {reshard_errmsg, ""};
-        status = parallel_for(count, threads, import_tensor, &im, &failure);
-        if (status) status = reshard_fail(status, "%s", failure.text);
-    }
+    if (!status) status = parallel_for(count, threads, import_tensor, &im);
     if (im.writer) {
         if (status) ckpt_writer_abort(im.writer);
-        else if ((status = ckpt_writer_commit(im.writer, state)) != CKPT_OK) status = reshard_ckpt_error(status);
+        else if ((status = ckpt_writer_commit(im.writer, state)) != TP_OK) status = status;
     }
     for (int t = 0; im.slabs && t < threads; t++) free(im.slabs[t]);
     free(im.slabs);

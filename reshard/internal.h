@@ -13,12 +13,6 @@
 /* Bytes resident in this process now. */
 int64_t reshard_resident_bytes(void);
 
-int reshard_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* A ckpt call failed: keep its message, with context in front. */
-int reshard_fail_ckpt(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* A ckpt call failed: keep its message as it is. */
-int reshard_ckpt_error(int status);
-
 /* How a tensor's output slabs are cut. */
 typedef enum {
     SLAB_WHOLE,      /* replicated: rows of the single piece */
@@ -83,7 +77,5 @@ struct reshard_plan {
 /* Fills ops for one slab (reusing its arrays). */
 int reshard_slab_ops(const reshard_plan *plan, const slab *s, slab_ops *ops);
 void reshard_slab_ops_free(slab_ops *ops);
-
-number_format reshard_format(ckpt_dtype dtype);
 
 #endif

@@ -26,7 +26,7 @@ int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *t
                        void *out, size_t out_size)
 {
     const ckpt_tensor_desc *src = ckpt_reader_tensor(source, index);
-    if (!src) return reshard_fail(CKPT_ERR_ARG, "tensor index %d out of range", index);
+    if (!src) return tp_fail(TP_ERR_ARG, "tensor index %d out of range", index);
     reshard_plan plan;
     memset(&plan, 0, sizeof plan);
     plan.source = source;
@@ -37,7 +37,7 @@ int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *t
     t.source = index;
     int status = ckpt_tensor_copy_init(&t.out, target);
     if (!status) status = ckpt_tensor_check(&t.out.desc, tp);
-    if (status) return reshard_ckpt_error(status);
+    if (status) return status;
     ckpt_tensor_desc same = t.out.desc;
     same.dtype = src->dtype;
     same.name = src->name;
@@ -45,10 +45,10 @@ int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *t
     same.param = src->param;
     same.partition.pad_multiple = src->partition.pad_multiple; /* padding is recomputed for the target */
     if (!ckpt_tensor_equal_layout(src, &same))
-        return reshard_fail(CKPT_ERR_ARG, "tensor %s: the checkpoint describes it differently (shape or partition)",
+        return tp_fail(TP_ERR_ARG, "tensor %s: the checkpoint describes it differently (shape or partition)",
                             src->name);
     if (piece < 0 || piece >= ckpt_piece_count(&t.out.desc, tp))
-        return reshard_fail(CKPT_ERR_ARG, "tensor %s: no piece %d at tp=%d", src->name, piece, tp);
+        return tp_fail(TP_ERR_ARG, "tensor %s: no piece %d at tp=%d", src->name, piece, tp);
     init_tensor_plan(&t, src, ckpt_reader_layout(source)->tp, tp);
     plan.tensors = &t;
     plan.num_tensors = 1;
@@ -56,14 +56,14 @@ int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *t
     slab_ops ops;
     memset(&ops, 0, sizeof ops);
     status = reshard_slab_ops(&plan, &s, &ops);
-    size_t src_size = ckpt_dtype_size(src->dtype), out_elem = ckpt_dtype_size(t.out.desc.dtype);
+    size_t src_size = tp_dtype_size(src->dtype), out_elem = tp_dtype_size(t.out.desc.dtype);
     if (!status && out_size < (size_t)ops.output_elements * out_elem)
-        status = reshard_fail(CKPT_ERR_ARG, "tensor %s piece %d: buffer of %zu bytes, need %lld", src->name, piece,
+        status = tp_fail(TP_ERR_ARG, "tensor %s piece %d: buffer of %zu bytes, need %lld", src->name, piece,
                               out_size, (long long)(ops.output_elements * (int64_t)out_elem));
     int direct = ops.direct && src->dtype == t.out.desc.dtype;
     size_t staging_size = (size_t)ops.staging_elements * src_size;
     char *staging = status || direct ? NULL : alloc_pages(staging_size);
-    if (!status && !direct && !staging) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!status && !direct && !staging) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     char *target_buffer = direct ? out : staging;
     size_t target_size = direct ? out_size : staging_size;
     for (int64_t r = 0; r < ops.num_reads && !status; r++) {
@@ -71,12 +71,12 @@ int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *t
         size_t offset = (size_t)op->staging * src_size;
         status = ckpt_reader_read_rows(source, index, op->piece, op->row0, op->row1 - op->row0, target_buffer + offset,
                                        target_size - offset);
-        if (status) status = reshard_ckpt_error(status);
+        if (status) status = status;
     }
     if (!status) {
         for (int64_t k = 0; k < ops.num_moves; k++) {
             if (direct && ops.moves[k].src >= 0) continue; /* identities: already in place */
-            moves_apply(staging, reshard_format(src->dtype), out, reshard_format(t.out.desc.dtype), &ops.moves[k], 1);
+            moves_apply(staging, src->dtype, out, t.out.desc.dtype, &ops.moves[k], 1);
         }
     }
     free(staging);

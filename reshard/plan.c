@@ -42,13 +42,8 @@ int reshard_parse_layout(const char *text, int *tp, int *pp)
         ok = value <= 4096;
         *degree = (int)value;
     }
-    if (!ok) return reshard_fail(CKPT_ERR_ARG, "layout '%s' not understood (expected e.g. tp4, pp2 or tp4pp2)", text);
-    return CKPT_OK;
-}
-
-number_format reshard_format(ckpt_dtype dtype)
-{
-    return dtype == CKPT_BF16 ? NUMBER_BF16 : dtype == CKPT_FP16 ? NUMBER_F16 : NUMBER_F32;
+    if (!ok) return tp_fail(TP_ERR_ARG, "layout '%s' not understood (expected e.g. tp4, pp2 or tp4pp2)", text);
+    return TP_OK;
 }
 
 static int64_t row_elements(const int64_t *shape, int ndim)
@@ -65,12 +60,12 @@ static int add_read(slab_ops *ops, int piece, int64_t row0, int64_t row1, int64_
     if (ops->num_reads == ops->reads_capacity) {
         int64_t capacity = ops->reads_capacity ? 2 * ops->reads_capacity : 64;
         read_op *grown = realloc(ops->reads, (size_t)capacity * sizeof *grown);
-        if (!grown) return reshard_fail(CKPT_ERR_NOMEM, "out of memory for the slab plan");
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory for the slab plan");
         ops->reads = grown;
         ops->reads_capacity = capacity;
     }
     ops->reads[ops->num_reads++] = (read_op){piece, row0, row1, staging};
-    return CKPT_OK;
+    return TP_OK;
 }
 
 static int add_move(slab_ops *ops, strided_move move)
@@ -78,12 +73,12 @@ static int add_move(slab_ops *ops, strided_move move)
     if (ops->num_moves == ops->moves_capacity) {
         int64_t capacity = ops->moves_capacity ? 2 * ops->moves_capacity : 64;
         strided_move *grown = realloc(ops->moves, (size_t)capacity * sizeof *grown);
-        if (!grown) return reshard_fail(CKPT_ERR_NOMEM, "out of memory for the slab plan");
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory for the slab plan");
         ops->moves = grown;
         ops->moves_capacity = capacity;
     }
     ops->moves[ops->num_moves++] = move;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 void reshard_slab_ops_free(slab_ops *ops)
@@ -103,7 +98,7 @@ static int rows_ops(const reshard_plan *plan, const tensor_plan *t, int piece, i
     int64_t n = ckpt_piece_runs(&t->out.desc, plan->to.tp, piece, runs, 2 * CKPT_MAX_SEGMENTS);
     int64_t max_src_runs = (int64_t)src->partition.num_segments * src_tp;
     ckpt_run *src_runs = malloc((size_t)max_src_runs * sizeof *src_runs);
-    int status = src_runs ? CKPT_OK : reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    int status = src_runs ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int64_t k = 0; k < n && !status; k++) {
         int64_t a = runs[k].local_start > row0 ? runs[k].local_start : row0;
         int64_t end = runs[k].local_start + runs[k].length, b = end < row1 ? end : row1;
@@ -115,7 +110,7 @@ static int rows_ops(const reshard_plan *plan, const tensor_plan *t, int piece, i
         }
         int64_t logical = runs[k].logical_start + a - runs[k].local_start;
         int64_t m = ckpt_partition_runs(src, src_tp, logical, b - a, src_runs, max_src_runs);
-        if (m < 0) status = reshard_fail(CKPT_ERR_FORMAT, "tensor %s: source partition does not cover rows", src->name);
+        if (m < 0) status = tp_fail(TP_ERR_FORMAT, "tensor %s: source partition does not cover rows", src->name);
         for (int64_t j = 0; j < m && !status; j++) {
             int64_t at = offset + (src_runs[j].logical_start - logical) * t->out_row;
             status = add_read(ops, src_runs[j].rank, src_runs[j].local_start,
@@ -146,11 +141,11 @@ static int all_pieces_ops(const reshard_plan *plan, const tensor_plan *t, int64_
     for (int d = 1; d < axis; d++) outer *= out_shape[d];
     for (int d = axis + 1; d < out->ndim; d++) inner *= out_shape[d];
     int64_t rows = row1 - row0;
-    int status = CKPT_OK;
+    int status = TP_OK;
     for (int s = 0; s < src_tp && !status; s++) status = add_read(ops, s, row0, row1, s * rows * t->src_row);
     int64_t max_src_runs = (int64_t)src->partition.num_segments * src_tp;
     ckpt_run runs[2 * CKPT_MAX_SEGMENTS], *src_runs = malloc((size_t)max_src_runs * sizeof *src_runs);
-    if (!src_runs) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!src_runs) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int p = first; p < first + count && !status; p++) {
         int64_t base = (p - first) * rows * t->out_row;
         int64_t n = ckpt_piece_runs(out, out_tp, p, runs, 2 * CKPT_MAX_SEGMENTS);
@@ -161,7 +156,7 @@ static int all_pieces_ops(const reshard_plan *plan, const tensor_plan *t, int64_
                 continue;
             }
             int64_t m = ckpt_partition_runs(src, src_tp, runs[k].logical_start, runs[k].length, src_runs, max_src_runs);
-            if (m < 0) status = reshard_fail(CKPT_ERR_FORMAT, "tensor %s: source partition does not cover a run", src->name);
+            if (m < 0) status = tp_fail(TP_ERR_FORMAT, "tensor %s: source partition does not cover a run", src->name);
             for (int64_t j = 0; j < m && !status; j++) {
                 int64_t from = src_runs[j].rank * rows * t->src_row + src_runs[j].local_start * inner;
                 int64_t to = dst + (src_runs[j].logical_start - runs[k].logical_start) * inner;
@@ -194,7 +189,7 @@ int reshard_slab_ops(const reshard_plan *plan, const slab *s, slab_ops *ops)
         return s->piece < 0 ? all_pieces_ops(plan, t, s->row0, s->row1, 0, plan->to.tp, ops)
                             : all_pieces_ops(plan, t, s->row0, s->row1, s->piece, 1, ops);
     }
-    return reshard_fail(CKPT_ERR_ARG, "unknown slab kind");
+    return tp_fail(TP_ERR_ARG, "unknown slab kind");
 }
 
 /* ----------------------------------------------------------------- plan */
@@ -203,7 +198,7 @@ int reshard_slab_ops(const reshard_plan *plan, const slab *s, slab_ops *ops)
 static int64_t bytes_per_row(const reshard_plan *plan, const tensor_plan *t)
 {
     const ckpt_tensor_desc *src = ckpt_reader_tensor(plan->source, t->source);
-    int64_t src_size = (int64_t)ckpt_dtype_size(src->dtype), out_size = (int64_t)ckpt_dtype_size(t->out.desc.dtype);
+    int64_t src_size = (int64_t)tp_dtype_size(src->dtype), out_size = (int64_t)tp_dtype_size(t->out.desc.dtype);
     if (t->kind == SLAB_ALL_PIECES)
         return ckpt_reader_layout(plan->source)->tp * t->src_row * src_size + plan->to.tp * t->out_row * out_size;
     return t->src_row * src_size + t->out_row * out_size;
@@ -263,11 +258,11 @@ static int add_slab(reshard_plan *plan, int64_t *capacity, slab s)
     if (plan->num_slabs == *capacity) {
         *capacity = *capacity ? 2 * *capacity : 1024;
         slab *grown = realloc(plan->slabs, (size_t)*capacity * sizeof *grown);
-        if (!grown) return reshard_fail(CKPT_ERR_NOMEM, "out of memory for the slab list");
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory for the slab list");
         plan->slabs = grown;
     }
     plan->slabs[plan->num_slabs++] = s;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 /* Walks every slab once: source bytes read (whole checksum blocks, as the
@@ -276,7 +271,7 @@ static int measure(reshard_plan *plan)
 {
     slab_ops ops;
     memset(&ops, 0, sizeof ops);
-    int status = CKPT_OK;
+    int status = TP_OK;
     for (int64_t k = 0; k < plan->num_slabs && !status; k++) {
         const slab *s = &plan->slabs[k];
         const tensor_plan *t = &plan->tensors[s->tensor];
@@ -291,8 +286,8 @@ static int measure(reshard_plan *plan)
             int64_t b1 = (ops.reads[r].row1 + block - 1) / block * block;
             plan->summary.bytes_read += ((b1 < rows ? b1 : rows) - b0) * (info.bytes / rows);
         }
-        int64_t staging = ops.staging_elements * (int64_t)ckpt_dtype_size(src->dtype);
-        int64_t output = ops.output_elements * (int64_t)ckpt_dtype_size(t->out.desc.dtype);
+        int64_t staging = ops.staging_elements * (int64_t)tp_dtype_size(src->dtype);
+        int64_t output = ops.output_elements * (int64_t)tp_dtype_size(t->out.desc.dtype);
         if (staging > plan->max_staging_bytes) plan->max_staging_bytes = staging;
         if (output > plan->max_output_bytes) plan->max_output_bytes = output;
         if (ops.num_moves > plan->max_moves) plan->max_moves = ops.num_moves;
@@ -313,7 +308,7 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
 {
     *out = NULL;
     reshard_plan *plan = calloc(1, sizeof *plan);
-    if (!plan) return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!plan) return tp_fail(TP_ERR_NOMEM, "out of memory");
     plan->source = source;
     if (options) plan->options = *options;
     else reshard_options_init(&plan->options);
@@ -324,13 +319,13 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
     if (o->pp) plan->to.pp = o->pp;
     int status = ckpt_layout_check(&plan->to);
     if (status) {
-        reshard_fail_ckpt(status, "cannot reshard to tp=%d pp=%d", plan->to.tp, plan->to.pp);
+        tp_fail_context(status, "cannot reshard to tp=%d pp=%d", plan->to.tp, plan->to.pp);
         reshard_plan_free(plan);
         return status;
     }
     int n = ckpt_reader_num_tensors(source), any_compressed = 0;
     plan->tensors = calloc((size_t)n + 1, sizeof *plan->tensors);
-    if (!plan->tensors) status = reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    if (!plan->tensors) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n && !status; i++) {
         const ckpt_tensor_desc *src = ckpt_reader_tensor(source, i);
         ckpt_piece_info info;
@@ -343,11 +338,11 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
         tensor_plan *t = &plan->tensors[plan->num_tensors];
         t->source = i;
         ckpt_tensor_desc desc = *src;
-        if (o->param_dtype >= 0 && strcmp(src->role, "param") == 0) desc.dtype = (ckpt_dtype)o->param_dtype;
+        if (o->param_dtype >= 0 && strcmp(src->role, "param") == 0) desc.dtype = (tp_dtype)o->param_dtype;
         status = ckpt_tensor_copy_init(&t->out, &desc);
         if (!status) status = ckpt_tensor_check(&t->out.desc, plan->to.tp);
         if (status) {
-            status = reshard_fail_ckpt(status, "cannot reshard to tp=%d pp=%d", plan->to.tp, plan->to.pp);
+            status = tp_fail_context(status, "cannot reshard to tp=%d pp=%d", plan->to.tp, plan->to.pp);
             break;
         }
         const ckpt_tensor_desc *d = &t->out.desc;
@@ -371,7 +366,7 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
     int gpus = cuda_device_count();
     if (o->device == RESHARD_DEVICE_CUDA && gpus == 0) {
         reshard_plan_free(plan);
-        return reshard_fail(CKPT_ERR_ARG, "--device cuda: %s",
+        return tp_fail(TP_ERR_ARG, "--device cuda: %s",
                             cuda_built() ? "no CUDA device is available" : "this build has no CUDA support");
     }
     plan->use_cuda = o->device != RESHARD_DEVICE_CPU && gpus > 0;
@@ -392,7 +387,7 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
     if (threads < 1) {
         char text[64];
         snprintf(text, sizeof text, "%.1f MiB", (double)(needed + RESHARD_THREAD_OVERHEAD + base) / 1048576.0);
-        status = reshard_fail(CKPT_ERR_ARG,
+        status = tp_fail(TP_ERR_ARG,
                               "memory limit of %.1f MiB is too small: tensor %s needs at least %s "
                               "(one checksum block per slab); raise --memory-limit",
                               (double)limit / 1048576.0, offender ? offender : "?", text);
@@ -415,7 +410,7 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
         }
         plan->summary.pieces_written += ckpt_piece_count(&t->out.desc, plan->to.tp);
         plan->summary.bytes_written += (int64_t)ckpt_piece_count(&t->out.desc, plan->to.tp) * t->rows * t->out_row *
-                                       (int64_t)ckpt_dtype_size(t->out.desc.dtype);
+                                       (int64_t)tp_dtype_size(t->out.desc.dtype);
     }
     if (!status && plan->num_slabs > 1) {
         qsort(plan->slabs, (size_t)plan->num_slabs, sizeof *plan->slabs, by_file_then_order);
@@ -440,7 +435,7 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
     s->memory_limit = limit;
     s->device = plan->use_cuda ? "cuda" : "cpu";
     *out = plan;
-    return CKPT_OK;
+    return TP_OK;
 }
 
 const reshard_summary *reshard_plan_summary(const reshard_plan *plan)

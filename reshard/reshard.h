@@ -9,8 +9,8 @@
  * the checkpoint size: slabs are sized from it, and sources are read only
  * where a slab needs them.
  *
- * Functions return a ckpt_status; the message of a failure in the calling
- * thread is reshard_errmsg(). Nothing is printed. */
+ * Functions return a tp_status; the message of a failure in the calling
+ * thread is tp_errmsg(). Nothing is printed. */
 #ifndef TP_RESHARD_H
 #define TP_RESHARD_H
 
@@ -27,7 +27,7 @@ typedef struct {
     int threads;                /* 0: all cores */
     int64_t memory_limit;       /* bytes for buffers and bookkeeping; 0: RESHARD_DEFAULT_MEMORY */
     reshard_device device;      /* AUTO: CUDA when a GPU is present, else the CPU */
-    int param_dtype;            /* -1: keep; else the ckpt_dtype of parameters (role "param") */
+    int param_dtype;            /* -1: keep; else the tp_dtype of parameters (role "param") */
     int compress_level;         /* -1: zstd 3 when the source is compressed, else none; 0: none */
     int drop_optimizer;         /* leave out every tensor whose role is not "param" */
     int overwrite;              /* replace an existing output */
@@ -88,7 +88,7 @@ int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *t
                        void *out, size_t out_size);
 
 /* Message of the last failure in this thread. */
-const char *reshard_errmsg(void);
+const char *tp_errmsg(void);
 
 /* Parses "tp4", "pp2", "tp4pp2" (either order); a degree not named is 0. */
 int reshard_parse_layout(const char *text, int *tp, int *pp);

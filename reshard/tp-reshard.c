@@ -143,9 +143,9 @@ int main(int argc, char **argv)
             else die_usage("--device expects auto, cpu or cuda, got '%s'", optarg);
             break;
         case O_DTYPE: {
-            ckpt_dtype dtype;
+            tp_dtype dtype;
             if (strcmp(optarg, "keep") == 0) options.param_dtype = -1;
-            else if (ckpt_dtype_parse(optarg, &dtype) == CKPT_OK) options.param_dtype = (int)dtype;
+            else if (tp_dtype_parse(optarg, &dtype) == TP_OK) options.param_dtype = (int)dtype;
             else die_usage("--dtype expects keep, fp32, bf16 or fp16, got '%s'", optarg);
             break;
         }
@@ -168,12 +168,12 @@ int main(int argc, char **argv)
     }
     if (optind != argc - 1) die_usage(optind >= argc ? "missing CKPT" : "one checkpoint at a time");
     if (!to) die_usage("--to is required (e.g. --to tp4pp2)");
-    if (reshard_parse_layout(to, &options.tp, &options.pp)) die_usage("--to: %s", reshard_errmsg());
+    if (reshard_parse_layout(to, &options.tp, &options.pp)) die_usage("--to: %s", tp_errmsg());
     int from_tp = 0, from_pp = 0;
-    if (from && reshard_parse_layout(from, &from_tp, &from_pp)) die_usage("--from: %s", reshard_errmsg());
+    if (from && reshard_parse_layout(from, &from_tp, &from_pp)) die_usage("--from: %s", tp_errmsg());
 
     ckpt_reader *source = NULL;
-    if (ckpt_reader_open(&source, argv[optind], NULL)) return fail("%s", ckpt_errmsg());
+    if (ckpt_reader_open(&source, argv[optind], NULL)) return fail("%s", tp_errmsg());
     const ckpt_layout *layout = ckpt_reader_layout(source);
     if ((from_tp && from_tp != layout->tp) || (from_pp && from_pp != layout->pp)) {
         int code = fail("--from %s does not match %s, which is tp%dpp%d", from, ckpt_reader_path(source), layout->tp,
@@ -195,7 +195,7 @@ int main(int argc, char **argv)
     options.progress_ctx = &bar;
     reshard_plan *plan = NULL;
     if (reshard_plan_create(&plan, source, &options)) {
-        int code = fail("%s", reshard_errmsg());
+        int code = fail("%s", tp_errmsg());
         ckpt_reader_close(source);
         return code;
     }
@@ -223,14 +223,14 @@ int main(int argc, char **argv)
     int status = reshard_execute(plan, out);
     double seconds = progress_finish(&bar);
     int code = 0;
-    if (status) code = fail("%s", reshard_errmsg());
+    if (status) code = fail("%s", tp_errmsg());
     reshard_verify_result checked = {0, 0, ""};
     double verify_seconds = 0;
     if (!code && verify) {
         ckpt_reader *output = NULL;
         double start = now_seconds();
-        if (ckpt_reader_open(&output, out, NULL)) code = fail("%s", ckpt_errmsg());
-        else if (reshard_verify(source, output, s->threads, &checked)) code = fail("%s", reshard_errmsg());
+        if (ckpt_reader_open(&output, out, NULL)) code = fail("%s", tp_errmsg());
+        else if (reshard_verify(source, output, s->threads, &checked)) code = fail("%s", tp_errmsg());
         else if (checked.mismatches)
             code = fail("verification failed: %d of %d tensors differ from the source; first: %s", checked.mismatches,
                         checked.tensors, checked.first_mismatch);

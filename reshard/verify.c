@@ -20,7 +20,7 @@ typedef struct {
 } verify_job;
 
 /* Digest of a source tensor converted to dtype, slab by slab of logical rows. */
-static int converted_digest(ckpt_reader *source, int index, ckpt_dtype dtype, uint64_t *out)
+static int converted_digest(ckpt_reader *source, int index, tp_dtype dtype, uint64_t *out)
 {
     const ckpt_tensor_desc *t = ckpt_reader_tensor(source, index);
     int64_t row = 1;
@@ -28,9 +28,9 @@ static int converted_digest(ckpt_reader *source, int index, ckpt_dtype dtype, ui
     int64_t rows = VERIFY_SLAB_BYTES / (row * 4);
     if (rows < 1) rows = 1;
     if (rows > t->shape[0]) rows = t->shape[0];
-    size_t src_bytes = (size_t)(rows * row) * ckpt_dtype_size(t->dtype);
-    char *raw = alloc_pages(src_bytes), *converted = alloc_pages((size_t)(rows * row) * ckpt_dtype_size(dtype));
-    int status = raw && converted ? CKPT_OK : reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+    size_t src_bytes = (size_t)(rows * row) * tp_dtype_size(t->dtype);
+    char *raw = alloc_pages(src_bytes), *converted = alloc_pages((size_t)(rows * row) * tp_dtype_size(dtype));
+    int status = raw && converted ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     uint64_t digest = 0;
     for (int64_t r = 0; r < t->shape[0] && !status; r += rows) {
         int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS];
@@ -39,11 +39,11 @@ static int converted_digest(ckpt_reader *source, int index, ckpt_dtype dtype, ui
         count[0] = t->shape[0] - r < rows ? t->shape[0] - r : rows;
         status = ckpt_reader_read_region(source, index, start, count, raw, src_bytes);
         if (status) {
-            status = reshard_ckpt_error(status);
+            status = status;
             break;
         }
-        convert_numbers(raw, reshard_format(t->dtype), converted, reshard_format(dtype), count[0] * row);
-        digest += ckpt_digest_run(converted, ckpt_dtype_size(dtype), r * row, count[0] * row);
+        convert_numbers(raw, t->dtype, converted, dtype, count[0] * row);
+        digest += ckpt_digest_run(converted, tp_dtype_size(dtype), r * row, count[0] * row);
     }
     free(raw);
     free(converted);
@@ -70,13 +70,13 @@ static int verify_tensor(void *ctx, int64_t i, int thread)
     }
     for (int p = 0; p < ckpt_piece_count(t, ckpt_reader_layout(job->output)->tp); p++) {
         if (ckpt_reader_verify_piece(job->output, (int)i, p) || ckpt_reader_check_padding(job->output, (int)i, p)) {
-            snprintf(reason, 512, "%s", ckpt_errmsg());
+            snprintf(reason, 512, "%s", tp_errmsg());
             return 0;
         }
     }
     uint64_t expected = ckpt_reader_digest(job->source, j);
     if (s->dtype != t->dtype && converted_digest(job->source, j, t->dtype, &expected)) {
-        snprintf(reason, 512, "%s", reshard_errmsg());
+        snprintf(reason, 512, "%s", tp_errmsg());
         return 0;
     }
     uint64_t actual = ckpt_reader_digest(job->output, (int)i);
@@ -97,9 +97,9 @@ int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshar
     if (!job.mismatch || !job.reason) {
         free(job.mismatch);
         free(job.reason);
-        return reshard_fail(CKPT_ERR_NOMEM, "out of memory");
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
     }
-    parallel_for(n, threads > 0 ? threads : parallel_cpu_count(), verify_tensor, &job, NULL);
+    parallel_for(n, threads > 0 ? threads : parallel_cpu_count(), verify_tensor, &job);
     result->tensors = n;
     for (int i = 0; i < n; i++) {
         if (!job.mismatch[i]) continue;
@@ -109,5 +109,5 @@ int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshar
     }
     free(job.mismatch);
     free(job.reason);
-    return CKPT_OK;
+    return TP_OK;
 }

@@ -152,7 +152,7 @@ static void *write_shard(void *arg)
     options.shard_tp = c->tp_rank;
     ckpt_writer *w = NULL;
     int *ids = calloc((size_t)s->count + 1, sizeof *ids);
-    int status = ids ? ckpt_writer_create(&w, s->path, &layout, &options) : CKPT_ERR_NOMEM;
+    int status = ids ? ckpt_writer_create(&w, s->path, &layout, &options) : TP_ERR_NOMEM;
     for (int i = 0; i < s->count && !status; i++) status = ckpt_writer_add_tensor(w, &s->catalog[i].desc, &ids[i]);
     const float *p = s->snapshot;
     for (int i = 0; i < m->num_params && !status; i++) {
@@ -164,10 +164,10 @@ static void *write_shard(void *arg)
             p += v->numel;
         }
     }
-    if (status) snprintf(s->message, sizeof s->message, "%s", ckpt_errmsg());
+    if (status) snprintf(s->message, sizeof s->message, "%s", tp_errmsg());
     if (w) {
         if (status) ckpt_writer_abort(w);
-        else if ((status = ckpt_writer_finish(w)) != CKPT_OK) snprintf(s->message, sizeof s->message, "%s", ckpt_errmsg());
+        else if ((status = ckpt_writer_finish(w)) != TP_OK) snprintf(s->message, sizeof s->message, "%s", tp_errmsg());
     }
     free(ids);
     s->status = status;
@@ -208,7 +208,7 @@ static void *commit_checkpoint(void *arg)
     options.overwrite = 1;
     options.update_latest = 1;
     s->commit_status = ckpt_commit_staged(s->path, &layout, &state, &options);
-    if (s->commit_status != CKPT_OK) snprintf(s->commit_message, sizeof s->commit_message, "%s", ckpt_errmsg());
+    if (s->commit_status != TP_OK) snprintf(s->commit_message, sizeof s->commit_message, "%s", tp_errmsg());
     atomic_store(&s->commit_done, 1);
     return NULL;
 }
@@ -222,7 +222,7 @@ static int finish_writes(saver *s, char *err, size_t err_size)
         pthread_join(s->thread, NULL);
         s->running = 0;
     }
-    int failed = s->status != CKPT_OK;
+    int failed = s->status != TP_OK;
     if (c->ops->max_ints(c, GROUP_WORLD, &failed, 1)) return snprintf(err, err_size, "%s", c->error), -1;
     if (failed) {
         s->pending = 0;
@@ -249,7 +249,7 @@ static int finish_commit(saver *s, char *err, size_t err_size)
     if (s->commit_threaded) pthread_join(s->commit_thread, NULL);
     s->committing = s->commit_threaded = 0;
     s->pending = 0;
-    int failed = c->rank == 0 && s->commit_status != CKPT_OK;
+    int failed = c->rank == 0 && s->commit_status != TP_OK;
     if (c->ops->max_ints(c, GROUP_WORLD, &failed, 1)) return snprintf(err, err_size, "%s", c->error), -1;
     if (failed) {
         snprintf(err, err_size, "checkpoint %s: %s", s->path, c->rank == 0 ? s->commit_message : "commit failed on rank 0");
@@ -307,21 +307,21 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync, c
         ckpt_write_options options;
         ckpt_write_options_init(&options);
         options.overwrite = 1;
-        if (ckpt_stage_prepare(path, &options) != CKPT_OK) {
-            snprintf(message, sizeof message, "%s", ckpt_errmsg());
+        if (ckpt_stage_prepare(path, &options) != TP_OK) {
+            snprintf(message, sizeof message, "%s", tp_errmsg());
             failed = 1;
         }
     }
     if (c->ops->max_ints(c, GROUP_WORLD, &failed, 1)) return snprintf(err, err_size, "%s", c->error), -1;
     if (failed) return snprintf(err, err_size, "checkpoint %s: %s", path, message[0] ? message : "cannot stage"), -1;
-    s->status = CKPT_OK;
+    s->status = TP_OK;
     atomic_store(&s->done, 1);
     atomic_store(&s->snapshot_taken, 1);
     if (c->dp_rank == 0) {
         atomic_store(&s->done, 0);
         atomic_store(&s->snapshot_taken, 0);
         if (pthread_create(&s->thread, NULL, write_shard, s) != 0) {
-            s->status = CKPT_ERR_STATE;
+            s->status = TP_ERR_STATE;
             snprintf(s->message, sizeof s->message, "cannot start the checkpoint writer thread");
             atomic_store(&s->done, 1);
             atomic_store(&s->snapshot_taken, 1);
@@ -361,7 +361,7 @@ static int by_step_desc(const void *a, const void *b)
 static int candidates(const char *dir, candidate **out, char *err, size_t err_size)
 {
     char first[4096];
-    if (ckpt_resolve(dir, first, sizeof first) != CKPT_OK) return snprintf(err, err_size, "%s", ckpt_errmsg()), -1;
+    if (ckpt_resolve(dir, first, sizeof first) != TP_OK) return snprintf(err, err_size, "%s", tp_errmsg()), -1;
     candidate *list = calloc(1, sizeof *list);
     int n = 0, capacity = 1;
     snprintf(list[n++].path, sizeof list[0].path, "%s", first);
@@ -406,8 +406,8 @@ static int read_view(ckpt_reader *r, const char *name, const ckpt_tensor_desc *d
 {
     int index = ckpt_reader_find(r, name);
     if (index < 0) return 1; /* absent */
-    if (reshard_read_piece(r, index, desc, tp, piece, out, (size_t)numel * sizeof(float)) != CKPT_OK) {
-        snprintf(message, size, "%s", reshard_errmsg());
+    if (reshard_read_piece(r, index, desc, tp, piece, out, (size_t)numel * sizeof(float)) != TP_OK) {
+        snprintf(message, size, "%s", tp_errmsg());
         return -1;
     }
     return 0;
@@ -416,7 +416,7 @@ static int read_view(ckpt_reader *r, const char *name, const ckpt_tensor_desc *d
 static int load_one(gpt_model *m, const char *path, int with_optimizer, load_result *out, char *message, size_t size)
 {
     ckpt_reader *r = NULL;
-    if (ckpt_reader_open(&r, path, NULL) != CKPT_OK) return snprintf(message, size, "%s", ckpt_errmsg()), -1;
+    if (ckpt_reader_open(&r, path, NULL) != TP_OK) return snprintf(message, size, "%s", tp_errmsg()), -1;
     const ckpt_train_state *state = ckpt_reader_state(r);
     gpt_config config;
     char err[256];
@@ -516,8 +516,8 @@ int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, s
     int n = candidates(path, &list, err, err_size), status = -1;
     for (int k = 0; k < n && status; k++) {
         ckpt_reader *r = NULL;
-        if (ckpt_reader_open(&r, list[k].path, NULL) != CKPT_OK) {
-            snprintf(err, err_size, "%s", ckpt_errmsg());
+        if (ckpt_reader_open(&r, list[k].path, NULL) != TP_OK) {
+            snprintf(err, err_size, "%s", tp_errmsg());
             continue;
         }
         char why[256];

@@ -35,7 +35,7 @@ void generate_options_init(generate_options *o)
 static int inference_model(gpt_config config, const char *resolved, comm *c, int64_t micro_batch, int64_t *seq,
                            gpt_model **out, char *err, size_t err_size)
 {
-    config.dtype = CKPT_FP32;
+    config.dtype = TP_FP32;
     if (*seq == 0) *seq = config.seq;
     if (*seq > config.seq)
         return gpt_error(err, err_size, "--seq %lld exceeds the %lld positions of the model in %s", (long long)*seq,

@@ -70,7 +70,7 @@ typedef struct {
     int count;
 } catalog_builder;
 
-static gpt_tensor *add(catalog_builder *b, const char *name, ckpt_dtype dtype, int ndim,
+static gpt_tensor *add(catalog_builder *b, const char *name, tp_dtype dtype, int ndim,
                        int64_t d0, int64_t d1, ckpt_anchor anchor, int64_t layer)
 {
     gpt_tensor *t = &b->items[b->count++];
@@ -106,7 +106,7 @@ static void constant(gpt_tensor *t, float value)
 
 int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *count)
 {
-    int per_param = with_optimizer ? (c->dtype == CKPT_FP32 ? 3 : 4) : 1;
+    int per_param = with_optimizer ? (c->dtype == TP_FP32 ? 3 : 4) : 1;
     if (c->layers < 1 || c->layers > GPT_MAX_LAYERS) return -1; /* gpt_config_check says why */
     int params = 4 + 12 * (int)c->layers;
     catalog_builder b = {calloc((size_t)(params * per_param), sizeof(gpt_tensor)), 0};
@@ -154,10 +154,10 @@ int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *
     /* Optimizer state: same partition as the parameter, fp32, named by role. */
     for (int p = 0; with_optimizer && p < params; p++) {
         for (gpt_role role = GPT_ROLE_MASTER; role <= GPT_ROLE_EXP_AVG_SQ; role++) {
-            if (role == GPT_ROLE_MASTER && c->dtype == CKPT_FP32) continue;
+            if (role == GPT_ROLE_MASTER && c->dtype == TP_FP32) continue;
             gpt_tensor state = b.items[p];
             state.role = role;
-            state.desc.dtype = CKPT_FP32;
+            state.desc.dtype = TP_FP32;
             snprintf(state.name, sizeof state.name, "optim/%s/%s", role_names[role], b.items[p].name + strlen("model/"));
             b.items[b.count++] = state;
         }
@@ -185,7 +185,7 @@ char *gpt_config_to_json(const gpt_config *c)
     cJSON_AddNumberToObject(o, "ffn", (double)c->ffn);
     cJSON_AddStringToObject(o, "mlp", c->swiglu ? "swiglu" : "gelu");
     cJSON_AddNumberToObject(o, "vocab_pad_multiple", (double)c->vocab_pad_multiple);
-    cJSON_AddStringToObject(o, "dtype", ckpt_dtype_name(c->dtype));
+    cJSON_AddStringToObject(o, "dtype", tp_dtype_name(c->dtype));
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return text;
@@ -218,7 +218,7 @@ int gpt_config_from_json(const char *json, gpt_config *out, char *err, size_t er
         snprintf(err, err_size, "model config: 'mlp' must be \"gelu\" or \"swiglu\"");
         status = -1;
     }
-    if (!status && (!cJSON_IsString(dtype) || ckpt_dtype_parse(dtype->valuestring, &out->dtype))) {
+    if (!status && (!cJSON_IsString(dtype) || tp_dtype_parse(dtype->valuestring, &out->dtype))) {
         snprintf(err, err_size, "model config: 'dtype' must be fp32, bf16 or fp16");
         status = -1;
     }

@@ -19,7 +19,7 @@ typedef struct {
     int64_t ffn;                /* MLP width; 4 * dim for GPT-2 */
     int swiglu;                 /* MLP input is [gate; up] (two segments) instead of GELU */
     int64_t vocab_pad_multiple; /* vocabulary padded to a multiple of tp * this (>= 1) */
-    ckpt_dtype dtype;           /* parameter storage dtype */
+    tp_dtype dtype;           /* parameter storage dtype */
 } gpt_config;
 
 /* GPT-2 shapes where fields are 0: kv_heads = heads, ffn = 4 * dim, pad 1. */

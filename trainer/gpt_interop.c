@@ -99,7 +99,7 @@ int gpt_name_map_create(gpt_name_map *out, const gpt_config *c, export_format fo
 
 /* -------------------------------------------------------------- config.json */
 
-char *gpt_hf_config_json(const gpt_config *c, ckpt_dtype dtype)
+char *gpt_hf_config_json(const gpt_config *c, tp_dtype dtype)
 {
     /* Keys sorted, as transformers writes them. */
     cJSON *o = cJSON_CreateObject();
@@ -128,7 +128,7 @@ char *gpt_hf_config_json(const gpt_config *c, ckpt_dtype dtype)
     cJSON_AddFalseToObject(o, "scale_attn_by_inverse_layer_idx");
     cJSON_AddTrueToObject(o, "scale_attn_weights");
     cJSON_AddTrueToObject(o, "tie_word_embeddings");
-    cJSON_AddStringToObject(o, "torch_dtype", dtype == CKPT_BF16 ? "bfloat16" : dtype == CKPT_FP16 ? "float16" : "float32");
+    cJSON_AddStringToObject(o, "torch_dtype", dtype == TP_BF16 ? "bfloat16" : dtype == TP_FP16 ? "float16" : "float32");
     cJSON_AddTrueToObject(o, "use_cache");
     cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab);
     char *text = cJSON_Print(o);
@@ -194,7 +194,7 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char
     }
     cJSON_Delete(o);
     c->kv_heads = c->heads;
-    c->dtype = CKPT_FP32;
+    c->dtype = TP_FP32;
     c->vocab_pad_multiple = 1;
     return status;
 }
@@ -234,7 +234,7 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
     snprintf(path, sizeof path, "%s/vocab.json", dir);
     char *text = NULL;
     if (ckpt_read_text_file(path, &text, NULL))
-        return gpt_error(err, err_size, "%s (a tokenizer needs vocab.json and merges.txt)", ckpt_errmsg());
+        return gpt_error(err, err_size, "%s (a tokenizer needs vocab.json and merges.txt)", tp_errmsg());
     cJSON *json = cJSON_Parse(text);
     free(text);
     if (!cJSON_IsObject(json)) {
@@ -284,7 +284,7 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
     snprintf(path, sizeof path, "%s/merges.txt", dir);
     int64_t size = 0;
     if (ckpt_read_text_file(path, &m->merge_text, &size))
-        return gpt_error(err, err_size, "%s (a tokenizer needs vocab.json and merges.txt)", ckpt_errmsg());
+        return gpt_error(err, err_size, "%s (a tokenizer needs vocab.json and merges.txt)", tp_errmsg());
     int64_t lines = 1;
     for (int64_t i = 0; i < size; i++) lines += m->merge_text[i] == '\n';
     m->merges = calloc((size_t)lines, sizeof *m->merges);

@@ -29,7 +29,7 @@ void gpt_name_map_free(gpt_name_map *map);
 
 /* config.json of GPT2LMHeadModel for the model (malloc'ed, indented);
  * torch_dtype names dtype. No dropout: tp-train trains without it. */
-char *gpt_hf_config_json(const gpt_config *config, ckpt_dtype dtype);
+char *gpt_hf_config_json(const gpt_config *config, tp_dtype dtype);
 
 /* Reads a Hugging Face GPT-2 config.json into config (fp32, no padding
  * multiple: the caller sets those). Fails, naming the key, on anything this

@@ -131,7 +131,7 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
 {
     *out = NULL;
     if (gpt_config_check(config, c->tp, c->pp, err, err_size)) return -1;
-    if (config->swiglu || config->kv_heads != config->heads || config->dtype != CKPT_FP32) {
+    if (config->swiglu || config->kv_heads != config->heads || config->dtype != TP_FP32) {
         snprintf(err, err_size, "the trainer runs GPT-2 in fp32: GELU MLP, kv_heads == heads");
         return -1;
     }

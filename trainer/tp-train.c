@@ -278,7 +278,7 @@ int main(int argc, char **argv)
     }
     if (!config.layers || !config.dim || !config.heads || !config.vocab || !config.seq)
         die_usage("give --model or all of --layers --dim --heads --vocab --seq");
-    config.dtype = CKPT_FP32;
+    config.dtype = TP_FP32;
     gpt_config_defaults(&config);
     o.config = config;
     o.seq = config.seq;

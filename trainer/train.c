@@ -264,7 +264,7 @@ static int dump_logits(trainer *t)
     char path[4200];
     snprintf(path, sizeof path, "%s/logits", t->o->dump_dir);
     int64_t N = m->B * m->T;
-    ckpt_tensor_desc d = {.name = "dump/logits", .dtype = CKPT_FP32, .ndim = 2, .shape = {N, m->config.vocab},
+    ckpt_tensor_desc d = {.name = "dump/logits", .dtype = TP_FP32, .ndim = 2, .shape = {N, m->config.vocab},
                           .anchor = CKPT_ANCHOR_LAST};
     d.partition = (ckpt_partition){CKPT_SPLIT, 1, 0, {0}, 1, m->config.vocab_pad_multiple};
     ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
@@ -277,7 +277,7 @@ static int dump_logits(trainer *t)
     }
     int failed = status != 0;
     c->ops->max_ints(c, GROUP_WORLD, &failed, 1);
-    if (failed) return FAIL(t, "%s: %s", path, ckpt_errmsg());
+    if (failed) return FAIL(t, "%s: %s", path, tp_errmsg());
     if (c->dp_rank == 0) {
         ckpt_write_options options;
         ckpt_write_options_init(&options);
@@ -292,7 +292,7 @@ static int dump_logits(trainer *t)
     }
     failed = status != 0;
     c->ops->max_ints(c, GROUP_WORLD, &failed, 1);
-    if (failed) return FAIL(t, "%s: %s", path, status ? ckpt_errmsg() : "another rank failed");
+    if (failed) return FAIL(t, "%s: %s", path, status ? tp_errmsg() : "another rank failed");
     if (c->rank == 0) {
         ckpt_write_options options;
         ckpt_write_options_init(&options);
@@ -301,7 +301,7 @@ static int dump_logits(trainer *t)
     }
     failed = status != 0;
     c->ops->max_ints(c, GROUP_WORLD, &failed, 1);
-    return failed ? FAIL(t, "%s: %s", path, ckpt_errmsg()) : 0;
+    return failed ? FAIL(t, "%s: %s", path, tp_errmsg()) : 0;
 }
 
 static int dump_gradients(trainer *t)

@@ -20,7 +20,7 @@ static void check_reads(const char *path, const ckpt_layout *layout, test_tensor
 {
     ckpt_read_options options = {verify};
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, path, &options), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&r, path, &options), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(ckpt_reader_num_tensors(r), n);
     cr_assert_eq(ckpt_reader_layout(r)->tp, layout->tp);
     cr_assert_eq(ckpt_reader_layout(r)->pp, layout->pp);
@@ -34,9 +34,9 @@ static void check_reads(const char *path, const ckpt_layout *layout, test_tensor
         cr_assert_eq(d->partition.kind, t->desc.partition.kind);
         cr_assert_eq(ckpt_tensor_stage(d, layout), ckpt_tensor_stage(&t->desc, layout));
         cr_assert_eq(ckpt_reader_digest(r, k),
-                     naive_digest(t->logical, ckpt_dtype_size(t->desc.dtype), elements_of(t->desc.shape, t->desc.ndim)),
+                     naive_digest(t->logical, tp_dtype_size(t->desc.dtype), elements_of(t->desc.shape, t->desc.ndim)),
                      "logical digest of %s", t->name);
-        size_t es = ckpt_dtype_size(t->desc.dtype);
+        size_t es = tp_dtype_size(t->desc.dtype);
         int64_t pshape[CKPT_MAX_DIMS];
         ckpt_piece_shape(&t->desc, layout->tp, pshape);
         size_t piece_bytes = (size_t)elements_of(pshape, t->desc.ndim) * es;
@@ -44,10 +44,10 @@ static void check_reads(const char *path, const ckpt_layout *layout, test_tensor
         for (int p = 0; p < ckpt_piece_count(&t->desc, layout->tp); p++) {
             build_piece(&t->desc, layout->tp, p, t->logical, want);
             memset(got, 0xAB, piece_bytes);
-            cr_assert_eq(ckpt_reader_read_piece(r, k, p, got, piece_bytes), CKPT_OK, "%s", ckpt_errmsg());
+            cr_assert_eq(ckpt_reader_read_piece(r, k, p, got, piece_bytes), TP_OK, "%s", tp_errmsg());
             cr_assert_eq(memcmp(want, got, piece_bytes), 0, "piece %d of %s", p, t->name);
-            cr_assert_eq(ckpt_reader_verify_piece(r, k, p), CKPT_OK, "%s", ckpt_errmsg());
-            cr_assert_eq(ckpt_reader_check_padding(r, k, p), CKPT_OK, "%s", ckpt_errmsg());
+            cr_assert_eq(ckpt_reader_verify_piece(r, k, p), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(ckpt_reader_check_padding(r, k, p), TP_OK, "%s", tp_errmsg());
         }
         free(want);
         free(got);
@@ -61,8 +61,8 @@ static void check_reads(const char *path, const ckpt_layout *layout, test_tensor
             size_t bytes = (size_t)elements_of(count, t->desc.ndim) * es;
             uint8_t *expect = malloc(bytes), *region = malloc(bytes);
             extract(t, start, count, expect);
-            cr_assert_eq(ckpt_reader_read_region(r, k, start, count, region, bytes), CKPT_OK, "%s",
-                         ckpt_errmsg());
+            cr_assert_eq(ckpt_reader_read_region(r, k, start, count, region, bytes), TP_OK, "%s",
+                         tp_errmsg());
             cr_assert_eq(memcmp(expect, region, bytes), 0, "region %d of %s", q, t->name);
             free(expect);
             free(region);
@@ -100,7 +100,7 @@ Test(io, multi_block_regions)
     for (int i = 0; i < 2; i++) {
         memset(&tensors[i], 0, sizeof tensors[i]);
         snprintf(tensors[i].name, sizeof tensors[i].name, "model/big%d", i);
-        tensors[i].desc = (ckpt_tensor_desc){.name = tensors[i].name, .dtype = CKPT_FP32, .ndim = 2,
+        tensors[i].desc = (ckpt_tensor_desc){.name = tensors[i].name, .dtype = TP_FP32, .ndim = 2,
                                              .shape = {3000, 300}, .anchor = CKPT_ANCHOR_FIRST};
         tensors[i].desc.partition = (ckpt_partition){CKPT_SPLIT, i, 0, {0}, 0, 0};
         size_t bytes = 3000 * 300 * 4;
@@ -147,10 +147,10 @@ static void simple_checkpoint(const char *path, int64_t step)
     memset(t, 0, sizeof t);
     strcpy(t[0].name, "model/a.weight");
     strcpy(t[1].name, "model/b.bias");
-    t[0].desc = (ckpt_tensor_desc){.name = t[0].name, .dtype = CKPT_FP32, .ndim = 2, .shape = {64, 64},
+    t[0].desc = (ckpt_tensor_desc){.name = t[0].name, .dtype = TP_FP32, .ndim = 2, .shape = {64, 64},
                                    .anchor = CKPT_ANCHOR_LAYER, .layer = 1};
     t[0].desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 0};
-    t[1].desc = (ckpt_tensor_desc){.name = t[1].name, .dtype = CKPT_BF16, .ndim = 1, .shape = {4096},
+    t[1].desc = (ckpt_tensor_desc){.name = t[1].name, .dtype = TP_BF16, .ndim = 1, .shape = {4096},
                                    .anchor = CKPT_ANCHOR_FIRST};
     t[0].logical = data[0];
     t[1].logical = data[1];
@@ -188,19 +188,19 @@ Test(io, flipped_byte_is_named)
     snprintf(shard, sizeof shard, "%s/shard_pp00_tp01.h5", path);
     flip_byte(shard, data_offset(shard, "model/a.weight") + 100);
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
     int k = ckpt_reader_find(r, "model/a.weight");
-    cr_assert_eq(ckpt_reader_verify_piece(r, k, 0), CKPT_OK, "the other piece is intact");
-    cr_assert_eq(ckpt_reader_verify_piece(r, k, 1), CKPT_ERR_CHECKSUM);
-    cr_assert(strstr(ckpt_errmsg(), "model/a.weight") && strstr(ckpt_errmsg(), "shard_pp00_tp01.h5"),
-              "message names tensor and file: %s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_verify_piece(r, k, 0), TP_OK, "the other piece is intact");
+    cr_assert_eq(ckpt_reader_verify_piece(r, k, 1), TP_ERR_CHECKSUM);
+    cr_assert(strstr(tp_errmsg(), "model/a.weight") && strstr(tp_errmsg(), "shard_pp00_tp01.h5"),
+              "message names tensor and file: %s", tp_errmsg());
     float buf[64 * 64];
     int64_t start[2] = {0, 0}, count[2] = {64, 64};
-    cr_assert_eq(ckpt_reader_read_region(r, k, start, count, buf, sizeof buf), CKPT_ERR_CHECKSUM);
+    cr_assert_eq(ckpt_reader_read_region(r, k, start, count, buf, sizeof buf), TP_ERR_CHECKSUM);
     ckpt_reader_close(r);
     ckpt_read_options no_verify = {0};
-    cr_assert_eq(ckpt_reader_open(&r, path, &no_verify), CKPT_OK);
-    cr_assert_eq(ckpt_reader_read_region(r, k, start, count, buf, sizeof buf), CKPT_OK,
+    cr_assert_eq(ckpt_reader_open(&r, path, &no_verify), TP_OK);
+    cr_assert_eq(ckpt_reader_read_region(r, k, start, count, buf, sizeof buf), TP_OK,
                  "without verification the damaged data is returned");
     ckpt_reader_close(r);
 }
@@ -220,8 +220,8 @@ Test(io, future_version_is_refused)
     simple_checkpoint(path, 1);
     edit_index(path, "\"format_version\":\\t\\[1, 0\\]", "\"format_version\":\\t[2, 0]");
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_ERR_VERSION, "%s", ckpt_errmsg());
-    cr_assert(strstr(ckpt_errmsg(), "2.0") && strstr(ckpt_errmsg(), "newer"), "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_ERR_VERSION, "%s", tp_errmsg());
+    cr_assert(strstr(tp_errmsg(), "2.0") && strstr(tp_errmsg(), "newer"), "%s", tp_errmsg());
 }
 
 Test(io, truncated_and_missing_files)
@@ -234,27 +234,27 @@ Test(io, truncated_and_missing_files)
     stat(shard, &st);
     cr_assert_eq(truncate(shard, st.st_size - 10), 0);
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_ERR_FORMAT);
-    cr_assert(strstr(ckpt_errmsg(), "shard_pp00_tp00.h5") && strstr(ckpt_errmsg(), "truncated"), "%s",
-              ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "shard_pp00_tp00.h5") && strstr(tp_errmsg(), "truncated"), "%s",
+              tp_errmsg());
     unlink(shard);
-    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_ERR_NOT_FOUND);
-    cr_assert(strstr(ckpt_errmsg(), "shard_pp00_tp00.h5"), "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_ERR_NOT_FOUND);
+    cr_assert(strstr(tp_errmsg(), "shard_pp00_tp00.h5"), "%s", tp_errmsg());
 }
 
 Test(io, not_a_checkpoint)
 {
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, dir, NULL), CKPT_ERR_NOT_FOUND);
-    cr_assert(strstr(ckpt_errmsg(), "is not a checkpoint"), "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&r, dir, NULL), TP_ERR_NOT_FOUND);
+    cr_assert(strstr(tp_errmsg(), "is not a checkpoint"), "%s", tp_errmsg());
     char path[600];
     snprintf(path, sizeof path, "%s/missing", dir);
-    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_ERR_NOT_FOUND);
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_ERR_NOT_FOUND);
     snprintf(path, sizeof path, "%s/ck", dir);
     simple_checkpoint(path, 1);
     edit_index(path, "\"tensors\"", "\"tensorz\"");
-    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_ERR_FORMAT);
-    cr_assert(strstr(ckpt_errmsg(), "tensors"), "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "tensors"), "%s", tp_errmsg());
 }
 
 /* ------------------------------------------------------------ atomicity */
@@ -266,16 +266,16 @@ Test(io, existing_output_needs_overwrite)
     simple_checkpoint(path, 1);
     ckpt_layout layout = {1, 1, 1, 0};
     ckpt_writer *w;
-    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), CKPT_ERR_EXISTS);
-    cr_assert(strstr(ckpt_errmsg(), "--force"), "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), TP_ERR_EXISTS);
+    cr_assert(strstr(tp_errmsg(), "--force"), "%s", tp_errmsg());
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     options.overwrite = 1;
-    cr_assert_eq(ckpt_writer_create(&w, path, &layout, &options), CKPT_OK);
+    cr_assert_eq(ckpt_writer_create(&w, path, &layout, &options), TP_OK);
     ckpt_train_state state = {42, 0, NULL, NULL, NULL, NULL};
-    cr_assert_eq(ckpt_writer_commit(w, &state), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_writer_commit(w, &state), TP_OK, "%s", tp_errmsg());
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_OK);
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK);
     cr_assert_eq(ckpt_reader_state(r)->step, 42);
     cr_assert_eq(ckpt_reader_num_tensors(r), 0);
     ckpt_reader_close(r);
@@ -290,26 +290,26 @@ Test(io, abort_and_incomplete_leave_nothing)
     snprintf(path, sizeof path, "%s/ck", dir);
     snprintf(staging, sizeof staging, "%s/.ck.staging", dir);
     ckpt_layout layout = {2, 1, 1, 0};
-    ckpt_tensor_desc t = {.name = "model/w", .dtype = CKPT_FP32, .ndim = 1, .shape = {8},
+    ckpt_tensor_desc t = {.name = "model/w", .dtype = TP_FP32, .ndim = 1, .shape = {8},
                           .anchor = CKPT_ANCHOR_FIRST};
     t.partition.kind = CKPT_SPLIT;
     ckpt_writer *w;
     int id;
-    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), CKPT_OK);
-    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), CKPT_OK);
-    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), CKPT_ERR_ARG, "a name is declared once");
+    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), TP_OK);
+    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), TP_OK);
+    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), TP_ERR_ARG, "a name is declared once");
     ckpt_writer_abort(w);
     cr_assert_eq(access(path, F_OK), -1);
     cr_assert_eq(access(staging, F_OK), -1);
 
-    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), CKPT_OK);
-    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), CKPT_OK);
+    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), TP_OK);
+    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), TP_OK);
     float values[4] = {1, 2, 3, 4};
-    cr_assert_eq(ckpt_writer_put_piece(w, id, 0, values), CKPT_OK);
-    cr_assert_eq(ckpt_writer_put_piece(w, id, 0, values), CKPT_ERR_STATE, "rows written twice");
-    cr_assert_eq(ckpt_writer_put_rows(w, id, 1, 1, 2, values), CKPT_ERR_ARG, "not block aligned");
-    cr_assert_eq(ckpt_writer_commit(w, NULL), CKPT_ERR_STATE, "piece 1 missing");
-    cr_assert(strstr(ckpt_errmsg(), "model/w piece 1"), "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_writer_put_piece(w, id, 0, values), TP_OK);
+    cr_assert_eq(ckpt_writer_put_piece(w, id, 0, values), TP_ERR_STATE, "rows written twice");
+    cr_assert_eq(ckpt_writer_put_rows(w, id, 1, 1, 2, values), TP_ERR_ARG, "not block aligned");
+    cr_assert_eq(ckpt_writer_commit(w, NULL), TP_ERR_STATE, "piece 1 missing");
+    cr_assert(strstr(tp_errmsg(), "model/w piece 1"), "%s", tp_errmsg());
     cr_assert_eq(access(path, F_OK), -1, "nothing visible after a failed commit");
     cr_assert_eq(access(staging, F_OK), -1);
 }
@@ -319,25 +319,25 @@ Test(io, nonzero_padding_is_found)
     char path[600];
     snprintf(path, sizeof path, "%s/ck", dir);
     ckpt_layout layout = {2, 1, 1, 0};
-    ckpt_tensor_desc t = {.name = "model/tok", .dtype = CKPT_FP32, .ndim = 1, .shape = {5},
+    ckpt_tensor_desc t = {.name = "model/tok", .dtype = TP_FP32, .ndim = 1, .shape = {5},
                           .anchor = CKPT_ANCHOR_FIRST};
     t.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 1, 4}; /* 5 padded to 8 */
     ckpt_writer *w;
     int id;
-    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), CKPT_OK);
-    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), CKPT_OK);
+    cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), TP_OK);
+    cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), TP_OK);
     float first[4] = {1, 2, 3, 4}, second[4] = {5, 0, 9, 0}; /* 9 sits in padding */
-    cr_assert_eq(ckpt_writer_put_piece(w, id, 0, first), CKPT_OK);
-    cr_assert_eq(ckpt_writer_put_piece(w, id, 1, second), CKPT_OK);
-    cr_assert_eq(ckpt_writer_commit(w, NULL), CKPT_OK);
+    cr_assert_eq(ckpt_writer_put_piece(w, id, 0, first), TP_OK);
+    cr_assert_eq(ckpt_writer_put_piece(w, id, 1, second), TP_OK);
+    cr_assert_eq(ckpt_writer_commit(w, NULL), TP_OK);
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_OK);
-    cr_assert_eq(ckpt_reader_check_padding(r, 0, 0), CKPT_OK);
-    cr_assert_eq(ckpt_reader_check_padding(r, 0, 1), CKPT_ERR_FORMAT);
-    cr_assert(strstr(ckpt_errmsg(), "padding"), "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK);
+    cr_assert_eq(ckpt_reader_check_padding(r, 0, 0), TP_OK);
+    cr_assert_eq(ckpt_reader_check_padding(r, 0, 1), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "padding"), "%s", tp_errmsg());
     float logical[5];
     int64_t start = 0, count = 5;
-    cr_assert_eq(ckpt_reader_read_region(r, 0, &start, &count, logical, sizeof logical), CKPT_OK);
+    cr_assert_eq(ckpt_reader_read_region(r, 0, &start, &count, logical, sizeof logical), TP_OK);
     float expect[5] = {1, 2, 3, 4, 5};
     cr_assert_eq(memcmp(logical, expect, sizeof expect), 0, "padding is not part of the logical tensor");
     ckpt_reader_close(r);
@@ -356,11 +356,11 @@ Test(io, latest_pointer_and_resolution)
     options.update_latest = 1;
     ckpt_writer *w;
     ckpt_train_state s20 = {20, 0, NULL, NULL, NULL, NULL}, s10 = {10, 0, NULL, NULL, NULL, NULL};
-    cr_assert_eq(ckpt_writer_create(&w, a, &layout, &options), CKPT_OK);
-    cr_assert_eq(ckpt_writer_commit(w, &s20), CKPT_OK);
-    cr_assert_eq(ckpt_writer_create(&w, b, &layout, &options), CKPT_OK);
-    cr_assert_eq(ckpt_writer_commit(w, &s10), CKPT_OK);
-    cr_assert_eq(ckpt_resolve(run, resolved, sizeof resolved), CKPT_OK);
+    cr_assert_eq(ckpt_writer_create(&w, a, &layout, &options), TP_OK);
+    cr_assert_eq(ckpt_writer_commit(w, &s20), TP_OK);
+    cr_assert_eq(ckpt_writer_create(&w, b, &layout, &options), TP_OK);
+    cr_assert_eq(ckpt_writer_commit(w, &s10), TP_OK);
+    cr_assert_eq(ckpt_resolve(run, resolved, sizeof resolved), TP_OK);
     cr_assert_str_eq(resolved, a, "latest never moves back to an older step");
     /* A damaged pointer falls back to the newest committed step_* directory. */
     char latest[700];
@@ -368,13 +368,13 @@ Test(io, latest_pointer_and_resolution)
     FILE *f = fopen(latest, "w");
     fputs("step_99999999\n", f);
     fclose(f);
-    cr_assert_eq(ckpt_resolve(run, resolved, sizeof resolved), CKPT_OK);
+    cr_assert_eq(ckpt_resolve(run, resolved, sizeof resolved), TP_OK);
     cr_assert_str_eq(resolved, a);
     /* A staging directory (an interrupted write) is never chosen. */
     char staging[700];
     snprintf(staging, sizeof staging, "%s/.step_00000030.staging", run);
     mkdir(staging, 0755);
-    cr_assert_eq(ckpt_resolve(run, resolved, sizeof resolved), CKPT_OK);
+    cr_assert_eq(ckpt_resolve(run, resolved, sizeof resolved), TP_OK);
     cr_assert_str_eq(resolved, a);
 }
 
@@ -402,10 +402,10 @@ static void *write_rank(void *arg)
         char wname[64], bname[64];
         snprintf(wname, sizeof wname, "model/layers.%lld.w", (long long)layer);
         snprintf(bname, sizeof bname, "model/layers.%lld.b", (long long)layer);
-        ckpt_tensor_desc w_desc = {.name = wname, .dtype = CKPT_FP32, .ndim = 2, .shape = {8, 3},
+        ckpt_tensor_desc w_desc = {.name = wname, .dtype = TP_FP32, .ndim = 2, .shape = {8, 3},
                                    .anchor = CKPT_ANCHOR_LAYER, .layer = layer};
         w_desc.partition.kind = CKPT_SPLIT;
-        ckpt_tensor_desc b_desc = {.name = bname, .dtype = CKPT_FP32, .ndim = 1, .shape = {3},
+        ckpt_tensor_desc b_desc = {.name = bname, .dtype = TP_FP32, .ndim = 1, .shape = {3},
                                    .anchor = CKPT_ANCHOR_LAYER, .layer = layer};
         int wid, bid;
         job->status = ckpt_writer_add_tensor(w, &w_desc, &wid);
@@ -430,7 +430,7 @@ Test(io, distributed_writers_commit_once)
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     options.update_latest = 1;
-    cr_assert_eq(ckpt_stage_prepare(path, &options), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_stage_prepare(path, &options), TP_OK, "%s", tp_errmsg());
     rank_job jobs[4];
     pthread_t threads[4];
     for (int i = 0; i < 4; i++) {
@@ -439,12 +439,12 @@ Test(io, distributed_writers_commit_once)
     }
     for (int i = 0; i < 4; i++) {
         pthread_join(threads[i], NULL);
-        cr_assert_eq(jobs[i].status, CKPT_OK, "rank %d", i);
+        cr_assert_eq(jobs[i].status, TP_OK, "rank %d", i);
     }
     ckpt_train_state state = {5, 40, NULL, NULL, "[{\"pp\":0,\"tp\":0,\"dp\":0,\"state\":\"01\"}]", NULL};
-    cr_assert_eq(ckpt_commit_staged(path, &layout, &state, &options), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_commit_staged(path, &layout, &state, &options), TP_OK, "%s", tp_errmsg());
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, dir, NULL), CKPT_OK, "the run directory resolves: %s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&r, dir, NULL), TP_OK, "the run directory resolves: %s", tp_errmsg());
     cr_assert_eq(ckpt_reader_num_tensors(r), 8);
     cr_assert_eq(ckpt_reader_layout(r)->dp, 4);
     for (int64_t layer = 0; layer < 4; layer++) {
@@ -453,8 +453,8 @@ Test(io, distributed_writers_commit_once)
         int k = ckpt_reader_find(r, wname);
         float merged[24];
         int64_t start[2] = {0, 0}, count[2] = {8, 3};
-        cr_assert_eq(ckpt_reader_read_region(r, k, start, count, merged, sizeof merged), CKPT_OK, "%s",
-                     ckpt_errmsg());
+        cr_assert_eq(ckpt_reader_read_region(r, k, start, count, merged, sizeof merged), TP_OK, "%s",
+                     tp_errmsg());
         for (int i = 0; i < 24; i++) cr_assert_eq(merged[i], (float)(layer * 100 + i));
         ckpt_piece_info info;
         ckpt_reader_piece_info(r, k, 1, &info);
@@ -471,11 +471,11 @@ Test(io, distributed_commit_needs_every_shard)
     ckpt_layout layout = {2, 1, 1, 2};
     ckpt_write_options options;
     ckpt_write_options_init(&options);
-    cr_assert_eq(ckpt_stage_prepare(path, &options), CKPT_OK);
+    cr_assert_eq(ckpt_stage_prepare(path, &options), TP_OK);
     rank_job job = {path, layout, 0, 1, 0};
     write_rank(&job);
-    cr_assert_eq(job.status, CKPT_OK, "%s", ckpt_errmsg());
-    cr_assert_eq(ckpt_commit_staged(path, &layout, NULL, &options), CKPT_ERR_STATE);
-    cr_assert(strstr(ckpt_errmsg(), "shard_pp00_tp00.h5"), "names the missing shard: %s", ckpt_errmsg());
+    cr_assert_eq(job.status, TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_commit_staged(path, &layout, NULL, &options), TP_ERR_STATE);
+    cr_assert(strstr(tp_errmsg(), "shard_pp00_tp00.h5"), "names the missing shard: %s", tp_errmsg());
     cr_assert_eq(access(path, F_OK), -1);
 }

@@ -22,7 +22,7 @@ static ckpt_tensor_desc random_split(int64_t *granule_out)
     ckpt_tensor_desc t;
     memset(&t, 0, sizeof t);
     t.name = "model/x.weight";
-    t.dtype = CKPT_FP32;
+    t.dtype = TP_FP32;
     t.ndim = (int)rnd(1, 3);
     for (int d = 0; d < t.ndim; d++) t.shape[d] = rnd(1, 5);
     t.partition.kind = CKPT_SPLIT;
@@ -85,12 +85,12 @@ Test(partition, random_layouts_match_reference)
         int64_t *map = NULL, piece_size = 0;
         int possible = reference(&t, tp, &map, &piece_size);
         int status = ckpt_tensor_check(&t, tp);
-        cr_assert_eq(status == CKPT_OK, possible, "iteration %d: check says %d, reference %d", iter,
+        cr_assert_eq(status == TP_OK, possible, "iteration %d: check says %d, reference %d", iter,
                      status, possible);
         if (!possible) {
-            cr_assert_eq(status, CKPT_ERR_LAYOUT);
-            cr_assert(strstr(ckpt_errmsg(), "model/x.weight") && strstr(ckpt_errmsg(), "tp="),
-                      "message names the tensor and degree: %s", ckpt_errmsg());
+            cr_assert_eq(status, TP_ERR_LAYOUT);
+            cr_assert(strstr(tp_errmsg(), "model/x.weight") && strstr(tp_errmsg(), "tp="),
+                      "message names the tensor and degree: %s", tp_errmsg());
             refused++;
             continue;
         }
@@ -147,10 +147,10 @@ Test(partition, random_layouts_match_reference)
 Test(partition, fused_qkv_grouped_query)
 {
     /* 8 query heads, 2 KV heads of 16: segments [128, 32, 32] granule 16. */
-    ckpt_tensor_desc t = {.name = "model/layers.0.attn.qkv.weight", .dtype = CKPT_BF16, .ndim = 2,
+    ckpt_tensor_desc t = {.name = "model/layers.0.attn.qkv.weight", .dtype = TP_BF16, .ndim = 2,
                           .shape = {192, 64}, .anchor = CKPT_ANCHOR_LAYER, .layer = 0};
     t.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {128, 32, 32}, 16, 0};
-    cr_assert_eq(ckpt_tensor_check(&t, 2), CKPT_OK);
+    cr_assert_eq(ckpt_tensor_check(&t, 2), TP_OK);
     int64_t shape[CKPT_MAX_DIMS];
     ckpt_piece_shape(&t, 2, shape);
     cr_assert_eq(shape[0], 96); /* 64 q + 16 k + 16 v */
@@ -159,13 +159,13 @@ Test(partition, fused_qkv_grouped_query)
     cr_assert_eq(runs[0].logical_start, 64);  /* q rows 64..127 */
     cr_assert_eq(runs[1].logical_start, 144); /* k rows 128 + 16 */
     cr_assert_eq(runs[2].logical_start, 176); /* v rows 160 + 16 */
-    cr_assert_eq(ckpt_tensor_check(&t, 4), CKPT_ERR_LAYOUT, "2 KV heads cannot split over 4 ranks");
-    cr_assert(strstr(ckpt_errmsg(), "segment 1"), "names the segment: %s", ckpt_errmsg());
+    cr_assert_eq(ckpt_tensor_check(&t, 4), TP_ERR_LAYOUT, "2 KV heads cannot split over 4 ranks");
+    cr_assert(strstr(tp_errmsg(), "segment 1"), "names the segment: %s", tp_errmsg());
 }
 
 Test(partition, vocabulary_padding)
 {
-    ckpt_tensor_desc t = {.name = "model/tok_embed.weight", .dtype = CKPT_FP32, .ndim = 2,
+    ckpt_tensor_desc t = {.name = "model/tok_embed.weight", .dtype = TP_FP32, .ndim = 2,
                           .shape = {50257, 8}, .anchor = CKPT_ANCHOR_FIRST};
     t.partition = (ckpt_partition){CKPT_SPLIT, 0, 1, {50257}, 1, 128};
     int64_t padded[CKPT_MAX_DIMS];
@@ -193,29 +193,29 @@ Test(partition, stages_follow_layers)
     t.anchor = CKPT_ANCHOR_LAST;
     cr_assert_eq(ckpt_tensor_stage(&t, &layout), 3);
     ckpt_layout bad = {2, 3, 1, 8};
-    cr_assert_eq(ckpt_layout_check(&bad), CKPT_ERR_LAYOUT);
-    cr_assert(strstr(ckpt_errmsg(), "8 layers") && strstr(ckpt_errmsg(), "pp=3"), "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_layout_check(&bad), TP_ERR_LAYOUT);
+    cr_assert(strstr(tp_errmsg(), "8 layers") && strstr(tp_errmsg(), "pp=3"), "%s", tp_errmsg());
 }
 
 Test(partition, invalid_descriptions_are_refused)
 {
-    ckpt_tensor_desc t = {.name = "model/w", .dtype = CKPT_FP32, .ndim = 2, .shape = {10, 4},
+    ckpt_tensor_desc t = {.name = "model/w", .dtype = TP_FP32, .ndim = 2, .shape = {10, 4},
                           .anchor = CKPT_ANCHOR_FIRST};
     t.partition = (ckpt_partition){CKPT_SPLIT, 0, 2, {4, 5}, 1, 0};
-    cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_ERR_ARG, "segments must sum to the axis");
-    cr_assert(strstr(ckpt_errmsg(), "sum to 9"), "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_tensor_check(&t, 1), TP_ERR_ARG, "segments must sum to the axis");
+    cr_assert(strstr(tp_errmsg(), "sum to 9"), "%s", tp_errmsg());
     t.partition = (ckpt_partition){CKPT_SPLIT, 0, 1, {10}, 4, 0};
-    cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_ERR_ARG, "segment not a multiple of the granule");
+    cr_assert_eq(ckpt_tensor_check(&t, 1), TP_ERR_ARG, "segment not a multiple of the granule");
     t.partition = (ckpt_partition){CKPT_SPLIT, 2, 0, {0}, 0, 0};
-    cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_ERR_ARG, "axis out of range");
+    cr_assert_eq(ckpt_tensor_check(&t, 1), TP_ERR_ARG, "axis out of range");
     t.partition = (ckpt_partition){CKPT_REPLICATED, 0, 0, {0}, 0, 0};
     const char *bad_names[] = {"", "/abs", "a//b", "a/../b", "trailing/", "sp ace", "a/./b"};
     for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
         t.name = bad_names[i];
-        cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_ERR_ARG, "name '%s' refused", bad_names[i]);
+        cr_assert_eq(ckpt_tensor_check(&t, 1), TP_ERR_ARG, "name '%s' refused", bad_names[i]);
     }
     t.name = "optim/exp_avg/layers.0.attn.qkv-weight_1";
-    cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_OK);
+    cr_assert_eq(ckpt_tensor_check(&t, 1), TP_OK);
     t.shape[1] = 0;
-    cr_assert_eq(ckpt_tensor_check(&t, 1), CKPT_ERR_ARG, "zero-sized dimension");
+    cr_assert_eq(ckpt_tensor_check(&t, 1), TP_ERR_ARG, "zero-sized dimension");
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../common/error.h"
 #include "../../kernels/kernels.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -60,7 +61,7 @@ Test(convert, bf16_matches_reference)
     static uint16_t out[N];
     for (int i = 0; i < N; i++)
         in[i] = from_bits(i < (int)(sizeof specials / 4) ? specials[i] : next_bits() ^ (uint32_t)i << 31);
-    convert_from_f32(in, out, NUMBER_BF16, N);
+    convert_from_f32(in, out, TP_BF16, N);
     for (int i = 0; i < N; i++) {
         uint16_t want = reference_bf16(in[i]);
         if (isnan(in[i])) cr_assert((out[i] & 0x7fff) > 0x7f80, "NaN %08x stays NaN", to_bits(in[i]));
@@ -70,8 +71,8 @@ Test(convert, bf16_matches_reference)
     static uint16_t all[65536], back[65536];
     static float wide[65536];
     for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
-    convert_to_f32(all, NUMBER_BF16, wide, 65536);
-    convert_from_f32(wide, back, NUMBER_BF16, 65536);
+    convert_to_f32(all, TP_BF16, wide, 65536);
+    convert_from_f32(wide, back, TP_BF16, 65536);
     for (int i = 0; i < 65536; i++)
         if ((i & 0x7fff) <= 0x7f80) cr_assert_eq(back[i], all[i], "round trip of %04x", i);
 }
@@ -87,7 +88,7 @@ Test(convert, fp16_matches_compiler)
         if (i % 2) b = (b & 0x83ffffffu) | ((uint32_t)(96 + i % 48) << 23);
         in[i] = from_bits(b);
     }
-    convert_from_f32(in, out, NUMBER_F16, N);
+    convert_from_f32(in, out, TP_FP16, N);
     for (int i = 0; i < N; i++) {
         _Float16 h = (_Float16)in[i];
         uint16_t want;
@@ -98,7 +99,7 @@ Test(convert, fp16_matches_compiler)
     static uint16_t all[65536];
     static float wide[65536];
     for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
-    convert_to_f32(all, NUMBER_F16, wide, 65536);
+    convert_to_f32(all, TP_FP16, wide, 65536);
     for (int i = 0; i < 65536; i++) {
         _Float16 h;
         uint16_t bits = (uint16_t)i;
@@ -111,15 +112,15 @@ Test(convert, any_to_any_goes_through_fp32)
 {
     uint16_t bf[4] = {0x3f80, 0xc000, 0x4049, 0x0000}, half[4], again[4];
     float f[4];
-    convert_numbers(bf, NUMBER_BF16, half, NUMBER_F16, 4);
-    convert_to_f32(half, NUMBER_F16, f, 4);
+    convert_numbers(bf, TP_BF16, half, TP_FP16, 4);
+    convert_to_f32(half, TP_FP16, f, 4);
     cr_assert_eq(f[0], 1.0f);
     cr_assert_eq(f[1], -2.0f);
     cr_assert_float_eq(f[2], 3.140625f, 1e-3);
-    convert_numbers(half, NUMBER_F16, again, NUMBER_BF16, 4);
+    convert_numbers(half, TP_FP16, again, TP_BF16, 4);
     cr_assert_eq(memcmp(again, bf, sizeof bf), 0);
     float same[4];
-    convert_numbers(f, NUMBER_F32, same, NUMBER_F32, 4);
+    convert_numbers(f, TP_FP32, same, TP_FP32, 4);
     cr_assert_eq(memcmp(f, same, sizeof f), 0);
 }
 
@@ -132,13 +133,12 @@ Test(convert, cuda_twin_is_bit_identical)
     uint16_t *cpu = malloc(N * 2), *gpu = malloc(N * 2);
     float *cpu_wide = malloc(N * 4), *gpu_wide = malloc(N * 4);
     for (int i = 0; i < N; i++) in[i] = from_bits(i < (int)(sizeof specials / 4) ? specials[i] : next_bits());
-    char err[256];
-    for (number_format f = NUMBER_BF16; f <= NUMBER_F16; f++) {
+    for (tp_dtype f = TP_BF16; f <= TP_FP16; f++) {
         convert_from_f32(in, cpu, f, N);
-        cr_assert_eq(cuda_convert_numbers(in, NUMBER_F32, gpu, f, N, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(cuda_convert_numbers(in, TP_FP32, gpu, f, N), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(memcmp(cpu, gpu, N * 2), 0, "narrowing to format %d", f);
         convert_to_f32(cpu, f, cpu_wide, N);
-        cr_assert_eq(cuda_convert_numbers(cpu, f, gpu_wide, NUMBER_F32, N, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(cuda_convert_numbers(cpu, f, gpu_wide, TP_FP32, N), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(memcmp(cpu_wide, gpu_wide, N * 4), 0, "widening from format %d", f);
     }
     free(in), free(cpu), free(gpu), free(cpu_wide), free(gpu_wide);

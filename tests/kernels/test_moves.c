@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../common/error.h"
 #include "../../kernels/kernels.h"
 
 static uint64_t rng_state = 0xD1B54A32D192ED03ull;
@@ -49,14 +50,14 @@ Test(moves, transpose_matches_element_reference)
         for (int sf = 0; sf < 3; sf++) {
             for (int df = 0; df < 3; df++) {
                 for (int i = 0; i < MAX; i++) src[i] = i % 11 == 0 ? specials[(i / 11) % 8] : (uint32_t)next_random();
-                size_t ds = number_format_size((number_format)df), ss = number_format_size((number_format)sf);
+                size_t ds = tp_dtype_size((tp_dtype)df), ss = tp_dtype_size((tp_dtype)sf);
                 memset(got, 0x5A, sizeof got);
                 memset(want, 0x5A, sizeof want);
-                transpose_numbers(src, (number_format)sf, rows, cols, in_stride, got, (number_format)df, out_stride);
+                transpose_numbers(src, (tp_dtype)sf, rows, cols, in_stride, got, (tp_dtype)df, out_stride);
                 for (int64_t r = 0; r < rows; r++)
                     for (int64_t c = 0; c < cols; c++)
-                        convert_numbers((uint8_t *)src + (r * in_stride + c) * (int64_t)ss, (number_format)sf,
-                                        want + (c * out_stride + r) * (int64_t)ds, (number_format)df, 1);
+                        convert_numbers((uint8_t *)src + (r * in_stride + c) * (int64_t)ss, (tp_dtype)sf,
+                                        want + (c * out_stride + r) * (int64_t)ds, (tp_dtype)df, 1);
                 cr_assert_eq(memcmp(got, want, sizeof got), 0, "[%lld, %lld], formats %d -> %d", (long long)rows,
                              (long long)cols, sf, df);
             }
@@ -73,11 +74,11 @@ Test(moves, cpu_matches_element_reference)
             for (int i = 0; i < SRC; i++) src[i] = (uint32_t)next_random();
             strided_move moves[ROWS];
             int64_t n = random_moves(moves, SRC / 2, ROWS, COLS);
-            size_t ds = number_format_size((number_format)df), ss = number_format_size((number_format)sf);
+            size_t ds = tp_dtype_size((tp_dtype)df), ss = tp_dtype_size((tp_dtype)sf);
             uint8_t got[ROWS * COLS * 4], want[ROWS * COLS * 4];
             memset(got, 0x5A, sizeof got);
             memset(want, 0x5A, sizeof want);
-            moves_apply(src, (number_format)sf, got, (number_format)df, moves, n);
+            moves_apply(src, (tp_dtype)sf, got, (tp_dtype)df, moves, n);
             for (int64_t m = 0; m < n; m++)
                 for (int64_t r = 0; r < moves[m].repeat; r++)
                     for (int64_t i = 0; i < moves[m].len; i++) {
@@ -85,7 +86,7 @@ Test(moves, cpu_matches_element_reference)
                         if (moves[m].src < 0) memset(to, 0, ds);
                         else
                             convert_numbers((uint8_t *)src + (moves[m].src + r * moves[m].src_stride + i) * (int64_t)ss,
-                                            (number_format)sf, to, (number_format)df, 1);
+                                            (tp_dtype)sf, to, (tp_dtype)df, 1);
                     }
             cr_assert_eq(memcmp(got, want, sizeof got), 0, "formats %d -> %d", sf, df);
         }
@@ -97,9 +98,8 @@ Test(moves, cuda_twin_is_bit_identical)
     if (cuda_device_count() == 0)
         cr_skip_test("no CUDA device (%s)", cuda_built() ? "built with CUDA" : "built without CUDA");
     enum { SRC = 1 << 20, ROWS = 512, COLS = 1000 };
-    char err[256];
     cuda_mover *mover;
-    cr_assert_eq(cuda_mover_create(&mover, SRC * 4, ROWS * COLS * 4, ROWS, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(cuda_mover_create(&mover, SRC * 4, ROWS * COLS * 4, ROWS), TP_OK, "%s", tp_errmsg());
     uint32_t *src = cuda_mover_staging(mover);
     uint8_t *cpu = malloc(ROWS * COLS * 4);
     strided_move moves[ROWS];
@@ -107,14 +107,15 @@ Test(moves, cuda_twin_is_bit_identical)
         for (int df = 0; df < 3; df++) {
             for (int i = 0; i < SRC; i++) src[i] = (uint32_t)next_random();
             int64_t n = random_moves(moves, SRC / 2, ROWS, COLS);
-            size_t bytes = (size_t)ROWS * COLS * number_format_size((number_format)df);
+            size_t bytes = (size_t)ROWS * COLS * tp_dtype_size((tp_dtype)df);
             memset(cpu, 0, bytes);
             memset(cuda_mover_output(mover), 0, bytes);
-            moves_apply(src, (number_format)sf, cpu, (number_format)df, moves, n);
-            cr_assert_eq(cuda_mover_run(mover, SRC * number_format_size((number_format)sf), (number_format)sf, bytes,
-                                        (number_format)df, moves, n, err, sizeof err), 0, "%s", err);
+            moves_apply(src, (tp_dtype)sf, cpu, (tp_dtype)df, moves, n);
+            cr_assert_eq(cuda_mover_run(mover, SRC * tp_dtype_size((tp_dtype)sf), (tp_dtype)sf, bytes,
+                                        (tp_dtype)df, moves, n),
+                         TP_OK, "%s", tp_errmsg());
             /* Elements no move writes are undefined on the device: compare the written ones. */
-            size_t ds = number_format_size((number_format)df);
+            size_t ds = tp_dtype_size((tp_dtype)df);
             const uint8_t *gpu = cuda_mover_output(mover);
             for (int64_t m = 0; m < n; m++)
                 for (int64_t r = 0; r < moves[m].repeat; r++) {

@@ -26,14 +26,9 @@ TestSuite(export, .init = make_dir, .fini = remove_dir);
 
 /* ------------------------------------------------------------- helpers */
 
-static number_format format_of(ckpt_dtype dtype)
+static const char *st_dtype_name(tp_dtype dtype)
 {
-    return dtype == CKPT_BF16 ? NUMBER_BF16 : dtype == CKPT_FP16 ? NUMBER_F16 : NUMBER_F32;
-}
-
-static const char *st_dtype_name(ckpt_dtype dtype)
-{
-    return dtype == CKPT_BF16 ? "BF16" : dtype == CKPT_FP16 ? "F16" : "F32";
+    return dtype == TP_BF16 ? "BF16" : dtype == TP_FP16 ? "F16" : "F32";
 }
 
 static int path_exists(const char *path)
@@ -107,7 +102,7 @@ static int same_file(const char *path, const blob *b)
 }
 
 /* A tensor of given shape with random bytes; split_axis < 0: replicated. */
-static void fixed_tensor(test_tensor *t, const char *name, ckpt_dtype dtype, int ndim, const int64_t *shape,
+static void fixed_tensor(test_tensor *t, const char *name, tp_dtype dtype, int ndim, const int64_t *shape,
                          int split_axis, ckpt_anchor anchor, int64_t layer)
 {
     memset(t, 0, sizeof *t);
@@ -122,7 +117,7 @@ static void fixed_tensor(test_tensor *t, const char *name, ckpt_dtype dtype, int
     }
     t->desc.anchor = anchor;
     t->desc.layer = layer;
-    size_t bytes = (size_t)elements_of(shape, ndim) * ckpt_dtype_size(dtype);
+    size_t bytes = (size_t)elements_of(shape, ndim) * tp_dtype_size(dtype);
     t->logical = malloc(bytes);
     for (size_t b = 0; b < bytes; b++) t->logical[b] = (uint8_t)next_random();
 }
@@ -132,16 +127,16 @@ static void free_tensors(test_tensor *t, int n)
     for (int i = 0; i < n; i++) free(t[i].logical);
 }
 
-static int64_t tensor_bytes(const test_tensor *t, ckpt_dtype out)
+static int64_t tensor_bytes(const test_tensor *t, tp_dtype out)
 {
-    return elements_of(t->desc.shape, t->desc.ndim) * (int64_t)ckpt_dtype_size(out);
+    return elements_of(t->desc.shape, t->desc.ndim) * (int64_t)tp_dtype_size(out);
 }
 
 /* Naive: the logical tensor, transposed when asked (2-D), in dtype out. */
-static uint8_t *expected_tensor(const test_tensor *t, int transpose, ckpt_dtype out)
+static uint8_t *expected_tensor(const test_tensor *t, int transpose, tp_dtype out)
 {
     int64_t n = elements_of(t->desc.shape, t->desc.ndim);
-    size_t es = ckpt_dtype_size(t->desc.dtype);
+    size_t es = tp_dtype_size(t->desc.dtype);
     const uint8_t *src = t->logical;
     uint8_t *moved = NULL;
     if (transpose) {
@@ -152,8 +147,8 @@ static uint8_t *expected_tensor(const test_tensor *t, int transpose, ckpt_dtype 
             for (int64_t c = 0; c < cols; c++) memcpy(moved + (c * rows + r) * es, src + (r * cols + c) * es, es);
         src = moved;
     }
-    uint8_t *result = malloc((size_t)n * ckpt_dtype_size(out) + 1);
-    convert_numbers(src, format_of(t->desc.dtype), result, format_of(out), n);
+    uint8_t *result = malloc((size_t)n * tp_dtype_size(out) + 1);
+    convert_numbers(src, t->desc.dtype, result, out, n);
     free(moved);
     return result;
 }
@@ -171,7 +166,7 @@ static void written_shape(const test_tensor *t, int transpose, int64_t *shape)
 static ckpt_reader *open_reader(const char *path)
 {
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
     return r;
 }
 
@@ -267,7 +262,7 @@ static void st_free(st_parsed *p)
 }
 
 /* Checks tensor `name` of a parsed file: dtype, shape and bytes. */
-static void st_check_tensor(const st_parsed *p, const char *name, ckpt_dtype dtype, int ndim, const int64_t *shape,
+static void st_check_tensor(const st_parsed *p, const char *name, tp_dtype dtype, int ndim, const int64_t *shape,
                             const uint8_t *want)
 {
     const cJSON *entry = cJSON_GetObjectItemCaseSensitive(p->header, name);
@@ -281,7 +276,7 @@ static void st_check_tensor(const st_parsed *p, const char *name, ckpt_dtype dty
         cr_assert_eq(json_int(cJSON_GetArrayItem(s, k)), shape[k], "%s: shape[%d]", name, k);
     const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(entry, "data_offsets");
     int64_t begin = json_int(cJSON_GetArrayItem(offsets, 0)), end = json_int(cJSON_GetArrayItem(offsets, 1));
-    int64_t bytes = elements_of(shape, ndim) * (int64_t)ckpt_dtype_size(dtype);
+    int64_t bytes = elements_of(shape, ndim) * (int64_t)tp_dtype_size(dtype);
     cr_assert_eq(end - begin, bytes, "%s: data_offsets [%lld, %lld] for %lld bytes", name, (long long)begin,
                  (long long)end, (long long)bytes);
     const uint8_t *data = p->file.bytes + 8 + p->header_length + begin;
@@ -349,7 +344,7 @@ Test(export, safetensors_random_tensors)
         options.metadata = metadata;
         options.config_json = "{\"model_type\": \"gpt2\"}";
         export_summary summary;
-        cr_assert_eq(export_run(r, specs, n, &options, out, &summary), CKPT_OK, "%s", reshard_errmsg());
+        cr_assert_eq(export_run(r, specs, n, &options, out, &summary), TP_OK, "%s", tp_errmsg());
 
         /* One file, config.json beside it, no index, no staging leftover. */
         int leftovers = 0;
@@ -370,7 +365,7 @@ Test(export, safetensors_random_tensors)
         int64_t total = 0;
         for (int k = 0; k < n; k++) {
             const test_tensor *t = &tensors[which[k]];
-            ckpt_dtype dtype = options.dtype >= 0 ? (ckpt_dtype)options.dtype : t->desc.dtype;
+            tp_dtype dtype = options.dtype >= 0 ? (tp_dtype)options.dtype : t->desc.dtype;
             int64_t shape[CKPT_MAX_DIMS];
             written_shape(t, specs[k].transpose, shape);
             uint8_t *want = expected_tensor(t, specs[k].transpose, dtype);
@@ -385,7 +380,7 @@ Test(export, safetensors_random_tensors)
 
         /* The library's own reader agrees. */
         safetensors_set *set;
-        cr_assert_eq(safetensors_open(&set, out), CKPT_OK, "%s", reshard_errmsg());
+        cr_assert_eq(safetensors_open(&set, out), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(safetensors_count(set), n);
         cr_assert_str_eq(safetensors_metadata(set, "format"), "pt");
         cr_assert_str_eq(safetensors_metadata(set, "source"), "tp-toolkit test");
@@ -410,13 +405,13 @@ Test(export, safetensors_shards_and_index)
 {
     seed_random(202);
     test_tensor t[7];
-    fixed_tensor(&t[0], "model/a", CKPT_FP32, 2, (int64_t[]){10, 10}, 0, CKPT_ANCHOR_LAYER, 0);  /* 400 B */
-    fixed_tensor(&t[1], "model/b", CKPT_BF16, 1, (int64_t[]){30}, -1, CKPT_ANCHOR_FIRST, 0);     /* 60 */
-    fixed_tensor(&t[2], "model/c", CKPT_FP32, 2, (int64_t[]){40, 30}, 1, CKPT_ANCHOR_LAYER, 1);  /* 4800 */
-    fixed_tensor(&t[3], "model/d", CKPT_FP16, 2, (int64_t[]){8, 25}, 0, CKPT_ANCHOR_LAYER, 1);   /* 400 */
-    fixed_tensor(&t[4], "model/e", CKPT_FP32, 1, (int64_t[]){50}, 0, CKPT_ANCHOR_LAST, 0);       /* 200 */
-    fixed_tensor(&t[5], "model/f", CKPT_BF16, 2, (int64_t[]){20, 20}, -1, CKPT_ANCHOR_LAST, 0);  /* 800 */
-    fixed_tensor(&t[6], "model/g", CKPT_FP32, 1, (int64_t[]){300}, -1, CKPT_ANCHOR_FIRST, 0);    /* 1200 */
+    fixed_tensor(&t[0], "model/a", TP_FP32, 2, (int64_t[]){10, 10}, 0, CKPT_ANCHOR_LAYER, 0);  /* 400 B */
+    fixed_tensor(&t[1], "model/b", TP_BF16, 1, (int64_t[]){30}, -1, CKPT_ANCHOR_FIRST, 0);     /* 60 */
+    fixed_tensor(&t[2], "model/c", TP_FP32, 2, (int64_t[]){40, 30}, 1, CKPT_ANCHOR_LAYER, 1);  /* 4800 */
+    fixed_tensor(&t[3], "model/d", TP_FP16, 2, (int64_t[]){8, 25}, 0, CKPT_ANCHOR_LAYER, 1);   /* 400 */
+    fixed_tensor(&t[4], "model/e", TP_FP32, 1, (int64_t[]){50}, 0, CKPT_ANCHOR_LAST, 0);       /* 200 */
+    fixed_tensor(&t[5], "model/f", TP_BF16, 2, (int64_t[]){20, 20}, -1, CKPT_ANCHOR_LAST, 0);  /* 800 */
+    fixed_tensor(&t[6], "model/g", TP_FP32, 1, (int64_t[]){300}, -1, CKPT_ANCHOR_FIRST, 0);    /* 1200 */
     char src[700], out[700];
     snprintf(src, sizeof src, "%s/src", dir);
     snprintf(out, sizeof out, "%s/sharded", dir);
@@ -440,7 +435,7 @@ Test(export, safetensors_shards_and_index)
     options.max_shard_bytes = 1000;
     options.threads = 2;
     export_summary summary;
-    cr_assert_eq(export_run(r, specs, count, &options, out, &summary), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(export_run(r, specs, count, &options, out, &summary), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(summary.files, num_files);
 
     char file[800];
@@ -504,7 +499,7 @@ Test(export, safetensors_shards_and_index)
 
     /* The directory opens as one set. */
     safetensors_set *set;
-    cr_assert_eq(safetensors_open(&set, out), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(safetensors_open(&set, out), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(safetensors_count(set), count);
     for (int i = 0; i < count; i++) {
         const safetensors_info *info = safetensors_find(set, specs[i].name);
@@ -514,11 +509,11 @@ Test(export, safetensors_shards_and_index)
         cr_assert_str_eq(strrchr(info->file, '/') + 1, want);
     }
     int equal = -1;
-    cr_assert_eq(safetensors_equal(set, "h.a", "h.a.copy", &equal), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(safetensors_equal(set, "h.a", "h.a.copy", &equal), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(equal, 1, "the same transposed source twice");
-    cr_assert_eq(safetensors_equal(set, "h.a", "h.a.plain", &equal), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(safetensors_equal(set, "h.a", "h.a.plain", &equal), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(equal, 0, "a tensor and its transpose");
-    cr_assert_eq(safetensors_equal(set, "h.a", "h.nothing", &equal), CKPT_ERR_NOT_FOUND);
+    cr_assert_eq(safetensors_equal(set, "h.a", "h.nothing", &equal), TP_ERR_NOT_FOUND);
     safetensors_close(set);
     ckpt_reader_close(r);
     free_tensors(t, 7);
@@ -532,9 +527,9 @@ static int64_t row_estimate(const test_tensor *s, int transpose, int dtype)
 {
     int64_t shape[CKPT_MAX_DIMS];
     written_shape(s, transpose, shape);
-    ckpt_dtype out = dtype >= 0 ? (ckpt_dtype)dtype : s->desc.dtype;
-    int64_t per_element = (int64_t)ckpt_dtype_size(out);
-    if (transpose || out != s->desc.dtype) per_element += (int64_t)ckpt_dtype_size(s->desc.dtype);
+    tp_dtype out = dtype >= 0 ? (tp_dtype)dtype : s->desc.dtype;
+    int64_t per_element = (int64_t)tp_dtype_size(out);
+    if (transpose || out != s->desc.dtype) per_element += (int64_t)tp_dtype_size(s->desc.dtype);
     return elements_of(shape + 1, s->desc.ndim - 1) * per_element;
 }
 
@@ -552,7 +547,7 @@ static int64_t widest_row(const test_tensor *const *sources, const export_tensor
  * may count the process's own memory beside the buffers), by bisection.
  * Planning comes before the output is staged, so with an output path whose
  * parent does not exist a limit that is enough fails with
- * CKPT_ERR_NOT_FOUND and one too small with CKPT_ERR_ARG; nothing is
+ * TP_ERR_NOT_FOUND and one too small with TP_ERR_ARG; nothing is
  * written either way. */
 static int64_t smallest_memory_limit(ckpt_reader *r, const export_tensor *specs, int count,
                                      const export_options *options)
@@ -562,13 +557,13 @@ static int64_t smallest_memory_limit(ckpt_reader *r, const export_tensor *specs,
     export_options o = *options;
     int64_t fails = 0, plans = (int64_t)1 << 40;
     o.memory_limit = plans;
-    cr_assert_eq(export_run(r, specs, count, &o, nowhere, NULL), CKPT_ERR_NOT_FOUND, "%s", reshard_errmsg());
+    cr_assert_eq(export_run(r, specs, count, &o, nowhere, NULL), TP_ERR_NOT_FOUND, "%s", tp_errmsg());
     while (plans - fails > 1) {
         o.memory_limit = fails + (plans - fails) / 2;
         int status = export_run(r, specs, count, &o, nowhere, NULL);
-        cr_assert(status == CKPT_ERR_ARG || status == CKPT_ERR_NOT_FOUND, "limit %lld: %s",
-                  (long long)o.memory_limit, reshard_errmsg());
-        if (status == CKPT_ERR_ARG) fails = o.memory_limit;
+        cr_assert(status == TP_ERR_ARG || status == TP_ERR_NOT_FOUND, "limit %lld: %s",
+                  (long long)o.memory_limit, tp_errmsg());
+        if (status == TP_ERR_ARG) fails = o.memory_limit;
         else plans = o.memory_limit;
     }
     return plans;
@@ -585,23 +580,23 @@ static void export_tight(ckpt_reader *r, const export_tensor *specs, int count, 
 {
     options->memory_limit = smallest_memory_limit(r, specs, count, options) + margin;
     int64_t step = margin / 4 > 16384 ? margin / 4 : 16384;
-    int status = CKPT_ERR_ARG;
-    for (int attempt = 0; attempt < 64 && status == CKPT_ERR_ARG; attempt++) {
+    int status = TP_ERR_ARG;
+    for (int attempt = 0; attempt < 64 && status == TP_ERR_ARG; attempt++) {
         status = export_run(r, specs, count, options, out, summary);
-        if (status == CKPT_ERR_ARG) options->memory_limit += step;
+        if (status == TP_ERR_ARG) options->memory_limit += step;
     }
-    cr_assert_eq(status, CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
 }
 
 /* Tensors whose rows are wide, transposed and not, converted and not. */
 static int band_tensors(test_tensor *t)
 {
-    fixed_tensor(&t[0], "model/wide.w", CKPT_FP32, 2, (int64_t[]){2048, 64}, 1, CKPT_ANCHOR_LAYER, 0);
-    fixed_tensor(&t[1], "model/tall.w", CKPT_BF16, 2, (int64_t[]){1024, 64}, 0, CKPT_ANCHOR_LAYER, 1);
-    fixed_tensor(&t[2], "model/cube.w", CKPT_FP16, 3, (int64_t[]){20, 6, 10}, 1, CKPT_ANCHOR_FIRST, 0);
-    fixed_tensor(&t[3], "model/bias", CKPT_FP32, 1, (int64_t[]){200}, 0, CKPT_ANCHOR_LAST, 0);
-    fixed_tensor(&t[4], "model/sq.w", CKPT_BF16, 2, (int64_t[]){30, 30}, -1, CKPT_ANCHOR_LAST, 0);
-    fixed_tensor(&t[5], "model/long.w", CKPT_FP32, 2, (int64_t[]){256, 2048}, 0, CKPT_ANCHOR_LAST, 0);
+    fixed_tensor(&t[0], "model/wide.w", TP_FP32, 2, (int64_t[]){2048, 64}, 1, CKPT_ANCHOR_LAYER, 0);
+    fixed_tensor(&t[1], "model/tall.w", TP_BF16, 2, (int64_t[]){1024, 64}, 0, CKPT_ANCHOR_LAYER, 1);
+    fixed_tensor(&t[2], "model/cube.w", TP_FP16, 3, (int64_t[]){20, 6, 10}, 1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[3], "model/bias", TP_FP32, 1, (int64_t[]){200}, 0, CKPT_ANCHOR_LAST, 0);
+    fixed_tensor(&t[4], "model/sq.w", TP_BF16, 2, (int64_t[]){30, 30}, -1, CKPT_ANCHOR_LAST, 0);
+    fixed_tensor(&t[5], "model/long.w", TP_FP32, 2, (int64_t[]){256, 2048}, 0, CKPT_ANCHOR_LAST, 0);
     return 6;
 }
 
@@ -625,7 +620,7 @@ Test(export, many_bands_under_tight_memory_limit)
     ckpt_layout layout = {2, 1, 1, 2};
     write_tensors(src, &layout, t, n, 0, 1);
     ckpt_reader *r = open_reader(src);
-    static const int dtypes[] = {-1, CKPT_FP32, CKPT_BF16, CKPT_FP16};
+    static const int dtypes[] = {-1, TP_FP32, TP_BF16, TP_FP16};
     for (int iter = 0; iter < 4; iter++) {
         snprintf(out, sizeof out, "%s/bands%d", dir, iter);
         export_options options;
@@ -651,7 +646,7 @@ Test(export, many_bands_under_tight_memory_limit)
         st_parse(file, &p);
         for (int i = 0; i < BAND_COUNT; i++) {
             const test_tensor *s = sources[i];
-            ckpt_dtype dtype = options.dtype >= 0 ? (ckpt_dtype)options.dtype : s->desc.dtype;
+            tp_dtype dtype = options.dtype >= 0 ? (tp_dtype)options.dtype : s->desc.dtype;
             int64_t shape[CKPT_MAX_DIMS];
             written_shape(s, band_specs[i].transpose, shape);
             uint8_t *want = expected_tensor(s, band_specs[i].transpose, dtype);
@@ -670,8 +665,8 @@ Test(export, many_bands_under_tight_memory_limit)
         options.format = (export_format)format;
         options.threads = 2;
         options.memory_limit = 2 * 1000; /* a row of wide (transposed: 2048 fp32 values) needs 8 KiB or more */
-        cr_assert_eq(export_run(r, band_specs, BAND_COUNT, &options, out, NULL), CKPT_ERR_ARG, "%s", reshard_errmsg());
-        cr_assert(strstr(reshard_errmsg(), "memory"), "message: %s", reshard_errmsg());
+        cr_assert_eq(export_run(r, band_specs, BAND_COUNT, &options, out, NULL), TP_ERR_ARG, "%s", tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), "memory"), "message: %s", tp_errmsg());
         assert_nothing_left(dir, out, entries);
     }
     ckpt_reader_close(r);
@@ -704,10 +699,10 @@ Test(export, buffers_stay_within_memory_limit)
 {
     seed_random(304);
     test_tensor t[4];
-    fixed_tensor(&t[0], "model/square.w", CKPT_FP32, 2, (int64_t[]){512, 512}, -1, CKPT_ANCHOR_FIRST, 0);
-    fixed_tensor(&t[1], "model/rows.w", CKPT_FP32, 2, (int64_t[]){1024, 1024}, -1, CKPT_ANCHOR_FIRST, 0);
-    fixed_tensor(&t[2], "model/half.w", CKPT_BF16, 2, (int64_t[]){1024, 2048}, -1, CKPT_ANCHOR_LAST, 0);
-    fixed_tensor(&t[3], "model/bias", CKPT_FP32, 1, (int64_t[]){4096}, -1, CKPT_ANCHOR_LAST, 0);
+    fixed_tensor(&t[0], "model/square.w", TP_FP32, 2, (int64_t[]){512, 512}, -1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[1], "model/rows.w", TP_FP32, 2, (int64_t[]){1024, 1024}, -1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[2], "model/half.w", TP_BF16, 2, (int64_t[]){1024, 2048}, -1, CKPT_ANCHOR_LAST, 0);
+    fixed_tensor(&t[3], "model/bias", TP_FP32, 1, (int64_t[]){4096}, -1, CKPT_ANCHOR_LAST, 0);
     char src[700], out[700];
     snprintf(src, sizeof src, "%s/src", dir);
     ckpt_layout layout = {1, 1, 1, 1};
@@ -717,7 +712,7 @@ Test(export, buffers_stay_within_memory_limit)
     const export_tensor specs[] = {
         {"model/square.w", "square", 1}, {"model/rows.w", "rows", 0}, {"model/half.w", "half", 0}, {"model/bias", "bias", 0}};
     const test_tensor *sources[] = {&t[0], &t[1], &t[2], &t[3]};
-    static const int dtypes[] = {CKPT_FP32, CKPT_BF16};
+    static const int dtypes[] = {TP_FP32, TP_BF16};
     int64_t share[2], used[2], limit[2];
     for (int iter = 0; iter < 2; iter++) {
         snprintf(out, sizeof out, "%s/buffers%d", dir, iter);
@@ -740,7 +735,7 @@ Test(export, buffers_stay_within_memory_limit)
     for (int iter = 0; iter < 2; iter++)
         cr_expect_leq(used[iter], share[iter],
                       "dtype %s, memory limit %lld: %lld bytes of buffers per thread, the share of the limit is at most %lld",
-                      ckpt_dtype_name((ckpt_dtype)dtypes[iter]), (long long)limit[iter], (long long)used[iter],
+                      tp_dtype_name((tp_dtype)dtypes[iter]), (long long)limit[iter], (long long)used[iter],
                       (long long)share[iter]);
 }
 
@@ -805,7 +800,7 @@ Test(export, gguf_random_tensors)
         {"tokenizer.ggml.tokens", EXPORT_KV_STRINGS, 0, 0, NULL, tokens, NULL, 3},
         {"tokenizer.ggml.token_type", EXPORT_KV_I32S, 0, 0, NULL, NULL, types, 4},
     };
-    static const int dtypes[] = {CKPT_FP32, CKPT_BF16, CKPT_FP16, -1, CKPT_BF16, CKPT_FP32};
+    static const int dtypes[] = {TP_FP32, TP_BF16, TP_FP16, -1, TP_BF16, TP_FP32};
     int transposed = 0;
     for (int iter = 0; iter < 6; iter++) {
         char src[700], out[700];
@@ -830,18 +825,18 @@ Test(export, gguf_random_tensors)
         options.kvs = kvs;
         options.num_kvs = 5;
         export_summary summary;
-        cr_assert_eq(export_run(r, specs, n, &options, out, &summary), CKPT_OK, "%s", reshard_errmsg());
+        cr_assert_eq(export_run(r, specs, n, &options, out, &summary), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(summary.files, 1);
 
         /* The output dtype of each tensor: 1-D stays fp32. */
-        ckpt_dtype out_dtype[10];
+        tp_dtype out_dtype[10];
         int file_type = 0, matrices = 0;
         for (int i = 0; i < n; i++) {
-            out_dtype[i] = t[i].desc.ndim == 1 ? CKPT_FP32 : options.dtype >= 0 ? (ckpt_dtype)options.dtype : t[i].desc.dtype;
+            out_dtype[i] = t[i].desc.ndim == 1 ? TP_FP32 : options.dtype >= 0 ? (tp_dtype)options.dtype : t[i].desc.dtype;
             if (t[i].desc.ndim >= 2) matrices++;
         }
         if (options.dtype >= 0 && matrices)
-            file_type = options.dtype == CKPT_BF16 ? 32 : options.dtype == CKPT_FP16 ? 1 : 0;
+            file_type = options.dtype == TP_BF16 ? 32 : options.dtype == TP_FP16 ? 1 : 0;
 
         blob file = read_all(out);
         cursor c = {file.bytes, file.size, 0};
@@ -893,7 +888,7 @@ Test(export, gguf_random_tensors)
             written_shape(&t[i], specs[i].transpose, shape);
             for (int d = 0; d < t[i].desc.ndim; d++)
                 cr_assert_eq(take_u64(&c), (uint64_t)shape[t[i].desc.ndim - 1 - d], "%s: ne[%d]", names[i], d);
-            uint32_t ggml = out_dtype[i] == CKPT_BF16 ? 30 : out_dtype[i] == CKPT_FP16 ? 1 : 0;
+            uint32_t ggml = out_dtype[i] == TP_BF16 ? 30 : out_dtype[i] == TP_FP16 ? 1 : 0;
             cr_assert_eq(take_u32(&c), ggml, "%s: ggml type", names[i]);
             offsets[i] = (int64_t)take_u64(&c);
             cr_assert_eq(offsets[i], running, "%s: offset", names[i]);
@@ -937,7 +932,7 @@ Test(export, hdf5_random_tensors)
 {
     seed_random(505);
     static const char *const metadata[] = {"architecture", "gpt2", "exported_by", "tp-ckpt", NULL};
-    static const int dtypes[] = {-1, CKPT_BF16, CKPT_FP16, CKPT_FP32, -1};
+    static const int dtypes[] = {-1, TP_BF16, TP_FP16, TP_FP32, -1};
     int transposed = 0;
     for (int iter = 0; iter < 5; iter++) {
         char src[700], out[700];
@@ -961,7 +956,7 @@ Test(export, hdf5_random_tensors)
         options.threads = 2;
         options.metadata = metadata;
         export_summary summary;
-        cr_assert_eq(export_run(r, specs, n, &options, out, &summary), CKPT_OK, "%s", reshard_errmsg());
+        cr_assert_eq(export_run(r, specs, n, &options, out, &summary), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(summary.files, 1);
         int leftovers = 0;
         count_entries(dir, &leftovers);
@@ -975,7 +970,7 @@ Test(export, hdf5_random_tensors)
             free(value);
         }
         for (int i = 0; i < n; i++) {
-            ckpt_dtype dtype = options.dtype >= 0 ? (ckpt_dtype)options.dtype : t[i].desc.dtype;
+            tp_dtype dtype = options.dtype >= 0 ? (tp_dtype)options.dtype : t[i].desc.dtype;
             hid_t dset = H5Dopen2(file, names[i], H5P_DEFAULT);
             cr_assert_geq(dset, 0, "dataset %s", names[i]);
             hid_t space = H5Dget_space(dset), type = H5Dget_type(dset);
@@ -989,13 +984,13 @@ Test(export, hdf5_random_tensors)
             hid_t dcpl = H5Dget_create_plist(dset);
             cr_assert_eq(H5Pget_layout(dcpl), H5D_CONTIGUOUS, "%s: stored contiguously", names[i]);
             H5Pclose(dcpl);
-            cr_assert_eq(H5Tget_size(type), ckpt_dtype_size(dtype), "%s: element size", names[i]);
+            cr_assert_eq(H5Tget_size(type), tp_dtype_size(dtype), "%s: element size", names[i]);
             size_t spos, epos, esize, mpos, msize;
             cr_assert_geq(H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize), 0);
-            if (dtype == CKPT_BF16)
+            if (dtype == TP_BF16)
                 cr_assert(spos == 15 && epos == 7 && esize == 8 && mpos == 0 && msize == 7 && H5Tget_ebias(type) == 127,
                           "%s: bf16 fields", names[i]);
-            else if (dtype == CKPT_FP16)
+            else if (dtype == TP_FP16)
                 cr_assert(spos == 15 && epos == 10 && esize == 5 && mpos == 0 && msize == 10 && H5Tget_ebias(type) == 15,
                           "%s: fp16 fields", names[i]);
             else
@@ -1003,7 +998,7 @@ Test(export, hdf5_random_tensors)
             size_t bytes = (size_t)tensor_bytes(&t[i], dtype);
             uint8_t *got = malloc(bytes + 1);
             /* fp32 as native floats; 16-bit floats in their own (file) type: raw bytes. */
-            cr_assert_geq(H5Dread(dset, dtype == CKPT_FP32 ? H5T_NATIVE_FLOAT : type, H5S_ALL, H5S_ALL, H5P_DEFAULT, got), 0,
+            cr_assert_geq(H5Dread(dset, dtype == TP_FP32 ? H5T_NATIVE_FLOAT : type, H5S_ALL, H5S_ALL, H5P_DEFAULT, got), 0,
                           "%s: read", names[i]);
             uint8_t *want = expected_tensor(&t[i], specs[i].transpose, dtype);
             cr_assert_eq(memcmp(got, want, bytes), 0, "%s: data", names[i]);
@@ -1025,8 +1020,8 @@ Test(export, hdf5_random_tensors)
 /* A small source; with corrupt, a byte of model/big's data flipped. */
 static void small_source(const char *path, test_tensor *t, int corrupt)
 {
-    fixed_tensor(&t[0], "model/big", CKPT_FP32, 2, (int64_t[]){64, 64}, -1, CKPT_ANCHOR_FIRST, 0);
-    fixed_tensor(&t[1], "model/vec", CKPT_BF16, 1, (int64_t[]){64}, -1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[0], "model/big", TP_FP32, 2, (int64_t[]){64, 64}, -1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[1], "model/vec", TP_BF16, 1, (int64_t[]){64}, -1, CKPT_ANCHOR_FIRST, 0);
     ckpt_layout layout = {1, 1, 1, 1};
     write_tensors(path, &layout, t, 2, 0, 1);
     if (!corrupt) return;
@@ -1079,22 +1074,22 @@ Test(export, outputs_are_atomic)
         }
         write_all(marker, old.bytes, old.size);
         int entries = count_entries(outdir, NULL);
-        cr_assert_eq(export_run(r, good, 2, &options, out, NULL), CKPT_ERR_EXISTS, "format %d: %s", format,
-                     reshard_errmsg());
-        cr_assert(strstr(reshard_errmsg(), out), "message names the path: %s", reshard_errmsg());
+        cr_assert_eq(export_run(r, good, 2, &options, out, NULL), TP_ERR_EXISTS, "format %d: %s", format,
+                     tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), out), "message names the path: %s", tp_errmsg());
         cr_assert(same_file(marker, &old), "the existing output is untouched");
         cr_assert_eq(count_entries(outdir, NULL), entries, "no staging leftover");
         if (format == EXPORT_SAFETENSORS) cr_assert_eq(count_entries(out, NULL), 1);
 
         /* A failing export with overwrite leaves the existing output too. */
         options.overwrite = 1;
-        cr_assert_eq(export_run(broken, good, 2, &options, out, NULL), CKPT_ERR_CHECKSUM, "format %d: %s", format,
-                     reshard_errmsg());
+        cr_assert_eq(export_run(broken, good, 2, &options, out, NULL), TP_ERR_CHECKSUM, "format %d: %s", format,
+                     tp_errmsg());
         cr_assert(same_file(marker, &old), "the existing output survives a failed overwrite");
         cr_assert_eq(count_entries(outdir, NULL), entries, "no staging leftover after a failed overwrite");
 
         /* With overwrite it is replaced by a complete export. */
-        cr_assert_eq(export_run(r, good, 2, &options, out, NULL), CKPT_OK, "format %d: %s", format, reshard_errmsg());
+        cr_assert_eq(export_run(r, good, 2, &options, out, NULL), TP_OK, "format %d: %s", format, tp_errmsg());
         cr_assert_eq(count_entries(outdir, NULL), entries, "no staging leftover after the overwrite");
         if (format == EXPORT_SAFETENSORS) {
             cr_assert(!path_exists(marker), "the old directory's content is gone");
@@ -1103,8 +1098,8 @@ Test(export, outputs_are_atomic)
             st_parse(marker, &p);
             int64_t shape[CKPT_MAX_DIMS];
             written_shape(&t[0], 1, shape);
-            uint8_t *want = expected_tensor(&t[0], 1, CKPT_FP32);
-            st_check_tensor(&p, "big", CKPT_FP32, 2, shape, want);
+            uint8_t *want = expected_tensor(&t[0], 1, TP_FP32);
+            st_check_tensor(&p, "big", TP_FP32, 2, shape, want);
             free(want);
             st_free(&p);
         } else if (format == EXPORT_GGUF) {
@@ -1123,21 +1118,21 @@ Test(export, outputs_are_atomic)
         snprintf(out, sizeof out, "%s/failed%s", outdir, format_suffix[format]);
         entries = count_entries(outdir, NULL);
         const export_tensor missing[] = {{"model/big", "big", 0}, {"model/nothing", "nothing", 0}};
-        cr_assert_eq(export_run(r, missing, 2, &options, out, NULL), CKPT_ERR_NOT_FOUND, "%s", reshard_errmsg());
-        cr_assert(strstr(reshard_errmsg(), "model/nothing"), "message names the tensor: %s", reshard_errmsg());
+        cr_assert_eq(export_run(r, missing, 2, &options, out, NULL), TP_ERR_NOT_FOUND, "%s", tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), "model/nothing"), "message names the tensor: %s", tp_errmsg());
         assert_nothing_left(outdir, out, entries);
         const export_tensor vector_transposed[] = {{"model/big", "big", 0}, {"model/vec", "vec", 1}};
-        cr_assert_eq(export_run(r, vector_transposed, 2, &options, out, NULL), CKPT_ERR_ARG, "%s", reshard_errmsg());
-        cr_assert(strstr(reshard_errmsg(), "model/vec"), "message names the tensor: %s", reshard_errmsg());
+        cr_assert_eq(export_run(r, vector_transposed, 2, &options, out, NULL), TP_ERR_ARG, "%s", tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), "model/vec"), "message names the tensor: %s", tp_errmsg());
         assert_nothing_left(outdir, out, entries);
         const export_tensor twice[] = {{"model/big", "same", 0}, {"model/vec", "same", 0}};
-        cr_assert_eq(export_run(r, twice, 2, &options, out, NULL), CKPT_ERR_ARG, "%s", reshard_errmsg());
+        cr_assert_eq(export_run(r, twice, 2, &options, out, NULL), TP_ERR_ARG, "%s", tp_errmsg());
         assert_nothing_left(outdir, out, entries);
-        cr_assert_eq(export_run(r, good, 0, &options, out, NULL), CKPT_ERR_ARG, "nothing to export");
+        cr_assert_eq(export_run(r, good, 0, &options, out, NULL), TP_ERR_ARG, "nothing to export");
         assert_nothing_left(outdir, out, entries);
         /* ... and while streaming (a damaged block of the source). */
-        cr_assert_eq(export_run(broken, good, 2, &options, out, NULL), CKPT_ERR_CHECKSUM, "%s", reshard_errmsg());
-        cr_assert(strstr(reshard_errmsg(), "model/big"), "message names the tensor: %s", reshard_errmsg());
+        cr_assert_eq(export_run(broken, good, 2, &options, out, NULL), TP_ERR_CHECKSUM, "%s", tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), "model/big"), "message names the tensor: %s", tp_errmsg());
         assert_nothing_left(outdir, out, entries);
     }
 
@@ -1151,14 +1146,14 @@ Test(export, outputs_are_atomic)
     export_options options;
     export_options_init(&options);
     options.format = EXPORT_GGUF;
-    cr_assert_eq(export_run(r, too_long, 1, &options, out, NULL), CKPT_ERR_ARG, "%s", reshard_errmsg());
+    cr_assert_eq(export_run(r, too_long, 1, &options, out, NULL), TP_ERR_ARG, "%s", tp_errmsg());
     assert_nothing_left(outdir, out, entries);
 
     /* HDF5: a dataset where a group is needed fails once the file exists. */
     snprintf(out, sizeof out, "%s/clash.h5", outdir);
     const export_tensor clash[] = {{"model/vec", "blk", 0}, {"model/big", "blk/w", 0}};
     options.format = EXPORT_HDF5;
-    cr_assert_neq(export_run(r, clash, 2, &options, out, NULL), CKPT_OK, "blk is a dataset, not a group");
+    cr_assert_neq(export_run(r, clash, 2, &options, out, NULL), TP_OK, "blk is a dataset, not a group");
     assert_nothing_left(outdir, out, entries);
 
     ckpt_reader_close(broken);
@@ -1194,11 +1189,11 @@ Test(export, outputs_are_deterministic)
             export_options options;
             export_options_init(&options);
             options.format = (export_format)format;
-            options.dtype = format == EXPORT_GGUF ? CKPT_BF16 : -1;
+            options.dtype = format == EXPORT_GGUF ? TP_BF16 : -1;
             options.metadata = metadata;
             options.threads = k ? 2 : 1;
             if (k == 0) {
-                cr_assert_eq(export_run(readers[k], specs, n, &options, out[k], NULL), CKPT_OK, "%s", reshard_errmsg());
+                cr_assert_eq(export_run(readers[k], specs, n, &options, out[k], NULL), TP_OK, "%s", tp_errmsg());
             } else { /* in many bands */
                 const test_tensor *sources[8];
                 for (int i = 0; i < n; i++) sources[i] = &t[i];
@@ -1236,10 +1231,10 @@ static void expect_open_fails(const char *path, int status, const char *named)
 {
     safetensors_set *set = NULL;
     int got = safetensors_open(&set, path);
-    if (got == CKPT_OK) safetensors_close(set);
-    cr_assert_eq(got, status, "%s: expected %s, got %s: %s", path, ckpt_status_name(status), ckpt_status_name(got),
-                 reshard_errmsg());
-    cr_assert(strstr(reshard_errmsg(), named), "the message names %s: %s", named, reshard_errmsg());
+    if (got == TP_OK) safetensors_close(set);
+    cr_assert_eq(got, status, "%s: expected %s, got %s: %s", path, tp_status_name(status), tp_status_name(got),
+                 tp_errmsg());
+    cr_assert(strstr(tp_errmsg(), named), "the message names %s: %s", named, tp_errmsg());
 }
 
 Test(export, safetensors_open_rejects_malformed_files)
@@ -1251,117 +1246,117 @@ Test(export, safetensors_open_rejects_malformed_files)
 
     CASE("short");
     write_all(path, "\x10\0\0\0\0", 5);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("empty");
     write_all(path, "", 0);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("beyond");
     write_st(path, 1000, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("huge-length");
     write_st(path, (int64_t)1 << 62, "{}", NULL, 0);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("not-json");
     write_st(path, -1, "this is not JSON at all", NULL, 0);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("truncated-json");
     write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],", data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("array");
     write_st(path, -1, "[1, 2]  ", NULL, 0);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("dtype");
     write_st(path, -1, "{\"a\":{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
-    cr_assert(strstr(reshard_errmsg(), "F33"), "names the dtype: %s", reshard_errmsg());
+    expect_open_fails(path, TP_ERR_FORMAT, path);
+    cr_assert(strstr(tp_errmsg(), "F33"), "names the dtype: %s", tp_errmsg());
 
     CASE("size");
     write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("size2");
     write_st(path, -1, "{\"a\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("backwards");
     write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("no-offsets");
     write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("overlap");
     write_st(path, -1,
              "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
              "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
              data, 12);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("same-place");
     write_st(path, -1,
              "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
              "\"b\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
              data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("gap");
     write_st(path, -1,
              "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
              "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
              data, 20);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("not-from-zero");
     write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", data, 12);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("trailing");
     write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 12);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("truncated-data");
     write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 6);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("metadata");
     write_st(path, -1,
              "{\"__metadata__\":{\"format\":\"pt\",\"layers\":12},"
              "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
              data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("metadata-array");
     write_st(path, -1, "{\"__metadata__\":[\"pt\"],\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
              data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("negative-shape");
     write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     CASE("twice");
     write_st(path, -1,
              "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
              "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
              data, 8);
-    expect_open_fails(path, CKPT_ERR_FORMAT, path);
+    expect_open_fails(path, TP_ERR_FORMAT, path);
 
     /* Not there at all. */
     snprintf(path, sizeof path, "%s/absent.safetensors", dir);
-    expect_open_fails(path, CKPT_ERR_NOT_FOUND, path);
+    expect_open_fails(path, TP_ERR_NOT_FOUND, path);
 
     /* A directory with neither model.safetensors nor an index. */
     snprintf(path, sizeof path, "%s/emptydir", dir);
     cr_assert_eq(mkdir(path, 0755), 0);
-    expect_open_fails(path, CKPT_ERR_NOT_FOUND, path);
+    expect_open_fails(path, TP_ERR_NOT_FOUND, path);
 
     /* A sharded directory whose index names a tensor missing from its shard. */
     char file[900];
@@ -1375,30 +1370,30 @@ Test(export, safetensors_open_rejects_malformed_files)
     const char *index = "{\"metadata\":{\"total_size\":12},\"weight_map\":{\"a\":\"part-1.safetensors\","
                         "\"b\":\"part-2.safetensors\",\"c\":\"part-2.safetensors\"}}";
     write_all(file, index, strlen(index));
-    expect_open_fails(path, CKPT_ERR_FORMAT, "part-2.safetensors");
-    cr_assert(strstr(reshard_errmsg(), "c"), "names the tensor: %s", reshard_errmsg());
+    expect_open_fails(path, TP_ERR_FORMAT, "part-2.safetensors");
+    cr_assert(strstr(tp_errmsg(), "c"), "names the tensor: %s", tp_errmsg());
     /* ... tensors listed in the wrong shards ... */
     index = "{\"weight_map\":{\"a\":\"part-2.safetensors\",\"b\":\"part-2.safetensors\"}}";
     write_all(file, index, strlen(index));
-    expect_open_fails(path, CKPT_ERR_FORMAT, "part-2.safetensors");
+    expect_open_fails(path, TP_ERR_FORMAT, "part-2.safetensors");
     index = "{\"weight_map\":{\"b\":\"part-1.safetensors\",\"a\":\"part-2.safetensors\"}}";
     write_all(file, index, strlen(index));
-    expect_open_fails(path, CKPT_ERR_FORMAT, "model.safetensors.index.json");
+    expect_open_fails(path, TP_ERR_FORMAT, "model.safetensors.index.json");
     /* ... a shard that is not there ... */
     index = "{\"weight_map\":{\"a\":\"part-1.safetensors\",\"b\":\"part-3.safetensors\"}}";
     write_all(file, index, strlen(index));
-    expect_open_fails(path, CKPT_ERR_NOT_FOUND, "part-3.safetensors");
+    expect_open_fails(path, TP_ERR_NOT_FOUND, "part-3.safetensors");
     /* ... an index that is not one ... */
     index = "{\"metadata\":{}}";
     write_all(file, index, strlen(index));
-    expect_open_fails(path, CKPT_ERR_FORMAT, "model.safetensors.index.json");
+    expect_open_fails(path, TP_ERR_FORMAT, "model.safetensors.index.json");
     /* ... and the same directory with a correct index opens. */
     index = "{\"metadata\":{\"total_size\":12},\"weight_map\":{\"a\":\"part-1.safetensors\",\"b\":\"part-2.safetensors\"}}";
     write_all(file, index, strlen(index));
     safetensors_set *set;
-    cr_assert_eq(safetensors_open(&set, path), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(safetensors_open(&set, path), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(safetensors_count(set), 2);
-    cr_assert_eq(safetensors_find(set, "b")->dtype, CKPT_FP16);
+    cr_assert_eq(safetensors_find(set, "b")->dtype, TP_FP16);
     safetensors_close(set);
 #undef CASE
 }
@@ -1424,13 +1419,13 @@ Test(export, safetensors_open_accepts_empty_tensor_between_others)
         write_st(path, -1, headers[k], data, 16);
         safetensors_set *set = NULL;
         status[k] = safetensors_open(&set, path);
-        snprintf(message[k], sizeof message[k], "%s", reshard_errmsg());
-        count[k] = status[k] == CKPT_OK ? safetensors_count(set) : -1;
+        snprintf(message[k], sizeof message[k], "%s", tp_errmsg());
+        count[k] = status[k] == TP_OK ? safetensors_count(set) : -1;
         safetensors_close(set);
     }
     for (int k = 0; k < 2; k++) {
-        cr_expect_eq(status[k], CKPT_OK, "header order %d: a valid file with an empty tensor: %s", k, message[k]);
-        cr_expect(status[k] != CKPT_OK || count[k] == 3, "three tensors");
+        cr_expect_eq(status[k], TP_OK, "header order %d: a valid file with an empty tensor: %s", k, message[k]);
+        cr_expect(status[k] != TP_OK || count[k] == 3, "three tensors");
     }
 }
 
@@ -1445,7 +1440,7 @@ Test(export, safetensors_open_rejects_trailing_garbage_in_header)
     safetensors_set *set = NULL;
     int status = safetensors_open(&set, path);
     safetensors_close(set);
-    cr_assert_eq(status, CKPT_ERR_FORMAT, "a header with trailing garbage: got %s", ckpt_status_name(status));
+    cr_assert_eq(status, TP_ERR_FORMAT, "a header with trailing garbage: got %s", tp_status_name(status));
 }
 
 /* A valid file whose header is not padded: data at odd offsets of the file. */
@@ -1467,22 +1462,22 @@ Test(export, unpadded_header_imports)
     snprintf(path, sizeof path, "%s/odd.safetensors", dir);
     write_st(path, -1, header, data, sizeof data);
     safetensors_set *set;
-    cr_assert_eq(safetensors_open(&set, path), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(safetensors_open(&set, path), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(safetensors_count(set), 3);
     const safetensors_info *c = safetensors_find(set, "c");
-    cr_assert(c && c->dtype == CKPT_FP16 && c->supported && c->ndim == 2 && c->shape[0] == 6 && c->shape[1] == 4);
+    cr_assert(c && c->dtype == TP_FP16 && c->supported && c->ndim == 2 && c->shape[0] == 6 && c->shape[1] == 4);
 
     test_tensor t[3];
-    fixed_tensor(&t[0], "model/a", CKPT_BF16, 2, (int64_t[]){4, 6}, 0, CKPT_ANCHOR_FIRST, 0);
-    fixed_tensor(&t[1], "model/b", CKPT_FP32, 1, (int64_t[]){4}, -1, CKPT_ANCHOR_FIRST, 0);
-    fixed_tensor(&t[2], "model/c", CKPT_FP32, 2, (int64_t[]){4, 6}, 1, CKPT_ANCHOR_LAST, 0);
+    fixed_tensor(&t[0], "model/a", TP_BF16, 2, (int64_t[]){4, 6}, 0, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[1], "model/b", TP_FP32, 1, (int64_t[]){4}, -1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[2], "model/c", TP_FP32, 2, (int64_t[]){4, 6}, 1, CKPT_ANCHOR_LAST, 0);
     /* The expected logical tensors, from the file's bytes. */
     memcpy(t[0].logical, data, 48);
     memcpy(t[1].logical, data + 48, 16);
     test_tensor source_c;
-    fixed_tensor(&source_c, "c", CKPT_FP16, 2, (int64_t[]){6, 4}, -1, CKPT_ANCHOR_LAST, 0);
+    fixed_tensor(&source_c, "c", TP_FP16, 2, (int64_t[]){6, 4}, -1, CKPT_ANCHOR_LAST, 0);
     memcpy(source_c.logical, data + 64, 48);
-    uint8_t *c_want = expected_tensor(&source_c, 1, CKPT_FP32);
+    uint8_t *c_want = expected_tensor(&source_c, 1, TP_FP32);
     memcpy(t[2].logical, c_want, 96);
     free(c_want);
 
@@ -1493,7 +1488,7 @@ Test(export, unpadded_header_imports)
     import_options_init(&options);
     options.threads = 2;
     snprintf(out, sizeof out, "%s/imported", dir);
-    cr_assert_eq(import_run(set, descs, map, 3, &layout, NULL, &options, out), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(import_run(set, descs, map, 3, &layout, NULL, &options, out), TP_OK, "%s", tp_errmsg());
     safetensors_close(set);
     ckpt_reader *r = open_reader(out);
     for (int i = 0; i < 3; i++) {
@@ -1502,7 +1497,7 @@ Test(export, unpadded_header_imports)
         size_t bytes = (size_t)tensor_bytes(&t[i], t[i].desc.dtype);
         uint8_t *got = malloc(bytes);
         int64_t start[CKPT_MAX_DIMS] = {0};
-        cr_assert_eq(ckpt_reader_read_region(r, k, start, t[i].desc.shape, got, bytes), CKPT_OK, "%s", ckpt_errmsg());
+        cr_assert_eq(ckpt_reader_read_region(r, k, start, t[i].desc.shape, got, bytes), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(memcmp(got, t[i].logical, bytes), 0, "%s imported from an unaligned offset", t[i].name);
         free(got);
     }
@@ -1528,15 +1523,15 @@ static void check_imported(const char *path, const test_tensor *t, uint8_t *cons
         size_t bytes = (size_t)tensor_bytes(&t[i], t[i].desc.dtype);
         uint8_t *got = malloc(bytes + 1);
         int64_t start[CKPT_MAX_DIMS] = {0};
-        cr_assert_eq(ckpt_reader_read_region(r, k, start, t[i].desc.shape, got, bytes), CKPT_OK, "%s", ckpt_errmsg());
+        cr_assert_eq(ckpt_reader_read_region(r, k, start, t[i].desc.shape, got, bytes), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(memcmp(got, want[i], bytes), 0, "%s at tp=%d: values differ", t[i].name, tp);
         free(got);
         int64_t n_elements = elements_of(t[i].desc.shape, t[i].desc.ndim);
-        cr_assert_eq(ckpt_reader_digest(r, k), naive_digest(want[i], ckpt_dtype_size(d->dtype), n_elements),
+        cr_assert_eq(ckpt_reader_digest(r, k), naive_digest(want[i], tp_dtype_size(d->dtype), n_elements),
                      "%s: logical digest", t[i].name);
         for (int p = 0; p < ckpt_piece_count(d, tp); p++) {
-            cr_assert_eq(ckpt_reader_check_padding(r, k, p), CKPT_OK, "%s piece %d: %s", t[i].name, p, ckpt_errmsg());
-            cr_assert_eq(ckpt_reader_verify_piece(r, k, p), CKPT_OK, "%s piece %d: %s", t[i].name, p, ckpt_errmsg());
+            cr_assert_eq(ckpt_reader_check_padding(r, k, p), TP_OK, "%s piece %d: %s", t[i].name, p, tp_errmsg());
+            cr_assert_eq(ckpt_reader_verify_piece(r, k, p), TP_OK, "%s piece %d: %s", t[i].name, p, tp_errmsg());
         }
     }
     ckpt_reader_close(r);
@@ -1554,7 +1549,7 @@ Test(export, import_into_layouts)
         test_tensor t[10];
         int n = random_tensors(t, 10, tps, 3, 2);
         for (int i = 0; i < n; i++)
-            if (t[i].desc.dtype == CKPT_FP16) t[i].desc.dtype = CKPT_BF16; /* fp32 and bf16 only */
+            if (t[i].desc.dtype == TP_FP16) t[i].desc.dtype = TP_BF16; /* fp32 and bf16 only */
         ckpt_layout layout = {tps[rnd(0, 2)], (int)rnd(1, 2), 1, 2};
         write_tensors(src, &layout, t, n, 0, 5);
         ckpt_reader *r = open_reader(src);
@@ -1570,11 +1565,11 @@ Test(export, import_into_layouts)
         export_options_init(&options);
         options.threads = 2;
         options.max_shard_bytes = iter == 1 ? 2000 : 0; /* a sharded directory once */
-        cr_assert_eq(export_run(r, specs, n, &options, hf, NULL), CKPT_OK, "%s", reshard_errmsg());
+        cr_assert_eq(export_run(r, specs, n, &options, hf, NULL), TP_OK, "%s", tp_errmsg());
         ckpt_reader_close(r);
 
         safetensors_set *set;
-        cr_assert_eq(safetensors_open(&set, hf), CKPT_OK, "%s", reshard_errmsg());
+        cr_assert_eq(safetensors_open(&set, hf), TP_OK, "%s", tp_errmsg());
         ckpt_tensor_desc descs[10];
         uint8_t *want[10];
         for (int i = 0; i < n; i++) {
@@ -1589,8 +1584,8 @@ Test(export, import_into_layouts)
             for (int pp = 1; pp <= 2; pp++) {
                 ckpt_layout to = {tps[k], pp, 1, 2};
                 snprintf(out, sizeof out, "%s/imported%d_tp%d_pp%d", dir, iter, tps[k], pp);
-                cr_assert_eq(import_run(set, descs, map, n, &to, &state, &io, out), CKPT_OK, "tp=%d pp=%d: %s", tps[k], pp,
-                             reshard_errmsg());
+                cr_assert_eq(import_run(set, descs, map, n, &to, &state, &io, out), TP_OK, "tp=%d pp=%d: %s", tps[k], pp,
+                             tp_errmsg());
                 check_imported(out, t, want, n);
                 ckpt_reader *back = open_reader(out);
                 cr_assert_eq(ckpt_reader_state(back)->step, 42);
@@ -1601,21 +1596,21 @@ Test(export, import_into_layouts)
         /* Through fp32 and back to the stored dtypes: converted as convert_numbers does. */
         snprintf(hf, sizeof hf, "%s/hf%d-fp32", dir, iter);
         r = open_reader(src);
-        options.dtype = CKPT_FP32;
-        cr_assert_eq(export_run(r, specs, n, &options, hf, NULL), CKPT_OK, "%s", reshard_errmsg());
+        options.dtype = TP_FP32;
+        cr_assert_eq(export_run(r, specs, n, &options, hf, NULL), TP_OK, "%s", tp_errmsg());
         ckpt_reader_close(r);
-        cr_assert_eq(safetensors_open(&set, hf), CKPT_OK, "%s", reshard_errmsg());
+        cr_assert_eq(safetensors_open(&set, hf), TP_OK, "%s", tp_errmsg());
         for (int i = 0; i < n; i++) {
             int64_t count = elements_of(t[i].desc.shape, t[i].desc.ndim);
             uint8_t *wide = malloc((size_t)count * 4);
             want[i] = malloc((size_t)count * 4);
-            convert_numbers(t[i].logical, format_of(t[i].desc.dtype), wide, NUMBER_F32, count);
-            convert_numbers(wide, NUMBER_F32, want[i], format_of(t[i].desc.dtype), count);
+            convert_numbers(t[i].logical, t[i].desc.dtype, wide, TP_FP32, count);
+            convert_numbers(wide, TP_FP32, want[i], t[i].desc.dtype, count);
             free(wide);
         }
         snprintf(out, sizeof out, "%s/imported%d-narrowed", dir, iter);
         ckpt_layout to = {2, 2, 1, 2};
-        cr_assert_eq(import_run(set, descs, map, n, &to, &state, &io, out), CKPT_OK, "%s", reshard_errmsg());
+        cr_assert_eq(import_run(set, descs, map, n, &to, &state, &io, out), TP_OK, "%s", tp_errmsg());
         check_imported(out, t, want, n);
         for (int i = 0; i < n; i++) free(want[i]);
         safetensors_close(set);
@@ -1628,8 +1623,8 @@ Test(export, import_checks_sources_before_writing)
 {
     seed_random(909);
     test_tensor t[2];
-    fixed_tensor(&t[0], "model/w", CKPT_FP32, 2, (int64_t[]){4, 6}, 1, CKPT_ANCHOR_FIRST, 0);
-    fixed_tensor(&t[1], "model/v", CKPT_BF16, 1, (int64_t[]){6}, -1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[0], "model/w", TP_FP32, 2, (int64_t[]){4, 6}, 1, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[1], "model/v", TP_BF16, 1, (int64_t[]){6}, -1, CKPT_ANCHOR_FIRST, 0);
     char path[800], out[800];
     snprintf(path, sizeof path, "%s/in.safetensors", dir);
     uint8_t data[96 + 12 + 16];
@@ -1642,7 +1637,7 @@ Test(export, import_checks_sources_before_writing)
              "\"ints\":{\"dtype\":\"I32\",\"shape\":[4],\"data_offsets\":[108,124]}}",
              data, sizeof data);
     safetensors_set *set;
-    cr_assert_eq(safetensors_open(&set, path), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(safetensors_open(&set, path), TP_OK, "%s", tp_errmsg());
     const safetensors_info *ints = safetensors_find(set, "ints");
     cr_assert(ints && !ints->supported && !strcmp(ints->dtype_name, "I32"), "I32 parses, unsupported");
     ckpt_tensor_desc descs[2] = {t[0].desc, t[1].desc};
@@ -1656,42 +1651,42 @@ Test(export, import_checks_sources_before_writing)
     const export_tensor good[] = {{NULL, "w", 0}, {NULL, "v", 0}};
     char ok_out[800];
     snprintf(ok_out, sizeof ok_out, "%s/ok", dir);
-    cr_assert_eq(import_run(set, descs, good, 2, &layout, NULL, &options, ok_out), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(import_run(set, descs, good, 2, &layout, NULL, &options, ok_out), TP_OK, "%s", tp_errmsg());
     uint8_t *want[2] = {t[0].logical, t[1].logical};
     check_imported(ok_out, t, want, 2);
     entries++;
 
     const export_tensor missing[] = {{NULL, "w", 0}, {NULL, "nothing", 0}};
-    cr_assert_eq(import_run(set, descs, missing, 2, &layout, NULL, &options, out), CKPT_ERR_NOT_FOUND, "%s",
-                 reshard_errmsg());
-    cr_assert(strstr(reshard_errmsg(), "nothing"), "names the source: %s", reshard_errmsg());
+    cr_assert_eq(import_run(set, descs, missing, 2, &layout, NULL, &options, out), TP_ERR_NOT_FOUND, "%s",
+                 tp_errmsg());
+    cr_assert(strstr(tp_errmsg(), "nothing"), "names the source: %s", tp_errmsg());
     assert_nothing_left(dir, out, entries);
 
     const export_tensor transposed[] = {{NULL, "w", 1}, {NULL, "v", 0}}; /* [6, 4] expected, [4, 6] found */
-    cr_assert_neq(import_run(set, descs, transposed, 2, &layout, NULL, &options, out), CKPT_OK, "shape mismatch");
-    cr_assert(strstr(reshard_errmsg(), "model/w"), "names the tensor: %s", reshard_errmsg());
+    cr_assert_neq(import_run(set, descs, transposed, 2, &layout, NULL, &options, out), TP_OK, "shape mismatch");
+    cr_assert(strstr(tp_errmsg(), "model/w"), "names the tensor: %s", tp_errmsg());
     assert_nothing_left(dir, out, entries);
 
     const export_tensor swapped[] = {{NULL, "v", 0}, {NULL, "w", 0}};
-    cr_assert_neq(import_run(set, descs, swapped, 2, &layout, NULL, &options, out), CKPT_OK, "shape mismatch");
+    cr_assert_neq(import_run(set, descs, swapped, 2, &layout, NULL, &options, out), TP_OK, "shape mismatch");
     assert_nothing_left(dir, out, entries);
 
     ckpt_tensor_desc int_target = t[1].desc;
     int_target.shape[0] = 4;
     ckpt_tensor_desc with_ints[2] = {t[0].desc, int_target};
     const export_tensor int_map[] = {{NULL, "w", 0}, {NULL, "ints", 0}};
-    cr_assert_neq(import_run(set, with_ints, int_map, 2, &layout, NULL, &options, out), CKPT_OK, "I32 is not imported");
-    cr_assert(strstr(reshard_errmsg(), "I32"), "names the dtype: %s", reshard_errmsg());
+    cr_assert_neq(import_run(set, with_ints, int_map, 2, &layout, NULL, &options, out), TP_OK, "I32 is not imported");
+    cr_assert(strstr(tp_errmsg(), "I32"), "names the dtype: %s", tp_errmsg());
     assert_nothing_left(dir, out, entries);
 
     const export_tensor vector_transposed[] = {{NULL, "w", 0}, {NULL, "v", 1}};
-    cr_assert_neq(import_run(set, descs, vector_transposed, 2, &layout, NULL, &options, out), CKPT_OK,
+    cr_assert_neq(import_run(set, descs, vector_transposed, 2, &layout, NULL, &options, out), TP_OK,
                   "a vector cannot be transposed");
     assert_nothing_left(dir, out, entries);
 
     /* An existing output is refused without overwrite. */
-    cr_assert_eq(import_run(set, descs, good, 2, &layout, NULL, &options, ok_out), CKPT_ERR_EXISTS, "%s",
-                 reshard_errmsg());
+    cr_assert_eq(import_run(set, descs, good, 2, &layout, NULL, &options, ok_out), TP_ERR_EXISTS, "%s",
+                 tp_errmsg());
     safetensors_close(set);
     free_tensors(t, 2);
 }

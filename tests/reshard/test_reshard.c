@@ -13,23 +13,18 @@
 
 TestSuite(reshard, .init = make_dir, .fini = remove_dir);
 
-static number_format format_of(ckpt_dtype dtype)
-{
-    return dtype == CKPT_BF16 ? NUMBER_BF16 : dtype == CKPT_FP16 ? NUMBER_F16 : NUMBER_F32;
-}
-
 static void run_reshard(const char *from, const char *to, const reshard_options *options)
 {
     ckpt_reader *source;
-    cr_assert_eq(ckpt_reader_open(&source, from, NULL), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&source, from, NULL), TP_OK, "%s", tp_errmsg());
     reshard_plan *plan;
-    cr_assert_eq(reshard_plan_create(&plan, source, options), CKPT_OK, "%s", reshard_errmsg());
-    cr_assert_eq(reshard_execute(plan, to), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(reshard_plan_create(&plan, source, options), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(reshard_execute(plan, to), TP_OK, "%s", tp_errmsg());
     reshard_plan_free(plan);
     ckpt_reader *output;
-    cr_assert_eq(ckpt_reader_open(&output, to, NULL), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&output, to, NULL), TP_OK, "%s", tp_errmsg());
     reshard_verify_result result;
-    cr_assert_eq(reshard_verify(source, output, 2, &result), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(reshard_verify(source, output, 2, &result), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(result.mismatches, 0, "verify: %s", result.first_mismatch);
     ckpt_reader_close(output);
     ckpt_reader_close(source);
@@ -40,7 +35,7 @@ static void run_reshard(const char *from, const char *to, const reshard_options 
 static void check_output(const char *path, const test_tensor *tensors, int n, int drop_optimizer)
 {
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, path, NULL), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
     int tp = ckpt_reader_layout(r)->tp, seen = 0;
     for (int i = 0; i < n; i++) {
         const test_tensor *t = &tensors[i];
@@ -54,16 +49,16 @@ static void check_output(const char *path, const test_tensor *tensors, int n, in
         const ckpt_tensor_desc *d = ckpt_reader_tensor(r, k);
         int64_t count = elements_of(t->desc.shape, t->desc.ndim);
         uint8_t *logical = malloc((size_t)count * 4);
-        convert_numbers(t->logical, format_of(t->desc.dtype), logical, format_of(d->dtype), count);
-        cr_assert_eq(ckpt_reader_digest(r, k), naive_digest(logical, ckpt_dtype_size(d->dtype), count), "digest of %s",
+        convert_numbers(t->logical, t->desc.dtype, logical, d->dtype, count);
+        cr_assert_eq(ckpt_reader_digest(r, k), naive_digest(logical, tp_dtype_size(d->dtype), count), "digest of %s",
                      t->name);
         int64_t shape[CKPT_MAX_DIMS];
         ckpt_piece_shape(d, tp, shape);
-        size_t bytes = (size_t)elements_of(shape, d->ndim) * ckpt_dtype_size(d->dtype);
+        size_t bytes = (size_t)elements_of(shape, d->ndim) * tp_dtype_size(d->dtype);
         uint8_t *want = malloc(bytes), *got = malloc(bytes);
         for (int p = 0; p < ckpt_piece_count(d, tp); p++) {
             build_piece(d, tp, p, logical, want);
-            cr_assert_eq(ckpt_reader_read_piece(r, k, p, got, bytes), CKPT_OK, "%s", ckpt_errmsg());
+            cr_assert_eq(ckpt_reader_read_piece(r, k, p, got, bytes), TP_OK, "%s", tp_errmsg());
             cr_assert_eq(memcmp(want, got, bytes), 0, "piece %d of %s at tp=%d", p, t->name, tp);
         }
         free(want);
@@ -132,22 +127,22 @@ Test(reshard, single_pieces_at_any_degree)
         snprintf(source, sizeof source, "%s/src%d", dir, iter);
         write_tensors(source, &layout, tensors, n, iter % 3 == 2, iter);
         ckpt_reader *r;
-        cr_assert_eq(ckpt_reader_open(&r, source, NULL), CKPT_OK, "%s", ckpt_errmsg());
+        cr_assert_eq(ckpt_reader_open(&r, source, NULL), TP_OK, "%s", tp_errmsg());
         for (int i = 0; i < n; i++) {
             ckpt_tensor_desc target = tensors[i].desc;
-            target.dtype = (ckpt_dtype)rnd(0, 2);
+            target.dtype = (tp_dtype)rnd(0, 2);
             int64_t count = elements_of(target.shape, target.ndim);
             uint8_t *logical = malloc((size_t)count * 4);
-            convert_numbers(tensors[i].logical, format_of(tensors[i].desc.dtype), logical, format_of(target.dtype), count);
+            convert_numbers(tensors[i].logical, tensors[i].desc.dtype, logical, target.dtype, count);
             int64_t shape[CKPT_MAX_DIMS];
             ckpt_piece_shape(&target, tps[1], shape);
-            size_t bytes = (size_t)elements_of(shape, target.ndim) * ckpt_dtype_size(target.dtype);
+            size_t bytes = (size_t)elements_of(shape, target.ndim) * tp_dtype_size(target.dtype);
             uint8_t *want = malloc(bytes), *got = malloc(bytes);
             for (int p = 0; p < ckpt_piece_count(&target, tps[1]); p++) {
                 build_piece(&target, tps[1], p, logical, want);
                 memset(got, 0x77, bytes);
                 cr_assert_eq(reshard_read_piece(r, ckpt_reader_find(r, tensors[i].name), &target, tps[1], p, got, bytes),
-                             CKPT_OK, "%s", reshard_errmsg());
+                             TP_OK, "%s", tp_errmsg());
                 cr_assert_eq(memcmp(want, got, bytes), 0, "%s piece %d: tp %d -> %d", tensors[i].name, p, tps[0], tps[1]);
             }
             free(want);
@@ -166,7 +161,7 @@ Test(reshard, streams_in_slabs_within_memory)
     for (int i = 0; i < 3; i++) {
         memset(&tensors[i], 0, sizeof tensors[i]);
         snprintf(tensors[i].name, sizeof tensors[i].name, "model/big%d", i);
-        tensors[i].desc = (ckpt_tensor_desc){.name = tensors[i].name, .dtype = CKPT_FP32, .ndim = 2,
+        tensors[i].desc = (ckpt_tensor_desc){.name = tensors[i].name, .dtype = TP_FP32, .ndim = 2,
                                              .shape = {shapes[i][0], shapes[i][1]}, .anchor = CKPT_ANCHOR_FIRST};
         tensors[i].desc.partition = (ckpt_partition){CKPT_SPLIT, i == 1, 0, {0}, 0, i == 2 ? 8 : 0};
         size_t bytes = (size_t)(shapes[i][0] * shapes[i][1] * 4);
@@ -179,7 +174,7 @@ Test(reshard, streams_in_slabs_within_memory)
     ckpt_layout layout = {4, 1, 1, 1};
     write_tensors(source, &layout, tensors, 3, 0, 1);
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, source, NULL), CKPT_OK);
+    cr_assert_eq(ckpt_reader_open(&r, source, NULL), TP_OK);
     reshard_options options;
     reshard_options_init(&options);
     options.tp = 2;
@@ -193,7 +188,7 @@ Test(reshard, streams_in_slabs_within_memory)
     fclose(statm);
     options.memory_limit = (int64_t)resident * 4096 + ((int64_t)(32 + 12 + 8) << 20);
     reshard_plan *plan;
-    cr_assert_eq(reshard_plan_create(&plan, r, &options), CKPT_OK, "%s", reshard_errmsg());
+    cr_assert_eq(reshard_plan_create(&plan, r, &options), TP_OK, "%s", tp_errmsg());
     const reshard_summary *s = reshard_plan_summary(plan);
     cr_assert(s->slabs >= 8, "several slabs per piece: %lld", (long long)s->slabs);
     cr_assert(s->slab_bytes <= (int64_t)8 << 20, "slabs of at most 8 MiB: %lld", (long long)s->slab_bytes);
@@ -213,29 +208,29 @@ Test(reshard, impossible_targets_name_the_tensor)
     test_tensor t;
     memset(&t, 0, sizeof t);
     strcpy(t.name, "model/layers.1.attn.qkv.weight");
-    t.desc = (ckpt_tensor_desc){.name = t.name, .dtype = CKPT_FP32, .ndim = 2, .shape = {192, 4},
+    t.desc = (ckpt_tensor_desc){.name = t.name, .dtype = TP_FP32, .ndim = 2, .shape = {192, 4},
                                 .anchor = CKPT_ANCHOR_LAYER, .layer = 1};
     t.desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {128, 32, 32}, 16, 0};
     t.logical = calloc(192 * 4, 4);
     ckpt_layout layout = {2, 2, 1, 4};
     write_tensors(source, &layout, &t, 1, 0, 1);
     ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, source, NULL), CKPT_OK);
+    cr_assert_eq(ckpt_reader_open(&r, source, NULL), TP_OK);
     reshard_options options;
     reshard_options_init(&options);
     options.tp = 4;
     reshard_plan *plan;
-    cr_assert_eq(reshard_plan_create(&plan, r, &options), CKPT_ERR_LAYOUT);
-    cr_assert(strstr(reshard_errmsg(), "model/layers.1.attn.qkv.weight") && strstr(reshard_errmsg(), "segment 1"),
-              "%s", reshard_errmsg());
+    cr_assert_eq(reshard_plan_create(&plan, r, &options), TP_ERR_LAYOUT);
+    cr_assert(strstr(tp_errmsg(), "model/layers.1.attn.qkv.weight") && strstr(tp_errmsg(), "segment 1"),
+              "%s", tp_errmsg());
     options.tp = 2;
     options.pp = 3;
-    cr_assert_eq(reshard_plan_create(&plan, r, &options), CKPT_ERR_LAYOUT);
-    cr_assert(strstr(reshard_errmsg(), "4 layers") && strstr(reshard_errmsg(), "pp=3"), "%s", reshard_errmsg());
+    cr_assert_eq(reshard_plan_create(&plan, r, &options), TP_ERR_LAYOUT);
+    cr_assert(strstr(tp_errmsg(), "4 layers") && strstr(tp_errmsg(), "pp=3"), "%s", tp_errmsg());
     options.pp = 1;
     options.memory_limit = 1 << 20;
-    cr_assert_eq(reshard_plan_create(&plan, r, &options), CKPT_ERR_ARG);
-    cr_assert(strstr(reshard_errmsg(), "memory limit"), "%s", reshard_errmsg());
+    cr_assert_eq(reshard_plan_create(&plan, r, &options), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "memory limit"), "%s", tp_errmsg());
     ckpt_reader_close(r);
     cr_assert_eq(access(target, F_OK), -1, "nothing written");
     free(t.logical);
@@ -244,15 +239,15 @@ Test(reshard, impossible_targets_name_the_tensor)
 Test(reshard, layouts_parse)
 {
     int tp, pp;
-    cr_assert_eq(reshard_parse_layout("tp4pp2", &tp, &pp), CKPT_OK);
+    cr_assert_eq(reshard_parse_layout("tp4pp2", &tp, &pp), TP_OK);
     cr_assert(tp == 4 && pp == 2);
-    cr_assert_eq(reshard_parse_layout("pp2", &tp, &pp), CKPT_OK);
+    cr_assert_eq(reshard_parse_layout("pp2", &tp, &pp), TP_OK);
     cr_assert(tp == 0 && pp == 2);
-    cr_assert_eq(reshard_parse_layout("pp3tp8", &tp, &pp), CKPT_OK);
+    cr_assert_eq(reshard_parse_layout("pp3tp8", &tp, &pp), TP_OK);
     cr_assert(tp == 8 && pp == 3);
     const char *bad[] = {"", "tp", "tp0", "tp4tp2", "tp4x", "4", "dp2", "tp99999"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        cr_assert_eq(reshard_parse_layout(bad[i], &tp, &pp), CKPT_ERR_ARG, "'%s' refused", bad[i]);
+        cr_assert_eq(reshard_parse_layout(bad[i], &tp, &pp), TP_ERR_ARG, "'%s' refused", bad[i]);
 }
 
 Test(reshard, cuda_matches_cpu)
@@ -272,19 +267,19 @@ Test(reshard, cuda_matches_cpu)
     reshard_options_init(&options);
     options.tp = 2;
     options.pp = 2;
-    options.param_dtype = CKPT_BF16;
+    options.param_dtype = TP_BF16;
     options.device = RESHARD_DEVICE_CPU;
     run_reshard(source, on_cpu, &options);
     options.device = RESHARD_DEVICE_CUDA;
     run_reshard(source, on_gpu, &options);
     check_output(on_gpu, tensors, n, 0);
     ckpt_reader *a, *b;
-    cr_assert_eq(ckpt_reader_open(&a, on_cpu, NULL), CKPT_OK);
-    cr_assert_eq(ckpt_reader_open(&b, on_gpu, NULL), CKPT_OK);
+    cr_assert_eq(ckpt_reader_open(&a, on_cpu, NULL), TP_OK);
+    cr_assert_eq(ckpt_reader_open(&b, on_gpu, NULL), TP_OK);
     for (int i = 0; i < ckpt_reader_num_tensors(a); i++) {
         ckpt_compare_result result;
         cr_assert_eq(ckpt_compare_tensor(a, i, b, ckpt_reader_find(b, ckpt_reader_tensor(a, i)->name), 0, 0, 1 << 20,
-                                         &result), CKPT_OK);
+                                         &result), TP_OK);
         cr_assert_eq(result.mismatches, 0, "%s differs between CPU and GPU", ckpt_reader_tensor(a, i)->name);
         cr_assert_eq(ckpt_reader_digest(a, i), ckpt_reader_digest(b, ckpt_reader_find(b, ckpt_reader_tensor(a, i)->name)));
     }

@@ -52,7 +52,7 @@ int64_t elements_of(const int64_t *shape, int ndim)
  * tensor, using the definition of the partition (docs/FORMAT.md). */
 void build_piece(const ckpt_tensor_desc *t, int tp, int rank, const uint8_t *logical, uint8_t *out)
 {
-    size_t es = ckpt_dtype_size(t->dtype);
+    size_t es = tp_dtype_size(t->dtype);
     int64_t pshape[CKPT_MAX_DIMS];
     ckpt_piece_shape(t, tp, pshape);
     int64_t n = elements_of(pshape, t->ndim);
@@ -110,7 +110,7 @@ int random_tensors(test_tensor *out, int max, const int *tps, int num_tps, int64
         snprintf(t->name, sizeof t->name, "%s/t%d.w", i % 2 ? "model" : "optim/exp_avg", i);
         t->desc.name = t->name;
         t->desc.role = i % 2 ? "param" : "exp_avg";
-        t->desc.dtype = (ckpt_dtype)rnd(0, 2);
+        t->desc.dtype = (tp_dtype)rnd(0, 2);
         t->desc.ndim = (int)rnd(1, 3);
         for (int d = 0; d < t->desc.ndim; d++) t->desc.shape[d] = rnd(1, 40);
         t->desc.anchor = (ckpt_anchor)rnd(0, 2);
@@ -130,11 +130,11 @@ int random_tensors(test_tensor *out, int max, const int *tps, int num_tps, int64
             }
             t->desc.shape[p->axis] = total;
         }
-        size_t bytes = (size_t)elements_of(t->desc.shape, t->desc.ndim) * ckpt_dtype_size(t->desc.dtype);
+        size_t bytes = (size_t)elements_of(t->desc.shape, t->desc.ndim) * tp_dtype_size(t->desc.dtype);
         t->logical = malloc(bytes);
         for (size_t b = 0; b < bytes; b++) t->logical[b] = (uint8_t)next_random();
         for (int k = 0; k < num_tps; k++)
-            cr_assert_eq(ckpt_tensor_check(&t->desc, tps[k]), CKPT_OK, "%s", ckpt_errmsg());
+            cr_assert_eq(ckpt_tensor_check(&t->desc, tps[k]), TP_OK, "%s", tp_errmsg());
     }
     return n;
 }
@@ -146,13 +146,13 @@ void write_tensors(const char *path, const ckpt_layout *layout, test_tensor *ten
     ckpt_write_options_init(&options);
     options.compress_level = compress;
     ckpt_writer *w;
-    cr_assert_eq(ckpt_writer_create(&w, path, layout, &options), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_writer_create(&w, path, layout, &options), TP_OK, "%s", tp_errmsg());
     for (int i = 0; i < n; i++) {
         int id;
-        cr_assert_eq(ckpt_writer_add_tensor(w, &tensors[i].desc, &id), CKPT_OK, "%s", ckpt_errmsg());
+        cr_assert_eq(ckpt_writer_add_tensor(w, &tensors[i].desc, &id), TP_OK, "%s", tp_errmsg());
         int64_t pshape[CKPT_MAX_DIMS];
         ckpt_piece_shape(&tensors[i].desc, layout->tp, pshape);
-        size_t es = ckpt_dtype_size(tensors[i].desc.dtype);
+        size_t es = tp_dtype_size(tensors[i].desc.dtype);
         int64_t row = elements_of(pshape + 1, tensors[i].desc.ndim - 1) * (int64_t)es;
         uint8_t *piece = malloc((size_t)(pshape[0] * row));
         int64_t block = ckpt_writer_block_rows(w, id);
@@ -160,25 +160,25 @@ void write_tensors(const char *path, const ckpt_layout *layout, test_tensor *ten
             build_piece(&tensors[i].desc, layout->tp, p, tensors[i].logical, piece);
             /* Whole pieces, or block-aligned slabs written last-first. */
             if (rnd(0, 1)) {
-                cr_assert_eq(ckpt_writer_put_piece(w, id, p, piece), CKPT_OK, "%s", ckpt_errmsg());
+                cr_assert_eq(ckpt_writer_put_piece(w, id, p, piece), TP_OK, "%s", tp_errmsg());
             } else {
                 for (int64_t start = (pshape[0] - 1) / block * block; start >= 0; start -= block) {
                     int64_t rows = pshape[0] - start < block ? pshape[0] - start : block;
-                    cr_assert_eq(ckpt_writer_put_rows(w, id, p, start, rows, piece + start * row), CKPT_OK,
-                                 "%s", ckpt_errmsg());
+                    cr_assert_eq(ckpt_writer_put_rows(w, id, p, start, rows, piece + start * row), TP_OK,
+                                 "%s", tp_errmsg());
                 }
             }
         }
         free(piece);
     }
     ckpt_train_state state = {step, step * 8, "{\"arch\":\"test\"}", NULL, "[{\"rank\":0}]", NULL};
-    cr_assert_eq(ckpt_writer_commit(w, &state), CKPT_OK, "%s", ckpt_errmsg());
+    cr_assert_eq(ckpt_writer_commit(w, &state), TP_OK, "%s", tp_errmsg());
 }
 
 /* Naive extraction of a box from the logical tensor. */
 void extract(const test_tensor *t, const int64_t *start, const int64_t *count, uint8_t *out)
 {
-    size_t es = ckpt_dtype_size(t->desc.dtype);
+    size_t es = tp_dtype_size(t->desc.dtype);
     int64_t n = elements_of(count, t->desc.ndim);
     for (int64_t e = 0; e < n; e++) {
         int64_t rest = e, flat = 0, idx[CKPT_MAX_DIMS];

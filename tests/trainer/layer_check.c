@@ -82,7 +82,7 @@ int main(int argc, char **argv)
         return 1;
     }
     /* vocab 250 pads to 252 at tp 4; 4 heads split at tp 1, 2, 4. */
-    gpt_config config = {.layers = 2, .dim = 32, .heads = 4, .vocab = 250, .seq = 8, .dtype = CKPT_FP32};
+    gpt_config config = {.layers = 2, .dim = 32, .heads = 4, .vocab = 250, .seq = 8, .dtype = TP_FP32};
     gpt_config_defaults(&config);
     gpt_model *tp = NULL, *dense = NULL;
     if (gpt_model_create(&tp, &config, c, 2, 8, 1, 99, err, sizeof err) ||

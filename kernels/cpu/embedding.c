@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "../kernels.h"
 
 void embedding_forward(float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first,
                        int64_t rows)

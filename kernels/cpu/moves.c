@@ -2,13 +2,13 @@
  * kernel in moves_cuda.cu), and transposition with conversion. */
 #include <string.h>
 
-#include "convert_bits.h"
-#include "kernels.h"
+#include "../convert_bits.h"
+#include "../kernels.h"
 
-void moves_apply(const void *src, number_format src_format, void *dst, number_format dst_format,
+void moves_apply(const void *src, tp_dtype src_format, void *dst, tp_dtype dst_format,
                  const strided_move *moves, int64_t count)
 {
-    size_t src_size = number_format_size(src_format), dst_size = number_format_size(dst_format);
+    size_t src_size = tp_dtype_size(src_format), dst_size = tp_dtype_size(dst_format);
     const char *in = src;
     char *out = dst;
     for (int64_t m = 0; m < count; m++) {
@@ -26,36 +26,36 @@ void moves_apply(const void *src, number_format src_format, void *dst, number_fo
 
 /* An element's bits as fp32 bits, and back: convert.c's conversions one
  * element at a time (bf16 <-> fp16 goes through fp32 as there). */
-static uint32_t load_as_f32(const unsigned char *p, number_format format)
+static uint32_t load_as_f32(const unsigned char *p, tp_dtype format)
 {
-    if (format == NUMBER_F32) {
+    if (format == TP_FP32) {
         uint32_t x;
         memcpy(&x, p, 4);
         return x;
     }
     uint16_t h;
     memcpy(&h, p, 2);
-    return format == NUMBER_BF16 ? bits_bf16_to_f32(h) : bits_f16_to_f32(h);
+    return format == TP_BF16 ? bits_bf16_to_f32(h) : bits_f16_to_f32(h);
 }
 
-static void store_from_f32(unsigned char *p, uint32_t x, number_format format)
+static void store_from_f32(unsigned char *p, uint32_t x, tp_dtype format)
 {
-    if (format == NUMBER_F32) {
+    if (format == TP_FP32) {
         memcpy(p, &x, 4);
         return;
     }
-    uint16_t h = format == NUMBER_BF16 ? bits_f32_to_bf16(x) : bits_f32_to_f16(x);
+    uint16_t h = format == TP_BF16 ? bits_f32_to_bf16(x) : bits_f32_to_f16(x);
     memcpy(p, &h, 2);
 }
 
 #define TRANSPOSE_TILE 32 /* 32 x 32 elements: a tile of input and of output stay in L1 */
 
-void transpose_numbers(const void *in, number_format in_format, int64_t rows, int64_t cols, int64_t in_stride,
-                       void *out, number_format out_format, int64_t out_stride)
+void transpose_numbers(const void *in, tp_dtype in_format, int64_t rows, int64_t cols, int64_t in_stride,
+                       void *out, tp_dtype out_format, int64_t out_stride)
 {
     const unsigned char *src = in;
     unsigned char *dst = out;
-    int64_t is = (int64_t)number_format_size(in_format), os = (int64_t)number_format_size(out_format);
+    int64_t is = (int64_t)tp_dtype_size(in_format), os = (int64_t)tp_dtype_size(out_format);
     for (int64_t r0 = 0; r0 < rows; r0 += TRANSPOSE_TILE) {
         int64_t r1 = r0 + TRANSPOSE_TILE < rows ? r0 + TRANSPOSE_TILE : rows;
         for (int64_t c0 = 0; c0 < cols; c0 += TRANSPOSE_TILE) {

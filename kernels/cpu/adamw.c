@@ -2,7 +2,7 @@
  * the two agree to the last bits as far as fp32 allows. */
 #include <math.h>
 
-#include "kernels.h"
+#include "../kernels.h"
 
 void adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t step)

@@ -2,7 +2,7 @@
 #include <cblas.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "../kernels.h"
 
 void kernels_set_threads(int threads)
 {

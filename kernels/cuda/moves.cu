@@ -1,5 +1,5 @@
-/* moves_cuda.cu: strided moves with conversion on the GPU, the twin of
- * moves_apply (moves.c). Conversions use convert_bits.h like the CPU, so the
+/* moves.cu: strided moves with conversion on the GPU, the twin of
+ * moves_apply (cpu/moves.c). Conversions use convert_bits.h like the CPU, so the
  * output is bit-identical. Each worker thread owns a mover: pinned host
  * buffers, device buffers and a stream, so transfers of one thread overlap
  * the kernels and disk I/O of the others. */
@@ -8,9 +8,10 @@
 #include <string.h>
 
 extern "C" {
-#include "kernels.h"
+#include "../kernels.h"
 }
-#include "convert_bits.h"
+#include "../convert_bits.h"
+#include "check.h"
 
 struct cuda_mover {
     cudaStream_t stream;
@@ -21,26 +22,17 @@ struct cuda_mover {
     int64_t max_moves;
 };
 
-#define CUDA_TRY(call)                                                                                 \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                       \
-            snprintf(err, err_size, "%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            goto fail;                                                                                 \
-        }                                                                                              \
-    } while (0)
-
 __device__ static uint32_t load_bits(const void *src, int format, int64_t i)
 {
-    if (format == NUMBER_F32) return ((const uint32_t *)src)[i];
+    if (format == TP_FP32) return ((const uint32_t *)src)[i];
     uint16_t h = ((const uint16_t *)src)[i];
-    return format == NUMBER_BF16 ? bits_bf16_to_f32(h) : bits_f16_to_f32(h);
+    return format == TP_BF16 ? bits_bf16_to_f32(h) : bits_f16_to_f32(h);
 }
 
 __device__ static void store_bits(void *dst, int format, int64_t i, uint32_t bits)
 {
-    if (format == NUMBER_F32) ((uint32_t *)dst)[i] = bits;
-    else if (format == NUMBER_BF16) ((uint16_t *)dst)[i] = bits_f32_to_bf16(bits);
+    if (format == TP_FP32) ((uint32_t *)dst)[i] = bits;
+    else if (format == TP_BF16) ((uint16_t *)dst)[i] = bits_f32_to_bf16(bits);
     else ((uint16_t *)dst)[i] = bits_f32_to_f16(bits);
 }
 
@@ -59,26 +51,19 @@ __global__ void moves_kernel(const void *src, int src_format, void *dst, int dst
             continue;
         }
         uint32_t bits = load_bits(src, src_format, mv.src + r * mv.src_stride + i);
-        if (src_format == dst_format && src_format != NUMBER_F32)
+        if (src_format == dst_format && src_format != TP_FP32)
             ((uint16_t *)dst)[to] = ((const uint16_t *)src)[mv.src + r * mv.src_stride + i]; /* exact copy */
         else
             store_bits(dst, dst_format, to, bits);
     }
 }
 
-extern "C" int cuda_mover_create(cuda_mover **out, size_t staging_bytes, size_t output_bytes,
-                                 int64_t max_moves, char *err, size_t err_size)
+extern "C" int cuda_mover_create(cuda_mover **out, size_t staging_bytes, size_t output_bytes, int64_t max_moves)
 {
     *out = NULL;
-    if (cuda_device_count() == 0) {
-        snprintf(err, err_size, "no CUDA device is available");
-        return -1;
-    }
+    if (cuda_device_count() == 0) return tp_fail(TP_ERR_DEVICE, "no CUDA device is available");
     cuda_mover *m = (cuda_mover *)calloc(1, sizeof *m);
-    if (!m) {
-        snprintf(err, err_size, "out of memory");
-        return -1;
-    }
+    if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory for a GPU mover");
     m->staging_bytes = staging_bytes;
     m->output_bytes = output_bytes;
     m->max_moves = max_moves > 0 ? max_moves : 1;
@@ -89,10 +74,10 @@ extern "C" int cuda_mover_create(cuda_mover **out, size_t staging_bytes, size_t 
     CUDA_TRY(cudaMalloc(&m->device_output, output_bytes ? output_bytes : 1));
     CUDA_TRY(cudaMalloc(&m->device_moves, (size_t)m->max_moves * sizeof(strided_move)));
     *out = m;
-    return 0;
+    return TP_OK;
 fail:
     cuda_mover_free(m);
-    return -1;
+    return TP_ERR_DEVICE;
 }
 
 extern "C" void *cuda_mover_staging(cuda_mover *m)
@@ -105,16 +90,14 @@ extern "C" void *cuda_mover_output(cuda_mover *m)
     return m->host_output;
 }
 
-extern "C" int cuda_mover_run(cuda_mover *m, size_t staging_used, number_format src_format,
-                              size_t output_used, number_format dst_format, const strided_move *moves,
-                              int64_t count, char *err, size_t err_size)
+extern "C" int cuda_mover_run(cuda_mover *m, size_t staging_used, tp_dtype src_format,
+                              size_t output_used, tp_dtype dst_format, const strided_move *moves,
+                              int64_t count)
 {
-    if (staging_used > m->staging_bytes || output_used > m->output_bytes || count > m->max_moves) {
-        snprintf(err, err_size, "GPU mover: %zu/%zu staging bytes, %zu/%zu output bytes, %lld/%lld moves",
-                 staging_used, m->staging_bytes, output_used, m->output_bytes, (long long)count,
-                 (long long)m->max_moves);
-        return -1;
-    }
+    if (staging_used > m->staging_bytes || output_used > m->output_bytes || count > m->max_moves)
+        return tp_fail(TP_ERR_ARG, "GPU mover: %zu/%zu staging bytes, %zu/%zu output bytes, %lld/%lld moves",
+                       staging_used, m->staging_bytes, output_used, m->output_bytes, (long long)count,
+                       (long long)m->max_moves);
     CUDA_TRY(cudaMemcpyAsync(m->device_staging, m->host_staging, staging_used, cudaMemcpyHostToDevice, m->stream));
     CUDA_TRY(cudaMemcpyAsync(m->device_moves, moves, (size_t)count * sizeof(strided_move), cudaMemcpyHostToDevice,
                              m->stream));
@@ -135,9 +118,9 @@ extern "C" int cuda_mover_run(cuda_mover *m, size_t staging_used, number_format 
     }
     CUDA_TRY(cudaMemcpyAsync(m->host_output, m->device_output, output_used, cudaMemcpyDeviceToHost, m->stream));
     CUDA_TRY(cudaStreamSynchronize(m->stream));
-    return 0;
+    return TP_OK;
 fail:
-    return -1;
+    return TP_ERR_DEVICE;
 }
 
 extern "C" void cuda_mover_free(cuda_mover *m)

@@ -1,8 +1,8 @@
 /* norm.c: layer normalization (eps 1e-5) and GELU. */
 #include <math.h>
 
-#include "fast_exp.h"
-#include "kernels.h"
+#include "../fast_exp.h"
+#include "../kernels.h"
 
 #define LAYERNORM_EPS 1e-5f
 

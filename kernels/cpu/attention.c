@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "../kernels.h"
 
 void attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                        int64_t hd)

@@ -1,0 +1,57 @@
+/* none.c: the CUDA entry points of a build without CUDA (make CUDA=0): there
+ * is no device, and asking for one says why. */
+#include "../../common/error.h"
+#include "../kernels.h"
+
+#define NO_CUDA "this build has no CUDA support (rebuild with nvcc available)"
+
+int cuda_device_count(void)
+{
+    return 0;
+}
+
+int cuda_built(void)
+{
+    return 0;
+}
+
+int cuda_convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format, int64_t n)
+{
+    (void)in, (void)in_format, (void)out, (void)out_format, (void)n;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+struct cuda_mover {
+    int unused;
+};
+
+int cuda_mover_create(cuda_mover **out, size_t staging_bytes, size_t output_bytes, int64_t max_moves)
+{
+    (void)staging_bytes, (void)output_bytes, (void)max_moves;
+    *out = NULL;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+void *cuda_mover_staging(cuda_mover *mover)
+{
+    (void)mover;
+    return NULL;
+}
+
+void *cuda_mover_output(cuda_mover *mover)
+{
+    (void)mover;
+    return NULL;
+}
+
+int cuda_mover_run(cuda_mover *mover, size_t staging_used, tp_dtype src_format, size_t output_used,
+                   tp_dtype dst_format, const strided_move *moves, int64_t count)
+{
+    (void)mover, (void)staging_used, (void)src_format, (void)output_used, (void)dst_format, (void)moves, (void)count;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+void cuda_mover_free(cuda_mover *mover)
+{
+    (void)mover;
+}
