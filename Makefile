@@ -30,11 +30,20 @@ ALL_LDFLAGS = -pthread $(SANITIZE) $(LDFLAGS)
 LDLIBS += $(PKG_LIBS) -lm
 NVCCFLAGS ?= -O2 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 
+# The libraries, lowest first (README.md "Layout of the source"): each uses
+# only those before it; the programs sit on top. scripts/check-layers.sh
+# checks the include graph against this order.
+LAYERS := common kernels ckpt reshard formats model trainer
 COMMON_SRC := $(wildcard common/*.c)
-CKPT_SRC := $(filter-out ckpt/tp-ckpt.c,$(wildcard ckpt/*.c))
 KERNELS_SRC := $(wildcard kernels/cpu/*.c)
-RESHARD_SRC := $(filter-out reshard/tp-reshard.c,$(wildcard reshard/*.c))
-TRAINER_LIB_SRC := $(filter-out trainer/tp-train.c,$(wildcard trainer/*.c))
+CKPT_SRC := $(wildcard ckpt/*.c)
+RESHARD_SRC := $(wildcard reshard/*.c)
+FORMATS_SRC := $(wildcard formats/*.c)
+MODEL_SRC := $(wildcard model/*.c)
+# The trainer's MPI communicator is a library of its own: the trainer itself
+# (and anything driving it in one process) needs no MPI.
+TRAINER_SRC := $(filter-out trainer/comm_mpi.c,$(wildcard trainer/*.c))
+COMM_MPI_SRC := trainer/comm_mpi.c
 ifeq ($(CUDA),1)
 KERNELS_CU := $(wildcard kernels/cuda/*.cu)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
@@ -46,17 +55,30 @@ endif
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 LIB_COMMON := $(BUILD)/lib/libtpcommon.a
-LIB_CKPT := $(BUILD)/lib/libtpckpt.a
 LIB_KERNELS := $(BUILD)/lib/libtpkernels.a
-LIB_TRAINER := $(BUILD)/lib/libtptrainer.a
+LIB_CKPT := $(BUILD)/lib/libtpckpt.a
 LIB_RESHARD := $(BUILD)/lib/libtpreshard.a
-LIBS := $(LIB_TRAINER) $(LIB_RESHARD) $(LIB_CKPT) $(LIB_KERNELS) $(LIB_COMMON)
+LIB_FORMATS := $(BUILD)/lib/libtpformats.a
+LIB_MODEL := $(BUILD)/lib/libtpmodel.a
+LIB_TRAINER := $(BUILD)/lib/libtptrainer.a
+LIB_COMM_MPI := $(BUILD)/lib/libtpcomm_mpi.a
+
+# What each program links, top of the stack first.
+CKPT_STACK := $(LIB_CKPT) $(LIB_KERNELS) $(LIB_COMMON)
+RESHARD_STACK := $(LIB_RESHARD) $(CKPT_STACK)
+MODEL_STACK := $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
+TRAINER_STACK := $(LIB_TRAINER) $(MODEL_STACK)
+# Command-line helpers the programs share (not a library: they print and exit).
+CLI_OBJ := $(call obj,programs/cli.c)
+SYNTH_OBJ := $(call obj,programs/synth.c)
 
 PROGRAMS := $(BUILD)/bin/tp-ckpt $(BUILD)/bin/tp-reshard $(BUILD)/bin/tp-train
 BENCH_PROGRAMS := $(BUILD)/bench/bench_ckpt
 TEST_SRC := $(wildcard tests/*/test_*.c)
 TEST_SUPPORT := $(call obj,$(wildcard tests/support/*.c))
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/trainer/layer_check
+# Tests link the whole stack, MPI communicator included.
+TEST_LIBS := $(LIB_COMM_MPI) $(TRAINER_STACK)
 
 # Keep objects of tests between builds.
 .SECONDARY:
@@ -95,32 +117,35 @@ $(BUILD)/obj/%.cu.o: %.cu kernels/convert_bits.h kernels/kernels.h kernels/cuda/
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(LIB_COMMON): $(call obj,$(COMMON_SRC))
-$(LIB_CKPT): $(call obj,$(CKPT_SRC))
 $(LIB_KERNELS): $(call obj,$(KERNELS_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(KERNELS_CU))
-$(LIB_TRAINER): $(call obj,$(TRAINER_LIB_SRC))
+$(LIB_CKPT): $(call obj,$(CKPT_SRC))
 $(LIB_RESHARD): $(call obj,$(RESHARD_SRC))
+$(LIB_FORMATS): $(call obj,$(FORMATS_SRC))
+$(LIB_MODEL): $(call obj,$(MODEL_SRC))
+$(LIB_TRAINER): $(call obj,$(TRAINER_SRC))
+$(LIB_COMM_MPI): $(call obj,$(COMM_MPI_SRC))
 $(BUILD)/lib/%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/bin/tp-ckpt: $(call obj,ckpt/tp-ckpt.c) $(LIBS)
-$(BUILD)/bin/tp-reshard: $(call obj,reshard/tp-reshard.c) $(LIBS)
-$(BUILD)/bin/tp-train: $(call obj,trainer/tp-train.c) $(LIBS)
+$(BUILD)/bin/tp-ckpt: $(call obj,programs/tp-ckpt.c) $(CLI_OBJ) $(SYNTH_OBJ) $(MODEL_STACK)
+$(BUILD)/bin/tp-reshard: $(call obj,programs/tp-reshard.c) $(CLI_OBJ) $(RESHARD_STACK)
+$(BUILD)/bin/tp-train: $(call obj,programs/tp-train.c) $(CLI_OBJ) $(LIB_COMM_MPI) $(TRAINER_STACK)
 $(BUILD)/bin/%:
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBS)
+$(BUILD)/bench/bench_ckpt: $(BUILD)/obj/bench/bench_ckpt.o $(CLI_OBJ) $(SYNTH_OBJ) $(MODEL_STACK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 # An MPI program the layer tests run under mpirun: without Criterion, whose
 # sandbox would take it for one of its own children.
-$(BUILD)/tests/trainer/layer_check: $(BUILD)/obj/tests/trainer/layer_check.o $(LIBS)
+$(BUILD)/tests/trainer/layer_check: $(BUILD)/obj/tests/trainer/layer_check.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(LIBS)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS) -lcriterion
 

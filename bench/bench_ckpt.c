@@ -15,12 +15,12 @@
 #include <string.h>
 
 #include "../ckpt/ckpt.h"
-#include "../ckpt/synth.h"
-#include "../common/cli.h"
+#include "../programs/synth.h"
+#include "../programs/cli.h"
 #include "../common/memory.h"
 #include "../common/parallel.h"
 #include "../common/progress.h"
-#include "../trainer/gpt_catalog.h"
+#include "../model/gpt.h"
 
 #define SLAB_BYTES ((int64_t)8 << 20)
 
@@ -191,11 +191,11 @@ int main(int argc, char **argv)
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         int bad = 0;
-        if (strcmp(a, "--gb") == 0) bad = cli_parse_double(v, &gib), i++;
-        else if (strcmp(a, "--tp") == 0) bad = cli_parse_int(v, 1, 64, &tp), i++;
-        else if (strcmp(a, "--pp") == 0) bad = cli_parse_int(v, 1, 64, &pp), i++;
-        else if (strcmp(a, "--threads") == 0) bad = cli_parse_int(v, 1, 256, &threads), i++;
-        else if (strcmp(a, "--compress") == 0) bad = cli_parse_int(v, 0, 22, &compress), i++;
+        if (strcmp(a, "--gb") == 0) bad = parse_double(v, &gib), i++;
+        else if (strcmp(a, "--tp") == 0) bad = parse_int(v, 1, 64, &tp), i++;
+        else if (strcmp(a, "--pp") == 0) bad = parse_int(v, 1, 64, &pp), i++;
+        else if (strcmp(a, "--threads") == 0) bad = parse_int(v, 1, 256, &threads), i++;
+        else if (strcmp(a, "--compress") == 0) bad = parse_int(v, 0, 22, &compress), i++;
         else if (strcmp(a, "--no-verify") == 0) verify = 0;
         else bad = 1;
         if (bad) return fprintf(stderr, "bench_ckpt: bad option %s\n", a), 2;

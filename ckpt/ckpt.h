@@ -32,6 +32,13 @@
 #define CKPT_NAME_MAX 255
 #define CKPT_ZSTD_FILTER_ID 32015 /* the registered HDF5 filter id of Zstandard */
 
+/* Memory the library keeps beside its callers' buffers, for tools that work
+ * within a memory limit: per thread that reads or writes (the reader's and
+ * writer's scratch), and once (HDF5's caches, the writer's tables, the
+ * program itself). */
+#define CKPT_THREAD_MEMORY ((int64_t)12 << 20)
+#define CKPT_FIXED_MEMORY ((int64_t)32 << 20)
+
 /* ---------------------------------------------------------------- types */
 
 /* A parallel layout. Layers are split evenly over pipeline stages. */

@@ -1,4 +1,5 @@
-/* memory.c: page-aligned allocation. */
+/* memory.c: page-aligned allocation and the process's resident memory. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "memory.h"
@@ -9,4 +10,15 @@ void *alloc_pages(size_t bytes)
     size_t rounded = (bytes + 4095) / 4096 * 4096;
     if (posix_memalign(&p, 4096, rounded ? rounded : 4096) != 0) return NULL;
     return p;
+}
+
+int64_t resident_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return (int64_t)resident * 4096;
 }

@@ -5,8 +5,12 @@
 #define TP_MEMORY_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* A buffer of at least bytes, aligned to 4096; free() releases it. NULL on failure. */
 void *alloc_pages(size_t bytes);
+
+/* Bytes resident in this process now (0 when the system does not say). */
+int64_t resident_bytes(void);
 
 #endif

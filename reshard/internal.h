@@ -5,14 +5,6 @@
 #include "../kernels/kernels.h"
 #include "reshard.h"
 
-/* Memory a plan keeps beside its buffers: fixed (HDF5, the writer's tables,
- * the program) and per thread (reader and writer scratch). */
-#define RESHARD_THREAD_OVERHEAD ((int64_t)12 << 20)
-#define RESHARD_FIXED_OVERHEAD ((int64_t)32 << 20)
-
-/* Bytes resident in this process now. */
-int64_t reshard_resident_bytes(void);
-
 /* How a tensor's output slabs are cut. */
 typedef enum {
     SLAB_WHOLE,      /* replicated: rows of the single piece */

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "../common/memory.h"
 #include "../common/parallel.h"
 #include "internal.h"
 
@@ -204,17 +205,6 @@ static int64_t bytes_per_row(const reshard_plan *plan, const tensor_plan *t)
     return t->src_row * src_size + t->out_row * out_size;
 }
 
-int64_t reshard_resident_bytes(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    long pages = 0, resident = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-        fclose(f);
-    }
-    return (int64_t)resident * 4096;
-}
-
 /* Rows per slab for every tensor within a per-thread budget; fails naming the
  * first tensor one checksum block of which does not fit. */
 static int size_slabs(reshard_plan *plan, int64_t budget, const char **offender, int64_t *needed)
@@ -377,16 +367,16 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
      * little for one checksum block per slab, fewer threads are tried. */
     int64_t limit = o->memory_limit > 0 ? o->memory_limit : RESHARD_DEFAULT_MEMORY;
     int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
-    int64_t base = reshard_resident_bytes() + RESHARD_FIXED_OVERHEAD;
+    int64_t base = resident_bytes() + CKPT_FIXED_MEMORY;
     const char *offender = NULL;
     int64_t needed = 0, budget = 0;
     for (; threads >= 1; threads--) {
-        budget = (limit - base) / threads - RESHARD_THREAD_OVERHEAD;
+        budget = (limit - base) / threads - CKPT_THREAD_MEMORY;
         if (budget > 0 && size_slabs(plan, budget, &offender, &needed) == 0) break;
     }
     if (threads < 1) {
         char text[64];
-        snprintf(text, sizeof text, "%.1f MiB", (double)(needed + RESHARD_THREAD_OVERHEAD + base) / 1048576.0);
+        snprintf(text, sizeof text, "%.1f MiB", (double)(needed + CKPT_THREAD_MEMORY + base) / 1048576.0);
         status = tp_fail(TP_ERR_ARG,
                               "memory limit of %.1f MiB is too small: tensor %s needs at least %s "
                               "(one checksum block per slab); raise --memory-limit",

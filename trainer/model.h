@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "comm.h"
-#include "gpt_catalog.h"
+#include "../model/gpt.h"
 
 typedef struct {
     const gpt_tensor *spec;  /* catalogue entry (global description) */

@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 #include "comm.h"
-#include "gpt_catalog.h"
+#include "../model/gpt.h"
 
 typedef struct {
     gpt_config config;

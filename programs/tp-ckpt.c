@@ -8,14 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/cli.h"
+#include "cli.h"
 #include "../common/parallel.h"
 #include "../common/progress.h"
-#include "../reshard/export.h"
+#include "../formats/formats.h"
 #include "../reshard/reshard.h"
-#include "../trainer/gpt_catalog.h"
-#include "../trainer/gpt_interop.h"
-#include "ckpt.h"
+#include "../model/gpt.h"
+#include "../model/interop.h"
+#include "../ckpt/ckpt.h"
 #include "synth.h"
 
 static const char *usage_text =
@@ -51,7 +51,7 @@ static const char *usage_text =
 static int64_t parse_int_option(const char *name, const char *text, int64_t min, int64_t max)
 {
     int64_t value;
-    if (cli_parse_int(text, min, max, &value))
+    if (parse_int(text, min, max, &value))
         die_usage("%s expects an integer in %lld..%lld, got '%s'", name, (long long)min,
                   (long long)max, text);
     return value;
@@ -60,7 +60,7 @@ static int64_t parse_int_option(const char *name, const char *text, int64_t min,
 static double parse_double_option(const char *name, const char *text)
 {
     double value;
-    if (cli_parse_double(text, &value) || value < 0)
+    if (parse_double(text, &value) || value < 0)
         die_usage("%s expects a non-negative number, got '%s'", name, text);
     return value;
 }
@@ -644,14 +644,14 @@ static int cmd_export(int argc, char **argv)
             options.dtype = (int)dtype;
             break;
         case O_SHARD:
-            if (cli_parse_size(optarg, &options.max_shard_bytes) || options.max_shard_bytes < 1)
+            if (parse_size(optarg, &options.max_shard_bytes) || options.max_shard_bytes < 1)
                 die_usage("--max-shard-size expects a size such as 2G or 500M, got '%s'", optarg);
             break;
         case O_TOKENIZER: tokenizer = optarg; break;
         case O_NAME: name = optarg; break;
         case O_THREADS: options.threads = (int)parse_int_option("--threads", optarg, 1, 1024); break;
         case O_MEMORY:
-            if (cli_parse_size(optarg, &options.memory_limit) || options.memory_limit < 1)
+            if (parse_size(optarg, &options.memory_limit) || options.memory_limit < 1)
                 die_usage("--memory-limit expects a size such as 512M or 4G, got '%s'", optarg);
             break;
         case O_FORCE: options.overwrite = 1; break;

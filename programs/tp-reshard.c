@@ -8,10 +8,10 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "../common/cli.h"
+#include "cli.h"
 #include "../common/parallel.h"
 #include "../common/progress.h"
-#include "reshard.h"
+#include "../reshard/reshard.h"
 
 static const char *usage_text =
     "usage: tp-reshard CKPT --to LAYOUT [--from LAYOUT] [-o OUT] [options]\n"
@@ -129,11 +129,11 @@ int main(int argc, char **argv)
         case O_TO: to = optarg; break;
         case O_FROM: from = optarg; break;
         case O_THREADS:
-            if (cli_parse_int(optarg, 1, 1024, &value)) die_usage("--threads expects 1..1024, got '%s'", optarg);
+            if (parse_int(optarg, 1, 1024, &value)) die_usage("--threads expects 1..1024, got '%s'", optarg);
             options.threads = (int)value;
             break;
         case O_MEMORY:
-            if (cli_parse_size(optarg, &value) || value < 1) die_usage("--memory-limit expects a size like 512M, got '%s'", optarg);
+            if (parse_size(optarg, &value) || value < 1) die_usage("--memory-limit expects a size like 512M, got '%s'", optarg);
             options.memory_limit = value;
             break;
         case O_DEVICE:
@@ -152,7 +152,7 @@ int main(int argc, char **argv)
         case O_COMPRESS:
             if (strcmp(optarg, "none") == 0) options.compress_level = 0;
             else if (strcmp(optarg, "zstd") == 0) options.compress_level = 3;
-            else if (strncmp(optarg, "zstd:", 5) == 0 && cli_parse_int(optarg + 5, 1, 22, &value) == 0)
+            else if (strncmp(optarg, "zstd:", 5) == 0 && parse_int(optarg + 5, 1, 22, &value) == 0)
                 options.compress_level = (int)value;
             else die_usage("--compress expects zstd, zstd:LEVEL (1..22) or none, got '%s'", optarg);
             break;

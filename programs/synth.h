@@ -15,7 +15,7 @@
 #ifndef TP_CKPT_SYNTH_H
 #define TP_CKPT_SYNTH_H
 
-#include "ckpt.h"
+#include "../ckpt/ckpt.h"
 
 typedef struct {
     ckpt_tensor_desc desc;

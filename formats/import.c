@@ -20,8 +20,8 @@
 
 #include "../common/memory.h"
 #include "../common/parallel.h"
-#include "export.h"
-#include "internal.h"
+#include "formats.h"
+#include "../kernels/kernels.h"
 
 #define SAFETENSORS_MAX_HEADER 100000000 /* the reference implementation's limit */
 #define SLAB_TARGET_BYTES ((int64_t)8 << 20)

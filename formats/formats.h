@@ -24,6 +24,9 @@ typedef enum { EXPORT_SAFETENSORS = 0, EXPORT_GGUF, EXPORT_HDF5 } export_format;
 /* "safetensors", "gguf", "hdf5". */
 int export_format_parse(const char *text, export_format *out);
 
+/* Buffers of an export when no limit is given. */
+#define EXPORT_DEFAULT_MEMORY ((int64_t)1 << 30)
+
 /* Hugging Face's default shard size ("5GB"). */
 #define EXPORT_DEFAULT_SHARD_BYTES ((int64_t)5000000000)
 

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "../../kernels/kernels.h"
-#include "../../reshard/export.h"
+#include "../../formats/formats.h"
 #include "../../reshard/reshard.h"
 #include "../support/fixture.h"
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpt_catalog.h"
+#include "gpt.h"
 
 int gpt_error(char *err, size_t err_size, const char *fmt, ...)
 {

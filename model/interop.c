@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpt_interop.h"
+#include "interop.h"
 
 /* Per layer: catalogue suffix, Hugging Face name, llama.cpp name, whether
  * Hugging Face stores it transposed (Conv1D weights are [in, out]; ours and

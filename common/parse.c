@@ -1,18 +1,14 @@
-/* cli.c: parsing of numbers and sizes on command lines. */
+/* parse.c: numbers and sizes from text. */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "cli.h"
+#include "parse.h"
 
-#include <getopt.h>
-
-int cli_parse_int(const char *text, int64_t min, int64_t max, int64_t *out)
+int parse_int(const char *text, int64_t min, int64_t max, int64_t *out)
 {
     if (!text || !*text) return -1;
     char *end = NULL;
@@ -23,7 +19,7 @@ int cli_parse_int(const char *text, int64_t min, int64_t max, int64_t *out)
     return 0;
 }
 
-int cli_parse_double(const char *text, double *out)
+int parse_double(const char *text, double *out)
 {
     if (!text || !*text) return -1;
     char *end = NULL;
@@ -34,7 +30,7 @@ int cli_parse_double(const char *text, double *out)
     return 0;
 }
 
-int cli_parse_size(const char *text, int64_t *out)
+int parse_size(const char *text, int64_t *out)
 {
     if (!text || !*text) return -1;
     char *end = NULL;
@@ -56,31 +52,4 @@ int cli_parse_size(const char *text, int64_t *out)
     if (bytes > 9.0e18) return -1;
     *out = (int64_t)bytes;
     return 0;
-}
-
-void cli_usage_error(const char *program, const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    fprintf(stderr, "%s: ", program);
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, " (see %s --help)\n", program);
-    va_end(args);
-    exit(2);
-}
-
-int cli_error(const char *program, const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    fprintf(stderr, "%s: error: ", program);
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, "\n");
-    va_end(args);
-    return 1;
-}
-
-const char *cli_rejected_option(char *const argv[])
-{
-    return optind > 1 ? argv[optind - 1] : "?";
 }

@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/cli.h"
-#include "comm.h"
-#include "data.h"
-#include "evaluate.h"
-#include "train.h"
+#include "cli.h"
+#include "../trainer/comm.h"
+#include "../trainer/data.h"
+#include "../trainer/evaluate.h"
+#include "../trainer/train.h"
 
 #define die_usage(...) cli_usage_error("tp-train", __VA_ARGS__)
 #define fail(...) cli_error("tp-train", __VA_ARGS__)
@@ -39,14 +39,14 @@ static const char *usage_text =
 static int64_t int_option(const char *name, const char *text, int64_t min, int64_t max)
 {
     int64_t v;
-    if (cli_parse_int(text, min, max, &v)) die_usage("%s expects an integer in %lld..%lld, got '%s'", name, (long long)min, (long long)max, text);
+    if (parse_int(text, min, max, &v)) die_usage("%s expects an integer in %lld..%lld, got '%s'", name, (long long)min, (long long)max, text);
     return v;
 }
 
 static double double_option(const char *name, const char *text)
 {
     double v;
-    if (cli_parse_double(text, &v) || v < 0) die_usage("%s expects a non-negative number, got '%s'", name, text);
+    if (parse_double(text, &v) || v < 0) die_usage("%s expects a non-negative number, got '%s'", name, text);
     return v;
 }
 

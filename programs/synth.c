@@ -8,7 +8,7 @@
 #include "../common/memory.h"
 #include "../common/parallel.h"
 #include "../kernels/kernels.h"
-#include "internal.h"
+#include "../ckpt/ckpt.h"
 #include "synth.h"
 
 #define SLAB_TARGET_BYTES ((int64_t)4 << 20)

@@ -19,8 +19,8 @@
 
 #include "../common/memory.h"
 #include "../common/parallel.h"
-#include "export.h"
-#include "internal.h"
+#include "formats.h"
+#include "../kernels/kernels.h"
 
 #define BAND_TARGET_BYTES ((int64_t)8 << 20) /* untransposed bands: enough to keep the disk busy */
 #define PAGE_BYTES ((int64_t)4096)
@@ -155,7 +155,7 @@ static int plan_tensors(exporter *x, const export_tensor *specs, int count)
 static int plan_bands(exporter *x)
 {
     const export_options *o = x->o;
-    int64_t limit = o->memory_limit > 0 ? o->memory_limit : RESHARD_DEFAULT_MEMORY;
+    int64_t limit = o->memory_limit > 0 ? o->memory_limit : EXPORT_DEFAULT_MEMORY;
     int64_t widest = 0; /* the most bytes of buffers one output row needs */
     const char *widest_name = "";
     for (int i = 0; i < x->count; i++) {
@@ -178,10 +178,10 @@ static int plan_bands(exporter *x)
      * fixed overhead and each thread's reader scratch (and a page of slack:
      * a band's staging starts on a page); fewer threads when a share would
      * not hold the widest row. */
-    int64_t base = reshard_resident_bytes() + RESHARD_FIXED_OVERHEAD, share = 0;
+    int64_t base = resident_bytes() + CKPT_FIXED_MEMORY, share = 0;
     int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
     for (; threads >= 1; threads--) {
-        share = (limit - base) / threads - RESHARD_THREAD_OVERHEAD - PAGE_BYTES;
+        share = (limit - base) / threads - CKPT_THREAD_MEMORY - PAGE_BYTES;
         if (share >= widest) break;
     }
     if (threads < 1)
@@ -189,7 +189,7 @@ static int plan_bands(exporter *x)
                             "memory limit %lld bytes is too small: a row of tensor %s takes %lld bytes of buffers "
                             "beside %lld of overhead (raise --memory-limit)",
                             (long long)limit, widest_name, (long long)widest,
-                            (long long)(base + RESHARD_THREAD_OVERHEAD + PAGE_BYTES));
+                            (long long)(base + CKPT_THREAD_MEMORY + PAGE_BYTES));
     x->num_bands = 0;
     for (int i = 0; i < x->count; i++) {
         out_tensor *t = &x->tensors[i];

@@ -8,8 +8,8 @@
 
 #include <stddef.h>
 
-#include "../reshard/export.h"
-#include "gpt_catalog.h"
+#include "../formats/formats.h"
+#include "gpt.h"
 
 /* The model's parameters under the names of a format, in catalogue order.
  * tensors[i].source is the checkpoint name, .name the outside one. */

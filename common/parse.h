@@ -1,0 +1,16 @@
+/* parse.h: numbers and sizes from text, for command lines and model options. */
+#ifndef TP_PARSE_H
+#define TP_PARSE_H
+
+#include <stdint.h>
+
+/* A decimal integer within [min, max]; -1 when the text is not one. */
+int parse_int(const char *text, int64_t min, int64_t max, int64_t *out);
+
+/* A size with an optional binary suffix: "512", "64K", "1.5G", "2GiB"; -1 when not one. */
+int parse_size(const char *text, int64_t *out);
+
+/* A finite floating-point number; -1 when the text is not one. */
+int parse_double(const char *text, double *out);
+
+#endif
