@@ -64,11 +64,10 @@ static int bench_write(const char *dir, double gib, int tp, int pp, int threads,
     double embedding_bytes = (50257.0 + 2048) * 2048 * 4 * 3;
     double layers = (gib * 1073741824.0 - embedding_bytes) / bytes_per_layer;
     config.layers = (int64_t)ceil((layers > 1 ? layers : 1) / pp) * pp;
-    char err[256];
-    if (gpt_config_check(&config, tp, pp, err, sizeof err)) return fprintf(stderr, "%s\n", err), 1;
     gpt_tensor *catalog;
     int count;
-    gpt_catalog(&config, 1, &catalog, &count);
+    if (gpt_config_check(&config, tp, pp) || gpt_catalog(&config, 1, &catalog, &count))
+        return fprintf(stderr, "%s\n", tp_errmsg()), 1;
     float *pattern = alloc_pages(SLAB_BYTES);
     synth_fill(1, 2, 0.0f, 0.02f, 0, SLAB_BYTES / 4, pattern);
 

@@ -30,6 +30,7 @@
 #define CKPT_MAX_DIMS 8
 #define CKPT_MAX_SEGMENTS 16
 #define CKPT_NAME_MAX 255
+#define CKPT_PATH_MAX 4096 /* bytes of a path, its NUL included */
 #define CKPT_ZSTD_FILTER_ID 32015 /* the registered HDF5 filter id of Zstandard */
 
 /* Memory the library keeps beside its callers' buffers, for tools that work
@@ -253,10 +254,6 @@ typedef struct {
 
 void ckpt_read_options_init(ckpt_read_options *options);
 
-/* Finds the checkpoint a path names: a checkpoint directory itself, or a run
- * directory, through its `latest` pointer or else its newest committed step_*
- * directory. */
-int ckpt_resolve(const char *path, char *out, size_t out_size);
 
 /* Opens a checkpoint (a path as ckpt_resolve takes). Checks the index, the
  * format version and that every shard file is present with its recorded size. */
@@ -322,6 +319,38 @@ int ckpt_reader_check_padding(ckpt_reader *reader, int index, int piece);
 /* Reads a whole text file (up to 1 GiB, no NUL bytes) into a malloc'ed
  * NUL-terminated string; size_out may be NULL. */
 int ckpt_read_text_file(const char *path, char **out, int64_t *size_out);
+
+/* ------------------------------------------------------- run directories */
+
+/* A run directory holds a run's checkpoints, step_<digits> (committed: with
+ * index.json), and `latest`, naming the newest committed one (docs/FORMAT.md
+ * "Run directories"). Every tool and the trainer follow these rules. */
+
+/* The step of a checkpoint named step_<1 to 15 digits>, or -1. */
+int64_t ckpt_step_of_name(const char *name);
+
+/* run_dir/step_<step, 8 digits at least>; out_size at least CKPT_PATH_MAX. */
+int ckpt_step_path(const char *run_dir, int64_t step, char *out, size_t out_size);
+
+/* Whether dir is a committed checkpoint (its index.json is there). */
+int ckpt_is_committed(const char *dir);
+
+/* Finds the checkpoint a path names: a checkpoint directory itself, or a run
+ * directory, through its `latest` pointer or else its newest committed step_*
+ * directory. Refuses a checkpoint still being written. out_size at least
+ * CKPT_PATH_MAX. */
+int ckpt_resolve(const char *path, char *out, size_t out_size);
+
+typedef struct {
+    char path[CKPT_PATH_MAX];
+    int64_t step; /* from the name; -1 for a checkpoint not named step_* */
+} ckpt_candidate;
+
+/* The checkpoints a path offers, in the order to try them when resuming: a
+ * checkpoint directory alone; in a run directory what `latest` names, then
+ * every other committed step_* newest first. Fails with TP_ERR_NOT_FOUND when
+ * there is none. *out is malloc'ed. */
+int ckpt_candidates(const char *path, ckpt_candidate **out, int *count);
 
 /* ---------------------------------------------------- staged outputs */
 

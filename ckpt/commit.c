@@ -306,23 +306,6 @@ void ckpt_output_discard(const char *staging)
     ckpt_remove_tree(staging);
 }
 
-/* Step of the checkpoint `latest` names in dir, or -1. */
-static int64_t latest_step(const char *dir)
-{
-    char resolved[CKPT_PATH_MAX], index_path[CKPT_PATH_MAX];
-    if (ckpt_resolve(dir, resolved, sizeof resolved) != TP_OK ||
-        ckpt_path_join(index_path, resolved, CKPT_INDEX_NAME) != TP_OK)
-        return -1;
-    char *text = NULL;
-    if (ckpt_read_text_file(index_path, &text, NULL) != TP_OK) return -1;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
-    int64_t value = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : -1;
-    cJSON_Delete(root);
-    return value;
-}
-
 int ckpt_commit_directory(const char *staging, const char *path, const ckpt_layout *layout,
                           const ckpt_train_state *state, const ckpt_write_options *options)
 {
@@ -341,9 +324,5 @@ int ckpt_commit_directory(const char *staging, const char *path, const ckpt_layo
     status = publish(staging, path, parent, options->overwrite);
     if (status || !options->update_latest) return status;
     ckpt_fault_point("before-latest");
-    int64_t step = state ? state->step : 0;
-    if (latest_step(parent) > step) return TP_OK; /* never move `latest` backwards */
-    char line[CKPT_PATH_MAX + 2];
-    int n = snprintf(line, sizeof line, "%s\n", base);
-    return ckpt_write_file_atomic(parent, CKPT_LATEST_NAME, line, (size_t)n);
+    return ckpt_latest_update(parent, base, state ? state->step : 0);
 }

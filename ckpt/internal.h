@@ -104,7 +104,6 @@ hid_t ckpt_h5_file_access(void); /* property list: alignment, libver, no file lo
 
 /* ----------------------------------------------------------- file system */
 
-#define CKPT_PATH_MAX 4096
 
 /* out = dir + "/" + name; fails with TP_ERR_ARG when longer than CKPT_PATH_MAX. */
 int ckpt_path_join(char *out, const char *dir, const char *name);
@@ -121,6 +120,10 @@ int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *ba
                     size_t base_size);
 /* "<parent>/.<base>.staging": where a checkpoint is written before commit. */
 int ckpt_staging_path(const char *path, char *out, size_t out_size);
+
+/* Points run_dir's `latest` at checkpoint `name` of that step, unless what
+ * the run directory resolves to now is newer: `latest` never moves back. */
+int ckpt_latest_update(const char *run_dir, const char *name, int64_t step);
 
 /* Test hook (docs/FORMAT.md "Fault injection"): kills the process with SIGKILL
  * when the environment variable TP_CKPT_FAULT names this point. */

@@ -7,7 +7,6 @@
  * data is read with pread() outside HDF5's global lock, so many threads read
  * in parallel; compressed chunks are decompressed in the reading thread.
  * With verification on, every block read is hashed and compared. */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -62,91 +61,6 @@ struct ckpt_reader {
 void ckpt_read_options_init(ckpt_read_options *options)
 {
     options->verify = 1;
-}
-
-/* ----------------------------------------------------------------- resolve */
-
-static int is_checkpoint_dir(const char *dir)
-{
-    char index[CKPT_PATH_MAX];
-    return ckpt_path_join(index, dir, CKPT_INDEX_NAME) == TP_OK && ckpt_path_exists(index);
-}
-
-/* Step number of a name "step_<digits>", or -1. */
-static int64_t step_of_name(const char *name)
-{
-    if (strncmp(name, "step_", 5) != 0 || !name[5]) return -1;
-    int64_t step = 0;
-    for (const char *c = name + 5; *c; c++) {
-        if (*c < '0' || *c > '9' || step > ((int64_t)1 << 50)) return -1;
-        step = step * 10 + (*c - '0');
-    }
-    return step;
-}
-
-/* Whether path is, or has beside it, the staging directory of a checkpoint
- * being written. */
-static int is_being_written(const char *path)
-{
-    size_t n = strlen(path);
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    if (base[0] == '.' && n > 8 && strcmp(path + n - 8, ".staging") == 0) return 1;
-    char staging[CKPT_PATH_MAX];
-    return ckpt_staging_path(path, staging, sizeof staging) == TP_OK && ckpt_path_exists(staging);
-}
-
-int ckpt_resolve(const char *path, char *out, size_t out_size)
-{
-    struct stat st;
-    if (is_being_written(path) && !is_checkpoint_dir(path))
-        return tp_fail(TP_ERR_NOT_FOUND,
-                         "%s is a checkpoint still being written (not committed); use a committed one",
-                         path);
-    if (stat(path, &st) != 0)
-        return tp_fail(TP_ERR_NOT_FOUND, "%s: no such checkpoint: %s", path, strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        return tp_fail(TP_ERR_NOT_FOUND, "%s is not a checkpoint: not a directory", path);
-    if (is_checkpoint_dir(path)) {
-        if (snprintf(out, out_size, "%s", path) >= (int)out_size)
-            return tp_fail(TP_ERR_ARG, "path too long: %s", path);
-        return TP_OK;
-    }
-    char latest_path[CKPT_PATH_MAX], candidate[CKPT_PATH_MAX];
-    int status = ckpt_path_join(latest_path, path, CKPT_LATEST_NAME);
-    if (status) return status;
-    char *latest = NULL;
-    if (ckpt_read_text_file(latest_path, &latest, NULL) == TP_OK) {
-        latest[strcspn(latest, "\r\n")] = '\0';
-        int ok = latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 &&
-                 strcmp(latest, ".") != 0 && ckpt_path_join(candidate, path, latest) == TP_OK;
-        free(latest);
-        if (ok && is_checkpoint_dir(candidate)) {
-            if (snprintf(out, out_size, "%s", candidate) >= (int)out_size)
-                return tp_fail(TP_ERR_ARG, "path too long: %s", candidate);
-            return TP_OK;
-        }
-    }
-    /* No usable `latest`: the newest committed step_* directory. */
-    DIR *dir = opendir(path);
-    if (!dir) return tp_fail(TP_ERR_IO, "%s: cannot list: %s", path, strerror(errno));
-    int64_t best = -1;
-    char best_name[256] = "";
-    struct dirent *entry;
-    while ((entry = readdir(dir)) != NULL) {
-        int64_t step = step_of_name(entry->d_name);
-        if (step <= best || strlen(entry->d_name) >= sizeof best_name) continue;
-        if (ckpt_path_join(candidate, path, entry->d_name) || !is_checkpoint_dir(candidate)) continue;
-        best = step;
-        strcpy(best_name, entry->d_name);
-    }
-    closedir(dir);
-    if (best < 0)
-        return tp_fail(TP_ERR_NOT_FOUND,
-                         "%s is not a checkpoint: no %s, no usable '%s' pointer and no committed "
-                         "step_* directory",
-                         path, CKPT_INDEX_NAME, CKPT_LATEST_NAME);
-    if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
-    return ckpt_path_join(out, path, best_name);
 }
 
 /* -------------------------------------------------------------------- open */

@@ -400,7 +400,7 @@ static void put_string(bytes_out *b, const char *s)
     put(b, s, strlen(s));
 }
 
-enum { GGUF_U32 = 4, GGUF_I32 = 5, GGUF_F32 = 6, GGUF_STRING = 8, GGUF_ARRAY = 9 };
+enum { GGUF_U32 = 4, GGUF_I32 = 5, GGUF_F32 = 6, GGUF_BOOL = 7, GGUF_STRING = 8, GGUF_ARRAY = 9 };
 
 static void put_kv(bytes_out *b, const export_kv *kv)
 {
@@ -408,6 +408,12 @@ static void put_kv(bytes_out *b, const export_kv *kv)
     switch (kv->type) {
     case EXPORT_KV_U32: put_u32(b, GGUF_U32); put_u32(b, kv->u32); break;
     case EXPORT_KV_F32: put_u32(b, GGUF_F32); put(b, &kv->f32, 4); break;
+    case EXPORT_KV_BOOL: {
+        uint8_t value = kv->u32 != 0;
+        put_u32(b, GGUF_BOOL);
+        put(b, &value, 1);
+        break;
+    }
     case EXPORT_KV_STRING: put_u32(b, GGUF_STRING); put_string(b, kv->string); break;
     case EXPORT_KV_STRINGS:
         put_u32(b, GGUF_ARRAY);

@@ -38,12 +38,12 @@ typedef struct {
 } export_tensor;
 
 /* GGUF metadata values, in the types llama.cpp checks for. */
-typedef enum { EXPORT_KV_U32, EXPORT_KV_F32, EXPORT_KV_STRING, EXPORT_KV_STRINGS, EXPORT_KV_I32S } export_kv_type;
+typedef enum { EXPORT_KV_U32, EXPORT_KV_F32, EXPORT_KV_BOOL, EXPORT_KV_STRING, EXPORT_KV_STRINGS, EXPORT_KV_I32S } export_kv_type;
 
 typedef struct {
     const char *key;
     export_kv_type type;
-    uint32_t u32;
+    uint32_t u32;               /* EXPORT_KV_U32, and EXPORT_KV_BOOL (0 or 1) */
     float f32;
     const char *string;
     const char *const *strings; /* count of them */

@@ -1,24 +1,15 @@
-/* gpt_catalog.c: tensor names, shapes and partitions of the GPT model.
+/* gpt.c: configuration, options and catalogue of the GPT model.
  * Weights are [out, in] as in torch.nn.Linear. Column-parallel linears (qkv,
  * mlp.fc) split axis 0 by output rows; row-parallel ones (attn.proj,
  * mlp.proj) split axis 1; the token embedding splits the (padded) vocabulary. */
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/parse.h"
 #include "gpt.h"
-
-int gpt_error(char *err, size_t err_size, const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(err, err_size, fmt, args);
-    va_end(args);
-    return -1;
-}
 
 void gpt_config_defaults(gpt_config *c)
 {
@@ -27,40 +18,135 @@ void gpt_config_defaults(gpt_config *c)
     if (c->vocab_pad_multiple == 0) c->vocab_pad_multiple = 1;
 }
 
-int gpt_config_check(const gpt_config *c, int tp, int pp, char *err, size_t err_size)
+int gpt_config_check(const gpt_config *c, int tp, int pp)
 {
-#define FAIL(...) return gpt_error(err, err_size, __VA_ARGS__)
-    if (c->layers < 1 || c->dim < 1 || c->heads < 1 || c->kv_heads < 1 || c->vocab < 1 ||
-        c->seq < 1 || c->ffn < 1 || c->vocab_pad_multiple < 1)
-        FAIL("model shape must be positive: layers=%lld dim=%lld heads=%lld kv_heads=%lld "
-             "vocab=%lld seq=%lld ffn=%lld",
-             (long long)c->layers, (long long)c->dim, (long long)c->heads, (long long)c->kv_heads,
-             (long long)c->vocab, (long long)c->seq, (long long)c->ffn);
+    if (c->layers < 1 || c->dim < 1 || c->heads < 1 || c->kv_heads < 1 || c->vocab < 1 || c->seq < 1 || c->ffn < 1 ||
+        c->vocab_pad_multiple < 1)
+        return tp_fail(TP_ERR_ARG,
+                       "model shape must be positive: layers=%lld dim=%lld heads=%lld kv_heads=%lld vocab=%lld seq=%lld "
+                       "ffn=%lld",
+                       (long long)c->layers, (long long)c->dim, (long long)c->heads, (long long)c->kv_heads,
+                       (long long)c->vocab, (long long)c->seq, (long long)c->ffn);
+    if (c->vocab < 2) return tp_fail(TP_ERR_ARG, "a vocabulary of %lld token predicts nothing: at least 2", (long long)c->vocab);
     /* Bounds that keep every count and shape product far from overflow (the
      * catalogue counts tensors in an int; shapes multiply in int64). */
     if (c->layers > GPT_MAX_LAYERS)
-        FAIL("%lld layers: at most %d are supported", (long long)c->layers, GPT_MAX_LAYERS);
+        return tp_fail(TP_ERR_ARG, "%lld layers: at most %d are supported", (long long)c->layers, GPT_MAX_LAYERS);
     const int64_t sizes[] = {c->dim, c->heads, c->kv_heads, c->vocab, c->seq, c->ffn, c->vocab_pad_multiple};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         if (sizes[i] > GPT_MAX_SIZE)
-            FAIL("model dimension %lld exceeds %lld: dim=%lld heads=%lld vocab=%lld seq=%lld ffn=%lld", (long long)sizes[i],
-                 (long long)GPT_MAX_SIZE, (long long)c->dim, (long long)c->heads, (long long)c->vocab, (long long)c->seq,
-                 (long long)c->ffn);
+            return tp_fail(TP_ERR_ARG, "model dimension %lld exceeds %lld: dim=%lld heads=%lld vocab=%lld seq=%lld ffn=%lld",
+                           (long long)sizes[i], (long long)GPT_MAX_SIZE, (long long)c->dim, (long long)c->heads,
+                           (long long)c->vocab, (long long)c->seq, (long long)c->ffn);
     if (c->dim % c->heads != 0)
-        FAIL("dim %lld is not divisible by heads %lld", (long long)c->dim, (long long)c->heads);
+        return tp_fail(TP_ERR_ARG, "dim %lld is not divisible by heads %lld", (long long)c->dim, (long long)c->heads);
     if (c->heads % c->kv_heads != 0)
-        FAIL("heads %lld is not divisible by kv_heads %lld", (long long)c->heads,
-             (long long)c->kv_heads);
-    if (tp < 1 || pp < 1) FAIL("tp=%d and pp=%d must be >= 1", tp, pp);
+        return tp_fail(TP_ERR_ARG, "heads %lld is not divisible by kv_heads %lld", (long long)c->heads,
+                       (long long)c->kv_heads);
+    if (tp < 1 || pp < 1) return tp_fail(TP_ERR_LAYOUT, "tp=%d and pp=%d must be >= 1", tp, pp);
     if (c->heads % tp != 0)
-        FAIL("heads %lld is not divisible by tp %d", (long long)c->heads, tp);
+        return tp_fail(TP_ERR_LAYOUT, "heads %lld is not divisible by tp %d", (long long)c->heads, tp);
     if (c->kv_heads % tp != 0)
-        FAIL("kv_heads %lld is not divisible by tp %d", (long long)c->kv_heads, tp);
-    if (c->ffn % tp != 0) FAIL("ffn %lld is not divisible by tp %d", (long long)c->ffn, tp);
+        return tp_fail(TP_ERR_LAYOUT, "kv_heads %lld is not divisible by tp %d", (long long)c->kv_heads, tp);
+    if (c->ffn % tp != 0) return tp_fail(TP_ERR_LAYOUT, "ffn %lld is not divisible by tp %d", (long long)c->ffn, tp);
     if (c->layers % pp != 0)
-        FAIL("layers %lld is not divisible by pp %d", (long long)c->layers, pp);
-    return 0;
-#undef FAIL
+        return tp_fail(TP_ERR_LAYOUT, "layers %lld is not divisible by pp %d", (long long)c->layers, pp);
+    return TP_OK;
+}
+
+int gpt_preset(const char *name, gpt_config *c)
+{
+    if (strcmp(name, "tiny") == 0) *c = (gpt_config){.layers = 2, .dim = 64, .heads = 4, .vocab = 256, .seq = 32};
+    else if (strcmp(name, "small") == 0) *c = (gpt_config){.layers = 6, .dim = 384, .heads = 6, .vocab = 256, .seq = 256};
+    else if (strcmp(name, "gpt2-124m") == 0)
+        *c = (gpt_config){.layers = 12, .dim = 768, .heads = 12, .vocab = 50257, .seq = 1024, .vocab_pad_multiple = 128};
+    else return tp_fail(TP_ERR_ARG, "--model expects tiny, small or gpt2-124m, got '%s'", name);
+    c->dtype = TP_FP32;
+    gpt_config_defaults(c);
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------ options */
+
+const char *const gpt_option_names[] = {"model", "layers", "dim", "heads", "kv-heads", "vocab", "seq", "ffn",
+                                        "vocab-pad-multiple", "dtype", "swiglu", NULL};
+
+int gpt_options_set(gpt_options *o, const char *name, const char *value)
+{
+    gpt_config *c = &o->explicit_shape;
+    if (strcmp(name, "model") == 0) {
+        gpt_config preset;
+        TP_TRY(gpt_preset(value, &preset));
+        o->preset = value;
+        return TP_OK;
+    }
+    if (strcmp(name, "swiglu") == 0) {
+        c->swiglu = 1;
+        return TP_OK;
+    }
+    if (strcmp(name, "dtype") == 0) {
+        if (tp_dtype_parse(value, &c->dtype)) return tp_fail(TP_ERR_ARG, "--dtype expects fp32, bf16 or fp16, got '%s'", value);
+        o->dtype_given = 1;
+        return TP_OK;
+    }
+    /* The bounds gpt_config_check applies, so that a value is refused where it is typed. */
+    const struct {
+        const char *name;
+        int64_t *field, min, max;
+    } sizes[] = {{"layers", &c->layers, 1, GPT_MAX_LAYERS}, {"dim", &c->dim, 1, GPT_MAX_SIZE},
+                 {"heads", &c->heads, 1, GPT_MAX_SIZE},     {"kv-heads", &c->kv_heads, 1, GPT_MAX_SIZE},
+                 {"vocab", &c->vocab, 2, GPT_MAX_SIZE},     {"seq", &c->seq, 1, GPT_MAX_SIZE},
+                 {"ffn", &c->ffn, 1, GPT_MAX_SIZE},         {"vocab-pad-multiple", &c->vocab_pad_multiple, 1, 1 << 20}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        if (strcmp(name, sizes[i].name) != 0) continue;
+        if (parse_int(value, sizes[i].min, sizes[i].max, sizes[i].field))
+            return tp_fail(TP_ERR_ARG, "--%s expects an integer in %lld..%lld, got '%s'", name, (long long)sizes[i].min,
+                           (long long)sizes[i].max, value);
+        return TP_OK;
+    }
+    return tp_fail(TP_ERR_ARG, "--%s is not a model option", name);
+}
+
+int gpt_options_finish(const gpt_options *o, gpt_config *out)
+{
+    const gpt_config *shape = &o->explicit_shape;
+    gpt_config c;
+    memset(&c, 0, sizeof c);
+    if (o->preset) TP_TRY(gpt_preset(o->preset, &c));
+    /* Explicit flags refine the preset. */
+    const int64_t *given[] = {&shape->layers, &shape->dim, &shape->heads, &shape->kv_heads, &shape->vocab,
+                              &shape->seq, &shape->ffn, &shape->vocab_pad_multiple};
+    int64_t *fields[] = {&c.layers, &c.dim, &c.heads, &c.kv_heads, &c.vocab, &c.seq, &c.ffn, &c.vocab_pad_multiple};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (*given[i]) *fields[i] = *given[i];
+    /* A preset's derived sizes follow the explicit ones they derive from. */
+    if (o->preset && shape->heads && !shape->kv_heads) c.kv_heads = c.heads;
+    if (o->preset && shape->dim && !shape->ffn) c.ffn = 4 * c.dim;
+    if (shape->swiglu) c.swiglu = 1;
+    c.dtype = o->dtype_given ? shape->dtype : TP_FP32;
+    if (!c.layers || !c.dim || !c.heads || !c.vocab || !c.seq)
+        return tp_fail(TP_ERR_ARG, "give --model or all of --layers --dim --heads --vocab --seq");
+    gpt_config_defaults(&c);
+    *out = c;
+    return TP_OK;
+}
+
+/* ----------------------------------------------------------- catalogue */
+
+static const char *const kind_names[GPT_TENSOR_KINDS] = {
+    "tok_embed.weight", "pos_embed.weight", "ln1.weight",      "ln1.bias",          "attn.qkv.weight",
+    "attn.qkv.bias",    "attn.proj.weight", "attn.proj.bias",  "ln2.weight",        "ln2.bias",
+    "mlp.fc.weight",    "mlp.fc.bias",      "mlp.proj.weight", "mlp.proj.bias",     "final_norm.weight",
+    "final_norm.bias"};
+
+const char *gpt_tensor_kind_name(gpt_tensor_kind kind)
+{
+    return kind >= 0 && kind < GPT_TENSOR_KINDS ? kind_names[kind] : "?";
+}
+
+int gpt_tensor_kind_in_layer(gpt_tensor_kind kind)
+{
+    return kind >= GPT_FIRST_LAYER_KIND && kind < GPT_FIRST_LAYER_KIND + GPT_LAYER_KINDS;
 }
 
 static const char *const role_names[] = {"param", "master", "exp_avg", "exp_avg_sq"};
@@ -70,19 +156,25 @@ typedef struct {
     int count;
 } catalog_builder;
 
-static gpt_tensor *add(catalog_builder *b, const char *name, tp_dtype dtype, int ndim,
-                       int64_t d0, int64_t d1, ckpt_anchor anchor, int64_t layer)
+static gpt_tensor *add(catalog_builder *b, gpt_tensor_kind kind, int64_t layer, tp_dtype dtype, int ndim, int64_t d0,
+                       int64_t d1)
 {
-    gpt_tensor *t = &b->items[b->count++];
+    gpt_tensor *t = &b->items[b->count];
     memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "model/%s", name);
+    if (layer >= 0) snprintf(t->name, sizeof t->name, "model/layers.%lld.%s", (long long)layer, kind_names[kind]);
+    else snprintf(t->name, sizeof t->name, "model/%s", kind_names[kind]);
     snprintf(t->param, sizeof t->param, "%s", t->name);
+    t->kind = kind;
+    t->layer = layer;
     t->role = GPT_ROLE_PARAM;
+    t->param_index = b->count++;
     t->desc.dtype = dtype;
     t->desc.ndim = ndim;
     t->desc.shape[0] = d0;
     t->desc.shape[1] = ndim > 1 ? d1 : 1;
-    t->desc.anchor = anchor;
+    t->desc.anchor = layer >= 0 ? CKPT_ANCHOR_LAYER : kind == GPT_FINAL_NORM_WEIGHT || kind == GPT_FINAL_NORM_BIAS
+                                                          ? CKPT_ANCHOR_LAST
+                                                          : CKPT_ANCHOR_FIRST;
     t->desc.layer = layer;
     t->init_std = 0.02f;
     t->weight_decay = ndim > 1;
@@ -106,50 +198,51 @@ static void constant(gpt_tensor *t, float value)
 
 int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *count)
 {
+    *out = NULL;
+    *count = 0;
+    if (c->layers < 1 || c->layers > GPT_MAX_LAYERS || c->heads < 1)
+        return tp_fail(TP_ERR_ARG, "no catalogue of a model with %lld layers and %lld heads", (long long)c->layers,
+                       (long long)c->heads);
     int per_param = with_optimizer ? (c->dtype == TP_FP32 ? 3 : 4) : 1;
-    if (c->layers < 1 || c->layers > GPT_MAX_LAYERS) return -1; /* gpt_config_check says why */
-    int params = 4 + 12 * (int)c->layers;
+    int params = 4 + GPT_LAYER_KINDS * (int)c->layers;
     catalog_builder b = {calloc((size_t)(params * per_param), sizeof(gpt_tensor)), 0};
-    if (!b.items) return -1;
+    if (!b.items) return tp_fail(TP_ERR_NOMEM, "out of memory for the catalogue of %d tensors", params * per_param);
     int64_t hd = c->dim / c->heads, q = c->heads * hd, kv = c->kv_heads * hd;
     int64_t fc = c->swiglu ? 2 * c->ffn : c->ffn;
     int64_t qkv_segments[3] = {q, kv, kv}, fc_segments[2] = {c->ffn, c->ffn};
     float residual_std = 0.02f / sqrtf(2.0f * (float)c->layers);
-    char name[CKPT_NAME_MAX];
     gpt_tensor *t;
 
-    t = add(&b, "tok_embed.weight", c->dtype, 2, c->vocab, c->dim, CKPT_ANCHOR_FIRST, -1);
+    t = add(&b, GPT_TOK_EMBED, -1, c->dtype, 2, c->vocab, c->dim);
     split(t, 0, 1, 1, &c->vocab);
     t->desc.partition.pad_multiple = c->vocab_pad_multiple;
-    add(&b, "pos_embed.weight", c->dtype, 2, c->seq, c->dim, CKPT_ANCHOR_FIRST, -1);
+    add(&b, GPT_POS_EMBED, -1, c->dtype, 2, c->seq, c->dim);
     for (int64_t l = 0; l < c->layers; l++) {
-#define NAME(suffix) (snprintf(name, sizeof name, "layers.%lld.%s", (long long)l, suffix), name)
-        constant(add(&b, NAME("ln1.weight"), c->dtype, 1, c->dim, 1, CKPT_ANCHOR_LAYER, l), 1);
-        constant(add(&b, NAME("ln1.bias"), c->dtype, 1, c->dim, 1, CKPT_ANCHOR_LAYER, l), 0);
-        t = add(&b, NAME("attn.qkv.weight"), c->dtype, 2, q + 2 * kv, c->dim, CKPT_ANCHOR_LAYER, l);
+        constant(add(&b, GPT_LN1_WEIGHT, l, c->dtype, 1, c->dim, 1), 1);
+        constant(add(&b, GPT_LN1_BIAS, l, c->dtype, 1, c->dim, 1), 0);
+        t = add(&b, GPT_QKV_WEIGHT, l, c->dtype, 2, q + 2 * kv, c->dim);
         split(t, 0, hd, 3, qkv_segments);
-        t = add(&b, NAME("attn.qkv.bias"), c->dtype, 1, q + 2 * kv, 1, CKPT_ANCHOR_LAYER, l);
+        t = add(&b, GPT_QKV_BIAS, l, c->dtype, 1, q + 2 * kv, 1);
         split(t, 0, hd, 3, qkv_segments);
         constant(t, 0);
-        t = add(&b, NAME("attn.proj.weight"), c->dtype, 2, c->dim, q, CKPT_ANCHOR_LAYER, l);
+        t = add(&b, GPT_PROJ_WEIGHT, l, c->dtype, 2, c->dim, q);
         split(t, 1, hd, 1, &q);
         t->init_std = residual_std;
-        constant(add(&b, NAME("attn.proj.bias"), c->dtype, 1, c->dim, 1, CKPT_ANCHOR_LAYER, l), 0);
-        constant(add(&b, NAME("ln2.weight"), c->dtype, 1, c->dim, 1, CKPT_ANCHOR_LAYER, l), 1);
-        constant(add(&b, NAME("ln2.bias"), c->dtype, 1, c->dim, 1, CKPT_ANCHOR_LAYER, l), 0);
-        t = add(&b, NAME("mlp.fc.weight"), c->dtype, 2, fc, c->dim, CKPT_ANCHOR_LAYER, l);
+        constant(add(&b, GPT_PROJ_BIAS, l, c->dtype, 1, c->dim, 1), 0);
+        constant(add(&b, GPT_LN2_WEIGHT, l, c->dtype, 1, c->dim, 1), 1);
+        constant(add(&b, GPT_LN2_BIAS, l, c->dtype, 1, c->dim, 1), 0);
+        t = add(&b, GPT_FC_WEIGHT, l, c->dtype, 2, fc, c->dim);
         split(t, 0, 1, c->swiglu ? 2 : 1, c->swiglu ? fc_segments : &fc);
-        t = add(&b, NAME("mlp.fc.bias"), c->dtype, 1, fc, 1, CKPT_ANCHOR_LAYER, l);
+        t = add(&b, GPT_FC_BIAS, l, c->dtype, 1, fc, 1);
         split(t, 0, 1, c->swiglu ? 2 : 1, c->swiglu ? fc_segments : &fc);
         constant(t, 0);
-        t = add(&b, NAME("mlp.proj.weight"), c->dtype, 2, c->dim, c->ffn, CKPT_ANCHOR_LAYER, l);
+        t = add(&b, GPT_FCPROJ_WEIGHT, l, c->dtype, 2, c->dim, c->ffn);
         split(t, 1, 1, 1, &c->ffn);
         t->init_std = residual_std;
-        constant(add(&b, NAME("mlp.proj.bias"), c->dtype, 1, c->dim, 1, CKPT_ANCHOR_LAYER, l), 0);
-#undef NAME
+        constant(add(&b, GPT_FCPROJ_BIAS, l, c->dtype, 1, c->dim, 1), 0);
     }
-    constant(add(&b, "final_norm.weight", c->dtype, 1, c->dim, 1, CKPT_ANCHOR_LAST, -1), 1);
-    constant(add(&b, "final_norm.bias", c->dtype, 1, c->dim, 1, CKPT_ANCHOR_LAST, -1), 0);
+    constant(add(&b, GPT_FINAL_NORM_WEIGHT, -1, c->dtype, 1, c->dim, 1), 1);
+    constant(add(&b, GPT_FINAL_NORM_BIAS, -1, c->dtype, 1, c->dim, 1), 0);
 
     /* Optimizer state: same partition as the parameter, fp32, named by role. */
     for (int p = 0; with_optimizer && p < params; p++) {
@@ -157,6 +250,7 @@ int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *
             if (role == GPT_ROLE_MASTER && c->dtype == TP_FP32) continue;
             gpt_tensor state = b.items[p];
             state.role = role;
+            state.param_index = p;
             state.desc.dtype = TP_FP32;
             snprintf(state.name, sizeof state.name, "optim/%s/%s", role_names[role], b.items[p].name + strlen("model/"));
             b.items[b.count++] = state;
@@ -169,8 +263,21 @@ int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *
     }
     *out = b.items;
     *count = b.count;
-    return 0;
+    return TP_OK;
 }
+
+int64_t gpt_parameter_count(const gpt_config *c)
+{
+    int64_t hd = c->dim / c->heads, q = c->heads * hd, kv = c->kv_heads * hd, fc = c->swiglu ? 2 * c->ffn : c->ffn;
+    int64_t per_layer = 4 * c->dim                 /* two layer norms */
+                        + (q + 2 * kv) * (c->dim + 1) /* qkv and its bias */
+                        + c->dim * q + c->dim         /* attention projection */
+                        + fc * (c->dim + 1)           /* mlp.fc */
+                        + c->dim * c->ffn + c->dim;   /* mlp.proj */
+    return c->vocab * c->dim + c->seq * c->dim + c->layers * per_layer + 2 * c->dim;
+}
+
+/* --------------------------------------------------------------- JSON */
 
 char *gpt_config_to_json(const gpt_config *c)
 {
@@ -191,11 +298,11 @@ char *gpt_config_to_json(const gpt_config *c)
     return text;
 }
 
-int gpt_config_from_json(const char *json, gpt_config *out, char *err, size_t err_size)
+int gpt_config_from_json(const char *json, gpt_config *out)
 {
     memset(out, 0, sizeof *out);
     cJSON *o = cJSON_Parse(json);
-    int status = 0;
+    int status = TP_OK;
     struct {
         const char *key;
         int64_t *field;
@@ -204,24 +311,19 @@ int gpt_config_from_json(const char *json, gpt_config *out, char *err, size_t er
                 {"ffn", &out->ffn}, {"vocab_pad_multiple", &out->vocab_pad_multiple}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0] && !status; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, ints[i].key);
-        if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble != floor(v->valuedouble)) {
-            snprintf(err, err_size, "model config: '%s' missing or not a positive integer", ints[i].key);
-            status = -1;
-        } else {
-            *ints[i].field = (int64_t)v->valuedouble;
-        }
+        if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > (double)GPT_MAX_SIZE ||
+            v->valuedouble != floor(v->valuedouble))
+            status = tp_fail(TP_ERR_FORMAT, "model config: '%s' missing or not an integer in 1..%lld", ints[i].key,
+                             (long long)GPT_MAX_SIZE);
+        else *ints[i].field = (int64_t)v->valuedouble;
     }
     const cJSON *mlp = cJSON_GetObjectItemCaseSensitive(o, "mlp");
     const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(o, "dtype");
     if (!status && (!cJSON_IsString(mlp) || (strcmp(mlp->valuestring, "gelu") != 0 &&
-                                             strcmp(mlp->valuestring, "swiglu") != 0))) {
-        snprintf(err, err_size, "model config: 'mlp' must be \"gelu\" or \"swiglu\"");
-        status = -1;
-    }
-    if (!status && (!cJSON_IsString(dtype) || tp_dtype_parse(dtype->valuestring, &out->dtype))) {
-        snprintf(err, err_size, "model config: 'dtype' must be fp32, bf16 or fp16");
-        status = -1;
-    }
+                                             strcmp(mlp->valuestring, "swiglu") != 0)))
+        status = tp_fail(TP_ERR_FORMAT, "model config: 'mlp' must be \"gelu\" or \"swiglu\"");
+    if (!status && (!cJSON_IsString(dtype) || tp_dtype_parse(dtype->valuestring, &out->dtype)))
+        status = tp_fail(TP_ERR_FORMAT, "model config: 'dtype' must be fp32, bf16 or fp16");
     if (!status) out->swiglu = strcmp(mlp->valuestring, "swiglu") == 0;
     cJSON_Delete(o);
     return status;

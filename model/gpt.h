@@ -1,9 +1,13 @@
-/* gpt_catalog.h: the tensors of a GPT model, by global name, with their
- * partition descriptions and initialization. The trainer builds its model
- * from this list and `tp-ckpt synth` writes checkpoints of it, so both agree
- * on every name and layout (docs/FORMAT.md "GPT tensor names"). */
-#ifndef TP_GPT_CATALOG_H
-#define TP_GPT_CATALOG_H
+/* gpt.h: the GPT model this project trains and writes, described once: its
+ * configuration (presets, the options every program parses the same way,
+ * JSON in checkpoints), and its catalogue: every tensor by global name with
+ * its shape, partition description, pipeline placement and initialization.
+ * The trainer builds its model from the catalogue, `tp-ckpt synth` writes
+ * checkpoints of it and the interop code (interop.h) names its tensors for
+ * other tools, so all agree on every name and layout (docs/FORMAT.md "GPT
+ * tensor names"). Functions return a tp_status (common/error.h). */
+#ifndef TP_MODEL_GPT_H
+#define TP_MODEL_GPT_H
 
 #include <stddef.h>
 
@@ -19,22 +23,82 @@ typedef struct {
     int64_t ffn;                /* MLP width; 4 * dim for GPT-2 */
     int swiglu;                 /* MLP input is [gate; up] (two segments) instead of GELU */
     int64_t vocab_pad_multiple; /* vocabulary padded to a multiple of tp * this (>= 1) */
-    tp_dtype dtype;           /* parameter storage dtype */
+    tp_dtype dtype;             /* parameter storage dtype */
 } gpt_config;
 
 /* GPT-2 shapes where fields are 0: kv_heads = heads, ffn = 4 * dim, pad 1. */
 void gpt_config_defaults(gpt_config *config);
 
-/* Writes a one-line message to err (the trainer's way of failing: every
- * function that can fail takes err, err_size) and returns -1. */
-int gpt_error(char *err, size_t err_size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
 #define GPT_MAX_LAYERS 100000
 #define GPT_MAX_SIZE ((int64_t)1 << 31) /* any other dimension */
 
-/* Checks the shape (within the bounds above) and that it splits over tp and
- * pp; on failure writes one line naming the dimension to err and returns -1. */
-int gpt_config_check(const gpt_config *config, int tp, int pp, char *err, size_t err_size);
+/* Checks the shape (positive, within the bounds above, a vocabulary of at
+ * least 2) and that it splits over tp and pp; fails with TP_ERR_ARG or
+ * TP_ERR_LAYOUT naming the dimension. */
+int gpt_config_check(const gpt_config *config, int tp, int pp);
+
+/* The configuration as a JSON object (malloc'ed; NULL without memory), and back. */
+char *gpt_config_to_json(const gpt_config *config);
+int gpt_config_from_json(const char *json, gpt_config *out);
+
+/* Named shapes: "tiny", "small", "gpt2-124m" (fp32, defaults filled). */
+int gpt_preset(const char *name, gpt_config *out);
+
+/* ------------------------------------------------------------ options */
+
+/* What a user said about the model on a command line: a preset, refined by
+ * explicit sizes. Every program that builds or describes a model parses the
+ * same options the same way. */
+typedef struct {
+    const char *preset;
+    gpt_config explicit_shape; /* 0: not given */
+    int dtype_given;
+} gpt_options;
+
+/* The options, by name: model (a preset), layers, dim, heads, kv-heads,
+ * vocab, seq, ffn, vocab-pad-multiple, dtype, and the flag swiglu (value
+ * ignored). */
+extern const char *const gpt_option_names[];
+
+/* Sets option `name` from its text; fails with TP_ERR_ARG naming the option
+ * and what it accepts. */
+int gpt_options_set(gpt_options *options, const char *name, const char *value);
+
+/* The configuration: the preset refined by the explicit sizes, defaults
+ * filled; fails when neither a preset nor every one of layers, dim, heads,
+ * vocab and seq was given. dtype is fp32 unless given. */
+int gpt_options_finish(const gpt_options *options, gpt_config *out);
+
+/* ----------------------------------------------------------- catalogue */
+
+/* Which tensor of the model an entry is. Per-layer kinds live under
+ * "model/layers.{l}.", the others at the top. */
+typedef enum {
+    GPT_TOK_EMBED,      /* tok_embed.weight [V, D] (the output projection too: tied) */
+    GPT_POS_EMBED,      /* pos_embed.weight [S, D] */
+    GPT_LN1_WEIGHT,     /* layers.{l}.ln1.weight [D] */
+    GPT_LN1_BIAS,       /* layers.{l}.ln1.bias [D] */
+    GPT_QKV_WEIGHT,     /* layers.{l}.attn.qkv.weight [Q + 2 KV, D] */
+    GPT_QKV_BIAS,       /* layers.{l}.attn.qkv.bias [Q + 2 KV] */
+    GPT_PROJ_WEIGHT,    /* layers.{l}.attn.proj.weight [D, Q] */
+    GPT_PROJ_BIAS,      /* layers.{l}.attn.proj.bias [D] */
+    GPT_LN2_WEIGHT,     /* layers.{l}.ln2.weight [D] */
+    GPT_LN2_BIAS,       /* layers.{l}.ln2.bias [D] */
+    GPT_FC_WEIGHT,      /* layers.{l}.mlp.fc.weight [F or 2F, D] */
+    GPT_FC_BIAS,        /* layers.{l}.mlp.fc.bias [F or 2F] */
+    GPT_FCPROJ_WEIGHT,  /* layers.{l}.mlp.proj.weight [D, F] */
+    GPT_FCPROJ_BIAS,    /* layers.{l}.mlp.proj.bias [D] */
+    GPT_FINAL_NORM_WEIGHT, /* final_norm.weight [D] */
+    GPT_FINAL_NORM_BIAS,   /* final_norm.bias [D] */
+    GPT_TENSOR_KINDS
+} gpt_tensor_kind;
+
+#define GPT_FIRST_LAYER_KIND GPT_LN1_WEIGHT
+#define GPT_LAYER_KINDS (GPT_FCPROJ_BIAS - GPT_LN1_WEIGHT + 1)
+
+/* "tok_embed.weight", "ln1.weight" (without "layers.{l}."), ... */
+const char *gpt_tensor_kind_name(gpt_tensor_kind kind);
+int gpt_tensor_kind_in_layer(gpt_tensor_kind kind);
 
 typedef enum { GPT_ROLE_PARAM, GPT_ROLE_MASTER, GPT_ROLE_EXP_AVG, GPT_ROLE_EXP_AVG_SQ } gpt_role;
 
@@ -42,20 +106,22 @@ typedef struct {
     ckpt_tensor_desc desc;            /* strings point into this entry */
     char name[CKPT_NAME_MAX + 1];
     char param[CKPT_NAME_MAX + 1];
+    gpt_tensor_kind kind;
+    int64_t layer;                    /* global layer index, -1 outside the layers */
     gpt_role role;
+    int param_index;                  /* catalogue index of the parameter this state belongs to */
     float init_mean, init_std;        /* parameters: mean + std * N(0, 1) */
     int weight_decay;                 /* decay applies (matrices and embeddings) */
 } gpt_tensor;
 
-/* Fails (-1) on a configuration gpt_config_check refuses for its size, or
- * without memory.
- * The parameter tensors and, with optimizer, each one's Adam moments (fp32)
+/* The parameter tensors in catalogue order (the embeddings, each layer's,
+ * the final norm) and, with optimizer, then each one's Adam moments (fp32)
  * and fp32 master copy when parameters are stored in lower precision.
- * *out is malloc'ed; free it with free(). */
+ * Fails on a configuration gpt_config_check refuses for its size, or
+ * without memory. *out is malloc'ed; free it with free(). */
 int gpt_catalog(const gpt_config *config, int with_optimizer, gpt_tensor **out, int *count);
 
-/* The config as a JSON object (malloc'ed), and back. */
-char *gpt_config_to_json(const gpt_config *config);
-int gpt_config_from_json(const char *json, gpt_config *out, char *err, size_t err_size);
+/* Parameters of the model: elements of its parameter tensors (logical, no padding). */
+int64_t gpt_parameter_count(const gpt_config *config);
 
 #endif

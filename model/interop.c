@@ -1,5 +1,6 @@
-/* gpt_interop.c: GPT-2 names, configuration and vocabulary for Hugging Face
- * transformers and llama.cpp (docs/EXPORT.md). */
+/* interop.c: GPT-2 names, configuration and vocabulary for Hugging Face
+ * transformers and llama.cpp, and the export and import recipes built on
+ * them (docs/EXPORT.md). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -8,34 +9,30 @@
 
 #include "interop.h"
 
-/* Per layer: catalogue suffix, Hugging Face name, llama.cpp name, whether
- * Hugging Face stores it transposed (Conv1D weights are [in, out]; ours and
- * llama.cpp's are [out, in] as torch.nn.Linear). */
+/* Per tensor kind (gpt.h order): Hugging Face name (under "h.{l}." inside
+ * the layers), llama.cpp name (under "blk.{l}."), and whether Hugging Face
+ * stores it transposed (Conv1D weights are [in, out]; ours and llama.cpp's
+ * are [out, in] as torch.nn.Linear). */
 static const struct {
-    const char *ours, *hf, *gguf;
+    const char *hf, *gguf;
     int hf_transpose;
-} layer_names[] = {
-    {"ln1.weight", "ln_1.weight", "attn_norm.weight", 0},
-    {"ln1.bias", "ln_1.bias", "attn_norm.bias", 0},
-    {"attn.qkv.weight", "attn.c_attn.weight", "attn_qkv.weight", 1},
-    {"attn.qkv.bias", "attn.c_attn.bias", "attn_qkv.bias", 0},
-    {"attn.proj.weight", "attn.c_proj.weight", "attn_output.weight", 1},
-    {"attn.proj.bias", "attn.c_proj.bias", "attn_output.bias", 0},
-    {"ln2.weight", "ln_2.weight", "ffn_norm.weight", 0},
-    {"ln2.bias", "ln_2.bias", "ffn_norm.bias", 0},
-    {"mlp.fc.weight", "mlp.c_fc.weight", "ffn_up.weight", 1},
-    {"mlp.fc.bias", "mlp.c_fc.bias", "ffn_up.bias", 0},
-    {"mlp.proj.weight", "mlp.c_proj.weight", "ffn_down.weight", 1},
-    {"mlp.proj.bias", "mlp.c_proj.bias", "ffn_down.bias", 0},
-};
-
-static const struct {
-    const char *ours, *hf, *gguf;
-} outer_names[] = {
-    {"tok_embed.weight", "wte.weight", "token_embd.weight"},
-    {"pos_embed.weight", "wpe.weight", "position_embd.weight"},
-    {"final_norm.weight", "ln_f.weight", "output_norm.weight"},
-    {"final_norm.bias", "ln_f.bias", "output_norm.bias"},
+} names_of[GPT_TENSOR_KINDS] = {
+    [GPT_TOK_EMBED] = {"wte.weight", "token_embd.weight", 0},
+    [GPT_POS_EMBED] = {"wpe.weight", "position_embd.weight", 0},
+    [GPT_LN1_WEIGHT] = {"ln_1.weight", "attn_norm.weight", 0},
+    [GPT_LN1_BIAS] = {"ln_1.bias", "attn_norm.bias", 0},
+    [GPT_QKV_WEIGHT] = {"attn.c_attn.weight", "attn_qkv.weight", 1},
+    [GPT_QKV_BIAS] = {"attn.c_attn.bias", "attn_qkv.bias", 0},
+    [GPT_PROJ_WEIGHT] = {"attn.c_proj.weight", "attn_output.weight", 1},
+    [GPT_PROJ_BIAS] = {"attn.c_proj.bias", "attn_output.bias", 0},
+    [GPT_LN2_WEIGHT] = {"ln_2.weight", "ffn_norm.weight", 0},
+    [GPT_LN2_BIAS] = {"ln_2.bias", "ffn_norm.bias", 0},
+    [GPT_FC_WEIGHT] = {"mlp.c_fc.weight", "ffn_up.weight", 1},
+    [GPT_FC_BIAS] = {"mlp.c_fc.bias", "ffn_up.bias", 0},
+    [GPT_FCPROJ_WEIGHT] = {"mlp.c_proj.weight", "ffn_down.weight", 1},
+    [GPT_FCPROJ_BIAS] = {"mlp.c_proj.bias", "ffn_down.bias", 0},
+    [GPT_FINAL_NORM_WEIGHT] = {"ln_f.weight", "output_norm.weight", 0},
+    [GPT_FINAL_NORM_BIAS] = {"ln_f.bias", "output_norm.bias", 0},
 };
 
 void gpt_name_map_free(gpt_name_map *map)
@@ -45,56 +42,42 @@ void gpt_name_map_free(gpt_name_map *map)
     memset(map, 0, sizeof *map);
 }
 
-int gpt_name_map_create(gpt_name_map *out, const gpt_config *c, export_format format, const char *prefix, char *err,
-                        size_t err_size)
+int gpt_name_map_create(gpt_name_map *out, const gpt_config *c, export_format format, const char *prefix)
 {
     memset(out, 0, sizeof *out);
     const char *what = format == EXPORT_GGUF ? "llama.cpp's gpt2 architecture" : "Hugging Face's GPT-2";
-    if (c->swiglu) return gpt_error(err, err_size, "a SwiGLU MLP cannot be expressed as %s (GELU MLP only)", what);
+    if (c->swiglu) return tp_fail(TP_ERR_ARG, "a SwiGLU MLP cannot be expressed as %s (GELU MLP only)", what);
     if (c->kv_heads != c->heads)
-        return gpt_error(err, err_size, "grouped-query attention (%lld key/value heads for %lld heads) cannot be expressed as %s",
-                    (long long)c->kv_heads, (long long)c->heads, what);
+        return tp_fail(TP_ERR_ARG, "grouped-query attention (%lld key/value heads for %lld heads) cannot be expressed as %s",
+                       (long long)c->kv_heads, (long long)c->heads, what);
     gpt_tensor *catalog = NULL;
     int count = 0;
-    if (gpt_catalog(c, 0, &catalog, &count)) return gpt_error(err, err_size, "out of memory");
+    TP_TRY(gpt_catalog(c, 0, &catalog, &count));
     out->tensors = calloc((size_t)count, sizeof *out->tensors);
     out->names = calloc((size_t)count, sizeof *out->names);
     if (!out->tensors || !out->names) {
         free(catalog);
         gpt_name_map_free(out);
-        return gpt_error(err, err_size, "out of memory");
+        return tp_fail(TP_ERR_NOMEM, "out of memory for %d tensor names", count);
     }
     for (int i = 0; i < count; i++) {
-        const char *ours = catalog[i].name + strlen("model/");
+        const gpt_tensor *t = &catalog[i];
         char *source = out->names[i][0], *name = out->names[i][1];
-        snprintf(source, CKPT_NAME_MAX + 1, "%s", catalog[i].name);
-        int transpose = 0;
-        long long layer;
-        int offset = 0;
-        if (sscanf(ours, "layers.%lld.%n", &layer, &offset) == 1 && offset > 0) {
-            for (size_t k = 0; k < sizeof layer_names / sizeof layer_names[0]; k++)
-                if (strcmp(ours + offset, layer_names[k].ours) == 0) {
-                    if (format == EXPORT_GGUF) snprintf(name, CKPT_NAME_MAX + 1, "blk.%lld.%s", layer, layer_names[k].gguf);
-                    else snprintf(name, CKPT_NAME_MAX + 1, "%sh.%lld.%s", prefix, layer, layer_names[k].hf);
-                    transpose = format == EXPORT_SAFETENSORS && layer_names[k].hf_transpose;
-                }
-        } else {
-            for (size_t k = 0; k < sizeof outer_names / sizeof outer_names[0]; k++)
-                if (strcmp(ours, outer_names[k].ours) == 0) {
-                    if (format == EXPORT_GGUF) snprintf(name, CKPT_NAME_MAX + 1, "%s", outer_names[k].gguf);
-                    else snprintf(name, CKPT_NAME_MAX + 1, "%s%s", prefix, outer_names[k].hf);
-                }
-        }
-        if (!name[0]) {
-            free(catalog);
-            gpt_name_map_free(out);
-            return gpt_error(err, err_size, "internal: no %s name for %s", what, catalog[i].name);
-        }
+        snprintf(source, CKPT_NAME_MAX + 1, "%s", t->name);
+        if (format == EXPORT_GGUF && t->layer >= 0)
+            snprintf(name, CKPT_NAME_MAX + 1, "blk.%lld.%s", (long long)t->layer, names_of[t->kind].gguf);
+        else if (format == EXPORT_GGUF)
+            snprintf(name, CKPT_NAME_MAX + 1, "%s", names_of[t->kind].gguf);
+        else if (t->layer >= 0)
+            snprintf(name, CKPT_NAME_MAX + 1, "%sh.%lld.%s", prefix, (long long)t->layer, names_of[t->kind].hf);
+        else
+            snprintf(name, CKPT_NAME_MAX + 1, "%s%s", prefix, names_of[t->kind].hf);
+        int transpose = format == EXPORT_SAFETENSORS && names_of[t->kind].hf_transpose;
         out->tensors[i] = (export_tensor){source, name, transpose};
     }
     out->count = count;
     free(catalog);
-    return 0;
+    return TP_OK;
 }
 
 /* -------------------------------------------------------------- config.json */
@@ -136,15 +119,15 @@ char *gpt_hf_config_json(const gpt_config *c, tp_dtype dtype)
     return text;
 }
 
-int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char *err, size_t err_size)
+int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c)
 {
     memset(c, 0, sizeof *c);
     cJSON *o = cJSON_Parse(json);
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
-        return gpt_error(err, err_size, "%s: not a JSON object (damaged or truncated?)", where);
+        return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object (damaged or truncated?)", where);
     }
-    int status = 0;
+    int status = TP_OK;
     const cJSON *v;
     struct {
         const char *key;
@@ -153,17 +136,17 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char
                  {"n_positions", &c->seq}};
     v = cJSON_GetObjectItemCaseSensitive(o, "model_type");
     if (!v)
-        status = gpt_error(err, err_size, "%s: model_type is missing (expected gpt2)", where);
+        status = tp_fail(TP_ERR_FORMAT, "%s: model_type is missing (expected gpt2)", where);
     else if (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2") != 0)
-        status = gpt_error(err, err_size, "%s: model_type %s is not gpt2", where,
-                      cJSON_IsString(v) ? v->valuestring : "(not a string)");
+        status = tp_fail(TP_ERR_FORMAT, "%s: model_type %s is not gpt2", where,
+                         cJSON_IsString(v) ? v->valuestring : "(not a string)");
     /* Within the catalogue's bounds (gpt_config_check says which), so that
      * the conversion to int64 is exact. */
     const double most = (double)GPT_MAX_SIZE;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && !status; i++) {
         v = cJSON_GetObjectItemCaseSensitive(o, sizes[i].key);
         if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > most || v->valuedouble != floor(v->valuedouble))
-            status = gpt_error(err, err_size, "%s: '%s' missing or not an integer in 1..%.0f", where, sizes[i].key, most);
+            status = tp_fail(TP_ERR_FORMAT, "%s: '%s' missing or not an integer in 1..%.0f", where, sizes[i].key, most);
         else *sizes[i].field = (int64_t)v->valuedouble;
     }
     if (!status) {
@@ -171,17 +154,17 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char
         if (!v || cJSON_IsNull(v)) c->ffn = 4 * c->dim;
         else if (cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= most && v->valuedouble == floor(v->valuedouble))
             c->ffn = (int64_t)v->valuedouble;
-        else status = gpt_error(err, err_size, "%s: 'n_inner' must be null or an integer in 1..%.0f", where, most);
+        else status = tp_fail(TP_ERR_FORMAT, "%s: 'n_inner' must be null or an integer in 1..%.0f", where, most);
     }
     v = cJSON_GetObjectItemCaseSensitive(o, "activation_function");
     if (!status && v &&
         (!cJSON_IsString(v) || (strcmp(v->valuestring, "gelu_new") != 0 && strcmp(v->valuestring, "gelu_pytorch_tanh") != 0)))
-        status = gpt_error(err, err_size, "%s: activation_function %s: tp-train computes GELU's tanh form (gelu_new) only", where,
-                      cJSON_IsString(v) ? v->valuestring : "(not a string)");
+        status = tp_fail(TP_ERR_FORMAT, "%s: activation_function %s: tp-train computes GELU's tanh form (gelu_new) only",
+                         where, cJSON_IsString(v) ? v->valuestring : "(not a string)");
     v = cJSON_GetObjectItemCaseSensitive(o, "layer_norm_epsilon");
     if (!status && v && (!cJSON_IsNumber(v) || fabs(v->valuedouble - 1e-5) > 1e-12))
-        status = gpt_error(err, err_size, "%s: layer_norm_epsilon %g: tp-train's layer norm uses 1e-5", where,
-                      cJSON_IsNumber(v) ? v->valuedouble : NAN);
+        status = tp_fail(TP_ERR_FORMAT, "%s: layer_norm_epsilon %g: tp-train's layer norm uses 1e-5", where,
+                         cJSON_IsNumber(v) ? v->valuedouble : NAN);
     struct {
         const char *key;
         int required; /* the value tp-train's model has */
@@ -189,8 +172,8 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char
     for (size_t i = 0; i < sizeof flags / sizeof flags[0] && !status; i++) {
         v = cJSON_GetObjectItemCaseSensitive(o, flags[i].key);
         if (v && (!cJSON_IsBool(v) || cJSON_IsTrue(v) != flags[i].required))
-            status = gpt_error(err, err_size, "%s: %s must be %s for tp-train's GPT-2", where, flags[i].key,
-                          flags[i].required ? "true" : "false");
+            status = tp_fail(TP_ERR_FORMAT, "%s: %s must be %s for tp-train's GPT-2", where, flags[i].key,
+                             flags[i].required ? "true" : "false");
     }
     cJSON_Delete(o);
     c->kv_heads = c->heads;
@@ -201,11 +184,16 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c, char
 
 /* ---------------------------------------------------------- GGUF metadata */
 
+#define GGUF_TOKEN_NORMAL 1
+#define GGUF_TOKEN_CONTROL 3
+#define GGUF_TOKEN_UNUSED 5
+#define BYTE_VOCAB 256
+
 struct gpt_gguf_metadata {
-    export_kv kvs[24];
+    export_kv kvs[32];
     int count;
-    char name[256];
-    /* Vocabulary from a tokenizer, when given. */
+    char name[256], size_label[32];
+    /* The vocabulary, when one is written. */
     char **tokens;
     int32_t *token_types;
     int64_t num_tokens;
@@ -225,21 +213,67 @@ void gpt_gguf_metadata_free(gpt_gguf_metadata *m)
     free(m);
 }
 
+void gpt_byte_symbol(int byte, char out[4])
+{
+    /* GPT-2's bytes_to_unicode: the printable bytes ! .. ~, ¡ .. ¬ and ® .. ÿ
+     * stand for themselves; the other 68, in increasing order, for 256, 257, ... */
+    int printable = (byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || (byte >= 0xAE && byte <= 0xFF);
+    int code = byte;
+    if (!printable) {
+        code = 256;
+        for (int b = 0; b < byte; b++)
+            if (!((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF))) code++;
+    }
+    if (code < 0x80) {
+        out[0] = (char)code;
+        out[1] = '\0';
+    } else { /* below 0x800: two bytes of UTF-8 */
+        out[0] = (char)(0xC0 | (code >> 6));
+        out[1] = (char)(0x80 | (code & 0x3F));
+        out[2] = '\0';
+    }
+}
+
+void gpt_size_label(int64_t parameters, char *out, size_t size)
+{
+    /* As llama.cpp's gguf-py (model_weight_count_rounded_notation, two
+     * significant digits at least). */
+    double n = (double)parameters, scaled;
+    const char *suffix;
+    if (n > 1e12) scaled = n * 1e-12, suffix = "T";
+    else if (n > 1e9) scaled = n * 1e-9, suffix = "B";
+    else if (n > 1e6) scaled = n * 1e-6, suffix = "M";
+    else scaled = n * 1e-3, suffix = "K";
+    char whole[32];
+    snprintf(whole, sizeof whole, "%.0f", nearbyint(scaled)); /* Python's round: half to even */
+    const char *digits = whole;
+    while (*digits == '0') digits++;
+    int fix = 2 - (int)strlen(digits);
+    snprintf(out, size, "%.*f%s", fix > 0 ? fix : 0, scaled, suffix);
+}
+
+static int tokenizer_missing(void)
+{
+    char why[2048];
+    snprintf(why, sizeof why, "%s", tp_errmsg());
+    return tp_fail(TP_ERR_NOT_FOUND, "%s (a tokenizer needs vocab.json and merges.txt)", why);
+}
+
 /* GPT-2 BPE as llama.cpp's converter writes it: the tokens of vocab.json in
  * id order (missing ids as [PADn], unused), <|...|> tokens as control
  * tokens, and the merges of merges.txt without its #version line. */
-static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, int32_t *eos, char *err, size_t err_size)
+static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, int32_t *eos)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/vocab.json", dir);
     char *text = NULL;
     if (ckpt_read_text_file(path, &text, NULL))
-        return gpt_error(err, err_size, "%s (a tokenizer needs vocab.json and merges.txt)", tp_errmsg());
+        return tokenizer_missing();
     cJSON *json = cJSON_Parse(text);
     free(text);
     if (!cJSON_IsObject(json)) {
         cJSON_Delete(json);
-        return gpt_error(err, err_size, "%s: not a JSON object of token: id", path);
+        return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object of token: id", path);
     }
     m->num_tokens = vocab;
     m->tokens = calloc((size_t)vocab, sizeof *m->tokens);
@@ -248,7 +282,8 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
     const cJSON *entry;
     cJSON_ArrayForEach(entry, json) bytes += strlen(entry->string) + 1;
     m->token_text = malloc(bytes + (size_t)vocab * 16 + 1);
-    int status = !m->tokens || !m->token_types || !m->token_text ? gpt_error(err, err_size, "out of memory") : 0;
+    int status = !m->tokens || !m->token_types || !m->token_text ? tp_fail(TP_ERR_NOMEM, "out of memory for %s", path)
+                                                                 : TP_OK;
     char *at = m->token_text;
     *eos = -1;
     cJSON_ArrayForEach(entry, json)
@@ -256,13 +291,13 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
         if (status) break;
         double id = cJSON_IsNumber(entry) ? entry->valuedouble : -1;
         if (id < 0 || id != floor(id) || id >= (double)vocab) {
-            status = gpt_error(err, err_size, "%s: token '%s' has id %g, outside the model's vocabulary of %lld", path,
-                          entry->string, id, (long long)vocab);
+            status = tp_fail(TP_ERR_FORMAT, "%s: token '%s' has id %g, outside the model's vocabulary of %lld", path,
+                             entry->string, id, (long long)vocab);
             break;
         }
         int64_t k = (int64_t)id;
         if (m->tokens[k]) {
-            status = gpt_error(err, err_size, "%s: id %lld is given twice", path, (long long)k);
+            status = tp_fail(TP_ERR_FORMAT, "%s: id %lld is given twice", path, (long long)k);
             break;
         }
         strcpy(at, entry->string);
@@ -270,7 +305,7 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
         at += strlen(at) + 1;
         size_t n = strlen(entry->string);
         int control = n >= 4 && strncmp(entry->string, "<|", 2) == 0 && strcmp(entry->string + n - 2, "|>") == 0;
-        m->token_types[k] = control ? 3 : 1; /* CONTROL, NORMAL */
+        m->token_types[k] = control ? GGUF_TOKEN_CONTROL : GGUF_TOKEN_NORMAL;
         if (strcmp(entry->string, "<|endoftext|>") == 0) *eos = (int32_t)k;
     }
     cJSON_Delete(json);
@@ -278,25 +313,45 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
         if (!m->tokens[k]) {
             m->tokens[k] = at;
             at += sprintf(at, "[PAD%lld]", (long long)k) + 1;
-            m->token_types[k] = 5; /* UNUSED */
+            m->token_types[k] = GGUF_TOKEN_UNUSED;
         }
     if (status) return status;
     snprintf(path, sizeof path, "%s/merges.txt", dir);
     int64_t size = 0;
     if (ckpt_read_text_file(path, &m->merge_text, &size))
-        return gpt_error(err, err_size, "%s (a tokenizer needs vocab.json and merges.txt)", tp_errmsg());
+        return tokenizer_missing();
     int64_t lines = 1;
     for (int64_t i = 0; i < size; i++) lines += m->merge_text[i] == '\n';
     m->merges = calloc((size_t)lines, sizeof *m->merges);
-    if (!m->merges) return gpt_error(err, err_size, "out of memory");
+    if (!m->merges) return tp_fail(TP_ERR_NOMEM, "out of memory for %s", path);
     for (char *line = strtok(m->merge_text, "\r\n"); line; line = strtok(NULL, "\r\n")) {
         if (strncmp(line, "#version", 8) == 0 || !*line) continue;
         char *space = strchr(line, ' ');
         if (!space || space == line || !space[1])
-            return gpt_error(err, err_size, "%s: merge '%s' is not two tokens separated by a space", path, line);
+            return tp_fail(TP_ERR_FORMAT, "%s: merge '%s' is not two tokens separated by a space", path, line);
         m->merges[m->num_merges++] = line;
     }
-    return 0;
+    return TP_OK;
+}
+
+/* The vocabulary of a byte-level model: token b is byte b, written as its
+ * symbol of GPT-2's byte-level BPE. With no merges, llama.cpp's gpt2
+ * tokenizer turns text into its bytes, as `tp-train prepare` does. */
+static int byte_tokenizer(gpt_gguf_metadata *m)
+{
+    m->num_tokens = BYTE_VOCAB;
+    m->tokens = calloc(BYTE_VOCAB, sizeof *m->tokens);
+    m->token_types = calloc(BYTE_VOCAB, sizeof *m->token_types);
+    m->token_text = malloc(BYTE_VOCAB * 4);
+    m->merges = calloc(1, sizeof *m->merges);
+    if (!m->tokens || !m->token_types || !m->token_text || !m->merges)
+        return tp_fail(TP_ERR_NOMEM, "out of memory for a byte-level vocabulary");
+    for (int b = 0; b < BYTE_VOCAB; b++) {
+        m->tokens[b] = m->token_text + 4 * b;
+        gpt_byte_symbol(b, m->tokens[b]);
+        m->token_types[b] = GGUF_TOKEN_NORMAL;
+    }
+    return TP_OK;
 }
 
 static void kv_u32(gpt_gguf_metadata *m, const char *key, int64_t value)
@@ -304,29 +359,46 @@ static void kv_u32(gpt_gguf_metadata *m, const char *key, int64_t value)
     m->kvs[m->count++] = (export_kv){key, EXPORT_KV_U32, (uint32_t)value, 0, NULL, NULL, NULL, 0};
 }
 
+static void kv_bool(gpt_gguf_metadata *m, const char *key, int value)
+{
+    m->kvs[m->count++] = (export_kv){key, EXPORT_KV_BOOL, value != 0, 0, NULL, NULL, NULL, 0};
+}
+
 static void kv_string(gpt_gguf_metadata *m, const char *key, const char *value)
 {
     m->kvs[m->count++] = (export_kv){key, EXPORT_KV_STRING, 0, 0, value, NULL, NULL, 0};
 }
 
-int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const char *name, const char *tokenizer_dir,
-                             char *err, size_t err_size)
+int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const char *name, const char *tokenizer_dir)
 {
     *out = NULL;
     const int64_t u32_max = 0xFFFFFFFFll;
     if (c->seq > u32_max || c->dim > u32_max || c->ffn > u32_max || c->vocab > u32_max)
-        return gpt_error(err, err_size, "the model's sizes do not fit GGUF's 32-bit hyperparameters");
+        return tp_fail(TP_ERR_ARG, "the model's sizes do not fit GGUF's 32-bit hyperparameters");
     gpt_gguf_metadata *m = calloc(1, sizeof *m);
-    if (!m) return gpt_error(err, err_size, "out of memory");
+    if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory for GGUF metadata");
     snprintf(m->name, sizeof m->name, "%s", name);
+    gpt_size_label(gpt_parameter_count(c), m->size_label, sizeof m->size_label);
     int32_t eos = -1;
-    if (tokenizer_dir && load_tokenizer(m, tokenizer_dir, c->vocab, &eos, err, err_size)) {
-        gpt_gguf_metadata_free(m);
-        return -1;
+    int status = TP_OK;
+    const char *vocabulary = "no_vocab";
+    if (tokenizer_dir) {
+        status = load_tokenizer(m, tokenizer_dir, c->vocab, &eos);
+        vocabulary = "gpt2";
+    } else if (c->vocab == BYTE_VOCAB) {
+        status = byte_tokenizer(m);
+        vocabulary = "gpt2";
     }
-    /* The keys llama.cpp reads for gpt2, in its types: counts u32, epsilon f32. */
+    if (status) {
+        gpt_gguf_metadata_free(m);
+        return status;
+    }
+    /* What model listings show, then the keys llama.cpp reads for gpt2, in
+     * its types: counts u32, epsilon f32. */
     kv_string(m, "general.architecture", "gpt2");
+    kv_string(m, "general.type", "model");
     kv_string(m, "general.name", m->name);
+    kv_string(m, "general.size_label", m->size_label);
     kv_u32(m, "gpt2.context_length", c->seq);
     kv_u32(m, "gpt2.embedding_length", c->dim);
     kv_u32(m, "gpt2.feed_forward_length", c->ffn);
@@ -334,10 +406,8 @@ int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const
     kv_u32(m, "gpt2.attention.head_count", c->heads);
     m->kvs[m->count++] = (export_kv){"gpt2.attention.layer_norm_epsilon", EXPORT_KV_F32, 0, 1e-5f, NULL, NULL, NULL, 0};
     kv_u32(m, "gpt2.vocab_size", c->vocab);
-    if (!tokenizer_dir) {
-        kv_string(m, "tokenizer.ggml.model", "no_vocab");
-    } else {
-        kv_string(m, "tokenizer.ggml.model", "gpt2");
+    kv_string(m, "tokenizer.ggml.model", vocabulary);
+    if (m->tokens) {
         kv_string(m, "tokenizer.ggml.pre", "gpt-2");
         m->kvs[m->count++] = (export_kv){"tokenizer.ggml.tokens", EXPORT_KV_STRINGS, 0, 0, NULL,
                                          (const char *const *)m->tokens, NULL, m->num_tokens};
@@ -345,17 +415,241 @@ int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const
                                          m->token_types, m->num_tokens};
         m->kvs[m->count++] = (export_kv){"tokenizer.ggml.merges", EXPORT_KV_STRINGS, 0, 0, NULL,
                                          (const char *const *)m->merges, NULL, m->num_merges};
-        if (eos >= 0) {
-            kv_u32(m, "tokenizer.ggml.bos_token_id", eos);
-            kv_u32(m, "tokenizer.ggml.eos_token_id", eos);
-        }
+    }
+    if (eos >= 0) {
+        kv_u32(m, "tokenizer.ggml.bos_token_id", eos);
+        kv_u32(m, "tokenizer.ggml.eos_token_id", eos);
+    } else if (!tokenizer_dir && m->tokens) {
+        /* A byte model has no special tokens; llama.cpp wants a BOS and an
+         * EOS that exist, so both are byte 0, which text does not hold, and
+         * neither is added to what it tokenizes. */
+        kv_u32(m, "tokenizer.ggml.bos_token_id", 0);
+        kv_u32(m, "tokenizer.ggml.eos_token_id", 0);
+        kv_bool(m, "tokenizer.ggml.add_bos_token", 0);
+        kv_bool(m, "tokenizer.ggml.add_eos_token", 0);
     }
     *out = m;
-    return 0;
+    return TP_OK;
 }
 
 const export_kv *gpt_gguf_metadata_kvs(const gpt_gguf_metadata *m, int *count)
 {
     *count = m->count;
     return m->kvs;
+}
+
+/* ----------------------------------------------------------------- export */
+
+struct gpt_export {
+    gpt_name_map map;              /* safetensors, GGUF */
+    export_tensor *all;            /* hdf5: every parameter under its own name */
+    int count;
+    gpt_gguf_metadata *gguf;
+    char *config_json;
+    char step[32], source_layout[64];
+    const char *metadata[12];
+};
+
+void gpt_export_free(gpt_export *x)
+{
+    if (!x) return;
+    gpt_name_map_free(&x->map);
+    free(x->all);
+    gpt_gguf_metadata_free(x->gguf);
+    cJSON_free(x->config_json);
+    free(x);
+}
+
+const export_tensor *gpt_export_tensors(const gpt_export *x, int *count)
+{
+    *count = x->count;
+    return x->all ? x->all : x->map.tensors;
+}
+
+int gpt_export_create(gpt_export **out, ckpt_reader *r, const gpt_export_request *request, export_options *options)
+{
+    *out = NULL;
+    gpt_export *x = calloc(1, sizeof *x);
+    if (!x) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    const ckpt_layout *layout = ckpt_reader_layout(r);
+    const ckpt_train_state *state = ckpt_reader_state(r);
+    snprintf(x->step, sizeof x->step, "%lld", (long long)state->step);
+    snprintf(x->source_layout, sizeof x->source_layout, "tp%dpp%d", layout->tp, layout->pp);
+    int status = TP_OK;
+    if (options->format == EXPORT_HDF5) {
+        /* Every parameter under its own name: no model knowledge needed. */
+        const char *metadata[] = {"format", "tp-toolkit merged weights", "model", state->model_json, "step", x->step,
+                                  "source_layout", x->source_layout, NULL};
+        memcpy(x->metadata, metadata, sizeof metadata);
+        x->all = calloc((size_t)ckpt_reader_num_tensors(r) + 1, sizeof *x->all);
+        if (!x->all) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+        for (int i = 0; !status && i < ckpt_reader_num_tensors(r); i++) {
+            const ckpt_tensor_desc *t = ckpt_reader_tensor(r, i);
+            if (strcmp(t->role, "param") == 0) x->all[x->count++] = (export_tensor){t->name, t->name, 0};
+        }
+    } else {
+        gpt_config config;
+        status = gpt_config_from_json(state->model_json, &config);
+        if (!status) status = gpt_config_check(&config, 1, 1);
+        if (status) tp_fail_context(status, "%s", ckpt_reader_path(r));
+        if (!status) status = gpt_name_map_create(&x->map, &config, options->format, "transformer.");
+        if (!status) x->count = x->map.count;
+        if (!status && options->format == EXPORT_SAFETENSORS) {
+            /* Provenance: the step and the layout of the source. */
+            const char *metadata[] = {"tp_toolkit.step", x->step, "tp_toolkit.source_layout", x->source_layout, NULL};
+            memcpy(x->metadata, metadata, sizeof metadata);
+            x->config_json = gpt_hf_config_json(&config, options->dtype >= 0 ? (tp_dtype)options->dtype : config.dtype);
+            if (!x->config_json) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+        } else if (!status) {
+            const char *name = request->name ? request->name : "GPT-2 (tp-toolkit)";
+            status = gpt_gguf_metadata_create(&x->gguf, &config, name, request->tokenizer_dir);
+        }
+    }
+    if (status) {
+        gpt_export_free(x);
+        return status;
+    }
+    options->metadata = x->metadata[0] ? x->metadata : NULL;
+    options->config_json = x->config_json;
+    if (x->gguf) options->kvs = gpt_gguf_metadata_kvs(x->gguf, &options->num_kvs);
+    *out = x;
+    return TP_OK;
+}
+
+/* ----------------------------------------------------------------- import */
+
+struct gpt_import {
+    char dir[4096];
+    gpt_config config;
+    ckpt_layout layout;
+    safetensors_set *set;
+    gpt_name_map map;
+    ckpt_tensor_desc *descs; /* the catalogue's, at the requested dtype */
+    gpt_tensor *catalog;
+    int count;
+    int64_t bytes;
+};
+
+void gpt_import_close(gpt_import *im)
+{
+    if (!im) return;
+    safetensors_close(im->set);
+    gpt_name_map_free(&im->map);
+    free(im->descs);
+    free(im->catalog);
+    free(im);
+}
+
+int gpt_import_count(const gpt_import *im)
+{
+    return im->count;
+}
+
+int64_t gpt_import_bytes(const gpt_import *im)
+{
+    return im->bytes;
+}
+
+/* Entries of a GPT-2 file that are not parameters of the model: attention
+ * masks older transformers saved as buffers. */
+static int attention_mask(const char *name, const char *prefix, int64_t layers)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n) != 0) return 0;
+    long long layer = -1;
+    int end = 0;
+    int mask = sscanf(name + n, "h.%lld.attn.bias%n", &layer, &end) == 1 && end > 0 && name[n + (size_t)end] == '\0';
+    end = 0;
+    mask = mask || (sscanf(name + n, "h.%lld.attn.masked_bias%n", &layer, &end) == 1 && end > 0 &&
+                    name[n + (size_t)end] == '\0');
+    return mask && layer >= 0 && layer < layers;
+}
+
+/* Every entry of the files is a parameter, a mask or a tied output head. */
+static int check_entries(gpt_import *im, const char *prefix)
+{
+    for (int i = 0; i < safetensors_count(im->set); i++) {
+        const char *name = safetensors_tensor(im->set, i)->name;
+        int known = attention_mask(name, prefix, im->config.layers);
+        for (int k = 0; k < im->map.count && !known; k++) known = strcmp(im->map.tensors[k].name, name) == 0;
+        if (!known && strcmp(name, "lm_head.weight") == 0) {
+            /* Tied to the token embedding, or not GPT-2 as tp-train computes it. */
+            char wte[64];
+            snprintf(wte, sizeof wte, "%swte.weight", prefix);
+            int equal = 0;
+            TP_TRY(safetensors_equal(im->set, name, wte, &equal));
+            if (!equal)
+                return tp_fail(TP_ERR_FORMAT, "%s: lm_head.weight differs from %s: an untied output head cannot be expressed",
+                               im->dir, wte);
+            known = 1;
+        }
+        if (!known)
+            return tp_fail(TP_ERR_FORMAT, "%s: unexpected tensor %s (not a parameter of GPT-2 with %lld layers)",
+                           safetensors_tensor(im->set, i)->file, name, (long long)im->config.layers);
+    }
+    return TP_OK;
+}
+
+int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request *request)
+{
+    *out = NULL;
+    gpt_import *im = calloc(1, sizeof *im);
+    if (!im) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    snprintf(im->dir, sizeof im->dir, "%s", dir);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *text = NULL;
+    int status = ckpt_read_text_file(path, &text, NULL);
+    if (status) {
+        char why[2048];
+        snprintf(why, sizeof why, "%s", tp_errmsg());
+        tp_fail(status, "%s (import reads a Hugging Face GPT-2 directory)", why);
+    }
+    if (!status) status = gpt_hf_config_parse(text, path, &im->config);
+    free(text);
+    im->config.dtype = request->dtype;
+    im->config.vocab_pad_multiple = request->vocab_pad_multiple;
+    if (!status) {
+        status = gpt_config_check(&im->config, request->tp, request->pp);
+        if (status) tp_fail_context(status, "%s", path);
+    }
+    if (!status) status = safetensors_open(&im->set, dir);
+    /* GPT2LMHeadModel saves under "transformer.", GPT2Model (and the hub's gpt2) without. */
+    const char *prefix = !status && safetensors_find(im->set, "transformer.wte.weight") ? "transformer." : "";
+    if (!status) status = gpt_name_map_create(&im->map, &im->config, EXPORT_SAFETENSORS, prefix);
+    if (!status) status = gpt_catalog(&im->config, 0, &im->catalog, &im->count);
+    if (!status && im->count != im->map.count)
+        status = tp_fail(TP_ERR_STATE, "internal: %d catalogue entries, %d names", im->count, im->map.count);
+    if (!status) status = check_entries(im, prefix);
+    if (!status && !(im->descs = calloc((size_t)im->count + 1, sizeof *im->descs)))
+        status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int i = 0; !status && i < im->count; i++) {
+        im->descs[i] = im->catalog[i].desc;
+        int64_t padded[CKPT_MAX_DIMS], n = (int64_t)tp_dtype_size(request->dtype);
+        ckpt_padded_shape(&im->descs[i], request->tp, padded);
+        for (int d = 0; d < im->descs[i].ndim; d++) n *= padded[d];
+        im->bytes += n;
+    }
+    im->layout = (ckpt_layout){request->tp, request->pp, 1, im->config.layers};
+    if (status) {
+        gpt_import_close(im);
+        return status;
+    }
+    *out = im;
+    return TP_OK;
+}
+
+int gpt_import_run(gpt_import *im, const import_options *options, const char *out_path)
+{
+    char *model_json = gpt_config_to_json(&im->config), user[4400];
+    cJSON *source = cJSON_CreateString(im->dir);
+    char *quoted = cJSON_PrintUnformatted(source);
+    snprintf(user, sizeof user, "{\"imported_from\":%s,\"format\":\"huggingface-gpt2\"}", quoted ? quoted : "\"\"");
+    cJSON_free(quoted);
+    cJSON_Delete(source);
+    int status = model_json ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    ckpt_train_state state = {0, 0, model_json, NULL, NULL, user};
+    if (!status) status = import_run(im->set, im->descs, im->map.tensors, im->count, &im->layout, &state, options, out_path);
+    cJSON_free(model_json);
+    return status;
 }

@@ -1,15 +1,19 @@
-/* gpt_interop.h: this project's GPT-2 as other tools name it. Hugging Face
- * transformers (GPT2LMHeadModel: safetensors names, Conv1D weights stored
- * [in, out], config.json) and llama.cpp (the gpt2 architecture of GGUF:
- * tensor names, metadata keys, vocabulary). The file formats themselves are
- * reshard/export.h's; this is the model knowledge that drives them. */
-#ifndef TP_GPT_INTEROP_H
-#define TP_GPT_INTEROP_H
+/* interop.h: this project's GPT-2 as other tools know it, and the recipes
+ * that export it to them and import it from them (docs/EXPORT.md).
+ * Hugging Face transformers: GPT2LMHeadModel's safetensors names, Conv1D
+ * weights stored [in, out], config.json. llama.cpp: the gpt2 architecture
+ * of GGUF (tensor names, metadata keys, a vocabulary). The file formats
+ * themselves are formats.h's; this is the model knowledge that drives them.
+ * Functions return a tp_status (common/error.h). */
+#ifndef TP_MODEL_INTEROP_H
+#define TP_MODEL_INTEROP_H
 
 #include <stddef.h>
 
 #include "../formats/formats.h"
 #include "gpt.h"
+
+/* ------------------------------------------------------------------ names */
 
 /* The model's parameters under the names of a format, in catalogue order.
  * tensors[i].source is the checkpoint name, .name the outside one. */
@@ -19,34 +23,90 @@ typedef struct {
     char (*names)[2][CKPT_NAME_MAX + 1]; /* storage: source, outside name */
 } gpt_name_map;
 
-/* Fails, with one line in err, when the model is not a GPT-2 the format can
- * express (SwiGLU, grouped-query attention). For safetensors, names carry
- * prefix ("transformer." as GPT2LMHeadModel saves them, "" for GPT2Model's
- * files); the tied output projection is not listed (not stored). */
-int gpt_name_map_create(gpt_name_map *out, const gpt_config *config, export_format format, const char *prefix,
-                        char *err, size_t err_size);
+/* Fails with TP_ERR_ARG when the model is not a GPT-2 the format can express
+ * (SwiGLU, grouped-query attention). For safetensors, names carry prefix
+ * ("transformer." as GPT2LMHeadModel saves them, "" for GPT2Model's files);
+ * the tied output projection is not listed (not stored). */
+int gpt_name_map_create(gpt_name_map *out, const gpt_config *config, export_format format, const char *prefix);
 void gpt_name_map_free(gpt_name_map *map);
 
-/* config.json of GPT2LMHeadModel for the model (malloc'ed, indented);
- * torch_dtype names dtype. No dropout: tp-train trains without it. */
+/* ------------------------------------------------------------ config.json */
+
+/* config.json of GPT2LMHeadModel for the model (malloc'ed, indented; NULL
+ * without memory); torch_dtype names dtype. No dropout: tp-train trains
+ * without it. */
 char *gpt_hf_config_json(const gpt_config *config, tp_dtype dtype);
 
 /* Reads a Hugging Face GPT-2 config.json into config (fp32, no padding
- * multiple: the caller sets those). Fails, naming the key, on anything this
- * trainer does not compute: another model_type, an activation other than
- * GELU's tanh form, a layer-norm epsilon other than 1e-5, untied embeddings,
- * unscaled or layer-scaled attention. */
-int gpt_hf_config_parse(const char *json, const char *where, gpt_config *config, char *err, size_t err_size);
+ * multiple: the caller sets those). Fails with TP_ERR_FORMAT, naming the key,
+ * on anything this trainer does not compute: another model_type, an
+ * activation other than GELU's tanh form, a layer-norm epsilon other than
+ * 1e-5, untied embeddings, unscaled or layer-scaled attention. */
+int gpt_hf_config_parse(const char *json, const char *where, gpt_config *config);
 
-/* GGUF metadata of llama.cpp's gpt2 architecture. Without a tokenizer the
- * vocabulary is "no_vocab" with gpt2.vocab_size; with tokenizer_dir (a
- * Hugging Face GPT-2 tokenizer: vocab.json and merges.txt) it is the BPE
- * vocabulary llama.cpp's converter writes. */
+/* ---------------------------------------------------------- GGUF metadata */
+
+/* The keys of llama.cpp's gpt2 architecture for the model, the general.*
+ * keys of model listings (type, name, size label from the parameter count),
+ * and a vocabulary: with tokenizer_dir (a Hugging Face GPT-2 tokenizer:
+ * vocab.json and merges.txt) the BPE vocabulary llama.cpp's converter
+ * writes; without one, for a byte-level model (256 tokens, as `tp-train
+ * prepare` makes them) GPT-2's byte-to-symbol table with no merges, so that
+ * llama.cpp tokenizes text byte by byte; otherwise "no_vocab". */
 typedef struct gpt_gguf_metadata gpt_gguf_metadata;
 
 int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *config, const char *name,
-                             const char *tokenizer_dir, char *err, size_t err_size);
+                             const char *tokenizer_dir);
 const export_kv *gpt_gguf_metadata_kvs(const gpt_gguf_metadata *metadata, int *count);
 void gpt_gguf_metadata_free(gpt_gguf_metadata *metadata);
+
+/* The byte-to-symbol table of GPT-2's byte-level BPE: symbol b (UTF-8, at
+ * most 2 bytes and a NUL) stands for byte b. */
+void gpt_byte_symbol(int byte, char out[4]);
+
+/* The size label of a parameter count as llama.cpp's tools write it:
+ * "124M", "1.5B", "110K". */
+void gpt_size_label(int64_t parameters, char *out, size_t size);
+
+/* ----------------------------------------------------------------- export */
+
+/* What an export of a checkpoint writes: its tensors under the format's
+ * names, and the metadata that goes with them. */
+typedef struct gpt_export gpt_export;
+
+typedef struct {
+    const char *name;          /* gguf: general.name; NULL: "GPT-2 (tp-toolkit)" */
+    const char *tokenizer_dir; /* gguf: a GPT-2 tokenizer (see gpt_gguf_metadata_create) */
+} gpt_export_request;
+
+/* For options->format: safetensors and GGUF need the checkpoint's model to
+ * be a GPT-2 (its configuration from the training state); hdf5 writes every
+ * parameter under its own name, for a checkpoint of any model. Sets
+ * options->metadata, kvs and config_json, which point into the result. */
+int gpt_export_create(gpt_export **out, ckpt_reader *source, const gpt_export_request *request,
+                      export_options *options);
+const export_tensor *gpt_export_tensors(const gpt_export *job, int *count);
+void gpt_export_free(gpt_export *job);
+
+/* ----------------------------------------------------------------- import */
+
+/* A Hugging Face GPT-2 directory (config.json, and model.safetensors or
+ * shards with model.safetensors.index.json) opened and checked for import:
+ * every entry is a parameter of the model (or an attention-mask buffer, or an
+ * lm_head equal to the token table) and every parameter is there. */
+typedef struct gpt_import gpt_import;
+
+typedef struct {
+    int tp, pp;                 /* layout of the checkpoint to write */
+    tp_dtype dtype;             /* dtype of the parameters */
+    int64_t vocab_pad_multiple; /* >= 1 */
+} gpt_import_request;
+
+int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request *request);
+int gpt_import_count(const gpt_import *job);   /* tensors to write */
+int64_t gpt_import_bytes(const gpt_import *job); /* bytes of tensor data to write */
+/* Writes the checkpoint (step 0, weights only) at out_path. */
+int gpt_import_run(gpt_import *job, const import_options *options, const char *out_path);
+void gpt_import_close(gpt_import *job);
 
 #endif

@@ -4,7 +4,27 @@
 #ifndef TP_PROGRAMS_CLI_H
 #define TP_PROGRAMS_CLI_H
 
+#include <getopt.h>
+
 #include "../common/parse.h"
+#include "../model/gpt.h"
+
+/* The model options every program takes (model/gpt.h gpt_option_names), for
+ * a getopt_long table: getopt returns CLI_MODEL_OPTION and the option's
+ * index tells which, for gpt_options_set(options, table[index].name, optarg). */
+#define CLI_MODEL_OPTION 0x4D00
+#define CLI_MODEL_LONG_OPTIONS                                                                                        \
+    {"model", required_argument, 0, CLI_MODEL_OPTION}, {"layers", required_argument, 0, CLI_MODEL_OPTION},          \
+        {"dim", required_argument, 0, CLI_MODEL_OPTION}, {"heads", required_argument, 0, CLI_MODEL_OPTION},         \
+        {"kv-heads", required_argument, 0, CLI_MODEL_OPTION}, {"vocab", required_argument, 0, CLI_MODEL_OPTION},    \
+        {"seq", required_argument, 0, CLI_MODEL_OPTION}, {"ffn", required_argument, 0, CLI_MODEL_OPTION},           \
+        {"vocab-pad-multiple", required_argument, 0, CLI_MODEL_OPTION},                                             \
+        {"dtype", required_argument, 0, CLI_MODEL_OPTION}, {"swiglu", no_argument, 0, CLI_MODEL_OPTION}
+
+/* How the model options read in --help. */
+#define CLI_MODEL_USAGE                                                                                                \
+    "model:     --model tiny|small|gpt2-124m, or --layers L --dim D --heads H --vocab V --seq S; refined by\n"          \
+    "           [--ffn F (4D)] [--kv-heads K (H)] [--swiglu] [--vocab-pad-multiple N (1)] [--dtype fp32|bf16|fp16]\n"
 
 /* The command-line word getopt just rejected (an unknown option, or one
  * missing its value), for a one-line message; set opterr = 0 before parsing. */

@@ -1,6 +1,7 @@
 /* synth.c: writes synthetic checkpoints in parallel, slab by slab. Every
  * slab is a run of whole checksum blocks of one piece, generated straight in
  * the piece's stored layout (padding zero) from the logical indices. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -164,4 +165,68 @@ int synth_write(const char *path, const ckpt_layout *layout, const ckpt_write_op
         return status;
     }
     return ckpt_writer_commit(writer, state);
+}
+
+/* --------------------------------------------------------------- GPT model */
+
+int synth_gpt_bytes(const gpt_config *config, const ckpt_layout *layout, int optimizer, int64_t *bytes)
+{
+    gpt_tensor *catalog = NULL;
+    int count = 0;
+    TP_TRY(gpt_catalog(config, optimizer, &catalog, &count));
+    *bytes = 0;
+    for (int i = 0; i < count; i++) {
+        int64_t padded[CKPT_MAX_DIMS], n = (int64_t)tp_dtype_size(catalog[i].desc.dtype);
+        ckpt_padded_shape(&catalog[i].desc, layout->tp, padded);
+        for (int d = 0; d < catalog[i].desc.ndim; d++) n *= padded[d];
+        *bytes += n;
+    }
+    free(catalog);
+    return TP_OK;
+}
+
+int synth_gpt(const char *path, const gpt_config *config, const ckpt_layout *layout,
+              const ckpt_write_options *write_options, const synth_gpt_options *options, int *tensors_written)
+{
+    gpt_tensor *catalog = NULL;
+    int count = 0;
+    TP_TRY(gpt_catalog(config, options->optimizer, &catalog, &count));
+    synth_tensor *tensors = calloc((size_t)count, sizeof *tensors);
+    char *model_json = gpt_config_to_json(config);
+    char schedule[256], *rng = malloc((size_t)layout->tp * layout->pp * 96 + 16);
+    int status = tensors && model_json && rng ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < count && !status; i++) {
+        const gpt_tensor *g = &catalog[i];
+        synth_tensor *s = &tensors[i];
+        s->desc = g->desc;
+        s->seed_name = g->desc.name;
+        float scale = g->init_std > 0 ? g->init_std : 0.02f;
+        switch (g->role) {
+        case GPT_ROLE_PARAM: s->mean = g->init_mean; s->scale = scale; break;
+        case GPT_ROLE_MASTER: s->seed_name = g->param; s->mean = g->init_mean; s->scale = scale; break;
+        case GPT_ROLE_EXP_AVG: s->mean = 0; s->scale = 1e-3f; break;
+        case GPT_ROLE_EXP_AVG_SQ: s->mean = 1e-6f; s->scale = 1e-6f; break;
+        }
+    }
+    if (!status) {
+        /* A plausible training state: cosine schedule, a random state per rank. */
+        snprintf(schedule, sizeof schedule,
+                 "{\"kind\":\"cosine\",\"lr\":0.0003,\"min_lr\":0.00003,\"warmup\":100,\"step\":%lld}",
+                 (long long)options->step);
+        int n = sprintf(rng, "[");
+        for (int p = 0; p < layout->pp; p++)
+            for (int t = 0; t < layout->tp; t++)
+                n += sprintf(rng + n, "%s{\"pp\":%d,\"tp\":%d,\"dp\":0,\"state\":\"%016llx\"}", p || t ? "," : "", p,
+                             t, (unsigned long long)(options->seed * 0x9E3779B97F4A7C15ull + (uint64_t)(p * 4096 + t)));
+        sprintf(rng + n, "]");
+        ckpt_train_state state = {options->step, options->step * 512, model_json, schedule, rng, "{\"synthetic\":true}"};
+        synth_options so = {options->seed, options->threads, options->on_bytes, options->ctx};
+        status = synth_write(path, layout, write_options, tensors, count, &state, &so);
+    }
+    if (!status && tensors_written) *tensors_written = count;
+    free(rng);
+    free(model_json);
+    free(tensors);
+    free(catalog);
+    return status;
 }

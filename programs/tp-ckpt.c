@@ -8,14 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
 #include "../common/parallel.h"
 #include "../common/progress.h"
-#include "../formats/formats.h"
-#include "../reshard/reshard.h"
-#include "../model/gpt.h"
 #include "../model/interop.h"
-#include "../ckpt/ckpt.h"
+#include "cli.h"
 #include "synth.h"
 
 static const char *usage_text =
@@ -27,7 +23,7 @@ static const char *usage_text =
     "  diff A B [--tol X] [--atol X] [--threads N]\n"
     "                               compare the merged tensors of two checkpoints, any layouts\n"
     "                               (default bit-exact; exit 1 if they differ)\n"
-    "  synth -o DIR --tp T --pp P --layers L --dim D --heads H --vocab V --seq S\n"
+    "  synth -o DIR --tp T --pp P (--model M | --layers L --dim D --heads H --vocab V --seq S)\n"
     "        [--kv-heads K] [--ffn F] [--swiglu] [--optim] [--dtype fp32|bf16|fp16]\n"
     "        [--seed N] [--step N] [--compress zstd[:LEVEL]|none] [--vocab-pad-multiple N]\n"
     "        [--threads N] [--force] [--progress]\n"
@@ -452,6 +448,14 @@ static void synth_progress(void *ctx, int64_t bytes)
     progress_add(ctx, bytes);
 }
 
+/* Whether out names a checkpoint of a run directory (step_N), whose `latest`
+ * then follows it. */
+static int output_in_run_directory(const char *out)
+{
+    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+    return ckpt_step_of_name(base) >= 0;
+}
+
 static int parse_compress(const char *text)
 {
     if (strcmp(text, "none") == 0) return 0;
@@ -462,59 +466,42 @@ static int parse_compress(const char *text)
 
 static int cmd_synth(int argc, char **argv)
 {
-    gpt_config config = {0};
-    config.dtype = TP_FP32;
+    gpt_options model = {0};
     ckpt_layout layout = {1, 1, 1, 0};
     ckpt_write_options write_options;
     ckpt_write_options_init(&write_options);
     const char *out = NULL;
     int optim = 0, force_progress = 0;
     int64_t seed = 1234, step = 0, threads = 0;
-    enum { O_TP = 256, O_PP, O_LAYERS, O_DIM, O_HEADS, O_KV, O_VOCAB, O_SEQ, O_FFN, O_SWIGLU, O_OPTIM,
-           O_DTYPE, O_SEED, O_STEP, O_COMPRESS, O_PAD, O_THREADS, O_FORCE, O_PROGRESS };
+    enum { O_TP = 256, O_PP, O_OPTIM, O_SEED, O_STEP, O_COMPRESS, O_THREADS, O_FORCE, O_PROGRESS };
     static const struct option options[] = {
+        CLI_MODEL_LONG_OPTIONS,
         {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP},
-        {"layers", required_argument, 0, O_LAYERS}, {"dim", required_argument, 0, O_DIM},
-        {"heads", required_argument, 0, O_HEADS}, {"kv-heads", required_argument, 0, O_KV},
-        {"vocab", required_argument, 0, O_VOCAB}, {"seq", required_argument, 0, O_SEQ},
-        {"ffn", required_argument, 0, O_FFN}, {"swiglu", no_argument, 0, O_SWIGLU},
-        {"optim", no_argument, 0, O_OPTIM}, {"dtype", required_argument, 0, O_DTYPE},
-        {"seed", required_argument, 0, O_SEED}, {"step", required_argument, 0, O_STEP},
-        {"compress", required_argument, 0, O_COMPRESS}, {"vocab-pad-multiple", required_argument, 0, O_PAD},
+        {"optim", no_argument, 0, O_OPTIM}, {"seed", required_argument, 0, O_SEED},
+        {"step", required_argument, 0, O_STEP}, {"compress", required_argument, 0, O_COMPRESS},
         {"threads", required_argument, 0, O_THREADS}, {"force", no_argument, 0, O_FORCE},
         {"progress", no_argument, 0, O_PROGRESS}, {"output", required_argument, 0, 'o'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const int64_t big = (int64_t)1 << 31;
-    int c;
-    while ((c = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
+    int c, index = 0;
+    while ((c = getopt_long(argc, argv, "o:h", options, &index)) != -1) {
         switch (c) {
+        case CLI_MODEL_OPTION:
+            if (gpt_options_set(&model, options[index].name, optarg)) die_usage("%s", tp_errmsg());
+            break;
         case 'o': out = optarg; break;
         case O_TP: layout.tp = (int)parse_int_option("--tp", optarg, 1, 4096); break;
         case O_PP: layout.pp = (int)parse_int_option("--pp", optarg, 1, 4096); break;
-        case O_LAYERS: config.layers = parse_int_option("--layers", optarg, 1, 100000); break;
-        case O_DIM: config.dim = parse_int_option("--dim", optarg, 1, big); break;
-        case O_HEADS: config.heads = parse_int_option("--heads", optarg, 1, big); break;
-        case O_KV: config.kv_heads = parse_int_option("--kv-heads", optarg, 1, big); break;
-        case O_VOCAB: config.vocab = parse_int_option("--vocab", optarg, 1, big); break;
-        case O_SEQ: config.seq = parse_int_option("--seq", optarg, 1, big); break;
-        case O_FFN: config.ffn = parse_int_option("--ffn", optarg, 1, big); break;
-        case O_SWIGLU: config.swiglu = 1; break;
         case O_OPTIM: optim = 1; break;
-        case O_DTYPE:
-            if (tp_dtype_parse(optarg, &config.dtype)) die_usage("--dtype: %s", tp_errmsg());
-            break;
         case O_SEED: seed = parse_int_option("--seed", optarg, 0, INT64_MAX); break;
         case O_STEP: step = parse_int_option("--step", optarg, 0, (int64_t)1 << 50); break;
         case O_COMPRESS: write_options.compress_level = parse_compress(optarg); break;
-        case O_PAD: config.vocab_pad_multiple = parse_int_option("--vocab-pad-multiple", optarg, 1, 1 << 20); break;
         case O_THREADS: threads = parse_int_option("--threads", optarg, 1, 1024); break;
         case O_FORCE: write_options.overwrite = 1; break;
         case O_PROGRESS: force_progress = 1; break;
         case 'h':
-            printf("usage: tp-ckpt synth -o DIR --tp T --pp P --layers L --dim D --heads H --vocab V --seq S\n"
-                   "        [--kv-heads K] [--ffn F] [--swiglu] [--optim] [--dtype fp32|bf16|fp16]\n"
-                   "        [--seed N] [--step N] [--compress zstd[:LEVEL]|none] [--vocab-pad-multiple N]\n"
-                   "        [--threads N] [--force] [--progress]\n"
+            printf("usage: tp-ckpt synth -o DIR --tp T --pp P [model options] [--optim] [--seed N] [--step N]\n"
+                   "        [--compress zstd[:LEVEL]|none] [--threads N] [--force] [--progress]\n"
+                   CLI_MODEL_USAGE
                    "Writes a GPT-style checkpoint whose values depend only on the seed and each\n"
                    "element's global index (docs/TOOLS.md), so any two layouts are logically equal.\n");
             return 0;
@@ -523,75 +510,25 @@ static int cmd_synth(int argc, char **argv)
     }
     if (optind != argc) die_usage("synth: unexpected argument '%s'", argv[optind]);
     if (!out) die_usage("synth needs -o DIR");
-    if (!config.layers || !config.dim || !config.heads || !config.vocab || !config.seq)
-        die_usage("synth needs --layers, --dim, --heads, --vocab and --seq");
-    gpt_config_defaults(&config);
-    char err[256];
-    if (gpt_config_check(&config, layout.tp, layout.pp, err, sizeof err)) return fail("%s", err);
+    gpt_config config;
+    if (gpt_options_finish(&model, &config)) die_usage("synth needs a model: %s", tp_errmsg());
+    if (gpt_config_check(&config, layout.tp, layout.pp)) return fail("%s", tp_errmsg());
     layout.num_layers = config.layers;
-
-    gpt_tensor *catalog = NULL;
-    int count = 0;
-    if (gpt_catalog(&config, optim, &catalog, &count)) return fail("out of memory");
-    synth_tensor *tensors = calloc((size_t)count, sizeof *tensors);
-    int64_t total = 0;
-    for (int i = 0; i < count && tensors; i++) {
-        const gpt_tensor *g = &catalog[i];
-        synth_tensor *s = &tensors[i];
-        s->desc = g->desc;
-        s->seed_name = g->desc.name;
-        /* Every tensor gets distinct nonzero values so that misplaced elements show. */
-        float scale = g->init_std > 0 ? g->init_std : 0.02f;
-        switch (g->role) {
-        case GPT_ROLE_PARAM: s->mean = g->init_mean; s->scale = scale; break;
-        case GPT_ROLE_MASTER: s->seed_name = g->param; s->mean = g->init_mean; s->scale = scale; break;
-        case GPT_ROLE_EXP_AVG: s->mean = 0; s->scale = 1e-3f; break;
-        case GPT_ROLE_EXP_AVG_SQ: s->mean = 1e-6f; s->scale = 1e-6f; break;
-        }
-        int64_t padded[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(g->desc.dtype);
-        ckpt_padded_shape(&g->desc, layout.tp, padded);
-        for (int d = 0; d < g->desc.ndim; d++) bytes *= padded[d];
-        total += bytes;
-    }
-    if (!tensors) {
-        free(catalog);
-        return fail("out of memory");
-    }
-    char *model_json = gpt_config_to_json(&config);
-    /* A plausible training state: cosine schedule, a random state per rank. */
-    char schedule[256], *rng = malloc((size_t)layout.tp * layout.pp * 96 + 16);
-    snprintf(schedule, sizeof schedule,
-             "{\"kind\":\"cosine\",\"lr\":0.0003,\"min_lr\":0.00003,\"warmup\":100,\"step\":%lld}",
-             (long long)step);
-    int n = sprintf(rng, "[");
-    for (int p = 0; p < layout.pp; p++)
-        for (int t = 0; t < layout.tp; t++)
-            n += sprintf(rng + n, "%s{\"pp\":%d,\"tp\":%d,\"dp\":0,\"state\":\"%016llx\"}",
-                         p || t ? "," : "", p, t,
-                         (unsigned long long)((uint64_t)seed * 0x9E3779B97F4A7C15ull + (uint64_t)(p * 4096 + t)));
-    sprintf(rng + n, "]");
-    ckpt_train_state state = {step, step * 512, model_json, schedule, rng, "{\"synthetic\":true}"};
-    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
-    write_options.update_latest = strncmp(base, "step_", 5) == 0;
-
+    write_options.update_latest = output_in_run_directory(out);
     progress bar;
+    synth_gpt_options so = {(uint64_t)seed, step, optim, (int)threads, synth_progress, &bar};
+    int64_t total = 0;
+    if (synth_gpt_bytes(&config, &layout, optim, &total)) return fail("%s", tp_errmsg());
     progress_start(&bar, "synth", total, force_progress);
-    synth_options so = {(uint64_t)seed, (int)threads, synth_progress, &bar};
-    int status = synth_write(out, &layout, &write_options, tensors, count, &state, &so);
+    int tensors = 0;
+    int status = synth_gpt(out, &config, &layout, &write_options, &so, &tensors);
     double seconds = progress_finish(&bar);
-    int code = 0;
-    if (status) code = fail("%s", tp_errmsg());
-    else {
-        char size[32];
-        format_bytes((double)total, size, sizeof size);
-        printf("wrote %s: %d tensors, tp=%d pp=%d, %s in %.2f s (%.0f MB/s)\n", out, count, layout.tp,
-               layout.pp, size, seconds, seconds > 0 ? (double)total / seconds / 1e6 : 0.0);
-    }
-    cJSON_free(model_json);
-    free(rng);
-    free(tensors);
-    free(catalog);
-    return code;
+    if (status) return fail("%s", tp_errmsg());
+    char size[32];
+    format_bytes((double)total, size, sizeof size);
+    printf("wrote %s: %d tensors, tp=%d pp=%d, %s in %.2f s (%.0f MB/s)\n", out, tensors, layout.tp, layout.pp, size,
+           seconds, seconds > 0 ? (double)total / seconds / 1e6 : 0.0);
+    return 0;
 }
 
 /* ----------------------------------------------------------------- export */
@@ -623,7 +560,8 @@ static int cmd_export(int argc, char **argv)
 {
     export_options options;
     export_options_init(&options);
-    const char *out = NULL, *format = NULL, *tokenizer = NULL, *name = "GPT-2 (tp-toolkit)";
+    gpt_export_request request = {NULL, NULL};
+    const char *out = NULL, *format = NULL;
     int force_progress = 0;
     enum { O_FORMAT = 256, O_DTYPE, O_SHARD, O_TOKENIZER, O_NAME, O_THREADS, O_MEMORY, O_FORCE, O_PROGRESS };
     static const struct option long_options[] = {
@@ -647,8 +585,8 @@ static int cmd_export(int argc, char **argv)
             if (parse_size(optarg, &options.max_shard_bytes) || options.max_shard_bytes < 1)
                 die_usage("--max-shard-size expects a size such as 2G or 500M, got '%s'", optarg);
             break;
-        case O_TOKENIZER: tokenizer = optarg; break;
-        case O_NAME: name = optarg; break;
+        case O_TOKENIZER: request.tokenizer_dir = optarg; break;
+        case O_NAME: request.name = optarg; break;
         case O_THREADS: options.threads = (int)parse_int_option("--threads", optarg, 1, 1024); break;
         case O_MEMORY:
             if (parse_size(optarg, &options.memory_limit) || options.memory_limit < 1)
@@ -663,56 +601,16 @@ static int cmd_export(int argc, char **argv)
     if (optind != argc - 1) die_usage("export takes one checkpoint");
     if (!format || !out) die_usage("export needs --format and -o OUT");
     if (export_format_parse(format, &options.format)) die_usage("--format: %s", tp_errmsg());
-    if (tokenizer && options.format != EXPORT_GGUF) die_usage("--tokenizer applies to --format gguf only");
+    if (request.tokenizer_dir && options.format != EXPORT_GGUF) die_usage("--tokenizer applies to --format gguf only");
     int code = 0;
     ckpt_reader *r = open_or_die(argv[optind], 1, &code);
     if (!r) return code;
-    const ckpt_layout *layout = ckpt_reader_layout(r);
-    const ckpt_train_state *state = ckpt_reader_state(r);
-    char err[1024], step[32], source_layout[64];
-    snprintf(step, sizeof step, "%lld", (long long)state->step);
-    snprintf(source_layout, sizeof source_layout, "tp%dpp%d", layout->tp, layout->pp);
-    gpt_config config;
-    gpt_name_map map = {0};
-    gpt_gguf_metadata *gguf = NULL;
-    export_tensor *all = NULL;
-    char *config_json = NULL;
+    gpt_export *job = NULL;
     const export_tensor *tensors = NULL;
     int count = 0;
-    /* Provenance: the step and the layout of the source. */
-    const char *st_metadata[] = {"tp_toolkit.step", step, "tp_toolkit.source_layout", source_layout, NULL};
-    const char *h5_metadata[] = {"format", "tp-toolkit merged weights", "model", state->model_json, "step", step,
-                                 "source_layout", source_layout, NULL};
-    if (options.format == EXPORT_HDF5) {
-        /* Every parameter under its own name: no model knowledge needed. */
-        all = calloc((size_t)ckpt_reader_num_tensors(r) + 1, sizeof *all);
-        for (int i = 0; all && i < ckpt_reader_num_tensors(r); i++) {
-            const ckpt_tensor_desc *t = ckpt_reader_tensor(r, i);
-            if (strcmp(t->role, "param") == 0) all[count++] = (export_tensor){t->name, t->name, 0};
-        }
-        tensors = all;
-        options.metadata = h5_metadata;
-        if (!all) code = fail("out of memory");
-    } else if (gpt_config_from_json(state->model_json, &config, err, sizeof err) ||
-               gpt_config_check(&config, 1, 1, err, sizeof err)) {
-        code = fail("%s: %s", ckpt_reader_path(r), err);
-    } else if (gpt_name_map_create(&map, &config, options.format, "transformer.", err, sizeof err)) {
-        code = fail("%s: %s", ckpt_reader_path(r), err);
-    } else {
-        tensors = map.tensors;
-        count = map.count;
-        if (options.format == EXPORT_SAFETENSORS) {
-            options.metadata = st_metadata;
-            options.config_json = config_json =
-                gpt_hf_config_json(&config, options.dtype >= 0 ? (tp_dtype)options.dtype : config.dtype);
-            if (!config_json) code = fail("out of memory");
-        } else if (gpt_gguf_metadata_create(&gguf, &config, name, tokenizer, err, sizeof err)) {
-            code = fail("%s", err);
-        } else {
-            options.kvs = gpt_gguf_metadata_kvs(gguf, &options.num_kvs);
-        }
-    }
     int64_t total = 0;
+    if (gpt_export_create(&job, r, &request, &options)) code = fail("%s", tp_errmsg());
+    if (!code) tensors = gpt_export_tensors(job, &count);
     if (!code && export_output_bytes(r, tensors, count, &options, &total)) code = fail("%s", tp_errmsg());
     if (!code) {
         progress bar;
@@ -725,18 +623,16 @@ static int cmd_export(int argc, char **argv)
         if (status) {
             code = fail("%s", tp_errmsg());
         } else {
+            const ckpt_layout *layout = ckpt_reader_layout(r);
             char size[32];
             format_bytes((double)summary.tensor_bytes, size, sizeof size);
-            printf("exported %s (step %lld, %s) to %s: %d tensors in %d file%s, %s in %.2f s (%.0f MB/s)\n",
-                   ckpt_reader_path(r), (long long)state->step, source_layout, out, summary.tensors, summary.files,
-                   summary.files == 1 ? "" : "s", size, seconds,
+            printf("exported %s (step %lld, tp%dpp%d) to %s: %d tensors in %d file%s, %s in %.2f s (%.0f MB/s)\n",
+                   ckpt_reader_path(r), (long long)ckpt_reader_state(r)->step, layout->tp, layout->pp, out,
+                   summary.tensors, summary.files, summary.files == 1 ? "" : "s", size, seconds,
                    seconds > 0 ? (double)summary.tensor_bytes / seconds / 1e6 : 0.0);
         }
     }
-    cJSON_free(config_json);
-    gpt_gguf_metadata_free(gguf);
-    gpt_name_map_free(&map);
-    free(all);
+    gpt_export_free(job);
     ckpt_reader_close(r);
     return code;
 }
@@ -758,29 +654,13 @@ static const char *import_usage =
     "Every tensor is checked (presence, dtype, shape, the file's own rules) before\n"
     "anything is written; nothing appears at CKPT unless the import completes.\n";
 
-/* Entries of a GPT-2 file that are not parameters of the model: attention
- * masks older transformers saved as buffers, and a tied output head. */
-static int ignorable(const char *name, const char *prefix, int64_t layers)
-{
-    size_t n = strlen(prefix);
-    if (strncmp(name, prefix, n) != 0) return 0;
-    long long layer = -1;
-    int end = 0;
-    int mask = sscanf(name + n, "h.%lld.attn.bias%n", &layer, &end) == 1 && end > 0 && name[n + (size_t)end] == '\0';
-    end = 0;
-    mask = mask || (sscanf(name + n, "h.%lld.attn.masked_bias%n", &layer, &end) == 1 && end > 0 &&
-                    name[n + (size_t)end] == '\0');
-    return mask && layer >= 0 && layer < layers;
-}
-
 static int cmd_import(int argc, char **argv)
 {
     import_options options;
     import_options_init(&options);
+    gpt_import_request request = {0, 0, TP_FP32, 1};
     const char *out = NULL;
-    int64_t tp = 0, pp = 0, pad = 1;
     int force_progress = 0;
-    tp_dtype dtype = TP_FP32;
     enum { O_TP = 256, O_PP, O_DTYPE, O_PAD, O_THREADS, O_COMPRESS, O_FORCE, O_PROGRESS };
     static const struct option long_options[] = {
         {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP},
@@ -792,12 +672,12 @@ static int cmd_import(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
-        case O_TP: tp = parse_int_option("--tp", optarg, 1, 4096); break;
-        case O_PP: pp = parse_int_option("--pp", optarg, 1, 4096); break;
+        case O_TP: request.tp = (int)parse_int_option("--tp", optarg, 1, 4096); break;
+        case O_PP: request.pp = (int)parse_int_option("--pp", optarg, 1, 4096); break;
         case O_DTYPE:
-            if (tp_dtype_parse(optarg, &dtype)) die_usage("--dtype: %s", tp_errmsg());
+            if (tp_dtype_parse(optarg, &request.dtype)) die_usage("--dtype: %s", tp_errmsg());
             break;
-        case O_PAD: pad = parse_int_option("--vocab-pad-multiple", optarg, 1, 1 << 20); break;
+        case O_PAD: request.vocab_pad_multiple = parse_int_option("--vocab-pad-multiple", optarg, 1, 1 << 20); break;
         case O_THREADS: options.threads = (int)parse_int_option("--threads", optarg, 1, 1024); break;
         case O_COMPRESS: options.compress_level = parse_compress(optarg); break;
         case O_FORCE: options.overwrite = 1; break;
@@ -807,90 +687,27 @@ static int cmd_import(int argc, char **argv)
         }
     }
     if (optind != argc - 1) die_usage("import takes one Hugging Face directory");
-    if (!out || !tp || !pp) die_usage("import needs -o CKPT, --tp and --pp");
+    if (!out || !request.tp || !request.pp) die_usage("import needs -o CKPT, --tp and --pp");
     const char *dir = argv[optind];
-    char path[4200], err[1024];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    char *text = NULL;
-    if (ckpt_read_text_file(path, &text, NULL))
-        return fail("%s (import reads a Hugging Face GPT-2 directory)", tp_errmsg());
-    gpt_config config;
-    int parsed = gpt_hf_config_parse(text, path, &config, err, sizeof err);
-    free(text);
-    if (parsed) return fail("%s", err);
-    config.dtype = dtype;
-    config.vocab_pad_multiple = pad;
-    if (gpt_config_check(&config, (int)tp, (int)pp, err, sizeof err)) return fail("%s: %s", path, err);
-
-    safetensors_set *set = NULL;
-    if (safetensors_open(&set, dir)) return fail("%s", tp_errmsg());
-    /* GPT2LMHeadModel saves under "transformer.", GPT2Model (and the hub's gpt2) without. */
-    const char *prefix = safetensors_find(set, "transformer.wte.weight") ? "transformer." : "";
-    gpt_name_map map = {0};
-    gpt_tensor *catalog = NULL;
-    int count = 0, code = 0;
-    if (gpt_name_map_create(&map, &config, EXPORT_SAFETENSORS, prefix, err, sizeof err))
-        code = fail("%s", err);
-    else if (gpt_catalog(&config, 0, &catalog, &count) || count != map.count)
-        code = fail("out of memory");
-    for (int i = 0; i < safetensors_count(set) && !code; i++) {
-        const char *name = safetensors_tensor(set, i)->name;
-        int known = ignorable(name, prefix, config.layers);
-        for (int k = 0; k < map.count && !known; k++) known = strcmp(map.tensors[k].name, name) == 0;
-        if (!known && strcmp(name, "lm_head.weight") == 0) {
-            /* Tied to the token embedding, or not GPT-2 as tp-train computes it. */
-            char wte[64];
-            snprintf(wte, sizeof wte, "%swte.weight", prefix);
-            int equal = 0;
-            if (safetensors_equal(set, name, wte, &equal)) code = fail("%s", tp_errmsg());
-            else if (!equal)
-                code = fail("%s: lm_head.weight differs from %s: an untied output head cannot be expressed", dir, wte);
-            known = 1;
-        }
-        if (!known && !code)
-            code = fail("%s: unexpected tensor %s (not a parameter of GPT-2 with %lld layers)",
-                        safetensors_tensor(set, i)->file, name, (long long)config.layers);
+    gpt_import *job = NULL;
+    if (gpt_import_open(&job, dir, &request)) return fail("%s", tp_errmsg());
+    options.update_latest = output_in_run_directory(out);
+    progress bar;
+    progress_start(&bar, "import", gpt_import_bytes(job), force_progress);
+    options.on_bytes = count_bytes;
+    options.progress_ctx = &bar;
+    int status = gpt_import_run(job, &options, out);
+    double seconds = progress_finish(&bar);
+    int code = 0;
+    if (status) {
+        code = fail("%s", tp_errmsg());
+    } else {
+        char bytes[32];
+        format_bytes((double)gpt_import_bytes(job), bytes, sizeof bytes);
+        printf("imported %s to %s: %d tensors at tp=%d pp=%d, %s in %.2f s\n", dir, out, gpt_import_count(job),
+               request.tp, request.pp, bytes, seconds);
     }
-    ckpt_tensor_desc *descs = code ? NULL : calloc((size_t)count + 1, sizeof *descs);
-    if (!code && !descs) code = fail("out of memory");
-    if (!code) {
-        int64_t total = 0;
-        for (int i = 0; i < count; i++) {
-            descs[i] = catalog[i].desc;
-            int64_t padded[CKPT_MAX_DIMS], n = (int64_t)tp_dtype_size(dtype);
-            ckpt_padded_shape(&descs[i], (int)tp, padded);
-            for (int d = 0; d < descs[i].ndim; d++) n *= padded[d];
-            total += n;
-        }
-        char *model_json = gpt_config_to_json(&config), user[4400];
-        cJSON *source = cJSON_CreateString(dir);
-        char *quoted = cJSON_PrintUnformatted(source);
-        snprintf(user, sizeof user, "{\"imported_from\":%s,\"format\":\"huggingface-gpt2\"}", quoted ? quoted : "\"\"");
-        cJSON_free(quoted);
-        cJSON_Delete(source);
-        ckpt_train_state state = {0, 0, model_json, NULL, NULL, user};
-        ckpt_layout layout = {(int)tp, (int)pp, 1, config.layers};
-        const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
-        options.update_latest = strncmp(base, "step_", 5) == 0;
-        progress bar;
-        progress_start(&bar, "import", total, force_progress);
-        options.on_bytes = count_bytes;
-        options.progress_ctx = &bar;
-        int status = import_run(set, descs, map.tensors, count, &layout, &state, &options, out);
-        double seconds = progress_finish(&bar);
-        if (status) code = fail("%s", tp_errmsg());
-        else {
-            char bytes[32];
-            format_bytes((double)total, bytes, sizeof bytes);
-            printf("imported %s to %s: %d tensors at tp=%lld pp=%lld, %s in %.2f s\n", dir, out, count, (long long)tp,
-                   (long long)pp, bytes, seconds);
-        }
-        cJSON_free(model_json);
-    }
-    free(descs);
-    free(catalog);
-    gpt_name_map_free(&map);
-    safetensors_close(set);
+    gpt_import_close(job);
     return code;
 }
 

@@ -188,7 +188,7 @@ int main(int argc, char **argv)
         out = default_out;
     }
     const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
-    options.update_latest = strncmp(base, "step_", 5) == 0;
+    options.update_latest = ckpt_step_of_name(base) >= 0;
 
     progress bar;
     options.on_bytes = on_bytes;

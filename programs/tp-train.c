@@ -2,16 +2,19 @@
  * process per rank (mpirun -np N build/bin/tp-train ...). A thin layer over
  * train.h; see `tp-train --help`. Exit status: 0 success (also after a
  * checkpoint on SIGTERM/SIGUSR1), 1 failure, 2 usage. */
+#include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "../trainer/comm.h"
+#include "../trainer/comm_mpi.h"
 #include "../trainer/data.h"
 #include "../trainer/evaluate.h"
+#include "../trainer/model.h"
 #include "../trainer/train.h"
+#include "cli.h"
 
 #define die_usage(...) cli_usage_error("tp-train", __VA_ARGS__)
 #define fail(...) cli_error("tp-train", __VA_ARGS__)
@@ -22,8 +25,8 @@ static const char *usage_text =
     "       [mpirun -np N] tp-train eval --ckpt CKPT --data FILE [options]   loss on token windows\n"
     "       tp-train generate --ckpt CKPT --prompt TEXT [options]            sample text\n"
     "\n"
-    "model:     --model tiny|small|gpt2-124m, or --layers L --dim D --heads H --vocab V --seq S [--ffn F]\n"
-    "           [--vocab-pad-multiple N]  (GPT-2: pre-LayerNorm, GELU, tied output; fp32)\n"
+    CLI_MODEL_USAGE
+    "           (trains GPT-2 in fp32: pre-LayerNorm, GELU, tied output)\n"
     "layout:    --tp T --pp P --dp D          (dp defaults to ranks / (tp x pp))\n"
     "batch:     --micro-batch B (4) --grad-accum A (1)  global batch = B x A x D sequences\n"
     "optimizer: --steps N (100) --lr X (3e-4) --min-lr X (lr/10) --warmup N (steps/10)\n"
@@ -50,14 +53,26 @@ static double double_option(const char *name, const char *text)
     return v;
 }
 
-static int preset(const char *name, gpt_config *c)
+/* A failure only this rank may know of, while others wait on it in a
+ * collective: it says why, then ends every rank. */
+static void end_job(comm *c, const char *why)
 {
-    if (strcmp(name, "tiny") == 0) *c = (gpt_config){.layers = 2, .dim = 64, .heads = 4, .vocab = 256, .seq = 32};
-    else if (strcmp(name, "small") == 0) *c = (gpt_config){.layers = 6, .dim = 384, .heads = 6, .vocab = 256, .seq = 256};
-    else if (strcmp(name, "gpt2-124m") == 0)
-        *c = (gpt_config){.layers = 12, .dim = 768, .heads = 12, .vocab = 50257, .seq = 1024, .vocab_pad_multiple = 128};
-    else return -1;
-    return 0;
+    fprintf(stderr, "tp-train: error (rank %d): %s\n", c->rank, why);
+    fflush(stderr);
+    if (c->world > 1) comm_abort(c, 1);
+}
+
+static void warn_always(void *ctx, const char *text)
+{
+    (void)ctx;
+    fprintf(stderr, "tp-train: warning: %s\n", text);
+}
+
+/* Every rank hears a warning; the first says it. */
+static void warn_on_rank0(void *ctx, const char *text)
+{
+    const comm *c = ctx;
+    if (c->rank == 0) warn_always(NULL, text);
 }
 
 static int prepare(int argc, char **argv)
@@ -74,8 +89,7 @@ static int prepare(int argc, char **argv)
         } else die_usage("prepare: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1 || !out) die_usage("prepare takes TEXT and -o FILE");
-    char err[512];
-    if (dataset_prepare(argv[optind], out, err, sizeof err)) return fail("%s", err);
+    if (dataset_prepare(argv[optind], out)) return fail("%s", tp_errmsg());
     return 0;
 }
 
@@ -128,17 +142,19 @@ static int eval_command(int argc, char **argv)
     if (!o.ckpt || !o.data) die_usage("eval needs --ckpt CKPT and --data FILE");
     int world = comm_mpi_world_size(&argc, &argv);
     if (!dp) dp = world / (tp * pp) > 0 ? world / (tp * pp) : 1;
-    char err[8192];
     comm *cm = NULL;
-    if (comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp, err, sizeof err)) {
-        int code = comm_mpi_rank() == 0 ? fail("%s", err) : 1;
+    if (comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp)) {
+        int code = comm_mpi_rank() == 0 ? fail("%s", tp_errmsg()) : 1;
         comm_mpi_finalize();
         return code;
     }
+    o.warn = warn_on_rank0;
+    o.warn_ctx = cm;
     eval_result result;
-    int status = eval_run(&o, cm, &result, err, sizeof err);
+    int status = eval_run(&o, cm, &result);
+    if (status && !result.all_ranks_know) end_job(cm, tp_errmsg());
     if (cm->rank == 0) {
-        if (status) fail("%s", err);
+        if (status) fail("%s", tp_errmsg());
         else if (json)
             printf("{\"loss\": %.9g, \"windows\": %lld, \"tokens\": %lld, \"seq\": %lld, \"step\": %lld}\n",
                    result.loss, (long long)result.windows, (long long)result.tokens, (long long)result.seq,
@@ -148,7 +164,7 @@ static int eval_command(int argc, char **argv)
                    result.loss, result.loss / 0.6931471805599453, (long long)result.windows, (long long)result.seq,
                    result.path, (long long)result.step, cm->tp, cm->pp, cm->dp);
     }
-    cm->ops->free(cm);
+    comm_free(cm);
     return status ? 1 : 0;
 }
 
@@ -187,9 +203,97 @@ static int generate_command(int argc, char **argv)
     }
     if (optind != argc) die_usage("generate: unexpected argument '%s'", argv[optind]);
     if (!o.ckpt || !o.prompt) die_usage("generate needs --ckpt CKPT and --prompt TEXT");
-    char err[8192];
-    if (generate_run(&o, stdout, err, sizeof err)) return fail("%s", err);
+    o.warn = warn_always;
+    if (generate_run(&o, stdout)) return fail("%s", tp_errmsg());
     return 0;
+}
+
+/* --------------------------------------------------------------- training */
+
+static train_control control;
+
+/* SIGTERM and SIGUSR1 (a scheduler's preemption): finish the step,
+ * checkpoint, exit 0. */
+static void on_signal(int signal)
+{
+    (void)signal;
+    train_request_stop(&control);
+}
+
+typedef struct {
+    const comm *c;
+    const train_options *o;
+    int quiet;
+    const char *log_path;
+    FILE *log;                /* rank 0, --log */
+    int resumed;
+    int64_t resumed_step;
+} reporter;
+
+/* Opens the log: appended to when continuing a run, else new. */
+static FILE *open_log(const char *path, int append)
+{
+    FILE *f = fopen(path, append ? "a" : "w");
+    if (!f) fprintf(stderr, "tp-train: warning: %s: %s; not logging\n", path, strerror(errno));
+    return f;
+}
+
+static void on_report(void *ctx, const train_report *r)
+{
+    reporter *p = ctx;
+    const train_options *o = p->o;
+    if (p->c->rank != 0) return;
+    const gpt_config *g = &o->config;
+    switch (r->kind) {
+    case TRAIN_REPORT_RESUMED:
+        p->resumed = 1;
+        p->resumed_step = r->step;
+        if (!p->quiet)
+            printf("resumed from %s at step %lld (%lld samples consumed)%s\n", r->text, (long long)r->step,
+                   (long long)r->consumed_samples, r->optimizer_loaded ? "" : "; no optimizer state, starting it afresh");
+        break;
+    case TRAIN_REPORT_START:
+        if (p->log_path) p->log = open_log(p->log_path, p->resumed_step > 0);
+        if (p->quiet) break;
+        if (o->resume && !p->resumed) printf("no checkpoint in %s yet: starting from scratch\n", o->ckpt_dir);
+        printf("training %lld-layer GPT (dim %lld, %lld heads, vocab %lld, seq %lld) at tp=%d pp=%d dp=%d: global batch "
+               "%lld x %lld tokens\n",
+               (long long)g->layers, (long long)g->dim, (long long)g->heads, (long long)g->vocab, (long long)o->seq,
+               p->c->tp, p->c->pp, p->c->dp, (long long)r->global_batch, (long long)o->seq);
+        if (r->loss_floor > 0) printf("synthetic data: the loss can fall to %.4f\n", r->loss_floor);
+        break;
+    case TRAIN_REPORT_STEP:
+        if (!p->quiet) {
+            printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.0f tok/s | %.1f ms", (long long)r->step,
+                   (long long)r->steps, r->loss, r->lr, r->grad_norm, r->tokens_per_second, r->seconds * 1e3);
+            if (r->checkpoint_stall > 0) printf(" | checkpoint stall %.1f ms", r->checkpoint_stall * 1e3);
+            printf("\n");
+        }
+        if (p->log) {
+            fprintf(p->log,
+                    "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
+                    "\"ckpt_stall_ms\":%.3f}\n",
+                    (long long)r->step, r->loss, r->lr, r->grad_norm, r->tokens_per_second, r->seconds * 1e3,
+                    r->checkpoint_stall * 1e3);
+            fflush(p->log);
+        }
+        break;
+    case TRAIN_REPORT_WARNING: warn_always(NULL, r->text); break;
+    }
+    fflush(stdout);
+}
+
+static void print_summary(const train_outcome *out, const train_options *o, int64_t global_batch)
+{
+    if (out->end == TRAIN_STOPPED)
+        printf("stopped after step %lld%s\n", (long long)out->step, o->ckpt_dir ? "; checkpoint committed" : "");
+    if (out->steps_run == 0) return;
+    printf("done: %lld steps in %.2f s (%.0f tokens/s), loss %.4f -> %.4f", (long long)out->steps_run, out->seconds,
+           (double)(out->steps_run * global_batch * o->seq) / out->seconds, out->first_loss, out->last_loss);
+    if (out->checkpoints)
+        printf("; %lld checkpoint%s (training stalled %.1f ms for them), last %s", (long long)out->checkpoints,
+               out->checkpoints == 1 ? "" : "s", out->stall_seconds * 1e3, out->last_checkpoint);
+    printf("\n");
 }
 
 int main(int argc, char **argv)
@@ -201,17 +305,14 @@ int main(int argc, char **argv)
     int first = argc > 1 && strcmp(argv[1], "train") == 0 ? 2 : 1;
     train_options o;
     train_options_init(&o);
-    gpt_config config = {0};
-    const char *model = NULL;
+    gpt_options model = {0};
+    const char *log_path = NULL;
+    int quiet = 0;
     int64_t tp = 1, pp = 1, dp = 0;
-    enum { O_MODEL = 256, O_LAYERS, O_DIM, O_HEADS, O_VOCAB, O_SEQ, O_FFN, O_PAD, O_TP, O_PP, O_DP, O_MB, O_ACCUM,
-           O_STEPS, O_LR, O_MIN_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA, O_CKPT, O_EVERY, O_RESUME, O_SYNC, O_LOG,
-           O_THREADS, O_DUMP, O_QUIET, O_STOP };
+    enum { O_TP = 256, O_PP, O_DP, O_MB, O_ACCUM, O_STEPS, O_LR, O_MIN_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA,
+           O_CKPT, O_EVERY, O_RESUME, O_SYNC, O_LOG, O_THREADS, O_DUMP, O_QUIET, O_STOP };
     static const struct option options[] = {
-        {"model", required_argument, 0, O_MODEL}, {"layers", required_argument, 0, O_LAYERS},
-        {"dim", required_argument, 0, O_DIM}, {"heads", required_argument, 0, O_HEADS},
-        {"vocab", required_argument, 0, O_VOCAB}, {"seq", required_argument, 0, O_SEQ},
-        {"ffn", required_argument, 0, O_FFN}, {"vocab-pad-multiple", required_argument, 0, O_PAD},
+        CLI_MODEL_LONG_OPTIONS,
         {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP}, {"dp", required_argument, 0, O_DP},
         {"micro-batch", required_argument, 0, O_MB}, {"grad-accum", required_argument, 0, O_ACCUM},
         {"steps", required_argument, 0, O_STEPS}, {"lr", required_argument, 0, O_LR},
@@ -225,18 +326,13 @@ int main(int argc, char **argv)
         {"stop-at", required_argument, 0, O_STOP},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const int64_t big = (int64_t)1 << 31;
-    int c;
+    int c, index = 0;
     optind = first;
-    while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", options, &index)) != -1) {
         switch (c) {
-        case O_MODEL: model = optarg; break;
-        case O_LAYERS: config.layers = int_option("--layers", optarg, 1, 100000); break;
-        case O_DIM: config.dim = int_option("--dim", optarg, 1, big); break;
-        case O_HEADS: config.heads = int_option("--heads", optarg, 1, big); break;
-        case O_VOCAB: config.vocab = int_option("--vocab", optarg, 2, big); break;
-        case O_SEQ: config.seq = int_option("--seq", optarg, 1, big); break;
-        case O_FFN: config.ffn = int_option("--ffn", optarg, 1, big); break;
-        case O_PAD: config.vocab_pad_multiple = int_option("--vocab-pad-multiple", optarg, 1, 1 << 20); break;
+        case CLI_MODEL_OPTION:
+            if (gpt_options_set(&model, options[index].name, optarg)) die_usage("%s", tp_errmsg());
+            break;
         case O_TP: tp = int_option("--tp", optarg, 1, 4096); break;
         case O_PP: pp = int_option("--pp", optarg, 1, 4096); break;
         case O_DP: dp = int_option("--dp", optarg, 1, 1 << 20); break;
@@ -254,48 +350,45 @@ int main(int argc, char **argv)
         case O_EVERY: o.ckpt_every = int_option("--ckpt-every", optarg, 0, (int64_t)1 << 40); break;
         case O_RESUME: o.resume = 1; break;
         case O_SYNC: o.sync_save = 1; break;
-        case O_LOG: o.log_path = optarg; break;
+        case O_LOG: log_path = optarg; break;
         case O_THREADS: o.threads = (int)int_option("--threads", optarg, 1, 1024); break;
         case O_DUMP: o.dump_dir = optarg; break;
-        case O_QUIET: o.quiet = 1; break;
+        case O_QUIET: quiet = 1; break;
         case O_STOP: o.stop_at = int_option("--stop-at", optarg, 1, (int64_t)1 << 40); break;
         case 'h': fputs(usage_text, stdout); return 0;
         default: die_usage("unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
     }
     if (optind != argc) die_usage("unexpected argument '%s'", argv[optind]);
-    if (model) {
-        gpt_config shape = config;
-        if (preset(model, &config)) die_usage("--model expects tiny, small or gpt2-124m, got '%s'", model);
-        /* Explicit shape flags refine the preset. */
-        if (shape.layers) config.layers = shape.layers;
-        if (shape.dim) config.dim = shape.dim;
-        if (shape.heads) config.heads = shape.heads;
-        if (shape.vocab) config.vocab = shape.vocab;
-        if (shape.seq) config.seq = shape.seq;
-        if (shape.ffn) config.ffn = shape.ffn;
-        if (shape.vocab_pad_multiple) config.vocab_pad_multiple = shape.vocab_pad_multiple;
-    }
-    if (!config.layers || !config.dim || !config.heads || !config.vocab || !config.seq)
-        die_usage("give --model or all of --layers --dim --heads --vocab --seq");
-    config.dtype = TP_FP32;
-    gpt_config_defaults(&config);
-    o.config = config;
-    o.seq = config.seq;
+    if (gpt_options_finish(&model, &o.config) || gpt_model_supported(&o.config)) die_usage("%s", tp_errmsg());
+    o.seq = o.config.seq;
     if (o.resume && !o.ckpt_dir) die_usage("--resume needs --ckpt-dir");
 
     int world = comm_mpi_world_size(&argc, &argv);
     if (!dp) dp = world / (tp * pp) > 0 ? world / (tp * pp) : 1;
-    char err[512];
     comm *cm = NULL;
     /* Every rank reaches the same verdict on the layout; rank 0 says it. */
-    if (gpt_config_check(&config, (int)tp, (int)pp, err, sizeof err) ||
-        comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp, err, sizeof err)) {
-        int code = comm_mpi_rank() == 0 ? fail("%s", err) : 1;
+    if (gpt_config_check(&o.config, (int)tp, (int)pp) || comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp)) {
+        int code = comm_mpi_rank() == 0 ? fail("%s", tp_errmsg()) : 1;
         comm_mpi_finalize();
         return code;
     }
-    int status = train_run(&o, cm);
-    cm->ops->free(cm);
-    return status;
+    train_control_init(&control);
+    o.control = &control;
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_signal;
+    sigaction(SIGTERM, &action, NULL);
+    sigaction(SIGUSR1, &action, NULL);
+    reporter rep = {cm, &o, quiet, log_path, NULL, 0, 0};
+    o.report = on_report;
+    o.report_ctx = &rep;
+    train_outcome outcome;
+    int status = train_run(&o, cm, &outcome);
+    if (status && !outcome.all_ranks_know) end_job(cm, outcome.reason);
+    else if (status && cm->rank == 0) fail("%s", outcome.reason);
+    else if (!status && cm->rank == 0 && !quiet) print_summary(&outcome, &o, o.micro_batch * o.grad_accum * cm->dp);
+    if (rep.log) fclose(rep.log);
+    comm_free(cm);
+    return status ? 1 : 0;
 }

@@ -1,6 +1,5 @@
 /* checkpoint.c: asynchronous saves and layout-independent loads. */
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -48,45 +47,51 @@ struct saver {
     double stall;
 };
 
-static int find_entry(const saver *s, const char *name)
+/* The catalogue entries (parameters first, in the model's order, then the
+ * optimizer state) of the parameter each model view shows, and its moments. */
+static void find_entries(saver *s)
 {
-    for (int i = 0; i < s->count; i++)
-        if (strcmp(s->catalog[i].name, name) == 0) return i;
-    return -1;
+    const gpt_model *m = s->model;
+    for (int i = 0; i < m->num_params; i++) {
+        int param = (int)(m->params[i].spec - m->catalog);
+        s->entries[i] = (view_entries){param, -1, -1};
+        for (int k = m->num_catalog; k < s->count; k++) {
+            if (s->catalog[k].param_index != param) continue;
+            if (s->catalog[k].role == GPT_ROLE_EXP_AVG) s->entries[i].exp_avg = k;
+            if (s->catalog[k].role == GPT_ROLE_EXP_AVG_SQ) s->entries[i].exp_avg_sq = k;
+        }
+    }
 }
 
-int saver_create(saver **out, gpt_model *m, int dump_grads, char *err, size_t err_size)
+int saver_create(saver **out, gpt_model *m, int dump_grads)
 {
     *out = NULL;
     saver *s = calloc(1, sizeof *s);
-    if (!s) return snprintf(err, err_size, "out of memory"), -1;
+    if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory for checkpoint snapshots");
     s->model = m;
     s->dump_grads = dump_grads;
     atomic_init(&s->snapshot_taken, 1);
-    if (gpt_catalog(&m->config, !dump_grads, &s->catalog, &s->count)) goto nomem;
+    int status = gpt_catalog(&m->config, !dump_grads, &s->catalog, &s->count);
+    if (status) {
+        saver_free(s);
+        return status;
+    }
     s->entries = calloc((size_t)m->num_params + 1, sizeof *s->entries);
     if (!s->entries) goto nomem;
+    find_entries(s);
     int per_view = dump_grads ? 1 : 3;
-    for (int i = 0; i < m->num_params; i++) {
-        const char *name = m->params[i].spec->name, *base = name + strlen("model/");
-        char optim[CKPT_NAME_MAX + 32];
-        s->entries[i].param = find_entry(s, name);
-        snprintf(optim, sizeof optim, "optim/exp_avg/%s", base);
-        s->entries[i].exp_avg = find_entry(s, optim);
-        snprintf(optim, sizeof optim, "optim/exp_avg_sq/%s", base);
-        s->entries[i].exp_avg_sq = find_entry(s, optim);
+    for (int i = 0; i < m->num_params; i++)
         if (m->params[i].owner) s->snapshot_floats += per_view * m->params[i].numel;
-    }
     /* Only the first data-parallel replica writes. */
     if (m->comm->dp_rank == 0 && s->snapshot_floats) {
         s->snapshot = alloc_pages((size_t)s->snapshot_floats * sizeof(float));
         if (!s->snapshot) goto nomem;
     }
     *out = s;
-    return 0;
+    return TP_OK;
 nomem:
     saver_free(s);
-    return snprintf(err, err_size, "out of memory for checkpoint snapshots"), -1;
+    return tp_fail(TP_ERR_NOMEM, "out of memory for checkpoint snapshots");
 }
 
 void saver_prefault(saver *s)
@@ -152,7 +157,7 @@ static void *write_shard(void *arg)
     options.shard_tp = c->tp_rank;
     ckpt_writer *w = NULL;
     int *ids = calloc((size_t)s->count + 1, sizeof *ids);
-    int status = ids ? ckpt_writer_create(&w, s->path, &layout, &options) : TP_ERR_NOMEM;
+    int status = ids ? ckpt_writer_create(&w, s->path, &layout, &options) : tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < s->count && !status; i++) status = ckpt_writer_add_tensor(w, &s->catalog[i].desc, &ids[i]);
     const float *p = s->snapshot;
     for (int i = 0; i < m->num_params && !status; i++) {
@@ -214,7 +219,7 @@ static void *commit_checkpoint(void *arg)
 }
 
 /* Every shard is written (or failed): all ranks learn it; rank 0 starts the commit. */
-static int finish_writes(saver *s, char *err, size_t err_size)
+static int finish_writes(saver *s)
 {
     gpt_model *m = s->model;
     comm *c = m->comm;
@@ -222,16 +227,15 @@ static int finish_writes(saver *s, char *err, size_t err_size)
         pthread_join(s->thread, NULL);
         s->running = 0;
     }
-    int failed = s->status != TP_OK;
-    if (c->ops->max_ints(c, GROUP_WORLD, &failed, 1)) return snprintf(err, err_size, "%s", c->error), -1;
+    int failed;
+    TP_TRY(comm_any(c, s->status != TP_OK, &failed));
     if (failed) {
         s->pending = 0;
-        snprintf(err, err_size, "checkpoint %s: %s", s->path,
-                 s->status ? s->message : "another rank failed to write its shard");
-        return -1;
+        return tp_fail(s->status ? s->status : TP_ERR_STATE, "checkpoint %s: %s", s->path,
+                       s->status ? s->message : "another rank failed to write its shard");
     }
     s->committing = 1;
-    if (c->rank != 0) return 0;
+    if (c->rank != 0) return TP_OK;
     cJSON_free(s->model_json);
     cJSON_free(s->rng);
     s->model_json = gpt_config_to_json(&m->config);
@@ -239,23 +243,22 @@ static int finish_writes(saver *s, char *err, size_t err_size)
     atomic_store(&s->commit_done, 0);
     s->commit_threaded = pthread_create(&s->commit_thread, NULL, commit_checkpoint, s) == 0;
     if (!s->commit_threaded) commit_checkpoint(s); /* no thread to be had: commit now */
-    return 0;
+    return TP_OK;
 }
 
 /* The commit is done on rank 0: all ranks learn its outcome. */
-static int finish_commit(saver *s, char *err, size_t err_size)
+static int finish_commit(saver *s)
 {
     comm *c = s->model->comm;
     if (s->commit_threaded) pthread_join(s->commit_thread, NULL);
     s->committing = s->commit_threaded = 0;
     s->pending = 0;
-    int failed = c->rank == 0 && s->commit_status != TP_OK;
-    if (c->ops->max_ints(c, GROUP_WORLD, &failed, 1)) return snprintf(err, err_size, "%s", c->error), -1;
-    if (failed) {
-        snprintf(err, err_size, "checkpoint %s: %s", s->path, c->rank == 0 ? s->commit_message : "commit failed on rank 0");
-        return -1;
-    }
-    return 1;
+    int failed;
+    TP_TRY(comm_any(c, c->rank == 0 && s->commit_status != TP_OK, &failed));
+    if (failed)
+        return tp_fail(c->rank == 0 ? s->commit_status : TP_ERR_STATE, "checkpoint %s: %s", s->path,
+                       c->rank == 0 ? s->commit_message : "commit failed on rank 0");
+    return TP_OK;
 }
 
 void saver_before_update(saver *s)
@@ -267,31 +270,29 @@ void saver_before_update(saver *s)
     s->stall += now_seconds() - start;
 }
 
-int saver_poll(saver *s, int wait, char *err, size_t err_size)
+int saver_poll(saver *s, int wait)
 {
-    if (!s->pending) return 0;
+    if (!s->pending) return TP_OK;
     double start = now_seconds();
     comm *c = s->model->comm;
-    int result = 0;
+    int status = TP_OK, not_done = 0;
     if (!s->committing) {
-        int not_done = s->running && !wait && !atomic_load(&s->done);
-        if (c->ops->max_ints(c, GROUP_WORLD, &not_done, 1)) result = (snprintf(err, err_size, "%s", c->error), -1);
-        else if (!not_done) result = finish_writes(s, err, err_size);
+        status = comm_any(c, s->running && !wait && !atomic_load(&s->done), &not_done);
+        if (!status && !not_done) status = finish_writes(s);
     }
-    if (result == 0 && s->committing) {
-        int not_done = c->rank == 0 && !wait && !atomic_load(&s->commit_done);
-        if (c->ops->max_ints(c, GROUP_WORLD, &not_done, 1)) result = (snprintf(err, err_size, "%s", c->error), -1);
-        else if (!not_done) result = finish_commit(s, err, err_size);
+    if (!status && s->committing) {
+        status = comm_any(c, c->rank == 0 && !wait && !atomic_load(&s->commit_done), &not_done);
+        if (!status && !not_done) status = finish_commit(s);
     }
     s->stall += now_seconds() - start;
-    return result;
+    return status;
 }
 
-int saver_start(saver *s, const char *path, const save_state *state, int sync, char *err, size_t err_size)
+int saver_start(saver *s, const char *path, const save_state *state, int sync)
 {
     gpt_model *m = s->model;
     comm *c = m->comm;
-    if (s->pending && saver_poll(s, 1, err, err_size) < 0) return -1;
+    if (s->pending) TP_TRY(saver_poll(s, 1));
     double start = now_seconds();
     snprintf(s->path, sizeof s->path, "%s", path);
     s->step = state->step;
@@ -301,19 +302,18 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync, c
     free(s->user);
     s->schedule = strdup(state->schedule_json ? state->schedule_json : "{}");
     s->user = strdup(state->user_json ? state->user_json : "{}");
-    int failed = 0;
-    char message[1024] = "";
+    int staged = TP_OK, failed;
     if (c->rank == 0) {
         ckpt_write_options options;
         ckpt_write_options_init(&options);
         options.overwrite = 1;
-        if (ckpt_stage_prepare(path, &options) != TP_OK) {
-            snprintf(message, sizeof message, "%s", tp_errmsg());
-            failed = 1;
-        }
+        staged = ckpt_stage_prepare(path, &options);
     }
-    if (c->ops->max_ints(c, GROUP_WORLD, &failed, 1)) return snprintf(err, err_size, "%s", c->error), -1;
-    if (failed) return snprintf(err, err_size, "checkpoint %s: %s", path, message[0] ? message : "cannot stage"), -1;
+    TP_TRY(comm_any(c, staged != TP_OK, &failed));
+    if (failed) {
+        if (staged) return tp_fail_context(staged, "checkpoint %s", path);
+        return tp_fail(TP_ERR_STATE, "checkpoint %s: rank 0 cannot stage it", path);
+    }
     s->status = TP_OK;
     atomic_store(&s->done, 1);
     atomic_store(&s->snapshot_taken, 1);
@@ -331,68 +331,10 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync, c
     }
     s->pending = 1;
     s->stall += now_seconds() - start;
-    if (sync) return saver_poll(s, 1, err, err_size) < 0 ? -1 : 0;
-    return 0;
+    return sync ? saver_poll(s, 1) : TP_OK;
 }
 
 /* ------------------------------------------------------------------- load */
-
-static int64_t step_of(const char *name)
-{
-    if (strncmp(name, "step_", 5) != 0 || !name[5]) return -1;
-    char *end = NULL;
-    long long v = strtoll(name + 5, &end, 10);
-    return *end ? -1 : v;
-}
-
-typedef struct {
-    char path[4096];
-    int64_t step;
-} candidate;
-
-static int by_step_desc(const void *a, const void *b)
-{
-    const candidate *x = a, *y = b;
-    return x->step < y->step ? 1 : x->step > y->step ? -1 : 0;
-}
-
-/* The checkpoint dir names first (its latest), then every other committed
- * step_* beside it, newest first. */
-static int candidates(const char *dir, candidate **out, char *err, size_t err_size)
-{
-    char first[4096];
-    if (ckpt_resolve(dir, first, sizeof first) != TP_OK) return snprintf(err, err_size, "%s", tp_errmsg()), -1;
-    candidate *list = calloc(1, sizeof *list);
-    int n = 0, capacity = 1;
-    snprintf(list[n++].path, sizeof list[0].path, "%s", first);
-    struct stat st;
-    char index[4200];
-    snprintf(index, sizeof index, "%s/index.json", dir);
-    if (stat(index, &st) == 0) {
-        *out = list;
-        return n; /* a checkpoint itself, not a run directory */
-    }
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d)) != NULL) {
-        int64_t step = step_of(e->d_name);
-        if (step < 0) continue;
-        char path[4096];
-        if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
-        snprintf(index, sizeof index, "%s/index.json", path);
-        if (stat(index, &st) != 0 || strcmp(path, first) == 0) continue;
-        if (n == capacity) {
-            capacity *= 2;
-            list = realloc(list, (size_t)capacity * sizeof *list);
-        }
-        snprintf(list[n].path, sizeof list[n].path, "%s", path);
-        list[n++].step = step;
-    }
-    if (d) closedir(d);
-    if (n > 2) qsort(list + 1, (size_t)n - 1, sizeof *list, by_step_desc);
-    *out = list;
-    return n;
-}
 
 static int same_model(const gpt_config *a, const gpt_config *b)
 {
@@ -400,60 +342,50 @@ static int same_model(const gpt_config *a, const gpt_config *b)
            a->vocab == b->vocab && a->seq == b->seq && a->ffn == b->ffn && a->swiglu == b->swiglu;
 }
 
-/* Reads one tensor's piece for a view; name NULL-checked by the caller. */
+/* Reads one tensor's piece for a view into out; *absent says the checkpoint
+ * has no such tensor. */
 static int read_view(ckpt_reader *r, const char *name, const ckpt_tensor_desc *desc, int tp, int piece, float *out,
-                     int64_t numel, char *message, size_t size)
+                     int64_t numel, int *absent)
 {
     int index = ckpt_reader_find(r, name);
-    if (index < 0) return 1; /* absent */
-    if (reshard_read_piece(r, index, desc, tp, piece, out, (size_t)numel * sizeof(float)) != TP_OK) {
-        snprintf(message, size, "%s", tp_errmsg());
-        return -1;
-    }
-    return 0;
+    *absent = index < 0;
+    if (*absent) return TP_OK;
+    return reshard_read_piece(r, index, desc, tp, piece, out, (size_t)numel * sizeof(float));
 }
 
-static int load_one(gpt_model *m, const char *path, int with_optimizer, load_result *out, char *message, size_t size)
+static int load_one(gpt_model *m, const char *path, int with_optimizer, const gpt_tensor *states, load_result *out)
 {
     ckpt_reader *r = NULL;
-    if (ckpt_reader_open(&r, path, NULL) != TP_OK) return snprintf(message, size, "%s", tp_errmsg()), -1;
+    TP_TRY(ckpt_reader_open(&r, path, NULL));
     const ckpt_train_state *state = ckpt_reader_state(r);
     gpt_config config;
-    char err[256];
-    int status = 0;
-    if (gpt_config_from_json(state->model_json, &config, err, sizeof err)) {
-        snprintf(message, size, "%s: %s", path, err);
-        status = -1;
+    int status = gpt_config_from_json(state->model_json, &config);
+    if (status) {
+        tp_fail_context(status, "%s", path);
     } else if (!same_model(&config, &m->config)) {
         const gpt_config *ours = &m->config;
-        snprintf(message, size,
-                 "%s holds another model: layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld, this run has "
-                 "layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld",
-                 path, (long long)config.layers, (long long)config.dim, (long long)config.heads, (long long)config.ffn,
-                 (long long)config.vocab, (long long)config.seq, (long long)ours->layers, (long long)ours->dim,
-                 (long long)ours->heads, (long long)ours->ffn, (long long)ours->vocab, (long long)ours->seq);
-        status = -1;
+        status = tp_fail(TP_ERR_ARG,
+                         "%s holds another model: layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld, this run "
+                         "has layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld",
+                         path, (long long)config.layers, (long long)config.dim, (long long)config.heads,
+                         (long long)config.ffn, (long long)config.vocab, (long long)config.seq, (long long)ours->layers,
+                         (long long)ours->dim, (long long)ours->heads, (long long)ours->ffn, (long long)ours->vocab,
+                         (long long)ours->seq);
     }
-    int missing_optimizer = 0;
+    int missing_optimizer = !with_optimizer;
     for (int i = 0; i < m->num_params && !status; i++) {
         param_view *v = &m->params[i];
-        const char *name = v->spec->name, *base = name + strlen("model/");
-        char optim[CKPT_NAME_MAX + 32];
-        int got = read_view(r, name, &v->spec->desc, m->comm->tp, v->piece, v->data, v->numel, message, size);
-        if (got > 0) snprintf(message, size, "%s: tensor %s missing", path, name), got = -1;
-        if (got < 0) {
-            status = -1;
-            break;
-        }
-        float *moments[2] = {v->m, v->v};
-        const char *roles[2] = {"exp_avg", "exp_avg_sq"};
-        missing_optimizer |= !with_optimizer;
-        for (int k = 0; k < 2 && !status && with_optimizer; k++) {
-            snprintf(optim, sizeof optim, "optim/%s/%s", roles[k], base);
-            got = read_view(r, optim, &v->spec->desc, m->comm->tp, v->piece, moments[k], v->numel, message, size);
-            if (got < 0) status = -1;
-            if (got > 0) {
-                memset(moments[k], 0, (size_t)v->numel * sizeof(float));
+        int absent;
+        status = read_view(r, v->spec->name, &v->spec->desc, m->comm->tp, v->piece, v->data, v->numel, &absent);
+        if (!status && absent) status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s missing", path, v->spec->name);
+        /* The moments, by the names of the optimizer-state entries of this parameter. */
+        int param = (int)(v->spec - m->catalog);
+        for (int k = m->num_catalog; with_optimizer && !status && states[k].desc.name; k++) {
+            if (states[k].param_index != param || states[k].role == GPT_ROLE_MASTER) continue;
+            float *moment = states[k].role == GPT_ROLE_EXP_AVG ? v->m : v->v;
+            status = read_view(r, states[k].name, &v->spec->desc, m->comm->tp, v->piece, moment, v->numel, &absent);
+            if (!status && absent) {
+                memset(moment, 0, (size_t)v->numel * sizeof(float));
                 missing_optimizer = 1;
             }
         }
@@ -468,63 +400,78 @@ static int load_one(gpt_model *m, const char *path, int with_optimizer, load_res
     return status;
 }
 
-int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, load_result *out, char *err, size_t err_size)
+int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoint_warning warn, void *warn_ctx,
+                    load_result *out)
 {
     comm *c = m->comm;
-    candidate *list = NULL;
-    int n = candidates(dir, &list, err, err_size);
-    int found = n, any_found = n > 0;
-    if (c->ops->max_ints(c, GROUP_WORLD, &any_found, 1)) return snprintf(err, err_size, "%s", c->error), -1;
-    if (found < 0 || !any_found) {
+    ckpt_candidate *list = NULL;
+    gpt_tensor *states = NULL;
+    int n = 0, count = 0, none;
+    int status = ckpt_candidates(dir, &list, &n);
+    /* The optimizer state's names: the catalogue with it, ended by an empty entry. */
+    if (!status && with_optimizer) {
+        status = gpt_catalog(&m->config, 1, &states, &count);
+        gpt_tensor *ended = status ? NULL : realloc(states, (size_t)(count + 1) * sizeof *states);
+        if (!status && !ended) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+        if (ended) {
+            states = ended;
+            memset(&states[count], 0, sizeof *states);
+        }
+    }
+    int local = status;
+    int agreed = comm_any(c, local != TP_OK, &none);
+    if (agreed || none) {
         free(list);
-        return -1;
+        free(states);
+        if (agreed) return agreed;
+        return local ? local : tp_fail(TP_ERR_NOT_FOUND, "%s: another rank finds no checkpoint there", dir);
     }
     for (int k = 0; k < n; k++) {
         char message[8192] = ""; /* a path (up to 4096) and why */
-        int failed = load_one(m, list[k].path, with_optimizer, out, message, sizeof message) != 0;
+        int failed = load_one(m, list[k].path, with_optimizer, states, out);
+        if (failed) snprintf(message, sizeof message, "%s", tp_errmsg());
         /* The lowest failing rank tells everyone why. */
         int flag = failed ? c->world - c->rank : 0;
-        if (c->ops->max_ints(c, GROUP_WORLD, &flag, 1)) break;
-        if (!flag) {
-            int optimizer = out->optimizer_loaded ? 0 : 1;
-            c->ops->max_ints(c, GROUP_WORLD, &optimizer, 1);
-            out->optimizer_loaded = !optimizer;
-            free(list);
-            return 0;
+        status = comm_all_reduce(c, GROUP_WORLD, &flag, 1, COMM_INT, COMM_MAX, COMM_HOST);
+        if (!status && !flag) {
+            int optimizer = out->optimizer_loaded ? 0 : 1, missing;
+            status = comm_any(c, optimizer, &missing);
+            out->optimizer_loaded = !missing;
+            break;
         }
-        c->ops->broadcast_bytes(c, message, sizeof message, c->world - flag);
-        if (c->rank == 0) {
-            if (k + 1 < n)
-                fprintf(stderr, "tp-train: checkpoint %s is unusable (%s); falling back to %s\n", list[k].path, message,
-                        list[k + 1].path);
-            else
-                snprintf(err, err_size, "no intact checkpoint in %s; the last tried, %s, is unusable: %s", dir,
-                         list[k].path, message);
-        } else if (k + 1 == n) {
-            snprintf(err, err_size, "no intact checkpoint in %s: %s", dir, message);
+        if (!status) status = comm_broadcast(c, message, sizeof message, c->world - flag, COMM_HOST);
+        if (status) break;
+        if (k + 1 < n) {
+            if (warn) {
+                char text[12800];
+                snprintf(text, sizeof text, "checkpoint %s is unusable (%s); falling back to %s", list[k].path, message,
+                         list[k + 1].path);
+                warn(warn_ctx, text);
+            }
+        } else {
+            status = tp_fail(TP_ERR_NOT_FOUND, "no intact checkpoint in %s; the last tried, %s, is unusable: %s", dir,
+                             list[k].path, message);
         }
     }
     free(list);
-    return -1;
+    free(states);
+    return status;
 }
 
-int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, size_t resolved_size, char *err,
-                            size_t err_size)
+int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, size_t resolved_size)
 {
     /* The checkpoints checkpoint_load would try, in its order: the first that opens. */
-    candidate *list = NULL;
-    int n = candidates(path, &list, err, err_size), status = -1;
-    for (int k = 0; k < n && status; k++) {
+    ckpt_candidate *list = NULL;
+    int n = 0, status = ckpt_candidates(path, &list, &n);
+    for (int k = 0; k < n; k++) {
         ckpt_reader *r = NULL;
-        if (ckpt_reader_open(&r, list[k].path, NULL) != TP_OK) {
-            snprintf(err, err_size, "%s", tp_errmsg());
-            continue;
-        }
-        char why[256];
-        status = gpt_config_from_json(ckpt_reader_state(r)->model_json, out, why, sizeof why);
-        if (status) snprintf(err, err_size, "%s: %s", ckpt_reader_path(r), why);
+        status = ckpt_reader_open(&r, list[k].path, NULL);
+        if (status) continue;
+        status = gpt_config_from_json(ckpt_reader_state(r)->model_json, out);
+        if (status) tp_fail_context(status, "%s", ckpt_reader_path(r));
         else snprintf(resolved, resolved_size, "%s", ckpt_reader_path(r));
         ckpt_reader_close(r);
+        if (!status) break;
     }
     free(list);
     return status;

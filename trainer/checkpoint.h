@@ -24,8 +24,9 @@ typedef struct {
 } save_state;
 
 /* A checkpoint writer for the model; values: parameters and Adam moments, or
- * (dump_grads) the gradients in the parameters' places. */
-int saver_create(saver **out, gpt_model *model, int dump_grads, char *err, size_t err_size);
+ * (dump_grads) the gradients in the parameters' places. Functions return a
+ * tp_status; collective ones return the same verdict on every rank. */
+int saver_create(saver **out, gpt_model *model, int dump_grads);
 void saver_free(saver *s);
 
 /* Touches the snapshot buffer now, so that the first save does not take page
@@ -34,7 +35,7 @@ void saver_prefault(saver *s);
 
 /* Starts a checkpoint at path (a staging directory first; committed later).
  * With sync, returns once it is committed. Collective over all ranks. */
-int saver_start(saver *s, const char *path, const save_state *state, int sync, char *err, size_t err_size);
+int saver_start(saver *s, const char *path, const save_state *state, int sync);
 
 /* Waits, if need be, until a save in progress has copied the parameters and
  * moments aside (it does so in the background, while forward and backward
@@ -43,9 +44,8 @@ void saver_before_update(saver *s);
 
 /* Advances a pending save without waiting: once every shard is written,
  * rank 0 commits it in the background; once committed, all ranks learn it.
- * With wait, finishes both. Collective; returns 1 when a checkpoint was
- * committed, 0 when none is pending or it is still being written. */
-int saver_poll(saver *s, int wait, char *err, size_t err_size);
+ * With wait, finishes both. Collective. */
+int saver_poll(saver *s, int wait);
 
 /* Seconds the caller has spent in saver_start/saver_poll since the last
  * call (the training stall due to checkpointing); resets the count. */
@@ -58,17 +58,21 @@ typedef struct {
     int optimizer_loaded;
 } load_result;
 
+/* Told, on every rank, when a checkpoint is passed over: `text` names it,
+ * why it is unusable and which one is tried instead. */
+typedef void (*checkpoint_warning)(void *ctx, const char *text);
+
 /* Loads the newest intact checkpoint under dir (a run directory or a
  * checkpoint): every rank reads its pieces, verifying their checksums; if any
- * rank finds damage, all fall back to the next older one and rank 0 says so.
- * Without with_optimizer only the parameters are read (evaluation).
- * Collective. Returns 0, or -1 with a message when none is usable. */
-int checkpoint_load(gpt_model *model, const char *dir, int with_optimizer, load_result *out, char *err,
-                    size_t err_size);
+ * rank finds damage, all fall back to the next older one (and warn, when
+ * given, says so). Without with_optimizer only the parameters are read
+ * (evaluation). Collective; fails with the reason of the last one tried when
+ * none is usable. */
+int checkpoint_load(gpt_model *model, const char *dir, int with_optimizer, checkpoint_warning warn, void *warn_ctx,
+                    load_result *out);
 
 /* The model configuration of the checkpoint a path names (as ckpt_resolve
  * finds it), with its resolved path; for building a model to load it into. */
-int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, size_t resolved_size, char *err,
-                            size_t err_size);
+int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, size_t resolved_size);
 
 #endif

@@ -1,34 +1,49 @@
 /* comm.h: what the trainer needs from a communicator, behind a table of
- * functions so that an NCCL implementation can take the place of MPI's.
+ * operations that any backend fills: MPI between processes (comm_mpi.h, a
+ * library of its own), threads of one process (comm_threads_create), one
+ * process alone (comm_local_create), and NCCL on GPUs to come. The trainer
+ * itself needs no MPI.
  *
  * Ranks are laid out with tensor parallelism innermost:
  *   rank = dp_rank * (pp * tp) + pp_rank * tp + tp_rank
  * Groups: TP (same stage and replica), DP (same stage and TP rank), and EMBED
- * (first and last stage of the same TP rank and replica: the tied embedding). */
+ * (first and last stage of the same TP rank and replica: the tied embedding).
+ *
+ * Every operation takes a stream: where a backend orders it among other work
+ * on a device (a cudaStream_t for NCCL). COMM_HOST is the host: the
+ * operation is complete when it returns. Operations return a tp_status
+ * (TP_ERR_COMM on failure, message in tp_errmsg()). Collective operations
+ * must be issued in the same order on every member of the group. */
 #ifndef TP_COMM_H
 #define TP_COMM_H
 
 #include <stdint.h>
 
 typedef enum { GROUP_WORLD, GROUP_TP, GROUP_DP, GROUP_EMBED } comm_group;
+typedef enum { COMM_FLOAT, COMM_DOUBLE, COMM_INT } comm_type;
+typedef enum { COMM_SUM, COMM_MAX } comm_reduction;
+typedef enum { COMM_NEXT_STAGE, COMM_PREV_STAGE } comm_peer; /* same TP rank and replica */
+
+typedef void *comm_stream;
+#define COMM_HOST ((comm_stream)0)
 
 typedef struct comm comm;
 
 typedef struct {
-    /* In-place sums and maxima over a group. */
-    int (*sum_floats)(comm *c, comm_group group, float *data, int64_t n);
-    int (*max_floats)(comm *c, comm_group group, float *data, int64_t n);
-    int (*sum_doubles)(comm *c, comm_group group, double *data, int64_t n);
-    int (*max_ints)(comm *c, comm_group group, int *data, int64_t n);
-    /* Pipeline: to or from the neighbouring stage of the same TP rank and replica. */
-    int (*send_next)(comm *c, const float *data, int64_t n, int tag);
-    int (*send_prev)(comm *c, const float *data, int64_t n, int tag);
-    int (*recv_prev)(comm *c, float *data, int64_t n, int tag);
-    int (*recv_next)(comm *c, float *data, int64_t n, int tag);
-    int (*wait_sends)(comm *c); /* every send started so far has completed */
-    int (*barrier)(comm *c);
-    int (*broadcast_bytes)(comm *c, void *data, int64_t n, int root); /* over the world */
-    void (*abort)(comm *c, int status); /* ends every rank: one failed while others wait on it */
+    const char *name; /* "mpi", "threads", "local" */
+    /* In place over the members of group; a rank outside the group (EMBED
+     * on a middle stage) leaves data as it is. */
+    int (*all_reduce)(comm *c, comm_group group, void *data, int64_t count, comm_type type, comm_reduction op,
+                      comm_stream stream);
+    /* Pipeline messages. A send may return before the peer receives; its
+     * buffer must stay untouched until wait_sends. */
+    int (*send)(comm *c, comm_peer peer, const void *data, int64_t count, comm_type type, int tag, comm_stream stream);
+    int (*recv)(comm *c, comm_peer peer, void *data, int64_t count, comm_type type, int tag, comm_stream stream);
+    int (*wait_sends)(comm *c, comm_stream stream); /* every send started so far has completed */
+    int (*broadcast)(comm *c, void *data, int64_t bytes, int root, comm_stream stream); /* over the world */
+    /* Ends every rank's part in the job: one rank failed while others may be
+     * waiting on it. Called by programs, never by the libraries. */
+    void (*abort)(comm *c, int status);
     void (*free)(comm *c);
 } comm_ops;
 
@@ -38,22 +53,64 @@ struct comm {
     int rank, world;
     int tp, pp, dp;
     int tp_rank, pp_rank, dp_rank;
-    char error[512]; /* message of the last failure */
 };
 
-/* One process alone (tp = pp = dp = 1), without MPI. */
+/* Fills the rank coordinates of c from its rank and the degrees (backends
+ * call it); fails when tp * pp * dp is not the world size. */
+int comm_place(comm *c, int rank, int world, int tp, int pp, int dp);
+
+/* One process alone (tp = pp = dp = 1). */
 int comm_local_create(comm **out);
 
-/* MPI: calls MPI_Init when needed. Fails when tp * pp * dp != world size. */
-int comm_mpi_create(comm **out, int *argc, char ***argv, int tp, int pp, int dp, char *err, size_t err_size);
+/* tp * pp * dp ranks in this process, one thread per rank: out[rank] is
+ * rank's communicator, to be used by one thread only. Freeing is per rank;
+ * the shared state goes with the last. */
+int comm_threads_create(comm **out, int tp, int pp, int dp);
 
-/* Initializes MPI (if not done) and tells the world size, for choosing a layout. */
-int comm_mpi_world_size(int *argc, char ***argv);
+static inline int comm_all_reduce(comm *c, comm_group group, void *data, int64_t count, comm_type type,
+                                  comm_reduction op, comm_stream stream)
+{
+    return c->ops->all_reduce(c, group, data, count, type, op, stream);
+}
 
-/* This process's rank in the world (after comm_mpi_world_size). */
-int comm_mpi_rank(void);
+static inline int comm_send(comm *c, comm_peer peer, const void *data, int64_t count, comm_type type, int tag,
+                            comm_stream stream)
+{
+    return c->ops->send(c, peer, data, count, type, tag, stream);
+}
 
-/* Ends MPI when no communicator was made. */
-void comm_mpi_finalize(void);
+static inline int comm_recv(comm *c, comm_peer peer, void *data, int64_t count, comm_type type, int tag,
+                            comm_stream stream)
+{
+    return c->ops->recv(c, peer, data, count, type, tag, stream);
+}
+
+static inline int comm_wait_sends(comm *c, comm_stream stream)
+{
+    return c->ops->wait_sends(c, stream);
+}
+
+static inline int comm_broadcast(comm *c, void *data, int64_t bytes, int root, comm_stream stream)
+{
+    return c->ops->broadcast(c, data, bytes, root, stream);
+}
+
+/* Whether `flag` is set on any rank: every rank gets the same answer in *any.
+ * The way ranks agree on a verdict (a failure, a stop request). */
+static inline int comm_any(comm *c, int flag, int *any)
+{
+    *any = flag != 0;
+    return c->ops->all_reduce(c, GROUP_WORLD, any, 1, COMM_INT, COMM_MAX, COMM_HOST);
+}
+
+static inline void comm_abort(comm *c, int status)
+{
+    c->ops->abort(c, status);
+}
+
+static inline void comm_free(comm *c)
+{
+    if (c) c->ops->free(c);
+}
 
 #endif

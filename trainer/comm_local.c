@@ -1,57 +1,46 @@
 /* comm_local.c: the communicator of a single process (tp = pp = dp = 1):
  * every reduction is the identity; there is no neighbouring stage. Used by
  * tools that run a model in one process, and by tests as the dense reference. */
-#include <stdio.h>
 #include <stdlib.h>
 
+#include "../common/error.h"
 #include "comm.h"
 
-static int identity_floats(comm *c, comm_group g, float *d, int64_t n)
+static int identity(comm *c, comm_group group, void *data, int64_t count, comm_type type, comm_reduction op,
+                    comm_stream stream)
 {
-    (void)c, (void)g, (void)d, (void)n;
-    return 0;
+    (void)c, (void)group, (void)data, (void)count, (void)type, (void)op, (void)stream;
+    return TP_OK;
 }
 
-static int identity_doubles(comm *c, comm_group g, double *d, int64_t n)
+static int no_peer(comm *c, comm_peer peer, const void *data, int64_t count, comm_type type, int tag, comm_stream stream)
 {
-    (void)c, (void)g, (void)d, (void)n;
-    return 0;
+    (void)c, (void)peer, (void)data, (void)count, (void)type, (void)tag, (void)stream;
+    return tp_fail(TP_ERR_COMM, "a single process has no pipeline neighbour");
 }
 
-static int identity_ints(comm *c, comm_group g, int *d, int64_t n)
+static int no_peer_recv(comm *c, comm_peer peer, void *data, int64_t count, comm_type type, int tag,
+                        comm_stream stream)
 {
-    (void)c, (void)g, (void)d, (void)n;
-    return 0;
+    return no_peer(c, peer, data, count, type, tag, stream);
 }
 
-static int no_peer(comm *c, const float *d, int64_t n, int tag)
+static int nothing_pending(comm *c, comm_stream stream)
 {
-    (void)d, (void)n, (void)tag;
-    snprintf(c->error, sizeof c->error, "a single process has no pipeline neighbour");
-    return -1;
+    (void)c, (void)stream;
+    return TP_OK;
 }
 
-static int no_peer_recv(comm *c, float *d, int64_t n, int tag)
+static int broadcast_self(comm *c, void *data, int64_t bytes, int root, comm_stream stream)
 {
-    return no_peer(c, d, n, tag);
+    (void)c, (void)data, (void)bytes, (void)root, (void)stream;
+    return TP_OK;
 }
 
-static int nothing(comm *c)
-{
-    (void)c;
-    return 0;
-}
-
-static int broadcast_self(comm *c, void *d, int64_t n, int root)
-{
-    (void)c, (void)d, (void)n, (void)root;
-    return 0;
-}
-
+/* Nobody else waits on a process alone: the caller ends it as it likes. */
 static void abort_self(comm *c, int status)
 {
-    (void)c;
-    exit(status);
+    (void)c, (void)status;
 }
 
 static void free_local(comm *c)
@@ -59,15 +48,16 @@ static void free_local(comm *c)
     free(c);
 }
 
-static const comm_ops local_ops = {identity_floats, identity_floats, identity_doubles, identity_ints, no_peer, no_peer,
-                                   no_peer_recv, no_peer_recv, nothing, nothing, broadcast_self, abort_self, free_local};
+static const comm_ops local_ops = {"local", identity, no_peer, no_peer_recv, nothing_pending, broadcast_self,
+                                   abort_self, free_local};
 
 int comm_local_create(comm **out)
 {
+    *out = NULL;
     comm *c = calloc(1, sizeof *c);
-    if (!c) return -1;
+    if (!c) return tp_fail(TP_ERR_NOMEM, "out of memory for a communicator");
     c->ops = &local_ops;
-    c->world = c->tp = c->pp = c->dp = 1;
+    comm_place(c, 0, 1, 1, 1, 1);
     *out = c;
-    return 0;
+    return TP_OK;
 }

@@ -1,11 +1,11 @@
 /* comm_mpi.c: the communicator on MPI. Sends are non-blocking (a pipeline
- * stage may send before its neighbour posts the receive); receives block. */
+ * stage may send before its neighbour posts the receive); receives block.
+ * MPI works on host memory: a stream other than COMM_HOST is refused. */
 #include <mpi.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include "comm.h"
+#include "../common/error.h"
+#include "comm_mpi.h"
 
 #define MAX_PENDING 64
 
@@ -28,110 +28,89 @@ static MPI_Comm group_of(comm *c, comm_group group)
     return m->world;
 }
 
+static MPI_Datatype mpi_type(comm_type type)
+{
+    return type == COMM_DOUBLE ? MPI_DOUBLE : type == COMM_INT ? MPI_INT : MPI_FLOAT;
+}
+
 static int check(comm *c, int rc, const char *what)
 {
-    if (rc == MPI_SUCCESS) return 0;
+    if (rc == MPI_SUCCESS) return TP_OK;
     char text[MPI_MAX_ERROR_STRING];
     int n = 0;
     MPI_Error_string(rc, text, &n);
-    snprintf(c->error, sizeof c->error, "MPI %s failed: %s", what, text);
-    return -1;
+    return tp_fail(TP_ERR_COMM, "rank %d: MPI %s failed: %s", c->rank, what, text);
 }
 
-static int reduce(comm *c, comm_group group, void *data, int64_t n, MPI_Datatype type, MPI_Op op)
+static int host_only(comm *c, comm_stream stream)
 {
+    if (stream == COMM_HOST) return TP_OK;
+    return tp_fail(TP_ERR_COMM, "rank %d: the MPI communicator works on host memory only (a device stream was given)",
+                   c->rank);
+}
+
+static int all_reduce(comm *c, comm_group group, void *data, int64_t count, comm_type type, comm_reduction op,
+                      comm_stream stream)
+{
+    TP_TRY(host_only(c, stream));
     MPI_Comm g = group_of(c, group);
-    if (g == MPI_COMM_NULL) return 0; /* not a member: nothing to combine */
+    if (g == MPI_COMM_NULL) return TP_OK; /* not a member: nothing to combine */
+    MPI_Datatype t = mpi_type(type);
+    int size;
+    MPI_Type_size(t, &size);
     /* Counts above INT_MAX go in pieces. */
     char *p = data;
-    int size;
-    MPI_Type_size(type, &size);
-    while (n > 0) {
-        int count = n > (1 << 30) ? (1 << 30) : (int)n;
-        if (check(c, MPI_Allreduce(MPI_IN_PLACE, p, count, type, op, g), "allreduce")) return -1;
-        p += (int64_t)count * size;
-        n -= count;
+    while (count > 0) {
+        int n = count > (1 << 30) ? (1 << 30) : (int)count;
+        TP_TRY(check(c, MPI_Allreduce(MPI_IN_PLACE, p, n, t, op == COMM_MAX ? MPI_MAX : MPI_SUM, g), "allreduce"));
+        p += (int64_t)n * size;
+        count -= n;
     }
-    return 0;
+    return TP_OK;
 }
 
-static int sum_floats(comm *c, comm_group group, float *data, int64_t n)
-{
-    return reduce(c, group, data, n, MPI_FLOAT, MPI_SUM);
-}
-
-static int max_floats(comm *c, comm_group group, float *data, int64_t n)
-{
-    return reduce(c, group, data, n, MPI_FLOAT, MPI_MAX);
-}
-
-static int sum_doubles(comm *c, comm_group group, double *data, int64_t n)
-{
-    return reduce(c, group, data, n, MPI_DOUBLE, MPI_SUM);
-}
-
-static int max_ints(comm *c, comm_group group, int *data, int64_t n)
-{
-    return reduce(c, group, data, n, MPI_INT, MPI_MAX);
-}
-
-static int send_to(comm *c, int peer, const float *data, int64_t n, int tag)
+static int peer_rank(comm *c, comm_peer peer, int *out)
 {
     mpi_impl *m = c->impl;
-    if (peer < 0) {
-        snprintf(c->error, sizeof c->error, "no neighbouring stage to send to");
-        return -1;
-    }
-    if (m->num_pending == MAX_PENDING && c->ops->wait_sends(c)) return -1;
-    return check(c, MPI_Isend(data, (int)n, MPI_FLOAT, peer, tag, m->world, &m->pending[m->num_pending++]), "send");
+    *out = peer == COMM_NEXT_STAGE ? m->next : m->prev;
+    if (*out >= 0) return TP_OK;
+    return tp_fail(TP_ERR_COMM, "rank %d (stage %d of %d) has no %s stage", c->rank, c->pp_rank, c->pp,
+                   peer == COMM_NEXT_STAGE ? "next" : "previous");
 }
 
-static int recv_from(comm *c, int peer, float *data, int64_t n, int tag)
+static int wait_sends(comm *c, comm_stream stream)
 {
-    mpi_impl *m = c->impl;
-    if (peer < 0) {
-        snprintf(c->error, sizeof c->error, "no neighbouring stage to receive from");
-        return -1;
-    }
-    return check(c, MPI_Recv(data, (int)n, MPI_FLOAT, peer, tag, m->world, MPI_STATUS_IGNORE), "recv");
-}
-
-static int send_next(comm *c, const float *data, int64_t n, int tag)
-{
-    return send_to(c, ((mpi_impl *)c->impl)->next, data, n, tag);
-}
-
-static int send_prev(comm *c, const float *data, int64_t n, int tag)
-{
-    return send_to(c, ((mpi_impl *)c->impl)->prev, data, n, tag);
-}
-
-static int recv_prev(comm *c, float *data, int64_t n, int tag)
-{
-    return recv_from(c, ((mpi_impl *)c->impl)->prev, data, n, tag);
-}
-
-static int recv_next(comm *c, float *data, int64_t n, int tag)
-{
-    return recv_from(c, ((mpi_impl *)c->impl)->next, data, n, tag);
-}
-
-static int wait_sends(comm *c)
-{
+    TP_TRY(host_only(c, stream));
     mpi_impl *m = c->impl;
     int rc = MPI_Waitall(m->num_pending, m->pending, MPI_STATUSES_IGNORE);
     m->num_pending = 0;
     return check(c, rc, "wait");
 }
 
-static int barrier(comm *c)
+static int send(comm *c, comm_peer peer, const void *data, int64_t count, comm_type type, int tag, comm_stream stream)
 {
-    return check(c, MPI_Barrier(((mpi_impl *)c->impl)->world), "barrier");
+    mpi_impl *m = c->impl;
+    int to;
+    TP_TRY(host_only(c, stream));
+    TP_TRY(peer_rank(c, peer, &to));
+    if (m->num_pending == MAX_PENDING) TP_TRY(wait_sends(c, stream));
+    return check(c, MPI_Isend(data, (int)count, mpi_type(type), to, tag, m->world, &m->pending[m->num_pending++]),
+                 "send");
 }
 
-static int broadcast_bytes(comm *c, void *data, int64_t n, int root)
+static int recv(comm *c, comm_peer peer, void *data, int64_t count, comm_type type, int tag, comm_stream stream)
 {
-    return check(c, MPI_Bcast(data, (int)n, MPI_BYTE, root, ((mpi_impl *)c->impl)->world), "broadcast");
+    mpi_impl *m = c->impl;
+    int from;
+    TP_TRY(host_only(c, stream));
+    TP_TRY(peer_rank(c, peer, &from));
+    return check(c, MPI_Recv(data, (int)count, mpi_type(type), from, tag, m->world, MPI_STATUS_IGNORE), "recv");
+}
+
+static int broadcast(comm *c, void *data, int64_t bytes, int root, comm_stream stream)
+{
+    TP_TRY(host_only(c, stream));
+    return check(c, MPI_Bcast(data, (int)bytes, MPI_BYTE, root, ((mpi_impl *)c->impl)->world), "broadcast");
 }
 
 static void abort_all(comm *c, int status)
@@ -141,7 +120,6 @@ static void abort_all(comm *c, int status)
 
 static void free_comm(comm *c)
 {
-    if (!c) return;
     mpi_impl *m = c->impl;
     if (m) {
         if (m->num_pending) MPI_Waitall(m->num_pending, m->pending, MPI_STATUSES_IGNORE);
@@ -151,13 +129,10 @@ static void free_comm(comm *c)
         free(m);
     }
     free(c);
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
+    comm_mpi_finalize();
 }
 
-static const comm_ops mpi_ops = {sum_floats, max_floats, sum_doubles, max_ints, send_next, send_prev, recv_prev,
-                                 recv_next, wait_sends, barrier, broadcast_bytes, abort_all, free_comm};
+static const comm_ops mpi_ops = {"mpi", all_reduce, send, recv, wait_sends, broadcast, abort_all, free_comm};
 
 int comm_mpi_world_size(int *argc, char ***argv)
 {
@@ -186,34 +161,25 @@ void comm_mpi_finalize(void)
     if (!finalized) MPI_Finalize();
 }
 
-int comm_mpi_create(comm **out, int *argc, char ***argv, int tp, int pp, int dp, char *err, size_t err_size)
+int comm_mpi_create(comm **out, int *argc, char ***argv, int tp, int pp, int dp)
 {
     *out = NULL;
-    int world = comm_mpi_world_size(argc, argv), rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if ((int64_t)tp * pp * dp != world) {
-        snprintf(err, err_size, "--tp %d x --pp %d x --dp %d = %lld ranks, but %d were launched (mpirun -np %lld)", tp,
-                 pp, dp, (long long)tp * pp * dp, world, (long long)tp * pp * dp);
-        return -1;
-    }
+    int world = comm_mpi_world_size(argc, argv), rank = comm_mpi_rank();
     comm *c = calloc(1, sizeof *c);
     mpi_impl *m = calloc(1, sizeof *m);
     if (!c || !m) {
         free(c);
         free(m);
-        snprintf(err, err_size, "out of memory");
-        return -1;
+        return tp_fail(TP_ERR_NOMEM, "out of memory for a communicator");
+    }
+    int status = comm_place(c, rank, world, tp, pp, dp);
+    if (status) {
+        free(c);
+        free(m);
+        return status;
     }
     c->ops = &mpi_ops;
     c->impl = m;
-    c->rank = rank;
-    c->world = world;
-    c->tp = tp;
-    c->pp = pp;
-    c->dp = dp;
-    c->tp_rank = rank % tp;
-    c->pp_rank = rank / tp % pp;
-    c->dp_rank = rank / (tp * pp);
     MPI_Comm_dup(MPI_COMM_WORLD, &m->world);
     /* Errors come back as codes, to be reported on one line. */
     MPI_Comm_set_errhandler(m->world, MPI_ERRORS_RETURN);
@@ -225,5 +191,5 @@ int comm_mpi_create(comm **out, int *argc, char ***argv, int tp, int pp, int dp,
     m->next = c->pp_rank + 1 < pp ? rank + tp : -1;
     m->prev = c->pp_rank > 0 ? rank - tp : -1;
     *out = c;
-    return 0;
+    return TP_OK;
 }

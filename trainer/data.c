@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/error.h"
 #include "../common/random.h"
 #include "data.h"
 
@@ -32,70 +33,70 @@ struct dataset {
     int64_t total;
 };
 
-static int map_file(token_file *f, const char *path, int64_t vocab, char *err, size_t err_size)
+static int map_file(token_file *f, const char *path, int64_t vocab)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return snprintf(err, err_size, "%s: cannot open: %s", path, strerror(errno)), -1;
+    if (fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     int32_t header[DATA_HEADER_INTS];
     int ok = fstat(fd, &st) == 0 && pread(fd, header, sizeof header, 0) == (ssize_t)sizeof header;
     if (!ok || header[0] != DATA_MAGIC) {
         close(fd);
-        return snprintf(err, err_size, "%s: not a token file (magic %d, expected %d)", path, ok ? header[0] : -1,
-                        DATA_MAGIC), -1;
+        return tp_fail(TP_ERR_FORMAT, "%s: not a token file (magic %d, expected %d)", path, ok ? header[0] : -1,
+                        DATA_MAGIC);
     }
     if (header[1] != DATA_VERSION) {
         close(fd);
-        return snprintf(err, err_size, "%s: token file version %d, expected %d", path, header[1], DATA_VERSION), -1;
+        return tp_fail(TP_ERR_FORMAT, "%s: token file version %d, expected %d", path, header[1], DATA_VERSION);
     }
     int64_t count = header[2];
     if (count < 2 || (int64_t)sizeof header + count * 2 > (int64_t)st.st_size) {
         close(fd);
-        return snprintf(err, err_size, "%s: header says %lld tokens, the file holds %lld (truncated?)", path,
-                        (long long)count, (long long)((st.st_size - (off_t)sizeof header) / 2)), -1;
+        return tp_fail(TP_ERR_FORMAT, "%s: header says %lld tokens, the file holds %lld (truncated?)", path,
+                        (long long)count, (long long)((st.st_size - (off_t)sizeof header) / 2));
     }
     f->map_size = (size_t)st.st_size;
     f->map = mmap(NULL, f->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (f->map == MAP_FAILED) return snprintf(err, err_size, "%s: cannot map: %s", path, strerror(errno)), -1;
+    if (f->map == MAP_FAILED) return tp_fail(TP_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
     f->tokens = (const uint16_t *)((const char *)f->map + sizeof header);
     f->count = count;
     for (int64_t i = 0; i < count; i++)
         if (f->tokens[i] >= vocab)
-            return snprintf(err, err_size, "%s: token %u at position %lld is outside the vocabulary of %lld", path,
-                            f->tokens[i], (long long)i, (long long)vocab), -1;
-    return 0;
+            return tp_fail(TP_ERR_FORMAT, "%s: token %u at position %lld is outside the vocabulary of %lld", path,
+                            f->tokens[i], (long long)i, (long long)vocab);
+    return TP_OK;
 }
 
-int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t seed, char *err, size_t err_size)
+int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t seed)
 {
     *out = NULL;
     dataset *d = calloc(1, sizeof *d);
-    if (!d) return snprintf(err, err_size, "out of memory"), -1;
+    if (!d) return tp_fail(TP_ERR_NOMEM, "out of memory");
     d->seed = seed;
     d->vocab = vocab;
     if (!pattern) {
         *out = d;
-        return 0;
+        return TP_OK;
     }
     glob_t g;
     if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
         free(d);
-        return snprintf(err, err_size, "%s: no such token file", pattern), -1;
+        return tp_fail(TP_ERR_NOT_FOUND, "%s: no such token file", pattern);
     }
     d->files = calloc(g.gl_pathc, sizeof *d->files);
-    int status = d->files ? 0 : (snprintf(err, err_size, "out of memory"), -1);
+    int status = d->files ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < g.gl_pathc && !status; i++) {
-        status = map_file(&d->files[d->num_files], g.gl_pathv[i], vocab, err, err_size);
+        status = map_file(&d->files[d->num_files], g.gl_pathv[i], vocab);
         if (!status) d->total += d->files[d->num_files++].count;
     }
     globfree(&g);
     if (status) {
         dataset_close(d);
-        return -1;
+        return status;
     }
     *out = d;
-    return 0;
+    return TP_OK;
 }
 
 void dataset_close(dataset *d)
@@ -114,7 +115,9 @@ int64_t dataset_tokens(const dataset *d)
 
 int dataset_read_tokens(const dataset *d, int64_t first, int64_t count, int *tokens)
 {
-    if (first < 0 || count < 0 || first + count > d->total) return -1;
+    if (first < 0 || count < 0 || first + count > d->total)
+        return tp_fail(TP_ERR_ARG, "tokens [%lld, %lld) are not inside the %lld of the token files", (long long)first,
+                       (long long)(first + count), (long long)d->total);
     for (int i = 0; i < d->num_files && count > 0; i++) {
         const token_file *f = &d->files[i];
         if (first >= f->count) {
@@ -127,7 +130,7 @@ int dataset_read_tokens(const dataset *d, int64_t first, int64_t count, int *tok
         count -= n;
         first = 0;
     }
-    return 0;
+    return TP_OK;
 }
 
 void dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens)
@@ -166,16 +169,16 @@ double dataset_loss_floor(const dataset *d)
     return -(hit * log(hit) + (V - 1) * miss * log(miss));
 }
 
-int dataset_prepare(const char *text_path, const char *out_path, char *err, size_t err_size)
+int dataset_prepare(const char *text_path, const char *out_path)
 {
     FILE *in = fopen(text_path, "rb");
-    if (!in) return snprintf(err, err_size, "%s: cannot open: %s", text_path, strerror(errno)), -1;
+    if (!in) return tp_fail(TP_ERR_IO, "%s: cannot open: %s", text_path, strerror(errno));
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
     FILE *out = fopen(tmp, "wb");
     if (!out) {
         fclose(in);
-        return snprintf(err, err_size, "%s: cannot create: %s", tmp, strerror(errno)), -1;
+        return tp_fail(TP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     }
     int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC, DATA_VERSION, 0};
     fwrite(header, sizeof header, 1, out);
@@ -194,21 +197,21 @@ int dataset_prepare(const char *text_path, const char *out_path, char *err, size
     if (!read_ok || !write_ok) {
         fclose(out);
         unlink(tmp);
-        return snprintf(err, err_size, "%s: cannot %s: %s", read_ok ? tmp : text_path, read_ok ? "write" : "read",
-                        strerror(errno)), -1;
+        return tp_fail(TP_ERR_IO, "%s: cannot %s: %s", read_ok ? tmp : text_path, read_ok ? "write" : "read",
+                        strerror(errno));
     }
     if (count > INT32_MAX || count < 2) {
         fclose(out);
         unlink(tmp);
-        return snprintf(err, err_size, "%s: %lld bytes: a token file holds 2 to %d tokens", text_path,
-                        (long long)count, INT32_MAX), -1;
+        return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes: a token file holds 2 to %d tokens", text_path,
+                        (long long)count, INT32_MAX);
     }
     header[2] = (int32_t)count;
     int ok = fseek(out, 0, SEEK_SET) == 0 && fwrite(header, sizeof header, 1, out) == 1;
     ok = fclose(out) == 0 && ok;
     if (!ok || rename(tmp, out_path) != 0) {
         unlink(tmp);
-        return snprintf(err, err_size, "%s: cannot write: %s", out_path, strerror(errno)), -1;
+        return tp_fail(TP_ERR_IO, "%s: cannot write: %s", out_path, strerror(errno));
     }
-    return 0;
+    return TP_OK;
 }

@@ -14,8 +14,9 @@
 
 typedef struct dataset dataset;
 
-/* pattern NULL: the synthetic dataset over vocab tokens. */
-int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t seed, char *err, size_t err_size);
+/* pattern NULL: the synthetic dataset over vocab tokens. Fails (tp_status)
+ * naming the file and what is wrong with it. */
+int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t seed);
 void dataset_close(dataset *d);
 
 /* tokens[seq + 1] of sample index. */
@@ -25,8 +26,8 @@ void dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens);
 int64_t dataset_tokens(const dataset *d);
 
 /* Tokens [first, first + count) of the files read as one stream, in the
- * glob's order (for evaluation windows). Returns 0, or -1 when the range
- * is not inside the stream (or the dataset is synthetic). */
+ * glob's order (for evaluation windows). Fails with TP_ERR_ARG when the
+ * range is not inside the stream (or the dataset is synthetic). */
 int dataset_read_tokens(const dataset *d, int64_t first, int64_t count, int *tokens);
 
 /* Expected loss (nats per token) of a perfect model: the synthetic data's
@@ -34,7 +35,7 @@ int dataset_read_tokens(const dataset *d, int64_t first, int64_t count, int *tok
 double dataset_loss_floor(const dataset *d);
 
 /* Writes text as a token file with the byte-level vocabulary (256 tokens). */
-int dataset_prepare(const char *text_path, const char *out_path, char *err, size_t err_size);
+int dataset_prepare(const char *text_path, const char *out_path);
 
 #define DATA_MAGIC 20240520
 #define DATA_VERSION 1

@@ -33,25 +33,15 @@ void generate_options_init(generate_options *o)
  * checkpoint_model_config), built for inference at this rank's place in the
  * layout with fp32 parameters (a bf16 or fp16 checkpoint is widened on load). */
 static int inference_model(gpt_config config, const char *resolved, comm *c, int64_t micro_batch, int64_t *seq,
-                           gpt_model **out, char *err, size_t err_size)
+                           gpt_model **out)
 {
     config.dtype = TP_FP32;
     if (*seq == 0) *seq = config.seq;
     if (*seq > config.seq)
-        return gpt_error(err, err_size, "--seq %lld exceeds the %lld positions of the model in %s", (long long)*seq,
-                         (long long)config.seq, resolved);
-    char why[512];
-    if (gpt_model_create(out, &config, c, micro_batch, *seq, 1, 0, why, sizeof why))
-        return gpt_error(err, err_size, "%s: %s", resolved, why);
-    return 0;
-}
-
-/* Whether any rank failed; every rank learns it. */
-static int any_failed(comm *c, int failed)
-{
-    int flag = failed != 0;
-    if (c->ops->max_ints(c, GROUP_WORLD, &flag, 1)) return 1;
-    return flag;
+        return tp_fail(TP_ERR_ARG, "--seq %lld exceeds the %lld positions of the model in %s", (long long)*seq,
+                       (long long)config.seq, resolved);
+    int status = gpt_model_create(out, &config, c, micro_batch, *seq, 1, 0);
+    return status ? tp_fail_context(status, "%s", resolved) : TP_OK;
 }
 
 /* Inputs and targets of windows [first, first + valid) into a slot; rows of
@@ -60,16 +50,36 @@ static int fill_windows(const dataset *d, gpt_slot *s, int64_t B, int64_t T, int
                         int *window)
 {
     for (int64_t b = 0; b < B; b++) {
-        if (dataset_read_tokens(d, (first + (b < valid ? b : 0)) * T, T + 1, window)) return -1;
+        TP_TRY(dataset_read_tokens(d, (first + (b < valid ? b : 0)) * T, T + 1, window));
         memcpy(s->tokens + b * T, window, (size_t)T * sizeof(int));
         memcpy(s->targets + b * T, window + 1, (size_t)T * sizeof(int));
     }
-    return 0;
+    return TP_OK;
 }
 
-int eval_run(const eval_options *o, comm *c, eval_result *out, char *err, size_t err_size)
+/* Forward passes of this replica's windows [first, last) through its
+ * pipeline; *loss gets the loss sum on the last stage's first TP rank. */
+static int forward_windows(gpt_model *m, const dataset *data, int64_t first, int64_t last, int *window, double *loss)
+{
+    comm *c = m->comm;
+    int64_t B = m->B, T = m->T, passes = (last - first + B - 1) / B, n = B * T * m->D;
+    gpt_slot *s = &m->slots[0];
+    for (int64_t k = 0; k < passes; k++) {
+        int64_t start = first + k * B, valid = last - start < B ? last - start : B;
+        TP_TRY(fill_windows(data, s, B, T, start, valid, window));
+        if (!m->is_first) TP_TRY(comm_recv(c, COMM_PREV_STAGE, s->input, n, COMM_FLOAT, (int)k, COMM_HOST));
+        TP_TRY(gpt_model_forward(m, s));
+        if (!m->is_last) TP_TRY(comm_send(c, COMM_NEXT_STAGE, gpt_model_output(m, s), n, COMM_FLOAT, (int)k, COMM_HOST));
+        TP_TRY(comm_wait_sends(c, COMM_HOST));
+        if (m->is_last && c->tp_rank == 0) *loss += gpt_slot_loss(s, valid * T);
+    }
+    return TP_OK;
+}
+
+int eval_run(const eval_options *o, comm *c, eval_result *out)
 {
     memset(out, 0, sizeof *out);
+    out->all_ranks_know = 1;
     kernels_set_threads(o->threads);
     gpt_model *m = NULL;
     dataset *data = NULL;
@@ -77,62 +87,43 @@ int eval_run(const eval_options *o, comm *c, eval_result *out, char *err, size_t
     int64_t T = o->seq;
     gpt_config config;
     char resolved[4096];
-    int status = checkpoint_model_config(o->ckpt, &config, resolved, sizeof resolved, err, err_size);
-    if (!status) status = inference_model(config, resolved, c, o->micro_batch, &T, &m, err, err_size);
-    if (!status) status = dataset_open(&data, o->data, m->config.vocab, 0, err, err_size);
+    int status = checkpoint_model_config(o->ckpt, &config, resolved, sizeof resolved);
+    if (!status) status = inference_model(config, resolved, c, o->micro_batch, &T, &m);
+    if (!status) status = dataset_open(&data, o->data, m->config.vocab, 0);
     int64_t available = 0, windows = o->windows;
     if (!status) {
         available = (dataset_tokens(data) - 1) / T; /* each window also needs the token after it */
         if (windows == 0) windows = available;
         if (available < 1 || windows > available)
-            status = gpt_error(err, err_size, "%s: %lld tokens hold %lld windows of %lld tokens (plus one target), %s %lld",
-                          o->data, (long long)dataset_tokens(data), (long long)available, (long long)T,
-                          o->windows ? "asked for" : "need at least", (long long)(windows ? windows : 1));
+            status = tp_fail(TP_ERR_ARG, "%s: %lld tokens hold %lld windows of %lld tokens (plus one target), %s %lld",
+                             o->data, (long long)dataset_tokens(data), (long long)available, (long long)T,
+                             o->windows ? "asked for" : "need at least", (long long)(windows ? windows : 1));
     }
-    if (!status && !(window = malloc((size_t)(T + 1) * sizeof(int)))) status = gpt_error(err, err_size, "out of memory");
-    if (any_failed(c, status)) {
-        if (!status) snprintf(err, err_size, "another rank failed");
-        status = -1;
-        goto done;
-    }
+    if (!status && !(window = malloc((size_t)(T + 1) * sizeof(int)))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    int failed;
+    int agreed = comm_any(c, status != TP_OK, &failed);
+    if (!agreed && failed && !status) status = tp_fail(TP_ERR_STATE, "another rank failed");
+    if (agreed) status = agreed;
     load_result loaded;
-    if (checkpoint_load(m, o->ckpt, 0, &loaded, err, err_size)) {
-        status = -1;
-        goto done;
-    }
-    /* This replica's windows, in micro-batches through its pipeline. */
-    int64_t first = windows * c->dp_rank / c->dp, last = windows * (c->dp_rank + 1) / c->dp;
-    int64_t B = m->B, passes = (last - first + B - 1) / B, n = B * T * m->D;
-    gpt_slot *s = &m->slots[0];
+    if (!status) status = checkpoint_load(m, o->ckpt, 0, o->warn, o->warn_ctx, &loaded);
+    /* This replica's windows, in micro-batches through its pipeline: from
+     * here a rank may fail while others wait for it. */
     double loss = 0;
-    for (int64_t k = 0; k < passes && !status; k++) {
-        int64_t start = first + k * B, valid = last - start < B ? last - start : B;
-        if (fill_windows(data, s, B, T, start, valid, window))
-            status = gpt_error(err, err_size, "internal: window %lld outside %s", (long long)start, o->data);
-        else if ((!m->is_first && c->ops->recv_prev(c, s->input, n, (int)k)) || gpt_model_forward(m, s) ||
-                 (!m->is_last && c->ops->send_next(c, gpt_model_output(m, s), n, (int)k)) ||
-                 c->ops->wait_sends(c))
-            status = gpt_error(err, err_size, "%s", c->error);
-        else if (m->is_last && c->tp_rank == 0)
-            loss += gpt_slot_loss(s, valid * T);
+    if (!status) {
+        out->all_ranks_know = 0;
+        int64_t first = windows * c->dp_rank / c->dp, last = windows * (c->dp_rank + 1) / c->dp;
+        status = forward_windows(m, data, first, last, window, &loss);
+        if (!status) status = comm_all_reduce(c, GROUP_WORLD, &loss, 1, COMM_DOUBLE, COMM_SUM, COMM_HOST);
     }
-    if (status || c->ops->sum_doubles(c, GROUP_WORLD, &loss, 1)) {
-        if (!status) snprintf(err, err_size, "%s", c->error);
-        if (c->world > 1) { /* others may wait in a pipeline receive: say why, then end them all */
-            fprintf(stderr, "tp-train: error (rank %d): %s\n", c->rank, err);
-            fflush(stderr);
-            c->ops->abort(c, 1);
-        }
-        status = -1;
-        goto done;
+    if (!status) {
+        out->all_ranks_know = 1;
+        out->loss = loss / (double)(windows * T);
+        out->windows = windows;
+        out->tokens = windows * T;
+        out->seq = T;
+        out->step = loaded.step;
+        snprintf(out->path, sizeof out->path, "%s", loaded.path);
     }
-    out->loss = loss / (double)(windows * T);
-    out->windows = windows;
-    out->tokens = windows * T;
-    out->seq = T;
-    out->step = loaded.step;
-    snprintf(out->path, sizeof out->path, "%s", loaded.path);
-done:
     free(window);
     dataset_close(data);
     gpt_model_free(m);
@@ -167,28 +158,28 @@ static void write_token(FILE *out, int token)
     fflush(out);
 }
 
-int generate_run(const generate_options *o, FILE *out, char *err, size_t err_size)
+int generate_run(const generate_options *o, FILE *out)
 {
     size_t prompt_len = strlen(o->prompt);
-    if (prompt_len == 0) return gpt_error(err, err_size, "the prompt is empty: give at least one byte to continue");
+    if (prompt_len == 0) return tp_fail(TP_ERR_ARG, "the prompt is empty: give at least one byte to continue");
     comm *c = NULL;
-    if (comm_local_create(&c)) return gpt_error(err, err_size, "out of memory");
+    TP_TRY(comm_local_create(&c));
     kernels_set_threads(o->threads);
     gpt_config config;
     char resolved[4096];
     gpt_model *m = NULL;
-    int *context = NULL, status = checkpoint_model_config(o->ckpt, &config, resolved, sizeof resolved, err, err_size);
+    int *context = NULL, status = checkpoint_model_config(o->ckpt, &config, resolved, sizeof resolved);
     /* The window: the whole context when it fits, else the last seq tokens. */
     int64_t T = (int64_t)prompt_len + o->tokens;
     if (!status && T > config.seq) T = config.seq;
     for (size_t i = 0; i < prompt_len && !status; i++)
         if ((unsigned char)o->prompt[i] >= config.vocab)
-            status = gpt_error(err, err_size, "prompt byte %u at offset %zu is outside the model's vocabulary of %lld",
-                          (unsigned char)o->prompt[i], i, (long long)config.vocab);
-    if (!status) status = inference_model(config, resolved, c, 1, &T, &m, err, err_size);
+            status = tp_fail(TP_ERR_ARG, "prompt byte %u at offset %zu is outside the model's vocabulary of %lld",
+                             (unsigned char)o->prompt[i], i, (long long)config.vocab);
+    if (!status) status = inference_model(config, resolved, c, 1, &T, &m);
     load_result loaded;
-    if (!status) status = checkpoint_load(m, o->ckpt, 0, &loaded, err, err_size);
-    if (!status && !(context = calloc((size_t)T, sizeof *context))) status = gpt_error(err, err_size, "out of memory");
+    if (!status) status = checkpoint_load(m, o->ckpt, 0, o->warn, o->warn_ctx, &loaded);
+    if (!status && !(context = calloc((size_t)T, sizeof *context))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     if (status) goto done;
     int64_t len = 0;
     for (size_t i = prompt_len > (size_t)T ? prompt_len - (size_t)T : 0; i < prompt_len; i++)
@@ -197,14 +188,12 @@ int generate_run(const generate_options *o, FILE *out, char *err, size_t err_siz
     fflush(out);
     gpt_slot *s = &m->slots[0];
     int64_t V = m->vocab_local; /* tp = 1: every (padded) column is here */
-    for (int64_t k = 0; k < o->tokens; k++) {
+    for (int64_t k = 0; k < o->tokens && !status; k++) {
         /* Causal attention: positions after len - 1 do not change its logits. */
         memcpy(s->tokens, context, (size_t)T * sizeof(int));
         memset(s->targets, 0, (size_t)T * sizeof(int));
-        if (gpt_model_forward(m, s)) {
-            status = gpt_error(err, err_size, "%s", c->error);
-            break;
-        }
+        status = gpt_model_forward(m, s);
+        if (status) break;
         double u = (double)(splitmix64(o->seed ^ splitmix64((uint64_t)k)) >> 11) * 0x1.0p-53;
         int token = sample_token(s->logits + (len - 1) * V, m->config.vocab, o->temperature, u);
         write_token(out, token);
@@ -218,6 +207,6 @@ int generate_run(const generate_options *o, FILE *out, char *err, size_t err_siz
 done:
     free(context);
     gpt_model_free(m);
-    c->ops->free(c);
+    comm_free(c);
     return status;
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "checkpoint.h"
 #include "comm.h"
 
 typedef struct {
@@ -17,6 +18,8 @@ typedef struct {
     int64_t seq;         /* window length T; 0: the model's context length */
     int64_t micro_batch; /* windows per forward pass */
     int threads;         /* matrix-product threads per rank */
+    checkpoint_warning warn; /* told when a damaged checkpoint is passed over; may be NULL */
+    void *warn_ctx;
 } eval_options;
 
 /* Defaults: every window, the model's length, 4 windows per pass, 1 thread. */
@@ -29,14 +32,16 @@ typedef struct {
     int64_t seq;
     int64_t step;     /* the checkpoint's step */
     char path[4096];  /* the checkpoint loaded */
+    int all_ranks_know; /* after a failure: 1 when every rank failed with it; 0 when others may wait on this
+                           rank in a collective (the caller ends them: comm_abort) */
 } eval_result;
 
 /* Mean cross-entropy over windows 0..N-1 of the token stream, where window
  * i has inputs tokens[i*T, i*T+T) and targets tokens[i*T+1, i*T+T+1).
  * Data-parallel replicas take consecutive shares of the windows. Collective;
- * every rank gets the result. Returns 0, or -1 with a message in err (the
- * same verdict on every rank). */
-int eval_run(const eval_options *options, comm *c, eval_result *out, char *err, size_t err_size);
+ * every rank gets the result. Fails (tp_status) with the reason; see
+ * out->all_ranks_know. */
+int eval_run(const eval_options *options, comm *c, eval_result *out);
 
 typedef struct {
     const char *ckpt;
@@ -45,6 +50,8 @@ typedef struct {
     double temperature;  /* 0: always the most likely token */
     uint64_t seed;
     int threads;
+    checkpoint_warning warn; /* as eval_options' */
+    void *warn_ctx;
 } generate_options;
 
 /* Defaults: 200 tokens, temperature 0.8, seed 1337, 1 thread. */
@@ -53,7 +60,7 @@ void generate_options_init(generate_options *options);
 /* Samples text with the byte-level vocabulary (token = byte) and writes the
  * prompt and then each new token to out as it comes; tokens beyond the 256
  * bytes (a wider vocabulary) are written as <|id|>. The context keeps the
- * last seq tokens. Returns 0, or -1 with a message in err. */
-int generate_run(const generate_options *options, FILE *out, char *err, size_t err_size);
+ * last seq tokens. Fails (tp_status) with the reason. */
+int generate_run(const generate_options *options, FILE *out);
 
 #endif

@@ -24,10 +24,6 @@
 #include "../kernels/kernels.h"
 #include "model.h"
 
-enum { LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
-static const char *const layer_names[12] = {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias",
-                                            "attn.proj.weight", "attn.proj.bias", "ln2.weight", "ln2.bias",
-                                            "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"};
 
 /* ------------------------------------------------------------ initialization */
 
@@ -57,10 +53,10 @@ static int init_run(void *ctx, int64_t offset, int64_t logical, int64_t n)
 
 /* ------------------------------------------------------------ construction */
 
-int gpt_model_find(const gpt_model *m, const char *name)
+int gpt_model_find(const gpt_model *m, int entry)
 {
     for (int i = 0; i < m->num_params; i++)
-        if (!m->params[i].tied_copy && strcmp(m->params[i].spec->name, name) == 0) return i;
+        if (!m->params[i].tied_copy && m->params[i].spec == &m->catalog[entry]) return i;
     return -1;
 }
 
@@ -126,22 +122,27 @@ static int slot_init(gpt_model *m, gpt_slot *s)
     return 0;
 }
 
+int gpt_model_supported(const gpt_config *config)
+{
+    if (!config->swiglu && config->kv_heads == config->heads && config->dtype == TP_FP32) return TP_OK;
+    return tp_fail(TP_ERR_ARG,
+                   "the trainer computes GPT-2 in fp32: a GELU MLP, as many key/value heads as heads (asked: %s MLP, "
+                   "%lld key/value heads for %lld heads, %s)",
+                   config->swiglu ? "a SwiGLU" : "a GELU", (long long)config->kv_heads, (long long)config->heads,
+                   tp_dtype_name(config->dtype));
+}
+
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t micro_batch, int64_t seq,
-                     int slots, uint64_t seed, char *err, size_t err_size)
+                     int slots, uint64_t seed)
 {
     *out = NULL;
-    if (gpt_config_check(config, c->tp, c->pp, err, err_size)) return -1;
-    if (config->swiglu || config->kv_heads != config->heads || config->dtype != TP_FP32) {
-        snprintf(err, err_size, "the trainer runs GPT-2 in fp32: GELU MLP, kv_heads == heads");
-        return -1;
-    }
-    if (seq > config->seq) {
-        snprintf(err, err_size, "sequence length %lld exceeds the model's %lld positions", (long long)seq,
-                 (long long)config->seq);
-        return -1;
-    }
+    TP_TRY(gpt_config_check(config, c->tp, c->pp));
+    TP_TRY(gpt_model_supported(config));
+    if (seq > config->seq)
+        return tp_fail(TP_ERR_ARG, "sequence length %lld exceeds the model's %lld positions", (long long)seq,
+                       (long long)config->seq);
     gpt_model *m = calloc(1, sizeof *m);
-    if (!m) return snprintf(err, err_size, "out of memory"), -1;
+    if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory for the model");
     m->config = *config;
     m->comm = c;
     m->B = micro_batch;
@@ -160,7 +161,12 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
     m->wte = m->wpe = m->lnf_w = m->lnf_b = m->wte_out = -1;
 
     int count = 0;
-    if (gpt_catalog(config, 0, &m->catalog, &count)) goto nomem;
+    int status = gpt_catalog(config, 0, &m->catalog, &count);
+    if (status) {
+        gpt_model_free(m);
+        return status;
+    }
+    m->num_catalog = count;
     const gpt_tensor *catalog = m->catalog;
     m->params = calloc((size_t)count + 1, sizeof *m->params);
     if (!m->params) goto nomem;
@@ -168,7 +174,7 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
     for (int i = 0; i < count; i++) {
         const gpt_tensor *g = &catalog[i];
         int here = ckpt_tensor_stage(&g->desc, &layout) == c->pp_rank;
-        int is_wte = strcmp(g->name, "model/tok_embed.weight") == 0;
+        int is_wte = g->kind == GPT_TOK_EMBED;
         /* The last stage keeps its own copy of the tied token table. */
         int tied_copy = is_wte && m->is_last && !m->is_first;
         for (int copy = 0; copy < 2; copy++) {
@@ -200,12 +206,16 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
         init_ctx ic = {v->data, seed, XXH3_64bits(v->spec->name, strlen(v->spec->name)), v->spec->init_mean,
                        v->spec->init_std};
         ckpt_piece_element_runs(d, c->tp, v->piece, 0, v->shape[0], init_run, &ic);
-        if (strcmp(v->spec->name, "model/tok_embed.weight") == 0) {
+        switch (v->spec->kind) {
+        case GPT_TOK_EMBED:
             if (!v->tied_copy) m->wte = i;
             if (m->is_last) m->wte_out = i; /* the copy on a separate last stage comes second */
-        } else if (strcmp(v->spec->name, "model/pos_embed.weight") == 0) m->wpe = i;
-        else if (strcmp(v->spec->name, "model/final_norm.weight") == 0) m->lnf_w = i;
-        else if (strcmp(v->spec->name, "model/final_norm.bias") == 0) m->lnf_b = i;
+            break;
+        case GPT_POS_EMBED: m->wpe = i; break;
+        case GPT_FINAL_NORM_WEIGHT: m->lnf_w = i; break;
+        case GPT_FINAL_NORM_BIAS: m->lnf_b = i; break;
+        default: break;
+        }
     }
     int64_t padded[CKPT_MAX_DIMS];
     ckpt_padded_shape(&catalog[0].desc, c->tp, padded); /* the token table comes first */
@@ -214,17 +224,9 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
 
     m->layer = calloc((size_t)m->num_layers + 1, sizeof *m->layer);
     if (!m->layer) goto nomem;
-    for (int l = 0; l < m->num_layers; l++) {
-        for (int k = 0; k < 12; k++) {
-            char name[CKPT_NAME_MAX];
-            snprintf(name, sizeof name, "model/layers.%d.%s", m->first_layer + l, layer_names[k]);
-            m->layer[l][k] = gpt_model_find(m, name);
-            if (m->layer[l][k] < 0) {
-                snprintf(err, err_size, "internal: %s missing from the catalogue", name);
-                gpt_model_free(m);
-                return -1;
-            }
-        }
+    for (int i = 0; i < m->num_params; i++) {
+        const gpt_tensor *g = m->params[i].spec;
+        if (g->layer >= 0) m->layer[g->layer - m->first_layer][g->kind - GPT_FIRST_LAYER_KIND] = i;
     }
     m->num_slots = slots;
     m->slots = calloc((size_t)slots, sizeof *m->slots);
@@ -238,11 +240,10 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
     m->scratch = alloc_pages((size_t)m->scratch_size * sizeof(float));
     if (!m->scratch) goto nomem;
     *out = m;
-    return 0;
+    return TP_OK;
 nomem:
     gpt_model_free(m);
-    snprintf(err, err_size, "out of memory for the model");
-    return -1;
+    return tp_fail(TP_ERR_NOMEM, "out of memory for the model (%lld parameters on this rank)", (long long)4 * m->total);
 }
 
 void gpt_model_zero_grads(gpt_model *m)
@@ -252,21 +253,24 @@ void gpt_model_zero_grads(gpt_model *m)
 
 /* ------------------------------------------------------------------ forward */
 
-#define W(k) (m->params[m->layer[l][k]].data)
-#define G(k) (m->params[m->layer[l][k]].grad)
-#define TRY(call)                                                                                                   \
-    do {                                                                                                            \
-        if ((call) != 0) return -1;                                                                                 \
-    } while (0)
+/* Parameter and gradient of a kind of layer l's tensors. */
+#define W(kind) (m->params[m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND]].data)
+#define G(kind) (m->params[m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND]].grad)
+
+/* All-reduces over the tensor-parallel group, on the host. */
+static int tp_sum(gpt_model *m, float *data, int64_t n)
+{
+    return comm_all_reduce(m->comm, GROUP_TP, data, n, COMM_FLOAT, COMM_SUM, COMM_HOST);
+}
 
 static int embed_forward(gpt_model *m, gpt_slot *s)
 {
     int64_t N = m->B * m->T, D = m->D;
     const param_view *wte = &m->params[m->wte], *wpe = &m->params[m->wpe];
     embedding_forward(s->input, s->tokens, wte->data, N, D, m->vocab_first, m->vocab_local);
-    TRY(m->comm->ops->sum_floats(m->comm, GROUP_TP, s->input, N * D));
+    TP_TRY(tp_sum(m, s->input, N * D));
     for (int64_t b = 0; b < m->B; b++) residual_forward(s->input + b * m->T * D, s->input + b * m->T * D, wpe->data, m->T * D);
-    return 0;
+    return TP_OK;
 }
 
 static int block_forward(gpt_model *m, gpt_slot *s, int l, const float *x)
@@ -276,21 +280,21 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, const float *x)
     float *att = s->att + l * m->B * m->heads_local * m->T * m->T, *res1 = s->res1 + l * N * D;
     float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->ffn_local, *gl = s->gelu + l * N * m->ffn_local;
     float *res2 = s->res2 + l * N * D;
-    layernorm_forward(ln1, s->ln1_mean + l * N, s->ln1_rstd + l * N, x, W(LN1_W), W(LN1_B), N, D);
-    matmul_forward(qkv, ln1, W(QKV_W), W(QKV_B), N, D, m->qkv_local);
+    layernorm_forward(ln1, s->ln1_mean + l * N, s->ln1_rstd + l * N, x, W(LN1_WEIGHT), W(LN1_BIAS), N, D);
+    matmul_forward(qkv, ln1, W(QKV_WEIGHT), W(QKV_BIAS), N, D, m->qkv_local);
     attention_forward(attn, att, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd);
-    matmul_forward(res1, attn, W(PROJ_W), NULL, N, m->attn_local, D); /* partial sums of this rank's heads */
-    TRY(m->comm->ops->sum_floats(m->comm, GROUP_TP, res1, N * D));
+    matmul_forward(res1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D); /* partial sums of this rank's heads */
+    TP_TRY(tp_sum(m, res1, N * D));
     for (int64_t n = 0; n < N; n++)
-        for (int64_t d = 0; d < D; d++) res1[n * D + d] = x[n * D + d] + (res1[n * D + d] + W(PROJ_B)[d]);
-    layernorm_forward(ln2, s->ln2_mean + l * N, s->ln2_rstd + l * N, res1, W(LN2_W), W(LN2_B), N, D);
-    matmul_forward(fc, ln2, W(FC_W), W(FC_B), N, D, m->ffn_local);
+        for (int64_t d = 0; d < D; d++) res1[n * D + d] = x[n * D + d] + (res1[n * D + d] + W(PROJ_BIAS)[d]);
+    layernorm_forward(ln2, s->ln2_mean + l * N, s->ln2_rstd + l * N, res1, W(LN2_WEIGHT), W(LN2_BIAS), N, D);
+    matmul_forward(fc, ln2, W(FC_WEIGHT), W(FC_BIAS), N, D, m->ffn_local);
     gelu_forward(gl, fc, N * m->ffn_local);
-    matmul_forward(res2, gl, W(FCPROJ_W), NULL, N, m->ffn_local, D);
-    TRY(m->comm->ops->sum_floats(m->comm, GROUP_TP, res2, N * D));
+    matmul_forward(res2, gl, W(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D);
+    TP_TRY(tp_sum(m, res2, N * D));
     for (int64_t n = 0; n < N; n++)
-        for (int64_t d = 0; d < D; d++) res2[n * D + d] = res1[n * D + d] + (res2[n * D + d] + W(FCPROJ_B)[d]);
-    return 0;
+        for (int64_t d = 0; d < D; d++) res2[n * D + d] = res1[n * D + d] + (res2[n * D + d] + W(FCPROJ_BIAS)[d]);
+    return TP_OK;
 }
 
 /* Final norm, vocabulary-parallel logits and cross-entropy. */
@@ -301,13 +305,13 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
     layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, x, m->params[m->lnf_w].data, m->params[m->lnf_b].data, N, D);
     matmul_forward(s->logits, s->lnf, m->params[m->wte_out].data, NULL, N, D, V);
     crossentropy_row_max(s->row_max, s->logits, N, V, m->vocab_first, m->config.vocab);
-    TRY(c->ops->max_floats(c, GROUP_TP, s->row_max, N));
+    TP_TRY(comm_all_reduce(c, GROUP_TP, s->row_max, N, COMM_FLOAT, COMM_MAX, COMM_HOST));
     crossentropy_row_sumexp(s->row_sum, s->logits, s->row_max, N, V, m->vocab_first, m->config.vocab);
-    TRY(c->ops->sum_floats(c, GROUP_TP, s->row_sum, N));
+    TP_TRY(tp_sum(m, s->row_sum, N));
     crossentropy_target_logit(s->target_logit, s->logits, s->targets, N, V, m->vocab_first);
-    TRY(c->ops->sum_floats(c, GROUP_TP, s->target_logit, N));
+    TP_TRY(tp_sum(m, s->target_logit, N));
     s->loss_sum = gpt_slot_loss(s, N);
-    return 0;
+    return TP_OK;
 }
 
 double gpt_slot_loss(const gpt_slot *s, int64_t rows)
@@ -324,15 +328,15 @@ const float *gpt_model_output(const gpt_model *m, const gpt_slot *s)
 
 int gpt_model_forward(gpt_model *m, gpt_slot *s)
 {
-    if (m->is_first) TRY(embed_forward(m, s));
+    if (m->is_first) TP_TRY(embed_forward(m, s));
     const float *x = s->input;
     int64_t N = m->B * m->T;
     for (int l = 0; l < m->num_layers; l++) {
-        TRY(block_forward(m, s, l, x));
+        TP_TRY(block_forward(m, s, l, x));
         x = s->res2 + l * N * m->D;
     }
-    if (m->is_last) TRY(head_forward(m, s, x));
-    return 0;
+    if (m->is_last) TP_TRY(head_forward(m, s, x));
+    return TP_OK;
 }
 
 /* ----------------------------------------------------------------- backward */
@@ -341,7 +345,6 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s)
 static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, float *d_x, float *work)
 {
     int64_t N = m->B * m->T, D = m->D;
-    comm *c = m->comm;
     const float *ln1 = s->ln1 + l * N * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
     const float *att = s->att + l * m->B * m->heads_local * m->T * m->T, *res1 = s->res1 + l * N * D;
     const float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->ffn_local, *gl = s->gelu + l * N * m->ffn_local;
@@ -350,20 +353,20 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, floa
 
     /* MLP: o = allreduce(g Wfcproj^T) + b: the gradient of o is d_x on every rank. */
     memcpy(d_res1, d_x, (size_t)(N * D) * sizeof(float));
-    matmul_backward(d_gelu, G(FCPROJ_W), G(FCPROJ_B), d_x, gl, W(FCPROJ_W), N, m->ffn_local, D);
+    matmul_backward(d_gelu, G(FCPROJ_WEIGHT), G(FCPROJ_BIAS), d_x, gl, W(FCPROJ_WEIGHT), N, m->ffn_local, D);
     gelu_backward(d_fc, fc, d_gelu, N * m->ffn_local);
-    matmul_backward(d_ln, G(FC_W), G(FC_B), d_fc, ln2, W(FC_W), N, D, m->ffn_local);
-    TRY(c->ops->sum_floats(c, GROUP_TP, d_ln, N * D)); /* column-parallel input: partial per rank */
-    layernorm_backward(d_res1, G(LN2_W), G(LN2_B), d_ln, res1, W(LN2_W), s->ln2_mean + l * N, s->ln2_rstd + l * N, N, D);
+    matmul_backward(d_ln, G(FC_WEIGHT), G(FC_BIAS), d_fc, ln2, W(FC_WEIGHT), N, D, m->ffn_local);
+    TP_TRY(tp_sum(m, d_ln, N * D)); /* column-parallel input: partial per rank */
+    layernorm_backward(d_res1, G(LN2_WEIGHT), G(LN2_BIAS), d_ln, res1, W(LN2_WEIGHT), s->ln2_mean + l * N, s->ln2_rstd + l * N, N, D);
 
     /* Attention: p = allreduce(a Wproj^T) + b. */
-    matmul_backward(d_attn, G(PROJ_W), G(PROJ_B), d_res1, attn, W(PROJ_W), N, m->attn_local, D);
+    matmul_backward(d_attn, G(PROJ_WEIGHT), G(PROJ_BIAS), d_res1, attn, W(PROJ_WEIGHT), N, m->attn_local, D);
     attention_backward(d_qkv, att_scratch, d_attn, qkv, att, m->B, m->T, m->heads_local, m->kv_local, m->hd);
-    matmul_backward(d_ln, G(QKV_W), G(QKV_B), d_qkv, ln1, W(QKV_W), N, D, m->qkv_local);
-    TRY(c->ops->sum_floats(c, GROUP_TP, d_ln, N * D));
+    matmul_backward(d_ln, G(QKV_WEIGHT), G(QKV_BIAS), d_qkv, ln1, W(QKV_WEIGHT), N, D, m->qkv_local);
+    TP_TRY(tp_sum(m, d_ln, N * D));
     memcpy(d_x, d_res1, (size_t)(N * D) * sizeof(float));
-    layernorm_backward(d_x, G(LN1_W), G(LN1_B), d_ln, x, W(LN1_W), s->ln1_mean + l * N, s->ln1_rstd + l * N, N, D);
-    return 0;
+    layernorm_backward(d_x, G(LN1_WEIGHT), G(LN1_BIAS), d_ln, x, W(LN1_WEIGHT), s->ln1_mean + l * N, s->ln1_rstd + l * N, N, D);
+    return TP_OK;
 }
 
 static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, float *work, float loss_scale)
@@ -375,11 +378,11 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     crossentropy_backward(d_logits, s->logits, s->row_max, s->row_sum, s->targets, N, V, m->vocab_first,
                           m->config.vocab, loss_scale);
     matmul_backward(d_lnf, wte->grad, NULL, d_logits, s->lnf, wte->data, N, D, V);
-    TRY(m->comm->ops->sum_floats(m->comm, GROUP_TP, d_lnf, N * D)); /* logits were split by vocabulary */
+    TP_TRY(tp_sum(m, d_lnf, N * D)); /* logits were split by vocabulary */
     memset(d_x, 0, (size_t)(N * D) * sizeof(float));
     layernorm_backward(d_x, m->params[m->lnf_w].grad, m->params[m->lnf_b].grad, d_lnf, x, m->params[m->lnf_w].data,
                        s->lnf_mean, s->lnf_rstd, N, D);
-    return 0;
+    return TP_OK;
 }
 
 int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *d_input, float loss_scale)
@@ -389,11 +392,11 @@ int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *
     /* d_x lives in the last [N, D] of the scratch, after the block's buffers. */
     float *d_x = work + N * (2 * D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + m->T * m->T;
     const float *top = m->num_layers ? s->res2 + (m->num_layers - 1) * N * D : s->input;
-    if (m->is_last) TRY(head_backward(m, s, top, d_x, work, loss_scale));
+    if (m->is_last) TP_TRY(head_backward(m, s, top, d_x, work, loss_scale));
     else memcpy(d_x, d_output, (size_t)(N * D) * sizeof(float));
     for (int l = m->num_layers - 1; l >= 0; l--) {
         const float *x = l ? s->res2 + (l - 1) * N * D : s->input;
-        TRY(block_backward(m, s, l, x, d_x, work));
+        TP_TRY(block_backward(m, s, l, x, d_x, work));
     }
     if (m->is_first) {
         const param_view *wte = &m->params[m->wte], *wpe = &m->params[m->wpe];
@@ -403,5 +406,5 @@ int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *
     } else {
         memcpy(d_input, d_x, (size_t)(N * D) * sizeof(float));
     }
-    return 0;
+    return TP_OK;
 }

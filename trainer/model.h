@@ -3,7 +3,7 @@
  * vocabulary (Megatron-LM's layout), forward and backward on micro-batches.
  *
  * Parameters live in one allocation (and so do gradients and the two Adam
- * moments), with a view per tensor of the catalogue (gpt_catalog.h) held on
+ * moments), with a view per tensor of the catalogue (model/gpt.h) held on
  * this stage. Values depend only on the seed, the tensor's global name and
  * each element's global index, whatever the layout. */
 #ifndef TP_MODEL_H
@@ -45,13 +45,14 @@ typedef struct {
     int64_t vocab_local, vocab_first; /* rows of the (padded) token table held here */
 
     gpt_tensor *catalog;         /* every tensor of the model (gpt_catalog) */
+    int num_catalog;
     param_view *params;
     int num_params;
     int64_t total;               /* elements of all local parameters */
     float *memory;               /* params | grads | m | v, each `total` */
     int wte, wpe, lnf_w, lnf_b;  /* indices into params, -1 when not on this stage */
     int wte_out;                 /* the output projection: wte itself, or the last stage's tied copy */
-    int (*layer)[12];            /* per local layer: ln1 w,b, qkv w,b, proj w,b, ln2 w,b, fc w,b, fcproj w,b */
+    int (*layer)[GPT_LAYER_KINDS]; /* per local layer and kind (from GPT_FIRST_LAYER_KIND): index into params */
 
     gpt_slot *slots;
     int num_slots;
@@ -59,9 +60,14 @@ typedef struct {
     int64_t scratch_size;
 } gpt_model;
 
-/* Builds this rank's part of the model; parameters initialized from the seed. */
+/* Whether this trainer computes the model: GPT-2 in fp32 (GELU MLP, as many
+ * key/value heads as heads); fails with TP_ERR_ARG saying what differs. */
+int gpt_model_supported(const gpt_config *config);
+
+/* Builds this rank's part of the model; parameters initialized from the
+ * seed. Fails on a model gpt_model_supported refuses. */
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t micro_batch, int64_t seq,
-                     int slots, uint64_t seed, char *err, size_t err_size);
+                     int slots, uint64_t seed);
 void gpt_model_free(gpt_model *model);
 
 /* Zeroes every gradient. */
@@ -84,8 +90,9 @@ int gpt_model_backward(gpt_model *model, gpt_slot *slot, const float *d_output, 
  * forward on the last stage; the forward's loss_sum is that of all rows. */
 double gpt_slot_loss(const gpt_slot *slot, int64_t rows);
 
-/* Index of a parameter by global name, or -1. */
-int gpt_model_find(const gpt_model *model, const char *name);
+/* Index into params of the view of catalogue entry `entry` (not the tied
+ * copy), or -1 when this stage does not hold it. */
+int gpt_model_find(const gpt_model *model, int entry);
 
 /* Standard normal from (seed, tensor name hash, element index): layout-independent. */
 float gpt_init_normal(uint64_t seed, uint64_t name_hash, int64_t index);

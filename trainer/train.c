@@ -8,8 +8,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,12 +49,14 @@ double train_lr(const train_options *o, int64_t step)
     return min_lr + 0.5 * (o->lr - min_lr) * (1.0 + cos(3.141592653589793 * progress));
 }
 
-static volatile sig_atomic_t stop_requested;
-
-static void on_signal(int signal)
+void train_control_init(train_control *control)
 {
-    (void)signal;
-    stop_requested = 1;
+    atomic_init(&control->stop, 0);
+}
+
+void train_request_stop(train_control *control)
+{
+    atomic_store(&control->stop, 1);
 }
 
 typedef struct {
@@ -70,24 +70,23 @@ typedef struct {
     int *sample;      /* seq + 1 tokens */
     int64_t consumed; /* samples consumed before this step */
     int64_t global_batch;
-    FILE *log;
-    char err[1024];
-    /* For the summary at exit. */
-    int64_t steps_run, saves;
-    double seconds, stall_seconds, first_loss, last_loss;
-    char last_checkpoint[4200];
+    train_outcome *outcome;
 } trainer;
 
-static int fail_with(trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail_with(trainer *t, const char *fmt, ...)
+static void report(const trainer *t, train_report *r)
 {
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(t->err, sizeof t->err, fmt, args);
-    va_end(args);
-    return -1;
+    if (!t->o->report) return;
+    r->steps = t->o->steps;
+    r->global_batch = t->global_batch;
+    t->o->report(t->o->report_ctx, r);
 }
-#define FAIL fail_with
+
+static void warn(void *ctx, const char *text)
+{
+    const trainer *t = ctx;
+    train_report r = {.kind = TRAIN_REPORT_WARNING, .text = text};
+    report(t, &r);
+}
 
 /* Tokens and targets of micro-batch k of this replica. */
 static void load_micro_batch(trainer *t, gpt_slot *slot, int64_t k)
@@ -107,12 +106,12 @@ static int forward_micro_batch(trainer *t, int64_t k)
     comm *c = t->c;
     gpt_slot *s = &m->slots[k % m->num_slots];
     int64_t n = m->B * m->T * m->D;
-    if (k >= m->num_slots && c->ops->wait_sends(c)) return FAIL(t, "%s", c->error); /* slot reused */
+    if (k >= m->num_slots) TP_TRY(comm_wait_sends(c, COMM_HOST)); /* slot reused */
     load_micro_batch(t, s, k);
-    if (!m->is_first && c->ops->recv_prev(c, s->input, n, (int)k)) return FAIL(t, "%s", c->error);
-    if (gpt_model_forward(m, s)) return FAIL(t, "%s", c->error);
-    if (!m->is_last && c->ops->send_next(c, gpt_model_output(m, s), n, (int)k)) return FAIL(t, "%s", c->error);
-    return 0;
+    if (!m->is_first) TP_TRY(comm_recv(c, COMM_PREV_STAGE, s->input, n, COMM_FLOAT, (int)k, COMM_HOST));
+    TP_TRY(gpt_model_forward(m, s));
+    if (!m->is_last) TP_TRY(comm_send(c, COMM_NEXT_STAGE, gpt_model_output(m, s), n, COMM_FLOAT, (int)k, COMM_HOST));
+    return TP_OK;
 }
 
 static int backward_micro_batch(trainer *t, int64_t k)
@@ -122,11 +121,11 @@ static int backward_micro_batch(trainer *t, int64_t k)
     gpt_slot *s = &m->slots[k % m->num_slots];
     int64_t n = m->B * m->T * m->D;
     float *d_input = t->d_input[k % m->num_slots];
-    if (!m->is_last && c->ops->recv_next(c, t->d_output, n, (int)k)) return FAIL(t, "%s", c->error);
+    if (!m->is_last) TP_TRY(comm_recv(c, COMM_NEXT_STAGE, t->d_output, n, COMM_FLOAT, (int)k, COMM_HOST));
     float scale = 1.0f / (float)(t->global_batch * m->T);
-    if (gpt_model_backward(m, s, t->d_output, d_input, scale)) return FAIL(t, "%s", c->error);
-    if (!m->is_first && c->ops->send_prev(c, d_input, n, (int)k)) return FAIL(t, "%s", c->error);
-    return 0;
+    TP_TRY(gpt_model_backward(m, s, t->d_output, d_input, scale));
+    if (!m->is_first) TP_TRY(comm_send(c, COMM_PREV_STAGE, d_input, n, COMM_FLOAT, (int)k, COMM_HOST));
+    return TP_OK;
 }
 
 /* 1F1B: stage s runs P - s - 1 forwards, then alternates one forward and one
@@ -137,16 +136,14 @@ static int run_pipeline(trainer *t, double *loss_sum)
     int64_t M = t->o->grad_accum, warmup = t->c->pp - t->c->pp_rank - 1, f = 0, b = 0;
     if (warmup > M) warmup = M;
     *loss_sum = 0;
-    for (; f < warmup; f++)
-        if (forward_micro_batch(t, f)) return -1;
+    for (; f < warmup; f++) TP_TRY(forward_micro_batch(t, f));
     for (; f < M; f++, b++) {
-        if (forward_micro_batch(t, f)) return -1;
+        TP_TRY(forward_micro_batch(t, f));
         if (m->is_last) *loss_sum += m->slots[f % m->num_slots].loss_sum; /* no warmup on the last stage */
-        if (backward_micro_batch(t, b)) return -1;
+        TP_TRY(backward_micro_batch(t, b));
     }
-    for (; b < M; b++)
-        if (backward_micro_batch(t, b)) return -1;
-    return t->c->ops->wait_sends(t->c) ? FAIL(t, "%s", t->c->error) : 0;
+    for (; b < M; b++) TP_TRY(backward_micro_batch(t, b));
+    return comm_wait_sends(t->c, COMM_HOST);
 }
 
 /* Gradients of the whole global batch on every rank that holds a piece: the
@@ -157,10 +154,10 @@ static int reduce_gradients(trainer *t)
     comm *c = t->c;
     if (c->pp > 1 && (m->is_first || m->is_last)) {
         param_view *w = &m->params[m->is_first ? m->wte : m->wte_out];
-        if (c->ops->sum_floats(c, GROUP_EMBED, w->grad, w->numel)) return FAIL(t, "%s", c->error);
+        TP_TRY(comm_all_reduce(c, GROUP_EMBED, w->grad, w->numel, COMM_FLOAT, COMM_SUM, COMM_HOST));
     }
-    if (c->dp > 1 && c->ops->sum_floats(c, GROUP_DP, m->memory + m->total, m->total)) return FAIL(t, "%s", c->error);
-    return 0;
+    if (c->dp > 1) TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + m->total, m->total, COMM_FLOAT, COMM_SUM, COMM_HOST));
+    return TP_OK;
 }
 
 /* Global norm (each stored piece counted once), clipping, AdamW. */
@@ -176,7 +173,7 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
             if (!v->owner) continue;
             for (int64_t k = 0; k < v->numel; k++) sumsq += (double)v->grad[k] * v->grad[k];
         }
-    if (c->ops->sum_doubles(c, GROUP_WORLD, &sumsq, 1)) return FAIL(t, "%s", c->error);
+    TP_TRY(comm_all_reduce(c, GROUP_WORLD, &sumsq, 1, COMM_DOUBLE, COMM_SUM, COMM_HOST));
     float norm = (float)sqrt(sumsq);
     /* As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1. */
     float coef = (float)o->clip / (norm + 1e-6f);
@@ -190,21 +187,22 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
     }
     *norm_out = norm;
     *lr_out = lr;
-    return 0;
+    return TP_OK;
 }
 
 /* mkdir -p */
 static int make_dirs(const char *path)
 {
     char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", buf, strerror(errno));
         *p = '/';
     }
-    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", buf, strerror(errno));
+    return TP_OK;
 }
 
 static char *schedule_json(const train_options *o, int64_t step)
@@ -229,14 +227,9 @@ static int save(trainer *t, const char *path, int64_t step, int sync, saver *wit
              (long long)t->global_batch, (long long)t->o->micro_batch, (long long)t->o->grad_accum,
              (long long)t->model->T, t->o->data ? "files" : "synthetic");
     save_state state = {step, t->consumed, schedule, user, t->o->seed};
-    int status = saver_start(with ? with : t->saver, path, &state, sync, t->err, sizeof t->err);
+    int status = saver_start(with ? with : t->saver, path, &state, sync);
     cJSON_free(schedule);
     return status;
-}
-
-static void step_path(const trainer *t, int64_t step, char *out, size_t size)
-{
-    snprintf(out, size, "%s/step_%08lld", t->o->ckpt_dir, (long long)step);
 }
 
 /* Test hook: the batches of every step, and at the first step the gradients
@@ -245,16 +238,26 @@ static void step_path(const trainer *t, int64_t step, char *out, size_t size)
  * (tests/trainer/check_torch.py). */
 static int dump_batch(trainer *t)
 {
-    if (t->c->rank != 0) return 0;
+    if (t->c->rank != 0) return TP_OK;
     char path[4200];
     snprintf(path, sizeof path, "%s/batches.bin", t->o->dump_dir);
     FILE *f = fopen(path, "ab");
-    if (!f) return FAIL(t, "%s: %s", path, strerror(errno));
+    if (!f) return tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));
     for (int64_t i = 0; i < t->global_batch; i++) {
         dataset_sample(t->data, t->consumed + i, t->model->T, t->sample);
         fwrite(t->sample, sizeof(int), (size_t)t->model->T + 1, f);
     }
-    return fclose(f) == 0 ? 0 : FAIL(t, "%s: %s", path, strerror(errno));
+    return fclose(f) == 0 ? TP_OK : tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));
+}
+
+/* Every rank learns whether any failed at this point; the failed ones keep
+ * their message, the others say which point it was. */
+static int agree(comm *c, int status, const char *what)
+{
+    int failed;
+    TP_TRY(comm_any(c, status != TP_OK, &failed));
+    if (!failed) return TP_OK;
+    return status ? status : tp_fail(TP_ERR_STATE, "%s: another rank failed", what);
 }
 
 static int dump_logits(trainer *t)
@@ -268,16 +271,14 @@ static int dump_logits(trainer *t)
                           .anchor = CKPT_ANCHOR_LAST};
     d.partition = (ckpt_partition){CKPT_SPLIT, 1, 0, {0}, 1, m->config.vocab_pad_multiple};
     ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
-    int status = 0;
+    int status = TP_OK;
     if (c->rank == 0) {
         ckpt_write_options options;
         ckpt_write_options_init(&options);
         options.overwrite = 1;
         status = ckpt_stage_prepare(path, &options);
     }
-    int failed = status != 0;
-    c->ops->max_ints(c, GROUP_WORLD, &failed, 1);
-    if (failed) return FAIL(t, "%s: %s", path, tp_errmsg());
+    TP_TRY(agree(c, status, path));
     if (c->dp_rank == 0) {
         ckpt_write_options options;
         ckpt_write_options_init(&options);
@@ -290,18 +291,14 @@ static int dump_logits(trainer *t)
         if (!status && m->is_last) status = ckpt_writer_put_piece(w, id, c->tp_rank, m->slots[0].logits);
         if (w) status = status ? (ckpt_writer_abort(w), status) : ckpt_writer_finish(w);
     }
-    failed = status != 0;
-    c->ops->max_ints(c, GROUP_WORLD, &failed, 1);
-    if (failed) return FAIL(t, "%s: %s", path, status ? tp_errmsg() : "another rank failed");
+    TP_TRY(agree(c, status, path));
     if (c->rank == 0) {
         ckpt_write_options options;
         ckpt_write_options_init(&options);
         options.overwrite = 1;
         status = ckpt_commit_staged(path, &layout, NULL, &options);
     }
-    failed = status != 0;
-    c->ops->max_ints(c, GROUP_WORLD, &failed, 1);
-    return failed ? FAIL(t, "%s: %s", path, tp_errmsg()) : 0;
+    return agree(c, status, path);
 }
 
 static int dump_gradients(trainer *t)
@@ -309,186 +306,179 @@ static int dump_gradients(trainer *t)
     saver *grads = NULL;
     char path[4200];
     snprintf(path, sizeof path, "%s/grads", t->o->dump_dir);
-    if (saver_create(&grads, t->model, 1, t->err, sizeof t->err)) return -1;
+    TP_TRY(saver_create(&grads, t->model, 1));
     int status = save(t, path, 1, 1, grads);
     saver_free(grads);
     return status;
 }
 
-static void log_step(trainer *t, int64_t step, double loss, double lr, double norm, double seconds, double stall)
+/* Everything a run needs before its first step; the same verdict on every rank. */
+static int set_up(trainer *t)
 {
-    double tokens = (double)(t->global_batch * t->model->T);
-    if (t->c->rank != 0) return;
-    if (!t->o->quiet) {
-        printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.0f tok/s | %.1f ms", (long long)step,
-               (long long)t->o->steps, loss, lr, norm, tokens / seconds, seconds * 1e3);
-        if (stall > 0) printf(" | checkpoint stall %.1f ms", stall * 1e3);
-        printf("\n");
+    const train_options *o = t->o;
+    comm *c = t->c;
+    int slots = (int)(o->grad_accum < c->pp - c->pp_rank ? o->grad_accum : c->pp - c->pp_rank);
+    int64_t activations = o->micro_batch * o->seq * o->config.dim;
+    int status = gpt_model_create(&t->model, &o->config, c, o->micro_batch, o->seq, slots, o->seed);
+    if (!status) status = dataset_open(&t->data, o->data, o->config.vocab, o->seed);
+    if (!status && o->data && dataset_tokens(t->data) <= o->seq)
+        status = tp_fail(TP_ERR_ARG, "%s: %lld tokens, fewer than a sequence of %lld", o->data,
+                         (long long)dataset_tokens(t->data), (long long)o->seq + 1);
+    if (!status) status = saver_create(&t->saver, t->model, 0);
+    if (!status && o->ckpt_dir) saver_prefault(t->saver);
+    if (!status) {
+        t->sample = malloc((size_t)(o->seq + 1) * sizeof(int));
+        t->d_output = alloc_pages((size_t)activations * sizeof(float));
+        t->d_input = calloc((size_t)slots, sizeof *t->d_input);
+        if (!t->sample || !t->d_output || !t->d_input) status = tp_fail(TP_ERR_NOMEM, "out of memory for activations");
+        for (int s = 0; s < slots && !status; s++)
+            if (!(t->d_input[s] = alloc_pages((size_t)activations * sizeof(float))))
+                status = tp_fail(TP_ERR_NOMEM, "out of memory for activations");
     }
-    if (t->log) {
-        fprintf(t->log,
-                "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
-                "\"ckpt_stall_ms\":%.3f}\n",
-                (long long)step, loss, lr, norm, tokens / seconds, seconds * 1e3, stall * 1e3);
-        fflush(t->log);
-    }
-    fflush(stdout);
+    if (!status && o->ckpt_dir && c->rank == 0) status = make_dirs(o->ckpt_dir);
+    return agree(c, status, "setting up");
 }
 
-int train_run(const train_options *o, comm *c)
+static int resume(trainer *t, int64_t *start_step)
+{
+    const train_options *o = t->o;
+    struct stat st;
+    *start_step = 0;
+    if (!o->resume || !o->ckpt_dir || stat(o->ckpt_dir, &st) != 0) return TP_OK;
+    load_result loaded;
+    TP_TRY(checkpoint_load(t->model, o->ckpt_dir, 1, warn, t, &loaded));
+    *start_step = loaded.step;
+    t->consumed = loaded.consumed_samples;
+    train_report r = {.kind = TRAIN_REPORT_RESUMED, .step = loaded.step, .consumed_samples = loaded.consumed_samples,
+                      .optimizer_loaded = loaded.optimizer_loaded, .text = loaded.path};
+    report(t, &r);
+    return TP_OK;
+}
+
+static int dump_initial(trainer *t)
+{
+    char path[4200];
+    if (t->c->rank == 0) {
+        mkdir(t->o->dump_dir, 0755);
+        snprintf(path, sizeof path, "%s/batches.bin", t->o->dump_dir);
+        remove(path);
+    }
+    snprintf(path, sizeof path, "%s/init", t->o->dump_dir);
+    return save(t, path, 0, 1, NULL);
+}
+
+/* One step: the pipeline, gradients, the update, the global loss. */
+static int train_step(trainer *t, int64_t step, int first, train_report *r)
+{
+    const train_options *o = t->o;
+    comm *c = t->c;
+    double loss_sum = 0;
+    if (o->dump_dir) TP_TRY(dump_batch(t));
+    gpt_model_zero_grads(t->model);
+    TP_TRY(run_pipeline(t, &loss_sum));
+    TP_TRY(reduce_gradients(t));
+    if (o->dump_dir && first) {
+        TP_TRY(dump_gradients(t));
+        TP_TRY(dump_logits(t));
+    }
+    saver_before_update(t->saver);
+    TP_TRY(optimizer_step(t, step, &r->grad_norm, &r->lr));
+    /* The loss of the step: last stage, first TP rank of each replica. */
+    double loss = t->model->is_last && c->tp_rank == 0 ? loss_sum : 0;
+    TP_TRY(comm_all_reduce(c, GROUP_WORLD, &loss, 1, COMM_DOUBLE, COMM_SUM, COMM_HOST));
+    r->loss = loss / (double)(t->global_batch * t->model->T);
+    t->consumed += t->global_batch;
+    return TP_OK;
+}
+
+/* Checkpoints after a step: finish a pending one, start one when due. */
+static int checkpoint_after(trainer *t, int64_t step, int stop)
+{
+    const train_options *o = t->o;
+    train_outcome *out = t->outcome;
+    TP_TRY(saver_poll(t->saver, stop));
+    int due = (o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == o->steps || stop;
+    if (!due) return TP_OK;
+    char path[CKPT_PATH_MAX];
+    TP_TRY(ckpt_step_path(o->ckpt_dir, step, path, sizeof path));
+    TP_TRY(save(t, path, step, o->sync_save || stop, NULL));
+    out->checkpoints++;
+    snprintf(out->last_checkpoint, sizeof out->last_checkpoint, "%s", path);
+    return TP_OK;
+}
+
+static int train_steps(trainer *t, int64_t start_step)
+{
+    const train_options *o = t->o;
+    comm *c = t->c;
+    train_outcome *out = t->outcome;
+    for (int64_t step = start_step + 1; step <= o->steps; step++) {
+        train_report r = {.kind = TRAIN_REPORT_STEP, .step = step};
+        double start = now_seconds();
+        TP_TRY(train_step(t, step, step == start_step + 1, &r));
+        int stop;
+        int asked = (o->control && atomic_load(&o->control->stop)) || (o->stop_at > 0 && step == o->stop_at);
+        TP_TRY(comm_any(c, asked, &stop));
+        if (o->ckpt_dir) {
+            TP_TRY(checkpoint_after(t, step, stop));
+            r.checkpoint_stall = saver_take_stall_seconds(t->saver);
+        }
+        r.seconds = now_seconds() - start;
+        r.tokens_per_second = (double)(t->global_batch * t->model->T) / r.seconds;
+        report(t, &r);
+        if (out->steps_run++ == 0) out->first_loss = r.loss;
+        out->last_loss = r.loss;
+        out->step = step;
+        out->seconds += r.seconds;
+        out->stall_seconds += r.checkpoint_stall;
+        if (stop) {
+            out->end = TRAIN_STOPPED;
+            return TP_OK;
+        }
+    }
+    if (o->ckpt_dir) TP_TRY(saver_poll(t->saver, 1));
+    out->end = TRAIN_FINISHED;
+    return TP_OK;
+}
+
+int train_run(const train_options *o, comm *c, train_outcome *outcome)
 {
     trainer t;
     memset(&t, 0, sizeof t);
+    memset(outcome, 0, sizeof *outcome);
     t.o = o;
     t.c = c;
+    t.outcome = outcome;
     t.global_batch = o->micro_batch * o->grad_accum * c->dp;
     kernels_set_threads(o->threads);
-    int status = 0, slots = (int)(o->grad_accum < c->pp - c->pp_rank ? o->grad_accum : c->pp - c->pp_rank);
-    char err[512];
-    if (gpt_model_create(&t.model, &o->config, c, o->micro_batch, o->seq, slots, o->seed, err, sizeof err))
-        status = FAIL(&t, "%s", err);
-    if (!status && dataset_open(&t.data, o->data, o->config.vocab, o->seed, err, sizeof err))
-        status = FAIL(&t, "%s", err);
-    if (!status && o->data && dataset_tokens(t.data) <= o->seq)
-        status = FAIL(&t, "%s: %lld tokens, fewer than a sequence of %lld", o->data,
-                      (long long)dataset_tokens(t.data), (long long)o->seq + 1);
-    if (!status && saver_create(&t.saver, t.model, 0, err, sizeof err)) status = FAIL(&t, "%s", err);
-    if (!status && o->ckpt_dir) saver_prefault(t.saver);
-    if (!status) {
-        t.sample = malloc((size_t)(o->seq + 1) * sizeof(int));
-        t.d_output = alloc_pages((size_t)(t.model->B * t.model->T * t.model->D) * sizeof(float));
-        t.d_input = calloc((size_t)slots, sizeof *t.d_input);
-        if (!t.sample || !t.d_output || !t.d_input) status = FAIL(&t, "out of memory");
-        for (int s = 0; s < slots && !status; s++)
-            if (!(t.d_input[s] = alloc_pages((size_t)(t.model->B * t.model->T * t.model->D) * sizeof(float))))
-                status = FAIL(&t, "out of memory");
-    }
-    if (!status && o->ckpt_dir && c->rank == 0 && make_dirs(o->ckpt_dir))
-        status = FAIL(&t, "%s: cannot create: %s", o->ckpt_dir, strerror(errno));
-    int local_failed = status != 0, any = local_failed;
-    c->ops->max_ints(c, GROUP_WORLD, &any, 1);
-    if (any) {
-        if (local_failed) fprintf(stderr, "tp-train: error: %s\n", t.err);
-        goto done;
-    }
-
+    /* Failures before the first step are agreed on by every rank; after it,
+     * one rank may fail while others wait for it in a collective. */
     int64_t start_step = 0;
-    if (o->resume && o->ckpt_dir) {
-        struct stat st;
-        if (stat(o->ckpt_dir, &st) == 0) {
-            load_result loaded;
-            if (checkpoint_load(t.model, o->ckpt_dir, 1, &loaded, t.err, sizeof t.err)) {
-                if (c->rank == 0) fprintf(stderr, "tp-train: error: %s\n", t.err);
-                status = -1;
-                goto done;
-            }
-            start_step = loaded.step;
-            t.consumed = loaded.consumed_samples;
-            if (c->rank == 0 && !o->quiet)
-                printf("resumed from %s at step %lld (%lld samples consumed)%s\n", loaded.path, (long long)start_step,
-                       (long long)t.consumed, loaded.optimizer_loaded ? "" : "; no optimizer state, starting it afresh");
-        } else if (c->rank == 0 && !o->quiet) {
-            printf("no checkpoint in %s yet: starting from scratch\n", o->ckpt_dir);
-        }
+    int status = set_up(&t);
+    if (!status) status = resume(&t, &start_step);
+    outcome->step = start_step;
+    outcome->all_ranks_know = 1;
+    if (!status) {
+        train_report r = {.kind = TRAIN_REPORT_START, .step = start_step + 1,
+                          .loss_floor = dataset_loss_floor(t.data)};
+        report(&t, &r);
+        if (o->dump_dir) status = dump_initial(&t);
     }
-    if (c->rank == 0 && o->log_path) {
-        t.log = fopen(o->log_path, start_step ? "a" : "w");
-        if (!t.log) fprintf(stderr, "tp-train: warning: %s: %s; not logging\n", o->log_path, strerror(errno));
+    if (!status) {
+        outcome->all_ranks_know = 0;
+        status = train_steps(&t, start_step);
     }
-    if (c->rank == 0 && !o->quiet) {
-        double floor = dataset_loss_floor(t.data);
-        printf("training %lld-layer GPT (dim %lld, %lld heads, vocab %lld, seq %lld) at tp=%d pp=%d dp=%d: global batch "
-               "%lld x %lld tokens\n",
-               (long long)o->config.layers, (long long)o->config.dim, (long long)o->config.heads,
-               (long long)o->config.vocab, (long long)o->seq, c->tp, c->pp, c->dp, (long long)t.global_batch,
-               (long long)o->seq);
-        if (floor > 0) printf("synthetic data: the loss can fall to %.4f\n", floor);
+    if (status) {
+        outcome->end = TRAIN_FAILED;
+        snprintf(outcome->reason, sizeof outcome->reason, "%s", tp_errmsg());
     }
-    if (o->dump_dir) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/init", o->dump_dir);
-        if (c->rank == 0) {
-            mkdir(o->dump_dir, 0755);
-            snprintf(path, sizeof path, "%s/batches.bin", o->dump_dir);
-            remove(path);
-            snprintf(path, sizeof path, "%s/init", o->dump_dir);
-        }
-        if (save(&t, path, 0, 1, NULL)) goto fail;
-    }
-    struct sigaction action;
-    memset(&action, 0, sizeof action);
-    action.sa_handler = on_signal;
-    sigaction(SIGTERM, &action, NULL);
-    sigaction(SIGUSR1, &action, NULL);
-
-    for (int64_t step = start_step + 1; step <= o->steps; step++) {
-        double start = now_seconds(), loss_sum = 0, norm = 0, lr = 0;
-        if (o->dump_dir && dump_batch(&t)) goto fail;
-        gpt_model_zero_grads(t.model);
-        if (run_pipeline(&t, &loss_sum) || reduce_gradients(&t)) goto fail;
-        if (o->dump_dir && step == start_step + 1 && (dump_gradients(&t) || dump_logits(&t))) goto fail;
-        saver_before_update(t.saver);
-        if (optimizer_step(&t, step, &norm, &lr)) goto fail;
-        /* The loss of the step: last stage, first TP rank of each replica. */
-        double loss = t.model->is_last && c->tp_rank == 0 ? loss_sum : 0;
-        if (c->ops->sum_doubles(c, GROUP_WORLD, &loss, 1)) goto comm_fail;
-        loss /= (double)(t.global_batch * t.model->T);
-        t.consumed += t.global_batch;
-        /* Checkpoints: finish a pending one, start a new one, or stop on a signal. */
-        int stop = stop_requested || (o->stop_at > 0 && step == o->stop_at);
-        if (c->ops->max_ints(c, GROUP_WORLD, &stop, 1)) goto comm_fail;
-        double stall = 0;
-        if (o->ckpt_dir) {
-            if (saver_poll(t.saver, stop, t.err, sizeof t.err) < 0) goto fail;
-            int due = (o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == o->steps || stop;
-            if (due) {
-                char path[4200];
-                step_path(&t, step, path, sizeof path);
-                if (save(&t, path, step, o->sync_save || stop, NULL)) goto fail;
-                snprintf(t.last_checkpoint, sizeof t.last_checkpoint, "%s", path);
-                t.saves++;
-            }
-            stall = saver_take_stall_seconds(t.saver);
-        }
-        double seconds = now_seconds() - start;
-        log_step(&t, step, loss, lr, norm, seconds, stall);
-        if (t.steps_run++ == 0) t.first_loss = loss;
-        t.last_loss = loss;
-        t.seconds += seconds;
-        t.stall_seconds += stall;
-        if (stop) {
-            if (c->rank == 0 && !o->quiet)
-                printf("stopped after step %lld%s\n", (long long)step, o->ckpt_dir ? "; checkpoint committed" : "");
-            goto summary;
-        }
-    }
-    if (o->ckpt_dir && saver_poll(t.saver, 1, t.err, sizeof t.err) < 0) goto fail;
-summary:
-    if (c->rank == 0 && !o->quiet && t.steps_run > 0) {
-        printf("done: %lld steps in %.2f s (%.0f tokens/s), loss %.4f -> %.4f", (long long)t.steps_run, t.seconds,
-               (double)(t.steps_run * t.global_batch * t.model->T) / t.seconds, t.first_loss, t.last_loss);
-        if (t.saves)
-            printf("; %lld checkpoint%s (training stalled %.1f ms for them), last %s", (long long)t.saves,
-                   t.saves == 1 ? "" : "s", t.stall_seconds * 1e3, t.last_checkpoint);
-        printf("\n");
-    }
-    goto done;
-comm_fail:
-    snprintf(t.err, sizeof t.err, "%s", c->error);
-fail:
-    fprintf(stderr, "tp-train: error (rank %d): %s\n", c->rank, t.err);
-    fflush(stderr);
-    /* Other ranks may be waiting on this one in a collective: end them all. */
-    if (c->world > 1) c->ops->abort(c, 1);
-    status = -1;
-done:
-    if (t.log) fclose(t.log);
-    for (int s = 0; t.d_input && s < slots; s++) free(t.d_input[s]);
+    for (int s = 0; t.d_input && s < t.model->num_slots; s++) free(t.d_input[s]);
     free(t.d_input);
     free(t.d_output);
     free(t.sample);
     saver_free(t.saver);
     dataset_close(t.data);
     gpt_model_free(t.model);
-    return status ? 1 : 0;
+    if (status) tp_fail(status, "%s", outcome->reason);
+    return status;
 }

@@ -1,11 +1,50 @@
-/* train.h: the training loop of tp-train. */
+/* train.h: the training loop. train_run trains one rank's part of the model
+ * and returns an outcome; it never prints, exits or aborts, so tp-train, a
+ * test or an orchestrator can drive it. Whoever drives it owns signals and
+ * the process: a stop is asked for with train_request_stop (from a signal
+ * handler, another thread or a report callback), and a failure that other
+ * ranks may not know of is the caller's to end (comm_abort). */
 #ifndef TP_TRAIN_H
 #define TP_TRAIN_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
-#include "comm.h"
 #include "../model/gpt.h"
+#include "comm.h"
+
+/* A request to stop: train_run finishes the step it is in, checkpoints
+ * (when it has a checkpoint directory) and returns TRAIN_STOPPED. */
+typedef struct {
+    atomic_int stop;
+} train_control;
+
+void train_control_init(train_control *control);
+/* Async-signal-safe: a signal handler may call it. */
+void train_request_stop(train_control *control);
+
+/* What train_run tells its caller as it goes; every rank gets every report
+ * (losses and norms are global, the same on every rank). */
+typedef enum {
+    TRAIN_REPORT_START,   /* before the first step: what is trained, how */
+    TRAIN_REPORT_RESUMED, /* from the checkpoint `text` */
+    TRAIN_REPORT_STEP,    /* a step is done */
+    TRAIN_REPORT_WARNING, /* `text` says what went wrong and was worked around */
+} train_report_kind;
+
+typedef struct {
+    train_report_kind kind;
+    int64_t step, steps;        /* this step (STEP), the first to run (START), the checkpoint's (RESUMED); of how many */
+    double loss, lr, grad_norm; /* STEP */
+    double seconds;             /* STEP: the step's time */
+    double checkpoint_stall;    /* STEP: seconds the step waited on checkpointing */
+    double tokens_per_second;   /* STEP */
+    int64_t global_batch;       /* sequences per step */
+    int64_t consumed_samples;   /* RESUMED: where the data continues */
+    double loss_floor;          /* START: the synthetic data's entropy rate, or -1 */
+    int optimizer_loaded;       /* RESUMED: 0 when the checkpoint held no optimizer state */
+    const char *text;           /* RESUMED: the checkpoint; WARNING: the message */
+} train_report;
 
 typedef struct {
     gpt_config config;
@@ -15,14 +54,15 @@ typedef struct {
     uint64_t seed;
     const char *data;     /* token files (a glob); NULL: the synthetic dataset */
     const char *ckpt_dir; /* NULL: no checkpoints */
-    int64_t ckpt_every;   /* 0: at the end and on SIGTERM/SIGUSR1 only */
+    int64_t ckpt_every;   /* 0: at the end and on a stop request only */
     int sync_save;        /* write checkpoints in the foreground (for comparison) */
     int resume;
-    int64_t stop_at;      /* > 0: checkpoint and exit after this step, as a preemption would */
-    const char *log_path; /* one JSON object per step */
+    int64_t stop_at;      /* > 0: checkpoint and stop after this step, as a stop request would */
     int threads;
     const char *dump_dir; /* test hook: initial weights, batches, step-1 gradients and logits */
-    int quiet;
+    train_control *control; /* NULL: no stop requests */
+    void (*report)(void *ctx, const train_report *report); /* NULL: silent */
+    void *report_ctx;
 } train_options;
 
 /* Defaults: the synthetic dataset, lr 3e-4 with 10% warmup, AdamW (0.9,
@@ -33,7 +73,26 @@ void train_options_init(train_options *options);
  * `warmup` steps, then cosine decay to min_lr at `steps`. */
 double train_lr(const train_options *options, int64_t step);
 
-/* Runs training on this rank; returns the process exit status. */
-int train_run(const train_options *options, comm *c);
+typedef enum {
+    TRAIN_FINISHED, /* every step ran */
+    TRAIN_STOPPED,  /* stopped by request (or --stop-at) after `step`, checkpoint committed */
+    TRAIN_FAILED,   /* `reason` says why */
+} train_end;
+
+typedef struct {
+    train_end end;
+    int64_t step;              /* the last step done (the step resumed from when none ran) */
+    int64_t steps_run;
+    int64_t checkpoints;       /* written during the run (all committed unless it failed) */
+    char last_checkpoint[4200]; /* "" when none */
+    double seconds, stall_seconds, first_loss, last_loss;
+    int all_ranks_know;        /* TRAIN_FAILED: every rank failed with it; 0: maybe only this rank, while
+                                  others wait on it in a collective (the caller ends them: comm_abort) */
+    char reason[2048];         /* TRAIN_FAILED */
+} train_outcome;
+
+/* Trains this rank's part. Returns TP_OK when finished or stopped, else the
+ * failure's status (with tp_errmsg() equal to outcome->reason). Collective. */
+int train_run(const train_options *options, comm *c, train_outcome *outcome);
 
 #endif

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../trainer/comm.h"
+#include "../../trainer/comm_mpi.h"
 #include "../../trainer/model.h"
 
 static int failures;
@@ -76,18 +76,16 @@ int main(int argc, char **argv)
 {
     int world = comm_mpi_world_size(&argc, &argv);
     comm *c = NULL, *alone = NULL;
-    char err[512];
-    if (comm_mpi_create(&c, &argc, &argv, world, 1, 1, err, sizeof err) || comm_local_create(&alone)) {
-        fprintf(stderr, "layer_check: %s\n", err);
+    if (comm_mpi_create(&c, &argc, &argv, world, 1, 1) || comm_local_create(&alone)) {
+        fprintf(stderr, "layer_check: %s\n", tp_errmsg());
         return 1;
     }
     /* vocab 250 pads to 252 at tp 4; 4 heads split at tp 1, 2, 4. */
     gpt_config config = {.layers = 2, .dim = 32, .heads = 4, .vocab = 250, .seq = 8, .dtype = TP_FP32};
     gpt_config_defaults(&config);
     gpt_model *tp = NULL, *dense = NULL;
-    if (gpt_model_create(&tp, &config, c, 2, 8, 1, 99, err, sizeof err) ||
-        gpt_model_create(&dense, &config, alone, 2, 8, 1, 99, err, sizeof err)) {
-        fprintf(stderr, "layer_check: %s\n", err);
+    if (gpt_model_create(&tp, &config, c, 2, 8, 1, 99) || gpt_model_create(&dense, &config, alone, 2, 8, 1, 99)) {
+        fprintf(stderr, "layer_check: %s\n", tp_errmsg());
         return 1;
     }
     int64_t N = 16, D = config.dim;
@@ -103,8 +101,8 @@ int main(int argc, char **argv)
     compare("embedding (vocabulary-parallel, summed)", a->input, b->input, N * D, rank);
     for (int l = 0; l < config.layers; l++) {
         char what[128];
-        const ckpt_tensor_desc *qkv_bias = &tp->params[tp->layer[l][3]].spec->desc;
-        const ckpt_tensor_desc *fc_bias = &tp->params[tp->layer[l][9]].spec->desc;
+        const ckpt_tensor_desc *qkv_bias = &tp->params[tp->layer[l][GPT_QKV_BIAS - GPT_FIRST_LAYER_KIND]].spec->desc;
+        const ckpt_tensor_desc *fc_bias = &tp->params[tp->layer[l][GPT_FC_BIAS - GPT_FIRST_LAYER_KIND]].spec->desc;
         snprintf(what, sizeof what, "layer %d qkv (column-parallel)", l);
         compare_columns(what, a->qkv + l * N * tp->qkv_local, tp->qkv_local, b->qkv + l * N * dense->qkv_local,
                         dense->qkv_local, N, qkv_bias, c->tp, piece, rank);
@@ -129,7 +127,7 @@ int main(int argc, char **argv)
         return fprintf(stderr, "backward failed\n"), 1;
     for (int i = 0; i < tp->num_params; i++) {
         const param_view *v = &tp->params[i];
-        const param_view *d = &dense->params[gpt_model_find(dense, v->spec->name)];
+        const param_view *d = &dense->params[gpt_model_find(dense, (int)(v->spec - tp->catalog))];
         char what[CKPT_NAME_MAX + 32];
         snprintf(what, sizeof what, "gradient of %s", v->spec->name);
         walk w = {v->grad, d->grad, 0, 0};
@@ -141,11 +139,11 @@ int main(int argc, char **argv)
         judge(what, &values, d->numel, rank);
     }
     int total = failures;
-    c->ops->max_ints(c, GROUP_WORLD, &total, 1);
+    comm_all_reduce(c, GROUP_WORLD, &total, 1, COMM_INT, COMM_MAX, COMM_HOST);
     if (rank == 0) printf("layer_check: tp=%d: %s\n", c->tp, total ? "MISMATCH" : "every layer agrees with its dense version");
     gpt_model_free(tp);
     gpt_model_free(dense);
-    alone->ops->free(alone);
-    c->ops->free(c);
+    comm_free(alone);
+    comm_free(c);
     return total ? 1 : 0;
 }

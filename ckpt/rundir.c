@@ -1,0 +1,190 @@
+/* rundir.c: the rules of a run directory (docs/FORMAT.md "Run
+ * directories"), in one place for every reader, writer and resume: which
+ * entries are checkpoints (step_<digits>, committed: index.json present),
+ * what `latest` names, which checkpoint a path means, and the order in
+ * which a resume tries them. */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "internal.h"
+
+#define STEP_PREFIX "step_"
+#define STEP_MAX_DIGITS 15 /* steps below 10^15 */
+
+int64_t ckpt_step_of_name(const char *name)
+{
+    size_t prefix = strlen(STEP_PREFIX), digits = strlen(name) - (strlen(name) >= prefix ? prefix : 0);
+    if (strncmp(name, STEP_PREFIX, prefix) != 0 || digits == 0 || digits > STEP_MAX_DIGITS) return -1;
+    int64_t step = 0;
+    for (const char *c = name + prefix; *c; c++) {
+        if (*c < '0' || *c > '9') return -1;
+        step = step * 10 + (*c - '0');
+    }
+    return step;
+}
+
+int ckpt_step_path(const char *run_dir, int64_t step, char *out, size_t out_size)
+{
+    if (step < 0 || step >= (int64_t)1000000000000000) return tp_fail(TP_ERR_ARG, "step %lld outside 0..10^15", (long long)step);
+    if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
+    char name[32];
+    snprintf(name, sizeof name, STEP_PREFIX "%08lld", (long long)step);
+    return ckpt_path_join(out, run_dir, name);
+}
+
+int ckpt_is_committed(const char *dir)
+{
+    char index[CKPT_PATH_MAX];
+    return ckpt_path_join(index, dir, CKPT_INDEX_NAME) == TP_OK && ckpt_path_exists(index);
+}
+
+/* Whether path is, or has beside it, the staging directory of a checkpoint
+ * being written. */
+static int is_being_written(const char *path)
+{
+    size_t n = strlen(path);
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    if (base[0] == '.' && n > 8 && strcmp(path + n - 8, ".staging") == 0) return 1;
+    char staging[CKPT_PATH_MAX];
+    return ckpt_staging_path(path, staging, sizeof staging) == TP_OK && ckpt_path_exists(staging);
+}
+
+/* The checkpoint `latest` in run_dir names, when it is a committed one. */
+static int latest_checkpoint(const char *run_dir, char *out)
+{
+    char latest_path[CKPT_PATH_MAX];
+    char *latest = NULL;
+    if (ckpt_path_join(latest_path, run_dir, CKPT_LATEST_NAME) || ckpt_read_text_file(latest_path, &latest, NULL))
+        return 0;
+    latest[strcspn(latest, "\r\n")] = '\0';
+    int ok = latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 && strcmp(latest, ".") != 0 &&
+             ckpt_path_join(out, run_dir, latest) == TP_OK && ckpt_is_committed(out);
+    free(latest);
+    return ok;
+}
+
+int ckpt_resolve(const char *path, char *out, size_t out_size)
+{
+    struct stat st;
+    if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
+    if (is_being_written(path) && !ckpt_is_committed(path))
+        return tp_fail(TP_ERR_NOT_FOUND,
+                       "%s is a checkpoint still being written (not committed); use a committed one", path);
+    if (stat(path, &st) != 0)
+        return tp_fail(TP_ERR_NOT_FOUND, "%s: no such checkpoint: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return tp_fail(TP_ERR_NOT_FOUND, "%s is not a checkpoint: not a directory", path);
+    if (ckpt_is_committed(path)) {
+        if (strlen(path) >= out_size) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
+        strcpy(out, path);
+        return TP_OK;
+    }
+    if (latest_checkpoint(path, out)) return TP_OK;
+    /* No usable `latest`: the newest committed step_* directory. */
+    ckpt_candidate *list = NULL;
+    int count = 0;
+    TP_TRY(ckpt_candidates(path, &list, &count));
+    strcpy(out, list[0].path);
+    free(list);
+    return TP_OK;
+}
+
+static int by_step_descending(const void *a, const void *b)
+{
+    const ckpt_candidate *x = a, *y = b;
+    return x->step < y->step ? 1 : x->step > y->step ? -1 : strcmp(x->path, y->path);
+}
+
+int ckpt_candidates(const char *path, ckpt_candidate **out, int *count)
+{
+    *out = NULL;
+    *count = 0;
+    if (ckpt_is_committed(path)) { /* a checkpoint itself, not a run directory */
+        ckpt_candidate *one = calloc(1, sizeof *one);
+        if (!one) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        if (strlen(path) >= sizeof one->path) {
+            free(one);
+            return tp_fail(TP_ERR_ARG, "path too long: %s", path);
+        }
+        strcpy(one->path, path);
+        char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
+        one->step = ckpt_split_path(path, parent, sizeof parent, base, sizeof base) == TP_OK ? ckpt_step_of_name(base) : -1;
+        *out = one;
+        *count = 1;
+        return TP_OK;
+    }
+    char latest[CKPT_PATH_MAX];
+    int has_latest = latest_checkpoint(path, latest);
+    DIR *dir = opendir(path);
+    if (!dir)
+        return tp_fail(errno == ENOENT ? TP_ERR_NOT_FOUND : TP_ERR_IO, "%s: cannot list: %s", path, strerror(errno));
+    ckpt_candidate *list = NULL;
+    int n = 0, capacity = 0, status = TP_OK;
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL && !status) {
+        int64_t step = ckpt_step_of_name(entry->d_name);
+        char candidate[CKPT_PATH_MAX];
+        if (step < 0 || ckpt_path_join(candidate, path, entry->d_name) || !ckpt_is_committed(candidate)) continue;
+        if (n == capacity) {
+            capacity = capacity ? 2 * capacity : 16;
+            ckpt_candidate *grown = realloc(list, (size_t)capacity * sizeof *grown);
+            if (!grown) {
+                status = tp_fail(TP_ERR_NOMEM, "out of memory listing %s", path);
+                break;
+            }
+            list = grown;
+        }
+        strcpy(list[n].path, candidate);
+        list[n++].step = step;
+    }
+    closedir(dir);
+    if (!status && n == 0)
+        status = tp_fail(TP_ERR_NOT_FOUND,
+                         "%s is not a checkpoint: no %s, no usable '%s' pointer and no committed step_* directory",
+                         path, CKPT_INDEX_NAME, CKPT_LATEST_NAME);
+    if (status) {
+        free(list);
+        return status;
+    }
+    qsort(list, (size_t)n, sizeof *list, by_step_descending);
+    /* What `latest` names goes first, whatever its step. */
+    for (int k = 0; has_latest && k < n; k++) {
+        if (strcmp(list[k].path, latest) != 0) continue;
+        ckpt_candidate first = list[k];
+        memmove(list + 1, list, (size_t)k * sizeof *list);
+        list[0] = first;
+        break;
+    }
+    *out = list;
+    *count = n;
+    return TP_OK;
+}
+
+/* Step recorded in the index of the checkpoint run_dir resolves to, or -1. */
+static int64_t resolved_step(const char *run_dir)
+{
+    char resolved[CKPT_PATH_MAX], index_path[CKPT_PATH_MAX];
+    if (ckpt_resolve(run_dir, resolved, sizeof resolved) != TP_OK ||
+        ckpt_path_join(index_path, resolved, CKPT_INDEX_NAME) != TP_OK)
+        return -1;
+    char *text = NULL;
+    if (ckpt_read_text_file(index_path, &text, NULL) != TP_OK) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
+    int64_t value = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : -1;
+    cJSON_Delete(root);
+    return value;
+}
+
+int ckpt_latest_update(const char *run_dir, const char *name, int64_t step)
+{
+    if (resolved_step(run_dir) > step) return TP_OK; /* never move `latest` backwards */
+    char line[CKPT_PATH_MAX + 2];
+    int n = snprintf(line, sizeof line, "%s\n", name);
+    return ckpt_write_file_atomic(run_dir, CKPT_LATEST_NAME, line, (size_t)n);
+}

@@ -1,0 +1,23 @@
+/* comm_mpi.h: the communicator on MPI, one process per rank (mpirun, srun).
+ * A library of its own (libtpcomm_mpi): only programs launched under MPI
+ * link it. */
+#ifndef TP_COMM_MPI_H
+#define TP_COMM_MPI_H
+
+#include "comm.h"
+
+/* Initializes MPI (if not done) and tells the world size, for choosing a layout. */
+int comm_mpi_world_size(int *argc, char ***argv);
+
+/* This process's rank in the world (after comm_mpi_world_size). */
+int comm_mpi_rank(void);
+
+/* The communicator of this process at layout (tp, pp, dp); calls MPI_Init
+ * when needed. Fails when tp * pp * dp is not the world size. Freeing it
+ * ends MPI. */
+int comm_mpi_create(comm **out, int *argc, char ***argv, int tp, int pp, int dp);
+
+/* Ends MPI when no communicator was made. */
+void comm_mpi_finalize(void);
+
+#endif
