@@ -135,7 +135,9 @@ static int read_slab(void *ctx, int64_t i, int thread)
 static int bench_read(const char *dir, int threads, int verify)
 {
     double start = now_seconds();
-    ckpt_read_options options = {verify};
+    ckpt_read_options options;
+    ckpt_read_options_init(&options);
+    options.verify = verify;
     ckpt_reader *r;
     if (ckpt_reader_open(&r, dir, &options)) return fprintf(stderr, "%s\n", tp_errmsg()), 1;
     const ckpt_layout *layout = ckpt_reader_layout(r);

@@ -11,7 +11,9 @@
  *    the library never prints.
  *  - Handles are opaque; each _create/_open has its _free/_close.
  *  - Data moves with positioned I/O between files and caller buffers; buffers
- *    aligned to 4096 bytes copy about twice as fast (common/memory.h).
+ *    aligned to 4096 bytes copy about twice as fast (common/memory.h). Every
+ *    byte and name goes through a store (storage.h), the local file system
+ *    unless the options name another.
  *  - Reading functions may be called from several threads at once on one reader.
  *    Writer put functions may be called from several threads at once as long as
  *    they write disjoint rows.
@@ -24,6 +26,7 @@
 
 #include "../common/dtype.h"
 #include "../common/error.h"
+#include "storage.h"
 
 #define CKPT_FORMAT_MAJOR 1
 #define CKPT_FORMAT_MINOR 0
@@ -192,6 +195,7 @@ typedef struct {
      * ckpt_writer_finish() ends it; one process then calls ckpt_commit_staged().
      * Default -1: this writer writes every shard and ckpt_writer_commit() ends it. */
     int shard_pp, shard_tp;
+    const ckpt_storage *storage; /* where the files go; NULL (default): the store of the path */
 } ckpt_write_options;
 
 void ckpt_write_options_init(ckpt_write_options *options);
@@ -250,6 +254,7 @@ typedef struct ckpt_reader ckpt_reader;
 
 typedef struct {
     int verify; /* 1 (default): check the checksum of every block read */
+    const ckpt_storage *storage; /* where the data is read from; NULL (default): the store of the path */
 } ckpt_read_options;
 
 void ckpt_read_options_init(ckpt_read_options *options);

@@ -52,6 +52,7 @@ int ckpt_seal_piece(hid_t file, const char *file_path, const char *tensor_name,
 /* ------------------------------------------------------------ index build */
 
 typedef struct {
+    const ckpt_storage *storage;
     ckpt_index *index;
     ckpt_name_map names;
     int capacity;
@@ -169,9 +170,11 @@ static int scan_file(scan_state *st, const char *dir)
     int status = ckpt_path_join(path, dir, st->file->name);
     if (status) return status;
     st->file_path = path;
-    if (!ckpt_path_exists(path))
-        return tp_fail(TP_ERR_STATE, "%s missing: the writer of shard pp=%d tp=%d did not finish",
-                         path, st->file->pp, st->file->tp);
+    ckpt_stat info;
+    TP_TRY(st->storage->stat(st->storage, path, &info));
+    if (!info.exists)
+        return tp_fail(TP_ERR_STATE, "%s missing: the writer of shard pp=%d tp=%d did not finish", path, st->file->pp,
+                       st->file->tp);
     hid_t fapl = ckpt_h5_file_access();
     hid_t file = fapl >= 0 ? H5Fopen(path, H5F_ACC_RDONLY, fapl) : -1;
     if (fapl >= 0) H5Pclose(fapl);
@@ -201,11 +204,8 @@ static int scan_file(scan_state *st, const char *dir)
         if (group >= 0) H5Gclose(group);
     }
     H5Fclose(file);
-    if (!status) {
-        struct stat sb;
-        if (stat(path, &sb) != 0) status = tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));
-        else ((ckpt_index_file *)st->file)->bytes = (int64_t)sb.st_size;
-    }
+    if (!status) status = st->storage->stat(st->storage, path, &info);
+    if (!status) ((ckpt_index_file *)st->file)->bytes = info.size;
     return status;
 }
 
@@ -216,7 +216,8 @@ static int by_order(const void *a, const void *b)
     return strcmp(x->tensor.name, y->tensor.name);
 }
 
-static int build_index(const char *staging, const ckpt_layout *layout, const ckpt_train_state *state)
+static int build_index(const ckpt_storage *storage, const char *staging, const ckpt_layout *layout,
+                       const ckpt_train_state *state)
 {
     ckpt_index index;
     memset(&index, 0, sizeof index);
@@ -226,7 +227,7 @@ static int build_index(const char *staging, const ckpt_layout *layout, const ckp
     ckpt_train_state empty = {0, 0, NULL, NULL, NULL, NULL};
     int status = ckpt_index_set_state(&index, state ? state : &empty);
     if (status) return status;
-    scan_state st = {&index, {0}, 0, NULL, NULL, TP_OK};
+    scan_state st = {storage, &index, {0}, 0, NULL, NULL, TP_OK};
     index.num_files = layout->tp * layout->pp;
     index.files = calloc((size_t)index.num_files, sizeof *index.files);
     if (!index.files) status = tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -251,7 +252,7 @@ static int build_index(const char *staging, const ckpt_layout *layout, const ckp
         for (int k = 0; k < index.num_tensors; k++) ckpt_tensor_copy_rebind(&index.tensors[k].tensor);
         char *json = NULL;
         status = ckpt_index_to_json(&index, &json);
-        if (!status) status = ckpt_write_file_atomic(staging, CKPT_INDEX_NAME, json, strlen(json));
+        if (!status) status = ckpt_write_file_atomic(storage, staging, CKPT_INDEX_NAME, json, strlen(json));
         free(json);
     }
     ckpt_name_map_free(&st.names);
@@ -261,68 +262,72 @@ static int build_index(const char *staging, const ckpt_layout *layout, const ckp
 
 /* ----------------------------------------------------------------- publish */
 
-/* Moves the staging directory to path. An existing checkpoint (when
+/* Moves the staging directory (or file) to path. An existing one (when
  * overwriting) is swapped out atomically and then removed. */
-static int publish(const char *staging, const char *path, const char *parent, int overwrite)
+static int publish(const ckpt_storage *s, const char *staging, const char *path, const char *parent, int overwrite)
 {
     /* Without overwrite, something that appeared at path since the writer
      * checked is refused, not replaced (a plain rename would replace a file). */
-    int moved = overwrite ? rename(staging, path) : renameat2(AT_FDCWD, staging, AT_FDCWD, path, RENAME_NOREPLACE);
-    if (moved != 0 && !overwrite && errno == EINVAL) moved = rename(staging, path); /* no RENAME_NOREPLACE here */
-    if (moved == 0) return ckpt_fsync_path(parent, 1);
-    int err = errno;
-    if (!overwrite || (err != ENOTEMPTY && err != EEXIST && err != EISDIR && err != ENOTDIR))
-        return tp_fail(err == ENOTEMPTY || err == EEXIST ? TP_ERR_EXISTS : TP_ERR_IO,
-                         "cannot move %s to %s: %s", staging, path, strerror(err));
-    if (renameat2(AT_FDCWD, staging, AT_FDCWD, path, RENAME_EXCHANGE) != 0) {
-        /* No atomic exchange on this file system: move the old one aside first. */
+    if (!overwrite || !ckpt_exists(s, path)) {
+        TP_TRY(s->rename(s, staging, path, overwrite ? CKPT_RENAME_REPLACE : CKPT_RENAME_NOREPLACE));
+        return s->sync_dir(s, parent);
+    }
+    int status = s->rename(s, staging, path, CKPT_RENAME_EXCHANGE);
+    if (status == TP_ERR_STATE) {
+        /* No atomic exchange in this store: move the old one aside first. */
         char aside[CKPT_PATH_MAX + 16];
         snprintf(aside, sizeof aside, "%s.replaced", staging);
-        ckpt_remove_tree(aside);
-        if (rename(path, aside) != 0 || rename(staging, path) != 0)
-            return tp_fail(TP_ERR_IO, "cannot replace %s: %s", path, strerror(errno));
-        ckpt_fsync_path(parent, 1);
-        return ckpt_remove_tree(aside);
+        TP_TRY(s->remove_tree(s, aside));
+        TP_TRY(s->rename(s, path, aside, CKPT_RENAME_REPLACE));
+        TP_TRY(s->rename(s, staging, path, CKPT_RENAME_REPLACE));
+        TP_TRY(s->sync_dir(s, parent));
+        return s->remove_tree(s, aside);
     }
-    int status = ckpt_fsync_path(parent, 1);
-    if (!status) status = ckpt_remove_tree(staging); /* now holds the replaced checkpoint */
+    if (!status) status = s->sync_dir(s, parent);
+    if (!status) status = s->remove_tree(s, staging); /* now holds what was replaced */
     return status;
 }
 
 int ckpt_output_publish(const char *staging, const char *path, int overwrite)
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
-    struct stat st;
-    if (!status && stat(staging, &st) != 0)
-        status = tp_fail(TP_ERR_IO, "%s: %s", staging, strerror(errno));
-    if (!status) status = ckpt_fsync_path(staging, S_ISDIR(st.st_mode));
-    if (!status) status = publish(staging, path, parent, overwrite);
-    return status;
+    const ckpt_storage *s;
+    ckpt_stat st;
+    TP_TRY(ckpt_storage_for(path, &s));
+    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
+    TP_TRY(s->stat(s, staging, &st));
+    if (!st.exists) return tp_fail(TP_ERR_STATE, "%s: nothing staged to publish", staging);
+    if (st.is_dir) {
+        TP_TRY(s->sync_dir(s, staging));
+    } else {
+        ckpt_file *file = NULL;
+        TP_TRY(s->open(s, staging, CKPT_OPEN_READ, &file));
+        int status = s->sync(file);
+        s->close(file);
+        if (status) return status;
+    }
+    return publish(s, staging, path, parent, overwrite);
 }
 
 void ckpt_output_discard(const char *staging)
 {
-    ckpt_remove_tree(staging);
+    const ckpt_storage *s;
+    if (ckpt_storage_for(staging, &s) == TP_OK) s->remove_tree(s, staging);
 }
 
-int ckpt_commit_directory(const char *staging, const char *path, const ckpt_layout *layout,
-                          const ckpt_train_state *state, const ckpt_write_options *options)
+int ckpt_commit_directory(const ckpt_storage *storage, const char *staging, const char *path,
+                          const ckpt_layout *layout, const ckpt_train_state *state, const ckpt_write_options *options)
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
-    if (status) return status;
-    if (!options->overwrite && ckpt_path_exists(path))
-        return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force",
-                         path);
+    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
+    if (!options->overwrite && ckpt_exists(storage, path))
+        return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force", path);
     ckpt_fault_point("before-index");
-    status = build_index(staging, layout, state);
-    if (status) return status;
-    status = ckpt_fsync_path(staging, 1);
-    if (status) return status;
+    TP_TRY(build_index(storage, staging, layout, state));
+    TP_TRY(storage->sync_dir(storage, staging));
     ckpt_fault_point("before-rename");
-    status = publish(staging, path, parent, options->overwrite);
-    if (status || !options->update_latest) return status;
+    TP_TRY(publish(storage, staging, path, parent, options->overwrite));
+    if (!options->update_latest) return TP_OK;
     ckpt_fault_point("before-latest");
-    return ckpt_latest_update(parent, base, state ? state->step : 0);
+    return ckpt_latest_update(storage, parent, base, state ? state->step : 0);
 }

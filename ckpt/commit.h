@@ -11,7 +11,7 @@ int ckpt_seal_piece(hid_t file, const char *file_path, const char *tensor_name,
 
 /* Builds index.json from the staging directory's shard files, then makes the
  * checkpoint visible at path and updates `latest` as the options say. */
-int ckpt_commit_directory(const char *staging, const char *path, const ckpt_layout *layout,
-                          const ckpt_train_state *state, const ckpt_write_options *options);
+int ckpt_commit_directory(const ckpt_storage *storage, const char *staging, const char *path,
+                          const ckpt_layout *layout, const ckpt_train_state *state, const ckpt_write_options *options);
 
 #endif

@@ -16,15 +16,16 @@ struct ckpt_flat_file {
     char path[CKPT_PATH_MAX];  /* final name */
     char temp[CKPT_PATH_MAX];  /* written here, renamed on commit */
     int overwrite;
-    hid_t file;
-    int fd;
+    const ckpt_storage *storage;
+    hid_t file;                /* HDF5's handle: metadata */
+    ckpt_file *data;           /* the store's: the datasets' bytes */
 };
 
 void ckpt_flat_abort(ckpt_flat_file *f)
 {
     if (!f) return;
     if (f->file >= 0) H5Fclose(f->file);
-    if (f->fd >= 0) close(f->fd);
+    if (f->data) f->storage->close(f->data);
     ckpt_output_discard(f->temp);
     free(f);
 }
@@ -35,9 +36,9 @@ int ckpt_flat_create(ckpt_flat_file **out, const char *path, int overwrite)
     ckpt_flat_file *f = calloc(1, sizeof *f);
     if (!f) return tp_fail(TP_ERR_NOMEM, "out of memory");
     f->file = -1;
-    f->fd = -1;
     f->overwrite = overwrite;
-    int status = ckpt_output_stage(path, overwrite, 0, f->temp, sizeof f->temp);
+    int status = ckpt_storage_for(path, &f->storage);
+    if (!status) status = ckpt_output_stage(path, overwrite, 0, f->temp, sizeof f->temp);
     if (status) {
         free(f);
         return status;
@@ -49,8 +50,7 @@ int ckpt_flat_create(ckpt_flat_file **out, const char *path, int overwrite)
     if (fapl >= 0) H5Pclose(fapl);
     if (fcpl >= 0) H5Pclose(fcpl);
     if (f->file < 0) status = ckpt_fail_hdf5("%s: cannot create", f->temp);
-    if (!status && (f->fd = open(f->temp, O_WRONLY | O_CLOEXEC)) < 0)
-        status = tp_fail(TP_ERR_IO, "%s: cannot open for writing: %s", f->temp, strerror(errno));
+    if (!status) status = f->storage->open(f->storage, f->temp, CKPT_OPEN_WRITE, &f->data);
     if (status) {
         ckpt_flat_abort(f);
         return status;
@@ -111,7 +111,7 @@ int ckpt_flat_attribute(ckpt_flat_file *f, const char *name, const char *value)
 
 int ckpt_flat_write(ckpt_flat_file *f, int64_t offset, const void *data, size_t bytes)
 {
-    return ckpt_write_all_at(f->fd, data, bytes, offset, f->temp);
+    return f->storage->write_at(f->data, data, bytes, offset);
 }
 
 int ckpt_flat_commit(ckpt_flat_file *f)
@@ -123,7 +123,7 @@ int ckpt_flat_commit(ckpt_flat_file *f)
         ckpt_flat_abort(f);
         return status;
     }
-    close(f->fd);
+    f->storage->close(f->data);
     free(f);
     return TP_OK;
 }

@@ -108,13 +108,13 @@ hid_t ckpt_h5_file_access(void); /* property list: alignment, libver, no file lo
 /* out = dir + "/" + name; fails with TP_ERR_ARG when longer than CKPT_PATH_MAX. */
 int ckpt_path_join(char *out, const char *dir, const char *name);
 
-int ckpt_write_all_at(int fd, const void *buf, size_t size, int64_t offset, const char *path);
-int ckpt_read_all_at(int fd, void *buf, size_t size, int64_t offset, const char *path);
-int ckpt_fsync_path(const char *path, int is_dir);
-int ckpt_remove_tree(const char *path);
-int ckpt_path_exists(const char *path);
-/* Writes a small file atomically: temp file, fsync, rename, fsync directory. */
-int ckpt_write_file_atomic(const char *dir, const char *name, const char *data, size_t size);
+/* Whether a path exists in a store. */
+int ckpt_exists(const ckpt_storage *storage, const char *path);
+/* Writes a small file atomically: temp file, sync, rename, sync of the directory. */
+int ckpt_write_file_atomic(const ckpt_storage *storage, const char *dir, const char *name, const char *data,
+                           size_t size);
+/* ckpt_read_text_file in a given store. */
+int ckpt_read_text(const ckpt_storage *storage, const char *path, char **out, int64_t *size_out);
 /* Splits a path into its parent directory and base name. */
 int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *base,
                     size_t base_size);
@@ -123,7 +123,11 @@ int ckpt_staging_path(const char *path, char *out, size_t out_size);
 
 /* Points run_dir's `latest` at checkpoint `name` of that step, unless what
  * the run directory resolves to now is newer: `latest` never moves back. */
-int ckpt_latest_update(const char *run_dir, const char *name, int64_t step);
+int ckpt_latest_update(const ckpt_storage *storage, const char *run_dir, const char *name, int64_t step);
+
+/* ckpt_resolve and ckpt_candidates in a given store (out: CKPT_PATH_MAX). */
+int ckpt_resolve_in(const ckpt_storage *storage, const char *path, char *out);
+int ckpt_candidates_in(const ckpt_storage *storage, const char *path, ckpt_candidate **out, int *count);
 
 /* Test hook (docs/FORMAT.md "Fault injection"): kills the process with SIGKILL
  * when the environment variable TP_CKPT_FAULT names this point. */

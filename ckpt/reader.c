@@ -4,17 +4,15 @@
  * is opened once, cross-checked against the index (attributes, shape,
  * checksum), and its storage located: the file offset of a contiguous piece,
  * or the address and size of every chunk of a compressed one. From then on
- * data is read with pread() outside HDF5's global lock, so many threads read
- * in parallel; compressed chunks are decompressed in the reading thread.
+ * data is read through the store (positioned reads) outside HDF5's global
+ * lock, so many threads read in parallel; compressed chunks are decompressed
+ * in the reading thread.
  * With verification on, every block read is hashed and compared. */
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "../common/memory.h"
 #include "attrs.h"
@@ -44,12 +42,13 @@ typedef struct {
 
 typedef struct {
     char path[CKPT_PATH_MAX];
-    hid_t file;
-    int fd;
+    hid_t file;       /* HDF5's handle: metadata */
+    ckpt_file *data;  /* the store's: the bytes of pieces */
 } file_runtime;
 
 struct ckpt_reader {
     char path[CKPT_PATH_MAX];
+    const ckpt_storage *storage;
     ckpt_index index;
     ckpt_read_options options;
     file_runtime *files;
@@ -60,6 +59,7 @@ struct ckpt_reader {
 
 void ckpt_read_options_init(ckpt_read_options *options)
 {
+    memset(options, 0, sizeof *options);
     options->verify = 1;
 }
 
@@ -76,7 +76,7 @@ void ckpt_reader_close(ckpt_reader *r)
     if (!r) return;
     for (int f = 0; r->files && f < r->index.num_files; f++) {
         if (r->files[f].file >= 0) H5Fclose(r->files[f].file);
-        if (r->files[f].fd >= 0) close(r->files[f].fd);
+        if (r->files[f].data) r->storage->close(r->files[f].data);
     }
     for (int i = 0; r->pieces && i < r->index.num_tensors; i++) {
         for (int p = 0; r->pieces[i] && p < r->index.tensors[i].num_pieces; p++) {
@@ -103,17 +103,19 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     pthread_mutex_init(&r->lock, NULL);
     if (options) r->options = *options;
     else ckpt_read_options_init(&r->options);
-    status = ckpt_resolve(path, r->path, sizeof r->path);
+    r->storage = r->options.storage;
+    if (!r->storage) status = ckpt_storage_for(path, &r->storage);
+    if (!status) status = ckpt_resolve_in(r->storage, path, r->path);
     char index_path[CKPT_PATH_MAX] = "";
     char *text = NULL;
     if (!status) status = ckpt_path_join(index_path, r->path, CKPT_INDEX_NAME);
-    if (!status) status = ckpt_read_text_file(index_path, &text, NULL);
+    if (!status) status = ckpt_read_text(r->storage, index_path, &text, NULL);
     if (!status) status = ckpt_index_parse(text, index_path, &r->index);
     free(text);
-    for (int i = 0; !status && i < r->index.num_tensors; i++)
-        status = ckpt_name_map_insert(&r->names, r->index.tensors[i].tensor.name, i,
-                                      reader_name_of, r);
-    if (status == TP_ERR_ARG) status = tp_fail_context(TP_ERR_FORMAT, "%s", index_path);
+    for (int i = 0; !status && i < r->index.num_tensors; i++) {
+        status = ckpt_name_map_insert(&r->names, r->index.tensors[i].tensor.name, i, reader_name_of, r);
+        if (status == TP_ERR_ARG) status = tp_fail_context(TP_ERR_FORMAT, "%s", index_path); /* a name twice */
+    }
     if (!status) {
         r->files = calloc((size_t)r->index.num_files, sizeof *r->files);
         r->pieces = calloc((size_t)r->index.num_tensors + 1, sizeof *r->pieces);
@@ -122,22 +124,17 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     for (int f = 0; !status && f < r->index.num_files; f++) {
         file_runtime *fr = &r->files[f];
         fr->file = -1;
-        fr->fd = -1;
-        struct stat st;
+        ckpt_stat st;
         status = ckpt_path_join(fr->path, r->path, r->index.files[f].name);
+        if (!status) status = r->storage->stat(r->storage, fr->path, &st);
         if (status) break;
-        if (stat(fr->path, &st) != 0)
-            status = tp_fail(TP_ERR_NOT_FOUND, "%s: shard file missing: %s", fr->path,
-                               strerror(errno));
-        else if ((int64_t)st.st_size != r->index.files[f].bytes)
-            status = tp_fail(TP_ERR_FORMAT,
-                               "%s: %lld bytes, the index records %lld (truncated or replaced?)",
-                               fr->path, (long long)st.st_size, (long long)r->index.files[f].bytes);
+        if (!st.exists)
+            status = tp_fail(TP_ERR_NOT_FOUND, "%s: shard file missing: %s", fr->path, strerror(ENOENT));
+        else if (st.size != r->index.files[f].bytes)
+            status = tp_fail(TP_ERR_FORMAT, "%s: %lld bytes, the index records %lld (truncated or replaced?)", fr->path,
+                             (long long)st.size, (long long)r->index.files[f].bytes);
     }
-    for (int f = status ? r->index.num_files : 0; f < r->index.num_files; f++) {
-        r->files[f].file = -1;
-        r->files[f].fd = -1;
-    }
+    for (int f = status ? r->index.num_files : 0; f < r->index.num_files; f++) r->files[f].file = -1;
     for (int i = 0; !status && i < r->index.num_tensors; i++) {
         const ckpt_index_tensor *it = &r->index.tensors[i];
         r->pieces[i] = calloc((size_t)it->num_pieces, sizeof **r->pieces);
@@ -250,11 +247,7 @@ static int open_file(ckpt_reader *r, int f)
                            "expects pp=%d tp=%d complete=1",
                            fr->path, (long long)coords[0], (long long)coords[1],
                            (long long)complete, idx->pp, idx->tp);
-    if (!status) {
-        fr->fd = open(fr->path, O_RDONLY | O_CLOEXEC);
-        if (fr->fd < 0)
-            status = tp_fail(TP_ERR_IO, "%s: cannot open: %s", fr->path, strerror(errno));
-    }
+    if (!status) status = r->storage->open(r->storage, fr->path, CKPT_OPEN_READ, &fr->data);
     if (status) {
         H5Fclose(file);
         return status;
@@ -444,7 +437,8 @@ typedef struct {
     ckpt_reader *r;
     int tensor, piece;
     piece_runtime *pr;
-    int fd;
+    const ckpt_storage *storage;
+    ckpt_file *file;
     const char *file_path;
 } piece_ctx;
 
@@ -456,7 +450,8 @@ static int piece_context(ckpt_reader *r, int i, int piece, piece_ctx *ctx)
     ctx->r = r;
     ctx->tensor = i;
     ctx->piece = piece;
-    ctx->fd = r->files[ip->file_index].fd;
+    ctx->storage = r->storage;
+    ctx->file = r->files[ip->file_index].data;
     ctx->file_path = r->files[ip->file_index].path;
     return TP_OK;
 }
@@ -496,7 +491,7 @@ static int read_chunk(const piece_ctx *c, int64_t b, char *dst, char *scratch)
         return tp_fail(TP_ERR_FORMAT, "%s: tensor %s chunk %lld has an impossible size %llu",
                          c->file_path, name, (long long)b, (unsigned long long)loc->size);
     char *packed = scratch + chunk_bytes;
-    int status = ckpt_read_all_at(c->fd, packed, loc->size, (int64_t)loc->address, c->file_path);
+    int status = c->storage->read_at(c->file, packed, loc->size, (int64_t)loc->address);
     if (status) return status;
     /* Stages in reverse: zstd, then unshuffle; whole blocks land straight in dst. */
     const char *plain = packed;
@@ -550,8 +545,8 @@ static int read_blocks(const piece_ctx *c, int64_t b0, int64_t b1, char *dst, ch
         int64_t end = b + per_read < b1 ? b + per_read : b1;
         int64_t row_end = end * g->block_rows < g->rows ? end * g->block_rows : g->rows;
         char *out = dst + (b - b0) * block_bytes;
-        status = ckpt_read_all_at(c->fd, out, (size_t)((row_end - b * g->block_rows) * g->row_bytes),
-                                  c->pr->offset + b * block_bytes, c->file_path);
+        status = c->storage->read_at(c->file, out, (size_t)((row_end - b * g->block_rows) * g->row_bytes),
+                                     c->pr->offset + b * block_bytes);
         for (int64_t k = b; k < end && !status && verify; k++)
             status = verify_block(c, k, out + (k - b) * block_bytes);
     }
@@ -632,8 +627,7 @@ typedef struct {
 static int pread_run(void *ctx, int64_t so, int64_t dof, int64_t bytes)
 {
     pread_ctx *c = ctx;
-    return ckpt_read_all_at(c->piece->fd, c->dst + dof, (size_t)bytes, c->piece->pr->offset + so,
-                            c->piece->file_path);
+    return c->piece->storage->read_at(c->piece->file, c->dst + dof, (size_t)bytes, c->piece->pr->offset + so);
 }
 
 /* Asks the kernel to start reading rows [row0, row1) of a piece, and a little
@@ -656,7 +650,7 @@ static void prefetch(const piece_ctx *c, int64_t row0, int64_t row1)
         begin = c->pr->offset + row0 * g->row_bytes;
         end = c->pr->offset + row1 * g->row_bytes;
     }
-    posix_fadvise(c->fd, begin, end - begin, POSIX_FADV_WILLNEED);
+    c->storage->read_ahead(c->file, begin, end - begin);
 }
 
 /* Reads the box [start, start + count) of a piece into the box of dst at
@@ -684,8 +678,8 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
             int64_t n = DIRECT_READ_MAX / g->row_bytes;
             if (n < 1) n = 1;
             if (n > row1 - r) n = row1 - r;
-            int status = ckpt_read_all_at(c->fd, DST_ROW(r), (size_t)(n * g->row_bytes),
-                                          c->pr->offset + r * g->row_bytes, c->file_path);
+            int status = c->storage->read_at(c->file, DST_ROW(r), (size_t)(n * g->row_bytes),
+                                             c->pr->offset + r * g->row_bytes);
             if (status) return status;
             r += n;
         }
@@ -747,8 +741,8 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
             int64_t b = r / g->block_rows;
             status = read_blocks(c, b, b + 1, bounce, scratch, verify);
         } else {
-            status = ckpt_read_all_at(c->fd, bounce, (size_t)((group_end - r) * g->row_bytes),
-                                      c->pr->offset + r * g->row_bytes, c->file_path);
+            status = c->storage->read_at(c->file, bounce, (size_t)((group_end - r) * g->row_bytes),
+                                         c->pr->offset + r * g->row_bytes);
         }
         if (status) break;
         box_frame s = src_frame, dd = *dst_frame;

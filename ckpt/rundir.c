@@ -4,12 +4,10 @@
  * what `latest` names, which checkpoint a path means, and the order in
  * which a resume tries them. */
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "internal.h"
 
@@ -37,60 +35,74 @@ int ckpt_step_path(const char *run_dir, int64_t step, char *out, size_t out_size
     return ckpt_path_join(out, run_dir, name);
 }
 
-int ckpt_is_committed(const char *dir)
+static int committed_in(const ckpt_storage *storage, const char *dir)
 {
     char index[CKPT_PATH_MAX];
-    return ckpt_path_join(index, dir, CKPT_INDEX_NAME) == TP_OK && ckpt_path_exists(index);
+    return ckpt_path_join(index, dir, CKPT_INDEX_NAME) == TP_OK && ckpt_exists(storage, index);
+}
+
+int ckpt_is_committed(const char *dir)
+{
+    const ckpt_storage *storage;
+    return ckpt_storage_for(dir, &storage) == TP_OK && committed_in(storage, dir);
 }
 
 /* Whether path is, or has beside it, the staging directory of a checkpoint
  * being written. */
-static int is_being_written(const char *path)
+static int is_being_written(const ckpt_storage *storage, const char *path)
 {
     size_t n = strlen(path);
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     if (base[0] == '.' && n > 8 && strcmp(path + n - 8, ".staging") == 0) return 1;
     char staging[CKPT_PATH_MAX];
-    return ckpt_staging_path(path, staging, sizeof staging) == TP_OK && ckpt_path_exists(staging);
+    return ckpt_staging_path(path, staging, sizeof staging) == TP_OK && ckpt_exists(storage, staging);
 }
 
 /* The checkpoint `latest` in run_dir names, when it is a committed one. */
-static int latest_checkpoint(const char *run_dir, char *out)
+static int latest_checkpoint(const ckpt_storage *storage, const char *run_dir, char *out)
 {
     char latest_path[CKPT_PATH_MAX];
     char *latest = NULL;
-    if (ckpt_path_join(latest_path, run_dir, CKPT_LATEST_NAME) || ckpt_read_text_file(latest_path, &latest, NULL))
+    if (ckpt_path_join(latest_path, run_dir, CKPT_LATEST_NAME) || !ckpt_exists(storage, latest_path) ||
+        ckpt_read_text(storage, latest_path, &latest, NULL))
         return 0;
     latest[strcspn(latest, "\r\n")] = '\0';
     int ok = latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 && strcmp(latest, ".") != 0 &&
-             ckpt_path_join(out, run_dir, latest) == TP_OK && ckpt_is_committed(out);
+             ckpt_path_join(out, run_dir, latest) == TP_OK && committed_in(storage, out);
     free(latest);
     return ok;
 }
 
-int ckpt_resolve(const char *path, char *out, size_t out_size)
+int ckpt_resolve_in(const ckpt_storage *storage, const char *path, char *out)
 {
-    struct stat st;
-    if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
-    if (is_being_written(path) && !ckpt_is_committed(path))
+    ckpt_stat st;
+    if (is_being_written(storage, path) && !committed_in(storage, path))
         return tp_fail(TP_ERR_NOT_FOUND,
                        "%s is a checkpoint still being written (not committed); use a committed one", path);
-    if (stat(path, &st) != 0)
-        return tp_fail(TP_ERR_NOT_FOUND, "%s: no such checkpoint: %s", path, strerror(errno));
-    if (!S_ISDIR(st.st_mode)) return tp_fail(TP_ERR_NOT_FOUND, "%s is not a checkpoint: not a directory", path);
-    if (ckpt_is_committed(path)) {
-        if (strlen(path) >= out_size) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
+    TP_TRY(storage->stat(storage, path, &st));
+    if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: no such checkpoint: %s", path, strerror(ENOENT));
+    if (!st.is_dir) return tp_fail(TP_ERR_NOT_FOUND, "%s is not a checkpoint: not a directory", path);
+    if (committed_in(storage, path)) {
+        if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
         strcpy(out, path);
         return TP_OK;
     }
-    if (latest_checkpoint(path, out)) return TP_OK;
+    if (latest_checkpoint(storage, path, out)) return TP_OK;
     /* No usable `latest`: the newest committed step_* directory. */
     ckpt_candidate *list = NULL;
     int count = 0;
-    TP_TRY(ckpt_candidates(path, &list, &count));
+    TP_TRY(ckpt_candidates_in(storage, path, &list, &count));
     strcpy(out, list[0].path);
     free(list);
     return TP_OK;
+}
+
+int ckpt_resolve(const char *path, char *out, size_t out_size)
+{
+    const ckpt_storage *storage;
+    if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
+    TP_TRY(ckpt_storage_for(path, &storage));
+    return ckpt_resolve_in(storage, path, out);
 }
 
 static int by_step_descending(const void *a, const void *b)
@@ -99,11 +111,36 @@ static int by_step_descending(const void *a, const void *b)
     return x->step < y->step ? 1 : x->step > y->step ? -1 : strcmp(x->path, y->path);
 }
 
-int ckpt_candidates(const char *path, ckpt_candidate **out, int *count)
+typedef struct {
+    const ckpt_storage *storage;
+    const char *dir;
+    ckpt_candidate *list;
+    int count, capacity;
+} listing;
+
+static int add_candidate(void *ctx, const char *name)
+{
+    listing *l = ctx;
+    int64_t step = ckpt_step_of_name(name);
+    char candidate[CKPT_PATH_MAX];
+    if (step < 0 || ckpt_path_join(candidate, l->dir, name) || !committed_in(l->storage, candidate)) return TP_OK;
+    if (l->count == l->capacity) {
+        int capacity = l->capacity ? 2 * l->capacity : 16;
+        ckpt_candidate *grown = realloc(l->list, (size_t)capacity * sizeof *grown);
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory listing %s", l->dir);
+        l->list = grown;
+        l->capacity = capacity;
+    }
+    strcpy(l->list[l->count].path, candidate);
+    l->list[l->count++].step = step;
+    return TP_OK;
+}
+
+int ckpt_candidates_in(const ckpt_storage *storage, const char *path, ckpt_candidate **out, int *count)
 {
     *out = NULL;
     *count = 0;
-    if (ckpt_is_committed(path)) { /* a checkpoint itself, not a run directory */
+    if (committed_in(storage, path)) { /* a checkpoint itself, not a run directory */
         ckpt_candidate *one = calloc(1, sizeof *one);
         if (!one) return tp_fail(TP_ERR_NOMEM, "out of memory");
         if (strlen(path) >= sizeof one->path) {
@@ -118,30 +155,11 @@ int ckpt_candidates(const char *path, ckpt_candidate **out, int *count)
         return TP_OK;
     }
     char latest[CKPT_PATH_MAX];
-    int has_latest = latest_checkpoint(path, latest);
-    DIR *dir = opendir(path);
-    if (!dir)
-        return tp_fail(errno == ENOENT ? TP_ERR_NOT_FOUND : TP_ERR_IO, "%s: cannot list: %s", path, strerror(errno));
-    ckpt_candidate *list = NULL;
-    int n = 0, capacity = 0, status = TP_OK;
-    struct dirent *entry;
-    while ((entry = readdir(dir)) != NULL && !status) {
-        int64_t step = ckpt_step_of_name(entry->d_name);
-        char candidate[CKPT_PATH_MAX];
-        if (step < 0 || ckpt_path_join(candidate, path, entry->d_name) || !ckpt_is_committed(candidate)) continue;
-        if (n == capacity) {
-            capacity = capacity ? 2 * capacity : 16;
-            ckpt_candidate *grown = realloc(list, (size_t)capacity * sizeof *grown);
-            if (!grown) {
-                status = tp_fail(TP_ERR_NOMEM, "out of memory listing %s", path);
-                break;
-            }
-            list = grown;
-        }
-        strcpy(list[n].path, candidate);
-        list[n++].step = step;
-    }
-    closedir(dir);
+    int has_latest = latest_checkpoint(storage, path, latest);
+    listing l = {storage, path, NULL, 0, 0};
+    int status = storage->list(storage, path, add_candidate, &l);
+    ckpt_candidate *list = l.list;
+    int n = l.count;
     if (!status && n == 0)
         status = tp_fail(TP_ERR_NOT_FOUND,
                          "%s is not a checkpoint: no %s, no usable '%s' pointer and no committed step_* directory",
@@ -164,15 +182,24 @@ int ckpt_candidates(const char *path, ckpt_candidate **out, int *count)
     return TP_OK;
 }
 
+int ckpt_candidates(const char *path, ckpt_candidate **out, int *count)
+{
+    const ckpt_storage *storage;
+    *out = NULL;
+    *count = 0;
+    TP_TRY(ckpt_storage_for(path, &storage));
+    return ckpt_candidates_in(storage, path, out, count);
+}
+
 /* Step recorded in the index of the checkpoint run_dir resolves to, or -1. */
-static int64_t resolved_step(const char *run_dir)
+static int64_t resolved_step(const ckpt_storage *storage, const char *run_dir)
 {
     char resolved[CKPT_PATH_MAX], index_path[CKPT_PATH_MAX];
-    if (ckpt_resolve(run_dir, resolved, sizeof resolved) != TP_OK ||
+    if (ckpt_resolve_in(storage, run_dir, resolved) != TP_OK ||
         ckpt_path_join(index_path, resolved, CKPT_INDEX_NAME) != TP_OK)
         return -1;
     char *text = NULL;
-    if (ckpt_read_text_file(index_path, &text, NULL) != TP_OK) return -1;
+    if (ckpt_read_text(storage, index_path, &text, NULL) != TP_OK) return -1;
     cJSON *root = cJSON_Parse(text);
     free(text);
     const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
@@ -181,10 +208,10 @@ static int64_t resolved_step(const char *run_dir)
     return value;
 }
 
-int ckpt_latest_update(const char *run_dir, const char *name, int64_t step)
+int ckpt_latest_update(const ckpt_storage *storage, const char *run_dir, const char *name, int64_t step)
 {
-    if (resolved_step(run_dir) > step) return TP_OK; /* never move `latest` backwards */
+    if (resolved_step(storage, run_dir) > step) return TP_OK; /* never move `latest` backwards */
     char line[CKPT_PATH_MAX + 2];
     int n = snprintf(line, sizeof line, "%s\n", name);
-    return ckpt_write_file_atomic(run_dir, CKPT_LATEST_NAME, line, (size_t)n);
+    return ckpt_write_file_atomic(storage, run_dir, CKPT_LATEST_NAME, line, (size_t)n);
 }

@@ -23,8 +23,8 @@
 typedef struct {
     int pp, tp;
     char path[CKPT_PATH_MAX];
-    hid_t file;
-    int fd;
+    hid_t file;      /* HDF5's handle: metadata */
+    ckpt_file *data; /* the store's: the bytes of pieces */
 } shard_file;
 
 typedef struct {
@@ -46,6 +46,7 @@ typedef struct {
 
 struct ckpt_writer {
     char path[CKPT_PATH_MAX];
+    const ckpt_storage *storage;
     char staging[CKPT_PATH_MAX];
     ckpt_layout layout;
     ckpt_write_options options;
@@ -87,7 +88,7 @@ static int open_shard(ckpt_writer *w, shard_file *s)
     char name[64];
     ckpt_shard_file_name(s->pp, s->tp, name, sizeof name);
     s->file = -1;
-    s->fd = -1;
+    s->data = NULL;
     int status = ckpt_path_join(s->path, w->staging, name);
     if (status) return status;
     hid_t fapl = ckpt_h5_file_access();
@@ -106,22 +107,21 @@ static int open_shard(ckpt_writer *w, shard_file *s)
     if (!status) status = ckpt_h5_write_i64s(s->file, "num_layers", &w->layout.num_layers, 1);
     if (!status) status = ckpt_h5_write_i64s(s->file, "complete", &complete, 1);
     if (status) return tp_fail_context(status, "%s", s->path);
-    s->fd = open(s->path, O_WRONLY | O_CLOEXEC);
-    if (s->fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot open for writing: %s", s->path, strerror(errno));
+    TP_TRY(w->storage->open(w->storage, s->path, CKPT_OPEN_WRITE, &s->data));
     return TP_OK;
 }
 
-static void close_shard(shard_file *s)
+static void close_shard(const ckpt_writer *w, shard_file *s)
 {
     if (s->file >= 0) H5Fclose(s->file);
-    if (s->fd >= 0) close(s->fd);
+    if (s->data) w->storage->close(s->data);
     s->file = -1;
-    s->fd = -1;
+    s->data = NULL;
 }
 
 static void free_writer(ckpt_writer *w)
 {
-    for (int i = 0; i < w->num_shards; i++) close_shard(&w->shards[i]);
+    for (int i = 0; i < w->num_shards; i++) close_shard(w, &w->shards[i]);
     for (int i = 0; i < w->num_tensors; i++) {
         for (int p = 0; p < w->tensors[i].num_pieces; p++) {
             free(w->tensors[i].pieces[p].block_hash);
@@ -136,41 +136,46 @@ static void free_writer(ckpt_writer *w)
     free(w);
 }
 
-/* Checks that a checkpoint may be written at path: refuses an existing one
- * unless overwriting, and a missing parent directory. */
-static int check_destination(const char *path, const ckpt_write_options *options)
+/* Checks that path may be written (its parent exists; path itself only
+ * when overwriting), clears an old staging entry and, for a directory,
+ * creates it. */
+static int stage(const ckpt_storage *storage, const char *path, int overwrite, int directory, char *staging,
+                 size_t staging_size)
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
-    if (status) return status;
-    struct stat st;
-    if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode))
+    TP_TRY(ckpt_library_init());
+    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
+    ckpt_stat st;
+    TP_TRY(storage->stat(storage, parent, &st));
+    if (!st.exists || !st.is_dir)
         return tp_fail(TP_ERR_NOT_FOUND, "%s: parent directory %s does not exist", path, parent);
-    if (ckpt_path_exists(path) && !options->overwrite)
-        return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force",
-                         path);
-    return TP_OK;
+    if (ckpt_exists(storage, path) && !overwrite)
+        return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force", path);
+    TP_TRY(ckpt_staging_path(path, staging, staging_size));
+    TP_TRY(storage->remove_tree(storage, staging));
+    return directory ? storage->make_dir(storage, staging) : TP_OK;
+}
+
+/* The store a writer with these options uses for path. */
+static int storage_of(const ckpt_write_options *options, const char *path, const ckpt_storage **out)
+{
+    *out = options->storage;
+    return *out ? TP_OK : ckpt_storage_for(path, out);
 }
 
 int ckpt_output_stage(const char *path, int overwrite, int directory, char *staging, size_t staging_size)
 {
-    int status = ckpt_library_init();
-    if (status) return status;
-    ckpt_write_options options;
-    ckpt_write_options_init(&options);
-    options.overwrite = overwrite;
-    status = check_destination(path, &options);
-    if (!status) status = ckpt_staging_path(path, staging, staging_size);
-    if (!status) status = ckpt_remove_tree(staging);
-    if (!status && directory && mkdir(staging, 0755) != 0)
-        status = tp_fail(TP_ERR_IO, "%s: cannot create: %s", staging, strerror(errno));
-    return status;
+    const ckpt_storage *storage;
+    TP_TRY(ckpt_storage_for(path, &storage));
+    return stage(storage, path, overwrite, directory, staging, staging_size);
 }
 
 int ckpt_stage_prepare(const char *path, const ckpt_write_options *options)
 {
     char staging[CKPT_PATH_MAX];
-    return ckpt_output_stage(path, options->overwrite, 1, staging, sizeof staging);
+    const ckpt_storage *storage;
+    TP_TRY(storage_of(options, path, &storage));
+    return stage(storage, path, options->overwrite, 1, staging, sizeof staging);
 }
 
 int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *layout,
@@ -202,14 +207,15 @@ int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *l
     w->layout = *layout;
     w->options = *options;
     w->distributed = distributed;
-    status = ckpt_staging_path(path, w->staging, sizeof w->staging);
+    status = storage_of(options, path, &w->storage);
+    if (!status) status = ckpt_staging_path(path, w->staging, sizeof w->staging);
     if (!status && !distributed) status = ckpt_stage_prepare(path, options);
     if (!status && distributed) {
-        struct stat st;
-        if (stat(w->staging, &st) != 0 || !S_ISDIR(st.st_mode))
-            status = tp_fail(TP_ERR_STATE,
-                               "%s: staging directory %s missing (ckpt_stage_prepare not called?)",
-                               path, w->staging);
+        ckpt_stat st;
+        status = w->storage->stat(w->storage, w->staging, &st);
+        if (!status && (!st.exists || !st.is_dir))
+            status = tp_fail(TP_ERR_STATE, "%s: staging directory %s missing (ckpt_stage_prepare not called?)", path,
+                             w->staging);
     }
     if (status) {
         free_writer(w);
@@ -450,9 +456,8 @@ int ckpt_writer_put_rows(ckpt_writer *w, int id, int piece, int64_t row_start, i
     }
     uint64_t digest = ckpt_digest_rows(&ts->tensor.desc, w->layout.tp, piece, row_start, row_start + row_count, data);
     if (ps->offset >= 0)
-        status = ckpt_write_all_at(w->shards[ps->shard].fd, data, (size_t)(row_count * g->row_bytes),
-                                   ps->offset + row_start * g->row_bytes,
-                                   w->shards[ps->shard].path);
+        status = w->storage->write_at(w->shards[ps->shard].data, data, (size_t)(row_count * g->row_bytes),
+                                      ps->offset + row_start * g->row_bytes);
     else
         status = write_chunks(w, ts, ps, first, count, data);
 
@@ -505,8 +510,7 @@ static int seal_shard(ckpt_writer *w, int s)
     if (!status && H5Fclose(sf->file) < 0)
         status = ckpt_fail_hdf5("%s: cannot close shard file", sf->path);
     sf->file = -1;
-    if (!status && fsync(sf->fd) != 0)
-        status = tp_fail(TP_ERR_IO, "%s: fsync failed: %s", sf->path, strerror(errno));
+    if (!status) status = w->storage->sync(sf->data);
     return status;
 }
 
@@ -534,7 +538,7 @@ int ckpt_writer_commit(ckpt_writer *w, const ckpt_train_state *state)
         return tp_fail(TP_ERR_STATE, "a distributed writer ends with ckpt_writer_finish");
     }
     int status = seal_all(w);
-    if (!status) status = ckpt_commit_directory(w->staging, w->path, &w->layout, state, &w->options);
+    if (!status) status = ckpt_commit_directory(w->storage, w->staging, w->path, &w->layout, state, &w->options);
     if (status) {
         ckpt_writer_abort(w);
         return status;
@@ -546,8 +550,8 @@ int ckpt_writer_commit(ckpt_writer *w, const ckpt_train_state *state)
 void ckpt_writer_abort(ckpt_writer *w)
 {
     if (!w) return;
-    for (int i = 0; i < w->num_shards; i++) close_shard(&w->shards[i]);
-    if (!w->distributed) ckpt_remove_tree(w->staging);
+    for (int i = 0; i < w->num_shards; i++) close_shard(w, &w->shards[i]);
+    if (!w->distributed) w->storage->remove_tree(w->storage, w->staging);
     free_writer(w);
 }
 
@@ -559,9 +563,11 @@ int ckpt_commit_staged(const char *path, const ckpt_layout *layout, const ckpt_t
     status = ckpt_layout_check(layout);
     if (status) return status;
     char staging[CKPT_PATH_MAX];
-    status = ckpt_staging_path(path, staging, sizeof staging);
-    if (!status && !ckpt_path_exists(staging))
+    const ckpt_storage *storage;
+    status = storage_of(options, path, &storage);
+    if (!status) status = ckpt_staging_path(path, staging, sizeof staging);
+    if (!status && !ckpt_exists(storage, staging))
         status = tp_fail(TP_ERR_STATE, "%s: no staging directory %s to commit", path, staging);
-    if (!status) status = ckpt_commit_directory(staging, path, layout, state, options);
+    if (!status) status = ckpt_commit_directory(storage, staging, path, layout, state, options);
     return status;
 }

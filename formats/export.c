@@ -10,12 +10,9 @@
  * (kernels.h), then written at its offset. Bands of all tensors run on
  * a pool of threads, each with buffers of its own. */
 #include <cjson/cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "../common/memory.h"
 #include "../common/parallel.h"
@@ -77,10 +74,11 @@ typedef struct {
     int threads;
     int64_t buffer_bytes;  /* per thread: the largest band's output and staging together */
     worker_buffers *buffers;
-    /* Files: num_files descriptors under staging (safetensors, GGUF), or the HDF5 file. */
-    char staging[4096]; /* what ckpt_output_stage needs */
+    /* Files: num_files under staging (safetensors, GGUF), or the HDF5 file. */
+    const ckpt_storage *storage;
+    char staging[CKPT_PATH_MAX];
     char (*file_names)[64];
-    int *fds;
+    ckpt_file **files;
     int num_files;
     ckpt_flat_file *flat;
 } exporter;
@@ -221,55 +219,45 @@ static int plan_bands(exporter *x)
 static int create_files(exporter *x, int num_files)
 {
     x->num_files = num_files;
-    x->fds = malloc((size_t)num_files * sizeof *x->fds);
+    x->files = calloc((size_t)num_files, sizeof *x->files);
     x->file_names = calloc((size_t)num_files, sizeof *x->file_names);
-    if (!x->fds || !x->file_names) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int f = 0; f < num_files; f++) x->fds[f] = -1;
+    if (!x->files || !x->file_names) return tp_fail(TP_ERR_NOMEM, "out of memory");
     return TP_OK;
 }
 
-/* Opens file f under the staging directory (or the staging file itself),
- * sized to its final length so data can arrive in any order. */
+/* Staged path of output file f: under the staging directory, or the
+ * staging file itself. */
+static void staged_path(const exporter *x, int f, char *out, size_t size)
+{
+    if (x->file_names[f][0]) snprintf(out, size, "%s/%s", x->staging, x->file_names[f]);
+    else snprintf(out, size, "%s", x->staging);
+}
+
+/* Opens file f, sized to its final length so data can arrive in any order. */
 static int open_file(exporter *x, int f, int64_t size)
 {
-    char path[4096 + 80];
-    if (x->file_names[f][0]) snprintf(path, sizeof path, "%s/%s", x->staging, x->file_names[f]);
-    else snprintf(path, sizeof path, "%s", x->staging);
-    x->fds[f] = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (x->fds[f] < 0) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    if (ftruncate(x->fds[f], (off_t)size) != 0)
-        return tp_fail(TP_ERR_IO, "%s: cannot size to %lld bytes: %s", path, (long long)size, strerror(errno));
-    return TP_OK;
+    char path[CKPT_PATH_MAX + 80];
+    staged_path(x, f, path, sizeof path);
+    TP_TRY(x->storage->open(x->storage, path, CKPT_OPEN_CREATE, &x->files[f]));
+    return x->storage->resize(x->files[f], size);
 }
 
 static int write_at(exporter *x, int f, int64_t offset, const void *data, size_t bytes)
 {
-    if (x->flat) return ckpt_flat_write(x->flat, offset, data, bytes) ? TP_ERR_IO : TP_OK;
-    const char *p = data;
-    while (bytes > 0) {
-        ssize_t n = pwrite(x->fds[f], p, bytes, (off_t)offset);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0)
-            return tp_fail(TP_ERR_IO, "%s/%s: write of %zu bytes at offset %lld failed: %s", x->staging,
-                                x->file_names[f], bytes, (long long)offset, n < 0 ? strerror(errno) : "no progress");
-        p += n;
-        bytes -= (size_t)n;
-        offset += n;
-    }
-    return TP_OK;
+    if (x->flat) return ckpt_flat_write(x->flat, offset, data, bytes);
+    return x->storage->write_at(x->files[f], data, bytes, offset);
 }
 
 static int write_text_file(exporter *x, const char *name, const char *text)
 {
-    char path[4096 + 80];
+    char path[CKPT_PATH_MAX + 80];
     snprintf(path, sizeof path, "%s/%s", x->staging, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    size_t size = strlen(text);
-    int ok = write(fd, text, size) == (ssize_t)size && fsync(fd) == 0;
-    int err = errno;
-    close(fd);
-    return ok ? TP_OK : tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(err));
+    ckpt_file *file = NULL;
+    TP_TRY(x->storage->open(x->storage, path, CKPT_OPEN_CREATE, &file));
+    int status = x->storage->write_at(file, text, strlen(text), 0);
+    if (!status) status = x->storage->sync(file);
+    x->storage->close(file);
+    return status;
 }
 
 /* safetensors: in list order, a new file whenever the next tensor would take
@@ -554,11 +542,10 @@ static int close_files(exporter *x, int sync)
 {
     int status = TP_OK;
     for (int f = 0; f < x->num_files; f++) {
-        if (x->fds[f] < 0) continue;
-        if (sync && !status && fsync(x->fds[f]) != 0)
-            status = tp_fail(TP_ERR_IO, "%s/%s: fsync failed: %s", x->staging, x->file_names[f], strerror(errno));
-        close(x->fds[f]);
-        x->fds[f] = -1;
+        if (!x->files[f]) continue;
+        if (sync && !status) status = x->storage->sync(x->files[f]);
+        x->storage->close(x->files[f]);
+        x->files[f] = NULL;
     }
     return status;
 }
@@ -567,7 +554,7 @@ static void free_exporter(exporter *x)
 {
     for (int i = 0; x->buffers && i < x->threads; i++) free(x->buffers[i].memory);
     free(x->buffers);
-    free(x->fds);
+    free(x->files);
     free(x->file_names);
     free(x->bands);
     free(x->tensors);
@@ -595,7 +582,8 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
     x.source = source;
     x.o = options;
     if (count < 1) return tp_fail(TP_ERR_ARG, "nothing to export");
-    int status = plan_tensors(&x, tensors, count);
+    int status = ckpt_storage_for(out_path, &x.storage);
+    if (!status) status = plan_tensors(&x, tensors, count);
     if (!status) status = plan_bands(&x);
     int staged = 0;
     if (!status && options->format != EXPORT_HDF5) {

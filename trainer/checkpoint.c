@@ -443,7 +443,7 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         if (status) break;
         if (k + 1 < n) {
             if (warn) {
-                char text[12800];
+                char text[8192 + 2 * CKPT_PATH_MAX + 64];
                 snprintf(text, sizeof text, "checkpoint %s is unusable (%s); falling back to %s", list[k].path, message,
                          list[k + 1].path);
                 warn(warn_ctx, text);

@@ -18,7 +18,9 @@ TestSuite(io, .init = make_dir, .fini = remove_dir);
 
 static void check_reads(const char *path, const ckpt_layout *layout, test_tensor *tensors, int n, int verify)
 {
-    ckpt_read_options options = {verify};
+    ckpt_read_options options;
+    ckpt_read_options_init(&options);
+    options.verify = verify;
     ckpt_reader *r;
     cr_assert_eq(ckpt_reader_open(&r, path, &options), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(ckpt_reader_num_tensors(r), n);

@@ -1,0 +1,300 @@
+/* The storage seam (ckpt/storage.h): a store plugged in through the options
+ * carries every byte of the pieces and every operation on names of a write,
+ * a commit and a read, and its failures come back as the library's errors
+ * with nothing half-visible. The store here wraps the POSIX one, counting
+ * what goes through it and failing on request. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../support/fixture.h"
+
+TestSuite(storage, .init = make_dir, .fini = remove_dir);
+
+/* What went through the wrapper, and which operation is to fail. */
+typedef struct {
+    int64_t bytes_read, bytes_written, reads, writes, opens, renames, lists, stats, syncs, dir_syncs, removes;
+    const char *fail; /* "read", "write", "rename" or NULL */
+} traffic;
+
+static traffic seen;
+
+struct ckpt_file {
+    const ckpt_storage *storage;
+    ckpt_file *inner;
+};
+
+static const ckpt_storage *posix(void)
+{
+    return ckpt_storage_posix();
+}
+
+static int injected(const char *what)
+{
+    return tp_fail(TP_ERR_IO, "injected %s failure", what);
+}
+
+static int w_open(const ckpt_storage *s, const char *path, ckpt_open_mode mode, ckpt_file **out)
+{
+    seen.opens++;
+    ckpt_file *f = calloc(1, sizeof *f);
+    cr_assert_not_null(f);
+    f->storage = s;
+    int status = posix()->open(posix(), path, mode, &f->inner);
+    if (status) {
+        free(f);
+        return status;
+    }
+    *out = f;
+    return TP_OK;
+}
+
+static int w_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
+{
+    if (seen.fail && strcmp(seen.fail, "read") == 0) return injected("read");
+    seen.reads++;
+    seen.bytes_read += (int64_t)size;
+    return posix()->read_at(f->inner, buf, size, offset);
+}
+
+static int w_write_at(ckpt_file *f, const void *buf, size_t size, int64_t offset)
+{
+    if (seen.fail && strcmp(seen.fail, "write") == 0) return injected("write");
+    seen.writes++;
+    seen.bytes_written += (int64_t)size;
+    return posix()->write_at(f->inner, buf, size, offset);
+}
+
+static void w_read_ahead(ckpt_file *f, int64_t offset, int64_t size)
+{
+    posix()->read_ahead(f->inner, offset, size);
+}
+
+static int w_resize(ckpt_file *f, int64_t size)
+{
+    return posix()->resize(f->inner, size);
+}
+
+static int w_sync(ckpt_file *f)
+{
+    seen.syncs++;
+    return posix()->sync(f->inner);
+}
+
+static void w_close(ckpt_file *f)
+{
+    posix()->close(f->inner);
+    free(f);
+}
+
+static const char *w_path_of(const ckpt_file *f)
+{
+    return posix()->path_of(f->inner);
+}
+
+static int w_stat(const ckpt_storage *s, const char *path, ckpt_stat *out)
+{
+    (void)s;
+    seen.stats++;
+    return posix()->stat(posix(), path, out);
+}
+
+static int w_list(const ckpt_storage *s, const char *dir_path, int (*visit)(void *ctx, const char *name), void *ctx)
+{
+    (void)s;
+    seen.lists++;
+    return posix()->list(posix(), dir_path, visit, ctx);
+}
+
+static int w_make_dir(const ckpt_storage *s, const char *path)
+{
+    (void)s;
+    return posix()->make_dir(posix(), path);
+}
+
+static int w_rename(const ckpt_storage *s, const char *from, const char *to, ckpt_rename_mode mode)
+{
+    (void)s;
+    if (seen.fail && strcmp(seen.fail, "rename") == 0) return injected("rename");
+    seen.renames++;
+    return posix()->rename(posix(), from, to, mode);
+}
+
+static int w_remove_tree(const ckpt_storage *s, const char *path)
+{
+    (void)s;
+    seen.removes++;
+    return posix()->remove_tree(posix(), path);
+}
+
+static int w_sync_dir(const ckpt_storage *s, const char *path)
+{
+    (void)s;
+    seen.dir_syncs++;
+    return posix()->sync_dir(posix(), path);
+}
+
+static const ckpt_storage wrapper = {.name = "counting",
+                                     .open = w_open,
+                                     .read_at = w_read_at,
+                                     .write_at = w_write_at,
+                                     .read_ahead = w_read_ahead,
+                                     .resize = w_resize,
+                                     .sync = w_sync,
+                                     .close = w_close,
+                                     .path_of = w_path_of,
+                                     .stat = w_stat,
+                                     .list = w_list,
+                                     .make_dir = w_make_dir,
+                                     .rename = w_rename,
+                                     .remove_tree = w_remove_tree,
+                                     .sync_dir = w_sync_dir,
+                                     .impl = NULL};
+
+/* Two tensors, one split and one replicated, uncompressed, at tp 2: 2 + 1
+ * pieces. Writes them through the wrapper; returns their stored bytes. */
+static int64_t write_through(const char *path, ckpt_tensor_desc *descs, float *data, int64_t n, int *status_out)
+{
+    ckpt_layout layout = {2, 1, 1, 1};
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    options.storage = &wrapper;
+    options.update_latest = 1;
+    ckpt_writer *w = NULL;
+    int status = ckpt_writer_create(&w, path, &layout, &options);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    int64_t bytes = 0;
+    for (int i = 0; i < 2 && !status; i++) {
+        int id;
+        cr_assert_eq(ckpt_writer_add_tensor(w, &descs[i], &id), TP_OK, "%s", tp_errmsg());
+        for (int p = 0; p < ckpt_piece_count(&descs[i], 2) && !status; p++) {
+            int64_t shape[CKPT_MAX_DIMS];
+            ckpt_piece_shape(&descs[i], 2, shape);
+            status = ckpt_writer_put_piece(w, id, p, data + p * shape[0]);
+            bytes += shape[0] * (int64_t)sizeof(float);
+        }
+    }
+    if (status) ckpt_writer_abort(w);
+    else status = ckpt_writer_commit(w, NULL);
+    *status_out = status;
+    (void)n;
+    return bytes;
+}
+
+static void two_tensors(ckpt_tensor_desc *descs, float *data, int64_t n)
+{
+    descs[0] = (ckpt_tensor_desc){.name = "model/split", .dtype = TP_FP32, .ndim = 1, .shape = {n},
+                                  .anchor = CKPT_ANCHOR_FIRST};
+    descs[0].partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 0};
+    descs[1] = (ckpt_tensor_desc){.name = "model/replicated", .dtype = TP_FP32, .ndim = 1, .shape = {n},
+                                  .anchor = CKPT_ANCHOR_FIRST};
+    for (int64_t i = 0; i < n; i++) data[i] = (float)i * 0.5f - 7.0f;
+}
+
+Test(storage, carries_every_byte_of_a_write_commit_and_read)
+{
+    enum { N = 4096 };
+    static float data[N], back[N];
+    ckpt_tensor_desc descs[2];
+    two_tensors(descs, data, N);
+    char run[700], path[800];
+    snprintf(run, sizeof run, "%s/run", dir);
+    cr_assert_eq(mkdir(run, 0755), 0);
+    snprintf(path, sizeof path, "%s/step_00000001", run);
+    memset(&seen, 0, sizeof seen);
+    int status;
+    int64_t piece_bytes = write_through(path, descs, data, N, &status);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    /* Every piece's bytes, index.json and latest went through the store, and
+     * the commit renamed and synced there. */
+    cr_assert_geq(seen.bytes_written, piece_bytes + 2, "%lld bytes written through the store, the pieces alone hold %lld",
+                  (long long)seen.bytes_written, (long long)piece_bytes);
+    cr_assert_geq(seen.renames, 3, "index, checkpoint and latest are renamed into place (%lld renames)", (long long)seen.renames);
+    cr_assert_geq(seen.syncs, 2, "the shard files and small files are synced (%lld)", (long long)seen.syncs);
+    cr_assert_geq(seen.dir_syncs, 2, "the staging and run directories are synced (%lld)", (long long)seen.dir_syncs);
+
+    /* Reading the run directory through the store: it is listed or its
+     * latest followed, and every byte of a piece arrives through it. */
+    memset(&seen, 0, sizeof seen);
+    ckpt_read_options options;
+    ckpt_read_options_init(&options);
+    options.storage = &wrapper;
+    ckpt_reader *r = NULL;
+    cr_assert_eq(ckpt_reader_open(&r, run, &options), TP_OK, "%s", tp_errmsg());
+    cr_assert_str_eq(ckpt_reader_path(r), path);
+    int64_t index_bytes = seen.bytes_read;
+    cr_assert_gt(index_bytes, 0, "index.json is read through the store");
+    int i = ckpt_reader_find(r, "model/split");
+    cr_assert_geq(i, 0);
+    for (int p = 0; p < 2; p++)
+        cr_assert_eq(ckpt_reader_read_piece(r, i, p, back + p * (N / 2), sizeof back / 2), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(memcmp(back, data, sizeof data), 0, "the pieces read through the store are the ones written");
+    cr_assert_geq(seen.bytes_read - index_bytes, (int64_t)sizeof data, "every byte of the pieces came through the store");
+    ckpt_reader_close(r);
+}
+
+Test(storage, a_failing_read_is_the_readers_error)
+{
+    enum { N = 1024 };
+    static float data[N], back[N];
+    ckpt_tensor_desc descs[2];
+    two_tensors(descs, data, N);
+    char path[700];
+    snprintf(path, sizeof path, "%s/ckpt", dir);
+    memset(&seen, 0, sizeof seen);
+    int status;
+    write_through(path, descs, data, N, &status);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    ckpt_read_options options;
+    ckpt_read_options_init(&options);
+    options.storage = &wrapper;
+    ckpt_reader *r = NULL;
+    cr_assert_eq(ckpt_reader_open(&r, path, &options), TP_OK, "%s", tp_errmsg());
+    seen.fail = "read";
+    int i = ckpt_reader_find(r, "model/replicated");
+    cr_assert_eq(ckpt_reader_read_piece(r, i, 0, back, sizeof back), TP_ERR_IO);
+    cr_assert(strstr(tp_errmsg(), "injected read failure"), "the store's message comes back: %s", tp_errmsg());
+    seen.fail = NULL;
+    cr_assert_eq(ckpt_reader_read_piece(r, i, 0, back, sizeof back), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(memcmp(back, data, sizeof back), 0);
+    ckpt_reader_close(r);
+}
+
+Test(storage, a_failing_write_or_rename_leaves_nothing_visible)
+{
+    enum { N = 1024 };
+    static float data[N];
+    ckpt_tensor_desc descs[2];
+    two_tensors(descs, data, N);
+    const char *failures[] = {"write", "rename"};
+    for (int k = 0; k < 2; k++) {
+        char path[700], staging[800];
+        snprintf(path, sizeof path, "%s/ckpt_%s", dir, failures[k]);
+        snprintf(staging, sizeof staging, "%s/.ckpt_%s.staging", dir, failures[k]);
+        memset(&seen, 0, sizeof seen);
+        seen.fail = failures[k];
+        int status;
+        write_through(path, descs, data, N, &status);
+        cr_assert_eq(status, TP_ERR_IO, "a failing %s fails the write", failures[k]);
+        cr_assert(strstr(tp_errmsg(), "injected"), "%s", tp_errmsg());
+        struct stat st;
+        cr_assert_neq(stat(path, &st), 0, "nothing at %s after a failing %s", path, failures[k]);
+        cr_assert_neq(stat(staging, &st), 0, "no staging left after a failing %s", failures[k]);
+        cr_assert_eq(ckpt_is_committed(path), 0);
+    }
+}
+
+Test(storage, urls_name_their_scheme)
+{
+    const ckpt_storage *s = NULL;
+    cr_assert_eq(ckpt_storage_for("runs/gpt/step_00000010", &s), TP_OK);
+    cr_assert_eq(s, ckpt_storage_posix());
+    cr_assert_eq(ckpt_storage_for("/abs/dir:with://colon", &s), TP_OK, "a local path that holds :// later is local");
+    cr_assert_eq(ckpt_storage_for("s3://bucket/run", &s), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "s3://"), "%s", tp_errmsg());
+    ckpt_reader *r = NULL;
+    cr_assert_eq(ckpt_reader_open(&r, "https://example.org/run", NULL), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "https://"), "%s", tp_errmsg());
+}
