@@ -13,8 +13,10 @@
 #include "../model/gpt.h"
 #include "comm.h"
 
-/* A request to stop: train_run finishes the step it is in, checkpoints
- * (when it has a checkpoint directory) and returns TRAIN_STOPPED. */
+/* A request to stop: train_run finishes the step it is in (the next one,
+ * when asked between steps, as from a report), checkpoints (when it has a
+ * checkpoint directory) and returns TRAIN_STOPPED. Every rank stops after
+ * the same step when any rank was asked. */
 typedef struct {
     atomic_int stop;
 } train_control;

@@ -1,0 +1,277 @@
+/* The trainer driven from outside, in one process: the thread communicator's
+ * collectives and pipeline messages, train_run at tp2pp2 on threads against
+ * one rank alone, a stop asked for through the API (checkpoint committed,
+ * TRAIN_STOPPED, a resume finishes the run), and failures as outcomes. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../../trainer/comm.h"
+#include "../../trainer/train.h"
+#include "../support/fixture.h"
+
+TestSuite(train, .init = make_dir, .fini = remove_dir);
+
+/* Runs body(rank's comm, arg of that rank) on one thread per rank. */
+typedef void *(*rank_body)(void *arg);
+
+typedef struct {
+    comm *c;
+    void *arg;
+    int status;
+} rank_slot;
+
+static void run_ranks(int tp, int pp, int dp, void *(*body)(void *), rank_slot *slots)
+{
+    int world = tp * pp * dp;
+    comm *comms[16];
+    cr_assert_eq(comm_threads_create(comms, tp, pp, dp), TP_OK, "%s", tp_errmsg());
+    pthread_t threads[16];
+    for (int r = 0; r < world; r++) {
+        slots[r].c = comms[r];
+        cr_assert_eq(pthread_create(&threads[r], NULL, body, &slots[r]), 0);
+    }
+    for (int r = 0; r < world; r++) pthread_join(threads[r], NULL);
+    for (int r = 0; r < world; r++) comm_free(comms[r]);
+}
+
+/* ------------------------------------------------------------ communicator */
+
+static void *collectives(void *arg)
+{
+    rank_slot *slot = arg;
+    comm *c = slot->c;
+    int bad = 0;
+    /* Sum over TP of (tp_rank + 1): 1 + 2 = 3 at tp 2, in every element. */
+    float x[5];
+    for (int i = 0; i < 5; i++) x[i] = (float)(c->tp_rank + 1);
+    bad |= comm_all_reduce(c, GROUP_TP, x, 5, COMM_FLOAT, COMM_SUM, COMM_HOST) != TP_OK;
+    for (int i = 0; i < 5; i++) bad |= x[i] != 3.0f;
+    /* Max over DP of dp_rank: dp - 1. */
+    int m = c->dp_rank;
+    bad |= comm_all_reduce(c, GROUP_DP, &m, 1, COMM_INT, COMM_MAX, COMM_HOST) != TP_OK;
+    bad |= m != c->dp - 1;
+    /* Sum over the world of the ranks: 0 + ... + 7 = 28. */
+    double w = c->rank;
+    bad |= comm_all_reduce(c, GROUP_WORLD, &w, 1, COMM_DOUBLE, COMM_SUM, COMM_HOST) != TP_OK;
+    bad |= w != 28.0;
+    /* EMBED joins the first and last stage of one TP rank and replica. */
+    float e = (float)(10 * c->pp_rank + 1);
+    bad |= comm_all_reduce(c, GROUP_EMBED, &e, 1, COMM_FLOAT, COMM_SUM, COMM_HOST) != TP_OK;
+    bad |= e != 12.0f; /* 1 + 11 at pp 2 */
+    /* Pipeline: stage 0 sends its rank to stage 1, which answers with twice it. */
+    int value = c->rank * 100, answer = 0;
+    if (c->pp_rank == 0) {
+        bad |= comm_send(c, COMM_NEXT_STAGE, &value, 1, COMM_INT, 7, COMM_HOST) != TP_OK;
+        bad |= comm_recv(c, COMM_NEXT_STAGE, &answer, 1, COMM_INT, 8, COMM_HOST) != TP_OK;
+        bad |= answer != 2 * value;
+        bad |= comm_send(c, COMM_PREV_STAGE, &value, 1, COMM_INT, 9, COMM_HOST) != TP_ERR_COMM; /* no such stage */
+    } else {
+        int got = 0;
+        bad |= comm_recv(c, COMM_PREV_STAGE, &got, 1, COMM_INT, 7, COMM_HOST) != TP_OK;
+        bad |= got != (c->rank - c->tp) * 100;
+        got *= 2;
+        bad |= comm_send(c, COMM_PREV_STAGE, &got, 1, COMM_INT, 8, COMM_HOST) != TP_OK;
+    }
+    bad |= comm_wait_sends(c, COMM_HOST) != TP_OK;
+    /* Broadcast from rank 5. */
+    char text[16];
+    snprintf(text, sizeof text, "rank %d", c->rank);
+    bad |= comm_broadcast(c, text, sizeof text, 5, COMM_HOST) != TP_OK;
+    bad |= strcmp(text, "rank 5") != 0;
+    /* A device stream is refused by a host communicator. */
+    bad |= comm_all_reduce(c, GROUP_TP, x, 1, COMM_FLOAT, COMM_SUM, (comm_stream)x) != TP_ERR_COMM;
+    slot->status = bad;
+    return NULL;
+}
+
+Test(train, thread_communicator_collectives_and_messages)
+{
+    rank_slot slots[8];
+    memset(slots, 0, sizeof slots);
+    run_ranks(2, 2, 2, collectives, slots);
+    for (int r = 0; r < 8; r++) cr_assert_eq(slots[r].status, 0, "rank %d saw a wrong result", r);
+}
+
+static void *abort_or_wait(void *arg)
+{
+    rank_slot *slot = arg;
+    comm *c = slot->c;
+    if (c->rank == 1) {
+        comm_abort(c, 3);
+        slot->status = TP_OK;
+        return NULL;
+    }
+    /* Waits for rank 1, which never comes: the abort must wake it. */
+    float x = 1;
+    slot->status = comm_all_reduce(c, GROUP_WORLD, &x, 1, COMM_FLOAT, COMM_SUM, COMM_HOST);
+    return NULL;
+}
+
+Test(train, abort_wakes_the_ranks_that_wait, .timeout = 30)
+{
+    rank_slot slots[4];
+    memset(slots, 0, sizeof slots);
+    run_ranks(2, 2, 1, abort_or_wait, slots);
+    for (int r = 0; r < 4; r++) {
+        if (r == 1) continue;
+        cr_assert_eq(slots[r].status, TP_ERR_COMM, "rank %d returned %d", r, slots[r].status);
+    }
+}
+
+/* --------------------------------------------------------------- training */
+
+typedef struct {
+    double losses[64];
+    int64_t last_step;
+    int warnings;
+    int64_t stop_after; /* > 0: ask for a stop when this step is reported */
+    train_control *control;
+} recorder;
+
+static void record(void *ctx, const train_report *r)
+{
+    recorder *rec = ctx;
+    if (r->kind == TRAIN_REPORT_WARNING) rec->warnings++;
+    if (r->kind != TRAIN_REPORT_STEP) return;
+    if (r->step < 64) rec->losses[r->step] = r->loss;
+    rec->last_step = r->step;
+    if (rec->stop_after > 0 && r->step == rec->stop_after) train_request_stop(rec->control);
+}
+
+static void tiny_options(train_options *o, int64_t steps)
+{
+    train_options_init(o);
+    cr_assert_eq(gpt_preset("tiny", &o->config), TP_OK);
+    o->seq = o->config.seq;
+    o->micro_batch = 2;
+    o->grad_accum = 2;
+    o->steps = steps;
+    o->lr = 1e-3;
+    o->warmup = 2;
+}
+
+typedef struct {
+    train_options options;
+    recorder rec;
+    train_outcome outcome;
+} rank_run;
+
+static void *train_rank(void *arg)
+{
+    rank_slot *slot = arg;
+    rank_run *run = slot->arg;
+    run->options.report = record;
+    run->options.report_ctx = &run->rec;
+    slot->status = train_run(&run->options, slot->c, &run->outcome);
+    return NULL;
+}
+
+Test(train, four_ranks_on_threads_train_as_one_rank, .timeout = 120)
+{
+    /* One rank alone. */
+    comm *alone = NULL;
+    cr_assert_eq(comm_local_create(&alone), TP_OK);
+    rank_run single;
+    memset(&single, 0, sizeof single);
+    tiny_options(&single.options, 6);
+    single.options.report = record;
+    single.options.report_ctx = &single.rec;
+    cr_assert_eq(train_run(&single.options, alone, &single.outcome), TP_OK, "%s", tp_errmsg());
+    comm_free(alone);
+    cr_assert_eq(single.outcome.end, TRAIN_FINISHED);
+    cr_assert_eq(single.outcome.steps_run, 6);
+    /* tp 2, pp 2 on four threads of this process, the same global batch. */
+    rank_run runs[4];
+    rank_slot slots[4];
+    memset(runs, 0, sizeof runs);
+    memset(slots, 0, sizeof slots);
+    for (int r = 0; r < 4; r++) {
+        tiny_options(&runs[r].options, 6);
+        slots[r].arg = &runs[r];
+    }
+    run_ranks(2, 2, 1, train_rank, slots);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(slots[r].status, TP_OK, "rank %d: %s", r, runs[r].outcome.reason);
+        cr_assert_eq(runs[r].outcome.end, TRAIN_FINISHED);
+        for (int64_t s = 1; s <= 6; s++) {
+            double a = runs[r].rec.losses[s], b = single.rec.losses[s];
+            cr_assert(b > 0 && fabs(a - b) <= 1e-4 * b, "rank %d step %lld: loss %.9g at tp2pp2, %.9g alone", r,
+                      (long long)s, a, b);
+        }
+    }
+}
+
+Test(train, a_stop_request_checkpoints_and_a_resume_finishes, .timeout = 120)
+{
+    char run_dir[700];
+    snprintf(run_dir, sizeof run_dir, "%s/run", dir);
+    train_control control;
+    train_control_init(&control);
+    rank_run runs[2];
+    rank_slot slots[2];
+    memset(runs, 0, sizeof runs);
+    memset(slots, 0, sizeof slots);
+    for (int r = 0; r < 2; r++) {
+        tiny_options(&runs[r].options, 8);
+        runs[r].options.ckpt_dir = run_dir;
+        runs[r].options.control = &control;
+        runs[r].rec.control = &control;
+        /* One rank asks, when step 3 is reported (between steps): all agree
+         * to stop after the next one. */
+        runs[r].rec.stop_after = r == 0 ? 3 : 0;
+        slots[r].arg = &runs[r];
+    }
+    run_ranks(2, 1, 1, train_rank, slots);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(slots[r].status, TP_OK, "rank %d: %s", r, runs[r].outcome.reason);
+        cr_assert_eq(runs[r].outcome.end, TRAIN_STOPPED, "rank %d ended %d", r, runs[r].outcome.end);
+        cr_assert_eq(runs[r].outcome.step, 4, "stopped after step %lld", (long long)runs[r].outcome.step);
+        cr_assert_eq(runs[r].rec.last_step, 4);
+    }
+    char step4[800];
+    snprintf(step4, sizeof step4, "%s/step_00000004", run_dir);
+    cr_assert(ckpt_is_committed(step4), "the stop committed %s", step4);
+    cr_assert_str_eq(runs[0].outcome.last_checkpoint, step4);
+
+    /* Resumed, the run finishes from step 5 with no stop asked. */
+    train_control_init(&control);
+    memset(slots, 0, sizeof slots);
+    for (int r = 0; r < 2; r++) {
+        memset(&runs[r].rec, 0, sizeof runs[r].rec);
+        runs[r].options.resume = 1;
+        slots[r].arg = &runs[r];
+    }
+    run_ranks(2, 1, 1, train_rank, slots);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(slots[r].status, TP_OK, "rank %d: %s", r, runs[r].outcome.reason);
+        cr_assert_eq(runs[r].outcome.end, TRAIN_FINISHED);
+        cr_assert_eq(runs[r].outcome.steps_run, 4, "steps 5..8 ran (%lld)", (long long)runs[r].outcome.steps_run);
+        cr_assert_eq(runs[r].rec.losses[4], 0.0, "step 4 is not run again");
+        cr_assert_gt(runs[r].rec.losses[5], 0.0);
+    }
+}
+
+Test(train, a_failure_is_an_outcome_every_rank_knows)
+{
+    comm *alone = NULL;
+    cr_assert_eq(comm_local_create(&alone), TP_OK);
+    rank_run run;
+    memset(&run, 0, sizeof run);
+    tiny_options(&run.options, 4);
+    char missing[700];
+    snprintf(missing, sizeof missing, "%s/no-such-tokens.bin", dir);
+    run.options.data = missing;
+    int status = train_run(&run.options, alone, &run.outcome);
+    cr_assert_eq(status, TP_ERR_NOT_FOUND, "status %d: %s", status, tp_errmsg());
+    cr_assert_eq(run.outcome.end, TRAIN_FAILED);
+    cr_assert_eq(run.outcome.all_ranks_know, 1, "a failure before the first step is agreed on");
+    cr_assert(strstr(run.outcome.reason, "no-such-tokens.bin"), "%s", run.outcome.reason);
+    cr_assert_str_eq(tp_errmsg(), run.outcome.reason);
+    cr_assert_eq(run.outcome.steps_run, 0);
+    comm_free(alone);
+}
