@@ -1,0 +1,115 @@
+"""Checks the include graph of the sources against the declared layering.
+
+The libraries form a strict stack (README.md "Layout of the source"): each
+may include its own headers and the public headers of the libraries below
+it, never those above, never another library's private headers, and never
+the programs'. Programs (programs/) may include the public headers of any
+library. Some system headers have one home: HDF5 is the checkpoint
+library's, MPI the MPI communicator's, the CUDA runtime the CUDA kernels'.
+Tests and benchmarks may include anything.
+
+Usage: check-layers.py [ROOT]   exit 0 when the graph follows the rules,
+1 with one line per violation otherwise.
+"""
+import fnmatch
+import os
+import re
+import sys
+
+# The libraries, lowest first.
+LAYERS = ["common", "kernels", "ckpt", "reshard", "formats", "model", "trainer"]
+
+# What a library offers the ones above it and the programs.
+PUBLIC_HEADERS = [
+    "common/*.h",
+    "kernels/kernels.h",
+    "ckpt/ckpt.h",
+    "ckpt/storage.h",
+    "reshard/reshard.h",
+    "formats/formats.h",
+    "model/gpt.h",
+    "model/interop.h",
+    "trainer/*.h",
+]
+
+# System headers and the only places that may include them.
+OWNED_SYSTEM_HEADERS = {
+    "hdf5.h": ["ckpt/*"],
+    "mpi.h": ["trainer/comm_mpi.c"],
+    "cuda_runtime.h": ["kernels/cuda/*"],
+}
+
+PROGRAMS = "programs"
+EXEMPT = ["tests", "bench"]
+SOURCE = re.compile(r".*\.(c|h|cu)$")
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
+
+
+def module_of(path):
+    return path.split("/", 1)[0]
+
+
+def is_public(header):
+    return any(fnmatch.fnmatch(header, pattern) for pattern in PUBLIC_HEADERS)
+
+
+def sources(root):
+    for top in LAYERS + [PROGRAMS]:
+        for folder, _, files in os.walk(os.path.join(root, top)):
+            for name in sorted(files):
+                if SOURCE.match(name):
+                    yield os.path.relpath(os.path.join(folder, name), root)
+
+
+def check_file(root, path):
+    """Yields a line for each include of path that breaks a rule."""
+    module = module_of(path)
+    allowed = LAYERS[: LAYERS.index(module) + 1] if module in LAYERS else LAYERS + [PROGRAMS]
+    with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    for number, line in enumerate(lines, 1):
+        match = INCLUDE.match(line)
+        if not match:
+            continue
+        kind, name = match.groups()
+        where = "%s:%d" % (path, number)
+        if kind == "<":
+            homes = OWNED_SYSTEM_HEADERS.get(name)
+            if homes and not any(fnmatch.fnmatch(path, home) for home in homes):
+                yield "%s: includes <%s>, which only %s may include" % (where, name, " ".join(homes))
+            continue
+        target = os.path.normpath(os.path.join(os.path.dirname(path), name))
+        if target.startswith("..") or not os.path.isfile(os.path.join(root, target)):
+            yield "%s: includes \"%s\", which is not a file of the source tree" % (where, name)
+            continue
+        other = module_of(target)
+        if other == module:
+            continue
+        if other not in allowed:
+            yield "%s: includes %s: %s may use only %s" % (where, target, module, " ".join(allowed[:-1]) or "nothing")
+        elif not is_public(target):
+            yield "%s: includes %s, a private header of %s (public: its %s)" % (
+                where, target, other,
+                " ".join(p for p in PUBLIC_HEADERS if module_of(p) == other))
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    root = os.path.abspath(root)
+    for top in LAYERS + [PROGRAMS]:
+        if not os.path.isdir(os.path.join(root, top)):
+            print("check-layers: %s has no %s/ folder" % (root, top), file=sys.stderr)
+            return 1
+    violations = [v for path in sources(root) for v in check_file(root, path)]
+    for v in violations:
+        print("check-layers: " + v, file=sys.stderr)
+    if violations:
+        print("check-layers: %d include%s break the layering (%s, programs on top)" % (
+            len(violations), "" if len(violations) == 1 else "s", " < ".join(LAYERS)), file=sys.stderr)
+        return 1
+    print("layers: %s < programs; every include follows them" % " < ".join(LAYERS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
