@@ -205,24 +205,36 @@ static int64_t bytes_per_row(const reshard_plan *plan, const tensor_plan *t)
     return t->src_row * src_size + t->out_row * out_size;
 }
 
-/* Rows per slab for every tensor within a per-thread budget; fails naming the
- * first tensor one checksum block of which does not fit. */
-static int size_slabs(reshard_plan *plan, int64_t budget, const char **offender, int64_t *needed)
+/* Rows per slab for every tensor within a per-thread budget; fails (-1)
+ * when one checksum block of some tensor does not fit. */
+static int size_slabs(reshard_plan *plan, int64_t budget)
 {
     for (int i = 0; i < plan->num_tensors; i++) {
         tensor_plan *t = &plan->tensors[i];
         int64_t per_row = bytes_per_row(plan, t);
         int64_t limit = budget < SLAB_MAX_BYTES ? budget : SLAB_MAX_BYTES;
-        if (t->block_rows * per_row > budget) {
-            *offender = t->out.name;
-            *needed = t->block_rows * per_row;
-            return -1;
-        }
+        if (t->block_rows * per_row > budget) return -1;
         int64_t rows = limit / per_row / t->block_rows * t->block_rows;
         if (rows < t->block_rows) rows = t->block_rows;
         t->rows_per_slab = rows < t->rows ? rows : t->rows;
     }
     return 0;
+}
+
+/* The tensor whose one checksum block needs the most buffer memory, and how much. */
+static int64_t largest_block(const reshard_plan *plan, const char **name)
+{
+    int64_t most = 0;
+    *name = NULL;
+    for (int i = 0; i < plan->num_tensors; i++) {
+        const tensor_plan *t = &plan->tensors[i];
+        int64_t need = t->block_rows * bytes_per_row(plan, t);
+        if (need > most || !*name) {
+            most = need;
+            *name = t->out.name;
+        }
+    }
+    return most;
 }
 
 static int by_file_then_order(const void *a, const void *b)
@@ -367,20 +379,21 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
      * little for one checksum block per slab, fewer threads are tried. */
     int64_t limit = o->memory_limit > 0 ? o->memory_limit : RESHARD_DEFAULT_MEMORY;
     int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
-    int64_t base = resident_bytes() + CKPT_FIXED_MEMORY;
-    const char *offender = NULL;
-    int64_t needed = 0, budget = 0;
+    int64_t base = resident_bytes() + CKPT_FIXED_MEMORY, budget = 0;
     for (; threads >= 1; threads--) {
         budget = (limit - base) / threads - CKPT_THREAD_MEMORY;
-        if (budget > 0 && size_slabs(plan, budget, &offender, &needed) == 0) break;
+        if (budget > 0 && size_slabs(plan, budget) == 0) break;
     }
     if (threads < 1) {
-        char text[64];
-        snprintf(text, sizeof text, "%.1f MiB", (double)(needed + CKPT_THREAD_MEMORY + base) / 1048576.0);
+        const char *name;
+        int64_t needed = largest_block(plan, &name);
         status = tp_fail(TP_ERR_ARG,
-                              "memory limit of %.1f MiB is too small: tensor %s needs at least %s "
-                              "(one checksum block per slab); raise --memory-limit",
-                              (double)limit / 1048576.0, offender ? offender : "?", text);
+                         "memory limit of %.1f MiB is too small: tensor %s needs at least %.1f MiB (one checksum block "
+                         "per slab, %.1f MiB, beside %.1f MiB the process and the checkpoint library keep); raise "
+                         "--memory-limit",
+                         (double)limit / 1048576.0, name ? name : "(none)",
+                         (double)(needed + CKPT_THREAD_MEMORY + base) / 1048576.0, (double)needed / 1048576.0,
+                         (double)(CKPT_THREAD_MEMORY + base) / 1048576.0);
         reshard_plan_free(plan);
         return status;
     }
