@@ -1,0 +1,192 @@
+/* The model described once (model/gpt.h) and its interop tables
+ * (model/interop.h): the options every program parses, the catalogue's
+ * kinds, layers and names, the parameter count, GPT-2's byte-to-symbol
+ * table, the size label llama.cpp's tools write, and the GGUF vocabulary of a
+ * byte-level model. Expected values come from the definitions (GPT-2's
+ * bytes_to_unicode, gguf-py's model_weight_count_rounded_notation), worked
+ * out independently of the code under test. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../../model/interop.h"
+
+static gpt_config parsed(const char *const *pairs)
+{
+    gpt_options o = {0};
+    for (int i = 0; pairs[i]; i += 2)
+        cr_assert_eq(gpt_options_set(&o, pairs[i], pairs[i + 1]), TP_OK, "--%s %s: %s", pairs[i], pairs[i + 1],
+                     tp_errmsg());
+    gpt_config c;
+    cr_assert_eq(gpt_options_finish(&o, &c), TP_OK, "%s", tp_errmsg());
+    return c;
+}
+
+Test(options, a_preset_refined_by_explicit_sizes)
+{
+    gpt_config c = parsed((const char *const[]){"model", "tiny", NULL});
+    cr_assert(c.layers == 2 && c.dim == 64 && c.heads == 4 && c.kv_heads == 4 && c.vocab == 256 && c.seq == 32);
+    cr_assert(c.ffn == 256 && c.vocab_pad_multiple == 1 && c.dtype == TP_FP32 && !c.swiglu);
+    /* Sizes that derive from others follow them, unless given. */
+    c = parsed((const char *const[]){"model", "tiny", "dim", "128", "heads", "8", NULL});
+    cr_assert(c.dim == 128 && c.heads == 8 && c.kv_heads == 8 && c.ffn == 512, "kv_heads %lld ffn %lld",
+              (long long)c.kv_heads, (long long)c.ffn);
+    c = parsed((const char *const[]){"model", "gpt2-124m", "kv-heads", "4", "ffn", "100", "swiglu", NULL, "dtype",
+                                     "bf16", NULL});
+    cr_assert(c.layers == 12 && c.vocab == 50257 && c.vocab_pad_multiple == 128 && c.kv_heads == 4 && c.ffn == 100);
+    cr_assert(c.swiglu && c.dtype == TP_BF16);
+    c = parsed((const char *const[]){"layers", "3", "dim", "48", "heads", "3", "vocab", "2", "seq", "7", NULL});
+    cr_assert(c.kv_heads == 3 && c.ffn == 192 && c.vocab_pad_multiple == 1);
+}
+
+Test(options, the_same_bounds_for_every_program)
+{
+    const struct {
+        const char *name, *value, *says;
+    } refused[] = {
+        {"vocab", "1", "--vocab expects an integer in 2..2147483648"},
+        {"layers", "100001", "--layers expects an integer in 1..100000"},
+        {"dim", "0", "--dim expects an integer in 1..2147483648"},
+        {"heads", "x", "--heads expects an integer"},
+        {"vocab-pad-multiple", "1048577", "--vocab-pad-multiple expects an integer in 1..1048576"},
+        {"dtype", "fp64", "--dtype expects fp32, bf16 or fp16"},
+        {"model", "gpt9", "--model expects tiny, small or gpt2-124m"},
+        {"depth", "3", "--depth is not a model option"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        gpt_options o = {0};
+        cr_assert_eq(gpt_options_set(&o, refused[i].name, refused[i].value), TP_ERR_ARG, "--%s %s accepted",
+                     refused[i].name, refused[i].value);
+        cr_assert(strstr(tp_errmsg(), refused[i].says), "--%s %s: '%s' does not say '%s'", refused[i].name,
+                  refused[i].value, tp_errmsg(), refused[i].says);
+    }
+    gpt_options o = {0};
+    cr_assert_eq(gpt_options_set(&o, "layers", "2"), TP_OK);
+    gpt_config c;
+    cr_assert_eq(gpt_options_finish(&o, &c), TP_ERR_ARG, "a shape without dim, heads, vocab and seq");
+    cr_assert(strstr(tp_errmsg(), "--model or all of --layers --dim --heads --vocab --seq"), "%s", tp_errmsg());
+    /* The check behind the parser refuses what the parser would. */
+    gpt_config one = {.layers = 1, .dim = 8, .heads = 2, .vocab = 1, .seq = 4};
+    gpt_config_defaults(&one);
+    cr_assert_eq(gpt_config_check(&one, 1, 1), TP_ERR_ARG);
+    for (const char *const *name = gpt_option_names; *name; name++) {
+        gpt_options any = {0};
+        int status = gpt_options_set(&any, *name, strcmp(*name, "model") == 0 ? "tiny" : strcmp(*name, "dtype") == 0 ? "fp16" : "2");
+        cr_assert_eq(status, TP_OK, "listed option --%s is not taken: %s", *name, tp_errmsg());
+    }
+}
+
+Test(catalogue, kinds_layers_and_names_agree)
+{
+    gpt_config c;
+    cr_assert_eq(gpt_preset("tiny", &c), TP_OK);
+    c.dtype = TP_BF16; /* with master copies too */
+    gpt_tensor *t = NULL;
+    int n = 0;
+    cr_assert_eq(gpt_catalog(&c, 1, &t, &n), TP_OK, "%s", tp_errmsg());
+    int params = 4 + GPT_LAYER_KINDS * (int)c.layers;
+    cr_assert_eq(n, 4 * params, "parameters, masters and two moments");
+    int64_t elements = 0;
+    for (int i = 0; i < n; i++) {
+        char want[CKPT_NAME_MAX + 1];
+        const gpt_tensor *p = &t[t[i].param_index];
+        cr_assert_eq(p->role, GPT_ROLE_PARAM);
+        cr_assert(p->kind == t[i].kind && p->layer == t[i].layer, "%s belongs to %s", t[i].name, p->name);
+        cr_assert_eq(gpt_tensor_kind_in_layer(t[i].kind), t[i].layer >= 0, "%s", t[i].name);
+        if (t[i].layer >= 0) snprintf(want, sizeof want, "layers.%lld.%s", (long long)t[i].layer, gpt_tensor_kind_name(t[i].kind));
+        else snprintf(want, sizeof want, "%s", gpt_tensor_kind_name(t[i].kind));
+        const char *suffix = strchr(t[i].name, '/') + 1;
+        if (t[i].role != GPT_ROLE_PARAM) suffix = strchr(suffix, '/') + 1; /* optim/<role>/... */
+        cr_assert_str_eq(suffix, want);
+        cr_assert_str_eq(t[i].desc.name, t[i].name);
+        cr_assert_str_eq(t[i].desc.param, p->name);
+        if (t[i].role == GPT_ROLE_PARAM) {
+            int64_t e = 1;
+            for (int d = 0; d < t[i].desc.ndim; d++) e *= t[i].desc.shape[d];
+            elements += e;
+        } else {
+            cr_assert_eq(t[i].desc.dtype, TP_FP32, "%s: optimizer state is fp32", t[i].name);
+        }
+    }
+    cr_assert_eq(gpt_parameter_count(&c), elements);
+    free(t);
+    cr_assert_eq(gpt_preset("gpt2-124m", &c), TP_OK);
+    cr_assert_eq(gpt_parameter_count(&c), 124439808, "GPT-2 124M has 124,439,808 parameters (tied head)");
+}
+
+Test(interop, byte_symbols_are_gpt2s)
+{
+    /* Worked out from bytes_to_unicode: printable bytes stand for
+     * themselves, the others for 256, 257, ... in increasing order. */
+    const struct {
+        int byte;
+        const char *symbol;
+    } known[] = {{0, "\xc4\x80"},  {10, "\xc4\x8a"}, {32, "\xc4\xa0"},  {33, "!"},          {126, "~"},
+                 {127, "\xc4\xa1"}, {160, "\xc5\x82"}, {173, "\xc5\x83"}, {174, "\xc2\xae"}, {255, "\xc3\xbf"}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        char s[4];
+        gpt_byte_symbol(known[i].byte, s);
+        cr_assert_str_eq(s, known[i].symbol, "byte %d", known[i].byte);
+    }
+    char all[256][4];
+    for (int b = 0; b < 256; b++) gpt_byte_symbol(b, all[b]);
+    for (int a = 0; a < 256; a++)
+        for (int b = a + 1; b < 256; b++) cr_assert_str_neq(all[a], all[b], "bytes %d and %d share a symbol", a, b);
+}
+
+Test(interop, size_labels_as_llama_cpp_writes_them)
+{
+    const struct {
+        int64_t parameters;
+        const char *label;
+    } cases[] = {{124439808, "124M"}, {1500000000, "1.5B"}, {1557611200, "1.6B"}, {354823168, "355M"},
+                 {110000, "110K"},    {7000, "7.0K"},       {999999, "1000K"},    {500, "0.50K"},
+                 {2000000000000LL, "2.0T"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char label[32];
+        gpt_size_label(cases[i].parameters, label, sizeof label);
+        cr_assert_str_eq(label, cases[i].label, "%lld parameters", (long long)cases[i].parameters);
+    }
+}
+
+static const export_kv *find_kv(const export_kv *kvs, int n, const char *key)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(kvs[i].key, key) == 0) return &kvs[i];
+    return NULL;
+}
+
+Test(interop, a_byte_model_gets_a_byte_vocabulary)
+{
+    gpt_config c;
+    cr_assert_eq(gpt_preset("tiny", &c), TP_OK); /* vocabulary 256 */
+    gpt_gguf_metadata *m = NULL;
+    cr_assert_eq(gpt_gguf_metadata_create(&m, &c, "tiny", NULL), TP_OK, "%s", tp_errmsg());
+    int n;
+    const export_kv *kvs = gpt_gguf_metadata_kvs(m, &n);
+    const export_kv *model = find_kv(kvs, n, "tokenizer.ggml.model"), *tokens = find_kv(kvs, n, "tokenizer.ggml.tokens");
+    const export_kv *merges = find_kv(kvs, n, "tokenizer.ggml.merges"), *add_bos = find_kv(kvs, n, "tokenizer.ggml.add_bos_token");
+    const export_kv *eos = find_kv(kvs, n, "tokenizer.ggml.eos_token_id"), *label = find_kv(kvs, n, "general.size_label");
+    cr_assert(model && tokens && merges && add_bos && eos && label);
+    cr_assert_str_eq(model->string, "gpt2");
+    cr_assert_eq(tokens->count, 256);
+    for (int b = 0; b < 256; b++) {
+        char s[4];
+        gpt_byte_symbol(b, s);
+        cr_assert_str_eq(tokens->strings[b], s, "token %d", b);
+    }
+    cr_assert_eq(merges->count, 0);
+    cr_assert(add_bos->type == EXPORT_KV_BOOL && add_bos->u32 == 0, "no BOS is added to what is tokenized");
+    cr_assert(eos->u32 < 256, "the EOS exists");
+    char want[32];
+    gpt_size_label(gpt_parameter_count(&c), want, sizeof want);
+    cr_assert_str_eq(label->string, want);
+    gpt_gguf_metadata_free(m);
+    /* Another vocabulary without a tokenizer: none. */
+    c.vocab = 250;
+    cr_assert_eq(gpt_gguf_metadata_create(&m, &c, "tiny", NULL), TP_OK, "%s", tp_errmsg());
+    kvs = gpt_gguf_metadata_kvs(m, &n);
+    cr_assert_str_eq(find_kv(kvs, n, "tokenizer.ggml.model")->string, "no_vocab");
+    cr_assert_null(find_kv(kvs, n, "tokenizer.ggml.tokens"));
+    gpt_gguf_metadata_free(m);
+}
