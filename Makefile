@@ -68,7 +68,7 @@ RESHARD_STACK := $(LIB_RESHARD) $(CKPT_STACK)
 MODEL_STACK := $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
 TRAINER_STACK := $(LIB_TRAINER) $(MODEL_STACK)
 # Command-line helpers the programs share (not a library: they print and exit).
-CLI_OBJ := $(call obj,programs/cli.c)
+CLI_OBJ := $(call obj,programs/cli.c programs/progress.c)
 SYNTH_OBJ := $(call obj,programs/synth.c)
 
 PROGRAMS := $(BUILD)/bin/tp-ckpt $(BUILD)/bin/tp-reshard $(BUILD)/bin/tp-train

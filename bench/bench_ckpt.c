@@ -19,7 +19,7 @@
 #include "../programs/cli.h"
 #include "../common/memory.h"
 #include "../common/parallel.h"
-#include "../common/progress.h"
+#include "../common/clock.h"
 #include "../model/gpt.h"
 
 #define SLAB_BYTES ((int64_t)8 << 20)

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "../common/parallel.h"
-#include "../common/progress.h"
+#include "progress.h"
 #include "../model/interop.h"
 #include "cli.h"
 #include "synth.h"

@@ -10,7 +10,7 @@
 
 #include "cli.h"
 #include "../common/parallel.h"
-#include "../common/progress.h"
+#include "progress.h"
 #include "../reshard/reshard.h"
 
 static const char *usage_text =

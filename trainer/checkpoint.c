@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "../common/memory.h"
-#include "../common/progress.h"
+#include "../common/clock.h"
 #include "../reshard/reshard.h"
 #include "checkpoint.h"
 

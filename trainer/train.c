@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 
 #include "../common/memory.h"
-#include "../common/progress.h"
+#include "../common/clock.h"
 #include "../kernels/kernels.h"
 #include "checkpoint.h"
 #include "data.h"

@@ -5,6 +5,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "../common/clock.h"
+
 typedef struct {
     const char *label;
     int64_t total_bytes;
@@ -22,7 +24,6 @@ void progress_add(progress *p, int64_t bytes);
 /* Clears the bar. Returns the elapsed seconds. */
 double progress_finish(progress *p);
 
-double now_seconds(void);
 /* "1.50 GiB" */
 void format_bytes(double bytes, char *out, int out_size);
 

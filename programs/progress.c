@@ -1,16 +1,9 @@
-/* progress.c: progress bar on stderr. */
+/* progress.c: the progress bar of the programs, on stderr. */
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "progress.h"
-
-double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 void format_bytes(double bytes, char *out, int out_size)
 {
