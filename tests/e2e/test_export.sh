@@ -125,6 +125,21 @@ expect_ok "export gguf with a tokenizer" "$CKPT" export "$SRC" --format gguf --t
 run "$PY" "$CHECK" gguf "$WORK/tok.gguf" "$SRC" --tokenizer "$WORK/tokenizer"
 check "gguf tokenizer matches vocab.json and merges.txt" [ "$RC" -eq 0 ]
 
+# A byte-level model (vocabulary 256, as tp-train prepare makes them) needs no
+# --tokenizer: its GGUF holds GPT-2's byte symbols, so that llama.cpp's
+# tokenizer turns text into exactly the tokens tp-train prepare writes.
+expect_ok "synth a byte-level model" "$CKPT" synth -o "$WORK/bytes" --tp 2 --pp 1 --model tiny
+"$PY" -c 'import sys; open(sys.argv[1], "wb").write("naïve café — 42!\n\tTabs, \"quotes\" & <tags>; ~end~ \x7f\x00 ok".encode())' "$WORK/utf8.txt"
+expect_ok "prepare text of every kind of byte" "$TRAIN" prepare "$WORK/utf8.txt" -o "$WORK/utf8.bin"
+expect_ok "export the byte-level model as gguf" "$CKPT" export "$WORK/bytes" --format gguf --name "bytes" -o "$WORK/bytes.gguf"
+run "$PY" "$CHECK" gguf "$WORK/bytes.gguf" "$WORK/bytes" --text "$WORK/utf8.txt" --prepared "$WORK/utf8.bin"
+check "byte-level gguf: its vocabulary tokenizes text as tp-train prepare does" \
+    [ "$RC" -eq 0 ] && grep -q "tokenize as tp-train prepare's tokens" "$WORK/.out"
+run "$PY" "$CHECK" gguf "$WORK/bytes.gguf" "$WORK/bytes" --text "$WORK/utf8.txt" --prepared "$WORK/fox.bin"
+check "the tokenization check fails on another text's tokens" [ "$RC" -eq 1 ]
+run "$PY" "$CHECK" gguf "$WORK/tp2pp2.gguf" "$SRC" --tokenizer "$WORK/tokenizer"
+check "the vocabulary check fails on a GGUF without the tokenizer asked for" [ "$RC" -eq 1 ]
+
 # --- import: bit-exact round trip, at other layouts, and training from it.
 expect_ok "weights-only copy of the source" "$BIN/tp-reshard" "$SRC" --to tp2pp2 --no-optim -o "$WORK/weights"
 expect_ok "import at tp4pp2" "$CKPT" import "$WORK/hf-tp2pp2" -o "$WORK/imported" --tp 4 --pp 2

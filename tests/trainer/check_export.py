@@ -15,9 +15,15 @@ tests/ckpt/check_h5py.py.
       transposes; a dtype change rounds to nearest even); with --loss, loads
       the weights into the PyTorch GPT-2 (gpt2_ref.py) and compares its mean
       cross-entropy on the token windows with X (1e-5 relative).
-  check_export.py gguf FILE CKPT
+  check_export.py gguf FILE CKPT [--tokenizer DIR] [--text F --prepared F]
       Parses the GGUF v3 file (key types llama.cpp checks, alignment and
-      offset rules, the gpt2 tensor names) and compares every tensor.
+      offset rules, the gpt2 tensor names, general.type, general.size_label
+      from the tensors' parameter count) and compares every tensor. The
+      vocabulary: with --tokenizer, vocab.json and merges.txt; else, for a
+      byte-level model (256 tokens), GPT-2's byte symbols with no merges and
+      no BOS added; else no_vocab. With --text and --prepared (the token file
+      `tp-train prepare` made of that text), tokenizes the text as llama.cpp's
+      gpt2 tokenizer does with the file's vocabulary and compares the tokens.
   check_export.py hdf5 FILE CKPT
       Reads every dataset with h5py and compares it.
   check_export.py generate CKPT --prompt P --tokens N
@@ -281,6 +287,97 @@ class Reader:
         return self.take(GGUF_SCALARS[kind])
 
 
+def bytes_to_unicode():
+    """GPT-2's byte-to-symbol table (openai/gpt-2, encoder.py): the printable
+    bytes stand for themselves, the other 68, in increasing order, for the
+    code points 256, 257, ..."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + \
+        list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def size_label(count):
+    """gguf-py's model_weight_count_rounded_notation(count, min_digits=2)."""
+    for limit, scale, suffix in ((1e12, 1e-12, "T"), (1e9, 1e-9, "B"), (1e6, 1e-6, "M"), (0, 1e-3, "K")):
+        if count > limit or suffix == "K":
+            scaled = count * scale
+            fix = max(2 - len(str(round(scaled)).lstrip("0")), 0)
+            return f"{scaled:.{fix}f}{suffix}"
+
+
+def prepared_tokens(path):
+    """The tokens of a token file (llm.c's format, docs/DATA.md)."""
+    header = np.fromfile(path, dtype="<i4", count=256)
+    if header[0] != 20240520 or header[1] != 1:
+        problem(f"{path}: not a token file")
+        return []
+    return np.fromfile(path, dtype="<u2", count=int(header[2]), offset=1024).tolist()
+
+
+def check_vocabulary(a, kv, vocab):
+    """The tokenizer keys: GPT-2 BPE from --tokenizer, byte symbols for a byte
+    model, or none; and, with --text, llama.cpp's tokenization of it."""
+    model_kind = kv.get("tokenizer.ggml.model", (None, None))[1]
+    byte_model = vocab == 256 and not a.tokenizer
+    if model_kind != ("gpt2" if a.tokenizer or byte_model else "no_vocab"):
+        problem(f"tokenizer.ggml.model = {model_kind} for a vocabulary of {vocab}" +
+                ("" if a.tokenizer else " without --tokenizer"))
+        return
+    if model_kind == "no_vocab":
+        if "tokenizer.ggml.tokens" in kv:
+            problem("no_vocab with a token list")
+        return
+    tokens = kv["tokenizer.ggml.tokens"][1][1]
+    if len(tokens) != vocab or kv["tokenizer.ggml.token_type"][1][0] != 5:
+        problem("tokenizer tokens or token types")
+    if a.tokenizer:
+        vocab_json = json.load(open(os.path.join(a.tokenizer, "vocab.json")))
+        for token, i in vocab_json.items():
+            if tokens[i] != token:
+                problem(f"token {i} is {tokens[i]!r}, vocab.json says {token!r}")
+        merges = [l for l in open(os.path.join(a.tokenizer, "merges.txt"), encoding="utf-8").read().splitlines()
+                  if l and not l.startswith("#version")]
+        if kv["tokenizer.ggml.merges"][1][1] != merges:
+            problem("merges differ from merges.txt")
+    else:
+        table = bytes_to_unicode()
+        if tokens != [table[b] for b in range(256)]:
+            problem("the tokens are not GPT-2's byte symbols in byte order")
+        want = {"tokenizer.ggml.pre": (8, "gpt-2"), "tokenizer.ggml.merges": (9, (8, [])),
+                "tokenizer.ggml.token_type": (9, (5, [1] * 256)),
+                "tokenizer.ggml.add_bos_token": (7, False), "tokenizer.ggml.add_eos_token": (7, False)}
+        for key, value in want.items():
+            if kv.get(key) != value:
+                problem(f"byte vocabulary: {key} = {str(kv.get(key))[:80]}, expected {str(value)[:80]}")
+        for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+            kind, token = kv.get(key, (None, None))
+            if kind != 4 or not 0 <= token < vocab:
+                problem(f"byte vocabulary: {key} = {kv.get(key)} is not a token of the vocabulary")
+    if a.text:
+        # llama.cpp's gpt2 tokenizer: pre-tokenize, write each byte as its
+        # symbol, apply the merges (none here), look each symbol up.
+        if kv["tokenizer.ggml.merges"][1][1]:
+            problem("--text: this emulation tokenizes only vocabularies without merges")
+            return
+        table, ids = bytes_to_unicode(), {t: i for i, t in enumerate(tokens)}
+        text = open(a.text, "rb").read()
+        got = [ids.get(table[b], -1) for b in text]
+        want = prepared_tokens(a.prepared)
+        if got != want:
+            first = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+            problem(f"--text: {len(got)} tokens from the GGUF's vocabulary, {len(want)} in {a.prepared}; "
+                    f"first difference at {first}")
+        else:
+            print(f"check_export: gguf: {len(got)} bytes of {a.text} tokenize as tp-train prepare's tokens")
+
+
 def check_gguf(a):
     params, index = merged_params(a.ckpt)
     model = index["model"]
@@ -311,22 +408,11 @@ def check_gguf(a):
     kind, eps = kv.get("gpt2.attention.layer_norm_epsilon", (None, None))
     if kind != 6 or abs(eps - 1e-5) > 1e-12:
         problem(f"gpt2.attention.layer_norm_epsilon = {kv.get('gpt2.attention.layer_norm_epsilon')}")
-    model_kind = kv.get("tokenizer.ggml.model", (None, None))[1]
-    if model_kind not in ("no_vocab", "gpt2"):
-        problem(f"tokenizer.ggml.model = {model_kind}")
-    if model_kind == "gpt2":
-        tokens = kv["tokenizer.ggml.tokens"][1][1]
-        if len(tokens) != model["vocab"] or kv["tokenizer.ggml.token_type"][1][0] != 5:
-            problem("tokenizer tokens or token types")
-        if a.tokenizer:
-            vocab = json.load(open(os.path.join(a.tokenizer, "vocab.json")))
-            for token, i in vocab.items():
-                if tokens[i] != token:
-                    problem(f"token {i} is {tokens[i]!r}, vocab.json says {token!r}")
-            merges = [l for l in open(os.path.join(a.tokenizer, "merges.txt"), encoding="utf-8").read().splitlines()
-                      if l and not l.startswith("#version")]
-            if kv["tokenizer.ggml.merges"][1][1] != merges:
-                problem("merges differ from merges.txt")
+    check_vocabulary(a, kv, model["vocab"])
+    if kv.get("general.type") != (8, "model"):
+        problem(f"general.type = {kv.get('general.type')}, expected the string model")
+    if kv.get("general.name", (None,))[0] != 8:
+        problem("general.name is missing")
     alignment = kv.get("general.alignment", (4, 32))[1]
     infos = []
     for _ in range(n_tensors):
@@ -364,6 +450,9 @@ def check_gguf(a):
         problem(f"general.file_type {kv.get('general.file_type')} for {matrix_dtype} matrices")
     if start + expected_offset != len(raw):
         problem(f"file is {len(raw)} bytes, the padded tensors end at {start + expected_offset}")
+    parameters = sum(int(np.prod(ne)) for _, ne, *_ in infos)
+    if kv.get("general.size_label") != (8, size_label(parameters)):
+        problem(f"general.size_label = {kv.get('general.size_label')}, {parameters} parameters make {size_label(parameters)}")
     print(f"check_export: gguf: {n_tensors} tensors, {n_kv} keys compared with {a.ckpt}")
 
 
@@ -437,6 +526,8 @@ def main():
     p.add_argument("--loss", type=float)
     p.add_argument("--dtype")
     p.add_argument("--tokenizer")
+    p.add_argument("--text")
+    p.add_argument("--prepared")
     p.add_argument("--prompt")
     p.add_argument("--tokens", type=int)
     a = p.parse_args()
