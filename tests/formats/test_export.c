@@ -1044,6 +1044,24 @@ static void small_source(const char *path, test_tensor *t, int corrupt)
 
 static const char *const format_suffix[] = {"", ".gguf", ".h5"};
 
+/* Exports that must fail, leaving nothing at the output. */
+typedef struct {
+    const char *what;
+    export_tensor specs[2];
+    int count;
+    int damaged_source;
+    int status;
+    const char *named; /* the message names it (or NULL) */
+} refused_export;
+
+static const refused_export refused_exports[] = {
+    {"a missing tensor", {{"model/big", "big", 0}, {"model/nothing", "nothing", 0}}, 2, 0, TP_ERR_NOT_FOUND, "model/nothing"},
+    {"a vector transposed", {{"model/big", "big", 0}, {"model/vec", "vec", 1}}, 2, 0, TP_ERR_ARG, "model/vec"},
+    {"one name twice", {{"model/big", "same", 0}, {"model/vec", "same", 0}}, 2, 0, TP_ERR_ARG, "same"},
+    {"nothing to export", {{"model/big", "big", 1}, {"model/vec", "vec", 0}}, 0, 0, TP_ERR_ARG, "nothing to export"},
+    {"a damaged block", {{"model/big", "big", 1}, {"model/vec", "vec", 0}}, 2, 1, TP_ERR_CHECKSUM, "model/big"},
+};
+
 Test(export, outputs_are_atomic)
 {
     seed_random(606);
@@ -1114,26 +1132,18 @@ Test(export, outputs_are_atomic)
         }
         options.overwrite = 0;
 
-        /* Failures leave nothing: before the output is staged ... */
+        /* Failures leave nothing: before the output is staged, and while
+         * streaming (a damaged block of the source). */
         snprintf(out, sizeof out, "%s/failed%s", outdir, format_suffix[format]);
         entries = count_entries(outdir, NULL);
-        const export_tensor missing[] = {{"model/big", "big", 0}, {"model/nothing", "nothing", 0}};
-        cr_assert_eq(export_run(r, missing, 2, &options, out, NULL), TP_ERR_NOT_FOUND, "%s", tp_errmsg());
-        cr_assert(strstr(tp_errmsg(), "model/nothing"), "message names the tensor: %s", tp_errmsg());
-        assert_nothing_left(outdir, out, entries);
-        const export_tensor vector_transposed[] = {{"model/big", "big", 0}, {"model/vec", "vec", 1}};
-        cr_assert_eq(export_run(r, vector_transposed, 2, &options, out, NULL), TP_ERR_ARG, "%s", tp_errmsg());
-        cr_assert(strstr(tp_errmsg(), "model/vec"), "message names the tensor: %s", tp_errmsg());
-        assert_nothing_left(outdir, out, entries);
-        const export_tensor twice[] = {{"model/big", "same", 0}, {"model/vec", "same", 0}};
-        cr_assert_eq(export_run(r, twice, 2, &options, out, NULL), TP_ERR_ARG, "%s", tp_errmsg());
-        assert_nothing_left(outdir, out, entries);
-        cr_assert_eq(export_run(r, good, 0, &options, out, NULL), TP_ERR_ARG, "nothing to export");
-        assert_nothing_left(outdir, out, entries);
-        /* ... and while streaming (a damaged block of the source). */
-        cr_assert_eq(export_run(broken, good, 2, &options, out, NULL), TP_ERR_CHECKSUM, "%s", tp_errmsg());
-        cr_assert(strstr(tp_errmsg(), "model/big"), "message names the tensor: %s", tp_errmsg());
-        assert_nothing_left(outdir, out, entries);
+        for (size_t k = 0; k < sizeof refused_exports / sizeof refused_exports[0]; k++) {
+            const refused_export *x = &refused_exports[k];
+            int got = export_run(x->damaged_source ? broken : r, x->specs, x->count, &options, out, NULL);
+            cr_assert_eq(got, x->status, "format %d, %s: expected %s, got %s: %s", format, x->what,
+                         tp_status_name(x->status), tp_status_name(got), tp_errmsg());
+            if (x->named) cr_assert(strstr(tp_errmsg(), x->named), "%s: the message names %s: %s", x->what, x->named, tp_errmsg());
+            assert_nothing_left(outdir, out, entries);
+        }
     }
 
     /* GGUF limits: names of 64 bytes or more. */
@@ -1237,166 +1247,133 @@ static void expect_open_fails(const char *path, int status, const char *named)
     cr_assert(strstr(tp_errmsg(), named), "the message names %s: %s", named, tp_errmsg());
 }
 
+/* One file that breaks a rule of the format: its header length (-1: the
+ * JSON's own), header, and how many data bytes follow. */
+typedef struct {
+    const char *name;
+    int64_t length;
+    const char *header;
+    size_t data_bytes;
+    const char *also_named; /* besides the path, the message names this (or NULL) */
+} malformed_file;
+
+#define ONE_F32 "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}"
+static const malformed_file malformed_files[] = {
+    {"beyond", 1000, ONE_F32, 8, NULL},
+    {"huge-length", (int64_t)1 << 62, "{}", 0, NULL},
+    {"not-json", -1, "this is not JSON at all", 0, NULL},
+    {"truncated-json", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],", 8, NULL},
+    {"array", -1, "[1, 2]  ", 0, NULL},
+    {"dtype", -1, "{\"a\":{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "F33"},
+    {"size", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, NULL},
+    {"size2", -1, "{\"a\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,8]}}", 8, NULL},
+    {"backwards", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8, NULL},
+    {"no-offsets", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, NULL},
+    {"overlap", -1,
+     "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+     "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+     12, NULL},
+    {"same-place", -1,
+     "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+     "\"b\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+     8, NULL},
+    {"gap", -1,
+     "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+     "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
+     20, NULL},
+    {"not-from-zero", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, NULL},
+    {"trailing", -1, ONE_F32, 12, NULL},
+    {"truncated-data", -1, ONE_F32, 6, NULL},
+    {"metadata", -1,
+     "{\"__metadata__\":{\"format\":\"pt\",\"layers\":12},"
+     "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+     8, NULL},
+    {"metadata-array", -1, "{\"__metadata__\":[\"pt\"],\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+     8, NULL},
+    {"negative-shape", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, NULL},
+    {"twice", -1,
+     "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+     "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+     8, NULL},
+};
+
+/* A sharded directory: part-1 holds a (F32 [2]), part-2 holds b (F16 [2]);
+ * index.json variants that do not describe them, and what is refused. */
+static const struct {
+    const char *what, *index;
+    int status;
+    const char *named;
+} shard_indexes[] = {
+    {"a tensor missing from its shard",
+     "{\"metadata\":{\"total_size\":12},\"weight_map\":{\"a\":\"part-1.safetensors\","
+     "\"b\":\"part-2.safetensors\",\"c\":\"part-2.safetensors\"}}",
+     TP_ERR_FORMAT, "tensor c is listed in part-2.safetensors"},
+    {"a tensor listed in another shard", "{\"weight_map\":{\"a\":\"part-2.safetensors\",\"b\":\"part-2.safetensors\"}}",
+     TP_ERR_FORMAT, "part-2.safetensors"},
+    {"shards swapped", "{\"weight_map\":{\"b\":\"part-1.safetensors\",\"a\":\"part-2.safetensors\"}}", TP_ERR_FORMAT,
+     "model.safetensors.index.json"},
+    {"a shard that is not there", "{\"weight_map\":{\"a\":\"part-1.safetensors\",\"b\":\"part-3.safetensors\"}}",
+     TP_ERR_NOT_FOUND, "part-3.safetensors"},
+    {"no weight map", "{\"metadata\":{}}", TP_ERR_FORMAT, "model.safetensors.index.json"},
+};
+
 Test(export, safetensors_open_rejects_malformed_files)
 {
     uint8_t data[64];
     for (int k = 0; k < 64; k++) data[k] = (uint8_t)(k * 7 + 1);
     char path[800];
-#define CASE(name) snprintf(path, sizeof path, "%s/%s.safetensors", dir, name)
-
-    CASE("short");
+    /* Too short for the header length. */
+    snprintf(path, sizeof path, "%s/short.safetensors", dir);
     write_all(path, "\x10\0\0\0\0", 5);
     expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("empty");
+    snprintf(path, sizeof path, "%s/empty.safetensors", dir);
     write_all(path, "", 0);
     expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("beyond");
-    write_st(path, 1000, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("huge-length");
-    write_st(path, (int64_t)1 << 62, "{}", NULL, 0);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("not-json");
-    write_st(path, -1, "this is not JSON at all", NULL, 0);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("truncated-json");
-    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],", data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("array");
-    write_st(path, -1, "[1, 2]  ", NULL, 0);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("dtype");
-    write_st(path, -1, "{\"a\":{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-    cr_assert(strstr(tp_errmsg(), "F33"), "names the dtype: %s", tp_errmsg());
-
-    CASE("size");
-    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("size2");
-    write_st(path, -1, "{\"a\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("backwards");
-    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("no-offsets");
-    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("overlap");
-    write_st(path, -1,
-             "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-             "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
-             data, 12);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("same-place");
-    write_st(path, -1,
-             "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-             "\"b\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
-             data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("gap");
-    write_st(path, -1,
-             "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-             "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
-             data, 20);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("not-from-zero");
-    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", data, 12);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("trailing");
-    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 12);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("truncated-data");
-    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 6);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("metadata");
-    write_st(path, -1,
-             "{\"__metadata__\":{\"format\":\"pt\",\"layers\":12},"
-             "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
-             data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("metadata-array");
-    write_st(path, -1, "{\"__metadata__\":[\"pt\"],\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
-             data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("negative-shape");
-    write_st(path, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
-
-    CASE("twice");
-    write_st(path, -1,
-             "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-             "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-             data, 8);
-    expect_open_fails(path, TP_ERR_FORMAT, path);
+    for (size_t i = 0; i < sizeof malformed_files / sizeof malformed_files[0]; i++) {
+        const malformed_file *m = &malformed_files[i];
+        snprintf(path, sizeof path, "%s/%s.safetensors", dir, m->name);
+        write_st(path, m->length, m->header, data, m->data_bytes);
+        expect_open_fails(path, TP_ERR_FORMAT, path);
+        if (m->also_named) cr_assert(strstr(tp_errmsg(), m->also_named), "%s: names %s: %s", m->name, m->also_named, tp_errmsg());
+    }
 
     /* Not there at all. */
     snprintf(path, sizeof path, "%s/absent.safetensors", dir);
     expect_open_fails(path, TP_ERR_NOT_FOUND, path);
-
     /* A directory with neither model.safetensors nor an index. */
     snprintf(path, sizeof path, "%s/emptydir", dir);
     cr_assert_eq(mkdir(path, 0755), 0);
     expect_open_fails(path, TP_ERR_NOT_FOUND, path);
 
-    /* A sharded directory whose index names a tensor missing from its shard. */
+    /* A sharded directory, with indexes that do not describe it... */
     char file[900];
     snprintf(path, sizeof path, "%s/sharded", dir);
     cr_assert_eq(mkdir(path, 0755), 0);
     snprintf(file, sizeof file, "%s/part-1.safetensors", path);
-    write_st(file, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
+    write_st(file, -1, ONE_F32, data, 8);
     snprintf(file, sizeof file, "%s/part-2.safetensors", path);
     write_st(file, -1, "{\"b\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}", data, 4);
     snprintf(file, sizeof file, "%s/model.safetensors.index.json", path);
-    const char *index = "{\"metadata\":{\"total_size\":12},\"weight_map\":{\"a\":\"part-1.safetensors\","
-                        "\"b\":\"part-2.safetensors\",\"c\":\"part-2.safetensors\"}}";
-    write_all(file, index, strlen(index));
-    expect_open_fails(path, TP_ERR_FORMAT, "part-2.safetensors");
-    cr_assert(strstr(tp_errmsg(), "c"), "names the tensor: %s", tp_errmsg());
-    /* ... tensors listed in the wrong shards ... */
-    index = "{\"weight_map\":{\"a\":\"part-2.safetensors\",\"b\":\"part-2.safetensors\"}}";
-    write_all(file, index, strlen(index));
-    expect_open_fails(path, TP_ERR_FORMAT, "part-2.safetensors");
-    index = "{\"weight_map\":{\"b\":\"part-1.safetensors\",\"a\":\"part-2.safetensors\"}}";
-    write_all(file, index, strlen(index));
-    expect_open_fails(path, TP_ERR_FORMAT, "model.safetensors.index.json");
-    /* ... a shard that is not there ... */
-    index = "{\"weight_map\":{\"a\":\"part-1.safetensors\",\"b\":\"part-3.safetensors\"}}";
-    write_all(file, index, strlen(index));
-    expect_open_fails(path, TP_ERR_NOT_FOUND, "part-3.safetensors");
-    /* ... an index that is not one ... */
-    index = "{\"metadata\":{}}";
-    write_all(file, index, strlen(index));
-    expect_open_fails(path, TP_ERR_FORMAT, "model.safetensors.index.json");
-    /* ... and the same directory with a correct index opens. */
-    index = "{\"metadata\":{\"total_size\":12},\"weight_map\":{\"a\":\"part-1.safetensors\",\"b\":\"part-2.safetensors\"}}";
+    for (size_t i = 0; i < sizeof shard_indexes / sizeof shard_indexes[0]; i++) {
+        write_all(file, shard_indexes[i].index, strlen(shard_indexes[i].index));
+        safetensors_set *set = NULL;
+        int got = safetensors_open(&set, path);
+        if (got == TP_OK) safetensors_close(set);
+        cr_assert_eq(got, shard_indexes[i].status, "%s: expected %s, got %s: %s", shard_indexes[i].what,
+                     tp_status_name(shard_indexes[i].status), tp_status_name(got), tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), shard_indexes[i].named), "%s: the message names %s: %s", shard_indexes[i].what,
+                  shard_indexes[i].named, tp_errmsg());
+    }
+    /* ... and with a correct index it opens. */
+    const char *index = "{\"metadata\":{\"total_size\":12},\"weight_map\":{\"a\":\"part-1.safetensors\",\"b\":\"part-2.safetensors\"}}";
     write_all(file, index, strlen(index));
     safetensors_set *set;
     cr_assert_eq(safetensors_open(&set, path), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(safetensors_count(set), 2);
     cr_assert_eq(safetensors_find(set, "b")->dtype, TP_FP16);
     safetensors_close(set);
-#undef CASE
 }
+#undef ONE_F32
 
 /* An empty tensor takes no bytes; the reference implementation sorts by
  * (begin, end), so one at an offset where another tensor begins is valid. */
@@ -1656,33 +1633,31 @@ Test(export, import_checks_sources_before_writing)
     check_imported(ok_out, t, want, 2);
     entries++;
 
-    const export_tensor missing[] = {{NULL, "w", 0}, {NULL, "nothing", 0}};
-    cr_assert_eq(import_run(set, descs, missing, 2, &layout, NULL, &options, out), TP_ERR_NOT_FOUND, "%s",
-                 tp_errmsg());
-    cr_assert(strstr(tp_errmsg(), "nothing"), "names the source: %s", tp_errmsg());
-    assert_nothing_left(dir, out, entries);
-
-    const export_tensor transposed[] = {{NULL, "w", 1}, {NULL, "v", 0}}; /* [6, 4] expected, [4, 6] found */
-    cr_assert_neq(import_run(set, descs, transposed, 2, &layout, NULL, &options, out), TP_OK, "shape mismatch");
-    cr_assert(strstr(tp_errmsg(), "model/w"), "names the tensor: %s", tp_errmsg());
-    assert_nothing_left(dir, out, entries);
-
-    const export_tensor swapped[] = {{NULL, "v", 0}, {NULL, "w", 0}};
-    cr_assert_neq(import_run(set, descs, swapped, 2, &layout, NULL, &options, out), TP_OK, "shape mismatch");
-    assert_nothing_left(dir, out, entries);
-
+    /* Sources that do not fit their targets: refused before anything is written. */
     ckpt_tensor_desc int_target = t[1].desc;
     int_target.shape[0] = 4;
-    ckpt_tensor_desc with_ints[2] = {t[0].desc, int_target};
-    const export_tensor int_map[] = {{NULL, "w", 0}, {NULL, "ints", 0}};
-    cr_assert_neq(import_run(set, with_ints, int_map, 2, &layout, NULL, &options, out), TP_OK, "I32 is not imported");
-    cr_assert(strstr(tp_errmsg(), "I32"), "names the dtype: %s", tp_errmsg());
-    assert_nothing_left(dir, out, entries);
-
-    const export_tensor vector_transposed[] = {{NULL, "w", 0}, {NULL, "v", 1}};
-    cr_assert_neq(import_run(set, descs, vector_transposed, 2, &layout, NULL, &options, out), TP_OK,
-                  "a vector cannot be transposed");
-    assert_nothing_left(dir, out, entries);
+    const struct {
+        const char *what;
+        export_tensor map[2];
+        int int_target; /* the second target is int_target (an I32 source's shape) */
+        const char *named;
+    } refused[] = {
+        {"a missing source", {{NULL, "w", 0}, {NULL, "nothing", 0}}, 0, "nothing"},
+        {"a source of the transposed shape", {{NULL, "w", 1}, {NULL, "v", 0}}, 0, "model/w"}, /* [6, 4] expected */
+        {"sources swapped", {{NULL, "v", 0}, {NULL, "w", 0}}, 0, "model/w"},
+        {"an I32 source", {{NULL, "w", 0}, {NULL, "ints", 0}}, 1, "I32"},
+        {"a vector transposed", {{NULL, "w", 0}, {NULL, "v", 1}}, 0, "model/v"},
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
+        ckpt_tensor_desc targets[2] = {t[0].desc, refused[k].int_target ? int_target : t[1].desc};
+        cr_assert_neq(import_run(set, targets, refused[k].map, 2, &layout, NULL, &options, out), TP_OK, "%s is imported",
+                      refused[k].what);
+        cr_assert(strstr(tp_errmsg(), refused[k].named), "%s: the message names %s: %s", refused[k].what,
+                  refused[k].named, tp_errmsg());
+        assert_nothing_left(dir, out, entries);
+    }
+    const export_tensor missing[] = {{NULL, "w", 0}, {NULL, "nothing", 0}};
+    cr_assert_eq(import_run(set, descs, missing, 2, &layout, NULL, &options, out), TP_ERR_NOT_FOUND, "%s", tp_errmsg());
 
     /* An existing output is refused without overwrite. */
     cr_assert_eq(import_run(set, descs, good, 2, &layout, NULL, &options, ok_out), TP_ERR_EXISTS, "%s",
