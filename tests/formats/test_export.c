@@ -309,6 +309,40 @@ static int random_source(const char *path, test_tensor *tensors, int max, ckpt_l
     return n;
 }
 
+/* A random source checkpoint at dir/src<iter>, opened, its tensors listed
+ * in order under the names `name` gives, some matrices transposed. */
+typedef struct {
+    test_tensor t[10];
+    int n;
+    ckpt_reader *r;
+    export_tensor specs[10];
+    char names[10][64];
+} listed_source;
+
+static void list_random_source(listed_source *x, int iter, void (*name)(int i, char *out, size_t size), int *transposed)
+{
+    char src[700];
+    ckpt_layout layout;
+    snprintf(src, sizeof src, "%s/src%d", dir, iter);
+    x->n = random_source(src, x->t, 10, &layout);
+    x->r = open_reader(src);
+    for (int i = 0; i < x->n; i++) {
+        name(i, x->names[i], sizeof x->names[i]);
+        x->specs[i] = (export_tensor){x->t[i].name, x->names[i], x->t[i].desc.ndim == 2 && rnd(0, 1)};
+        *transposed += x->specs[i].transpose;
+    }
+}
+
+static void gguf_name(int i, char *out, size_t size)
+{
+    snprintf(out, size, "blk.%d.w", i);
+}
+
+static void hdf5_name(int i, char *out, size_t size)
+{
+    snprintf(out, size, "%s/t%d", i % 2 ? "decoder/layer" : "head", i);
+}
+
 /* ====================================================== 1. safetensors */
 
 Test(export, safetensors_random_tensors)
@@ -803,20 +837,15 @@ Test(export, gguf_random_tensors)
     static const int dtypes[] = {TP_FP32, TP_BF16, TP_FP16, -1, TP_BF16, TP_FP32};
     int transposed = 0;
     for (int iter = 0; iter < 6; iter++) {
-        char src[700], out[700];
-        snprintf(src, sizeof src, "%s/src%d", dir, iter);
+        listed_source x;
+        list_random_source(&x, iter, gguf_name, &transposed);
+        test_tensor *t = x.t;
+        int n = x.n;
+        ckpt_reader *r = x.r;
+        const export_tensor *specs = x.specs;
+        char (*names)[64] = x.names;
+        char out[700];
         snprintf(out, sizeof out, "%s/model%d.gguf", dir, iter);
-        test_tensor t[10];
-        ckpt_layout layout;
-        int n = random_source(src, t, 10, &layout);
-        ckpt_reader *r = open_reader(src);
-        export_tensor specs[10];
-        char names[10][64];
-        for (int i = 0; i < n; i++) {
-            snprintf(names[i], sizeof names[i], "blk.%d.w", i);
-            specs[i] = (export_tensor){t[i].name, names[i], t[i].desc.ndim == 2 && rnd(0, 1)};
-            transposed += specs[i].transpose;
-        }
         export_options options;
         export_options_init(&options);
         options.format = EXPORT_GGUF;
@@ -935,20 +964,15 @@ Test(export, hdf5_random_tensors)
     static const int dtypes[] = {-1, TP_BF16, TP_FP16, TP_FP32, -1};
     int transposed = 0;
     for (int iter = 0; iter < 5; iter++) {
-        char src[700], out[700];
-        snprintf(src, sizeof src, "%s/src%d", dir, iter);
+        listed_source x;
+        list_random_source(&x, iter, hdf5_name, &transposed);
+        test_tensor *t = x.t;
+        int n = x.n;
+        ckpt_reader *r = x.r;
+        const export_tensor *specs = x.specs;
+        char (*names)[64] = x.names;
+        char out[700];
         snprintf(out, sizeof out, "%s/merged%d.h5", dir, iter);
-        test_tensor t[10];
-        ckpt_layout layout;
-        int n = random_source(src, t, 10, &layout);
-        ckpt_reader *r = open_reader(src);
-        export_tensor specs[10];
-        char names[10][64];
-        for (int i = 0; i < n; i++) {
-            snprintf(names[i], sizeof names[i], "%s/t%d", i % 2 ? "decoder/layer" : "head", i);
-            specs[i] = (export_tensor){t[i].name, names[i], t[i].desc.ndim == 2 && rnd(0, 1)};
-            transposed += specs[i].transpose;
-        }
         export_options options;
         export_options_init(&options);
         options.format = EXPORT_HDF5;
