@@ -153,9 +153,9 @@ static int eval_command(int argc, char **argv)
     eval_result result;
     int status = eval_run(&o, cm, &result);
     if (status && !result.all_ranks_know) end_job(cm, tp_errmsg());
-    if (cm->rank == 0) {
-        if (status) fail("%s", tp_errmsg());
-        else if (json)
+    else if (status && cm->rank == 0) fail("%s", tp_errmsg());
+    else if (cm->rank == 0) {
+        if (json)
             printf("{\"loss\": %.9g, \"windows\": %lld, \"tokens\": %lld, \"seq\": %lld, \"step\": %lld}\n",
                    result.loss, (long long)result.windows, (long long)result.tokens, (long long)result.seq,
                    (long long)result.step);
