@@ -65,8 +65,8 @@ LIB_COMM_MPI := $(BUILD)/lib/libtpcomm_mpi.a
 # What each program links, top of the stack first.
 CKPT_STACK := $(LIB_CKPT) $(LIB_KERNELS) $(LIB_COMMON)
 RESHARD_STACK := $(LIB_RESHARD) $(CKPT_STACK)
-MODEL_STACK := $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
-TRAINER_STACK := $(LIB_TRAINER) $(MODEL_STACK)
+MODEL_STACK := $(LIB_MODEL) $(LIB_FORMATS) $(CKPT_STACK)
+TRAINER_STACK := $(LIB_TRAINER) $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
 # Command-line helpers the programs share (not a library: they print and exit).
 CLI_OBJ := $(call obj,programs/cli.c programs/progress.c)
 SYNTH_OBJ := $(call obj,programs/synth.c)
