@@ -188,7 +188,9 @@ head -c 20000 "$WORK/text.txt" >"$WORK/text1.txt"
 expect_ok "prepare a second token file" "$TRAIN" prepare "$WORK/text1.txt" -o "$WORK/tokens_1.bin"
 expect_ok "train 40 steps on text" mpi_train 2 $TINY --tp 2 --steps 40 --lr 3e-3 --data "$WORK/tokens_*.bin" \
     --log "$WORK/text.jsonl"
-check "the loss falls on text" "$PY" -c 'import json,sys; r=[json.loads(l)["loss"] for l in open(sys.argv[1])]; sys.exit(not r[-1] < r[0] - 1.0)' "$WORK/text.jsonl"
+# A step's loss is that of 4 windows of 32 bytes: one step can be an
+# outlier (a window of rare bytes), so the last ten steps are averaged.
+check "the loss falls on text" "$PY" -c 'import json,sys; r=[json.loads(l)["loss"] for l in open(sys.argv[1])]; sys.exit(not sum(r[-10:]) / 10 < r[0] - 1.0)' "$WORK/text.jsonl"
 printf 'not a token file, but long enough to have a header of 1024 bytes %01024d' 0 >"$WORK/bad.bin"
 expect_error "a file that is not a token file" 1 "bad.bin.*(magic|header)" "$TRAIN" $TINY --data "$WORK/bad.bin"
 expect_error "no file matches --data" 1 "nothing.*bin" "$TRAIN" $TINY --data "$WORK/nothing*.bin"
