@@ -1,10 +1,10 @@
-/* export.h: a checkpoint's weights, merged, in the files inference tools
+/* formats.h: a checkpoint's weights, merged, in the files inference tools
  * load (Hugging Face safetensors, llama.cpp's GGUF, a plain HDF5 file), and
  * safetensors weights back into a sharded checkpoint (docs/EXPORT.md).
  *
  * This library knows the file formats; what a tensor is called outside and
  * whether it is transposed comes from the caller (for GPT-2:
- * trainer/gpt_interop.h), as a list of export_tensor. Export streams each
+ * model/interop.h), as a list of export_tensor. Export streams each
  * tensor through buffers sized from a memory limit, reading only checksum-
  * verified blocks of the source; import checks every header rule and shape
  * before writing anything. Outputs are committed atomically: nothing appears
@@ -12,8 +12,8 @@
  *
  * Functions return a tp_status; the message of a failure in the calling
  * thread is tp_errmsg(). Nothing is printed. */
-#ifndef TP_RESHARD_EXPORT_H
-#define TP_RESHARD_EXPORT_H
+#ifndef TP_FORMATS_H
+#define TP_FORMATS_H
 
 #include <stdint.h>
 

@@ -720,7 +720,7 @@ static void on_band(void *ctx, int64_t bytes)
     }
 }
 
-/* All buffers together stay within memory_limit (export.h: "buffers of all
+/* All buffers together stay within memory_limit (formats.h: "buffers of all
  * threads"; docs/EXPORT.md: "all buffers together stay within
  * --memory-limit"), also when the tensor with the largest staging buffer
  * (square, transposed) is not the one with the largest output buffer (an
