@@ -7,6 +7,11 @@
 #     so does transformers' from_pretrained where it is installed;
 #   - every exported tensor equals the checkpoint's (independent parsers of
 #     safetensors, GGUF and HDF5), in fp32, bf16 and fp16, sharded or not;
+#   - GGUF metadata: general.type, name and size label; no_vocab for this
+#     vocabulary, a --tokenizer's BPE vocabulary, and for a byte-level model
+#     (vocabulary 256, synthesized) GPT-2's byte symbols, with which
+#     llama.cpp's tokenizer (emulated) gives exactly tp-train prepare's
+#     tokens of a text; each of these checks shown to fail on damaged input;
 #   - exports from the three layouts are byte-identical but for the source
 #     layout they record;
 #   - export then import is bit-exact, into tp-train's resume;
@@ -125,20 +130,68 @@ expect_ok "export gguf with a tokenizer" "$CKPT" export "$SRC" --format gguf --t
 run "$PY" "$CHECK" gguf "$WORK/tok.gguf" "$SRC" --tokenizer "$WORK/tokenizer"
 check "gguf tokenizer matches vocab.json and merges.txt" [ "$RC" -eq 0 ]
 
+# The vocabulary-250 exports above say no_vocab (the checker requires it);
+# a GGUF with a vocabulary is refused without the --tokenizer it came from.
+run "$PY" "$CHECK" gguf "$WORK/tok.gguf" "$SRC"
+if [ "$RC" -eq 1 ] && grep -q "tokenizer.ggml.model = (8, 'gpt2'), expected the string no_vocab" "$WORK/.out"; then pass
+else failed "the no_vocab check fails on a vocabulary-250 GGUF with a vocabulary"; fi
+
 # A byte-level model (vocabulary 256, as tp-train prepare makes them) needs no
 # --tokenizer: its GGUF holds GPT-2's byte symbols, so that llama.cpp's
-# tokenizer turns text into exactly the tokens tp-train prepare writes.
+# tokenizer turns text into exactly the tokens tp-train prepare writes
+# (punctuation, spaces, tabs and newlines, digits, 2- and 3-byte UTF-8).
 expect_ok "synth a byte-level model" "$CKPT" synth -o "$WORK/bytes" --tp 2 --pp 1 --model tiny
 "$PY" -c 'import sys; open(sys.argv[1], "wb").write("naïve café — 42!\n\tTabs, \"quotes\" & <tags>; ~end~ \x7f\x00 ok".encode())' "$WORK/utf8.txt"
 expect_ok "prepare text of every kind of byte" "$TRAIN" prepare "$WORK/utf8.txt" -o "$WORK/utf8.bin"
 expect_ok "export the byte-level model as gguf" "$CKPT" export "$WORK/bytes" --format gguf --name "bytes" -o "$WORK/bytes.gguf"
-run "$PY" "$CHECK" gguf "$WORK/bytes.gguf" "$WORK/bytes" --text "$WORK/utf8.txt" --prepared "$WORK/utf8.bin"
-check "byte-level gguf: its vocabulary tokenizes text as tp-train prepare does" \
-    [ "$RC" -eq 0 ] && grep -q "tokenize as tp-train prepare's tokens" "$WORK/.out"
-run "$PY" "$CHECK" gguf "$WORK/bytes.gguf" "$WORK/bytes" --text "$WORK/utf8.txt" --prepared "$WORK/fox.bin"
-check "the tokenization check fails on another text's tokens" [ "$RC" -eq 1 ]
+run "$PY" "$CHECK" gguf "$WORK/bytes.gguf" "$WORK/bytes" --name bytes --text "$WORK/utf8.txt" --prepared "$WORK/utf8.bin"
+if [ "$RC" -eq 0 ] && grep -q "tokenize as tp-train prepare's tokens" "$WORK/.out"; then pass
+else failed "byte-level gguf: its vocabulary tokenizes text as tp-train prepare does"; fi
+run "$PY" "$CHECK" gguf "$WORK/bytes.gguf" "$WORK/bytes" --name bytes --text "$WORK/utf8.txt" --prepared "$WORK/fox.bin"
+if [ "$RC" -eq 1 ] && grep -q -- "--text: 58 tokens from the GGUF's vocabulary, 13500 in" "$WORK/.out"; then pass
+else failed "the tokenization check fails on another text's tokens"; fi
 run "$PY" "$CHECK" gguf "$WORK/tp2pp2.gguf" "$SRC" --tokenizer "$WORK/tokenizer"
-check "the vocabulary check fails on a GGUF without the tokenizer asked for" [ "$RC" -eq 1 ]
+if [ "$RC" -eq 1 ] && grep -q "tokenizer.ggml.model = (8, 'no_vocab'), expected the string gpt2" "$WORK/.out"; then pass
+else failed "the vocabulary check fails on a GGUF without the tokenizer asked for"; fi
+run "$PY" "$CHECK" gguf "$WORK/bytes.gguf" "$WORK/bytes"
+if [ "$RC" -eq 1 ] && grep -q "general.name = (8, 'bytes'), expected the string 'GPT-2 (tp-toolkit)'" "$WORK/.out"; then pass
+else failed "the general.name check fails on another name"; fi
+# Each byte-vocabulary check fails on a copy damaged in place (the same
+# sizes): two symbols swapped, a BOS added, a BOS outside the vocabulary,
+# another general.type and size label.
+"$PY" - "$WORK/bytes.gguf" "$WORK/bytes-bad.gguf" <<'PYEOF'
+import struct, sys
+raw = open(sys.argv[1], "rb").read()
+def s(text): return struct.pack("<Q", len(text)) + text
+for old, new in ((s(b"a") + s(b"b"), s(b"b") + s(b"a")),
+                 (b"add_bos_token\x07\x00\x00\x00\x00", b"add_bos_token\x07\x00\x00\x00\x01"),
+                 (b"bos_token_id\x04\x00\x00\x00\x00\x00\x00\x00", b"bos_token_id\x04\x00\x00\x00\x00\x01\x00\x00"),
+                 (s(b"model"), s(b"adapt")), (s(b"119K"), s(b"120K"))):
+    assert raw.count(old) == 1, old
+    raw = raw.replace(old, new)
+open(sys.argv[2], "wb").write(raw)
+PYEOF
+run "$PY" "$CHECK" gguf "$WORK/bytes-bad.gguf" "$WORK/bytes" --name bytes --text "$WORK/utf8.txt" --prepared "$WORK/utf8.bin"
+check "a damaged byte-level gguf fails the checker" [ "$RC" -eq 1 ]
+for pattern in "not GPT-2's byte symbols in byte order (bytes \[97, 98\] differ)" "add_bos_token = (7, True)" \
+    "bos_token_id = (4, 256) is not a u32 token" "general.type = (8, 'adapt')" \
+    "general.size_label = (8, '120K'), 118528 parameters make the string 119K" "--text: .*first difference at 1$"; do
+    check "the damaged byte-level gguf is caught: $pattern" grep -q -- "$pattern" "$WORK/.out"
+done
+# With --tokenizer, a byte-level model gets that vocabulary instead, the ids
+# vocab.json lacks (250 to 255) as unused [PADn].
+expect_ok "export the byte-level model with a tokenizer" "$CKPT" export "$WORK/bytes" --format gguf \
+    --tokenizer "$WORK/tokenizer" -o "$WORK/bytes-tok.gguf"
+run "$PY" "$CHECK" gguf "$WORK/bytes-tok.gguf" "$WORK/bytes" --tokenizer "$WORK/tokenizer"
+check "byte-level gguf with --tokenizer: vocab.json, [PADn] unused, merges" [ "$RC" -eq 0 ]
+# A size label with a decimal (gguf-py's notation keeps two significant
+# digits), for a model of yet another vocabulary (300: no_vocab), in bf16.
+expect_ok "synth a model of 1.7M parameters" "$CKPT" synth -o "$WORK/mid" --tp 2 --pp 1 --layers 2 --dim 256 --heads 4 \
+    --vocab 300 --seq 64
+expect_ok "export it as a bf16 gguf" "$CKPT" export "$WORK/mid" --format gguf --dtype bf16 -o "$WORK/mid.gguf"
+run "$PY" "$CHECK" gguf "$WORK/mid.gguf" "$WORK/mid"
+if [ "$RC" -eq 0 ] && grep -q "(size label 1.7M)" "$WORK/.out"; then pass
+else failed "a 1.7M-parameter gguf: size label 1.7M, no_vocab, every tensor"; fi
 
 # --- import: bit-exact round trip, at other layouts, and training from it.
 expect_ok "weights-only copy of the source" "$BIN/tp-reshard" "$SRC" --to tp2pp2 --no-optim -o "$WORK/weights"

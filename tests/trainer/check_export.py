@@ -15,15 +15,20 @@ tests/ckpt/check_h5py.py.
       transposes; a dtype change rounds to nearest even); with --loss, loads
       the weights into the PyTorch GPT-2 (gpt2_ref.py) and compares its mean
       cross-entropy on the token windows with X (1e-5 relative).
-  check_export.py gguf FILE CKPT [--tokenizer DIR] [--text F --prepared F]
+  check_export.py gguf FILE CKPT [--tokenizer DIR] [--name N] [--text F --prepared F]
       Parses the GGUF v3 file (key types llama.cpp checks, alignment and
-      offset rules, the gpt2 tensor names, general.type, general.size_label
-      from the tensors' parameter count) and compares every tensor. The
-      vocabulary: with --tokenizer, vocab.json and merges.txt; else, for a
-      byte-level model (256 tokens), GPT-2's byte symbols with no merges and
-      no BOS added; else no_vocab. With --text and --prepared (the token file
+      offset rules, the gpt2 tensor names, general.type "model", general.name
+      N or the default, general.size_label in gguf-py's notation of the
+      tensors' parameter count, which must be the model's) and compares every
+      tensor. The vocabulary: with --tokenizer, vocab.json in id order
+      ([PADn] unused for missing ids, <|...|> control), merges.txt and
+      <|endoftext|> as BOS/EOS; else, for a byte-level model (256 tokens),
+      GPT-2's bytes_to_unicode symbols in byte order, all normal, no merges,
+      BOS/EOS u32 tokens of the vocabulary, none added; else no_vocab and no
+      other tokenizer key. With --text and --prepared (the token file
       `tp-train prepare` made of that text), tokenizes the text as llama.cpp's
-      gpt2 tokenizer does with the file's vocabulary and compares the tokens.
+      gpt2 tokenizer does with the file's vocabulary and requires exactly
+      the file's tokens.
   check_export.py hdf5 FILE CKPT
       Reads every dataset with h5py and compares it.
   check_export.py generate CKPT --prompt P --tokens N
@@ -288,88 +293,183 @@ class Reader:
 
 
 def bytes_to_unicode():
-    """GPT-2's byte-to-symbol table (openai/gpt-2, encoder.py): the printable
-    bytes stand for themselves, the other 68, in increasing order, for the
-    code points 256, 257, ..."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + \
+    """GPT-2's byte-to-symbol table, as openai/gpt-2's encoder.py defines it:
+    the printable bytes ! .. ~, U+00A1 .. U+00AC and U+00AE .. U+00FF stand
+    for themselves; every other byte, in increasing order, for the next code
+    point from 256 on. {byte: symbol}"""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + \
         list(range(ord("\u00ae"), ord("\u00ff") + 1))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
+    cs = bs[:]
+    n = 0
+    for b in range(2 ** 8):
+        if b not in bs:
+            bs.append(b)
+            cs.append(2 ** 8 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs]))
 
 
 def size_label(count):
     """gguf-py's model_weight_count_rounded_notation(count, min_digits=2)."""
-    for limit, scale, suffix in ((1e12, 1e-12, "T"), (1e9, 1e-9, "B"), (1e6, 1e-6, "M"), (0, 1e-3, "K")):
-        if count > limit or suffix == "K":
-            scaled = count * scale
-            fix = max(2 - len(str(round(scaled)).lstrip("0")), 0)
-            return f"{scaled:.{fix}f}{suffix}"
+    if count > 1e12:
+        scaled, suffix = count * 1e-12, "T"
+    elif count > 1e9:
+        scaled, suffix = count * 1e-9, "B"
+    elif count > 1e6:
+        scaled, suffix = count * 1e-6, "M"
+    else:
+        scaled, suffix = count * 1e-3, "K"
+    fix = max(2 - len(str(round(scaled)).lstrip("0")), 0)
+    return f"{scaled:.{fix}f}{suffix}"
+
+
+def gpt_parameters(model):
+    """The logical parameters of the GPT-2 the checkpoint describes."""
+    v, d, s, f, layers = model["vocab"], model["dim"], model["seq"], model["ffn"], model["layers"]
+    per_layer = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (f * d + f) + (d * f + d)
+    return v * d + s * d + layers * per_layer + 2 * d
 
 
 def prepared_tokens(path):
-    """The tokens of a token file (llm.c's format, docs/DATA.md)."""
+    """The tokens of a token file (llm.c's format, docs/DATA.md: 256 int32 of
+    header, magic 20240520, version 1, the count at [2]; then uint16 tokens)."""
     header = np.fromfile(path, dtype="<i4", count=256)
-    if header[0] != 20240520 or header[1] != 1:
+    if len(header) != 256 or header[0] != 20240520 or header[1] != 1:
         problem(f"{path}: not a token file")
         return []
-    return np.fromfile(path, dtype="<u2", count=int(header[2]), offset=1024).tolist()
+    tokens = np.fromfile(path, dtype="<u2", count=int(header[2]), offset=1024)
+    if len(tokens) != header[2]:
+        problem(f"{path}: {len(tokens)} tokens, the header says {header[2]}")
+    return tokens.tolist()
+
+
+def llama_utf8(data):
+    """What llama.cpp's tokenizer makes of the bytes of a text: it decodes
+    them as UTF-8 (unicode_cpts_from_utf8: a byte that does not start a
+    complete sequence becomes U+FFFD and is skipped) and encodes the code
+    points again (unicode_cpt_to_utf8). Valid UTF-8 comes back unchanged."""
+    out, at = bytearray(), 0
+    while at < len(data):
+        b = data[at]
+        size = 1 if b < 0x80 else 2 if b >> 5 == 6 else 3 if b >> 4 == 14 else 4 if b >> 3 == 30 else 0
+        tail = data[at + 1:at + size]
+        if size == 0 or len(tail) != size - 1 or any(c >> 6 != 2 for c in tail):
+            out += "\ufffd".encode("utf-8")
+            at += 1
+            continue
+        cp = b & (0x7F, 0x1F, 0x0F, 0x07)[size - 1]
+        for c in tail:
+            cp = cp << 6 | c & 0x3F
+        if cp > 0x10FFFF:
+            problem(f"--text: code point {cp:#x} at byte {at}: llama.cpp cannot encode it")
+        out += bytes([cp]) if cp < 0x80 else bytes([0xC0 | cp >> 6, 0x80 | cp & 0x3F]) if cp < 0x800 else \
+            bytes([0xE0 | cp >> 12, 0x80 | cp >> 6 & 0x3F, 0x80 | cp & 0x3F]) if cp < 0x10000 else \
+            bytes([0xF0 | cp >> 18 & 0x07, 0x80 | cp >> 12 & 0x3F, 0x80 | cp >> 6 & 0x3F, 0x80 | cp & 0x3F])
+        at += size
+    return bytes(out)
+
+
+def llama_tokenize(data, tokens, merges):
+    """llama.cpp's gpt2 tokenizer (llm_tokenizer_bpe_session) for a vocabulary
+    without merges: the text's UTF-8 (llama_utf8) pre-tokenized into words
+    (which only cuts the text: with no merges, where it cuts changes
+    nothing), each word's bytes written as their bytes_to_unicode symbols,
+    each symbol looked up in the token list (text_to_token), and a symbol
+    that is no token looked up byte by byte. No BOS or EOS added."""
+    if merges:
+        problem("--text: this emulation tokenizes only vocabularies without merges")
+        return None
+    table = bytes_to_unicode()
+    ids = {t: i for i, t in enumerate(tokens)}
+    out = []
+    for symbol in (table[b] for b in llama_utf8(data)):
+        if symbol in ids:
+            out.append(ids[symbol])
+        else:
+            out.extend(ids[chr(c)] for c in symbol.encode("utf-8") if c < 0x80 and chr(c) in ids)
+    return out
+
+
+# GGUF's token types (llama_token_type).
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5
+
+
+def check_array(kv, key, element, what):
+    """The values of an array key of GGUF element type element, or None."""
+    kind, value = kv.get(key, (None, None))
+    if kind != 9 or value[0] != element:
+        problem(f"{what}: {key} is {str(kv.get(key))[:80]}, expected an array of GGUF type {element}")
+        return None
+    return value[1]
 
 
 def check_vocabulary(a, kv, vocab):
-    """The tokenizer keys: GPT-2 BPE from --tokenizer, byte symbols for a byte
-    model, or none; and, with --text, llama.cpp's tokenization of it."""
-    model_kind = kv.get("tokenizer.ggml.model", (None, None))[1]
+    """The tokenizer keys: GPT-2 BPE from --tokenizer, GPT-2's byte symbols
+    for a byte-level model (256 tokens) without one, else no_vocab; and, with
+    --text, llama.cpp's tokenization of the text with that vocabulary."""
     byte_model = vocab == 256 and not a.tokenizer
-    if model_kind != ("gpt2" if a.tokenizer or byte_model else "no_vocab"):
-        problem(f"tokenizer.ggml.model = {model_kind} for a vocabulary of {vocab}" +
-                ("" if a.tokenizer else " without --tokenizer"))
+    what = "--tokenizer vocabulary" if a.tokenizer else "byte vocabulary" if byte_model else "no vocabulary"
+    expected = "gpt2" if a.tokenizer or byte_model else "no_vocab"
+    if kv.get("tokenizer.ggml.model") != (8, expected):
+        problem(f"tokenizer.ggml.model = {kv.get('tokenizer.ggml.model')}, expected the string {expected} for a "
+                f"vocabulary of {vocab}" + ("" if a.tokenizer else " without --tokenizer"))
         return
-    if model_kind == "no_vocab":
-        if "tokenizer.ggml.tokens" in kv:
-            problem("no_vocab with a token list")
+    if expected == "no_vocab":
+        extra = sorted(k for k in kv if k.startswith("tokenizer.") and k != "tokenizer.ggml.model")
+        if extra:
+            problem(f"no_vocab with tokenizer keys {extra}")
+        if a.text:
+            problem("--text: a no_vocab file has no tokenizer")
         return
-    tokens = kv["tokenizer.ggml.tokens"][1][1]
-    if len(tokens) != vocab or kv["tokenizer.ggml.token_type"][1][0] != 5:
-        problem("tokenizer tokens or token types")
+    tokens = check_array(kv, "tokenizer.ggml.tokens", 8, what)
+    types = check_array(kv, "tokenizer.ggml.token_type", 5, what)  # int32
+    merges = check_array(kv, "tokenizer.ggml.merges", 8, what)
+    if tokens is None or types is None or merges is None:
+        return
+    if len(tokens) != vocab or len(types) != vocab:
+        problem(f"{what}: {len(tokens)} tokens and {len(types)} token types for a vocabulary of {vocab}")
+        return
+    if kv.get("tokenizer.ggml.pre") != (8, "gpt-2"):
+        problem(f"{what}: tokenizer.ggml.pre = {kv.get('tokenizer.ggml.pre')}, expected the string gpt-2")
     if a.tokenizer:
-        vocab_json = json.load(open(os.path.join(a.tokenizer, "vocab.json")))
-        for token, i in vocab_json.items():
-            if tokens[i] != token:
-                problem(f"token {i} is {tokens[i]!r}, vocab.json says {token!r}")
-        merges = [l for l in open(os.path.join(a.tokenizer, "merges.txt"), encoding="utf-8").read().splitlines()
-                  if l and not l.startswith("#version")]
-        if kv["tokenizer.ggml.merges"][1][1] != merges:
+        vocab_json = json.load(open(os.path.join(a.tokenizer, "vocab.json"), encoding="utf-8"))
+        by_id = {i: token for token, i in vocab_json.items()}
+        for i in range(vocab):
+            # Ids vocab.json lacks are padding, unused; <|...|> tokens control.
+            token = by_id.get(i, f"[PAD{i}]")
+            kind = TOKEN_UNUSED if i not in by_id else \
+                TOKEN_CONTROL if len(token) >= 4 and token.startswith("<|") and token.endswith("|>") else TOKEN_NORMAL
+            if tokens[i] != token or types[i] != kind:
+                problem(f"token {i} is {tokens[i]!r} of type {types[i]}, expected {token!r} of type {kind}")
+        want_merges = [l for l in open(os.path.join(a.tokenizer, "merges.txt"), encoding="utf-8").read().splitlines()
+                       if l and not l.startswith("#version")]
+        if merges != want_merges:
             problem("merges differ from merges.txt")
+        eot = vocab_json.get("<|endoftext|>")
+        for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+            if kv.get(key) != (None if eot is None else (4, eot)):
+                problem(f"{what}: {key} = {kv.get(key)}, expected <|endoftext|> ({eot}) as u32")
     else:
         table = bytes_to_unicode()
         if tokens != [table[b] for b in range(256)]:
-            problem("the tokens are not GPT-2's byte symbols in byte order")
-        want = {"tokenizer.ggml.pre": (8, "gpt-2"), "tokenizer.ggml.merges": (9, (8, [])),
-                "tokenizer.ggml.token_type": (9, (5, [1] * 256)),
-                "tokenizer.ggml.add_bos_token": (7, False), "tokenizer.ggml.add_eos_token": (7, False)}
-        for key, value in want.items():
-            if kv.get(key) != value:
-                problem(f"byte vocabulary: {key} = {str(kv.get(key))[:80]}, expected {str(value)[:80]}")
+            wrong = [b for b in range(256) if tokens[b] != table[b]]
+            problem(f"{what}: the tokens are not GPT-2's byte symbols in byte order (bytes {wrong[:8]} differ)")
+        if types != [TOKEN_NORMAL] * 256:
+            problem(f"{what}: token types {sorted(set(types))}, expected all {TOKEN_NORMAL} (normal)")
+        if merges:
+            problem(f"{what}: {len(merges)} merges, expected none")
+        for key in ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token"):
+            if kv.get(key) != (7, False):
+                problem(f"{what}: {key} = {kv.get(key)}, expected the bool false")
         for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
             kind, token = kv.get(key, (None, None))
             if kind != 4 or not 0 <= token < vocab:
-                problem(f"byte vocabulary: {key} = {kv.get(key)} is not a token of the vocabulary")
+                problem(f"{what}: {key} = {kv.get(key)} is not a u32 token of the vocabulary")
     if a.text:
-        # llama.cpp's gpt2 tokenizer: pre-tokenize, write each byte as its
-        # symbol, apply the merges (none here), look each symbol up.
-        if kv["tokenizer.ggml.merges"][1][1]:
-            problem("--text: this emulation tokenizes only vocabularies without merges")
-            return
-        table, ids = bytes_to_unicode(), {t: i for i, t in enumerate(tokens)}
-        text = open(a.text, "rb").read()
-        got = [ids.get(table[b], -1) for b in text]
+        got = llama_tokenize(open(a.text, "rb").read(), tokens, merges)
         want = prepared_tokens(a.prepared)
+        if got is None:
+            return
         if got != want:
             first = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
             problem(f"--text: {len(got)} tokens from the GGUF's vocabulary, {len(want)} in {a.prepared}; "
@@ -411,8 +511,9 @@ def check_gguf(a):
     check_vocabulary(a, kv, model["vocab"])
     if kv.get("general.type") != (8, "model"):
         problem(f"general.type = {kv.get('general.type')}, expected the string model")
-    if kv.get("general.name", (None,))[0] != 8:
-        problem("general.name is missing")
+    name = a.name if a.name is not None else "GPT-2 (tp-toolkit)"
+    if kv.get("general.name") != (8, name):
+        problem(f"general.name = {kv.get('general.name')}, expected the string {name!r}")
     alignment = kv.get("general.alignment", (4, 32))[1]
     infos = []
     for _ in range(n_tensors):
@@ -450,10 +551,16 @@ def check_gguf(a):
         problem(f"general.file_type {kv.get('general.file_type')} for {matrix_dtype} matrices")
     if start + expected_offset != len(raw):
         problem(f"file is {len(raw)} bytes, the padded tensors end at {start + expected_offset}")
+    # The size label counts the parameters of the tensors written: the
+    # logical parameters of the model (no padding, no output matrix).
     parameters = sum(int(np.prod(ne)) for _, ne, *_ in infos)
+    if parameters != gpt_parameters(model):
+        problem(f"the tensors hold {parameters} parameters, the model {gpt_parameters(model)}")
     if kv.get("general.size_label") != (8, size_label(parameters)):
-        problem(f"general.size_label = {kv.get('general.size_label')}, {parameters} parameters make {size_label(parameters)}")
-    print(f"check_export: gguf: {n_tensors} tensors, {n_kv} keys compared with {a.ckpt}")
+        problem(f"general.size_label = {kv.get('general.size_label')}, {parameters} parameters make the string "
+                f"{size_label(parameters)}")
+    print(f"check_export: gguf: {n_tensors} tensors, {n_kv} keys (size label {size_label(parameters)}) "
+          f"compared with {a.ckpt}")
 
 
 # ---------------------------------------------------------------------- HDF5
@@ -528,6 +635,7 @@ def main():
     p.add_argument("--tokenizer")
     p.add_argument("--text")
     p.add_argument("--prepared")
+    p.add_argument("--name")
     p.add_argument("--prompt")
     p.add_argument("--tokens", type=int)
     a = p.parse_args()
