@@ -33,6 +33,13 @@ const char *cli_rejected_option(char *const argv[]);
 /* "PROGRAM: message (see PROGRAM --help)" on stderr, then exit status 2. */
 void cli_usage_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
 
+/* Option values; text that is not one is a usage error naming the option
+ * and what it takes. */
+int64_t cli_int(const char *program, const char *option, const char *text, int64_t min, int64_t max);
+double cli_number(const char *program, const char *option, const char *text); /* >= 0 */
+int64_t cli_size(const char *program, const char *option, const char *text);  /* bytes, >= 1: 512M, 4G */
+int cli_compress(const char *program, const char *text); /* zstd level of zstd[:L] (3 for zstd), 0 for none */
+
 /* "PROGRAM: error: message" on stderr; returns 1, the failure exit status. */
 int cli_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -44,23 +44,6 @@ static const char *usage_text =
 #define die_usage(...) cli_usage_error("tp-ckpt", __VA_ARGS__)
 #define fail(...) cli_error("tp-ckpt", __VA_ARGS__)
 
-static int64_t parse_int_option(const char *name, const char *text, int64_t min, int64_t max)
-{
-    int64_t value;
-    if (parse_int(text, min, max, &value))
-        die_usage("%s expects an integer in %lld..%lld, got '%s'", name, (long long)min,
-                  (long long)max, text);
-    return value;
-}
-
-static double parse_double_option(const char *name, const char *text)
-{
-    double value;
-    if (parse_double(text, &value) || value < 0)
-        die_usage("%s expects a non-negative number, got '%s'", name, text);
-    return value;
-}
-
 static ckpt_reader *open_or_die(const char *path, int verify, int *exit_code)
 {
     ckpt_read_options options;
@@ -268,7 +251,7 @@ static int cmd_verify(int argc, char **argv)
                                             {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "t:h", options, NULL)) != -1) {
-        if (c == 't') threads = parse_int_option("--threads", optarg, 1, 1024);
+        if (c == 't') threads = cli_int("tp-ckpt", "--threads", optarg, 1, 1024);
         else if (c == 'h') {
             printf("usage: tp-ckpt verify CKPT [--threads N]\n"
                    "Checks that every shard is present with its recorded size, that every tensor\n"
@@ -366,9 +349,9 @@ static int cmd_diff(int argc, char **argv)
                                             {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "r:a:t:h", options, NULL)) != -1) {
-        if (c == 'r') rtol = parse_double_option("--tol", optarg);
-        else if (c == 'a') atol = parse_double_option("--atol", optarg);
-        else if (c == 't') threads = parse_int_option("--threads", optarg, 1, 1024);
+        if (c == 'r') rtol = cli_number("tp-ckpt", "--tol", optarg);
+        else if (c == 'a') atol = cli_number("tp-ckpt", "--atol", optarg);
+        else if (c == 't') threads = cli_int("tp-ckpt", "--threads", optarg, 1, 1024);
         else if (c == 'h') {
             printf("usage: tp-ckpt diff A B [--tol X] [--atol X] [--threads N]\n"
                    "Compares the merged (logical) tensors of two checkpoints of any layouts.\n"
@@ -456,14 +439,6 @@ static int output_in_run_directory(const char *out)
     return ckpt_step_of_name(base) >= 0;
 }
 
-static int parse_compress(const char *text)
-{
-    if (strcmp(text, "none") == 0) return 0;
-    if (strcmp(text, "zstd") == 0) return 3;
-    if (strncmp(text, "zstd:", 5) == 0) return (int)parse_int_option("--compress zstd:LEVEL", text + 5, 1, 22);
-    die_usage("--compress expects zstd, zstd:LEVEL or none, got '%s'", text);
-}
-
 static int cmd_synth(int argc, char **argv)
 {
     gpt_options model = {0};
@@ -489,13 +464,13 @@ static int cmd_synth(int argc, char **argv)
             if (gpt_options_set(&model, options[index].name, optarg)) die_usage("%s", tp_errmsg());
             break;
         case 'o': out = optarg; break;
-        case O_TP: layout.tp = (int)parse_int_option("--tp", optarg, 1, 4096); break;
-        case O_PP: layout.pp = (int)parse_int_option("--pp", optarg, 1, 4096); break;
+        case O_TP: layout.tp = (int)cli_int("tp-ckpt", "--tp", optarg, 1, 4096); break;
+        case O_PP: layout.pp = (int)cli_int("tp-ckpt", "--pp", optarg, 1, 4096); break;
         case O_OPTIM: optim = 1; break;
-        case O_SEED: seed = parse_int_option("--seed", optarg, 0, INT64_MAX); break;
-        case O_STEP: step = parse_int_option("--step", optarg, 0, (int64_t)1 << 50); break;
-        case O_COMPRESS: write_options.compress_level = parse_compress(optarg); break;
-        case O_THREADS: threads = parse_int_option("--threads", optarg, 1, 1024); break;
+        case O_SEED: seed = cli_int("tp-ckpt", "--seed", optarg, 0, INT64_MAX); break;
+        case O_STEP: step = cli_int("tp-ckpt", "--step", optarg, 0, (int64_t)1 << 50); break;
+        case O_COMPRESS: write_options.compress_level = cli_compress("tp-ckpt", optarg); break;
+        case O_THREADS: threads = cli_int("tp-ckpt", "--threads", optarg, 1, 1024); break;
         case O_FORCE: write_options.overwrite = 1; break;
         case O_PROGRESS: force_progress = 1; break;
         case 'h':
@@ -581,17 +556,11 @@ static int cmd_export(int argc, char **argv)
             if (tp_dtype_parse(optarg, &dtype)) die_usage("--dtype: %s", tp_errmsg());
             options.dtype = (int)dtype;
             break;
-        case O_SHARD:
-            if (parse_size(optarg, &options.max_shard_bytes) || options.max_shard_bytes < 1)
-                die_usage("--max-shard-size expects a size such as 2G or 500M, got '%s'", optarg);
-            break;
+        case O_SHARD: options.max_shard_bytes = cli_size("tp-ckpt", "--max-shard-size", optarg); break;
         case O_TOKENIZER: request.tokenizer_dir = optarg; break;
         case O_NAME: request.name = optarg; break;
-        case O_THREADS: options.threads = (int)parse_int_option("--threads", optarg, 1, 1024); break;
-        case O_MEMORY:
-            if (parse_size(optarg, &options.memory_limit) || options.memory_limit < 1)
-                die_usage("--memory-limit expects a size such as 512M or 4G, got '%s'", optarg);
-            break;
+        case O_THREADS: options.threads = (int)cli_int("tp-ckpt", "--threads", optarg, 1, 1024); break;
+        case O_MEMORY: options.memory_limit = cli_size("tp-ckpt", "--memory-limit", optarg); break;
         case O_FORCE: options.overwrite = 1; break;
         case O_PROGRESS: force_progress = 1; break;
         case 'h': fputs(export_usage, stdout); return 0;
@@ -672,14 +641,14 @@ static int cmd_import(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
-        case O_TP: request.tp = (int)parse_int_option("--tp", optarg, 1, 4096); break;
-        case O_PP: request.pp = (int)parse_int_option("--pp", optarg, 1, 4096); break;
+        case O_TP: request.tp = (int)cli_int("tp-ckpt", "--tp", optarg, 1, 4096); break;
+        case O_PP: request.pp = (int)cli_int("tp-ckpt", "--pp", optarg, 1, 4096); break;
         case O_DTYPE:
             if (tp_dtype_parse(optarg, &request.dtype)) die_usage("--dtype: %s", tp_errmsg());
             break;
-        case O_PAD: request.vocab_pad_multiple = parse_int_option("--vocab-pad-multiple", optarg, 1, 1 << 20); break;
-        case O_THREADS: options.threads = (int)parse_int_option("--threads", optarg, 1, 1024); break;
-        case O_COMPRESS: options.compress_level = parse_compress(optarg); break;
+        case O_PAD: request.vocab_pad_multiple = cli_int("tp-ckpt", "--vocab-pad-multiple", optarg, 1, 1 << 20); break;
+        case O_THREADS: options.threads = (int)cli_int("tp-ckpt", "--threads", optarg, 1, 1024); break;
+        case O_COMPRESS: options.compress_level = cli_compress("tp-ckpt", optarg); break;
         case O_FORCE: options.overwrite = 1; break;
         case O_PROGRESS: force_progress = 1; break;
         case 'h': fputs(import_usage, stdout); return 0;

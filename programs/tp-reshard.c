@@ -122,20 +122,13 @@ int main(int argc, char **argv)
         {"verify", no_argument, 0, O_VERIFY}, {"json", no_argument, 0, O_JSON}, {"force", no_argument, 0, O_FORCE},
         {"progress", no_argument, 0, O_PROGRESS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
-    int64_t value;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
         case O_TO: to = optarg; break;
         case O_FROM: from = optarg; break;
-        case O_THREADS:
-            if (parse_int(optarg, 1, 1024, &value)) die_usage("--threads expects 1..1024, got '%s'", optarg);
-            options.threads = (int)value;
-            break;
-        case O_MEMORY:
-            if (parse_size(optarg, &value) || value < 1) die_usage("--memory-limit expects a size like 512M, got '%s'", optarg);
-            options.memory_limit = value;
-            break;
+        case O_THREADS: options.threads = (int)cli_int("tp-reshard", "--threads", optarg, 1, 1024); break;
+        case O_MEMORY: options.memory_limit = cli_size("tp-reshard", "--memory-limit", optarg); break;
         case O_DEVICE:
             if (strcmp(optarg, "auto") == 0) options.device = RESHARD_DEVICE_AUTO;
             else if (strcmp(optarg, "cpu") == 0) options.device = RESHARD_DEVICE_CPU;
@@ -149,13 +142,7 @@ int main(int argc, char **argv)
             else die_usage("--dtype expects keep, fp32, bf16 or fp16, got '%s'", optarg);
             break;
         }
-        case O_COMPRESS:
-            if (strcmp(optarg, "none") == 0) options.compress_level = 0;
-            else if (strcmp(optarg, "zstd") == 0) options.compress_level = 3;
-            else if (strncmp(optarg, "zstd:", 5) == 0 && parse_int(optarg + 5, 1, 22, &value) == 0)
-                options.compress_level = (int)value;
-            else die_usage("--compress expects zstd, zstd:LEVEL (1..22) or none, got '%s'", optarg);
-            break;
+        case O_COMPRESS: options.compress_level = cli_compress("tp-reshard", optarg); break;
         case O_NO_OPTIM: options.drop_optimizer = 1; break;
         case O_DRY: dry_run = 1; break;
         case O_VERIFY: verify = 1; break;

@@ -39,20 +39,6 @@ static const char *usage_text =
     "other:     --threads N (matrix-product threads per rank, 1)\n"
     "Run `tp-train eval --help` or `tp-train generate --help` for theirs.\n";
 
-static int64_t int_option(const char *name, const char *text, int64_t min, int64_t max)
-{
-    int64_t v;
-    if (parse_int(text, min, max, &v)) die_usage("%s expects an integer in %lld..%lld, got '%s'", name, (long long)min, (long long)max, text);
-    return v;
-}
-
-static double double_option(const char *name, const char *text)
-{
-    double v;
-    if (parse_double(text, &v) || v < 0) die_usage("%s expects a non-negative number, got '%s'", name, text);
-    return v;
-}
-
 /* A failure only this rank may know of, while others wait on it in a
  * collective: it says why, then ends every rank. */
 static void end_job(comm *c, const char *why)
@@ -126,13 +112,13 @@ static int eval_command(int argc, char **argv)
         switch (c) {
         case O_CKPT: o.ckpt = optarg; break;
         case O_DATA: o.data = optarg; break;
-        case O_WINDOWS: o.windows = int_option("--windows", optarg, 1, (int64_t)1 << 40); break;
-        case O_SEQ: o.seq = int_option("--seq", optarg, 1, (int64_t)1 << 31); break;
-        case O_TP: tp = int_option("--tp", optarg, 1, 4096); break;
-        case O_PP: pp = int_option("--pp", optarg, 1, 4096); break;
-        case O_DP: dp = int_option("--dp", optarg, 1, 1 << 20); break;
-        case O_MB: o.micro_batch = int_option("--micro-batch", optarg, 1, 1 << 20); break;
-        case O_THREADS: o.threads = (int)int_option("--threads", optarg, 1, 1024); break;
+        case O_WINDOWS: o.windows = cli_int("tp-train", "--windows", optarg, 1, (int64_t)1 << 40); break;
+        case O_SEQ: o.seq = cli_int("tp-train", "--seq", optarg, 1, (int64_t)1 << 31); break;
+        case O_TP: tp = cli_int("tp-train", "--tp", optarg, 1, 4096); break;
+        case O_PP: pp = cli_int("tp-train", "--pp", optarg, 1, 4096); break;
+        case O_DP: dp = cli_int("tp-train", "--dp", optarg, 1, 1 << 20); break;
+        case O_MB: o.micro_batch = cli_int("tp-train", "--micro-batch", optarg, 1, 1 << 20); break;
+        case O_THREADS: o.threads = (int)cli_int("tp-train", "--threads", optarg, 1, 1024); break;
         case O_JSON: json = 1; break;
         case 'h': fputs(eval_usage, stdout); return 0;
         default: die_usage("eval: unknown option or missing value: '%s'", cli_rejected_option(argv));
@@ -193,10 +179,10 @@ static int generate_command(int argc, char **argv)
         switch (c) {
         case O_CKPT: o.ckpt = optarg; break;
         case O_PROMPT: o.prompt = optarg; break;
-        case O_TOKENS: o.tokens = int_option("--tokens", optarg, 0, (int64_t)1 << 30); break;
-        case O_TEMPERATURE: o.temperature = double_option("--temperature", optarg); break;
-        case O_SEED: o.seed = (uint64_t)int_option("--seed", optarg, 0, INT64_MAX); break;
-        case O_THREADS: o.threads = (int)int_option("--threads", optarg, 1, 1024); break;
+        case O_TOKENS: o.tokens = cli_int("tp-train", "--tokens", optarg, 0, (int64_t)1 << 30); break;
+        case O_TEMPERATURE: o.temperature = cli_number("tp-train", "--temperature", optarg); break;
+        case O_SEED: o.seed = (uint64_t)cli_int("tp-train", "--seed", optarg, 0, INT64_MAX); break;
+        case O_THREADS: o.threads = (int)cli_int("tp-train", "--threads", optarg, 1, 1024); break;
         case 'h': fputs(generate_usage, stdout); return 0;
         default: die_usage("generate: unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
@@ -333,28 +319,28 @@ int main(int argc, char **argv)
         case CLI_MODEL_OPTION:
             if (gpt_options_set(&model, options[index].name, optarg)) die_usage("%s", tp_errmsg());
             break;
-        case O_TP: tp = int_option("--tp", optarg, 1, 4096); break;
-        case O_PP: pp = int_option("--pp", optarg, 1, 4096); break;
-        case O_DP: dp = int_option("--dp", optarg, 1, 1 << 20); break;
-        case O_MB: o.micro_batch = int_option("--micro-batch", optarg, 1, big); break;
-        case O_ACCUM: o.grad_accum = int_option("--grad-accum", optarg, 1, big); break;
-        case O_STEPS: o.steps = int_option("--steps", optarg, 1, (int64_t)1 << 40); break;
-        case O_LR: o.lr = double_option("--lr", optarg); break;
-        case O_MIN_LR: o.min_lr = double_option("--min-lr", optarg); break;
-        case O_WARMUP: o.warmup = int_option("--warmup", optarg, 0, (int64_t)1 << 40); break;
-        case O_WD: o.weight_decay = double_option("--weight-decay", optarg); break;
-        case O_CLIP: o.clip = double_option("--clip", optarg); break;
-        case O_SEED: o.seed = (uint64_t)int_option("--seed", optarg, 0, INT64_MAX); break;
+        case O_TP: tp = cli_int("tp-train", "--tp", optarg, 1, 4096); break;
+        case O_PP: pp = cli_int("tp-train", "--pp", optarg, 1, 4096); break;
+        case O_DP: dp = cli_int("tp-train", "--dp", optarg, 1, 1 << 20); break;
+        case O_MB: o.micro_batch = cli_int("tp-train", "--micro-batch", optarg, 1, big); break;
+        case O_ACCUM: o.grad_accum = cli_int("tp-train", "--grad-accum", optarg, 1, big); break;
+        case O_STEPS: o.steps = cli_int("tp-train", "--steps", optarg, 1, (int64_t)1 << 40); break;
+        case O_LR: o.lr = cli_number("tp-train", "--lr", optarg); break;
+        case O_MIN_LR: o.min_lr = cli_number("tp-train", "--min-lr", optarg); break;
+        case O_WARMUP: o.warmup = cli_int("tp-train", "--warmup", optarg, 0, (int64_t)1 << 40); break;
+        case O_WD: o.weight_decay = cli_number("tp-train", "--weight-decay", optarg); break;
+        case O_CLIP: o.clip = cli_number("tp-train", "--clip", optarg); break;
+        case O_SEED: o.seed = (uint64_t)cli_int("tp-train", "--seed", optarg, 0, INT64_MAX); break;
         case O_DATA: o.data = optarg; break;
         case O_CKPT: o.ckpt_dir = optarg; break;
-        case O_EVERY: o.ckpt_every = int_option("--ckpt-every", optarg, 0, (int64_t)1 << 40); break;
+        case O_EVERY: o.ckpt_every = cli_int("tp-train", "--ckpt-every", optarg, 0, (int64_t)1 << 40); break;
         case O_RESUME: o.resume = 1; break;
         case O_SYNC: o.sync_save = 1; break;
         case O_LOG: log_path = optarg; break;
-        case O_THREADS: o.threads = (int)int_option("--threads", optarg, 1, 1024); break;
+        case O_THREADS: o.threads = (int)cli_int("tp-train", "--threads", optarg, 1, 1024); break;
         case O_DUMP: o.dump_dir = optarg; break;
         case O_QUIET: quiet = 1; break;
-        case O_STOP: o.stop_at = int_option("--stop-at", optarg, 1, (int64_t)1 << 40); break;
+        case O_STOP: o.stop_at = cli_int("tp-train", "--stop-at", optarg, 1, (int64_t)1 << 40); break;
         case 'h': fputs(usage_text, stdout); return 0;
         default: die_usage("unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
