@@ -406,7 +406,7 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
     comm *c = m->comm;
     ckpt_candidate *list = NULL;
     gpt_tensor *states = NULL;
-    int n = 0, count = 0, none;
+    int n = 0, count = 0;
     int status = ckpt_candidates(dir, &list, &n);
     /* The optimizer state's names: the catalogue with it, ended by an empty entry. */
     if (!status && with_optimizer) {
@@ -418,13 +418,11 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
             memset(&states[count], 0, sizeof *states);
         }
     }
-    int local = status;
-    int agreed = comm_any(c, local != TP_OK, &none);
-    if (agreed || none) {
+    status = comm_agree(c, status, dir);
+    if (status) {
         free(list);
         free(states);
-        if (agreed) return agreed;
-        return local ? local : tp_fail(TP_ERR_NOT_FOUND, "%s: another rank finds no checkpoint there", dir);
+        return status;
     }
     for (int k = 0; k < n; k++) {
         char message[8192] = ""; /* a path (up to 4096) and why */

@@ -1,4 +1,5 @@
-/* comm.c: the placement of ranks, shared by every backend. */
+/* comm.c: what every backend shares: the placement of ranks, and agreeing
+ * on a failure. */
 #include "../common/error.h"
 #include "comm.h"
 
@@ -17,4 +18,12 @@ int comm_place(comm *c, int rank, int world, int tp, int pp, int dp)
     c->pp_rank = rank / tp % pp;
     c->dp_rank = rank / (tp * pp);
     return TP_OK;
+}
+
+int comm_agree(comm *c, int status, const char *what)
+{
+    int failed;
+    TP_TRY(comm_any(c, status != TP_OK, &failed));
+    if (!failed) return TP_OK;
+    return status ? status : tp_fail(TP_ERR_STATE, "%s: another rank failed", what);
 }

@@ -103,6 +103,12 @@ static inline int comm_any(comm *c, int flag, int *any)
     return c->ops->all_reduce(c, GROUP_WORLD, any, 1, COMM_INT, COMM_MAX, COMM_HOST);
 }
 
+/* Every rank learns whether any rank's status is a failure: a failed rank
+ * returns its own status and message, the others TP_ERR_STATE with "WHAT:
+ * another rank failed" (or the communicator's failure). The same verdict on
+ * every rank. */
+int comm_agree(comm *c, int status, const char *what);
+
 static inline void comm_abort(comm *c, int status)
 {
     c->ops->abort(c, status);

@@ -100,10 +100,7 @@ int eval_run(const eval_options *o, comm *c, eval_result *out)
                              o->windows ? "asked for" : "need at least", (long long)(windows ? windows : 1));
     }
     if (!status && !(window = malloc((size_t)(T + 1) * sizeof(int)))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    int failed;
-    int agreed = comm_any(c, status != TP_OK, &failed);
-    if (!agreed && failed && !status) status = tp_fail(TP_ERR_STATE, "another rank failed");
-    if (agreed) status = agreed;
+    status = comm_agree(c, status, o->ckpt);
     load_result loaded;
     if (!status) status = checkpoint_load(m, o->ckpt, 0, o->warn, o->warn_ctx, &loaded);
     /* This replica's windows, in micro-batches through its pipeline: from

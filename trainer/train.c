@@ -250,16 +250,6 @@ static int dump_batch(trainer *t)
     return fclose(f) == 0 ? TP_OK : tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));
 }
 
-/* Every rank learns whether any failed at this point; the failed ones keep
- * their message, the others say which point it was. */
-static int agree(comm *c, int status, const char *what)
-{
-    int failed;
-    TP_TRY(comm_any(c, status != TP_OK, &failed));
-    if (!failed) return TP_OK;
-    return status ? status : tp_fail(TP_ERR_STATE, "%s: another rank failed", what);
-}
-
 static int dump_logits(trainer *t)
 {
     gpt_model *m = t->model;
@@ -278,7 +268,7 @@ static int dump_logits(trainer *t)
         options.overwrite = 1;
         status = ckpt_stage_prepare(path, &options);
     }
-    TP_TRY(agree(c, status, path));
+    TP_TRY(comm_agree(c, status, path));
     if (c->dp_rank == 0) {
         ckpt_write_options options;
         ckpt_write_options_init(&options);
@@ -291,14 +281,14 @@ static int dump_logits(trainer *t)
         if (!status && m->is_last) status = ckpt_writer_put_piece(w, id, c->tp_rank, m->slots[0].logits);
         if (w) status = status ? (ckpt_writer_abort(w), status) : ckpt_writer_finish(w);
     }
-    TP_TRY(agree(c, status, path));
+    TP_TRY(comm_agree(c, status, path));
     if (c->rank == 0) {
         ckpt_write_options options;
         ckpt_write_options_init(&options);
         options.overwrite = 1;
         status = ckpt_commit_staged(path, &layout, NULL, &options);
     }
-    return agree(c, status, path);
+    return comm_agree(c, status, path);
 }
 
 static int dump_gradients(trainer *t)
@@ -336,7 +326,7 @@ static int set_up(trainer *t)
                 status = tp_fail(TP_ERR_NOMEM, "out of memory for activations");
     }
     if (!status && o->ckpt_dir && c->rank == 0) status = make_dirs(o->ckpt_dir);
-    return agree(c, status, "setting up");
+    return comm_agree(c, status, "setting up");
 }
 
 static int resume(trainer *t, int64_t *start_step)
