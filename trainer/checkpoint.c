@@ -15,17 +15,54 @@
 #include "../reshard/reshard.h"
 #include "checkpoint.h"
 
-/* Catalogue entries a saved view writes: the parameter and its two moments. */
+/* Catalogue entries a model view is saved as and loaded from: the parameter
+ * and its two moments. */
 typedef struct {
-    int param, exp_avg, exp_avg_sq; /* indices into the save catalogue, -1 if absent */
+    int param, exp_avg, exp_avg_sq; /* indices into the catalogue, -1 if absent */
 } view_entries;
+
+/* The catalogue of what a checkpoint holds of the model (with the optimizer
+ * state or not), and each model view's entries in it. */
+typedef struct {
+    gpt_tensor *catalog;
+    int count;
+    view_entries *entries; /* per model view */
+} tensor_map;
+
+static void tensor_map_free(tensor_map *map)
+{
+    free(map->catalog);
+    free(map->entries);
+    memset(map, 0, sizeof *map);
+}
+
+static int tensor_map_create(tensor_map *map, const gpt_model *m, int with_optimizer)
+{
+    memset(map, 0, sizeof *map);
+    TP_TRY(gpt_catalog(&m->config, with_optimizer, &map->catalog, &map->count));
+    map->entries = calloc((size_t)m->num_params + 1, sizeof *map->entries);
+    if (!map->entries) {
+        tensor_map_free(map);
+        return tp_fail(TP_ERR_NOMEM, "out of memory for the checkpoint's catalogue");
+    }
+    /* The catalogue has the parameters first, in the model's order, then
+     * the optimizer state, each entry naming its parameter. */
+    for (int i = 0; i < m->num_params; i++) {
+        int param = (int)(m->params[i].spec - m->catalog);
+        map->entries[i] = (view_entries){param, -1, -1};
+        for (int k = m->num_catalog; k < map->count; k++) {
+            if (map->catalog[k].param_index != param) continue;
+            if (map->catalog[k].role == GPT_ROLE_EXP_AVG) map->entries[i].exp_avg = k;
+            if (map->catalog[k].role == GPT_ROLE_EXP_AVG_SQ) map->entries[i].exp_avg_sq = k;
+        }
+    }
+    return TP_OK;
+}
 
 struct saver {
     gpt_model *model;
     int dump_grads;
-    gpt_tensor *catalog;
-    int count;
-    view_entries *entries; /* per model view */
+    tensor_map map;
     float *snapshot;       /* per saved view: data | m | v (or the gradient alone) */
     int64_t snapshot_floats;
     pthread_t thread;      /* writes this rank's shard */
@@ -47,22 +84,6 @@ struct saver {
     double stall;
 };
 
-/* The catalogue entries (parameters first, in the model's order, then the
- * optimizer state) of the parameter each model view shows, and its moments. */
-static void find_entries(saver *s)
-{
-    const gpt_model *m = s->model;
-    for (int i = 0; i < m->num_params; i++) {
-        int param = (int)(m->params[i].spec - m->catalog);
-        s->entries[i] = (view_entries){param, -1, -1};
-        for (int k = m->num_catalog; k < s->count; k++) {
-            if (s->catalog[k].param_index != param) continue;
-            if (s->catalog[k].role == GPT_ROLE_EXP_AVG) s->entries[i].exp_avg = k;
-            if (s->catalog[k].role == GPT_ROLE_EXP_AVG_SQ) s->entries[i].exp_avg_sq = k;
-        }
-    }
-}
-
 int saver_create(saver **out, gpt_model *m, int dump_grads)
 {
     *out = NULL;
@@ -71,14 +92,11 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
     s->model = m;
     s->dump_grads = dump_grads;
     atomic_init(&s->snapshot_taken, 1);
-    int status = gpt_catalog(&m->config, !dump_grads, &s->catalog, &s->count);
+    int status = tensor_map_create(&s->map, m, !dump_grads);
     if (status) {
         saver_free(s);
         return status;
     }
-    s->entries = calloc((size_t)m->num_params + 1, sizeof *s->entries);
-    if (!s->entries) goto nomem;
-    find_entries(s);
     int per_view = dump_grads ? 1 : 3;
     for (int i = 0; i < m->num_params; i++)
         if (m->params[i].owner) s->snapshot_floats += per_view * m->params[i].numel;
@@ -107,8 +125,7 @@ void saver_free(saver *s)
     cJSON_free(s->model_json);
     cJSON_free(s->rng);
     free(s->snapshot);
-    free(s->entries);
-    free(s->catalog);
+    tensor_map_free(&s->map);
     free(s->schedule);
     free(s->user);
     free(s);
@@ -156,14 +173,15 @@ static void *write_shard(void *arg)
     options.shard_pp = c->pp_rank;
     options.shard_tp = c->tp_rank;
     ckpt_writer *w = NULL;
-    int *ids = calloc((size_t)s->count + 1, sizeof *ids);
+    int *ids = calloc((size_t)s->map.count + 1, sizeof *ids);
     int status = ids ? ckpt_writer_create(&w, s->path, &layout, &options) : tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < s->count && !status; i++) status = ckpt_writer_add_tensor(w, &s->catalog[i].desc, &ids[i]);
+    for (int i = 0; i < s->map.count && !status; i++) status = ckpt_writer_add_tensor(w, &s->map.catalog[i].desc, &ids[i]);
     const float *p = s->snapshot;
     for (int i = 0; i < m->num_params && !status; i++) {
         const param_view *v = &m->params[i];
         if (!v->owner) continue;
-        int which[3] = {s->entries[i].param, s->entries[i].exp_avg, s->entries[i].exp_avg_sq};
+        const view_entries *e = &s->map.entries[i];
+        int which[3] = {e->param, e->exp_avg, e->exp_avg_sq};
         for (int k = 0; k < (s->dump_grads ? 1 : 3) && !status; k++) {
             status = ckpt_writer_put_piece(w, ids[which[k]], v->piece, p);
             p += v->numel;
@@ -353,7 +371,9 @@ static int read_view(ckpt_reader *r, const char *name, const ckpt_tensor_desc *d
     return reshard_read_piece(r, index, desc, tp, piece, out, (size_t)numel * sizeof(float));
 }
 
-static int load_one(gpt_model *m, const char *path, int with_optimizer, const gpt_tensor *states, load_result *out)
+/* Loads the views of map (with the moments when it has them) from the
+ * checkpoint at path. */
+static int load_one(gpt_model *m, const char *path, const tensor_map *map, load_result *out)
 {
     ckpt_reader *r = NULL;
     TP_TRY(ckpt_reader_open(&r, path, NULL));
@@ -372,20 +392,24 @@ static int load_one(gpt_model *m, const char *path, int with_optimizer, const gp
                          (long long)ours->dim, (long long)ours->heads, (long long)ours->ffn, (long long)ours->vocab,
                          (long long)ours->seq);
     }
-    int missing_optimizer = !with_optimizer;
+    int missing_optimizer = 0;
     for (int i = 0; i < m->num_params && !status; i++) {
         param_view *v = &m->params[i];
+        const view_entries *e = &map->entries[i];
         int absent;
         status = read_view(r, v->spec->name, &v->spec->desc, m->comm->tp, v->piece, v->data, v->numel, &absent);
         if (!status && absent) status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s missing", path, v->spec->name);
-        /* The moments, by the names of the optimizer-state entries of this parameter. */
-        int param = (int)(v->spec - m->catalog);
-        for (int k = m->num_catalog; with_optimizer && !status && states[k].desc.name; k++) {
-            if (states[k].param_index != param || states[k].role == GPT_ROLE_MASTER) continue;
-            float *moment = states[k].role == GPT_ROLE_EXP_AVG ? v->m : v->v;
-            status = read_view(r, states[k].name, &v->spec->desc, m->comm->tp, v->piece, moment, v->numel, &absent);
-            if (!status && absent) {
-                memset(moment, 0, (size_t)v->numel * sizeof(float));
+        const int moments[2] = {e->exp_avg, e->exp_avg_sq};
+        float *values[2] = {v->m, v->v};
+        for (int k = 0; k < 2 && !status; k++) {
+            if (moments[k] < 0) { /* not asked for */
+                missing_optimizer = 1;
+                continue;
+            }
+            status = read_view(r, map->catalog[moments[k]].name, &v->spec->desc, m->comm->tp, v->piece, values[k],
+                               v->numel, &absent);
+            if (!status && absent) { /* a checkpoint without optimizer state: it starts afresh */
+                memset(values[k], 0, (size_t)v->numel * sizeof(float));
                 missing_optimizer = 1;
             }
         }
@@ -405,28 +429,20 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
 {
     comm *c = m->comm;
     ckpt_candidate *list = NULL;
-    gpt_tensor *states = NULL;
-    int n = 0, count = 0;
+    tensor_map map;
+    int n = 0;
     int status = ckpt_candidates(dir, &list, &n);
-    /* The optimizer state's names: the catalogue with it, ended by an empty entry. */
-    if (!status && with_optimizer) {
-        status = gpt_catalog(&m->config, 1, &states, &count);
-        gpt_tensor *ended = status ? NULL : realloc(states, (size_t)(count + 1) * sizeof *states);
-        if (!status && !ended) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-        if (ended) {
-            states = ended;
-            memset(&states[count], 0, sizeof *states);
-        }
-    }
+    if (!status) status = tensor_map_create(&map, m, with_optimizer);
+    else memset(&map, 0, sizeof map);
     status = comm_agree(c, status, dir);
     if (status) {
         free(list);
-        free(states);
+        tensor_map_free(&map);
         return status;
     }
     for (int k = 0; k < n; k++) {
         char message[8192] = ""; /* a path (up to 4096) and why */
-        int failed = load_one(m, list[k].path, with_optimizer, states, out);
+        int failed = load_one(m, list[k].path, &map, out);
         if (failed) snprintf(message, sizeof message, "%s", tp_errmsg());
         /* The lowest failing rank tells everyone why. */
         int flag = failed ? c->world - c->rank : 0;
@@ -452,7 +468,7 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         }
     }
     free(list);
-    free(states);
+    tensor_map_free(&map);
     return status;
 }
 
