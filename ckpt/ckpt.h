@@ -139,6 +139,9 @@ void ckpt_piece_shape(const ckpt_tensor_desc *tensor, int tp, int64_t shape_out[
 /* Global stored shape at degree tp: the logical shape with padding. */
 void ckpt_padded_shape(const ckpt_tensor_desc *tensor, int tp, int64_t shape_out[CKPT_MAX_DIMS]);
 
+/* Bytes of the tensor stored at degree tp, padding included: its pieces together. */
+int64_t ckpt_padded_bytes(const ckpt_tensor_desc *tensor, int tp);
+
 /* Rows per checksum block (and zstd chunk) in pieces a writer stores at
  * degree tp: about 1 MiB of data, at least one row. */
 int64_t ckpt_piece_block_rows(const ckpt_tensor_desc *tensor, int tp);

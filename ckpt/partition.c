@@ -207,6 +207,14 @@ void ckpt_padded_shape(const ckpt_tensor_desc *tensor, int tp, int64_t shape_out
     if (tensor->partition.kind == CKPT_SPLIT) shape_out[tensor->partition.axis] *= tp;
 }
 
+int64_t ckpt_padded_bytes(const ckpt_tensor_desc *tensor, int tp)
+{
+    int64_t shape[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(tensor->dtype);
+    ckpt_padded_shape(tensor, tp, shape);
+    for (int d = 0; d < tensor->ndim; d++) bytes *= shape[d];
+    return bytes;
+}
+
 int ckpt_tensor_stage(const ckpt_tensor_desc *tensor, const ckpt_layout *layout)
 {
     switch (tensor->anchor) {

@@ -266,15 +266,19 @@ int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *
     return TP_OK;
 }
 
-int64_t gpt_parameter_count(const gpt_config *c)
+int gpt_parameter_count(const gpt_config *c, int64_t *count)
 {
-    int64_t hd = c->dim / c->heads, q = c->heads * hd, kv = c->kv_heads * hd, fc = c->swiglu ? 2 * c->ffn : c->ffn;
-    int64_t per_layer = 4 * c->dim                 /* two layer norms */
-                        + (q + 2 * kv) * (c->dim + 1) /* qkv and its bias */
-                        + c->dim * q + c->dim         /* attention projection */
-                        + fc * (c->dim + 1)           /* mlp.fc */
-                        + c->dim * c->ffn + c->dim;   /* mlp.proj */
-    return c->vocab * c->dim + c->seq * c->dim + c->layers * per_layer + 2 * c->dim;
+    gpt_tensor *catalog = NULL;
+    int n = 0;
+    *count = 0;
+    TP_TRY(gpt_catalog(c, 0, &catalog, &n));
+    for (int i = 0; i < n; i++) {
+        int64_t elements = 1;
+        for (int d = 0; d < catalog[i].desc.ndim; d++) elements *= catalog[i].desc.shape[d];
+        *count += elements;
+    }
+    free(catalog);
+    return TP_OK;
 }
 
 /* --------------------------------------------------------------- JSON */

@@ -121,7 +121,8 @@ typedef struct {
  * without memory. *out is malloc'ed; free it with free(). */
 int gpt_catalog(const gpt_config *config, int with_optimizer, gpt_tensor **out, int *count);
 
-/* Parameters of the model: elements of its parameter tensors (logical, no padding). */
-int64_t gpt_parameter_count(const gpt_config *config);
+/* Parameters of the model: elements of its catalogue's parameter tensors
+ * (logical, no padding; the tied output projection counted once). */
+int gpt_parameter_count(const gpt_config *config, int64_t *count);
 
 #endif

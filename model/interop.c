@@ -375,10 +375,12 @@ int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const
     const int64_t u32_max = 0xFFFFFFFFll;
     if (c->seq > u32_max || c->dim > u32_max || c->ffn > u32_max || c->vocab > u32_max)
         return tp_fail(TP_ERR_ARG, "the model's sizes do not fit GGUF's 32-bit hyperparameters");
+    int64_t parameters = 0;
+    TP_TRY(gpt_parameter_count(c, &parameters));
     gpt_gguf_metadata *m = calloc(1, sizeof *m);
     if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory for GGUF metadata");
     snprintf(m->name, sizeof m->name, "%s", name);
-    gpt_size_label(gpt_parameter_count(c), m->size_label, sizeof m->size_label);
+    gpt_size_label(parameters, m->size_label, sizeof m->size_label);
     int32_t eos = -1;
     int status = TP_OK;
     const char *vocabulary = "no_vocab";
@@ -625,10 +627,7 @@ int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request 
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; !status && i < im->count; i++) {
         im->descs[i] = im->catalog[i].desc;
-        int64_t padded[CKPT_MAX_DIMS], n = (int64_t)tp_dtype_size(request->dtype);
-        ckpt_padded_shape(&im->descs[i], request->tp, padded);
-        for (int d = 0; d < im->descs[i].ndim; d++) n *= padded[d];
-        im->bytes += n;
+        im->bytes += ckpt_padded_bytes(&im->descs[i], request->tp);
     }
     im->layout = (ckpt_layout){request->tp, request->pp, 1, im->config.layers};
     if (status) {

@@ -175,12 +175,7 @@ int synth_gpt_bytes(const gpt_config *config, const ckpt_layout *layout, int opt
     int count = 0;
     TP_TRY(gpt_catalog(config, optimizer, &catalog, &count));
     *bytes = 0;
-    for (int i = 0; i < count; i++) {
-        int64_t padded[CKPT_MAX_DIMS], n = (int64_t)tp_dtype_size(catalog[i].desc.dtype);
-        ckpt_padded_shape(&catalog[i].desc, layout->tp, padded);
-        for (int d = 0; d < catalog[i].desc.ndim; d++) n *= padded[d];
-        *bytes += n;
-    }
+    for (int i = 0; i < count; i++) *bytes += ckpt_padded_bytes(&catalog[i].desc, layout->tp);
     free(catalog);
     return TP_OK;
 }
