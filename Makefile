@@ -82,7 +82,7 @@ TEST_LIBS := $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps test asan demo bench-ckpt bench-reshard bench-train bench-export clean programs tests
+.PHONY: all build deps test asan demo bench-ckpt bench-reshard bench-train bench-export bench-revisions clean programs tests
 
 all: deps
 	@$(MAKE) --no-print-directory build
@@ -177,6 +177,10 @@ bench-train: deps
 bench-export: deps
 	@$(MAKE) --no-print-directory build
 	@BUILD=$(BUILD) scripts/bench-export.sh
+
+# This tree against BENCH_BASE (a revision), for changes that should cost nothing.
+bench-revisions: deps
+	@scripts/bench-revisions.sh
 
 clean:
 	rm -rf build build-asan
