@@ -199,6 +199,10 @@ typedef struct {
      * Default -1: this writer writes every shard and ckpt_writer_commit() ends it. */
     int shard_pp, shard_tp;
     const ckpt_storage *storage; /* where the files go; NULL (default): the store of the path */
+    /* Distributed writing: the owner part of the shared staging name
+     * (ckpt_staging_owner of the process that prepares and commits); NULL
+     * (default): this process's own. */
+    const char *staging_owner;
 } ckpt_write_options;
 
 void ckpt_write_options_init(ckpt_write_options *options);
@@ -243,8 +247,13 @@ int ckpt_writer_finish(ckpt_writer *writer);
 void ckpt_writer_abort(ckpt_writer *writer);
 
 /* Distributed writing, called by one process before any writer is created:
- * clears a staging directory left by an interrupted attempt at `path`. */
+ * creates the shared staging directory (ckpt_stage), held by this process
+ * until ckpt_commit_staged or ckpt_stage_discard. */
 int ckpt_stage_prepare(const char *path, const ckpt_write_options *options);
+
+/* Distributed writing, by the process that prepared: removes the staging
+ * directory after a failure. */
+void ckpt_stage_discard(const char *path, const ckpt_write_options *options);
 
 /* Distributed writing, called by one process after every writer finished:
  * checks that all shards are complete and commits as ckpt_writer_commit. */
@@ -362,19 +371,53 @@ int ckpt_candidates(const char *path, ckpt_candidate **out, int *count);
 
 /* ---------------------------------------------------- staged outputs */
 
-/* Other outputs that must appear whole or not at all (exports) go through
- * the same steps as a checkpoint: written under <parent>/.<name>.staging,
- * then renamed into place. */
+/* Whatever is written appears whole or not at all (docs/RELIABILITY.md): it
+ * is written under a staging name private to its writer,
+ * <parent>/.<name>.<owner>.staging, locked by the writer while it lives, and
+ * renamed into place when complete. The next writer to the same path removes
+ * staging entries whose writers are gone (their locks are free), kill -9
+ * included. Checkpoints go through these steps inside the writer; other
+ * outputs (exports) use them directly. */
+typedef struct ckpt_staged ckpt_staged;
 
-/* Checks that path may be written (its parent exists; path itself only with
- * overwrite), clears an old staging entry and, for a directory, creates it.
- * staging_size must be at least 4096. */
-int ckpt_output_stage(const char *path, int overwrite, int directory, char *staging, size_t staging_size);
-/* Syncs the staging file or directory (files inside are the caller's to
- * sync) and renames it to path, replacing what is there when overwrite. */
-int ckpt_output_publish(const char *staging, const char *path, int overwrite);
-/* Removes a staging file or directory after a failure. */
-void ckpt_output_discard(const char *staging);
+/* Whether --force may replace what is at path: TP_OK, or an error that names
+ * what is there. */
+typedef int (*ckpt_replace_check)(const char *path, void *ctx);
+
+#define CKPT_OWNER_MAX 128
+
+typedef struct {
+    int directory; /* stage a directory (else a file) */
+    int overwrite; /* replace what is at the path (--force) when may_replace accepts it; never a run directory */
+    ckpt_replace_check may_replace; /* NULL: only a checkpoint (ckpt_replaceable_checkpoint) */
+    void *ctx;
+    const char *owner; /* owner part of the staging name; NULL: this process's own */
+} ckpt_stage_options;
+
+/* Checks that path may be written (its parent exists; what is there only
+ * with overwrite and when replaceable), removes dead writers' staging
+ * entries of path and creates this writer's, locked. storage NULL: the
+ * store of the path. */
+int ckpt_stage(const ckpt_storage *storage, const char *path, const ckpt_stage_options *options,
+               ckpt_staged **out);
+/* The staging file or directory to write into. */
+const char *ckpt_staged_path(const ckpt_staged *staged);
+/* Syncs the staging entry (files inside are the caller's to sync) and renames
+ * it to its path: without overwrite never over something published there
+ * meanwhile; with it, by atomic exchange. Frees staged whatever the outcome;
+ * on failure the staging entry is removed. */
+int ckpt_staged_publish(ckpt_staged *staged);
+/* Removes the staging entry; frees staged. */
+void ckpt_staged_discard(ckpt_staged *staged);
+/* Removes every staging entry this process holds (for a signal handler
+ * thread, before the process dies of the signal). */
+void ckpt_discard_all_staged(void);
+/* The replace check of checkpoints: a directory holding only index.json and
+ * shard files (or nothing). */
+int ckpt_replaceable_checkpoint(const ckpt_storage *storage, const char *path);
+/* A fresh owner name: host, process id and a nonce. Distributed writers of
+ * one checkpoint share the one their committing process made. */
+int ckpt_staging_owner(char *out, size_t out_size);
 
 /* ------------------------------------------------- merged HDF5 files */
 
@@ -386,8 +429,9 @@ void ckpt_output_discard(const char *staging);
  * commit, so a failure leaves nothing at path. */
 typedef struct ckpt_flat_file ckpt_flat_file;
 
-/* Fails with TP_ERR_EXISTS when path exists and overwrite is 0. */
-int ckpt_flat_create(ckpt_flat_file **out, const char *path, int overwrite);
+/* Staged as options say (directory is ignored): fails with TP_ERR_EXISTS
+ * when path exists and may not be replaced. */
+int ckpt_flat_create(ckpt_flat_file **out, const char *path, const ckpt_stage_options *options);
 /* Adds dataset `name` ('/' makes groups) of the given dtype and shape. */
 int ckpt_flat_add(ckpt_flat_file *file, const char *name, tp_dtype dtype, int ndim, const int64_t *shape,
                   int64_t *offset_out);

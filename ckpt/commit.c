@@ -260,73 +260,22 @@ static int build_index(const ckpt_storage *storage, const char *staging, const c
     return status;
 }
 
-/* ----------------------------------------------------------------- publish */
+/* ------------------------------------------------------------------ commit */
 
-/* Moves the staging directory (or file) to path. An existing one (when
- * overwriting) is swapped out atomically and then removed. */
-static int publish(const ckpt_storage *s, const char *staging, const char *path, const char *parent, int overwrite)
-{
-    /* Without overwrite, something that appeared at path since the writer
-     * checked is refused, not replaced (a plain rename would replace a file). */
-    if (!overwrite || !ckpt_exists(s, path)) {
-        TP_TRY(s->rename(s, staging, path, overwrite ? CKPT_RENAME_REPLACE : CKPT_RENAME_NOREPLACE));
-        return s->sync_dir(s, parent);
-    }
-    int status = s->rename(s, staging, path, CKPT_RENAME_EXCHANGE);
-    if (status == TP_ERR_STATE) {
-        /* No atomic exchange in this store: move the old one aside first. */
-        char aside[CKPT_PATH_MAX + 16];
-        snprintf(aside, sizeof aside, "%s.replaced", staging);
-        TP_TRY(s->remove_tree(s, aside));
-        TP_TRY(s->rename(s, path, aside, CKPT_RENAME_REPLACE));
-        TP_TRY(s->rename(s, staging, path, CKPT_RENAME_REPLACE));
-        TP_TRY(s->sync_dir(s, parent));
-        return s->remove_tree(s, aside);
-    }
-    if (!status) status = s->sync_dir(s, parent);
-    if (!status) status = s->remove_tree(s, staging); /* now holds what was replaced */
-    return status;
-}
-
-int ckpt_output_publish(const char *staging, const char *path, int overwrite)
-{
-    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    const ckpt_storage *s;
-    ckpt_stat st;
-    TP_TRY(ckpt_storage_for(path, &s));
-    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
-    TP_TRY(s->stat(s, staging, &st));
-    if (!st.exists) return tp_fail(TP_ERR_STATE, "%s: nothing staged to publish", staging);
-    if (st.is_dir) {
-        TP_TRY(s->sync_dir(s, staging));
-    } else {
-        ckpt_file *file = NULL;
-        TP_TRY(s->open(s, staging, CKPT_OPEN_READ, &file));
-        int status = s->sync(file);
-        s->close(file);
-        if (status) return status;
-    }
-    return publish(s, staging, path, parent, overwrite);
-}
-
-void ckpt_output_discard(const char *staging)
-{
-    const ckpt_storage *s;
-    if (ckpt_storage_for(staging, &s) == TP_OK) s->remove_tree(s, staging);
-}
-
-int ckpt_commit_directory(const ckpt_storage *storage, const char *staging, const char *path,
+int ckpt_commit_directory(const ckpt_storage *storage, ckpt_staged *staged, const char *path,
                           const ckpt_layout *layout, const ckpt_train_state *state, const ckpt_write_options *options)
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
-    if (!options->overwrite && ckpt_exists(storage, path))
-        return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force", path);
+    const char *staging = ckpt_staged_path(staged);
+    int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
     ckpt_fault_point("before-index");
-    TP_TRY(build_index(storage, staging, layout, state));
-    TP_TRY(storage->sync_dir(storage, staging));
+    if (!status) status = build_index(storage, staging, layout, state);
     ckpt_fault_point("before-rename");
-    TP_TRY(publish(storage, staging, path, parent, options->overwrite));
+    if (status) {
+        ckpt_staged_discard(staged);
+        return status;
+    }
+    TP_TRY(ckpt_staged_publish(staged)); /* syncs the directory first */
     if (!options->update_latest) return TP_OK;
     ckpt_fault_point("before-latest");
     return ckpt_latest_update(storage, parent, base, state ? state->step : 0);

@@ -40,6 +40,11 @@ static int init_status = TP_OK;
 
 static void init_library(void)
 {
+    /* No HDF5 clean-up at exit: a shard whose close failed (disk full: the
+     * metadata flush fails) stays half-closed inside HDF5, and HDF5's exit
+     * handler then crashes closing it again. The library closes every file
+     * it opens itself; a failed one is removed with its staging directory. */
+    H5dont_atexit();
     /* The library reports errors through tp_errmsg(); HDF5 must not print. */
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     /* HDF5 keeps freed internal objects on free lists; bounded, so that

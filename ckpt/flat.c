@@ -14,8 +14,8 @@
 
 struct ckpt_flat_file {
     char path[CKPT_PATH_MAX];  /* final name */
-    char temp[CKPT_PATH_MAX];  /* written here, renamed on commit */
-    int overwrite;
+    ckpt_staged *staged;       /* written here, renamed on commit */
+    const char *temp;          /* its path */
     const ckpt_storage *storage;
     hid_t file;                /* HDF5's handle: metadata */
     ckpt_file *data;           /* the store's: the datasets' bytes */
@@ -26,19 +26,21 @@ void ckpt_flat_abort(ckpt_flat_file *f)
     if (!f) return;
     if (f->file >= 0) H5Fclose(f->file);
     if (f->data) f->storage->close(f->data);
-    ckpt_output_discard(f->temp);
+    ckpt_staged_discard(f->staged);
     free(f);
 }
 
-int ckpt_flat_create(ckpt_flat_file **out, const char *path, int overwrite)
+int ckpt_flat_create(ckpt_flat_file **out, const char *path, const ckpt_stage_options *options)
 {
     *out = NULL;
     ckpt_flat_file *f = calloc(1, sizeof *f);
     if (!f) return tp_fail(TP_ERR_NOMEM, "out of memory");
     f->file = -1;
-    f->overwrite = overwrite;
+    ckpt_stage_options stage = *options;
+    stage.directory = 0;
     int status = ckpt_storage_for(path, &f->storage);
-    if (!status) status = ckpt_output_stage(path, overwrite, 0, f->temp, sizeof f->temp);
+    if (!status) status = ckpt_stage(f->storage, path, &stage, &f->staged);
+    if (!status) f->temp = ckpt_staged_path(f->staged);
     if (status) {
         free(f);
         return status;
@@ -118,12 +120,13 @@ int ckpt_flat_commit(ckpt_flat_file *f)
 {
     int status = H5Fclose(f->file) < 0 ? ckpt_fail_hdf5("%s: cannot close", f->temp) : TP_OK;
     f->file = -1;
-    if (!status) status = ckpt_output_publish(f->temp, f->path, f->overwrite);
     if (status) {
         ckpt_flat_abort(f);
         return status;
     }
+    status = ckpt_staged_publish(f->staged); /* frees it, whatever the outcome */
+    f->staged = NULL;
     f->storage->close(f->data);
     free(f);
-    return TP_OK;
+    return status;
 }

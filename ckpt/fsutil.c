@@ -45,16 +45,6 @@ int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *ba
     return TP_OK;
 }
 
-int ckpt_staging_path(const char *path, char *out, size_t out_size)
-{
-    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX], hidden[CKPT_PATH_MAX + 16];
-    int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
-    if (status) return status;
-    snprintf(hidden, sizeof hidden, ".%s.staging", base);
-    if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
-    return ckpt_path_join(out, parent, hidden);
-}
-
 int ckpt_exists(const ckpt_storage *storage, const char *path)
 {
     ckpt_stat st;

@@ -118,8 +118,15 @@ int ckpt_read_text(const ckpt_storage *storage, const char *path, char **out, in
 /* Splits a path into its parent directory and base name. */
 int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *base,
                     size_t base_size);
-/* "<parent>/.<base>.staging": where a checkpoint is written before commit. */
-int ckpt_staging_path(const char *path, char *out, size_t out_size);
+/* "<parent>/.<base>.<owner>.staging": where owner writes path before it is
+ * published (owner NULL: this process). */
+int ckpt_staging_path(const char *path, const char *owner, char *out, size_t out_size);
+/* Whether a live writer (holding its lock) is writing path now. */
+int ckpt_staging_live(const ckpt_storage *storage, const char *path);
+/* Whether a directory entry's name is a staging name. */
+int ckpt_is_staging_name(const char *name);
+/* The staging entry with this staging path this process holds, or NULL. */
+ckpt_staged *ckpt_staged_find(const char *staging);
 
 /* Points run_dir's `latest` at checkpoint `name` of that step, unless what
  * the run directory resolves to now is newer: `latest` never moves back. */

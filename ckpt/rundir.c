@@ -47,15 +47,13 @@ int ckpt_is_committed(const char *dir)
     return ckpt_storage_for(dir, &storage) == TP_OK && committed_in(storage, dir);
 }
 
-/* Whether path is, or has beside it, the staging directory of a checkpoint
- * being written. */
+/* Whether path is a staging directory, or a checkpoint a live writer is
+ * writing now. */
 static int is_being_written(const ckpt_storage *storage, const char *path)
 {
-    size_t n = strlen(path);
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    if (base[0] == '.' && n > 8 && strcmp(path + n - 8, ".staging") == 0) return 1;
-    char staging[CKPT_PATH_MAX];
-    return ckpt_staging_path(path, staging, sizeof staging) == TP_OK && ckpt_exists(storage, staging);
+    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
+    if (ckpt_split_path(path, parent, sizeof parent, base, sizeof base) != TP_OK) return 0;
+    return ckpt_is_staging_name(base) || ckpt_staging_live(storage, path);
 }
 
 /* The checkpoint `latest` in run_dir names, when it is a committed one. */
@@ -208,10 +206,33 @@ static int64_t resolved_step(const ckpt_storage *storage, const char *run_dir)
     return value;
 }
 
+/* Removes the temporary files of `latest` updates that died before their
+ * rename: with the run directory locked, no update is under way. */
+static int remove_dead_temporary(void *ctx, const char *name)
+{
+    const char *run_dir = ((const void **)ctx)[0];
+    const ckpt_storage *storage = ((const void **)ctx)[1];
+    char path[CKPT_PATH_MAX];
+    if (strncmp(name, "." CKPT_LATEST_NAME ".tmp.", strlen(CKPT_LATEST_NAME) + 6) == 0 &&
+        ckpt_path_join(path, run_dir, name) == TP_OK)
+        storage->remove_tree(storage, path);
+    return TP_OK;
+}
+
 int ckpt_latest_update(const ckpt_storage *storage, const char *run_dir, const char *name, int64_t step)
 {
-    if (resolved_step(storage, run_dir) > step) return TP_OK; /* never move `latest` backwards */
-    char line[CKPT_PATH_MAX + 2];
-    int n = snprintf(line, sizeof line, "%s\n", name);
-    return ckpt_write_file_atomic(storage, run_dir, CKPT_LATEST_NAME, line, (size_t)n);
+    /* Compare and write under the run directory's lock, so that two writers
+     * committing at once cannot move `latest` backwards. */
+    if (ckpt_step_of_name(name) < 0) return TP_OK; /* `latest` names step_* checkpoints only */
+    ckpt_file *lock = NULL;
+    TP_TRY(storage->lock(storage, run_dir, 1, &lock));
+    const void *ctx[2] = {run_dir, storage};
+    int status = storage->list(storage, run_dir, remove_dead_temporary, (void *)ctx);
+    if (!status && resolved_step(storage, run_dir) <= step) { /* never move `latest` backwards */
+        char line[CKPT_PATH_MAX + 2];
+        int n = snprintf(line, sizeof line, "%s\n", name);
+        status = ckpt_write_file_atomic(storage, run_dir, CKPT_LATEST_NAME, line, (size_t)n);
+    }
+    storage->close(lock);
+    return status;
 }

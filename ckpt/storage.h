@@ -61,6 +61,10 @@ struct ckpt_storage {
     int (*rename)(const ckpt_storage *s, const char *from, const char *to, ckpt_rename_mode mode);
     int (*remove_tree)(const ckpt_storage *s, const char *path); /* a file, or a directory and all in it; missing is fine */
     int (*sync_dir)(const ckpt_storage *s, const char *path);   /* the directory's entries are durable */
+    /* An exclusive lock on an existing file or directory, held until the
+     * returned handle is closed or the process ends, however it ends. With
+     * wait 0, TP_ERR_EXISTS at once when another holder has it. */
+    int (*lock)(const ckpt_storage *s, const char *path, int wait, ckpt_file **out);
     void *impl;
 };
 

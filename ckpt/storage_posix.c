@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -203,6 +204,37 @@ static int posix_sync_dir(const ckpt_storage *s, const char *path)
     return TP_OK;
 }
 
+static int posix_lock(const ckpt_storage *s, const char *path, int wait, ckpt_file **out)
+{
+    /* flock on the entry itself (a directory too): held by the open file,
+     * released when it is closed or the process dies, however it dies. */
+    *out = NULL;
+    if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return tp_fail(errno == ENOENT ? TP_ERR_NOT_FOUND : TP_ERR_IO, "%s: cannot open to lock: %s", path,
+                       strerror(errno));
+    int rc;
+    while ((rc = flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB))) != 0 && errno == EINTR) {
+    }
+    if (rc != 0) {
+        int err = errno;
+        close(fd);
+        if (err == EWOULDBLOCK) return tp_fail(TP_ERR_EXISTS, "%s is locked by another writer", path);
+        return tp_fail(TP_ERR_IO, "%s: cannot lock: %s", path, strerror(err));
+    }
+    ckpt_file *f = malloc(sizeof *f);
+    if (!f) {
+        close(fd);
+        return tp_fail(TP_ERR_NOMEM, "out of memory locking %s", path);
+    }
+    f->storage = s;
+    f->fd = fd;
+    strcpy(f->path, path);
+    *out = f;
+    return TP_OK;
+}
+
 static const ckpt_storage posix_storage = {.name = "posix",
                                            .open = posix_open,
                                            .read_at = posix_read_at,
@@ -218,6 +250,7 @@ static const ckpt_storage posix_storage = {.name = "posix",
                                            .rename = posix_rename,
                                            .remove_tree = posix_remove_tree,
                                            .sync_dir = posix_sync_dir,
+                                           .lock = posix_lock,
                                            .impl = NULL};
 
 const ckpt_storage *ckpt_storage_posix(void)

@@ -47,7 +47,8 @@ typedef struct {
 struct ckpt_writer {
     char path[CKPT_PATH_MAX];
     const ckpt_storage *storage;
-    char staging[CKPT_PATH_MAX];
+    ckpt_staged *staged;         /* this writer's staging directory (not distributed) */
+    char staging[CKPT_PATH_MAX]; /* its path; distributed: the shared one */
     ckpt_layout layout;
     ckpt_write_options options;
     int distributed;
@@ -119,9 +120,11 @@ static void close_shard(const ckpt_writer *w, shard_file *s)
     s->data = NULL;
 }
 
+/* Frees the writer; a staging directory it still holds is removed. */
 static void free_writer(ckpt_writer *w)
 {
     for (int i = 0; i < w->num_shards; i++) close_shard(w, &w->shards[i]);
+    ckpt_staged_discard(w->staged);
     for (int i = 0; i < w->num_tensors; i++) {
         for (int p = 0; p < w->tensors[i].num_pieces; p++) {
             free(w->tensors[i].pieces[p].block_hash);
@@ -136,26 +139,6 @@ static void free_writer(ckpt_writer *w)
     free(w);
 }
 
-/* Checks that path may be written (its parent exists; path itself only
- * when overwriting), clears an old staging entry and, for a directory,
- * creates it. */
-static int stage(const ckpt_storage *storage, const char *path, int overwrite, int directory, char *staging,
-                 size_t staging_size)
-{
-    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    TP_TRY(ckpt_library_init());
-    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
-    ckpt_stat st;
-    TP_TRY(storage->stat(storage, parent, &st));
-    if (!st.exists || !st.is_dir)
-        return tp_fail(TP_ERR_NOT_FOUND, "%s: parent directory %s does not exist", path, parent);
-    if (ckpt_exists(storage, path) && !overwrite)
-        return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force", path);
-    TP_TRY(ckpt_staging_path(path, staging, staging_size));
-    TP_TRY(storage->remove_tree(storage, staging));
-    return directory ? storage->make_dir(storage, staging) : TP_OK;
-}
-
 /* The store a writer with these options uses for path. */
 static int storage_of(const ckpt_write_options *options, const char *path, const ckpt_storage **out)
 {
@@ -163,19 +146,35 @@ static int storage_of(const ckpt_write_options *options, const char *path, const
     return *out ? TP_OK : ckpt_storage_for(path, out);
 }
 
-int ckpt_output_stage(const char *path, int overwrite, int directory, char *staging, size_t staging_size)
+static int stage_checkpoint(const ckpt_write_options *options, const char *path, ckpt_staged **out)
 {
     const ckpt_storage *storage;
-    TP_TRY(ckpt_storage_for(path, &storage));
-    return stage(storage, path, overwrite, directory, staging, staging_size);
+    TP_TRY(storage_of(options, path, &storage));
+    ckpt_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .owner = options->staging_owner};
+    return ckpt_stage(storage, path, &stage, out);
 }
 
 int ckpt_stage_prepare(const char *path, const ckpt_write_options *options)
 {
+    ckpt_staged *staged = NULL;
+    /* Held in the staging registry until ckpt_commit_staged or ckpt_stage_discard. */
+    return stage_checkpoint(options, path, &staged);
+}
+
+/* The staging directory this process prepared for a distributed checkpoint. */
+static int prepared(const char *path, const ckpt_write_options *options, ckpt_staged **out)
+{
     char staging[CKPT_PATH_MAX];
-    const ckpt_storage *storage;
-    TP_TRY(storage_of(options, path, &storage));
-    return stage(storage, path, options->overwrite, 1, staging, sizeof staging);
+    TP_TRY(ckpt_staging_path(path, options->staging_owner, staging, sizeof staging));
+    *out = ckpt_staged_find(staging);
+    if (!*out) return tp_fail(TP_ERR_STATE, "%s: no staging directory %s prepared by this process", path, staging);
+    return TP_OK;
+}
+
+void ckpt_stage_discard(const char *path, const ckpt_write_options *options)
+{
+    ckpt_staged *staged = NULL;
+    if (prepared(path, options, &staged) == TP_OK) ckpt_staged_discard(staged);
 }
 
 int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *layout,
@@ -208,8 +207,11 @@ int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *l
     w->options = *options;
     w->distributed = distributed;
     status = storage_of(options, path, &w->storage);
-    if (!status) status = ckpt_staging_path(path, w->staging, sizeof w->staging);
-    if (!status && !distributed) status = ckpt_stage_prepare(path, options);
+    if (!status && !distributed) {
+        status = stage_checkpoint(options, path, &w->staged);
+        if (!status) strcpy(w->staging, ckpt_staged_path(w->staged));
+    }
+    if (!status && distributed) status = ckpt_staging_path(path, options->staging_owner, w->staging, sizeof w->staging);
     if (!status && distributed) {
         ckpt_stat st;
         status = w->storage->stat(w->storage, w->staging, &st);
@@ -538,20 +540,20 @@ int ckpt_writer_commit(ckpt_writer *w, const ckpt_train_state *state)
         return tp_fail(TP_ERR_STATE, "a distributed writer ends with ckpt_writer_finish");
     }
     int status = seal_all(w);
-    if (!status) status = ckpt_commit_directory(w->storage, w->staging, w->path, &w->layout, state, &w->options);
     if (status) {
         ckpt_writer_abort(w);
         return status;
     }
+    ckpt_staged *staged = w->staged;
+    w->staged = NULL;
+    status = ckpt_commit_directory(w->storage, staged, w->path, &w->layout, state, &w->options);
     free_writer(w);
-    return TP_OK;
+    return status;
 }
 
 void ckpt_writer_abort(ckpt_writer *w)
 {
     if (!w) return;
-    for (int i = 0; i < w->num_shards; i++) close_shard(w, &w->shards[i]);
-    if (!w->distributed) w->storage->remove_tree(w->storage, w->staging);
     free_writer(w);
 }
 
@@ -559,15 +561,14 @@ int ckpt_commit_staged(const char *path, const ckpt_layout *layout, const ckpt_t
                        const ckpt_write_options *options)
 {
     int status = ckpt_library_init();
-    if (status) return status;
-    status = ckpt_layout_check(layout);
-    if (status) return status;
-    char staging[CKPT_PATH_MAX];
+    if (!status) status = ckpt_layout_check(layout);
     const ckpt_storage *storage;
-    status = storage_of(options, path, &storage);
-    if (!status) status = ckpt_staging_path(path, staging, sizeof staging);
-    if (!status && !ckpt_exists(storage, staging))
-        status = tp_fail(TP_ERR_STATE, "%s: no staging directory %s to commit", path, staging);
-    if (!status) status = ckpt_commit_directory(storage, staging, path, layout, state, options);
-    return status;
+    ckpt_staged *staged = NULL;
+    if (!status) status = storage_of(options, path, &storage);
+    if (!status) status = prepared(path, options, &staged);
+    if (status) {
+        ckpt_staged_discard(staged);
+        return status;
+    }
+    return ckpt_commit_directory(storage, staged, path, layout, state, options);
 }

@@ -76,7 +76,8 @@ typedef struct {
     worker_buffers *buffers;
     /* Files: num_files under staging (safetensors, GGUF), or the HDF5 file. */
     const ckpt_storage *storage;
-    char staging[CKPT_PATH_MAX];
+    ckpt_staged *staged;
+    char staging[CKPT_PATH_MAX]; /* its path */
     char (*file_names)[64];
     ckpt_file **files;
     int num_files;
@@ -460,9 +461,84 @@ static int layout_gguf(exporter *x)
     return status;
 }
 
+/* --------------------------------------------------------------- replacing */
+
+/* Whether a file starts with the given bytes (a format's magic). */
+static int starts_with(const ckpt_storage *s, const char *path, const void *magic, size_t size)
+{
+    ckpt_stat st;
+    if (s->stat(s, path, &st) != TP_OK || !st.exists || st.is_dir || st.size < (int64_t)size) return 0;
+    ckpt_file *file = NULL;
+    unsigned char head[16];
+    int ok = size <= sizeof head && s->open(s, path, CKPT_OPEN_READ, &file) == TP_OK &&
+             s->read_at(file, head, size, 0) == TP_OK && memcmp(head, magic, size) == 0;
+    if (file) s->close(file);
+    return ok;
+}
+
+/* A safetensors file: a little-endian header length, then a JSON object. */
+static int is_safetensors(const ckpt_storage *s, const char *path)
+{
+    ckpt_stat st;
+    ckpt_file *file = NULL;
+    unsigned char head[9];
+    int ok = s->stat(s, path, &st) == TP_OK && st.exists && !st.is_dir && st.size >= 9 &&
+             s->open(s, path, CKPT_OPEN_READ, &file) == TP_OK && s->read_at(file, head, 9, 0) == TP_OK;
+    if (file) s->close(file);
+    uint64_t header = 0;
+    for (int i = 7; ok && i >= 0; i--) header = header << 8 | head[i];
+    return ok && head[8] == '{' && header + 8 <= (uint64_t)st.size;
+}
+
+typedef struct {
+    const ckpt_storage *storage;
+    const char *dir;
+    char stray[256];
+} export_scan;
+
+static int visit_export_entry(void *ctx, const char *name)
+{
+    export_scan *e = ctx;
+    char path[CKPT_PATH_MAX + 256];
+    size_t n = strlen(name), suffix = strlen(".safetensors");
+    snprintf(path, sizeof path, "%s/%s", e->dir, name);
+    int ok = strcmp(name, "config.json") == 0 || strcmp(name, "model.safetensors.index.json") == 0 ||
+             (n > suffix && strcmp(name + n - suffix, ".safetensors") == 0 && is_safetensors(e->storage, path));
+    if (ok) return TP_OK;
+    snprintf(e->stray, sizeof e->stray, "%s", name);
+    return TP_ERR_EXISTS;
+}
+
+/* The replace check of exports (--force): an earlier export in the same
+ * format, and nothing else. */
+static int replaceable_export(const char *path, void *ctx)
+{
+    const exporter *x = ctx;
+    const ckpt_storage *s = x->storage;
+    static const unsigned char hdf5_magic[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    ckpt_stat st;
+    TP_TRY(s->stat(s, path, &st));
+    const char *format = x->o->format == EXPORT_SAFETENSORS ? "safetensors" : x->o->format == EXPORT_GGUF ? "GGUF" : "HDF5";
+    int ok;
+    char stray[300] = "";
+    if (x->o->format == EXPORT_SAFETENSORS) {
+        export_scan e = {s, path, ""};
+        ok = st.is_dir && s->list(s, path, visit_export_entry, &e) == TP_OK;
+        if (!ok && e.stray[0]) snprintf(stray, sizeof stray, " (it holds '%s')", e.stray);
+    } else if (x->o->format == EXPORT_GGUF) {
+        ok = starts_with(s, path, "GGUF", 4);
+    } else {
+        ok = starts_with(s, path, hdf5_magic, sizeof hdf5_magic);
+    }
+    if (ok) return TP_OK;
+    return tp_fail(TP_ERR_EXISTS, "%s is not a %s export%s; --force replaces only an earlier export in that format",
+                   path, format, stray);
+}
+
 static int layout_hdf5(exporter *x, const char *out_path)
 {
-    int status = ckpt_flat_create(&x->flat, out_path, x->o->overwrite);
+    ckpt_stage_options stage = {.overwrite = x->o->overwrite, .may_replace = replaceable_export, .ctx = x};
+    int status = ckpt_flat_create(&x->flat, out_path, &stage);
     if (status) return status;
     for (int i = 0; i < x->count && !status; i++) {
         out_tensor *t = &x->tensors[i];
@@ -587,10 +663,15 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
     if (!status) status = plan_bands(&x);
     int staged = 0;
     if (!status && options->format != EXPORT_HDF5) {
-        status = ckpt_output_stage(out_path, options->overwrite, options->format == EXPORT_SAFETENSORS, x.staging,
-                                   sizeof x.staging);
-        if (status) status = status;
-        else staged = 1;
+        ckpt_stage_options stage = {.directory = options->format == EXPORT_SAFETENSORS,
+                                    .overwrite = options->overwrite,
+                                    .may_replace = replaceable_export,
+                                    .ctx = &x};
+        status = ckpt_stage(x.storage, out_path, &stage, &x.staged);
+        if (!status) {
+            snprintf(x.staging, sizeof x.staging, "%s", ckpt_staged_path(x.staged));
+            staged = 1;
+        }
     }
     if (!status) {
         switch (options->format) {
@@ -611,13 +692,12 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
         if (status) status = status;
         x.flat = NULL;
     } else if (!status && staged) {
-        status = ckpt_output_publish(x.staging, out_path, options->overwrite);
-        if (status) status = status;
-        else staged = 0;
+        status = ckpt_staged_publish(x.staged); /* frees it, whatever the outcome */
+        staged = 0;
     }
     if (status) {
         if (x.flat) ckpt_flat_abort(x.flat);
-        if (staged) ckpt_output_discard(x.staging);
+        if (staged) ckpt_staged_discard(x.staged);
     } else if (summary) {
         memset(summary, 0, sizeof *summary);
         summary->tensors = count;

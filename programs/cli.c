@@ -1,11 +1,70 @@
-/* cli.c: one-line errors of the command-line programs. */
+/* cli.c: one-line errors of the command-line programs, and their clean-up
+ * on signals. */
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "../ckpt/ckpt.h"
 #include "cli.h"
+
+/* The handler only writes the signal's number to a pipe (all a handler may
+ * do safely); a thread that waits on the pipe removes the partial outputs,
+ * which takes locks and walks directories, then dies of the signal. Threads
+ * other libraries started before main (OpenBLAS) may take the signal, which
+ * is why this is a handler and not sigwait with the signals blocked. */
+static int signal_pipe[2] = {-1, -1};
+
+static void on_signal(int sig)
+{
+    int saved = errno;
+    unsigned char byte = (unsigned char)sig;
+    ssize_t ignored = write(signal_pipe[1], &byte, 1);
+    (void)ignored;
+    errno = saved;
+}
+
+static void *clean_up_thread(void *arg)
+{
+    (void)arg;
+    unsigned char byte;
+    ssize_t n;
+    while ((n = read(signal_pipe[0], &byte, 1)) < 0 && errno == EINTR) {
+    }
+    if (n != 1) return NULL;
+    ckpt_discard_all_staged();
+    int sig = byte;
+    signal(sig, SIG_DFL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    raise(sig);
+    _exit(128 + sig); /* not reached: the default action ends the process */
+}
+
+int cli_clean_up_on_signals(void)
+{
+    if (pipe2(signal_pipe, O_CLOEXEC) != 0) return -1;
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, clean_up_thread, NULL) != 0) return -1;
+    pthread_detach(thread);
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    const int signals[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++)
+        if (sigaction(signals[i], &action, NULL) != 0) return -1;
+    return 0;
+}
 
 void cli_usage_error(const char *program, const char *fmt, ...)
 {

@@ -40,6 +40,11 @@ double cli_number(const char *program, const char *option, const char *text); /*
 int64_t cli_size(const char *program, const char *option, const char *text);  /* bytes, >= 1: 512M, 4G */
 int cli_compress(const char *program, const char *text); /* zstd level of zstd[:L] (3 for zstd), 0 for none */
 
+/* On SIGINT, SIGTERM or SIGHUP: removes the partial outputs this process is
+ * writing (ckpt_discard_all_staged), then dies of the signal, so that the
+ * exit status says which. Fails only when no thread can be started. */
+int cli_clean_up_on_signals(void);
+
 /* "PROGRAM: error: message" on stderr; returns 1, the failure exit status. */
 int cli_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

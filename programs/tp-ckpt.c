@@ -2,6 +2,7 @@
  * A thin layer over ckpt.h; see `tp-ckpt --help`. Exit status: 0 success,
  * 1 failure (damage found, checkpoints differ, an operation failed), 2 usage. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -683,6 +684,7 @@ static int cmd_import(int argc, char **argv)
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
+    if (cli_clean_up_on_signals() != 0) return fail("cannot set up signal handling: %s", strerror(errno));
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(usage_text, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

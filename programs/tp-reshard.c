@@ -2,6 +2,8 @@
  * A thin layer over reshard.h; see `tp-reshard --help`. Exit status: 0
  * success, 1 failure (including a failed --verify), 2 usage. */
 #include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,9 +106,27 @@ static void print_json(cJSON *o)
     cJSON_Delete(o);
 }
 
+/* Beside the source, named after it and the target layout: a source that is
+ * itself a reshard output (name_tp2pp1) gives name_tp4pp1, not
+ * name_tp2pp1_tp4pp1. */
+static void default_output(const char *source, int tp, int pp, char *out, size_t size)
+{
+    size_t n = strlen(source);
+    while (n > 1 && source[n - 1] == '/') n--;
+    size_t end = n, k = n;
+    while (k > 0 && isdigit((unsigned char)source[k - 1])) k--;
+    if (k < n && k >= 2 && strncmp(source + k - 2, "pp", 2) == 0) {
+        size_t j = k - 2;
+        while (j > 0 && isdigit((unsigned char)source[j - 1])) j--;
+        if (j < k - 2 && j >= 3 && strncmp(source + j - 3, "_tp", 3) == 0) end = j - 3;
+    }
+    snprintf(out, size, "%.*s_tp%dpp%d", (int)end, source, tp, pp);
+}
+
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
+    if (cli_clean_up_on_signals() != 0) return fail("cannot set up signal handling: %s", strerror(errno));
     reshard_options options;
     reshard_options_init(&options);
     const char *to = NULL, *from = NULL, *out = NULL;
@@ -170,8 +190,8 @@ int main(int argc, char **argv)
     }
     char default_out[4200];
     if (!out) {
-        snprintf(default_out, sizeof default_out, "%s_tp%dpp%d", ckpt_reader_path(source),
-                 options.tp ? options.tp : layout->tp, options.pp ? options.pp : layout->pp);
+        default_output(ckpt_reader_path(source), options.tp ? options.tp : layout->tp,
+                       options.pp ? options.pp : layout->pp, default_out, sizeof default_out);
         out = default_out;
     }
     const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;

@@ -78,11 +78,19 @@ struct saver {
     char *model_json, *rng;
     atomic_int snapshot_taken; /* parameters and moments may change again */
     char path[4096];
+    char owner[CKPT_OWNER_MAX]; /* of the shared staging directories: rank 0's */
     int64_t step, consumed;
     uint64_t seed;
     char *schedule, *user;
     double stall;
 };
+
+int checkpoint_staging_owner(comm *c, char *owner)
+{
+    int status = c->rank == 0 ? ckpt_staging_owner(owner, CKPT_OWNER_MAX) : TP_OK;
+    TP_TRY(comm_agree(c, status, "staging owner"));
+    return comm_broadcast(c, owner, CKPT_OWNER_MAX, 0, COMM_HOST);
+}
 
 int saver_create(saver **out, gpt_model *m, int dump_grads)
 {
@@ -92,7 +100,8 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
     s->model = m;
     s->dump_grads = dump_grads;
     atomic_init(&s->snapshot_taken, 1);
-    int status = tensor_map_create(&s->map, m, !dump_grads);
+    int status = checkpoint_staging_owner(m->comm, s->owner);
+    if (!status) status = tensor_map_create(&s->map, m, !dump_grads);
     if (status) {
         saver_free(s);
         return status;
@@ -172,6 +181,7 @@ static void *write_shard(void *arg)
     ckpt_write_options_init(&options);
     options.shard_pp = c->pp_rank;
     options.shard_tp = c->tp_rank;
+    options.staging_owner = s->owner;
     ckpt_writer *w = NULL;
     int *ids = calloc((size_t)s->map.count + 1, sizeof *ids);
     int status = ids ? ckpt_writer_create(&w, s->path, &layout, &options) : tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -230,6 +240,7 @@ static void *commit_checkpoint(void *arg)
     ckpt_write_options_init(&options);
     options.overwrite = 1;
     options.update_latest = 1;
+    options.staging_owner = s->owner;
     s->commit_status = ckpt_commit_staged(s->path, &layout, &state, &options);
     if (s->commit_status != TP_OK) snprintf(s->commit_message, sizeof s->commit_message, "%s", tp_errmsg());
     atomic_store(&s->commit_done, 1);
@@ -248,6 +259,14 @@ static int finish_writes(saver *s)
     int failed;
     TP_TRY(comm_any(c, s->status != TP_OK, &failed));
     if (failed) {
+        /* Disk full or the like: what was written goes, the older
+         * checkpoints stay (docs/RELIABILITY.md, "Training"). */
+        if (c->rank == 0) {
+            ckpt_write_options options;
+            ckpt_write_options_init(&options);
+            options.staging_owner = s->owner;
+            ckpt_stage_discard(s->path, &options);
+        }
         s->pending = 0;
         return tp_fail(s->status ? s->status : TP_ERR_STATE, "checkpoint %s: %s", s->path,
                        s->status ? s->message : "another rank failed to write its shard");
@@ -325,6 +344,7 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync)
         ckpt_write_options options;
         ckpt_write_options_init(&options);
         options.overwrite = 1;
+        options.staging_owner = s->owner;
         staged = ckpt_stage_prepare(path, &options);
     }
     TP_TRY(comm_any(c, staged != TP_OK, &failed));

@@ -261,33 +261,29 @@ static int dump_logits(trainer *t)
                           .anchor = CKPT_ANCHOR_LAST};
     d.partition = (ckpt_partition){CKPT_SPLIT, 1, 0, {0}, 1, m->config.vocab_pad_multiple};
     ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
-    int status = TP_OK;
-    if (c->rank == 0) {
-        ckpt_write_options options;
-        ckpt_write_options_init(&options);
-        options.overwrite = 1;
-        status = ckpt_stage_prepare(path, &options);
-    }
+    char owner[CKPT_OWNER_MAX];
+    TP_TRY(checkpoint_staging_owner(c, owner));
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    options.overwrite = 1;
+    options.staging_owner = owner;
+    int status = c->rank == 0 ? ckpt_stage_prepare(path, &options) : TP_OK;
     TP_TRY(comm_agree(c, status, path));
     if (c->dp_rank == 0) {
-        ckpt_write_options options;
-        ckpt_write_options_init(&options);
-        options.shard_pp = c->pp_rank;
-        options.shard_tp = c->tp_rank;
+        ckpt_write_options shard = options;
+        shard.shard_pp = c->pp_rank;
+        shard.shard_tp = c->tp_rank;
         ckpt_writer *w = NULL;
         int id;
-        status = ckpt_writer_create(&w, path, &layout, &options);
+        status = ckpt_writer_create(&w, path, &layout, &shard);
         if (!status) status = ckpt_writer_add_tensor(w, &d, &id);
         if (!status && m->is_last) status = ckpt_writer_put_piece(w, id, c->tp_rank, m->slots[0].logits);
         if (w) status = status ? (ckpt_writer_abort(w), status) : ckpt_writer_finish(w);
     }
-    TP_TRY(comm_agree(c, status, path));
-    if (c->rank == 0) {
-        ckpt_write_options options;
-        ckpt_write_options_init(&options);
-        options.overwrite = 1;
-        status = ckpt_commit_staged(path, &layout, NULL, &options);
-    }
+    status = comm_agree(c, status, path);
+    if (c->rank == 0 && status) ckpt_stage_discard(path, &options);
+    if (status) return status;
+    if (c->rank == 0) status = ckpt_commit_staged(path, &layout, NULL, &options);
     return comm_agree(c, status, path);
 }
 

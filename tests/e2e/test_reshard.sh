@@ -108,9 +108,16 @@ BEFORE=$(tree_digest "$WORK/tp4")
 expect_error "existing output without --force" 1 "already exists.*--force" "$RS" "$WORK/src" --to tp4 -o "$WORK/tp4"
 check "the existing output is untouched" [ "$(tree_digest "$WORK/tp4")" = "$BEFORE" ]
 expect_ok "--force replaces it" "$RS" "$WORK/src" --to tp4 -o "$WORK/tp4" --force
-mkdir -p "$WORK/.busy.staging"
-expect_error "an input being written" 1 "still being written" "$RS" "$WORK/.busy.staging" --to tp2 -o "$WORK/x4"
+# A live writer holds a lock on its staging directory; a dead one's is free.
+mkdir -p "$WORK/.busy.hostA-1-00000001.staging" "$WORK/.gone.hostA-2-00000002.staging"
+flock "$WORK/.busy.hostA-1-00000001.staging" sleep 60 &
+LOCKER=$!
+sleep 0.3
+expect_error "an input being written" 1 "still being written" "$RS" "$WORK/.busy.hostA-1-00000001.staging" --to tp2 -o "$WORK/x4"
 expect_error "an input whose write is in progress" 1 "still being written" "$RS" "$WORK/busy" --to tp2 -o "$WORK/x4"
+expect_error "a dead writer's leftover is no checkpoint in progress" 1 "no such checkpoint" "$RS" "$WORK/gone" --to tp2 -o "$WORK/x4"
+kill "$LOCKER" 2>/dev/null
+wait "$LOCKER" 2>/dev/null
 cp -r "$WORK/src" "$WORK/bad"
 SHARD="$WORK/bad/shard_pp01_tp05.h5"
 flip_byte "$SHARD" $(( $(data_offset "$SHARD" "optim/exp_avg/layers.3.mlp.fc.weight") + 64 ))

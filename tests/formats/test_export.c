@@ -1187,11 +1187,27 @@ Test(export, outputs_are_atomic)
         cr_assert_eq(count_entries(outdir, NULL), entries, "%s: no staging leftover", format->name);
         if (format->id == EXPORT_SAFETENSORS) cr_assert_eq(count_entries(out, NULL), 1);
 
-        /* A failing export with overwrite leaves the existing output too. */
+        /* Nor does --force replace what is not an earlier export in this format. */
         options.overwrite = 1;
+        cr_assert_eq(export_run(r, good, 2, &options, out, NULL), TP_ERR_EXISTS, "%s: %s", format->name, tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), out) && strstr(tp_errmsg(), "is not a"), "%s: message says what is there: %s",
+                  format->name, tp_errmsg());
+        cr_assert(same_file(marker, &old), "%s: the unrelated output is untouched by --force", format->name);
+        cr_assert_eq(count_entries(outdir, NULL), entries, "%s: no staging leftover after a refused --force",
+                     format->name);
+
+        /* An earlier export survives a failing export with overwrite. */
+        cr_assert_eq(unlink(marker), 0);
+        if (format->id == EXPORT_SAFETENSORS) cr_assert_eq(rmdir(out), 0);
+        options.overwrite = 0;
+        cr_assert_eq(export_run(r, good, 2, &options, out, NULL), TP_OK, "%s: %s", format->name, tp_errmsg());
+        options.overwrite = 1;
+        if (format->id == EXPORT_SAFETENSORS) snprintf(marker, sizeof marker, "%s/model.safetensors", out);
+        blob earlier = read_all(marker);
         cr_assert_eq(export_run(broken, good, 2, &options, out, NULL), TP_ERR_CHECKSUM, "%s: %s", format->name,
                      tp_errmsg());
-        cr_assert(same_file(marker, &old), "%s: the existing output survives a failed overwrite", format->name);
+        cr_assert(same_file(marker, &earlier), "%s: the earlier export survives a failed overwrite", format->name);
+        free(earlier.bytes);
         cr_assert_eq(count_entries(outdir, NULL), entries, "%s: no staging leftover after a failed overwrite",
                      format->name);
 
@@ -1199,8 +1215,6 @@ Test(export, outputs_are_atomic)
         cr_assert_eq(export_run(r, good, 2, &options, out, NULL), TP_OK, "%s: %s", format->name, tp_errmsg());
         cr_assert_eq(count_entries(outdir, NULL), entries, "%s: no staging leftover after the overwrite", format->name);
         if (format->id == EXPORT_SAFETENSORS) {
-            cr_assert(!path_exists(marker), "the old directory's content is gone");
-            snprintf(marker, sizeof marker, "%s/model.safetensors", out);
             st_parsed p;
             st_parse(marker, &p);
             st_check_exported(&p, "big", &t[0], 1, TP_FP32);

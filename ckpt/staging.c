@@ -1,0 +1,404 @@
+/* staging.c: outputs that appear whole or not at all (docs/RELIABILITY.md).
+ *
+ * Whatever the toolkit writes (checkpoints, exports) is written under a
+ * staging name private to its writer, <parent>/.<base>.<owner>.staging, and
+ * renamed into place once complete. The writer holds a lock on its staging
+ * entry for as long as it lives; the lock goes when the process ends, however
+ * it ends (kill -9 included), so an entry whose lock is free belongs to a dead
+ * writer and the next writer to the same path removes it. Replacing what is
+ * at the path (--force) is allowed only for what the caller recognises as
+ * its own kind of output, and never for a run directory.
+ *
+ * Every staging entry this process holds is in a registry, so that a signal
+ * handler thread can remove them all before the process dies
+ * (ckpt_discard_all_staged). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define STAGING_SUFFIX ".staging"
+#define CLAIM_SUFFIX ".new" /* a staging entry before its lock is taken */
+
+struct ckpt_staged {
+    const ckpt_storage *storage;
+    char path[CKPT_PATH_MAX];    /* the final name */
+    char staging[CKPT_PATH_MAX]; /* where it is written */
+    int directory, overwrite;
+    ckpt_replace_check may_replace;
+    void *ctx;
+    ckpt_file *lock; /* held while the entry lives */
+    ckpt_staged *next;
+};
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static ckpt_staged *registry;
+
+static void registry_add(ckpt_staged *s)
+{
+    pthread_mutex_lock(&registry_lock);
+    s->next = registry;
+    registry = s;
+    pthread_mutex_unlock(&registry_lock);
+}
+
+static void registry_remove(ckpt_staged *s)
+{
+    pthread_mutex_lock(&registry_lock);
+    for (ckpt_staged **p = &registry; *p; p = &(*p)->next)
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+/* ------------------------------------------------------------------ names */
+
+int ckpt_staging_owner(char *out, size_t out_size)
+{
+    char host[64] = "host";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    /* Letters, digits and '-' only: the owner never holds the '.' that
+     * separates it from the base name. */
+    for (char *c = host; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-'))
+            *c = '-';
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    static _Atomic unsigned counter;
+    unsigned nonce = (unsigned)(now.tv_nsec ^ (now.tv_sec << 20)) ^ (++counter * 2654435761u);
+    if (snprintf(out, out_size, "%s-%ld-%08x", host, (long)getpid(), nonce) >= (int)out_size)
+        return tp_fail(TP_ERR_ARG, "staging owner buffer too small");
+    return TP_OK;
+}
+
+/* This process's owner name, made once. */
+static char own_owner[CKPT_OWNER_MAX];
+
+static void make_process_owner(void)
+{
+    if (ckpt_staging_owner(own_owner, sizeof own_owner) != TP_OK) snprintf(own_owner, sizeof own_owner, "%ld", (long)getpid());
+}
+
+static const char *process_owner(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, make_process_owner);
+    return own_owner;
+}
+
+int ckpt_staging_path(const char *path, const char *owner, char *out, size_t out_size)
+{
+    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX], hidden[CKPT_PATH_MAX + CKPT_OWNER_MAX + 16];
+    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
+    if (!owner) owner = process_owner();
+    if (!owner[0] || strchr(owner, '.') || strchr(owner, '/'))
+        return tp_fail(TP_ERR_ARG, "staging owner '%s' must be non-empty, without '.' or '/'", owner);
+    snprintf(hidden, sizeof hidden, ".%s.%s" STAGING_SUFFIX, base, owner);
+    if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
+    return ckpt_path_join(out, parent, hidden);
+}
+
+/* Whether directory entry `name` is a staging entry of `base`: .<base>.<owner>.staging
+ * (or, with claims, a claim .<base>.<owner>.staging.new not yet locked). */
+static int is_staging_of(const char *name, const char *base, int claims)
+{
+    size_t n = strlen(name), b = strlen(base), suffix = strlen(STAGING_SUFFIX);
+    if (claims && n > strlen(CLAIM_SUFFIX) && strcmp(name + n - strlen(CLAIM_SUFFIX), CLAIM_SUFFIX) == 0)
+        n -= strlen(CLAIM_SUFFIX);
+    if (n < 1 + b + 1 + 1 + suffix || name[0] != '.' || strncmp(name + 1, base, b) != 0 || name[1 + b] != '.' ||
+        strncmp(name + n - suffix, STAGING_SUFFIX, suffix) != 0)
+        return 0;
+    for (const char *c = name + 2 + b; c < name + n - suffix; c++)
+        if (*c == '.' || *c == '/') return 0;
+    return 1;
+}
+
+int ckpt_is_staging_name(const char *name)
+{
+    size_t n = strlen(name), suffix = strlen(STAGING_SUFFIX);
+    return name[0] == '.' && n > suffix && strcmp(name + n - suffix, STAGING_SUFFIX) == 0;
+}
+
+/* -------------------------------------------------- entries of dead writers */
+
+typedef struct {
+    const char *base;
+    char (*names)[256];
+    int count, capacity;
+} staging_list;
+
+static int collect_staging(void *ctx, const char *name)
+{
+    staging_list *l = ctx;
+    if (!is_staging_of(name, l->base, 0) || strlen(name) >= 256) return TP_OK;
+    if (l->count == l->capacity) {
+        int capacity = l->capacity ? 2 * l->capacity : 8;
+        char(*grown)[256] = realloc(l->names, (size_t)capacity * sizeof *grown);
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory listing staging entries");
+        l->names = grown;
+        l->capacity = capacity;
+    }
+    strcpy(l->names[l->count++], name);
+    return TP_OK;
+}
+
+/* Visits every staging entry of path's base in its parent, with whether its
+ * writer is alive (its lock is held). Entries of dead writers are removed
+ * when remove_dead; *live_out counts the live ones. */
+static int scan_staging(const ckpt_storage *s, const char *path, int remove_dead, int *live_out)
+{
+    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX], entry[CKPT_PATH_MAX];
+    *live_out = 0;
+    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
+    staging_list l = {base, NULL, 0, 0};
+    int status = s->list(s, parent, collect_staging, &l);
+    if (status == TP_ERR_NOT_FOUND) status = TP_OK;
+    for (int i = 0; !status && i < l.count; i++) {
+        if (ckpt_path_join(entry, parent, l.names[i])) continue;
+        ckpt_file *lock = NULL;
+        int locked = s->lock(s, entry, 0, &lock);
+        if (locked == TP_ERR_EXISTS) {
+            (*live_out)++;
+        } else if (locked == TP_OK) {
+            if (remove_dead) {
+                status = s->remove_tree(s, entry);
+                if (status) tp_fail_context(status, "removing %s, left by a writer that is gone", entry);
+            }
+            s->close(lock);
+        } /* gone meanwhile: nothing to do */
+    }
+    free(l.names);
+    return status;
+}
+
+int ckpt_staging_live(const ckpt_storage *s, const char *path)
+{
+    int live = 0;
+    return scan_staging(s, path, 0, &live) == TP_OK && live > 0;
+}
+
+/* ------------------------------------------------------------- replacing */
+
+/* What a run directory holds that no --force replaces: its history. */
+static int visit_history(void *ctx, const char *name)
+{
+    (void)ctx;
+    return ckpt_step_of_name(name) >= 0 || strcmp(name, CKPT_LATEST_NAME) == 0 ? TP_ERR_EXISTS : TP_OK;
+}
+
+static int refuse_run_directory(const ckpt_storage *s, const char *path)
+{
+    ckpt_stat st;
+    TP_TRY(s->stat(s, path, &st));
+    if (!st.exists || !st.is_dir) return TP_OK;
+    int status = s->list(s, path, visit_history, NULL);
+    if (status == TP_ERR_EXISTS)
+        return tp_fail(TP_ERR_EXISTS,
+                       "%s is a run directory (it holds step_* checkpoints or 'latest'); --force never replaces "
+                       "a run's history: choose another output",
+                       path);
+    return status;
+}
+
+typedef struct {
+    char stray[256];
+} checkpoint_scan;
+
+static int visit_checkpoint_entry(void *ctx, const char *name)
+{
+    checkpoint_scan *c = ctx;
+    size_t n = strlen(name);
+    int shard = strncmp(name, "shard_pp", 8) == 0 && n > 3 && strcmp(name + n - 3, ".h5") == 0;
+    if (shard || strcmp(name, CKPT_INDEX_NAME) == 0) return TP_OK;
+    snprintf(c->stray, sizeof c->stray, "%s", name);
+    return TP_ERR_EXISTS;
+}
+
+int ckpt_replaceable_checkpoint(const ckpt_storage *s, const char *path)
+{
+    ckpt_stat st;
+    TP_TRY(s->stat(s, path, &st));
+    if (!st.exists) return TP_OK;
+    if (!st.is_dir) return tp_fail(TP_ERR_EXISTS, "%s is a file, not a checkpoint; --force replaces only checkpoints", path);
+    checkpoint_scan c = {""};
+    int status = s->list(s, path, visit_checkpoint_entry, &c);
+    if (status == TP_ERR_EXISTS)
+        return tp_fail(TP_ERR_EXISTS,
+                       "%s holds '%s', which is not part of a checkpoint; --force replaces only checkpoints "
+                       "(remove the directory yourself if it is to go)",
+                       path, c.stray);
+    return status;
+}
+
+/* Whether what is at path may be replaced: TP_OK when nothing is there. */
+static int check_replace(const ckpt_staged *st)
+{
+    const ckpt_storage *s = st->storage;
+    if (!ckpt_exists(s, st->path)) return TP_OK;
+    if (!st->overwrite)
+        return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force", st->path);
+    TP_TRY(refuse_run_directory(s, st->path));
+    return st->may_replace ? st->may_replace(st->path, st->ctx) : ckpt_replaceable_checkpoint(s, st->path);
+}
+
+/* ---------------------------------------------------------------- staging */
+
+static void free_staged(ckpt_staged *st)
+{
+    if (!st) return;
+    registry_remove(st);
+    if (st->lock) st->storage->close(st->lock);
+    free(st);
+}
+
+/* Creates the staging entry locked: made under a claim name that no scan
+ * takes for a dead writer's, locked, then renamed to its staging name. */
+static int create_locked(ckpt_staged *st)
+{
+    const ckpt_storage *s = st->storage;
+    char claim[CKPT_PATH_MAX + 8];
+    if (snprintf(claim, sizeof claim, "%s" CLAIM_SUFFIX, st->staging) >= CKPT_PATH_MAX)
+        return tp_fail(TP_ERR_ARG, "path too long: %s", st->staging);
+    TP_TRY(s->remove_tree(s, claim));
+    if (st->directory) {
+        TP_TRY(s->make_dir(s, claim));
+    } else {
+        ckpt_file *file = NULL;
+        TP_TRY(s->open(s, claim, CKPT_OPEN_CREATE, &file));
+        s->close(file);
+    }
+    int status = s->lock(s, claim, 0, &st->lock);
+    if (!status) status = s->rename(s, claim, st->staging, CKPT_RENAME_NOREPLACE);
+    if (status) s->remove_tree(s, claim);
+    return status;
+}
+
+int ckpt_stage(const ckpt_storage *storage, const char *path, const ckpt_stage_options *options, ckpt_staged **out)
+{
+    *out = NULL;
+    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
+    TP_TRY(ckpt_library_init());
+    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
+    if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
+    if (!storage) TP_TRY(ckpt_storage_for(path, &storage));
+    ckpt_stat st;
+    TP_TRY(storage->stat(storage, parent, &st));
+    if (!st.exists || !st.is_dir)
+        return tp_fail(TP_ERR_NOT_FOUND, "%s: parent directory %s does not exist", path, parent);
+    ckpt_staged *s = calloc(1, sizeof *s);
+    if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    s->storage = storage;
+    strcpy(s->path, path);
+    s->directory = options->directory;
+    s->overwrite = options->overwrite;
+    s->may_replace = options->may_replace;
+    s->ctx = options->ctx;
+    int live = 0;
+    int status = check_replace(s);
+    if (!status) status = ckpt_staging_path(path, options->owner, s->staging, sizeof s->staging);
+    if (!status) status = scan_staging(storage, path, 1, &live);
+    if (!status) status = create_locked(s);
+    if (status) {
+        free_staged(s);
+        return status;
+    }
+    registry_add(s);
+    *out = s;
+    return TP_OK;
+}
+
+const char *ckpt_staged_path(const ckpt_staged *staged)
+{
+    return staged->staging;
+}
+
+const char *ckpt_staged_target(const ckpt_staged *staged)
+{
+    return staged->path;
+}
+
+int ckpt_staged_publish(ckpt_staged *st)
+{
+    const ckpt_storage *s = st->storage;
+    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
+    int status = ckpt_split_path(st->path, parent, sizeof parent, base, sizeof base);
+    if (!status && st->directory) {
+        status = s->sync_dir(s, st->staging);
+    } else if (!status) {
+        ckpt_file *file = NULL;
+        status = s->open(s, st->staging, CKPT_OPEN_READ, &file);
+        if (!status) status = s->sync(file);
+        if (file) s->close(file);
+    }
+    /* What is at the path now, which another writer may have published since
+     * this one started: replaced only with overwrite, and only when
+     * replaceable. */
+    if (!status) status = check_replace(st);
+    if (!status && (!st->overwrite || !ckpt_exists(s, st->path))) {
+        status = s->rename(s, st->staging, st->path, CKPT_RENAME_NOREPLACE);
+        if (status == TP_ERR_EXISTS)
+            tp_fail(TP_ERR_EXISTS, "%s appeared while this output was written (another writer?); not replaced%s",
+                    st->path, st->overwrite ? "" : " without --force");
+        if (!status) status = s->sync_dir(s, parent);
+    } else if (!status) {
+        /* Swapped atomically; the staging name then holds what was replaced. */
+        status = s->rename(s, st->staging, st->path, CKPT_RENAME_EXCHANGE);
+        if (status == TP_ERR_STATE) {
+            /* No atomic exchange in this store: move the old one aside first. */
+            char aside[CKPT_PATH_MAX + 16];
+            snprintf(aside, sizeof aside, "%s.replaced", st->staging);
+            status = s->remove_tree(s, aside);
+            if (!status) status = s->rename(s, st->path, aside, CKPT_RENAME_REPLACE);
+            if (!status) status = s->rename(s, st->staging, st->path, CKPT_RENAME_NOREPLACE);
+            if (!status) status = s->sync_dir(s, parent);
+            if (!status) status = s->remove_tree(s, aside);
+        } else {
+            if (!status) status = s->sync_dir(s, parent);
+            if (!status) status = s->remove_tree(s, st->staging);
+        }
+    }
+    if (status) {
+        ckpt_staged_discard(st);
+        return status;
+    }
+    free_staged(st);
+    return TP_OK;
+}
+
+void ckpt_staged_discard(ckpt_staged *st)
+{
+    if (!st) return;
+    /* Removed while still locked, so that no one takes it for a dead writer's
+     * half-removed entry. */
+    st->storage->remove_tree(st->storage, st->staging);
+    free_staged(st);
+}
+
+ckpt_staged *ckpt_staged_find(const char *staging)
+{
+    pthread_mutex_lock(&registry_lock);
+    ckpt_staged *s = registry;
+    while (s && strcmp(s->staging, staging) != 0) s = s->next;
+    pthread_mutex_unlock(&registry_lock);
+    return s;
+}
+
+void ckpt_discard_all_staged(void)
+{
+    /* Called from a signal-handling thread while other threads may still be
+     * writing into these entries: removal is retried a few times, and what
+     * is left is a dead writer's, which the next writer removes. */
+    pthread_mutex_lock(&registry_lock);
+    for (ckpt_staged *s = registry; s; s = s->next)
+        for (int attempt = 0; attempt < 5 && s->storage->remove_tree(s->storage, s->staging) != TP_OK; attempt++) {
+        }
+    pthread_mutex_unlock(&registry_lock);
+}
