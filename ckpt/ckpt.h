@@ -412,6 +412,9 @@ void ckpt_staged_discard(ckpt_staged *staged);
 /* Removes every staging entry this process holds (for a signal handler
  * thread, before the process dies of the signal). */
 void ckpt_discard_all_staged(void);
+/* Removes the staging entries in dir whose writers are gone (a run
+ * directory's, when a run starts). */
+int ckpt_remove_dead_staging(const char *dir);
 /* The replace check of checkpoints: a directory holding only index.json and
  * shard files (or nothing). */
 int ckpt_replaceable_checkpoint(const ckpt_storage *storage, const char *path);

@@ -38,6 +38,7 @@ struct ckpt_staged {
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static ckpt_staged *registry;
+static int cancelled; /* ckpt_discard_all_staged ran: nothing is published any more */
 
 static void registry_add(ckpt_staged *s)
 {
@@ -130,7 +131,7 @@ int ckpt_is_staging_name(const char *name)
 /* -------------------------------------------------- entries of dead writers */
 
 typedef struct {
-    const char *base;
+    const char *base; /* the entries of this base; NULL: of any base */
     char (*names)[256];
     int count, capacity;
 } staging_list;
@@ -138,7 +139,8 @@ typedef struct {
 static int collect_staging(void *ctx, const char *name)
 {
     staging_list *l = ctx;
-    if (!is_staging_of(name, l->base, 0) || strlen(name) >= 256) return TP_OK;
+    int match = l->base ? is_staging_of(name, l->base, 0) : ckpt_is_staging_name(name);
+    if (!match || strlen(name) >= 256) return TP_OK;
     if (l->count == l->capacity) {
         int capacity = l->capacity ? 2 * l->capacity : 8;
         char(*grown)[256] = realloc(l->names, (size_t)capacity * sizeof *grown);
@@ -150,31 +152,53 @@ static int collect_staging(void *ctx, const char *name)
     return TP_OK;
 }
 
-/* Visits every staging entry of path's base in its parent, with whether its
- * writer is alive (its lock is held). Entries of dead writers are removed
- * when remove_dead; *live_out counts the live ones. */
-static int scan_staging(const ckpt_storage *s, const char *path, int remove_dead, int *live_out)
+/* Removes the listed entries whose writers are gone; counts the live ones. */
+static int remove_dead(const ckpt_storage *s, const char *parent, staging_list *l, int remove, int *live_out)
 {
-    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX], entry[CKPT_PATH_MAX];
+    char entry[CKPT_PATH_MAX];
+    int status = TP_OK;
     *live_out = 0;
-    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
-    staging_list l = {base, NULL, 0, 0};
-    int status = s->list(s, parent, collect_staging, &l);
-    if (status == TP_ERR_NOT_FOUND) status = TP_OK;
-    for (int i = 0; !status && i < l.count; i++) {
-        if (ckpt_path_join(entry, parent, l.names[i])) continue;
+    for (int i = 0; !status && i < l->count; i++) {
+        if (ckpt_path_join(entry, parent, l->names[i])) continue;
         ckpt_file *lock = NULL;
         int locked = s->lock(s, entry, 0, &lock);
         if (locked == TP_ERR_EXISTS) {
             (*live_out)++;
         } else if (locked == TP_OK) {
-            if (remove_dead) {
+            if (remove) {
                 status = s->remove_tree(s, entry);
                 if (status) tp_fail_context(status, "removing %s, left by a writer that is gone", entry);
             }
             s->close(lock);
         } /* gone meanwhile: nothing to do */
     }
+    return status;
+}
+
+int ckpt_remove_dead_staging(const char *dir)
+{
+    const ckpt_storage *s;
+    TP_TRY(ckpt_storage_for(dir, &s));
+    staging_list l = {NULL, NULL, 0, 0};
+    int live = 0, status = s->list(s, dir, collect_staging, &l);
+    if (status == TP_ERR_NOT_FOUND) status = TP_OK;
+    if (!status) status = remove_dead(s, dir, &l, 1, &live);
+    free(l.names);
+    return status;
+}
+
+/* Visits every staging entry of path's base in its parent, with whether its
+ * writer is alive (its lock is held). Entries of dead writers are removed
+ * when remove_dead; *live_out counts the live ones. */
+static int scan_staging(const ckpt_storage *s, const char *path, int remove_dead_entries, int *live_out)
+{
+    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
+    *live_out = 0;
+    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
+    staging_list l = {base, NULL, 0, 0};
+    int status = s->list(s, parent, collect_staging, &l);
+    if (status == TP_ERR_NOT_FOUND) status = TP_OK;
+    if (!status) status = remove_dead(s, parent, &l, remove_dead_entries, live_out);
     free(l.names);
     return status;
 }
@@ -342,6 +366,11 @@ int ckpt_staged_publish(ckpt_staged *st)
      * this one started: replaced only with overwrite, and only when
      * replaceable. */
     if (!status) status = check_replace(st);
+    /* The rename under the registry's lock: a signal's clean-up either finds
+     * the output published or stops it from being published. */
+    pthread_mutex_lock(&registry_lock);
+    if (!status && cancelled)
+        status = tp_fail(TP_ERR_STATE, "%s: not published: the process is being stopped by a signal", st->path);
     if (!status && (!st->overwrite || !ckpt_exists(s, st->path))) {
         status = s->rename(s, st->staging, st->path, CKPT_RENAME_NOREPLACE);
         if (status == TP_ERR_EXISTS)
@@ -365,6 +394,7 @@ int ckpt_staged_publish(ckpt_staged *st)
             if (!status) status = s->remove_tree(s, st->staging);
         }
     }
+    pthread_mutex_unlock(&registry_lock);
     if (status) {
         ckpt_staged_discard(st);
         return status;
@@ -397,6 +427,7 @@ void ckpt_discard_all_staged(void)
      * writing into these entries: removal is retried a few times, and what
      * is left is a dead writer's, which the next writer removes. */
     pthread_mutex_lock(&registry_lock);
+    cancelled = 1;
     for (ckpt_staged *s = registry; s; s = s->next)
         for (int attempt = 0; attempt < 5 && s->storage->remove_tree(s->storage, s->staging) != TP_OK; attempt++) {
         }

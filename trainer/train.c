@@ -322,6 +322,8 @@ static int set_up(trainer *t)
                 status = tp_fail(TP_ERR_NOMEM, "out of memory for activations");
     }
     if (!status && o->ckpt_dir && c->rank == 0) status = make_dirs(o->ckpt_dir);
+    /* Saves of an earlier run killed meanwhile: half-written, theirs to remove. */
+    if (!status && o->ckpt_dir && c->rank == 0) status = ckpt_remove_dead_staging(o->ckpt_dir);
     return comm_agree(c, status, "setting up");
 }
 
@@ -331,6 +333,20 @@ static int resume(trainer *t, int64_t *start_step)
     struct stat st;
     *start_step = 0;
     if (!o->resume || !o->ckpt_dir || stat(o->ckpt_dir, &st) != 0) return TP_OK;
+    /* A job script passes --resume every time: a directory without any
+     * committed checkpoint yet starts afresh (one that has checkpoints but
+     * none intact stops the run, in checkpoint_load). */
+    ckpt_candidate *list = NULL;
+    int count = 0, any;
+    ckpt_candidates(o->ckpt_dir, &list, &count);
+    free(list);
+    TP_TRY(comm_any(t->c, count > 0, &any));
+    if (!any) {
+        char text[4200];
+        snprintf(text, sizeof text, "--resume: no checkpoint in %s yet; starting afresh", o->ckpt_dir);
+        warn(t, text);
+        return TP_OK;
+    }
     load_result loaded;
     TP_TRY(checkpoint_load(t->model, o->ckpt_dir, 1, warn, t, &loaded));
     *start_step = loaded.step;

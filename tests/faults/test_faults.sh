@@ -1,0 +1,268 @@
+#!/bin/sh
+# Fault injection (docs/RELIABILITY.md): kill -9 at random instants of synth,
+# reshard, export and training saves; a full disk (a small tmpfs where one
+# can be mounted, and a file-size limit everywhere); two writers at one
+# output and two committers in one run directory; SIGTERM and SIGINT; and
+# --resume where no checkpoint is yet or the newest one's metadata is
+# damaged. After each: an earlier output still verifies, no partial output
+# is accepted, nothing half-written stays, and the next run succeeds.
+# FAULT_TRIALS (default 20; 5 under the sanitizers) sets the trials per class.
+. "$(dirname "$0")/../e2e/lib.sh"
+
+CK="$BIN/tp-ckpt"
+RS="$BIN/tp-reshard"
+TRAIN="$BIN/tp-train"
+# Fewer under the sanitizers, where every run is several times slower.
+TRIALS=${FAULT_TRIALS:-20}
+[ "${SANITIZED:-0}" = 1 ] && TRIALS=${FAULT_TRIALS:-5}
+MODEL="--layers 4 --dim 384 --heads 8 --vocab 8000 --seq 64"
+FULL="$WORK/full"
+MOUNTED=0
+trap '[ "$MOUNTED" = 1 ] && umount "$FULL"; rm -rf "$WORK"' EXIT
+
+# A pseudo-random delay of 0..$1 seconds, different for every call.
+CALLS=0
+delay() {
+    CALLS=$((CALLS + 1))
+    awk -v seed="$$$CALLS" -v max="$1" 'BEGIN { srand(seed); printf "%.3f\n", rand() * max }'
+}
+
+# timed CMD...: runs CMD; DURATION is its wall time in seconds.
+timed() {
+    start=$(date +%s.%N)
+    "$@" >/dev/null 2>&1
+    status=$?
+    DURATION=$(echo "$(date +%s.%N) - $start" | bc)
+    return $status
+}
+
+# no_staging DIR: no staging entry (".NAME.OWNER.staging") is left in DIR.
+no_staging() {
+    left=$(ls -A "$1" | grep '\.staging')
+    [ -z "$left" ] || echo "    left in $1: $left" >&2
+    [ -z "$left" ]
+}
+
+# intact CKPT: it verifies.
+intact() {
+    "$CK" verify "$1" >/dev/null 2>&1
+}
+
+# safetensors_whole DIR: every .safetensors file holds its whole header and data.
+safetensors_whole() {
+    "$PY" - "$1" <<'PYEOF'
+import json, os, struct, sys
+d = sys.argv[1]
+files = [f for f in os.listdir(d) if f.endswith(".safetensors")]
+if not files:
+    sys.exit("no safetensors file in " + d)
+for f in files:
+    p = os.path.join(d, f)
+    with open(p, "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        header = json.loads(fh.read(n))
+    end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+    if os.path.getsize(p) != 8 + n + end:
+        sys.exit("%s: %d bytes, expected %d" % (p, os.path.getsize(p), 8 + n + end))
+PYEOF
+}
+
+expect_ok "source checkpoint" "$CK" synth -o "$WORK/src" --tp 2 --pp 1 $MODEL --optim --seed 1
+expect_ok "second source" "$CK" synth -o "$WORK/src2" --tp 2 --pp 1 $MODEL --optim --seed 2
+
+# ------------------------------------------------- kill -9 at random instants
+# kill_trials WHAT OUT CHECK CMD...: runs CMD (which writes OUT with --force,
+# OUT existing from a first complete run) TRIALS times, each killed with
+# SIGKILL after a random delay; OUT must then always be there and pass CHECK.
+# The delays span the duration of an uninterrupted run.
+kill_trials() {
+    label=$1 out=$2 check_out=$3
+    shift 3
+    bad=0 killed=0
+    timed "$@" || bad=$((bad + 1))
+    span=$(echo "$DURATION * 1.2" | bc)
+    i=0
+    while [ $i -lt "$TRIALS" ]; do
+        "$@" >/dev/null 2>&1 &
+        pid=$!
+        sleep "$(delay "$span")"
+        kill -9 $pid 2>/dev/null
+        wait $pid 2>/dev/null
+        [ $? -eq 137 ] && killed=$((killed + 1))
+        [ -e "$out" ] && $check_out "$out" || bad=$((bad + 1))
+        i=$((i + 1))
+    done
+    check "$label: the output was whole after each of $TRIALS kills" [ "$bad" -eq 0 ]
+    expect_ok "$label: a run after the kills" "$@"
+    check "$label: no staging left once a writer ran after the kills" no_staging "$(dirname "$out")"
+    echo "[$NAME] kill -9: $label: $TRIALS trials over ${span}s, $killed killed while running, $bad bad outputs"
+}
+
+mkdir -p "$WORK/k"
+kill_trials "synth" "$WORK/k/synth" intact "$CK" synth -o "$WORK/k/synth" --tp 2 --pp 1 $MODEL --optim --force
+kill_trials "reshard" "$WORK/k/rs" intact "$RS" "$WORK/src" --to tp4 -o "$WORK/k/rs" --force
+kill_trials "export" "$WORK/k/st" safetensors_whole "$CK" export "$WORK/src" --format safetensors -o "$WORK/k/st" --force
+
+# Training saves: a checkpoint at every step, killed at random instants; every
+# committed checkpoint verifies, `latest` names one, and a resumed run cleans
+# up what the killed saves left.
+TRAIN_ARGS="--model tiny --micro-batch 2 --quiet --steps 100000 --ckpt-every 1 --ckpt-dir $WORK/k/run"
+bad=0 i=0
+while [ $i -lt "$TRIALS" ]; do
+    "$TRAIN" $TRAIN_ARGS --resume >/dev/null 2>&1 &
+    pid=$!
+    sleep "$(echo "0.3 + $(delay 0.8)" | bc)"
+    kill -9 $pid 2>/dev/null
+    wait $pid 2>/dev/null
+    for d in "$WORK"/k/run/step_*; do
+        [ -e "$d/index.json" ] || continue
+        [ -e "$d/.verified" ] && continue
+        if intact "$d"; then : >"$d/.verified"; else bad=$((bad + 1)); echo "    damaged after a kill: $d" >&2; fi
+    done
+    latest=$(cat "$WORK/k/run/latest" 2>/dev/null)
+    [ -z "$latest" ] || [ -e "$WORK/k/run/$latest/index.json" ] || bad=$((bad + 1))
+    # Checkpoints already verified go, so that the run directory stays small.
+    for d in "$WORK"/k/run/step_*; do [ -e "$d/.verified" ] && [ "$(basename "$d")" != "$latest" ] && rm -rf "$d"; done
+    i=$((i + 1))
+done
+check "training saves: every committed checkpoint verified after each of $TRIALS kills" [ "$bad" -eq 0 ]
+STEP=$(sed 's/^step_0*//' "$WORK/k/run/latest")
+expect_ok "training resumes after the kills" "$TRAIN" --model tiny --micro-batch 2 --quiet --ckpt-dir "$WORK/k/run" \
+    --resume --ckpt-every 1 --steps $((STEP + 1))
+check "the resumed run removed the killed saves' staging" no_staging "$WORK/k/run"
+echo "[$NAME] kill -9: training saves: $TRIALS trials, $bad bad checkpoints, resumed at step $STEP"
+
+# ------------------------------------------------------------ signals
+# SIGTERM or SIGINT at a random instant: the partial output goes, the exit
+# status is the signal's (or 0 when the write was done first).
+signal_trials() {
+    label=$1 out=$2 check_out=$3
+    shift 3
+    bad=0 hit=0 i=0
+    rm -rf "$out"
+    timed "$@"
+    span=$(echo "$DURATION * 1.2" | bc)
+    while [ $i -lt "$TRIALS" ]; do
+        rm -rf "$out"
+        sig=TERM code=143
+        [ $((i % 2)) -eq 1 ] && sig=INT code=130
+        "$@" >/dev/null 2>&1 &
+        pid=$!
+        sleep "$(delay "$span")"
+        kill -$sig $pid 2>/dev/null
+        wait $pid 2>/dev/null
+        rc=$?
+        if [ $rc -eq $code ]; then
+            hit=$((hit + 1))
+            [ -e "$out" ] && ! $check_out "$out" && bad=$((bad + 1))
+        elif [ $rc -eq 0 ]; then
+            $check_out "$out" || bad=$((bad + 1))
+        else
+            bad=$((bad + 1))
+            echo "    $label: exit $rc after SIG$sig" >&2
+        fi
+        no_staging "$(dirname "$out")" || bad=$((bad + 1))
+        i=$((i + 1))
+    done
+    check "$label: $TRIALS signals: the signal's status, no partial output, no staging" [ "$bad" -eq 0 ]
+    echo "[$NAME] signals: $label: $TRIALS trials over ${span}s, $hit interrupted, $bad bad"
+}
+
+mkdir -p "$WORK/s"
+signal_trials "reshard" "$WORK/s/rs" intact "$RS" "$WORK/src" --to tp4 -o "$WORK/s/rs"
+signal_trials "export" "$WORK/s/st" safetensors_whole "$CK" export "$WORK/src" --format safetensors -o "$WORK/s/st"
+
+# --------------------------------------------------------- concurrent writers
+# Two writers at one output: without --force one wins and the other fails,
+# naming the output; with --force both may finish, and the output is one of
+# them, whole.
+mkdir -p "$WORK/c"
+bad=0 i=0
+while [ $i -lt 10 ]; do
+    rm -rf "$WORK/c/out"
+    force=""
+    [ $i -ge 5 ] && force=--force
+    "$RS" "$WORK/src" --to tp4 -o "$WORK/c/out" $force >"$WORK/c/a.out" 2>"$WORK/c/a.err" &
+    a=$!
+    "$RS" "$WORK/src2" --to tp4 -o "$WORK/c/out" $force >"$WORK/c/b.out" 2>"$WORK/c/b.err" &
+    b=$!
+    wait $a
+    ra=$?
+    wait $b
+    rb=$?
+    same_as_a=1 same_as_b=1
+    "$CK" diff "$WORK/c/out" "$WORK/src" >/dev/null 2>&1 || same_as_a=0
+    "$CK" diff "$WORK/c/out" "$WORK/src2" >/dev/null 2>&1 || same_as_b=0
+    if [ -z "$force" ]; then
+        # Exactly one succeeded, the output is the winner's, the loser says why.
+        if [ $ra -eq 0 ] && [ $rb -eq 1 ]; then [ $same_as_a = 1 ] && grep -q "c/out" "$WORK/c/b.err" || bad=$((bad + 1))
+        elif [ $rb -eq 0 ] && [ $ra -eq 1 ]; then [ $same_as_b = 1 ] && grep -q "c/out" "$WORK/c/a.err" || bad=$((bad + 1))
+        else bad=$((bad + 1)); echo "    two writers without --force: exits $ra and $rb" >&2; fi
+    else
+        { [ $ra -eq 0 ] || [ $rb -eq 0 ]; } && [ $((same_as_a + same_as_b)) -eq 1 ] || bad=$((bad + 1))
+    fi
+    intact "$WORK/c/out" && no_staging "$WORK/c" || bad=$((bad + 1))
+    i=$((i + 1))
+done
+check "two writers at one output, 10 rounds: one whole result, never a mixture" [ "$bad" -eq 0 ]
+
+# Two committers in one run directory: `latest` ends at the newest step.
+mkdir -p "$WORK/c/run"
+i=1
+while [ $i -le 10 ]; do
+    "$CK" synth -o "$WORK/c/run/step_$((2 * i))" --step $((2 * i)) --tp 1 --pp 1 --model tiny >/dev/null 2>&1 &
+    a=$!
+    "$CK" synth -o "$WORK/c/run/step_$((2 * i + 1))" --step $((2 * i + 1)) --tp 1 --pp 1 --model tiny >/dev/null 2>&1 &
+    b=$!
+    wait $a $b
+    i=$((i + 1))
+done
+check "concurrent commits: latest names the newest step" [ "$(cat "$WORK/c/run/latest")" = "step_21" ]
+check "concurrent commits: no temporary file of latest left" sh -c "! ls -A '$WORK/c/run' | grep -q 'latest.tmp'"
+
+# ---------------------------------------------------------------- full disk
+# A small tmpfs (when this test may mount one) gives ENOSPC; a file-size limit
+# (RLIMIT_FSIZE, with SIGXFSZ ignored) gives EFBIG anywhere.
+mkdir -p "$FULL"
+if mount -t tmpfs -o size=3m tmpfs "$FULL" 2>/dev/null; then
+    MOUNTED=1
+    echo keep >"$FULL/keep.txt"
+    expect_error "synth on a full disk" 1 "No space left" "$CK" synth -o "$FULL/c" --tp 2 --pp 1 $MODEL
+    expect_error "reshard on a full disk" 1 "No space left" "$RS" "$WORK/src" --to tp4 -o "$FULL/c"
+    expect_error "export (HDF5) on a full disk" 1 "No space left" "$CK" export "$WORK/src" --format hdf5 -o "$FULL/c.h5"
+    expect_error "export (GGUF) on a full disk" 1 "No space left" "$CK" export "$WORK/src" --format gguf -o "$FULL/c.gguf"
+    expect_ok "an export to import from" "$CK" export "$WORK/src" --format safetensors -o "$WORK/st-src"
+    expect_error "import on a full disk" 1 "No space left" "$CK" import "$WORK/st-src" -o "$FULL/c" --tp 2 --pp 1
+    check "full disk: nothing left behind, what was there kept" \
+        sh -c "[ \"\$(ls -A '$FULL')\" = keep.txt ] && [ \"\$(cat '$FULL/keep.txt')\" = keep ]"
+    # Training: the first save fits, the second does not. The run stops with
+    # an error naming the checkpoint, keeps the first and removes the second.
+    rm -f "$FULL/keep.txt"
+    expect_error "training stops on a full disk" 1 "checkpoint .*step_00000010.*No space left" \
+        "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 20 --ckpt-every 5 --sync-save --ckpt-dir "$FULL/run"
+    check "full disk: the earlier checkpoint verifies" intact "$FULL/run/step_00000005"
+    check "full disk: the failed save is gone" sh -c "[ ! -e '$FULL/run/step_00000010' ] && ! ls -A '$FULL/run' | grep -q staging"
+    check "full disk: latest names the earlier checkpoint" [ "$(cat "$FULL/run/latest")" = step_00000005 ]
+else
+    echo "[$NAME] SKIP: cannot mount a tmpfs here (not root?): ENOSPC tests skipped, EFBIG tests run"
+fi
+
+# limited KB CMD...: CMD with files limited to KB kilobytes.
+limited() {
+    kb=$1
+    shift
+    (trap '' XFSZ; ulimit -f $((kb * 2)); exec "$@")
+}
+mkdir -p "$WORK/f"
+expect_error "synth past the file-size limit" 1 "File too large" limited 512 "$CK" synth -o "$WORK/f/c" --tp 2 --pp 1 $MODEL
+expect_error "reshard past the file-size limit" 1 "File too large" limited 512 "$RS" "$WORK/src" --to tp4 -o "$WORK/f/c"
+expect_error "export past the file-size limit" 1 "File too large" limited 512 "$CK" export "$WORK/src" --format hdf5 -o "$WORK/f/c.h5"
+check "file-size limit: nothing half-written left" sh -c "[ -z \"\$(ls -A '$WORK/f')\" ]"
+
+# -------------------------------------------------------------------- resume
+expect_ok "--resume with no checkpoint yet starts afresh" "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 2 \
+    --ckpt-dir "$WORK/fresh" --resume
+check "and says so" grep -q "no checkpoint in .* yet; starting afresh" "$WORK/.err"
+check "and saves" intact "$WORK/fresh/step_00000002"
+
+finish
