@@ -70,6 +70,36 @@ PYEOF
 expect_ok "source checkpoint" "$CK" synth -o "$WORK/src" --tp 2 --pp 1 $MODEL --optim --seed 1
 expect_ok "second source" "$CK" synth -o "$WORK/src2" --tp 2 --pp 1 $MODEL --optim --seed 2
 
+# ------------------------------------------------------------------ --force
+# --force replaces an earlier output of the same kind, never anything else.
+mkdir -p "$WORK/p/notes" "$WORK/p/run"
+echo "my notes" >"$WORK/p/notes/todo.txt"
+expect_ok "a run directory" "$CK" synth -o "$WORK/p/run/step_00000010" --step 10 --tp 1 --pp 1 --model tiny
+for tool in synth reshard import export-st export-gguf; do
+    for target in notes run; do
+        case $tool in
+        synth) cmd="$CK synth --tp 1 --pp 1 --model tiny" ;;
+        reshard) cmd="$RS $WORK/src --to tp1" ;;
+        import) [ -d "$WORK/st-src" ] || "$CK" export "$WORK/src" --format safetensors -o "$WORK/st-src" >/dev/null
+                cmd="$CK import $WORK/st-src --tp 1 --pp 1" ;;
+        export-st) cmd="$CK export $WORK/src --format safetensors" ;;
+        export-gguf) cmd="$CK export $WORK/src --format gguf" ;;
+        esac
+        expect_error "$tool --force over a directory of $target" 1 "p/$target .*(not part of a checkpoint|run directory|not a .* export)" \
+            $cmd -o "$WORK/p/$target" --force
+    done
+done
+check "--force: the notes are untouched" [ "$(cat "$WORK/p/notes/todo.txt")" = "my notes" ]
+check "--force: the run directory is untouched" intact "$WORK/p/run/step_00000010"
+check "--force: no staging left beside them" no_staging "$WORK/p"
+echo "not a model" >"$WORK/p/file.gguf"
+expect_error "export --force over a file that is not GGUF" 1 "not a GGUF export" \
+    "$CK" export "$WORK/src" --format gguf -o "$WORK/p/file.gguf" --force
+check "the file is untouched" [ "$(cat "$WORK/p/file.gguf")" = "not a model" ]
+expect_ok "a checkpoint to replace" "$RS" "$WORK/src" --to tp1 -o "$WORK/p/ck"
+expect_ok "--force replaces a checkpoint" "$RS" "$WORK/src" --to tp4 -o "$WORK/p/ck" --force
+check "with the new one" sh -c "'$CK' info '$WORK/p/ck' | grep -q 'tp=4'"
+
 # ------------------------------------------------- kill -9 at random instants
 # kill_trials WHAT OUT CHECK CMD...: runs CMD (which writes OUT with --force,
 # OUT existing from a first complete run) TRIALS times, each killed with
