@@ -34,6 +34,7 @@
 #define CKPT_MAX_SEGMENTS 16
 #define CKPT_NAME_MAX 255
 #define CKPT_PATH_MAX 4096 /* bytes of a path, its NUL included */
+#define CKPT_MAX_ELEMENTS ((int64_t)1 << 50) /* of a tensor, padding included: larger is refused as absurd */
 #define CKPT_ZSTD_FILTER_ID 32015 /* the registered HDF5 filter id of Zstandard */
 
 /* Memory the library keeps beside its callers' buffers, for tools that work

@@ -249,6 +249,12 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
     }
     int64_t shape[CKPT_MAX_DIMS];
     ckpt_piece_shape(t, index->layout.tp, shape);
+    if (it->block_rows > shape[0]) { /* a block is at most a whole piece */
+        char want[64];
+        snprintf(want, sizeof want, "at most the piece's %lld rows", (long long)shape[0]);
+        parse_error(ctx, "checksum_block_rows", want);
+        return;
+    }
     ckpt_piece_geometry geometry;
     ckpt_piece_geometry_init(&geometry, t, index->layout.tp, it->block_rows);
     int p = 0;

@@ -105,6 +105,12 @@ int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in)
             return tp_fail(TP_ERR_ARG, "tensor %s: dimension %d has size %lld", t->name, d,
                              (long long)t->shape[d]);
     for (int d = t->ndim; d < CKPT_MAX_DIMS; d++) t->shape[d] = 1;
+    /* Sizes come from files too: every product below is bounded here. */
+    int64_t elements = 1;
+    for (int d = 0; d < t->ndim; d++)
+        if (__builtin_mul_overflow(elements, t->shape[d], &elements) || elements > CKPT_MAX_ELEMENTS)
+            return tp_fail(TP_ERR_ARG, "tensor %s: more than 2^50 elements (dimension %d of size %lld)", t->name, d,
+                           (long long)t->shape[d]);
     if (t->anchor != CKPT_ANCHOR_LAYER && t->anchor != CKPT_ANCHOR_FIRST &&
         t->anchor != CKPT_ANCHOR_LAST)
         return tp_fail(TP_ERR_ARG, "tensor %s: unknown pipeline anchor %d", t->name,
@@ -175,6 +181,24 @@ int ckpt_tensor_check(const ckpt_tensor_desc *tensor, int tp)
     const ckpt_tensor_desc *t = &copy.desc;
     const ckpt_partition *p = &t->partition;
     if (p->kind == CKPT_REPLICATED) return TP_OK;
+    /* The padding unit and the padded sizes stay far from int64's range
+     * (checked before ckpt_segment_padded computes them). */
+    int64_t unit = 1, padded_total = 0;
+    if (p->pad_multiple > 0 &&
+        (__builtin_mul_overflow((int64_t)tp, p->pad_multiple, &unit) ||
+         __builtin_mul_overflow(unit, p->granule, &unit) || unit > CKPT_MAX_ELEMENTS))
+        return tp_fail(TP_ERR_LAYOUT, "tensor %s: padding unit tp %d x pad multiple %lld x granule %lld is absurd",
+                       t->name, tp, (long long)p->pad_multiple, (long long)p->granule);
+    for (int s = 0; s < p->num_segments; s++) {
+        if (p->segments[s] > CKPT_MAX_ELEMENTS - unit)
+            return tp_fail(TP_ERR_LAYOUT, "tensor %s: segment %d of size %lld is absurd", t->name, s,
+                           (long long)p->segments[s]);
+        padded_total += ckpt_segment_padded(p, s, tp);
+    }
+    int64_t elements = padded_total;
+    for (int d = 0; d < t->ndim; d++)
+        if (d != p->axis && (__builtin_mul_overflow(elements, t->shape[d], &elements) || elements > CKPT_MAX_ELEMENTS))
+            return tp_fail(TP_ERR_LAYOUT, "tensor %s: more than 2^50 elements once padded", t->name);
     for (int s = 0; s < p->num_segments; s++) {
         int64_t granules = ckpt_segment_padded(p, s, tp) / p->granule;
         if (granules % tp != 0)

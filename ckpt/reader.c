@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/file.h"
 #include "../common/memory.h"
 #include "attrs.h"
 #include "index.h"
@@ -223,6 +224,7 @@ static int open_file(ckpt_reader *r, int f)
 {
     file_runtime *fr = &r->files[f];
     if (fr->file >= 0) return TP_OK;
+    TP_TRY(tp_refuse_special(fr->path)); /* HDF5 would block on a FIFO */
     hid_t fapl = ckpt_h5_file_access();
     hid_t file = fapl >= 0 ? H5Fopen(fr->path, H5F_ACC_RDONLY, fapl) : -1;
     if (fapl >= 0) H5Pclose(fapl);

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/file.h"
 #include "internal.h"
 
 struct ckpt_file {
@@ -25,8 +26,10 @@ static int posix_open(const ckpt_storage *s, const char *path, ckpt_open_mode mo
 {
     *out = NULL;
     if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
-    int flags = mode == CKPT_OPEN_READ ? O_RDONLY : mode == CKPT_OPEN_WRITE ? O_WRONLY : O_WRONLY | O_CREAT | O_TRUNC;
-    int fd = open(path, flags | O_CLOEXEC, 0644);
+    int flags = mode == CKPT_OPEN_WRITE ? O_WRONLY : O_WRONLY | O_CREAT | O_TRUNC;
+    int fd = -1;
+    if (mode == CKPT_OPEN_READ) TP_TRY(tp_open_regular(path, &fd)); /* never a FIFO: it would block */
+    else fd = open(path, flags | O_CLOEXEC, 0644);
     if (fd < 0)
         return tp_fail(errno == ENOENT ? TP_ERR_NOT_FOUND : TP_ERR_IO, "%s: cannot %s: %s", path,
                        mode == CKPT_OPEN_CREATE ? "create" : "open", strerror(errno));

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/file.h"
 #include "../common/memory.h"
 #include "../common/parallel.h"
 #include "formats.h"
@@ -146,8 +147,8 @@ static int parse_entry(safetensors_set *set, int file, const cJSON *item, st_ten
 static int parse_file(safetensors_set *set, int file, cJSON **header_out)
 {
     st_file *f = &set->files[file];
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return tp_fail(TP_ERR_NOT_FOUND, "%s: cannot open: %s", f->path, strerror(errno));
+    int fd;
+    TP_TRY(tp_open_regular(f->path, &fd));
     struct stat st;
     uint64_t length = 0;
     int status = TP_OK;

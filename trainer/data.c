@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../common/error.h"
+#include "../common/file.h"
 #include "../common/random.h"
 #include "data.h"
 
@@ -35,8 +36,8 @@ struct dataset {
 
 static int map_file(token_file *f, const char *path, int64_t vocab)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
+    TP_TRY(tp_open_regular(path, &fd));
     struct stat st;
     int32_t header[DATA_HEADER_INTS];
     int ok = fstat(fd, &st) == 0 && pread(fd, header, sizeof header, 0) == (ssize_t)sizeof header;
