@@ -295,4 +295,29 @@ expect_ok "--resume with no checkpoint yet starts afresh" "$TRAIN" --model tiny 
 check "and says so" grep -q "no checkpoint in .* yet; starting afresh" "$WORK/.err"
 check "and saves" intact "$WORK/fresh/step_00000002"
 
+# Damaged shard metadata (the superblock, object headers, attributes) of the
+# newest checkpoint of a tp2 run under mpirun: every rank learns it, the
+# damage is named and the older checkpoint resumes.
+use_open_mpi
+expect_ok "a tp2 run with two checkpoints" mpirun --oversubscribe -np 2 "$TRAIN" --model tiny --micro-batch 2 --quiet \
+    --tp 2 --steps 4 --ckpt-every 2 --ckpt-dir "$WORK/m/run"
+for offset in 0 200 2000; do
+    rm -rf "$WORK/m/r"
+    cp -r "$WORK/m/run" "$WORK/m/r"
+    "$PY" - "$WORK/m/r/step_00000004/shard_pp00_tp01.h5" $offset <<'PYEOF'
+import sys
+path, offset = sys.argv[1], int(sys.argv[2])
+with open(path, "r+b") as f:
+    f.seek(offset)
+    b = bytearray(f.read(300))
+    f.seek(offset)
+    f.write(bytes(x ^ 0xA5 for x in b))
+PYEOF
+    run timeout 120 mpirun --oversubscribe -np 2 "$TRAIN" --model tiny --micro-batch 2 --quiet --tp 2 --steps 5 \
+        --ckpt-dir "$WORK/m/r" --resume </dev/null
+    check "metadata damaged at byte $offset: the run goes on from the older checkpoint" [ "$RC" -eq 0 ]
+    check "metadata damaged at byte $offset: named, with the fallback" \
+        grep -Eq "step_00000004 is unusable \(.*shard_pp00_tp01.h5.*\); falling back to .*step_00000002" "$WORK/.err"
+done
+
 finish
