@@ -392,7 +392,7 @@ typedef struct {
     int overwrite; /* replace what is at the path (--force) when may_replace accepts it; never a run directory */
     ckpt_replace_check may_replace; /* NULL: only a checkpoint (ckpt_replaceable_checkpoint) */
     void *ctx;
-    const char *owner; /* owner part of the staging name; NULL: this process's own */
+    const char *owner; /* owner part of the staging name; NULL: a fresh one, this writer's alone */
 } ckpt_stage_options;
 
 /* Checks that path may be written (its parent exists; what is there only

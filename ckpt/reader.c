@@ -56,6 +56,7 @@ struct ckpt_reader {
     piece_runtime **pieces; /* [tensor][piece] */
     ckpt_name_map names;
     pthread_mutex_t lock;   /* lazy opening of files and pieces */
+    ckpt_file *hold;        /* a shared lock on the checkpoint: no one replaces it while it is read */
 };
 
 void ckpt_read_options_init(ckpt_read_options *options)
@@ -91,6 +92,7 @@ void ckpt_reader_close(ckpt_reader *r)
     ckpt_name_map_free(&r->names);
     ckpt_index_free(&r->index);
     pthread_mutex_destroy(&r->lock);
+    if (r->hold) r->storage->close(r->hold);
     free(r);
 }
 
@@ -107,6 +109,9 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     r->storage = r->options.storage;
     if (!r->storage) status = ckpt_storage_for(path, &r->storage);
     if (!status) status = ckpt_resolve_in(r->storage, path, r->path);
+    /* Files are opened as pieces are read, so what is at the path must stay:
+     * a replacement (--force) waits for, or refuses, readers. */
+    if (!status) status = r->storage->lock(r->storage, r->path, CKPT_LOCK_SHARED | CKPT_LOCK_WAIT, &r->hold);
     char index_path[CKPT_PATH_MAX] = "";
     char *text = NULL;
     if (!status) status = ckpt_path_join(index_path, r->path, CKPT_INDEX_NAME);

@@ -225,7 +225,7 @@ int ckpt_latest_update(const ckpt_storage *storage, const char *run_dir, const c
      * committing at once cannot move `latest` backwards. */
     if (ckpt_step_of_name(name) < 0) return TP_OK; /* `latest` names step_* checkpoints only */
     ckpt_file *lock = NULL;
-    TP_TRY(storage->lock(storage, run_dir, 1, &lock));
+    TP_TRY(storage->lock(storage, run_dir, CKPT_LOCK_WAIT, &lock));
     const void *ctx[2] = {run_dir, storage};
     int status = storage->list(storage, run_dir, remove_dead_temporary, (void *)ctx);
     if (!status && resolved_step(storage, run_dir) <= step) { /* never move `latest` backwards */

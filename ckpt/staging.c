@@ -88,7 +88,7 @@ static void make_process_owner(void)
     if (ckpt_staging_owner(own_owner, sizeof own_owner) != TP_OK) snprintf(own_owner, sizeof own_owner, "%ld", (long)getpid());
 }
 
-static const char *process_owner(void)
+const char *ckpt_process_owner(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, make_process_owner);
@@ -99,7 +99,7 @@ int ckpt_staging_path(const char *path, const char *owner, char *out, size_t out
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX], hidden[CKPT_PATH_MAX + CKPT_OWNER_MAX + 16];
     TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
-    if (!owner) owner = process_owner();
+    if (!owner) owner = ckpt_process_owner();
     if (!owner[0] || strchr(owner, '.') || strchr(owner, '/'))
         return tp_fail(TP_ERR_ARG, "staging owner '%s' must be non-empty, without '.' or '/'", owner);
     snprintf(hidden, sizeof hidden, ".%s.%s" STAGING_SUFFIX, base, owner);
@@ -161,7 +161,7 @@ static int remove_dead(const ckpt_storage *s, const char *parent, staging_list *
     for (int i = 0; !status && i < l->count; i++) {
         if (ckpt_path_join(entry, parent, l->names[i])) continue;
         ckpt_file *lock = NULL;
-        int locked = s->lock(s, entry, 0, &lock);
+        int locked = s->lock(s, entry, 0, &lock); /* exclusive, at once */
         if (locked == TP_ERR_EXISTS) {
             (*live_out)++;
         } else if (locked == TP_OK) {
@@ -326,8 +326,14 @@ int ckpt_stage(const ckpt_storage *storage, const char *path, const ckpt_stage_o
     s->may_replace = options->may_replace;
     s->ctx = options->ctx;
     int live = 0;
+    char fresh[CKPT_OWNER_MAX];
+    const char *owner = options->owner;
     int status = check_replace(s);
-    if (!status) status = ckpt_staging_path(path, options->owner, s->staging, sizeof s->staging);
+    if (!status && !owner) { /* a name of its own, even beside another writer of this process */
+        status = ckpt_staging_owner(fresh, sizeof fresh);
+        owner = fresh;
+    }
+    if (!status) status = ckpt_staging_path(path, owner, s->staging, sizeof s->staging);
     if (!status) status = scan_staging(storage, path, 1, &live);
     if (!status) status = create_locked(s);
     if (status) {
@@ -368,6 +374,7 @@ int ckpt_staged_publish(ckpt_staged *st)
     if (!status) status = check_replace(st);
     /* The rename under the registry's lock: a signal's clean-up either finds
      * the output published or stops it from being published. */
+    ckpt_file *replaced = NULL; /* the lock on what is replaced */
     pthread_mutex_lock(&registry_lock);
     if (!status && cancelled)
         status = tp_fail(TP_ERR_STATE, "%s: not published: the process is being stopped by a signal", st->path);
@@ -378,6 +385,14 @@ int ckpt_staged_publish(ckpt_staged *st)
                     st->path, st->overwrite ? "" : " without --force");
         if (!status) status = s->sync_dir(s, parent);
     } else if (!status) {
+        /* Not while a reader holds what is there (ckpt_reader_open locks a
+         * checkpoint shared): it would mix the two. */
+        status = s->lock(s, st->path, 0, &replaced);
+        if (status == TP_ERR_EXISTS)
+            tp_fail(TP_ERR_EXISTS, "%s is being read (by another process, or by this one); not replaced (try again when it is done)",
+                    st->path);
+    }
+    if (!status && replaced) {
         /* Swapped atomically; the staging name then holds what was replaced. */
         status = s->rename(s, st->staging, st->path, CKPT_RENAME_EXCHANGE);
         if (status == TP_ERR_STATE) {
@@ -395,6 +410,7 @@ int ckpt_staged_publish(ckpt_staged *st)
         }
     }
     pthread_mutex_unlock(&registry_lock);
+    if (replaced) s->close(replaced);
     if (status) {
         ckpt_staged_discard(st);
         return status;

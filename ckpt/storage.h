@@ -36,6 +36,8 @@ typedef enum {
     CKPT_RENAME_EXCHANGE,  /* both exist; they swap, atomically (TP_ERR_STATE where the store cannot) */
 } ckpt_rename_mode;
 
+enum { CKPT_LOCK_WAIT = 1, CKPT_LOCK_SHARED = 2 };
+
 typedef struct {
     int exists, is_dir;
     int64_t size; /* bytes of a file */
@@ -61,10 +63,12 @@ struct ckpt_storage {
     int (*rename)(const ckpt_storage *s, const char *from, const char *to, ckpt_rename_mode mode);
     int (*remove_tree)(const ckpt_storage *s, const char *path); /* a file, or a directory and all in it; missing is fine */
     int (*sync_dir)(const ckpt_storage *s, const char *path);   /* the directory's entries are durable */
-    /* An exclusive lock on an existing file or directory, held until the
-     * returned handle is closed or the process ends, however it ends. With
-     * wait 0, TP_ERR_EXISTS at once when another holder has it. */
-    int (*lock)(const ckpt_storage *s, const char *path, int wait, ckpt_file **out);
+    /* A lock on the file or directory at path (exclusive, or shared with
+     * CKPT_LOCK_SHARED), held until the returned handle is closed or the
+     * process ends, however it ends; the entry locked is the one at path
+     * when the call returns, even if it was renamed meanwhile. Without
+     * CKPT_LOCK_WAIT, TP_ERR_EXISTS at once when a conflicting holder has it. */
+    int (*lock)(const ckpt_storage *s, const char *path, int flags, ckpt_file **out);
     void *impl;
 };
 

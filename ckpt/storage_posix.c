@@ -207,35 +207,45 @@ static int posix_sync_dir(const ckpt_storage *s, const char *path)
     return TP_OK;
 }
 
-static int posix_lock(const ckpt_storage *s, const char *path, int wait, ckpt_file **out)
+static int posix_lock(const ckpt_storage *s, const char *path, int flags, ckpt_file **out)
 {
     /* flock on the entry itself (a directory too): held by the open file,
-     * released when it is closed or the process dies, however it dies. */
+     * released when it is closed or the process dies, however it dies. The
+     * entry may be renamed away while this waits: then the one at path now
+     * is locked instead. */
     *out = NULL;
     if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return tp_fail(errno == ENOENT ? TP_ERR_NOT_FOUND : TP_ERR_IO, "%s: cannot open to lock: %s", path,
-                       strerror(errno));
-    int rc;
-    while ((rc = flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB))) != 0 && errno == EINTR) {
-    }
-    if (rc != 0) {
-        int err = errno;
+    int operation = (flags & CKPT_LOCK_SHARED ? LOCK_SH : LOCK_EX) | (flags & CKPT_LOCK_WAIT ? 0 : LOCK_NB);
+    for (int attempt = 0;; attempt++) {
+        int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+            return tp_fail(errno == ENOENT ? TP_ERR_NOT_FOUND : TP_ERR_IO, "%s: cannot open to lock: %s", path,
+                           strerror(errno));
+        int rc;
+        while ((rc = flock(fd, operation)) != 0 && errno == EINTR) {
+        }
+        if (rc != 0) {
+            int err = errno;
+            close(fd);
+            if (err == EWOULDBLOCK) return tp_fail(TP_ERR_EXISTS, "%s is locked by another process", path);
+            return tp_fail(TP_ERR_IO, "%s: cannot lock: %s", path, strerror(err));
+        }
+        struct stat held, now;
+        if (fstat(fd, &held) == 0 && stat(path, &now) == 0 && held.st_ino == now.st_ino && held.st_dev == now.st_dev) {
+            ckpt_file *f = malloc(sizeof *f);
+            if (!f) {
+                close(fd);
+                return tp_fail(TP_ERR_NOMEM, "out of memory locking %s", path);
+            }
+            f->storage = s;
+            f->fd = fd;
+            strcpy(f->path, path);
+            *out = f;
+            return TP_OK;
+        }
         close(fd);
-        if (err == EWOULDBLOCK) return tp_fail(TP_ERR_EXISTS, "%s is locked by another writer", path);
-        return tp_fail(TP_ERR_IO, "%s: cannot lock: %s", path, strerror(err));
+        if (attempt == 100) return tp_fail(TP_ERR_IO, "%s: cannot lock: it keeps being replaced", path);
     }
-    ckpt_file *f = malloc(sizeof *f);
-    if (!f) {
-        close(fd);
-        return tp_fail(TP_ERR_NOMEM, "out of memory locking %s", path);
-    }
-    f->storage = s;
-    f->fd = fd;
-    strcpy(f->path, path);
-    *out = f;
-    return TP_OK;
 }
 
 static const ckpt_storage posix_storage = {.name = "posix",

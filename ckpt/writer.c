@@ -146,19 +146,24 @@ static int storage_of(const ckpt_write_options *options, const char *path, const
     return *out ? TP_OK : ckpt_storage_for(path, out);
 }
 
-static int stage_checkpoint(const ckpt_write_options *options, const char *path, ckpt_staged **out)
+/* owner NULL: a fresh one, private to this writer. */
+static int stage_checkpoint(const ckpt_write_options *options, const char *path, const char *owner,
+                            ckpt_staged **out)
 {
     const ckpt_storage *storage;
     TP_TRY(storage_of(options, path, &storage));
-    ckpt_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .owner = options->staging_owner};
+    ckpt_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .owner = owner};
     return ckpt_stage(storage, path, &stage, out);
 }
 
 int ckpt_stage_prepare(const char *path, const ckpt_write_options *options)
 {
     ckpt_staged *staged = NULL;
-    /* Held in the staging registry until ckpt_commit_staged or ckpt_stage_discard. */
-    return stage_checkpoint(options, path, &staged);
+    /* Shared with the distributed writers, which find it by the owner's name;
+     * held in the staging registry until ckpt_commit_staged or
+     * ckpt_stage_discard. */
+    const char *owner = options->staging_owner ? options->staging_owner : ckpt_process_owner();
+    return stage_checkpoint(options, path, owner, &staged);
 }
 
 /* The staging directory this process prepared for a distributed checkpoint. */
@@ -208,7 +213,7 @@ int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *l
     w->distributed = distributed;
     status = storage_of(options, path, &w->storage);
     if (!status && !distributed) {
-        status = stage_checkpoint(options, path, &w->staged);
+        status = stage_checkpoint(options, path, NULL, &w->staged);
         if (!status) strcpy(w->staging, ckpt_staged_path(w->staged));
     }
     if (!status && distributed) status = ckpt_staging_path(path, options->staging_owner, w->staging, sizeof w->staging);

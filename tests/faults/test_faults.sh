@@ -43,6 +43,11 @@ no_staging() {
     [ -z "$left" ]
 }
 
+# same A B: the two checkpoints hold the same tensors, bit for bit.
+same() {
+    "$CK" diff "$1" "$2" >/dev/null 2>&1
+}
+
 # intact CKPT: it verifies.
 intact() {
     "$CK" verify "$1" >/dev/null 2>&1
@@ -235,6 +240,21 @@ while [ $i -lt 10 ]; do
     i=$((i + 1))
 done
 check "two writers at one output, 10 rounds: one whole result, never a mixture" [ "$bad" -eq 0 ]
+
+# A checkpoint being read is not replaced under its reader: the replacement
+# is refused (or waits for no one), and the reader's result is the original.
+cp -r "$WORK/src" "$WORK/c/read"
+"$RS" "$WORK/c/read" --to tp4 -o "$WORK/c/read4" --threads 1 >/dev/null 2>"$WORK/c/r.err" &
+reader=$!
+sleep 0.05
+run "$RS" "$WORK/src2" --to tp2 -o "$WORK/c/read" --force
+replaced=$RC
+wait $reader
+check "a reader's result is the checkpoint it opened" same "$WORK/c/read4" "$WORK/src"
+if [ "$replaced" -ne 0 ]; then
+    check "the replacement was refused because it was being read" grep -q "being read" "$WORK/.err"
+    check "and the checkpoint is as it was" same "$WORK/c/read" "$WORK/src"
+fi
 
 # Two committers in one run directory: `latest` ends at the newest step.
 mkdir -p "$WORK/c/run"

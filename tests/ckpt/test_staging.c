@@ -1,0 +1,212 @@
+/* Staged outputs (ckpt/staging.c, docs/RELIABILITY.md): private staging
+ * names, dead writers' leftovers removed and live ones kept, what --force
+ * may replace, no publish over a result that appeared meanwhile, and no
+ * replacement of a checkpoint while it is read. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../support/fixture.h"
+
+TestSuite(staging, .init = make_dir, .fini = remove_dir);
+
+/* Entries of dir whose names start with prefix. */
+static int count_prefixed(const char *path, const char *prefix)
+{
+    DIR *d = opendir(path);
+    cr_assert_not_null(d, "%s", path);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+static int exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* One small checkpoint at path (tp 1), step as given. */
+static void small_checkpoint(const char *path, int64_t step, int overwrite, int *status_out)
+{
+    ckpt_layout layout = {1, 1, 1, 1};
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    options.overwrite = overwrite;
+    ckpt_tensor_desc d = {.name = "w", .dtype = TP_FP32, .ndim = 1, .shape = {64}, .anchor = CKPT_ANCHOR_FIRST};
+    float data[64];
+    for (int i = 0; i < 64; i++) data[i] = (float)(step * 100 + i);
+    ckpt_writer *w = NULL;
+    int status = ckpt_writer_create(&w, path, &layout, &options), id;
+    if (!status) status = ckpt_writer_add_tensor(w, &d, &id);
+    if (!status) status = ckpt_writer_put_piece(w, id, 0, data);
+    ckpt_train_state state = {.step = step, .model_json = "{}"};
+    if (!status) status = ckpt_writer_commit(w, &state);
+    else if (w) ckpt_writer_abort(w);
+    *status_out = status;
+}
+
+Test(staging, two_writers_of_one_path_stage_apart)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/out", dir);
+    ckpt_stage_options options = {.directory = 1};
+    ckpt_staged *a = NULL, *b = NULL;
+    cr_assert_eq(ckpt_stage(NULL, path, &options, &a), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_stage(NULL, path, &options, &b), TP_OK, "%s", tp_errmsg());
+    cr_assert_str_neq(ckpt_staged_path(a), ckpt_staged_path(b), "each writer has its own staging directory");
+    cr_assert(exists(ckpt_staged_path(a)) && exists(ckpt_staged_path(b)), "the second did not remove the first's");
+    cr_assert_eq(ckpt_staged_publish(a), TP_OK, "%s", tp_errmsg());
+    /* The second finds the first's result there: refused, not replaced. */
+    cr_assert_eq(ckpt_staged_publish(b), TP_ERR_EXISTS);
+    cr_assert(strstr(tp_errmsg(), path), "names the output: %s", tp_errmsg());
+    cr_assert_eq(count_prefixed(dir, ".out."), 0, "no staging left");
+    cr_assert(exists(path));
+}
+
+Test(staging, a_dead_writers_leftover_goes_and_a_live_ones_stays)
+{
+    char path[700], dead[800], live[800];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    snprintf(dead, sizeof dead, "%s/.ck.otherhost-1-00000001.staging", dir);
+    snprintf(live, sizeof live, "%s/.ck.otherhost-2-00000002.staging", dir);
+    cr_assert_eq(mkdir(dead, 0755), 0);
+    cr_assert_eq(mkdir(live, 0755), 0);
+    char inside[900];
+    snprintf(inside, sizeof inside, "%s/shard_pp00_tp00.h5", dead);
+    write_file(inside, "half written");
+    /* A live writer holds the lock on its entry (here through a child that
+     * keeps the lock; flock locks of one process on two descriptors would
+     * conflict as well, but a separate process is the real case). */
+    int ready[2];
+    cr_assert_eq(pipe(ready), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        int fd = open(live, O_RDONLY);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0) _exit(1);
+        char c = 1;
+        if (write(ready[1], &c, 1) != 1) _exit(1);
+        pause();
+        _exit(0);
+    }
+    char c;
+    cr_assert_eq(read(ready[0], &c, 1), 1);
+    int status;
+    small_checkpoint(path, 1, 0, &status);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    cr_assert(!exists(dead), "the dead writer's staging directory was removed");
+    cr_assert(exists(live), "the live writer's staging directory was kept");
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    cr_assert_eq(ckpt_remove_dead_staging(dir), TP_OK, "%s", tp_errmsg());
+    cr_assert(!exists(live), "once its writer is gone, it goes too");
+    cr_assert(ckpt_is_committed(path));
+}
+
+Test(staging, force_replaces_only_checkpoints)
+{
+    char notes[700], run[700], step[800], ck[700], note_file[800];
+    snprintf(notes, sizeof notes, "%s/notes", dir);
+    snprintf(note_file, sizeof note_file, "%s/todo.txt", notes);
+    snprintf(run, sizeof run, "%s/run", dir);
+    snprintf(step, sizeof step, "%s/step_00000001", run);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    cr_assert_eq(mkdir(notes, 0755), 0);
+    write_file(note_file, "keep me");
+    cr_assert_eq(mkdir(run, 0755), 0);
+    int status;
+    small_checkpoint(step, 1, 0, &status);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+
+    small_checkpoint(notes, 2, 1, &status);
+    cr_assert_eq(status, TP_ERR_EXISTS);
+    cr_assert(strstr(tp_errmsg(), "todo.txt"), "names what is there: %s", tp_errmsg());
+    cr_assert(exists(note_file));
+    small_checkpoint(run, 2, 1, &status);
+    cr_assert_eq(status, TP_ERR_EXISTS);
+    cr_assert(strstr(tp_errmsg(), "run directory"), "%s", tp_errmsg());
+    cr_assert(ckpt_is_committed(step));
+
+    small_checkpoint(ck, 1, 0, &status);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    small_checkpoint(ck, 2, 0, &status);
+    cr_assert_eq(status, TP_ERR_EXISTS, "without overwrite, never");
+    small_checkpoint(ck, 2, 1, &status);
+    cr_assert_eq(status, TP_OK, "a checkpoint is replaced: %s", tp_errmsg());
+    ckpt_reader *r = NULL;
+    cr_assert_eq(ckpt_reader_open(&r, ck, NULL), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_reader_state(r)->step, 2);
+    ckpt_reader_close(r);
+    cr_assert_eq(count_prefixed(dir, ".ck."), 0);
+}
+
+Test(staging, a_checkpoint_being_read_is_not_replaced)
+{
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    int status;
+    small_checkpoint(ck, 1, 0, &status);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    ckpt_reader *r = NULL;
+    cr_assert_eq(ckpt_reader_open(&r, ck, NULL), TP_OK, "%s", tp_errmsg());
+    small_checkpoint(ck, 2, 1, &status);
+    cr_assert_eq(status, TP_ERR_EXISTS, "refused while a reader has it open");
+    cr_assert(strstr(tp_errmsg(), "being read"), "%s", tp_errmsg());
+    float back[64];
+    cr_assert_eq(ckpt_reader_read_piece(r, ckpt_reader_find(r, "w"), 0, back, sizeof back), TP_OK, "%s",
+                 tp_errmsg());
+    cr_assert_eq(back[5], 105.0f, "the reader still reads the checkpoint it opened");
+    ckpt_reader_close(r);
+    small_checkpoint(ck, 2, 1, &status);
+    cr_assert_eq(status, TP_OK, "replaced once the reader is done: %s", tp_errmsg());
+    cr_assert_eq(count_prefixed(dir, ".ck."), 0);
+}
+
+Test(staging, latest_ignores_names_that_are_not_steps)
+{
+    char run[700], step[800], other[800], latest[800];
+    snprintf(run, sizeof run, "%s/run", dir);
+    snprintf(step, sizeof step, "%s/step_00000005", run);
+    snprintf(other, sizeof other, "%s/step_00000005_tp1pp1", run);
+    snprintf(latest, sizeof latest, "%s/latest", run);
+    cr_assert_eq(mkdir(run, 0755), 0);
+    ckpt_layout layout = {1, 1, 1, 1};
+    ckpt_tensor_desc d = {.name = "w", .dtype = TP_FP32, .ndim = 1, .shape = {4}, .anchor = CKPT_ANCHOR_FIRST};
+    float data[4] = {1, 2, 3, 4};
+    const char *paths[2] = {step, other};
+    for (int k = 0; k < 2; k++) {
+        ckpt_write_options options;
+        ckpt_write_options_init(&options);
+        options.update_latest = 1;
+        ckpt_writer *w = NULL;
+        int id;
+        cr_assert_eq(ckpt_writer_create(&w, paths[k], &layout, &options), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(ckpt_writer_add_tensor(w, &d, &id), TP_OK);
+        cr_assert_eq(ckpt_writer_put_piece(w, id, 0, data), TP_OK);
+        ckpt_train_state state = {.step = 5 + k, .model_json = "{}"};
+        cr_assert_eq(ckpt_writer_commit(w, &state), TP_OK, "%s", tp_errmsg());
+    }
+    FILE *f = fopen(latest, "r");
+    cr_assert_not_null(f);
+    char line[64] = "";
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    fclose(f);
+    cr_assert_str_eq(line, "step_00000005\n", "latest names step_* checkpoints only");
+}
