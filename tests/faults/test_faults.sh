@@ -17,6 +17,11 @@ TRIALS=${FAULT_TRIALS:-20}
 [ "${SANITIZED:-0}" = 1 ] && TRIALS=${FAULT_TRIALS:-5}
 MODEL="--layers 4 --dim 384 --heads 8 --vocab 8000 --seq 64"
 FULL="$WORK/full"
+# tp-train initializes Open MPI even alone (lib.sh use_open_mpi: settings,
+# and full unwinding under the sanitizers, which only its runs need).
+trainer() {
+    (use_open_mpi; exec "$TRAIN" "$@")
+}
 MOUNTED=0
 trap '[ "$MOUNTED" = 1 ] && umount "$FULL"; rm -rf "$WORK"' EXIT
 
@@ -74,6 +79,7 @@ PYEOF
 
 expect_ok "source checkpoint" "$CK" synth -o "$WORK/src" --tp 2 --pp 1 $MODEL --optim --seed 1
 expect_ok "second source" "$CK" synth -o "$WORK/src2" --tp 2 --pp 1 $MODEL --optim --seed 2
+expect_ok "an export to import from" "$CK" export "$WORK/src" --format safetensors -o "$WORK/st-src"
 
 # ------------------------------------------------------------------ --force
 # --force replaces an earlier output of the same kind, never anything else.
@@ -85,8 +91,7 @@ for tool in synth reshard import export-st export-gguf; do
         case $tool in
         synth) cmd="$CK synth --tp 1 --pp 1 --model tiny" ;;
         reshard) cmd="$RS $WORK/src --to tp1" ;;
-        import) [ -d "$WORK/st-src" ] || "$CK" export "$WORK/src" --format safetensors -o "$WORK/st-src" >/dev/null
-                cmd="$CK import $WORK/st-src --tp 1 --pp 1" ;;
+        import) cmd="$CK import $WORK/st-src --tp 1 --pp 1" ;;
         export-st) cmd="$CK export $WORK/src --format safetensors" ;;
         export-gguf) cmd="$CK export $WORK/src --format gguf" ;;
         esac
@@ -144,7 +149,7 @@ kill_trials "export" "$WORK/k/st" safetensors_whole "$CK" export "$WORK/src" --f
 TRAIN_ARGS="--model tiny --micro-batch 2 --quiet --steps 100000 --ckpt-every 1 --ckpt-dir $WORK/k/run"
 bad=0 i=0
 while [ $i -lt "$TRIALS" ]; do
-    "$TRAIN" $TRAIN_ARGS --resume >/dev/null 2>&1 &
+    (use_open_mpi; exec "$TRAIN" $TRAIN_ARGS --resume) >/dev/null 2>&1 & # one process: $! is the trainer
     pid=$!
     sleep "$(echo "0.3 + $(delay 0.8)" | bc)"
     kill -9 $pid 2>/dev/null
@@ -162,7 +167,7 @@ while [ $i -lt "$TRIALS" ]; do
 done
 check "training saves: every committed checkpoint verified after each of $TRIALS kills" [ "$bad" -eq 0 ]
 STEP=$(sed 's/^step_0*//' "$WORK/k/run/latest")
-expect_ok "training resumes after the kills" "$TRAIN" --model tiny --micro-batch 2 --quiet --ckpt-dir "$WORK/k/run" \
+expect_ok "training resumes after the kills" trainer --model tiny --micro-batch 2 --quiet --ckpt-dir "$WORK/k/run" \
     --resume --ckpt-every 1 --steps $((STEP + 1))
 check "the resumed run removed the killed saves' staging" no_staging "$WORK/k/run"
 echo "[$NAME] kill -9: training saves: $TRIALS trials, $bad bad checkpoints, resumed at step $STEP"
@@ -281,7 +286,6 @@ if mount -t tmpfs -o size=3m tmpfs "$FULL" 2>/dev/null; then
     expect_error "reshard on a full disk" 1 "No space left" "$RS" "$WORK/src" --to tp4 -o "$FULL/c"
     expect_error "export (HDF5) on a full disk" 1 "No space left" "$CK" export "$WORK/src" --format hdf5 -o "$FULL/c.h5"
     expect_error "export (GGUF) on a full disk" 1 "No space left" "$CK" export "$WORK/src" --format gguf -o "$FULL/c.gguf"
-    expect_ok "an export to import from" "$CK" export "$WORK/src" --format safetensors -o "$WORK/st-src"
     expect_error "import on a full disk" 1 "No space left" "$CK" import "$WORK/st-src" -o "$FULL/c" --tp 2 --pp 1
     check "full disk: nothing left behind, what was there kept" \
         sh -c "[ \"\$(ls -A '$FULL')\" = keep.txt ] && [ \"\$(cat '$FULL/keep.txt')\" = keep ]"
@@ -289,7 +293,7 @@ if mount -t tmpfs -o size=3m tmpfs "$FULL" 2>/dev/null; then
     # an error naming the checkpoint, keeps the first and removes the second.
     rm -f "$FULL/keep.txt"
     expect_error "training stops on a full disk" 1 "checkpoint .*step_00000010.*No space left" \
-        "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 20 --ckpt-every 5 --sync-save --ckpt-dir "$FULL/run"
+        trainer --model tiny --micro-batch 2 --quiet --steps 20 --ckpt-every 5 --sync-save --ckpt-dir "$FULL/run"
     check "full disk: the earlier checkpoint verifies" intact "$FULL/run/step_00000005"
     check "full disk: the failed save is gone" sh -c "[ ! -e '$FULL/run/step_00000010' ] && ! ls -A '$FULL/run' | grep -q staging"
     check "full disk: latest names the earlier checkpoint" [ "$(cat "$FULL/run/latest")" = step_00000005 ]
@@ -310,7 +314,7 @@ expect_error "export past the file-size limit" 1 "File too large" limited 512 "$
 check "file-size limit: nothing half-written left" sh -c "[ -z \"\$(ls -A '$WORK/f')\" ]"
 
 # -------------------------------------------------------------------- resume
-expect_ok "--resume with no checkpoint yet starts afresh" "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 2 \
+expect_ok "--resume with no checkpoint yet starts afresh" trainer --model tiny --micro-batch 2 --quiet --steps 2 \
     --ckpt-dir "$WORK/fresh" --resume
 check "and says so" grep -q "no checkpoint in .* yet; starting afresh" "$WORK/.err"
 check "and saves" intact "$WORK/fresh/step_00000002"
