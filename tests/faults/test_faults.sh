@@ -151,7 +151,11 @@ bad=0 i=0
 while [ $i -lt "$TRIALS" ]; do
     (use_open_mpi; exec "$TRAIN" $TRAIN_ARGS --resume) >/dev/null 2>&1 & # one process: $! is the trainer
     pid=$!
-    sleep "$(echo "0.3 + $(delay 0.8)" | bc)"
+    # The first trial waits for a first save; then the kill lands anywhere
+    # in start-up, steps and saves.
+    waited=0
+    while [ ! -e "$WORK/k/run/latest" ] && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
+    sleep "$(delay 1.0)"
     kill -9 $pid 2>/dev/null
     wait $pid 2>/dev/null
     for d in "$WORK"/k/run/step_*; do
@@ -167,6 +171,7 @@ while [ $i -lt "$TRIALS" ]; do
 done
 check "training saves: every committed checkpoint verified after each of $TRIALS kills" [ "$bad" -eq 0 ]
 STEP=$(sed 's/^step_0*//' "$WORK/k/run/latest")
+check "training saves: the killed runs saved checkpoints" [ -n "$STEP" ]
 expect_ok "training resumes after the kills" trainer --model tiny --micro-batch 2 --quiet --ckpt-dir "$WORK/k/run" \
     --resume --ckpt-every 1 --steps $((STEP + 1))
 check "the resumed run removed the killed saves' staging" no_staging "$WORK/k/run"
