@@ -140,12 +140,12 @@ static int w_sync_dir(const ckpt_storage *s, const char *path)
     return posix()->sync_dir(posix(), path);
 }
 
-static int w_lock(const ckpt_storage *s, const char *path, int wait, ckpt_file **out)
+static int w_lock(const ckpt_storage *s, const char *path, int flags, ckpt_file **out)
 {
     ckpt_file *f = calloc(1, sizeof *f);
     cr_assert_not_null(f);
     f->storage = s;
-    int status = posix()->lock(posix(), path, wait, &f->inner);
+    int status = posix()->lock(posix(), path, flags, &f->inner);
     if (status) {
         free(f);
         return status;
