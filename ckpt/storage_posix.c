@@ -22,6 +22,21 @@ struct ckpt_file {
     char path[CKPT_PATH_MAX];
 };
 
+/* The store's handle of an open descriptor (closed on failure). */
+static int wrap(const ckpt_storage *s, int fd, const char *path, ckpt_file **out)
+{
+    ckpt_file *f = malloc(sizeof *f);
+    if (!f) {
+        close(fd);
+        return tp_fail(TP_ERR_NOMEM, "out of memory opening %s", path);
+    }
+    f->storage = s;
+    f->fd = fd;
+    strcpy(f->path, path);
+    *out = f;
+    return TP_OK;
+}
+
 static int posix_open(const ckpt_storage *s, const char *path, ckpt_open_mode mode, ckpt_file **out)
 {
     *out = NULL;
@@ -33,16 +48,7 @@ static int posix_open(const ckpt_storage *s, const char *path, ckpt_open_mode mo
     if (fd < 0)
         return tp_fail(errno == ENOENT ? TP_ERR_NOT_FOUND : TP_ERR_IO, "%s: cannot %s: %s", path,
                        mode == CKPT_OPEN_CREATE ? "create" : "open", strerror(errno));
-    ckpt_file *f = malloc(sizeof *f);
-    if (!f) {
-        close(fd);
-        return tp_fail(TP_ERR_NOMEM, "out of memory opening %s", path);
-    }
-    f->storage = s;
-    f->fd = fd;
-    strcpy(f->path, path);
-    *out = f;
-    return TP_OK;
+    return wrap(s, fd, path, out);
 }
 
 static int posix_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
@@ -231,18 +237,8 @@ static int posix_lock(const ckpt_storage *s, const char *path, int flags, ckpt_f
             return tp_fail(TP_ERR_IO, "%s: cannot lock: %s", path, strerror(err));
         }
         struct stat held, now;
-        if (fstat(fd, &held) == 0 && stat(path, &now) == 0 && held.st_ino == now.st_ino && held.st_dev == now.st_dev) {
-            ckpt_file *f = malloc(sizeof *f);
-            if (!f) {
-                close(fd);
-                return tp_fail(TP_ERR_NOMEM, "out of memory locking %s", path);
-            }
-            f->storage = s;
-            f->fd = fd;
-            strcpy(f->path, path);
-            *out = f;
-            return TP_OK;
-        }
+        if (fstat(fd, &held) == 0 && stat(path, &now) == 0 && held.st_ino == now.st_ino && held.st_dev == now.st_dev)
+            return wrap(s, fd, path, out);
         close(fd);
         if (attempt == 100) return tp_fail(TP_ERR_IO, "%s: cannot lock: it keeps being replaced", path);
     }
