@@ -334,9 +334,24 @@ int ckpt_reader_verify_piece(ckpt_reader *reader, int index, int piece);
 /* Checks that every padding element of a piece is zero. */
 int ckpt_reader_check_padding(ckpt_reader *reader, int index, int piece);
 
-/* Reads a whole text file (up to 1 GiB, no NUL bytes) into a malloc'ed
- * NUL-terminated string; size_out may be NULL. */
-int ckpt_read_text_file(const char *path, char **out, int64_t *size_out);
+/* Reads a whole text file (up to max_bytes, no NUL bytes; FIFOs and
+ * devices refused) into a malloc'ed NUL-terminated string; size_out may be
+ * NULL. */
+int ckpt_read_text_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out);
+
+/* JSON from files (objects, all of them), within bounds: parsing may
+ * allocate at most CKPT_JSON_MEMORY_PER_BYTE bytes per byte of text, plus a
+ * MiB (a real file needs a few; cJSON takes 40 for an array of small
+ * numbers), and only white space may follow the value. Errors name `what`. */
+#define CKPT_JSON_MEMORY_PER_BYTE 16
+struct cJSON;
+int ckpt_json_parse(const char *text, size_t length, const char *what, struct cJSON **out);
+
+/* Size limits of the small files the toolkit reads: far above what real
+ * ones need (an index of 100,000 tensors is about 60 MB), far below what
+ * would hurt. */
+#define CKPT_INDEX_MAX_BYTES ((int64_t)256 << 20) /* index.json */
+#define CKPT_CONFIG_MAX_BYTES ((int64_t)1 << 20)  /* config.json and other small JSON */
 
 /* ------------------------------------------------------- run directories */
 

@@ -71,16 +71,17 @@ int ckpt_write_file_atomic(const ckpt_storage *storage, const char *dir, const c
     return storage->sync_dir(storage, dir);
 }
 
-int ckpt_read_text(const ckpt_storage *storage, const char *path, char **out, int64_t *size_out)
+int ckpt_read_text(const ckpt_storage *storage, const char *path, int64_t max_bytes, char **out,
+                   int64_t *size_out)
 {
     *out = NULL;
     ckpt_stat st;
     TP_TRY(storage->stat(storage, path, &st));
     if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(ENOENT));
     if (st.is_dir) return tp_fail(TP_ERR_FORMAT, "%s is a directory, not a text file", path);
-    if (st.size > ((int64_t)1 << 30))
-        return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes is too large for a text file (at most 1 GiB)", path,
-                       (long long)st.size);
+    if (st.size > max_bytes)
+        return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes is too large for this file (at most %lld)", path,
+                       (long long)st.size, (long long)max_bytes);
     ckpt_file *file = NULL;
     TP_TRY(storage->open(storage, path, CKPT_OPEN_READ, &file));
     char *text = malloc((size_t)st.size + 1);
@@ -100,10 +101,10 @@ int ckpt_read_text(const ckpt_storage *storage, const char *path, char **out, in
     return TP_OK;
 }
 
-int ckpt_read_text_file(const char *path, char **out, int64_t *size_out)
+int ckpt_read_text_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out)
 {
     const ckpt_storage *storage;
     *out = NULL;
     TP_TRY(ckpt_storage_for(path, &storage));
-    return ckpt_read_text(storage, path, out, size_out);
+    return ckpt_read_text(storage, path, max_bytes, out, size_out);
 }

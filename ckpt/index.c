@@ -302,7 +302,8 @@ int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
 {
     memset(out, 0, sizeof *out);
     parse_ctx ctx = {where, "", TP_OK};
-    cJSON *root = cJSON_Parse(text);
+    cJSON *root = NULL;
+    TP_TRY(ckpt_json_parse(text, strlen(text), where, &root));
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object (damaged index?)", where);

@@ -114,7 +114,8 @@ int ckpt_exists(const ckpt_storage *storage, const char *path);
 int ckpt_write_file_atomic(const ckpt_storage *storage, const char *dir, const char *name, const char *data,
                            size_t size);
 /* ckpt_read_text_file in a given store. */
-int ckpt_read_text(const ckpt_storage *storage, const char *path, char **out, int64_t *size_out);
+int ckpt_read_text(const ckpt_storage *storage, const char *path, int64_t max_bytes, char **out,
+                   int64_t *size_out);
 /* Splits a path into its parent directory and base name. */
 int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *base,
                     size_t base_size);

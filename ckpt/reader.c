@@ -115,7 +115,7 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     char index_path[CKPT_PATH_MAX] = "";
     char *text = NULL;
     if (!status) status = ckpt_path_join(index_path, r->path, CKPT_INDEX_NAME);
-    if (!status) status = ckpt_read_text(r->storage, index_path, &text, NULL);
+    if (!status) status = ckpt_read_text(r->storage, index_path, CKPT_INDEX_MAX_BYTES, &text, NULL);
     if (!status) status = ckpt_index_parse(text, index_path, &r->index);
     free(text);
     for (int i = 0; !status && i < r->index.num_tensors; i++) {

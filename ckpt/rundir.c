@@ -62,7 +62,7 @@ static int latest_checkpoint(const ckpt_storage *storage, const char *run_dir, c
     char latest_path[CKPT_PATH_MAX];
     char *latest = NULL;
     if (ckpt_path_join(latest_path, run_dir, CKPT_LATEST_NAME) || !ckpt_exists(storage, latest_path) ||
-        ckpt_read_text(storage, latest_path, &latest, NULL))
+        ckpt_read_text(storage, latest_path, CKPT_PATH_MAX, &latest, NULL))
         return 0;
     latest[strcspn(latest, "\r\n")] = '\0';
     int ok = latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 && strcmp(latest, ".") != 0 &&
@@ -197,8 +197,10 @@ static int64_t resolved_step(const ckpt_storage *storage, const char *run_dir)
         ckpt_path_join(index_path, resolved, CKPT_INDEX_NAME) != TP_OK)
         return -1;
     char *text = NULL;
-    if (ckpt_read_text(storage, index_path, &text, NULL) != TP_OK) return -1;
-    cJSON *root = cJSON_Parse(text);
+    int64_t size = 0;
+    if (ckpt_read_text(storage, index_path, CKPT_INDEX_MAX_BYTES, &text, &size) != TP_OK) return -1;
+    cJSON *root = NULL;
+    ckpt_json_parse(text, (size_t)size, index_path, &root);
     free(text);
     const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
     int64_t value = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : -1;

@@ -122,7 +122,8 @@ char *gpt_hf_config_json(const gpt_config *c, tp_dtype dtype)
 int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c)
 {
     memset(c, 0, sizeof *c);
-    cJSON *o = cJSON_Parse(json);
+    cJSON *o = NULL;
+    TP_TRY(ckpt_json_parse(json, strlen(json), where, &o));
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
         return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object (damaged or truncated?)", where);
@@ -267,10 +268,12 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
     char path[4200];
     snprintf(path, sizeof path, "%s/vocab.json", dir);
     char *text = NULL;
-    if (ckpt_read_text_file(path, &text, NULL))
-        return tokenizer_missing();
-    cJSON *json = cJSON_Parse(text);
+    int64_t size = 0;
+    if (ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
+    cJSON *json = NULL;
+    int parsed = ckpt_json_parse(text, (size_t)size, path, &json);
     free(text);
+    if (parsed) return parsed;
     if (!cJSON_IsObject(json)) {
         cJSON_Delete(json);
         return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object of token: id", path);
@@ -317,8 +320,7 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
         }
     if (status) return status;
     snprintf(path, sizeof path, "%s/merges.txt", dir);
-    int64_t size = 0;
-    if (ckpt_read_text_file(path, &m->merge_text, &size))
+    if (ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &m->merge_text, &size))
         return tokenizer_missing();
     int64_t lines = 1;
     for (int64_t i = 0; i < size; i++) lines += m->merge_text[i] == '\n';
@@ -601,7 +603,7 @@ int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request 
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *text = NULL;
-    int status = ckpt_read_text_file(path, &text, NULL);
+    int status = ckpt_read_text_file(path, CKPT_CONFIG_MAX_BYTES, &text, NULL);
     if (status) {
         char why[2048];
         snprintf(why, sizeof why, "%s", tp_errmsg());

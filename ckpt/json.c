@@ -1,0 +1,87 @@
+/* json.c: JSON that comes from files is parsed within bounds. cJSON builds a
+ * tree of about 40 bytes of memory per byte of input for an array of small
+ * numbers; files are limited in size by their readers, and parsing may
+ * allocate at most CKPT_JSON_MEMORY_PER_BYTE bytes per byte of text (plus a
+ * MiB), so a crafted file costs memory in proportion to a real one. */
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* The budget of the parse running on this thread, if one is. */
+static _Thread_local int bounded;
+static _Thread_local size_t budget_left;
+static _Thread_local int budget_exceeded;
+
+static void *bounded_malloc(size_t size)
+{
+    if (bounded) {
+        if (size > budget_left) {
+            budget_left = 0;
+            budget_exceeded = 1;
+            return NULL;
+        }
+        budget_left -= size;
+    }
+    return malloc(size);
+}
+
+static void install_hooks(void)
+{
+    /* Process-wide; outside a bounded parse it is plain malloc, and cJSON
+     * frees with free either way. */
+    cJSON_Hooks hooks = {bounded_malloc, free};
+    cJSON_InitHooks(&hooks);
+}
+
+/* cJSON ends its strings at a NUL, so a name holding one ("a\u0000b", or a raw
+ * NUL byte) would be taken for its prefix: the offset of the first one, or -1.
+ * Every backslash of valid JSON starts an escape inside a string, so
+ * stepping over escapes two characters at a time finds each \u0000. */
+static int64_t first_nul(const char *text, size_t length)
+{
+    for (size_t i = 0; i < length; i++) {
+        if (text[i] == '\0') return (int64_t)i;
+        if (text[i] != '\\' || i + 1 >= length) continue;
+        if (text[i + 1] == 'u' && i + 5 < length && memcmp(text + i + 2, "0000", 4) == 0) return (int64_t)i;
+        i++;
+    }
+    return -1;
+}
+
+int ckpt_json_parse(const char *text, size_t length, const char *what, struct cJSON **out)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, install_hooks);
+    *out = NULL;
+    int64_t nul = first_nul(text, length);
+    if (nul >= 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: a NUL character (%s) at byte %lld: names and strings cannot hold one",
+                       what, text[nul] ? "\\u0000" : "a zero byte", (long long)nul);
+    budget_left = length * CKPT_JSON_MEMORY_PER_BYTE + ((size_t)1 << 20);
+    budget_exceeded = 0;
+    bounded = 1;
+    const char *end = NULL;
+    cJSON *value = cJSON_ParseWithLengthOpts(text, length, &end, 0);
+    bounded = 0;
+    int exceeded = budget_exceeded;
+    budget_left = 0;
+    budget_exceeded = 0;
+    if (exceeded) {
+        cJSON_Delete(value);
+        return tp_fail(TP_ERR_FORMAT, "%s: parsing its %zu bytes of JSON needs more than %d bytes of memory per byte "
+                       "(not a file of this kind?)", what, length, CKPT_JSON_MEMORY_PER_BYTE);
+    }
+    /* After the value only white space may follow. */
+    while (value && end && end < text + length && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+        end++;
+    if (!value || !end || end != text + length) {
+        cJSON_Delete(value);
+        return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object%s (damaged or truncated?)", what,
+                       value ? ": text follows it" : "");
+    }
+    *out = value;
+    return TP_OK;
+}
