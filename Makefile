@@ -82,7 +82,7 @@ TEST_LIBS := $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps test asan demo bench-ckpt bench-reshard bench-train bench-export bench-revisions clean programs tests
+.PHONY: all build deps test asan fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-revisions clean programs tests
 
 all: deps
 	@$(MAKE) --no-print-directory build
@@ -104,8 +104,9 @@ $(BUILD)/config: FORCE
 .PHONY: FORCE
 FORCE:
 
-# Kernels: loops over elements vectorize (floating-point exceptions are not used).
-$(BUILD)/obj/kernels/%.o: ALL_CFLAGS += -ftree-vectorize -fvect-cost-model=dynamic -fno-trapping-math
+# Kernels: loops over elements vectorize (floating-point exceptions are not used;
+# clang, for `make fuzz`, has no cost-model option).
+$(BUILD)/obj/kernels/%.o: ALL_CFLAGS += -ftree-vectorize $(if $(findstring clang,$(CC)),,-fvect-cost-model=dynamic) -fno-trapping-math
 
 $(BUILD)/obj/%.o: %.c $(BUILD)/config
 	@mkdir -p $(dir $@)
@@ -157,6 +158,30 @@ asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
 		SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all" build
 	@BUILD=build-asan SANITIZED=1 scripts/run-tests.sh
+
+# Fuzzing with libFuzzer (clang) under ASan and UBSan: the index parser, the
+# safetensors reader and the partition arithmetic (tests/fuzz/fuzz_*.c), each
+# for FUZZ_SECONDS from its seed corpus (tests/fuzz/corpus/<target>); new
+# inputs go to build-fuzz/corpus, crashes to build-fuzz/crashes. Not part of
+# `make test`, which replays the corpus (tests/ckpt/test_hostile.c).
+FUZZ_SECONDS ?= 30
+FUZZ_TARGETS := index safetensors partition
+FUZZ_SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all
+fuzz: deps
+	@command -v clang >/dev/null || { echo "make fuzz needs clang (apt-get install clang)" >&2; exit 1; }
+	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
+		CFLAGS="-Wno-error" SANITIZE="$(FUZZ_SANITIZE) -fsanitize=fuzzer-no-link" $(patsubst %,build-fuzz/fuzz/fuzz_%,$(FUZZ_TARGETS))
+	@mkdir -p build-fuzz/crashes; for t in $(FUZZ_TARGETS); do \
+		mkdir -p build-fuzz/corpus/$$t; echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
+		build-fuzz/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=3072 -print_final_stats=1 \
+			-artifact_prefix=build-fuzz/crashes/$$t- build-fuzz/corpus/$$t tests/fuzz/corpus/$$t >build-fuzz/fuzz_$$t.log 2>&1; \
+		rc=$$?; grep -E 'DONE|number_of_executed_units|ERROR|SUMMARY|Test unit written' build-fuzz/fuzz_$$t.log; \
+		[ $$rc -eq 0 ] || { echo "fuzz_$$t failed (exit $$rc), see build-fuzz/fuzz_$$t.log" >&2; exit 1; }; \
+	done
+
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(MODEL_STACK)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
 
 demo: deps
 	@$(MAKE) --no-print-directory build

@@ -51,6 +51,27 @@ static int64_t first_nul(const char *text, size_t length)
     return -1;
 }
 
+/* How many values cJSON would allocate a node of 64 bytes for, at most: one
+ * per comma, '[' and '{' outside strings, plus one. Counted before parsing,
+ * so that a file of small numbers is refused without allocating anything. */
+static size_t value_count(const char *text, size_t length)
+{
+    size_t count = 1;
+    int in_string = 0;
+    for (size_t i = 0; i < length; i++) {
+        char c = text[i];
+        if (in_string) {
+            if (c == '\\') i++;
+            else if (c == '"') in_string = 0;
+        } else if (c == '"') {
+            in_string = 1;
+        } else if (c == ',' || c == '[' || c == '{') {
+            count++;
+        }
+    }
+    return count;
+}
+
 int ckpt_json_parse(const char *text, size_t length, const char *what, struct cJSON **out)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -60,7 +81,12 @@ int ckpt_json_parse(const char *text, size_t length, const char *what, struct cJ
     if (nul >= 0)
         return tp_fail(TP_ERR_FORMAT, "%s: a NUL character (%s) at byte %lld: names and strings cannot hold one",
                        what, text[nul] ? "\\u0000" : "a zero byte", (long long)nul);
-    budget_left = length * CKPT_JSON_MEMORY_PER_BYTE + ((size_t)1 << 20);
+    size_t budget = length * CKPT_JSON_MEMORY_PER_BYTE + ((size_t)1 << 20);
+    if (value_count(text, length) > budget / sizeof(cJSON))
+        return tp_fail(TP_ERR_FORMAT, "%s: %zu bytes of JSON holding %zu values would need more than %d bytes of "
+                       "memory per byte to parse (not a file of this kind?)", what, length, value_count(text, length),
+                       CKPT_JSON_MEMORY_PER_BYTE);
+    budget_left = budget;
     budget_exceeded = 0;
     bounded = 1;
     const char *end = NULL;

@@ -148,7 +148,9 @@ int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in)
                              "tensor %s: segment %d (size %lld) is not a multiple of the "
                              "granule %lld",
                              t->name, s, (long long)p->segments[s], (long long)p->granule);
-        total += p->segments[s];
+        if (__builtin_add_overflow(total, p->segments[s], &total) || total > CKPT_MAX_ELEMENTS)
+            return tp_fail(TP_ERR_ARG, "tensor %s: segments sum to more than 2^50 (segment %d of size %lld)", t->name,
+                           s, (long long)p->segments[s]);
     }
     for (int s = p->num_segments; s < CKPT_MAX_SEGMENTS; s++) p->segments[s] = 0;
     if (total != t->shape[p->axis])
