@@ -67,6 +67,42 @@ static const char *index_name_of(const void *ctx, int64_t i)
     return index->tensors[i].tensor.name;
 }
 
+/* Where a piece's bytes lie (format 1.1): its contiguous data, or every
+ * chunk (one per checksum block) of a compressed piece. */
+static int piece_extents(hid_t dset, const char *name, const ckpt_piece_geometry *g, int compressed,
+                         ckpt_extent **out, int64_t *count)
+{
+    int64_t n = compressed ? g->num_blocks : 1;
+    ckpt_extent *extents = calloc((size_t)n, sizeof *extents);
+    if (!extents) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = ckpt_h5_check_dataset_storage(dset, name);
+    if (!status && !compressed) {
+        haddr_t offset = H5Dget_offset(dset);
+        hsize_t size = H5Dget_storage_size(dset);
+        if (offset == HADDR_UNDEF || (int64_t)size != g->bytes)
+            status = tp_fail(TP_ERR_FORMAT, "tensor %s: contiguous data not allocated in the file", name);
+        extents[0] = (ckpt_extent){(int64_t)offset, (int64_t)size, 0};
+    }
+    for (int64_t b = 0; !status && compressed && b < n; b++) {
+        hsize_t offset[CKPT_MAX_DIMS] = {0};
+        offset[0] = (hsize_t)(b * g->block_rows);
+        unsigned mask = 0;
+        haddr_t address = HADDR_UNDEF;
+        hsize_t size = 0;
+        if (H5Dget_chunk_info_by_coord(dset, offset, &mask, &address, &size) < 0 ||
+            address == HADDR_UNDEF || size == 0)
+            status = ckpt_fail_hdf5("tensor %s: chunk %lld missing", name, (long long)b);
+        extents[b] = (ckpt_extent){(int64_t)address, (int64_t)size, mask};
+    }
+    if (status) {
+        free(extents);
+        return status;
+    }
+    *out = extents;
+    *count = n;
+    return TP_OK;
+}
+
 /* Adds one dataset (a piece) of the file being scanned to the index. */
 static int scan_piece(scan_state *st, hid_t dset)
 {
@@ -99,13 +135,20 @@ static int scan_piece(scan_state *st, hid_t dset)
     hid_t dcpl = H5Dget_create_plist(dset);
     int compressed = dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED;
     if (dcpl >= 0) H5Pclose(dcpl);
+    ckpt_extent *extents = NULL;
+    int64_t num_extents = 0;
+    status = piece_extents(dset, t->name, &g, compressed, &extents, &num_extents);
+    if (status) return status;
 
     int64_t i = ckpt_name_map_find(&st->names, t->name, index_name_of, index);
     if (i < 0) {
         if (index->num_tensors == st->capacity) {
             int capacity = st->capacity ? 2 * st->capacity : 256;
             ckpt_index_tensor *grown = realloc(index->tensors, (size_t)capacity * sizeof *grown);
-            if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
+            if (!grown) {
+                free(extents);
+                return tp_fail(TP_ERR_NOMEM, "out of memory");
+            }
             index->tensors = grown;
             st->capacity = capacity;
             for (int k = 0; k < index->num_tensors; k++) ckpt_tensor_copy_rebind(&grown[k].tensor);
@@ -119,20 +162,32 @@ static int scan_piece(scan_state *st, hid_t dset)
         it->order = attrs.order;
         it->num_pieces = ckpt_piece_count(t, index->layout.tp);
         it->pieces = calloc((size_t)it->num_pieces, sizeof *it->pieces);
-        if (!it->pieces) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        if (!it->pieces) {
+            free(extents);
+            return tp_fail(TP_ERR_NOMEM, "out of memory");
+        }
         for (int p = 0; p < it->num_pieces; p++) it->pieces[p].file_index = -1;
         i = index->num_tensors++;
         status = ckpt_name_map_insert(&st->names, it->tensor.name, i, index_name_of, index);
-        if (status) return status;
+        if (status) {
+            free(extents);
+            return status;
+        }
     }
     ckpt_index_tensor *it = &index->tensors[i];
-    if (!ckpt_tensor_equal(&it->tensor.desc, t) || it->block_rows != attrs.block_rows)
+    if (!ckpt_tensor_equal(&it->tensor.desc, t) || it->block_rows != attrs.block_rows) {
+        free(extents);
         return tp_fail(TP_ERR_FORMAT, "tensor %s is described differently in different shards",
                          t->name);
+    }
     if (attrs.order < it->order) it->order = attrs.order;
     ckpt_index_piece *ip = &it->pieces[attrs.piece];
-    if (ip->file_index >= 0)
+    if (ip->file_index >= 0) {
+        free(extents);
         return tp_fail(TP_ERR_FORMAT, "tensor %s piece %d is stored twice", t->name, attrs.piece);
+    }
+    ip->extents = extents;
+    ip->num_extents = num_extents;
     snprintf(ip->file, sizeof ip->file, "%s", st->file->name);
     ip->file_index = (int)(st->file - index->files);
     ip->pp = st->file->pp;
@@ -149,7 +204,9 @@ static herr_t visit_object(hid_t group, const char *name, const H5O_info_t *info
 {
     scan_state *st = data;
     if (info->type != H5O_TYPE_DATASET) return 0;
-    hid_t dset = H5Dopen2(group, name, H5P_DEFAULT);
+    hid_t lapl = ckpt_h5_link_access();
+    hid_t dset = lapl >= 0 ? H5Dopen2(group, name, lapl) : -1;
+    if (lapl >= 0) H5Pclose(lapl);
     if (dset < 0) {
         st->status = ckpt_fail_hdf5("%s: cannot open dataset %s", st->file_path, name);
         return -1;
@@ -194,6 +251,7 @@ static int scan_file(scan_state *st, const char *dir)
                            st->file->pp, st->file->tp);
     else if (complete != 1)
         status = tp_fail(TP_ERR_STATE, "%s: the shard's writer did not finish", path);
+    if (!status) status = ckpt_h5_check_links(file, path);
     if (!status && H5Lexists(file, CKPT_TENSOR_GROUP, H5P_DEFAULT) > 0) {
         hid_t group = H5Gopen2(file, CKPT_TENSOR_GROUP, H5P_DEFAULT);
         st->status = TP_OK;
@@ -205,7 +263,13 @@ static int scan_file(scan_state *st, const char *dir)
     }
     H5Fclose(file);
     if (!status) status = st->storage->stat(st->storage, path, &info);
-    if (!status) ((ckpt_index_file *)st->file)->bytes = info.size;
+    ckpt_index_file *file_entry = (ckpt_index_file *)st->file;
+    if (!status) file_entry->bytes = info.size;
+    /* Every piece of this file is in the index now: its metadata checksum. */
+    if (!status)
+        status = ckpt_shard_meta_checksum(st->storage, path, st->index, (int)(st->file - st->index->files),
+                                          &file_entry->meta_checksum);
+    if (!status) file_entry->has_meta_checksum = 1;
     return status;
 }
 

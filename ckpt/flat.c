@@ -107,7 +107,7 @@ int ckpt_flat_add(ckpt_flat_file *f, const char *name, tp_dtype dtype, int ndim,
 
 int ckpt_flat_attribute(ckpt_flat_file *f, const char *name, const char *value)
 {
-    int status = ckpt_h5_write_string(f->file, name, value);
+    int status = ckpt_h5_write_vlen_string(f->file, name, value);
     return status ? tp_fail_context(status, "%s", f->path) : TP_OK;
 }
 

@@ -61,7 +61,25 @@ hid_t ckpt_h5_file_access(void)
     return fapl;
 }
 
+/* Strings are fixed-length, NUL-terminated UTF-8 (format 1.1): reading a
+ * variable-length string makes libhdf5 follow a global-heap reference stored
+ * in the file, and damaged ones crashed it (issue 11). */
 int ckpt_h5_write_string(hid_t obj, const char *name, const char *value)
+{
+    hid_t type = H5Tcopy(H5T_C_S1), space = H5Screate(H5S_SCALAR), attr = -1;
+    int ok = type >= 0 && space >= 0 && H5Tset_size(type, strlen(value) + 1) >= 0 &&
+             H5Tset_strpad(type, H5T_STR_NULLTERM) >= 0 && H5Tset_cset(type, H5T_CSET_UTF8) >= 0;
+    if (ok) attr = H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    ok = ok && attr >= 0 && H5Awrite(attr, type, value) >= 0;
+    if (attr >= 0) H5Aclose(attr);
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    return ok ? TP_OK : ckpt_fail_hdf5("cannot write attribute %s", name);
+}
+
+/* Variable-length strings, for the merged HDF5 export (docs/FORMAT.md
+ * section 10), which readers outside this toolkit expect as Python str. */
+int ckpt_h5_write_vlen_string(hid_t obj, const char *name, const char *value)
 {
     hid_t type = H5Tcopy(H5T_C_S1), space = H5Screate(H5S_SCALAR), attr = -1;
     int ok = type >= 0 && space >= 0 && H5Tset_size(type, H5T_VARIABLE) >= 0 &&
@@ -174,4 +192,85 @@ int ckpt_h5_read_u64(hid_t obj, const char *name, uint64_t *value)
     if (space >= 0) H5Sclose(space);
     H5Aclose(attr);
     return status;
+}
+
+/* ------------------------------------------------ links to other files */
+
+static herr_t refuse_external_link(const char *parent_file, const char *parent_group,
+                                   const char *child_file, const char *child_object,
+                                   unsigned *acc_flags, hid_t fapl, void *data)
+{
+    (void)parent_group, (void)acc_flags, (void)fapl, (void)data;
+    tp_fail(TP_ERR_FORMAT, "%s: external link to %s:%s refused (a checkpoint must not reach other files)",
+            parent_file, child_file, child_object);
+    return -1;
+}
+
+hid_t ckpt_h5_link_access(void)
+{
+    hid_t lapl = H5Pcreate(H5P_DATASET_ACCESS); /* a link access list too */
+    if (lapl >= 0 && H5Pset_elink_cb(lapl, refuse_external_link, NULL) < 0) {
+        H5Pclose(lapl);
+        return -1;
+    }
+    return lapl;
+}
+
+int ckpt_h5_check_dataset_storage(hid_t dset, const char *where)
+{
+    hid_t dcpl = H5Dget_create_plist(dset);
+    if (dcpl < 0) return ckpt_fail_hdf5("%s: cannot read the storage properties", where);
+    int external = H5Pget_external_count(dcpl);
+    H5D_layout_t layout = H5Pget_layout(dcpl);
+    H5Pclose(dcpl);
+    if (external != 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: data stored in external files refused (a checkpoint must "
+                       "not reach other files)", where);
+    if (layout == H5D_VIRTUAL)
+        return tp_fail(TP_ERR_FORMAT, "%s: virtual dataset refused (a checkpoint must not reach "
+                       "other files)", where);
+    if (layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED && layout != H5D_COMPACT)
+        return tp_fail(TP_ERR_FORMAT, "%s: unexpected storage layout", where);
+    return TP_OK;
+}
+
+typedef struct {
+    const char *path;
+    int status;
+} link_check;
+
+static herr_t check_link(hid_t group, const char *name, const H5L_info_t *info, void *data)
+{
+    link_check *c = data;
+    if (info->type != H5L_TYPE_HARD) {
+        const char *kind = info->type == H5L_TYPE_EXTERNAL ? "external" :
+                           info->type == H5L_TYPE_SOFT ? "soft" : "user-defined";
+        c->status = tp_fail(TP_ERR_FORMAT, "%s: %s link /%s refused (a checkpoint must not reach "
+                            "other files or objects)", c->path, kind, name);
+        return -1;
+    }
+    H5O_info_t object;
+    if (H5Oget_info_by_name2(group, name, &object, H5O_INFO_BASIC, H5P_DEFAULT) < 0) {
+        c->status = ckpt_fail_hdf5("%s: object /%s damaged", c->path, name);
+        return -1;
+    }
+    if (object.type != H5O_TYPE_DATASET) return 0;
+    hid_t dset = H5Dopen2(group, name, H5P_DEFAULT);
+    if (dset < 0) {
+        c->status = ckpt_fail_hdf5("%s: dataset /%s damaged", c->path, name);
+        return -1;
+    }
+    char where[CKPT_PATH_MAX + CKPT_NAME_MAX + 32];
+    snprintf(where, sizeof where, "%s: dataset /%s", c->path, name);
+    c->status = ckpt_h5_check_dataset_storage(dset, where);
+    H5Dclose(dset);
+    return c->status ? -1 : 0;
+}
+
+int ckpt_h5_check_links(hid_t file, const char *path)
+{
+    link_check c = {path, TP_OK};
+    if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_NATIVE, check_link, &c) < 0 || c.status)
+        return c.status ? c.status : ckpt_fail_hdf5("%s: cannot list the file's objects", path);
+    return TP_OK;
 }

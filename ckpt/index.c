@@ -32,6 +32,23 @@ static cJSON *parse_state_json(const char *text, char kind, const char *what, in
     return value;
 }
 
+/* A contiguous piece's "offset" and "length", a compressed one's "chunks"
+ * ([offset, length, filter mask] per block): docs/FORMAT.md section 3. */
+static void extents_to_json(cJSON *po, const ckpt_index_piece *ip)
+{
+    if (ip->num_extents == 0) return;
+    if (!ip->compressed) {
+        cJSON_AddNumberToObject(po, "offset", (double)ip->extents[0].offset);
+        cJSON_AddNumberToObject(po, "length", (double)ip->extents[0].length);
+        return;
+    }
+    cJSON *chunks = cJSON_AddArrayToObject(po, "chunks");
+    for (int64_t c = 0; chunks && c < ip->num_extents; c++) {
+        int64_t triple[3] = {ip->extents[c].offset, ip->extents[c].length, ip->extents[c].filter_mask};
+        cJSON_AddItemToArray(chunks, int_array(triple, 3));
+    }
+}
+
 static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp)
 {
     const ckpt_tensor_desc *t = &it->tensor.desc;
@@ -78,6 +95,7 @@ static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp)
         cJSON_AddStringToObject(po, "checksum", hex);
         cJSON_AddStringToObject(po, "digest", piece_digest);
         cJSON_AddBoolToObject(po, "compressed", ip->compressed);
+        extents_to_json(po, ip);
         cJSON_AddItemToArray(pieces, po);
     }
     return o;
@@ -113,6 +131,11 @@ int ckpt_index_to_json(const ckpt_index *index, char **out)
         cJSON_AddNumberToObject(f, "pp", index->files[i].pp);
         cJSON_AddNumberToObject(f, "tp", index->files[i].tp);
         cJSON_AddNumberToObject(f, "bytes", (double)index->files[i].bytes);
+        if (index->files[i].has_meta_checksum) {
+            char hex[17];
+            ckpt_format_checksum(index->files[i].meta_checksum, hex);
+            cJSON_AddStringToObject(f, "meta_checksum", hex);
+        }
         cJSON_AddItemToArray(files, f);
     }
     cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
@@ -188,6 +211,54 @@ static int get_int_array(parse_ctx *ctx, const cJSON *obj, const char *field, in
 static char *dup_json(const cJSON *value)
 {
     return value ? cJSON_PrintUnformatted(value) : NULL;
+}
+
+/* A piece's extents (format 1.1; absent in 1.0): "offset" and "length" of a
+ * contiguous piece, "chunks" of a compressed one, one per checksum block. */
+static void parse_extents(parse_ctx *ctx, const cJSON *po, ckpt_index_piece *ip,
+                          const ckpt_piece_geometry *g)
+{
+    const cJSON *chunks = cJSON_GetObjectItemCaseSensitive(po, "chunks");
+    int has_offset = cJSON_GetObjectItemCaseSensitive(po, "offset") != NULL;
+    if (ctx->status || (!chunks && !has_offset)) return;
+    int64_t count = ip->compressed ? g->num_blocks : 1;
+    if (ip->compressed ? !cJSON_IsArray(chunks) || cJSON_GetArraySize(chunks) != count : !has_offset) {
+        parse_error(ctx, ip->compressed ? "chunks" : "offset",
+                    ip->compressed ? "an array of one [offset, length, mask] per block" : "an integer");
+        return;
+    }
+    ip->extents = calloc((size_t)count, sizeof *ip->extents);
+    if (!ip->extents) {
+        ctx->status = tp_fail(TP_ERR_NOMEM, "%s: out of memory", ctx->where);
+        return;
+    }
+    ip->num_extents = count;
+    if (!ip->compressed) {
+        ip->extents[0].offset = get_int(ctx, po, "offset", 0, (int64_t)1 << 52);
+        ip->extents[0].length = get_int(ctx, po, "length", 0, (int64_t)1 << 52);
+        if (!ctx->status && ip->extents[0].length != g->bytes) parse_error(ctx, "length", "the piece's size");
+        return;
+    }
+    int64_t c = 0;
+    const cJSON *chunk;
+    cJSON_ArrayForEach(chunk, chunks)
+    {
+        int64_t triple[3] = {-1, -1, -1};
+        int k = 0;
+        const cJSON *item;
+        if (cJSON_IsArray(chunk) && cJSON_GetArraySize(chunk) == 3)
+            cJSON_ArrayForEach(item, chunk)
+            {
+                double v = cJSON_IsNumber(item) ? item->valuedouble : NAN;
+                if (v >= 0 && v <= 4.0e15 && v == floor(v)) triple[k] = (int64_t)v;
+                k++;
+            }
+        if (k != 3 || triple[0] < 0 || triple[1] < 1 || triple[2] < 0 || triple[2] > 3) {
+            parse_error(ctx, "chunks", "[offset, length >= 1, filter mask 0..3] triples");
+            return;
+        }
+        ip->extents[c++] = (ckpt_extent){triple[0], triple[1], (uint32_t)triple[2]};
+    }
 }
 
 static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index,
@@ -279,6 +350,7 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
         if (n != t->ndim || memcmp(shape, ip->shape, sizeof(int64_t) * (size_t)n) != 0)
             parse_error(ctx, "shape", "the shape the partition gives");
         if (ip->bytes != geometry.bytes) parse_error(ctx, "bytes", "the piece's size");
+        parse_extents(ctx, po, ip, &geometry);
         ip->file_index = -1;
         for (int f = 0; f < index->num_files; f++)
             if (strcmp(index->files[f].name, ip->file) == 0) ip->file_index = f;
@@ -379,6 +451,12 @@ int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
         file->pp = (int)get_int(&ctx, f, "pp", 0, out->layout.pp - 1);
         file->tp = (int)get_int(&ctx, f, "tp", 0, out->layout.tp - 1);
         file->bytes = get_int(&ctx, f, "bytes", 0, (int64_t)1 << 52);
+        if (cJSON_GetObjectItemCaseSensitive(f, "meta_checksum")) {
+            const char *hex = get_string(&ctx, f, "meta_checksum", 16);
+            if (!ctx.status && ckpt_parse_checksum(hex, &file->meta_checksum))
+                parse_error(&ctx, "meta_checksum", "16 hex digits");
+            file->has_meta_checksum = 1;
+        }
         char expect[64];
         ckpt_shard_file_name(file->pp, file->tp, expect, sizeof expect);
         if (!ctx.status && strcmp(expect, file->name) != 0) parse_error(&ctx, "name", expect);
@@ -448,7 +526,11 @@ void ckpt_index_free(ckpt_index *index)
     cJSON_free((void *)index->state.schedule_json);
     cJSON_free((void *)index->state.rng_json);
     cJSON_free((void *)index->state.user_json);
-    for (int i = 0; i < index->num_tensors; i++) free(index->tensors[i].pieces);
+    for (int i = 0; i < index->num_tensors; i++) {
+        for (int p = 0; index->tensors[i].pieces && p < index->tensors[i].num_pieces; p++)
+            free(index->tensors[i].pieces[p].extents);
+        free(index->tensors[i].pieces);
+    }
     free(index->tensors);
     free(index->files);
     memset(index, 0, sizeof *index);

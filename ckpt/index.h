@@ -4,6 +4,14 @@
 
 #include "internal.h"
 
+/* Where a piece's stored bytes lie in its shard file (format 1.1): one
+ * extent for a contiguous piece, one per chunk (block order) for a
+ * compressed one, with the chunk's filter mask. */
+typedef struct {
+    int64_t offset, length;
+    uint32_t filter_mask;
+} ckpt_extent;
+
 typedef struct {
     char file[64];
     int file_index;               /* into ckpt_index.files */
@@ -13,6 +21,8 @@ typedef struct {
     uint64_t checksum;
     uint64_t digest; /* the piece's part of the tensor's logical digest */
     int compressed;
+    int64_t num_extents; /* 0: not recorded (format 1.0) */
+    ckpt_extent *extents;
 } ckpt_index_piece;
 
 typedef struct {
@@ -29,6 +39,8 @@ typedef struct {
     char name[64];
     int pp, tp;
     int64_t bytes;
+    int has_meta_checksum; /* 0: not recorded (format 1.0) */
+    uint64_t meta_checksum; /* XXH3 of the bytes outside the pieces' extents */
 } ckpt_index_file;
 
 typedef struct {
@@ -51,5 +63,11 @@ int ckpt_index_parse(const char *text, const char *where, ckpt_index *out);
 int ckpt_index_set_state(ckpt_index *index, const ckpt_train_state *state);
 
 void ckpt_index_free(ckpt_index *index);
+
+/* The metadata checksum of shard file f (shardmeta.c): XXH3 of its bytes
+ * outside the extents the index records for its pieces, read through the
+ * store; the file's size must be the index's. */
+int ckpt_shard_meta_checksum(const ckpt_storage *storage, const char *path, const ckpt_index *index,
+                             int f, uint64_t *out);
 
 #endif

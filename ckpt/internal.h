@@ -94,7 +94,15 @@ void ckpt_unshuffle(const void *in, void *out, size_t bytes, size_t element_size
 #define CKPT_MASK_NO_ZSTD 2u
 
 /* HDF5 attribute helpers: return TP_OK or a status with the message set. */
-int ckpt_h5_write_string(hid_t obj, const char *name, const char *value);
+int ckpt_h5_write_string(hid_t obj, const char *name, const char *value); /* fixed-length */
+int ckpt_h5_write_vlen_string(hid_t obj, const char *name, const char *value);
+/* A dataset (and link) access property list on which following an external
+ * link fails. */
+hid_t ckpt_h5_link_access(void);
+/* Refuses soft, external and user-defined links anywhere in the file and
+ * datasets whose data lies in other files (external storage, virtual). */
+int ckpt_h5_check_links(hid_t file, const char *path);
+int ckpt_h5_check_dataset_storage(hid_t dset, const char *where);
 int ckpt_h5_write_i64s(hid_t obj, const char *name, const int64_t *values, int count);
 int ckpt_h5_write_u64(hid_t obj, const char *name, uint64_t value);
 int ckpt_h5_read_string(hid_t obj, const char *name, char *out, size_t out_size);

@@ -45,6 +45,9 @@ typedef struct {
     char path[CKPT_PATH_MAX];
     hid_t file;       /* HDF5's handle: metadata */
     ckpt_file *data;  /* the store's: the bytes of pieces */
+    int meta_checked; /* its metadata checksum matched the index's (format 1.1) */
+    int open_status;  /* a failed open is not retried for every piece */
+    char *open_error; /* its message */
 } file_runtime;
 
 struct ckpt_reader {
@@ -79,6 +82,7 @@ void ckpt_reader_close(ckpt_reader *r)
     for (int f = 0; r->files && f < r->index.num_files; f++) {
         if (r->files[f].file >= 0) H5Fclose(r->files[f].file);
         if (r->files[f].data) r->storage->close(r->files[f].data);
+        free(r->files[f].open_error);
     }
     for (int i = 0; r->pieces && i < r->index.num_tensors; i++) {
         for (int p = 0; r->pieces[i] && p < r->index.tensors[i].num_pieces; p++) {
@@ -225,26 +229,52 @@ uint64_t ckpt_reader_digest(const ckpt_reader *r, int i)
 
 /* ----------------------------------------------------- lazy piece loading */
 
+static int open_file_once(ckpt_reader *r, int f);
+
+/* Opens a shard file on first use. A damaged file fails every piece of it
+ * with the same message, without being read again. */
 static int open_file(ckpt_reader *r, int f)
 {
     file_runtime *fr = &r->files[f];
     if (fr->file >= 0) return TP_OK;
+    if (fr->open_status) return tp_fail(fr->open_status, "%s", fr->open_error ? fr->open_error : fr->path);
+    int status = open_file_once(r, f);
+    if (status && status != TP_ERR_IO && status != TP_ERR_NOMEM) { /* those may pass: tried again */
+        fr->open_status = status;
+        fr->open_error = strdup(tp_errmsg());
+    }
+    return status;
+}
+
+static int open_file_once(ckpt_reader *r, int f)
+{
+    file_runtime *fr = &r->files[f];
     TP_TRY(tp_refuse_special(fr->path)); /* HDF5 would block on a FIFO */
+    const ckpt_index_file *idx = &r->index.files[f];
+    /* Checked with plain reads before libhdf5 parses anything of the file:
+     * libhdf5 crashes on some damaged metadata (issue 11). */
+    if (idx->has_meta_checksum) {
+        uint64_t sum = 0;
+        TP_TRY(ckpt_shard_meta_checksum(r->storage, fr->path, &r->index, f, &sum));
+        if (sum != idx->meta_checksum)
+            return tp_fail(TP_ERR_CHECKSUM, "%s: metadata damaged (checksum %016llx, index says %016llx)",
+                           fr->path, (unsigned long long)sum, (unsigned long long)idx->meta_checksum);
+        fr->meta_checked = 1;
+    }
     hid_t fapl = ckpt_h5_file_access();
     hid_t file = fapl >= 0 ? H5Fopen(fr->path, H5F_ACC_RDONLY, fapl) : -1;
     if (fapl >= 0) H5Pclose(fapl);
     if (file < 0) return ckpt_fail_hdf5("%s: cannot open shard file (damaged?)", fr->path);
-    char format[64];
     int64_t version[2] = {0, 0}, coords[2] = {-1, -1}, complete = 0;
     int n = 0;
-    int status = ckpt_h5_read_string(file, "format", format, sizeof format);
-    if (!status) status = ckpt_h5_read_i64s(file, "format_version", version, 2, &n);
+    /* A file whose metadata matched the index's checksum is the one the
+     * commit scanned (links included); older ones are checked here. Only
+     * integer attributes are read: the string `format` was variable-length
+     * in format 1.0, which libhdf5 follows into the file's global heap. */
+    int status = ckpt_h5_read_i64s(file, "format_version", version, 2, &n);
     if (!status) status = ckpt_h5_read_i64s(file, "shard_pp_tp", coords, 2, &n);
     if (!status) status = ckpt_h5_read_i64s(file, "complete", &complete, 1, NULL);
-    const ckpt_index_file *idx = &r->index.files[f];
     if (status) status = tp_fail_context(TP_ERR_FORMAT, "%s", fr->path);
-    else if (strcmp(format, CKPT_FORMAT_TAG) != 0)
-        status = tp_fail(TP_ERR_FORMAT, "%s: not a tp-ckpt shard (format '%s')", fr->path, format);
     else if (version[0] > CKPT_FORMAT_MAJOR)
         status = tp_fail(TP_ERR_VERSION,
                            "%s: format version %lld.%lld is newer than this build reads (%d.x)",
@@ -254,6 +284,7 @@ static int open_file(ckpt_reader *r, int f)
                            "expects pp=%d tp=%d complete=1",
                            fr->path, (long long)coords[0], (long long)coords[1],
                            (long long)complete, idx->pp, idx->tp);
+    if (!status && !fr->meta_checked) status = ckpt_h5_check_links(file, fr->path);
     if (!status) status = r->storage->open(r->storage, fr->path, CKPT_OPEN_READ, &fr->data);
     if (status) {
         H5Fclose(file);
@@ -314,19 +345,19 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     char where[CKPT_PATH_MAX + CKPT_NAME_MAX + 32], path[CKPT_NAME_MAX + 32];
     snprintf(where, sizeof where, "%s: tensor %s piece %d", fr->path, t->name, piece);
     snprintf(path, sizeof path, "/%s/%s", CKPT_TENSOR_GROUP, t->name);
-    hid_t dset = H5Dopen2(fr->file, path, H5P_DEFAULT);
-    if (dset < 0) return ckpt_fail_hdf5("%s: dataset missing or damaged", where);
-    ckpt_piece_attrs attrs;
-    status = ckpt_attrs_read(dset, &attrs, 1);
-    if (status) status = tp_fail_context(TP_ERR_FORMAT, "%s", where);
-    else if (!ckpt_tensor_equal(&attrs.tensor.desc, t) || attrs.piece != piece ||
-             attrs.block_rows != it->block_rows || attrs.tp != r->index.layout.tp)
-        status = tp_fail(TP_ERR_FORMAT, "%s: attributes disagree with the index", where);
-    else if (attrs.checksum != ip->checksum || attrs.digest != ip->digest)
-        status = tp_fail(TP_ERR_CHECKSUM,
-                           "%s: checksum and digest attributes %016llx %016llx, the index records %016llx %016llx",
-                           where, (unsigned long long)attrs.checksum, (unsigned long long)attrs.digest,
-                           (unsigned long long)ip->checksum, (unsigned long long)ip->digest);
+    hid_t lapl = ckpt_h5_link_access();
+    hid_t dset = lapl >= 0 ? H5Dopen2(fr->file, path, lapl) : -1;
+    if (dset < 0) {
+        if (lapl >= 0) H5Pclose(lapl);
+        return ckpt_fail_hdf5("%s: dataset missing or damaged", where);
+    }
+    /* The piece's description comes from the index only: no attribute of the
+     * dataset is read here. Damaged variable-length string attributes (all
+     * strings of format 1.0) crashed or hung libhdf5 (issue 11), and the
+     * data is checked against the index's checksum through the block
+     * checksums anyway. Files of format 1.1 are tied to the index as a
+     * whole by their metadata checksum, checked when the file was opened. */
+    status = ckpt_h5_check_dataset_storage(dset, where);
     const ckpt_piece_geometry *g = &pr->geometry;
     if (!status) {
         hid_t space = H5Dget_space(dset);
@@ -347,24 +378,51 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
         if (dcpl >= 0) H5Pclose(dcpl);
         if ((layout == H5D_CHUNKED) != (ip->compressed != 0))
             status = tp_fail(TP_ERR_FORMAT, "%s: storage layout disagrees with the index", where);
-        else if (layout == H5D_CHUNKED)
+        else if (layout == H5D_CHUNKED) {
             status = locate_chunks(dset, pr, where);
+            for (int64_t b = 0; !status && ip->num_extents && b < g->num_blocks; b++)
+                if (ip->extents[b].offset != (int64_t)pr->chunks[b].address ||
+                    ip->extents[b].length != (int64_t)pr->chunks[b].size ||
+                    ip->extents[b].filter_mask != pr->chunks[b].filter_mask)
+                    status = tp_fail(TP_ERR_FORMAT, "%s: chunk %lld lies elsewhere than the index says",
+                                     where, (long long)b);
+        }
         else if (layout == H5D_CONTIGUOUS) {
             haddr_t offset = H5Dget_offset(dset);
             const ckpt_index_file *fi = &r->index.files[ip->file_index];
             if (offset == HADDR_UNDEF || (int64_t)offset + g->bytes > fi->bytes)
                 status = tp_fail(TP_ERR_FORMAT, "%s: data lies outside the file", where);
+            else if (ip->num_extents && ip->extents[0].offset != (int64_t)offset)
+                status = tp_fail(TP_ERR_FORMAT, "%s: data at offset %lld, the index says %lld", where,
+                                 (long long)offset, (long long)ip->extents[0].offset);
             pr->offset = (int64_t)offset;
         } else
             status = tp_fail(TP_ERR_FORMAT, "%s: unexpected storage layout", where);
     }
     H5Dclose(dset);
-    if (status) return status;
+    if (status) {
+        H5Pclose(lapl);
+        free(pr->chunks);
+        pr->chunks = NULL;
+        return status;
+    }
 
     pr->block_hash = calloc((size_t)g->num_blocks, sizeof *pr->block_hash);
     if (!pr->block_hash) return tp_fail(TP_ERR_NOMEM, "out of memory");
     snprintf(path, sizeof path, "/%s/%s", CKPT_CHECKSUM_GROUP, t->name);
-    hid_t sums = H5Dopen2(fr->file, path, H5P_DEFAULT);
+    hid_t sums = H5Dopen2(fr->file, path, lapl);
+    H5Pclose(lapl);
+    if (sums >= 0 && !fr->meta_checked) {
+        status = ckpt_h5_check_dataset_storage(sums, where);
+        if (status) {
+            H5Dclose(sums);
+            free(pr->block_hash);
+            free(pr->chunks);
+            pr->block_hash = NULL;
+            pr->chunks = NULL;
+            return status;
+        }
+    }
     hid_t space = sums >= 0 ? H5Dget_space(sums) : -1;
     hssize_t count = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;
     if (space >= 0) H5Sclose(space);

@@ -287,10 +287,14 @@ static int cmd_verify(int argc, char **argv)
     parallel_for(count, (int)threads, verify_one, &job);
     double seconds = progress_finish(&job.bar);
     int bad = 0;
+    const char *previous = "";
     for (int64_t i = 0; i < count; i++) {
         if (!job.checks[i].status) continue;
         bad++;
-        fprintf(stderr, "tp-ckpt: damaged: %s\n", job.checks[i].message);
+        /* A damaged file fails each of its pieces with one message: once. */
+        if (strcmp(job.checks[i].message, previous) != 0)
+            fprintf(stderr, "tp-ckpt: damaged: %s\n", job.checks[i].message);
+        previous = job.checks[i].message;
     }
     char size[32];
     format_bytes((double)total, size, sizeof size);

@@ -152,6 +152,42 @@ def merge(tensor, pieces, tp):
     return np.concatenate(out, axis=axis), padding
 
 
+def text(value):
+    """A string attribute: fixed-length (format 1.1) ones come as bytes."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def check_metadata(ckpt, index, problems):
+    """Format 1.1: each file's size and the XXH3 of its bytes outside the
+    pieces' extents (contiguous offset/length, compressed chunks)."""
+    extents = {}
+    for tensor in index["tensors"]:
+        for piece in tensor["pieces"]:
+            if "chunks" in piece:
+                spans = [(c[0], c[1]) for c in piece["chunks"]]
+            elif "offset" in piece:
+                spans = [(piece["offset"], piece["length"])]
+            else:
+                spans = []
+            extents.setdefault(piece["file"], []).extend(spans)
+    for entry in index["files"]:
+        if "meta_checksum" not in entry:
+            continue
+        with open(os.path.join(ckpt, entry["name"]), "rb") as f:
+            data = f.read()
+        if len(data) != entry["bytes"]:
+            problems.append(f"{entry['name']}: {len(data)} bytes, the index says {entry['bytes']}")
+            continue
+        h, pos = xxhash.xxh3_64(), 0
+        for offset, length in sorted(extents.get(entry["name"], [])):
+            h.update(data[pos:offset])
+            pos = offset + length
+        h.update(data[pos:])
+        if f"{h.intdigest():016x}" != entry["meta_checksum"]:
+            problems.append(f"{entry['name']}: metadata checksum {h.intdigest():016x}, the index says "
+                            f"{entry['meta_checksum']}")
+
+
 def read_logical(ckpt, index, tensor, files, problems):
     """Checks every piece of a tensor and merges it: (logical values as
     float32, logical raw bits), or None after a problem."""
@@ -167,7 +203,7 @@ def read_logical(ckpt, index, tensor, files, problems):
         if list(dset.shape) != piece["shape"]:
             problems.append(f"{name} piece {p}: shape {dset.shape} != index {piece['shape']}")
             return None
-        if dset.attrs["dtype"] != dtype or int(dset.attrs["piece"]) != p:
+        if text(dset.attrs["dtype"]) != dtype or int(dset.attrs["piece"]) != p:
             problems.append(f"{name} piece {p}: attributes disagree with the index")
         data = raw_piece_bytes(dset, path)
         rows = dset.shape[0]
@@ -221,6 +257,11 @@ def main(argv):
     problems = []
     files, other_files = {}, {}
     checked = 0
+    check_metadata(ckpt, index, problems)
+    if problems:  # damaged metadata: not for libhdf5 to parse
+        for p in problems:
+            print("check_h5py: " + p)
+        return 1
     if other:
         names = {t["name"] for t in index["tensors"]}
         other_names = {t["name"] for t in other[1]["tensors"]}

@@ -130,7 +130,7 @@ cp -r "$WORK/src" "$WORK/missing" && rm "$WORK/missing/shard_pp00_tp03.h5"
 expect_error "a missing input shard" 1 "shard_pp00_tp03.h5: shard file missing" "$RS" "$WORK/missing" --to tp4 -o "$WORK/x9"
 cp -r "$WORK/src" "$WORK/short" && truncate -s -1000 "$WORK/short/shard_pp01_tp02.h5"
 expect_error "a truncated input shard" 1 "shard_pp01_tp02.h5: .*truncated" "$RS" "$WORK/short" --to tp4 -o "$WORK/x9"
-cp -r "$WORK/src" "$WORK/newer" && sed -i 's/"format_version":\t\[1, 0\]/"format_version":\t[2, 0]/' "$WORK/newer/index.json"
+cp -r "$WORK/src" "$WORK/newer" && sed -i 's/"format_version":\t\[1, [0-9]*\]/"format_version":\t[2, 0]/' "$WORK/newer/index.json"
 expect_error "an input of a future format" 1 "version 2.0 is newer than this build reads" "$RS" "$WORK/newer" --to tp4 -o "$WORK/x9"
 check "no output from bad inputs" [ ! -e "$WORK/x9" ]
 
