@@ -25,13 +25,15 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)' "$@"
 
 "$CKPT" synth -o "$WORK/ck" --tp 2 --pp 1 --layers 1 --dim 8 --heads 2 --vocab 16 --seq 8 >/dev/null ||
     { echo "synth failed" >&2; exit 1; }
+"$CKPT" synth -o "$WORK/ck16" --tp 16 --pp 1 --layers 1 --dim 16 --heads 16 --vocab 16 --seq 8 >/dev/null ||
+    { echo "synth --tp 16 failed" >&2; exit 1; }
 "$CKPT" export "$WORK/ck" --format safetensors -o "$WORK/hf" >/dev/null || { echo "export failed" >&2; exit 1; }
 
-# craft NAME PYTHON: a copy of the checkpoint whose index.json (d, a dict)
-# the Python statements change.
+# craft NAME PYTHON [SOURCE]: a copy of the checkpoint (ck, the tp2 one, by
+# default) whose index.json (d, a dict) the Python statements change.
 craft() {
     rm -rf "$WORK/$1"
-    cp -r "$WORK/ck" "$WORK/$1"
+    cp -r "$WORK/${3:-ck}" "$WORK/$1"
     "$PY" - "$WORK/$1/index.json" "$2" <<'PYEOF'
 import json, sys
 path, code = sys.argv[1], sys.argv[2]
@@ -60,6 +62,9 @@ craft dims 't["model/final_norm.weight"]["shape"] = [2**40, 8, 8, 8, 8, 8, 8, 8]
 refused dims 'index\.json.*model/final_norm\.weight'
 craft padding 'e = t["model/tok_embed.weight"]; e["shape"] = [2**40, 8]; e["partition"].update(segments=[2**40], granule=2**40, pad_multiple=2**20)'
 refused padding 'index\.json.*model/tok_embed\.weight'
+# tp 16 x pad multiple 2^20 x granule 2^40 = 2^64 wraps to 0: SIGFPE before the fix
+craft padding16 'e = t["model/tok_embed.weight"]; e["shape"] = [2**40, 16]; e["partition"].update(segments=[2**40], granule=2**40, pad_multiple=2**20)' ck16
+refused padding16 'index\.json.*model/tok_embed\.weight.*padding unit'
 craft bigsegs 'e = t["model/tok_embed.weight"]; e["partition"]["segments"] = [2**52, 2**52]'
 refused bigsegs 'index\.json.*model/tok_embed\.weight'
 
