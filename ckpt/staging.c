@@ -107,13 +107,13 @@ int ckpt_staging_path(const char *path, const char *owner, char *out, size_t out
     return ckpt_path_join(out, parent, hidden);
 }
 
-/* Whether directory entry `name` is a staging entry of `base`: .<base>.<owner>.staging
- * (or, with claims, a claim .<base>.<owner>.staging.new not yet locked). */
-static int is_staging_of(const char *name, const char *base, int claims)
+/* Whether directory entry `name` is a staging entry of `base`:
+ * .<base>.<owner>.staging, the owner without '.'. Claims (.staging.new: a
+ * staging entry in the instant before its writer locks it) are not: no
+ * scan can tell a dead claimer from a live one. */
+static int is_staging_of(const char *name, const char *base)
 {
     size_t n = strlen(name), b = strlen(base), suffix = strlen(STAGING_SUFFIX);
-    if (claims && n > strlen(CLAIM_SUFFIX) && strcmp(name + n - strlen(CLAIM_SUFFIX), CLAIM_SUFFIX) == 0)
-        n -= strlen(CLAIM_SUFFIX);
     if (n < 1 + b + 1 + 1 + suffix || name[0] != '.' || strncmp(name + 1, base, b) != 0 || name[1 + b] != '.' ||
         strncmp(name + n - suffix, STAGING_SUFFIX, suffix) != 0)
         return 0;
@@ -139,7 +139,7 @@ typedef struct {
 static int collect_staging(void *ctx, const char *name)
 {
     staging_list *l = ctx;
-    int match = l->base ? is_staging_of(name, l->base, 0) : ckpt_is_staging_name(name);
+    int match = l->base ? is_staging_of(name, l->base) : ckpt_is_staging_name(name);
     if (!match || strlen(name) >= 256) return TP_OK;
     if (l->count == l->capacity) {
         int capacity = l->capacity ? 2 * l->capacity : 8;
