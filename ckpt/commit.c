@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/file.h"
 #include "attrs.h"
 #include "commit.h"
 #include "index.h"
@@ -232,6 +233,7 @@ static int scan_file(scan_state *st, const char *dir)
     if (!info.exists)
         return tp_fail(TP_ERR_STATE, "%s missing: the writer of shard pp=%d tp=%d did not finish", path, st->file->pp,
                        st->file->tp);
+    TP_TRY(tp_refuse_special(path)); /* HDF5 would block on a FIFO */
     hid_t fapl = ckpt_h5_file_access();
     hid_t file = fapl >= 0 ? H5Fopen(path, H5F_ACC_RDONLY, fapl) : -1;
     if (fapl >= 0) H5Pclose(fapl);

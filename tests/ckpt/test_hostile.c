@@ -308,6 +308,39 @@ Test(hostile, fifo_text_file, .timeout = 20)
     cr_assert_null(text);
 }
 
+/* A FIFO among the shards a distributed commit scans (HDF5 opens them
+ * itself, and would block). */
+Test(hostile, fifo_shard_at_commit, .timeout = 20)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    ckpt_layout layout = {2, 1, 1, 1};
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    cr_assert_eq(ckpt_stage_prepare(path, &options), TP_OK, "%s", tp_errmsg());
+    /* rank tp=1 writes its shard; where tp=0's would be, a FIFO */
+    ckpt_write_options rank = options;
+    rank.shard_pp = 0;
+    rank.shard_tp = 1;
+    ckpt_writer *w;
+    cr_assert_eq(ckpt_writer_create(&w, path, &layout, &rank), TP_OK, "%s", tp_errmsg());
+    ckpt_tensor_desc b = {.name = "model/b", .dtype = TP_FP32, .ndim = 1, .shape = {3}, .anchor = CKPT_ANCHOR_FIRST};
+    int id;
+    cr_assert_eq(ckpt_writer_add_tensor(w, &b, &id), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_writer_finish(w), TP_OK, "%s", tp_errmsg());
+    char staging[1200] = "";
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, "staging")) snprintf(staging, sizeof staging, "%s/%s/shard_pp00_tp00.h5", dir, e->d_name);
+    closedir(d);
+    cr_assert(staging[0], "no staging directory in %s", dir);
+    unlink(staging);
+    cr_assert_eq(mkfifo(staging, 0644), 0, "%s", staging);
+    cr_assert_neq(ckpt_commit_staged(path, &layout, NULL, &options), TP_OK);
+    cr_assert(strstr(tp_errmsg(), "shard_pp00_tp00.h5") && strstr(tp_errmsg(), "FIFO"), "%s", tp_errmsg());
+}
+
 /* ------------------------------------------ the fuzzing corpus, replayed */
 
 #define LLVMFuzzerTestOneInput fuzz_index_one
