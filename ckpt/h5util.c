@@ -1,4 +1,5 @@
 /* h5util.c: HDF5 types, file access properties and attribute helpers. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -139,16 +140,25 @@ int ckpt_h5_read_string(hid_t obj, const char *name, char *out, size_t out_size)
         }
         if (mem_type >= 0) H5Tclose(mem_type);
     } else {
+        /* Fixed-length: `size` bytes, NUL-terminated within them (format
+         * 1.1) or padded; read into size + 1 so that it always ends. */
         size_t size = H5Tget_size(file_type);
-        if (size + 1 > out_size) {
+        char *value = size > 0 && size <= out_size ? calloc(size + 1, 1) : NULL;
+        if (size == 0 || size > out_size) {
             status = tp_fail(TP_ERR_FORMAT, "attribute %s is too long", name);
+        } else if (!value) {
+            status = tp_fail(TP_ERR_NOMEM, "out of memory");
         } else {
             hid_t mem_type = H5Tcopy(file_type);
-            memset(out, 0, out_size);
-            if (mem_type < 0 || H5Aread(attr, mem_type, out) < 0)
+            if (mem_type < 0 || H5Aread(attr, mem_type, value) < 0)
                 status = ckpt_fail_hdf5("cannot read attribute %s", name);
+            else if (strlen(value) >= out_size)
+                status = tp_fail(TP_ERR_FORMAT, "attribute %s is too long", name);
+            else
+                strcpy(out, value);
             if (mem_type >= 0) H5Tclose(mem_type);
         }
+        free(value);
     }
     if (space >= 0) H5Sclose(space);
     if (file_type >= 0) H5Tclose(file_type);

@@ -265,6 +265,29 @@ Test(shard_damage, string_attributes_are_fixed_length)
     H5Fclose(f);
 }
 
+/* A name of the longest length: its fixed-length attribute (256 bytes with
+ * the NUL) is read back at commit. */
+Test(shard_damage, longest_name_round_trips)
+{
+    char path[600], name[CKPT_NAME_MAX + 1];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    memset(name, 'x', CKPT_NAME_MAX);
+    memcpy(name, "model/", 6);
+    name[CKPT_NAME_MAX] = '\0';
+    ckpt_layout layout = {1, 1, 1, 1};
+    static uint8_t data[16];
+    test_tensor t;
+    memset(&t, 0, sizeof t);
+    t.desc = (ckpt_tensor_desc){.name = name, .dtype = TP_FP32, .ndim = 1, .shape = {4}, .anchor = CKPT_ANCHOR_FIRST};
+    t.logical = data;
+    write_tensors(path, &layout, &t, 1, 0, 1);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
+    cr_assert(ckpt_reader_find(r, name) >= 0);
+    ckpt_reader_close(r);
+    cr_assert_eq(verify_all(path), TP_OK, "%s", tp_errmsg());
+}
+
 /* ------------------------------------------------ older checkpoints (1.0) */
 
 typedef struct {
