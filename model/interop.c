@@ -618,6 +618,12 @@ int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request 
         if (status) tp_fail_context(status, "%s", path);
     }
     if (!status) status = safetensors_open(&im->set, dir);
+    /* Every layer has tensors of its own: a config.json naming more layers
+     * than the files hold tensors is refused before the catalogue of its
+     * tensors is built (100,000 layers took 2 GB to find that out). */
+    if (!status && im->config.layers > safetensors_count(im->set))
+        status = tp_fail(TP_ERR_FORMAT, "%s: %lld layers, but the safetensors files in %s hold %d tensors in all", path,
+                         (long long)im->config.layers, dir, safetensors_count(im->set));
     /* GPT2LMHeadModel saves under "transformer.", GPT2Model (and the hub's gpt2) without. */
     const char *prefix = !status && safetensors_find(im->set, "transformer.wte.weight") ? "transformer." : "";
     if (!status) status = gpt_name_map_create(&im->map, &im->config, EXPORT_SAFETENSORS, prefix);

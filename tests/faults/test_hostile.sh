@@ -142,6 +142,19 @@ rm -rf "$WORK/cfg_fifo" && cp -r "$WORK/hf" "$WORK/cfg_fifo" && rm "$WORK/cfg_fi
     mkfifo "$WORK/cfg_fifo/config.json"
 import_refused cfg_fifo 'config\.json.*FIFO'
 
+# config.json naming 100,000 layers of dimension 65536 over 16 tensors (2 GB
+# of catalogue before the mismatch was found)
+rm -rf "$WORK/cfg_layers" && cp -r "$WORK/hf" "$WORK/cfg_layers"
+"$PY" - "$WORK/cfg_layers/config.json" <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d.update(n_layer=100000, n_embd=65536, n_head=1, vocab_size=262144)
+json.dump(d, open(sys.argv[1], "w"))
+PYEOF
+import_refused cfg_layers 'config\.json.*100000 layers'
+mb=$(peak_mb "$CKPT" import "$WORK/cfg_layers" -o "$WORK/cfg_layers.ckpt" --tp 1 --pp 1 --threads 1)
+check "config.json of 100,000 layers: refused in $mb MB" test "$mb" -lt "$MAX_MB"
+
 # an index of 60,000 files (48 s before): refused at once, naming the first missing one
 rm -rf "$WORK/st_many" && cp -r "$WORK/hf" "$WORK/st_many" && rm "$WORK/st_many/model.safetensors"
 "$PY" -c '
