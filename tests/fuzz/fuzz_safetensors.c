@@ -1,10 +1,13 @@
-/* fuzz_safetensors.c: libFuzzer target for the safetensors reader: the input
+/* fuzz_safetensors.c: libFuzzer target for the safetensors reader. The input
  * is a whole .safetensors file (8-byte header length, JSON header, data),
- * opened from memory (a memfd) as import opens a file. It must open or fail
- * with an error, never crash, hang or take memory out of proportion.
- * `make fuzz` runs it. */
+ * opened from memory (a memfd) as import opens a file; or, after a first
+ * line "#index", a model.safetensors.index.json over two small files
+ * (a.safetensors holding x, b.safetensors holding y) in a directory. It must
+ * open or fail with an error, never crash, hang or take memory out of
+ * proportion. `make fuzz` runs it. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,15 +16,64 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+static char index_dir[64];
+
+static void remove_index_dir(void)
+{
+    const char *names[] = {"a.safetensors", "b.safetensors", "model.safetensors.index.json"};
+    char path[128];
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", index_dir, names[i]);
+        unlink(path);
+    }
+    rmdir(index_dir);
+}
+
+static int write_file(const char *name, const void *data, size_t size)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", index_dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t n = fwrite(data, 1, size, f);
+    return fclose(f) == 0 && n == size ? 0 : -1;
+}
+
+/* The directory of the index mode, made once. */
+static int make_index_dir(void)
+{
+    if (index_dir[0]) return 0;
+    snprintf(index_dir, sizeof index_dir, "%s", "/tmp/fuzz-safetensors-XXXXXX");
+    if (!mkdtemp(index_dir)) return -1;
+    atexit(remove_index_dir);
+    for (int i = 0; i < 2; i++) {
+        char file[128];
+        int n = snprintf(file + 8, sizeof file - 8, "{\"%c\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                         i ? 'y' : 'x');
+        uint64_t length = (uint64_t)n;
+        memcpy(file, &length, 8);
+        memset(file + 8 + n, 0, 4);
+        if (write_file(i ? "b.safetensors" : "a.safetensors", file, (size_t)n + 12)) return -1;
+    }
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static int fd = -1;
-    if (fd < 0) fd = memfd_create("fuzz.safetensors", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size) return 0;
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     safetensors_set *set = NULL;
-    if (safetensors_open(&set, path) == TP_OK) {
+    int status;
+    if (size >= 7 && memcmp(data, "#index\n", 7) == 0) {
+        if (make_index_dir() || write_file("model.safetensors.index.json", data + 7, size - 7)) return 0;
+        status = safetensors_open(&set, index_dir);
+    } else {
+        static int fd = -1;
+        if (fd < 0) fd = memfd_create("fuzz.safetensors", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size) return 0;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        status = safetensors_open(&set, path);
+    }
+    if (status == TP_OK) {
         int n = safetensors_count(set);
         for (int i = 0; i < n; i++) {
             const safetensors_info *t = safetensors_tensor(set, i);
