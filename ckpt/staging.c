@@ -14,6 +14,7 @@
  * (ckpt_discard_all_staged). */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,16 +62,22 @@ static void registry_remove(ckpt_staged *s)
 
 /* ------------------------------------------------------------------ names */
 
-int ckpt_staging_owner(char *out, size_t out_size)
+/* This machine's name as it appears in owners: letters, digits and '-' only,
+ * so that an owner never holds the '.' that separates it from the base. */
+static void host_name(char *out, size_t out_size)
 {
-    char host[64] = "host";
-    gethostname(host, sizeof host - 1);
-    host[sizeof host - 1] = '\0';
-    /* Letters, digits and '-' only: the owner never holds the '.' that
-     * separates it from the base name. */
-    for (char *c = host; *c; c++)
+    snprintf(out, out_size, "host");
+    gethostname(out, out_size - 1);
+    out[out_size - 1] = '\0';
+    for (char *c = out; *c; c++)
         if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-'))
             *c = '-';
+}
+
+int ckpt_staging_owner(char *out, size_t out_size)
+{
+    char host[64];
+    host_name(host, sizeof host);
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     static _Atomic unsigned counter;
@@ -108,9 +115,7 @@ int ckpt_staging_path(const char *path, const char *owner, char *out, size_t out
 }
 
 /* Whether directory entry `name` is a staging entry of `base`:
- * .<base>.<owner>.staging, the owner without '.'. Claims (.staging.new: a
- * staging entry in the instant before its writer locks it) are not: no
- * scan can tell a dead claimer from a live one. */
+ * .<base>.<owner>.staging, the owner without '.'. */
 static int is_staging_of(const char *name, const char *base)
 {
     size_t n = strlen(name), b = strlen(base), suffix = strlen(STAGING_SUFFIX);
@@ -128,6 +133,45 @@ int ckpt_is_staging_name(const char *name)
     return name[0] == '.' && n > suffix && strcmp(name + n - suffix, STAGING_SUFFIX) == 0;
 }
 
+/* Whether `name` is a claim (a staging name + CLAIM_SUFFIX) of base, or of
+ * any base when base is NULL. */
+static int is_claim_of(const char *name, const char *base)
+{
+    size_t n = strlen(name), suffix = strlen(CLAIM_SUFFIX);
+    char staging[256];
+    if (n <= suffix || n - suffix >= sizeof staging || strcmp(name + n - suffix, CLAIM_SUFFIX) != 0) return 0;
+    memcpy(staging, name, n - suffix);
+    staging[n - suffix] = '\0';
+    return base ? is_staging_of(staging, base) : ckpt_is_staging_name(staging);
+}
+
+/* Whether the claim `name` was left by a process of this machine that is
+ * gone. A claim lives only between its creation and its lock being taken
+ * (create_locked), so its lock being free says nothing; its owner's
+ * host-pid-nonce does. A claim of another machine is never judged dead. */
+static int claimer_gone(const char *name)
+{
+    /* .<base>.<host>-<pid>-<nonce>.staging.new: the owner is the part
+     * between the last '.' before STAGING_SUFFIX and STAGING_SUFFIX. */
+    size_t n = strlen(name) - strlen(CLAIM_SUFFIX) - strlen(STAGING_SUFFIX);
+    char owner[CKPT_OWNER_MAX], host[64];
+    const char *start = name + n;
+    while (start > name && start[-1] != '.') start--;
+    if ((size_t)(name + n - start) >= sizeof owner) return 0;
+    memcpy(owner, start, (size_t)(name + n - start));
+    owner[name + n - start] = '\0';
+    char *nonce = strrchr(owner, '-');
+    if (!nonce) return 0;
+    *nonce = '\0';
+    char *pid_text = strrchr(owner, '-'), *end = NULL;
+    if (!pid_text) return 0;
+    *pid_text++ = '\0';
+    long pid = strtol(pid_text, &end, 10);
+    host_name(host, sizeof host);
+    if (!*pid_text || *end || pid <= 0 || strcmp(owner, host) != 0) return 0;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
 /* -------------------------------------------------- entries of dead writers */
 
 typedef struct {
@@ -139,7 +183,7 @@ typedef struct {
 static int collect_staging(void *ctx, const char *name)
 {
     staging_list *l = ctx;
-    int match = l->base ? is_staging_of(name, l->base) : ckpt_is_staging_name(name);
+    int match = (l->base ? is_staging_of(name, l->base) : ckpt_is_staging_name(name)) || is_claim_of(name, l->base);
     if (!match || strlen(name) >= 256) return TP_OK;
     if (l->count == l->capacity) {
         int capacity = l->capacity ? 2 * l->capacity : 8;
@@ -152,7 +196,8 @@ static int collect_staging(void *ctx, const char *name)
     return TP_OK;
 }
 
-/* Removes the listed entries whose writers are gone; counts the live ones. */
+/* Removes the listed entries whose writers are gone; counts the live ones
+ * (claims excepted: they are not staging entries yet). */
 static int remove_dead(const ckpt_storage *s, const char *parent, staging_list *l, int remove, int *live_out)
 {
     char entry[CKPT_PATH_MAX];
@@ -162,10 +207,11 @@ static int remove_dead(const ckpt_storage *s, const char *parent, staging_list *
         if (ckpt_path_join(entry, parent, l->names[i])) continue;
         ckpt_file *lock = NULL;
         int locked = s->lock(s, entry, 0, &lock); /* exclusive, at once */
+        int claim = is_claim_of(l->names[i], NULL);
         if (locked == TP_ERR_EXISTS) {
-            (*live_out)++;
+            if (!claim) (*live_out)++;
         } else if (locked == TP_OK) {
-            if (remove) {
+            if (remove && (!claim || claimer_gone(l->names[i]))) {
                 status = s->remove_tree(s, entry);
                 if (status) tp_fail_context(status, "removing %s, left by a writer that is gone", entry);
             }
@@ -299,7 +345,9 @@ static int create_locked(ckpt_staged *st)
         TP_TRY(s->open(s, claim, CKPT_OPEN_CREATE, &file));
         s->close(file);
     }
-    int status = s->lock(s, claim, 0, &st->lock);
+    /* Waits: a scan may hold the claim's lock for an instant while it looks
+     * at whether the claimer is alive (remove_dead). */
+    int status = s->lock(s, claim, CKPT_LOCK_WAIT, &st->lock);
     if (!status) status = s->rename(s, claim, st->staging, CKPT_RENAME_NOREPLACE);
     if (status) s->remove_tree(s, claim);
     return status;

@@ -120,6 +120,44 @@ Test(staging, a_dead_writers_leftover_goes_and_a_live_ones_stays)
     cr_assert(ckpt_is_committed(path));
 }
 
+/* Claims (.staging.new: a staging entry in the instant before its writer
+ * locks it) hold no lock to tell: one whose claimer (host-pid in its name) is
+ * a process of this machine that is gone goes; one of a live process, or of
+ * another machine, stays. */
+Test(staging, a_gone_claimers_claim_goes_and_others_stay)
+{
+    char owner[CKPT_OWNER_MAX];
+    cr_assert_eq(ckpt_staging_owner(owner, sizeof owner), TP_OK);
+    *strrchr(owner, '-') = '\0';
+    *strrchr(owner, '-') = '\0'; /* this machine's name, as in owners */
+    pid_t gone = fork();
+    if (gone == 0) _exit(0);
+    cr_assert_eq(waitpid(gone, NULL, 0), gone);
+    char dead[900], live[900], elsewhere[900], inside[1000];
+    snprintf(dead, sizeof dead, "%s/.ck.%s-%ld-0000000a.staging.new", dir, owner, (long)gone);
+    snprintf(live, sizeof live, "%s/.ck.%s-%ld-0000000b.staging.new", dir, owner, (long)getpid());
+    snprintf(elsewhere, sizeof elsewhere, "%s/.ck.otherhost-%ld-0000000c.staging.new", dir, (long)gone);
+    cr_assert_eq(mkdir(dead, 0755), 0);
+    cr_assert_eq(mkdir(live, 0755), 0);
+    cr_assert_eq(mkdir(elsewhere, 0755), 0);
+    snprintf(inside, sizeof inside, "%s/shard_pp00_tp00.h5", dead);
+    write_file(inside, "half written");
+    cr_assert_eq(ckpt_remove_dead_staging(dir), TP_OK, "%s", tp_errmsg());
+    cr_assert(!exists(dead), "the claim of a process that is gone was removed");
+    cr_assert(exists(live), "the claim of a live process was kept");
+    cr_assert(exists(elsewhere), "the claim of another machine's process was kept");
+    /* A writer of the same path clears it as well, and stages beside the
+     * live claim. */
+    cr_assert_eq(mkdir(dead, 0755), 0);
+    char path[700];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    int status;
+    small_checkpoint(path, 1, 0, &status);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    cr_assert(!exists(dead), "the writer of ck removed the gone claimer's claim");
+    cr_assert(exists(live) && exists(elsewhere));
+}
+
 Test(staging, force_replaces_only_checkpoints)
 {
     char notes[700], run[700], step[800], ck[700], note_file[800];
