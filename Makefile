@@ -43,6 +43,7 @@ MODEL_SRC := $(wildcard model/*.c)
 # (and anything driving it in one process) needs no MPI.
 TRAINER_SRC := $(filter-out trainer/comm_mpi.c,$(wildcard trainer/*.c))
 COMM_MPI_SRC := trainer/comm_mpi.c
+ELASTIC_SRC := $(wildcard elastic/*.c)
 ifeq ($(CUDA),1)
 KERNELS_CU := $(wildcard kernels/cuda/*.cu)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
@@ -61,23 +62,26 @@ LIB_FORMATS := $(BUILD)/lib/libtpformats.a
 LIB_MODEL := $(BUILD)/lib/libtpmodel.a
 LIB_TRAINER := $(BUILD)/lib/libtptrainer.a
 LIB_COMM_MPI := $(BUILD)/lib/libtpcomm_mpi.a
+LIB_ELASTIC := $(BUILD)/lib/libtpelastic.a
 
 # What each program links, top of the stack first.
 CKPT_STACK := $(LIB_CKPT) $(LIB_KERNELS) $(LIB_COMMON)
 RESHARD_STACK := $(LIB_RESHARD) $(CKPT_STACK)
 MODEL_STACK := $(LIB_MODEL) $(LIB_FORMATS) $(CKPT_STACK)
 TRAINER_STACK := $(LIB_TRAINER) $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
+# The orchestrator runs the trainer as a program: it links no trainer code.
+ELASTIC_STACK := $(LIB_ELASTIC) $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
 # Command-line helpers the programs share (not a library: they print and exit).
 CLI_OBJ := $(call obj,programs/cli.c programs/progress.c)
 SYNTH_OBJ := $(call obj,programs/synth.c)
 
-PROGRAMS := $(BUILD)/bin/tp-ckpt $(BUILD)/bin/tp-reshard $(BUILD)/bin/tp-train
+PROGRAMS := $(BUILD)/bin/tp-ckpt $(BUILD)/bin/tp-reshard $(BUILD)/bin/tp-train $(BUILD)/bin/tp-elastic
 BENCH_PROGRAMS := $(BUILD)/bench/bench_ckpt
 TEST_SRC := $(wildcard tests/*/test_*.c)
 TEST_SUPPORT := $(call obj,$(wildcard tests/support/*.c))
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/trainer/layer_check
 # Tests link the whole stack, MPI communicator included.
-TEST_LIBS := $(LIB_COMM_MPI) $(TRAINER_STACK)
+TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 
 # Keep objects of tests between builds.
 .SECONDARY:
@@ -124,6 +128,7 @@ $(LIB_FORMATS): $(call obj,$(FORMATS_SRC))
 $(LIB_MODEL): $(call obj,$(MODEL_SRC))
 $(LIB_TRAINER): $(call obj,$(TRAINER_SRC))
 $(LIB_COMM_MPI): $(call obj,$(COMM_MPI_SRC))
+$(LIB_ELASTIC): $(call obj,$(ELASTIC_SRC))
 $(BUILD)/lib/%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
@@ -131,6 +136,7 @@ $(BUILD)/lib/%.a:
 $(BUILD)/bin/tp-ckpt: $(call obj,programs/tp-ckpt.c) $(CLI_OBJ) $(SYNTH_OBJ) $(MODEL_STACK)
 $(BUILD)/bin/tp-reshard: $(call obj,programs/tp-reshard.c) $(CLI_OBJ) $(RESHARD_STACK)
 $(BUILD)/bin/tp-train: $(call obj,programs/tp-train.c) $(CLI_OBJ) $(LIB_COMM_MPI) $(TRAINER_STACK)
+$(BUILD)/bin/tp-elastic: $(call obj,programs/tp-elastic.c $(wildcard programs/elastic_*.c)) $(CLI_OBJ) $(ELASTIC_STACK)
 $(BUILD)/bin/%:
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)

@@ -17,7 +17,7 @@ import re
 import sys
 
 # The libraries, lowest first.
-LAYERS = ["common", "kernels", "ckpt", "reshard", "formats", "model", "trainer"]
+LAYERS = ["common", "kernels", "ckpt", "reshard", "formats", "model", "trainer", "elastic"]
 
 # What a library offers the ones above it and the programs.
 PUBLIC_HEADERS = [
@@ -30,6 +30,8 @@ PUBLIC_HEADERS = [
     "model/gpt.h",
     "model/interop.h",
     "trainer/*.h",
+    "elastic/elastic.h",
+    "elastic/plan.h",
 ]
 
 # System headers and the only places that may include them.

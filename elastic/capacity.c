@@ -1,0 +1,122 @@
+/* capacity.c: how many ranks a run may use now, and where (elastic.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../ckpt/ckpt.h"
+#include "../common/error.h"
+#include "../common/parse.h"
+#include "elastic.h"
+
+#define MAX_RANKS_PER_NODE 4096
+
+static int add_node(elastic_capacity *out, const char *name, int ranks, const char *source)
+{
+    if (out->nodes == ELASTIC_MAX_NODES)
+        return tp_fail(TP_ERR_ARG, "%s: more than %d nodes", source, ELASTIC_MAX_NODES);
+    if (strlen(name) >= sizeof out->node_names[0])
+        return tp_fail(TP_ERR_ARG, "%s: node name '%s' longer than %zu bytes", source, name,
+                       sizeof out->node_names[0] - 1);
+    strcpy(out->node_names[out->nodes], name);
+    out->node_ranks[out->nodes++] = ranks;
+    out->world += ranks;
+    return TP_OK;
+}
+
+/* A file holding one number: the ranks available. */
+static int read_world_file(const char *path, elastic_capacity *out)
+{
+    char *text = NULL;
+    TP_TRY(ckpt_read_text_file(path, 4096, &text, NULL));
+    char *end = NULL;
+    errno = 0;
+    long world = strtol(text, &end, 10);
+    while (end && (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r')) end++;
+    int bad = errno || end == text || *end || world < 0 || world > ELASTIC_MAX_NODES * MAX_RANKS_PER_NODE;
+    free(text);
+    if (bad) return tp_fail(TP_ERR_ARG, "%s: expected the number of ranks available (0 or more)", path);
+    out->world = (int)world;
+    return TP_OK;
+}
+
+/* An Open MPI host file: "host [slots=N]" per line, '#' comments. */
+static int read_hostfile(const char *path, elastic_capacity *out)
+{
+    char *text = NULL;
+    TP_TRY(ckpt_read_text_file(path, 1 << 20, &text, NULL));
+    int status = TP_OK, line_number = 0;
+    for (char *line = text, *next; !status && line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        line_number++;
+        char *hash = strchr(line, '#');
+        if (hash) *hash = '\0';
+        char host[256], slots_text[64] = "";
+        int fields = sscanf(line, "%255s %63s", host, slots_text);
+        if (fields <= 0) continue;
+        long slots = 1;
+        if (fields == 2) {
+            char *end = NULL;
+            if (strncmp(slots_text, "slots=", 6) != 0 || (slots = strtol(slots_text + 6, &end, 10)) < 1 ||
+                slots > MAX_RANKS_PER_NODE || *end)
+                status = tp_fail(TP_ERR_ARG, "%s line %d: expected 'HOST slots=N' (N from 1 to %d), got '%s'", path,
+                                 line_number, MAX_RANKS_PER_NODE, slots_text);
+        }
+        if (!status) status = add_node(out, host, (int)slots, path);
+    }
+    free(text);
+    return status;
+}
+
+/* Runs a command and reads its output (up to size - 1 bytes). */
+static int command_output(const char *command, char *out, size_t size)
+{
+    FILE *p = popen(command, "r");
+    if (!p) return tp_fail(TP_ERR_IO, "cannot run '%s': %s", command, strerror(errno));
+    size_t n = fread(out, 1, size - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    if (status != 0) return tp_fail(TP_ERR_IO, "'%s' failed (status %d): %s", command, status, out);
+    return TP_OK;
+}
+
+/* The nodes of the allocation as Slurm sees them now (the SLURM_*
+ * environment of the allocation is not updated when it shrinks): its node
+ * list from squeue, expanded by scontrol, less the nodes that are down. */
+static int read_slurm(const elastic_capacity_source *source, elastic_capacity *out)
+{
+    for (const char *c = source->job_id; *c; c++)
+        if ((*c < '0' || *c > '9') && *c != '_')
+            return tp_fail(TP_ERR_ARG, "Slurm job id '%s' is not a number", source->job_id);
+    char command[512], nodes[65536];
+    snprintf(command, sizeof command,
+             "scontrol show hostnames \"$(squeue -h -j %s -o %%N)\" 2>&1", source->job_id);
+    TP_TRY(command_output(command, nodes, sizeof nodes));
+    for (char *name = strtok(nodes, "\n"); name; name = strtok(NULL, "\n")) {
+        char state[256], cpus[64];
+        snprintf(command, sizeof command, "sinfo -h -N -n '%s' -o '%%T %%c' 2>&1", name);
+        TP_TRY(command_output(command, state, sizeof state));
+        if (sscanf(state, "%*s %63s", cpus) != 1) return tp_fail(TP_ERR_IO, "sinfo on node %s said '%s'", name, state);
+        /* down, drained, failing or not responding ("*"): not usable */
+        if (strstr(state, "down") || strstr(state, "drain") || strstr(state, "fail") || strchr(state, '*')) continue;
+        int ranks = source->ranks_per_node > 0 ? source->ranks_per_node : atoi(cpus);
+        if (ranks < 1) ranks = 1;
+        TP_TRY(add_node(out, name, ranks, "the Slurm allocation"));
+    }
+    return TP_OK;
+}
+
+int elastic_capacity_read(const elastic_capacity_source *source, elastic_capacity *out)
+{
+    memset(out, 0, sizeof *out);
+    switch (source->kind) {
+    case ELASTIC_CAPACITY_WORLD:
+        out->world = source->world;
+        return TP_OK;
+    case ELASTIC_CAPACITY_WORLD_FILE: return read_world_file(source->path, out);
+    case ELASTIC_CAPACITY_HOSTFILE: return read_hostfile(source->path, out);
+    case ELASTIC_CAPACITY_SLURM: return read_slurm(source, out);
+    }
+    return tp_fail(TP_ERR_ARG, "unknown capacity source %d", (int)source->kind);
+}

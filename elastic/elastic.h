@@ -1,0 +1,168 @@
+/* elastic.h: keeping a training run going (docs/ELASTIC.md). The run loop
+ * launches tp-train through a real launcher (mpirun, or srun inside a Slurm
+ * allocation), follows its progress through the trainer's log, notices
+ * failures and hangs, picks a layout for the ranks available (plan.h) and
+ * relaunches from the newest intact checkpoint, keeping the global batch.
+ * Its state and events live in the run directory, so an orchestrator that
+ * is killed and started again continues the run. The library never prints:
+ * what happens reaches the caller as events (JSON) through a callback. */
+#ifndef TP_ELASTIC_ELASTIC_H
+#define TP_ELASTIC_ELASTIC_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "plan.h"
+
+/* ------------------------------------------------------------- capacity */
+
+typedef enum {
+    ELASTIC_CAPACITY_WORLD,      /* a fixed number of ranks on this machine */
+    ELASTIC_CAPACITY_WORLD_FILE, /* a file holding the number of ranks, re-read when it changes */
+    ELASTIC_CAPACITY_HOSTFILE,   /* an Open MPI host file ("host slots=N" lines), re-read */
+    ELASTIC_CAPACITY_SLURM,      /* the nodes of the Slurm allocation, asked of Slurm */
+} elastic_capacity_kind;
+
+typedef struct {
+    elastic_capacity_kind kind;
+    int world;           /* ELASTIC_CAPACITY_WORLD */
+    char path[4096];     /* WORLD_FILE, HOSTFILE */
+    char job_id[64];     /* SLURM */
+    int ranks_per_node;  /* SLURM: tasks per node (0: the node's CPUs) */
+} elastic_capacity_source;
+
+#define ELASTIC_MAX_NODES 256
+
+typedef struct {
+    int world;                           /* ranks available */
+    int nodes;                           /* 0 when the source names none (WORLD, WORLD_FILE) */
+    char node_names[ELASTIC_MAX_NODES][64];
+    int node_ranks[ELASTIC_MAX_NODES];   /* ranks each node offers */
+} elastic_capacity;
+
+/* The capacity now. Fails naming the source when it cannot be read. */
+int elastic_capacity_read(const elastic_capacity_source *source, elastic_capacity *out);
+
+/* ---------------------------------------------------------------- launch */
+
+typedef enum { ELASTIC_LAUNCHER_MPIRUN, ELASTIC_LAUNCHER_SRUN } elastic_launcher;
+
+typedef struct {
+    elastic_launcher launcher;
+    const char *mpirun;  /* the launcher program ("mpirun", "srun") */
+    int ranks;
+    const elastic_capacity *capacity; /* where the ranks go (nodes and their ranks) */
+    char *const *argv;   /* the trainer's command line, NULL-terminated */
+    const char *work_dir; /* for the launch's host file */
+} elastic_launch;
+
+/* The launcher's command line (malloc'ed strings, NULL-terminated; free
+ * with elastic_argv_free). */
+int elastic_launch_argv(const elastic_launch *launch, char ***out);
+void elastic_argv_free(char **argv);
+
+/* Starts argv in a process group of its own; *pid is the group's leader. */
+int elastic_spawn(char *const *argv, pid_t *pid);
+
+/* Ends the group: SIGTERM, then SIGKILL after grace_seconds; waits for the
+ * leader and returns its wait status in *status_out (may be NULL). */
+int elastic_stop_group(pid_t pid, double grace_seconds, int *status_out);
+
+/* ----------------------------------------------------- the trainer's log */
+
+/* One line of the trainer's --log (JSON lines; docs/TOOLS.md). */
+typedef enum { ELASTIC_LOG_START, ELASTIC_LOG_STEP, ELASTIC_LOG_SAVE, ELASTIC_LOG_STOP, ELASTIC_LOG_OTHER } elastic_log_kind;
+
+typedef struct {
+    elastic_log_kind kind;
+    int64_t step;
+    double loss, time, seconds;
+    char reason[64];
+} elastic_log_line;
+
+/* Follows a growing log: reads the complete lines added since the last call. */
+typedef struct {
+    char path[4096];
+    int64_t offset;
+    char partial[4096];
+} elastic_log_follower;
+
+void elastic_log_follow(elastic_log_follower *follower, const char *path, int64_t from_offset);
+/* Calls visit for each new complete line; a line that is not JSON is skipped. */
+int elastic_log_read(elastic_log_follower *follower, void (*visit)(void *ctx, const elastic_log_line *line), void *ctx);
+
+/* ----------------------------------------------------------- checkpoints */
+
+/* The newest checkpoint of run_dir that verifies (every block checksum),
+ * with the layout and step it holds; rejected ones are passed to `rejected`
+ * with why. TP_ERR_NOT_FOUND when there is none. */
+typedef struct {
+    char path[4096];
+    int64_t step;
+    int tp, pp;
+    double seconds; /* spent verifying */
+} elastic_checkpoint;
+
+int elastic_choose_checkpoint(const char *run_dir, int threads,
+                              void (*rejected)(void *ctx, const char *path, const char *why), void *ctx,
+                              elastic_checkpoint *out);
+
+/* -------------------------------------------------------------- the run */
+
+typedef struct {
+    const char *run_dir;           /* --ckpt-dir: checkpoints, state, events */
+    const char *events_path;       /* NULL: <run_dir>/elastic/events.jsonl */
+    elastic_launcher launcher;
+    const char *launcher_program;  /* NULL: "mpirun" or "srun" */
+    elastic_capacity_source capacity;
+    int min_world;                 /* below it: wait for capacity */
+    double capacity_wait_seconds;  /* how long to wait below min_world before giving up */
+    int max_restarts;              /* failures relaunched; scale changes do not count */
+    double backoff_seconds;        /* the first restart's delay, doubled each failure (capped at 60 s) */
+    double heartbeat_seconds;      /* no step for this long: a hang */
+    double start_seconds;          /* allowance for the first step of a launch (load, reshard) */
+    double save_seconds;           /* allowance while a checkpoint is saved */
+    double grace_seconds;          /* SIGTERM to SIGKILL */
+    double poll_seconds;           /* how often capacity and progress are looked at */
+    int repeat_limit;              /* failures at one step without progress before giving up */
+    int ranks_per_node;            /* for the planner; 0: from the capacity */
+    int64_t memory_per_rank;
+    int allow_batch_change;
+    int keep;                      /* > 0: keep only the newest `keep` checkpoints */
+    int verify_threads;
+    gpt_config model;
+    int64_t global_batch, micro_batch, steps;
+    char *const *train_argv;       /* tp-train and the user's arguments (no layout, no --resume) */
+    /* Called with each event as a JSON object text (also appended to the events file). */
+    void (*event)(void *ctx, const char *json);
+    /* Called with each step the trainer logs, for a progress line. */
+    void (*progress)(void *ctx, int64_t step, int64_t steps, double loss, const elastic_layout *layout, int world,
+                     int restarts);
+    void *ctx;
+} elastic_run_options;
+
+void elastic_run_options_init(elastic_run_options *options);
+
+typedef struct {
+    int finished;            /* the last step was reached */
+    int64_t step;            /* the last step logged */
+    int launches, restarts, scale_changes;
+    int64_t steps_recomputed;
+    double wall_seconds, training_seconds; /* training: step time that was kept */
+    double lost_seconds[5];  /* detection, selection, reshard, relaunch, lost work */
+    char reason[1024];       /* why it gave up */
+} elastic_summary;
+
+extern const char *const elastic_lost_names[5];
+
+/* Runs until the trainer finishes every step, or gives up (restarts used
+ * up, a failure that repeats without progress, capacity below min_world for
+ * too long); *summary says which. Fails only on the orchestrator's own
+ * errors (the run directory not writable). */
+int elastic_run(const elastic_run_options *options, elastic_summary *summary);
+
+/* Asks a running elastic_run to stop the trainer (checkpoint and exit) and
+ * return; async-signal-safe. */
+void elastic_request_stop(void);
+
+#endif

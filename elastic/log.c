@@ -1,0 +1,75 @@
+/* log.c: following the trainer's --log as it grows (elastic.h). Lines are
+ * JSON objects: steps {"step":N,"loss":X,...}, and events {"event":"start" |
+ * "save" | "stop", "step":N, ...} (docs/TOOLS.md). */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../common/error.h"
+#include "elastic.h"
+
+void elastic_log_follow(elastic_log_follower *f, const char *path, int64_t from_offset)
+{
+    memset(f, 0, sizeof *f);
+    snprintf(f->path, sizeof f->path, "%s", path);
+    f->offset = from_offset;
+}
+
+static double number(const cJSON *o, const char *name, double fallback)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return cJSON_IsNumber(v) ? v->valuedouble : fallback;
+}
+
+static void parse_line(const char *text, void (*visit)(void *, const elastic_log_line *), void *ctx)
+{
+    cJSON *o = cJSON_Parse(text);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return;
+    }
+    elastic_log_line line = {ELASTIC_LOG_OTHER, -1, 0, 0, 0, ""};
+    line.step = (int64_t)number(o, "step", -1);
+    line.loss = number(o, "loss", 0);
+    line.time = number(o, "time", 0);
+    line.seconds = number(o, "seconds", 0);
+    const cJSON *event = cJSON_GetObjectItemCaseSensitive(o, "event");
+    const cJSON *reason = cJSON_GetObjectItemCaseSensitive(o, "reason");
+    if (cJSON_IsString(reason)) snprintf(line.reason, sizeof line.reason, "%s", reason->valuestring);
+    if (!event) line.kind = line.step >= 0 ? ELASTIC_LOG_STEP : ELASTIC_LOG_OTHER;
+    else if (cJSON_IsString(event) && strcmp(event->valuestring, "start") == 0) line.kind = ELASTIC_LOG_START;
+    else if (cJSON_IsString(event) && strcmp(event->valuestring, "save") == 0) line.kind = ELASTIC_LOG_SAVE;
+    else if (cJSON_IsString(event) && strcmp(event->valuestring, "stop") == 0) line.kind = ELASTIC_LOG_STOP;
+    cJSON_Delete(o);
+    visit(ctx, &line);
+}
+
+int elastic_log_read(elastic_log_follower *f, void (*visit)(void *ctx, const elastic_log_line *line), void *ctx)
+{
+    FILE *file = fopen(f->path, "r");
+    if (!file) return errno == ENOENT ? TP_OK : tp_fail(TP_ERR_IO, "%s: cannot read: %s", f->path, strerror(errno));
+    if (fseek(file, (long)f->offset, SEEK_SET) != 0) {
+        fclose(file);
+        return tp_fail(TP_ERR_IO, "%s: cannot seek: %s", f->path, strerror(errno));
+    }
+    /* Complete lines only: a line the trainer is still writing waits in
+     * `partial` for its end. A line longer than the buffer is dropped. */
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, file)) > 0) {
+        f->offset += (int64_t)n;
+        for (size_t i = 0; i < n; i++) {
+            size_t used = strlen(f->partial);
+            if (chunk[i] == '\n') {
+                parse_line(f->partial, visit, ctx);
+                f->partial[0] = '\0';
+            } else if (used + 1 < sizeof f->partial) {
+                f->partial[used] = chunk[i];
+                f->partial[used + 1] = '\0';
+            }
+        }
+    }
+    fclose(file);
+    return TP_OK;
+}

@@ -1,0 +1,68 @@
+/* plan.h: choosing a layout (TP, PP, DP, micro-batch, accumulation) for the
+ * ranks a run has now (docs/ELASTIC.md "Choosing a layout"). Pure functions
+ * of the model's shape and the capacity: `tp-elastic plan` prints what they
+ * find, `tp-elastic run` relaunches with what they pick.
+ *
+ * Rules: TP divides the heads, the KV heads and the MLP width and stays
+ * within a node (TP <= ranks per node, dividing it); PP divides the layers
+ * (model/gpt.h gpt_config_check decides both); the global batch is kept
+ * exactly (micro_batch x grad_accum x DP == global batch); a layout must fit
+ * in the memory per rank when one is given. Among the valid layouts the
+ * planner prefers, in order: the most ranks used, the current TP and PP,
+ * then the least memory per rank, then the least communication. */
+#ifndef TP_ELASTIC_PLAN_H
+#define TP_ELASTIC_PLAN_H
+
+#include <stdint.h>
+
+#include "../model/gpt.h"
+
+typedef struct {
+    gpt_config model;
+    int world;               /* ranks available (>= 1) */
+    int ranks_per_node;      /* TP stays within a node; 0: all ranks on one node */
+    int64_t global_batch;    /* sequences per optimizer step (>= 1) */
+    int64_t micro_batch;     /* the largest micro-batch to use; 0: the planner's choice (up to 8) */
+    int64_t memory_per_rank; /* bytes; 0: no limit */
+    int current_tp, current_pp; /* the layout the run has now; 0: none */
+    int allow_batch_change;  /* when no layout keeps the global batch, take the nearest lower one */
+} elastic_plan_request;
+
+/* Bytes per rank, on the rank with the most (the first pipeline stage). */
+typedef struct {
+    int64_t weights, gradients, optimizer, activations, total;
+} elastic_memory;
+
+typedef struct {
+    int tp, pp, dp;
+    int64_t micro_batch, grad_accum;
+    int64_t global_batch;       /* micro_batch x grad_accum x dp */
+    int ranks;                  /* tp x pp x dp: ranks used; world - ranks sit idle */
+    elastic_memory memory;
+    int64_t comm_bytes_per_step; /* sent per rank per step: TP all-reduces, PP sends, DP gradient all-reduce */
+    int valid;
+    char reason[256];           /* why not valid: the first rule it breaks */
+} elastic_layout;
+
+typedef struct {
+    elastic_layout *layouts; /* every (tp, pp) considered, valid or not */
+    int count;
+    int chosen;              /* index into layouts; -1 when none is valid */
+    int batch_changed;       /* the chosen one's global batch differs from the request's */
+    char why[512];           /* why the chosen one, or why none */
+} elastic_plan;
+
+/* Fills *plan (free with elastic_plan_free). Fails (TP_ERR_ARG) only on a
+ * request that makes no sense (world < 1, global batch < 1, a model
+ * gpt_config_check refuses at tp = pp = 1); no valid layout is a plan with
+ * chosen = -1 and `why` saying so, not a failure. */
+int elastic_plan_make(const elastic_plan_request *request, elastic_plan *plan);
+void elastic_plan_free(elastic_plan *plan);
+
+/* The plan as a JSON object (malloc'ed; NULL without memory). */
+char *elastic_plan_to_json(const elastic_plan_request *request, const elastic_plan *plan);
+
+/* Memory per rank of one layout (the estimate the planner uses). */
+int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, elastic_memory *out);
+
+#endif

@@ -1,0 +1,309 @@
+/* The orchestrator's library parts (elastic/elastic.h) other than the
+ * planner: capacity sources, the launcher's command line, process groups
+ * that end whole, the trainer's log followed as it grows, and the choice of
+ * the newest checkpoint that verifies. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../elastic/elastic.h"
+#include "../support/fixture.h"
+
+TestSuite(elastic, .init = make_dir, .fini = remove_dir);
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* ------------------------------------------------------------- capacity */
+
+Test(elastic, world_file_is_read_each_time)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/world", dir);
+    elastic_capacity_source source = {.kind = ELASTIC_CAPACITY_WORLD_FILE};
+    strcpy(source.path, path);
+    elastic_capacity c;
+    write_text(path, "4\n");
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.world, 4);
+    write_text(path, " 7 ");
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.world, 7);
+    write_text(path, "seven");
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), path), "the error names the file: %s", tp_errmsg());
+    write_text(path, "-1");
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_ERR_ARG);
+    unlink(path);
+    cr_assert_neq(elastic_capacity_read(&source, &c), TP_OK, "a missing world file is an error");
+}
+
+Test(elastic, hostfile_gives_nodes_and_slots)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/hosts", dir);
+    write_text(path, "# the cluster\nnode-a slots=4\n\nnode-b slots=2   # a comment\nnode-c\n");
+    elastic_capacity_source source = {.kind = ELASTIC_CAPACITY_HOSTFILE};
+    strcpy(source.path, path);
+    elastic_capacity c;
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.nodes, 3);
+    cr_assert_eq(c.world, 7);
+    cr_assert_str_eq(c.node_names[1], "node-b");
+    cr_assert_eq(c.node_ranks[1], 2);
+    cr_assert_eq(c.node_ranks[2], 1, "no slots= is one slot");
+    write_text(path, "node-a slots=zero\n");
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "line 1"), "the error names the line: %s", tp_errmsg());
+}
+
+/* ------------------------------------------------------------ launching */
+
+static int count_args(char **argv)
+{
+    int n = 0;
+    while (argv[n]) n++;
+    return n;
+}
+
+static int has_pair(char **argv, const char *a, const char *b)
+{
+    for (int i = 0; argv[i] && argv[i + 1]; i++)
+        if (strcmp(argv[i], a) == 0 && strcmp(argv[i + 1], b) == 0) return 1;
+    return 0;
+}
+
+Test(elastic, mpirun_command_line)
+{
+    char *train[] = {"tp-train", "--model", "tiny", NULL};
+    elastic_capacity c = {.world = 6};
+    elastic_launch l = {ELASTIC_LAUNCHER_MPIRUN, NULL, 4, &c, train, dir};
+    char **argv = NULL;
+    cr_assert_eq(elastic_launch_argv(&l, &argv), TP_OK, "%s", tp_errmsg());
+    cr_assert_str_eq(argv[0], "mpirun");
+    cr_assert(has_pair(argv, "-np", "4"));
+    int n = count_args(argv);
+    cr_assert_str_eq(argv[n - 3], "tp-train", "the trainer's command comes last, whole");
+    cr_assert_str_eq(argv[n - 1], "tiny");
+    elastic_argv_free(argv);
+}
+
+Test(elastic, mpirun_with_nodes_writes_a_hostfile_of_the_nodes_used)
+{
+    char *train[] = {"tp-train", NULL};
+    elastic_capacity c = {.world = 7, .nodes = 3, .node_names = {"a", "b", "c"}, .node_ranks = {4, 2, 1}};
+    elastic_launch l = {ELASTIC_LAUNCHER_MPIRUN, NULL, 5, &c, train, dir};
+    char **argv = NULL, hostfile[700], text[256] = "";
+    cr_assert_eq(elastic_launch_argv(&l, &argv), TP_OK, "%s", tp_errmsg());
+    snprintf(hostfile, sizeof hostfile, "%s/hostfile.launch", dir);
+    cr_assert(has_pair(argv, "--hostfile", hostfile));
+    FILE *f = fopen(hostfile, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    cr_assert_str_eq(text, "a slots=4\nb slots=1\n", "5 ranks: all of a, one of b, none of c");
+    elastic_argv_free(argv);
+}
+
+Test(elastic, srun_command_line)
+{
+    char *train[] = {"tp-train", NULL};
+    elastic_capacity c = {.world = 8, .nodes = 3, .node_names = {"n1", "n2", "n3"}, .node_ranks = {4, 4, 4}};
+    elastic_launch l = {ELASTIC_LAUNCHER_SRUN, NULL, 8, &c, train, dir};
+    char **argv = NULL;
+    cr_assert_eq(elastic_launch_argv(&l, &argv), TP_OK, "%s", tp_errmsg());
+    cr_assert_str_eq(argv[0], "srun");
+    cr_assert(has_pair(argv, "-n", "8"));
+    cr_assert(has_pair(argv, "-N", "2"));
+    cr_assert(has_pair(argv, "--nodelist", "n1,n2"));
+    int pmix = 0, kill_on_bad_exit = 0;
+    for (char **a = argv; *a; a++) {
+        pmix |= strcmp(*a, "--mpi=pmix") == 0;
+        kill_on_bad_exit |= strcmp(*a, "--kill-on-bad-exit=1") == 0;
+    }
+    cr_assert(pmix && kill_on_bad_exit);
+    elastic_argv_free(argv);
+}
+
+Test(elastic, spawn_reports_a_missing_program)
+{
+    char *argv[] = {"/nonexistent/tp-train", NULL};
+    pid_t pid = 0;
+    cr_assert_eq(elastic_spawn(argv, &pid), TP_ERR_IO);
+    cr_assert(strstr(tp_errmsg(), "/nonexistent/tp-train"), "%s", tp_errmsg());
+}
+
+/* Whether a process has ended (a zombie waits for whoever adopted it). */
+static int gone_or_zombie(pid_t pid)
+{
+    for (int i = 0; i < 100; i++) {
+        char path[64], state = 0;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        if (!f) return 1;
+        int read = fscanf(f, "%*d %*s %c", &state);
+        fclose(f);
+        if (read == 1 && state == 'Z') return 1;
+        usleep(10000);
+    }
+    return 0;
+}
+
+/* A launch's whole process group ends, children that ignore SIGTERM too. */
+Test(elastic, stopping_a_group_ends_every_process_of_it)
+{
+    char pids[600], script[900];
+    snprintf(pids, sizeof pids, "%s/pids", dir);
+    snprintf(script, sizeof script, "trap '' TERM; sleep 300 & echo $! > %s; wait", pids);
+    char *argv[] = {"sh", "-c", script, NULL};
+    pid_t pid = 0;
+    cr_assert_eq(elastic_spawn(argv, &pid), TP_OK, "%s", tp_errmsg());
+    struct stat st;
+    for (int i = 0; i < 500 && (stat(pids, &st) != 0 || st.st_size == 0); i++) usleep(10000);
+    FILE *f = fopen(pids, "r");
+    cr_assert_not_null(f);
+    int child = 0;
+    cr_assert_eq(fscanf(f, "%d", &child), 1);
+    fclose(f);
+    int status = 0;
+    cr_assert_eq(elastic_stop_group(pid, 0.3, &status), TP_OK);
+    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "the leader ignored SIGTERM: killed after grace");
+    cr_assert(gone_or_zombie(child), "the grandchild %d is gone too", child);
+}
+
+/* ---------------------------------------------------------------- the log */
+
+typedef struct {
+    int steps, starts, saves, stops;
+    int64_t last_step;
+    double last_loss;
+} log_count;
+
+static void count_line(void *ctx, const elastic_log_line *line)
+{
+    log_count *c = ctx;
+    c->steps += line->kind == ELASTIC_LOG_STEP;
+    c->starts += line->kind == ELASTIC_LOG_START;
+    c->saves += line->kind == ELASTIC_LOG_SAVE;
+    c->stops += line->kind == ELASTIC_LOG_STOP;
+    if (line->kind == ELASTIC_LOG_STEP) {
+        c->last_step = line->step;
+        c->last_loss = line->loss;
+    }
+}
+
+Test(elastic, log_is_followed_line_by_line_as_it_grows)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/train.jsonl", dir);
+    elastic_log_follower f;
+    elastic_log_follow(&f, path, 0);
+    log_count c = {0};
+    cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK, "a log not there yet is no error");
+    FILE *out = fopen(path, "w");
+    fputs("{\"event\":\"start\",\"step\":0,\"seconds\":0.5}\n{\"step\":1,\"loss\":5.5}\n{\"step\":2,\"lo", out);
+    fflush(out);
+    cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
+    cr_assert_eq(c.starts, 1);
+    cr_assert_eq(c.steps, 1, "the line being written waits for its end");
+    fputs("ss\":5.25}\nnot json\n{\"event\":\"save\",\"step\":2}\n{\"event\":\"stop\",\"step\":2,\"reason\":\"finished\"}\n",
+          out);
+    fclose(out);
+    cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
+    cr_assert_eq(c.steps, 2);
+    cr_assert_eq(c.last_step, 2);
+    cr_assert_float_eq(c.last_loss, 5.25, 1e-12);
+    cr_assert_eq(c.saves, 1);
+    cr_assert_eq(c.stops, 1);
+    cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
+    cr_assert_eq(c.steps, 2, "nothing read twice");
+}
+
+/* ----------------------------------------------------------- checkpoints */
+
+static void small_checkpoint(const char *run, int64_t step)
+{
+    char path[CKPT_PATH_MAX];
+    cr_assert_eq(ckpt_step_path(run, step, path, sizeof path), TP_OK);
+    seed_random((uint64_t)step);
+    test_tensor t[6];
+    int tps[] = {2};
+    int n = random_tensors(t, 6, tps, 1, 2);
+    ckpt_layout layout = {2, 1, 1, 2}; /* tp 2, pp 1, dp 1, 2 layers */
+    write_tensors(path, &layout, t, n, 0, step);
+    for (int i = 0; i < n; i++) free(t[i].logical);
+}
+
+typedef struct {
+    int count;
+    char first[700];
+} rejected_list;
+
+static void on_rejected(void *ctx, const char *path, const char *why)
+{
+    rejected_list *r = ctx;
+    cr_assert(why[0], "a rejection says why");
+    if (!r->count++) snprintf(r->first, sizeof r->first, "%s", path);
+}
+
+/* Damage in the newest checkpoint: the one before it is chosen, and the
+ * newest is reported with why. */
+Test(elastic, the_newest_checkpoint_that_verifies_is_chosen)
+{
+    small_checkpoint(dir, 2);
+    small_checkpoint(dir, 4);
+    elastic_checkpoint chosen;
+    rejected_list rejected = {0};
+    cr_assert_eq(elastic_choose_checkpoint(dir, 2, on_rejected, &rejected, &chosen), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(chosen.step, 4);
+    cr_assert_eq(chosen.tp, 2);
+    cr_assert_eq(rejected.count, 0);
+    /* flip a byte in the middle of the newest checkpoint's first shard
+     * (data: its bytes are mostly tensor data) */
+    char shard[800];
+    snprintf(shard, sizeof shard, "%s/step_00000004/shard_pp00_tp00.h5", dir);
+    FILE *f = fopen(shard, "r+b");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    int damaged = 0;
+    for (long at = size / 2; at < size && !damaged; at += 97) { /* a byte that changes the outcome */
+        fseek(f, at, SEEK_SET);
+        int b = fgetc(f);
+        fseek(f, at, SEEK_SET);
+        fputc(b ^ 0x40, f);
+        fflush(f);
+        rejected_list probe = {0};
+        elastic_checkpoint c;
+        damaged = elastic_choose_checkpoint(dir, 1, on_rejected, &probe, &c) == TP_OK && c.step == 2;
+        if (!damaged) {
+            fseek(f, at, SEEK_SET);
+            fputc(b, f);
+            fflush(f);
+        }
+    }
+    fclose(f);
+    cr_assert(damaged, "some byte of the shard's data is covered by a checksum");
+    rejected = (rejected_list){0};
+    cr_assert_eq(elastic_choose_checkpoint(dir, 2, on_rejected, &rejected, &chosen), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(chosen.step, 2);
+    cr_assert_eq(rejected.count, 1);
+    cr_assert(strstr(rejected.first, "step_00000004"), "%s", rejected.first);
+}
+
+Test(elastic, no_checkpoint_at_all_is_not_found)
+{
+    elastic_checkpoint chosen;
+    cr_assert_eq(elastic_choose_checkpoint(dir, 1, NULL, NULL, &chosen), TP_ERR_NOT_FOUND);
+}
