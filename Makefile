@@ -86,7 +86,7 @@ TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps test asan fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-revisions clean programs tests
+.PHONY: all build deps test asan fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-elastic bench-revisions clean programs tests
 
 all: deps
 	@$(MAKE) --no-print-directory build
@@ -197,6 +197,10 @@ demo: deps
 bench-ckpt: deps
 	@$(MAKE) --no-print-directory build
 	@BUILD=$(BUILD) scripts/bench-ckpt.sh
+
+bench-elastic: deps
+	@$(MAKE) --no-print-directory build
+	@BUILD=$(BUILD) scripts/bench-elastic.sh
 
 bench-reshard: deps
 	@$(MAKE) --no-print-directory build

@@ -2,13 +2,17 @@
  * process per rank (mpirun -np N build/bin/tp-train ...). A thin layer over
  * train.h; see `tp-train --help`. Exit status: 0 success (also after a
  * checkpoint on SIGTERM/SIGUSR1), 1 failure, 2 usage. */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
 
+#include "../common/clock.h"
 #include "../trainer/comm_mpi.h"
 #include "../trainer/data.h"
 #include "../trainer/evaluate.h"
@@ -28,15 +32,19 @@ static const char *usage_text =
     CLI_MODEL_USAGE
     "           (trains GPT-2 in fp32: pre-LayerNorm, GELU, tied output)\n"
     "layout:    --tp T --pp P --dp D          (dp defaults to ranks / (tp x pp))\n"
-    "batch:     --micro-batch B (4) --grad-accum A (1)  global batch = B x A x D sequences\n"
+    "batch:     --micro-batch B (4) --grad-accum A (1)  global batch = B x A x D sequences;\n"
+    "           or --global-batch G (sequences per step): A = G / (B x D)\n"
     "optimizer: --steps N (100) --lr X (3e-4) --min-lr X (lr/10) --warmup N (steps/10)\n"
     "           --weight-decay X (0.1) --clip X (1.0) --seed N (1337)\n"
     "data:      --data FILE|GLOB              token files (docs/DATA.md); default: synthetic data\n"
     "checkpoints: --ckpt-dir DIR --ckpt-every N --resume [--sync-save] [--stop-at N]\n"
     "           written asynchronously; SIGTERM or SIGUSR1 (or --stop-at): finish the step,\n"
     "           checkpoint, exit 0. --resume continues from the newest intact checkpoint, at any layout\n"
-    "output:    --log FILE (JSON lines: step, loss, lr, grad_norm, tokens_per_s) --quiet\n"
+    "output:    --log FILE (JSON lines: a start line, steps, a stop line; appended with --resume) --quiet\n"
     "other:     --threads N (matrix-product threads per rank, 1)\n"
+    "testing:   --fault die|hang|fail --fault-step S [--fault-rank R (0)] [--fault-once FILE]: after step S,\n"
+    "           rank R kills itself (SIGKILL), stops progressing, or exits 1; with --fault-once only while FILE\n"
+    "           does not exist (it is created as the fault fires). --fault fail-at-start: exit 1 at once\n"
     "Run `tp-train eval --help` or `tp-train generate --help` for theirs.\n";
 
 /* A failure only this rank may know of, while others wait on it in a
@@ -214,7 +222,52 @@ typedef struct {
     FILE *log;                /* rank 0, --log */
     int resumed;
     int64_t resumed_step;
+    char resumed_from[4200];
+    double started;           /* now_seconds() at the program's start */
 } reporter;
+
+/* Fault injection for tests of recovery (tp-elastic): the program, which
+ * owns the process, does it; the trainer library never exits or raises. */
+typedef enum { FAULT_NONE, FAULT_DIE, FAULT_HANG, FAULT_FAIL, FAULT_FAIL_AT_START } fault_kind;
+
+typedef struct {
+    fault_kind kind;
+    int64_t step;
+    int rank;
+    const char *once; /* fires only while this file does not exist; created as it fires */
+} fault_plan;
+
+static fault_plan fault;
+
+static double unix_time(void)
+{
+    struct timeval t;
+    gettimeofday(&t, NULL);
+    return (double)t.tv_sec + t.tv_usec * 1e-6;
+}
+
+/* After step `step` on rank `rank`: the injected fault, when it is due. */
+static void maybe_fault(int rank, int64_t step)
+{
+    if (fault.kind == FAULT_NONE || fault.kind == FAULT_FAIL_AT_START || step != fault.step || rank != fault.rank)
+        return;
+    if (fault.once) {
+        FILE *marker = fopen(fault.once, "wx"); /* exclusive: fails when it exists */
+        if (!marker) return;                     /* fired before */
+        fclose(marker);
+    }
+    fflush(NULL);
+    switch (fault.kind) {
+    case FAULT_DIE: raise(SIGKILL); break;
+    case FAULT_HANG:
+        for (;;) pause(); /* SIGTERM still asks for a stop that never comes; SIGKILL ends it */
+    case FAULT_FAIL:
+        fprintf(stderr, "tp-train: error (rank %d): injected failure after step %lld (--fault fail)\n", rank,
+                (long long)step);
+        _exit(1);
+    default: break;
+    }
+}
 
 /* Opens the log: appended to when continuing a run, else new. */
 static FILE *open_log(const char *path, int append)
@@ -224,22 +277,50 @@ static FILE *open_log(const char *path, int append)
     return f;
 }
 
+/* The log's first line of a launch: its layout, batch split, what it
+ * resumed from and how long it took from the program's start to here (MPI,
+ * model, the checkpoint's load and any resharding at load). */
+static void log_start(reporter *p, const train_report *r)
+{
+    const train_options *o = p->o;
+    char from[4300] = "null";
+    if (p->resumed) {
+        cJSON *text = cJSON_CreateString(p->resumed_from); /* a path, quoted as JSON */
+        char *quoted = text ? cJSON_PrintUnformatted(text) : NULL;
+        if (quoted) snprintf(from, sizeof from, "%s", quoted);
+        free(quoted);
+        cJSON_Delete(text);
+    }
+    fprintf(p->log,
+            "{\"event\":\"start\",\"step\":%lld,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batch\":%lld,"
+            "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"resumed_from\":%s,\"load_seconds\":%.3f,"
+            "\"time\":%.6f}\n",
+            (long long)r->step - 1, p->c->tp, p->c->pp, p->c->dp, (long long)o->micro_batch, (long long)o->grad_accum,
+            (long long)r->global_batch, p->c->world, from, now_seconds() - p->started, unix_time());
+    fflush(p->log);
+}
+
 static void on_report(void *ctx, const train_report *r)
 {
     reporter *p = ctx;
     const train_options *o = p->o;
+    if (r->kind == TRAIN_REPORT_STEP) maybe_fault(p->c->rank, r->step);
     if (p->c->rank != 0) return;
     const gpt_config *g = &o->config;
     switch (r->kind) {
     case TRAIN_REPORT_RESUMED:
         p->resumed = 1;
         p->resumed_step = r->step;
+        snprintf(p->resumed_from, sizeof p->resumed_from, "%s", r->text);
         if (!p->quiet)
             printf("resumed from %s at step %lld (%lld samples consumed)%s\n", r->text, (long long)r->step,
                    (long long)r->consumed_samples, r->optimizer_loaded ? "" : "; no optimizer state, starting it afresh");
         break;
     case TRAIN_REPORT_START:
-        if (p->log_path) p->log = open_log(p->log_path, p->resumed_step > 0);
+        /* With --resume the log continues the run's, whether or not there
+         * was a checkpoint to resume from. */
+        if (p->log_path) p->log = open_log(p->log_path, o->resume || p->resumed_step > 0);
+        if (p->log) log_start(p, r);
         if (p->quiet) break;
         if (o->resume && !p->resumed) printf("no checkpoint in %s yet: starting from scratch\n", o->ckpt_dir);
         printf("training %lld-layer GPT (dim %lld, %lld heads, vocab %lld, seq %lld) at tp=%d pp=%d dp=%d: global batch "
@@ -258,9 +339,9 @@ static void on_report(void *ctx, const train_report *r)
         if (p->log) {
             fprintf(p->log,
                     "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
-                    "\"ckpt_stall_ms\":%.3f}\n",
+                    "\"ckpt_stall_ms\":%.3f,\"time\":%.6f}\n",
                     (long long)r->step, r->loss, r->lr, r->grad_norm, r->tokens_per_second, r->seconds * 1e3,
-                    r->checkpoint_stall * 1e3);
+                    r->checkpoint_stall * 1e3, unix_time());
             fflush(p->log);
         }
         break;
@@ -294,9 +375,12 @@ int main(int argc, char **argv)
     gpt_options model = {0};
     const char *log_path = NULL;
     int quiet = 0;
-    int64_t tp = 1, pp = 1, dp = 0;
+    int64_t tp = 1, pp = 1, dp = 0, global_batch = 0;
+    int accum_given = 0;
+    double started = now_seconds();
     enum { O_TP = 256, O_PP, O_DP, O_MB, O_ACCUM, O_STEPS, O_LR, O_MIN_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA,
-           O_CKPT, O_EVERY, O_RESUME, O_SYNC, O_LOG, O_THREADS, O_DUMP, O_QUIET, O_STOP };
+           O_CKPT, O_EVERY, O_RESUME, O_SYNC, O_LOG, O_THREADS, O_DUMP, O_QUIET, O_STOP, O_GLOBAL, O_FAULT, O_FAULT_STEP,
+           O_FAULT_RANK, O_FAULT_ONCE };
     static const struct option options[] = {
         CLI_MODEL_LONG_OPTIONS,
         {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP}, {"dp", required_argument, 0, O_DP},
@@ -309,7 +393,9 @@ int main(int argc, char **argv)
         {"resume", no_argument, 0, O_RESUME}, {"sync-save", no_argument, 0, O_SYNC},
         {"log", required_argument, 0, O_LOG}, {"threads", required_argument, 0, O_THREADS},
         {"dump", required_argument, 0, O_DUMP}, {"quiet", no_argument, 0, O_QUIET},
-        {"stop-at", required_argument, 0, O_STOP},
+        {"stop-at", required_argument, 0, O_STOP}, {"global-batch", required_argument, 0, O_GLOBAL},
+        {"fault", required_argument, 0, O_FAULT}, {"fault-step", required_argument, 0, O_FAULT_STEP},
+        {"fault-rank", required_argument, 0, O_FAULT_RANK}, {"fault-once", required_argument, 0, O_FAULT_ONCE},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const int64_t big = (int64_t)1 << 31;
     int c, index = 0;
@@ -323,7 +409,21 @@ int main(int argc, char **argv)
         case O_PP: pp = cli_int("tp-train", "--pp", optarg, 1, 4096); break;
         case O_DP: dp = cli_int("tp-train", "--dp", optarg, 1, 1 << 20); break;
         case O_MB: o.micro_batch = cli_int("tp-train", "--micro-batch", optarg, 1, big); break;
-        case O_ACCUM: o.grad_accum = cli_int("tp-train", "--grad-accum", optarg, 1, big); break;
+        case O_ACCUM:
+            o.grad_accum = cli_int("tp-train", "--grad-accum", optarg, 1, big);
+            accum_given = 1;
+            break;
+        case O_GLOBAL: global_batch = cli_int("tp-train", "--global-batch", optarg, 1, big); break;
+        case O_FAULT:
+            if (strcmp(optarg, "die") == 0) fault.kind = FAULT_DIE;
+            else if (strcmp(optarg, "hang") == 0) fault.kind = FAULT_HANG;
+            else if (strcmp(optarg, "fail") == 0) fault.kind = FAULT_FAIL;
+            else if (strcmp(optarg, "fail-at-start") == 0) fault.kind = FAULT_FAIL_AT_START;
+            else die_usage("--fault takes die, hang, fail or fail-at-start, not '%s'", optarg);
+            break;
+        case O_FAULT_STEP: fault.step = cli_int("tp-train", "--fault-step", optarg, 1, (int64_t)1 << 40); break;
+        case O_FAULT_RANK: fault.rank = (int)cli_int("tp-train", "--fault-rank", optarg, 0, 1 << 20); break;
+        case O_FAULT_ONCE: fault.once = optarg; break;
         case O_STEPS: o.steps = cli_int("tp-train", "--steps", optarg, 1, (int64_t)1 << 40); break;
         case O_LR: o.lr = cli_number("tp-train", "--lr", optarg); break;
         case O_MIN_LR: o.min_lr = cli_number("tp-train", "--min-lr", optarg); break;
@@ -349,9 +449,38 @@ int main(int argc, char **argv)
     if (gpt_options_finish(&model, &o.config) || gpt_model_supported(&o.config)) die_usage("%s", tp_errmsg());
     o.seq = o.config.seq;
     if (o.resume && !o.ckpt_dir) die_usage("--resume needs --ckpt-dir");
+    if (fault.kind != FAULT_NONE && fault.kind != FAULT_FAIL_AT_START && fault.step < 1)
+        die_usage("--fault %s needs --fault-step S", fault.kind == FAULT_DIE ? "die" : fault.kind == FAULT_HANG ? "hang" : "fail");
 
     int world = comm_mpi_world_size(&argc, &argv);
     if (!dp) dp = world / (tp * pp) > 0 ? world / (tp * pp) : 1;
+    if (fault.kind == FAULT_FAIL_AT_START) {
+        int code = comm_mpi_rank() == 0 ? fail("injected failure at start (--fault fail-at-start)") : 1;
+        comm_mpi_finalize();
+        return code;
+    }
+    /* --global-batch: the accumulation that keeps it at this dp; every rank
+     * reaches the same verdict, rank 0 says it. */
+    const char *batch_error = NULL;
+    char batch_text[256];
+    if (global_batch && global_batch % (o.micro_batch * dp) != 0) {
+        snprintf(batch_text, sizeof batch_text,
+                 "--global-batch %lld is not a multiple of micro-batch %lld x dp %lld", (long long)global_batch,
+                 (long long)o.micro_batch, (long long)dp);
+        batch_error = batch_text;
+    } else if (global_batch && accum_given && o.grad_accum * o.micro_batch * dp != global_batch) {
+        snprintf(batch_text, sizeof batch_text,
+                 "--grad-accum %lld gives a global batch of %lld, not --global-batch %lld (give one of them)",
+                 (long long)o.grad_accum, (long long)(o.grad_accum * o.micro_batch * dp), (long long)global_batch);
+        batch_error = batch_text;
+    } else if (global_batch) {
+        o.grad_accum = global_batch / (o.micro_batch * dp);
+    }
+    if (batch_error) {
+        if (comm_mpi_rank() == 0) fprintf(stderr, "tp-train: %s (see tp-train --help)\n", batch_error);
+        comm_mpi_finalize();
+        return 2;
+    }
     comm *cm = NULL;
     /* Every rank reaches the same verdict on the layout; rank 0 says it. */
     if (gpt_config_check(&o.config, (int)tp, (int)pp) || comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp)) {
@@ -366,7 +495,7 @@ int main(int argc, char **argv)
     action.sa_handler = on_signal;
     sigaction(SIGTERM, &action, NULL);
     sigaction(SIGUSR1, &action, NULL);
-    reporter rep = {cm, &o, quiet, log_path, NULL, 0, 0};
+    reporter rep = {cm, &o, quiet, log_path, NULL, 0, 0, "", started};
     o.report = on_report;
     o.report_ctx = &rep;
     train_outcome outcome;
@@ -374,7 +503,14 @@ int main(int argc, char **argv)
     if (status && !outcome.all_ranks_know) end_job(cm, outcome.reason);
     else if (status && cm->rank == 0) fail("%s", outcome.reason);
     else if (!status && cm->rank == 0 && !quiet) print_summary(&outcome, &o, o.micro_batch * o.grad_accum * cm->dp);
-    if (rep.log) fclose(rep.log);
+    if (rep.log) {
+        fprintf(rep.log, "{\"event\":\"stop\",\"step\":%lld,\"reason\":\"%s\",\"time\":%.6f}\n", (long long)outcome.step,
+                outcome.end == TRAIN_FINISHED  ? "finished"
+                : outcome.end == TRAIN_STOPPED ? "stopped"
+                                               : "failed",
+                unix_time());
+        fclose(rep.log);
+    }
     comm_free(cm);
     return status ? 1 : 0;
 }

@@ -10,6 +10,9 @@
 #   7. evaluate it at two layouts, export it for Hugging Face and llama.cpp
 #      (checked by an independent reader and PyTorch), import it back, and
 #      let it write some text
+#   8. the elastic story: tp-elastic trains at 4 ranks (tp2pp2), loses a rank
+#      and continues at the layout the planner picks for 3, grows back to 4,
+#      finishes, exports the merged weights and draws the run's report
 # Output goes to demo-run/ (ignored by git).
 set -eu
 cd "$(dirname "$0")/.."
@@ -83,5 +86,46 @@ say "10. import the Hugging Face directory at tp4pp2: bit-exact against the trai
 
 say "11. the model writes (after 80 steps on these docs: letters and spaces in plausible proportions, little more)"
 "$BIN/tp-train" generate --ckpt "$OUT/train" --prompt "The checkpoint " --tokens 160 --seed 1
+
+say "12. tp-elastic: train at 4 ranks, lose one (kill -9 at step 30), continue at the layout the planner picks for 3,"
+echo "    grow back to 4 at step 60, finish at 90; losses continue as if nothing had happened"
+echo 4 >"$OUT/world"
+ELASTIC_TRAIN="--layers 4 --dim 128 --heads 4 --vocab 256 --seq 64 --steps 90 --lr 3e-3 --data $OUT/text.bin --ckpt-every 10"
+(
+    # Capacity follows the story: 3 ranks once the rank is lost, 4 again at step 60.
+    while [ ! -e "$OUT/lost-a-rank" ]; do sleep 0.05; done
+    echo 3 >"$OUT/world"
+    while ! grep -q '"step":60,' "$OUT/elastic/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
+    echo 4 >"$OUT/world"
+) &
+WATCHER=$!
+"$BIN/tp-elastic" run --ckpt-dir "$OUT/elastic" --world-file "$OUT/world" --backoff 0.5 --heartbeat-timeout 30 \
+    -- "$BIN/tp-train" $ELASTIC_TRAIN --global-batch 8 --micro-batch 4 --quiet \
+    --fault die --fault-step 30 --fault-rank 1 --fault-once "$OUT/lost-a-rank" |
+    /usr/bin/python3 -c '
+import json, sys
+for line in sys.stdin:
+    if not line.startswith("tp-elastic: {"):
+        print("   " + line, end="")
+        continue
+    e = json.loads(line[len("tp-elastic: "):])
+    name = e["event"]
+    if name == "launch":
+        l = e["layout"]
+        print("   launch: %d ranks as tp%d pp%d dp%d, micro-batch %d x %d accumulation = global batch %d"
+              % (l["ranks"], l["tp"], l["pp"], l["dp"], l["micro_batch"], l["grad_accum"], l["global_batch"]))
+    elif name in ("failure", "hang"):
+        print("   %s at step %d: %s" % (name, e["step"], e["status"]))
+    elif name == "scale_change":
+        print("   capacity %d -> %d ranks at step %d: checkpoint and relaunch" % (e["from_world"], e["to_world"], e["step"]))
+    elif name == "checkpoint_chosen":
+        print("   resume from %s (verified in %.2f s)" % (e["path"], e["seconds"]))
+    elif name == "reshard":
+        print("   resharded tp%dpp%d -> tp%dpp%d at load in %.2f s" % (e["from_tp"], e["from_pp"], e["to_tp"], e["to_pp"], e["seconds"]))
+'
+kill $WATCHER 2>/dev/null || true
+"$BIN/tp-elastic" report "$OUT/elastic" -o "$OUT/elastic-report.svg"
+"$BIN/tp-ckpt" export "$OUT/elastic" --format safetensors -o "$OUT/elastic-hf"
+echo "   merged weights: $OUT/elastic-hf; the report's picture: $OUT/elastic-report.svg"
 
 say "demo done: checkpoints and exports are in $OUT/"

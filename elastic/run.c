@@ -1,0 +1,791 @@
+/* run.c: the run loop of tp-elastic (elastic.h, docs/ELASTIC.md).
+ *
+ * Each round: read the capacity, plan a layout for it, choose the newest
+ * checkpoint that verifies, launch the trainer with --resume, and watch it:
+ * its exit, its log (a step is progress; none for too long is a hang) and
+ * the capacity (more ranks usable: ask the trainer to checkpoint and stop,
+ * then relaunch larger). The trainer reshards at load when the layout
+ * changed. Everything that happens is an event, appended to the events file
+ * and handed to the caller; the state that a restarted orchestrator needs
+ * (launches, restarts, the layout, the failure history) is in
+ * <run_dir>/elastic/state.json, replaced atomically. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../ckpt/ckpt.h"
+#include "../ckpt/storage.h"
+#include "../common/clock.h"
+#include "../common/error.h"
+#include "elastic.h"
+
+const char *const elastic_lost_names[5] = {"detection", "selection", "reshard", "relaunch", "lost_work"};
+enum { LOST_DETECTION, LOST_SELECTION, LOST_RESHARD, LOST_RELAUNCH, LOST_WORK };
+
+static atomic_int stop_requested;
+
+void elastic_request_stop(void)
+{
+    atomic_store(&stop_requested, 1);
+}
+
+void elastic_run_options_init(elastic_run_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->launcher = ELASTIC_LAUNCHER_MPIRUN;
+    o->capacity.kind = ELASTIC_CAPACITY_WORLD;
+    o->capacity.world = 1;
+    o->min_world = 1;
+    o->capacity_wait_seconds = 600;
+    o->max_restarts = 10;
+    o->backoff_seconds = 1;
+    o->heartbeat_seconds = 60;
+    o->start_seconds = 300;
+    o->save_seconds = 600;
+    o->grace_seconds = 10;
+    o->poll_seconds = 0.2;
+    o->repeat_limit = 3;
+    o->verify_threads = 2;
+    o->steps = 100;
+}
+
+/* ------------------------------------------------------------- the state */
+
+typedef struct {
+    const elastic_run_options *o;
+    char dir[4200];         /* <run_dir>/elastic */
+    char state_path[4300], events_path[4300], log_path[4300];
+    FILE *events;
+    /* kept across orchestrator restarts */
+    int launches, restarts, scale_changes, repeats, tp, pp;
+    pid_t launch_pid; /* the launch running now (its process group), 0 when none */
+    int64_t last_failure_step, steps_recomputed, last_step;
+    double lost[5], training_seconds, wall_before;
+    /* this orchestrator's */
+    double started;
+    double step_seconds_sum;
+    int64_t step_count;
+} run_state;
+
+static double unix_time(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Appends the event (the object is consumed) and hands it to the caller. */
+static int emit(run_state *s, const char *name, cJSON *event)
+{
+    if (!event) return tp_fail(TP_ERR_NOMEM, "out of memory writing an event");
+    cJSON_AddStringToObject(event, "event", name);
+    cJSON_AddNumberToObject(event, "time", unix_time());
+    char *text = cJSON_PrintUnformatted(event);
+    cJSON_Delete(event);
+    if (!text) return tp_fail(TP_ERR_NOMEM, "out of memory writing an event");
+    int status = TP_OK;
+    if (fprintf(s->events, "%s\n", text) < 0 || fflush(s->events) != 0)
+        status = tp_fail(TP_ERR_IO, "%s: cannot append: %s", s->events_path, strerror(errno));
+    if (s->o->event) s->o->event(s->o->ctx, text);
+    free(text);
+    return status;
+}
+
+static cJSON *layout_json(const elastic_layout *l)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "tp", l->tp);
+    cJSON_AddNumberToObject(o, "pp", l->pp);
+    cJSON_AddNumberToObject(o, "dp", l->dp);
+    cJSON_AddNumberToObject(o, "micro_batch", (double)l->micro_batch);
+    cJSON_AddNumberToObject(o, "grad_accum", (double)l->grad_accum);
+    cJSON_AddNumberToObject(o, "global_batch", (double)l->global_batch);
+    cJSON_AddNumberToObject(o, "ranks", l->ranks);
+    return o;
+}
+
+static int save_state(run_state *s)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "launches", s->launches);
+    cJSON_AddNumberToObject(o, "restarts", s->restarts);
+    cJSON_AddNumberToObject(o, "scale_changes", s->scale_changes);
+    cJSON_AddNumberToObject(o, "repeats", s->repeats);
+    cJSON_AddNumberToObject(o, "tp", s->tp);
+    cJSON_AddNumberToObject(o, "pp", s->pp);
+    cJSON_AddNumberToObject(o, "launch_pid", s->launch_pid);
+    cJSON_AddNumberToObject(o, "last_failure_step", (double)s->last_failure_step);
+    cJSON_AddNumberToObject(o, "last_step", (double)s->last_step);
+    cJSON_AddNumberToObject(o, "steps_recomputed", (double)s->steps_recomputed);
+    cJSON_AddNumberToObject(o, "training_seconds", s->training_seconds);
+    cJSON_AddNumberToObject(o, "wall_seconds", s->wall_before + now_seconds() - s->started);
+    cJSON *lost = cJSON_AddObjectToObject(o, "lost_seconds");
+    for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(lost, elastic_lost_names[i], s->lost[i]);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return tp_fail(TP_ERR_NOMEM, "out of memory writing %s", s->state_path);
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.tmp", s->state_path);
+    FILE *f = fopen(tmp, "w");
+    int status = f && fputs(text, f) >= 0 && fflush(f) == 0 && fsync(fileno(f)) == 0 ? TP_OK : TP_ERR_IO;
+    if (f && fclose(f) != 0) status = TP_ERR_IO;
+    free(text);
+    if (!status && rename(tmp, s->state_path) != 0) status = TP_ERR_IO;
+    return status ? tp_fail(TP_ERR_IO, "%s: cannot write: %s", s->state_path, strerror(errno)) : TP_OK;
+}
+
+static double field(const cJSON *o, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+/* The state of an earlier orchestrator of this run, when there is one. */
+static int load_state(run_state *s)
+{
+    char *text = NULL;
+    int status = ckpt_read_text_file(s->state_path, CKPT_CONFIG_MAX_BYTES, &text, NULL);
+    if (status == TP_ERR_NOT_FOUND || (status && access(s->state_path, F_OK) != 0)) return TP_OK;
+    if (status) return status;
+    cJSON *o = NULL;
+    status = ckpt_json_parse(text, strlen(text), s->state_path, &o);
+    free(text);
+    if (status) return status;
+    s->launches = (int)field(o, "launches");
+    s->restarts = (int)field(o, "restarts");
+    s->scale_changes = (int)field(o, "scale_changes");
+    s->repeats = (int)field(o, "repeats");
+    s->tp = (int)field(o, "tp");
+    s->pp = (int)field(o, "pp");
+    s->launch_pid = (pid_t)field(o, "launch_pid");
+    s->last_failure_step = (int64_t)field(o, "last_failure_step");
+    s->last_step = (int64_t)field(o, "last_step");
+    s->steps_recomputed = (int64_t)field(o, "steps_recomputed");
+    s->training_seconds = field(o, "training_seconds");
+    s->wall_before = field(o, "wall_seconds");
+    const cJSON *lost = cJSON_GetObjectItemCaseSensitive(o, "lost_seconds");
+    for (int i = 0; i < 5; i++) s->lost[i] = field(lost, elastic_lost_names[i]);
+    cJSON_Delete(o);
+    return TP_OK;
+}
+
+static int make_dir(const char *path)
+{
+    if (mkdir(path, 0755) == 0 || errno == EEXIST) return TP_OK;
+    return tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+}
+
+/* A launch of an earlier orchestrator of this run that is still running
+ * (it should have ended with it: PR_SET_PDEATHSIG) is ended before anything
+ * else writes the run directory. Only a process group whose leader's command
+ * line names this run directory is taken for it. */
+static void end_earlier_launch(run_state *s)
+{
+    if (s->launch_pid <= 0 || kill(-s->launch_pid, 0) != 0) return;
+    char path[64], command[8192];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)s->launch_pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(command, 1, sizeof command - 1, f) : 0;
+    if (f) fclose(f);
+    for (size_t i = 0; i < n; i++)
+        if (!command[i]) command[i] = ' ';
+    command[n] = '\0';
+    if (!strstr(command, s->o->run_dir)) return;
+    elastic_stop_group(s->launch_pid, s->o->grace_seconds, NULL);
+}
+
+static int open_state(run_state *s, const elastic_run_options *o)
+{
+    memset(s, 0, sizeof *s);
+    s->o = o;
+    s->started = now_seconds();
+    s->last_failure_step = -1;
+    TP_TRY(make_dir(o->run_dir));
+    snprintf(s->dir, sizeof s->dir, "%s/elastic", o->run_dir);
+    TP_TRY(make_dir(s->dir));
+    snprintf(s->state_path, sizeof s->state_path, "%s/state.json", s->dir);
+    snprintf(s->log_path, sizeof s->log_path, "%s/train.jsonl", s->dir);
+    snprintf(s->events_path, sizeof s->events_path, "%s", o->events_path ? o->events_path : "");
+    if (!o->events_path) snprintf(s->events_path, sizeof s->events_path, "%s/events.jsonl", s->dir);
+    TP_TRY(load_state(s));
+    end_earlier_launch(s);
+    s->events = fopen(s->events_path, "a");
+    if (!s->events) return tp_fail(TP_ERR_IO, "%s: cannot append: %s", s->events_path, strerror(errno));
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------ one launch */
+
+typedef enum { END_FINISHED, END_FAILED, END_HUNG, END_SCALE, END_STOPPED } launch_end;
+
+typedef struct {
+    run_state *s;
+    const elastic_layout *layout;
+    int world;
+    int started;            /* the trainer's start line was seen */
+    int64_t first_step, last_step;
+    double launched, last_progress, first_step_time, load_seconds;
+    double last_loss;
+    int stop_line_finished;
+    /* what the first step of the launch reports */
+    int have_checkpoint, reshard;
+    int64_t resumed;
+    int from_tp, from_pp;
+} launch_watch;
+
+static int emit(run_state *s, const char *name, cJSON *event);
+static void prune_checkpoints(run_state *s, int64_t resumed_step);
+
+/* The first step of a launch: it resumed (and resharded at load when the
+ * layout changed); the time from the launch to here was lost to reshard
+ * (the trainer's load time, when it resharded) and relaunch (the rest). */
+static void first_step_seen(launch_watch *w)
+{
+    run_state *s = w->s;
+    double to_first = w->first_step_time - w->launched, load = w->reshard ? w->load_seconds : 0;
+    if (s->launches > 1) {
+        s->lost[LOST_RESHARD] += load;
+        s->lost[LOST_RELAUNCH] += to_first - load > 0 ? to_first - load : 0;
+    }
+    if (w->reshard) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "from_tp", w->from_tp);
+        cJSON_AddNumberToObject(e, "from_pp", w->from_pp);
+        cJSON_AddNumberToObject(e, "to_tp", w->layout->tp);
+        cJSON_AddNumberToObject(e, "to_pp", w->layout->pp);
+        cJSON_AddNumberToObject(e, "seconds", w->load_seconds);
+        cJSON_AddStringToObject(e, "how", "at load, by the trainer");
+        emit(s, "reshard", e);
+    }
+    if (w->have_checkpoint) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "step", (double)w->first_step);
+        cJSON_AddNumberToObject(e, "resumed_from", (double)w->resumed);
+        cJSON_AddNumberToObject(e, "seconds_to_first_step", to_first);
+        char layout[64];
+        snprintf(layout, sizeof layout, "tp%d pp%d dp%d", w->layout->tp, w->layout->pp, w->layout->dp);
+        cJSON_AddStringToObject(e, "layout", layout);
+        emit(s, "resumed", e);
+    }
+}
+
+static void on_log_line(void *ctx, const elastic_log_line *line)
+{
+    launch_watch *w = ctx;
+    double now = now_seconds();
+    switch (line->kind) {
+    case ELASTIC_LOG_START:
+        w->started = 1;
+        w->load_seconds = line->seconds;
+        w->last_progress = now;
+        break;
+    case ELASTIC_LOG_STEP:
+        if (w->first_step < 0) {
+            w->first_step = line->step;
+            w->first_step_time = now;
+            first_step_seen(w);
+        } else {
+            w->s->step_seconds_sum += now - w->last_progress;
+            w->s->step_count++;
+        }
+        w->last_step = line->step;
+        w->last_loss = line->loss;
+        w->last_progress = now;
+        if (line->step > w->s->last_step) w->s->last_step = line->step;
+        if (w->s->o->progress)
+            w->s->o->progress(w->s->o->ctx, line->step, w->s->o->steps, line->loss, w->layout, w->world,
+                              w->s->restarts);
+        break;
+    case ELASTIC_LOG_SAVE:
+        w->last_progress = now;
+        prune_checkpoints(w->s, line->step); /* --keep, as the run goes */
+        break;
+    case ELASTIC_LOG_STOP: w->stop_line_finished = strcmp(line->reason, "finished") == 0; break;
+    case ELASTIC_LOG_OTHER: break;
+    }
+}
+
+static void pause_seconds(double seconds)
+{
+    struct timespec t = {(time_t)seconds, (long)((seconds - floor(seconds)) * 1e9)};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR && !atomic_load(&stop_requested)) {
+    }
+}
+
+/* The ranks a plan for `capacity` would use, or -1 when none fits. */
+static int ranks_planned(run_state *s, const elastic_capacity *capacity, elastic_layout *chosen);
+
+/* The trainer's command line for a layout: the user's arguments, then the
+ * layout, the batch split, the checkpoint directory, --resume and the log. */
+static int trainer_argv(run_state *s, const elastic_layout *l, char ***out)
+{
+    const elastic_run_options *o = s->o;
+    int n = 0;
+    while (o->train_argv[n]) n++;
+    char **argv = calloc((size_t)n + 20, sizeof *argv);
+    if (!argv) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int i = 0; i < n; i++) argv[k++] = strdup(o->train_argv[i]);
+    char number[7][32];
+    snprintf(number[0], 32, "%d", l->tp);
+    snprintf(number[1], 32, "%d", l->pp);
+    snprintf(number[2], 32, "%d", l->dp);
+    snprintf(number[3], 32, "%lld", (long long)l->micro_batch);
+    snprintf(number[4], 32, "%lld", (long long)l->global_batch);
+    const char *extra[] = {"--tp", number[0], "--pp", number[1], "--dp", number[2], "--micro-batch", number[3],
+                           "--global-batch", number[4], "--ckpt-dir", o->run_dir, "--resume", "--log", s->log_path};
+    for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) argv[k++] = strdup(extra[i]);
+    for (int i = 0; i < k; i++)
+        if (!argv[i]) {
+            elastic_argv_free(argv);
+            return tp_fail(TP_ERR_NOMEM, "out of memory");
+        }
+    *out = argv;
+    return TP_OK;
+}
+
+/* Starts the launcher with the trainer's output in <dir>/launch-<n>.out. */
+static int start_launch(run_state *s, const elastic_layout *l, const elastic_capacity *capacity, pid_t *pid,
+                        char *output, size_t output_size)
+{
+    char **train = NULL, **argv = NULL;
+    TP_TRY(trainer_argv(s, l, &train));
+    elastic_launch launch = {s->o->launcher, s->o->launcher_program, l->ranks, capacity, train, s->dir};
+    int status = elastic_launch_argv(&launch, &argv);
+    elastic_argv_free(train);
+    if (status) return status;
+    snprintf(output, output_size, "%s/launch-%d.out", s->dir, s->launches + 1);
+    int fd = open(output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) status = tp_fail(TP_ERR_IO, "%s: cannot create: %s", output, strerror(errno));
+    /* The child inherits stdout and stderr pointing at the file. */
+    int saved_out = dup(1), saved_err = dup(2);
+    if (!status) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        status = elastic_spawn(argv, pid);
+        dup2(saved_out, 1);
+        dup2(saved_err, 2);
+    }
+    close(saved_out);
+    close(saved_err);
+    if (fd >= 0) close(fd);
+    if (!status) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddItemToObject(e, "layout", layout_json(l));
+        cJSON_AddNumberToObject(e, "world", capacity->world);
+        cJSON *nodes = cJSON_AddArrayToObject(e, "nodes");
+        for (int i = 0; i < capacity->nodes; i++) cJSON_AddItemToArray(nodes, cJSON_CreateString(capacity->node_names[i]));
+        cJSON *command = cJSON_AddArrayToObject(e, "command");
+        for (char **a = argv; *a; a++) cJSON_AddItemToArray(command, cJSON_CreateString(*a));
+        cJSON_AddStringToObject(e, "output", output);
+        s->launches++;
+        status = emit(s, "launch", e);
+    }
+    elastic_argv_free(argv);
+    return status;
+}
+
+/* Whether a line of output says something (not blank, not a launcher's
+ * rule of dashes). */
+static int says_something(const char *line, size_t length)
+{
+    for (size_t i = 0; i < length; i++)
+        if (line[i] != '-' && line[i] != ' ' && line[i] != '\t' && line[i] != '\r') return 1;
+    return 0;
+}
+
+/* The trainer's last line of output that says something (its error, as a
+ * rule its lines come before the launcher's own), for a one-line diagnosis:
+ * the last line naming an error, else the last that says something. */
+static void output_tail(const char *path, char *out, size_t size)
+{
+    char buffer[8192];
+    out[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    fseek(f, 0, SEEK_END);
+    long end = ftell(f), start = end > (long)sizeof buffer - 1 ? end - (long)sizeof buffer + 1 : 0;
+    fseek(f, start, SEEK_SET);
+    size_t n = fread(buffer, 1, sizeof buffer - 1, f);
+    fclose(f);
+    buffer[n] = '\0';
+    const char *chosen = NULL, *error = NULL;
+    size_t chosen_length = 0, error_length = 0;
+    for (char *line = buffer; line < buffer + n;) {
+        char *next = strchr(line, '\n');
+        size_t length = next ? (size_t)(next - line) : strlen(line);
+        if (says_something(line, length)) {
+            chosen = line;
+            chosen_length = length;
+            if (memmem(line, length, "error", 5)) error = line, error_length = length;
+        }
+        line += length + 1;
+    }
+    if (error) chosen = error, chosen_length = error_length;
+    if (!chosen) return;
+    size_t length = chosen_length < size - 1 ? chosen_length : size - 1;
+    memcpy(out, chosen, length);
+    out[length] = '\0';
+}
+
+static int capacity_changed(run_state *s, const elastic_layout *l, int *world_out)
+{
+    elastic_capacity now;
+    if (elastic_capacity_read(&s->o->capacity, &now) != TP_OK) return 0; /* unreadable for now: keep going */
+    *world_out = now.world;
+    elastic_layout next;
+    int ranks = ranks_planned(s, &now, &next);
+    /* grown: a plan would use more ranks; shrunk below what runs: stop
+     * cleanly before the launcher notices */
+    return (ranks > l->ranks) || now.world < l->ranks;
+}
+
+/* Watches one launch until it ends; *status_out is the launcher's wait status. */
+static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *status_out, double *detection)
+{
+    const elastic_run_options *o = s->o;
+    elastic_log_follower follower;
+    struct stat st;
+    elastic_log_follow(&follower, s->log_path, stat(s->log_path, &st) == 0 ? st.st_size : 0);
+    w->launched = w->last_progress = now_seconds();
+    int asked_stop = 0, asked_scale = 0;
+    double next_capacity_check = now_seconds() + 1;
+    *detection = 0;
+    for (;;) {
+        pause_seconds(o->poll_seconds);
+        elastic_log_read(&follower, on_log_line, w);
+        int status = 0;
+        pid_t done = waitpid(pid, &status, WNOHANG);
+        if (done == pid) {
+            elastic_log_read(&follower, on_log_line, w);
+            *status_out = status;
+            if (asked_stop) return END_STOPPED;
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+                return asked_scale && !w->stop_line_finished ? END_SCALE : END_FINISHED;
+            return END_FAILED;
+        }
+        double now = now_seconds();
+        if (atomic_load(&stop_requested) && !asked_stop) {
+            asked_stop = 1;
+            kill(pid, SIGUSR1); /* the launcher forwards it: checkpoint and exit */
+        }
+        /* A hang: no progress within the allowance (the first step of a
+         * launch loads and may reshard; a save may take long). */
+        double allowance = asked_stop || asked_scale ? o->save_seconds
+                           : w->first_step < 0         ? o->start_seconds
+                                                       : o->heartbeat_seconds;
+        if (now - w->last_progress > allowance) {
+            *detection = allowance;
+            elastic_stop_group(pid, o->grace_seconds, status_out);
+            return END_HUNG;
+        }
+        if (!asked_scale && !asked_stop && now >= next_capacity_check && w->first_step >= 0) {
+            next_capacity_check = now + 1;
+            int world = 0;
+            if (capacity_changed(s, w->layout, &world)) {
+                asked_scale = 1;
+                cJSON *e = cJSON_CreateObject();
+                cJSON_AddNumberToObject(e, "from_world", w->world);
+                cJSON_AddNumberToObject(e, "to_world", world);
+                cJSON_AddNumberToObject(e, "step", (double)w->last_step);
+                emit(s, "scale_change", e);
+                kill(pid, SIGUSR1);
+            }
+        }
+    }
+}
+
+static int ranks_planned(run_state *s, const elastic_capacity *capacity, elastic_layout *chosen)
+{
+    const elastic_run_options *o = s->o;
+    elastic_plan_request request = {0};
+    request.model = o->model;
+    request.world = capacity->world;
+    request.ranks_per_node = o->ranks_per_node;
+    if (!request.ranks_per_node && capacity->nodes > 0) {
+        request.ranks_per_node = capacity->node_ranks[0];
+        for (int i = 1; i < capacity->nodes; i++)
+            if (capacity->node_ranks[i] < request.ranks_per_node) request.ranks_per_node = capacity->node_ranks[i];
+    }
+    request.global_batch = o->global_batch;
+    request.micro_batch = o->micro_batch;
+    request.memory_per_rank = o->memory_per_rank;
+    request.current_tp = s->tp;
+    request.current_pp = s->pp;
+    request.allow_batch_change = o->allow_batch_change;
+    elastic_plan plan;
+    if (capacity->world < 1 || elastic_plan_make(&request, &plan) != TP_OK) return -1;
+    int ranks = -1;
+    if (plan.chosen >= 0) {
+        *chosen = plan.layouts[plan.chosen];
+        ranks = chosen->ranks;
+    }
+    elastic_plan_free(&plan);
+    return ranks;
+}
+
+/* ------------------------------------------------------------------ run */
+
+/* --keep K: removes committed checkpoints older than the K newest, never
+ * the one resumed from (it is among the newest: older ones failed to
+ * verify or are older still). Nothing is removed without --keep. */
+static void prune_checkpoints(run_state *s, int64_t resumed_step)
+{
+    const elastic_run_options *o = s->o;
+    if (o->keep < 1) return;
+    ckpt_candidate *list = NULL;
+    int n = 0;
+    if (ckpt_candidates(o->run_dir, &list, &n) != TP_OK) return;
+    /* newest first, `latest` first of all: sort by step, newest first */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && list[j].step > list[j - 1].step; j--) {
+            ckpt_candidate t = list[j];
+            list[j] = list[j - 1];
+            list[j - 1] = t;
+        }
+    const ckpt_storage *storage = NULL;
+    for (int i = o->keep; i < n; i++) {
+        if (list[i].step < 0 || list[i].step >= resumed_step) continue;
+        if (!storage && ckpt_storage_for(list[i].path, &storage) != TP_OK) break;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "path", list[i].path);
+        cJSON_AddNumberToObject(e, "keep", o->keep);
+        if (storage->remove_tree(storage, list[i].path) != TP_OK) cJSON_AddStringToObject(e, "error", tp_errmsg());
+        emit(s, "checkpoint_removed", e);
+    }
+    free(list);
+}
+
+typedef struct {
+    run_state *s;
+} rejected_ctx;
+
+static void on_rejected(void *ctx, const char *path, const char *why)
+{
+    run_state *s = ctx;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "path", path);
+    cJSON_AddStringToObject(e, "why", why);
+    emit(s, "checkpoint_rejected", e);
+}
+
+/* Waits until the capacity reaches min_world (or the wait's limit). */
+static int wait_for_capacity(run_state *s, elastic_capacity *capacity, char *why, size_t why_size)
+{
+    const elastic_run_options *o = s->o;
+    double start = now_seconds();
+    int announced = 0;
+    for (;;) {
+        int status = elastic_capacity_read(&o->capacity, capacity);
+        if (!status && capacity->world >= o->min_world) return TP_OK;
+        if (!announced) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "world", status ? -1 : capacity->world);
+            cJSON_AddNumberToObject(e, "min_world", o->min_world);
+            if (status) cJSON_AddStringToObject(e, "why", tp_errmsg());
+            emit(s, "waiting_for_capacity", e);
+            announced = 1;
+        }
+        if (now_seconds() - start > o->capacity_wait_seconds || atomic_load(&stop_requested)) {
+            snprintf(why, why_size, "capacity stayed below --min-world %d for %.0f s (%s)", o->min_world,
+                     now_seconds() - start, status ? tp_errmsg() : "too few ranks");
+            return TP_ERR_STATE;
+        }
+        pause_seconds(o->poll_seconds > 0.5 ? o->poll_seconds : 0.5);
+    }
+}
+
+static void fill_summary(run_state *s, elastic_summary *out, int finished)
+{
+    memset(out, 0, sizeof *out);
+    out->finished = finished;
+    out->step = s->last_step;
+    out->launches = s->launches;
+    out->restarts = s->restarts;
+    out->scale_changes = s->scale_changes;
+    out->steps_recomputed = s->steps_recomputed;
+    out->wall_seconds = s->wall_before + now_seconds() - s->started;
+    double lost = 0;
+    for (int i = 0; i < 5; i++) lost += out->lost_seconds[i] = s->lost[i];
+    out->training_seconds = out->wall_seconds - lost > 0 ? out->wall_seconds - lost : 0;
+}
+
+static int give_up(run_state *s, elastic_summary *summary, const char *why)
+{
+    fill_summary(s, summary, 0);
+    snprintf(summary->reason, sizeof summary->reason, "%s", why);
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "why", why);
+    cJSON_AddNumberToObject(e, "step", (double)s->last_step);
+    return emit(s, "give_up", e);
+}
+
+static void describe_exit(int status, char *out, size_t size)
+{
+    if (WIFEXITED(status)) snprintf(out, size, "exit status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status)) snprintf(out, size, "killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else snprintf(out, size, "wait status %d", status);
+}
+
+/* One round: plan, choose, launch, watch. Returns 1 when the run is over
+ * (finished, gave up or stopped), 0 to go on. */
+static int round_once(run_state *s, elastic_summary *summary, int *status_out)
+{
+    const elastic_run_options *o = s->o;
+    char why[8192];
+    elastic_capacity capacity;
+    *status_out = TP_OK;
+    if (wait_for_capacity(s, &capacity, why, sizeof why)) return *status_out = give_up(s, summary, why), 1;
+    elastic_layout layout;
+    if (ranks_planned(s, &capacity, &layout) < 0) {
+        snprintf(why, sizeof why, "no valid layout for %d ranks (tp-elastic plan --world %d says why)", capacity.world,
+                 capacity.world);
+        return *status_out = give_up(s, summary, why), 1;
+    }
+    /* The checkpoint to resume from. */
+    elastic_checkpoint chosen = {0};
+    int64_t resumed = 0;
+    int have_checkpoint = 0;
+    double selecting = now_seconds();
+    int status = elastic_choose_checkpoint(o->run_dir, o->verify_threads, on_rejected, s, &chosen);
+    if (!status) {
+        have_checkpoint = 1;
+        resumed = chosen.step;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "path", chosen.path);
+        cJSON_AddNumberToObject(e, "step", (double)chosen.step);
+        cJSON_AddNumberToObject(e, "seconds", chosen.seconds);
+        emit(s, "checkpoint_chosen", e);
+        prune_checkpoints(s, chosen.step);
+        if (chosen.step > s->last_step) s->last_step = chosen.step;
+        if (chosen.step >= o->steps) {
+            fill_summary(s, summary, 1);
+            return emit(s, "finished", cJSON_CreateObject()), 1;
+        }
+    }
+    if (s->launches > 0) s->lost[LOST_SELECTION] += now_seconds() - selecting;
+    if (s->last_step > resumed && s->launches > 0) {
+        s->steps_recomputed += s->last_step - resumed;
+        double mean = s->step_count ? s->step_seconds_sum / (double)s->step_count : 0;
+        s->lost[LOST_WORK] += mean * (double)(s->last_step - resumed);
+    }
+    int reshard = have_checkpoint && (chosen.tp != layout.tp || chosen.pp != layout.pp);
+    s->tp = layout.tp;
+    s->pp = layout.pp;
+    pid_t pid = 0;
+    char output[4400];
+    double launched = now_seconds();
+    if ((*status_out = start_launch(s, &layout, &capacity, &pid, output, sizeof output))) return 1;
+    s->launch_pid = pid;
+    save_state(s);
+    launch_watch w = {s, &layout, capacity.world, 0, -1, resumed, launched, launched, 0, 0, 0, 0,
+                      have_checkpoint, reshard, resumed, chosen.tp, chosen.pp};
+    int wait_status = 0;
+    double detection = 0;
+    launch_end end = watch_launch(s, pid, &w, &wait_status, &detection);
+    s->launch_pid = 0;
+    char exit_text[128];
+    describe_exit(wait_status, exit_text, sizeof exit_text);
+    if (end == END_FINISHED && w.last_step >= o->steps) {
+        fill_summary(s, summary, 1);
+        save_state(s);
+        return emit(s, "finished", cJSON_CreateObject()), 1;
+    }
+    if (end == END_STOPPED) {
+        fill_summary(s, summary, 0);
+        snprintf(summary->reason, sizeof summary->reason, "stopped on request at step %lld", (long long)w.last_step);
+        save_state(s);
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "step", (double)w.last_step);
+        return emit(s, "stopped", e), 1;
+    }
+    if (end == END_SCALE) {
+        s->scale_changes++;
+        save_state(s);
+        return 0;
+    }
+    /* A failure: a rank or node lost (the launcher's exit), or a hang. */
+    double failed_at = now_seconds();
+    s->lost[LOST_DETECTION] += detection;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "kind", end == END_HUNG ? "hang" : "exit");
+    cJSON_AddStringToObject(e, "status", exit_text);
+    cJSON_AddNumberToObject(e, "step", (double)w.last_step);
+    cJSON_AddStringToObject(e, "output", output);
+    emit(s, end == END_HUNG ? "hang" : "failure", e);
+    int progressed = w.last_step > s->last_failure_step;
+    s->repeats = progressed ? 1 : s->repeats + 1;
+    s->last_failure_step = w.last_step;
+    s->restarts++;
+    save_state(s);
+    if (s->repeats >= o->repeat_limit) {
+        char tail[600];
+        output_tail(output, tail, sizeof tail);
+        snprintf(why, sizeof why,
+                 "the trainer failed %d times in a row at step %lld without progress (%s): a bug, not a fault; the "
+                 "last line of its output (%s): %s",
+                 s->repeats, (long long)w.last_step, exit_text, output, tail);
+        return *status_out = give_up(s, summary, why), 1;
+    }
+    if (s->restarts > o->max_restarts) {
+        snprintf(why, sizeof why, "%d restarts used up (--max-restarts %d); the last failure: %s at step %lld",
+                 s->restarts - 1, o->max_restarts, exit_text, (long long)w.last_step);
+        return *status_out = give_up(s, summary, why), 1;
+    }
+    double backoff = o->backoff_seconds * pow(2, s->repeats - 1);
+    pause_seconds(backoff < 60 ? backoff : 60);
+    s->lost[LOST_RELAUNCH] += now_seconds() - failed_at;
+    return atomic_load(&stop_requested) ? (fill_summary(s, summary, 0),
+                                           snprintf(summary->reason, sizeof summary->reason, "stopped on request"), 1)
+                                        : 0;
+}
+
+int elastic_run(const elastic_run_options *o, elastic_summary *summary)
+{
+    memset(summary, 0, sizeof *summary);
+    if (!o->run_dir || !o->train_argv || !o->train_argv[0] || o->global_batch < 1 || o->steps < 1)
+        return tp_fail(TP_ERR_ARG, "elastic_run needs a run directory, a trainer command, a global batch and steps");
+    run_state s;
+    int status = open_state(&s, o);
+    if (status) {
+        if (s.events) fclose(s.events);
+        return status;
+    }
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "pid", getpid());
+    cJSON_AddNumberToObject(e, "earlier_launches", s.launches);
+    cJSON_AddNumberToObject(e, "steps", (double)o->steps);
+    cJSON_AddNumberToObject(e, "global_batch", (double)o->global_batch);
+    status = emit(&s, "orchestrator_start", e);
+    while (!status && !round_once(&s, summary, &status)) {
+    }
+    if (!status) {
+        cJSON *sum = cJSON_CreateObject();
+        cJSON_AddBoolToObject(sum, "finished", summary->finished);
+        cJSON_AddNumberToObject(sum, "step", (double)summary->step);
+        cJSON_AddNumberToObject(sum, "launches", summary->launches);
+        cJSON_AddNumberToObject(sum, "restarts", summary->restarts);
+        cJSON_AddNumberToObject(sum, "scale_changes", summary->scale_changes);
+        cJSON_AddNumberToObject(sum, "steps_recomputed", (double)summary->steps_recomputed);
+        cJSON_AddNumberToObject(sum, "wall_seconds", summary->wall_seconds);
+        cJSON_AddNumberToObject(sum, "training_seconds", summary->training_seconds);
+        cJSON_AddNumberToObject(sum, "ettr", summary->wall_seconds > 0 ? summary->training_seconds / summary->wall_seconds : 0);
+        cJSON *lost = cJSON_AddObjectToObject(sum, "lost_seconds");
+        for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(lost, elastic_lost_names[i], summary->lost_seconds[i]);
+        if (summary->reason[0]) cJSON_AddStringToObject(sum, "reason", summary->reason);
+        status = emit(&s, "summary", sum);
+        save_state(&s);
+    }
+    fclose(s.events);
+    return status;
+}

@@ -1,0 +1,144 @@
+/* elastic_plan.c: `tp-elastic plan` (docs/ELASTIC.md "Choosing a layout"):
+ * the valid layouts for N ranks, each with its memory and communication,
+ * the reasons of the rejected ones, and the one the planner picks. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/error.h"
+#include "../elastic/plan.h"
+#include "cli.h"
+#include "elastic_commands.h"
+
+#define PROGRAM "tp-elastic plan"
+
+static const char plan_usage[] =
+    "usage: tp-elastic plan --world N (--ckpt DIR | model flags) --global-batch B [options]\n"
+    "Lists every (tp, pp) for N ranks: dp, micro-batch x accumulation (keeping the global batch B exactly),\n"
+    "memory per rank and bytes sent per step, or why it is not valid; then the layout it picks and why.\n"
+    "\n" CLI_MODEL_USAGE
+    "           --ckpt DIR: the model (and the current layout) of a checkpoint or run directory instead\n"
+    "options:   --micro-batch M (8: the largest to use) --ranks-per-node G (TP stays within a node)\n"
+    "           --memory-per-rank SIZE (512M, 80G) --current tpTppP (prefer it) --allow-batch-change --json\n"
+    "Exit status: 0 when a layout is chosen, 1 when none is valid, 2 on usage errors.\n";
+
+/* tpTppP, as tp-reshard's --to takes it. */
+static void parse_layout(const char *text, int *tp, int *pp)
+{
+    char extra;
+    if (sscanf(text, "tp%dpp%d%c", tp, pp, &extra) != 2 || *tp < 1 || *pp < 1)
+        cli_usage_error(PROGRAM, "--current takes tpTppP (tp2pp1), not '%s'", text);
+}
+
+/* The model and layout of a checkpoint (a run directory resolves to its
+ * newest committed one). */
+static int from_checkpoint(const char *path, elastic_plan_request *r)
+{
+    ckpt_reader *reader = NULL;
+    TP_TRY(ckpt_reader_open(&reader, path, NULL));
+    int status = gpt_config_from_json(ckpt_reader_state(reader)->model_json, &r->model);
+    if (status) tp_fail_context(status, "%s: its model", ckpt_reader_path(reader));
+    if (!r->current_tp) {
+        r->current_tp = ckpt_reader_layout(reader)->tp;
+        r->current_pp = ckpt_reader_layout(reader)->pp;
+    }
+    ckpt_reader_close(reader);
+    return status;
+}
+
+static void print_bytes(double bytes)
+{
+    if (bytes >= 1024.0 * 1024 * 1024) printf("%9.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    else printf("%9.1f MiB", bytes / (1024.0 * 1024));
+}
+
+static void print_plan(const elastic_plan_request *r, const elastic_plan *plan)
+{
+    printf("%d ranks%s, global batch %lld\n", r->world, r->ranks_per_node ? " (per node as given)" : "",
+           (long long)r->global_batch);
+    printf("  tp  pp  dp  micro  accum  ranks   memory/rank    sent/step\n");
+    for (int i = 0; i < plan->count; i++) {
+        const elastic_layout *l = &plan->layouts[i];
+        if (!l->valid) {
+            printf("%4d %3d   -      -      -      -   not valid: %s\n", l->tp, l->pp, l->reason);
+            continue;
+        }
+        printf("%4d %3d %3d %6lld %6lld %6d ", l->tp, l->pp, l->dp, (long long)l->micro_batch,
+               (long long)l->grad_accum, l->ranks);
+        print_bytes((double)l->memory.total);
+        printf(" ");
+        print_bytes((double)l->comm_bytes_per_step);
+        printf("%s\n", i == plan->chosen ? "   <- chosen" : "");
+    }
+    if (plan->chosen < 0) return;
+    const elastic_layout *c = &plan->layouts[plan->chosen];
+    printf("chosen: tp%d pp%d dp%d, micro-batch %lld x %lld accumulation = global batch %lld (%s)\n", c->tp, c->pp,
+           c->dp, (long long)c->micro_batch, (long long)c->grad_accum, (long long)c->global_batch, plan->why);
+    printf("memory per rank: weights %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, activations %.1f MiB\n",
+           c->memory.weights / 1048576.0, c->memory.gradients / 1048576.0, c->memory.optimizer / 1048576.0,
+           c->memory.activations / 1048576.0);
+}
+
+int elastic_plan_main(int argc, char **argv)
+{
+    enum { O_WORLD = 1, O_CKPT, O_BATCH, O_MICRO, O_RPN, O_MEMORY, O_CURRENT, O_ALLOW, O_JSON, O_HELP };
+    static const struct option options[] = {
+        CLI_MODEL_LONG_OPTIONS,
+        {"world", required_argument, 0, O_WORLD}, {"ckpt", required_argument, 0, O_CKPT},
+        {"global-batch", required_argument, 0, O_BATCH}, {"micro-batch", required_argument, 0, O_MICRO},
+        {"ranks-per-node", required_argument, 0, O_RPN}, {"memory-per-rank", required_argument, 0, O_MEMORY},
+        {"current", required_argument, 0, O_CURRENT}, {"allow-batch-change", no_argument, 0, O_ALLOW},
+        {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+    elastic_plan_request r = {0};
+    gpt_options model = {0};
+    const char *ckpt = NULL;
+    int json = 0, model_given = 0, c, index = 0;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", options, &index)) != -1) {
+        switch (c) {
+        case CLI_MODEL_OPTION:
+            if (gpt_options_set(&model, options[index].name, optarg)) cli_usage_error(PROGRAM, "%s", tp_errmsg());
+            model_given = 1;
+            break;
+        case O_WORLD: r.world = (int)cli_int(PROGRAM, "--world", optarg, 1, 1 << 20); break;
+        case O_CKPT: ckpt = optarg; break;
+        case O_BATCH: r.global_batch = cli_int(PROGRAM, "--global-batch", optarg, 1, (int64_t)1 << 30); break;
+        case O_MICRO: r.micro_batch = cli_int(PROGRAM, "--micro-batch", optarg, 1, 1 << 20); break;
+        case O_RPN: r.ranks_per_node = (int)cli_int(PROGRAM, "--ranks-per-node", optarg, 1, 1 << 20); break;
+        case O_MEMORY: r.memory_per_rank = cli_size(PROGRAM, "--memory-per-rank", optarg); break;
+        case O_CURRENT: parse_layout(optarg, &r.current_tp, &r.current_pp); break;
+        case O_ALLOW: r.allow_batch_change = 1; break;
+        case O_JSON: json = 1; break;
+        case O_HELP: fputs(plan_usage, stdout); return 0;
+        default: cli_usage_error(PROGRAM, "unknown option or missing value: '%s'", cli_rejected_option(argv));
+        }
+    }
+    if (optind != argc) cli_usage_error(PROGRAM, "unexpected argument '%s'", argv[optind]);
+    if (!r.world) cli_usage_error(PROGRAM, "--world N is required");
+    if (!r.global_batch) cli_usage_error(PROGRAM, "--global-batch B is required");
+    if (ckpt && model_given) cli_usage_error(PROGRAM, "give the model flags or --ckpt, not both");
+    if (ckpt) {
+        if (from_checkpoint(ckpt, &r)) return cli_error(PROGRAM, "%s", tp_errmsg());
+    } else if (gpt_options_finish(&model, &r.model)) {
+        cli_usage_error(PROGRAM, "%s (or --ckpt DIR)", tp_errmsg());
+    }
+    elastic_plan plan;
+    if (elastic_plan_make(&r, &plan)) return cli_error(PROGRAM, "%s", tp_errmsg());
+    if (json) {
+        char *text = elastic_plan_to_json(&r, &plan);
+        if (!text) {
+            elastic_plan_free(&plan);
+            return cli_error(PROGRAM, "out of memory");
+        }
+        printf("%s\n", text);
+        free(text);
+    } else {
+        print_plan(&r, &plan);
+    }
+    int chosen = plan.chosen;
+    char why[sizeof plan.why];
+    snprintf(why, sizeof why, "%s", plan.why);
+    elastic_plan_free(&plan);
+    return chosen >= 0 ? 0 : cli_error(PROGRAM, "%s", why);
+}

@@ -1,0 +1,214 @@
+/* elastic_run.c: `tp-elastic run` (docs/ELASTIC.md): options, the trainer's
+ * command line, signals, the progress line and the summary; the loop itself
+ * is elastic_run (elastic/elastic.h). */
+#include <cjson/cJSON.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/error.h"
+#include "../elastic/elastic.h"
+#include "cli.h"
+#include "elastic_commands.h"
+
+#define PROGRAM "tp-elastic run"
+
+static const char run_usage[] =
+    "usage: tp-elastic run --ckpt-dir DIR [options] -- tp-train ARGS...\n"
+    "Runs tp-train through a launcher and keeps it going: on a failure (a rank or node lost, a hang) it\n"
+    "relaunches from the newest checkpoint that verifies, at the layout the planner picks for the ranks\n"
+    "available, keeping the global batch; when capacity grows it asks the trainer to checkpoint and relaunches\n"
+    "larger. ARGS give the model, --global-batch B (sequences per step), --steps and the rest; tp-elastic adds\n"
+    "--tp/--pp/--dp, --micro-batch, --ckpt-dir, --resume and --log.\n"
+    "\n"
+    "capacity:  --world N | --world-file FILE (re-read when it changes) | --hostfile FILE (Open MPI's) |\n"
+    "           inside a Slurm allocation, its nodes (asked of Slurm)\n"
+    "           --launcher auto|mpirun|srun (auto: srun inside Slurm, else mpirun) --ranks-per-node G\n"
+    "           --min-world M (1): below it, wait up to --capacity-wait S (600) for capacity\n"
+    "failures:  --max-restarts K (10) --backoff S (1, doubled per failure) --repeat-limit N (3: failures at\n"
+    "           one step without progress before giving up)\n"
+    "hangs:     --heartbeat-timeout S (60: no step for this long) --start-timeout S (300: to the first step)\n"
+    "           --save-timeout S (600: to exit after a stop request) --grace S (10: SIGTERM to SIGKILL)\n"
+    "planner:   --memory-per-rank SIZE --allow-batch-change\n"
+    "record:    --events FILE (DIR/elastic/events.jsonl); state and trainer output in DIR/elastic/\n"
+    "           --keep K: remove checkpoints older than the K newest (none is removed without it)\n"
+    "Exit status: 0 when the last step is reached, 1 when it gave up (the reason is printed), 2 on usage errors.\n"
+    "SIGINT or SIGTERM: the trainer checkpoints and stops; tp-elastic run again continues the run.\n";
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    elastic_request_stop();
+}
+
+typedef struct {
+    int terminal;
+    int64_t last_printed;
+} printer;
+
+static void on_event(void *ctx, const char *json)
+{
+    printer *p = ctx;
+    cJSON *o = cJSON_Parse(json);
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "event");
+    /* Steps are the progress line's; every other event gets a line. */
+    if (cJSON_IsString(name) && strcmp(name->valuestring, "summary") != 0) {
+        if (p->terminal) fputs("\r\033[K", stderr);
+        printf("tp-elastic: %s\n", json);
+        fflush(stdout);
+    }
+    cJSON_Delete(o);
+}
+
+static void on_progress(void *ctx, int64_t step, int64_t steps, double loss, const elastic_layout *l, int world,
+                        int restarts)
+{
+    printer *p = ctx;
+    if (p->terminal) {
+        fprintf(stderr, "\r\033[Kstep %lld/%lld | loss %.4f | tp%d pp%d dp%d | world %d | restarts %d", (long long)step,
+                (long long)steps, loss, l->tp, l->pp, l->dp, world, restarts);
+    } else if (step - p->last_printed >= 10 || step == steps) {
+        fprintf(stderr, "tp-elastic: step %lld/%lld loss %.4f tp%d pp%d dp%d world %d restarts %d\n", (long long)step,
+                (long long)steps, loss, l->tp, l->pp, l->dp, world, restarts);
+        p->last_printed = step;
+    }
+}
+
+/* Options tp-elastic owns: the user may not give them to the trainer. */
+static const char *const owned[] = {"--tp", "--pp", "--dp", "--grad-accum", "--ckpt-dir", "--resume", "--log", NULL};
+
+/* Reads what the orchestrator needs from the trainer's arguments: the model,
+ * the global batch, the micro-batch limit and the steps. */
+static void read_train_args(char **args, elastic_run_options *o)
+{
+    gpt_options model = {0};
+    int have_batch = 0;
+    for (int i = 1; args[i]; i++) {
+        const char *a = args[i], *value = args[i + 1];
+        for (int k = 0; owned[k]; k++)
+            if (strcmp(a, owned[k]) == 0)
+                cli_usage_error(PROGRAM, "%s is tp-elastic's to set; leave it out of the trainer's arguments", a);
+        if (strncmp(a, "--", 2) != 0) continue;
+        int is_model = 0;
+        for (int k = 0; gpt_option_names[k]; k++) is_model |= strcmp(a + 2, gpt_option_names[k]) == 0;
+        int flag = strcmp(a, "--swiglu") == 0 || strcmp(a, "--quiet") == 0 || strcmp(a, "--sync-save") == 0;
+        if (!flag && !value) cli_usage_error(PROGRAM, "trainer option %s needs a value", a);
+        if (is_model && gpt_options_set(&model, a + 2, value)) cli_usage_error(PROGRAM, "%s", tp_errmsg());
+        if (strcmp(a, "--global-batch") == 0) {
+            o->global_batch = cli_int(PROGRAM, "--global-batch", value, 1, (int64_t)1 << 30);
+            have_batch = 1;
+        }
+        if (strcmp(a, "--micro-batch") == 0) o->micro_batch = cli_int(PROGRAM, "--micro-batch", value, 1, 1 << 20);
+        if (strcmp(a, "--steps") == 0) o->steps = cli_int(PROGRAM, "--steps", value, 1, (int64_t)1 << 40);
+        if (!flag) i++;
+    }
+    if (!have_batch) cli_usage_error(PROGRAM, "the trainer's arguments need --global-batch B (sequences per step)");
+    if (gpt_options_finish(&model, &o->model)) cli_usage_error(PROGRAM, "the trainer's model: %s", tp_errmsg());
+}
+
+int elastic_run_main(int argc, char **argv)
+{
+    enum { O_CKPT = 1, O_LAUNCHER, O_WORLD, O_WORLD_FILE, O_HOSTFILE, O_MIN, O_RESTARTS, O_HEARTBEAT, O_START, O_SAVE,
+           O_GRACE, O_BACKOFF, O_REPEAT, O_EVENTS, O_RPN, O_MEMORY, O_ALLOW, O_WAIT, O_KEEP, O_HELP };
+    static const struct option options[] = {
+        {"ckpt-dir", required_argument, 0, O_CKPT}, {"launcher", required_argument, 0, O_LAUNCHER},
+        {"world", required_argument, 0, O_WORLD}, {"world-file", required_argument, 0, O_WORLD_FILE},
+        {"hostfile", required_argument, 0, O_HOSTFILE}, {"min-world", required_argument, 0, O_MIN},
+        {"max-restarts", required_argument, 0, O_RESTARTS}, {"heartbeat-timeout", required_argument, 0, O_HEARTBEAT},
+        {"start-timeout", required_argument, 0, O_START}, {"save-timeout", required_argument, 0, O_SAVE},
+        {"grace", required_argument, 0, O_GRACE}, {"backoff", required_argument, 0, O_BACKOFF},
+        {"repeat-limit", required_argument, 0, O_REPEAT}, {"events", required_argument, 0, O_EVENTS},
+        {"ranks-per-node", required_argument, 0, O_RPN}, {"memory-per-rank", required_argument, 0, O_MEMORY},
+        {"allow-batch-change", no_argument, 0, O_ALLOW}, {"capacity-wait", required_argument, 0, O_WAIT},
+        {"keep", required_argument, 0, O_KEEP}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+    elastic_run_options o;
+    elastic_run_options_init(&o);
+    const char *launcher = "auto";
+    int capacity_given = 0;
+    opterr = 0;
+    optind = 1;
+    int c;
+    /* '+': stop at the first word that is not an option (the "--"). */
+    while ((c = getopt_long(argc, argv, "+", options, NULL)) != -1) {
+        switch (c) {
+        case O_CKPT: o.run_dir = optarg; break;
+        case O_LAUNCHER: launcher = optarg; break;
+        case O_WORLD:
+            o.capacity.kind = ELASTIC_CAPACITY_WORLD;
+            o.capacity.world = (int)cli_int(PROGRAM, "--world", optarg, 1, 1 << 20);
+            capacity_given++;
+            break;
+        case O_WORLD_FILE:
+        case O_HOSTFILE:
+            o.capacity.kind = c == O_WORLD_FILE ? ELASTIC_CAPACITY_WORLD_FILE : ELASTIC_CAPACITY_HOSTFILE;
+            if (strlen(optarg) >= sizeof o.capacity.path) cli_usage_error(PROGRAM, "path too long: %s", optarg);
+            strcpy(o.capacity.path, optarg);
+            capacity_given++;
+            break;
+        case O_MIN: o.min_world = (int)cli_int(PROGRAM, "--min-world", optarg, 1, 1 << 20); break;
+        case O_RESTARTS: o.max_restarts = (int)cli_int(PROGRAM, "--max-restarts", optarg, 0, 1 << 20); break;
+        case O_HEARTBEAT: o.heartbeat_seconds = cli_number(PROGRAM, "--heartbeat-timeout", optarg); break;
+        case O_START: o.start_seconds = cli_number(PROGRAM, "--start-timeout", optarg); break;
+        case O_SAVE: o.save_seconds = cli_number(PROGRAM, "--save-timeout", optarg); break;
+        case O_GRACE: o.grace_seconds = cli_number(PROGRAM, "--grace", optarg); break;
+        case O_BACKOFF: o.backoff_seconds = cli_number(PROGRAM, "--backoff", optarg); break;
+        case O_REPEAT: o.repeat_limit = (int)cli_int(PROGRAM, "--repeat-limit", optarg, 1, 1000); break;
+        case O_EVENTS: o.events_path = optarg; break;
+        case O_RPN: o.ranks_per_node = (int)cli_int(PROGRAM, "--ranks-per-node", optarg, 1, 1 << 20); break;
+        case O_MEMORY: o.memory_per_rank = cli_size(PROGRAM, "--memory-per-rank", optarg); break;
+        case O_ALLOW: o.allow_batch_change = 1; break;
+        case O_WAIT: o.capacity_wait_seconds = cli_number(PROGRAM, "--capacity-wait", optarg); break;
+        case O_KEEP: o.keep = (int)cli_int(PROGRAM, "--keep", optarg, 1, 1 << 20); break;
+        case O_HELP: fputs(run_usage, stdout); return 0;
+        default: cli_usage_error(PROGRAM, "unknown option or missing value: '%s'", cli_rejected_option(argv));
+        }
+    }
+    if (!o.run_dir) cli_usage_error(PROGRAM, "--ckpt-dir DIR is required");
+    if (capacity_given > 1) cli_usage_error(PROGRAM, "give one of --world, --world-file and --hostfile");
+    /* getopt steps over the "--" that ends the options */
+    if (optind < 2 || strcmp(argv[optind - 1], "--") != 0 || optind >= argc)
+        cli_usage_error(PROGRAM, "the trainer's command line goes after '--' (-- tp-train ARGS...)");
+    char **train = argv + optind;
+    read_train_args(train, &o);
+    o.train_argv = train;
+    const char *job = getenv("SLURM_JOB_ID");
+    if (strcmp(launcher, "auto") == 0) launcher = job && !capacity_given ? "srun" : "mpirun";
+    if (strcmp(launcher, "srun") == 0) {
+        o.launcher = ELASTIC_LAUNCHER_SRUN;
+        if (!capacity_given) {
+            if (!job) cli_usage_error(PROGRAM, "--launcher srun outside a Slurm allocation needs --world or a file");
+            o.capacity.kind = ELASTIC_CAPACITY_SLURM;
+            snprintf(o.capacity.job_id, sizeof o.capacity.job_id, "%s", job);
+            o.capacity.ranks_per_node = o.ranks_per_node;
+        }
+    } else if (strcmp(launcher, "mpirun") == 0) {
+        o.launcher = ELASTIC_LAUNCHER_MPIRUN;
+        if (!capacity_given) cli_usage_error(PROGRAM, "mpirun needs the capacity: --world N, --world-file or --hostfile");
+    } else {
+        cli_usage_error(PROGRAM, "--launcher takes auto, mpirun or srun, not '%s'", launcher);
+    }
+    printer p = {isatty(2), 0};
+    o.event = on_event;
+    o.progress = on_progress;
+    o.ctx = &p;
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    elastic_summary s;
+    if (elastic_run(&o, &s)) return cli_error(PROGRAM, "%s", tp_errmsg());
+    if (p.terminal) fputs("\r\033[K", stderr);
+    double lost = 0;
+    for (int i = 0; i < 5; i++) lost += s.lost_seconds[i];
+    printf("%s at step %lld: %d launches, %d restarts, %d scale changes, %lld steps recomputed\n",
+           s.finished ? "finished" : "stopped", (long long)s.step, s.launches, s.restarts, s.scale_changes,
+           (long long)s.steps_recomputed);
+    printf("wall %.1f s, lost %.1f s (", s.wall_seconds, lost);
+    for (int i = 0; i < 5; i++) printf("%s%s %.1f s", i ? ", " : "", elastic_lost_names[i], s.lost_seconds[i]);
+    printf("), effective training time %.1f%%\n", s.wall_seconds > 0 ? 100 * s.training_seconds / s.wall_seconds : 0);
+    if (!s.finished && s.reason[0]) return cli_error(PROGRAM, "%s", s.reason);
+    return s.finished ? 0 : 1;
+}

@@ -1,0 +1,157 @@
+#!/bin/sh
+# End-to-end tests of `tp-elastic run` with mpirun (docs/ELASTIC.md): a rank
+# killed mid-run while capacity shrinks, a hang, capacity growing, a trainer
+# that always fails, the orchestrator itself killed and restarted, a damaged
+# newest checkpoint. In every case the run reaches its last step, recomputes
+# no more than the steps since the last checkpoint, and logs the losses of an
+# uninterrupted run (1e-4 relative): the global batch and the data position
+# are kept across layouts.
+. "$(dirname "$0")/lib.sh"
+
+use_open_mpi
+ELASTIC="$BIN/tp-elastic"
+TRAIN="$BIN/tp-train"
+STEPS=300
+EVERY=10
+TRAIN_ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --steps $STEPS --ckpt-every $EVERY"
+# Quick detection for tests: a tiny step takes milliseconds.
+FAST="--backoff 0.2 --heartbeat-timeout 4 --start-timeout 60 --grace 2"
+
+# The losses of an uninterrupted run, at 4 ranks (tp2 pp2).
+expect_ok "an uninterrupted run" mpirun --oversubscribe -np 4 "$TRAIN" $TRAIN_ARGS --tp 2 --pp 2 \
+    --ckpt-dir "$WORK/ref" --log "$WORK/ref.jsonl"
+
+# losses_continue LOG: the last logged loss of every step equals the
+# uninterrupted run's (1e-4 relative), every step 1..STEPS is there.
+losses_continue() {
+    "$PY" - "$1" "$WORK/ref.jsonl" "$STEPS" <<'PYEOF'
+import json, sys
+def steps(path):
+    out = {}
+    for line in open(path):
+        r = json.loads(line)
+        if "event" not in r and "step" in r:
+            out[r["step"]] = r["loss"]
+    return out
+got, ref, n = steps(sys.argv[1]), steps(sys.argv[2]), int(sys.argv[3])
+missing = [s for s in range(1, n + 1) if s not in got]
+if missing:
+    sys.exit("steps missing: %s" % missing)
+worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in range(1, n + 1))
+if worst > 1e-4:
+    sys.exit("losses differ from the uninterrupted run by %.3e relative" % worst)
+PYEOF
+}
+
+# events RUN NAME: how many events of that name the run recorded.
+events() { grep -c "\"event\":\"$2\"" "$1/elastic/events.jsonl" 2>/dev/null || true; }
+
+# summary_field RUN FIELD: from the last summary event.
+summary_field() {
+    "$PY" -c 'import json,sys; s=[json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][-1]; print(s[sys.argv[2]])' \
+        "$1/elastic/events.jsonl" "$2"
+}
+
+# no_strays RUN: no trainer of this run is left running (within 10 s: a
+# launcher told to stop takes a moment to end its ranks).
+no_strays() {
+    for i in $(seq 100); do
+        pgrep -f -- "--ckpt-dir $1 " >/dev/null || return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# ------------------------------------------- a rank killed, capacity shrinks
+# Rank 1 dies (SIGKILL) after step 25; the world file drops to 3 as it dies.
+# The run relaunches at the layout the planner picks for 3 ranks, resharding
+# at load, and finishes.
+R="$WORK/kill"
+echo 4 >"$WORK/world.kill"
+(
+    while [ ! -e "$R.fault" ]; do sleep 0.05; done
+    echo 3 >"$WORK/world.kill"
+) &
+watcher=$!
+mkdir -p "$R"
+expect_ok "kill -9 of a rank: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world-file "$WORK/world.kill" $FAST \
+    -- "$TRAIN" $TRAIN_ARGS --fault die --fault-step 25 --fault-rank 1 --fault-once "$R.fault"
+kill $watcher 2>/dev/null
+check "kill -9: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+check "kill -9: one failure recorded" [ "$(events "$R" failure)" -eq 1 ]
+check "kill -9: relaunched at 3 ranks" grep -q '"ranks":3' "$R/elastic/events.jsonl"
+check "kill -9: resharded at load (tp2pp2 to a 3-rank layout)" [ "$(events "$R" reshard)" -ge 1 ]
+check "kill -9: at most the steps since the last checkpoint recomputed" [ "$(summary_field "$R" steps_recomputed)" -le $EVERY ]
+check "kill -9: no trainer left running" no_strays "$R"
+
+# --------------------------------------------------------------------- hang
+# Rank 1 stops making progress after step 40: no step for the heartbeat
+# timeout is a hang; the step is stopped and relaunched.
+R="$WORK/hang"
+expect_ok "a hang: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 4 $FAST \
+    -- "$TRAIN" $TRAIN_ARGS --fault hang --fault-step 40 --fault-rank 1 --fault-once "$R.fault"
+check "hang: detected as a hang" [ "$(events "$R" hang)" -eq 1 ]
+check "hang: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+check "hang: no trainer left running" no_strays "$R"
+
+# ----------------------------------------------------------- capacity grows
+# Starts at 2 ranks; the world file grows to 4 after step 30: the trainer is
+# asked to checkpoint and stop, and the run relaunches larger. Not a failure.
+R="$WORK/grow"
+echo 2 >"$WORK/world.grow"
+mkdir -p "$R/elastic"
+(
+    while ! grep -q '"step":30,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
+    echo 4 >"$WORK/world.grow"
+) &
+watcher=$!
+expect_ok "capacity grows: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world-file "$WORK/world.grow" $FAST \
+    -- "$TRAIN" $TRAIN_ARGS
+kill $watcher 2>/dev/null
+check "grow: a scale change, no failure" [ "$(events "$R" scale_change)" -eq 1 ] && [ "$(events "$R" failure)" -eq 0 ]
+check "grow: relaunched at 4 ranks" grep -q '"ranks":4' "$R/elastic/events.jsonl"
+check "grow: no restart counted" [ "$(summary_field "$R" restarts)" -eq 0 ]
+check "grow: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+
+# ------------------------------------------------ a trainer that always fails
+R="$WORK/bug"
+expect_error "a trainer that always fails: a diagnosis, exit 1" 1 "failed 3 times in a row at step 0 without progress" \
+    "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --fault fail-at-start
+check "always fails: gave up after 3 launches" [ "$(events "$R" launch)" -eq 3 ] && [ "$(events "$R" give_up)" -eq 1 ]
+
+# ------------------------------------------------ the orchestrator restarted
+# tp-elastic killed with SIGKILL mid-run takes its trainer with it; started
+# again, it continues from the newest checkpoint and its recorded state.
+R="$WORK/requeue"
+mkdir -p "$R/elastic"
+"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 3000 >/dev/null 2>&1 &
+orchestrator=$!
+while ! grep -q '"step":60,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
+kill -9 $orchestrator
+wait $orchestrator 2>/dev/null
+check "killed orchestrator: its trainer went with it" no_strays "$R"
+expect_ok "restarted orchestrator: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
+    -- "$TRAIN" $TRAIN_ARGS --steps 3000
+check "restarted orchestrator: it counted the earlier launch" [ "$(summary_field "$R" launches)" -ge 2 ]
+check "restarted orchestrator: step 3000 reached" [ "$(summary_field "$R" step)" -eq 3000 ]
+
+# ------------------------------------------- a damaged newest checkpoint
+# A run stopped at step 60 (checkpoints every 10); a data byte of step 60 is
+# flipped: the orchestrator rejects it, resumes from step 50, and finishes.
+R="$WORK/damaged"
+expect_ok "a run to step 6" mpirun --oversubscribe -np 2 "$TRAIN" $TRAIN_ARGS --stop-at 60 --ckpt-dir "$R"
+shard=$(ls "$R"/step_00000060/shard_pp*_tp*.h5 | head -1)
+flip_byte "$shard" "$(data_offset "$shard" model/tok_embed.weight)"
+expect_ok "a damaged newest checkpoint: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
+    -- "$TRAIN" $TRAIN_ARGS
+check "damaged: step 60 rejected" grep -q '"event":"checkpoint_rejected".*step_00000060\|step_00000060.*"event":"checkpoint_rejected"' \
+    "$R/elastic/events.jsonl"
+check "damaged: resumed from step 50" grep -q '"path":"[^"]*step_00000050","step":50' "$R/elastic/events.jsonl"
+
+# ------------------------------------------------------------------ usage
+expect_error "no --ckpt-dir" 2 "ckpt-dir" "$ELASTIC" run --world 2 -- "$TRAIN" $TRAIN_ARGS
+expect_error "a layout option for the trainer" 2 "--tp is tp-elastic's" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2 \
+    -- "$TRAIN" $TRAIN_ARGS --tp 2
+expect_error "no global batch" 2 "global-batch" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2 -- "$TRAIN" --model tiny
+expect_error "no trainer" 2 "after '--'" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2
+finish
