@@ -71,7 +71,7 @@ int elastic_stop_group(pid_t pid, double grace_seconds, int *status_out);
 /* ----------------------------------------------------- the trainer's log */
 
 /* One line of the trainer's --log (JSON lines; docs/TOOLS.md). */
-typedef enum { ELASTIC_LOG_START, ELASTIC_LOG_STEP, ELASTIC_LOG_SAVE, ELASTIC_LOG_STOP, ELASTIC_LOG_OTHER } elastic_log_kind;
+typedef enum { ELASTIC_LOG_START, ELASTIC_LOG_STEP, ELASTIC_LOG_STOP, ELASTIC_LOG_OTHER } elastic_log_kind;
 
 typedef struct {
     elastic_log_kind kind;

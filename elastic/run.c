@@ -75,6 +75,7 @@ typedef struct {
     double started;
     double step_seconds_sum;
     int64_t step_count;
+    double last_prune;      /* now_seconds() of the last --keep pass */
 } run_state;
 
 static double unix_time(void)
@@ -301,14 +302,14 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
         w->last_step = line->step;
         w->last_loss = line->loss;
         w->last_progress = now;
+        if (w->s->o->keep > 0 && now - w->s->last_prune >= 1.0) { /* --keep as the run goes, once a second */
+            w->s->last_prune = now;
+            prune_checkpoints(w->s, line->step);
+        }
         if (line->step > w->s->last_step) w->s->last_step = line->step;
         if (w->s->o->progress)
             w->s->o->progress(w->s->o->ctx, line->step, w->s->o->steps, line->loss, w->layout, w->world,
                               w->s->restarts);
-        break;
-    case ELASTIC_LOG_SAVE:
-        w->last_progress = now;
-        prune_checkpoints(w->s, line->step); /* --keep, as the run goes */
         break;
     case ELASTIC_LOG_STOP: w->stop_line_finished = strcmp(line->reason, "finished") == 0; break;
     case ELASTIC_LOG_OTHER: break;
@@ -481,7 +482,8 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
         }
         /* A hang: no progress within the allowance (the first step of a
          * launch loads and may reshard; a save may take long). */
-        double allowance = asked_stop || asked_scale ? o->save_seconds
+        int saving = asked_stop || asked_scale || w->last_step >= o->steps; /* the last checkpoint is written */
+        double allowance = saving ? o->save_seconds
                            : w->first_step < 0         ? o->start_seconds
                                                        : o->heartbeat_seconds;
         if (now - w->last_progress > allowance) {
@@ -697,6 +699,7 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     char exit_text[128];
     describe_exit(wait_status, exit_text, sizeof exit_text);
     if (end == END_FINISHED && w.last_step >= o->steps) {
+        prune_checkpoints(s, w.last_step + 1);
         fill_summary(s, summary, 1);
         save_state(s);
         return emit(s, "finished", cJSON_CreateObject()), 1;

@@ -124,16 +124,16 @@ check "always fails: gave up after 3 launches" [ "$(events "$R" launch)" -eq 3 ]
 # again, it continues from the newest checkpoint and its recorded state.
 R="$WORK/requeue"
 mkdir -p "$R/elastic"
-"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 3000 >/dev/null 2>&1 &
+"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 1000 >/dev/null 2>&1 &
 orchestrator=$!
 while ! grep -q '"step":60,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
 kill -9 $orchestrator
 wait $orchestrator 2>/dev/null
 check "killed orchestrator: its trainer went with it" no_strays "$R"
 expect_ok "restarted orchestrator: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
-    -- "$TRAIN" $TRAIN_ARGS --steps 3000
+    -- "$TRAIN" $TRAIN_ARGS --steps 1000
 check "restarted orchestrator: it counted the earlier launch" [ "$(summary_field "$R" launches)" -ge 2 ]
-check "restarted orchestrator: step 3000 reached" [ "$(summary_field "$R" step)" -eq 3000 ]
+check "restarted orchestrator: step 1000 reached" [ "$(summary_field "$R" step)" -eq 1000 ]
 
 # ------------------------------------------- a damaged newest checkpoint
 # A run stopped at step 60 (checkpoints every 10); a data byte of step 60 is
@@ -147,6 +147,40 @@ expect_ok "a damaged newest checkpoint: the run finishes" "$ELASTIC" run --ckpt-
 check "damaged: step 60 rejected" grep -q '"event":"checkpoint_rejected".*step_00000060\|step_00000060.*"event":"checkpoint_rejected"' \
     "$R/elastic/events.jsonl"
 check "damaged: resumed from step 50" grep -q '"path":"[^"]*step_00000050","step":50' "$R/elastic/events.jsonl"
+
+# ------------------------------------------------------------------ --keep
+R="$WORK/keep"
+expect_ok "--keep 2: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 --keep 2 $FAST -- "$TRAIN" $TRAIN_ARGS
+check "--keep 2: the two newest checkpoints are left" [ "$(ls -d "$R"/step_* | wc -l)" -eq 2 ] && [ -d "$R/step_00000300" ]
+check "--keep 2: each removal is an event" [ "$(events "$R" checkpoint_removed)" -eq 28 ]
+
+# ------------------------------------------------------------------- plan
+expect_ok "plan: 8 ranks, JSON" "$ELASTIC" plan --world 8 --model small --global-batch 16 --ranks-per-node 4 --json
+check "plan: the chosen layout follows the rules and uses all 8 ranks" "$PY" - "$WORK/.out" <<'PYEOF'
+import json, sys
+p = json.load(open(sys.argv[1]))
+c = p["layouts"][p["chosen"]]
+assert c["valid"] and c["ranks"] == 8, c
+assert c["micro_batch"] * c["grad_accum"] * c["dp"] == 16
+assert c["tp"] <= 4 and 6 % c["tp"] == 0 and 6 % c["pp"] == 0, c
+for l in p["layouts"]:
+    assert l["valid"] or l["reason"], l
+PYEOF
+expect_ok "plan --ckpt: the model and layout of a run" "$ELASTIC" plan --world 3 --ckpt "$WORK/kill" --global-batch 12
+check "plan --ckpt: 3 ranks, the current layout kept" grep -q "chosen: tp1 pp1 dp3.*keeps the current" "$WORK/.out"
+expect_error "plan: nothing fits in 1 KiB" 1 "no layout is valid for 4 ranks" \
+    "$ELASTIC" plan --world 4 --model tiny --global-batch 8 --memory-per-rank 1K
+expect_error "plan: no --world" 2 "world" "$ELASTIC" plan --model tiny --global-batch 8
+expect_error "plan: a model and --ckpt" 2 "not both" "$ELASTIC" plan --world 2 --model tiny --ckpt "$WORK/kill" --global-batch 8
+
+# ------------------------------------------------------------------ report
+expect_ok "report: an SVG of the killed run" "$ELASTIC" report "$WORK/kill" -o "$WORK/kill.svg"
+check "report: an SVG with the loss of both launches" sh -c "grep -q '<svg' '$WORK/kill.svg' && grep -q 'launch 2' '$WORK/kill.svg'"
+check "report: the summary says one restart" grep -Eq "^restarts +1$" "$WORK/.out"
+expect_ok "report: a PNG" "$ELASTIC" report "$WORK/grow" -o "$WORK/grow.png"
+check "report: a PNG file" sh -c "head -c 4 '$WORK/grow.png' | od -c | grep -q 'P   N   G'"
+expect_error "report: no such run" 1 "train.jsonl" "$ELASTIC" report "$WORK/none" -o "$WORK/none.svg"
+expect_error "report: an unknown picture type" 2 "svg or .png" "$ELASTIC" report "$WORK/kill" -o "$WORK/kill.pdf"
 
 # ------------------------------------------------------------------ usage
 expect_error "no --ckpt-dir" 2 "ckpt-dir" "$ELASTIC" run --world 2 -- "$TRAIN" $TRAIN_ARGS

@@ -185,7 +185,7 @@ Test(elastic, stopping_a_group_ends_every_process_of_it)
 /* ---------------------------------------------------------------- the log */
 
 typedef struct {
-    int steps, starts, saves, stops;
+    int steps, starts, others, stops;
     int64_t last_step;
     double last_loss;
 } log_count;
@@ -195,7 +195,7 @@ static void count_line(void *ctx, const elastic_log_line *line)
     log_count *c = ctx;
     c->steps += line->kind == ELASTIC_LOG_STEP;
     c->starts += line->kind == ELASTIC_LOG_START;
-    c->saves += line->kind == ELASTIC_LOG_SAVE;
+    c->others += line->kind == ELASTIC_LOG_OTHER;
     c->stops += line->kind == ELASTIC_LOG_STOP;
     if (line->kind == ELASTIC_LOG_STEP) {
         c->last_step = line->step;
@@ -217,14 +217,14 @@ Test(elastic, log_is_followed_line_by_line_as_it_grows)
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
     cr_assert_eq(c.starts, 1);
     cr_assert_eq(c.steps, 1, "the line being written waits for its end");
-    fputs("ss\":5.25}\nnot json\n{\"event\":\"save\",\"step\":2}\n{\"event\":\"stop\",\"step\":2,\"reason\":\"finished\"}\n",
+    fputs("ss\":5.25}\nnot json\n{\"event\":\"note\",\"step\":2}\n{\"event\":\"stop\",\"step\":2,\"reason\":\"finished\"}\n",
           out);
     fclose(out);
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
     cr_assert_eq(c.steps, 2);
     cr_assert_eq(c.last_step, 2);
     cr_assert_float_eq(c.last_loss, 5.25, 1e-12);
-    cr_assert_eq(c.saves, 1);
+    cr_assert_eq(c.others, 1, "an event of another kind is passed on as such");
     cr_assert_eq(c.stops, 1);
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
     cr_assert_eq(c.steps, 2, "nothing read twice");
