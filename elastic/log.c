@@ -33,7 +33,7 @@ static void parse_line(const char *text, void (*visit)(void *, const elastic_log
     line.step = (int64_t)number(o, "step", -1);
     line.loss = number(o, "loss", 0);
     line.time = number(o, "time", 0);
-    line.seconds = number(o, "seconds", 0);
+    line.seconds = number(o, "load_seconds", 0); /* start lines */
     const cJSON *event = cJSON_GetObjectItemCaseSensitive(o, "event");
     const cJSON *reason = cJSON_GetObjectItemCaseSensitive(o, "reason");
     if (cJSON_IsString(reason)) snprintf(line.reason, sizeof line.reason, "%s", reason->valuestring);

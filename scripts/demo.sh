@@ -100,7 +100,7 @@ ELASTIC_TRAIN="--layers 4 --dim 128 --heads 4 --vocab 256 --seq 64 --steps 90 --
 ) &
 WATCHER=$!
 "$BIN/tp-elastic" run --ckpt-dir "$OUT/elastic" --world-file "$OUT/world" --backoff 0.5 --heartbeat-timeout 30 \
-    -- "$BIN/tp-train" $ELASTIC_TRAIN --global-batch 8 --micro-batch 4 --quiet \
+    -- "$BIN/tp-train" $ELASTIC_TRAIN --global-batch 12 --micro-batch 4 --quiet \
     --fault die --fault-step 30 --fault-rank 1 --fault-once "$OUT/lost-a-rank" |
     /usr/bin/python3 -c '
 import json, sys

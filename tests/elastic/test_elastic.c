@@ -197,6 +197,7 @@ static void count_line(void *ctx, const elastic_log_line *line)
     c->starts += line->kind == ELASTIC_LOG_START;
     c->others += line->kind == ELASTIC_LOG_OTHER;
     c->stops += line->kind == ELASTIC_LOG_STOP;
+    if (line->kind == ELASTIC_LOG_START) cr_assert_float_eq(line->seconds, 0.5, 1e-12);
     if (line->kind == ELASTIC_LOG_STEP) {
         c->last_step = line->step;
         c->last_loss = line->loss;
@@ -212,7 +213,7 @@ Test(elastic, log_is_followed_line_by_line_as_it_grows)
     log_count c = {0};
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK, "a log not there yet is no error");
     FILE *out = fopen(path, "w");
-    fputs("{\"event\":\"start\",\"step\":0,\"seconds\":0.5}\n{\"step\":1,\"loss\":5.5}\n{\"step\":2,\"lo", out);
+    fputs("{\"event\":\"start\",\"step\":0,\"load_seconds\":0.5}\n{\"step\":1,\"loss\":5.5}\n{\"step\":2,\"lo", out);
     fflush(out);
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
     cr_assert_eq(c.starts, 1);
