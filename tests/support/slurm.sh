@@ -15,7 +15,11 @@
 #                                   steps on it are killed by Slurm)
 #   slurm_node_lose NODE            a lost machine: SIGKILL to NODE's slurmd, its
 #                                   slurmstepd and their tasks; Slurm notices it
-#                                   after about SlurmdTimeout x 3 (about 9 s here)
+#                                   (state down*, steps on it end, jobs lose it)
+#                                   after about 12 s: SlurmdTimeout=3, and
+#                                   pings of a dead node fail only after
+#                                   MessageTimeout, $SLURM_TEST_MESSAGE_TIMEOUT
+#                                   (3; 2 gives 4-10 s, Slurm's 10 gives 26 s)
 #   slurm_node_resume NODE          restart NODE's slurmd if it is lost, return it
 #                                   to service, wait until it is usable
 #   slurm_node_state NODE           prints NODE's state as sinfo says it (idle,
@@ -160,7 +164,7 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 SlurmdTimeout=3
 SlurmctldTimeout=5
-MessageTimeout=3
+MessageTimeout=${SLURM_TEST_MESSAGE_TIMEOUT:-3}
 InactiveLimit=0
 KillWait=2
 MinJobAge=5
@@ -261,6 +265,7 @@ _slurm_procs() {
     else
         _seeds=$(_slurm_grep "TP_SLURM_DIR=$SLURM_TEST_DIR" "SLURM_CONF=$SLURM_TEST_DIR/slurm.conf")
     fi
+    # shellcheck disable=SC2086,SC2116
     _seeds=$(echo $_seeds)
     [ -z "$_seeds" ] && return 0
     # Their descendants too (a task that cleared its environment).
@@ -286,6 +291,7 @@ _slurm_kill() {
         _left=""
         for _p in $1; do _slurm_alive "$_p" && _left="$_left $_p"; done
         [ -z "$_left" ] && return 0
+        # shellcheck disable=SC2086
         [ $_i = 20 ] && kill -KILL $_left 2>/dev/null
         sleep 0.1
         _i=$((_i + 1))
@@ -316,10 +322,11 @@ slurm_stop() {
     _left=""
     for _p in $_pids; do _slurm_alive "$_p" && _left="$_left $_p"; done
     _left="$_left $(_slurm_procs)"
-    if [ -n "$(echo $_left)" ]; then
+    # shellcheck disable=SC2086,SC2116
+    _left=$(echo $_left)
+    if [ -n "$_left" ]; then
         _slurm_err "left running:"
-        # shellcheck disable=SC2086
-        ps -o pid,ppid,args -p $(echo $_left | tr ' ' ',') >&2
+        ps -o pid,ppid,args -p "$(echo "$_left" | tr ' ' ',')" >&2
         _rc=1
     else
         rm -rf "$SLURM_TEST_DIR"
