@@ -1,8 +1,16 @@
 /* plan.c: the layout planner (plan.h). For every (tp, pp) that fits the
- * world it finds the largest DP that keeps the global batch, the largest
- * micro-batch within the limit that divides a DP rank's share, estimates
- * memory and communication, and names the first rule a layout breaks; then
- * it picks by the preferences plan.h lists. */
+ * world it finds the largest DP that keeps the global batch and the largest
+ * micro-batch within the limit that divides a DP rank's share and fits in
+ * memory, estimates memory and communication per rank, and names the first
+ * rule a layout breaks; then it picks by the preferences plan.h lists.
+ *
+ * The estimates count what the trainer holds and sends (trainer/model.c,
+ * trainer/train.c, trainer/checkpoint.c), not a textbook formula: the
+ * orchestrator links none of the trainer, so the counts are repeated here
+ * and each says where its original lives. Notation: b micro-batch, s the
+ * model's sequence, N = b*s rows, D dim, H heads, KV key/value heads,
+ * hd = D/H, F the MLP width, Vp the vocabulary padded for tp, L/pp layers
+ * per stage. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,18 +21,29 @@
 #include "plan.h"
 
 #define DEFAULT_MICRO_BATCH_LIMIT 8
+#define FP32 4 /* bytes: the trainer's activations, gradients, moments and messages */
 #define GIB (1024.0 * 1024.0 * 1024.0)
+#define MIB (1024.0 * 1024.0)
 
-/* "1.5 GiB", "12.0 MiB", "800 KiB": sizes in reasons. */
+/* "1.50 GiB", "12.0 MiB", "800 KiB": sizes in reasons. */
 static const char *format_bytes(double bytes, char *out, size_t size)
 {
     if (bytes >= GIB) snprintf(out, size, "%.2f GiB", bytes / GIB);
-    else if (bytes >= 1024.0 * 1024.0) snprintf(out, size, "%.1f MiB", bytes / (1024.0 * 1024.0));
+    else if (bytes >= MIB) snprintf(out, size, "%.1f MiB", bytes / MIB);
     else snprintf(out, size, "%.0f KiB", bytes / 1024.0);
     return out;
 }
 
-/* ------------------------------------------------------------- estimates */
+/* ------------------------------------------------------- what a rank holds */
+
+/* What one TP rank of one pipeline stage holds, in elements. The first TP
+ * rank is counted: it also stores the replicated tensors' snapshot. */
+typedef struct {
+    int64_t params;      /* its pieces of the parameters (padding included), the tied copy too */
+    int64_t owned;       /* of those, what its checkpoint snapshot copies: all but the tied copy */
+    int64_t embed_piece; /* its piece of the token table, [Vp/tp, D]; 0 on a stage without one */
+    int64_t vocab_local; /* Vp/tp: its columns of the logits */
+} stage_share;
 
 static int64_t elements(const int64_t *shape, int ndim)
 {
@@ -33,71 +52,160 @@ static int64_t elements(const int64_t *shape, int ndim)
     return n;
 }
 
-/* Parameters each pipeline stage holds on one tensor-parallel rank (its
- * pieces, padding included); params_out has pp entries. */
-static int stage_parameters(const gpt_config *model, int tp, int pp, int64_t *params_out)
+/* The pieces each stage holds at (tp, pp), from the catalogue's partition
+ * descriptions and pipeline anchors (model/gpt.h). The token table sits on
+ * the first stage; a separate last stage keeps a copy of it for the tied
+ * output projection (trainer/model.c gpt_model_create). shares has pp entries. */
+static int stage_shares(const gpt_config *model, int tp, int pp, stage_share *shares)
 {
     gpt_tensor *catalog = NULL;
     int count = 0;
     TP_TRY(gpt_catalog(model, 0, &catalog, &count));
     ckpt_layout layout = {tp, pp, 1, model->layers};
-    memset(params_out, 0, (size_t)pp * sizeof *params_out);
+    memset(shares, 0, (size_t)pp * sizeof *shares);
     for (int i = 0; i < count; i++) {
         int64_t shape[CKPT_MAX_DIMS];
         ckpt_piece_shape(&catalog[i].desc, tp, shape);
-        params_out[ckpt_tensor_stage(&catalog[i].desc, &layout)] += elements(shape, catalog[i].desc.ndim);
+        int64_t n = elements(shape, catalog[i].desc.ndim);
+        stage_share *here = &shares[ckpt_tensor_stage(&catalog[i].desc, &layout)];
+        here->params += n;
+        here->owned += n;
+        if (catalog[i].kind != GPT_TOK_EMBED) continue;
+        here->embed_piece = n;
+        shares[pp - 1].vocab_local = shape[0];
+        if (pp > 1) {
+            shares[pp - 1].params += n;
+            shares[pp - 1].embed_piece = n;
+        }
     }
     free(catalog);
     return TP_OK;
 }
 
-/* Activation bytes one micro-batch leaves per layer for the backward pass,
- * in fp32 (the trainer's activations): the estimate of Korthikanti et al.
- * (2022) for a transformer layer with tensor parallelism and no
- * recomputation, s*b*h*(10 + 24/t + 5*a*s/(h*t)) in 2-byte units, doubled for
- * 4-byte ones. s: sequence, b: micro-batch, h: dim, a: heads, t: tp. */
-static double layer_activation_bytes(const gpt_config *m, int tp, int64_t micro_batch)
+/* fp32 elements one micro-batch keeps for its backward pass on one rank of
+ * a stage (trainer/model.c slot_floats; column-parallel widths over tp):
+ *   the stage's input                             [N, D]
+ *   per layer  ln1, res1, ln2, res2               4 x [N, D]
+ *              layer-norm means and 1/std         4 x [N]
+ *              qkv                                [N, (H + 2 KV)/tp * hd]
+ *              attention probabilities            [b, H/tp, s, s]
+ *              attention output                   [N, H/tp * hd]
+ *              fc (pre-activation), gelu          [N, F/tp] x 2 (fc [N, 2F/tp] with SwiGLU)
+ *   last stage final norm                         [N, D]
+ *              its mean and 1/std, the loss's
+ *              row max, sum and target logit      5 x [N]
+ *              logits                             [N, Vp/tp] */
+static int64_t micro_batch_floats(const gpt_config *m, int tp, int pp, int64_t b, int last, int64_t vocab_local)
 {
-    double s = (double)m->seq, b = (double)micro_batch, h = (double)m->dim, a = (double)m->heads, t = tp;
-    return 2.0 * s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t));
+    int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads, heads = m->heads / tp;
+    int64_t qkv = (m->heads + 2 * m->kv_heads) / tp * hd, attn = heads * hd, f = m->ffn / tp;
+    int64_t per_layer = N * (4 * D + 4 + qkv + attn + (m->swiglu ? 2 : 1) * f + f) + b * heads * s * s;
+    int64_t head = last ? N * (D + 5 + vocab_local) : 0;
+    return N * D + (m->layers / pp) * per_layer + head;
+}
+
+/* fp32 elements of the backward pass's working memory, once per rank: the
+ * scratch (trainer/model.c: [N, 3 D + qkv + attn + 2 F/tp] + [s, s], and
+ * [N, Vp/tp] on the last stage) and the gradients that cross stages
+ * (trainer/train.c: d_output [N, D] and one d_input [N, D] per slot). */
+static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last, int64_t vocab_local, int64_t slots)
+{
+    int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads;
+    int64_t qkv = (m->heads + 2 * m->kv_heads) / tp * hd, attn = m->heads / tp * hd, f = m->ffn / tp;
+    int64_t scratch = N * (3 * D + qkv + attn + 2 * f) + s * s + (last ? N * vocab_local : 0);
+    return scratch + (1 + slots) * N * D;
+}
+
+/* Memory of one rank of `stage`. Under 1F1B stage k has up to pp - k
+ * micro-batches in flight (its warm-up forwards and one more), never more
+ * than the accumulation: the trainer's slots. */
+static elastic_memory stage_memory(const gpt_config *m, int tp, int pp, int stage, const stage_share *share,
+                                   int64_t micro_batch, int64_t grad_accum)
+{
+    elastic_memory out;
+    int last = stage == pp - 1;
+    int64_t p = share->params, slots = pp - stage < grad_accum ? pp - stage : grad_accum;
+    out.weights = p * (int64_t)tp_dtype_size(m->dtype) + (m->dtype == TP_FP32 ? 0 : p * FP32); /* + fp32 master */
+    out.gradients = p * FP32;
+    out.optimizer = p * 2 * FP32; /* AdamW: two fp32 moments */
+    out.snapshot = share->owned * 3 * FP32; /* trainer/checkpoint.c: weights and both moments, replica 0 */
+    out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp, micro_batch, last, share->vocab_local) +
+                              backward_floats(m, tp, micro_batch, last, share->vocab_local, slots));
+    out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
+    return out;
+}
+
+/* The stage with the most memory, at a given accumulation. */
+static int memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, int64_t grad_accum,
+                           elastic_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    stage_share *shares = calloc((size_t)pp, sizeof *shares);
+    if (!shares) return tp_fail(TP_ERR_NOMEM, "out of memory estimating memory for tp %d pp %d", tp, pp);
+    int status = stage_shares(model, tp, pp, shares);
+    for (int stage = 0; !status && stage < pp; stage++) {
+        elastic_memory m = stage_memory(model, tp, pp, stage, &shares[stage], micro_batch, grad_accum);
+        if (m.total > out->total) *out = m;
+    }
+    free(shares);
+    return status;
 }
 
 int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, elastic_memory *out)
 {
     memset(out, 0, sizeof *out);
-    int64_t *params = calloc((size_t)pp, sizeof *params);
-    if (!params) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    int status = stage_parameters(model, tp, pp, params);
-    size_t dtype_bytes = tp_dtype_size(model->dtype);
-    /* 1F1B: stage k holds up to pp - k micro-batches' activations at once */
-    for (int stage = 0; !status && stage < pp; stage++) {
-        elastic_memory m;
-        double p = (double)params[stage];
-        m.weights = (int64_t)(p * (double)dtype_bytes) + (model->dtype == TP_FP32 ? 0 : (int64_t)(p * 4)); /* + master */
-        m.gradients = (int64_t)(p * 4);
-        m.optimizer = (int64_t)(p * 8); /* Adam: two fp32 moments */
-        m.activations = (int64_t)(layer_activation_bytes(model, tp, micro_batch) * (double)(model->layers / pp) *
-                                  (double)(pp - stage));
-        m.total = m.weights + m.gradients + m.optimizer + m.activations;
-        if (m.total > out->total) *out = m;
-    }
-    free(params);
-    return status;
+    if (tp < 1 || pp < 1 || micro_batch < 1)
+        return tp_fail(TP_ERR_ARG, "memory estimate: tp %d, pp %d and micro-batch %lld must be at least 1", tp, pp,
+                       (long long)micro_batch);
+    TP_TRY(gpt_config_check(model, tp, pp));
+    return memory_estimate(model, tp, pp, micro_batch, pp, out); /* 1F1B at its deepest */
 }
 
-/* Bytes one rank sends per optimizer step (ring all-reduce: 2 (n-1)/n of
- * the buffer): TP, two all-reduces of the [micro_batch, seq, dim] fp32
- * activations per layer forward and two backward; PP, the activations
- * forward and their gradients backward per micro-batch; DP, the gradients of
- * the rank's parameters (fp32). */
-static int64_t comm_bytes(const gpt_config *m, const elastic_layout *l, int64_t params_on_rank)
+/* ------------------------------------------------------ what a rank sends */
+
+/* A ring all-reduce of n ranks sends 2 (n - 1)/n of the buffer per rank. */
+static double ring(int n)
 {
-    double activation = (double)l->micro_batch * (double)m->seq * (double)m->dim * 4.0;
-    double ring_tp = l->tp > 1 ? 2.0 * (l->tp - 1) / l->tp : 0, ring_dp = l->dp > 1 ? 2.0 * (l->dp - 1) / l->dp : 0;
-    double tp_bytes = (double)l->grad_accum * (double)(m->layers / l->pp) * 4.0 * ring_tp * activation;
-    double pp_bytes = l->pp > 1 ? (double)l->grad_accum * 2.0 * activation : 0;
-    double dp_bytes = ring_dp * (double)params_on_rank * 4.0;
-    return (int64_t)(tp_bytes + pp_bytes + dp_bytes);
+    return n > 1 ? 2.0 * (n - 1) / n : 0.0;
+}
+
+/* fp32 bytes one rank of `stage` sends per optimizer step
+ * (trainer/model.c and trainer/train.c), with a = [N, D] fp32:
+ *   TP  per micro-batch, all-reduced over the tp ranks of the stage:
+ *       per layer 2 forward (attention and MLP outputs, row-parallel) and
+ *       2 backward (the layer-norm input gradients, column-parallel);
+ *       first stage: the embedding a; last stage: the final norm's gradient
+ *       a and the loss's row max, sum and target logit 3 x [N]
+ *   PP  per micro-batch, a forward to the next stage and its gradient back
+ *       to the previous one (point to point)
+ *   tie when pp > 1, first and last stages all-reduce the token table's
+ *       gradient piece [Vp/tp, D] between them
+ *   DP  the rank's gradients, all-reduced over the dp replicas */
+static double stage_comm_bytes(const gpt_config *m, const elastic_layout *l, int stage, const stage_share *share)
+{
+    int first = stage == 0, last = stage == l->pp - 1;
+    double N = (double)l->micro_batch * (double)m->seq, a = N * (double)m->dim * FP32;
+    double tp_per_micro = (double)(m->layers / l->pp) * 4.0 * a + (first ? a : 0) + (last ? a + 3.0 * N * FP32 : 0);
+    double tp_bytes = (double)l->grad_accum * ring(l->tp) * tp_per_micro;
+    double pp_bytes = (double)l->grad_accum * a * ((first ? 0 : 1) + (last ? 0 : 1));
+    double tie_bytes = l->pp > 1 && (first || last) ? ring(2) * (double)share->embed_piece * FP32 : 0;
+    double dp_bytes = ring(l->dp) * (double)share->params * FP32;
+    return tp_bytes + pp_bytes + tie_bytes + dp_bytes;
+}
+
+/* The most any rank of the layout sends. */
+static int comm_bytes_per_step(const gpt_config *model, const elastic_layout *l, int64_t *out)
+{
+    *out = 0;
+    stage_share *shares = calloc((size_t)l->pp, sizeof *shares);
+    if (!shares) return tp_fail(TP_ERR_NOMEM, "out of memory estimating communication for tp %d pp %d", l->tp, l->pp);
+    int status = stage_shares(model, l->tp, l->pp, shares);
+    for (int stage = 0; !status && stage < l->pp; stage++) {
+        int64_t bytes = (int64_t)stage_comm_bytes(model, l, stage, &shares[stage]);
+        if (bytes > *out) *out = bytes;
+    }
+    free(shares);
+    return status;
 }
 
 /* ---------------------------------------------------------------- layouts */
@@ -114,25 +222,46 @@ static int64_t micro_batch_limit(const elastic_plan_request *r)
     return r->micro_batch > 0 ? r->micro_batch : DEFAULT_MICRO_BATCH_LIMIT;
 }
 
-/* The batch split of (tp, pp) at `dp`, within memory when a limit is given:
- * the largest micro-batch that divides the share of a DP rank and fits. */
-static void split_batch(const elastic_plan_request *r, elastic_layout *l, int64_t global_batch)
+static void reject(elastic_layout *l, const char *reason)
 {
-    int64_t share = global_batch / l->dp;
-    l->global_batch = global_batch;
+    l->valid = 0;
+    snprintf(l->reason, sizeof l->reason, "%s", reason);
+}
+
+/* DP and the global batch of (tp, pp): the largest DP within the world
+ * that divides the global batch (dp = 1 always does). With
+ * allow_batch_change, when that leaves ranks idle, every rank that fits
+ * and the largest batch below the request that they divide instead. */
+static void choose_dp(const elastic_plan_request *r, elastic_layout *l)
+{
+    int64_t most = r->world / (l->tp * l->pp);
+    l->dp = (int)largest_divisor_at_most(r->global_batch, most);
+    l->global_batch = r->global_batch;
+    if (r->allow_batch_change && l->dp < most && r->global_batch >= most) {
+        l->dp = (int)most;
+        l->global_batch = r->global_batch / most * most;
+    }
+    l->ranks = l->tp * l->pp * l->dp;
+}
+
+/* The batch split at l->dp: the largest micro-batch within the limit that
+ * divides a DP rank's share and fits the memory per rank when one is given;
+ * accumulation makes up the rest of the share. */
+static void split_batch(const elastic_plan_request *r, elastic_layout *l)
+{
+    int64_t share = l->global_batch / l->dp;
     for (int64_t m = largest_divisor_at_most(share, micro_batch_limit(r));; m = largest_divisor_at_most(share, m - 1)) {
         l->micro_batch = m;
         l->grad_accum = share / m;
-        if (elastic_memory_estimate(&r->model, l->tp, l->pp, m, &l->memory) != TP_OK) {
-            l->valid = 0;
-            snprintf(l->reason, sizeof l->reason, "%s", tp_errmsg());
+        if (memory_estimate(&r->model, l->tp, l->pp, m, l->grad_accum, &l->memory) != TP_OK) {
+            reject(l, tp_errmsg());
             return;
         }
         if (!r->memory_per_rank || l->memory.total <= r->memory_per_rank) return;
         if (m == 1) {
-            l->valid = 0;
             char need[32], given[32];
-            snprintf(l->reason, sizeof l->reason, "needs %s per rank at micro-batch 1, %s given",
+            l->valid = 0;
+            snprintf(l->reason, sizeof l->reason, "needs %s per rank even at micro-batch 1, %s given",
                      format_bytes((double)l->memory.total, need, sizeof need),
                      format_bytes((double)r->memory_per_rank, given, sizeof given));
             return;
@@ -140,83 +269,133 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l, int64_
     }
 }
 
-/* One (tp, pp): valid or the first rule it breaks. */
+/* TP stays within a node: tp ranks are one node's, and a node holds whole TP groups. */
+static int fits_in_node(const elastic_plan_request *r, elastic_layout *l)
+{
+    if (r->ranks_per_node <= 0) return 1;
+    if (l->tp > r->ranks_per_node)
+        snprintf(l->reason, sizeof l->reason, "tp %d exceeds %d ranks per node (TP stays within a node)", l->tp,
+                 r->ranks_per_node);
+    else if (r->ranks_per_node % l->tp != 0)
+        snprintf(l->reason, sizeof l->reason, "tp %d does not divide %d ranks per node (TP stays within a node)",
+                 l->tp, r->ranks_per_node);
+    else return 1;
+    l->valid = 0;
+    return 0;
+}
+
+/* One (tp, pp): valid with its split, memory and communication, or the first rule it breaks. */
 static void consider(const elastic_plan_request *r, int tp, int pp, elastic_layout *l)
 {
     memset(l, 0, sizeof *l);
     l->tp = tp;
     l->pp = pp;
     l->valid = 1;
-    if (r->ranks_per_node > 0 && (tp > r->ranks_per_node || r->ranks_per_node % tp != 0)) {
-        l->valid = 0;
-        snprintf(l->reason, sizeof l->reason, "tp %d does not fit in a node of %d ranks (TP stays within a node)", tp,
-                 r->ranks_per_node);
+    if (!fits_in_node(r, l)) return;
+    if (gpt_config_check(&r->model, tp, pp) != TP_OK) { /* heads, KV heads, MLP width by tp; layers by pp */
+        reject(l, tp_errmsg());
         return;
     }
-    if (gpt_config_check(&r->model, tp, pp) != TP_OK) {
-        l->valid = 0;
-        snprintf(l->reason, sizeof l->reason, "%s", tp_errmsg());
-        return;
-    }
-    /* The largest DP that keeps the global batch exactly; with
-     * allow_batch_change, every rank and the nearest lower batch instead
-     * when that uses more ranks. */
-    int64_t most = r->world / (tp * pp);
-    l->dp = (int)largest_divisor_at_most(r->global_batch, most);
-    int64_t batch = r->global_batch;
-    if (r->allow_batch_change && l->dp < most && r->global_batch >= most) {
-        l->dp = (int)most;
-        batch = r->global_batch / most * most;
-    }
-    l->ranks = tp * pp * l->dp;
-    split_batch(r, l, batch);
-    if (!l->valid) return;
-    int64_t *params = calloc((size_t)pp, sizeof *params);
-    if (params && stage_parameters(&r->model, tp, pp, params) == TP_OK) {
-        int64_t largest = 0;
-        for (int s = 0; s < pp; s++)
-            if (params[s] > largest) largest = params[s];
-        l->comm_bytes_per_step = comm_bytes(&r->model, l, largest);
-    }
-    free(params);
+    choose_dp(r, l);
+    split_batch(r, l);
+    if (l->valid && comm_bytes_per_step(&r->model, l, &l->comm_bytes_per_step) != TP_OK) reject(l, tp_errmsg());
 }
 
-/* Whether a is preferred to b (both valid). */
+static int is_current(const elastic_plan_request *r, const elastic_layout *l)
+{
+    return l->tp == r->current_tp && l->pp == r->current_pp;
+}
+
+/* Whether a is preferred to b (both valid): the most ranks, the global
+ * batch nearest the request (the request itself unless allow_batch_change
+ * lowered it), the current tp and pp, the least memory, the least
+ * communication, the smaller tp. */
 static int better(const elastic_plan_request *r, const elastic_layout *a, const elastic_layout *b)
 {
     if (a->ranks != b->ranks) return a->ranks > b->ranks;
-    int a_exact = a->global_batch == r->global_batch, b_exact = b->global_batch == r->global_batch;
-    if (a_exact != b_exact) return a_exact;
-    int a_current = a->tp == r->current_tp && a->pp == r->current_pp;
-    int b_current = b->tp == r->current_tp && b->pp == r->current_pp;
-    if (a_current != b_current) return a_current;
+    if (a->global_batch != b->global_batch) return a->global_batch > b->global_batch; /* both <= the request */
+    if (is_current(r, a) != is_current(r, b)) return is_current(r, a);
     if (a->memory.total != b->memory.total) return a->memory.total < b->memory.total;
     if (a->comm_bytes_per_step != b->comm_bytes_per_step) return a->comm_bytes_per_step < b->comm_bytes_per_step;
     return a->tp < b->tp;
 }
 
-static void explain(const elastic_plan_request *r, elastic_plan *plan)
+/* ------------------------------------------------------------------- why */
+
+/* Appends to plan->why; drops what does not fit. */
+static void why_append(elastic_plan *plan, const char *text)
 {
-    if (plan->chosen < 0) {
-        int shown = 0;
-        size_t used = (size_t)snprintf(plan->why, sizeof plan->why, "no layout is valid for %d ranks:", r->world);
-        for (int i = 0; i < plan->count && shown < 3 && used < sizeof plan->why; i++, shown++)
-            used += (size_t)snprintf(plan->why + used, sizeof plan->why - used, "%s tp%d pp%d: %s", shown ? ";" : "",
-                                     plan->layouts[i].tp, plan->layouts[i].pp, plan->layouts[i].reason);
+    size_t used = strlen(plan->why);
+    snprintf(plan->why + used, sizeof plan->why - used, "%s", text);
+}
+
+static void explain_none(const elastic_plan_request *r, elastic_plan *plan)
+{
+    char part[320];
+    snprintf(plan->why, sizeof plan->why, "no layout is valid for %d ranks:", r->world);
+    for (int i = 0; i < plan->count; i++) {
+        snprintf(part, sizeof part, "%s tp%d pp%d: %s", i ? ";" : "", plan->layouts[i].tp, plan->layouts[i].pp,
+                 plan->layouts[i].reason);
+        if (strlen(plan->why) + strlen(part) + 5 >= sizeof plan->why) {
+            why_append(plan, "; ...");
+            return;
+        }
+        why_append(plan, part);
+    }
+}
+
+/* What became of the current tp and pp when another layout was chosen. */
+static void explain_current(const elastic_plan_request *r, const elastic_plan *plan, char *out, size_t size)
+{
+    for (int i = 0; i < plan->count; i++) {
+        const elastic_layout *l = &plan->layouts[i];
+        if (!is_current(r, l)) continue;
+        if (!l->valid) snprintf(out, size, "the current tp%d pp%d is not valid (%s)", l->tp, l->pp, l->reason);
+        else snprintf(out, size, "the current tp%d pp%d uses only %d ranks", l->tp, l->pp, l->ranks);
         return;
     }
+    snprintf(out, size, "the current tp%d pp%d does not fit in %d ranks", r->current_tp, r->current_pp, r->world);
+}
+
+static void explain_chosen(const elastic_plan_request *r, elastic_plan *plan)
+{
     const elastic_layout *c = &plan->layouts[plan->chosen];
-    char idle[64] = "all ranks used";
-    if (c->ranks < r->world) snprintf(idle, sizeof idle, "%d of %d ranks idle", r->world - c->ranks, r->world);
-    int current = c->tp == r->current_tp && c->pp == r->current_pp;
-    char memory[32];
-    snprintf(plan->why, sizeof plan->why, "%s; %s; global batch %lld %s; %s per rank", idle,
-             current ? "keeps the current tp and pp"
-             : r->current_tp ? "the current tp and pp use fewer ranks or do not fit"
-                             : "the least memory among those using as many ranks",
-             (long long)c->global_batch,
-             c->global_batch == r->global_batch ? "kept" : "changed (--allow-batch-change)",
-             format_bytes((double)c->memory.total, memory, sizeof memory));
+    char part[320], bytes[32];
+    if (c->ranks == r->world) snprintf(part, sizeof part, "uses all %d ranks", r->world);
+    else snprintf(part, sizeof part, "uses %d of %d ranks, %d idle: no valid layout uses more",
+                  c->ranks, r->world, r->world - c->ranks);
+    why_append(plan, part);
+    if (c->global_batch == r->global_batch)
+        snprintf(part, sizeof part, "; global batch %lld kept", (long long)c->global_batch);
+    else snprintf(part, sizeof part, "; global batch %lld instead of %lld (allowed to change)",
+                  (long long)c->global_batch, (long long)r->global_batch);
+    why_append(plan, part);
+    int rivals = 0; /* valid layouts as good on ranks and batch */
+    for (int i = 0; i < plan->count; i++)
+        rivals += plan->layouts[i].valid && plan->layouts[i].ranks == c->ranks &&
+                  plan->layouts[i].global_batch == c->global_batch;
+    if (is_current(r, c)) snprintf(part, sizeof part, "; keeps the current tp%d pp%d", c->tp, c->pp);
+    else if (r->current_tp > 0) {
+        why_append(plan, "; ");
+        explain_current(r, plan, part, sizeof part);
+    } else part[0] = '\0';
+    why_append(plan, part);
+    format_bytes((double)c->memory.total, bytes, sizeof bytes);
+    if (!is_current(r, c) && rivals > 1)
+        snprintf(part, sizeof part, "; %s per rank, the least memory of %d layouts as good", bytes, rivals);
+    else snprintf(part, sizeof part, "; %s per rank", bytes);
+    why_append(plan, part);
+}
+
+/* ------------------------------------------------------------------ plan */
+
+/* The (tp, pp) considered: tp up to the heads, pp up to the layers, tp x pp within the world. */
+static int layouts_to_consider(const elastic_plan_request *r)
+{
+    int count = 0;
+    for (int tp = 1; tp <= r->world && tp <= r->model.heads; tp++)
+        for (int pp = 1; tp * pp <= r->world && pp <= r->model.layers; pp++) count++;
+    return count;
 }
 
 int elastic_plan_make(const elastic_plan_request *r, elastic_plan *plan)
@@ -225,12 +404,11 @@ int elastic_plan_make(const elastic_plan_request *r, elastic_plan *plan)
     plan->chosen = -1;
     if (r->world < 1) return tp_fail(TP_ERR_ARG, "world %d: there must be at least one rank", r->world);
     if (r->global_batch < 1) return tp_fail(TP_ERR_ARG, "global batch %lld must be at least 1", (long long)r->global_batch);
+    if (r->micro_batch < 0 || r->memory_per_rank < 0 || r->ranks_per_node < 0)
+        return tp_fail(TP_ERR_ARG, "micro-batch %lld, memory per rank %lld and ranks per node %d must not be negative",
+                       (long long)r->micro_batch, (long long)r->memory_per_rank, r->ranks_per_node);
     TP_TRY(gpt_config_check(&r->model, 1, 1));
-    /* tp up to the heads, pp up to the layers, tp x pp within the world */
-    int capacity = 0;
-    for (int tp = 1; tp <= r->world && tp <= r->model.heads; tp++)
-        for (int pp = 1; tp * pp <= r->world && pp <= r->model.layers; pp++) capacity++;
-    plan->layouts = calloc((size_t)capacity, sizeof *plan->layouts);
+    plan->layouts = calloc((size_t)layouts_to_consider(r), sizeof *plan->layouts);
     if (!plan->layouts) return tp_fail(TP_ERR_NOMEM, "out of memory planning for %d ranks", r->world);
     for (int tp = 1; tp <= r->world && tp <= r->model.heads; tp++)
         for (int pp = 1; tp * pp <= r->world && pp <= r->model.layers; pp++) {
@@ -239,8 +417,12 @@ int elastic_plan_make(const elastic_plan_request *r, elastic_plan *plan)
             if (l->valid && (plan->chosen < 0 || better(r, l, &plan->layouts[plan->chosen])))
                 plan->chosen = plan->count - 1;
         }
-    if (plan->chosen >= 0) plan->batch_changed = plan->layouts[plan->chosen].global_batch != r->global_batch;
-    explain(r, plan);
+    if (plan->chosen < 0) {
+        explain_none(r, plan);
+        return TP_OK;
+    }
+    plan->batch_changed = plan->layouts[plan->chosen].global_batch != r->global_batch;
+    explain_chosen(r, plan);
     return TP_OK;
 }
 
@@ -251,42 +433,60 @@ void elastic_plan_free(elastic_plan *plan)
     plan->chosen = -1;
 }
 
+/* ------------------------------------------------------------------ JSON */
+
+static cJSON *request_json(const elastic_plan_request *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    char *model_text = gpt_config_to_json(&r->model);
+    cJSON *model = model_text ? cJSON_Parse(model_text) : NULL;
+    free(model_text);
+    if (model) cJSON_AddItemToObject(o, "model", model);
+    cJSON_AddNumberToObject(o, "world", r->world);
+    cJSON_AddNumberToObject(o, "ranks_per_node", r->ranks_per_node);
+    cJSON_AddNumberToObject(o, "global_batch", (double)r->global_batch);
+    cJSON_AddNumberToObject(o, "micro_batch_limit", (double)micro_batch_limit(r));
+    cJSON_AddNumberToObject(o, "memory_per_rank", (double)r->memory_per_rank);
+    cJSON_AddNumberToObject(o, "current_tp", r->current_tp);
+    cJSON_AddNumberToObject(o, "current_pp", r->current_pp);
+    cJSON_AddBoolToObject(o, "allow_batch_change", r->allow_batch_change);
+    return o;
+}
+
+static cJSON *layout_json(const elastic_plan_request *r, const elastic_layout *l)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "tp", l->tp);
+    cJSON_AddNumberToObject(e, "pp", l->pp);
+    cJSON_AddBoolToObject(e, "valid", l->valid);
+    if (!l->valid) {
+        cJSON_AddStringToObject(e, "reason", l->reason);
+        return e;
+    }
+    cJSON_AddNumberToObject(e, "dp", l->dp);
+    cJSON_AddNumberToObject(e, "micro_batch", (double)l->micro_batch);
+    cJSON_AddNumberToObject(e, "grad_accum", (double)l->grad_accum);
+    cJSON_AddNumberToObject(e, "global_batch", (double)l->global_batch);
+    cJSON_AddNumberToObject(e, "ranks", l->ranks);
+    cJSON_AddNumberToObject(e, "idle", r->world - l->ranks);
+    cJSON *m = cJSON_AddObjectToObject(e, "memory_per_rank");
+    cJSON_AddNumberToObject(m, "weights", (double)l->memory.weights);
+    cJSON_AddNumberToObject(m, "gradients", (double)l->memory.gradients);
+    cJSON_AddNumberToObject(m, "optimizer", (double)l->memory.optimizer);
+    cJSON_AddNumberToObject(m, "snapshot", (double)l->memory.snapshot);
+    cJSON_AddNumberToObject(m, "activations", (double)l->memory.activations);
+    cJSON_AddNumberToObject(m, "total", (double)l->memory.total);
+    cJSON_AddNumberToObject(e, "comm_bytes_per_step", (double)l->comm_bytes_per_step);
+    return e;
+}
+
 char *elastic_plan_to_json(const elastic_plan_request *r, const elastic_plan *plan)
 {
-    cJSON *o = cJSON_CreateObject(), *req = cJSON_AddObjectToObject(o, "request");
-    cJSON_AddNumberToObject(req, "world", r->world);
-    cJSON_AddNumberToObject(req, "ranks_per_node", r->ranks_per_node);
-    cJSON_AddNumberToObject(req, "global_batch", (double)r->global_batch);
-    cJSON_AddNumberToObject(req, "micro_batch_limit", (double)micro_batch_limit(r));
-    cJSON_AddNumberToObject(req, "memory_per_rank", (double)r->memory_per_rank);
-    cJSON_AddNumberToObject(req, "current_tp", r->current_tp);
-    cJSON_AddNumberToObject(req, "current_pp", r->current_pp);
-    cJSON_AddBoolToObject(req, "allow_batch_change", r->allow_batch_change);
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddItemToObject(o, "request", request_json(r));
     cJSON *list = cJSON_AddArrayToObject(o, "layouts");
-    for (int i = 0; i < plan->count; i++) {
-        const elastic_layout *l = &plan->layouts[i];
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddNumberToObject(e, "tp", l->tp);
-        cJSON_AddNumberToObject(e, "pp", l->pp);
-        cJSON_AddBoolToObject(e, "valid", l->valid);
-        if (l->valid) {
-            cJSON_AddNumberToObject(e, "dp", l->dp);
-            cJSON_AddNumberToObject(e, "micro_batch", (double)l->micro_batch);
-            cJSON_AddNumberToObject(e, "grad_accum", (double)l->grad_accum);
-            cJSON_AddNumberToObject(e, "global_batch", (double)l->global_batch);
-            cJSON_AddNumberToObject(e, "ranks", l->ranks);
-            cJSON *m = cJSON_AddObjectToObject(e, "memory_per_rank");
-            cJSON_AddNumberToObject(m, "weights", (double)l->memory.weights);
-            cJSON_AddNumberToObject(m, "gradients", (double)l->memory.gradients);
-            cJSON_AddNumberToObject(m, "optimizer", (double)l->memory.optimizer);
-            cJSON_AddNumberToObject(m, "activations", (double)l->memory.activations);
-            cJSON_AddNumberToObject(m, "total", (double)l->memory.total);
-            cJSON_AddNumberToObject(e, "comm_bytes_per_step", (double)l->comm_bytes_per_step);
-        } else {
-            cJSON_AddStringToObject(e, "reason", l->reason);
-        }
-        cJSON_AddItemToArray(list, e);
-    }
+    for (int i = 0; i < plan->count; i++) cJSON_AddItemToArray(list, layout_json(r, &plan->layouts[i]));
     cJSON_AddNumberToObject(o, "chosen", plan->chosen);
     cJSON_AddBoolToObject(o, "batch_changed", plan->batch_changed);
     cJSON_AddStringToObject(o, "why", plan->why);

@@ -9,7 +9,10 @@
  * exactly (micro_batch x grad_accum x DP == global batch); a layout must fit
  * in the memory per rank when one is given. Among the valid layouts the
  * planner prefers, in order: the most ranks used, the current TP and PP,
- * then the least memory per rank, then the least communication. */
+ * then the least memory per rank, then the least communication, then the
+ * smaller TP. With allow_batch_change a layout may use every rank at the
+ * largest global batch below the request that they divide; one keeping the
+ * request still wins among those using as many ranks. */
 #ifndef TP_ELASTIC_PLAN_H
 #define TP_ELASTIC_PLAN_H
 
@@ -28,9 +31,18 @@ typedef struct {
     int allow_batch_change;  /* when no layout keeps the global batch, take the nearest lower one */
 } elastic_plan_request;
 
-/* Bytes per rank, on the rank with the most (the first pipeline stage). */
+/* Bytes per rank, on the rank with the most: the first pipeline stage (it
+ * holds the embeddings and the most micro-batches in flight) or the last (the
+ * logits and a copy of the tied token table). Counted as the trainer holds
+ * them (plan.c says where): fp32 training with AdamW at the model's full
+ * sequence; the vocabulary padded for tp counts here and nowhere else. */
 typedef struct {
-    int64_t weights, gradients, optimizer, activations, total;
+    int64_t weights;     /* parameters in their dtype, + an fp32 master copy when that is not fp32 */
+    int64_t gradients;   /* fp32 */
+    int64_t optimizer;   /* AdamW's two fp32 moments */
+    int64_t snapshot;    /* the asynchronous checkpoint's copy of weights and moments (DP replica 0) */
+    int64_t activations; /* 1F1B: the micro-batches in flight and the backward's working memory */
+    int64_t total;       /* the sum of the above */
 } elastic_memory;
 
 typedef struct {
@@ -39,7 +51,8 @@ typedef struct {
     int64_t global_batch;       /* micro_batch x grad_accum x dp */
     int ranks;                  /* tp x pp x dp: ranks used; world - ranks sit idle */
     elastic_memory memory;
-    int64_t comm_bytes_per_step; /* sent per rank per step: TP all-reduces, PP sends, DP gradient all-reduce */
+    int64_t comm_bytes_per_step; /* sent per step by the rank that sends most: TP all-reduces, PP sends,
+                                    the tied embedding's gradient, DP gradient all-reduce */
     int valid;
     char reason[256];           /* why not valid: the first rule it breaks */
 } elastic_layout;
@@ -62,7 +75,10 @@ void elastic_plan_free(elastic_plan *plan);
 /* The plan as a JSON object (malloc'ed; NULL without memory). */
 char *elastic_plan_to_json(const elastic_plan_request *request, const elastic_plan *plan);
 
-/* Memory per rank of one layout (the estimate the planner uses). */
+/* Memory per rank of one layout: the estimate the planner uses, with every
+ * stage holding as many micro-batches as 1F1B lets it (the planner also caps
+ * them by the accumulation, as the trainer does). Fails (TP_ERR_ARG) on a
+ * model gpt_config_check refuses at (tp, pp) or a micro-batch below 1. */
 int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, elastic_memory *out);
 
 #endif

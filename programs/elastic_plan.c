@@ -36,7 +36,9 @@ static int from_checkpoint(const char *path, elastic_plan_request *r)
 {
     ckpt_reader *reader = NULL;
     TP_TRY(ckpt_reader_open(&reader, path, NULL));
-    int status = gpt_config_from_json(ckpt_reader_state(reader)->model_json, &r->model);
+    const char *model_json = ckpt_reader_state(reader)->model_json;
+    int status = model_json ? gpt_config_from_json(model_json, &r->model)
+                            : tp_fail(TP_ERR_ARG, "it records no model configuration");
     if (status) tp_fail_context(status, "%s: its model", ckpt_reader_path(reader));
     if (!r->current_tp) {
         r->current_tp = ckpt_reader_layout(reader)->tp;
@@ -46,37 +48,51 @@ static int from_checkpoint(const char *path, elastic_plan_request *r)
     return status;
 }
 
+/* "  3.2 MiB", "  1.50 GiB": fixed width for the table. */
 static void print_bytes(double bytes)
 {
     if (bytes >= 1024.0 * 1024 * 1024) printf("%9.2f GiB", bytes / (1024.0 * 1024 * 1024));
     else printf("%9.1f MiB", bytes / (1024.0 * 1024));
 }
 
+static void print_request(const elastic_plan_request *r)
+{
+    printf("%d ranks, global batch %lld, micro-batch up to %lld", r->world, (long long)r->global_batch,
+           (long long)(r->micro_batch ? r->micro_batch : 8));
+    if (r->ranks_per_node) printf(", %d ranks per node", r->ranks_per_node);
+    if (r->memory_per_rank) printf(", %.2f GiB per rank", (double)r->memory_per_rank / (1024.0 * 1024 * 1024));
+    if (r->current_tp) printf(", current tp%d pp%d", r->current_tp, r->current_pp);
+    printf("\n");
+}
+
+/* One row: the layout's split, memory and communication, or why it is not valid. */
+static void print_layout(const elastic_layout *l, int chosen)
+{
+    if (!l->valid) {
+        printf("%4d %3d   not valid: %s\n", l->tp, l->pp, l->reason);
+        return;
+    }
+    printf("%4d %3d %3d %6lld %6lld %6d ", l->tp, l->pp, l->dp, (long long)l->micro_batch, (long long)l->grad_accum,
+           l->ranks);
+    print_bytes((double)l->memory.total);
+    printf(" ");
+    print_bytes((double)l->comm_bytes_per_step);
+    printf("%s\n", chosen ? "   <- chosen" : "");
+}
+
 static void print_plan(const elastic_plan_request *r, const elastic_plan *plan)
 {
-    printf("%d ranks%s, global batch %lld\n", r->world, r->ranks_per_node ? " (per node as given)" : "",
-           (long long)r->global_batch);
-    printf("  tp  pp  dp  micro  accum  ranks   memory/rank    sent/step\n");
-    for (int i = 0; i < plan->count; i++) {
-        const elastic_layout *l = &plan->layouts[i];
-        if (!l->valid) {
-            printf("%4d %3d   -      -      -      -   not valid: %s\n", l->tp, l->pp, l->reason);
-            continue;
-        }
-        printf("%4d %3d %3d %6lld %6lld %6d ", l->tp, l->pp, l->dp, (long long)l->micro_batch,
-               (long long)l->grad_accum, l->ranks);
-        print_bytes((double)l->memory.total);
-        printf(" ");
-        print_bytes((double)l->comm_bytes_per_step);
-        printf("%s\n", i == plan->chosen ? "   <- chosen" : "");
-    }
+    print_request(r);
+    printf("  tp  pp  dp  micro  accum  ranks   memory/rank    comm/step\n");
+    for (int i = 0; i < plan->count; i++) print_layout(&plan->layouts[i], i == plan->chosen);
     if (plan->chosen < 0) return;
     const elastic_layout *c = &plan->layouts[plan->chosen];
-    printf("chosen: tp%d pp%d dp%d, micro-batch %lld x %lld accumulation = global batch %lld (%s)\n", c->tp, c->pp,
-           c->dp, (long long)c->micro_batch, (long long)c->grad_accum, (long long)c->global_batch, plan->why);
-    printf("memory per rank: weights %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, activations %.1f MiB\n",
+    printf("chosen: tp%d pp%d dp%d micro %lld accum %lld (%s)\n", c->tp, c->pp, c->dp, (long long)c->micro_batch,
+           (long long)c->grad_accum, plan->why);
+    printf("memory per rank: weights %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, checkpoint snapshot %.1f MiB, "
+           "activations %.1f MiB\n",
            c->memory.weights / 1048576.0, c->memory.gradients / 1048576.0, c->memory.optimizer / 1048576.0,
-           c->memory.activations / 1048576.0);
+           c->memory.snapshot / 1048576.0, c->memory.activations / 1048576.0);
 }
 
 int elastic_plan_main(int argc, char **argv)

@@ -1,7 +1,9 @@
 /* The layout planner (elastic/plan.h) over many model shapes and world
- * sizes: whatever it calls valid follows every rule, nothing valid with more
- * ranks is passed over, the global batch is kept exactly, the current layout
- * is kept when it can be, and what cannot be planned says why. */
+ * sizes: whatever it calls valid follows every rule, whatever it rejects
+ * breaks one, nothing valid with more ranks is passed over, the global batch
+ * is kept exactly, the current layout is kept when it can be, what cannot be
+ * planned says why, and the memory estimate counts what the trainer really
+ * allocates (trainer/model.h, built here at every stage of a layout). */
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -9,6 +11,8 @@
 #include <string.h>
 
 #include "../../elastic/plan.h"
+#include "../../trainer/comm.h"
+#include "../../trainer/model.h"
 #include "../support/fixture.h"
 
 static gpt_config preset(const char *name)
@@ -16,6 +20,16 @@ static gpt_config preset(const char *name)
     gpt_config c;
     cr_assert_eq(gpt_preset(name, &c), TP_OK, "%s", tp_errmsg());
     return c;
+}
+
+/* heads, kv_heads, head width, layers: GPT-2 defaults filled. */
+static gpt_config shape(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t layers)
+{
+    gpt_config m = {.layers = layers, .dim = heads * head_dim, .heads = heads, .kv_heads = kv_heads, .vocab = 500,
+                    .seq = 64};
+    gpt_config_defaults(&m);
+    cr_assert_eq(gpt_config_check(&m, 1, 1), TP_OK, "%s", tp_errmsg());
+    return m;
 }
 
 static elastic_plan_request request(gpt_config model, int world, int64_t global_batch)
@@ -27,60 +41,112 @@ static elastic_plan_request request(gpt_config model, int world, int64_t global_
     return r;
 }
 
+static int64_t micro_limit(const elastic_plan_request *r)
+{
+    return r->micro_batch ? r->micro_batch : 8;
+}
+
+static int node_allows(const elastic_plan_request *r, int tp)
+{
+    return !r->ranks_per_node || (tp <= r->ranks_per_node && r->ranks_per_node % tp == 0);
+}
+
+/* What the rules give (tp, pp), from their definition: the ranks it can use
+ * (0: none) and the global batch it keeps. Without allow_batch_change, the
+ * largest dp dividing the batch; with it, every rank that fits when the batch
+ * is at least as large (the batch rounded down to a multiple of dp). */
+static int ranks_by_rules(const elastic_plan_request *r, int tp, int pp, int64_t *batch)
+{
+    if (gpt_config_check(&r->model, tp, pp) != TP_OK || !node_allows(r, tp)) return 0;
+    int most = r->world / (tp * pp), dp = most;
+    while (r->global_batch % dp) dp--;
+    *batch = r->global_batch;
+    if (r->allow_batch_change && dp < most && r->global_batch >= most) {
+        dp = most;
+        *batch = r->global_batch / most * most;
+    }
+    return tp * pp * dp;
+}
+
 /* Every rule of plan.h, checked from its definition for a layout called valid. */
 static void assert_follows_rules(const elastic_plan_request *r, const elastic_layout *l)
 {
     cr_assert_eq(gpt_config_check(&r->model, l->tp, l->pp), TP_OK, "tp%d pp%d: %s", l->tp, l->pp, tp_errmsg());
+    cr_assert(node_allows(r, l->tp), "tp%d: TP stays within a node of %d", l->tp, r->ranks_per_node);
     cr_assert_eq(l->ranks, l->tp * l->pp * l->dp);
     cr_assert_leq(l->ranks, r->world);
-    cr_assert_eq(l->micro_batch * l->grad_accum * l->dp, l->global_batch);
+    cr_assert_eq(l->micro_batch * l->grad_accum * l->dp, l->global_batch, "micro x accum x dp == global batch");
     if (!r->allow_batch_change) cr_assert_eq(l->global_batch, r->global_batch, "the global batch is kept exactly");
-    cr_assert_leq(l->micro_batch, r->micro_batch ? r->micro_batch : 8);
-    if (r->ranks_per_node) {
-        cr_assert_leq(l->tp, r->ranks_per_node, "TP stays within a node");
-        cr_assert_eq(r->ranks_per_node % l->tp, 0);
-    }
+    else cr_assert_leq(l->global_batch, r->global_batch, "a changed batch is lower");
+    cr_assert_geq(l->micro_batch, 1);
+    cr_assert_leq(l->micro_batch, micro_limit(r));
     if (r->memory_per_rank) cr_assert_leq(l->memory.total, r->memory_per_rank);
-    cr_assert_eq(l->memory.total, l->memory.weights + l->memory.gradients + l->memory.optimizer + l->memory.activations);
+    const elastic_memory *m = &l->memory;
+    cr_assert_eq(m->total, m->weights + m->gradients + m->optimizer + m->snapshot + m->activations);
+    cr_assert_gt(m->weights, 0);
+    cr_assert_gt(m->activations, 0);
+    cr_assert_geq(l->comm_bytes_per_step, 0);
+    if (l->ranks > 1) cr_assert_gt(l->comm_bytes_per_step, 0, "tp%d pp%d dp%d sends nothing", l->tp, l->pp, l->dp);
 }
 
-/* The most ranks any (tp, pp, dp) following the rules could use, by brute force. */
-static int most_ranks_possible(const elastic_plan_request *r)
+/* Without a memory limit: dp and the micro-batch are the largest the rules allow. */
+static void assert_nothing_larger(const elastic_plan_request *r, const elastic_layout *l)
 {
-    int best = 0;
-    for (int tp = 1; tp <= r->world; tp++)
-        for (int pp = 1; tp * pp <= r->world; pp++) {
-            if (gpt_config_check(&r->model, tp, pp) != TP_OK) continue;
-            if (r->ranks_per_node && (tp > r->ranks_per_node || r->ranks_per_node % tp)) continue;
-            for (int dp = r->world / (tp * pp); dp >= 1; dp--)
-                if (r->global_batch % dp == 0) {
-                    if (tp * pp * dp > best) best = tp * pp * dp;
-                    break;
-                }
-        }
-    return best;
+    int64_t batch = 0;
+    cr_assert_eq(l->ranks, ranks_by_rules(r, l->tp, l->pp, &batch), "tp%d pp%d: dp %d is not the largest", l->tp,
+                 l->pp, l->dp);
+    cr_assert_eq(l->global_batch, batch);
+    int64_t share = l->global_batch / l->dp;
+    for (int64_t m = l->micro_batch + 1; m <= micro_limit(r) && m <= share; m++)
+        cr_assert_neq(share % m, 0, "tp%d pp%d: micro-batch %lld divides %lld too", l->tp, l->pp, (long long)m,
+                      (long long)share);
 }
 
+/* Checks every layout of the plan against the rules and the choice against
+ * brute force: the most ranks any (tp, pp) following the rules can use. */
 static void check_plan(const elastic_plan_request *r)
 {
     elastic_plan plan;
     cr_assert_eq(elastic_plan_make(r, &plan), TP_OK, "%s", tp_errmsg());
+    int possible = 0;
+    for (int tp = 1; tp <= r->world; tp++)
+        for (int pp = 1; tp * pp <= r->world; pp++) {
+            int64_t batch;
+            int ranks = ranks_by_rules(r, tp, pp, &batch);
+            if (ranks > possible) possible = ranks;
+        }
     for (int i = 0; i < plan.count; i++) {
-        if (plan.layouts[i].valid) assert_follows_rules(r, &plan.layouts[i]);
-        else cr_assert(plan.layouts[i].reason[0], "an invalid layout says why");
+        const elastic_layout *l = &plan.layouts[i];
+        if (l->valid) {
+            assert_follows_rules(r, l);
+            if (!r->memory_per_rank) assert_nothing_larger(r, l);
+        } else {
+            int64_t batch;
+            cr_assert(l->reason[0], "an invalid layout says why");
+            if (!r->memory_per_rank)
+                cr_assert_eq(ranks_by_rules(r, l->tp, l->pp, &batch), 0, "tp%d pp%d is valid: %s", l->tp, l->pp,
+                             l->reason);
+        }
     }
-    int possible = most_ranks_possible(r);
-    if (possible == 0) {
-        cr_assert_eq(plan.chosen, -1);
+    if (possible == 0 || r->memory_per_rank) {
+        if (possible == 0) cr_assert_eq(plan.chosen, -1);
     } else {
         cr_assert_geq(plan.chosen, 0, "world %d batch %lld: %s", r->world, (long long)r->global_batch, plan.why);
-        cr_assert_eq(plan.layouts[plan.chosen].ranks, possible, "world %d batch %lld heads %lld layers %lld: the most "
-                     "ranks usable is %d, chosen uses %d", r->world, (long long)r->global_batch,
-                     (long long)r->model.heads, (long long)r->model.layers, possible, plan.layouts[plan.chosen].ranks);
+        const elastic_layout *c = &plan.layouts[plan.chosen];
+        cr_assert(c->valid);
+        cr_assert_eq(c->ranks, possible,
+                     "world %d batch %lld heads %lld layers %lld: the most ranks usable is %d, chosen uses %d", r->world,
+                     (long long)r->global_batch, (long long)r->model.heads, (long long)r->model.layers, possible,
+                     c->ranks);
+        cr_assert_eq(plan.batch_changed, c->global_batch != r->global_batch);
+        if (c->ranks == r->world) cr_assert(strstr(plan.why, "uses all"), "%s", plan.why);
+        else cr_assert(strstr(plan.why, "idle"), "%s", plan.why);
     }
     cr_assert(plan.why[0]);
     elastic_plan_free(&plan);
 }
+
+/* ------------------------------------------------------------ properties */
 
 Test(plan, presets_at_every_world_up_to_64)
 {
@@ -93,13 +159,40 @@ Test(plan, presets_at_every_world_up_to_64)
                 check_plan(&r);
                 r.ranks_per_node = 4;
                 check_plan(&r);
+                r.ranks_per_node = 6;
+                r.micro_batch = 3;
+                check_plan(&r);
+            }
+}
+
+Test(plan, gqa_and_odd_shapes_at_every_world_up_to_64)
+{
+    const gpt_config models[] = {
+        shape(12, 4, 16, 6), /* GQA: tp divides 4 KV heads, not only 12 heads */
+        shape(8, 2, 8, 4),   /* GQA: 2 KV heads cap tp at 2 */
+        shape(5, 5, 8, 5),   /* odd heads and layers */
+        shape(7, 7, 8, 3),   /* prime heads */
+        shape(9, 3, 8, 9),
+        shape(1, 1, 32, 1), /* nothing to split: dp only */
+    };
+    const int64_t batches[] = {1, 7, 10, 16, 30};
+    for (size_t n = 0; n < sizeof models / sizeof models[0]; n++)
+        for (int world = 1; world <= 64; world++)
+            for (int b = 0; b < 5; b++) {
+                elastic_plan_request r = request(models[n], world, batches[b]);
+                check_plan(&r);
+                r.ranks_per_node = 3;
+                check_plan(&r);
+                r.ranks_per_node = 0;
+                r.allow_batch_change = 1;
+                check_plan(&r);
             }
 }
 
 Test(plan, random_shapes_follow_every_rule)
 {
     seed_random(12);
-    for (int i = 0; i < 300; i++) {
+    for (int i = 0; i < 400; i++) {
         gpt_config m = {0};
         int64_t head_dim = 8 * rnd(1, 4);
         m.heads = rnd(1, 16);
@@ -108,68 +201,177 @@ Test(plan, random_shapes_follow_every_rule)
         m.layers = rnd(1, 24);
         m.vocab = rnd(2, 1000);
         m.seq = 16 * rnd(1, 8);
+        m.swiglu = rnd(0, 3) == 0;
+        m.vocab_pad_multiple = rnd(1, 3) * 32;
         gpt_config_defaults(&m);
-        elastic_plan_request r = request(m, (int)rnd(1, 48), rnd(1, 64));
+        elastic_plan_request r = request(m, (int)rnd(1, 64), rnd(1, 64));
         r.micro_batch = rnd(0, 1) ? rnd(1, 8) : 0;
         r.ranks_per_node = rnd(0, 1) ? (int)rnd(1, 8) : 0;
+        r.allow_batch_change = rnd(0, 3) == 0;
+        if (rnd(0, 1)) {
+            r.current_tp = (int)rnd(1, 4);
+            r.current_pp = (int)rnd(1, 4);
+        }
         check_plan(&r);
     }
 }
 
+/* ------------------------------------------------------------- preferences */
+
+static elastic_layout chosen_of(const elastic_plan_request *r, char *why, size_t why_size)
+{
+    elastic_plan plan;
+    cr_assert_eq(elastic_plan_make(r, &plan), TP_OK, "%s", tp_errmsg());
+    cr_assert_geq(plan.chosen, 0, "%s", plan.why);
+    elastic_layout c = plan.layouts[plan.chosen];
+    if (why) snprintf(why, why_size, "%s", plan.why);
+    elastic_plan_free(&plan);
+    return c;
+}
+
 Test(plan, keeps_the_current_layout_when_it_uses_as_many_ranks)
 {
+    char why[512];
     elastic_plan_request r = request(preset("small"), 8, 16);
-    elastic_plan plan;
     r.current_tp = 2;
     r.current_pp = 2;
-    cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
-    cr_assert_eq(plan.layouts[plan.chosen].tp, 2);
-    cr_assert_eq(plan.layouts[plan.chosen].pp, 2);
-    cr_assert_eq(plan.layouts[plan.chosen].dp, 2, "DP changes, TP and PP stay");
-    cr_assert(strstr(plan.why, "keeps the current"), "%s", plan.why);
-    elastic_plan_free(&plan);
-    /* at 6 ranks tp2pp2 uses 4; tp2pp1dp3 uses all 6: all ranks come first */
+    elastic_layout c = chosen_of(&r, why, sizeof why);
+    cr_assert(c.tp == 2 && c.pp == 2 && c.dp == 2, "DP changes, TP and PP stay: tp%d pp%d dp%d", c.tp, c.pp, c.dp);
+    cr_assert(strstr(why, "uses all 8 ranks") && strstr(why, "keeps the current tp2 pp2"), "%s", why);
+    /* at 6 ranks tp2 pp2 uses 4, tp2 pp1 dp3 all 6: all ranks come first */
     r.world = 6;
     r.global_batch = 12;
+    c = chosen_of(&r, why, sizeof why);
+    cr_assert_eq(c.ranks, 6);
+    cr_assert(strstr(why, "the current tp2 pp2 uses only 4 ranks"), "%s", why);
+    /* a current layout that is not valid says why */
+    r.current_tp = 4;
+    r.current_pp = 1;
+    c = chosen_of(&r, why, sizeof why);
+    cr_assert(strstr(why, "the current tp4 pp1 is not valid (heads 6"), "%s", why);
+}
+
+Test(plan, without_a_current_layout_the_least_memory)
+{
+    elastic_plan_request r = request(preset("gpt2-124m"), 8, 32);
+    elastic_plan plan;
     cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
-    cr_assert_eq(plan.layouts[plan.chosen].ranks, 6);
+    const elastic_layout *c = &plan.layouts[plan.chosen];
+    for (int i = 0; i < plan.count; i++)
+        if (plan.layouts[i].valid && plan.layouts[i].ranks == c->ranks)
+            cr_assert_geq(plan.layouts[i].memory.total, c->memory.total, "tp%d pp%d needs less than the chosen",
+                          plan.layouts[i].tp, plan.layouts[i].pp);
+    cr_assert(strstr(plan.why, "the least memory"), "%s", plan.why);
     elastic_plan_free(&plan);
 }
 
 Test(plan, idle_ranks_when_the_batch_allows_no_more)
 {
     /* 7 ranks, 4 heads, 2 layers, batch 8: at most 4 ranks keep the batch */
+    char why[512];
     elastic_plan_request r = request(preset("tiny"), 7, 8);
-    elastic_plan plan;
-    cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
-    cr_assert_eq(plan.layouts[plan.chosen].ranks, 4);
-    cr_assert(strstr(plan.why, "3 of 7 ranks idle"), "%s", plan.why);
-    elastic_plan_free(&plan);
-    /* allowing the batch to change: all 7 as dp7, batch 7 */
+    elastic_layout c = chosen_of(&r, why, sizeof why);
+    cr_assert_eq(c.ranks, 4);
+    cr_assert_eq(c.micro_batch * c.grad_accum * c.dp, 8);
+    cr_assert(strstr(why, "uses 4 of 7 ranks, 3 idle"), "%s", why);
+    /* allowing the batch to change: all 7 as dp 7, batch 7 */
     r.allow_batch_change = 1;
+    elastic_plan plan;
     cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
     cr_assert_eq(plan.layouts[plan.chosen].ranks, 7);
     cr_assert_eq(plan.layouts[plan.chosen].global_batch, 7);
     cr_assert(plan.batch_changed);
+    cr_assert(strstr(plan.why, "global batch 7 instead of 8"), "%s", plan.why);
     elastic_plan_free(&plan);
 }
+
+Test(plan, a_changed_batch_is_the_largest_below_the_request)
+{
+    /* 8 ranks, batch 14, 2 heads, 1 layer: tp1 dp8 would keep 8, tp2 dp4 12 */
+    elastic_plan_request r = request(shape(2, 2, 16, 1), 8, 14);
+    r.allow_batch_change = 1;
+    elastic_layout c = chosen_of(&r, NULL, 0);
+    cr_assert_eq(c.ranks, 8);
+    cr_assert_eq(c.global_batch, 12, "tp%d pp%d dp%d batch %lld", c.tp, c.pp, c.dp, (long long)c.global_batch);
+    /* the request kept exactly wins when it uses as many ranks */
+    r.global_batch = 16;
+    c = chosen_of(&r, NULL, 0);
+    cr_assert_eq(c.global_batch, 16);
+}
+
+Test(plan, ranks_per_node_keeps_tp_within_a_node)
+{
+    elastic_plan_request r = request(preset("gpt2-124m"), 16, 32);
+    r.ranks_per_node = 2;
+    elastic_plan plan;
+    cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
+    int seen_exceeds = 0;
+    for (int i = 0; i < plan.count; i++) {
+        const elastic_layout *l = &plan.layouts[i];
+        if (l->tp == 4 && l->pp == 1) {
+            cr_assert(!l->valid);
+            cr_assert_str_eq(l->reason, "tp 4 exceeds 2 ranks per node (TP stays within a node)");
+            seen_exceeds = 1;
+        }
+    }
+    cr_assert(seen_exceeds);
+    cr_assert_leq(plan.layouts[plan.chosen].tp, 2);
+    elastic_plan_free(&plan);
+    r.ranks_per_node = 6; /* tp 4 fits in size but not in number: 6 ranks hold one group of 4 and 2 left over */
+    cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
+    for (int i = 0; i < plan.count; i++)
+        if (plan.layouts[i].tp == 4)
+            cr_assert_str_eq(plan.layouts[i].reason, "tp 4 does not divide 6 ranks per node (TP stays within a node)");
+    elastic_plan_free(&plan);
+}
+
+Test(plan, divisibility_reasons_name_the_numbers)
+{
+    elastic_plan_request r = request(preset("gpt2-124m"), 8, 8);
+    elastic_plan plan;
+    cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
+    for (int i = 0; i < plan.count; i++) {
+        const elastic_layout *l = &plan.layouts[i];
+        if (l->tp == 8) cr_assert(strstr(l->reason, "12") && strstr(l->reason, "8"), "%s", l->reason);
+        if (l->tp == 1 && l->pp == 5) cr_assert(strstr(l->reason, "12") && strstr(l->reason, "5"), "%s", l->reason);
+    }
+    elastic_plan_free(&plan);
+}
+
+/* ------------------------------------------------------------------ memory */
 
 Test(plan, memory_limit_rejects_and_lowers_the_micro_batch)
 {
     elastic_plan_request r = request(preset("gpt2-124m"), 8, 32);
+    elastic_layout free_choice = chosen_of(&r, NULL, 0);
+    r.memory_per_rank = free_choice.memory.total - 1;
+    elastic_layout tight = chosen_of(&r, NULL, 0);
+    cr_assert_leq(tight.memory.total, r.memory_per_rank);
+    cr_assert_eq(tight.micro_batch * tight.grad_accum * tight.dp, 32);
+    /* the micro-batch comes down before a layout is given up */
+    r = request(preset("gpt2-124m"), 1, 8);
+    elastic_layout at8 = chosen_of(&r, NULL, 0);
+    r.memory_per_rank = at8.memory.total - 1;
+    elastic_layout lower = chosen_of(&r, NULL, 0);
+    cr_assert_lt(lower.micro_batch, at8.micro_batch);
+    cr_assert_eq(lower.micro_batch * lower.grad_accum, 8);
+}
+
+Test(plan, nothing_fits_gives_no_choice_and_every_reason)
+{
+    elastic_plan_request r = request(preset("gpt2-124m"), 4, 32);
+    r.memory_per_rank = 1 << 20; /* 1 MiB */
     elastic_plan plan;
     cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
-    elastic_layout free_choice = plan.layouts[plan.chosen];
-    elastic_plan_free(&plan);
-    r.memory_per_rank = free_choice.memory.total - 1;
-    cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
-    cr_assert_geq(plan.chosen, 0);
-    cr_assert_leq(plan.layouts[plan.chosen].memory.total, r.memory_per_rank);
-    elastic_plan_free(&plan);
-    r.memory_per_rank = 1 << 20; /* 1 MiB: nothing fits */
-    cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
     cr_assert_eq(plan.chosen, -1);
-    cr_assert(strstr(plan.why, "per rank"), "%s", plan.why);
+    cr_assert(strstr(plan.why, "no layout is valid for 4 ranks"), "%s", plan.why);
+    cr_assert(strstr(plan.why, "tp1 pp1: needs ") && strstr(plan.why, "1.0 MiB given"), "%s", plan.why);
+    for (int i = 0; i < plan.count; i++) cr_assert(!plan.layouts[i].valid);
+    char *text = elastic_plan_to_json(&r, &plan);
+    cJSON *o = cJSON_Parse(text);
+    cr_assert_eq(cJSON_GetObjectItem(o, "chosen")->valueint, -1);
+    cJSON_Delete(o);
+    free(text);
     elastic_plan_free(&plan);
 }
 
@@ -181,15 +383,97 @@ Test(plan, memory_estimate_adds_up)
     cr_assert_eq(gpt_parameter_count(&m, &params), TP_OK);
     elastic_memory one, split;
     cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 1, &one), TP_OK);
-    /* fp32 at tp1 pp1: weights are 4 bytes per parameter (the tied output once) */
+    /* fp32 at tp1 pp1: 4 bytes per parameter (the tied output once), 4 of gradient, 8 of moments */
     cr_assert_eq(one.weights, params * 4);
-    cr_assert_eq(one.optimizer, 2 * one.weights);
+    cr_assert_eq(one.gradients, params * 4);
+    cr_assert_eq(one.optimizer, params * 8);
+    cr_assert_eq(one.snapshot, params * 12);
     cr_assert_eq(elastic_memory_estimate(&m, 4, 2, 1, &split), TP_OK);
     cr_assert_lt(split.weights * 4, one.weights, "tp4 pp2 holds under a quarter per rank");
+    elastic_memory more;
+    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 4, &more), TP_OK);
+    cr_assert_eq(more.weights, one.weights);
+    cr_assert_gt(more.activations, 3 * one.activations, "activations grow with the micro-batch");
     m.dtype = TP_BF16;
     elastic_memory bf16;
     cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 1, &bf16), TP_OK);
     cr_assert_eq(bf16.weights, params * 2 + params * 4, "bf16 weights and their fp32 master copy");
+    cr_assert_eq(elastic_memory_estimate(&m, 5, 1, 1, &bf16), TP_ERR_LAYOUT, "heads 12 by tp 5: %s", tp_errmsg());
+}
+
+/* floats of one slot: from its first buffer to the end of its last (trainer/model.c slot_init). */
+static int64_t slot_floats_of(const gpt_model *m)
+{
+    const gpt_slot *s = &m->slots[0];
+    int64_t N = m->B * m->T;
+    const float *end = m->is_last ? s->target_logit + N : s->res2 + m->num_layers * N * m->D;
+    return end - s->input;
+}
+
+/* What rank (stage, tp rank 0) of (tp, pp) allocates, built by the trainer. */
+static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, int stage, int64_t micro_batch)
+{
+    comm *c = NULL;
+    cr_assert_eq(comm_local_create(&c), TP_OK);
+    cr_assert_eq(comm_place(c, stage * tp, tp * pp, tp, pp, 1), TP_OK);
+    gpt_model *m = NULL;
+    int slots = pp - stage;
+    cr_assert_eq(gpt_model_create(&m, config, c, micro_batch, config->seq, slots, 1), TP_OK, "%s", tp_errmsg());
+    elastic_memory out = {0};
+    int64_t owned = 0, N = micro_batch * config->seq;
+    for (int i = 0; i < m->num_params; i++) owned += m->params[i].owner ? m->params[i].numel : 0;
+    out.weights = 4 * m->total;
+    out.gradients = 4 * m->total;
+    out.optimizer = 8 * m->total;
+    out.snapshot = 12 * owned; /* trainer/checkpoint.c: data, m, v of the owned views */
+    out.activations = 4 * (slots * slot_floats_of(m) + m->scratch_size + (1 + slots) * N * m->D); /* + d_output, d_input */
+    out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
+    gpt_model_free(m);
+    comm_free(c);
+    return out;
+}
+
+Test(plan, memory_estimate_is_what_the_trainer_allocates)
+{
+    const char *names[] = {"tiny", "small"};
+    const int tps[] = {1, 2, 4}, pps[] = {1, 2};
+    for (int n = 0; n < 2; n++)
+        for (int t = 0; t < 3; t++)
+            for (int p = 0; p < 2; p++)
+                for (int64_t micro = 1; micro <= 2; micro++) {
+                    gpt_config config = preset(names[n]);
+                    config.vocab = 250; /* padding: 250 rows at tp 4 are 252 */
+                    if (gpt_config_check(&config, tps[t], pps[p]) != TP_OK) continue;
+                    elastic_memory most = {0}, estimate;
+                    for (int stage = 0; stage < pps[p]; stage++) {
+                        elastic_memory m = trainer_memory(&config, tps[t], pps[p], stage, micro);
+                        if (m.total > most.total) most = m;
+                    }
+                    cr_assert_eq(elastic_memory_estimate(&config, tps[t], pps[p], micro, &estimate), TP_OK);
+                    cr_assert(memcmp(&estimate, &most, sizeof most) == 0,
+                              "%s tp%d pp%d micro %lld: estimate weights %lld snapshot %lld activations %lld total "
+                              "%lld, trainer %lld %lld %lld %lld",
+                              names[n], tps[t], pps[p], (long long)micro, (long long)estimate.weights,
+                              (long long)estimate.snapshot, (long long)estimate.activations, (long long)estimate.total,
+                              (long long)most.weights, (long long)most.snapshot, (long long)most.activations,
+                              (long long)most.total);
+                }
+}
+
+/* -------------------------------------------------------------- the rest */
+
+Test(plan, communication_grows_with_the_degrees)
+{
+    elastic_plan_request r = request(preset("gpt2-124m"), 1, 8);
+    elastic_layout alone = chosen_of(&r, NULL, 0);
+    cr_assert_eq(alone.comm_bytes_per_step, 0, "one rank sends nothing");
+    r.world = 2;
+    r.current_tp = 1;
+    r.current_pp = 1;
+    elastic_layout dp2 = chosen_of(&r, NULL, 0);
+    cr_assert_eq(dp2.dp, 2);
+    /* ring all-reduce of 2: the gradients once, 4 bytes each */
+    cr_assert_eq(dp2.comm_bytes_per_step, dp2.memory.gradients);
 }
 
 Test(plan, nonsense_requests_fail)
@@ -197,21 +481,36 @@ Test(plan, nonsense_requests_fail)
     elastic_plan plan;
     elastic_plan_request r = request(preset("tiny"), 0, 8);
     cr_assert_eq(elastic_plan_make(&r, &plan), TP_ERR_ARG);
+    cr_assert_eq(plan.chosen, -1);
     r = request(preset("tiny"), 4, 0);
     cr_assert_eq(elastic_plan_make(&r, &plan), TP_ERR_ARG);
+    r = request(preset("tiny"), 4, 8);
+    r.micro_batch = -1;
+    cr_assert_eq(elastic_plan_make(&r, &plan), TP_ERR_ARG);
+    r = request(preset("tiny"), 4, 8);
+    r.model.heads = 0;
+    cr_assert_neq(elastic_plan_make(&r, &plan), TP_OK);
 }
 
 Test(plan, json_lists_every_layout)
 {
-    elastic_plan_request r = request(preset("tiny"), 4, 8);
+    elastic_plan_request r = request(preset("tiny"), 7, 8);
     elastic_plan plan;
     cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
     char *text = elastic_plan_to_json(&r, &plan);
     cr_assert_not_null(text);
     cJSON *o = cJSON_Parse(text);
     cr_assert_not_null(o);
-    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "layouts")), plan.count);
+    const cJSON *request = cJSON_GetObjectItem(o, "request"), *layouts = cJSON_GetObjectItem(o, "layouts");
+    cr_assert_eq(cJSON_GetObjectItem(request, "world")->valueint, 7);
+    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(request, "model"), "heads")->valueint, 4);
+    cr_assert_eq(cJSON_GetArraySize(layouts), plan.count);
     cr_assert_eq(cJSON_GetObjectItem(o, "chosen")->valueint, plan.chosen);
+    const cJSON *c = cJSON_GetArrayItem(layouts, plan.chosen);
+    cr_assert_eq(cJSON_GetObjectItem(c, "idle")->valueint, 3);
+    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "memory_per_rank"), "total")->valuedouble,
+                 (double)plan.layouts[plan.chosen].memory.total);
+    cr_assert_str_eq(cJSON_GetObjectItem(o, "why")->valuestring, plan.why);
     cJSON_Delete(o);
     free(text);
     elastic_plan_free(&plan);
