@@ -48,11 +48,11 @@ static int from_checkpoint(const char *path, elastic_plan_request *r)
     return status;
 }
 
-/* "  3.2 MiB", "  1.50 GiB": fixed width for the table. */
-static void print_bytes(double bytes)
+/* "3.2 MiB", "1.50 GiB"; width pads on the left (the table). */
+static void print_bytes(double bytes, int width)
 {
-    if (bytes >= 1024.0 * 1024 * 1024) printf("%9.2f GiB", bytes / (1024.0 * 1024 * 1024));
-    else printf("%9.1f MiB", bytes / (1024.0 * 1024));
+    if (bytes >= 1024.0 * 1024 * 1024) printf("%*.2f GiB", width, bytes / (1024.0 * 1024 * 1024));
+    else printf("%*.1f MiB", width, bytes / (1024.0 * 1024));
 }
 
 static void print_request(const elastic_plan_request *r)
@@ -60,7 +60,11 @@ static void print_request(const elastic_plan_request *r)
     printf("%d ranks, global batch %lld, micro-batch up to %lld", r->world, (long long)r->global_batch,
            (long long)(r->micro_batch ? r->micro_batch : 8));
     if (r->ranks_per_node) printf(", %d ranks per node", r->ranks_per_node);
-    if (r->memory_per_rank) printf(", %.2f GiB per rank", (double)r->memory_per_rank / (1024.0 * 1024 * 1024));
+    if (r->memory_per_rank) {
+        printf(", ");
+        print_bytes((double)r->memory_per_rank, 0);
+        printf(" per rank");
+    }
     if (r->current_tp) printf(", current tp%d pp%d", r->current_tp, r->current_pp);
     printf("\n");
 }
@@ -74,9 +78,9 @@ static void print_layout(const elastic_layout *l, int chosen)
     }
     printf("%4d %3d %3d %6lld %6lld %6d ", l->tp, l->pp, l->dp, (long long)l->micro_batch, (long long)l->grad_accum,
            l->ranks);
-    print_bytes((double)l->memory.total);
+    print_bytes((double)l->memory.total, 9);
     printf(" ");
-    print_bytes((double)l->comm_bytes_per_step);
+    print_bytes((double)l->comm_bytes_per_step, 9);
     printf("%s\n", chosen ? "   <- chosen" : "");
 }
 

@@ -1,0 +1,150 @@
+#!/bin/sh
+# tp-elastic plan end to end: the real binary at several worlds, its JSON
+# checked against the planner's rules by an independent reader (Python's
+# json), --ckpt on a synthesized checkpoint and on a run directory, and the
+# exit status of impossible requests and usage errors. No MPI: fast.
+. "$(dirname "$0")/lib.sh"
+ELASTIC="$BIN/tp-elastic"
+CK="$BIN/tp-ckpt"
+
+# check_json FILE WORLD BATCH [RANKS_PER_NODE [MEMORY [ALLOW]]]: the rules of
+# elastic/plan.h from their definition, for every layout of a plan.
+check_json() {
+    "$PY" - "$@" <<'PYEOF'
+import json, sys
+path, world, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+per_node = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+memory = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+allow = len(sys.argv) > 6 and sys.argv[6] == "allow"
+p = json.load(open(path))
+m = p["request"]["model"]
+assert p["request"]["world"] == world and p["request"]["global_batch"] == batch, p["request"]
+
+def divides(tp, pp):
+    return (m["heads"] % tp == 0 and m["kv_heads"] % tp == 0 and m["ffn"] % tp == 0 and m["layers"] % pp == 0
+            and (not per_node or (tp <= per_node and per_node % tp == 0)))
+
+def ranks(tp, pp):  # what the rules let (tp, pp) use, and its batch
+    if not divides(tp, pp):
+        return 0, batch
+    most = world // (tp * pp)
+    dp = max(d for d in range(1, most + 1) if batch % d == 0)
+    if allow and dp < most and batch >= most:
+        return tp * pp * most, batch // most * most
+    return tp * pp * dp, batch
+
+seen = set()
+for l in p["layouts"]:
+    tp, pp = l["tp"], l["pp"]
+    seen.add((tp, pp))
+    if not l["valid"]:
+        assert l["reason"], l
+        if not memory:
+            assert ranks(tp, pp)[0] == 0, ("rejected but valid", l)
+        continue
+    assert divides(tp, pp), l
+    assert l["ranks"] == tp * pp * l["dp"] <= world, l
+    assert l["idle"] == world - l["ranks"], l
+    assert l["micro_batch"] * l["grad_accum"] * l["dp"] == l["global_batch"], l
+    assert l["global_batch"] == batch or (allow and l["global_batch"] < batch), l
+    assert 1 <= l["micro_batch"] <= p["request"]["micro_batch_limit"], l
+    mem = l["memory_per_rank"]
+    assert mem["total"] == sum(mem[k] for k in ("weights", "gradients", "optimizer", "snapshot", "activations")), l
+    if memory:
+        assert mem["total"] <= memory, l
+    else:
+        assert (l["ranks"], l["global_batch"]) == ranks(tp, pp), ("not the largest dp", l)
+# every (tp, pp) within the world up to the heads and layers is listed
+for tp in range(1, min(world, m["heads"]) + 1):
+    for pp in range(1, min(world // tp, m["layers"]) + 1):
+        assert (tp, pp) in seen, (tp, pp)
+best = max([ranks(tp, pp)[0] for tp, pp in seen] + [0])
+if p["chosen"] < 0:
+    assert best == 0 or memory, p["why"]
+else:
+    c = p["layouts"][p["chosen"]]
+    assert c["valid"], c
+    if not memory:
+        assert c["ranks"] == best, ("a layout uses more ranks", best, c)
+    assert p["batch_changed"] == (c["global_batch"] != batch)
+    assert ("uses all %d ranks" % world in p["why"]) == (c["ranks"] == world), p["why"]
+PYEOF
+}
+
+# ---------------------------------------------------------------- worlds
+for world in 1 2 3 4 5 6 7 8 12 16; do
+    expect_ok "tiny at $world ranks, JSON" "$ELASTIC" plan --world $world --model tiny --global-batch 8 --json
+    check "tiny at $world ranks: the rules hold" check_json "$WORK/.out" $world 8
+done
+for world in 1 3 8 24 64; do
+    expect_ok "gpt2-124m at $world ranks, 8 per node" "$ELASTIC" plan --world $world --model gpt2-124m \
+        --global-batch 48 --ranks-per-node 8 --json
+    check "gpt2-124m at $world ranks: the rules hold" check_json "$WORK/.out" $world 48 8
+done
+expect_ok "GQA, odd layers at 12 ranks" "$ELASTIC" plan --world 12 --layers 3 --dim 96 --heads 6 --kv-heads 2 \
+    --vocab 300 --seq 32 --global-batch 12 --json
+check "GQA: the rules hold, tp at most the 2 KV heads" check_json "$WORK/.out" 12 12
+check "GQA: tp 3 divides the heads but not the KV heads" \
+    "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); l=[l for l in p["layouts"] if l["tp"]==3][0]; assert not l["valid"] and "kv" in l["reason"].lower(), l' "$WORK/.out"
+
+# ---------------------------------------------------------- text output
+expect_ok "tiny at 8 ranks, text" "$ELASTIC" plan --world 8 --model tiny --global-batch 8 --current tp2pp2
+check "text: a table row per layout" [ "$(grep -Ec '^ +[0-9]+ +[0-9]+ ' "$WORK/.out")" -eq 8 ]
+check "text: an invalid row says why" grep -q "3   1   not valid: heads 4 is not divisible by tp 3" "$WORK/.out"
+check "text: the chosen line keeps the current layout" \
+    grep -Eq "^chosen: tp2 pp2 dp2 micro 4 accum 1 \(uses all 8 ranks; .*keeps the current tp2 pp2" "$WORK/.out"
+check "text: memory by kind" grep -q "^memory per rank: weights .* activations" "$WORK/.out"
+expect_ok "7 ranks, 4 heads, batch 8: ranks idle" "$ELASTIC" plan --world 7 --model tiny --global-batch 8
+check "idle: 3 of 7 ranks idle" grep -q "uses 4 of 7 ranks, 3 idle" "$WORK/.out"
+expect_ok "--allow-batch-change at 7 ranks" "$ELASTIC" plan --world 7 --model tiny --global-batch 8 \
+    --allow-batch-change --json
+check "--allow-batch-change: all 7 ranks, batch 7" check_json "$WORK/.out" 7 8 0 0 allow
+check "--allow-batch-change: recorded" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); c=p["layouts"][p["chosen"]]; assert p["batch_changed"] and c["global_batch"]==7 and c["ranks"]==7, c' "$WORK/.out"
+expect_ok "--micro-batch 2 --memory-per-rank" "$ELASTIC" plan --world 4 --model small --global-batch 16 \
+    --micro-batch 2 --memory-per-rank 200M --json
+check "memory limit: the rules hold" check_json "$WORK/.out" 4 16 0 209715200
+check "memory limit: tp2 pp1 fits at micro-batch 1, not 2; tp1 pp1 not at all" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); l={(l["tp"],l["pp"]):l for l in p["layouts"]}; assert l[2,1]["valid"] and l[2,1]["micro_batch"]==1, l[2,1]; assert not l[1,1]["valid"] and "200.0 MiB given" in l[1,1]["reason"], l[1,1]' "$WORK/.out"
+expect_ok "--help" "$ELASTIC" plan --help
+check "--help: usage" grep -q "usage: tp-elastic plan --world N" "$WORK/.out"
+
+# ----------------------------------------------------------------- --ckpt
+MODEL="--layers 4 --dim 64 --heads 4 --vocab 300 --seq 32"
+expect_ok "synth tp2pp2" "$CK" synth -o "$WORK/ck" --tp 2 --pp 2 $MODEL --step 5
+expect_ok "--ckpt: 8 ranks" "$ELASTIC" plan --world 8 --ckpt "$WORK/ck" --global-batch 16 --json
+check "--ckpt: the model and current layout of the checkpoint" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); r=p["request"]; assert r["model"]["layers"]==4 and r["model"]["vocab"]==300 and (r["current_tp"],r["current_pp"])==(2,2), r; c=p["layouts"][p["chosen"]]; assert (c["tp"],c["pp"],c["dp"])==(2,2,2), c' "$WORK/.out"
+check "--ckpt: the rules hold" check_json "$WORK/.out" 8 16
+mkdir -p "$WORK/run"
+expect_ok "synth into a run directory" "$CK" synth -o "$WORK/run/step_00000003" --tp 1 --pp 2 $MODEL --step 3
+expect_ok "synth a newer step" "$CK" synth -o "$WORK/run/step_00000009" --tp 2 --pp 1 $MODEL --step 9
+expect_ok "--ckpt of a run directory" "$ELASTIC" plan --world 6 --ckpt "$WORK/run" --global-batch 12
+check "--ckpt of a run: its newest checkpoint's tp2 pp1 kept" \
+    grep -Eq "^chosen: tp2 pp1 dp3 .*keeps the current tp2 pp1" "$WORK/.out"
+expect_ok "--current overrides the checkpoint's" "$ELASTIC" plan --world 4 --ckpt "$WORK/run" --global-batch 12 \
+    --current tp1pp2
+check "--current: tp1 pp2 kept" grep -Eq "^chosen: tp1 pp2 dp2 .*keeps the current tp1 pp2" "$WORK/.out"
+
+# --------------------------------------------------- impossible requests
+expect_error "nothing fits in 1 MiB" 1 "no layout is valid for 4 ranks: tp1 pp1: needs .* 1.0 MiB given" \
+    "$ELASTIC" plan --world 4 --model small --global-batch 8 --memory-per-rank 1M
+check "nothing fits: the table still lists every layout" [ "$(grep -c 'not valid' "$WORK/.out")" -ge 4 ]
+expect_error "nothing fits, JSON" 1 "no layout is valid" \
+    "$ELASTIC" plan --world 2 --model tiny --global-batch 8 --memory-per-rank 1K --json
+check "nothing fits, JSON: chosen -1" \
+    "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); assert p["chosen"]==-1 and p["why"], p["why"]' "$WORK/.out"
+expect_error "no such checkpoint" 1 "error: .*none" "$ELASTIC" plan --world 2 --ckpt "$WORK/none" --global-batch 8
+
+# ------------------------------------------------------------ usage errors
+expect_error "no --world" 2 "--world N is required" "$ELASTIC" plan --model tiny --global-batch 8
+expect_error "no --global-batch" 2 "--global-batch B is required" "$ELASTIC" plan --world 2 --model tiny
+expect_error "no model" 2 "--ckpt DIR" "$ELASTIC" plan --world 2 --global-batch 8
+expect_error "a model and --ckpt" 2 "not both" "$ELASTIC" plan --world 2 --model tiny --ckpt "$WORK/ck" \
+    --global-batch 8
+expect_error "--world 0" 2 "world" "$ELASTIC" plan --world 0 --model tiny --global-batch 8
+expect_error "--current badly written" 2 "tpTppP" "$ELASTIC" plan --world 2 --model tiny --global-batch 8 --current 2x2
+expect_error "--memory-per-rank not a size" 2 "memory-per-rank" "$ELASTIC" plan --world 2 --model tiny \
+    --global-batch 8 --memory-per-rank lots
+expect_error "an unknown option" 2 "--bogus" "$ELASTIC" plan --world 2 --model tiny --global-batch 8 --bogus
+expect_error "an unknown preset" 2 "tiny, small or gpt2-124m" "$ELASTIC" plan --world 2 --model huge --global-batch 8
+expect_error "a stray argument" 2 "unexpected argument 'extra'" "$ELASTIC" plan --world 2 --model tiny \
+    --global-batch 8 extra
+finish
