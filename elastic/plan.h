@@ -8,11 +8,12 @@
  * (model/gpt.h gpt_config_check decides both); the global batch is kept
  * exactly (micro_batch x grad_accum x DP == global batch); a layout must fit
  * in the memory per rank when one is given. Among the valid layouts the
- * planner prefers, in order: the most ranks used, the current TP and PP,
- * then the least memory per rank, then the least communication, then the
- * smaller TP. With allow_batch_change a layout may use every rank at the
- * largest global batch below the request that they divide; one keeping the
- * request still wins among those using as many ranks. */
+ * planner prefers, in order: the most ranks used, the global batch nearest
+ * the request, the current TP and PP, the least memory per rank, the least
+ * communication, the smaller TP. With allow_batch_change, a (TP, PP) whose
+ * DP keeping the batch would leave ranks idle uses them all instead, at the
+ * largest global batch below the request that its DP divides; a layout
+ * keeping the request still wins among those using as many ranks. */
 #ifndef TP_ELASTIC_PLAN_H
 #define TP_ELASTIC_PLAN_H
 
@@ -28,7 +29,7 @@ typedef struct {
     int64_t micro_batch;     /* the largest micro-batch to use; 0: the planner's choice (up to 8) */
     int64_t memory_per_rank; /* bytes; 0: no limit */
     int current_tp, current_pp; /* the layout the run has now; 0: none */
-    int allow_batch_change;  /* when no layout keeps the global batch, take the nearest lower one */
+    int allow_batch_change;  /* use ranks the global batch would leave idle, at a lower batch */
 } elastic_plan_request;
 
 /* Bytes per rank, on the rank with the most: the first pipeline stage (it
@@ -77,8 +78,9 @@ char *elastic_plan_to_json(const elastic_plan_request *request, const elastic_pl
 
 /* Memory per rank of one layout: the estimate the planner uses, with every
  * stage holding as many micro-batches as 1F1B lets it (the planner also caps
- * them by the accumulation, as the trainer does). Fails (TP_ERR_ARG) on a
- * model gpt_config_check refuses at (tp, pp) or a micro-batch below 1. */
+ * them by the accumulation, as the trainer does). Fails as gpt_config_check
+ * does on a model that does not split over (tp, pp), with TP_ERR_ARG on a
+ * degree or micro-batch below 1. */
 int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, elastic_memory *out);
 
 #endif
