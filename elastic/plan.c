@@ -344,14 +344,18 @@ static void explain_none(const elastic_plan_request *r, elastic_plan *plan)
     }
 }
 
-/* What became of the current tp and pp when another layout was chosen. */
-static void explain_current(const elastic_plan_request *r, const elastic_plan *plan, char *out, size_t size)
+/* What became of the current tp and pp when another layout, c, was chosen. */
+static void explain_current(const elastic_plan_request *r, const elastic_plan *plan, const elastic_layout *c,
+                            char *out, size_t size)
 {
     for (int i = 0; i < plan->count; i++) {
         const elastic_layout *l = &plan->layouts[i];
         if (!is_current(r, l)) continue;
         if (!l->valid) snprintf(out, size, "the current tp%d pp%d is not valid (%s)", l->tp, l->pp, l->reason);
-        else snprintf(out, size, "the current tp%d pp%d uses only %d ranks", l->tp, l->pp, l->ranks);
+        else if (l->ranks < c->ranks)
+            snprintf(out, size, "the current tp%d pp%d uses only %d ranks", l->tp, l->pp, l->ranks);
+        else snprintf(out, size, "the current tp%d pp%d reaches only global batch %lld", l->tp, l->pp,
+                      (long long)l->global_batch);
         return;
     }
     snprintf(out, size, "the current tp%d pp%d does not fit in %d ranks", r->current_tp, r->current_pp, r->world);
@@ -377,7 +381,7 @@ static void explain_chosen(const elastic_plan_request *r, elastic_plan *plan)
     if (is_current(r, c)) snprintf(part, sizeof part, "; keeps the current tp%d pp%d", c->tp, c->pp);
     else if (r->current_tp > 0) {
         why_append(plan, "; ");
-        explain_current(r, plan, part, sizeof part);
+        explain_current(r, plan, c, part, sizeof part);
     } else part[0] = '\0';
     why_append(plan, part);
     format_bytes((double)c->memory.total, bytes, sizeof bytes);

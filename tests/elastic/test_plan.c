@@ -293,6 +293,13 @@ Test(plan, a_changed_batch_is_the_largest_below_the_request)
     elastic_layout c = chosen_of(&r, NULL, 0);
     cr_assert_eq(c.ranks, 8);
     cr_assert_eq(c.global_batch, 12, "tp%d pp%d dp%d batch %lld", c.tp, c.pp, c.dp, (long long)c.global_batch);
+    /* over the current layout when that reaches less */
+    char why[512];
+    r.current_tp = r.current_pp = 1;
+    c = chosen_of(&r, why, sizeof why);
+    cr_assert_eq(c.tp, 2);
+    cr_assert(strstr(why, "global batch 12 instead of 14 (allowed to change); the current tp1 pp1 reaches only "
+                          "global batch 8"), "%s", why);
     /* the request kept exactly wins when it uses as many ranks */
     r.global_batch = 16;
     c = chosen_of(&r, NULL, 0);
