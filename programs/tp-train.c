@@ -222,7 +222,8 @@ typedef struct {
     FILE *log;                /* rank 0, --log */
     int resumed;
     int64_t resumed_step;
-    char resumed_from[4200];
+    char resumed_from[4200];  /* the checkpoint's path */
+    double load_seconds;      /* loading and resharding it */
     double started;           /* now_seconds() at the program's start */
 } reporter;
 
@@ -246,8 +247,11 @@ static double unix_time(void)
     return (double)t.tv_sec + t.tv_usec * 1e-6;
 }
 
-/* After step `step` on rank `rank`: the injected fault, when it is due. */
-static void maybe_fault(int rank, int64_t step)
+static void log_stop(FILE *log, int64_t step, const char *reason, const char *error);
+
+/* After step `step` on rank `rank`: the injected fault, when it is due (the
+ * step's log line is written). */
+static void maybe_fault(int rank, int64_t step, FILE *log)
 {
     if (fault.kind == FAULT_NONE || fault.kind == FAULT_FAIL_AT_START || step != fault.step || rank != fault.rank)
         return;
@@ -257,13 +261,19 @@ static void maybe_fault(int rank, int64_t step)
         fclose(marker);
     }
     fflush(NULL);
+    char why[200];
     switch (fault.kind) {
     case FAULT_DIE: raise(SIGKILL); break;
     case FAULT_HANG:
-        for (;;) pause(); /* SIGTERM still asks for a stop that never comes; SIGKILL ends it */
+        /* As a rank stuck in a collective: no more progress or log lines;
+         * SIGUSR1 still asks for a stop that never comes, SIGTERM (its
+         * default action) and SIGKILL end it. */
+        signal(SIGTERM, SIG_DFL);
+        for (;;) pause();
     case FAULT_FAIL:
-        fprintf(stderr, "tp-train: error (rank %d): injected failure after step %lld (--fault fail)\n", rank,
-                (long long)step);
+        snprintf(why, sizeof why, "injected failure after step %lld (--fault fail)", (long long)step);
+        if (log) log_stop(log, step, "failed", why);
+        fprintf(stderr, "tp-train: error (rank %d): %s\n", rank, why);
         _exit(1);
     default: break;
     }
@@ -277,40 +287,63 @@ static FILE *open_log(const char *path, int append)
     return f;
 }
 
-/* The log's first line of a launch: its layout, batch split, what it
- * resumed from and how long it took from the program's start to here (MPI,
- * model, the checkpoint's load and any resharding at load). */
+/* text as a JSON string, quotes included, into out; "null" for NULL. */
+static void json_string(const char *text, char *out, size_t size)
+{
+    snprintf(out, size, "null");
+    if (!text) return;
+    cJSON *value = cJSON_CreateString(text);
+    char *quoted = value ? cJSON_PrintUnformatted(value) : NULL;
+    if (quoted) snprintf(out, size, "%s", quoted);
+    free(quoted);
+    cJSON_Delete(value);
+}
+
+/* The log's first line of a launch: the step it continues from (0 when
+ * fresh), its layout and batch split, the checkpoint it resumed from (its
+ * name, step_NNNNNNNN) and the seconds its load and resharding took, and the
+ * seconds from the program's start to here (MPI, model, the load). */
 static void log_start(reporter *p, const train_report *r)
 {
     const train_options *o = p->o;
-    char from[4300] = "null";
-    if (p->resumed) {
-        cJSON *text = cJSON_CreateString(p->resumed_from); /* a path, quoted as JSON */
-        char *quoted = text ? cJSON_PrintUnformatted(text) : NULL;
-        if (quoted) snprintf(from, sizeof from, "%s", quoted);
-        free(quoted);
-        cJSON_Delete(text);
-    }
+    char from[4300];
+    const char *name = strrchr(p->resumed_from, '/');
+    json_string(p->resumed ? (name ? name + 1 : p->resumed_from) : NULL, from, sizeof from);
     fprintf(p->log,
             "{\"event\":\"start\",\"step\":%lld,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batch\":%lld,"
             "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"resumed_from\":%s,\"load_seconds\":%.3f,"
-            "\"time\":%.6f}\n",
+            "\"startup_seconds\":%.3f,\"time\":%.6f}\n",
             (long long)r->step - 1, p->c->tp, p->c->pp, p->c->dp, (long long)o->micro_batch, (long long)o->grad_accum,
-            (long long)r->global_batch, p->c->world, from, now_seconds() - p->started, unix_time());
+            (long long)r->global_batch, p->c->world, from, p->resumed ? p->load_seconds : 0.0,
+            now_seconds() - p->started, unix_time());
     fflush(p->log);
+}
+
+/* The log's last line of a launch (none when it is killed). */
+static void log_stop(FILE *log, int64_t step, const char *reason, const char *error)
+{
+    char quoted[2200];
+    json_string(error, quoted, sizeof quoted);
+    fprintf(log, "{\"event\":\"stop\",\"step\":%lld,\"reason\":\"%s\"", (long long)step, reason);
+    if (error) fprintf(log, ",\"error\":%s", quoted);
+    fprintf(log, ",\"time\":%.6f}\n", unix_time());
+    fflush(log);
 }
 
 static void on_report(void *ctx, const train_report *r)
 {
     reporter *p = ctx;
     const train_options *o = p->o;
-    if (r->kind == TRAIN_REPORT_STEP) maybe_fault(p->c->rank, r->step);
-    if (p->c->rank != 0) return;
+    if (p->c->rank != 0) {
+        if (r->kind == TRAIN_REPORT_STEP) maybe_fault(p->c->rank, r->step, NULL);
+        return;
+    }
     const gpt_config *g = &o->config;
     switch (r->kind) {
     case TRAIN_REPORT_RESUMED:
         p->resumed = 1;
         p->resumed_step = r->step;
+        p->load_seconds = r->seconds;
         snprintf(p->resumed_from, sizeof p->resumed_from, "%s", r->text);
         if (!p->quiet)
             printf("resumed from %s at step %lld (%lld samples consumed)%s\n", r->text, (long long)r->step,
@@ -342,6 +375,15 @@ static void on_report(void *ctx, const train_report *r)
                     "\"ckpt_stall_ms\":%.3f,\"time\":%.6f}\n",
                     (long long)r->step, r->loss, r->lr, r->grad_norm, r->tokens_per_second, r->seconds * 1e3,
                     r->checkpoint_stall * 1e3, unix_time());
+            fflush(p->log);
+        }
+        fflush(stdout);
+        maybe_fault(0, r->step, p->log);
+        break;
+    case TRAIN_REPORT_SAVED:
+        if (p->log) {
+            fprintf(p->log, "{\"event\":\"save\",\"step\":%lld,\"seconds\":%.3f,\"time\":%.6f}\n",
+                    (long long)r->step, r->seconds, unix_time());
             fflush(p->log);
         }
         break;
@@ -454,6 +496,13 @@ int main(int argc, char **argv)
 
     int world = comm_mpi_world_size(&argc, &argv);
     if (!dp) dp = world / (tp * pp) > 0 ? world / (tp * pp) : 1;
+    if (fault.kind != FAULT_NONE && fault.rank >= world) {
+        if (comm_mpi_rank() == 0)
+            fprintf(stderr, "tp-train: --fault-rank %d, but there are %d ranks (see tp-train --help)\n", fault.rank,
+                    world);
+        comm_mpi_finalize();
+        return 2;
+    }
     if (fault.kind == FAULT_FAIL_AT_START) {
         int code = comm_mpi_rank() == 0 ? fail("injected failure at start (--fault fail-at-start)") : 1;
         comm_mpi_finalize();
@@ -495,22 +544,26 @@ int main(int argc, char **argv)
     action.sa_handler = on_signal;
     sigaction(SIGTERM, &action, NULL);
     sigaction(SIGUSR1, &action, NULL);
-    reporter rep = {cm, &o, quiet, log_path, NULL, 0, 0, "", started};
+    reporter rep = {.c = cm, .o = &o, .quiet = quiet, .log_path = log_path, .started = started};
     o.report = on_report;
     o.report_ctx = &rep;
     train_outcome outcome;
     int status = train_run(&o, cm, &outcome);
+    /* The stop line first: a failure only this rank knows ends the job. A
+     * failure before training began (no start line) is logged too. */
+    if (cm->rank == 0 && log_path && !rep.log && status) rep.log = open_log(log_path, o.resume);
+    if (rep.log) {
+        log_stop(rep.log, outcome.step,
+                 outcome.end == TRAIN_FINISHED  ? "finished"
+                 : outcome.end == TRAIN_STOPPED ? "stopped"
+                                                : "failed",
+                 status ? outcome.reason : NULL);
+        fclose(rep.log);
+        rep.log = NULL;
+    }
     if (status && !outcome.all_ranks_know) end_job(cm, outcome.reason);
     else if (status && cm->rank == 0) fail("%s", outcome.reason);
     else if (!status && cm->rank == 0 && !quiet) print_summary(&outcome, &o, o.micro_batch * o.grad_accum * cm->dp);
-    if (rep.log) {
-        fprintf(rep.log, "{\"event\":\"stop\",\"step\":%lld,\"reason\":\"%s\",\"time\":%.6f}\n", (long long)outcome.step,
-                outcome.end == TRAIN_FINISHED  ? "finished"
-                : outcome.end == TRAIN_STOPPED ? "stopped"
-                                               : "failed",
-                unix_time());
-        fclose(rep.log);
-    }
     comm_free(cm);
     return status ? 1 : 0;
 }

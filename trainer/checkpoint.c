@@ -83,6 +83,10 @@ struct saver {
     uint64_t seed;
     char *schedule, *user;
     double stall;
+    double started;             /* now_seconds() when the pending save began */
+    int committed;              /* commits not yet taken by saver_take_committed (at most two: see there) */
+    int64_t committed_step[2];
+    double committed_seconds[2];
 };
 
 int checkpoint_staging_owner(comm *c, char *owner)
@@ -295,7 +299,26 @@ static int finish_commit(saver *s)
     if (failed)
         return tp_fail(c->rank == 0 ? s->commit_status : TP_ERR_STATE, "checkpoint %s: %s", s->path,
                        c->rank == 0 ? s->commit_message : "commit failed on rank 0");
+    if (s->committed == 2) { /* not taken: the oldest goes */
+        s->committed_step[0] = s->committed_step[1];
+        s->committed_seconds[0] = s->committed_seconds[1];
+        s->committed = 1;
+    }
+    s->committed_step[s->committed] = s->step;
+    s->committed_seconds[s->committed] = now_seconds() - s->started;
+    s->committed++;
     return TP_OK;
+}
+
+int saver_take_committed(saver *s, int64_t *step, double *seconds)
+{
+    if (!s->committed) return 0;
+    *step = s->committed_step[0];
+    *seconds = s->committed_seconds[0];
+    s->committed_step[0] = s->committed_step[1];
+    s->committed_seconds[0] = s->committed_seconds[1];
+    s->committed--;
+    return 1;
 }
 
 void saver_before_update(saver *s)
@@ -331,6 +354,7 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync)
     comm *c = m->comm;
     if (s->pending) TP_TRY(saver_poll(s, 1));
     double start = now_seconds();
+    s->started = start;
     snprintf(s->path, sizeof s->path, "%s", path);
     s->step = state->step;
     s->consumed = state->consumed_samples;

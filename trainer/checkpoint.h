@@ -51,6 +51,12 @@ void saver_before_update(saver *s);
  * With wait, finishes both. Collective. */
 int saver_poll(saver *s, int wait);
 
+/* Takes the oldest save committed (and known to every rank) and not yet
+ * taken: its step, and the seconds from its saver_start to then; 0 when
+ * none. Two are kept: a step boundary can finish the pending save and a
+ * synchronous one after it; take them after each boundary. */
+int saver_take_committed(saver *s, int64_t *step, double *seconds);
+
 /* Seconds the caller has spent in saver_start/saver_poll since the last
  * call (the training stall due to checkpointing); resets the count. */
 double saver_take_stall_seconds(saver *s);

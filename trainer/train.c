@@ -348,11 +348,13 @@ static int resume(trainer *t, int64_t *start_step)
         return TP_OK;
     }
     load_result loaded;
+    double start = now_seconds();
     TP_TRY(checkpoint_load(t->model, o->ckpt_dir, 1, warn, t, &loaded));
     *start_step = loaded.step;
     t->consumed = loaded.consumed_samples;
     train_report r = {.kind = TRAIN_REPORT_RESUMED, .step = loaded.step, .consumed_samples = loaded.consumed_samples,
-                      .optimizer_loaded = loaded.optimizer_loaded, .text = loaded.path};
+                      .optimizer_loaded = loaded.optimizer_loaded, .text = loaded.path,
+                      .seconds = now_seconds() - start};
     report(t, &r);
     return TP_OK;
 }
@@ -409,6 +411,20 @@ static int checkpoint_after(trainer *t, int64_t step, int stop)
     return TP_OK;
 }
 
+/* Saves committed at the last step boundary, told after that step's report. */
+static int report_saves(trainer *t)
+{
+    int64_t step;
+    double seconds;
+    while (saver_take_committed(t->saver, &step, &seconds)) {
+        char path[CKPT_PATH_MAX];
+        TP_TRY(ckpt_step_path(t->o->ckpt_dir, step, path, sizeof path));
+        train_report r = {.kind = TRAIN_REPORT_SAVED, .step = step, .seconds = seconds, .text = path};
+        report(t, &r);
+    }
+    return TP_OK;
+}
+
 static int train_steps(trainer *t, int64_t start_step)
 {
     const train_options *o = t->o;
@@ -433,12 +449,16 @@ static int train_steps(trainer *t, int64_t start_step)
         out->step = step;
         out->seconds += r.seconds;
         out->stall_seconds += r.checkpoint_stall;
+        if (o->ckpt_dir) TP_TRY(report_saves(t));
         if (stop) {
             out->end = TRAIN_STOPPED;
             return TP_OK;
         }
     }
-    if (o->ckpt_dir) TP_TRY(saver_poll(t->saver, 1));
+    if (o->ckpt_dir) {
+        TP_TRY(saver_poll(t->saver, 1));
+        TP_TRY(report_saves(t));
+    }
     out->end = TRAIN_FINISHED;
     return TP_OK;
 }

@@ -31,21 +31,24 @@ typedef enum {
     TRAIN_REPORT_START,   /* before the first step: what is trained, how */
     TRAIN_REPORT_RESUMED, /* from the checkpoint `text` */
     TRAIN_REPORT_STEP,    /* a step is done */
+    TRAIN_REPORT_SAVED,   /* the checkpoint of `step` (`text`) is committed, after that step's report */
     TRAIN_REPORT_WARNING, /* `text` says what went wrong and was worked around */
 } train_report_kind;
 
 typedef struct {
     train_report_kind kind;
-    int64_t step, steps;        /* this step (STEP), the first to run (START), the checkpoint's (RESUMED); of how many */
+    int64_t step, steps;        /* this step (STEP), the first to run (START), the checkpoint's (RESUMED, SAVED);
+                                   of how many */
     double loss, lr, grad_norm; /* STEP */
-    double seconds;             /* STEP: the step's time */
+    double seconds;             /* STEP: the step's time; RESUMED: loading (and resharding) the checkpoint;
+                                   SAVED: from the save's start at its step boundary to its commit */
     double checkpoint_stall;    /* STEP: seconds the step waited on checkpointing */
     double tokens_per_second;   /* STEP */
     int64_t global_batch;       /* sequences per step */
     int64_t consumed_samples;   /* RESUMED: where the data continues */
     double loss_floor;          /* START: the synthetic data's entropy rate, or -1 */
     int optimizer_loaded;       /* RESUMED: 0 when the checkpoint held no optimizer state */
-    const char *text;           /* RESUMED: the checkpoint; WARNING: the message */
+    const char *text;           /* RESUMED, SAVED: the checkpoint; WARNING: the message */
 } train_report;
 
 typedef struct {

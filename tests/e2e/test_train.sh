@@ -16,12 +16,15 @@ mpi_train() {
     mpirun --oversubscribe -np "$ranks" "$TRAIN" "$@" </dev/null
 }
 
+# A log (--log) holds step lines {"step":N,"loss":X,...} and event lines
+# {"event":"start"|"save"|"stop",...}; these helpers read its step lines.
+
 # losses_match A.jsonl B.jsonl TOL: same steps, losses equal to TOL relative
 # (0: bit-exact, as printed with 9 significant digits).
 losses_match() {
     "$PY" - "$@" <<'PYEOF'
 import json, sys
-a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+a, b = ([r for r in map(json.loads, open(p)) if "event" not in r] for p in sys.argv[1:3])
 tol = float(sys.argv[3])
 steps_a, steps_b = [r["step"] for r in a], [r["step"] for r in b]
 if steps_a != steps_b:
@@ -32,13 +35,28 @@ if worst > tol:
 PYEOF
 }
 
-# steps_from LOG FIRST [LAST]: the log's records of steps FIRST..LAST.
+# steps_from LOG FIRST [LAST]: the log's step lines of steps FIRST..LAST.
 steps_from() {
-    "$PY" -c 'import json,sys; [print(l, end="") for l in open(sys.argv[1]) if int(sys.argv[2]) <= json.loads(l)["step"] <= int(sys.argv[3])]' \
+    "$PY" -c 'import json,sys; [print(l, end="") for l in open(sys.argv[1]) if "event" not in json.loads(l) and int(sys.argv[2]) <= json.loads(l)["step"] <= int(sys.argv[3])]' \
         "$1" "$2" "${3:-999999999}"
 }
 
-last_step() { tail -n 1 "$1" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["step"])'; }
+# last_step LOG: the step of its last step line.
+last_step() { "$PY" -c 'import json,sys; print([r for r in map(json.loads, open(sys.argv[1])) if "event" not in r][-1]["step"])' "$1"; }
+
+# mpi_error WHAT PATTERN RANKS ARGS...: tp-train under mpirun fails with one line from tp-train.
+mpi_error() {
+    what=$1 pattern=$2
+    shift 2
+    run mpi_train "$@"
+    if [ "$RC" -eq 0 ]; then failed "$what: exit 0"
+    elif [ "$(grep -c '^tp-train: ' "$WORK/.err")" -ne 1 ]; then failed "$what: not one line from tp-train"
+    elif ! grep -Eq -- "$pattern" "$WORK/.err"; then failed "$what: stderr does not match /$pattern/"
+    else pass; fi
+}
+
+# events LOG KIND FIELD: FIELD of each KIND event line, one per line.
+events() { "$PY" -c 'import json,sys; [print(json.dumps(r[sys.argv[3]]).strip(chr(34))) for r in map(json.loads, open(sys.argv[1])) if r.get("event") == sys.argv[2]]' "$1" "$2" "$3" | tr '\n' ' '; }
 
 # --- The cross-check against the PyTorch GPT-2 (tests/trainer/gpt2_ref.py):
 # logits, loss, every gradient, 10 AdamW steps. The vocabulary 250 is padded
@@ -71,7 +89,7 @@ done
 for name in tp2pp2dp1 tp4pp1dp1 tp1pp1dp4 tp2pp1dp2; do
     check "$name has the losses of tp1pp1dp1 (1e-4)" losses_match "$WORK/$name.jsonl" "$WORK/tp1pp1dp1.jsonl" 1e-4
 done
-check "the loss falls on synthetic data" "$PY" -c 'import json,sys; r=[json.loads(l)["loss"] for l in open(sys.argv[1])]; sys.exit(not r[-1] < r[0] - 0.05)' "$WORK/tp1pp1dp1.jsonl"
+check "the loss falls on synthetic data" "$PY" -c 'import json,sys; r=[x["loss"] for x in map(json.loads, open(sys.argv[1])) if "event" not in x]; sys.exit(not r[-1] < r[0] - 0.05)' "$WORK/tp1pp1dp1.jsonl"
 
 # --- Exact resume: 10 steps, stop, resume, 10 steps = 20 straight (tp2, async saves).
 expect_ok "20 straight steps at tp2" mpi_train 2 $TINY --tp 2 --steps 20 --log "$WORK/straight.jsonl"
@@ -94,6 +112,33 @@ check "training state: step 20, 40 samples consumed" "$PY" -c '
 import json, sys
 i = json.load(open(sys.argv[1]))
 sys.exit(not (i["step"] == 20 and i["train"]["consumed_samples"] == 40))' "$WORK/.out"
+# One log across the two launches: a start and a stop line each, a save line per committed checkpoint.
+check "log: two launches (start steps 0, 10; resumed from null, step_00000010)" \
+    [ "$(events "$WORK/split.jsonl" start step)" = "0 10 " ] &&
+    [ "$(events "$WORK/split.jsonl" start resumed_from)" = "null step_00000010 " ]
+check "log: stopped, then finished (at steps 10, 20)" [ "$(events "$WORK/split.jsonl" stop reason)" = "stopped finished " ] &&
+    [ "$(events "$WORK/split.jsonl" stop step)" = "10 20 " ]
+check "log: a save line for each committed checkpoint (4 8 10 20)" [ "$(events "$WORK/split.jsonl" save step)" = "4 8 10 20 " ]
+check "log: every line has a time; start, save and stop lines have their fields" "$PY" -c '
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world",
+                  "resumed_from", "load_seconds", "startup_seconds", "time"},
+        "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "time"},
+        None: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "ms", "ckpt_stall_ms", "time"}}
+times = [r["time"] for r in lines]
+ok = all(set(r) == keys[r.get("event")] for r in lines) and times == sorted(times) and times[0] > 1.7e9
+starts = [r for r in lines if r.get("event") == "start"]
+ok = ok and [(r["tp"], r["dp"], r["world"], r["global_batch"]) for r in starts] == [(2, 1, 2, 2)] * 2
+ok = ok and starts[0]["load_seconds"] == 0 and starts[1]["load_seconds"] > 0
+# A save line follows the step line of its step.
+last = 0
+for r in lines:
+    if "event" not in r:
+        last = r["step"]
+    elif r["event"] == "save":
+        ok = ok and last >= r["step"]
+sys.exit(not ok)' "$WORK/split.jsonl"
 
 # --- Resume at another layout: written at tp4pp2, resumed at tp2pp1dp2.
 expect_ok "10 steps at tp4pp2 then stop" mpi_train 8 $TINY --tp 4 --pp 2 --steps 20 --stop-at 10 \
@@ -109,6 +154,55 @@ expect_ok "resume at tp1 from the resharded checkpoint" "$TRAIN" $TINY --steps 2
     --ckpt-dir "$WORK/tp1ckpt" --resume --log "$WORK/from-reshard.jsonl"
 check "resumed from tp-reshard output: the straight losses (1e-4)" \
     losses_match "$WORK/from-reshard.jsonl" "$WORK/straight-tail.jsonl" 1e-4
+
+# --- --global-batch: the accumulation is global batch / (micro-batch x dp), and
+# the losses do not depend on how the batch is split (fields: ranks, tp, pp,
+# dp, micro-batch, the accumulation that follows).
+for layout in "1 1 1 1 4 2" "4 2 1 2 2 2" "4 1 2 2 1 4"; do
+    set -- $layout
+    name="gb8-tp$2pp$3dp$4mb$5"
+    expect_ok "6 steps of global batch 8 at $name" mpi_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" \
+        --micro-batch "$5" --global-batch 8 --steps 6 --log "$WORK/$name.jsonl"
+    check "$name: start line says accumulation $6, global batch 8" \
+        [ "$(events "$WORK/$name.jsonl" start grad_accum)/$(events "$WORK/$name.jsonl" start global_batch)" = "$6 /8 " ]
+done
+for name in gb8-tp2pp1dp2mb2 gb8-tp1pp2dp2mb1; do
+    check "$name has the losses of one rank, micro-batch 4 x 2 (1e-5)" \
+        losses_match "$WORK/$name.jsonl" "$WORK/gb8-tp1pp1dp1mb4.jsonl" 1e-5
+done
+# The comparison can fail: another global batch trains on other samples.
+expect_ok "6 steps of global batch 4" "$TRAIN" $TINY --micro-batch 4 --global-batch 4 --steps 6 --log "$WORK/gb4.jsonl"
+losses_differ() { ! losses_match "$@" 2>/dev/null; }
+check "global batch 4 does not have the losses of global batch 8 (1e-5)" \
+    losses_differ "$WORK/gb4.jsonl" "$WORK/gb8-tp1pp1dp1mb4.jsonl" 1e-5
+expect_error "--global-batch not a multiple of micro-batch x dp" 2 "global-batch 8 is not a multiple of micro-batch 3 x dp 1" \
+    "$TRAIN" $TINY --micro-batch 3 --global-batch 8
+expect_error "--grad-accum disagreeing with --global-batch" 2 "grad-accum 3 gives a global batch of 6, not --global-batch 8" \
+    "$TRAIN" $TINY --micro-batch 2 --grad-accum 3 --global-batch 8
+run mpi_train 2 $TINY --dp 2 --micro-batch 4 --global-batch 12
+check "under mpirun: dp 2 named, exit 2, one line" [ "$RC" -eq 2 ] && [ "$(grep -c '^tp-train: ' "$WORK/.err")" -eq 1 ] &&
+    grep -q "global-batch 12 is not a multiple of micro-batch 4 x dp 2" "$WORK/.err"
+
+# --- Resume at other layouts, the global batch kept: 12 steps at tp2 (micro 2
+# x accumulation 4), against the same run stopped at step 4, resumed at pp2dp2
+# (micro 1 x 4) and stopped at 8, resumed on one rank (micro 8 x 1) to 12,
+# all in one log.
+GB="--model tiny --quiet --global-batch 8 --steps 12"
+expect_ok "12 straight steps at tp2, global batch 8" mpi_train 2 $GB --tp 2 --micro-batch 2 --log "$WORK/gb-straight.jsonl"
+expect_ok "tp2 to step 4" mpi_train 2 $GB --tp 2 --micro-batch 2 --stop-at 4 --ckpt-every 2 --ckpt-dir "$WORK/gbrun" \
+    --resume --log "$WORK/gb-split.jsonl"
+expect_ok "pp2dp2 micro-batch 1 from step 4 to 8" mpi_train 4 $GB --pp 2 --dp 2 --micro-batch 1 --stop-at 8 \
+    --ckpt-every 2 --ckpt-dir "$WORK/gbrun" --resume --log "$WORK/gb-split.jsonl"
+expect_ok "one rank micro-batch 8 from step 8 to 12" "$TRAIN" $GB --micro-batch 8 --ckpt-every 2 --ckpt-dir "$WORK/gbrun" \
+    --resume --log "$WORK/gb-split.jsonl"
+check "three layouts, one log: steps 1..12 have the straight run's losses (1e-4)" \
+    losses_match "$WORK/gb-split.jsonl" "$WORK/gb-straight.jsonl" 1e-4
+check "start lines: steps 0 4 8, dp 1 2 1, accumulation 4 4 1, resumed from null, step 4, step 8" \
+    [ "$(events "$WORK/gb-split.jsonl" start step)|$(events "$WORK/gb-split.jsonl" start dp)|$(events "$WORK/gb-split.jsonl" start grad_accum)|$(events "$WORK/gb-split.jsonl" start resumed_from)" = \
+    "0 4 8 |1 2 1 |4 4 1 |null step_00000004 step_00000008 " ]
+check "stop lines: stopped at 4, at 8, finished at 12; saves 2..12" \
+    [ "$(events "$WORK/gb-split.jsonl" stop reason)$(events "$WORK/gb-split.jsonl" stop step)" = "stopped stopped finished 4 8 12 " ] &&
+    [ "$(events "$WORK/gb-split.jsonl" save step)" = "2 4 6 8 10 12 " ]
 
 # --- Preemption: SIGTERM (to the process, or to each rank under mpirun) or
 # SIGUSR1 (to mpirun, which forwards it) ends the step, commits a checkpoint,
@@ -144,6 +238,9 @@ preempt() {
         return
     fi
     pass
+    check "$name: the log ends with the save of step $stopped and a stop line (stopped)" \
+        [ "$(tail -n 2 "$dir.jsonl" | "$PY" -c 'import json,sys; print(" ".join("%s:%s" % (r["event"], r["step"]) for r in map(json.loads, sys.stdin)))')" = \
+        "save:$stopped stop:$stopped" ] && [ "$(events "$dir.jsonl" stop reason)" = "stopped " ]
     # Three more steps resumed at tp1, against an uninterrupted tp1 run (same
     # schedule: --steps stays, --stop-at ends both).
     expect_ok "$name: resume for 3 steps" "$TRAIN" $LONG --stop-at $((stopped + 3)) --ckpt-dir "$dir" --resume \
@@ -165,7 +262,8 @@ expect_ok "resume past damage" mpi_train 2 $TINY --tp 2 --steps 22 --ckpt-dir "$
     --log "$WORK/damaged.jsonl"
 check "the damaged checkpoint is named, and the fallback" \
     grep -Eq "step_00000020 is unusable.*checksum.*falling back to .*step_00000010" "$WORK/.err"
-check "resumed from step 10: steps 11..22 logged" [ "$(head -n 1 "$WORK/damaged.jsonl" | cut -c1-11)" = '{"step":11,' ]
+check "resumed from step 10: steps 11..22 logged" [ "$(grep -v '"event"' "$WORK/damaged.jsonl" | head -n 1 | cut -c1-11)" = '{"step":11,' ] &&
+    [ "$(last_step "$WORK/damaged.jsonl")" = 22 ] && [ "$(events "$WORK/damaged.jsonl" start resumed_from)" = "step_00000010 " ]
 for s in 4 8 10; do
     f=$(ls "$WORK/damaged/$(printf 'step_%08d' $s)"/*.h5 | head -n 1)
     flip_byte "$f" $(($(data_offset "$f" model/layers.0.mlp.fc.weight) + 100))
@@ -190,11 +288,58 @@ expect_ok "train 40 steps on text" mpi_train 2 $TINY --tp 2 --steps 40 --lr 3e-3
     --log "$WORK/text.jsonl"
 # A step's loss is that of 4 windows of 32 bytes: one step can be an
 # outlier (a window of rare bytes), so the last ten steps are averaged.
-check "the loss falls on text" "$PY" -c 'import json,sys; r=[json.loads(l)["loss"] for l in open(sys.argv[1])]; sys.exit(not sum(r[-10:]) / 10 < r[0] - 1.0)' "$WORK/text.jsonl"
+check "the loss falls on text" "$PY" -c 'import json,sys; r=[x["loss"] for x in map(json.loads, open(sys.argv[1])) if "event" not in x]; sys.exit(not sum(r[-10:]) / 10 < r[0] - 1.0)' "$WORK/text.jsonl"
 printf 'not a token file, but long enough to have a header of 1024 bytes %01024d' 0 >"$WORK/bad.bin"
 expect_error "a file that is not a token file" 1 "bad.bin.*(magic|header)" "$TRAIN" $TINY --data "$WORK/bad.bin"
 expect_error "no file matches --data" 1 "nothing.*bin" "$TRAIN" $TINY --data "$WORK/nothing*.bin"
 expect_error "token ids beyond the vocabulary" 1 "tokens_0.bin.*vocab" "$TRAIN" $TINY --vocab 64 --data "$WORK/tokens_0.bin"
+
+# --- Fault injection (a testing aid for tp-elastic): after step 3 on rank R,
+# die (SIGKILL), fail (exit 1) or hang; --fault-once fires only while its file
+# does not exist; fail-at-start fails every launch.
+FAULT="--model tiny --micro-batch 2 --quiet --tp 2 --steps 6"
+run mpi_train 2 $FAULT --fault die --fault-step 3 --fault-rank 1 --log "$WORK/die.jsonl"
+check "die on rank 1 after step 3: mpirun exits non-zero, the log ends at step 3 without a stop line" \
+    [ "$RC" -ne 0 ] && [ "$(last_step "$WORK/die.jsonl")" = 3 ] && [ -z "$(events "$WORK/die.jsonl" stop reason)" ]
+run mpi_train 2 $FAULT --fault fail --fault-step 3 --fault-rank 1 --log "$WORK/fail1.jsonl"
+check "fail on rank 1: exit 1, its error line" [ "$RC" -eq 1 ] && [ "$(last_step "$WORK/fail1.jsonl")" = 3 ] &&
+    grep -q "^tp-train: error (rank 1): injected failure after step 3 (--fault fail)" "$WORK/.err"
+run mpi_train 2 $FAULT --fault fail --fault-step 3 --log "$WORK/fail0.jsonl"
+check "fail on rank 0: exit 1, a stop line (failed) with the error" [ "$RC" -eq 1 ] &&
+    [ "$(events "$WORK/fail0.jsonl" stop reason)$(events "$WORK/fail0.jsonl" stop step)" = "failed 3 " ] &&
+    grep -q '"error":"injected failure after step 3' "$WORK/fail0.jsonl"
+# hang: mpirun in a session of its own; still running after 5 s, no step past 3.
+setsid mpirun --oversubscribe -np 2 "$TRAIN" $FAULT --steps 100000 --fault hang --fault-step 3 --fault-rank 1 \
+    --log "$WORK/hang.jsonl" </dev/null >"$WORK/.out" 2>"$WORK/.err" &
+hung=$!
+sleep 5
+if kill -0 "$hung" 2>/dev/null && [ "$(last_step "$WORK/hang.jsonl")" = 3 ]; then pass
+else failed "hang on rank 1 after step 3: not running after 5 s, or not stuck at step 3"; fi
+kill -KILL "-$hung" # dash: no "--"
+wait "$hung"
+RC=$?
+# Open MPI puts each rank in a process group of its own; with mpirun gone they end by themselves.
+waited=0
+while [ -n "$(pgrep -s "$hung")" ] && [ $waited -lt 150 ]; do sleep 0.1; waited=$((waited + 1)); done
+left=$(pgrep -s "$hung" | tr '\n' ' ')
+[ -n "$left" ] && kill -KILL $left
+check "hang: SIGKILL of mpirun's process group ends it (137), the ranks follow within 15 s (left: $left)" \
+    [ "$RC" -eq 137 ] && [ -z "$left" ]
+# once: the first launch dies after step 3 and leaves the marker; the relaunch passes step 3.
+# (--sync-save: step 2's checkpoint is committed before step 3 ends.)
+ONCE="$FAULT --fault die --fault-step 3 --fault-once $WORK/fired --ckpt-dir $WORK/once --ckpt-every 2 --sync-save --resume
+    --log $WORK/once.jsonl"
+run mpi_train 2 $ONCE
+check "fault-once: the first launch dies after step 3, the marker is made" [ "$RC" -ne 0 ] && [ -e "$WORK/fired" ] &&
+    [ "$(last_step "$WORK/once.jsonl")" = 3 ]
+expect_ok "fault-once: the relaunch passes step 3" mpi_train 2 $ONCE
+check "fault-once: resumed from step 2, finished at 6" [ "$(events "$WORK/once.jsonl" start resumed_from)" = "null step_00000002 " ] &&
+    [ "$(events "$WORK/once.jsonl" stop reason)" = "finished " ] && [ "$(last_step "$WORK/once.jsonl")" = 6 ]
+mpi_error "fail-at-start: exit 1 before training" "^tp-train: error: injected failure at start" 2 $FAULT --fault fail-at-start
+check "fail-at-start: exit 1" [ "$RC" -eq 1 ]
+expect_error "--fault of an unknown kind" 2 "fault takes die, hang, fail or fail-at-start, not 'bogus'" "$TRAIN" $TINY --fault bogus
+expect_error "--fault die without --fault-step" 2 "fault die needs --fault-step" "$TRAIN" $TINY --fault die
+expect_error "--fault-rank beyond the ranks" 2 "fault-rank 1, but there are 1 ranks" "$TRAIN" $TINY --fault die --fault-step 1 --fault-rank 1
 
 # --- Bad input: one clear line before any work.
 expect_ok "--help" "$TRAIN" --help
@@ -203,15 +348,6 @@ expect_error "--resume without --ckpt-dir" 2 "resume.*ckpt-dir" "$TRAIN" $TINY -
 run "$TRAIN" $TINY --dim 128 --steps 22 --ckpt-dir "$WORK/run" --resume
 check "resume with another model shape: refused, both shapes named" [ "$RC" -eq 1 ] &&
     tail -n 1 "$WORK/.err" | grep -q "^tp-train: error: .*holds another model: .*dim 64 .*this run has .*dim 128"
-mpi_error() {
-    what=$1 pattern=$2
-    shift 2
-    run mpi_train "$@"
-    if [ "$RC" -eq 0 ]; then failed "$what: exit 0"
-    elif [ "$(grep -c '^tp-train: ' "$WORK/.err")" -ne 1 ]; then failed "$what: not one line from tp-train"
-    elif ! grep -Eq -- "$pattern" "$WORK/.err"; then failed "$what: stderr does not match /$pattern/"
-    else pass; fi
-}
 mpi_error "ranks != tp x pp x dp" "tp 2 x --pp 2 x --dp 1 = 4 ranks, but 3" 3 $TINY --tp 2 --pp 2 --dp 1
 mpi_error "heads not divisible by tp" "heads 4 is not divisible by tp 3" 3 $TINY --tp 3
 mpi_error "layers not divisible by pp" "layers 3 is not divisible by pp 2" 2 $TINY --layers 3 --pp 2
