@@ -40,11 +40,13 @@ static const char *usage_text =
     "checkpoints: --ckpt-dir DIR --ckpt-every N --resume [--sync-save] [--stop-at N]\n"
     "           written asynchronously; SIGTERM or SIGUSR1 (or --stop-at): finish the step,\n"
     "           checkpoint, exit 0. --resume continues from the newest intact checkpoint, at any layout\n"
-    "output:    --log FILE (JSON lines: a start line, steps, a stop line; appended with --resume) --quiet\n"
+    "output:    --log FILE (rank 0; JSON lines: a start line per launch, steps, committed saves, a stop line;\n"
+    "           appended to with --resume, so that one log holds a run across restarts) --quiet\n"
     "other:     --threads N (matrix-product threads per rank, 1)\n"
-    "testing:   --fault die|hang|fail --fault-step S [--fault-rank R (0)] [--fault-once FILE]: after step S,\n"
-    "           rank R kills itself (SIGKILL), stops progressing, or exits 1; with --fault-once only while FILE\n"
-    "           does not exist (it is created as the fault fires). --fault fail-at-start: exit 1 at once\n"
+    "testing aid (recovery tests): --fault die|hang|fail --fault-step S [--fault-rank R (0)] [--fault-once FILE]:\n"
+    "           after step S, rank R kills itself (SIGKILL), stops progressing (SIGTERM or SIGKILL ends it), or\n"
+    "           exits 1; with --fault-once only while FILE does not exist (created as the fault fires).\n"
+    "           --fault fail-at-start: exit 1 at once, before training\n"
     "Run `tp-train eval --help` or `tp-train generate --help` for theirs.\n";
 
 /* A failure only this rank may know of, while others wait on it in a

@@ -289,6 +289,16 @@ expect_ok "train 40 steps on text" mpi_train 2 $TINY --tp 2 --steps 40 --lr 3e-3
 # A step's loss is that of 4 windows of 32 bytes: one step can be an
 # outlier (a window of rare bytes), so the last ten steps are averaged.
 check "the loss falls on text" "$PY" -c 'import json,sys; r=[x["loss"] for x in map(json.loads, open(sys.argv[1])) if "event" not in x]; sys.exit(not sum(r[-10:]) / 10 < r[0] - 1.0)' "$WORK/text.jsonl"
+# The data position on token files does not depend on the layout either: stopped at step 4 on one rank
+# (micro-batch 4), resumed at dp2 (micro-batch 1 x 2), the straight run's losses.
+TEXT="--model tiny --quiet --global-batch 4 --steps 8"
+expect_ok "8 straight steps on text, one rank" "$TRAIN" $TEXT --data "$WORK/tokens_*.bin" --micro-batch 4 --log "$WORK/text-straight.jsonl"
+expect_ok "4 steps on text, one rank" "$TRAIN" $TEXT --data "$WORK/tokens_*.bin" --micro-batch 4 --stop-at 4 --ckpt-dir "$WORK/textrun" \
+    --log "$WORK/text-split.jsonl"
+expect_ok "resumed on text at dp2, micro-batch 1" mpi_train 2 $TEXT --data "$WORK/tokens_*.bin" --dp 2 --micro-batch 1 --ckpt-dir "$WORK/textrun" \
+    --resume --log "$WORK/text-split.jsonl"
+check "text: one rank -> dp2 has the straight losses (1e-4)" \
+    losses_match "$WORK/text-split.jsonl" "$WORK/text-straight.jsonl" 1e-4
 printf 'not a token file, but long enough to have a header of 1024 bytes %01024d' 0 >"$WORK/bad.bin"
 expect_error "a file that is not a token file" 1 "bad.bin.*(magic|header)" "$TRAIN" $TINY --data "$WORK/bad.bin"
 expect_error "no file matches --data" 1 "nothing.*bin" "$TRAIN" $TINY --data "$WORK/nothing*.bin"

@@ -131,12 +131,22 @@ typedef struct {
     int warnings;
     int64_t stop_after; /* > 0: ask for a stop when this step is reported */
     train_control *control;
+    int64_t saved[8];   /* steps of SAVED reports, in order */
+    int saves;
+    int saved_before_its_step; /* a SAVED report came before its step's STEP report */
+    double load_seconds; /* RESUMED */
 } recorder;
 
 static void record(void *ctx, const train_report *r)
 {
     recorder *rec = ctx;
     if (r->kind == TRAIN_REPORT_WARNING) rec->warnings++;
+    if (r->kind == TRAIN_REPORT_RESUMED) rec->load_seconds = r->seconds;
+    if (r->kind == TRAIN_REPORT_SAVED) {
+        if (rec->saves < 8) rec->saved[rec->saves] = r->step;
+        rec->saves++;
+        if (r->step > rec->last_step || !r->text || !strstr(r->text, "step_")) rec->saved_before_its_step = 1;
+    }
     if (r->kind != TRAIN_REPORT_STEP) return;
     if (r->step < 64) rec->losses[r->step] = r->loss;
     rec->last_step = r->step;
@@ -232,6 +242,10 @@ Test(train, a_stop_request_checkpoints_and_a_resume_finishes, .timeout = 120)
         cr_assert_eq(runs[r].outcome.end, TRAIN_STOPPED, "rank %d ended %d", r, runs[r].outcome.end);
         cr_assert_eq(runs[r].outcome.step, 4, "stopped after step %lld", (long long)runs[r].outcome.step);
         cr_assert_eq(runs[r].rec.last_step, 4);
+        /* Every rank hears of the commit once, after the step's report. */
+        cr_assert_eq(runs[r].rec.saves, 1, "rank %d: %d saves reported", r, runs[r].rec.saves);
+        cr_assert_eq(runs[r].rec.saved[0], 4);
+        cr_assert_eq(runs[r].rec.saved_before_its_step, 0);
     }
     char step4[800];
     snprintf(step4, sizeof step4, "%s/step_00000004", run_dir);
@@ -253,6 +267,9 @@ Test(train, a_stop_request_checkpoints_and_a_resume_finishes, .timeout = 120)
         cr_assert_eq(runs[r].outcome.steps_run, 4, "steps 5..8 ran (%lld)", (long long)runs[r].outcome.steps_run);
         cr_assert_eq(runs[r].rec.losses[4], 0.0, "step 4 is not run again");
         cr_assert_gt(runs[r].rec.losses[5], 0.0);
+        cr_assert_gt(runs[r].rec.load_seconds, 0.0, "the load's time is reported");
+        cr_assert_eq(runs[r].rec.saves, 1, "the final checkpoint (step 8) is reported");
+        cr_assert_eq(runs[r].rec.saved[0], 8);
     }
 }
 
