@@ -61,12 +61,22 @@ typedef struct {
 int elastic_launch_argv(const elastic_launch *launch, char ***out);
 void elastic_argv_free(char **argv);
 
-/* Starts argv in a process group of its own; *pid is the group's leader. */
+/* Starts argv in a process group of its own; *pid is the group's leader.
+ * Every process of the launch carries ELASTIC_LAUNCH_MARKER=<pid> in its
+ * environment: the launcher's ranks are in process groups of their own
+ * (Open MPI's are) and outlive it for seconds, so they are found by it. */
+#define ELASTIC_LAUNCH_MARKER "TP_ELASTIC_LAUNCH"
 int elastic_spawn(char *const *argv, pid_t *pid);
 
 /* Ends the group: SIGTERM, then SIGKILL after grace_seconds; waits for the
- * leader and returns its wait status in *status_out (may be NULL). */
+ * leader and returns its wait status in *status_out (may be NULL); then
+ * ends the launch's leftovers (elastic_end_leftovers). */
 int elastic_stop_group(pid_t pid, double grace_seconds, int *status_out);
+
+/* Ends the processes of this machine that carry launch's marker (ranks a
+ * launcher that ended left behind): SIGTERM, SIGKILL after grace_seconds.
+ * Returns how many were still there at the SIGKILL. */
+int elastic_end_leftovers(pid_t launch, double grace_seconds);
 
 /* ----------------------------------------------------- the trainer's log */
 

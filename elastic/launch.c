@@ -1,5 +1,6 @@
 /* launch.c: the trainer through a real launcher, in a process group of its
  * own so that nothing of it outlives a stop (elastic.h). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -153,6 +154,11 @@ int elastic_spawn(char *const *argv, pid_t *pid)
         signal(SIGINT, SIG_DFL);
         signal(SIGHUP, SIG_DFL);
         signal(SIGUSR1, SIG_DFL);
+        /* Every process of the launch inherits the marker, ranks too, which
+         * Open MPI puts in process groups of their own. */
+        char marker[32];
+        snprintf(marker, sizeof marker, "%d", (int)getpid());
+        setenv(ELASTIC_LAUNCH_MARKER, marker, 1);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
@@ -176,6 +182,64 @@ int elastic_spawn(char *const *argv, pid_t *pid)
     return TP_OK;
 }
 
+/* Whether process `pid`'s environment holds marker=value. */
+static int carries_marker(const char *pid, const char *entry, size_t entry_length)
+{
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%s/environ", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    static char environment[1 << 20];
+    size_t n = fread(environment, 1, sizeof environment, f);
+    fclose(f);
+    for (size_t i = 0; i + entry_length <= n;) {
+        if (memcmp(environment + i, entry, entry_length) == 0) return 1;
+        const char *end = memchr(environment + i, '\0', n - i);
+        if (!end) break;
+        i = (size_t)(end - environment) + 1;
+    }
+    return 0;
+}
+
+/* Sends sig to every process of this machine that carries the launch's
+ * marker; returns how many there were. */
+static int signal_marked(pid_t launch, int sig)
+{
+    char entry[64];
+    int length = snprintf(entry, sizeof entry, ELASTIC_LAUNCH_MARKER "=%d", (int)launch) + 1; /* with its NUL */
+    DIR *proc = opendir("/proc");
+    if (!proc) return 0;
+    int found = 0;
+    for (struct dirent *e; (e = readdir(proc)) != NULL;) {
+        char *end = NULL;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0 || pid == getpid()) continue;
+        if (carries_marker(e->d_name, entry, (size_t)length)) {
+            kill((pid_t)pid, sig);
+            found++;
+        }
+    }
+    closedir(proc);
+    return found;
+}
+
+static void pause_briefly(void)
+{
+    struct timespec pause = {0, 20 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+}
+
+int elastic_end_leftovers(pid_t launch, double grace_seconds)
+{
+    if (!signal_marked(launch, SIGTERM)) return 0;
+    double deadline = now_seconds() + grace_seconds;
+    int left;
+    while ((left = signal_marked(launch, 0)) > 0 && now_seconds() < deadline) pause_briefly();
+    if (left) signal_marked(launch, SIGKILL);
+    for (int i = 0; i < 250 && signal_marked(launch, 0) > 0; i++) pause_briefly(); /* until the kernel has them */
+    return left;
+}
+
 int elastic_stop_group(pid_t pid, double grace_seconds, int *status_out)
 {
     int status = 0, reaped = 0;
@@ -189,12 +253,12 @@ int elastic_stop_group(pid_t pid, double grace_seconds, int *status_out)
         int group_alive = kill(-pid, 0) == 0;
         if ((reaped || done < 0) && !group_alive) break;
         if (now_seconds() >= deadline) break;
-        struct timespec pause = {0, 20 * 1000 * 1000};
-        nanosleep(&pause, NULL);
+        pause_briefly();
     }
     /* Whatever of the group is left (the leader, or ranks it left behind). */
     kill(-pid, SIGKILL);
     if (!reaped && waitpid(pid, &status, 0) == pid) reaped = 1;
+    elastic_end_leftovers(pid, grace_seconds);
     if (status_out) *status_out = status;
     return TP_OK;
 }

@@ -460,6 +460,7 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
     elastic_log_follow(&follower, s->log_path, stat(s->log_path, &st) == 0 ? st.st_size : 0);
     w->launched = w->last_progress = now_seconds();
     int asked_stop = 0, asked_scale = 0;
+    double stop_seen = 0; /* when a stop request came before the trainer started */
     double next_capacity_check = now_seconds() + 1;
     *detection = 0;
     for (;;) {
@@ -477,8 +478,20 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
         }
         double now = now_seconds();
         if (atomic_load(&stop_requested) && !asked_stop) {
-            asked_stop = 1;
-            kill(pid, SIGUSR1); /* the launcher forwards it: checkpoint and exit */
+            /* The launcher forwards SIGUSR1: checkpoint and exit. Only once
+             * the trainer has said it started: before its handler is set,
+             * SIGUSR1 kills the ranks (srun's tasks died of it, or hung). A
+             * trainer that does not start within the grace is stopped. */
+            if (w->started) {
+                asked_stop = 1;
+                kill(pid, SIGUSR1);
+            } else {
+                if (stop_seen == 0) stop_seen = now;
+                if (now - stop_seen > o->grace_seconds) {
+                    elastic_stop_group(pid, o->grace_seconds, status_out);
+                    return END_STOPPED;
+                }
+            }
         }
         /* A hang: no progress within the allowance (the first step of a
          * launch loads and may reshard; a save may take long). */
@@ -695,6 +708,9 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     int wait_status = 0;
     double detection = 0;
     launch_end end = watch_launch(s, pid, &w, &wait_status, &detection);
+    /* Ranks of a launcher that ended (a rank failed) linger for seconds and
+     * could still write in the run directory: none is left for the next. */
+    elastic_end_leftovers(pid, o->grace_seconds);
     s->launch_pid = 0;
     char exit_text[128];
     describe_exit(wait_status, exit_text, sizeof exit_text);

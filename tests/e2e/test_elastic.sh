@@ -11,7 +11,7 @@
 use_open_mpi
 ELASTIC="$BIN/tp-elastic"
 TRAIN="$BIN/tp-train"
-STEPS=300
+STEPS=120
 EVERY=10
 TRAIN_ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --steps $STEPS --ckpt-every $EVERY"
 # Quick detection for tests: a tiny step takes milliseconds.
@@ -124,16 +124,31 @@ check "always fails: gave up after 3 launches" [ "$(events "$R" launch)" -eq 3 ]
 # again, it continues from the newest checkpoint and its recorded state.
 R="$WORK/requeue"
 mkdir -p "$R/elastic"
-"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 1000 >/dev/null 2>&1 &
+"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 400 >/dev/null 2>&1 &
 orchestrator=$!
 while ! grep -q '"step":60,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
 kill -9 $orchestrator
 wait $orchestrator 2>/dev/null
 check "killed orchestrator: its trainer went with it" no_strays "$R"
 expect_ok "restarted orchestrator: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
-    -- "$TRAIN" $TRAIN_ARGS --steps 1000
+    -- "$TRAIN" $TRAIN_ARGS --steps 400
 check "restarted orchestrator: it counted the earlier launch" [ "$(summary_field "$R" launches)" -ge 2 ]
-check "restarted orchestrator: step 1000 reached" [ "$(summary_field "$R" step)" -eq 1000 ]
+check "restarted orchestrator: step 400 reached" [ "$(summary_field "$R" step)" -eq 400 ]
+
+# -------------------------------------------------- a stop asked by SIGTERM
+# SIGTERM to tp-elastic: the trainer finishes its step, checkpoints and exits;
+# tp-elastic says so and exits 1; nothing is left running.
+R="$WORK/stop"
+mkdir -p "$R/elastic"
+"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 400 >"$WORK/stop.out" 2>"$WORK/stop.err" &
+orchestrator=$!
+while ! grep -q '"step":50,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
+kill -TERM $orchestrator
+wait $orchestrator
+check "SIGTERM: exit 1" [ $? -eq 1 ]
+check "SIGTERM: it says it stopped on request" grep -q "stopped on request" "$WORK/stop.err"
+check "SIGTERM: the trainer stopped with a checkpoint" grep -q '"event":"stop".*"reason":"stopped"' "$R/elastic/train.jsonl"
+check "SIGTERM: no trainer left running" no_strays "$R"
 
 # ------------------------------------------- a damaged newest checkpoint
 # A run stopped at step 60 (checkpoints every 10); a data byte of step 60 is
@@ -151,8 +166,8 @@ check "damaged: resumed from step 50" grep -q '"path":"[^"]*step_00000050","step
 # ------------------------------------------------------------------ --keep
 R="$WORK/keep"
 expect_ok "--keep 2: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 --keep 2 $FAST -- "$TRAIN" $TRAIN_ARGS
-check "--keep 2: the two newest checkpoints are left" [ "$(ls -d "$R"/step_* | wc -l)" -eq 2 ] && [ -d "$R/step_00000300" ]
-check "--keep 2: each removal is an event" [ "$(events "$R" checkpoint_removed)" -eq 28 ]
+check "--keep 2: the two newest checkpoints are left" [ "$(ls -d "$R"/step_* | wc -l)" -eq 2 ] && [ -d "$R/step_00000120" ]
+check "--keep 2: each removal is an event" [ "$(events "$R" checkpoint_removed)" -eq 10 ]
 
 # ------------------------------------------------------------------- plan
 expect_ok "plan: 8 ranks, JSON" "$ELASTIC" plan --world 8 --model small --global-batch 16 --ranks-per-node 4 --json

@@ -11,7 +11,7 @@ expect_ok "the sources follow the layering" "$PY" "$CHECK" "$ROOT"
 plant() {
     rm -rf "$WORK/tree"
     mkdir "$WORK/tree"
-    (cd "$ROOT" && tar cf - common kernels ckpt reshard formats model trainer programs) | (cd "$WORK/tree" && tar xf -)
+    (cd "$ROOT" && tar cf - common kernels ckpt reshard formats model trainer elastic programs) | (cd "$WORK/tree" && tar xf -)
     { echo "$2"; cat "$WORK/tree/$1"; } >"$WORK/tree/$1.new" && mv "$WORK/tree/$1.new" "$WORK/tree/$1"
 }
 
@@ -27,6 +27,8 @@ refused() {
 
 refused "a lower library including a higher one" ckpt/reader.c '#include "../trainer/train.h"' \
     'ckpt/reader.c:1: includes trainer/train.h: ckpt may use only common kernels'
+refused "the trainer including the orchestrator above it" trainer/train.c '#include "../elastic/elastic.h"' \
+    'trainer/train.c:1: includes elastic/elastic.h: trainer may use only'
 refused "a library including another's private header" formats/export.c '#include "../reshard/internal.h"' \
     'formats/export.c:1: includes reshard/internal.h, a private header of reshard'
 refused "a library including a program's header" model/gpt.c '#include "../programs/cli.h"' \

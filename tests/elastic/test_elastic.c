@@ -182,6 +182,30 @@ Test(elastic, stopping_a_group_ends_every_process_of_it)
     cr_assert(gone_or_zombie(child), "the grandchild %d is gone too", child);
 }
 
+/* A process of the launch in a session of its own (as Open MPI puts ranks
+ * in groups of their own) outlives its launcher; the marker finds it. */
+Test(elastic, leftovers_of_a_launch_are_found_by_their_marker)
+{
+    char pids[600], script[900];
+    snprintf(pids, sizeof pids, "%s/pids", dir);
+    snprintf(script, sizeof script, "setsid sleep 300 & echo $! > %s", pids);
+    char *argv[] = {"sh", "-c", script, NULL};
+    pid_t pid = 0;
+    cr_assert_eq(elastic_spawn(argv, &pid), TP_OK, "%s", tp_errmsg());
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    FILE *f = NULL;
+    for (int i = 0; i < 500 && !(f = fopen(pids, "r")); i++) usleep(10000);
+    cr_assert_not_null(f);
+    int leftover = 0;
+    cr_assert_eq(fscanf(f, "%d", &leftover), 1);
+    fclose(f);
+    cr_assert_eq(kill(leftover, 0), 0, "the leftover %d runs after its launcher ended", leftover);
+    cr_assert_eq(kill(-pid, 0), -1, "and is not in the launcher's process group");
+    elastic_end_leftovers(pid, 0.5);
+    cr_assert(gone_or_zombie(leftover), "the leftover %d is gone", leftover);
+}
+
 /* ---------------------------------------------------------------- the log */
 
 typedef struct {
