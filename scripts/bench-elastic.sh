@@ -34,7 +34,7 @@ recovery() {
         -- "$BIN/tp-train" $model --quiet --global-batch 12 --micro-batch 1 --steps "$steps" --ckpt-every "$every" \
         --fault die --fault-step "$fault" --fault-rank 1 --fault-once "$run.fault" >"$run.out" 2>&1
     [ -n "$watcher" ] && kill "$watcher" 2>/dev/null || true
-    copy=$(measure cp -r "$(ls -d "$run"/step_* | head -1)" "$run.copy" | $PY -c 'import json,sys; print(json.load(sys.stdin)["wall_s"])')
+    copy=$(measure cp -r "$(ls -d "$run"/step_* | head -1)" "$run.copy" | $PY -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
     size=$(du -sb "$(ls -d "$run"/step_* | head -1)" | cut -f1)
     $PY - "$run" "$name" "$copy" "$size" <<'PYEOF'
 import json, sys
@@ -46,12 +46,11 @@ failure = next(e for e in events if e["event"] == "failure")
 # line before the failure)
 steps = [l for l in log if "event" not in l]
 fault_step = failure["step"]
-killed_at = max(l["time"] for l in steps if l["step"] == fault_step)
+killed_at = max(l["time"] for l in steps if l["step"] == fault_step and l["time"] < failure["time"])
 chosen = [e for e in events if e["event"] == "checkpoint_chosen" and e["time"] > failure["time"]][0]
 launch = [e for e in events if e["event"] == "launch" and e["time"] > failure["time"]][0]
 starts = [l for l in log if l.get("event") == "start"]
 start = starts[-1]
-resumed = [e for e in events if e["event"] == "resumed" and e["time"] > failure["time"]][0]
 first = [l for l in steps if l["time"] > launch["time"]][0]
 detection = failure["time"] - killed_at
 selection = chosen["seconds"]
@@ -60,8 +59,9 @@ total = first["time"] - killed_at
 first_step = first["ms"] / 1e3
 relaunch = total - detection - selection - reshard - first_step
 l = launch["layout"]
-print("| %s | %.0f MB | tp2pp2 -> tp%dpp%ddp%d | %.2f | %.2f | %.2f | %.2f | %.2f | **%.2f** | %.2f |"
-      % (name, size / 1e6, l["tp"], l["pp"], l["dp"], detection, selection, reshard, relaunch, first_step, total, copy))
+f = [e for e in events if e["event"] == "launch"][0]["layout"]
+print("| %s | %.0f MB | tp%dpp%ddp%d -> tp%dpp%ddp%d | %.2f | %.2f | %.2f | %.2f | %.2f | **%.2f** | %.2f |"
+      % (name, size / 1e6, f["tp"], f["pp"], f["dp"], l["tp"], l["pp"], l["dp"], detection, selection, reshard, relaunch, first_step, total, copy))
 PYEOF
 }
 
