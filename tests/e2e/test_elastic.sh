@@ -23,25 +23,7 @@ expect_ok "an uninterrupted run" mpirun --oversubscribe -np 4 "$TRAIN" $TRAIN_AR
 
 # losses_continue LOG: the last logged loss of every step equals the
 # uninterrupted run's (1e-4 relative), every step 1..STEPS is there.
-losses_continue() {
-    "$PY" - "$1" "$WORK/ref.jsonl" "$STEPS" <<'PYEOF'
-import json, sys
-def steps(path):
-    out = {}
-    for line in open(path):
-        r = json.loads(line)
-        if "event" not in r and "step" in r:
-            out[r["step"]] = r["loss"]
-    return out
-got, ref, n = steps(sys.argv[1]), steps(sys.argv[2]), int(sys.argv[3])
-missing = [s for s in range(1, n + 1) if s not in got]
-if missing:
-    sys.exit("steps missing: %s" % missing)
-worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in range(1, n + 1))
-if worst > 1e-4:
-    sys.exit("losses differ from the uninterrupted run by %.3e relative" % worst)
-PYEOF
-}
+losses_continue() { "$PY" "$ROOT/tests/elastic/check_losses.py" "$1" "$WORK/ref.jsonl" "$STEPS"; }
 
 # events RUN NAME: how many events of that name the run recorded.
 events() { grep -c "\"event\":\"$2\"" "$1/elastic/events.jsonl" 2>/dev/null || true; }

@@ -32,25 +32,7 @@ trap 'slurm_stop; rm -rf "$WORK"' EXIT INT TERM
 expect_ok "an uninterrupted run (mpirun, 4 ranks)" mpirun --oversubscribe -np 4 "$TRAIN" $TRAIN_ARGS --tp 2 \
     --ckpt-dir "$WORK/ref" --log "$WORK/ref.jsonl"
 
-losses_continue() {
-    "$PY" - "$1" "$WORK/ref.jsonl" "$STEPS" <<'PYEOF'
-import json, sys
-def steps(path):
-    out = {}
-    for line in open(path):
-        r = json.loads(line)
-        if "event" not in r and "step" in r:
-            out[r["step"]] = r["loss"]
-    return out
-got, ref, n = steps(sys.argv[1]), steps(sys.argv[2]), int(sys.argv[3])
-missing = [s for s in range(1, n + 1) if s not in got]
-if missing:
-    sys.exit("steps missing: %s" % missing[:10])
-worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in range(1, n + 1))
-if worst > 1e-4:
-    sys.exit("losses differ from the uninterrupted run by %.3e relative" % worst)
-PYEOF
-}
+losses_continue() { "$PY" "$ROOT/tests/elastic/check_losses.py" "$1" "$WORK/ref.jsonl" "$STEPS"; }
 events() { grep -c "\"event\":\"$2\"" "$1/elastic/events.jsonl" 2>/dev/null || true; }
 
 # ------------------------------------------------------------- a node down
