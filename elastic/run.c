@@ -78,19 +78,12 @@ typedef struct {
     double last_prune;      /* now_seconds() of the last --keep pass */
 } run_state;
 
-static double unix_time(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* Appends the event (the object is consumed) and hands it to the caller. */
 static int emit(run_state *s, const char *name, cJSON *event)
 {
     if (!event) return tp_fail(TP_ERR_NOMEM, "out of memory writing an event");
     cJSON_AddStringToObject(event, "event", name);
-    cJSON_AddNumberToObject(event, "time", unix_time());
+    cJSON_AddNumberToObject(event, "time", unix_seconds());
     char *text = cJSON_PrintUnformatted(event);
     cJSON_Delete(event);
     if (!text) return tp_fail(TP_ERR_NOMEM, "out of memory writing an event");

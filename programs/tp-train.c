@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "../common/clock.h"
@@ -242,13 +241,6 @@ typedef struct {
 
 static fault_plan fault;
 
-static double unix_time(void)
-{
-    struct timeval t;
-    gettimeofday(&t, NULL);
-    return (double)t.tv_sec + t.tv_usec * 1e-6;
-}
-
 static void log_stop(FILE *log, int64_t step, const char *reason, const char *error);
 
 /* After step `step` on rank `rank`: the injected fault, when it is due (the
@@ -317,7 +309,7 @@ static void log_start(reporter *p, const train_report *r)
             "\"startup_seconds\":%.3f,\"time\":%.6f}\n",
             (long long)r->step - 1, p->c->tp, p->c->pp, p->c->dp, (long long)o->micro_batch, (long long)o->grad_accum,
             (long long)r->global_batch, p->c->world, from, p->resumed ? p->load_seconds : 0.0,
-            now_seconds() - p->started, unix_time());
+            now_seconds() - p->started, unix_seconds());
     fflush(p->log);
 }
 
@@ -328,7 +320,7 @@ static void log_stop(FILE *log, int64_t step, const char *reason, const char *er
     json_string(error, quoted, sizeof quoted);
     fprintf(log, "{\"event\":\"stop\",\"step\":%lld,\"reason\":\"%s\"", (long long)step, reason);
     if (error) fprintf(log, ",\"error\":%s", quoted);
-    fprintf(log, ",\"time\":%.6f}\n", unix_time());
+    fprintf(log, ",\"time\":%.6f}\n", unix_seconds());
     fflush(log);
 }
 
@@ -376,7 +368,7 @@ static void on_report(void *ctx, const train_report *r)
                     "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
                     "\"ckpt_stall_ms\":%.3f,\"time\":%.6f}\n",
                     (long long)r->step, r->loss, r->lr, r->grad_norm, r->tokens_per_second, r->seconds * 1e3,
-                    r->checkpoint_stall * 1e3, unix_time());
+                    r->checkpoint_stall * 1e3, unix_seconds());
             fflush(p->log);
         }
         fflush(stdout);
@@ -385,7 +377,7 @@ static void on_report(void *ctx, const train_report *r)
     case TRAIN_REPORT_SAVED:
         if (p->log) {
             fprintf(p->log, "{\"event\":\"save\",\"step\":%lld,\"seconds\":%.3f,\"time\":%.6f}\n",
-                    (long long)r->step, r->seconds, unix_time());
+                    (long long)r->step, r->seconds, unix_seconds());
             fflush(p->log);
         }
         break;
