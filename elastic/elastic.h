@@ -86,7 +86,7 @@ typedef enum { ELASTIC_LOG_START, ELASTIC_LOG_STEP, ELASTIC_LOG_STOP, ELASTIC_LO
 typedef struct {
     elastic_log_kind kind;
     int64_t step;
-    double loss, time;
+    double loss;
     double seconds; /* start: load_seconds, the trainer's time to its first step's start */
     char reason[64];
 } elastic_log_line;

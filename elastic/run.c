@@ -70,7 +70,7 @@ typedef struct {
     int launches, restarts, scale_changes, repeats, tp, pp;
     pid_t launch_pid; /* the launch running now (its process group), 0 when none */
     int64_t last_failure_step, steps_recomputed, last_step;
-    double lost[5], training_seconds, wall_before;
+    double lost[5], wall_before;
     /* this orchestrator's */
     double started;
     double step_seconds_sum;
@@ -121,7 +121,6 @@ static int save_state(run_state *s)
     cJSON_AddNumberToObject(o, "last_failure_step", (double)s->last_failure_step);
     cJSON_AddNumberToObject(o, "last_step", (double)s->last_step);
     cJSON_AddNumberToObject(o, "steps_recomputed", (double)s->steps_recomputed);
-    cJSON_AddNumberToObject(o, "training_seconds", s->training_seconds);
     cJSON_AddNumberToObject(o, "wall_seconds", s->wall_before + now_seconds() - s->started);
     cJSON *lost = cJSON_AddObjectToObject(o, "lost_seconds");
     for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(lost, elastic_lost_names[i], s->lost[i]);
@@ -165,7 +164,6 @@ static int load_state(run_state *s)
     s->last_failure_step = (int64_t)field(o, "last_failure_step");
     s->last_step = (int64_t)field(o, "last_step");
     s->steps_recomputed = (int64_t)field(o, "steps_recomputed");
-    s->training_seconds = field(o, "training_seconds");
     s->wall_before = field(o, "wall_seconds");
     const cJSON *lost = cJSON_GetObjectItemCaseSensitive(o, "lost_seconds");
     for (int i = 0; i < 5; i++) s->lost[i] = field(lost, elastic_lost_names[i]);
@@ -229,7 +227,6 @@ typedef struct {
     int started;            /* the trainer's start line was seen */
     int64_t first_step, last_step;
     double launched, last_progress, first_step_time, load_seconds;
-    double last_loss;
     int stop_line_finished;
     /* what the first step of the launch reports */
     int have_checkpoint, reshard;
@@ -293,7 +290,6 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
             w->s->step_count++;
         }
         w->last_step = line->step;
-        w->last_loss = line->loss;
         w->last_progress = now;
         if (w->s->o->keep > 0 && now - w->s->last_prune >= 1.0) { /* --keep as the run goes, once a second */
             w->s->last_prune = now;
@@ -574,10 +570,6 @@ static void prune_checkpoints(run_state *s, int64_t resumed_step)
     free(list);
 }
 
-typedef struct {
-    run_state *s;
-} rejected_ctx;
-
 static void on_rejected(void *ctx, const char *path, const char *why)
 {
     run_state *s = ctx;
@@ -696,8 +688,9 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     if ((*status_out = start_launch(s, &layout, &capacity, &pid, output, sizeof output))) return 1;
     s->launch_pid = pid;
     save_state(s);
-    launch_watch w = {s, &layout, capacity.world, 0, -1, resumed, launched, launched, 0, 0, 0, 0,
-                      have_checkpoint, reshard, resumed, chosen.tp, chosen.pp};
+    launch_watch w = {.s = s, .layout = &layout, .world = capacity.world, .first_step = -1, .last_step = resumed,
+                      .launched = launched, .last_progress = launched, .have_checkpoint = have_checkpoint,
+                      .reshard = reshard, .resumed = resumed, .from_tp = chosen.tp, .from_pp = chosen.pp};
     int wait_status = 0;
     double detection = 0;
     launch_end end = watch_launch(s, pid, &w, &wait_status, &detection);
