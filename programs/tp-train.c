@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <time.h>
 
 #include "../common/clock.h"
 #include "../trainer/comm_mpi.h"
@@ -42,9 +43,10 @@ static const char *usage_text =
     "output:    --log FILE (rank 0; JSON lines: a start line per launch, steps, committed saves, a stop line;\n"
     "           appended to with --resume, so that one log holds a run across restarts) --quiet\n"
     "other:     --threads N (matrix-product threads per rank, 1)\n"
-    "testing aid (recovery tests): --fault die|hang|fail --fault-step S [--fault-rank R (0)] [--fault-once FILE]:\n"
-    "           after step S, rank R kills itself (SIGKILL), stops progressing (SIGTERM or SIGKILL ends it), or\n"
-    "           exits 1; with --fault-once only while FILE does not exist (created as the fault fires).\n"
+    "testing aid (recovery tests): --fault die|hang|fail|slow --fault-step S [--fault-rank R (0)] [--fault-once FILE]:\n"
+    "           after step S, rank R kills itself (SIGKILL), stops progressing (SIGTERM or SIGKILL ends it),\n"
+    "           exits 1, or pauses 3 s and goes on (a straggler); with --fault-once only while FILE does not\n"
+    "           exist (created as the fault fires).\n"
     "           --fault fail-at-start: exit 1 at once, before training\n"
     "Run `tp-train eval --help` or `tp-train generate --help` for theirs.\n";
 
@@ -230,7 +232,11 @@ typedef struct {
 
 /* Fault injection for tests of recovery (tp-elastic): the program, which
  * owns the process, does it; the trainer library never exits or raises. */
-typedef enum { FAULT_NONE, FAULT_DIE, FAULT_HANG, FAULT_FAIL, FAULT_FAIL_AT_START } fault_kind;
+typedef enum { FAULT_NONE, FAULT_DIE, FAULT_HANG, FAULT_FAIL, FAULT_SLOW, FAULT_FAIL_AT_START } fault_kind;
+
+/* How long --fault slow pauses: longer than tp-elastic's once-a-second look at
+ * capacity, shorter than any heartbeat timeout a test sets. */
+static const double fault_slow_seconds = 3.0;
 
 typedef struct {
     fault_kind kind;
@@ -269,6 +275,13 @@ static void maybe_fault(int rank, int64_t step, FILE *log)
         if (log) log_stop(log, step, "failed", why);
         fprintf(stderr, "tp-train: error (rank %d): %s\n", rank, why);
         _exit(1);
+    case FAULT_SLOW: {
+        /* The whole pause even when a signal (a stop asked for) interrupts
+         * it: a straggler does not hurry because it is asked to stop. */
+        struct timespec left = {(time_t)fault_slow_seconds, 0};
+        while (nanosleep(&left, &left) != 0 && errno == EINTR) {}
+        break;
+    }
     default: break;
     }
 }
@@ -454,8 +467,9 @@ int main(int argc, char **argv)
             if (strcmp(optarg, "die") == 0) fault.kind = FAULT_DIE;
             else if (strcmp(optarg, "hang") == 0) fault.kind = FAULT_HANG;
             else if (strcmp(optarg, "fail") == 0) fault.kind = FAULT_FAIL;
+            else if (strcmp(optarg, "slow") == 0) fault.kind = FAULT_SLOW;
             else if (strcmp(optarg, "fail-at-start") == 0) fault.kind = FAULT_FAIL_AT_START;
-            else die_usage("--fault takes die, hang, fail or fail-at-start, not '%s'", optarg);
+            else die_usage("--fault takes die, hang, fail, slow or fail-at-start, not '%s'", optarg);
             break;
         case O_FAULT_STEP: fault.step = cli_int("tp-train", "--fault-step", optarg, 1, (int64_t)1 << 40); break;
         case O_FAULT_RANK: fault.rank = (int)cli_int("tp-train", "--fault-rank", optarg, 0, 1 << 20); break;
@@ -486,7 +500,10 @@ int main(int argc, char **argv)
     o.seq = o.config.seq;
     if (o.resume && !o.ckpt_dir) die_usage("--resume needs --ckpt-dir");
     if (fault.kind != FAULT_NONE && fault.kind != FAULT_FAIL_AT_START && fault.step < 1)
-        die_usage("--fault %s needs --fault-step S", fault.kind == FAULT_DIE ? "die" : fault.kind == FAULT_HANG ? "hang" : "fail");
+        die_usage("--fault %s needs --fault-step S", fault.kind == FAULT_DIE    ? "die"
+                                                      : fault.kind == FAULT_HANG ? "hang"
+                                                      : fault.kind == FAULT_SLOW ? "slow"
+                                                                                 : "fail");
 
     int world = comm_mpi_world_size(&argc, &argv);
     if (!dp) dp = world / (tp * pp) > 0 ? world / (tp * pp) : 1;

@@ -77,10 +77,11 @@ check "hang: the losses continue the uninterrupted run's" losses_continue "$R/el
 check "hang: no trainer left running" no_strays "$R"
 
 # ----------------------------------------------------------- capacity grows
-# Starts at 2 ranks; the world file grows to 4 after step 10 (early, since
-# capacity is looked at once a second and the run must still be going then):
-# the trainer is asked to checkpoint and stop, and the run relaunches
-# larger. Not a failure.
+# Starts at 2 ranks; the world file grows to 4 after step 10 and rank 0
+# pauses 3 s after step 12 (--fault slow), so that the run is still going
+# when tp-elastic next looks at capacity (once a second; a fast machine runs
+# all 120 steps in about a second): the trainer is asked to checkpoint and
+# stop, and the run relaunches larger. Not a failure.
 R="$WORK/grow"
 echo 2 >"$WORK/world.grow"
 mkdir -p "$R/elastic"
@@ -89,11 +90,15 @@ mkdir -p "$R/elastic"
     echo 4 >"$WORK/world.grow"
 ) &
 watcher=$!
-expect_ok "capacity grows: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world-file "$WORK/world.grow" $FAST \
-    -- "$TRAIN" $TRAIN_ARGS
+expect_ok "capacity grows: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world-file "$WORK/world.grow" \
+    --backoff 0.2 --heartbeat-timeout 30 --start-timeout 60 --grace 2 \
+    -- "$TRAIN" $TRAIN_ARGS --fault slow --fault-step 12 --fault-once "$R.slow"
 kill $watcher 2>/dev/null
 check "grow: a scale change, no failure" [ "$(events "$R" scale_change)" -eq 1 ] && [ "$(events "$R" failure)" -eq 0 ]
 check "grow: relaunched at 4 ranks" grep -q '"ranks":4' "$R/elastic/events.jsonl"
+check "grow: the scale change came during the pause (before step 20)" \
+    "$PY" -c 'import json,sys; e=[json.loads(l) for l in open(sys.argv[1]) if "scale_change" in l]; sys.exit(not (e and e[0]["step"] < 20))' \
+    "$R/elastic/events.jsonl"
 check "grow: no restart counted" [ "$(summary_field "$R" restarts)" -eq 0 ]
 check "grow: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
 
