@@ -11,7 +11,7 @@
 
 #define MAX_RANKS_PER_NODE 4096
 
-static int add_node(elastic_capacity *out, const char *name, int ranks, const char *source)
+static int add_node(elastic_capacity *out, const char *name, int ranks, int cpus, const char *source)
 {
     if (out->nodes == ELASTIC_MAX_NODES)
         return tp_fail(TP_ERR_ARG, "%s: more than %d nodes", source, ELASTIC_MAX_NODES);
@@ -19,6 +19,7 @@ static int add_node(elastic_capacity *out, const char *name, int ranks, const ch
         return tp_fail(TP_ERR_ARG, "%s: node name '%s' longer than %zu bytes", source, name,
                        sizeof out->node_names[0] - 1);
     strcpy(out->node_names[out->nodes], name);
+    out->node_cpus[out->nodes] = cpus;
     out->node_ranks[out->nodes++] = ranks;
     out->world += ranks;
     return TP_OK;
@@ -63,7 +64,7 @@ static int read_hostfile(const char *path, elastic_capacity *out)
                 status = tp_fail(TP_ERR_ARG, "%s line %d: expected 'HOST slots=N' (N from 1 to %d), got '%s'", path,
                                  line_number, MAX_RANKS_PER_NODE, slots_text);
         }
-        if (!status) status = add_node(out, host, (int)slots, path);
+        if (!status) status = add_node(out, host, (int)slots, 0, path);
     }
     free(text);
     return status;
@@ -100,9 +101,9 @@ static int read_slurm(const elastic_capacity_source *source, elastic_capacity *o
         if (sscanf(state, "%*s %63s", cpus) != 1) return tp_fail(TP_ERR_IO, "sinfo on node %s said '%s'", name, state);
         /* down, drained, failing or not responding ("*"): not usable */
         if (strstr(state, "down") || strstr(state, "drain") || strstr(state, "fail") || strchr(state, '*')) continue;
-        int ranks = source->ranks_per_node > 0 ? source->ranks_per_node : atoi(cpus);
+        int node_cpus = atoi(cpus), ranks = source->ranks_per_node > 0 ? source->ranks_per_node : node_cpus;
         if (ranks < 1) ranks = 1;
-        TP_TRY(add_node(out, name, ranks, "the Slurm allocation"));
+        TP_TRY(add_node(out, name, ranks, node_cpus > 0 ? node_cpus : 0, "the Slurm allocation"));
     }
     return TP_OK;
 }

@@ -38,6 +38,7 @@ typedef struct {
     int nodes;                           /* 0 when the source names none (WORLD, WORLD_FILE) */
     char node_names[ELASTIC_MAX_NODES][64];
     int node_ranks[ELASTIC_MAX_NODES];   /* ranks each node offers */
+    int node_cpus[ELASTIC_MAX_NODES];    /* SLURM: each node's CPUs (0 elsewhere) */
 } elastic_capacity;
 
 /* The capacity now. Fails naming the source when it cannot be read. */
@@ -61,12 +62,20 @@ typedef struct {
 int elastic_launch_argv(const elastic_launch *launch, char ***out);
 void elastic_argv_free(char **argv);
 
+/* What the launch's environment needs beyond ours: "NAME=VALUE" to set,
+ * "NAME" to remove (NULL-terminated; free with elastic_argv_free). For srun,
+ * the SLURM_* variables that describe the allocation, from the capacity read
+ * now: they go stale when the job shrinks or grows, and srun refuses more
+ * nodes than they say ("Only allocated 2 nodes asked for 3"). Empty for
+ * mpirun. */
+int elastic_launch_env(const elastic_launch *launch, char ***out);
+
 /* Starts argv in a process group of its own; *pid is the group's leader.
  * Every process of the launch carries ELASTIC_LAUNCH_MARKER=<pid> in its
  * environment: the launcher's ranks are in process groups of their own
  * (Open MPI's are) and outlive it for seconds, so they are found by it. */
 #define ELASTIC_LAUNCH_MARKER "TP_ELASTIC_LAUNCH"
-int elastic_spawn(char *const *argv, pid_t *pid);
+int elastic_spawn(char *const *argv, char *const *env, pid_t *pid); /* env: as elastic_launch_env's, or NULL */
 
 /* Ends the group: SIGTERM, then SIGKILL after grace_seconds; waits for the
  * leader and returns its wait status in *status_out (may be NULL); then

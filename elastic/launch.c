@@ -57,6 +57,13 @@ static void push_int(argv_builder *b, int64_t value)
     push(b, text);
 }
 
+static void push_int_setting(argv_builder *b, const char *name, int64_t value)
+{
+    char text[128];
+    snprintf(text, sizeof text, "%s=%lld", name, (long long)value);
+    push(b, text);
+}
+
 /* The nodes that take the ranks, in order, as many as needed: node i gets
  * min(its ranks, what is left). Returns how many nodes are used. */
 static int nodes_used(const elastic_capacity *c, int ranks, int *per_node)
@@ -132,7 +139,54 @@ int elastic_launch_argv(const elastic_launch *l, char ***out)
     return TP_OK;
 }
 
-int elastic_spawn(char *const *argv, pid_t *pid)
+/* push_list(b, "NAME=", c, cpus): NAME=<each node's name, or CPUs>,... */
+static void push_list(argv_builder *b, const char *name, const elastic_capacity *c, int cpus)
+{
+    size_t size = strlen(name) + (size_t)c->nodes * (sizeof c->node_names[0] + 1) + 1;
+    char *text = malloc(size);
+    if (!text) {
+        b->failed = 1;
+        return;
+    }
+    size_t used = (size_t)snprintf(text, size, "%s", name);
+    for (int i = 0; i < c->nodes; i++) {
+        used += (size_t)(cpus ? snprintf(text + used, size - used, "%s%d", i ? "," : "", c->node_cpus[i])
+                              : snprintf(text + used, size - used, "%s%s", i ? "," : "", c->node_names[i]));
+    }
+    push(b, text);
+    free(text);
+}
+
+int elastic_launch_env(const elastic_launch *l, char ***out)
+{
+    *out = NULL;
+    argv_builder b = {0};
+    b.items = calloc(1, sizeof *b.items); /* an empty list, never NULL */
+    b.capacity = 1;
+    if (!b.items) b.failed = 1;
+    const elastic_capacity *c = l->capacity;
+    if (l->launcher == ELASTIC_LAUNCHER_SRUN && c && c->nodes > 0) {
+        /* A comma list is a hostlist too; srun expands either. */
+        push_list(&b, "SLURM_JOB_NODELIST=", c, 0);
+        push_list(&b, "SLURM_NODELIST=", c, 0); /* the older name, still read */
+        push_int_setting(&b, "SLURM_JOB_NUM_NODES", c->nodes);
+        push_int_setting(&b, "SLURM_NNODES", c->nodes);
+        int cpus_known = 1;
+        for (int i = 0; i < c->nodes; i++) cpus_known &= c->node_cpus[i] > 0;
+        if (cpus_known) push_list(&b, "SLURM_JOB_CPUS_PER_NODE=", c, 1);
+        else push(&b, "SLURM_JOB_CPUS_PER_NODE");
+        /* the allocation's tasks per node as it was, not this step's */
+        push(&b, "SLURM_TASKS_PER_NODE");
+    }
+    if (b.failed) {
+        elastic_argv_free(b.items);
+        return tp_fail(TP_ERR_NOMEM, "out of memory building the launch's environment");
+    }
+    *out = b.items;
+    return TP_OK;
+}
+
+int elastic_spawn(char *const *argv, char *const *env, pid_t *pid)
 {
     /* The child reports a failed exec through a close-on-exec pipe. */
     int report[2];
@@ -159,6 +213,8 @@ int elastic_spawn(char *const *argv, pid_t *pid)
         char marker[32];
         snprintf(marker, sizeof marker, "%d", (int)getpid());
         setenv(ELASTIC_LAUNCH_MARKER, marker, 1);
+        /* putenv: the entry as it is, no allocation between fork and exec */
+        for (char *const *e = env; e && *e; e++) strchr(*e, '=') ? putenv(*e) : unsetenv(*e);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);

@@ -348,12 +348,16 @@ static int trainer_argv(run_state *s, const elastic_layout *l, char ***out)
 static int start_launch(run_state *s, const elastic_layout *l, const elastic_capacity *capacity, pid_t *pid,
                         char *output, size_t output_size)
 {
-    char **train = NULL, **argv = NULL;
+    char **train = NULL, **argv = NULL, **env = NULL;
     TP_TRY(trainer_argv(s, l, &train));
     elastic_launch launch = {s->o->launcher, s->o->launcher_program, l->ranks, capacity, train, s->dir};
     int status = elastic_launch_argv(&launch, &argv);
+    if (!status) status = elastic_launch_env(&launch, &env);
     elastic_argv_free(train);
-    if (status) return status;
+    if (status) {
+        elastic_argv_free(argv);
+        return status;
+    }
     snprintf(output, output_size, "%s/launch-%d.out", s->dir, s->launches + 1);
     int fd = open(output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) status = tp_fail(TP_ERR_IO, "%s: cannot create: %s", output, strerror(errno));
@@ -362,7 +366,7 @@ static int start_launch(run_state *s, const elastic_layout *l, const elastic_cap
     if (!status) {
         dup2(fd, 1);
         dup2(fd, 2);
-        status = elastic_spawn(argv, pid);
+        status = elastic_spawn(argv, env, pid);
         dup2(saved_out, 1);
         dup2(saved_err, 2);
     }
@@ -377,11 +381,16 @@ static int start_launch(run_state *s, const elastic_layout *l, const elastic_cap
         for (int i = 0; i < capacity->nodes; i++) cJSON_AddItemToArray(nodes, cJSON_CreateString(capacity->node_names[i]));
         cJSON *command = cJSON_AddArrayToObject(e, "command");
         for (char **a = argv; *a; a++) cJSON_AddItemToArray(command, cJSON_CreateString(*a));
+        if (env[0]) {
+            cJSON *settings = cJSON_AddArrayToObject(e, "environment");
+            for (char **a = env; *a; a++) cJSON_AddItemToArray(settings, cJSON_CreateString(*a));
+        }
         cJSON_AddStringToObject(e, "output", output);
         s->launches++;
         status = emit(s, "launch", e);
     }
     elastic_argv_free(argv);
+    elastic_argv_free(env);
     return status;
 }
 

@@ -136,11 +136,68 @@ Test(elastic, srun_command_line)
     elastic_argv_free(argv);
 }
 
+/* Whether the NULL-terminated list holds the entry. */
+static int has_entry(char **list, const char *entry)
+{
+    for (; *list; list++)
+        if (strcmp(*list, entry) == 0) return 1;
+    return 0;
+}
+
+/* srun reads the allocation's size from the environment, which Slurm does
+ * not update when the job grows: the settings describe it as read now. */
+Test(elastic, srun_environment_describes_the_allocation_now)
+{
+    char *train[] = {"tp-train", NULL};
+    elastic_capacity c = {.world = 3, .nodes = 3, .node_names = {"n1", "n2", "n7"}, .node_ranks = {1, 1, 1},
+                          .node_cpus = {8, 8, 4}};
+    elastic_launch l = {ELASTIC_LAUNCHER_SRUN, NULL, 3, &c, train, dir};
+    char **env = NULL;
+    cr_assert_eq(elastic_launch_env(&l, &env), TP_OK, "%s", tp_errmsg());
+    cr_assert(has_entry(env, "SLURM_JOB_NODELIST=n1,n2,n7"));
+    cr_assert(has_entry(env, "SLURM_NODELIST=n1,n2,n7"));
+    cr_assert(has_entry(env, "SLURM_JOB_NUM_NODES=3"));
+    cr_assert(has_entry(env, "SLURM_NNODES=3"));
+    cr_assert(has_entry(env, "SLURM_JOB_CPUS_PER_NODE=8,8,4"));
+    cr_assert(has_entry(env, "SLURM_TASKS_PER_NODE"), "the stale tasks per node are removed");
+    elastic_argv_free(env);
+    c.node_cpus[1] = 0;
+    cr_assert_eq(elastic_launch_env(&l, &env), TP_OK, "%s", tp_errmsg());
+    cr_assert(has_entry(env, "SLURM_JOB_CPUS_PER_NODE"), "CPUs unknown: removed, not guessed");
+    elastic_argv_free(env);
+    l.launcher = ELASTIC_LAUNCHER_MPIRUN;
+    cr_assert_eq(elastic_launch_env(&l, &env), TP_OK, "%s", tp_errmsg());
+    cr_assert_null(env[0], "mpirun: nothing to set");
+    elastic_argv_free(env);
+}
+
+/* The settings reach the launched program: set, and removed. */
+Test(elastic, spawn_applies_the_environment_settings)
+{
+    char out[600], script[900];
+    snprintf(out, sizeof out, "%s/env.out", dir);
+    snprintf(script, sizeof script, "echo \"$TP_SET_ME ${TP_REMOVE_ME-removed}\" > %s", out);
+    setenv("TP_REMOVE_ME", "still here", 1);
+    char *argv[] = {"sh", "-c", script, NULL};
+    char *env[] = {"TP_SET_ME=set", "TP_REMOVE_ME", NULL};
+    pid_t pid = 0;
+    cr_assert_eq(elastic_spawn(argv, env, &pid), TP_OK, "%s", tp_errmsg());
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    unsetenv("TP_REMOVE_ME");
+    char text[64] = "";
+    FILE *f = fopen(out, "r");
+    cr_assert_not_null(f);
+    cr_assert_not_null(fgets(text, sizeof text, f));
+    fclose(f);
+    cr_assert_str_eq(text, "set removed\n");
+}
+
 Test(elastic, spawn_reports_a_missing_program)
 {
     char *argv[] = {"/nonexistent/tp-train", NULL};
     pid_t pid = 0;
-    cr_assert_eq(elastic_spawn(argv, &pid), TP_ERR_IO);
+    cr_assert_eq(elastic_spawn(argv, NULL, &pid), TP_ERR_IO);
     cr_assert(strstr(tp_errmsg(), "/nonexistent/tp-train"), "%s", tp_errmsg());
 }
 
@@ -168,7 +225,7 @@ Test(elastic, stopping_a_group_ends_every_process_of_it)
     snprintf(script, sizeof script, "trap '' TERM; sleep 300 & echo $! > %s; wait", pids);
     char *argv[] = {"sh", "-c", script, NULL};
     pid_t pid = 0;
-    cr_assert_eq(elastic_spawn(argv, &pid), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(elastic_spawn(argv, NULL, &pid), TP_OK, "%s", tp_errmsg());
     struct stat st;
     for (int i = 0; i < 500 && (stat(pids, &st) != 0 || st.st_size == 0); i++) usleep(10000);
     FILE *f = fopen(pids, "r");
@@ -191,7 +248,7 @@ Test(elastic, leftovers_of_a_launch_are_found_by_their_marker)
     snprintf(script, sizeof script, "setsid sleep 300 & echo $! > %s", pids);
     char *argv[] = {"sh", "-c", script, NULL};
     pid_t pid = 0;
-    cr_assert_eq(elastic_spawn(argv, &pid), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(elastic_spawn(argv, NULL, &pid), TP_OK, "%s", tp_errmsg());
     int status = 0;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     FILE *f = NULL;

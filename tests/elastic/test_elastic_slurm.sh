@@ -3,8 +3,12 @@
 # (tests/support/slurm.sh): inside one allocation taken with --no-kill, the
 # trainer runs as srun steps; a node set down mid-run shrinks the
 # allocation and the run continues on the nodes left, at the layout the
-# planner picks; a rank killed is relaunched on the same nodes. In both the
-# last step is reached and the losses equal an uninterrupted run's (1e-4).
+# planner picks; a rank killed is relaunched on the same nodes; a rank
+# stopped with SIGSTOP is a hang, ended and relaunched; a node added to the
+# running job (Slurm's job expansion) grows the run; a batch job requeued
+# mid-run (scontrol requeue) starts tp-elastic again, which continues the
+# run. In every case the last step is reached and the losses equal an
+# uninterrupted run's (1e-4).
 # Skipped, and said so, where Slurm is not installed.
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$ROOT/tests/support/slurm.sh"
@@ -34,6 +38,22 @@ expect_ok "an uninterrupted run (mpirun, 4 ranks)" mpirun --oversubscribe -np 4 
 
 losses_continue() { "$PY" "$ROOT/tests/elastic/check_losses.py" "$1" "$WORK/ref.jsonl" "$STEPS"; }
 events() { grep -c "\"event\":\"$2\"" "$1/elastic/events.jsonl" 2>/dev/null || true; }
+# the_rank R PROCID: the pid of the trainer rank PROCID of run R.
+the_rank() {
+    for p in $(pgrep -f -- "--ckpt-dir $1 "); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$2" && [ "$(cat "/proc/$p/comm")" = tp-train ] &&
+            echo "$p" && return 0
+    done
+    return 1
+}
+# nothing_left R: no process of run R is left, stopped ones included (10 s).
+nothing_left() {
+    for i in $(seq 100); do
+        pgrep -f -- "--ckpt-dir $1 " >/dev/null || return 0
+        sleep 0.1
+    done
+    return 1
+}
 
 # ------------------------------------------------------------- a node down
 R="$WORK/node"
@@ -59,4 +79,70 @@ expect_ok "a rank killed: the run finishes" slurm_alloc 3 "$ELASTIC" run --ckpt-
 check "rank killed: one failure" [ "$(events "$R" failure)" -eq 1 ]
 check "rank killed: relaunched on the same 3 nodes" [ "$(grep -c '"--nodelist","n1,n2,n3"' "$R/elastic/events.jsonl")" -eq 2 ]
 check "rank killed: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+
+# ------------------------------------------------- a rank stopped: a hang
+# SIGSTOP to rank 1 (on n2) after step 20: no launcher notices; no step for
+# the heartbeat timeout is a hang. tp-elastic ends the step (srun, told
+# SIGTERM, has Slurm end every task of it, stopped ones included) and
+# relaunches on the same nodes.
+R="$WORK/hang"
+mkdir -p "$R/elastic"
+(
+    while ! grep -q '"step":20,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
+    kill -STOP "$(the_rank "$R" 1)"
+) &
+watcher=$!
+expect_ok "a rank stopped (SIGSTOP): the run finishes" slurm_alloc 3 "$ELASTIC" run --ckpt-dir "$R" $FAST \
+    --heartbeat-timeout 5 -- "$TRAIN" $TRAIN_ARGS
+wait $watcher
+check "SIGSTOP: detected as a hang, no other failure" [ "$(events "$R" hang)" -eq 1 ] && [ "$(events "$R" failure)" -eq 0 ]
+check "SIGSTOP: relaunched on the same 3 nodes" [ "$(grep -c '"--nodelist","n1,n2,n3"' "$R/elastic/events.jsonl")" -eq 2 ]
+check "SIGSTOP: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+check "SIGSTOP: no rank left, stopped or not" nothing_left "$R"
+
+# ------------------------------------------------ a node added: the run grows
+# The job starts on 2 nodes; when rank 0 pauses after step 20 (--fault
+# slow: the run must still be going when tp-elastic next asks Slurm, once a
+# second), n3 is added to the running job (Slurm's job expansion).
+# tp-elastic sees the allocation's new node list through squeue, asks the
+# trainer to checkpoint and stop, and relaunches on 3 nodes. Not a failure.
+R="$WORK/grow"
+mkdir -p "$R/elastic"
+(
+    while [ ! -e "$R.slow" ]; do sleep 0.05; done
+    slurm_job_grow "$(squeue -h -o %i -t R -n tp-elastic-grow | head -n 1)" 1
+) &
+watcher=$!
+SLURM_ALLOC_OPTS="-J tp-elastic-grow" expect_ok "a node added: the run finishes" slurm_alloc 2 "$ELASTIC" run \
+    --ckpt-dir "$R" $FAST -- "$TRAIN" $TRAIN_ARGS --fault slow --fault-step 20 --fault-once "$R.slow"
+wait $watcher
+check "node added: growing the job worked" [ $? -eq 0 ]
+check "node added: launched on n1,n2 first" grep -q '"--nodelist","n1,n2"\]*' "$R/elastic/events.jsonl"
+check "node added: a scale change from 2 to 3, no failure" \
+    grep -q '"from_world":2,"to_world":3' "$R/elastic/events.jsonl" && [ "$(events "$R" failure)" -eq 0 ]
+check "node added: relaunched on n1,n2,n3" grep -q '"--nodelist","n1,n2,n3"' "$R/elastic/events.jsonl"
+check "node added: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+
+# ------------------------------------ the batch job requeued: tp-elastic again
+# tp-elastic as the batch script of a job submitted with --requeue; after
+# step 20 the job is requeued (scontrol requeue: Slurm ends the script and
+# its step, as when a node of the batch host fails, and runs the script
+# again). The second tp-elastic finds the run's state and checkpoints in the
+# run directory and continues.
+R="$WORK/requeue"
+mkdir -p "$R/elastic"
+job=$(sbatch --parsable --requeue --no-kill --exclusive -N 3 -J tp-elastic-requeue -o "$WORK/requeue.%j.out" \
+    --wrap "exec '$ELASTIC' run --ckpt-dir '$R' $FAST -- '$TRAIN' $TRAIN_ARGS")
+check "requeue: the batch job was submitted" [ -n "$job" ]
+i=0
+while ! grep -q '"step":20,' "$R/elastic/train.jsonl" 2>/dev/null && [ $i -lt 1200 ]; do sleep 0.1; i=$((i + 1)); done
+check "requeue: the job reached step 20 within 2 minutes" grep -q '"step":20,' "$R/elastic/train.jsonl"
+check "requeue: scontrol requeue" scontrol requeue "$job"
+i=0
+while [ -n "$(squeue -h -j "$job" 2>/dev/null)" ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i + 1)); done
+check "requeue: the job ended within 2 minutes" [ -z "$(squeue -h -j "$job" 2>/dev/null)" ]
+check "requeue: tp-elastic started twice" [ "$(events "$R" orchestrator_start)" -eq 2 ]
+check "requeue: the run finished" grep -q '"event":"finished"' "$R/elastic/events.jsonl"
+check "requeue: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+check "requeue: no rank left" nothing_left "$R"
 finish
