@@ -334,6 +334,33 @@ int ckpt_reader_verify_piece(ckpt_reader *reader, int index, int piece);
 /* Checks that every padding element of a piece is zero. */
 int ckpt_reader_check_padding(ckpt_reader *reader, int index, int piece);
 
+/* A damaged piece found by ckpt_verify. */
+typedef struct {
+    int tensor, piece;
+    int status;          /* the error code: TP_ERR_CHECKSUM, TP_ERR_FORMAT, ... */
+    char message[1024];  /* what is wrong, naming the file and the tensor */
+} ckpt_damage;
+
+typedef struct {
+    int threads; /* 0: 1 */
+    /* Called from the worker threads as pieces are done (may be NULL). */
+    void (*progress)(void *ctx, int64_t bytes);
+    void *progress_ctx;
+} ckpt_verify_options;
+
+typedef struct {
+    int64_t pieces, bytes; /* checked */
+    int damaged;           /* pieces damaged */
+    ckpt_damage *damage;   /* those pieces, in file order (ckpt_verify_result_free) */
+} ckpt_verify_result;
+
+/* Verifies every piece of the checkpoint (ckpt_reader_verify_piece, then
+ * ckpt_reader_check_padding), threads taking neighbouring pieces of one
+ * file. Returns TP_OK when it could check, whatever it found (out->damaged);
+ * an error only when it could not (out of memory). options may be NULL. */
+int ckpt_verify(ckpt_reader *reader, const ckpt_verify_options *options, ckpt_verify_result *out);
+void ckpt_verify_result_free(ckpt_verify_result *result);
+
 /* Reads a whole text file (up to max_bytes, no NUL bytes; FIFOs and
  * devices refused) into a malloc'ed NUL-terminated string; size_out may be
  * NULL. */

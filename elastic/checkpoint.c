@@ -8,51 +8,29 @@
 #include "../ckpt/ckpt.h"
 #include "../common/clock.h"
 #include "../common/error.h"
-#include "../common/parallel.h"
 #include "elastic.h"
 
-typedef struct {
-    ckpt_reader *reader;
-    int (*pieces)[2]; /* tensor, piece */
-    int *status;
-} verify_job;
-
-static int verify_one(void *ctx, int64_t i, int thread)
-{
-    (void)thread;
-    verify_job *job = ctx;
-    job->status[i] = ckpt_reader_verify_piece(job->reader, job->pieces[i][0], job->pieces[i][1]);
-    return TP_OK;
-}
-
-/* Every piece of the checkpoint at path, checked; the first damage found
- * names the tensor and piece. */
+/* Every piece of the checkpoint at path, checked as `tp-ckpt verify` checks
+ * it; the first damage found names the file, tensor and piece. */
 static int verify_checkpoint(const char *path, int threads, elastic_checkpoint *out)
 {
     ckpt_reader *r = NULL;
     TP_TRY(ckpt_reader_open(&r, path, NULL));
-    const ckpt_layout *layout = ckpt_reader_layout(r);
-    int tensors = ckpt_reader_num_tensors(r), count = 0, total = 0;
-    for (int t = 0; t < tensors; t++) total += ckpt_piece_count(ckpt_reader_tensor(r, t), layout->tp);
-    verify_job job = {r, malloc((size_t)total * sizeof *job.pieces + 1), calloc((size_t)total + 1, sizeof *job.status)};
-    int status = job.pieces && job.status ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory verifying %s", path);
-    for (int t = 0; !status && t < tensors; t++)
-        for (int p = 0; p < ckpt_piece_count(ckpt_reader_tensor(r, t), layout->tp); p++) {
-            job.pieces[count][0] = t;
-            job.pieces[count++][1] = p;
-        }
-    if (!status) status = parallel_for(count, threads, verify_one, &job);
-    for (int i = 0; !status && i < count; i++)
-        if (job.status[i]) status = tp_fail(job.status[i], "%s: tensor %s piece %d: damaged", path,
-                                            ckpt_reader_tensor(r, job.pieces[i][0])->name, job.pieces[i][1]);
+    ckpt_verify_options options = {threads, NULL, NULL};
+    ckpt_verify_result result;
+    int status = ckpt_verify(r, &options, &result);
+    if (!status && result.damaged == 1) status = tp_fail(result.damage[0].status, "%s", result.damage[0].message);
+    else if (!status && result.damaged)
+        status = tp_fail(result.damage[0].status, "%s (and %d more pieces damaged)", result.damage[0].message,
+                         result.damaged - 1);
     if (!status) {
+        const ckpt_layout *layout = ckpt_reader_layout(r);
         snprintf(out->path, sizeof out->path, "%s", ckpt_reader_path(r));
         out->step = ckpt_reader_state(r)->step;
         out->tp = layout->tp;
         out->pp = layout->pp;
     }
-    free(job.pieces);
-    free(job.status);
+    ckpt_verify_result_free(&result);
     ckpt_reader_close(r);
     return status;
 }

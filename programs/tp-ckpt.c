@@ -213,37 +213,7 @@ static int cmd_info(int argc, char **argv)
 
 /* ----------------------------------------------------------------- verify */
 
-typedef struct {
-    int tensor, piece;
-    int64_t bytes;
-    int file; /* shard file: pieces are checked file by file, front to back */
-    int status;
-    char message[1024];
-} piece_check;
-
-typedef struct {
-    ckpt_reader *reader;
-    piece_check *checks;
-    progress bar;
-} verify_job;
-
-static int by_file_order(const void *a, const void *b)
-{
-    const piece_check *x = a, *y = b;
-    return x->file != y->file ? x->file - y->file : x->tensor - y->tensor;
-}
-
-static int verify_one(void *ctx, int64_t i, int thread)
-{
-    (void)thread;
-    verify_job *job = ctx;
-    piece_check *check = &job->checks[i];
-    check->status = ckpt_reader_verify_piece(job->reader, check->tensor, check->piece);
-    if (!check->status) check->status = ckpt_reader_check_padding(job->reader, check->tensor, check->piece);
-    if (check->status) snprintf(check->message, sizeof check->message, "%s", tp_errmsg());
-    progress_add(&job->bar, check->bytes);
-    return 0; /* keep going: report every damaged piece */
-}
+static void verify_progress(void *bar, int64_t bytes) { progress_add(bar, bytes); }
 
 static int cmd_verify(int argc, char **argv)
 {
@@ -264,48 +234,41 @@ static int cmd_verify(int argc, char **argv)
     int code = 0;
     ckpt_reader *r = open_or_die(argv[optind], 1, &code);
     if (!r) return code;
-    int64_t count = 0, total = 0;
+    int64_t total = 0;
     for (int i = 0; i < ckpt_reader_num_tensors(r); i++)
-        count += ckpt_piece_count(ckpt_reader_tensor(r, i), ckpt_reader_layout(r)->tp);
-    verify_job job = {r, calloc((size_t)count + 1, sizeof(piece_check)), {0}};
-    if (!job.checks) {
-        ckpt_reader_close(r);
-        return fail("out of memory");
-    }
-    int64_t k = 0;
-    for (int i = 0; i < ckpt_reader_num_tensors(r); i++) {
         for (int p = 0; p < ckpt_piece_count(ckpt_reader_tensor(r, i), ckpt_reader_layout(r)->tp); p++) {
             ckpt_piece_info info;
             ckpt_reader_piece_info(r, i, p, &info);
-            job.checks[k++] = (piece_check){i, p, info.bytes, info.pp * ckpt_reader_layout(r)->tp + info.tp, 0, ""};
             total += info.bytes;
         }
+    progress bar;
+    progress_start(&bar, "verify", total, 0);
+    ckpt_verify_options verify = {(int)threads, verify_progress, &bar};
+    ckpt_verify_result result;
+    int status = ckpt_verify(r, &verify, &result);
+    double seconds = progress_finish(&bar);
+    if (status) {
+        ckpt_reader_close(r);
+        return fail("%s", tp_errmsg());
     }
-    /* Threads take neighbouring pieces of one file, so the disk sees one stream. */
-    qsort(job.checks, (size_t)count, sizeof *job.checks, by_file_order);
-    progress_start(&job.bar, "verify", total, 0);
-    parallel_for(count, (int)threads, verify_one, &job);
-    double seconds = progress_finish(&job.bar);
-    int bad = 0;
     const char *previous = "";
-    for (int64_t i = 0; i < count; i++) {
-        if (!job.checks[i].status) continue;
-        bad++;
+    for (int i = 0; i < result.damaged; i++) {
         /* A damaged file fails each of its pieces with one message: once. */
-        if (strcmp(job.checks[i].message, previous) != 0)
-            fprintf(stderr, "tp-ckpt: damaged: %s\n", job.checks[i].message);
-        previous = job.checks[i].message;
+        if (strcmp(result.damage[i].message, previous) != 0)
+            fprintf(stderr, "tp-ckpt: damaged: %s\n", result.damage[i].message);
+        previous = result.damage[i].message;
     }
     char size[32];
-    format_bytes((double)total, size, sizeof size);
-    if (bad)
-        fprintf(stderr, "tp-ckpt: error: %s: %d of %lld pieces damaged\n", ckpt_reader_path(r), bad,
-                (long long)count);
+    format_bytes((double)result.bytes, size, sizeof size);
+    if (result.damaged)
+        fprintf(stderr, "tp-ckpt: error: %s: %d of %lld pieces damaged\n", ckpt_reader_path(r), result.damaged,
+                (long long)result.pieces);
     else
         printf("ok: %s: %d tensors, %lld pieces, %s verified in %.2f s (%.0f MB/s)\n", ckpt_reader_path(r),
-               ckpt_reader_num_tensors(r), (long long)count, size, seconds,
-               seconds > 0 ? (double)total / seconds / 1e6 : 0.0);
-    free(job.checks);
+               ckpt_reader_num_tensors(r), (long long)result.pieces, size, seconds,
+               seconds > 0 ? (double)result.bytes / seconds / 1e6 : 0.0);
+    int bad = result.damaged;
+    ckpt_verify_result_free(&result);
     ckpt_reader_close(r);
     return bad ? 1 : 0;
 }

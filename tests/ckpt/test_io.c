@@ -207,6 +207,50 @@ Test(io, flipped_byte_is_named)
     ckpt_reader_close(r);
 }
 
+static void add_bytes(void *total, int64_t bytes) { __atomic_add_fetch((int64_t *)total, bytes, __ATOMIC_RELAXED); }
+
+/* ckpt_verify checks every piece, on several threads, and lists each
+ * damaged one; an intact checkpoint has none. */
+Test(io, verify_lists_every_damaged_piece)
+{
+    char path[600], shard[700];
+    snprintf(path, sizeof path, "%s/step_00000001", dir);
+    simple_checkpoint(path, 1);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
+    int64_t seen = 0;
+    ckpt_verify_options options = {3, add_bytes, &seen};
+    ckpt_verify_result result;
+    cr_assert_eq(ckpt_verify(r, &options, &result), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(result.damaged, 0);
+    cr_assert_eq(result.pieces, 3, "a split weight in 2 pieces, a replicated bias in 1");
+    cr_assert_eq(result.bytes, 64 * 64 * 4 + 4096 * 2);
+    cr_assert_eq(seen, result.bytes, "progress saw every byte");
+    ckpt_verify_result_free(&result);
+    ckpt_reader_close(r);
+
+    /* The weight's piece on tp rank 1, the bias (kept by tp rank 0). */
+    snprintf(shard, sizeof shard, "%s/shard_pp00_tp01.h5", path);
+    flip_byte(shard, data_offset(shard, "model/a.weight") + 100);
+    snprintf(shard, sizeof shard, "%s/shard_pp00_tp00.h5", path);
+    flip_byte(shard, data_offset(shard, "model/b.bias") + 10);
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_verify(r, NULL, &result), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(result.damaged, 2);
+    for (int i = 0; i < 2; i++) {
+        const ckpt_damage *d = &result.damage[i];
+        const char *name = ckpt_reader_tensor(r, d->tensor)->name;
+        int weight = strcmp(name, "model/a.weight") == 0;
+        cr_assert_eq(d->piece, weight ? 1 : 0, "%s piece %d", name, d->piece);
+        cr_assert_eq(d->status, TP_ERR_CHECKSUM);
+        cr_assert(strstr(d->message, weight ? "shard_pp00_tp01.h5" : "shard_pp00_tp00.h5"), "%s", d->message);
+        cr_assert(strstr(d->message, name), "%s", d->message);
+    }
+    cr_assert_neq(result.damage[0].tensor, result.damage[1].tensor);
+    ckpt_verify_result_free(&result);
+    ckpt_reader_close(r);
+}
+
 static void edit_index(const char *path, const char *from, const char *to)
 {
     char file[700], command[2000];

@@ -1,0 +1,85 @@
+/* verify.c: a whole checkpoint checked, piece by piece, on several threads
+ * (ckpt.h): what `tp-ckpt verify` reports and what tp-elastic requires of a
+ * checkpoint before resuming from it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/parallel.h"
+#include "internal.h"
+
+typedef struct {
+    int tensor, piece;
+    int64_t bytes;
+    int file; /* the shard file: pieces are checked file by file, front to back */
+    int status;
+    char message[1024];
+} piece_check;
+
+typedef struct {
+    ckpt_reader *reader;
+    piece_check *checks;
+    const ckpt_verify_options *options;
+} verify_job;
+
+static int by_file_order(const void *a, const void *b)
+{
+    const piece_check *x = a, *y = b;
+    return x->file != y->file ? x->file - y->file : x->tensor - y->tensor;
+}
+
+static int verify_one(void *ctx, int64_t i, int thread)
+{
+    (void)thread;
+    verify_job *job = ctx;
+    piece_check *check = &job->checks[i];
+    check->status = ckpt_reader_verify_piece(job->reader, check->tensor, check->piece);
+    if (!check->status) check->status = ckpt_reader_check_padding(job->reader, check->tensor, check->piece);
+    if (check->status) snprintf(check->message, sizeof check->message, "%s", tp_errmsg());
+    if (job->options->progress) job->options->progress(job->options->progress_ctx, check->bytes);
+    return TP_OK; /* keep going: every damaged piece is reported */
+}
+
+int ckpt_verify(ckpt_reader *r, const ckpt_verify_options *options, ckpt_verify_result *out)
+{
+    memset(out, 0, sizeof *out);
+    static const ckpt_verify_options defaults = {0};
+    if (!options) options = &defaults;
+    const ckpt_layout *layout = ckpt_reader_layout(r);
+    int tensors = ckpt_reader_num_tensors(r);
+    for (int t = 0; t < tensors; t++) out->pieces += ckpt_piece_count(ckpt_reader_tensor(r, t), layout->tp);
+    verify_job job = {r, calloc((size_t)out->pieces + 1, sizeof *job.checks), options};
+    if (!job.checks) return tp_fail(TP_ERR_NOMEM, "%s: out of memory verifying", ckpt_reader_path(r));
+    int64_t k = 0;
+    for (int t = 0; t < tensors; t++)
+        for (int p = 0; p < ckpt_piece_count(ckpt_reader_tensor(r, t), layout->tp); p++) {
+            ckpt_piece_info info;
+            ckpt_reader_piece_info(r, t, p, &info);
+            job.checks[k++] = (piece_check){t, p, info.bytes, info.pp * layout->tp + info.tp, 0, ""};
+            out->bytes += info.bytes;
+        }
+    /* Threads take neighbouring pieces of one file, so the disk sees one stream. */
+    qsort(job.checks, (size_t)out->pieces, sizeof *job.checks, by_file_order);
+    int status = parallel_for(out->pieces, options->threads > 0 ? options->threads : 1, verify_one, &job);
+    for (int64_t i = 0; !status && i < out->pieces; i++) out->damaged += job.checks[i].status != 0;
+    if (!status && out->damaged) {
+        out->damage = calloc((size_t)out->damaged, sizeof *out->damage);
+        if (!out->damage) status = tp_fail(TP_ERR_NOMEM, "%s: out of memory verifying", ckpt_reader_path(r));
+        for (int64_t i = 0, d = 0; !status && i < out->pieces; i++) {
+            const piece_check *c = &job.checks[i];
+            if (!c->status) continue;
+            out->damage[d] = (ckpt_damage){c->tensor, c->piece, c->status, ""};
+            memcpy(out->damage[d++].message, c->message, sizeof c->message);
+        }
+    }
+    free(job.checks);
+    if (status) ckpt_verify_result_free(out);
+    return status;
+}
+
+void ckpt_verify_result_free(ckpt_verify_result *result)
+{
+    free(result->damage);
+    result->damage = NULL;
+    result->damaged = 0;
+}
