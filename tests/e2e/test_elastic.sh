@@ -102,6 +102,47 @@ check "grow: the scale change came during the pause (before step 20)" \
 check "grow: no restart counted" [ "$(summary_field "$R" restarts)" -eq 0 ]
 check "grow: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
 
+# ------------------------------------------------ capacity below --min-world
+# Starts at 2 ranks; rank 1 dies after step 25 and capacity drops to 1,
+# below --min-world 2: tp-elastic waits (an event) instead of training on
+# one rank; capacity comes back to 2 and the run continues and finishes.
+R="$WORK/minworld"
+echo 2 >"$WORK/world.min"
+mkdir -p "$R/elastic"
+(
+    while [ ! -e "$R.fault" ]; do sleep 0.05; done
+    echo 1 >"$WORK/world.min"
+    while ! grep -q '"event":"waiting_for_capacity"' "$R/elastic/events.jsonl" 2>/dev/null; do sleep 0.05; done
+    sleep 1
+    echo 2 >"$WORK/world.min"
+) &
+watcher=$!
+expect_ok "below --min-world: waits, then the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world-file "$WORK/world.min" \
+    --min-world 2 --capacity-wait 60 $FAST -- "$TRAIN" $TRAIN_ARGS --fault die --fault-step 25 --fault-rank 1 --fault-once "$R.fault"
+wait $watcher
+check "below --min-world: one wait for capacity" [ "$(events "$R" waiting_for_capacity)" -eq 1 ]
+check "below --min-world: never launched at 1 rank" sh -c "! grep -q '\"ranks\":1[,}]' '$R/elastic/events.jsonl'"
+check "below --min-world: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+echo 1 >"$WORK/world.one"
+expect_error "capacity never reaches --min-world: gives up after --capacity-wait" 1 "capacity stayed below --min-world 2" \
+    "$ELASTIC" run --ckpt-dir "$WORK/starved" --world-file "$WORK/world.one" --min-world 2 --capacity-wait 1 $FAST \
+    -- "$TRAIN" $TRAIN_ARGS
+check "capacity never reaches --min-world: nothing launched" [ "$(events "$WORK/starved" launch)" -eq 0 ]
+
+# ------------------------------------------------------------- --hostfile
+# Capacity from an Open MPI host file (this machine, 3 slots): mpirun is
+# given a host file of the nodes used; a rank killed is relaunched the same.
+R="$WORK/hosts"
+printf '# this machine\nlocalhost slots=3\n' >"$WORK/hostfile"
+expect_ok "--hostfile: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --hostfile "$WORK/hostfile" $FAST \
+    -- "$TRAIN" $TRAIN_ARGS --fault die --fault-step 15 --fault-rank 2 --fault-once "$R.fault"
+check "--hostfile: mpirun given a host file, on localhost, 3 ranks" \
+    grep -q '"ranks":3.*"nodes":\["localhost"\],"command":\["mpirun","-np","3","--oversubscribe","--hostfile"' \
+    "$R/elastic/events.jsonl"
+check "--hostfile: the launch's host file names the slots used" grep -qx "localhost slots=3" "$R/elastic/hostfile.launch"
+check "--hostfile: one failure, relaunched" [ "$(events "$R" failure)" -eq 1 ] && [ "$(events "$R" launch)" -eq 2 ]
+check "--hostfile: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+
 # ------------------------------------------------ a trainer that always fails
 R="$WORK/bug"
 expect_error "a trainer that always fails: a diagnosis, exit 1" 1 "failed 3 times in a row at step 0 without progress" \
