@@ -345,9 +345,14 @@ check "fault-once: the first launch dies after step 3, the marker is made" [ "$R
 expect_ok "fault-once: the relaunch passes step 3" mpi_train 2 $ONCE
 check "fault-once: resumed from step 2, finished at 6" [ "$(events "$WORK/once.jsonl" start resumed_from)" = "null step_00000002 " ] &&
     [ "$(events "$WORK/once.jsonl" stop reason)" = "finished " ] && [ "$(last_step "$WORK/once.jsonl")" = 6 ]
+expect_ok "--fault slow: the run goes on" "$TRAIN" $TINY --steps 4 --fault slow --fault-step 2 --log "$WORK/slow.jsonl"
+check "--fault slow: a 3 s pause after step 2, none elsewhere" "$PY" -c '
+import json, sys
+t = {l["step"]: l["time"] for l in map(json.loads, open(sys.argv[1])) if "event" not in l}
+sys.exit(not (t[3] - t[2] >= 2.9 and t[2] - t[1] < 2 and t[4] - t[3] < 2))' "$WORK/slow.jsonl"
 mpi_error "fail-at-start: exit 1 before training" "^tp-train: error: injected failure at start" 2 $FAULT --fault fail-at-start
 check "fail-at-start: exit 1" [ "$RC" -eq 1 ]
-expect_error "--fault of an unknown kind" 2 "fault takes die, hang, fail or fail-at-start, not 'bogus'" "$TRAIN" $TINY --fault bogus
+expect_error "--fault of an unknown kind" 2 "fault takes die, hang, fail, slow or fail-at-start, not 'bogus'" "$TRAIN" $TINY --fault bogus
 expect_error "--fault die without --fault-step" 2 "fault die needs --fault-step" "$TRAIN" $TINY --fault die
 expect_error "--fault-rank beyond the ranks" 2 "fault-rank 1, but there are 1 ranks" "$TRAIN" $TINY --fault die --fault-step 1 --fault-rank 1
 
