@@ -86,7 +86,7 @@ TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps test asan fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-elastic bench-revisions clean programs tests
+.PHONY: all build deps test asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-elastic bench-revisions clean programs tests
 
 all: deps
 	@$(MAKE) --no-print-directory build
@@ -164,6 +164,14 @@ asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
 		SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all" build
 	@BUILD=build-asan SANITIZED=1 scripts/run-tests.sh
+
+# A longer soak of tp-elastic than `make test` runs (6 faults, seed 7):
+# SOAK_FAULTS random kills, hangs, launcher losses and capacity changes in
+# one run, a new seed each time (printed, with the command that replays it).
+SOAK_FAULTS ?= 30
+soak: deps
+	@$(MAKE) --no-print-directory build
+	@SOAK_FAULTS=$(SOAK_FAULTS) SOAK_SEED=$${SOAK_SEED:-$$(date +%s)} BUILD=$(BUILD) sh tests/elastic/test_soak.sh
 
 # Fuzzing with libFuzzer (clang) under ASan and UBSan: the index parser, the
 # safetensors reader and the partition arithmetic (tests/fuzz/fuzz_*.c), each

@@ -53,6 +53,13 @@ check() {
     if "$@"; then pass; else failed "$what"; fi
 }
 
+# check_all "what" 'CONDITION': a condition of several commands joined by &&
+# or ||, evaluated whole (`check "what" A && B` would count only A).
+check_all() {
+    what=$1
+    if eval "$2"; then pass; else failed "$what"; fi
+}
+
 # use_open_mpi: for tests that run programs under mpirun. As root, with more
 # ranks than cores; containers often forbid the cross-process memory copies
 # Open MPI uses for large messages between ranks on one machine, and plain

@@ -94,7 +94,7 @@ expect_ok "capacity grows: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --wo
     --backoff 0.2 --heartbeat-timeout 30 --start-timeout 60 --grace 2 \
     -- "$TRAIN" $TRAIN_ARGS --fault slow --fault-step 12 --fault-once "$R.slow"
 kill $watcher 2>/dev/null
-check "grow: a scale change, no failure" [ "$(events "$R" scale_change)" -eq 1 ] && [ "$(events "$R" failure)" -eq 0 ]
+check_all "grow: a scale change, no failure" '[ "$(events "$R" scale_change)" -eq 1 ] && [ "$(events "$R" failure)" -eq 0 ]'
 check "grow: relaunched at 4 ranks" grep -q '"ranks":4' "$R/elastic/events.jsonl"
 check "grow: the scale change came during the pause (before step 20)" \
     "$PY" -c 'import json,sys; e=[json.loads(l) for l in open(sys.argv[1]) if "scale_change" in l]; sys.exit(not (e and e[0]["step"] < 20))' \
@@ -140,14 +140,14 @@ check "--hostfile: mpirun given a host file, on localhost, 3 ranks" \
     grep -q '"ranks":3.*"nodes":\["localhost"\],"command":\["mpirun","-np","3","--oversubscribe","--hostfile"' \
     "$R/elastic/events.jsonl"
 check "--hostfile: the launch's host file names the slots used" grep -qx "localhost slots=3" "$R/elastic/hostfile.launch"
-check "--hostfile: one failure, relaunched" [ "$(events "$R" failure)" -eq 1 ] && [ "$(events "$R" launch)" -eq 2 ]
+check_all "--hostfile: one failure, relaunched" '[ "$(events "$R" failure)" -eq 1 ] && [ "$(events "$R" launch)" -eq 2 ]'
 check "--hostfile: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
 
 # ------------------------------------------------ a trainer that always fails
 R="$WORK/bug"
 expect_error "a trainer that always fails: a diagnosis, exit 1" 1 "failed 3 times in a row at step 0 without progress" \
     "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --fault fail-at-start
-check "always fails: gave up after 3 launches" [ "$(events "$R" launch)" -eq 3 ] && [ "$(events "$R" give_up)" -eq 1 ]
+check_all "always fails: gave up after 3 launches" '[ "$(events "$R" launch)" -eq 3 ] && [ "$(events "$R" give_up)" -eq 1 ]'
 
 # ------------------------------------------------ the orchestrator restarted
 # tp-elastic killed with SIGKILL mid-run takes its trainer with it; started
@@ -196,7 +196,7 @@ check "damaged: resumed from step 50" grep -q '"path":"[^"]*step_00000050","step
 # ------------------------------------------------------------------ --keep
 R="$WORK/keep"
 expect_ok "--keep 2: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 --keep 2 $FAST -- "$TRAIN" $TRAIN_ARGS
-check "--keep 2: the two newest checkpoints are left" [ "$(ls -d "$R"/step_* | wc -l)" -eq 2 ] && [ -d "$R/step_00000120" ]
+check_all "--keep 2: the two newest checkpoints are left" '[ "$(ls -d "$R"/step_* | wc -l)" -eq 2 ] && [ -d "$R/step_00000120" ]'
 check "--keep 2: each removal is an event" [ "$(events "$R" checkpoint_removed)" -eq 10 ]
 
 # ------------------------------------------------------------------- plan

@@ -96,8 +96,8 @@ expect_ok "20 straight steps at tp2" mpi_train 2 $TINY --tp 2 --steps 20 --log "
 expect_ok "10 steps at tp2 then stop" mpi_train 2 $TINY --tp 2 --steps 20 --stop-at 10 --ckpt-dir "$WORK/run" \
     --ckpt-every 4 --log "$WORK/split.jsonl"
 check "stopped at step 10" [ "$(last_step "$WORK/split.jsonl")" = 10 ]
-check "checkpoints at steps 4, 8, 10; latest is 10" [ "$(ls "$WORK/run" | tr '\n' ' ')" = \
-    "latest step_00000004 step_00000008 step_00000010 " ] && [ "$(cat "$WORK/run/latest")" = step_00000010 ]
+check_all "checkpoints at steps 4, 8, 10; latest is 10" '[ "$(ls "$WORK/run" | tr "\n" " ")" = \
+    "latest step_00000004 step_00000008 step_00000010 " ] && [ "$(cat "$WORK/run/latest")" = step_00000010 ]'
 expect_ok "tp-ckpt verify on the trainer's checkpoint" "$BIN/tp-ckpt" verify "$WORK/run"
 # Step 8 was saved asynchronously: its snapshot was copied while step 9 ran.
 mkdir "$WORK/from8" && cp -r "$WORK/run/step_00000008" "$WORK/from8/"
@@ -113,11 +113,11 @@ import json, sys
 i = json.load(open(sys.argv[1]))
 sys.exit(not (i["step"] == 20 and i["train"]["consumed_samples"] == 40))' "$WORK/.out"
 # One log across the two launches: a start and a stop line each, a save line per committed checkpoint.
-check "log: two launches (start steps 0, 10; resumed from null, step_00000010)" \
-    [ "$(events "$WORK/split.jsonl" start step)" = "0 10 " ] &&
-    [ "$(events "$WORK/split.jsonl" start resumed_from)" = "null step_00000010 " ]
-check "log: stopped, then finished (at steps 10, 20)" [ "$(events "$WORK/split.jsonl" stop reason)" = "stopped finished " ] &&
-    [ "$(events "$WORK/split.jsonl" stop step)" = "10 20 " ]
+check_all "log: two launches (start steps 0, 10; resumed from null, step_00000010)" \
+    '[ "$(events "$WORK/split.jsonl" start step)" = "0 10 " ] &&
+    [ "$(events "$WORK/split.jsonl" start resumed_from)" = "null step_00000010 " ]'
+check_all "log: stopped, then finished (at steps 10, 20)" '[ "$(events "$WORK/split.jsonl" stop reason)" = "stopped finished " ] &&
+    [ "$(events "$WORK/split.jsonl" stop step)" = "10 20 " ]'
 check "log: a save line for each committed checkpoint (4 8 10 20)" [ "$(events "$WORK/split.jsonl" save step)" = "4 8 10 20 " ]
 check "log: every line has a time; start, save and stop lines have their fields" "$PY" -c '
 import json, sys
@@ -180,8 +180,8 @@ expect_error "--global-batch not a multiple of micro-batch x dp" 2 "global-batch
 expect_error "--grad-accum disagreeing with --global-batch" 2 "grad-accum 3 gives a global batch of 6, not --global-batch 8" \
     "$TRAIN" $TINY --micro-batch 2 --grad-accum 3 --global-batch 8
 run mpi_train 2 $TINY --dp 2 --micro-batch 4 --global-batch 12
-check "under mpirun: dp 2 named, exit 2, one line" [ "$RC" -eq 2 ] && [ "$(grep -c '^tp-train: ' "$WORK/.err")" -eq 1 ] &&
-    grep -q "global-batch 12 is not a multiple of micro-batch 4 x dp 2" "$WORK/.err"
+check_all "under mpirun: dp 2 named, exit 2, one line" '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: " "$WORK/.err")" -eq 1 ] &&
+    grep -q "global-batch 12 is not a multiple of micro-batch 4 x dp 2" "$WORK/.err"'
 
 # --- Resume at other layouts, the global batch kept: 12 steps at tp2 (micro 2
 # x accumulation 4), against the same run stopped at step 4, resumed at pp2dp2
@@ -200,9 +200,9 @@ check "three layouts, one log: steps 1..12 have the straight run's losses (1e-4)
 check "start lines: steps 0 4 8, dp 1 2 1, accumulation 4 4 1, resumed from null, step 4, step 8" \
     [ "$(events "$WORK/gb-split.jsonl" start step)|$(events "$WORK/gb-split.jsonl" start dp)|$(events "$WORK/gb-split.jsonl" start grad_accum)|$(events "$WORK/gb-split.jsonl" start resumed_from)" = \
     "0 4 8 |1 2 1 |4 4 1 |null step_00000004 step_00000008 " ]
-check "stop lines: stopped at 4, at 8, finished at 12; saves 2..12" \
-    [ "$(events "$WORK/gb-split.jsonl" stop reason)$(events "$WORK/gb-split.jsonl" stop step)" = "stopped stopped finished 4 8 12 " ] &&
-    [ "$(events "$WORK/gb-split.jsonl" save step)" = "2 4 6 8 10 12 " ]
+check_all "stop lines: stopped at 4, at 8, finished at 12; saves 2..12" \
+    '[ "$(events "$WORK/gb-split.jsonl" stop reason)$(events "$WORK/gb-split.jsonl" stop step)" = "stopped stopped finished 4 8 12 " ] &&
+    [ "$(events "$WORK/gb-split.jsonl" save step)" = "2 4 6 8 10 12 " ]'
 
 # --- Preemption: SIGTERM (to the process, or to each rank under mpirun) or
 # SIGUSR1 (to mpirun, which forwards it) ends the step, commits a checkpoint,
@@ -238,9 +238,9 @@ preempt() {
         return
     fi
     pass
-    check "$name: the log ends with the save of step $stopped and a stop line (stopped)" \
-        [ "$(tail -n 2 "$dir.jsonl" | "$PY" -c 'import json,sys; print(" ".join("%s:%s" % (r["event"], r["step"]) for r in map(json.loads, sys.stdin)))')" = \
-        "save:$stopped stop:$stopped" ] && [ "$(events "$dir.jsonl" stop reason)" = "stopped " ]
+    last_two=$(tail -n 2 "$dir.jsonl" | "$PY" -c 'import json,sys; print(" ".join("%s:%s" % (r["event"], r["step"]) for r in map(json.loads, sys.stdin)))')
+    check_all "$name: the log ends with the save of step $stopped and a stop line (stopped)" \
+        '[ "$last_two" = "save:$stopped stop:$stopped" ] && [ "$(events "$dir.jsonl" stop reason)" = "stopped " ]'
     # Three more steps resumed at tp1, against an uninterrupted tp1 run (same
     # schedule: --steps stays, --stop-at ends both).
     expect_ok "$name: resume for 3 steps" "$TRAIN" $LONG --stop-at $((stopped + 3)) --ckpt-dir "$dir" --resume \
@@ -262,16 +262,16 @@ expect_ok "resume past damage" mpi_train 2 $TINY --tp 2 --steps 22 --ckpt-dir "$
     --log "$WORK/damaged.jsonl"
 check "the damaged checkpoint is named, and the fallback" \
     grep -Eq "step_00000020 is unusable.*checksum.*falling back to .*step_00000010" "$WORK/.err"
-check "resumed from step 10: steps 11..22 logged" [ "$(grep -v '"event"' "$WORK/damaged.jsonl" | head -n 1 | cut -c1-11)" = '{"step":11,' ] &&
-    [ "$(last_step "$WORK/damaged.jsonl")" = 22 ] && [ "$(events "$WORK/damaged.jsonl" start resumed_from)" = "step_00000010 " ]
+check_all "resumed from step 10: steps 11..22 logged" '[ "$(grep -v "\"event\"" "$WORK/damaged.jsonl" | head -n 1 | cut -c1-11)" = "{\"step\":11," ] &&
+    [ "$(last_step "$WORK/damaged.jsonl")" = 22 ] && [ "$(events "$WORK/damaged.jsonl" start resumed_from)" = "step_00000010 " ]'
 for s in 4 8 10; do
     f=$(ls "$WORK/damaged/$(printf 'step_%08d' $s)"/*.h5 | head -n 1)
     flip_byte "$f" $(($(data_offset "$f" model/layers.0.mlp.fc.weight) + 100))
 done
 rm -rf "$WORK/damaged/step_00000022"
 run "$TRAIN" $TINY --steps 22 --ckpt-dir "$WORK/damaged" --resume
-check "no intact checkpoint left: refused (exit 1), every one named" [ "$RC" -eq 1 ] &&
-    [ "$(grep -c 'step_000000.* is unusable' "$WORK/.err")" -eq 4 ] && grep -q '^tp-train: error: ' "$WORK/.err"
+check_all "no intact checkpoint left: refused (exit 1), every one named" '[ "$RC" -eq 1 ] &&
+    [ "$(grep -c "step_000000.* is unusable" "$WORK/.err")" -eq 4 ] && grep -q "^tp-train: error: " "$WORK/.err"'
 
 # --- Token files: prepare, then train on one file and on a glob of two.
 cat "$ROOT"/docs/*.md "$ROOT/README.md" >"$WORK/text.txt"
@@ -309,15 +309,15 @@ expect_error "token ids beyond the vocabulary" 1 "tokens_0.bin.*vocab" "$TRAIN" 
 # does not exist; fail-at-start fails every launch.
 FAULT="--model tiny --micro-batch 2 --quiet --tp 2 --steps 6"
 run mpi_train 2 $FAULT --fault die --fault-step 3 --fault-rank 1 --log "$WORK/die.jsonl"
-check "die on rank 1 after step 3: mpirun exits non-zero, the log ends at step 3 without a stop line" \
-    [ "$RC" -ne 0 ] && [ "$(last_step "$WORK/die.jsonl")" = 3 ] && [ -z "$(events "$WORK/die.jsonl" stop reason)" ]
+check_all "die on rank 1 after step 3: mpirun exits non-zero, the log ends at step 3 without a stop line" \
+    '[ "$RC" -ne 0 ] && [ "$(last_step "$WORK/die.jsonl")" = 3 ] && [ -z "$(events "$WORK/die.jsonl" stop reason)" ]'
 run mpi_train 2 $FAULT --fault fail --fault-step 3 --fault-rank 1 --log "$WORK/fail1.jsonl"
-check "fail on rank 1: exit 1, its error line" [ "$RC" -eq 1 ] && [ "$(last_step "$WORK/fail1.jsonl")" = 3 ] &&
-    grep -q "^tp-train: error (rank 1): injected failure after step 3 (--fault fail)" "$WORK/.err"
+check_all "fail on rank 1: exit 1, its error line" '[ "$RC" -eq 1 ] && [ "$(last_step "$WORK/fail1.jsonl")" = 3 ] &&
+    grep -q "^tp-train: error (rank 1): injected failure after step 3 (--fault fail)" "$WORK/.err"'
 run mpi_train 2 $FAULT --fault fail --fault-step 3 --log "$WORK/fail0.jsonl"
-check "fail on rank 0: exit 1, a stop line (failed) with the error" [ "$RC" -eq 1 ] &&
+check_all "fail on rank 0: exit 1, a stop line (failed) with the error" '[ "$RC" -eq 1 ] &&
     [ "$(events "$WORK/fail0.jsonl" stop reason)$(events "$WORK/fail0.jsonl" stop step)" = "failed 3 " ] &&
-    grep -q '"error":"injected failure after step 3' "$WORK/fail0.jsonl"
+    grep -q "\"error\":\"injected failure after step 3" "$WORK/fail0.jsonl"'
 # hang: mpirun in a session of its own; still running after 5 s, no step past 3.
 setsid mpirun --oversubscribe -np 2 "$TRAIN" $FAULT --steps 100000 --fault hang --fault-step 3 --fault-rank 1 \
     --log "$WORK/hang.jsonl" </dev/null >"$WORK/.out" 2>"$WORK/.err" &
@@ -333,18 +333,18 @@ waited=0
 while [ -n "$(pgrep -s "$hung")" ] && [ $waited -lt 150 ]; do sleep 0.1; waited=$((waited + 1)); done
 left=$(pgrep -s "$hung" | tr '\n' ' ')
 [ -n "$left" ] && kill -KILL $left
-check "hang: SIGKILL of mpirun's process group ends it (137), the ranks follow within 15 s (left: $left)" \
-    [ "$RC" -eq 137 ] && [ -z "$left" ]
+check_all "hang: SIGKILL of mpirun's process group ends it (137), the ranks follow within 15 s (left: $left)" \
+    '[ "$RC" -eq 137 ] && [ -z "$left" ]'
 # once: the first launch dies after step 3 and leaves the marker; the relaunch passes step 3.
 # (--sync-save: step 2's checkpoint is committed before step 3 ends.)
 ONCE="$FAULT --fault die --fault-step 3 --fault-once $WORK/fired --ckpt-dir $WORK/once --ckpt-every 2 --sync-save --resume
     --log $WORK/once.jsonl"
 run mpi_train 2 $ONCE
-check "fault-once: the first launch dies after step 3, the marker is made" [ "$RC" -ne 0 ] && [ -e "$WORK/fired" ] &&
-    [ "$(last_step "$WORK/once.jsonl")" = 3 ]
+check_all "fault-once: the first launch dies after step 3, the marker is made" '[ "$RC" -ne 0 ] && [ -e "$WORK/fired" ] &&
+    [ "$(last_step "$WORK/once.jsonl")" = 3 ]'
 expect_ok "fault-once: the relaunch passes step 3" mpi_train 2 $ONCE
-check "fault-once: resumed from step 2, finished at 6" [ "$(events "$WORK/once.jsonl" start resumed_from)" = "null step_00000002 " ] &&
-    [ "$(events "$WORK/once.jsonl" stop reason)" = "finished " ] && [ "$(last_step "$WORK/once.jsonl")" = 6 ]
+check_all "fault-once: resumed from step 2, finished at 6" '[ "$(events "$WORK/once.jsonl" start resumed_from)" = "null step_00000002 " ] &&
+    [ "$(events "$WORK/once.jsonl" stop reason)" = "finished " ] && [ "$(last_step "$WORK/once.jsonl")" = 6 ]'
 expect_ok "--fault slow: the run goes on" "$TRAIN" $TINY --steps 4 --fault slow --fault-step 2 --log "$WORK/slow.jsonl"
 check "--fault slow: a 3 s pause after step 2, none elsewhere" "$PY" -c '
 import json, sys
@@ -361,8 +361,8 @@ expect_ok "--help" "$TRAIN" --help
 expect_error "unknown option" 2 "unknown option.*--bogus" "$TRAIN" --bogus
 expect_error "--resume without --ckpt-dir" 2 "resume.*ckpt-dir" "$TRAIN" $TINY --resume
 run "$TRAIN" $TINY --dim 128 --steps 22 --ckpt-dir "$WORK/run" --resume
-check "resume with another model shape: refused, both shapes named" [ "$RC" -eq 1 ] &&
-    tail -n 1 "$WORK/.err" | grep -q "^tp-train: error: .*holds another model: .*dim 64 .*this run has .*dim 128"
+check_all "resume with another model shape: refused, both shapes named" '[ "$RC" -eq 1 ] &&
+    tail -n 1 "$WORK/.err" | grep -q "^tp-train: error: .*holds another model: .*dim 64 .*this run has .*dim 128"'
 mpi_error "ranks != tp x pp x dp" "tp 2 x --pp 2 x --dp 1 = 4 ranks, but 3" 3 $TINY --tp 2 --pp 2 --dp 1
 mpi_error "heads not divisible by tp" "heads 4 is not divisible by tp 3" 3 $TINY --tp 3
 mpi_error "layers not divisible by pp" "layers 3 is not divisible by pp 2" 2 $TINY --layers 3 --pp 2

@@ -95,7 +95,7 @@ watcher=$!
 expect_ok "a rank stopped (SIGSTOP): the run finishes" slurm_alloc 3 "$ELASTIC" run --ckpt-dir "$R" $FAST \
     --heartbeat-timeout 5 -- "$TRAIN" $TRAIN_ARGS
 wait $watcher
-check "SIGSTOP: detected as a hang, no other failure" [ "$(events "$R" hang)" -eq 1 ] && [ "$(events "$R" failure)" -eq 0 ]
+check_all "SIGSTOP: detected as a hang, no other failure" '[ "$(events "$R" hang)" -eq 1 ] && [ "$(events "$R" failure)" -eq 0 ]'
 check "SIGSTOP: relaunched on the same 3 nodes" [ "$(grep -c '"--nodelist","n1,n2,n3"' "$R/elastic/events.jsonl")" -eq 2 ]
 check "SIGSTOP: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
 check "SIGSTOP: no rank left, stopped or not" nothing_left "$R"
@@ -118,8 +118,8 @@ SLURM_ALLOC_OPTS="-J tp-elastic-grow" expect_ok "a node added: the run finishes"
 wait $watcher
 check "node added: growing the job worked" [ $? -eq 0 ]
 check "node added: launched on n1,n2 first" grep -q '"--nodelist","n1,n2"\]*' "$R/elastic/events.jsonl"
-check "node added: a scale change from 2 to 3, no failure" \
-    grep -q '"from_world":2,"to_world":3' "$R/elastic/events.jsonl" && [ "$(events "$R" failure)" -eq 0 ]
+check_all "node added: a scale change from 2 to 3, no failure" \
+    'grep -q "\"from_world\":2,\"to_world\":3" "$R/elastic/events.jsonl" && [ "$(events "$R" failure)" -eq 0 ]'
 check "node added: relaunched on n1,n2,n3" grep -q '"--nodelist","n1,n2,n3"' "$R/elastic/events.jsonl"
 check "node added: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
 
