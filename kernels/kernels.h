@@ -74,7 +74,8 @@ void cuda_mover_free(cuda_mover *mover);
 /* ================================================= transformer arithmetic
  * fp32. N counts rows (batch x time). Backward functions accumulate (+=)
  * into parameter gradients and overwrite input gradients unless said
- * otherwise. CPU only today. */
+ * otherwise. These are the CPU versions; kernel_backend below gives the
+ * same operations on a device. */
 
 /* Threads the matrix products may use (OpenBLAS). */
 void kernels_set_threads(int threads);
@@ -101,6 +102,16 @@ void gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n);
 
 /* out[n] = a[n] + b[n] */
 void residual_forward(float *out, const float *a, const float *b, int64_t n);
+
+/* out[N,C] = x[N,C] + (partial[N,C] + bias[C]): a row-parallel linear's
+ * summed output, its bias and the residual (out may be partial). */
+void bias_residual_forward(float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C);
+
+/* acc[n] += x[n] */
+void add_inplace(float *acc, const float *x, int64_t n);
+
+/* x[n] *= scale */
+void scale_inplace(float *x, float scale, int64_t n);
 
 /* Causal self-attention of the heads held locally. qkv[B,T,(Hq+2Hkv)*hd] holds
  * [Q | K | V] per position; query head h attends with key/value head
@@ -139,5 +150,75 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
  * first, then the bias-corrected Adam update). step counts from 1. */
 void adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t step);
+
+/* Sum of x[i]^2 over n values, accumulated in double (the gradient norm). */
+double sum_of_squares(const float *x, int64_t n);
+
+/* ========================================================= kernel backends
+ * The transformer arithmetic above, on a device: the trainer computes
+ * through one of these tables, so that the same model code runs on the CPU
+ * (plain host memory; every call succeeds) and on a GPU (device memory, the
+ * CUDA twins in cuda/, run in order on one stream). Pointers given to the
+ * operations are the backend's memory (from alloc); shapes and semantics are
+ * those of the CPU functions of the same name. Every function that can fail
+ * returns a tp_status (TP_ERR_DEVICE for a device's error, with CUDA's
+ * reason). */
+typedef struct kernel_backend {
+    const char *name; /* "cpu" or "cuda" */
+    int on_device;    /* memory is not host memory: copy with to_device/to_host */
+
+    /* Memory of the backend; alloc gives zeroed memory. */
+    int (*alloc)(void **out, size_t bytes);
+    void (*release)(void *memory);
+    int (*zero)(void *memory, size_t bytes);
+    int (*to_device)(void *device_dst, const void *host_src, size_t bytes);
+    int (*to_host)(void *host_dst, const void *device_src, size_t bytes);
+    int (*copy)(void *dst, const void *src, size_t bytes); /* both the backend's memory */
+    int (*synchronize)(void);                               /* waits for all work issued */
+
+    int (*matmul_forward)(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
+                          int64_t OC);
+    int (*matmul_backward)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                           const float *weight, int64_t N, int64_t C, int64_t OC);
+    int (*layernorm_forward)(float *out, float *mean, float *rstd, const float *in, const float *weight,
+                             const float *bias, int64_t N, int64_t C);
+    int (*layernorm_backward)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                              const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C);
+    int (*gelu_forward)(float *out, const float *in, int64_t n);
+    int (*gelu_backward)(float *d_in, const float *in, const float *d_out, int64_t n);
+    int (*residual_forward)(float *out, const float *a, const float *b, int64_t n);
+    int (*bias_residual_forward)(float *out, const float *x, const float *partial, const float *bias, int64_t N,
+                                 int64_t C);
+    int (*add_inplace)(float *acc, const float *x, int64_t n);
+    int (*scale_inplace)(float *x, float scale, int64_t n);
+    int (*attention_forward)(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                             int64_t Hkv, int64_t hd);
+    int (*attention_backward)(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *att,
+                              int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+    int (*embedding_forward)(float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first,
+                             int64_t rows);
+    int (*embedding_backward)(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C,
+                              int64_t first, int64_t rows);
+    int (*crossentropy_row_max)(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first,
+                                int64_t vocab);
+    int (*crossentropy_row_sumexp)(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
+                                   int64_t first, int64_t vocab);
+    int (*crossentropy_target_logit)(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
+                                     int64_t first);
+    int (*crossentropy_backward)(float *d_logits, const float *logits, const float *row_max, const float *sum,
+                                 const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
+    int (*adamw_update)(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
+                        float beta2, float eps, float weight_decay, int64_t step);
+    int (*sum_of_squares)(double *out, const float *x, int64_t n); /* *out is host memory */
+} kernel_backend;
+
+/* The CPU backend: the functions above on host memory. */
+const kernel_backend *kernels_cpu(void);
+
+/* The CUDA backend on device `device` (cudaSetDevice; a cuBLAS handle and a
+ * stream of this process); NULL with the reason in tp_errmsg() when this
+ * build has no CUDA or the device cannot be used. Matrix products through
+ * cuBLAS in fp32 (TF32 off: results within fp32 rounding of the CPU's). */
+const kernel_backend *kernels_cuda(int device);
 
 #endif

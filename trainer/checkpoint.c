@@ -151,9 +151,9 @@ double saver_take_stall_seconds(saver *s)
     return stall;
 }
 
-/* Parameters and moments (or gradients) into the snapshot, in the order the
- * writer reads them. */
-static void take_snapshot(saver *s)
+/* Parameters and moments (or gradients) into the snapshot (host memory),
+ * in the order the writer reads them. */
+static int take_snapshot(saver *s)
 {
     const gpt_model *m = s->model;
     float *to = s->snapshot;
@@ -162,8 +162,9 @@ static void take_snapshot(saver *s)
         if (!v->owner) continue;
         const float *sources[3] = {s->dump_grads ? v->grad : v->data, v->m, v->v};
         for (int k = 0; k < (s->dump_grads ? 1 : 3); k++, to += v->numel)
-            memcpy(to, sources[k], (size_t)v->numel * sizeof(float));
+            TP_TRY(gpt_model_to_host(m, to, sources[k], v->numel));
     }
+    return TP_OK;
 }
 
 /* Background: the snapshot, then this rank's shard from it. The snapshot is
@@ -173,7 +174,7 @@ static void take_snapshot(saver *s)
 static void *write_shard(void *arg)
 {
     saver *s = arg;
-    take_snapshot(s);
+    int snapshot_status = take_snapshot(s);
     atomic_store(&s->snapshot_taken, 1);
     /* Then training has the processor first: the shard is written in its gaps
      * (on Linux, nice applies to the calling thread; failure only costs speed). */
@@ -188,7 +189,9 @@ static void *write_shard(void *arg)
     options.staging_owner = s->owner;
     ckpt_writer *w = NULL;
     int *ids = calloc((size_t)s->map.count + 1, sizeof *ids);
-    int status = ids ? ckpt_writer_create(&w, s->path, &layout, &options) : tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = snapshot_status ? snapshot_status
+                 : ids           ? ckpt_writer_create(&w, s->path, &layout, &options)
+                                 : tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < s->map.count && !status; i++) status = ckpt_writer_add_tensor(w, &s->map.catalog[i].desc, &ids[i]);
     const float *p = s->snapshot;
     for (int i = 0; i < m->num_params && !status; i++) {
@@ -404,15 +407,23 @@ static int same_model(const gpt_config *a, const gpt_config *b)
            a->vocab == b->vocab && a->seq == b->seq && a->ffn == b->ffn && a->swiglu == b->swiglu;
 }
 
-/* Reads one tensor's piece for a view into out; *absent says the checkpoint
- * has no such tensor. */
-static int read_view(ckpt_reader *r, const char *name, const ckpt_tensor_desc *desc, int tp, int piece, float *out,
-                     int64_t numel, int *absent)
+/* Reads one tensor's piece for a view into out (the model's memory: on a
+ * device through a host buffer); *absent says the checkpoint has no such
+ * tensor. */
+static int read_view(const gpt_model *m, ckpt_reader *r, const char *name, const ckpt_tensor_desc *desc, int piece,
+                     float *out, int64_t numel, int *absent)
 {
     int index = ckpt_reader_find(r, name);
     *absent = index < 0;
     if (*absent) return TP_OK;
-    return reshard_read_piece(r, index, desc, tp, piece, out, (size_t)numel * sizeof(float));
+    size_t bytes = (size_t)numel * sizeof(float);
+    if (!m->kernels->on_device) return reshard_read_piece(r, index, desc, m->comm->tp, piece, out, bytes);
+    float *host = alloc_pages(bytes);
+    if (!host) return tp_fail(TP_ERR_NOMEM, "out of memory reading %s (%zu bytes)", name, bytes);
+    int status = reshard_read_piece(r, index, desc, m->comm->tp, piece, host, bytes);
+    if (!status) status = gpt_model_from_host(m, out, host, numel);
+    free(host);
+    return status;
 }
 
 /* Loads the views of map (with the moments when it has them) from the
@@ -441,7 +452,7 @@ static int load_one(gpt_model *m, const char *path, const tensor_map *map, load_
         param_view *v = &m->params[i];
         const view_entries *e = &map->entries[i];
         int absent;
-        status = read_view(r, v->spec->name, &v->spec->desc, m->comm->tp, v->piece, v->data, v->numel, &absent);
+        status = read_view(m, r, v->spec->name, &v->spec->desc, v->piece, v->data, v->numel, &absent);
         if (!status && absent) status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s missing", path, v->spec->name);
         const int moments[2] = {e->exp_avg, e->exp_avg_sq};
         float *values[2] = {v->m, v->v};
@@ -450,10 +461,10 @@ static int load_one(gpt_model *m, const char *path, const tensor_map *map, load_
                 missing_optimizer = 1;
                 continue;
             }
-            status = read_view(r, map->catalog[moments[k]].name, &v->spec->desc, m->comm->tp, v->piece, values[k],
-                               v->numel, &absent);
+            status = read_view(m, r, map->catalog[moments[k]].name, &v->spec->desc, v->piece, values[k], v->numel,
+                               &absent);
             if (!status && absent) { /* a checkpoint without optimizer state: it starts afresh */
-                memset(values[k], 0, (size_t)v->numel * sizeof(float));
+                status = m->kernels->zero(values[k], (size_t)v->numel * sizeof(float));
                 missing_optimizer = 1;
             }
         }

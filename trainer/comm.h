@@ -26,6 +26,10 @@ typedef enum { COMM_NEXT_STAGE, COMM_PREV_STAGE } comm_peer; /* same TP rank and
 
 typedef void *comm_stream;
 #define COMM_HOST ((comm_stream)0)
+/* Data in the memory of the process's kernel backend on a device, the
+ * operation ordered after the work issued there (a backend without a device
+ * communicator copies through the host: comm_staged_create). */
+#define COMM_DEVICE ((comm_stream)1)
 
 typedef struct comm comm;
 
@@ -58,6 +62,13 @@ struct comm {
 /* Fills the rank coordinates of c from its rank and the degrees (backends
  * call it); fails when tp * pp * dp is not the world size. */
 int comm_place(comm *c, int rank, int world, int tp, int pp, int dp);
+
+/* Data in a device's memory through a host communicator (MPI, threads):
+ * COMM_DEVICE operations copy to the host and back with the kernel
+ * backend's copies; COMM_HOST ones pass through. host stays the caller's,
+ * to be freed after the result. */
+struct kernel_backend;
+int comm_staged_create(comm **out, comm *host, const struct kernel_backend *kernels);
 
 /* One process alone (tp = pp = dp = 1). */
 int comm_local_create(comm **out);

@@ -63,13 +63,17 @@ int gpt_model_find(const gpt_model *m, int entry)
 void gpt_model_free(gpt_model *m)
 {
     if (!m) return;
-    for (int s = 0; s < m->num_slots; s++) {
-        free(m->slots[s].tokens);
-        free(m->slots[s].input);
+    const kernel_backend *k = m->kernels;
+    for (int s = 0; m->slots && s < m->num_slots; s++) {
+        gpt_slot *slot = &m->slots[s];
+        if (slot->kernel_tokens != slot->tokens) k->release(slot->kernel_tokens);
+        if (slot->host_row_max != slot->row_max) free(slot->host_row_max);
+        free(slot->tokens);
+        k->release(slot->input);
     }
     free(m->slots);
-    free(m->scratch);
-    free(m->memory);
+    k->release(m->scratch);
+    k->release(m->memory);
     free(m->layer);
     free(m->catalog);
     free(m->params);
@@ -86,14 +90,19 @@ static int64_t slot_floats(const gpt_model *m, int64_t *ints)
     return N * m->D + L * per_layer + head;
 }
 
-/* Carves a slot's buffers out of one allocation. */
+/* Carves a slot's buffers out of one allocation of the backend's memory;
+ * tokens and targets on the host, and on the device when there is one. */
 static int slot_init(gpt_model *m, gpt_slot *s)
 {
+    const kernel_backend *k = m->kernels;
     int64_t ints, floats = slot_floats(m, &ints), N = m->B * m->T, L = m->num_layers;
     s->tokens = malloc((size_t)ints * sizeof(int));
-    s->input = alloc_pages((size_t)floats * sizeof(float));
-    if (!s->tokens || !s->input) return -1;
+    if (!s->tokens) return tp_fail(TP_ERR_NOMEM, "out of memory for a micro-batch's tokens");
     s->targets = s->tokens + N;
+    s->kernel_tokens = s->tokens;
+    if (k->on_device) TP_TRY(k->alloc((void **)&s->kernel_tokens, (size_t)ints * sizeof(int)));
+    s->kernel_targets = s->kernel_tokens + N;
+    TP_TRY(k->alloc((void **)&s->input, (size_t)floats * sizeof(float)));
     float *p = s->input + N * m->D;
 #define CARVE(field, count) (s->field = p, p += (count))
     CARVE(ln1, L * N * m->D);
@@ -117,9 +126,18 @@ static int slot_init(gpt_model *m, gpt_slot *s)
         CARVE(row_max, N);
         CARVE(row_sum, N);
         CARVE(target_logit, N);
+        s->host_row_max = s->row_max;
+        s->host_row_sum = s->row_sum;
+        s->host_target_logit = s->target_logit;
+        if (k->on_device) {
+            if (!(s->host_row_max = malloc((size_t)(3 * N) * sizeof(float))))
+                return tp_fail(TP_ERR_NOMEM, "out of memory for a micro-batch's losses");
+            s->host_row_sum = s->host_row_max + N;
+            s->host_target_logit = s->host_row_sum + N;
+        }
     }
 #undef CARVE
-    return 0;
+    return TP_OK;
 }
 
 int gpt_model_supported(const gpt_config *config)
@@ -132,8 +150,8 @@ int gpt_model_supported(const gpt_config *config)
                    tp_dtype_name(config->dtype));
 }
 
-int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t micro_batch, int64_t seq,
-                     int slots, uint64_t seed)
+int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
+                     int64_t micro_batch, int64_t seq, int slots, uint64_t seed)
 {
     *out = NULL;
     TP_TRY(gpt_config_check(config, c->tp, c->pp));
@@ -145,6 +163,8 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
     if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory for the model");
     m->config = *config;
     m->comm = c;
+    m->kernels = kernels ? kernels : kernels_cpu();
+    m->stream = m->kernels->on_device ? COMM_DEVICE : COMM_HOST;
     m->B = micro_batch;
     m->T = seq;
     m->num_layers = (int)(config->layers / c->pp);
@@ -191,9 +211,11 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
             m->total += v->numel;
         }
     }
-    m->memory = alloc_pages((size_t)(4 * m->total) * sizeof(float));
-    if (!m->memory) goto nomem;
-    memset(m->memory, 0, (size_t)(4 * m->total) * sizeof(float));
+    status = m->kernels->alloc((void **)&m->memory, (size_t)(4 * m->total) * sizeof(float));
+    if (status) goto fail;
+    /* Initial values computed on the host, in place on the CPU. */
+    float *initial = m->kernels->on_device ? alloc_pages((size_t)m->total * sizeof(float)) : m->memory;
+    if (!initial) goto nomem;
     int64_t offset = 0;
     for (int i = 0; i < m->num_params; i++) {
         param_view *v = &m->params[i];
@@ -201,10 +223,10 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
         v->grad = m->memory + m->total + offset;
         v->m = m->memory + 2 * m->total + offset;
         v->v = m->memory + 3 * m->total + offset;
-        offset += v->numel;
         const ckpt_tensor_desc *d = &v->spec->desc;
-        init_ctx ic = {v->data, seed, XXH3_64bits(v->spec->name, strlen(v->spec->name)), v->spec->init_mean,
+        init_ctx ic = {initial + offset, seed, XXH3_64bits(v->spec->name, strlen(v->spec->name)), v->spec->init_mean,
                        v->spec->init_std};
+        offset += v->numel;
         ckpt_piece_element_runs(d, c->tp, v->piece, 0, v->shape[0], init_run, &ic);
         switch (v->spec->kind) {
         case GPT_TOK_EMBED:
@@ -216,6 +238,11 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
         case GPT_FINAL_NORM_BIAS: m->lnf_b = i; break;
         default: break;
         }
+    }
+    if (initial != m->memory) {
+        status = m->kernels->to_device(m->memory, initial, (size_t)m->total * sizeof(float));
+        free(initial);
+        if (status) goto fail;
     }
     int64_t padded[CKPT_MAX_DIMS];
     ckpt_padded_shape(&catalog[0].desc, c->tp, padded); /* the token table comes first */
@@ -232,23 +259,34 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t
     m->slots = calloc((size_t)slots, sizeof *m->slots);
     if (!m->slots) goto nomem;
     for (int s = 0; s < slots; s++)
-        if (slot_init(m, &m->slots[s])) goto nomem;
+        if ((status = slot_init(m, &m->slots[s]))) goto fail;
     /* Backward scratch: two [N, D] gradients, [N, qkv], [N, attn], [N, ffn] x2, [T, T], [N, vocab]. */
     int64_t N = m->B * m->T;
     m->scratch_size = N * (3 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + m->T * m->T +
                       (m->is_last ? N * m->vocab_local : 0);
-    m->scratch = alloc_pages((size_t)m->scratch_size * sizeof(float));
-    if (!m->scratch) goto nomem;
+    if ((status = m->kernels->alloc((void **)&m->scratch, (size_t)m->scratch_size * sizeof(float)))) goto fail;
     *out = m;
     return TP_OK;
 nomem:
+    status = tp_fail(TP_ERR_NOMEM, "out of memory for the model (%lld parameters on this rank)", (long long)4 * m->total);
+fail:
     gpt_model_free(m);
-    return tp_fail(TP_ERR_NOMEM, "out of memory for the model (%lld parameters on this rank)", (long long)4 * m->total);
+    return status;
 }
 
-void gpt_model_zero_grads(gpt_model *m)
+int gpt_model_zero_grads(gpt_model *m)
 {
-    memset(m->memory + m->total, 0, (size_t)m->total * sizeof(float));
+    return m->kernels->zero(m->memory + m->total, (size_t)m->total * sizeof(float));
+}
+
+int gpt_model_to_host(const gpt_model *m, float *host, const float *values, int64_t count)
+{
+    return m->kernels->to_host(host, values, (size_t)count * sizeof(float));
+}
+
+int gpt_model_from_host(const gpt_model *m, float *values, const float *host, int64_t count)
+{
+    return m->kernels->to_device(values, host, (size_t)count * sizeof(float));
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -257,19 +295,21 @@ void gpt_model_zero_grads(gpt_model *m)
 #define W(kind) (m->params[m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND]].data)
 #define G(kind) (m->params[m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND]].grad)
 
-/* All-reduces over the tensor-parallel group, on the host. */
+/* All-reduces over the tensor-parallel group (a no-op at tp 1). */
 static int tp_sum(gpt_model *m, float *data, int64_t n)
 {
-    return comm_all_reduce(m->comm, GROUP_TP, data, n, COMM_FLOAT, COMM_SUM, COMM_HOST);
+    return comm_all_reduce(m->comm, GROUP_TP, data, n, COMM_FLOAT, COMM_SUM, m->stream);
 }
 
 static int embed_forward(gpt_model *m, gpt_slot *s)
 {
+    const kernel_backend *k = m->kernels;
     int64_t N = m->B * m->T, D = m->D;
     const param_view *wte = &m->params[m->wte], *wpe = &m->params[m->wpe];
-    embedding_forward(s->input, s->tokens, wte->data, N, D, m->vocab_first, m->vocab_local);
+    TP_TRY(k->embedding_forward(s->input, s->kernel_tokens, wte->data, N, D, m->vocab_first, m->vocab_local));
     TP_TRY(tp_sum(m, s->input, N * D));
-    for (int64_t b = 0; b < m->B; b++) residual_forward(s->input + b * m->T * D, s->input + b * m->T * D, wpe->data, m->T * D);
+    for (int64_t b = 0; b < m->B; b++)
+        TP_TRY(k->residual_forward(s->input + b * m->T * D, s->input + b * m->T * D, wpe->data, m->T * D));
     return TP_OK;
 }
 
@@ -280,36 +320,37 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, const float *x)
     float *att = s->att + l * m->B * m->heads_local * m->T * m->T, *res1 = s->res1 + l * N * D;
     float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->ffn_local, *gl = s->gelu + l * N * m->ffn_local;
     float *res2 = s->res2 + l * N * D;
-    layernorm_forward(ln1, s->ln1_mean + l * N, s->ln1_rstd + l * N, x, W(LN1_WEIGHT), W(LN1_BIAS), N, D);
-    matmul_forward(qkv, ln1, W(QKV_WEIGHT), W(QKV_BIAS), N, D, m->qkv_local);
-    attention_forward(attn, att, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd);
-    matmul_forward(res1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D); /* partial sums of this rank's heads */
+    const kernel_backend *k = m->kernels;
+    TP_TRY(k->layernorm_forward(ln1, s->ln1_mean + l * N, s->ln1_rstd + l * N, x, W(LN1_WEIGHT), W(LN1_BIAS), N, D));
+    TP_TRY(k->matmul_forward(qkv, ln1, W(QKV_WEIGHT), W(QKV_BIAS), N, D, m->qkv_local));
+    TP_TRY(k->attention_forward(attn, att, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd));
+    TP_TRY(k->matmul_forward(res1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D)); /* partial sums of this rank's heads */
     TP_TRY(tp_sum(m, res1, N * D));
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t d = 0; d < D; d++) res1[n * D + d] = x[n * D + d] + (res1[n * D + d] + W(PROJ_BIAS)[d]);
-    layernorm_forward(ln2, s->ln2_mean + l * N, s->ln2_rstd + l * N, res1, W(LN2_WEIGHT), W(LN2_BIAS), N, D);
-    matmul_forward(fc, ln2, W(FC_WEIGHT), W(FC_BIAS), N, D, m->ffn_local);
-    gelu_forward(gl, fc, N * m->ffn_local);
-    matmul_forward(res2, gl, W(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D);
+    TP_TRY(k->bias_residual_forward(res1, x, res1, W(PROJ_BIAS), N, D));
+    TP_TRY(k->layernorm_forward(ln2, s->ln2_mean + l * N, s->ln2_rstd + l * N, res1, W(LN2_WEIGHT), W(LN2_BIAS), N, D));
+    TP_TRY(k->matmul_forward(fc, ln2, W(FC_WEIGHT), W(FC_BIAS), N, D, m->ffn_local));
+    TP_TRY(k->gelu_forward(gl, fc, N * m->ffn_local));
+    TP_TRY(k->matmul_forward(res2, gl, W(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
     TP_TRY(tp_sum(m, res2, N * D));
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t d = 0; d < D; d++) res2[n * D + d] = res1[n * D + d] + (res2[n * D + d] + W(FCPROJ_BIAS)[d]);
-    return TP_OK;
+    return k->bias_residual_forward(res2, res1, res2, W(FCPROJ_BIAS), N, D);
 }
 
 /* Final norm, vocabulary-parallel logits and cross-entropy. */
 static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
 {
     int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
-    comm *c = m->comm;
-    layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, x, m->params[m->lnf_w].data, m->params[m->lnf_b].data, N, D);
-    matmul_forward(s->logits, s->lnf, m->params[m->wte_out].data, NULL, N, D, V);
-    crossentropy_row_max(s->row_max, s->logits, N, V, m->vocab_first, m->config.vocab);
-    TP_TRY(comm_all_reduce(c, GROUP_TP, s->row_max, N, COMM_FLOAT, COMM_MAX, COMM_HOST));
-    crossentropy_row_sumexp(s->row_sum, s->logits, s->row_max, N, V, m->vocab_first, m->config.vocab);
+    const kernel_backend *k = m->kernels;
+    TP_TRY(k->layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, x, m->params[m->lnf_w].data,
+                                m->params[m->lnf_b].data, N, D));
+    TP_TRY(k->matmul_forward(s->logits, s->lnf, m->params[m->wte_out].data, NULL, N, D, V));
+    TP_TRY(k->crossentropy_row_max(s->row_max, s->logits, N, V, m->vocab_first, m->config.vocab));
+    TP_TRY(comm_all_reduce(m->comm, GROUP_TP, s->row_max, N, COMM_FLOAT, COMM_MAX, m->stream));
+    TP_TRY(k->crossentropy_row_sumexp(s->row_sum, s->logits, s->row_max, N, V, m->vocab_first, m->config.vocab));
     TP_TRY(tp_sum(m, s->row_sum, N));
-    crossentropy_target_logit(s->target_logit, s->logits, s->targets, N, V, m->vocab_first);
+    TP_TRY(k->crossentropy_target_logit(s->target_logit, s->logits, s->kernel_targets, N, V, m->vocab_first));
     TP_TRY(tp_sum(m, s->target_logit, N));
+    if (k->on_device) /* row_max, row_sum and target_logit are consecutive [N] each */
+        TP_TRY(k->to_host(s->host_row_max, s->row_max, (size_t)(3 * N) * sizeof(float)));
     s->loss_sum = gpt_slot_loss(s, N);
     return TP_OK;
 }
@@ -317,7 +358,8 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
 double gpt_slot_loss(const gpt_slot *s, int64_t rows)
 {
     double loss = 0;
-    for (int64_t n = 0; n < rows; n++) loss += (double)(logf(s->row_sum[n]) + s->row_max[n] - s->target_logit[n]);
+    for (int64_t n = 0; n < rows; n++)
+        loss += (double)(logf(s->host_row_sum[n]) + s->host_row_max[n] - s->host_target_logit[n]);
     return loss;
 }
 
@@ -328,6 +370,8 @@ const float *gpt_model_output(const gpt_model *m, const gpt_slot *s)
 
 int gpt_model_forward(gpt_model *m, gpt_slot *s)
 {
+    if (s->kernel_tokens != s->tokens) /* tokens and targets, consecutive */
+        TP_TRY(m->kernels->to_device(s->kernel_tokens, s->tokens, (size_t)(2 * m->B * m->T) * sizeof(int)));
     if (m->is_first) TP_TRY(embed_forward(m, s));
     const float *x = s->input;
     int64_t N = m->B * m->T;
@@ -350,23 +394,26 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, floa
     const float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->ffn_local, *gl = s->gelu + l * N * m->ffn_local;
     float *d_res1 = work, *d_ln = d_res1 + N * D, *d_qkv = d_ln + N * D, *d_attn = d_qkv + N * m->qkv_local;
     float *d_gelu = d_attn + N * m->attn_local, *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->ffn_local;
+    const kernel_backend *k = m->kernels;
+    size_t rows_bytes = (size_t)(N * D) * sizeof(float);
 
     /* MLP: o = allreduce(g Wfcproj^T) + b: the gradient of o is d_x on every rank. */
-    memcpy(d_res1, d_x, (size_t)(N * D) * sizeof(float));
-    matmul_backward(d_gelu, G(FCPROJ_WEIGHT), G(FCPROJ_BIAS), d_x, gl, W(FCPROJ_WEIGHT), N, m->ffn_local, D);
-    gelu_backward(d_fc, fc, d_gelu, N * m->ffn_local);
-    matmul_backward(d_ln, G(FC_WEIGHT), G(FC_BIAS), d_fc, ln2, W(FC_WEIGHT), N, D, m->ffn_local);
+    TP_TRY(k->copy(d_res1, d_x, rows_bytes));
+    TP_TRY(k->matmul_backward(d_gelu, G(FCPROJ_WEIGHT), G(FCPROJ_BIAS), d_x, gl, W(FCPROJ_WEIGHT), N, m->ffn_local, D));
+    TP_TRY(k->gelu_backward(d_fc, fc, d_gelu, N * m->ffn_local));
+    TP_TRY(k->matmul_backward(d_ln, G(FC_WEIGHT), G(FC_BIAS), d_fc, ln2, W(FC_WEIGHT), N, D, m->ffn_local));
     TP_TRY(tp_sum(m, d_ln, N * D)); /* column-parallel input: partial per rank */
-    layernorm_backward(d_res1, G(LN2_WEIGHT), G(LN2_BIAS), d_ln, res1, W(LN2_WEIGHT), s->ln2_mean + l * N, s->ln2_rstd + l * N, N, D);
+    TP_TRY(k->layernorm_backward(d_res1, G(LN2_WEIGHT), G(LN2_BIAS), d_ln, res1, W(LN2_WEIGHT), s->ln2_mean + l * N,
+                                 s->ln2_rstd + l * N, N, D));
 
     /* Attention: p = allreduce(a Wproj^T) + b. */
-    matmul_backward(d_attn, G(PROJ_WEIGHT), G(PROJ_BIAS), d_res1, attn, W(PROJ_WEIGHT), N, m->attn_local, D);
-    attention_backward(d_qkv, att_scratch, d_attn, qkv, att, m->B, m->T, m->heads_local, m->kv_local, m->hd);
-    matmul_backward(d_ln, G(QKV_WEIGHT), G(QKV_BIAS), d_qkv, ln1, W(QKV_WEIGHT), N, D, m->qkv_local);
+    TP_TRY(k->matmul_backward(d_attn, G(PROJ_WEIGHT), G(PROJ_BIAS), d_res1, attn, W(PROJ_WEIGHT), N, m->attn_local, D));
+    TP_TRY(k->attention_backward(d_qkv, att_scratch, d_attn, qkv, att, m->B, m->T, m->heads_local, m->kv_local, m->hd));
+    TP_TRY(k->matmul_backward(d_ln, G(QKV_WEIGHT), G(QKV_BIAS), d_qkv, ln1, W(QKV_WEIGHT), N, D, m->qkv_local));
     TP_TRY(tp_sum(m, d_ln, N * D));
-    memcpy(d_x, d_res1, (size_t)(N * D) * sizeof(float));
-    layernorm_backward(d_x, G(LN1_WEIGHT), G(LN1_BIAS), d_ln, x, W(LN1_WEIGHT), s->ln1_mean + l * N, s->ln1_rstd + l * N, N, D);
-    return TP_OK;
+    TP_TRY(k->copy(d_x, d_res1, rows_bytes));
+    return k->layernorm_backward(d_x, G(LN1_WEIGHT), G(LN1_BIAS), d_ln, x, W(LN1_WEIGHT), s->ln1_mean + l * N,
+                                 s->ln1_rstd + l * N, N, D);
 }
 
 static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, float *work, float loss_scale)
@@ -375,14 +422,14 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     float *d_logits = work + N * (3 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + m->T * m->T;
     float *d_lnf = work;
     param_view *wte = &m->params[m->wte_out];
-    crossentropy_backward(d_logits, s->logits, s->row_max, s->row_sum, s->targets, N, V, m->vocab_first,
-                          m->config.vocab, loss_scale);
-    matmul_backward(d_lnf, wte->grad, NULL, d_logits, s->lnf, wte->data, N, D, V);
+    const kernel_backend *k = m->kernels;
+    TP_TRY(k->crossentropy_backward(d_logits, s->logits, s->row_max, s->row_sum, s->kernel_targets, N, V,
+                                    m->vocab_first, m->config.vocab, loss_scale));
+    TP_TRY(k->matmul_backward(d_lnf, wte->grad, NULL, d_logits, s->lnf, wte->data, N, D, V));
     TP_TRY(tp_sum(m, d_lnf, N * D)); /* logits were split by vocabulary */
-    memset(d_x, 0, (size_t)(N * D) * sizeof(float));
-    layernorm_backward(d_x, m->params[m->lnf_w].grad, m->params[m->lnf_b].grad, d_lnf, x, m->params[m->lnf_w].data,
-                       s->lnf_mean, s->lnf_rstd, N, D);
-    return TP_OK;
+    TP_TRY(k->zero(d_x, (size_t)(N * D) * sizeof(float)));
+    return k->layernorm_backward(d_x, m->params[m->lnf_w].grad, m->params[m->lnf_b].grad, d_lnf, x,
+                                 m->params[m->lnf_w].data, s->lnf_mean, s->lnf_rstd, N, D);
 }
 
 int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *d_input, float loss_scale)
@@ -392,19 +439,18 @@ int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *
     /* d_x lives in the last [N, D] of the scratch, after the block's buffers. */
     float *d_x = work + N * (2 * D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + m->T * m->T;
     const float *top = m->num_layers ? s->res2 + (m->num_layers - 1) * N * D : s->input;
+    const kernel_backend *k = m->kernels;
     if (m->is_last) TP_TRY(head_backward(m, s, top, d_x, work, loss_scale));
-    else memcpy(d_x, d_output, (size_t)(N * D) * sizeof(float));
+    else TP_TRY(k->copy(d_x, d_output, (size_t)(N * D) * sizeof(float)));
     for (int l = m->num_layers - 1; l >= 0; l--) {
         const float *x = l ? s->res2 + (l - 1) * N * D : s->input;
         TP_TRY(block_backward(m, s, l, x, d_x, work));
     }
     if (m->is_first) {
         const param_view *wte = &m->params[m->wte], *wpe = &m->params[m->wpe];
-        embedding_backward(wte->grad, s->tokens, d_x, N, D, m->vocab_first, m->vocab_local);
-        for (int64_t b = 0; b < m->B; b++)
-            for (int64_t i = 0; i < m->T * D; i++) wpe->grad[i] += d_x[b * m->T * D + i];
-    } else {
-        memcpy(d_input, d_x, (size_t)(N * D) * sizeof(float));
+        TP_TRY(k->embedding_backward(wte->grad, s->kernel_tokens, d_x, N, D, m->vocab_first, m->vocab_local));
+        for (int64_t b = 0; b < m->B; b++) TP_TRY(k->add_inplace(wpe->grad, d_x + b * m->T * D, m->T * D));
+        return TP_OK;
     }
-    return TP_OK;
+    return k->copy(d_input, d_x, (size_t)(N * D) * sizeof(float));
 }

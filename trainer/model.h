@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "comm.h"
+#include "../kernels/kernels.h"
 #include "../model/gpt.h"
 
 typedef struct {
@@ -19,25 +20,30 @@ typedef struct {
     int piece;               /* tp rank for split tensors, 0 for replicated ones */
     int64_t numel;           /* elements of the local piece */
     int64_t shape[CKPT_MAX_DIMS];
-    float *data, *grad, *m, *v;
+    float *data, *grad, *m, *v; /* the kernel backend's memory (on the device for CUDA) */
     int tied_copy;           /* the last stage's own copy of the tied token table */
     int owner;               /* this rank holds the stored copy: it writes the piece to
                                 checkpoints and counts it in the gradient norm */
 } param_view;
 
-/* Activations of one micro-batch in flight through this stage. */
+/* Activations of one micro-batch in flight through this stage, in the
+ * kernel backend's memory but for the host-side fields named so. */
 typedef struct {
-    int *tokens, *targets;       /* [B*T] */
+    int *tokens, *targets;       /* [B*T], host: the data loader fills them */
+    int *kernel_tokens, *kernel_targets; /* the same in the backend's memory (the same buffer on the CPU) */
     float *input;                /* [B*T, D]: embeddings (first stage) or the previous stage's output */
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *attn, *res1;  /* per local layer, consecutive */
     float *ln2, *ln2_mean, *ln2_rstd, *fc, *gelu, *res2;
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit; /* last stage */
+    float *host_row_max, *host_row_sum, *host_target_logit; /* host copies after the forward (the same on the CPU) */
     double loss_sum;             /* sum of token losses (last stage) */
 } gpt_slot;
 
 typedef struct {
     gpt_config config;
     comm *comm;
+    const kernel_backend *kernels; /* where parameters and activations live and are computed */
+    comm_stream stream;          /* COMM_HOST, or COMM_DEVICE for a backend on a device */
     int64_t B, T;                /* micro-batch and sequence length */
     int first_layer, num_layers; /* this stage's layers */
     int is_first, is_last;
@@ -64,14 +70,20 @@ typedef struct {
  * key/value heads as heads); fails with TP_ERR_ARG saying what differs. */
 int gpt_model_supported(const gpt_config *config);
 
-/* Builds this rank's part of the model; parameters initialized from the
- * seed. Fails on a model gpt_model_supported refuses. */
-int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, int64_t micro_batch, int64_t seq,
-                     int slots, uint64_t seed);
+/* Builds this rank's part of the model in the memory of `kernels` (NULL:
+ * the CPU); parameters initialized from the seed. Fails on a model
+ * gpt_model_supported refuses. */
+int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
+                     int64_t micro_batch, int64_t seq, int slots, uint64_t seed);
 void gpt_model_free(gpt_model *model);
 
 /* Zeroes every gradient. */
-void gpt_model_zero_grads(gpt_model *model);
+int gpt_model_zero_grads(gpt_model *model);
+
+/* Copies between a parameter view's `count` values at `values` (data,
+ * grad, m or v: the backend's memory) and host memory. */
+int gpt_model_to_host(const gpt_model *model, float *host, const float *values, int64_t count);
+int gpt_model_from_host(const gpt_model *model, float *values, const float *host, int64_t count);
 
 /* Forward of a slot whose tokens/targets (first/last stage) and input (other
  * stages) are set. On the last stage adds the token losses, and the gradient

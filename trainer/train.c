@@ -106,11 +106,11 @@ static int forward_micro_batch(trainer *t, int64_t k)
     comm *c = t->c;
     gpt_slot *s = &m->slots[k % m->num_slots];
     int64_t n = m->B * m->T * m->D;
-    if (k >= m->num_slots) TP_TRY(comm_wait_sends(c, COMM_HOST)); /* slot reused */
+    if (k >= m->num_slots) TP_TRY(comm_wait_sends(c, m->stream)); /* slot reused */
     load_micro_batch(t, s, k);
-    if (!m->is_first) TP_TRY(comm_recv(c, COMM_PREV_STAGE, s->input, n, COMM_FLOAT, (int)k, COMM_HOST));
+    if (!m->is_first) TP_TRY(comm_recv(c, COMM_PREV_STAGE, s->input, n, COMM_FLOAT, (int)k, m->stream));
     TP_TRY(gpt_model_forward(m, s));
-    if (!m->is_last) TP_TRY(comm_send(c, COMM_NEXT_STAGE, gpt_model_output(m, s), n, COMM_FLOAT, (int)k, COMM_HOST));
+    if (!m->is_last) TP_TRY(comm_send(c, COMM_NEXT_STAGE, gpt_model_output(m, s), n, COMM_FLOAT, (int)k, m->stream));
     return TP_OK;
 }
 
@@ -121,10 +121,10 @@ static int backward_micro_batch(trainer *t, int64_t k)
     gpt_slot *s = &m->slots[k % m->num_slots];
     int64_t n = m->B * m->T * m->D;
     float *d_input = t->d_input[k % m->num_slots];
-    if (!m->is_last) TP_TRY(comm_recv(c, COMM_NEXT_STAGE, t->d_output, n, COMM_FLOAT, (int)k, COMM_HOST));
+    if (!m->is_last) TP_TRY(comm_recv(c, COMM_NEXT_STAGE, t->d_output, n, COMM_FLOAT, (int)k, m->stream));
     float scale = 1.0f / (float)(t->global_batch * m->T);
     TP_TRY(gpt_model_backward(m, s, t->d_output, d_input, scale));
-    if (!m->is_first) TP_TRY(comm_send(c, COMM_PREV_STAGE, d_input, n, COMM_FLOAT, (int)k, COMM_HOST));
+    if (!m->is_first) TP_TRY(comm_send(c, COMM_PREV_STAGE, d_input, n, COMM_FLOAT, (int)k, m->stream));
     return TP_OK;
 }
 
@@ -143,7 +143,7 @@ static int run_pipeline(trainer *t, double *loss_sum)
         TP_TRY(backward_micro_batch(t, b));
     }
     for (; b < M; b++) TP_TRY(backward_micro_batch(t, b));
-    return comm_wait_sends(t->c, COMM_HOST);
+    return comm_wait_sends(t->c, m->stream);
 }
 
 /* Gradients of the whole global batch on every rank that holds a piece: the
@@ -154,9 +154,9 @@ static int reduce_gradients(trainer *t)
     comm *c = t->c;
     if (c->pp > 1 && (m->is_first || m->is_last)) {
         param_view *w = &m->params[m->is_first ? m->wte : m->wte_out];
-        TP_TRY(comm_all_reduce(c, GROUP_EMBED, w->grad, w->numel, COMM_FLOAT, COMM_SUM, COMM_HOST));
+        TP_TRY(comm_all_reduce(c, GROUP_EMBED, w->grad, w->numel, COMM_FLOAT, COMM_SUM, m->stream));
     }
-    if (c->dp > 1) TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + m->total, m->total, COMM_FLOAT, COMM_SUM, COMM_HOST));
+    if (c->dp > 1) TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + m->total, m->total, COMM_FLOAT, COMM_SUM, m->stream));
     return TP_OK;
 }
 
@@ -166,24 +166,26 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
     gpt_model *m = t->model;
     comm *c = t->c;
     const train_options *o = t->o;
+    const kernel_backend *k = m->kernels;
     double sumsq = 0;
     if (c->dp_rank == 0)
         for (int i = 0; i < m->num_params; i++) {
             const param_view *v = &m->params[i];
+            double piece = 0;
             if (!v->owner) continue;
-            for (int64_t k = 0; k < v->numel; k++) sumsq += (double)v->grad[k] * v->grad[k];
+            TP_TRY(k->sum_of_squares(&piece, v->grad, v->numel));
+            sumsq += piece;
         }
     TP_TRY(comm_all_reduce(c, GROUP_WORLD, &sumsq, 1, COMM_DOUBLE, COMM_SUM, COMM_HOST));
     float norm = (float)sqrt(sumsq);
     /* As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1. */
     float coef = (float)o->clip / (norm + 1e-6f);
-    if (o->clip > 0 && coef < 1.0f)
-        for (int64_t k = 0; k < m->total; k++) m->memory[m->total + k] *= coef;
+    if (o->clip > 0 && coef < 1.0f) TP_TRY(k->scale_inplace(m->memory + m->total, coef, m->total));
     double lr = train_lr(o, step);
     for (int i = 0; i < m->num_params; i++) {
         param_view *v = &m->params[i];
-        adamw_update(v->data, v->grad, v->m, v->v, v->numel, (float)lr, (float)o->beta1, (float)o->beta2,
-                     (float)o->eps, v->spec->weight_decay ? (float)o->weight_decay : 0.0f, step);
+        TP_TRY(k->adamw_update(v->data, v->grad, v->m, v->v, v->numel, (float)lr, (float)o->beta1, (float)o->beta2,
+                               (float)o->eps, v->spec->weight_decay ? (float)o->weight_decay : 0.0f, step));
     }
     *norm_out = norm;
     *lr_out = lr;
@@ -277,7 +279,16 @@ static int dump_logits(trainer *t)
         int id;
         status = ckpt_writer_create(&w, path, &layout, &shard);
         if (!status) status = ckpt_writer_add_tensor(w, &d, &id);
-        if (!status && m->is_last) status = ckpt_writer_put_piece(w, id, c->tp_rank, m->slots[0].logits);
+        const float *logits = m->slots[0].logits;
+        float *host = NULL;
+        if (!status && m->is_last && m->kernels->on_device) {
+            size_t count = (size_t)(N * m->vocab_local);
+            host = malloc(count * sizeof(float));
+            status = host ? gpt_model_to_host(m, host, logits, (int64_t)count) : tp_fail(TP_ERR_NOMEM, "out of memory");
+            logits = host;
+        }
+        if (!status && m->is_last) status = ckpt_writer_put_piece(w, id, c->tp_rank, logits);
+        free(host);
         if (w) status = status ? (ckpt_writer_abort(w), status) : ckpt_writer_finish(w);
     }
     status = comm_agree(c, status, path);
@@ -305,7 +316,7 @@ static int set_up(trainer *t)
     comm *c = t->c;
     int slots = (int)(o->grad_accum < c->pp - c->pp_rank ? o->grad_accum : c->pp - c->pp_rank);
     int64_t activations = o->micro_batch * o->seq * o->config.dim;
-    int status = gpt_model_create(&t->model, &o->config, c, o->micro_batch, o->seq, slots, o->seed);
+    int status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots, o->seed);
     if (!status) status = dataset_open(&t->data, o->data, o->config.vocab, o->seed);
     if (!status && o->data && dataset_tokens(t->data) <= o->seq)
         status = tp_fail(TP_ERR_ARG, "%s: %lld tokens, fewer than a sequence of %lld", o->data,
@@ -313,13 +324,13 @@ static int set_up(trainer *t)
     if (!status) status = saver_create(&t->saver, t->model, 0);
     if (!status && o->ckpt_dir) saver_prefault(t->saver);
     if (!status) {
+        const kernel_backend *k = t->model->kernels;
+        size_t bytes = (size_t)activations * sizeof(float);
         t->sample = malloc((size_t)(o->seq + 1) * sizeof(int));
-        t->d_output = alloc_pages((size_t)activations * sizeof(float));
         t->d_input = calloc((size_t)slots, sizeof *t->d_input);
-        if (!t->sample || !t->d_output || !t->d_input) status = tp_fail(TP_ERR_NOMEM, "out of memory for activations");
-        for (int s = 0; s < slots && !status; s++)
-            if (!(t->d_input[s] = alloc_pages((size_t)activations * sizeof(float))))
-                status = tp_fail(TP_ERR_NOMEM, "out of memory for activations");
+        if (!t->sample || !t->d_input) status = tp_fail(TP_ERR_NOMEM, "out of memory for activations");
+        if (!status) status = k->alloc((void **)&t->d_output, bytes);
+        for (int s = 0; s < slots && !status; s++) status = k->alloc((void **)&t->d_input[s], bytes);
     }
     if (!status && o->ckpt_dir && c->rank == 0) status = make_dirs(o->ckpt_dir);
     /* Saves of an earlier run killed meanwhile: half-written, theirs to remove. */
@@ -378,7 +389,7 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
     comm *c = t->c;
     double loss_sum = 0;
     if (o->dump_dir) TP_TRY(dump_batch(t));
-    gpt_model_zero_grads(t->model);
+    TP_TRY(gpt_model_zero_grads(t->model));
     TP_TRY(run_pipeline(t, &loss_sum));
     TP_TRY(reduce_gradients(t));
     if (o->dump_dir && first) {
@@ -471,6 +482,17 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     t.o = o;
     t.c = c;
     t.outcome = outcome;
+    /* Data on a device crosses a host communicator through host copies. */
+    comm *staged = NULL;
+    if (o->kernels && o->kernels->on_device) {
+        int status = comm_staged_create(&staged, c, o->kernels);
+        if (status) {
+            outcome->end = TRAIN_FAILED;
+            snprintf(outcome->reason, sizeof outcome->reason, "%s", tp_errmsg());
+            return status;
+        }
+        t.c = staged;
+    }
     t.global_batch = o->micro_batch * o->grad_accum * c->dp;
     kernels_set_threads(o->threads);
     /* Failures before the first step are agreed on by every rank; after it,
@@ -494,13 +516,17 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
         outcome->end = TRAIN_FAILED;
         snprintf(outcome->reason, sizeof outcome->reason, "%s", tp_errmsg());
     }
-    for (int s = 0; t.d_input && s < t.model->num_slots; s++) free(t.d_input[s]);
+    if (t.model) {
+        const kernel_backend *k = t.model->kernels;
+        for (int s = 0; t.d_input && s < t.model->num_slots; s++) k->release(t.d_input[s]);
+        k->release(t.d_output);
+    }
     free(t.d_input);
-    free(t.d_output);
     free(t.sample);
     saver_free(t.saver);
     dataset_close(t.data);
     gpt_model_free(t.model);
+    comm_free(staged);
     if (status) tp_fail(status, "%s", outcome->reason);
     return status;
 }

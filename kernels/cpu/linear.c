@@ -1,4 +1,4 @@
-/* linear.c: matrix products (OpenBLAS) and elementwise sums. */
+/* linear.c: matrix products (OpenBLAS) and elementwise sums, scales and norms. */
 #include <cblas.h>
 #include <string.h>
 
@@ -39,4 +39,27 @@ void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d
 void residual_forward(float *out, const float *a, const float *b, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void bias_residual_forward(float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C)
+{
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) out[n * C + c] = x[n * C + c] + (partial[n * C + c] + bias[c]);
+}
+
+void add_inplace(float *acc, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) acc[i] += x[i];
+}
+
+void scale_inplace(float *x, float scale, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) x[i] *= scale;
+}
+
+double sum_of_squares(const float *x, int64_t n)
+{
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += (double)x[i] * x[i];
+    return sum;
 }

@@ -55,3 +55,10 @@ void cuda_mover_free(cuda_mover *mover)
 {
     (void)mover;
 }
+
+const kernel_backend *kernels_cuda(int device)
+{
+    (void)device;
+    tp_fail(TP_ERR_DEVICE, NO_CUDA);
+    return NULL;
+}

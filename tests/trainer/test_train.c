@@ -1,7 +1,10 @@
 /* The trainer driven from outside, in one process: the thread communicator's
  * collectives and pipeline messages, train_run at tp2pp2 on threads against
  * one rank alone, a stop asked for through the API (checkpoint committed,
- * TRAIN_STOPPED, a resume finishes the run), and failures as outcomes. */
+ * TRAIN_STOPPED, a resume finishes the run), failures as outcomes, and the
+ * device seam: a kernel backend whose memory only its own copies can read
+ * (tests/support/encoded_backend.h) trains as the CPU does, at every
+ * layout, and its checkpoints resume on the CPU and the reverse. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -12,6 +15,7 @@
 
 #include "../../trainer/comm.h"
 #include "../../trainer/train.h"
+#include "../support/encoded_backend.h"
 #include "../support/fixture.h"
 
 TestSuite(train, .init = make_dir, .fini = remove_dir);
@@ -291,4 +295,92 @@ Test(train, a_failure_is_an_outcome_every_rank_knows)
     cr_assert_str_eq(tp_errmsg(), run.outcome.reason);
     cr_assert_eq(run.outcome.steps_run, 0);
     comm_free(alone);
+}
+
+/* ------------------------------------------------------------- device seam */
+
+/* Runs a tiny model for `steps` at (tp, pp, dp <= 2) on threads with
+ * `kernels` (NULL: the CPU); the losses of rank 0 into losses[1..steps]. */
+static void train_layout(int tp, int pp, int dp, const kernel_backend *kernels, int64_t steps, const char *ckpt_dir,
+                         int64_t stop_at, int resume, double *losses)
+{
+    rank_run runs[8];
+    rank_slot slots[8];
+    int world = tp * pp * dp;
+    memset(runs, 0, sizeof runs);
+    memset(slots, 0, sizeof slots);
+    for (int r = 0; r < world; r++) {
+        tiny_options(&runs[r].options, steps);
+        runs[r].options.grad_accum = 2 / dp; /* the global batch of every layout: 4 sequences */
+        runs[r].options.kernels = kernels;
+        runs[r].options.ckpt_dir = ckpt_dir;
+        runs[r].options.stop_at = stop_at;
+        runs[r].options.resume = resume;
+        slots[r].arg = &runs[r];
+    }
+    run_ranks(tp, pp, dp, train_rank, slots);
+    for (int r = 0; r < world; r++) {
+        cr_assert_eq(slots[r].status, TP_OK, "%s rank %d: %s", kernels ? kernels->name : "cpu", r,
+                     runs[r].outcome.reason);
+        cr_assert_neq(runs[r].outcome.end, TRAIN_FAILED);
+    }
+    /* The loss is known on every rank; rank 0 speaks for all. */
+    for (int64_t s = 1; s <= steps; s++) losses[s] = runs[0].rec.losses[s];
+}
+
+Test(train, a_device_backend_trains_as_the_cpu_bit_for_bit, .timeout = 120)
+{
+    double cpu[8] = {0}, device[8] = {0};
+    train_layout(1, 1, 1, NULL, 5, NULL, 0, 0, cpu);
+    train_layout(1, 1, 1, encoded_backend(), 5, NULL, 0, 0, device);
+    for (int s = 1; s <= 5; s++)
+        cr_assert(cpu[s] > 0 && device[s] == cpu[s], "step %d: loss %.9g through the device seam, %.9g on the CPU", s,
+                  device[s], cpu[s]);
+    cr_assert_eq(encoded_backend_live_bytes(), 0, "%zu bytes of device memory not released",
+                 encoded_backend_live_bytes());
+}
+
+Test(train, a_device_backend_trains_at_every_layout_through_host_copies, .timeout = 180)
+{
+    /* tp2pp2: TP all-reduces and pipeline messages of device data; pp2dp2:
+     * the tied embedding's and the data-parallel gradient reductions. */
+    const int layouts[2][3] = {{2, 2, 1}, {1, 2, 2}};
+    double alone[8] = {0};
+    train_layout(1, 1, 1, NULL, 5, NULL, 0, 0, alone);
+    for (int i = 0; i < 2; i++) {
+        double cpu[8] = {0}, device[8] = {0};
+        const int *l = layouts[i];
+        train_layout(l[0], l[1], l[2], NULL, 5, NULL, 0, 0, cpu);
+        train_layout(l[0], l[1], l[2], encoded_backend(), 5, NULL, 0, 0, device);
+        for (int s = 1; s <= 5; s++) {
+            cr_assert(device[s] == cpu[s], "tp%d pp%d dp%d step %d: loss %.9g through the device seam, %.9g on the CPU",
+                      l[0], l[1], l[2], s, device[s], cpu[s]);
+            cr_assert(fabs(device[s] - alone[s]) <= 1e-4 * alone[s], "tp%d pp%d dp%d step %d: %.9g, %.9g alone", l[0],
+                      l[1], l[2], s, device[s], alone[s]);
+        }
+    }
+    cr_assert_eq(encoded_backend_live_bytes(), 0);
+}
+
+Test(train, checkpoints_move_between_the_device_and_the_cpu, .timeout = 180)
+{
+    double straight[8] = {0}, first[8] = {0}, rest[8] = {0};
+    train_layout(2, 1, 1, NULL, 6, NULL, 0, 0, straight);
+    /* Written from the device, resumed on the CPU; then the reverse. */
+    for (int way = 0; way < 2; way++) {
+        char run_dir[700];
+        snprintf(run_dir, sizeof run_dir, "%s/run%d", dir, way);
+        const kernel_backend *writer = way == 0 ? encoded_backend() : NULL;
+        const kernel_backend *reader = way == 0 ? NULL : encoded_backend();
+        memset(first, 0, sizeof first);
+        memset(rest, 0, sizeof rest);
+        train_layout(2, 1, 1, writer, 6, run_dir, 3, 0, first);
+        train_layout(2, 1, 1, reader, 6, run_dir, 0, 1, rest);
+        for (int s = 1; s <= 6; s++) {
+            double got = s <= 3 ? first[s] : rest[s];
+            cr_assert(got == straight[s], "%s: step %d: loss %.9g, %.9g uninterrupted",
+                      way == 0 ? "device to cpu" : "cpu to device", s, got, straight[s]);
+        }
+    }
+    cr_assert_eq(encoded_backend_live_bytes(), 0);
 }

@@ -1,0 +1,146 @@
+/* backend.c: the CPU kernel backend: the functions of kernels.h on host
+ * memory, in the table the trainer computes through. Nothing here fails
+ * except allocation. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/error.h"
+#include "../../common/memory.h"
+#include "../kernels.h"
+
+static int cpu_alloc(void **out, size_t bytes)
+{
+    /* Page-aligned and zeroed (fresh pages from the kernel). */
+    *out = alloc_pages(bytes ? bytes : 1);
+    if (!*out) return tp_fail(TP_ERR_NOMEM, "out of memory (%zu bytes)", bytes);
+    memset(*out, 0, bytes);
+    return TP_OK;
+}
+
+static void cpu_release(void *memory)
+{
+    free(memory);
+}
+
+static int cpu_zero(void *memory, size_t bytes)
+{
+    memset(memory, 0, bytes);
+    return TP_OK;
+}
+
+/* Host to host: the three copies are one. */
+static int cpu_copy(void *dst, const void *src, size_t bytes)
+{
+    if (dst != src) memmove(dst, src, bytes);
+    return TP_OK;
+}
+
+static int cpu_synchronize(void)
+{
+    return TP_OK;
+}
+
+/* Each operation: the CPU function, which cannot fail. */
+#define CPU_OP(name, params, args) \
+    static int cpu_##name params   \
+    {                              \
+        name args;                 \
+        return TP_OK;              \
+    }
+
+CPU_OP(matmul_forward,
+       (float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C, int64_t OC),
+       (out, in, weight, bias, N, C, OC))
+CPU_OP(matmul_backward,
+       (float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in, const float *weight,
+        int64_t N, int64_t C, int64_t OC),
+       (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))
+CPU_OP(layernorm_forward,
+       (float *out, float *mean, float *rstd, const float *in, const float *weight, const float *bias, int64_t N,
+        int64_t C),
+       (out, mean, rstd, in, weight, bias, N, C))
+CPU_OP(layernorm_backward,
+       (float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in, const float *weight,
+        const float *mean, const float *rstd, int64_t N, int64_t C),
+       (d_in, d_weight, d_bias, d_out, in, weight, mean, rstd, N, C))
+CPU_OP(gelu_forward, (float *out, const float *in, int64_t n), (out, in, n))
+CPU_OP(gelu_backward, (float *d_in, const float *in, const float *d_out, int64_t n), (d_in, in, d_out, n))
+CPU_OP(residual_forward, (float *out, const float *a, const float *b, int64_t n), (out, a, b, n))
+CPU_OP(bias_residual_forward,
+       (float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C),
+       (out, x, partial, bias, N, C))
+CPU_OP(add_inplace, (float *acc, const float *x, int64_t n), (acc, x, n))
+CPU_OP(scale_inplace, (float *x, float scale, int64_t n), (x, scale, n))
+CPU_OP(attention_forward,
+       (float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
+       (out, att, qkv, B, T, Hq, Hkv, hd))
+CPU_OP(attention_backward,
+       (float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *att, int64_t B, int64_t T,
+        int64_t Hq, int64_t Hkv, int64_t hd),
+       (d_qkv, scratch, d_out, qkv, att, B, T, Hq, Hkv, hd))
+CPU_OP(embedding_forward,
+       (float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first, int64_t rows),
+       (out, tokens, table, N, C, first, rows))
+CPU_OP(embedding_backward,
+       (float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C, int64_t first, int64_t rows),
+       (d_table, tokens, d_out, N, C, first, rows))
+CPU_OP(crossentropy_row_max,
+       (float *row_max, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab),
+       (row_max, logits, N, V, first, vocab))
+CPU_OP(crossentropy_row_sumexp,
+       (float *sum, const float *logits, const float *row_max, int64_t N, int64_t V, int64_t first, int64_t vocab),
+       (sum, logits, row_max, N, V, first, vocab))
+CPU_OP(crossentropy_target_logit,
+       (float *target, const float *logits, const int *targets, int64_t N, int64_t V, int64_t first),
+       (target, logits, targets, N, V, first))
+CPU_OP(crossentropy_backward,
+       (float *d_logits, const float *logits, const float *row_max, const float *sum, const int *targets, int64_t N,
+        int64_t V, int64_t first, int64_t vocab, float scale),
+       (d_logits, logits, row_max, sum, targets, N, V, first, vocab, scale))
+CPU_OP(adamw_update,
+       (float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
+        float weight_decay, int64_t step),
+       (param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step))
+
+static int cpu_sum_of_squares(double *out, const float *x, int64_t n)
+{
+    *out = sum_of_squares(x, n);
+    return TP_OK;
+}
+
+static const kernel_backend cpu_backend = {
+    .name = "cpu",
+    .on_device = 0,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .zero = cpu_zero,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .copy = cpu_copy,
+    .synchronize = cpu_synchronize,
+    .matmul_forward = cpu_matmul_forward,
+    .matmul_backward = cpu_matmul_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .residual_forward = cpu_residual_forward,
+    .bias_residual_forward = cpu_bias_residual_forward,
+    .add_inplace = cpu_add_inplace,
+    .scale_inplace = cpu_scale_inplace,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .crossentropy_row_max = cpu_crossentropy_row_max,
+    .crossentropy_row_sumexp = cpu_crossentropy_row_sumexp,
+    .crossentropy_target_logit = cpu_crossentropy_target_logit,
+    .crossentropy_backward = cpu_crossentropy_backward,
+    .adamw_update = cpu_adamw_update,
+    .sum_of_squares = cpu_sum_of_squares,
+};
+
+const kernel_backend *kernels_cpu(void)
+{
+    return &cpu_backend;
+}
