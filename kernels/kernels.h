@@ -221,4 +221,18 @@ const kernel_backend *kernels_cpu(void);
  * cuBLAS in fp32 (TF32 off: results within fp32 rounding of the CPU's). */
 const kernel_backend *kernels_cuda(int device);
 
+/* The backend for a device asked for by name: "cpu"; "cuda" (the GPU
+ * local_rank of this machine: it must exist); "auto" (cuda when this build
+ * has CUDA and the machine a GPU for local_rank, else cpu). Fails naming
+ * what is missing (no CUDA in this build, no GPU, fewer GPUs than ranks on
+ * the machine, a CUDA error). */
+int kernels_choose(const char *device, int local_rank, const kernel_backend **out);
+
+/* GPU facts for reports: the name of CUDA device `device` ("" without
+ * one), and the dense bf16 tensor-core peak of a GPU by its name, in
+ * FLOP/s (0 when the table does not know it: H100 SXM and PCIe, H200,
+ * A100, L40S, A10G are in it). */
+void cuda_device_name(int device, char *name, size_t size);
+double gpu_peak_bf16_flops(const char *name);
+
 #endif

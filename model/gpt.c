@@ -281,6 +281,15 @@ int gpt_parameter_count(const gpt_config *c, int64_t *count)
     return TP_OK;
 }
 
+int gpt_training_flops_per_token(const gpt_config *c, int64_t seq, double *flops)
+{
+    int64_t parameters = 0;
+    *flops = 0;
+    TP_TRY(gpt_parameter_count(c, &parameters));
+    *flops = 6.0 * (double)parameters + 12.0 * (double)c->layers * (double)c->dim * (double)seq;
+    return TP_OK;
+}
+
 /* --------------------------------------------------------------- JSON */
 
 char *gpt_config_to_json(const gpt_config *c)

@@ -125,4 +125,10 @@ int gpt_catalog(const gpt_config *config, int with_optimizer, gpt_tensor **out, 
  * (logical, no padding; the tied output projection counted once). */
 int gpt_parameter_count(const gpt_config *config, int64_t *count);
 
+/* Training FLOPs per token at sequence length seq, as PaLM and llm.c count
+ * them for model FLOPs utilization: 6 N (forward and backward of every
+ * parameter) + 12 L d T (attention's scores and weighted sums); N counts
+ * every parameter, embeddings included. Fails as gpt_parameter_count. */
+int gpt_training_flops_per_token(const gpt_config *config, int64_t seq, double *flops);
+
 #endif

@@ -42,6 +42,8 @@ static const char *usage_text =
     "           checkpoint, exit 0. --resume continues from the newest intact checkpoint, at any layout\n"
     "output:    --log FILE (rank 0; JSON lines: a start line per launch, steps, committed saves, a stop line;\n"
     "           appended to with --resume, so that one log holds a run across restarts) --quiet\n"
+    "device:    --device cpu|cuda|auto (auto: a GPU when this build has CUDA and the machine a GPU\n"
+    "           for each rank on it; one process per GPU, local rank i on GPU i)\n"
     "other:     --threads N (matrix-product threads per rank, 1)\n"
     "testing aid (recovery tests): --fault die|hang|fail|slow --fault-step S [--fault-rank R (0)] [--fault-once FILE]:\n"
     "           after step S, rank R kills itself (SIGKILL), stops progressing (SIGTERM or SIGKILL ends it),\n"
@@ -228,7 +230,17 @@ typedef struct {
     char resumed_from[4200];  /* the checkpoint's path */
     double load_seconds;      /* loading and resharding it */
     double started;           /* now_seconds() at the program's start */
+    char device[160];         /* "cpu", or "cuda:I NAME" */
+    double flops_per_token;   /* training FLOPs (gpt_training_flops_per_token) */
+    double peak_flops;        /* of the whole job, dense bf16; 0 when unknown (the CPU) */
 } reporter;
+
+/* Model FLOPs utilization of a rate of tokens per second, or -1 when the
+ * peak is unknown. */
+static double mfu(const reporter *p, double tokens_per_second)
+{
+    return p->peak_flops > 0 ? tokens_per_second * p->flops_per_token / p->peak_flops : -1;
+}
 
 /* Fault injection for tests of recovery (tp-elastic): the program, which
  * owns the process, does it; the trainer library never exits or raises. */
@@ -313,15 +325,16 @@ static void json_string(const char *text, char *out, size_t size)
 static void log_start(reporter *p, const train_report *r)
 {
     const train_options *o = p->o;
-    char from[4300];
+    char from[4300], device[400];
+    json_string(p->device, device, sizeof device);
     const char *name = strrchr(p->resumed_from, '/');
     json_string(p->resumed ? (name ? name + 1 : p->resumed_from) : NULL, from, sizeof from);
     fprintf(p->log,
             "{\"event\":\"start\",\"step\":%lld,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batch\":%lld,"
-            "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"resumed_from\":%s,\"load_seconds\":%.3f,"
-            "\"startup_seconds\":%.3f,\"time\":%.6f}\n",
+            "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"device\":%s,\"resumed_from\":%s,"
+            "\"load_seconds\":%.3f,\"startup_seconds\":%.3f,\"time\":%.6f}\n",
             (long long)r->step - 1, p->c->tp, p->c->pp, p->c->dp, (long long)o->micro_batch, (long long)o->grad_accum,
-            (long long)r->global_batch, p->c->world, from, p->resumed ? p->load_seconds : 0.0,
+            (long long)r->global_batch, p->c->world, device, from, p->resumed ? p->load_seconds : 0.0,
             now_seconds() - p->started, unix_seconds());
     fflush(p->log);
 }
@@ -363,25 +376,28 @@ static void on_report(void *ctx, const train_report *r)
         if (p->log) log_start(p, r);
         if (p->quiet) break;
         if (o->resume && !p->resumed) printf("no checkpoint in %s yet: starting from scratch\n", o->ckpt_dir);
-        printf("training %lld-layer GPT (dim %lld, %lld heads, vocab %lld, seq %lld) at tp=%d pp=%d dp=%d: global batch "
-               "%lld x %lld tokens\n",
+        printf("training %lld-layer GPT (dim %lld, %lld heads, vocab %lld, seq %lld) at tp=%d pp=%d dp=%d on %s: global "
+               "batch %lld x %lld tokens\n",
                (long long)g->layers, (long long)g->dim, (long long)g->heads, (long long)g->vocab, (long long)o->seq,
-               p->c->tp, p->c->pp, p->c->dp, (long long)r->global_batch, (long long)o->seq);
+               p->c->tp, p->c->pp, p->c->dp, p->device, (long long)r->global_batch, (long long)o->seq);
         if (r->loss_floor > 0) printf("synthetic data: the loss can fall to %.4f\n", r->loss_floor);
         break;
     case TRAIN_REPORT_STEP:
         if (!p->quiet) {
             printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.0f tok/s | %.1f ms", (long long)r->step,
                    (long long)r->steps, r->loss, r->lr, r->grad_norm, r->tokens_per_second, r->seconds * 1e3);
+            if (mfu(p, r->tokens_per_second) >= 0) printf(" | MFU %.1f%%", 100 * mfu(p, r->tokens_per_second));
             if (r->checkpoint_stall > 0) printf(" | checkpoint stall %.1f ms", r->checkpoint_stall * 1e3);
             printf("\n");
         }
         if (p->log) {
             fprintf(p->log,
                     "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
-                    "\"ckpt_stall_ms\":%.3f,\"time\":%.6f}\n",
+                    "\"ckpt_stall_ms\":%.3f,",
                     (long long)r->step, r->loss, r->lr, r->grad_norm, r->tokens_per_second, r->seconds * 1e3,
-                    r->checkpoint_stall * 1e3, unix_seconds());
+                    r->checkpoint_stall * 1e3);
+            if (mfu(p, r->tokens_per_second) >= 0) fprintf(p->log, "\"mfu\":%.4f,", mfu(p, r->tokens_per_second));
+            fprintf(p->log, "\"time\":%.6f}\n", unix_seconds());
             fflush(p->log);
         }
         fflush(stdout);
@@ -399,13 +415,16 @@ static void on_report(void *ctx, const train_report *r)
     fflush(stdout);
 }
 
-static void print_summary(const train_outcome *out, const train_options *o, int64_t global_batch)
+static void print_summary(const train_outcome *out, const reporter *p, int64_t global_batch)
 {
+    const train_options *o = p->o;
     if (out->end == TRAIN_STOPPED)
         printf("stopped after step %lld%s\n", (long long)out->step, o->ckpt_dir ? "; checkpoint committed" : "");
     if (out->steps_run == 0) return;
-    printf("done: %lld steps in %.2f s (%.0f tokens/s), loss %.4f -> %.4f", (long long)out->steps_run, out->seconds,
-           (double)(out->steps_run * global_batch * o->seq) / out->seconds, out->first_loss, out->last_loss);
+    double tokens_per_second = (double)(out->steps_run * global_batch * o->seq) / out->seconds;
+    printf("done: %lld steps in %.2f s (%.0f tokens/s", (long long)out->steps_run, out->seconds, tokens_per_second);
+    if (mfu(p, tokens_per_second) >= 0) printf(", MFU %.1f%% of %s", 100 * mfu(p, tokens_per_second), p->device);
+    printf("), loss %.4f -> %.4f", out->first_loss, out->last_loss);
     if (out->checkpoints)
         printf("; %lld checkpoint%s (training stalled %.1f ms for them), last %s", (long long)out->checkpoints,
                out->checkpoints == 1 ? "" : "s", out->stall_seconds * 1e3, out->last_checkpoint);
@@ -429,7 +448,7 @@ int main(int argc, char **argv)
     double started = now_seconds();
     enum { O_TP = 256, O_PP, O_DP, O_MB, O_ACCUM, O_STEPS, O_LR, O_MIN_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA,
            O_CKPT, O_EVERY, O_RESUME, O_SYNC, O_LOG, O_THREADS, O_DUMP, O_QUIET, O_STOP, O_GLOBAL, O_FAULT, O_FAULT_STEP,
-           O_FAULT_RANK, O_FAULT_ONCE };
+           O_FAULT_RANK, O_FAULT_ONCE, O_DEVICE };
     static const struct option options[] = {
         CLI_MODEL_LONG_OPTIONS,
         {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP}, {"dp", required_argument, 0, O_DP},
@@ -445,7 +464,8 @@ int main(int argc, char **argv)
         {"stop-at", required_argument, 0, O_STOP}, {"global-batch", required_argument, 0, O_GLOBAL},
         {"fault", required_argument, 0, O_FAULT}, {"fault-step", required_argument, 0, O_FAULT_STEP},
         {"fault-rank", required_argument, 0, O_FAULT_RANK}, {"fault-once", required_argument, 0, O_FAULT_ONCE},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"device", required_argument, 0, O_DEVICE}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *device = "auto";
     const int64_t big = (int64_t)1 << 31;
     int c, index = 0;
     optind = first;
@@ -491,6 +511,11 @@ int main(int argc, char **argv)
         case O_DUMP: o.dump_dir = optarg; break;
         case O_QUIET: quiet = 1; break;
         case O_STOP: o.stop_at = cli_int("tp-train", "--stop-at", optarg, 1, (int64_t)1 << 40); break;
+        case O_DEVICE:
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))
+                die_usage("--device takes cpu, cuda or auto, not '%s'", optarg);
+            device = optarg;
+            break;
         case 'h': fputs(usage_text, stdout); return 0;
         default: die_usage("unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
@@ -548,6 +573,30 @@ int main(int argc, char **argv)
         comm_mpi_finalize();
         return code;
     }
+    /* The device: each rank its own (local rank i on GPU i), every rank told
+     * whether all have one. Rank 0 says why it has none; when it has one,
+     * each rank without says why. */
+    const kernel_backend *kernels = NULL;
+    int local_rank = comm_mpi_local_rank();
+    int chosen = kernels_choose(device, local_rank, &kernels), rank0_failed = chosen != TP_OK;
+    if (comm_broadcast(cm, &rank0_failed, sizeof rank0_failed, 0, COMM_HOST)) rank0_failed = 1;
+    if (chosen && cm->rank == 0) fprintf(stderr, "tp-train: error: %s\n", tp_errmsg());
+    else if (chosen && !rank0_failed) fprintf(stderr, "tp-train: error (rank %d): %s\n", cm->rank, tp_errmsg());
+    if (comm_agree(cm, chosen, "choosing the device")) {
+        comm_free(cm);
+        return 1;
+    }
+    o.kernels = kernels;
+    reporter rep = {.c = cm, .o = &o, .quiet = quiet, .log_path = log_path, .started = started};
+    if (kernels->on_device) {
+        char name[128];
+        cuda_device_name(local_rank, name, sizeof name);
+        snprintf(rep.device, sizeof rep.device, "cuda:%d %s", local_rank, name);
+        rep.peak_flops = gpu_peak_bf16_flops(name) * cm->world;
+    } else {
+        snprintf(rep.device, sizeof rep.device, "cpu");
+    }
+    if (gpt_training_flops_per_token(&o.config, o.seq, &rep.flops_per_token)) rep.peak_flops = 0;
     train_control_init(&control);
     o.control = &control;
     struct sigaction action;
@@ -555,7 +604,6 @@ int main(int argc, char **argv)
     action.sa_handler = on_signal;
     sigaction(SIGTERM, &action, NULL);
     sigaction(SIGUSR1, &action, NULL);
-    reporter rep = {.c = cm, .o = &o, .quiet = quiet, .log_path = log_path, .started = started};
     o.report = on_report;
     o.report_ctx = &rep;
     train_outcome outcome;
@@ -574,7 +622,7 @@ int main(int argc, char **argv)
     }
     if (status && !outcome.all_ranks_know) end_job(cm, outcome.reason);
     else if (status && cm->rank == 0) fail("%s", outcome.reason);
-    else if (!status && cm->rank == 0 && !quiet) print_summary(&outcome, &o, o.micro_batch * o.grad_accum * cm->dp);
+    else if (!status && cm->rank == 0 && !quiet) print_summary(&outcome, &rep, o.micro_batch * o.grad_accum * cm->dp);
     comm_free(cm);
     return status ? 1 : 0;
 }

@@ -154,6 +154,18 @@ int comm_mpi_rank(void)
     return rank;
 }
 
+int comm_mpi_local_rank(void)
+{
+    /* The ranks that share this machine's memory, in world order. */
+    MPI_Comm node;
+    int local = 0;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, comm_mpi_rank(), MPI_INFO_NULL, &node) != MPI_SUCCESS)
+        return comm_mpi_rank();
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_free(&node);
+    return local;
+}
+
 void comm_mpi_finalize(void)
 {
     int finalized = 0;

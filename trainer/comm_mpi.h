@@ -17,6 +17,10 @@ int comm_mpi_rank(void);
  * ends MPI. */
 int comm_mpi_create(comm **out, int *argc, char ***argv, int tp, int pp, int dp);
 
+/* This process's rank among those on its machine (0, 1, ...): the GPU it
+ * takes. Collective: every rank calls it. */
+int comm_mpi_local_rank(void);
+
 /* Ends MPI when no communicator was made. */
 void comm_mpi_finalize(void);
 

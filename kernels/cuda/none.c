@@ -62,3 +62,9 @@ const kernel_backend *kernels_cuda(int device)
     tp_fail(TP_ERR_DEVICE, NO_CUDA);
     return NULL;
 }
+
+void cuda_device_name(int device, char *name, size_t size)
+{
+    (void)device;
+    if (size) name[0] = '\0';
+}

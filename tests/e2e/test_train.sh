@@ -122,7 +122,7 @@ check "log: a save line for each committed checkpoint (4 8 10 20)" [ "$(events "
 check "log: every line has a time; start, save and stop lines have their fields" "$PY" -c '
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
-keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world",
+keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device",
                   "resumed_from", "load_seconds", "startup_seconds", "time"},
         "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "time"},
         None: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "ms", "ckpt_stall_ms", "time"}}
@@ -359,6 +359,24 @@ expect_error "--fault-rank beyond the ranks" 2 "fault-rank 1, but there are 1 ra
 # --- Bad input: one clear line before any work.
 expect_ok "--help" "$TRAIN" --help
 expect_error "unknown option" 2 "unknown option.*--bogus" "$TRAIN" --bogus
+
+# --- The device (--device cpu|cuda|auto). A machine without a GPU trains on
+# the CPU under auto and refuses cuda, saying why; every start line names
+# the device.
+expect_ok "--device cpu" "$TRAIN" $TINY --steps 2 --device cpu --log "$WORK/cpu.jsonl"
+check "--device cpu: the start line says cpu" [ "$(events "$WORK/cpu.jsonl" start device)" = "cpu " ]
+if nvidia-smi -L >/dev/null 2>&1; then
+    echo "[$NAME] SKIP --device auto and cuda without a GPU: this machine has one (make test-gpu runs the GPU tests)"
+else
+    expect_ok "--device auto without a GPU" "$TRAIN" $TINY --steps 2 --log "$WORK/auto.jsonl"
+    check "--device auto without a GPU: the CPU" [ "$(events "$WORK/auto.jsonl" start device)" = "cpu " ]
+    expect_error "--device cuda without a GPU: refused, saying why" 1 \
+        "^tp-train: error: --device cuda: (this build has no CUDA support|no CUDA device)" "$TRAIN" $TINY --device cuda
+    run mpi_train 2 $TINY --tp 2 --device cuda
+    check_all "--device cuda under mpirun: exit 1, rank 0 says why, once" \
+        '[ "$RC" -ne 0 ] && [ "$(grep -c "^tp-train: error" "$WORK/.err")" -eq 1 ]'
+fi
+expect_error "--device gpu: not a device" 2 "--device takes cpu, cuda or auto, not 'gpu'" "$TRAIN" $TINY --device gpu
 expect_error "--resume without --ckpt-dir" 2 "resume.*ckpt-dir" "$TRAIN" $TINY --resume
 run "$TRAIN" $TINY --dim 128 --steps 22 --ckpt-dir "$WORK/run" --resume
 check_all "resume with another model shape: refused, both shapes named" '[ "$RC" -eq 1 ] &&

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../common/error.h"
 #include "../../kernels/fast_exp.h"
 #include "../../kernels/kernels.h"
 
@@ -285,4 +286,68 @@ Test(transformer, adamw_step_formula)
             P[i] -= 1e-2 * mh / (sqrt(vh) + 1e-8);
         }
     for (int i = 0; i < 3; i++) cr_assert(fabs(p[i] - P[i]) < 1e-6, "param %d: %g, want %g", i, p[i], P[i]);
+}
+
+Test(transformer, elementwise_sums_scales_and_squares)
+{
+    /* out[N,C] = x + (partial + bias[C]), in that order of additions. */
+    const int64_t N = 3, C = 5;
+    float *x = random_floats(N * C), *partial = random_floats(N * C), *bias = random_floats(C);
+    float out[15];
+    bias_residual_forward(out, x, partial, bias, N, C);
+    for (int64_t i = 0; i < N * C; i++) cr_assert_eq(out[i], x[i] + (partial[i] + bias[i % C]), "element %lld", (long long)i);
+    float acc[15];
+    memcpy(acc, x, sizeof acc);
+    add_inplace(acc, partial, N * C);
+    scale_inplace(acc, 0.5f, N * C);
+    for (int64_t i = 0; i < N * C; i++) cr_assert_eq(acc[i], (x[i] + partial[i]) * 0.5f);
+    double want = 0;
+    for (int64_t i = 0; i < N * C; i++) want += (double)x[i] * x[i];
+    cr_assert_eq(sum_of_squares(x, N * C), want);
+    free(x);
+    free(partial);
+    free(bias);
+}
+
+Test(transformer, the_cpu_backend_is_the_cpu_functions)
+{
+    const kernel_backend *cpu = NULL;
+    cr_assert_eq(kernels_choose("cpu", 0, &cpu), TP_OK);
+    cr_assert_eq(cpu, kernels_cpu());
+    cr_assert_eq(cpu->on_device, 0);
+    float *in = random_floats(12), out_backend[12], out_direct[12];
+    cr_assert_eq(cpu->gelu_forward(out_backend, in, 12), TP_OK);
+    gelu_forward(out_direct, in, 12);
+    cr_assert_eq(memcmp(out_backend, out_direct, sizeof out_direct), 0);
+    free(in);
+    const kernel_backend *none = cpu;
+    cr_assert_eq(kernels_choose("gpu", 0, &none), TP_ERR_ARG);
+    cr_assert_null(none);
+    cr_assert(strstr(tp_errmsg(), "cpu, cuda or auto"), "%s", tp_errmsg());
+}
+
+Test(transformer, auto_and_cuda_without_a_gpu)
+{
+    if (cuda_device_count() > 0) cr_skip_test("this machine has a GPU (tests/kernels/test_cuda_backend.c covers it)");
+    const kernel_backend *chosen = NULL;
+    cr_assert_eq(kernels_choose("auto", 0, &chosen), TP_OK);
+    cr_assert_eq(chosen, kernels_cpu(), "auto without a GPU is the CPU");
+    cr_assert_eq(kernels_choose("cuda", 0, &chosen), TP_ERR_DEVICE);
+    cr_assert(strstr(tp_errmsg(), "no CUDA support") || strstr(tp_errmsg(), "no CUDA device"), "%s", tp_errmsg());
+}
+
+Test(transformer, gpu_peaks_for_model_flops_utilization)
+{
+    cr_assert_eq(gpu_peak_bf16_flops("NVIDIA H100 80GB HBM3"), 989.4e12);
+    cr_assert_eq(gpu_peak_bf16_flops("NVIDIA H200"), 989.4e12);
+    cr_assert_eq(gpu_peak_bf16_flops("NVIDIA H100 PCIe"), 756.0e12);
+    cr_assert_eq(gpu_peak_bf16_flops("NVIDIA A100-SXM4-80GB"), 312.0e12);
+    cr_assert_eq(gpu_peak_bf16_flops("NVIDIA L40S"), 362.05e12, "not taken for an L4");
+    cr_assert_eq(gpu_peak_bf16_flops("Some Other GPU"), 0);
+    cr_assert_eq(gpu_peak_bf16_flops(""), 0);
+    char name[64] = "x";
+    if (cuda_device_count() == 0) {
+        cuda_device_name(0, name, sizeof name);
+        cr_assert_str_eq(name, "", "no device, no name");
+    }
 }

@@ -115,6 +115,10 @@ Test(catalogue, kinds_layers_and_names_agree)
     cr_assert_eq(gpt_preset("gpt2-124m", &c), TP_OK);
     cr_assert_eq(gpt_parameter_count(&c, &parameters), TP_OK);
     cr_assert_eq(parameters, 124439808, "GPT-2 124M has 124,439,808 parameters (tied head)");
+    /* 6 x 124,439,808 + 12 x 12 layers x 768 x 1024 positions. */
+    double flops = 0;
+    cr_assert_eq(gpt_training_flops_per_token(&c, 1024, &flops), TP_OK);
+    cr_assert_eq(flops, 859885056.0, "training FLOPs per token of GPT-2 124M at 1024: %.0f", flops);
 }
 
 Test(interop, byte_symbols_are_gpt2s)
