@@ -4,8 +4,11 @@
 batch and thread count, on random tokens, and prints one JSON line with the median
 step time and tokens per second after warm-up steps.
 
+With --device cuda it trains on the GPU (make bench-gpu), in fp32 or, with
+--dtype bf16, under bf16 autocast with fp32 weights (PyTorch's mixed precision).
+
 Usage: train_baseline.py --layers L --dim D --heads H --vocab V --seq S --batch B
-       --threads N [--steps N] [--warmup-steps N]
+       --threads N [--steps N] [--warmup-steps N] [--device cpu|cuda] [--dtype fp32|bf16]
 """
 import argparse
 import json
@@ -27,24 +30,32 @@ def main():
         p.add_argument("--" + name, type=int, required=True)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = GPT2(a.layers, a.dim, a.heads, a.vocab, a.seq, 4 * a.dim)
+    device = torch.device(a.device)
+    if a.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as tp-train computes it
+    model = GPT2(a.layers, a.dim, a.heads, a.vocab, a.seq, 4 * a.dim).to(device)
     decay = [q for q in model.parameters() if q.dim() >= 2]
     no_decay = [q for q in model.parameters() if q.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
     times = []
     for step in range(a.warmup_steps + a.steps):
-        tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1))
+        tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=device)
         start = time.perf_counter()
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, a.vocab), tokens[:, 1:].reshape(-1))
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, a.vocab).float(), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        if a.device == "cuda":
+            torch.cuda.synchronize()
         if step >= a.warmup_steps:
             times.append(time.perf_counter() - start)
     seconds = statistics.median(times)

@@ -60,6 +60,23 @@ check_all() {
     if eval "$2"; then pass; else failed "$what"; fi
 }
 
+# losses_match A.jsonl B.jsonl TOL: two tp-train logs (--log) have the same
+# step lines, their losses equal to TOL relative (0: bit-exact, as printed
+# with 9 significant digits).
+losses_match() {
+    "$PY" - "$@" <<'PYEOF'
+import json, sys
+a, b = ([r for r in map(json.loads, open(p)) if "event" not in r] for p in sys.argv[1:3])
+tol = float(sys.argv[3])
+steps_a, steps_b = [r["step"] for r in a], [r["step"] for r in b]
+if steps_a != steps_b:
+    sys.exit("steps differ: %s vs %s" % (steps_a, steps_b))
+worst = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a, b))
+if worst > tol:
+    sys.exit("losses differ by %.3e relative (tolerance %g)" % (worst, tol))
+PYEOF
+}
+
 # use_open_mpi: for tests that run programs under mpirun. As root, with more
 # ranks than cores; containers often forbid the cross-process memory copies
 # Open MPI uses for large messages between ranks on one machine, and plain

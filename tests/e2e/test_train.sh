@@ -19,22 +19,6 @@ mpi_train() {
 # A log (--log) holds step lines {"step":N,"loss":X,...} and event lines
 # {"event":"start"|"save"|"stop",...}; these helpers read its step lines.
 
-# losses_match A.jsonl B.jsonl TOL: same steps, losses equal to TOL relative
-# (0: bit-exact, as printed with 9 significant digits).
-losses_match() {
-    "$PY" - "$@" <<'PYEOF'
-import json, sys
-a, b = ([r for r in map(json.loads, open(p)) if "event" not in r] for p in sys.argv[1:3])
-tol = float(sys.argv[3])
-steps_a, steps_b = [r["step"] for r in a], [r["step"] for r in b]
-if steps_a != steps_b:
-    sys.exit("steps differ: %s vs %s" % (steps_a, steps_b))
-worst = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a, b))
-if worst > tol:
-    sys.exit("losses differ by %.3e relative (tolerance %g)" % (worst, tol))
-PYEOF
-}
-
 # steps_from LOG FIRST [LAST]: the log's step lines of steps FIRST..LAST.
 steps_from() {
     "$PY" -c 'import json,sys; [print(l, end="") for l in open(sys.argv[1]) if "event" not in json.loads(l) and int(sys.argv[2]) <= json.loads(l)["step"] <= int(sys.argv[3])]' \

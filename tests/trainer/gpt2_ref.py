@@ -27,7 +27,7 @@ class Block(nn.Module):
         q, k, v = self.qkv(x).split(D, dim=2)
         q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2) for t in (q, k, v))
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         scores = scores.masked_fill(~mask, float("-inf"))
         y = F.softmax(scores, dim=-1) @ v
         return self.proj(y.transpose(1, 2).contiguous().view(B, T, D))
@@ -47,7 +47,7 @@ class GPT2(nn.Module):
 
     def forward(self, tokens):
         T = tokens.shape[1]
-        x = self.wte(tokens) + self.wpe(torch.arange(T))
+        x = self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
         for block in self.blocks:
             x = block(x)
         return self.ln_f(x) @ self.wte.weight.T  # tied output projection

@@ -1,0 +1,113 @@
+#!/bin/sh
+# make bench-gpu: tp-train on one GPU (--device cuda): tokens/s and MFU for
+# GPT-2 124M and 350M at sequence 1024, against PyTorch on the same GPU
+# (bench/train_baseline.py, fp32 and bf16 autocast) when this machine's
+# PyTorch has CUDA; the training stall per checkpoint, asynchronous against
+# --sync-save; then make bench-reshard, whose table gains tp-reshard
+# --device cuda beside the CPU. Writes docs/BENCHMARKS.md (section
+# bench-gpu) with the GPU, driver and CUDA version. Without a GPU it
+# measures nothing and says so (exit 1).
+#   BENCH_STEPS (default 12): steps per run; the first 2 are warm-up
+#   BENCH_MICRO_BATCH (default 4): sequences per step
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+. scripts/bench-lib.sh
+STEPS=${BENCH_STEPS:-12}
+MB=${BENCH_MICRO_BATCH:-4}
+DIR=bench/scratch/gpu
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "bench-gpu: no GPU on this machine (nvidia-smi): nothing measured" >&2
+    exit 1
+fi
+if ! "$BUILD/bin/tp-train" --model tiny --steps 1 --quiet --device cuda >/dev/null 2>&1; then
+    echo "bench-gpu: tp-train --device cuda fails here (a build without CUDA?): nothing measured" >&2
+    "$BUILD/bin/tp-train" --model tiny --steps 1 --quiet --device cuda >&2 || true
+    exit 1
+fi
+GPU=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)
+CUDA_VERSION=$( (nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version) | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+TORCH_CUDA=no
+$PY -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null && TORCH_CUDA=yes
+mkdir -p "$DIR"
+RESULTS="$DIR/results.txt"
+: >"$RESULTS"
+
+# Median tokens/s and MFU of a tp-train log, warm-up steps left out.
+log_rates() {
+    $PY -c '
+import json, statistics, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+r = [x for x in r if "event" not in x][2:]
+print(json.dumps({"tokens_per_s": statistics.median(x["tokens_per_s"] for x in r),
+                  "mfu": statistics.median(x.get("mfu", 0) for x in r)}))' "$1"
+}
+
+for model in "124M --model gpt2-124m" "350M --model gpt2-124m --layers 24 --dim 1024 --heads 16"; do
+    set -- $model
+    name=$1
+    shift
+    "$BUILD/bin/tp-train" "$@" --micro-batch "$MB" --steps "$STEPS" --device cuda --quiet --log "$DIR/$name.jsonl"
+    echo "train $name tp-train-fp32 $(log_rates "$DIR/$name.jsonl")" >>"$RESULTS"
+    if [ $TORCH_CUDA = yes ]; then
+        layers=12 dim=768 heads=12
+        [ "$name" = 350M ] && layers=24 dim=1024 heads=16
+        for dtype in fp32 bf16; do
+            m=$($PY bench/train_baseline.py --layers $layers --dim $dim --heads $heads --vocab 50304 --seq 1024 \
+                --batch "$MB" --threads 1 --steps $((STEPS - 2)) --device cuda --dtype $dtype)
+            echo "train $name torch-$dtype $m" >>"$RESULTS"
+        done
+    fi
+done
+
+# Checkpoints every 4 steps of 12 of GPT-2 124M: the stall per save.
+for mode in async sync; do
+    rm -rf "$DIR/ckpt"
+    flag=""
+    [ $mode = sync ] && flag=--sync-save
+    "$BUILD/bin/tp-train" --model gpt2-124m --micro-batch "$MB" --steps 12 --device cuda --quiet \
+        --ckpt-dir "$DIR/ckpt" --ckpt-every 4 $flag --log "$DIR/ckpt.jsonl"
+    m=$($PY -c '
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if "\"event\"" not in l]
+print(json.dumps({"stall_ms_per_save": sum(x["ckpt_stall_ms"] for x in r) / 3, "total_ms": sum(x["ms"] for x in r)}))' \
+        "$DIR/ckpt.jsonl")
+    echo "checkpoint $mode $m" >>"$RESULTS"
+done
+rm -rf "$DIR/ckpt"
+
+TABLE=$($PY - "$RESULTS" "$MB" <<'PY'
+import json, sys
+rows, ckpt = [], {}
+for line in open(sys.argv[1]):
+    kind, a, b = line.split(" ", 2)
+    if kind == "train":
+        tool, value = b.split(" ", 1)
+        rows.append((a, tool, json.loads(value)))
+    else:
+        ckpt[a] = json.loads(b)
+out = ["| model | trainer | tokens/s (median) | MFU (bf16 peak) |", "| --- | --- | --- | --- |"]
+for model, tool, m in rows:
+    mfu = "%.1f%%" % (100 * m["mfu"]) if m.get("mfu") else "-"
+    out.append("| GPT-2 %s | %s | %.0f | %s |" % (model, tool, m["tokens_per_s"], mfu))
+out += ["", "| saving | stall per save | 12 steps, total | stall vs synchronous |", "| --- | --- | --- | --- |"]
+for mode in ("async", "sync"):
+    m = ckpt[mode]
+    out.append("| %s | %.1f ms | %.0f ms | %.1f%% |" % (mode, m["stall_ms_per_save"], m["total_ms"],
+                                                       100 * m["stall_ms_per_save"] / ckpt["sync"]["stall_ms_per_save"]))
+print("\n".join(out))
+PY
+)
+echo "$TABLE"
+$PY bench/doc_section.py docs/BENCHMARKS.md bench-gpu "tp-train on a GPU" <<EOF
+GPU: $GPU; CUDA $CUDA_VERSION. One process, tp1, micro-batch $MB x 1024 tokens, fp32 (tp-train has no bf16
+mode yet); PyTorch with CUDA here: $TORCH_CUDA. MFU counts 6N + 12 L d T FLOPs per token against the GPU's dense
+bf16 peak.
+
+$TABLE
+
+Command: \`make bench-gpu\` (BENCH_STEPS=$STEPS, BENCH_MICRO_BATCH=$MB).
+EOF
+BUILD=$BUILD scripts/bench-reshard.sh

@@ -1,0 +1,100 @@
+#!/bin/sh
+# End-to-end tests of tp-train on GPUs (--device cuda): against the PyTorch
+# GPT-2 in fp32 (logits, loss, every gradient, 10 AdamW steps), against the
+# CPU trainer, layout invariance for the layouts the GPUs present can hold
+# (one process per GPU), and checkpoints moving between GPU and CPU. Without
+# a GPU (nvidia-smi finds none) or a CUDA build, every test here reports
+# itself skipped: `make test` runs this file so that the skip shows;
+# `make test-gpu` sets GPU_REQUIRED=1, and then a missing GPU is a failure.
+. "$(dirname "$0")/../e2e/lib.sh"
+
+use_open_mpi
+TRAIN="$BIN/tp-train"
+TINY="--model tiny --micro-batch 2 --quiet"
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+if [ "$gpus" -eq 0 ] || ! "$TRAIN" $TINY --steps 1 --device cuda >/dev/null 2>&1; then
+    why="no GPU on this machine"
+    [ "$gpus" -gt 0 ] && why="$gpus GPU(s), but tp-train --device cuda fails: $("$TRAIN" $TINY --steps 1 --device cuda 2>&1 | tail -n 1)"
+    echo "[$NAME] SKIP: $why; nothing run"
+    if [ "${GPU_REQUIRED:-0}" = 1 ]; then
+        echo "[$NAME] FAIL: make test-gpu needs a GPU and a CUDA build" >&2
+        exit 1
+    fi
+    exit 0
+fi
+echo "[$NAME] $gpus GPU(s): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)"
+
+# gpu_train RANKS ARGS...: tp-train on RANKS GPUs, one process each.
+gpu_train() {
+    ranks=$1
+    shift
+    mpirun --oversubscribe -np "$ranks" "$TRAIN" --device cuda "$@" </dev/null
+}
+
+# --- Against PyTorch (tests/trainer/check_torch.py), as test_train.sh does
+# on the CPU, at each layout with no more ranks than GPUs.
+for layout in "tp1 1 --tp 1" "tp2 2 --tp 2" "tp2pp2 4 --tp 2 --pp 2"; do
+    set -- $layout
+    name=$1 ranks=$2
+    shift 2
+    if [ "$ranks" -gt "$gpus" ]; then
+        echo "[$NAME] SKIP PyTorch check at $name: $ranks ranks, $gpus GPU(s)"
+        continue
+    fi
+    dir="$WORK/torch-$name"
+    opts="--micro-batch 2 --grad-accum 2 --steps 10 --lr 1e-3 --warmup 2"
+    # shellcheck disable=SC2086
+    expect_ok "GPU $name with --dump" gpu_train "$ranks" --model tiny --vocab 250 "$@" $opts --dump "$dir" \
+        --log "$dir.jsonl" --quiet
+    # shellcheck disable=SC2086
+    run "$PY" "$ROOT/tests/trainer/check_torch.py" "$dir" "$dir.jsonl" $opts
+    if [ "$RC" -eq 0 ] && [ "$(grep -c ' ok$' "$WORK/.out")" -eq 4 ]; then pass
+    else failed "GPU $name against PyTorch (exit $RC)"; fi
+done
+
+# --- The GPU trainer against the CPU trainer: 20 steps of the small model
+# (cuBLAS and OpenBLAS sum in other orders: 1e-4 relative).
+expect_ok "small on the CPU" "$TRAIN" --model small --micro-batch 2 --quiet --steps 20 --device cpu \
+    --log "$WORK/small-cpu.jsonl"
+expect_ok "small on a GPU" gpu_train 1 --model small --micro-batch 2 --quiet --steps 20 --log "$WORK/small-gpu.jsonl"
+check "small: the GPU's losses are the CPU's (1e-4)" losses_match "$WORK/small-gpu.jsonl" "$WORK/small-cpu.jsonl" 1e-4
+check "small: the start line names the GPU" grep -q '"device":"cuda:0 ' "$WORK/small-gpu.jsonl"
+check "small: the step lines give the MFU" grep -q '"mfu":' "$WORK/small-gpu.jsonl"
+
+# --- Layout invariance on as many GPUs as there are (global batch 4).
+expect_ok "20 steps at tp1 on a GPU" gpu_train 1 $TINY --steps 20 --log "$WORK/gpu-tp1.jsonl"
+for layout in "2 2 1 1 2 1" "2 1 2 1 2 2" "2 1 1 2 2 1" "4 2 2 1 2 2" "4 4 1 1 4 1"; do
+    set -- $layout
+    name="tp$2pp$3dp$4"
+    if [ "$1" -gt "$gpus" ]; then
+        echo "[$NAME] SKIP $name: $1 ranks, $gpus GPU(s)"
+        continue
+    fi
+    expect_ok "20 steps at $name on GPUs" gpu_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" --micro-batch "$5" \
+        --grad-accum "$6" --steps 20 --log "$WORK/gpu-$name.jsonl"
+    check "$name on GPUs has the losses of tp1 (1e-4)" losses_match "$WORK/gpu-$name.jsonl" "$WORK/gpu-tp1.jsonl" 1e-4
+done
+
+# --- Checkpoints between GPU and CPU: 10 steps on one, 10 resumed on the
+# other, against 20 straight on the first (1e-4).
+expect_ok "20 straight steps on the CPU" "$TRAIN" $TINY --steps 20 --device cpu --log "$WORK/straight.jsonl"
+for way in "cuda cpu" "cpu cuda"; do
+    set -- $way
+    dir="$WORK/$1-to-$2"
+    expect_ok "$1 to $2: 10 steps on $1" "$TRAIN" $TINY --steps 20 --stop-at 10 --device "$1" --ckpt-dir "$dir" \
+        --log "$dir.jsonl"
+    expect_ok "$1 to $2: resumed on $2" "$TRAIN" $TINY --steps 20 --device "$2" --ckpt-dir "$dir" --resume \
+        --log "$dir.jsonl"
+    check "$1 to $2: the losses of 20 straight steps (1e-4)" losses_match "$dir.jsonl" "$WORK/straight.jsonl" 1e-4
+done
+expect_ok "a GPU checkpoint verifies" "$BIN/tp-ckpt" verify "$WORK/cuda-to-cpu"
+
+# --- The unit tests that need a GPU: on a GPU none may skip.
+for t in "$ROOT/${BUILD:-build}"/tests/*/test_*; do
+    [ -x "$t" ] || continue
+    run "$t" --verbose --filter '*cuda*'
+    check "$(basename "$t"): its CUDA tests ran and passed" \
+        sh -c "[ $RC -eq 0 ] && ! grep -q '^\[SKIP\].*CUDA' '$WORK/.err' '$WORK/.out'"
+done
+finish
