@@ -46,7 +46,9 @@ COMM_MPI_SRC := trainer/comm_mpi.c
 ELASTIC_SRC := $(wildcard elastic/*.c)
 ifeq ($(CUDA),1)
 KERNELS_CU := $(wildcard kernels/cuda/*.cu)
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+# cuBLAS (the CUDA kernel backend's matrix products) comes only as shared
+# libraries with the toolkit; the run path finds them where ld.so does not.
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 else
 KERNELS_SRC += kernels/cuda/none.c
 KERNELS_CU :=
@@ -86,7 +88,7 @@ TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps test asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-elastic bench-revisions clean programs tests
+.PHONY: all build deps test test-gpu bench-gpu asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-elastic bench-revisions clean programs tests
 
 all: deps
 	@$(MAKE) --no-print-directory build
@@ -164,6 +166,18 @@ asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
 		SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all" build
 	@BUILD=build-asan SANITIZED=1 scripts/run-tests.sh
+
+# The GPU tests on a machine with a GPU and nvcc: the unit tests (none of
+# the CUDA ones may skip) and tests/gpu/test_gpu.sh (tp-train --device cuda
+# against PyTorch, the CPU, other layouts, checkpoints both ways). Fails
+# without a GPU instead of skipping.
+test-gpu: deps
+	@$(MAKE) --no-print-directory CUDA=1 build
+	@BUILD=$(BUILD) GPU_REQUIRED=1 sh tests/gpu/test_gpu.sh
+
+bench-gpu: deps
+	@$(MAKE) --no-print-directory CUDA=1 build
+	@BUILD=$(BUILD) scripts/bench-gpu.sh
 
 # A longer soak of tp-elastic than `make test` runs (6 faults, seed 7):
 # SOAK_FAULTS random kills, hangs, launcher losses and capacity changes in

@@ -1,0 +1,1041 @@
+/* backend.cu: the CUDA kernel backend (kernels.h, kernel_backend): the
+ * transformer arithmetic of cpu/ on device memory, each operation the twin
+ * of the CPU function of the same name and tested against it
+ * (tests/kernels/test_cuda_backend.c).
+ *
+ * One state per process: the device, a non-blocking stream and a cuBLAS
+ * handle bound to it. Every kernel, product and copy goes to that stream in
+ * the order issued; to_device, to_host and sum_of_squares wait for it (the
+ * caller reuses its host memory at once), the other operations return as
+ * soon as their work is queued, and synchronize() waits for all of it.
+ *
+ * Correct first, fast later: matrix products through cuBLAS in plain fp32
+ * (TF32 off), the rest in simple kernels. Launch shapes: elementwise kernels
+ * walk their elements in grid-stride loops (at most MAX_BLOCKS blocks);
+ * row kernels (layer norm, cross-entropy, attention) give a row to a block,
+ * also in a grid-stride loop over rows; column sums (bias and norm-weight
+ * gradients) give 32 columns to a block of 32 x COL_ROWS threads, the rows
+ * split among the COL_ROWS thread rows and summed in a fixed order. Only
+ * embedding_backward uses atomics (tokens repeat), so it alone is not
+ * bit-reproducible from run to run. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "../kernels.h"
+}
+#include "check.h"
+
+/* cuBLAS calls in the convention of CUDA_TRY (check.h): "file:line: call:
+ * STATUS_NAME (cuBLAS's description)" as a TP_ERR_DEVICE failure, then the
+ * function's `fail` label. */
+#define CUBLAS_TRY(call)                                                                                               \
+    do {                                                                                                               \
+        cublasStatus_t cublas_try_status_ = (call);                                                                    \
+        if (cublas_try_status_ != CUBLAS_STATUS_SUCCESS) {                                                             \
+            tp_fail(TP_ERR_DEVICE, "%s:%d: %s: %s (%s)", __FILE__, __LINE__, #call,                                    \
+                    cublasGetStatusName(cublas_try_status_), cublasGetStatusString(cublas_try_status_));               \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+
+/* A kernel launch fails at once (a bad configuration) or later, at the next
+ * synchronizing call, for errors while it runs. */
+#define LAUNCH_CHECK() CUDA_TRY(cudaGetLastError())
+
+#define THREADS 256        /* per block, elementwise and row kernels (a multiple of 32: block_reduce) */
+#define MAX_BLOCKS 65535   /* within every device generation's grid limits; grid-stride loops do the rest */
+#define COL_TILE 32        /* columns per block in column sums */
+#define COL_ROWS 16        /* thread rows per block in column sums */
+#define SUM_BLOCKS 1024    /* sum_of_squares' first-pass blocks (partials) */
+#define LAYERNORM_EPS 1e-5f
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+
+/* ==================================================================== state */
+
+static struct {
+    int ready, device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    double *sums; /* device [SUM_BLOCKS + 1]: sum_of_squares' block partials, then its result */
+    kernel_backend table;
+} state;
+static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER; /* kernels_cuda */
+static pthread_mutex_t sums_lock = PTHREAD_MUTEX_INITIALIZER;  /* state.sums */
+
+/* Every operation first makes the backend's device current in the calling
+ * thread (the trainer may call from threads other than the one that created
+ * the backend; cudaSetDevice is per thread and cheap) and drops the error a
+ * failed runtime call may have left behind, so that LAUNCH_CHECK reports
+ * this operation's launches only. Errors of running kernels are sticky and
+ * still come back from the next call. */
+#define ENTER()                                                                                                        \
+    do {                                                                                                               \
+        (void)cudaGetLastError();                                                                                      \
+        CUDA_TRY(cudaSetDevice(state.device));                                                                         \
+    } while (0)
+
+/* Blocks for `work` items at `per_block` each, at least 1 (callers skip
+ * empty work: a grid of 0 blocks is a launch error) and at most MAX_BLOCKS. */
+static unsigned blocks_for(int64_t work, int64_t per_block)
+{
+    int64_t blocks = (work + per_block - 1) / per_block;
+    return (unsigned)(blocks < 1 ? 1 : blocks > MAX_BLOCKS ? MAX_BLOCKS : blocks);
+}
+
+#define GRID_STRIDE(i, n)                                                                                              \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+#define ROWS_OF_BLOCK(row, rows) for (int64_t row = blockIdx.x; row < (rows); row += gridDim.x)
+#define COLUMNS_OF_THREAD(c, count) for (int64_t c = threadIdx.x; c < (count); c += blockDim.x)
+
+/* ========================================================== block reductions
+ * The value of every thread of the block combined, returned to every thread
+ * (bitwise the same in each: the butterfly pairs combine commutatively and
+ * every thread adds the warps' partials in the same order). Every thread of
+ * the block must call it; blockDim.x a multiple of 32, blockDim.y 1. */
+
+struct Sum {
+    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename T, typename Op> __device__ T block_reduce(T value, Op op)
+{
+    __shared__ T partial[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    for (int offset = 16; offset > 0; offset >>= 1) value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
+    __syncthreads(); /* every thread has read the partials of an earlier call */
+    if (lane == 0) partial[warp] = value;
+    __syncthreads();
+    T total = partial[0];
+    for (int w = 1; w < warps; w++) total = op(total, partial[w]);
+    return total;
+}
+
+static __device__ float block_sum(float value)
+{
+    return block_reduce(value, Sum());
+}
+static __device__ double block_sum_double(double value)
+{
+    return block_reduce(value, Sum());
+}
+static __device__ float block_max(float value)
+{
+    return block_reduce(value, Max());
+}
+
+/* ======================================================== memory and copies */
+
+static int cuda_alloc(void **out, size_t bytes)
+{
+    *out = NULL;
+    ENTER();
+    {
+        cudaError_t error = cudaMalloc(out, bytes ? bytes : 1);
+        if (error != cudaSuccess) {
+            (void)cudaGetLastError();
+            *out = NULL;
+            return tp_fail(TP_ERR_DEVICE, "cannot allocate %zu bytes on CUDA device %d: %s", bytes, state.device,
+                           cudaGetErrorString(error));
+        }
+    }
+    CUDA_TRY(cudaMemsetAsync(*out, 0, bytes, state.stream));
+    CUDA_TRY(cudaStreamSynchronize(state.stream));
+    return TP_OK;
+fail:
+    if (*out) cudaFree(*out);
+    *out = NULL;
+    return TP_ERR_DEVICE;
+}
+
+/* Waits for the stream first: kernels queued on it may still use the memory. */
+static void cuda_release(void *memory)
+{
+    if (!memory) return;
+    if (cudaSetDevice(state.device) == cudaSuccess) cudaStreamSynchronize(state.stream);
+    cudaFree(memory);
+    (void)cudaGetLastError(); /* nowhere to report it; not left for the next launch check */
+}
+
+static int cuda_zero(void *memory, size_t bytes)
+{
+    ENTER();
+    if (bytes) CUDA_TRY(cudaMemsetAsync(memory, 0, bytes, state.stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* Synchronous for the host: the caller reuses its buffer at once. */
+static int cuda_to_device(void *device_dst, const void *host_src, size_t bytes)
+{
+    ENTER();
+    if (bytes) CUDA_TRY(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, state.stream));
+    CUDA_TRY(cudaStreamSynchronize(state.stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_to_host(void *host_dst, const void *device_src, size_t bytes)
+{
+    ENTER();
+    if (bytes) CUDA_TRY(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, state.stream));
+    CUDA_TRY(cudaStreamSynchronize(state.stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* Device to device, queued. The CPU's copy is a memmove; a device copy of
+ * overlapping ranges is undefined, so it is refused (dst == src is a no-op,
+ * as on the CPU). */
+static int cuda_copy(void *dst, const void *src, size_t bytes)
+{
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    if (dst == src || bytes == 0) return TP_OK;
+    if (d < s + bytes && s < d + bytes)
+        return tp_fail(TP_ERR_ARG, "CUDA copy of %zu bytes between overlapping ranges (%p to %p)", bytes, src, dst);
+    ENTER();
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, state.stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_synchronize(void)
+{
+    ENTER();
+    CUDA_TRY(cudaStreamSynchronize(state.stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ========================================================= matrix products
+ * cuBLAS is column-major: a row-major [R, K] array with row stride K is, read
+ * column-major, its transpose, a K x R matrix with leading dimension K. So
+ * each row-major product of linear.c is computed as its transpose:
+ *
+ *   forward   out[N,OC] = in[N,C] @ W[OC,C]^T
+ *             column-major: out^T (OC x N, ld OC) = W^T^T (OC x C) . in^T (C x N)
+ *             where W read column-major is W^T (C x OC, ld C), so op(A) = T,
+ *             and in read column-major is in^T (C x N, ld C), op(B) = N:
+ *             Sgemm(T, N, m=OC, n=N, k=C, A=W lda=C, B=in ldb=C, C=out ldc=OC)
+ *   d_in      d_in[N,C] = d_out[N,OC] @ W[OC,C]
+ *             column-major: d_in^T (C x N, ld C) = W^T (C x OC, ld C) . d_out^T (OC x N, ld OC):
+ *             Sgemm(N, N, m=C, n=N, k=OC, A=W lda=C, B=d_out ldb=OC, beta 0, C=d_in ldc=C)
+ *   d_weight  d_weight[OC,C] += d_out^T[OC,N] @ in[N,C]
+ *             column-major: d_weight^T (C x OC, ld C) += in^T (C x N, ld C) . (d_out^T)^T (N x OC):
+ *             Sgemm(N, T, m=C, n=OC, k=N, A=in lda=C, B=d_out ldb=OC, beta 1, C=d_weight ldc=C)
+ *
+ * Dimensions are int in cuBLAS's API: larger ones are refused. A product
+ * with an empty inner dimension is a fill with zeros, done here (leading
+ * dimensions of 0 are invalid in cuBLAS). */
+
+static int fits_int(int64_t n)
+{
+    return n >= 0 && n <= INT32_MAX;
+}
+
+/* out[N,OC] += bias[OC] on every row. */
+static __global__ void add_bias_kernel(float *out, const float *bias, int64_t N, int64_t OC)
+{
+    GRID_STRIDE(i, N * OC) out[i] += bias[i % OC];
+}
+
+/* sums[c] += sum over n of x[n*C + c]: a block takes COL_TILE columns, its
+ * thread rows take every COL_ROWS-th row, and thread row 0 adds their sums in
+ * order (deterministic: no atomics). */
+static __global__ void column_sums_kernel(float *sums, const float *x, int64_t N, int64_t C)
+{
+    __shared__ float part[COL_ROWS][COL_TILE + 1];
+    for (int64_t tile = blockIdx.x; tile * COL_TILE < C; tile += gridDim.x) {
+        int64_t c = tile * COL_TILE + threadIdx.x;
+        float s = 0;
+        if (c < C)
+            for (int64_t n = threadIdx.y; n < N; n += COL_ROWS) s += x[n * C + c];
+        part[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < C) {
+            float total = 0;
+            for (int r = 0; r < COL_ROWS; r++) total += part[r][threadIdx.x];
+            sums[c] += total;
+        }
+        __syncthreads(); /* part is reused by the next tile */
+    }
+}
+
+static int cuda_matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N,
+                               int64_t C, int64_t OC)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (!fits_int(N) || !fits_int(C) || !fits_int(OC))
+        return tp_fail(TP_ERR_ARG, "CUDA matmul_forward: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions",
+                       (long long)N, (long long)C, (long long)OC);
+    ENTER();
+    if (N == 0 || OC == 0) return TP_OK;
+    if (C == 0) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * OC) * sizeof(float), state.stream));
+    else
+        CUBLAS_TRY(cublasSgemm(state.blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)OC, (int)N, (int)C, &one, weight, (int)C, in,
+                               (int)C, &zero, out, (int)OC));
+    if (bias) {
+        add_bias_kernel<<<blocks_for(N * OC, THREADS), THREADS, 0, state.stream>>>(out, bias, N, OC);
+        LAUNCH_CHECK();
+    }
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                                const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (!fits_int(N) || !fits_int(C) || !fits_int(OC))
+        return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions",
+                       (long long)N, (long long)C, (long long)OC);
+    ENTER();
+    if (N == 0) return TP_OK;
+    if (d_in && C > 0) { /* d_in = d_out @ W, overwritten */
+        if (OC == 0) CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * sizeof(float), state.stream));
+        else
+            CUBLAS_TRY(cublasSgemm(state.blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)C, (int)N, (int)OC, &one, weight, (int)C,
+                                   d_out, (int)OC, &zero, d_in, (int)C));
+    }
+    if (d_weight && C > 0 && OC > 0) /* d_weight += d_out^T @ in */
+        CUBLAS_TRY(cublasSgemm(state.blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)C, (int)OC, (int)N, &one, in, (int)C, d_out,
+                               (int)OC, &one, d_weight, (int)C));
+    if (d_bias && OC > 0) { /* d_bias += column sums of d_out */
+        dim3 block(COL_TILE, COL_ROWS);
+        column_sums_kernel<<<blocks_for(OC, COL_TILE), block, 0, state.stream>>>(d_bias, d_out, N, OC);
+        LAUNCH_CHECK();
+    }
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ============================================================== layer norm */
+
+/* A block per row, in the CPU's order of operations: mean, then the variance
+ * about it (two passes), rstd = 1 / sqrt(var + eps). */
+static __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *in,
+                                                const float *weight, const float *bias, int64_t N, int64_t C)
+{
+    ROWS_OF_BLOCK(n, N) {
+        const float *x = in + n * C;
+        float *y = out + n * C;
+        float s = 0;
+        COLUMNS_OF_THREAD(c, C) s += x[c];
+        float m = block_sum(s) / (float)C;
+        float q = 0;
+        COLUMNS_OF_THREAD(c, C) q += (x[c] - m) * (x[c] - m);
+        float var = block_sum(q) / (float)C;
+        float r = 1.0f / sqrtf(var + LAYERNORM_EPS);
+        COLUMNS_OF_THREAD(c, C) y[c] = (x[c] - m) * r * weight[c] + bias[c];
+        if (threadIdx.x == 0) {
+            mean[n] = m;
+            rstd[n] = r;
+        }
+    }
+}
+
+/* d_in's rows (a block per row), accumulated as norm.c does:
+ * dx += (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) rstd, dxhat = dy w. */
+static __global__ void layernorm_backward_rows_kernel(float *d_in, const float *d_out, const float *in,
+                                                      const float *weight, const float *mean, const float *rstd,
+                                                      int64_t N, int64_t C)
+{
+    ROWS_OF_BLOCK(n, N) {
+        const float *x = in + n * C, *dy = d_out + n * C;
+        float *dx = d_in + n * C;
+        float m = mean[n], s = rstd[n];
+        float a = 0, b = 0;
+        COLUMNS_OF_THREAD(c, C) {
+            float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
+            a += dxhat;
+            b += dxhat * xhat;
+        }
+        float mean_dxhat = block_sum(a) / (float)C;
+        float mean_dxhat_xhat = block_sum(b) / (float)C;
+        COLUMNS_OF_THREAD(c, C) {
+            float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
+            dx[c] += (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
+        }
+    }
+}
+
+/* d_bias[c] += sum of dy over rows, d_weight[c] += sum of xhat dy: column
+ * sums as in column_sums_kernel. */
+static __global__ void layernorm_backward_columns_kernel(float *d_weight, float *d_bias, const float *d_out,
+                                                         const float *in, const float *mean, const float *rstd,
+                                                         int64_t N, int64_t C)
+{
+    __shared__ float part_w[COL_ROWS][COL_TILE + 1], part_b[COL_ROWS][COL_TILE + 1];
+    for (int64_t tile = blockIdx.x; tile * COL_TILE < C; tile += gridDim.x) {
+        int64_t c = tile * COL_TILE + threadIdx.x;
+        float sw = 0, sb = 0;
+        if (c < C)
+            for (int64_t n = threadIdx.y; n < N; n += COL_ROWS) {
+                float dy = d_out[n * C + c], xhat = (in[n * C + c] - mean[n]) * rstd[n];
+                sb += dy;
+                sw += xhat * dy;
+            }
+        part_w[threadIdx.y][threadIdx.x] = sw;
+        part_b[threadIdx.y][threadIdx.x] = sb;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < C) {
+            float tw = 0, tb = 0;
+            for (int r = 0; r < COL_ROWS; r++) {
+                tw += part_w[r][threadIdx.x];
+                tb += part_b[r][threadIdx.x];
+            }
+            d_weight[c] += tw;
+            d_bias[c] += tb;
+        }
+        __syncthreads();
+    }
+}
+
+static int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
+                                  const float *bias, int64_t N, int64_t C)
+{
+    ENTER();
+    if (N <= 0) return TP_OK;
+    layernorm_forward_kernel<<<blocks_for(N, 1), THREADS, 0, state.stream>>>(out, mean, rstd, in, weight, bias, N, C);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                                   const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
+{
+    dim3 column_block(COL_TILE, COL_ROWS);
+    ENTER();
+    if (N <= 0 || C <= 0) return TP_OK;
+    layernorm_backward_rows_kernel<<<blocks_for(N, 1), THREADS, 0, state.stream>>>(d_in, d_out, in, weight, mean,
+                                                                                    rstd, N, C);
+    LAUNCH_CHECK();
+    layernorm_backward_columns_kernel<<<blocks_for(C, COL_TILE), column_block, 0, state.stream>>>(
+        d_weight, d_bias, d_out, in, mean, rstd, N, C);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* =================================================================== GELU
+ * As norm.c: x s with s = 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)); the CPU
+ * takes exp from fast_exp.h (within 2 ulp of expf), the GPU its own expf
+ * (also within 2 ulp): the two agree to a few ulp, not bit for bit. */
+
+static __device__ float gelu_gate(float x)
+{
+    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    return 1.0f / (1.0f + expf(-2.0f * u));
+}
+
+static __global__ void gelu_forward_kernel(float *out, const float *in, int64_t n)
+{
+    GRID_STRIDE(i, n) out[i] = in[i] * gelu_gate(in[i]);
+}
+
+/* d/dx [x s] = s + x * 2 s (1 - s) * du/dx. */
+static __global__ void gelu_backward_kernel(float *d_in, const float *in, const float *d_out, int64_t n)
+{
+    GRID_STRIDE(i, n) {
+        float x = in[i], s = gelu_gate(x);
+        float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        d_in[i] = (s + 2.0f * x * s * (1.0f - s) * du) * d_out[i];
+    }
+}
+
+static int cuda_gelu_forward(float *out, const float *in, int64_t n)
+{
+    ENTER();
+    if (n <= 0) return TP_OK;
+    gelu_forward_kernel<<<blocks_for(n, THREADS), THREADS, 0, state.stream>>>(out, in, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
+{
+    ENTER();
+    if (n <= 0) return TP_OK;
+    gelu_backward_kernel<<<blocks_for(n, THREADS), THREADS, 0, state.stream>>>(d_in, in, d_out, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ============================================================ elementwise
+ * Each element read and written by one thread: out may be any of the inputs
+ * (the trainer computes residual_forward(x, x, ...) and
+ * bias_residual_forward(p, x, p, ...)). */
+
+static __global__ void residual_kernel(float *out, const float *a, const float *b, int64_t n)
+{
+    GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+static __global__ void bias_residual_kernel(float *out, const float *x, const float *partial, const float *bias,
+                                            int64_t N, int64_t C)
+{
+    GRID_STRIDE(i, N * C) out[i] = x[i] + (partial[i] + bias[i % C]);
+}
+
+static __global__ void add_kernel(float *acc, const float *x, int64_t n)
+{
+    GRID_STRIDE(i, n) acc[i] += x[i];
+}
+
+static __global__ void scale_kernel(float *x, float scale, int64_t n)
+{
+    GRID_STRIDE(i, n) x[i] *= scale;
+}
+
+static int cuda_residual_forward(float *out, const float *a, const float *b, int64_t n)
+{
+    ENTER();
+    if (n <= 0) return TP_OK;
+    residual_kernel<<<blocks_for(n, THREADS), THREADS, 0, state.stream>>>(out, a, b, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_bias_residual_forward(float *out, const float *x, const float *partial, const float *bias, int64_t N,
+                                      int64_t C)
+{
+    ENTER();
+    if (N <= 0 || C <= 0) return TP_OK;
+    bias_residual_kernel<<<blocks_for(N * C, THREADS), THREADS, 0, state.stream>>>(out, x, partial, bias, N, C);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_add_inplace(float *acc, const float *x, int64_t n)
+{
+    ENTER();
+    if (n <= 0) return TP_OK;
+    add_kernel<<<blocks_for(n, THREADS), THREADS, 0, state.stream>>>(acc, x, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_scale_inplace(float *x, float scale, int64_t n)
+{
+    ENTER();
+    if (n <= 0) return TP_OK;
+    scale_kernel<<<blocks_for(n, THREADS), THREADS, 0, state.stream>>>(x, scale, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ============================================================== attention
+ * qkv[B,T,(Hq+2Hkv)*hd]: at position t of batch b, query head h at
+ * (b T + t) stride + h hd, its key head (h / group) at Hq hd + (h / group) hd
+ * and its value head at (Hq + Hkv + h / group) hd, stride = (Hq + 2 Hkv) hd,
+ * group = Hq / Hkv. att[B,Hq,T,T], out[B,T,Hq*hd]. */
+
+/* One block per (b, h, query row i), rows r = (b Hq + h) T + i, so that the
+ * row of att is att + r T. Writes the whole row of att, as attention.c does:
+ * the probabilities for j <= i, zero above the diagonal. */
+static __global__ void attention_forward_kernel(float *out, float *att, const float *qkv, int64_t B, int64_t T,
+                                                int64_t Hq, int64_t Hkv, int64_t hd, float scale)
+{
+    int64_t stride = (Hq + 2 * Hkv) * hd, group = Hq / Hkv;
+    ROWS_OF_BLOCK(r, B * Hq * T) {
+        int64_t i = r % T, h = (r / T) % Hq, b = r / (T * Hq);
+        const float *q = qkv + (b * T + i) * stride + h * hd;
+        const float *k = qkv + b * T * stride + (Hq + h / group) * hd; /* key j at k + j stride */
+        const float *v = qkv + b * T * stride + (Hq + Hkv + h / group) * hd;
+        float *a = att + r * T;
+        /* Scores, each thread its own j's (it alone reads them back until the barrier). */
+        float max = -INFINITY;
+        COLUMNS_OF_THREAD(j, i + 1) {
+            float s = 0;
+            for (int64_t d = 0; d < hd; d++) s += q[d] * k[j * stride + d];
+            a[j] = s * scale;
+            max = fmaxf(max, a[j]);
+        }
+        max = block_max(max);
+        float sum = 0;
+        COLUMNS_OF_THREAD(j, i + 1) {
+            a[j] = expf(a[j] - max);
+            sum += a[j];
+        }
+        sum = block_sum(sum);
+        COLUMNS_OF_THREAD(j, T) a[j] = j <= i ? a[j] / sum : 0.0f;
+        __syncthreads(); /* the row of probabilities, written by every thread, read by every thread */
+        float *o = out + (b * T + i) * Hq * hd + h * hd;
+        COLUMNS_OF_THREAD(d, hd) {
+            float s = 0;
+            for (int64_t j = 0; j <= i; j++) s += a[j] * v[j * stride + d];
+            o[d] = s;
+        }
+    }
+}
+
+/* Backward of one (b, h), a block per query row i, in attention.c's terms:
+ * d_att[i,j] = d_out_i . v_j, then the softmax backward and the score scale,
+ * d_scores[i,j] = p[i,j] (d_att[i,j] - sum_j p[i,j] d_att[i,j]) scale for
+ * j <= i, kept in the [T, T] scratch ds; then dq_i += sum_j d_scores[i,j] k_j
+ * (this block is the only writer of dq's row i of head h). Pointers are
+ * those of (b, h): rows of q, k, v, dq at + t stride, of d_out at
+ * + t out_stride, of att and ds at + t T. Entries of ds above the diagonal
+ * are not written and not read. */
+static __global__ void attention_backward_queries_kernel(float *ds, float *dq, const float *d_out, const float *k,
+                                                         const float *v, const float *att, int64_t T, int64_t stride,
+                                                         int64_t out_stride, int64_t hd, float scale)
+{
+    ROWS_OF_BLOCK(i, T) {
+        const float *g = d_out + i * out_stride, *p = att + i * T;
+        float *dp = ds + i * T;
+        float dot = 0;
+        COLUMNS_OF_THREAD(j, i + 1) {
+            float s = 0;
+            for (int64_t d = 0; d < hd; d++) s += g[d] * v[j * stride + d];
+            dp[j] = s;
+            dot += p[j] * s;
+        }
+        dot = block_sum(dot);
+        COLUMNS_OF_THREAD(j, i + 1) dp[j] = p[j] * (dp[j] - dot) * scale;
+        __syncthreads(); /* the row of ds, written by every thread, read by every thread */
+        COLUMNS_OF_THREAD(d, hd) {
+            float s = 0;
+            for (int64_t j = 0; j <= i; j++) s += dp[j] * k[j * stride + d];
+            dq[i * stride + d] += s;
+        }
+    }
+}
+
+/* Then, for the same (b, h), a thread per (key row j, d):
+ * dk_j += sum_{i >= j} d_scores[i,j] q_i and dv_j += sum_{i >= j} p[i,j] d_out_i.
+ * The heads of a group share dk and dv; they are processed one after the
+ * other on the stream, so each element has one writer at a time. */
+static __global__ void attention_backward_keys_kernel(float *dk, float *dv, const float *ds, const float *q,
+                                                      const float *d_out, const float *att, int64_t T, int64_t stride,
+                                                      int64_t out_stride, int64_t hd)
+{
+    GRID_STRIDE(e, T * hd) {
+        int64_t j = e / hd, d = e % hd;
+        float sk = 0, sv = 0;
+        for (int64_t i = j; i < T; i++) {
+            sk += ds[i * T + j] * q[i * stride + d];
+            sv += att[i * T + j] * d_out[i * out_stride + d];
+        }
+        dk[j * stride + d] += sk;
+        dv[j * stride + d] += sv;
+    }
+}
+
+static int attention_shape_ok(const char *what, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    if (B < 0 || T < 0 || Hq < 0 || hd <= 0 || Hkv <= 0 || Hq % Hkv != 0)
+        return tp_fail(TP_ERR_ARG,
+                       "CUDA %s: B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld (want hd > 0 and Hq a multiple of Hkv > 0)",
+                       what, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd);
+    return TP_OK;
+}
+
+static int cuda_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                                  int64_t Hkv, int64_t hd)
+{
+    float scale = 1.0f / sqrtf((float)hd);
+    TP_TRY(attention_shape_ok("attention_forward", B, T, Hq, Hkv, hd));
+    ENTER();
+    if (B == 0 || T == 0 || Hq == 0) return TP_OK;
+    attention_forward_kernel<<<blocks_for(B * Hq * T, 1), THREADS, 0, state.stream>>>(out, att, qkv, B, T, Hq, Hkv,
+                                                                                       hd, scale);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* d_qkv is overwritten (zeroed, then accumulated into). The scratch is used
+ * as the CPU uses it, one [T, T] for one (b, h) at a time: only its first
+ * T*T floats (the trainer gives [T, T]; kernels.h promises B*Hq*T*T). */
+static int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
+                                   const float *att, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    int64_t stride = (Hq + 2 * Hkv) * hd, out_stride = Hq * hd, group = Hkv > 0 ? Hq / Hkv : 1;
+    float scale = 1.0f / sqrtf((float)hd);
+    TP_TRY(attention_shape_ok("attention_backward", B, T, Hq, Hkv, hd));
+    ENTER();
+    if (B == 0 || T == 0) return TP_OK;
+    CUDA_TRY(cudaMemsetAsync(d_qkv, 0, (size_t)(B * T * stride) * sizeof(float), state.stream));
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t h = 0; h < Hq; h++) {
+            const float *q = qkv + b * T * stride + h * hd;
+            const float *k = qkv + b * T * stride + (Hq + h / group) * hd;
+            const float *v = qkv + b * T * stride + (Hq + Hkv + h / group) * hd;
+            float *dq = d_qkv + b * T * stride + h * hd;
+            float *dk = d_qkv + b * T * stride + (Hq + h / group) * hd;
+            float *dv = d_qkv + b * T * stride + (Hq + Hkv + h / group) * hd;
+            const float *a = att + (b * Hq + h) * T * T, *dout = d_out + b * T * out_stride + h * hd;
+            attention_backward_queries_kernel<<<blocks_for(T, 1), THREADS, 0, state.stream>>>(
+                scratch, dq, dout, k, v, a, T, stride, out_stride, hd, scale);
+            LAUNCH_CHECK();
+            attention_backward_keys_kernel<<<blocks_for(T * hd, THREADS), THREADS, 0, state.stream>>>(
+                dk, dv, scratch, q, dout, a, T, stride, out_stride, hd);
+            LAUNCH_CHECK();
+        }
+    }
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ============================================== embedding and cross-entropy */
+
+/* out[n,c] = table[token - first, c] for tokens held here, else 0. */
+static __global__ void embedding_forward_kernel(float *out, const int *tokens, const float *table, int64_t N, int64_t C,
+                                                int64_t first, int64_t rows)
+{
+    GRID_STRIDE(i, N * C) {
+        int64_t n = i / C, c = i % C, row = (int64_t)tokens[n] - first;
+        out[i] = row >= 0 && row < rows ? table[row * C + c] : 0.0f;
+    }
+}
+
+/* d_table[token - first, c] += d_out[n,c]. A token may come several times
+ * in the batch, so threads of different n add to the same element: atomics
+ * (their order, hence the last bits of a repeated token's row, varies from
+ * run to run). */
+static __global__ void embedding_backward_kernel(float *d_table, const int *tokens, const float *d_out, int64_t N,
+                                                 int64_t C, int64_t first, int64_t rows)
+{
+    GRID_STRIDE(i, N * C) {
+        int64_t n = i / C, c = i % C, row = (int64_t)tokens[n] - first;
+        if (row >= 0 && row < rows) atomicAdd(&d_table[row * C + c], d_out[i]);
+    }
+}
+
+static int cuda_embedding_forward(float *out, const int *tokens, const float *table, int64_t N, int64_t C,
+                                  int64_t first, int64_t rows)
+{
+    ENTER();
+    if (N <= 0 || C <= 0) return TP_OK;
+    embedding_forward_kernel<<<blocks_for(N * C, THREADS), THREADS, 0, state.stream>>>(out, tokens, table, N, C,
+                                                                                        first, rows);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_embedding_backward(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C,
+                                   int64_t first, int64_t rows)
+{
+    ENTER();
+    if (N <= 0 || C <= 0) return TP_OK;
+    embedding_backward_kernel<<<blocks_for(N * C, THREADS), THREADS, 0, state.stream>>>(d_table, tokens, d_out, N, C,
+                                                                                         first, rows);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* Columns of this rank that are real vocabulary (not padding), as embedding.c. */
+static int64_t valid_columns(int64_t V, int64_t first, int64_t vocab)
+{
+    int64_t valid = vocab - first;
+    return valid < 0 ? 0 : valid > V ? V : valid;
+}
+
+/* A block per row; -infinity for a row without valid columns, as the CPU. */
+static __global__ void row_max_kernel(float *row_max, const float *logits, int64_t N, int64_t V, int64_t valid)
+{
+    ROWS_OF_BLOCK(n, N) {
+        float max = -INFINITY;
+        COLUMNS_OF_THREAD(v, valid) max = fmaxf(max, logits[n * V + v]);
+        max = block_max(max);
+        if (threadIdx.x == 0) row_max[n] = max;
+    }
+}
+
+static __global__ void row_sumexp_kernel(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
+                                         int64_t valid)
+{
+    ROWS_OF_BLOCK(n, N) {
+        float s = 0;
+        COLUMNS_OF_THREAD(v, valid) s += expf(logits[n * V + v] - row_max[n]);
+        s = block_sum(s);
+        if (threadIdx.x == 0) sum[n] = s;
+    }
+}
+
+/* The target's logit when its column is held here (any of the V columns, as
+ * the CPU: targets are real tokens, never padding), else 0. */
+static __global__ void target_logit_kernel(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
+                                           int64_t first)
+{
+    GRID_STRIDE(n, N) {
+        int64_t column = (int64_t)targets[n] - first;
+        target[n] = column >= 0 && column < V ? logits[n * V + column] : 0.0f;
+    }
+}
+
+/* d = scale softmax - scale at the target's column; zero in padding columns. */
+static __global__ void crossentropy_backward_kernel(float *d_logits, const float *logits, const float *row_max,
+                                                    const float *sum, const int *targets, int64_t N, int64_t V,
+                                                    int64_t first, int64_t valid, float scale)
+{
+    GRID_STRIDE(i, N * V) {
+        int64_t n = i / V, v = i % V;
+        float d = 0.0f;
+        if (v < valid) {
+            d = scale * expf(logits[i] - row_max[n]) / sum[n];
+            if (v == (int64_t)targets[n] - first) d -= scale;
+        }
+        d_logits[i] = d;
+    }
+}
+
+static int cuda_crossentropy_row_max(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first,
+                                     int64_t vocab)
+{
+    int64_t valid = valid_columns(V, first, vocab);
+    ENTER();
+    if (N <= 0) return TP_OK;
+    row_max_kernel<<<blocks_for(N, 1), THREADS, 0, state.stream>>>(row_max, logits, N, V, valid);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_crossentropy_row_sumexp(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
+                                        int64_t first, int64_t vocab)
+{
+    int64_t valid = valid_columns(V, first, vocab);
+    ENTER();
+    if (N <= 0) return TP_OK;
+    row_sumexp_kernel<<<blocks_for(N, 1), THREADS, 0, state.stream>>>(sum, logits, row_max, N, V, valid);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N,
+                                          int64_t V, int64_t first)
+{
+    ENTER();
+    if (N <= 0) return TP_OK;
+    target_logit_kernel<<<blocks_for(N, THREADS), THREADS, 0, state.stream>>>(target, logits, targets, N, V, first);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
+                                      const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab,
+                                      float scale)
+{
+    int64_t valid = valid_columns(V, first, vocab);
+    ENTER();
+    if (N <= 0 || V <= 0) return TP_OK;
+    crossentropy_backward_kernel<<<blocks_for(N * V, THREADS), THREADS, 0, state.stream>>>(
+        d_logits, logits, row_max, sum, targets, N, V, first, valid, scale);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ============================================================ optimizer */
+
+/* adamw.c's step, operation for operation, with rounding intrinsics so that
+ * no multiply-add is fused (the CPU build fuses none): the result is the
+ * CPU's to the bit. */
+static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, int64_t n, float decay,
+                                    float step_size, float bias2_sqrt, float beta2, float eps, float keep1, float keep2)
+{
+    GRID_STRIDE(i, n) {
+        float p = __fmul_rn(param[i], decay), g = grad[i];
+        float mi = __fadd_rn(m[i], __fmul_rn(keep1, __fsub_rn(g, m[i])));
+        float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(keep2, g), g));
+        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bias2_sqrt), eps);
+        param[i] = __fadd_rn(p, __fdiv_rn(__fmul_rn(-step_size, mi), denom));
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+static int cuda_adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
+                             float beta2, float eps, float weight_decay, int64_t step)
+{
+    /* The scalars on the host in double, exactly as adamw.c computes them. */
+    double bias1 = 1.0 - pow((double)beta1, (double)step), bias2 = 1.0 - pow((double)beta2, (double)step);
+    float decay = (float)(1.0 - (double)lr * (double)weight_decay);
+    float step_size = (float)((double)lr / bias1), bias2_sqrt = (float)sqrt(bias2);
+    float keep1 = 1.0f - beta1, keep2 = 1.0f - beta2;
+    ENTER();
+    if (n <= 0) return TP_OK;
+    adamw_kernel<<<blocks_for(n, THREADS), THREADS, 0, state.stream>>>(param, grad, m, v, n, decay, step_size,
+                                                                        bias2_sqrt, beta2, eps, keep1, keep2);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* Sum of squares in double, in two passes with a fixed order (the same
+ * result every run): each of at most SUM_BLOCKS blocks sums its grid-stride
+ * share into partials[block], then one block sums the partials into
+ * partials[SUM_BLOCKS]. */
+static __global__ void sum_squares_kernel(double *partials, const float *x, int64_t n)
+{
+    double s = 0;
+    GRID_STRIDE(i, n) s += (double)x[i] * (double)x[i];
+    s = block_sum_double(s);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+static __global__ void sum_partials_kernel(double *result, const double *partials, int count)
+{
+    double s = 0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) s += partials[i];
+    s = block_sum_double(s);
+    if (threadIdx.x == 0) *result = s;
+}
+
+static int cuda_sum_of_squares(double *out, const float *x, int64_t n)
+{
+    unsigned blocks = blocks_for(n, THREADS);
+    int status = TP_ERR_DEVICE;
+    *out = 0;
+    if (n <= 0) return TP_OK;
+    if (blocks > SUM_BLOCKS) blocks = SUM_BLOCKS;
+    pthread_mutex_lock(&sums_lock); /* one result buffer for the process */
+    ENTER();
+    sum_squares_kernel<<<blocks, THREADS, 0, state.stream>>>(state.sums, x, n);
+    LAUNCH_CHECK();
+    sum_partials_kernel<<<1, THREADS, 0, state.stream>>>(state.sums + SUM_BLOCKS, state.sums, (int)blocks);
+    LAUNCH_CHECK();
+    CUDA_TRY(cudaMemcpyAsync(out, state.sums + SUM_BLOCKS, sizeof(double), cudaMemcpyDeviceToHost, state.stream));
+    CUDA_TRY(cudaStreamSynchronize(state.stream));
+    status = TP_OK;
+fail:
+    pthread_mutex_unlock(&sums_lock);
+    return status;
+}
+
+/* ================================================================ the table */
+
+static void fill_table(kernel_backend *t)
+{
+    memset(t, 0, sizeof *t);
+    t->name = "cuda";
+    t->on_device = 1;
+    t->alloc = cuda_alloc;
+    t->release = cuda_release;
+    t->zero = cuda_zero;
+    t->to_device = cuda_to_device;
+    t->to_host = cuda_to_host;
+    t->copy = cuda_copy;
+    t->synchronize = cuda_synchronize;
+    t->matmul_forward = cuda_matmul_forward;
+    t->matmul_backward = cuda_matmul_backward;
+    t->layernorm_forward = cuda_layernorm_forward;
+    t->layernorm_backward = cuda_layernorm_backward;
+    t->gelu_forward = cuda_gelu_forward;
+    t->gelu_backward = cuda_gelu_backward;
+    t->residual_forward = cuda_residual_forward;
+    t->bias_residual_forward = cuda_bias_residual_forward;
+    t->add_inplace = cuda_add_inplace;
+    t->scale_inplace = cuda_scale_inplace;
+    t->attention_forward = cuda_attention_forward;
+    t->attention_backward = cuda_attention_backward;
+    t->embedding_forward = cuda_embedding_forward;
+    t->embedding_backward = cuda_embedding_backward;
+    t->crossentropy_row_max = cuda_crossentropy_row_max;
+    t->crossentropy_row_sumexp = cuda_crossentropy_row_sumexp;
+    t->crossentropy_target_logit = cuda_crossentropy_target_logit;
+    t->crossentropy_backward = cuda_crossentropy_backward;
+    t->adamw_update = cuda_adamw_update;
+    t->sum_of_squares = cuda_sum_of_squares;
+}
+
+/* Created on the first call and kept for the life of the process (the
+ * stream, handle and buffer are released with it). A failed creation leaves
+ * nothing behind, and a later call tries again. */
+extern "C" const kernel_backend *kernels_cuda(int device)
+{
+    const kernel_backend *result = NULL;
+    int count = 0;
+    cudaError_t error;
+    pthread_mutex_lock(&state_lock);
+    if (state.ready) {
+        if (device == state.device) result = &state.table;
+        else
+            tp_fail(TP_ERR_DEVICE,
+                    "the CUDA backend of this process is on device %d; device %d asked for (one device per process)",
+                    state.device, device);
+        goto done;
+    }
+    error = cudaGetDeviceCount(&count);
+    if (error != cudaSuccess) {
+        (void)cudaGetLastError();
+        tp_fail(TP_ERR_DEVICE, "no CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorString(error));
+        goto done;
+    }
+    if (count == 0) {
+        tp_fail(TP_ERR_DEVICE, "no CUDA device (cudaGetDeviceCount found none)");
+        goto done;
+    }
+    if (device < 0 || device >= count) {
+        tp_fail(TP_ERR_DEVICE, "no CUDA device %d (this machine has %d: 0 to %d)", device, count, count - 1);
+        goto done;
+    }
+    CUDA_TRY(cudaSetDevice(device));
+    CUDA_TRY(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
+    CUBLAS_TRY(cublasCreate(&state.blas));
+    CUBLAS_TRY(cublasSetStream(state.blas, state.stream));
+    /* Plain fp32 products: no TF32 tensor cores, so that results stay within
+     * fp32 rounding of the CPU's (atomics stay off, cuBLAS's default). */
+    CUBLAS_TRY(cublasSetMathMode(state.blas, CUBLAS_DEFAULT_MATH));
+    CUDA_TRY(cudaMalloc(&state.sums, (SUM_BLOCKS + 1) * sizeof(double)));
+    state.device = device;
+    fill_table(&state.table);
+    state.ready = 1;
+    result = &state.table;
+    goto done;
+fail:
+    if (state.sums) cudaFree(state.sums);
+    if (state.blas) cublasDestroy(state.blas);
+    if (state.stream) cudaStreamDestroy(state.stream);
+    (void)cudaGetLastError();
+    state.sums = NULL;
+    state.blas = NULL;
+    state.stream = NULL;
+done:
+    pthread_mutex_unlock(&state_lock);
+    return result;
+}

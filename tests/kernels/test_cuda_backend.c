@@ -1,0 +1,541 @@
+/* The CUDA kernel backend (kernels_cuda) against the CPU functions it twins:
+ * every operation on random inputs of awkward sizes (not multiples of 32),
+ * the CPU function on host copies and the CUDA operation on device copies,
+ * compared with a tolerance suited to fp32 and stated in each test:
+ * |got - want| <= abs + rel |want|. Gradients that accumulate start from
+ * nonzero values, and outputs that are overwritten start from garbage.
+ * Without a GPU these tests report themselves skipped, except the first,
+ * which checks that asking for the backend then fails with its cause. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/error.h"
+#include "../../kernels/kernels.h"
+
+#define NEED_GPU()                                                                                                     \
+    do {                                                                                                               \
+        if (cuda_device_count() == 0)                                                                                  \
+            cr_skip_test("no CUDA device (%s)", cuda_built() ? "built with CUDA" : "built without CUDA");              \
+    } while (0)
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static float uniform(void) /* [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static float *random_floats(int64_t n, float scale)
+{
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    cr_assert(p);
+    for (int64_t i = 0; i < n; i++) p[i] = scale * uniform();
+    return p;
+}
+
+static float *filled(int64_t n, float value)
+{
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    cr_assert(p);
+    for (int64_t i = 0; i < n; i++) p[i] = value;
+    return p;
+}
+
+static const kernel_backend *gpu(void)
+{
+    const kernel_backend *k = kernels_cuda(0);
+    cr_assert(k, "kernels_cuda(0): %s", tp_errmsg());
+    return k;
+}
+
+/* A device copy of n host values of `size` bytes each. */
+static void *upload(const kernel_backend *k, const void *host, int64_t n, size_t size)
+{
+    void *device = NULL;
+    cr_assert_eq(k->alloc(&device, (size_t)n * size), TP_OK, "alloc: %s", tp_errmsg());
+    cr_assert_eq(k->to_device(device, host, (size_t)n * size), TP_OK, "to_device: %s", tp_errmsg());
+    return device;
+}
+
+static float *upload_floats(const kernel_backend *k, const float *host, int64_t n)
+{
+    return upload(k, host, n, sizeof(float));
+}
+
+/* The device's n floats in new host memory (after the work queued before). */
+static float *download(const kernel_backend *k, const float *device, int64_t n)
+{
+    float *host = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    cr_assert(host);
+    cr_assert_eq(k->to_host(host, device, (size_t)n * sizeof(float)), TP_OK, "to_host: %s", tp_errmsg());
+    return host;
+}
+
+static void check_close(const float *got, const float *want, int64_t n, double rel, double abs, const char *what)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (got[i] == want[i] || (isnan(got[i]) && isnan(want[i]))) continue; /* infinities included */
+        cr_assert(fabs((double)got[i] - (double)want[i]) <= abs + rel * fabs((double)want[i]),
+                  "%s[%lld]: CUDA %.9g, CPU %.9g (tolerance %g relative + %g absolute)", what, (long long)i, got[i],
+                  want[i], rel, abs);
+    }
+}
+
+/* Compares the device's n floats with the CPU's. */
+static void check_device(const kernel_backend *k, const float *device, const float *want, int64_t n, double rel,
+                         double abs, const char *what)
+{
+    float *got = download(k, device, n);
+    check_close(got, want, n, rel, abs, what);
+    free(got);
+}
+
+/* ---------------------------------------------------------------- creation */
+
+/* Runs with and without a GPU: without one (or without CUDA in the build)
+ * the backend is NULL and the message names the cause; with one it is the
+ * same table on every call, and another device is refused. */
+Test(cuda_backend, creation_names_its_cause)
+{
+    if (cuda_device_count() == 0) {
+        tp_fail(TP_OK, "(no message yet)"); /* so that the message checked is kernels_cuda's */
+        cr_assert_null(kernels_cuda(0), "kernels_cuda(0) without a device");
+        const char *why = tp_errmsg();
+        if (cuda_built()) cr_assert(strstr(why, "no CUDA device") != NULL, "message: %s", why);
+        else cr_assert(strstr(why, "no CUDA support") != NULL, "message: %s", why);
+        cr_assert_null(kernels_cuda(0), "a second call fails too");
+        return;
+    }
+    const kernel_backend *k = gpu();
+    cr_assert_str_eq(k->name, "cuda");
+    cr_assert_eq(k->on_device, 1);
+    cr_assert_eq(kernels_cuda(0), k, "the same table on a second call");
+    cr_assert_null(kernels_cuda(cuda_device_count()), "another device is refused");
+    cr_assert(strstr(tp_errmsg(), "device") != NULL, "message: %s", tp_errmsg());
+    cr_assert_eq(kernels_cuda(0), k, "and the backend stays usable");
+}
+
+/* ------------------------------------------------------------------ memory */
+
+Test(cuda_backend, memory_alloc_zero_copy)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t n = 1037;
+    float *host = random_floats(n, 1.0f), *zeros = filled(n, 0.0f);
+    float *a = NULL, *b = NULL;
+    cr_assert_eq(k->alloc((void **)&a, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->alloc((void **)&b, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    check_device(k, a, zeros, n, 0, 0, "alloc gives zeroes");
+    cr_assert_eq(k->to_device(a, host, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    check_device(k, a, host, n, 0, 0, "to_device then to_host");
+    cr_assert_eq(k->copy(b, a, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    check_device(k, b, host, n, 0, 0, "copy");
+    cr_assert_eq(k->copy(a, a, (size_t)n * sizeof(float)), TP_OK, "copy onto itself is a no-op");
+    cr_assert_eq(k->copy(a + 1, a, 8 * sizeof(float)), TP_ERR_ARG, "overlapping copy refused");
+    cr_assert_eq(k->zero(b + 5, 100 * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    for (int i = 5; i < 105; i++) host[i] = 0;
+    check_device(k, b, host, n, 0, 0, "zero of a range");
+    cr_assert_eq(k->synchronize(), TP_OK, "%s", tp_errmsg());
+    void *empty = NULL;
+    cr_assert_eq(k->alloc(&empty, 0), TP_OK, "alloc of 0 bytes: %s", tp_errmsg());
+    cr_assert_not_null(empty);
+    k->release(empty);
+    k->release(NULL);
+    k->release(a);
+    k->release(b);
+    free(host), free(zeros);
+}
+
+/* --------------------------------------------------------- matrix products */
+
+/* Tolerance 1e-4 relative + 1e-4 absolute: sums of 37 to 150 products of
+ * values in [-1, 1), in another order (and other blocking) than OpenBLAS. */
+Test(cuda_backend, matmul_forward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t N = 37, C = 72, OC = 150;
+    float *in = random_floats(N * C, 1.0f), *w = random_floats(OC * C, 1.0f), *bias = random_floats(OC, 1.0f);
+    float *want = malloc((size_t)(N * OC) * sizeof(float));
+    float *d_in = upload_floats(k, in, N * C), *d_w = upload_floats(k, w, OC * C), *d_bias = upload_floats(k, bias, OC);
+    float *garbage = filled(N * OC, 7.0f), *d_out = upload_floats(k, garbage, N * OC);
+    matmul_forward(want, in, w, bias, N, C, OC);
+    cr_assert_eq(k->matmul_forward(d_out, d_in, d_w, d_bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+    check_device(k, d_out, want, N * OC, 1e-4, 1e-4, "out (bias)");
+    matmul_forward(want, in, w, NULL, N, C, OC);
+    cr_assert_eq(k->matmul_forward(d_out, d_in, d_w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
+    check_device(k, d_out, want, N * OC, 1e-4, 1e-4, "out (no bias)");
+    k->release(d_in), k->release(d_w), k->release(d_bias), k->release(d_out);
+    free(in), free(w), free(bias), free(want), free(garbage);
+}
+
+/* d_in overwritten (starts from garbage), d_weight and d_bias accumulated
+ * (start from random values). Tolerance as matmul_forward's. */
+Test(cuda_backend, matmul_backward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t N = 37, C = 72, OC = 150;
+    float *in = random_floats(N * C, 1.0f), *w = random_floats(OC * C, 1.0f), *dout = random_floats(N * OC, 1.0f);
+    float *din = filled(N * C, 7.0f), *dw = random_floats(OC * C, 1.0f), *db = random_floats(OC, 1.0f);
+    float *g_in = upload_floats(k, in, N * C), *g_w = upload_floats(k, w, OC * C);
+    float *g_dout = upload_floats(k, dout, N * OC);
+    float *g_din = upload_floats(k, din, N * C), *g_dw = upload_floats(k, dw, OC * C), *g_db = upload_floats(k, db, OC);
+    matmul_backward(din, dw, db, dout, in, w, N, C, OC);
+    cr_assert_eq(k->matmul_backward(g_din, g_dw, g_db, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_din, din, N * C, 1e-4, 1e-4, "d_in");
+    check_device(k, g_dw, dw, OC * C, 1e-4, 1e-4, "d_weight");
+    check_device(k, g_db, db, OC, 1e-4, 1e-4, "d_bias");
+    /* Without d_in and d_bias: d_weight accumulates a second time, the rest untouched. */
+    matmul_backward(NULL, dw, NULL, dout, in, w, N, C, OC);
+    cr_assert_eq(k->matmul_backward(NULL, g_dw, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_dw, dw, OC * C, 1e-4, 1e-4, "d_weight, twice");
+    check_device(k, g_db, db, OC, 1e-4, 1e-4, "d_bias, untouched");
+    k->release(g_in), k->release(g_w), k->release(g_dout), k->release(g_din), k->release(g_dw), k->release(g_db);
+    free(in), free(w), free(dout), free(din), free(dw), free(db);
+}
+
+/* -------------------------------------------------------------- layer norm */
+
+/* Rows of 72 and of 1000 values (more than a block's threads, not a
+ * multiple of them), shifted so that the mean matters. Tolerance 1e-4
+ * relative + 1e-5 absolute: mean and variance are reductions. */
+Test(cuda_backend, layernorm_forward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t shapes[][2] = {{37, 72}, {5, 1000}};
+    for (int s = 0; s < 2; s++) {
+        int64_t N = shapes[s][0], C = shapes[s][1];
+        float *x = random_floats(N * C, 2.0f), *w = random_floats(C, 1.0f), *b = random_floats(C, 1.0f);
+        for (int64_t i = 0; i < N * C; i++) x[i] += 0.5f;
+        float *out = malloc((size_t)(N * C) * sizeof(float)), *mean = malloc((size_t)N * sizeof(float));
+        float *rstd = malloc((size_t)N * sizeof(float)), *garbage = filled(N * C, 7.0f);
+        float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C), *g_b = upload_floats(k, b, C);
+        float *g_out = upload_floats(k, garbage, N * C), *g_mean = upload_floats(k, garbage, N);
+        float *g_rstd = upload_floats(k, garbage, N);
+        layernorm_forward(out, mean, rstd, x, w, b, N, C);
+        cr_assert_eq(k->layernorm_forward(g_out, g_mean, g_rstd, g_x, g_w, g_b, N, C), TP_OK, "%s", tp_errmsg());
+        check_device(k, g_out, out, N * C, 1e-4, 1e-5, "out");
+        check_device(k, g_mean, mean, N, 1e-4, 1e-5, "mean");
+        check_device(k, g_rstd, rstd, N, 1e-4, 1e-5, "rstd");
+        k->release(g_x), k->release(g_w), k->release(g_b), k->release(g_out), k->release(g_mean), k->release(g_rstd);
+        free(x), free(w), free(b), free(out), free(mean), free(rstd), free(garbage);
+    }
+}
+
+/* All three gradients accumulate (norm.c): they start from random values.
+ * Both sides get the CPU's mean and rstd. Tolerance 1e-4 relative + 1e-5
+ * absolute (row and column reductions). */
+Test(cuda_backend, layernorm_backward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t shapes[][2] = {{37, 72}, {5, 1000}};
+    for (int s = 0; s < 2; s++) {
+        int64_t N = shapes[s][0], C = shapes[s][1];
+        float *x = random_floats(N * C, 2.0f), *w = random_floats(C, 1.0f), *b = random_floats(C, 1.0f);
+        float *dout = random_floats(N * C, 1.0f), *dx = random_floats(N * C, 1.0f), *dw = random_floats(C, 1.0f);
+        float *db = random_floats(C, 1.0f), *out = malloc((size_t)(N * C) * sizeof(float));
+        float *mean = malloc((size_t)N * sizeof(float)), *rstd = malloc((size_t)N * sizeof(float));
+        layernorm_forward(out, mean, rstd, x, w, b, N, C);
+        float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C), *g_dout = upload_floats(k, dout, N * C);
+        float *g_dx = upload_floats(k, dx, N * C), *g_dw = upload_floats(k, dw, C), *g_db = upload_floats(k, db, C);
+        float *g_mean = upload_floats(k, mean, N), *g_rstd = upload_floats(k, rstd, N);
+        layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+        cr_assert_eq(k->layernorm_backward(g_dx, g_dw, g_db, g_dout, g_x, g_w, g_mean, g_rstd, N, C), TP_OK, "%s",
+                     tp_errmsg());
+        check_device(k, g_dx, dx, N * C, 1e-4, 1e-5, "d_in");
+        check_device(k, g_dw, dw, C, 1e-4, 1e-5, "d_weight");
+        check_device(k, g_db, db, C, 1e-4, 1e-5, "d_bias");
+        k->release(g_x), k->release(g_w), k->release(g_dout), k->release(g_dx), k->release(g_dw), k->release(g_db);
+        k->release(g_mean), k->release(g_rstd);
+        free(x), free(w), free(b), free(dout), free(dx), free(dw), free(db), free(out), free(mean), free(rstd);
+    }
+}
+
+/* -------------------------------------------------------------------- GELU */
+
+/* Inputs in [-5, 5) and a few far out. The CPU's exp (fast_exp.h) and the
+ * GPU's expf are each within 2 ulp: tolerance 1e-5 relative + 1e-6
+ * absolute (the derivative crosses zero near x = -0.75). */
+Test(cuda_backend, gelu_forward_and_backward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t n = 1037;
+    float *x = random_floats(n, 5.0f), *dout = random_floats(n, 1.0f);
+    const float far[] = {0.0f, -0.0f, 10.0f, -10.0f, 30.0f, -30.0f, 1e-20f, -1e-20f};
+    memcpy(x, far, sizeof far);
+    float *out = malloc((size_t)n * sizeof(float)), *din = malloc((size_t)n * sizeof(float));
+    float *garbage = filled(n, 7.0f);
+    float *g_x = upload_floats(k, x, n), *g_dout = upload_floats(k, dout, n), *g_out = upload_floats(k, garbage, n);
+    float *g_din = upload_floats(k, garbage, n);
+    gelu_forward(out, x, n);
+    gelu_backward(din, x, dout, n);
+    cr_assert_eq(k->gelu_forward(g_out, g_x, n), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->gelu_backward(g_din, g_x, g_dout, n), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_out, out, n, 1e-5, 1e-6, "gelu");
+    check_device(k, g_din, din, n, 1e-5, 1e-6, "d_in");
+    k->release(g_x), k->release(g_dout), k->release(g_out), k->release(g_din);
+    free(x), free(dout), free(out), free(din), free(garbage);
+}
+
+/* ------------------------------------------------------------- elementwise */
+
+/* One rounding each, the same on both sides: tolerance 1e-5 relative +
+ * 1e-6 absolute (in practice equal). Outputs aliasing an input as the
+ * trainer calls them; scale_inplace also on more elements than one pass of
+ * the largest grid covers (65535 blocks of 256 threads). */
+Test(cuda_backend, elementwise)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t N = 37, C = 72, n = N * C;
+    float *a = random_floats(n, 1.0f), *b = random_floats(n, 1.0f), *bias = random_floats(C, 1.0f);
+    float *want = malloc((size_t)n * sizeof(float)), *garbage = filled(n, 7.0f);
+    float *g_a = upload_floats(k, a, n), *g_b = upload_floats(k, b, n), *g_bias = upload_floats(k, bias, C);
+    float *g_out = upload_floats(k, garbage, n);
+
+    residual_forward(want, a, b, n);
+    cr_assert_eq(k->residual_forward(g_out, g_a, g_b, n), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_out, want, n, 1e-5, 1e-6, "residual_forward");
+
+    bias_residual_forward(want, a, b, bias, N, C);
+    cr_assert_eq(k->bias_residual_forward(g_out, g_a, g_b, g_bias, N, C), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_out, want, n, 1e-5, 1e-6, "bias_residual_forward");
+    cr_assert_eq(k->bias_residual_forward(g_b, g_a, g_b, g_bias, N, C), TP_OK, "%s", tp_errmsg()); /* out = partial */
+    check_device(k, g_b, want, n, 1e-5, 1e-6, "bias_residual_forward in place");
+    cr_assert_eq(k->to_device(g_b, b, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
+
+    memcpy(want, a, (size_t)n * sizeof(float));
+    add_inplace(want, b, n);
+    cr_assert_eq(k->add_inplace(g_a, g_b, n), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_a, want, n, 1e-5, 1e-6, "add_inplace");
+
+    scale_inplace(want, 0.37f, n);
+    cr_assert_eq(k->scale_inplace(g_a, 0.37f, n), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_a, want, n, 1e-5, 1e-6, "scale_inplace");
+
+    int64_t big = 65535LL * 256 + 4099;
+    float *x = random_floats(big, 3.0f), *g_x = upload_floats(k, x, big);
+    scale_inplace(x, -1.5f, big);
+    cr_assert_eq(k->scale_inplace(g_x, -1.5f, big), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_x, x, big, 1e-5, 1e-6, "scale_inplace, beyond one grid");
+
+    k->release(g_a), k->release(g_b), k->release(g_bias), k->release(g_out), k->release(g_x);
+    free(a), free(b), free(bias), free(want), free(garbage), free(x);
+}
+
+/* --------------------------------------------------------------- attention */
+
+/* B, T, Hq, Hkv, hd: grouped KV heads (2 query heads per KV head), one KV
+ * head for all, and as many KV heads as query heads. */
+static const int64_t attention_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 37, 3, 1, 24}, {2, 5, 2, 2, 8}};
+
+/* The whole of att is compared, zeros above the diagonal included (the
+ * device's starts from garbage). Tolerance 1e-4 relative + 1e-5 absolute:
+ * softmax and the weighted sums are reductions. */
+Test(cuda_backend, attention_forward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    for (int s = 0; s < 3; s++) {
+        int64_t B = attention_shapes[s][0], T = attention_shapes[s][1], Hq = attention_shapes[s][2];
+        int64_t Hkv = attention_shapes[s][3], hd = attention_shapes[s][4];
+        int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_att = B * Hq * T * T;
+        float *qkv = random_floats(n_qkv, 2.0f), *out = malloc((size_t)n_out * sizeof(float));
+        float *att = malloc((size_t)n_att * sizeof(float)), *garbage = filled(n_att > n_out ? n_att : n_out, 7.0f);
+        float *g_qkv = upload_floats(k, qkv, n_qkv), *g_out = upload_floats(k, garbage, n_out);
+        float *g_att = upload_floats(k, garbage, n_att);
+        attention_forward(out, att, qkv, B, T, Hq, Hkv, hd);
+        cr_assert_eq(k->attention_forward(g_out, g_att, g_qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+        check_device(k, g_att, att, n_att, 1e-4, 1e-5, "att");
+        check_device(k, g_out, out, n_out, 1e-4, 1e-5, "out");
+        k->release(g_qkv), k->release(g_out), k->release(g_att);
+        free(qkv), free(out), free(att), free(garbage);
+    }
+}
+
+/* d_qkv is overwritten (the device's starts from garbage). Both sides get
+ * the CPU's att. The scratch is [T, T], as the trainer gives it: the CUDA
+ * backend, like the CPU, uses no more. Tolerance 1e-4 relative + 1e-5
+ * absolute. */
+Test(cuda_backend, attention_backward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    for (int s = 0; s < 3; s++) {
+        int64_t B = attention_shapes[s][0], T = attention_shapes[s][1], Hq = attention_shapes[s][2];
+        int64_t Hkv = attention_shapes[s][3], hd = attention_shapes[s][4];
+        int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_att = B * Hq * T * T;
+        float *qkv = random_floats(n_qkv, 2.0f), *out = malloc((size_t)n_out * sizeof(float));
+        float *att = malloc((size_t)n_att * sizeof(float)), *dout = random_floats(n_out, 1.0f);
+        float *dqkv = malloc((size_t)n_qkv * sizeof(float));
+        float *scratch = malloc((size_t)(B * Hq * T * T) * sizeof(float));
+        float *garbage = filled(n_qkv, 7.0f);
+        attention_forward(out, att, qkv, B, T, Hq, Hkv, hd);
+        float *g_qkv = upload_floats(k, qkv, n_qkv), *g_att = upload_floats(k, att, n_att);
+        float *g_dout = upload_floats(k, dout, n_out), *g_dqkv = upload_floats(k, garbage, n_qkv);
+        float *g_scratch = upload_floats(k, garbage, T * T);
+        attention_backward(dqkv, scratch, dout, qkv, att, B, T, Hq, Hkv, hd);
+        cr_assert_eq(k->attention_backward(g_dqkv, g_scratch, g_dout, g_qkv, g_att, B, T, Hq, Hkv, hd), TP_OK, "%s",
+                     tp_errmsg());
+        check_device(k, g_dqkv, dqkv, n_qkv, 1e-4, 1e-5, "d_qkv");
+        k->release(g_qkv), k->release(g_att), k->release(g_dout), k->release(g_dqkv), k->release(g_scratch);
+        free(qkv), free(out), free(att), free(dout), free(dqkv), free(scratch), free(garbage);
+    }
+}
+
+Test(cuda_backend, attention_refuses_bad_heads)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    float *g = NULL;
+    cr_assert_eq(k->alloc((void **)&g, 4096), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->attention_forward(g, g, g, 1, 2, 3, 2, 4), TP_ERR_ARG, "Hq not a multiple of Hkv");
+    cr_assert_eq(k->attention_forward(g, g, g, 1, 2, 2, 0, 4), TP_ERR_ARG, "no KV head");
+    k->release(g);
+}
+
+/* --------------------------------------------------------------- embedding */
+
+/* This rank holds rows [100, 250) of the table; tokens fall below, inside
+ * (some repeated) and above. Forward: copies, exact (tolerance 0).
+ * Backward: accumulates into a table of random values, repeated tokens by
+ * atomics in any order: tolerance 1e-5 relative + 1e-6 absolute. */
+Test(cuda_backend, embedding_forward_and_backward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t N = 37, C = 72, first = 100, rows = 150;
+    int tokens[37];
+    for (int64_t n = 0; n < N; n++) tokens[n] = 80 + (int)((uniform() + 1.0f) * 95.0f); /* [80, 270) */
+    tokens[3] = 99, tokens[4] = 100, tokens[5] = 249, tokens[6] = 250;        /* the edges */
+    tokens[10] = tokens[11] = tokens[20] = tokens[36] = 123;                  /* repeats */
+    float *table = random_floats(rows * C, 1.0f), *dout = random_floats(N * C, 1.0f);
+    float *d_table = random_floats(rows * C, 1.0f), *out = malloc((size_t)(N * C) * sizeof(float));
+    float *garbage = filled(N * C, 7.0f);
+    int *g_tokens = upload(k, tokens, N, sizeof(int));
+    float *g_table = upload_floats(k, table, rows * C), *g_dout = upload_floats(k, dout, N * C);
+    float *g_dtable = upload_floats(k, d_table, rows * C), *g_out = upload_floats(k, garbage, N * C);
+    embedding_forward(out, tokens, table, N, C, first, rows);
+    cr_assert_eq(k->embedding_forward(g_out, g_tokens, g_table, N, C, first, rows), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_out, out, N * C, 0, 0, "out");
+    embedding_backward(d_table, tokens, dout, N, C, first, rows);
+    cr_assert_eq(k->embedding_backward(g_dtable, g_tokens, g_dout, N, C, first, rows), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_dtable, d_table, rows * C, 1e-5, 1e-6, "d_table");
+    k->release(g_tokens), k->release(g_table), k->release(g_dout), k->release(g_dtable), k->release(g_out);
+    free(table), free(dout), free(d_table), free(out), free(garbage);
+}
+
+/* ----------------------------------------------------------- cross-entropy */
+
+/* Local logits of 150 columns: global ids [300, 450) of a vocabulary of 420
+ * (30 padding columns), [0, 150) of 1000 (no padding) and [450, 600) of 420
+ * (padding only: max -inf, sum 0, gradient 0). Each step gets the CPU's
+ * results of the step before, so that each op is compared alone. Max and
+ * target logit are exact (tolerance 0); the sum of exponentials is a
+ * reduction (1e-4 relative); the gradient elementwise (1e-5 relative +
+ * 1e-6 absolute). */
+Test(cuda_backend, crossentropy)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t cases[][2] = {{300, 420}, {0, 1000}, {450, 420}}; /* first, vocab */
+    int64_t N = 37, V = 150;
+    for (int s = 0; s < 3; s++) {
+        int64_t first = cases[s][0], vocab = cases[s][1];
+        int targets[37];
+        for (int64_t n = 0; n < N; n++) {
+            /* Every other target in this rank's columns where it has real ones, the rest anywhere. */
+            int64_t valid = vocab - first < 0 ? 0 : vocab - first > V ? V : vocab - first;
+            double u = (uniform() + 1.0) / 2.0;
+            targets[n] = (int)(n % 2 == 0 && valid > 0 ? first + (int64_t)(u * (double)valid)
+                                                       : (int64_t)(u * (double)vocab));
+        }
+        float *logits = random_floats(N * V, 4.0f), *row_max = malloc((size_t)N * sizeof(float));
+        float *sum = malloc((size_t)N * sizeof(float)), *target = malloc((size_t)N * sizeof(float));
+        float *d_logits = malloc((size_t)(N * V) * sizeof(float)), *garbage = filled(N * V, 7.0f);
+        int *g_targets = upload(k, targets, N, sizeof(int));
+        float *g_logits = upload_floats(k, logits, N * V), *g_max = upload_floats(k, garbage, N);
+        float *g_sum = upload_floats(k, garbage, N), *g_target = upload_floats(k, garbage, N);
+        float *g_dlogits = upload_floats(k, garbage, N * V);
+
+        crossentropy_row_max(row_max, logits, N, V, first, vocab);
+        cr_assert_eq(k->crossentropy_row_max(g_max, g_logits, N, V, first, vocab), TP_OK, "%s", tp_errmsg());
+        check_device(k, g_max, row_max, N, 0, 0, "row_max");
+        cr_assert_eq(k->to_device(g_max, row_max, (size_t)N * sizeof(float)), TP_OK, "%s", tp_errmsg());
+
+        crossentropy_row_sumexp(sum, logits, row_max, N, V, first, vocab);
+        cr_assert_eq(k->crossentropy_row_sumexp(g_sum, g_logits, g_max, N, V, first, vocab), TP_OK, "%s",
+                     tp_errmsg());
+        check_device(k, g_sum, sum, N, 1e-4, 0, "row_sumexp");
+        cr_assert_eq(k->to_device(g_sum, sum, (size_t)N * sizeof(float)), TP_OK, "%s", tp_errmsg());
+
+        crossentropy_target_logit(target, logits, targets, N, V, first);
+        cr_assert_eq(k->crossentropy_target_logit(g_target, g_logits, g_targets, N, V, first), TP_OK, "%s",
+                     tp_errmsg());
+        check_device(k, g_target, target, N, 0, 0, "target_logit");
+
+        crossentropy_backward(d_logits, logits, row_max, sum, targets, N, V, first, vocab, 0.5f);
+        cr_assert_eq(k->crossentropy_backward(g_dlogits, g_logits, g_max, g_sum, g_targets, N, V, first, vocab, 0.5f),
+                     TP_OK, "%s", tp_errmsg());
+        check_device(k, g_dlogits, d_logits, N * V, 1e-5, 1e-6, "d_logits");
+
+        k->release(g_targets), k->release(g_logits), k->release(g_max), k->release(g_sum), k->release(g_target);
+        k->release(g_dlogits);
+        free(logits), free(row_max), free(sum), free(target), free(d_logits), free(garbage);
+    }
+}
+
+/* --------------------------------------------------------------- optimizer */
+
+/* Three steps from zero moments, new gradients each step. The same
+ * operations in the same order with no fused multiply-add, so the two
+ * should agree to the bit; tolerance 1e-6 relative + 1e-12 absolute. */
+Test(cuda_backend, adamw_update)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t n = 1037;
+    float *param = random_floats(n, 1.0f), *m = filled(n, 0.0f), *v = filled(n, 0.0f);
+    float *g_param = upload_floats(k, param, n), *g_m = upload_floats(k, m, n), *g_v = upload_floats(k, v, n);
+    for (int64_t step = 1; step <= 3; step++) {
+        float *grad = random_floats(n, 0.1f), *g_grad = upload_floats(k, grad, n);
+        adamw_update(param, grad, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        cr_assert_eq(k->adamw_update(g_param, g_grad, g_m, g_v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step), TP_OK, "%s",
+                     tp_errmsg());
+        k->release(g_grad);
+        free(grad);
+    }
+    check_device(k, g_param, param, n, 1e-6, 1e-12, "param");
+    check_device(k, g_m, m, n, 1e-6, 1e-12, "m");
+    check_device(k, g_v, v, n, 1e-6, 1e-12, "v");
+    k->release(g_param), k->release(g_m), k->release(g_v);
+    free(param), free(m), free(v);
+}
+
+/* Squares of floats are exact in double; only the order of the additions
+ * differs: tolerance 1e-10 relative. Sizes: empty, within one block, and
+ * more than the first pass's 1024 blocks of 256 cover at once. */
+Test(cuda_backend, sum_of_squares)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t sizes[] = {0, 37, (1 << 20) + 37};
+    for (int s = 0; s < 3; s++) {
+        int64_t n = sizes[s];
+        float *x = random_floats(n, 3.0f), *g_x = upload_floats(k, x, n);
+        double got = -1, want = sum_of_squares(x, n);
+        cr_assert_eq(k->sum_of_squares(&got, g_x, n), TP_OK, "%s", tp_errmsg());
+        cr_assert(fabs(got - want) <= 1e-10 * fabs(want), "n=%lld: CUDA %.17g, CPU %.17g", (long long)n, got, want);
+        k->release(g_x);
+        free(x);
+    }
+}
