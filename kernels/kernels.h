@@ -2,10 +2,11 @@
  *
  * Every operation has a plain CPU version (cpu/) that is obviously correct
  * and is the reference its faster twins are tested against. CUDA twins
- * (cuda/, built when nvcc is present) exist today for the conversions and
- * the strided moves, bit for bit equal to the CPU; the transformer
- * operations below get theirs with the GPU trainer. A build without CUDA
- * links cuda/none.c, whose entry points report that there is no device.
+ * (cuda/, built when nvcc is present): the conversions and the strided
+ * moves, bit for bit equal to the CPU, and every transformer operation in
+ * the CUDA kernel backend (kernels_cuda, within fp32 rounding of the CPU;
+ * not yet run on a GPU). A build without CUDA links cuda/none.c, whose
+ * entry points report that there is no device.
  *
  * Arrays are row-major; shapes are in the comments. Functions that can fail
  * return a tp_status with the message in tp_errmsg() (common/error.h). */
@@ -119,7 +120,8 @@ void scale_inplace(float *x, float scale, int64_t n);
  * 1/sqrt(hd). */
 void attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                        int64_t hd);
-/* d_qkv[B,T,(Hq+2Hkv)*hd] = gradient from d_out[B,T,Hq*hd]; scratch holds B*Hq*T*T floats. */
+/* d_qkv[B,T,(Hq+2Hkv)*hd] = gradient from d_out[B,T,Hq*hd]; scratch holds T*T
+ * floats (one (batch, head) at a time). */
 void attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *att,
                         int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 
@@ -173,7 +175,7 @@ typedef struct kernel_backend {
     int (*zero)(void *memory, size_t bytes);
     int (*to_device)(void *device_dst, const void *host_src, size_t bytes);
     int (*to_host)(void *host_dst, const void *device_src, size_t bytes);
-    int (*copy)(void *dst, const void *src, size_t bytes); /* both the backend's memory */
+    int (*copy)(void *dst, const void *src, size_t bytes); /* both the backend's memory; not overlapping */
     int (*synchronize)(void);                               /* waits for all work issued */
 
     int (*matmul_forward)(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,

@@ -20,6 +20,7 @@
  * bit-reproducible from run to run. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -30,6 +31,46 @@ extern "C" {
 }
 #include "check.h"
 
+#define TP_STRINGIFY_(x) #x
+#define TP_STRINGIFY(x) TP_STRINGIFY_(x)
+
+/* cuBLAS, loaded when the backend is created (dlopen), not linked: its
+ * libraries are over 500 MB, and a program linked with them pays about
+ * 0.6 s and 200 MB at every start, on the CPU too. The functions used,
+ * typed as cublas_v2.h declares them. */
+static struct {
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSetMathMode) set_math_mode;
+    decltype(&cublasSgemm_v2) sgemm;
+    decltype(&cublasGetStatusName) status_name;
+    decltype(&cublasGetStatusString) status_string;
+} blas;
+
+/* Loads cuBLAS once; fails naming what is missing. */
+static int load_cublas(void)
+{
+    static const char *const names[] = {"libcublas.so." TP_STRINGIFY(CUBLAS_VER_MAJOR), "libcublas.so"};
+    if (blas.sgemm) return TP_OK;
+    void *library = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !library; i++) library = dlopen(names[i], RTLD_NOW);
+    if (!library) return tp_fail(TP_ERR_DEVICE, "cuBLAS could not be loaded (%s): is the CUDA toolkit's lib64 on "
+                                                "the library path?", dlerror());
+#define LOAD(field, symbol)                                                                                            \
+    if (!(*(void **)&blas.field = dlsym(library, #symbol)))                                                           \
+        return tp_fail(TP_ERR_DEVICE, "cuBLAS (%s) has no %s", names[0], #symbol);
+    LOAD(create, cublasCreate_v2)
+    LOAD(destroy, cublasDestroy_v2)
+    LOAD(set_stream, cublasSetStream_v2)
+    LOAD(set_math_mode, cublasSetMathMode)
+    LOAD(status_name, cublasGetStatusName)
+    LOAD(status_string, cublasGetStatusString)
+    LOAD(sgemm, cublasSgemm_v2) /* last: it says that all are loaded */
+#undef LOAD
+    return TP_OK;
+}
+
 /* cuBLAS calls in the convention of CUDA_TRY (check.h): "file:line: call:
  * STATUS_NAME (cuBLAS's description)" as a TP_ERR_DEVICE failure, then the
  * function's `fail` label. */
@@ -38,7 +79,7 @@ extern "C" {
         cublasStatus_t cublas_try_status_ = (call);                                                                    \
         if (cublas_try_status_ != CUBLAS_STATUS_SUCCESS) {                                                             \
             tp_fail(TP_ERR_DEVICE, "%s:%d: %s: %s (%s)", __FILE__, __LINE__, #call,                                    \
-                    cublasGetStatusName(cublas_try_status_), cublasGetStatusString(cublas_try_status_));               \
+                    blas.status_name(cublas_try_status_), blas.status_string(cublas_try_status_));                     \
             goto fail;                                                                                                 \
         }                                                                                                              \
     } while (0)
@@ -284,7 +325,7 @@ static int cuda_matmul_forward(float *out, const float *in, const float *weight,
     if (N == 0 || OC == 0) return TP_OK;
     if (C == 0) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * OC) * sizeof(float), state.stream));
     else
-        CUBLAS_TRY(cublasSgemm(state.blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)OC, (int)N, (int)C, &one, weight, (int)C, in,
+        CUBLAS_TRY(blas.sgemm(state.blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)OC, (int)N, (int)C, &one, weight, (int)C, in,
                                (int)C, &zero, out, (int)OC));
     if (bias) {
         add_bias_kernel<<<blocks_for(N * OC, THREADS), THREADS, 0, state.stream>>>(out, bias, N, OC);
@@ -307,11 +348,11 @@ static int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, con
     if (d_in && C > 0) { /* d_in = d_out @ W, overwritten */
         if (OC == 0) CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * sizeof(float), state.stream));
         else
-            CUBLAS_TRY(cublasSgemm(state.blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)C, (int)N, (int)OC, &one, weight, (int)C,
+            CUBLAS_TRY(blas.sgemm(state.blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)C, (int)N, (int)OC, &one, weight, (int)C,
                                    d_out, (int)OC, &zero, d_in, (int)C));
     }
     if (d_weight && C > 0 && OC > 0) /* d_weight += d_out^T @ in */
-        CUBLAS_TRY(cublasSgemm(state.blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)C, (int)OC, (int)N, &one, in, (int)C, d_out,
+        CUBLAS_TRY(blas.sgemm(state.blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)C, (int)OC, (int)N, &one, in, (int)C, d_out,
                                (int)OC, &one, d_weight, (int)C));
     if (d_bias && OC > 0) { /* d_bias += column sums of d_out */
         dim3 block(COL_TILE, COL_ROWS);
@@ -1014,13 +1055,14 @@ extern "C" const kernel_backend *kernels_cuda(int device)
         tp_fail(TP_ERR_DEVICE, "no CUDA device %d (this machine has %d: 0 to %d)", device, count, count - 1);
         goto done;
     }
+    if (load_cublas()) goto done;
     CUDA_TRY(cudaSetDevice(device));
     CUDA_TRY(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
-    CUBLAS_TRY(cublasCreate(&state.blas));
-    CUBLAS_TRY(cublasSetStream(state.blas, state.stream));
+    CUBLAS_TRY(blas.create(&state.blas));
+    CUBLAS_TRY(blas.set_stream(state.blas, state.stream));
     /* Plain fp32 products: no TF32 tensor cores, so that results stay within
      * fp32 rounding of the CPU's (atomics stay off, cuBLAS's default). */
-    CUBLAS_TRY(cublasSetMathMode(state.blas, CUBLAS_DEFAULT_MATH));
+    CUBLAS_TRY(blas.set_math_mode(state.blas, CUBLAS_DEFAULT_MATH));
     CUDA_TRY(cudaMalloc(&state.sums, (SUM_BLOCKS + 1) * sizeof(double)));
     state.device = device;
     fill_table(&state.table);
@@ -1029,7 +1071,7 @@ extern "C" const kernel_backend *kernels_cuda(int device)
     goto done;
 fail:
     if (state.sums) cudaFree(state.sums);
-    if (state.blas) cublasDestroy(state.blas);
+    if (state.blas) blas.destroy(state.blas);
     if (state.stream) cudaStreamDestroy(state.stream);
     (void)cudaGetLastError();
     state.sums = NULL;
