@@ -384,3 +384,46 @@ Test(train, checkpoints_move_between_the_device_and_the_cpu, .timeout = 180)
     }
     cr_assert_eq(encoded_backend_live_bytes(), 0);
 }
+
+/* ------------------------------------------------------------ on a real GPU */
+
+/* The CUDA backend against the CPU (cuBLAS sums in another order: 1e-4),
+ * one GPU for every layout: ranks on threads share it. */
+Test(train, the_gpu_trains_as_the_cpu_at_every_layout, .timeout = 300)
+{
+    if (cuda_device_count() == 0) cr_skip_test("no CUDA device");
+    const kernel_backend *gpu = kernels_cuda(0);
+    cr_assert_not_null(gpu, "%s", tp_errmsg());
+    const int layouts[3][3] = {{1, 1, 1}, {2, 2, 1}, {1, 2, 2}};
+    double cpu[8] = {0};
+    train_layout(1, 1, 1, NULL, 5, NULL, 0, 0, cpu);
+    for (int i = 0; i < 3; i++) {
+        double device[8] = {0};
+        const int *l = layouts[i];
+        train_layout(l[0], l[1], l[2], gpu, 5, NULL, 0, 0, device);
+        for (int s = 1; s <= 5; s++)
+            cr_assert(fabs(device[s] - cpu[s]) <= 1e-4 * cpu[s], "tp%d pp%d dp%d step %d: %.9g on the GPU, %.9g on the CPU",
+                      l[0], l[1], l[2], s, device[s], cpu[s]);
+    }
+}
+
+Test(train, checkpoints_move_between_the_gpu_and_the_cpu, .timeout = 300)
+{
+    if (cuda_device_count() == 0) cr_skip_test("no CUDA device");
+    const kernel_backend *gpu = kernels_cuda(0);
+    cr_assert_not_null(gpu, "%s", tp_errmsg());
+    double straight[8] = {0};
+    train_layout(2, 1, 1, NULL, 6, NULL, 0, 0, straight);
+    for (int way = 0; way < 2; way++) {
+        char run_dir[700];
+        snprintf(run_dir, sizeof run_dir, "%s/gpu%d", dir, way);
+        double first[8] = {0}, rest[8] = {0};
+        train_layout(2, 1, 1, way == 0 ? gpu : NULL, 6, run_dir, 3, 0, first);
+        train_layout(2, 1, 1, way == 0 ? NULL : gpu, 6, run_dir, 0, 1, rest);
+        for (int s = 1; s <= 6; s++) {
+            double got = s <= 3 ? first[s] : rest[s];
+            cr_assert(fabs(got - straight[s]) <= 1e-4 * straight[s], "%s: step %d: loss %.9g, %.9g uninterrupted",
+                      way == 0 ? "gpu to cpu" : "cpu to gpu", s, got, straight[s]);
+        }
+    }
+}
