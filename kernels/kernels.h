@@ -89,6 +89,15 @@ void matmul_forward(float *out, const float *in, const float *weight, const floa
 void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                      const float *weight, int64_t N, int64_t C, int64_t OC);
 
+/* bf16 mixed precision (tp-train --dtype bf16): the same products with
+ * both operands rounded to bf16 (to nearest, ties to even) and summed in
+ * fp32, as tensor cores compute them; the bias and d_bias stay fp32. They
+ * need scratch for the rounded operands: TP_ERR_NOMEM when it cannot be had. */
+int matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
+                        int64_t OC);
+int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                         const float *weight, int64_t N, int64_t C, int64_t OC);
+
 /* out[N,C] = (in - mean) * rstd * weight + bias over each row (eps 1e-5);
  * mean[N], rstd[N] kept for backward. */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
@@ -182,6 +191,10 @@ typedef struct kernel_backend {
                           int64_t OC);
     int (*matmul_backward)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                            const float *weight, int64_t N, int64_t C, int64_t OC);
+    int (*matmul_forward_bf16)(float *out, const float *in, const float *weight, const float *bias, int64_t N,
+                               int64_t C, int64_t OC);
+    int (*matmul_backward_bf16)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                                const float *weight, int64_t N, int64_t C, int64_t OC);
     int (*layernorm_forward)(float *out, float *mean, float *rstd, const float *in, const float *weight,
                              const float *bias, int64_t N, int64_t C);
     int (*layernorm_backward)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,

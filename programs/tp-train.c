@@ -30,7 +30,8 @@ static const char *usage_text =
     "       tp-train generate --ckpt CKPT --prompt TEXT [options]            sample text\n"
     "\n"
     CLI_MODEL_USAGE
-    "           (trains GPT-2 in fp32: pre-LayerNorm, GELU, tied output)\n"
+    "           (trains GPT-2: pre-LayerNorm, GELU, tied output; --dtype fp32, or bf16: mixed precision,\n"
+    "           matrix products with bf16 operands and fp32 sums, fp32 weights, optimizer and checkpoints)\n"
     "layout:    --tp T --pp P --dp D          (dp defaults to ranks / (tp x pp))\n"
     "batch:     --micro-batch B (4) --grad-accum A (1)  global batch = B x A x D sequences;\n"
     "           or --global-batch G (sequences per step): A = G / (B x D)\n"
@@ -331,10 +332,11 @@ static void log_start(reporter *p, const train_report *r)
     json_string(p->resumed ? (name ? name + 1 : p->resumed_from) : NULL, from, sizeof from);
     fprintf(p->log,
             "{\"event\":\"start\",\"step\":%lld,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batch\":%lld,"
-            "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"device\":%s,\"resumed_from\":%s,"
+            "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"device\":%s,\"dtype\":\"%s\",\"resumed_from\":%s,"
             "\"load_seconds\":%.3f,\"startup_seconds\":%.3f,\"time\":%.6f}\n",
             (long long)r->step - 1, p->c->tp, p->c->pp, p->c->dp, (long long)o->micro_batch, (long long)o->grad_accum,
-            (long long)r->global_batch, p->c->world, device, from, p->resumed ? p->load_seconds : 0.0,
+            (long long)r->global_batch, p->c->world, device, o->bf16 ? "bf16" : "fp32", from,
+            p->resumed ? p->load_seconds : 0.0,
             now_seconds() - p->started, unix_seconds());
     fflush(p->log);
 }
@@ -521,7 +523,13 @@ int main(int argc, char **argv)
         }
     }
     if (optind != argc) die_usage("unexpected argument '%s'", argv[optind]);
-    if (gpt_options_finish(&model, &o.config) || gpt_model_supported(&o.config)) die_usage("%s", tp_errmsg());
+    if (gpt_options_finish(&model, &o.config)) die_usage("%s", tp_errmsg());
+    /* --dtype bf16: mixed precision; the weights (and checkpoints) stay fp32. */
+    if (o.config.dtype == TP_BF16) {
+        o.bf16 = 1;
+        o.config.dtype = TP_FP32;
+    }
+    if (gpt_model_supported(&o.config)) die_usage("%s", tp_errmsg());
     o.seq = o.config.seq;
     if (o.resume && !o.ckpt_dir) die_usage("--resume needs --ckpt-dir");
     if (fault.kind != FAULT_NONE && fault.kind != FAULT_FAIL_AT_START && fault.step < 1)

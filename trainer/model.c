@@ -143,6 +143,7 @@ static int slot_init(gpt_model *m, gpt_slot *s)
 int gpt_model_supported(const gpt_config *config)
 {
     if (!config->swiglu && config->kv_heads == config->heads && config->dtype == TP_FP32) return TP_OK;
+    /* fp32 parameters; bf16 computation is a training option (train_options.bf16). */
     return tp_fail(TP_ERR_ARG,
                    "the trainer computes GPT-2 in fp32: a GELU MLP, as many key/value heads as heads (asked: %s MLP, "
                    "%lld key/value heads for %lld heads, %s)",
@@ -301,6 +302,20 @@ static int tp_sum(gpt_model *m, float *data, int64_t n)
     return comm_all_reduce(m->comm, GROUP_TP, data, n, COMM_FLOAT, COMM_SUM, m->stream);
 }
 
+/* The matrix products, in fp32 or with bf16 operands (m->bf16). */
+static int linear_forward(const gpt_model *m, float *out, const float *in, const float *weight, const float *bias,
+                          int64_t N, int64_t C, int64_t OC)
+{
+    return (m->bf16 ? m->kernels->matmul_forward_bf16 : m->kernels->matmul_forward)(out, in, weight, bias, N, C, OC);
+}
+
+static int linear_backward(const gpt_model *m, float *d_in, float *d_weight, float *d_bias, const float *d_out,
+                           const float *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    return (m->bf16 ? m->kernels->matmul_backward_bf16 : m->kernels->matmul_backward)(d_in, d_weight, d_bias, d_out,
+                                                                                       in, weight, N, C, OC);
+}
+
 static int embed_forward(gpt_model *m, gpt_slot *s)
 {
     const kernel_backend *k = m->kernels;
@@ -322,15 +337,15 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, const float *x)
     float *res2 = s->res2 + l * N * D;
     const kernel_backend *k = m->kernels;
     TP_TRY(k->layernorm_forward(ln1, s->ln1_mean + l * N, s->ln1_rstd + l * N, x, W(LN1_WEIGHT), W(LN1_BIAS), N, D));
-    TP_TRY(k->matmul_forward(qkv, ln1, W(QKV_WEIGHT), W(QKV_BIAS), N, D, m->qkv_local));
+    TP_TRY(linear_forward(m, qkv, ln1, W(QKV_WEIGHT), W(QKV_BIAS), N, D, m->qkv_local));
     TP_TRY(k->attention_forward(attn, att, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd));
-    TP_TRY(k->matmul_forward(res1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D)); /* partial sums of this rank's heads */
+    TP_TRY(linear_forward(m, res1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D)); /* partial sums of this rank's heads */
     TP_TRY(tp_sum(m, res1, N * D));
     TP_TRY(k->bias_residual_forward(res1, x, res1, W(PROJ_BIAS), N, D));
     TP_TRY(k->layernorm_forward(ln2, s->ln2_mean + l * N, s->ln2_rstd + l * N, res1, W(LN2_WEIGHT), W(LN2_BIAS), N, D));
-    TP_TRY(k->matmul_forward(fc, ln2, W(FC_WEIGHT), W(FC_BIAS), N, D, m->ffn_local));
+    TP_TRY(linear_forward(m, fc, ln2, W(FC_WEIGHT), W(FC_BIAS), N, D, m->ffn_local));
     TP_TRY(k->gelu_forward(gl, fc, N * m->ffn_local));
-    TP_TRY(k->matmul_forward(res2, gl, W(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
+    TP_TRY(linear_forward(m, res2, gl, W(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
     TP_TRY(tp_sum(m, res2, N * D));
     return k->bias_residual_forward(res2, res1, res2, W(FCPROJ_BIAS), N, D);
 }
@@ -342,7 +357,7 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
     const kernel_backend *k = m->kernels;
     TP_TRY(k->layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, x, m->params[m->lnf_w].data,
                                 m->params[m->lnf_b].data, N, D));
-    TP_TRY(k->matmul_forward(s->logits, s->lnf, m->params[m->wte_out].data, NULL, N, D, V));
+    TP_TRY(linear_forward(m, s->logits, s->lnf, m->params[m->wte_out].data, NULL, N, D, V));
     TP_TRY(k->crossentropy_row_max(s->row_max, s->logits, N, V, m->vocab_first, m->config.vocab));
     TP_TRY(comm_all_reduce(m->comm, GROUP_TP, s->row_max, N, COMM_FLOAT, COMM_MAX, m->stream));
     TP_TRY(k->crossentropy_row_sumexp(s->row_sum, s->logits, s->row_max, N, V, m->vocab_first, m->config.vocab));
@@ -399,17 +414,17 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, floa
 
     /* MLP: o = allreduce(g Wfcproj^T) + b: the gradient of o is d_x on every rank. */
     TP_TRY(k->copy(d_res1, d_x, rows_bytes));
-    TP_TRY(k->matmul_backward(d_gelu, G(FCPROJ_WEIGHT), G(FCPROJ_BIAS), d_x, gl, W(FCPROJ_WEIGHT), N, m->ffn_local, D));
+    TP_TRY(linear_backward(m, d_gelu, G(FCPROJ_WEIGHT), G(FCPROJ_BIAS), d_x, gl, W(FCPROJ_WEIGHT), N, m->ffn_local, D));
     TP_TRY(k->gelu_backward(d_fc, fc, d_gelu, N * m->ffn_local));
-    TP_TRY(k->matmul_backward(d_ln, G(FC_WEIGHT), G(FC_BIAS), d_fc, ln2, W(FC_WEIGHT), N, D, m->ffn_local));
+    TP_TRY(linear_backward(m, d_ln, G(FC_WEIGHT), G(FC_BIAS), d_fc, ln2, W(FC_WEIGHT), N, D, m->ffn_local));
     TP_TRY(tp_sum(m, d_ln, N * D)); /* column-parallel input: partial per rank */
     TP_TRY(k->layernorm_backward(d_res1, G(LN2_WEIGHT), G(LN2_BIAS), d_ln, res1, W(LN2_WEIGHT), s->ln2_mean + l * N,
                                  s->ln2_rstd + l * N, N, D));
 
     /* Attention: p = allreduce(a Wproj^T) + b. */
-    TP_TRY(k->matmul_backward(d_attn, G(PROJ_WEIGHT), G(PROJ_BIAS), d_res1, attn, W(PROJ_WEIGHT), N, m->attn_local, D));
+    TP_TRY(linear_backward(m, d_attn, G(PROJ_WEIGHT), G(PROJ_BIAS), d_res1, attn, W(PROJ_WEIGHT), N, m->attn_local, D));
     TP_TRY(k->attention_backward(d_qkv, att_scratch, d_attn, qkv, att, m->B, m->T, m->heads_local, m->kv_local, m->hd));
-    TP_TRY(k->matmul_backward(d_ln, G(QKV_WEIGHT), G(QKV_BIAS), d_qkv, ln1, W(QKV_WEIGHT), N, D, m->qkv_local));
+    TP_TRY(linear_backward(m, d_ln, G(QKV_WEIGHT), G(QKV_BIAS), d_qkv, ln1, W(QKV_WEIGHT), N, D, m->qkv_local));
     TP_TRY(tp_sum(m, d_ln, N * D));
     TP_TRY(k->copy(d_x, d_res1, rows_bytes));
     return k->layernorm_backward(d_x, G(LN1_WEIGHT), G(LN1_BIAS), d_ln, x, W(LN1_WEIGHT), s->ln1_mean + l * N,
@@ -425,7 +440,7 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     const kernel_backend *k = m->kernels;
     TP_TRY(k->crossentropy_backward(d_logits, s->logits, s->row_max, s->row_sum, s->kernel_targets, N, V,
                                     m->vocab_first, m->config.vocab, loss_scale));
-    TP_TRY(k->matmul_backward(d_lnf, wte->grad, NULL, d_logits, s->lnf, wte->data, N, D, V));
+    TP_TRY(linear_backward(m, d_lnf, wte->grad, NULL, d_logits, s->lnf, wte->data, N, D, V));
     TP_TRY(tp_sum(m, d_lnf, N * D)); /* logits were split by vocabulary */
     TP_TRY(k->zero(d_x, (size_t)(N * D) * sizeof(float)));
     return k->layernorm_backward(d_x, m->params[m->lnf_w].grad, m->params[m->lnf_b].grad, d_lnf, x,

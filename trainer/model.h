@@ -44,6 +44,8 @@ typedef struct {
     comm *comm;
     const kernel_backend *kernels; /* where parameters and activations live and are computed */
     comm_stream stream;          /* COMM_HOST, or COMM_DEVICE for a backend on a device */
+    int bf16;                    /* matrix products with bf16 operands (mixed precision; set before the first
+                                    forward); everything else, and every parameter and gradient, in fp32 */
     int64_t B, T;                /* micro-batch and sequence length */
     int first_layer, num_layers; /* this stage's layers */
     int is_first, is_last;

@@ -317,6 +317,10 @@ static int set_up(trainer *t)
     int slots = (int)(o->grad_accum < c->pp - c->pp_rank ? o->grad_accum : c->pp - c->pp_rank);
     int64_t activations = o->micro_batch * o->seq * o->config.dim;
     int status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots, o->seed);
+    if (!status && o->bf16 && !t->model->kernels->matmul_forward_bf16)
+        status = tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend has no bf16 matrix products yet",
+                         t->model->kernels->name);
+    if (!status) t->model->bf16 = o->bf16;
     if (!status) status = dataset_open(&t->data, o->data, o->config.vocab, o->seed);
     if (!status && o->data && dataset_tokens(t->data) <= o->seq)
         status = tp_fail(TP_ERR_ARG, "%s: %lld tokens, fewer than a sequence of %lld", o->data,

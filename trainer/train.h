@@ -65,6 +65,7 @@ typedef struct {
     int64_t stop_at;      /* > 0: checkpoint and stop after this step, as a stop request would */
     int threads;
     const struct kernel_backend *kernels; /* where the model computes; NULL: the CPU */
+    int bf16;             /* mixed precision: matrix products with bf16 operands, fp32 master weights and state */
     const char *dump_dir; /* test hook: initial weights, batches, step-1 gradients and logits */
     train_control *control; /* NULL: no stop requests */
     void (*report)(void *ctx, const train_report *report); /* NULL: silent */

@@ -1,7 +1,10 @@
 /* linear.c: matrix products (OpenBLAS) and elementwise sums, scales and norms. */
 #include <cblas.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "../../common/error.h"
+#include "../convert_bits.h"
 #include "../kernels.h"
 
 void kernels_set_threads(int threads)
@@ -62,4 +65,50 @@ double sum_of_squares(const float *x, int64_t n)
     double sum = 0;
     for (int64_t i = 0; i < n; i++) sum += (double)x[i] * x[i];
     return sum;
+}
+
+/* n values of x rounded to bf16, kept as fp32, in a new buffer (NULL when
+ * out of memory); free() releases it. */
+static float *rounded_to_bf16(const float *x, int64_t n)
+{
+    float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; out && i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        bits = bits_bf16_to_f32(bits_f32_to_bf16(bits));
+        memcpy(&out[i], &bits, sizeof bits);
+    }
+    return out;
+}
+
+int matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
+                        int64_t OC)
+{
+    float *a = rounded_to_bf16(in, N * C), *w = rounded_to_bf16(weight, OC * C);
+    int status = a && w ? TP_OK
+                        : tp_fail(TP_ERR_NOMEM, "out of memory rounding a [%lld, %lld] x [%lld, %lld] product to bf16",
+                                  (long long)N, (long long)C, (long long)OC, (long long)C);
+    if (!status) matmul_forward(out, a, w, bias, N, C, OC);
+    free(a);
+    free(w);
+    return status;
+}
+
+int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                         const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    /* d_in = bf16(d_out) @ bf16(weight); d_weight += bf16(d_out)^T @ bf16(in); d_bias from d_out in fp32. */
+    float *g = rounded_to_bf16(d_out, N * OC);
+    float *w = d_in ? rounded_to_bf16(weight, OC * C) : NULL, *a = d_weight ? rounded_to_bf16(in, N * C) : NULL;
+    int status = g && (w || !d_in) && (a || !d_weight)
+                     ? TP_OK
+                     : tp_fail(TP_ERR_NOMEM, "out of memory rounding a [%lld, %lld] x [%lld, %lld] product to bf16",
+                               (long long)N, (long long)OC, (long long)OC, (long long)C);
+    if (!status && d_in) matmul_backward(d_in, NULL, NULL, g, NULL, w, N, C, OC);
+    if (!status && d_weight) matmul_backward(NULL, d_weight, NULL, g, a, NULL, N, C, OC);
+    if (!status && d_bias) matmul_backward(NULL, NULL, d_bias, d_out, NULL, NULL, N, C, OC);
+    free(g);
+    free(w);
+    free(a);
+    return status;
 }

@@ -45,22 +45,40 @@ events() { "$PY" -c 'import json,sys; [print(json.dumps(r[sys.argv[3]]).strip(ch
 # --- The cross-check against the PyTorch GPT-2 (tests/trainer/gpt2_ref.py):
 # logits, loss, every gradient, 10 AdamW steps. The vocabulary 250 is padded
 # at tp4; grad-accum 2 exercises accumulation and the 1F1B schedule.
+# BF16=1: tp-train --dtype bf16 against PyTorch's bf16 autocast, to bf16's
+# tolerances (check_torch.py --bf16).
 torch_check() {
     layout=$1 ranks=$2
     shift 2
     dir="$WORK/torch-$layout"
     opts="--micro-batch 2 --grad-accum 2 --steps 10 --lr 1e-3 --warmup 2"
+    dtype="" bf16=""
+    [ "${BF16:-0}" = 1 ] && dtype="--dtype bf16" bf16="--bf16"
     # shellcheck disable=SC2086
-    expect_ok "tp-train $layout with --dump" mpi_train "$ranks" --model tiny --vocab 250 "$@" $opts \
+    expect_ok "tp-train $layout $dtype with --dump" mpi_train "$ranks" --model tiny --vocab 250 "$@" $opts $dtype \
         --dump "$dir" --log "$dir.jsonl" --quiet
     # shellcheck disable=SC2086
-    run "$PY" "$ROOT/tests/trainer/check_torch.py" "$dir" "$dir.jsonl" $opts
+    run "$PY" "$ROOT/tests/trainer/check_torch.py" "$dir" "$dir.jsonl" $opts $bf16
+    sed 's/^/    /' "$WORK/.out"
     if [ "$RC" -eq 0 ] && [ "$(grep -c ' ok$' "$WORK/.out")" -eq 4 ]; then pass
-    else failed "tp-train $layout against PyTorch (exit $RC)"; fi
+    else failed "tp-train $layout $dtype against PyTorch (exit $RC)"; fi
 }
 torch_check tp1 1 --tp 1
 torch_check tp2pp2 4 --tp 2 --pp 2
 torch_check tp4 4 --tp 4
+BF16=1 torch_check tp1-bf16 1 --tp 1
+BF16=1 torch_check tp2pp2-bf16 4 --tp 2 --pp 2
+
+# --- bf16 mixed precision: the products' operands rounded, so the losses
+# differ from fp32's (a little: bf16's precision), and not with the layout.
+expect_ok "20 steps in bf16 at tp1" "$TRAIN" $TINY --steps 20 --dtype bf16 --log "$WORK/bf16-tp1.jsonl"
+expect_ok "20 steps in bf16 at tp2pp2" mpi_train 4 $TINY --tp 2 --pp 2 --steps 20 --dtype bf16 --log "$WORK/bf16-tp2pp2.jsonl"
+expect_ok "20 steps in fp32 at tp1" "$TRAIN" $TINY --steps 20 --log "$WORK/fp32-tp1.jsonl"
+check "bf16: the start line says so" [ "$(events "$WORK/bf16-tp1.jsonl" start dtype)" = "bf16 " ]
+check "bf16: tp2pp2 has the losses of tp1 (1e-4)" losses_match "$WORK/bf16-tp2pp2.jsonl" "$WORK/bf16-tp1.jsonl" 1e-4
+check "bf16: within 1e-2 of fp32's losses" losses_match "$WORK/bf16-tp1.jsonl" "$WORK/fp32-tp1.jsonl" 1e-2
+check_all "bf16: not fp32's losses (the rounding is there)" \
+    '! losses_match "$WORK/bf16-tp1.jsonl" "$WORK/fp32-tp1.jsonl" 1e-7 2>/dev/null'
 
 # --- Layout invariance: the same 20 losses at five layouts of 4-sequence batches.
 # Fields: ranks tp pp dp micro-batch grad-accum (global batch 4 sequences).
@@ -106,7 +124,7 @@ check "log: a save line for each committed checkpoint (4 8 10 20)" [ "$(events "
 check "log: every line has a time; start, save and stop lines have their fields" "$PY" -c '
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
-keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device",
+keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device", "dtype",
                   "resumed_from", "load_seconds", "startup_seconds", "time"},
         "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "time"},
         None: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "ms", "ckpt_stall_ms", "time"}}

@@ -351,3 +351,41 @@ Test(transformer, gpu_peaks_for_model_flops_utilization)
         cr_assert_str_eq(name, "", "no device, no name");
     }
 }
+
+/* v rounded to bf16 (to nearest, ties to even), as an fp32. */
+static float bf16_of(float v)
+{
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &bits, sizeof bits);
+    return v;
+}
+
+Test(transformer, bf16_products_round_their_operands)
+{
+    const int64_t N = 5, C = 7, OC = 3;
+    float *in = random_floats(N * C), *w = random_floats(OC * C), *bias = random_floats(OC);
+    float *in16 = malloc(N * C * sizeof(float)), *w16 = malloc(OC * C * sizeof(float));
+    for (int64_t i = 0; i < N * C; i++) in16[i] = bf16_of(in[i]);
+    for (int64_t i = 0; i < OC * C; i++) w16[i] = bf16_of(w[i]);
+    float got[15], want[15], fp32[15];
+    cr_assert_eq(matmul_forward_bf16(got, in, w, bias, N, C, OC), TP_OK);
+    matmul_forward(want, in16, w16, bias, N, C, OC);
+    matmul_forward(fp32, in, w, bias, N, C, OC);
+    cr_assert_eq(memcmp(got, want, sizeof got), 0, "the product of the rounded operands, summed in fp32");
+    cr_assert_neq(memcmp(got, fp32, sizeof got), 0, "not the fp32 product");
+    /* Backward: d_in and d_weight from rounded operands (d_weight and d_bias accumulate), d_bias from fp32 d_out. */
+    float *d_out = random_floats(N * OC), *d_out16 = malloc(N * OC * sizeof(float));
+    for (int64_t i = 0; i < N * OC; i++) d_out16[i] = bf16_of(d_out[i]);
+    float d_in[35], d_in_want[35], d_w[21], d_w_want[21], d_b[3], d_b_want[3];
+    for (int i = 0; i < 21; i++) d_w[i] = d_w_want[i] = 0.25f;
+    for (int i = 0; i < 3; i++) d_b[i] = d_b_want[i] = -0.5f;
+    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out, in, w, N, C, OC), TP_OK);
+    matmul_backward(d_in_want, d_w_want, NULL, d_out16, in16, w16, N, C, OC);
+    matmul_backward(NULL, NULL, d_b_want, d_out, NULL, NULL, N, C, OC);
+    cr_assert_eq(memcmp(d_in, d_in_want, sizeof d_in), 0);
+    cr_assert_eq(memcmp(d_w, d_w_want, sizeof d_w), 0);
+    cr_assert_eq(memcmp(d_b, d_b_want, sizeof d_b), 0);
+    free(in), free(w), free(bias), free(in16), free(w16), free(d_out), free(d_out16);
+}

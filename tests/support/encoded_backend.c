@@ -144,6 +144,26 @@ static int enc_matmul_backward(float *d_in, float *d_weight, float *d_bias, cons
     LEAVE();
 }
 
+static int enc_matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N,
+                                   int64_t C, int64_t OC)
+{
+    ENTER(out, in, weight, bias);
+    int status = matmul_forward_bf16(out, in, weight, bias, N, C, OC);
+    flip_touched(touched_, touched_count_);
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                                    const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    ENTER(d_in, d_weight, d_bias, d_out, in, weight);
+    int status = matmul_backward_bf16(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+    flip_touched(touched_, touched_count_);
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
 static int enc_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
                                  const float *bias, int64_t N, int64_t C)
 {
@@ -295,6 +315,8 @@ static const kernel_backend backend = {
     .synchronize = enc_synchronize,
     .matmul_forward = enc_matmul_forward,
     .matmul_backward = enc_matmul_backward,
+    .matmul_forward_bf16 = enc_matmul_forward_bf16,
+    .matmul_backward_bf16 = enc_matmul_backward_bf16,
     .layernorm_forward = enc_layernorm_forward,
     .layernorm_backward = enc_layernorm_backward,
     .gelu_forward = enc_gelu_forward,
