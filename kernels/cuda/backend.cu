@@ -10,14 +10,16 @@
  * soon as their work is queued, and synchronize() waits for all of it.
  *
  * Correct first, fast later: matrix products through cuBLAS in plain fp32
- * (TF32 off), the rest in simple kernels. Launch shapes: elementwise kernels
- * walk their elements in grid-stride loops (at most MAX_BLOCKS blocks);
- * row kernels (layer norm, cross-entropy, attention) give a row to a block,
- * also in a grid-stride loop over rows; column sums (bias and norm-weight
- * gradients) give 32 columns to a block of 32 x COL_ROWS threads, the rows
- * split among the COL_ROWS thread rows and summed in a fixed order. Only
- * embedding_backward uses atomics (tokens repeat), so it alone is not
- * bit-reproducible from run to run. */
+ * (TF32 off), or for bf16 mixed precision (the *_bf16 products) with both
+ * operands rounded to bf16 by a kernel (convert_bits.h, as the CPU rounds)
+ * and summed in fp32 by cublasGemmEx; the rest in simple kernels. Launch
+ * shapes: elementwise kernels walk their elements in grid-stride loops (at
+ * most MAX_BLOCKS blocks); row kernels (layer norm, cross-entropy,
+ * attention) give a row to a block, also in a grid-stride loop over rows;
+ * column sums (bias and norm-weight gradients) give 32 columns to a block of
+ * 32 x COL_ROWS threads, the rows split among the COL_ROWS thread rows and
+ * summed in a fixed order. Only embedding_backward uses atomics (tokens
+ * repeat), so it alone is not bit-reproducible from run to run. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -29,10 +31,19 @@
 extern "C" {
 #include "../kernels.h"
 }
+#include "../convert_bits.h"
 #include "check.h"
 
 #define TP_STRINGIFY_(x) #x
 #define TP_STRINGIFY(x) TP_STRINGIFY_(x)
+
+/* cublasGemmEx's C declaration (cublas_api.h). In C++ the header adds an
+ * inline overload taking a cudaDataType compute type, so &cublasGemmEx
+ * alone is ambiguous: the static_cast picks the exported function, and
+ * fails to compile if the header's declaration differs from this type. */
+typedef cublasStatus_t (*gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                     const void *, const void *, cudaDataType, int, const void *, cudaDataType, int,
+                                     const void *, void *, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
 
 /* cuBLAS, loaded when the backend is created (dlopen), not linked: its
  * libraries are over 500 MB, and a program linked with them pays about
@@ -44,6 +55,7 @@ static struct {
     decltype(&cublasSetStream_v2) set_stream;
     decltype(&cublasSetMathMode) set_math_mode;
     decltype(&cublasSgemm_v2) sgemm;
+    decltype(static_cast<gemm_ex_fn>(&cublasGemmEx)) gemm_ex; /* the bf16 products */
     decltype(&cublasGetStatusName) status_name;
     decltype(&cublasGetStatusString) status_string;
 } blas;
@@ -66,6 +78,7 @@ static int load_cublas(void)
     LOAD(set_math_mode, cublasSetMathMode)
     LOAD(status_name, cublasGetStatusName)
     LOAD(status_string, cublasGetStatusString)
+    LOAD(gemm_ex, cublasGemmEx)
     LOAD(sgemm, cublasSgemm_v2) /* last: it says that all are loaded */
 #undef LOAD
     return TP_OK;
@@ -102,11 +115,14 @@ static struct {
     int ready, device;
     cudaStream_t stream;
     cublasHandle_t blas;
-    double *sums; /* device [SUM_BLOCKS + 1]: sum_of_squares' block partials, then its result */
+    double *sums;     /* device [SUM_BLOCKS + 1]: sum_of_squares' block partials, then its result */
+    uint16_t *bf16;   /* device scratch: the bf16 products' rounded operands (bf16 bits), grown as needed */
+    size_t bf16_size; /* its capacity in values */
     kernel_backend table;
 } state;
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER; /* kernels_cuda */
 static pthread_mutex_t sums_lock = PTHREAD_MUTEX_INITIALIZER;  /* state.sums */
+static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;  /* state.bf16, from rounding to the last product */
 
 /* Every operation first makes the backend's device current in the calling
  * thread (the trainer may call from threads other than the one that created
@@ -355,6 +371,168 @@ static int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, con
         CUBLAS_TRY(blas.sgemm(state.blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)C, (int)OC, (int)N, &one, in, (int)C, d_out,
                                (int)OC, &one, d_weight, (int)C));
     if (d_bias && OC > 0) { /* d_bias += column sums of d_out */
+        dim3 block(COL_TILE, COL_ROWS);
+        column_sums_kernel<<<blocks_for(OC, COL_TILE), block, 0, state.stream>>>(d_bias, d_out, N, OC);
+        LAUNCH_CHECK();
+    }
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ===================================================== bf16 matrix products
+ * The twins of matmul_forward_bf16 and matmul_backward_bf16 (linear.c):
+ * each operand of a product rounded to bf16 by round_bf16_kernel, with
+ * bits_f32_to_bf16 (convert_bits.h), so to nearest, ties to even, exactly
+ * as the CPU rounds; then cublasGemmEx with bf16 A and B, fp32 C and
+ * CUBLAS_COMPUTE_32F: the products of bf16 values are exact in fp32 and are
+ * summed in fp32 (tensor cores where cuBLAS picks them; not TF32, which
+ * concerns fp32 operands only). The same column-major translation as the
+ * fp32 products above, with the rounded copies in place of the operands.
+ * The bias and d_bias stay fp32 (add_bias_kernel, column_sums_kernel on the
+ * unrounded d_out).
+ *
+ * The rounded operands (2 bytes a value) go to one device scratch buffer in
+ * the state, grown when a product needs more and kept for the life of the
+ * process, like state.sums; bf16_lock is held from the rounding of a
+ * product's operands until its last product is queued, so that another
+ * thread cannot overwrite them in between (on the one stream, work queued
+ * later runs later, so once queued they are safe). Chosen over per-call
+ * cudaMallocAsync: no dependence on the device's memory pool and its
+ * release threshold (the default pool gives memory back at every
+ * synchronization, so each step would map it again), no allocation per
+ * product, and failures to get memory only while the buffer grows (the
+ * trainer's products have the same shapes every step: after the first
+ * step it no longer grows). The lock covers only the queueing, which is
+ * short: threads sharing the GPU are not held up by each other's products. */
+
+#define BF16_ALIGN 128 /* values: each part of the scratch starts 256-byte aligned */
+
+/* out[i] = the bf16 bits of in[i], rounded as the CPU rounds. */
+static __global__ void round_bf16_kernel(uint16_t *out, const float *in, int64_t n)
+{
+    GRID_STRIDE(i, n) out[i] = bits_f32_to_bf16(__float_as_uint(in[i]));
+}
+
+/* Scratch for `count` rounded operands of sizes[i] values: parts[i]. Call
+ * with bf16_lock held. Growing waits for the stream first (products queued
+ * earlier may still read the old buffer). Out of device memory:
+ * TP_ERR_NOMEM (kernels.h), another CUDA error: TP_ERR_DEVICE. */
+static int bf16_scratch(uint16_t **parts, const int64_t *sizes, int count)
+{
+    size_t total = 0, offsets[3];
+    cudaError_t error;
+    for (int i = 0; i < count; i++) { /* each size at most INT32_MAX^2 < 2^62: the sum fits */
+        offsets[i] = total;
+        total += ((size_t)sizes[i] + BF16_ALIGN - 1) / BF16_ALIGN * BF16_ALIGN;
+    }
+    if (total > SIZE_MAX / sizeof(uint16_t))
+        return tp_fail(TP_ERR_NOMEM, "bf16 scratch of %zu values is beyond addressable memory", total);
+    if (total > state.bf16_size) {
+        if (state.bf16) {
+            CUDA_TRY(cudaStreamSynchronize(state.stream));
+            CUDA_TRY(cudaFree(state.bf16));
+            state.bf16 = NULL;
+            state.bf16_size = 0;
+        }
+        error = cudaMalloc(&state.bf16, total * sizeof(uint16_t));
+        if (error != cudaSuccess) {
+            (void)cudaGetLastError();
+            state.bf16 = NULL;
+            return tp_fail(error == cudaErrorMemoryAllocation ? TP_ERR_NOMEM : TP_ERR_DEVICE,
+                           "cannot allocate %zu bytes of bf16 scratch on CUDA device %d: %s",
+                           total * sizeof(uint16_t), state.device, cudaGetErrorString(error));
+        }
+        state.bf16_size = total;
+    }
+    for (int i = 0; i < count; i++) parts[i] = state.bf16 + offsets[i];
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* Queues out = bf16(in), n values (n > 0). */
+static int round_bf16(uint16_t *out, const float *in, int64_t n)
+{
+    round_bf16_kernel<<<blocks_for(n, THREADS), THREADS, 0, state.stream>>>(out, in, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* C (m x n, ld ldc, fp32) = op(A) . op(B) + beta C, A and B bf16, column-major,
+ * summed in fp32; dimensions checked by the caller (int, nonzero). */
+static int gemm_bf16(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
+                     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    const float one = 1.0f;
+    CUBLAS_TRY(blas.gemm_ex(state.blas, op_a, op_b, (int)m, (int)n, (int)k, &one, A, CUDA_R_16BF, (int)lda, B,
+                            CUDA_R_16BF, (int)ldb, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N,
+                                    int64_t C, int64_t OC)
+{
+    int64_t sizes[2]; /* bf16(in), bf16(weight) */
+    uint16_t *parts[2] = {NULL, NULL};
+    int status;
+    if (!fits_int(N) || !fits_int(C) || !fits_int(OC))
+        return tp_fail(TP_ERR_ARG, "CUDA matmul_forward_bf16: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions",
+                       (long long)N, (long long)C, (long long)OC);
+    sizes[0] = N * C, sizes[1] = OC * C;
+    ENTER();
+    if (N == 0 || OC == 0) return TP_OK;
+    if (C == 0) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * OC) * sizeof(float), state.stream));
+    else { /* out^T = bf16(W)^T^T . bf16(in)^T, as cuda_matmul_forward */
+        pthread_mutex_lock(&bf16_lock);
+        status = bf16_scratch(parts, sizes, 2);
+        if (!status) status = round_bf16(parts[0], in, N * C);
+        if (!status) status = round_bf16(parts[1], weight, OC * C);
+        if (!status) status = gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, parts[1], C, parts[0], C, 0.0f, out, OC);
+        pthread_mutex_unlock(&bf16_lock);
+        if (status) return status;
+    }
+    if (bias) {
+        add_bias_kernel<<<blocks_for(N * OC, THREADS), THREADS, 0, state.stream>>>(out, bias, N, OC);
+        LAUNCH_CHECK();
+    }
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                                     const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    int64_t sizes[3]; /* bf16(d_out), then bf16(weight) when d_in is asked for, bf16(in) when d_weight is */
+    uint16_t *parts[3] = {NULL, NULL, NULL};
+    int status;
+    if (!fits_int(N) || !fits_int(C) || !fits_int(OC))
+        return tp_fail(TP_ERR_ARG, "CUDA matmul_backward_bf16: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions",
+                       (long long)N, (long long)C, (long long)OC);
+    sizes[0] = N * OC, sizes[1] = d_in ? OC * C : 0, sizes[2] = d_weight ? N * C : 0;
+    ENTER();
+    if (N == 0) return TP_OK;
+    if (d_in && C > 0 && OC == 0) CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * sizeof(float), state.stream));
+    if ((d_in || d_weight) && C > 0 && OC > 0) {
+        pthread_mutex_lock(&bf16_lock);
+        status = bf16_scratch(parts, sizes, 3);
+        if (!status) status = round_bf16(parts[0], d_out, N * OC);
+        if (!status && d_in) status = round_bf16(parts[1], weight, OC * C);
+        if (!status && d_weight) status = round_bf16(parts[2], in, N * C);
+        if (!status && d_in) /* d_in = bf16(d_out) @ bf16(W), overwritten */
+            status = gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, parts[1], C, parts[0], OC, 0.0f, d_in, C);
+        if (!status && d_weight) /* d_weight += bf16(d_out)^T @ bf16(in) */
+            status = gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, parts[2], C, parts[0], OC, 1.0f, d_weight, C);
+        pthread_mutex_unlock(&bf16_lock);
+        if (status) return status;
+    }
+    if (d_bias && OC > 0) { /* d_bias += column sums of the fp32 d_out */
         dim3 block(COL_TILE, COL_ROWS);
         column_sums_kernel<<<blocks_for(OC, COL_TILE), block, 0, state.stream>>>(d_bias, d_out, N, OC);
         LAUNCH_CHECK();
@@ -1004,6 +1182,8 @@ static void fill_table(kernel_backend *t)
     t->synchronize = cuda_synchronize;
     t->matmul_forward = cuda_matmul_forward;
     t->matmul_backward = cuda_matmul_backward;
+    t->matmul_forward_bf16 = cuda_matmul_forward_bf16;
+    t->matmul_backward_bf16 = cuda_matmul_backward_bf16;
     t->layernorm_forward = cuda_layernorm_forward;
     t->layernorm_backward = cuda_layernorm_backward;
     t->gelu_forward = cuda_gelu_forward;

@@ -200,6 +200,181 @@ Test(cuda_backend, matmul_backward)
     free(in), free(w), free(dout), free(din), free(dw), free(db);
 }
 
+/* bf16 mixed precision: the products of operands rounded to bf16, summed in
+ * fp32. Shapes N, C, OC: the fp32 tests' and a larger one with odd
+ * dimensions (unaligned rows of bf16), run in that order so that the
+ * backend's scratch grows between them. Tolerance 1e-5 of the largest
+ * magnitude of each output: the CPU sums the rounded operands in fp32 with
+ * OpenBLAS, cuBLAS in another order (and perhaps on tensor cores); the
+ * CPU's own error is about 1e-7 of that magnitude at these shapes (checked
+ * against sums in double). Rounding must have happened: somewhere the
+ * result differs from the fp32 product by over 1e-4 of that magnitude (at
+ * these shapes it differs by about 2e-3). */
+static const int64_t bf16_shapes[][3] = {{37, 72, 150}, {130, 97, 211}};
+
+static double max_magnitude(const float *x, int64_t n)
+{
+    double max = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (fabs((double)x[i]) > max) max = fabs((double)x[i]);
+    return max;
+}
+
+/* The device's n floats against the CPU's, within 1e-5 of the largest |want|. */
+static void check_bf16(const kernel_backend *k, const float *device, const float *want, int64_t n, const char *what)
+{
+    check_device(k, device, want, n, 0, 1e-5 * max_magnitude(want, n), what);
+}
+
+/* The device's n floats differ from the fp32 result by over 1e-4 of its largest magnitude somewhere. */
+static void check_rounded(const kernel_backend *k, const float *device, const float *fp32, int64_t n, const char *what)
+{
+    float *got = download(k, device, n);
+    double most = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (fabs((double)got[i] - (double)fp32[i]) > most) most = fabs((double)got[i] - (double)fp32[i]);
+    cr_assert(most > 1e-4 * max_magnitude(fp32, n), "%s: CUDA bf16 within %g of fp32 (largest %g): not rounded?",
+              what, most, max_magnitude(fp32, n));
+    free(got);
+}
+
+/* out overwritten (starts from garbage), with and without bias. */
+Test(cuda_backend, matmul_forward_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    for (int s = 0; s < 2; s++) {
+        int64_t N = bf16_shapes[s][0], C = bf16_shapes[s][1], OC = bf16_shapes[s][2];
+        float *in = random_floats(N * C, 1.0f), *w = random_floats(OC * C, 1.0f), *bias = random_floats(OC, 1.0f);
+        float *want = malloc((size_t)(N * OC) * sizeof(float)), *fp32 = malloc((size_t)(N * OC) * sizeof(float));
+        float *garbage = filled(N * OC, 7.0f);
+        float *g_in = upload_floats(k, in, N * C), *g_w = upload_floats(k, w, OC * C);
+        float *g_bias = upload_floats(k, bias, OC), *g_out = upload_floats(k, garbage, N * OC);
+        cr_assert_eq(matmul_forward_bf16(want, in, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->matmul_forward_bf16(g_out, g_in, g_w, g_bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+        check_bf16(k, g_out, want, N * OC, "out (bias)");
+        matmul_forward(fp32, in, w, bias, N, C, OC);
+        check_rounded(k, g_out, fp32, N * OC, "out (bias)");
+
+        cr_assert_eq(k->to_device(g_out, garbage, (size_t)(N * OC) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_forward_bf16(want, in, w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->matmul_forward_bf16(g_out, g_in, g_w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
+        check_bf16(k, g_out, want, N * OC, "out (no bias)");
+        matmul_forward(fp32, in, w, NULL, N, C, OC);
+        check_rounded(k, g_out, fp32, N * OC, "out (no bias)");
+        k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out);
+        free(in), free(w), free(bias), free(want), free(fp32), free(garbage);
+    }
+}
+
+/* d_in overwritten (starts from garbage), d_weight and d_bias accumulated
+ * (start from random values); then d_weight alone a second time (d_in and
+ * d_bias untouched), then d_in alone (d_weight untouched). d_bias is the
+ * column sums of the fp32 d_out on both sides. */
+Test(cuda_backend, matmul_backward_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    for (int s = 0; s < 2; s++) {
+        int64_t N = bf16_shapes[s][0], C = bf16_shapes[s][1], OC = bf16_shapes[s][2];
+        float *in = random_floats(N * C, 1.0f), *w = random_floats(OC * C, 1.0f), *dout = random_floats(N * OC, 1.0f);
+        float *din = filled(N * C, 7.0f), *dw = random_floats(OC * C, 1.0f), *db = random_floats(OC, 1.0f);
+        float *din32 = malloc((size_t)(N * C) * sizeof(float)), *dw32 = malloc((size_t)(OC * C) * sizeof(float));
+        memcpy(dw32, dw, (size_t)(OC * C) * sizeof(float));
+        float *g_in = upload_floats(k, in, N * C), *g_w = upload_floats(k, w, OC * C);
+        float *g_dout = upload_floats(k, dout, N * OC);
+        float *g_din = upload_floats(k, din, N * C), *g_dw = upload_floats(k, dw, OC * C), *g_db = upload_floats(k, db, OC);
+        cr_assert_eq(matmul_backward_bf16(din, dw, db, dout, in, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->matmul_backward_bf16(g_din, g_dw, g_db, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
+                     tp_errmsg());
+        check_bf16(k, g_din, din, N * C, "d_in");
+        check_bf16(k, g_dw, dw, OC * C, "d_weight");
+        check_bf16(k, g_db, db, OC, "d_bias");
+        matmul_backward(din32, dw32, NULL, dout, in, w, N, C, OC);
+        check_rounded(k, g_din, din32, N * C, "d_in");
+        check_rounded(k, g_dw, dw32, OC * C, "d_weight");
+
+        cr_assert_eq(matmul_backward_bf16(NULL, dw, NULL, dout, in, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->matmul_backward_bf16(NULL, g_dw, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
+                     tp_errmsg());
+        check_bf16(k, g_dw, dw, OC * C, "d_weight, twice");
+        check_bf16(k, g_din, din, N * C, "d_in, untouched");
+        check_bf16(k, g_db, db, OC, "d_bias, untouched");
+
+        float *garbage = filled(N * C, 7.0f);
+        cr_assert_eq(k->to_device(g_din, garbage, (size_t)(N * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(din, NULL, NULL, dout, in, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->matmul_backward_bf16(g_din, NULL, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
+                     tp_errmsg());
+        check_bf16(k, g_din, din, N * C, "d_in alone");
+        check_bf16(k, g_dw, dw, OC * C, "d_weight, untouched");
+        k->release(g_in), k->release(g_w), k->release(g_dout), k->release(g_din), k->release(g_dw), k->release(g_db);
+        free(in), free(w), free(dout), free(din), free(dw), free(db), free(din32), free(dw32), free(garbage);
+    }
+}
+
+/* Products with an inner dimension of 1 are single products of two bf16
+ * values, exact in fp32: the device must equal the CPU to the bit, which it
+ * does only if it rounds every operand as the CPU does. The operands include
+ * halfway cases (ties to even, up and down, both signs) and values just past
+ * them. Forward: C = 1; d_in: OC = 1 (d_weight not asked); d_weight: N = 1,
+ * from zero. */
+Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    /* Halfway: 1 + 2^-8 rounds down to 1 (even), 1 + 3 2^-8 up to 1 + 2^-6,
+     * 0.75 + 2^-9 down, 0.75 + 3 2^-9 up, 257 down to 256; just past
+     * halfway, 1 + 2^-8 + 2^-20 and 65793 = 2^16 (1 + 2^-8 + 2^-16) up. */
+    const float special[] = {1.00390625f, -1.00390625f, 1.01171875f, -1.01171875f, 1.0039072f,  -0.751953125f,
+                             0.755859375f, 257.0f,      -65793.0f,   3.1415927f,   0.33333334f, 1e-3f};
+    const int64_t count = (int64_t)(sizeof special / sizeof special[0]);
+    int64_t N = 37, M = 150; /* the long dimensions */
+    float *a = random_floats(N, 1.0f), *b = random_floats(M, 1.0f), *zeros = filled(N * M, 0.0f);
+    float *want = malloc((size_t)(N * M) * sizeof(float)), *fp32 = malloc((size_t)(N * M) * sizeof(float));
+    float *garbage = filled(N * M, 7.0f);
+    memcpy(a, special, (size_t)count * sizeof(float));
+    memcpy(b + 20, special, (size_t)count * sizeof(float));
+    float *g_a = upload_floats(k, a, N), *g_b = upload_floats(k, b, M), *g_out = upload_floats(k, garbage, N * M);
+
+    /* out[N,M] = bf16(a[N,1]) bf16(b[M,1])^T */
+    cr_assert_eq(matmul_forward_bf16(want, a, b, NULL, N, 1, M), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_forward_bf16(g_out, g_a, g_b, NULL, N, 1, M), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_out, want, N * M, 0, 0, "out, C = 1");
+    matmul_forward(fp32, a, b, NULL, N, 1, M);
+    check_rounded(k, g_out, fp32, N * M, "out, C = 1");
+
+    /* d_in[N,M] = bf16(d_out[N,1]) bf16(weight[1,M]) */
+    cr_assert_eq(k->to_device(g_out, garbage, (size_t)(N * M) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(matmul_backward_bf16(want, NULL, NULL, a, NULL, b, N, M, 1), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_backward_bf16(g_out, NULL, NULL, g_a, NULL, g_b, N, M, 1), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_out, want, N * M, 0, 0, "d_in, OC = 1");
+
+    /* d_weight[N,M] = 0 + bf16(d_out[1,N])^T bf16(in[1,M]) */
+    float *g_dw = upload_floats(k, zeros, N * M);
+    memcpy(want, zeros, (size_t)(N * M) * sizeof(float));
+    cr_assert_eq(matmul_backward_bf16(NULL, want, NULL, a, b, NULL, 1, M, N), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_backward_bf16(NULL, g_dw, NULL, g_a, g_b, NULL, 1, M, N), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_dw, want, N * M, 0, 0, "d_weight, N = 1");
+
+    k->release(g_a), k->release(g_b), k->release(g_out), k->release(g_dw);
+    free(a), free(b), free(zeros), free(want), free(fp32), free(garbage);
+}
+
+/* Dimensions beyond cuBLAS's int are refused, as by the fp32 products. */
+Test(cuda_backend, matmul_bf16_refuses_huge_dimensions)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    float *g = NULL;
+    int64_t huge = (int64_t)INT32_MAX + 1;
+    cr_assert_eq(k->alloc((void **)&g, 4096), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_forward_bf16(g, g, g, NULL, huge, 1, 1), TP_ERR_ARG, "N beyond int");
+    cr_assert_eq(k->matmul_backward_bf16(g, g, g, g, g, g, 1, huge, 1), TP_ERR_ARG, "C beyond int");
+    cr_assert_eq(k->matmul_backward_bf16(g, g, g, g, g, g, 1, 1, huge), TP_ERR_ARG, "OC beyond int");
+    k->release(g);
+}
+
 /* -------------------------------------------------------------- layer norm */
 
 /* Rows of 72 and of 1000 values (more than a block's threads, not a
