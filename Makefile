@@ -120,7 +120,7 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/config
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu kernels/convert_bits.h kernels/kernels.h kernels/cuda/check.h $(BUILD)/config
+$(BUILD)/obj/%.cu.o: %.cu kernels/convert_bits.h kernels/kernels.h $(wildcard kernels/cuda/*.h) $(BUILD)/config
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 

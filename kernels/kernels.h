@@ -236,6 +236,22 @@ const kernel_backend *kernels_cpu(void);
  * cuBLAS in fp32 (TF32 off: results within fp32 rounding of the CPU's). */
 const kernel_backend *kernels_cuda(int device);
 
+/* Device collectives (NCCL, loaded when first used) among processes that
+ * each hold a CUDA backend: a group of `members` processes, this one
+ * `member`, made from an id that one member draws (cuda_group_id) and the
+ * others receive through a host communicator. All-reduces run on the CUDA
+ * backend's stream, in place, ordered after the work issued there; like
+ * every collective, in the same order on every member. Fail with
+ * TP_ERR_DEVICE and NCCL's reason (a build without CUDA: there is none). */
+#define CUDA_GROUP_ID_BYTES 128
+typedef struct cuda_group cuda_group;
+int cuda_group_id(unsigned char id[CUDA_GROUP_ID_BYTES]);
+int cuda_group_create(cuda_group **out, const unsigned char id[CUDA_GROUP_ID_BYTES], int members, int member);
+/* data: count values of the backend's memory, float (is_double 0) or
+ * double; sum (is_max 0) or max. */
+int cuda_group_all_reduce(cuda_group *group, void *data, int64_t count, int is_double, int is_max);
+void cuda_group_free(cuda_group *group);
+
 /* The backend for a device asked for by name: "cpu"; "cuda" (the GPU
  * local_rank of this machine: it must exist); "auto" (cuda when this build
  * has CUDA and the machine a GPU for local_rank, else cpu). Fails naming

@@ -614,8 +614,18 @@ int main(int argc, char **argv)
     sigaction(SIGUSR1, &action, NULL);
     o.report = on_report;
     o.report_ctx = &rep;
+    /* Ranks on GPUs sum device data with NCCL; one rank alone needs no communicator on the device. */
+    comm *device_comm = NULL;
+    if (kernels->on_device && cm->world > 1) {
+        int made = comm_nccl_create(&device_comm, cm, kernels);
+        if (made) {
+            if (cm->rank == 0) fprintf(stderr, "tp-train: error: %s\n", tp_errmsg());
+            comm_free(cm);
+            return 1;
+        }
+    }
     train_outcome outcome;
-    int status = train_run(&o, cm, &outcome);
+    int status = train_run(&o, device_comm ? device_comm : cm, &outcome);
     /* The stop line first: a failure only this rank knows ends the job. A
      * failure before training began (no start line) is logged too. */
     if (cm->rank == 0 && log_path && !rep.log && status) rep.log = open_log(log_path, o.resume);
@@ -631,6 +641,7 @@ int main(int argc, char **argv)
     if (status && !outcome.all_ranks_know) end_job(cm, outcome.reason);
     else if (status && cm->rank == 0) fail("%s", outcome.reason);
     else if (!status && cm->rank == 0 && !quiet) print_summary(&outcome, &rep, o.micro_batch * o.grad_accum * cm->dp);
+    comm_free(device_comm);
     comm_free(cm);
     return status ? 1 : 0;
 }

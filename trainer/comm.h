@@ -49,6 +49,7 @@ typedef struct {
      * waiting on it. Called by programs, never by the libraries. */
     void (*abort)(comm *c, int status);
     void (*free)(comm *c);
+    int handles_device; /* takes COMM_DEVICE data (staged, NCCL); host backends refuse it */
 } comm_ops;
 
 struct comm {
@@ -69,6 +70,14 @@ int comm_place(comm *c, int rank, int world, int tp, int pp, int dp);
  * to be freed after the result. */
 struct kernel_backend;
 int comm_staged_create(comm **out, comm *host, const struct kernel_backend *kernels);
+
+/* Data on GPUs: all-reduces of COMM_DEVICE data through NCCL groups (world,
+ * TP, DP, the tied embedding's pairs), on the CUDA backend's stream and
+ * without host copies; pipeline messages and host data through host, as
+ * comm_staged. Collective: every rank of host calls it, after kernels_cuda.
+ * host stays the caller's, to be freed after the result. Fails with
+ * TP_ERR_DEVICE and NCCL's reason (a build without CUDA, no GPU). */
+int comm_nccl_create(comm **out, comm *host, const struct kernel_backend *kernels);
 
 /* One process alone (tp = pp = dp = 1). */
 int comm_local_create(comm **out);

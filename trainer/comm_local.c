@@ -49,7 +49,7 @@ static void free_local(comm *c)
 }
 
 static const comm_ops local_ops = {"local", identity, no_peer, no_peer_recv, nothing_pending, broadcast_self,
-                                   abort_self, free_local};
+                                   abort_self, free_local, 0};
 
 int comm_local_create(comm **out)
 {

@@ -132,7 +132,7 @@ static void free_comm(comm *c)
     comm_mpi_finalize();
 }
 
-static const comm_ops mpi_ops = {"mpi", all_reduce, send, recv, wait_sends, broadcast, abort_all, free_comm};
+static const comm_ops mpi_ops = {"mpi", all_reduce, send, recv, wait_sends, broadcast, abort_all, free_comm, 0};
 
 int comm_mpi_world_size(int *argc, char ***argv)
 {

@@ -113,8 +113,8 @@ static void staged_free(comm *c)
     free(c);
 }
 
-static const comm_ops staged_ops = {"staged", staged_all_reduce, staged_send, staged_recv, staged_wait_sends,
-                                    staged_broadcast, staged_abort, staged_free};
+static const comm_ops staged_ops = {"staged",         staged_all_reduce, staged_send, staged_recv, staged_wait_sends,
+                                    staged_broadcast, staged_abort,      staged_free, 1};
 
 int comm_staged_create(comm **out, comm *host, const kernel_backend *kernels)
 {

@@ -272,7 +272,7 @@ static void free_rank(comm *c)
     free(c);
 }
 
-static const comm_ops thread_ops = {"threads", all_reduce, send, recv, wait_sends, broadcast, abort_all, free_rank};
+static const comm_ops thread_ops = {"threads", all_reduce, send, recv, wait_sends, broadcast, abort_all, free_rank, 0};
 
 static meeting *make_meetings(int count, int members)
 {

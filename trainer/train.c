@@ -488,7 +488,7 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     t.outcome = outcome;
     /* Data on a device crosses a host communicator through host copies. */
     comm *staged = NULL;
-    if (o->kernels && o->kernels->on_device) {
+    if (o->kernels && o->kernels->on_device && !c->ops->handles_device) {
         int status = comm_staged_create(&staged, c, o->kernels);
         if (status) {
             outcome->end = TRAIN_FAILED;

@@ -33,6 +33,7 @@ extern "C" {
 }
 #include "../convert_bits.h"
 #include "check.h"
+#include "internal.h"
 
 #define TP_STRINGIFY_(x) #x
 #define TP_STRINGIFY(x) TP_STRINGIFY_(x)
@@ -230,25 +231,26 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* Synchronous for the host: the caller reuses its buffer at once. */
-static int cuda_to_device(void *device_dst, const void *host_src, size_t bytes)
+/* Between host and device, synchronous for the host: the caller reuses its
+ * buffer at once. */
+static int copy_and_wait(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
 {
     ENTER();
-    if (bytes) CUDA_TRY(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, state.stream));
+    if (bytes) CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, state.stream));
     CUDA_TRY(cudaStreamSynchronize(state.stream));
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
 }
 
+static int cuda_to_device(void *device_dst, const void *host_src, size_t bytes)
+{
+    return copy_and_wait(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
+}
+
 static int cuda_to_host(void *host_dst, const void *device_src, size_t bytes)
 {
-    ENTER();
-    if (bytes) CUDA_TRY(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, state.stream));
-    CUDA_TRY(cudaStreamSynchronize(state.stream));
-    return TP_OK;
-fail:
-    return TP_ERR_DEVICE;
+    return copy_and_wait(host_dst, device_src, bytes, cudaMemcpyDeviceToHost);
 }
 
 /* Device to device, queued. The CPU's copy is a memmove; a device copy of
@@ -1202,6 +1204,16 @@ static void fill_table(kernel_backend *t)
     t->crossentropy_backward = cuda_crossentropy_backward;
     t->adamw_update = cuda_adamw_update;
     t->sum_of_squares = cuda_sum_of_squares;
+}
+
+extern "C" int cuda_backend_stream(cudaStream_t *stream, int *device)
+{
+    pthread_mutex_lock(&state_lock);
+    int ready = state.ready;
+    *stream = state.stream;
+    *device = state.device;
+    pthread_mutex_unlock(&state_lock);
+    return ready ? TP_OK : tp_fail(TP_ERR_STATE, "the CUDA backend is not made yet (kernels_cuda comes first)");
 }
 
 /* Created on the first call and kept for the life of the process (the

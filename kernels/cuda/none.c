@@ -68,3 +68,27 @@ void cuda_device_name(int device, char *name, size_t size)
     (void)device;
     if (size) name[0] = '\0';
 }
+
+int cuda_group_id(unsigned char id[CUDA_GROUP_ID_BYTES])
+{
+    (void)id;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cuda_group_create(cuda_group **out, const unsigned char id[CUDA_GROUP_ID_BYTES], int members, int member)
+{
+    (void)id, (void)members, (void)member;
+    *out = NULL;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cuda_group_all_reduce(cuda_group *group, void *data, int64_t count, int is_double, int is_max)
+{
+    (void)group, (void)data, (void)count, (void)is_double, (void)is_max;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+void cuda_group_free(cuda_group *group)
+{
+    (void)group;
+}

@@ -427,3 +427,25 @@ Test(train, checkpoints_move_between_the_gpu_and_the_cpu, .timeout = 300)
         }
     }
 }
+
+/* ------------------------------------------------------------------- NCCL */
+
+static void *make_nccl(void *arg)
+{
+    rank_slot *slot = arg;
+    comm *device = NULL;
+    slot->status = comm_nccl_create(&device, slot->c, kernels_cuda(0));
+    if (!slot->status) comm_free(device);
+    return NULL;
+}
+
+/* Without a GPU every rank fails alike, saying why, and none waits for
+ * another (the verdict is agreed through the host communicator). */
+Test(train, the_nccl_communicator_without_a_gpu_fails_on_every_rank, .timeout = 60)
+{
+    if (cuda_device_count() > 0) cr_skip_test("this machine has a GPU (tests/gpu/test_gpu.sh trains through NCCL)");
+    rank_slot slots[4];
+    memset(slots, 0, sizeof slots);
+    run_ranks(2, 2, 1, make_nccl, slots);
+    for (int r = 0; r < 4; r++) cr_assert_neq(slots[r].status, TP_OK, "rank %d made an NCCL communicator", r);
+}

@@ -1,0 +1,126 @@
+/* nccl.cu: device collectives through NCCL (kernels.h, cuda_group_*).
+ * NCCL is loaded with dlopen when first used, as cuBLAS is: its library is
+ * over 200 MB, and every program of a CUDA build would otherwise pay for
+ * it at start. Collectives run on the CUDA backend's stream. */
+#include <dlfcn.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "internal.h"
+
+extern "C" {
+#include "../kernels.h"
+}
+
+static_assert(CUDA_GROUP_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "kernels.h's group id is NCCL's unique id");
+
+struct cuda_group {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int device;
+};
+
+static struct {
+    decltype(&ncclGetUniqueId) get_unique_id;
+    decltype(&ncclCommInitRank) init_rank;
+    decltype(&ncclCommDestroy) destroy;
+    decltype(&ncclAllReduce) all_reduce;
+    decltype(&ncclGetErrorString) error_string;
+} nccl;
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define NCCL_NAME_(major) "libnccl.so." #major
+#define NCCL_NAME(major) NCCL_NAME_(major)
+
+/* Loads NCCL once; fails naming what is missing. */
+static int load_nccl(void)
+{
+    static const char *const names[] = {NCCL_NAME(NCCL_MAJOR), "libnccl.so"};
+    int status = TP_OK;
+    pthread_mutex_lock(&load_lock);
+    if (!nccl.all_reduce) {
+        void *library = NULL;
+        for (size_t i = 0; i < sizeof names / sizeof names[0] && !library; i++) library = dlopen(names[i], RTLD_NOW);
+        if (!library) {
+            status = tp_fail(TP_ERR_DEVICE, "NCCL could not be loaded (%s): is the CUDA toolkit's library directory on "
+                                            "the library path?", dlerror());
+        } else if (!(*(void **)&nccl.get_unique_id = dlsym(library, "ncclGetUniqueId")) ||
+                   !(*(void **)&nccl.init_rank = dlsym(library, "ncclCommInitRank")) ||
+                   !(*(void **)&nccl.destroy = dlsym(library, "ncclCommDestroy")) ||
+                   !(*(void **)&nccl.error_string = dlsym(library, "ncclGetErrorString")) ||
+                   !(*(void **)&nccl.all_reduce = dlsym(library, "ncclAllReduce"))) { /* last: all are loaded */
+            nccl.all_reduce = NULL;
+            status = tp_fail(TP_ERR_DEVICE, "NCCL (%s) lacks a function this build uses", names[0]);
+        }
+    }
+    pthread_mutex_unlock(&load_lock);
+    return status;
+}
+
+/* NCCL calls: "file:line: call: NCCL's reason" as a TP_ERR_DEVICE failure,
+ * then the function's `fail` label. */
+#define NCCL_TRY(call)                                                                                                 \
+    do {                                                                                                               \
+        ncclResult_t nccl_try_result_ = (call);                                                                        \
+        if (nccl_try_result_ != ncclSuccess) {                                                                         \
+            tp_fail(TP_ERR_DEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call, nccl.error_string(nccl_try_result_));  \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+
+extern "C" int cuda_group_id(unsigned char id[CUDA_GROUP_ID_BYTES])
+{
+    ncclUniqueId unique;
+    TP_TRY(load_nccl());
+    NCCL_TRY(nccl.get_unique_id(&unique));
+    memcpy(id, unique.internal, CUDA_GROUP_ID_BYTES);
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+extern "C" int cuda_group_create(cuda_group **out, const unsigned char id[CUDA_GROUP_ID_BYTES], int members,
+                                 int member)
+{
+    *out = NULL;
+    ncclUniqueId unique;
+    cuda_group *group = NULL;
+    if (members < 1 || member < 0 || member >= members)
+        return tp_fail(TP_ERR_ARG, "a device group of %d members has no member %d", members, member);
+    TP_TRY(load_nccl());
+    group = (cuda_group *)calloc(1, sizeof *group);
+    if (!group) return tp_fail(TP_ERR_NOMEM, "out of memory for a device group");
+    if (cuda_backend_stream(&group->stream, &group->device)) {
+        free(group);
+        return TP_ERR_STATE;
+    }
+    memcpy(unique.internal, id, CUDA_GROUP_ID_BYTES);
+    CUDA_TRY(cudaSetDevice(group->device));
+    NCCL_TRY(nccl.init_rank(&group->comm, members, unique, member));
+    *out = group;
+    return TP_OK;
+fail:
+    free(group);
+    return TP_ERR_DEVICE;
+}
+
+extern "C" int cuda_group_all_reduce(cuda_group *group, void *data, int64_t count, int is_double, int is_max)
+{
+    if (count <= 0) return TP_OK;
+    CUDA_TRY(cudaSetDevice(group->device));
+    NCCL_TRY(nccl.all_reduce(data, data, (size_t)count, is_double ? ncclFloat64 : ncclFloat32, is_max ? ncclMax : ncclSum,
+                             group->comm, group->stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+extern "C" void cuda_group_free(cuda_group *group)
+{
+    if (!group) return;
+    if (group->comm) nccl.destroy(group->comm);
+    free(group);
+}
