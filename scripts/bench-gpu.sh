@@ -1,7 +1,7 @@
 #!/bin/sh
 # make bench-gpu: tp-train on one GPU (--device cuda): tokens/s and MFU for
-# GPT-2 124M and 350M at sequence 1024, against PyTorch on the same GPU
-# (bench/train_baseline.py, fp32 and bf16 autocast) when this machine's
+# GPT-2 124M and 350M at sequence 1024, in fp32 and bf16, against PyTorch on
+# the same GPU (bench/train_baseline.py, fp32 and bf16 autocast) when this machine's
 # PyTorch has CUDA; the training stall per checkpoint, asynchronous against
 # --sync-save; then make bench-reshard, whose table gains tp-reshard
 # --device cuda beside the CPU. Writes docs/BENCHMARKS.md (section
@@ -49,8 +49,11 @@ for model in "124M --model gpt2-124m" "350M --model gpt2-124m --layers 24 --dim 
     set -- $model
     name=$1
     shift
-    "$BUILD/bin/tp-train" "$@" --micro-batch "$MB" --steps "$STEPS" --device cuda --quiet --log "$DIR/$name.jsonl"
-    echo "train $name tp-train-fp32 $(log_rates "$DIR/$name.jsonl")" >>"$RESULTS"
+    for dtype in fp32 bf16; do
+        "$BUILD/bin/tp-train" "$@" --micro-batch "$MB" --steps "$STEPS" --device cuda --dtype $dtype --quiet \
+            --log "$DIR/$name-$dtype.jsonl"
+        echo "train $name tp-train-$dtype $(log_rates "$DIR/$name-$dtype.jsonl")" >>"$RESULTS"
+    done
     if [ $TORCH_CUDA = yes ]; then
         layers=12 dim=768 heads=12
         [ "$name" = 350M ] && layers=24 dim=1024 heads=16
@@ -102,9 +105,9 @@ PY
 )
 echo "$TABLE"
 $PY bench/doc_section.py docs/BENCHMARKS.md bench-gpu "tp-train on a GPU" <<EOF
-GPU: $GPU; CUDA $CUDA_VERSION. One process, tp1, micro-batch $MB x 1024 tokens, fp32 (tp-train has no bf16
-mode yet); PyTorch with CUDA here: $TORCH_CUDA. MFU counts 6N + 12 L d T FLOPs per token against the GPU's dense
-bf16 peak.
+GPU: $GPU; CUDA $CUDA_VERSION. One process, tp1, micro-batch $MB x 1024 tokens, fp32 and bf16 (tp-train
+--dtype bf16: bf16 operands, fp32 sums; PyTorch: bf16 autocast); PyTorch with CUDA here: $TORCH_CUDA. MFU counts
+6N + 12 L d T FLOPs per token against the GPU's dense bf16 peak.
 
 $TABLE
 
