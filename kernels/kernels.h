@@ -186,6 +186,15 @@ typedef struct kernel_backend {
     int (*to_host)(void *host_dst, const void *device_src, size_t bytes);
     int (*copy)(void *dst, const void *src, size_t bytes); /* both the backend's memory; not overlapping */
     int (*synchronize)(void);                               /* waits for all work issued */
+    /* Host memory for snapshots of device memory: pinned (page-locked) on a
+     * GPU, so that copies run at full speed beside the computation. */
+    int (*host_alloc)(void **out, size_t bytes);
+    void (*host_release)(void *memory);
+    /* To the host beside the computation (a side stream on a GPU): the copy
+     * waits for the work issued so far, by any thread, but not for work
+     * issued after it; returns when the copy is complete. Checkpoint
+     * snapshots taken while the next step runs. */
+    int (*to_host_background)(void *host_dst, const void *device_src, size_t bytes);
 
     int (*matmul_forward)(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
                           int64_t OC);

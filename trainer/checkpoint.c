@@ -115,14 +115,15 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
         if (m->params[i].owner) s->snapshot_floats += per_view * m->params[i].numel;
     /* Only the first data-parallel replica writes. */
     if (m->comm->dp_rank == 0 && s->snapshot_floats) {
-        s->snapshot = alloc_pages((size_t)s->snapshot_floats * sizeof(float));
-        if (!s->snapshot) goto nomem;
+        /* Pinned on a GPU: the snapshot is copied beside the next step's work. */
+        status = m->kernels->host_alloc((void **)&s->snapshot, (size_t)s->snapshot_floats * sizeof(float));
+        if (status) {
+            saver_free(s);
+            return status;
+        }
     }
     *out = s;
     return TP_OK;
-nomem:
-    saver_free(s);
-    return tp_fail(TP_ERR_NOMEM, "out of memory for checkpoint snapshots");
 }
 
 void saver_prefault(saver *s)
@@ -137,7 +138,7 @@ void saver_free(saver *s)
     if (s->committing && s->commit_threaded) pthread_join(s->commit_thread, NULL);
     cJSON_free(s->model_json);
     cJSON_free(s->rng);
-    free(s->snapshot);
+    if (s->snapshot) s->model->kernels->host_release(s->snapshot);
     tensor_map_free(&s->map);
     free(s->schedule);
     free(s->user);
@@ -162,7 +163,7 @@ static int take_snapshot(saver *s)
         if (!v->owner) continue;
         const float *sources[3] = {s->dump_grads ? v->grad : v->data, v->m, v->v};
         for (int k = 0; k < (s->dump_grads ? 1 : 3); k++, to += v->numel)
-            TP_TRY(gpt_model_to_host(m, to, sources[k], v->numel));
+            TP_TRY(m->kernels->to_host_background(to, sources[k], (size_t)v->numel * sizeof(float)));
     }
     return TP_OK;
 }

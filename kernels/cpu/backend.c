@@ -40,6 +40,12 @@ static int cpu_synchronize(void)
     return TP_OK;
 }
 
+static int cpu_host_alloc(void **out, size_t bytes)
+{
+    *out = alloc_pages(bytes ? bytes : 1);
+    return *out ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory (%zu bytes)", bytes);
+}
+
 /* Each operation: the CPU function, which cannot fail. */
 #define CPU_OP(name, params, args) \
     static int cpu_##name params   \
@@ -118,6 +124,9 @@ static const kernel_backend cpu_backend = {
     .to_host = cpu_copy,
     .copy = cpu_copy,
     .synchronize = cpu_synchronize,
+    .host_alloc = cpu_host_alloc,
+    .host_release = cpu_release,
+    .to_host_background = cpu_copy,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
     .matmul_forward_bf16 = matmul_forward_bf16, /* already in the table's form: they can fail */

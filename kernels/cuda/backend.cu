@@ -115,6 +115,7 @@ static int load_cublas(void)
 static struct {
     int ready, device;
     cudaStream_t stream;
+    cudaStream_t side; /* copies beside the computation (to_host_background) */
     cublasHandle_t blas;
     double *sums;     /* device [SUM_BLOCKS + 1]: sum_of_squares' block partials, then its result */
     uint16_t *bf16;   /* device scratch: the bf16 products' rounded operands (bf16 bits), grown as needed */
@@ -275,6 +276,40 @@ static int cuda_synchronize(void)
     CUDA_TRY(cudaStreamSynchronize(state.stream));
     return TP_OK;
 fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_host_alloc(void **out, size_t bytes)
+{
+    *out = NULL;
+    ENTER();
+    CUDA_TRY(cudaMallocHost(out, bytes ? bytes : 1));
+    return TP_OK;
+fail:
+    *out = NULL;
+    return TP_ERR_DEVICE;
+}
+
+static void cuda_host_release(void *memory)
+{
+    if (memory) cudaFreeHost(memory);
+}
+
+/* On the side stream, after an event that marks the work issued so far on
+ * the computing stream: the copy overlaps what is issued after it. */
+static int cuda_to_host_background(void *host_dst, const void *device_src, size_t bytes)
+{
+    cudaEvent_t issued = NULL;
+    ENTER();
+    CUDA_TRY(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
+    CUDA_TRY(cudaEventRecord(issued, state.stream));
+    CUDA_TRY(cudaStreamWaitEvent(state.side, issued, 0));
+    if (bytes) CUDA_TRY(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, state.side));
+    CUDA_TRY(cudaStreamSynchronize(state.side));
+    CUDA_TRY(cudaEventDestroy(issued));
+    return TP_OK;
+fail:
+    if (issued) cudaEventDestroy(issued);
     return TP_ERR_DEVICE;
 }
 
@@ -1182,6 +1217,9 @@ static void fill_table(kernel_backend *t)
     t->to_host = cuda_to_host;
     t->copy = cuda_copy;
     t->synchronize = cuda_synchronize;
+    t->host_alloc = cuda_host_alloc;
+    t->host_release = cuda_host_release;
+    t->to_host_background = cuda_to_host_background;
     t->matmul_forward = cuda_matmul_forward;
     t->matmul_backward = cuda_matmul_backward;
     t->matmul_forward_bf16 = cuda_matmul_forward_bf16;
@@ -1250,6 +1288,7 @@ extern "C" const kernel_backend *kernels_cuda(int device)
     if (load_cublas()) goto done;
     CUDA_TRY(cudaSetDevice(device));
     CUDA_TRY(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
+    CUDA_TRY(cudaStreamCreateWithFlags(&state.side, cudaStreamNonBlocking));
     CUBLAS_TRY(blas.create(&state.blas));
     CUBLAS_TRY(blas.set_stream(state.blas, state.stream));
     /* Plain fp32 products: no TF32 tensor cores, so that results stay within
@@ -1265,10 +1304,12 @@ fail:
     if (state.sums) cudaFree(state.sums);
     if (state.blas) blas.destroy(state.blas);
     if (state.stream) cudaStreamDestroy(state.stream);
+    if (state.side) cudaStreamDestroy(state.side);
     (void)cudaGetLastError();
     state.sums = NULL;
     state.blas = NULL;
     state.stream = NULL;
+    state.side = NULL;
 done:
     pthread_mutex_unlock(&state_lock);
     return result;

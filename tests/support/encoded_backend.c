@@ -128,6 +128,12 @@ static int enc_synchronize(void)
     return TP_OK;
 }
 
+static int enc_host_alloc(void **out, size_t bytes)
+{
+    *out = malloc(bytes ? bytes : 1); /* host memory: not registered, not encoded */
+    return *out ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory (%zu bytes)", bytes);
+}
+
 static int enc_matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N,
                               int64_t C, int64_t OC)
 {
@@ -313,6 +319,9 @@ static const kernel_backend backend = {
     .to_host = enc_to_host,
     .copy = enc_copy,
     .synchronize = enc_synchronize,
+    .host_alloc = enc_host_alloc,
+    .host_release = free,
+    .to_host_background = enc_to_host,
     .matmul_forward = enc_matmul_forward,
     .matmul_backward = enc_matmul_backward,
     .matmul_forward_bf16 = enc_matmul_forward_bf16,
