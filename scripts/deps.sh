@@ -3,7 +3,7 @@
 # Quiet when everything is present; idempotent.
 set -eu
 
-PACKAGES="gcc make pkg-config libhdf5-dev hdf5-tools libzstd-dev libcjson-dev libxxhash-dev
+PACKAGES="gcc make pkg-config libhdf5-dev hdf5-tools libzstd-dev libcjson-dev libxxhash-dev libssl-dev
 libcriterion-dev libopenmpi-dev openmpi-bin libopenblas-dev procps
 python3 python3-numpy python3-h5py python3-xxhash python3-zstandard python3-torch gnuplot-nox"
 
