@@ -8,48 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/buffer.h"
 #include "../common/error.h"
 
-/* A growing string; on failure it stays failed and says so once. */
-typedef struct {
-    char *text;
-    size_t length, capacity;
-    int failed;
-} text_buffer;
-
-static void append_bytes(text_buffer *b, const char *s, size_t n)
-{
-    if (b->failed) return;
-    if (b->length + n + 1 > b->capacity) {
-        size_t capacity = b->capacity ? b->capacity : 256;
-        while (capacity < b->length + n + 1) capacity *= 2;
-        char *bigger = realloc(b->text, capacity);
-        if (!bigger) {
-            b->failed = 1;
-            return;
-        }
-        b->text = bigger;
-        b->capacity = capacity;
-    }
-    memcpy(b->text + b->length, s, n);
-    b->length += n;
-    b->text[b->length] = '\0';
-}
-
-static void append(text_buffer *b, const char *s)
-{
-    append_bytes(b, s, strlen(s));
-}
-
 /* The buffer's text to *out, or its failure. */
-static int finish(text_buffer *b, char **out)
+static int finish(byte_buffer *b, char **out)
 {
-    if (b->failed || !b->text) {
-        free(b->text);
+    if (b->failed || !b->data) {
+        free(b->data);
         *out = NULL;
         return tp_fail(TP_ERR_NOMEM, "out of memory signing a request");
     }
-    *out = b->text;
+    *out = b->data;
     return TP_OK;
 }
 
@@ -59,25 +29,25 @@ static int unreserved(unsigned char c)
 }
 
 /* RFC 3986 encoding of every byte but the unreserved (and '/' when kept). */
-static void append_encoded(text_buffer *b, const char *s, int keep_slash)
+static void append_encoded(byte_buffer *b, const char *s, int keep_slash)
 {
     static const char hex[] = "0123456789ABCDEF";
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (unreserved(*p) || (keep_slash && *p == '/')) {
-            append_bytes(b, (const char *)p, 1);
+            buffer_put(b, (const char *)p, 1);
         } else {
             char escaped[3] = {'%', hex[*p >> 4], hex[*p & 15]};
-            append_bytes(b, escaped, 3);
+            buffer_put(b, escaped, 3);
         }
     }
 }
 
 static char *encoded(const char *s)
 {
-    text_buffer b = {0};
+    byte_buffer b = {0};
     append_encoded(&b, s, 0);
-    if (!b.text && !b.failed) append(&b, "");
-    return b.failed ? (free(b.text), NULL) : b.text;
+    if (!b.data && !b.failed) buffer_put_text(&b, "");
+    return b.failed ? (free(b.data), NULL) : b.data;
 }
 
 /* A query parameter or header, canonical: name and value as signed. */
@@ -141,7 +111,7 @@ static char *lowercase(const char *s)
 }
 
 /* The canonical headers ("name:value\n" each) and the signed header list. */
-static int canonical_headers(const sigv4_request *r, text_buffer *headers, text_buffer *signed_names)
+static int canonical_headers(const sigv4_request *r, byte_buffer *headers, byte_buffer *signed_names)
 {
     indexed_entry *e = calloc((size_t)r->num_headers + 1, sizeof *e);
     if (!e) return tp_fail(TP_ERR_NOMEM, "out of memory signing a request");
@@ -158,16 +128,16 @@ static int canonical_headers(const sigv4_request *r, text_buffer *headers, text_
     for (int i = 0; i < r->num_headers && !status; i++) {
         int repeated = i > 0 && strcmp(e[i].e.name, e[i - 1].e.name) == 0;
         if (repeated) {
-            append(headers, ",");
+            buffer_put_text(headers, ",");
         } else {
-            if (i > 0) append(headers, "\n"), append(signed_names, ";");
-            append(headers, e[i].e.name);
-            append(headers, ":");
-            append(signed_names, e[i].e.name);
+            if (i > 0) buffer_put_text(headers, "\n"), buffer_put_text(signed_names, ";");
+            buffer_put_text(headers, e[i].e.name);
+            buffer_put_text(headers, ":");
+            buffer_put_text(signed_names, e[i].e.name);
         }
-        append(headers, e[i].e.value);
+        buffer_put_text(headers, e[i].e.value);
     }
-    if (r->num_headers > 0) append(headers, "\n");
+    if (r->num_headers > 0) buffer_put_text(headers, "\n");
     for (int i = 0; i < r->num_headers; i++) free(e[i].e.name), free(e[i].e.value);
     free(e);
     return status;
@@ -186,11 +156,11 @@ static int check_request(const sigv4_request *r)
 static int canonical(const sigv4_request *r, char **out, char **signed_out)
 {
     TP_TRY(check_request(r));
-    text_buffer b = {0}, headers = {0}, names = {0};
-    append(&b, r->method);
-    append(&b, "\n");
+    byte_buffer b = {0}, headers = {0}, names = {0};
+    buffer_put_text(&b, r->method);
+    buffer_put_text(&b, "\n");
     append_encoded(&b, r->path, 1);
-    append(&b, "\n");
+    buffer_put_text(&b, "\n");
     /* Query: encoded, sorted by name then value. */
     entry *q = calloc((size_t)r->num_query + 1, sizeof *q);
     int status = q ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory signing a request");
@@ -201,33 +171,33 @@ static int canonical(const sigv4_request *r, char **out, char **signed_out)
     }
     if (!status) qsort(q, (size_t)r->num_query, sizeof *q, compare_entries);
     for (int i = 0; i < r->num_query && !status; i++) {
-        if (i) append(&b, "&");
-        append(&b, q[i].name);
-        append(&b, "=");
-        append(&b, q[i].value);
+        if (i) buffer_put_text(&b, "&");
+        buffer_put_text(&b, q[i].name);
+        buffer_put_text(&b, "=");
+        buffer_put_text(&b, q[i].value);
     }
     free_entries(q, r->num_query);
-    append(&b, "\n");
+    buffer_put_text(&b, "\n");
     if (!status) status = canonical_headers(r, &headers, &names);
     if (!status) {
-        append(&b, headers.text ? headers.text : "");
-        append(&b, "\n");
-        append(&b, names.text ? names.text : "");
-        append(&b, "\n");
-        append(&b, r->payload_hash);
+        buffer_put_text(&b, headers.data ? headers.data : "");
+        buffer_put_text(&b, "\n");
+        buffer_put_text(&b, names.data ? names.data : "");
+        buffer_put_text(&b, "\n");
+        buffer_put_text(&b, r->payload_hash);
     }
-    free(headers.text);
+    free(headers.data);
     if (status || headers.failed || names.failed) {
-        free(b.text);
-        free(names.text);
+        free(b.data);
+        free(names.data);
         return status ? status : tp_fail(TP_ERR_NOMEM, "out of memory signing a request");
     }
     status = finish(&b, out);
     if (status) {
-        free(names.text);
+        free(names.data);
         return status;
     }
-    *signed_out = names.text ? names.text : strdup("");
+    *signed_out = names.data ? names.data : strdup("");
     if (!*signed_out) {
         free(*out);
         return tp_fail(TP_ERR_NOMEM, "out of memory signing a request");
@@ -244,13 +214,18 @@ int sigv4_canonical_request(const sigv4_request *r, char **out)
     return TP_OK;
 }
 
+/* A 32-byte digest as 64 lowercase hex digits. */
+static void digest_hex(const unsigned char digest[32], char out[65])
+{
+    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", digest[i]);
+}
+
 void sigv4_sha256_hex(const void *data, size_t n, char out[65])
 {
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int length = 0;
     EVP_Digest(data, n, digest, &length, EVP_sha256(), NULL);
-    for (unsigned int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", digest[i]);
-    out[64] = '\0';
+    digest_hex(digest, out);
 }
 
 /* "DATE/REGION/SERVICE/aws4_request" into scope. */
@@ -262,20 +237,23 @@ static int credential_scope(const sigv4_key *k, const sigv4_request *r, char *sc
     return n > 0 && (size_t)n < size ? TP_OK : tp_fail(TP_ERR_ARG, "signing a request: region or service too long");
 }
 
-static int string_to_sign(const sigv4_key *k, const sigv4_request *r, char **out, char **signed_names)
+/* The string to sign, the signed header list and the credential scope
+ * (scope: SCOPE_SIZE bytes). */
+enum { SCOPE_SIZE = 256 };
+static int string_to_sign(const sigv4_key *k, const sigv4_request *r, char **out, char **signed_names, char *scope)
 {
-    char *creq = NULL, scope[256], hash[65];
-    TP_TRY(credential_scope(k, r, scope, sizeof scope));
+    char *creq = NULL, hash[65];
+    TP_TRY(credential_scope(k, r, scope, SCOPE_SIZE));
     TP_TRY(canonical(r, &creq, signed_names));
     sigv4_sha256_hex(creq, strlen(creq), hash);
     free(creq);
-    text_buffer b = {0};
-    append(&b, "AWS4-HMAC-SHA256\n");
-    append(&b, r->amz_date);
-    append(&b, "\n");
-    append(&b, scope);
-    append(&b, "\n");
-    append(&b, hash);
+    byte_buffer b = {0};
+    buffer_put_text(&b, "AWS4-HMAC-SHA256\n");
+    buffer_put_text(&b, r->amz_date);
+    buffer_put_text(&b, "\n");
+    buffer_put_text(&b, scope);
+    buffer_put_text(&b, "\n");
+    buffer_put_text(&b, hash);
     int status = finish(&b, out);
     if (status) free(*signed_names), *signed_names = NULL;
     return status;
@@ -283,9 +261,9 @@ static int string_to_sign(const sigv4_key *k, const sigv4_request *r, char **out
 
 int sigv4_string_to_sign(const sigv4_key *k, const sigv4_request *r, char **out)
 {
-    char *names = NULL;
+    char *names = NULL, scope[SCOPE_SIZE];
     *out = NULL;
-    TP_TRY(string_to_sign(k, r, out, &names));
+    TP_TRY(string_to_sign(k, r, out, &names, scope));
     free(names);
     return TP_OK;
 }
@@ -298,10 +276,9 @@ static void hmac(const void *key, size_t key_size, const char *text, unsigned ch
 
 int sigv4_authorization(const sigv4_key *k, const sigv4_request *r, char **out)
 {
-    char *sts = NULL, *names = NULL, scope[256], date[9];
+    char *sts = NULL, *names = NULL, scope[SCOPE_SIZE], date[9];
     *out = NULL;
-    TP_TRY(credential_scope(k, r, scope, sizeof scope));
-    TP_TRY(string_to_sign(k, r, &sts, &names));
+    TP_TRY(string_to_sign(k, r, &sts, &names, scope));
     /* kSigning = HMAC(HMAC(HMAC(HMAC("AWS4" + secret, date), region), service), "aws4_request") */
     size_t secret_size = strlen(k->secret_key) + 4;
     char *secret = malloc(secret_size + 1);
@@ -320,16 +297,16 @@ int sigv4_authorization(const sigv4_key *k, const sigv4_request *r, char **out)
     hmac(a, 32, "aws4_request", b);
     hmac(b, 32, sts, a);
     char signature[65];
-    for (int i = 0; i < 32; i++) snprintf(signature + 2 * i, 3, "%02x", a[i]);
-    text_buffer t = {0};
-    append(&t, "AWS4-HMAC-SHA256 Credential=");
-    append(&t, k->access_key);
-    append(&t, "/");
-    append(&t, scope);
-    append(&t, ", SignedHeaders=");
-    append(&t, names);
-    append(&t, ", Signature=");
-    append(&t, signature);
+    digest_hex(a, signature);
+    byte_buffer t = {0};
+    buffer_put_text(&t, "AWS4-HMAC-SHA256 Credential=");
+    buffer_put_text(&t, k->access_key);
+    buffer_put_text(&t, "/");
+    buffer_put_text(&t, scope);
+    buffer_put_text(&t, ", SignedHeaders=");
+    buffer_put_text(&t, names);
+    buffer_put_text(&t, ", Signature=");
+    buffer_put_text(&t, signature);
     free(sts);
     free(names);
     return finish(&t, out);

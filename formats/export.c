@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/buffer.h"
 #include "../common/memory.h"
 #include "../common/parallel.h"
 #include "formats.h"
@@ -355,52 +356,27 @@ static int write_safetensors_index(exporter *x)
     return status;
 }
 
-/* A growing byte buffer for the GGUF header. */
-typedef struct {
-    unsigned char *data;
-    size_t size, capacity;
-    int failed;
-} bytes_out;
+static void put_u32(byte_buffer *b, uint32_t v) { buffer_put(b, &v, 4); }
+static void put_u64(byte_buffer *b, uint64_t v) { buffer_put(b, &v, 8); }
 
-static void put(bytes_out *b, const void *data, size_t n)
-{
-    if (b->failed) return;
-    if (b->size + n > b->capacity) {
-        size_t capacity = b->capacity ? b->capacity : 4096;
-        while (capacity < b->size + n) capacity *= 2;
-        unsigned char *grown = realloc(b->data, capacity);
-        if (!grown) {
-            b->failed = 1;
-            return;
-        }
-        b->data = grown;
-        b->capacity = capacity;
-    }
-    memcpy(b->data + b->size, data, n);
-    b->size += n;
-}
-
-static void put_u32(bytes_out *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(bytes_out *b, uint64_t v) { put(b, &v, 8); }
-
-static void put_string(bytes_out *b, const char *s)
+static void put_string(byte_buffer *b, const char *s)
 {
     put_u64(b, strlen(s));
-    put(b, s, strlen(s));
+    buffer_put(b, s, strlen(s));
 }
 
 enum { GGUF_U32 = 4, GGUF_I32 = 5, GGUF_F32 = 6, GGUF_BOOL = 7, GGUF_STRING = 8, GGUF_ARRAY = 9 };
 
-static void put_kv(bytes_out *b, const export_kv *kv)
+static void put_kv(byte_buffer *b, const export_kv *kv)
 {
     put_string(b, kv->key);
     switch (kv->type) {
     case EXPORT_KV_U32: put_u32(b, GGUF_U32); put_u32(b, kv->u32); break;
-    case EXPORT_KV_F32: put_u32(b, GGUF_F32); put(b, &kv->f32, 4); break;
+    case EXPORT_KV_F32: put_u32(b, GGUF_F32); buffer_put(b, &kv->f32, 4); break;
     case EXPORT_KV_BOOL: {
         uint8_t value = kv->u32 != 0;
         put_u32(b, GGUF_BOOL);
-        put(b, &value, 1);
+        buffer_put(b, &value, 1);
         break;
     }
     case EXPORT_KV_STRING: put_u32(b, GGUF_STRING); put_string(b, kv->string); break;
@@ -414,7 +390,7 @@ static void put_kv(bytes_out *b, const export_kv *kv)
         put_u32(b, GGUF_ARRAY);
         put_u32(b, GGUF_I32);
         put_u64(b, (uint64_t)kv->count);
-        put(b, kv->i32s, (size_t)kv->count * 4);
+        buffer_put(b, kv->i32s, (size_t)kv->count * 4);
         break;
     }
 }
@@ -424,8 +400,8 @@ static void put_kv(bytes_out *b, const export_kv *kv)
 static int layout_gguf(exporter *x)
 {
     const export_options *o = x->o;
-    bytes_out b = {0};
-    put(&b, "GGUF", 4);
+    byte_buffer b = {0};
+    buffer_put(&b, "GGUF", 4);
     put_u32(&b, 3);
     put_u64(&b, (uint64_t)x->count);
     put_u64(&b, (uint64_t)o->num_kvs + 1);

@@ -56,10 +56,11 @@ static void flip_touched(const void *const *pointers, int count)
     int touched_count_ = (int)(sizeof touched_ / sizeof touched_[0]); \
     pthread_mutex_lock(&lock);                                        \
     flip_touched(touched_, touched_count_)
-#define LEAVE()                                \
+#define LEAVE_WITH(status)                     \
     flip_touched(touched_, touched_count_);    \
     pthread_mutex_unlock(&lock);               \
-    return TP_OK
+    return (status)
+#define LEAVE() LEAVE_WITH(TP_OK)
 
 static int enc_alloc(void **out, size_t bytes)
 {
@@ -155,9 +156,7 @@ static int enc_matmul_forward_bf16(float *out, const float *in, const float *wei
 {
     ENTER(out, in, weight, bias);
     int status = matmul_forward_bf16(out, in, weight, bias, N, C, OC);
-    flip_touched(touched_, touched_count_);
-    pthread_mutex_unlock(&lock);
-    return status;
+    LEAVE_WITH(status);
 }
 
 static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
@@ -165,9 +164,7 @@ static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias,
 {
     ENTER(d_in, d_weight, d_bias, d_out, in, weight);
     int status = matmul_backward_bf16(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
-    flip_touched(touched_, touched_count_);
-    pthread_mutex_unlock(&lock);
-    return status;
+    LEAVE_WITH(status);
 }
 
 static int enc_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
