@@ -17,7 +17,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 
 # Third-party headers come in as system headers so their warnings stay theirs.
-PKGS := hdf5 libzstd libcjson libxxhash openblas ompi-c libcrypto
+PKGS := hdf5 libzstd libcjson libxxhash openblas ompi-c libcrypto libcurl
 PKG_CFLAGS := $(patsubst -I%,-isystem %,$(shell pkg-config --cflags $(PKGS) 2>/dev/null))
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -29,7 +29,7 @@
 #include "storage.h"
 
 #define CKPT_FORMAT_MAJOR 1
-#define CKPT_FORMAT_MINOR 1
+#define CKPT_FORMAT_MINOR 2
 #define CKPT_MAX_DIMS 8
 #define CKPT_MAX_SEGMENTS 16
 #define CKPT_NAME_MAX 255
@@ -464,6 +464,39 @@ int ckpt_replaceable_checkpoint(const ckpt_storage *storage, const char *path);
 /* A fresh owner name: host, process id and a nonce. Distributed writers of
  * one checkpoint share the one their committing process made. */
 int ckpt_staging_owner(char *out, size_t out_size);
+
+/* ---------------------------------------------------------- object stores */
+
+/* Checkpoint locations may be http(s):// URLs of a WebDAV-style server or
+ * s3://bucket/prefix (storage.h, docs/STORES.md). Readers read them in
+ * place; writers write locally and upload. */
+int ckpt_is_remote(const char *path);
+
+typedef struct {
+    int threads; /* files and parts in flight (0: 8) */
+    int replace; /* a checkpoint already at the URL is replaced (it vanishes first) */
+    void (*on_file)(void *ctx, int64_t bytes); /* a shard file arrived (any thread) */
+    void *ctx;
+} ckpt_upload_options;
+void ckpt_upload_options_init(ckpt_upload_options *options);
+
+/* Uploads the committed local checkpoint local_dir to url: every shard file
+ * in parallel, each checked for its size there, then index.json, so that
+ * the remote checkpoint is visible only whole. Refuses a URL that holds a
+ * checkpoint unless replace. */
+int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_options *options);
+/* Points the remote run directory's `latest` at checkpoint name. */
+int ckpt_upload_latest(const char *run_url, const char *name);
+
+/* A tool's output at target: a local target is written where it is
+ * (local = target); a remote one (refused at once when it holds a
+ * checkpoint and not replace) is written into a private local directory
+ * under TMPDIR, then ckpt_output_finish uploads it (and `latest` with
+ * update_latest) and removes the local copy, or only removes it when the
+ * writing failed (ok = 0). */
+int ckpt_output_begin(const char *target, int replace, char *local, size_t local_size);
+int ckpt_output_finish(const char *target, const char *local, int ok, const ckpt_upload_options *options,
+                       int update_latest);
 
 /* ------------------------------------------------- merged HDF5 files */
 

@@ -60,6 +60,7 @@ typedef struct {
     const ckpt_index_file *file;
     const char *file_path;
     int status;
+    hid_t h5file; /* the shard file being scanned */
 } scan_state;
 
 static const char *index_name_of(const void *ctx, int64_t i)
@@ -101,6 +102,27 @@ static int piece_extents(hid_t dset, const char *name, const ckpt_piece_geometry
     }
     *out = extents;
     *count = n;
+    return TP_OK;
+}
+
+/* Where the block checksums of a piece lie (format 1.2): contiguous,
+ * num_blocks little-endian uint64. */
+static int piece_checksums_at(hid_t file, const char *name, int64_t num_blocks, int64_t *out)
+{
+    char path[CKPT_NAME_MAX + 32];
+    snprintf(path, sizeof path, "/%s/%s", CKPT_CHECKSUM_GROUP, name);
+    hid_t sums = H5Dopen2(file, path, H5P_DEFAULT);
+    if (sums < 0) return ckpt_fail_hdf5("tensor %s: block checksums missing", name);
+    hid_t dcpl = H5Dget_create_plist(sums);
+    H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
+    if (dcpl >= 0) H5Pclose(dcpl);
+    haddr_t offset = H5Dget_offset(sums);
+    hsize_t size = H5Dget_storage_size(sums);
+    H5Dclose(sums);
+    if (layout != H5D_CONTIGUOUS || offset == HADDR_UNDEF || offset == 0 || (int64_t)size != 8 * num_blocks)
+        return tp_fail(TP_ERR_FORMAT, "tensor %s: block checksums not stored as %lld contiguous values", name,
+                       (long long)num_blocks);
+    *out = (int64_t)offset;
     return TP_OK;
 }
 
@@ -198,7 +220,7 @@ static int scan_piece(scan_state *st, hid_t dset)
     ip->checksum = attrs.checksum;
     ip->digest = attrs.digest;
     ip->compressed = compressed;
-    return TP_OK;
+    return piece_checksums_at(st->h5file, t->name, g.num_blocks, &ip->checksums_at);
 }
 
 static herr_t visit_object(hid_t group, const char *name, const H5O_info_t *info, void *data)
@@ -254,6 +276,7 @@ static int scan_file(scan_state *st, const char *dir)
     else if (complete != 1)
         status = tp_fail(TP_ERR_STATE, "%s: the shard's writer did not finish", path);
     if (!status) status = ckpt_h5_check_links(file, path);
+    st->h5file = file;
     if (!status && H5Lexists(file, CKPT_TENSOR_GROUP, H5P_DEFAULT) > 0) {
         hid_t group = H5Gopen2(file, CKPT_TENSOR_GROUP, H5P_DEFAULT);
         st->status = TP_OK;
@@ -293,7 +316,7 @@ static int build_index(const ckpt_storage *storage, const char *staging, const c
     ckpt_train_state empty = {0, 0, NULL, NULL, NULL, NULL};
     int status = ckpt_index_set_state(&index, state ? state : &empty);
     if (status) return status;
-    scan_state st = {storage, &index, {0}, 0, NULL, NULL, TP_OK};
+    scan_state st = {storage, &index, {0}, 0, NULL, NULL, TP_OK, -1};
     index.num_files = layout->tp * layout->pp;
     index.files = calloc((size_t)index.num_files, sizeof *index.files);
     if (!index.files) status = tp_fail(TP_ERR_NOMEM, "out of memory");

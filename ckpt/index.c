@@ -96,6 +96,7 @@ static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp)
         cJSON_AddStringToObject(po, "digest", piece_digest);
         cJSON_AddBoolToObject(po, "compressed", ip->compressed);
         extents_to_json(po, ip);
+        if (ip->checksums_at > 0) cJSON_AddNumberToObject(po, "checksums_at", (double)ip->checksums_at);
         cJSON_AddItemToArray(pieces, po);
     }
     return o;
@@ -351,6 +352,8 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
             parse_error(ctx, "shape", "the shape the partition gives");
         if (ip->bytes != geometry.bytes) parse_error(ctx, "bytes", "the piece's size");
         parse_extents(ctx, po, ip, &geometry);
+        if (cJSON_GetObjectItemCaseSensitive(po, "checksums_at"))
+            ip->checksums_at = get_int(ctx, po, "checksums_at", 1, (int64_t)1 << 52);
         ip->file_index = -1;
         for (int f = 0; f < index->num_files; f++)
             if (strcmp(index->files[f].name, ip->file) == 0) ip->file_index = f;

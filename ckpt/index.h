@@ -23,6 +23,11 @@ typedef struct {
     int compressed;
     int64_t num_extents; /* 0: not recorded (format 1.0) */
     ckpt_extent *extents;
+    /* Where the piece's block checksums lie in its shard file (format 1.2):
+     * num_blocks little-endian uint64, contiguous; 0: not recorded (the
+     * superblock is at 0, so no dataset is). With the extents, a reader
+     * needs no HDF5 metadata to read and check the piece (remote stores). */
+    int64_t checksums_at;
 } ckpt_index_piece;
 
 typedef struct {

@@ -80,7 +80,7 @@ void ckpt_reader_close(ckpt_reader *r)
 {
     if (!r) return;
     for (int f = 0; r->files && f < r->index.num_files; f++) {
-        if (r->files[f].file >= 0) H5Fclose(r->files[f].file);
+        if (r->files[f].file > 0) H5Fclose(r->files[f].file);
         if (r->files[f].data) r->storage->close(r->files[f].data);
         free(r->files[f].open_error);
     }
@@ -249,6 +249,15 @@ static int open_file(ckpt_reader *r, int f)
 static int open_file_once(ckpt_reader *r, int f)
 {
     file_runtime *fr = &r->files[f];
+    if (!r->storage->local_paths) { /* everything comes from the index */
+        if (r->index.major == 1 && r->index.minor < 2)
+            return tp_fail(TP_ERR_VERSION, "%s: format %d.%d records no block checksum offsets; reading it from "
+                           "an object store needs format 1.2 (reshard or copy it locally)", fr->path,
+                           r->index.major, r->index.minor);
+        TP_TRY(r->storage->open(r->storage, fr->path, CKPT_OPEN_READ, &fr->data));
+        fr->file = 0; /* opened: no HDF5 handle */
+        return TP_OK;
+    }
     TP_TRY(tp_refuse_special(fr->path)); /* HDF5 would block on a FIFO */
     const ckpt_index_file *idx = &r->index.files[f];
     /* Checked with plain reads before libhdf5 parses anything of the file:
@@ -333,6 +342,55 @@ static int locate_chunks(hid_t dset, piece_runtime *pr, const char *where)
     return TP_OK;
 }
 
+/* Reads a piece's block checksums at the offset the index records (format
+ * 1.2), for stores HDF5 cannot open: its data lies where the extents say. */
+static int load_piece_from_index(ckpt_reader *r, int i, int piece, piece_runtime *pr)
+{
+    const ckpt_index_tensor *it = &r->index.tensors[i];
+    const ckpt_index_piece *ip = &it->pieces[piece];
+    file_runtime *fr = &r->files[ip->file_index];
+    const ckpt_piece_geometry *g = &pr->geometry;
+    char where[CKPT_PATH_MAX + CKPT_NAME_MAX + 32];
+    snprintf(where, sizeof where, "%s: tensor %s piece %d", fr->path, it->tensor.desc.name, piece);
+    if (ip->num_extents == 0 || ip->checksums_at <= 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: the index records no storage offsets", where);
+    const ckpt_index_file *fi = &r->index.files[ip->file_index];
+    if (ip->checksums_at + 8 * g->num_blocks > fi->bytes)
+        return tp_fail(TP_ERR_FORMAT, "%s: block checksums lie outside the file", where);
+    if (ip->compressed) {
+        pr->chunks = calloc((size_t)g->num_blocks, sizeof *pr->chunks);
+        if (!pr->chunks) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        for (int64_t b = 0; b < g->num_blocks; b++)
+            pr->chunks[b] = (chunk_location){(uint64_t)ip->extents[b].offset, (uint64_t)ip->extents[b].length,
+                                             ip->extents[b].filter_mask};
+    } else {
+        pr->offset = ip->extents[0].offset;
+    }
+    uint8_t *raw = malloc((size_t)(8 * g->num_blocks));
+    pr->block_hash = calloc((size_t)g->num_blocks, sizeof *pr->block_hash);
+    int status = !raw || !pr->block_hash ? tp_fail(TP_ERR_NOMEM, "out of memory")
+                                         : r->storage->read_at(fr->data, raw, (size_t)(8 * g->num_blocks),
+                                                               ip->checksums_at);
+    for (int64_t b = 0; !status && b < g->num_blocks; b++) { /* little-endian on every host */
+        uint64_t v = 0;
+        for (int k = 7; k >= 0; k--) v = v << 8 | raw[8 * b + k];
+        pr->block_hash[b] = v;
+    }
+    free(raw);
+    if (!status && ckpt_hash_blocks(pr->block_hash, g->num_blocks) != ip->checksum)
+        status = tp_fail(TP_ERR_CHECKSUM, "%s: block checksum list does not match the piece checksum", where);
+    if (status) {
+        if (status != TP_ERR_NOMEM && status != TP_ERR_CHECKSUM) status = tp_fail_context(status, "%s", where);
+        free(pr->block_hash);
+        free(pr->chunks);
+        pr->block_hash = NULL;
+        pr->chunks = NULL;
+        return status;
+    }
+    pr->loaded = 1;
+    return TP_OK;
+}
+
 /* Opens a piece's dataset, checks it against the index and locates its data. */
 static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr)
 {
@@ -341,6 +399,7 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     const ckpt_tensor_desc *t = &it->tensor.desc;
     int status = open_file(r, ip->file_index);
     if (status) return status;
+    if (!r->storage->local_paths) return load_piece_from_index(r, i, piece, pr);
     file_runtime *fr = &r->files[ip->file_index];
     char where[CKPT_PATH_MAX + CKPT_NAME_MAX + 32], path[CKPT_NAME_MAX + 32];
     snprintf(where, sizeof where, "%s: tensor %s piece %d", fr->path, t->name, piece);

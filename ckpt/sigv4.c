@@ -28,8 +28,7 @@ static int unreserved(unsigned char c)
     return isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~';
 }
 
-/* RFC 3986 encoding of every byte but the unreserved (and '/' when kept). */
-static void append_encoded(byte_buffer *b, const char *s, int keep_slash)
+void sigv4_uri_encode(byte_buffer *b, const char *s, int keep_slash)
 {
     static const char hex[] = "0123456789ABCDEF";
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -45,7 +44,7 @@ static void append_encoded(byte_buffer *b, const char *s, int keep_slash)
 static char *encoded(const char *s)
 {
     byte_buffer b = {0};
-    append_encoded(&b, s, 0);
+    sigv4_uri_encode(&b, s, 0);
     if (!b.data && !b.failed) buffer_put_text(&b, "");
     return b.failed ? (free(b.data), NULL) : b.data;
 }
@@ -159,7 +158,7 @@ static int canonical(const sigv4_request *r, char **out, char **signed_out)
     byte_buffer b = {0}, headers = {0}, names = {0};
     buffer_put_text(&b, r->method);
     buffer_put_text(&b, "\n");
-    append_encoded(&b, r->path, 1);
+    sigv4_uri_encode(&b, r->path, 1);
     buffer_put_text(&b, "\n");
     /* Query: encoded, sorted by name then value. */
     entry *q = calloc((size_t)r->num_query + 1, sizeof *q);

@@ -13,6 +13,8 @@
 
 #include <stddef.h>
 
+#include "../common/buffer.h"
+
 typedef struct {
     const char *name, *value;
 } sigv4_pair;
@@ -41,6 +43,11 @@ int sigv4_string_to_sign(const sigv4_key *key, const sigv4_request *request, cha
 /* The Authorization header's value: "AWS4-HMAC-SHA256 Credential=AKID/DATE/
  * REGION/SERVICE/aws4_request, SignedHeaders=..., Signature=...". */
 int sigv4_authorization(const sigv4_key *key, const sigv4_request *request, char **out);
+
+/* RFC 3986 encoding of every byte of s but the unreserved ones (letters,
+ * digits, - _ . ~) and '/' when keep_slash, as S3 wants paths, query
+ * names and values in URLs and in the canonical request alike. */
+void sigv4_uri_encode(byte_buffer *b, const char *s, int keep_slash);
 
 /* Hex SHA-256 of n bytes (the payload hash). */
 void sigv4_sha256_hex(const void *data, size_t n, char out[65]);

@@ -44,7 +44,10 @@ typedef struct {
 } ckpt_stat;
 
 struct ckpt_storage {
-    const char *name; /* "posix" */
+    const char *name; /* "posix", "remote" */
+    /* Whether HDF5 may open this store's paths itself (the local file
+     * system); elsewhere the reader takes everything from the index. */
+    int local_paths;
     int (*open)(const ckpt_storage *s, const char *path, ckpt_open_mode mode, ckpt_file **out);
     /* Whole transfers or a failure: a file ending early is TP_ERR_FORMAT (truncated). */
     int (*read_at)(ckpt_file *file, void *buf, size_t size, int64_t offset);
@@ -75,9 +78,13 @@ struct ckpt_storage {
 /* The local file system. */
 const ckpt_storage *ckpt_storage_posix(void);
 
-/* The store a path lives in: local paths are the POSIX one's; a URL
- * (scheme://...) names a store this build may not have, and fails saying
- * which scheme. */
+/* Object stores (storage_remote.c): paths are URLs, http(s):// of a
+ * WebDAV-style server or s3://bucket/key. Read in place by ranged GETs;
+ * written only whole, by the uploader (ckpt_upload). */
+const ckpt_storage *ckpt_storage_remote(void);
+
+/* The store a path lives in: local paths are the POSIX one's, http://,
+ * https:// and s3:// URLs the remote one's; another scheme fails naming it. */
 int ckpt_storage_for(const char *path, const ckpt_storage **out);
 
 #endif

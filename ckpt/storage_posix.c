@@ -15,6 +15,7 @@
 
 #include "../common/file.h"
 #include "internal.h"
+#include "remote.h"
 
 struct ckpt_file {
     const ckpt_storage *storage;
@@ -245,6 +246,7 @@ static int posix_lock(const ckpt_storage *s, const char *path, int flags, ckpt_f
 }
 
 static const ckpt_storage posix_storage = {.name = "posix",
+                                           .local_paths = 1,
                                            .open = posix_open,
                                            .read_at = posix_read_at,
                                            .write_at = posix_write_at,
@@ -273,9 +275,13 @@ int ckpt_storage_for(const char *path, const ckpt_storage **out)
     const char *end = strstr(path, "://");
     int url = end && end > path && isalpha((unsigned char)path[0]);
     for (const char *c = path; url && c < end; c++) url = isalnum((unsigned char)*c) || strchr("+-.", *c);
+    if (url && remote_is_url(path)) {
+        *out = ckpt_storage_remote();
+        return TP_OK;
+    }
     if (url)
-        return tp_fail(TP_ERR_ARG, "%s: this build keeps checkpoints in local paths only, not in %.*s:// stores", path,
-                       (int)(end - path), path);
+        return tp_fail(TP_ERR_ARG, "%s: checkpoints live in local paths, http(s):// or s3:// locations, not in %.*s://",
+                       path, (int)(end - path), path);
     *out = &posix_storage;
     return TP_OK;
 }

@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
+
+#include "../ckpt/ckpt.h"
 #include "cli.h"
 
 /* The handler only writes the signal's number to a pipe (all a handler may
@@ -125,4 +127,18 @@ int cli_compress(const char *program, const char *text)
     if (strcmp(text, "zstd") == 0) return 3;
     if (strncmp(text, "zstd:", 5) == 0 && parse_int(text + 5, 1, 22, &level) == 0) return (int)level;
     cli_usage_error(program, "--compress expects zstd, zstd:LEVEL (1..22) or none, got '%s'", text);
+}
+
+int cli_write_output(const char *target, int replace, int threads, int update_latest,
+                     int (*write)(void *ctx, const char *path), void *ctx)
+{
+    char local[CKPT_PATH_MAX];
+    TP_TRY(ckpt_output_begin(target, replace, local, sizeof local));
+    int status = write(ctx, local);
+    ckpt_upload_options upload;
+    ckpt_upload_options_init(&upload);
+    upload.replace = replace;
+    upload.threads = threads;
+    int uploaded = ckpt_output_finish(target, local, status == TP_OK, &upload, update_latest);
+    return status ? status : uploaded;
 }

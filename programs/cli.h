@@ -45,6 +45,13 @@ int cli_compress(const char *program, const char *text); /* zstd level of zstd[:
  * exit status says which. Fails only when no thread can be started. */
 int cli_clean_up_on_signals(void);
 
+/* Writes a checkpoint output at target, local or remote: write(ctx, path)
+ * writes it at path, which is target itself when local, or a local copy
+ * that is then uploaded (ckpt_output_begin/finish; `latest` of a remote
+ * run directory follows with update_latest). TP_OK or the first failure. */
+int cli_write_output(const char *target, int replace, int threads, int update_latest,
+                     int (*write)(void *ctx, const char *path), void *ctx);
+
 /* "PROGRAM: error: message" on stderr; returns 1, the failure exit status. */
 int cli_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -407,6 +407,20 @@ static int output_in_run_directory(const char *out)
     return ckpt_step_of_name(base) >= 0;
 }
 
+typedef struct {
+    const gpt_config *config;
+    const ckpt_layout *layout;
+    const ckpt_write_options *write_options;
+    const synth_gpt_options *synth;
+    int tensors;
+} synth_job;
+
+static int run_synth(void *ctx, const char *path)
+{
+    synth_job *j = ctx;
+    return synth_gpt(path, j->config, j->layout, j->write_options, j->synth, &j->tensors);
+}
+
 static int cmd_synth(int argc, char **argv)
 {
     gpt_options model = {0};
@@ -457,14 +471,16 @@ static int cmd_synth(int argc, char **argv)
     if (gpt_options_finish(&model, &config)) die_usage("synth needs a model: %s", tp_errmsg());
     if (gpt_config_check(&config, layout.tp, layout.pp)) return fail("%s", tp_errmsg());
     layout.num_layers = config.layers;
-    write_options.update_latest = output_in_run_directory(out);
+    int update_latest = output_in_run_directory(out);
+    write_options.update_latest = update_latest && !ckpt_is_remote(out); /* a remote one after the upload */
     progress bar;
     synth_gpt_options so = {(uint64_t)seed, step, optim, (int)threads, synth_progress, &bar};
     int64_t total = 0;
     if (synth_gpt_bytes(&config, &layout, optim, &total)) return fail("%s", tp_errmsg());
     progress_start(&bar, "synth", total, force_progress);
-    int tensors = 0;
-    int status = synth_gpt(out, &config, &layout, &write_options, &so, &tensors);
+    synth_job job = {&config, &layout, &write_options, &so, 0};
+    int status = cli_write_output(out, write_options.overwrite, (int)threads, update_latest, run_synth, &job);
+    int tensors = job.tensors;
     double seconds = progress_finish(&bar);
     if (status) return fail("%s", tp_errmsg());
     char size[32];
@@ -591,6 +607,17 @@ static const char *import_usage =
     "Every tensor is checked (presence, dtype, shape, the file's own rules) before\n"
     "anything is written; nothing appears at CKPT unless the import completes.\n";
 
+typedef struct {
+    gpt_import *job;
+    const import_options *options;
+} import_job;
+
+static int run_import(void *ctx, const char *path)
+{
+    import_job *j = ctx;
+    return gpt_import_run(j->job, j->options, path);
+}
+
 static int cmd_import(int argc, char **argv)
 {
     import_options options;
@@ -628,12 +655,14 @@ static int cmd_import(int argc, char **argv)
     const char *dir = argv[optind];
     gpt_import *job = NULL;
     if (gpt_import_open(&job, dir, &request)) return fail("%s", tp_errmsg());
-    options.update_latest = output_in_run_directory(out);
+    int update_latest = output_in_run_directory(out);
+    options.update_latest = update_latest && !ckpt_is_remote(out); /* a remote one after the upload */
     progress bar;
     progress_start(&bar, "import", gpt_import_bytes(job), force_progress);
     options.on_bytes = count_bytes;
     options.progress_ctx = &bar;
-    int status = gpt_import_run(job, &options, out);
+    import_job run = {job, &options};
+    int status = cli_write_output(out, options.overwrite, options.threads, update_latest, run_import, &run);
     double seconds = progress_finish(&bar);
     int code = 0;
     if (status) {

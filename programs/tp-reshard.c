@@ -106,6 +106,11 @@ static void print_json(cJSON *o)
     cJSON_Delete(o);
 }
 
+static int execute_plan(void *plan, const char *out)
+{
+    return reshard_execute(plan, out);
+}
+
 /* Beside the source, named after it and the target layout: a source that is
  * itself a reshard output (name_tp2pp1) gives name_tp4pp1, not
  * name_tp2pp1_tp4pp1. */
@@ -195,7 +200,9 @@ int main(int argc, char **argv)
         out = default_out;
     }
     const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
-    options.update_latest = ckpt_step_of_name(base) >= 0;
+    int update_latest = ckpt_step_of_name(base) >= 0;
+    /* A remote output is written locally, then uploaded (its `latest` too). */
+    options.update_latest = update_latest && !ckpt_is_remote(out);
 
     progress bar;
     options.on_bytes = on_bytes;
@@ -227,7 +234,7 @@ int main(int argc, char **argv)
     }
 
     progress_start(&bar, "reshard", s->bytes_written, force_progress);
-    int status = reshard_execute(plan, out);
+    int status = cli_write_output(out, options.overwrite, options.threads, update_latest, execute_plan, plan);
     double seconds = progress_finish(&bar);
     int code = 0;
     if (status) code = fail("%s", tp_errmsg());

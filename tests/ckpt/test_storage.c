@@ -155,6 +155,7 @@ static int w_lock(const ckpt_storage *s, const char *path, int flags, ckpt_file 
 }
 
 static const ckpt_storage wrapper = {.name = "counting",
+                                     .local_paths = 1,
                                      .open = w_open,
                                      .read_at = w_read_at,
                                      .write_at = w_write_at,

@@ -1,0 +1,349 @@
+/* http.c: requests through libcurl with connection sharing and retries. */
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../common/error.h"
+#include "http.h"
+
+/* ------------------------------------------------------------ shared state */
+
+static CURLSH *share;
+static pthread_mutex_t share_locks[CURL_LOCK_DATA_LAST];
+static http_policy policy;
+static int init_status;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static pthread_key_t handle_key;
+
+static void share_lock(CURL *handle, curl_lock_data data, curl_lock_access access, void *ctx)
+{
+    (void)handle, (void)access, (void)ctx;
+    pthread_mutex_lock(&share_locks[data]);
+}
+
+static void share_unlock(CURL *handle, curl_lock_data data, void *ctx)
+{
+    (void)handle, (void)ctx;
+    pthread_mutex_unlock(&share_locks[data]);
+}
+
+static long env_long(const char *name, long fallback, long min, long max)
+{
+    const char *text = getenv(name);
+    if (!text || !*text) return fallback;
+    char *end = NULL;
+    long value = strtol(text, &end, 10);
+    return *end || value < min || value > max ? fallback : value;
+}
+
+static void release_handle(void *handle)
+{
+    curl_easy_cleanup(handle);
+}
+
+static void init(void)
+{
+    policy.retries = (int)env_long("TP_REMOTE_RETRIES", 6, 0, 100);
+    policy.stall_seconds = env_long("TP_REMOTE_TIMEOUT", 30, 1, 86400);
+    policy.backoff_ms = env_long("TP_REMOTE_BACKOFF_MS", 200, 0, 600000);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK || pthread_key_create(&handle_key, release_handle)) {
+        init_status = tp_fail(TP_ERR_IO, "libcurl failed to initialize");
+        return;
+    }
+    for (int i = 0; i < CURL_LOCK_DATA_LAST; i++) pthread_mutex_init(&share_locks[i], NULL);
+    share = curl_share_init();
+    if (!share || curl_share_setopt(share, CURLSHOPT_LOCKFUNC, share_lock) ||
+        curl_share_setopt(share, CURLSHOPT_UNLOCKFUNC, share_unlock) ||
+        curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) ||
+        curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) ||
+        curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION))
+        init_status = tp_fail(TP_ERR_IO, "libcurl cannot share connections between threads");
+}
+
+const http_policy *http_policy_get(void)
+{
+    pthread_once(&init_once, init);
+    return &policy;
+}
+
+/* This thread's easy handle: created once, released when the thread ends. */
+static int thread_handle(CURL **out)
+{
+    pthread_once(&init_once, init);
+    if (init_status) return tp_fail(init_status, "libcurl failed to initialize");
+    CURL *handle = pthread_getspecific(handle_key);
+    if (!handle) {
+        handle = curl_easy_init();
+        if (!handle || pthread_setspecific(handle_key, handle)) {
+            if (handle) curl_easy_cleanup(handle);
+            return tp_fail(TP_ERR_NOMEM, "libcurl: cannot create a handle");
+        }
+    }
+    curl_easy_reset(handle);
+    *out = handle;
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------- callbacks */
+
+typedef struct {
+    CURL *curl;
+    const http_request *request;
+    http_response *response;
+    int fd;          /* body_file, opened for this attempt */
+    int64_t sent;    /* body bytes handed to libcurl */
+    int overflow;    /* more bytes came than dst holds */
+    int read_error;  /* errno of a failed read of body_file */
+} transfer;
+
+static size_t on_body(char *data, size_t size, size_t count, void *ctx)
+{
+    transfer *t = ctx;
+    size_t n = size * count;
+    const http_request *q = t->request;
+    long code = 0;
+    curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &code);
+    if (code < 200 || code >= 300) {
+        /* An error answer's body is not the data asked for: kept apart
+         * (its start), for the message it may carry. */
+        http_response *r = t->response;
+        size_t used = strlen(r->error_body), room = sizeof r->error_body - 1 - used;
+        memcpy(r->error_body + used, data, n < room ? n : room);
+        r->error_body[used + (n < room ? n : room)] = '\0';
+        return n;
+    }
+    if (q->dst) {
+        if (t->response->received + n > q->dst_size) {
+            t->overflow = 1;
+            return 0; /* aborts the transfer */
+        }
+        memcpy((char *)q->dst + t->response->received, data, n);
+        t->response->received += n;
+        return n;
+    }
+    if (q->body_out) {
+        if (q->body_max && q->body_out->size + n > q->body_max) {
+            t->overflow = 1;
+            return 0;
+        }
+        buffer_put(q->body_out, data, n);
+        return q->body_out->failed ? 0 : n;
+    }
+    return n;
+}
+
+static size_t on_send(char *out, size_t size, size_t count, void *ctx)
+{
+    transfer *t = ctx;
+    const http_request *q = t->request;
+    size_t want = size * count;
+    if (q->body) {
+        size_t left = q->body_size - (size_t)t->sent;
+        size_t n = want < left ? want : left;
+        memcpy(out, (const char *)q->body + t->sent, n);
+        t->sent += (int64_t)n;
+        return n;
+    }
+    int64_t left = q->body_length - t->sent;
+    size_t n = (int64_t)want < left ? want : (size_t)left;
+    if (n == 0) return 0;
+    ssize_t got;
+    do got = pread(t->fd, out, n, (off_t)(q->body_offset + t->sent));
+    while (got < 0 && errno == EINTR);
+    if (got <= 0) {
+        t->read_error = got < 0 ? errno : EIO;
+        return CURL_READFUNC_ABORT;
+    }
+    t->sent += got;
+    return (size_t)got;
+}
+
+static size_t on_header(char *data, size_t size, size_t count, void *ctx)
+{
+    transfer *t = ctx;
+    size_t n = size * count;
+    if (n > 5 && !strncasecmp(data, "ETag:", 5)) {
+        const char *v = data + 5;
+        while (*v == ' ' && v < data + n) v++;
+        size_t len = (size_t)(data + n - v);
+        while (len && (v[len - 1] == '\r' || v[len - 1] == '\n' || v[len - 1] == ' ')) len--;
+        if (len < sizeof t->response->etag) {
+            memcpy(t->response->etag, v, len);
+            t->response->etag[len] = '\0';
+        }
+    }
+    return n;
+}
+
+/* ---------------------------------------------------------------- perform */
+
+int http_status_transient(long code)
+{
+    return code >= 500 || code == 429 || code == 408;
+}
+
+static int curl_transient(CURLcode code)
+{
+    switch (code) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void backoff(int attempt)
+{
+    /* Exponential with full jitter in its upper half: many threads hitting
+     * one overloaded server do not come back in step. */
+    long ms = policy.backoff_ms;
+    for (int i = 0; i < attempt && ms < 10000; i++) ms *= 2;
+    if (ms > 10000) ms = 10000;
+    ms = ms / 2 + (ms > 1 ? rand() % (ms / 2 + 1) : 0);
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    }
+}
+
+static int attempt_once(CURL *curl, const http_request *q, http_response *r, CURLcode *code_out,
+                        char *why, size_t why_size)
+{
+    transfer t = {.curl = curl, .request = q, .response = r, .fd = -1};
+    r->received = 0;
+    r->error_body[0] = '\0';
+    r->code = 0;
+    r->content_length = -1;
+    r->etag[0] = '\0';
+    if (q->body_out) q->body_out->size = 0;
+    if (q->body_file) {
+        t.fd = open(q->body_file, O_RDONLY | O_CLOEXEC);
+        if (t.fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot open to upload: %s", q->body_file, strerror(errno));
+    }
+    struct curl_slist *list = NULL, *grown;
+    int status = TP_OK;
+    const char *const *signed_headers = NULL;
+    if (q->sign) status = q->sign(q->sign_ctx, &signed_headers);
+    /* No "Expect: 100-continue": a round trip per upload for nothing. */
+    const char *fixed[] = {"Expect:", NULL};
+    const char *const *groups[] = {fixed, q->headers, signed_headers};
+    for (int g = 0; !status && g < 3; g++)
+        for (const char *const *h = groups[g]; h && *h; h++) {
+            grown = curl_slist_append(list, *h);
+            if (!grown) {
+                status = tp_fail(TP_ERR_NOMEM, "out of memory");
+                break;
+            }
+            list = grown;
+        }
+    if (status) {
+        curl_slist_free_all(list);
+        if (t.fd >= 0) close(t.fd);
+        return status;
+    }
+    int has_body = q->body || q->body_file;
+    curl_easy_setopt(curl, CURLOPT_URL, q->url);
+    curl_easy_setopt(curl, CURLOPT_SHARE, share);
+    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, list);
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, policy.stall_seconds);
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, policy.stall_seconds);
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &t);
+    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(curl, CURLOPT_HEADERDATA, &t);
+    curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 512L * 1024);
+    if (q->range) curl_easy_setopt(curl, CURLOPT_RANGE, q->range);
+    if (!strcmp(q->method, "HEAD"))
+        curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
+    else if (has_body) {
+        curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(curl, CURLOPT_UPLOAD_BUFFERSIZE, 512L * 1024);
+        curl_easy_setopt(curl, CURLOPT_READFUNCTION, on_send);
+        curl_easy_setopt(curl, CURLOPT_READDATA, &t);
+        curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE,
+                         (curl_off_t)(q->body ? (int64_t)q->body_size : q->body_length));
+        if (strcmp(q->method, "PUT")) curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, q->method);
+    } else if (strcmp(q->method, "GET"))
+        curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, q->method);
+    CURLcode code = curl_easy_perform(curl);
+    curl_slist_free_all(list);
+    if (t.fd >= 0) close(t.fd);
+    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &r->code);
+    curl_off_t length = -1;
+    if (curl_easy_getinfo(curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK) r->content_length = length;
+    *code_out = code;
+    if (t.read_error)
+        return tp_fail(TP_ERR_IO, "%s: read failed while uploading it: %s", q->body_file, strerror(t.read_error));
+    if (t.overflow && q->dst && r->code >= 200 && r->code < 300)
+        return tp_fail(TP_ERR_FORMAT, "%s: the server sent more than the %zu bytes asked for", q->url, q->dst_size);
+    if (t.overflow && q->body_out && r->code >= 200 && r->code < 300)
+        return tp_fail(TP_ERR_FORMAT, "%s: answer longer than %zu bytes", q->url, q->body_max);
+    if (q->body_out && q->body_out->failed) return tp_fail(TP_ERR_NOMEM, "out of memory reading %s", q->url);
+    if (code != CURLE_OK && !(t.overflow && r->code >= 300))
+        snprintf(why, why_size, "%s", curl_easy_strerror(code));
+    else
+        *code_out = CURLE_OK;
+    return TP_OK;
+}
+
+int http_perform(const http_request *q, http_response *r)
+{
+    CURL *curl = NULL;
+    TP_TRY(thread_handle(&curl));
+    memset(r, 0, sizeof *r);
+    char why[256] = "";
+    for (int attempt = 0;; attempt++) {
+        CURLcode code = CURLE_OK;
+        why[0] = '\0';
+        TP_TRY(attempt_once(curl, q, r, &code, why, sizeof why));
+        r->attempts = attempt + 1;
+        int transient = code != CURLE_OK ? curl_transient(code) : http_status_transient(r->code);
+        if (code == CURLE_OK && !transient) return TP_OK;
+        if (!transient || attempt >= policy.retries) {
+            if (code == CURLE_OK) return TP_OK; /* a 5xx after every retry: the caller names it */
+            return tp_fail(TP_ERR_IO, "%s %s: %s (after %d attempts)", q->method, q->url, why, attempt + 1);
+        }
+        backoff(attempt);
+    }
+}
+
+/* ------------------------------------------------------------ URL coding */
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+void http_decode(char *s)
+{
+    char *out = s;
+    for (const char *c = s; *c; c++) {
+        int hi, lo;
+        if (*c == '%' && (hi = hex_value(c[1])) >= 0 && (lo = hex_value(c[2])) >= 0) {
+            *out++ = (char)(hi * 16 + lo);
+            c += 2;
+        } else
+            *out++ = *c;
+    }
+    *out = '\0';
+}

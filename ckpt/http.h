@@ -1,0 +1,77 @@
+/* http.h: HTTP requests for the object-store backends (storage_remote.c,
+ * upload.c), through libcurl, with the retry policy in one place.
+ *
+ * Connections, DNS answers and TLS sessions are shared by every thread of
+ * the process (a curl share handle), so the many threads of the reader and
+ * the uploader reuse connections instead of opening one per request.
+ *
+ * A request is retried, after an exponential backoff with jitter, on what
+ * is transient: a connection refused, reset or timed out, a transfer cut
+ * short, HTTP 5xx and 429. Other answers are returned as they are; the
+ * caller maps them to errors. The URL of a request never carries a secret
+ * (storage_remote.c refuses user information in URLs), so errors name it. */
+#ifndef TP_CKPT_HTTP_H
+#define TP_CKPT_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/buffer.h"
+
+typedef struct {
+    const char *method; /* "GET", "PUT", "HEAD", "DELETE", "POST", "PROPFIND", "MKCOL" */
+    const char *url;
+    const char *const *headers; /* "Name: value" lines, NULL-terminated; may be NULL */
+    /* Called before every attempt (a signature carries the time): fills
+     * extra header lines, NULL-terminated, into a buffer it owns. */
+    int (*sign)(void *ctx, const char *const **headers_out);
+    void *sign_ctx;
+
+    /* The body sent: none, a memory buffer, or a region of a local file. */
+    const void *body;
+    size_t body_size;
+    const char *body_file;
+    int64_t body_offset, body_length;
+
+    /* The body received: into dst (at most dst_size bytes; more is an
+     * error), or appended to a growing buffer (at most body_max bytes). */
+    void *dst;
+    size_t dst_size;
+    byte_buffer *body_out;
+    size_t body_max;
+    const char *range; /* "first-last", or NULL */
+} http_request;
+
+typedef struct {
+    long code;            /* HTTP status of the last attempt */
+    size_t received;      /* body bytes received into dst */
+    int64_t content_length; /* -1 when the answer had none */
+    char etag[128];       /* the ETag header, quotes kept; "" without one */
+    char error_body[1024]; /* the start of the body of an answer other than 2xx */
+    int attempts;
+} http_response;
+
+/* The retry policy (environment, read once): TP_REMOTE_RETRIES attempts
+ * after the first (default 6), TP_REMOTE_TIMEOUT seconds without progress
+ * before a transfer is given up (default 30), TP_REMOTE_BACKOFF_MS the
+ * first backoff (default 200, doubled each time, at most 10 s). */
+typedef struct {
+    int retries;
+    long stall_seconds;
+    long backoff_ms;
+} http_policy;
+const http_policy *http_policy_get(void);
+
+/* Performs the request, retrying what is transient. TP_OK when an answer
+ * came (whatever its status: see response->code); TP_ERR_IO naming the URL
+ * and libcurl's reason when none did after every retry. */
+int http_perform(const http_request *request, http_response *response);
+
+/* Whether a status is worth a retry (5xx, 429, 408). */
+int http_status_transient(long code);
+
+/* Decodes %XX escapes of s in place (names in listings; encoding is
+ * sigv4_uri_encode's). */
+void http_decode(char *s);
+
+#endif
