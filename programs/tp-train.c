@@ -38,9 +38,11 @@ static const char *usage_text =
     "optimizer: --steps N (100) --lr X (3e-4) --min-lr X (lr/10) --warmup N (steps/10)\n"
     "           --weight-decay X (0.1) --clip X (1.0) --seed N (1337)\n"
     "data:      --data FILE|GLOB              token files (docs/DATA.md); default: synthetic data\n"
-    "checkpoints: --ckpt-dir DIR --ckpt-every N --resume [--sync-save] [--stop-at N]\n"
+    "checkpoints: --ckpt-dir DIR|URL --ckpt-every N --resume [--sync-save] [--stop-at N] [--ckpt-cache DIR]\n"
     "           written asynchronously; SIGTERM or SIGUSR1 (or --stop-at): finish the step,\n"
-    "           checkpoint, exit 0. --resume continues from the newest intact checkpoint, at any layout\n"
+    "           checkpoint, exit 0. --resume continues from the newest intact checkpoint, at any layout.\n"
+    "           A URL (http(s)://, s3://bucket/prefix; docs/STORES.md): written to --ckpt-cache (default\n"
+    "           $TMPDIR/tp-train-cache-HASH, shared by the ranks) and uploaded in the background\n"
     "output:    --log FILE (rank 0; JSON lines: a start line per launch, steps, committed saves, a stop line;\n"
     "           appended to with --resume, so that one log holds a run across restarts) --quiet\n"
     "device:    --device cpu|cuda|auto (auto: a GPU when this build has CUDA and the machine a GPU\n"
@@ -412,6 +414,16 @@ static void on_report(void *ctx, const train_report *r)
             fflush(p->log);
         }
         break;
+    case TRAIN_REPORT_UPLOADED:
+        if (!p->quiet)
+            printf("uploaded the checkpoint of step %lld to %s: %.1f MB in %.2f s\n", (long long)r->step, r->text,
+                   (double)r->bytes / 1e6, r->seconds);
+        if (p->log) {
+            fprintf(p->log, "{\"event\":\"upload\",\"step\":%lld,\"seconds\":%.3f,\"bytes\":%lld,\"time\":%.6f}\n",
+                    (long long)r->step, r->seconds, (long long)r->bytes, unix_seconds());
+            fflush(p->log);
+        }
+        break;
     case TRAIN_REPORT_WARNING: warn_always(NULL, r->text); break;
     }
     fflush(stdout);
@@ -450,7 +462,7 @@ int main(int argc, char **argv)
     double started = now_seconds();
     enum { O_TP = 256, O_PP, O_DP, O_MB, O_ACCUM, O_STEPS, O_LR, O_MIN_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA,
            O_CKPT, O_EVERY, O_RESUME, O_SYNC, O_LOG, O_THREADS, O_DUMP, O_QUIET, O_STOP, O_GLOBAL, O_FAULT, O_FAULT_STEP,
-           O_FAULT_RANK, O_FAULT_ONCE, O_DEVICE };
+           O_FAULT_RANK, O_FAULT_ONCE, O_DEVICE, O_CACHE };
     static const struct option options[] = {
         CLI_MODEL_LONG_OPTIONS,
         {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP}, {"dp", required_argument, 0, O_DP},
@@ -466,7 +478,8 @@ int main(int argc, char **argv)
         {"stop-at", required_argument, 0, O_STOP}, {"global-batch", required_argument, 0, O_GLOBAL},
         {"fault", required_argument, 0, O_FAULT}, {"fault-step", required_argument, 0, O_FAULT_STEP},
         {"fault-rank", required_argument, 0, O_FAULT_RANK}, {"fault-once", required_argument, 0, O_FAULT_ONCE},
-        {"device", required_argument, 0, O_DEVICE}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"device", required_argument, 0, O_DEVICE}, {"ckpt-cache", required_argument, 0, O_CACHE},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *device = "auto";
     const int64_t big = (int64_t)1 << 31;
     int c, index = 0;
@@ -505,6 +518,7 @@ int main(int argc, char **argv)
         case O_SEED: o.seed = (uint64_t)cli_int("tp-train", "--seed", optarg, 0, INT64_MAX); break;
         case O_DATA: o.data = optarg; break;
         case O_CKPT: o.ckpt_dir = optarg; break;
+        case O_CACHE: o.ckpt_cache = optarg; break;
         case O_EVERY: o.ckpt_every = cli_int("tp-train", "--ckpt-every", optarg, 0, (int64_t)1 << 40); break;
         case O_RESUME: o.resume = 1; break;
         case O_SYNC: o.sync_save = 1; break;

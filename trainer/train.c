@@ -12,14 +12,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 #include "../common/memory.h"
 #include "../common/clock.h"
 #include "../kernels/kernels.h"
+#include "../ckpt/storage.h"
 #include "checkpoint.h"
 #include "data.h"
 #include "model.h"
 #include "train.h"
+#include "uploader.h"
 
 void train_options_init(train_options *o)
 {
@@ -71,6 +74,8 @@ typedef struct {
     int64_t consumed; /* samples consumed before this step */
     int64_t global_batch;
     train_outcome *outcome;
+    char save_dir[CKPT_PATH_MAX]; /* where checkpoints are written: ckpt_dir, or the local cache of a remote one */
+    uploader *uploads;            /* rank 0, a remote ckpt_dir: to the store in the background */
 } trainer;
 
 static void report(const trainer *t, train_report *r)
@@ -309,6 +314,24 @@ static int dump_gradients(trainer *t)
     return status;
 }
 
+/* Where checkpoints are written: the checkpoint directory, or for an
+ * object store the local cache they are uploaded from. The default cache
+ * is named after the URL, so a run restarted on the same node finds it. */
+static int choose_save_dir(const train_options *o, char out[CKPT_PATH_MAX])
+{
+    const char *dir = o->ckpt_dir;
+    char cache[CKPT_PATH_MAX];
+    if (ckpt_is_remote(o->ckpt_dir)) {
+        const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        snprintf(cache, sizeof cache, "%s/tp-train-cache-%016llx", tmp,
+                 (unsigned long long)XXH64(o->ckpt_dir, strlen(o->ckpt_dir), 0));
+        dir = o->ckpt_cache ? o->ckpt_cache : cache;
+    }
+    if (strlen(dir) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", dir);
+    strcpy(out, dir);
+    return TP_OK;
+}
+
 /* Everything a run needs before its first step; the same verdict on every rank. */
 static int set_up(trainer *t)
 {
@@ -336,18 +359,25 @@ static int set_up(trainer *t)
         if (!status) status = k->alloc((void **)&t->d_output, bytes);
         for (int s = 0; s < slots && !status; s++) status = k->alloc((void **)&t->d_input[s], bytes);
     }
-    if (!status && o->ckpt_dir && c->rank == 0) status = make_dirs(o->ckpt_dir);
+    if (!status && o->ckpt_dir) status = choose_save_dir(o, t->save_dir);
+    if (!status && o->ckpt_dir && c->rank == 0) status = make_dirs(t->save_dir);
     /* Saves of an earlier run killed meanwhile: half-written, theirs to remove. */
-    if (!status && o->ckpt_dir && c->rank == 0) status = ckpt_remove_dead_staging(o->ckpt_dir);
+    if (!status && o->ckpt_dir && c->rank == 0) status = ckpt_remove_dead_staging(t->save_dir);
+    if (!status && o->ckpt_dir && c->rank == 0 && ckpt_is_remote(o->ckpt_dir))
+        status = uploader_create(&t->uploads, t->save_dir, o->ckpt_dir);
     return comm_agree(c, status, "setting up");
 }
 
 static int resume(trainer *t, int64_t *start_step)
 {
     const train_options *o = t->o;
-    struct stat st;
     *start_step = 0;
-    if (!o->resume || !o->ckpt_dir || stat(o->ckpt_dir, &st) != 0) return TP_OK;
+    const ckpt_storage *store = NULL;
+    ckpt_stat st = {0};
+    if (!o->resume || !o->ckpt_dir) return TP_OK;
+    TP_TRY(ckpt_storage_for(o->ckpt_dir, &store));
+    TP_TRY(store->stat(store, o->ckpt_dir, &st));
+    if (!st.exists) return TP_OK;
     /* A job script passes --resume every time: a directory without any
      * committed checkpoint yet starts afresh (one that has checkpoints but
      * none intact stops the run, in checkpoint_load). */
@@ -419,12 +449,14 @@ static int checkpoint_after(trainer *t, int64_t step, int stop)
     int due = (o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == o->steps || stop;
     if (!due) return TP_OK;
     char path[CKPT_PATH_MAX];
-    TP_TRY(ckpt_step_path(o->ckpt_dir, step, path, sizeof path));
+    TP_TRY(ckpt_step_path(t->save_dir, step, path, sizeof path));
     TP_TRY(save(t, path, step, o->sync_save || stop, NULL));
     out->checkpoints++;
     snprintf(out->last_checkpoint, sizeof out->last_checkpoint, "%s", path);
     return TP_OK;
 }
+
+static int report_uploads(trainer *t, int final);
 
 /* Saves committed at the last step boundary, told after that step's report. */
 static int report_saves(trainer *t)
@@ -433,11 +465,48 @@ static int report_saves(trainer *t)
     double seconds;
     while (saver_take_committed(t->saver, &step, &seconds)) {
         char path[CKPT_PATH_MAX];
-        TP_TRY(ckpt_step_path(t->o->ckpt_dir, step, path, sizeof path));
+        TP_TRY(ckpt_step_path(t->save_dir, step, path, sizeof path));
         train_report r = {.kind = TRAIN_REPORT_SAVED, .step = step, .seconds = seconds, .text = path};
         report(t, &r);
+        if (t->uploads) TP_TRY(uploader_push(t->uploads, step));
     }
-    return TP_OK;
+    return t->uploads ? report_uploads(t, 0) : TP_OK;
+}
+
+/* Uploads that ended: told; a failed one is a warning (the next checkpoint
+ * is uploaded whole anyway), but the last one must arrive (final). */
+static int report_uploads(trainer *t, int final)
+{
+    upload_result u;
+    int status = TP_OK;
+    while (uploader_take_done(t->uploads, &u)) {
+        if (u.status == TP_OK) {
+            train_report r = {.kind = TRAIN_REPORT_UPLOADED, .step = u.step, .seconds = u.seconds, .text = u.url,
+                              .bytes = u.bytes};
+            report(t, &r);
+            status = TP_OK;
+            continue;
+        }
+        char text[CKPT_PATH_MAX + 1200];
+        snprintf(text, sizeof text, "upload of the checkpoint of step %lld failed (it stays in %s): %s",
+                 (long long)u.step, t->save_dir, u.error);
+        warn(t, text);
+        status = tp_fail(u.status, "%s", text);
+    }
+    return final ? status : TP_OK;
+}
+
+/* The end of a run with a remote checkpoint directory: every checkpoint
+ * uploaded, or the run fails saying where the local copy is. Collective. */
+static int finish_uploads(trainer *t)
+{
+    int status = TP_OK;
+    if (t->uploads) {
+        uploader_drain(t->uploads);
+        status = report_uploads(t, 1);
+    }
+    return t->o->ckpt_dir && ckpt_is_remote(t->o->ckpt_dir) ? comm_agree(t->c, status, "uploading checkpoints")
+                                                             : status;
 }
 
 static int train_steps(trainer *t, int64_t start_step)
@@ -467,7 +536,7 @@ static int train_steps(trainer *t, int64_t start_step)
         if (o->ckpt_dir) TP_TRY(report_saves(t));
         if (stop) {
             out->end = TRAIN_STOPPED;
-            return TP_OK;
+            return finish_uploads(t);
         }
     }
     if (o->ckpt_dir) {
@@ -475,7 +544,7 @@ static int train_steps(trainer *t, int64_t start_step)
         TP_TRY(report_saves(t));
     }
     out->end = TRAIN_FINISHED;
-    return TP_OK;
+    return finish_uploads(t);
 }
 
 int train_run(const train_options *o, comm *c, train_outcome *outcome)
@@ -528,6 +597,7 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     free(t.d_input);
     free(t.sample);
     saver_free(t.saver);
+    uploader_free(t.uploads);
     dataset_close(t.data);
     gpt_model_free(t.model);
     comm_free(staged);

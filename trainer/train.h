@@ -33,6 +33,8 @@ typedef enum {
     TRAIN_REPORT_STEP,    /* a step is done */
     TRAIN_REPORT_SAVED,   /* the checkpoint of `step` (`text`) is committed, after that step's report */
     TRAIN_REPORT_WARNING, /* `text` says what went wrong and was worked around */
+    TRAIN_REPORT_UPLOADED, /* rank 0, a remote --ckpt-dir: the checkpoint of `step` is uploaded to `text`
+                              (`seconds`, `bytes`) */
 } train_report_kind;
 
 typedef struct {
@@ -48,7 +50,8 @@ typedef struct {
     int64_t consumed_samples;   /* RESUMED: where the data continues */
     double loss_floor;          /* START: the synthetic data's entropy rate, or -1 */
     int optimizer_loaded;       /* RESUMED: 0 when the checkpoint held no optimizer state */
-    const char *text;           /* RESUMED, SAVED: the checkpoint; WARNING: the message */
+    const char *text;           /* RESUMED, SAVED, UPLOADED: the checkpoint; WARNING: the message */
+    int64_t bytes;              /* UPLOADED */
 } train_report;
 
 typedef struct {
@@ -58,7 +61,9 @@ typedef struct {
     int64_t warmup;
     uint64_t seed;
     const char *data;     /* token files (a glob); NULL: the synthetic dataset */
-    const char *ckpt_dir; /* NULL: no checkpoints */
+    const char *ckpt_dir; /* NULL: no checkpoints; a local path or an object-store URL */
+    const char *ckpt_cache; /* a remote ckpt_dir: the local run directory checkpoints are written to
+                               first, shared by the ranks (NULL: $TMPDIR/tp-train-cache-HASH) */
     int64_t ckpt_every;   /* 0: at the end and on a stop request only */
     int sync_save;        /* write checkpoints in the foreground (for comparison) */
     int resume;
