@@ -485,8 +485,14 @@ void ckpt_upload_options_init(ckpt_upload_options *options);
  * the remote checkpoint is visible only whole. Refuses a URL that holds a
  * checkpoint unless replace. */
 int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_options *options);
-/* Points the remote run directory's `latest` at checkpoint name. */
-int ckpt_upload_latest(const char *run_url, const char *name);
+/* Downloads the remote checkpoint at url (a run directory: its newest)
+ * into local_dir, committed there as a local writer would (staged, every
+ * file synced, index.json, then published); files in parallel ranged GETs
+ * of 32 MiB. Refuses an existing local_dir unless replace. */
+int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_options *options);
+/* Points the `latest` of the remote run directory that holds checkpoint_url
+ * at it. */
+int ckpt_upload_latest(const char *checkpoint_url);
 
 /* A tool's output at target: a local target is written where it is
  * (local = target); a remote one (refused at once when it holds a

@@ -91,9 +91,10 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
     return status;
 }
 
-int ckpt_upload_latest(const char *run_url, const char *name)
+int ckpt_upload_latest(const char *checkpoint_url)
 {
-    char path[CKPT_PATH_MAX];
+    char run_url[CKPT_PATH_MAX], name[CKPT_NAME_MAX + 1], path[CKPT_PATH_MAX];
+    TP_TRY(ckpt_split_path(checkpoint_url, run_url, sizeof run_url, name, sizeof name));
     TP_TRY(ckpt_path_join(path, run_url, CKPT_LATEST_NAME));
     char text[CKPT_NAME_MAX + 2];
     int n = snprintf(text, sizeof text, "%s\n", name);
@@ -136,15 +137,102 @@ int ckpt_output_finish(const char *target, const char *local, int ok, const ckpt
     if (!ckpt_is_remote(target)) return TP_OK;
     int status = TP_OK;
     if (ok) status = ckpt_upload(local, target, options);
-    if (ok && !status && update_latest) {
-        char run[CKPT_PATH_MAX], name[CKPT_NAME_MAX];
-        status = ckpt_split_path(target, run, sizeof run, name, sizeof name);
-        if (!status) status = ckpt_upload_latest(run, name);
-    }
+    if (ok && !status && update_latest) status = ckpt_upload_latest(target);
     /* The local copy goes, whatever happened: the remote one is the output. */
     char parent[CKPT_PATH_MAX], base[CKPT_NAME_MAX];
     const ckpt_storage *posix = ckpt_storage_posix();
     posix->remove_tree(posix, local);
     if (ckpt_split_path(local, parent, sizeof parent, base, sizeof base) == TP_OK) rmdir(parent);
+    return status;
+}
+
+/* ------------------------------------------------------------- downloads */
+
+#define DOWNLOAD_PART ((int64_t)32 << 20) /* bytes per ranged GET and local write */
+
+typedef struct {
+    const char *url, *dir; /* remote checkpoint, local staging directory */
+    const ckpt_index *index;
+    int64_t *first_part; /* [file]: its parts' first task number; [num_files]: the total */
+    char **buffers;      /* [thread] */
+    const ckpt_upload_options *options;
+} download_job;
+
+static int download_part(void *ctx, int64_t task, int thread)
+{
+    download_job *j = ctx;
+    int f = 0;
+    while (j->first_part[f + 1] <= task) f++;
+    const ckpt_index_file *file = &j->index->files[f];
+    int64_t offset = (task - j->first_part[f]) * DOWNLOAD_PART;
+    int64_t size = file->bytes - offset < DOWNLOAD_PART ? file->bytes - offset : DOWNLOAD_PART;
+    char remote[CKPT_PATH_MAX], local[CKPT_PATH_MAX];
+    TP_TRY(ckpt_path_join(remote, j->url, file->name));
+    TP_TRY(ckpt_path_join(local, j->dir, file->name));
+    if (!j->buffers[thread] && !(j->buffers[thread] = malloc((size_t)DOWNLOAD_PART)))
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
+    const ckpt_storage *store = ckpt_storage_remote(), *posix = ckpt_storage_posix();
+    ckpt_file *in = NULL, *out = NULL;
+    int status = store->open(store, remote, CKPT_OPEN_READ, &in);
+    if (!status && size > 0) status = store->read_at(in, j->buffers[thread], (size_t)size, offset);
+    if (!status) status = posix->open(posix, local, CKPT_OPEN_WRITE, &out);
+    if (!status && size > 0) status = posix->write_at(out, j->buffers[thread], (size_t)size, offset);
+    if (!status && j->options && j->options->on_file) j->options->on_file(j->options->ctx, size);
+    if (in) store->close(in);
+    if (out) posix->close(out);
+    return status;
+}
+
+int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_options *options)
+{
+    if (!ckpt_is_remote(url)) return tp_fail(TP_ERR_ARG, "%s: not an http(s):// or s3:// location", url);
+    const ckpt_storage *store = ckpt_storage_remote(), *posix = ckpt_storage_posix();
+    char resolved[CKPT_PATH_MAX], remote_index[CKPT_PATH_MAX];
+    TP_TRY(ckpt_resolve_in(store, url, resolved));
+    TP_TRY(ckpt_path_join(remote_index, resolved, CKPT_INDEX_NAME));
+    char *text = NULL;
+    int64_t text_size = 0;
+    TP_TRY(ckpt_read_text(store, remote_index, CKPT_INDEX_MAX_BYTES, &text, &text_size));
+    ckpt_index index;
+    memset(&index, 0, sizeof index);
+    int status = ckpt_index_parse(text, remote_index, &index);
+    ckpt_stage_options stage = {.directory = 1, .overwrite = options && options->replace};
+    ckpt_staged *staged = NULL;
+    if (!status) status = ckpt_stage(posix, local_dir, &stage, &staged);
+    const char *dir = staged ? ckpt_staged_path(staged) : NULL;
+    int threads = options && options->threads > 0 ? options->threads : 8;
+    download_job job = {resolved, dir, &index, calloc((size_t)index.num_files + 1, sizeof(int64_t)),
+                        calloc((size_t)threads, sizeof(char *)), options};
+    if (!status && (!job.first_part || !job.buffers)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    /* Every file at its full size first, then its parts in parallel. */
+    for (int f = 0; !status && f < index.num_files; f++) {
+        char local[CKPT_PATH_MAX];
+        ckpt_file *file = NULL;
+        status = ckpt_path_join(local, dir, index.files[f].name);
+        if (!status) status = posix->open(posix, local, CKPT_OPEN_CREATE, &file);
+        if (!status) status = posix->resize(file, index.files[f].bytes);
+        if (file) posix->close(file);
+        job.first_part[f + 1] = job.first_part[f] + (index.files[f].bytes + DOWNLOAD_PART - 1) / DOWNLOAD_PART;
+    }
+    int64_t tasks = job.first_part ? job.first_part[index.num_files] : 0;
+    if (!status && tasks > 0) status = parallel_for(tasks, tasks < threads ? (int)tasks : threads, download_part, &job);
+    for (int f = 0; !status && f < index.num_files; f++) { /* durable before the index names them */
+        char local[CKPT_PATH_MAX];
+        ckpt_file *file = NULL;
+        status = ckpt_path_join(local, dir, index.files[f].name);
+        if (!status) status = posix->open(posix, local, CKPT_OPEN_WRITE, &file);
+        if (!status) status = posix->sync(file);
+        if (file) posix->close(file);
+    }
+    if (!status) status = ckpt_write_file_atomic(posix, dir, CKPT_INDEX_NAME, text, (size_t)text_size);
+    if (staged) {
+        if (status) ckpt_staged_discard(staged);
+        else status = ckpt_staged_publish(staged);
+    }
+    for (int t = 0; job.buffers && t < threads; t++) free(job.buffers[t]);
+    free(job.buffers);
+    free(job.first_part);
+    ckpt_index_free(&index);
+    free(text);
     return status;
 }

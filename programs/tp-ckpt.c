@@ -38,6 +38,10 @@ static const char *usage_text =
     "        [--threads N] [--compress zstd[:LEVEL]|none] [--force] [--progress]\n"
     "                               a Hugging Face GPT-2 (config.json + safetensors) as a\n"
     "                               sharded checkpoint, to train from\n"
+    "  copy SRC DST [--threads N] [--force] [--progress]\n"
+    "                               upload a checkpoint to, or download it from, an object store\n"
+    "                               (http(s)://, s3://bucket/prefix: docs/STORES.md); SRC may be a\n"
+    "                               run directory (its newest checkpoint)\n"
     "\n"
     "CKPT is a checkpoint directory, or a run directory (its `latest` checkpoint).\n"
     "Run `tp-ckpt <command> --help` for a command's options.\n";
@@ -677,6 +681,89 @@ static int cmd_import(int argc, char **argv)
     return code;
 }
 
+/* ------------------------------------------------------------------- copy */
+
+typedef struct {
+    const char *source;
+    const ckpt_upload_options *options;
+} copy_job;
+
+static int download_into(void *ctx, const char *path)
+{
+    const copy_job *j = ctx;
+    return ckpt_download(j->source, path, j->options);
+}
+
+static void copied_bytes(void *ctx, int64_t bytes)
+{
+    progress_add(ctx, bytes);
+}
+
+static int cmd_copy(int argc, char **argv)
+{
+    int threads = 0, force = 0, force_progress = 0;
+    enum { O_THREADS = 256, O_FORCE, O_PROGRESS };
+    static const struct option options[] = {{"threads", required_argument, 0, O_THREADS},
+                                            {"force", no_argument, 0, O_FORCE},
+                                            {"progress", no_argument, 0, O_PROGRESS},
+                                            {"help", no_argument, 0, 'h'},
+                                            {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (c) {
+        case O_THREADS: threads = (int)cli_int("tp-ckpt", "--threads", optarg, 1, 256); break;
+        case O_FORCE: force = 1; break;
+        case O_PROGRESS: force_progress = 1; break;
+        case 'h':
+            printf("usage: tp-ckpt copy SRC DST [--threads N (8)] [--force] [--progress]\n"
+                   "Copies a checkpoint to or from an object store: files in parallel, the index last,\n"
+                   "so that DST shows the checkpoint whole or not at all. SRC may be a run directory\n"
+                   "(its newest checkpoint); a DST named step_N updates its run directory's latest.\n");
+            return 0;
+        default: die_usage("copy: unknown option or missing value: '%s'", cli_rejected_option(argv));
+        }
+    }
+    if (optind != argc - 2) die_usage("copy takes SRC and DST");
+    const char *source = argv[optind], *target = argv[optind + 1];
+    if (!ckpt_is_remote(source) && !ckpt_is_remote(target))
+        die_usage("copy moves checkpoints to or from an object store; both %s and %s are local", source, target);
+    ckpt_reader *r = NULL;
+    if (ckpt_reader_open(&r, source, NULL)) return fail("%s", tp_errmsg());
+    char resolved[CKPT_PATH_MAX];
+    snprintf(resolved, sizeof resolved, "%s", ckpt_reader_path(r));
+    int64_t total = 0;
+    for (int f = 0; f < ckpt_reader_num_files(r); f++) {
+        int64_t bytes = 0;
+        ckpt_reader_file(r, f, &bytes);
+        total += bytes;
+    }
+    ckpt_reader_close(r);
+    progress bar;
+    ckpt_upload_options upload;
+    ckpt_upload_options_init(&upload);
+    upload.threads = threads;
+    upload.replace = force;
+    upload.on_file = copied_bytes;
+    upload.ctx = &bar;
+    int update_latest = output_in_run_directory(target);
+    progress_start(&bar, "copy", total, force_progress);
+    int status;
+    if (!ckpt_is_remote(resolved)) { /* straight up: no local copy needed */
+        status = ckpt_upload(resolved, target, &upload);
+        if (!status && update_latest) status = ckpt_upload_latest(target);
+    } else {
+        copy_job job = {resolved, &upload};
+        status = cli_write_output(target, force, threads, update_latest, download_into, &job);
+    }
+    double seconds = progress_finish(&bar);
+    if (status) return fail("%s", tp_errmsg());
+    char size[32];
+    format_bytes((double)total, size, sizeof size);
+    printf("copied %s to %s: %s in %.2f s (%.0f MB/s)\n", resolved, target, size, seconds,
+           seconds > 0 ? (double)total / seconds / 1e6 : 0.0);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
@@ -695,6 +782,7 @@ int main(int argc, char **argv)
     if (strcmp(command, "synth") == 0) return cmd_synth(argc, argv);
     if (strcmp(command, "export") == 0) return cmd_export(argc, argv);
     if (strcmp(command, "import") == 0) return cmd_import(argc, argv);
+    if (strcmp(command, "copy") == 0) return cmd_copy(argc, argv);
     die_usage("unknown command '%s'", command);
     return 2;
 }

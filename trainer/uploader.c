@@ -56,8 +56,7 @@ static void upload_one(uploader *u, int64_t step, upload_result *r)
     options.on_file = add_bytes;
     options.ctx = &bytes;
     if (!status) status = ckpt_upload(local, r->url, &options);
-    const char *name = strrchr(local, '/') + 1;
-    if (!status) status = ckpt_upload_latest(u->remote_run, name);
+    if (!status) status = ckpt_upload_latest(r->url);
     if (!status) prune_local(u->local_run, step);
     r->status = status;
     if (status) snprintf(r->error, sizeof r->error, "%s", tp_errmsg());
