@@ -2,6 +2,7 @@
 # Installs the Debian packages tp-toolkit needs, when any is missing.
 # Quiet when everything is present; idempotent.
 set -eu
+REPO_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 PACKAGES="gcc make pkg-config libhdf5-dev hdf5-tools libzstd-dev libcjson-dev libxxhash-dev libssl-dev
 libcriterion-dev libopenmpi-dev openmpi-bin libopenblas-dev procps
@@ -12,79 +13,147 @@ python3 python3-numpy python3-h5py python3-xxhash python3-zstandard python3-torc
 # say SKIP, so a failed install only warns.
 SLURM_PACKAGES="slurm-wlm slurmctld slurmd slurm-client"
 
+# The object-store servers for the tests of checkpoints over HTTP
+# (tests/support/objstore.sh): nginx with WebDAV (PROPFIND from the dav-ext
+# module), s3cmd (an independent S3 client), Node.js and npm for s3rver (an
+# S3 server, installed with npm into .deps/npm). Optional like Slurm.
+OBJSTORE_PACKAGES="nginx-light libnginx-mod-http-dav-ext s3cmd nodejs npm"
+S3RVER_PREFIX="$REPO_ROOT/.deps/npm"
+
+# missing_of PACKAGE...: prints those not installed (one dpkg-query for all).
 missing_of() {
+    installed=" $(dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n' "$@" 2>/dev/null |
+        awk '$2 ~ /^.i/ { printf "%s ", $1 }')"
     for p in "$@"; do
-        status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-        case "$status" in
-            *"ok installed"*) ;;
+        case "$installed" in
+            *" $p "*) ;;
             *) printf ' %s' "$p" ;;
         esac
     done
 }
+
+# The object-store packages not installed whose program is not there either:
+# another nginx flavour also has /usr/sbin/nginx, and Node.js from elsewhere
+# (NodeSource's, which conflicts with Debian's npm) brings its own npm.
+objstore_missing() {
+    # shellcheck disable=SC2086
+    for p in $(missing_of $OBJSTORE_PACKAGES); do
+        case "$p" in
+            nginx-light) [ -x /usr/sbin/nginx ] && continue ;;
+            libnginx-mod-http-dav-ext) [ -e /usr/lib/nginx/modules/ngx_http_dav_ext_module.so ] && continue ;;
+            nodejs) command -v node >/dev/null 2>&1 && continue ;;
+            *) command -v "$p" >/dev/null 2>&1 && continue ;;
+        esac
+        printf ' %s' "$p"
+    done
+}
+
+s3rver_present() {
+    [ -x "$S3RVER_PREFIX/node_modules/.bin/s3rver" ] || command -v s3rver >/dev/null 2>&1
+}
+
+# s3rver with npm, into .deps/npm (no root needed); optional.
+install_s3rver() {
+    s3rver_present && return 0
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "deps: warning: npm is not installed, so neither is s3rver; the S3 tests will be skipped" >&2
+        return 0
+    fi
+    echo "deps: installing s3rver (npm, into .deps/npm)"
+    mkdir -p "$S3RVER_PREFIX"
+    npm_log=$(mktemp)
+    if npm install --no-audit --no-fund --no-update-notifier --loglevel=error \
+        --prefix "$S3RVER_PREFIX" s3rver@3 >"$npm_log" 2>&1 && s3rver_present; then
+        echo "deps: done"
+    else
+        tail -n 5 "$npm_log" | sed 's/^/deps:   npm: /' >&2
+        echo "deps: warning: could not install s3rver with npm; the S3 tests will be skipped" >&2
+    fi
+    rm -f "$npm_log"
+}
+
 # shellcheck disable=SC2086
 missing=$(missing_of $PACKAGES)
 # shellcheck disable=SC2086
 slurm_missing=$(missing_of $SLURM_PACKAGES)
-[ -z "$missing" ] && [ -z "$slurm_missing" ] && exit 0
+objstore_missing=$(objstore_missing)
+if [ -z "$missing" ] && [ -z "$slurm_missing" ] && [ -z "$objstore_missing" ]; then
+    install_s3rver
+    exit 0
+fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
         if [ -n "$missing" ]; then
-            echo "deps: missing packages:$missing$slurm_missing; run as root or install them" >&2
+            echo "deps: missing packages:$missing$slurm_missing$objstore_missing; run as root or install them" >&2
             exit 1
         fi
-        echo "deps: warning: Slurm is not installed (needs root:$slurm_missing); its tests will be skipped" >&2
+        [ -z "$slurm_missing" ] ||
+            echo "deps: warning: Slurm is not installed (needs root:$slurm_missing); its tests will be skipped" >&2
+        [ -z "$objstore_missing" ] ||
+            echo "deps: warning: object-store servers not installed (needs root:$objstore_missing); their tests will be skipped" >&2
+        install_s3rver
         exit 0
     fi
 fi
 export DEBIAN_FRONTEND=noninteractive
+updated=0
 if [ -n "$missing" ]; then
     echo "deps: installing$missing"
     $SUDO apt-get update -qq
+    updated=1
     # shellcheck disable=SC2086
     $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
     echo "deps: done"
 fi
-[ -z "$slurm_missing" ] && exit 0
 
-# Pids of the daemons Slurm's packages would start (slurmctld, slurmd,
-# slurmdbd, munged).
-slurm_daemons() {
+# Pids of the processes named (/proc/PID/comm) one of NAMES (a list).
+daemons_named() {
     for f in /proc/[0-9]*/comm; do
-        case "$(cat "$f" 2>/dev/null)" in
-            slurmctld | slurmd | slurmdbd | munged) p=${f#/proc/}; echo "${p%/comm}" ;;
+        case " $1 " in
+            *" $(cat "$f" 2>/dev/null) "*) p=${f#/proc/}; echo "${p%/comm}" ;;
         esac
     done
 }
 
-# The packages' scripts may start no service: a policy-rc.d that denies
-# (exit 101) while apt runs, the previous one (if any) put back after.
+# install_optional WHAT PACKAGES DAEMONS: installs PACKAGES (optional: a failure
+# only warns that WHAT's tests will be skipped; apt may remove nothing for
+# them) while no package script may start a service: a policy-rc.d that
+# denies (exit 101) while apt runs, the previous one (if any) put back after.
+# Should the install have started a daemon all the same (a process named one
+# of DAEMONS that was not running before), it is stopped.
 POLICY=/usr/sbin/policy-rc.d
 restore_policy() {
     if [ -e "$POLICY.tp-deps" ]; then $SUDO mv -f "$POLICY.tp-deps" "$POLICY"; else $SUDO rm -f "$POLICY"; fi
 }
-echo "deps: installing$slurm_missing"
-before=" $(slurm_daemons | tr '\n' ' ') "
-if [ -e "$POLICY" ]; then $SUDO cp -p "$POLICY" "$POLICY.tp-deps"; fi
-trap restore_policy EXIT INT TERM
-printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$POLICY" >/dev/null
-$SUDO chmod 755 "$POLICY"
-ok=1
-[ -n "$missing" ] || $SUDO apt-get update -qq || ok=0
-# shellcheck disable=SC2086
-if [ $ok = 1 ]; then $SUDO apt-get install -y -qq --no-install-recommends $slurm_missing >/dev/null || ok=0; fi
-restore_policy
-trap - EXIT INT TERM
-# Should the install have started a daemon all the same, stop it (only those
-# that were not running before).
-for p in $(slurm_daemons); do
-    case "$before" in *" $p "*) continue ;; esac
-    echo "deps: stopping $(cat "/proc/$p/comm" 2>/dev/null) (pid $p), started by the install"
-    $SUDO kill "$p" 2>/dev/null || true
-done
-if [ $ok = 1 ]; then
-    echo "deps: done"
-else
-    echo "deps: warning: could not install$slurm_missing; the Slurm tests will be skipped" >&2
-fi
+install_optional() {
+    echo "deps: installing$2"
+    before=" $(daemons_named "$3" | tr '\n' ' ') "
+    if [ -e "$POLICY" ]; then $SUDO cp -p "$POLICY" "$POLICY.tp-deps"; fi
+    trap restore_policy EXIT INT TERM
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$POLICY" >/dev/null
+    $SUDO chmod 755 "$POLICY"
+    ok=1
+    if [ $updated = 0 ]; then
+        if $SUDO apt-get update -qq; then updated=1; else ok=0; fi
+    fi
+    # shellcheck disable=SC2086
+    if [ $ok = 1 ]; then $SUDO apt-get install -y -qq --no-install-recommends --no-remove $2 >/dev/null || ok=0; fi
+    restore_policy
+    trap - EXIT INT TERM
+    for p in $(daemons_named "$3"); do
+        case "$before" in *" $p "*) continue ;; esac
+        echo "deps: stopping $(cat "/proc/$p/comm" 2>/dev/null) (pid $p), started by the install"
+        $SUDO kill "$p" 2>/dev/null || true
+    done
+    if [ $ok = 1 ]; then
+        echo "deps: done"
+    else
+        echo "deps: warning: could not install$2; the $1 tests will be skipped" >&2
+    fi
+}
+
+if [ -n "$slurm_missing" ]; then install_optional Slurm "$slurm_missing" "slurmctld slurmd slurmdbd munged"; fi
+if [ -n "$objstore_missing" ]; then install_optional object-store "$objstore_missing" "nginx"; fi
+install_s3rver

@@ -183,7 +183,7 @@ t=$(now)
 expect_ok "slurm_stop" slurm_stop
 timing "stop: $(since "$t") s"
 left=""
-for p in $DAEMONS; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
+for p in $DAEMONS; do pid_alive "$p" && left="$left $p"; done
 check "no daemon left running ($left)" [ -z "$left" ]
 # (The pattern from a file: grep's own command line does not match.)
 echo "$CLUSTER" >"$WORK/pattern"

@@ -40,6 +40,10 @@
 # slurm_start, and `trap` slurm_stop on EXIT, INT and TERM.
 # The daemons are not children of the caller (a `wait` there does not wait
 # for them). Their logs: DIR/log/.
+# Needs ROOT, the repository's root (tests/e2e/lib.sh sets it), or the root as
+# the current directory: free ports and stopping by pid are tests/support/common.sh's.
+
+. "${ROOT:-.}/tests/support/common.sh"
 
 SLURM_TEST_SBIN="/usr/sbin"
 
@@ -57,30 +61,6 @@ slurm_available() {
     done
     return 1
 }
-
-# A port that nothing on this machine uses (listening or connected).
-_slurm_port_used() {
-    _h=$(printf ':%04X ' "$1")
-    grep -q "$_h" /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
-
-# _slurm_ports N: prints the first of N consecutive free ports in 20000..31999.
-_slurm_ports() {
-    _try=0
-    while [ $_try -lt 50 ]; do
-        _base=$(awk -v s="$$$_try" 'BEGIN { srand(); srand(srand() + s); print 20000 + int(rand() * 11900) }')
-        _i=0 _ok=1
-        while [ $_i -lt "$1" ]; do
-            if _slurm_port_used $((_base + _i)); then _ok=0; break; fi
-            _i=$((_i + 1))
-        done
-        [ $_ok = 1 ] && { echo "$_base"; return 0; }
-        _try=$((_try + 1))
-    done
-    return 1
-}
-
-_slurm_alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
 
 _slurm_err() { echo "slurm: $*" >&2; }
 
@@ -130,7 +110,7 @@ slurm_start() {
     _d=$SLURM_TEST_DIR
     mkdir -p "$_d/state" "$_d/log" "$_d/run" "$_d/spool" || return 1
     _user=$(id -un)
-    _port=$(_slurm_ports $(($2 + 1))) || { _slurm_err "no free ports"; return 1; }
+    _port=$(free_port $(($2 + 1))) || { _slurm_err "no free ports"; return 1; }
     # Job ids start at a random number, so that this cluster's slurmstepd
     # ("slurmstepd: [JOBID.STEP]") are told from another cluster's.
     _first=$(awk -v s="$$" 'BEGIN { srand(); srand(srand() + s); print 1000 + int(rand() * 9000) * 1000 }')
@@ -205,7 +185,7 @@ EOF
         _idle=$(sinfo -h -N -o '%N %T' 2>/dev/null | grep -c ' idle$')
         [ "$_idle" -eq "$2" ] && return 0
         for _n in slurmctld $(cd "$_d/run" && ls n* 2>/dev/null); do
-            if ! _slurm_alive "$(_slurm_pid "$_n")"; then
+            if ! pid_alive "$(_slurm_pid "$_n")"; then
                 _slurm_err "$_n exited while starting; its log:"
                 tail -n 15 "$_d/log/$_n.out" "$_d/log/slurmctld.log" >&2 2>/dev/null
                 return 1
@@ -281,29 +261,11 @@ _slurm_procs() {
         }'
 }
 
-# _slurm_kill PIDS: TERM, then KILL after 2 s; waits up to 5 s for them to go.
-_slurm_kill() {
-    [ -z "$1" ] && return 0
-    # shellcheck disable=SC2086
-    kill -TERM $1 2>/dev/null
-    _i=0
-    while [ $_i -lt 50 ]; do
-        _left=""
-        for _p in $1; do _slurm_alive "$_p" && _left="$_left $_p"; done
-        [ -z "$_left" ] && return 0
-        # shellcheck disable=SC2086
-        [ $_i = 20 ] && kill -KILL $_left 2>/dev/null
-        sleep 0.1
-        _i=$((_i + 1))
-    done
-    return 1
-}
-
 slurm_stop() {
     [ -n "${SLURM_TEST_DIR:-}" ] && [ -d "$SLURM_TEST_DIR/run" ] || return 0
     _rc=0
     _ctld=$(_slurm_pid slurmctld)
-    if _slurm_alive "$_ctld"; then
+    if pid_alive "$_ctld"; then
         scancel --full -u "$(id -un)" >/dev/null 2>&1
         # Up to 3 s for Slurm to end the jobs itself.
         _i=0
@@ -316,11 +278,11 @@ slurm_stop() {
     for _f in "$SLURM_TEST_DIR"/run/slurmctld "$SLURM_TEST_DIR"/run/n*; do
         [ -f "$_f" ] && _pids="$_pids $(cat "$_f")"
     done
-    _slurm_kill "$_pids"
-    _slurm_kill "$(_slurm_procs)"
+    stop_pids "$_pids"
+    stop_pids "$(_slurm_procs)"
     # Nothing may be left.
     _left=""
-    for _p in $_pids; do _slurm_alive "$_p" && _left="$_left $_p"; done
+    for _p in $_pids; do pid_alive "$_p" && _left="$_left $_p"; done
     _left="$_left $(_slurm_procs)"
     # shellcheck disable=SC2086,SC2116
     _left=$(echo $_left)
@@ -342,7 +304,7 @@ slurm_node_down() {
 
 slurm_node_lose() {
     _pid=$(_slurm_pid "$1")
-    _slurm_alive "$_pid" || { _slurm_err "slurmd of $1 is not running"; return 1; }
+    pid_alive "$_pid" || { _slurm_err "slurmd of $1 is not running"; return 1; }
     kill -KILL "$_pid"
     _procs=$(_slurm_procs "$1")
     # shellcheck disable=SC2086
@@ -350,7 +312,7 @@ slurm_node_lose() {
     _i=0
     while [ $_i -lt 30 ]; do
         _left=""
-        for _p in $_pid $_procs; do _slurm_alive "$_p" && _left=1; done
+        for _p in $_pid $_procs; do pid_alive "$_p" && _left=1; done
         [ -z "$_left" ] && return 0
         sleep 0.1
         _i=$((_i + 1))
@@ -360,7 +322,7 @@ slurm_node_lose() {
 }
 
 slurm_node_resume() {
-    if ! _slurm_alive "$(_slurm_pid "$1")"; then
+    if ! pid_alive "$(_slurm_pid "$1")"; then
         _slurm_start_slurmd "$1"
     fi
     case "$(slurm_node_state "$1")" in

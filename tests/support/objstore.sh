@@ -1,0 +1,312 @@
+# objstore.sh: real object-store servers on this machine, for tests of
+# checkpoints over HTTP. Source it (POSIX sh). Each server listens on
+# 127.0.0.1 only, keeps its files (configuration, pid, logs) in a private
+# temporary directory, and is started here and stopped here by pid; no
+# service, nothing under /etc, /var or /run. Installed by scripts/deps.sh
+# (optional: where a server is missing its start function says why on stderr
+# and returns 1, and the test says SKIP).
+#
+#   webdav_start ROOT_DIR   nginx (Debian's, /usr/sbin/nginx) serving ROOT_DIR
+#                           with WebDAV: PUT DELETE MKCOL COPY MOVE, PROPFIND
+#                           and OPTIONS (the dav-ext module), parent
+#                           directories created by PUT, no body size limit,
+#                           ranged GET; waits until it answers. Exports
+#                           WEBDAV_URL (http://127.0.0.1:PORT, no slash at
+#                           the end), WEBDAV_PID (nginx's master) and
+#                           WEBDAV_ACCESS_LOG (one line per request: method,
+#                           URI, status, bytes sent, Range header)
+#   webdav_stop             stops it (the master and its workers), removes its
+#                           temporary directory (not ROOT_DIR)
+#   s3_start DATA_DIR BUCKET
+#                           s3rver ($ROOT/.deps/npm, else the one on PATH),
+#                           data in DATA_DIR, BUCKET created; waits until it
+#                           answers. s3rver 3 refuses an unknown access key
+#                           (403 InvalidAccessKeyId) but computes no Signature
+#                           Version 4: a wrong secret or payload hash passes,
+#                           and so does an unsigned request. Exports
+#                           S3_ENDPOINT (http://127.0.0.1:PORT), S3_BUCKET,
+#                           S3_PID, and s3rver's keys and region:
+#                           AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER
+#                           AWS_REGION=us-east-1 (AWS_SESSION_TOKEN unset)
+#   s3_stop                 stops it, removes its temporary directory (not
+#                           DATA_DIR), unsets what s3_start exported
+#   s3cmd_run ARGS...       Debian's s3cmd against that server (path-style,
+#                           http, Signature Version 4, s3rver's keys); e.g.
+#                           `s3cmd_run put FILE s3://$S3_BUCKET/KEY`; s3cmd's
+#                           own options override (--secret_key=WRONG)
+#
+# One server of each kind at a time.
+# A test: `webdav_start DIR || { echo "[SKIP] [$NAME] ..."; exit 0; }`, and
+# `trap` webdav_stop (s3_stop) on EXIT, INT and TERM. The servers are not
+# children of the caller (a `wait` there does not wait for them). A start
+# that fails prints the end of the server's log. Needs ROOT, the repository's
+# root (tests/e2e/lib.sh sets it), or the root as the current directory.
+
+. "${ROOT:-.}/tests/support/common.sh"
+
+OBJSTORE_NGINX=/usr/sbin/nginx
+OBJSTORE_DAV_EXT=/usr/lib/nginx/modules/ngx_http_dav_ext_module.so
+
+_objstore_err() { echo "objstore: $*" >&2; }
+
+# _objstore_spawn DIR CMD...: starts CMD in the background, not as a child of
+# the caller, output to DIR/server.log; its pid goes to DIR/pid.
+_objstore_spawn() {
+    _os_dir=$1
+    shift
+    (
+        "$@" </dev/null >>"$_os_dir/server.log" 2>&1 &
+        echo $! >"$_os_dir/pid"
+    )
+}
+
+# _objstore_answers URL: 0 when an HTTP server answers at URL (any status).
+_objstore_answers() {
+    _os_code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1" 2>/dev/null)
+    [ -n "$_os_code" ] && [ "$_os_code" != 000 ]
+}
+
+# _objstore_wait URL PID SECONDS [FILE]: until URL answers, once FILE exists
+# when given (0), PID exits (1) or SECONDS pass (2).
+_objstore_wait() {
+    _os_end=$(($(date +%s) + $3))
+    while :; do
+        pid_alive "$2" || return 1
+        if [ -z "${4:-}" ] || [ -s "$4" ]; then
+            _objstore_answers "$1" && pid_alive "$2" && return 0
+        fi
+        [ "$(date +%s)" -ge $_os_end ] && return 2
+        sleep 0.05
+    done
+}
+
+# _objstore_tree PID: PID and its descendants.
+_objstore_tree() {
+    ps -eo pid=,ppid= | awk -v top="$1" '
+        { parent[$1] = $2 }
+        END { d[top] = 1
+              do { more = 0; for (p in parent) if (!(p in d) && (parent[p] in d)) { d[p] = 1; more = 1 } } while (more)
+              for (p in d) if (p in parent) printf "%s ", p }'
+}
+
+# _objstore_stop DIR WHAT: stops the server whose pid is in DIR/pid (and its
+# children), removes DIR; 1 (and says so) when something is left running.
+_objstore_stop() {
+    [ -n "$1" ] && [ -d "$1" ] || return 0
+    _os_pid=$(cat "$1/pid" 2>/dev/null)
+    _os_rc=0
+    if pid_alive "$_os_pid"; then
+        _os_pids=$(_objstore_tree "$_os_pid")
+        if ! stop_pids "$_os_pids"; then
+            _objstore_err "$2 left running:"
+            # shellcheck disable=SC2086
+            ps -o pid,ppid,args -p "$(echo $_os_pids | tr ' ' ',')" >&2
+            _os_rc=1
+        fi
+    fi
+    [ $_os_rc = 0 ] && rm -rf "$1"
+    return $_os_rc
+}
+
+_objstore_log_tail() {
+    for _os_f in "$@"; do
+        [ -s "$_os_f" ] && tail -n 15 "$_os_f" | sed "s|^|    $(basename "$_os_f"): |" >&2
+    done
+    return 0
+}
+
+# --- WebDAV (nginx)
+
+# _webdav_conf DIR ROOT PORT: nginx's configuration, everything under DIR.
+_webdav_conf() {
+    if [ -e "$OBJSTORE_DAV_EXT" ]; then echo "load_module $OBJSTORE_DAV_EXT;"; fi
+    # As root, nginx's workers would run as nobody, who may not write ROOT.
+    if [ "$(id -u)" -eq 0 ]; then echo "user root root;"; fi
+    cat <<EOF
+daemon off;
+master_process on;
+worker_processes 2;
+pid "$1/nginx.pid";
+error_log "$1/error.log" warn;
+events { worker_connections 256; }
+http {
+    log_format tp '\$request_method \$request_uri \$status \$body_bytes_sent range=\$http_range';
+    access_log "$1/access.log" tp;
+    client_body_temp_path "$1/body";
+    proxy_temp_path "$1/proxy";
+    fastcgi_temp_path "$1/fastcgi";
+    uwsgi_temp_path "$1/uwsgi";
+    scgi_temp_path "$1/scgi";
+    default_type application/octet-stream;
+    sendfile on;
+    server {
+        listen 127.0.0.1:$3;
+        root "$2";
+        location / {
+            dav_methods PUT DELETE MKCOL COPY MOVE;
+            dav_ext_methods PROPFIND OPTIONS;
+            dav_access user:rw group:r all:r;
+            create_full_put_path on;
+            client_max_body_size 0;
+            autoindex off;
+        }
+    }
+}
+EOF
+}
+
+webdav_start() {
+    if [ $# -ne 1 ]; then _objstore_err "usage: webdav_start ROOT_DIR"; return 2; fi
+    if [ -n "${_WEBDAV_DIR:-}" ]; then _objstore_err "webdav_start: one is running ($WEBDAV_URL)"; return 2; fi
+    if [ ! -x "$OBJSTORE_NGINX" ]; then
+        _objstore_err "nginx is not installed ($OBJSTORE_NGINX; scripts/deps.sh installs nginx-light)"
+        return 1
+    fi
+    command -v curl >/dev/null 2>&1 || { _objstore_err "curl is not installed"; return 1; }
+    mkdir -p "$1" || return 1
+    _wd_root=$(cd "$1" && pwd)
+    _WEBDAV_DIR=$(mktemp -d "${TMPDIR:-/tmp}/tp-webdav-XXXXXX") || return 1
+    _wd_d=$_WEBDAV_DIR
+    # The configuration, tested once (a missing dav-ext module shows here).
+    _webdav_conf "$_wd_d" "$_wd_root" 1 >"$_wd_d/nginx.conf"
+    if ! "$OBJSTORE_NGINX" -t -q -p "$_wd_d" -c "$_wd_d/nginx.conf" -e "$_wd_d/error.log" >"$_wd_d/test.log" 2>&1; then
+        if grep -q 'dav_ext_methods\|ngx_http_dav_ext_module' "$_wd_d/test.log"; then
+            _objstore_err "nginx has no WebDAV PROPFIND (scripts/deps.sh installs libnginx-mod-http-dav-ext):"
+        else
+            _objstore_err "nginx rejects its configuration:"
+        fi
+        _objstore_log_tail "$_wd_d/test.log"
+        rm -rf "$_wd_d"
+        _WEBDAV_DIR=""
+        return 1
+    fi
+    # A free port may be taken before nginx binds it: another one then.
+    _wd_try=1
+    while :; do
+        _wd_port=$(free_port 1) || { _objstore_err "no free port"; webdav_stop; return 1; }
+        _webdav_conf "$_wd_d" "$_wd_root" "$_wd_port" >"$_wd_d/nginx.conf"
+        _objstore_spawn "$_wd_d" "$OBJSTORE_NGINX" -p "$_wd_d" -c "$_wd_d/nginx.conf" -e "$_wd_d/error.log"
+        # nginx writes its pid file once it has bound its port: whatever
+        # answered before might be another server.
+        rm -f "$_wd_d/nginx.pid"
+        _objstore_wait "http://127.0.0.1:$_wd_port/" "$(cat "$_wd_d/pid")" 10 "$_wd_d/nginx.pid"
+        case $? in
+        0) break ;;
+        1) if [ $_wd_try -lt 5 ] && grep -q 'Address already in use' "$_wd_d/error.log" "$_wd_d/server.log" 2>/dev/null; then
+               : >"$_wd_d/error.log"
+               : >"$_wd_d/server.log"
+               _wd_try=$((_wd_try + 1))
+               continue
+           fi
+           _objstore_err "nginx exited while starting:" ;;
+        2) _objstore_err "nginx does not answer on port $_wd_port after 10 s:" ;;
+        esac
+        _objstore_log_tail "$_wd_d/server.log" "$_wd_d/error.log"
+        webdav_stop
+        return 1
+    done
+    WEBDAV_URL="http://127.0.0.1:$_wd_port"
+    WEBDAV_PID=$(cat "$_wd_d/pid")
+    WEBDAV_ACCESS_LOG="$_wd_d/access.log"
+    export WEBDAV_URL WEBDAV_PID WEBDAV_ACCESS_LOG
+}
+
+webdav_stop() {
+    _objstore_stop "${_WEBDAV_DIR:-}" nginx || return 1
+    _WEBDAV_DIR=""
+    unset WEBDAV_URL WEBDAV_PID WEBDAV_ACCESS_LOG
+}
+
+# --- S3 (s3rver)
+
+_s3rver_bin() {
+    if [ -x "${ROOT:-.}/.deps/npm/node_modules/.bin/s3rver" ]; then
+        (cd "${ROOT:-.}/.deps/npm/node_modules/.bin" && echo "$(pwd)/s3rver")
+    else
+        command -v s3rver 2>/dev/null
+    fi
+}
+
+s3_start() {
+    if [ $# -ne 2 ]; then _objstore_err "usage: s3_start DATA_DIR BUCKET"; return 2; fi
+    if [ -n "${_S3_DIR:-}" ]; then _objstore_err "s3_start: one is running ($S3_ENDPOINT)"; return 2; fi
+    _s3_bin=$(_s3rver_bin) || {
+        _objstore_err "s3rver is not installed (scripts/deps.sh installs it with npm into .deps/npm)"
+        return 1
+    }
+    command -v node >/dev/null 2>&1 || { _objstore_err "Node.js is not installed (s3rver needs it)"; return 1; }
+    command -v curl >/dev/null 2>&1 || { _objstore_err "curl is not installed"; return 1; }
+    mkdir -p "$1" || return 1
+    _s3_data=$(cd "$1" && pwd)
+    _S3_DIR=$(mktemp -d "${TMPDIR:-/tmp}/tp-s3rver-XXXXXX") || return 1
+    _s3_d=$_S3_DIR
+    # Port 0: s3rver binds a free one and says which ("S3rver listening on
+    # 127.0.0.1:PORT"), so no port can be lost to another server.
+    # s3rver's continuation tokens (truncated listings) are DES, which
+    # OpenSSL 3 has only in its legacy provider.
+    _objstore_spawn "$_s3_d" env NODE_OPTIONS="--openssl-legacy-provider${NODE_OPTIONS:+ $NODE_OPTIONS}" \
+        "$_s3_bin" --directory "$_s3_data" --address 127.0.0.1 --port 0 \
+        --configure-bucket "$2"
+    _s3_pid=$(cat "$_s3_d/pid")
+    _s3_end=$(($(date +%s) + 20))
+    _s3_port=""
+    while [ -z "$_s3_port" ]; do
+        _s3_port=$(sed -n 's/^S3rver listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$_s3_d/server.log" 2>/dev/null)
+        [ -n "$_s3_port" ] && break
+        if ! pid_alive "$_s3_pid"; then
+            _objstore_err "s3rver exited while starting:"
+            _objstore_log_tail "$_s3_d/server.log"
+            s3_stop
+            return 1
+        fi
+        if [ "$(date +%s)" -ge $_s3_end ]; then
+            _objstore_err "s3rver is not listening after 20 s:"
+            _objstore_log_tail "$_s3_d/server.log"
+            s3_stop
+            return 1
+        fi
+        sleep 0.05
+    done
+    if ! _objstore_wait "http://127.0.0.1:$_s3_port/" "$_s3_pid" 10; then
+        _objstore_err "s3rver does not answer on port $_s3_port:"
+        _objstore_log_tail "$_s3_d/server.log"
+        s3_stop
+        return 1
+    fi
+    cat >"$_s3_d/s3cmd.cfg" <<EOF
+[default]
+access_key = S3RVER
+secret_key = S3RVER
+host_base = 127.0.0.1:$_s3_port
+host_bucket = 127.0.0.1:$_s3_port
+bucket_location = us-east-1
+use_https = False
+signature_v2 = False
+check_ssl_certificate = False
+guess_mime_type = False
+progress_meter = False
+EOF
+    S3_ENDPOINT="http://127.0.0.1:$_s3_port"
+    S3_BUCKET=$2
+    S3_PID=$_s3_pid
+    AWS_ACCESS_KEY_ID=S3RVER
+    AWS_SECRET_ACCESS_KEY=S3RVER
+    AWS_REGION=us-east-1
+    unset AWS_SESSION_TOKEN
+    export S3_ENDPOINT S3_BUCKET S3_PID AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
+}
+
+s3_stop() {
+    _objstore_stop "${_S3_DIR:-}" s3rver || return 1
+    _S3_DIR=""
+    unset S3_ENDPOINT S3_BUCKET S3_PID AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
+}
+
+s3cmd_run() {
+    if [ -z "${_S3_DIR:-}" ] || [ ! -f "$_S3_DIR/s3cmd.cfg" ]; then
+        _objstore_err "s3cmd_run: no s3rver started (s3_start)"
+        return 2
+    fi
+    command -v s3cmd >/dev/null 2>&1 || { _objstore_err "s3cmd is not installed"; return 127; }
+    s3cmd -c "$_S3_DIR/s3cmd.cfg" "$@"
+}
