@@ -90,7 +90,7 @@ TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps test test-gpu bench-gpu asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-elastic bench-revisions clean programs tests
+.PHONY: all build deps test test-gpu bench-gpu asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-elastic bench-remote bench-revisions clean programs tests
 
 all: deps
 	@$(MAKE) --no-print-directory build
@@ -225,6 +225,10 @@ bench-ckpt: deps
 bench-elastic: deps
 	@$(MAKE) --no-print-directory build
 	@BUILD=$(BUILD) scripts/bench-elastic.sh
+
+bench-remote: deps
+	@$(MAKE) --no-print-directory build
+	@BUILD=$(BUILD) scripts/bench-remote.sh
 
 bench-reshard: deps
 	@$(MAKE) --no-print-directory build

@@ -33,7 +33,7 @@ for t in "$BUILD"/tests/*/test_*; do
     grep -E '^\[(SKIP|FAIL|----|ERR )\]|Synthesis|CRASH' "$log"
     [ $rc -eq 0 ] || failed="$failed $t"
 done
-for t in tests/e2e/test_*.sh tests/faults/test_*.sh tests/elastic/test_*.sh tests/gpu/test_*.sh; do
+for t in tests/e2e/test_*.sh tests/faults/test_*.sh tests/elastic/test_*.sh tests/gpu/test_*.sh tests/support/test_*.sh; do
     [ -e "$t" ] || continue
     echo "== $t"
     if ! env $(mpi_env "$t") sh "$t"; then failed="$failed $t"; fi

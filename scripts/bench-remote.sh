@@ -1,0 +1,102 @@
+#!/bin/sh
+# make bench-remote: checkpoints in object stores on the loopback interface
+# (issue 14). A GPT-2 124M checkpoint with its Adam moments (about 1.5 GB,
+# tp4: 4 shard files) is uploaded and downloaded by tp-ckpt copy and, in the
+# same run, by plain curl (one process per file, all in parallel: the
+# baseline the target is held to, at least 0.8x its speed); then tp-reshard
+# reads it from the store into a local tp2 checkpoint, beside the same
+# reshard from the local copy (target: within 1.5x). Stores: Debian's nginx
+# with WebDAV, and s3rver (S3; curl signs with --aws-sigv4), started here by
+# tests/support/objstore.sh and stopped by process id; a store that cannot
+# start is said skipped. Warm page cache throughout. Prints a Markdown table
+# for docs/BENCHMARKS.md. Scratch in bench/scratch/remote.
+set -eu
+cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
+REPO_ROOT=$(pwd)
+. tests/support/objstore.sh
+BIN=${BUILD:-build}/bin
+SCRATCH=bench/scratch/remote
+rm -rf "$SCRATCH"
+mkdir -p "$SCRATCH"
+SCRATCH=$(cd "$SCRATCH" && pwd)
+cleanup() {
+    webdav_stop 2>/dev/null || true
+    s3_stop 2>/dev/null || true
+}
+trap cleanup EXIT INT TERM
+
+echo "writing the checkpoint (gpt2-124m, --optim, tp4)..." >&2
+"$BIN/tp-ckpt" synth -o "$SCRATCH/local" --model gpt2-124m --tp 4 --pp 1 --optim >&2
+BYTES=$(du -sb "$SCRATCH/local" | cut -f1)
+FILES=$(cd "$SCRATCH/local" && ls)
+
+seconds() { $PY -c 'import json,sys; d=json.loads(sys.stdin.read()); assert d["status"]==0, d; print("%.2f" % d["seconds"])'; }
+ratio() { $PY -c 'import sys; print("%.2f" % (float(sys.argv[1]) / float(sys.argv[2])))' "$1" "$2"; }
+rate() { $PY -c 'import sys; print("%.0f" % (float(sys.argv[1]) / float(sys.argv[2]) / 1e6))' "$BYTES" "$1"; }
+
+# curl_all UP|DOWN BASE DIR [curl options]: every file of the checkpoint at
+# once, one curl each (index.json included).
+curl_all() {
+    direction=$1 curl_url=$2 curl_dir=$3
+    shift 3
+    pids=""
+    for f in $FILES; do
+        if [ "$direction" = UP ]; then curl -sSf "$@" -T "$SCRATCH/local/$f" "$curl_url/$f" -o /dev/null &
+        else curl -sSf "$@" "$curl_url/$f" -o "$curl_dir/$f" &
+        fi
+        pids="$pids $!"
+    done
+    rc=0
+    for p in $pids; do wait "$p" || rc=1; done
+    return $rc
+}
+
+row() { # store operation ours theirs what-theirs-is
+    printf '| %s | %s | %s s (%s MB/s) | %s s (%s MB/s) | %s |\n' "$1" "$2" "$3" "$(rate "$3")" "$4" "$(rate "$4")" \
+        "$(ratio "$4" "$3")"
+}
+
+elapsed() { $PY -c 'import sys,time; print("%.2f" % (time.monotonic() - float(sys.argv[1])))' "$1"; }
+
+bench_store() { # name our-base-url curl-base-url [curl options]
+    name=$1 base=$2 curl_base=$3
+    shift 3
+    up=$(measure "$BIN/tp-ckpt" copy "$SCRATCH/local" "$base/ours/step_00000001" | seconds)
+    mkdir -p "$SCRATCH/curl-down"
+    start=$($PY -c 'import time; print(time.monotonic())')
+    curl_all UP "$curl_base/curl/step_00000001" "" "$@"
+    curl_up=$(elapsed "$start")
+    down=$(measure "$BIN/tp-ckpt" copy "$base/ours/step_00000001" "$SCRATCH/down-$name" | seconds)
+    start=$($PY -c 'import time; print(time.monotonic())')
+    curl_all DOWN "$curl_base/curl/step_00000001" "$SCRATCH/curl-down" "$@"
+    curl_down=$(elapsed "$start")
+    cmp -s "$SCRATCH/local/index.json" "$SCRATCH/down-$name/index.json" || { echo "download differs" >&2; exit 1; }
+    remote=$(measure "$BIN/tp-reshard" "$base/ours/step_00000001" --to tp2pp1 -o "$SCRATCH/reshard-$name" | seconds)
+    local_=$(measure "$BIN/tp-reshard" "$SCRATCH/local" --to tp2pp1 -o "$SCRATCH/reshard-local-$name" | seconds)
+    "$BIN/tp-ckpt" diff "$SCRATCH/reshard-$name" "$SCRATCH/reshard-local-$name" >&2
+    row "$name" "upload (curl: parallel PUTs)" "$up" "$curl_up"
+    row "$name" "download (curl: parallel GETs)" "$down" "$curl_down"
+    printf '| %s | reshard tp4 -> tp2 from the store (beside: from local) | %s s | %s s | %s |\n' "$name" "$remote" \
+        "$local_" "$(ratio "$local_" "$remote")"
+    rm -rf "$SCRATCH/down-$name" "$SCRATCH/curl-down" "$SCRATCH/reshard-$name" "$SCRATCH/reshard-local-$name"
+}
+
+echo
+echo "checkpoint: $(($BYTES / 1000000)) MB in $(echo "$FILES" | wc -w) files; $(nproc) cores; loopback"
+echo
+echo "| store | operation | tp-toolkit | baseline | baseline / tp-toolkit time |"
+echo "| --- | --- | --- | --- | --- |"
+if webdav_start "$SCRATCH/webdav" >&2; then
+    bench_store "nginx WebDAV" "$WEBDAV_URL" "$WEBDAV_URL"
+    webdav_stop
+else
+    echo "| nginx WebDAV | skipped: nginx could not start | | | |"
+fi
+if s3_start "$SCRATCH/s3" bench >&2; then
+    export AWS_ENDPOINT_URL="$S3_ENDPOINT"
+    bench_store "S3 (s3rver)" "s3://bench" "$S3_ENDPOINT/bench" --aws-sigv4 "aws:amz:$AWS_REGION:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY"
+    s3_stop
+else
+    echo "| S3 (s3rver) | skipped: s3rver could not start | | | |"
+fi
