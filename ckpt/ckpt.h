@@ -488,7 +488,7 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
 /* Downloads the remote checkpoint at url (a run directory: its newest)
  * into local_dir, committed there as a local writer would (staged, every
  * file synced, index.json, then published); files in parallel ranged GETs
- * of 32 MiB. Refuses an existing local_dir unless replace. */
+ * of 8 MiB. Refuses an existing local_dir unless replace. */
 int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_options *options);
 /* Points the `latest` of the remote run directory that holds checkpoint_url
  * at it. */

@@ -148,7 +148,7 @@ int ckpt_output_finish(const char *target, const char *local, int ok, const ckpt
 
 /* ------------------------------------------------------------- downloads */
 
-#define DOWNLOAD_PART ((int64_t)32 << 20) /* bytes per ranged GET and local write */
+#define DOWNLOAD_PART ((int64_t)8 << 20) /* bytes per ranged GET and local write (one GET: below the split of large reads) */
 
 typedef struct {
     const char *url, *dir; /* remote checkpoint, local staging directory */

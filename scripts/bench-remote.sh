@@ -95,7 +95,7 @@ else
 fi
 if s3_start "$SCRATCH/s3" bench >&2; then
     export AWS_ENDPOINT_URL="$S3_ENDPOINT"
-    bench_store "S3 (s3rver)" "s3://bench" "$S3_ENDPOINT/bench" --aws-sigv4 "aws:amz:$AWS_REGION:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY"
+    bench_store "S3 (s3rver)" "s3://bench" "$S3_ENDPOINT/bench" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" --aws-sigv4 "aws:amz:$AWS_REGION:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY"
     s3_stop
 else
     echo "| S3 (s3rver) | skipped: s3rver could not start | | | |"
