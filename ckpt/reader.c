@@ -342,6 +342,24 @@ static int locate_chunks(hid_t dset, piece_runtime *pr, const char *where)
     return TP_OK;
 }
 
+/* The end of loading a piece whose block checksums are read (unless
+ * status already failed): they must hash to the index's piece checksum;
+ * on failure what was loaded is released. */
+static int finish_piece(piece_runtime *pr, const ckpt_index_piece *ip, int status, const char *where)
+{
+    if (!status && ckpt_hash_blocks(pr->block_hash, pr->geometry.num_blocks) != ip->checksum)
+        status = tp_fail(TP_ERR_CHECKSUM, "%s: block checksum list does not match the piece checksum", where);
+    if (status) {
+        free(pr->block_hash);
+        free(pr->chunks);
+        pr->block_hash = NULL;
+        pr->chunks = NULL;
+        return status;
+    }
+    pr->loaded = 1;
+    return TP_OK;
+}
+
 /* Reads a piece's block checksums at the offset the index records (format
  * 1.2), for stores HDF5 cannot open: its data lies where the extents say. */
 static int load_piece_from_index(ckpt_reader *r, int i, int piece, piece_runtime *pr)
@@ -377,18 +395,8 @@ static int load_piece_from_index(ckpt_reader *r, int i, int piece, piece_runtime
         pr->block_hash[b] = v;
     }
     free(raw);
-    if (!status && ckpt_hash_blocks(pr->block_hash, g->num_blocks) != ip->checksum)
-        status = tp_fail(TP_ERR_CHECKSUM, "%s: block checksum list does not match the piece checksum", where);
-    if (status) {
-        if (status != TP_ERR_NOMEM && status != TP_ERR_CHECKSUM) status = tp_fail_context(status, "%s", where);
-        free(pr->block_hash);
-        free(pr->chunks);
-        pr->block_hash = NULL;
-        pr->chunks = NULL;
-        return status;
-    }
-    pr->loaded = 1;
-    return TP_OK;
+    if (status && status != TP_ERR_NOMEM) status = tp_fail_context(status, "%s", where);
+    return finish_piece(pr, ip, status, where);
 }
 
 /* Opens a piece's dataset, checks it against the index and locates its data. */
@@ -489,18 +497,7 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
         H5Dread(sums, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, pr->block_hash) < 0)
         status = ckpt_fail_hdf5("%s: block checksums missing or damaged", where);
     if (sums >= 0) H5Dclose(sums);
-    if (!status && ckpt_hash_blocks(pr->block_hash, g->num_blocks) != ip->checksum)
-        status = tp_fail(TP_ERR_CHECKSUM, "%s: block checksum list does not match the piece checksum",
-                           where);
-    if (status) {
-        free(pr->block_hash);
-        free(pr->chunks);
-        pr->block_hash = NULL;
-        pr->chunks = NULL;
-        return status;
-    }
-    pr->loaded = 1;
-    return TP_OK;
+    return finish_piece(pr, ip, status, where);
 }
 
 static int load_piece(ckpt_reader *r, int i, int piece, piece_runtime **out)
