@@ -17,7 +17,7 @@ SLURM_PACKAGES="slurm-wlm slurmctld slurmd slurm-client"
 # (tests/support/objstore.sh): nginx with WebDAV (PROPFIND from the dav-ext
 # module), s3cmd (an independent S3 client), Node.js and npm for s3rver (an
 # S3 server, installed with npm into .deps/npm). Optional like Slurm.
-OBJSTORE_PACKAGES="nginx-light libnginx-mod-http-dav-ext s3cmd nodejs npm"
+OBJSTORE_PACKAGES="nginx-light libnginx-mod-http-dav-ext s3cmd nodejs npm python3-botocore"
 S3RVER_PREFIX="$REPO_ROOT/.deps/npm"
 
 # missing_of PACKAGE...: prints those not installed (one dpkg-query for all).

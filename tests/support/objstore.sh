@@ -23,9 +23,14 @@
 #                           answers. s3rver 3 refuses an unknown access key
 #                           (403 InvalidAccessKeyId) but computes no Signature
 #                           Version 4: a wrong secret or payload hash passes,
-#                           and so does an unsigned request. Exports
+#                           and so does an unsigned request. So, with Debian's
+#                           python3-botocore, S3_ENDPOINT is a proxy in front
+#                           of it (sigv4_proxy.py) that checks each request's
+#                           signature and payload hash with botocore and
+#                           refuses (403 SignatureDoesNotMatch) what S3 would;
+#                           S3_SIGNATURES=checked, else unchecked. Exports
 #                           S3_ENDPOINT (http://127.0.0.1:PORT), S3_BUCKET,
-#                           S3_PID, and s3rver's keys and region:
+#                           S3_PID, S3_SIGNATURES, and s3rver's keys and region:
 #                           AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER
 #                           AWS_REGION=us-east-1 (AWS_SESSION_TOKEN unset)
 #   s3_stop                 stops it, removes its temporary directory (not
@@ -273,6 +278,33 @@ s3_start() {
         s3_stop
         return 1
     fi
+    # s3rver computes no Signature Version 4: in front of it, a proxy that
+    # checks every request's signature with botocore (sigv4_proxy.py), when
+    # Debian's python3-botocore is there. S3_SIGNATURES says which.
+    S3_SIGNATURES=unchecked
+    if /usr/bin/python3 -c 'import botocore' 2>/dev/null; then
+        mkdir -p "$_s3_d/proxy"
+        _objstore_spawn "$_s3_d/proxy" /usr/bin/python3 "${ROOT:-.}/tests/support/sigv4_proxy.py" "$_s3_port" \
+            S3RVER S3RVER us-east-1
+        _s3_proxy_port=""
+        _s3_end=$(($(date +%s) + 20))
+        while [ -z "$_s3_proxy_port" ] && [ "$(date +%s)" -lt $_s3_end ]; do
+            _s3_proxy_port=$(sed -n 's/^sigv4 proxy listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' \
+                "$_s3_d/proxy/server.log" 2>/dev/null)
+            pid_alive "$(cat "$_s3_d/proxy/pid")" || break
+            [ -n "$_s3_proxy_port" ] || sleep 0.05
+        done
+        if [ -z "$_s3_proxy_port" ]; then
+            _objstore_err "the signature-checking proxy did not start:"
+            _objstore_log_tail "$_s3_d/proxy/server.log"
+            s3_stop
+            return 1
+        fi
+        _s3_port=$_s3_proxy_port
+        S3_SIGNATURES=checked
+    else
+        _objstore_err "note: python3-botocore missing: signatures go unchecked (s3rver checks none)"
+    fi
     cat >"$_s3_d/s3cmd.cfg" <<EOF
 [default]
 access_key = S3RVER
@@ -293,13 +325,14 @@ EOF
     AWS_SECRET_ACCESS_KEY=S3RVER
     AWS_REGION=us-east-1
     unset AWS_SESSION_TOKEN
-    export S3_ENDPOINT S3_BUCKET S3_PID AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
+    export S3_ENDPOINT S3_BUCKET S3_PID S3_SIGNATURES AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
 }
 
 s3_stop() {
+    [ -z "${_S3_DIR:-}" ] || _objstore_stop "$_S3_DIR/proxy" "the signature-checking proxy" || return 1
     _objstore_stop "${_S3_DIR:-}" s3rver || return 1
     _S3_DIR=""
-    unset S3_ENDPOINT S3_BUCKET S3_PID AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
+    unset S3_ENDPOINT S3_BUCKET S3_PID S3_SIGNATURES AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
 }
 
 s3cmd_run() {
