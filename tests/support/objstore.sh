@@ -282,7 +282,8 @@ s3_start() {
     # checks every request's signature with botocore (sigv4_proxy.py), when
     # Debian's python3-botocore is there. S3_SIGNATURES says which.
     S3_SIGNATURES=unchecked
-    if /usr/bin/python3 -c 'import botocore' 2>/dev/null; then
+    # OBJSTORE_S3_PROXY=0 leaves it out (benchmarks measure s3rver itself).
+    if [ "${OBJSTORE_S3_PROXY:-1}" != 0 ] && /usr/bin/python3 -c 'import botocore' 2>/dev/null; then
         mkdir -p "$_s3_d/proxy"
         _objstore_spawn "$_s3_d/proxy" /usr/bin/python3 "${ROOT:-.}/tests/support/sigv4_proxy.py" "$_s3_port" \
             S3RVER S3RVER us-east-1
@@ -302,7 +303,7 @@ s3_start() {
         fi
         _s3_port=$_s3_proxy_port
         S3_SIGNATURES=checked
-    else
+    elif [ "${OBJSTORE_S3_PROXY:-1}" != 0 ]; then
         _objstore_err "note: python3-botocore missing: signatures go unchecked (s3rver checks none)"
     fi
     cat >"$_s3_d/s3cmd.cfg" <<EOF
