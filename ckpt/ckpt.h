@@ -501,6 +501,11 @@ int ckpt_upload_latest(const char *checkpoint_url);
  * update_latest) and removes the local copy, or only removes it when the
  * writing failed (ok = 0). */
 int ckpt_output_begin(const char *target, int replace, char *local, size_t local_size);
+
+/* A local directory named after a remote location, for a purpose
+ * ("train-cache", "elastic"): $TMPDIR/tp-PURPOSE-HASH (HASH: XXH64 of the
+ * URL), so that a program restarted on the same node finds it again. */
+int ckpt_local_dir_for(const char *url, const char *purpose, char *out, size_t out_size);
 int ckpt_output_finish(const char *target, const char *local, int ok, const ckpt_upload_options *options,
                        int update_latest);
 

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "../common/parallel.h"
 #include "index.h"
 #include "remote.h"
@@ -103,6 +105,20 @@ int ckpt_upload_latest(const char *checkpoint_url)
 
 /* ------------------------------------------------- outputs of the tools */
 
+static const char *temporary_dir(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    return tmp && *tmp ? tmp : "/tmp";
+}
+
+int ckpt_local_dir_for(const char *url, const char *purpose, char *out, size_t out_size)
+{
+    if ((size_t)snprintf(out, out_size, "%s/tp-%s-%016llx", temporary_dir(), purpose,
+                         (unsigned long long)XXH64(url, strlen(url), 0)) >= out_size)
+        return tp_fail(TP_ERR_ARG, "TMPDIR too long");
+    return TP_OK;
+}
+
 int ckpt_output_begin(const char *target, int replace, char *local, size_t local_size)
 {
     if (!ckpt_is_remote(target)) {
@@ -116,10 +132,9 @@ int ckpt_output_begin(const char *target, int replace, char *local, size_t local
     TP_TRY(ckpt_storage_remote()->stat(ckpt_storage_remote(), remote_index, &st));
     if (st.exists && !replace) return tp_fail(TP_ERR_EXISTS, "%s holds a checkpoint already (--force replaces it)", target);
     /* Written here first, committed, then uploaded: a private directory. */
-    const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char owner[128], dir[CKPT_PATH_MAX];
     TP_TRY(ckpt_staging_owner(owner, sizeof owner));
-    if ((size_t)snprintf(dir, sizeof dir, "%s/tp-upload.%s", tmp, owner) >= sizeof dir)
+    if ((size_t)snprintf(dir, sizeof dir, "%s/tp-upload.%s", temporary_dir(), owner) >= sizeof dir)
         return tp_fail(TP_ERR_ARG, "TMPDIR too long");
     const ckpt_storage *posix = ckpt_storage_posix();
     int status = posix->make_dir(posix, dir);

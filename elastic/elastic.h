@@ -130,8 +130,10 @@ int elastic_choose_checkpoint(const char *run_dir, int threads,
 /* -------------------------------------------------------------- the run */
 
 typedef struct {
-    const char *run_dir;           /* --ckpt-dir: checkpoints, state, events */
-    const char *events_path;       /* NULL: <run_dir>/elastic/events.jsonl */
+    const char *run_dir;           /* --ckpt-dir: checkpoints (a local path or an object-store URL) */
+    const char *state_dir;         /* state, events, trainer output; NULL: <run_dir>/elastic, or for a URL
+                                      $TMPDIR/tp-elastic-HASH of it */
+    const char *events_path;       /* NULL: <state_dir>/events.jsonl */
     elastic_launcher launcher;
     const char *launcher_program;  /* NULL: "mpirun" or "srun" */
     elastic_capacity_source capacity;

@@ -202,8 +202,14 @@ static int open_state(run_state *s, const elastic_run_options *o)
     s->o = o;
     s->started = now_seconds();
     s->last_failure_step = -1;
-    TP_TRY(make_dir(o->run_dir));
-    snprintf(s->dir, sizeof s->dir, "%s/elastic", o->run_dir);
+    if (o->state_dir) {
+        snprintf(s->dir, sizeof s->dir, "%s", o->state_dir);
+    } else if (ckpt_is_remote(o->run_dir)) {
+        TP_TRY(ckpt_local_dir_for(o->run_dir, "elastic", s->dir, sizeof s->dir));
+    } else {
+        TP_TRY(make_dir(o->run_dir));
+        snprintf(s->dir, sizeof s->dir, "%s/elastic", o->run_dir);
+    }
     TP_TRY(make_dir(s->dir));
     snprintf(s->state_path, sizeof s->state_path, "%s/state.json", s->dir);
     snprintf(s->log_path, sizeof s->log_path, "%s/train.jsonl", s->dir);

@@ -32,7 +32,8 @@ static const char run_usage[] =
     "hangs:     --heartbeat-timeout S (60: no step for this long) --start-timeout S (300: to the first step)\n"
     "           --save-timeout S (600: to exit after a stop request) --grace S (10: SIGTERM to SIGKILL)\n"
     "planner:   --memory-per-rank SIZE --allow-batch-change\n"
-    "record:    --events FILE (DIR/elastic/events.jsonl); state and trainer output in DIR/elastic/\n"
+    "record:    --events FILE (STATE/events.jsonl); state and trainer output in --state-dir STATE (DIR/elastic;\n"
+    "           for a DIR in an object store, http(s):// or s3:// (docs/STORES.md): $TMPDIR/tp-elastic-HASH)\n"
     "           --keep K: remove checkpoints older than the K newest (none is removed without it)\n"
     "Exit status: 0 when the last step is reached, 1 when it gave up (the reason is printed), 2 on usage errors.\n"
     "SIGINT or SIGTERM: the trainer checkpoints and stops; tp-elastic run again continues the run.\n";
@@ -111,7 +112,7 @@ static void read_train_args(char **args, elastic_run_options *o)
 int elastic_run_main(int argc, char **argv)
 {
     enum { O_CKPT = 1, O_LAUNCHER, O_WORLD, O_WORLD_FILE, O_HOSTFILE, O_MIN, O_RESTARTS, O_HEARTBEAT, O_START, O_SAVE,
-           O_GRACE, O_BACKOFF, O_REPEAT, O_EVENTS, O_RPN, O_MEMORY, O_ALLOW, O_WAIT, O_KEEP, O_HELP };
+           O_GRACE, O_BACKOFF, O_REPEAT, O_EVENTS, O_RPN, O_MEMORY, O_ALLOW, O_WAIT, O_KEEP, O_HELP, O_STATE };
     static const struct option options[] = {
         {"ckpt-dir", required_argument, 0, O_CKPT}, {"launcher", required_argument, 0, O_LAUNCHER},
         {"world", required_argument, 0, O_WORLD}, {"world-file", required_argument, 0, O_WORLD_FILE},
@@ -122,7 +123,8 @@ int elastic_run_main(int argc, char **argv)
         {"repeat-limit", required_argument, 0, O_REPEAT}, {"events", required_argument, 0, O_EVENTS},
         {"ranks-per-node", required_argument, 0, O_RPN}, {"memory-per-rank", required_argument, 0, O_MEMORY},
         {"allow-batch-change", no_argument, 0, O_ALLOW}, {"capacity-wait", required_argument, 0, O_WAIT},
-        {"keep", required_argument, 0, O_KEEP}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+        {"keep", required_argument, 0, O_KEEP}, {"state-dir", required_argument, 0, O_STATE},
+        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     elastic_run_options o;
     elastic_run_options_init(&o);
     const char *launcher = "auto";
@@ -156,6 +158,7 @@ int elastic_run_main(int argc, char **argv)
         case O_BACKOFF: o.backoff_seconds = cli_number(PROGRAM, "--backoff", optarg); break;
         case O_REPEAT: o.repeat_limit = (int)cli_int(PROGRAM, "--repeat-limit", optarg, 1, 1000); break;
         case O_EVENTS: o.events_path = optarg; break;
+        case O_STATE: o.state_dir = optarg; break;
         case O_RPN: o.ranks_per_node = (int)cli_int(PROGRAM, "--ranks-per-node", optarg, 1, 1 << 20); break;
         case O_MEMORY: o.memory_per_rank = cli_size(PROGRAM, "--memory-per-rank", optarg); break;
         case O_ALLOW: o.allow_batch_change = 1; break;

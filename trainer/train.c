@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <xxhash.h>
 
 #include "../common/memory.h"
 #include "../common/clock.h"
@@ -322,9 +321,7 @@ static int choose_save_dir(const train_options *o, char out[CKPT_PATH_MAX])
     const char *dir = o->ckpt_dir;
     char cache[CKPT_PATH_MAX];
     if (ckpt_is_remote(o->ckpt_dir)) {
-        const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-        snprintf(cache, sizeof cache, "%s/tp-train-cache-%016llx", tmp,
-                 (unsigned long long)XXH64(o->ckpt_dir, strlen(o->ckpt_dir), 0));
+        TP_TRY(ckpt_local_dir_for(o->ckpt_dir, "train-cache", cache, sizeof cache));
         dir = o->ckpt_cache ? o->ckpt_cache : cache;
     }
     if (strlen(dir) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", dir);
