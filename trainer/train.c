@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../common/memory.h"
 #include "../common/clock.h"
@@ -329,6 +330,40 @@ static int choose_save_dir(const train_options *o, char out[CKPT_PATH_MAX])
     return TP_OK;
 }
 
+/* The local cache of a remote checkpoint directory must be one directory
+ * for all ranks: rank 0 commits each checkpoint by reading every shard
+ * file. Rank 0 leaves a random token there; every rank must read it back.
+ * Collective. */
+static int check_shared_cache(trainer *t)
+{
+    comm *c = t->c;
+    char path[CKPT_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/.tp-shared-cache", t->save_dir);
+    uint64_t token = 0;
+    int status = TP_OK;
+    if (c->rank == 0) {
+        FILE *r = fopen("/dev/urandom", "rb");
+        if (!r || fread(&token, sizeof token, 1, r) != 1) token = (uint64_t)now_seconds() ^ (uint64_t)getpid() << 32;
+        if (r) fclose(r);
+        FILE *f = fopen(path, "w");
+        if (!f || fprintf(f, "%016llx\n", (unsigned long long)token) < 0) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+        if (f && fclose(f) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    }
+    TP_TRY(comm_agree(c, status, "checking the checkpoint cache"));
+    TP_TRY(comm_broadcast(c, &token, sizeof token, 0, COMM_HOST));
+    unsigned long long seen = 0;
+    FILE *f = fopen(path, "r");
+    int ok = f && fscanf(f, "%llx", &seen) == 1 && seen == token;
+    if (f) fclose(f);
+    int any_blind = 0;
+    TP_TRY(comm_any(c, !ok, &any_blind));
+    if (any_blind) /* said alike on every rank, rank 0 (which prints) included */
+        return tp_fail(TP_ERR_ARG, "some rank does not see the checkpoint cache rank 0 writes (%s): with a remote "
+                       "--ckpt-dir, --ckpt-cache must be a directory all ranks share (one node, or a shared file "
+                       "system; docs/STORES.md)", t->save_dir);
+    return TP_OK;
+}
+
 /* Everything a run needs before its first step; the same verdict on every rank. */
 static int set_up(trainer *t)
 {
@@ -362,7 +397,9 @@ static int set_up(trainer *t)
     if (!status && o->ckpt_dir && c->rank == 0) status = ckpt_remove_dead_staging(t->save_dir);
     if (!status && o->ckpt_dir && c->rank == 0 && ckpt_is_remote(o->ckpt_dir))
         status = uploader_create(&t->uploads, t->save_dir, o->ckpt_dir);
-    return comm_agree(c, status, "setting up");
+    status = comm_agree(c, status, "setting up");
+    if (!status && o->ckpt_dir && ckpt_is_remote(o->ckpt_dir)) status = check_shared_cache(t);
+    return status;
 }
 
 static int resume(trainer *t, int64_t *start_step)
