@@ -499,7 +499,8 @@ int ckpt_upload_latest(const char *checkpoint_url);
  * checkpoint and not replace) is written into a private local directory
  * under TMPDIR, then ckpt_output_finish uploads it (and `latest` with
  * update_latest) and removes the local copy, or only removes it when the
- * writing failed (ok = 0). */
+ * writing failed (ok = 0). A failed upload keeps the local copy and says
+ * where it is. */
 int ckpt_output_begin(const char *target, int replace, char *local, size_t local_size);
 
 /* A local directory named after a remote location, for a purpose

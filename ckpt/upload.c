@@ -153,7 +153,9 @@ int ckpt_output_finish(const char *target, const char *local, int ok, const ckpt
     int status = TP_OK;
     if (ok) status = ckpt_upload(local, target, options);
     if (ok && !status && update_latest) status = ckpt_upload_latest(target);
-    /* The local copy goes, whatever happened: the remote one is the output. */
+    /* A written output whose upload failed stays: hours of work are not
+     * thrown away for a network error; `tp-ckpt copy` sends it later. */
+    if (ok && status) return tp_fail_context(status, "the output stays in %s (tp-ckpt copy uploads it)", local);
     char parent[CKPT_PATH_MAX], base[CKPT_NAME_MAX];
     const ckpt_storage *posix = ckpt_storage_posix();
     posix->remove_tree(posix, local);

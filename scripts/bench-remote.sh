@@ -63,6 +63,9 @@ bench_store() { # name our-base-url curl-base-url [curl options]
     name=$1 base=$2 curl_base=$3
     shift 3
     up=$(measure "$BIN/tp-ckpt" copy "$SCRATCH/local" "$base/ours/step_00000001" | seconds)
+    # One PUT per file, as curl does (S3: no multipart below 5 GB).
+    up_whole=$(TP_REMOTE_PART_MB=5120 measure "$BIN/tp-ckpt" copy --force "$SCRATCH/local" \
+        "$base/whole/step_00000001" | seconds)
     mkdir -p "$SCRATCH/curl-down"
     start=$($PY -c 'import time; print(time.monotonic())')
     curl_all UP "$curl_base/curl/step_00000001" "" "$@"
@@ -71,12 +74,16 @@ bench_store() { # name our-base-url curl-base-url [curl options]
     start=$($PY -c 'import time; print(time.monotonic())')
     curl_all DOWN "$curl_base/curl/step_00000001" "$SCRATCH/curl-down" "$@"
     curl_down=$(elapsed "$start")
+    sync # ours is a committed checkpoint, its files synced: curl's as durable
+    curl_down_sync=$(elapsed "$start")
     cmp -s "$SCRATCH/local/index.json" "$SCRATCH/down-$name/index.json" || { echo "download differs" >&2; exit 1; }
     remote=$(measure "$BIN/tp-reshard" "$base/ours/step_00000001" --to tp2pp1 -o "$SCRATCH/reshard-$name" | seconds)
     local_=$(measure "$BIN/tp-reshard" "$SCRATCH/local" --to tp2pp1 -o "$SCRATCH/reshard-local-$name" | seconds)
     "$BIN/tp-ckpt" diff "$SCRATCH/reshard-$name" "$SCRATCH/reshard-local-$name" >&2
     row "$name" "upload (curl: parallel PUTs)" "$up" "$curl_up"
-    row "$name" "download (curl: parallel GETs)" "$down" "$curl_down"
+    row "$name" "upload, one PUT per file (TP_REMOTE_PART_MB=5120)" "$up_whole" "$curl_up"
+    row "$name" "download (curl: parallel GETs, not synced)" "$down" "$curl_down"
+    row "$name" "download (curl: parallel GETs, then sync)" "$down" "$curl_down_sync"
     printf '| %s | reshard tp4 -> tp2 from the store (beside: from local) | %s s | %s s | %s |\n' "$name" "$remote" \
         "$local_" "$(ratio "$local_" "$remote")"
     rm -rf "$SCRATCH/down-$name" "$SCRATCH/curl-down" "$SCRATCH/reshard-$name" "$SCRATCH/reshard-local-$name"
