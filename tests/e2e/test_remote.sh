@@ -1,0 +1,404 @@
+#!/bin/sh
+# End-to-end tests of checkpoints in object stores (issue 14) against real
+# servers on this machine (tests/support/objstore.sh): nginx's WebDAV for
+# http:// locations, s3rver for s3:// ones, and independent clients (the
+# servers' own disks, s3cmd) as the judges of what was stored.
+#   WebDAV: tp-ckpt synth, info, verify and diff on URLs (what the server
+#   stores equal to a local write); tp-reshard remote->local, local->remote, remote->remote with
+#   --verify; an existing checkpoint refused without --force; tp-train
+#   uploading in the background, stopped, resumed from the URL at another
+#   layout with another cache (the losses of an uninterrupted run); faults: a
+#   writer killed between its shards and its index (TP_CKPT_FAULT), the server
+#   killed mid-upload and restarted on the same port, a stalled server
+#   (TP_REMOTE_TIMEOUT), a stopped one (TP_REMOTE_RETRIES), a flipped and a
+#   truncated shard on the server's disk, a missing checkpoint.
+#   S3: synth, verify, diff, a multipart upload (TP_REMOTE_PART_MB=5),
+#   interchange with s3cmd both ways, credentials refused (and the secret key
+#   never printed), tp-train to s3:// and resumed.
+# Each server's part says SKIP where that server cannot start.
+. "$(dirname "$0")/lib.sh"
+. "$ROOT/tests/support/objstore.sh"
+
+use_open_mpi
+CK="$BIN/tp-ckpt"
+RS="$BIN/tp-reshard"
+TRAIN="$BIN/tp-train"
+# The tools' local copies (uploads, tp-train's default cache), mpirun's
+# session files and the servers' private directories go under $WORK: removed
+# with it, and a server left running is found by its command line.
+export TMPDIR="$WORK/tmp"
+mkdir -p "$TMPDIR"
+trap 'webdav_stop >/dev/null 2>&1; s3_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
+# Every server process this test started (for the check that none is left).
+SERVER_PIDS=""
+# A secret key that must never be printed (s3rver's own, S3RVER, is also its
+# access key id, which may be).
+SECRET=SuperSecretValue123
+# Everything the tools print goes here too, for that check.
+ALL_OUT="$WORK/all-output"
+run() {
+    "$@" >"$WORK/.out" 2>"$WORK/.err"
+    RC=$?
+    cat "$WORK/.out" "$WORK/.err" >>"$ALL_OUT"
+}
+
+# ms_since START: milliseconds since START (from now_ns).
+now_ns() { date +%s%N; }
+ms_since() { echo $((($(now_ns) - $1) / 1000000)); }
+
+mpi_train() {
+    ranks=$1
+    shift
+    mpirun --oversubscribe -np "$ranks" "$TRAIN" "$@" </dev/null
+}
+
+# events LOG KIND FIELD: FIELD of each KIND event line of a tp-train log.
+events() { "$PY" -c 'import json,sys; [print(json.dumps(r[sys.argv[3]]).strip(chr(34))) for r in map(json.loads, open(sys.argv[1])) if r.get("event") == sys.argv[2]]' "$1" "$2" "$3" | tr '\n' ' '; }
+
+# steps_upto LOG LAST: the log's step lines of steps 1..LAST.
+steps_upto() {
+    "$PY" -c 'import json,sys; [print(l, end="") for l in open(sys.argv[1]) if "event" not in json.loads(l) and json.loads(l)["step"] <= int(sys.argv[2])]' "$1" "$2"
+}
+
+# same_names_sizes A B: the same file names in both directories, of the same
+# sizes. (Two writes of one checkpoint are not byte-identical: HDF5 records
+# times in its object headers, and the index their checksums; what a server
+# holds is compared with a local write by tp-ckpt diff of the server's own
+# disk, read as a local directory, and tp-ckpt verify of it.)
+same_names_sizes() {
+    [ "$(cd "$1" && ls)" = "$(cd "$2" && ls)" ] || return 1
+    for _f in $(cd "$1" && ls); do [ "$(stat -c %s "$1/$_f")" = "$(stat -c %s "$2/$_f")" ] || return 1; done
+}
+
+# --- What both parts compare with: local checkpoints and an uninterrupted run.
+SYNTH="--model tiny --tp 2 --pp 2 --optim"
+expect_ok "local synth (the reference for remote writes)" "$CK" synth -o "$WORK/local10" $SYNTH --step 10
+expect_ok "local synth, another seed" "$CK" synth -o "$WORK/seed7" $SYNTH --step 10 --seed 7
+TINY="--model tiny --micro-batch 2 --quiet --steps 20"
+expect_ok "20 uninterrupted steps at tp2" mpi_train 2 $TINY --tp 2 --log "$WORK/ref.jsonl"
+
+# =================================================================== WebDAV
+if ! webdav_start "$WORK/dav" 2>"$WORK/.err"; then
+    echo "[SKIP] [$NAME] WebDAV: $(head -n 1 "$WORK/.err")"
+else
+    U=$WEBDAV_URL
+    DAV="$WORK/dav"
+    SERVER_PIDS="$SERVER_PIDS $(_objstore_tree "$WEBDAV_PID")"
+
+    # --- 1. synth, verify, diff; the server holds what a local write holds.
+    expect_ok "synth to a URL" "$CK" synth -o "$U/run/step_00000010" $SYNTH --step 10
+    check "the server's files: those of a local synth, of the same sizes" \
+        same_names_sizes "$WORK/local10" "$DAV/run/step_00000010"
+    expect_ok "the server's disk, read as a local checkpoint, verifies" "$CK" verify "$DAV/run/step_00000010"
+    expect_ok "the server's disk equals a local synth (diff, bit-exact)" "$CK" diff "$WORK/local10" "$DAV/run/step_00000010"
+    check "the server's disk: equal, bit-exact" grep -q "^equal: 84 tensors.*bit-exact" "$WORK/.out"
+    check "the run's latest on the server names step_00000010" [ "$(cat "$DAV/run/latest")" = step_00000010 ]
+    expect_ok "verify the run directory's URL" "$CK" verify "$U/run"
+    check "verify took the newest checkpoint" grep -q "^ok: $U/run/step_00000010: 84 tensors" "$WORK/.out"
+    expect_ok "diff local against URL" "$CK" diff "$WORK/local10" "$U/run/step_00000010"
+    check "diff says equal, bit-exact" grep -q "^equal: 84 tensors.*bit-exact" "$WORK/.out"
+    expect_error "diff against another seed's checkpoint differs" 1 "differ" "$CK" diff "$WORK/seed7" "$U/run"
+    expect_ok "info --json of the URL" "$CK" info --json "$U/run"
+    check "info: step 10, tp 2 pp 2" "$PY" -c '
+import json, sys
+i = json.load(open(sys.argv[1]))
+sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] == 2))' "$WORK/.out"
+    check "a finished upload leaves no local copy in TMPDIR" sh -c "! ls '$TMPDIR' | grep -q tp-upload"
+
+    # --- 2. tp-reshard from, to and between URLs.
+    expect_ok "reshard remote -> local --verify" "$RS" "$U/run" --to tp1pp1 -o "$WORK/r-local" --verify
+    check "reshard remote -> local: verified" grep -q "^verified: 84 tensors equal" "$WORK/.out"
+    expect_ok "reshard local -> remote --verify" "$RS" "$WORK/local10" --to tp1pp1 -o "$U/r-remote" --verify
+    check "reshard local -> remote: verified" grep -q "^verified: 84 tensors equal" "$WORK/.out"
+    check_all "reshard local -> remote: on the server, index and shard" \
+        '[ -s "$DAV/r-remote/index.json" ] && [ -s "$DAV/r-remote/shard_pp00_tp00.h5" ]'
+    expect_ok "reshard remote -> remote --verify" "$RS" "$U/run/step_00000010" --to tp1pp2 -o "$U/r-remote2" --verify
+    check "reshard remote -> remote: verified" grep -q "^verified: 84 tensors equal" "$WORK/.out"
+    expect_ok "the three reshards are equal (remote tp1pp2 vs remote tp1pp1)" "$CK" diff "$U/r-remote2" "$U/r-remote"
+    expect_ok "the three reshards are equal (local tp1pp1 vs remote tp1pp2)" "$CK" diff "$WORK/r-local" "$U/r-remote2"
+    check "the local reshard's shard and the server's (same layout): the same size" \
+        [ "$(stat -c %s "$WORK/r-local/shard_pp00_tp00.h5")" = "$(stat -c %s "$DAV/r-remote/shard_pp00_tp00.h5")" ]
+    expect_ok "the server's disk of the remote reshard verifies as a local checkpoint" "$CK" verify "$DAV/r-remote"
+    expect_error "reshard to an existing remote output without --force" 1 "--force" \
+        "$RS" "$WORK/local10" --to tp1pp1 -o "$U/r-remote"
+
+    # --- 3. An existing checkpoint is refused without --force, replaced with it.
+    before=$(tree_digest "$DAV")
+    expect_error "synth over a remote checkpoint without --force: exit 1" 1 "holds a checkpoint already.*--force" \
+        "$CK" synth -o "$U/run/step_00000010" $SYNTH --step 10 --seed 7
+    check "the refused write changed nothing on the server" [ "$(tree_digest "$DAV")" = "$before" ]
+    expect_ok "synth over it with --force" "$CK" synth -o "$U/run/step_00000010" $SYNTH --step 10 --seed 7 --force
+    expect_ok "--force replaced it: the server's disk equals the new seed's local copy" \
+        "$CK" diff "$WORK/seed7" "$DAV/run/step_00000010"
+    expect_ok "--force replaced it: diff of the URL with the new seed's local copy" "$CK" diff "$WORK/seed7" "$U/run"
+
+    # --- 4. tp-train uploads in the background; resumed from the URL at
+    # another layout with another cache, it has the uninterrupted losses.
+    expect_ok "tp-train tp2 to a URL, stopped at step 12" mpi_train 2 --model tiny --micro-batch 2 --steps 20 --tp 2 \
+        --ckpt-every 5 --ckpt-dir "$U/trun" --ckpt-cache "$WORK/cache1" --stop-at 12 --log "$WORK/trun.jsonl"
+    check_all "tp-train says each checkpoint uploaded (5, 10, 12)" \
+        'grep -q "^uploaded the checkpoint of step 5 to $U/trun/step_00000005: " "$WORK/.out" &&
+        grep -q "^uploaded the checkpoint of step 10 to $U/trun/step_00000010: " "$WORK/.out" &&
+        grep -q "^uploaded the checkpoint of step 12 to $U/trun/step_00000012: " "$WORK/.out"'
+    check "the server's latest names step 12" [ "$(cat "$DAV/trun/latest")" = step_00000012 ]
+    check_all "the server holds steps 5, 10, 12, each with its index" \
+        '[ -s "$DAV/trun/step_00000005/index.json" ] && [ -s "$DAV/trun/step_00000010/index.json" ] &&
+        [ -s "$DAV/trun/step_00000012/index.json" ]'
+    expect_ok "resume at tp1 from the URL with another cache" "$TRAIN" $TINY --ckpt-every 5 --ckpt-dir "$U/trun" \
+        --ckpt-cache "$WORK/cache2" --resume --log "$WORK/trun.jsonl"
+    check "resumed from step_00000012" [ "$(events "$WORK/trun.jsonl" start resumed_from)" = "null step_00000012 " ]
+    check "stopped at 12 + resumed at tp1 = the uninterrupted tp2 losses (1e-4)" \
+        losses_match "$WORK/trun.jsonl" "$WORK/ref.jsonl" 1e-4
+    check "the server's latest names step 20" [ "$(cat "$DAV/trun/latest")" = step_00000020 ]
+    check "upload events for steps 5 10 12 15 20" [ "$(events "$WORK/trun.jsonl" upload step)" = "5 10 12 15 20 " ]
+    check "upload events carry their bytes" "$PY" -c '
+import json, sys
+u = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "upload"]
+sys.exit(not (u and all(r["bytes"] > 0 and r["seconds"] >= 0 for r in u)))' "$WORK/trun.jsonl"
+    expect_ok "verify the trained run on the server" "$CK" verify "$U/trun"
+    check "verify: step 20" grep -q "^ok: $U/trun/step_00000020: " "$WORK/.out"
+
+    # --- 5a. The writer killed after its shards, before its index: the
+    # checkpoint is not visible; a later write completes it.
+    run env TP_CKPT_FAULT=upload-before-index "$CK" synth -o "$U/run/step_00000020" $SYNTH --step 20
+    check "killed before the index: exit 137 (SIGKILL)" [ "$RC" -eq 137 ]
+    check_all "killed before the index: shards on the server, no index.json" \
+        '[ -s "$DAV/run/step_00000020/shard_pp00_tp00.h5" ] && [ ! -e "$DAV/run/step_00000020/index.json" ]'
+    check "killed before the index: latest still names step_00000010" [ "$(cat "$DAV/run/latest")" = step_00000010 ]
+    expect_ok "info of the run after the kill" "$CK" info "$U/run"
+    check "info names the older checkpoint" grep -Eq "^checkpoint +$U/run/step_00000010 " "$WORK/.out"
+    expect_ok "verify of the run after the kill" "$CK" verify "$U/run"
+    check "verify takes the older checkpoint" grep -q "^ok: $U/run/step_00000010: " "$WORK/.out"
+    run "$CK" info "$U/run/step_00000020"
+    check "the half-uploaded step is not a checkpoint (exit 1)" [ "$RC" -eq 1 ]
+    expect_ok "synth --force to the half-uploaded name" "$CK" synth -o "$U/run/step_00000020" $SYNTH --step 20 --force
+    check_all "completed: index.json on the server, latest names step_00000020" \
+        '[ -s "$DAV/run/step_00000020/index.json" ] && [ "$(cat "$DAV/run/latest")" = step_00000020 ]'
+    expect_ok "completed: verify of the run" "$CK" verify "$U/run"
+    check "completed: verify takes step 20" grep -q "^ok: $U/run/step_00000020: " "$WORK/.out"
+
+    # --- 5d. Damage on the server's disk: a flipped data byte, a truncated shard.
+    SHARD="$DAV/run/step_00000020/shard_pp00_tp00.h5"
+    cp "$SHARD" "$WORK/shard.orig"
+    flip_byte "$SHARD" $(($(data_offset "$SHARD" model/layers.0.mlp.fc.weight) + 100))
+    run "$CK" verify "$U/run"
+    check "a flipped byte on the server: verify exits 1" [ "$RC" -eq 1 ]
+    check "a flipped byte: verify names the shard, the tensor and the checksum" \
+        grep -q "shard_pp00_tp00.h5: tensor model/layers.0.mlp.fc.weight .*checksum" "$WORK/.err"
+    check "a flipped byte: 1 piece damaged" grep -q "1 of 123 pieces damaged" "$WORK/.err"
+    expect_error "a flipped byte: diff refuses the damaged data" 1 "differ|damaged|checksum" \
+        "$CK" diff "$WORK/local10" "$U/run"
+    cp "$WORK/shard.orig" "$SHARD"
+    truncate -s -1000 "$SHARD"
+    expect_error "a truncated shard on the server: verify names its size" 1 \
+        "shard_pp00_tp00.h5: .*bytes, the index records .*truncated" "$CK" verify "$U/run"
+    cp "$WORK/shard.orig" "$SHARD"
+    expect_ok "the shard restored: verify" "$CK" verify "$U/run"
+
+    # --- 5e. Nothing there.
+    expect_error "info of a missing URL: no such checkpoint" 1 "$U/nothing: no such checkpoint" "$CK" info "$U/nothing"
+    expect_error "verify of a missing URL: no such checkpoint" 1 "$U/nothing: no such checkpoint" "$CK" verify "$U/nothing"
+
+    # --- 5c. The server killed (SIGKILL, master and workers) while a shard's
+    # body is arriving, and restarted on the same port and root a moment
+    # later: the upload goes on by retrying and the checkpoint verifies.
+    # objstore.sh has no restart: nginx is started again here with the
+    # configuration webdav_start wrote ($_WEBDAV_DIR/nginx.conf, which names
+    # the port and the root), its pid where webdav_stop looks for it.
+    webdav_restart() {
+        rm -f "$_WEBDAV_DIR/nginx.pid"
+        _objstore_spawn "$_WEBDAV_DIR" "$OBJSTORE_NGINX" -p "$_WEBDAV_DIR" -c "$_WEBDAV_DIR/nginx.conf" \
+            -e "$_WEBDAV_DIR/error.log"
+        WEBDAV_PID=$(cat "$_WEBDAV_DIR/pid")
+        _objstore_wait "$U/" "$WEBDAV_PID" 10 "$_WEBDAV_DIR/nginx.pid"
+    }
+    BIG="--model small --tp 2 --optim"
+    TP_REMOTE_RETRIES=8 TP_REMOTE_BACKOFF_MS=200 "$CK" synth -o "$U/big" $BIG >"$WORK/big.out" 2>"$WORK/big.err" &
+    writer=$!
+    # nginx receives a PUT's body into its body/ directory, then moves it.
+    start=$(now_ns)
+    while [ -z "$(ls "$_WEBDAV_DIR/body" 2>/dev/null)" ] && kill -0 $writer 2>/dev/null && [ "$(ms_since "$start")" -lt 30000 ]; do
+        :
+    done
+    nginx_pids=$(_objstore_tree "$WEBDAV_PID")
+    caught=0
+    [ -n "$(ls "$_WEBDAV_DIR/body" 2>/dev/null)" ] && [ ! -e "$DAV/big/index.json" ] && caught=1
+    # shellcheck disable=SC2086
+    kill -9 $nginx_pids
+    check "a shard's upload was under way when nginx was killed" [ $caught -eq 1 ]
+    gone=1
+    for p in $nginx_pids; do
+        # shellcheck disable=SC2034
+        for i in $(seq 50); do pid_alive "$p" || break; sleep 0.02; done
+        pid_alive "$p" && gone=0
+    done
+    check "nginx killed: master and workers gone" [ $gone -eq 1 ]
+    log_lines=$(wc -l <"$WEBDAV_ACCESS_LOG")
+    sleep 0.5
+    check "nginx restarted on the same port and root" webdav_restart
+    SERVER_PIDS="$SERVER_PIDS $(_objstore_tree "$WEBDAV_PID")"
+    wait $writer
+    RC=$?
+    cat "$WORK/big.out" "$WORK/big.err" >>"$ALL_OUT"
+    cp "$WORK/big.out" "$WORK/.out"
+    cp "$WORK/big.err" "$WORK/.err"
+    if [ "$RC" -eq 0 ]; then pass; else failed "the upload interrupted by the server's death completes by retrying (exit $RC)"; fi
+    check "after the restart, the shards were sent again (PUT answered 201)" \
+        sh -c "tail -n +$((log_lines + 1)) '$WEBDAV_ACCESS_LOG' | grep -Eq '^PUT /big/shard_pp00_tp0[01].h5 20[14] '"
+    expect_ok "the checkpoint uploaded across the restart verifies" "$CK" verify "$U/big"
+
+    # --- A stalled server: connections accepted, never answered (nginx
+    # stopped with SIGSTOP). TP_REMOTE_TIMEOUT=2 without progress and no
+    # retry: the read gives up in a few seconds, naming the URL.
+    nginx_pids=$(_objstore_tree "$WEBDAV_PID")
+    # shellcheck disable=SC2086
+    kill -STOP $nginx_pids
+    start=$(now_ns)
+    run env TP_REMOTE_RETRIES=0 TP_REMOTE_TIMEOUT=2 timeout -s KILL 10 "$CK" info "$U/run"
+    took=$(ms_since "$start")
+    # shellcheck disable=SC2086
+    kill -CONT $nginx_pids
+    check "a stalled server with TP_REMOTE_TIMEOUT=2: exit 1 (not killed at 10 s)" [ "$RC" -eq 1 ]
+    check "a stalled server: the error names the URL and the timeout" grep -q "$U/run.*Timeout" "$WORK/.err"
+    check "a stalled server with TP_REMOTE_TIMEOUT=2, no retry: gave up within 8 s (took $took ms)" [ "$took" -lt 8000 ]
+    expect_ok "the server continued: verify" "$CK" verify "$U/run"
+
+    # --- 5b. The server stopped: a read with 2 retries gives up quickly,
+    # after 3 attempts, naming the URL.
+    expect_ok "webdav_stop" webdav_stop
+    start=$(now_ns)
+    run env TP_REMOTE_RETRIES=2 TP_REMOTE_BACKOFF_MS=50 timeout -s KILL 20 "$CK" info "$U/run"
+    took=$(ms_since "$start")
+    check "server stopped: info exits 1" [ "$RC" -eq 1 ]
+    check "server stopped: one line naming the URL, after 3 attempts" \
+        sh -c "[ \$(wc -l <'$WORK/.err') -eq 1 ] && grep -q '$U/run.*connect.*after 3 attempts' '$WORK/.err'"
+    check "server stopped: gave up within 10 s (took $took ms)" [ "$took" -lt 10000 ]
+fi
+
+# ======================================================================= S3
+if ! s3_start "$WORK/s3" bkt 2>"$WORK/.err"; then
+    echo "[SKIP] [$NAME] S3: $(head -n 1 "$WORK/.err")"
+else
+    SERVER_PIDS="$SERVER_PIDS $(_objstore_tree "$S3_PID")"
+    # (and the signature-checking proxy in front of it, where there is one)
+    [ -f "$_S3_DIR/proxy/pid" ] && SERVER_PIDS="$SERVER_PIDS $(_objstore_tree "$(cat "$_S3_DIR/proxy/pid")")"
+    S3D="$WORK/s3/bkt"
+    export AWS_ENDPOINT_URL="$S3_ENDPOINT"
+    HAVE_S3CMD=1
+    command -v s3cmd >/dev/null 2>&1 || { HAVE_S3CMD=0; echo "[SKIP] [$NAME] S3: s3cmd is not installed (interchange)"; }
+    # With python3-botocore, S3_ENDPOINT is a proxy that checks every
+    # request's signature against s3rver's secret (S3_SIGNATURES=checked): a
+    # wrong secret is refused. Without it nothing checks the secret (s3rver
+    # computes no Signature Version 4), and the whole part signs with one
+    # that is easy to look for in what the tools print.
+    if [ "${S3_SIGNATURES:-unchecked}" != checked ]; then
+        echo "[$NAME] note: S3 signatures unchecked (S3_SIGNATURES=${S3_SIGNATURES:-}): a wrong secret cannot be refused"
+        export AWS_SECRET_ACCESS_KEY=$SECRET
+    fi
+
+    # --- 6. synth, verify, diff; a multipart upload.
+    expect_ok "synth to s3://" "$CK" synth -o s3://bkt/run/step_00000010 $SYNTH --step 10
+    check "the bucket's latest names step_00000010" [ "$(cat "$S3D/run/latest._S3rver_object")" = step_00000010 ]
+    expect_ok "verify the s3:// run" "$CK" verify s3://bkt/run
+    check "verify took the step" grep -q "^ok: s3://bkt/run/step_00000010: 84 tensors" "$WORK/.out"
+    expect_ok "diff local against s3://" "$CK" diff "$WORK/local10" s3://bkt/run/step_00000010
+    check "diff says equal, bit-exact" grep -q "^equal: 84 tensors.*bit-exact" "$WORK/.out"
+    expect_error "diff s3:// against another seed differs" 1 "differ" "$CK" diff "$WORK/seed7" s3://bkt/run
+    expect_error "synth over an s3:// checkpoint without --force" 1 "holds a checkpoint already.*--force" \
+        "$CK" synth -o s3://bkt/run/step_00000010 $SYNTH --step 10
+    # A shard of 43 MB in parts of 5 MiB.
+    expect_ok "local synth of the small model" "$CK" synth -o "$WORK/big" --model small --tp 2
+    run env TP_REMOTE_PART_MB=5 "$RS" "$WORK/big" --to tp1 -o s3://bkt/big1 --verify
+    if [ "$RC" -eq 0 ]; then pass; else failed "reshard to s3:// in 5 MiB parts (exit $RC)"; fi
+    check "reshard to s3://: verified" grep -q "^verified: 76 tensors equal" "$WORK/.out"
+    size=$(stat -c %s "$S3D/big1/shard_pp00_tp00.h5._S3rver_object" 2>/dev/null || echo 0)
+    parts=$(((size + 5242880 - 1) / 5242880))
+    logged=$(sed 's/\x1b\[[0-9;]*m//g' "$_S3_DIR/server.log" | sed -n 's/.*Stored part \([0-9]*\) of .*/\1/p' | sort -un | wc -l)
+    check_all "the shard ($size bytes) went up in $parts parts of 5 MiB (s3rver stored $logged)" \
+        '[ "$parts" -ge 2 ] && [ "$logged" -eq "$parts" ]'
+    expect_ok "verify the multipart checkpoint" "$CK" verify s3://bkt/big1
+    expect_ok "diff the multipart checkpoint against its source" "$CK" diff "$WORK/big" s3://bkt/big1
+
+    # --- 7. s3cmd reads what the tools wrote, the tools read what s3cmd wrote.
+    if [ $HAVE_S3CMD = 1 ]; then
+        mkdir -p "$WORK/got"
+        expect_ok "s3cmd get --recursive of the checkpoint" s3cmd_run get --recursive s3://bkt/run/step_00000010/ "$WORK/got/"
+        check "s3cmd's copy: the local synth's names and sizes" same_names_sizes "$WORK/local10" "$WORK/got"
+        # as_stored DIR KEY_PREFIX: DIR's files are s3rver's objects under KEY_PREFIX, byte for byte.
+        as_stored() {
+            for _f in $(cd "$1" && ls); do cmp -s "$1/$_f" "$S3D/$2/$_f._S3rver_object" || return 1; done
+        }
+        check "s3cmd's copy is what s3rver stored, byte for byte" as_stored "$WORK/got" run/step_00000010
+        expect_ok "tp-ckpt diff of s3cmd's copy against the local synth" "$CK" diff "$WORK/got" "$WORK/local10"
+        check "equal, bit-exact" grep -q "^equal: 84 tensors.*bit-exact" "$WORK/.out"
+        expect_ok "local synth of step 5 at tp2" "$CK" synth -o "$WORK/local5" --model tiny --tp 2 --optim --step 5
+        expect_ok "s3cmd put --recursive of a checkpoint" \
+            s3cmd_run put --recursive "$WORK/local5/" s3://bkt/other/step_00000005/
+        check "s3rver stored what s3cmd uploaded" as_stored "$WORK/local5" other/step_00000005
+        expect_ok "verify what s3cmd uploaded" "$CK" verify s3://bkt/other/step_00000005
+        expect_ok "verify its run directory (no latest: the newest step)" "$CK" verify s3://bkt/other
+        check "the run directory's newest step is step_00000005" grep -q "^ok: s3://bkt/other/step_00000005: " "$WORK/.out"
+        expect_ok "reshard what s3cmd uploaded, s3:// -> s3://" "$RS" s3://bkt/other --to tp1 -o s3://bkt/other1 --verify
+        expect_ok "diff of the two s3:// checkpoints" "$CK" diff s3://bkt/other1 "$WORK/local5"
+    fi
+
+    # --- 8. Credentials refused; the secret key is never printed.
+    expect_error "an unknown access key: access denied, check the credentials" 1 \
+        "s3://bkt/run.*access denied.*check the credentials" env AWS_ACCESS_KEY_ID=nobody AWS_SECRET_ACCESS_KEY=$SECRET \
+        "$CK" info s3://bkt/run
+    expect_error "an unknown access key: a write is refused too" 1 "access denied" \
+        env AWS_ACCESS_KEY_ID=nobody AWS_SECRET_ACCESS_KEY=$SECRET "$CK" synth -o s3://bkt/denied $SYNTH
+    check "the refused write left nothing in the bucket" [ ! -e "$S3D/denied" ]
+    expect_error "an unknown access key: reshard from s3:// refused" 1 "access denied" \
+        env AWS_ACCESS_KEY_ID=nobody AWS_SECRET_ACCESS_KEY=$SECRET "$RS" s3://bkt/run --to tp1 -o "$WORK/denied"
+    if [ "${S3_SIGNATURES:-unchecked}" = checked ]; then
+        expect_error "a wrong secret key: access denied, check the credentials" 1 \
+            "s3://bkt/run.*access denied.*check the credentials" env AWS_SECRET_ACCESS_KEY=$SECRET "$CK" verify s3://bkt/run
+        expect_error "a wrong secret key: an upload refused" 1 "access denied" \
+            env AWS_SECRET_ACCESS_KEY=$SECRET "$CK" synth -o s3://bkt/denied2 $SYNTH
+        check "the refused upload left nothing in the bucket" [ ! -e "$S3D/denied2" ]
+        expect_error "a wrong secret key: a reshard's upload refused" 1 "access denied" \
+            env AWS_SECRET_ACCESS_KEY=$SECRET "$RS" "$WORK/local10" --to tp1 -o s3://bkt/denied3
+        run env AWS_SECRET_ACCESS_KEY=$SECRET "$TRAIN" --model tiny --quiet --steps 4 --ckpt-every 2 \
+            --ckpt-dir s3://bkt/denied4 --ckpt-cache "$WORK/denied4"
+        check_all "a wrong secret key: tp-train fails (exit 1) naming the last checkpoint's local copy" \
+            '[ "$RC" -eq 1 ] && grep -q "upload of the checkpoint of step 4 failed (it stays in $WORK/denied4).*access denied" "$WORK/.err"'
+    else
+        echo "[SKIP] [$NAME] S3: a wrong secret key refused (signatures unchecked)"
+    fi
+    expect_error "s3:// missing: no such checkpoint" 1 "s3://bkt/nothing: no such checkpoint" \
+        "$CK" info s3://bkt/nothing
+
+    # --- 9. tp-train to s3://, stopped, resumed at tp1 with another cache.
+    expect_ok "tp-train tp2 to s3://, stopped at step 6" mpi_train 2 --model tiny --micro-batch 2 --steps 20 --tp 2 \
+        --ckpt-every 4 --ckpt-dir s3://bkt/trun --stop-at 6 --log "$WORK/s3train.jsonl"
+    check "tp-train says step 6 uploaded" grep -q "^uploaded the checkpoint of step 6 to s3://bkt/trun/step_00000006: " "$WORK/.out"
+    check "the default cache is under TMPDIR" sh -c "ls -d '$TMPDIR'/tp-train-cache-* >/dev/null 2>&1"
+    check "the bucket's latest names step 6" [ "$(cat "$S3D/trun/latest._S3rver_object")" = step_00000006 ]
+    expect_ok "resume from s3:// at tp1 with another cache, to step 12" "$TRAIN" $TINY --ckpt-every 4 \
+        --ckpt-dir s3://bkt/trun --ckpt-cache "$WORK/s3cache" --resume --stop-at 12 --log "$WORK/s3train.jsonl"
+    check "resumed from step_00000006" [ "$(events "$WORK/s3train.jsonl" start resumed_from)" = "null step_00000006 " ]
+    steps_upto "$WORK/ref.jsonl" 12 >"$WORK/ref12.jsonl"
+    check "stopped at 6 + resumed at tp1 = the uninterrupted losses (1e-4)" \
+        losses_match "$WORK/s3train.jsonl" "$WORK/ref12.jsonl" 1e-4
+    check "upload events for steps 4 6 8 12" [ "$(events "$WORK/s3train.jsonl" upload step)" = "4 6 8 12 " ]
+    check "the bucket's latest names step 12" [ "$(cat "$S3D/trun/latest._S3rver_object")" = step_00000012 ]
+    expect_ok "verify the trained run in the bucket" "$CK" verify s3://bkt/trun
+    check "verify: step 12" grep -q "^ok: s3://bkt/trun/step_00000012: " "$WORK/.out"
+
+    check "the secret key ($SECRET) appears in no output or log" \
+        sh -c "! cat '$ALL_OUT' '$WORK/s3train.jsonl' | grep -qF '$SECRET'"
+    check "nor does a signature (Authorization header)" sh -c "! grep -Eq 'Signature=|AWS4-HMAC' '$ALL_OUT'"
+    check "(the outputs checked are there)" grep -q "access denied" "$ALL_OUT"
+    expect_ok "s3_stop" s3_stop
+fi
+
+# ================================================================ leftovers
+no_servers() {
+    for p in $SERVER_PIDS; do pid_alive "$p" && return 1; done
+    ! pgrep -f -- "$WORK" >/dev/null
+}
+check "no server left running" no_servers
+check "the servers' private directories are gone" sh -c "! ls '$TMPDIR' | grep -Eq 'tp-webdav|tp-s3rver'"
+finish
