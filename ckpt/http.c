@@ -101,6 +101,10 @@ typedef struct {
     int64_t sent;    /* body bytes handed to libcurl */
     int overflow;    /* more bytes came than dst holds */
     int read_error;  /* errno of a failed read of body_file */
+    /* Stall detection: the bytes moved either way, and when they last changed. */
+    curl_off_t moved;
+    double moved_at;
+    int stalled;
 } transfer;
 
 static size_t on_body(char *data, size_t size, size_t count, void *ctx)
@@ -165,6 +169,43 @@ static size_t on_send(char *out, size_t size, size_t count, void *ctx)
     return (size_t)got;
 }
 
+/* libcurl resends a request itself when a reused connection turns out
+ * dead: the body is rewound to its start. */
+static int on_seek(void *ctx, curl_off_t offset, int origin)
+{
+    transfer *t = ctx;
+    if (origin != SEEK_SET || offset < 0) return CURL_SEEKFUNC_CANTSEEK;
+    t->sent = (int64_t)offset;
+    return CURL_SEEKFUNC_OK;
+}
+
+static double monotonic_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A transfer during which no byte moves, either way, for the stall time is
+ * given up (libcurl's low-speed limit averages over seconds and counts the
+ * request body just sent, so a server that stops answering was waited on
+ * far longer than asked). */
+static int on_progress(void *ctx, curl_off_t down_total, curl_off_t down_now, curl_off_t up_total,
+                       curl_off_t up_now)
+{
+    (void)down_total, (void)up_total;
+    transfer *t = ctx;
+    double now = monotonic_seconds();
+    if (down_now + up_now != t->moved || t->moved_at == 0) {
+        t->moved = down_now + up_now;
+        t->moved_at = now;
+        return 0;
+    }
+    if (now - t->moved_at < (double)policy.stall_seconds) return 0;
+    t->stalled = 1;
+    return 1; /* aborts: CURLE_ABORTED_BY_CALLBACK */
+}
+
 static size_t on_header(char *data, size_t size, size_t count, void *ctx)
 {
     transfer *t = ctx;
@@ -202,6 +243,7 @@ static int curl_transient(CURLcode code)
     case CURLE_SSL_CONNECT_ERROR:
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
+    case CURLE_SEND_FAIL_REWIND:
         return 1;
     default:
         return 0;
@@ -262,8 +304,9 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(curl, CURLOPT_HTTPHEADER, list);
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, policy.stall_seconds);
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, policy.stall_seconds);
+    curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &t);
     curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(curl, CURLOPT_WRITEDATA, &t);
     curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, on_header);
@@ -277,6 +320,8 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
         curl_easy_setopt(curl, CURLOPT_UPLOAD_BUFFERSIZE, 512L * 1024);
         curl_easy_setopt(curl, CURLOPT_READFUNCTION, on_send);
         curl_easy_setopt(curl, CURLOPT_READDATA, &t);
+        curl_easy_setopt(curl, CURLOPT_SEEKFUNCTION, on_seek);
+        curl_easy_setopt(curl, CURLOPT_SEEKDATA, &t);
         curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE,
                          (curl_off_t)(q->body ? (int64_t)q->body_size : q->body_length));
         if (strcmp(q->method, "PUT")) curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, q->method);
@@ -296,7 +341,10 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
     if (t.overflow && q->body_out && r->code >= 200 && r->code < 300)
         return tp_fail(TP_ERR_FORMAT, "%s: answer longer than %zu bytes", q->url, q->body_max);
     if (q->body_out && q->body_out->failed) return tp_fail(TP_ERR_NOMEM, "out of memory reading %s", q->url);
-    if (code != CURLE_OK && !(t.overflow && r->code >= 300))
+    if (t.stalled) {
+        *code_out = CURLE_OPERATION_TIMEDOUT; /* transient: retried */
+        snprintf(why, why_size, "timed out: no byte moved for %ld s (TP_REMOTE_TIMEOUT)", policy.stall_seconds);
+    } else if (code != CURLE_OK && !(t.overflow && r->code >= 300))
         snprintf(why, why_size, "%s", curl_easy_strerror(code));
     else
         *code_out = CURLE_OK;

@@ -392,6 +392,14 @@ static int set_up(trainer *t)
         for (int s = 0; s < slots && !status; s++) status = k->alloc((void **)&t->d_input[s], bytes);
     }
     if (!status && o->ckpt_dir) status = choose_save_dir(o, t->save_dir);
+    /* A store that refuses us (credentials, permissions) is said before
+     * the first step, not after the run when the last upload fails. */
+    if (!status && o->ckpt_dir && c->rank == 0 && ckpt_is_remote(o->ckpt_dir)) {
+        const ckpt_storage *store = NULL;
+        ckpt_stat st;
+        status = ckpt_storage_for(o->ckpt_dir, &store);
+        if (!status) status = store->stat(store, o->ckpt_dir, &st);
+    }
     if (!status && o->ckpt_dir && c->rank == 0) status = make_dirs(t->save_dir);
     /* Saves of an earlier run killed meanwhile: half-written, theirs to remove. */
     if (!status && o->ckpt_dir && c->rank == 0) status = ckpt_remove_dead_staging(t->save_dir);
