@@ -490,14 +490,18 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
  * file synced, index.json, then published); files in parallel ranged GETs
  * of 8 MiB. Refuses an existing local_dir unless replace. */
 int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_options *options);
+/* Uploads a local file, or the files of a local directory (an export), to
+ * url: files in parallel, those whose names end in index.json last. */
+int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_options *options);
 /* Points the `latest` of the remote run directory that holds checkpoint_url
  * at it. */
 int ckpt_upload_latest(const char *checkpoint_url);
 
 /* A tool's output at target: a local target is written where it is
- * (local = target); a remote one (refused at once when it holds a
- * checkpoint and not replace) is written into a private local directory
- * under TMPDIR, then ckpt_output_finish uploads it (and `latest` with
+ * (local = target); a remote one (refused at once when something is there
+ * and not replace) is written into a private local directory
+ * under TMPDIR, then ckpt_output_finish uploads it (a checkpoint with
+ * ckpt_upload, other outputs with ckpt_upload_files; and `latest` with
  * update_latest) and removes the local copy, or only removes it when the
  * writing failed (ok = 0). A failed upload keeps the local copy and says
  * where it is. */

@@ -103,6 +103,87 @@ int ckpt_upload_latest(const char *checkpoint_url)
     return remote_put_data(path, text, (size_t)n);
 }
 
+/* ------------------------------------------------- files other than checkpoints */
+
+typedef struct {
+    const char *local, *url;
+    char (*names)[CKPT_NAME_MAX + 1];
+    const ckpt_upload_options *options;
+} files_job;
+
+static int upload_named(void *ctx, int64_t i, int thread)
+{
+    (void)thread;
+    files_job *j = ctx;
+    char local[CKPT_PATH_MAX], remote[CKPT_PATH_MAX];
+    TP_TRY(ckpt_path_join(local, j->local, j->names[i]));
+    TP_TRY(ckpt_path_join(remote, j->url, j->names[i]));
+    ckpt_stat st;
+    TP_TRY(ckpt_storage_posix()->stat(ckpt_storage_posix(), local, &st));
+    if (st.is_dir) return tp_fail(TP_ERR_ARG, "%s: a directory inside an output is not uploaded", local);
+    TP_TRY(remote_put_file(remote, local, 0, st.size, 1));
+    if (j->options && j->options->on_file) j->options->on_file(j->options->ctx, st.size);
+    return TP_OK;
+}
+
+typedef struct {
+    char (*names)[CKPT_NAME_MAX + 1];
+    int count, capacity;
+} name_list;
+
+static int collect_name(void *ctx, const char *name)
+{
+    name_list *l = ctx;
+    if (l->count == l->capacity) {
+        int capacity = l->capacity ? 2 * l->capacity : 16;
+        void *grown = realloc(l->names, (size_t)capacity * sizeof *l->names);
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        l->names = grown;
+        l->capacity = capacity;
+    }
+    snprintf(l->names[l->count++], sizeof *l->names, "%s", name);
+    return TP_OK;
+}
+
+/* Files whose names end in "index.json" go last: they name the others. */
+static int names_an_index(const char *name)
+{
+    size_t length = strlen(name), n = strlen("index.json");
+    return length >= n && !strcmp(name + length - n, "index.json");
+}
+
+static int index_last(const void *a, const void *b)
+{
+    const char *x = a, *y = b;
+    int ix = names_an_index(x), iy = names_an_index(y);
+    return ix != iy ? ix - iy : strcmp(x, y);
+}
+
+int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_options *options)
+{
+    const ckpt_storage *posix = ckpt_storage_posix();
+    ckpt_stat st;
+    TP_TRY(posix->stat(posix, local, &st));
+    if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: nothing to upload", local);
+    if (!st.is_dir) {
+        TP_TRY(remote_put_file(url, local, 0, st.size, options && options->threads > 0 ? options->threads : 8));
+        if (options && options->on_file) options->on_file(options->ctx, st.size);
+        return TP_OK;
+    }
+    name_list names = {0};
+    int status = posix->list(posix, local, collect_name, &names);
+    int threads = options && options->threads > 0 ? options->threads : 8;
+    if (!status && names.count) qsort(names.names, (size_t)names.count, sizeof *names.names, index_last);
+    int first_index = names.count;
+    while (first_index > 0 && names_an_index(names.names[first_index - 1])) first_index--;
+    files_job job = {local, url, names.names, options};
+    if (!status && first_index > 0)
+        status = parallel_for(first_index, first_index < threads ? first_index : threads, upload_named, &job);
+    for (int i = first_index; !status && i < names.count; i++) status = upload_named(&job, i, 0);
+    free(names.names);
+    return status;
+}
+
 /* ------------------------------------------------- outputs of the tools */
 
 static const char *temporary_dir(void)
@@ -126,11 +207,9 @@ int ckpt_output_begin(const char *target, int replace, char *local, size_t local
         strcpy(local, target);
         return TP_OK;
     }
-    char remote_index[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(remote_index, target, CKPT_INDEX_NAME));
     ckpt_stat st;
-    TP_TRY(ckpt_storage_remote()->stat(ckpt_storage_remote(), remote_index, &st));
-    if (st.exists && !replace) return tp_fail(TP_ERR_EXISTS, "%s holds a checkpoint already (--force replaces it)", target);
+    TP_TRY(ckpt_storage_remote()->stat(ckpt_storage_remote(), target, &st));
+    if (st.exists && !replace) return tp_fail(TP_ERR_EXISTS, "%s exists already (--force replaces it)", target);
     /* Written here first, committed, then uploaded: a private directory. */
     char owner[128], dir[CKPT_PATH_MAX];
     TP_TRY(ckpt_staging_owner(owner, sizeof owner));
@@ -151,7 +230,8 @@ int ckpt_output_finish(const char *target, const char *local, int ok, const ckpt
 {
     if (!ckpt_is_remote(target)) return TP_OK;
     int status = TP_OK;
-    if (ok) status = ckpt_upload(local, target, options);
+    if (ok) status = ckpt_is_committed(local) ? ckpt_upload(local, target, options)
+                                              : ckpt_upload_files(local, target, options);
     if (ok && !status && update_latest) status = ckpt_upload_latest(target);
     /* A written output whose upload failed stays: hours of work are not
      * thrown away for a network error; `tp-ckpt copy` sends it later. */

@@ -519,6 +519,20 @@ static void count_bytes(void *ctx, int64_t bytes)
     progress_add(ctx, bytes);
 }
 
+typedef struct {
+    ckpt_reader *reader;
+    const export_tensor *tensors;
+    int count;
+    const export_options *options;
+    export_summary *summary;
+} export_job;
+
+static int run_export(void *ctx, const char *path)
+{
+    export_job *j = ctx;
+    return export_run(j->reader, j->tensors, j->count, j->options, path, j->summary);
+}
+
 static int cmd_export(int argc, char **argv)
 {
     export_options options;
@@ -575,7 +589,8 @@ static int cmd_export(int argc, char **argv)
         options.on_bytes = count_bytes;
         options.progress_ctx = &bar;
         export_summary summary;
-        int status = export_run(r, tensors, count, &options, out, &summary);
+        export_job run = {r, tensors, count, &options, &summary};
+        int status = cli_write_output(out, options.overwrite, options.threads, 0, run_export, &run);
         double seconds = progress_finish(&bar);
         if (status) {
             code = fail("%s", tp_errmsg());
