@@ -84,7 +84,7 @@ if ! webdav_start "$WORK/dav" 2>"$WORK/.err"; then
 else
     U=$WEBDAV_URL
     DAV="$WORK/dav"
-    SERVER_PIDS="$SERVER_PIDS $(_objstore_tree "$WEBDAV_PID")"
+    SERVER_PIDS="$SERVER_PIDS $(webdav_pids)"
 
     # --- 1. synth, verify, diff; the server holds what a local write holds.
     expect_ok "synth to a URL" "$CK" synth -o "$U/run/step_00000010" $SYNTH --step 10
@@ -125,13 +125,33 @@ sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] =
 
     # --- 3. An existing checkpoint is refused without --force, replaced with it.
     before=$(tree_digest "$DAV")
-    expect_error "synth over a remote checkpoint without --force: exit 1" 1 "holds a checkpoint already.*--force" \
+    expect_error "synth over a remote checkpoint without --force: exit 1" 1 "exists already.*--force" \
         "$CK" synth -o "$U/run/step_00000010" $SYNTH --step 10 --seed 7
     check "the refused write changed nothing on the server" [ "$(tree_digest "$DAV")" = "$before" ]
     expect_ok "synth over it with --force" "$CK" synth -o "$U/run/step_00000010" $SYNTH --step 10 --seed 7 --force
     expect_ok "--force replaced it: the server's disk equals the new seed's local copy" \
         "$CK" diff "$WORK/seed7" "$DAV/run/step_00000010"
     expect_ok "--force replaced it: diff of the URL with the new seed's local copy" "$CK" diff "$WORK/seed7" "$U/run"
+
+    # --- 3b. tp-ckpt copy up and down; exports to a URL.
+    expect_ok "copy a local checkpoint up" "$CK" copy "$WORK/local10" "$U/cp/step_00000003"
+    check "copy up: the run's latest names it" [ "$(cat "$DAV/cp/latest")" = step_00000003 ]
+    check_all "copy up: the server's files are the local ones, byte for byte" \
+        'for f in $(ls "$WORK/local10"); do cmp -s "$WORK/local10/$f" "$DAV/cp/step_00000003/$f" || exit 1; done'
+    expect_ok "copy a run directory down" "$CK" copy "$U/cp" "$WORK/down"
+    check_all "copy down: byte for byte, and it verifies" \
+        'for f in $(ls "$WORK/local10"); do cmp -s "$WORK/local10/$f" "$WORK/down/$f" || exit 1; done && "$CK" verify "$WORK/down" >/dev/null'
+    expect_error "copy down onto an existing checkpoint without --force" 1 "exists" "$CK" copy "$U/cp" "$WORK/down"
+    expect_error "copy between two local paths: a usage error" 2 "both.*local" "$CK" copy "$WORK/local10" "$WORK/x"
+    for format in safetensors gguf; do
+        expect_ok "export --format $format locally" "$CK" export "$WORK/local10" --format $format -o "$WORK/export.$format"
+        expect_ok "export --format $format from a URL to a URL" "$CK" export "$U/cp" --format $format -o "$U/export.$format"
+        check "export --format $format: the server holds what a local export writes" \
+            diff -r "$WORK/export.$format" "$DAV/export.$format"
+    done
+    expect_error "export over an existing URL without --force" 1 "exists already.*--force" \
+        "$CK" export "$U/run" --format gguf -o "$U/export.gguf"
+    check "exports leave no local copy in TMPDIR" sh -c "! ls '$TMPDIR' | grep -q tp-upload"
 
     # --- 4. tp-train uploads in the background; resumed from the URL at
     # another layout with another cache, it has the uninterrupted losses.
@@ -203,27 +223,17 @@ sys.exit(not (u and all(r["bytes"] > 0 and r["seconds"] >= 0 for r in u)))' "$WO
     # --- 5c. The server killed (SIGKILL, master and workers) while a shard's
     # body is arriving, and restarted on the same port and root a moment
     # later: the upload goes on by retrying and the checkpoint verifies.
-    # objstore.sh has no restart: nginx is started again here with the
-    # configuration webdav_start wrote ($_WEBDAV_DIR/nginx.conf, which names
-    # the port and the root), its pid where webdav_stop looks for it.
-    webdav_restart() {
-        rm -f "$_WEBDAV_DIR/nginx.pid"
-        _objstore_spawn "$_WEBDAV_DIR" "$OBJSTORE_NGINX" -p "$_WEBDAV_DIR" -c "$_WEBDAV_DIR/nginx.conf" \
-            -e "$_WEBDAV_DIR/error.log"
-        WEBDAV_PID=$(cat "$_WEBDAV_DIR/pid")
-        _objstore_wait "$U/" "$WEBDAV_PID" 10 "$_WEBDAV_DIR/nginx.pid"
-    }
     BIG="--model small --tp 2 --optim"
     TP_REMOTE_RETRIES=8 TP_REMOTE_BACKOFF_MS=200 "$CK" synth -o "$U/big" $BIG >"$WORK/big.out" 2>"$WORK/big.err" &
     writer=$!
     # nginx receives a PUT's body into its body/ directory, then moves it.
     start=$(now_ns)
-    while [ -z "$(ls "$_WEBDAV_DIR/body" 2>/dev/null)" ] && kill -0 $writer 2>/dev/null && [ "$(ms_since "$start")" -lt 30000 ]; do
+    while [ -z "$(ls "$WEBDAV_SPOOL" 2>/dev/null)" ] && kill -0 $writer 2>/dev/null && [ "$(ms_since "$start")" -lt 30000 ]; do
         :
     done
-    nginx_pids=$(_objstore_tree "$WEBDAV_PID")
+    nginx_pids=$(webdav_pids)
     caught=0
-    [ -n "$(ls "$_WEBDAV_DIR/body" 2>/dev/null)" ] && [ ! -e "$DAV/big/index.json" ] && caught=1
+    [ -n "$(ls "$WEBDAV_SPOOL" 2>/dev/null)" ] && [ ! -e "$DAV/big/index.json" ] && caught=1
     # shellcheck disable=SC2086
     kill -9 $nginx_pids
     check "a shard's upload was under way when nginx was killed" [ $caught -eq 1 ]
@@ -237,7 +247,7 @@ sys.exit(not (u and all(r["bytes"] > 0 and r["seconds"] >= 0 for r in u)))' "$WO
     log_lines=$(wc -l <"$WEBDAV_ACCESS_LOG")
     sleep 0.5
     check "nginx restarted on the same port and root" webdav_restart
-    SERVER_PIDS="$SERVER_PIDS $(_objstore_tree "$WEBDAV_PID")"
+    SERVER_PIDS="$SERVER_PIDS $(webdav_pids)"
     wait $writer
     RC=$?
     cat "$WORK/big.out" "$WORK/big.err" >>"$ALL_OUT"
@@ -251,7 +261,7 @@ sys.exit(not (u and all(r["bytes"] > 0 and r["seconds"] >= 0 for r in u)))' "$WO
     # --- A stalled server: connections accepted, never answered (nginx
     # stopped with SIGSTOP). TP_REMOTE_TIMEOUT=2 without progress and no
     # retry: the read gives up in a few seconds, naming the URL.
-    nginx_pids=$(_objstore_tree "$WEBDAV_PID")
+    nginx_pids=$(webdav_pids)
     # shellcheck disable=SC2086
     kill -STOP $nginx_pids
     start=$(now_ns)
@@ -280,9 +290,8 @@ fi
 if ! s3_start "$WORK/s3" bkt 2>"$WORK/.err"; then
     echo "[SKIP] [$NAME] S3: $(head -n 1 "$WORK/.err")"
 else
-    SERVER_PIDS="$SERVER_PIDS $(_objstore_tree "$S3_PID")"
+    SERVER_PIDS="$SERVER_PIDS $(s3_pids)"
     # (and the signature-checking proxy in front of it, where there is one)
-    [ -f "$_S3_DIR/proxy/pid" ] && SERVER_PIDS="$SERVER_PIDS $(_objstore_tree "$(cat "$_S3_DIR/proxy/pid")")"
     S3D="$WORK/s3/bkt"
     export AWS_ENDPOINT_URL="$S3_ENDPOINT"
     HAVE_S3CMD=1
@@ -305,7 +314,7 @@ else
     expect_ok "diff local against s3://" "$CK" diff "$WORK/local10" s3://bkt/run/step_00000010
     check "diff says equal, bit-exact" grep -q "^equal: 84 tensors.*bit-exact" "$WORK/.out"
     expect_error "diff s3:// against another seed differs" 1 "differ" "$CK" diff "$WORK/seed7" s3://bkt/run
-    expect_error "synth over an s3:// checkpoint without --force" 1 "holds a checkpoint already.*--force" \
+    expect_error "synth over an s3:// checkpoint without --force" 1 "exists already.*--force" \
         "$CK" synth -o s3://bkt/run/step_00000010 $SYNTH --step 10
     # A shard of 43 MB in parts of 5 MiB.
     expect_ok "local synth of the small model" "$CK" synth -o "$WORK/big" --model small --tp 2
@@ -314,7 +323,7 @@ else
     check "reshard to s3://: verified" grep -q "^verified: 76 tensors equal" "$WORK/.out"
     size=$(stat -c %s "$S3D/big1/shard_pp00_tp00.h5._S3rver_object" 2>/dev/null || echo 0)
     parts=$(((size + 5242880 - 1) / 5242880))
-    logged=$(sed 's/\x1b\[[0-9;]*m//g' "$_S3_DIR/server.log" | sed -n 's/.*Stored part \([0-9]*\) of .*/\1/p' | sort -un | wc -l)
+    logged=$(sed 's/\x1b\[[0-9;]*m//g' "$S3_LOG" | sed -n 's/.*Stored part \([0-9]*\) of .*/\1/p' | sort -un | wc -l)
     check_all "the shard ($size bytes) went up in $parts parts of 5 MiB (s3rver stored $logged)" \
         '[ "$parts" -ge 2 ] && [ "$logged" -eq "$parts" ]'
     expect_ok "verify the multipart checkpoint" "$CK" verify s3://bkt/big1

@@ -213,13 +213,31 @@ webdav_start() {
     WEBDAV_URL="http://127.0.0.1:$_wd_port"
     WEBDAV_PID=$(cat "$_wd_d/pid")
     WEBDAV_ACCESS_LOG="$_wd_d/access.log"
-    export WEBDAV_URL WEBDAV_PID WEBDAV_ACCESS_LOG
+    WEBDAV_SPOOL="$_wd_d/body"
+    export WEBDAV_URL WEBDAV_PID WEBDAV_ACCESS_LOG WEBDAV_SPOOL
+}
+
+# webdav_pids: nginx's master and workers (for faults: kill -9 them all).
+webdav_pids() {
+    [ -n "${WEBDAV_PID:-}" ] && _objstore_tree "$WEBDAV_PID"
+}
+
+# webdav_restart: nginx started again on the same port and root, after it
+# was killed (its configuration names both); WEBDAV_PID updated.
+webdav_restart() {
+    [ -n "${_WEBDAV_DIR:-}" ] || { _objstore_err "webdav_restart: none started"; return 2; }
+    rm -f "$_WEBDAV_DIR/nginx.pid"
+    _objstore_spawn "$_WEBDAV_DIR" "$OBJSTORE_NGINX" -p "$_WEBDAV_DIR" -c "$_WEBDAV_DIR/nginx.conf" \
+        -e "$_WEBDAV_DIR/error.log"
+    WEBDAV_PID=$(cat "$_WEBDAV_DIR/pid")
+    export WEBDAV_PID
+    _objstore_wait "$WEBDAV_URL/" "$WEBDAV_PID" 10 "$_WEBDAV_DIR/nginx.pid"
 }
 
 webdav_stop() {
     _objstore_stop "${_WEBDAV_DIR:-}" nginx || return 1
     _WEBDAV_DIR=""
-    unset WEBDAV_URL WEBDAV_PID WEBDAV_ACCESS_LOG
+    unset WEBDAV_URL WEBDAV_PID WEBDAV_ACCESS_LOG WEBDAV_SPOOL
 }
 
 # --- S3 (s3rver)
@@ -326,14 +344,22 @@ EOF
     AWS_SECRET_ACCESS_KEY=S3RVER
     AWS_REGION=us-east-1
     unset AWS_SESSION_TOKEN
-    export S3_ENDPOINT S3_BUCKET S3_PID S3_SIGNATURES AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
+    S3_LOG="$_s3_d/server.log"
+    export S3_ENDPOINT S3_BUCKET S3_PID S3_SIGNATURES S3_LOG AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
+}
+
+# s3_pids: s3rver's processes and the signature-checking proxy's.
+s3_pids() {
+    [ -n "${S3_PID:-}" ] && _objstore_tree "$S3_PID"
+    [ -f "${_S3_DIR:-}/proxy/pid" ] && _objstore_tree "$(cat "$_S3_DIR/proxy/pid")"
+    return 0
 }
 
 s3_stop() {
     [ -z "${_S3_DIR:-}" ] || _objstore_stop "$_S3_DIR/proxy" "the signature-checking proxy" || return 1
     _objstore_stop "${_S3_DIR:-}" s3rver || return 1
     _S3_DIR=""
-    unset S3_ENDPOINT S3_BUCKET S3_PID S3_SIGNATURES AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
+    unset S3_ENDPOINT S3_BUCKET S3_PID S3_SIGNATURES S3_LOG AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
 }
 
 s3cmd_run() {
