@@ -20,8 +20,9 @@
 #define PROGRAM "tp-elastic report"
 
 static const char report_usage[] =
-    "usage: tp-elastic report RUN_DIR -o FILE.svg|FILE.png [--events FILE]\n"
-    "Draws the loss over steps of every launch of a run kept by `tp-elastic run` (RUN_DIR/elastic/train.jsonl),\n"
+    "usage: tp-elastic report RUN_DIR -o FILE.svg|FILE.png [--events FILE] [--state-dir DIR]\n"
+    "Draws the loss over steps of every launch of a run kept by `tp-elastic run` (its --state-dir's\n"
+    "train.jsonl: RUN_DIR/elastic, or $TMPDIR/tp-elastic-HASH for a RUN_DIR in an object store),\n"
     "marking failures, hangs, reshards and scale changes (from the events), with gnuplot; prints the summary.\n";
 
 /* Reads a JSON-lines file into an array of objects (NULL entries skipped). */
@@ -125,15 +126,16 @@ static void print_summary(const cJSON *events)
 int elastic_report_main(int argc, char **argv)
 {
     static const struct option options[] = {
-        {"output", required_argument, 0, 'o'}, {"events", required_argument, 0, 'e'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
-    const char *output = NULL, *events_path = NULL;
+        {"output", required_argument, 0, 'o'}, {"events", required_argument, 0, 'e'},
+        {"state-dir", required_argument, 0, 's'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *output = NULL, *events_path = NULL, *state_dir = NULL;
     opterr = 0;
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "o:", options, NULL)) != -1) {
         if (c == 'o') output = optarg;
         else if (c == 'e') events_path = optarg;
+        else if (c == 's') state_dir = optarg;
         else if (c == 'h') return fputs(report_usage, stdout), 0;
         else cli_usage_error(PROGRAM, "unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
@@ -146,9 +148,14 @@ int elastic_report_main(int argc, char **argv)
     if (!terminal) cli_usage_error(PROGRAM, "-o takes a file ending in .svg or .png, not '%s'", output);
     if (strchr(output, '\'')) cli_usage_error(PROGRAM, "-o: a file name without a single quote, please");
     const char *run = argv[optind];
-    char log_path[4200], default_events[4200];
-    snprintf(log_path, sizeof log_path, "%s/elastic/train.jsonl", run);
-    snprintf(default_events, sizeof default_events, "%s/elastic/events.jsonl", run);
+    char log_path[4300], default_events[4300], state[4200];
+    /* Where tp-elastic run kept them: its --state-dir, by default RUN/elastic,
+     * or for a run in an object store the local directory named after it. */
+    if (state_dir) snprintf(state, sizeof state, "%s", state_dir);
+    else if (!ckpt_is_remote(run)) snprintf(state, sizeof state, "%s/elastic", run);
+    else if (ckpt_local_dir_for(run, "elastic", state, sizeof state)) return cli_error(PROGRAM, "%s", tp_errmsg());
+    snprintf(log_path, sizeof log_path, "%s/train.jsonl", state);
+    snprintf(default_events, sizeof default_events, "%s/events.jsonl", state);
     if (!events_path) events_path = default_events;
     cJSON *log = NULL, *events = NULL;
     if (read_lines(log_path, &log)) return cli_error(PROGRAM, "%s", tp_errmsg());

@@ -179,6 +179,36 @@ sys.exit(not (u and all(r["bytes"] > 0 and r["seconds"] >= 0 for r in u)))' "$WO
     expect_ok "verify the trained run on the server" "$CK" verify "$U/trun"
     check "verify: step 20" grep -q "^ok: $U/trun/step_00000020: " "$WORK/.out"
 
+    # --- 4b. tp-elastic with its checkpoints at a URL: rank 1 dies after
+    # step 25 as capacity drops from 4 to 3; the relaunch resumes from the
+    # newest checkpoint whose index is up, at the planner's layout, and the
+    # run finishes; its state is kept locally (TMPDIR/tp-elastic-HASH).
+    echo 4 >"$WORK/el.world"
+    (
+        while [ ! -e "$WORK/el.fault" ]; do sleep 0.05; done
+        echo 3 >"$WORK/el.world"
+    ) &
+    watcher=$!
+    expect_ok "tp-elastic run with a URL: a rank killed, the run finishes" "$BIN/tp-elastic" run --ckpt-dir "$U/el" \
+        --world-file "$WORK/el.world" --backoff 0.2 --heartbeat-timeout 10 --grace 2 -- "$TRAIN" --model tiny \
+        --quiet --steps 40 --ckpt-every 10 --global-batch 12 --micro-batch 1 --fault die --fault-step 25 \
+        --fault-rank 1 --fault-once "$WORK/el.fault"
+    wait $watcher
+    check "tp-elastic: the server's latest names the last step" [ "$(cat "$DAV/el/latest")" = step_00000040 ]
+    state=$(ls -d "$TMPDIR"/tp-elastic-* 2>/dev/null | head -n 1)
+    check "tp-elastic: its events kept locally; the relaunch chose a checkpoint at the URL and resumed" \
+        "$PY" -c '
+import json, sys
+events = [json.loads(l) for l in open(sys.argv[1] + "/events.jsonl")]
+chosen = [e for e in events if e["event"] == "checkpoint_chosen"]
+sys.exit(not (chosen and all(e["path"].startswith(sys.argv[2] + "/el/step_") for e in chosen)
+              and any(e["event"] == "resumed" for e in events)))' "${state:-/nonexistent}" "$U"
+    check "tp-elastic: nothing of the run in the run directory's place on the server but checkpoints" \
+        sh -c "! ls '$DAV/el' | grep -v -e '^step_' -e '^latest\$'"
+    expect_ok "tp-elastic report of a run at a URL" "$BIN/tp-elastic" report "$U/el" -o "$WORK/el.svg"
+    check "tp-elastic report: the picture and the summary" grep -q "<svg" "$WORK/el.svg"
+    expect_ok "the last checkpoint at the URL verifies" "$CK" verify "$U/el"
+
     # --- 5a. The writer killed after its shards, before its index: the
     # checkpoint is not visible; a later write completes it.
     run env TP_CKPT_FAULT=upload-before-index "$CK" synth -o "$U/run/step_00000020" $SYNTH --step 20
