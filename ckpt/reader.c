@@ -342,6 +342,8 @@ static int locate_chunks(hid_t dset, piece_runtime *pr, const char *where)
     return TP_OK;
 }
 
+static int fetch_piece_from_index(ckpt_reader *r, int i, int piece, piece_runtime *pr);
+
 /* The end of loading a piece whose block checksums are read (unless
  * status already failed): they must hash to the index's piece checksum;
  * on failure what was loaded is released. */
@@ -361,8 +363,28 @@ static int finish_piece(piece_runtime *pr, const ckpt_index_piece *ip, int statu
 }
 
 /* Reads a piece's block checksums at the offset the index records (format
- * 1.2), for stores HDF5 cannot open: its data lies where the extents say. */
-static int load_piece_from_index(ckpt_reader *r, int i, int piece, piece_runtime *pr)
+ * 1.2), for stores HDF5 cannot open: its data lies where the extents say.
+ * Called and returning with r->lock held, which it lets go during the
+ * request: a remote read takes a round trip, and other threads' pieces
+ * should not queue behind it. The first thread to finish installs. */
+static int load_piece_from_index(ckpt_reader *r, int i, int piece, piece_runtime *shared)
+{
+    piece_runtime fetched = *shared, *pr = &fetched;
+    pthread_mutex_unlock(&r->lock);
+    int status = fetch_piece_from_index(r, i, piece, pr);
+    pthread_mutex_lock(&r->lock);
+    if (status || shared->loaded) { /* failed, or another thread was first */
+        if (!status) {
+            free(fetched.chunks);
+            free(fetched.block_hash);
+        }
+        return status;
+    }
+    *shared = fetched;
+    return TP_OK;
+}
+
+static int fetch_piece_from_index(ckpt_reader *r, int i, int piece, piece_runtime *pr)
 {
     const ckpt_index_tensor *it = &r->index.tensors[i];
     const ckpt_index_piece *ip = &it->pieces[piece];
