@@ -414,9 +414,26 @@ static int call_ok(const remote_call *c, http_response *r)
 
 /* ------------------------------------------------------------------ files */
 
+/* Small reads (a small tensor, a piece's block checksums, an index) come
+ * in many round trips that each cost far more than their bytes: they are
+ * served from a few windows of the object fetched whole, so that the small
+ * neighbours HDF5 laid out side by side arrive together. */
+#define WINDOW_BYTES ((int64_t)256 << 10)
+#define WINDOW_READ_MAX ((int64_t)64 << 10) /* reads at most this large go through the windows */
+#define WINDOWS 4
+
+typedef struct {
+    uint8_t *data; /* NULL: empty */
+    int64_t begin, length;
+    uint64_t used; /* for replacing the least recently used */
+} window;
+
 struct ckpt_file {
     const ckpt_storage *storage;
     char path[CKPT_PATH_MAX];
+    pthread_mutex_t lock; /* the windows */
+    window windows[WINDOWS];
+    uint64_t clock;
 };
 
 static int remote_open(const ckpt_storage *s, const char *path, ckpt_open_mode mode, ckpt_file **out)
@@ -427,15 +444,25 @@ static int remote_open(const ckpt_storage *s, const char *path, ckpt_open_mode m
                        "are written locally and uploaded", path);
     if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
     /* No request here: a missing object fails the first read, naming it. */
-    ckpt_file *f = malloc(sizeof *f);
+    ckpt_file *f = calloc(1, sizeof *f);
     if (!f) return tp_fail(TP_ERR_NOMEM, "out of memory opening %s", path);
     f->storage = s;
     strcpy(f->path, path);
+    pthread_mutex_init(&f->lock, NULL);
     *out = f;
     return TP_OK;
 }
 
+/* Bytes [offset, offset + size) of an object into buf; with at_least > 0,
+ * an object ending after offset + at_least is fine (*got says how much came). */
+static int read_range_upto(const char *path, void *buf, size_t size, int64_t offset, size_t at_least, size_t *got);
+
 static int read_range(const char *path, void *buf, size_t size, int64_t offset)
+{
+    return read_range_upto(path, buf, size, offset, 0, NULL);
+}
+
+static int read_range_upto(const char *path, void *buf, size_t size, int64_t offset, size_t at_least, size_t *got)
 {
     char range[64];
     snprintf(range, sizeof range, "%lld-%lld", (long long)offset, (long long)(offset + (int64_t)size - 1));
@@ -450,9 +477,43 @@ static int read_range(const char *path, void *buf, size_t size, int64_t offset)
                    ? answer_error("GET", path, &r)
                    : tp_fail(TP_ERR_IO, "%s: the server answered a ranged GET with HTTP %ld (ranges not supported?)",
                              path, r.code);
-    if (r.received != size)
+    if (r.received != size && (at_least == 0 || r.received < at_least))
         return tp_fail(TP_ERR_FORMAT, "%s: object ends before offset %lld (%zu of %zu bytes came; truncated?)", path,
-                       (long long)offset + (long long)r.received, r.received, size);
+                       (long long)offset + (long long)r.received, r.received, at_least ? at_least : size);
+    if (got) *got = r.received;
+    return TP_OK;
+}
+
+/* A small read through the windows (see WINDOW_BYTES). */
+static int read_windowed(ckpt_file *f, void *buf, size_t size, int64_t offset)
+{
+    pthread_mutex_lock(&f->lock);
+    for (int w = 0; w < WINDOWS; w++) {
+        window *x = &f->windows[w];
+        if (x->data && offset >= x->begin && offset + (int64_t)size <= x->begin + x->length) {
+            memcpy(buf, x->data + (offset - x->begin), size);
+            x->used = ++f->clock;
+            pthread_mutex_unlock(&f->lock);
+            return TP_OK;
+        }
+    }
+    pthread_mutex_unlock(&f->lock);
+    uint8_t *data = malloc((size_t)WINDOW_BYTES);
+    if (!data) return tp_fail(TP_ERR_NOMEM, "out of memory reading %s", f->path);
+    size_t got = 0;
+    int status = read_range_upto(f->path, data, (size_t)WINDOW_BYTES, offset, size, &got);
+    if (status) {
+        free(data);
+        return status;
+    }
+    memcpy(buf, data, size);
+    pthread_mutex_lock(&f->lock);
+    window *oldest = &f->windows[0];
+    for (int w = 1; w < WINDOWS; w++)
+        if (f->windows[w].used < oldest->used) oldest = &f->windows[w];
+    free(oldest->data);
+    *oldest = (window){data, offset, (int64_t)got, ++f->clock};
+    pthread_mutex_unlock(&f->lock);
     return TP_OK;
 }
 
@@ -485,6 +546,7 @@ static int remote_threads(void)
 static int remote_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
 {
     if (size == 0) return TP_OK;
+    if ((int64_t)size <= WINDOW_READ_MAX) return read_windowed(f, buf, size, offset);
     if ((int64_t)size < PARALLEL_READ_MIN || remote_threads() == 1) return read_range(f->path, buf, size, offset);
     split_read s = {f->path, buf, size, offset};
     int64_t parts = ((int64_t)size + READ_PART - 1) / READ_PART;
@@ -516,6 +578,9 @@ static int remote_sync(ckpt_file *f)
 
 static void remote_close(ckpt_file *f)
 {
+    if (!f) return;
+    for (int w = 0; w < WINDOWS; w++) free(f->windows[w].data);
+    pthread_mutex_destroy(&f->lock);
     free(f);
 }
 
