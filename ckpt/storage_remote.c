@@ -113,7 +113,8 @@ static void s3_configure(void)
         while (n && s3.endpoint[n - 1] == '/') s3.endpoint[--n] = '\0';
         if (strncmp(s3.endpoint, "http://", 7) && strncmp(s3.endpoint, "https://", 8)) {
             s3.status = TP_ERR_ARG;
-            snprintf(s3.error, sizeof s3.error, "the S3 endpoint (AWS_ENDPOINT_URL) must start with http:// or https://");
+            snprintf(s3.error, sizeof s3.error,
+                     "the S3 endpoint (AWS_ENDPOINT_URL) must start with http:// or https://");
             return;
         }
     }
@@ -355,21 +356,14 @@ static int answer_error(const char *method, const char *path, const http_respons
                    http_status_transient(r->code) ? " (after retries)" : "");
 }
 
+/* A request to the store: a URL as the store's users name it, an optional
+ * query (decoded pairs), and the rest as http.c takes it (its url and
+ * signature are filled in by call()). */
 typedef struct {
-    const char *method;
-    const char *path; /* the URL as the store's users name it */
+    const char *path;
     const sigv4_pair *query;
     int num_query;
-    const char *const *headers;
-    const void *body;
-    size_t body_size;
-    const char *body_file;
-    int64_t body_offset, body_length;
-    void *dst;
-    size_t dst_size;
-    byte_buffer *body_out;
-    size_t body_max;
-    const char *range;
+    http_request http;
 } remote_call;
 
 /* Sends a request to the store; TP_OK with the answer whatever its code. */
@@ -377,20 +371,18 @@ static int call(const remote_call *c, http_response *r)
 {
     target t;
     TP_TRY(resolve(c->path, c->query, c->num_query, &t));
-    http_request q = {.method = c->method, .url = t.url, .headers = c->headers, .body = c->body,
-                      .body_size = c->body_size, .body_file = c->body_file, .body_offset = c->body_offset,
-                      .body_length = c->body_length, .dst = c->dst, .dst_size = c->dst_size,
-                      .body_out = c->body_out, .body_max = c->body_max, .range = c->range};
+    http_request q = c->http;
+    q.url = t.url;
     s3_signature signature = {0};
     char hash[65];
     if (t.s3) {
         signature.t = &t;
-        signature.method = c->method;
+        signature.method = q.method;
         signature.query = c->query;
         signature.num_query = c->num_query;
-        if (c->body_file) signature.payload_hash = "UNSIGNED-PAYLOAD";
-        else if (c->body) {
-            sigv4_sha256_hex(c->body, c->body_size, hash);
+        if (q.body_file) signature.payload_hash = "UNSIGNED-PAYLOAD";
+        else if (q.body) {
+            sigv4_sha256_hex(q.body, q.body_size, hash);
             signature.payload_hash = hash;
         } else
             signature.payload_hash = EMPTY_SHA256;
@@ -400,7 +392,7 @@ static int call(const remote_call *c, http_response *r)
     int status = http_perform(&q, r);
     free(signature.auth_line);
     free(signature.token_line);
-    if (status) return tp_fail_context(status, "%s", c->path) ;
+    if (status) return tp_fail_context(status, "%s", c->path);
     return TP_OK;
 }
 
@@ -408,7 +400,7 @@ static int call(const remote_call *c, http_response *r)
 static int call_ok(const remote_call *c, http_response *r)
 {
     TP_TRY(call(c, r));
-    if (r->code < 200 || r->code >= 300) return answer_error(c->method, c->path, r);
+    if (r->code < 200 || r->code >= 300) return answer_error(c->http.method, c->path, r);
     return TP_OK;
 }
 
@@ -466,7 +458,7 @@ static int read_range_upto(const char *path, void *buf, size_t size, int64_t off
 {
     char range[64];
     snprintf(range, sizeof range, "%lld-%lld", (long long)offset, (long long)(offset + (int64_t)size - 1));
-    remote_call c = {.method = "GET", .path = path, .dst = buf, .dst_size = size, .range = range};
+    remote_call c = {.path = path, .http = {.method = "GET", .dst = buf, .dst_size = size, .range = range}};
     http_response r;
     TP_TRY(call(&c, &r));
     if (r.code == 416)
@@ -620,8 +612,8 @@ static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit 
         if (max_keys > 0) query[nq++] = (sigv4_pair){"max-keys", max};
         if (token[0]) query[nq++] = (sigv4_pair){"continuation-token", token};
         byte_buffer body = {0};
-        remote_call c = {.method = "GET", .path = bucket_url, .query = query, .num_query = nq, .body_out = &body,
-                         .body_max = LIST_MAX};
+        remote_call c = {.path = bucket_url, .query = query, .num_query = nq,
+            .http = {.method = "GET", .body_out = &body, .body_max = LIST_MAX}};
         http_response r;
         status = call_ok(&c, &r);
         const char *p = body.data ? body.data : "", *end = p + body.size, *text, *text_end, *next;
@@ -675,8 +667,9 @@ static int dav_propfind(const char *path, int depth, dav_entry *self, list_visit
     memset(self, 0, sizeof *self);
     int status = TP_OK;
     for (int tries = 0; tries < 2; tries++) {
-        remote_call c = {.method = "PROPFIND", .path = url, .headers = headers, .body = body,
-                         .body_size = sizeof body - 1, .body_out = &answer, .body_max = LIST_MAX};
+        remote_call c = {.path = url,
+            .http = {.method = "PROPFIND", .headers = headers, .body = body, .body_size = sizeof body - 1,
+                     .body_out = &answer, .body_max = LIST_MAX}};
         status = call(&c, &r);
         /* A directory named without its slash may be redirected to it. */
         if (!status && (r.code == 301 || r.code == 302 || r.code == 307 || r.code == 308) && tries == 0 &&
@@ -756,7 +749,7 @@ static int remote_stat(const ckpt_storage *s, const char *path, ckpt_stat *out)
         out->exists = out->is_dir = 1;
         return TP_OK;
     }
-    remote_call c = {.method = "HEAD", .path = path};
+    remote_call c = {.path = path, .http = {.method = "HEAD"}};
     http_response r;
     TP_TRY(call(&c, &r));
     if (r.code >= 200 && r.code < 300) {
@@ -791,7 +784,7 @@ static int remote_make_dir(const ckpt_storage *s, const char *path)
     if (!strncmp(path, "s3://", 5)) return TP_OK; /* prefixes exist by their keys */
     char url[CKPT_PATH_MAX + 2];
     snprintf(url, sizeof url, "%s/", path);
-    remote_call c = {.method = "MKCOL", .path = url};
+    remote_call c = {.path = url, .http = {.method = "MKCOL"}};
     http_response r;
     TP_TRY(call(&c, &r));
     if (r.code == 405) return tp_fail(TP_ERR_EXISTS, "%s: cannot create: it exists", path);
@@ -807,7 +800,7 @@ static int remote_rename(const ckpt_storage *s, const char *from, const char *to
 
 int remote_delete(const char *url)
 {
-    remote_call c = {.method = "DELETE", .path = url};
+    remote_call c = {.path = url, .http = {.method = "DELETE"}};
     http_response r;
     TP_TRY(call(&c, &r));
     return r.code == 404 || (r.code >= 200 && r.code < 300) ? TP_OK : answer_error("DELETE", url, &r);
@@ -842,7 +835,7 @@ static int remote_remove_tree(const ckpt_storage *s, const char *path)
     char url[CKPT_PATH_MAX + 2];
     snprintf(url, sizeof url, "%s/", path);
     const char *headers[] = {"Depth: infinity", NULL};
-    remote_call c = {.method = "DELETE", .path = url, .headers = headers};
+    remote_call c = {.path = url, .http = {.method = "DELETE", .headers = headers}};
     http_response r;
     TP_TRY(call(&c, &r));
     return r.code == 404 || (r.code >= 200 && r.code < 300) ? TP_OK : answer_error("DELETE", path, &r);
@@ -890,7 +883,7 @@ const ckpt_storage *ckpt_storage_remote(void)
 
 int remote_put_data(const char *url, const void *data, size_t size)
 {
-    remote_call c = {.method = "PUT", .path = url, .body = size ? data : "", .body_size = size};
+    remote_call c = {.path = url, .http = {.method = "PUT", .body = size ? data : "", .body_size = size}};
     http_response r;
     return call_ok(&c, &r);
 }
@@ -917,8 +910,8 @@ static int put_part(void *ctx, int64_t k, int thread)
     snprintf(number, sizeof number, "%lld", (long long)k + 1);
     sigv4_pair query[2] = {{"partNumber", number}, {"uploadId", m->upload_id}};
     int64_t begin = k * m->part, length = begin + m->part < m->length ? m->part : m->length - begin;
-    remote_call c = {.method = "PUT", .path = m->url, .query = query, .num_query = 2, .body_file = m->local,
-                     .body_offset = m->offset + begin, .body_length = length};
+    remote_call c = {.path = m->url, .query = query, .num_query = 2,
+        .http = {.method = "PUT", .body_file = m->local, .body_offset = m->offset + begin, .body_length = length}};
     http_response r;
     TP_TRY(call_ok(&c, &r));
     if (!r.etag[0]) return tp_fail(TP_ERR_IO, "%s: part %lld uploaded without an ETag", m->url, (long long)k + 1);
@@ -932,8 +925,8 @@ static int put_multipart(const char *url, const char *local, int64_t offset, int
 {
     sigv4_pair create_query[1] = {{"uploads", ""}};
     byte_buffer answer = {0};
-    remote_call create = {.method = "POST", .path = url, .query = create_query, .num_query = 1, .body_out = &answer,
-                          .body_max = 1 << 20};
+    remote_call create = {.path = url, .query = create_query, .num_query = 1,
+        .http = {.method = "POST", .body_out = &answer, .body_max = 1 << 20}};
     http_response r;
     int status = call_ok(&create, &r);
     char upload_id[1024] = "";
@@ -960,8 +953,9 @@ static int put_multipart(const char *url, const char *local, int64_t offset, int
     if (!status && xml.failed) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     sigv4_pair id_query[1] = {{"uploadId", upload_id}};
     if (!status) {
-        remote_call complete = {.method = "POST", .path = url, .query = id_query, .num_query = 1, .body = xml.data,
-                                .body_size = xml.size, .body_out = &answer, .body_max = 1 << 20};
+        remote_call complete = {.path = url, .query = id_query, .num_query = 1,
+            .http = {.method = "POST", .body = xml.data, .body_size = xml.size, .body_out = &answer,
+                     .body_max = 1 << 20}};
         status = call_ok(&complete, &r);
         /* S3 may answer 200 and report a failure in the body. */
         if (!status && answer.data && strstr(answer.data, "<Error>")) {
@@ -972,7 +966,7 @@ static int put_multipart(const char *url, const char *local, int64_t offset, int
         free(answer.data);
     }
     if (status) { /* nothing half-done stays billed in the bucket */
-        remote_call abort_upload = {.method = "DELETE", .path = url, .query = id_query, .num_query = 1};
+        remote_call abort_upload = {.path = url, .query = id_query, .num_query = 1, .http = {.method = "DELETE"}};
         http_response ignored;
         call(&abort_upload, &ignored);
     }
@@ -986,11 +980,11 @@ int remote_put_file(const char *url, const char *local_path, int64_t offset, int
     int64_t part = part_size();
     if (!strncmp(url, "s3://", 5) && length > part)
         return put_multipart(url, local_path, offset, length, part, threads);
-    remote_call c = {.method = "PUT", .path = url, .body_file = local_path, .body_offset = offset,
-                     .body_length = length};
+    remote_call c = {.path = url,
+        .http = {.method = "PUT", .body_file = local_path, .body_offset = offset, .body_length = length}};
     if (length == 0) {
-        c.body_file = NULL;
-        c.body = "";
+        c.http.body_file = NULL;
+        c.http.body = "";
     }
     http_response r;
     return call_ok(&c, &r);
