@@ -86,6 +86,10 @@ use_open_mpi() {
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     export OMPI_MCA_rmaps_base_oversubscribe=1
     export OMPI_MCA_btl_vader_single_copy_mechanism=none
+    # Shared-memory segments in the test's own directory: a rank killed by a
+    # test leaves its segment, which goes with WORK instead of piling up in
+    # /dev/shm.
+    export OMPI_MCA_btl_vader_backing_directory="$WORK"
     if [ "${SANITIZED:-0}" = 1 ]; then export ASAN_OPTIONS="${ASAN_OPTIONS:-}:fast_unwind_on_malloc=0"; fi
 }
 
