@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "../common/memory.h"
 #include "../common/clock.h"
@@ -332,28 +331,24 @@ static int choose_save_dir(const train_options *o, char out[CKPT_PATH_MAX])
 
 /* The local cache of a remote checkpoint directory must be one directory
  * for all ranks: rank 0 commits each checkpoint by reading every shard
- * file. Rank 0 leaves a random token there; every rank must read it back.
+ * file. Rank 0 leaves there the fresh owner name all ranks share (host,
+ * pid, nonce: checkpoint_staging_owner); every rank must read it back.
  * Collective. */
 static int check_shared_cache(trainer *t)
 {
     comm *c = t->c;
-    char path[CKPT_PATH_MAX + 32];
+    char path[CKPT_PATH_MAX + 32], token[CKPT_OWNER_MAX], seen[CKPT_OWNER_MAX] = "";
     snprintf(path, sizeof path, "%s/.tp-shared-cache", t->save_dir);
-    uint64_t token = 0;
+    TP_TRY(checkpoint_staging_owner(c, token));
     int status = TP_OK;
     if (c->rank == 0) {
-        FILE *r = fopen("/dev/urandom", "rb");
-        if (!r || fread(&token, sizeof token, 1, r) != 1) token = (uint64_t)now_seconds() ^ (uint64_t)getpid() << 32;
-        if (r) fclose(r);
         FILE *f = fopen(path, "w");
-        if (!f || fprintf(f, "%016llx\n", (unsigned long long)token) < 0) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+        if (!f || fputs(token, f) < 0) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
         if (f && fclose(f) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
     }
     TP_TRY(comm_agree(c, status, "checking the checkpoint cache"));
-    TP_TRY(comm_broadcast(c, &token, sizeof token, 0, COMM_HOST));
-    unsigned long long seen = 0;
     FILE *f = fopen(path, "r");
-    int ok = f && fscanf(f, "%llx", &seen) == 1 && seen == token;
+    int ok = f && fgets(seen, sizeof seen, f) && strcmp(seen, token) == 0;
     if (f) fclose(f);
     int any_blind = 0;
     TP_TRY(comm_any(c, !ok, &any_blind));

@@ -209,6 +209,16 @@ sys.exit(not (chosen and all(e["path"].startswith(sys.argv[2] + "/el/step_") for
     check "tp-elastic report: the picture and the summary" grep -q "<svg" "$WORK/el.svg"
     expect_ok "the last checkpoint at the URL verifies" "$CK" verify "$U/el"
 
+    # --- 4c. Ranks that do not share the cache (two TMPDIRs, as two nodes
+    # with disks of their own) are told so before the first step.
+    mkdir -p "$WORK/node-a" "$WORK/node-b"
+    run mpirun --oversubscribe -np 1 env TMPDIR="$WORK/node-a" "$TRAIN" --model tiny --tp 2 --steps 4 \
+        --ckpt-dir "$U/unshared" : -np 1 env TMPDIR="$WORK/node-b" "$TRAIN" --model tiny --tp 2 --steps 4 \
+        --ckpt-dir "$U/unshared" </dev/null
+    check_all "ranks without a shared cache: refused at start, saying the cache must be shared" \
+        '[ "$RC" -ne 0 ] && grep -q "does not see the checkpoint cache.*must be a directory all ranks share" "$WORK/.err" && ! grep -q "^step" "$WORK/.out"'
+    check "ranks without a shared cache: nothing uploaded" [ ! -e "$DAV/unshared/latest" ]
+
     # --- 5a. The writer killed after its shards, before its index: the
     # checkpoint is not visible; a later write completes it.
     run env TP_CKPT_FAULT=upload-before-index "$CK" synth -o "$U/run/step_00000020" $SYNTH --step 20
