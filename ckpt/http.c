@@ -53,6 +53,8 @@ static void init(void)
     policy.retries = (int)env_long("TP_REMOTE_RETRIES", 6, 0, 100);
     policy.stall_seconds = env_long("TP_REMOTE_TIMEOUT", 30, 1, 86400);
     policy.backoff_ms = env_long("TP_REMOTE_BACKOFF_MS", 200, 0, 600000);
+    policy.read_threads = (int)env_long("TP_REMOTE_THREADS", 8, 1, 256);
+    policy.part_bytes = (int64_t)env_long("TP_REMOTE_PART_MB", 64, 5, 5120) << 20;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK || pthread_key_create(&handle_key, release_handle)) {
         init_status = tp_fail(TP_ERR_IO, "libcurl failed to initialize");
         return;

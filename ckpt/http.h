@@ -51,14 +51,19 @@ typedef struct {
     int attempts;
 } http_response;
 
-/* The retry policy (environment, read once): TP_REMOTE_RETRIES attempts
- * after the first (default 6), TP_REMOTE_TIMEOUT seconds without progress
- * before a transfer is given up (default 30), TP_REMOTE_BACKOFF_MS the
- * first backoff (default 200, doubled each time, at most 10 s). */
+/* The transfer policy (environment, read once; docs/STORES.md):
+ * TP_REMOTE_RETRIES attempts after the first (default 6), TP_REMOTE_TIMEOUT
+ * seconds without progress before a transfer is given up (default 30),
+ * TP_REMOTE_BACKOFF_MS the first backoff (default 200, doubled each time,
+ * at most 10 s), TP_REMOTE_THREADS parallel GETs of one large read (default
+ * 8, 1-256), TP_REMOTE_PART_MB the S3 multipart part size (default 64,
+ * 5-5120: S3 takes parts of 5 MiB at least). */
 typedef struct {
     int retries;
     long stall_seconds;
     long backoff_ms;
+    int read_threads;
+    int64_t part_bytes;
 } http_policy;
 const http_policy *http_policy_get(void);
 

@@ -524,25 +524,15 @@ static int read_part(void *ctx, int64_t part, int thread)
     return read_range(s->path, s->buf + begin, (size_t)(end - begin), s->offset + begin);
 }
 
-static int remote_threads(void)
-{
-    static int threads;
-    if (!threads) {
-        const char *v = getenv("TP_REMOTE_THREADS");
-        int n = v ? atoi(v) : 8;
-        threads = n >= 1 && n <= 256 ? n : 8;
-    }
-    return threads;
-}
-
 static int remote_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
 {
     if (size == 0) return TP_OK;
     if ((int64_t)size <= WINDOW_READ_MAX) return read_windowed(f, buf, size, offset);
-    if ((int64_t)size < PARALLEL_READ_MIN || remote_threads() == 1) return read_range(f->path, buf, size, offset);
+    int threads = http_policy_get()->read_threads;
+    if ((int64_t)size < PARALLEL_READ_MIN || threads == 1) return read_range(f->path, buf, size, offset);
     split_read s = {f->path, buf, size, offset};
     int64_t parts = ((int64_t)size + READ_PART - 1) / READ_PART;
-    return parallel_for(parts, parts < remote_threads() ? (int)parts : remote_threads(), read_part, &s);
+    return parallel_for(parts, parts < threads ? (int)parts : threads, read_part, &s);
 }
 
 static int read_only(ckpt_file *f, const void *buf, size_t size, int64_t offset)
@@ -888,13 +878,6 @@ int remote_put_data(const char *url, const void *data, size_t size)
     return call_ok(&c, &r);
 }
 
-static int64_t part_size(void)
-{
-    const char *v = getenv("TP_REMOTE_PART_MB");
-    long mb = v ? atol(v) : 64;
-    return (int64_t)(mb >= 5 && mb <= 5120 ? mb : 64) << 20; /* S3: parts of 5 MiB at least */
-}
-
 typedef struct {
     const char *url, *local;
     int64_t offset, length, part;
@@ -977,7 +960,7 @@ static int put_multipart(const char *url, const char *local, int64_t offset, int
 
 int remote_put_file(const char *url, const char *local_path, int64_t offset, int64_t length, int threads)
 {
-    int64_t part = part_size();
+    int64_t part = http_policy_get()->part_bytes;
     if (!strncmp(url, "s3://", 5) && length > part)
         return put_multipart(url, local_path, offset, length, part, threads);
     remote_call c = {.path = url,

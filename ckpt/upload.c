@@ -10,7 +10,6 @@
  * replaced by the next. The data's integrity travels with it: the reader
  * checks every block it reads against the block checksums, and those
  * against the index. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +24,12 @@
 int ckpt_is_remote(const char *path)
 {
     return remote_is_url(path);
+}
+
+/* Files (and parts) an upload or download keeps in flight. */
+static int transfer_threads(const ckpt_upload_options *options)
+{
+    return options && options->threads > 0 ? options->threads : 8;
 }
 
 typedef struct {
@@ -82,7 +87,7 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
         else
             status = remote_delete(remote_index);
     }
-    upload_job job = {local_dir, url, &index, options && options->threads > 0 ? options->threads : 8, options};
+    upload_job job = {local_dir, url, &index, transfer_threads(options), options};
     if (!status && index.num_files > 0)
         status = parallel_for(index.num_files, index.num_files < job.threads ? index.num_files : job.threads,
                               upload_shard, &job);
@@ -166,13 +171,13 @@ int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_opti
     TP_TRY(posix->stat(posix, local, &st));
     if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: nothing to upload", local);
     if (!st.is_dir) {
-        TP_TRY(remote_put_file(url, local, 0, st.size, options && options->threads > 0 ? options->threads : 8));
+        TP_TRY(remote_put_file(url, local, 0, st.size, transfer_threads(options)));
         if (options && options->on_file) options->on_file(options->ctx, st.size);
         return TP_OK;
     }
     name_list names = {0};
     int status = posix->list(posix, local, collect_name, &names);
-    int threads = options && options->threads > 0 ? options->threads : 8;
+    int threads = transfer_threads(options);
     if (!status && names.count) qsort(names.names, (size_t)names.count, sizeof *names.names, index_last);
     int first_index = names.count;
     while (first_index > 0 && names_an_index(names.names[first_index - 1])) first_index--;
@@ -297,7 +302,7 @@ int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_opti
     ckpt_staged *staged = NULL;
     if (!status) status = ckpt_stage(posix, local_dir, &stage, &staged);
     const char *dir = staged ? ckpt_staged_path(staged) : NULL;
-    int threads = options && options->threads > 0 ? options->threads : 8;
+    int threads = transfer_threads(options);
     download_job job = {resolved, dir, &index, calloc((size_t)index.num_files + 1, sizeof(int64_t)),
                         calloc((size_t)threads, sizeof(char *)), options};
     if (!status && (!job.first_part || !job.buffers)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
