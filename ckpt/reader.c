@@ -406,17 +406,11 @@ static int fetch_piece_from_index(ckpt_reader *r, int i, int piece, piece_runtim
     } else {
         pr->offset = ip->extents[0].offset;
     }
-    uint8_t *raw = malloc((size_t)(8 * g->num_blocks));
+    /* Stored little-endian, read as they are: hosts are (internal.h). */
     pr->block_hash = calloc((size_t)g->num_blocks, sizeof *pr->block_hash);
-    int status = !raw || !pr->block_hash ? tp_fail(TP_ERR_NOMEM, "out of memory")
-                                         : r->storage->read_at(fr->data, raw, (size_t)(8 * g->num_blocks),
-                                                               ip->checksums_at);
-    for (int64_t b = 0; !status && b < g->num_blocks; b++) { /* little-endian on every host */
-        uint64_t v = 0;
-        for (int k = 7; k >= 0; k--) v = v << 8 | raw[8 * b + k];
-        pr->block_hash[b] = v;
-    }
-    free(raw);
+    size_t bytes = (size_t)g->num_blocks * sizeof *pr->block_hash;
+    int status = !pr->block_hash ? tp_fail(TP_ERR_NOMEM, "out of memory")
+                                 : r->storage->read_at(fr->data, pr->block_hash, bytes, ip->checksums_at);
     if (status && status != TP_ERR_NOMEM) status = tp_fail_context(status, "%s", where);
     return finish_piece(pr, ip, status, where);
 }
