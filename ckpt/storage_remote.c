@@ -788,24 +788,24 @@ static int remote_rename(const ckpt_storage *s, const char *from, const char *to
                    "uploaded with their index last instead)", from, to);
 }
 
-int remote_delete(const char *url)
+/* DELETE of url (errors name `what`); what is not there is fine. */
+static int delete_at(const char *url, const char *const *headers, const char *what)
 {
-    remote_call c = {.path = url, .http = {.method = "DELETE"}};
+    remote_call c = {.path = url, .http = {.method = "DELETE", .headers = headers}};
     http_response r;
     TP_TRY(call(&c, &r));
-    return r.code == 404 || (r.code >= 200 && r.code < 300) ? TP_OK : answer_error("DELETE", url, &r);
+    return r.code == 404 || (r.code >= 200 && r.code < 300) ? TP_OK : answer_error("DELETE", what, &r);
 }
 
-typedef struct {
-    const char *dir;
-    int status;
-} delete_ctx;
-
-static int delete_key(void *ctx, const char *name)
+int remote_delete(const char *url)
 {
-    delete_ctx *d = ctx;
+    return delete_at(url, NULL, url);
+}
+
+static int delete_key(void *dir, const char *name)
+{
     char url[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(url, d->dir, name));
+    TP_TRY(ckpt_path_join(url, dir, name));
     return remote_delete(url);
 }
 
@@ -816,19 +816,16 @@ static int remote_remove_tree(const ckpt_storage *s, const char *path)
     if (!st.exists) return TP_OK;
     if (!st.is_dir) return remote_delete(path);
     if (!strncmp(path, "s3://", 5)) {
-        /* Every key below; the listing is taken whole first, since deleting
-         * while paging would shift the pages. */
-        delete_ctx d = {path, TP_OK};
-        list_visit v = {.visit = delete_key, .ctx = &d};
+        /* Every key below, deleted as the listing pages through them (a
+         * continuation token resumes after the last key returned, so keys
+         * already deleted do not shift the pages). */
+        list_visit v = {.visit = delete_key, .ctx = (void *)path};
         return s3_list(path, 0, 0, &v);
     }
     char url[CKPT_PATH_MAX + 2];
     snprintf(url, sizeof url, "%s/", path);
     const char *headers[] = {"Depth: infinity", NULL};
-    remote_call c = {.path = url, .http = {.method = "DELETE", .headers = headers}};
-    http_response r;
-    TP_TRY(call(&c, &r));
-    return r.code == 404 || (r.code >= 200 && r.code < 300) ? TP_OK : answer_error("DELETE", path, &r);
+    return delete_at(url, headers, path);
 }
 
 static int remote_sync_dir(const ckpt_storage *s, const char *path)
