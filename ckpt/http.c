@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/clock.h"
 #include "../common/error.h"
 #include "http.h"
 
@@ -181,13 +182,6 @@ static int on_seek(void *ctx, curl_off_t offset, int origin)
     return CURL_SEEKFUNC_OK;
 }
 
-static double monotonic_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* A transfer during which no byte moves, either way, for the stall time is
  * given up (libcurl's low-speed limit averages over seconds and counts the
  * request body just sent, so a server that stops answering was waited on
@@ -197,7 +191,7 @@ static int on_progress(void *ctx, curl_off_t down_total, curl_off_t down_now, cu
 {
     (void)down_total, (void)up_total;
     transfer *t = ctx;
-    double now = monotonic_seconds();
+    double now = now_seconds();
     if (down_now + up_now != t->moved || t->moved_at == 0) {
         t->moved = down_now + up_now;
         t->moved_at = now;
