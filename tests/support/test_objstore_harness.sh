@@ -112,10 +112,11 @@ else
 
     # curl's own Signature Version 4 (s3rver wants x-amz-content-sha256).
     EMPTY_SHA=e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855
+    # s3curl FILE CURL_ARGS...: http_code, signed.
     s3curl() {
-        _f=$1
+        _s3f=$1
         shift
-        curl -s -o "$_f" -w '%{http_code}' --aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
+        http_code "$_s3f" --aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
             -H "x-amz-content-sha256: $EMPTY_SHA" "$@"
     }
     O="$S3_ENDPOINT/$S3_BUCKET"
