@@ -125,14 +125,21 @@ void scale_inplace(float *x, float scale, int64_t n);
 
 /* Causal self-attention of the heads held locally. qkv[B,T,(Hq+2Hkv)*hd] holds
  * [Q | K | V] per position; query head h attends with key/value head
- * h / (Hq/Hkv). out[B,T,Hq*hd]; att[B,Hq,T,T] keeps the probabilities. Scale
- * 1/sqrt(hd). */
-void attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                       int64_t hd);
-/* d_qkv[B,T,(Hq+2Hkv)*hd] = gradient from d_out[B,T,Hq*hd]; scratch holds T*T
- * floats (one (batch, head) at a time). */
-void attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *att,
-                        int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+ * h / (Hq/Hkv). Scale 1/sqrt(hd). Memory-efficient: the [T, T]
+ * probabilities are never kept; out[B,T,Hq*hd] and lse[B,Hq,T] (each query
+ * row's log-sum-exp of its scaled scores) are all the backward needs besides
+ * qkv, which recomputes the probabilities from them. scratch holds
+ * attention_scratch_floats(B, T, Hq) floats (forward and backward). */
+void attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                       int64_t Hkv, int64_t hd);
+/* d_qkv[B,T,(Hq+2Hkv)*hd] = gradient from d_out[B,T,Hq*hd], given the
+ * forward's out and lse. */
+void attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+                        const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+/* Query rows the CPU attention computes at a time: its scratch holds two
+ * [ATTENTION_ROWS, T] blocks beside a [B,Hq,T] row vector. */
+#define ATTENTION_ROWS 64
+int64_t attention_scratch_floats(int64_t B, int64_t T, int64_t Hq);
 
 /* Vocabulary-parallel embedding: this rank holds rows [first, first + rows)
  * of the (padded) token table. out[N,C] = the row of each token held here,
@@ -162,8 +169,10 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
 void adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t step);
 
-/* Sum of x[i]^2 over n values, accumulated in double (the gradient norm). */
-double sum_of_squares(const float *x, int64_t n);
+/* Sum of squares of the values of `count` spans (span s: lengths[s] values
+ * from spans[s]), accumulated in double in span order: the gradient norm
+ * of many tensors in one call. */
+double sum_of_squares(const float *const *spans, const int64_t *lengths, int count);
 
 /* ========================================================= kernel backends
  * The transformer arithmetic above, on a device: the trainer computes
@@ -215,10 +224,10 @@ typedef struct kernel_backend {
                                  int64_t C);
     int (*add_inplace)(float *acc, const float *x, int64_t n);
     int (*scale_inplace)(float *x, float scale, int64_t n);
-    int (*attention_forward)(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq,
-                             int64_t Hkv, int64_t hd);
-    int (*attention_backward)(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *att,
-                              int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+    int (*attention_forward)(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+                             int64_t Hq, int64_t Hkv, int64_t hd);
+    int (*attention_backward)(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+                              const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
     int (*embedding_forward)(float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first,
                              int64_t rows);
     int (*embedding_backward)(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C,
@@ -233,7 +242,8 @@ typedef struct kernel_backend {
                                  const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
     int (*adamw_update)(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
                         float beta2, float eps, float weight_decay, int64_t step);
-    int (*sum_of_squares)(double *out, const float *x, int64_t n); /* *out is host memory */
+    /* *out is host memory; spans and lengths are host arrays of device pointers and counts. */
+    int (*sum_of_squares)(double *out, const float *const *spans, const int64_t *lengths, int count);
 } kernel_backend;
 
 /* The CPU backend: the functions above on host memory. */

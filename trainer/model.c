@@ -80,11 +80,15 @@ void gpt_model_free(gpt_model *m)
     free(m);
 }
 
+static int64_t attention_scratch(const gpt_model *m)
+{
+    return attention_scratch_floats(m->B, m->T, m->heads_local);
+}
+
 static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 {
     int64_t N = m->B * m->T, L = m->num_layers;
-    int64_t per_layer = N * (m->D * 4 + 4 + m->qkv_local + m->attn_local + 2 * m->ffn_local) +
-                        m->B * m->heads_local * m->T * m->T;
+    int64_t per_layer = N * (m->D * 4 + 4 + m->qkv_local + m->attn_local + 2 * m->ffn_local) + N * m->heads_local;
     int64_t head = m->is_last ? N * (m->D + m->vocab_local + 5) : 0;
     *ints = 2 * N;
     return N * m->D + L * per_layer + head;
@@ -109,7 +113,7 @@ static int slot_init(gpt_model *m, gpt_slot *s)
     CARVE(ln1_mean, L * N);
     CARVE(ln1_rstd, L * N);
     CARVE(qkv, L * N * m->qkv_local);
-    CARVE(att, L * m->B * m->heads_local * m->T * m->T);
+    CARVE(att_lse, L * N * m->heads_local);
     CARVE(attn, L * N * m->attn_local);
     CARVE(res1, L * N * m->D);
     CARVE(ln2, L * N * m->D);
@@ -261,9 +265,9 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     if (!m->slots) goto nomem;
     for (int s = 0; s < slots; s++)
         if ((status = slot_init(m, &m->slots[s]))) goto fail;
-    /* Backward scratch: two [N, D] gradients, [N, qkv], [N, attn], [N, ffn] x2, [T, T], [N, vocab]. */
+    /* Backward scratch: two [N, D] gradients, [N, qkv], [N, attn], [N, ffn] x2, the attention's, [N, vocab]. */
     int64_t N = m->B * m->T;
-    m->scratch_size = N * (3 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + m->T * m->T +
+    m->scratch_size = N * (3 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + attention_scratch(m) +
                       (m->is_last ? N * m->vocab_local : 0);
     if ((status = m->kernels->alloc((void **)&m->scratch, (size_t)m->scratch_size * sizeof(float)))) goto fail;
     *out = m;
@@ -332,13 +336,14 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, const float *x)
 {
     int64_t N = m->B * m->T, D = m->D;
     float *ln1 = s->ln1 + l * N * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
-    float *att = s->att + l * m->B * m->heads_local * m->T * m->T, *res1 = s->res1 + l * N * D;
+    float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * N * D;
     float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->ffn_local, *gl = s->gelu + l * N * m->ffn_local;
     float *res2 = s->res2 + l * N * D;
     const kernel_backend *k = m->kernels;
     TP_TRY(k->layernorm_forward(ln1, s->ln1_mean + l * N, s->ln1_rstd + l * N, x, W(LN1_WEIGHT), W(LN1_BIAS), N, D));
     TP_TRY(linear_forward(m, qkv, ln1, W(QKV_WEIGHT), W(QKV_BIAS), N, D, m->qkv_local));
-    TP_TRY(k->attention_forward(attn, att, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd));
+    /* The scratch is free during a forward: the attention's own is its start. */
+    TP_TRY(k->attention_forward(attn, lse, m->scratch, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd));
     TP_TRY(linear_forward(m, res1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D)); /* partial sums of this rank's heads */
     TP_TRY(tp_sum(m, res1, N * D));
     TP_TRY(k->bias_residual_forward(res1, x, res1, W(PROJ_BIAS), N, D));
@@ -405,7 +410,7 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, floa
 {
     int64_t N = m->B * m->T, D = m->D;
     const float *ln1 = s->ln1 + l * N * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
-    const float *att = s->att + l * m->B * m->heads_local * m->T * m->T, *res1 = s->res1 + l * N * D;
+    const float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * N * D;
     const float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->ffn_local, *gl = s->gelu + l * N * m->ffn_local;
     float *d_res1 = work, *d_ln = d_res1 + N * D, *d_qkv = d_ln + N * D, *d_attn = d_qkv + N * m->qkv_local;
     float *d_gelu = d_attn + N * m->attn_local, *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->ffn_local;
@@ -423,7 +428,8 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, floa
 
     /* Attention: p = allreduce(a Wproj^T) + b. */
     TP_TRY(linear_backward(m, d_attn, G(PROJ_WEIGHT), G(PROJ_BIAS), d_res1, attn, W(PROJ_WEIGHT), N, m->attn_local, D));
-    TP_TRY(k->attention_backward(d_qkv, att_scratch, d_attn, qkv, att, m->B, m->T, m->heads_local, m->kv_local, m->hd));
+    TP_TRY(k->attention_backward(d_qkv, att_scratch, d_attn, qkv, attn, lse, m->B, m->T, m->heads_local, m->kv_local,
+                                 m->hd));
     TP_TRY(linear_backward(m, d_ln, G(QKV_WEIGHT), G(QKV_BIAS), d_qkv, ln1, W(QKV_WEIGHT), N, D, m->qkv_local));
     TP_TRY(tp_sum(m, d_ln, N * D));
     TP_TRY(k->copy(d_x, d_res1, rows_bytes));
@@ -434,7 +440,7 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, floa
 static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, float *work, float loss_scale)
 {
     int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
-    float *d_logits = work + N * (3 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + m->T * m->T;
+    float *d_logits = work + N * (3 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + attention_scratch(m);
     float *d_lnf = work;
     param_view *wte = &m->params[m->wte_out];
     const kernel_backend *k = m->kernels;
@@ -452,7 +458,7 @@ int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *
     int64_t N = m->B * m->T, D = m->D;
     float *work = m->scratch;
     /* d_x lives in the last [N, D] of the scratch, after the block's buffers. */
-    float *d_x = work + N * (2 * D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + m->T * m->T;
+    float *d_x = work + N * (2 * D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + attention_scratch(m);
     const float *top = m->num_layers ? s->res2 + (m->num_layers - 1) * N * D : s->input;
     const kernel_backend *k = m->kernels;
     if (m->is_last) TP_TRY(head_backward(m, s, top, d_x, work, loss_scale));

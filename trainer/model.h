@@ -32,7 +32,7 @@ typedef struct {
     int *tokens, *targets;       /* [B*T], host: the data loader fills them */
     int *kernel_tokens, *kernel_targets; /* the same in the backend's memory (the same buffer on the CPU) */
     float *input;                /* [B*T, D]: embeddings (first stage) or the previous stage's output */
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *attn, *res1;  /* per local layer, consecutive */
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att_lse, *attn, *res1; /* per local layer, consecutive */
     float *ln2, *ln2_mean, *ln2_rstd, *fc, *gelu, *res2;
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit; /* last stage */
     float *host_row_max, *host_row_sum, *host_target_logit; /* host copies after the forward (the same on the CPU) */
@@ -64,7 +64,7 @@ typedef struct {
 
     gpt_slot *slots;
     int num_slots;
-    float *scratch;              /* backward buffers, shared by all slots */
+    float *scratch;              /* backward buffers and the attention's, shared by all slots */
     int64_t scratch_size;
 } gpt_model;
 

@@ -164,6 +164,28 @@ static int reduce_gradients(trainer *t)
     return TP_OK;
 }
 
+/* Sum of squares of the gradients of the pieces this rank owns, in one call
+ * to the backend (on a GPU, one wait instead of one per tensor); the
+ * gradients of neighbouring owned pieces are adjacent in memory and make
+ * one span. */
+static int owned_sum_of_squares(const gpt_model *m, double *sumsq)
+{
+    const float **spans = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *spans);
+    int64_t *lengths = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *lengths);
+    int count = 0, status = TP_OK;
+    if (!spans || !lengths) status = tp_fail(TP_ERR_NOMEM, "out of memory for the gradient norm's spans");
+    for (int i = 0; !status && i < m->num_params; i++) {
+        const param_view *v = &m->params[i];
+        if (!v->owner) continue;
+        if (count && spans[count - 1] + lengths[count - 1] == v->grad) lengths[count - 1] += v->numel;
+        else spans[count] = v->grad, lengths[count++] = v->numel;
+    }
+    if (!status) status = m->kernels->sum_of_squares(sumsq, spans, lengths, count);
+    free(spans);
+    free(lengths);
+    return status;
+}
+
 /* Global norm (each stored piece counted once), clipping, AdamW. */
 static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr_out)
 {
@@ -172,14 +194,7 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
     const train_options *o = t->o;
     const kernel_backend *k = m->kernels;
     double sumsq = 0;
-    if (c->dp_rank == 0)
-        for (int i = 0; i < m->num_params; i++) {
-            const param_view *v = &m->params[i];
-            double piece = 0;
-            if (!v->owner) continue;
-            TP_TRY(k->sum_of_squares(&piece, v->grad, v->numel));
-            sumsq += piece;
-        }
+    if (c->dp_rank == 0) TP_TRY(owned_sum_of_squares(m, &sumsq));
     TP_TRY(comm_all_reduce(c, GROUP_WORLD, &sumsq, 1, COMM_DOUBLE, COMM_SUM, COMM_HOST));
     float norm = (float)sqrt(sumsq);
     /* As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1. */

@@ -1,76 +1,117 @@
 /* attention.c: causal multi-head attention over locally held heads, with
- * grouped key/value heads. Per (batch, head) the products are three sgemm
- * calls over strided views of qkv; the scores are computed in full and
- * masked (the upper triangle is wasted work, kept for simplicity). */
+ * grouped key/value heads, memory-efficient: the [T, T] probabilities are
+ * never kept. The forward keeps each query row's log-sum-exp of its scores
+ * (lse[B,Hq,T]); the backward recomputes the probabilities of a block of
+ * query rows from it, P = exp(S - lse), as FlashAttention does.
+ *
+ * Per (batch, head) and block of at most ATTENTION_ROWS query rows [i0, i1),
+ * the products are sgemm calls over strided views of qkv, limited to the
+ * keys [0, i1) the block can see (the causal mask's upper triangle beyond
+ * the block is skipped, within the block it is zeroed). */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "../kernels.h"
 
-void attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                       int64_t hd)
+int64_t attention_scratch_floats(int64_t B, int64_t T, int64_t Hq)
 {
-    int64_t stride = (Hq + 2 * Hkv) * hd, out_stride = Hq * hd, group = Hq / Hkv;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t b = 0; b < B; b++) {
-        for (int64_t h = 0; h < Hq; h++) {
-            const float *q = qkv + b * T * stride + h * hd;
-            const float *k = qkv + b * T * stride + (Hq + h / group) * hd;
-            const float *v = qkv + b * T * stride + (Hq + Hkv + h / group) * hd;
-            float *a = att + (b * Hq + h) * T * T; /* [T, T] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hd, scale, q, (int)stride, k,
-                        (int)stride, 0.0f, a, (int)T);
-            for (int64_t i = 0; i < T; i++) {
-                float *row = a + i * T, max = -INFINITY, sum = 0;
-                for (int64_t j = 0; j <= i; j++) max = row[j] > max ? row[j] : max;
-                for (int64_t j = 0; j <= i; j++) {
-                    row[j] = expf(row[j] - max);
-                    sum += row[j];
-                }
-                for (int64_t j = 0; j <= i; j++) row[j] /= sum;
-                for (int64_t j = i + 1; j < T; j++) row[j] = 0;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, a, (int)T, v,
-                        (int)stride, 0.0f, out + b * T * out_stride + h * hd, (int)out_stride);
-        }
-    }
+    int64_t rows = T < ATTENTION_ROWS ? T : ATTENTION_ROWS;
+    return B * Hq * T + 2 * rows * T;
 }
 
-void attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *att,
-                        int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+/* Views of one (batch, head) in qkv[B,T,(Hq+2Hkv)*hd] and out[B,T,Hq*hd]:
+ * row t of q, k, v at + t stride, of o at + t out_stride. */
+typedef struct {
+    const float *q, *k, *v;
+    int64_t stride, out_stride;
+} head_view;
+
+static head_view head_of(const float *qkv, int64_t b, int64_t h, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    int64_t stride = (Hq + 2 * Hkv) * hd, out_stride = Hq * hd, group = Hq / Hkv;
+    int64_t stride = (Hq + 2 * Hkv) * hd, kv = h / (Hq / Hkv);
+    const float *base = qkv + b * T * stride;
+    return (head_view){base + h * hd, base + (Hq + kv) * hd, base + (Hq + Hkv + kv) * hd, stride, Hq * hd};
+}
+
+/* s[rows, keys] (row stride keys) = scale * q[i0 .. i0 + rows) k[0 .. keys)^T */
+static void block_scores(float *s, const head_view *x, int64_t i0, int64_t rows, int64_t keys, int64_t hd, float scale)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)keys, (int)hd, scale, x->q + i0 * x->stride,
+                (int)x->stride, x->k, (int)x->stride, 0.0f, s, (int)keys);
+}
+
+void attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                       int64_t Hkv, int64_t hd)
+{
     float scale = 1.0f / sqrtf((float)hd);
-    memset(d_qkv, 0, (size_t)(B * T * stride) * sizeof(float));
-    for (int64_t b = 0; b < B; b++) {
+    float *p = scratch + B * Hq * T; /* [rows, keys] of one block */
+    for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < Hq; h++) {
-            const float *q = qkv + b * T * stride + h * hd;
-            const float *k = qkv + b * T * stride + (Hq + h / group) * hd;
-            const float *v = qkv + b * T * stride + (Hq + Hkv + h / group) * hd;
-            float *dq = d_qkv + b * T * stride + h * hd;
-            float *dk = d_qkv + b * T * stride + (Hq + h / group) * hd;
-            float *dv = d_qkv + b * T * stride + (Hq + Hkv + h / group) * hd;
-            const float *a = att + (b * Hq + h) * T * T, *dout = d_out + b * T * out_stride + h * hd;
-            float *da = scratch; /* [T, T] */
-            /* d_att = d_out @ V^T; dV += att^T @ d_out */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hd, 1.0f, dout, (int)out_stride,
-                        v, (int)stride, 0.0f, da, (int)T);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, a, (int)T, dout,
-                        (int)out_stride, 1.0f, dv, (int)stride);
-            /* softmax backward, then the 1/sqrt(hd) of the scores */
-            for (int64_t i = 0; i < T; i++) {
-                const float *p = a + i * T;
-                float *dp = da + i * T, dot = 0;
-                for (int64_t j = 0; j <= i; j++) dot += p[j] * dp[j];
-                for (int64_t j = 0; j <= i; j++) dp[j] = p[j] * (dp[j] - dot) * scale;
-                for (int64_t j = i + 1; j < T; j++) dp[j] = 0;
+            head_view x = head_of(qkv, b, h, T, Hq, Hkv, hd);
+            float *row_lse = lse + (b * Hq + h) * T, *o = out + b * T * x.out_stride + h * hd;
+            for (int64_t i0 = 0; i0 < T; i0 += ATTENTION_ROWS) {
+                int64_t rows = T - i0 < ATTENTION_ROWS ? T - i0 : ATTENTION_ROWS, keys = i0 + rows;
+                block_scores(p, &x, i0, rows, keys, hd, scale);
+                for (int64_t r = 0; r < rows; r++) {
+                    float *row = p + r * keys, max = -INFINITY, sum = 0;
+                    int64_t i = i0 + r;
+                    for (int64_t j = 0; j <= i; j++) max = row[j] > max ? row[j] : max;
+                    for (int64_t j = 0; j <= i; j++) sum += row[j] = expf(row[j] - max);
+                    for (int64_t j = 0; j <= i; j++) row[j] /= sum;
+                    for (int64_t j = i + 1; j < keys; j++) row[j] = 0;
+                    row_lse[i] = max + logf(sum);
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)keys, 1.0f, p,
+                            (int)keys, x.v, (int)x.stride, 0.0f, o + i0 * x.out_stride, (int)x.out_stride);
             }
-            /* dQ += d_scores @ K; dK += d_scores^T @ Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, da, (int)T, k,
-                        (int)stride, 1.0f, dq, (int)stride);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hd, (int)T, 1.0f, da, (int)T, q,
-                        (int)stride, 1.0f, dk, (int)stride);
         }
-    }
+}
+
+void attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+                        const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    float scale = 1.0f / sqrtf((float)hd);
+    float *delta = scratch;              /* [B,Hq,T]: d_out_i . out_i = sum_j p_ij d_att_ij */
+    float *p = scratch + B * Hq * T;     /* [rows, keys]: probabilities of a block */
+    float *ds = p + (T < ATTENTION_ROWS ? T : ATTENTION_ROWS) * T; /* [rows, keys]: d_att, then d_scores */
+    memset(d_qkv, 0, (size_t)(B * T * (Hq + 2 * Hkv) * hd) * sizeof(float));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++) {
+            head_view x = head_of(qkv, b, h, T, Hq, Hkv, hd), dx = head_of(d_qkv, b, h, T, Hq, Hkv, hd);
+            float *dq = (float *)dx.q, *dk = (float *)dx.k, *dv = (float *)dx.v;
+            const float *g = d_out + b * T * x.out_stride + h * hd, *o = out + b * T * x.out_stride + h * hd;
+            const float *row_lse = lse + (b * Hq + h) * T;
+            float *row_delta = delta + (b * Hq + h) * T;
+            for (int64_t i = 0; i < T; i++) {
+                float dot = 0;
+                for (int64_t d = 0; d < hd; d++) dot += g[i * x.out_stride + d] * o[i * x.out_stride + d];
+                row_delta[i] = dot;
+            }
+            for (int64_t i0 = 0; i0 < T; i0 += ATTENTION_ROWS) {
+                int64_t rows = T - i0 < ATTENTION_ROWS ? T - i0 : ATTENTION_ROWS, keys = i0 + rows;
+                const float *g0 = g + i0 * x.out_stride;
+                block_scores(p, &x, i0, rows, keys, hd, scale);
+                /* d_att = d_out V^T */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)keys, (int)hd, 1.0f, g0,
+                            (int)x.out_stride, x.v, (int)x.stride, 0.0f, ds, (int)keys);
+                /* softmax backward, then the 1/sqrt(hd) of the scores */
+                for (int64_t r = 0; r < rows; r++) {
+                    int64_t i = i0 + r;
+                    float *pr = p + r * keys, *dr = ds + r * keys;
+                    for (int64_t j = 0; j <= i; j++) {
+                        pr[j] = expf(pr[j] - row_lse[i]);
+                        dr[j] = pr[j] * (dr[j] - row_delta[i]) * scale;
+                    }
+                    for (int64_t j = i + 1; j < keys; j++) pr[j] = dr[j] = 0;
+                }
+                /* dV += P^T d_out; dQ += d_scores K; dK += d_scores^T Q */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)keys, (int)hd, (int)rows, 1.0f, p,
+                            (int)keys, g0, (int)x.out_stride, 1.0f, dv, (int)x.stride);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)keys, 1.0f, ds,
+                            (int)keys, x.k, (int)x.stride, 1.0f, dq + i0 * x.stride, (int)x.stride);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)keys, (int)hd, (int)rows, 1.0f, ds,
+                            (int)keys, x.q + i0 * x.stride, (int)x.stride, 1.0f, dk, (int)x.stride);
+            }
+        }
 }

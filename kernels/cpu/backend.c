@@ -78,12 +78,13 @@ CPU_OP(bias_residual_forward,
 CPU_OP(add_inplace, (float *acc, const float *x, int64_t n), (acc, x, n))
 CPU_OP(scale_inplace, (float *x, float scale, int64_t n), (x, scale, n))
 CPU_OP(attention_forward,
-       (float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
-       (out, att, qkv, B, T, Hq, Hkv, hd))
+       (float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+        int64_t hd),
+       (out, lse, scratch, qkv, B, T, Hq, Hkv, hd))
 CPU_OP(attention_backward,
-       (float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *att, int64_t B, int64_t T,
-        int64_t Hq, int64_t Hkv, int64_t hd),
-       (d_qkv, scratch, d_out, qkv, att, B, T, Hq, Hkv, hd))
+       (float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out, const float *lse,
+        int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
+       (d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd))
 CPU_OP(embedding_forward,
        (float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first, int64_t rows),
        (out, tokens, table, N, C, first, rows))
@@ -108,9 +109,9 @@ CPU_OP(adamw_update,
         float weight_decay, int64_t step),
        (param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step))
 
-static int cpu_sum_of_squares(double *out, const float *x, int64_t n)
+static int cpu_sum_of_squares(double *out, const float *const *spans, const int64_t *lengths, int count)
 {
-    *out = sum_of_squares(x, n);
+    *out = sum_of_squares(spans, lengths, count);
     return TP_OK;
 }
 

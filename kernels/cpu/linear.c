@@ -60,10 +60,11 @@ void scale_inplace(float *x, float scale, int64_t n)
     for (int64_t i = 0; i < n; i++) x[i] *= scale;
 }
 
-double sum_of_squares(const float *x, int64_t n)
+double sum_of_squares(const float *const *spans, const int64_t *lengths, int count)
 {
     double sum = 0;
-    for (int64_t i = 0; i < n; i++) sum += (double)x[i] * x[i];
+    for (int s = 0; s < count; s++)
+        for (int64_t i = 0; i < lengths[s]; i++) sum += (double)spans[s][i] * spans[s][i];
     return sum;
 }
 

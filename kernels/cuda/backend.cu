@@ -14,8 +14,9 @@
  * operands rounded to bf16 by a kernel (convert_bits.h, as the CPU rounds)
  * and summed in fp32 by cublasGemmEx; the rest in simple kernels. Launch
  * shapes: elementwise kernels walk their elements in grid-stride loops (at
- * most MAX_BLOCKS blocks); row kernels (layer norm, cross-entropy,
- * attention) give a row to a block, also in a grid-stride loop over rows;
+ * most MAX_BLOCKS blocks); row kernels (layer norm, cross-entropy) give a
+ * row to a block, also in a grid-stride loop over rows; attention gives a
+ * row to a warp (memory-efficient: no [T, T] matrix);
  * column sums (bias and norm-weight gradients) give 32 columns to a block of
  * 32 x COL_ROWS threads, the rows split among the COL_ROWS thread rows and
  * summed in a fixed order. Only embedding_backward uses atomics (tokens
@@ -813,153 +814,167 @@ fail:
  * qkv[B,T,(Hq+2Hkv)*hd]: at position t of batch b, query head h at
  * (b T + t) stride + h hd, its key head (h / group) at Hq hd + (h / group) hd
  * and its value head at (Hq + Hkv + h / group) hd, stride = (Hq + 2 Hkv) hd,
- * group = Hq / Hkv. att[B,Hq,T,T], out[B,T,Hq*hd]. */
+ * group = Hq / Hkv. out[B,T,Hq*hd]; lse[B,Hq,T], row r = (b Hq + h) T + i.
+ *
+ * Memory-efficient, as attention.c: no [T, T] matrix anywhere. A warp per
+ * row: each lane holds the dimensions d = lane + 32 e (e < HEAD_DIMS_PER_LANE)
+ * of the row's vectors in registers, a score is the warp's sum of the lanes'
+ * partial products (every lane gets the same value), and the forward keeps a
+ * running maximum and sum (online softmax) so that one pass over the keys
+ * suffices. The backward recomputes each probability from lse: one kernel
+ * per query row (dq, and delta_i = d_out_i . out_i for the other), one per
+ * key row (dk and dv over the query rows and heads that see it). Every
+ * element of d_qkv has one writer: no atomics, no zeroing. */
 
-/* One block per (b, h, query row i), rows r = (b Hq + h) T + i, so that the
- * row of att is att + r T. Writes the whole row of att, as attention.c does:
- * the probabilities for j <= i, zero above the diagonal. */
-static __global__ void attention_forward_kernel(float *out, float *att, const float *qkv, int64_t B, int64_t T,
+#define HEAD_DIMS_PER_LANE 8 /* head dimensions up to 256 */
+
+/* w runs over warps of the grid (all lanes of a warp see the same w). */
+#define WARPS_OF_GRID(w, count)                                                                                        \
+    for (int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; w < (count);                           \
+         w += ((int64_t)gridDim.x * blockDim.x) >> 5)
+#define LANE_DIMS(e, d, hd)                                                                                            \
+    _Pragma("unroll") for (int e = 0, d = (int)(threadIdx.x & 31); e < HEAD_DIMS_PER_LANE && d < (hd); e++, d += 32)
+
+static __device__ float warp_sum(float value)
+{
+    for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+    return value;
+}
+
+/* The warp's dot product of a row held in registers with the row at p. */
+static __device__ float warp_dot(const float *held, const float *p, int64_t hd)
+{
+    float partial = 0;
+    LANE_DIMS(e, d, hd) partial += held[e] * p[d];
+    return warp_sum(partial);
+}
+
+static __device__ void load_row(float *held, const float *p, int64_t hd)
+{
+    LANE_DIMS(e, d, hd) held[e] = p[d];
+}
+
+static __global__ void attention_forward_kernel(float *out, float *lse, const float *qkv, int64_t B, int64_t T,
                                                 int64_t Hq, int64_t Hkv, int64_t hd, float scale)
 {
     int64_t stride = (Hq + 2 * Hkv) * hd, group = Hq / Hkv;
-    ROWS_OF_BLOCK(r, B * Hq * T) {
+    WARPS_OF_GRID(r, B * Hq * T) {
         int64_t i = r % T, h = (r / T) % Hq, b = r / (T * Hq);
-        const float *q = qkv + (b * T + i) * stride + h * hd;
         const float *k = qkv + b * T * stride + (Hq + h / group) * hd; /* key j at k + j stride */
         const float *v = qkv + b * T * stride + (Hq + Hkv + h / group) * hd;
-        float *a = att + r * T;
-        /* Scores, each thread its own j's (it alone reads them back until the barrier). */
-        float max = -INFINITY;
-        COLUMNS_OF_THREAD(j, i + 1) {
-            float s = 0;
-            for (int64_t d = 0; d < hd; d++) s += q[d] * k[j * stride + d];
-            a[j] = s * scale;
-            max = fmaxf(max, a[j]);
+        float q[HEAD_DIMS_PER_LANE], acc[HEAD_DIMS_PER_LANE] = {0};
+        load_row(q, qkv + (b * T + i) * stride + h * hd, hd);
+        float max = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= i; j++) {
+            float s = warp_dot(q, k + j * stride, hd) * scale;
+            float new_max = fmaxf(max, s), rescale = expf(max - new_max), p = expf(s - new_max);
+            sum = sum * rescale + p;
+            LANE_DIMS(e, d, hd) acc[e] = acc[e] * rescale + p * v[j * stride + d];
+            max = new_max;
         }
-        max = block_max(max);
-        float sum = 0;
-        COLUMNS_OF_THREAD(j, i + 1) {
-            a[j] = expf(a[j] - max);
-            sum += a[j];
-        }
-        sum = block_sum(sum);
-        COLUMNS_OF_THREAD(j, T) a[j] = j <= i ? a[j] / sum : 0.0f;
-        __syncthreads(); /* the row of probabilities, written by every thread, read by every thread */
         float *o = out + (b * T + i) * Hq * hd + h * hd;
-        COLUMNS_OF_THREAD(d, hd) {
-            float s = 0;
-            for (int64_t j = 0; j <= i; j++) s += a[j] * v[j * stride + d];
-            o[d] = s;
-        }
+        LANE_DIMS(e, d, hd) o[d] = acc[e] / sum;
+        if ((threadIdx.x & 31) == 0) lse[r] = max + logf(sum);
     }
 }
 
-/* Backward of one (b, h), a block per query row i, in attention.c's terms:
- * d_att[i,j] = d_out_i . v_j, then the softmax backward and the score scale,
- * d_scores[i,j] = p[i,j] (d_att[i,j] - sum_j p[i,j] d_att[i,j]) scale for
- * j <= i, kept in the [T, T] scratch ds; then dq_i += sum_j d_scores[i,j] k_j
- * (this block is the only writer of dq's row i of head h). Pointers are
- * those of (b, h): rows of q, k, v, dq at + t stride, of d_out at
- * + t out_stride, of att and ds at + t T. Entries of ds above the diagonal
- * are not written and not read. */
-static __global__ void attention_backward_queries_kernel(float *ds, float *dq, const float *d_out, const float *k,
-                                                         const float *v, const float *att, int64_t T, int64_t stride,
-                                                         int64_t out_stride, int64_t hd, float scale)
+/* A warp per query row r: delta[r] = d_out_i . out_i, then
+ * dq_i = sum_{j <= i} p_ij (d_out_i . v_j - delta) scale k_j. */
+static __global__ void attention_backward_queries_kernel(float *d_qkv, float *delta, const float *d_out,
+                                                         const float *qkv, const float *out, const float *lse,
+                                                         int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
+                                                         float scale)
 {
-    ROWS_OF_BLOCK(i, T) {
-        const float *g = d_out + i * out_stride, *p = att + i * T;
-        float *dp = ds + i * T;
-        float dot = 0;
-        COLUMNS_OF_THREAD(j, i + 1) {
-            float s = 0;
-            for (int64_t d = 0; d < hd; d++) s += g[d] * v[j * stride + d];
-            dp[j] = s;
-            dot += p[j] * s;
+    int64_t stride = (Hq + 2 * Hkv) * hd, group = Hq / Hkv;
+    WARPS_OF_GRID(r, B * Hq * T) {
+        int64_t i = r % T, h = (r / T) % Hq, b = r / (T * Hq), row = (b * T + i) * Hq * hd + h * hd;
+        const float *k = qkv + b * T * stride + (Hq + h / group) * hd;
+        const float *v = qkv + b * T * stride + (Hq + Hkv + h / group) * hd;
+        float q[HEAD_DIMS_PER_LANE], g[HEAD_DIMS_PER_LANE], dq[HEAD_DIMS_PER_LANE] = {0};
+        load_row(q, qkv + (b * T + i) * stride + h * hd, hd);
+        load_row(g, d_out + row, hd);
+        float row_delta = warp_dot(g, out + row, hd), row_lse = lse[r];
+        if ((threadIdx.x & 31) == 0) delta[r] = row_delta;
+        for (int64_t j = 0; j <= i; j++) {
+            float p = expf(warp_dot(q, k + j * stride, hd) * scale - row_lse);
+            float ds = p * (warp_dot(g, v + j * stride, hd) - row_delta) * scale;
+            LANE_DIMS(e, d, hd) dq[e] += ds * k[j * stride + d];
         }
-        dot = block_sum(dot);
-        COLUMNS_OF_THREAD(j, i + 1) dp[j] = p[j] * (dp[j] - dot) * scale;
-        __syncthreads(); /* the row of ds, written by every thread, read by every thread */
-        COLUMNS_OF_THREAD(d, hd) {
-            float s = 0;
-            for (int64_t j = 0; j <= i; j++) s += dp[j] * k[j * stride + d];
-            dq[i * stride + d] += s;
-        }
+        float *dst = d_qkv + (b * T + i) * stride + h * hd;
+        LANE_DIMS(e, d, hd) dst[d] = dq[e];
     }
 }
 
-/* Then, for the same (b, h), a thread per (key row j, d):
- * dk_j += sum_{i >= j} d_scores[i,j] q_i and dv_j += sum_{i >= j} p[i,j] d_out_i.
- * The heads of a group share dk and dv; they are processed one after the
- * other on the stream, so each element has one writer at a time. */
-static __global__ void attention_backward_keys_kernel(float *dk, float *dv, const float *ds, const float *q,
-                                                      const float *d_out, const float *att, int64_t T, int64_t stride,
-                                                      int64_t out_stride, int64_t hd)
+/* A warp per key row (b, key head kh, j), after the queries kernel (delta):
+ * over the group's query heads h and rows i >= j,
+ * dk_j = sum p_ij (d_out_i . v_j - delta_i) scale q_i, dv_j = sum p_ij d_out_i. */
+static __global__ void attention_backward_keys_kernel(float *d_qkv, const float *delta, const float *d_out,
+                                                      const float *qkv, const float *lse, int64_t B, int64_t T,
+                                                      int64_t Hq, int64_t Hkv, int64_t hd, float scale)
 {
-    GRID_STRIDE(e, T * hd) {
-        int64_t j = e / hd, d = e % hd;
-        float sk = 0, sv = 0;
-        for (int64_t i = j; i < T; i++) {
-            sk += ds[i * T + j] * q[i * stride + d];
-            sv += att[i * T + j] * d_out[i * out_stride + d];
+    int64_t stride = (Hq + 2 * Hkv) * hd, group = Hq / Hkv;
+    WARPS_OF_GRID(r, B * Hkv * T) {
+        int64_t j = r % T, kh = (r / T) % Hkv, b = r / (T * Hkv);
+        float k[HEAD_DIMS_PER_LANE], v[HEAD_DIMS_PER_LANE], dk[HEAD_DIMS_PER_LANE] = {0}, dv[HEAD_DIMS_PER_LANE] = {0};
+        load_row(k, qkv + (b * T + j) * stride + (Hq + kh) * hd, hd);
+        load_row(v, qkv + (b * T + j) * stride + (Hq + Hkv + kh) * hd, hd);
+        for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
+            const float *row_lse = lse + (b * Hq + h) * T, *row_delta = delta + (b * Hq + h) * T;
+            for (int64_t i = j; i < T; i++) {
+                const float *q = qkv + (b * T + i) * stride + h * hd, *g = d_out + (b * T + i) * Hq * hd + h * hd;
+                float p = expf(warp_dot(k, q, hd) * scale - row_lse[i]);
+                float ds = p * (warp_dot(v, g, hd) - row_delta[i]) * scale;
+                LANE_DIMS(e, d, hd) dk[e] += ds * q[d], dv[e] += p * g[d];
+            }
         }
-        dk[j * stride + d] += sk;
-        dv[j * stride + d] += sv;
+        float *dst = d_qkv + (b * T + j) * stride;
+        LANE_DIMS(e, d, hd) dst[(Hq + kh) * hd + d] = dk[e], dst[(Hq + Hkv + kh) * hd + d] = dv[e];
     }
 }
 
 static int attention_shape_ok(const char *what, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    if (B < 0 || T < 0 || Hq < 0 || hd <= 0 || Hkv <= 0 || Hq % Hkv != 0)
+    if (B < 0 || T < 0 || Hq < 0 || hd <= 0 || hd > 32 * HEAD_DIMS_PER_LANE || Hkv <= 0 || Hq % Hkv != 0)
         return tp_fail(TP_ERR_ARG,
-                       "CUDA %s: B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld (want hd > 0 and Hq a multiple of Hkv > 0)",
-                       what, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd);
+                       "CUDA %s: B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld (want 0 < hd <= %d and Hq a multiple of "
+                       "Hkv > 0)",
+                       what, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd,
+                       32 * HEAD_DIMS_PER_LANE);
     return TP_OK;
 }
 
-static int cuda_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq,
-                                  int64_t Hkv, int64_t hd)
+/* The scratch: the forward needs none; the backward keeps delta[B,Hq,T] at
+ * its start. */
+static int cuda_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+                                  int64_t Hq, int64_t Hkv, int64_t hd)
 {
     float scale = 1.0f / sqrtf((float)hd);
+    (void)scratch;
     TP_TRY(attention_shape_ok("attention_forward", B, T, Hq, Hkv, hd));
     ENTER();
     if (B == 0 || T == 0 || Hq == 0) return TP_OK;
-    attention_forward_kernel<<<blocks_for(B * Hq * T, 1), THREADS, 0, state.stream>>>(out, att, qkv, B, T, Hq, Hkv,
-                                                                                       hd, scale);
+    attention_forward_kernel<<<blocks_for(B * Hq * T * 32, THREADS), THREADS, 0, state.stream>>>(out, lse, qkv, B, T,
+                                                                                                  Hq, Hkv, hd, scale);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
 }
 
-/* d_qkv is overwritten (zeroed, then accumulated into). The scratch is used
- * as the CPU uses it, one [T, T] for one (b, h) at a time: only its first
- * T*T floats (the trainer gives [T, T]; kernels.h promises B*Hq*T*T). */
 static int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
-                                   const float *att, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+                                   const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                   int64_t hd)
 {
-    int64_t stride = (Hq + 2 * Hkv) * hd, out_stride = Hq * hd, group = Hkv > 0 ? Hq / Hkv : 1;
     float scale = 1.0f / sqrtf((float)hd);
     TP_TRY(attention_shape_ok("attention_backward", B, T, Hq, Hkv, hd));
     ENTER();
     if (B == 0 || T == 0) return TP_OK;
-    CUDA_TRY(cudaMemsetAsync(d_qkv, 0, (size_t)(B * T * stride) * sizeof(float), state.stream));
-    for (int64_t b = 0; b < B; b++) {
-        for (int64_t h = 0; h < Hq; h++) {
-            const float *q = qkv + b * T * stride + h * hd;
-            const float *k = qkv + b * T * stride + (Hq + h / group) * hd;
-            const float *v = qkv + b * T * stride + (Hq + Hkv + h / group) * hd;
-            float *dq = d_qkv + b * T * stride + h * hd;
-            float *dk = d_qkv + b * T * stride + (Hq + h / group) * hd;
-            float *dv = d_qkv + b * T * stride + (Hq + Hkv + h / group) * hd;
-            const float *a = att + (b * Hq + h) * T * T, *dout = d_out + b * T * out_stride + h * hd;
-            attention_backward_queries_kernel<<<blocks_for(T, 1), THREADS, 0, state.stream>>>(
-                scratch, dq, dout, k, v, a, T, stride, out_stride, hd, scale);
-            LAUNCH_CHECK();
-            attention_backward_keys_kernel<<<blocks_for(T * hd, THREADS), THREADS, 0, state.stream>>>(
-                dk, dv, scratch, q, dout, a, T, stride, out_stride, hd);
-            LAUNCH_CHECK();
-        }
-    }
+    attention_backward_queries_kernel<<<blocks_for(B * Hq * T * 32, THREADS), THREADS, 0, state.stream>>>(
+        d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd, scale);
+    LAUNCH_CHECK();
+    attention_backward_keys_kernel<<<blocks_for(B * Hkv * T * 32, THREADS), THREADS, 0, state.stream>>>(
+        d_qkv, scratch, d_out, qkv, lse, B, T, Hq, Hkv, hd, scale);
+    LAUNCH_CHECK();
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
@@ -1166,12 +1181,15 @@ fail:
  * result every run): each of at most SUM_BLOCKS blocks sums its grid-stride
  * share into partials[block], then one block sums the partials into
  * partials[SUM_BLOCKS]. */
+/* Adds each block's sum of squares of x[n] to partials[block]: the spans'
+ * kernels run one after the other on the stream, so the partials add up
+ * in a fixed order. */
 static __global__ void sum_squares_kernel(double *partials, const float *x, int64_t n)
 {
     double s = 0;
     GRID_STRIDE(i, n) s += (double)x[i] * (double)x[i];
     s = block_sum_double(s);
-    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+    if (threadIdx.x == 0) partials[blockIdx.x] += s;
 }
 
 static __global__ void sum_partials_kernel(double *result, const double *partials, int count)
@@ -1182,18 +1200,23 @@ static __global__ void sum_partials_kernel(double *result, const double *partial
     if (threadIdx.x == 0) *result = s;
 }
 
-static int cuda_sum_of_squares(double *out, const float *x, int64_t n)
+/* One kernel per span into the same partials, one reduction, one wait:
+ * the gradient norm of every tensor costs one round trip to the host. */
+static int cuda_sum_of_squares(double *out, const float *const *spans, const int64_t *lengths, int count)
 {
-    unsigned blocks = blocks_for(n, THREADS);
     int status = TP_ERR_DEVICE;
     *out = 0;
-    if (n <= 0) return TP_OK;
-    if (blocks > SUM_BLOCKS) blocks = SUM_BLOCKS;
     pthread_mutex_lock(&sums_lock); /* one result buffer for the process */
     ENTER();
-    sum_squares_kernel<<<blocks, THREADS, 0, state.stream>>>(state.sums, x, n);
-    LAUNCH_CHECK();
-    sum_partials_kernel<<<1, THREADS, 0, state.stream>>>(state.sums + SUM_BLOCKS, state.sums, (int)blocks);
+    CUDA_TRY(cudaMemsetAsync(state.sums, 0, SUM_BLOCKS * sizeof(double), state.stream));
+    for (int s = 0; s < count; s++) {
+        if (lengths[s] <= 0) continue;
+        unsigned blocks = blocks_for(lengths[s], THREADS);
+        if (blocks > SUM_BLOCKS) blocks = SUM_BLOCKS;
+        sum_squares_kernel<<<blocks, THREADS, 0, state.stream>>>(state.sums, spans[s], lengths[s]);
+        LAUNCH_CHECK();
+    }
+    sum_partials_kernel<<<1, THREADS, 0, state.stream>>>(state.sums + SUM_BLOCKS, state.sums, SUM_BLOCKS);
     LAUNCH_CHECK();
     CUDA_TRY(cudaMemcpyAsync(out, state.sums + SUM_BLOCKS, sizeof(double), cudaMemcpyDeviceToHost, state.stream));
     CUDA_TRY(cudaStreamSynchronize(state.stream));

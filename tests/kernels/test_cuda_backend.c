@@ -510,60 +510,65 @@ Test(cuda_backend, elementwise)
 /* --------------------------------------------------------------- attention */
 
 /* B, T, Hq, Hkv, hd: grouped KV heads (2 query heads per KV head), one KV
- * head for all, and as many KV heads as query heads. */
-static const int64_t attention_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 37, 3, 1, 24}, {2, 5, 2, 2, 8}};
+ * head for all with T beyond the CPU's ATTENTION_ROWS, as many KV heads as
+ * query heads, and GPT-2's head size (64) over two CPU blocks. */
+static const int64_t attention_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 97, 3, 1, 24}, {2, 5, 2, 2, 8}, {1, 130, 2, 2, 64}};
+#define ATTENTION_SHAPES (int)(sizeof attention_shapes / sizeof attention_shapes[0])
 
-/* The whole of att is compared, zeros above the diagonal included (the
- * device's starts from garbage). Tolerance 1e-4 relative + 1e-5 absolute:
- * softmax and the weighted sums are reductions. */
+/* out and lse, the device's from garbage. Tolerance 1e-4 relative + 1e-5
+ * absolute: the device sums scores over keys in another order (online
+ * softmax) than the CPU's sgemm. */
 Test(cuda_backend, attention_forward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < ATTENTION_SHAPES; s++) {
         int64_t B = attention_shapes[s][0], T = attention_shapes[s][1], Hq = attention_shapes[s][2];
         int64_t Hkv = attention_shapes[s][3], hd = attention_shapes[s][4];
-        int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_att = B * Hq * T * T;
+        int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
+        int64_t n_scratch = attention_scratch_floats(B, T, Hq);
         float *qkv = random_floats(n_qkv, 2.0f), *out = malloc((size_t)n_out * sizeof(float));
-        float *att = malloc((size_t)n_att * sizeof(float)), *garbage = filled(n_att > n_out ? n_att : n_out, 7.0f);
+        float *lse = malloc((size_t)n_lse * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
+        float *garbage = filled(n_scratch > n_out ? n_scratch : n_out, 7.0f);
         float *g_qkv = upload_floats(k, qkv, n_qkv), *g_out = upload_floats(k, garbage, n_out);
-        float *g_att = upload_floats(k, garbage, n_att);
-        attention_forward(out, att, qkv, B, T, Hq, Hkv, hd);
-        cr_assert_eq(k->attention_forward(g_out, g_att, g_qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
-        check_device(k, g_att, att, n_att, 1e-4, 1e-5, "att");
+        float *g_lse = upload_floats(k, garbage, n_lse), *g_scratch = upload_floats(k, garbage, n_scratch);
+        attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+        cr_assert_eq(k->attention_forward(g_out, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
+                     tp_errmsg());
+        check_device(k, g_lse, lse, n_lse, 1e-4, 1e-5, "lse");
         check_device(k, g_out, out, n_out, 1e-4, 1e-5, "out");
-        k->release(g_qkv), k->release(g_out), k->release(g_att);
-        free(qkv), free(out), free(att), free(garbage);
+        k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch);
+        free(qkv), free(out), free(lse), free(scratch), free(garbage);
     }
 }
 
-/* d_qkv is overwritten (the device's starts from garbage). Both sides get
- * the CPU's att. The scratch is [T, T], as the trainer gives it: the CUDA
- * backend, like the CPU, uses no more. Tolerance 1e-4 relative + 1e-5
- * absolute. */
+/* d_qkv is overwritten (the device's starts from garbage, as does its
+ * scratch). Both sides get the CPU's out and lse. Tolerance 1e-4 relative +
+ * 1e-5 absolute. */
 Test(cuda_backend, attention_backward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < ATTENTION_SHAPES; s++) {
         int64_t B = attention_shapes[s][0], T = attention_shapes[s][1], Hq = attention_shapes[s][2];
         int64_t Hkv = attention_shapes[s][3], hd = attention_shapes[s][4];
-        int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_att = B * Hq * T * T;
+        int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
+        int64_t n_scratch = attention_scratch_floats(B, T, Hq);
         float *qkv = random_floats(n_qkv, 2.0f), *out = malloc((size_t)n_out * sizeof(float));
-        float *att = malloc((size_t)n_att * sizeof(float)), *dout = random_floats(n_out, 1.0f);
-        float *dqkv = malloc((size_t)n_qkv * sizeof(float));
-        float *scratch = malloc((size_t)(B * Hq * T * T) * sizeof(float));
-        float *garbage = filled(n_qkv, 7.0f);
-        attention_forward(out, att, qkv, B, T, Hq, Hkv, hd);
-        float *g_qkv = upload_floats(k, qkv, n_qkv), *g_att = upload_floats(k, att, n_att);
-        float *g_dout = upload_floats(k, dout, n_out), *g_dqkv = upload_floats(k, garbage, n_qkv);
-        float *g_scratch = upload_floats(k, garbage, T * T);
-        attention_backward(dqkv, scratch, dout, qkv, att, B, T, Hq, Hkv, hd);
-        cr_assert_eq(k->attention_backward(g_dqkv, g_scratch, g_dout, g_qkv, g_att, B, T, Hq, Hkv, hd), TP_OK, "%s",
-                     tp_errmsg());
+        float *lse = malloc((size_t)n_lse * sizeof(float)), *dout = random_floats(n_out, 1.0f);
+        float *dqkv = malloc((size_t)n_qkv * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
+        float *garbage = filled(n_scratch > n_qkv ? n_scratch : n_qkv, 7.0f);
+        attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+        float *g_qkv = upload_floats(k, qkv, n_qkv), *g_out = upload_floats(k, out, n_out);
+        float *g_lse = upload_floats(k, lse, n_lse), *g_dout = upload_floats(k, dout, n_out);
+        float *g_dqkv = upload_floats(k, garbage, n_qkv), *g_scratch = upload_floats(k, garbage, n_scratch);
+        attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd);
+        cr_assert_eq(k->attention_backward(g_dqkv, g_scratch, g_dout, g_qkv, g_out, g_lse, B, T, Hq, Hkv, hd), TP_OK,
+                     "%s", tp_errmsg());
         check_device(k, g_dqkv, dqkv, n_qkv, 1e-4, 1e-5, "d_qkv");
-        k->release(g_qkv), k->release(g_att), k->release(g_dout), k->release(g_dqkv), k->release(g_scratch);
-        free(qkv), free(out), free(att), free(dout), free(dqkv), free(scratch), free(garbage);
+        k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_dout), k->release(g_dqkv);
+        k->release(g_scratch);
+        free(qkv), free(out), free(lse), free(dout), free(dqkv), free(scratch), free(garbage);
     }
 }
 
@@ -573,8 +578,9 @@ Test(cuda_backend, attention_refuses_bad_heads)
     const kernel_backend *k = gpu();
     float *g = NULL;
     cr_assert_eq(k->alloc((void **)&g, 4096), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->attention_forward(g, g, g, 1, 2, 3, 2, 4), TP_ERR_ARG, "Hq not a multiple of Hkv");
-    cr_assert_eq(k->attention_forward(g, g, g, 1, 2, 2, 0, 4), TP_ERR_ARG, "no KV head");
+    cr_assert_eq(k->attention_forward(g, g, g, g, 1, 2, 3, 2, 4), TP_ERR_ARG, "Hq not a multiple of Hkv");
+    cr_assert_eq(k->attention_forward(g, g, g, g, 1, 2, 2, 0, 4), TP_ERR_ARG, "no KV head");
+    cr_assert_eq(k->attention_forward(g, g, g, g, 1, 2, 2, 2, 257), TP_ERR_ARG, "a head beyond 256 dimensions");
     k->release(g);
 }
 
@@ -697,20 +703,29 @@ Test(cuda_backend, adamw_update)
 }
 
 /* Squares of floats are exact in double; only the order of the additions
- * differs: tolerance 1e-10 relative. Sizes: empty, within one block, and
- * more than the first pass's 1024 blocks of 256 cover at once. */
+ * differs: tolerance 1e-10 relative. Spans: empty, within one block, and
+ * more than the first pass's 1024 blocks of 256 cover at once; alone, and
+ * all in one call (the partials of one span added to the next's). */
 Test(cuda_backend, sum_of_squares)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
     const int64_t sizes[] = {0, 37, (1 << 20) + 37};
+    float *x[3], *g_x[3];
     for (int s = 0; s < 3; s++) {
-        int64_t n = sizes[s];
-        float *x = random_floats(n, 3.0f), *g_x = upload_floats(k, x, n);
-        double got = -1, want = sum_of_squares(x, n);
-        cr_assert_eq(k->sum_of_squares(&got, g_x, n), TP_OK, "%s", tp_errmsg());
-        cr_assert(fabs(got - want) <= 1e-10 * fabs(want), "n=%lld: CUDA %.17g, CPU %.17g", (long long)n, got, want);
-        k->release(g_x);
-        free(x);
+        x[s] = random_floats(sizes[s], 3.0f), g_x[s] = upload_floats(k, x[s], sizes[s]);
+        const float *host[] = {x[s]}, *device[] = {g_x[s]};
+        double got = -1, want = sum_of_squares(host, &sizes[s], 1);
+        cr_assert_eq(k->sum_of_squares(&got, device, &sizes[s], 1), TP_OK, "%s", tp_errmsg());
+        cr_assert(fabs(got - want) <= 1e-10 * fabs(want), "n=%lld: CUDA %.17g, CPU %.17g", (long long)sizes[s], got,
+                  want);
     }
+    const float *host[] = {x[2], x[0], x[1], x[2]}, *device[] = {g_x[2], g_x[0], g_x[1], g_x[2]};
+    const int64_t lengths[] = {sizes[2], sizes[0], sizes[1], sizes[2]};
+    double got = -1, want = sum_of_squares(host, lengths, 4);
+    cr_assert_eq(k->sum_of_squares(&got, device, lengths, 4), TP_OK, "%s", tp_errmsg());
+    cr_assert(fabs(got - want) <= 1e-10 * fabs(want), "four spans: CUDA %.17g, CPU %.17g", got, want);
+    cr_assert_eq(k->sum_of_squares(&got, device, lengths, 0), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(got, 0.0, "no span");
+    for (int s = 0; s < 3; s++) k->release(g_x[s]), free(x[s]);
 }

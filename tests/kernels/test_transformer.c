@@ -177,47 +177,108 @@ typedef struct {
     int64_t B, T, Hq, Hkv, hd;
 } att_ctx;
 
-static void attention_naive(double *out, void *ctx)
+/* Dense causal attention in double: out, and when lse is not NULL each
+ * row's log-sum-exp; when d_qkv is not NULL also the gradient of
+ * sum(d_out * out) by the textbook softmax backward over the full [T, T]
+ * probabilities (no log-sum-exp, no blocks: independent of attention.c). */
+static void attention_dense(const att_ctx *c, double *out, double *lse, const float *d_out, double *d_qkv)
 {
-    att_ctx *c = ctx;
-    int64_t stride = (c->Hq + 2 * c->Hkv) * c->hd, group = c->Hq / c->Hkv;
+    int64_t T = c->T, hd = c->hd, stride = (c->Hq + 2 * c->Hkv) * hd, group = c->Hq / c->Hkv, os = c->Hq * hd;
+    double *p = malloc((size_t)(T * T) * sizeof(double)), *dp = malloc((size_t)(T * T) * sizeof(double));
+    if (d_qkv) memset(d_qkv, 0, (size_t)(c->B * T * stride) * sizeof(double));
     for (int64_t b = 0; b < c->B; b++)
-        for (int64_t h = 0; h < c->Hq; h++)
-            for (int64_t i = 0; i < c->T; i++) {
-                double scores[64], max = -INFINITY, sum = 0;
+        for (int64_t h = 0; h < c->Hq; h++) {
+            int64_t qo = h * hd, ko = (c->Hq + h / group) * hd, vo = (c->Hq + c->Hkv + h / group) * hd;
+            const float *x = c->qkv + b * T * stride;
+            for (int64_t i = 0; i < T; i++) {
+                double max = -INFINITY, sum = 0;
                 for (int64_t j = 0; j <= i; j++) {
                     double s = 0;
-                    for (int64_t d = 0; d < c->hd; d++)
-                        s += (double)c->qkv[(b * c->T + i) * stride + h * c->hd + d] *
-                             c->qkv[(b * c->T + j) * stride + (c->Hq + h / group) * c->hd + d];
-                    scores[j] = s / sqrt((double)c->hd);
-                    max = fmax(max, scores[j]);
+                    for (int64_t d = 0; d < hd; d++) s += (double)x[i * stride + qo + d] * x[j * stride + ko + d];
+                    p[i * T + j] = s / sqrt((double)hd);
+                    max = fmax(max, p[i * T + j]);
                 }
-                for (int64_t j = 0; j <= i; j++) sum += (scores[j] = exp(scores[j] - max));
-                for (int64_t d = 0; d < c->hd; d++) {
+                for (int64_t j = 0; j <= i; j++) sum += p[i * T + j] = exp(p[i * T + j] - max);
+                for (int64_t j = 0; j <= i; j++) p[i * T + j] /= sum;
+                if (lse) lse[(b * c->Hq + h) * T + i] = max + log(sum);
+                for (int64_t d = 0; d < hd; d++) {
                     double y = 0;
-                    for (int64_t j = 0; j <= i; j++)
-                        y += scores[j] / sum * c->qkv[(b * c->T + j) * stride + (c->Hq + c->Hkv + h / group) * c->hd + d];
-                    out[(b * c->T + i) * c->Hq * c->hd + h * c->hd + d] = y;
+                    for (int64_t j = 0; j <= i; j++) y += p[i * T + j] * x[j * stride + vo + d];
+                    out[(b * T + i) * os + qo + d] = y;
                 }
             }
+            if (!d_qkv) continue;
+            const float *g = d_out + b * T * os + qo;
+            double *dx = d_qkv + b * T * stride;
+            for (int64_t i = 0; i < T; i++) {
+                double dot = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double s = 0;
+                    for (int64_t d = 0; d < hd; d++) s += (double)g[i * os + d] * x[j * stride + vo + d];
+                    dp[i * T + j] = s;
+                    dot += p[i * T + j] * s;
+                    for (int64_t d = 0; d < hd; d++) dx[j * stride + vo + d] += p[i * T + j] * g[i * os + d];
+                }
+                for (int64_t j = 0; j <= i; j++) {
+                    double ds = p[i * T + j] * (dp[i * T + j] - dot) / sqrt((double)hd);
+                    for (int64_t d = 0; d < hd; d++) {
+                        dx[i * stride + qo + d] += ds * x[j * stride + ko + d];
+                        dx[j * stride + ko + d] += ds * x[i * stride + qo + d];
+                    }
+                }
+            }
+        }
+    free(p), free(dp);
 }
 
+static void attention_naive(double *out, void *ctx)
+{
+    attention_dense(ctx, out, NULL, NULL, NULL);
+}
+
+/* Small: the backward against finite differences of the dense forward. */
 Test(transformer, attention_with_grouped_heads)
 {
     int64_t B = 2, T = 6, Hq = 4, Hkv = 2, hd = 3;
     int64_t n_in = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd;
-    float *qkv = random_floats(n_in), *out = malloc(n_out * 4), *att = malloc(B * Hq * T * T * 4);
-    float *dout = random_floats(n_out), *dqkv = malloc(n_in * 4), *scratch = malloc(T * T * 4);
-    attention_forward(out, att, qkv, B, T, Hq, Hkv, hd);
+    float *qkv = random_floats(n_in), *out = malloc(n_out * 4), *lse = malloc(B * Hq * T * 4);
+    float *dout = random_floats(n_out), *dqkv = malloc(n_in * 4);
+    float *scratch = malloc((size_t)attention_scratch_floats(B, T, Hq) * 4);
+    attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
     att_ctx ctx = {qkv, B, T, Hq, Hkv, hd};
     double *want = malloc(n_out * sizeof(double)), *grads = malloc(n_in * sizeof(double));
     attention_naive(want, &ctx);
     assert_close(out, want, n_out, 1e-5, "attention");
-    attention_backward(dqkv, scratch, dout, qkv, att, B, T, Hq, Hkv, hd);
+    attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd);
     for (int64_t i = 0; i < n_in; i++) grads[i] = numeric_grad(qkv, i, dout, n_out, attention_naive, &ctx);
     assert_close(dqkv, grads, n_in, 2e-3, "d_qkv");
-    free(qkv), free(out), free(att), free(dout), free(dqkv), free(scratch), free(want), free(grads);
+    free(qkv), free(out), free(lse), free(dout), free(dqkv), free(scratch), free(want), free(grads);
+}
+
+/* Longer than ATTENTION_ROWS (blocks of 64, 64 and 19 query rows; the
+ * scratch as small as promised, between guards): out, lse and d_qkv
+ * against the dense double reference. */
+Test(transformer, attention_over_several_blocks_of_rows)
+{
+    int64_t B = 2, T = 2 * ATTENTION_ROWS + 19, Hq = 3, Hkv = 1, hd = 8;
+    int64_t n_in = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
+    int64_t n_scratch = attention_scratch_floats(B, T, Hq);
+    float *qkv = random_floats(n_in), *out = malloc(n_out * 4), *lse = malloc(n_lse * 4);
+    float *dout = random_floats(n_out), *dqkv = malloc(n_in * 4), *guarded = malloc((n_scratch + 2) * 4);
+    for (int64_t i = 0; i < n_in; i++) qkv[i] *= 2.0f; /* peakier softmax */
+    guarded[0] = guarded[n_scratch + 1] = 12345.0f;
+    attention_forward(out, lse, guarded + 1, qkv, B, T, Hq, Hkv, hd);
+    attention_backward(dqkv, guarded + 1, dout, qkv, out, lse, B, T, Hq, Hkv, hd);
+    cr_assert(guarded[0] == 12345.0f && guarded[n_scratch + 1] == 12345.0f, "scratch written out of its bounds");
+    att_ctx ctx = {qkv, B, T, Hq, Hkv, hd};
+    double *want = malloc(n_out * sizeof(double)), *want_lse = malloc(n_lse * sizeof(double));
+    double *want_grad = malloc(n_in * sizeof(double));
+    attention_dense(&ctx, want, want_lse, dout, want_grad);
+    assert_close(out, want, n_out, 1e-5, "out");
+    assert_close(lse, want_lse, n_lse, 1e-6, "lse");
+    assert_close(dqkv, want_grad, n_in, 1e-5, "d_qkv");
+    free(qkv), free(out), free(lse), free(dout), free(dqkv), free(guarded), free(want), free(want_lse);
+    free(want_grad);
 }
 
 Test(transformer, vocabulary_parallel_embedding_and_cross_entropy)
@@ -303,7 +364,11 @@ Test(transformer, elementwise_sums_scales_and_squares)
     for (int64_t i = 0; i < N * C; i++) cr_assert_eq(acc[i], (x[i] + partial[i]) * 0.5f);
     double want = 0;
     for (int64_t i = 0; i < N * C; i++) want += (double)x[i] * x[i];
-    cr_assert_eq(sum_of_squares(x, N * C), want);
+    const float *whole[] = {x}, *pieces[] = {x, x + 4, x + 4};
+    const int64_t whole_length[] = {N * C}, piece_lengths[] = {4, 0, N * C - 4};
+    cr_assert_eq(sum_of_squares(whole, whole_length, 1), want);
+    cr_assert(fabs(sum_of_squares(pieces, piece_lengths, 3) - want) <= 1e-15 * want, "spans in pieces");
+    cr_assert_eq(sum_of_squares(pieces, piece_lengths, 0), 0.0, "no span");
     free(x);
     free(partial);
     free(bias);

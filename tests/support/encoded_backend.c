@@ -46,6 +46,7 @@ static void flip_touched(const void *const *pointers, int count)
         if (i < 0) continue;
         for (int j = 0; j < n; j++) seen |= done[j] == i;
         if (seen) continue;
+        if (n == MAX_TOUCHED) abort(); /* more distinct allocations in one call than this test backend tracks */
         done[n++] = i;
         flip(allocations[i].base, allocations[i].size);
     }
@@ -226,19 +227,20 @@ static int enc_scale_inplace(float *x, float scale, int64_t n)
     LEAVE();
 }
 
-static int enc_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t Hq,
-                                 int64_t Hkv, int64_t hd)
+static int enc_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+                                 int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    ENTER(out, att, qkv);
-    attention_forward(out, att, qkv, B, T, Hq, Hkv, hd);
+    ENTER(out, lse, scratch, qkv);
+    attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
     LEAVE();
 }
 
 static int enc_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
-                                  const float *att, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+                                  const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                  int64_t hd)
 {
-    ENTER(d_qkv, scratch, d_out, qkv, att);
-    attention_backward(d_qkv, scratch, d_out, qkv, att, B, T, Hq, Hkv, hd);
+    ENTER(d_qkv, scratch, d_out, qkv, out, lse);
+    attention_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
     LEAVE();
 }
 
@@ -299,11 +301,14 @@ static int enc_adamw_update(float *param, const float *grad, float *m, float *v,
     LEAVE();
 }
 
-static int enc_sum_of_squares(double *out, const float *x, int64_t n)
+static int enc_sum_of_squares(double *out, const float *const *spans, const int64_t *lengths, int count)
 {
-    ENTER(x);
-    *out = sum_of_squares(x, n);
-    LEAVE();
+    pthread_mutex_lock(&lock);
+    flip_touched((const void *const *)spans, count);
+    *out = sum_of_squares(spans, lengths, count);
+    flip_touched((const void *const *)spans, count);
+    pthread_mutex_unlock(&lock);
+    return TP_OK;
 }
 
 static const kernel_backend backend = {
