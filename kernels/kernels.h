@@ -269,6 +269,16 @@ int cuda_group_create(cuda_group **out, const unsigned char id[CUDA_GROUP_ID_BYT
 /* data: count values of the backend's memory, float (is_double 0) or
  * double; sum (is_max 0) or max. */
 int cuda_group_all_reduce(cuda_group *group, void *data, int64_t count, int is_double, int is_max);
+/* Point to point with member `peer`, in the order issued (a pipeline link:
+ * one group per direction, so that the messages of each go one way). A
+ * receive runs on the backend's stream. A send runs on a stream of the
+ * group's, after the work issued on the backend's stream so far: it does
+ * not hold up the computation issued after it while the peer is not yet
+ * receiving. Its data must stay untouched until cuda_group_wait_sends,
+ * which orders the backend's stream after every send issued so far. */
+int cuda_group_send(cuda_group *group, int peer, const void *data, int64_t count, int is_double);
+int cuda_group_recv(cuda_group *group, int peer, void *data, int64_t count, int is_double);
+int cuda_group_wait_sends(cuda_group *group);
 void cuda_group_free(cuda_group *group);
 
 /* The backend for a device asked for by name: "cpu"; "cuda" (the GPU

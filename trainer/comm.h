@@ -1,7 +1,7 @@
 /* comm.h: what the trainer needs from a communicator, behind a table of
  * operations that any backend fills: MPI between processes (comm_mpi.h, a
  * library of its own), threads of one process (comm_threads_create), one
- * process alone (comm_local_create), and NCCL on GPUs to come. The trainer
+ * process alone (comm_local_create), and NCCL on GPUs (comm_nccl_create). The trainer
  * itself needs no MPI.
  *
  * Ranks are laid out with tensor parallelism innermost:
@@ -71,10 +71,11 @@ int comm_place(comm *c, int rank, int world, int tp, int pp, int dp);
 struct kernel_backend;
 int comm_staged_create(comm **out, comm *host, const struct kernel_backend *kernels);
 
-/* Data on GPUs: all-reduces of COMM_DEVICE data through NCCL groups (world,
- * TP, DP, the tied embedding's pairs), on the CUDA backend's stream and
- * without host copies; pipeline messages and host data through host, as
- * comm_staged. Collective: every rank of host calls it, after kernels_cuda.
+/* Data on GPUs: all-reduces and pipeline messages of COMM_DEVICE float
+ * data through NCCL groups (world, TP, DP, the tied embedding's pairs, a
+ * link per direction between neighbouring stages), on the CUDA backend's
+ * streams and without host copies; host data and integers through host,
+ * as comm_staged. Collective: every rank of host calls it, after kernels_cuda.
  * host stays the caller's, to be freed after the result. Fails with
  * TP_ERR_DEVICE and NCCL's reason (a build without CUDA, no GPU). */
 int comm_nccl_create(comm **out, comm *host, const struct kernel_backend *kernels);

@@ -1,11 +1,17 @@
 /* comm_nccl.c: the communicator of ranks on GPUs (comm.h,
  * comm_nccl_create). The trainer's all-reduces of device data (tensor
  * parallel sums, the tied embedding's gradient, data-parallel averaging)
- * go through NCCL groups on the CUDA backend's stream; everything else
- * (pipeline messages, host data, the stop and failure verdicts) through
- * the host communicator, device data copied through the host
- * (comm_staged). The NCCL groups' ids are drawn by each group's first rank
- * and shared with a world all-reduce of the host communicator. */
+ * go through NCCL groups on the CUDA backend's stream, and so do its
+ * pipeline messages: each pair of neighbouring stages (same TP rank and
+ * replica) has two links, one per direction (activations forward,
+ * gradients backward), so that every NCCL communicator carries messages
+ * one way, in issue order, with sends on a stream of their own
+ * (cuda_group_send): 1F1B's sends then never wait on each other across
+ * directions. Everything else (host data, integers, the stop and failure
+ * verdicts) goes through the host communicator, device data copied
+ * through the host (comm_staged). The NCCL groups' ids are drawn by each
+ * group's first rank and shared with a world all-reduce of the host
+ * communicator. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,16 +19,27 @@
 #include "../kernels/kernels.h"
 #include "comm.h"
 
-enum { GROUP_KINDS = 4 }; /* comm_group: WORLD, TP, DP, EMBED */
+/* Group kinds: comm_group's four, then the pipeline links. A link joins
+ * stages s and s + 1 (members 0 and 1); a rank is in the link starting at
+ * its own stage and in the one starting at the stage before, one of even s
+ * and one of odd s, which makes each kind hold at most one group per rank. */
+enum {
+    GROUP_KINDS = 4, /* comm_group: WORLD, TP, DP, EMBED */
+    LINK_EVEN_FORWARD = GROUP_KINDS, /* activations from even s to s + 1 */
+    LINK_EVEN_BACKWARD,              /* gradients from s + 1 to even s */
+    LINK_ODD_FORWARD,
+    LINK_ODD_BACKWARD,
+    ALL_KINDS
+};
 
 typedef struct {
-    comm *staged;                     /* pipeline messages and host data */
-    cuda_group *groups[GROUP_KINDS]; /* NULL: not a member (EMBED on a middle stage, or pp 1) */
+    comm *staged;                   /* host data, integers */
+    cuda_group *groups[ALL_KINDS];  /* NULL: not a member (EMBED on a middle stage, a link of a stage alone) */
 } nccl_comm;
 
 /* Members of this rank's group of a kind, its place in it and the rank of
  * its first member; 0 members when the rank is in no such group. */
-static void group_of(const comm *c, comm_group kind, int *members, int *member, int *leader)
+static void group_of(const comm *c, int kind, int *members, int *member, int *leader)
 {
     int stage_first = c->dp_rank * c->pp * c->tp; /* rank of (dp_rank, pp 0, tp 0) */
     *members = *member = *leader = 0;
@@ -34,12 +51,32 @@ static void group_of(const comm *c, comm_group kind, int *members, int *member, 
         if (c->pp > 1 && (c->pp_rank == 0 || c->pp_rank == c->pp - 1))
             *members = 2, *member = c->pp_rank == 0 ? 0 : 1, *leader = stage_first + c->tp_rank;
         break;
+    default: { /* a link */
+        int parity = kind == LINK_EVEN_FORWARD || kind == LINK_EVEN_BACKWARD ? 0 : 1;
+        int start = c->pp_rank % 2 == parity ? c->pp_rank : c->pp_rank - 1;
+        if (start >= 0 && start + 1 < c->pp)
+            *members = 2, *member = c->pp_rank - start, *leader = c->rank - (c->pp_rank - start) * c->tp;
     }
+    }
+}
+
+/* The link this rank sends to (or receives from) peer on, and the peer's
+ * member number in it. To the next stage: the forward link starting here;
+ * from it: the backward one. With the previous stage: the links starting
+ * there, the other way round. */
+static cuda_group *link_to(const nccl_comm *n, const comm *c, comm_peer peer, int sending, int *other)
+{
+    int start = peer == COMM_NEXT_STAGE ? c->pp_rank : c->pp_rank - 1;
+    int forward = (peer == COMM_NEXT_STAGE) == (sending != 0);
+    int kind = start % 2 == 0 ? (forward ? LINK_EVEN_FORWARD : LINK_EVEN_BACKWARD)
+                              : (forward ? LINK_ODD_FORWARD : LINK_ODD_BACKWARD);
+    *other = peer == COMM_NEXT_STAGE ? 1 : 0;
+    return start >= 0 ? n->groups[kind] : NULL;
 }
 
 /* The groups of one kind: their first ranks draw ids, a world sum of the
  * (otherwise zero) table shares them, each rank joins its own. */
-static int make_groups(nccl_comm *n, comm *c, comm_group kind)
+static int make_groups(nccl_comm *n, comm *c, int kind)
 {
     int members, member, leader;
     group_of(c, kind, &members, &member, &leader);
@@ -70,21 +107,37 @@ static int nccl_all_reduce(comm *c, comm_group group, void *data, int64_t count,
     return cuda_group_all_reduce(n->groups[group], data, count, type == COMM_DOUBLE, op == COMM_MAX);
 }
 
+/* Tags are not sent: each link's messages arrive in the order sent, which
+ * is the order the pipeline receives them. */
 static int nccl_send(comm *c, comm_peer peer, const void *data, int64_t count, comm_type type, int tag, comm_stream stream)
 {
     nccl_comm *n = c->impl;
-    return comm_send(n->staged, peer, data, count, type, tag, stream);
+    int other;
+    cuda_group *link = link_to(n, c, peer, 1, &other);
+    if (stream != COMM_DEVICE || type == COMM_INT || !link)
+        return comm_send(n->staged, peer, data, count, type, tag, stream);
+    return cuda_group_send(link, other, data, count, type == COMM_DOUBLE);
 }
 
 static int nccl_recv(comm *c, comm_peer peer, void *data, int64_t count, comm_type type, int tag, comm_stream stream)
 {
     nccl_comm *n = c->impl;
-    return comm_recv(n->staged, peer, data, count, type, tag, stream);
+    int other;
+    cuda_group *link = link_to(n, c, peer, 0, &other);
+    if (stream != COMM_DEVICE || type == COMM_INT || !link)
+        return comm_recv(n->staged, peer, data, count, type, tag, stream);
+    return cuda_group_recv(link, other, data, count, type == COMM_DOUBLE);
 }
 
 static int nccl_wait_sends(comm *c, comm_stream stream)
 {
     nccl_comm *n = c->impl;
+    const comm_peer peers[2] = {COMM_NEXT_STAGE, COMM_PREV_STAGE};
+    for (int p = 0; p < 2 && stream == COMM_DEVICE; p++) {
+        int other;
+        cuda_group *link = link_to(n, c, peers[p], 1, &other);
+        if (link) TP_TRY(cuda_group_wait_sends(link));
+    }
     return comm_wait_sends(n->staged, stream);
 }
 
@@ -103,7 +156,7 @@ static void nccl_abort(comm *c, int status)
 static void nccl_free(comm *c)
 {
     nccl_comm *n = c->impl;
-    for (int k = 0; k < GROUP_KINDS; k++) cuda_group_free(n->groups[k]);
+    for (int k = 0; k < ALL_KINDS; k++) cuda_group_free(n->groups[k]);
     comm_free(n->staged);
     free(n);
     free(c);
@@ -124,8 +177,7 @@ int comm_nccl_create(comm **out, comm *host, const kernel_backend *kernels)
         c->ops = &nccl_ops;
         c->impl = n;
     }
-    const comm_group kinds[GROUP_KINDS] = {GROUP_WORLD, GROUP_TP, GROUP_DP, GROUP_EMBED};
-    for (int k = 0; k < GROUP_KINDS && !status; k++) status = make_groups(n, host, kinds[k]);
+    for (int k = 0; k < ALL_KINDS && !status; k++) status = make_groups(n, host, k);
     if (status) {
         if (c && n && n->staged) nccl_free(c);
         else free(c), free(n);

@@ -1,7 +1,9 @@
 /* nccl.cu: device collectives through NCCL (kernels.h, cuda_group_*).
  * NCCL is loaded with dlopen when first used, as cuBLAS is: its library is
  * over 200 MB, and every program of a CUDA build would otherwise pay for
- * it at start. Collectives run on the CUDA backend's stream. */
+ * it at start. Collectives and receives run on the CUDA backend's stream;
+ * sends on a stream of the group's own, ordered after the backend's work
+ * by an event, so that a send waiting for its peer holds up no kernel. */
 #include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
@@ -19,7 +21,10 @@ static_assert(CUDA_GROUP_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "kernels.h's group id
 
 struct cuda_group {
     ncclComm_t comm;
-    cudaStream_t stream;
+    cudaStream_t stream;      /* the backend's */
+    cudaStream_t send_stream; /* sends; created with the first */
+    cudaEvent_t sends_ready;  /* on the backend's stream: what a send must wait for */
+    cudaEvent_t sends_done;   /* on send_stream: every send issued so far */
     int device;
 };
 
@@ -28,6 +33,8 @@ static struct {
     decltype(&ncclCommInitRank) init_rank;
     decltype(&ncclCommDestroy) destroy;
     decltype(&ncclAllReduce) all_reduce;
+    decltype(&ncclSend) send;
+    decltype(&ncclRecv) recv;
     decltype(&ncclGetErrorString) error_string;
 } nccl;
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -51,6 +58,8 @@ static int load_nccl(void)
                    !(*(void **)&nccl.init_rank = dlsym(library, "ncclCommInitRank")) ||
                    !(*(void **)&nccl.destroy = dlsym(library, "ncclCommDestroy")) ||
                    !(*(void **)&nccl.error_string = dlsym(library, "ncclGetErrorString")) ||
+                   !(*(void **)&nccl.send = dlsym(library, "ncclSend")) ||
+                   !(*(void **)&nccl.recv = dlsym(library, "ncclRecv")) ||
                    !(*(void **)&nccl.all_reduce = dlsym(library, "ncclAllReduce"))) { /* last: all are loaded */
             nccl.all_reduce = NULL;
             status = tp_fail(TP_ERR_DEVICE, "NCCL (%s) lacks a function this build uses", names[0]);
@@ -118,9 +127,61 @@ fail:
     return TP_ERR_DEVICE;
 }
 
+static int peer_ok(const char *what, int peer, int64_t count)
+{
+    if (peer < 0 || count < 0) return tp_fail(TP_ERR_ARG, "device group %s: peer %d, %lld values", what, peer, (long long)count);
+    return TP_OK;
+}
+
+extern "C" int cuda_group_send(cuda_group *group, int peer, const void *data, int64_t count, int is_double)
+{
+    TP_TRY(peer_ok("send", peer, count));
+    CUDA_TRY(cudaSetDevice(group->device));
+    if (!group->send_stream) {
+        CUDA_TRY(cudaEventCreateWithFlags(&group->sends_ready, cudaEventDisableTiming));
+        CUDA_TRY(cudaEventCreateWithFlags(&group->sends_done, cudaEventDisableTiming));
+        CUDA_TRY(cudaStreamCreateWithFlags(&group->send_stream, cudaStreamNonBlocking));
+    }
+    CUDA_TRY(cudaEventRecord(group->sends_ready, group->stream)); /* the data is computed */
+    CUDA_TRY(cudaStreamWaitEvent(group->send_stream, group->sends_ready, 0));
+    NCCL_TRY(nccl.send(data, (size_t)count, is_double ? ncclFloat64 : ncclFloat32, peer, group->comm,
+                       group->send_stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+extern "C" int cuda_group_recv(cuda_group *group, int peer, void *data, int64_t count, int is_double)
+{
+    TP_TRY(peer_ok("receive", peer, count));
+    CUDA_TRY(cudaSetDevice(group->device));
+    NCCL_TRY(nccl.recv(data, (size_t)count, is_double ? ncclFloat64 : ncclFloat32, peer, group->comm, group->stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+extern "C" int cuda_group_wait_sends(cuda_group *group)
+{
+    if (!group->send_stream) return TP_OK; /* no send yet */
+    CUDA_TRY(cudaSetDevice(group->device));
+    CUDA_TRY(cudaEventRecord(group->sends_done, group->send_stream));
+    CUDA_TRY(cudaStreamWaitEvent(group->stream, group->sends_done, 0));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
 extern "C" void cuda_group_free(cuda_group *group)
 {
     if (!group) return;
     if (group->comm) nccl.destroy(group->comm);
+    if (group->send_stream) {
+        (void)cudaSetDevice(group->device);
+        (void)cudaStreamSynchronize(group->send_stream);
+        (void)cudaStreamDestroy(group->send_stream);
+        (void)cudaEventDestroy(group->sends_ready);
+        (void)cudaEventDestroy(group->sends_done);
+    }
     free(group);
 }
