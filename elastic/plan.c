@@ -18,6 +18,7 @@
 
 #include "../common/dtype.h"
 #include "../common/error.h"
+#include "../kernels/kernels.h"
 #include "plan.h"
 
 #define DEFAULT_MICRO_BATCH_LIMIT 8
@@ -88,7 +89,7 @@ static int stage_shares(const gpt_config *model, int tp, int pp, stage_share *sh
  *   per layer  ln1, res1, ln2, res2               4 x [N, D]
  *              layer-norm means and 1/std         4 x [N]
  *              qkv                                [N, (H + 2 KV)/tp * hd]
- *              attention probabilities            [b, H/tp, s, s]
+ *              attention row log-sum-exps         [N, H/tp]
  *              attention output                   [N, H/tp * hd]
  *              fc (pre-activation), gelu          [N, F/tp] x 2 (fc [N, 2F/tp] with SwiGLU)
  *   last stage final norm                         [N, D]
@@ -99,20 +100,22 @@ static int64_t micro_batch_floats(const gpt_config *m, int tp, int pp, int64_t b
 {
     int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads, heads = m->heads / tp;
     int64_t qkv = (m->heads + 2 * m->kv_heads) / tp * hd, attn = heads * hd, f = m->ffn / tp;
-    int64_t per_layer = N * (4 * D + 4 + qkv + attn + (m->swiglu ? 2 : 1) * f + f) + b * heads * s * s;
+    int64_t per_layer = N * (4 * D + 4 + qkv + attn + (m->swiglu ? 2 : 1) * f + f) + N * heads;
     int64_t head = last ? N * (D + 5 + vocab_local) : 0;
     return N * D + (m->layers / pp) * per_layer + head;
 }
 
 /* fp32 elements of the backward pass's working memory, once per rank: the
- * scratch (trainer/model.c: [N, 3 D + qkv + attn + 2 F/tp] + [s, s], and
- * [N, Vp/tp] on the last stage) and the gradients that cross stages
+ * scratch (trainer/model.c: [N, 3 D + qkv + attn + 2 F/tp], attention's
+ * (kernels.h attention_scratch_floats), and [N, Vp/tp] on the last stage)
+ * and the gradients that cross stages
  * (trainer/train.c: d_output [N, D] and one d_input [N, D] per slot). */
 static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last, int64_t vocab_local, int64_t slots)
 {
     int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads;
     int64_t qkv = (m->heads + 2 * m->kv_heads) / tp * hd, attn = m->heads / tp * hd, f = m->ffn / tp;
-    int64_t scratch = N * (3 * D + qkv + attn + 2 * f) + s * s + (last ? N * vocab_local : 0);
+    int64_t scratch = N * (3 * D + qkv + attn + 2 * f) + attention_scratch_floats(b, s, m->heads / tp) +
+                      (last ? N * vocab_local : 0);
     return scratch + (1 + slots) * N * D;
 }
 

@@ -4,7 +4,8 @@
 # nothing (a restructuring): both built the same way (CPU only, -O2), then,
 # taking turns going first, a reshard of a 2 GiB checkpoint (bf16 weights,
 # fp32 master and Adam state, tp4pp2 -> tp2pp1, 512M memory limit), its
-# verification, a GGUF export and 12 training steps of the small GPT. The
+# verification, a GGUF export, 12 training steps of the small GPT and 4 of a
+# GPT at sequence 1024 (time and peak memory: attention's activations). The
 # source is read into the page cache before each run and outputs go to a
 # tmpfs where there is one (/dev/shm): what is compared is the programs'
 # own work, not the disk's, whose speed on a shared machine varies by 3x from
@@ -48,12 +49,14 @@ run_case() { # VERSION CASE BIN
     train)
         tokens=$("$bin/tp-train" --model small --steps 12 --micro-batch 2 --threads 2 | sed -n 's/^done.*(\([0-9]*\) tokens\/s).*/\1/p')
         line="{\"tokens_per_s\": $tokens, \"status\": 0}" ;;
+    train1024) line=$(measure "$bin/tp-train" --layers 4 --dim 256 --heads 4 --vocab 256 --seq 1024 --micro-batch 4 \
+        --steps 4 --threads 2 --quiet 2>/dev/null) ;;
     esac
     echo "$version $case $line" >>"$RESULTS"
 }
 for rep in $(seq 1 "$REPS"); do
     if [ $((rep % 2)) = 1 ]; then order="base current"; else order="current base"; fi
-    for case in reshard verify export train; do
+    for case in reshard verify export train train1024; do
         for version in $order; do
             if [ $version = base ]; then run_case base $case "$BASE_BIN"; else run_case current $case "$CURRENT_BIN"; fi
         done
@@ -91,8 +94,9 @@ print("up to 2.5x slower, whichever it is); figures are means, the ratio the geo
 print()
 print("| case | base | this tree | this tree / base |")
 print("| --- | --- | --- | --- |")
-names = {"reshard": "reshard tp4pp2 -> tp2pp1, 512M", "verify": "tp-ckpt verify", "export": "export GGUF"}
-for case in ("reshard", "verify", "export"):
+names = {"reshard": "reshard tp4pp2 -> tp2pp1, 512M", "verify": "tp-ckpt verify", "export": "export GGUF",
+         "train1024": "tp-train 4 layers, dim 256, seq 1024, batch 4, 4 steps"}
+for case in ("reshard", "verify", "export", "train1024"):
     b = statistics.mean(r["seconds"] for r in runs[(case, "base")])
     c = statistics.mean(r["seconds"] for r in runs[(case, "current")])
     rb = max(r["max_rss_bytes"] for r in runs[(case, "base")]) / 2**20
