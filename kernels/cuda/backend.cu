@@ -368,67 +368,18 @@ static __global__ void column_sums_kernel(float *sums, const float *x, int64_t N
     }
 }
 
-static int cuda_matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N,
-                               int64_t C, int64_t OC)
-{
-    const float one = 1.0f, zero = 0.0f;
-    if (!fits_int(N) || !fits_int(C) || !fits_int(OC))
-        return tp_fail(TP_ERR_ARG, "CUDA matmul_forward: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions",
-                       (long long)N, (long long)C, (long long)OC);
-    ENTER();
-    if (N == 0 || OC == 0) return TP_OK;
-    if (C == 0) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * OC) * sizeof(float), state.stream));
-    else
-        CUBLAS_TRY(blas.sgemm(state.blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)OC, (int)N, (int)C, &one, weight, (int)C, in,
-                               (int)C, &zero, out, (int)OC));
-    if (bias) {
-        add_bias_kernel<<<blocks_for(N * OC, THREADS), THREADS, 0, state.stream>>>(out, bias, N, OC);
-        LAUNCH_CHECK();
-    }
-    return TP_OK;
-fail:
-    return TP_ERR_DEVICE;
-}
-
-static int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
-                                const float *weight, int64_t N, int64_t C, int64_t OC)
-{
-    const float one = 1.0f, zero = 0.0f;
-    if (!fits_int(N) || !fits_int(C) || !fits_int(OC))
-        return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions",
-                       (long long)N, (long long)C, (long long)OC);
-    ENTER();
-    if (N == 0) return TP_OK;
-    if (d_in && C > 0) { /* d_in = d_out @ W, overwritten */
-        if (OC == 0) CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * sizeof(float), state.stream));
-        else
-            CUBLAS_TRY(blas.sgemm(state.blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)C, (int)N, (int)OC, &one, weight, (int)C,
-                                   d_out, (int)OC, &zero, d_in, (int)C));
-    }
-    if (d_weight && C > 0 && OC > 0) /* d_weight += d_out^T @ in */
-        CUBLAS_TRY(blas.sgemm(state.blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)C, (int)OC, (int)N, &one, in, (int)C, d_out,
-                               (int)OC, &one, d_weight, (int)C));
-    if (d_bias && OC > 0) { /* d_bias += column sums of d_out */
-        dim3 block(COL_TILE, COL_ROWS);
-        column_sums_kernel<<<blocks_for(OC, COL_TILE), block, 0, state.stream>>>(d_bias, d_out, N, OC);
-        LAUNCH_CHECK();
-    }
-    return TP_OK;
-fail:
-    return TP_ERR_DEVICE;
-}
-
 /* ===================================================== bf16 matrix products
- * The twins of matmul_forward_bf16 and matmul_backward_bf16 (linear.c):
- * each operand of a product rounded to bf16 by round_bf16_kernel, with
- * bits_f32_to_bf16 (convert_bits.h), so to nearest, ties to even, exactly
- * as the CPU rounds; then cublasGemmEx with bf16 A and B, fp32 C and
+ * The bf16 twins (matmul_forward_bf16, matmul_backward_bf16; linear.c) are
+ * the same products with each operand rounded to bf16 by round_bf16_kernel,
+ * with bits_f32_to_bf16 (convert_bits.h), so to nearest, ties to even,
+ * exactly as the CPU rounds; then cublasGemmEx with bf16 A and B, fp32 C and
  * CUBLAS_COMPUTE_32F: the products of bf16 values are exact in fp32 and are
  * summed in fp32 (tensor cores where cuBLAS picks them; not TF32, which
- * concerns fp32 operands only). The same column-major translation as the
- * fp32 products above, with the rounded copies in place of the operands.
- * The bias and d_bias stay fp32 (add_bias_kernel, column_sums_kernel on the
- * unrounded d_out).
+ * concerns fp32 operands only). The bias and d_bias stay fp32
+ * (add_bias_kernel, column_sums_kernel on the unrounded d_out). One
+ * function per direction serves both precisions (matmul_forward_in,
+ * matmul_backward_in): only the operands (operands_begin) and the product
+ * call (gemm) differ.
  *
  * The rounded operands (2 bytes a value) go to one device scratch buffer in
  * the state, grown when a product needs more and kept for the life of the
@@ -445,6 +396,7 @@ fail:
  * short: threads sharing the GPU are not held up by each other's products. */
 
 #define BF16_ALIGN 128 /* values: each part of the scratch starts 256-byte aligned */
+#define MAX_OPERANDS 3
 
 /* out[i] = the bf16 bits of in[i], rounded as the CPU rounds. */
 static __global__ void round_bf16_kernel(uint16_t *out, const float *in, int64_t n)
@@ -458,7 +410,7 @@ static __global__ void round_bf16_kernel(uint16_t *out, const float *in, int64_t
  * TP_ERR_NOMEM (kernels.h), another CUDA error: TP_ERR_DEVICE. */
 static int bf16_scratch(uint16_t **parts, const int64_t *sizes, int count)
 {
-    size_t total = 0, offsets[3];
+    size_t total = 0, offsets[MAX_OPERANDS];
     cudaError_t error;
     for (int i = 0; i < count; i++) { /* each size at most INT32_MAX^2 < 2^62: the sum fits */
         offsets[i] = total;
@@ -489,50 +441,80 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* Queues out = bf16(in), n values (n > 0). */
-static int round_bf16(uint16_t *out, const float *in, int64_t n)
+/* The operands of one call's products as the products read them: the fp32
+ * arrays themselves, or (bf16) their roundings in the scratch, with
+ * bf16_lock held until operands_end. An operand of size 0 is not used. */
+typedef struct {
+    int bf16;
+    const void *of[MAX_OPERANDS];
+} operands;
+
+static int operands_begin(operands *o, int bf16, const float *const *arrays, const int64_t *sizes, int count)
 {
-    round_bf16_kernel<<<blocks_for(n, THREADS), THREADS, 0, state.stream>>>(out, in, n);
-    LAUNCH_CHECK();
+    uint16_t *parts[MAX_OPERANDS] = {NULL};
+    o->bf16 = bf16;
+    for (int i = 0; i < count; i++) o->of[i] = arrays[i];
+    if (!bf16) return TP_OK;
+    pthread_mutex_lock(&bf16_lock);
+    TP_TRY(bf16_scratch(parts, sizes, count));
+    for (int i = 0; i < count; i++) {
+        o->of[i] = parts[i];
+        if (sizes[i] == 0) continue;
+        round_bf16_kernel<<<blocks_for(sizes[i], THREADS), THREADS, 0, state.stream>>>(parts[i], arrays[i], sizes[i]);
+        LAUNCH_CHECK();
+    }
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
 }
 
-/* C (m x n, ld ldc, fp32) = op(A) . op(B) + beta C, A and B bf16, column-major,
- * summed in fp32; dimensions checked by the caller (int, nonzero). */
-static int gemm_bf16(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
-                     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc)
+static void operands_end(const operands *o)
+{
+    if (o->bf16) pthread_mutex_unlock(&bf16_lock);
+}
+
+/* C (m x n, ld ldc, fp32) = op(A) . op(B) + beta C, column-major, A and B
+ * from o (fp32, or bf16 summed in fp32); dimensions checked by the caller
+ * (int, nonzero). */
+static int gemm(const operands *o, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
+                const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
     const float one = 1.0f;
-    CUBLAS_TRY(blas.gemm_ex(state.blas, op_a, op_b, (int)m, (int)n, (int)k, &one, A, CUDA_R_16BF, (int)lda, B,
-                            CUDA_R_16BF, (int)ldb, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT));
+    if (o->bf16)
+        CUBLAS_TRY(blas.gemm_ex(state.blas, op_a, op_b, (int)m, (int)n, (int)k, &one, A, CUDA_R_16BF, (int)lda, B,
+                                CUDA_R_16BF, (int)ldb, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+    else
+        CUBLAS_TRY(blas.sgemm(state.blas, op_a, op_b, (int)m, (int)n, (int)k, &one, (const float *)A, (int)lda,
+                              (const float *)B, (int)ldb, &beta, C, (int)ldc));
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
 }
 
-static int cuda_matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N,
-                                    int64_t C, int64_t OC)
+static int dimensions_ok(const char *what, int bf16, int64_t N, int64_t C, int64_t OC)
 {
-    int64_t sizes[2]; /* bf16(in), bf16(weight) */
-    uint16_t *parts[2] = {NULL, NULL};
-    int status;
     if (!fits_int(N) || !fits_int(C) || !fits_int(OC))
-        return tp_fail(TP_ERR_ARG, "CUDA matmul_forward_bf16: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions",
-                       (long long)N, (long long)C, (long long)OC);
-    sizes[0] = N * C, sizes[1] = OC * C;
+        return tp_fail(TP_ERR_ARG, "CUDA %s%s: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions", what,
+                       bf16 ? "_bf16" : "", (long long)N, (long long)C, (long long)OC);
+    return TP_OK;
+}
+
+/* out = in . W^T (+ bias): operands in, W. */
+static int matmul_forward_in(int bf16, float *out, const float *in, const float *weight, const float *bias, int64_t N,
+                             int64_t C, int64_t OC)
+{
+    TP_TRY(dimensions_ok("matmul_forward", bf16, N, C, OC));
     ENTER();
     if (N == 0 || OC == 0) return TP_OK;
     if (C == 0) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * OC) * sizeof(float), state.stream));
-    else { /* out^T = bf16(W)^T^T . bf16(in)^T, as cuda_matmul_forward */
-        pthread_mutex_lock(&bf16_lock);
-        status = bf16_scratch(parts, sizes, 2);
-        if (!status) status = round_bf16(parts[0], in, N * C);
-        if (!status) status = round_bf16(parts[1], weight, OC * C);
-        if (!status) status = gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, parts[1], C, parts[0], C, 0.0f, out, OC);
-        pthread_mutex_unlock(&bf16_lock);
+    else {
+        const float *arrays[2] = {in, weight};
+        const int64_t sizes[2] = {N * C, OC * C};
+        operands o;
+        int status = operands_begin(&o, bf16, arrays, sizes, 2);
+        if (!status) status = gemm(&o, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, o.of[1], C, o.of[0], C, 0.0f, out, OC);
+        operands_end(&o);
         if (status) return status;
     }
     if (bias) {
@@ -544,30 +526,25 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-static int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
-                                     const float *weight, int64_t N, int64_t C, int64_t OC)
+/* Operands d_out, then W when d_in is asked for and in when d_weight is
+ * (size 0 otherwise: not rounded). */
+static int matmul_backward_in(int bf16, float *d_in, float *d_weight, float *d_bias, const float *d_out,
+                              const float *in, const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    int64_t sizes[3]; /* bf16(d_out), then bf16(weight) when d_in is asked for, bf16(in) when d_weight is */
-    uint16_t *parts[3] = {NULL, NULL, NULL};
-    int status;
-    if (!fits_int(N) || !fits_int(C) || !fits_int(OC))
-        return tp_fail(TP_ERR_ARG, "CUDA matmul_backward_bf16: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions",
-                       (long long)N, (long long)C, (long long)OC);
-    sizes[0] = N * OC, sizes[1] = d_in ? OC * C : 0, sizes[2] = d_weight ? N * C : 0;
+    TP_TRY(dimensions_ok("matmul_backward", bf16, N, C, OC));
     ENTER();
     if (N == 0) return TP_OK;
     if (d_in && C > 0 && OC == 0) CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * sizeof(float), state.stream));
     if ((d_in || d_weight) && C > 0 && OC > 0) {
-        pthread_mutex_lock(&bf16_lock);
-        status = bf16_scratch(parts, sizes, 3);
-        if (!status) status = round_bf16(parts[0], d_out, N * OC);
-        if (!status && d_in) status = round_bf16(parts[1], weight, OC * C);
-        if (!status && d_weight) status = round_bf16(parts[2], in, N * C);
-        if (!status && d_in) /* d_in = bf16(d_out) @ bf16(W), overwritten */
-            status = gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, parts[1], C, parts[0], OC, 0.0f, d_in, C);
-        if (!status && d_weight) /* d_weight += bf16(d_out)^T @ bf16(in) */
-            status = gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, parts[2], C, parts[0], OC, 1.0f, d_weight, C);
-        pthread_mutex_unlock(&bf16_lock);
+        const float *arrays[3] = {d_out, weight, in};
+        const int64_t sizes[3] = {N * OC, d_in ? OC * C : 0, d_weight ? N * C : 0};
+        operands o;
+        int status = operands_begin(&o, bf16, arrays, sizes, 3);
+        if (!status && d_in) /* d_in = d_out @ W, overwritten */
+            status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, o.of[1], C, o.of[0], OC, 0.0f, d_in, C);
+        if (!status && d_weight) /* d_weight += d_out^T @ in */
+            status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, o.of[2], C, o.of[0], OC, 1.0f, d_weight, C);
+        operands_end(&o);
         if (status) return status;
     }
     if (d_bias && OC > 0) { /* d_bias += column sums of the fp32 d_out */
@@ -578,6 +555,30 @@ static int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
+}
+
+static int cuda_matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N,
+                               int64_t C, int64_t OC)
+{
+    return matmul_forward_in(0, out, in, weight, bias, N, C, OC);
+}
+
+static int cuda_matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N,
+                                    int64_t C, int64_t OC)
+{
+    return matmul_forward_in(1, out, in, weight, bias, N, C, OC);
+}
+
+static int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                                const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    return matmul_backward_in(0, d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+}
+
+static int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                                     const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    return matmul_backward_in(1, d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
 }
 
 /* ============================================================== layer norm */
