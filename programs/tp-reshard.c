@@ -26,7 +26,8 @@ static const char *usage_text =
     "  -o, --output DIR         output checkpoint (default: beside CKPT, named after the layout)\n"
     "  --threads N              worker threads (default: all cores)\n"
     "  --memory-limit SIZE      bound on memory, e.g. 512M or 4G (default 1G)\n"
-    "  --device auto|cpu|cuda   where moves and conversions run (default auto: a GPU if present)\n"
+    "  --device auto|cpu|cuda   where moves and conversions run (default auto: a GPU when present and\n"
+    "                           the plan converts dtypes; plain copies stay on the CPU)\n"
     "  --dtype keep|fp32|bf16|fp16  parameter dtype (optimizer state stays fp32; default keep)\n"
     "  --compress zstd[:L]|none output compression (default: as the source)\n"
     "  --no-optim               leave out optimizer state (e.g. for inference)\n"
@@ -95,6 +96,7 @@ static cJSON *summary_json(const reshard_summary *s, const char *source, const c
     cJSON_AddNumberToObject(o, "threads", s->threads);
     cJSON_AddNumberToObject(o, "memory_limit", (double)s->memory_limit);
     cJSON_AddStringToObject(o, "device", s->device);
+    if (s->device_reason) cJSON_AddStringToObject(o, "device_reason", s->device_reason);
     return o;
 }
 
@@ -215,9 +217,9 @@ int main(int argc, char **argv)
     }
     const reshard_summary *s = reshard_plan_summary(plan);
     /* Said once, in the plan or the summary, so that an error stays one line. */
-    const char *device = options.device == RESHARD_DEVICE_AUTO && strcmp(s->device, "cpu") == 0
-                             ? "cpu: no CUDA device found, using the CPU"
-                             : s->device;
+    char device[160];
+    if (s->device_reason) snprintf(device, sizeof device, "%s: %s", s->device, s->device_reason);
+    else snprintf(device, sizeof device, "%s", s->device);
     if (dry_run) {
         if (json) {
             cJSON *o = summary_json(s, ckpt_reader_path(source), out);

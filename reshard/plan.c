@@ -325,7 +325,7 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
         reshard_plan_free(plan);
         return status;
     }
-    int n = ckpt_reader_num_tensors(source), any_compressed = 0;
+    int n = ckpt_reader_num_tensors(source), any_compressed = 0, converts = 0;
     plan->tensors = calloc((size_t)n + 1, sizeof *plan->tensors);
     if (!plan->tensors) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n && !status; i++) {
@@ -341,6 +341,7 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
         t->source = i;
         ckpt_tensor_desc desc = *src;
         if (o->param_dtype >= 0 && strcmp(src->role, "param") == 0) desc.dtype = (tp_dtype)o->param_dtype;
+        converts |= desc.dtype != src->dtype;
         status = ckpt_tensor_copy_init(&t->out, &desc);
         if (!status) status = ckpt_tensor_check(&t->out.desc, plan->to.tp);
         if (status) {
@@ -371,7 +372,16 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
         return tp_fail(TP_ERR_ARG, "--device cuda: %s",
                             cuda_built() ? "no CUDA device is available" : "this build has no CUDA support");
     }
-    plan->use_cuda = o->device != RESHARD_DEVICE_CPU && gpus > 0;
+    /* Auto takes the GPU only for a plan that converts dtypes. Plain copies
+     * move the same bytes on the CPU either way (reads into staging, output
+     * to the writer); a GPU would add a copy to the device and one back per
+     * slab, so it cannot be faster there. (Whether conversions are faster on
+     * a GPU than on the CPU's cores has not yet been measured.) */
+    plan->use_cuda = o->device == RESHARD_DEVICE_CUDA || (o->device == RESHARD_DEVICE_AUTO && gpus > 0 && converts);
+    plan->summary.device_reason = o->device != RESHARD_DEVICE_AUTO ? NULL
+                                  : gpus == 0 ? "no CUDA device found, using the CPU"
+                                  : converts  ? "the plan converts dtypes, on the GPU"
+                                              : "no dtype to convert, which a GPU cannot speed up";
     plan->compress_level = o->compress_level >= 0 ? o->compress_level : any_compressed ? 3 : 0;
 
     /* Memory: what is resident now, fixed and per-thread overheads, then the

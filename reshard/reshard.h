@@ -26,7 +26,7 @@ typedef struct {
     int tp, pp;                 /* target degrees; 0 keeps the source's */
     int threads;                /* 0: all cores */
     int64_t memory_limit;       /* bytes for buffers and bookkeeping; 0: RESHARD_DEFAULT_MEMORY */
-    reshard_device device;      /* AUTO: CUDA when a GPU is present, else the CPU */
+    reshard_device device;      /* AUTO: CUDA when a GPU is present and the plan converts dtypes, else the CPU */
     int param_dtype;            /* -1: keep; else the tp_dtype of parameters (role "param") */
     int compress_level;         /* -1: zstd 3 when the source is compressed, else none; 0: none */
     int drop_optimizer;         /* leave out every tensor whose role is not "param" */
@@ -55,6 +55,7 @@ typedef struct {
     int64_t buffer_memory;    /* buffers of all threads together */
     int64_t memory_limit;
     const char *device;       /* "cpu" or "cuda" */
+    const char *device_reason; /* why --device auto chose it; NULL when the options named the device */
 } reshard_summary;
 
 /* Checks that every tensor of the source can be laid out at the target and

@@ -250,6 +250,47 @@ Test(reshard, layouts_parse)
         cr_assert_eq(reshard_parse_layout(bad[i], &tp, &pp), TP_ERR_ARG, "'%s' refused", bad[i]);
 }
 
+/* Where --device auto computes, and why, for a plan of plain copies and one
+ * that converts a parameter's dtype: the CPU for both without a GPU (the
+ * reason says so); with one, the GPU for the conversion only. A device the
+ * options name has no reason. */
+Test(reshard, auto_device_takes_the_gpu_only_to_convert)
+{
+    int tps[2] = {4, 2};
+    test_tensor tensors[6];
+    int n = random_tensors(tensors, 6, tps, 2, 2);
+    cr_assert(n >= 2 && strcmp(tensors[1].desc.role, "param") == 0);
+    char source[600];
+    snprintf(source, sizeof source, "%s/src", dir);
+    ckpt_layout layout = {4, 1, 1, 2};
+    write_tensors(source, &layout, tensors, n, 0, 1);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, source, NULL), TP_OK, "%s", tp_errmsg());
+    int gpus = cuda_device_count();
+    for (int convert = 0; convert < 2; convert++) {
+        reshard_options options;
+        reshard_options_init(&options);
+        options.tp = 2;
+        /* tensors[1] is a parameter (fixture.c): a dtype other than its own converts it */
+        options.param_dtype = !convert ? -1 : tensors[1].desc.dtype == TP_BF16 ? TP_FP32 : TP_BF16;
+        reshard_plan *plan;
+        cr_assert_eq(reshard_plan_create(&plan, r, &options), TP_OK, "%s", tp_errmsg());
+        const reshard_summary *s = reshard_plan_summary(plan);
+        const char *want = gpus == 0 ? "no CUDA device found" : convert ? "converts dtypes" : "no dtype to convert";
+        cr_assert_str_eq(s->device, gpus > 0 && convert ? "cuda" : "cpu", "convert %d, %d GPU(s)", convert, gpus);
+        cr_assert(s->device_reason && strstr(s->device_reason, want), "convert %d: reason '%s', want '%s'", convert,
+                  s->device_reason ? s->device_reason : "(none)", want);
+        reshard_plan_free(plan);
+        options.device = RESHARD_DEVICE_CPU;
+        cr_assert_eq(reshard_plan_create(&plan, r, &options), TP_OK, "%s", tp_errmsg());
+        cr_assert_str_eq(reshard_plan_summary(plan)->device, "cpu");
+        cr_assert_null(reshard_plan_summary(plan)->device_reason, "a named device needs no reason");
+        reshard_plan_free(plan);
+    }
+    ckpt_reader_close(r);
+    for (int i = 0; i < n; i++) free(tensors[i].logical);
+}
+
 Test(reshard, cuda_matches_cpu)
 {
     if (cuda_device_count() == 0)
