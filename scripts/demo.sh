@@ -56,6 +56,11 @@ cat docs/*.md README.md >"$OUT/text.txt"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Plain shared memory between ranks: containers often forbid cross-process copies.
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
+# The ranks' shared-memory segments under demo-run/ rather than /dev/shm: a
+# rank killed in step 12 leaves its segment, which goes with the next demo's
+# rm -rf instead of piling up in /dev/shm.
+mkdir -p "$OUT/shm"
+export OMPI_MCA_btl_vader_backing_directory="$(pwd)/$OUT/shm"
 TRAIN="--layers 4 --dim 128 --heads 4 --vocab 256 --seq 64 --steps 80 --lr 3e-3 --data $OUT/text.bin --ckpt-dir $OUT/train --ckpt-every 20"
 mpirun --oversubscribe -np 4 "$BIN/tp-train" $TRAIN --tp 2 --pp 2 --micro-batch 4 --grad-accum 2 --stop-at 40 </dev/null |
     awk 'NR <= 3 || /step +(10|20|30|40)\/|stopped|done/'
