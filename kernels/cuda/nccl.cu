@@ -175,10 +175,12 @@ fail:
 extern "C" void cuda_group_free(cuda_group *group)
 {
     if (!group) return;
-    if (group->comm) nccl.destroy(group->comm);
-    if (group->send_stream) {
+    if (group->send_stream) { /* the sends in flight first: they use the communicator */
         (void)cudaSetDevice(group->device);
         (void)cudaStreamSynchronize(group->send_stream);
+    }
+    if (group->comm) nccl.destroy(group->comm);
+    if (group->send_stream) {
         (void)cudaStreamDestroy(group->send_stream);
         (void)cudaEventDestroy(group->sends_ready);
         (void)cudaEventDestroy(group->sends_done);
