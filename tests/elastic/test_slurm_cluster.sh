@@ -68,9 +68,16 @@ run srun -N2 -n2 sh -c 'echo "$SLURM_NODEID $SLURM_PROCID"'
 check "srun -N2 -n2: a task on each of two nodes" [ "$(sort "$WORK/.out" | tr '\n' ' ')" = "0 0 1 1 " ]
 
 # --- A rank dies: srun exits with the largest of the tasks' statuses.
+# Two ranks a node, always: the dying rank's tensor-parallel partner on its
+# node (shared memory), its data-parallel partner on the other (TCP). Ranks
+# of different nodes of this one-machine cluster once shared Open MPI's
+# shared-memory segments (named by host name and local rank), and a rank
+# crashed in the transport before the fault, making srun exit 143; two ranks
+# a node made that happen every time, until slurm.sh gave each node its own
+# segment directory.
 t=$(now)
-run srun --mpi=pmix -N2 -n4 --kill-on-bad-exit=1 "$TRAIN" --model tiny --steps 50 --tp 2 --micro-batch 2 \
-    --fault die --fault-step 2 --fault-rank 3
+run srun --mpi=pmix -N2 -n4 --ntasks-per-node=2 --kill-on-bad-exit=1 "$TRAIN" --model tiny --steps 50 --tp 2 \
+    --micro-batch 2 --fault die --fault-step 2 --fault-rank 3
 DIE_S=$(since "$t")
 check "a rank of tp-train killed (SIGKILL): srun exits 137, got $RC" [ "$RC" -eq 137 ]
 check "a rank killed: srun returns within 15 s ($DIE_S s)" [ "${DIE_S%.*}" -lt 15 ]

@@ -152,7 +152,19 @@ MailProg=/bin/true
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
+TaskProlog=$_d/task_prolog.sh
 EOF
+    # Open MPI names a rank's shared-memory segment by host name and local
+    # rank: ranks of two nodes of this one-machine cluster (local rank 0 of n1
+    # and of n2, say) would map one file and corrupt each other's messages
+    # (seen as ranks crashing in the shared-memory transport). A directory
+    # per node, given to each task by the TaskProlog (its "export" lines).
+    cat >"$_d/task_prolog.sh" <<EOF
+#!/bin/sh
+mkdir -p "$_d/\$SLURMD_NODENAME/shm"
+echo "export OMPI_MCA_btl_vader_backing_directory=$_d/\$SLURMD_NODENAME/shm"
+EOF
+    chmod +x "$_d/task_prolog.sh"
     _i=1
     _nodes=""
     while [ $_i -le "$2" ]; do
