@@ -90,6 +90,23 @@ for way in "cuda cpu" "cpu cuda"; do
 done
 expect_ok "a GPU checkpoint verifies" "$BIN/tp-ckpt" verify "$WORK/cuda-to-cpu"
 
+# --- tp-reshard --device auto: the GPU for a plan that converts dtypes, the
+# CPU for plain copies (a GPU would only add copies to and from it).
+# device_is DEVICE REASON: the --json plan in .out chose DEVICE for REASON.
+device_is() {
+    "$PY" -c 'import json, sys
+plan = json.load(open(sys.argv[1]))
+sys.exit(not (plan["device"] == sys.argv[2] and plan["device_reason"].startswith(sys.argv[3])))' "$WORK/.out" "$1" "$2"
+}
+expect_ok "a tp2 checkpoint to reshard" "$BIN/tp-ckpt" synth -o "$WORK/rs" --tp 2 --model tiny --optim
+expect_ok "auto, plain copies: a plan" "$BIN/tp-reshard" "$WORK/rs" --to tp1 --dry-run --json
+check "auto, plain copies: the CPU, saying why" device_is cpu "no dtype to convert"
+expect_ok "auto, fp32 to bf16: a plan" "$BIN/tp-reshard" "$WORK/rs" --to tp1 --dtype bf16 --dry-run --json
+check "auto, fp32 to bf16: the GPU, saying why" device_is cuda "the plan converts"
+expect_ok "auto, fp32 to bf16, on the GPU" "$BIN/tp-reshard" "$WORK/rs" --to tp1 --dtype bf16 -o "$WORK/rs-gpu"
+expect_ok "the same on the CPU" "$BIN/tp-reshard" "$WORK/rs" --to tp1 --dtype bf16 -o "$WORK/rs-cpu" --device cpu
+expect_ok "GPU and CPU outputs equal bit for bit" "$BIN/tp-ckpt" diff "$WORK/rs-gpu" "$WORK/rs-cpu"
+
 # --- The unit tests, GPU cases included: on a GPU none may skip for want of
 # one (the CUDA kernels against the CPU, the trainer on the GPU at tp1,
 # tp2pp2 and pp2dp2 on threads sharing it, checkpoints both ways).
