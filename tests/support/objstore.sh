@@ -223,15 +223,35 @@ webdav_pids() {
 }
 
 # webdav_restart: nginx started again on the same port and root, after it
-# was killed (its configuration names both); WEBDAV_PID updated.
+# was killed (its configuration names both); WEBDAV_PID updated. nginx
+# itself tries to bind for about 2.5 s; while the port stays held ("Address
+# already in use") it is started twice more; a failure says why, with
+# nginx's logs.
 webdav_restart() {
     [ -n "${_WEBDAV_DIR:-}" ] || { _objstore_err "webdav_restart: none started"; return 2; }
-    rm -f "$_WEBDAV_DIR/nginx.pid"
-    _objstore_spawn "$_WEBDAV_DIR" "$OBJSTORE_NGINX" -p "$_WEBDAV_DIR" -c "$_WEBDAV_DIR/nginx.conf" \
-        -e "$_WEBDAV_DIR/error.log"
-    WEBDAV_PID=$(cat "$_WEBDAV_DIR/pid")
-    export WEBDAV_PID
-    _objstore_wait "$WEBDAV_URL/" "$WEBDAV_PID" 10 "$_WEBDAV_DIR/nginx.pid"
+    _wr_try=1
+    while :; do
+        rm -f "$_WEBDAV_DIR/nginx.pid"
+        _objstore_spawn "$_WEBDAV_DIR" "$OBJSTORE_NGINX" -p "$_WEBDAV_DIR" -c "$_WEBDAV_DIR/nginx.conf" \
+            -e "$_WEBDAV_DIR/error.log"
+        WEBDAV_PID=$(cat "$_WEBDAV_DIR/pid")
+        export WEBDAV_PID
+        _objstore_wait "$WEBDAV_URL/" "$WEBDAV_PID" 10 "$_WEBDAV_DIR/nginx.pid"
+        case $? in
+        0) return 0 ;;
+        1) if [ $_wr_try -lt 3 ] && grep -q 'Address already in use' "$_WEBDAV_DIR/error.log" \
+                "$_WEBDAV_DIR/server.log" 2>/dev/null; then
+               : >"$_WEBDAV_DIR/error.log"
+               : >"$_WEBDAV_DIR/server.log"
+               _wr_try=$((_wr_try + 1))
+               continue
+           fi
+           _objstore_err "webdav_restart: nginx exited while starting again ($WEBDAV_URL, try $_wr_try):" ;;
+        *) _objstore_err "webdav_restart: nginx does not answer at $WEBDAV_URL after 10 s:" ;;
+        esac
+        _objstore_log_tail "$_WEBDAV_DIR/server.log" "$_WEBDAV_DIR/error.log"
+        return 1
+    done
 }
 
 webdav_stop() {

@@ -71,6 +71,42 @@ else
     check "DELETE: 204" [ "$(http_code /dev/null -X DELETE "$U/ckpt/step-2/shard.h5")" = 204 ]
     check "DELETE: gone from ROOT_DIR" [ ! -e "$WORK/dav/ckpt/step-2/shard.h5" ]
     check "GET after DELETE: 404" [ "$(http_code /dev/null "$U/ckpt/step-2/shard.h5")" = 404 ]
+    # webdav_restart after kill -9: the same URL and files; while another
+    # process holds the port it tries again, and gives up naming the cause.
+    port=${U##*:}
+    # shellcheck disable=SC2046
+    kill -9 $(webdav_pids)
+    sleep 0.2
+    expect_ok "webdav_restart after kill -9" webdav_restart
+    check "restarted: the same URL answers with the same files" \
+        [ "$(http_code /dev/null -X PROPFIND -H 'Depth: 1' "$U/ckpt/")" = 207 ]
+    # hold_port SECONDS: a listener on the port for that long (background).
+    hold_port() {
+        "$PY" -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(1)
+open(sys.argv[3], "w").close(); time.sleep(float(sys.argv[2]))' "$port" "$1" "$WORK/held" &
+        holder=$!
+        while [ ! -e "$WORK/held" ] && pid_alive $holder; do sleep 0.02; done
+        rm -f "$WORK/held"
+    }
+    # shellcheck disable=SC2046
+    kill -9 $(webdav_pids)
+    sleep 0.2
+    hold_port 4
+    expect_ok "webdav_restart while the port is held for 4 s (longer than nginx's own tries): starts it again" \
+        webdav_restart
+    wait $holder
+    # shellcheck disable=SC2046
+    kill -9 $(webdav_pids)
+    sleep 0.2
+    hold_port 60
+    run webdav_restart
+    kill $holder 2>/dev/null
+    wait $holder 2>/dev/null
+    sleep 0.2
+    check "webdav_restart while the port stays held: fails" [ "$RC" -ne 0 ]
+    check "and says why, with nginx's log" grep -q "Address already in use" "$WORK/.err"
+    expect_ok "webdav_restart once the port is free" webdav_restart
     pids=$(tree_of "$WEBDAV_PID")
     # (nginx's master rewrites its command line: "nginx: master process ... -p DIR ...")
     tmp=$(tr '\0' ' ' <"/proc/$WEBDAV_PID/cmdline" | sed -n 's|.* -p \(/[^ ]*\) .*|\1|p')
