@@ -271,19 +271,13 @@ sys.exit(not (chosen and all(e["path"].startswith(sys.argv[2] + "/el/step_") for
     while [ -z "$(ls "$WEBDAV_SPOOL" 2>/dev/null)" ] && kill -0 $writer 2>/dev/null && [ "$(ms_since "$start")" -lt 30000 ]; do
         :
     done
-    nginx_pids=$(webdav_pids)
     caught=0
     [ -n "$(ls "$WEBDAV_SPOOL" 2>/dev/null)" ] && [ ! -e "$DAV/big/index.json" ] && caught=1
-    # shellcheck disable=SC2086
-    kill -9 $nginx_pids
+    webdav_kill KILL
     check "a shard's upload was under way when nginx was killed" [ $caught -eq 1 ]
-    gone=1
-    for p in $nginx_pids; do
-        # shellcheck disable=SC2034
-        for i in $(seq 50); do pid_alive "$p" || break; sleep 0.02; done
-        pid_alive "$p" && gone=0
-    done
-    check "nginx killed: master and workers gone" [ $gone -eq 1 ]
+    # shellcheck disable=SC2034
+    for i in $(seq 50); do [ -z "$(webdav_pids)" ] && break; sleep 0.02; done
+    check "nginx killed: master and workers gone" [ -z "$(webdav_pids)" ]
     log_lines=$(wc -l <"$WEBDAV_ACCESS_LOG")
     sleep 0.5
     check "nginx restarted on the same port and root" webdav_restart
@@ -301,14 +295,11 @@ sys.exit(not (chosen and all(e["path"].startswith(sys.argv[2] + "/el/step_") for
     # --- A stalled server: connections accepted, never answered (nginx
     # stopped with SIGSTOP). TP_REMOTE_TIMEOUT=2 without progress and no
     # retry: the read gives up in a few seconds, naming the URL.
-    nginx_pids=$(webdav_pids)
-    # shellcheck disable=SC2086
-    kill -STOP $nginx_pids
+    webdav_kill STOP
     start=$(now_ns)
     run env TP_REMOTE_RETRIES=0 TP_REMOTE_TIMEOUT=2 timeout -s KILL 10 "$CK" info "$U/run"
     took=$(ms_since "$start")
-    # shellcheck disable=SC2086
-    kill -CONT $nginx_pids
+    webdav_kill CONT
     check "a stalled server with TP_REMOTE_TIMEOUT=2: exit 1 (not killed at 10 s)" [ "$RC" -eq 1 ]
     check "a stalled server: the error names the URL and the timeout" grep -q "$U/run.*timed out: no byte moved for 2 s" "$WORK/.err"
     check "a stalled server with TP_REMOTE_TIMEOUT=2, no retry: gave up within 8 s (took $took ms)" [ "$took" -lt 8000 ]

@@ -11,6 +11,20 @@
 #   pid_alive PID       0 when PID runs (a zombie does not)
 #   stop_pids PIDS      SIGTERM to each, SIGKILL after 2 s to those left; waits
 #                       up to 5 s for all to go; 1 when any is left
+#   spawn_group PIDFILE LOG CMD...
+#                       starts CMD in the background (stdin /dev/null, output
+#                       appended to LOG) as the leader of a new
+#                       session and process group (setsid), not a child of
+#                       the caller; its pid, which is also the group's id, in
+#                       PIDFILE once it runs. What it forks stays in the group
+#                       unless it leaves it itself (nginx's workers, node's
+#                       children stay), so the group finds them all
+#   group_pids PGIDS    the live (not zombie) processes of those groups
+#   stop_groups PGIDS   stop_pids for whole groups: each signal goes to every
+#                       member at once (kill -SIG -PGID), so that a parent
+#                       cannot start a new child between its children's
+#                       deaths and its own, as nginx's master does when a
+#                       worker dies; 1 when any member is left
 
 port_used() {
     _cm_h=$(printf ':%04X ' "$1")
@@ -51,6 +65,46 @@ stop_pids() {
         [ -z "$_cm_left" ] && return 0
         # shellcheck disable=SC2086
         [ $_cm_i = 20 ] && kill -KILL $_cm_left 2>/dev/null
+        sleep 0.1
+        _cm_i=$((_cm_i + 1))
+    done
+    return 1
+}
+
+spawn_group() {
+    _cm_pidfile=$1
+    _cm_log=$2
+    shift 2
+    rm -f "$_cm_pidfile"
+    # setsid forks when its caller leads a group (job control on): the pid
+    # is written by the process that runs CMD, whichever that is.
+    (
+        setsid sh -c 'echo $$ >"$0.new" && mv "$0.new" "$0" && exec "$@"' "$_cm_pidfile" "$@" \
+            </dev/null >>"$_cm_log" 2>&1 &
+    )
+    _cm_i=0
+    while [ ! -s "$_cm_pidfile" ]; do
+        [ $_cm_i -ge 200 ] && { echo "spawn_group: $1 did not start in 10 s" >&2; return 1; }
+        sleep 0.05
+        _cm_i=$((_cm_i + 1))
+    done
+}
+
+group_pids() {
+    [ -z "$1" ] && return 0
+    ps -eo pid=,pgid=,stat= | awk -v groups=" $(echo $1) " \
+        'index(groups, " " $2 " ") && $3 !~ /^Z/ { printf "%s ", $1 }'
+}
+
+stop_groups() {
+    [ -z "$1" ] && return 0
+    for _cm_g in $1; do kill -TERM "-$_cm_g" 2>/dev/null; done
+    _cm_i=0
+    while [ $_cm_i -lt 50 ]; do
+        [ -z "$(group_pids "$1")" ] && return 0
+        if [ $_cm_i = 20 ]; then
+            for _cm_g in $1; do kill -KILL "-$_cm_g" 2>/dev/null; done
+        fi
         sleep 0.1
         _cm_i=$((_cm_i + 1))
     done

@@ -15,6 +15,9 @@
 #                           the end), WEBDAV_PID (nginx's master) and
 #                           WEBDAV_ACCESS_LOG (one line per request: method,
 #                           URI, status, bytes sent, Range header)
+#   webdav_pids             nginx's live processes
+#   webdav_kill SIGNAL      SIGNAL to all of them at once (faults: KILL, STOP)
+#   webdav_restart          nginx again on the same port and root, once killed
 #   webdav_stop             stops it (the master and its workers), removes its
 #                           temporary directory (not ROOT_DIR)
 #   s3_start DATA_DIR BUCKET
@@ -43,7 +46,9 @@
 # One server of each kind at a time.
 # A test: `webdav_start DIR || { echo "[SKIP] [$NAME] ..."; exit 0; }`, and
 # `trap` webdav_stop (s3_stop) on EXIT, INT and TERM. The servers are not
-# children of the caller (a `wait` there does not wait for them). A start
+# children of the caller (a `wait` there does not wait for them); each runs
+# in a process group of its own, and stopping takes whole groups, so that
+# nothing a server forked outlives it. A start
 # that fails prints the end of the server's log. Needs ROOT, the repository's
 # root (tests/e2e/lib.sh sets it), or the root as the current directory.
 
@@ -54,15 +59,21 @@ OBJSTORE_DAV_EXT=/usr/lib/nginx/modules/ngx_http_dav_ext_module.so
 
 _objstore_err() { echo "objstore: $*" >&2; }
 
-# _objstore_spawn DIR CMD...: starts CMD in the background, not as a child of
-# the caller, output to DIR/server.log; its pid goes to DIR/pid.
+# _objstore_spawn DIR CMD...: starts CMD in the background in a process
+# group of its own (spawn_group), output to DIR/server.log; its pid goes to
+# DIR/pid and is added to DIR/groups, every group started for DIR, so that
+# stopping finds whatever any of them left (an orphaned worker included).
 _objstore_spawn() {
     _os_dir=$1
     shift
-    (
-        "$@" </dev/null >>"$_os_dir/server.log" 2>&1 &
-        echo $! >"$_os_dir/pid"
-    )
+    spawn_group "$_os_dir/pid" "$_os_dir/server.log" "$@" || return 1
+    cat "$_os_dir/pid" >>"$_os_dir/groups"
+}
+
+# _objstore_pids DIR: the live processes of every group started for DIR.
+_objstore_pids() {
+    [ -n "$1" ] && [ -f "$1/groups" ] && group_pids "$(cat "$1/groups")"
+    return 0
 }
 
 # _objstore_answers URL: 0 when an HTTP server answers at URL (any status).
@@ -85,29 +96,16 @@ _objstore_wait() {
     done
 }
 
-# _objstore_tree PID: PID and its descendants.
-_objstore_tree() {
-    ps -eo pid=,ppid= | awk -v top="$1" '
-        { parent[$1] = $2 }
-        END { d[top] = 1
-              do { more = 0; for (p in parent) if (!(p in d) && (parent[p] in d)) { d[p] = 1; more = 1 } } while (more)
-              for (p in d) if (p in parent) printf "%s ", p }'
-}
-
-# _objstore_stop DIR WHAT: stops the server whose pid is in DIR/pid (and its
-# children), removes DIR; 1 (and says so) when something is left running.
+# _objstore_stop DIR WHAT: stops every process of every group started for
+# DIR, removes DIR; 1 (and says so) when something is left running.
 _objstore_stop() {
     [ -n "$1" ] && [ -d "$1" ] || return 0
-    _os_pid=$(cat "$1/pid" 2>/dev/null)
     _os_rc=0
-    if pid_alive "$_os_pid"; then
-        _os_pids=$(_objstore_tree "$_os_pid")
-        if ! stop_pids "$_os_pids"; then
-            _objstore_err "$2 left running:"
-            # shellcheck disable=SC2086
-            ps -o pid,ppid,args -p "$(echo $_os_pids | tr ' ' ',')" >&2
-            _os_rc=1
-        fi
+    if [ -f "$1/groups" ] && ! stop_groups "$(cat "$1/groups")"; then
+        _objstore_err "$2 left running:"
+        # shellcheck disable=SC2046
+        ps -o pid,pgid,ppid,args -p "$(echo $(_objstore_pids "$1") | tr ' ' ',')" >&2
+        _os_rc=1
     fi
     [ $_os_rc = 0 ] && rm -rf "$1"
     return $_os_rc
@@ -190,10 +188,11 @@ webdav_start() {
     while :; do
         _wd_port=$(free_port 1) || { _objstore_err "no free port"; webdav_stop; return 1; }
         _webdav_conf "$_wd_d" "$_wd_root" "$_wd_port" >"$_wd_d/nginx.conf"
-        _objstore_spawn "$_wd_d" "$OBJSTORE_NGINX" -p "$_wd_d" -c "$_wd_d/nginx.conf" -e "$_wd_d/error.log"
         # nginx writes its pid file once it has bound its port: whatever
         # answered before might be another server.
         rm -f "$_wd_d/nginx.pid"
+        _objstore_spawn "$_wd_d" "$OBJSTORE_NGINX" -p "$_wd_d" -c "$_wd_d/nginx.conf" -e "$_wd_d/error.log" ||
+            { webdav_stop; return 1; }
         _objstore_wait "http://127.0.0.1:$_wd_port/" "$(cat "$_wd_d/pid")" 10 "$_wd_d/nginx.pid"
         case $? in
         0) break ;;
@@ -217,23 +216,41 @@ webdav_start() {
     export WEBDAV_URL WEBDAV_PID WEBDAV_ACCESS_LOG WEBDAV_SPOOL
 }
 
-# webdav_pids: nginx's master and workers (for faults: kill -9 them all).
+# webdav_pids: nginx's live processes (the master and its workers, and any
+# worker a killed master left behind).
 webdav_pids() {
-    [ -n "${WEBDAV_PID:-}" ] && _objstore_tree "$WEBDAV_PID"
+    _objstore_pids "${_WEBDAV_DIR:-}"
+}
+
+# webdav_kill SIGNAL: SIGNAL (a name: KILL, STOP, CONT...) to all of nginx at once,
+# through its process groups. Killing its pids one by one is a race: a
+# master that sees a worker die starts another before its own death, and
+# that one lives on, orphaned, holding the port.
+webdav_kill() {
+    [ -n "${_WEBDAV_DIR:-}" ] && [ -f "$_WEBDAV_DIR/groups" ] ||
+        { _objstore_err "webdav_kill: none started"; return 2; }
+    for _wk_g in $(cat "$_WEBDAV_DIR/groups"); do kill "-$1" "-$_wk_g" 2>/dev/null; done
+    return 0
 }
 
 # webdav_restart: nginx started again on the same port and root, after it
-# was killed (its configuration names both); WEBDAV_PID updated. nginx
-# itself tries to bind for about 2.5 s; while the port stays held ("Address
-# already in use") it is started twice more; a failure says why, with
-# nginx's logs.
+# was killed (its configuration names both); WEBDAV_PID updated. Refused
+# while any nginx it started still runs (a second one would not get the
+# port, and the first would be lost track of). nginx itself tries to bind
+# for about 2.5 s; while the port stays held ("Address already in use") it
+# is started twice more; a failure says why, with nginx's logs.
 webdav_restart() {
     [ -n "${_WEBDAV_DIR:-}" ] || { _objstore_err "webdav_restart: none started"; return 2; }
+    _wr_left=$(webdav_pids)
+    if [ -n "$_wr_left" ]; then
+        _objstore_err "webdav_restart: nginx still runs (pids $_wr_left); stop it first (webdav_kill KILL)"
+        return 2
+    fi
     _wr_try=1
     while :; do
         rm -f "$_WEBDAV_DIR/nginx.pid"
         _objstore_spawn "$_WEBDAV_DIR" "$OBJSTORE_NGINX" -p "$_WEBDAV_DIR" -c "$_WEBDAV_DIR/nginx.conf" \
-            -e "$_WEBDAV_DIR/error.log"
+            -e "$_WEBDAV_DIR/error.log" || return 1
         WEBDAV_PID=$(cat "$_WEBDAV_DIR/pid")
         export WEBDAV_PID
         _objstore_wait "$WEBDAV_URL/" "$WEBDAV_PID" 10 "$_WEBDAV_DIR/nginx.pid"
@@ -289,7 +306,7 @@ s3_start() {
     # OpenSSL 3 has only in its legacy provider.
     _objstore_spawn "$_s3_d" env NODE_OPTIONS="--openssl-legacy-provider${NODE_OPTIONS:+ $NODE_OPTIONS}" \
         "$_s3_bin" --directory "$_s3_data" --address 127.0.0.1 --port 0 \
-        --configure-bucket "$2"
+        --configure-bucket "$2" || { s3_stop; return 1; }
     _s3_pid=$(cat "$_s3_d/pid")
     _s3_end=$(($(date +%s) + 20))
     _s3_port=""
@@ -324,7 +341,7 @@ s3_start() {
     if [ "${OBJSTORE_S3_PROXY:-1}" != 0 ] && /usr/bin/python3 -c 'import botocore' 2>/dev/null; then
         mkdir -p "$_s3_d/proxy"
         _objstore_spawn "$_s3_d/proxy" /usr/bin/python3 "${ROOT:-.}/tests/support/sigv4_proxy.py" "$_s3_port" \
-            S3RVER S3RVER us-east-1
+            S3RVER S3RVER us-east-1 || { s3_stop; return 1; }
         _s3_proxy_port=""
         _s3_end=$(($(date +%s) + 20))
         while [ -z "$_s3_proxy_port" ] && [ "$(date +%s)" -lt $_s3_end ]; do
@@ -370,9 +387,8 @@ EOF
 
 # s3_pids: s3rver's processes and the signature-checking proxy's.
 s3_pids() {
-    [ -n "${S3_PID:-}" ] && _objstore_tree "$S3_PID"
-    [ -f "${_S3_DIR:-}/proxy/pid" ] && _objstore_tree "$(cat "$_S3_DIR/proxy/pid")"
-    return 0
+    _objstore_pids "${_S3_DIR:-}"
+    [ -z "${_S3_DIR:-}" ] || _objstore_pids "$_S3_DIR/proxy"
 }
 
 s3_stop() {

@@ -35,6 +35,7 @@ none_alive() {
     for _p in $1; do pid_alive "$_p" && return 1; done
     return 0
 }
+any_alive() { ! none_alive "$1"; }
 # no_process_naming TEXT: no process has TEXT in its command line.
 no_process_naming() { ! pgrep -f -- "$1" >/dev/null; }
 
@@ -74,9 +75,26 @@ else
     # webdav_restart after kill -9: the same URL and files; while another
     # process holds the port it tries again, and gives up naming the cause.
     port=${U##*:}
-    # shellcheck disable=SC2046
-    kill -9 $(webdav_pids)
+    # nginx in a process group of its own, away from this test's.
+    check "nginx's master leads a process group of its own" \
+        [ "$(ps -o pgid= -p "$WEBDAV_PID" | tr -d ' ')" = "$WEBDAV_PID" ]
+    check "not this test's group" [ "$(ps -o pgid= -p "$WEBDAV_PID" | tr -d ' ')" != "$(ps -o pgid= -p $$ | tr -d ' ')" ]
+    # A worker that dies is replaced by its master: the new one is found too.
+    before=$(webdav_pids)
+    worker=$(ps -o pid= --ppid "$WEBDAV_PID" | head -n 1 | tr -d ' ')
+    kill -9 "$worker"
+    for _ in $(seq 100); do
+        [ "$(echo "$(webdav_pids)" | wc -w)" = "$(echo "$before" | wc -w)" ] && ! pid_alive "$worker" && break
+        sleep 0.05
+    done
+    after=$(webdav_pids)
+    check_all "a killed worker replaced: webdav_pids names its successor, not it" \
+        "[ $(echo "$after" | wc -w) -eq $(echo "$before" | wc -w) ] && ! echo ' $after ' | grep -q ' $worker '"
+    run webdav_restart
+    check_all "webdav_restart while nginx runs: refused" "[ $RC -eq 2 ] && grep -q 'nginx still runs' '$WORK/.err'"
+    webdav_kill KILL
     sleep 0.2
+    check "webdav_kill KILL: no nginx left" [ -z "$(webdav_pids)" ]
     expect_ok "webdav_restart after kill -9" webdav_restart
     check "restarted: the same URL answers with the same files" \
         [ "$(http_code /dev/null -X PROPFIND -H 'Depth: 1' "$U/ckpt/")" = 207 ]
@@ -89,15 +107,13 @@ open(sys.argv[3], "w").close(); time.sleep(float(sys.argv[2]))' "$port" "$1" "$W
         while [ ! -e "$WORK/held" ] && pid_alive $holder; do sleep 0.02; done
         rm -f "$WORK/held"
     }
-    # shellcheck disable=SC2046
-    kill -9 $(webdav_pids)
+    webdav_kill KILL
     sleep 0.2
     hold_port 4
     expect_ok "webdav_restart while the port is held for 4 s (longer than nginx's own tries): starts it again" \
         webdav_restart
     wait $holder
-    # shellcheck disable=SC2046
-    kill -9 $(webdav_pids)
+    webdav_kill KILL
     sleep 0.2
     hold_port 60
     run webdav_restart
@@ -112,8 +128,17 @@ open(sys.argv[3], "w").close(); time.sleep(float(sys.argv[2]))' "$port" "$1" "$W
     tmp=$(tr '\0' ' ' <"/proc/$WEBDAV_PID/cmdline" | sed -n 's|.* -p \(/[^ ]*\) .*|\1|p')
     check "nginx has a master and workers" [ "$(echo "$pids" | wc -w)" -ge 2 ]
     check "nginx's directory is a private temporary one" [ -d "$tmp" ]
+    # The master killed alone: its workers live on, orphaned, holding the
+    # port; webdav_restart refuses, naming them, and webdav_stop stops them.
+    workers=$(ps -o pid= --ppid "$WEBDAV_PID" | tr '\n' ' ')
+    kill -9 "$WEBDAV_PID"
+    sleep 0.2
+    check "the master killed alone: its workers live on" any_alive "$workers"
+    run webdav_restart
+    check_all "webdav_restart refuses while orphaned workers run, naming them" \
+        "[ $RC -ne 0 ] && grep -q 'nginx still runs (pids .*$(echo $workers | cut -d' ' -f1)' '$WORK/.err'"
     expect_ok "webdav_stop" webdav_stop
-    check "webdav_stop: no nginx process left" none_alive "$pids"
+    check "webdav_stop: no nginx process left, orphaned workers included" none_alive "$pids $workers"
     check "webdav_stop: no process names its directory" no_process_naming "$tmp"
     check "webdav_stop: its directory is removed" [ ! -e "$tmp" ]
     check "webdav_stop: ROOT_DIR is kept" [ -d "$WORK/dav/ckpt" ]
