@@ -405,9 +405,12 @@ static __global__ void round_bf16_kernel(uint16_t *out, const float *in, int64_t
 }
 
 /* Scratch for `count` rounded operands of sizes[i] values: parts[i]. Call
- * with bf16_lock held. Growing waits for the stream first (products queued
- * earlier may still read the old buffer). Out of device memory:
- * TP_ERR_NOMEM (kernels.h), another CUDA error: TP_ERR_DEVICE. */
+ * with bf16_lock held. Growing is stream-ordered (cudaFreeAsync and
+ * cudaMallocAsync on the compute stream, which runs every product): the
+ * products queued earlier still read the old buffer, and nothing waits for
+ * the device. A cudaFree would, and could deadlock a pipeline: it waits for
+ * a pending NCCL send whose receiver may wait for this rank. Out of device
+ * memory: TP_ERR_NOMEM (kernels.h), another CUDA error: TP_ERR_DEVICE. */
 static int bf16_scratch(uint16_t **parts, const int64_t *sizes, int count)
 {
     size_t total = 0, offsets[MAX_OPERANDS];
@@ -420,12 +423,11 @@ static int bf16_scratch(uint16_t **parts, const int64_t *sizes, int count)
         return tp_fail(TP_ERR_NOMEM, "bf16 scratch of %zu values is beyond addressable memory", total);
     if (total > state.bf16_size) {
         if (state.bf16) {
-            CUDA_TRY(cudaStreamSynchronize(state.stream));
-            CUDA_TRY(cudaFree(state.bf16));
+            CUDA_TRY(cudaFreeAsync(state.bf16, state.stream));
             state.bf16 = NULL;
             state.bf16_size = 0;
         }
-        error = cudaMalloc(&state.bf16, total * sizeof(uint16_t));
+        error = cudaMallocAsync((void **)&state.bf16, total * sizeof(uint16_t), state.stream);
         if (error != cudaSuccess) {
             (void)cudaGetLastError();
             state.bf16 = NULL;

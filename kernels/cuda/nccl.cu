@@ -137,11 +137,10 @@ extern "C" int cuda_group_send(cuda_group *group, int peer, const void *data, in
 {
     TP_TRY(peer_ok("send", peer, count));
     CUDA_TRY(cudaSetDevice(group->device));
-    if (!group->send_stream) {
-        CUDA_TRY(cudaEventCreateWithFlags(&group->sends_ready, cudaEventDisableTiming));
-        CUDA_TRY(cudaEventCreateWithFlags(&group->sends_done, cudaEventDisableTiming));
-        CUDA_TRY(cudaStreamCreateWithFlags(&group->send_stream, cudaStreamNonBlocking));
-    }
+    /* Made at the first send, each kept once made (a failure half-way leaks nothing). */
+    if (!group->sends_ready) CUDA_TRY(cudaEventCreateWithFlags(&group->sends_ready, cudaEventDisableTiming));
+    if (!group->sends_done) CUDA_TRY(cudaEventCreateWithFlags(&group->sends_done, cudaEventDisableTiming));
+    if (!group->send_stream) CUDA_TRY(cudaStreamCreateWithFlags(&group->send_stream, cudaStreamNonBlocking));
     CUDA_TRY(cudaEventRecord(group->sends_ready, group->stream)); /* the data is computed */
     CUDA_TRY(cudaStreamWaitEvent(group->send_stream, group->sends_ready, 0));
     NCCL_TRY(nccl.send(data, (size_t)count, is_double ? ncclFloat64 : ncclFloat32, peer, group->comm,
@@ -175,15 +174,13 @@ fail:
 extern "C" void cuda_group_free(cuda_group *group)
 {
     if (!group) return;
-    if (group->send_stream) { /* the sends in flight first: they use the communicator */
-        (void)cudaSetDevice(group->device);
-        (void)cudaStreamSynchronize(group->send_stream);
-    }
+    /* The work in flight first, sends and receives or all-reduces: it uses the communicator. */
+    (void)cudaSetDevice(group->device);
+    if (group->send_stream) (void)cudaStreamSynchronize(group->send_stream);
+    if (group->stream) (void)cudaStreamSynchronize(group->stream);
     if (group->comm) nccl.destroy(group->comm);
-    if (group->send_stream) {
-        (void)cudaStreamDestroy(group->send_stream);
-        (void)cudaEventDestroy(group->sends_ready);
-        (void)cudaEventDestroy(group->sends_done);
-    }
+    if (group->send_stream) (void)cudaStreamDestroy(group->send_stream);
+    if (group->sends_ready) (void)cudaEventDestroy(group->sends_ready);
+    if (group->sends_done) (void)cudaEventDestroy(group->sends_done);
     free(group);
 }
