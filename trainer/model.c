@@ -80,9 +80,15 @@ void gpt_model_free(gpt_model *m)
     free(m);
 }
 
-static int64_t attention_scratch(const gpt_model *m)
+/* The backward scratch (m->scratch), in order: one block's buffers
+ * (block_backward: d_res1 and d_ln [N, D], d_qkv [N, qkv], d_attn [N, attn],
+ * d_gelu and d_fc [N, ffn], the attention's scratch), then d_x [N, D], then
+ * on the last stage d_logits [N, vocab]. The floats before d_x: */
+static int64_t block_work_floats(const gpt_model *m)
 {
-    return attention_scratch_floats(m->B, m->T, m->heads_local);
+    int64_t N = m->B * m->T;
+    return N * (2 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) +
+           attention_scratch_floats(m->B, m->T, m->heads_local);
 }
 
 static int64_t slot_floats(const gpt_model *m, int64_t *ints)
@@ -265,10 +271,8 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     if (!m->slots) goto nomem;
     for (int s = 0; s < slots; s++)
         if ((status = slot_init(m, &m->slots[s]))) goto fail;
-    /* Backward scratch: two [N, D] gradients, [N, qkv], [N, attn], [N, ffn] x2, the attention's, [N, vocab]. */
     int64_t N = m->B * m->T;
-    m->scratch_size = N * (3 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + attention_scratch(m) +
-                      (m->is_last ? N * m->vocab_local : 0);
+    m->scratch_size = block_work_floats(m) + N * m->D + (m->is_last ? N * m->vocab_local : 0);
     if ((status = m->kernels->alloc((void **)&m->scratch, (size_t)m->scratch_size * sizeof(float)))) goto fail;
     *out = m;
     return TP_OK;
@@ -440,7 +444,7 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, floa
 static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, float *work, float loss_scale)
 {
     int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
-    float *d_logits = work + N * (3 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + attention_scratch(m);
+    float *d_logits = work + block_work_floats(m) + N * D;
     float *d_lnf = work;
     param_view *wte = &m->params[m->wte_out];
     const kernel_backend *k = m->kernels;
@@ -457,8 +461,7 @@ int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *
 {
     int64_t N = m->B * m->T, D = m->D;
     float *work = m->scratch;
-    /* d_x lives in the last [N, D] of the scratch, after the block's buffers. */
-    float *d_x = work + N * (2 * D + m->qkv_local + m->attn_local + 2 * m->ffn_local) + attention_scratch(m);
+    float *d_x = work + block_work_floats(m); /* after the block's buffers */
     const float *top = m->num_layers ? s->res2 + (m->num_layers - 1) * N * D : s->input;
     const kernel_backend *k = m->kernels;
     if (m->is_last) TP_TRY(head_backward(m, s, top, d_x, work, loss_scale));

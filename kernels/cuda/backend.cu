@@ -1181,12 +1181,10 @@ fail:
 }
 
 /* Sum of squares in double, in two passes with a fixed order (the same
- * result every run): each of at most SUM_BLOCKS blocks sums its grid-stride
- * share into partials[block], then one block sums the partials into
- * partials[SUM_BLOCKS]. */
-/* Adds each block's sum of squares of x[n] to partials[block]: the spans'
- * kernels run one after the other on the stream, so the partials add up
- * in a fixed order. */
+ * result every run): for each span, each of at most SUM_BLOCKS blocks adds
+ * the sum of its grid-stride share to partials[block] (the spans' kernels
+ * run one after the other on the stream); then one block sums the partials
+ * into partials[SUM_BLOCKS]. */
 static __global__ void sum_squares_kernel(double *partials, const float *x, int64_t n)
 {
     double s = 0;
