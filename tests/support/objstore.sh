@@ -158,6 +158,25 @@ http {
 EOF
 }
 
+# _webdav_launch DIR URL: nginx started from DIR's configuration; as
+# _objstore_wait: 0 once it answers at URL, 1 when it exited, 2 when it does
+# not answer in 10 s; 3 when it could not be started. nginx writes its pid
+# file once it has bound its port: whatever answered before might be
+# another server.
+_webdav_launch() {
+    rm -f "$1/nginx.pid"
+    _objstore_spawn "$1" "$OBJSTORE_NGINX" -p "$1" -c "$1/nginx.conf" -e "$1/error.log" || return 3
+    _objstore_wait "$2/" "$(cat "$1/pid")" 10 "$1/nginx.pid"
+}
+
+# _webdav_port_held DIR: 0 when nginx's last start found its port held
+# ("Address already in use"), its logs then emptied for the next try.
+_webdav_port_held() {
+    grep -q 'Address already in use' "$1/error.log" "$1/server.log" 2>/dev/null || return 1
+    : >"$1/error.log"
+    : >"$1/server.log"
+}
+
 webdav_start() {
     if [ $# -ne 1 ]; then _objstore_err "usage: webdav_start ROOT_DIR"; return 2; fi
     if [ -n "${_WEBDAV_DIR:-}" ]; then _objstore_err "webdav_start: one is running ($WEBDAV_URL)"; return 2; fi
@@ -188,22 +207,16 @@ webdav_start() {
     while :; do
         _wd_port=$(free_port 1) || { _objstore_err "no free port"; webdav_stop; return 1; }
         _webdav_conf "$_wd_d" "$_wd_root" "$_wd_port" >"$_wd_d/nginx.conf"
-        # nginx writes its pid file once it has bound its port: whatever
-        # answered before might be another server.
-        rm -f "$_wd_d/nginx.pid"
-        _objstore_spawn "$_wd_d" "$OBJSTORE_NGINX" -p "$_wd_d" -c "$_wd_d/nginx.conf" -e "$_wd_d/error.log" ||
-            { webdav_stop; return 1; }
-        _objstore_wait "http://127.0.0.1:$_wd_port/" "$(cat "$_wd_d/pid")" 10 "$_wd_d/nginx.pid"
+        _webdav_launch "$_wd_d" "http://127.0.0.1:$_wd_port"
         case $? in
         0) break ;;
-        1) if [ $_wd_try -lt 5 ] && grep -q 'Address already in use' "$_wd_d/error.log" "$_wd_d/server.log" 2>/dev/null; then
-               : >"$_wd_d/error.log"
-               : >"$_wd_d/server.log"
+        1) if [ $_wd_try -lt 5 ] && _webdav_port_held "$_wd_d"; then
                _wd_try=$((_wd_try + 1))
                continue
            fi
            _objstore_err "nginx exited while starting:" ;;
         2) _objstore_err "nginx does not answer on port $_wd_port after 10 s:" ;;
+        3) webdav_stop; return 1 ;;
         esac
         _objstore_log_tail "$_wd_d/server.log" "$_wd_d/error.log"
         webdav_stop
@@ -248,18 +261,14 @@ webdav_restart() {
     fi
     _wr_try=1
     while :; do
-        rm -f "$_WEBDAV_DIR/nginx.pid"
-        _objstore_spawn "$_WEBDAV_DIR" "$OBJSTORE_NGINX" -p "$_WEBDAV_DIR" -c "$_WEBDAV_DIR/nginx.conf" \
-            -e "$_WEBDAV_DIR/error.log" || return 1
+        _webdav_launch "$_WEBDAV_DIR" "$WEBDAV_URL"
+        _wr_rc=$?
+        [ $_wr_rc = 3 ] && return 1
         WEBDAV_PID=$(cat "$_WEBDAV_DIR/pid")
         export WEBDAV_PID
-        _objstore_wait "$WEBDAV_URL/" "$WEBDAV_PID" 10 "$_WEBDAV_DIR/nginx.pid"
-        case $? in
+        case $_wr_rc in
         0) return 0 ;;
-        1) if [ $_wr_try -lt 3 ] && grep -q 'Address already in use' "$_WEBDAV_DIR/error.log" \
-                "$_WEBDAV_DIR/server.log" 2>/dev/null; then
-               : >"$_WEBDAV_DIR/error.log"
-               : >"$_WEBDAV_DIR/server.log"
+        1) if [ $_wr_try -lt 3 ] && _webdav_port_held "$_WEBDAV_DIR"; then
                _wr_try=$((_wr_try + 1))
                continue
            fi
