@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -69,5 +70,18 @@ int ckpt_library_init(void)
 void ckpt_fault_point(const char *point)
 {
     const char *want = getenv("TP_CKPT_FAULT");
-    if (want && strcmp(want, point) == 0) raise(SIGKILL);
+    if (!want) return;
+    size_t n = strlen(point);
+    if (strcmp(want, point) == 0) raise(SIGKILL);
+    if (strncmp(want, point, n) != 0 || want[n] != ':') return;
+    /* POINT:TERM, :INT or :HUP: that signal, then the caller held at the
+     * point long enough for the signal's handling (another thread) to act
+     * while the window the point is in stays open. */
+    const char *name = want + n + 1;
+    int signal = strcmp(name, "TERM") == 0 ? SIGTERM : strcmp(name, "INT") == 0 ? SIGINT : strcmp(name, "HUP") == 0 ? SIGHUP : 0;
+    if (!signal) return;
+    raise(signal);
+    struct timespec hold = {0, 500 * 1000 * 1000};
+    while (nanosleep(&hold, &hold) != 0) {
+    }
 }

@@ -147,8 +147,10 @@ int ckpt_latest_update(const ckpt_storage *storage, const char *run_dir, const c
 int ckpt_resolve_in(const ckpt_storage *storage, const char *path, char *out);
 int ckpt_candidates_in(const ckpt_storage *storage, const char *path, ckpt_candidate **out, int *count);
 
-/* Test hook (docs/FORMAT.md "Fault injection"): kills the process with SIGKILL
- * when the environment variable TP_CKPT_FAULT names this point. */
+/* Test hook (docs/FORMAT.md "Test hook"): kills the process with SIGKILL
+ * when the environment variable TP_CKPT_FAULT names this point; with
+ * POINT:TERM (INT, HUP) raises that signal there and holds the caller at the
+ * point for half a second. */
 void ckpt_fault_point(const char *point);
 
 #endif

@@ -41,14 +41,6 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static ckpt_staged *registry;
 static int cancelled; /* ckpt_discard_all_staged ran: nothing is published any more */
 
-static void registry_add(ckpt_staged *s)
-{
-    pthread_mutex_lock(&registry_lock);
-    s->next = registry;
-    registry = s;
-    pthread_mutex_unlock(&registry_lock);
-}
-
 static void registry_remove(ckpt_staged *s)
 {
     pthread_mutex_lock(&registry_lock);
@@ -147,7 +139,7 @@ static int is_claim_of(const char *name, const char *base)
 
 /* Whether the claim `name` was left by a process of this machine that is
  * gone. A claim lives only between its creation and its lock being taken
- * (create_locked), so its lock being free says nothing; its owner's
+ * (create_registered), so its lock being free says nothing; its owner's
  * host-pid-nonce does. A claim of another machine is never judged dead. */
 static int claimer_gone(const char *name)
 {
@@ -329,27 +321,43 @@ static void free_staged(ckpt_staged *st)
     free(st);
 }
 
-/* Creates the staging entry locked: made under a claim name that no scan
- * takes for a dead writer's, locked, then renamed to its staging name. */
-static int create_locked(ckpt_staged *st)
+/* Creates the staging entry locked and registers it: made under a claim name
+ * that no scan takes for a dead writer's, locked, renamed to its staging
+ * name, registered. All of it under the registry's lock, so that a signal's
+ * clean-up (ckpt_discard_all_staged, which takes that lock) runs either
+ * before (nothing is created: the process is being stopped) or after (the
+ * entry is registered and goes), never while only a claim or an
+ * unregistered entry exists. */
+static int create_registered(ckpt_staged *st)
 {
     const ckpt_storage *s = st->storage;
     char claim[CKPT_PATH_MAX + 8];
     if (snprintf(claim, sizeof claim, "%s" CLAIM_SUFFIX, st->staging) >= CKPT_PATH_MAX)
         return tp_fail(TP_ERR_ARG, "path too long: %s", st->staging);
-    TP_TRY(s->remove_tree(s, claim));
-    if (st->directory) {
-        TP_TRY(s->make_dir(s, claim));
-    } else {
+    pthread_mutex_lock(&registry_lock);
+    int status = cancelled ? tp_fail(TP_ERR_STATE, "%s: not started: the process is being stopped by a signal", st->path)
+                           : s->remove_tree(s, claim);
+    if (!status && st->directory) {
+        status = s->make_dir(s, claim);
+    } else if (!status) {
         ckpt_file *file = NULL;
-        TP_TRY(s->open(s, claim, CKPT_OPEN_CREATE, &file));
-        s->close(file);
+        status = s->open(s, claim, CKPT_OPEN_CREATE, &file);
+        if (!status) s->close(file);
     }
-    /* Waits: a scan may hold the claim's lock for an instant while it looks
-     * at whether the claimer is alive (remove_dead). */
-    int status = s->lock(s, claim, CKPT_LOCK_WAIT, &st->lock);
-    if (!status) status = s->rename(s, claim, st->staging, CKPT_RENAME_NOREPLACE);
-    if (status) s->remove_tree(s, claim);
+    if (!status) {
+        ckpt_fault_point("staging-claimed");
+        /* Waits: a scan may hold the claim's lock for an instant while it
+         * looks at whether the claimer is alive (remove_dead). */
+        status = s->lock(s, claim, CKPT_LOCK_WAIT, &st->lock);
+        if (!status) status = s->rename(s, claim, st->staging, CKPT_RENAME_NOREPLACE);
+        if (status) s->remove_tree(s, claim);
+    }
+    if (!status) {
+        ckpt_fault_point("staging-renamed");
+        st->next = registry;
+        registry = st;
+    }
+    pthread_mutex_unlock(&registry_lock);
     return status;
 }
 
@@ -383,12 +391,11 @@ int ckpt_stage(const ckpt_storage *storage, const char *path, const ckpt_stage_o
     }
     if (!status) status = ckpt_staging_path(path, owner, s->staging, sizeof s->staging);
     if (!status) status = scan_staging(storage, path, 1, &live);
-    if (!status) status = create_locked(s);
+    if (!status) status = create_registered(s);
     if (status) {
         free_staged(s);
         return status;
     }
-    registry_add(s);
     *out = s;
     return TP_OK;
 }

@@ -1,81 +1,20 @@
 #!/bin/sh
-# Fault injection (docs/RELIABILITY.md): kill -9 at random instants of synth,
-# reshard, export and training saves; a full disk (a small tmpfs where one
-# can be mounted, and a file-size limit everywhere); two writers at one
-# output and two committers in one run directory; SIGTERM and SIGINT; and
-# --resume where no checkpoint is yet or the newest one's metadata is
-# damaged. After each: an earlier output still verifies, no partial output
-# is accepted, nothing half-written stays, and the next run succeeds.
-# FAULT_TRIALS (default 20; 5 under the sanitizers) sets the trials per class.
+# Fault injection (docs/RELIABILITY.md): --force over what is not an output
+# of the same kind; kill -9 at random instants of synth, reshard, export and
+# training saves; a full disk (a small tmpfs where one can be mounted, and a
+# file-size limit everywhere); two writers at one output and two committers
+# in one run directory; and --resume where no checkpoint is yet or the
+# newest one's metadata is damaged. After each: an earlier output still
+# verifies, no partial output is accepted, nothing half-written stays, and
+# the next run succeeds. Signals: test_signals.sh.
+# tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 
-CK="$BIN/tp-ckpt"
-RS="$BIN/tp-reshard"
-TRAIN="$BIN/tp-train"
-# Fewer under the sanitizers, where every run is several times slower.
-TRIALS=${FAULT_TRIALS:-20}
-[ "${SANITIZED:-0}" = 1 ] && TRIALS=${FAULT_TRIALS:-5}
-MODEL="--layers 4 --dim 384 --heads 8 --vocab 8000 --seq 64"
+. "$(dirname "$0")/lib.sh"
+
 FULL="$WORK/full"
-# tp-train initializes Open MPI even alone (lib.sh use_open_mpi: settings,
-# and full unwinding under the sanitizers, which only its runs need).
-trainer() {
-    (use_open_mpi; exec "$TRAIN" "$@")
-}
 MOUNTED=0
 trap '[ "$MOUNTED" = 1 ] && umount "$FULL"; rm -rf "$WORK"' EXIT
-
-# A pseudo-random delay of 0..$1 seconds, different for every call.
-CALLS=0
-delay() {
-    CALLS=$((CALLS + 1))
-    awk -v seed="$$$CALLS" -v max="$1" 'BEGIN { srand(seed); printf "%.3f\n", rand() * max }'
-}
-
-# timed CMD...: runs CMD; DURATION is its wall time in seconds.
-timed() {
-    start=$(date +%s.%N)
-    "$@" >/dev/null 2>&1
-    status=$?
-    DURATION=$(echo "$(date +%s.%N) - $start" | bc)
-    return $status
-}
-
-# no_staging DIR: no staging entry (".NAME.OWNER.staging") is left in DIR.
-no_staging() {
-    left=$(ls -A "$1" | grep '\.staging')
-    [ -z "$left" ] || echo "    left in $1: $left" >&2
-    [ -z "$left" ]
-}
-
-# same A B: the two checkpoints hold the same tensors, bit for bit.
-same() {
-    "$CK" diff "$1" "$2" >/dev/null 2>&1
-}
-
-# intact CKPT: it verifies.
-intact() {
-    "$CK" verify "$1" >/dev/null 2>&1
-}
-
-# safetensors_whole DIR: every .safetensors file holds its whole header and data.
-safetensors_whole() {
-    "$PY" - "$1" <<'PYEOF'
-import json, os, struct, sys
-d = sys.argv[1]
-files = [f for f in os.listdir(d) if f.endswith(".safetensors")]
-if not files:
-    sys.exit("no safetensors file in " + d)
-for f in files:
-    p = os.path.join(d, f)
-    with open(p, "rb") as fh:
-        n = struct.unpack("<Q", fh.read(8))[0]
-        header = json.loads(fh.read(n))
-    end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
-    if os.path.getsize(p) != 8 + n + end:
-        sys.exit("%s: %d bytes, expected %d" % (p, os.path.getsize(p), 8 + n + end))
-PYEOF
-}
 
 expect_ok "source checkpoint" "$CK" synth -o "$WORK/src" --tp 2 --pp 1 $MODEL --optim --seed 1
 expect_ok "second source" "$CK" synth -o "$WORK/src2" --tp 2 --pp 1 $MODEL --optim --seed 2
@@ -125,7 +64,7 @@ kill_trials() {
     while [ $i -lt "$TRIALS" ]; do
         "$@" >/dev/null 2>&1 &
         pid=$!
-        sleep "$(delay "$span")"
+        sleep "$(instant $i "$TRIALS" "$span")"
         kill -9 $pid 2>/dev/null
         wait $pid 2>/dev/null
         [ $? -eq 137 ] && killed=$((killed + 1))
@@ -155,7 +94,7 @@ while [ $i -lt "$TRIALS" ]; do
     # in start-up, steps and saves.
     waited=0
     while [ ! -e "$WORK/k/run/latest" ] && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
-    sleep "$(delay 1.0)"
+    sleep "$(instant $i "$TRIALS" 1.0)"
     kill -9 $pid 2>/dev/null
     wait $pid 2>/dev/null
     for d in "$WORK"/k/run/step_*; do
@@ -176,46 +115,6 @@ expect_ok "training resumes after the kills" trainer --model tiny --micro-batch 
     --resume --ckpt-every 1 --steps $((STEP + 1))
 check "the resumed run removed the killed saves' staging" no_staging "$WORK/k/run"
 echo "[$NAME] kill -9: training saves: $TRIALS trials, $bad bad checkpoints, resumed at step $STEP"
-
-# ------------------------------------------------------------ signals
-# SIGTERM or SIGINT at a random instant: the partial output goes, the exit
-# status is the signal's (or 0 when the write was done first).
-signal_trials() {
-    label=$1 out=$2 check_out=$3
-    shift 3
-    bad=0 hit=0 i=0
-    rm -rf "$out"
-    timed "$@"
-    span=$(echo "$DURATION * 1.2" | bc)
-    while [ $i -lt "$TRIALS" ]; do
-        rm -rf "$out"
-        sig=TERM code=143
-        [ $((i % 2)) -eq 1 ] && sig=INT code=130
-        "$@" >/dev/null 2>&1 &
-        pid=$!
-        sleep "$(delay "$span")"
-        kill -$sig $pid 2>/dev/null
-        wait $pid 2>/dev/null
-        rc=$?
-        if [ $rc -eq $code ]; then
-            hit=$((hit + 1))
-            [ -e "$out" ] && ! $check_out "$out" && bad=$((bad + 1))
-        elif [ $rc -eq 0 ]; then
-            $check_out "$out" || bad=$((bad + 1))
-        else
-            bad=$((bad + 1))
-            echo "    $label: exit $rc after SIG$sig" >&2
-        fi
-        no_staging "$(dirname "$out")" || bad=$((bad + 1))
-        i=$((i + 1))
-    done
-    check "$label: $TRIALS signals: the signal's status, no partial output, no staging" [ "$bad" -eq 0 ]
-    echo "[$NAME] signals: $label: $TRIALS trials over ${span}s, $hit interrupted, $bad bad"
-}
-
-mkdir -p "$WORK/s"
-signal_trials "reshard" "$WORK/s/rs" intact "$RS" "$WORK/src" --to tp4 -o "$WORK/s/rs"
-signal_trials "export" "$WORK/s/st" safetensors_whole "$CK" export "$WORK/src" --format safetensors -o "$WORK/s/st"
 
 # --------------------------------------------------------- concurrent writers
 # Two writers at one output: without --force one wins and the other fails,

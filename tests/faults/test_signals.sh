@@ -1,0 +1,112 @@
+#!/bin/sh
+# Signals (docs/RELIABILITY.md): SIGTERM and SIGINT at random instants of
+# every writer (synth, reshard, import, exports in each format), spread over
+# the whole of an uninterrupted run; and a signal inside the window where a
+# staging entry is born, struck on purpose (TP_CKPT_FAULT=POINT:SIG), for
+# every writer and for training saves. After each: the writer died of the
+# signal (or finished first, with a whole output), no partial output, no
+# staging entry and no claim left.
+# tier: full
+. "$(dirname "$0")/../e2e/lib.sh"
+. "$(dirname "$0")/lib.sh"
+
+expect_ok "source checkpoint" "$CK" synth -o "$WORK/src" --tp 2 --pp 1 $MODEL --optim --seed 1
+expect_ok "an export to import from" "$CK" export "$WORK/src" --format safetensors -o "$WORK/st-src"
+
+# ------------------------------------------------------------ signals
+# SIGTERM or SIGINT at a random instant: the partial output goes, the exit
+# status is the signal's (or 0 when the write was done first).
+signal_trials() {
+    label=$1 out=$2 check_out=$3
+    shift 3
+    bad=0 hit=0 i=0
+    rm -rf "$out"
+    timed "$@"
+    span=$(echo "$DURATION * 1.2" | bc)
+    while [ $i -lt "$TRIALS" ]; do
+        rm -rf "$out"
+        sig=TERM code=143
+        [ $((i % 2)) -eq 1 ] && sig=INT code=130
+        "$@" >/dev/null 2>&1 &
+        pid=$!
+        sleep "$(instant $i "$TRIALS" "$span")"
+        kill -$sig $pid 2>/dev/null
+        wait $pid 2>/dev/null
+        rc=$?
+        if [ $rc -eq $code ]; then
+            hit=$((hit + 1))
+            [ -e "$out" ] && ! $check_out "$out" && bad=$((bad + 1))
+        elif [ $rc -eq 0 ]; then
+            $check_out "$out" || bad=$((bad + 1))
+        else
+            bad=$((bad + 1))
+            echo "    $label: exit $rc after SIG$sig" >&2
+        fi
+        no_staging "$(dirname "$out")" || bad=$((bad + 1))
+        i=$((i + 1))
+    done
+    check "$label: $TRIALS signals: the signal's status, no partial output, no staging" [ "$bad" -eq 0 ]
+    echo "[$NAME] signals: $label: $TRIALS trials over ${span}s, $hit interrupted, $bad bad"
+}
+
+# gguf_whole FILE, hdf5_whole FILE: the export of $WORK/src reads back whole
+# and equal to it (the independent reader of tests/trainer/check_export.py).
+gguf_whole() { "$PY" "$ROOT/tests/trainer/check_export.py" gguf "$1" "$WORK/src" >/dev/null 2>&1; }
+hdf5_whole() { "$PY" "$ROOT/tests/trainer/check_export.py" hdf5 "$1" "$WORK/src" >/dev/null 2>&1; }
+
+mkdir -p "$WORK/s"
+signal_trials "synth" "$WORK/s/sy" intact "$CK" synth -o "$WORK/s/sy" --tp 2 --pp 1 $MODEL --optim
+signal_trials "reshard" "$WORK/s/rs" intact "$RS" "$WORK/src" --to tp4 -o "$WORK/s/rs"
+signal_trials "import" "$WORK/s/im" intact "$CK" import "$WORK/st-src" -o "$WORK/s/im" --tp 2 --pp 1
+signal_trials "export" "$WORK/s/st" safetensors_whole "$CK" export "$WORK/src" --format safetensors -o "$WORK/s/st"
+signal_trials "export gguf" "$WORK/s/x.gguf" gguf_whole "$CK" export "$WORK/src" --format gguf -o "$WORK/s/x.gguf"
+signal_trials "export hdf5" "$WORK/s/x.h5" hdf5_whole "$CK" export "$WORK/src" --format hdf5 -o "$WORK/s/x.h5"
+
+# ------------------------------------------- a signal as a staging entry is born
+# The window that random instants seldom hit: the staging entry's claim made
+# but not yet locked, or renamed to its staging name but not yet registered
+# for the clean-up. TP_CKPT_FAULT=POINT:SIG raises the signal there and holds
+# the writer inside the window (docs/FORMAT.md "Test hook"), so that the
+# clean-up runs while it is open. The writer dies of the signal and leaves
+# neither a claim nor a staging entry, for every writer.
+mkdir -p "$WORK/w"
+bad=0 n=0
+for point in staging-claimed staging-renamed; do
+    for writer in synth reshard import export-st export-gguf export-hdf5; do
+        case $n in 0) sig=TERM code=143 ;; 1) sig=INT code=130 ;; *) sig=HUP code=129 ;; esac
+        n=$(((n + 1) % 3))
+        case $writer in
+        synth) set -- "$CK" synth -o "$WORK/w/out" --tp 2 --pp 1 --model tiny ;;
+        reshard) set -- "$RS" "$WORK/src" --to tp4 -o "$WORK/w/out" ;;
+        import) set -- "$CK" import "$WORK/st-src" -o "$WORK/w/out" --tp 2 --pp 1 ;;
+        export-st) set -- "$CK" export "$WORK/src" --format safetensors -o "$WORK/w/out" ;;
+        export-gguf) set -- "$CK" export "$WORK/src" --format gguf -o "$WORK/w/out" ;;
+        export-hdf5) set -- "$CK" export "$WORK/src" --format hdf5 -o "$WORK/w/out" ;;
+        esac
+        run with_fault $point:$sig "$@"
+        left=$(ls -A "$WORK/w")
+        if [ "$RC" -ne $code ] || [ -n "$left" ]; then
+            bad=$((bad + 1))
+            echo "    $writer, SIG$sig at $point: exit $RC (expected $code), left: ${left:-nothing}" >&2
+        fi
+        rm -rf "$WORK/w"/* "$WORK/w"/.[!.]*
+    done
+done
+check "a signal as the staging entry is born: 12 writers died of it, nothing left" [ "$bad" -eq 0 ]
+
+# Training: SIGTERM is a preemption (finish the step, save, stop with 0);
+# SIGINT ends it at once, and what the save had begun goes with the next run,
+# silently.
+expect_ok "training: SIGTERM as a save's staging entry is born" with_fault staging-claimed:TERM \
+    trainer --model tiny --micro-batch 2 --quiet --steps 50 --ckpt-every 2 --ckpt-dir "$WORK/w/run"
+check_all "training: stopped with a whole checkpoint and no staging" \
+    'intact "$WORK/w/run/$(cat "$WORK/w/run/latest")" && no_staging "$WORK/w/run"'
+run with_fault staging-renamed:INT trainer --model tiny --micro-batch 2 --quiet --steps 50 --ckpt-every 2 \
+    --ckpt-dir "$WORK/w/run2"
+check "training: SIGINT as a save's staging entry is born ends it (exit $RC)" [ "$RC" -eq 130 ]
+expect_ok "training: the next run" trainer --model tiny --micro-batch 2 --quiet --steps 2 --ckpt-every 2 \
+    --ckpt-dir "$WORK/w/run2" --resume
+check_all "training: the next run removed what the interrupted save left, saying nothing of it" \
+    'no_staging "$WORK/w/run2" && ! grep -q staging "$WORK/.err"'
+
+finish
