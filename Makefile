@@ -1,6 +1,7 @@
-# tp-toolkit build. `make` builds everything into build/bin; `make test` runs
-# every test; `make demo` runs the main job end to end. Each installs missing
-# Debian packages first (`make deps`).
+# tp-toolkit build. `make` builds everything into build/bin; `make check`
+# runs the quick tier of tests, `make test` every test; `make demo` runs the
+# main job end to end. Each installs missing Debian packages first
+# (`make deps`).
 
 BUILD ?= build
 CC ?= cc
@@ -20,6 +21,22 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 PKGS := hdf5 libzstd libcjson libxxhash openblas ompi-c libcrypto libcurl
 PKG_CFLAGS := $(patsubst -I%,-isystem %,$(shell pkg-config --cflags $(PKGS) 2>/dev/null))
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+# A quiet build: one line per step (`CC ckpt/reader.c`); `make V=1` prints
+# the full commands instead.
+V ?= 0
+ifeq ($(V),1)
+Q :=
+say = @true
+else
+Q := @
+say = @printf '  %-5s %s\n'
+endif
+
+# The builds the other targets run (`make test`, `make demo`...) use every
+# core unless make was given -j itself (its job server then serves them).
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+SUBMAKE = $(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
 
 # OPTFLAGS and SANITIZE select the build flavour; CFLAGS/LDFLAGS add to them.
 OPTFLAGS ?= -O2 -g
@@ -90,10 +107,10 @@ TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps test test-gpu bench-gpu asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-elastic bench-remote bench-revisions clean programs tests
+.PHONY: all build deps check test test-gpu bench-gpu asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-elastic bench-remote bench-revisions clean programs tests
 
 all: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build
 
 build: programs tests $(BENCH_PROGRAMS)
 
@@ -118,11 +135,13 @@ $(BUILD)/obj/kernels/%.o: ALL_CFLAGS += -ftree-vectorize $(if $(findstring clang
 
 $(BUILD)/obj/%.o: %.c $(BUILD)/config
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+	$(say) CC $<
+	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu kernels/convert_bits.h kernels/kernels.h $(wildcard kernels/cuda/*.h) $(BUILD)/config
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(say) NVCC $<
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(LIB_COMMON): $(call obj,$(COMMON_SRC))
 $(LIB_KERNELS): $(call obj,$(KERNELS_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(KERNELS_CU))
@@ -135,7 +154,8 @@ $(LIB_COMM_MPI): $(call obj,$(COMM_MPI_SRC))
 $(LIB_ELASTIC): $(call obj,$(ELASTIC_SRC))
 $(BUILD)/lib/%.a:
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(say) AR $@
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/bin/tp-ckpt: $(call obj,programs/tp-ckpt.c) $(CLI_OBJ) $(SYNTH_OBJ) $(MODEL_STACK)
 $(BUILD)/bin/tp-reshard: $(call obj,programs/tp-reshard.c) $(CLI_OBJ) $(RESHARD_STACK)
@@ -143,42 +163,54 @@ $(BUILD)/bin/tp-train: $(call obj,programs/tp-train.c) $(CLI_OBJ) $(LIB_COMM_MPI
 $(BUILD)/bin/tp-elastic: $(call obj,programs/tp-elastic.c $(wildcard programs/elastic_*.c)) $(CLI_OBJ) $(ELASTIC_STACK)
 $(BUILD)/bin/%:
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+	$(say) LD $@
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/bench/bench_ckpt: $(BUILD)/obj/bench/bench_ckpt.o $(CLI_OBJ) $(SYNTH_OBJ) $(MODEL_STACK)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+	$(say) LD $@
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 # An MPI program the layer tests run under mpirun: without Criterion, whose
 # sandbox would take it for one of its own children.
 $(BUILD)/tests/trainer/layer_check: $(BUILD)/obj/tests/trainer/layer_check.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+	$(say) LD $@
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS) -lcriterion
+	$(say) LD $@
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS) -lcriterion
+
+# Two tiers (scripts/run-tests.py): `make check`, the edit loop (every unit
+# test and one end-to-end scenario per program, under 2 minutes on 2 cores),
+# and `make test`, everything (what CI runs). TEST_JOBS tests run at once.
+TEST_JOBS ?= 2
+check: deps
+	@$(SUBMAKE) build
+	@BUILD=$(BUILD) scripts/run-tests.py --tier check --jobs $(TEST_JOBS)
 
 test: deps
-	@$(MAKE) --no-print-directory build
-	@BUILD=$(BUILD) scripts/run-tests.sh
+	@$(SUBMAKE) build
+	@BUILD=$(BUILD) scripts/run-tests.py --tier full --jobs $(TEST_JOBS)
 
 # The same suite under AddressSanitizer and UndefinedBehaviorSanitizer.
 asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
+	@$(SUBMAKE) BUILD=build-asan CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
 		SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all" build
-	@BUILD=build-asan SANITIZED=1 scripts/run-tests.sh
+	@BUILD=build-asan SANITIZED=1 scripts/run-tests.py --tier full --jobs $(TEST_JOBS)
 
 # The GPU tests on a machine with a GPU and nvcc: the unit tests (none of
 # the CUDA ones may skip) and tests/gpu/test_gpu.sh (tp-train --device cuda
 # against PyTorch, the CPU, other layouts, checkpoints both ways). Fails
 # without a GPU instead of skipping.
 test-gpu: deps
-	@$(MAKE) --no-print-directory CUDA=1 build
+	@$(SUBMAKE) CUDA=1 build
 	@BUILD=$(BUILD) GPU_REQUIRED=1 sh tests/gpu/test_gpu.sh
 
 bench-gpu: deps
-	@$(MAKE) --no-print-directory CUDA=1 build
+	@$(SUBMAKE) CUDA=1 build
 	@BUILD=$(BUILD) scripts/bench-gpu.sh
 
 # A longer soak of tp-elastic than `make test` runs (6 faults, seed 7):
@@ -186,7 +218,7 @@ bench-gpu: deps
 # one run, a new seed each time (printed, with the command that replays it).
 SOAK_FAULTS ?= 30
 soak: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build
 	@SOAK_FAULTS=$(SOAK_FAULTS) SOAK_SEED=$${SOAK_SEED:-$$(date +%s)} BUILD=$(BUILD) sh tests/elastic/test_soak.sh
 
 # Fuzzing with libFuzzer (clang) under ASan and UBSan: the index parser, the
@@ -200,7 +232,7 @@ FUZZ_TARGETS := index safetensors partition
 FUZZ_SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz needs clang (apt-get install clang)" >&2; exit 1; }
-	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
+	@$(SUBMAKE) BUILD=build-fuzz CC=clang CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
 		CFLAGS="-Wno-error" SANITIZE="$(FUZZ_SANITIZE) -fsanitize=fuzzer-no-link" $(patsubst %,build-fuzz/fuzz/fuzz_%,$(FUZZ_TARGETS))
 	@mkdir -p build-fuzz/crashes; for t in $(FUZZ_TARGETS); do \
 		mkdir -p build-fuzz/corpus/$$t; echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
@@ -212,34 +244,35 @@ fuzz: deps
 
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(MODEL_STACK)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+	$(say) LD $@
+	$(Q)$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
 
 demo: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/demo.sh
 
 bench-ckpt: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-ckpt.sh
 
 bench-elastic: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-elastic.sh
 
 bench-remote: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-remote.sh
 
 bench-reshard: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-reshard.sh
 
 bench-train: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-train.sh
 
 bench-export: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-export.sh
 
 # This tree against BENCH_BASE (a revision), for changes that should cost nothing.

@@ -1,6 +1,7 @@
 #!/bin/sh
 # tp-ckpt end to end: synthesize, inspect, verify, read back independently,
 # compare across layouts, corrupt, crash mid-commit, and bad input.
+# tier: check
 . "$(dirname "$0")/lib.sh"
 CK="$BIN/tp-ckpt"
 MODEL="--layers 4 --dim 64 --heads 4 --vocab 1000 --seq 32"

@@ -3,6 +3,7 @@
 # checked against the planner's rules by an independent reader (Python's
 # json), --ckpt on a synthesized checkpoint and on a run directory, and the
 # exit status of impossible requests and usage errors. No MPI: fast.
+# tier: check
 . "$(dirname "$0")/lib.sh"
 ELASTIC="$BIN/tp-elastic"
 CK="$BIN/tp-ckpt"

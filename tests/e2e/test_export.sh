@@ -17,6 +17,7 @@
 #   - export then import is bit-exact, into tp-train's resume;
 #   - greedy generation equals PyTorch's; sampling repeats with its seed;
 #   - bad input gives one clear error and leaves nothing behind.
+# tier: full
 . "$(dirname "$0")/lib.sh"
 
 use_open_mpi

@@ -2,6 +2,7 @@
 # The include graph follows the declared layering (scripts/check-layers.py),
 # and the check fails, naming the file and the rule, on each kind of wrong
 # include planted in a copy of the sources.
+# tier: check
 . "$(dirname "$0")/lib.sh"
 
 CHECK="$ROOT/scripts/check-layers.py"

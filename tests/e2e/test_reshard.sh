@@ -1,6 +1,7 @@
 #!/bin/sh
 # tp-reshard end to end: round trips, merging to tp1, an independent h5py
 # merge of the output against the source, options, memory bound, bad input.
+# tier: check
 . "$(dirname "$0")/lib.sh"
 CK="$BIN/tp-ckpt"
 RS="$BIN/tp-reshard"

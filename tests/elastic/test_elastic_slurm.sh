@@ -10,8 +10,10 @@
 # run. In every case the last step is reached and the losses equal an
 # uninterrupted run's (1e-4).
 # Skipped, and said so, where Slurm is not installed.
+# tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$ROOT/tests/support/slurm.sh"
+. "$ROOT/tests/elastic/lib.sh"
 
 if ! slurm_available; then
     echo "[SKIP] [$NAME] Slurm is not installed (make deps installs slurm-wlm)"
@@ -36,21 +38,11 @@ trap 'slurm_stop; rm -rf "$WORK"' EXIT INT TERM
 expect_ok "an uninterrupted run (mpirun, 4 ranks)" mpirun --oversubscribe -np 4 "$TRAIN" $TRAIN_ARGS --tp 2 \
     --ckpt-dir "$WORK/ref" --log "$WORK/ref.jsonl"
 
-losses_continue() { "$PY" "$ROOT/tests/elastic/check_losses.py" "$1" "$WORK/ref.jsonl" "$STEPS"; }
-events() { grep -c "\"event\":\"$2\"" "$1/elastic/events.jsonl" 2>/dev/null || true; }
 # the_rank R PROCID: the pid of the trainer rank PROCID of run R.
 the_rank() {
     for p in $(pgrep -f -- "--ckpt-dir $1 "); do
         tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$2" && [ "$(cat "/proc/$p/comm")" = tp-train ] &&
             echo "$p" && return 0
-    done
-    return 1
-}
-# nothing_left R: no process of run R is left, stopped ones included (10 s).
-nothing_left() {
-    for i in $(seq 100); do
-        pgrep -f -- "--ckpt-dir $1 " >/dev/null || return 0
-        sleep 0.1
     done
     return 1
 }

@@ -16,6 +16,7 @@
 #     (slurm_job_grow) gives it back;
 #   - slurm_stop leaves nothing running.
 # Skipped (and said so) where Slurm is not installed.
+# tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$ROOT/tests/support/slurm.sh"
 

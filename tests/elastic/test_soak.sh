@@ -17,6 +17,7 @@
 #
 #   SOAK_SEED=N SOAK_FAULTS=K sh tests/elastic/test_soak.sh
 #   make soak   (more faults, a new seed each time)
+# tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 
 use_open_mpi

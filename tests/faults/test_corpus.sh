@@ -10,6 +10,7 @@
 #   checksum, or a block checksum when only data was hit);
 # - 1.0: verify exits as recorded in expect-1.0 (1, or 0 when only a string
 #   attribute the readers no longer read was damaged).
+# tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 CORPUS="$ROOT/tests/faults/corpus/shards"
 

@@ -7,6 +7,7 @@
 # limit) and an index of 60,000 files. tp-ckpt info and verify, tp-reshard and
 # tp-ckpt import must each exit 1 with one error line naming the file or the
 # tensor: never a signal, a hang (timeout 20) or gigabytes of memory.
+# tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 
 CKPT="$BIN/tp-ckpt"

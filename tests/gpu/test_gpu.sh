@@ -6,6 +6,7 @@
 # a GPU (nvidia-smi finds none) or a CUDA build, every test here reports
 # itself skipped: `make test` runs this file so that the skip shows;
 # `make test-gpu` sets GPU_REQUIRED=1, and then a missing GPU is a failure.
+# tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 
 use_open_mpi

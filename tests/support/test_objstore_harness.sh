@@ -9,6 +9,7 @@
 #     listing continued with its token); an unknown access key refused (403);
 #   - stopping leaves no server process and no temporary directory.
 # Each server's part says SKIP where that server is not installed.
+# tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$ROOT/tests/support/objstore.sh"
 trap 'webdav_stop >/dev/null 2>&1; s3_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT

@@ -1,0 +1,271 @@
+#!/usr/bin/python3
+"""Runs the test suite: the Criterion unit tests ($BUILD/tests/*/test_*) and
+the test scripts (tests/*/test_*.sh), a tier of them, two at a time.
+
+Tiers (`make check` runs the first, `make test` both):
+  check  the edit loop: every library's unit tests and one end-to-end
+         scenario per program; under 2 minutes on 2 cores
+  full   everything else: faults, object stores, Slurm, soak, benchmarks
+Every unit test binary is in the check tier. Every script declares its tier
+in its header, a line `# tier: check` or `# tier: full`; a script that
+declares none is an error, so that no test is forgotten by either tier.
+
+Scripts own their directories (mktemp) and ports (tests/support/common.sh
+free_port), so two run at once; one whose header says `# alone: REASON`
+runs with nothing beside it. Each test's output is printed whole when it
+ends, with its time; a summary of the slowest and of what failed ends the run.
+
+Usage: scripts/run-tests.py [--tier check|full] [--jobs N] [--repeat N]
+                            [--only NAME]... [--list]
+  --tier     check, or full (the default): the check tier and the full one
+  --jobs     tests run at once (default 2)
+  --repeat   run the selection N times in a row; a table of each test's
+             runs, failures and times at the end (docs/RELIABILITY.md)
+  --only     tests whose path contains NAME (repeatable)
+  --list     print the selection with tiers, run nothing
+  --timeout  seconds a test may run before it is stopped and fails (1200)
+Environment: BUILD (default build); SANITIZED=1 for the ASan/UBSan build.
+Exit status: 0 when every test passed, 1 otherwise, 2 on a usage error.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT_DIRS = ["e2e", "faults", "elastic", "gpu", "support"]
+TIERS = ("check", "full")
+# What a passing unit test binary says worth seeing: its skipped tests (a
+# GPU test without a GPU). A failing one's output is printed whole.
+UNIT_SKIPS = re.compile(r"^\[SKIP\]")
+
+
+class Test:
+    def __init__(self, path, kind, tier, alone):
+        self.path, self.kind, self.tier, self.alone = path, kind, tier, alone
+        self.runs = []  # (passed, seconds)
+
+
+def script_header(path):
+    """The tier and the reason to run alone that a script's header declares."""
+    tier = alone = None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.startswith("#"):
+                break
+            m = re.match(r"#\s*tier:\s*(\S+)\s*$", line)
+            if m:
+                tier = m.group(1)
+            m = re.match(r"#\s*alone:\s*(.+)$", line)
+            if m:
+                alone = m.group(1).strip()
+    return tier, alone
+
+
+def discover(build):
+    tests, errors = [], []
+    for path in sorted(glob.glob(os.path.join(build, "tests", "*", "test_*"))):
+        if os.access(path, os.X_OK) and not path.endswith((".o", ".d")):
+            tests.append(Test(path, "unit", "check", None))
+    for d in SCRIPT_DIRS:
+        for path in sorted(glob.glob(os.path.join("tests", d, "test_*.sh"))):
+            tier, alone = script_header(path)
+            if tier not in TIERS:
+                errors.append(f"{path}: its header declares no tier (a line '# tier: check' or '# tier: full')"
+                              if tier is None else f"{path}: unknown tier '{tier}' (check or full)")
+                continue
+            tests.append(Test(path, "script", tier, alone))
+    return tests, errors
+
+
+def environment(test):
+    env = dict(os.environ)
+    if env.get("SANITIZED") == "1":
+        # HDF5 keeps global state until exit; leaks are checked, third-party
+        # ones suppressed (tests/lsan.supp).
+        env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0:exitcode=99"
+        env["LSAN_OPTIONS"] = f"suppressions={ROOT}/tests/lsan.supp:print_suppressions=0"
+        env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
+        # Open MPI keeps allocations from MPI_Init, some in components it
+        # unloads at exit; only full stack unwinding shows them as its own.
+        # Scripts that use mpirun ask for it themselves (lib.sh use_open_mpi).
+        if test.kind == "unit" and "/trainer/" in test.path:
+            env["ASAN_OPTIONS"] += ":fast_unwind_on_malloc=0"
+    return env
+
+
+class Running:
+    def __init__(self, test, logdir):
+        self.test = test
+        self.log = open(os.path.join(logdir, test.path.replace("/", "_") + ".log"), "w+", encoding="utf-8",
+                        errors="replace")
+        if test.kind == "unit":
+            # Verbose so that skipped tests show as SKIP.
+            argv = [test.path, "--jobs", "2", "--short-filename", "--verbose"]
+        else:
+            argv = ["sh", test.path]
+        # A process group of its own, so that a test past its time limit
+        # goes with everything it started.
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=environment(test), start_new_session=True)
+        self.started = time.monotonic()
+        self.stopping = None  # when SIGTERM was sent
+
+    def signal(self, sig):
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def report(test, code, seconds, log):
+    """Prints the test's output whole, after a line with its time."""
+    log.seek(0)
+    text = log.read()
+    log.close()
+    if test.kind == "unit" and code == 0:
+        text = "".join(line for line in text.splitlines(True) if UNIT_SKIPS.search(line))
+    status = "ok" if code == 0 else f"FAILED (exit {code})"
+    print(f"== {test.path} [{test.tier}] {seconds:.0f} s {status}", flush=True)
+    if text:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+
+
+def run_round(tests, jobs, logdir, limit):
+    """Runs every test once, `jobs` at a time (an alone test by itself). A
+    test still running after `limit` seconds is stopped (SIGTERM to its
+    process group, SIGKILL 20 s later) and fails."""
+    waiting, running = list(tests), []
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs and not any(r.test.alone for r in running):
+                if waiting[0].alone and running:
+                    break
+                running.append(Running(waiting.pop(0), logdir))
+            time.sleep(0.2)
+            now = time.monotonic()
+            for r in list(running):
+                if r.proc.poll() is None:
+                    if r.stopping is None and now - r.started > limit:
+                        print(f"== {r.test.path}: still running after {limit} s: stopped", flush=True)
+                        r.signal(signal.SIGTERM)
+                        r.stopping = now
+                    elif r.stopping is not None and now - r.stopping > 20:
+                        r.signal(signal.SIGKILL)
+                    continue
+                running.remove(r)
+                # What the test left in its group (a server it failed to stop) goes too.
+                r.signal(signal.SIGKILL)
+                code = r.proc.returncode if r.proc.returncode >= 0 else 128 - r.proc.returncode
+                if r.stopping is not None:
+                    code = code or 124
+                seconds = now - r.started
+                r.test.runs.append((code == 0, seconds))
+                report(r.test, code, seconds, r.log)
+    finally:
+        for r in running:  # interrupted: nothing is left running
+            r.signal(signal.SIGTERM)
+
+
+def order(tests, history):
+    """Alone tests first, then the longest first (as the last runs took, in
+    $BUILD/test-times.json; a script never timed counts as long, a unit test
+    as short), so that the lanes end at about the same time."""
+    def expected(t):
+        if t.runs:
+            return statistics.mean(s for _, s in t.runs)
+        return history.get(t.path, 60 if t.kind == "script" else 2)
+    return sorted(tests, key=lambda t: (t.alone is None, -expected(t)))
+
+
+def load_history(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return {k: float(v) for k, v in json.load(f).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def save_history(path, history, tests):
+    for t in tests:
+        if t.runs:
+            history[t.path] = round(statistics.mean(s for _, s in t.runs), 1)
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(history, f, indent=0, sort_keys=True)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass  # only an ordering hint
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tier", choices=TIERS, default=os.environ.get("TIER", "full"))
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--only", action="append", default=[])
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--timeout", type=int, default=1200)
+    args = p.parse_args()
+    if args.jobs < 1 or args.repeat < 1:
+        p.error("--jobs and --repeat take a positive number")
+    os.chdir(ROOT)
+    build = os.environ.get("BUILD", "build")
+    os.environ["BUILD"] = build
+    tests, errors = discover(build)
+    for e in errors:
+        print(f"run-tests: {e}", file=sys.stderr)
+    if errors:
+        return 1
+    if not any(t.kind == "unit" for t in tests):
+        print(f"run-tests: no unit test binaries in {build}/tests (build them: make tests)", file=sys.stderr)
+        return 1
+    tiers = TIERS[: TIERS.index(args.tier) + 1]
+    chosen = [t for t in tests if t.tier in tiers and (not args.only or any(o in t.path for o in args.only))]
+    if not chosen:
+        print("run-tests: nothing matches the selection", file=sys.stderr)
+        return 2
+    if args.list:
+        for t in chosen:
+            print(f"{t.tier:5} {t.path}" + (f"  (alone: {t.alone})" if t.alone else ""))
+        return 0
+    print(f"== tier {args.tier}: {len(chosen)} tests ({', '.join(tiers)}), {args.jobs} at a time, "
+          f"build {build}{', sanitized' if os.environ.get('SANITIZED') == '1' else ''}", flush=True)
+    wall = time.monotonic()
+    history_path = os.path.join(build, "test-times.json")
+    history = load_history(history_path)
+    with tempfile.TemporaryDirectory(prefix="tp-run-tests-") as logdir:
+        for round_no in range(args.repeat):
+            if args.repeat > 1:
+                print(f"== round {round_no + 1} of {args.repeat}", flush=True)
+            run_round(order(chosen, history), args.jobs, logdir, args.timeout)
+            save_history(history_path, history, chosen)
+    wall = time.monotonic() - wall
+    failed = [t for t in chosen if not all(ok for ok, _ in t.runs)]
+    print(f"== tier {args.tier}: {len(chosen)} tests in {wall:.0f} s; the slowest:")
+    for t in sorted(chosen, key=lambda t: -max(s for _, s in t.runs))[:8]:
+        print(f"   {max(s for _, s in t.runs):5.0f} s  {t.path}")
+    if args.repeat > 1:
+        print("| test | runs | failed | min s | median s | max s |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for t in chosen:
+            times = [s for _, s in t.runs]
+            print(f"| {t.path} | {len(t.runs)} | {sum(not ok for ok, _ in t.runs)} | "
+                  f"{min(times):.0f} | {statistics.median(times):.0f} | {max(times):.0f} |")
+    if failed:
+        print("FAILED: " + " ".join(t.path for t in failed), file=sys.stderr)
+        return 1
+    print("all passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+#!/bin/sh
+# tp-elastic's recovery, the quick tier's scenario of it (docs/ELASTIC.md):
+# under mpirun, a rank of a tp2pp2 run dies (SIGKILL) while capacity drops
+# from 4 ranks to 3; the run relaunches at the layout the planner picks for 3,
+# resharding its checkpoint at load, and finishes with the losses of an
+# uninterrupted run (1e-4 relative), having recomputed at most the steps
+# since the last checkpoint and left nothing running. The other faults are
+# test_elastic.sh's.
+# tier: check
+. "$(dirname "$0")/lib.sh"
+. "$ROOT/tests/elastic/lib.sh"
+
+use_open_mpi
+ELASTIC="$BIN/tp-elastic"
+TRAIN="$BIN/tp-train"
+STEPS=120
+EVERY=10
+TRAIN_ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --steps $STEPS --ckpt-every $EVERY"
+# Quick detection for tests: a tiny step takes milliseconds.
+FAST="--backoff 0.2 --heartbeat-timeout 4 --start-timeout 60 --grace 2"
+
+# The losses of an uninterrupted run, at 4 ranks (tp2 pp2).
+expect_ok "an uninterrupted run" mpirun --oversubscribe -np 4 "$TRAIN" $TRAIN_ARGS --tp 2 --pp 2 \
+    --ckpt-dir "$WORK/ref" --log "$WORK/ref.jsonl"
+
+# ------------------------------------------- a rank killed, capacity shrinks
+# Rank 1 dies (SIGKILL) after step 25; the world file drops to 3 as it dies.
+# The run relaunches at the layout the planner picks for 3 ranks, resharding
+# at load, and finishes.
+R="$WORK/kill"
+echo 4 >"$WORK/world.kill"
+(
+    while [ ! -e "$R.fault" ]; do sleep 0.05; done
+    echo 3 >"$WORK/world.kill"
+) &
+watcher=$!
+mkdir -p "$R"
+expect_ok "kill -9 of a rank: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world-file "$WORK/world.kill" $FAST \
+    -- "$TRAIN" $TRAIN_ARGS --fault die --fault-step 25 --fault-rank 1 --fault-once "$R.fault"
+kill $watcher 2>/dev/null
+check "kill -9: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+check "kill -9: one failure recorded" [ "$(events "$R" failure)" -eq 1 ]
+check "kill -9: relaunched at 3 ranks" grep -q '"ranks":3' "$R/elastic/events.jsonl"
+check "kill -9: resharded at load (tp2pp2 to a 3-rank layout)" [ "$(events "$R" reshard)" -ge 1 ]
+check "kill -9: at most the steps since the last checkpoint recomputed" [ "$(summary_field "$R" steps_recomputed)" -le $EVERY ]
+check "kill -9: no trainer left running" nothing_left "$R"
+
+
+# What the planner and the report make of the run.
+expect_ok "plan --ckpt: the model and layout of a run" "$ELASTIC" plan --world 3 --ckpt "$WORK/kill" --global-batch 12
+check "plan --ckpt: 3 ranks, the current layout kept" grep -q "chosen: tp1 pp1 dp3.*keeps the current" "$WORK/.out"
+expect_ok "report: an SVG of the killed run" "$ELASTIC" report "$WORK/kill" -o "$WORK/kill.svg"
+check "report: an SVG with the loss of both launches" sh -c "grep -q '<svg' '$WORK/kill.svg' && grep -q 'launch 2' '$WORK/kill.svg'"
+check "report: the summary says one restart" grep -Eq "^restarts +1$" "$WORK/.out"
+finish

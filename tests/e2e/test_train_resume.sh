@@ -1,0 +1,79 @@
+#!/bin/sh
+# tp-train's checkpoints end to end, the quick tier's scenario of the
+# trainer: exact resume (stopped at step 10 with asynchronous saves, resumed,
+# the losses of a straight run bit for bit, from the last save and from an
+# asynchronous one), the run's JSON log across launches, resume at another
+# layout (tp4pp2 -> tp2pp1dp2) and from a checkpoint tp-reshard converted.
+# tier: check
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/train_lib.sh"
+
+use_open_mpi
+TRAIN="$BIN/tp-train"
+TINY="--model tiny --micro-batch 2 --quiet"
+
+# --- Exact resume: 10 steps, stop, resume, 10 steps = 20 straight (tp2, async saves).
+expect_ok "20 straight steps at tp2" mpi_train 2 $TINY --tp 2 --steps 20 --log "$WORK/straight.jsonl"
+expect_ok "10 steps at tp2 then stop" mpi_train 2 $TINY --tp 2 --steps 20 --stop-at 10 --ckpt-dir "$WORK/run" \
+    --ckpt-every 4 --log "$WORK/split.jsonl"
+check "stopped at step 10" [ "$(last_step "$WORK/split.jsonl")" = 10 ]
+check_all "checkpoints at steps 4, 8, 10; latest is 10" '[ "$(ls "$WORK/run" | tr "\n" " ")" = \
+    "latest step_00000004 step_00000008 step_00000010 " ] && [ "$(cat "$WORK/run/latest")" = step_00000010 ]'
+expect_ok "tp-ckpt verify on the trainer's checkpoint" "$BIN/tp-ckpt" verify "$WORK/run"
+# Step 8 was saved asynchronously: its snapshot was copied while step 9 ran.
+mkdir "$WORK/from8" && cp -r "$WORK/run/step_00000008" "$WORK/from8/"
+expect_ok "resume from the asynchronous save of step 8" mpi_train 2 $TINY --tp 2 --steps 20 --stop-at 12 \
+    --ckpt-dir "$WORK/from8" --resume --log "$WORK/from8.jsonl"
+steps_from "$WORK/straight.jsonl" 9 12 >"$WORK/straight-9-12.jsonl"
+check "resumed from step 8: the straight run's losses bit for bit" losses_match "$WORK/from8.jsonl" "$WORK/straight-9-12.jsonl" 0
+expect_ok "resume at tp2" mpi_train 2 $TINY --tp 2 --steps 20 --ckpt-dir "$WORK/run" --resume --log "$WORK/split.jsonl"
+check "resumed run has the straight run's losses bit for bit" losses_match "$WORK/split.jsonl" "$WORK/straight.jsonl" 0
+expect_ok "tp-ckpt info --json of the final checkpoint" "$BIN/tp-ckpt" info --json "$WORK/run"
+check "training state: step 20, 40 samples consumed" "$PY" -c '
+import json, sys
+i = json.load(open(sys.argv[1]))
+sys.exit(not (i["step"] == 20 and i["train"]["consumed_samples"] == 40))' "$WORK/.out"
+# One log across the two launches: a start and a stop line each, a save line per committed checkpoint.
+check_all "log: two launches (start steps 0, 10; resumed from null, step_00000010)" \
+    '[ "$(events "$WORK/split.jsonl" start step)" = "0 10 " ] &&
+    [ "$(events "$WORK/split.jsonl" start resumed_from)" = "null step_00000010 " ]'
+check_all "log: stopped, then finished (at steps 10, 20)" '[ "$(events "$WORK/split.jsonl" stop reason)" = "stopped finished " ] &&
+    [ "$(events "$WORK/split.jsonl" stop step)" = "10 20 " ]'
+check "log: a save line for each committed checkpoint (4 8 10 20)" [ "$(events "$WORK/split.jsonl" save step)" = "4 8 10 20 " ]
+check "log: every line has a time; start, save and stop lines have their fields" "$PY" -c '
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device", "dtype",
+                  "resumed_from", "load_seconds", "startup_seconds", "time"},
+        "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "time"},
+        None: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "ms", "ckpt_stall_ms", "time"}}
+times = [r["time"] for r in lines]
+ok = all(set(r) == keys[r.get("event")] for r in lines) and times == sorted(times) and times[0] > 1.7e9
+starts = [r for r in lines if r.get("event") == "start"]
+ok = ok and [(r["tp"], r["dp"], r["world"], r["global_batch"]) for r in starts] == [(2, 1, 2, 2)] * 2
+ok = ok and starts[0]["load_seconds"] == 0 and starts[1]["load_seconds"] > 0
+# A save line follows the step line of its step.
+last = 0
+for r in lines:
+    if "event" not in r:
+        last = r["step"]
+    elif r["event"] == "save":
+        ok = ok and last >= r["step"]
+sys.exit(not ok)' "$WORK/split.jsonl"
+
+# --- Resume at another layout: written at tp4pp2, resumed at tp2pp1dp2.
+expect_ok "10 steps at tp4pp2 then stop" mpi_train 8 $TINY --tp 4 --pp 2 --steps 20 --stop-at 10 \
+    --ckpt-dir "$WORK/relayout" --log "$WORK/relayout.jsonl"
+expect_ok "resume at tp2pp1dp2" mpi_train 4 $TINY --tp 2 --dp 2 --micro-batch 1 --steps 20 --ckpt-dir "$WORK/relayout" \
+    --resume --log "$WORK/relayout.jsonl"
+check "tp4pp2 -> tp2pp1dp2 has the straight tp2 losses (1e-4)" losses_match "$WORK/relayout.jsonl" "$WORK/straight.jsonl" 1e-4
+
+# A checkpoint converted by tp-reshard resumes as well.
+expect_ok "tp-reshard tp4pp2 -> tp1" "$BIN/tp-reshard" "$WORK/relayout/step_00000010" --to tp1pp1 -o "$WORK/tp1ckpt"
+steps_from "$WORK/straight.jsonl" 11 >"$WORK/straight-tail.jsonl"
+expect_ok "resume at tp1 from the resharded checkpoint" "$TRAIN" $TINY --steps 20 \
+    --ckpt-dir "$WORK/tp1ckpt" --resume --log "$WORK/from-reshard.jsonl"
+check "resumed from tp-reshard output: the straight losses (1e-4)" \
+    losses_match "$WORK/from-reshard.jsonl" "$WORK/straight-tail.jsonl" 1e-4
+
+finish
