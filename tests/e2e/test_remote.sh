@@ -144,6 +144,15 @@ sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] =
         'for f in $(ls "$WORK/local10"); do cmp -s "$WORK/local10/$f" "$WORK/down/$f" || exit 1; done && "$CK" verify "$WORK/down" >/dev/null'
     expect_error "copy down onto an existing checkpoint without --force" 1 "exists" "$CK" copy "$U/cp" "$WORK/down"
     expect_error "copy between two local paths: a usage error" 2 "both.*local" "$CK" copy "$WORK/local10" "$WORK/x"
+    # A signal as the download's staging entry is born (docs/FORMAT.md "Test
+    # hook"): the copy dies of it and leaves nothing beside its target.
+    mkdir -p "$WORK/sig"
+    for point in staging-claimed:TERM staging-renamed:INT; do
+        run env TP_CKPT_FAULT=$point "$CK" copy "$U/cp" "$WORK/sig/down"
+        case $point in *TERM) code=143 ;; *) code=130 ;; esac
+        check_all "copy down, SIG${point#*:} as its staging entry is born: died of it (exit $RC), nothing left" \
+            '[ "$RC" -eq $code ] && [ -z "$(ls -A "$WORK/sig")" ]'
+    done
     for format in safetensors gguf; do
         expect_ok "export --format $format locally" "$CK" export "$WORK/local10" --format $format -o "$WORK/export.$format"
         expect_ok "export --format $format from a URL to a URL" "$CK" export "$U/cp" --format $format -o "$U/export.$format"
