@@ -10,18 +10,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$ROOT/tests/elastic/lib.sh"
 
-use_open_mpi
-ELASTIC="$BIN/tp-elastic"
-TRAIN="$BIN/tp-train"
-STEPS=120
-EVERY=10
-TRAIN_ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --steps $STEPS --ckpt-every $EVERY"
-# Quick detection for tests: a tiny step takes milliseconds.
-FAST="--backoff 0.2 --heartbeat-timeout 4 --start-timeout 60 --grace 2"
-
-# The losses of an uninterrupted run, at 4 ranks (tp2 pp2).
-expect_ok "an uninterrupted run" mpirun --oversubscribe -np 4 "$TRAIN" $TRAIN_ARGS --tp 2 --pp 2 \
-    --ckpt-dir "$WORK/ref" --log "$WORK/ref.jsonl"
+mpirun_runs
 
 # --------------------------------------------------------------------- hang
 # Rank 1 stops making progress after step 40: no step for the heartbeat

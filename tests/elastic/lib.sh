@@ -1,6 +1,22 @@
 # lib.sh: what the tests of tp-elastic share (sourced after tests/e2e/lib.sh).
 # A run's record is RUN/elastic/events.jsonl (docs/ELASTIC.md).
 
+# mpirun_runs: the settings of the runs under mpirun (test_elastic.sh,
+# test_elastic_recover.sh): a tiny model, STEPS steps with a checkpoint
+# every EVERY, quick detection (a tiny step takes milliseconds); and the
+# losses of an uninterrupted run at 4 ranks (tp2 pp2), $WORK/ref.jsonl.
+mpirun_runs() {
+    use_open_mpi
+    ELASTIC="$BIN/tp-elastic"
+    TRAIN="$BIN/tp-train"
+    STEPS=120
+    EVERY=10
+    TRAIN_ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --steps $STEPS --ckpt-every $EVERY"
+    FAST="--backoff 0.2 --heartbeat-timeout 4 --start-timeout 60 --grace 2"
+    expect_ok "an uninterrupted run" mpirun --oversubscribe -np 4 "$TRAIN" $TRAIN_ARGS --tp 2 --pp 2 \
+        --ckpt-dir "$WORK/ref" --log "$WORK/ref.jsonl"
+}
+
 # losses_continue LOG: the last logged loss of every step of LOG equals the
 # uninterrupted run's, $WORK/ref.jsonl (1e-4 relative), and every step
 # 1..$STEPS is there.
