@@ -1,9 +1,11 @@
 /* bench_ckpt: checkpoint write and read throughput of the library itself.
  *
- *   bench_ckpt write DIR --gb N [--tp T] [--pp P] [--threads N] [--compress L]
+ *   bench_ckpt write DIR --gb N [--tp T] [--pp P] [--threads N] [--compress L] [--dim D] [--vocab V]
  *   bench_ckpt read DIR [--threads N] [--no-verify]
  *
- * write: a GPT-shaped checkpoint of about N GiB with optimizer state, from
+ * write: a GPT-shaped checkpoint of about N GiB with optimizer state (dim D,
+ * default 2048, and vocabulary V, default 50257: a smaller shape lets a test
+ * write a checkpoint of a few MiB; at least one layer per stage), from
  * data already in memory (as a trainer has it), through the writer API on N
  * threads, committed (fsynced). read: every piece of a checkpoint streamed
  * through an 8 MiB buffer per thread (as the resharder consumes them) on N
@@ -55,13 +57,14 @@ static int write_slab(void *ctx, int64_t i, int thread)
     return ckpt_writer_put_rows(job->writer, job->ids[s->tensor], s->piece, s->row, s->rows, job->pattern);
 }
 
-static int bench_write(const char *dir, double gib, int tp, int pp, int threads, int compress)
+static int bench_write(const char *dir, double gib, int tp, int pp, int threads, int compress, int64_t dim,
+                       int64_t vocab)
 {
-    /* GPT-2-like proportions: dim 2048, 16 heads, vocab 50257; layers for the size. */
-    gpt_config config = {.dim = 2048, .heads = 16, .vocab = 50257, .seq = 2048, .dtype = TP_FP32};
+    /* GPT-2-like proportions: 16 heads, sequence 2048; layers for the size. */
+    gpt_config config = {.dim = dim, .heads = 16, .vocab = vocab, .seq = 2048, .dtype = TP_FP32};
     gpt_config_defaults(&config);
-    double bytes_per_layer = 12.0 * 2048 * 2048 * 4 * 3; /* weights + Adam moments, fp32 */
-    double embedding_bytes = (50257.0 + 2048) * 2048 * 4 * 3;
+    double bytes_per_layer = 12.0 * dim * dim * 4 * 3; /* weights + Adam moments, fp32 */
+    double embedding_bytes = ((double)vocab + 2048) * dim * 4 * 3;
     double layers = (gib * 1073741824.0 - embedding_bytes) / bytes_per_layer;
     config.layers = (int64_t)ceil((layers > 1 ? layers : 1) / pp) * pp;
     gpt_tensor *catalog;
@@ -182,12 +185,13 @@ static int bench_read(const char *dir, int threads, int verify)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench_ckpt write DIR --gb N [--tp T] [--pp P] [--threads N] [--compress L]\n"
+        fprintf(stderr, "usage: bench_ckpt write DIR --gb N [--tp T] [--pp P] [--threads N] [--compress L] "
+                        "[--dim D] [--vocab V]\n"
                         "       bench_ckpt read DIR [--threads N] [--no-verify]\n");
         return 2;
     }
     double gib = 4;
-    int64_t tp = 4, pp = 1, threads = parallel_cpu_count(), compress = 0;
+    int64_t tp = 4, pp = 1, threads = parallel_cpu_count(), compress = 0, dim = 2048, vocab = 50257;
     int verify = 1;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
@@ -197,11 +201,14 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--pp") == 0) bad = parse_int(v, 1, 64, &pp), i++;
         else if (strcmp(a, "--threads") == 0) bad = parse_int(v, 1, 256, &threads), i++;
         else if (strcmp(a, "--compress") == 0) bad = parse_int(v, 0, 22, &compress), i++;
+        else if (strcmp(a, "--dim") == 0) bad = parse_int(v, 16, 65536, &dim), i++;
+        else if (strcmp(a, "--vocab") == 0) bad = parse_int(v, 2, 1 << 24, &vocab), i++;
         else if (strcmp(a, "--no-verify") == 0) verify = 0;
         else bad = 1;
         if (bad) return fprintf(stderr, "bench_ckpt: bad option %s\n", a), 2;
     }
-    if (strcmp(argv[1], "write") == 0) return bench_write(argv[2], gib, (int)tp, (int)pp, (int)threads, (int)compress);
+    if (strcmp(argv[1], "write") == 0)
+        return bench_write(argv[2], gib, (int)tp, (int)pp, (int)threads, (int)compress, dim, vocab);
     if (strcmp(argv[1], "read") == 0) return bench_read(argv[2], (int)threads, verify);
     fprintf(stderr, "bench_ckpt: unknown mode %s\n", argv[1]);
     return 2;

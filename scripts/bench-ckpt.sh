@@ -3,13 +3,15 @@
 # same bytes, side by side in one run, cold and warm page cache, uncompressed
 # and zstd. Writes the table into docs/BENCHMARKS.md (section bench-ckpt).
 #   BENCH_GB (default 4): checkpoint size; BENCH_REPS (default 5): repetitions.
+#   BENCH_DIM, BENCH_VOCAB, and where it writes: scripts/bench-lib.sh (a tiny
+#   run: BENCH_GB=0.002 BENCH_DIM=64 BENCH_VOCAB=256, one layer, 2.4 MB)
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
 BUILD=${BUILD:-build}
 GB=${BENCH_GB:-4}
 REPS=${BENCH_REPS:-5}
-DIR=bench/scratch/ckpt
+DIR="$SCRATCH_ROOT/ckpt"
 BENCH="$BUILD/bench/bench_ckpt"
 mkdir -p "$DIR"
 rm -rf "$DIR"/*
@@ -26,7 +28,7 @@ for rep in $(seq 1 "$REPS"); do
     for level in 0 3; do
         rm -rf "$DIR/c$level" "$DIR/copy.bin"
         drop_cache "$DIR"
-        out=$("$BENCH" write "$DIR/c$level" --gb "$GB" --compress $level)
+        out=$("$BENCH" write "$DIR/c$level" --gb "$GB" --compress $level --dim "$DIM" --vocab "$VOCAB")
         bytes=$(field "$out" bytes)
         write=$(field "$out" seconds)
         if [ ! -f "$DIR/src.bin" ]; then cat "$DIR"/c0/*.h5 >"$DIR/src.bin"; fi
@@ -34,7 +36,7 @@ for rep in $(seq 1 "$REPS"); do
         cp_write=$(timed sh -c "cp '$DIR/src.bin' '$DIR/copy.bin' && sync '$DIR/copy.bin'")
         # Cold: the two readers take turns going first; each starts from a settled,
         # dropped cache.
-        settle() { drop_cache "$DIR"; sleep 2; }
+        settle() { cold_cache "$DIR"; }
         if [ $((rep % 2)) -eq 1 ]; then
             settle; read_cold=$(field "$("$BENCH" read "$DIR/c$level")" seconds)
             settle; cp_cold=$(timed cp "$DIR/src.bin" /dev/null)
@@ -58,6 +60,7 @@ for rep in $(seq 1 "$REPS"); do
 done
 rm -f "$DIR/copy.bin"
 
+SIZE=$(size_text "$bytes" 1)
 TABLE=$(/usr/bin/python3 - "$RESULTS" "$GB" "$REPS" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
@@ -77,14 +80,15 @@ print("\n".join(out))
 PY
 )
 echo "$TABLE"
-/usr/bin/python3 bench/doc_section.py docs/BENCHMARKS.md bench-ckpt "Checkpoint write and read (bench-ckpt)" <<DOC
+doc_section bench-ckpt "Checkpoint write and read (bench-ckpt)" <<DOC
 Command: \`make bench-ckpt\` (BENCH_GB=$GB, BENCH_REPS=$REPS).
-The checkpoint holds weights and Adam moments (fp32) of a GPT with dim 2048; its writer takes data from memory
-and commits (fsync); its reader streams every piece through an 8 MiB buffer per thread and checks every block
-checksum. \`cp\` copies the concatenated shard files: for writing, from a warm source to a new file then \`sync\`;
-for reading, to /dev/null. Cold runs start after dropping the page cache and a pause, the two readers taking
-turns to go first; warm figures are the best of three interleaved runs. Ratios are medians over the repetitions
-of per-repetition ratios. Throughput counts tensor bytes (uncompressed) for the checkpoint and file bytes for cp.
+The checkpoint holds weights and Adam moments (fp32) of a GPT with dim $DIM and vocabulary $VOCAB ($SIZE of
+tensors); its writer takes data from memory and commits (fsync); its reader streams every piece through an 8 MiB
+buffer per thread and checks every block checksum. \`cp\` copies the concatenated shard files: for writing,
+from a warm source to a new file then \`sync\`; for reading, to /dev/null. Cold runs start after dropping the page
+cache and a pause, the two readers taking turns to go first; warm figures are the best of three interleaved runs.
+Ratios are medians over the repetitions of per-repetition ratios. Throughput counts tensor bytes (uncompressed) for
+the checkpoint and file bytes for cp.
 
 $TABLE
 DOC

@@ -13,15 +13,36 @@
 # Beside them, copying the checkpoint once (cp -r, warm cache), the target
 # the reshard part is held to, and tp-reshard of it to the new layout (the
 # alternative to resharding at load). Prints a Markdown table for
-# docs/BENCHMARKS.md. Scratch in bench/scratch/.
+# docs/BENCHMARKS.md, whose section of it holds analysis written by hand
+# around the table: the section is written only to a BENCH_DOC given
+# (scripts/bench-lib.sh; scratch under BENCH_SCRATCH).
+#   BENCH_LARGE (default "--layers 8 --dim 768 --heads 12 --vocab 8192
+#   --seq 128", about 1 GB of checkpoint): the model of the large rows, as
+#   tp-train takes it
+#   BENCH_TINY_STEPS (default "40 5 23"): steps, checkpoint interval and the
+#   step after which the fault comes, of the tiny rows (a tiny run: "8 2 5",
+#   the large rows')
+#   BENCH_ROWS (default all): the rows to run, by name (a tiny run:
+#   "tiny-shrink tiny-node-down", one per launcher; every row takes 8 to 13 s)
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
 BIN=${BUILD:-build}/bin
-SCRATCH=bench/scratch/elastic
+SCRATCH="$SCRATCH_ROOT/elastic"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
+. tests/support/slurm.sh
+# Whatever ends the run: no fault watcher left polling, and the Slurm
+# cluster, if one was started, stopped (a start that failed half-way too).
+watcher="" slurm_started=""
+cleanup() {
+    set +e
+    [ -z "$watcher" ] || kill "$watcher" 2>/dev/null
+    [ -z "$slurm_started" ] || slurm_stop
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
 
 # recovery NAME LAUNCHER FAULT MODEL_ARGS STEPS EVERY FAULT_STEP: one run with
 # a fault after step FAULT_STEP; prints one table row. FAULT: shrink (rank 1
@@ -56,8 +77,10 @@ recovery() {
             -- "$BIN/tp-train" $model --quiet --global-batch 12 --micro-batch 1 --steps "$steps" --ckpt-every "$every" \
             $train_fault >"$run.out" 2>&1
     fi
-    if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null || true; wait "$watcher" 2>/dev/null || true; fi
-    [ "$fault" = node-down ] && slurm_node_resume n2
+    if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null || true; wait "$watcher" 2>/dev/null || true; watcher=""; fi
+    # Slurm's helpers are written for shells without set -e (a count of 0
+    # from grep -c would end them): called in a list, where it does not apply.
+    if [ "$fault" = node-down ]; then slurm_node_resume n2 || exit 1; fi
     first_ckpt=$(ls -d "$run"/step_* | head -1)
     copy=$(measure cp -r "$first_ckpt" "$run.copy" | $PY -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
     size=$(du -sb "$first_ckpt" | cut -f1)
@@ -113,25 +136,42 @@ PYEOF
 }
 
 TINY="--model tiny"
+set -- ${BENCH_TINY_STEPS:-40 5 23}
+TINY_RUN="$1 $2 $3"
 # About 1 GB of checkpoint: 63M parameters x (weights + two Adam moments) x 4 bytes.
-LARGE="--layers 8 --dim 768 --heads 12 --vocab 8192 --seq 128"
-echo "| run | launcher | checkpoint | layout after | detection s | selection s | reshard s | relaunch s | first step s | recovery s | cp -r s | tp-reshard s |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
-recovery tiny-shrink mpirun shrink "$TINY" 40 5 23
-recovery tiny-same mpirun same "$TINY" 40 5 23
-recovery large-shrink mpirun shrink "$LARGE" 7 2 5
-recovery large-same mpirun same "$LARGE" 7 2 5
-. tests/support/slurm.sh
+LARGE=${BENCH_LARGE:-"--layers 8 --dim 768 --heads 12 --vocab 8192 --seq 128"}
+ROWS=${BENCH_ROWS:-all}
+# row RECOVERY-ARGS...: one row, printed and kept for the section, if asked for.
+TABLE="$SCRATCH/table.md"
+row() {
+    case " $ROWS " in " all " | *" $1 "*) ;; *) return 0 ;; esac
+    recovery "$@" >"$SCRATCH/row.md"
+    tee -a "$TABLE" <"$SCRATCH/row.md"
+}
+echo "| run | launcher | checkpoint | layout after | detection s | selection s | reshard s | relaunch s | first step s | recovery s | cp -r s | tp-reshard s |" | tee "$TABLE"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|" | tee -a "$TABLE"
+row tiny-shrink mpirun shrink "$TINY" $TINY_RUN
+row tiny-same mpirun same "$TINY" $TINY_RUN
+row large-shrink mpirun shrink "$LARGE" 7 2 5
+row large-same mpirun same "$LARGE" 7 2 5
 if slurm_available; then
     # The cluster's nodes are this machine: ranks on different nodes use TCP
     # over loopback (Open MPI's shared-memory transport crashed across them).
     export OMPI_MCA_btl=self,tcp
-    slurm_start "$SCRATCH/cluster" 2 2
-    trap 'slurm_stop' EXIT INT TERM
-    recovery tiny-rank-killed srun same "$TINY" 40 5 23
-    recovery tiny-node-down srun node-down "$TINY" 40 5 23
-    recovery large-rank-killed srun same "$LARGE" 7 2 5
-    recovery large-node-down srun node-down "$LARGE" 7 2 5
+    slurm_started=1
+    slurm_start "$SCRATCH/cluster" 2 2 || { echo "bench-elastic: the Slurm cluster did not start" >&2; exit 1; }
+    row tiny-rank-killed srun same "$TINY" $TINY_RUN
+    row tiny-node-down srun node-down "$TINY" $TINY_RUN
+    row large-rank-killed srun same "$LARGE" 7 2 5
+    row large-node-down srun node-down "$LARGE" 7 2 5
 else
-    echo "(Slurm rows skipped: Slurm is not installed; make deps installs it)"
+    echo "(Slurm rows skipped: Slurm is not installed; make deps installs it)" | tee -a "$TABLE"
+fi
+if [ -n "${BENCH_DOC:-}" ]; then
+    doc_section bench-elastic "Recovery with tp-elastic (bench-elastic)" <<DOC
+Command: \`make bench-elastic\` (scripts/bench-elastic.sh). Tiny rows: \`$TINY\`, steps, checkpoint interval and
+fault step $TINY_RUN; large rows: \`$LARGE\`, 7 2 5. Global batch 12, micro-batch 1.
+
+$(cat "$TABLE")
+DOC
 fi

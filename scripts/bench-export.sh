@@ -8,6 +8,8 @@
 #   BENCH_PARAMS_B (default 0.5): model size in billions of parameters
 #   BENCH_MEMORY (default 1G): --memory-limit of the exports
 #   BENCH_REPS (default 3): repetitions; the table gives medians
+#   BENCH_DIM, BENCH_VOCAB, and where it writes: scripts/bench-lib.sh (a tiny
+#   run: BENCH_PARAMS_B=0 BENCH_DIM=64 BENCH_VOCAB=256, 2 layers)
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -15,13 +17,13 @@ BUILD=${BUILD:-build}
 PARAMS=${BENCH_PARAMS_B:-0.5}
 MEMORY=${BENCH_MEMORY:-1G}
 REPS=${BENCH_REPS:-3}
-DIR=bench/scratch/export
+DIR="$SCRATCH_ROOT/export"
 CKPT="$BUILD/bin/tp-ckpt"
 mkdir -p "$DIR"
 
 LAYERS=$(gpt_layers "$PARAMS")
-MODEL="--layers $LAYERS --dim 2048 --heads 16 --vocab 50257 --seq 2048 --dtype fp32 --seed 1"
-if ! "$CKPT" info "$DIR/src" --json 2>/dev/null | grep -q "\"layers\":	$LAYERS,"; then
+MODEL="--layers $LAYERS --dim $DIM --heads 16 --vocab $VOCAB --seq 2048 --dtype fp32 --seed 1"
+if ! same_shape "$DIR/src" "$LAYERS"; then
     rm -rf "$DIR/src"
     "$CKPT" synth -o "$DIR/src" --tp 4 --pp 2 $MODEL --progress
 fi
@@ -45,7 +47,7 @@ for rep in $(seq 1 "$REPS"); do
             clean_outputs
             source="$DIR/src"
             [ $tool = import ] && source="$DIR/import-src"
-            if [ $cache = cold ]; then drop_cache "$DIR"; sleep 2; else warm "$source"; fi
+            if [ $cache = cold ]; then cold_cache "$DIR"; else warm "$source"; fi
             case $tool in
             safetensors|gguf|hdf5)
                 out="$DIR/hf"
@@ -64,7 +66,7 @@ done
 # Bounded memory: a tight limit for every format.
 for tool in safetensors gguf; do
     clean_outputs
-    drop_cache "$DIR"; sleep 2
+    cold_cache "$DIR"
     out="$DIR/hf"
     [ $tool = gguf ] && out="$DIR/model.gguf"
     m=$(measure "$CKPT" export "$DIR/src" --format $tool -o "$out" --memory-limit 128M)
@@ -111,10 +113,10 @@ print("\n".join(out))
 PY
 )
 echo "$TABLE"
-GB=$($PY -c "print(round($BYTES / 1e9, 2))")
-$PY bench/doc_section.py docs/BENCHMARKS.md bench-export "Export and import (bench-export)" <<DOC
+SIZE=$(size_text "$BYTES" 2)
+doc_section bench-export "Export and import (bench-export)" <<DOC
 Command: \`make bench-export\` (BENCH_PARAMS_B=$PARAMS, BENCH_MEMORY=$MEMORY, BENCH_REPS=$REPS).
-Checkpoint: GPT, dim 2048, $LAYERS layers, 16 heads, vocabulary 50257, fp32 weights only, tp4pp2: $GB GB of
+Checkpoint: GPT, dim $DIM, $LAYERS layers, 16 heads, vocabulary $VOCAB, fp32 weights only, tp4pp2: $SIZE of
 tensors. Exports merge it (Conv1D weights transposed for safetensors) and write the same number of bytes; the
 import reads the safetensors export and writes tp4pp2. Each tool starts from a dropped page cache (cold) or a
 source read just before (warm); its time includes making the output durable (fsync or \`sync\`). The tools take

@@ -9,13 +9,22 @@
 # measures nothing and says so (exit 1).
 #   BENCH_STEPS (default 12): steps per run; the first 2 are warm-up
 #   BENCH_MICRO_BATCH (default 4): sequences per step
+#   BENCH_MODELS (default "124M 350M"): the models, of 124M, 350M and tiny
+#   (tp-train --model tiny's shape); the checkpoint stall is measured on the
+#   first
+#   BENCH_SEQ (default 1024): sequence length
+#   (a tiny run: BENCH_MODELS=tiny BENCH_SEQ=32 BENCH_STEPS=3
+#   BENCH_MICRO_BATCH=1, and bench-reshard's tiny settings)
+#   Where it writes: scripts/bench-lib.sh.
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 . scripts/bench-lib.sh
 STEPS=${BENCH_STEPS:-12}
 MB=${BENCH_MICRO_BATCH:-4}
-DIR=bench/scratch/gpu
+MODELS=${BENCH_MODELS:-124M 350M}
+SEQ=${BENCH_SEQ:-1024}
+DIR="$SCRATCH_ROOT/gpu"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -45,32 +54,44 @@ print(json.dumps({"tokens_per_s": statistics.median(x["tokens_per_s"] for x in r
                   "mfu": statistics.median(x.get("mfu", 0) for x in r)}))' "$1"
 }
 
-for model in "124M --model gpt2-124m" "350M --model gpt2-124m --layers 24 --dim 1024 --heads 16"; do
-    set -- $model
-    name=$1
-    shift
+# model NAME: tp-train's options for the model NAME, then PyTorch's shape
+# (layers, dim, heads, vocabulary) after a "|".
+model() {
+    case $1 in
+    124M) echo "--model gpt2-124m | 12 768 12 50304" ;;
+    350M) echo "--model gpt2-124m --layers 24 --dim 1024 --heads 16 | 24 1024 16 50304" ;;
+    tiny) echo "--model tiny | 2 64 4 256" ;;
+    *) echo "bench-gpu: unknown model $1 in BENCH_MODELS (124M, 350M, tiny)" >&2; exit 1 ;;
+    esac
+}
+for name in $MODELS; do
+    spec=$(model "$name")
+    args=${spec%%|*}
     for dtype in fp32 bf16; do
-        "$BUILD/bin/tp-train" "$@" --micro-batch "$MB" --steps "$STEPS" --device cuda --dtype $dtype --quiet \
-            --log "$DIR/$name-$dtype.jsonl"
+        "$BUILD/bin/tp-train" $args --seq "$SEQ" --micro-batch "$MB" --steps "$STEPS" --device cuda --dtype $dtype \
+            --quiet --log "$DIR/$name-$dtype.jsonl"
         echo "train $name tp-train-$dtype $(log_rates "$DIR/$name-$dtype.jsonl")" >>"$RESULTS"
     done
     if [ $TORCH_CUDA = yes ]; then
-        layers=12 dim=768 heads=12
-        [ "$name" = 350M ] && layers=24 dim=1024 heads=16
+        set -- ${spec#*|}
+        layers=$1 dim=$2 heads=$3 vocab=$4
         for dtype in fp32 bf16; do
-            m=$($PY bench/train_baseline.py --layers $layers --dim $dim --heads $heads --vocab 50304 --seq 1024 \
+            m=$($PY bench/train_baseline.py --layers $layers --dim $dim --heads $heads --vocab $vocab --seq "$SEQ" \
                 --batch "$MB" --threads 1 --steps $((STEPS - 2)) --device cuda --dtype $dtype)
             echo "train $name torch-$dtype $m" >>"$RESULTS"
         done
     fi
 done
 
-# Checkpoints every 4 steps of 12 of GPT-2 124M: the stall per save.
+# Checkpoints every 4 steps of 12 of the first model (GPT-2 124M): the stall per save.
+set -- $MODELS
+CKPT_NAME=$1
+spec=$(model "$CKPT_NAME")
 for mode in async sync; do
     rm -rf "$DIR/ckpt"
     flag=""
     [ $mode = sync ] && flag=--sync-save
-    "$BUILD/bin/tp-train" --model gpt2-124m --micro-batch "$MB" --steps 12 --device cuda --quiet \
+    "$BUILD/bin/tp-train" ${spec%%|*} --seq "$SEQ" --micro-batch "$MB" --steps 12 --device cuda --quiet \
         --ckpt-dir "$DIR/ckpt" --ckpt-every 4 $flag --log "$DIR/ckpt.jsonl"
     m=$($PY -c '
 import json, sys
@@ -81,7 +102,7 @@ print(json.dumps({"stall_ms_per_save": sum(x["ckpt_stall_ms"] for x in r) / 3, "
 done
 rm -rf "$DIR/ckpt"
 
-TABLE=$($PY - "$RESULTS" "$MB" <<'PY'
+TABLE=$($PY - "$RESULTS" "$MB" "$CKPT_NAME" <<'PY'
 import json, sys
 rows, ckpt = [], {}
 for line in open(sys.argv[1]):
@@ -95,7 +116,8 @@ out = ["| model | trainer | tokens/s (median) | MFU (bf16 peak) |", "| --- | ---
 for model, tool, m in rows:
     mfu = "%.1f%%" % (100 * m["mfu"]) if m.get("mfu") else "-"
     out.append("| GPT-2 %s | %s | %.0f | %s |" % (model, tool, m["tokens_per_s"], mfu))
-out += ["", "| saving | stall per save | 12 steps, total | stall vs synchronous |", "| --- | --- | --- | --- |"]
+out += ["", "| saving (GPT-2 %s) | stall per save | 12 steps, total | stall vs synchronous |" % sys.argv[3],
+        "| --- | --- | --- | --- |"]
 for mode in ("async", "sync"):
     m = ckpt[mode]
     out.append("| %s | %.1f ms | %.0f ms | %.1f%% |" % (mode, m["stall_ms_per_save"], m["total_ms"],
@@ -104,13 +126,13 @@ print("\n".join(out))
 PY
 )
 echo "$TABLE"
-$PY bench/doc_section.py docs/BENCHMARKS.md bench-gpu "tp-train on a GPU" <<EOF
-GPU: $GPU; CUDA $CUDA_VERSION. One process, tp1, micro-batch $MB x 1024 tokens, fp32 and bf16 (tp-train
+doc_section bench-gpu "tp-train on a GPU" <<EOF
+GPU: $GPU; CUDA $CUDA_VERSION. One process, tp1, micro-batch $MB x $SEQ tokens, fp32 and bf16 (tp-train
 --dtype bf16: bf16 operands, fp32 sums; PyTorch: bf16 autocast); PyTorch with CUDA here: $TORCH_CUDA. MFU counts
 6N + 12 L d T FLOPs per token against the GPU's dense bf16 peak.
 
 $TABLE
 
-Command: \`make bench-gpu\` (BENCH_STEPS=$STEPS, BENCH_MICRO_BATCH=$MB).
+Command: \`make bench-gpu\` (BENCH_STEPS=$STEPS, BENCH_MICRO_BATCH=$MB, BENCH_MODELS="$MODELS", BENCH_SEQ=$SEQ).
 EOF
 BUILD=$BUILD scripts/bench-reshard.sh

@@ -9,39 +9,46 @@
 # with WebDAV, and s3rver (S3; curl signs with --aws-sigv4), started here by
 # tests/support/objstore.sh and stopped by process id; a store that cannot
 # start is said skipped. Warm page cache throughout. Prints a Markdown table
-# for docs/BENCHMARKS.md. Scratch in bench/scratch/remote.
+# for docs/BENCHMARKS.md, whose section of it is written by hand: the section
+# is written only to a BENCH_DOC given (scripts/bench-lib.sh; scratch under
+# BENCH_SCRATCH).
+#   BENCH_MODEL (default "--model gpt2-124m"): the checkpoint's model, as
+#   tp-ckpt synth takes it (a tiny run: "--model tiny")
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
 REPO_ROOT=$(pwd)
 . tests/support/objstore.sh
 BIN=${BUILD:-build}/bin
-SCRATCH=bench/scratch/remote
+MODEL=${BENCH_MODEL:-"--model gpt2-124m"}
+SCRATCH="$SCRATCH_ROOT/remote"
 rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
 SCRATCH=$(cd "$SCRATCH" && pwd)
-# The servers keep their objects in memory (/dev/shm when it has room):
+# The servers keep their objects in memory ($TMPFS_ROOT when it has room):
 # the disk's writeback of 1.5 GB per upload otherwise decides who is faster
 # from one run to the next. The tools' local side stays on the disk.
 STORE_ROOT="$SCRATCH"
-if [ -d /dev/shm ] && [ "$(df -Pk /dev/shm | awk 'NR==2 {print $4}')" -gt 8000000 ]; then
-    STORE_ROOT=$(mktemp -d /dev/shm/tp-bench-remote-XXXXXX)
+if [ -d "$TMPFS_ROOT" ] && [ "$(df -Pk "$TMPFS_ROOT" | awk 'NR==2 {print $4}')" -gt 8000000 ]; then
+    STORE_ROOT=$(mktemp -d "$TMPFS_ROOT/tp-bench-remote-XXXXXX")
 fi
 cleanup() {
     webdav_stop 2>/dev/null || true
     s3_stop 2>/dev/null || true
     [ "$STORE_ROOT" = "$SCRATCH" ] || rm -rf "$STORE_ROOT"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 1' INT TERM
 
-echo "writing the checkpoint (gpt2-124m, --optim, tp4)..." >&2
-"$BIN/tp-ckpt" synth -o "$SCRATCH/local" --model gpt2-124m --tp 4 --pp 1 --optim >&2
+echo "writing the checkpoint ($MODEL, --optim, tp4)..." >&2
+"$BIN/tp-ckpt" synth -o "$SCRATCH/local" $MODEL --tp 4 --pp 1 --optim >&2
 BYTES=$(du -sb "$SCRATCH/local" | cut -f1)
 FILES=$(cd "$SCRATCH/local" && ls)
 
 seconds() { $PY -c 'import json,sys; d=json.loads(sys.stdin.read()); assert d["status"]==0, d; print("%.2f" % d["seconds"])'; }
-ratio() { $PY -c 'import sys; print("%.2f" % (float(sys.argv[1]) / float(sys.argv[2])))' "$1" "$2"; }
-rate() { $PY -c 'import sys; print("%.0f" % (float(sys.argv[1]) / float(sys.argv[2]) / 1e6))' "$BYTES" "$1"; }
+# (A tiny checkpoint can take 0.00 s as printed: no ratio or rate then.)
+ratio() { $PY -c 'import sys; a, b = map(float, sys.argv[1:3]); print("%.2f" % (a / b) if b else "-")' "$1" "$2"; }
+rate() { $PY -c 'import sys; a, b = map(float, sys.argv[1:3]); print("%.0f" % (a / b / 1e6) if b else "-")' "$BYTES" "$1"; }
 
 # curl_all UP|DOWN BASE DIR [curl options]: every file of the checkpoint at
 # once, one curl each (index.json included).
@@ -112,13 +119,18 @@ bench_store() { # name our-base-url curl-base-url [curl options]
     rm -rf "$SCRATCH/down-$name" "$SCRATCH/curl-down" "$SCRATCH/reshard-$name" "$SCRATCH/reshard-local-$name"
 }
 
-echo
-echo "checkpoint: $(($BYTES / 1000000)) MB in $(echo "$FILES" | wc -w) files; $(nproc) cores; loopback"
-echo
-echo "servers store objects in: $(df -P "$STORE_ROOT" | awk 'NR==2 {print $1}') ($STORE_ROOT)"
-echo
-echo "| store | operation | tp-toolkit | baseline | baseline / tp-toolkit time |"
-echo "| --- | --- | --- | --- | --- |"
+# The table, printed as it grows and kept for the section.
+TABLE="$SCRATCH/table.md"
+{
+    echo
+    echo "checkpoint: $($PY -c "print('%.1f' % ($BYTES / 1e6))") MB in $(echo "$FILES" | wc -w) files \
+(\`tp-ckpt synth $MODEL --tp 4 --optim\`); $(nproc) cores; loopback"
+    echo
+    echo "servers store objects in: $(df -P "$STORE_ROOT" | awk 'NR==2 {print $1}') ($STORE_ROOT)"
+    echo
+    echo "| store | operation | tp-toolkit | baseline | baseline / tp-toolkit time |"
+    echo "| --- | --- | --- | --- | --- |"
+} | tee "$TABLE"
 # nginx receives bodies in its private directory (under TMPDIR), then
 # renames them into its root: both on the same file system.
 saved_tmpdir=${TMPDIR:-/tmp}
@@ -127,16 +139,26 @@ webdav_start "$STORE_ROOT/webdav" >&2
 started=$?
 export TMPDIR="$saved_tmpdir"
 if [ $started = 0 ]; then
-    bench_store "nginx WebDAV" "$WEBDAV_URL" "$WEBDAV_URL"
+    bench_store "nginx WebDAV" "$WEBDAV_URL" "$WEBDAV_URL" >"$SCRATCH/rows.md"
+    tee -a "$TABLE" <"$SCRATCH/rows.md"
     webdav_stop
 else
-    echo "| nginx WebDAV | skipped: nginx could not start | | | |"
+    echo "| nginx WebDAV | skipped: nginx could not start | | | |" | tee -a "$TABLE"
 fi
 rm -rf "$STORE_ROOT/webdav"
 if OBJSTORE_S3_PROXY=0 s3_start "$STORE_ROOT/s3" bench >&2; then
     export AWS_ENDPOINT_URL="$S3_ENDPOINT"
-    bench_store "S3 (s3rver)" "s3://bench" "$S3_ENDPOINT/bench" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" --aws-sigv4 "aws:amz:$AWS_REGION:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY"
+    bench_store "S3 (s3rver)" "s3://bench" "$S3_ENDPOINT/bench" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" --aws-sigv4 "aws:amz:$AWS_REGION:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" >"$SCRATCH/rows.md"
+    tee -a "$TABLE" <"$SCRATCH/rows.md"
     s3_stop
 else
-    echo "| S3 (s3rver) | skipped: s3rver could not start | | | |"
+    echo "| S3 (s3rver) | skipped: s3rver could not start | | | |" | tee -a "$TABLE"
+fi
+if [ -n "${BENCH_DOC:-}" ]; then
+    doc_section bench-remote "Checkpoints in object stores (bench-remote)" <<DOC
+Command: \`make bench-remote\` (scripts/bench-remote.sh). Upload and download: two rounds, alternating, the faster
+of each kept; tp-toolkit is \`tp-ckpt copy\` and \`tp-reshard\`, the baseline curl (one process per file, all at
+once) and, for the reshard, the same reshard from the local copy.
+$(cat "$TABLE")
+DOC
 fi

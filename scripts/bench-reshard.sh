@@ -7,6 +7,8 @@
 #   BENCH_PARAMS_B (default 1): model size in billions of parameters
 #   BENCH_MEMORY (default 1G): tp-reshard --memory-limit
 #   BENCH_REPS (default 3): repetitions; the table gives medians
+#   BENCH_DIM, BENCH_VOCAB, and where it writes: scripts/bench-lib.sh (a tiny
+#   run: BENCH_PARAMS_B=0 BENCH_DIM=64 BENCH_VOCAB=256, 2 layers)
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -14,12 +16,12 @@ BUILD=${BUILD:-build}
 PARAMS=${BENCH_PARAMS_B:-1}
 MEMORY=${BENCH_MEMORY:-1G}
 REPS=${BENCH_REPS:-3}
-DIR=bench/scratch/reshard
+DIR="$SCRATCH_ROOT/reshard"
 mkdir -p "$DIR"
 
 LAYERS=$(gpt_layers "$PARAMS")
-MODEL="--layers $LAYERS --dim 2048 --heads 16 --vocab 50257 --seq 2048 --optim --dtype bf16 --seed 1"
-if ! "$BUILD/bin/tp-ckpt" info "$DIR/src" --json 2>/dev/null | grep -q "\"layers\":	$LAYERS,"; then
+MODEL="--layers $LAYERS --dim $DIM --heads 16 --vocab $VOCAB --seq 2048 --optim --dtype bf16 --seed 1"
+if ! same_shape "$DIR/src" "$LAYERS"; then
     rm -rf "$DIR/src"
     "$BUILD/bin/tp-ckpt" synth -o "$DIR/src" --tp 8 --pp 1 $MODEL --progress
 fi
@@ -36,7 +38,7 @@ for rep in $(seq 1 "$REPS"); do
     for cache in cold warm; do
         for tool in $order; do
             clean_outputs
-            if [ $cache = cold ]; then drop_cache "$DIR"; sleep 2; else warm_source; fi
+            if [ $cache = cold ]; then cold_cache "$DIR"; else warm_source; fi
             case $tool in
             reshard) m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --from tp8pp1 --to tp4pp2 -o "$DIR/out" --memory-limit "$MEMORY") ;;
             cp) m=$(measure sh -c "cp -r '$DIR/src' '$DIR/copy' && sync") ;;
@@ -49,7 +51,7 @@ for rep in $(seq 1 "$REPS"); do
 done
 # Bounded memory at a quarter of the default limit.
 clean_outputs
-drop_cache "$DIR"; sleep 2
+cold_cache "$DIR"
 m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/out" --memory-limit 256M)
 echo "cold reshard-256M $m" >>"$RESULTS"
 echo "cold reshard-256M: $m"
@@ -59,7 +61,7 @@ clean_outputs
 
 GPU_NOTE="No GPU on this machine: the CUDA path was not measured."
 if [ "$("$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/gpu" --dry-run --device cuda 2>/dev/null | grep -c cuda)" -gt 0 ]; then
-    drop_cache "$DIR"; sleep 2
+    cold_cache "$DIR"
     m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/gpu" --memory-limit "$MEMORY" --device cuda)
     echo "cold cuda $m" >>"$RESULTS"
     rm -rf "$DIR/gpu"
@@ -89,11 +91,11 @@ print("\n".join(out))
 PY
 )
 echo "$TABLE"
-GB=$($PY -c "print(round($BYTES / 1e9, 1))")
-$PY bench/doc_section.py docs/BENCHMARKS.md bench-reshard "Resharding (bench-reshard)" <<DOC
+SIZE=$(size_text "$BYTES" 1)
+doc_section bench-reshard "Resharding (bench-reshard)" <<DOC
 Command: \`make bench-reshard\` (BENCH_PARAMS_B=$PARAMS, BENCH_MEMORY=$MEMORY, BENCH_REPS=$REPS).
-Checkpoint: GPT, dim 2048, $LAYERS layers, 16 heads, vocabulary 50257, bf16 weights with fp32 master weights
-and Adam moments, tp8pp1: $GB GB of tensors. Each tool starts from a dropped page cache (cold) or a source read
+Checkpoint: GPT, dim $DIM, $LAYERS layers, 16 heads, vocabulary $VOCAB, bf16 weights with fp32 master weights
+and Adam moments, tp8pp1: $SIZE of tensors. Each tool starts from a dropped page cache (cold) or a source read
 just before (warm); its time includes making the output durable (fsync or \`sync\`). The tools take turns going
 first; figures are medians over the runs, peak RSS the largest. GB/s counts the tensor bytes. $GPU_NOTE
 Targets: at least 0.9x \`cp\`, at least 3x the Python baseline, peak RSS within \`--memory-limit\`.

@@ -6,26 +6,38 @@
 # --sync-save. Writes docs/BENCHMARKS.md (section bench-train).
 #   BENCH_STEPS (default 10): steps per run; the first 2 are warm-up, not counted
 #   BENCH_REPS (default 3): repetitions; the table gives medians
+#   BENCH_SHAPE (default "--layers 6 --dim 384 --heads 6 --vocab 256 --seq 256",
+#   the shape of tp-train --model small): the model, as both trainers take it
+#   (a tiny run: tp-train --model tiny's "--layers 2 --dim 64 --heads 4
+#   --vocab 256 --seq 32", BENCH_STEPS=3, BENCH_REPS=1)
+#   Where it writes: scripts/bench-lib.sh.
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
 BUILD=${BUILD:-build}
 STEPS=${BENCH_STEPS:-10}
 REPS=${BENCH_REPS:-3}
-DIR=bench/scratch/train
-PY=/usr/bin/python3
+DIR="$SCRATCH_ROOT/train"
 CORES=$(nproc)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$DIR"
 
 # The model: GPT-2's architecture at 6 layers, dim 384, 6 heads, sequence 256,
 # byte vocabulary (tp-train --model small); 4 sequences per step.
-SHAPE="--layers 6 --dim 384 --heads 6 --vocab 256 --seq 256"
+SMALL="--layers 6 --dim 384 --heads 6 --vocab 256 --seq 256"
+SHAPE=${BENCH_SHAPE:-$SMALL}
 BATCH=4
+# shape_value OPTION: its value in SHAPE.
+shape_value() { echo " $SHAPE " | sed -n "s/.* $1 \([^ ]*\) .*/\1/p"; }
 RESULTS="$DIR/results.txt"
 : >"$RESULTS"
 
+# Python: the step lines of the tp-train log sys.argv[1]. The log also has
+# event lines (start, save, stop: an "event" key), which have no step time.
+STEP_LINES='[r for r in map(json.loads, open(sys.argv[1])) if "event" not in r and "ms" in r]'
+
 # Median milliseconds per step of a tp-train log, warm-up steps left out.
-median_ms() { $PY -c 'import json,statistics,sys; print(statistics.median([json.loads(l)["ms"] for l in open(sys.argv[1])][2:]))' "$1"; }
+median_ms() { $PY -c "import json,statistics,sys; print(statistics.median([r['ms'] for r in $STEP_LINES][2:]))" "$1"; }
 
 tp_train() { # THREADS RANKS
     if [ "$2" -eq 1 ]; then
@@ -76,9 +88,7 @@ for rep in $(seq 1 "$REPS"); do
         [ $mode = sync ] && flag=--sync-save
         "$BUILD/bin/tp-train" $SHAPE --micro-batch $BATCH --steps 12 --threads "$CORES" --quiet --ckpt-dir "$DIR/ckpt" \
             --ckpt-every 4 $flag --log "$DIR/ckpt.jsonl"
-        m=$($PY -c '
-import json, sys
-r = [json.loads(l) for l in open(sys.argv[1])]
+        m=$($PY -c "import json, sys; r = $STEP_LINES"'
 print(json.dumps({"stall_ms_per_save": sum(x["ckpt_stall_ms"] for x in r) / 3, "total_ms": sum(x["ms"] for x in r)}))' \
             "$DIR/ckpt.jsonl")
         echo "checkpoint $mode $m" >>"$RESULTS"
@@ -89,9 +99,9 @@ done
 SAVE_MB=$(du -sm "$DIR/ckpt/step_00000012" | cut -f1)
 rm -rf "$DIR/ckpt"
 
-TABLE=$($PY - "$RESULTS" "$BATCH" <<'PY'
+TABLE=$($PY - "$RESULTS" "$BATCH" "$(shape_value --seq)" <<'PY'
 import json, statistics, sys
-tokens = int(sys.argv[2]) * 256
+tokens = int(sys.argv[2]) * int(sys.argv[3])
 through, ckpt = {}, {}
 for line in open(sys.argv[1]):
     kind, a, b = line.split(" ", 2)
@@ -118,9 +128,12 @@ print("\n".join(out))
 PY
 )
 echo "$TABLE"
-$PY bench/doc_section.py docs/BENCHMARKS.md bench-train "Training throughput and checkpoint stall (bench-train)" <<DOC
+MODEL_NOTE=""
+[ "$SHAPE" = "$SMALL" ] && MODEL_NOTE=" (\`tp-train --model small\`)"
+doc_section bench-train "Training throughput and checkpoint stall (bench-train)" <<DOC
 Command: \`make bench-train\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS).
-Model: GPT-2's architecture, 6 layers, dim 384, 6 heads, sequence 256, vocabulary 256 (\`tp-train --model small\`),
+Model: GPT-2's architecture, $(shape_value --layers) layers, dim $(shape_value --dim), $(shape_value --heads) heads, \
+sequence $(shape_value --seq), vocabulary $(shape_value --vocab)$MODEL_NOTE,
 fp32, $BATCH sequences per step, AdamW with clipping; each run's first 2 steps are warm-up and not counted, figures
 are medians over the runs. PyTorch is the GPT-2 of tests/trainer/gpt2_ref.py (the model tp-train is checked against)
 on the same shape, batch and thread count; its element-wise work runs on OpenMP threads and its matrix products on

@@ -1,0 +1,116 @@
+#!/bin/sh
+# End-to-end test of the benchmark scripts (scripts/bench-*.sh): each runs
+# at a tiny size and must finish and write its section, with a table of
+# numbers, into a scratch copy of the benchmarks document, so that a change
+# of a program's logs or options cannot break a benchmark silently. The
+# figures mean nothing at these sizes. docs/BENCHMARKS.md and bench/scratch
+# are left alone, and nothing is left running, in BENCH_TMPFS or registered as
+# a git worktree. bench-gpu without a GPU: its refusal is checked, and the
+# test says SKIP for it.
+# tier: full
+. "$(dirname "$0")/lib.sh"
+
+use_open_mpi
+export BUILD=${BUILD:-build}
+# Where every benchmark writes (scripts/bench-lib.sh), and no pauses or
+# whole-cache drops: other tests run beside this one.
+export BENCH_DOC="$WORK/BENCHMARKS.md" BENCH_SCRATCH="$WORK/scratch"
+# What the benchmarks keep in memory, in a tmpfs directory of this test's own
+# (another suite may be running its benchmarks beside this one).
+BENCH_TMPFS="$WORK/shm"
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then BENCH_TMPFS=$(mktemp -d /dev/shm/tp-e2e-bench-XXXXXX); fi
+mkdir -p "$BENCH_TMPFS"
+export BENCH_TMPFS
+trap 'rm -rf "$WORK" "$BENCH_TMPFS"' EXIT
+export BENCH_SETTLE=0 BENCH_DROP=files BENCH_REPS=1
+# bench-ckpt, bench-reshard, bench-export: a GPT of dim 64, vocabulary 256,
+# and the fewest layers (about 2 MB of tensors).
+export BENCH_DIM=64 BENCH_VOCAB=256 BENCH_GB=0.002 BENCH_PARAMS_B=0
+# bench-train and bench-gpu: tp-train --model tiny's shape, 3 steps.
+export BENCH_STEPS=3 BENCH_SHAPE="--layers 2 --dim 64 --heads 4 --vocab 256 --seq 32"
+export BENCH_MODELS=tiny BENCH_SEQ=32 BENCH_MICRO_BATCH=1
+# bench-elastic: one row per launcher, the tiny model, 8 steps.
+export BENCH_ROWS="tiny-shrink tiny-node-down" BENCH_TINY_STEPS="8 2 5" BENCH_LARGE="--model tiny"
+# bench-remote: a checkpoint of the tiny model.
+export BENCH_MODEL="--model tiny"
+# bench-revisions: the current build as both revisions (building two takes
+# half a minute here); a tiny checkpoint and training cases.
+export BENCH_BASE_BIN="$BUILD/bin" BENCH_CURRENT_BIN="$BUILD/bin"
+export BENCH_CKPT="--layers 2 --dim 64 --heads 16 --vocab 256 --seq 64"
+export BENCH_TRAIN="--model tiny --steps 4" BENCH_TRAIN_LONG="--model tiny --seq 256 --micro-batch 2 --steps 2"
+
+# What must be the same after the run as before it.
+state() {
+    md5sum "$ROOT/docs/BENCHMARKS.md"
+    if [ -d "$ROOT/bench/scratch" ]; then tree_digest "$ROOT/bench/scratch"; fi
+    ls -A "$BENCH_TMPFS"
+    git -C "$ROOT" worktree list --porcelain | grep '^worktree '
+}
+state >"$WORK/state.before"
+
+# has_table NAME: the section NAME of $BENCH_DOC holds a Markdown table
+# with at least one row of numbers.
+has_table() {
+    "$PY" - "$BENCH_DOC" "$1" <<'PYEOF'
+import os, re, sys
+doc, name = sys.argv[1:3]
+text = open(doc).read() if os.path.exists(doc) else ""
+begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+if begin not in text or end not in text:
+    sys.exit(f"no section {name} in {doc}")
+lines = text[text.index(begin):text.index(end)].splitlines()
+rows, in_table = [], False
+for line in lines:
+    if re.fullmatch(r"\|( *:?-+:? *\|)+", line.strip()):
+        in_table = True  # the separator under a header
+    elif in_table and line.startswith("|"):
+        rows.append([c.strip(" *") for c in line.strip().strip("|").split("|")])
+    else:
+        in_table = False
+if not any(re.match(r"-?\d+(\.\d+)?", cell) for row in rows for cell in row):
+    sys.exit(f"section {name}: no table row with a number")
+PYEOF
+}
+
+# bench NAME: scripts/NAME.sh at the tiny size: exit 0, its section written.
+bench() {
+    start=$(date +%s)
+    expect_ok "$1" "$ROOT/scripts/$1.sh"
+    echo "[$NAME] $1: $(($(date +%s) - start)) s"
+    check "$1: its section in BENCH_DOC, with a table of numbers" has_table "$1"
+}
+
+total=$(date +%s)
+bench bench-ckpt
+bench bench-reshard
+bench bench-export
+bench bench-train
+bench bench-elastic
+bench bench-remote
+bench bench-revisions
+if nvidia-smi -L >/dev/null 2>&1; then
+    bench bench-gpu
+else
+    expect_error "bench-gpu without a GPU: exit 1, saying so" 1 "no GPU" "$ROOT/scripts/bench-gpu.sh"
+    echo "[$NAME] SKIP: bench-gpu: no GPU"
+fi
+echo "[$NAME] all: $(($(date +%s) - total)) s"
+
+# Nothing the benchmarks started is left running: no process whose
+# environment holds this run's scratch root (a few seconds' grace for
+# servers that are ending). Only grep runs while it looks, without it: any
+# other command started here would carry it.
+leftovers() {
+    for f in $(env -u BENCH_SCRATCH grep -lzxF "BENCH_SCRATCH=$BENCH_SCRATCH" /proc/[0-9]*/environ 2>/dev/null); do
+        f=${f#/proc/}
+        printf '%s ' "${f%/environ}"
+    done
+}
+i=0
+while [ -n "$(leftovers)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+left=$(leftovers)
+check_all "nothing left running (pids: ${left:-none})" '[ -z "$left" ]'
+state >"$WORK/state.after"
+check_all "docs/BENCHMARKS.md, bench/scratch, BENCH_TMPFS and git worktrees as before" \
+    'cmp -s "$WORK/state.before" "$WORK/state.after" || diff "$WORK/state.before" "$WORK/state.after" >&2'
+finish
