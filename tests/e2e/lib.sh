@@ -113,7 +113,14 @@ PYEOF
 
 tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum) | md5sum; }
 
+# finish: the summary line; the exit status says whether every check passed.
+# With TEST_KEEP_WORK=DIR, a failed test's WORK is copied into DIR first,
+# for the logs of what failed (hunting a failure that comes and goes).
 finish() {
     echo "[$NAME] $PASSED passed, $FAILED failed"
+    if [ "$FAILED" -ne 0 ] && [ -n "${TEST_KEEP_WORK:-}" ]; then
+        mkdir -p "$TEST_KEEP_WORK" && cp -a "$WORK" "$TEST_KEEP_WORK/" 2>/dev/null &&
+            echo "[$NAME] its WORK kept in $TEST_KEEP_WORK/$(basename "$WORK")"
+    fi
     [ "$FAILED" -eq 0 ]
 }

@@ -50,8 +50,10 @@ free_port() {
 pid_alive() {
     [ -n "$1" ] && kill -0 "$1" 2>/dev/null || return 1
     # State, the field after the command name in parentheses: Z is a zombie.
+    # No state: the process went between kill -0 and the read (a zombie
+    # reaped meanwhile; seen under load with nginx's orphaned workers).
     _cm_state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)
-    [ "$_cm_state" != Z ]
+    [ -n "$_cm_state" ] && [ "$_cm_state" != Z ]
 }
 
 stop_pids() {
