@@ -31,6 +31,22 @@ summary_field() {
         "$1/elastic/events.jsonl" "$2"
 }
 
+# mpi_startup_crashes RUN: how many of the run's failed launches died of the
+# MPI stack's startup defect (tests/support/slurm.sh mpi_startup_crash; needs
+# slurm.sh). tp-elastic rightly counts such a launch as a failure and
+# relaunches; tests that count failures add these to what they expect.
+mpi_startup_crashes() {
+    _n=0
+    for _f in $("$PY" -c 'import json, sys
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    if e.get("event") == "failure" and e.get("output"):
+        print(e["output"])' "$1/elastic/events.jsonl"); do
+        mpi_startup_crash "$_f" && _n=$((_n + 1))
+    done
+    echo $_n
+}
+
 # nothing_left RUN: no process of the run is left, stopped ones included
 # (within 10 s: a launcher told to stop takes a moment to end its ranks).
 nothing_left() {
