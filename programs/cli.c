@@ -12,8 +12,6 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
-
-#include "../ckpt/ckpt.h"
 #include "cli.h"
 
 /* The handler only writes the signal's number to a pipe (all a handler may
@@ -51,20 +49,28 @@ static void *clean_up_thread(void *arg)
     _exit(128 + sig); /* not reached: the default action ends the process */
 }
 
+int cli_catch_signal(int sig, void (*handler)(int))
+{
+    struct sigaction current;
+    if (sigaction(sig, NULL, &current) != 0) return -1;
+    if (current.sa_handler == SIG_IGN) return 0;
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = handler;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    return sigaction(sig, &action, NULL);
+}
+
 int cli_clean_up_on_signals(void)
 {
     if (pipe2(signal_pipe, O_CLOEXEC) != 0) return -1;
     pthread_t thread;
     if (pthread_create(&thread, NULL, clean_up_thread, NULL) != 0) return -1;
     pthread_detach(thread);
-    struct sigaction action;
-    memset(&action, 0, sizeof action);
-    action.sa_handler = on_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;
     const int signals[] = {SIGINT, SIGTERM, SIGHUP};
     for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++)
-        if (sigaction(signals[i], &action, NULL) != 0) return -1;
+        if (cli_catch_signal(signals[i], on_signal) != 0) return -1;
     return 0;
 }
 

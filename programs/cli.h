@@ -40,9 +40,16 @@ double cli_number(const char *program, const char *option, const char *text); /*
 int64_t cli_size(const char *program, const char *option, const char *text);  /* bytes, >= 1: 512M, 4G */
 int cli_compress(const char *program, const char *text); /* zstd level of zstd[:L] (3 for zstd), 0 for none */
 
-/* On SIGINT, SIGTERM or SIGHUP: removes the partial outputs this process is
- * writing (ckpt_discard_all_staged), then dies of the signal, so that the
- * exit status says which. Fails only when no thread can be started. */
+/* Installs handler for sig (SA_RESTART), unless sig was ignored when the
+ * program started: a program run under nohup, or as a background job of a
+ * script, keeps ignoring what its starter told it to ignore, as Unix
+ * programs do. -1 on a failed sigaction. */
+int cli_catch_signal(int sig, void (*handler)(int));
+
+/* On SIGINT, SIGTERM or SIGHUP (those not ignored at the start, see
+ * cli_catch_signal): removes the partial outputs this process is writing
+ * (ckpt_discard_all_staged), then dies of the signal, so that the exit
+ * status says which. Fails only when no thread can be started. */
 int cli_clean_up_on_signals(void);
 
 /* Writes a checkpoint output at target, local or remote: write(ctx, path)

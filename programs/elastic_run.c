@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -196,11 +197,10 @@ int elastic_run_main(int argc, char **argv)
     o.event = on_event;
     o.progress = on_progress;
     o.ctx = &p;
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
+        if (cli_catch_signal(stop_signals[i], on_signal))
+            return cli_error(PROGRAM, "cannot handle %s: %s", strsignal(stop_signals[i]), strerror(errno));
     elastic_summary s;
     if (elastic_run(&o, &s)) return cli_error(PROGRAM, "%s", tp_errmsg());
     if (p.terminal) fputs("\r\033[K", stderr);

@@ -621,11 +621,15 @@ int main(int argc, char **argv)
     if (gpt_training_flops_per_token(&o.config, o.seq, &rep.flops_per_token)) rep.peak_flops = 0;
     train_control_init(&control);
     o.control = &control;
-    struct sigaction action;
-    memset(&action, 0, sizeof action);
-    action.sa_handler = on_signal;
-    sigaction(SIGTERM, &action, NULL);
-    sigaction(SIGUSR1, &action, NULL);
+    int unhandled = TP_OK;
+    if (cli_catch_signal(SIGTERM, on_signal) || cli_catch_signal(SIGUSR1, on_signal)) {
+        unhandled = tp_fail(TP_ERR_IO, "cannot handle SIGTERM and SIGUSR1: %s", strerror(errno));
+        fprintf(stderr, "tp-train: error (rank %d): %s\n", cm->rank, tp_errmsg());
+    }
+    if (comm_agree(cm, unhandled, "handling SIGTERM and SIGUSR1")) {
+        comm_free(cm);
+        return 1;
+    }
     o.report = on_report;
     o.report_ctx = &rep;
     /* Ranks on GPUs sum device data with NCCL; one rank alone needs no communicator on the device. */

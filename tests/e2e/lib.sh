@@ -1,6 +1,15 @@
 # lib.sh: helpers for end-to-end tests of the real programs on real files.
 # Each test script sources this, runs checks, and ends with `finish`.
 set -u
+# Tests send SIGHUP, SIGINT and SIGTERM to the programs they start, and a
+# program started with one of them ignored keeps it ignored (programs/cli.h
+# cli_catch_signal), as a test started in the background of a script or
+# under nohup would be: such a test starts again with the three at their
+# defaults (SigIgn bits 1, 2 and 15).
+if [ -z "${TP_TEST_SIGNALS_DEFAULT:-}" ] &&
+    [ $((0x$(sed -n 's/^SigIgn:[[:space:]]*//p' /proc/$$/status) & 0x4003)) -ne 0 ]; then
+    TP_TEST_SIGNALS_DEFAULT=1 exec env --default-signal=HUP,INT,TERM sh "$0" "$@"
+fi
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN="$ROOT/${BUILD:-build}/bin"
 PY=/usr/bin/python3

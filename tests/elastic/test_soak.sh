@@ -19,6 +19,7 @@
 #   make soak   (more faults, a new seed each time)
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
+. "$(dirname "$0")/lib.sh"
 
 use_open_mpi
 ELASTIC="$BIN/tp-elastic"
@@ -66,8 +67,6 @@ last_step() {
 ranks() { pgrep -f -- "^$TRAIN .*--ckpt-dir $R " || true; }
 launcher() { pgrep -f -- "^mpirun .*--ckpt-dir $R " | head -n 1; }
 
-# resumed: how many launches have trained a first step after resuming.
-resumed() { grep -c '"event":"resumed"' "$R/elastic/events.jsonl" 2>/dev/null || true; }
 
 # inject: reads the plan and strikes each fault once the run has gone AFTER
 # steps further (never at or before the previous fault's step: failures
@@ -98,7 +97,8 @@ inject() {
             [ -n "$victim" ] && break
             sleep 0.05 # between launches: wait for the next one
         done
-        launches=$(resumed)
+        # launches that have trained a first step after resuming, so far
+        launches=$(events "$R" resumed)
         echo "$world" >"$WORK/world"
         case $kind in
         grow) ;;
@@ -109,7 +109,7 @@ inject() {
         echo "$kind $step" >>"$WORK/struck"
         echo "    struck: $kind ${victim:+(pid $victim) }after step $step, capacity $world"
         floor=$((step + 5))
-        while [ "$(resumed)" -le "$launches" ]; do
+        while [ "$(events "$R" resumed)" -le "$launches" ]; do
             alive || return
             sleep 0.05
         done
@@ -147,36 +147,22 @@ expect_ok "a second tp-elastic finishes the run at step $STEPS" "$ELASTIC" run -
 expect_ok "an uninterrupted run of $STEPS steps" mpirun --oversubscribe -np 4 "$TRAIN" $TRAIN_ARGS --steps $STEPS \
     --tp 2 --pp 2 --ckpt-dir "$WORK/ref" --log "$WORK/ref.jsonl"
 
-events() { grep -c "\"event\":\"$1\"" "$R/elastic/events.jsonl" 2>/dev/null || true; }
-summary_field() {
-    "$PY" -c 'import json,sys; s=[json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][-1]; print(s[sys.argv[2]])' \
-        "$R/elastic/events.jsonl" "$1"
-}
 struck=$(wc -l <"$WORK/struck")
 count() { grep -c "^$1 " "$WORK/struck" || true; }
 kills=$(($(count kill) + $(count launcher)))
 check "every fault of the plan struck ($struck of $FAULTS)" [ "$struck" -eq "$FAULTS" ]
-failures=$(events failure) hangs=$(events hang) changes=$(events scale_change)
+failures=$(events "$R" failure) hangs=$(events "$R" hang) changes=$(events "$R" scale_change)
 check "every fault recorded: $kills failures ($failures), $(count stop) hangs ($hangs), $(count grow) growths ($changes scale changes)" \
     sh -c "[ $failures -eq $kills ] && [ $hangs -eq $(count stop) ] && [ $changes -ge $(count grow) ]"
-check "the run finished at step $STEPS" [ "$(summary_field step)" -eq "$STEPS" ]
+check "the run finished at step $STEPS" [ "$(summary_field "$R" step)" -eq "$STEPS" ]
 check "the losses continue the uninterrupted run's" \
     "$PY" "$ROOT/tests/elastic/check_losses.py" "$R/elastic/train.jsonl" "$WORK/ref.jsonl" "$STEPS"
 # A fault during an asynchronous save loses that save too: at most two
 # checkpoint intervals per failure.
 check "at most the steps since the last committed checkpoint recomputed" \
-    [ "$(summary_field steps_recomputed)" -le $(((kills + $(count stop)) * 2 * EVERY)) ]
+    [ "$(summary_field "$R" steps_recomputed)" -le $(((kills + $(count stop)) * 2 * EVERY)) ]
 check "never launched below --min-world" sh -c "! grep -q '\"ranks\":1[,}]' '$R/elastic/events.jsonl'"
-# nothing_left: no rank or launcher of the run within 10 s (a launcher told
-# to stop takes a moment to end its ranks).
-nothing_left() {
-    for i in $(seq 100); do
-        [ -z "$(ranks)$(launcher)" ] && return 0
-        sleep 0.1
-    done
-    return 1
-}
-check "no trainer or launcher left running" nothing_left
+check "no trainer or launcher left running" nothing_left "$R"
 if [ "$FAILED" -gt 0 ]; then
     echo "[$NAME] the run's events:"
     "$PY" -c '

@@ -94,6 +94,22 @@ for point in staging-claimed staging-renamed; do
 done
 check "a signal as the staging entry is born: 12 writers died of it, nothing left" [ "$bad" -eq 0 ]
 
+# A signal ignored when the program starts (nohup; a background job of a
+# script) stays ignored: the writer is not stopped by it and publishes a whole
+# output. The hook raises the signal in the window, so it certainly comes.
+run with_fault staging-claimed:HUP env --ignore-signal=HUP "$CK" synth -o "$WORK/w/nohup" --tp 2 --pp 1 --model tiny
+check "synth started with SIGHUP ignored (nohup) goes on through a hangup (exit $RC)" \
+    sh -c "[ $RC -eq 0 ] && '$CK' verify '$WORK/w/nohup' >/dev/null && [ \"\$(ls -A '$WORK/w')\" = nohup ]"
+run with_fault staging-claimed:INT env --ignore-signal=INT "$RS" "$WORK/src" --to tp4 -o "$WORK/w/bg"
+check "tp-reshard started with SIGINT ignored (a script's background job) goes on through SIGINT (exit $RC)" \
+    sh -c "[ $RC -eq 0 ] && '$CK' verify '$WORK/w/bg' >/dev/null"
+rm -rf "$WORK/w"/*
+trainer_ignoring_term() { (use_open_mpi; exec env --ignore-signal=TERM "$TRAIN" "$@"); }
+run with_fault staging-claimed:TERM trainer_ignoring_term --model tiny --micro-batch 2 --quiet --steps 6 \
+    --ckpt-every 2 --ckpt-dir "$WORK/w/ign"
+check "training started with SIGTERM ignored goes on through SIGTERM to its last step (exit $RC)" \
+    sh -c "[ $RC -eq 0 ] && [ \"\$(cat '$WORK/w/ign/latest')\" = step_00000006 ]"
+
 # Training: SIGTERM is a preemption (finish the step, save, stop with 0);
 # SIGINT ends it at once, and what the save had begun goes with the next run,
 # silently.
