@@ -76,8 +76,16 @@ void ckpt_fault_point(const char *point)
     if (strncmp(want, point, n) != 0 || want[n] != ':') return;
     /* POINT:TERM, :INT or :HUP: that signal, then the caller held at the
      * point long enough for the signal's handling (another thread) to act
-     * while the window the point is in stays open. */
+     * while the window the point is in stays open. POINT:SLEEP:SECONDS: a
+     * slow disk or store, the caller held there that long. */
     const char *name = want + n + 1;
+    if (strncmp(name, "SLEEP:", 6) == 0) {
+        double seconds = atof(name + 6);
+        struct timespec hold = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+        while (nanosleep(&hold, &hold) != 0) {
+        }
+        return;
+    }
     int signal = strcmp(name, "TERM") == 0 ? SIGTERM : strcmp(name, "INT") == 0 ? SIGINT : strcmp(name, "HUP") == 0 ? SIGHUP : 0;
     if (!signal) return;
     raise(signal);

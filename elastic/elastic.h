@@ -90,7 +90,13 @@ int elastic_end_leftovers(pid_t launch, double grace_seconds);
 /* ----------------------------------------------------- the trainer's log */
 
 /* One line of the trainer's --log (JSON lines; docs/TOOLS.md). */
-typedef enum { ELASTIC_LOG_START, ELASTIC_LOG_STEP, ELASTIC_LOG_STOP, ELASTIC_LOG_OTHER } elastic_log_kind;
+typedef enum {
+    ELASTIC_LOG_START,
+    ELASTIC_LOG_STEP,
+    ELASTIC_LOG_STOP,
+    ELASTIC_LOG_SAVE_WAIT, /* the trainer waits for a checkpoint of `step` to be written */
+    ELASTIC_LOG_OTHER
+} elastic_log_kind;
 
 typedef struct {
     elastic_log_kind kind;

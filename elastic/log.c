@@ -1,6 +1,6 @@
 /* log.c: following the trainer's --log as it grows (elastic.h). Lines are
  * JSON objects: steps {"step":N,"loss":X,...}, and events {"event":"start" |
- * "stop", "step":N, ...} (docs/TOOLS.md). */
+ * "stop" | "save_wait", "step":N, ...} (docs/TOOLS.md). */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -39,6 +39,7 @@ static void parse_line(const char *text, void (*visit)(void *, const elastic_log
     if (!event) line.kind = line.step >= 0 ? ELASTIC_LOG_STEP : ELASTIC_LOG_OTHER;
     else if (cJSON_IsString(event) && strcmp(event->valuestring, "start") == 0) line.kind = ELASTIC_LOG_START;
     else if (cJSON_IsString(event) && strcmp(event->valuestring, "stop") == 0) line.kind = ELASTIC_LOG_STOP;
+    else if (cJSON_IsString(event) && strcmp(event->valuestring, "save_wait") == 0) line.kind = ELASTIC_LOG_SAVE_WAIT;
     cJSON_Delete(o);
     visit(ctx, &line);
 }

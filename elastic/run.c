@@ -234,6 +234,7 @@ typedef struct {
     int64_t first_step, last_step;
     double launched, last_progress, first_step_time, load_seconds;
     int stop_line_finished;
+    int save_wait;          /* a save_wait line came after the last step line */
     /* what the first step of the launch reports */
     int have_checkpoint, reshard;
     int64_t resumed;
@@ -297,6 +298,7 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
         }
         w->last_step = line->step;
         w->last_progress = now;
+        w->save_wait = 0;
         if (w->s->o->keep > 0 && now - w->s->last_prune >= 1.0) { /* --keep as the run goes, once a second */
             w->s->last_prune = now;
             prune_checkpoints(w->s, line->step);
@@ -307,6 +309,10 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
                               w->s->restarts);
         break;
     case ELASTIC_LOG_STOP: w->stop_line_finished = strcmp(line->reason, "finished") == 0; break;
+    case ELASTIC_LOG_SAVE_WAIT: /* until its next step, the trainer has a save's allowance */
+        w->save_wait = 1;
+        w->last_progress = now;
+        break;
     case ELASTIC_LOG_OTHER: break;
     }
 }
@@ -499,7 +505,8 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
         }
         /* A hang: no progress within the allowance (the first step of a
          * launch loads and may reshard; a save may take long). */
-        int saving = asked_stop || asked_scale || w->last_step >= o->steps; /* the last checkpoint is written */
+        int saving = asked_stop || asked_scale || w->last_step >= o->steps /* the last checkpoint is written */
+                     || w->save_wait; /* the trainer waits for a checkpoint to be written */
         double allowance = saving ? o->save_seconds
                            : w->first_step < 0         ? o->start_seconds
                                                        : o->heartbeat_seconds;

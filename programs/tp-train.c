@@ -414,6 +414,15 @@ static void on_report(void *ctx, const train_report *r)
             fflush(p->log);
         }
         break;
+    case TRAIN_REPORT_SAVE_WAIT:
+        /* Before a wait with no step line: tp-elastic then allows a save's
+         * time instead of taking the trainer for hung. */
+        if (p->log) {
+            fprintf(p->log, "{\"event\":\"save_wait\",\"step\":%lld,\"time\":%.6f}\n", (long long)r->step,
+                    unix_seconds());
+            fflush(p->log);
+        }
+        break;
     case TRAIN_REPORT_UPLOADED:
         if (!p->quiet)
             printf("uploaded the checkpoint of step %lld to %s: %.1f MB in %.2f s\n", (long long)r->step, r->text,

@@ -352,6 +352,11 @@ int saver_poll(saver *s, int wait)
     return status;
 }
 
+int64_t saver_pending_step(const saver *s)
+{
+    return s->pending ? s->step : -1;
+}
+
 int saver_start(saver *s, const char *path, const save_state *state, int sync)
 {
     gpt_model *m = s->model;

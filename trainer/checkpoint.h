@@ -51,6 +51,10 @@ void saver_before_update(saver *s);
  * With wait, finishes both. Collective. */
 int saver_poll(saver *s, int wait);
 
+/* The step of the save still in progress (written or committed in the
+ * background), or -1 when none: a saver_start now would wait for it. */
+int64_t saver_pending_step(const saver *s);
+
 /* Takes the oldest save committed (and known to every rank) and not yet
  * taken: its step, and the seconds from its saver_start to then; 0 when
  * none. Two are kept: a step boundary can finish the pending save and a

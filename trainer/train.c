@@ -500,6 +500,11 @@ static int checkpoint_after(trainer *t, int64_t step, int stop)
     TP_TRY(saver_poll(t->saver, stop));
     int due = (o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == o->steps || stop;
     if (!due) return TP_OK;
+    int64_t pending = saver_pending_step(t->saver);
+    if (pending >= 0) { /* the previous save is still being written: it must end first */
+        train_report r = {.kind = TRAIN_REPORT_SAVE_WAIT, .step = pending};
+        report(t, &r);
+    }
     char path[CKPT_PATH_MAX];
     TP_TRY(ckpt_step_path(t->save_dir, step, path, sizeof path));
     TP_TRY(save(t, path, step, o->sync_save || stop, NULL));

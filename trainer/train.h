@@ -32,6 +32,8 @@ typedef enum {
     TRAIN_REPORT_RESUMED, /* from the checkpoint `text` */
     TRAIN_REPORT_STEP,    /* a step is done */
     TRAIN_REPORT_SAVED,   /* the checkpoint of `step` (`text`) is committed, after that step's report */
+    TRAIN_REPORT_SAVE_WAIT, /* training waits for the checkpoint of `step` to be written before it starts
+                               the next one: no step comes until then, and the trainer is not hung */
     TRAIN_REPORT_WARNING, /* `text` says what went wrong and was worked around */
     TRAIN_REPORT_UPLOADED, /* rank 0, a remote --ckpt-dir: the checkpoint of `step` is uploaded to `text`
                               (`seconds`, `bytes`) */

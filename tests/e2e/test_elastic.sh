@@ -1,6 +1,6 @@
 #!/bin/sh
 # End-to-end tests of `tp-elastic run` with mpirun (docs/ELASTIC.md): a hang,
-# capacity growing, capacity below --min-world, a trainer that always fails,
+# a slow commit that is not one, capacity growing, capacity below --min-world, a trainer that always fails,
 # the orchestrator itself killed and restarted, a damaged newest checkpoint
 # (a rank killed while capacity shrinks: test_elastic_recover.sh). In every
 # case the run reaches its last step, recomputes no more than the steps since
@@ -21,6 +21,20 @@ expect_ok "a hang: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 4 $F
 check "hang: detected as a hang" [ "$(events "$R" hang)" -eq 1 ]
 check "hang: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
 check "hang: no trainer left running" nothing_left "$R"
+
+# ------------------------------------------------------ a slow commit
+# Every commit held 8 s (a slow disk): at the next save the trainer waits
+# for it, longer than the 4 s heartbeat timeout, with no step line. It logs
+# that it waits for a save, and tp-elastic gives it a save's allowance
+# instead of taking it for hung (under load, a save can be that slow).
+R="$WORK/slowsave"
+expect_ok "a slow commit: the run finishes" env TP_CKPT_FAULT=before-index:SLEEP:8 "$ELASTIC" run --ckpt-dir "$R" \
+    --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 30
+check "slow commit: the trainer said it waited for a save" grep -q '"event":"save_wait","step":10,' \
+    "$R/elastic/train.jsonl"
+check_all "slow commit: no hang, no failure, one launch" \
+    '[ "$(events "$R" hang)" -eq 0 ] && [ "$(events "$R" failure)" -eq 0 ] && [ "$(events "$R" launch)" -eq 1 ]'
+check "slow commit: the last checkpoint committed" [ -d "$R/step_00000030" ]
 
 # ----------------------------------------------------------- capacity grows
 # Starts at 2 ranks; the world file grows to 4 after step 10 and rank 0

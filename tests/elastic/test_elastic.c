@@ -299,7 +299,7 @@ Test(elastic, a_leftover_starting_programs_is_found)
 /* ---------------------------------------------------------------- the log */
 
 typedef struct {
-    int steps, starts, others, stops;
+    int steps, starts, others, stops, save_waits;
     int64_t last_step;
     double last_loss;
 } log_count;
@@ -311,6 +311,7 @@ static void count_line(void *ctx, const elastic_log_line *line)
     c->starts += line->kind == ELASTIC_LOG_START;
     c->others += line->kind == ELASTIC_LOG_OTHER;
     c->stops += line->kind == ELASTIC_LOG_STOP;
+    c->save_waits += line->kind == ELASTIC_LOG_SAVE_WAIT;
     if (line->kind == ELASTIC_LOG_START) cr_assert_float_eq(line->seconds, 0.5, 1e-12);
     if (line->kind == ELASTIC_LOG_STEP) {
         c->last_step = line->step;
@@ -332,7 +333,8 @@ Test(elastic, log_is_followed_line_by_line_as_it_grows)
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
     cr_assert_eq(c.starts, 1);
     cr_assert_eq(c.steps, 1, "the line being written waits for its end");
-    fputs("ss\":5.25}\nnot json\n{\"event\":\"note\",\"step\":2}\n{\"event\":\"stop\",\"step\":2,\"reason\":\"finished\"}\n",
+    fputs("ss\":5.25}\nnot json\n{\"event\":\"note\",\"step\":2}\n{\"event\":\"save_wait\",\"step\":1}\n"
+          "{\"event\":\"stop\",\"step\":2,\"reason\":\"finished\"}\n",
           out);
     fclose(out);
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
@@ -341,6 +343,7 @@ Test(elastic, log_is_followed_line_by_line_as_it_grows)
     cr_assert_float_eq(c.last_loss, 5.25, 1e-12);
     cr_assert_eq(c.others, 1, "an event of another kind is passed on as such");
     cr_assert_eq(c.stops, 1);
+    cr_assert_eq(c.save_waits, 1, "a wait for a save is told apart");
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
     cr_assert_eq(c.steps, 2, "nothing read twice");
 }
