@@ -15,7 +15,10 @@ else
 CUDA ?= 1
 endif
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+# Machine code for the A100 (sm_80) and the H100/H200 (sm_90), and PTX that
+# the driver compiles for later GPUs.
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	-gencode arch=compute_90,code=compute_90
 
 # Third-party headers come in as system headers so their warnings stay theirs.
 PKGS := hdf5 libzstd libcjson libxxhash openblas ompi-c libcrypto libcurl
@@ -43,7 +46,12 @@ OPTFLAGS ?= -O2 -g
 SANITIZE ?=
 ALL_CFLAGS = $(OPTFLAGS) -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -MMD -MP $(PKG_CFLAGS) \
 	$(SANITIZE) $(CFLAGS)
-ALL_LDFLAGS = -pthread $(SANITIZE) $(LDFLAGS)
+# A run path relative to each binary (bin/ and tests/DIR/ beside lib/), as
+# DT_RPATH so that it also serves the libraries' own dependencies: the GPU
+# pack (scripts/gpu-pack.sh) puts the shared libraries there. In this tree
+# that lib/ holds no shared library, and the system's are found as usual.
+ORIGIN_RPATH := -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/../lib:$$ORIGIN/../../lib'
+ALL_LDFLAGS = -pthread $(ORIGIN_RPATH) $(SANITIZE) $(LDFLAGS)
 LDLIBS += $(PKG_LIBS) -lm
 NVCCFLAGS ?= -O2 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 
@@ -51,7 +59,8 @@ NVCCFLAGS ?= -O2 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 # only those before it; the programs sit on top. scripts/check-layers.py
 # declares the order and checks the include graph against it (make test).
 COMMON_SRC := $(wildcard common/*.c)
-KERNELS_SRC := $(wildcard kernels/cpu/*.c)
+# The search for the CUDA libraries is plain C, built and tested without CUDA too.
+KERNELS_SRC := $(wildcard kernels/cpu/*.c) kernels/cuda/libraries.c
 CKPT_SRC := $(wildcard ckpt/*.c)
 RESHARD_SRC := $(wildcard reshard/*.c)
 FORMATS_SRC := $(wildcard formats/*.c)
@@ -107,12 +116,12 @@ TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps check test test-gpu bench-gpu asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-elastic bench-remote bench-revisions clean programs tests
+.PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-elastic bench-remote bench-revisions clean programs tests
 
 all: deps
 	@$(SUBMAKE) build
 
-build: programs tests $(BENCH_PROGRAMS)
+build: programs tests $(BENCH_PROGRAMS) $(BUILD)/bin/tp-mpirun
 
 programs: $(PROGRAMS)
 tests: $(TEST_BINS)
@@ -132,6 +141,8 @@ FORCE:
 # Kernels: loops over elements vectorize (floating-point exceptions are not used;
 # clang, for `make fuzz`, has no cost-model option).
 $(BUILD)/obj/kernels/%.o: ALL_CFLAGS += -ftree-vectorize $(if $(findstring clang,$(CC)),,-fvect-cost-model=dynamic) -fno-trapping-math
+
+$(BUILD)/obj/kernels/cuda/libraries.o: ALL_CFLAGS += $(if $(CUDA_HOME),-DTP_CUDA_HOME='"$(CUDA_HOME)"')
 
 $(BUILD)/obj/%.o: %.c $(BUILD)/config
 	@mkdir -p $(dir $@)
@@ -165,6 +176,12 @@ $(BUILD)/bin/%:
 	@mkdir -p $(dir $@)
 	$(say) LD $@
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
+# Open MPI's mpirun from inside a GPU pack (scripts/gpu-pack.sh): glibc only.
+$(BUILD)/bin/tp-mpirun: $(call obj,programs/tp-mpirun.c)
+	@mkdir -p $(dir $@)
+	$(say) LD $@
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^
 
 $(BUILD)/bench/bench_ckpt: $(BUILD)/obj/bench/bench_ckpt.o $(CLI_OBJ) $(SYNTH_OBJ) $(MODEL_STACK)
 	@mkdir -p $(dir $@)
@@ -212,6 +229,13 @@ test-gpu: deps
 bench-gpu: deps
 	@$(SUBMAKE) CUDA=1 build
 	@BUILD=$(BUILD) scripts/bench-gpu.sh
+
+# The GPU pack (docs/GPU.md): $(BUILD)/gpu-pack.tar.xz, the CUDA build with
+# every library it loads and an Open MPI runtime, for a bare GPU machine
+# (scripts/gpu-check.sh runs it there).
+gpu-pack: deps
+	@$(SUBMAKE) CUDA=1 build
+	@BUILD=$(BUILD) scripts/gpu-pack.sh
 
 # A longer soak of tp-elastic than `make test` runs (6 faults, seed 7):
 # SOAK_FAULTS random kills, hangs, launcher losses and capacity changes in

@@ -135,4 +135,5 @@ $TABLE
 
 Command: \`make bench-gpu\` (BENCH_STEPS=$STEPS, BENCH_MICRO_BATCH=$MB, BENCH_MODELS="$MODELS", BENCH_SEQ=$SEQ).
 EOF
-BUILD=$BUILD scripts/bench-reshard.sh
+# BENCH_GPU_RESHARD=0: without it (gpu-check.sh runs it as a phase of its own).
+[ "${BENCH_GPU_RESHARD:-1}" = 0 ] || BUILD=$BUILD scripts/bench-reshard.sh

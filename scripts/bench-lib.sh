@@ -1,5 +1,7 @@
 # bench-lib.sh: what the benchmark scripts share. Sourced, from the repository root.
-PY=/usr/bin/python3
+# The Python of the cross-checks: Debian's, with torch, h5py and numpy;
+# TP_PYTHON names another (a GPU machine's, scripts/gpu-check.sh).
+PY=${TP_PYTHON:-/usr/bin/python3}
 
 # Settings every benchmark takes, here so that they mean the same everywhere
 # (tests/e2e/test_bench.sh runs each benchmark tiny with them):

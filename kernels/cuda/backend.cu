@@ -35,6 +35,7 @@ extern "C" {
 #include "../convert_bits.h"
 #include "check.h"
 #include "internal.h"
+#include "libraries.h"
 
 #define TP_STRINGIFY_(x) #x
 #define TP_STRINGIFY(x) TP_STRINGIFY_(x)
@@ -68,9 +69,7 @@ static int load_cublas(void)
     static const char *const names[] = {"libcublas.so." TP_STRINGIFY(CUBLAS_VER_MAJOR), "libcublas.so"};
     if (blas.sgemm) return TP_OK;
     void *library = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && !library; i++) library = dlopen(names[i], RTLD_NOW);
-    if (!library) return tp_fail(TP_ERR_DEVICE, "cuBLAS could not be loaded (%s): is the CUDA toolkit's lib64 on "
-                                                "the library path?", dlerror());
+    TP_TRY(cuda_library_open("cuBLAS", names, sizeof names / sizeof names[0], &library, NULL, 0));
 #define LOAD(field, symbol)                                                                                            \
     if (!(*(void **)&blas.field = dlsym(library, #symbol)))                                                           \
         return tp_fail(TP_ERR_DEVICE, "cuBLAS (%s) has no %s", names[0], #symbol);

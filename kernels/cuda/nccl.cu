@@ -12,6 +12,7 @@
 
 #include "check.h"
 #include "internal.h"
+#include "libraries.h"
 
 extern "C" {
 #include "../kernels.h"
@@ -50,17 +51,15 @@ static int load_nccl(void)
     pthread_mutex_lock(&load_lock);
     if (!nccl.all_reduce) {
         void *library = NULL;
-        for (size_t i = 0; i < sizeof names / sizeof names[0] && !library; i++) library = dlopen(names[i], RTLD_NOW);
-        if (!library) {
-            status = tp_fail(TP_ERR_DEVICE, "NCCL could not be loaded (%s): is the CUDA toolkit's library directory on "
-                                            "the library path?", dlerror());
-        } else if (!(*(void **)&nccl.get_unique_id = dlsym(library, "ncclGetUniqueId")) ||
-                   !(*(void **)&nccl.init_rank = dlsym(library, "ncclCommInitRank")) ||
-                   !(*(void **)&nccl.destroy = dlsym(library, "ncclCommDestroy")) ||
-                   !(*(void **)&nccl.error_string = dlsym(library, "ncclGetErrorString")) ||
-                   !(*(void **)&nccl.send = dlsym(library, "ncclSend")) ||
-                   !(*(void **)&nccl.recv = dlsym(library, "ncclRecv")) ||
-                   !(*(void **)&nccl.all_reduce = dlsym(library, "ncclAllReduce"))) { /* last: all are loaded */
+        status = cuda_library_open("NCCL", names, sizeof names / sizeof names[0], &library, NULL, 0);
+        if (status == TP_OK &&
+            (!(*(void **)&nccl.get_unique_id = dlsym(library, "ncclGetUniqueId")) ||
+             !(*(void **)&nccl.init_rank = dlsym(library, "ncclCommInitRank")) ||
+             !(*(void **)&nccl.destroy = dlsym(library, "ncclCommDestroy")) ||
+             !(*(void **)&nccl.error_string = dlsym(library, "ncclGetErrorString")) ||
+             !(*(void **)&nccl.send = dlsym(library, "ncclSend")) ||
+             !(*(void **)&nccl.recv = dlsym(library, "ncclRecv")) ||
+             !(*(void **)&nccl.all_reduce = dlsym(library, "ncclAllReduce")))) { /* last: all are loaded */
             nccl.all_reduce = NULL;
             status = tp_fail(TP_ERR_DEVICE, "NCCL (%s) lacks a function this build uses", names[0]);
         }

@@ -12,7 +12,9 @@ if [ -z "${TP_TEST_SIGNALS_DEFAULT:-}" ] &&
 fi
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN="$ROOT/${BUILD:-build}/bin"
-PY=/usr/bin/python3
+# The Python of the cross-checks: Debian's, with torch, h5py and numpy;
+# TP_PYTHON names another (a GPU machine's, scripts/gpu-check.sh).
+PY=${TP_PYTHON:-/usr/bin/python3}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tp-e2e-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 PASSED=0

@@ -1,0 +1,182 @@
+#!/bin/sh
+# gpu-check.sh: checks and measures the CUDA path on a GPU machine, from the
+# GPU pack (make gpu-pack; docs/GPU.md). Run from the repository root, with
+# the pack beside it:
+#
+#   scripts/gpu-check.sh [--phase PHASE] [--pack FILE] [--limit SECONDS] OUTDIR
+#
+# PHASE (default tests), each made to fit in 10 minutes:
+#   tests    tests/gpu/test_gpu.sh from the pack: the unit tests (no CUDA
+#            case may skip), tp-train --device cuda against PyTorch in fp32,
+#            against the CPU, layouts on the GPUs there are, resume GPU <->
+#            CPU, tp-reshard on the GPU against the CPU
+#   bench    scripts/bench-gpu.sh: tokens/s and MFU of GPT-2 124M and 350M
+#            at sequence 1024, fp32 and bf16, against PyTorch on the same GPU;
+#            the checkpoint stall, asynchronous against synchronous
+#   reshard  scripts/bench-reshard.sh at 1B parameters, once: tp-reshard on
+#            the GPU beside the CPU, cp and the h5py baseline
+#   profile  one GPT-2 124M bf16 training step under Nsight Compute (ncu):
+#            per kernel, time, DRAM bytes, FP32 operations, throughput
+#            against the GPU's peaks: what to speed up first
+#   all      every phase in turn (where a command may run long enough)
+# --pack FILE (default build/gpu-pack.tar.xz); --limit (default 560): the
+# seconds each phase may take before it is stopped, so that its logs and the
+# summary are still written.
+#
+# OUTDIR receives at most eight files: info.txt (GPU, driver, CUDA,
+# PyTorch, the pack), one log per phase run (PHASE.log), benchmarks.md (the
+# docs/BENCHMARKS.md sections the benchmarks wrote), profile.csv and
+# profile.md, and summary.txt, whose table is also printed last.
+set -u
+PHASE=tests
+PACK=build/gpu-pack.tar.xz
+LIMIT=560
+usage() {
+    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+    exit "$1"
+}
+while [ $# -gt 0 ]; do
+    case $1 in
+    --phase) PHASE=${2:?--phase needs a value}; shift 2 ;;
+    --pack) PACK=${2:?--pack needs a file}; shift 2 ;;
+    --limit) LIMIT=${2:?--limit needs seconds}; shift 2 ;;
+    -h | --help) usage 0 ;;
+    -*) echo "gpu-check: unknown option $1" >&2; usage 2 >&2 ;;
+    *) break ;;
+    esac
+done
+[ $# -eq 1 ] || { echo "gpu-check: one output folder expected" >&2; usage 2 >&2; }
+OUTDIR=$1
+case $PHASE in
+tests | bench | reshard | profile) PHASES=$PHASE ;;
+all) PHASES="tests bench reshard profile" ;;
+*) echo "gpu-check: unknown phase $PHASE (tests, bench, reshard, profile, all)" >&2; exit 2 ;;
+esac
+[ -f "$PACK" ] || { echo "gpu-check: no pack at $PACK (make gpu-pack builds build/gpu-pack.tar.xz)" >&2; exit 2; }
+mkdir -p "$OUTDIR" || exit 2
+OUTDIR=$(cd "$OUTDIR" && pwd)
+SUMMARY="$OUTDIR/summary.txt"
+: >"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+
+# The pack, unpacked afresh (a pack from another revision must not mix in).
+DEST=${GPU_CHECK_DIR:-${TMPDIR:-/tmp}/tp-gpu-check}
+rm -rf "$DEST" && mkdir -p "$DEST" && tar -C "$DEST" -xJf "$PACK" ||
+    { echo "gpu-check: cannot unpack $PACK into $DEST" >&2; exit 1; }
+P="$DEST/tp-gpu-pack"
+PYTHON=$(command -v python3)
+export TP_PYTHON="$PYTHON" PATH="$P/build/bin:$PATH"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+{
+    if [ "$GPUS" -gt 0 ]; then
+        echo "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n 1) ($GPUS)"
+    else
+        echo "GPU: none (nvidia-smi finds none): every phase will fail"
+    fi
+    echo "CUDA toolkit: $("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+    echo "CUDA driver API: $(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1)"
+    echo "PyTorch: $("$PYTHON" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "available:", torch.cuda.is_available())' 2>&1 | tail -n 1)"
+    echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; $(uname -sr)"
+    sed -n '1,3p' "$P/PACK-INFO" | sed 's/^/pack /'
+    # Where the CUDA libraries were found, or why not (a one-step run).
+    echo "tp-train --device cuda, one tiny step: $("$P/build/bin/tp-train" --model tiny --steps 1 --device cuda --quiet 2>&1 | tail -n 1 || true)"
+} >"$OUTDIR/info.txt" 2>&1
+cat "$OUTDIR/info.txt"
+{
+    echo "== gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ), phases: $PHASES"
+    sed -n '1,3p' "$OUTDIR/info.txt"
+} >>"$SUMMARY"
+
+# in_pack LOG CMD...: CMD from the pack's top directory within the time
+# limit, its output in OUTDIR/LOG; returns its exit status (124: stopped).
+in_pack() {
+    log=$1
+    shift
+    (cd "$P" && timeout --kill-after=20 "$LIMIT" "$@") >"$OUTDIR/$log" 2>&1
+}
+
+FAILED_PHASES=""
+phase_tests() {
+    in_pack tests.log env BUILD=build GPU_REQUIRED=1 sh tests/gpu/test_gpu.sh
+    rc=$?
+    say "tests: exit $rc; $(grep -E '^\[test_gpu\] [0-9]+ passed' "$OUTDIR/tests.log" | tail -n 1)"
+    grep -E '^FAIL|SKIP' "$OUTDIR/tests.log" | head -n 20 | sed 's/^/  /' | tee -a "$SUMMARY"
+}
+
+# The benchmarks write their sections into the pack's docs/BENCHMARKS.md;
+# benchmarks.md collects those sections.
+collect_sections() {
+    "$PYTHON" - "$P/docs/BENCHMARKS.md" "$OUTDIR/benchmarks.md" "$@" <<'EOF'
+import os, sys
+doc, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+text = open(doc).read()
+have = open(out).read() if os.path.exists(out) else ""
+for name in names:
+    begin, end = "<!-- %s:begin -->" % name, "<!-- %s:end -->" % name
+    if begin in text and end in text:
+        section = text[text.index(begin):text.index(end) + len(end)]
+        if begin in have:
+            have = have[:have.index(begin)] + section + have[have.index(end) + len(end):]
+        else:
+            have += section + "\n\n"
+open(out, "w").write(have)
+EOF
+}
+
+phase_bench() {
+    in_pack bench.log env BUILD=build BENCH_GPU_RESHARD=0 scripts/bench-gpu.sh
+    rc=$?
+    say "bench: exit $rc"
+    sed -n '/^| model /,/^$/p; /^| saving /,/^$/p' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
+    collect_sections bench-gpu
+}
+
+phase_reshard() {
+    if [ "$GPUS" -eq 0 ]; then
+        say "reshard: no GPU: nothing measured"
+        rc=1
+        return
+    fi
+    in_pack reshard.log env BUILD=build BENCH_REPS=1 scripts/bench-reshard.sh
+    rc=$?
+    say "reshard: exit $rc"
+    grep -E '^\|' "$OUTDIR/reshard.log" | tail -n 12 | tee -a "$SUMMARY"
+    collect_sections bench-reshard
+}
+
+phase_profile() {
+    NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    if [ -z "$NCU" ]; then
+        say "profile: no Nsight Compute (ncu) on this machine: nothing profiled"
+        rc=1
+        return
+    fi
+    # Two steps of GPT-2 124M in bf16, micro-batch 4 x 1024: every kernel
+    # of a step (the first step's too), with the metrics of a roofline.
+    # profile.csv also holds ncu's and the program's own lines, which
+    # gpu-profile.py skips.
+    in_pack profile.csv "$NCU" --csv --page raw --clock-control none --metrics \
+        gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum,smsp__sass_thread_inst_executed_op_fadd_pred_on.sum,smsp__sass_thread_inst_executed_op_fmul_pred_on.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed \
+        build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 2 --device cuda --dtype bf16 --quiet
+    rc=$?
+    say "profile: exit $rc"
+    "$PYTHON" "$P/scripts/gpu-profile.py" "$OUTDIR/profile.csv" >"$OUTDIR/profile.md" 2>&1 || rc=1
+    head -n 16 "$OUTDIR/profile.md" | tee -a "$SUMMARY"
+}
+
+for phase in $PHASES; do
+    echo "== $phase (at most $LIMIT s)"
+    start=$(date +%s)
+    rc=0
+    "phase_$phase"
+    [ "$rc" -eq 0 ] || FAILED_PHASES="$FAILED_PHASES $phase"
+    say "   ($phase: $(($(date +%s) - start)) s)"
+done
+say "failed phases:${FAILED_PHASES:- none}"
+echo
+echo "== summary ($OUTDIR)"
+cat "$SUMMARY"
+[ -z "$FAILED_PHASES" ]

@@ -1,0 +1,138 @@
+#!/bin/sh
+# The GPU pack (scripts/gpu-pack.sh) is self-contained: unpacked into an
+# empty root that holds only glibc (the libc6 package's libraries and its
+# loader) and the kernel's /proc, /dev and /sys, its programs run: tp-ckpt
+# synth, tp-reshard --verify, tp-train --device cpu at tp2 under the pack's
+# launcher (tp-mpirun), and its unit tests. Also: the archive stays under
+# its size limit, and the CUDA library search names where it looked when
+# neither cuBLAS nor NCCL is there. Needs a CUDA build, dpkg, and the right
+# to make a mount namespace and change root (root, or an unprivileged user
+# namespace); skipped, saying why, without them.
+# tier: full
+. "$(dirname "$0")/../e2e/lib.sh"
+
+B="$ROOT/${BUILD:-build}"
+skip() {
+    echo "[$NAME] SKIP: $1; nothing run"
+    exit 0
+}
+grep -q '^CUDA=1 ' "$B/config" 2>/dev/null || skip "${BUILD:-build} is not a CUDA build"
+command -v dpkg >/dev/null || skip "no dpkg: glibc's files cannot be told apart"
+# How to enter a root of our own: as root, a mount namespace; otherwise a
+# user namespace that maps us to root in it.
+if unshare --mount --propagation private true 2>/dev/null; then ISOLATE="unshare --mount --propagation private"
+elif unshare --user --map-root-user --mount true 2>/dev/null; then ISOLATE="unshare --user --map-root-user --mount"
+else skip "no mount namespace can be made here (not root, no user namespaces)"; fi
+
+PACK="$WORK/gpu-pack.tar.xz"
+# xz's fastest preset: a test's pack is larger than make gpu-pack's (-6),
+# so under the limit it bounds that one too.
+expect_ok "make the pack" env BUILD="${BUILD:-build}" PACK="$PACK" PACK_XZ=-1 "$ROOT/scripts/gpu-pack.sh"
+size=$(stat -c %s "$PACK" 2>/dev/null || echo 0)
+check_all "the pack (xz -1) is at most 48 MiB ($size bytes)" '[ "$size" -gt 0 ] && [ "$size" -le $((48 * 1048576)) ]'
+
+# The root: the pack, glibc, and mount points.
+R="$WORK/root"
+mkdir -p "$R/proc" "$R/dev" "$R/sys" "$R/tmp" "$R/out"
+expect_ok "unpack the pack" tar -C "$R" -xJf "$PACK"
+P=/tp-gpu-pack
+dpkg -L libc6 | while read -r f; do
+    case $f in
+    *.so | *.so.* | */ld-linux*) [ -f "$f" ] && mkdir -p "$R$(dirname "$f")" && cp -L "$f" "$R$f" ;;
+    esac
+done
+check "the root holds the loader" [ -f "$R/lib64/ld-linux-x86-64.so.2" ]
+check "the root has no shell" [ ! -e "$R/bin/sh" ]
+
+# in_root NAME CMD...: CMD in the root, from the pack's top directory, with
+# the environment given; its output and exit status land in $R/out/NAME.*.
+# Every step runs in one namespace (the mounts are made once).
+STEPS="$WORK/steps"
+: >"$STEPS"
+in_root() {
+    name=$1
+    shift
+    echo "$name $*" >>"$STEPS"
+}
+in_root synth $P/build/bin/tp-ckpt synth -o /tmp/c --tp 2 --model tiny --optim
+in_root reshard $P/build/bin/tp-reshard /tmp/c --to tp1 -o /tmp/r --verify
+in_root train $P/build/bin/tp-mpirun -np 2 $P/build/bin/tp-train --model tiny --tp 2 --micro-batch 2 --steps 3 \
+    --device cpu --ckpt-dir /tmp/run --ckpt-every 3 --log /tmp/train.jsonl --quiet
+in_root verify $P/build/bin/tp-ckpt verify /tmp/run/step_00000003
+in_root cuda $P/build/bin/tp-train --model tiny --steps 1 --device cuda --quiet
+# The unit tests, but two that start programs through a shell, which this
+# root lacks and a GPU machine has: test_layers (mpirun) and test_elastic
+# (the orchestrator's process handling).
+for t in $(cd "$R$P" && ls build/tests/*/test_*); do
+    case $t in */test_layers | */test_elastic) continue ;; esac
+    in_root "unit-$(basename "$t")" "$P/$t" --jobs 2
+done
+
+# A clean environment: what Open MPI needs as root on a small machine.
+run env -i PATH="$PATH" HOME=/tmp TMPDIR=/tmp OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}" \
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+    OMPI_MCA_btl_vader_single_copy_mechanism=none \
+    $ISOLATE sh -c '
+R=$1 STEPS=$2
+mount -t proc proc "$R/proc" && mount --rbind /dev "$R/dev" && mount --rbind /sys "$R/sys" || exit 1
+while read -r name cmd; do
+    # shellcheck disable=SC2086
+    unshare --root="$R" --wd=/tp-gpu-pack $cmd >"$R/out/$name.out" 2>"$R/out/$name.err" </dev/null
+    echo $? >"$R/out/$name.rc"
+done <"$STEPS"' sh "$R" "$STEPS"
+check "the root was entered, its file systems mounted (exit $RC)" [ "$RC" -eq 0 ]
+
+# step_ok NAME WHAT: the step exited 0; else its output is shown.
+step_ok() {
+    rc=$(cat "$R/out/$1.rc" 2>/dev/null || echo none)
+    if [ "$rc" = 0 ]; then pass
+    else
+        cp "$R/out/$1.out" "$WORK/.out" 2>/dev/null
+        cp "$R/out/$1.err" "$WORK/.err" 2>/dev/null
+        failed "in the root: $2 (exit $rc)"
+    fi
+}
+step_ok synth "tp-ckpt synth"
+step_ok reshard "tp-reshard --verify"
+step_ok train "tp-train at tp2 under tp-mpirun"
+step_ok verify "tp-ckpt verify of the trained checkpoint"
+check "in the root: 3 steps logged" [ "$(grep -c '"step"' "$R/tmp/train.jsonl" 2>/dev/null)" -ge 3 ]
+check_all "in the root: tp-train --device cuda fails (no GPU), in one line" \
+    '[ "$(cat "$R/out/cuda.rc")" != 0 ] && [ "$(wc -l <"$R/out/cuda.err")" -eq 1 ]'
+for rc in "$R"/out/unit-*.rc; do
+    step=$(basename "$rc" .rc)
+    step_ok "$step" "${step#unit-}"
+done
+# --- gpu-check.sh here, without a GPU: it unpacks the pack, reports the
+# machine, and every phase fails saying why; at most eight files.
+C="$WORK/check"
+run "$ROOT/scripts/gpu-check.sh" --phase all --pack "$PACK" --limit 60 "$C"
+check "gpu-check without a GPU fails" [ "$RC" -ne 0 ]
+check "gpu-check: info.txt names the pack's revision" grep -q '^pack revision: ' "$C/info.txt"
+check "gpu-check: the summary says there is no GPU" grep -q '^GPU: none' "$C/summary.txt"
+check "gpu-check: the summary names the failed phases" grep -qx 'failed phases: tests bench reshard profile' \
+    "$C/summary.txt"
+check "gpu-check: the summary is printed last" [ "$(tail -n 1 "$WORK/.out")" = "$(tail -n 1 "$C/summary.txt")" ]
+check_all "gpu-check: at most 8 files ($(ls "$C" | wc -l))" '[ "$(ls "$C" | wc -l)" -le 8 ]'
+expect_error "gpu-check: an unknown phase" 2 "unknown phase fast" "$ROOT/scripts/gpu-check.sh" --phase fast "$C"
+
+# --- gpu-profile.py on an Nsight Compute CSV made for it: kernel A, 2 ms,
+# memory-bound at 90% (nothing to gain at 80%); kernel B<float>, two
+# launches of 1000 us at 20% SM: compute-bound, 0.5 ms at 80%, saving 1.5.
+cat >"$WORK/ncu.csv" <<'EOF'
+==PROF== Connected to process 1
+"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","dram__bytes_write.sum","smsp__sass_thread_inst_executed_op_ffma_pred_on.sum","smsp__sass_thread_inst_executed_op_fadd_pred_on.sum","smsp__sass_thread_inst_executed_op_fmul_pred_on.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed","gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
+"","","usecond","Mbyte","Mbyte","inst","inst","inst","%","%"
+"0","A(float*, int)","2,000","3,000","1,000","0","0","0","40","90"
+the program's own line
+"1","void B<float, 4>(float const*)","1,000","10","0","1000000","0","0","20","10"
+"2","void B<float, 4>(float const*)","1,000","10","0","1000000","0","0","20","10"
+EOF
+run "$PY" "$ROOT/scripts/gpu-profile.py" "$WORK/ncu.csv"
+check "gpu-profile: kernel A, memory-bound, nothing to save" \
+    grep -q '^| A | 1 | 2.000 | 50.0% | 4000.0 | 2000 | 0 | 40 | 90 | memory | 2.250 | 0.000 |$' "$WORK/.out"
+check "gpu-profile: kernel B, compute-bound, 1.5 ms to save" \
+    grep -q '^| B | 2 | 2.000 | 50.0% | 20.0 | 10 | 2 | 20 | 10 | compute | 0.500 | 1.500 |$' "$WORK/.out"
+check "gpu-profile: the totals" \
+    grep -q '^2 kernels, 3 launches, 4.000 ms on the GPU; at 80% of each kernel.s bound: 1.500 ms less (38%)$' "$WORK/.out"
+finish
