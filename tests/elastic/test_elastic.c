@@ -239,6 +239,18 @@ Test(elastic, stopping_a_group_ends_every_process_of_it)
     cr_assert(gone_or_zombie(child), "the grandchild %d is gone too", child);
 }
 
+/* The pid a test's shell wrote into PATH (waiting up to 5 s for the file). */
+static int read_pid_file(const char *path)
+{
+    FILE *f = NULL;
+    for (int i = 0; i < 500 && !(f = fopen(path, "r")); i++) usleep(10000);
+    cr_assert_not_null(f, "%s never appeared", path);
+    int pid = 0;
+    cr_assert_eq(fscanf(f, "%d", &pid), 1, "%s holds no pid", path);
+    fclose(f);
+    return pid;
+}
+
 /* A process of the launch in a session of its own (as Open MPI puts ranks
  * in groups of their own) outlives its launcher; the marker finds it. */
 Test(elastic, leftovers_of_a_launch_are_found_by_their_marker)
@@ -251,12 +263,7 @@ Test(elastic, leftovers_of_a_launch_are_found_by_their_marker)
     cr_assert_eq(elastic_spawn(argv, NULL, &pid), TP_OK, "%s", tp_errmsg());
     int status = 0;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
-    FILE *f = NULL;
-    for (int i = 0; i < 500 && !(f = fopen(pids, "r")); i++) usleep(10000);
-    cr_assert_not_null(f);
-    int leftover = 0;
-    cr_assert_eq(fscanf(f, "%d", &leftover), 1);
-    fclose(f);
+    int leftover = read_pid_file(pids);
     cr_assert_eq(kill(leftover, 0), 0, "the leftover %d runs after its launcher ended", leftover);
     /* setsid may not have run yet when the launcher exits */
     for (int i = 0; i < 500 && getpgid(leftover) == pid; i++) usleep(10000);
@@ -284,12 +291,7 @@ Test(elastic, a_leftover_starting_programs_is_found)
         pid_t pid = 0;
         cr_assert_eq(elastic_spawn(argv, NULL, &pid), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(waitpid(pid, NULL, 0), pid);
-        FILE *f = NULL;
-        for (int i = 0; i < 500 && !(f = fopen(pids, "r")); i++) usleep(10000);
-        cr_assert_not_null(f);
-        int leftover = 0;
-        cr_assert_eq(fscanf(f, "%d", &leftover), 1);
-        fclose(f);
+        int leftover = read_pid_file(pids);
         for (int i = 0; i < 500 && getpgid(leftover) == pid; i++) usleep(10000);
         elastic_end_leftovers(pid, 0.5);
         cr_assert(gone_or_zombie(leftover), "trial %d: the leftover %d is gone", trial, leftover);

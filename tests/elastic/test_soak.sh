@@ -35,7 +35,6 @@ GAP=25 # at least this many steps between two faults
 # uninterrupted twin is the reference.
 TRAIN_ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --ckpt-every $EVERY --lr 3e-4 --min-lr 3e-4 --warmup 0"
 OPEN_ENDED=1000000
-FAST="--backoff 0.2 --heartbeat-timeout 4 --start-timeout 60 --grace 2"
 R="$WORK/soak"
 echo "[$NAME] seed $SEED, $FAULTS faults (replay: SOAK_SEED=$SEED SOAK_FAULTS=$FAULTS)"
 
