@@ -155,11 +155,26 @@ phase_profile() {
         return
     fi
     # Two steps of GPT-2 124M in bf16, micro-batch 4 x 1024: every kernel
-    # of a step (the first step's too), with the metrics of a roofline.
+    # of a step (the first step's too), with the metrics of a roofline:
+    # those this ncu knows (an unknown name would stop it).
+    WANTED="gpu__time_duration.sum dram__bytes_read.sum dram__bytes_write.sum
+        smsp__sass_thread_inst_executed_op_ffma_pred_on.sum smsp__sass_thread_inst_executed_op_fadd_pred_on.sum
+        smsp__sass_thread_inst_executed_op_fmul_pred_on.sum sm__ops_path_tensor_src_bf16_dst_fp32.sum
+        sm__throughput.avg.pct_of_peak_sustained_elapsed gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
+    KNOWN=$("$NCU" --query-metrics 2>/dev/null | awk '{print $1}')
+    METRICS="" DROPPED=""
+    for m in $WANTED; do
+        if echo "$KNOWN" | grep -qx "${m%%.*}"; then METRICS="$METRICS${METRICS:+,}$m"
+        else DROPPED="$DROPPED ${m%%.*}"; fi
+    done
+    if [ -z "$METRICS" ]; then # a listing of another shape: ask for them all
+        METRICS=$(echo $WANTED | tr ' ' ',')
+    elif [ -n "$DROPPED" ]; then
+        say "profile: this ncu does not list$DROPPED: left out"
+    fi
     # profile.csv also holds ncu's and the program's own lines, which
     # gpu-profile.py skips.
-    in_pack profile.csv "$NCU" --csv --page raw --clock-control none --metrics \
-        gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum,smsp__sass_thread_inst_executed_op_fadd_pred_on.sum,smsp__sass_thread_inst_executed_op_fmul_pred_on.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed \
+    in_pack profile.csv "$NCU" --csv --page raw --clock-control none --metrics "$METRICS" \
         build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 2 --device cuda --dtype bf16 --quiet
     rc=$?
     say "profile: exit $rc"

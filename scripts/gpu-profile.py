@@ -8,7 +8,8 @@ PROFILE.csv is `ncu --csv --page raw` output (lines that are not CSV, the
 program's and ncu's own, are skipped) with the metrics gpu-check.sh asks
 for. Per kernel name, over all its launches: the time and its share, DRAM
 bytes and the bandwidth reached, FP32 operations (FMA counted as two; the
-tensor cores' work shows in the SM throughput only), the SM and memory
+tensor cores' bf16 work in a column of its own, in ncu's count of
+operations), the SM and memory
 throughputs as fractions of the GPU's peaks, which of the two bounds the
 kernel (the roofline: the higher fraction), and the time it would take at
 80% of that bound, with the time that would save.
@@ -22,6 +23,7 @@ READ, WRITE = "dram__bytes_read.sum", "dram__bytes_write.sum"
 FLOP_METRICS = {"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 2,
                 "smsp__sass_thread_inst_executed_op_fadd_pred_on.sum": 1,
                 "smsp__sass_thread_inst_executed_op_fmul_pred_on.sum": 1}
+TENSOR = "sm__ops_path_tensor_src_bf16_dst_fp32.sum"  # the bf16 products' work, as ncu counts it
 SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 MEMORY = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
 TARGET = 80.0  # percent of the bounding peak a good kernel reaches
@@ -54,7 +56,7 @@ def read_profile(path):
     if len(rows) < 3:
         sys.exit("%s: no kernel rows (did ncu profile anything?)" % path)
     header, units, data = rows[0], rows[1], rows[2:]
-    missing = [m for m in [TIME, READ, WRITE, SM, MEMORY, "Kernel Name"] if m not in header]
+    missing = [m for m in [TIME, SM, MEMORY, "Kernel Name"] if m not in header]
     if missing:
         sys.exit("%s: columns missing: %s" % (path, ", ".join(missing)))
     col = {name: i for i, name in enumerate(header)}
@@ -67,12 +69,14 @@ def read_profile(path):
         if len(row) < len(header):
             continue
         k = kernels.setdefault(short_name(row[col["Kernel Name"]]),
-                               {"launches": 0, "time": 0.0, "bytes": 0.0, "flops": 0.0, "sm": 0.0, "memory": 0.0})
+                               {"launches": 0, "time": 0.0, "bytes": 0.0, "flops": 0.0, "tensor": 0.0, "sm": 0.0,
+                                "memory": 0.0})
         t = value(row, TIME)
         k["launches"] += 1
         k["time"] += t
         k["bytes"] += value(row, READ) + value(row, WRITE)
         k["flops"] += sum(w * value(row, m) for m, w in FLOP_METRICS.items())
+        k["tensor"] += value(row, TENSOR)
         k["sm"] += t * value(row, SM)  # time-weighted, divided below
         k["memory"] += t * value(row, MEMORY)
     return kernels
@@ -84,8 +88,8 @@ def main():
     kernels = read_profile(sys.argv[1])
     total = sum(k["time"] for k in kernels.values())
     saved_total = 0.0
-    lines = ["| kernel | launches | ms | share | DRAM MB | GB/s | FP32 GFLOP/s | SM %% | memory %% | bound | ms at %d%% | saves ms |"
-             % TARGET, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| kernel | launches | ms | share | DRAM MB | GB/s | FP32 GFLOP/s | bf16 tensor Gop/s | SM %% | memory %% | bound | ms at %d%% | saves ms |"
+             % TARGET, "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, k in sorted(kernels.items(), key=lambda kv: -kv[1]["time"]):
         t = k["time"]
         sm = k["sm"] / t if t else 0.0
@@ -94,9 +98,10 @@ def main():
         at_target = t * max(sm, memory) / TARGET
         saves = max(0.0, t - at_target)
         saved_total += saves
-        lines.append("| %s | %d | %.3f | %.1f%% | %.1f | %.0f | %.0f | %.0f | %.0f | %s | %.3f | %.3f |" % (
+        lines.append("| %s | %d | %.3f | %.1f%% | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.3f | %.3f |" % (
             name[:60], k["launches"], t * 1e3, 100 * t / total if total else 0, k["bytes"] / 1e6,
-            k["bytes"] / t / 1e9 if t else 0, k["flops"] / t / 1e9 if t else 0, sm, memory, bound,
+            k["bytes"] / t / 1e9 if t else 0, k["flops"] / t / 1e9 if t else 0, k["tensor"] / t / 1e9 if t else 0,
+            sm, memory, bound,
             at_target * 1e3, saves * 1e3))
     print("%d kernels, %d launches, %.3f ms on the GPU; at %d%% of each kernel's bound: %.3f ms less (%.0f%%)"
           % (len(kernels), sum(k["launches"] for k in kernels.values()), total * 1e3, TARGET, saved_total * 1e3,

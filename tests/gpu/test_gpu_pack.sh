@@ -118,21 +118,22 @@ expect_error "gpu-check: an unknown phase" 2 "unknown phase fast" "$ROOT/scripts
 
 # --- gpu-profile.py on an Nsight Compute CSV made for it: kernel A, 2 ms,
 # memory-bound at 90% (nothing to gain at 80%); kernel B<float>, two
-# launches of 1000 us at 20% SM: compute-bound, 0.5 ms at 80%, saving 1.5.
+# launches of 1000 us at 20% SM, 2 GFLOP/s of FP32 and 2 Gop/s of bf16
+# tensor work: compute-bound, 0.5 ms at 80%, saving 1.5.
 cat >"$WORK/ncu.csv" <<'EOF'
 ==PROF== Connected to process 1
-"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","dram__bytes_write.sum","smsp__sass_thread_inst_executed_op_ffma_pred_on.sum","smsp__sass_thread_inst_executed_op_fadd_pred_on.sum","smsp__sass_thread_inst_executed_op_fmul_pred_on.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed","gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
-"","","usecond","Mbyte","Mbyte","inst","inst","inst","%","%"
-"0","A(float*, int)","2,000","3,000","1,000","0","0","0","40","90"
+"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","dram__bytes_write.sum","smsp__sass_thread_inst_executed_op_ffma_pred_on.sum","smsp__sass_thread_inst_executed_op_fadd_pred_on.sum","smsp__sass_thread_inst_executed_op_fmul_pred_on.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed","gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed","sm__ops_path_tensor_src_bf16_dst_fp32.sum"
+"","","usecond","Mbyte","Mbyte","inst","inst","inst","%","%",""
+"0","A(float*, int)","2,000","3,000","1,000","0","0","0","40","90","0"
 the program's own line
-"1","void B<float, 4>(float const*)","1,000","10","0","1000000","0","0","20","10"
-"2","void B<float, 4>(float const*)","1,000","10","0","1000000","0","0","20","10"
+"1","void B<float, 4>(float const*)","1,000","10","0","1000000","0","0","20","10","2,000,000"
+"2","void B<float, 4>(float const*)","1,000","10","0","1000000","0","0","20","10","2,000,000"
 EOF
 run "$PY" "$ROOT/scripts/gpu-profile.py" "$WORK/ncu.csv"
 check "gpu-profile: kernel A, memory-bound, nothing to save" \
-    grep -q '^| A | 1 | 2.000 | 50.0% | 4000.0 | 2000 | 0 | 40 | 90 | memory | 2.250 | 0.000 |$' "$WORK/.out"
+    grep -q '^| A | 1 | 2.000 | 50.0% | 4000.0 | 2000 | 0 | 0 | 40 | 90 | memory | 2.250 | 0.000 |$' "$WORK/.out"
 check "gpu-profile: kernel B, compute-bound, 1.5 ms to save" \
-    grep -q '^| B | 2 | 2.000 | 50.0% | 20.0 | 10 | 2 | 20 | 10 | compute | 0.500 | 1.500 |$' "$WORK/.out"
+    grep -q '^| B | 2 | 2.000 | 50.0% | 20.0 | 10 | 2 | 2 | 20 | 10 | compute | 0.500 | 1.500 |$' "$WORK/.out"
 check "gpu-profile: the totals" \
     grep -q '^2 kernels, 3 launches, 4.000 ms on the GPU; at 80% of each kernel.s bound: 1.500 ms less (38%)$' "$WORK/.out"
 finish
