@@ -40,12 +40,13 @@ check_all "log: two launches (start steps 0, 10; resumed from null, step_0000001
 check_all "log: stopped, then finished (at steps 10, 20)" '[ "$(events "$WORK/split.jsonl" stop reason)" = "stopped finished " ] &&
     [ "$(events "$WORK/split.jsonl" stop step)" = "10 20 " ]'
 check "log: a save line for each committed checkpoint (4 8 10 20)" [ "$(events "$WORK/split.jsonl" save step)" = "4 8 10 20 " ]
-check "log: every line has a time; start, save and stop lines have their fields" "$PY" -c '
+check "log: every line has a time; start, save, save_wait and stop lines have their fields" "$PY" -c '
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device", "dtype",
                   "resumed_from", "load_seconds", "startup_seconds", "time"},
         "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "time"},
+        "save_wait": {"event", "step", "time"},
         None: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "ms", "ckpt_stall_ms", "time"}}
 times = [r["time"] for r in lines]
 ok = all(set(r) == keys[r.get("event")] for r in lines) and times == sorted(times) and times[0] > 1.7e9
@@ -58,6 +59,8 @@ for r in lines:
     if "event" not in r:
         last = r["step"]
     elif r["event"] == "save":
+        ok = ok and last >= r["step"]
+    elif r["event"] == "save_wait":  # the save waited for was started at or before the last step
         ok = ok and last >= r["step"]
 sys.exit(not ok)' "$WORK/split.jsonl"
 
