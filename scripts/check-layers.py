@@ -27,6 +27,7 @@ PUBLIC_HEADERS = [
     "ckpt/storage.h",
     "reshard/reshard.h",
     "formats/formats.h",
+    "formats/torch.h",
     "model/gpt.h",
     "model/interop.h",
     "trainer/*.h",

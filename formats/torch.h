@@ -1,0 +1,183 @@
+/* torch.h: files written by torch.save, read without executing anything.
+ *
+ * A torch.save file (PyTorch 1.6 and later) is a zip archive of stored
+ * entries under one folder, the archive's name: ARCHIVE/data.pkl (a pickle
+ * of the saved object), ARCHIVE/data/KEY (the bytes of each storage),
+ * ARCHIVE/version and, since PyTorch 2.1, ARCHIVE/byteorder.
+ *
+ * data.pkl is read by a data-only interpreter of the pickle opcodes of
+ * protocols 2 to 5 (pickle.c): it builds a tree of values and calls nothing.
+ * Globals that torch.save writes for data become values (tensors, storages,
+ * OrderedDict, bytes, sets); any other global (numpy's RNG state,
+ * argparse.Namespace, enums, classes of the saving program) applied to its
+ * arguments becomes an opaque object that keeps its class name, its
+ * arguments and the state BUILD gave it, so that a caller can still read
+ * the attributes of a Namespace. Every size is bounded (pickle_limits);
+ * a hostile pickle ends in one error naming the opcode and its offset.
+ *
+ * A tensor is never loaded by the interpreter: it is a storage key, a
+ * dtype, an offset, a shape and strides, read later as a byte range of the
+ * archive (torch_tensor_range).
+ *
+ * Functions return a tp_status; the message of a failure in the calling
+ * thread is tp_errmsg(). Nothing is printed. */
+#ifndef TP_FORMATS_TORCH_H
+#define TP_FORMATS_TORCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------ pickle */
+
+typedef enum {
+    PICKLE_NONE,
+    PICKLE_BOOL,    /* integer: 0 or 1 */
+    PICKLE_INT,     /* integer: fits in 64 bits */
+    PICKLE_BIGINT,  /* text: the little-endian two's-complement bytes of a longer integer */
+    PICKLE_FLOAT,   /* real */
+    PICKLE_STRING,  /* text: UTF-8, NUL-terminated (size excludes the NUL; may hold NULs) */
+    PICKLE_BYTES,   /* text */
+    PICKLE_TUPLE,   /* items */
+    PICKLE_LIST,    /* items */
+    PICKLE_SET,     /* items (set and frozenset) */
+    PICKLE_DICT,    /* keys and values, in insertion order (dict and OrderedDict) */
+    PICKLE_GLOBAL,  /* text: "module.name", a global not called (torch.float16, a class) */
+    PICKLE_OBJECT,  /* a global applied to arguments: object */
+    PICKLE_STORAGE, /* a torch storage: storage */
+    PICKLE_TENSOR,  /* a torch tensor: tensor */
+} pickle_kind;
+
+typedef enum {
+    TORCH_FLOAT32,
+    TORCH_FLOAT64,
+    TORCH_FLOAT16,
+    TORCH_BFLOAT16,
+    TORCH_INT64,
+    TORCH_INT32,
+    TORCH_INT16,
+    TORCH_INT8,
+    TORCH_UINT8,
+    TORCH_BOOL,
+    TORCH_COMPLEX64,
+    TORCH_COMPLEX128,
+} torch_dtype;
+
+/* Bytes of one element. */
+size_t torch_dtype_size(torch_dtype dtype);
+/* "float32", "bfloat16", ... as torch names them. */
+const char *torch_dtype_name(torch_dtype dtype);
+
+#define TORCH_MAX_DIMS 16
+
+typedef struct pickle_value pickle_value;
+
+typedef struct {
+    pickle_value **items;
+    int64_t count, capacity;
+} pickle_items;
+
+struct pickle_value {
+    pickle_kind kind;
+    uint32_t walk_mark; /* the last walk that entered this container (pickle_walk) */
+    union {
+        int64_t integer;
+        double real;
+        struct {
+            const char *data;
+            int64_t size;
+        } text;
+        pickle_items items;
+        struct {
+            pickle_items keys, values;
+        } dict;
+        struct {
+            const char *cls;     /* "module.name" of the global called */
+            pickle_value *args;  /* what it was called with (a tuple, or NULL) */
+            pickle_value *state; /* what BUILD gave it (NULL if nothing) */
+            pickle_value *items; /* a DICT of what SETITEM(S) added (a defaultdict's items), or NULL */
+            pickle_value *list;  /* a LIST of what APPEND(S) added, or NULL */
+        } object;
+        struct {
+            const char *key;      /* the entry ARCHIVE/data/KEY */
+            const char *location; /* "cpu", "cuda:0", ... */
+            torch_dtype dtype;
+            int64_t numel;        /* elements of dtype */
+        } storage;
+        struct {
+            const pickle_value *storage; /* a PICKLE_STORAGE */
+            int64_t offset;              /* in elements of the storage */
+            int ndim;
+            int64_t shape[TORCH_MAX_DIMS], stride[TORCH_MAX_DIMS]; /* strides in elements */
+        } tensor;
+    };
+};
+
+typedef struct {
+    int64_t max_memory;   /* bytes of the tree and the interpreter's stacks (default 512 MiB) */
+    int64_t max_memo;     /* highest memo index + 1 (default 1 << 22) */
+    int max_marks;        /* MARKs open at once (default 1000) */
+} pickle_limits;
+
+void pickle_limits_init(pickle_limits *limits);
+
+/* A pickle read into a tree; owns every value. */
+typedef struct pickle_doc pickle_doc;
+
+/* Interprets data[0, size); name goes into messages ("a.pt:data.pkl").
+ * limits may be NULL for the defaults. */
+int pickle_load(const void *data, size_t size, const char *name, const pickle_limits *limits, pickle_doc **out);
+void pickle_free(pickle_doc *doc);
+const pickle_value *pickle_root(const pickle_doc *doc);
+
+/* "dict", "tensor", ... */
+const char *pickle_kind_name(pickle_kind kind);
+
+/* The value of a string key of a DICT, or the attribute of an OBJECT whose
+ * state is a dict (an argparse.Namespace); NULL when absent or when value
+ * is neither. */
+const pickle_value *pickle_get(const pickle_value *value, const char *key);
+/* The value of an integer key of a DICT (optimizer state); NULL when absent. */
+const pickle_value *pickle_get_int(const pickle_value *value, int64_t key);
+/* Whether value is a STRING equal to text. */
+int pickle_is_string(const pickle_value *value, const char *text);
+
+/* Calls visit for every tensor reachable from root, with its path (keys
+ * and list indices joined by '.'); a container reached twice is entered
+ * once, so shared and cyclic structures end. A nonzero return of visit
+ * stops the walk and is returned; paths deeper than 64 containers fail.
+ * A walk marks the containers it enters: walks of one doc must not run at
+ * the same time. */
+int pickle_walk_tensors(const pickle_doc *doc, const pickle_value *root,
+                        int (*visit)(void *ctx, const char *path, const pickle_value *tensor), void *ctx);
+
+/* ------------------------------------------------------------- torch.save */
+
+typedef struct torch_archive torch_archive;
+
+/* Opens a torch.save file of any store (a local path or a URL, as
+ * storage.h says): reads the zip's central directory and data.pkl, checks
+ * that every storage a tensor uses is an entry holding at least its bytes
+ * and that every tensor lies inside its storage. The format before
+ * PyTorch 1.6 (a bare pickle stream) is refused with a message. */
+int torch_archive_open(const char *path, const pickle_limits *limits, torch_archive **out);
+void torch_archive_close(torch_archive *archive);
+
+const pickle_doc *torch_archive_doc(const torch_archive *archive);
+const pickle_value *torch_archive_root(const torch_archive *archive);
+const char *torch_archive_path(const torch_archive *archive);
+
+/* Elements of a tensor (the product of its shape). */
+int64_t torch_tensor_numel(const pickle_value *tensor);
+/* Whether a tensor's elements are row-major and dense (its strides those
+ * of its shape; dimensions of size 1 may have any stride). */
+int torch_tensor_is_contiguous(const pickle_value *tensor);
+
+/* Where a contiguous tensor's bytes are in the archive's file:
+ * [*offset, *offset + *size). TP_ERR_FORMAT naming the tensor for a
+ * non-contiguous one. */
+int torch_tensor_range(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size);
+
+/* Reads bytes [from, from + size) of a contiguous tensor's data into buf. */
+int torch_tensor_read(const torch_archive *archive, const pickle_value *tensor, void *buf, int64_t from, int64_t size);
+
+#endif

@@ -1,0 +1,224 @@
+/* torch_archive.c: a torch.save file: its zip container (zip.c), data.pkl
+ * interpreted (pickle.c), and tensors as byte ranges of its storages. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/error.h"
+#include "torch.h"
+#include "zip.h"
+
+/* ARCHIVE/byteorder and ARCHIVE/version are a few bytes. */
+#define SMALL_ENTRY_MAX 64
+
+struct torch_archive {
+    zip_archive *zip;
+    char prefix[256]; /* "ARCHIVE/" */
+    pickle_doc *doc;
+};
+
+/* The pickle stream torch.save wrote before PyTorch 1.6 (and with
+ * _use_new_zipfile_serialization=False) starts with protocol 2 and this
+ * LONG1 magic number, 0x1950a86a20f9469cfc6c. */
+static const unsigned char legacy_magic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+                                             0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+
+/* Refuses, with a message saying what the file is, anything that does not
+ * start as a zip archive. */
+static int check_start(const char *path)
+{
+    const ckpt_storage *store;
+    ckpt_file *file;
+    ckpt_stat st;
+    TP_TRY(ckpt_storage_for(path, &store));
+    TP_TRY(store->stat(store, path, &st));
+    if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: no such file", path);
+    if (st.is_dir) return tp_fail(TP_ERR_FORMAT, "%s is a directory, not a torch.save file", path);
+    unsigned char start[sizeof legacy_magic] = {0};
+    size_t n = st.size < (int64_t)sizeof start ? (size_t)st.size : sizeof start;
+    TP_TRY(store->open(store, path, CKPT_OPEN_READ, &file));
+    int status = store->read_at(file, start, n, 0);
+    store->close(file);
+    if (status) return status;
+    if (n == sizeof start && memcmp(start, legacy_magic, sizeof legacy_magic) == 0)
+        return tp_fail(TP_ERR_VERSION,
+                       "%s was written in torch.save's format of before PyTorch 1.6 (a bare pickle stream), which is not "
+                       "read; load it and torch.save it again with PyTorch 1.6 or later", path);
+    if (n < 4 || memcmp(start, "PK\3\4", 4) != 0)
+        return tp_fail(TP_ERR_FORMAT, "%s is not a torch.save file (no zip archive: it starts with %02x %02x %02x %02x)", path,
+                       start[0], start[1], start[2], start[3]);
+    return TP_OK;
+}
+
+/* The bytes of a small entry (at most SMALL_ENTRY_MAX), NUL-terminated. */
+static int read_small(torch_archive *a, const char *name, char *out, int *found)
+{
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", a->prefix, name);
+    int entry = zip_find(a->zip, full);
+    *found = entry >= 0;
+    out[0] = 0;
+    if (entry < 0) return TP_OK;
+    int64_t offset, size;
+    TP_TRY(zip_entry_range(a->zip, entry, &offset, &size));
+    if (size > SMALL_ENTRY_MAX)
+        return tp_fail(TP_ERR_FORMAT, "%s: %s holds %lld bytes (at most %d expected)", zip_path(a->zip), full, (long long)size,
+                       SMALL_ENTRY_MAX);
+    TP_TRY(zip_read(a->zip, out, size, offset));
+    out[size] = 0;
+    return TP_OK;
+}
+
+/* The archive's folder: the part before the first '/' of the first entry's
+ * name, as PyTorch's reader takes it; data.pkl must be inside. */
+static int find_prefix(torch_archive *a)
+{
+    const char *path = zip_path(a->zip), *first = zip_name(a->zip, 0);
+    const char *slash = first ? strchr(first, '/') : NULL;
+    if (!slash || slash == first || (size_t)(slash - first) + 2 > sizeof a->prefix)
+        return tp_fail(TP_ERR_FORMAT, "%s: a zip archive whose first entry (%s) is in no folder: not a torch.save file", path,
+                       first ? first : "none");
+    snprintf(a->prefix, sizeof a->prefix, "%.*s", (int)(slash - first + 1), first);
+    return TP_OK;
+}
+
+static int storage_range(const torch_archive *archive, const pickle_value *storage, int64_t *offset);
+
+/* Every tensor's storage is an entry holding its elements (and the pickle
+ * checked that the tensor lies within them). */
+static int check_tensor(void *ctx, const char *path, const pickle_value *tensor)
+{
+    int64_t offset;
+    if (storage_range(ctx, tensor->tensor.storage, &offset)) return tp_fail_context(TP_ERR_FORMAT, "tensor %s: ", path);
+    return TP_OK;
+}
+
+int torch_archive_open(const char *path, const pickle_limits *limits, torch_archive **out)
+{
+    *out = NULL;
+    pickle_limits defaults;
+    if (!limits) {
+        pickle_limits_init(&defaults);
+        limits = &defaults;
+    }
+    TP_TRY(check_start(path));
+    torch_archive *a = calloc(1, sizeof *a);
+    if (!a) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = zip_open(path, &a->zip);
+    if (!status) status = find_prefix(a);
+    char small[SMALL_ENTRY_MAX + 1];
+    int found = 0;
+    if (!status) status = read_small(a, "byteorder", small, &found);
+    /* Archives of PyTorch before 2.1 have no byteorder entry: they are
+     * little-endian, as every machine PyTorch runs on. */
+    if (!status && found && strcmp(small, "little") != 0)
+        status = tp_fail(TP_ERR_FORMAT, "%s: byte order '%s'; only little-endian archives are read", path, small);
+    if (!status) status = read_small(a, "version", small, &found);
+    if (!status && !found) status = tp_fail(TP_ERR_FORMAT, "%s: no %sversion entry: not a torch.save file", path, a->prefix);
+    char pkl_name[512];
+    snprintf(pkl_name, sizeof pkl_name, "%sdata.pkl", a->prefix);
+    int entry = status ? -1 : zip_find(a->zip, pkl_name);
+    if (!status && entry < 0)
+        status = tp_fail(TP_ERR_FORMAT, "%s: no %s: a TorchScript archive or not a torch.save file", path, pkl_name);
+    int64_t offset = 0, size = 0;
+    if (!status) status = zip_entry_range(a->zip, entry, &offset, &size);
+    if (!status && size > limits->max_memory)
+        status = tp_fail(TP_ERR_FORMAT, "%s: %s of %lld bytes, more than the limit of %lld", path, pkl_name, (long long)size,
+                         (long long)limits->max_memory);
+    unsigned char *pickle = status ? NULL : malloc((size_t)size + 1);
+    if (!status && !pickle) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status) status = zip_read(a->zip, pickle, size, offset);
+    char name[4200];
+    snprintf(name, sizeof name, "%s:%s", path, pkl_name);
+    if (!status) status = pickle_load(pickle, (size_t)size, name, limits, &a->doc);
+    free(pickle);
+    if (!status) status = pickle_walk_tensors(a->doc, pickle_root(a->doc), check_tensor, a);
+    if (status) {
+        torch_archive_close(a);
+        return status;
+    }
+    *out = a;
+    return TP_OK;
+}
+
+void torch_archive_close(torch_archive *archive)
+{
+    if (!archive) return;
+    pickle_free(archive->doc);
+    zip_close(archive->zip);
+    free(archive);
+}
+
+const pickle_doc *torch_archive_doc(const torch_archive *archive)
+{
+    return archive->doc;
+}
+
+const pickle_value *torch_archive_root(const torch_archive *archive)
+{
+    return pickle_root(archive->doc);
+}
+
+const char *torch_archive_path(const torch_archive *archive)
+{
+    return zip_path(archive->zip);
+}
+
+int64_t torch_tensor_numel(const pickle_value *tensor)
+{
+    int64_t n = 1;
+    for (int d = 0; d < tensor->tensor.ndim; d++) n *= tensor->tensor.shape[d];
+    return n;
+}
+
+int torch_tensor_is_contiguous(const pickle_value *tensor)
+{
+    int64_t expected = 1;
+    for (int d = tensor->tensor.ndim - 1; d >= 0; d--) {
+        if (tensor->tensor.shape[d] != 1 && tensor->tensor.stride[d] != expected) return 0;
+        expected *= tensor->tensor.shape[d];
+    }
+    return 1;
+}
+
+/* Where the storage's data starts in the file, checked to hold its elements. */
+static int storage_range(const torch_archive *archive, const pickle_value *storage, int64_t *offset)
+{
+    const char *path = zip_path(archive->zip);
+    char name[512];
+    snprintf(name, sizeof name, "%sdata/%s", archive->prefix, storage->storage.key);
+    int entry = zip_find(archive->zip, name);
+    if (entry < 0) return tp_fail(TP_ERR_FORMAT, "%s: storage %s has no entry %s", path, storage->storage.key, name);
+    int64_t bytes, element = (int64_t)torch_dtype_size(storage->storage.dtype);
+    TP_TRY(zip_entry_range(archive->zip, entry, offset, &bytes));
+    if (bytes / element < storage->storage.numel)
+        return tp_fail(TP_ERR_FORMAT, "%s: storage %s holds %lld bytes, %lld elements of %s need %lld", path,
+                       storage->storage.key, (long long)bytes, (long long)storage->storage.numel,
+                       torch_dtype_name(storage->storage.dtype), (long long)(storage->storage.numel * element));
+    return TP_OK;
+}
+
+int torch_tensor_range(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size)
+{
+    if (!tensor || tensor->kind != PICKLE_TENSOR) return tp_fail(TP_ERR_ARG, "%s: not a tensor", zip_path(archive->zip));
+    const pickle_value *storage = tensor->tensor.storage;
+    if (!torch_tensor_is_contiguous(tensor))
+        return tp_fail(TP_ERR_FORMAT, "%s: a tensor of storage %s is not contiguous (a view saved with its strides)",
+                       zip_path(archive->zip), storage->storage.key);
+    int64_t data, element = (int64_t)torch_dtype_size(storage->storage.dtype);
+    TP_TRY(storage_range(archive, storage, &data));
+    /* The pickle checked that the tensor lies within the storage's numel. */
+    *offset = data + tensor->tensor.offset * element;
+    *size = torch_tensor_numel(tensor) * element;
+    return TP_OK;
+}
+
+int torch_tensor_read(const torch_archive *archive, const pickle_value *tensor, void *buf, int64_t from, int64_t size)
+{
+    int64_t offset, bytes;
+    TP_TRY(torch_tensor_range(archive, tensor, &offset, &bytes));
+    if (from < 0 || size < 0 || from > bytes - size)
+        return tp_fail(TP_ERR_ARG, "%s: bytes [%lld, %lld) of a tensor of %lld bytes", zip_path(archive->zip), (long long)from,
+                       (long long)(from + size), (long long)bytes);
+    return zip_read(archive->zip, buf, size, offset + from);
+}

@@ -1,0 +1,37 @@
+/* zip.h (private to formats/): the zip container of torch.save archives,
+ * read through a store (ckpt/storage.h) so that archives in object stores
+ * open as local ones do. Only the central directory is read at open; an
+ * entry's local header when its data is first asked for. Entries must be
+ * stored (method 0), as torch.save writes them; Zip64 sizes and offsets
+ * and data descriptors are understood. */
+#ifndef TP_FORMATS_ZIP_H
+#define TP_FORMATS_ZIP_H
+
+#include <stdint.h>
+
+#include "../ckpt/storage.h"
+
+typedef struct zip_archive zip_archive;
+
+/* Fails with TP_ERR_FORMAT naming path on anything that is not a zip
+ * archive within the limits (at most 1 << 22 entries, a central directory
+ * of at most 256 MiB). */
+int zip_open(const char *path, zip_archive **out);
+void zip_close(zip_archive *zip);
+
+int zip_count(const zip_archive *zip);
+const char *zip_name(const zip_archive *zip, int entry);
+/* The entry of that name, or -1. */
+int zip_find(const zip_archive *zip, const char *name);
+
+/* Where entry's bytes lie in the file: reads its local header once (safe
+ * from several threads) and checks that it is stored and lies inside the
+ * file. */
+int zip_entry_range(zip_archive *zip, int entry, int64_t *offset, int64_t *size);
+
+/* Reads [offset, offset + size) of the archive's file. */
+int zip_read(const zip_archive *zip, void *buf, int64_t size, int64_t offset);
+
+const char *zip_path(const zip_archive *zip);
+
+#endif
