@@ -11,6 +11,7 @@
 
 #include "../common/parallel.h"
 #include "progress.h"
+#include "../formats/megatron.h"
 #include "../model/interop.h"
 #include "cli.h"
 #include "synth.h"
@@ -19,7 +20,8 @@ static const char *usage_text =
     "usage: tp-ckpt <command> [options]\n"
     "\n"
     "commands:\n"
-    "  info CKPT [--json]           layout, step, model and the tensor table\n"
+    "  info CKPT [--json]           layout, step, model and the tensor table (also of a\n"
+    "                               Megatron-LM legacy checkpoint)\n"
     "  verify CKPT [--threads N]    check completeness and every checksum (exit 1 if damaged)\n"
     "  diff A B [--tol X] [--atol X] [--threads N]\n"
     "                               compare the merged tensors of two checkpoints, any layouts\n"
@@ -193,6 +195,81 @@ static void info_text(const ckpt_reader *r)
     }
 }
 
+/* A Megatron-LM legacy checkpoint: what the reader found and each
+ * tensor's canonical name, description and name in the rank files. */
+static int info_megatron(const char *path, int json)
+{
+    megatron_checkpoint *m;
+    if (megatron_open(path, &m) != TP_OK) return fail("%s", tp_errmsg());
+    const megatron_config *c = megatron_config_of(m);
+    const ckpt_layout layout = megatron_layout(m);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", "megatron-legacy");
+    cJSON_AddStringToObject(root, "path", megatron_path(m));
+    cJSON_AddStringToObject(root, "names", c->core_names ? "core" : "legacy");
+    cJSON_AddNumberToObject(root, "checkpoint_version", c->checkpoint_version);
+    cJSON_AddNumberToObject(root, "iteration", (double)c->iteration);
+    cJSON_AddNumberToObject(root, "tp", c->tp);
+    cJSON_AddNumberToObject(root, "pp", c->pp);
+    cJSON_AddNumberToObject(root, "vpp", c->vpp);
+    cJSON_AddNumberToObject(root, "num_layers", (double)c->num_layers);
+    cJSON_AddBoolToObject(root, "optimizer_read", 0);
+    cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
+    int64_t parameters = 0;
+    for (int i = 0; i < megatron_num_tensors(m); i++) {
+        const ckpt_tensor_desc *t = megatron_tensor(m, i);
+        cJSON *tensor = cJSON_CreateObject();
+        cJSON_AddStringToObject(tensor, "name", t->name);
+        cJSON_AddStringToObject(tensor, "source", megatron_source_name(m, i));
+        cJSON_AddStringToObject(tensor, "dtype", tp_dtype_name(t->dtype));
+        cJSON *shape = cJSON_AddArrayToObject(tensor, "shape");
+        int64_t n = 1;
+        for (int d = 0; d < t->ndim; d++) {
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+            n *= t->shape[d];
+        }
+        parameters += n;
+        char partition[128];
+        format_partition(t, partition, sizeof partition);
+        cJSON_AddStringToObject(tensor, "partition", partition);
+        cJSON_AddNumberToObject(tensor, "stage", ckpt_tensor_stage(t, &layout));
+        cJSON_AddItemToArray(tensors, tensor);
+    }
+    if (json) {
+        char *out = cJSON_Print(root);
+        printf("%s\n", out);
+        cJSON_free(out);
+    } else {
+        printf("checkpoint   %s (Megatron-LM, checkpoint_version %.1f, %s names)\n", megatron_path(m), c->checkpoint_version,
+               c->core_names ? "Megatron-Core" : "legacy");
+        if (c->iteration >= 0) printf("iteration    %lld\n", (long long)c->iteration);
+        else printf("iteration    release\n");
+        printf("layout       tp=%d pp=%d%s   layers=%lld   files=%d\n", c->tp, c->pp, c->vpp > 1 ? " (virtual pipeline)" : "",
+               (long long)c->num_layers, c->tp * c->pp);
+        if (c->vpp > 1) printf("             %d model chunks per stage\n", c->vpp);
+        printf("model        hidden %lld, %lld heads in %lld query groups of %lld channels, ffn %lld%s, vocabulary %lld "
+               "(padded), %s, %s, %s embeddings%s, %s\n",
+               (long long)c->hidden, (long long)c->heads, (long long)c->query_groups, (long long)c->kv_channels,
+               (long long)c->ffn, c->swiglu ? " (SwiGLU)" : "", (long long)c->padded_vocab,
+               c->learned_positions ? "learned positions" : "no position embeddings", c->has_bias ? "biases" : "no biases",
+               c->untied ? "untied" : "tied", c->tied_head_copy ? " (a copy on the last stage)" : "", tp_dtype_name(c->dtype));
+        printf("tensors      %d, %lld parameters\n", megatron_num_tensors(m), (long long)parameters);
+        if (c->has_optimizer) printf("optimizer    in the rank files; not read yet (the weights are)\n");
+        printf("\n%-36s %-5s %-14s %-44s %5s  %s\n", "name", "dtype", "shape", "partition", "stage", "in the rank files");
+        for (int i = 0; i < megatron_num_tensors(m); i++) {
+            const ckpt_tensor_desc *t = megatron_tensor(m, i);
+            char shape[64], partition[128];
+            format_shape(t->shape, t->ndim, shape, sizeof shape);
+            format_partition(t, partition, sizeof partition);
+            printf("%-36s %-5s %-14s %-44s %5d  %s\n", t->name, tp_dtype_name(t->dtype), shape, partition,
+                   ckpt_tensor_stage(t, &layout), megatron_source_name(m, i));
+        }
+    }
+    cJSON_Delete(root);
+    megatron_close(m);
+    return 0;
+}
+
 static int cmd_info(int argc, char **argv)
 {
     int json = 0;
@@ -201,11 +278,15 @@ static int cmd_info(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "jh", options, NULL)) != -1) {
         if (c == 'j') json = 1;
         else if (c == 'h') {
-            printf("usage: tp-ckpt info CKPT [--json]\n");
+            printf("usage: tp-ckpt info CKPT [--json]\n"
+                   "CKPT: a checkpoint or run directory of this toolkit, or a Megatron-LM legacy\n"
+                   "checkpoint (the directory with latest_checkpointed_iteration.txt, or an\n"
+                   "iteration's directory), whose tensors are listed with their canonical names.\n");
             return 0;
         } else die_usage("info: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1) die_usage("info takes one checkpoint");
+    if (megatron_detect(argv[optind])) return info_megatron(argv[optind], json);
     int code = 0;
     ckpt_reader *r = open_or_die(argv[optind], 0, &code);
     if (!r) return code;

@@ -28,6 +28,7 @@ PUBLIC_HEADERS = [
     "reshard/reshard.h",
     "formats/formats.h",
     "formats/torch.h",
+    "formats/megatron.h",
     "model/gpt.h",
     "model/interop.h",
     "trainer/*.h",

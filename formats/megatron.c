@@ -1,0 +1,605 @@
+/* megatron.c: Megatron-LM legacy checkpoints read as logical tensors with
+ * partition descriptions (megatron.h). Every rank file is opened through
+ * torch_archive (nothing executed); the model's shape comes from `args`;
+ * each tensor's name is mapped to a canonical one, its expected piece shape
+ * computed from its description and checked on every rank. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/error.h"
+#include "megatron.h"
+
+#define RANK_FILE "model_optim_rng.pt"
+
+typedef struct {
+    ckpt_tensor_copy copy;
+    char source[512];
+    int stage;
+    const pickle_value **pieces; /* per tp rank */
+} megatron_tensor_entry;
+
+struct megatron_checkpoint {
+    char path[4096];
+    megatron_config config;
+    torch_archive **archives; /* pp_rank * tp + tp_rank */
+    megatron_tensor_entry *tensors;
+    int num_tensors, capacity;
+};
+
+/* ------------------------------------------------------------- the files */
+
+static int stat_path(const char *path, ckpt_stat *st)
+{
+    const ckpt_storage *store;
+    TP_TRY(ckpt_storage_for(path, &store));
+    return store->stat(store, path, st);
+}
+
+/* A small text file (latest_checkpointed_iteration.txt), NUL-terminated. */
+static int read_text(const char *path, char *out, size_t size)
+{
+    const ckpt_storage *store;
+    ckpt_file *file;
+    ckpt_stat st;
+    TP_TRY(stat_path(path, &st));
+    if (!st.exists || st.is_dir) return tp_fail(TP_ERR_NOT_FOUND, "%s: no such file", path);
+    if (st.size >= (int64_t)size) return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes, more than a tracker file holds", path, (long long)st.size);
+    TP_TRY(ckpt_storage_for(path, &store));
+    TP_TRY(store->open(store, path, CKPT_OPEN_READ, &file));
+    int status = store->read_at(file, out, (size_t)st.size, 0);
+    store->close(file);
+    out[status ? 0 : st.size] = 0;
+    return status;
+}
+
+static void rank_file(const megatron_checkpoint *m, int pp_rank, int tp_rank, int pp, char *out, size_t size)
+{
+    if (pp > 1) snprintf(out, size, "%s/mp_rank_%02d_%03d/" RANK_FILE, m->path, tp_rank, pp_rank);
+    else snprintf(out, size, "%s/mp_rank_%02d/" RANK_FILE, m->path, tp_rank);
+}
+
+/* The iteration's directory: from the tracker file, or path itself. */
+static int find_iteration_dir(const char *path, char *out, size_t size)
+{
+    char tracker[4200], text[64];
+    snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", path);
+    ckpt_stat st;
+    TP_TRY(stat_path(tracker, &st));
+    if (!st.exists) {
+        snprintf(out, size, "%s", path);
+        return TP_OK;
+    }
+    TP_TRY(read_text(tracker, text, sizeof text));
+    text[strcspn(text, " \t\r\n")] = 0;
+    if (!strcmp(text, "release")) {
+        snprintf(out, size, "%s/release", path);
+        return TP_OK;
+    }
+    char *end;
+    long long iteration = strtoll(text, &end, 10);
+    if (!text[0] || *end || iteration < 0)
+        return tp_fail(TP_ERR_FORMAT, "%s holds '%s', neither an iteration number nor 'release'", tracker, text);
+    snprintf(out, size, "%s/iter_%07lld", path, iteration);
+    return TP_OK;
+}
+
+int megatron_detect(const char *path)
+{
+    char dir[4200], file[4300];
+    ckpt_stat st;
+    /* A tracker file says Megatron even when what it holds is damaged. */
+    snprintf(file, sizeof file, "%s/latest_checkpointed_iteration.txt", path);
+    if (!stat_path(file, &st) && st.exists) return 1;
+    if (find_iteration_dir(path, dir, sizeof dir)) return 0;
+    snprintf(file, sizeof file, "%s/mp_rank_00/" RANK_FILE, dir);
+    if (!stat_path(file, &st) && st.exists) return 1;
+    snprintf(file, sizeof file, "%s/mp_rank_00_000/" RANK_FILE, dir);
+    return !stat_path(file, &st) && st.exists;
+}
+
+/* ------------------------------------------------------------------ args */
+
+static int arg_int(const pickle_value *args, const char *file, const char *name, int64_t fallback, int64_t *out)
+{
+    const pickle_value *v = pickle_get(args, name);
+    if (!v || v->kind == PICKLE_NONE) {
+        if (fallback < 0) return tp_fail(TP_ERR_FORMAT, "%s: args has no %s", file, name);
+        *out = fallback;
+        return TP_OK;
+    }
+    if (v->kind != PICKLE_INT && v->kind != PICKLE_BOOL)
+        return tp_fail(TP_ERR_FORMAT, "%s: args.%s is a %s, not an integer", file, name, pickle_kind_name(v->kind));
+    *out = v->integer;
+    return TP_OK;
+}
+
+static int arg_flag(const pickle_value *args, const char *name)
+{
+    const pickle_value *v = pickle_get(args, name);
+    return v && (v->kind == PICKLE_BOOL || v->kind == PICKLE_INT) && v->integer;
+}
+
+static int read_config(megatron_checkpoint *m, const torch_archive *archive)
+{
+    const char *file = torch_archive_path(archive);
+    const pickle_value *root = torch_archive_root(archive), *args = pickle_get(root, "args");
+    megatron_config *c = &m->config;
+    if (!args || args->kind != PICKLE_OBJECT)
+        return tp_fail(TP_ERR_FORMAT, "%s: no args (an argparse.Namespace): not a Megatron-LM checkpoint", file);
+    const pickle_value *version = pickle_get(root, "checkpoint_version");
+    if (!version || (version->kind != PICKLE_FLOAT && version->kind != PICKLE_INT))
+        return tp_fail(TP_ERR_VERSION, "%s: no checkpoint_version (Megatron-LM before 2020); not read", file);
+    c->checkpoint_version = version->kind == PICKLE_FLOAT ? version->real : (double)version->integer;
+    /* 2.0 introduced the per-head [q, k, v] order of the fused QKV that 3.0 keeps. */
+    if (c->checkpoint_version < 2.0 || c->checkpoint_version > 3.0)
+        return tp_fail(TP_ERR_VERSION, "%s: checkpoint_version %g; versions 2.0 and 3.0 are read", file, c->checkpoint_version);
+    const pickle_value *iteration = pickle_get(root, "iteration");
+    c->iteration = iteration && iteration->kind == PICKLE_INT ? iteration->integer : -1;
+    int64_t v;
+    TP_TRY(arg_int(args, file, "tensor_model_parallel_size", 1, &v));
+    c->tp = (int)v;
+    TP_TRY(arg_int(args, file, "pipeline_model_parallel_size", 1, &v));
+    c->pp = (int)v;
+    TP_TRY(arg_int(args, file, "virtual_pipeline_model_parallel_size", 1, &v));
+    c->vpp = (int)v;
+    TP_TRY(arg_int(args, file, "num_layers", -1, &c->num_layers));
+    TP_TRY(arg_int(args, file, "hidden_size", -1, &c->hidden));
+    TP_TRY(arg_int(args, file, "num_attention_heads", -1, &c->heads));
+    TP_TRY(arg_int(args, file, "padded_vocab_size", -1, &c->padded_vocab));
+    TP_TRY(arg_int(args, file, "ffn_hidden_size", 4 * c->hidden, &c->ffn));
+    TP_TRY(arg_int(args, file, "make_vocab_size_divisible_by", 128, &c->vocab_divisible_by));
+    TP_TRY(arg_int(args, file, "max_position_embeddings", 0, &c->max_positions));
+    if (c->heads <= 0 || c->hidden <= 0 || c->num_layers <= 0 || c->tp <= 0 || c->pp <= 0 || c->vpp <= 0 ||
+        c->tp > 4096 || c->pp > 4096 || c->vpp > 4096)
+        return tp_fail(TP_ERR_FORMAT, "%s: args of %lld heads, hidden %lld, %lld layers, tp %d, pp %d, vpp %d", file,
+                       (long long)c->heads, (long long)c->hidden, (long long)c->num_layers, c->tp, c->pp, c->vpp);
+    TP_TRY(arg_int(args, file, "kv_channels", c->hidden / c->heads, &c->kv_channels));
+    c->query_groups = c->heads;
+    if (arg_flag(args, "group_query_attention")) TP_TRY(arg_int(args, file, "num_query_groups", -1, &c->query_groups));
+    c->swiglu = arg_flag(args, "swiglu");
+    c->untied = arg_flag(args, "untie_embeddings_and_output_weights");
+    const pickle_value *bias = pickle_get(args, "add_bias_linear");
+    c->has_bias = !bias || bias->integer;
+    const pickle_value *positions = pickle_get(args, "position_embedding_type");
+    c->learned_positions = !positions || pickle_is_string(positions, "learned_absolute");
+    const pickle_value *dtype = pickle_get(args, "params_dtype");
+    c->dtype = arg_flag(args, "bf16") ? TP_BF16 : arg_flag(args, "fp16") ? TP_FP16 : TP_FP32;
+    if (dtype && dtype->kind == PICKLE_GLOBAL) {
+        if (!strcmp(dtype->text.data, "torch.bfloat16")) c->dtype = TP_BF16;
+        else if (!strcmp(dtype->text.data, "torch.float16")) c->dtype = TP_FP16;
+        else if (!strcmp(dtype->text.data, "torch.float32")) c->dtype = TP_FP32;
+    }
+    c->has_optimizer = pickle_get(root, "optimizer") != NULL;
+    if (c->kv_channels <= 0 || c->query_groups <= 0 || c->heads % c->query_groups || c->padded_vocab <= 0 || c->ffn <= 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: args of %lld heads in %lld query groups, kv channels %lld, vocabulary %lld, ffn %lld",
+                       file, (long long)c->heads, (long long)c->query_groups, (long long)c->kv_channels,
+                       (long long)c->padded_vocab, (long long)c->ffn);
+    if (c->num_layers % ((int64_t)c->pp * c->vpp))
+        return tp_fail(TP_ERR_FORMAT, "%s: %lld layers do not divide over pp %d x vpp %d", file, (long long)c->num_layers,
+                       c->pp, c->vpp);
+    if (c->query_groups % c->tp)
+        return tp_fail(TP_ERR_LAYOUT, "%s: %lld query groups over %d tensor-parallel ranks: key and value heads shared "
+                       "between ranks (Megatron-Core's layout for fewer groups than ranks) are not read yet",
+                       file, (long long)c->query_groups, c->tp);
+    if (c->heads % c->tp || c->ffn % c->tp || c->padded_vocab % c->tp)
+        return tp_fail(TP_ERR_FORMAT, "%s: %lld heads, ffn %lld or vocabulary %lld do not divide over tp %d", file,
+                       (long long)c->heads, (long long)c->ffn, (long long)c->padded_vocab, c->tp);
+    return TP_OK;
+}
+
+/* ----------------------------------------------------------------- names */
+
+typedef struct {
+    const char *const *sources; /* Megatron's names of the part after layers.N. */
+    const char *canonical;
+} layer_name;
+
+static const char *const qkv_w[] = {"self_attention.query_key_value.weight", "self_attention.linear_qkv.weight", NULL};
+static const char *const qkv_b[] = {"self_attention.query_key_value.bias", "self_attention.linear_qkv.bias", NULL};
+static const char *const dense_w[] = {"self_attention.dense.weight", "self_attention.linear_proj.weight", NULL};
+static const char *const dense_b[] = {"self_attention.dense.bias", "self_attention.linear_proj.bias", NULL};
+static const char *const in_w[] = {"input_norm.weight", "input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight", NULL};
+static const char *const in_b[] = {"input_norm.bias", "input_layernorm.bias", "self_attention.linear_qkv.layer_norm_bias", NULL};
+static const char *const post_w[] = {"post_attention_norm.weight", "post_attention_layernorm.weight", "pre_mlp_layernorm.weight",
+                                     "mlp.linear_fc1.layer_norm_weight", NULL};
+static const char *const post_b[] = {"post_attention_norm.bias", "post_attention_layernorm.bias", "pre_mlp_layernorm.bias",
+                                     "mlp.linear_fc1.layer_norm_bias", NULL};
+static const char *const fc1_w[] = {"mlp.dense_h_to_4h.weight", "mlp.linear_fc1.weight", NULL};
+static const char *const fc1_b[] = {"mlp.dense_h_to_4h.bias", "mlp.linear_fc1.bias", NULL};
+static const char *const fc2_w[] = {"mlp.dense_4h_to_h.weight", "mlp.linear_fc2.weight", NULL};
+static const char *const fc2_b[] = {"mlp.dense_4h_to_h.bias", "mlp.linear_fc2.bias", NULL};
+
+static const layer_name layer_names[] = {
+    {qkv_w, "attention.qkv.weight"},   {qkv_b, "attention.qkv.bias"}, {dense_w, "attention.dense.weight"},
+    {dense_b, "attention.dense.bias"}, {in_w, "input_norm.weight"},   {in_b, "input_norm.bias"},
+    {post_w, "post_norm.weight"},      {post_b, "post_norm.bias"},    {fc1_w, "mlp.fc1.weight"},
+    {fc1_b, "mlp.fc1.bias"},           {fc2_w, "mlp.fc2.weight"},     {fc2_b, "mlp.fc2.bias"},
+};
+
+static int has_prefix(const char *s, const char *prefix)
+{
+    return !strncmp(s, prefix, strlen(prefix));
+}
+
+static int has_suffix(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+enum { NAME_TENSOR, NAME_SKIP, NAME_HEAD_COPY };
+
+/* The canonical name of a tensor at path (its keys in a model chunk joined
+ * by '.'), whose layers start at global layer first_layer. */
+static int canonical_name(const megatron_config *c, const char *path, int64_t first_layer, int64_t chunk_layers,
+                          char *out, size_t size, int *kind)
+{
+    *kind = NAME_TENSOR;
+    if (has_suffix(path, "_extra_state")) { /* Transformer Engine's FP8 metadata, empty without FP8 */
+        *kind = NAME_SKIP;
+        return TP_OK;
+    }
+    const char *p = has_prefix(path, "language_model.") ? path + strlen("language_model.") : path;
+    if (!strcmp(p, "embedding.word_embeddings.weight") || !strcmp(p, "embedding.position_embeddings.weight") ||
+        (c->untied && !strcmp(p, "output_layer.weight"))) {
+        snprintf(out, size, "%s", p);
+        return TP_OK;
+    }
+    if (!strcmp(p, "word_embeddings_for_head.weight") || (!c->untied && !strcmp(p, "output_layer.weight"))) {
+        *kind = NAME_HEAD_COPY;
+        return TP_OK;
+    }
+    const char *stack = NULL;
+    const char *stacks[] = {"encoder.", "transformer.", "decoder."};
+    for (int i = 0; i < 3 && !stack; i++)
+        if (has_prefix(p, stacks[i])) stack = p + strlen(stacks[i]);
+    if (stack && (!strcmp(stack, "final_norm.weight") || !strcmp(stack, "final_layernorm.weight"))) {
+        snprintf(out, size, "final_norm.weight");
+        return TP_OK;
+    }
+    if (stack && (!strcmp(stack, "final_norm.bias") || !strcmp(stack, "final_layernorm.bias"))) {
+        snprintf(out, size, "final_norm.bias");
+        return TP_OK;
+    }
+    if (stack && has_prefix(stack, "layers.")) {
+        char *end;
+        long long local = strtoll(stack + strlen("layers."), &end, 10);
+        if (end != stack + strlen("layers.") && *end == '.' && local >= 0 && local < chunk_layers) {
+            for (size_t i = 0; i < sizeof layer_names / sizeof *layer_names; i++)
+                for (const char *const *s = layer_names[i].sources; *s; s++)
+                    if (!strcmp(end + 1, *s)) {
+                        snprintf(out, size, "layers.%lld.%s", (long long)(first_layer + local), layer_names[i].canonical);
+                        return TP_OK;
+                    }
+        }
+    }
+    return tp_fail(TP_ERR_FORMAT, "tensor %s is not a known Megatron-LM GPT tensor (nothing is converted without knowing it)", path);
+}
+
+/* Logical shape, partition and anchor of a canonical name. */
+static int describe(const megatron_config *c, const char *name, ckpt_tensor_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    d->dtype = c->dtype;
+    d->partition.kind = CKPT_REPLICATED;
+    d->anchor = CKPT_ANCHOR_LAYER;
+    int64_t h = c->hidden, kv = c->kv_channels, qkv_granule = (c->heads / c->query_groups + 2) * kv;
+    const char *leaf = name;
+    if (has_prefix(name, "layers.")) {
+        d->layer = strtoll(name + strlen("layers."), NULL, 10);
+        leaf = strchr(name + strlen("layers."), '.') + 1;
+    } else {
+        d->anchor = has_prefix(name, "embedding.") ? CKPT_ANCHOR_FIRST : CKPT_ANCHOR_LAST;
+    }
+    /* Biases and norms are vectors of their rows. */
+    d->ndim = has_suffix(leaf, ".bias") || strstr(leaf, "norm.") ? 1 : 2;
+    d->shape[0] = h;
+    d->shape[1] = h;
+    if (!strcmp(name, "embedding.word_embeddings.weight") || !strcmp(name, "output_layer.weight")) {
+        d->shape[0] = c->padded_vocab;
+        d->partition.kind = CKPT_SPLIT;
+    } else if (!strcmp(name, "embedding.position_embeddings.weight")) {
+        d->shape[0] = c->max_positions;
+    } else if (has_prefix(leaf, "attention.qkv.")) {
+        d->shape[0] = c->query_groups * qkv_granule;
+        d->partition.kind = CKPT_SPLIT;
+        d->partition.granule = qkv_granule;
+    } else if (!strcmp(leaf, "attention.dense.weight")) {
+        d->shape[1] = c->heads * kv;
+        d->partition.kind = CKPT_SPLIT;
+        d->partition.axis = 1;
+        d->partition.granule = kv;
+    } else if (has_prefix(leaf, "mlp.fc1.")) {
+        d->shape[0] = c->swiglu ? 2 * c->ffn : c->ffn;
+        d->partition.kind = CKPT_SPLIT;
+        if (c->swiglu) {
+            d->partition.num_segments = 2;
+            d->partition.segments[0] = d->partition.segments[1] = c->ffn;
+        }
+    } else if (!strcmp(leaf, "mlp.fc2.weight")) {
+        d->shape[1] = c->ffn;
+        d->partition.kind = CKPT_SPLIT;
+        d->partition.axis = 1;
+    }
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------ the tensors */
+
+typedef struct {
+    megatron_checkpoint *m;
+    int stage, tp_rank;
+    int64_t first_layer, chunk_layers;
+    const char *file;
+    int next;            /* rank > 0: the index in this chunk's order */
+    int chunk_start;     /* the chunk's first tensor in m->tensors */
+    int head_copies;
+} chunk_walk;
+
+static const tp_dtype *dtype_of(const pickle_value *tensor)
+{
+    static const tp_dtype fp32 = TP_FP32, bf16 = TP_BF16, fp16 = TP_FP16;
+    switch (tensor->tensor.storage->storage.dtype) {
+    case TORCH_FLOAT32: return &fp32;
+    case TORCH_BFLOAT16: return &bf16;
+    case TORCH_FLOAT16: return &fp16;
+    default: return NULL;
+    }
+}
+
+static int check_piece(const megatron_checkpoint *m, const megatron_tensor_entry *e, const pickle_value *t, const char *file)
+{
+    int64_t expected[CKPT_MAX_DIMS];
+    ckpt_piece_shape(&e->copy.desc, m->config.tp, expected);
+    int same = t->tensor.ndim == e->copy.desc.ndim;
+    for (int d = 0; same && d < t->tensor.ndim; d++) same = t->tensor.shape[d] == expected[d];
+    if (!same) {
+        char want[64], got[64];
+        int n = 0, k = 0;
+        for (int d = 0; d < e->copy.desc.ndim; d++) n += snprintf(want + n, sizeof want - (size_t)n, d ? " x %lld" : "%lld", (long long)expected[d]);
+        for (int d = 0; d < t->tensor.ndim && k < 60; d++) k += snprintf(got + k, sizeof got - (size_t)k, d ? " x %lld" : "%lld", (long long)t->tensor.shape[d]);
+        if (!t->tensor.ndim) snprintf(got, sizeof got, "a scalar");
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s, the model in args gives %s at tp %d", file, e->source, got, want,
+                       m->config.tp);
+    }
+    const tp_dtype *dtype = dtype_of(t);
+    if (!dtype || *dtype != e->copy.desc.dtype)
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s, expected %s", file, e->source, torch_dtype_name(t->tensor.storage->storage.dtype),
+                       tp_dtype_name(e->copy.desc.dtype));
+    if (!torch_tensor_is_contiguous(t))
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is not contiguous", file, e->source);
+    return TP_OK;
+}
+
+static int add_tensor(chunk_walk *w, const char *source, const char *name, const pickle_value *t)
+{
+    megatron_checkpoint *m = w->m;
+    for (int i = 0; i < m->num_tensors; i++)
+        if (!strcmp(m->tensors[i].copy.name, name))
+            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is also in %s (as %s)", w->file, source, m->tensors[i].source, name);
+    if (m->num_tensors == m->capacity) {
+        int next = m->capacity ? 2 * m->capacity : 64;
+        megatron_tensor_entry *bigger = realloc(m->tensors, (size_t)next * sizeof *bigger);
+        if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        m->tensors = bigger;
+        m->capacity = next;
+        for (int i = 0; i < m->num_tensors; i++) ckpt_tensor_copy_rebind(&m->tensors[i].copy);
+    }
+    megatron_tensor_entry *e = &m->tensors[m->num_tensors];
+    memset(e, 0, sizeof *e);
+    ckpt_tensor_desc d;
+    describe(&m->config, name, &d);
+    d.name = name;
+    const tp_dtype *dtype = dtype_of(t);
+    if (dtype) d.dtype = *dtype; /* a norm kept in fp32 beside bf16 weights stays fp32 */
+    int status = ckpt_tensor_copy_init(&e->copy, &d);
+    if (status) return tp_fail_context(status, "%s: tensor %s: ", w->file, source);
+    snprintf(e->source, sizeof e->source, "%s", source);
+    e->stage = w->stage;
+    if (!(e->pieces = calloc((size_t)m->config.tp, sizeof *e->pieces))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    m->num_tensors++;
+    TP_TRY(check_piece(m, e, t, w->file));
+    e->pieces[0] = t;
+    return TP_OK;
+}
+
+static int visit_tensor(void *ctx, const char *path, const pickle_value *t)
+{
+    chunk_walk *w = ctx;
+    char name[CKPT_NAME_MAX + 1];
+    int kind;
+    int status = canonical_name(&w->m->config, path, w->first_layer, w->chunk_layers, name, sizeof name, &kind);
+    if (status) return tp_fail_context(status, "%s: ", w->file);
+    if (kind == NAME_SKIP) return TP_OK;
+    /* Megatron-Core's flat names start at the module: no language_model. */
+    if (!has_prefix(path, "language_model.") && has_prefix(path, "decoder.")) w->m->config.core_names = 1;
+    if (kind == NAME_HEAD_COPY) {
+        /* The last stage's copy of the tied word embeddings: same piece shape. */
+        megatron_tensor_entry copy = {0};
+        ckpt_tensor_desc d;
+        describe(&w->m->config, "embedding.word_embeddings.weight", &d);
+        d.name = "embedding.word_embeddings.weight";
+        if (ckpt_tensor_copy_init(&copy.copy, &d)) return tp_fail_context(TP_ERR_FORMAT, "%s: ", w->file);
+        snprintf(copy.source, sizeof copy.source, "%s", path);
+        w->head_copies++;
+        return check_piece(w->m, &copy, t, w->file);
+    }
+    if (w->tp_rank == 0) return add_tensor(w, path, name, t);
+    /* Other ranks of the stage hold the same tensors in the same order. */
+    int index = w->chunk_start + w->next++;
+    if (index >= w->m->num_tensors || strcmp(w->m->tensors[index].copy.name, name))
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is not where tensor-parallel rank 0 of the stage has it", w->file, path);
+    megatron_tensor_entry *e = &w->m->tensors[index];
+    TP_TRY(check_piece(w->m, e, t, w->file));
+    e->pieces[w->tp_rank] = t;
+    return TP_OK;
+}
+
+static int read_stage(megatron_checkpoint *m, int stage)
+{
+    const megatron_config *c = &m->config;
+    int64_t chunk_layers = c->num_layers / ((int64_t)c->pp * c->vpp);
+    for (int v = 0; v < c->vpp; v++) {
+        int chunk_start = m->num_tensors;
+        for (int t = 0; t < c->tp; t++) {
+            const torch_archive *a = m->archives[stage * c->tp + t];
+            char key[32];
+            snprintf(key, sizeof key, c->vpp > 1 ? "model%d" : "model", v);
+            const pickle_value *model = pickle_get(torch_archive_root(a), key);
+            if (!model || model->kind != PICKLE_DICT)
+                return tp_fail(TP_ERR_FORMAT, "%s: no '%s' dict of weights", torch_archive_path(a), key);
+            /* Megatron's interleaved schedule: chunk v of stage p holds layers
+             * from v * (L / vpp) + p * (L / (pp * vpp)). */
+            chunk_walk w = {.m = m, .stage = stage, .tp_rank = t, .first_layer = v * (c->num_layers / c->vpp) + stage * chunk_layers,
+                            .chunk_layers = chunk_layers, .file = torch_archive_path(a), .chunk_start = chunk_start};
+            TP_TRY(pickle_walk_tensors(torch_archive_doc(a), model, visit_tensor, &w));
+            if (t > 0 && chunk_start + w.next != m->num_tensors)
+                return tp_fail(TP_ERR_FORMAT, "%s: %d tensors where tensor-parallel rank 0 of the stage has %d", w.file, w.next,
+                               m->num_tensors - chunk_start);
+            if (w.head_copies) m->config.tied_head_copy = 1;
+        }
+    }
+    return TP_OK;
+}
+
+/* Every tensor the args describe is there, once. */
+static int check_complete(const megatron_checkpoint *m)
+{
+    const megatron_config *c = &m->config;
+    int layers_seen = 0;
+    for (int i = 0; i < m->num_tensors; i++)
+        if (has_suffix(m->tensors[i].copy.name, ".attention.qkv.weight")) layers_seen++;
+    if (layers_seen != c->num_layers)
+        return tp_fail(TP_ERR_FORMAT, "%s: %d layers' attention weights found, args says %lld layers", m->path, layers_seen,
+                       (long long)c->num_layers);
+    const char *required[] = {"embedding.word_embeddings.weight", "final_norm.weight", c->untied ? "output_layer.weight" : NULL};
+    for (int r = 0; r < 3; r++) {
+        if (!required[r]) continue;
+        int found = 0;
+        for (int i = 0; i < m->num_tensors && !found; i++) found = !strcmp(m->tensors[i].copy.name, required[r]);
+        if (!found) return tp_fail(TP_ERR_FORMAT, "%s: no %s in any rank file", m->path, required[r]);
+    }
+    return TP_OK;
+}
+
+int megatron_open(const char *path, megatron_checkpoint **out)
+{
+    *out = NULL;
+    megatron_checkpoint *m = calloc(1, sizeof *m);
+    if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = find_iteration_dir(path, m->path, sizeof m->path);
+    /* Rank 0's file tells the layout; pp > 1 names it mp_rank_00_000. */
+    char file[4400];
+    torch_archive *first = NULL;
+    ckpt_stat st = {0};
+    int pp_named = 0;
+    if (!status) {
+        rank_file(m, 0, 0, 1, file, sizeof file);
+        status = stat_path(file, &st);
+        if (!status && !st.exists) {
+            rank_file(m, 0, 0, 2, file, sizeof file);
+            status = stat_path(file, &st);
+            pp_named = 1;
+        }
+        if (!status && !st.exists)
+            status = tp_fail(TP_ERR_NOT_FOUND, "%s: neither mp_rank_00/" RANK_FILE " nor mp_rank_00_000/" RANK_FILE
+                             ": not a Megatron-LM checkpoint", m->path);
+    }
+    if (!status) status = torch_archive_open(file, NULL, &first);
+    if (!status) status = read_config(m, first);
+    if (!status && pp_named != (m->config.pp > 1))
+        status = tp_fail(TP_ERR_FORMAT, "%s: args says pipeline-parallel size %d, the files are named for %s", file, m->config.pp,
+                         pp_named ? "pp > 1" : "pp 1");
+    const megatron_config *c = &m->config;
+    if (!status && !(m->archives = calloc((size_t)c->tp * (size_t)c->pp, sizeof *m->archives)))
+        status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status) m->archives[0] = first;
+    else torch_archive_close(first);
+    for (int p = 0; p < (status ? 0 : c->pp); p++) {
+        for (int t = 0; t < c->tp && !status; t++) {
+            if (p == 0 && t == 0) continue;
+            rank_file(m, p, t, c->pp, file, sizeof file);
+            status = torch_archive_open(file, NULL, &m->archives[p * c->tp + t]);
+            const pickle_value *args = status ? NULL : pickle_get(torch_archive_root(m->archives[p * c->tp + t]), "args");
+            int64_t tp = 0, pp = 0;
+            if (!status) status = arg_int(args, file, "tensor_model_parallel_size", 1, &tp);
+            if (!status) status = arg_int(args, file, "pipeline_model_parallel_size", 1, &pp);
+            if (!status && (tp != c->tp || pp != c->pp))
+                status = tp_fail(TP_ERR_FORMAT, "%s: args says tp %lld pp %lld, rank 0's file tp %d pp %d", file, (long long)tp,
+                                 (long long)pp, c->tp, c->pp);
+        }
+    }
+    for (int p = 0; p < (status ? 0 : c->pp) && !status; p++) status = read_stage(m, p);
+    if (!status) status = check_complete(m);
+    if (status) {
+        megatron_close(m);
+        return status;
+    }
+    *out = m;
+    return TP_OK;
+}
+
+void megatron_close(megatron_checkpoint *m)
+{
+    if (!m) return;
+    for (int i = 0; m->archives && i < m->config.tp * m->config.pp; i++) torch_archive_close(m->archives[i]);
+    for (int i = 0; i < m->num_tensors; i++) free(m->tensors[i].pieces);
+    free(m->archives);
+    free(m->tensors);
+    free(m);
+}
+
+const megatron_config *megatron_config_of(const megatron_checkpoint *m)
+{
+    return &m->config;
+}
+
+const char *megatron_path(const megatron_checkpoint *m)
+{
+    return m->path;
+}
+
+ckpt_layout megatron_layout(const megatron_checkpoint *m)
+{
+    ckpt_layout layout = {.tp = m->config.tp, .pp = m->config.pp, .dp = 1, .num_layers = m->config.num_layers};
+    return layout;
+}
+
+int megatron_num_tensors(const megatron_checkpoint *m)
+{
+    return m->num_tensors;
+}
+
+const ckpt_tensor_desc *megatron_tensor(const megatron_checkpoint *m, int index)
+{
+    return index >= 0 && index < m->num_tensors ? &m->tensors[index].copy.desc : NULL;
+}
+
+const char *megatron_source_name(const megatron_checkpoint *m, int index)
+{
+    return index >= 0 && index < m->num_tensors ? m->tensors[index].source : NULL;
+}
+
+int megatron_piece_range(const megatron_checkpoint *m, int index, int tp_rank, const char **file, int64_t *offset,
+                         int64_t *size)
+{
+    if (index < 0 || index >= m->num_tensors || tp_rank < 0 || tp_rank >= m->config.tp)
+        return tp_fail(TP_ERR_ARG, "%s: no tensor %d at tensor-parallel rank %d", m->path, index, tp_rank);
+    const megatron_tensor_entry *e = &m->tensors[index];
+    const torch_archive *a = m->archives[e->stage * m->config.tp + tp_rank];
+    *file = torch_archive_path(a);
+    return torch_tensor_range(a, e->pieces[tp_rank], offset, size);
+}
+
+int megatron_read_piece(const megatron_checkpoint *m, int index, int tp_rank, void *buf, int64_t size)
+{
+    const char *file;
+    int64_t offset, bytes;
+    TP_TRY(megatron_piece_range(m, index, tp_rank, &file, &offset, &bytes));
+    if (size != bytes)
+        return tp_fail(TP_ERR_ARG, "%s: tensor %s at rank %d is %lld bytes, %lld asked", file, m->tensors[index].source, tp_rank,
+                       (long long)bytes, (long long)size);
+    const megatron_tensor_entry *e = &m->tensors[index];
+    return torch_tensor_read(m->archives[e->stage * m->config.tp + tp_rank], e->pieces[tp_rank], buf, 0, size);
+}

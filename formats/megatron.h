@@ -1,0 +1,89 @@
+/* megatron.h: Megatron-LM legacy checkpoints (`--ckpt-format torch`), read
+ * as logical tensors with the partition descriptions of this project's
+ * format (ckpt/ckpt.h), so that the planner, digests and verification
+ * apply to them unchanged. docs/MEGATRON.md describes the layout.
+ *
+ * A checkpoint is a directory: latest_checkpointed_iteration.txt (a number
+ * or "release"), iter_NNNNNNN/ or release/, and in it one torch.save file
+ * per tensor- and pipeline-parallel rank, mp_rank_TT/model_optim_rng.pt
+ * (pp 1) or mp_rank_TT_PPP/model_optim_rng.pt. Each holds `args` (the
+ * model's shape and the layout), `checkpoint_version`, `iteration` and the
+ * model's weights of that rank: `model`, or `model0`, `model1`, ... with a
+ * virtual pipeline. Both namings are read: the legacy nested dicts
+ * (language_model.embedding, encoder.layers.N.self_attention.
+ * query_key_value, ...) and Megatron-Core's flat names (decoder.layers.N.
+ * self_attention.linear_qkv, Transformer Engine's fused layer norms).
+ *
+ * Tensors get canonical names, global layer numbers and descriptions:
+ *   embedding.word_embeddings.weight    [padded vocab, h]  split 0 (as stored, padded)
+ *   embedding.position_embeddings.weight [positions, h]    replicated (learned positions)
+ *   layers.N.input_norm.{weight,bias}                      replicated
+ *   layers.N.attention.qkv.{weight,bias} [(heads + 2 groups) kv, h]
+ *                                       split 0, granule one query group's rows
+ *                                       ([q of the group's heads, k, v] per group)
+ *   layers.N.attention.dense.weight     [h, heads kv]      split 1, granule kv channels
+ *   layers.N.attention.dense.bias, layers.N.post_norm.*    replicated
+ *   layers.N.mlp.fc1.{weight,bias}      [ffn, h] split 0; SwiGLU: [2 ffn, h], segments [gate, up]
+ *   layers.N.mlp.fc2.weight             [h, ffn]           split 1
+ *   layers.N.mlp.fc2.bias, final_norm.{weight,bias}        replicated
+ *   output_layer.weight                 [padded vocab, h]  split 0 (untied embeddings)
+ * With tied embeddings and pp > 1 the last stage holds a copy of the word
+ * embeddings (word_embeddings_for_head, or Core's output_layer); it is
+ * checked to have the embedding's shape and is not a tensor of its own.
+ *
+ * Functions return a tp_status; the message names the file and tensor. */
+#ifndef TP_FORMATS_MEGATRON_H
+#define TP_FORMATS_MEGATRON_H
+
+#include <stdint.h>
+
+#include "../ckpt/ckpt.h"
+#include "torch.h"
+
+typedef struct {
+    int64_t iteration;           /* -1 for a release checkpoint */
+    double checkpoint_version;
+    int tp, pp, vpp;             /* vpp 1 without a virtual pipeline */
+    int core_names;              /* Megatron-Core's flat names (else the legacy nested dicts) */
+    int64_t num_layers, hidden, ffn, heads, query_groups, kv_channels;
+    int64_t padded_vocab, vocab_divisible_by, max_positions;
+    int swiglu, untied, learned_positions, has_bias, tied_head_copy;
+    tp_dtype dtype;
+    int has_optimizer;           /* an `optimizer` entry is in the rank files (not read yet) */
+} megatron_config;
+
+typedef struct megatron_checkpoint megatron_checkpoint;
+
+/* Whether path looks like a Megatron legacy checkpoint: a directory holding
+ * latest_checkpointed_iteration.txt (whatever it holds), or an iteration's
+ * directory holding mp_rank_00/ or mp_rank_00_000/ with a rank file. */
+int megatron_detect(const char *path);
+
+/* Opens every rank file of the checkpoint at path (the directory with
+ * latest_checkpointed_iteration.txt, or an iteration's directory) and checks
+ * that args agree with the files found, that every tensor is known, present
+ * on every rank of its stage with its expected piece shape and dtype. */
+int megatron_open(const char *path, megatron_checkpoint **out);
+void megatron_close(megatron_checkpoint *checkpoint);
+
+const megatron_config *megatron_config_of(const megatron_checkpoint *checkpoint);
+/* The iteration's directory. */
+const char *megatron_path(const megatron_checkpoint *checkpoint);
+/* The layout of the checkpoint's files (dp 1). */
+ckpt_layout megatron_layout(const megatron_checkpoint *checkpoint);
+
+int megatron_num_tensors(const megatron_checkpoint *checkpoint);
+const ckpt_tensor_desc *megatron_tensor(const megatron_checkpoint *checkpoint, int index);
+/* The tensor's name in the rank files (e.g. "language_model.encoder.layers.0.
+ * self_attention.query_key_value.weight", nested keys joined by '.'). */
+const char *megatron_source_name(const megatron_checkpoint *checkpoint, int index);
+
+/* Where tp_rank's piece of tensor index lies: the rank file and the byte
+ * range in it (the piece is stored whole and row-major, as
+ * ckpt_piece_shape says). */
+int megatron_piece_range(const megatron_checkpoint *checkpoint, int index, int tp_rank, const char **file,
+                         int64_t *offset, int64_t *size);
+/* Reads tp_rank's piece of tensor index into buf (size bytes). */
+int megatron_read_piece(const megatron_checkpoint *checkpoint, int index, int tp_rank, void *buf, int64_t size);
+
+#endif

@@ -1,0 +1,174 @@
+/* Megatron-LM legacy checkpoints written by real PyTorch in Megatron's
+ * structure (tests/support/megatron_fixture.py; skipped without
+ * python3-torch): every tensor's pieces, placed by its partition
+ * description, equal the unsharded tensor the fixture computed (its --full
+ * file), for both namings, TP 1 to 8, PP 1 to 4, a virtual pipeline, GQA,
+ * SwiGLU, untied embeddings, RoPE and RMSNorm without biases. Layouts the
+ * reader does not take, and missing files, are refused naming the cause. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../common/error.h"
+#include "../../formats/megatron.h"
+#include "../support/fixture.h"
+
+TestSuite(megatron, .init = make_dir, .fini = remove_dir, .timeout = 120);
+
+#define PYTHON "/usr/bin/python3"
+
+/* Writes a fixture into dir/name (reference dir/name.full.pt). */
+static void generate(const char *name, const char *options)
+{
+    if (system(PYTHON " -c 'import torch, numpy' 2>/dev/null") != 0) cr_skip_test("python3-torch is not installed");
+    char command[2000];
+    snprintf(command, sizeof command, PYTHON " tests/support/megatron_fixture.py %s/%s --full %s/%s.full.pt %s", dir, name, dir,
+             name, options);
+    cr_assert_eq(system(command), 0, "%s (run from the repository root)", command);
+}
+
+typedef struct {
+    const unsigned char *piece, *logical;
+    size_t element;
+    int64_t covered;
+} compare_ctx;
+
+static int compare_run(void *ctx, int64_t offset, int64_t logical_first, int64_t n)
+{
+    compare_ctx *c = ctx;
+    cr_assert_geq(logical_first, 0, "a Megatron piece holds padding");
+    cr_assert_eq(memcmp(c->piece + offset * (int64_t)c->element, c->logical + logical_first * (int64_t)c->element,
+                        (size_t)(n * (int64_t)c->element)),
+                 0, "elements [%lld, %lld) differ", (long long)logical_first, (long long)(logical_first + n));
+    c->covered += n;
+    return 0;
+}
+
+/* Every tensor equals the reference, piece by piece; returns the tensors. */
+static int check_against_full(const char *name, int tp, int pp)
+{
+    char path[700], full[700];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(full, sizeof full, "%s/%s.full.pt", dir, name);
+    megatron_checkpoint *m;
+    cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
+    cr_assert(megatron_detect(path));
+    const megatron_config *c = megatron_config_of(m);
+    cr_assert_eq(c->tp, tp);
+    cr_assert_eq(c->pp, pp);
+    torch_archive *reference;
+    cr_assert_eq(torch_archive_open(full, NULL, &reference), TP_OK, "%s", tp_errmsg());
+    const pickle_value *tensors = pickle_get(torch_archive_root(reference), "tensors");
+    cr_assert(tensors && tensors->kind == PICKLE_DICT);
+    for (int i = 0; i < megatron_num_tensors(m); i++) {
+        const ckpt_tensor_desc *d = megatron_tensor(m, i);
+        const pickle_value *ref = pickle_get(tensors, d->name);
+        cr_assert(ref, "%s: %s is not in the reference", name, d->name);
+        cr_assert_eq(ref->tensor.ndim, d->ndim, "%s", d->name);
+        for (int k = 0; k < d->ndim; k++) cr_assert_eq(ref->tensor.shape[k], d->shape[k], "%s dim %d", d->name, k);
+        int64_t offset, bytes;
+        cr_assert_eq(torch_tensor_range(reference, ref, &offset, &bytes), TP_OK, "%s", tp_errmsg());
+        unsigned char *logical = malloc((size_t)bytes);
+        cr_assert_eq(torch_tensor_read(reference, ref, logical, 0, bytes), TP_OK);
+        int64_t covered = 0, numel = bytes / (int64_t)tp_dtype_size(d->dtype);
+        int ranks = d->partition.kind == CKPT_SPLIT ? tp : 1;
+        for (int r = 0; r < tp; r++) {
+            const char *file;
+            int64_t piece_offset, piece_bytes;
+            cr_assert_eq(megatron_piece_range(m, i, r, &file, &piece_offset, &piece_bytes), TP_OK, "%s", tp_errmsg());
+            unsigned char *piece = malloc((size_t)piece_bytes + 1);
+            cr_assert_eq(megatron_read_piece(m, i, r, piece, piece_bytes), TP_OK, "%s", tp_errmsg());
+            int64_t shape[CKPT_MAX_DIMS];
+            ckpt_piece_shape(d, tp, shape);
+            compare_ctx ctx = {.piece = piece, .logical = logical, .element = tp_dtype_size(d->dtype)};
+            cr_assert_eq(ckpt_piece_element_runs(d, tp, r, 0, shape[0], compare_run, &ctx), TP_OK, "%s", tp_errmsg());
+            if (r < ranks) covered += ctx.covered;
+            free(piece);
+        }
+        cr_assert_eq(covered, numel, "%s: pieces cover %lld of %lld elements", d->name, (long long)covered, (long long)numel);
+        free(logical);
+    }
+    cr_assert_eq(tensors->dict.keys.count, megatron_num_tensors(m), "%s: the reference has %lld tensors, the reader %d", name,
+                 (long long)tensors->dict.keys.count, megatron_num_tensors(m));
+    int count = megatron_num_tensors(m);
+    torch_archive_close(reference);
+    megatron_close(m);
+    return count;
+}
+
+Test(megatron, legacy_names_tp2_pp2)
+{
+    generate("a", "--tp 2 --pp 2 --layers 4 --hidden 64 --heads 4 --ffn 128 --vocab 100 --make-vocab-size-divisible-by 128 "
+                  "--optimizer");
+    cr_assert_eq(check_against_full("a", 2, 2), 2 + 4 * 12 + 2);
+    char path[700];
+    snprintf(path, sizeof path, "%s/a", dir);
+    megatron_checkpoint *m;
+    cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
+    const megatron_config *c = megatron_config_of(m);
+    cr_assert_eq(c->iteration, 1000);
+    cr_assert_float_eq(c->checkpoint_version, 3.0, 0);
+    cr_assert_eq(c->num_layers, 4);
+    cr_assert_eq(c->padded_vocab, 256); /* 100 padded to a multiple of 128 x 2 */
+    cr_assert(c->tied_head_copy);
+    cr_assert(c->has_optimizer);
+    cr_assert(!c->core_names);
+    megatron_close(m);
+}
+
+Test(megatron, core_names_tp4_gqa_swiglu_untied_bf16)
+{
+    generate("b", "--tp 4 --pp 1 --layers 2 --hidden 64 --heads 8 --query-groups 4 --ffn 96 --vocab 90 --swiglu --untied "
+                  "--names core --dtype bf16");
+    check_against_full("b", 4, 1);
+    char path[700];
+    snprintf(path, sizeof path, "%s/b", dir);
+    megatron_checkpoint *m;
+    cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
+    cr_assert(megatron_config_of(m)->core_names);
+    cr_assert_eq(megatron_config_of(m)->query_groups, 4);
+    cr_assert_eq(megatron_config_of(m)->dtype, TP_BF16);
+    megatron_close(m);
+}
+
+Test(megatron, virtual_pipeline_and_older_layer_norm_names)
+{
+    generate("c", "--tp 2 --pp 2 --vpp 2 --layers 8 --hidden 32 --heads 4 --ffn 64 --vocab 60 --names legacy-layernorm");
+    check_against_full("c", 2, 2);
+}
+
+Test(megatron, tp8_core_local_and_tp1_pp4_release_rope_rmsnorm)
+{
+    generate("d", "--tp 8 --pp 1 --layers 2 --hidden 64 --heads 8 --ffn 128 --vocab 50 --names core-local");
+    check_against_full("d", 8, 1);
+    generate("e", "--tp 1 --pp 4 --layers 4 --hidden 32 --heads 2 --ffn 64 --vocab 50 --release --rope --rmsnorm --no-bias "
+                  "--dtype fp32");
+    check_against_full("e", 1, 4);
+}
+
+static void expect_refused(const char *path, const char *needle)
+{
+    megatron_checkpoint *m = NULL;
+    int status = megatron_open(path, &m);
+    megatron_close(m);
+    cr_assert_neq(status, TP_OK, "%s accepted", path);
+    cr_assert(strstr(tp_errmsg(), needle), "'%s' not in: %s", needle, tp_errmsg());
+}
+
+Test(megatron, refusals_name_the_cause)
+{
+    generate("f", "--tp 4 --pp 1 --layers 2 --hidden 64 --heads 8 --query-groups 2 --ffn 64 --vocab 50 --names core");
+    char path[700], file[800];
+    snprintf(path, sizeof path, "%s/f", dir);
+    expect_refused(path, "2 query groups over 4 tensor-parallel ranks");
+    generate("g", "--tp 2 --pp 2 --layers 2 --hidden 32 --heads 2 --ffn 64 --vocab 50");
+    snprintf(path, sizeof path, "%s/g", dir);
+    snprintf(file, sizeof file, "%s/iter_0001000/mp_rank_01_001/model_optim_rng.pt", path);
+    cr_assert_eq(unlink(file), 0);
+    expect_refused(path, "mp_rank_01_001/model_optim_rng.pt");
+    snprintf(path, sizeof path, "%s/none", dir);
+    expect_refused(path, "not a Megatron-LM checkpoint");
+    cr_assert(!megatron_detect(path));
+}
