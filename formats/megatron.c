@@ -136,14 +136,19 @@ static int read_config(megatron_checkpoint *m, const torch_archive *archive)
         return tp_fail(TP_ERR_VERSION, "%s: checkpoint_version %g; versions 2.0 and 3.0 are read", file, c->checkpoint_version);
     const pickle_value *iteration = pickle_get(root, "iteration");
     c->iteration = iteration && iteration->kind == PICKLE_INT ? iteration->integer : -1;
-    int64_t v;
-    TP_TRY(arg_int(args, file, "tensor_model_parallel_size", 1, &v));
+    int64_t v, per_chunk;
+    /* Before version 3.0 args named the tensor-parallel size model_parallel_size. */
+    TP_TRY(arg_int(args, file, "model_parallel_size", 1, &v));
+    TP_TRY(arg_int(args, file, "tensor_model_parallel_size", v, &v));
     c->tp = (int)v;
     TP_TRY(arg_int(args, file, "pipeline_model_parallel_size", 1, &v));
     c->pp = (int)v;
-    TP_TRY(arg_int(args, file, "virtual_pipeline_model_parallel_size", 1, &v));
-    c->vpp = (int)v;
     TP_TRY(arg_int(args, file, "num_layers", -1, &c->num_layers));
+    /* A virtual pipeline is given by its size or by layers per chunk. */
+    TP_TRY(arg_int(args, file, "num_layers_per_virtual_pipeline_stage", 0, &per_chunk));
+    v = per_chunk > 0 && c->pp > 0 && c->num_layers % (c->pp * per_chunk) == 0 ? c->num_layers / (c->pp * per_chunk) : 1;
+    TP_TRY(arg_int(args, file, "virtual_pipeline_model_parallel_size", v, &v));
+    c->vpp = (int)v;
     TP_TRY(arg_int(args, file, "hidden_size", -1, &c->hidden));
     TP_TRY(arg_int(args, file, "num_attention_heads", -1, &c->heads));
     TP_TRY(arg_int(args, file, "padded_vocab_size", -1, &c->padded_vocab));
