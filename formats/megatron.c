@@ -513,6 +513,9 @@ int megatron_open(const char *path, megatron_checkpoint **out)
     }
     if (!status) status = torch_archive_open(file, NULL, &first);
     if (!status) status = read_config(m, first);
+    /* A release checkpoint is loaded as iteration 0 whatever it records. */
+    const char *base = strrchr(m->path, '/');
+    if (!status && !strcmp(base ? base + 1 : m->path, "release")) m->config.iteration = -1;
     if (!status && pp_named != (m->config.pp > 1))
         status = tp_fail(TP_ERR_FORMAT, "%s: args says pipeline-parallel size %d, the files are named for %s", file, m->config.pp,
                          pp_named ? "pp > 1" : "pp 1");

@@ -19,13 +19,23 @@ TestSuite(megatron, .init = make_dir, .fini = remove_dir, .timeout = 120);
 
 #define PYTHON "/usr/bin/python3"
 
-/* Writes a fixture into dir/name (reference dir/name.full.pt). */
-static void generate(const char *name, const char *options)
+/* Writes fixtures into dir/NAME (references dir/NAME.full.pt), one per
+ * "NAME OPTIONS" string, in one Python process (importing torch takes
+ * seconds). */
+static void generate(const char *const *fixtures, int count)
 {
     if (system(PYTHON " -c 'import torch, numpy' 2>/dev/null") != 0) cr_skip_test("python3-torch is not installed");
-    char command[2000];
-    snprintf(command, sizeof command, PYTHON " tests/support/megatron_fixture.py %s/%s --full %s/%s.full.pt %s", dir, name, dir,
-             name, options);
+    char command[8000];
+    int n = snprintf(command, sizeof command,
+                     PYTHON " -c 'import shlex, sys; sys.path.insert(0, \"tests/support\"); import megatron_fixture as m; "
+                            "sys.exit(max(m.main(shlex.split(a)) or 0 for a in sys.argv[1:]))'");
+    for (int i = 0; i < count; i++) {
+        char name[16];
+        sscanf(fixtures[i], "%15s", name);
+        n += snprintf(command + n, sizeof command - (size_t)n, " '%s/%s --full %s/%s.full.pt %s'", dir, name, dir, name,
+                      fixtures[i] + strlen(name) + 1);
+    }
+    cr_assert_lt(n, (int)sizeof command);
     cr_assert_eq(system(command), 0, "%s (run from the repository root)", command);
 }
 
@@ -98,11 +108,23 @@ static int check_against_full(const char *name, int tp, int pp)
     return count;
 }
 
-Test(megatron, legacy_names_tp2_pp2)
+Test(megatron, every_layout_equals_the_reference)
 {
-    generate("a", "--tp 2 --pp 2 --layers 4 --hidden 64 --heads 4 --ffn 128 --vocab 100 --make-vocab-size-divisible-by 128 "
-                  "--optimizer");
+    const char *fixtures[] = {
+        "a --tp 2 --pp 2 --layers 4 --hidden 64 --heads 4 --ffn 128 --vocab 100 --make-vocab-size-divisible-by 128 --optimizer",
+        "b --tp 4 --pp 1 --layers 2 --hidden 64 --heads 8 --query-groups 4 --ffn 96 --vocab 90 --swiglu --untied --names core "
+        "--dtype bf16",
+        "c --tp 2 --pp 2 --vpp 2 --layers 8 --hidden 32 --heads 4 --ffn 64 --vocab 60 --names legacy-layernorm",
+        "d --tp 8 --pp 1 --layers 2 --hidden 64 --heads 8 --ffn 128 --vocab 50 --names core-local",
+        "e --tp 1 --pp 4 --layers 4 --hidden 32 --heads 2 --ffn 64 --vocab 50 --release --rope --rmsnorm --no-bias --dtype fp32",
+    };
+    generate(fixtures, 5);
     cr_assert_eq(check_against_full("a", 2, 2), 2 + 4 * 12 + 2);
+    check_against_full("b", 4, 1);
+    check_against_full("c", 2, 2);
+    check_against_full("d", 8, 1);
+    check_against_full("e", 1, 4);
+
     char path[700];
     snprintf(path, sizeof path, "%s/a", dir);
     megatron_checkpoint *m;
@@ -116,36 +138,21 @@ Test(megatron, legacy_names_tp2_pp2)
     cr_assert(c->has_optimizer);
     cr_assert(!c->core_names);
     megatron_close(m);
-}
-
-Test(megatron, core_names_tp4_gqa_swiglu_untied_bf16)
-{
-    generate("b", "--tp 4 --pp 1 --layers 2 --hidden 64 --heads 8 --query-groups 4 --ffn 96 --vocab 90 --swiglu --untied "
-                  "--names core --dtype bf16");
-    check_against_full("b", 4, 1);
-    char path[700];
     snprintf(path, sizeof path, "%s/b", dir);
-    megatron_checkpoint *m;
     cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
     cr_assert(megatron_config_of(m)->core_names);
     cr_assert_eq(megatron_config_of(m)->query_groups, 4);
     cr_assert_eq(megatron_config_of(m)->dtype, TP_BF16);
     megatron_close(m);
-}
-
-Test(megatron, virtual_pipeline_and_older_layer_norm_names)
-{
-    generate("c", "--tp 2 --pp 2 --vpp 2 --layers 8 --hidden 32 --heads 4 --ffn 64 --vocab 60 --names legacy-layernorm");
-    check_against_full("c", 2, 2);
-}
-
-Test(megatron, tp8_core_local_and_tp1_pp4_release_rope_rmsnorm)
-{
-    generate("d", "--tp 8 --pp 1 --layers 2 --hidden 64 --heads 8 --ffn 128 --vocab 50 --names core-local");
-    check_against_full("d", 8, 1);
-    generate("e", "--tp 1 --pp 4 --layers 4 --hidden 32 --heads 2 --ffn 64 --vocab 50 --release --rope --rmsnorm --no-bias "
-                  "--dtype fp32");
-    check_against_full("e", 1, 4);
+    snprintf(path, sizeof path, "%s/c", dir);
+    cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(megatron_config_of(m)->vpp, 2);
+    megatron_close(m);
+    snprintf(path, sizeof path, "%s/e", dir);
+    cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(megatron_config_of(m)->iteration, -1); /* release */
+    cr_assert(!megatron_config_of(m)->learned_positions);
+    megatron_close(m);
 }
 
 static void expect_refused(const char *path, const char *needle)
@@ -159,11 +166,14 @@ static void expect_refused(const char *path, const char *needle)
 
 Test(megatron, refusals_name_the_cause)
 {
-    generate("f", "--tp 4 --pp 1 --layers 2 --hidden 64 --heads 8 --query-groups 2 --ffn 64 --vocab 50 --names core");
+    const char *fixtures[] = {
+        "f --tp 4 --pp 1 --layers 2 --hidden 64 --heads 8 --query-groups 2 --ffn 64 --vocab 50 --names core",
+        "g --tp 2 --pp 2 --layers 2 --hidden 32 --heads 2 --ffn 64 --vocab 50",
+    };
+    generate(fixtures, 2);
     char path[700], file[800];
     snprintf(path, sizeof path, "%s/f", dir);
     expect_refused(path, "2 query groups over 4 tensor-parallel ranks");
-    generate("g", "--tp 2 --pp 2 --layers 2 --hidden 32 --heads 2 --ffn 64 --vocab 50");
     snprintf(path, sizeof path, "%s/g", dir);
     snprintf(file, sizeof file, "%s/iter_0001000/mp_rank_01_001/model_optim_rng.pt", path);
     cr_assert_eq(unlink(file), 0);
