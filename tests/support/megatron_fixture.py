@@ -45,13 +45,20 @@ Layer numbers inside a file are local to its pipeline stage / model chunk.
   core-local        Megatron-Core GPTModel, local spec: input_layernorm /
                     pre_mlp_layernorm, '_extra_state': None on linears
 
-Unless --plain-args is given, 'args' and 'rerun_state_machine' contain
-instances of Megatron enums (megatron.core.enums.ModelType, ...), as real
-checkpoints do, so plain torch.load() needs those classes importable: this
-module installs stand-ins (install_megatron_stubs()) when Megatron is absent.
+Optimizer: --optimizer writes Megatron's non-distributed layout
+(Float16OptimizerWithFloat16Params for fp16/bf16, FP32Optimizer for fp32);
+--dist-opt the distributed optimizer's: param_groups only in the model file,
+the state in distrib_optim.pt (data-parallel size 1), and every chunk's
+parameters as views of one flat buffer, so they share a storage.
+
+As in real checkpoints, model and optimizer storages are recorded on
+'cuda:<rank % 8>' (--location cpu to avoid), and unless --plain-args is
+given 'args' and 'rerun_state_machine' hold Megatron enum instances
+(megatron.core.enums.ModelType, ...).  To load a file in Python:
+install_megatron_stubs(); torch.load(path, map_location='cpu').
 
 The reference file (--full PATH) is a torch.save() of a plain dict:
-  'config'    dict of the model/parallel settings (vocab_size is the true one)
+  'config'    dict of the settings (vocab: the true size; padded_vocab)
   'tensors'   unsharded tensors in the checkpoint dtype, canonical names:
               embedding.word_embeddings.weight [padded_vocab, h]
               embedding.position_embeddings.weight [max_pos, h] (learned abs.)
@@ -67,7 +74,9 @@ The reference file (--full PATH) is a torch.save() of a plain dict:
               layers.N.mlp.{gate,up}.{weight,bias} (--swiglu)
   'optimizer' (with --optimizer/--dist-opt) name -> {'param' (fp32 master),
               'exp_avg', 'exp_avg_sq'}, unsharded like 'tensors'
-Everything is deterministic given --seed.
+Every tensor is drawn from its own generator seeded by --seed and its name,
+so checkpoints of one model in different layouts agree (the padding rows of
+the vocabulary aside), and repeated runs write identical bytes.
 """
 
 import argparse
@@ -125,6 +134,9 @@ def install_megatron_stubs():
     def make(mod, name, members, base=()):
         cls = enum.Enum(name, members, type=base[0] if base else None,
                         module=mod.__name__, qualname=name)
+        # Pickle as cls(value), as CPython 3.6-3.10 and >= 3.11.7 do (the
+        # Debian 3.11.2 running this would write getattr(cls, name)).
+        cls.__reduce_ex__ = lambda self, proto: (self.__class__, (self._value_,))
         setattr(mod, name, cls)
         return cls
 
@@ -206,9 +218,6 @@ class Config:
         need(self.layers % (self.pp * self.vp) == 0,
              'layers must be divisible by pp * vpp')
         need(self.vp == 1 or self.pp > 1, 'virtual pipeline needs pp > 1')
-
-    def qkv_rows(self):
-        return (self.heads + 2 * self.groups) * self.kv_channels
 
     def as_dict(self):
         keys = ('tp', 'pp', 'vp', 'layers', 'hidden', 'heads', 'gqa', 'groups',
@@ -1005,6 +1014,37 @@ def detect_names(model, args):
         'transformer_engine' else 'core-local'
 
 
+def rank_params(sd, pp_rank):
+    """One file's parameters per model chunk: [(key, canonical, tensor,
+    is the tied head copy)], in state-dict (= named_parameters) order."""
+    args = sd['args']
+    L, pp = args.num_layers, args.pipeline_model_parallel_size
+    vp = args.virtual_pipeline_model_parallel_size or 1
+    chunks = []
+    for v in range(vp):
+        model = sd['model'] if vp == 1 else sd['model%d' % v]
+        names = detect_names(model, args)
+        layer_map, top, enc, lp = reverse_names(names)
+        base = v * (L // vp) + pp_rank * (L // (pp * vp))     # first global layer
+        out, local = [], set()
+        for cont, key, value in flatten(model):
+            if key.endswith('_extra_state'):
+                check_extra(names, key, value)
+                continue
+            if cont == enc and key.startswith(lp):
+                j, rest = key[len(lp):].split('.', 1)
+                local.add(int(j))
+                canon = 'layers.%d.%s' % (base + int(j), layer_map[rest])
+            else:
+                canon = top[(cont, key)]
+            head = cont == ('word_embeddings_for_head',) or (
+                key == 'output_layer.weight' and not args.untie_embeddings_and_output_weights)
+            out.append((key, canon, value, head))
+        assert local == set(range(L // (pp * vp))), sorted(local)
+        chunks.append(out)
+    return chunks
+
+
 def read_checkpoint(root):
     """Merge a legacy checkpoint directory into canonical tensors.
 
@@ -1013,68 +1053,44 @@ def read_checkpoint(root):
         tag = f.read().strip()
     sub = 'release' if tag == 'release' else 'iter_%07d' % int(tag)
     subdirs = sorted(os.listdir(os.path.join(root, sub)))
-    pp_multi = any(d.count('_') == 3 for d in subdirs)
     first = os.path.join(root, sub, subdirs[0], 'model_optim_rng.pt')
     args = torch.load(first, map_location='cpu')['args']
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    vp = args.virtual_pipeline_model_parallel_size or 1
-    assert pp_multi == (pp > 1) and len(subdirs) == tp * pp, subdirs
-    parts = collections.defaultdict(lambda: [None] * tp)   # canonical -> per-rank
-    head_copies, opt_parts, files = [], collections.defaultdict(lambda: [None] * tp), []
-    layer_base = 0
-    for vp_rank in range(vp):
-        for pp_rank in range(pp):
-            chunk_layers = None
-            for tp_rank in range(tp):
-                d = os.path.join(root, sub, rank_dir(pp, tp_rank, pp_rank))
-                files.append(os.path.join(d, 'model_optim_rng.pt'))
-                sd = torch.load(files[-1], map_location='cpu')
-                assert sd['checkpoint_version'] == 3.0
-                assert list(sd)[:3] == ['args', 'checkpoint_version', 'iteration']
-                model = sd['model'] if vp == 1 else sd['model%d' % vp_rank]
-                names = detect_names(model, sd['args'])
-                layer_map, top, enc, lp = reverse_names(names)
-                seen_layers = set()
-                for cont, key, value in flatten(model):
-                    if key.endswith('_extra_state'):
-                        check_extra(names, key, value)
-                        continue
-                    if cont == enc and key.startswith(lp):
-                        j, rest = key[len(lp):].split('.', 1)
-                        seen_layers.add(int(j))
-                        canon = 'layers.%d.%s' % (layer_base + int(j), layer_map[rest])
-                    else:
-                        canon = top[(cont, key)]
-                        if cont == ('word_embeddings_for_head',) or (
-                                key == 'output_layer.weight' and not args.untie_embeddings_and_output_weights):
-                            head_copies.append((tp_rank, value))
-                            continue
-                    assert parts[canon][tp_rank] is None, canon
-                    parts[canon][tp_rank] = value
-                assert seen_layers == set(range(len(seen_layers)))
-                chunk_layers = len(seen_layers)
-                if vp_rank == 0 and 'optimizer' in sd:
-                    read_optimizer(sd, tp_rank, pp_rank, vp, files[-1], opt_parts)
-            layer_base += chunk_layers
+    assert subdirs == sorted(rank_dir(pp, t, p) for t in range(tp) for p in range(pp)), subdirs
+    parts = collections.defaultdict(lambda: [None] * tp)     # canonical -> per rank
+    opt_parts = collections.defaultdict(lambda: [None] * tp)
+    head_copies, files = [], []
+    for pp_rank in range(pp):
+        for tp_rank in range(tp):
+            files.append(os.path.join(root, sub, rank_dir(pp, tp_rank, pp_rank),
+                                      'model_optim_rng.pt'))
+            sd = torch.load(files[-1], map_location='cpu')
+            assert list(sd)[:3] == ['args', 'checkpoint_version', 'iteration']
+            assert sd['checkpoint_version'] == 3.0
+            chunks = rank_params(sd, pp_rank)
+            for key, canon, value, head in (p for c in chunks for p in c):
+                if head:
+                    head_copies.append((tp_rank, value))
+                    continue
+                assert parts[canon][tp_rank] is None, canon
+                parts[canon][tp_rank] = value
+            if 'optimizer' in sd:
+                read_optimizer(sd, chunks, tp_rank, pp_rank, files[-1], opt_parts)
+    swiglu = types.SimpleNamespace(swiglu=args.swiglu)
     merged = collections.OrderedDict()
     for canon, ps in parts.items():
         assert all(p is not None for p in ps), canon
-        merged[canon] = merge(ps, split_kind(canon, ConfigView(args)))
+        merged[canon] = merge(ps, split_kind(canon, swiglu))
     if head_copies:
-        emb = merged['embedding.word_embeddings.weight']
         copy = torch.cat([t for _, t in sorted(head_copies, key=lambda x: x[0])])
-        assert torch.equal(copy, emb), 'tied output copy differs from embedding'
+        assert torch.equal(copy, merged['embedding.word_embeddings.weight']), \
+            'tied output copy differs from embedding'
     opt = None
     if opt_parts:
         opt = collections.OrderedDict()
         for (canon, key), ps in opt_parts.items():
-            opt.setdefault(canon, {})[key] = merge(ps, split_kind(canon, ConfigView(args)))
+            opt.setdefault(canon, {})[key] = merge(ps, split_kind(canon, swiglu))
     return args, merged, opt, files
-
-
-class ConfigView:
-    def __init__(self, args):
-        self.swiglu = args.swiglu
 
 
 def check_extra(names, key, value):
@@ -1085,26 +1101,11 @@ def check_extra(names, key, value):
         assert value is None and names != 'legacy-layernorm', (names, value)
 
 
-def read_optimizer(sd, tp_rank, pp_rank, vp, rank_file, out):
+def read_optimizer(sd, chunks, tp_rank, pp_rank, rank_file, out):
     """Map optimizer entries back to parameters: the order is the model's
     parameter order regrouped by the weight-decay rule (no names are stored)."""
     args = sd['args']
-    layer_base = pp_rank * (args.num_layers // (args.pipeline_model_parallel_size * vp))
-    params = []
-    for v in range(vp):
-        model = sd['model'] if vp == 1 else sd['model%d' % v]
-        names = detect_names(model, args)
-        layer_map, top, enc, lp = reverse_names(names)
-        base = v * (args.num_layers // vp) + layer_base
-        for cont, key, value in flatten(model):
-            if key.endswith('_extra_state'):
-                continue
-            if cont == enc and key.startswith(lp):
-                j, rest = key[len(lp):].split('.', 1)
-                canon = 'layers.%d.%s' % (base + int(j), layer_map[rest])
-            else:
-                canon = top[(cont, key)]
-            params.append((key, canon, value))
+    params = [(key, canon, t) for c in chunks for key, canon, t, _ in c]
     groups = param_groups_of([(k, t) for k, _, t in params])
     order = [i for _, idxs in groups for i in idxs]
     o = sd['optimizer']
@@ -1112,12 +1113,7 @@ def read_optimizer(sd, tp_rank, pp_rank, vp, rank_file, out):
         dist = torch.load(os.path.join(os.path.dirname(rank_file), 'distrib_optim.pt'),
                           map_location='cpu')
         assert dist['buckets_coalesced'] is True
-        chunks, k = [], 0           # one buffer per model chunk
-        for v in range(vp):
-            model = sd['model'] if vp == 1 else sd['model%d' % v]
-            n = sum(1 for _, key, _ in flatten(model) if not key.endswith('_extra_state'))
-            chunks.append(params[k:k + n])
-            k += n
+        chunks = [[(key, canon, t) for key, canon, t, _ in c] for c in chunks]
         for gbuf_idx, chunk in enumerate(chunks):
             storages = {t.storage().data_ptr() for _, _, t in chunk}
             assert len(storages) == 1, 'dist-opt params should share one buffer'
@@ -1194,7 +1190,8 @@ def verify(ckpt, ref_path, quiet=False):
             continue
         if got.dtype != t.dtype:
             problems.append('%s: dtype %s != %s' % (name, got.dtype, t.dtype))
-        elif split_kind(name, ConfigView(args)) == 'vocab' and got.shape != t.shape:
+        elif name in ("embedding.word_embeddings.weight", "output_layer.weight") \
+                and got.shape != t.shape:
             if not torch.equal(got[:true_vocab], t[:true_vocab]):
                 problems.append('%s: first %d rows differ' % (name, true_vocab))
         elif got.shape != t.shape or not torch.equal(got, t):
