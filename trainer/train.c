@@ -578,7 +578,11 @@ static int train_steps(trainer *t, int64_t start_step)
         int stop;
         int asked = (o->control && atomic_load(&o->control->stop)) || (o->stop_at > 0 && step == o->stop_at);
         TP_TRY(comm_any(c, asked, &stop));
-        if (o->ckpt_dir) {
+        /* The checkpoint of a stop is written after the step's line: it is
+         * synchronous, and a trainer killed once it is committed (a grace
+         * period ending) must not leave a checkpoint of a step its log
+         * never told. Other saves are in the step's time and stall. */
+        if (o->ckpt_dir && !stop) {
             TP_TRY(checkpoint_after(t, step, stop));
             r.checkpoint_stall = saver_take_stall_seconds(t->saver);
         }
@@ -590,6 +594,10 @@ static int train_steps(trainer *t, int64_t start_step)
         out->step = step;
         out->seconds += r.seconds;
         out->stall_seconds += r.checkpoint_stall;
+        if (o->ckpt_dir && stop) {
+            TP_TRY(checkpoint_after(t, step, stop));
+            out->stall_seconds += saver_take_stall_seconds(t->saver);
+        }
         if (o->ckpt_dir) TP_TRY(report_saves(t));
         if (stop) {
             out->end = TRAIN_STOPPED;

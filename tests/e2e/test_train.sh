@@ -267,6 +267,13 @@ check_all "fault-once: the first launch dies after step 3, the marker is made" '
 expect_ok "fault-once: the relaunch passes step 3" mpi_train 2 $ONCE
 check_all "fault-once: resumed from step 2, finished at 6" '[ "$(events "$WORK/once.jsonl" start resumed_from)" = "null step_00000002 " ] &&
     [ "$(events "$WORK/once.jsonl" stop reason)" = "finished " ] && [ "$(last_step "$WORK/once.jsonl")" = 6 ]'
+# A trainer killed once the checkpoint of its stop is committed (a grace
+# period that ends, as Slurm's after a requeue under load) has logged that
+# step: the line comes before the synchronous save of a stop.
+run env TP_CKPT_FAULT=before-latest "$TRAIN" $TINY --steps 10 --ckpt-every 100 --stop-at 4 --ckpt-dir "$WORK/stopkill" \
+    --log "$WORK/stopkill.jsonl"
+check_all "killed after the stop checkpoint's commit: step 4 committed, and in the log" \
+    '[ "$RC" -eq 137 ] && [ -d "$WORK/stopkill/step_00000004" ] && [ "$(last_step "$WORK/stopkill.jsonl")" = 4 ]'
 expect_ok "--fault slow: the run goes on" "$TRAIN" $TINY --steps 4 --fault slow --fault-step 2 --log "$WORK/slow.jsonl"
 check "--fault slow: a 3 s pause after step 2, none elsewhere" "$PY" -c '
 import json, sys
