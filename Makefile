@@ -169,7 +169,8 @@ $(BUILD)/lib/%.a:
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/bin/tp-ckpt: $(call obj,programs/tp-ckpt.c) $(CLI_OBJ) $(SYNTH_OBJ) $(MODEL_STACK)
-$(BUILD)/bin/tp-reshard: $(call obj,programs/tp-reshard.c) $(CLI_OBJ) $(RESHARD_STACK)
+# tp-reshard reads other tools' checkpoints through formats/.
+$(BUILD)/bin/tp-reshard: $(call obj,programs/tp-reshard.c) $(CLI_OBJ) $(LIB_FORMATS) $(RESHARD_STACK)
 $(BUILD)/bin/tp-train: $(call obj,programs/tp-train.c) $(CLI_OBJ) $(LIB_COMM_MPI) $(TRAINER_STACK)
 $(BUILD)/bin/tp-elastic: $(call obj,programs/tp-elastic.c $(wildcard programs/elastic_*.c)) $(CLI_OBJ) $(ELASTIC_STACK)
 $(BUILD)/bin/%:

@@ -276,6 +276,34 @@ void ckpt_read_options_init(ckpt_read_options *options);
 /* Opens a checkpoint (a path as ckpt_resolve takes). Checks the index, the
  * format version and that every shard file is present with its recorded size. */
 int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_options *options);
+
+/* A checkpoint of another tool (a Megatron-LM checkpoint: formats/
+ * megatron.h) read through this reader, so that resharding, comparing,
+ * exporting and verifying work on it unchanged: its tensors described as
+ * this format describes them, each piece stored whole, uncompressed and
+ * row-major at a byte range of one of its files. Such files carry no
+ * checksums: reads are not verified, and each tensor's logical digest is
+ * computed at open by reading the data once when compute_digests is set
+ * (else ckpt_reader_digest is 0 and verify_piece checks only that the
+ * piece reads). */
+typedef struct {
+    const char *path;                /* the checkpoint, for messages and ckpt_reader_path */
+    ckpt_layout layout;
+    ckpt_train_state state;
+    int num_tensors;
+    const ckpt_tensor_desc *tensors;
+    int num_files;
+    const char *const *files;        /* paths or URLs, of one store */
+    const int64_t *file_bytes;       /* their sizes, checked at open */
+    /* Piece p of tensor i (ckpt_piece_count pieces each, tensors in order,
+     * pieces in order, flattened): its file and byte offset. */
+    const int *piece_file;
+    const int64_t *piece_offset;
+} ckpt_foreign;
+
+int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int compute_digests);
+/* Whether the reader reads a foreign checkpoint (no checksums of its own). */
+int ckpt_reader_is_foreign(const ckpt_reader *reader);
 void ckpt_reader_close(ckpt_reader *reader);
 
 const char *ckpt_reader_path(const ckpt_reader *reader); /* the resolved checkpoint directory */

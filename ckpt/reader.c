@@ -60,6 +60,7 @@ struct ckpt_reader {
     ckpt_name_map names;
     pthread_mutex_t lock;   /* lazy opening of files and pieces */
     ckpt_file *hold;        /* a shared lock on the checkpoint: no one replaces it while it is read */
+    int foreign;            /* pieces are byte ranges of another tool's files (ckpt_reader_open_foreign) */
 };
 
 void ckpt_read_options_init(ckpt_read_options *options)
@@ -249,6 +250,12 @@ static int open_file(ckpt_reader *r, int f)
 static int open_file_once(ckpt_reader *r, int f)
 {
     file_runtime *fr = &r->files[f];
+    if (r->foreign) { /* no HDF5 metadata: the bytes only */
+        TP_TRY(tp_refuse_special(fr->path));
+        TP_TRY(r->storage->open(r->storage, fr->path, CKPT_OPEN_READ, &fr->data));
+        fr->file = 0;
+        return TP_OK;
+    }
     if (!r->storage->local_paths) { /* everything comes from the index */
         if (r->index.major == 1 && r->index.minor < 2)
             return tp_fail(TP_ERR_VERSION, "%s: format %d.%d records no block checksum offsets; reading it from "
@@ -423,6 +430,11 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     const ckpt_tensor_desc *t = &it->tensor.desc;
     int status = open_file(r, ip->file_index);
     if (status) return status;
+    if (r->foreign) { /* stored whole at the recorded offset; no checksums */
+        pr->offset = ip->extents[0].offset;
+        pr->loaded = 1;
+        return TP_OK;
+    }
     if (!r->storage->local_paths) return load_piece_from_index(r, i, piece, pr);
     file_runtime *fr = &r->files[ip->file_index];
     char where[CKPT_PATH_MAX + CKPT_NAME_MAX + 32], path[CKPT_NAME_MAX + 32];
@@ -993,11 +1005,12 @@ int ckpt_reader_verify_piece(ckpt_reader *r, int i, int piece)
     uint64_t digest = 0;
     for (int64_t b = 0; b < g->num_blocks && !status; b += per_read) {
         int64_t end = b + per_read < g->num_blocks ? b + per_read : g->num_blocks;
-        status = read_blocks(&c, b, end, buf, buf + per_read * block_bytes, 1);
+        status = read_blocks(&c, b, end, buf, buf + per_read * block_bytes, !r->foreign);
         int64_t row_end = end * g->block_rows < g->rows ? end * g->block_rows : g->rows;
         if (!status) digest += ckpt_digest_rows(t, r->index.layout.tp, piece, b * g->block_rows, row_end, buf);
     }
     const ckpt_index_piece *ip = &r->index.tensors[i].pieces[piece];
+    if (r->foreign && !r->index.tensors[i].digest) return status; /* no digest computed to compare with */
     if (!status && digest != ip->digest)
         status = tp_fail(TP_ERR_CHECKSUM,
                            "%s: tensor %s piece %d: logical digest %016llx, the index records %016llx",
@@ -1044,4 +1057,131 @@ int ckpt_reader_check_padding(ckpt_reader *r, int i, int piece)
         free(buf);
     }
     return status;
+}
+
+/* --------------------------------------------------- foreign checkpoints */
+
+int ckpt_reader_is_foreign(const ckpt_reader *r)
+{
+    return r->foreign;
+}
+
+/* The index of a foreign checkpoint: its descriptions, and each piece as
+ * one extent at its offset. */
+static int foreign_index(ckpt_reader *r, const ckpt_foreign *src)
+{
+    ckpt_index *index = &r->index;
+    index->major = CKPT_FORMAT_MAJOR;
+    index->minor = CKPT_FORMAT_MINOR;
+    index->layout = src->layout;
+    TP_TRY(ckpt_layout_check(&src->layout));
+    TP_TRY(ckpt_index_set_state(index, &src->state));
+    index->files = calloc((size_t)src->num_files + 1, sizeof *index->files);
+    index->tensors = calloc((size_t)src->num_tensors + 1, sizeof *index->tensors);
+    r->files = calloc((size_t)src->num_files + 1, sizeof *r->files);
+    r->pieces = calloc((size_t)src->num_tensors + 1, sizeof *r->pieces);
+    if (!index->files || !index->tensors || !r->files || !r->pieces) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    index->num_files = src->num_files;
+    for (int f = 0; f < src->num_files; f++) {
+        r->files[f].file = -1;
+        if (strlen(src->files[f]) >= sizeof r->files[f].path)
+            return tp_fail(TP_ERR_ARG, "%.200s...: path too long", src->files[f]);
+        snprintf(r->files[f].path, sizeof r->files[f].path, "%s", src->files[f]);
+        const char *base = strrchr(src->files[f], '/');
+        snprintf(index->files[f].name, sizeof index->files[f].name, "%s", base ? base + 1 : src->files[f]);
+        index->files[f].bytes = src->file_bytes[f];
+    }
+    int64_t at = 0;
+    for (int i = 0; i < src->num_tensors; i++) {
+        ckpt_index_tensor *it = &index->tensors[i];
+        int status = ckpt_tensor_copy_init(&it->tensor, &src->tensors[i]);
+        if (status) return tp_fail_context(status, "%s: ", src->path);
+        index->num_tensors = i + 1;
+        status = ckpt_name_map_insert(&r->names, it->tensor.name, i, reader_name_of, r);
+        if (status) return tp_fail_context(TP_ERR_FORMAT, "%s", src->path);
+        const ckpt_tensor_desc *t = &it->tensor.desc;
+        it->stage = ckpt_tensor_stage(t, &src->layout);
+        it->block_rows = ckpt_piece_block_rows(t, src->layout.tp);
+        it->order = i;
+        it->num_pieces = ckpt_piece_count(t, src->layout.tp);
+        it->pieces = calloc((size_t)it->num_pieces, sizeof *it->pieces);
+        r->pieces[i] = calloc((size_t)it->num_pieces, sizeof **r->pieces);
+        if (!it->pieces || !r->pieces[i]) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        for (int p = 0; p < it->num_pieces; p++, at++) {
+            ckpt_index_piece *ip = &it->pieces[p];
+            int f = src->piece_file[at];
+            if (f < 0 || f >= src->num_files) return tp_fail(TP_ERR_ARG, "%s: tensor %s piece %d: no file %d", src->path, t->name, p, f);
+            ckpt_piece_geometry_init(&r->pieces[i][p].geometry, t, src->layout.tp, it->block_rows);
+            const ckpt_piece_geometry *g = &r->pieces[i][p].geometry;
+            ip->file_index = f;
+            snprintf(ip->file, sizeof ip->file, "%s", index->files[f].name);
+            ip->pp = it->stage;
+            ip->tp = p;
+            ckpt_piece_shape(t, src->layout.tp, ip->shape);
+            ip->bytes = g->bytes;
+            ip->num_extents = 1;
+            if (!(ip->extents = calloc(1, sizeof *ip->extents))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+            ip->extents[0].offset = src->piece_offset[at];
+            ip->extents[0].length = g->bytes;
+            if (src->piece_offset[at] < 0 || src->piece_offset[at] > src->file_bytes[f] - g->bytes)
+                return tp_fail(TP_ERR_FORMAT, "%s: tensor %s piece %d: %lld bytes at %lld lie outside the file (%lld bytes)",
+                               src->files[f], t->name, p, (long long)g->bytes, (long long)src->piece_offset[at],
+                               (long long)src->file_bytes[f]);
+        }
+    }
+    return TP_OK;
+}
+
+/* Each tensor's logical digest, from its pieces read slab by slab. */
+static int foreign_digests(ckpt_reader *r)
+{
+    const int64_t slab = (int64_t)8 << 20;
+    char *buf = NULL;
+    int status = TP_OK;
+    for (int i = 0; i < r->index.num_tensors && !status; i++) {
+        ckpt_index_tensor *it = &r->index.tensors[i];
+        it->digest = 0;
+        for (int p = 0; p < it->num_pieces && !status; p++) {
+            const ckpt_piece_geometry *g = &r->pieces[i][p].geometry;
+            int64_t rows = g->row_bytes ? slab / g->row_bytes : g->rows;
+            if (rows < 1) rows = 1;
+            char *bigger = realloc(buf, (size_t)(rows * g->row_bytes) + 1);
+            if (!bigger) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+            else buf = bigger;
+            uint64_t digest = 0;
+            for (int64_t row = 0; row < g->rows && !status; row += rows) {
+                int64_t n = row + rows < g->rows ? rows : g->rows - row;
+                status = ckpt_reader_read_rows(r, i, p, row, n, buf, (size_t)(n * g->row_bytes));
+                if (!status) digest += ckpt_digest_rows(&it->tensor.desc, r->index.layout.tp, p, row, row + n, buf);
+            }
+            it->pieces[p].digest = digest;
+            it->digest += digest;
+        }
+    }
+    free(buf);
+    return status;
+}
+
+int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int compute_digests)
+{
+    *out = NULL;
+    int status = ckpt_library_init();
+    if (status) return status;
+    ckpt_reader *r = calloc(1, sizeof *r);
+    if (!r) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&r->lock, NULL);
+    ckpt_read_options_init(&r->options);
+    r->options.verify = 0; /* nothing to verify against */
+    r->foreign = 1;
+    snprintf(r->path, sizeof r->path, "%s", source->path);
+    status = source->num_files > 0 ? ckpt_storage_for(source->files[0], &r->storage)
+                                   : tp_fail(TP_ERR_ARG, "%s: no files", source->path);
+    if (!status) status = foreign_index(r, source);
+    if (!status && compute_digests) status = foreign_digests(r);
+    if (status) {
+        ckpt_reader_close(r);
+        return status;
+    }
+    *out = r;
+    return TP_OK;
 }

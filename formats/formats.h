@@ -91,6 +91,16 @@ int export_output_bytes(ckpt_reader *source, const export_tensor *tensors, int c
 int export_run(ckpt_reader *source, const export_tensor *tensors, int count, const export_options *options,
                const char *out_path, export_summary *summary);
 
+/* --------------------------------------------------------- any checkpoint */
+
+/* Opens a checkpoint of any format the toolkit reads, as a reader: its own
+ * (ckpt_reader_open with options), or a Megatron-LM legacy checkpoint
+ * (formats/megatron.h; a foreign checkpoint without checksums, whose
+ * digests are computed when compute_digests). *format, when not NULL, is
+ * "tp" or "megatron-legacy". */
+int formats_open_checkpoint(const char *path, const ckpt_read_options *options, int compute_digests, ckpt_reader **out,
+                            const char **format);
+
 /* ------------------------------------------------------------------ import */
 
 /* A parsed safetensors file or sharded directory, validated against the

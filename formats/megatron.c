@@ -611,3 +611,60 @@ int megatron_read_piece(const megatron_checkpoint *m, int index, int tp_rank, vo
     const megatron_tensor_entry *e = &m->tensors[index];
     return torch_tensor_read(m->archives[e->stage * m->config.tp + tp_rank], e->pieces[tp_rank], buf, 0, size);
 }
+
+int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt_reader **out)
+{
+    *out = NULL;
+    const megatron_config *c = &m->config;
+    int files = c->tp * c->pp;
+    int64_t pieces = 0;
+    for (int i = 0; i < m->num_tensors; i++) pieces += ckpt_piece_count(&m->tensors[i].copy.desc, c->tp);
+    const char **paths = calloc((size_t)files, sizeof *paths);
+    int64_t *bytes = calloc((size_t)files, sizeof *bytes), *offsets = calloc((size_t)pieces + 1, sizeof *offsets);
+    int *piece_file = calloc((size_t)pieces + 1, sizeof *piece_file);
+    ckpt_tensor_desc *tensors = calloc((size_t)m->num_tensors + 1, sizeof *tensors);
+    int status = paths && bytes && offsets && piece_file && tensors ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int f = 0; f < files && !status; f++) {
+        paths[f] = torch_archive_path(m->archives[f]);
+        bytes[f] = torch_archive_bytes(m->archives[f]);
+    }
+    int64_t at = 0;
+    for (int i = 0; i < m->num_tensors && !status; i++) {
+        const megatron_tensor_entry *e = &m->tensors[i];
+        tensors[i] = e->copy.desc;
+        for (int p = 0; p < ckpt_piece_count(&e->copy.desc, c->tp) && !status; p++, at++) {
+            const char *file;
+            int64_t size;
+            piece_file[at] = e->stage * c->tp + p;
+            status = megatron_piece_range(m, i, p, &file, &offsets[at], &size);
+        }
+    }
+    /* The training state: the iteration as the step, the samples consumed,
+     * and where the checkpoint came from. */
+    char user[512];
+    snprintf(user, sizeof user, "{\"source_format\": \"megatron-legacy\", \"checkpoint_version\": %.1f, \"names\": \"%s\"}",
+             c->checkpoint_version, c->core_names ? "core" : "legacy");
+    const pickle_value *args = pickle_get(torch_archive_root(m->archives[0]), "args");
+    const pickle_value *samples = pickle_get(args, "consumed_train_samples");
+    ckpt_foreign source = {
+        .path = m->path,
+        .layout = megatron_layout(m),
+        .state = {.step = c->iteration > 0 ? c->iteration : 0,
+                  .consumed_samples = samples && samples->kind == PICKLE_INT ? samples->integer : 0,
+                  .user_json = user},
+        .num_tensors = m->num_tensors,
+        .tensors = tensors,
+        .num_files = files,
+        .files = paths,
+        .file_bytes = bytes,
+        .piece_file = piece_file,
+        .piece_offset = offsets,
+    };
+    if (!status) status = ckpt_reader_open_foreign(out, &source, compute_digests);
+    free(paths);
+    free(bytes);
+    free(offsets);
+    free(piece_file);
+    free(tensors);
+    return status;
+}

@@ -86,4 +86,10 @@ int megatron_piece_range(const megatron_checkpoint *checkpoint, int index, int t
 /* Reads tp_rank's piece of tensor index into buf (size bytes). */
 int megatron_read_piece(const megatron_checkpoint *checkpoint, int index, int tp_rank, void *buf, int64_t size);
 
+/* The checkpoint as a ckpt_reader of a foreign checkpoint (ckpt.h): the
+ * tensors above, their pieces byte ranges of the rank files, the iteration
+ * as the step; each tensor's logical digest computed when compute_digests
+ * (a read of every byte). The reader does not need the checkpoint after. */
+int megatron_reader_open(const megatron_checkpoint *checkpoint, int compute_digests, ckpt_reader **out);
+
 #endif

@@ -165,6 +165,8 @@ void torch_archive_close(torch_archive *archive);
 const pickle_doc *torch_archive_doc(const torch_archive *archive);
 const pickle_value *torch_archive_root(const torch_archive *archive);
 const char *torch_archive_path(const torch_archive *archive);
+/* Bytes of the archive's file. */
+int64_t torch_archive_bytes(const torch_archive *archive);
 
 /* Elements of a tensor (the product of its shape). */
 int64_t torch_tensor_numel(const pickle_value *tensor);

@@ -164,6 +164,11 @@ const char *torch_archive_path(const torch_archive *archive)
     return zip_path(archive->zip);
 }
 
+int64_t torch_archive_bytes(const torch_archive *archive)
+{
+    return zip_file_bytes(archive->zip);
+}
+
 int64_t torch_tensor_numel(const pickle_value *tensor)
 {
     int64_t n = 1;

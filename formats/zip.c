@@ -46,6 +46,11 @@ const char *zip_path(const zip_archive *zip)
     return zip->path;
 }
 
+int64_t zip_file_bytes(const zip_archive *zip)
+{
+    return zip->file_size;
+}
+
 int zip_read(const zip_archive *zip, void *buf, int64_t size, int64_t offset)
 {
     if (size < 0 || offset < 0 || offset > zip->file_size - size)

@@ -33,5 +33,7 @@ int zip_entry_range(zip_archive *zip, int entry, int64_t *offset, int64_t *size)
 int zip_read(const zip_archive *zip, void *buf, int64_t size, int64_t offset);
 
 const char *zip_path(const zip_archive *zip);
+/* Bytes of the archive's file. */
+int64_t zip_file_bytes(const zip_archive *zip);
 
 #endif

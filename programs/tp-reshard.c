@@ -13,6 +13,7 @@
 #include "cli.h"
 #include "../common/parallel.h"
 #include "progress.h"
+#include "../formats/formats.h"
 #include "../reshard/reshard.h"
 
 static const char *usage_text =
@@ -23,6 +24,8 @@ static const char *usage_text =
     "\n"
     "  --to LAYOUT              target degrees: tp4, pp2 or tp4pp2 (a degree not named is kept)\n"
     "  --from LAYOUT            the source's degrees, checked against its metadata\n"
+    "  --format tp|megatron     the output's format (default: the source's); writing Megatron-LM\n"
+    "                           checkpoints is not implemented yet\n"
     "  -o, --output DIR         output checkpoint (default: beside CKPT, named after the layout)\n"
     "  --threads N              worker threads (default: all cores)\n"
     "  --memory-limit SIZE      bound on memory, e.g. 512M or 4G (default 1G)\n"
@@ -37,7 +40,8 @@ static const char *usage_text =
     "  --force                  replace an existing output\n"
     "  --progress               show progress even when stderr is not a terminal\n"
     "\n"
-    "CKPT is a checkpoint directory, or a run directory (its latest checkpoint).\n";
+    "CKPT is a checkpoint directory, or a run directory (its latest checkpoint), or a Megatron-LM\n"
+    "legacy checkpoint (docs/MEGATRON.md), read without executing anything.\n";
 
 #define die_usage(...) cli_usage_error("tp-reshard", __VA_ARGS__)
 #define fail(...) cli_error("tp-reshard", __VA_ARGS__)
@@ -136,10 +140,10 @@ int main(int argc, char **argv)
     if (cli_clean_up_on_signals() != 0) return fail("cannot set up signal handling: %s", strerror(errno));
     reshard_options options;
     reshard_options_init(&options);
-    const char *to = NULL, *from = NULL, *out = NULL;
+    const char *to = NULL, *from = NULL, *out = NULL, *output_format = NULL;
     int dry_run = 0, verify = 0, json = 0, force_progress = 0;
     enum { O_TO = 256, O_FROM, O_THREADS, O_MEMORY, O_DEVICE, O_DTYPE, O_COMPRESS, O_NO_OPTIM, O_DRY, O_VERIFY,
-           O_JSON, O_FORCE, O_PROGRESS };
+           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT };
     static const struct option long_options[] = {
         {"to", required_argument, 0, O_TO}, {"from", required_argument, 0, O_FROM},
         {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, O_THREADS},
@@ -147,13 +151,18 @@ int main(int argc, char **argv)
         {"dtype", required_argument, 0, O_DTYPE}, {"compress", required_argument, 0, O_COMPRESS},
         {"no-optim", no_argument, 0, O_NO_OPTIM}, {"dry-run", no_argument, 0, O_DRY},
         {"verify", no_argument, 0, O_VERIFY}, {"json", no_argument, 0, O_JSON}, {"force", no_argument, 0, O_FORCE},
-        {"progress", no_argument, 0, O_PROGRESS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"progress", no_argument, 0, O_PROGRESS}, {"format", required_argument, 0, O_FORMAT},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
         case O_TO: to = optarg; break;
         case O_FROM: from = optarg; break;
+        case O_FORMAT:
+            if (strcmp(optarg, "tp") && strcmp(optarg, "megatron")) die_usage("--format expects tp or megatron, got '%s'", optarg);
+            output_format = optarg;
+            break;
         case O_THREADS: options.threads = (int)cli_int("tp-reshard", "--threads", optarg, 1, 1024); break;
         case O_MEMORY: options.memory_limit = cli_size("tp-reshard", "--memory-limit", optarg); break;
         case O_DEVICE:
@@ -186,8 +195,18 @@ int main(int argc, char **argv)
     int from_tp = 0, from_pp = 0;
     if (from && reshard_parse_layout(from, &from_tp, &from_pp)) die_usage("--from: %s", tp_errmsg());
 
+    /* A foreign source has no digests of its own: they are computed (one
+     * read of it) only when --verify needs them. */
     ckpt_reader *source = NULL;
-    if (ckpt_reader_open(&source, argv[optind], NULL)) return fail("%s", tp_errmsg());
+    const char *source_format = NULL;
+    if (formats_open_checkpoint(argv[optind], NULL, verify, &source, &source_format)) return fail("%s", tp_errmsg());
+    int megatron_source = strcmp(source_format, "tp") != 0;
+    if (output_format ? !strcmp(output_format, "megatron") : megatron_source) {
+        int code = fail("writing Megatron-LM checkpoints is not implemented yet; --format tp writes %s in this "
+                        "toolkit's format", ckpt_reader_path(source));
+        ckpt_reader_close(source);
+        return code;
+    }
     const ckpt_layout *layout = ckpt_reader_layout(source);
     if ((from_tp && from_tp != layout->tp) || (from_pp && from_pp != layout->pp)) {
         int code = fail("--from %s does not match %s, which is tp%dpp%d", from, ckpt_reader_path(source), layout->tp,

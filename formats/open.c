@@ -1,0 +1,22 @@
+/* open.c: a checkpoint of any format the toolkit reads, as a ckpt_reader. */
+#include <string.h>
+
+#include "../common/error.h"
+#include "formats.h"
+#include "megatron.h"
+
+int formats_open_checkpoint(const char *path, const ckpt_read_options *options, int compute_digests, ckpt_reader **out,
+                            const char **format)
+{
+    *out = NULL;
+    if (!megatron_detect(path)) {
+        if (format) *format = "tp";
+        return ckpt_reader_open(out, path, options);
+    }
+    if (format) *format = "megatron-legacy";
+    megatron_checkpoint *m;
+    TP_TRY(megatron_open(path, &m));
+    int status = megatron_reader_open(m, compute_digests, out);
+    megatron_close(m);
+    return status;
+}
