@@ -21,7 +21,7 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 	-gencode arch=compute_90,code=compute_90
 
 # Third-party headers come in as system headers so their warnings stay theirs.
-PKGS := hdf5 libzstd libcjson libxxhash openblas ompi-c libcrypto libcurl
+PKGS := hdf5 libzstd libcjson libxxhash openblas ompi-c libcrypto libcurl zlib
 PKG_CFLAGS := $(patsubst -I%,-isystem %,$(shell pkg-config --cflags $(PKGS) 2>/dev/null))
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -97,7 +97,8 @@ LIB_ELASTIC := $(BUILD)/lib/libtpelastic.a
 # What each program links, top of the stack first.
 CKPT_STACK := $(LIB_CKPT) $(LIB_KERNELS) $(LIB_COMMON)
 RESHARD_STACK := $(LIB_RESHARD) $(CKPT_STACK)
-MODEL_STACK := $(LIB_MODEL) $(LIB_FORMATS) $(CKPT_STACK)
+# formats/ writes Megatron checkpoints through reshard/ (pieces at a layout).
+MODEL_STACK := $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
 TRAINER_STACK := $(LIB_TRAINER) $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
 # The orchestrator runs the trainer as a program: it links no trainer code.
 ELASTIC_STACK := $(LIB_ELASTIC) $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
@@ -169,7 +170,7 @@ $(BUILD)/lib/%.a:
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/bin/tp-ckpt: $(call obj,programs/tp-ckpt.c) $(CLI_OBJ) $(SYNTH_OBJ) $(MODEL_STACK)
-# tp-reshard reads other tools' checkpoints through formats/.
+# tp-reshard reads and writes other tools' checkpoints through formats/.
 $(BUILD)/bin/tp-reshard: $(call obj,programs/tp-reshard.c) $(CLI_OBJ) $(LIB_FORMATS) $(RESHARD_STACK)
 $(BUILD)/bin/tp-train: $(call obj,programs/tp-train.c) $(CLI_OBJ) $(LIB_COMM_MPI) $(TRAINER_STACK)
 $(BUILD)/bin/tp-elastic: $(call obj,programs/tp-elastic.c $(wildcard programs/elastic_*.c)) $(CLI_OBJ) $(ELASTIC_STACK)

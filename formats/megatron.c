@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "../common/error.h"
-#include "megatron.h"
+#include "megatron_internal.h"
 
 #define RANK_FILE "model_optim_rng.pt"
 
@@ -136,6 +136,7 @@ static int read_config(megatron_checkpoint *m, const torch_archive *archive)
         return tp_fail(TP_ERR_VERSION, "%s: checkpoint_version %g; versions 2.0 and 3.0 are read", file, c->checkpoint_version);
     const pickle_value *iteration = pickle_get(root, "iteration");
     c->iteration = iteration && iteration->kind == PICKLE_INT ? iteration->integer : -1;
+    c->stored_iteration = c->iteration;
     int64_t v, per_chunk;
     /* Before version 3.0 args named the tensor-parallel size model_parallel_size. */
     TP_TRY(arg_int(args, file, "model_parallel_size", 1, &v));
@@ -419,6 +420,11 @@ static int visit_tensor(void *ctx, const char *path, const pickle_value *t)
     if (kind == NAME_SKIP) return TP_OK;
     /* Megatron-Core's flat names start at the module: no language_model. */
     if (!has_prefix(path, "language_model.") && has_prefix(path, "decoder.")) w->m->config.core_names = 1;
+    if (has_suffix(name, ".input_norm.weight"))
+        w->m->config.naming = has_suffix(path, "linear_qkv.layer_norm_weight") ? MEGATRON_NAMES_CORE
+                              : has_prefix(path, "decoder.")                    ? MEGATRON_NAMES_CORE_LOCAL
+                              : has_suffix(path, "input_layernorm.weight")      ? MEGATRON_NAMES_LEGACY_LAYERNORM
+                                                                                : MEGATRON_NAMES_LEGACY;
     if (kind == NAME_HEAD_COPY) {
         /* The last stage's copy of the tied word embeddings: same piece shape. */
         megatron_tensor_entry copy = {0};
@@ -539,6 +545,7 @@ int megatron_open(const char *path, megatron_checkpoint **out)
         }
     }
     for (int p = 0; p < (status ? 0 : c->pp) && !status; p++) status = read_stage(m, p);
+    if (!status && m->config.core_names && m->config.naming < MEGATRON_NAMES_CORE) m->config.naming = MEGATRON_NAMES_CORE;
     if (!status) status = check_complete(m);
     if (status) {
         megatron_close(m);
@@ -667,4 +674,31 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
     free(piece_file);
     free(tensors);
     return status;
+}
+
+const char *megatron_naming_name(megatron_naming naming)
+{
+    static const char *names[] = {"legacy", "legacy-layernorm", "core", "core-local"};
+    return (unsigned)naming < 4 ? names[naming] : "?";
+}
+
+int megatron_naming_parse(const char *text, megatron_naming *out)
+{
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(text, megatron_naming_name((megatron_naming)i))) {
+            *out = (megatron_naming)i;
+            return TP_OK;
+        }
+    return tp_fail(TP_ERR_ARG, "'%s' is not a Megatron naming (legacy, legacy-layernorm, core or core-local)", text);
+}
+
+const pickle_value *megatron_args(const megatron_checkpoint *m)
+{
+    return pickle_get(torch_archive_root(m->archives[0]), "args");
+}
+
+const pickle_value *megatron_model_value(const megatron_checkpoint *m, const char *key)
+{
+    const pickle_value *model = pickle_get(torch_archive_root(m->archives[0]), m->config.vpp > 1 ? "model0" : "model");
+    return pickle_get(model, key);
 }

@@ -40,11 +40,25 @@
 #include "../ckpt/ckpt.h"
 #include "torch.h"
 
+/* How a checkpoint names its tensors (docs/MEGATRON.md section 4). */
+typedef enum {
+    MEGATRON_NAMES_LEGACY,           /* megatron/legacy: input_norm, post_attention_norm, final_norm, _extra_state */
+    MEGATRON_NAMES_LEGACY_LAYERNORM, /* older legacy: input_layernorm, post_attention_layernorm, final_layernorm */
+    MEGATRON_NAMES_CORE,             /* Megatron-Core, Transformer Engine: linear_qkv.layer_norm_weight, ... */
+    MEGATRON_NAMES_CORE_LOCAL,       /* Megatron-Core, local modules: input_layernorm, pre_mlp_layernorm */
+} megatron_naming;
+
+/* "legacy", "legacy-layernorm", "core", "core-local" and back. */
+const char *megatron_naming_name(megatron_naming naming);
+int megatron_naming_parse(const char *text, megatron_naming *out);
+
 typedef struct {
     int64_t iteration;           /* -1 for a release checkpoint */
     double checkpoint_version;
     int tp, pp, vpp;             /* vpp 1 without a virtual pipeline */
     int core_names;              /* Megatron-Core's flat names (else the legacy nested dicts) */
+    megatron_naming naming;      /* in detail */
+    int64_t stored_iteration;    /* `iteration` as the files hold it (also in a release checkpoint) */
     int64_t num_layers, hidden, ffn, heads, query_groups, kv_channels;
     int64_t padded_vocab, vocab_divisible_by, max_positions;
     int swiglu, untied, learned_positions, has_bias, tied_head_copy;
@@ -91,5 +105,23 @@ int megatron_read_piece(const megatron_checkpoint *checkpoint, int index, int tp
  * as the step; each tensor's logical digest computed when compute_digests
  * (a read of every byte). The reader does not need the checkpoint after. */
 int megatron_reader_open(const megatron_checkpoint *checkpoint, int compute_digests, ckpt_reader **out);
+
+typedef struct {
+    int tp, pp;             /* the output's degrees; 0 keeps the template's */
+    int naming;             /* a megatron_naming; -1: the template's */
+    int overwrite;          /* replace an existing output */
+} megatron_write_options;
+
+/* Writes the weights of source (tensors with this reader's canonical names,
+ * at any layout: a Megatron checkpoint's reader, or its reshard) as a
+ * Megatron-LM legacy checkpoint at out: latest_checkpointed_iteration.txt
+ * and the iteration's directory of rank files that torch.load reads, with
+ * template's args (the parallel sizes changed), checkpoint_version 3.0 and
+ * iteration. No optimizer or RNG state is written (as Megatron's own
+ * converters do). The output is staged and appears whole or not at all.
+ * Refused, naming the cause: a layout the model does not divide into, and
+ * a padded vocabulary that is not a multiple of the target's padding. */
+int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, const megatron_write_options *options,
+                   const char *out);
 
 #endif

@@ -787,6 +787,7 @@ static int step(machine *m, int *stopped)
         TP_TRY(pop(m, &b));
         TP_TRY(pop(m, &a));
         TP_TRY(call(m, a, b, 0, &c));
+        if (c->kind == PICKLE_OBJECT) c->object.newobj = 1;
         return push(m, c);
     case 0x92: /* NEWOBJ_EX: cls.__new__(cls, *args, **kwargs) */
         TP_TRY(pop(m, &c));

@@ -96,6 +96,7 @@ struct pickle_value {
             pickle_value *state; /* what BUILD gave it (NULL if nothing) */
             pickle_value *items; /* a DICT of what SETITEM(S) added (a defaultdict's items), or NULL */
             pickle_value *list;  /* a LIST of what APPEND(S) added, or NULL */
+            int newobj;          /* made by NEWOBJ (cls.__new__), not by calling cls */
         } object;
         struct {
             const char *key;      /* the entry ARCHIVE/data/KEY */

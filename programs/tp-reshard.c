@@ -13,7 +13,7 @@
 #include "cli.h"
 #include "../common/parallel.h"
 #include "progress.h"
-#include "../formats/formats.h"
+#include "../formats/megatron.h"
 #include "../reshard/reshard.h"
 
 static const char *usage_text =
@@ -24,8 +24,10 @@ static const char *usage_text =
     "\n"
     "  --to LAYOUT              target degrees: tp4, pp2 or tp4pp2 (a degree not named is kept)\n"
     "  --from LAYOUT            the source's degrees, checked against its metadata\n"
-    "  --format tp|megatron     the output's format (default: the source's); writing Megatron-LM\n"
-    "                           checkpoints is not implemented yet\n"
+    "  --format tp|megatron     the output's format (default: the source's); a Megatron-LM output\n"
+    "                           needs a Megatron-LM source (its args) and holds the weights only\n"
+    "  --megatron-names legacy|legacy-layernorm|core|core-local\n"
+    "                           the Megatron output's tensor names (default: the source's)\n"
     "  -o, --output DIR         output checkpoint (default: beside CKPT, named after the layout)\n"
     "  --threads N              worker threads (default: all cores)\n"
     "  --memory-limit SIZE      bound on memory, e.g. 512M or 4G (default 1G)\n"
@@ -134,6 +136,50 @@ static void default_output(const char *source, int tp, int pp, char *out, size_t
     snprintf(out, size, "%.*s_tp%dpp%d", (int)end, source, tp, pp);
 }
 
+/* A Megatron-LM source written back as a Megatron-LM checkpoint at the
+ * target layout (weights only), verified by digests when asked. */
+static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatron, const reshard_options *options,
+                          const char *source_path, const char *out, int naming, int verify, const char *from)
+{
+    const megatron_config *c = megatron_config_of(megatron);
+    int from_tp = 0, from_pp = 0;
+    if (from) reshard_parse_layout(from, &from_tp, &from_pp);
+    if ((from_tp && from_tp != c->tp) || (from_pp && from_pp != c->pp))
+        return fail("--from %s does not match %s, which is tp%dpp%d", from, megatron_path(megatron), c->tp, c->pp);
+    megatron_write_options wo = {.tp = options->tp, .pp = options->pp, .naming = naming, .overwrite = options->overwrite};
+    int tp = wo.tp ? wo.tp : c->tp, pp = wo.pp ? wo.pp : c->pp;
+    char default_out[4200];
+    if (!out) {
+        default_output(source_path, tp, pp, default_out, sizeof default_out);
+        out = default_out;
+    }
+    double start = now_seconds();
+    if (megatron_write(source, megatron, &wo, out)) return fail("%s", tp_errmsg());
+    double seconds = now_seconds() - start;
+    printf("resharded %s (Megatron-LM tp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names): %d tensors, weights only, "
+           "in %.2f s\n", megatron_path(megatron), c->tp, c->pp, out, tp, pp,
+           megatron_naming_name(naming >= 0 ? (megatron_naming)naming : c->naming), ckpt_reader_num_tensors(source),
+           seconds);
+    if (!verify) return 0;
+    megatron_checkpoint *written = NULL;
+    ckpt_reader *output = NULL;
+    reshard_verify_result checked = {0, 0, ""};
+    int code = 0;
+    start = now_seconds();
+    if (megatron_open(out, &written) || megatron_reader_open(written, 1, &output) ||
+        reshard_verify(source, output, options->threads, &checked))
+        code = fail("%s", tp_errmsg());
+    else if (checked.mismatches)
+        code = fail("verification failed: %d of %d tensors differ from the source; first: %s", checked.mismatches,
+                    checked.tensors, checked.first_mismatch);
+    else
+        printf("verified: %d tensors equal to the source (logical digests), in %.2f s\n", checked.tensors,
+               now_seconds() - start);
+    ckpt_reader_close(output);
+    megatron_close(written);
+    return code;
+}
+
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
@@ -141,9 +187,10 @@ int main(int argc, char **argv)
     reshard_options options;
     reshard_options_init(&options);
     const char *to = NULL, *from = NULL, *out = NULL, *output_format = NULL;
+    int naming = -1;
     int dry_run = 0, verify = 0, json = 0, force_progress = 0;
     enum { O_TO = 256, O_FROM, O_THREADS, O_MEMORY, O_DEVICE, O_DTYPE, O_COMPRESS, O_NO_OPTIM, O_DRY, O_VERIFY,
-           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT };
+           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES };
     static const struct option long_options[] = {
         {"to", required_argument, 0, O_TO}, {"from", required_argument, 0, O_FROM},
         {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, O_THREADS},
@@ -152,6 +199,7 @@ int main(int argc, char **argv)
         {"no-optim", no_argument, 0, O_NO_OPTIM}, {"dry-run", no_argument, 0, O_DRY},
         {"verify", no_argument, 0, O_VERIFY}, {"json", no_argument, 0, O_JSON}, {"force", no_argument, 0, O_FORCE},
         {"progress", no_argument, 0, O_PROGRESS}, {"format", required_argument, 0, O_FORMAT},
+        {"megatron-names", required_argument, 0, O_NAMES},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
@@ -163,6 +211,12 @@ int main(int argc, char **argv)
             if (strcmp(optarg, "tp") && strcmp(optarg, "megatron")) die_usage("--format expects tp or megatron, got '%s'", optarg);
             output_format = optarg;
             break;
+        case O_NAMES: {
+            megatron_naming parsed;
+            if (megatron_naming_parse(optarg, &parsed)) die_usage("--megatron-names: %s", tp_errmsg());
+            naming = (int)parsed;
+            break;
+        }
         case O_THREADS: options.threads = (int)cli_int("tp-reshard", "--threads", optarg, 1, 1024); break;
         case O_MEMORY: options.memory_limit = cli_size("tp-reshard", "--memory-limit", optarg); break;
         case O_DEVICE:
@@ -195,16 +249,38 @@ int main(int argc, char **argv)
     int from_tp = 0, from_pp = 0;
     if (from && reshard_parse_layout(from, &from_tp, &from_pp)) die_usage("--from: %s", tp_errmsg());
 
-    /* A foreign source has no digests of its own: they are computed (one
-     * read of it) only when --verify needs them. */
+    /* A Megatron source is read as a foreign checkpoint, without digests
+     * of its own: they are computed (one read of it) only when --verify
+     * needs them. */
     ckpt_reader *source = NULL;
-    const char *source_format = NULL;
-    if (formats_open_checkpoint(argv[optind], NULL, verify, &source, &source_format)) return fail("%s", tp_errmsg());
-    int megatron_source = strcmp(source_format, "tp") != 0;
-    if (output_format ? !strcmp(output_format, "megatron") : megatron_source) {
-        int code = fail("writing Megatron-LM checkpoints is not implemented yet; --format tp writes %s in this "
-                        "toolkit's format", ckpt_reader_path(source));
+    megatron_checkpoint *megatron = NULL;
+    if (megatron_detect(argv[optind])) {
+        if (megatron_open(argv[optind], &megatron) || megatron_reader_open(megatron, verify, &source)) {
+            int code = fail("%s", tp_errmsg());
+            megatron_close(megatron);
+            return code;
+        }
+    } else if (ckpt_reader_open(&source, argv[optind], NULL)) {
+        return fail("%s", tp_errmsg());
+    }
+    int megatron_out = output_format ? !strcmp(output_format, "megatron") : megatron != NULL;
+    const char *refusal = NULL;
+    if (megatron_out && !megatron)
+        refusal = "writing a Megatron-LM checkpoint from this toolkit's format is not implemented yet (the Megatron "
+                  "output takes a Megatron source's args)";
+    else if (megatron && megatron_config_of(megatron)->has_optimizer && !options.drop_optimizer)
+        refusal = "the optimizer state of Megatron-LM checkpoints is not read yet; --no-optim converts the weights "
+                  "only (as Megatron's own converters do)";
+    if (refusal) {
+        int code = fail("%s: %s", argv[optind], refusal);
         ckpt_reader_close(source);
+        megatron_close(megatron);
+        return code;
+    }
+    if (megatron_out) {
+        int code = write_megatron(source, megatron, &options, argv[optind], out, naming, verify, from);
+        ckpt_reader_close(source);
+        megatron_close(megatron);
         return code;
     }
     const ckpt_layout *layout = ckpt_reader_layout(source);
@@ -212,6 +288,7 @@ int main(int argc, char **argv)
         int code = fail("--from %s does not match %s, which is tp%dpp%d", from, ckpt_reader_path(source), layout->tp,
                         layout->pp);
         ckpt_reader_close(source);
+        megatron_close(megatron);
         return code;
     }
     char default_out[4200];
@@ -232,6 +309,7 @@ int main(int argc, char **argv)
     if (reshard_plan_create(&plan, source, &options)) {
         int code = fail("%s", tp_errmsg());
         ckpt_reader_close(source);
+        megatron_close(megatron);
         return code;
     }
     const reshard_summary *s = reshard_plan_summary(plan);
@@ -251,6 +329,7 @@ int main(int argc, char **argv)
         }
         reshard_plan_free(plan);
         ckpt_reader_close(source);
+        megatron_close(megatron);
         return 0;
     }
 
@@ -300,5 +379,6 @@ int main(int argc, char **argv)
     }
     reshard_plan_free(plan);
     ckpt_reader_close(source);
+    megatron_close(megatron);
     return code;
 }

@@ -1,0 +1,477 @@
+/* torch_write.c: torch.save files written without PyTorch (torch_write.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "../common/error.h"
+#include "torch_write.h"
+
+#define ALIGNMENT 64          /* PyTorch's writer aligns entry data to 64 bytes */
+#define LOCAL_HEADER 30
+#define CENTRAL_HEADER 46
+#define ZIP32_MAX 0xFFFFFFFFu
+
+typedef struct {
+    char *name;
+    int64_t offset, size; /* of the local header; of the data */
+    uint32_t crc;
+} written_entry;
+
+struct torch_writer {
+    FILE *file;
+    char path[4096];
+    char archive[128];
+    int64_t at;           /* bytes written */
+    written_entry *entries;
+    int count, capacity;
+    int storages, written;  /* tensors emitted; storages written */
+    int64_t *storage_bytes; /* per tensor emitted */
+    int pickle_written;
+    byte_buffer pickle;
+    int failed;
+};
+
+/* ------------------------------------------------------------------ bytes */
+
+static void put_le(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static int write_bytes(torch_writer *w, const void *data, size_t size)
+{
+    if (size && fwrite(data, 1, size, w->file) != size)
+        return tp_fail(TP_ERR_IO, "%s: cannot write: %s", w->path, strerror(errno));
+    w->at += (int64_t)size;
+    return TP_OK;
+}
+
+static uint32_t crc_of(const void *data, int64_t size)
+{
+    uLong crc = crc32(0L, Z_NULL, 0);
+    const unsigned char *p = data;
+    while (size > 0) { /* crc32 takes a uInt length */
+        uInt n = size > (1 << 30) ? (1u << 30) : (uInt)size;
+        crc = crc32(crc, p, n);
+        p += n;
+        size -= n;
+    }
+    return (uint32_t)crc;
+}
+
+/* A stored entry: its local header (with a Zip64 field for sizes past 4 GiB,
+ * and an extra field padding the data to the alignment), then its data. */
+static int add_entry(torch_writer *w, const char *name, const void *data, int64_t size)
+{
+    if (w->count == w->capacity) {
+        int next = w->capacity ? 2 * w->capacity : 32;
+        written_entry *bigger = realloc(w->entries, (size_t)next * sizeof *bigger);
+        if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        w->entries = bigger;
+        w->capacity = next;
+    }
+    char full[512];
+    int name_size = snprintf(full, sizeof full, "%s/%s", w->archive, name);
+    written_entry *e = &w->entries[w->count];
+    if (!(e->name = strdup(full))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    w->count++;
+    e->offset = w->at;
+    e->size = size;
+    e->crc = crc_of(data, size);
+    int zip64 = size >= ZIP32_MAX;
+    int extra = zip64 ? 20 : 0;
+    int64_t data_at = e->offset + LOCAL_HEADER + name_size + extra;
+    int pad = (int)((ALIGNMENT - (data_at + 4) % ALIGNMENT) % ALIGNMENT); /* after a 4-byte extra header */
+    extra += 4 + pad;
+    unsigned char h[LOCAL_HEADER + 512 + 20 + 4 + ALIGNMENT] = {0};
+    memcpy(h, "PK\3\4", 4);
+    put_le(h + 4, zip64 ? 45 : 20, 2); /* version needed */
+    put_le(h + 14, e->crc, 4);
+    put_le(h + 18, zip64 ? ZIP32_MAX : (uint64_t)size, 4);
+    put_le(h + 22, zip64 ? ZIP32_MAX : (uint64_t)size, 4);
+    put_le(h + 26, (uint64_t)name_size, 2);
+    put_le(h + 28, (uint64_t)extra, 2);
+    memcpy(h + LOCAL_HEADER, full, (size_t)name_size);
+    unsigned char *x = h + LOCAL_HEADER + name_size;
+    if (zip64) {
+        put_le(x, 1, 2);
+        put_le(x + 2, 16, 2);
+        put_le(x + 4, (uint64_t)size, 8);
+        put_le(x + 12, (uint64_t)size, 8);
+        x += 20;
+    }
+    put_le(x, 0x4246, 2); /* "FB": PyTorch's padding field */
+    put_le(x + 2, (uint64_t)pad, 2);
+    TP_TRY(write_bytes(w, h, (size_t)(LOCAL_HEADER + name_size + extra)));
+    return write_bytes(w, data, (size_t)size);
+}
+
+/* The central directory, Zip64 records where needed, the end record. */
+static int write_directory(torch_writer *w)
+{
+    int64_t start = w->at;
+    for (int i = 0; i < w->count; i++) {
+        const written_entry *e = &w->entries[i];
+        int big_size = e->size >= ZIP32_MAX, big_offset = e->offset >= ZIP32_MAX;
+        int extra = big_size || big_offset ? 4 + 8 * (2 * big_size + big_offset) : 0;
+        size_t name_size = strlen(e->name);
+        unsigned char h[CENTRAL_HEADER + 512 + 28] = {0};
+        memcpy(h, "PK\1\2", 4);
+        put_le(h + 4, 45, 2);
+        put_le(h + 6, extra ? 45 : 20, 2);
+        put_le(h + 16, e->crc, 4);
+        put_le(h + 20, big_size ? ZIP32_MAX : (uint64_t)e->size, 4);
+        put_le(h + 24, big_size ? ZIP32_MAX : (uint64_t)e->size, 4);
+        put_le(h + 28, name_size, 2);
+        put_le(h + 30, (uint64_t)extra, 2);
+        put_le(h + 42, big_offset ? ZIP32_MAX : (uint64_t)e->offset, 4);
+        memcpy(h + CENTRAL_HEADER, e->name, name_size);
+        unsigned char *x = h + CENTRAL_HEADER + name_size;
+        if (extra) {
+            put_le(x, 1, 2);
+            put_le(x + 2, (uint64_t)(extra - 4), 2);
+            x += 4;
+            if (big_size) {
+                put_le(x, (uint64_t)e->size, 8);
+                put_le(x + 8, (uint64_t)e->size, 8);
+                x += 16;
+            }
+            if (big_offset) put_le(x, (uint64_t)e->offset, 8);
+        }
+        TP_TRY(write_bytes(w, h, CENTRAL_HEADER + name_size + (size_t)extra));
+    }
+    int64_t size = w->at - start;
+    int zip64 = w->count >= 0xFFFF || start >= ZIP32_MAX || size >= ZIP32_MAX;
+    if (zip64) {
+        unsigned char z[56 + 20] = {0};
+        memcpy(z, "PK\6\6", 4);
+        put_le(z + 4, 44, 8);
+        put_le(z + 12, 45, 2);
+        put_le(z + 14, 45, 2);
+        put_le(z + 24, (uint64_t)w->count, 8);
+        put_le(z + 32, (uint64_t)w->count, 8);
+        put_le(z + 40, (uint64_t)size, 8);
+        put_le(z + 48, (uint64_t)start, 8);
+        memcpy(z + 56, "PK\6\7", 4);
+        put_le(z + 64, (uint64_t)(start + size), 8);
+        put_le(z + 72, 1, 4);
+        TP_TRY(write_bytes(w, z, sizeof z));
+    }
+    unsigned char end[22] = {0};
+    memcpy(end, "PK\5\6", 4);
+    put_le(end + 8, zip64 ? 0xFFFF : (uint64_t)w->count, 2);
+    put_le(end + 10, zip64 ? 0xFFFF : (uint64_t)w->count, 2);
+    put_le(end + 12, zip64 ? ZIP32_MAX : (uint64_t)size, 4);
+    put_le(end + 16, zip64 ? ZIP32_MAX : (uint64_t)start, 4);
+    return write_bytes(w, end, sizeof end);
+}
+
+/* ------------------------------------------------------------------ pickle */
+
+static void op(byte_buffer *b, unsigned char code)
+{
+    buffer_put(b, &code, 1);
+}
+
+void pk_none(byte_buffer *b)
+{
+    op(b, 'N');
+}
+
+void pk_bool(byte_buffer *b, int value)
+{
+    op(b, value ? 0x88 : 0x89);
+}
+
+void pk_int(byte_buffer *b, int64_t value)
+{
+    unsigned char v[9];
+    if (value >= 0 && value < 256) {
+        op(b, 'K');
+        v[0] = (unsigned char)value;
+        buffer_put(b, v, 1);
+    } else if (value >= INT32_MIN && value <= INT32_MAX) {
+        op(b, 'J');
+        put_le(v, (uint64_t)(int64_t)value, 4);
+        buffer_put(b, v, 4);
+    } else {
+        op(b, 0x8a); /* LONG1 of 8 bytes, two's complement */
+        v[0] = 8;
+        put_le(v + 1, (uint64_t)value, 8);
+        buffer_put(b, v, 9);
+    }
+}
+
+void pk_float(byte_buffer *b, double value)
+{
+    uint64_t bits;
+    memcpy(&bits, &value, 8);
+    unsigned char v[8];
+    for (int i = 0; i < 8; i++) v[i] = (unsigned char)(bits >> (56 - 8 * i)); /* big-endian */
+    op(b, 'G');
+    buffer_put(b, v, 8);
+}
+
+static void pk_text(byte_buffer *b, unsigned char code, const void *text, size_t size)
+{
+    unsigned char n[4];
+    put_le(n, size, 4);
+    op(b, code);
+    buffer_put(b, n, 4);
+    buffer_put(b, text, size);
+}
+
+void pk_string(byte_buffer *b, const char *text)
+{
+    pk_text(b, 'X', text, strlen(text));
+}
+
+void pk_global(byte_buffer *b, const char *module, const char *name)
+{
+    op(b, 'c');
+    buffer_put_text(b, module);
+    buffer_put_text(b, "\n");
+    buffer_put_text(b, name);
+    buffer_put_text(b, "\n");
+}
+
+void pk_dict_begin(byte_buffer *b)
+{
+    op(b, '}');
+    op(b, '(');
+}
+
+void pk_ordered_dict_begin(byte_buffer *b)
+{
+    pk_global(b, "collections", "OrderedDict");
+    op(b, ')');
+    op(b, 'R');
+    op(b, '(');
+}
+
+void pk_dict_end(byte_buffer *b)
+{
+    op(b, 'u');
+}
+
+/* "module.name" split at its last dot. */
+static void pk_global_named(byte_buffer *b, const char *qualified)
+{
+    const char *dot = strrchr(qualified, '.');
+    char module[512];
+    snprintf(module, sizeof module, "%.*s", dot ? (int)(dot - qualified) : 0, qualified);
+    pk_global(b, dot ? module : "builtins", dot ? dot + 1 : qualified);
+}
+
+static int pk_items(byte_buffer *b, const pickle_items *items)
+{
+    for (int64_t i = 0; i < items->count; i++) TP_TRY(pk_value(b, items->items[i]));
+    return TP_OK;
+}
+
+int pk_value(byte_buffer *b, const pickle_value *v)
+{
+    switch (v->kind) {
+    case PICKLE_NONE: pk_none(b); return TP_OK;
+    case PICKLE_BOOL: pk_bool(b, (int)v->integer); return TP_OK;
+    case PICKLE_INT: pk_int(b, v->integer); return TP_OK;
+    case PICKLE_FLOAT: pk_float(b, v->real); return TP_OK;
+    case PICKLE_STRING: pk_text(b, 'X', v->text.data, (size_t)v->text.size); return TP_OK;
+    case PICKLE_BYTES: pk_text(b, 'B', v->text.data, (size_t)v->text.size); return TP_OK;
+    case PICKLE_BIGINT: {
+        unsigned char n[4];
+        put_le(n, (uint64_t)v->text.size, 4);
+        op(b, 0x8b); /* LONG4 */
+        buffer_put(b, n, 4);
+        buffer_put(b, v->text.data, (size_t)v->text.size);
+        return TP_OK;
+    }
+    case PICKLE_GLOBAL: pk_global_named(b, v->text.data); return TP_OK;
+    case PICKLE_TUPLE:
+        op(b, '(');
+        TP_TRY(pk_items(b, &v->items));
+        op(b, 't');
+        return TP_OK;
+    case PICKLE_LIST:
+        op(b, ']');
+        op(b, '(');
+        TP_TRY(pk_items(b, &v->items));
+        op(b, 'e');
+        return TP_OK;
+    case PICKLE_SET:
+        pk_global(b, "builtins", "set");
+        op(b, '(');
+        op(b, ']');
+        op(b, '(');
+        TP_TRY(pk_items(b, &v->items));
+        op(b, 'e');
+        op(b, 't');
+        op(b, 'R');
+        return TP_OK;
+    case PICKLE_DICT:
+        pk_dict_begin(b);
+        for (int64_t i = 0; i < v->dict.keys.count; i++) {
+            TP_TRY(pk_value(b, v->dict.keys.items[i]));
+            TP_TRY(pk_value(b, v->dict.values.items[i]));
+        }
+        pk_dict_end(b);
+        return TP_OK;
+    case PICKLE_OBJECT:
+        /* The call again, then what BUILD, SETITEMS and APPENDS gave it. */
+        pk_global_named(b, v->object.cls);
+        if (v->object.args) TP_TRY(pk_value(b, v->object.args));
+        else op(b, ')');
+        op(b, v->object.newobj ? 0x81 : 'R');
+        if (v->object.state) {
+            TP_TRY(pk_value(b, v->object.state));
+            op(b, 'b');
+        }
+        if (v->object.items) {
+            op(b, '(');
+            for (int64_t i = 0; i < v->object.items->dict.keys.count; i++) {
+                TP_TRY(pk_value(b, v->object.items->dict.keys.items[i]));
+                TP_TRY(pk_value(b, v->object.items->dict.values.items[i]));
+            }
+            op(b, 'u');
+        }
+        if (v->object.list) {
+            op(b, '(');
+            TP_TRY(pk_items(b, &v->object.list->items));
+            op(b, 'e');
+        }
+        return TP_OK;
+    default:
+        return tp_fail(TP_ERR_ARG, "a %s cannot be written back as plain data", pickle_kind_name(v->kind));
+    }
+}
+
+/* ------------------------------------------------------------------ files */
+
+static const char *storage_class(torch_dtype dtype)
+{
+    static const char *names[] = {"FloatStorage", "DoubleStorage", "HalfStorage", "BFloat16Storage",
+                                  "LongStorage",  "IntStorage",    "ShortStorage", "CharStorage",
+                                  "ByteStorage",  "BoolStorage",   "ComplexFloatStorage", "ComplexDoubleStorage"};
+    return (unsigned)dtype < sizeof names / sizeof *names ? names[dtype] : "ByteStorage";
+}
+
+int torch_writer_open(const char *path, const char *archive, torch_writer **out)
+{
+    *out = NULL;
+    torch_writer *w = calloc(1, sizeof *w);
+    if (!w) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    snprintf(w->path, sizeof w->path, "%s", path);
+    snprintf(w->archive, sizeof w->archive, "%s", archive);
+    if (!(w->file = fopen(path, "wbx"))) {
+        int err = errno;
+        free(w);
+        return tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(err));
+    }
+    op(&w->pickle, 0x80); /* PROTO 2, as torch.save writes */
+    op(&w->pickle, 2);
+    *out = w;
+    return TP_OK;
+}
+
+byte_buffer *torch_writer_pickle(torch_writer *w)
+{
+    return &w->pickle;
+}
+
+int torch_writer_tensor(torch_writer *w, torch_dtype dtype, int ndim, const int64_t *shape)
+{
+    if (w->pickle_written) return tp_fail(TP_ERR_STATE, "%s: a tensor emitted after the pickle was written", w->path);
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; d++) numel *= shape[d];
+    if (w->storages % 64 == 0) {
+        int64_t *bigger = realloc(w->storage_bytes, (size_t)(w->storages + 64) * sizeof *bigger);
+        if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        w->storage_bytes = bigger;
+    }
+    w->storage_bytes[w->storages] = numel * (int64_t)torch_dtype_size(dtype);
+    char key[32];
+    snprintf(key, sizeof key, "%d", w->storages++);
+    /* _rebuild_tensor_v2((storage id), 0, shape, strides, False, OrderedDict()) */
+    byte_buffer *b = &w->pickle;
+    pk_global(b, "torch._utils", "_rebuild_tensor_v2");
+    op(b, '(');
+    op(b, '(');
+    pk_string(b, "storage");
+    pk_global(b, "torch", storage_class(dtype));
+    pk_string(b, key);
+    pk_string(b, "cpu");
+    pk_int(b, numel);
+    op(b, 't');
+    op(b, 'Q'); /* BINPERSID */
+    pk_int(b, 0);
+    op(b, '(');
+    for (int d = 0; d < ndim; d++) pk_int(b, shape[d]);
+    op(b, 't');
+    op(b, '(');
+    int64_t stride = 1, strides[TORCH_MAX_DIMS];
+    for (int d = ndim - 1; d >= 0; d--) {
+        strides[d] = stride;
+        stride *= shape[d];
+    }
+    for (int d = 0; d < ndim; d++) pk_int(b, strides[d]);
+    op(b, 't');
+    pk_bool(b, 0);
+    pk_global(b, "collections", "OrderedDict");
+    op(b, ')');
+    op(b, 'R');
+    op(b, 't');
+    op(b, 'R');
+    return TP_OK;
+}
+
+int torch_writer_begin_storages(torch_writer *w)
+{
+    op(&w->pickle, '.');
+    if (w->pickle.failed) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    w->pickle_written = 1;
+    return add_entry(w, "data.pkl", w->pickle.data, (int64_t)w->pickle.size);
+}
+
+int torch_writer_storage(torch_writer *w, const void *data, int64_t size)
+{
+    if (!w->pickle_written || w->written >= w->storages || size != w->storage_bytes[w->written])
+        return tp_fail(TP_ERR_STATE, "%s: storage %d of %d bytes out of order (%d emitted)", w->path, w->written,
+                       (int)size, w->storages);
+    char entry[48];
+    snprintf(entry, sizeof entry, "data/%d", w->written++);
+    return add_entry(w, entry, data, size);
+}
+
+static void free_writer(torch_writer *w)
+{
+    for (int i = 0; i < w->count; i++) free(w->entries[i].name);
+    free(w->entries);
+    free(w->storage_bytes);
+    free(w->pickle.data);
+    free(w);
+}
+
+int torch_writer_finish(torch_writer *w)
+{
+    int status = w->pickle_written && w->written == w->storages
+                     ? TP_OK
+                     : tp_fail(TP_ERR_STATE, "%s: %d of %d storages written", w->path, w->written, w->storages);
+    if (!status) status = add_entry(w, "version", "3\n", 2);
+    if (!status) status = add_entry(w, "byteorder", "little", 6);
+    if (!status) status = write_directory(w);
+    if (!status && (fflush(w->file) != 0 || fsync(fileno(w->file)) != 0))
+        status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", w->path, strerror(errno));
+    if (fclose(w->file) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", w->path, strerror(errno));
+    free_writer(w);
+    return status;
+}
+
+void torch_writer_abort(torch_writer *w)
+{
+    if (!w) return;
+    fclose(w->file);
+    free_writer(w);
+}

@@ -1,0 +1,56 @@
+/* torch_write.h (private to formats/): writing torch.save files that
+ * torch.load reads: a zip archive of stored entries, each entry's data
+ * aligned to 64 bytes as PyTorch aligns them, Zip64 records where sizes or
+ * offsets need them, a CRC-32 per entry (zlib's); ARCHIVE/data.pkl, a
+ * pickle of protocol 2 built with the pk_* calls, ARCHIVE/data/N per
+ * tensor, ARCHIVE/version and ARCHIVE/byteorder. */
+#ifndef TP_FORMATS_TORCH_WRITE_H
+#define TP_FORMATS_TORCH_WRITE_H
+
+#include <stdint.h>
+
+#include "../common/buffer.h"
+#include "../common/dtype.h"
+#include "torch.h"
+
+typedef struct torch_writer torch_writer;
+
+/* A new file at path (a local path; the caller stages it); archive is the
+ * folder name inside ("model_optim_rng"). As torch.save, the pickle comes
+ * first in the archive, then the storages: the caller emits the whole
+ * object (torch_writer_tensor for each tensor), calls
+ * torch_writer_begin_storages, then gives each tensor's bytes in the same
+ * order (torch_writer_storage), one at a time. */
+int torch_writer_open(const char *path, const char *archive, torch_writer **out);
+/* The pickle being built; the caller emits the saved object into it. */
+byte_buffer *torch_writer_pickle(torch_writer *writer);
+/* Emits, into the pickle, a row-major tensor of ndim dimensions of shape
+ * and dtype, whose bytes come later as the next storage. */
+int torch_writer_tensor(torch_writer *writer, torch_dtype dtype, int ndim, const int64_t *shape);
+/* Ends the pickle and writes it (ARCHIVE/data.pkl). */
+int torch_writer_begin_storages(torch_writer *writer);
+/* The bytes of the next tensor emitted: size must be its size. */
+int torch_writer_storage(torch_writer *writer, const void *data, int64_t size);
+/* Checks that every storage was written; writes version, byteorder and the
+ * central directory; syncs and closes the file; frees writer, whatever the
+ * outcome. */
+int torch_writer_finish(torch_writer *writer);
+/* Closes and frees without finishing (the caller removes the file). */
+void torch_writer_abort(torch_writer *writer);
+
+/* The pickle opcodes of the saved object: values, and containers opened
+ * with their *_begin and closed with pk_end_* (MARK ... SETITEMS). */
+void pk_none(byte_buffer *b);
+void pk_bool(byte_buffer *b, int value);
+void pk_int(byte_buffer *b, int64_t value);
+void pk_float(byte_buffer *b, double value);
+void pk_string(byte_buffer *b, const char *text);
+void pk_global(byte_buffer *b, const char *module, const char *name);
+void pk_dict_begin(byte_buffer *b);  /* {} then MARK: keys and values follow */
+void pk_dict_end(byte_buffer *b);    /* SETITEMS */
+void pk_ordered_dict_begin(byte_buffer *b); /* OrderedDict() then MARK (a module's state_dict()); pk_dict_end */
+/* A value read by pickle.c, written back: a Namespace, an enum, a dtype, a
+ * dict of them... Tensors and storages fail (TP_ERR_ARG). */
+int pk_value(byte_buffer *b, const pickle_value *value);
+
+#endif
