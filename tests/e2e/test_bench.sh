@@ -84,6 +84,11 @@ total=$(date +%s)
 bench bench-ckpt
 bench bench-reshard
 bench bench-export
+if "$PY" -c 'import torch' 2>/dev/null; then
+    bench bench-megatron
+else
+    echo "[$NAME] SKIP: bench-megatron: python3-torch is not installed"
+fi
 bench bench-train
 bench bench-elastic
 bench bench-remote

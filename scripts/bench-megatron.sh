@@ -1,0 +1,97 @@
+#!/bin/sh
+# make bench-megatron: Megatron-LM tp8 -> tp4 of a legacy checkpoint of about
+# 1B parameters (bf16 weights, written by PyTorch in Megatron's structure by
+# tests/support/megatron_fixture.py), side by side in one run with copying
+# the same files (cp -r) and the Python route users run today
+# (bench/megatron_reshard_baseline.py: torch.load, torch.cat/chunk,
+# torch.save), cold and warm page cache. Writes docs/BENCHMARKS.md (section
+# bench-megatron).
+#   BENCH_PARAMS_B (default 1): model size in billions of parameters
+#   BENCH_REPS (default 3): repetitions; the table gives medians
+#   BENCH_DIM, BENCH_VOCAB, and where it writes: scripts/bench-lib.sh (a tiny
+#   run: BENCH_PARAMS_B=0 BENCH_DIM=64 BENCH_VOCAB=256, 2 layers)
+set -eu
+cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
+BUILD=${BUILD:-build}
+PARAMS=${BENCH_PARAMS_B:-1}
+REPS=${BENCH_REPS:-3}
+DIR="$SCRATCH_ROOT/megatron"
+mkdir -p "$DIR"
+
+LAYERS=$(gpt_layers "$PARAMS")
+SHAPE="--tp 8 --pp 1 --layers $LAYERS --hidden $DIM --heads 16 --ffn $((4 * DIM)) --vocab $VOCAB --dtype bf16 --seed 1"
+if [ "$(cat "$DIR/src.shape" 2>/dev/null)" != "$SHAPE" ]; then
+    rm -rf "$DIR/src" "$DIR/src.shape"
+    $PY tests/support/megatron_fixture.py "$DIR/src" $SHAPE >/dev/null
+    echo "$SHAPE" >"$DIR/src.shape"
+fi
+BYTES=$(du -sb "$DIR/src" | cut -f1)
+
+warm_source() { find "$DIR/src" -type f -exec cat {} + >/dev/null; }
+clean_outputs() { rm -rf "$DIR/out" "$DIR/copy" "$DIR/py"; sync; }
+
+RESULTS="$DIR/results.txt"
+: >"$RESULTS"
+for rep in $(seq 1 "$REPS"); do
+    # The tools take turns going first, so that none always follows the same one.
+    case $((rep % 3)) in 1) order="reshard cp python" ;; 2) order="cp python reshard" ;; 0) order="python reshard cp" ;; esac
+    for cache in cold warm; do
+        for tool in $order; do
+            clean_outputs
+            if [ $cache = cold ]; then cold_cache "$DIR"; else warm_source; fi
+            case $tool in
+            reshard) m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --from tp8 --to tp4 -o "$DIR/out") ;;
+            cp) m=$(measure sh -c "cp -r '$DIR/src' '$DIR/copy' && sync") ;;
+            python) m=$(measure sh -c "$PY bench/megatron_reshard_baseline.py '$DIR/src' '$DIR/py' 4 && sync") ;;
+            esac
+            echo "$cache $tool $m" >>"$RESULTS"
+            echo "rep $rep $cache $tool: $m"
+        done
+    done
+done
+# The outputs the benchmark produced are right: ours by digests against the
+# source, the baseline's by the same tool's diff against ours.
+clean_outputs
+"$BUILD/bin/tp-reshard" "$DIR/src" --to tp4 -o "$DIR/out" --verify >/dev/null
+$PY bench/megatron_reshard_baseline.py "$DIR/src" "$DIR/py" 4
+"$BUILD/bin/tp-ckpt" diff "$DIR/out" "$DIR/py" >/dev/null
+clean_outputs
+
+TABLE=$($PY - "$RESULTS" "$BYTES" <<'PY'
+import json, statistics, sys
+bytes_ = int(sys.argv[2])
+runs = {}
+for line in open(sys.argv[1]):
+    cache, tool, m = line.split(" ", 2)
+    runs.setdefault((cache, tool), []).append(json.loads(m))
+def median(cache, tool, key):
+    return statistics.median(m[key] for m in runs[(cache, tool)])
+out = ["| cache | tool | runs | seconds (median) | GB/s | peak RSS | vs cp | vs Python |",
+       "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+for (cache, tool), ms in runs.items():
+    name = {"reshard": "tp-reshard tp8 -> tp4 (Megatron out)", "cp": "cp -r (same bytes)",
+            "python": "torch.load / cat / chunk / torch.save"}[tool]
+    seconds = median(cache, tool, "seconds")
+    out.append("| %s | %s | %d | %.1f | %.2f | %.0f MiB | %.2fx | %.2fx |" % (
+        cache, name, len(ms), seconds, bytes_ / seconds / 1e9, max(m["max_rss_bytes"] for m in ms) / 2**20,
+        median(cache, "cp", "seconds") / seconds, median(cache, "python", "seconds") / seconds))
+print("\n".join(out))
+PY
+)
+echo "$TABLE"
+SIZE=$(size_text "$BYTES" 2)
+doc_section bench-megatron "Megatron-LM resharding (bench-megatron)" <<DOC
+Command: \`make bench-megatron\` (BENCH_PARAMS_B=$PARAMS, BENCH_REPS=$REPS).
+Checkpoint: a Megatron-LM legacy checkpoint written by PyTorch (tests/support/megatron_fixture.py: GPT, hidden
+$DIM, $LAYERS layers, 16 heads, ffn $((4 * DIM)), vocabulary $VOCAB, bf16, legacy names), tp8: $SIZE of rank
+files, weights only (the optimizer state of Megatron checkpoints is not read yet). tp-reshard writes Megatron-LM
+tp4 rank files; the Python baseline (bench/megatron_reshard_baseline.py) does what users do by hand. Each tool
+starts from a dropped page cache (cold) or a source read just before (warm); its time includes making the output
+durable (fsync or \`sync\`). The tools take turns going first; figures are medians, peak RSS the largest. The
+outputs are checked after: ours by --verify, the baseline's equal to ours (tp-ckpt diff).
+Targets (issue): at least 0.9x \`cp\`, at least 5x the Python route, memory within \`--memory-limit\` (the
+Megatron writer does not take a limit yet: it holds the largest piece).
+
+$TABLE
+DOC
