@@ -84,18 +84,41 @@ static int find_iteration_dir(const char *path, char *out, size_t size)
     return TP_OK;
 }
 
-int megatron_detect(const char *path)
+/* Whether name is an iteration's directory name: iter_NNNNNNN or release. */
+static int iteration_dir_name(const char *path)
 {
-    char dir[4200], file[4300];
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (!strcmp(base, "release")) return 1;
+    if (strncmp(base, "iter_", 5) || strlen(base) < 12) return 0;
+    for (const char *c = base + 5; *c; c++)
+        if (*c < '0' || *c > '9') return 0;
+    return 1;
+}
+
+int megatron_detect(const char *path, int *found)
+{
+    char file[4300];
     ckpt_stat st;
-    /* A tracker file says Megatron even when what it holds is damaged. */
+    *found = 0;
+    /* A tracker file says Megatron even when what it holds is damaged. One
+     * look for it (a round trip in an object store), and the rank files
+     * only under a directory named as Megatron names an iteration's; a
+     * failing store is an error, not a "no". */
     snprintf(file, sizeof file, "%s/latest_checkpointed_iteration.txt", path);
-    if (!stat_path(file, &st) && st.exists) return 1;
-    if (find_iteration_dir(path, dir, sizeof dir)) return 0;
-    snprintf(file, sizeof file, "%s/mp_rank_00/" RANK_FILE, dir);
-    if (!stat_path(file, &st) && st.exists) return 1;
-    snprintf(file, sizeof file, "%s/mp_rank_00_000/" RANK_FILE, dir);
-    return !stat_path(file, &st) && st.exists;
+    TP_TRY(stat_path(file, &st));
+    if (st.exists || !iteration_dir_name(path)) {
+        *found = st.exists;
+        return TP_OK;
+    }
+    snprintf(file, sizeof file, "%s/mp_rank_00/" RANK_FILE, path);
+    TP_TRY(stat_path(file, &st));
+    if (!st.exists) {
+        snprintf(file, sizeof file, "%s/mp_rank_00_000/" RANK_FILE, path);
+        TP_TRY(stat_path(file, &st));
+    }
+    *found = st.exists;
+    return TP_OK;
 }
 
 /* ------------------------------------------------------------------ args */

@@ -68,10 +68,12 @@ typedef struct {
 
 typedef struct megatron_checkpoint megatron_checkpoint;
 
-/* Whether path looks like a Megatron legacy checkpoint: a directory holding
- * latest_checkpointed_iteration.txt (whatever it holds), or an iteration's
- * directory holding mp_rank_00/ or mp_rank_00_000/ with a rank file. */
-int megatron_detect(const char *path);
+/* Whether path is a Megatron legacy checkpoint (*found): a directory
+ * holding latest_checkpointed_iteration.txt (whatever it holds), or a
+ * directory named iter_NNNNNNN or release holding mp_rank_00/ or
+ * mp_rank_00_000/ with a rank file. A store that fails to answer is an
+ * error (a URL's server stalled), not a "no". */
+int megatron_detect(const char *path, int *found);
 
 /* Opens every rank file of the checkpoint at path (the directory with
  * latest_checkpointed_iteration.txt, or an iteration's directory) and checks

@@ -347,8 +347,9 @@ static int write_rank(rank_writer *r, const char *iteration_dir)
 static int replaceable_megatron(const char *path, void *ctx)
 {
     (void)ctx;
-    return megatron_detect(path) ? TP_OK
-                                 : tp_fail(TP_ERR_EXISTS, "%s exists and is not a Megatron-LM checkpoint; not replaced", path);
+    int megatron;
+    TP_TRY(megatron_detect(path, &megatron));
+    return megatron ? TP_OK : tp_fail(TP_ERR_EXISTS, "%s exists and is not a Megatron-LM checkpoint; not replaced", path);
 }
 
 /* The target layout, checked against the model as Megatron would. */

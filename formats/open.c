@@ -9,7 +9,9 @@ int formats_open_checkpoint(const char *path, const ckpt_read_options *options, 
                             const char **format)
 {
     *out = NULL;
-    if (!megatron_detect(path)) {
+    int megatron;
+    TP_TRY(megatron_detect(path, &megatron));
+    if (!megatron) {
         if (format) *format = "tp";
         return ckpt_reader_open(out, path, options);
     }

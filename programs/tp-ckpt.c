@@ -287,7 +287,9 @@ static int cmd_info(int argc, char **argv)
         } else die_usage("info: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1) die_usage("info takes one checkpoint");
-    if (megatron_detect(argv[optind])) return info_megatron(argv[optind], json);
+    int megatron;
+    if (megatron_detect(argv[optind], &megatron)) return fail("%s", tp_errmsg());
+    if (megatron) return info_megatron(argv[optind], json);
     int code = 0;
     ckpt_reader *r = open_or_die(argv[optind], 0, &code);
     if (!r) return code;

@@ -254,7 +254,9 @@ int main(int argc, char **argv)
      * needs them. */
     ckpt_reader *source = NULL;
     megatron_checkpoint *megatron = NULL;
-    if (megatron_detect(argv[optind])) {
+    int is_megatron;
+    if (megatron_detect(argv[optind], &is_megatron)) return fail("%s", tp_errmsg());
+    if (is_megatron) {
         if (megatron_open(argv[optind], &megatron) || megatron_reader_open(megatron, verify, &source)) {
             int code = fail("%s", tp_errmsg());
             megatron_close(megatron);

@@ -64,7 +64,9 @@ static int check_against_full(const char *name, int tp, int pp)
     snprintf(full, sizeof full, "%s/%s.full.pt", dir, name);
     megatron_checkpoint *m;
     cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
-    cr_assert(megatron_detect(path));
+    int found;
+    cr_assert_eq(megatron_detect(path, &found), TP_OK, "%s", tp_errmsg());
+    cr_assert(found);
     const megatron_config *c = megatron_config_of(m);
     cr_assert_eq(c->tp, tp);
     cr_assert_eq(c->pp, pp);
@@ -180,5 +182,7 @@ Test(megatron, refusals_name_the_cause)
     expect_refused(path, "mp_rank_01_001/model_optim_rng.pt");
     snprintf(path, sizeof path, "%s/none", dir);
     expect_refused(path, "not a Megatron-LM checkpoint");
-    cr_assert(!megatron_detect(path));
+    int found = 1;
+    cr_assert_eq(megatron_detect(path, &found), TP_OK, "%s", tp_errmsg());
+    cr_assert(!found);
 }
