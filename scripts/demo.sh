@@ -13,6 +13,8 @@
 #   8. the elastic story: tp-elastic trains at 4 ranks (tp2pp2), loses a rank
 #      and continues at the layout the planner picks for 3, grows back to 4,
 #      finishes, exports the merged weights and draws the run's report
+#   9. a Megatron-LM checkpoint written by PyTorch, resharded as Megatron's
+#      and checked by torch.load against PyTorch's own tensors
 # Output goes to demo-run/ (ignored by git).
 set -eu
 cd "$(dirname "$0")/.."
@@ -134,5 +136,17 @@ kill $WATCHER 2>/dev/null || true
 "$BIN/tp-elastic" report "$OUT/elastic" -o "$OUT/elastic-report.svg"
 "$BIN/tp-ckpt" export "$OUT/elastic" --format safetensors -o "$OUT/elastic-hf"
 echo "   merged weights: $OUT/elastic-hf; the report's picture: $OUT/elastic-report.svg"
+
+say "13. a Megatron-LM checkpoint (tp4pp2, written by PyTorch in Megatron's structure): resharded to tp2 as Megatron's,"
+echo "    proven equal, and loaded back by torch.load and merged against PyTorch's unsharded tensors"
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    /usr/bin/python3 tests/support/megatron_fixture.py "$OUT/megatron" --tp 4 --pp 2 --layers 8 --hidden 256 --heads 8 \
+        --ffn 1024 --vocab 1000 --make-vocab-size-divisible-by 64 --full "$OUT/megatron-full.pt" >/dev/null
+    "$BIN/tp-ckpt" info "$OUT/megatron" | head -6
+    "$BIN/tp-reshard" "$OUT/megatron" --from tp4pp2 --to tp2pp1 -o "$OUT/megatron-tp2" --verify
+    /usr/bin/python3 tests/support/megatron_fixture.py --verify "$OUT/megatron-tp2" --full "$OUT/megatron-full.pt"
+else
+    echo "   skipped: python3-torch is not installed (make deps installs it)"
+fi
 
 say "demo done: checkpoints and exports are in $OUT/"
