@@ -32,6 +32,7 @@ struct torch_writer {
     int pickle_written;
     byte_buffer pickle;
     int failed;
+    int force_zip64;      /* TP_TORCH_ZIP64=1: Zip64 fields everywhere (tests of files past 4 GiB) */
 };
 
 /* ------------------------------------------------------------------ bytes */
@@ -81,7 +82,7 @@ static int add_entry(torch_writer *w, const char *name, const void *data, int64_
     e->offset = w->at;
     e->size = size;
     e->crc = crc_of(data, size);
-    int zip64 = size >= ZIP32_MAX;
+    int zip64 = size >= ZIP32_MAX || w->force_zip64;
     int extra = zip64 ? 20 : 0;
     int64_t data_at = e->offset + LOCAL_HEADER + name_size + extra;
     int pad = (int)((ALIGNMENT - (data_at + 4) % ALIGNMENT) % ALIGNMENT); /* after a 4-byte extra header */
@@ -115,7 +116,7 @@ static int write_directory(torch_writer *w)
     int64_t start = w->at;
     for (int i = 0; i < w->count; i++) {
         const written_entry *e = &w->entries[i];
-        int big_size = e->size >= ZIP32_MAX, big_offset = e->offset >= ZIP32_MAX;
+        int big_size = e->size >= ZIP32_MAX || w->force_zip64, big_offset = e->offset >= ZIP32_MAX || w->force_zip64;
         int extra = big_size || big_offset ? 4 + 8 * (2 * big_size + big_offset) : 0;
         size_t name_size = strlen(e->name);
         unsigned char h[CENTRAL_HEADER + 512 + 28] = {0};
@@ -144,7 +145,7 @@ static int write_directory(torch_writer *w)
         TP_TRY(write_bytes(w, h, CENTRAL_HEADER + name_size + (size_t)extra));
     }
     int64_t size = w->at - start;
-    int zip64 = w->count >= 0xFFFF || start >= ZIP32_MAX || size >= ZIP32_MAX;
+    int zip64 = w->count >= 0xFFFF || start >= ZIP32_MAX || size >= ZIP32_MAX || w->force_zip64;
     if (zip64) {
         unsigned char z[56 + 20] = {0};
         memcpy(z, "PK\6\6", 4);
@@ -365,6 +366,8 @@ int torch_writer_open(const char *path, const char *archive, torch_writer **out)
     if (!w) return tp_fail(TP_ERR_NOMEM, "out of memory");
     snprintf(w->path, sizeof w->path, "%s", path);
     snprintf(w->archive, sizeof w->archive, "%s", archive);
+    const char *force = getenv("TP_TORCH_ZIP64");
+    w->force_zip64 = force && !strcmp(force, "1");
     if (!(w->file = fopen(path, "wbx"))) {
         int err = errno;
         free(w);

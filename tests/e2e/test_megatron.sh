@@ -118,6 +118,12 @@ expect_ok "reshard back to tp8 with Core's local names" "$RS" "$WORK/c_tp2pp2" -
 expect_ok "torch.load reads tp8 (core-local) and it merges to PyTorch's tensors" "$PY" "$FIXTURE" --verify "$WORK/c_tp8" \
     --full "$WORK/c.full.pt"
 expect_ok "diff: tp8 -> tp4 -> tp2pp2 -> tp8 equals the original" "$CK" diff "$WORK/c" "$WORK/c_tp8"
+# Rank files past 4 GiB need Zip64 records; TP_TORCH_ZIP64=1 writes them for
+# every entry of a small file, for PyTorch to read.
+expect_ok "Zip64 records everywhere: written" env TP_TORCH_ZIP64=1 "$RS" "$WORK/c" --to tp2 -o "$WORK/c_zip64" --verify
+check "the rank files carry Zip64 end records" grep -q "$(printf 'PK\006\006')" "$WORK/c_zip64/iter_0001000/mp_rank_00/model_optim_rng.pt"
+expect_ok "torch.load reads the Zip64 files and they merge to PyTorch's tensors" "$PY" "$FIXTURE" --verify "$WORK/c_zip64" \
+    --full "$WORK/c.full.pt"
 expect_ok "legacy tp4pp2 with --no-optim -> tp1pp1" "$RS" "$WORK/a" --to tp1pp1 --no-optim -o "$WORK/a_tp1" --verify
 expect_ok "diff: equal to the source" "$CK" diff "$WORK/a" "$WORK/a_tp1"
 expect_error "an existing output needs --force" 1 "exists" "$RS" "$WORK/c" --to tp4 -o "$WORK/c_tp4"
