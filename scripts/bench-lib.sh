@@ -81,3 +81,27 @@ sys.exit([m["layers"], m["dim"], m["vocab"]] != list(map(int, sys.argv[1:])))' "
 size_text() {
     $PY -c 'import sys; b, d = float(sys.argv[1]), int(sys.argv[2]); print("%.*f GB" % (d, b / 1e9) if b >= 1e8 else "%.1f MB" % (b / 1e6))' "$1" "$2"
 }
+
+# rounds REPS RESULTS DIR TOOL...: REPS rounds; in each, every tool runs from
+# a cold page cache (cold_cache DIR), then from a warm one (warm_source), the
+# tools taking turns going first so that none always follows the same one.
+# Before each run clean_outputs; the run is the caller's `run_tool TOOL`,
+# which prints measure's JSON line; "CACHE TOOL JSON" goes to RESULTS.
+rounds() {
+    reps=$1 results=$2 dir=$3
+    shift 3
+    : >"$results"
+    for rep in $(seq 1 "$reps"); do
+        order="$*"
+        for _ in $(seq 2 "$rep"); do order="${order#* } ${order%% *}"; done
+        for cache in cold warm; do
+            for tool in $order; do
+                clean_outputs
+                if [ $cache = cold ]; then cold_cache "$dir"; else warm_source; fi
+                m=$(run_tool "$tool")
+                echo "$cache $tool $m" >>"$results"
+                echo "rep $rep $cache $tool: $m"
+            done
+        done
+    done
+}

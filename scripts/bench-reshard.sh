@@ -31,24 +31,14 @@ warm_source() { cat "$DIR"/src/*.h5 >/dev/null; }
 clean_outputs() { rm -rf "$DIR/out" "$DIR/copy" "$DIR/py"; sync; }
 
 RESULTS="$DIR/results.txt"
-: >"$RESULTS"
-for rep in $(seq 1 "$REPS"); do
-    # The tools take turns going first, so that none always follows the same one.
-    case $((rep % 3)) in 1) order="reshard cp python" ;; 2) order="cp python reshard" ;; 0) order="python reshard cp" ;; esac
-    for cache in cold warm; do
-        for tool in $order; do
-            clean_outputs
-            if [ $cache = cold ]; then cold_cache "$DIR"; else warm_source; fi
-            case $tool in
-            reshard) m=$(measure "$BUILD/bin/tp-reshard" "$DIR/src" --from tp8pp1 --to tp4pp2 -o "$DIR/out" --memory-limit "$MEMORY") ;;
-            cp) m=$(measure sh -c "cp -r '$DIR/src' '$DIR/copy' && sync") ;;
-            python) m=$(measure sh -c "$PY bench/reshard_baseline.py '$DIR/src' '$DIR/py' 4 2 && sync") ;;
-            esac
-            echo "$cache $tool $m" >>"$RESULTS"
-            echo "rep $rep $cache $tool: $m"
-        done
-    done
-done
+run_tool() {
+    case $1 in
+    reshard) measure "$BUILD/bin/tp-reshard" "$DIR/src" --from tp8pp1 --to tp4pp2 -o "$DIR/out" --memory-limit "$MEMORY" ;;
+    cp) measure sh -c "cp -r '$DIR/src' '$DIR/copy' && sync" ;;
+    python) measure sh -c "$PY bench/reshard_baseline.py '$DIR/src' '$DIR/py' 4 2 && sync" ;;
+    esac
+}
+rounds "$REPS" "$RESULTS" "$DIR" reshard cp python
 # Bounded memory at a quarter of the default limit.
 clean_outputs
 cold_cache "$DIR"

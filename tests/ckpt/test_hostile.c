@@ -350,36 +350,12 @@ Test(hostile, fifo_shard_at_commit, .timeout = 20)
 #include "../fuzz/fuzz_partition.c"
 #undef LLVMFuzzerTestOneInput
 
-/* Runs every file of tests/fuzz/corpus/<target> through one; returns how
- * many there were. A crash fails the test (Criterion runs it in a child). */
-static int replay(const char *target, int (*one)(const uint8_t *, size_t))
-{
-    char corpus[512];
-    snprintf(corpus, sizeof corpus, "tests/fuzz/corpus/%s", target);
-    DIR *d = opendir(corpus);
-    cr_assert(d, "%s (run from the repository root)", corpus);
-    int count = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char file[1024];
-        snprintf(file, sizeof file, "%s/%s", corpus, e->d_name);
-        size_t size;
-        char *data = read_all(file, &size);
-        one((const uint8_t *)data, size);
-        free(data);
-        count++;
-    }
-    closedir(d);
-    return count;
-}
-
 Test(hostile, fuzz_corpus_index)
 {
-    cr_assert_gt(replay("index", fuzz_index_one), 0);
+    cr_assert_gt(replay_corpus("index", fuzz_index_one), 0);
 }
 
 Test(hostile, fuzz_corpus_partition)
 {
-    cr_assert_gt(replay("partition", fuzz_partition_one), 0);
+    cr_assert_gt(replay_corpus("partition", fuzz_partition_one), 0);
 }

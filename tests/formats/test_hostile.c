@@ -199,23 +199,5 @@ Test(hostile_st, fifo_index, .timeout = 20)
 
 Test(hostile_st, fuzz_corpus_safetensors)
 {
-    const char *corpus = "tests/fuzz/corpus/safetensors";
-    DIR *d = opendir(corpus);
-    cr_assert(d, "%s (run from the repository root)", corpus);
-    int count = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char file[1024];
-        snprintf(file, sizeof file, "%s/%s", corpus, e->d_name);
-        FILE *f = fopen(file, "rb");
-        cr_assert(f, "%s", file);
-        static uint8_t data[1 << 20];
-        size_t size = fread(data, 1, sizeof data, f);
-        fclose(f);
-        fuzz_safetensors_one(data, size);
-        count++;
-    }
-    closedir(d);
-    cr_assert_gt(count, 0);
+    cr_assert_gt(replay_corpus("safetensors", fuzz_safetensors_one), 0);
 }

@@ -466,30 +466,8 @@ Test(torch, unknown_opcodes_and_calls)
 #include "../fuzz/fuzz_torch.c"
 #undef LLVMFuzzerTestOneInput
 
-static int replay(const char *corpus, int (*one)(const uint8_t *, size_t))
-{
-    DIR *d = opendir(corpus);
-    cr_assert(d, "%s (run from the repository root)", corpus);
-    int count = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char file[1024];
-        snprintf(file, sizeof file, "%s/%s", corpus, e->d_name);
-        FILE *f = fopen(file, "rb");
-        cr_assert(f, "%s", file);
-        static uint8_t data[1 << 20];
-        size_t size = fread(data, 1, sizeof data, f);
-        fclose(f);
-        one(data, size);
-        count++;
-    }
-    closedir(d);
-    return count;
-}
-
 Test(torch, fuzz_corpora)
 {
-    cr_assert_gt(replay("tests/fuzz/corpus/pickle", fuzz_pickle_one), 0);
-    cr_assert_gt(replay("tests/fuzz/corpus/torch", fuzz_torch_one), 0);
+    cr_assert_gt(replay_corpus("pickle", fuzz_pickle_one), 0);
+    cr_assert_gt(replay_corpus("torch", fuzz_torch_one), 0);
 }

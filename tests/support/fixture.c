@@ -3,6 +3,7 @@
  * random partitions, and naive references built from the format's
  * definition (docs/FORMAT.md): pieces, regions and logical digests. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,3 +221,31 @@ uint64_t naive_digest(const uint8_t *logical, size_t element_size, int64_t n)
     return d;
 }
 
+
+int replay_corpus(const char *target, int (*one)(const uint8_t *data, size_t size))
+{
+    char corpus[512];
+    snprintf(corpus, sizeof corpus, "tests/fuzz/corpus/%s", target);
+    DIR *d = opendir(corpus);
+    cr_assert(d, "%s (run from the repository root)", corpus);
+    int count = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char file[1024];
+        snprintf(file, sizeof file, "%s/%s", corpus, e->d_name);
+        FILE *f = fopen(file, "rb");
+        cr_assert(f, "%s", file);
+        cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+        long size = ftell(f);
+        rewind(f);
+        uint8_t *data = malloc((size_t)size + 1);
+        cr_assert(data && fread(data, 1, (size_t)size, f) == (size_t)size, "%s", file);
+        fclose(f);
+        one(data, (size_t)size);
+        free(data);
+        count++;
+    }
+    closedir(d);
+    return count;
+}

@@ -2,6 +2,7 @@
 #ifndef TP_TEST_FIXTURE_H
 #define TP_TEST_FIXTURE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../../ckpt/ckpt.h"
@@ -37,6 +38,11 @@ void write_tensors(const char *path, const ckpt_layout *layout, test_tensor *ten
 
 /* Naive: the box [start, start + count) of the logical tensor. */
 void extract(const test_tensor *t, const int64_t *start, const int64_t *count, uint8_t *out);
+
+/* Runs every file of tests/fuzz/corpus/<target> through one (a fuzz
+ * target's LLVMFuzzerTestOneInput); returns how many there were. A crash
+ * fails the test (Criterion runs it in a child). */
+int replay_corpus(const char *target, int (*one)(const uint8_t *data, size_t size));
 
 /* The logical digest straight from its definition. */
 uint64_t naive_digest(const uint8_t *logical, size_t element_size, int64_t n);
