@@ -90,28 +90,10 @@ sys.exit(0 if ha == hb and da == db else "the baseline and the export differ")' 
 "$CKPT" diff "$DIR/imported" "$DIR/src" >/dev/null
 clean_outputs
 
-TABLE=$($PY - "$RESULTS" "$BYTES" <<'PY'
-import json, statistics, sys
-bytes_ = int(sys.argv[2])
-runs = {}
-for line in open(sys.argv[1]):
-    cache, tool, m = line.split(" ", 2)
-    runs.setdefault((cache, tool), []).append(json.loads(m))
-def median(cache, tool):
-    return statistics.median(m["seconds"] for m in runs.get((cache, tool), runs.get(("cold", tool), [])))
-names = {"safetensors": "export --format safetensors", "gguf": "export --format gguf", "hdf5": "export --format hdf5",
-         "cp": "cp -r (same bytes)", "python": "h5py+numpy converter", "import": "import (safetensors -> tp4pp2)",
-         "safetensors-128M": "export safetensors, --memory-limit 128M", "gguf-128M": "export gguf, --memory-limit 128M"}
-out = ["| cache | tool | runs | seconds (median) | GB/s | peak RSS | vs cp | vs Python |",
-       "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-for (cache, tool), ms in runs.items():
-    seconds = median(cache, tool)
-    out.append("| %s | %s | %d | %.2f | %.2f | %.0f MiB | %.2fx | %.2fx |" % (
-        cache, names[tool], len(ms), seconds, bytes_ / seconds / 1e9, max(m["max_rss_bytes"] for m in ms) / 2**20,
-        median(cache, "cp") / seconds, median(cache, "python") / seconds))
-print("\n".join(out))
-PY
-)
+TABLE=$($PY bench/ratio_table.py "$RESULTS" "$BYTES" 2 "safetensors=export --format safetensors" \
+    "gguf=export --format gguf" "hdf5=export --format hdf5" "cp=cp -r (same bytes)" "python=h5py+numpy converter" \
+    "import=import (safetensors -> tp4pp2)" "safetensors-128M=export safetensors, --memory-limit 128M" \
+    "gguf-128M=export gguf, --memory-limit 128M")
 echo "$TABLE"
 SIZE=$(size_text "$BYTES" 2)
 doc_section bench-export "Export and import (bench-export)" <<DOC

@@ -48,27 +48,8 @@ $PY bench/megatron_reshard_baseline.py "$DIR/src" "$DIR/py" 4
 "$BUILD/bin/tp-ckpt" diff "$DIR/out" "$DIR/py" >/dev/null
 clean_outputs
 
-TABLE=$($PY - "$RESULTS" "$BYTES" <<'PY'
-import json, statistics, sys
-bytes_ = int(sys.argv[2])
-runs = {}
-for line in open(sys.argv[1]):
-    cache, tool, m = line.split(" ", 2)
-    runs.setdefault((cache, tool), []).append(json.loads(m))
-def median(cache, tool, key):
-    return statistics.median(m[key] for m in runs[(cache, tool)])
-out = ["| cache | tool | runs | seconds (median) | GB/s | peak RSS | vs cp | vs Python |",
-       "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-for (cache, tool), ms in runs.items():
-    name = {"reshard": "tp-reshard tp8 -> tp4 (Megatron out)", "cp": "cp -r (same bytes)",
-            "python": "torch.load / cat / chunk / torch.save"}[tool]
-    seconds = median(cache, tool, "seconds")
-    out.append("| %s | %s | %d | %.1f | %.2f | %.0f MiB | %.2fx | %.2fx |" % (
-        cache, name, len(ms), seconds, bytes_ / seconds / 1e9, max(m["max_rss_bytes"] for m in ms) / 2**20,
-        median(cache, "cp", "seconds") / seconds, median(cache, "python", "seconds") / seconds))
-print("\n".join(out))
-PY
-)
+TABLE=$($PY bench/ratio_table.py "$RESULTS" "$BYTES" 1 "reshard=tp-reshard tp8 -> tp4 (Megatron out)" \
+    "cp=cp -r (same bytes)" "python=torch.load / cat / chunk / torch.save")
 echo "$TABLE"
 SIZE=$(size_text "$BYTES" 2)
 doc_section bench-megatron "Megatron-LM resharding (bench-megatron)" <<DOC

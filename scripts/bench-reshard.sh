@@ -58,28 +58,8 @@ if [ "$("$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/gpu" --dry-run -
     GPU_NOTE="CUDA path measured: see the 'cuda' row."
 fi
 
-TABLE=$($PY - "$RESULTS" "$BYTES" "$MEMORY" <<'PY'
-import json, statistics, sys
-bytes_ = int(sys.argv[2])
-runs = {}
-for line in open(sys.argv[1]):
-    cache, tool, m = line.split(" ", 2)
-    runs.setdefault((cache, tool), []).append(json.loads(m))
-def median(cache, tool, key):
-    values = [m[key] for m in runs.get((cache, tool), runs.get(("cold", tool), []))]
-    return statistics.median(values)
-out = ["| cache | tool | runs | seconds (median) | GB/s | peak RSS | vs cp | vs Python |",
-       "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-for (cache, tool), ms in runs.items():
-    name = {"reshard": "tp-reshard tp8pp1 -> tp4pp2", "cp": "cp -r (same bytes)", "python": "h5py+numpy resharder",
-            "cuda": "tp-reshard --device cuda", "reshard-256M": "tp-reshard --memory-limit 256M"}[tool]
-    seconds = median(cache, tool, "seconds")
-    out.append("| %s | %s | %d | %.1f | %.2f | %.0f MiB | %.2fx | %.2fx |" % (
-        cache, name, len(ms), seconds, bytes_ / seconds / 1e9, max(m["max_rss_bytes"] for m in ms) / 2**20,
-        median(cache, "cp", "seconds") / seconds, median(cache, "python", "seconds") / seconds))
-print("\n".join(out))
-PY
-)
+TABLE=$($PY bench/ratio_table.py "$RESULTS" "$BYTES" 1 "reshard=tp-reshard tp8pp1 -> tp4pp2" "cp=cp -r (same bytes)" \
+    "python=h5py+numpy resharder" "cuda=tp-reshard --device cuda" "reshard-256M=tp-reshard --memory-limit 256M")
 echo "$TABLE"
 SIZE=$(size_text "$BYTES" 1)
 doc_section bench-reshard "Resharding (bench-reshard)" <<DOC

@@ -1,0 +1,38 @@
+#!/usr/bin/python3
+"""The table of a benchmark's runs side by side (scripts/bench-lib.sh
+rounds): per cache state and tool, the runs, the median seconds, GB/s of
+the tensor bytes, the largest peak RSS, and the speed against `cp` and the
+Python baseline (tools named cp and python) from the same cache state, or
+from the cold runs when a tool ran only cold.
+
+Usage: ratio_table.py RESULTS BYTES DIGITS TOOL=LABEL...
+  RESULTS: lines "CACHE TOOL JSON" (JSON: measure.py's seconds, max_rss_bytes)
+  DIGITS: decimals of the seconds column
+"""
+import json
+import statistics
+import sys
+
+
+def main(results, bytes_, digits, labels):
+    runs = {}
+    for line in open(results):
+        cache, tool, m = line.split(" ", 2)
+        runs.setdefault((cache, tool), []).append(json.loads(m))
+
+    def median(cache, tool):
+        return statistics.median(m["seconds"] for m in runs.get((cache, tool), runs.get(("cold", tool), [])))
+
+    out = ["| cache | tool | runs | seconds (median) | GB/s | peak RSS | vs cp | vs Python |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (cache, tool), ms in runs.items():
+        seconds = median(cache, tool)
+        out.append("| %s | %s | %d | %.*f | %.2f | %.0f MiB | %.2fx | %.2fx |" % (
+            cache, labels[tool], len(ms), digits, seconds, bytes_ / seconds / 1e9,
+            max(m["max_rss_bytes"] for m in ms) / 2**20, median(cache, "cp") / seconds,
+            median(cache, "python") / seconds))
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), dict(a.split("=", 1) for a in sys.argv[4:]))
