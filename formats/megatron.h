@@ -112,6 +112,7 @@ typedef struct {
     int tp, pp;             /* the output's degrees; 0 keeps the template's */
     int naming;             /* a megatron_naming; -1: the template's */
     int overwrite;          /* replace an existing output */
+    int threads;            /* rank files written at once; 0: all cores */
 } megatron_write_options;
 
 /* Writes the weights of source (tensors with this reader's canonical names,

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../common/error.h"
+#include "../common/parallel.h"
 #include "../reshard/reshard.h"
 #include "megatron_internal.h"
 #include "torch_write.h"
@@ -344,6 +345,21 @@ static int write_rank(rank_writer *r, const char *iteration_dir)
     return torch_writer_finish(r->w);
 }
 
+typedef struct {
+    rank_writer *writers; /* one per thread */
+    const char *iteration_dir;
+} rank_job;
+
+/* Task f: the rank file of pipeline stage f / tp, tensor-parallel rank f % tp. */
+static int write_rank_task(void *ctx, int64_t f, int thread)
+{
+    rank_job *job = ctx;
+    rank_writer *r = &job->writers[thread];
+    r->pp_rank = (int)(f / r->to.tp);
+    r->tp_rank = (int)(f % r->to.tp);
+    return write_rank(r, job->iteration_dir);
+}
+
 static int replaceable_megatron(const char *path, void *ctx)
 {
     (void)ctx;
@@ -387,10 +403,19 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
     else snprintf(iteration_dir, sizeof iteration_dir, "%s/iter_%07lld", root, (long long)c->iteration);
     int status = mkdir(iteration_dir, 0755) ? tp_fail(TP_ERR_IO, "%s: cannot create: %s", iteration_dir, strerror(errno))
                                             : TP_OK;
-    for (r.pp_rank = 0; r.pp_rank < r.to.pp && !status; r.pp_rank++)
-        for (r.tp_rank = 0; r.tp_rank < r.to.tp && !status; r.tp_rank++) status = write_rank(&r, iteration_dir);
-    free(r.piece);
-    free(r.pending);
+    /* The rank files are written in parallel, a thread each at a time. */
+    int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
+    if (threads > r.to.tp * r.to.pp) threads = r.to.tp * r.to.pp;
+    rank_writer *writers = calloc((size_t)threads, sizeof *writers);
+    if (!status && !writers) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < threads && writers; i++) writers[i] = r;
+    rank_job job = {writers, iteration_dir};
+    if (!status) status = parallel_for((int64_t)r.to.tp * r.to.pp, threads, write_rank_task, &job);
+    for (int i = 0; i < threads && writers; i++) {
+        free(writers[i].piece);
+        free(writers[i].pending);
+    }
+    free(writers);
     snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", root);
     FILE *f = status ? NULL : fopen(tracker, "w");
     if (!status && !f) status = tp_fail(TP_ERR_IO, "%s: cannot create: %s", tracker, strerror(errno));

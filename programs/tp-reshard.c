@@ -146,7 +146,8 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     if (from) reshard_parse_layout(from, &from_tp, &from_pp);
     if ((from_tp && from_tp != c->tp) || (from_pp && from_pp != c->pp))
         return fail("--from %s does not match %s, which is tp%dpp%d", from, megatron_path(megatron), c->tp, c->pp);
-    megatron_write_options wo = {.tp = options->tp, .pp = options->pp, .naming = naming, .overwrite = options->overwrite};
+    megatron_write_options wo = {.tp = options->tp, .pp = options->pp, .naming = naming, .overwrite = options->overwrite,
+                                 .threads = options->threads};
     int tp = wo.tp ? wo.tp : c->tp, pp = wo.pp ? wo.pp : c->pp;
     char default_out[4200];
     if (!out) {
