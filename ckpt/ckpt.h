@@ -480,6 +480,12 @@ const char *ckpt_staged_path(const ckpt_staged *staged);
 int ckpt_staged_publish(ckpt_staged *staged);
 /* Removes the staging entry; frees staged. */
 void ckpt_staged_discard(ckpt_staged *staged);
+/* Runs create(ctx), which makes something at the staging path by its name
+ * (an HDF5 file, a file opened to be created), under the lock the signal
+ * clean-up takes, unless the clean-up has run: then TP_ERR_STATE and
+ * nothing is made. Without it, a writer thread could make the entry again
+ * between the clean-up's removal of it and the process's death. */
+int ckpt_staged_create(ckpt_staged *staged, int (*create)(void *ctx), void *ctx);
 /* Removes every staging entry this process holds (for a signal handler
  * thread, before the process dies of the signal). */
 void ckpt_discard_all_staged(void);

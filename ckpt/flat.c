@@ -30,6 +30,17 @@ void ckpt_flat_abort(ckpt_flat_file *f)
     free(f);
 }
 
+static int create_hdf5(void *ctx)
+{
+    ckpt_flat_file *f = ctx;
+    hid_t fapl = ckpt_h5_file_access(), fcpl = H5Pcreate(H5P_FILE_CREATE);
+    if (fapl >= 0 && fcpl >= 0 && H5Pset_obj_track_times(fcpl, 0) >= 0)
+        f->file = H5Fcreate(f->temp, H5F_ACC_TRUNC, fcpl, fapl);
+    if (fapl >= 0) H5Pclose(fapl);
+    if (fcpl >= 0) H5Pclose(fcpl);
+    return TP_OK;
+}
+
 int ckpt_flat_create(ckpt_flat_file **out, const char *path, const ckpt_stage_options *options)
 {
     *out = NULL;
@@ -46,12 +57,9 @@ int ckpt_flat_create(ckpt_flat_file **out, const char *path, const ckpt_stage_op
         return status;
     }
     snprintf(f->path, sizeof f->path, "%s", path);
-    hid_t fapl = ckpt_h5_file_access(), fcpl = H5Pcreate(H5P_FILE_CREATE);
-    if (fapl >= 0 && fcpl >= 0 && H5Pset_obj_track_times(fcpl, 0) >= 0)
-        f->file = H5Fcreate(f->temp, H5F_ACC_TRUNC, fcpl, fapl);
-    if (fapl >= 0) H5Pclose(fapl);
-    if (fcpl >= 0) H5Pclose(fcpl);
-    if (f->file < 0) status = ckpt_fail_hdf5("%s: cannot create", f->temp);
+    /* HDF5 makes the file by its name: not once a signal's clean-up ran. */
+    status = ckpt_staged_create(f->staged, create_hdf5, f);
+    if (!status && f->file < 0) status = ckpt_fail_hdf5("%s: cannot create", f->temp);
     if (!status) status = f->storage->open(f->storage, f->temp, CKPT_OPEN_WRITE, &f->data);
     if (status) {
         ckpt_flat_abort(f);

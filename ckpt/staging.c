@@ -492,6 +492,15 @@ ckpt_staged *ckpt_staged_find(const char *staging)
     return s;
 }
 
+int ckpt_staged_create(ckpt_staged *st, int (*create)(void *ctx), void *ctx)
+{
+    pthread_mutex_lock(&registry_lock);
+    int status = cancelled ? tp_fail(TP_ERR_STATE, "%s: not written: the process is being stopped by a signal", st->path)
+                           : create(ctx);
+    pthread_mutex_unlock(&registry_lock);
+    return status;
+}
+
 void ckpt_discard_all_staged(void)
 {
     /* Called from a signal-handling thread while other threads may still be

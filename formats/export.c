@@ -240,7 +240,10 @@ static int open_file(exporter *x, int f, int64_t size)
 {
     char path[CKPT_PATH_MAX + 80];
     staged_path(x, f, path, sizeof path);
-    TP_TRY(x->storage->open(x->storage, path, CKPT_OPEN_CREATE, &x->files[f]));
+    /* The staging file itself exists (ckpt_stage made it): opened, never
+     * made again, so that a signal's clean-up that removed it stays done. */
+    ckpt_open_mode mode = x->file_names[f][0] ? CKPT_OPEN_CREATE : CKPT_OPEN_WRITE;
+    TP_TRY(x->storage->open(x->storage, path, mode, &x->files[f]));
     return x->storage->resize(x->files[f], size);
 }
 
