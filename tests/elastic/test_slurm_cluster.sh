@@ -99,12 +99,15 @@ check "a task exits 3, the other 0: srun exits 3, got $RC" [ "$RC" -eq 3 ]
 t=$(now)
 # shellcheck disable=SC2016
 run srun -N2 -n2 --kill-on-bad-exit=1 sh -c 'test "$SLURM_PROCID" = 1 && exit 3; exec sleep 30'
-# The other task is ended by a signal: SIGTERM (143) as a rule; on a loaded
-# machine (seen under AddressSanitizer, beside other builds) Slurm's step
-# teardown has killed it first (137). Either ends the step, which is what
-# tp-elastic relies on.
-check_all "--kill-on-bad-exit=1: a task exits 3, the other is terminated: srun exits 143 (SIGTERM) or 137, got $RC" \
-    '[ "$RC" -eq 143 ] || [ "$RC" -eq 137 ]'
+# The other task is ended: by SIGTERM (143) as a rule; on a loaded machine
+# (seen under AddressSanitizer, beside other builds) Slurm's step teardown
+# has killed it first (137); and when the step is ended before that task
+# had started its command, srun reports the failing task's 3 (seen once, in
+# a fresh-clone make test on a quiet machine). Each ends the step at once
+# with a failure, which is what tp-elastic relies on: the status is not 0
+# and srun returns long before the other task's 30 s sleep would end.
+check_all "--kill-on-bad-exit=1: a task exits 3, the other is ended: srun exits 143 (SIGTERM), 137 or 3, got $RC" \
+    '[ "$RC" -eq 143 ] || [ "$RC" -eq 137 ] || [ "$RC" -eq 3 ]'
 check "--kill-on-bad-exit=1: returns within 5 s" [ "$(since "$t" | cut -d. -f1)" -lt 5 ]
 
 # --- An allocation with --no-kill (CMD runs here, with SLURM_JOB_ID): lost
