@@ -36,23 +36,6 @@ static int stat_path(const char *path, ckpt_stat *st)
     return store->stat(store, path, st);
 }
 
-/* A small text file (latest_checkpointed_iteration.txt), NUL-terminated. */
-static int read_text(const char *path, char *out, size_t size)
-{
-    const ckpt_storage *store;
-    ckpt_file *file;
-    ckpt_stat st;
-    TP_TRY(stat_path(path, &st));
-    if (!st.exists || st.is_dir) return tp_fail(TP_ERR_NOT_FOUND, "%s: no such file", path);
-    if (st.size >= (int64_t)size) return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes, more than a tracker file holds", path, (long long)st.size);
-    TP_TRY(ckpt_storage_for(path, &store));
-    TP_TRY(store->open(store, path, CKPT_OPEN_READ, &file));
-    int status = store->read_at(file, out, (size_t)st.size, 0);
-    store->close(file);
-    out[status ? 0 : st.size] = 0;
-    return status;
-}
-
 static void rank_file(const megatron_checkpoint *m, int pp_rank, int tp_rank, int pp, char *out, size_t size)
 {
     if (pp > 1) snprintf(out, size, "%s/mp_rank_%02d_%03d/" RANK_FILE, m->path, tp_rank, pp_rank);
@@ -62,26 +45,23 @@ static void rank_file(const megatron_checkpoint *m, int pp_rank, int tp_rank, in
 /* The iteration's directory: from the tracker file, or path itself. */
 static int find_iteration_dir(const char *path, char *out, size_t size)
 {
-    char tracker[4200], text[64];
+    char tracker[4200], *text = NULL;
     snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", path);
-    ckpt_stat st;
-    TP_TRY(stat_path(tracker, &st));
-    if (!st.exists) {
+    int status = ckpt_read_text_file(tracker, 64, &text, NULL);
+    if (status == TP_ERR_NOT_FOUND) { /* no tracker: path is the iteration's directory */
         snprintf(out, size, "%s", path);
         return TP_OK;
     }
-    TP_TRY(read_text(tracker, text, sizeof text));
+    if (status) return status;
     text[strcspn(text, " \t\r\n")] = 0;
-    if (!strcmp(text, "release")) {
-        snprintf(out, size, "%s/release", path);
-        return TP_OK;
-    }
     char *end;
     long long iteration = strtoll(text, &end, 10);
-    if (!text[0] || *end || iteration < 0)
-        return tp_fail(TP_ERR_FORMAT, "%s holds '%s', neither an iteration number nor 'release'", tracker, text);
-    snprintf(out, size, "%s/iter_%07lld", path, iteration);
-    return TP_OK;
+    if (!strcmp(text, "release")) snprintf(out, size, "%s/release", path);
+    else if (!text[0] || *end || iteration < 0)
+        status = tp_fail(TP_ERR_FORMAT, "%s holds '%s', neither an iteration number nor 'release'", tracker, text);
+    else snprintf(out, size, "%s/iter_%07lld", path, iteration);
+    free(text);
+    return status;
 }
 
 /* Whether name is an iteration's directory name: iter_NNNNNNN or release. */
