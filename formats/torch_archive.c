@@ -23,24 +23,11 @@ struct torch_archive {
 static const unsigned char legacy_magic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
                                              0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
 
-/* Refuses, with a message saying what the file is, anything that does not
- * start as a zip archive. */
-static int check_start(const char *path)
+/* Refuses, with a message saying what the file is, a file whose first n
+ * bytes (start) are not those of a zip archive. */
+static int check_start(const char *path, const unsigned char *start, size_t n)
 {
-    const ckpt_storage *store;
-    ckpt_file *file;
-    ckpt_stat st;
-    TP_TRY(ckpt_storage_for(path, &store));
-    TP_TRY(store->stat(store, path, &st));
-    if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: no such file", path);
-    if (st.is_dir) return tp_fail(TP_ERR_FORMAT, "%s is a directory, not a torch.save file", path);
-    unsigned char start[sizeof legacy_magic] = {0};
-    size_t n = st.size < (int64_t)sizeof start ? (size_t)st.size : sizeof start;
-    TP_TRY(store->open(store, path, CKPT_OPEN_READ, &file));
-    int status = store->read_at(file, start, n, 0);
-    store->close(file);
-    if (status) return status;
-    if (n == sizeof start && memcmp(start, legacy_magic, sizeof legacy_magic) == 0)
+    if (n == sizeof legacy_magic && memcmp(start, legacy_magic, sizeof legacy_magic) == 0)
         return tp_fail(TP_ERR_VERSION,
                        "%s was written in torch.save's format of before PyTorch 1.6 (a bare pickle stream), which is not "
                        "read; load it and torch.save it again with PyTorch 1.6 or later", path);
@@ -48,6 +35,24 @@ static int check_start(const char *path)
         return tp_fail(TP_ERR_FORMAT, "%s is not a torch.save file (no zip archive: it starts with %02x %02x %02x %02x)", path,
                        start[0], start[1], start[2], start[3]);
     return TP_OK;
+}
+
+/* Why a file the zip reader refused is not a torch.save file, when its
+ * start says (the format of before PyTorch 1.6, no zip at all); else
+ * status, the zip reader's own failure. */
+static int explain_refusal(const char *path, int status)
+{
+    const ckpt_storage *store;
+    ckpt_file *file;
+    ckpt_stat st;
+    unsigned char start[sizeof legacy_magic] = {0};
+    if (ckpt_storage_for(path, &store) || store->stat(store, path, &st) || !st.exists || st.is_dir) return status;
+    size_t n = st.size < (int64_t)sizeof start ? (size_t)st.size : sizeof start;
+    if (store->open(store, path, CKPT_OPEN_READ, &file)) return status;
+    int read = store->read_at(file, start, n, 0);
+    store->close(file);
+    int why = read ? TP_OK : check_start(path, start, n);
+    return why ? why : status;
 }
 
 /* The bytes of a small entry (at most SMALL_ENTRY_MAX), NUL-terminated. */
@@ -101,10 +106,16 @@ int torch_archive_open(const char *path, const pickle_limits *limits, torch_arch
         pickle_limits_init(&defaults);
         limits = &defaults;
     }
-    TP_TRY(check_start(path));
     torch_archive *a = calloc(1, sizeof *a);
     if (!a) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    /* The start is read through the archive's own open file: one open of
+     * it (round trips, for a store), and a second look only at a refusal. */
     int status = zip_open(path, &a->zip);
+    if (status == TP_ERR_FORMAT) status = explain_refusal(path, status);
+    unsigned char start[sizeof legacy_magic];
+    size_t n = status ? 0 : zip_file_bytes(a->zip) < (int64_t)sizeof start ? (size_t)zip_file_bytes(a->zip) : sizeof start;
+    if (!status) status = zip_read(a->zip, start, (int64_t)n, 0);
+    if (!status) status = check_start(path, start, n);
     if (!status) status = find_prefix(a);
     char small[SMALL_ENTRY_MAX + 1];
     int found = 0;
