@@ -987,17 +987,18 @@ int ckpt_reader_read_region(ckpt_reader *r, int i, const int64_t *start, const i
     return status;
 }
 
-int ckpt_reader_verify_piece(ckpt_reader *r, int i, int piece)
+/* A piece's part of its tensor's logical digest, its blocks read (and
+ * checked against their checksums, unless foreign) about 16 MiB at a time. */
+static int piece_digest(ckpt_reader *r, int i, int piece, piece_ctx *c, uint64_t *out)
 {
-    piece_ctx c;
-    int status = piece_context(r, i, piece, &c);
+    int status = piece_context(r, i, piece, c);
     if (status) return status;
-    const ckpt_piece_geometry *g = &c.pr->geometry;
+    const ckpt_piece_geometry *g = &c->pr->geometry;
     int64_t block_bytes = g->block_rows * g->row_bytes;
-    int64_t per_read = c.pr->chunks ? 1 : (16 << 20) / block_bytes;
+    int64_t per_read = c->pr->chunks ? 1 : (16 << 20) / block_bytes;
     if (per_read < 1) per_read = 1;
     if (per_read > g->num_blocks) per_read = g->num_blocks;
-    size_t size = (size_t)(per_read * block_bytes) + (c.pr->chunks ? scratch_bytes(g) : 0);
+    size_t size = (size_t)(per_read * block_bytes) + (c->pr->chunks ? scratch_bytes(g) : 0);
     /* [per_read blocks of data][chunk scratch when compressed] */
     char *buf = scratch_buffer(SCRATCH_VERIFY, size);
     if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory for a %zu-byte buffer", size);
@@ -1005,16 +1006,25 @@ int ckpt_reader_verify_piece(ckpt_reader *r, int i, int piece)
     uint64_t digest = 0;
     for (int64_t b = 0; b < g->num_blocks && !status; b += per_read) {
         int64_t end = b + per_read < g->num_blocks ? b + per_read : g->num_blocks;
-        status = read_blocks(&c, b, end, buf, buf + per_read * block_bytes, !r->foreign);
+        status = read_blocks(c, b, end, buf, buf + per_read * block_bytes, !r->foreign);
         int64_t row_end = end * g->block_rows < g->rows ? end * g->block_rows : g->rows;
         if (!status) digest += ckpt_digest_rows(t, r->index.layout.tp, piece, b * g->block_rows, row_end, buf);
     }
+    *out = digest;
+    return status;
+}
+
+int ckpt_reader_verify_piece(ckpt_reader *r, int i, int piece)
+{
+    piece_ctx c;
+    uint64_t digest = 0;
+    int status = piece_digest(r, i, piece, &c, &digest);
+    if (status || (r->foreign && !r->index.tensors[i].digest)) return status; /* foreign: no digest computed to compare with */
     const ckpt_index_piece *ip = &r->index.tensors[i].pieces[piece];
-    if (r->foreign && !r->index.tensors[i].digest) return status; /* no digest computed to compare with */
-    if (!status && digest != ip->digest)
+    if (digest != ip->digest)
         status = tp_fail(TP_ERR_CHECKSUM,
                            "%s: tensor %s piece %d: logical digest %016llx, the index records %016llx",
-                           c.file_path, t->name, piece, (unsigned long long)digest,
+                           c.file_path, r->index.tensors[i].tensor.desc.name, piece, (unsigned long long)digest,
                            (unsigned long long)ip->digest);
     return status;
 }
@@ -1132,33 +1142,19 @@ static int foreign_index(ckpt_reader *r, const ckpt_foreign *src)
     return TP_OK;
 }
 
-/* Each tensor's logical digest, from its pieces read slab by slab. */
+/* Each tensor's logical digest: the sum of its pieces' (piece_digest). */
 static int foreign_digests(ckpt_reader *r)
 {
-    const int64_t slab = (int64_t)8 << 20;
-    char *buf = NULL;
     int status = TP_OK;
     for (int i = 0; i < r->index.num_tensors && !status; i++) {
         ckpt_index_tensor *it = &r->index.tensors[i];
         it->digest = 0;
         for (int p = 0; p < it->num_pieces && !status; p++) {
-            const ckpt_piece_geometry *g = &r->pieces[i][p].geometry;
-            int64_t rows = g->row_bytes ? slab / g->row_bytes : g->rows;
-            if (rows < 1) rows = 1;
-            char *bigger = realloc(buf, (size_t)(rows * g->row_bytes) + 1);
-            if (!bigger) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-            else buf = bigger;
-            uint64_t digest = 0;
-            for (int64_t row = 0; row < g->rows && !status; row += rows) {
-                int64_t n = row + rows < g->rows ? rows : g->rows - row;
-                status = ckpt_reader_read_rows(r, i, p, row, n, buf, (size_t)(n * g->row_bytes));
-                if (!status) digest += ckpt_digest_rows(&it->tensor.desc, r->index.layout.tp, p, row, row + n, buf);
-            }
-            it->pieces[p].digest = digest;
-            it->digest += digest;
+            piece_ctx c;
+            status = piece_digest(r, i, p, &c, &it->pieces[p].digest);
+            it->digest += it->pieces[p].digest;
         }
     }
-    free(buf);
     return status;
 }
 
