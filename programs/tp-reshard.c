@@ -136,16 +136,13 @@ static void default_output(const char *source, int tp, int pp, char *out, size_t
     snprintf(out, size, "%.*s_tp%dpp%d", (int)end, source, tp, pp);
 }
 
-/* A Megatron-LM source written back as a Megatron-LM checkpoint at the
- * target layout (weights only), verified by digests when asked. */
+/* A Megatron-LM source (its --from already checked) written back as a
+ * Megatron-LM checkpoint at the target layout (weights only), verified by
+ * digests when asked. */
 static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatron, const reshard_options *options,
-                          const char *source_path, const char *out, int naming, int verify, const char *from)
+                          const char *source_path, const char *out, int naming, int verify)
 {
     const megatron_config *c = megatron_config_of(megatron);
-    int from_tp = 0, from_pp = 0;
-    if (from) reshard_parse_layout(from, &from_tp, &from_pp);
-    if ((from_tp && from_tp != c->tp) || (from_pp && from_pp != c->pp))
-        return fail("--from %s does not match %s, which is tp%dpp%d", from, megatron_path(megatron), c->tp, c->pp);
     megatron_write_options wo = {.tp = options->tp, .pp = options->pp, .naming = naming, .overwrite = options->overwrite,
                                  .threads = options->threads};
     int tp = wo.tp ? wo.tp : c->tp, pp = wo.pp ? wo.pp : c->pp;
@@ -266,6 +263,14 @@ int main(int argc, char **argv)
     } else if (ckpt_reader_open(&source, argv[optind], NULL)) {
         return fail("%s", tp_errmsg());
     }
+    const ckpt_layout *layout = ckpt_reader_layout(source);
+    if ((from_tp && from_tp != layout->tp) || (from_pp && from_pp != layout->pp)) {
+        int code = fail("--from %s does not match %s, which is tp%dpp%d", from, ckpt_reader_path(source), layout->tp,
+                        layout->pp);
+        ckpt_reader_close(source);
+        megatron_close(megatron);
+        return code;
+    }
     int megatron_out = output_format ? !strcmp(output_format, "megatron") : megatron != NULL;
     const char *refusal = NULL;
     if (megatron_out && !megatron)
@@ -281,15 +286,7 @@ int main(int argc, char **argv)
         return code;
     }
     if (megatron_out) {
-        int code = write_megatron(source, megatron, &options, argv[optind], out, naming, verify, from);
-        ckpt_reader_close(source);
-        megatron_close(megatron);
-        return code;
-    }
-    const ckpt_layout *layout = ckpt_reader_layout(source);
-    if ((from_tp && from_tp != layout->tp) || (from_pp && from_pp != layout->pp)) {
-        int code = fail("--from %s does not match %s, which is tp%dpp%d", from, ckpt_reader_path(source), layout->tp,
-                        layout->pp);
+        int code = write_megatron(source, megatron, &options, argv[optind], out, naming, verify);
         ckpt_reader_close(source);
         megatron_close(megatron);
         return code;
