@@ -286,10 +286,11 @@ static int canonical_name(const megatron_config *c, const char *path, int64_t fi
     return tp_fail(TP_ERR_FORMAT, "tensor %s is not a known Megatron-LM GPT tensor (nothing is converted without knowing it)", path);
 }
 
-/* Logical shape, partition and anchor of a canonical name. */
-static int describe(const megatron_config *c, const char *name, ckpt_tensor_desc *d)
+/* Logical shape, partition and anchor of a canonical name (d->name is name). */
+static void describe(const megatron_config *c, const char *name, ckpt_tensor_desc *d)
 {
     memset(d, 0, sizeof *d);
+    d->name = name;
     d->dtype = c->dtype;
     d->partition.kind = CKPT_REPLICATED;
     d->anchor = CKPT_ANCHOR_LAYER;
@@ -331,7 +332,6 @@ static int describe(const megatron_config *c, const char *name, ckpt_tensor_desc
         d->partition.kind = CKPT_SPLIT;
         d->partition.axis = 1;
     }
-    return TP_OK;
 }
 
 /* ------------------------------------------------------------ the tensors */
@@ -346,14 +346,14 @@ typedef struct {
     int head_copies;
 } chunk_walk;
 
-static const tp_dtype *dtype_of(const pickle_value *tensor)
+/* Whether a tensor holds one of the project's dtypes, and which. */
+static int float_dtype(const pickle_value *tensor, tp_dtype *out)
 {
-    static const tp_dtype fp32 = TP_FP32, bf16 = TP_BF16, fp16 = TP_FP16;
     switch (tensor->tensor.storage->storage.dtype) {
-    case TORCH_FLOAT32: return &fp32;
-    case TORCH_BFLOAT16: return &bf16;
-    case TORCH_FLOAT16: return &fp16;
-    default: return NULL;
+    case TORCH_FLOAT32: *out = TP_FP32; return 1;
+    case TORCH_BFLOAT16: *out = TP_BF16; return 1;
+    case TORCH_FLOAT16: *out = TP_FP16; return 1;
+    default: return 0;
     }
 }
 
@@ -372,8 +372,8 @@ static int check_piece(const megatron_checkpoint *m, const megatron_tensor_entry
         return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s, the model in args gives %s at tp %d", file, e->source, got, want,
                        m->config.tp);
     }
-    const tp_dtype *dtype = dtype_of(t);
-    if (!dtype || *dtype != e->copy.desc.dtype)
+    tp_dtype dtype;
+    if (!float_dtype(t, &dtype) || dtype != e->copy.desc.dtype)
         return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s, expected %s", file, e->source, torch_dtype_name(t->tensor.storage->storage.dtype),
                        tp_dtype_name(e->copy.desc.dtype));
     if (!torch_tensor_is_contiguous(t))
@@ -399,9 +399,7 @@ static int add_tensor(chunk_walk *w, const char *source, const char *name, const
     memset(e, 0, sizeof *e);
     ckpt_tensor_desc d;
     describe(&m->config, name, &d);
-    d.name = name;
-    const tp_dtype *dtype = dtype_of(t);
-    if (dtype) d.dtype = *dtype; /* a norm kept in fp32 beside bf16 weights stays fp32 */
+    float_dtype(t, &d.dtype); /* a norm kept in fp32 beside bf16 weights stays fp32 */
     int status = ckpt_tensor_copy_init(&e->copy, &d);
     if (status) return tp_fail_context(status, "%s: tensor %s: ", w->file, source);
     snprintf(e->source, sizeof e->source, "%s", source);
@@ -433,7 +431,6 @@ static int visit_tensor(void *ctx, const char *path, const pickle_value *t)
         megatron_tensor_entry copy = {0};
         ckpt_tensor_desc d;
         describe(&w->m->config, "embedding.word_embeddings.weight", &d);
-        d.name = "embedding.word_embeddings.weight";
         if (ckpt_tensor_copy_init(&copy.copy, &d)) return tp_fail_context(TP_ERR_FORMAT, "%s: ", w->file);
         snprintf(copy.source, sizeof copy.source, "%s", path);
         w->head_copies++;
