@@ -105,13 +105,9 @@ static torch_dtype torch_dtype_of(tp_dtype dtype)
     return dtype == TP_BF16 ? TORCH_BFLOAT16 : dtype == TP_FP16 ? TORCH_FLOAT16 : TORCH_FLOAT32;
 }
 
-/* Emits this rank's piece of the source tensor named canonical; *found
- * says whether the source has it (a model without biases has none). */
-static int emit_tensor(rank_writer *r, const char *canonical, int *found)
+/* Emits this rank's piece of the source's tensor index. */
+static int emit_tensor(rank_writer *r, int index)
 {
-    int index = ckpt_reader_find(r->source, canonical);
-    if (found) *found = index >= 0;
-    if (index < 0) return TP_OK;
     const ckpt_tensor_desc *t = ckpt_reader_tensor(r->source, index);
     int piece = t->partition.kind == CKPT_SPLIT ? r->tp_rank : 0;
     int64_t shape[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(t->dtype);
@@ -144,9 +140,10 @@ static int write_pending(rank_writer *r)
 /* key: tensor, when the source has it. */
 static int entry(rank_writer *r, const char *key, const char *canonical)
 {
-    if (ckpt_reader_find(r->source, canonical) < 0) return TP_OK;
+    int index = ckpt_reader_find(r->source, canonical);
+    if (index < 0) return TP_OK; /* a model without biases has none */
     pk_string(r->b, key);
-    return emit_tensor(r, canonical, NULL);
+    return emit_tensor(r, index);
 }
 
 /* A module's _extra_state: None, or Transformer Engine's as the template
@@ -206,7 +203,7 @@ static int emit_layers(rank_writer *r, const char *prefix)
 
 static int emit_model_legacy(rank_writer *r)
 {
-    int first = r->pp_rank == 0, last = r->pp_rank == r->to.pp - 1, found;
+    int first = r->pp_rank == 0, last = r->pp_rank == r->to.pp - 1;
     byte_buffer *b = r->b;
     const char *final = r->naming == MEGATRON_NAMES_LEGACY ? "final_norm" : "final_layernorm";
     pk_dict_begin(b);
@@ -249,8 +246,7 @@ static int emit_model_legacy(rank_writer *r)
     if (last && !first && !r->c->untied) { /* the last stage's copy of the tied embeddings */
         pk_string(b, "word_embeddings_for_head");
         pk_ordered_dict_begin(b);
-        pk_string(b, "weight");
-        TP_TRY(emit_tensor(r, "embedding.word_embeddings.weight", &found));
+        TP_TRY(entry(r, "weight", "embedding.word_embeddings.weight"));
         pk_dict_end(b);
     }
     pk_dict_end(b);
@@ -273,9 +269,7 @@ static int emit_model_core(rank_writer *r)
         if (r->c->untied) {
             TP_TRY(entry(r, "output_layer.weight", "output_layer.weight"));
         } else if (!first) { /* the tied embeddings' copy */
-            pk_string(b, "output_layer.weight");
-            int found;
-            TP_TRY(emit_tensor(r, "embedding.word_embeddings.weight", &found));
+            TP_TRY(entry(r, "output_layer.weight", "embedding.word_embeddings.weight"));
         }
         TP_TRY(emit_extra(r, "output_layer._extra_state", EXTRA_NONE, NULL));
     }

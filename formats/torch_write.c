@@ -31,7 +31,6 @@ struct torch_writer {
     int64_t *storage_bytes; /* per tensor emitted */
     int pickle_written;
     byte_buffer pickle;
-    int failed;
     int force_zip64;      /* TP_TORCH_ZIP64=1: Zip64 fields everywhere (tests of files past 4 GiB) */
 };
 

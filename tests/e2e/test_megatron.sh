@@ -129,8 +129,16 @@ expect_ok "diff: equal to the source" "$CK" diff "$WORK/a" "$WORK/a_tp1"
 expect_error "an existing output needs --force" 1 "exists" "$RS" "$WORK/c" --to tp4 -o "$WORK/c_tp4"
 expect_ok "--force replaces it" "$RS" "$WORK/c" --to tp2 -o "$WORK/c_tp4" --force
 check "it now holds tp2" grep -q "^layout  *tp=2 " "$("$CK" info "$WORK/c_tp4" >"$WORK/info.txt"; echo "$WORK/info.txt")"
-expect_ok "fixture: a vocabulary padded for tp2" "$PY" "$FIXTURE" "$WORK/d" --tp 2 --layers 2 --hidden 32 --heads 4 --ffn 64 \
-    --vocab 90 --make-vocab-size-divisible-by 16
+expect_ok "fixture: a vocabulary padded for tp2, tied embeddings" "$PY" "$FIXTURE" "$WORK/d" --tp 2 --layers 2 --hidden 32 \
+    --heads 4 --ffn 64 --vocab 90 --make-vocab-size-divisible-by 16 --full "$WORK/d.full.pt"
+for names in legacy core; do
+    expect_ok "tied embeddings -> tp1pp2 ($names names): the last stage's copy of them" "$RS" "$WORK/d" --to tp1pp2 \
+        --megatron-names $names -o "$WORK/d_pp2_$names" --verify
+    expect_ok "torch.load reads it and it merges to PyTorch's tensors, the copy equal to the embeddings" "$PY" "$FIXTURE" \
+        --verify "$WORK/d_pp2_$names" --full "$WORK/d.full.pt"
+    expect_ok "info of it ($names names)" "$CK" info "$WORK/d_pp2_$names"
+    check "the last stage holds the copy ($names names)" grep -q "tied embeddings (a copy on the last stage)" "$WORK/.out"
+done
 expect_error "a layout the vocabulary padding does not allow" 1 "96 rows is not a multiple of 16 x tp 4" "$RS" "$WORK/d" \
     --to tp4 -o "$WORK/never"
 check "nothing was written for refused runs" test ! -e "$WORK/never"
