@@ -294,9 +294,17 @@ static int read_decimal(machine *m, int64_t *out)
 
 /* ------------------------------------------------------------------ stacks */
 
+/* The failure of an allocation from the arena (past the memory limit, or
+ * out of memory), its message naming the pickle and the opcode's offset. */
+static int allocation_failed(const machine *m)
+{
+    return tp_fail_context(TP_ERR_FORMAT, "%s: pickle at byte %zu: ", m->name, m->op_at);
+}
+
+/* Pushes v; a NULL v is an allocation that failed. */
 static int push(machine *m, pickle_value *v)
 {
-    if (!v) return tp_fail_context(TP_ERR_FORMAT, "%s: pickle at byte %zu: ", m->name, m->op_at);
+    if (!v) return allocation_failed(m);
     TP_TRY(grow(m->doc, (void **)&m->stack, &m->stack_capacity, m->depth + 1, sizeof *m->stack));
     m->stack[m->depth++] = v;
     return TP_OK;
@@ -401,7 +409,7 @@ static int persistent_load(machine *m, pickle_value *pid, pickle_value **out)
         strlen(f[2]->text.data) != (size_t)f[2]->text.size)
         return fail_at(m, TP_ERR_FORMAT, "storage key '%s' is not a plain entry name", f[2]->text.data);
     pickle_value *s = new_value(m, PICKLE_STORAGE);
-    if (!s) return push(m, NULL);
+    if (!s) return allocation_failed(m);
     s->storage.key = f[2]->text.data;
     s->storage.location = f[3]->text.data;
     s->storage.dtype = storage_classes[found].dtype;
@@ -430,7 +438,7 @@ static int rebuild_tensor(machine *m, const pickle_value *args, pickle_value **o
         return fail_at(m, TP_ERR_FORMAT, "a tensor of %lld dimensions and %lld strides (at most %d)", (long long)ndim,
                        (long long)a[3]->items.count, TORCH_MAX_DIMS);
     pickle_value *t = new_value(m, PICKLE_TENSOR);
-    if (!t) return push(m, NULL);
+    if (!t) return allocation_failed(m);
     t->tensor.storage = storage;
     t->tensor.offset = a[1]->integer;
     t->tensor.ndim = (int)ndim;
@@ -468,7 +476,7 @@ static int latin1_bytes(machine *m, const pickle_value *text, pickle_value **out
     const unsigned char *s = (const unsigned char *)text->text.data;
     int64_t n = text->text.size, size = 0;
     unsigned char *bytes = arena_alloc(m->doc, (size_t)n + 1);
-    if (!bytes) return push(m, NULL);
+    if (!bytes) return allocation_failed(m);
     for (int64_t i = 0; i < n; i++) {
         if (s[i] < 0x80) {
             bytes[size++] = s[i];
@@ -480,7 +488,7 @@ static int latin1_bytes(machine *m, const pickle_value *text, pickle_value **out
         }
     }
     pickle_value *v = new_value(m, PICKLE_BYTES);
-    if (!v) return push(m, NULL);
+    if (!v) return allocation_failed(m);
     v->text.data = (const char *)bytes;
     v->text.size = size;
     *out = v;
@@ -491,7 +499,7 @@ static int latin1_bytes(machine *m, const pickle_value *text, pickle_value **out
 static int container_from(machine *m, pickle_kind kind, const pickle_value *source, pickle_value **out)
 {
     pickle_value *c = new_container(m, kind);
-    if (!c) return push(m, NULL);
+    if (!c) return allocation_failed(m);
     if (source && !is_sequence(source) && source->kind != PICKLE_SET)
         return fail_at(m, TP_ERR_FORMAT, "a %s made from a %s", pickle_kind_name(kind), pickle_kind_name(source->kind));
     for (int64_t i = 0; source && i < source->items.count; i++) {
@@ -548,7 +556,7 @@ static int call(machine *m, pickle_value *callable, pickle_value *args, int dept
         if (!strcmp(name, "copyreg._reconstructor") && n >= 1 && a[0]->kind == PICKLE_GLOBAL) name = a[0]->text.data;
     }
     pickle_value *o = new_value(m, PICKLE_OBJECT);
-    if (!o) return push(m, NULL);
+    if (!o) return allocation_failed(m);
     o->object.cls = name ? name : "(a call of a computed value)";
     o->object.args = args;
     *out = o;
@@ -561,7 +569,7 @@ static int op_setitems(machine *m, pickle_value *target, int64_t first)
 {
     if ((m->depth - first) % 2) return fail_at(m, TP_ERR_FORMAT, "SETITEMS with an odd number of values");
     if (target->kind == PICKLE_OBJECT) {
-        if (!target->object.items && !(target->object.items = new_container(m, PICKLE_DICT))) return push(m, NULL);
+        if (!target->object.items && !(target->object.items = new_container(m, PICKLE_DICT))) return allocation_failed(m);
         target = target->object.items;
     }
     if (target->kind != PICKLE_DICT) return fail_at(m, TP_ERR_FORMAT, "sets items of a %s", pickle_kind_name(target->kind));
@@ -573,7 +581,7 @@ static int op_setitems(machine *m, pickle_value *target, int64_t first)
 static int op_appends(machine *m, pickle_value *target, int64_t first, int set)
 {
     if (target->kind == PICKLE_OBJECT && !set) {
-        if (!target->object.list && !(target->object.list = new_container(m, PICKLE_LIST))) return push(m, NULL);
+        if (!target->object.list && !(target->object.list = new_container(m, PICKLE_LIST))) return allocation_failed(m);
         target = target->object.list;
     }
     if (target->kind != (set ? PICKLE_SET : PICKLE_LIST))
@@ -730,7 +738,7 @@ static int step(machine *m, int *stopped)
         TP_TRY(pop_mark(m, &first));
         pickle_value *t = new_container(m, m->op == 't' ? PICKLE_TUPLE : m->op == 'l' ? PICKLE_LIST : PICKLE_SET);
         for (int64_t i = first; t && i < m->depth; i++)
-            if (items_push(m, &t->items, m->stack[i])) return push(m, NULL);
+            if (items_push(m, &t->items, m->stack[i])) return allocation_failed(m);
         m->depth = first;
         return push(m, t);
     }
@@ -739,7 +747,7 @@ static int step(machine *m, int *stopped)
         if ((m->depth - first) % 2) return fail_at(m, TP_ERR_FORMAT, "DICT with an odd number of values");
         pickle_value *d = new_container(m, PICKLE_DICT);
         for (int64_t i = first; d && i < m->depth; i += 2)
-            if (dict_set(m, d, m->stack[i], m->stack[i + 1])) return push(m, NULL);
+            if (dict_set(m, d, m->stack[i], m->stack[i + 1])) return allocation_failed(m);
         m->depth = first;
         return push(m, d);
     }
