@@ -25,7 +25,16 @@ struct megatron_checkpoint {
     torch_archive **archives; /* pp_rank * tp + tp_rank */
     megatron_tensor_entry *tensors;
     int num_tensors, capacity;
+    /* The parameters of the stage being read, in the rank files' order
+     * (named_parameters(): every chunk's, the tied head copy included as
+     * HEAD_COPY): the order the optimizer numbers them in. */
+    int *stage_params;
+    int num_stage_params, stage_params_capacity;
+    char optimizer_refusal[1024]; /* why the optimizer state is not read ("" when it is, or there is none) */
+    int optimizer_status;         /* and its tp_status: TP_ERR_LAYOUT (not read by design) or TP_ERR_FORMAT (damaged) */
 };
+
+enum { HEAD_COPY = -1 };
 
 /* ------------------------------------------------------------- the files */
 
@@ -381,12 +390,13 @@ static int check_piece(const megatron_checkpoint *m, const megatron_tensor_entry
     return TP_OK;
 }
 
-static int add_tensor(chunk_walk *w, const char *source, const char *name, const pickle_value *t)
+/* A new tensor of stage described by d, its piece at tp rank 0 t. */
+static int add_entry(megatron_checkpoint *m, const char *file, int stage, const char *source, const ckpt_tensor_desc *d,
+                     const pickle_value *t)
 {
-    megatron_checkpoint *m = w->m;
     for (int i = 0; i < m->num_tensors; i++)
-        if (!strcmp(m->tensors[i].copy.name, name))
-            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is also in %s (as %s)", w->file, source, m->tensors[i].source, name);
+        if (!strcmp(m->tensors[i].copy.name, d->name))
+            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is also in %s (as %s)", file, source, m->tensors[i].source, d->name);
     if (m->num_tensors == m->capacity) {
         int next = m->capacity ? 2 * m->capacity : 64;
         megatron_tensor_entry *bigger = realloc(m->tensors, (size_t)next * sizeof *bigger);
@@ -397,18 +407,37 @@ static int add_tensor(chunk_walk *w, const char *source, const char *name, const
     }
     megatron_tensor_entry *e = &m->tensors[m->num_tensors];
     memset(e, 0, sizeof *e);
-    ckpt_tensor_desc d;
-    describe(&m->config, name, &d);
-    float_dtype(t, &d.dtype); /* a norm kept in fp32 beside bf16 weights stays fp32 */
-    int status = ckpt_tensor_copy_init(&e->copy, &d);
-    if (status) return tp_fail_context(status, "%s: tensor %s: ", w->file, source);
+    int status = ckpt_tensor_copy_init(&e->copy, d);
+    if (status) return tp_fail_context(status, "%s: tensor %s: ", file, source);
     snprintf(e->source, sizeof e->source, "%s", source);
-    e->stage = w->stage;
+    e->stage = stage;
     if (!(e->pieces = calloc((size_t)m->config.tp, sizeof *e->pieces))) return tp_fail(TP_ERR_NOMEM, "out of memory");
     m->num_tensors++;
-    TP_TRY(check_piece(m, e, t, w->file));
+    TP_TRY(check_piece(m, e, t, file));
     e->pieces[0] = t;
     return TP_OK;
+}
+
+static int add_stage_param(megatron_checkpoint *m, int index)
+{
+    if (m->num_stage_params == m->stage_params_capacity) {
+        int next = m->stage_params_capacity ? 2 * m->stage_params_capacity : 64;
+        int *bigger = realloc(m->stage_params, (size_t)next * sizeof *bigger);
+        if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        m->stage_params = bigger;
+        m->stage_params_capacity = next;
+    }
+    m->stage_params[m->num_stage_params++] = index;
+    return TP_OK;
+}
+
+static int add_tensor(chunk_walk *w, const char *source, const char *name, const pickle_value *t)
+{
+    ckpt_tensor_desc d;
+    describe(&w->m->config, name, &d);
+    float_dtype(t, &d.dtype); /* a norm kept in fp32 beside bf16 weights stays fp32 */
+    TP_TRY(add_entry(w->m, w->file, w->stage, source, &d, t));
+    return add_stage_param(w->m, w->m->num_tensors - 1);
 }
 
 static int visit_tensor(void *ctx, const char *path, const pickle_value *t)
@@ -434,7 +463,8 @@ static int visit_tensor(void *ctx, const char *path, const pickle_value *t)
         if (ckpt_tensor_copy_init(&copy.copy, &d)) return tp_fail_context(TP_ERR_FORMAT, "%s: ", w->file);
         snprintf(copy.source, sizeof copy.source, "%s", path);
         w->head_copies++;
-        return check_piece(w->m, &copy, t, w->file);
+        TP_TRY(check_piece(w->m, &copy, t, w->file));
+        return w->tp_rank == 0 ? add_stage_param(w->m, HEAD_COPY) : TP_OK;
     }
     if (w->tp_rank == 0) return add_tensor(w, path, name, t);
     /* Other ranks of the stage hold the same tensors in the same order. */
@@ -474,13 +504,180 @@ static int read_stage(megatron_checkpoint *m, int stage)
     return TP_OK;
 }
 
+/* ------------------------------------------------------- optimizer state */
+
+/* The optimizer numbers a rank's parameters without naming them
+ * (docs/MEGATRON.md section 7): named_parameters() order, regrouped into
+ * the param groups, which Megatron keys by weight decay (none for biases
+ * and vectors). The state is matched to parameters by that rule, checked
+ * against each group's count and every tensor's shape; a layout the rule
+ * does not explain is refused, never guessed. */
+
+int megatron_no_weight_decay(const ckpt_tensor_desc *d)
+{
+    return d->ndim == 1 || has_suffix(d->param ? d->param : d->name, ".bias");
+}
+
+/* Whether the stage's parameter index (or HEAD_COPY) has no weight decay. */
+static int no_weight_decay(const megatron_checkpoint *m, int index)
+{
+    return index != HEAD_COPY && megatron_no_weight_decay(&m->tensors[index].copy.desc); /* the copy: a matrix */
+}
+
+int megatron_group_no_weight_decay(const pickle_value *group, const char *file, int64_t g, int *out)
+{
+    const pickle_value *v = pickle_get(group, "wd_mult");
+    if (!v || (v->kind != PICKLE_FLOAT && v->kind != PICKLE_INT)) v = pickle_get(group, "weight_decay");
+    if (!v || (v->kind != PICKLE_FLOAT && v->kind != PICKLE_INT))
+        return tp_fail(TP_ERR_FORMAT, "%s: optimizer param group %lld has neither wd_mult nor weight_decay: which "
+                       "parameters it holds cannot be told", file, (long long)g);
+    *out = v->kind == PICKLE_FLOAT ? v->real == 0 : v->integer == 0;
+    return TP_OK;
+}
+
+/* One optimizer tensor of the parameter at index (role "exp_avg",
+ * "exp_avg_sq" or "master") at tp_rank: a tensor of its own, described as
+ * its parameter, fp32. The tied head copy's state is checked, not kept (the
+ * embeddings' state is the same, and written again for the copy). */
+static int add_optimizer_piece(megatron_checkpoint *m, int stage, int tp_rank, int index, const char *role,
+                               const char *source, const pickle_value *t, const char *file)
+{
+    if (!t || t->kind != PICKLE_TENSOR)
+        return tp_fail(TP_ERR_FORMAT, "%s: optimizer %s is not a tensor", file, source);
+    ckpt_tensor_desc d;
+    /* Copies: adding an entry moves m->tensors. */
+    char name[CKPT_NAME_MAX + 32], param[CKPT_NAME_MAX + 1];
+    snprintf(param, sizeof param, "%s", index == HEAD_COPY ? "embedding.word_embeddings.weight" : m->tensors[index].copy.name);
+    describe(&m->config, param, &d);
+    snprintf(name, sizeof name, "optim/%s/%s", role, param);
+    d.role = role;
+    d.param = param;
+    d.name = name;
+    d.dtype = TP_FP32;
+    megatron_tensor_entry probe = {0};
+    if (index == HEAD_COPY || tp_rank > 0) {
+        int found = -1;
+        for (int i = 0; index != HEAD_COPY && i < m->num_tensors && found < 0; i++)
+            if (!strcmp(m->tensors[i].copy.name, name)) found = i;
+        if (index != HEAD_COPY && found < 0)
+            return tp_fail(TP_ERR_FORMAT, "%s: optimizer %s (%s) has no counterpart at tensor-parallel rank 0", file, source, name);
+        megatron_tensor_entry *e = found >= 0 ? &m->tensors[found] : &probe;
+        if (found < 0) {
+            TP_TRY(ckpt_tensor_copy_init(&probe.copy, &d));
+            snprintf(probe.source, sizeof probe.source, "%s", source);
+        }
+        TP_TRY(check_piece(m, e, t, file));
+        if (found >= 0) e->pieces[tp_rank] = t;
+        return TP_OK;
+    }
+    return add_entry(m, file, stage, source, &d, t);
+}
+
+static int read_rank_optimizer(megatron_checkpoint *m, int stage, int tp_rank, const int *params, int num_params)
+{
+    const torch_archive *a = m->archives[stage * m->config.tp + tp_rank];
+    const char *file = torch_archive_path(a);
+    const pickle_value *opt = pickle_get(torch_archive_root(a), "optimizer");
+    if (!opt || opt->kind != PICKLE_DICT)
+        return tp_fail(TP_ERR_FORMAT, "%s: no optimizer dict, where the first rank file has one", file);
+    /* Float16OptimizerWithFloat16Params wraps the torch optimizer's state
+     * dict with the fp32 master weights; FP32Optimizer's is the inner one. */
+    const pickle_value *inner = pickle_get(opt, "optimizer"), *masters = NULL;
+    if (inner && inner->kind == PICKLE_DICT) masters = pickle_get(opt, "fp32_from_fp16_params");
+    else inner = opt;
+    const pickle_value *state = pickle_get(inner, "state"), *groups = pickle_get(inner, "param_groups");
+    if (!groups || groups->kind != PICKLE_LIST)
+        return tp_fail(TP_ERR_FORMAT, "%s: the optimizer state has no param_groups list", file);
+    if (!state) {
+        char dist[4400];
+        snprintf(dist, sizeof dist, "%.*s/distrib_optim.pt", (int)(strrchr(file, '/') - file), file);
+        return tp_fail(TP_ERR_LAYOUT, "%s: the distributed optimizer's state (%s) is not read yet", file, dist);
+    }
+    if (state->kind != PICKLE_DICT) return tp_fail(TP_ERR_FORMAT, "%s: optimizer state is a %s, not a dict", file,
+                                                   pickle_kind_name(state->kind));
+    int want_masters = m->config.dtype != TP_FP32;
+    if (want_masters && (!masters || masters->kind != PICKLE_LIST || masters->items.count != groups->items.count))
+        return tp_fail(TP_ERR_FORMAT, "%s: %s parameters without fp32_from_fp16_params holding one list per param group (%lld)",
+                       file, tp_dtype_name(m->config.dtype), (long long)groups->items.count);
+    char *taken = calloc((size_t)num_params + 1, 1);
+    if (!taken) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = TP_OK, seen[2] = {0, 0};
+    for (int64_t g = 0; g < groups->items.count && !status; g++) {
+        const pickle_value *group = groups->items.items[g], *ids = pickle_get(group, "params");
+        int cls = 0;
+        status = megatron_group_no_weight_decay(group, file, g, &cls);
+        if (!status && (!ids || ids->kind != PICKLE_LIST))
+            status = tp_fail(TP_ERR_FORMAT, "%s: optimizer param group %lld has no params list", file, (long long)g);
+        if (!status && seen[cls]++)
+            status = tp_fail(TP_ERR_LAYOUT, "%s: two optimizer param groups %s weight decay (learning-rate multipliers?): "
+                             "which parameters each holds is not recorded", file, cls ? "without" : "with");
+        const pickle_value *group_masters = status || !want_masters ? NULL : masters->items.items[g];
+        if (!status && want_masters && (group_masters->kind != PICKLE_LIST || group_masters->items.count != ids->items.count))
+            status = tp_fail(TP_ERR_FORMAT, "%s: fp32_from_fp16_params[%lld] does not hold one tensor per parameter of its group",
+                             file, (long long)g);
+        int k = 0;
+        for (int64_t j = 0; !status && j < ids->items.count; j++, k++) {
+            while (k < num_params && (taken[k] || no_weight_decay(m, params[k]) != cls)) k++;
+            const pickle_value *id = ids->items.items[j];
+            if (k == num_params || id->kind != PICKLE_INT) {
+                status = tp_fail(TP_ERR_FORMAT, "%s: optimizer param group %lld lists %lld parameters, more than the stage has %s "
+                                 "weight decay", file, (long long)g, (long long)ids->items.count, cls ? "without" : "with");
+                break;
+            }
+            taken[k] = 1;
+            const pickle_value *entry = pickle_get_int(state, id->integer);
+            char source[128];
+            snprintf(source, sizeof source, "state[%lld]", (long long)id->integer);
+            if (!entry || entry->kind != PICKLE_DICT) {
+                status = tp_fail(TP_ERR_FORMAT, "%s: optimizer %s (parameter %d of the stage) is missing", file, source, k);
+                break;
+            }
+            const char *roles[] = {"exp_avg", "exp_avg_sq"};
+            for (int r = 0; r < 2 && !status; r++) {
+                snprintf(source, sizeof source, "state[%lld].%s", (long long)id->integer, roles[r]);
+                status = add_optimizer_piece(m, stage, tp_rank, params[k], roles[r], source, pickle_get(entry, roles[r]), file);
+            }
+            if (!status && want_masters) {
+                snprintf(source, sizeof source, "fp32_from_fp16_params[%lld][%lld]", (long long)g, (long long)j);
+                status = add_optimizer_piece(m, stage, tp_rank, params[k], "master", source, group_masters->items.items[j], file);
+            }
+        }
+    }
+    for (int k = 0; k < num_params && !status; k++)
+        if (!taken[k])
+            status = tp_fail(TP_ERR_FORMAT, "%s: parameter %s is in no optimizer param group", file,
+                             params[k] == HEAD_COPY ? "word_embeddings_for_head" : m->tensors[params[k]].source);
+    free(taken);
+    return status;
+}
+
+/* The optimizer state of every rank, or the reason it cannot be read in
+ * m->optimizer_refusal (the weights are read either way). */
+static int read_optimizer(megatron_checkpoint *m, const int *stage_first)
+{
+    int model_tensors = m->num_tensors, status = TP_OK;
+    for (int p = 0; p < m->config.pp && !status; p++)
+        for (int t = 0; t < m->config.tp && !status; t++)
+            status = read_rank_optimizer(m, p, t, m->stage_params + stage_first[p], stage_first[p + 1] - stage_first[p]);
+    if (status == TP_ERR_FORMAT || status == TP_ERR_LAYOUT) {
+        snprintf(m->optimizer_refusal, sizeof m->optimizer_refusal, "%s", tp_errmsg());
+        m->optimizer_status = status;
+        for (int i = model_tensors; i < m->num_tensors; i++) free(m->tensors[i].pieces);
+        m->num_tensors = model_tensors;
+        return TP_OK;
+    }
+    if (!status) m->config.optimizer_read = 1;
+    return status;
+}
+
 /* Every tensor the args describe is there, once. */
 static int check_complete(const megatron_checkpoint *m)
 {
     const megatron_config *c = &m->config;
     int layers_seen = 0;
     for (int i = 0; i < m->num_tensors; i++)
-        if (has_suffix(m->tensors[i].copy.name, ".attention.qkv.weight")) layers_seen++;
+        if (has_prefix(m->tensors[i].copy.name, "layers.") && has_suffix(m->tensors[i].copy.name, ".attention.qkv.weight"))
+            layers_seen++;
     if (layers_seen != c->num_layers)
         return tp_fail(TP_ERR_FORMAT, "%s: %d layers' attention weights found, args says %lld layers", m->path, layers_seen,
                        (long long)c->num_layers);
@@ -544,9 +741,16 @@ int megatron_open(const char *path, megatron_checkpoint **out)
                                  (long long)pp, c->tp, c->pp);
         }
     }
-    for (int p = 0; p < (status ? 0 : c->pp) && !status; p++) status = read_stage(m, p);
-    if (!status && m->config.core_names && m->config.naming < MEGATRON_NAMES_CORE) m->config.naming = MEGATRON_NAMES_CORE;
+    int *stage_first = status ? NULL : calloc((size_t)c->pp + 1, sizeof *stage_first);
+    if (!status && !stage_first) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int p = 0; p < (status ? 0 : c->pp) && !status; p++) {
+        status = read_stage(m, p);
+        stage_first[p + 1] = m->num_stage_params;
+    }
     if (!status) status = check_complete(m);
+    if (!status && c->has_optimizer) status = read_optimizer(m, stage_first);
+    free(stage_first);
+    if (!status && m->config.core_names && m->config.naming < MEGATRON_NAMES_CORE) m->config.naming = MEGATRON_NAMES_CORE;
     if (status) {
         megatron_close(m);
         return status;
@@ -562,12 +766,19 @@ void megatron_close(megatron_checkpoint *m)
     for (int i = 0; i < m->num_tensors; i++) free(m->tensors[i].pieces);
     free(m->archives);
     free(m->tensors);
+    free(m->stage_params);
     free(m);
 }
 
 const megatron_config *megatron_config_of(const megatron_checkpoint *m)
 {
     return &m->config;
+}
+
+const char *megatron_optimizer_refusal(const megatron_checkpoint *m, int *status)
+{
+    if (status) *status = m->optimizer_status;
+    return m->optimizer_refusal[0] ? m->optimizer_refusal : NULL;
 }
 
 const char *megatron_path(const megatron_checkpoint *m)
@@ -695,6 +906,17 @@ int megatron_naming_parse(const char *text, megatron_naming *out)
 const pickle_value *megatron_args(const megatron_checkpoint *m)
 {
     return pickle_get(torch_archive_root(m->archives[0]), "args");
+}
+
+const pickle_value *megatron_rank_value(const megatron_checkpoint *m, int pp_rank, int tp_rank, const char *key)
+{
+    return pickle_get(torch_archive_root(m->archives[pp_rank * m->config.tp + tp_rank]), key);
+}
+
+int megatron_rank_tensor_read(const megatron_checkpoint *m, int pp_rank, int tp_rank, const pickle_value *tensor, void *buf,
+                              int64_t size)
+{
+    return torch_tensor_read(m->archives[pp_rank * m->config.tp + tp_rank], tensor, buf, 0, size);
 }
 
 const pickle_value *megatron_model_value(const megatron_checkpoint *m, const char *key)

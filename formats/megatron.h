@@ -63,7 +63,8 @@ typedef struct {
     int64_t padded_vocab, vocab_divisible_by, max_positions;
     int swiglu, untied, learned_positions, has_bias, tied_head_copy;
     tp_dtype dtype;
-    int has_optimizer;           /* an `optimizer` entry is in the rank files (not read yet) */
+    int has_optimizer;           /* an `optimizer` entry is in the rank files */
+    int optimizer_read;          /* and its state was read: tensors optim/ROLE/NAME (megatron_optimizer_refusal says why not) */
 } megatron_config;
 
 typedef struct megatron_checkpoint megatron_checkpoint;
@@ -83,6 +84,12 @@ int megatron_open(const char *path, megatron_checkpoint **out);
 void megatron_close(megatron_checkpoint *checkpoint);
 
 const megatron_config *megatron_config_of(const megatron_checkpoint *checkpoint);
+/* Why the rank files' optimizer state is not read, or NULL: it was, or
+ * there is none. The weights are read either way. *status (when not NULL)
+ * tells TP_ERR_LAYOUT, a layout not read (the distributed optimizer's
+ * distrib_optim.pt, param groups the weight-decay rule does not explain),
+ * from TP_ERR_FORMAT, state that contradicts the model (damaged). */
+const char *megatron_optimizer_refusal(const megatron_checkpoint *checkpoint, int *status);
 /* The iteration's directory. */
 const char *megatron_path(const megatron_checkpoint *checkpoint);
 /* The layout of the checkpoint's files (dp 1). */
@@ -113,18 +120,30 @@ typedef struct {
     int naming;             /* a megatron_naming; -1: the template's */
     int overwrite;          /* replace an existing output */
     int threads;            /* rank files written at once; 0: all cores */
+    int weights_only;       /* leave the optimizer state out */
 } megatron_write_options;
 
-/* Writes the weights of source (tensors with this reader's canonical names,
- * at any layout: a Megatron checkpoint's reader, or its reshard) as a
- * Megatron-LM legacy checkpoint at out: latest_checkpointed_iteration.txt
- * and the iteration's directory of rank files that torch.load reads, with
+typedef struct {
+    int optimizer_written;  /* the source's optimizer state was written */
+    int rank_state_dropped; /* the ranks' RNG (and rerun) states were left out: the layout changed */
+} megatron_write_report;
+
+/* Writes source (tensors with this reader's canonical names, at any
+ * layout: a Megatron checkpoint's reader, or its reshard) as a Megatron-LM
+ * legacy checkpoint at out: latest_checkpointed_iteration.txt and the
+ * iteration's directory of rank files that torch.load reads, with
  * template's args (the parallel sizes changed), checkpoint_version 3.0 and
- * iteration. No optimizer or RNG state is written (as Megatron's own
- * converters do). The output is staged and appears whole or not at all.
- * Refused, naming the cause: a layout the model does not divide into, and
- * a padded vocabulary that is not a multiple of the target's padding. */
+ * iteration. When the source has the optimizer state (optim/ROLE/NAME, as
+ * megatron_reader_open gives it) and weights_only is not set, each rank's
+ * optimizer state dict is written as Megatron's optimizers write it, with
+ * the template's param-group settings, loss scaler and schedule. Each
+ * rank's RNG and rerun state is carried over when the layout is the
+ * template's and left out otherwise (report says so; Megatron does the
+ * same on a change of layout). The output is staged and appears whole or
+ * not at all. Refused, naming the cause: a layout the model does not
+ * divide into, and a padded vocabulary that is not a multiple of the
+ * target's padding. report may be NULL. */
 int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, const megatron_write_options *options,
-                   const char *out);
+                   const char *out, megatron_write_report *report);
 
 #endif

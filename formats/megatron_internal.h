@@ -12,4 +12,18 @@ const pickle_value *megatron_args(const megatron_checkpoint *checkpoint);
  * linear_qkv._extra_state"); NULL when absent. */
 const pickle_value *megatron_model_value(const megatron_checkpoint *checkpoint, const char *key);
 
+/* A top-level value of the rank file of (pp_rank, tp_rank): "optimizer",
+ * "rng_state", ...; NULL when absent. */
+const pickle_value *megatron_rank_value(const megatron_checkpoint *checkpoint, int pp_rank, int tp_rank, const char *key);
+/* The bytes (size) of a tensor found in that rank file's values. */
+int megatron_rank_tensor_read(const megatron_checkpoint *checkpoint, int pp_rank, int tp_rank, const pickle_value *tensor,
+                              void *buf, int64_t size);
+
+/* Megatron's weight-decay rule for a parameter (or its optimizer state):
+ * none for biases and vectors (docs/MEGATRON.md section 7). */
+int megatron_no_weight_decay(const ckpt_tensor_desc *tensor);
+/* Whether optimizer param group g (of file) is the one without weight
+ * decay: from its wd_mult, or its weight_decay. */
+int megatron_group_no_weight_decay(const pickle_value *group, const char *file, int64_t g, int *out);
+
 #endif

@@ -79,15 +79,23 @@ typedef struct {
     torch_writer *w;
     byte_buffer *b;
     int pp_rank, tp_rank;
+    int optimizer;        /* write the source's optimizer state (optim/ROLE/NAME tensors) */
+    int carry_rank_state; /* the layout is the template's: each rank's RNG state goes along */
     /* The tensors emitted into the pickle, in order: their bytes are
-     * written after it (source tensor and piece; index -1: empty). */
-    struct pending { int index, piece; int64_t bytes; } *pending;
+     * written after it (source tensor and piece; index -1: a tensor of the
+     * template's rank file, raw, or empty). */
+    struct pending { int index, piece; int64_t bytes; const pickle_value *raw; int raw_pp, raw_tp; } *pending;
     int num_pending, pending_capacity;
+    /* The parameters emitted, in order (source indices): the order the
+     * optimizer numbers them in. */
+    int *params;
+    int num_params, params_capacity;
     void *piece;          /* a buffer of the largest piece */
     size_t piece_size;
 } rank_writer;
 
-static int add_pending(rank_writer *r, int index, int piece, int64_t bytes)
+/* raw: a tensor of the template's rank file (raw_rank[0] pp, raw_rank[1] tp). */
+static int add_pending(rank_writer *r, int index, int piece, int64_t bytes, const pickle_value *raw, const int *raw_rank)
 {
     if (r->num_pending == r->pending_capacity) {
         int next = r->pending_capacity ? 2 * r->pending_capacity : 64;
@@ -96,7 +104,7 @@ static int add_pending(rank_writer *r, int index, int piece, int64_t bytes)
         r->pending = bigger;
         r->pending_capacity = next;
     }
-    r->pending[r->num_pending++] = (struct pending){index, piece, bytes};
+    r->pending[r->num_pending++] = (struct pending){index, piece, bytes, raw, raw ? raw_rank[0] : 0, raw ? raw_rank[1] : 0};
     return TP_OK;
 }
 
@@ -113,7 +121,7 @@ static int emit_tensor(rank_writer *r, int index)
     int64_t shape[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(t->dtype);
     ckpt_piece_shape(t, r->to.tp, shape);
     for (int d = 0; d < t->ndim; d++) bytes *= shape[d];
-    TP_TRY(add_pending(r, index, piece, bytes));
+    TP_TRY(add_pending(r, index, piece, bytes, NULL, NULL));
     return torch_writer_tensor(r->w, torch_dtype_of(t->dtype), t->ndim, shape);
 }
 
@@ -132,16 +140,26 @@ static int write_pending(rank_writer *r)
         if (p->index >= 0)
             TP_TRY(reshard_read_piece(r->source, p->index, ckpt_reader_tensor(r->source, p->index), r->to.tp, p->piece,
                                       r->piece, (size_t)p->bytes));
+        else if (p->raw)
+            TP_TRY(megatron_rank_tensor_read(r->template, p->raw_pp, p->raw_tp, p->raw, r->piece, p->bytes));
         TP_TRY(torch_writer_storage(r->w, r->piece, p->bytes));
     }
     return TP_OK;
 }
 
-/* key: tensor, when the source has it. */
+/* key: tensor, when the source has it; a parameter of the rank. */
 static int entry(rank_writer *r, const char *key, const char *canonical)
 {
     int index = ckpt_reader_find(r->source, canonical);
     if (index < 0) return TP_OK; /* a model without biases has none */
+    if (r->num_params == r->params_capacity) {
+        int next = r->params_capacity ? 2 * r->params_capacity : 64;
+        int *bigger = realloc(r->params, (size_t)next * sizeof *bigger);
+        if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        r->params = bigger;
+        r->params_capacity = next;
+    }
+    r->params[r->num_params++] = index;
     pk_string(r->b, key);
     return emit_tensor(r, index);
 }
@@ -162,7 +180,7 @@ static int emit_extra(rank_writer *r, const char *key, int extra, const char *te
         return tp_fail(TP_ERR_FORMAT, "%s: %s holds Transformer Engine's FP8 state, which is not converted",
                        megatron_path(r->template), template_key);
     int64_t empty = 0;
-    TP_TRY(add_pending(r, -1, 0, 0));
+    TP_TRY(add_pending(r, -1, 0, 0, NULL, NULL));
     return torch_writer_tensor(r->w, TORCH_UINT8, 1, &empty);
 }
 
@@ -310,6 +328,177 @@ static int emit_args(rank_writer *r)
     return TP_OK;
 }
 
+/* ------------------------------------------------------- optimizer state */
+
+/* Where a value carried over from the template lies. */
+typedef struct {
+    rank_writer *r;
+    int rank[2]; /* pp, tp of the template's rank file */
+} template_value;
+
+/* A tensor of a value of the template's rank file, copied whole: an RNG
+ * state, a loss scale. */
+static int emit_raw_tensor(void *ctx, const pickle_value *t)
+{
+    template_value *from = ctx;
+    rank_writer *r = from->r;
+    if (!torch_tensor_is_contiguous(t))
+        return tp_fail(TP_ERR_FORMAT, "%s: a non-contiguous tensor among the state carried over", megatron_path(r->template));
+    int64_t numel = torch_tensor_numel(t);
+    torch_dtype dtype = t->tensor.storage->storage.dtype;
+    TP_TRY(add_pending(r, -1, 0, numel * (int64_t)torch_dtype_size(dtype), t, from->rank));
+    return torch_writer_tensor(r->w, dtype, t->tensor.ndim, t->tensor.shape);
+}
+
+/* The source's optimizer tensor of role for parameter index. */
+static int emit_optimizer_tensor(rank_writer *r, int param, const char *role)
+{
+    char name[CKPT_NAME_MAX + 32];
+    const char *param_name = ckpt_reader_tensor(r->source, param)->name;
+    snprintf(name, sizeof name, "optim/%s/%s", role, param_name);
+    int index = ckpt_reader_find(r->source, name);
+    if (index < 0)
+        return tp_fail(TP_ERR_NOT_FOUND, "%s: no %s state for parameter %s", ckpt_reader_path(r->source), role, param_name);
+    return emit_tensor(r, index);
+}
+
+/* The optimizer state dict of this rank as Megatron's optimizers write it
+ * (docs/MEGATRON.md section 7): the parameters numbered in the order
+ * emitted, regrouped by weight decay in order of first appearance; each
+ * group's other entries, and everything around the state (the loss
+ * scaler), from the template's first rank file. */
+static int emit_optimizer(rank_writer *r)
+{
+    byte_buffer *b = r->b;
+    const char *file = megatron_path(r->template);
+    const pickle_value *outer = megatron_rank_value(r->template, 0, 0, "optimizer");
+    const pickle_value *inner = pickle_get(outer, "optimizer");
+    int wrapped = inner && inner->kind == PICKLE_DICT;
+    if (!wrapped) inner = outer;
+    const pickle_value *groups = pickle_get(inner, "param_groups"), *state = pickle_get(inner, "state");
+    if (!groups || groups->kind != PICKLE_LIST || !state || state->kind != PICKLE_DICT || !state->dict.values.count)
+        return tp_fail(TP_ERR_FORMAT, "%s: the first rank file's optimizer has no state and param_groups to follow", file);
+    const pickle_value *state0 = state->dict.values.items[0];
+    template_value first_rank = {r, {0, 0}};
+    /* The groups in order of first appearance, each the template's group
+     * of the same weight decay. */
+    const pickle_value *group_of[2] = {NULL, NULL};
+    int order[2], num_groups = 0;
+    for (int64_t g = 0; g < groups->items.count; g++) {
+        int cls;
+        TP_TRY(megatron_group_no_weight_decay(groups->items.items[g], file, g, &cls));
+        group_of[cls] = groups->items.items[g];
+    }
+    for (int k = 0; k < r->num_params && num_groups < 2; k++) {
+        int cls = megatron_no_weight_decay(ckpt_reader_tensor(r->source, r->params[k]));
+        if (num_groups == 1 && order[0] == cls) continue;
+        if (!group_of[cls])
+            return tp_fail(TP_ERR_FORMAT, "%s: the optimizer has no param group %s weight decay", file, cls ? "without" : "with");
+        order[num_groups++] = cls;
+    }
+    if (wrapped) {
+        pk_dict_begin(b);
+        pk_string(b, "optimizer");
+    }
+    pk_dict_begin(b);
+    pk_string(b, "state");
+    pk_dict_begin(b);
+    int64_t n = 0;
+    for (int g = 0; g < num_groups; g++)
+        for (int k = 0; k < r->num_params; k++) {
+            if (megatron_no_weight_decay(ckpt_reader_tensor(r->source, r->params[k])) != order[g]) continue;
+            pk_int(b, n++);
+            pk_dict_begin(b);
+            pk_string(b, "exp_avg");
+            TP_TRY(emit_optimizer_tensor(r, r->params[k], "exp_avg"));
+            pk_string(b, "exp_avg_sq");
+            TP_TRY(emit_optimizer_tensor(r, r->params[k], "exp_avg_sq"));
+            /* Other per-parameter entries (torch's Adam keeps a step) as the template has them. */
+            for (int64_t i = 0; state0->kind == PICKLE_DICT && i < state0->dict.keys.count; i++) {
+                const pickle_value *key = state0->dict.keys.items[i];
+                if (pickle_is_string(key, "exp_avg") || pickle_is_string(key, "exp_avg_sq")) continue;
+                TP_TRY(pk_value(b, key));
+                TP_TRY(pk_value_with(b, state0->dict.values.items[i], emit_raw_tensor, &first_rank));
+            }
+            pk_dict_end(b);
+        }
+    pk_dict_end(b); /* state */
+    pk_string(b, "param_groups");
+    pk_list_begin(b);
+    n = 0;
+    for (int g = 0; g < num_groups; g++) {
+        const pickle_value *group = group_of[order[g]];
+        int64_t count = 0;
+        for (int k = 0; k < r->num_params; k++)
+            count += megatron_no_weight_decay(ckpt_reader_tensor(r->source, r->params[k])) == order[g];
+        pk_dict_begin(b);
+        for (int64_t i = 0; i < group->dict.keys.count; i++) {
+            if (pickle_is_string(group->dict.keys.items[i], "params")) continue;
+            TP_TRY(pk_value(b, group->dict.keys.items[i]));
+            TP_TRY(pk_value(b, group->dict.values.items[i]));
+        }
+        pk_string(b, "params"); /* torch writes it last */
+        pk_list_begin(b);
+        for (int64_t i = 0; i < count; i++) pk_int(b, n++);
+        pk_list_end(b);
+        pk_dict_end(b);
+    }
+    pk_list_end(b);
+    pk_dict_end(b); /* the torch optimizer's state dict */
+    if (!wrapped) return TP_OK;
+    /* Float16OptimizerWithFloat16Params: the loss scaler as the template's,
+     * then the fp32 master weights, a list per group. */
+    for (int64_t i = 0; i < outer->dict.keys.count; i++) {
+        const pickle_value *key = outer->dict.keys.items[i];
+        if (pickle_is_string(key, "optimizer") || pickle_is_string(key, "fp32_from_fp16_params")) continue;
+        TP_TRY(pk_value(b, key));
+        TP_TRY(pk_value_with(b, outer->dict.values.items[i], emit_raw_tensor, &first_rank));
+    }
+    pk_string(b, "fp32_from_fp16_params");
+    pk_list_begin(b);
+    for (int g = 0; g < num_groups; g++) {
+        pk_list_begin(b);
+        for (int k = 0; k < r->num_params; k++)
+            if (megatron_no_weight_decay(ckpt_reader_tensor(r->source, r->params[k])) == order[g])
+                TP_TRY(emit_optimizer_tensor(r, r->params[k], "master"));
+        pk_list_end(b);
+    }
+    pk_list_end(b);
+    pk_dict_end(b);
+    return TP_OK;
+}
+
+/* After the model: the optimizer state and its schedule; each rank's RNG
+ * and rerun state where the layout is the template's (they belong to a
+ * rank: Megatron itself drops them on a change of layout); the work done. */
+static int emit_training_state(rank_writer *r)
+{
+    byte_buffer *b = r->b;
+    if (r->optimizer) {
+        pk_string(b, "optimizer");
+        TP_TRY(emit_optimizer(r));
+        const pickle_value *schedule = megatron_rank_value(r->template, 0, 0, "opt_param_scheduler");
+        if (schedule) {
+            pk_string(b, "opt_param_scheduler");
+            TP_TRY(pk_value(b, schedule));
+        }
+    }
+    const char *per_rank[] = {"rerun_state_machine", "rng_state"};
+    template_value this_rank = {r, {r->pp_rank, r->tp_rank}};
+    for (int i = 0; i < 2 && r->carry_rank_state; i++) {
+        const pickle_value *v = megatron_rank_value(r->template, r->pp_rank, r->tp_rank, per_rank[i]);
+        if (!v) continue;
+        pk_string(b, per_rank[i]);
+        TP_TRY(pk_value_with(b, v, emit_raw_tensor, &this_rank));
+    }
+    const pickle_value *flops = megatron_rank_value(r->template, 0, 0, "num_floating_point_operations_so_far");
+    if (flops && (flops->kind == PICKLE_FLOAT || flops->kind == PICKLE_INT)) {
+        pk_string(b, "num_floating_point_operations_so_far");
+        TP_TRY(pk_value(b, flops));
+    }
+    return TP_OK;
+}
+
 static int write_rank(rank_writer *r, const char *iteration_dir)
 {
     char dir[4400], file[4500];
@@ -328,7 +517,9 @@ static int write_rank(rank_writer *r, const char *iteration_dir)
     pk_int(r->b, r->c->stored_iteration >= 0 ? r->c->stored_iteration : 0);
     pk_string(r->b, "model");
     r->num_pending = 0;
+    r->num_params = 0;
     if (!status) status = r->naming >= MEGATRON_NAMES_CORE ? emit_model_core(r) : emit_model_legacy(r);
+    if (!status) status = emit_training_state(r);
     pk_dict_end(r->b);
     if (!status) status = torch_writer_begin_storages(r->w);
     if (!status) status = write_pending(r);
@@ -379,13 +570,24 @@ static int check_layout(const megatron_config *c, const ckpt_layout *to)
 }
 
 int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, const megatron_write_options *options,
-                   const char *out)
+                   const char *out, megatron_write_report *report)
 {
     const megatron_config *c = megatron_config_of(template);
     rank_writer r = {.source = source, .template = template, .c = c};
     r.to = megatron_layout(template);
     if (options->tp) r.to.tp = options->tp;
     if (options->pp) r.to.pp = options->pp;
+    /* The optimizer state goes along when the source has it, read. */
+    for (int i = 0; i < ckpt_reader_num_tensors(source) && !r.optimizer; i++) {
+        const char *role = ckpt_reader_tensor(source, i)->role;
+        r.optimizer = role && !strcmp(role, "exp_avg");
+    }
+    if (options->weights_only || !c->optimizer_read) r.optimizer = 0;
+    r.carry_rank_state = r.to.tp == c->tp && r.to.pp == c->pp;
+    if (report) {
+        report->optimizer_written = r.optimizer;
+        report->rank_state_dropped = !r.carry_rank_state && megatron_rank_value(template, 0, 0, "rng_state") != NULL;
+    }
     r.naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
     TP_TRY(check_layout(c, &r.to));
     ckpt_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = replaceable_megatron};
@@ -408,6 +610,7 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
     for (int i = 0; i < threads && writers; i++) {
         free(writers[i].piece);
         free(writers[i].pending);
+        free(writers[i].params);
     }
     free(writers);
     snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", root);

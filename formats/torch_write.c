@@ -266,13 +266,43 @@ static void pk_global_named(byte_buffer *b, const char *qualified)
     pk_global(b, dot ? module : "builtins", dot ? dot + 1 : qualified);
 }
 
-static int pk_items(byte_buffer *b, const pickle_items *items)
+void pk_list_begin(byte_buffer *b)
 {
-    for (int64_t i = 0; i < items->count; i++) TP_TRY(pk_value(b, items->items[i]));
+    op(b, ']');
+    op(b, '(');
+}
+
+void pk_list_end(byte_buffer *b)
+{
+    op(b, 'e');
+}
+
+typedef struct {
+    pk_tensor_fn tensor;
+    void *ctx;
+} pk_tensors;
+
+static int pk_any(byte_buffer *b, const pickle_value *v, const pk_tensors *t);
+
+static int pk_items(byte_buffer *b, const pickle_items *items, const pk_tensors *t)
+{
+    for (int64_t i = 0; i < items->count; i++) TP_TRY(pk_any(b, items->items[i], t));
     return TP_OK;
 }
 
 int pk_value(byte_buffer *b, const pickle_value *v)
+{
+    pk_tensors none = {NULL, NULL};
+    return pk_any(b, v, &none);
+}
+
+int pk_value_with(byte_buffer *b, const pickle_value *v, pk_tensor_fn tensor, void *ctx)
+{
+    pk_tensors t = {tensor, ctx};
+    return pk_any(b, v, &t);
+}
+
+static int pk_any(byte_buffer *b, const pickle_value *v, const pk_tensors *t)
 {
     switch (v->kind) {
     case PICKLE_NONE: pk_none(b); return TP_OK;
@@ -292,13 +322,13 @@ int pk_value(byte_buffer *b, const pickle_value *v)
     case PICKLE_GLOBAL: pk_global_named(b, v->text.data); return TP_OK;
     case PICKLE_TUPLE:
         op(b, '(');
-        TP_TRY(pk_items(b, &v->items));
+        TP_TRY(pk_items(b, &v->items, t));
         op(b, 't');
         return TP_OK;
     case PICKLE_LIST:
         op(b, ']');
         op(b, '(');
-        TP_TRY(pk_items(b, &v->items));
+        TP_TRY(pk_items(b, &v->items, t));
         op(b, 'e');
         return TP_OK;
     case PICKLE_SET:
@@ -306,7 +336,7 @@ int pk_value(byte_buffer *b, const pickle_value *v)
         op(b, '(');
         op(b, ']');
         op(b, '(');
-        TP_TRY(pk_items(b, &v->items));
+        TP_TRY(pk_items(b, &v->items, t));
         op(b, 'e');
         op(b, 't');
         op(b, 'R');
@@ -314,35 +344,38 @@ int pk_value(byte_buffer *b, const pickle_value *v)
     case PICKLE_DICT:
         pk_dict_begin(b);
         for (int64_t i = 0; i < v->dict.keys.count; i++) {
-            TP_TRY(pk_value(b, v->dict.keys.items[i]));
-            TP_TRY(pk_value(b, v->dict.values.items[i]));
+            TP_TRY(pk_any(b, v->dict.keys.items[i], t));
+            TP_TRY(pk_any(b, v->dict.values.items[i], t));
         }
         pk_dict_end(b);
         return TP_OK;
     case PICKLE_OBJECT:
         /* The call again, then what BUILD, SETITEMS and APPENDS gave it. */
         pk_global_named(b, v->object.cls);
-        if (v->object.args) TP_TRY(pk_value(b, v->object.args));
+        if (v->object.args) TP_TRY(pk_any(b, v->object.args, t));
         else op(b, ')');
         op(b, v->object.newobj ? 0x81 : 'R');
         if (v->object.state) {
-            TP_TRY(pk_value(b, v->object.state));
+            TP_TRY(pk_any(b, v->object.state, t));
             op(b, 'b');
         }
         if (v->object.items) {
             op(b, '(');
             for (int64_t i = 0; i < v->object.items->dict.keys.count; i++) {
-                TP_TRY(pk_value(b, v->object.items->dict.keys.items[i]));
-                TP_TRY(pk_value(b, v->object.items->dict.values.items[i]));
+                TP_TRY(pk_any(b, v->object.items->dict.keys.items[i], t));
+                TP_TRY(pk_any(b, v->object.items->dict.values.items[i], t));
             }
             op(b, 'u');
         }
         if (v->object.list) {
             op(b, '(');
-            TP_TRY(pk_items(b, &v->object.list->items));
+            TP_TRY(pk_items(b, &v->object.list->items, t));
             op(b, 'e');
         }
         return TP_OK;
+    case PICKLE_TENSOR:
+        if (t->tensor) return t->tensor(t->ctx, v);
+        return tp_fail(TP_ERR_ARG, "a tensor cannot be written back as plain data");
     default:
         return tp_fail(TP_ERR_ARG, "a %s cannot be written back as plain data", pickle_kind_name(v->kind));
     }

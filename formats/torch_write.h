@@ -49,8 +49,15 @@ void pk_global(byte_buffer *b, const char *module, const char *name);
 void pk_dict_begin(byte_buffer *b);  /* {} then MARK: keys and values follow */
 void pk_dict_end(byte_buffer *b);    /* SETITEMS */
 void pk_ordered_dict_begin(byte_buffer *b); /* OrderedDict() then MARK (a module's state_dict()); pk_dict_end */
+void pk_list_begin(byte_buffer *b);  /* [] then MARK: items follow */
+void pk_list_end(byte_buffer *b);    /* APPENDS */
 /* A value read by pickle.c, written back: a Namespace, an enum, a dtype, a
  * dict of them... Tensors and storages fail (TP_ERR_ARG). */
 int pk_value(byte_buffer *b, const pickle_value *value);
+/* The same, with each tensor inside handed to tensor (which emits it:
+ * torch_writer_tensor, its bytes given later): an RNG state, a loss
+ * scale, copied with their data. */
+typedef int (*pk_tensor_fn)(void *ctx, const pickle_value *tensor);
+int pk_value_with(byte_buffer *b, const pickle_value *value, pk_tensor_fn tensor, void *ctx);
 
 #endif

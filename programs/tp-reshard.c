@@ -144,7 +144,8 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
 {
     const megatron_config *c = megatron_config_of(megatron);
     megatron_write_options wo = {.tp = options->tp, .pp = options->pp, .naming = naming, .overwrite = options->overwrite,
-                                 .threads = options->threads};
+                                 .threads = options->threads, .weights_only = options->drop_optimizer};
+    megatron_write_report report = {0, 0};
     int tp = wo.tp ? wo.tp : c->tp, pp = wo.pp ? wo.pp : c->pp;
     char default_out[4200];
     if (!out) {
@@ -152,12 +153,15 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
         out = default_out;
     }
     double start = now_seconds();
-    if (megatron_write(source, megatron, &wo, out)) return fail("%s", tp_errmsg());
+    if (megatron_write(source, megatron, &wo, out, &report)) return fail("%s", tp_errmsg());
     double seconds = now_seconds() - start;
-    printf("resharded %s (Megatron-LM tp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names): %d tensors, weights only, "
+    if (report.rank_state_dropped)
+        fprintf(stderr, "tp-reshard: warning: the ranks' RNG states were left out: they belong to the layout tp%dpp%d "
+                        "(Megatron drops them on a change of layout too)\n", c->tp, c->pp);
+    printf("resharded %s (Megatron-LM tp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names): %d tensors, %s, "
            "in %.2f s\n", megatron_path(megatron), c->tp, c->pp, out, tp, pp,
            megatron_naming_name(naming >= 0 ? (megatron_naming)naming : c->naming), ckpt_reader_num_tensors(source),
-           seconds);
+           report.optimizer_written ? "weights and optimizer state" : "weights only", seconds);
     if (!verify) return 0;
     megatron_checkpoint *written = NULL;
     ckpt_reader *output = NULL;
@@ -276,11 +280,13 @@ int main(int argc, char **argv)
     if (megatron_out && !megatron)
         refusal = "writing a Megatron-LM checkpoint from this toolkit's format is not implemented yet (the Megatron "
                   "output takes a Megatron source's args)";
-    else if (megatron && megatron_config_of(megatron)->has_optimizer && !options.drop_optimizer)
-        refusal = "the optimizer state of Megatron-LM checkpoints is not read yet; --no-optim converts the weights "
-                  "only (as Megatron's own converters do)";
+    else if (megatron && megatron_optimizer_refusal(megatron, NULL) && !options.drop_optimizer)
+        refusal = megatron_optimizer_refusal(megatron, NULL);
     if (refusal) {
-        int code = fail("%s: %s", argv[optind], refusal);
+        int code = megatron && megatron_optimizer_refusal(megatron, NULL) == refusal
+                       ? fail("%s; --weights-only (--no-optim) converts the weights alone, as Megatron's own converters do",
+                              refusal)
+                       : fail("%s: %s", argv[optind], refusal);
         ckpt_reader_close(source);
         megatron_close(megatron);
         return code;
