@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "../common/error.h"
 #include "megatron_internal.h"
 
@@ -858,10 +860,19 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
         }
     }
     /* The training state: the iteration as the step, the samples consumed,
-     * and where the checkpoint came from. */
-    char user[512];
-    snprintf(user, sizeof user, "{\"source_format\": \"megatron-legacy\", \"checkpoint_version\": %.1f, \"names\": \"%s\"}",
-             c->checkpoint_version, c->core_names ? "core" : "legacy");
+     * where the checkpoint came from and what of its optimizer was read. */
+    cJSON *origin = cJSON_CreateObject();
+    cJSON_AddStringToObject(origin, "source_format", "megatron-legacy");
+    cJSON_AddNumberToObject(origin, "checkpoint_version", c->checkpoint_version);
+    cJSON_AddStringToObject(origin, "names", c->core_names ? "core" : "legacy");
+    cJSON_AddStringToObject(origin, "optimizer", c->optimizer_read ? "read" : m->optimizer_refusal[0] ? "not read" : "none");
+    if (m->optimizer_refusal[0]) {
+        cJSON_AddStringToObject(origin, "optimizer_refusal", m->optimizer_refusal);
+        cJSON_AddBoolToObject(origin, "optimizer_damaged", m->optimizer_status == TP_ERR_FORMAT);
+    }
+    char *user = cJSON_PrintUnformatted(origin);
+    cJSON_Delete(origin);
+    if (!status && !user) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     const pickle_value *args = pickle_get(torch_archive_root(m->archives[0]), "args");
     const pickle_value *samples = pickle_get(args, "consumed_train_samples");
     ckpt_foreign source = {
@@ -879,6 +890,7 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
         .piece_offset = offsets,
     };
     if (!status) status = ckpt_reader_open_foreign(out, &source, compute_digests);
+    cJSON_free(user);
     free(paths);
     free(bytes);
     free(offsets);

@@ -23,7 +23,7 @@ static const char *usage_text =
     "  info CKPT [--json]           layout, step, model and the tensor table (also of a\n"
     "                               Megatron-LM legacy checkpoint)\n"
     "  verify CKPT [--threads N]    check completeness and every checksum (exit 1 if damaged)\n"
-    "  diff A B [--tol X] [--atol X] [--threads N]\n"
+    "  diff A B [--tol X] [--atol X] [--threads N] [--weights-only]\n"
     "                               compare the merged tensors of two checkpoints, any layouts\n"
     "                               (default bit-exact; exit 1 if they differ)\n"
     "  synth -o DIR --tp T --pp P (--model M | --layers L --dim D --heads H --vocab V --seq S)\n"
@@ -214,14 +214,18 @@ static int info_megatron(const char *path, int json)
     cJSON_AddNumberToObject(root, "pp", c->pp);
     cJSON_AddNumberToObject(root, "vpp", c->vpp);
     cJSON_AddNumberToObject(root, "num_layers", (double)c->num_layers);
-    cJSON_AddBoolToObject(root, "optimizer_read", 0);
+    int refusal_status;
+    const char *refusal = megatron_optimizer_refusal(m, &refusal_status);
+    cJSON_AddBoolToObject(root, "optimizer_read", c->optimizer_read);
+    if (refusal) cJSON_AddStringToObject(root, "optimizer_refusal", refusal);
     cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
-    int64_t parameters = 0;
+    int64_t parameters = 0, state_tensors = 0;
     for (int i = 0; i < megatron_num_tensors(m); i++) {
         const ckpt_tensor_desc *t = megatron_tensor(m, i);
         cJSON *tensor = cJSON_CreateObject();
         cJSON_AddStringToObject(tensor, "name", t->name);
         cJSON_AddStringToObject(tensor, "source", megatron_source_name(m, i));
+        cJSON_AddStringToObject(tensor, "role", t->role ? t->role : "param");
         cJSON_AddStringToObject(tensor, "dtype", tp_dtype_name(t->dtype));
         cJSON *shape = cJSON_AddArrayToObject(tensor, "shape");
         int64_t n = 1;
@@ -229,7 +233,8 @@ static int info_megatron(const char *path, int json)
             cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
             n *= t->shape[d];
         }
-        parameters += n;
+        if (t->role && strcmp(t->role, "param")) state_tensors++;
+        else parameters += n;
         char partition[128];
         format_partition(t, partition, sizeof partition);
         cJSON_AddStringToObject(tensor, "partition", partition);
@@ -255,7 +260,12 @@ static int info_megatron(const char *path, int json)
                c->learned_positions ? "learned positions" : "no position embeddings", c->has_bias ? "biases" : "no biases",
                c->untied ? "untied" : "tied", c->tied_head_copy ? " (a copy on the last stage)" : "", tp_dtype_name(c->dtype));
         printf("tensors      %d, %lld parameters\n", megatron_num_tensors(m), (long long)parameters);
-        if (c->has_optimizer) printf("optimizer    in the rank files; not read yet (the weights are)\n");
+        if (c->optimizer_read)
+            printf("optimizer    Adam moments%s, read: %lld tensors optim/ROLE/NAME\n",
+                   c->dtype != TP_FP32 ? " and fp32 master weights" : "", (long long)state_tensors);
+        else if (refusal)
+            printf("optimizer    %s: %s (the weights are read)\n", refusal_status == TP_ERR_FORMAT ? "damaged" : "not read",
+                   refusal);
         printf("\n%-36s %-5s %-14s %-44s %5s  %s\n", "name", "dtype", "shape", "partition", "stage", "in the rank files");
         for (int i = 0; i < megatron_num_tensors(m); i++) {
             const ckpt_tensor_desc *t = megatron_tensor(m, i);
@@ -351,6 +361,22 @@ static int cmd_verify(int argc, char **argv)
     if (result.damaged)
         fprintf(stderr, "tp-ckpt: error: %s: %d of %lld pieces damaged\n", ckpt_reader_path(r), result.damaged,
                 (long long)result.pieces);
+    int bad = result.damaged;
+    if (!bad && ckpt_reader_is_foreign(r)) {
+        /* The optimizer state the reader could not take: damaged fails, a
+         * layout not read is said. */
+        cJSON *origin = cJSON_Parse(ckpt_reader_state(r)->user_json ? ckpt_reader_state(r)->user_json : "{}");
+        const cJSON *refusal = cJSON_GetObjectItemCaseSensitive(origin, "optimizer_refusal");
+        if (cJSON_IsString(refusal) && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(origin, "optimizer_damaged"))) {
+            fprintf(stderr, "tp-ckpt: error: %s: optimizer state damaged: %s\n", ckpt_reader_path(r), refusal->valuestring);
+            bad = 1;
+        } else if (cJSON_IsString(refusal)) {
+            printf("note: optimizer state not checked: %s\n", refusal->valuestring);
+        }
+        cJSON_Delete(origin);
+    }
+    if (bad)
+        ;
     else if (ckpt_reader_is_foreign(r))
         printf("ok: %s: %d tensors, %lld pieces, %s read in %.2f s; a Megatron-LM checkpoint has no checksums of its "
                "own: checked are every rank file, its zip and pickle, every tensor's shape on every rank and that "
@@ -360,7 +386,6 @@ static int cmd_verify(int argc, char **argv)
         printf("ok: %s: %d tensors, %lld pieces, %s verified in %.2f s (%.0f MB/s)\n", ckpt_reader_path(r),
                ckpt_reader_num_tensors(r), (long long)result.pieces, size, seconds,
                seconds > 0 ? (double)result.bytes / seconds / 1e6 : 0.0);
-    int bad = result.damaged;
     ckpt_verify_result_free(&result);
     ckpt_reader_close(r);
     return bad ? 1 : 0;
@@ -401,21 +426,29 @@ static int worse_first(const void *x, const void *y)
     return a->result.max_abs_diff < b->result.max_abs_diff ? 1 : a->result.max_abs_diff > b->result.max_abs_diff ? -1 : 0;
 }
 
+static int is_parameter(const ckpt_tensor_desc *t)
+{
+    return !t->role || !strcmp(t->role, "param");
+}
+
 static int cmd_diff(int argc, char **argv)
 {
     double rtol = 0, atol = 0;
     int64_t threads = parallel_cpu_count();
+    int weights_only = 0;
     static const struct option options[] = {{"tol", required_argument, 0, 'r'}, {"atol", required_argument, 0, 'a'},
                                             {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
-                                            {0, 0, 0, 0}};
+                                            {"weights-only", no_argument, 0, 'w'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "r:a:t:h", options, NULL)) != -1) {
-        if (c == 'r') rtol = cli_number("tp-ckpt", "--tol", optarg);
+        if (c == 'w') weights_only = 1;
+        else if (c == 'r') rtol = cli_number("tp-ckpt", "--tol", optarg);
         else if (c == 'a') atol = cli_number("tp-ckpt", "--atol", optarg);
         else if (c == 't') threads = cli_int("tp-ckpt", "--threads", optarg, 1, 1024);
         else if (c == 'h') {
-            printf("usage: tp-ckpt diff A B [--tol X] [--atol X] [--threads N]\n"
-                   "Compares the merged (logical) tensors of two checkpoints of any layouts.\n"
+            printf("usage: tp-ckpt diff A B [--tol X] [--atol X] [--threads N] [--weights-only]\n"
+                   "Compares the merged (logical) tensors of two checkpoints of any layouts\n"
+                   "(with --weights-only the parameters alone, not the optimizer state).\n"
                    "Elements match when bit-identical or |a-b| <= atol + tol * max(|a|,|b|);\n"
                    "the default is bit-exact. Exit 0 when equal, 1 otherwise.\n");
             return 0;
@@ -433,6 +466,7 @@ static int cmd_diff(int argc, char **argv)
     int na = ckpt_reader_num_tensors(a), nb = ckpt_reader_num_tensors(b), only = 0, n = 0;
     tensor_diff *diffs = calloc((size_t)na + 1, sizeof *diffs);
     for (int i = 0; i < na; i++) {
+        if (weights_only && !is_parameter(ckpt_reader_tensor(a, i))) continue;
         int j = ckpt_reader_find(b, ckpt_reader_tensor(a, i)->name);
         if (j < 0) {
             printf("only in A: %s\n", ckpt_reader_tensor(a, i)->name);
@@ -442,7 +476,7 @@ static int cmd_diff(int argc, char **argv)
         }
     }
     for (int j = 0; j < nb; j++)
-        if (ckpt_reader_find(a, ckpt_reader_tensor(b, j)->name) < 0) {
+        if ((!weights_only || is_parameter(ckpt_reader_tensor(b, j))) && ckpt_reader_find(a, ckpt_reader_tensor(b, j)->name) < 0) {
             printf("only in B: %s\n", ckpt_reader_tensor(b, j)->name);
             only++;
         }

@@ -35,7 +35,7 @@ static const char *usage_text =
     "                           the plan converts dtypes; plain copies stay on the CPU)\n"
     "  --dtype keep|fp32|bf16|fp16  parameter dtype (optimizer state stays fp32; default keep)\n"
     "  --compress zstd[:L]|none output compression (default: as the source)\n"
-    "  --no-optim               leave out optimizer state (e.g. for inference)\n"
+    "  --no-optim, --weights-only  leave out optimizer state (e.g. for inference)\n"
     "  --dry-run                print the plan: files, tensors, bytes, memory; write nothing\n"
     "  --verify                 after writing, prove the output equal to the source (digests)\n"
     "  --json                   print a machine-readable summary instead of text\n"
@@ -198,7 +198,7 @@ int main(int argc, char **argv)
         {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, O_THREADS},
         {"memory-limit", required_argument, 0, O_MEMORY}, {"device", required_argument, 0, O_DEVICE},
         {"dtype", required_argument, 0, O_DTYPE}, {"compress", required_argument, 0, O_COMPRESS},
-        {"no-optim", no_argument, 0, O_NO_OPTIM}, {"dry-run", no_argument, 0, O_DRY},
+        {"no-optim", no_argument, 0, O_NO_OPTIM}, {"weights-only", no_argument, 0, O_NO_OPTIM}, {"dry-run", no_argument, 0, O_DRY},
         {"verify", no_argument, 0, O_VERIFY}, {"json", no_argument, 0, O_JSON}, {"force", no_argument, 0, O_FORCE},
         {"progress", no_argument, 0, O_PROGRESS}, {"format", required_argument, 0, O_FORMAT},
         {"megatron-names", required_argument, 0, O_NAMES},

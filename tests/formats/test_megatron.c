@@ -73,11 +73,20 @@ static int check_against_full(const char *name, int tp, int pp)
     torch_archive *reference;
     cr_assert_eq(torch_archive_open(full, NULL, &reference), TP_OK, "%s", tp_errmsg());
     const pickle_value *tensors = pickle_get(torch_archive_root(reference), "tensors");
+    const pickle_value *optimizer = pickle_get(torch_archive_root(reference), "optimizer");
     cr_assert(tensors && tensors->kind == PICKLE_DICT);
+    int params = 0, states = 0;
     for (int i = 0; i < megatron_num_tensors(m); i++) {
         const ckpt_tensor_desc *d = megatron_tensor(m, i);
-        const pickle_value *ref = pickle_get(tensors, d->name);
+        /* Optimizer state: the reference's unsharded state of the parameter
+         * ("param" holds the fp32 master). */
+        int state = d->role && strcmp(d->role, "param");
+        const pickle_value *ref = state ? pickle_get(pickle_get(optimizer, d->param), strcmp(d->role, "master") ? d->role : "param")
+                                        : pickle_get(tensors, d->name);
         cr_assert(ref, "%s: %s is not in the reference", name, d->name);
+        if (state) cr_assert_eq(d->dtype, TP_FP32, "%s", d->name);
+        states += state;
+        params += !state;
         cr_assert_eq(ref->tensor.ndim, d->ndim, "%s", d->name);
         for (int k = 0; k < d->ndim; k++) cr_assert_eq(ref->tensor.shape[k], d->shape[k], "%s dim %d", d->name, k);
         int64_t offset, bytes;
@@ -102,9 +111,13 @@ static int check_against_full(const char *name, int tp, int pp)
         cr_assert_eq(covered, numel, "%s: pieces cover %lld of %lld elements", d->name, (long long)covered, (long long)numel);
         free(logical);
     }
-    cr_assert_eq(tensors->dict.keys.count, megatron_num_tensors(m), "%s: the reference has %lld tensors, the reader %d", name,
-                 (long long)tensors->dict.keys.count, megatron_num_tensors(m));
-    int count = megatron_num_tensors(m);
+    cr_assert_eq(tensors->dict.keys.count, params, "%s: the reference has %lld tensors, the reader %d", name,
+                 (long long)tensors->dict.keys.count, params);
+    /* Adam's two moments per parameter, and its fp32 master below fp32. */
+    int per_param = optimizer ? (c->dtype == TP_FP32 ? 2 : 3) : 0;
+    cr_assert_eq(states, per_param * params, "%s: %d optimizer tensors for %d parameters", name, states, params);
+    cr_assert_eq(c->optimizer_read, optimizer != NULL, "%s", name);
+    int count = params;
     torch_archive_close(reference);
     megatron_close(m);
     return count;
@@ -118,7 +131,8 @@ Test(megatron, every_layout_equals_the_reference)
         "--dtype bf16",
         "c --tp 2 --pp 2 --vpp 2 --layers 8 --hidden 32 --heads 4 --ffn 64 --vocab 60 --names legacy-layernorm",
         "d --tp 8 --pp 1 --layers 2 --hidden 64 --heads 8 --ffn 128 --vocab 50 --names core-local",
-        "e --tp 1 --pp 4 --layers 4 --hidden 32 --heads 2 --ffn 64 --vocab 50 --release --rope --rmsnorm --no-bias --dtype fp32",
+        "e --tp 1 --pp 4 --layers 4 --hidden 32 --heads 2 --ffn 64 --vocab 50 --release --rope --rmsnorm --no-bias --dtype fp32 "
+        "--optimizer",
     };
     generate(fixtures, 5);
     cr_assert_eq(check_against_full("a", 2, 2), 2 + 4 * 12 + 2);
@@ -137,7 +151,8 @@ Test(megatron, every_layout_equals_the_reference)
     cr_assert_eq(c->num_layers, 4);
     cr_assert_eq(c->padded_vocab, 256); /* 100 padded to a multiple of 128 x 2 */
     cr_assert(c->tied_head_copy);
-    cr_assert(c->has_optimizer);
+    cr_assert(c->has_optimizer && c->optimizer_read);
+    cr_assert_null(megatron_optimizer_refusal(m, NULL));
     cr_assert(!c->core_names);
     megatron_close(m);
     snprintf(path, sizeof path, "%s/b", dir);
@@ -185,4 +200,39 @@ Test(megatron, refusals_name_the_cause)
     int found = 1;
     cr_assert_eq(megatron_detect(path, &found), TP_OK, "%s", tp_errmsg());
     cr_assert(!found);
+}
+
+/* Optimizer state that cannot be read leaves the weights readable and says
+ * why: the distributed optimizer's layout (not read), and state that
+ * contradicts the model (damaged). */
+Test(megatron, optimizer_state_not_read_is_said)
+{
+    const char *fixtures[] = {
+        "h --tp 2 --pp 1 --layers 2 --hidden 32 --heads 2 --ffn 64 --vocab 50 --dist-opt --dtype bf16",
+        "i --tp 2 --pp 1 --layers 2 --hidden 32 --heads 2 --ffn 64 --vocab 50 --optimizer --dtype fp32 --plain-args",
+    };
+    generate(fixtures, 2);
+    char path[700], command[2000];
+    snprintf(command, sizeof command,
+             PYTHON " -c 'import sys, torch; f = sys.argv[1]; sd = torch.load(f, map_location=\"cpu\"); "
+                    "sd[\"optimizer\"][\"state\"][3][\"exp_avg\"] = torch.zeros(7); torch.save(sd, f)' "
+                    "%s/i/iter_0001000/mp_rank_01/model_optim_rng.pt", dir);
+    cr_assert_eq(system(command), 0, "%s", command);
+    const char *names[] = {"h", "i"};
+    const char *why[] = {"distrib_optim.pt) is not read yet", "mp_rank_01/model_optim_rng.pt: tensor state[3].exp_avg is 7"};
+    const int statuses[] = {TP_ERR_LAYOUT, TP_ERR_FORMAT};
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
+        megatron_checkpoint *m;
+        cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
+        int status = 0;
+        const char *refusal = megatron_optimizer_refusal(m, &status);
+        cr_assert(refusal && strstr(refusal, why[k]), "'%s' not in: %s", why[k], refusal ? refusal : "(read)");
+        cr_assert_eq(status, statuses[k], "%s", refusal);
+        const megatron_config *c = megatron_config_of(m);
+        cr_assert(c->has_optimizer && !c->optimizer_read);
+        for (int i = 0; i < megatron_num_tensors(m); i++)
+            cr_assert_str_eq(megatron_tensor(m, i)->role, "param", "%s: %s kept", names[k], megatron_tensor(m, i)->name);
+        megatron_close(m);
+    }
 }
