@@ -10,6 +10,10 @@
 /* A buffer of at least bytes, aligned to 4096; free() releases it. NULL on failure. */
 void *alloc_pages(size_t bytes);
 
+/* Makes room for needed items of item_size in *items (*capacity of them
+ * now), doubling from 64; TP_OK or TP_ERR_NOMEM (the array unchanged). */
+int array_reserve(void **items, int *capacity, int needed, size_t item_size);
+
 /* Bytes resident in this process now (0 when the system does not say). */
 int64_t resident_bytes(void);
 

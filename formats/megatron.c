@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "../common/error.h"
+#include "../common/memory.h"
 #include "megatron_internal.h"
 
 #define RANK_FILE "model_optim_rng.pt"
@@ -399,14 +400,10 @@ static int add_entry(megatron_checkpoint *m, const char *file, int stage, const 
     for (int i = 0; i < m->num_tensors; i++)
         if (!strcmp(m->tensors[i].copy.name, d->name))
             return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is also in %s (as %s)", file, source, m->tensors[i].source, d->name);
-    if (m->num_tensors == m->capacity) {
-        int next = m->capacity ? 2 * m->capacity : 64;
-        megatron_tensor_entry *bigger = realloc(m->tensors, (size_t)next * sizeof *bigger);
-        if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        m->tensors = bigger;
-        m->capacity = next;
+    int capacity = m->capacity;
+    TP_TRY(array_reserve((void **)&m->tensors, &m->capacity, m->num_tensors + 1, sizeof *m->tensors));
+    if (capacity != m->capacity) /* moved */
         for (int i = 0; i < m->num_tensors; i++) ckpt_tensor_copy_rebind(&m->tensors[i].copy);
-    }
     megatron_tensor_entry *e = &m->tensors[m->num_tensors];
     memset(e, 0, sizeof *e);
     int status = ckpt_tensor_copy_init(&e->copy, d);
@@ -422,13 +419,8 @@ static int add_entry(megatron_checkpoint *m, const char *file, int stage, const 
 
 static int add_stage_param(megatron_checkpoint *m, int index)
 {
-    if (m->num_stage_params == m->stage_params_capacity) {
-        int next = m->stage_params_capacity ? 2 * m->stage_params_capacity : 64;
-        int *bigger = realloc(m->stage_params, (size_t)next * sizeof *bigger);
-        if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        m->stage_params = bigger;
-        m->stage_params_capacity = next;
-    }
+    TP_TRY(array_reserve((void **)&m->stage_params, &m->stage_params_capacity, m->num_stage_params + 1,
+                         sizeof *m->stage_params));
     m->stage_params[m->num_stage_params++] = index;
     return TP_OK;
 }

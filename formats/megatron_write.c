@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../common/error.h"
+#include "../common/memory.h"
 #include "../common/parallel.h"
 #include "../reshard/reshard.h"
 #include "megatron_internal.h"
@@ -97,13 +98,7 @@ typedef struct {
 /* raw: a tensor of the template's rank file (raw_rank[0] pp, raw_rank[1] tp). */
 static int add_pending(rank_writer *r, int index, int piece, int64_t bytes, const pickle_value *raw, const int *raw_rank)
 {
-    if (r->num_pending == r->pending_capacity) {
-        int next = r->pending_capacity ? 2 * r->pending_capacity : 64;
-        struct pending *bigger = realloc(r->pending, (size_t)next * sizeof *bigger);
-        if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        r->pending = bigger;
-        r->pending_capacity = next;
-    }
+    TP_TRY(array_reserve((void **)&r->pending, &r->pending_capacity, r->num_pending + 1, sizeof *r->pending));
     r->pending[r->num_pending++] = (struct pending){index, piece, bytes, raw, raw ? raw_rank[0] : 0, raw ? raw_rank[1] : 0};
     return TP_OK;
 }
@@ -152,13 +147,7 @@ static int entry(rank_writer *r, const char *key, const char *canonical)
 {
     int index = ckpt_reader_find(r->source, canonical);
     if (index < 0) return TP_OK; /* a model without biases has none */
-    if (r->num_params == r->params_capacity) {
-        int next = r->params_capacity ? 2 * r->params_capacity : 64;
-        int *bigger = realloc(r->params, (size_t)next * sizeof *bigger);
-        if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        r->params = bigger;
-        r->params_capacity = next;
-    }
+    TP_TRY(array_reserve((void **)&r->params, &r->params_capacity, r->num_params + 1, sizeof *r->params));
     r->params[r->num_params++] = index;
     pk_string(r->b, key);
     return emit_tensor(r, index);
