@@ -137,12 +137,12 @@ kill $WATCHER 2>/dev/null || true
 "$BIN/tp-ckpt" export "$OUT/elastic" --format safetensors -o "$OUT/elastic-hf"
 echo "   merged weights: $OUT/elastic-hf; the report's picture: $OUT/elastic-report.svg"
 
-say "13. a Megatron-LM checkpoint (tp4pp2, written by PyTorch in Megatron's structure): resharded to tp2 as Megatron's,"
-echo "    proven equal, and loaded back by torch.load and merged against PyTorch's unsharded tensors"
+say "13. a Megatron-LM checkpoint (tp4pp2 with its Adam state, written by PyTorch in Megatron's structure): resharded"
+echo "    to tp2 as Megatron's, proven equal, loaded back by torch.load and merged against PyTorch's unsharded state"
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     /usr/bin/python3 tests/support/megatron_fixture.py "$OUT/megatron" --tp 4 --pp 2 --layers 8 --hidden 256 --heads 8 \
-        --ffn 1024 --vocab 1000 --make-vocab-size-divisible-by 64 --full "$OUT/megatron-full.pt" >/dev/null
-    "$BIN/tp-ckpt" info "$OUT/megatron" | head -6
+        --ffn 1024 --vocab 1000 --make-vocab-size-divisible-by 64 --optimizer --full "$OUT/megatron-full.pt" >/dev/null
+    "$BIN/tp-ckpt" info "$OUT/megatron" | head -7
     "$BIN/tp-reshard" "$OUT/megatron" --from tp4pp2 --to tp2pp1 -o "$OUT/megatron-tp2" --verify
     /usr/bin/python3 tests/support/megatron_fixture.py --verify "$OUT/megatron-tp2" --full "$OUT/megatron-full.pt"
 else
