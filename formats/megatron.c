@@ -20,6 +20,9 @@ typedef struct {
     char source[512];
     int stage;
     const pickle_value **pieces; /* per tp rank */
+    /* State of the distributed optimizer: pieces are the flat fp32 world
+     * tensors of distrib_optim.pt, the piece at this element offset. */
+    int64_t *flat_offset;        /* per tp rank, or NULL */
 } megatron_tensor_entry;
 
 struct megatron_checkpoint {
@@ -33,6 +36,9 @@ struct megatron_checkpoint {
      * HEAD_COPY): the order the optimizer numbers them in. */
     int *stage_params;
     int num_stage_params, stage_params_capacity;
+    int *chunk_first;                 /* stage * vpp + chunk: the chunk's first position in stage_params */
+    const pickle_value **head_copies; /* pp_rank * tp + tp_rank: the tied head copy's tensor, or NULL */
+    torch_archive **distrib_optim;    /* pp_rank * tp + tp_rank: distrib_optim.pt, when read */
     char optimizer_refusal[1024]; /* why the optimizer state is not read ("" when it is, or there is none) */
     int optimizer_status;         /* and its tp_status: TP_ERR_LAYOUT (not read by design) or TP_ERR_FORMAT (damaged) */
 };
@@ -393,9 +399,9 @@ static int check_piece(const megatron_checkpoint *m, const megatron_tensor_entry
     return TP_OK;
 }
 
-/* A new tensor of stage described by d, its piece at tp rank 0 t. */
-static int add_entry(megatron_checkpoint *m, const char *file, int stage, const char *source, const ckpt_tensor_desc *d,
-                     const pickle_value *t)
+/* A new tensor of stage described by d, its pieces to be set. */
+static int new_entry(megatron_checkpoint *m, const char *file, int stage, const char *source, const ckpt_tensor_desc *d,
+                     megatron_tensor_entry **out)
 {
     for (int i = 0; i < m->num_tensors; i++)
         if (!strcmp(m->tensors[i].copy.name, d->name))
@@ -412,6 +418,16 @@ static int add_entry(megatron_checkpoint *m, const char *file, int stage, const 
     e->stage = stage;
     if (!(e->pieces = calloc((size_t)m->config.tp, sizeof *e->pieces))) return tp_fail(TP_ERR_NOMEM, "out of memory");
     m->num_tensors++;
+    *out = e;
+    return TP_OK;
+}
+
+/* A new tensor of stage described by d, its piece at tp rank 0 t. */
+static int add_entry(megatron_checkpoint *m, const char *file, int stage, const char *source, const ckpt_tensor_desc *d,
+                     const pickle_value *t)
+{
+    megatron_tensor_entry *e;
+    TP_TRY(new_entry(m, file, stage, source, d, &e));
     TP_TRY(check_piece(m, e, t, file));
     e->pieces[0] = t;
     return TP_OK;
@@ -458,6 +474,7 @@ static int visit_tensor(void *ctx, const char *path, const pickle_value *t)
         snprintf(copy.source, sizeof copy.source, "%s", path);
         w->head_copies++;
         TP_TRY(check_piece(w->m, &copy, t, w->file));
+        w->m->head_copies[w->stage * w->m->config.tp + w->tp_rank] = t;
         return w->tp_rank == 0 ? add_stage_param(w->m, HEAD_COPY) : TP_OK;
     }
     if (w->tp_rank == 0) return add_tensor(w, path, name, t);
@@ -477,6 +494,7 @@ static int read_stage(megatron_checkpoint *m, int stage)
     int64_t chunk_layers = c->num_layers / ((int64_t)c->pp * c->vpp);
     for (int v = 0; v < c->vpp; v++) {
         int chunk_start = m->num_tensors;
+        m->chunk_first[stage * c->vpp + v] = m->num_stage_params;
         for (int t = 0; t < c->tp; t++) {
             const torch_archive *a = m->archives[stage * c->tp + t];
             char key[32];
@@ -495,6 +513,7 @@ static int read_stage(megatron_checkpoint *m, int stage)
             if (w.head_copies) m->config.tied_head_copy = 1;
         }
     }
+    m->chunk_first[(stage + 1) * c->vpp] = m->num_stage_params;
     return TP_OK;
 }
 
@@ -567,6 +586,158 @@ static int add_optimizer_piece(megatron_checkpoint *m, int stage, int tp_rank, i
     return add_entry(m, file, stage, source, &d, t);
 }
 
+/* ------------------------------------------- the distributed optimizer */
+
+/* One state of the parameter at index (or the head copy, only checked) from
+ * a flat world tensor of distrib_optim.pt, at element offset. */
+static int add_flat_piece(megatron_checkpoint *m, int stage, int tp_rank, int index, const char *role, const char *source,
+                          const pickle_value *world, int64_t offset, const char *file)
+{
+    ckpt_tensor_desc d;
+    char name[CKPT_NAME_MAX + 32], param[CKPT_NAME_MAX + 1];
+    snprintf(param, sizeof param, "%s", index == HEAD_COPY ? "embedding.word_embeddings.weight" : m->tensors[index].copy.name);
+    describe(&m->config, param, &d);
+    snprintf(name, sizeof name, "optim/%s/%s", role, param);
+    d.role = role;
+    d.param = param;
+    d.name = name;
+    d.dtype = TP_FP32;
+    int64_t shape[CKPT_MAX_DIMS], numel = 1;
+    ckpt_piece_shape(&d, m->config.tp, shape);
+    for (int k = 0; k < d.ndim; k++) numel *= shape[k];
+    if (offset < 0 || offset + numel > torch_tensor_numel(world))
+        return tp_fail(TP_ERR_FORMAT, "%s: %s: elements [%lld, %lld) of %s lie outside its %lld", file, source, (long long)offset,
+                       (long long)(offset + numel), param, (long long)torch_tensor_numel(world));
+    if (index == HEAD_COPY) return TP_OK;
+    megatron_tensor_entry *e = NULL;
+    if (tp_rank == 0) {
+        TP_TRY(new_entry(m, file, stage, source, &d, &e));
+        if (!(e->flat_offset = calloc((size_t)m->config.tp, sizeof *e->flat_offset))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    } else {
+        for (int i = 0; i < m->num_tensors && !e; i++)
+            if (!strcmp(m->tensors[i].copy.name, name)) e = &m->tensors[i];
+        if (!e || !e->flat_offset)
+            return tp_fail(TP_ERR_FORMAT, "%s: %s (%s) has no counterpart at tensor-parallel rank 0", file, source, name);
+    }
+    e->pieces[tp_rank] = world;
+    e->flat_offset[tp_rank] = offset;
+    return TP_OK;
+}
+
+/* The world tensors of one model chunk's buffer: {(param dtype, grad
+ * dtype): {param, exp_avg, exp_avg_sq, numel_unpadded}}. */
+static int chunk_buffer(const pickle_value *root, int chunk, const char *path, const pickle_value *world[3], int64_t *numel)
+{
+    const pickle_value *buffers = pickle_get_int(root, chunk);
+    if (!buffers || buffers->kind != PICKLE_DICT || buffers->dict.values.count != 1)
+        return tp_fail(TP_ERR_LAYOUT, "%s: model chunk %d has %lld buffers; one per chunk (one parameter dtype) is read", path,
+                       chunk, buffers && buffers->kind == PICKLE_DICT ? (long long)buffers->dict.values.count : 0LL);
+    const pickle_value *state = buffers->dict.values.items[0], *n = pickle_get(state, "numel_unpadded");
+    if (!n || n->kind != PICKLE_INT)
+        return tp_fail(TP_ERR_FORMAT, "%s: the buffer of model chunk %d has no numel_unpadded", path, chunk);
+    *numel = n->integer;
+    const char *keys[3] = {"param", "exp_avg", "exp_avg_sq"};
+    for (int k = 0; k < 3; k++) {
+        world[k] = pickle_get(state, keys[k]);
+        if (!world[k] || world[k]->kind != PICKLE_TENSOR || world[k]->tensor.storage->storage.dtype != TORCH_FLOAT32 ||
+            world[k]->tensor.ndim != 1 || world[k]->tensor.shape[0] != *numel || !torch_tensor_is_contiguous(world[k]))
+            return tp_fail(TP_ERR_FORMAT, "%s: %s of model chunk %d is not an fp32 vector of numel_unpadded %lld elements", path,
+                           keys[k], chunk, (long long)*numel);
+    }
+    return TP_OK;
+}
+
+/* The distributed optimizer's state of one rank (docs/MEGATRON.md section
+ * 8): the parameters are views into their chunk's buffer, so each one's
+ * storage offset in the model file is its buffer offset; the world tensors
+ * are the buffer's buckets cut to their unpadded size and concatenated. A
+ * bucket is the run of parameters between shared embeddings (each in a
+ * bucket of its own); the sizes must add up to numel_unpadded, which
+ * rejects buckets cut by size (--overlap-grad-reduce) rather than guess. */
+static int read_rank_distributed(megatron_checkpoint *m, int stage, int tp_rank, const char *file)
+{
+    const megatron_config *c = &m->config;
+    char path[4400];
+    snprintf(path, sizeof path, "%.*s/distrib_optim.pt", (int)(strrchr(file, '/') - file), file);
+    ckpt_stat st;
+    TP_TRY(stat_path(path, &st));
+    if (!st.exists)
+        return tp_fail(TP_ERR_FORMAT, "%s: missing; %s holds the distributed optimizer's settings only", path, file);
+    if (!m->distrib_optim && !(m->distrib_optim = calloc((size_t)c->tp * (size_t)c->pp, sizeof *m->distrib_optim)))
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
+    torch_archive **archive = &m->distrib_optim[stage * c->tp + tp_rank];
+    TP_TRY(torch_archive_open(path, NULL, archive));
+    const pickle_value *root = torch_archive_root(*archive), *coalesced = pickle_get(root, "buckets_coalesced");
+    if (!coalesced || coalesced->kind != PICKLE_BOOL || !coalesced->integer)
+        return tp_fail(TP_ERR_LAYOUT, "%s: the distributed optimizer's state without buckets_coalesced (Megatron-LM before "
+                       "April 2024) is not read yet", path);
+    int status = TP_OK;
+    for (int v = 0; v < c->vpp && !status; v++) {
+        const pickle_value *world[3];
+        int64_t numel_unpadded = 0;
+        TP_TRY(chunk_buffer(root, v, path, world, &numel_unpadded));
+        int first = m->chunk_first[stage * c->vpp + v], n = m->chunk_first[stage * c->vpp + v + 1] - first;
+        int64_t *start = calloc((size_t)n + 1, sizeof *start), *offset = calloc((size_t)n + 1, sizeof *offset);
+        int *order = calloc((size_t)n + 1, sizeof *order);
+        if (!start || !offset || !order) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+        const pickle_value *storage = NULL;
+        for (int k = 0; k < n && !status; k++) {
+            int index = m->stage_params[first + k];
+            const pickle_value *t = index == HEAD_COPY ? m->head_copies[stage * c->tp + tp_rank] : m->tensors[index].pieces[tp_rank];
+            if (!storage) storage = t->tensor.storage;
+            if (strcmp(t->tensor.storage->storage.key, storage->storage.key))
+                status = tp_fail(TP_ERR_LAYOUT, "%s: the parameters of model chunk %d do not share one buffer (%s is apart): "
+                                 "their places in the optimizer's buffer are unknown", file, v,
+                                 index == HEAD_COPY ? "the head copy" : m->tensors[index].source);
+            start[k] = t->tensor.offset;
+            order[k] = k;
+        }
+        /* Buffer order: by offset (an insertion sort; a chunk has few hundred). */
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0 && start[order[j]] < start[order[j - 1]]; j--) {
+                int swap = order[j];
+                order[j] = order[j - 1];
+                order[j - 1] = swap;
+            }
+        int64_t base = 0, bucket_start = 0, end = 0;
+        int open = 0, previous_shared = 0;
+        for (int i = 0; i < n && !status; i++) {
+            int k = order[i], index = m->stage_params[first + k];
+            int shared = c->pp > 1 && !c->untied &&
+                         (index == HEAD_COPY || !strcmp(m->tensors[index].copy.name, "embedding.word_embeddings.weight"));
+            const pickle_value *t = index == HEAD_COPY ? m->head_copies[stage * c->tp + tp_rank] : m->tensors[index].pieces[tp_rank];
+            if (open && start[k] < end)
+                status = tp_fail(TP_ERR_FORMAT, "%s: parameters overlap in the buffer of model chunk %d", file, v);
+            if (open && (shared || previous_shared)) { /* a shared embedding's bucket of its own */
+                base += end - bucket_start;
+                open = 0;
+            }
+            if (!open) {
+                bucket_start = start[k];
+                open = 1;
+            }
+            offset[k] = base + start[k] - bucket_start;
+            end = start[k] + torch_tensor_numel(t);
+            previous_shared = shared;
+        }
+        if (!status && n && base + end - bucket_start != numel_unpadded)
+            status = tp_fail(TP_ERR_LAYOUT, "%s: the parameters of model chunk %d fill %lld elements of their buckets, the state "
+                             "has %lld: buckets cut by size (--overlap-grad-reduce) are not read yet", path, v,
+                             (long long)(base + end - bucket_start), (long long)numel_unpadded);
+        const char *roles[3] = {"master", "exp_avg", "exp_avg_sq"};
+        for (int k = 0; k < n && !status; k++)
+            for (int r = c->dtype == TP_FP32 ? 1 : 0; r < 3 && !status; r++) { /* fp32 parameters are their masters */
+                char source[160];
+                snprintf(source, sizeof source, "distrib_optim.pt chunk %d %s[%lld:]", v, r ? roles[r] : "param", (long long)offset[k]);
+                status = add_flat_piece(m, stage, tp_rank, m->stage_params[first + k], roles[r], source, world[r], offset[k], path);
+            }
+        free(start);
+        free(offset);
+        free(order);
+    }
+    return status;
+}
+
 static int read_rank_optimizer(megatron_checkpoint *m, int stage, int tp_rank, const int *params, int num_params)
 {
     const torch_archive *a = m->archives[stage * m->config.tp + tp_rank];
@@ -582,11 +753,7 @@ static int read_rank_optimizer(megatron_checkpoint *m, int stage, int tp_rank, c
     const pickle_value *state = pickle_get(inner, "state"), *groups = pickle_get(inner, "param_groups");
     if (!groups || groups->kind != PICKLE_LIST)
         return tp_fail(TP_ERR_FORMAT, "%s: the optimizer state has no param_groups list", file);
-    if (!state) {
-        char dist[4400];
-        snprintf(dist, sizeof dist, "%.*s/distrib_optim.pt", (int)(strrchr(file, '/') - file), file);
-        return tp_fail(TP_ERR_LAYOUT, "%s: the distributed optimizer's state (%s) is not read yet", file, dist);
-    }
+    if (!state) return read_rank_distributed(m, stage, tp_rank, file); /* the state is in distrib_optim.pt */
     if (state->kind != PICKLE_DICT) return tp_fail(TP_ERR_FORMAT, "%s: optimizer state is a %s, not a dict", file,
                                                    pickle_kind_name(state->kind));
     int want_masters = m->config.dtype != TP_FP32;
@@ -647,20 +814,29 @@ static int read_rank_optimizer(megatron_checkpoint *m, int stage, int tp_rank, c
 
 /* The optimizer state of every rank, or the reason it cannot be read in
  * m->optimizer_refusal (the weights are read either way). */
-static int read_optimizer(megatron_checkpoint *m, const int *stage_first)
+static int read_optimizer(megatron_checkpoint *m)
 {
+    const int *chunk_first = m->chunk_first, vpp = m->config.vpp;
     int model_tensors = m->num_tensors, status = TP_OK;
     for (int p = 0; p < m->config.pp && !status; p++)
         for (int t = 0; t < m->config.tp && !status; t++)
-            status = read_rank_optimizer(m, p, t, m->stage_params + stage_first[p], stage_first[p + 1] - stage_first[p]);
+            status = read_rank_optimizer(m, p, t, m->stage_params + chunk_first[p * vpp],
+                                         chunk_first[(p + 1) * vpp] - chunk_first[p * vpp]);
     if (status == TP_ERR_FORMAT || status == TP_ERR_LAYOUT) {
         snprintf(m->optimizer_refusal, sizeof m->optimizer_refusal, "%s", tp_errmsg());
         m->optimizer_status = status;
-        for (int i = model_tensors; i < m->num_tensors; i++) free(m->tensors[i].pieces);
+        for (int i = model_tensors; i < m->num_tensors; i++) {
+            free(m->tensors[i].pieces);
+            free(m->tensors[i].flat_offset);
+        }
         m->num_tensors = model_tensors;
+        for (int i = 0; m->distrib_optim && i < m->config.tp * m->config.pp; i++) torch_archive_close(m->distrib_optim[i]);
+        free(m->distrib_optim);
+        m->distrib_optim = NULL;
         return TP_OK;
     }
     if (!status) m->config.optimizer_read = 1;
+    if (!status && m->distrib_optim) m->config.distributed_optimizer = 1;
     return status;
 }
 
@@ -717,7 +893,9 @@ int megatron_open(const char *path, megatron_checkpoint **out)
         status = tp_fail(TP_ERR_FORMAT, "%s: args says pipeline-parallel size %d, the files are named for %s", file, m->config.pp,
                          pp_named ? "pp > 1" : "pp 1");
     const megatron_config *c = &m->config;
-    if (!status && !(m->archives = calloc((size_t)c->tp * (size_t)c->pp, sizeof *m->archives)))
+    if (!status && (!(m->archives = calloc((size_t)c->tp * (size_t)c->pp, sizeof *m->archives)) ||
+                    !(m->head_copies = calloc((size_t)c->tp * (size_t)c->pp, sizeof *m->head_copies)) ||
+                    !(m->chunk_first = calloc((size_t)c->pp * (size_t)c->vpp + 1, sizeof *m->chunk_first))))
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
     if (!status) m->archives[0] = first;
     else torch_archive_close(first);
@@ -735,15 +913,9 @@ int megatron_open(const char *path, megatron_checkpoint **out)
                                  (long long)pp, c->tp, c->pp);
         }
     }
-    int *stage_first = status ? NULL : calloc((size_t)c->pp + 1, sizeof *stage_first);
-    if (!status && !stage_first) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int p = 0; p < (status ? 0 : c->pp) && !status; p++) {
-        status = read_stage(m, p);
-        stage_first[p + 1] = m->num_stage_params;
-    }
+    for (int p = 0; p < (status ? 0 : c->pp) && !status; p++) status = read_stage(m, p);
     if (!status) status = check_complete(m);
-    if (!status && c->has_optimizer) status = read_optimizer(m, stage_first);
-    free(stage_first);
+    if (!status && c->has_optimizer) status = read_optimizer(m);
     if (!status && m->config.core_names && m->config.naming < MEGATRON_NAMES_CORE) m->config.naming = MEGATRON_NAMES_CORE;
     if (status) {
         megatron_close(m);
@@ -757,8 +929,15 @@ void megatron_close(megatron_checkpoint *m)
 {
     if (!m) return;
     for (int i = 0; m->archives && i < m->config.tp * m->config.pp; i++) torch_archive_close(m->archives[i]);
-    for (int i = 0; i < m->num_tensors; i++) free(m->tensors[i].pieces);
+    for (int i = 0; m->distrib_optim && i < m->config.tp * m->config.pp; i++) torch_archive_close(m->distrib_optim[i]);
+    for (int i = 0; i < m->num_tensors; i++) {
+        free(m->tensors[i].pieces);
+        free(m->tensors[i].flat_offset);
+    }
     free(m->archives);
+    free(m->distrib_optim);
+    free(m->head_copies);
+    free(m->chunk_first);
     free(m->tensors);
     free(m->stage_params);
     free(m);
@@ -801,15 +980,30 @@ const char *megatron_source_name(const megatron_checkpoint *m, int index)
     return index >= 0 && index < m->num_tensors ? m->tensors[index].source : NULL;
 }
 
+/* The file a piece lies in: the rank file, or its distrib_optim.pt. */
+static const torch_archive *piece_archive(const megatron_checkpoint *m, const megatron_tensor_entry *e, int tp_rank)
+{
+    int rank = e->stage * m->config.tp + tp_rank;
+    return e->flat_offset ? m->distrib_optim[rank] : m->archives[rank];
+}
+
 int megatron_piece_range(const megatron_checkpoint *m, int index, int tp_rank, const char **file, int64_t *offset,
                          int64_t *size)
 {
     if (index < 0 || index >= m->num_tensors || tp_rank < 0 || tp_rank >= m->config.tp)
         return tp_fail(TP_ERR_ARG, "%s: no tensor %d at tensor-parallel rank %d", m->path, index, tp_rank);
     const megatron_tensor_entry *e = &m->tensors[index];
-    const torch_archive *a = m->archives[e->stage * m->config.tp + tp_rank];
+    const torch_archive *a = piece_archive(m, e, tp_rank);
     *file = torch_archive_path(a);
-    return torch_tensor_range(a, e->pieces[tp_rank], offset, size);
+    if (!e->flat_offset) return torch_tensor_range(a, e->pieces[tp_rank], offset, size);
+    /* A run of a flat world tensor. */
+    int64_t shape[CKPT_MAX_DIMS], numel = 1;
+    ckpt_piece_shape(&e->copy.desc, m->config.tp, shape);
+    for (int d = 0; d < e->copy.desc.ndim; d++) numel *= shape[d];
+    TP_TRY(torch_tensor_range(a, e->pieces[tp_rank], offset, size));
+    *offset += e->flat_offset[tp_rank] * 4;
+    *size = numel * 4;
+    return TP_OK;
 }
 
 int megatron_read_piece(const megatron_checkpoint *m, int index, int tp_rank, void *buf, int64_t size)
@@ -821,14 +1015,16 @@ int megatron_read_piece(const megatron_checkpoint *m, int index, int tp_rank, vo
         return tp_fail(TP_ERR_ARG, "%s: tensor %s at rank %d is %lld bytes, %lld asked", file, m->tensors[index].source, tp_rank,
                        (long long)bytes, (long long)size);
     const megatron_tensor_entry *e = &m->tensors[index];
-    return torch_tensor_read(m->archives[e->stage * m->config.tp + tp_rank], e->pieces[tp_rank], buf, 0, size);
+    return torch_tensor_read(piece_archive(m, e, tp_rank), e->pieces[tp_rank], buf, e->flat_offset ? e->flat_offset[tp_rank] * 4 : 0,
+                             size);
 }
 
 int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt_reader **out)
 {
     *out = NULL;
     const megatron_config *c = &m->config;
-    int files = c->tp * c->pp;
+    /* The rank files, then their distrib_optim.pt where read. */
+    int ranks = c->tp * c->pp, files = m->distrib_optim ? 2 * ranks : ranks;
     int64_t pieces = 0;
     for (int i = 0; i < m->num_tensors; i++) pieces += ckpt_piece_count(&m->tensors[i].copy.desc, c->tp);
     const char **paths = calloc((size_t)files, sizeof *paths);
@@ -837,8 +1033,9 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
     ckpt_tensor_desc *tensors = calloc((size_t)m->num_tensors + 1, sizeof *tensors);
     int status = paths && bytes && offsets && piece_file && tensors ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int f = 0; f < files && !status; f++) {
-        paths[f] = torch_archive_path(m->archives[f]);
-        bytes[f] = torch_archive_bytes(m->archives[f]);
+        const torch_archive *a = f < ranks ? m->archives[f] : m->distrib_optim[f - ranks];
+        paths[f] = torch_archive_path(a);
+        bytes[f] = torch_archive_bytes(a);
     }
     int64_t at = 0;
     for (int i = 0; i < m->num_tensors && !status; i++) {
@@ -847,7 +1044,7 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
         for (int p = 0; p < ckpt_piece_count(&e->copy.desc, c->tp) && !status; p++, at++) {
             const char *file;
             int64_t size;
-            piece_file[at] = e->stage * c->tp + p;
+            piece_file[at] = e->stage * c->tp + p + (e->flat_offset ? ranks : 0);
             status = megatron_piece_range(m, i, p, &file, &offsets[at], &size);
         }
     }

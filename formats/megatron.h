@@ -65,6 +65,7 @@ typedef struct {
     tp_dtype dtype;
     int has_optimizer;           /* an `optimizer` entry is in the rank files */
     int optimizer_read;          /* and its state was read: tensors optim/ROLE/NAME (megatron_optimizer_refusal says why not) */
+    int distributed_optimizer;   /* read from the distributed optimizer's distrib_optim.pt files */
 } megatron_config;
 
 typedef struct megatron_checkpoint megatron_checkpoint;
@@ -136,7 +137,9 @@ typedef struct {
  * iteration. When the source has the optimizer state (optim/ROLE/NAME, as
  * megatron_reader_open gives it) and weights_only is not set, each rank's
  * optimizer state dict is written as Megatron's optimizers write it, with
- * the template's param-group settings, loss scaler and schedule. Each
+ * the template's param-group settings, loss scaler and schedule (the
+ * distributed optimizer's distrib_optim.pt is not written: refused, unless
+ * weights_only). Each
  * rank's RNG and rerun state is carried over when the layout is the
  * template's and left out otherwise (report says so; Megatron does the
  * same on a change of layout). The output is staged and appears whole or

@@ -572,6 +572,9 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
         r.optimizer = role && !strcmp(role, "exp_avg");
     }
     if (options->weights_only || !c->optimizer_read) r.optimizer = 0;
+    if (r.optimizer && c->distributed_optimizer)
+        return tp_fail(TP_ERR_LAYOUT, "%s: writing the distributed optimizer's state (distrib_optim.pt) is not implemented "
+                       "yet; --format tp keeps it, --weights-only converts the weights alone", megatron_path(template));
     r.carry_rank_state = r.to.tp == c->tp && r.to.pp == c->pp;
     if (report) {
         report->optimizer_written = r.optimizer;

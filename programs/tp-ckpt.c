@@ -217,6 +217,7 @@ static int info_megatron(const char *path, int json)
     int refusal_status;
     const char *refusal = megatron_optimizer_refusal(m, &refusal_status);
     cJSON_AddBoolToObject(root, "optimizer_read", c->optimizer_read);
+    cJSON_AddBoolToObject(root, "distributed_optimizer", c->distributed_optimizer);
     if (refusal) cJSON_AddStringToObject(root, "optimizer_refusal", refusal);
     cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
     int64_t parameters = 0, state_tensors = 0;
@@ -261,8 +262,9 @@ static int info_megatron(const char *path, int json)
                c->untied ? "untied" : "tied", c->tied_head_copy ? " (a copy on the last stage)" : "", tp_dtype_name(c->dtype));
         printf("tensors      %d, %lld parameters\n", megatron_num_tensors(m), (long long)parameters);
         if (c->optimizer_read)
-            printf("optimizer    Adam moments%s, read: %lld tensors optim/ROLE/NAME\n",
-                   c->dtype != TP_FP32 ? " and fp32 master weights" : "", (long long)state_tensors);
+            printf("optimizer    Adam moments%s, read%s: %lld tensors optim/ROLE/NAME\n",
+                   c->dtype != TP_FP32 ? " and fp32 master weights" : "",
+                   c->distributed_optimizer ? " from the distributed optimizer's distrib_optim.pt" : "", (long long)state_tensors);
         else if (refusal)
             printf("optimizer    %s: %s (the weights are read)\n", refusal_status == TP_ERR_FORMAT ? "damaged" : "not read",
                    refusal);

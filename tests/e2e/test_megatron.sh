@@ -120,14 +120,23 @@ expect_ok "h5py reads its Adam moments and fp32 masters equal to PyTorch's unsha
     "$WORK/a.full.pt"
 expect_error "--from that does not match" 1 "--from tp8 does not match" "$RS" "$WORK/a" --from tp8 --to tp2 --format tp \
     --no-optim -o "$WORK/never"
-expect_ok "fixture: the distributed optimizer (distrib_optim.pt)" "$PY" "$FIXTURE" "$WORK/e" --tp 2 --pp 2 --layers 4 \
-    --hidden 64 --heads 8 --ffn 128 --vocab 200 --dist-opt --dtype bf16
-expect_error "optimizer state is never dropped silently" 1 "distrib_optim.pt. is not read yet; --weights-only" \
-    "$RS" "$WORK/e" --to tp1 -o "$WORK/never"
-expect_ok "verify says what it did not check" "$CK" verify "$WORK/e"
-check "the distributed optimizer's state named as not checked" grep -q "^note: optimizer state not checked: .*distrib_optim.pt" \
+expect_ok "fixture: the distributed optimizer (distrib_optim.pt), tied embeddings over pp 2" "$PY" "$FIXTURE" "$WORK/e" \
+    --tp 2 --pp 2 --layers 4 --hidden 64 --heads 8 --ffn 128 --vocab 200 --dist-opt --dtype bf16 --full "$WORK/e.full.pt"
+expect_ok "info of it" "$CK" info "$WORK/e"
+check "info: its state read from distrib_optim.pt" \
+    grep -q "^optimizer  *Adam moments and fp32 master weights, read from the distributed optimizer's distrib_optim.pt: 156" \
     "$WORK/.out"
-expect_ok "--weights-only converts its weights" "$RS" "$WORK/e" --to tp1 --weights-only -o "$WORK/e_tp1" --verify
+expect_ok "its weights and state -> tp1pp1 in this toolkit's format" "$RS" "$WORK/e" --to tp1pp1 --format tp -o "$WORK/e_tp1" \
+    --verify
+expect_ok "h5py reads the state taken from the flat buffers equal to PyTorch's unsharded state" h5_judge "$WORK/e_tp1" \
+    "$WORK/e.full.pt"
+expect_error "optimizer state is never dropped silently" 1 "distrib_optim.pt. is not implemented yet; --format tp keeps it" \
+    "$RS" "$WORK/e" --to tp1 -o "$WORK/never"
+expect_ok "--weights-only converts its weights as Megatron's" "$RS" "$WORK/e" --to tp1 --weights-only -o "$WORK/e_weights" --verify
+expect_ok "fixture: the distributed optimizer, virtual pipeline, Core names" "$PY" "$FIXTURE" "$WORK/g" --tp 2 --pp 2 --vpp 2 \
+    --layers 8 --hidden 64 --heads 4 --ffn 128 --vocab 90 --names core --dist-opt --dtype bf16 --full "$WORK/g.full.pt"
+expect_ok "its state -> tp1pp2" "$RS" "$WORK/g" --to tp1pp2 --format tp -o "$WORK/g_tp1" --verify
+expect_ok "h5py: equal to PyTorch's unsharded state, every chunk's buffer" h5_judge "$WORK/g_tp1" "$WORK/g.full.pt"
 check "nothing was written for refused runs" test ! -e "$WORK/never"
 
 # ------------------------------------------------- Megatron back to Megatron

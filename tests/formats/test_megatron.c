@@ -133,13 +133,15 @@ Test(megatron, every_layout_equals_the_reference)
         "d --tp 8 --pp 1 --layers 2 --hidden 64 --heads 8 --ffn 128 --vocab 50 --names core-local",
         "e --tp 1 --pp 4 --layers 4 --hidden 32 --heads 2 --ffn 64 --vocab 50 --release --rope --rmsnorm --no-bias --dtype fp32 "
         "--optimizer",
+        "k --tp 2 --pp 2 --vpp 2 --layers 8 --hidden 32 --heads 4 --ffn 64 --vocab 60 --names core --dist-opt --dtype bf16",
     };
-    generate(fixtures, 5);
+    generate(fixtures, 6);
     cr_assert_eq(check_against_full("a", 2, 2), 2 + 4 * 12 + 2);
     check_against_full("b", 4, 1);
     check_against_full("c", 2, 2);
     check_against_full("d", 8, 1);
     check_against_full("e", 1, 4);
+    check_against_full("k", 2, 2); /* the state in distrib_optim.pt's flat buffers */
 
     char path[700];
     snprintf(path, sizeof path, "%s/a", dir);
@@ -203,25 +205,38 @@ Test(megatron, refusals_name_the_cause)
 }
 
 /* Optimizer state that cannot be read leaves the weights readable and says
- * why: the distributed optimizer's layout (not read), and state that
- * contradicts the model (damaged). */
+ * why: a layout not read (the distributed optimizer's older files), and
+ * state that contradicts the model (damaged: a moment of the wrong size, a
+ * world tensor shorter than its parameters). */
 Test(megatron, optimizer_state_not_read_is_said)
 {
     const char *fixtures[] = {
-        "h --tp 2 --pp 1 --layers 2 --hidden 32 --heads 2 --ffn 64 --vocab 50 --dist-opt --dtype bf16",
+        "h --tp 2 --pp 1 --layers 2 --hidden 32 --heads 2 --ffn 64 --vocab 50 --dist-opt --dtype bf16 --plain-args",
         "i --tp 2 --pp 1 --layers 2 --hidden 32 --heads 2 --ffn 64 --vocab 50 --optimizer --dtype fp32 --plain-args",
+        "j --tp 2 --pp 2 --layers 2 --hidden 32 --heads 2 --ffn 64 --vocab 50 --dist-opt --dtype fp16 --plain-args",
     };
-    generate(fixtures, 2);
-    char path[700], command[2000];
+    generate(fixtures, 3);
+    char path[700], command[4000];
     snprintf(command, sizeof command,
-             PYTHON " -c 'import sys, torch; f = sys.argv[1]; sd = torch.load(f, map_location=\"cpu\"); "
-                    "sd[\"optimizer\"][\"state\"][3][\"exp_avg\"] = torch.zeros(7); torch.save(sd, f)' "
-                    "%s/i/iter_0001000/mp_rank_01/model_optim_rng.pt", dir);
+             PYTHON " -c 'import sys, torch\n"
+                    "def edit(f, change):\n"
+                    "    sd = torch.load(f, map_location=\"cpu\"); change(sd); torch.save(sd, f)\n"
+                    "edit(sys.argv[1], lambda sd: sd.pop(\"buckets_coalesced\"))\n"
+                    "edit(sys.argv[2], lambda sd: sd[\"optimizer\"][\"state\"][3].update(exp_avg=torch.zeros(7)))\n"
+                    "def cut(sd):\n"
+                    "    world = sd[0][next(iter(sd[0]))]\n"
+                    "    world[\"exp_avg\"] = world[\"exp_avg\"][:100].clone()\n"
+                    "edit(sys.argv[3], cut)' "
+                    "%s/h/iter_0001000/mp_rank_00/distrib_optim.pt %s/i/iter_0001000/mp_rank_01/model_optim_rng.pt "
+                    "%s/j/iter_0001000/mp_rank_01_001/distrib_optim.pt",
+             dir, dir, dir);
     cr_assert_eq(system(command), 0, "%s", command);
-    const char *names[] = {"h", "i"};
-    const char *why[] = {"distrib_optim.pt) is not read yet", "mp_rank_01/model_optim_rng.pt: tensor state[3].exp_avg is 7"};
-    const int statuses[] = {TP_ERR_LAYOUT, TP_ERR_FORMAT};
-    for (int k = 0; k < 2; k++) {
+    const char *names[] = {"h", "i", "j"};
+    const char *why[] = {"without buckets_coalesced (Megatron-LM before April 2024) is not read yet",
+                         "mp_rank_01/model_optim_rng.pt: tensor state[3].exp_avg is 7",
+                         "exp_avg of model chunk 0 is not an fp32 vector of numel_unpadded"};
+    const int statuses[] = {TP_ERR_LAYOUT, TP_ERR_FORMAT, TP_ERR_FORMAT};
+    for (int k = 0; k < 3; k++) {
         snprintf(path, sizeof path, "%s/%s", dir, names[k]);
         megatron_checkpoint *m;
         cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
@@ -230,7 +245,7 @@ Test(megatron, optimizer_state_not_read_is_said)
         cr_assert(refusal && strstr(refusal, why[k]), "'%s' not in: %s", why[k], refusal ? refusal : "(read)");
         cr_assert_eq(status, statuses[k], "%s", refusal);
         const megatron_config *c = megatron_config_of(m);
-        cr_assert(c->has_optimizer && !c->optimizer_read);
+        cr_assert(c->has_optimizer && !c->optimizer_read && !c->distributed_optimizer);
         for (int i = 0; i < megatron_num_tensors(m); i++)
             cr_assert_str_eq(megatron_tensor(m, i)->role, "param", "%s: %s kept", names[k], megatron_tensor(m, i)->name);
         megatron_close(m);
