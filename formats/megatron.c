@@ -205,9 +205,10 @@ static int read_config(megatron_checkpoint *m, const torch_archive *archive)
     if (c->num_layers % ((int64_t)c->pp * c->vpp))
         return tp_fail(TP_ERR_FORMAT, "%s: %lld layers do not divide over pp %d x vpp %d", file, (long long)c->num_layers,
                        c->pp, c->vpp);
-    if (c->query_groups % c->tp)
-        return tp_fail(TP_ERR_LAYOUT, "%s: %lld query groups over %d tensor-parallel ranks: key and value heads shared "
-                       "between ranks (Megatron-Core's layout for fewer groups than ranks) are not read yet",
+    /* Fewer groups than ranks (Megatron-Core since December 2025): a
+     * group's rows spread over tp / groups ranks, the same rows on disk. */
+    if (c->query_groups % c->tp && c->tp % c->query_groups)
+        return tp_fail(TP_ERR_LAYOUT, "%s: %lld query groups over %d tensor-parallel ranks: neither divides the other",
                        file, (long long)c->query_groups, c->tp);
     if (c->heads % c->tp || c->ffn % c->tp || c->padded_vocab % c->tp)
         return tp_fail(TP_ERR_FORMAT, "%s: %lld heads, ffn %lld or vocabulary %lld do not divide over tp %d", file,
@@ -332,7 +333,10 @@ static void describe(const megatron_config *c, const char *name, ckpt_tensor_des
     } else if (has_prefix(leaf, "attention.qkv.")) {
         d->shape[0] = c->query_groups * qkv_granule;
         d->partition.kind = CKPT_SPLIT;
-        d->partition.granule = qkv_granule;
+        /* Whole query groups per rank, as the legacy model needs; a head's
+         * rows for Megatron-Core, which also cuts a group between ranks
+         * (fewer groups than ranks: each rank all-gathers its group's). */
+        d->partition.granule = c->core_names ? kv : qkv_granule;
     } else if (!strcmp(leaf, "attention.dense.weight")) {
         d->shape[1] = c->heads * kv;
         d->partition.kind = CKPT_SPLIT;

@@ -19,8 +19,10 @@
  *   embedding.position_embeddings.weight [positions, h]    replicated (learned positions)
  *   layers.N.input_norm.{weight,bias}                      replicated
  *   layers.N.attention.qkv.{weight,bias} [(heads + 2 groups) kv, h]
- *                                       split 0, granule one query group's rows
- *                                       ([q of the group's heads, k, v] per group)
+ *                                       split 0 ([q of the group's heads, k, v] per
+ *                                       group), granule one group's rows (legacy
+ *                                       names) or one head's (Megatron-Core, which
+ *                                       cuts a group between ranks when tp > groups)
  *   layers.N.attention.dense.weight     [h, heads kv]      split 1, granule kv channels
  *   layers.N.attention.dense.bias, layers.N.post_norm.*    replicated
  *   layers.N.mlp.fc1.{weight,bias}      [ffn, h] split 0; SwiGLU: [2 ffn, h], segments [gate, up]

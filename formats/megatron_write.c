@@ -543,14 +543,18 @@ static int replaceable_megatron(const char *path, void *ctx)
 }
 
 /* The target layout, checked against the model as Megatron would. */
-static int check_layout(const megatron_config *c, const ckpt_layout *to)
+static int check_layout(const megatron_config *c, const ckpt_layout *to, megatron_naming naming)
 {
     if (c->num_layers % to->pp)
         return tp_fail(TP_ERR_LAYOUT, "%lld layers do not divide over pp %d", (long long)c->num_layers, to->pp);
-    if (c->heads % to->tp || c->query_groups % to->tp || c->ffn % to->tp)
+    /* Megatron-Core also takes fewer query groups than ranks, a divisor. */
+    int groups_split = c->query_groups % to->tp == 0 ||
+                       (naming >= MEGATRON_NAMES_CORE && to->tp % c->query_groups == 0 && c->heads % to->tp == 0 &&
+                        (c->heads / c->query_groups + 2) % (to->tp / c->query_groups) == 0);
+    if (c->heads % to->tp || !groups_split || c->ffn % to->tp)
         return tp_fail(TP_ERR_LAYOUT, "%lld heads in %lld query groups and ffn %lld do not divide over tp %d (Megatron's "
-                       "legacy model needs the query groups to)", (long long)c->heads, (long long)c->query_groups,
-                       (long long)c->ffn, to->tp);
+                       "legacy model needs the query groups to, Megatron-Core the groups or tp to divide the other)",
+                       (long long)c->heads, (long long)c->query_groups, (long long)c->ffn, to->tp);
     if (c->padded_vocab % (c->vocab_divisible_by * to->tp))
         return tp_fail(TP_ERR_LAYOUT, "the padded vocabulary of %lld rows is not a multiple of %lld x tp %d, as Megatron "
                        "pads for tp %d; re-padding the vocabulary is not implemented yet", (long long)c->padded_vocab,
@@ -581,7 +585,9 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
         report->rank_state_dropped = !r.carry_rank_state && megatron_rank_value(template, 0, 0, "rng_state") != NULL;
     }
     r.naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
-    TP_TRY(check_layout(c, &r.to));
+    TP_TRY(check_layout(c, &r.to, r.naming));
+    for (int i = 0; i < ckpt_reader_num_tensors(source); i++) /* every piece as the source describes it */
+        TP_TRY(ckpt_tensor_check(ckpt_reader_tensor(source, i), r.to.tp));
     ckpt_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = replaceable_megatron};
     ckpt_staged *staged;
     TP_TRY(ckpt_stage(NULL, out, &stage, &staged));

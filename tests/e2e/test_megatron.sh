@@ -220,6 +220,21 @@ expect_error "a layout the vocabulary padding does not allow" 1 "96 rows is not 
     --to tp4 -o "$WORK/never"
 check "nothing was written for refused runs" test ! -e "$WORK/never"
 
+# Megatron-Core with fewer query groups than TP ranks: a group's rows cut
+# between ranks; the legacy model cannot hold that layout.
+expect_ok "fixture: Core names, 2 query groups over tp4, with the optimizer" "$PY" "$FIXTURE" "$WORK/q" --tp 4 --pp 2 \
+    --layers 4 --hidden 64 --heads 8 --query-groups 2 --ffn 128 --vocab 90 --names core --optimizer --dtype bf16 \
+    --full "$WORK/q.full.pt"
+expect_ok "2 groups over tp4 -> tp2pp1" "$RS" "$WORK/q" --to tp2pp1 -o "$WORK/q_tp2" --verify
+expect_ok "torch.load: tp2 merges to PyTorch's" "$PY" "$FIXTURE" --verify "$WORK/q_tp2" --full "$WORK/q.full.pt"
+expect_ok "and back to tp4pp1" "$RS" "$WORK/q_tp2" --to tp4pp1 -o "$WORK/q_tp4" --verify
+expect_ok "torch.load: tp4 merges to PyTorch's" "$PY" "$FIXTURE" --verify "$WORK/q_tp4" --full "$WORK/q.full.pt"
+expect_error "the legacy names cannot hold fewer groups than ranks" 1 "Megatron-Core the groups or tp to divide" "$RS" \
+    "$WORK/q" --to tp4 --megatron-names legacy -o "$WORK/never"
+expect_error "nor can Megatron-Core cut a group's rows in the middle of a head" 1 "do not divide over tp 8" "$RS" "$WORK/q" \
+    --to tp8 -o "$WORK/never"
+check "nothing was written for refused runs" test ! -e "$WORK/never"
+
 # ------------------------------------------------------------- bad input
 cp -r "$WORK/a" "$WORK/cut"
 RANK="$WORK/cut/iter_0001000/mp_rank_02_001/model_optim_rng.pt"
