@@ -359,7 +359,8 @@ int ckpt_reader_read_region(ckpt_reader *reader, int index, const int64_t *start
  * data against the piece's recorded part of the logical digest. */
 int ckpt_reader_verify_piece(ckpt_reader *reader, int index, int piece);
 
-/* Checks that every padding element of a piece is zero. */
+/* Checks that every padding element of a piece is zero (this format's
+ * rule; a foreign checkpoint's padding is not checked). */
 int ckpt_reader_check_padding(ckpt_reader *reader, int index, int piece);
 
 /* A damaged piece found by ckpt_verify. */

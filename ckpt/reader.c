@@ -1034,7 +1034,9 @@ int ckpt_reader_check_padding(ckpt_reader *r, int i, int piece)
     int status = check_piece_arg(r, i, piece);
     if (status) return status;
     const ckpt_tensor_desc *t = &r->index.tensors[i].tensor.desc;
-    if (t->partition.kind != CKPT_SPLIT) return TP_OK;
+    /* Zero padding is this format's rule; another tool's padding rows hold
+     * what it keeps there (Megatron-LM's trained vocabulary padding). */
+    if (t->partition.kind != CKPT_SPLIT || r->foreign) return TP_OK;
     ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
     int64_t n = ckpt_piece_runs(t, r->index.layout.tp, piece, runs, 2 * CKPT_MAX_SEGMENTS);
     piece_ctx c;

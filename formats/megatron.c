@@ -326,7 +326,10 @@ static void describe(const megatron_config *c, const char *name, ckpt_tensor_des
     d->shape[0] = h;
     d->shape[1] = h;
     if (!strcmp(name, "embedding.word_embeddings.weight") || !strcmp(name, "output_layer.weight")) {
-        d->shape[0] = c->padded_vocab;
+        /* As stored, padded; or the true vocabulary, padded as Megatron pads
+         * it (rows to a multiple of make_vocab_size_divisible_by x tp). */
+        d->shape[0] = c->true_vocab > 0 ? c->true_vocab : c->padded_vocab;
+        d->partition.pad_multiple = c->true_vocab > 0 ? c->vocab_divisible_by : 0;
         d->partition.kind = CKPT_SPLIT;
     } else if (!strcmp(name, "embedding.position_embeddings.weight")) {
         d->shape[0] = c->max_positions;
@@ -950,6 +953,33 @@ void megatron_close(megatron_checkpoint *m)
 const megatron_config *megatron_config_of(const megatron_checkpoint *m)
 {
     return &m->config;
+}
+
+int megatron_set_true_vocab(megatron_checkpoint *m, int64_t true_vocab)
+{
+    megatron_config *c = &m->config;
+    int64_t multiple = c->vocab_divisible_by * c->tp;
+    int64_t padded = multiple > 0 ? (true_vocab + multiple - 1) / multiple * multiple : 0;
+    if (true_vocab <= 0 || padded != c->padded_vocab)
+        return tp_fail(TP_ERR_ARG, "%s: a vocabulary of %lld tokens is padded to %lld rows for tp %d (a multiple of %lld x %d); "
+                       "the checkpoint has %lld", m->path, (long long)true_vocab, (long long)padded, c->tp,
+                       (long long)c->vocab_divisible_by, c->tp, (long long)c->padded_vocab);
+    c->true_vocab = true_vocab;
+    for (int i = 0; i < m->num_tensors; i++) {
+        megatron_tensor_entry *e = &m->tensors[i];
+        const char *param = e->copy.desc.param ? e->copy.desc.param : e->copy.desc.name;
+        if (strcmp(param, "embedding.word_embeddings.weight") && strcmp(param, "output_layer.weight")) continue;
+        ckpt_tensor_desc d = e->copy.desc;
+        d.shape[0] = true_vocab;
+        d.partition.pad_multiple = c->vocab_divisible_by;
+        d.partition.num_segments = 0; /* one segment: the vocabulary */
+        memset(d.partition.segments, 0, sizeof d.partition.segments);
+        ckpt_tensor_copy copy;
+        TP_TRY(ckpt_tensor_copy_init(&copy, &d));
+        e->copy = copy;
+        ckpt_tensor_copy_rebind(&e->copy);
+    }
+    return TP_OK;
 }
 
 const char *megatron_optimizer_refusal(const megatron_checkpoint *m, int *status)

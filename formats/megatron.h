@@ -63,6 +63,7 @@ typedef struct {
     int64_t stored_iteration;    /* `iteration` as the files hold it (also in a release checkpoint) */
     int64_t num_layers, hidden, ffn, heads, query_groups, kv_channels;
     int64_t padded_vocab, vocab_divisible_by, max_positions;
+    int64_t true_vocab;          /* the tokens of the vocabulary when told (megatron_set_true_vocab), else 0 */
     int swiglu, untied, learned_positions, has_bias, tied_head_copy;
     tp_dtype dtype;
     int has_optimizer;           /* an `optimizer` entry is in the rank files */
@@ -87,6 +88,13 @@ int megatron_open(const char *path, megatron_checkpoint **out);
 void megatron_close(megatron_checkpoint *checkpoint);
 
 const megatron_config *megatron_config_of(const megatron_checkpoint *checkpoint);
+/* Tells the true size of the vocabulary (Megatron records only the padded
+ * one): the word embeddings, output layer and their optimizer state are
+ * then described as true_vocab rows, the rest Megatron's padding
+ * (make_vocab_size_divisible_by x tp), which a reshard recomputes for its
+ * target (zero rows, a table cut or padded: what a TP change needs).
+ * Refused when true_vocab does not pad to the stored size at this tp. */
+int megatron_set_true_vocab(megatron_checkpoint *checkpoint, int64_t true_vocab);
 /* Why the rank files' optimizer state is not read, or NULL: it was, or
  * there is none. The weights are read either way. *status (when not NULL)
  * tells TP_ERR_LAYOUT, a layout not read (the distributed optimizer's

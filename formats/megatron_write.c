@@ -120,6 +120,31 @@ static int emit_tensor(rank_writer *r, int index)
     return torch_writer_tensor(r->w, torch_dtype_of(t->dtype), t->ndim, shape);
 }
 
+/* The vocabulary's padding rows of this target piece, as Megatron's saver
+ * re-pads a table (docs/MEGATRON.md section 9): the source's stored rows
+ * where it has them (a larger table is cut), its last stored row repeated
+ * beyond (a smaller one is extended). Tensors with padding are split on
+ * rows (the word embeddings, the output layer and their optimizer state). */
+static int fill_vocabulary_padding(rank_writer *r, int index, int piece, void *buf)
+{
+    const ckpt_tensor_desc *t = ckpt_reader_tensor(r->source, index);
+    if (t->partition.kind != CKPT_SPLIT || t->partition.pad_multiple <= 0 || t->partition.axis != 0) return TP_OK;
+    int source_tp = ckpt_reader_layout(r->source)->tp;
+    int64_t source_rows[CKPT_MAX_DIMS], target_rows[CKPT_MAX_DIMS];
+    ckpt_padded_shape(t, source_tp, source_rows);
+    ckpt_padded_shape(t, r->to.tp, target_rows);
+    int64_t source_piece_rows = source_rows[0] / source_tp, target_piece_rows = target_rows[0] / r->to.tp;
+    size_t row_bytes = tp_dtype_size(t->dtype);
+    for (int d = 1; d < t->ndim; d++) row_bytes *= (size_t)t->shape[d];
+    for (int64_t row = piece * target_piece_rows; row < (piece + 1) * target_piece_rows; row++) {
+        if (row < t->shape[0]) continue; /* a token's row */
+        int64_t from = row < source_rows[0] ? row : source_rows[0] - 1;
+        TP_TRY(ckpt_reader_read_rows(r->source, index, (int)(from / source_piece_rows), from % source_piece_rows, 1,
+                                     (char *)buf + (size_t)(row - piece * target_piece_rows) * row_bytes, row_bytes));
+    }
+    return TP_OK;
+}
+
 /* The bytes of the tensors emitted, in order, each piece read from the
  * source as the target lays it out. */
 static int write_pending(rank_writer *r)
@@ -132,9 +157,11 @@ static int write_pending(rank_writer *r)
             r->piece = bigger;
             r->piece_size = (size_t)p->bytes;
         }
-        if (p->index >= 0)
+        if (p->index >= 0) {
             TP_TRY(reshard_read_piece(r->source, p->index, ckpt_reader_tensor(r->source, p->index), r->to.tp, p->piece,
                                       r->piece, (size_t)p->bytes));
+            TP_TRY(fill_vocabulary_padding(r, p->index, p->piece, r->piece));
+        }
         else if (p->raw)
             TP_TRY(megatron_rank_tensor_read(r->template, p->raw_pp, p->raw_tp, p->raw, r->piece, p->bytes));
         TP_TRY(torch_writer_storage(r->w, r->piece, p->bytes));
@@ -301,7 +328,10 @@ static int emit_args(rank_writer *r)
         else if (pickle_is_string(k, "pipeline_model_parallel_size") ||
                  pickle_is_string(k, "transformer_pipeline_model_parallel_size"))
             pk_int(b, r->to.pp);
-        else if (pickle_is_string(k, "virtual_pipeline_model_parallel_size") ||
+        else if (pickle_is_string(k, "padded_vocab_size") && r->c->true_vocab > 0) {
+            int64_t multiple = r->c->vocab_divisible_by * r->to.tp; /* Megatron's _vocab_size_with_padding */
+            pk_int(b, (r->c->true_vocab + multiple - 1) / multiple * multiple);
+        } else if (pickle_is_string(k, "virtual_pipeline_model_parallel_size") ||
                  pickle_is_string(k, "num_layers_per_virtual_pipeline_stage"))
             pk_none(b);
         /* The model family and its modules, as the names say (Megatron
@@ -555,10 +585,10 @@ static int check_layout(const megatron_config *c, const ckpt_layout *to, megatro
         return tp_fail(TP_ERR_LAYOUT, "%lld heads in %lld query groups and ffn %lld do not divide over tp %d (Megatron's "
                        "legacy model needs the query groups to, Megatron-Core the groups or tp to divide the other)",
                        (long long)c->heads, (long long)c->query_groups, (long long)c->ffn, to->tp);
-    if (c->padded_vocab % (c->vocab_divisible_by * to->tp))
+    if (!c->true_vocab && c->padded_vocab % (c->vocab_divisible_by * to->tp))
         return tp_fail(TP_ERR_LAYOUT, "the padded vocabulary of %lld rows is not a multiple of %lld x tp %d, as Megatron "
-                       "pads for tp %d; re-padding the vocabulary is not implemented yet", (long long)c->padded_vocab,
-                       (long long)c->vocab_divisible_by, to->tp, to->tp);
+                       "pads for tp %d; --true-vocab-size N (the tokenizer's size) lets it be padded again",
+                       (long long)c->padded_vocab, (long long)c->vocab_divisible_by, to->tp, to->tp);
     return TP_OK;
 }
 

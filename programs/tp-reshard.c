@@ -25,9 +25,11 @@ static const char *usage_text =
     "  --to LAYOUT              target degrees: tp4, pp2 or tp4pp2 (a degree not named is kept)\n"
     "  --from LAYOUT            the source's degrees, checked against its metadata\n"
     "  --format tp|megatron     the output's format (default: the source's); a Megatron-LM output\n"
-    "                           needs a Megatron-LM source (its args) and holds the weights only\n"
+    "                           needs a Megatron-LM source (its args)\n"
     "  --megatron-names legacy|legacy-layernorm|core|core-local\n"
     "                           the Megatron output's tensor names (default: the source's)\n"
+    "  --true-vocab-size N      a Megatron source's true vocabulary (the tokenizer's size): its\n"
+    "                           padding is then recomputed for the target TP, as Megatron's saver does\n"
     "  -o, --output DIR         output checkpoint (default: beside CKPT, named after the layout)\n"
     "  --threads N              worker threads (default: all cores)\n"
     "  --memory-limit SIZE      bound on memory, e.g. 512M or 4G (default 1G)\n"
@@ -168,7 +170,9 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     reshard_verify_result checked = {0, 0, ""};
     int code = 0;
     start = now_seconds();
-    if (megatron_open(out, &written) || megatron_reader_open(written, 1, &output) ||
+    /* The output's vocabulary padded for its TP: described by the true size as the source is. */
+    if (megatron_open(out, &written) || (c->true_vocab && megatron_set_true_vocab(written, c->true_vocab)) ||
+        megatron_reader_open(written, 1, &output) ||
         reshard_verify(source, output, options->threads, &checked))
         code = fail("%s", tp_errmsg());
     else if (checked.mismatches)
@@ -190,9 +194,10 @@ int main(int argc, char **argv)
     reshard_options_init(&options);
     const char *to = NULL, *from = NULL, *out = NULL, *output_format = NULL;
     int naming = -1;
+    int64_t true_vocab = 0;
     int dry_run = 0, verify = 0, json = 0, force_progress = 0;
     enum { O_TO = 256, O_FROM, O_THREADS, O_MEMORY, O_DEVICE, O_DTYPE, O_COMPRESS, O_NO_OPTIM, O_DRY, O_VERIFY,
-           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES };
+           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES, O_TRUE_VOCAB };
     static const struct option long_options[] = {
         {"to", required_argument, 0, O_TO}, {"from", required_argument, 0, O_FROM},
         {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, O_THREADS},
@@ -201,7 +206,7 @@ int main(int argc, char **argv)
         {"no-optim", no_argument, 0, O_NO_OPTIM}, {"weights-only", no_argument, 0, O_NO_OPTIM}, {"dry-run", no_argument, 0, O_DRY},
         {"verify", no_argument, 0, O_VERIFY}, {"json", no_argument, 0, O_JSON}, {"force", no_argument, 0, O_FORCE},
         {"progress", no_argument, 0, O_PROGRESS}, {"format", required_argument, 0, O_FORMAT},
-        {"megatron-names", required_argument, 0, O_NAMES},
+        {"megatron-names", required_argument, 0, O_NAMES}, {"true-vocab-size", required_argument, 0, O_TRUE_VOCAB},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
@@ -213,6 +218,7 @@ int main(int argc, char **argv)
             if (strcmp(optarg, "tp") && strcmp(optarg, "megatron")) die_usage("--format expects tp or megatron, got '%s'", optarg);
             output_format = optarg;
             break;
+        case O_TRUE_VOCAB: true_vocab = cli_int("tp-reshard", "--true-vocab-size", optarg, 1, (int64_t)1 << 40); break;
         case O_NAMES: {
             megatron_naming parsed;
             if (megatron_naming_parse(optarg, &parsed)) die_usage("--megatron-names: %s", tp_errmsg());
@@ -259,11 +265,14 @@ int main(int argc, char **argv)
     int is_megatron;
     if (megatron_detect(argv[optind], &is_megatron)) return fail("%s", tp_errmsg());
     if (is_megatron) {
-        if (megatron_open(argv[optind], &megatron) || megatron_reader_open(megatron, verify, &source)) {
+        if (megatron_open(argv[optind], &megatron) || (true_vocab && megatron_set_true_vocab(megatron, true_vocab)) ||
+            megatron_reader_open(megatron, verify, &source)) {
             int code = fail("%s", tp_errmsg());
             megatron_close(megatron);
             return code;
         }
+    } else if (true_vocab) {
+        die_usage("--true-vocab-size applies to a Megatron-LM source");
     } else if (ckpt_reader_open(&source, argv[optind], NULL)) {
         return fail("%s", tp_errmsg());
     }

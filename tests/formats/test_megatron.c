@@ -156,6 +156,22 @@ Test(megatron, every_layout_equals_the_reference)
     cr_assert(c->has_optimizer && c->optimizer_read);
     cr_assert_null(megatron_optimizer_refusal(m, NULL));
     cr_assert(!c->core_names);
+    /* The true vocabulary: 100 tokens pad to 256 rows at tp 2; 300 do not. */
+    cr_assert_eq(megatron_set_true_vocab(m, 300), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "300 tokens is padded to 512 rows for tp 2"), "%s", tp_errmsg());
+    cr_assert_eq(megatron_set_true_vocab(m, 100), TP_OK, "%s", tp_errmsg());
+    int vocab_tensors = 0;
+    for (int i = 0; i < megatron_num_tensors(m); i++) {
+        const ckpt_tensor_desc *d = megatron_tensor(m, i);
+        if (strcmp(d->param, "embedding.word_embeddings.weight")) continue;
+        vocab_tensors++; /* the weights, two moments, the master */
+        cr_assert_eq(d->shape[0], 100, "%s", d->name);
+        cr_assert_eq(d->partition.pad_multiple, 128, "%s", d->name);
+        int64_t stored[CKPT_MAX_DIMS];
+        ckpt_piece_shape(d, 2, stored);
+        cr_assert_eq(stored[0], 128, "%s: pieces of %lld rows", d->name, (long long)stored[0]);
+    }
+    cr_assert_eq(vocab_tensors, 4);
     megatron_close(m);
     snprintf(path, sizeof path, "%s/b", dir);
     cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());

@@ -1163,6 +1163,19 @@ def put(out, canon, key, tp_rank, t):
     slot[tp_rank] = t
 
 
+VOCAB_TENSORS = ('embedding.word_embeddings.weight', 'output_layer.weight')
+
+
+def repadded_equal(got, ref):
+    """A vocabulary table padded for another TP, as tools/checkpoint's
+    savers re-pad (saver_megatron.py): cut to the new padded size, or
+    extended by repeating the last row."""
+    n = min(got.shape[0], ref.shape[0])
+    if not torch.equal(got[:n], ref[:n]):
+        return False
+    return got.shape[0] <= n or torch.equal(got[n:], ref[-1:].expand(got.shape[0] - n, -1))
+
+
 def verify(ckpt, ref_path, quiet=False):
     """Merge ckpt and compare with a --full reference; returns problems."""
     install_megatron_stubs()
@@ -1183,17 +1196,15 @@ def verify(ckpt, ref_path, quiet=False):
     if set(merged) != set(want):
         problems.append('names differ: missing %s extra %s' % (
             sorted(set(want) - set(merged)), sorted(set(merged) - set(want))))
-    true_vocab = ref['config']['vocab']
     for name, t in want.items():
         got = merged.get(name)
         if got is None:
             continue
         if got.dtype != t.dtype:
             problems.append('%s: dtype %s != %s' % (name, got.dtype, t.dtype))
-        elif name in ("embedding.word_embeddings.weight", "output_layer.weight") \
-                and got.shape != t.shape:
-            if not torch.equal(got[:true_vocab], t[:true_vocab]):
-                problems.append('%s: first %d rows differ' % (name, true_vocab))
+        elif name in VOCAB_TENSORS and got.shape != t.shape:
+            if not repadded_equal(got, t):
+                problems.append('%s: not the reference re-padded as Megatron\'s saver does' % name)
         elif got.shape != t.shape or not torch.equal(got, t):
             problems.append('%s: values differ' % name)
     cfg = ref['config']
@@ -1213,7 +1224,11 @@ def verify(ckpt, ref_path, quiet=False):
         for name, states in ref['optimizer'].items():
             for key, t in states.items():
                 got = opt.get(name, {}).get(key)
-                if got is None or not torch.equal(got, t):
+                if got is not None and name in VOCAB_TENSORS and got.shape != t.shape:
+                    equal = repadded_equal(got, t)
+                else:
+                    equal = got is not None and torch.equal(got, t)
+                if not equal:
                     problems.append('optimizer %s.%s differs' % (name, key))
     elif ('optimizer' in ref) != (opt is not None):
         problems.append('optimizer presence differs from reference')
