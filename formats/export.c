@@ -46,6 +46,7 @@ typedef struct {
     int ndim;
     int64_t shape[CKPT_MAX_DIMS];   /* as written (transposed when asked) */
     int64_t rows, row_elements;     /* shape[0] and the elements of one row */
+    int64_t source_rows;            /* the source's rows written (spec rows), before any transposition */
     int64_t bytes;
     int64_t band_rows;
     int64_t block_rows;             /* transposed: source rows read at a time */
@@ -127,12 +128,26 @@ static int plan_tensors(exporter *x, const export_tensor *specs, int count)
         if (x->o->format == EXPORT_GGUF && d->ndim == 1) t->out = TP_FP32;
         t->ndim = d->ndim;
         memcpy(t->shape, d->shape, sizeof t->shape);
+        if (specs[i].rows < 0 || specs[i].rows > d->shape[0])
+            return tp_fail(TP_ERR_ARG, "tensor %s has %lld rows; %lld asked", d->name, (long long)d->shape[0],
+                           (long long)specs[i].rows);
+        if (specs[i].rows) t->shape[0] = specs[i].rows;
+        if (specs[i].blocks) {
+            const export_tensor *e = &specs[i];
+            int64_t n = e->block_rows > 0 ? t->shape[0] / e->block_rows : 0;
+            int valid = n > 0 && n * e->block_rows == t->shape[0];
+            for (int64_t j = 0; valid && j < n; j++) valid = e->blocks[j] >= 0 && e->blocks[j] < n;
+            if (!valid)
+                return tp_fail(TP_ERR_ARG, "tensor %s: %lld rows do not regroup in blocks of %lld as asked", d->name,
+                               (long long)t->shape[0], (long long)e->block_rows);
+        }
+        t->source_rows = t->shape[0];
         if (specs[i].transpose) {
             if (d->ndim != 2)
                 return tp_fail(TP_ERR_ARG, "tensor %s has %d dimensions; only matrices can be transposed",
                                     d->name, d->ndim);
             t->shape[0] = d->shape[1];
-            t->shape[1] = d->shape[0];
+            t->shape[1] = t->source_rows;
         }
         if (x->o->format == EXPORT_GGUF && (d->ndim > 4 || strlen(specs[i].name) > GGUF_MAX_NAME))
             return tp_fail(TP_ERR_ARG, "tensor %s cannot be stored in GGUF as %s: %s", d->name, specs[i].name,
@@ -531,18 +546,41 @@ static int layout_hdf5(exporter *x, const char *out_path)
 
 /* ------------------------------------------------------------------- data */
 
+/* Source rows [start[0], start[0] + count[0]) as the spec orders them
+ * (blocks of rows reordered), the other dimensions as start and count say,
+ * read densely into buf. */
+static int read_rows(exporter *x, const out_tensor *t, const int64_t *start, const int64_t *count, void *buf, size_t size)
+{
+    const export_tensor *e = t->spec;
+    if (!e->blocks) return ckpt_reader_read_region(x->source, t->source, start, count, buf, size);
+    size_t row_bytes = tp_dtype_size(t->in);
+    for (int d = 1; d < t->ndim; d++) row_bytes *= (size_t)count[d];
+    for (int64_t at = 0; at < count[0];) {
+        int64_t row = start[0] + at, within = row % e->block_rows;
+        int64_t n = count[0] - at < e->block_rows - within ? count[0] - at : e->block_rows - within;
+        int64_t from[CKPT_MAX_DIMS], rows[CKPT_MAX_DIMS];
+        memcpy(from, start, sizeof from);
+        memcpy(rows, count, sizeof rows);
+        from[0] = e->blocks[row / e->block_rows] * e->block_rows + within;
+        rows[0] = n;
+        TP_TRY(ckpt_reader_read_region(x->source, t->source, from, rows, (char *)buf + (size_t)at * row_bytes,
+                                       size - (size_t)at * row_bytes));
+        at += n;
+    }
+    return TP_OK;
+}
+
 /* Output rows [row0, row1) of a transposed tensor: source columns, read in
  * blocks of source rows; block [r0, r0 + n) x columns lands as a run of n
  * elements in each output row. */
 static int transposed_band(exporter *x, const out_tensor *t, const band *b, unsigned char *memory)
 {
-    const ckpt_tensor_desc *d = ckpt_reader_tensor(x->source, t->source);
     unsigned char *staging = memory + t->staging_at;
-    int64_t R = d->shape[0], columns = b->row1 - b->row0;
+    int64_t R = t->source_rows, columns = b->row1 - b->row0;
     for (int64_t r0 = 0; r0 < R; r0 += t->block_rows) {
         int64_t n = R - r0 < t->block_rows ? R - r0 : t->block_rows;
         int64_t start[CKPT_MAX_DIMS] = {r0, b->row0}, count[CKPT_MAX_DIMS] = {n, columns};
-        int status = ckpt_reader_read_region(x->source, t->source, start, count, staging, (size_t)t->staging_bytes);
+        int status = read_rows(x, t, start, count, staging, (size_t)t->staging_bytes);
         if (status) return tp_fail_context(status, "exporting %s", t->spec->source);
         /* staging [n, columns] -> output[i, r0 .. r0 + n) for each column i */
         transpose_numbers(staging, t->in, n, columns, columns,
@@ -568,8 +606,8 @@ static int export_band(void *ctx, int64_t k, int thread)
         int64_t start[CKPT_MAX_DIMS] = {b->row0}, count[CKPT_MAX_DIMS];
         memcpy(count, d->shape, sizeof count);
         count[0] = rows;
-        status = ckpt_reader_read_region(x->source, t->source, start, count, converts ? staging : output,
-                                         converts ? (size_t)t->staging_bytes : (size_t)elements * out_size);
+        status = read_rows(x, t, start, count, converts ? staging : output,
+                           converts ? (size_t)t->staging_bytes : (size_t)elements * out_size);
         if (status) status = tp_fail_context(status, "exporting %s", t->spec->source);
         else if (converts) convert_numbers(staging, t->in, output, t->out, elements);
     }

@@ -35,6 +35,11 @@ typedef struct {
     const char *source; /* name in the checkpoint */
     const char *name;   /* name in the files */
     int transpose;      /* 2-D: stored [columns, rows] outside (Hugging Face's Conv1D is [in, out]) */
+    /* Rows (axis 0) of the source as the outside holds them, before any
+     * transposition: */
+    int64_t rows;           /* 0: all; else the first rows only (a padded vocabulary cut to its tokens) */
+    int64_t block_rows;     /* with blocks: the rows in blocks of this many... */
+    const int64_t *blocks;  /* ...output block j being source block blocks[j] (a fused QKV's heads reordered) */
 } export_tensor;
 
 /* GGUF metadata values, in the types llama.cpp checks for. */

@@ -198,6 +198,14 @@ static int read_config(megatron_checkpoint *m, const torch_archive *archive)
         else if (!strcmp(dtype->text.data, "torch.float32")) c->dtype = TP_FP32;
     }
     c->has_optimizer = pickle_get(root, "optimizer") != NULL;
+    /* What the GPT computes beyond the shapes (docs/MEGATRON.md section 3). */
+    c->openai_gelu = arg_flag(args, "openai_gelu");
+    c->post_layernorm_residual = arg_flag(args, "apply_residual_connection_post_layernorm");
+    const pickle_value *norm = pickle_get(args, "normalization");
+    c->rmsnorm = norm && pickle_is_string(norm, "RMSNorm");
+    const pickle_value *eps = pickle_get(args, "layernorm_epsilon");
+    if (!eps) eps = pickle_get(args, "norm_epsilon");
+    c->norm_epsilon = eps && eps->kind == PICKLE_FLOAT ? eps->real : 1e-5;
     if (c->kv_channels <= 0 || c->query_groups <= 0 || c->heads % c->query_groups || c->padded_vocab <= 0 || c->ffn <= 0)
         return tp_fail(TP_ERR_FORMAT, "%s: args of %lld heads in %lld query groups, kv channels %lld, vocabulary %lld, ffn %lld",
                        file, (long long)c->heads, (long long)c->query_groups, (long long)c->kv_channels,

@@ -65,6 +65,10 @@ typedef struct {
     int64_t padded_vocab, vocab_divisible_by, max_positions;
     int64_t true_vocab;          /* the tokens of the vocabulary when told (megatron_set_true_vocab), else 0 */
     int swiglu, untied, learned_positions, has_bias, tied_head_copy;
+    int openai_gelu;             /* GELU's tanh approximation (else the exact one) */
+    int rmsnorm;                 /* RMSNorm (else LayerNorm) */
+    int post_layernorm_residual; /* apply_residual_connection_post_layernorm */
+    double norm_epsilon;
     tp_dtype dtype;
     int has_optimizer;           /* an `optimizer` entry is in the rank files */
     int optimizer_read;          /* and its state was read: tensors optim/ROLE/NAME (megatron_optimizer_refusal says why not) */

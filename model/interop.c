@@ -73,7 +73,7 @@ int gpt_name_map_create(gpt_name_map *out, const gpt_config *c, export_format fo
         else
             snprintf(name, CKPT_NAME_MAX + 1, "%s%s", prefix, names_of[t->kind].hf);
         int transpose = format == EXPORT_SAFETENSORS && names_of[t->kind].hf_transpose;
-        out->tensors[i] = (export_tensor){source, name, transpose};
+        out->tensors[i] = (export_tensor){.source = source, .name = name, .transpose = transpose};
     }
     out->count = count;
     free(catalog);
@@ -446,6 +446,7 @@ const export_kv *gpt_gguf_metadata_kvs(const gpt_gguf_metadata *m, int *count)
 
 struct gpt_export {
     gpt_name_map map;              /* safetensors, GGUF */
+    int64_t *qkv_blocks;           /* a Megatron source: its fused QKV's head blocks in [q; k; v] order */
     export_tensor *all;            /* hdf5: every parameter under its own name */
     int count;
     gpt_gguf_metadata *gguf;
@@ -458,6 +459,7 @@ void gpt_export_free(gpt_export *x)
 {
     if (!x) return;
     gpt_name_map_free(&x->map);
+    free(x->qkv_blocks);
     free(x->all);
     gpt_gguf_metadata_free(x->gguf);
     cJSON_free(x->config_json);
@@ -489,7 +491,7 @@ int gpt_export_create(gpt_export **out, ckpt_reader *r, const gpt_export_request
         if (!x->all) status = tp_fail(TP_ERR_NOMEM, "out of memory");
         for (int i = 0; !status && i < ckpt_reader_num_tensors(r); i++) {
             const ckpt_tensor_desc *t = ckpt_reader_tensor(r, i);
-            if (strcmp(t->role, "param") == 0) x->all[x->count++] = (export_tensor){t->name, t->name, 0};
+            if (strcmp(t->role, "param") == 0) x->all[x->count++] = (export_tensor){.source = t->name, .name = t->name};
         }
     } else {
         gpt_config config;
@@ -508,6 +510,119 @@ int gpt_export_create(gpt_export **out, ckpt_reader *r, const gpt_export_request
             const char *name = request->name ? request->name : "GPT-2 (tp-toolkit)";
             status = gpt_gguf_metadata_create(&x->gguf, &config, name, request->tokenizer_dir);
         }
+    }
+    if (status) {
+        gpt_export_free(x);
+        return status;
+    }
+    options->metadata = x->metadata[0] ? x->metadata : NULL;
+    options->config_json = x->config_json;
+    if (x->gguf) options->kvs = gpt_gguf_metadata_kvs(x->gguf, &options->num_kvs);
+    *out = x;
+    return TP_OK;
+}
+
+/* ------------------------------------------------------ a Megatron-LM GPT */
+
+/* This model's parameter names and Megatron's canonical ones
+ * (formats/megatron.h), by prefix before the layer and leaf after it. */
+static const struct {
+    const char *ours, *megatron;
+} megatron_names[] = {
+    {"model/tok_embed.weight", "embedding.word_embeddings.weight"},
+    {"model/pos_embed.weight", "embedding.position_embeddings.weight"},
+    {"model/final_norm.", "final_norm."},
+    {".ln1.", ".input_norm."},
+    {".attn.qkv.", ".attention.qkv."},
+    {".attn.proj.", ".attention.dense."},
+    {".ln2.", ".post_norm."},
+    {".mlp.fc.", ".mlp.fc1."},
+    {".mlp.proj.", ".mlp.fc2."},
+};
+
+static int megatron_name(const char *ours, char *out, size_t size)
+{
+    for (size_t i = 0; i < sizeof megatron_names / sizeof *megatron_names; i++) {
+        const char *at = strstr(ours, megatron_names[i].ours);
+        if (!at) continue;
+        if (!strncmp(ours, "model/layers.", 13)) /* model/layers.N.<leaf> -> layers.N.<leaf> */
+            snprintf(out, size, "%.*s%s%s", (int)(at - ours) - 6, ours + 6, megatron_names[i].megatron,
+                     at + strlen(megatron_names[i].ours));
+        else
+            snprintf(out, size, "%s%s", megatron_names[i].megatron, at + strlen(megatron_names[i].ours));
+        return TP_OK;
+    }
+    return tp_fail(TP_ERR_ARG, "tensor %s has no Megatron-LM counterpart", ours);
+}
+
+/* What of a Megatron GPT a GPT-2 cannot compute, or NULL. */
+static const char *not_gpt2(const megatron_config *c)
+{
+    if (c->swiglu) return "a SwiGLU MLP";
+    if (c->query_groups != c->heads) return "grouped-query attention";
+    if (!c->learned_positions) return "no learned position embeddings (rotary?)";
+    if (c->rmsnorm) return "RMSNorm";
+    if (!c->has_bias) return "linears without biases";
+    if (c->untied) return "untied output embeddings";
+    if (c->post_layernorm_residual) return "the residual taken after the layer norm";
+    if (c->kv_channels * c->heads != c->hidden) return "kv_channels x heads other than the hidden size";
+    if (c->norm_epsilon != 1e-5) return "a layer-norm epsilon other than 1e-5";
+    return NULL;
+}
+
+int gpt_export_create_megatron(gpt_export **out, ckpt_reader *r, const megatron_checkpoint *m, const gpt_export_request *request,
+                               export_options *options)
+{
+    if (options->format == EXPORT_HDF5) return gpt_export_create(out, r, request, options);
+    *out = NULL;
+    const megatron_config *c = megatron_config_of(m);
+    const char *what = options->format == EXPORT_GGUF ? "llama.cpp's gpt2 architecture" : "Hugging Face's GPT-2";
+    const char *unfit = not_gpt2(c);
+    if (unfit) return tp_fail(TP_ERR_ARG, "%s: %s cannot be expressed as %s", megatron_path(m), unfit, what);
+    gpt_config config = {.layers = c->num_layers, .dim = c->hidden, .heads = c->heads, .kv_heads = c->heads,
+                         .vocab = c->true_vocab > 0 ? c->true_vocab : c->padded_vocab, .seq = c->max_positions,
+                         .ffn = c->ffn, .vocab_pad_multiple = 1, .dtype = c->dtype};
+    gpt_export *x = calloc(1, sizeof *x);
+    if (!x) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    snprintf(x->step, sizeof x->step, "%lld", (long long)ckpt_reader_state(r)->step);
+    snprintf(x->source_layout, sizeof x->source_layout, "megatron-legacy tp%dpp%d", c->tp, c->pp);
+    int status = gpt_name_map_create(&x->map, &config, options->format, "transformer.");
+    /* Megatron's QKV rows per group g: [q of its heads, k_g, v_g], blocks
+     * of kv_channels rows; the output wants every q, then every k, every v. */
+    int64_t per_group = c->heads / c->query_groups, blocks = c->heads + 2 * c->query_groups;
+    if (!status && !(x->qkv_blocks = calloc((size_t)blocks, sizeof *x->qkv_blocks)))
+        status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; !status && i < c->heads; i++) x->qkv_blocks[i] = i / per_group * (per_group + 2) + i % per_group;
+    for (int64_t g = 0; !status && g < c->query_groups; g++) {
+        x->qkv_blocks[c->heads + g] = g * (per_group + 2) + per_group;
+        x->qkv_blocks[c->heads + c->query_groups + g] = g * (per_group + 2) + per_group + 1;
+    }
+    x->count = x->map.count;
+    for (int i = 0; !status && i < x->map.count; i++) {
+        export_tensor *t = &x->map.tensors[i];
+        char name[CKPT_NAME_MAX + 1];
+        status = megatron_name(t->source, name, sizeof name);
+        if (!status && strstr(name, ".attention.qkv.")) {
+            t->block_rows = c->kv_channels;
+            t->blocks = x->qkv_blocks;
+        }
+        if (!status && !strcmp(name, "embedding.word_embeddings.weight")) t->rows = config.vocab;
+        if (!status) snprintf(x->map.names[i][0], CKPT_NAME_MAX + 1, "%s", name);
+    }
+    if (!status && options->format == EXPORT_SAFETENSORS) {
+        const char *metadata[] = {"tp_toolkit.step", x->step, "tp_toolkit.source_layout", x->source_layout, NULL};
+        memcpy(x->metadata, metadata, sizeof metadata);
+        /* Megatron's GELU is the exact one unless openai_gelu. */
+        char *json = gpt_hf_config_json(&config, options->dtype >= 0 ? (tp_dtype)options->dtype : config.dtype);
+        cJSON *o = json ? cJSON_Parse(json) : NULL;
+        cJSON_free(json);
+        if (o) cJSON_ReplaceItemInObject(o, "activation_function", cJSON_CreateString(c->openai_gelu ? "gelu_new" : "gelu"));
+        x->config_json = o ? cJSON_Print(o) : NULL;
+        cJSON_Delete(o);
+        if (!x->config_json) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    } else if (!status) {
+        status = gpt_gguf_metadata_create(&x->gguf, &config, request->name ? request->name : "Megatron-LM GPT (tp-toolkit)",
+                                          request->tokenizer_dir);
     }
     if (status) {
         gpt_export_free(x);

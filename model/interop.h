@@ -11,6 +11,7 @@
 #include <stddef.h>
 
 #include "../formats/formats.h"
+#include "../formats/megatron.h"
 #include "gpt.h"
 
 /* ------------------------------------------------------------------ names */
@@ -86,6 +87,18 @@ typedef struct {
 int gpt_export_create(gpt_export **out, ckpt_reader *source, const gpt_export_request *request,
                       export_options *options);
 const export_tensor *gpt_export_tensors(const gpt_export *job, int *count);
+
+/* The same for a Megatron-LM GPT (formats/megatron.h; source its reader,
+ * megatron_reader_open): a GPT-2 (learned positions, LayerNorm, biases,
+ * GELU, tied embeddings, one query group per head) under Hugging Face's or
+ * llama.cpp's names, each fused QKV's heads regrouped from Megatron's
+ * [q of a group, k, v] per group into [q; k; v], the vocabulary cut to the
+ * checkpoint's true size where it was told (megatron_set_true_vocab; else
+ * the padded table whole), config.json's activation Megatron's GELU (exact,
+ * or the tanh form with openai_gelu). Other models fail, naming what does
+ * not fit. hdf5 writes every parameter under its own name, as above. */
+int gpt_export_create_megatron(gpt_export **out, ckpt_reader *source, const megatron_checkpoint *checkpoint,
+                               const gpt_export_request *request, export_options *options);
 void gpt_export_free(gpt_export *job);
 
 /* ----------------------------------------------------------------- import */

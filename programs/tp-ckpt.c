@@ -623,7 +623,8 @@ static int cmd_synth(int argc, char **argv)
 
 static const char *export_usage =
     "usage: tp-ckpt export CKPT --format safetensors|gguf|hdf5 -o OUT [options]\n"
-    "Merges the weights of a checkpoint of any layout into the files inference tools load:\n"
+    "Merges the weights of a checkpoint of any layout (this toolkit's, or a Megatron-LM GPT-2's)\n"
+    "into the files inference tools load:\n"
     "  safetensors  OUT is a directory: config.json and model.safetensors (or numbered shards\n"
     "               and model.safetensors.index.json) for transformers' GPT2LMHeadModel\n"
     "  gguf         OUT is a file for llama.cpp's gpt2 architecture\n"
@@ -633,6 +634,8 @@ static const char *export_usage =
     "  --max-shard-size SIZE    safetensors: bytes per file, binary units (default 5e9)\n"
     "  --tokenizer DIR          gguf: a GPT-2 tokenizer (vocab.json, merges.txt); default no_vocab\n"
     "  --name NAME              gguf: general.name (default \"GPT-2 (tp-toolkit)\")\n"
+    "  --true-vocab-size N      a Megatron-LM GPT's vocabulary without Megatron's padding\n"
+    "                           (default: the padded table, as stored)\n"
     "  --threads N              worker threads (default: all cores)\n"
     "  --memory-limit SIZE      bound on buffers (default 1G)\n"
     "  --force                  replace an existing output\n"
@@ -665,13 +668,15 @@ static int cmd_export(int argc, char **argv)
     gpt_export_request request = {NULL, NULL};
     const char *out = NULL, *format = NULL;
     int force_progress = 0;
-    enum { O_FORMAT = 256, O_DTYPE, O_SHARD, O_TOKENIZER, O_NAME, O_THREADS, O_MEMORY, O_FORCE, O_PROGRESS };
+    enum { O_FORMAT = 256, O_DTYPE, O_SHARD, O_TOKENIZER, O_NAME, O_THREADS, O_MEMORY, O_FORCE, O_PROGRESS, O_TRUE_VOCAB };
+    int64_t true_vocab = 0;
     static const struct option long_options[] = {
         {"format", required_argument, 0, O_FORMAT}, {"dtype", required_argument, 0, O_DTYPE},
         {"max-shard-size", required_argument, 0, O_SHARD}, {"tokenizer", required_argument, 0, O_TOKENIZER},
         {"name", required_argument, 0, O_NAME}, {"threads", required_argument, 0, O_THREADS},
         {"memory-limit", required_argument, 0, O_MEMORY}, {"force", no_argument, 0, O_FORCE},
         {"progress", no_argument, 0, O_PROGRESS}, {"output", required_argument, 0, 'o'},
+        {"true-vocab-size", required_argument, 0, O_TRUE_VOCAB},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     tp_dtype dtype;
@@ -690,6 +695,7 @@ static int cmd_export(int argc, char **argv)
         case O_MEMORY: options.memory_limit = cli_size("tp-ckpt", "--memory-limit", optarg); break;
         case O_FORCE: options.overwrite = 1; break;
         case O_PROGRESS: force_progress = 1; break;
+        case O_TRUE_VOCAB: true_vocab = cli_int("tp-ckpt", "--true-vocab-size", optarg, 1, (int64_t)1 << 40); break;
         case 'h': fputs(export_usage, stdout); return 0;
         default: die_usage("export: unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
@@ -698,20 +704,24 @@ static int cmd_export(int argc, char **argv)
     if (!format || !out) die_usage("export needs --format and -o OUT");
     if (export_format_parse(format, &options.format)) die_usage("--format: %s", tp_errmsg());
     if (request.tokenizer_dir && options.format != EXPORT_GGUF) die_usage("--tokenizer applies to --format gguf only");
-    int code = 0;
-    ckpt_reader *r = open_or_die(argv[optind], 1, &code);
-    if (!r) return code;
-    if (ckpt_reader_is_foreign(r)) {
-        code = fail("%s: exporting a Megatron-LM checkpoint is not implemented yet (its GPT's names and layouts "
-                    "for Hugging Face and llama.cpp are not written)", ckpt_reader_path(r));
-        ckpt_reader_close(r);
-        return code;
+    int code = 0, is_megatron;
+    if (megatron_detect(argv[optind], &is_megatron)) return fail("%s", tp_errmsg());
+    if (true_vocab && !is_megatron) die_usage("--true-vocab-size applies to a Megatron-LM checkpoint");
+    /* A Megatron-LM GPT: its reader, and its config for the names and shapes. */
+    megatron_checkpoint *megatron = NULL;
+    ckpt_reader *r = NULL;
+    if (is_megatron && (megatron_open(argv[optind], &megatron) || (true_vocab && megatron_set_true_vocab(megatron, true_vocab)) ||
+                        megatron_reader_open(megatron, 0, &r))) {
+        megatron_close(megatron);
+        return fail("%s", tp_errmsg());
     }
+    if (!is_megatron && !(r = open_or_die(argv[optind], 1, &code))) return code;
     gpt_export *job = NULL;
     const export_tensor *tensors = NULL;
     int count = 0;
     int64_t total = 0;
-    if (gpt_export_create(&job, r, &request, &options)) code = fail("%s", tp_errmsg());
+    if (megatron ? gpt_export_create_megatron(&job, r, megatron, &request, &options) : gpt_export_create(&job, r, &request, &options))
+        code = fail("%s", tp_errmsg());
     if (!code) tensors = gpt_export_tensors(job, &count);
     if (!code && export_output_bytes(r, tensors, count, &options, &total)) code = fail("%s", tp_errmsg());
     if (!code) {
@@ -737,6 +747,7 @@ static int cmd_export(int argc, char **argv)
     }
     gpt_export_free(job);
     ckpt_reader_close(r);
+    megatron_close(megatron);
     return code;
 }
 

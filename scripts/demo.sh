@@ -138,13 +138,17 @@ kill $WATCHER 2>/dev/null || true
 echo "   merged weights: $OUT/elastic-hf; the report's picture: $OUT/elastic-report.svg"
 
 say "13. a Megatron-LM checkpoint (tp4pp2 with its Adam state, written by PyTorch in Megatron's structure): resharded"
-echo "    to tp2 as Megatron's, proven equal, loaded back by torch.load and merged against PyTorch's unsharded state"
+echo "    to tp2 as Megatron's, proven equal, loaded back by torch.load and merged against PyTorch's unsharded state,"
+echo "    and exported for llama.cpp"
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     /usr/bin/python3 tests/support/megatron_fixture.py "$OUT/megatron" --tp 4 --pp 2 --layers 8 --hidden 256 --heads 8 \
         --ffn 1024 --vocab 1000 --make-vocab-size-divisible-by 64 --optimizer --full "$OUT/megatron-full.pt" >/dev/null
     "$BIN/tp-ckpt" info "$OUT/megatron" | head -7
     "$BIN/tp-reshard" "$OUT/megatron" --from tp4pp2 --to tp2pp1 -o "$OUT/megatron-tp2" --verify
     /usr/bin/python3 tests/support/megatron_fixture.py --verify "$OUT/megatron-tp2" --full "$OUT/megatron-full.pt"
+    echo "   exported for llama.cpp (its true 1000-token vocabulary), and the GGUF's weights computing the rank files' logits:"
+    "$BIN/tp-ckpt" export "$OUT/megatron-tp2" --format gguf --true-vocab-size 1000 -o "$OUT/megatron.gguf"
+    /usr/bin/python3 tests/support/megatron_fixture.py --logits "$OUT/megatron" "$OUT/megatron.gguf"
 else
     echo "   skipped: python3-torch is not installed (make deps installs it)"
 fi

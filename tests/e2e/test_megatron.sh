@@ -255,6 +255,37 @@ expect_error "nor can Megatron-Core cut a group's rows in the middle of a head" 
     --to tp8 -o "$WORK/never"
 check "nothing was written for refused runs" test ! -e "$WORK/never"
 
+# ------------------------------------------------------------- exports
+# A Megatron GPT-2 exported for Hugging Face and llama.cpp: the judge
+# computes the logits from the rank files as Megatron's modules do (the
+# grouped QKV, exact GELU) and from the export as GPT-2 does, to 1e-5.
+expect_ok "fixture: a GPT-2 in Megatron's legacy layout, tp2pp2, bf16" "$PY" "$FIXTURE" "$WORK/x" --tp 2 --pp 2 --layers 4 \
+    --hidden 64 --heads 4 --ffn 256 --vocab 90 --make-vocab-size-divisible-by 16 --dtype bf16 --optimizer
+expect_ok "export for Hugging Face, the vocabulary cut to its 90 tokens" "$CK" export "$WORK/x" --format safetensors \
+    --true-vocab-size 90 -o "$WORK/x_hf"
+check "config.json: Megatron's exact GELU, the true vocabulary" "$PY" -c '
+import json, sys
+c = json.load(open(sys.argv[1]))
+sys.exit(not (c["activation_function"] == "gelu" and c["vocab_size"] == 90 and c["n_layer"] == 4))' "$WORK/x_hf/config.json"
+expect_ok "the export's GPT-2 computes the Megatron checkpoint's logits" "$PY" "$FIXTURE" --logits "$WORK/x" "$WORK/x_hf"
+expect_ok "export for llama.cpp (gpt2)" "$CK" export "$WORK/x" --format gguf --true-vocab-size 90 -o "$WORK/x.gguf"
+expect_ok "the GGUF's tensors compute the Megatron checkpoint's logits" "$PY" "$FIXTURE" --logits "$WORK/x" "$WORK/x.gguf"
+expect_ok "a reshard to tp1 exports the same model" "$RS" "$WORK/x" --to tp1pp1 -o "$WORK/x_tp1" --verify
+expect_ok "its export" "$CK" export "$WORK/x_tp1" --format safetensors --true-vocab-size 90 -o "$WORK/x_tp1_hf"
+expect_ok "which computes the original's logits" "$PY" "$FIXTURE" --logits "$WORK/x" "$WORK/x_tp1_hf"
+check "the judge can fail: another model's export" sh -c '"$1" "$2" --logits "$3" "$4" >"$5"; test $? = 1 &&
+    grep -q "logits differ" "$5"' sh "$PY" "$FIXTURE" "$WORK/v" "$WORK/x_hf" "$WORK/judge.txt"
+expect_error "a SwiGLU model is not a GPT-2" 1 "a SwiGLU MLP cannot be expressed as Hugging Face's GPT-2" "$CK" export \
+    "$WORK/b" --format safetensors -o "$WORK/never"
+expect_error "--true-vocab-size that does not pad to the stored table" 1 "200 tokens is padded to 224 rows" "$CK" export \
+    "$WORK/x" --format gguf --true-vocab-size 200 -o "$WORK/never.gguf"
+expect_ok "hdf5: every tensor under its canonical name" "$CK" export "$WORK/x" --format hdf5 -o "$WORK/x.h5"
+check "h5py reads the 52 weights" "$PY" -c '
+import sys, h5py
+f = h5py.File(sys.argv[1], "r")
+sys.exit(not (len(f.keys()) == 52 and f["layers.3.attention.qkv.weight"].shape == (192, 64)))' "$WORK/x.h5"
+check "nothing was written for refused exports" test ! -e "$WORK/never" -a ! -e "$WORK/never.gguf"
+
 # ------------------------------------------------------------- bad input
 cp -r "$WORK/a" "$WORK/cut"
 RANK="$WORK/cut/iter_0001000/mp_rank_02_001/model_optim_rng.pt"

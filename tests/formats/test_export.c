@@ -368,7 +368,7 @@ static void list_random_source(listed_source *x, int iter, void (*name)(int i, c
     x->r = open_reader(src);
     for (int i = 0; i < x->n; i++) {
         name(i, x->names[i], sizeof x->names[i]);
-        x->specs[i] = (export_tensor){x->t[i].name, x->names[i], x->t[i].desc.ndim == 2 && rnd(0, 1)};
+        x->specs[i] = (export_tensor){.source = x->t[i].name, .name = x->names[i], .transpose = x->t[i].desc.ndim == 2 && rnd(0, 1)};
         *transposed += x->specs[i].transpose;
     }
 }
@@ -381,6 +381,78 @@ static void gguf_name(int i, char *out, size_t size)
 static void hdf5_name(int i, char *out, size_t size)
 {
     snprintf(out, size, "%s/t%d", i % 2 ? "decoder/layer" : "head", i);
+}
+
+/* Rows cut to a prefix (a padded vocabulary) and regrouped in blocks (a
+ * fused QKV's heads), with and without a transposition, through the HDF5
+ * writer and read back by HDF5: each output row is the source row the map
+ * names. */
+Test(export, rows_cut_and_regrouped)
+{
+    seed_random(808);
+    test_tensor t[2];
+    fixed_tensor(&t[0], "model/qkv", TP_FP32, 2, (int64_t[]){12, 5}, 0, CKPT_ANCHOR_FIRST, 0);
+    fixed_tensor(&t[1], "model/table", TP_FP32, 2, (int64_t[]){10, 3}, 0, CKPT_ANCHOR_FIRST, 0);
+    char src[700], out[700];
+    snprintf(src, sizeof src, "%s/rows_src", dir);
+    ckpt_layout layout = {2, 1, 1, 1};
+    write_tensors(src, &layout, t, 2, 0, 7);
+    ckpt_reader *r = open_reader(src);
+    static const int64_t blocks[] = {2, 0, 5, 1, 3, 4}; /* blocks of 2 rows */
+    for (int transpose = 0; transpose < 2; transpose++) {
+        const export_tensor specs[] = {
+            {.source = "model/qkv", .name = "qkv", .transpose = transpose, .block_rows = 2, .blocks = blocks},
+            {.source = "model/table", .name = "table", .transpose = transpose, .rows = 7},
+            {.source = "model/qkv", .name = "both", .rows = 8, .block_rows = 4, .blocks = (const int64_t[]){1, 0}},
+        };
+        export_options options;
+        export_options_init(&options);
+        options.format = EXPORT_HDF5;
+        options.threads = 2;
+        snprintf(out, sizeof out, "%s/rows%d.h5", dir, transpose);
+        cr_assert_eq(export_run(r, specs, 3, &options, out, NULL), TP_OK, "%s", tp_errmsg());
+        hid_t file = H5Fopen(out, H5F_ACC_RDONLY, H5P_DEFAULT);
+        cr_assert_geq(file, 0);
+        for (int k = 0; k < 3; k++) {
+            const test_tensor *s = k == 1 ? &t[1] : &t[0];
+            int64_t rows = specs[k].rows ? specs[k].rows : s->desc.shape[0], cols = s->desc.shape[1];
+            int flip = specs[k].transpose;
+            float *got = malloc((size_t)(rows * cols) * sizeof *got);
+            hid_t dset = H5Dopen2(file, specs[k].name, H5P_DEFAULT);
+            hsize_t dims[2];
+            H5Sget_simple_extent_dims(H5Dget_space(dset), dims, NULL);
+            cr_assert(dims[0] == (hsize_t)(flip ? cols : rows) && dims[1] == (hsize_t)(flip ? rows : cols), "%s: shape",
+                      specs[k].name);
+            cr_assert_geq(H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, got), 0);
+            H5Dclose(dset);
+            const float *logical = (const float *)s->logical;
+            for (int64_t row = 0; row < rows; row++) {
+                int64_t from = specs[k].blocks ? specs[k].blocks[row / specs[k].block_rows] * specs[k].block_rows +
+                                                     row % specs[k].block_rows
+                                               : row;
+                for (int64_t c = 0; c < cols; c++)
+                    cr_assert_eq(flip ? got[c * rows + row] : got[row * cols + c], logical[from * cols + c],
+                                 "%s: output row %lld is source row %lld", specs[k].name, (long long)row, (long long)from);
+            }
+            free(got);
+        }
+        H5Fclose(file);
+    }
+    /* Maps that do not fit are refused before anything is written. */
+    const export_tensor too_many = {.source = "model/table", .name = "t", .rows = 11};
+    const export_tensor uneven = {.source = "model/qkv", .name = "q", .block_rows = 5, .blocks = blocks};
+    const export_tensor outside = {.source = "model/qkv", .name = "q", .block_rows = 6, .blocks = (const int64_t[]){0, 2}};
+    const export_tensor *bad[] = {&too_many, &uneven, &outside};
+    for (int k = 0; k < 3; k++) {
+        export_options options;
+        export_options_init(&options);
+        options.format = EXPORT_HDF5;
+        snprintf(out, sizeof out, "%s/bad%d.h5", dir, k);
+        cr_assert_eq(export_run(r, bad[k], 1, &options, out, NULL), TP_ERR_ARG, "map %d accepted", k);
+        cr_assert(!path_exists(out));
+    }
+    ckpt_reader_close(r);
+    free_tensors(t, 2);
 }
 
 /* ====================================================== 1. safetensors */
@@ -407,7 +479,7 @@ Test(export, safetensors_random_tensors)
             int i = n - 1 - k;
             which[k] = i;
             snprintf(names[k], sizeof names[k], "transformer.h.%d.weight", k);
-            specs[k] = (export_tensor){tensors[i].name, names[k], tensors[i].desc.ndim == 2 && rnd(0, 1)};
+            specs[k] = (export_tensor){.source = tensors[i].name, .name = names[k], .transpose = tensors[i].desc.ndim == 2 && rnd(0, 1)};
             transposed += specs[k].transpose;
         }
         export_options options;
@@ -491,9 +563,9 @@ Test(export, safetensors_shards_and_index)
 
     /* a also as its transpose's copy and untransposed: equal and unequal pairs. */
     const export_tensor specs[] = {
-        {"model/a", "h.a", 1}, {"model/b", "h.b", 0}, {"model/c", "h.c", 1}, {"model/d", "h.d", 0},
-        {"model/e", "h.e", 0}, {"model/f", "h.f", 0}, {"model/g", "h.g", 0}, {"model/a", "h.a.copy", 1},
-        {"model/a", "h.a.plain", 0},
+        {.source = "model/a", .name = "h.a", .transpose = 1}, {.source = "model/b", .name = "h.b", .transpose = 0}, {.source = "model/c", .name = "h.c", .transpose = 1}, {.source = "model/d", .name = "h.d", .transpose = 0},
+        {.source = "model/e", .name = "h.e", .transpose = 0}, {.source = "model/f", .name = "h.f", .transpose = 0}, {.source = "model/g", .name = "h.g", .transpose = 0}, {.source = "model/a", .name = "h.a.copy", .transpose = 1},
+        {.source = "model/a", .name = "h.a.plain", .transpose = 0},
     };
     const int source_of[] = {0, 1, 2, 3, 4, 5, 6, 0, 0};
     const int count = 9;
@@ -679,8 +751,8 @@ static int band_tensors(test_tensor *t)
 
 /* wide: 64 output rows of 2048 values; long: 256 rows of 2048; tall.T: 64 rows of 1024. */
 static const export_tensor band_specs[] = {
-    {"model/wide.w", "wide", 1}, {"model/tall.w", "tall", 0},     {"model/cube.w", "cube", 0}, {"model/bias", "bias", 0},
-    {"model/sq.w", "sq", 1},     {"model/tall.w", "tall.T", 1}, {"model/long.w", "long", 0},
+    {.source = "model/wide.w", .name = "wide", .transpose = 1}, {.source = "model/tall.w", .name = "tall", .transpose = 0},     {.source = "model/cube.w", .name = "cube", .transpose = 0}, {.source = "model/bias", .name = "bias", .transpose = 0},
+    {.source = "model/sq.w", .name = "sq", .transpose = 1},     {.source = "model/tall.w", .name = "tall.T", .transpose = 1}, {.source = "model/long.w", .name = "long", .transpose = 0},
 };
 static const int band_source[] = {0, 1, 2, 3, 4, 1, 5};
 #define BAND_COUNT 7
@@ -785,7 +857,7 @@ Test(export, buffers_stay_within_memory_limit)
     ckpt_reader *r = open_reader(src);
     /* With dtype fp32 rows is the unconverted one; with bf16, half. */
     const export_tensor specs[] = {
-        {"model/square.w", "square", 1}, {"model/rows.w", "rows", 0}, {"model/half.w", "half", 0}, {"model/bias", "bias", 0}};
+        {.source = "model/square.w", .name = "square", .transpose = 1}, {.source = "model/rows.w", .name = "rows", .transpose = 0}, {.source = "model/half.w", .name = "half", .transpose = 0}, {.source = "model/bias", .name = "bias", .transpose = 0}};
     const test_tensor *sources[] = {&t[0], &t[1], &t[2], &t[3]};
     static const int dtypes[] = {TP_FP32, TP_BF16};
     int64_t share[2], used[2], limit[2];
@@ -1143,11 +1215,11 @@ typedef struct {
 } refused_export;
 
 static const refused_export refused_exports[] = {
-    {"a missing tensor", {{"model/big", "big", 0}, {"model/nothing", "nothing", 0}}, 2, 0, TP_ERR_NOT_FOUND, "model/nothing"},
-    {"a vector transposed", {{"model/big", "big", 0}, {"model/vec", "vec", 1}}, 2, 0, TP_ERR_ARG, "model/vec"},
-    {"one name twice", {{"model/big", "same", 0}, {"model/vec", "same", 0}}, 2, 0, TP_ERR_ARG, "same"},
-    {"nothing to export", {{"model/big", "big", 1}, {"model/vec", "vec", 0}}, 0, 0, TP_ERR_ARG, "nothing to export"},
-    {"a damaged block", {{"model/big", "big", 1}, {"model/vec", "vec", 0}}, 2, 1, TP_ERR_CHECKSUM, "model/big"},
+    {"a missing tensor", {{.source = "model/big", .name = "big", .transpose = 0}, {.source = "model/nothing", .name = "nothing", .transpose = 0}}, 2, 0, TP_ERR_NOT_FOUND, "model/nothing"},
+    {"a vector transposed", {{.source = "model/big", .name = "big", .transpose = 0}, {.source = "model/vec", .name = "vec", .transpose = 1}}, 2, 0, TP_ERR_ARG, "model/vec"},
+    {"one name twice", {{.source = "model/big", .name = "same", .transpose = 0}, {.source = "model/vec", .name = "same", .transpose = 0}}, 2, 0, TP_ERR_ARG, "same"},
+    {"nothing to export", {{.source = "model/big", .name = "big", .transpose = 1}, {.source = "model/vec", .name = "vec", .transpose = 0}}, 0, 0, TP_ERR_ARG, "nothing to export"},
+    {"a damaged block", {{.source = "model/big", .name = "big", .transpose = 1}, {.source = "model/vec", .name = "vec", .transpose = 0}}, 2, 1, TP_ERR_CHECKSUM, "model/big"},
 };
 
 Test(export, outputs_are_atomic)
@@ -1162,7 +1234,7 @@ Test(export, outputs_are_atomic)
     small_source(src, t, 0);
     small_source(bad, u, 1);
     ckpt_reader *r = open_reader(src), *broken = open_reader(bad);
-    const export_tensor good[] = {{"model/big", "big", 1}, {"model/vec", "vec", 0}};
+    const export_tensor good[] = {{.source = "model/big", .name = "big", .transpose = 1}, {.source = "model/vec", .name = "vec", .transpose = 0}};
     for (size_t i = 0; i < FORMAT_COUNT; i++) {
         const output_format *format = &output_formats[i];
         export_options options;
@@ -1261,9 +1333,9 @@ Test(export, outputs_are_atomic)
         int count;
         int status; /* TP_OK: any failure will do */
     } format_refusals[] = {
-        {"a GGUF name of 64 bytes", EXPORT_GGUF, "long.gguf", {{"model/vec", long_name, 0}}, 1, TP_ERR_ARG},
+        {"a GGUF name of 64 bytes", EXPORT_GGUF, "long.gguf", {{.source = "model/vec", .name = long_name, .transpose = 0}}, 1, TP_ERR_ARG},
         {"HDF5 dataset blk where blk/w needs a group", EXPORT_HDF5, "clash.h5",
-         {{"model/vec", "blk", 0}, {"model/big", "blk/w", 0}}, 2, TP_OK},
+         {{.source = "model/vec", .name = "blk", .transpose = 0}, {.source = "model/big", .name = "blk/w", .transpose = 0}}, 2, TP_OK},
     };
     int entries = count_entries(outdir, NULL);
     for (size_t k = 0; k < sizeof format_refusals / sizeof format_refusals[0]; k++) {
@@ -1300,7 +1372,7 @@ Test(export, outputs_are_deterministic)
     char names[8][64];
     for (int i = 0; i < n; i++) {
         snprintf(names[i], sizeof names[i], "w.%d", i);
-        specs[i] = (export_tensor){t[i].name, names[i], t[i].desc.ndim == 2 && i % 2};
+        specs[i] = (export_tensor){.source = t[i].name, .name = names[i], .transpose = t[i].desc.ndim == 2 && i % 2};
     }
     static const char *const metadata[] = {"k", "v", NULL};
     for (size_t i = 0; i < FORMAT_COUNT; i++) {
@@ -1576,7 +1648,7 @@ Test(export, unpadded_header_imports)
     free(c_want);
 
     ckpt_tensor_desc descs[3] = {t[0].desc, t[1].desc, t[2].desc};
-    const export_tensor map[] = {{NULL, "a", 0}, {NULL, "b", 0}, {NULL, "c", 1}};
+    const export_tensor map[] = {{.source = NULL, .name = "a", .transpose = 0}, {.source = NULL, .name = "b", .transpose = 0}, {.source = NULL, .name = "c", .transpose = 1}};
     ckpt_layout layout = {2, 1, 1, 1};
     import_options options;
     import_options_init(&options);
@@ -1651,9 +1723,9 @@ Test(export, import_into_layouts)
         char names[10][64];
         for (int i = 0; i < n; i++) {
             snprintf(names[i], sizeof names[i], "h.%d.%s", i, i % 2 ? "weight" : "bias");
-            specs[i] = (export_tensor){t[i].name, names[i], t[i].desc.ndim == 2 && rnd(0, 1)};
+            specs[i] = (export_tensor){.source = t[i].name, .name = names[i], .transpose = t[i].desc.ndim == 2 && rnd(0, 1)};
             transposed += specs[i].transpose;
-            map[i] = (export_tensor){NULL, names[i], specs[i].transpose};
+            map[i] = (export_tensor){.source = NULL, .name = names[i], .transpose = specs[i].transpose};
         }
         export_options options;
         export_options_init(&options);
@@ -1742,7 +1814,7 @@ Test(export, import_checks_sources_before_writing)
     int entries = count_entries(dir, NULL);
 
     /* The good mapping works (so the failures below are the sources' fault). */
-    const export_tensor good[] = {{NULL, "w", 0}, {NULL, "v", 0}};
+    const export_tensor good[] = {{.source = NULL, .name = "w", .transpose = 0}, {.source = NULL, .name = "v", .transpose = 0}};
     char ok_out[800];
     snprintf(ok_out, sizeof ok_out, "%s/ok", dir);
     cr_assert_eq(import_run(set, descs, good, 2, &layout, NULL, &options, ok_out), TP_OK, "%s", tp_errmsg());
@@ -1760,11 +1832,11 @@ Test(export, import_checks_sources_before_writing)
         int status;     /* TP_OK: any failure will do */
         const char *named;
     } refused[] = {
-        {"a missing source", {{NULL, "w", 0}, {NULL, "nothing", 0}}, 0, TP_ERR_NOT_FOUND, "nothing"},
-        {"a source of the transposed shape", {{NULL, "w", 1}, {NULL, "v", 0}}, 0, TP_OK, "model/w"}, /* [6, 4] expected */
-        {"sources swapped", {{NULL, "v", 0}, {NULL, "w", 0}}, 0, TP_OK, "model/w"},
-        {"an I32 source", {{NULL, "w", 0}, {NULL, "ints", 0}}, 1, TP_OK, "I32"},
-        {"a vector transposed", {{NULL, "w", 0}, {NULL, "v", 1}}, 0, TP_OK, "model/v"},
+        {"a missing source", {{.source = NULL, .name = "w", .transpose = 0}, {.source = NULL, .name = "nothing", .transpose = 0}}, 0, TP_ERR_NOT_FOUND, "nothing"},
+        {"a source of the transposed shape", {{.source = NULL, .name = "w", .transpose = 1}, {.source = NULL, .name = "v", .transpose = 0}}, 0, TP_OK, "model/w"}, /* [6, 4] expected */
+        {"sources swapped", {{.source = NULL, .name = "v", .transpose = 0}, {.source = NULL, .name = "w", .transpose = 0}}, 0, TP_OK, "model/w"},
+        {"an I32 source", {{.source = NULL, .name = "w", .transpose = 0}, {.source = NULL, .name = "ints", .transpose = 0}}, 1, TP_OK, "I32"},
+        {"a vector transposed", {{.source = NULL, .name = "w", .transpose = 0}, {.source = NULL, .name = "v", .transpose = 1}}, 0, TP_OK, "model/v"},
     };
     for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
         ckpt_tensor_desc targets[2] = {t[0].desc, refused[k].int_target ? int_target : t[1].desc};

@@ -83,6 +83,7 @@ import argparse
 import collections
 import enum
 import io
+import json
 import math
 import os
 import random
@@ -96,6 +97,7 @@ import zlib
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 DTYPES = {'fp16': torch.float16, 'bf16': torch.bfloat16, 'fp32': torch.float32}
 NAMINGS = ('legacy', 'legacy-layernorm', 'core', 'core-local')
@@ -1316,6 +1318,179 @@ def self_check(parser, extra_argv):
     return 1 if failures else 0
 
 
+
+# --------------------------------------------------------------------------
+# The logits judge of exports: a Megatron-LM GPT computed from the rank
+# files (merged as above, Megatron's modules: the grouped fused QKV,
+# LayerNorm, GELU exact or tanh with openai_gelu, tied output), against
+# Hugging Face's GPT-2 computed from an exported safetensors directory
+# (Conv1D weights [in, out], c_attn = [q; k; v], config.json's activation).
+
+def read_safetensors(path):
+    with open(path, 'rb') as f:
+        raw = f.read()
+    n = struct.unpack('<Q', raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    data, out = raw[8 + n:], {}
+    for name, info in header.items():
+        if name == '__metadata__':
+            continue
+        a, b = info['data_offsets']
+        if info['dtype'] == 'BF16':
+            t = torch.frombuffer(bytearray(data[a:b]), dtype=torch.int16).view(torch.bfloat16)
+        else:
+            t = torch.frombuffer(bytearray(data[a:b]), dtype={'F32': torch.float32, 'F16': torch.float16}[info['dtype']])
+        out[name] = t.reshape(info['shape']).float()
+    return out
+
+
+GGUF_SCALARS = {0: '<B', 1: '<b', 2: '<H', 3: '<h', 4: '<I', 5: '<i', 6: '<f', 7: '<?', 10: '<Q', 11: '<q', 12: '<d'}
+GGML_TYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
+
+
+def read_gguf(path):
+    """GGUF v3 (ggml's docs/gguf.md): ({key: value}, {name: fp32 tensor in torch's [out, in] layout})."""
+    raw = open(path, 'rb').read()
+    at = [4]
+
+    def take(fmt):
+        v = struct.unpack_from(fmt, raw, at[0])[0]
+        at[0] += struct.calcsize(fmt)
+        return v
+
+    def string():
+        n = take('<Q')
+        at[0] += n
+        return raw[at[0] - n:at[0]].decode('utf-8')
+
+    def value(kind):
+        if kind == 8:
+            return string()
+        if kind == 9:
+            element, n = take('<I'), take('<Q')
+            return [value(element) for _ in range(n)]
+        return take(GGUF_SCALARS[kind])
+
+    assert raw[:4] == b'GGUF' and take('<I') == 3
+    n_tensors, n_kv = take('<Q'), take('<Q')
+    kv = {}
+    for _ in range(n_kv):
+        key = string()
+        kv[key] = value(take('<I'))
+    infos = []
+    for _ in range(n_tensors):
+        name, n_dims = string(), take('<I')
+        ne = [take('<Q') for _ in range(n_dims)]
+        infos.append((name, list(reversed(ne)), take('<I'), take('<Q')))
+    alignment = kv.get('general.alignment', 32)
+    start = -(-at[0] // alignment) * alignment
+    tensors = {}
+    for name, shape, kind, offset in infos:
+        dtype = GGML_TYPES[kind]
+        count = int(np.prod(shape))
+        data = bytearray(raw[start + offset:start + offset + count * torch.finfo(dtype).bits // 8])
+        tensors[name] = torch.frombuffer(data, dtype=dtype).reshape(shape).float()
+    return kv, tensors
+
+
+def gguf_as_hf(kv, G):
+    """llama.cpp's gpt2 tensors under Hugging Face's names and layouts."""
+    cfg = {'n_embd': kv['gpt2.embedding_length'], 'n_head': kv['gpt2.attention.head_count'],
+           'n_layer': kv['gpt2.block_count'], 'n_positions': kv['gpt2.context_length'],
+           'layer_norm_epsilon': kv['gpt2.attention.layer_norm_epsilon'], 'vocab_size': G['token_embd.weight'].shape[0]}
+    W = {'transformer.wte.weight': G['token_embd.weight'], 'transformer.wpe.weight': G['position_embd.weight'],
+         'transformer.ln_f.weight': G['output_norm.weight'], 'transformer.ln_f.bias': G['output_norm.bias']}
+    for i in range(cfg['n_layer']):
+        for hf, gg, transposed in (('ln_1', 'attn_norm', False), ('attn.c_attn', 'attn_qkv', True),
+                                   ('attn.c_proj', 'attn_output', True), ('ln_2', 'ffn_norm', False),
+                                   ('mlp.c_fc', 'ffn_up', True), ('mlp.c_proj', 'ffn_down', True)):
+            w = G['blk.%d.%s.weight' % (i, gg)]
+            W['transformer.h.%d.%s.weight' % (i, hf)] = w.t() if transposed else w
+            W['transformer.h.%d.%s.bias' % (i, hf)] = G['blk.%d.%s.bias' % (i, gg)]
+    return cfg, W
+
+
+def causal_attention(q, k, v):
+    """q [heads, s, hn], k and v [heads, s, hn]."""
+    s = q.shape[1]
+    scores = q @ k.transpose(1, 2) / math.sqrt(q.shape[2])
+    scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float('-inf'))
+    return torch.softmax(scores, -1) @ v
+
+
+def megatron_logits(args, T, tokens):
+    h, np_, hn = args.hidden_size, args.num_attention_heads, args.kv_channels
+    ng = args.num_query_groups if args.group_query_attention else np_
+    eps = getattr(args, 'norm_epsilon', getattr(args, 'layernorm_epsilon', 1e-5))
+    gelu = (lambda x: F.gelu(x, approximate='tanh')) if args.openai_gelu else F.gelu
+    s = tokens.shape[0]
+    x = T['embedding.word_embeddings.weight'][tokens] + T['embedding.position_embeddings.weight'][:s]
+    for i in range(args.num_layers):
+        p = 'layers.%d.' % i
+        y = F.layer_norm(x, (h,), T[p + 'input_norm.weight'], T[p + 'input_norm.bias'], eps)
+        qkv = (y @ T[p + 'attention.qkv.weight'].t() + T[p + 'attention.qkv.bias']).view(s, ng, (np_ // ng + 2) * hn)
+        q, k, v = qkv.split([np_ // ng * hn, hn, hn], dim=2)
+        q = q.reshape(s, np_, hn).transpose(0, 1)
+        k = k.repeat_interleave(np_ // ng, dim=1).transpose(0, 1)
+        v = v.repeat_interleave(np_ // ng, dim=1).transpose(0, 1)
+        a = causal_attention(q, k, v).transpose(0, 1).reshape(s, np_ * hn)
+        x = x + a @ T[p + 'attention.dense.weight'].t() + T[p + 'attention.dense.bias']
+        y = F.layer_norm(x, (h,), T[p + 'post_norm.weight'], T[p + 'post_norm.bias'], eps)
+        y = gelu(y @ T[p + 'mlp.fc1.weight'].t() + T[p + 'mlp.fc1.bias'])
+        x = x + y @ T[p + 'mlp.fc2.weight'].t() + T[p + 'mlp.fc2.bias']
+    x = F.layer_norm(x, (h,), T['final_norm.weight'], T['final_norm.bias'], eps)
+    return x @ T['embedding.word_embeddings.weight'].t()
+
+
+def hf_gpt2_logits(cfg, W, tokens):
+    h, heads = cfg['n_embd'], cfg['n_head']
+    gelu = {'gelu': F.gelu, 'gelu_new': lambda x: F.gelu(x, approximate='tanh')}[cfg['activation_function']]
+    eps, s = cfg['layer_norm_epsilon'], tokens.shape[0]
+    g = lambda n: W['transformer.' + n]
+    x = g('wte.weight')[tokens] + g('wpe.weight')[:s]
+    for i in range(cfg['n_layer']):
+        p = 'h.%d.' % i
+        y = F.layer_norm(x, (h,), g(p + 'ln_1.weight'), g(p + 'ln_1.bias'), eps)
+        q, k, v = (y @ g(p + 'attn.c_attn.weight') + g(p + 'attn.c_attn.bias')).split(h, dim=1)
+        q, k, v = (t.reshape(s, heads, h // heads).transpose(0, 1) for t in (q, k, v))
+        a = causal_attention(q, k, v).transpose(0, 1).reshape(s, h)
+        x = x + a @ g(p + 'attn.c_proj.weight') + g(p + 'attn.c_proj.bias')
+        y = F.layer_norm(x, (h,), g(p + 'ln_2.weight'), g(p + 'ln_2.bias'), eps)
+        y = gelu(y @ g(p + 'mlp.c_fc.weight') + g(p + 'mlp.c_fc.bias'))
+        x = x + y @ g(p + 'mlp.c_proj.weight') + g(p + 'mlp.c_proj.bias')
+    x = F.layer_norm(x, (h,), g('ln_f.weight'), g('ln_f.bias'), eps)
+    return x @ g('wte.weight').t()
+
+
+def check_logits(ckpt, export_dir, seed=7):
+    """Problems (empty when the export computes the checkpoint's logits to
+    1e-5 of their scale, on the true vocabulary)."""
+    install_megatron_stubs()
+    args, merged, _, _ = read_checkpoint(ckpt)
+    T = {k: v.float() for k, v in merged.items()}
+    if os.path.isdir(export_dir):
+        cfg = json.load(open(os.path.join(export_dir, 'config.json')))
+        W = read_safetensors(os.path.join(export_dir, 'model.safetensors'))
+    else:
+        # llama.cpp computes GELU's tanh form; Megatron's is taken here, so
+        # that what is compared is where every weight went.
+        cfg, W = gguf_as_hf(*read_gguf(export_dir))
+        cfg['activation_function'] = 'gelu_new' if args.openai_gelu else 'gelu'
+    vocab = cfg['vocab_size']
+    tokens = torch.randint(0, vocab, (min(cfg['n_positions'], 24),), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        want = megatron_logits(args, T, tokens)[:, :vocab]
+        got = hf_gpt2_logits(cfg, W, tokens)
+    problems = []
+    if got.shape != want.shape:
+        return ['logits of shape %s, Megatron computes %s' % (tuple(got.shape), tuple(want.shape))]
+    err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+    if not err <= 1e-5:
+        problems.append('logits differ: %.3g of their scale' % err)
+    print('%s: logits of %d tokens over %d entries, %.2g of their scale from Megatron\'s' % (
+        export_dir, tokens.shape[0], vocab, err))
+    return problems
+
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('outdir', nargs='?')
@@ -1359,6 +1534,10 @@ def build_parser():
                    help='generate, merge back and compare (a matrix when no OUTDIR)')
     p.add_argument('--verify', metavar='CKPT',
                    help='merge CKPT and compare it with --full PATH')
+    p.add_argument('--logits', nargs=2, metavar=('CKPT', 'EXPORT'),
+                   help="compare the logits of CKPT (Megatron's GPT, from its rank files) with those of "
+                        "Hugging Face's GPT-2 computed from EXPORT: a safetensors directory, or a GGUF "
+                        "file of llama.cpp's gpt2 (computed with Megatron's GELU)")
     return p
 
 
@@ -1369,6 +1548,11 @@ def main(argv):
         if not o.full:
             parser.error('--verify needs --full REF.pt')
         problems = verify(o.verify, o.full)
+        for line in problems:
+            print('  ' + line)
+        return 1 if problems else 0
+    if o.logits:
+        problems = check_logits(o.logits[0], o.logits[1])
         for line in problems:
             print('  ' + line)
         return 1 if problems else 0
