@@ -6,6 +6,13 @@ SwiGLU fc1 apart), torch.chunk them for the target, torch.save each new
 rank file with the same structure and args. Used by `make bench-megatron`
 as the baseline. Pipeline size 1, a target TP that divides the source's.
 
+With the non-distributed optimizer's state in the rank files, it is
+merged and split alike: the state has no names, so the parameters are
+numbered as Megatron numbers them (named_parameters() order regrouped by
+weight decay) to know how each entry splits; param groups, loss scaler and
+schedule are copied, the RNG states dropped (as Megatron drops them on a
+change of layout).
+
 Usage: megatron_reshard_baseline.py SRC DST TP
 """
 import os
@@ -75,6 +82,45 @@ def walk(dicts, path, swiglu, out_count):
     return outs
 
 
+def parameters(model, path=""):
+    """[(key, tensor)] of a model dict in named_parameters() order."""
+    out = []
+    for key, value in model.items():
+        full_key = path + "." + key if path else key
+        if isinstance(value, dict):
+            out += parameters(value, full_key)
+        elif isinstance(value, torch.Tensor) and not key.endswith("_extra_state"):
+            out.append((full_key, value))
+    return out
+
+
+def optimizer(sds, swiglu, model_kinds):
+    """The optimizer state dicts of sds (one per source rank) merged into
+    one, entry by entry as its parameter splits."""
+    o = sds[0]["optimizer"]
+    wrapped = "fp32_from_fp16_params" in o
+    inner = [sd["optimizer"]["optimizer"] if wrapped else sd["optimizer"] for sd in sds]
+    groups = megatron_fixture.param_groups_of(model_kinds)
+    order = [i for _, idxs in groups for i in idxs]
+    kinds = [kind(model_kinds[i][0], swiglu) for i in order]
+    state = {}
+    for n, how in enumerate(kinds):
+        state[n] = {k: merge([st["state"][n][k] for st in inner], how) if isinstance(v, torch.Tensor) and how != "rep"
+                    else v for k, v in inner[0]["state"][n].items()}
+    merged_inner = {"state": state, "param_groups": inner[0]["param_groups"]}
+    if not wrapped:
+        return merged_inner
+    out = {k: v for k, v in o.items() if k not in ("optimizer", "fp32_from_fp16_params")}
+    out["optimizer"] = merged_inner
+    masters, n = [], 0
+    for g, group in enumerate(o["fp32_from_fp16_params"]):
+        masters.append([merge([sd["optimizer"]["fp32_from_fp16_params"][g][j] for sd in sds], kinds[n + j])
+                        for j in range(len(group))])
+        n += len(group)
+    out["fp32_from_fp16_params"] = masters
+    return out
+
+
 def main(src, dst, tp):
     megatron_fixture.install_megatron_stubs()
     with open(os.path.join(src, "latest_checkpointed_iteration.txt")) as f:
@@ -95,6 +141,9 @@ def main(src, dst, tp):
         out_args.tensor_model_parallel_size = tp
         sd = {"args": out_args, "checkpoint_version": sds[0]["checkpoint_version"], "iteration": sds[0]["iteration"],
               "model": model}
+        if "optimizer" in sds[0]:
+            sd["optimizer"] = optimizer(sds, args.swiglu, parameters(sds[0]["model"]))
+            sd["opt_param_scheduler"] = sds[0]["opt_param_scheduler"]
         os.makedirs(os.path.join(dst, sub, "mp_rank_%02d" % r), exist_ok=True)
         torch.save(sd, os.path.join(dst, sub, "mp_rank_%02d" % r, "model_optim_rng.pt"))
     with open(os.path.join(dst, "latest_checkpointed_iteration.txt"), "w") as f:

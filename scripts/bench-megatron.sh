@@ -7,6 +7,8 @@
 # torch.save), cold and warm page cache. Writes docs/BENCHMARKS.md (section
 # bench-megatron).
 #   BENCH_PARAMS_B (default 1): model size in billions of parameters
+#   BENCH_OPTIM (default 1): the rank files hold the optimizer state (Adam
+#   moments, fp32 masters: 7x the bf16 weights' bytes); 0: weights only
 #   BENCH_REPS (default 3): repetitions; the table gives medians
 #   BENCH_DIM, BENCH_VOCAB, and where it writes: scripts/bench-lib.sh (a tiny
 #   run: BENCH_PARAMS_B=0 BENCH_DIM=64 BENCH_VOCAB=256, 2 layers)
@@ -16,11 +18,18 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 PARAMS=${BENCH_PARAMS_B:-1}
 REPS=${BENCH_REPS:-3}
+OPTIM=${BENCH_OPTIM:-1}
 DIR="$SCRATCH_ROOT/megatron"
 mkdir -p "$DIR"
 
 LAYERS=$(gpt_layers "$PARAMS")
 SHAPE="--tp 8 --pp 1 --layers $LAYERS --hidden $DIM --heads 16 --ffn $((4 * DIM)) --vocab $VOCAB --dtype bf16 --seed 1"
+if [ "$OPTIM" = 1 ]; then
+    SHAPE="$SHAPE --optimizer"
+    CONTENT="weights and the non-distributed optimizer's state (Adam moments and fp32 masters, resharded with the weights)"
+else
+    CONTENT="weights only"
+fi
 if [ "$(cat "$DIR/src.shape" 2>/dev/null)" != "$SHAPE" ]; then
     rm -rf "$DIR/src" "$DIR/src.shape"
     $PY tests/support/megatron_fixture.py "$DIR/src" $SHAPE >/dev/null
@@ -53,10 +62,10 @@ TABLE=$($PY bench/ratio_table.py "$RESULTS" "$BYTES" 1 "reshard=tp-reshard tp8 -
 echo "$TABLE"
 SIZE=$(size_text "$BYTES" 2)
 doc_section bench-megatron "Megatron-LM resharding (bench-megatron)" <<DOC
-Command: \`make bench-megatron\` (BENCH_PARAMS_B=$PARAMS, BENCH_REPS=$REPS).
+Command: \`make bench-megatron\` (BENCH_PARAMS_B=$PARAMS, BENCH_OPTIM=$OPTIM, BENCH_REPS=$REPS).
 Checkpoint: a Megatron-LM legacy checkpoint written by PyTorch (tests/support/megatron_fixture.py: GPT, hidden
 $DIM, $LAYERS layers, 16 heads, ffn $((4 * DIM)), vocabulary $VOCAB, bf16, legacy names), tp8: $SIZE of rank
-files, weights only (the optimizer state of Megatron checkpoints is not read yet). tp-reshard writes Megatron-LM
+files, $CONTENT. tp-reshard writes Megatron-LM
 tp4 rank files; the Python baseline (bench/megatron_reshard_baseline.py) does what users do by hand. Each tool
 starts from a dropped page cache (cold) or a source read just before (warm); its time includes making the output
 durable (fsync or \`sync\`). The tools take turns going first; figures are medians, peak RSS the largest. The
