@@ -136,12 +136,27 @@ typedef struct {
     int overwrite;          /* replace an existing output */
     int threads;            /* rank files written at once; 0: all cores */
     int weights_only;       /* leave the optimizer state out */
+    int64_t memory_limit;   /* piece buffers of all threads; 0: RESHARD_DEFAULT_MEMORY */
+    void (*on_bytes)(void *ctx, int64_t bytes); /* progress: tensor bytes written, from worker threads */
+    void *progress_ctx;
 } megatron_write_options;
 
+/* What a write does, decided before anything is written. */
 typedef struct {
-    int optimizer_written;  /* the source's optimizer state was written */
-    int rank_state_dropped; /* the ranks' RNG (and rerun) states were left out: the layout changed */
-} megatron_write_report;
+    int tp, pp;             /* the output's layout */
+    int files, tensors;     /* rank files; the source's tensors written (optimizer state included) */
+    int64_t bytes;          /* tensor data, all rank files together */
+    int64_t largest_piece;  /* bytes of the largest piece: each thread buffers one, and its staging */
+    int threads;            /* rank files written at once, within the memory limit */
+    int64_t buffer_memory;  /* threads x twice the largest piece */
+    int optimizer;          /* the optimizer state is written */
+    int rank_state_dropped; /* the ranks' RNG (and rerun) states are left out: the layout changes */
+} megatron_write_plan;
+
+/* The plan of megatron_write with these arguments, and every refusal it
+ * would make, without writing anything. */
+int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *template,
+                               const megatron_write_options *options, megatron_write_plan *plan);
 
 /* Writes source (tensors with this reader's canonical names, at any
  * layout: a Megatron checkpoint's reader, or its reshard) as a Megatron-LM
@@ -159,8 +174,9 @@ typedef struct {
  * same on a change of layout). The output is staged and appears whole or
  * not at all. Refused, naming the cause: a layout the model does not
  * divide into, and a padded vocabulary that is not a multiple of the
- * target's padding. report may be NULL. */
+ * target's padding, a piece that does not fit the memory limit. plan
+ * (may be NULL) receives what was done. */
 int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, const megatron_write_options *options,
-                   const char *out, megatron_write_report *report);
+                   const char *out, megatron_write_plan *plan);
 
 #endif

@@ -81,6 +81,8 @@ typedef struct {
     byte_buffer *b;
     int pp_rank, tp_rank;
     int optimizer;        /* write the source's optimizer state (optim/ROLE/NAME tensors) */
+    void (*on_bytes)(void *ctx, int64_t bytes);
+    void *progress_ctx;
     int carry_rank_state; /* the layout is the template's: each rank's RNG state goes along */
     /* The tensors emitted into the pickle, in order: their bytes are
      * written after it (source tensor and piece; index -1: a tensor of the
@@ -165,6 +167,7 @@ static int write_pending(rank_writer *r)
         else if (p->raw)
             TP_TRY(megatron_rank_tensor_read(r->template, p->raw_pp, p->raw_tp, p->raw, r->piece, p->bytes));
         TP_TRY(torch_writer_storage(r->w, r->piece, p->bytes));
+        if (r->on_bytes && p->index >= 0) r->on_bytes(r->progress_ctx, p->bytes); /* the plan's bytes: tensors' */
     }
     return TP_OK;
 }
@@ -592,32 +595,82 @@ static int check_layout(const megatron_config *c, const ckpt_layout *to, megatro
     return TP_OK;
 }
 
-int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, const megatron_write_options *options,
-                   const char *out, megatron_write_report *report)
+/* Stored bytes of tensor t at the target: every piece, on every rank that holds one. */
+static int64_t written_bytes(const ckpt_tensor_desc *t, int tp, int64_t *piece)
+{
+    int64_t shape[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(t->dtype);
+    ckpt_piece_shape(t, tp, shape);
+    for (int d = 0; d < t->ndim; d++) bytes *= shape[d];
+    *piece = bytes;
+    return bytes * tp; /* split: tp pieces; replicated: a copy on each rank */
+}
+
+int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *template, const megatron_write_options *options,
+                               megatron_write_plan *plan)
 {
     const megatron_config *c = megatron_config_of(template);
-    rank_writer r = {.source = source, .template = template, .c = c};
-    r.to = megatron_layout(template);
-    if (options->tp) r.to.tp = options->tp;
-    if (options->pp) r.to.pp = options->pp;
+    memset(plan, 0, sizeof *plan);
+    ckpt_layout to = megatron_layout(template);
+    if (options->tp) to.tp = options->tp;
+    if (options->pp) to.pp = options->pp;
+    plan->tp = to.tp;
+    plan->pp = to.pp;
+    plan->files = to.tp * to.pp;
     /* The optimizer state goes along when the source has it, read. */
-    for (int i = 0; i < ckpt_reader_num_tensors(source) && !r.optimizer; i++) {
+    for (int i = 0; i < ckpt_reader_num_tensors(source) && !plan->optimizer; i++) {
         const char *role = ckpt_reader_tensor(source, i)->role;
-        r.optimizer = role && !strcmp(role, "exp_avg");
+        plan->optimizer = role && !strcmp(role, "exp_avg");
     }
-    if (options->weights_only || !c->optimizer_read) r.optimizer = 0;
-    if (r.optimizer && c->distributed_optimizer)
+    if (options->weights_only || !c->optimizer_read) plan->optimizer = 0;
+    if (plan->optimizer && c->distributed_optimizer)
         return tp_fail(TP_ERR_LAYOUT, "%s: writing the distributed optimizer's state (distrib_optim.pt) is not implemented "
                        "yet; --format tp keeps it, --weights-only converts the weights alone", megatron_path(template));
-    r.carry_rank_state = r.to.tp == c->tp && r.to.pp == c->pp;
-    if (report) {
-        report->optimizer_written = r.optimizer;
-        report->rank_state_dropped = !r.carry_rank_state && megatron_rank_value(template, 0, 0, "rng_state") != NULL;
+    plan->rank_state_dropped = !(to.tp == c->tp && to.pp == c->pp) && megatron_rank_value(template, 0, 0, "rng_state");
+    megatron_naming naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
+    TP_TRY(check_layout(c, &to, naming));
+    const char *largest = "";
+    for (int i = 0; i < ckpt_reader_num_tensors(source); i++) {
+        const ckpt_tensor_desc *t = ckpt_reader_tensor(source, i);
+        TP_TRY(ckpt_tensor_check(t, to.tp)); /* every piece as the source describes it */
+        if (strcmp(t->role, "param") && !plan->optimizer) continue;
+        int64_t piece, bytes = written_bytes(t, to.tp, &piece);
+        /* The tied embeddings' copy on the last stage, with their state. */
+        const char *param = t->param ? t->param : t->name;
+        if (to.pp > 1 && !c->untied && !strcmp(param, "embedding.word_embeddings.weight")) bytes *= 2;
+        plan->tensors++;
+        plan->bytes += bytes;
+        if (piece > plan->largest_piece) {
+            plan->largest_piece = piece;
+            largest = t->name;
+        }
     }
+    /* Each thread holds a piece and the staging reshard_read_piece may use. */
+    int64_t limit = options->memory_limit > 0 ? options->memory_limit : RESHARD_DEFAULT_MEMORY, per_thread = 2 * plan->largest_piece;
+    if (per_thread > limit)
+        return tp_fail(TP_ERR_NOMEM, "tensor %s: a piece of %lld bytes needs %lld bytes of buffers, over the memory limit of "
+                       "%lld", largest, (long long)plan->largest_piece, (long long)per_thread, (long long)limit);
+    int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
+    if (threads > plan->files) threads = plan->files;
+    if (per_thread > 0 && threads > limit / per_thread) threads = (int)(limit / per_thread);
+    plan->threads = threads > 0 ? threads : 1;
+    plan->buffer_memory = plan->threads * per_thread;
+    return TP_OK;
+}
+
+int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, const megatron_write_options *options,
+                   const char *out, megatron_write_plan *result)
+{
+    const megatron_config *c = megatron_config_of(template);
+    megatron_write_plan plan;
+    TP_TRY(megatron_write_plan_create(source, template, options, &plan));
+    if (result) *result = plan;
+    rank_writer r = {.source = source, .template = template, .c = c, .optimizer = plan.optimizer,
+                     .on_bytes = options->on_bytes, .progress_ctx = options->progress_ctx};
+    r.to = megatron_layout(template);
+    r.to.tp = plan.tp;
+    r.to.pp = plan.pp;
+    r.carry_rank_state = r.to.tp == c->tp && r.to.pp == c->pp;
     r.naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
-    TP_TRY(check_layout(c, &r.to, r.naming));
-    for (int i = 0; i < ckpt_reader_num_tensors(source); i++) /* every piece as the source describes it */
-        TP_TRY(ckpt_tensor_check(ckpt_reader_tensor(source, i), r.to.tp));
     ckpt_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = replaceable_megatron};
     ckpt_staged *staged;
     TP_TRY(ckpt_stage(NULL, out, &stage, &staged));
@@ -628,8 +681,7 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
     int status = mkdir(iteration_dir, 0755) ? tp_fail(TP_ERR_IO, "%s: cannot create: %s", iteration_dir, strerror(errno))
                                             : TP_OK;
     /* The rank files are written in parallel, a thread each at a time. */
-    int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
-    if (threads > r.to.tp * r.to.pp) threads = r.to.tp * r.to.pp;
+    int threads = plan.threads;
     rank_writer *writers = calloc((size_t)threads, sizeof *writers);
     if (!status && !writers) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < threads && writers; i++) writers[i] = r;

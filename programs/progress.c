@@ -32,7 +32,7 @@ static void draw(progress *p, double now)
     double elapsed = now - p->start_seconds;
     double fraction = p->total_bytes > 0 ? (double)p->done_bytes / (double)p->total_bytes : 1;
     double rate = elapsed > 0 ? (double)p->done_bytes / elapsed : 0;
-    double eta = rate > 0 ? (double)(p->total_bytes - p->done_bytes) / rate : 0;
+    double eta = rate > 0 && p->total_bytes > p->done_bytes ? (double)(p->total_bytes - p->done_bytes) / rate : 0;
     char done[32], total[32], speed[32];
     format_bytes((double)p->done_bytes, done, sizeof done);
     format_bytes((double)p->total_bytes, total, sizeof total);

@@ -138,51 +138,105 @@ static void default_output(const char *source, int tp, int pp, char *out, size_t
     snprintf(out, size, "%.*s_tp%dpp%d", (int)end, source, tp, pp);
 }
 
+/* The plan or summary of a Megatron-LM output, in the keys of the others. */
+static cJSON *megatron_json(const megatron_write_plan *p, const megatron_config *c, const char *source, const char *out,
+                            megatron_naming naming)
+{
+    cJSON *o = cJSON_CreateObject();
+    ckpt_layout from = {.tp = c->tp, .pp = c->pp}, to = {.tp = p->tp, .pp = p->pp};
+    cJSON_AddStringToObject(o, "source", source);
+    cJSON_AddStringToObject(o, "output", out);
+    cJSON_AddStringToObject(o, "format", "megatron-legacy");
+    cJSON_AddStringToObject(o, "names", megatron_naming_name(naming));
+    cJSON_AddItemToObject(o, "from", layout_json(&from));
+    cJSON_AddItemToObject(o, "to", layout_json(&to));
+    cJSON_AddNumberToObject(o, "files", p->files);
+    cJSON_AddNumberToObject(o, "tensors", p->tensors);
+    cJSON_AddBoolToObject(o, "optimizer", p->optimizer);
+    cJSON_AddNumberToObject(o, "bytes_written", (double)p->bytes);
+    cJSON_AddNumberToObject(o, "threads", p->threads);
+    cJSON_AddNumberToObject(o, "buffer_memory", (double)p->buffer_memory);
+    return o;
+}
+
 /* A Megatron-LM source (its --from already checked) written back as a
- * Megatron-LM checkpoint at the target layout (weights only), verified by
- * digests when asked. */
+ * Megatron-LM checkpoint at the target layout, planned first (--dry-run
+ * stops there), verified by digests when asked. */
 static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatron, const reshard_options *options,
-                          const char *source_path, const char *out, int naming, int verify)
+                          const char *source_path, const char *out, int naming, int verify, int dry_run, int json,
+                          int force_progress)
 {
     const megatron_config *c = megatron_config_of(megatron);
     megatron_write_options wo = {.tp = options->tp, .pp = options->pp, .naming = naming, .overwrite = options->overwrite,
-                                 .threads = options->threads, .weights_only = options->drop_optimizer};
-    megatron_write_report report = {0, 0};
-    int tp = wo.tp ? wo.tp : c->tp, pp = wo.pp ? wo.pp : c->pp;
+                                 .threads = options->threads, .weights_only = options->drop_optimizer,
+                                 .memory_limit = options->memory_limit};
+    megatron_naming names = naming >= 0 ? (megatron_naming)naming : c->naming;
+    megatron_write_plan plan;
+    if (megatron_write_plan_create(source, megatron, &wo, &plan)) return fail("%s", tp_errmsg());
     char default_out[4200];
     if (!out) {
-        default_output(source_path, tp, pp, default_out, sizeof default_out);
+        default_output(source_path, plan.tp, plan.pp, default_out, sizeof default_out);
         out = default_out;
     }
-    double start = now_seconds();
-    if (megatron_write(source, megatron, &wo, out, &report)) return fail("%s", tp_errmsg());
-    double seconds = now_seconds() - start;
-    if (report.rank_state_dropped)
+    char written[32], buffers[32];
+    format_bytes((double)plan.bytes, written, sizeof written);
+    format_bytes((double)plan.buffer_memory, buffers, sizeof buffers);
+    if (dry_run) {
+        if (json) {
+            print_json(megatron_json(&plan, c, megatron_path(megatron), out, names));
+            return 0;
+        }
+        printf("plan: %s (Megatron-LM tp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names)\n", megatron_path(megatron), c->tp,
+               c->pp, out, plan.tp, plan.pp, megatron_naming_name(names));
+        printf("  files      %d rank files model_optim_rng.pt\n", plan.files);
+        printf("  tensors    %d, %s\n", plan.tensors,
+               plan.optimizer ? "weights and optimizer state" : "weights only");
+        printf("  write      %s\n", written);
+        printf("  work       %d rank files at once\n", plan.threads);
+        printf("  memory     %s of piece buffers\n", buffers);
+        if (plan.rank_state_dropped) printf("  note       the ranks' RNG states are left out: the layout changes\n");
+        return 0;
+    }
+    progress bar;
+    wo.on_bytes = on_bytes;
+    wo.progress_ctx = &bar;
+    progress_start(&bar, "reshard", plan.bytes, force_progress);
+    int status = megatron_write(source, megatron, &wo, out, &plan);
+    double seconds = progress_finish(&bar);
+    if (status) return fail("%s", tp_errmsg());
+    if (plan.rank_state_dropped)
         fprintf(stderr, "tp-reshard: warning: the ranks' RNG states were left out: they belong to the layout tp%dpp%d "
                         "(Megatron drops them on a change of layout too)\n", c->tp, c->pp);
-    printf("resharded %s (Megatron-LM tp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names): %d tensors, %s, "
-           "in %.2f s\n", megatron_path(megatron), c->tp, c->pp, out, tp, pp,
-           megatron_naming_name(naming >= 0 ? (megatron_naming)naming : c->naming), ckpt_reader_num_tensors(source),
-           report.optimizer_written ? "weights and optimizer state" : "weights only", seconds);
-    if (!verify) return 0;
-    megatron_checkpoint *written = NULL;
+    if (!json)
+        printf("resharded %s (Megatron-LM tp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names): %d tensors, %s, %s written "
+               "in %.2f s\n", megatron_path(megatron), c->tp, c->pp, out, plan.tp, plan.pp, megatron_naming_name(names),
+               plan.tensors, plan.optimizer ? "weights and optimizer state" : "weights only", written, seconds);
+    megatron_checkpoint *written_checkpoint = NULL;
     ckpt_reader *output = NULL;
     reshard_verify_result checked = {0, 0, ""};
     int code = 0;
-    start = now_seconds();
+    double verify_start = now_seconds();
     /* The output's vocabulary padded for its TP: described by the true size as the source is. */
-    if (megatron_open(out, &written) || (c->true_vocab && megatron_set_true_vocab(written, c->true_vocab)) ||
-        megatron_reader_open(written, 1, &output) ||
-        reshard_verify(source, output, options->threads, &checked))
+    if (verify && (megatron_open(out, &written_checkpoint) ||
+                   (c->true_vocab && megatron_set_true_vocab(written_checkpoint, c->true_vocab)) ||
+                   megatron_reader_open(written_checkpoint, 1, &output) ||
+                   reshard_verify(source, output, options->threads, &checked)))
         code = fail("%s", tp_errmsg());
-    else if (checked.mismatches)
+    else if (verify && checked.mismatches)
         code = fail("verification failed: %d of %d tensors differ from the source; first: %s", checked.mismatches,
                     checked.tensors, checked.first_mismatch);
-    else
+    else if (verify && !json)
         printf("verified: %d tensors equal to the source (logical digests), in %.2f s\n", checked.tensors,
-               now_seconds() - start);
+               now_seconds() - verify_start);
+    if (!code && json) {
+        cJSON *o = megatron_json(&plan, c, megatron_path(megatron), out, names);
+        cJSON_AddNumberToObject(o, "seconds", seconds);
+        cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)peak_rss_bytes());
+        if (verify) cJSON_AddBoolToObject(o, "verified", 1);
+        print_json(o);
+    }
     ckpt_reader_close(output);
-    megatron_close(written);
+    megatron_close(written_checkpoint);
     return code;
 }
 
@@ -301,7 +355,8 @@ int main(int argc, char **argv)
         return code;
     }
     if (megatron_out) {
-        int code = write_megatron(source, megatron, &options, argv[optind], out, naming, verify);
+        int code = write_megatron(source, megatron, &options, argv[optind], out, naming, verify, dry_run, json,
+                                  force_progress);
         ckpt_reader_close(source);
         megatron_close(megatron);
         return code;

@@ -70,8 +70,8 @@ tp4 rank files; the Python baseline (bench/megatron_reshard_baseline.py) does wh
 starts from a dropped page cache (cold) or a source read just before (warm); its time includes making the output
 durable (fsync or \`sync\`). The tools take turns going first; figures are medians, peak RSS the largest. The
 outputs are checked after: ours by --verify, the baseline's equal to ours (tp-ckpt diff).
-Targets (issue): at least 0.9x \`cp\`, at least 5x the Python route, memory within \`--memory-limit\` (the
-Megatron writer does not take a limit yet: it holds the largest piece).
+Targets (issue): at least 0.9x \`cp\`, at least 5x the Python route, memory within \`--memory-limit\` (default
+1 GiB; the Megatron writer holds, per thread, the largest piece and its staging).
 
 $TABLE
 DOC

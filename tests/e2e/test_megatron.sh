@@ -286,6 +286,26 @@ f = h5py.File(sys.argv[1], "r")
 sys.exit(not (len(f.keys()) == 52 and f["layers.3.attention.qkv.weight"].shape == (192, 64)))' "$WORK/x.h5"
 check "nothing was written for refused exports" test ! -e "$WORK/never" -a ! -e "$WORK/never.gguf"
 
+# ------------------------------------------------- plan, memory, progress
+expect_ok "--dry-run plans a Megatron output" "$RS" "$WORK/x" --to tp1pp1 --dry-run -o "$WORK/x_plan"
+check "the plan names files, tensors and the state" grep -q "^  tensors    208, weights and optimizer state" "$WORK/.out"
+check "--dry-run wrote nothing" test ! -e "$WORK/x_plan"
+expect_ok "--dry-run --json" "$RS" "$WORK/x" --to tp1pp1 --dry-run --json -o "$WORK/x_plan"
+cp "$WORK/.out" "$WORK/x_plan.json"
+expect_ok "the same, written with progress shown" "$RS" "$WORK/x" --to tp1pp1 --progress -o "$WORK/x_plan"
+check "progress reached 100%" grep -q "100.0%" "$WORK/.err"
+check "the plan's bytes are the tensor data PyTorch finds in the rank files" "$PY" -c '
+import glob, json, sys, zipfile
+plan = json.load(open(sys.argv[1]))
+data = sum(i.file_size for f in glob.glob(sys.argv[2] + "/iter_*/mp_rank_*/model_optim_rng.pt")
+           for i in zipfile.ZipFile(f).infolist() if "/data/" in i.filename)
+sys.exit(not (plan["bytes_written"] == data and plan["files"] == 1 and plan["optimizer"]))' "$WORK/x_plan.json" "$WORK/x_plan"
+expect_error "a piece over --memory-limit is refused before writing" 1 "needs [0-9]+ bytes of buffers, over the memory limit" \
+    "$RS" "$WORK/x" --to tp1pp1 --memory-limit 64K -o "$WORK/never"
+expect_ok "a limit that holds one piece at a time" "$RS" "$WORK/x" --to tp2pp1 --memory-limit 100K --dry-run --json \
+    -o "$WORK/never"
+check "one rank file at a time" "$PY" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["threads"] != 1)' "$WORK/.out"
+
 # ------------------------------------------------------------- bad input
 cp -r "$WORK/a" "$WORK/cut"
 RANK="$WORK/cut/iter_0001000/mp_rank_02_001/model_optim_rng.pt"
