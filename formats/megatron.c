@@ -567,38 +567,57 @@ int megatron_group_no_weight_decay(const pickle_value *group, const char *file, 
  * "exp_avg_sq" or "master") at tp_rank: a tensor of its own, described as
  * its parameter, fp32. The tied head copy's state is checked, not kept (the
  * embeddings' state is the same, and written again for the copy). */
+/* The description of a parameter's optimizer state of role: the
+ * parameter's (index, or the head copy's: the word embeddings'), fp32,
+ * named optim/ROLE/NAME; its strings in s (adding an entry moves
+ * m->tensors). */
+typedef struct {
+    char name[CKPT_NAME_MAX + 32], param[CKPT_NAME_MAX + 1];
+    ckpt_tensor_desc desc;
+} state_desc;
+
+static void describe_state(const megatron_checkpoint *m, int index, const char *role, state_desc *s)
+{
+    snprintf(s->param, sizeof s->param, "%s", index == HEAD_COPY ? "embedding.word_embeddings.weight" : m->tensors[index].copy.name);
+    describe(&m->config, s->param, &s->desc);
+    snprintf(s->name, sizeof s->name, "optim/%s/%s", role, s->param);
+    s->desc.role = role;
+    s->desc.param = s->param;
+    s->desc.name = s->name;
+    s->desc.dtype = TP_FP32;
+}
+
+/* The entry tensor-parallel rank 0 added, for a piece of another rank. */
+static int rank0_entry(megatron_checkpoint *m, const char *name, const char *source, const char *file,
+                       megatron_tensor_entry **out)
+{
+    for (int i = 0; i < m->num_tensors; i++)
+        if (!strcmp(m->tensors[i].copy.name, name)) {
+            *out = &m->tensors[i];
+            return TP_OK;
+        }
+    return tp_fail(TP_ERR_FORMAT, "%s: optimizer %s (%s) has no counterpart at tensor-parallel rank 0", file, source, name);
+}
+
 static int add_optimizer_piece(megatron_checkpoint *m, int stage, int tp_rank, int index, const char *role,
                                const char *source, const pickle_value *t, const char *file)
 {
     if (!t || t->kind != PICKLE_TENSOR)
         return tp_fail(TP_ERR_FORMAT, "%s: optimizer %s is not a tensor", file, source);
-    ckpt_tensor_desc d;
-    /* Copies: adding an entry moves m->tensors. */
-    char name[CKPT_NAME_MAX + 32], param[CKPT_NAME_MAX + 1];
-    snprintf(param, sizeof param, "%s", index == HEAD_COPY ? "embedding.word_embeddings.weight" : m->tensors[index].copy.name);
-    describe(&m->config, param, &d);
-    snprintf(name, sizeof name, "optim/%s/%s", role, param);
-    d.role = role;
-    d.param = param;
-    d.name = name;
-    d.dtype = TP_FP32;
-    megatron_tensor_entry probe = {0};
-    if (index == HEAD_COPY || tp_rank > 0) {
-        int found = -1;
-        for (int i = 0; index != HEAD_COPY && i < m->num_tensors && found < 0; i++)
-            if (!strcmp(m->tensors[i].copy.name, name)) found = i;
-        if (index != HEAD_COPY && found < 0)
-            return tp_fail(TP_ERR_FORMAT, "%s: optimizer %s (%s) has no counterpart at tensor-parallel rank 0", file, source, name);
-        megatron_tensor_entry *e = found >= 0 ? &m->tensors[found] : &probe;
-        if (found < 0) {
-            TP_TRY(ckpt_tensor_copy_init(&probe.copy, &d));
-            snprintf(probe.source, sizeof probe.source, "%s", source);
-        }
-        TP_TRY(check_piece(m, e, t, file));
-        if (found >= 0) e->pieces[tp_rank] = t;
-        return TP_OK;
+    state_desc d;
+    describe_state(m, index, role, &d);
+    if (index == HEAD_COPY) { /* checked against what it should be */
+        megatron_tensor_entry probe = {0};
+        TP_TRY(ckpt_tensor_copy_init(&probe.copy, &d.desc));
+        snprintf(probe.source, sizeof probe.source, "%s", source);
+        return check_piece(m, &probe, t, file);
     }
-    return add_entry(m, file, stage, source, &d, t);
+    if (tp_rank == 0) return add_entry(m, file, stage, source, &d.desc, t);
+    megatron_tensor_entry *e = NULL;
+    TP_TRY(rank0_entry(m, d.name, source, file, &e));
+    TP_TRY(check_piece(m, e, t, file));
+    e->pieces[tp_rank] = t;
+    return TP_OK;
 }
 
 /* ------------------------------------------- the distributed optimizer */
@@ -608,31 +627,23 @@ static int add_optimizer_piece(megatron_checkpoint *m, int stage, int tp_rank, i
 static int add_flat_piece(megatron_checkpoint *m, int stage, int tp_rank, int index, const char *role, const char *source,
                           const pickle_value *world, int64_t offset, const char *file)
 {
-    ckpt_tensor_desc d;
-    char name[CKPT_NAME_MAX + 32], param[CKPT_NAME_MAX + 1];
-    snprintf(param, sizeof param, "%s", index == HEAD_COPY ? "embedding.word_embeddings.weight" : m->tensors[index].copy.name);
-    describe(&m->config, param, &d);
-    snprintf(name, sizeof name, "optim/%s/%s", role, param);
-    d.role = role;
-    d.param = param;
-    d.name = name;
-    d.dtype = TP_FP32;
+    state_desc d;
+    describe_state(m, index, role, &d);
     int64_t shape[CKPT_MAX_DIMS], numel = 1;
-    ckpt_piece_shape(&d, m->config.tp, shape);
-    for (int k = 0; k < d.ndim; k++) numel *= shape[k];
+    ckpt_piece_shape(&d.desc, m->config.tp, shape);
+    for (int k = 0; k < d.desc.ndim; k++) numel *= shape[k];
     if (offset < 0 || offset + numel > torch_tensor_numel(world))
         return tp_fail(TP_ERR_FORMAT, "%s: %s: elements [%lld, %lld) of %s lie outside its %lld", file, source, (long long)offset,
-                       (long long)(offset + numel), param, (long long)torch_tensor_numel(world));
+                       (long long)(offset + numel), d.param, (long long)torch_tensor_numel(world));
     if (index == HEAD_COPY) return TP_OK;
     megatron_tensor_entry *e = NULL;
     if (tp_rank == 0) {
-        TP_TRY(new_entry(m, file, stage, source, &d, &e));
+        TP_TRY(new_entry(m, file, stage, source, &d.desc, &e));
         if (!(e->flat_offset = calloc((size_t)m->config.tp, sizeof *e->flat_offset))) return tp_fail(TP_ERR_NOMEM, "out of memory");
     } else {
-        for (int i = 0; i < m->num_tensors && !e; i++)
-            if (!strcmp(m->tensors[i].copy.name, name)) e = &m->tensors[i];
-        if (!e || !e->flat_offset)
-            return tp_fail(TP_ERR_FORMAT, "%s: %s (%s) has no counterpart at tensor-parallel rank 0", file, source, name);
+        TP_TRY(rank0_entry(m, d.name, source, file, &e));
+        if (!e->flat_offset)
+            return tp_fail(TP_ERR_FORMAT, "%s: %s is in distrib_optim.pt, tensor-parallel rank 0's in its rank file", file, source);
     }
     e->pieces[tp_rank] = world;
     e->flat_offset[tp_rank] = offset;
