@@ -525,8 +525,11 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
  * file synced, index.json, then published); files in parallel ranged GETs
  * of 8 MiB. Refuses an existing local_dir unless replace. */
 int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_options *options);
-/* Uploads a local file, or the files of a local directory (an export), to
- * url: files in parallel, those whose names end in index.json last. */
+/* Uploads a local file, or the files of a local directory tree (an
+ * export, a Megatron-LM checkpoint) to url under their relative paths:
+ * files in parallel, those that name the others last (names ending in
+ * index.json, a latest_checkpointed_iteration.txt at the root). With
+ * replace, what is at url is removed first. */
 int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_options *options);
 /* Points the `latest` of the remote run directory that holds checkpoint_url
  * at it. */

@@ -125,20 +125,39 @@ static int upload_named(void *ctx, int64_t i, int thread)
     TP_TRY(ckpt_path_join(remote, j->url, j->names[i]));
     ckpt_stat st;
     TP_TRY(ckpt_storage_posix()->stat(ckpt_storage_posix(), local, &st));
-    if (st.is_dir) return tp_fail(TP_ERR_ARG, "%s: a directory inside an output is not uploaded", local);
     TP_TRY(remote_put_file(remote, local, 0, st.size, 1));
     if (j->options && j->options->on_file) j->options->on_file(j->options->ctx, st.size);
     return TP_OK;
 }
 
+/* The files of a directory tree, as paths relative to its root (a
+ * Megatron-LM checkpoint: iter_NNNNNNN/mp_rank_TT/model_optim_rng.pt). */
 typedef struct {
     char (*names)[CKPT_NAME_MAX + 1];
     int count, capacity;
+    const char *root;
+    char prefix[CKPT_NAME_MAX + 1]; /* of the directory being listed, "" or ending in '/' */
 } name_list;
 
 static int collect_name(void *ctx, const char *name)
 {
     name_list *l = ctx;
+    char relative[CKPT_NAME_MAX + 1], path[CKPT_PATH_MAX];
+    if ((size_t)snprintf(relative, sizeof relative, "%s%s", l->prefix, name) >= sizeof relative)
+        return tp_fail(TP_ERR_ARG, "%s/%s%s: path too long", l->root, l->prefix, name);
+    TP_TRY(ckpt_path_join(path, l->root, relative));
+    const ckpt_storage *posix = ckpt_storage_posix();
+    ckpt_stat st;
+    TP_TRY(posix->stat(posix, path, &st));
+    if (st.is_dir) { /* its files, under its name */
+        char saved[CKPT_NAME_MAX + 1];
+        snprintf(saved, sizeof saved, "%s", l->prefix);
+        if ((size_t)snprintf(l->prefix, sizeof l->prefix, "%s/", relative) >= sizeof l->prefix)
+            return tp_fail(TP_ERR_ARG, "%s: path too long", path);
+        int status = posix->list(posix, path, collect_name, l);
+        snprintf(l->prefix, sizeof l->prefix, "%s", saved);
+        return status;
+    }
     if (l->count == l->capacity) {
         int capacity = l->capacity ? 2 * l->capacity : 16;
         void *grown = realloc(l->names, (size_t)capacity * sizeof *l->names);
@@ -146,15 +165,16 @@ static int collect_name(void *ctx, const char *name)
         l->names = grown;
         l->capacity = capacity;
     }
-    snprintf(l->names[l->count++], sizeof *l->names, "%s", name);
+    snprintf(l->names[l->count++], sizeof *l->names, "%s", relative);
     return TP_OK;
 }
 
-/* Files whose names end in "index.json" go last: they name the others. */
+/* Files that name the others go last: an index.json, a Megatron-LM
+ * checkpoint's latest_checkpointed_iteration.txt. */
 static int names_an_index(const char *name)
 {
     size_t length = strlen(name), n = strlen("index.json");
-    return length >= n && !strcmp(name + length - n, "index.json");
+    return (length >= n && !strcmp(name + length - n, "index.json")) || !strcmp(name, "latest_checkpointed_iteration.txt");
 }
 
 static int index_last(const void *a, const void *b)
@@ -175,8 +195,14 @@ int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_opti
         if (options && options->on_file) options->on_file(options->ctx, st.size);
         return TP_OK;
     }
-    name_list names = {0};
+    name_list names = {.root = local};
     int status = posix->list(posix, local, collect_name, &names);
+    /* What was there goes first, whole: no file of it stays beside the new
+     * ones, and no tracker or index names files that are not there yet. */
+    if (!status && options && options->replace) {
+        const ckpt_storage *remote = ckpt_storage_remote();
+        status = remote->remove_tree(remote, url);
+    }
     int threads = transfer_threads(options);
     if (!status && names.count) qsort(names.names, (size_t)names.count, sizeof *names.names, index_last);
     int first_index = names.count;

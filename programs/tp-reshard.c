@@ -159,6 +159,19 @@ static cJSON *megatron_json(const megatron_write_plan *p, const megatron_config 
     return o;
 }
 
+typedef struct {
+    ckpt_reader *source;
+    const megatron_checkpoint *megatron;
+    const megatron_write_options *options;
+    megatron_write_plan *plan;
+} megatron_job;
+
+static int run_megatron_write(void *ctx, const char *path)
+{
+    megatron_job *j = ctx;
+    return megatron_write(j->source, j->megatron, j->options, path, j->plan);
+}
+
 /* A Megatron-LM source (its --from already checked) written back as a
  * Megatron-LM checkpoint at the target layout, planned first (--dry-run
  * stops there), verified by digests when asked. */
@@ -201,7 +214,9 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     wo.on_bytes = on_bytes;
     wo.progress_ctx = &bar;
     progress_start(&bar, "reshard", plan.bytes, force_progress);
-    int status = megatron_write(source, megatron, &wo, out, &plan);
+    /* A URL is written locally, then uploaded, its tracker file last. */
+    megatron_job job = {source, megatron, &wo, &plan};
+    int status = cli_write_output(out, options->overwrite, options->threads, 0, run_megatron_write, &job);
     double seconds = progress_finish(&bar);
     if (status) return fail("%s", tp_errmsg());
     if (plan.rank_state_dropped)

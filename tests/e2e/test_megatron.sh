@@ -306,6 +306,35 @@ expect_ok "a limit that holds one piece at a time" "$RS" "$WORK/x" --to tp2pp1 -
     -o "$WORK/never"
 check "one rank file at a time" "$PY" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["threads"] != 1)' "$WORK/.out"
 
+# ------------------------------------------------------------- object stores
+# A Megatron checkpoint on a WebDAV server (nginx on loopback): read in
+# place, resharded to another URL (written locally, uploaded with its
+# tracker file last), replaced whole with --force, exported.
+. "$ROOT/tests/support/objstore.sh"
+trap 'webdav_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT
+mkdir -p "$WORK/dav"
+if ! webdav_start "$WORK/dav" 2>"$WORK/.err"; then
+    echo "[SKIP] [$NAME] WebDAV: $(head -n 1 "$WORK/.err")"
+else
+    cp -r "$WORK/a" "$WORK/dav/a"
+    expect_ok "info of a Megatron checkpoint at a URL" "$CK" info "$WEBDAV_URL/a"
+    check "the layout, read through the server" grep -q "^layout  *tp=4 pp=2 " "$WORK/.out"
+    expect_ok "reshard URL -> URL, with its optimizer state, verified" "$RS" "$WEBDAV_URL/a" --to tp2pp2 \
+        -o "$WEBDAV_URL/a_tp2" --verify
+    expect_ok "the server's files merge to PyTorch's tensors and state" "$PY" "$FIXTURE" --verify "$WORK/dav/a_tp2" \
+        --full "$WORK/a.full.pt"
+    check "the tracker file was the last one uploaded" sh -c 'grep "^PUT /a_tp2/" "$1" | tail -n 1 |
+        grep -q "latest_checkpointed_iteration.txt"' sh "$WEBDAV_ACCESS_LOG"
+    expect_error "an output at the URL needs --force" 1 "exists already" "$RS" "$WEBDAV_URL/a" --to tp1pp1 \
+        -o "$WEBDAV_URL/a_tp2"
+    expect_ok "--force replaces it whole" "$RS" "$WEBDAV_URL/a" --to tp1pp1 -o "$WEBDAV_URL/a_tp2" --force
+    check "no rank file of the old layout stays" test "$(ls "$WORK/dav/a_tp2/iter_0001000")" = mp_rank_00
+    expect_ok "torch.load: the replacement merges to PyTorch's tensors" "$PY" "$FIXTURE" --verify "$WORK/dav/a_tp2" \
+        --full "$WORK/a.full.pt"
+    expect_ok "export from the URL" "$CK" export "$WEBDAV_URL/a" --format hdf5 -o "$WORK/a_dav.h5"
+    expect_ok "webdav_stop" webdav_stop
+fi
+
 # ------------------------------------------------------------- bad input
 cp -r "$WORK/a" "$WORK/cut"
 RANK="$WORK/cut/iter_0001000/mp_rank_02_001/model_optim_rng.pt"
