@@ -61,7 +61,10 @@ TABLE=$($PY bench/ratio_table.py "$RESULTS" "$BYTES" 1 "reshard=tp-reshard tp8 -
     "cp=cp -r (same bytes)" "python=torch.load / cat / chunk / torch.save")
 echo "$TABLE"
 SIZE=$(size_text "$BYTES" 2)
-doc_section bench-megatron "Megatron-LM resharding (bench-megatron)" <<DOC
+# Weights only and with the optimizer state are sections of their own.
+if [ "$OPTIM" = 1 ]; then SECTION=bench-megatron TITLE="Megatron-LM resharding with optimizer state (bench-megatron)"
+else SECTION=bench-megatron-weights TITLE="Megatron-LM resharding, weights only (bench-megatron, BENCH_OPTIM=0)"; fi
+doc_section "$SECTION" "$TITLE" <<DOC
 Command: \`make bench-megatron\` (BENCH_PARAMS_B=$PARAMS, BENCH_OPTIM=$OPTIM, BENCH_REPS=$REPS).
 Checkpoint: a Megatron-LM legacy checkpoint written by PyTorch (tests/support/megatron_fixture.py: GPT, hidden
 $DIM, $LAYERS layers, 16 heads, ffn $((4 * DIM)), vocabulary $VOCAB, bf16, legacy names), tp8: $SIZE of rank
