@@ -540,7 +540,7 @@ static const struct {
     {".mlp.proj.", ".mlp.fc2."},
 };
 
-static int megatron_name(const char *ours, char *out, size_t size)
+int gpt_megatron_name(const char *ours, char *out, size_t size)
 {
     for (size_t i = 0; i < sizeof megatron_names / sizeof *megatron_names; i++) {
         const char *at = strstr(ours, megatron_names[i].ours);
@@ -555,8 +555,7 @@ static int megatron_name(const char *ours, char *out, size_t size)
     return tp_fail(TP_ERR_ARG, "tensor %s has no Megatron-LM counterpart", ours);
 }
 
-/* What of a Megatron GPT a GPT-2 cannot compute, or NULL. */
-static const char *not_gpt2(const megatron_config *c)
+const char *gpt_megatron_unfit(const megatron_config *c)
 {
     if (c->swiglu) return "a SwiGLU MLP";
     if (c->query_groups != c->heads) return "grouped-query attention";
@@ -577,7 +576,7 @@ int gpt_export_create_megatron(gpt_export **out, ckpt_reader *r, const megatron_
     *out = NULL;
     const megatron_config *c = megatron_config_of(m);
     const char *what = options->format == EXPORT_GGUF ? "llama.cpp's gpt2 architecture" : "Hugging Face's GPT-2";
-    const char *unfit = not_gpt2(c);
+    const char *unfit = gpt_megatron_unfit(c);
     if (unfit) return tp_fail(TP_ERR_ARG, "%s: %s cannot be expressed as %s", megatron_path(m), unfit, what);
     gpt_config config = {.layers = c->num_layers, .dim = c->hidden, .heads = c->heads, .kv_heads = c->heads,
                          .vocab = c->true_vocab > 0 ? c->true_vocab : c->padded_vocab, .seq = c->max_positions,
@@ -601,7 +600,7 @@ int gpt_export_create_megatron(gpt_export **out, ckpt_reader *r, const megatron_
     for (int i = 0; !status && i < x->map.count; i++) {
         export_tensor *t = &x->map.tensors[i];
         char name[CKPT_NAME_MAX + 1];
-        status = megatron_name(t->source, name, sizeof name);
+        status = gpt_megatron_name(t->source, name, sizeof name);
         if (!status && strstr(name, ".attention.qkv.")) {
             t->block_rows = c->kv_channels;
             t->blocks = x->qkv_blocks;

@@ -101,6 +101,34 @@ int gpt_export_create_megatron(gpt_export **out, ckpt_reader *source, const mega
                                const gpt_export_request *request, export_options *options);
 void gpt_export_free(gpt_export *job);
 
+/* ------------------------------------------------------ a Megatron-LM GPT */
+
+/* Megatron's canonical name (formats/megatron.h) of this model's parameter
+ * (model/layers.3.attn.qkv.weight -> layers.3.attention.qkv.weight). */
+int gpt_megatron_name(const char *ours, char *out, size_t size);
+/* What of a Megatron GPT this GPT-2 cannot compute ("a SwiGLU MLP",
+ * "untied output embeddings", ...), or NULL. */
+const char *gpt_megatron_unfit(const megatron_config *config);
+
+/* A Megatron-LM GPT-2 as this model's checkpoint at layout tp x pp, for
+ * tp-train to go on training it: its weights, and the Adam moments and
+ * fp32 masters where they were read, each fused QKV regrouped from
+ * Megatron's per-group [q, k, v] into [q; k; v] piece by piece; the
+ * vocabulary its true size where told (megatron_set_true_vocab, padded as
+ * Megatron pads), else the padded table; the iteration as the step. Refused
+ * for what the trainer does not compute (gpt_megatron_unfit) and for the
+ * exact GELU (openai_gelu false): the trainer computes the tanh form. */
+typedef struct gpt_megatron_import gpt_megatron_import;
+
+int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_checkpoint *checkpoint, ckpt_reader *source,
+                             int tp, int pp);
+int64_t gpt_megatron_import_bytes(const gpt_megatron_import *job);
+int gpt_megatron_import_count(const gpt_megatron_import *job);
+/* Writes the checkpoint at out (compress_level, overwrite, update_latest
+ * and progress of options; one thread). */
+int gpt_megatron_import_run(gpt_megatron_import *job, const import_options *options, const char *out);
+void gpt_megatron_import_close(gpt_megatron_import *job);
+
 /* ----------------------------------------------------------------- import */
 
 /* A Hugging Face GPT-2 directory (config.json, and model.safetensors or

@@ -766,7 +766,11 @@ static const char *import_usage =
     "  --force                  replace an existing checkpoint\n"
     "  --progress               show progress even when stderr is not a terminal\n"
     "Every tensor is checked (presence, dtype, shape, the file's own rules) before\n"
-    "anything is written; nothing appears at CKPT unless the import completes.\n";
+    "anything is written; nothing appears at CKPT unless the import completes.\n"
+    "\n"
+    "DIR may be a Megatron-LM GPT-2 trained with the tanh GELU (--openai-gelu): its weights and\n"
+    "optimizer state, in its dtype, at its iteration (name it RUN/step_NNNNNNNN to resume it):\n"
+    "  --true-vocab-size N      its vocabulary without Megatron's padding (default: the padded table)\n";
 
 typedef struct {
     gpt_import *job;
@@ -779,6 +783,52 @@ static int run_import(void *ctx, const char *path)
     return gpt_import_run(j->job, j->options, path);
 }
 
+typedef struct {
+    gpt_megatron_import *job;
+    const import_options *options;
+} megatron_import_job;
+
+static int run_megatron_import(void *ctx, const char *path)
+{
+    megatron_import_job *j = ctx;
+    return gpt_megatron_import_run(j->job, j->options, path);
+}
+
+/* A Megatron-LM GPT-2 as this trainer's checkpoint. */
+static int import_megatron(const char *dir, const char *out, int tp, int pp, int64_t true_vocab, import_options *options,
+                           int force_progress)
+{
+    megatron_checkpoint *m = NULL;
+    ckpt_reader *r = NULL;
+    gpt_megatron_import *job = NULL;
+    int code = 0;
+    if (megatron_open(dir, &m) || (true_vocab && megatron_set_true_vocab(m, true_vocab)) || megatron_reader_open(m, 0, &r) ||
+        gpt_megatron_import_open(&job, m, r, tp, pp))
+        code = fail("%s", tp_errmsg());
+    if (!code) {
+        int update_latest = output_in_run_directory(out);
+        options->update_latest = update_latest && !ckpt_is_remote(out);
+        progress bar;
+        progress_start(&bar, "import", gpt_megatron_import_bytes(job), force_progress);
+        options->on_bytes = count_bytes;
+        options->progress_ctx = &bar;
+        megatron_import_job run = {job, options};
+        int status = cli_write_output(out, options->overwrite, options->threads, update_latest, run_megatron_import, &run);
+        double seconds = progress_finish(&bar);
+        char bytes[32];
+        format_bytes((double)gpt_megatron_import_bytes(job), bytes, sizeof bytes);
+        if (status) code = fail("%s", tp_errmsg());
+        else
+            printf("imported %s (Megatron-LM tp%dpp%d, iteration %lld) to %s: %d tensors at tp=%d pp=%d, %s in %.2f s\n",
+                   megatron_path(m), megatron_config_of(m)->tp, megatron_config_of(m)->pp,
+                   (long long)ckpt_reader_state(r)->step, out, gpt_megatron_import_count(job), tp, pp, bytes, seconds);
+    }
+    gpt_megatron_import_close(job);
+    ckpt_reader_close(r);
+    megatron_close(m);
+    return code;
+}
+
 static int cmd_import(int argc, char **argv)
 {
     import_options options;
@@ -786,9 +836,12 @@ static int cmd_import(int argc, char **argv)
     gpt_import_request request = {0, 0, TP_FP32, 1};
     const char *out = NULL;
     int force_progress = 0;
-    enum { O_TP = 256, O_PP, O_DTYPE, O_PAD, O_THREADS, O_COMPRESS, O_FORCE, O_PROGRESS };
+    enum { O_TP = 256, O_PP, O_DTYPE, O_PAD, O_THREADS, O_COMPRESS, O_FORCE, O_PROGRESS, O_TRUE_VOCAB };
+    int64_t true_vocab = 0;
+    int shape_given = 0;
     static const struct option long_options[] = {
         {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP},
+        {"true-vocab-size", required_argument, 0, O_TRUE_VOCAB},
         {"dtype", required_argument, 0, O_DTYPE}, {"vocab-pad-multiple", required_argument, 0, O_PAD},
         {"threads", required_argument, 0, O_THREADS}, {"compress", required_argument, 0, O_COMPRESS},
         {"force", no_argument, 0, O_FORCE}, {"progress", no_argument, 0, O_PROGRESS},
@@ -801,8 +854,13 @@ static int cmd_import(int argc, char **argv)
         case O_PP: request.pp = (int)cli_int("tp-ckpt", "--pp", optarg, 1, 4096); break;
         case O_DTYPE:
             if (tp_dtype_parse(optarg, &request.dtype)) die_usage("--dtype: %s", tp_errmsg());
+            shape_given = 1;
             break;
-        case O_PAD: request.vocab_pad_multiple = cli_int("tp-ckpt", "--vocab-pad-multiple", optarg, 1, 1 << 20); break;
+        case O_PAD:
+            request.vocab_pad_multiple = cli_int("tp-ckpt", "--vocab-pad-multiple", optarg, 1, 1 << 20);
+            shape_given = 1;
+            break;
+        case O_TRUE_VOCAB: true_vocab = cli_int("tp-ckpt", "--true-vocab-size", optarg, 1, (int64_t)1 << 40); break;
         case O_THREADS: options.threads = (int)cli_int("tp-ckpt", "--threads", optarg, 1, 1024); break;
         case O_COMPRESS: options.compress_level = cli_compress("tp-ckpt", optarg); break;
         case O_FORCE: options.overwrite = 1; break;
@@ -811,9 +869,16 @@ static int cmd_import(int argc, char **argv)
         default: die_usage("import: unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
     }
-    if (optind != argc - 1) die_usage("import takes one Hugging Face directory");
+    if (optind != argc - 1) die_usage("import takes one Hugging Face directory or Megatron-LM checkpoint");
     if (!out || !request.tp || !request.pp) die_usage("import needs -o CKPT, --tp and --pp");
     const char *dir = argv[optind];
+    int megatron;
+    if (megatron_detect(dir, &megatron)) return fail("%s", tp_errmsg());
+    if (megatron && shape_given)
+        die_usage("--dtype and --vocab-pad-multiple apply to a Hugging Face directory (a Megatron-LM checkpoint keeps "
+                  "its dtype and padding)");
+    if (!megatron && true_vocab) die_usage("--true-vocab-size applies to a Megatron-LM checkpoint");
+    if (megatron) return import_megatron(dir, out, request.tp, request.pp, true_vocab, &options, force_progress);
     gpt_import *job = NULL;
     if (gpt_import_open(&job, dir, &request)) return fail("%s", tp_errmsg());
     int update_latest = output_in_run_directory(out);

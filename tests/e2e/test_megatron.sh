@@ -286,6 +286,40 @@ f = h5py.File(sys.argv[1], "r")
 sys.exit(not (len(f.keys()) == 52 and f["layers.3.attention.qkv.weight"].shape == (192, 64)))' "$WORK/x.h5"
 check "nothing was written for refused exports" test ! -e "$WORK/never" -a ! -e "$WORK/never.gguf"
 
+# ------------------------------------------------- import: training goes on
+# A Megatron GPT-2 trained with the tanh GELU becomes this trainer's
+# checkpoint (QKV regrouped, Adam state kept); the judge: its export
+# computes the rank files' logits, and tp-train resumes it.
+expect_ok "fixture: a GPT-2 with --openai-gelu and Adam state, tp2pp2, fp32" "$PY" "$FIXTURE" "$WORK/t" --tp 2 --pp 2 \
+    --layers 4 --hidden 64 --heads 4 --ffn 256 --vocab 90 --make-vocab-size-divisible-by 16 --dtype fp32 --optimizer \
+    --openai-gelu
+mkdir -p "$WORK/trun"
+expect_ok "import as this trainer's checkpoint at tp1pp2, iteration 1000 as step 1000" "$CK" import "$WORK/t" --tp 1 --pp 2 \
+    --true-vocab-size 90 -o "$WORK/trun/step_00001000"
+check "weights and Adam state: 156 tensors" grep -q ": 156 tensors at tp=1 pp=2" "$WORK/.out"
+expect_ok "it verifies as any checkpoint of this format" "$CK" verify "$WORK/trun/step_00001000"
+expect_ok "export of the import" "$CK" export "$WORK/trun/step_00001000" --format safetensors -o "$WORK/t_hf"
+expect_ok "which computes the Megatron checkpoint's logits" "$PY" "$FIXTURE" --logits "$WORK/t" "$WORK/t_hf"
+use_open_mpi
+expect_ok "tp-train resumes it" mpirun --oversubscribe -np 2 "$BIN/tp-train" --layers 4 --dim 64 --heads 4 --vocab 90 \
+    --seq 32 --ffn 256 --vocab-pad-multiple 16 --pp 2 --micro-batch 2 --steps 1003 --ckpt-dir "$WORK/trun" --resume \
+    --log "$WORK/trun.jsonl" --quiet
+check "it started at step 1000 from the import and trained 3 steps" "$PY" -c '
+import json, math, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+start = [l for l in lines if l.get("event") == "start"][0]
+steps = [l for l in lines if "loss" in l]
+sys.exit(not (start["step"] == 1000 and start["resumed_from"] == "step_00001000" and
+              [l["step"] for l in steps] == [1001, 1002, 1003] and all(math.isfinite(l["loss"]) for l in steps)))' \
+    "$WORK/trun.jsonl"
+expect_error "the exact GELU is another function than the trainer's" 1 "exact GELU" "$CK" import "$WORK/x" --tp 1 --pp 1 \
+    -o "$WORK/never"
+expect_error "a SwiGLU model is not the trainer's GPT-2" 1 "a SwiGLU MLP: the trainer computes GPT-2" "$CK" import "$WORK/b" \
+    --tp 1 --pp 1 -o "$WORK/never"
+expect_error "--dtype is a Hugging Face import's" 2 "apply to a Hugging Face directory" "$CK" import "$WORK/t" --tp 1 --pp 1 \
+    --dtype bf16 -o "$WORK/never"
+check "nothing was written for refused imports" test ! -e "$WORK/never"
+
 # ------------------------------------------------- plan, memory, progress
 expect_ok "--dry-run plans a Megatron output" "$RS" "$WORK/x" --to tp1pp1 --dry-run -o "$WORK/x_plan"
 check "the plan names files, tensors and the state" grep -q "^  tensors    208, weights and optimizer state" "$WORK/.out"

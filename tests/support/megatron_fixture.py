@@ -192,6 +192,7 @@ class Config:
         self.max_pos = o.max_position_embeddings or o.seq
         self.swiglu, self.untied = o.swiglu, o.untied
         self.rope, self.rmsnorm = o.rope, o.rmsnorm
+        self.openai_gelu = o.openai_gelu
         self.bias, self.qkv_bias = not o.no_bias, o.qkv_bias
         self.names, self.dtype_name = o.names, o.dtype
         self.dtype = DTYPES[o.dtype]
@@ -608,7 +609,7 @@ def make_args(cfg, stubs):
     a['add_qkv_bias'] = cfg.qkv_bias
     a['swiglu'] = cfg.swiglu
     a['squared_relu'] = False
-    a['openai_gelu'] = False
+    a['openai_gelu'] = cfg.openai_gelu
     a['untie_embeddings_and_output_weights'] = cfg.untied
     a['apply_query_key_layer_scaling'] = False
     a['attention_dropout'] = 0.1
@@ -1511,6 +1512,7 @@ def build_parser():
     p.add_argument('--untied', action='store_true')
     p.add_argument('--rope', action='store_true', help='no position embeddings')
     p.add_argument('--rmsnorm', action='store_true', help='norms without bias')
+    p.add_argument('--openai-gelu', action='store_true', help="GELU's tanh form (args.openai_gelu)")
     p.add_argument('--no-bias', action='store_true', help='add_bias_linear = False')
     p.add_argument('--qkv-bias', action='store_true')
     p.add_argument('--names', choices=NAMINGS, default='legacy')
