@@ -170,8 +170,9 @@ $(BUILD)/lib/%.a:
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/bin/tp-ckpt: $(call obj,programs/tp-ckpt.c) $(CLI_OBJ) $(SYNTH_OBJ) $(MODEL_STACK)
-# tp-reshard reads and writes other tools' checkpoints through formats/.
-$(BUILD)/bin/tp-reshard: $(call obj,programs/tp-reshard.c) $(CLI_OBJ) $(LIB_FORMATS) $(RESHARD_STACK)
+# tp-reshard reads and writes other tools' checkpoints through formats/ (and
+# this model's as Megatron-LM's through model/).
+$(BUILD)/bin/tp-reshard: $(call obj,programs/tp-reshard.c) $(CLI_OBJ) $(MODEL_STACK)
 $(BUILD)/bin/tp-train: $(call obj,programs/tp-train.c) $(CLI_OBJ) $(LIB_COMM_MPI) $(TRAINER_STACK)
 $(BUILD)/bin/tp-elastic: $(call obj,programs/tp-elastic.c $(wildcard programs/elastic_*.c)) $(CLI_OBJ) $(ELASTIC_STACK)
 $(BUILD)/bin/%:

@@ -198,6 +198,8 @@ static int read_config(megatron_checkpoint *m, const torch_archive *archive)
         else if (!strcmp(dtype->text.data, "torch.float32")) c->dtype = TP_FP32;
     }
     c->has_optimizer = pickle_get(root, "optimizer") != NULL;
+    const pickle_value *samples = pickle_get(args, "consumed_train_samples");
+    c->consumed_samples = samples && samples->kind == PICKLE_INT ? samples->integer : 0;
     /* What the GPT computes beyond the shapes (docs/MEGATRON.md section 3). */
     c->openai_gelu = arg_flag(args, "openai_gelu");
     c->post_layernorm_residual = arg_flag(args, "apply_residual_connection_post_layernorm");
@@ -1115,13 +1117,11 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
     char *user = cJSON_PrintUnformatted(origin);
     cJSON_Delete(origin);
     if (!status && !user) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    const pickle_value *args = pickle_get(torch_archive_root(m->archives[0]), "args");
-    const pickle_value *samples = pickle_get(args, "consumed_train_samples");
     ckpt_foreign source = {
         .path = m->path,
         .layout = megatron_layout(m),
         .state = {.step = c->iteration > 0 ? c->iteration : 0,
-                  .consumed_samples = samples && samples->kind == PICKLE_INT ? samples->integer : 0,
+                  .consumed_samples = c->consumed_samples,
                   .user_json = user},
         .num_tensors = m->num_tensors,
         .tensors = tensors,

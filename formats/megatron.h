@@ -61,6 +61,7 @@ typedef struct {
     int core_names;              /* Megatron-Core's flat names (else the legacy nested dicts) */
     megatron_naming naming;      /* in detail */
     int64_t stored_iteration;    /* `iteration` as the files hold it (also in a release checkpoint) */
+    int64_t consumed_samples;    /* args.consumed_train_samples */
     int64_t num_layers, hidden, ffn, heads, query_groups, kv_channels;
     int64_t padded_vocab, vocab_divisible_by, max_positions;
     int64_t true_vocab;          /* the tokens of the vocabulary when told (megatron_set_true_vocab), else 0 */
@@ -137,9 +138,25 @@ typedef struct {
     int threads;            /* rank files written at once; 0: all cores */
     int weights_only;       /* leave the optimizer state out */
     int64_t memory_limit;   /* piece buffers of all threads; 0: RESHARD_DEFAULT_MEMORY */
+    /* Without a template (NULL): the model to write, its args written from
+     * it (the iteration its stored_iteration, tp and pp the default layout). */
+    const megatron_config *model;
+    /* A source under other names than Megatron's canonical ones (this
+     * toolkit's GPT); NULL: the source's names are canonical. */
+    const struct megatron_source_names *names;
     void (*on_bytes)(void *ctx, int64_t bytes); /* progress: tensor bytes written, from worker threads */
     void *progress_ctx;
 } megatron_write_options;
+
+/* How a source under its own names gives Megatron's tensors: the index of
+ * the source's tensor for a canonical name (-1: none), and a fused QKV's
+ * piece at degree tp reordered from the source's layout into Megatron's
+ * (blocks of kv_channels rows of block_bytes each). */
+typedef struct megatron_source_names {
+    int (*find)(void *ctx, const char *canonical);
+    void (*qkv_to_megatron)(void *ctx, int tp, const void *piece, void *out, size_t block_bytes);
+    void *ctx;
+} megatron_source_names;
 
 /* What a write does, decided before anything is written. */
 typedef struct {

@@ -73,8 +73,10 @@ static const layer_module core_local_layer[] = {
 
 typedef struct {
     ckpt_reader *source;
-    const megatron_checkpoint *template;
+    const megatron_checkpoint *template; /* NULL: a model written from its config alone */
     const megatron_config *c;
+    const megatron_source_names *names;
+    void *scratch;        /* names: a piece's worth, for reordering a QKV */
     megatron_naming naming;
     ckpt_layout to;
     torch_writer *w;
@@ -87,7 +89,13 @@ typedef struct {
     /* The tensors emitted into the pickle, in order: their bytes are
      * written after it (source tensor and piece; index -1: a tensor of the
      * template's rank file, raw, or empty). */
-    struct pending { int index, piece; int64_t bytes; const pickle_value *raw; int raw_pp, raw_tp; } *pending;
+    struct pending {
+        int index, piece;
+        int64_t bytes, rows;
+        int qkv;                 /* a fused QKV's piece, to reorder from a source under its own names */
+        const pickle_value *raw; /* index -1: a tensor of the template's rank file (raw_pp, raw_tp) */
+        int raw_pp, raw_tp;
+    } *pending;
     int num_pending, pending_capacity;
     /* The parameters emitted, in order (source indices): the order the
      * optimizer numbers them in. */
@@ -97,11 +105,10 @@ typedef struct {
     size_t piece_size;
 } rank_writer;
 
-/* raw: a tensor of the template's rank file (raw_rank[0] pp, raw_rank[1] tp). */
-static int add_pending(rank_writer *r, int index, int piece, int64_t bytes, const pickle_value *raw, const int *raw_rank)
+static int add_pending(rank_writer *r, struct pending p)
 {
     TP_TRY(array_reserve((void **)&r->pending, &r->pending_capacity, r->num_pending + 1, sizeof *r->pending));
-    r->pending[r->num_pending++] = (struct pending){index, piece, bytes, raw, raw ? raw_rank[0] : 0, raw ? raw_rank[1] : 0};
+    r->pending[r->num_pending++] = p;
     return TP_OK;
 }
 
@@ -110,15 +117,15 @@ static torch_dtype torch_dtype_of(tp_dtype dtype)
     return dtype == TP_BF16 ? TORCH_BFLOAT16 : dtype == TP_FP16 ? TORCH_FLOAT16 : TORCH_FLOAT32;
 }
 
-/* Emits this rank's piece of the source's tensor index. */
-static int emit_tensor(rank_writer *r, int index)
+/* Emits this rank's piece of the source's tensor index (a fused QKV: qkv). */
+static int emit_tensor(rank_writer *r, int index, int qkv)
 {
     const ckpt_tensor_desc *t = ckpt_reader_tensor(r->source, index);
     int piece = t->partition.kind == CKPT_SPLIT ? r->tp_rank : 0;
     int64_t shape[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(t->dtype);
     ckpt_piece_shape(t, r->to.tp, shape);
     for (int d = 0; d < t->ndim; d++) bytes *= shape[d];
-    TP_TRY(add_pending(r, index, piece, bytes, NULL, NULL));
+    TP_TRY(add_pending(r, (struct pending){.index = index, .piece = piece, .bytes = bytes, .rows = shape[0], .qkv = qkv}));
     return torch_writer_tensor(r->w, torch_dtype_of(t->dtype), t->ndim, shape);
 }
 
@@ -130,7 +137,10 @@ static int emit_tensor(rank_writer *r, int index)
 static int fill_vocabulary_padding(rank_writer *r, int index, int piece, void *buf)
 {
     const ckpt_tensor_desc *t = ckpt_reader_tensor(r->source, index);
-    if (t->partition.kind != CKPT_SPLIT || t->partition.pad_multiple <= 0 || t->partition.axis != 0) return TP_OK;
+    /* This format's padding is zero, as reshard_read_piece leaves it. */
+    if (!ckpt_reader_is_foreign(r->source) || t->partition.kind != CKPT_SPLIT || t->partition.pad_multiple <= 0 ||
+        t->partition.axis != 0)
+        return TP_OK;
     int source_tp = ckpt_reader_layout(r->source)->tp;
     int64_t source_rows[CKPT_MAX_DIMS], target_rows[CKPT_MAX_DIMS];
     ckpt_padded_shape(t, source_tp, source_rows);
@@ -154,14 +164,21 @@ static int write_pending(rank_writer *r)
     for (int k = 0; k < r->num_pending; k++) {
         const struct pending *p = &r->pending[k];
         if ((size_t)p->bytes > r->piece_size) {
-            void *bigger = realloc(r->piece, (size_t)p->bytes);
-            if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory for a piece of %lld bytes", (long long)p->bytes);
-            r->piece = bigger;
+            void *bigger = realloc(r->piece, (size_t)p->bytes), *scratch = r->names ? realloc(r->scratch, (size_t)p->bytes) : NULL;
+            if (bigger) r->piece = bigger;
+            if (scratch) r->scratch = scratch;
+            if (!bigger || (r->names && !scratch))
+                return tp_fail(TP_ERR_NOMEM, "out of memory for a piece of %lld bytes", (long long)p->bytes);
             r->piece_size = (size_t)p->bytes;
         }
         if (p->index >= 0) {
+            /* A source under its own names lays a QKV out its own way: read, then reordered. */
+            int reorder = p->qkv && r->names;
             TP_TRY(reshard_read_piece(r->source, p->index, ckpt_reader_tensor(r->source, p->index), r->to.tp, p->piece,
-                                      r->piece, (size_t)p->bytes));
+                                      reorder ? r->scratch : r->piece, (size_t)p->bytes));
+            if (reorder)
+                r->names->qkv_to_megatron(r->names->ctx, r->to.tp, r->scratch, r->piece,
+                                          (size_t)(p->bytes / p->rows * r->c->kv_channels));
             TP_TRY(fill_vocabulary_padding(r, p->index, p->piece, r->piece));
         }
         else if (p->raw)
@@ -172,15 +189,21 @@ static int write_pending(rank_writer *r)
     return TP_OK;
 }
 
+/* The source's tensor of a canonical name, or -1. */
+static int source_find(const rank_writer *r, const char *canonical)
+{
+    return r->names ? r->names->find(r->names->ctx, canonical) : ckpt_reader_find(r->source, canonical);
+}
+
 /* key: tensor, when the source has it; a parameter of the rank. */
 static int entry(rank_writer *r, const char *key, const char *canonical)
 {
-    int index = ckpt_reader_find(r->source, canonical);
+    int index = source_find(r, canonical);
     if (index < 0) return TP_OK; /* a model without biases has none */
     TP_TRY(array_reserve((void **)&r->params, &r->params_capacity, r->num_params + 1, sizeof *r->params));
     r->params[r->num_params++] = index;
     pk_string(r->b, key);
-    return emit_tensor(r, index);
+    return emit_tensor(r, index, strstr(canonical, ".attention.qkv.") != NULL);
 }
 
 /* A module's _extra_state: None, or Transformer Engine's as the template
@@ -193,13 +216,13 @@ static int emit_extra(rank_writer *r, const char *key, int extra, const char *te
         pk_none(r->b);
         return TP_OK;
     }
-    const pickle_value *v = megatron_model_value(r->template, template_key);
+    const pickle_value *v = r->template ? megatron_model_value(r->template, template_key) : NULL;
     if (v && v->kind != PICKLE_TENSOR) return pk_value(r->b, v);
     if (v && torch_tensor_numel(v) > 0)
         return tp_fail(TP_ERR_FORMAT, "%s: %s holds Transformer Engine's FP8 state, which is not converted",
                        megatron_path(r->template), template_key);
     int64_t empty = 0;
-    TP_TRY(add_pending(r, -1, 0, 0, NULL, NULL));
+    TP_TRY(add_pending(r, (struct pending){.index = -1}));
     return torch_writer_tensor(r->w, TORCH_UINT8, 1, &empty);
 }
 
@@ -253,7 +276,7 @@ static int emit_model_legacy(rank_writer *r)
         pk_ordered_dict_begin(b);
         TP_TRY(entry(r, "weight", "embedding.word_embeddings.weight"));
         pk_dict_end(b);
-        if (ckpt_reader_find(r->source, "embedding.position_embeddings.weight") >= 0) {
+        if (source_find(r, "embedding.position_embeddings.weight") >= 0) {
             pk_string(b, "position_embeddings");
             pk_ordered_dict_begin(b);
             TP_TRY(entry(r, "weight", "embedding.position_embeddings.weight"));
@@ -314,11 +337,89 @@ static int emit_model_core(rank_writer *r)
     return TP_OK;
 }
 
-/* The template's args with the parallel sizes of the output. */
+static void arg_int(byte_buffer *b, const char *key, int64_t value)
+{
+    pk_string(b, key);
+    pk_int(b, value);
+}
+
+static void arg_bool(byte_buffer *b, const char *key, int value)
+{
+    pk_string(b, key);
+    pk_bool(b, value);
+}
+
+static void arg_string(byte_buffer *b, const char *key, const char *value)
+{
+    pk_string(b, key);
+    pk_string(b, value);
+}
+
+/* Args written from the model alone (no template): the fields Megatron's
+ * loader and converters read (docs/MEGATRON.md section 3), for the model
+ * this toolkit trains (learned positions, LayerNorm, biases, GELU's tanh
+ * form, tied embeddings). */
+static void emit_model_args(rank_writer *r)
+{
+    const megatron_config *c = r->c;
+    byte_buffer *b = r->b;
+    int64_t multiple = c->vocab_divisible_by * r->to.tp;
+    arg_int(b, "num_layers", c->num_layers);
+    arg_int(b, "hidden_size", c->hidden);
+    arg_int(b, "ffn_hidden_size", c->ffn);
+    arg_int(b, "num_attention_heads", c->heads);
+    arg_int(b, "kv_channels", c->kv_channels);
+    arg_bool(b, "group_query_attention", c->query_groups != c->heads);
+    arg_int(b, "num_query_groups", c->query_groups);
+    arg_int(b, "max_position_embeddings", c->max_positions);
+    arg_int(b, "seq_length", c->max_positions);
+    arg_string(b, "position_embedding_type", "learned_absolute");
+    arg_bool(b, "add_position_embedding", 1);
+    arg_string(b, "normalization", "LayerNorm");
+    pk_string(b, "norm_epsilon");
+    pk_float(b, c->norm_epsilon);
+    arg_bool(b, "add_bias_linear", 1);
+    arg_bool(b, "add_qkv_bias", 1);
+    arg_bool(b, "swiglu", c->swiglu);
+    arg_bool(b, "openai_gelu", c->openai_gelu);
+    arg_bool(b, "untie_embeddings_and_output_weights", 0);
+    arg_bool(b, "apply_residual_connection_post_layernorm", 0);
+    arg_int(b, "vocab_size", c->true_vocab);
+    arg_int(b, "make_vocab_size_divisible_by", c->vocab_divisible_by);
+    arg_int(b, "padded_vocab_size", (c->true_vocab + multiple - 1) / multiple * multiple);
+    arg_int(b, "tensor_model_parallel_size", r->to.tp);
+    arg_int(b, "pipeline_model_parallel_size", r->to.pp);
+    pk_string(b, "virtual_pipeline_model_parallel_size");
+    pk_none(b);
+    pk_string(b, "params_dtype");
+    pk_global(b, "torch", c->dtype == TP_BF16 ? "bfloat16" : c->dtype == TP_FP16 ? "float16" : "float32");
+    arg_bool(b, "fp16", c->dtype == TP_FP16);
+    arg_bool(b, "bf16", c->dtype == TP_BF16);
+    arg_int(b, "iteration", c->stored_iteration);
+    arg_int(b, "consumed_train_samples", c->consumed_samples);
+    arg_string(b, "ckpt_format", "torch");
+    arg_bool(b, "use_legacy_models", r->naming < MEGATRON_NAMES_CORE);
+    arg_bool(b, "use_mcore_models", r->naming >= MEGATRON_NAMES_CORE);
+    if (r->naming >= MEGATRON_NAMES_CORE)
+        arg_string(b, "transformer_impl", r->naming == MEGATRON_NAMES_CORE ? "transformer_engine" : "local");
+    arg_bool(b, "bert_binary_head", 0);
+}
+
+/* The template's args with the parallel sizes of the output, or the
+ * model's own. */
 static int emit_args(rank_writer *r)
 {
-    const pickle_value *args = megatron_args(r->template);
     byte_buffer *b = r->b;
+    if (!r->template) {
+        pk_global(b, "argparse", "Namespace");
+        buffer_put(b, ")\x81", 2); /* Namespace.__new__(Namespace): EMPTY_TUPLE, NEWOBJ */
+        pk_dict_begin(b);
+        emit_model_args(r);
+        pk_dict_end(b);
+        buffer_put(b, "b", 1); /* BUILD */
+        return TP_OK;
+    }
+    const pickle_value *args = megatron_args(r->template);
     int core = r->naming >= MEGATRON_NAMES_CORE;
     pk_global(b, "argparse", "Namespace");
     buffer_put(b, ")\x81", 2); /* Namespace.__new__(Namespace): EMPTY_TUPLE, NEWOBJ */
@@ -368,7 +469,8 @@ static int emit_raw_tensor(void *ctx, const pickle_value *t)
         return tp_fail(TP_ERR_FORMAT, "%s: a non-contiguous tensor among the state carried over", megatron_path(r->template));
     int64_t numel = torch_tensor_numel(t);
     torch_dtype dtype = t->tensor.storage->storage.dtype;
-    TP_TRY(add_pending(r, -1, 0, numel * (int64_t)torch_dtype_size(dtype), t, from->rank));
+    TP_TRY(add_pending(r, (struct pending){.index = -1, .bytes = numel * (int64_t)torch_dtype_size(dtype), .raw = t,
+                                           .raw_pp = from->rank[0], .raw_tp = from->rank[1]}));
     return torch_writer_tensor(r->w, dtype, t->tensor.ndim, t->tensor.shape);
 }
 
@@ -381,7 +483,7 @@ static int emit_optimizer_tensor(rank_writer *r, int param, const char *role)
     int index = ckpt_reader_find(r->source, name);
     if (index < 0)
         return tp_fail(TP_ERR_NOT_FOUND, "%s: no %s state for parameter %s", ckpt_reader_path(r->source), role, param_name);
-    return emit_tensor(r, index);
+    return emit_tensor(r, index, 0);
 }
 
 /* The optimizer state dict of this rank as Megatron's optimizers write it
@@ -496,6 +598,7 @@ static int emit_optimizer(rank_writer *r)
 static int emit_training_state(rank_writer *r)
 {
     byte_buffer *b = r->b;
+    if (!r->template) return TP_OK; /* a model alone: weights only */
     if (r->optimizer) {
         pk_string(b, "optimizer");
         TP_TRY(emit_optimizer(r));
@@ -608,9 +711,11 @@ static int64_t written_bytes(const ckpt_tensor_desc *t, int tp, int64_t *piece)
 int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *template, const megatron_write_options *options,
                                megatron_write_plan *plan)
 {
-    const megatron_config *c = megatron_config_of(template);
+    if (!template && !options->model) return tp_fail(TP_ERR_ARG, "a Megatron-LM output needs a template or a model");
+    const megatron_config *c = template ? megatron_config_of(template) : options->model;
+    const char *name = template ? megatron_path(template) : ckpt_reader_path(source);
     memset(plan, 0, sizeof *plan);
-    ckpt_layout to = megatron_layout(template);
+    ckpt_layout to = {.tp = c->tp, .pp = c->pp, .dp = 1, .num_layers = c->num_layers};
     if (options->tp) to.tp = options->tp;
     if (options->pp) to.pp = options->pp;
     plan->tp = to.tp;
@@ -624,8 +729,8 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
     if (options->weights_only || !c->optimizer_read) plan->optimizer = 0;
     if (plan->optimizer && c->distributed_optimizer)
         return tp_fail(TP_ERR_LAYOUT, "%s: writing the distributed optimizer's state (distrib_optim.pt) is not implemented "
-                       "yet; --format tp keeps it, --weights-only converts the weights alone", megatron_path(template));
-    plan->rank_state_dropped = !(to.tp == c->tp && to.pp == c->pp) && megatron_rank_value(template, 0, 0, "rng_state");
+                       "yet; --format tp keeps it, --weights-only converts the weights alone", name);
+    plan->rank_state_dropped = template && !(to.tp == c->tp && to.pp == c->pp) && megatron_rank_value(template, 0, 0, "rng_state");
     megatron_naming naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
     TP_TRY(check_layout(c, &to, naming));
     const char *largest = "";
@@ -660,13 +765,13 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
 int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, const megatron_write_options *options,
                    const char *out, megatron_write_plan *result)
 {
-    const megatron_config *c = megatron_config_of(template);
     megatron_write_plan plan;
     TP_TRY(megatron_write_plan_create(source, template, options, &plan));
     if (result) *result = plan;
-    rank_writer r = {.source = source, .template = template, .c = c, .optimizer = plan.optimizer,
+    const megatron_config *c = template ? megatron_config_of(template) : options->model;
+    rank_writer r = {.source = source, .template = template, .c = c, .names = options->names, .optimizer = plan.optimizer,
                      .on_bytes = options->on_bytes, .progress_ctx = options->progress_ctx};
-    r.to = megatron_layout(template);
+    r.to = (ckpt_layout){.dp = 1, .num_layers = c->num_layers};
     r.to.tp = plan.tp;
     r.to.pp = plan.pp;
     r.carry_rank_state = r.to.tp == c->tp && r.to.pp == c->pp;
@@ -691,6 +796,7 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
         free(writers[i].piece);
         free(writers[i].pending);
         free(writers[i].params);
+        free(writers[i].scratch);
     }
     free(writers);
     snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", root);

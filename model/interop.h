@@ -129,6 +129,17 @@ int gpt_megatron_import_count(const gpt_megatron_import *job);
 int gpt_megatron_import_run(gpt_megatron_import *job, const import_options *options, const char *out);
 void gpt_megatron_import_close(gpt_megatron_import *job);
 
+/* A checkpoint of this model (source) written as a Megatron-LM legacy
+ * checkpoint (formats/megatron.h megatron_write) at options' layout and
+ * naming: args written from the model (learned positions, LayerNorm,
+ * biases, GELU's tanh form: openai_gelu, tied embeddings), each fused QKV
+ * regrouped into Megatron's per-group order, the vocabulary padded as
+ * Megatron pads it (its pad multiple as make_vocab_size_divisible_by),
+ * the step as the iteration; weights only (a Megatron optimizer's param
+ * groups are its run's). With out NULL, plan only (--dry-run). */
+int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *options, const char *out,
+                       megatron_write_plan *plan);
+
 /* ----------------------------------------------------------------- import */
 
 /* A Hugging Face GPT-2 directory (config.json, and model.safetensors or

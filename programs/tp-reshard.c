@@ -14,6 +14,7 @@
 #include "../common/parallel.h"
 #include "progress.h"
 #include "../formats/megatron.h"
+#include "../model/interop.h"
 #include "../reshard/reshard.h"
 
 static const char *usage_text =
@@ -139,16 +140,16 @@ static void default_output(const char *source, int tp, int pp, char *out, size_t
 }
 
 /* The plan or summary of a Megatron-LM output, in the keys of the others. */
-static cJSON *megatron_json(const megatron_write_plan *p, const megatron_config *c, const char *source, const char *out,
+static cJSON *megatron_json(const megatron_write_plan *p, const ckpt_layout *from, const char *source, const char *out,
                             megatron_naming naming)
 {
     cJSON *o = cJSON_CreateObject();
-    ckpt_layout from = {.tp = c->tp, .pp = c->pp}, to = {.tp = p->tp, .pp = p->pp};
+    ckpt_layout to = {.tp = p->tp, .pp = p->pp};
     cJSON_AddStringToObject(o, "source", source);
     cJSON_AddStringToObject(o, "output", out);
     cJSON_AddStringToObject(o, "format", "megatron-legacy");
     cJSON_AddStringToObject(o, "names", megatron_naming_name(naming));
-    cJSON_AddItemToObject(o, "from", layout_json(&from));
+    cJSON_AddItemToObject(o, "from", layout_json(from));
     cJSON_AddItemToObject(o, "to", layout_json(&to));
     cJSON_AddNumberToObject(o, "files", p->files);
     cJSON_AddNumberToObject(o, "tensors", p->tensors);
@@ -166,10 +167,12 @@ typedef struct {
     megatron_write_plan *plan;
 } megatron_job;
 
+/* A Megatron source's reshard, or this toolkit's GPT written as Megatron's. */
 static int run_megatron_write(void *ctx, const char *path)
 {
     megatron_job *j = ctx;
-    return megatron_write(j->source, j->megatron, j->options, path, j->plan);
+    return j->megatron ? megatron_write(j->source, j->megatron, j->options, path, j->plan)
+                       : gpt_megatron_write(j->source, j->options, path, j->plan);
 }
 
 /* A Megatron-LM source (its --from already checked) written back as a
@@ -179,13 +182,17 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
                           const char *source_path, const char *out, int naming, int verify, int dry_run, int json,
                           int force_progress)
 {
-    const megatron_config *c = megatron_config_of(megatron);
+    const megatron_config *c = megatron ? megatron_config_of(megatron) : NULL;
+    const ckpt_layout *from = ckpt_reader_layout(source);
+    const char *source_name = megatron ? megatron_path(megatron) : ckpt_reader_path(source);
+    const char *source_format = megatron ? "Megatron-LM " : "";
     megatron_write_options wo = {.tp = options->tp, .pp = options->pp, .naming = naming, .overwrite = options->overwrite,
                                  .threads = options->threads, .weights_only = options->drop_optimizer,
                                  .memory_limit = options->memory_limit};
-    megatron_naming names = naming >= 0 ? (megatron_naming)naming : c->naming;
+    megatron_naming names = naming >= 0 ? (megatron_naming)naming : c ? c->naming : MEGATRON_NAMES_LEGACY;
     megatron_write_plan plan;
-    if (megatron_write_plan_create(source, megatron, &wo, &plan)) return fail("%s", tp_errmsg());
+    if (megatron ? megatron_write_plan_create(source, megatron, &wo, &plan) : gpt_megatron_write(source, &wo, NULL, &plan))
+        return fail("%s", tp_errmsg());
     char default_out[4200];
     if (!out) {
         default_output(source_path, plan.tp, plan.pp, default_out, sizeof default_out);
@@ -196,11 +203,11 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     format_bytes((double)plan.buffer_memory, buffers, sizeof buffers);
     if (dry_run) {
         if (json) {
-            print_json(megatron_json(&plan, c, megatron_path(megatron), out, names));
+            print_json(megatron_json(&plan, from, source_name, out, names));
             return 0;
         }
-        printf("plan: %s (Megatron-LM tp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names)\n", megatron_path(megatron), c->tp,
-               c->pp, out, plan.tp, plan.pp, megatron_naming_name(names));
+        printf("plan: %s (%stp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names)\n", source_name, source_format, from->tp,
+               from->pp, out, plan.tp, plan.pp, megatron_naming_name(names));
         printf("  files      %d rank files model_optim_rng.pt\n", plan.files);
         printf("  tensors    %d, %s\n", plan.tensors,
                plan.optimizer ? "weights and optimizer state" : "weights only");
@@ -221,10 +228,10 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     if (status) return fail("%s", tp_errmsg());
     if (plan.rank_state_dropped)
         fprintf(stderr, "tp-reshard: warning: the ranks' RNG states were left out: they belong to the layout tp%dpp%d "
-                        "(Megatron drops them on a change of layout too)\n", c->tp, c->pp);
+                        "(Megatron drops them on a change of layout too)\n", from->tp, from->pp);
     if (!json)
-        printf("resharded %s (Megatron-LM tp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names): %d tensors, %s, %s written "
-               "in %.2f s\n", megatron_path(megatron), c->tp, c->pp, out, plan.tp, plan.pp, megatron_naming_name(names),
+        printf("resharded %s (%stp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names): %d tensors, %s, %s written "
+               "in %.2f s\n", source_name, source_format, from->tp, from->pp, out, plan.tp, plan.pp, megatron_naming_name(names),
                plan.tensors, plan.optimizer ? "weights and optimizer state" : "weights only", written, seconds);
     megatron_checkpoint *written_checkpoint = NULL;
     ckpt_reader *output = NULL;
@@ -233,7 +240,7 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     double verify_start = now_seconds();
     /* The output's vocabulary padded for its TP: described by the true size as the source is. */
     if (verify && (megatron_open(out, &written_checkpoint) ||
-                   (c->true_vocab && megatron_set_true_vocab(written_checkpoint, c->true_vocab)) ||
+                   (c && c->true_vocab && megatron_set_true_vocab(written_checkpoint, c->true_vocab)) ||
                    megatron_reader_open(written_checkpoint, 1, &output) ||
                    reshard_verify(source, output, options->threads, &checked)))
         code = fail("%s", tp_errmsg());
@@ -244,7 +251,7 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
         printf("verified: %d tensors equal to the source (logical digests), in %.2f s\n", checked.tensors,
                now_seconds() - verify_start);
     if (!code && json) {
-        cJSON *o = megatron_json(&plan, c, megatron_path(megatron), out, names);
+        cJSON *o = megatron_json(&plan, from, source_name, out, names);
         cJSON_AddNumberToObject(o, "seconds", seconds);
         cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)peak_rss_bytes());
         if (verify) cJSON_AddBoolToObject(o, "verified", 1);
@@ -355,9 +362,12 @@ int main(int argc, char **argv)
     }
     int megatron_out = output_format ? !strcmp(output_format, "megatron") : megatron != NULL;
     const char *refusal = NULL;
-    if (megatron_out && !megatron)
-        refusal = "writing a Megatron-LM checkpoint from this toolkit's format is not implemented yet (the Megatron "
-                  "output takes a Megatron source's args)";
+    /* This toolkit's GPT written as Megatron's regroups each fused QKV: the
+     * logical tensors differ, so digests cannot prove it; an import back
+     * and a diff can (docs/TOOLS.md). */
+    if (megatron_out && !megatron && verify)
+        refusal = "--verify compares logical digests, and a GPT written as Megatron's regroups its QKV: import it back "
+                  "(tp-ckpt import) and diff instead";
     else if (megatron && megatron_optimizer_refusal(megatron, NULL) && !options.drop_optimizer)
         refusal = megatron_optimizer_refusal(megatron, NULL);
     if (refusal) {

@@ -1,8 +1,9 @@
-/* megatron_import.c: a Megatron-LM GPT-2 written as this model's checkpoint
- * (interop.h gpt_import_megatron): each catalogue tensor read, at the
- * target layout, from the Megatron tensor it is (megatron_name), the fused
- * QKV's rows regrouped within each piece, the Adam moments and fp32
- * masters with their parameters. */
+/* megatron_interop.c: this model and Megatron-LM's GPT checkpoints, both
+ * ways (interop.h). Import: each catalogue tensor read, at the target
+ * layout, from the Megatron tensor it is (gpt_megatron_name), a fused QKV's
+ * rows regrouped within each piece, the Adam moments and fp32 masters with
+ * their parameters. Writing: megatron_write given the model's config and
+ * this model's names for Megatron's, each QKV piece regrouped back. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,17 +102,26 @@ void gpt_megatron_import_close(gpt_megatron_import *x)
     free(x);
 }
 
-/* A piece of the fused QKV from Megatron's order, per query group [q of its
- * heads, k, v] in blocks of kv_channels rows, into this model's [q of the
- * rank's heads; its keys; its values]. */
-static void regroup_qkv(const megatron_config *c, int tp, const unsigned char *from, unsigned char *to, size_t block_bytes)
+/* Within a piece of the fused QKV at degree tp (blocks of kv_channels
+ * rows): the block of Megatron's order, per query group [q of its heads, k,
+ * v], that is block j of this model's [q of the rank's heads; its keys;
+ * its values]. */
+static int64_t megatron_qkv_block(int64_t heads, int64_t groups, int tp, int64_t j)
 {
-    int64_t per_group = c->heads / c->query_groups, groups = c->query_groups / tp, heads = c->heads / tp;
-    for (int64_t j = 0; j < heads + 2 * groups; j++) {
-        int64_t block = j < heads            ? j / per_group * (per_group + 2) + j % per_group
-                        : j < heads + groups ? (j - heads) * (per_group + 2) + per_group
-                                             : (j - heads - groups) * (per_group + 2) + per_group + 1;
-        memcpy(to + (size_t)j * block_bytes, from + (size_t)block * block_bytes, block_bytes);
+    int64_t per_group = heads / groups, rank_groups = groups / tp, rank_heads = heads / tp;
+    if (j < rank_heads) return j / per_group * (per_group + 2) + j % per_group;
+    if (j < rank_heads + rank_groups) return (j - rank_heads) * (per_group + 2) + per_group;
+    return (j - rank_heads - rank_groups) * (per_group + 2) + per_group + 1;
+}
+
+/* A QKV piece from Megatron's order into this model's (to_megatron 0), or back. */
+static void regroup_qkv(int64_t heads, int64_t groups, int tp, const unsigned char *from, unsigned char *to, size_t block_bytes,
+                        int to_megatron)
+{
+    for (int64_t j = 0; j < heads / tp + 2 * (groups / tp); j++) {
+        int64_t block = megatron_qkv_block(heads, groups, tp, j);
+        if (to_megatron) memcpy(to + (size_t)block * block_bytes, from + (size_t)j * block_bytes, block_bytes);
+        else memcpy(to + (size_t)j * block_bytes, from + (size_t)block * block_bytes, block_bytes);
     }
 }
 
@@ -150,7 +160,9 @@ int gpt_megatron_import_run(gpt_megatron_import *x, const import_options *option
         for (int p = 0; p < ckpt_piece_count(&t->desc, x->to.tp) && !status; p++) {
             if (!ckpt_writer_owns_piece(w, id, p)) continue;
             status = reshard_read_piece(x->source, x->source_index[i], &read, x->to.tp, p, qkv ? grouped : piece, (size_t)bytes);
-            if (!status && qkv) regroup_qkv(x->c, x->to.tp, grouped, piece, (size_t)(bytes / shape[0] * x->c->kv_channels));
+            if (!status && qkv)
+                regroup_qkv(x->c->heads, x->c->query_groups, x->to.tp, grouped, piece,
+                            (size_t)(bytes / shape[0] * x->c->kv_channels), 0);
             if (!status) status = ckpt_writer_put_piece(w, id, p, piece);
             if (!status && options->on_bytes) options->on_bytes(options->progress_ctx, bytes);
         }
@@ -171,3 +183,60 @@ int gpt_megatron_import_run(gpt_megatron_import *x, const import_options *option
     free(model);
     return status;
 }
+
+/* ------------------------------------------------------------ writing */
+
+typedef struct {
+    ckpt_reader *source;
+    gpt_config config;
+    char (*canonical)[CKPT_NAME_MAX + 1]; /* per source tensor: Megatron's name of a parameter, "" otherwise */
+    int count;
+} source_names;
+
+static int find_canonical(void *ctx, const char *canonical)
+{
+    const source_names *n = ctx;
+    for (int i = 0; i < n->count; i++)
+        if (!strcmp(n->canonical[i], canonical)) return i;
+    return -1;
+}
+
+static void qkv_to_megatron(void *ctx, int tp, const void *piece, void *out, size_t block_bytes)
+{
+    const source_names *n = ctx;
+    regroup_qkv(n->config.heads, n->config.kv_heads, tp, piece, out, block_bytes, 1);
+}
+
+int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *options, const char *out, megatron_write_plan *plan)
+{
+    const ckpt_train_state *state = ckpt_reader_state(source);
+    const ckpt_layout *layout = ckpt_reader_layout(source);
+    source_names names = {.source = source, .count = ckpt_reader_num_tensors(source)};
+    int status = gpt_config_from_json(state->model_json, &names.config);
+    if (status) return tp_fail_context(status, "%s: ", ckpt_reader_path(source));
+    const gpt_config *g = &names.config;
+    /* The model as Megatron describes it; its GELU is the tanh form. */
+    megatron_config model = {
+        .iteration = state->step, .stored_iteration = state->step, .consumed_samples = state->consumed_samples,
+        .checkpoint_version = 3.0, .tp = layout->tp, .pp = layout->pp, .vpp = 1, .naming = MEGATRON_NAMES_LEGACY,
+        .num_layers = g->layers, .hidden = g->dim, .ffn = g->ffn, .heads = g->heads, .query_groups = g->kv_heads,
+        .kv_channels = g->dim / g->heads, .true_vocab = g->vocab, .vocab_divisible_by = g->vocab_pad_multiple,
+        .max_positions = g->seq, .swiglu = g->swiglu, .learned_positions = 1, .has_bias = 1, .dtype = g->dtype,
+        .openai_gelu = 1, .norm_epsilon = 1e-5};
+    int64_t multiple = model.vocab_divisible_by * model.tp;
+    model.padded_vocab = (model.true_vocab + multiple - 1) / multiple * multiple;
+    if (!(names.canonical = calloc((size_t)names.count + 1, sizeof *names.canonical))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < names.count && !status; i++) {
+        const ckpt_tensor_desc *t = ckpt_reader_tensor(source, i);
+        if (!strcmp(t->role, "param")) status = gpt_megatron_name(t->name, names.canonical[i], sizeof *names.canonical);
+    }
+    megatron_source_names adapter = {find_canonical, qkv_to_megatron, &names};
+    megatron_write_options o = *options;
+    o.model = &model;
+    o.names = &adapter;
+    o.weights_only = 1; /* the optimizer's layout is Megatron's run's, not recorded here */
+    if (!status) status = out ? megatron_write(source, NULL, &o, out, plan) : megatron_write_plan_create(source, NULL, &o, plan);
+    free(names.canonical);
+    return status;
+}
+
