@@ -268,3 +268,14 @@ Test(megatron, optimizer_state_not_read_is_said)
         megatron_close(m);
     }
 }
+
+/* ------------------------------------------ the fuzzing corpus, replayed */
+
+#define LLVMFuzzerTestOneInput fuzz_megatron_one
+#include "../fuzz/fuzz_megatron.c"
+#undef LLVMFuzzerTestOneInput
+
+Test(megatron, fuzz_corpus)
+{
+    cr_assert_gt(replay_corpus("megatron", fuzz_megatron_one), 0);
+}

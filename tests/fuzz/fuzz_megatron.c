@@ -1,0 +1,48 @@
+/* fuzz_megatron.c: libFuzzer target for the Megatron-LM reader on top of
+ * the torch.save one: the input is the rank file of a tp1 pp1 checkpoint
+ * (mp_rank_00/model_optim_rng.pt in a directory of this process), whose
+ * args, model dicts, optimizer state (parameter groups, state entries,
+ * fp32 masters) and RNG states are interpreted; the reader then reads every
+ * piece for its digests. It must open or fail with an error, never crash,
+ * hang or read outside the file. `make fuzz` runs it. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../formats/megatron.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static char fuzz_dir[64], rank_dir[96], file[128];
+
+/* The directory goes with the process. */
+static void remove_checkpoint(void)
+{
+    unlink(file);
+    rmdir(rank_dir);
+    rmdir(fuzz_dir);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!fuzz_dir[0]) {
+        snprintf(fuzz_dir, sizeof fuzz_dir, "/tmp/fuzz-megatron-%d", (int)getpid());
+        snprintf(rank_dir, sizeof rank_dir, "%s/mp_rank_00", fuzz_dir);
+        snprintf(file, sizeof file, "%s/model_optim_rng.pt", rank_dir);
+        if (mkdir(fuzz_dir, 0700) != 0 || mkdir(rank_dir, 0700) != 0) return 0;
+        atexit(remove_checkpoint);
+    }
+    FILE *f = fopen(file, "wb");
+    if (!f) return 0;
+    size_t written = fwrite(data, 1, size, f);
+    if (fclose(f) != 0 || written != size) return 0;
+    megatron_checkpoint *m = NULL;
+    if (megatron_open(fuzz_dir, &m) == 0) {
+        ckpt_reader *r = NULL;
+        if (megatron_reader_open(m, 1, &r) == 0) ckpt_reader_close(r);
+    }
+    megatron_close(m);
+    return 0;
+}
