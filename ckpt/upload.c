@@ -210,6 +210,7 @@ int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_opti
     files_job job = {local, url, names.names, options};
     if (!status && first_index > 0)
         status = parallel_for(first_index, first_index < threads ? first_index : threads, upload_named, &job);
+    if (!status && first_index < names.count) ckpt_fault_point("upload-before-index");
     for (int i = first_index; !status && i < names.count; i++) status = upload_named(&job, i, 0);
     free(names.names);
     return status;
