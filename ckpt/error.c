@@ -67,10 +67,27 @@ int ckpt_library_init(void)
     return init_status;
 }
 
+static void fault_at(const char *point, const char *want);
+
 void ckpt_fault_point(const char *point)
 {
-    const char *want = getenv("TP_CKPT_FAULT");
-    if (!want) return;
+    const char *list = getenv("TP_CKPT_FAULT");
+    /* Several points, separated by commas. */
+    for (const char *want = list; want && *want;) {
+        const char *comma = strchr(want, ',');
+        char one[256];
+        size_t n = comma ? (size_t)(comma - want) : strlen(want);
+        if (n < sizeof one) {
+            memcpy(one, want, n);
+            one[n] = 0;
+            fault_at(point, one);
+        }
+        want = comma ? comma + 1 : NULL;
+    }
+}
+
+static void fault_at(const char *point, const char *want)
+{
     size_t n = strlen(point);
     if (strcmp(want, point) == 0) raise(SIGKILL);
     if (strncmp(want, point, n) != 0 || want[n] != ':') return;

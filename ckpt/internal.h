@@ -150,7 +150,8 @@ int ckpt_candidates_in(const ckpt_storage *storage, const char *path, ckpt_candi
 /* Test hook (docs/FORMAT.md "Test hook"): kills the process with SIGKILL
  * when the environment variable TP_CKPT_FAULT names this point; with
  * POINT:TERM (INT, HUP) raises that signal there and holds the caller at the
- * point for half a second. */
+ * point for half a second; POINT:SLEEP:S holds it S seconds. Several
+ * points are separated by commas. */
 void ckpt_fault_point(const char *point);
 
 #endif

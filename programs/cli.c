@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,16 @@
  * other libraries started before main (OpenBLAS) may take the signal, which
  * is why this is a handler and not sigwait with the signals blocked. */
 static int signal_pipe[2] = {-1, -1};
+/* Set once the clean-up began: the outputs it removes make the main
+ * thread's writing fail, and the process must end by the signal, not by
+ * that error's exit status (a caller waiting for 143 would read 1). */
+static atomic_int dying;
+
+/* At exit: while the clean-up runs, wait for the signal it raises. */
+static void wait_for_the_signal(void)
+{
+    while (atomic_load(&dying)) pause();
+}
 
 static void on_signal(int sig)
 {
@@ -38,6 +49,7 @@ static void *clean_up_thread(void *arg)
     while ((n = read(signal_pipe[0], &byte, 1)) < 0 && errno == EINTR) {
     }
     if (n != 1) return NULL;
+    atomic_store(&dying, 1);
     ckpt_discard_all_staged();
     int sig = byte;
     signal(sig, SIG_DFL);
@@ -65,6 +77,7 @@ int cli_catch_signal(int sig, void (*handler)(int))
 int cli_clean_up_on_signals(void)
 {
     if (pipe2(signal_pipe, O_CLOEXEC) != 0) return -1;
+    if (atexit(wait_for_the_signal) != 0) return -1;
     pthread_t thread;
     if (pthread_create(&thread, NULL, clean_up_thread, NULL) != 0) return -1;
     pthread_detach(thread);

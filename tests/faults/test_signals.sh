@@ -54,6 +54,26 @@ signal_trials() {
 gguf_whole() { "$PY" "$ROOT/tests/trainer/check_export.py" gguf "$1" "$WORK/src" >/dev/null 2>&1; }
 hdf5_whole() { "$PY" "$ROOT/tests/trainer/check_export.py" hdf5 "$1" "$WORK/src" >/dev/null 2>&1; }
 
+# The window between the clean-up and the death held open for 2 s
+# (signal-cleaned:SLEEP:2): the writer, its staged output removed under it,
+# fails meanwhile; the process must still end by the signal, not by that
+# error's status (it ended with 1: test_signals' export trials in a fresh
+# clone, once).
+mkdir -p "$WORK/held"
+for sig in TERM INT; do
+    code=143
+    [ $sig = INT ] && code=130
+    # The signal raised in the middle of the export (its staging entry made),
+    # the writer held half a second there, then going on into a removed entry.
+    env TP_CKPT_FAULT=staging-renamed:$sig,signal-cleaned:SLEEP:2 "$CK" export "$WORK/src" --format safetensors \
+        -o "$WORK/held/st" >/dev/null 2>&1
+    rc=$?
+    check "SIG$sig, the clean-up held open: the writer's failure does not win (exit $rc, expected $code)" [ "$rc" -eq $code ]
+    check_all "SIG$sig, the clean-up held open: no staging, no partial output" \
+        'no_staging "$WORK/held" && { [ ! -e "$WORK/held/st" ] || safetensors_whole "$WORK/held/st"; }'
+    rm -rf "$WORK/held/st"
+done
+
 mkdir -p "$WORK/s"
 signal_trials "synth" "$WORK/s/sy" intact "$CK" synth -o "$WORK/s/sy" --tp 2 --pp 1 $MODEL --optim
 signal_trials "reshard" "$WORK/s/rs" intact "$RS" "$WORK/src" --to tp4 -o "$WORK/s/rs"
