@@ -441,6 +441,23 @@ typedef struct {
  * there is none. *out is malloc'ed. */
 int ckpt_candidates(const char *path, ckpt_candidate **out, int *count);
 
+/* One live run per run directory: a trainer claims its directory for its
+ * whole life, and a second one is refused at start naming the first
+ * ("tp-train (pid 41 on host n1, since ...)"). Local: an flock on
+ * run_dir/.tp-run.lock, which the kernel frees when the holder dies. An
+ * object store: a lease object run_dir/.tp-run.lease, renewed by a thread
+ * every TP_RUN_LEASE_SECONDS/4 (default 30 s); one found there is waited
+ * for until it proves dead (its holder a gone process of this machine, or
+ * no renewal for a period) or alive (refused). local_dir: a remote run's
+ * local cache, locked too (NULL: run_dir). */
+typedef struct ckpt_run_claim ckpt_run_claim;
+int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *program, ckpt_run_claim **out);
+/* TP_OK while the claim holds; an error naming the new holder once a lease
+ * was taken over (this run's renewals held up for a period). */
+int ckpt_run_claim_check(ckpt_run_claim *claim);
+/* Frees the claim: the lock released, the lease removed. NULL is fine. */
+void ckpt_run_claim_release(ckpt_run_claim *claim);
+
 /* ---------------------------------------------------- staged outputs */
 
 /* Whatever is written appears whole or not at all (docs/RELIABILITY.md): it

@@ -130,6 +130,8 @@ int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *ba
 /* "<parent>/.<base>.<owner>.staging": where owner writes path before it is
  * published (owner NULL: this process). */
 int ckpt_staging_path(const char *path, const char *owner, char *out, size_t out_size);
+/* This machine's name as owners carry it: letters, digits and '-' only. */
+void ckpt_host_name(char *out, size_t out_size);
 /* The owner name distributed writers of this process share by default. */
 const char *ckpt_process_owner(void);
 /* Whether a live writer (holding its lock) is writing path now. */

@@ -56,7 +56,7 @@ static void registry_remove(ckpt_staged *s)
 
 /* This machine's name as it appears in owners: letters, digits and '-' only,
  * so that an owner never holds the '.' that separates it from the base. */
-static void host_name(char *out, size_t out_size)
+void ckpt_host_name(char *out, size_t out_size)
 {
     snprintf(out, out_size, "host");
     gethostname(out, out_size - 1);
@@ -69,7 +69,7 @@ static void host_name(char *out, size_t out_size)
 int ckpt_staging_owner(char *out, size_t out_size)
 {
     char host[64];
-    host_name(host, sizeof host);
+    ckpt_host_name(host, sizeof host);
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     static _Atomic unsigned counter;
@@ -159,7 +159,7 @@ static int claimer_gone(const char *name)
     if (!pid_text) return 0;
     *pid_text++ = '\0';
     long pid = strtol(pid_text, &end, 10);
-    host_name(host, sizeof host);
+    ckpt_host_name(host, sizeof host);
     if (!*pid_text || *end || pid <= 0 || strcmp(owner, host) != 0) return 0;
     return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }

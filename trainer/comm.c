@@ -1,5 +1,8 @@
 /* comm.c: what every backend shares: the placement of ranks, and agreeing
  * on a failure. */
+#include <stdio.h>
+#include <string.h>
+
 #include "../common/error.h"
 #include "comm.h"
 
@@ -26,4 +29,19 @@ int comm_agree(comm *c, int status, const char *what)
     TP_TRY(comm_any(c, status != TP_OK, &failed));
     if (!failed) return TP_OK;
     return status ? status : tp_fail(TP_ERR_STATE, "%s: another rank failed", what);
+}
+
+int comm_agree_root(comm *c, int status, const char *what)
+{
+    /* status and message travel together: [status as text][message]. */
+    char said[1024];
+    memset(said, 0, sizeof said);
+    if (c->rank == 0 && status) snprintf(said, sizeof said, "%d %s", status, tp_errmsg());
+    int failed = 0;
+    int travelled = comm_broadcast(c, said, (int64_t)sizeof said, 0, COMM_HOST);
+    if (travelled) return comm_agree(c, travelled, what);
+    if (c->rank == 0) return status;
+    if (sscanf(said, "%d", &failed) != 1 || failed == TP_OK) return TP_OK;
+    const char *message = strchr(said, ' ');
+    return tp_fail(failed, "%s", message ? message + 1 : what);
 }

@@ -130,6 +130,10 @@ static inline int comm_any(comm *c, int flag, int *any)
  * every rank. */
 int comm_agree(comm *c, int status, const char *what);
 
+/* Rank 0's status, and its message, become every rank's: for what rank 0
+ * alone decides (a run directory's claim), said alike by all. Collective. */
+int comm_agree_root(comm *c, int status, const char *what);
+
 static inline void comm_abort(comm *c, int status)
 {
     c->ops->abort(c, status);

@@ -75,6 +75,9 @@ typedef struct {
     train_outcome *outcome;
     char save_dir[CKPT_PATH_MAX]; /* where checkpoints are written: ckpt_dir, or the local cache of a remote one */
     uploader *uploads;            /* rank 0, a remote ckpt_dir: to the store in the background */
+    ckpt_run_claim *claim;        /* rank 0: the run directory is this run's alone while it lives */
+    int last_upload_status;       /* of the newest upload that ended, and its failure: */
+    char last_upload_error[CKPT_PATH_MAX + 1200];
 } trainer;
 
 static void report(const trainer *t, train_report *r)
@@ -411,10 +414,17 @@ static int set_up(trainer *t)
         if (!status) status = store->stat(store, o->ckpt_dir, &st);
     }
     if (!status && o->ckpt_dir && c->rank == 0) status = make_dirs(t->save_dir);
+    /* One trainer per run directory: a second would replace this one's
+     * step_N with its own. Nothing is touched before the claim is held. */
+    status = comm_agree(c, status, "setting up");
+    if (!status && o->ckpt_dir) {
+        if (c->rank == 0) status = ckpt_run_claim_take(o->ckpt_dir, t->save_dir, "tp-train", &t->claim);
+        status = comm_agree_root(c, status, "claiming the run directory");
+    }
     /* Saves of an earlier run killed meanwhile: half-written, theirs to remove. */
     if (!status && o->ckpt_dir && c->rank == 0) status = ckpt_remove_dead_staging(t->save_dir);
     if (!status && o->ckpt_dir && c->rank == 0 && ckpt_is_remote(o->ckpt_dir))
-        status = uploader_create(&t->uploads, t->save_dir, o->ckpt_dir);
+        status = uploader_create(&t->uploads, t->save_dir, o->ckpt_dir, t->claim);
     status = comm_agree(c, status, "setting up");
     if (!status && o->ckpt_dir && ckpt_is_remote(o->ckpt_dir)) status = check_shared_cache(t);
     return status;
@@ -505,6 +515,7 @@ static int checkpoint_after(trainer *t, int64_t step, int stop)
         train_report r = {.kind = TRAIN_REPORT_SAVE_WAIT, .step = pending};
         report(t, &r);
     }
+    TP_TRY(ckpt_run_claim_check(t->claim)); /* a lease taken over: never write beside its new holder */
     char path[CKPT_PATH_MAX];
     TP_TRY(ckpt_step_path(t->save_dir, step, path, sizeof path));
     TP_TRY(save(t, path, step, o->sync_save || stop, NULL));
@@ -531,26 +542,26 @@ static int report_saves(trainer *t)
 }
 
 /* Uploads that ended: told; a failed one is a warning (the next checkpoint
- * is uploaded whole anyway), but the last one must arrive (final). */
+ * is uploaded whole anyway), but the last one must arrive (final): its
+ * outcome is kept, since a non-final call may be the one that hears it. */
 static int report_uploads(trainer *t, int final)
 {
     upload_result u;
-    int status = TP_OK;
     while (uploader_take_done(t->uploads, &u)) {
+        t->last_upload_status = u.status;
         if (u.status == TP_OK) {
             train_report r = {.kind = TRAIN_REPORT_UPLOADED, .step = u.step, .seconds = u.seconds, .text = u.url,
                               .bytes = u.bytes};
             report(t, &r);
-            status = TP_OK;
             continue;
         }
-        char text[CKPT_PATH_MAX + 1200];
-        snprintf(text, sizeof text, "upload of the checkpoint of step %lld failed (it stays in %s): %s",
-                 (long long)u.step, t->save_dir, u.error);
-        warn(t, text);
-        status = tp_fail(u.status, "%s", text);
+        snprintf(t->last_upload_error, sizeof t->last_upload_error,
+                 "upload of the checkpoint of step %lld failed (it stays in %s): %s", (long long)u.step, t->save_dir,
+                 u.error);
+        warn(t, t->last_upload_error);
     }
-    return final ? status : TP_OK;
+    if (!final || !t->last_upload_status) return TP_OK;
+    return tp_fail(t->last_upload_status, "%s", t->last_upload_error);
 }
 
 /* The end of a run with a remote checkpoint directory: every checkpoint
@@ -663,6 +674,7 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     free(t.sample);
     saver_free(t.saver);
     uploader_free(t.uploads);
+    ckpt_run_claim_release(t.claim); /* after the last save and upload ended */
     dataset_close(t.data);
     gpt_model_free(t.model);
     comm_free(staged);

@@ -14,6 +14,7 @@
 
 struct uploader {
     char local_run[CKPT_PATH_MAX], remote_run[CKPT_PATH_MAX];
+    ckpt_run_claim *claim; /* the run directory's lease: no upload once it is lost */
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t changed;
@@ -55,6 +56,7 @@ static void upload_one(uploader *u, int64_t step, upload_result *r)
     options.threads = 4;  /* network-bound: few threads, the cores are training */
     options.on_file = add_bytes;
     options.ctx = &bytes;
+    if (!status) status = ckpt_run_claim_check(u->claim);
     if (!status) status = ckpt_upload(local, r->url, &options);
     if (!status) status = ckpt_upload_latest(r->url);
     if (!status) prune_local(u->local_run, step);
@@ -86,13 +88,14 @@ static void *run(void *arg)
     return NULL;
 }
 
-int uploader_create(uploader **out, const char *local_run, const char *remote_run)
+int uploader_create(uploader **out, const char *local_run, const char *remote_run, ckpt_run_claim *claim)
 {
     *out = NULL;
     uploader *u = calloc(1, sizeof *u);
     if (!u) return tp_fail(TP_ERR_NOMEM, "out of memory");
     snprintf(u->local_run, sizeof u->local_run, "%s", local_run);
     snprintf(u->remote_run, sizeof u->remote_run, "%s", remote_run);
+    u->claim = claim;
     pthread_mutex_init(&u->lock, NULL);
     pthread_cond_init(&u->changed, NULL);
     if (pthread_create(&u->thread, NULL, run, u) != 0) {

@@ -14,8 +14,11 @@
 
 typedef struct uploader uploader;
 
-/* An uploader from local_run (a run directory) to remote_run (a URL). */
-int uploader_create(uploader **out, const char *local_run, const char *remote_run);
+/* An uploader from local_run (a run directory) to remote_run (a URL); claim
+ * (may be NULL): the run directory's, checked before every upload, so that
+ * nothing is uploaded beside a run that took the lease over. */
+struct ckpt_run_claim;
+int uploader_create(uploader **out, const char *local_run, const char *remote_run, struct ckpt_run_claim *claim);
 
 /* Queues the committed checkpoint of `step` (local_run/step_N). */
 int uploader_push(uploader *u, int64_t step);

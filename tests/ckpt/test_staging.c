@@ -248,3 +248,63 @@ Test(staging, latest_ignores_names_that_are_not_steps)
     fclose(f);
     cr_assert_str_eq(line, "step_00000005\n", "latest names step_* checkpoints only");
 }
+
+/* ------------------------------------------------------ run directory claim */
+
+Test(staging, a_run_directory_has_one_claim_at_a_time)
+{
+    ckpt_run_claim *first = NULL, *second = NULL;
+    cr_assert_eq(ckpt_run_claim_take(dir, NULL, "tp-train", &first), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_run_claim_check(first), TP_OK, "a local claim cannot be lost");
+    /* Another open file description conflicts, even in this process. */
+    cr_assert_eq(ckpt_run_claim_take(dir, NULL, "tp-other", &second), TP_ERR_EXISTS);
+    cr_assert_null(second);
+    char pid[64];
+    snprintf(pid, sizeof pid, "in use by tp-train (pid %ld on host ", (long)getpid());
+    cr_assert(strstr(tp_errmsg(), pid), "the refusal names the holder: %s", tp_errmsg());
+    ckpt_run_claim_release(first);
+    cr_assert_eq(ckpt_run_claim_take(dir, NULL, "tp-other", &second), TP_OK, "free once released: %s", tp_errmsg());
+    ckpt_run_claim_release(second);
+    ckpt_run_claim_release(NULL);
+}
+
+Test(staging, a_claim_held_by_a_killed_process_is_free, .timeout = 30)
+{
+    int ready[2];
+    cr_assert_eq(pipe(ready), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        ckpt_run_claim *held = NULL;
+        char ok = ckpt_run_claim_take(dir, NULL, "tp-train", &held) == TP_OK ? 'y' : 'n';
+        if (write(ready[1], &ok, 1) != 1) _exit(3);
+        pause();
+        _exit(0);
+    }
+    char ok = 0;
+    cr_assert_eq(read(ready[0], &ok, 1), 1);
+    cr_assert_eq(ok, 'y');
+    ckpt_run_claim *claim = NULL;
+    cr_assert_eq(ckpt_run_claim_take(dir, NULL, "tp-train", &claim), TP_ERR_EXISTS, "the child holds it");
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    cr_assert_eq(ckpt_run_claim_take(dir, NULL, "tp-train", &claim), TP_OK, "kill -9 frees it: %s", tp_errmsg());
+    ckpt_run_claim_release(claim);
+}
+
+Test(staging, a_fifo_or_a_link_in_the_claims_place_is_refused_at_once, .timeout = 10)
+{
+    char lock[800], fifo_dir[700], link_dir[700];
+    snprintf(fifo_dir, sizeof fifo_dir, "%s/fifo", dir);
+    snprintf(link_dir, sizeof link_dir, "%s/link", dir);
+    cr_assert_eq(mkdir(fifo_dir, 0755), 0);
+    cr_assert_eq(mkdir(link_dir, 0755), 0);
+    snprintf(lock, sizeof lock, "%s/.tp-run.lock", fifo_dir);
+    cr_assert_eq(mkfifo(lock, 0644), 0);
+    ckpt_run_claim *claim = NULL;
+    cr_assert_eq(ckpt_run_claim_take(fifo_dir, NULL, "tp-train", &claim), TP_ERR_IO);
+    cr_assert(strstr(tp_errmsg(), "not a regular file"), "%s", tp_errmsg());
+    snprintf(lock, sizeof lock, "%s/.tp-run.lock", link_dir);
+    cr_assert_eq(symlink("elsewhere", lock), 0);
+    cr_assert_neq(ckpt_run_claim_take(link_dir, NULL, "tp-train", &claim), TP_OK, "a link is not followed");
+    cr_assert_null(claim);
+}

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../../trainer/comm.h"
 #include "../../trainer/train.h"
@@ -295,6 +296,44 @@ Test(train, a_failure_is_an_outcome_every_rank_knows)
     cr_assert_str_eq(tp_errmsg(), run.outcome.reason);
     cr_assert_eq(run.outcome.steps_run, 0);
     comm_free(alone);
+}
+
+Test(train, a_claimed_run_directory_is_refused_alike_on_every_rank, .timeout = 120)
+{
+    char run_dir[700];
+    snprintf(run_dir, sizeof run_dir, "%s/claimed", dir);
+    cr_assert_eq(mkdir(run_dir, 0755), 0);
+    ckpt_run_claim *held = NULL;
+    cr_assert_eq(ckpt_run_claim_take(run_dir, NULL, "first-run", &held), TP_OK, "%s", tp_errmsg());
+    rank_run runs[2];
+    rank_slot slots[2];
+    memset(runs, 0, sizeof runs);
+    memset(slots, 0, sizeof slots);
+    for (int r = 0; r < 2; r++) {
+        tiny_options(&runs[r].options, 2);
+        runs[r].options.ckpt_dir = run_dir;
+        slots[r].arg = &runs[r];
+    }
+    run_ranks(2, 1, 1, train_rank, slots);
+    char pid[32];
+    snprintf(pid, sizeof pid, "pid %ld ", (long)getpid());
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(slots[r].status, TP_ERR_EXISTS, "rank %d: %d %s", r, slots[r].status, runs[r].outcome.reason);
+        cr_assert_eq(runs[r].outcome.all_ranks_know, 1);
+        cr_assert(strstr(runs[r].outcome.reason, "first-run (") && strstr(runs[r].outcome.reason, pid),
+                  "rank %d names the holder: %s", r, runs[r].outcome.reason);
+        cr_assert_str_eq(runs[r].outcome.reason, runs[0].outcome.reason, "said alike on every rank");
+    }
+    char step[800];
+    snprintf(step, sizeof step, "%s/step_00000002", run_dir);
+    cr_assert(access(step, F_OK) != 0, "the refused run wrote nothing");
+    /* Released (the holder ended): the directory is free at once. */
+    ckpt_run_claim_release(held);
+    memset(slots, 0, sizeof slots);
+    for (int r = 0; r < 2; r++) slots[r].arg = &runs[r];
+    run_ranks(2, 1, 1, train_rank, slots);
+    for (int r = 0; r < 2; r++) cr_assert_eq(slots[r].status, TP_OK, "rank %d: %s", r, runs[r].outcome.reason);
+    cr_assert(ckpt_is_committed(step), "%s", step);
 }
 
 /* ------------------------------------------------------------- device seam */

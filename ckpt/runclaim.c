@@ -1,0 +1,338 @@
+/* runclaim.c: one live writer per run directory (docs/FORMAT.md "Run
+ * directories"). Two trainers on one directory would each replace the
+ * other's step_N, so the second is refused at start, naming the first.
+ *
+ * Local: an flock on run_dir/.tp-run.lock, held for the run's life by an
+ * open file: the kernel releases it when the process ends, however it ends,
+ * so a held lock proves a live holder and a free one a dead (or finished)
+ * one. The file names its holder for the refusal's message.
+ *
+ * An object store has no locks: the claim is a lease object,
+ * run_dir/.tp-run.lease, naming its holder and renewed by a thread of the
+ * holder every period/4 seconds (a counter, so that no two machines' clocks
+ * are compared). A lease found there is live while it changes; it is taken
+ * over only when provably dead: its holder is a process of this machine
+ * that no longer exists, or it stayed unchanged for a whole period. A
+ * lease is written, then read back after a pause, so that of two writers
+ * starting at once the one whose lease was overwritten sees it and gives
+ * way. The run's local cache directory is locked as a local run directory
+ * too. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../common/clock.h"
+#include "internal.h"
+#include "remote.h"
+
+#define LOCK_NAME ".tp-run.lock"
+#define LEASE_NAME ".tp-run.lease"
+#define HOLDER_MAX 512
+#define LEASE_DEFAULT_SECONDS 30
+#define LEASE_MIN_SECONDS 2
+#define LEASE_MAX_SECONDS 3600
+
+struct ckpt_run_claim {
+    ckpt_file *lock;               /* the local lock (the run directory, or a remote one's cache) */
+    char lease_url[CKPT_PATH_MAX]; /* a remote run directory's lease; "" for a local one */
+    char owner[CKPT_OWNER_MAX];    /* this claim's identity inside the lease */
+    char holder[HOLDER_MAX];       /* this claim as others are told of it */
+    double period;                 /* seconds a lease lives without renewal */
+    pthread_t renewer;
+    int renewing;
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;
+    int stopping;                 /* under mutex */
+    atomic_int lost;              /* the lease was taken by another holder */
+    char lost_to[HOLDER_MAX];     /* under mutex */
+    int64_t renewals;
+};
+
+static double lease_period(void)
+{
+    const char *text = getenv("TP_RUN_LEASE_SECONDS");
+    if (!text || !*text) return LEASE_DEFAULT_SECONDS;
+    char *end;
+    double v = strtod(text, &end);
+    if (*end || !(v >= LEASE_MIN_SECONDS && v <= LEASE_MAX_SECONDS)) return -1;
+    return v;
+}
+
+/* "tp-train (pid 41 on host n1, since 2026-11-24T20:41:07Z)" */
+static void describe_holder(const char *program, char *out, size_t out_size)
+{
+    char host[64], when[32];
+    ckpt_host_name(host, sizeof host);
+    time_t now = time(NULL);
+    struct tm utc;
+    gmtime_r(&now, &utc);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
+    snprintf(out, out_size, "%s (pid %ld on host %s, since %s)", program, (long)getpid(), host, when);
+}
+
+/* ------------------------------------------------------------------ local */
+
+static int lock_local(const char *dir, const char *holder, ckpt_file **out)
+{
+    const ckpt_storage *posix = ckpt_storage_posix();
+    char path[CKPT_PATH_MAX];
+    TP_TRY(ckpt_path_join(path, dir, LOCK_NAME));
+    /* O_NONBLOCK: a FIFO put there must not hang the open. */
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    struct stat st;
+    if (fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot open the run directory's lock: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return tp_fail(TP_ERR_IO, "%s: the run directory's lock is not a regular file", path);
+    }
+    int status = posix->lock(posix, path, 0, out);
+    if (status == TP_ERR_EXISTS) {
+        char seen[HOLDER_MAX] = "";
+        ssize_t n = pread(fd, seen, sizeof seen - 1, 0);
+        seen[n > 0 ? n : 0] = '\0';
+        seen[strcspn(seen, "\n")] = '\0';
+        close(fd);
+        return tp_fail(TP_ERR_EXISTS, "%s is in use by %s: one run per directory (its lock %s is held)", dir,
+                       seen[0] ? seen : "another process", path);
+    }
+    if (status == TP_OK) {
+        size_t length = strlen(holder);
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, holder, length, 0) != (ssize_t)length ||
+            pwrite(fd, "\n", 1, (off_t)length) != 1)
+            status = tp_fail(TP_ERR_IO, "%s: cannot write the lock's holder: %s", path, strerror(errno));
+    }
+    close(fd);
+    if (status && *out) {
+        posix->close(*out);
+        *out = NULL;
+    }
+    return status;
+}
+
+/* ------------------------------------------------------------------ lease */
+
+typedef struct {
+    char owner[CKPT_OWNER_MAX];
+    char holder[HOLDER_MAX];
+    char host[64];
+    long pid;
+    int64_t renewals;
+} lease;
+
+/* Reads the lease: TP_OK with *found 0 when there is none. A lease that
+ * cannot be parsed is an error naming it: it is never taken as free. */
+static int read_lease(const char *url, int *found, lease *out)
+{
+    memset(out, 0, sizeof *out);
+    *found = 0;
+    char *text = NULL;
+    int64_t size = 0;
+    int status = ckpt_read_text(ckpt_storage_remote(), url, 64 << 10, &text, &size);
+    if (status == TP_ERR_NOT_FOUND) return TP_OK;
+    TP_TRY(status);
+    cJSON *json = NULL;
+    status = ckpt_json_parse(text, (size_t)size, url, &json);
+    free(text);
+    TP_TRY(status);
+    const cJSON *owner = cJSON_GetObjectItemCaseSensitive(json, "owner");
+    const cJSON *holder = cJSON_GetObjectItemCaseSensitive(json, "holder");
+    const cJSON *host = cJSON_GetObjectItemCaseSensitive(json, "host");
+    const cJSON *pid = cJSON_GetObjectItemCaseSensitive(json, "pid");
+    const cJSON *renewals = cJSON_GetObjectItemCaseSensitive(json, "renewals");
+    if (!cJSON_IsString(owner) || !cJSON_IsString(holder) || !cJSON_IsString(host) || !cJSON_IsNumber(pid) ||
+        !cJSON_IsNumber(renewals) || pid->valuedouble < 1 || pid->valuedouble > 4194304 ||
+        renewals->valuedouble < 0 || renewals->valuedouble > 1e15) {
+        cJSON_Delete(json);
+        return tp_fail(TP_ERR_FORMAT, "%s: not a run lease (owner, holder, host, pid 1..4194304, renewals "
+                       ">= 0 expected); remove it by hand if no run uses this directory", url);
+    }
+    snprintf(out->owner, sizeof out->owner, "%s", owner->valuestring);
+    snprintf(out->holder, sizeof out->holder, "%s", holder->valuestring);
+    snprintf(out->host, sizeof out->host, "%s", host->valuestring);
+    out->pid = (long)pid->valuedouble;
+    out->renewals = (int64_t)renewals->valuedouble;
+    cJSON_Delete(json);
+    *found = 1;
+    return TP_OK;
+}
+
+static int write_lease(const ckpt_run_claim *claim, int64_t renewals)
+{
+    char host[64], text[HOLDER_MAX + CKPT_OWNER_MAX + 256];
+    ckpt_host_name(host, sizeof host);
+    cJSON *json = cJSON_CreateObject();
+    if (!json) return tp_fail(TP_ERR_NOMEM, "out of memory for a lease");
+    cJSON_AddStringToObject(json, "owner", claim->owner);
+    cJSON_AddStringToObject(json, "holder", claim->holder);
+    cJSON_AddStringToObject(json, "host", host);
+    cJSON_AddNumberToObject(json, "pid", (double)getpid());
+    cJSON_AddNumberToObject(json, "renewals", (double)renewals);
+    cJSON_AddNumberToObject(json, "period_seconds", claim->period);
+    int fits = cJSON_PrintPreallocated(json, text, sizeof text, 0);
+    cJSON_Delete(json);
+    if (!fits) return tp_fail(TP_ERR_ARG, "%s: lease text too long", claim->lease_url);
+    return remote_put_data(claim->lease_url, text, strlen(text));
+}
+
+/* Whether a lease's holder is provably gone: a process of this machine
+ * that no longer exists. */
+static int holder_gone(const lease *l)
+{
+    char host[64];
+    ckpt_host_name(host, sizeof host);
+    if (strcmp(host, l->host) != 0) return 0;
+    return kill((pid_t)l->pid, 0) != 0 && errno == ESRCH;
+}
+
+static void sleep_seconds(double seconds)
+{
+    struct timespec t = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+}
+
+static int refuse(const ckpt_run_claim *claim, const char *run_dir, const lease *l)
+{
+    return tp_fail(TP_ERR_EXISTS, "%s is in use by %s: one run per directory (its lease %s is renewed; a "
+                   "crashed run's lease lapses %.0f s after its last renewal)", run_dir, l->holder,
+                   claim->lease_url, claim->period);
+}
+
+/* Waits until a lease found there proves dead (its holder gone, or no
+ * renewal for a whole period) or alive (renewed: refused). */
+static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const lease *found)
+{
+    double start = now_seconds();
+    lease seen = *found;
+    for (;;) {
+        if (holder_gone(&seen)) return TP_OK;
+        if (now_seconds() - start > claim->period) return TP_OK; /* no renewal for a period */
+        sleep_seconds(claim->period / 8);
+        int present = 0;
+        lease now;
+        TP_TRY(read_lease(claim->lease_url, &present, &now));
+        if (!present) return TP_OK; /* released */
+        if (strcmp(now.owner, seen.owner) != 0 || now.renewals != seen.renewals) return refuse(claim, run_dir, &now);
+    }
+}
+
+static void *renew(void *arg)
+{
+    ckpt_run_claim *claim = arg;
+    pthread_mutex_lock(&claim->mutex);
+    while (!claim->stopping) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        double wait = claim->period / 4;
+        until.tv_sec += (time_t)wait;
+        until.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        while (!claim->stopping && pthread_cond_timedwait(&claim->wake, &claim->mutex, &until) == 0) {
+        }
+        if (claim->stopping) break;
+        pthread_mutex_unlock(&claim->mutex);
+        /* A lease overwritten by another holder is lost, not retaken: that
+         * holder believes it owns the directory now. A store that fails to
+         * answer is tried again at the next renewal. */
+        int present = 0;
+        lease now;
+        int status = read_lease(claim->lease_url, &present, &now);
+        int taken = !status && present && strcmp(now.owner, claim->owner) != 0;
+        if (!status && !taken) status = write_lease(claim, ++claim->renewals);
+        pthread_mutex_lock(&claim->mutex);
+        if (taken) {
+            snprintf(claim->lost_to, sizeof claim->lost_to, "%s", now.holder);
+            atomic_store(&claim->lost, 1);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&claim->mutex);
+    return NULL;
+}
+
+static int take_lease(ckpt_run_claim *claim, const char *run_dir)
+{
+    TP_TRY(ckpt_path_join(claim->lease_url, run_dir, LEASE_NAME));
+    int present = 0;
+    lease found;
+    TP_TRY(read_lease(claim->lease_url, &present, &found));
+    if (present) TP_TRY(wait_for_lease(claim, run_dir, &found));
+    TP_TRY(write_lease(claim, 0));
+    /* Of two writers at once, the later lease stands: each reads back after
+     * a pause longer than a PUT takes, and the overwritten one gives way. */
+    sleep_seconds(claim->period / 8 < 1 ? claim->period / 8 : 1);
+    TP_TRY(read_lease(claim->lease_url, &present, &found));
+    if (!present || strcmp(found.owner, claim->owner) != 0) {
+        claim->lease_url[0] = '\0'; /* not ours: never removed by us */
+        if (!present) return tp_fail(TP_ERR_IO, "%s: the lease written there vanished", run_dir);
+        return refuse(claim, run_dir, &found);
+    }
+    if (pthread_create(&claim->renewer, NULL, renew, claim) != 0) {
+        remote_delete(claim->lease_url);
+        claim->lease_url[0] = '\0';
+        return tp_fail(TP_ERR_NOMEM, "cannot start the lease's renewal thread");
+    }
+    claim->renewing = 1;
+    return TP_OK;
+}
+
+int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *program, ckpt_run_claim **out)
+{
+    *out = NULL;
+    ckpt_run_claim *claim = calloc(1, sizeof *claim);
+    if (!claim) return tp_fail(TP_ERR_NOMEM, "out of memory for a run directory's claim");
+    pthread_mutex_init(&claim->mutex, NULL);
+    pthread_cond_init(&claim->wake, NULL);
+    describe_holder(program, claim->holder, sizeof claim->holder);
+    claim->period = lease_period();
+    int status = TP_OK;
+    if (claim->period < 0)
+        status = tp_fail(TP_ERR_ARG, "TP_RUN_LEASE_SECONDS=%s: expected seconds in %d..%d",
+                         getenv("TP_RUN_LEASE_SECONDS"), LEASE_MIN_SECONDS, LEASE_MAX_SECONDS);
+    if (!status) status = ckpt_staging_owner(claim->owner, sizeof claim->owner);
+    if (!status) status = lock_local(local_dir ? local_dir : run_dir, claim->holder, &claim->lock);
+    if (!status && ckpt_is_remote(run_dir)) status = take_lease(claim, run_dir);
+    if (status) {
+        ckpt_run_claim_release(claim);
+        return status;
+    }
+    *out = claim;
+    return TP_OK;
+}
+
+int ckpt_run_claim_check(ckpt_run_claim *claim)
+{
+    if (!claim || !atomic_load(&claim->lost)) return TP_OK;
+    pthread_mutex_lock(&claim->mutex);
+    char to[HOLDER_MAX];
+    snprintf(to, sizeof to, "%s", claim->lost_to);
+    pthread_mutex_unlock(&claim->mutex);
+    return tp_fail(TP_ERR_STATE, "%s: this run's lease was taken over by %s (were its renewals held up for %.0f "
+                   "s?); stopping rather than write beside it", claim->lease_url, to, claim->period);
+}
+
+void ckpt_run_claim_release(ckpt_run_claim *claim)
+{
+    if (!claim) return;
+    if (claim->renewing) {
+        pthread_mutex_lock(&claim->mutex);
+        claim->stopping = 1;
+        pthread_cond_signal(&claim->wake);
+        pthread_mutex_unlock(&claim->mutex);
+        pthread_join(claim->renewer, NULL);
+    }
+    if (claim->lease_url[0] && !atomic_load(&claim->lost)) remote_delete(claim->lease_url);
+    if (claim->lock) ckpt_storage_posix()->close(claim->lock);
+    pthread_cond_destroy(&claim->wake);
+    pthread_mutex_destroy(&claim->mutex);
+    free(claim);
+}

@@ -1,0 +1,143 @@
+#!/bin/sh
+# One live trainer per run directory (ckpt_run_claim, docs/FORMAT.md "Run
+# directories"). Two tp-train on one --ckpt-dir used to be both accepted and
+# replace each other's step_N with checkpoints of two models.
+#   Local: a second trainer (another model) refused at start naming the
+#   first's pid and host, the first undisturbed (finishes, every checkpoint
+#   its model's); the same under mpirun at tp2 (every rank refused alike);
+#   a kill -9'd trainer's directory taken at once; a FIFO or a link in the
+#   lock's place refused, never waited on.
+#   Object store (nginx's WebDAV): the lease object seen live and refused
+#   (another cache, so that only the lease decides); a kill -9'd trainer's
+#   lease taken at once (its pid gone on this machine); another machine's
+#   stale lease waited out for a period, then taken; a malformed lease
+#   refused by name; a lease overwritten under a live trainer stops it
+#   before its next checkpoint; a finished run's lease removed.
+# tier: full
+. "$(dirname "$0")/lib.sh"
+. "$ROOT/tests/support/objstore.sh"
+
+use_open_mpi
+TRAIN="$BIN/tp-train"
+CK="$BIN/tp-ckpt"
+export TMPDIR="$WORK/tmp"
+mkdir -p "$TMPDIR"
+trap 'webdav_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
+HOST_PATTERN="on host $(hostname | sed 's/[^A-Za-z0-9-]/-/g')"
+
+# A trainer that lives long enough to be met, however loaded the machine:
+# its first checkpoint's commit held 10 s (a slow disk, TP_CKPT_FAULT).
+HELD="before-latest:SLEEP:10"
+LONG="--model tiny --micro-batch 2 --quiet --steps 4 --ckpt-every 2"
+
+# wait_for FILE SECONDS: until FILE exists.
+wait_for() {
+    n=0
+    while [ ! -e "$1" ] && [ $n -lt $(($2 * 10)) ]; do sleep 0.1; n=$((n + 1)); done
+    [ -e "$1" ]
+}
+# model_of CKPT: the model's layer count and width, from tp-ckpt info --json.
+model_of() { "$CK" info --json "$1" | "$PY" -c 'import json,sys; m=json.load(sys.stdin)["model"]; print(m["layers"], m["dim"])'; }
+
+# ---------------------------------------------------------------- local
+for trial in 1 2 3; do
+    D="$WORK/run$trial"
+    TP_CKPT_FAULT=$HELD "$TRAIN" $LONG --ckpt-dir "$D" >"$WORK/first.out" 2>&1 &
+    first=$!
+    wait_for "$D/.tp-run.lock" 20
+    sleep 0.5
+    expect_error "trial $trial: a second trainer (another model) on a live run directory is refused" 1 \
+        "$D is in use by tp-train \(pid $first $HOST_PATTERN, since .*\): one run per directory" \
+        "$TRAIN" --model small --micro-batch 2 --quiet --steps 3 --ckpt-every 1 --ckpt-dir "$D"
+    wait $first
+    rc=$?
+    check "trial $trial: the first trainer undisturbed (exit $rc)" [ $rc -eq 0 ]
+    check_all "trial $trial: every checkpoint is the first trainer's, none of the refused one's" \
+        '[ "$(ls "$D" | tr "\n" " ")" = "latest step_00000002 step_00000004 " ] &&
+         [ "$(model_of "$D/step_00000002")" = "2 64" ] && [ "$(model_of "$D/step_00000004")" = "2 64" ]'
+done
+
+# Under mpirun, the claim is rank 0's and its verdict every rank's.
+D="$WORK/mpi"
+TP_CKPT_FAULT=$HELD "$TRAIN" $LONG --ckpt-dir "$D" >"$WORK/first.out" 2>&1 &
+first=$!
+wait_for "$D/.tp-run.lock" 20
+run mpirun --oversubscribe -np 2 "$TRAIN" --model tiny --tp 2 --steps 3 --ckpt-dir "$D" </dev/null
+check_all "tp2 under mpirun: refused, naming the holder (exit $RC)" \
+    '[ $RC -ne 0 ] && grep -q "in use by tp-train (pid $first " "$WORK/.err"'
+# kill -9: the kernel frees the lock with the process; the next run takes
+# the directory at once and resumes from what the first committed.
+kill -9 $first
+wait $first 2>/dev/null
+expect_ok "the directory of a kill -9'd trainer is taken at once" \
+    "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 4 --ckpt-every 2 --ckpt-dir "$D"
+check "the lock names the last holder" grep -q "^tp-train (pid [0-9]* $HOST_PATTERN" "$D/.tp-run.lock"
+
+# What sits in the lock's place is refused by name, at once.
+mkdir -p "$WORK/fifo" "$WORK/link"
+mkfifo "$WORK/fifo/.tp-run.lock"
+expect_error "a FIFO in the lock's place refused, not waited on" 1 "\.tp-run\.lock.*not a regular file" \
+    timeout 20 "$TRAIN" --model tiny --steps 2 --quiet --ckpt-dir "$WORK/fifo"
+ln -s "$WORK/elsewhere" "$WORK/link/.tp-run.lock"
+expect_error "a symbolic link in the lock's place refused" 1 "\.tp-run\.lock" \
+    timeout 20 "$TRAIN" --model tiny --steps 2 --quiet --ckpt-dir "$WORK/link"
+check "nothing made through the link" [ ! -e "$WORK/elsewhere" ]
+
+# ---------------------------------------------------------- object store
+if ! webdav_start "$WORK/dav" 2>"$WORK/.err"; then
+    echo "[SKIP] [$NAME] WebDAV: $(head -n 1 "$WORK/.err")"
+    finish
+    exit $?
+fi
+U="$WEBDAV_URL"
+export TP_RUN_LEASE_SECONDS=3
+lease_of() { curl -s -f "$U/$1/.tp-run.lease"; }
+
+TP_CKPT_FAULT=$HELD "$TRAIN" $LONG --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-a" >"$WORK/first.out" 2>&1 &
+first=$!
+n=0
+while ! lease_of r1 >/dev/null && [ $n -lt 200 ]; do sleep 0.1; n=$((n + 1)); done
+check "a trainer's lease names it" sh -c "curl -s -f '$U/r1/.tp-run.lease' | grep -q '\"pid\":$first'"
+expect_error "a second trainer (another cache) refused by the live lease" 1 \
+    "$U/r1 is in use by tp-train \(pid $first $HOST_PATTERN.*its lease $U/r1/.tp-run.lease is renewed" \
+    "$TRAIN" --model small --quiet --steps 3 --ckpt-every 1 --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-b"
+check "the refused trainer uploaded nothing" [ ! -e "$WORK/dav/r1/step_00000001" ]
+kill -9 $first
+wait $first 2>/dev/null
+expect_ok "a kill -9'd trainer's lease (its pid gone here) taken at once" \
+    "$TRAIN" --model tiny --quiet --steps 2 --ckpt-every 2 --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-b"
+check "a finished run's lease is removed" sh -c "! curl -s -f '$U/r1/.tp-run.lease' >/dev/null"
+
+# Another machine's lease that is no longer renewed: waited out, then taken.
+curl -s -f -T - "$U/r2/.tp-run.lease" >/dev/null <<'EOF'
+{"owner":"far-1-0","holder":"tp-train (pid 7 on host far-away, since 2026-01-01T00:00:00Z)","host":"far-away","pid":7,"renewals":4}
+EOF
+start=$(date +%s%N)
+expect_ok "a stale lease of another machine is taken after a period without renewal" \
+    "$TRAIN" --model tiny --quiet --steps 2 --ckpt-every 2 --ckpt-dir "$U/r2" --ckpt-cache "$WORK/cache-c"
+waited=$((($(date +%s%N) - start) / 1000000))
+check "it waited a whole period (${waited} ms >= 3000) before taking it" [ $waited -ge 3000 ]
+
+echo '{"owner": 5}' | curl -s -f -T - "$U/r3/.tp-run.lease" >/dev/null
+expect_error "a malformed lease refused by name, never taken as free" 1 "$U/r3/.tp-run.lease: not a run lease" \
+    "$TRAIN" --model tiny --quiet --steps 2 --ckpt-dir "$U/r3" --ckpt-cache "$WORK/cache-d"
+
+# A lease taken over under a live trainer (its renewals held up, as by a
+# network partition): it stops before writing another checkpoint.
+TP_CKPT_FAULT=$HELD "$TRAIN" $LONG --ckpt-dir "$U/r4" --ckpt-cache "$WORK/cache-e" >"$WORK/first.out" 2>&1 &
+first=$!
+# Once renewed, the lease is held (before that, the trainer is still
+# checking that its own lease stands, and would be refused at start).
+n=0
+while ! lease_of r4 | grep -q '"renewals":[1-9]' && [ $n -lt 200 ]; do sleep 0.1; n=$((n + 1)); done
+curl -s -f -T - "$U/r4/.tp-run.lease" >/dev/null <<'EOF'
+{"owner":"thief-1-0","holder":"tp-train (pid 9 on host thief, since 2026-01-01T00:00:00Z)","host":"thief","pid":9,"renewals":0}
+EOF
+wait $first
+rc=$?
+check_all "a trainer whose lease was taken over stops (exit $rc), naming the new holder" \
+    '[ $rc -ne 0 ] && grep -q "lease was taken over by tp-train (pid 9 on host thief" "$WORK/first.out"'
+check "and leaves the new holder's lease in place" sh -c "curl -s -f '$U/r4/.tp-run.lease' | grep -q thief-1-0"
+
+finish
