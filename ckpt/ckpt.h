@@ -388,6 +388,9 @@ typedef struct {
  * file. Returns TP_OK when it could check, whatever it found (out->damaged);
  * an error only when it could not (out of memory). options may be NULL. */
 int ckpt_verify(ckpt_reader *reader, const ckpt_verify_options *options, ckpt_verify_result *out);
+/* Opens and verifies the checkpoint at path on `threads` threads: TP_OK,
+ * or an error naming how many pieces are damaged and the first one. */
+int ckpt_verify_checkpoint(const char *path, int threads);
 void ckpt_verify_result_free(ckpt_verify_result *result);
 
 /* Reads a whole text file (up to max_bytes, no NUL bytes; FIFOs and

@@ -524,6 +524,15 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     if (sums < 0 || count != g->num_blocks ||
         H5Dread(sums, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, pr->block_hash) < 0)
         status = ckpt_fail_hdf5("%s: block checksums missing or damaged", where);
+    /* Readers from an object store take the block checksums at the index's
+     * checksums_at without HDF5: a checkpoint that verifies here must read
+     * there alike, so that field is checked against the file too. */
+    if (!status && ip->checksums_at > 0) {
+        haddr_t at = H5Dget_offset(sums);
+        if (at == HADDR_UNDEF || (int64_t)at != ip->checksums_at)
+            status = tp_fail(TP_ERR_FORMAT, "%s: block checksums at offset %lld, the index says %lld", where,
+                             at == HADDR_UNDEF ? -1LL : (long long)at, (long long)ip->checksums_at);
+    }
     if (sums >= 0) H5Dclose(sums);
     return finish_piece(pr, ip, status, where);
 }

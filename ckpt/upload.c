@@ -72,6 +72,9 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
     char local_index[CKPT_PATH_MAX], remote_index[CKPT_PATH_MAX];
     TP_TRY(ckpt_path_join(local_index, local_dir, CKPT_INDEX_NAME));
     TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
+    /* What goes up must read back whole there: a damaged local copy (or one
+     * whose index disagrees with its files) is refused before any upload. */
+    TP_TRY(ckpt_verify_checkpoint(local_dir, transfer_threads(options)));
     char *text = NULL;
     int64_t text_size = 0;
     TP_TRY(ckpt_read_text_file(local_index, CKPT_INDEX_MAX_BYTES, &text, &text_size));

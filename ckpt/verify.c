@@ -83,3 +83,20 @@ void ckpt_verify_result_free(ckpt_verify_result *result)
     result->damage = NULL;
     result->damaged = 0;
 }
+
+int ckpt_verify_checkpoint(const char *path, int threads)
+{
+    ckpt_reader *r = NULL;
+    TP_TRY(ckpt_reader_open(&r, path, NULL));
+    ckpt_verify_options options = {.threads = threads};
+    ckpt_verify_result result;
+    int status = ckpt_verify(r, &options, &result);
+    if (!status && result.damaged) {
+        const ckpt_damage *first = &result.damage[0];
+        status = tp_fail(first->status, "%s does not verify: %lld of %lld pieces damaged, the first: %s",
+                         ckpt_reader_path(r), (long long)result.damaged, (long long)result.pieces, first->message);
+    }
+    ckpt_verify_result_free(&result);
+    ckpt_reader_close(r);
+    return status;
+}
