@@ -29,7 +29,7 @@ HOST_PATTERN="on host $(hostname | sed 's/[^A-Za-z0-9-]/-/g')"
 # A trainer that lives long enough to be met, however loaded the machine:
 # its first checkpoint's commit held 10 s (a slow disk, TP_CKPT_FAULT).
 HELD="before-latest:SLEEP:10"
-LONG="--model tiny --micro-batch 2 --quiet --steps 4 --ckpt-every 2"
+LONG="--model tiny --micro-batch 2 --quiet --steps 2 --ckpt-every 2"
 
 # wait_for FILE SECONDS: until FILE exists.
 wait_for() {
@@ -54,8 +54,7 @@ for trial in 1 2 3; do
     rc=$?
     check "trial $trial: the first trainer undisturbed (exit $rc)" [ $rc -eq 0 ]
     check_all "trial $trial: every checkpoint is the first trainer's, none of the refused one's" \
-        '[ "$(ls "$D" | tr "\n" " ")" = "latest step_00000002 step_00000004 " ] &&
-         [ "$(model_of "$D/step_00000002")" = "2 64" ] && [ "$(model_of "$D/step_00000004")" = "2 64" ]'
+        '[ "$(ls "$D" | tr "\n" " ")" = "latest step_00000002 " ] && [ "$(model_of "$D/step_00000002")" = "2 64" ]'
 done
 
 # Under mpirun, the claim is rank 0's and its verdict every rank's.
