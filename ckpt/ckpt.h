@@ -29,7 +29,7 @@
 #include "storage.h"
 
 #define CKPT_FORMAT_MAJOR 1
-#define CKPT_FORMAT_MINOR 2
+#define CKPT_FORMAT_MINOR 3
 #define CKPT_MAX_DIMS 8
 #define CKPT_MAX_SEGMENTS 16
 #define CKPT_NAME_MAX 255

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "attrs.h"
 #include "index.h"
@@ -102,6 +103,69 @@ static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp)
     return o;
 }
 
+/* The index's own checksum (format 1.3): index_checksum, the last member,
+ * is XXH3-64 of every byte of the text before that member's key. The key
+ * `"index_checksum":` can stand in the text only as that member: inside a
+ * string its quotes would be escaped. A step, consumed_samples or any
+ * other field changed by hand or by damage is then refused on reading,
+ * not resumed at another data position. */
+#define SEAL_KEY "\"index_checksum\":"
+
+static const char *find_seal(const char *text, size_t length)
+{
+    size_t key = strlen(SEAL_KEY);
+    for (size_t i = length >= key ? length - key + 1 : 0; i-- > 0;)
+        if (memcmp(text + i, SEAL_KEY, key) == 0) return text + i;
+    return NULL;
+}
+
+/* Appends index_checksum to a printed index: "{...}" becomes
+ * "{...,\n\t\"index_checksum\":\t\"HEX\"\n}". */
+static int seal(char **text)
+{
+    char *t = *text;
+    char *close = strrchr(t, '}');
+    if (!close) return tp_fail(TP_ERR_STATE, "a printed index without its closing brace");
+    size_t body = (size_t)(close - t);
+    while (body > 0 && (t[body - 1] == '\n' || t[body - 1] == '\t' || t[body - 1] == ' ')) body--;
+    static const char separator[] = ",\n\t";
+    size_t prefix = body + strlen(separator);
+    char *sealed = malloc(prefix + strlen(SEAL_KEY) + 24);
+    if (!sealed) return tp_fail(TP_ERR_NOMEM, "out of memory sealing the index");
+    memcpy(sealed, t, body);
+    memcpy(sealed + body, separator, strlen(separator));
+    char hex[17];
+    ckpt_format_checksum(XXH3_64bits(sealed, prefix), hex);
+    sprintf(sealed + prefix, SEAL_KEY "\t\"%s\"\n}", hex);
+    free(t);
+    *text = sealed;
+    return TP_OK;
+}
+
+/* Checks a format 1.3 index's seal: present, the last member, and equal to
+ * the checksum of the text before it. */
+static int check_seal(const char *text, const cJSON *root, const char *where)
+{
+    const cJSON *last = root->child;
+    while (last && last->next) last = last->next;
+    const char *key = find_seal(text, strlen(text));
+    if (!key || !last || !last->string || strcmp(last->string, "index_checksum") != 0)
+        return tp_fail(TP_ERR_CHECKSUM, "%s: no index_checksum as its last member (format 1.3 has one): the index "
+                       "was changed or damaged", where);
+    uint64_t recorded = 0;
+    if (!cJSON_IsString(last) || ckpt_parse_checksum(last->valuestring, &recorded))
+        return tp_fail(TP_ERR_CHECKSUM, "%s: index_checksum is not 16 hex digits", where);
+    uint64_t actual = XXH3_64bits(text, (size_t)(key - text));
+    if (actual != recorded) {
+        char a[17], r[17];
+        ckpt_format_checksum(actual, a);
+        ckpt_format_checksum(recorded, r);
+        return tp_fail(TP_ERR_CHECKSUM, "%s: the index's text has checksum %s, its index_checksum says %s: the index "
+                       "was changed or damaged", where, a, r);
+    }
+    return TP_OK;
+}
+
 int ckpt_index_to_json(const ckpt_index *index, char **out)
 {
     int status = TP_OK;
@@ -147,6 +211,13 @@ int ckpt_index_to_json(const ckpt_index *index, char **out)
         if (!*out) status = tp_fail(TP_ERR_NOMEM, "cannot serialize the index");
     }
     cJSON_Delete(root);
+    if (!status && (index->major > 1 || index->minor >= 3)) {
+        status = seal(out);
+        if (status) {
+            free(*out);
+            *out = NULL;
+        }
+    }
     return status;
 }
 
@@ -399,6 +470,7 @@ int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
     if (!ctx.status && version[0] < 1)
         ctx.status = tp_fail(TP_ERR_VERSION, "%s: format version %lld.%lld is not valid",
                                where, (long long)version[0], (long long)version[1]);
+    if (!ctx.status && (version[0] > 1 || version[1] >= 3)) ctx.status = check_seal(text, root, where);
     if (ctx.status) goto done;
     out->major = (int)version[0];
     out->minor = (int)version[1];

@@ -94,6 +94,7 @@ static void craft(const char *path, const char *tensor, const char *field, const
     write_all(file, out, strlen(out));
     free(out);
     cJSON_Delete(root);
+    reseal_index(file); /* the deeper check must answer, not the index's seal */
 }
 
 /* Opening and verifying every piece must fail, with a message holding each

@@ -80,6 +80,7 @@ static void save_index(const char *path, cJSON *root)
     fputs(text, f);
     fclose(f);
     free(text);
+    reseal_index(file); /* the deeper check must answer, not the index's seal */
 }
 
 static int64_t file_size(const char *file)

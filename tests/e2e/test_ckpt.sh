@@ -121,7 +121,32 @@ expect_error "truncated shard" 1 "shard_pp01_tp00.h5: .*truncated" "$CK" verify 
 cp -r "$WORK/a" "$WORK/future" && sed -i 's/"format_version":\t\[1, [0-9]*\]/"format_version":\t[7, 1]/' "$WORK/future/index.json"
 expect_error "future major version" 1 "version 7.1 is newer than this build reads" "$CK" info "$WORK/future"
 cp -r "$WORK/a" "$WORK/minor" && sed -i 's/"format_version":\t\[1, [0-9]*\]/"format_version":\t[1, 9]/' "$WORK/minor/index.json"
+"$PY" "$ROOT/tests/support/index_seal.py" "$WORK/minor/index.json"
 expect_ok "a newer minor version still reads" "$CK" verify "$WORK/minor"
+# The index's own checksum (format 1.3): a field changed by hand, such as
+# the step a resume goes on from, is refused naming the index; an index of
+# 1.2, which has none, still reads.
+cp -r "$WORK/a" "$WORK/restep" && sed -i '0,/"step":\t[0-9]*/s//"step":\t12345/' "$WORK/restep/index.json"
+check "the step was changed" grep -q '"step":.12345' "$WORK/restep/index.json"
+expect_error "a changed step is refused by the index's checksum" 1 \
+    "restep/index.json: the index's text has checksum [0-9a-f]{16}, its index_checksum says [0-9a-f]{16}" \
+    "$CK" info "$WORK/restep"
+cp -r "$WORK/a" "$WORK/v12" && "$PY" - "$WORK/v12/index.json" <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+del d["index_checksum"]
+d["format_version"] = [1, 2]
+json.dump(d, open(sys.argv[1], "w"))
+PYEOF
+expect_ok "an index of format 1.2 (no checksum of its own) still reads" "$CK" verify "$WORK/v12"
+cp -r "$WORK/a" "$WORK/unsealed" && "$PY" - "$WORK/unsealed/index.json" <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+del d["index_checksum"]
+json.dump(d, open(sys.argv[1], "w"))
+PYEOF
+expect_error "an index of 1.3 without its checksum is refused" 1 "unsealed/index.json: no index_checksum" \
+    "$CK" verify "$WORK/unsealed"
 cp -r "$WORK/a" "$WORK/wrong" && sed -i 's/"format_version":\t\[1, [0-9]*\]/"format_version":\t[0, 3]/' "$WORK/wrong/index.json"
 expect_error "version 0 is not valid" 1 "version 0.3 is not valid" "$CK" info "$WORK/wrong"
 cp -r "$WORK/a" "$WORK/garbled" && printf 'garbage' >"$WORK/garbled/index.json"

@@ -42,6 +42,9 @@ void extract(const test_tensor *t, const int64_t *start, const int64_t *count, u
 /* Runs every file of tests/fuzz/corpus/<target> through one (a fuzz
  * target's LLVMFuzzerTestOneInput); returns how many there were. A crash
  * fails the test (Criterion runs it in a child). */
+/* Refreshes the index_checksum of an index.json a test changed on purpose
+ * (an implementation of its own of docs/FORMAT.md's seal). */
+void reseal_index(const char *file);
 int replay_corpus(const char *target, int (*one)(const uint8_t *data, size_t size));
 
 /* The logical digest straight from its definition. */
