@@ -359,6 +359,13 @@ static int open_state(run_state *s, const elastic_run_options *o)
     /* The trainer's log is read as it grows; a FIFO there would block the
      * reads (and the trainer): refused before anything is launched. */
     TP_TRY(tp_refuse_special(s->log_path));
+    /* So are the state's temporary file and the capacity's file, which a
+     * FIFO would make fail later (the capacity only after a long wait). */
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.tmp", s->state_path);
+    TP_TRY(tp_refuse_special(tmp));
+    if (o->capacity.kind == ELASTIC_CAPACITY_WORLD_FILE || o->capacity.kind == ELASTIC_CAPACITY_HOSTFILE)
+        TP_TRY(tp_refuse_special(o->capacity.path));
     int fd = -1;
     TP_TRY(tp_open_regular_flags(s->events_path, O_WRONLY | O_CREAT | O_APPEND, 0644, &fd));
     s->events = fdopen(fd, "a");
@@ -872,7 +879,12 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     if ((*status_out = start_launch(s, &layout, &capacity, &pid, output, sizeof output))) return 1;
     s->launch_pid = pid;
     if (elastic_process_start(pid, &s->launch_start) != TP_OK) s->launch_start = 0; /* gone already */
-    save_state(s);
+    /* Unrecorded, the launch could not be told from a stranger's process
+     * by a restarted orchestrator: not run without its record. */
+    if ((*status_out = save_state(s))) {
+        elastic_stop_group(pid, o->grace_seconds, NULL);
+        return 1;
+    }
     launch_watch w = {.s = s, .layout = &layout, .world = capacity.world, .first_step = -1, .last_step = resumed,
                       .launched = launched, .last_progress = launched, .have_checkpoint = have_checkpoint,
                       .reshard = reshard, .resumed = resumed, .from_tp = chosen.tp, .from_pp = chosen.pp};
@@ -889,21 +901,20 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     if (end == END_FINISHED && w.last_step >= o->steps) {
         prune_checkpoints(s, w.last_step + 1);
         fill_summary(s, summary, 1);
-        save_state(s);
+        if ((*status_out = save_state(s))) return 1;
         return emit(s, "finished", cJSON_CreateObject()), 1;
     }
     if (end == END_STOPPED) {
         fill_summary(s, summary, 0);
         snprintf(summary->reason, sizeof summary->reason, "stopped on request at step %lld", (long long)w.last_step);
-        save_state(s);
+        if ((*status_out = save_state(s))) return 1;
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "step", (double)w.last_step);
         return emit(s, "stopped", e), 1;
     }
     if (end == END_SCALE) {
         s->scale_changes++;
-        save_state(s);
-        return 0;
+        return (*status_out = save_state(s)) != TP_OK;
     }
     /* A failure: a rank or node lost (the launcher's exit), or a hang. */
     double failed_at = now_seconds();
@@ -918,7 +929,7 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     s->repeats = progressed ? 1 : s->repeats + 1;
     s->last_failure_step = w.last_step;
     s->restarts++;
-    save_state(s);
+    if ((*status_out = save_state(s))) return 1;
     if (s->repeats >= o->repeat_limit) {
         char tail[600];
         int no_space = 0;
@@ -988,7 +999,7 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
         for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(lost, elastic_lost_names[i], summary->lost_seconds[i]);
         if (summary->reason[0]) cJSON_AddStringToObject(sum, "reason", summary->reason);
         status = emit(&s, "summary", sum);
-        save_state(&s);
+        if (!status) status = save_state(&s);
     }
     fclose(s.events);
     ckpt_storage_posix()->close(s.lock); /* the next orchestrator may start */
