@@ -60,5 +60,5 @@ int tp_open_regular(const char *path, int *fd_out)
 
 int tp_refuse_special(const char *path)
 {
-    return refuse_special(path, "read");
+    return refuse_special(path, "open"); /* to read or to write */
 }

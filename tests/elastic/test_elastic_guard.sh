@@ -8,7 +8,8 @@
 # since, pid 1) gets no signal, and tp-elastic says why; pid -5 is refused.
 # A FIFO at any file tp-elastic opens is refused by name at once (the FIFO's
 # other end is never opened: before, the open blocked for good). Numbers out
-# of range in state.json are refused by name, expected against found.
+# of range in state.json are refused by name, expected against found. A
+# trainer that fails on a full disk is not called a bug.
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$ROOT/tests/elastic/lib.sh"
@@ -30,7 +31,7 @@ first=$!
 while ! grep -q '"step":20,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
 expect_error "a second tp-elastic on a live run: refused, naming the live one's host and pid" 1 \
     "another tp-elastic runs this run: host $(hostname) pid $first," \
-    timeout 20 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400
+    timeout -k 5 20 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400
 wait $first
 check "live: the first one finishes (exit 0)" [ $? -eq 0 ]
 check_all "live: the first's launch was not ended: one launch, no failure, step 400" \
@@ -46,7 +47,7 @@ first=$!
 while ! grep -q '"step":20,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
 kill -9 $first
 wait $first 2>/dev/null
-expect_ok "an orchestrator killed with SIGKILL: the next takes the run over" timeout 120 "$ELASTIC" run \
+expect_ok "an orchestrator killed with SIGKILL: the next takes the run over" timeout -k 5 120 "$ELASTIC" run \
     --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400
 check_all "takeover: step 400, two orchestrators" \
     '[ "$(summary_field "$R" step)" -eq 400 ] && [ "$(events "$R" orchestrator_start)" -eq 2 ]'
@@ -75,7 +76,7 @@ decoy=$!
 for i in $(seq 50); do group_leader $decoy && break; sleep 0.1; done
 check "decoy: a process group of its own" group_leader $decoy
 state_with_pid base $decoy
-expect_ok "a stranger as launch_pid (its command line holds 'base'): the run finishes" timeout 120 "$ELASTIC" run \
+expect_ok "a stranger as launch_pid (its command line holds 'base'): the run finishes" timeout -k 5 120 "$ELASTIC" run \
     --ckpt-dir base --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
 check "stranger: never signalled (still alive)" alive $decoy
 check "stranger: tp-elastic says why it left it alone" \
@@ -90,13 +91,13 @@ setsid sh -c 'export TP_ELASTIC_LAUNCH=$$; exec sleep 60' &
 marked=$!
 for i in $(seq 50); do group_leader $marked && [ "$(cat /proc/$marked/comm)" = sleep ] && break; sleep 0.1; done
 state_with_pid "$WORK/reused" $marked $(($(start_ticks $marked) + 1))
-expect_ok "a reused pid (start time not the launch's): the run finishes" timeout 120 "$ELASTIC" run \
+expect_ok "a reused pid (start time not the launch's): the run finishes" timeout -k 5 120 "$ELASTIC" run \
     --ckpt-dir "$WORK/reused" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
 check "reused pid: never signalled (still alive)" alive $marked
 check "reused pid: tp-elastic says the pid was reused" grep -q 'the pid was reused","event":"earlier_launch_skipped"' "$WORK/.out"
 # The same process with its start time right is the launch: ended.
 state_with_pid "$WORK/owned" $marked "$(start_ticks $marked)"
-expect_ok "the launch itself (marker and start time): the run finishes" timeout 120 "$ELASTIC" run \
+expect_ok "the launch itself (marker and start time): the run finishes" timeout -k 5 120 "$ELASTIC" run \
     --ckpt-dir "$WORK/owned" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
 check_all "the launch itself: ended" '! alive $marked'
 check "the launch itself: an event says so" grep -q '"event":"earlier_launch_ended"' "$WORK/.out"
@@ -106,16 +107,16 @@ wait $marked 2>/dev/null
 # pid 1 (kill(-1) is every process we may signal) and 0 are never signalled;
 # a negative pid is out of range.
 state_with_pid "$WORK/one" 1
-expect_ok "launch_pid 1: the run finishes" timeout 120 "$ELASTIC" run --ckpt-dir "$WORK/one" --world 2 $FAST \
+expect_ok "launch_pid 1: the run finishes" timeout -k 5 120 "$ELASTIC" run --ckpt-dir "$WORK/one" --world 2 $FAST \
     -- "$TRAIN" $ARGS --steps 20
 check "launch_pid 1: not signalled, and said so" grep -q '"pid":1,"why":"[^"]*launch_pid 1 not signalled: pid 1 is never signalled[^"]*","event":"earlier_launch_skipped"' "$WORK/.out"
 state_with_pid "$WORK/zero" 0
-expect_ok "launch_pid 0 (no launch): the run finishes" timeout 120 "$ELASTIC" run --ckpt-dir "$WORK/zero" --world 2 \
+expect_ok "launch_pid 0 (no launch): the run finishes" timeout -k 5 120 "$ELASTIC" run --ckpt-dir "$WORK/zero" --world 2 \
     $FAST -- "$TRAIN" $ARGS --steps 20
 check "launch_pid 0: nothing signalled, nothing ended" sh -c "! grep -q 'earlier_launch_' '$WORK/.out'"
 state_with_pid "$WORK/negative" -5
 expect_error "launch_pid -5: refused by name" 1 'state.json: "launch_pid": expected an integer from 0 to 4194304, got -5' \
-    timeout 20 "$ELASTIC" run --ckpt-dir "$WORK/negative" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
+    timeout -k 5 20 "$ELASTIC" run --ckpt-dir "$WORK/negative" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
 
 # ---------------------------------------------------------------- FIFOs
 # fifo_refused NAME FILE [OPTIONS]: a FIFO at FILE (a path under a fresh run
@@ -127,7 +128,7 @@ fifo_refused() {
     mkdir -p "$RUN/elastic"
     mkfifo "$file"
     expect_error "a FIFO at $name: refused by name" 1 "$file is a FIFO, not a regular file" \
-        timeout 20 "$ELASTIC" run --ckpt-dir "$RUN" $FAST "$@" -- "$TRAIN" $ARGS --steps 20
+        timeout -k 5 20 "$ELASTIC" run --ckpt-dir "$RUN" $FAST "$@" -- "$TRAIN" $ARGS --steps 20
 }
 for name in train.jsonl events.jsonl state.json state.json.tmp launch-1.out orchestrator.lock; do
     RUN="$WORK/fifo-$name"
@@ -152,7 +153,7 @@ bad_state() {
     mkdir -p "$R/elastic"
     printf '{"%s":%s,"launches":1,"tp":1,"pp":1}\n' "$1" "$2" >"$R/elastic/state.json"
     expect_error "state.json $1 $2: refused by name" 1 "state.json: \"$1\": expected $3, got $4" \
-        timeout 20 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
+        timeout -k 5 20 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
 }
 bad_state launches 1e308 "an integer from 0 to 2147483647" "1e\\+308"
 bad_state repeats -7 "an integer from 0 to 2147483647" -7
@@ -160,4 +161,13 @@ bad_state tp -3 "an integer from 0 to 1048576" -3
 bad_state restarts 2.5 "an integer from 0 to 2147483647" 2.5
 bad_state last_step '"ten"' "an integer from 0 to 9007199254740992" '"ten"'
 bad_state wall_seconds -1 "a number from 0 to 1000000000000" -1
+# ------------------------------------------------------------ a full disk
+# A trainer that fails at once, every time, saying the disk is full (as a
+# checkpoint write does): the give-up says so, naming the run directory's
+# device, not "a bug".
+R="$WORK/full"
+expect_error "a trainer failing on a full disk: the give-up says no space is left, naming the path" 1 \
+    "failed 3 times in a row at step 0 without progress \\([^)]*\\): no space left on the device of $R; free space" \
+    timeout -k 5 120 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
+    -- sh -c 'echo "tp-train: $0/step_00000010: cannot write: No space left on device" >&2; exit 1' "$R" $ARGS --steps 20
 finish
