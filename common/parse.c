@@ -19,6 +19,21 @@ int parse_int(const char *text, int64_t min, int64_t max, int64_t *out)
     return 0;
 }
 
+int parse_int_in_file(const char *text, int64_t min, int64_t max, int64_t *out)
+{
+    if (!text) return -1;
+    while (isspace((unsigned char)*text)) text++;
+    size_t n = strlen(text);
+    while (n > 0 && isspace((unsigned char)text[n - 1])) n--;
+    char digits[32];
+    if (n == 0 || n >= sizeof digits) return -1;
+    for (size_t i = 0; i < n; i++)
+        if (!isdigit((unsigned char)text[i]) && !(i == 0 && text[i] == '-' && n > 1)) return -1;
+    memcpy(digits, text, n);
+    digits[n] = '\0';
+    return parse_int(digits, min, max, out);
+}
+
 int parse_double(const char *text, double *out)
 {
     if (!text || !*text) return -1;

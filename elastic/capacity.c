@@ -25,20 +25,24 @@ static int add_node(elastic_capacity *out, const char *name, int ranks, int cpus
     return TP_OK;
 }
 
-/* A file holding one number: the ranks available. */
+/* A file holding one number: the ranks available (the whitespace rule of
+ * parse_int_in_file, as for a host file's slots=N). */
 static int read_world_file(const char *path, elastic_capacity *out)
 {
     char *text = NULL;
     TP_TRY(ckpt_read_text_file(path, 4096, &text, NULL));
-    char *end = NULL;
-    errno = 0;
-    long world = strtol(text, &end, 10);
-    while (end && (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r')) end++;
-    int bad = errno || end == text || *end || world < 0 || world > ELASTIC_MAX_NODES * MAX_RANKS_PER_NODE;
+    int64_t world = 0;
+    int bad = parse_int_in_file(text, 0, ELASTIC_MAX_NODES * MAX_RANKS_PER_NODE, &world) != 0;
+    for (char *c = text; bad && *c; c++) /* the message on one line */
+        if ((unsigned char)*c < ' ') *c = ' ';
+    int status = bad ? tp_fail(TP_ERR_ARG,
+                               "%s: expected the number of ranks available (0 to %d, whitespace around it ignored), "
+                               "got '%.40s'",
+                               path, ELASTIC_MAX_NODES * MAX_RANKS_PER_NODE, text)
+                     : TP_OK;
     free(text);
-    if (bad) return tp_fail(TP_ERR_ARG, "%s: expected the number of ranks available (0 or more)", path);
-    out->world = (int)world;
-    return TP_OK;
+    if (!status) out->world = (int)world;
+    return status;
 }
 
 /* An Open MPI host file: "host [slots=N]" per line, '#' comments. */
@@ -56,11 +60,10 @@ static int read_hostfile(const char *path, elastic_capacity *out)
         char host[256], slots_text[64] = "";
         int fields = sscanf(line, "%255s %63s", host, slots_text);
         if (fields <= 0) continue;
-        long slots = 1;
+        int64_t slots = 1;
         if (fields == 2) {
-            char *end = NULL;
-            if (strncmp(slots_text, "slots=", 6) != 0 || (slots = strtol(slots_text + 6, &end, 10)) < 1 ||
-                slots > MAX_RANKS_PER_NODE || *end)
+            if (strncmp(slots_text, "slots=", 6) != 0 ||
+                parse_int_in_file(slots_text + 6, 1, MAX_RANKS_PER_NODE, &slots) != 0)
                 status = tp_fail(TP_ERR_ARG, "%s line %d: expected 'HOST slots=N' (N from 1 to %d), got '%s'", path,
                                  line_number, MAX_RANKS_PER_NODE, slots_text);
         }
@@ -101,9 +104,11 @@ static int read_slurm(const elastic_capacity_source *source, elastic_capacity *o
         if (sscanf(state, "%*s %63s", cpus) != 1) return tp_fail(TP_ERR_IO, "sinfo on node %s said '%s'", name, state);
         /* down, drained, failing or not responding ("*"): not usable */
         if (strstr(state, "down") || strstr(state, "drain") || strstr(state, "fail") || strchr(state, '*')) continue;
-        int node_cpus = atoi(cpus), ranks = source->ranks_per_node > 0 ? source->ranks_per_node : node_cpus;
+        int64_t node_cpus = 0; /* unknown when sinfo says something else */
+        if (parse_int_in_file(cpus, 0, 1 << 20, &node_cpus) != 0) node_cpus = 0;
+        int ranks = source->ranks_per_node > 0 ? source->ranks_per_node : (int)node_cpus;
         if (ranks < 1) ranks = 1;
-        TP_TRY(add_node(out, name, ranks, node_cpus > 0 ? node_cpus : 0, "the Slurm allocation"));
+        TP_TRY(add_node(out, name, ranks, (int)node_cpus, "the Slurm allocation"));
     }
     return TP_OK;
 }

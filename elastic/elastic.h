@@ -77,9 +77,24 @@ int elastic_launch_env(const elastic_launch *launch, char ***out);
 #define ELASTIC_LAUNCH_MARKER "TP_ELASTIC_LAUNCH"
 int elastic_spawn(char *const *argv, char *const *env, pid_t *pid); /* env: as elastic_launch_env's, or NULL */
 
+/* When process pid started (clock ticks after boot, /proc/PID/stat's
+ * starttime): recorded with a launch's pid, so that the pid, reused since,
+ * is not taken for the launch. TP_ERR_NOT_FOUND when there is no such
+ * process. */
+int elastic_process_start(pid_t pid, uint64_t *ticks);
+
+/* Whether pid is provably the leader of a launch (elastic_spawn's) that
+ * still runs, before its group is signalled on the word of a state file:
+ * not 0, 1, negative, this process or its group; the leader of its process
+ * group; carrying ELASTIC_LAUNCH_MARKER=pid; and, when start_ticks is not
+ * 0, started then. TP_OK when it is; TP_ERR_NOT_FOUND when there is no such
+ * process; TP_ERR_STATE saying why not otherwise. */
+int elastic_launch_owned(pid_t pid, uint64_t start_ticks);
+
 /* Ends the group: SIGTERM, then SIGKILL after grace_seconds; waits for the
  * leader and returns its wait status in *status_out (may be NULL); then
- * ends the launch's leftovers (elastic_end_leftovers). */
+ * ends the launch's leftovers (elastic_end_leftovers). Groups 0 and 1 and
+ * this process's are never signalled (TP_ERR_ARG). */
 int elastic_stop_group(pid_t pid, double grace_seconds, int *status_out);
 
 /* Ends the processes of this machine that carry launch's marker (ranks a

@@ -15,6 +15,7 @@
 #include "../ckpt/ckpt.h"
 #include "../common/clock.h"
 #include "../common/error.h"
+#include "../common/file.h"
 #include "elastic.h"
 
 void elastic_argv_free(char **argv)
@@ -83,8 +84,13 @@ static int write_hostfile(const elastic_launch *l, char *path, size_t path_size)
     int per_node[ELASTIC_MAX_NODES];
     int used = nodes_used(l->capacity, l->ranks, per_node);
     snprintf(path, path_size, "%s/hostfile.launch", l->work_dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    int fd = -1;
+    TP_TRY(tp_open_regular_flags(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, &fd)); /* a FIFO would block */
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        return tp_fail(TP_ERR_NOMEM, "%s: cannot write: %s", path, strerror(errno));
+    }
     for (int i = 0; i < used; i++) fprintf(f, "%s slots=%d\n", l->capacity->node_names[i], per_node[i]);
     if (fclose(f) != 0) return tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
     return TP_OK;
@@ -294,6 +300,69 @@ static int signal_marked(pid_t launch, int sig)
     return found;
 }
 
+/* From /proc/PID/stat: the state, the process group and the start time
+ * (clock ticks after boot). The command's name, in parentheses, may hold
+ * anything: the fields are read after its last ')'. */
+static int proc_stat(pid_t pid, char *state, pid_t *group, uint64_t *start)
+{
+    char path[64], text[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return tp_fail(TP_ERR_NOT_FOUND, "no process %d (%s: %s)", (int)pid, path, strerror(errno));
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    const char *paren = strrchr(text, ')');
+    int pgrp = 0;
+    unsigned long long ticks = 0;
+    if (!paren || sscanf(paren + 1, " %c %*d %d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                         state, &pgrp, &ticks) != 3)
+        return tp_fail(TP_ERR_FORMAT, "%s: expected the fields of proc(5), got '%.80s'", path, text);
+    *group = (pid_t)pgrp;
+    *start = (uint64_t)ticks;
+    return TP_OK;
+}
+
+int elastic_process_start(pid_t pid, uint64_t *ticks)
+{
+    char state;
+    pid_t group;
+    return proc_stat(pid, &state, &group, ticks);
+}
+
+/* Pids never signalled, whatever a state file says: 0 and below (kill(2)
+ * takes them for this process's group, or every process), 1 (init; -1 is
+ * every process the user may signal) and this process and its group. */
+static int never_signalled(pid_t pid)
+{
+    return pid <= 1 || pid == getpid() || pid == getpgrp();
+}
+
+int elastic_launch_owned(pid_t pid, uint64_t start_ticks)
+{
+    if (never_signalled(pid))
+        return tp_fail(TP_ERR_STATE, "pid %d is never signalled (0, 1, negative, or this orchestrator's own)",
+                       (int)pid);
+    char state;
+    pid_t group;
+    uint64_t started;
+    TP_TRY(proc_stat(pid, &state, &group, &started));
+    if (start_ticks && started != start_ticks)
+        return tp_fail(TP_ERR_STATE,
+                       "process %d started at %llu clock ticks after boot, the launch at %llu: the pid was reused",
+                       (int)pid, (unsigned long long)started, (unsigned long long)start_ticks);
+    if (group != pid)
+        return tp_fail(TP_ERR_STATE, "process %d is not the leader of its process group (the group is %d), as a "
+                       "launch is", (int)pid, (int)group);
+    char name[32], entry[64];
+    snprintf(name, sizeof name, "%d", (int)pid);
+    int length = snprintf(entry, sizeof entry, ELASTIC_LAUNCH_MARKER "=%d", (int)pid) + 1; /* with its NUL */
+    if (!carries_marker(name, entry, (size_t)length))
+        return tp_fail(TP_ERR_STATE, "process %d does not carry %s=%d in its environment, as every process of a "
+                       "launch does: not a launch of tp-elastic's", (int)pid, ELASTIC_LAUNCH_MARKER, (int)pid);
+    return TP_OK;
+}
+
 static void pause_briefly(void)
 {
     struct timespec pause = {0, 20 * 1000 * 1000};
@@ -302,6 +371,7 @@ static void pause_briefly(void)
 
 int elastic_end_leftovers(pid_t launch, double grace_seconds)
 {
+    if (never_signalled(launch)) return 0; /* no launch has such a marker */
     if (!signal_marked(launch, SIGTERM)) return 0;
     double deadline = now_seconds() + grace_seconds;
     int left;
@@ -314,6 +384,8 @@ int elastic_end_leftovers(pid_t launch, double grace_seconds)
 int elastic_stop_group(pid_t pid, double grace_seconds, int *status_out)
 {
     int status = 0, reaped = 0;
+    /* kill(-1) is every process the user may signal; -0 is our own group */
+    if (never_signalled(pid)) return tp_fail(TP_ERR_ARG, "process group %d is never signalled", (int)pid);
     kill(-pid, SIGTERM);
     double deadline = now_seconds() + grace_seconds;
     /* Until the leader is reaped (our child) or the group is gone (a group

@@ -5,8 +5,10 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../common/error.h"
+#include "../common/file.h"
 #include "elastic.h"
 
 void elastic_log_follow(elastic_log_follower *f, const char *path, int64_t from_offset)
@@ -46,8 +48,14 @@ static void parse_line(const char *text, void (*visit)(void *, const elastic_log
 
 int elastic_log_read(elastic_log_follower *f, void (*visit)(void *ctx, const elastic_log_line *line), void *ctx)
 {
-    FILE *file = fopen(f->path, "r");
-    if (!file) return errno == ENOENT ? TP_OK : tp_fail(TP_ERR_IO, "%s: cannot read: %s", f->path, strerror(errno));
+    int fd = -1;
+    int status = tp_open_regular(f->path, &fd); /* a FIFO would block */
+    if (status) return status == TP_ERR_NOT_FOUND ? TP_OK : status;
+    FILE *file = fdopen(fd, "r");
+    if (!file) {
+        close(fd);
+        return tp_fail(TP_ERR_IO, "%s: cannot read: %s", f->path, strerror(errno));
+    }
     if (fseek(file, (long)f->offset, SEEK_SET) != 0) {
         fclose(file);
         return tp_fail(TP_ERR_IO, "%s: cannot seek: %s", f->path, strerror(errno));

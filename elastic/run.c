@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +29,7 @@
 #include "../ckpt/storage.h"
 #include "../common/clock.h"
 #include "../common/error.h"
+#include "../common/file.h"
 #include "elastic.h"
 
 const char *const elastic_lost_names[5] = {"detection", "selection", "reshard", "relaunch", "lost_work"};
@@ -64,11 +67,13 @@ void elastic_run_options_init(elastic_run_options *o)
 typedef struct {
     const elastic_run_options *o;
     char dir[4200];         /* <run_dir>/elastic */
-    char state_path[4300], events_path[4300], log_path[4300];
+    char state_path[4300], events_path[4300], log_path[4300], lock_path[4300];
     FILE *events;
+    ckpt_file *lock;        /* held for this orchestrator's life: orchestrator_lock */
     /* kept across orchestrator restarts */
     int launches, restarts, scale_changes, repeats, tp, pp;
     pid_t launch_pid; /* the launch running now (its process group), 0 when none */
+    uint64_t launch_start; /* when it started (elastic_process_start), 0 when unknown */
     int64_t last_failure_step, steps_recomputed, last_step;
     double lost[5], wall_before;
     /* this orchestrator's */
@@ -118,6 +123,7 @@ static int save_state(run_state *s)
     cJSON_AddNumberToObject(o, "tp", s->tp);
     cJSON_AddNumberToObject(o, "pp", s->pp);
     cJSON_AddNumberToObject(o, "launch_pid", s->launch_pid);
+    cJSON_AddNumberToObject(o, "launch_start", (double)s->launch_start);
     cJSON_AddNumberToObject(o, "last_failure_step", (double)s->last_failure_step);
     cJSON_AddNumberToObject(o, "last_step", (double)s->last_step);
     cJSON_AddNumberToObject(o, "steps_recomputed", (double)s->steps_recomputed);
@@ -129,7 +135,14 @@ static int save_state(run_state *s)
     if (!text) return tp_fail(TP_ERR_NOMEM, "out of memory writing %s", s->state_path);
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%s.tmp", s->state_path);
-    FILE *f = fopen(tmp, "w");
+    int fd = -1;
+    int opened = tp_open_regular_flags(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644, &fd); /* a FIFO would block */
+    if (opened) {
+        free(text);
+        return opened;
+    }
+    FILE *f = fdopen(fd, "w");
+    if (!f) close(fd);
     int status = f && fputs(text, f) >= 0 && fflush(f) == 0 && fsync(fileno(f)) == 0 ? TP_OK : TP_ERR_IO;
     if (f && fclose(f) != 0) status = TP_ERR_IO;
     free(text);
@@ -137,11 +150,32 @@ static int save_state(run_state *s)
     return status ? tp_fail(TP_ERR_IO, "%s: cannot write: %s", s->state_path, strerror(errno)) : TP_OK;
 }
 
-static double field(const cJSON *o, const char *name)
+/* A number of state.json within [min, max] (an integer where `integral`):
+ * anything else is refused, naming it, expected against found (a cast of
+ * 1e308 or -7 to a count is undefined, or nonsense). Absent: `fallback`
+ * (a state file of an earlier version of tp-elastic). */
+static int state_number(const run_state *s, const cJSON *o, const char *name, double min, double max, int integral,
+                        double fallback, double *out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+    *out = fallback;
+    if (!v) return TP_OK;
+    if (cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble >= min && v->valuedouble <= max &&
+        (!integral || v->valuedouble == floor(v->valuedouble))) {
+        *out = v->valuedouble;
+        return TP_OK;
+    }
+    char *found = cJSON_PrintUnformatted(v);
+    int status = tp_fail(TP_ERR_FORMAT, "%s: \"%s\": expected %s from %.17g to %.17g, got %s", s->state_path, name,
+                         integral ? "an integer" : "a number", min, max, found ? found : "(unprintable)");
+    free(found);
+    return status;
 }
+
+/* The largest a pid can be (the kernel's PID_MAX_LIMIT, 2^22). */
+#define PID_LIMIT 4194304.0
+/* Steps and ticks: integers a double holds exactly. */
+#define EXACT_LIMIT 9007199254740992.0
 
 /* The state of an earlier orchestrator of this run, when there is one. */
 static int load_state(run_state *s)
@@ -154,20 +188,46 @@ static int load_state(run_state *s)
     status = ckpt_json_parse(text, strlen(text), s->state_path, &o);
     free(text);
     if (status) return status;
-    s->launches = (int)field(o, "launches");
-    s->restarts = (int)field(o, "restarts");
-    s->scale_changes = (int)field(o, "scale_changes");
-    s->repeats = (int)field(o, "repeats");
-    s->tp = (int)field(o, "tp");
-    s->pp = (int)field(o, "pp");
-    s->launch_pid = (pid_t)field(o, "launch_pid");
-    s->last_failure_step = (int64_t)field(o, "last_failure_step");
-    s->last_step = (int64_t)field(o, "last_step");
-    s->steps_recomputed = (int64_t)field(o, "steps_recomputed");
-    s->wall_before = field(o, "wall_seconds");
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return tp_fail(TP_ERR_FORMAT, "%s: expected a JSON object", s->state_path);
+    }
+    double v[14] = {0};
+    const struct {
+        const char *name;
+        double min, max;
+        int integral;
+        double fallback;
+    } fields[] = {
+        {"launches", 0, INT_MAX, 1, 0},        {"restarts", 0, INT_MAX, 1, 0},
+        {"scale_changes", 0, INT_MAX, 1, 0},   {"repeats", 0, INT_MAX, 1, 0},
+        {"tp", 0, 1 << 20, 1, 0},              {"pp", 0, 1 << 20, 1, 0},
+        {"launch_pid", 0, PID_LIMIT, 1, 0},    {"launch_start", 0, EXACT_LIMIT, 1, 0},
+        {"last_failure_step", -1, EXACT_LIMIT, 1, -1}, {"last_step", 0, EXACT_LIMIT, 1, 0},
+        {"steps_recomputed", 0, EXACT_LIMIT, 1, 0},    {"wall_seconds", 0, 1e12, 0, 0},
+    };
+    for (size_t i = 0; !status && i < sizeof fields / sizeof *fields; i++)
+        status = state_number(s, o, fields[i].name, fields[i].min, fields[i].max, fields[i].integral,
+                              fields[i].fallback, &v[i]);
     const cJSON *lost = cJSON_GetObjectItemCaseSensitive(o, "lost_seconds");
-    for (int i = 0; i < 5; i++) s->lost[i] = field(lost, elastic_lost_names[i]);
+    if (!status && lost && !cJSON_IsObject(lost))
+        status = tp_fail(TP_ERR_FORMAT, "%s: \"lost_seconds\": expected an object of seconds", s->state_path);
+    for (int i = 0; !status && lost && i < 5; i++)
+        status = state_number(s, lost, elastic_lost_names[i], 0, 1e12, 0, 0, &s->lost[i]);
     cJSON_Delete(o);
+    if (status) return status;
+    s->launches = (int)v[0];
+    s->restarts = (int)v[1];
+    s->scale_changes = (int)v[2];
+    s->repeats = (int)v[3];
+    s->tp = (int)v[4];
+    s->pp = (int)v[5];
+    s->launch_pid = (pid_t)v[6];
+    s->launch_start = (uint64_t)v[7];
+    s->last_failure_step = (int64_t)v[8];
+    s->last_step = (int64_t)v[9];
+    s->steps_recomputed = (int64_t)v[10];
+    s->wall_before = v[11];
     return TP_OK;
 }
 
@@ -179,21 +239,100 @@ static int make_dir(const char *path)
 
 /* A launch of an earlier orchestrator of this run that is still running
  * (it should have ended with it: PR_SET_PDEATHSIG) is ended before anything
- * else writes the run directory. Only a process group whose leader's command
- * line names this run directory is taken for it. */
-static void end_earlier_launch(run_state *s)
+ * else writes the run directory. The state file's word is not enough to
+ * signal a process group: the pid may have been reused since (the
+ * orchestrator killed with SIGKILL long ago), or the file damaged. Only a
+ * group that is provably the launch's (elastic_launch_owned: the launch's
+ * marker in its environment, its recorded start time) is ended; anything
+ * else is left alone, and an event says why. */
+static int end_earlier_launch(run_state *s)
 {
-    if (s->launch_pid <= 0 || kill(-s->launch_pid, 0) != 0) return;
-    char path[64], command[8192];
-    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)s->launch_pid);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(command, 1, sizeof command - 1, f) : 0;
-    if (f) fclose(f);
-    for (size_t i = 0; i < n; i++)
-        if (!command[i]) command[i] = ' ';
-    command[n] = '\0';
-    if (!strstr(command, s->o->run_dir)) return;
-    elastic_stop_group(s->launch_pid, s->o->grace_seconds, NULL);
+    pid_t pid = s->launch_pid;
+    if (pid == 0) return TP_OK;
+    int owned = elastic_launch_owned(pid, s->launch_start);
+    if (owned == TP_ERR_NOT_FOUND) {
+        /* The leader is gone; ranks it left behind carry its marker. */
+        elastic_end_leftovers(pid, s->o->grace_seconds);
+        return TP_OK;
+    }
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "pid", pid);
+    if (owned) {
+        char why[1200];
+        snprintf(why, sizeof why, "%.300s: launch_pid %d not signalled: %.800s", s->state_path, (int)pid, tp_errmsg());
+        cJSON_AddStringToObject(e, "why", why);
+        return emit(s, "earlier_launch_skipped", e);
+    }
+    elastic_stop_group(pid, s->o->grace_seconds, NULL);
+    return emit(s, "earlier_launch_ended", e);
+}
+
+/* One orchestrator per run: an exclusive flock on <state dir>/
+ * orchestrator.lock, held for the orchestrator's life (the kernel releases
+ * it when the process ends, kill -9 included: a held lock is a live
+ * orchestrator, a free one a dead one), the storage's lock of the run
+ * directory's `latest` (ckpt/storage.h). The holder's host, pid and start
+ * time are written into the file, for the refusal of a second one. */
+static int orchestrator_lock(run_state *s)
+{
+    snprintf(s->lock_path, sizeof s->lock_path, "%s/orchestrator.lock", s->dir);
+    int fd = -1;
+    /* created if missing, never truncated: the holder's record is there */
+    TP_TRY(tp_open_regular_flags(s->lock_path, O_WRONLY | O_CREAT, 0644, &fd));
+    close(fd);
+    const ckpt_storage *storage = ckpt_storage_posix();
+    int status = storage->lock(storage, s->lock_path, 0, &s->lock);
+    if (status == TP_ERR_EXISTS) {
+        /* The holder writes its record just after it locks: a moment. */
+        char *text = NULL;
+        for (int i = 0; i < 50; i++) {
+            free(text);
+            text = NULL;
+            if (ckpt_read_text_file(s->lock_path, 4096, &text, NULL) == TP_OK && text[0]) break;
+            struct timespec pause = {0, 20 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+        }
+        cJSON *o = text && text[0] ? cJSON_Parse(text) : NULL;
+        free(text);
+        const cJSON *host = cJSON_GetObjectItemCaseSensitive(o, "host");
+        const cJSON *pid = cJSON_GetObjectItemCaseSensitive(o, "pid");
+        const cJSON *started = cJSON_GetObjectItemCaseSensitive(o, "started");
+        char when[64] = "an unknown time";
+        if (cJSON_IsNumber(started)) {
+            time_t t = (time_t)started->valuedouble;
+            struct tm tm;
+            if (gmtime_r(&t, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+        }
+        status = tp_fail(TP_ERR_EXISTS,
+                         "another tp-elastic runs this run: host %s pid %d, started %s (it holds the lock on %s); "
+                         "refusing to start a second orchestrator",
+                         cJSON_IsString(host) ? host->valuestring : "(not recorded)",
+                         cJSON_IsNumber(pid) ? (int)pid->valuedouble : -1, when, s->lock_path);
+        cJSON_Delete(o);
+        return status;
+    }
+    TP_TRY(status);
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "(unknown)");
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "host", host);
+    cJSON_AddNumberToObject(o, "pid", getpid());
+    cJSON_AddNumberToObject(o, "started", unix_seconds());
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!text) return tp_fail(TP_ERR_NOMEM, "out of memory writing %s", s->lock_path);
+    /* The lock is on the open file, not on this descriptor: closing it
+     * keeps the lock. */
+    status = tp_open_regular_flags(s->lock_path, O_WRONLY | O_NOFOLLOW, 0, &fd);
+    if (!status) {
+        size_t n = strlen(text);
+        text[n] = '\n';
+        if (ftruncate(fd, 0) != 0 || write(fd, text, n + 1) != (ssize_t)(n + 1))
+            status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", s->lock_path, strerror(errno));
+        close(fd);
+    }
+    free(text);
+    return status;
 }
 
 static int open_state(run_state *s, const elastic_run_options *o)
@@ -215,10 +354,25 @@ static int open_state(run_state *s, const elastic_run_options *o)
     snprintf(s->log_path, sizeof s->log_path, "%s/train.jsonl", s->dir);
     snprintf(s->events_path, sizeof s->events_path, "%s", o->events_path ? o->events_path : "");
     if (!o->events_path) snprintf(s->events_path, sizeof s->events_path, "%s/events.jsonl", s->dir);
+    TP_TRY(orchestrator_lock(s));
     TP_TRY(load_state(s));
-    end_earlier_launch(s);
-    s->events = fopen(s->events_path, "a");
-    if (!s->events) return tp_fail(TP_ERR_IO, "%s: cannot append: %s", s->events_path, strerror(errno));
+    /* The trainer's log is read as it grows; a FIFO there would block the
+     * reads (and the trainer): refused before anything is launched. */
+    TP_TRY(tp_refuse_special(s->log_path));
+    /* So are the state's temporary file and the capacity's file, which a
+     * FIFO would make fail later (the capacity only after a long wait). */
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.tmp", s->state_path);
+    TP_TRY(tp_refuse_special(tmp));
+    if (o->capacity.kind == ELASTIC_CAPACITY_WORLD_FILE || o->capacity.kind == ELASTIC_CAPACITY_HOSTFILE)
+        TP_TRY(tp_refuse_special(o->capacity.path));
+    int fd = -1;
+    TP_TRY(tp_open_regular_flags(s->events_path, O_WRONLY | O_CREAT | O_APPEND, 0644, &fd));
+    s->events = fdopen(fd, "a");
+    if (!s->events) {
+        close(fd);
+        return tp_fail(TP_ERR_IO, "%s: cannot append: %s", s->events_path, strerror(errno));
+    }
     return TP_OK;
 }
 
@@ -371,8 +525,8 @@ static int start_launch(run_state *s, const elastic_layout *l, const elastic_cap
         return status;
     }
     snprintf(output, output_size, "%s/launch-%d.out", s->dir, s->launches + 1);
-    int fd = open(output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) status = tp_fail(TP_ERR_IO, "%s: cannot create: %s", output, strerror(errno));
+    int fd = -1;
+    status = tp_open_regular_flags(output, O_WRONLY | O_CREAT | O_TRUNC, 0644, &fd); /* a FIFO would block */
     /* The child inherits stdout and stderr pointing at the file. */
     int saved_out = dup(1), saved_err = dup(2);
     if (!status) {
@@ -418,18 +572,25 @@ static int says_something(const char *line, size_t length)
 /* The trainer's last line of output that says something (its error, as a
  * rule its lines come before the launcher's own), for a one-line diagnosis:
  * the last line naming an error, else the last that says something. */
-static void output_tail(const char *path, char *out, size_t size)
+static void output_tail(const char *path, char *out, size_t size, int *no_space)
 {
     char buffer[8192];
     out[0] = '\0';
-    FILE *f = fopen(path, "r");
-    if (!f) return;
+    *no_space = 0;
+    int fd = -1;
+    if (tp_open_regular(path, &fd) != TP_OK) return; /* a FIFO would block */
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        return;
+    }
     fseek(f, 0, SEEK_END);
     long end = ftell(f), start = end > (long)sizeof buffer - 1 ? end - (long)sizeof buffer + 1 : 0;
     fseek(f, start, SEEK_SET);
     size_t n = fread(buffer, 1, sizeof buffer - 1, f);
     fclose(f);
     buffer[n] = '\0';
+    *no_space = strstr(buffer, strerror(ENOSPC)) != NULL;
     const char *chosen = NULL, *error = NULL;
     size_t chosen_length = 0, error_length = 0;
     for (char *line = buffer; line < buffer + n;) {
@@ -447,6 +608,14 @@ static void output_tail(const char *path, char *out, size_t size)
     size_t length = chosen_length < size - 1 ? chosen_length : size - 1;
     memcpy(out, chosen, length);
     out[length] = '\0';
+}
+
+/* Whether the device of path has (next to) nothing left: under 1 MiB free.
+ * The trainer's output may not say so: it could not be written either. */
+static int device_full(const char *path)
+{
+    struct statvfs v;
+    return statvfs(path, &v) == 0 && (double)v.f_bavail * (double)v.f_frsize < 1024.0 * 1024.0;
 }
 
 static int capacity_changed(run_state *s, const elastic_layout *l, int *world_out)
@@ -709,7 +878,13 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     double launched = now_seconds();
     if ((*status_out = start_launch(s, &layout, &capacity, &pid, output, sizeof output))) return 1;
     s->launch_pid = pid;
-    save_state(s);
+    if (elastic_process_start(pid, &s->launch_start) != TP_OK) s->launch_start = 0; /* gone already */
+    /* Unrecorded, the launch could not be told from a stranger's process
+     * by a restarted orchestrator: not run without its record. */
+    if ((*status_out = save_state(s))) {
+        elastic_stop_group(pid, o->grace_seconds, NULL);
+        return 1;
+    }
     launch_watch w = {.s = s, .layout = &layout, .world = capacity.world, .first_step = -1, .last_step = resumed,
                       .launched = launched, .last_progress = launched, .have_checkpoint = have_checkpoint,
                       .reshard = reshard, .resumed = resumed, .from_tp = chosen.tp, .from_pp = chosen.pp};
@@ -720,26 +895,26 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
      * could still write in the run directory: none is left for the next. */
     elastic_end_leftovers(pid, o->grace_seconds);
     s->launch_pid = 0;
+    s->launch_start = 0;
     char exit_text[128];
     describe_exit(wait_status, exit_text, sizeof exit_text);
     if (end == END_FINISHED && w.last_step >= o->steps) {
         prune_checkpoints(s, w.last_step + 1);
         fill_summary(s, summary, 1);
-        save_state(s);
+        if ((*status_out = save_state(s))) return 1;
         return emit(s, "finished", cJSON_CreateObject()), 1;
     }
     if (end == END_STOPPED) {
         fill_summary(s, summary, 0);
         snprintf(summary->reason, sizeof summary->reason, "stopped on request at step %lld", (long long)w.last_step);
-        save_state(s);
+        if ((*status_out = save_state(s))) return 1;
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "step", (double)w.last_step);
         return emit(s, "stopped", e), 1;
     }
     if (end == END_SCALE) {
         s->scale_changes++;
-        save_state(s);
-        return 0;
+        return (*status_out = save_state(s)) != TP_OK;
     }
     /* A failure: a rank or node lost (the launcher's exit), or a hang. */
     double failed_at = now_seconds();
@@ -754,14 +929,25 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     s->repeats = progressed ? 1 : s->repeats + 1;
     s->last_failure_step = w.last_step;
     s->restarts++;
-    save_state(s);
+    if ((*status_out = save_state(s))) return 1;
     if (s->repeats >= o->repeat_limit) {
         char tail[600];
-        output_tail(output, tail, sizeof tail);
-        snprintf(why, sizeof why,
-                 "the trainer failed %d times in a row at step %lld without progress (%s): a bug, not a fault; the "
-                 "last line of its output (%s): %s",
-                 s->repeats, (long long)w.last_step, exit_text, output, tail);
+        int no_space = 0;
+        output_tail(output, tail, sizeof tail, &no_space);
+        /* Failing at one step again and again is a bug, unless the disk is
+         * full: then it is that, and freeing space is the cure. */
+        const char *full = device_full(s->dir) ? s->dir : NULL;
+        if (!ckpt_is_remote(o->run_dir) && device_full(o->run_dir)) full = o->run_dir;
+        if (full || no_space)
+            snprintf(why, sizeof why,
+                     "the trainer failed %d times in a row at step %lld without progress (%s): no space left on the "
+                     "device of %.1000s; free space there and run tp-elastic again; the last line of its output (%.1000s): %s",
+                     s->repeats, (long long)w.last_step, exit_text, full ? full : o->run_dir, output, tail);
+        else
+            snprintf(why, sizeof why,
+                     "the trainer failed %d times in a row at step %lld without progress (%s): a bug, not a fault; "
+                     "the last line of its output (%s): %s",
+                     s->repeats, (long long)w.last_step, exit_text, output, tail);
         return *status_out = give_up(s, summary, why), 1;
     }
     if (s->restarts > o->max_restarts) {
@@ -786,6 +972,7 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
     int status = open_state(&s, o);
     if (status) {
         if (s.events) fclose(s.events);
+        if (s.lock) ckpt_storage_posix()->close(s.lock);
         return status;
     }
     cJSON *e = cJSON_CreateObject();
@@ -794,6 +981,7 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
     cJSON_AddNumberToObject(e, "steps", (double)o->steps);
     cJSON_AddNumberToObject(e, "global_batch", (double)o->global_batch);
     status = emit(&s, "orchestrator_start", e);
+    if (!status) status = end_earlier_launch(&s);
     while (!status && !round_once(&s, summary, &status)) {
     }
     if (!status) {
@@ -811,8 +999,9 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
         for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(lost, elastic_lost_names[i], summary->lost_seconds[i]);
         if (summary->reason[0]) cJSON_AddStringToObject(sum, "reason", summary->reason);
         status = emit(&s, "summary", sum);
-        save_state(&s);
+        if (!status) status = save_state(&s);
     }
     fclose(s.events);
+    ckpt_storage_posix()->close(s.lock); /* the next orchestrator may start */
     return status;
 }

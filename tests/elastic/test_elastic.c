@@ -48,6 +48,42 @@ Test(elastic, world_file_is_read_each_time)
     cr_assert_neq(elastic_capacity_read(&source, &c), TP_OK, "a missing world file is an error");
 }
 
+/* One rule for a number in a file (parse_int_in_file): whitespace around
+ * it is ignored, anything else refused; the error shows what was found. */
+Test(elastic, numbers_in_files_follow_one_whitespace_rule)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/world", dir);
+    elastic_capacity_source source = {.kind = ELASTIC_CAPACITY_WORLD_FILE};
+    strcpy(source.path, path);
+    elastic_capacity c;
+    const char *good[] = {"1\n", " 1 ", "\t1\r\n", "1"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        write_text(path, good[i]);
+        cr_assert_eq(elastic_capacity_read(&source, &c), TP_OK, "'%s': %s", good[i], tp_errmsg());
+        cr_assert_eq(c.world, 1);
+    }
+    const char *bad[] = {"1x", "+1", "1 2", "", " ", "0x10", "1.0", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_text(path, bad[i]);
+        cr_assert_eq(elastic_capacity_read(&source, &c), TP_ERR_ARG, "'%s' is refused", bad[i]);
+        cr_assert(strstr(tp_errmsg(), path), "the error names the file: %s", tp_errmsg());
+    }
+    write_text(path, "1x\n");
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "got '1x"), "the error shows what was found: %s", tp_errmsg());
+    cr_assert_null(strchr(tp_errmsg(), '\n'), "on one line: %s", tp_errmsg());
+    /* a host file's slots=N: the same rule */
+    snprintf(path, sizeof path, "%s/hosts", dir);
+    source.kind = ELASTIC_CAPACITY_HOSTFILE;
+    strcpy(source.path, path);
+    write_text(path, "a slots=+4\n");
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_ERR_ARG, "slots=+4 is refused");
+    write_text(path, "a slots=4\t\n");
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.world, 4);
+}
+
 Test(elastic, hostfile_gives_nodes_and_slots)
 {
     char path[600];
@@ -114,6 +150,21 @@ Test(elastic, mpirun_with_nodes_writes_a_hostfile_of_the_nodes_used)
     fclose(f);
     cr_assert_str_eq(text, "a slots=4\nb slots=1\n", "5 ranks: all of a, one of b, none of c");
     elastic_argv_free(argv);
+}
+
+/* A FIFO where the launch's host file goes is refused at once: opened to
+ * write, it would block until something read it. */
+Test(elastic, a_fifo_at_the_launch_hostfile_is_refused, .timeout = 10)
+{
+    char *train[] = {"tp-train", NULL};
+    elastic_capacity c = {.world = 2, .nodes = 1, .node_names = {"a"}, .node_ranks = {2}};
+    elastic_launch l = {ELASTIC_LAUNCHER_MPIRUN, NULL, 2, &c, train, dir};
+    char hostfile[700], **argv = NULL;
+    snprintf(hostfile, sizeof hostfile, "%s/hostfile.launch", dir);
+    cr_assert_eq(mkfifo(hostfile, 0644), 0);
+    cr_assert_eq(elastic_launch_argv(&l, &argv), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), hostfile) && strstr(tp_errmsg(), "a FIFO"), "%s", tp_errmsg());
+    cr_assert_null(argv);
 }
 
 Test(elastic, srun_command_line)
@@ -298,6 +349,56 @@ Test(elastic, a_leftover_starting_programs_is_found)
     }
 }
 
+/* Whether a state file's pid is a launch of ours: only with the launch's
+ * marker, as the leader of its group, started when recorded; never pid 0,
+ * 1, a negative one or this process's own. */
+Test(elastic, a_launch_is_owned_only_when_it_proves_it)
+{
+    char *argv[] = {"sleep", "30", NULL};
+    pid_t launch = 0;
+    cr_assert_eq(elastic_spawn(argv, NULL, &launch), TP_OK, "%s", tp_errmsg());
+    uint64_t start = 0;
+    cr_assert_eq(elastic_process_start(launch, &start), TP_OK, "%s", tp_errmsg());
+    /* until the child has executed sleep (the marker is set before) */
+    cr_assert_eq(elastic_launch_owned(launch, 0), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(elastic_launch_owned(launch, start), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(elastic_launch_owned(launch, start + 1), TP_ERR_STATE, "another start time: a reused pid");
+    cr_assert(strstr(tp_errmsg(), "reused"), "%s", tp_errmsg());
+    /* a stranger: a process group of its own, no marker */
+    pid_t stranger = fork();
+    cr_assert_geq(stranger, 0);
+    if (stranger == 0) {
+        setpgid(0, 0);
+        unsetenv(ELASTIC_LAUNCH_MARKER);
+        execlp("sleep", "sleep", "30", (char *)NULL);
+        _exit(127);
+    }
+    setpgid(stranger, stranger);
+    usleep(100 * 1000);
+    cr_assert_eq(elastic_launch_owned(stranger, 0), TP_ERR_STATE);
+    cr_assert(strstr(tp_errmsg(), "does not carry " ELASTIC_LAUNCH_MARKER), "%s", tp_errmsg());
+    const pid_t never[] = {0, 1, -1, -5, getpid(), getpgrp()};
+    for (size_t i = 0; i < sizeof never / sizeof *never; i++) {
+        cr_assert_eq(elastic_launch_owned(never[i], 0), TP_ERR_STATE, "pid %d", (int)never[i]);
+        cr_assert(strstr(tp_errmsg(), "never signalled"), "%s", tp_errmsg());
+    }
+    kill(stranger, SIGKILL);
+    waitpid(stranger, NULL, 0);
+    cr_assert_eq(elastic_launch_owned(stranger, 0), TP_ERR_NOT_FOUND, "a process that is gone");
+    elastic_stop_group(launch, 0.5, NULL);
+}
+
+/* Groups 0 (our own), 1 (kill(-1): every process we may signal) and this
+ * process's are refused before any signal. Not run on the code before the
+ * guard: there it would signal them. */
+Test(elastic, stop_group_never_signals_init_or_its_own)
+{
+    const pid_t never[] = {0, 1, -3, getpgrp(), getpid()};
+    for (size_t i = 0; i < sizeof never / sizeof *never; i++)
+        cr_assert_eq(elastic_stop_group(never[i], 0.1, NULL), TP_ERR_ARG, "group %d", (int)never[i]);
+    cr_assert_eq(elastic_end_leftovers(1, 0.1), 0);
+}
+
 /* ---------------------------------------------------------------- the log */
 
 typedef struct {
@@ -319,6 +420,20 @@ static void count_line(void *ctx, const elastic_log_line *line)
         c->last_step = line->step;
         c->last_loss = line->loss;
     }
+}
+
+/* A FIFO at the trainer's log is refused, not opened: opened to read, it
+ * would block until a writer came. */
+Test(elastic, a_fifo_log_is_refused, .timeout = 10)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/train.jsonl", dir);
+    cr_assert_eq(mkfifo(path, 0644), 0);
+    elastic_log_follower f;
+    elastic_log_follow(&f, path, 0);
+    log_count c = {0};
+    cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), path) && strstr(tp_errmsg(), "a FIFO"), "%s", tp_errmsg());
 }
 
 Test(elastic, log_is_followed_line_by_line_as_it_grows)

@@ -1,0 +1,173 @@
+#!/bin/sh
+# tp-elastic guarding the run and everything around it (docs/ELASTIC.md, "One
+# orchestrator per run"): a second `tp-elastic run` on a live run is refused
+# at start, naming the live one's host and pid, and the live one goes on
+# undisturbed; one whose orchestrator was killed with SIGKILL is taken over.
+# A state.json naming a process that is not provably the run's launch (a
+# stranger whose command line holds the run directory's name, a pid reused
+# since, pid 1) gets no signal, and tp-elastic says why; pid -5 is refused.
+# A FIFO at any file tp-elastic opens is refused by name at once (the FIFO's
+# other end is never opened: before, the open blocked for good). Numbers out
+# of range in state.json are refused by name, expected against found. A
+# trainer that fails on a full disk is not called a bug.
+# tier: full
+. "$(dirname "$0")/../e2e/lib.sh"
+. "$ROOT/tests/elastic/lib.sh"
+
+use_open_mpi
+ELASTIC="$BIN/tp-elastic"
+TRAIN="$BIN/tp-train"
+ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --ckpt-every 10"
+cd "$WORK" || exit 1
+
+# --------------------------------------------- a second orchestrator, live
+# The first runs 400 steps (seconds); the second, started while it trains,
+# is refused at once naming the first's host and pid; the first is not
+# disturbed: one launch, no failure, all 400 steps.
+R="$WORK/live"
+mkdir -p "$R/elastic"
+"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400 >"$WORK/live.out" 2>&1 &
+first=$!
+while ! grep -q '"step":20,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
+expect_error "a second tp-elastic on a live run: refused, naming the live one's host and pid" 1 \
+    "another tp-elastic runs this run: host $(hostname) pid $first," \
+    timeout -k 5 20 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400
+wait $first
+check "live: the first one finishes (exit 0)" [ $? -eq 0 ]
+check_all "live: the first's launch was not ended: one launch, no failure, step 400" \
+    '[ "$(events "$R" launch)" -eq 1 ] && [ "$(events "$R" failure)" -eq 0 ] && [ "$(summary_field "$R" step)" -eq 400 ]'
+check "live: the second wrote nothing in the run's record" [ "$(events "$R" orchestrator_start)" -eq 1 ]
+
+# ------------------------------------- the orchestrator killed: taken over
+# Its lock went with it (the kernel releases an flock of a dead process).
+R="$WORK/takeover"
+mkdir -p "$R/elastic"
+"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400 >/dev/null 2>&1 &
+first=$!
+while ! grep -q '"step":20,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
+kill -9 $first
+wait $first 2>/dev/null
+expect_ok "an orchestrator killed with SIGKILL: the next takes the run over" timeout -k 5 120 "$ELASTIC" run \
+    --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400
+check_all "takeover: step 400, two orchestrators" \
+    '[ "$(summary_field "$R" step)" -eq 400 ] && [ "$(events "$R" orchestrator_start)" -eq 2 ]'
+
+# ------------------------------------------- strangers named by state.json
+# state_with_pid RUN PID [START]: a state.json of an earlier orchestrator
+# whose launch was PID (started at START clock ticks after boot).
+state_with_pid() {
+    mkdir -p "$1/elastic"
+    printf '{"launches":1,"restarts":0,"tp":1,"pp":1,"launch_pid":%s%s}\n' "$2" "${3:+,\"launch_start\":$3}" \
+        >"$1/elastic/state.json"
+}
+# start_ticks PID: the process's start time, /proc/PID/stat's 22nd field
+# (read after the command's name, which may hold spaces).
+start_ticks() { sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f20; }
+# alive PID: the process runs (a zombie, killed and not yet reaped by this
+# shell, its parent, does not).
+alive() { [ -e "/proc/$1" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" != Z ]; }
+# group_leader PID: whether PID leads its process group (setsid makes it so).
+group_leader() { [ "$(ps -o pgid= -p "$1" | tr -d ' ')" = "$1" ]; }
+
+# A process group whose command line holds the run directory's name ("base"
+# in "database"), not a launch: before, SIGTERM then SIGKILL on the group.
+setsid sh -c 'sleep 60; exit 0' database &
+decoy=$!
+for i in $(seq 50); do group_leader $decoy && break; sleep 0.1; done
+check "decoy: a process group of its own" group_leader $decoy
+state_with_pid base $decoy
+expect_ok "a stranger as launch_pid (its command line holds 'base'): the run finishes" timeout -k 5 120 "$ELASTIC" run \
+    --ckpt-dir base --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
+check "stranger: never signalled (still alive)" alive $decoy
+check "stranger: tp-elastic says why it left it alone" \
+    grep -q "launch_pid $decoy not signalled: [^\"]*does not carry TP_ELASTIC_LAUNCH=$decoy[^\"]*\",\"event\":\"earlier_launch_skipped\"" \
+    "$WORK/.out"
+kill -9 -- -$decoy 2>/dev/null
+wait $decoy 2>/dev/null
+
+# A process that carries a launch's marker (as the launch it replaced would)
+# but started at another time than recorded: the pid was reused.
+setsid sh -c 'export TP_ELASTIC_LAUNCH=$$; exec sleep 60' &
+marked=$!
+for i in $(seq 50); do group_leader $marked && [ "$(cat /proc/$marked/comm)" = sleep ] && break; sleep 0.1; done
+state_with_pid "$WORK/reused" $marked $(($(start_ticks $marked) + 1))
+expect_ok "a reused pid (start time not the launch's): the run finishes" timeout -k 5 120 "$ELASTIC" run \
+    --ckpt-dir "$WORK/reused" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
+check "reused pid: never signalled (still alive)" alive $marked
+check "reused pid: tp-elastic says the pid was reused" grep -q 'the pid was reused","event":"earlier_launch_skipped"' "$WORK/.out"
+# The same process with its start time right is the launch: ended.
+state_with_pid "$WORK/owned" $marked "$(start_ticks $marked)"
+expect_ok "the launch itself (marker and start time): the run finishes" timeout -k 5 120 "$ELASTIC" run \
+    --ckpt-dir "$WORK/owned" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
+check_all "the launch itself: ended" '! alive $marked'
+check "the launch itself: an event says so" grep -q '"event":"earlier_launch_ended"' "$WORK/.out"
+kill -9 $marked 2>/dev/null
+wait $marked 2>/dev/null
+
+# pid 1 (kill(-1) is every process we may signal) and 0 are never signalled;
+# a negative pid is out of range.
+state_with_pid "$WORK/one" 1
+expect_ok "launch_pid 1: the run finishes" timeout -k 5 120 "$ELASTIC" run --ckpt-dir "$WORK/one" --world 2 $FAST \
+    -- "$TRAIN" $ARGS --steps 20
+check "launch_pid 1: not signalled, and said so" grep -q '"pid":1,"why":"[^"]*launch_pid 1 not signalled: pid 1 is never signalled[^"]*","event":"earlier_launch_skipped"' "$WORK/.out"
+state_with_pid "$WORK/zero" 0
+expect_ok "launch_pid 0 (no launch): the run finishes" timeout -k 5 120 "$ELASTIC" run --ckpt-dir "$WORK/zero" --world 2 \
+    $FAST -- "$TRAIN" $ARGS --steps 20
+check "launch_pid 0: nothing signalled, nothing ended" sh -c "! grep -q 'earlier_launch_' '$WORK/.out'"
+state_with_pid "$WORK/negative" -5
+expect_error "launch_pid -5: refused by name" 1 'state.json: "launch_pid": expected an integer from 0 to 4194304, got -5' \
+    timeout -k 5 20 "$ELASTIC" run --ckpt-dir "$WORK/negative" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
+
+# ---------------------------------------------------------------- FIFOs
+# fifo_refused NAME FILE [OPTIONS]: a FIFO at FILE (a path under a fresh run
+# directory RUN, or another) and tp-elastic run on RUN exits 1 at once,
+# naming it; the FIFO's other end is never opened.
+fifo_refused() {
+    name=$1 file=$2
+    shift 2
+    mkdir -p "$RUN/elastic"
+    mkfifo "$file"
+    expect_error "a FIFO at $name: refused by name" 1 "$file is a FIFO, not a regular file" \
+        timeout -k 5 20 "$ELASTIC" run --ckpt-dir "$RUN" $FAST "$@" -- "$TRAIN" $ARGS --steps 20
+}
+for name in train.jsonl events.jsonl state.json state.json.tmp launch-1.out orchestrator.lock; do
+    RUN="$WORK/fifo-$name"
+    fifo_refused "$name" "$RUN/elastic/$name" --world 2
+done
+RUN="$WORK/fifo-hostfile.launch"
+echo "localhost slots=2" >"$WORK/hosts"
+fifo_refused hostfile.launch "$RUN/elastic/hostfile.launch" --hostfile "$WORK/hosts"
+RUN="$WORK/fifo-world"
+fifo_refused "the --world-file" "$WORK/world.fifo" --world-file "$WORK/world.fifo"
+RUN="$WORK/fifo-hosts"
+fifo_refused "the --hostfile" "$WORK/hosts.fifo" --hostfile "$WORK/hosts.fifo"
+RUN="$WORK/fifo-events"
+fifo_refused "the --events file" "$WORK/events.fifo" --world 2 --events "$WORK/events.fifo"
+
+# ------------------------------------------ state.json numbers out of range
+# bad_state FIELD VALUE EXPECTED: refused by name, expected against found.
+BAD=0
+bad_state() {
+    BAD=$((BAD + 1))
+    R="$WORK/bad-$BAD"
+    mkdir -p "$R/elastic"
+    printf '{"%s":%s,"launches":1,"tp":1,"pp":1}\n' "$1" "$2" >"$R/elastic/state.json"
+    expect_error "state.json $1 $2: refused by name" 1 "state.json: \"$1\": expected $3, got $4" \
+        timeout -k 5 20 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
+}
+bad_state launches 1e308 "an integer from 0 to 2147483647" "1e\\+308"
+bad_state repeats -7 "an integer from 0 to 2147483647" -7
+bad_state tp -3 "an integer from 0 to 1048576" -3
+bad_state restarts 2.5 "an integer from 0 to 2147483647" 2.5
+bad_state last_step '"ten"' "an integer from 0 to 9007199254740992" '"ten"'
+bad_state wall_seconds -1 "a number from 0 to 1000000000000" -1
+# ------------------------------------------------------------ a full disk
+# A trainer that fails at once, every time, saying the disk is full (as a
+# checkpoint write does): the give-up says so, naming the run directory's
+# device, not "a bug".
+R="$WORK/full"
+expect_error "a trainer failing on a full disk: the give-up says no space is left, naming the path" 1 \
+    "failed 3 times in a row at step 0 without progress \\([^)]*\\): no space left on the device of $R; free space" \
+    timeout -k 5 120 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
+    -- sh -c 'echo "tp-train: $0/step_00000010: cannot write: No space left on device" >&2; exit 1' "$R" $ARGS --steps 20
+finish
