@@ -268,6 +268,8 @@ typedef struct ckpt_reader ckpt_reader;
 typedef struct {
     int verify; /* 1 (default): check the checksum of every block read */
     const ckpt_storage *storage; /* where the data is read from; NULL (default): the store of the path */
+    int holder; /* the caller holds the path itself (its own staging entry, locked): no reader's lock is taken,
+                   which would wait for the caller for ever */
 } ckpt_read_options;
 
 void ckpt_read_options_init(ckpt_read_options *options);
@@ -390,7 +392,7 @@ typedef struct {
 int ckpt_verify(ckpt_reader *reader, const ckpt_verify_options *options, ckpt_verify_result *out);
 /* Opens and verifies the checkpoint at path on `threads` threads: TP_OK,
  * or an error naming how many pieces are damaged and the first one. */
-int ckpt_verify_checkpoint(const char *path, int threads);
+int ckpt_verify_checkpoint(const char *path, int threads, const ckpt_read_options *options);
 void ckpt_verify_result_free(ckpt_verify_result *result);
 
 /* Reads a whole text file (up to max_bytes, no NUL bytes; FIFOs and

@@ -53,6 +53,7 @@ static void init(void)
 {
     policy.retries = (int)env_long("TP_REMOTE_RETRIES", 6, 0, 100);
     policy.stall_seconds = env_long("TP_REMOTE_TIMEOUT", 30, 1, 86400);
+    policy.min_speed = env_long("TP_REMOTE_MIN_SPEED", 1024, 0, 1L << 30);
     policy.backoff_ms = env_long("TP_REMOTE_BACKOFF_MS", 200, 0, 600000);
     policy.read_threads = (int)env_long("TP_REMOTE_THREADS", 8, 1, 256);
     policy.part_bytes = (int64_t)env_long("TP_REMOTE_PART_MB", 64, 5, 5120) << 20;
@@ -108,6 +109,12 @@ typedef struct {
     curl_off_t moved;
     double moved_at;
     int stalled;
+    /* Speed: the bytes moved when the current window began, and when. */
+    curl_off_t window_moved;
+    double window_at;
+    int too_slow;
+    double allowed, deadline; /* seconds this attempt may take, and when they end */
+    int late;
 } transfer;
 
 static size_t on_body(char *data, size_t size, size_t count, void *ctx)
@@ -192,20 +199,49 @@ static int on_progress(void *ctx, curl_off_t down_total, curl_off_t down_now, cu
     (void)down_total, (void)up_total;
     transfer *t = ctx;
     double now = now_seconds();
-    if (down_now + up_now != t->moved || t->moved_at == 0) {
-        t->moved = down_now + up_now;
-        t->moved_at = now;
-        return 0;
+    if (now > t->deadline) {
+        t->late = 1;
+        return 1;
     }
-    if (now - t->moved_at < (double)policy.stall_seconds) return 0;
-    t->stalled = 1;
-    return 1; /* aborts: CURLE_ABORTED_BY_CALLBACK */
+    curl_off_t moved = down_now + up_now;
+    if (moved != t->moved || t->moved_at == 0) {
+        t->moved = moved;
+        t->moved_at = now;
+    } else if (now - t->moved_at >= (double)policy.stall_seconds) {
+        t->stalled = 1;
+        return 1; /* aborts: CURLE_ABORTED_BY_CALLBACK */
+    }
+    /* A trickle (a byte every few seconds) is progress that never ends:
+     * over each window of the stall time, the minimum speed must be met by
+     * a transfer still moving (one that stopped is a stall, said as such). */
+    if (t->window_at == 0) {
+        t->window_at = now;
+        t->window_moved = moved;
+    } else if (now - t->window_at >= (double)policy.stall_seconds) {
+        double elapsed = now - t->window_at;
+        int moving = now - t->moved_at < elapsed / 2;
+        if (moving && (double)(moved - t->window_moved) < (double)policy.min_speed * elapsed) {
+            t->too_slow = 1;
+            return 1;
+        }
+        t->window_at = now;
+        t->window_moved = moved;
+    }
+    return 0;
 }
 
 static size_t on_header(char *data, size_t size, size_t count, void *ctx)
 {
     transfer *t = ctx;
     size_t n = size * count;
+    long first, last, total;
+    if (n > 14 && !strncasecmp(data, "Content-Range:", 14)) {
+        char star;
+        if (sscanf(data + 14, " bytes %ld-%ld/%ld", &first, &last, &total) == 3)
+            t->response->range_first = first, t->response->range_last = last, t->response->range_total = total;
+        else if (sscanf(data + 14, " bytes %ld-%ld/%c", &first, &last, &star) == 3 && star == '*')
+            t->response->range_first = first, t->response->range_last = last, t->response->range_total = -1;
+    }
     if (n > 5 && !strncasecmp(data, "ETag:", 5)) {
         const char *v = data + 5;
         while (*v == ' ' && v < data + n) v++;
@@ -268,7 +304,15 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
     r->code = 0;
     r->content_length = -1;
     r->etag[0] = '\0';
+    r->range_first = r->range_last = r->range_total = -1;
     if (q->body_out) q->body_out->size = 0;
+    /* The deadline of this attempt: its bytes at the minimum speed, and
+     * twice the stall time for the answer to begin and end. */
+    double bytes = (double)(q->dst ? q->dst_size : q->body_max ? q->body_max : 0) +
+                   (double)(q->body ? q->body_size : q->body_file ? (size_t)q->body_length : 0);
+    if (q->body_out && !q->body_max) bytes = 0;
+    t.allowed = 2.0 * (double)policy.stall_seconds + (policy.min_speed > 0 ? bytes / (double)policy.min_speed : 1e9);
+    t.deadline = now_seconds() + t.allowed;
     if (q->body_file) {
         t.fd = open(q->body_file, O_RDONLY | O_CLOEXEC);
         if (t.fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot open to upload: %s", q->body_file, strerror(errno));
@@ -340,6 +384,14 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
     if (t.stalled) {
         *code_out = CURLE_OPERATION_TIMEDOUT; /* transient: retried */
         snprintf(why, why_size, "timed out: no byte moved for %ld s (TP_REMOTE_TIMEOUT)", policy.stall_seconds);
+    } else if (t.too_slow) {
+        *code_out = CURLE_OPERATION_TIMEDOUT;
+        snprintf(why, why_size, "too slow: under %ld bytes/s for %ld s (TP_REMOTE_MIN_SPEED, TP_REMOTE_TIMEOUT)",
+                 policy.min_speed, policy.stall_seconds);
+    } else if (t.late) {
+        *code_out = CURLE_OPERATION_TIMEDOUT;
+        snprintf(why, why_size, "not done within %.0f s (its size at TP_REMOTE_MIN_SPEED, and 2 x TP_REMOTE_TIMEOUT)",
+                 t.allowed);
     } else if (code != CURLE_OK && !(t.overflow && r->code >= 300))
         snprintf(why, why_size, "%s", curl_easy_strerror(code));
     else

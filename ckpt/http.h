@@ -47,13 +47,20 @@ typedef struct {
     size_t received;      /* body bytes received into dst */
     int64_t content_length; /* -1 when the answer had none */
     char etag[128];       /* the ETag header, quotes kept; "" without one */
+    /* The Content-Range header of a 206: bytes first..last of total (total
+     * -1 when "*"); first -1 without one. */
+    int64_t range_first, range_last, range_total;
     char error_body[1024]; /* the start of the body of an answer other than 2xx */
     int attempts;
 } http_response;
 
 /* The transfer policy (environment, read once; docs/STORES.md):
  * TP_REMOTE_RETRIES attempts after the first (default 6), TP_REMOTE_TIMEOUT
- * seconds without progress before a transfer is given up (default 30),
+ * seconds without progress before a transfer is given up (default 30), and
+ * the window over which TP_REMOTE_MIN_SPEED bytes per second (default 1024;
+ * 0: off) must move, so that a trickling server is given up too; every
+ * attempt also has a deadline scaled by its size (2 x TP_REMOTE_TIMEOUT +
+ * its bytes at the minimum speed),
  * TP_REMOTE_BACKOFF_MS the first backoff (default 200, doubled each time,
  * at most 10 s), TP_REMOTE_THREADS parallel GETs of one large read (default
  * 8, 1-256), TP_REMOTE_PART_MB the S3 multipart part size (default 64,
@@ -61,6 +68,7 @@ typedef struct {
 typedef struct {
     int retries;
     long stall_seconds;
+    long min_speed; /* bytes per second over a stall window; 0: no minimum */
     long backoff_ms;
     int read_threads;
     int64_t part_bytes;

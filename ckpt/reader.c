@@ -116,7 +116,8 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     if (!status) status = ckpt_resolve_in(r->storage, path, r->path);
     /* Files are opened as pieces are read, so what is at the path must stay:
      * a replacement (--force) waits for, or refuses, readers. */
-    if (!status) status = r->storage->lock(r->storage, r->path, CKPT_LOCK_SHARED | CKPT_LOCK_WAIT, &r->hold);
+    if (!status && !r->options.holder)
+        status = r->storage->lock(r->storage, r->path, CKPT_LOCK_SHARED | CKPT_LOCK_WAIT, &r->hold);
     char index_path[CKPT_PATH_MAX] = "";
     char *text = NULL;
     if (!status) status = ckpt_path_join(index_path, r->path, CKPT_INDEX_NAME);

@@ -36,6 +36,7 @@
 #define PARALLEL_READ_MIN ((int64_t)16 << 20) /* reads at least this large are split */
 #define READ_PART ((int64_t)8 << 20)          /* into parts of this size */
 #define LIST_MAX ((size_t)64 << 20)           /* bytes of one listing answer */
+#define LIST_PAGES_MAX 100000                  /* pages of one listing: 10^8 keys at 1000 a page */
 
 /* ------------------------------------------------------------ S3 settings */
 
@@ -334,6 +335,36 @@ static void xml_text(const char *text, const char *text_end, char *out, size_t o
     out[n] = '\0';
 }
 
+/* A listing answer is read with the small scanner above, which knows no
+ * DTD: one holding a declaration (<!DOCTYPE, <!ENTITY: entity expansion),
+ * nested deeper than any real listing, or without its root element is a
+ * server's malformed answer, refused naming the URL rather than read as an
+ * empty listing ("no such checkpoint"). */
+#define LISTING_DEPTH_MAX 32
+
+static int check_listing(const char *body, size_t size, const char *root, const char *url)
+{
+    const char *p = body, *end = body + size, *text, *text_end;
+    int depth = 0;
+    while ((p = memchr(p, '<', (size_t)(end - p))) != NULL) {
+        p++;
+        if (p < end && *p == '!' && !(end - p >= 3 && !memcmp(p, "!--", 3)))
+            return tp_fail(TP_ERR_FORMAT, "%s: malformed listing from the server: it holds a declaration (<!...), "
+                           "which a listing never needs", url);
+        if (p < end && (*p == '?' || *p == '!')) continue;
+        const char *close = memchr(p, '>', (size_t)(end - p));
+        if (!close) break;
+        if (*p == '/') depth--;
+        else if (close[-1] != '/') depth++;
+        if (depth > LISTING_DEPTH_MAX)
+            return tp_fail(TP_ERR_FORMAT, "%s: malformed listing from the server: elements nested deeper than %d",
+                           url, LISTING_DEPTH_MAX);
+    }
+    if (!xml_element(body, end, root, &text, &text_end))
+        return tp_fail(TP_ERR_FORMAT, "%s: malformed listing from the server: no <%s> element", url, root);
+    return TP_OK;
+}
+
 /* The failure of an answer that is not a success: what it means for a
  * user, never a secret (an S3 error's Code and Message are the server's
  * words about the request). */
@@ -392,8 +423,10 @@ static int call(const remote_call *c, http_response *r)
     int status = http_perform(&q, r);
     free(signature.auth_line);
     free(signature.token_line);
-    if (status) return tp_fail_context(status, "%s", c->path);
-    return TP_OK;
+    /* http.c's message names the URL sent; the store's own name is added
+     * only where it differs (s3:// names an https:// URL). */
+    if (status && strncmp(q.url, c->path, strlen(c->path)) != 0) return tp_fail_context(status, "%s", c->path);
+    return status;
 }
 
 /* A request that must succeed (2xx). */
@@ -423,7 +456,8 @@ typedef struct {
 struct ckpt_file {
     const ckpt_storage *storage;
     char path[CKPT_PATH_MAX];
-    pthread_mutex_t lock; /* the windows */
+    pthread_mutex_t lock; /* the windows and the ETag */
+    char etag[128];       /* of the first answer: the object's identity while open ("" before) */
     window windows[WINDOWS];
     uint64_t clock;
 };
@@ -446,21 +480,39 @@ static int remote_open(const ckpt_storage *s, const char *path, ckpt_open_mode m
 }
 
 /* Bytes [offset, offset + size) of an object into buf; with at_least > 0,
- * an object ending after offset + at_least is fine (*got says how much came). */
-static int read_range_upto(const char *path, void *buf, size_t size, int64_t offset, size_t at_least, size_t *got);
+ * an object ending after offset + at_least is fine (*got says how much came).
+ * Every answer is checked against what was asked (a 206's Content-Range)
+ * and against the object's identity: the ETag of the file's first answer,
+ * sent as If-Match with every later request and compared with every later
+ * answer, so that bytes of two versions of an object are never mixed. */
+static int read_range_upto(ckpt_file *f, void *buf, size_t size, int64_t offset, size_t at_least, size_t *got);
 
-static int read_range(const char *path, void *buf, size_t size, int64_t offset)
+static int read_range(ckpt_file *f, void *buf, size_t size, int64_t offset)
 {
-    return read_range_upto(path, buf, size, offset, 0, NULL);
+    return read_range_upto(f, buf, size, offset, 0, NULL);
 }
 
-static int read_range_upto(const char *path, void *buf, size_t size, int64_t offset, size_t at_least, size_t *got)
+static int object_changed(const ckpt_file *f, const char *was, const char *now)
 {
-    char range[64];
+    return tp_fail(TP_ERR_CHECKSUM, "%s changed while it was being read (ETag %s, now %s)", f->path, was,
+                   now[0] ? now : "(none)");
+}
+
+static int read_range_upto(ckpt_file *f, void *buf, size_t size, int64_t offset, size_t at_least, size_t *got)
+{
+    const char *path = f->path;
+    char range[64], if_match[160] = "", etag[128];
+    pthread_mutex_lock(&f->lock);
+    snprintf(etag, sizeof etag, "%s", f->etag);
+    pthread_mutex_unlock(&f->lock);
+    if (etag[0]) snprintf(if_match, sizeof if_match, "If-Match: %s", etag);
+    const char *headers[] = {if_match, NULL};
     snprintf(range, sizeof range, "%lld-%lld", (long long)offset, (long long)(offset + (int64_t)size - 1));
-    remote_call c = {.path = path, .http = {.method = "GET", .dst = buf, .dst_size = size, .range = range}};
+    remote_call c = {.path = path,
+        .http = {.method = "GET", .headers = etag[0] ? headers : NULL, .dst = buf, .dst_size = size, .range = range}};
     http_response r;
     TP_TRY(call(&c, &r));
+    if (r.code == 412) return object_changed(f, etag, "another (HTTP 412 to If-Match)");
     if (r.code == 416)
         return tp_fail(TP_ERR_FORMAT, "%s: object ends before offset %lld (%zu bytes missing; truncated?)", path,
                        (long long)offset, size);
@@ -472,6 +524,18 @@ static int read_range_upto(const char *path, void *buf, size_t size, int64_t off
     if (r.received != size && (at_least == 0 || r.received < at_least))
         return tp_fail(TP_ERR_FORMAT, "%s: object ends before offset %lld (%zu of %zu bytes came; truncated?)", path,
                        (long long)offset + (long long)r.received, r.received, at_least ? at_least : size);
+    /* The bytes that came must be the ones asked for. */
+    if (r.code == 206 && (r.range_first != offset || r.range_last != offset + (int64_t)r.received - 1))
+        return tp_fail(TP_ERR_FORMAT, "%s: asked for bytes %lld-%lld, the server answered with %s %lld-%lld (%zu bytes)",
+                       path, (long long)offset, (long long)(offset + (int64_t)size - 1),
+                       r.range_first < 0 ? "no Content-Range, or a malformed one:" : "bytes",
+                       (long long)r.range_first, (long long)r.range_last, r.received);
+    pthread_mutex_lock(&f->lock);
+    int status = TP_OK;
+    if (!f->etag[0]) snprintf(f->etag, sizeof f->etag, "%s", r.etag);
+    else if (strcmp(f->etag, r.etag) != 0) status = object_changed(f, f->etag, r.etag);
+    pthread_mutex_unlock(&f->lock);
+    if (status) return status;
     if (got) *got = r.received;
     return TP_OK;
 }
@@ -493,7 +557,7 @@ static int read_windowed(ckpt_file *f, void *buf, size_t size, int64_t offset)
     uint8_t *data = malloc((size_t)WINDOW_BYTES);
     if (!data) return tp_fail(TP_ERR_NOMEM, "out of memory reading %s", f->path);
     size_t got = 0;
-    int status = read_range_upto(f->path, data, (size_t)WINDOW_BYTES, offset, size, &got);
+    int status = read_range_upto(f, data, (size_t)WINDOW_BYTES, offset, size, &got);
     if (status) {
         free(data);
         return status;
@@ -510,7 +574,7 @@ static int read_windowed(ckpt_file *f, void *buf, size_t size, int64_t offset)
 }
 
 typedef struct {
-    const char *path;
+    ckpt_file *file;
     char *buf;
     size_t size;
     int64_t offset;
@@ -521,7 +585,7 @@ static int read_part(void *ctx, int64_t part, int thread)
     (void)thread;
     const split_read *s = ctx;
     int64_t begin = part * READ_PART, end = begin + READ_PART < (int64_t)s->size ? begin + READ_PART : (int64_t)s->size;
-    return read_range(s->path, s->buf + begin, (size_t)(end - begin), s->offset + begin);
+    return read_range(s->file, s->buf + begin, (size_t)(end - begin), s->offset + begin);
 }
 
 static int remote_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
@@ -529,8 +593,8 @@ static int remote_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
     if (size == 0) return TP_OK;
     if ((int64_t)size <= WINDOW_READ_MAX) return read_windowed(f, buf, size, offset);
     int threads = http_policy_get()->read_threads;
-    if ((int64_t)size < PARALLEL_READ_MIN || threads == 1) return read_range(f->path, buf, size, offset);
-    split_read s = {f->path, buf, size, offset};
+    if ((int64_t)size < PARALLEL_READ_MIN || threads == 1) return read_range(f, buf, size, offset);
+    split_read s = {f, buf, size, offset};
     int64_t parts = ((int64_t)size + READ_PART - 1) / READ_PART;
     return parallel_for(parts, parts < threads ? (int)parts : threads, read_part, &s);
 }
@@ -595,7 +659,14 @@ static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit 
     snprintf(max, sizeof max, "%d", max_keys);
     v->prefix_len = strlen(prefix);
     int status = TP_OK;
-    for (;;) {
+    /* A server that keeps answering "truncated" with the token it was given
+     * (or any it gave before) would be listed for ever; so would one that
+     * never stops. */
+    char seen[4][1024] = {"", "", "", ""};
+    for (int64_t page = 0;; page++) {
+        if (page >= LIST_PAGES_MAX)
+            return tp_fail(TP_ERR_FORMAT, "%s: the listing did not end after %d pages of %d keys", dir_url,
+                           LIST_PAGES_MAX, max_keys > 0 ? max_keys : 1000);
         sigv4_pair query[5] = {{"list-type", "2"}, {"prefix", prefix}};
         int nq = 2;
         if (delimited) query[nq++] = (sigv4_pair){"delimiter", "/"};
@@ -606,6 +677,7 @@ static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit 
             .http = {.method = "GET", .body_out = &body, .body_max = LIST_MAX}};
         http_response r;
         status = call_ok(&c, &r);
+        if (!status) status = check_listing(body.data ? body.data : "", body.size, "ListBucketResult", dir_url);
         const char *p = body.data ? body.data : "", *end = p + body.size, *text, *text_end, *next;
         char name[CKPT_PATH_MAX];
         /* Keys of objects, then prefixes one level down ("step_1/"). */
@@ -631,6 +703,12 @@ static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit 
         token[0] = '\0';
         if (!status && !strcmp(truncated, "true") && xml_element(p, end, "NextContinuationToken", &text, &text_end))
             xml_text(text, text_end, token, sizeof token);
+        for (int k = 0; !status && token[0] && k < 4; k++)
+            if (!strcmp(seen[k], token))
+                status = tp_fail(TP_ERR_FORMAT, "%s: the server's listing repeats a continuation token (page %lld): "
+                                 "it would never end", dir_url, (long long)page + 1);
+        memmove(seen[1], seen[0], sizeof seen - sizeof seen[0]);
+        snprintf(seen[0], sizeof seen[0], "%s", token);
         free(body.data);
         if (status || !token[0] || (max_keys > 0 && v->found)) return status;
     }
@@ -688,6 +766,7 @@ static int dav_propfind(const char *path, int depth, dav_entry *self, list_visit
         size_t n = strlen(own);
         while (n && own[n - 1] == '/') own[--n] = '\0';
     }
+    if (!status) status = check_listing(answer.data ? answer.data : "", answer.size, "multistatus", path);
     const char *p = answer.data ? answer.data : "", *end = p + answer.size, *text, *text_end, *next;
     for (const char *q = p; !status && (next = xml_element(q, end, "response", &text, &text_end)); q = next) {
         const char *h, *h_end, *x, *x_end;

@@ -74,7 +74,7 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
     TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
     /* What goes up must read back whole there: a damaged local copy (or one
      * whose index disagrees with its files) is refused before any upload. */
-    TP_TRY(ckpt_verify_checkpoint(local_dir, transfer_threads(options)));
+    TP_TRY(ckpt_verify_checkpoint(local_dir, transfer_threads(options), NULL));
     char *text = NULL;
     int64_t text_size = 0;
     TP_TRY(ckpt_read_text_file(local_index, CKPT_INDEX_MAX_BYTES, &text, &text_size));
@@ -286,6 +286,7 @@ typedef struct {
     const char *url, *dir; /* remote checkpoint, local staging directory */
     const ckpt_index *index;
     int64_t *first_part; /* [file]: its parts' first task number; [num_files]: the total */
+    ckpt_file **remote;  /* [file]: opened once, so that all its parts are read from one version (its ETag) */
     char **buffers;      /* [thread] */
     const ckpt_upload_options *options;
 } download_job;
@@ -298,24 +299,42 @@ static int download_part(void *ctx, int64_t task, int thread)
     const ckpt_index_file *file = &j->index->files[f];
     int64_t offset = (task - j->first_part[f]) * DOWNLOAD_PART;
     int64_t size = file->bytes - offset < DOWNLOAD_PART ? file->bytes - offset : DOWNLOAD_PART;
-    char remote[CKPT_PATH_MAX], local[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(remote, j->url, file->name));
+    char local[CKPT_PATH_MAX];
     TP_TRY(ckpt_path_join(local, j->dir, file->name));
     if (!j->buffers[thread] && !(j->buffers[thread] = malloc((size_t)DOWNLOAD_PART)))
         return tp_fail(TP_ERR_NOMEM, "out of memory");
     const ckpt_storage *store = ckpt_storage_remote(), *posix = ckpt_storage_posix();
-    ckpt_file *in = NULL, *out = NULL;
-    int status = store->open(store, remote, CKPT_OPEN_READ, &in);
-    if (!status && size > 0) status = store->read_at(in, j->buffers[thread], (size_t)size, offset);
+    ckpt_file *out = NULL;
+    int status = size > 0 ? store->read_at(j->remote[f], j->buffers[thread], (size_t)size, offset) : TP_OK;
     if (!status) status = posix->open(posix, local, CKPT_OPEN_WRITE, &out);
     if (!status && size > 0) status = posix->write_at(out, j->buffers[thread], (size_t)size, offset);
     if (!status && j->options && j->options->on_file) j->options->on_file(j->options->ctx, size);
-    if (in) store->close(in);
     if (out) posix->close(out);
     return status;
 }
 
+/* Attempts of a download whose object changed under it (or came back
+ * other than asked): each from the start. */
+#define DOWNLOAD_ATTEMPTS 3
+
+static int download_once(const char *url, const char *local_dir, const ckpt_upload_options *options);
+
 int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_options *options)
+{
+    for (int attempt = 1;; attempt++) {
+        int status = download_once(url, local_dir, options);
+        /* A checksum or format failure is what a change mid-download looks
+         * like (a new ETag, a block that fails its checksum); nothing was
+         * published. Anything else (the network after its retries, a local
+         * disk) is not made better by starting again. */
+        if (status != TP_ERR_CHECKSUM && status != TP_ERR_FORMAT) return status;
+        if (attempt == DOWNLOAD_ATTEMPTS)
+            return tp_fail_context(status, "%s: no whole version of it could be downloaded in %d attempts, each from "
+                                   "the start", url, DOWNLOAD_ATTEMPTS);
+    }
+}
+
+static int download_once(const char *url, const char *local_dir, const ckpt_upload_options *options)
 {
     if (!ckpt_is_remote(url)) return tp_fail(TP_ERR_ARG, "%s: not an http(s):// or s3:// location", url);
     const ckpt_storage *store = ckpt_storage_remote(), *posix = ckpt_storage_posix();
@@ -334,8 +353,14 @@ int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_opti
     const char *dir = staged ? ckpt_staged_path(staged) : NULL;
     int threads = transfer_threads(options);
     download_job job = {resolved, dir, &index, calloc((size_t)index.num_files + 1, sizeof(int64_t)),
+                        calloc((size_t)index.num_files + 1, sizeof(ckpt_file *)),
                         calloc((size_t)threads, sizeof(char *)), options};
-    if (!status && (!job.first_part || !job.buffers)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status && (!job.first_part || !job.remote || !job.buffers)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int f = 0; !status && f < index.num_files; f++) {
+        char remote[CKPT_PATH_MAX];
+        status = ckpt_path_join(remote, resolved, index.files[f].name);
+        if (!status) status = store->open(store, remote, CKPT_OPEN_READ, &job.remote[f]);
+    }
     /* Every file at its full size first, then its parts in parallel. */
     for (int f = 0; !status && f < index.num_files; f++) {
         char local[CKPT_PATH_MAX];
@@ -357,10 +382,22 @@ int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_opti
         if (file) posix->close(file);
     }
     if (!status) status = ckpt_write_file_atomic(posix, dir, CKPT_INDEX_NAME, text, (size_t)text_size);
+    /* Trusted only once checked: the copy is verified (every block against
+     * its checksum, the index against the files) before it is visible. */
+    ckpt_read_options ours;
+    ckpt_read_options_init(&ours);
+    ours.holder = 1; /* the staging entry is ours, locked */
+    if (!status) {
+        status = ckpt_verify_checkpoint(dir, threads, &ours);
+        if (status) status = tp_fail_context(status, "%s: its download", resolved);
+    }
     if (staged) {
         if (status) ckpt_staged_discard(staged);
         else status = ckpt_staged_publish(staged);
     }
+    for (int f = 0; job.remote && f < index.num_files; f++)
+        if (job.remote[f]) store->close(job.remote[f]);
+    free(job.remote);
     for (int t = 0; job.buffers && t < threads; t++) free(job.buffers[t]);
     free(job.buffers);
     free(job.first_part);

@@ -84,10 +84,10 @@ void ckpt_verify_result_free(ckpt_verify_result *result)
     result->damaged = 0;
 }
 
-int ckpt_verify_checkpoint(const char *path, int threads)
+int ckpt_verify_checkpoint(const char *path, int threads, const ckpt_read_options *read)
 {
     ckpt_reader *r = NULL;
-    TP_TRY(ckpt_reader_open(&r, path, NULL));
+    TP_TRY(ckpt_reader_open(&r, path, read));
     ckpt_verify_options options = {.threads = threads};
     ckpt_verify_result result;
     int status = ckpt_verify(r, &options, &result);

@@ -1,0 +1,111 @@
+#!/bin/sh
+# Nothing that comes back from a store is trusted before it is checked. A
+# misbehaving server of our own (tests/support/hostile_store.py) serves
+# real checkpoints over WebDAV or S3 and:
+#   changes a shard between the ranged GETs of one download (a new ETag,
+#   412 to If-Match; or, quietly, the same ETag): `tp-ckpt copy URL DIR`
+#   used to exit 0 and publish a checkpoint that verify called damaged (20
+#   of 20); now it starts again a bounded number of times, then fails
+#   naming the object, publishing nothing and leaving no staging;
+#   answers a 206 with other bytes than asked (an honest Content-Range);
+#   answers every S3 listing "truncated" with the same continuation token
+#   (445 requests in 20 s, for ever); trickles a body (a byte every 2 s,
+#   which never tripped the stall timeout); declares entities or nests
+#   500 deep in a WebDAV listing (which ended in "no such checkpoint").
+# Each ends in one error naming the URL, in bounded time.
+# tier: full
+. "$(dirname "$0")/lib.sh"
+
+CK="$BIN/tp-ckpt"
+export TMPDIR="$WORK/tmp"
+mkdir -p "$TMPDIR" "$WORK/root/run"
+SERVER_PID=""
+trap '[ -n "$SERVER_PID" ] && kill $SERVER_PID 2>/dev/null; rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
+
+# serve MODE [--s3]: the server on a free port, URL in $U.
+serve() {
+    [ -n "$SERVER_PID" ] && { kill $SERVER_PID; wait $SERVER_PID 2>/dev/null; }
+    rm -f "$WORK/port"
+    "$PY" "$ROOT/tests/support/hostile_store.py" --root "$WORK/root" --mode "$@" --port-file "$WORK/port" \
+        --count-file "$WORK/count" 2>"$WORK/server.err" &
+    SERVER_PID=$!
+    n=0
+    while [ ! -s "$WORK/port" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+    U="http://127.0.0.1:$(cat "$WORK/port")"
+}
+requests() { cat "$WORK/count" 2>/dev/null || echo 0; }
+no_staging() { ! ls -a "$1" | grep -q staging; }
+
+# A checkpoint whose shard takes several 8 MiB ranged GETs, and a run
+# directory of a small one.
+expect_ok "synth (one 42 MB shard)" "$CK" synth -o "$WORK/root/big" --tp 1 --pp 1 --model small
+expect_ok "synth (tiny, in a run directory)" "$CK" synth -o "$WORK/root/run/step_00000001" --tp 2 --pp 1 --model tiny
+rm "$WORK/root/run/latest" # the checkpoint is found by listing the run directory
+
+serve good
+expect_ok "the control: a behaving server's copy" "$CK" copy "$U/big" "$WORK/out-good" --threads 1
+expect_ok "and it verifies" "$CK" verify "$WORK/out-good"
+
+# An object changing between the ranged GETs of one download (one thread:
+# the GETs follow one another), told by its ETag, or quietly.
+mkdir -p "$WORK/dl"
+for mode in change change-quiet; do
+    serve $mode
+    bad=0 ok=0
+    for trial in 1 2 3 4 5; do
+        run timeout 120 "$CK" copy "$U/big" "$WORK/dl/out" --threads 1
+        if [ "$RC" -eq 1 ] && [ ! -e "$WORK/dl/out" ] && no_staging "$WORK/dl" &&
+            grep -q "$U/big: no whole version of it could be downloaded in 3 attempts" "$WORK/.err"; then
+            ok=$((ok + 1))
+        else
+            bad=$((bad + 1))
+        fi
+        rm -rf "$WORK/dl/out"
+    done
+    echo "[$NAME] $mode: $ok of 5 copies refused, naming the object, nothing published"
+    check "$mode: every copy refused, nothing published, no staging ($bad of 5 not)" [ $bad -eq 0 ]
+done
+serve change
+run timeout 120 "$CK" copy "$U/big" "$WORK/dl/out" --threads 1
+check "change: the object and its change are named" \
+    grep -q "$U/big/shard_pp00_tp00.h5 changed while it was being read (ETag" "$WORK/.err"
+run timeout 120 "$CK" verify "$U/big"
+check_all "verify of a changing object: damaged, naming the change (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "changed while it was being read" "$WORK/.err"'
+
+serve wrong-range
+run timeout 120 "$CK" copy "$U/big" "$WORK/dl/out"
+check_all "a 206 of other bytes than asked: refused, naming both ranges (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "asked for bytes [0-9]*-[0-9]*, the server answered with bytes" "$WORK/.err" &&
+     [ ! -e "$WORK/dl/out" ] && no_staging "$WORK/dl"'
+
+# S3: an endless listing.
+serve repeat-token --s3
+start=$(date +%s)
+run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test timeout 60 "$CK" info s3://bkt/run
+secs=$(($(date +%s) - start))
+check_all "a repeated continuation token: an error naming the URL, in $secs s and $(requests) requests (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "s3://bkt/run: the server.s listing repeats a continuation token" "$WORK/.err" &&
+     [ $secs -lt 20 ] && [ "$(requests)" -lt 50 ]'
+
+# A trickle: a byte every 2 s. TP_REMOTE_TIMEOUT=3 used to count only time
+# without progress; one retry.
+serve trickle
+start=$(date +%s)
+run env TP_REMOTE_TIMEOUT=3 TP_REMOTE_RETRIES=1 timeout 60 "$CK" info "$U/run"
+secs=$(($(date +%s) - start))
+check_all "a trickling server given up in $secs s, naming the URL and the minimum speed (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "$U/run/step_00000001/index.json: too slow: under 1024 bytes/s for 3 s" "$WORK/.err" &&
+     [ $secs -lt 20 ]'
+check "the URL is named once" [ "$(grep -o "$U/run/step_00000001/index.json" "$WORK/.err" | wc -l)" -eq 1 ]
+
+# Listings a scanner without a DTD must not read as empty.
+for mode in entity deep; do
+    serve $mode
+    run timeout 30 "$CK" info "$U/run"
+    check_all "a WebDAV listing with $mode: refused as malformed, naming the URL (exit $RC)" \
+        '[ $RC -eq 1 ] && grep -q "$U/run: malformed listing from the server" "$WORK/.err"'
+done
+
+finish

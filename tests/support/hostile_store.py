@@ -1,0 +1,215 @@
+"""A misbehaving object store for the tests (tests/e2e/test_hostile_store.sh):
+serves a local directory over HTTP on 127.0.0.1 as a WebDAV server (GET with
+ranges, HEAD, PROPFIND) or an S3 one (path-style GET, ListObjectsV2), and
+misbehaves as --mode says:
+
+  good          behaves (the control)
+  change        every ranged GET of a shard moves the object to a new version:
+                same size, other bytes, a new ETag; If-Match of an old ETag
+                gets 412
+  change-quiet  as change, but the ETag stays the same and If-Match is ignored
+                (only the checksums can tell)
+  wrong-range   a 206 carries other bytes than asked, and says so in its
+                Content-Range (bytes from 16 further on)
+  repeat-token  S3 listings: always truncated, always the same continuation
+                token
+  trickle       GET bodies of index.json: one byte every 2 s
+  entity        PROPFIND answers declare an entity (<!DOCTYPE ... <!ENTITY)
+  deep          PROPFIND answers nest 500 elements deep
+
+Writes its port to --port-file once listening; counts requests in
+--count-file. Run with Debian's /usr/bin/python3 (standard library only)."""
+import argparse
+import hashlib
+import http.server
+import os
+import socketserver
+import threading
+import time
+import urllib.parse
+
+ARGS = None
+LOCK = threading.Lock()
+VERSIONS = {}  # path -> version number (change modes)
+REQUESTS = [0]
+
+
+def etag_of(path, version):
+    return '"%s"' % hashlib.md5(("%s:%d" % (path, version)).encode()).hexdigest()
+
+
+def content(path, version):
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    # Another version: same size, every 512th byte changed.
+    for i in range(0, len(data), 512):
+        data[i] = (data[i] + version) & 0xFF
+    return bytes(data)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def count(self):
+        with LOCK:
+            REQUESTS[0] += 1
+            if ARGS.count_file:
+                with open(ARGS.count_file, "w") as f:
+                    f.write("%d\n" % REQUESTS[0])
+
+    def local(self):
+        path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        if ARGS.s3:  # path-style: /bucket/key
+            parts = path.lstrip("/").split("/", 1)
+            path = "/" + (parts[1] if len(parts) > 1 else "")
+        full = os.path.normpath(os.path.join(ARGS.root, path.lstrip("/")))
+        return full if full.startswith(os.path.normpath(ARGS.root)) else None
+
+    def send(self, code, body=b"", headers=()):
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self):
+        self.do_GET()
+
+    def do_GET(self):
+        self.count()
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        if ARGS.s3 and "list-type" in query:
+            return self.s3_list(query)
+        path = self.local()
+        if not path or not os.path.isfile(path):
+            return self.send(404, b"<Error><Code>NoSuchKey</Code></Error>")
+        shard = path.endswith(".h5")
+        with LOCK:
+            version = VERSIONS.get(path, 0)
+        data = content(path, version) if version else open(path, "rb").read()
+        etag = etag_of(path, 0 if ARGS.mode == "change-quiet" else version)
+        want = self.headers.get("If-Match")
+        if ARGS.mode == "change" and want and want != etag:
+            return self.send(412, b"<Error><Code>PreconditionFailed</Code></Error>")
+        rng = self.headers.get("Range")
+        if not rng:
+            if ARGS.mode == "trickle" and path.endswith("index.json") and self.command == "GET":
+                return self.trickle(data, etag)
+            return self.send(200, data, [("ETag", etag)])
+        first, last = rng.split("=")[1].split("-")
+        first, last = int(first), min(int(last), len(data) - 1)
+        if first >= len(data):
+            return self.send(416, b"")
+        if ARGS.mode == "wrong-range" and shard and first + 16 < len(data):
+            first, last = first + 16, min(last + 16, len(data) - 1)
+        if ARGS.mode in ("change", "change-quiet") and shard:
+            with LOCK:
+                VERSIONS[path] = VERSIONS.get(path, 0) + 1
+        body = data[first:last + 1]
+        headers = [("ETag", etag), ("Content-Range", "bytes %d-%d/%d" % (first, last, len(data)))]
+        if ARGS.mode == "trickle" and path.endswith("index.json") and self.command == "GET":
+            return self.trickle(body, etag, 206, headers)
+        self.send(206, body, headers)
+
+    def trickle(self, body, etag, code=200, headers=None):
+        self.send_response(code)
+        for k, v in headers or [("ETag", etag)]:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            for i in range(len(body)):
+                self.wfile.write(body[i:i + 1])
+                self.wfile.flush()
+                time.sleep(2)
+        except OSError:
+            pass
+
+    def s3_list(self, query):
+        prefix = query.get("prefix", [""])[0]
+        # A probe for one key (max-keys=1) is answered truly; listings loop.
+        if ARGS.mode == "repeat-token" and query.get("max-keys", ["1000"])[0] != "1":
+            body = ("<?xml version=\"1.0\"?><ListBucketResult><IsTruncated>true</IsTruncated>"
+                    "<Contents><Key>%sx</Key></Contents>"
+                    "<NextContinuationToken>same-token</NextContinuationToken></ListBucketResult>" % prefix)
+            return self.send(200, body.encode())
+        keys = []
+        for d, _, files in os.walk(ARGS.root):
+            for name in files:
+                key = os.path.relpath(os.path.join(d, name), ARGS.root)
+                if key.startswith(prefix):
+                    keys.append(key)
+        if "max-keys" in query:
+            keys = sorted(keys)[: int(query["max-keys"][0])]
+        contents = "".join("<Contents><Key>%s</Key></Contents>" % k for k in sorted(keys))
+        delimited = "delimiter" in query
+        prefixes = sorted({k[len(prefix):].split("/")[0] for k in keys if "/" in k[len(prefix):]}) if delimited else []
+        if delimited:
+            contents = "".join("<Contents><Key>%s</Key></Contents>" % k for k in sorted(keys)
+                               if "/" not in k[len(prefix):])
+        common = "".join("<CommonPrefixes><Prefix>%s%s/</Prefix></CommonPrefixes>" % (prefix, p) for p in prefixes)
+        body = "<ListBucketResult><IsTruncated>false</IsTruncated>%s%s</ListBucketResult>" % (contents, common)
+        self.send(200, body.encode())
+
+    def do_PROPFIND(self):
+        self.count()
+        length = int(self.headers.get("Content-Length", "0"))
+        if length:
+            self.rfile.read(length)
+        path = self.local()
+        if not path or not os.path.exists(path):
+            return self.send(404)
+        if ARGS.mode == "entity":
+            body = ('<?xml version="1.0"?><!DOCTYPE m [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;">]>'
+                    '<D:multistatus xmlns:D="DAV:"><D:response><D:href>&b;</D:href></D:response></D:multistatus>')
+            return self.send(207, body.encode())
+        if ARGS.mode == "deep":
+            body = '<D:multistatus xmlns:D="DAV:">' + "<D:x>" * 500 + "</D:x>" * 500 + "</D:multistatus>"
+            return self.send(207, body.encode())
+        url_path = urllib.parse.urlsplit(self.path).path
+        entries = [(url_path, path)]
+        if os.path.isdir(path) and self.headers.get("Depth") == "1":
+            for name in sorted(os.listdir(path)):
+                entries.append((url_path.rstrip("/") + "/" + urllib.parse.quote(name), os.path.join(path, name)))
+        out = ['<?xml version="1.0"?><D:multistatus xmlns:D="DAV:">']
+        for href, p in entries:
+            if os.path.isdir(p):
+                prop = "<D:resourcetype><D:collection/></D:resourcetype>"
+                href = href.rstrip("/") + "/"
+            else:
+                prop = "<D:resourcetype/><D:getcontentlength>%d</D:getcontentlength>" % os.path.getsize(p)
+            out.append("<D:response><D:href>%s</D:href><D:propstat><D:prop>%s</D:prop>"
+                       "<D:status>HTTP/1.1 200 OK</D:status></D:propstat></D:response>" % (href, prop))
+        out.append("</D:multistatus>")
+        self.send(207, "".join(out).encode())
+
+
+class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--mode", default="good")
+    p.add_argument("--s3", action="store_true")
+    p.add_argument("--port-file", required=True)
+    p.add_argument("--count-file")
+    ARGS = p.parse_args()
+    server = Server(("127.0.0.1", 0), Handler)
+    tmp = ARGS.port_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("%d\n" % server.server_address[1])
+    os.rename(tmp, ARGS.port_file)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
