@@ -703,6 +703,10 @@ static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit 
         token[0] = '\0';
         if (!status && !strcmp(truncated, "true") && xml_element(p, end, "NextContinuationToken", &text, &text_end))
             xml_text(text, text_end, token, sizeof token);
+        /* Truncated without a way on: what was listed is not all there is. */
+        if (!status && !strcmp(truncated, "true") && !token[0] && !(max_keys > 0 && v->found))
+            status = tp_fail(TP_ERR_FORMAT, "%s: the server's listing is truncated (page %lld) without a "
+                             "continuation token: the rest cannot be listed", dir_url, (long long)page + 1);
         for (int k = 0; !status && token[0] && k < 4; k++)
             if (!strcmp(seen[k], token))
                 status = tp_fail(TP_ERR_FORMAT, "%s: the server's listing repeats a continuation token (page %lld): "

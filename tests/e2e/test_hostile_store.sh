@@ -89,6 +89,13 @@ check_all "a repeated continuation token: an error naming the URL, in $secs s an
     '[ $RC -eq 1 ] && grep -q "s3://bkt/run: the server.s listing repeats a continuation token" "$WORK/.err" &&
      [ $secs -lt 20 ] && [ "$(requests)" -lt 50 ]'
 
+# A listing truncated without a continuation token: it used to end there,
+# silently partial.
+serve no-token --s3
+run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test timeout 60 "$CK" info s3://bkt/run
+check_all "a listing truncated without a token: an error naming the URL, not a partial listing (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "s3://bkt/run: the server.s listing is truncated (page 1) without a continuation token" "$WORK/.err"'
+
 # A trickle: a byte every 2 s. TP_REMOTE_TIMEOUT=3 used to count only time
 # without progress; one retry.
 serve trickle

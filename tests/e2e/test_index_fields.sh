@@ -14,6 +14,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$ROOT/tests/support/objstore.sh"
 
+use_open_mpi # tp-train initializes Open MPI even alone (its settings; under the sanitizers, its plugins' leaks)
 CK="$BIN/tp-ckpt"
 TRAIN="$BIN/tp-train"
 export TMPDIR="$WORK/tmp"

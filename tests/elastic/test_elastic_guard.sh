@@ -18,6 +18,10 @@ use_open_mpi
 ELASTIC="$BIN/tp-elastic"
 TRAIN="$BIN/tp-train"
 ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --ckpt-every 10"
+# The bound on a run that must finish (it must never hang the suite): a
+# 400-step run takes over 120 s under the sanitizers on 2 cores.
+RUN_LIMIT=120
+[ "${SANITIZED:-0}" = 1 ] && RUN_LIMIT=900
 cd "$WORK" || exit 1
 
 # --------------------------------------------- a second orchestrator, live
@@ -47,7 +51,7 @@ first=$!
 while ! grep -q '"step":20,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
 kill -9 $first
 wait $first 2>/dev/null
-expect_ok "an orchestrator killed with SIGKILL: the next takes the run over" timeout -k 5 120 "$ELASTIC" run \
+expect_ok "an orchestrator killed with SIGKILL: the next takes the run over" timeout -k 5 $RUN_LIMIT "$ELASTIC" run \
     --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400
 check_all "takeover: step 400, two orchestrators" \
     '[ "$(summary_field "$R" step)" -eq 400 ] && [ "$(events "$R" orchestrator_start)" -eq 2 ]'
@@ -76,7 +80,7 @@ decoy=$!
 for i in $(seq 50); do group_leader $decoy && break; sleep 0.1; done
 check "decoy: a process group of its own" group_leader $decoy
 state_with_pid base $decoy
-expect_ok "a stranger as launch_pid (its command line holds 'base'): the run finishes" timeout -k 5 120 "$ELASTIC" run \
+expect_ok "a stranger as launch_pid (its command line holds 'base'): the run finishes" timeout -k 5 $RUN_LIMIT "$ELASTIC" run \
     --ckpt-dir base --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
 check "stranger: never signalled (still alive)" alive $decoy
 check "stranger: tp-elastic says why it left it alone" \
@@ -91,13 +95,13 @@ setsid sh -c 'export TP_ELASTIC_LAUNCH=$$; exec sleep 60' &
 marked=$!
 for i in $(seq 50); do group_leader $marked && [ "$(cat /proc/$marked/comm)" = sleep ] && break; sleep 0.1; done
 state_with_pid "$WORK/reused" $marked $(($(start_ticks $marked) + 1))
-expect_ok "a reused pid (start time not the launch's): the run finishes" timeout -k 5 120 "$ELASTIC" run \
+expect_ok "a reused pid (start time not the launch's): the run finishes" timeout -k 5 $RUN_LIMIT "$ELASTIC" run \
     --ckpt-dir "$WORK/reused" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
 check "reused pid: never signalled (still alive)" alive $marked
 check "reused pid: tp-elastic says the pid was reused" grep -q 'the pid was reused","event":"earlier_launch_skipped"' "$WORK/.out"
 # The same process with its start time right is the launch: ended.
 state_with_pid "$WORK/owned" $marked "$(start_ticks $marked)"
-expect_ok "the launch itself (marker and start time): the run finishes" timeout -k 5 120 "$ELASTIC" run \
+expect_ok "the launch itself (marker and start time): the run finishes" timeout -k 5 $RUN_LIMIT "$ELASTIC" run \
     --ckpt-dir "$WORK/owned" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
 check_all "the launch itself: ended" '! alive $marked'
 check "the launch itself: an event says so" grep -q '"event":"earlier_launch_ended"' "$WORK/.out"
@@ -107,11 +111,11 @@ wait $marked 2>/dev/null
 # pid 1 (kill(-1) is every process we may signal) and 0 are never signalled;
 # a negative pid is out of range.
 state_with_pid "$WORK/one" 1
-expect_ok "launch_pid 1: the run finishes" timeout -k 5 120 "$ELASTIC" run --ckpt-dir "$WORK/one" --world 2 $FAST \
+expect_ok "launch_pid 1: the run finishes" timeout -k 5 $RUN_LIMIT "$ELASTIC" run --ckpt-dir "$WORK/one" --world 2 $FAST \
     -- "$TRAIN" $ARGS --steps 20
 check "launch_pid 1: not signalled, and said so" grep -q '"pid":1,"why":"[^"]*launch_pid 1 not signalled: pid 1 is never signalled[^"]*","event":"earlier_launch_skipped"' "$WORK/.out"
 state_with_pid "$WORK/zero" 0
-expect_ok "launch_pid 0 (no launch): the run finishes" timeout -k 5 120 "$ELASTIC" run --ckpt-dir "$WORK/zero" --world 2 \
+expect_ok "launch_pid 0 (no launch): the run finishes" timeout -k 5 $RUN_LIMIT "$ELASTIC" run --ckpt-dir "$WORK/zero" --world 2 \
     $FAST -- "$TRAIN" $ARGS --steps 20
 check "launch_pid 0: nothing signalled, nothing ended" sh -c "! grep -q 'earlier_launch_' '$WORK/.out'"
 state_with_pid "$WORK/negative" -5
@@ -168,6 +172,6 @@ bad_state wall_seconds -1 "a number from 0 to 1000000000000" -1
 R="$WORK/full"
 expect_error "a trainer failing on a full disk: the give-up says no space is left, naming the path" 1 \
     "failed 3 times in a row at step 0 without progress \\([^)]*\\): no space left on the device of $R; free space" \
-    timeout -k 5 120 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
+    timeout -k 5 $RUN_LIMIT "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
     -- sh -c 'echo "tp-train: $0/step_00000010: cannot write: No space left on device" >&2; exit 1' "$R" $ARGS --steps 20
 finish

@@ -13,6 +13,7 @@ misbehaves as --mode says:
                 Content-Range (bytes from 16 further on)
   repeat-token  S3 listings: always truncated, always the same continuation
                 token
+  no-token      S3 listings: truncated, without a continuation token
   trickle       GET bodies of index.json: one byte every 2 s
   entity        PROPFIND answers declare an entity (<!DOCTYPE ... <!ENTITY)
   deep          PROPFIND answers nest 500 elements deep
@@ -133,6 +134,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def s3_list(self, query):
         prefix = query.get("prefix", [""])[0]
         # A probe for one key (max-keys=1) is answered truly; listings loop.
+        if ARGS.mode == "no-token" and query.get("max-keys", ["1000"])[0] != "1":
+            body = ("<?xml version=\"1.0\"?><ListBucketResult><IsTruncated>true</IsTruncated>"
+                    "<Contents><Key>%sx</Key></Contents></ListBucketResult>" % prefix)
+            return self.send(200, body.encode())
         if ARGS.mode == "repeat-token" and query.get("max-keys", ["1000"])[0] != "1":
             body = ("<?xml version=\"1.0\"?><ListBucketResult><IsTruncated>true</IsTruncated>"
                     "<Contents><Key>%sx</Key></Contents>"
