@@ -390,8 +390,10 @@ typedef struct {
  * file. Returns TP_OK when it could check, whatever it found (out->damaged);
  * an error only when it could not (out of memory). options may be NULL. */
 int ckpt_verify(ckpt_reader *reader, const ckpt_verify_options *options, ckpt_verify_result *out);
-/* Opens and verifies the checkpoint at path on `threads` threads: TP_OK,
- * or an error naming how many pieces are damaged and the first one. */
+/* Verifies a whole checkpoint on `threads` threads: TP_OK, or one error
+ * naming it, how many pieces are damaged and the first one. */
+int ckpt_verify_whole(ckpt_reader *reader, int threads);
+/* ckpt_verify_whole of the checkpoint at path, opened with options. */
 int ckpt_verify_checkpoint(const char *path, int threads, const ckpt_read_options *options);
 void ckpt_verify_result_free(ckpt_verify_result *result);
 

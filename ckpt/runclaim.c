@@ -26,11 +26,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "../common/clock.h"
+#include "../common/file.h"
 #include "internal.h"
 #include "remote.h"
 
@@ -86,14 +86,8 @@ static int lock_local(const char *dir, const char *holder, ckpt_file **out)
     const ckpt_storage *posix = ckpt_storage_posix();
     char path[CKPT_PATH_MAX];
     TP_TRY(ckpt_path_join(path, dir, LOCK_NAME));
-    /* O_NONBLOCK: a FIFO put there must not hang the open. */
-    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    struct stat st;
-    if (fd < 0) return tp_fail(TP_ERR_IO, "%s: cannot open the run directory's lock: %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return tp_fail(TP_ERR_IO, "%s: the run directory's lock is not a regular file", path);
-    }
+    int fd = -1; /* a FIFO or a link put there is refused, never waited on or followed */
+    TP_TRY(tp_open_regular_flags(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0644, &fd));
     int status = posix->lock(posix, path, 0, out);
     if (status == TP_ERR_EXISTS) {
         char seen[HOLDER_MAX] = "";

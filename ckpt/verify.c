@@ -84,10 +84,8 @@ void ckpt_verify_result_free(ckpt_verify_result *result)
     result->damaged = 0;
 }
 
-int ckpt_verify_checkpoint(const char *path, int threads, const ckpt_read_options *read)
+int ckpt_verify_whole(ckpt_reader *r, int threads)
 {
-    ckpt_reader *r = NULL;
-    TP_TRY(ckpt_reader_open(&r, path, read));
     ckpt_verify_options options = {.threads = threads};
     ckpt_verify_result result;
     int status = ckpt_verify(r, &options, &result);
@@ -97,6 +95,14 @@ int ckpt_verify_checkpoint(const char *path, int threads, const ckpt_read_option
                          ckpt_reader_path(r), (long long)result.damaged, (long long)result.pieces, first->message);
     }
     ckpt_verify_result_free(&result);
+    return status;
+}
+
+int ckpt_verify_checkpoint(const char *path, int threads, const ckpt_read_options *read)
+{
+    ckpt_reader *r = NULL;
+    TP_TRY(ckpt_reader_open(&r, path, read));
+    int status = ckpt_verify_whole(r, threads);
     ckpt_reader_close(r);
     return status;
 }

@@ -16,13 +16,7 @@ static int verify_checkpoint(const char *path, int threads, elastic_checkpoint *
 {
     ckpt_reader *r = NULL;
     TP_TRY(ckpt_reader_open(&r, path, NULL));
-    ckpt_verify_options options = {threads, NULL, NULL};
-    ckpt_verify_result result;
-    int status = ckpt_verify(r, &options, &result);
-    if (!status && result.damaged == 1) status = tp_fail(result.damage[0].status, "%s", result.damage[0].message);
-    else if (!status && result.damaged)
-        status = tp_fail(result.damage[0].status, "%s (and %d more pieces damaged)", result.damage[0].message,
-                         result.damaged - 1);
+    int status = ckpt_verify_whole(r, threads);
     if (!status) {
         const ckpt_layout *layout = ckpt_reader_layout(r);
         snprintf(out->path, sizeof out->path, "%s", ckpt_reader_path(r));
@@ -30,7 +24,6 @@ static int verify_checkpoint(const char *path, int threads, elastic_checkpoint *
         out->tp = layout->tp;
         out->pp = layout->pp;
     }
-    ckpt_verify_result_free(&result);
     ckpt_reader_close(r);
     return status;
 }
