@@ -21,7 +21,7 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 	-gencode arch=compute_90,code=compute_90
 
 # Third-party headers come in as system headers so their warnings stay theirs.
-PKGS := hdf5 libzstd libcjson libxxhash openblas ompi-c libcrypto libcurl zlib
+PKGS := hdf5 libzstd libcjson libxxhash openblas ompi-c libcrypto libcurl libisal
 PKG_CFLAGS := $(patsubst -I%,-isystem %,$(shell pkg-config --cflags $(PKGS) 2>/dev/null))
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

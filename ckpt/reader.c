@@ -10,6 +10,7 @@
  * With verification on, every block read is hashed and compared. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,7 @@
 #define GROUP_TARGET ((int64_t)8 << 20)     /* bytes per bounced read without verification */
 #define SPARSE_RUN_MIN ((int64_t)64 << 10)  /* runs at least this long are read one by one */
 #define VERIFY_READ_MAX ((int64_t)8 << 20)  /* bytes per verified read: hashed while in L3 */
-#define PREFETCH_MIN ((int64_t)256 << 10)   /* reads this large are announced to the kernel */
+#define PREFETCH_MIN ((int64_t)64 << 10)    /* reads this large are announced to the kernel */
 #define PREFETCH_AHEAD ((int64_t)16 << 20)  /* and so are this many bytes after them */
 
 typedef struct {
@@ -39,6 +40,11 @@ typedef struct {
     chunk_location *chunks;  /* compressed pieces, one per block */
     uint64_t *block_hash;
     ckpt_piece_geometry geometry;
+    /* The file range last announced to the kernel, [from, to): a piece read
+     * in small consecutive blocks announces only what lies past it, every
+     * PREFETCH_AHEAD / 2 bytes (each announcement walks the page cache over
+     * its whole range). Threads may race on it: it is a hint. */
+    _Atomic int64_t announced_from, announced_to;
 } piece_runtime;
 
 typedef struct {
@@ -553,45 +559,6 @@ static int load_piece(ckpt_reader *r, int i, int piece, piece_runtime **out)
 
 /* ----------------------------------------------------------- data access */
 
-/* Buffers a thread reuses from call to call: a fresh large allocation costs
- * page faults and zeroing on every call, which showed as a fifth of the time
- * of streamed reads. Released when the thread exits. */
-enum { SCRATCH_CHUNK, SCRATCH_BOUNCE, SCRATCH_VERIFY, SCRATCH_SLOTS };
-typedef struct {
-    char *buffer[SCRATCH_SLOTS];
-    size_t size[SCRATCH_SLOTS];
-} thread_scratch;
-
-static _Thread_local thread_scratch scratch;
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-static void release_scratch(void *arg)
-{
-    thread_scratch *s = arg;
-    for (int i = 0; i < SCRATCH_SLOTS; i++) {
-        free(s->buffer[i]);
-        s->buffer[i] = NULL;
-        s->size[i] = 0;
-    }
-}
-
-static void make_scratch_key(void)
-{
-    pthread_key_create(&scratch_key, release_scratch);
-}
-
-static char *scratch_buffer(int slot, size_t bytes)
-{
-    if (scratch.size[slot] >= bytes) return scratch.buffer[slot];
-    pthread_once(&scratch_once, make_scratch_key);
-    pthread_setspecific(scratch_key, &scratch);
-    free(scratch.buffer[slot]);
-    scratch.buffer[slot] = alloc_pages(bytes);
-    scratch.size[slot] = scratch.buffer[slot] ? bytes : 0;
-    return scratch.buffer[slot];
-}
-
 typedef struct {
     ckpt_reader *r;
     int tensor, piece;
@@ -809,6 +776,15 @@ static void prefetch(const piece_ctx *c, int64_t row0, int64_t row1)
         begin = c->pr->offset + row0 * g->row_bytes;
         end = c->pr->offset + row1 * g->row_bytes;
     }
+    int64_t from = atomic_load_explicit(&c->pr->announced_from, memory_order_relaxed);
+    int64_t to = atomic_load_explicit(&c->pr->announced_to, memory_order_relaxed);
+    if (begin >= from && begin <= to) {
+        if (end <= to || (end < c->pr->offset + g->rows * g->row_bytes && end - to < PREFETCH_AHEAD / 2)) return;
+        begin = to; /* continues the range announced */
+    } else {
+        atomic_store_explicit(&c->pr->announced_from, begin, memory_order_relaxed);
+    }
+    atomic_store_explicit(&c->pr->announced_to, end, memory_order_relaxed);
     c->storage->read_ahead(c->file, begin, end - begin);
 }
 
@@ -850,7 +826,7 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
     int64_t first = blockwise ? row0 / group_rows * group_rows : row0;
     char *bounce = NULL, *scratch = NULL;
     int status = TP_OK;
-    if (c->pr->chunks && !(scratch = scratch_buffer(SCRATCH_CHUNK, scratch_bytes(g))))
+    if (c->pr->chunks && !(scratch = (char *)scratch_buffer(SCRATCH_CHUNK, scratch_bytes(g))))
         return tp_fail(TP_ERR_NOMEM, "out of memory for a %zu-byte chunk buffer", scratch_bytes(g));
     box_frame src_frame = {ndim, {0}, {0}};
     memcpy(src_frame.shape, g->shape, sizeof src_frame.shape);
@@ -892,7 +868,7 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
         }
         /* Bounce: rows [r, group_end) into the buffer, then copy the selection. */
         size_t bounce_size = (size_t)(group_rows * g->row_bytes);
-        if (!bounce && !(bounce = scratch_buffer(SCRATCH_BOUNCE, bounce_size))) {
+        if (!bounce && !(bounce = (char *)scratch_buffer(SCRATCH_BOUNCE, bounce_size))) {
             status = tp_fail(TP_ERR_NOMEM, "out of memory for a %zu-byte read buffer", bounce_size);
             break;
         }
@@ -1010,7 +986,7 @@ static int piece_digest(ckpt_reader *r, int i, int piece, piece_ctx *c, uint64_t
     if (per_read > g->num_blocks) per_read = g->num_blocks;
     size_t size = (size_t)(per_read * block_bytes) + (c->pr->chunks ? scratch_bytes(g) : 0);
     /* [per_read blocks of data][chunk scratch when compressed] */
-    char *buf = scratch_buffer(SCRATCH_VERIFY, size);
+    char *buf = (char *)scratch_buffer(SCRATCH_VERIFY, size);
     if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory for a %zu-byte buffer", size);
     const ckpt_tensor_desc *t = &r->index.tensors[i].tensor.desc;
     uint64_t digest = 0;

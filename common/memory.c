@@ -1,4 +1,6 @@
-/* memory.c: page-aligned allocation and the process's resident memory. */
+/* memory.c: page-aligned allocation, per-thread scratch buffers and the
+ * process's resident memory. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -11,6 +13,41 @@ void *alloc_pages(size_t bytes)
     size_t rounded = (bytes + 4095) / 4096 * 4096;
     if (posix_memalign(&p, 4096, rounded ? rounded : 4096) != 0) return NULL;
     return p;
+}
+
+typedef struct {
+    void *buffer[SCRATCH_SLOTS];
+    size_t size[SCRATCH_SLOTS];
+} thread_scratch;
+
+static _Thread_local thread_scratch scratch;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void release_scratch(void *arg)
+{
+    thread_scratch *s = arg;
+    for (int i = 0; i < SCRATCH_SLOTS; i++) {
+        free(s->buffer[i]);
+        s->buffer[i] = NULL;
+        s->size[i] = 0;
+    }
+}
+
+static void make_scratch_key(void)
+{
+    pthread_key_create(&scratch_key, release_scratch);
+}
+
+void *scratch_buffer(int slot, size_t bytes)
+{
+    if (scratch.size[slot] >= bytes) return scratch.buffer[slot];
+    pthread_once(&scratch_once, make_scratch_key);
+    pthread_setspecific(scratch_key, &scratch);
+    free(scratch.buffer[slot]);
+    scratch.buffer[slot] = alloc_pages(bytes);
+    scratch.size[slot] = scratch.buffer[slot] ? bytes : 0;
+    return scratch.buffer[slot];
 }
 
 int array_reserve(void **items, int *capacity, int needed, size_t item_size)

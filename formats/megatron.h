@@ -138,6 +138,7 @@ typedef struct {
     int threads;            /* rank files written at once; 0: all cores */
     int weights_only;       /* leave the optimizer state out */
     int64_t memory_limit;   /* piece buffers of all threads; 0: RESHARD_DEFAULT_MEMORY */
+    int64_t block_bytes;    /* a piece streams through a buffer of about this size; 0: 256 KiB (tests make it small) */
     /* Without a template (NULL): the model to write, its args written from
      * it (the iteration its stored_iteration, tp and pp the default layout). */
     const megatron_config *model;
@@ -163,9 +164,10 @@ typedef struct {
     int tp, pp;             /* the output's layout */
     int files, tensors;     /* rank files; the source's tensors written (optimizer state included) */
     int64_t bytes;          /* tensor data, all rank files together */
-    int64_t largest_piece;  /* bytes of the largest piece: each thread buffers one, and its staging */
+    int64_t largest_buffer; /* bytes a thread buffers at most (and as much staging): a block of rows streamed,
+                             * or a whole piece where a QKV is reordered */
     int threads;            /* rank files written at once, within the memory limit */
-    int64_t buffer_memory;  /* threads x twice the largest piece */
+    int64_t buffer_memory;  /* threads x twice the largest buffer */
     int optimizer;          /* the optimizer state is written */
     int rank_state_dropped; /* the ranks' RNG (and rerun) states are left out: the layout changes */
 } megatron_write_plan;

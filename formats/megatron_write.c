@@ -2,7 +2,7 @@
  * (megatron.h megatron_write): one torch.save file per rank, its model
  * state dict named as Megatron names it (the tables below mirror
  * docs/MEGATRON.md section 4), each piece read from the source as the
- * target lays it out (reshard_read_piece). */
+ * target lays it out (reshard_read_piece_rows), streamed. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +16,13 @@
 #include "../reshard/reshard.h"
 #include "megatron_internal.h"
 #include "torch_write.h"
+
+/* Pieces stream from the source to the file through a buffer of about this
+ * size, which stays in the CPU's cache from the read through the CRC-32 to
+ * the write. Copying through it runs at cp's speed; through a whole piece,
+ * every byte crosses memory four times, not two (docs/BENCHMARKS.md,
+ * bench-megatron). */
+#define BLOCK_BYTES ((int64_t)256 << 10)
 
 enum { NO_EXTRA, EXTRA_NONE, EXTRA_TE }; /* a module's _extra_state: none, None, Transformer Engine's */
 
@@ -101,7 +108,8 @@ typedef struct {
      * optimizer numbers them in. */
     int *params;
     int num_params, params_capacity;
-    void *piece;          /* a buffer of the largest piece */
+    int64_t block_bytes;  /* a piece streams through r->piece this much at a time */
+    void *piece;          /* a buffer of a block, or of a whole piece where one is reordered */
     size_t piece_size;
 } rank_writer;
 
@@ -129,12 +137,13 @@ static int emit_tensor(rank_writer *r, int index, int qkv)
     return torch_writer_tensor(r->w, torch_dtype_of(t->dtype), t->ndim, shape);
 }
 
-/* The vocabulary's padding rows of this target piece, as Megatron's saver
- * re-pads a table (docs/MEGATRON.md section 9): the source's stored rows
- * where it has them (a larger table is cut), its last stored row repeated
- * beyond (a smaller one is extended). Tensors with padding are split on
- * rows (the word embeddings, the output layer and their optimizer state). */
-static int fill_vocabulary_padding(rank_writer *r, int index, int piece, void *buf)
+/* The vocabulary's padding rows among rows [row0, row0 + count) of this
+ * target piece, as Megatron's saver re-pads a table (docs/MEGATRON.md
+ * section 9): the source's stored rows where it has them (a larger table is
+ * cut), its last stored row repeated beyond (a smaller one is extended).
+ * Tensors with padding are split on rows (the word embeddings, the output
+ * layer and their optimizer state). buf holds those rows. */
+static int fill_vocabulary_padding(rank_writer *r, int index, int piece, int64_t row0, int64_t count, void *buf)
 {
     const ckpt_tensor_desc *t = ckpt_reader_tensor(r->source, index);
     /* This format's padding is zero, as reshard_read_piece leaves it. */
@@ -145,14 +154,49 @@ static int fill_vocabulary_padding(rank_writer *r, int index, int piece, void *b
     int64_t source_rows[CKPT_MAX_DIMS], target_rows[CKPT_MAX_DIMS];
     ckpt_padded_shape(t, source_tp, source_rows);
     ckpt_padded_shape(t, r->to.tp, target_rows);
-    int64_t source_piece_rows = source_rows[0] / source_tp, target_piece_rows = target_rows[0] / r->to.tp;
+    int64_t source_piece_rows = source_rows[0] / source_tp, first = piece * (target_rows[0] / r->to.tp) + row0;
     size_t row_bytes = tp_dtype_size(t->dtype);
     for (int d = 1; d < t->ndim; d++) row_bytes *= (size_t)t->shape[d];
-    for (int64_t row = piece * target_piece_rows; row < (piece + 1) * target_piece_rows; row++) {
-        if (row < t->shape[0]) continue; /* a token's row */
+    for (int64_t row = first < t->shape[0] ? t->shape[0] : first; row < first + count; row++) { /* past the tokens' rows */
         int64_t from = row < source_rows[0] ? row : source_rows[0] - 1;
         TP_TRY(ckpt_reader_read_rows(r->source, index, (int)(from / source_piece_rows), from % source_piece_rows, 1,
-                                     (char *)buf + (size_t)(row - piece * target_piece_rows) * row_bytes, row_bytes));
+                                     (char *)buf + (size_t)(row - first) * row_bytes, row_bytes));
+    }
+    return TP_OK;
+}
+
+/* Room for bytes in r->piece (and in r->scratch with it when scratch). */
+static int reserve_piece(rank_writer *r, int64_t bytes, int scratch)
+{
+    if ((size_t)bytes > r->piece_size) {
+        free(r->piece);
+        free(r->scratch);
+        r->scratch = NULL;
+        r->piece_size = 0;
+        if (!(r->piece = alloc_pages((size_t)bytes)))
+            return tp_fail(TP_ERR_NOMEM, "out of memory for a piece of %lld bytes", (long long)bytes);
+        r->piece_size = (size_t)bytes;
+    }
+    if (scratch && !r->scratch && !(r->scratch = alloc_pages(r->piece_size)))
+        return tp_fail(TP_ERR_NOMEM, "out of memory for a piece of %lld bytes", (long long)bytes);
+    return TP_OK;
+}
+
+/* A piece streamed from the source to the file through r->piece, a block
+ * of rows at a time. */
+static int stream_piece(rank_writer *r, const struct pending *p)
+{
+    int64_t row_bytes = p->rows > 0 ? p->bytes / p->rows : 0;
+    if (row_bytes == 0) return torch_writer_storage(r->w, r->piece, p->bytes); /* an empty tensor */
+    int64_t block = r->block_bytes / row_bytes > 0 ? r->block_bytes / row_bytes : 1;
+    TP_TRY(reserve_piece(r, (p->rows < block ? p->rows : block) * row_bytes, 0));
+    const ckpt_tensor_desc *t = ckpt_reader_tensor(r->source, p->index);
+    for (int64_t row0 = 0; row0 < p->rows; row0 += block) {
+        int64_t count = p->rows - row0 < block ? p->rows - row0 : block;
+        TP_TRY(reshard_read_piece_rows(r->source, p->index, t, r->to.tp, p->piece, row0, count, r->piece, r->piece_size));
+        TP_TRY(fill_vocabulary_padding(r, p->index, p->piece, row0, count, r->piece));
+        TP_TRY(torch_writer_storage_part(r->w, r->piece, count * row_bytes));
+        if (r->on_bytes) r->on_bytes(r->progress_ctx, count * row_bytes); /* the plan's bytes: tensors' */
     }
     return TP_OK;
 }
@@ -163,28 +207,24 @@ static int write_pending(rank_writer *r)
 {
     for (int k = 0; k < r->num_pending; k++) {
         const struct pending *p = &r->pending[k];
-        if ((size_t)p->bytes > r->piece_size) {
-            void *bigger = realloc(r->piece, (size_t)p->bytes), *scratch = r->names ? realloc(r->scratch, (size_t)p->bytes) : NULL;
-            if (bigger) r->piece = bigger;
-            if (scratch) r->scratch = scratch;
-            if (!bigger || (r->names && !scratch))
-                return tp_fail(TP_ERR_NOMEM, "out of memory for a piece of %lld bytes", (long long)p->bytes);
-            r->piece_size = (size_t)p->bytes;
+        /* A source under its own names lays a QKV out its own way: read whole, then reordered. */
+        int reorder = p->index >= 0 && p->qkv && r->names;
+        if (p->index >= 0 && !reorder) {
+            TP_TRY(stream_piece(r, p));
+            continue;
         }
-        if (p->index >= 0) {
-            /* A source under its own names lays a QKV out its own way: read, then reordered. */
-            int reorder = p->qkv && r->names;
+        TP_TRY(reserve_piece(r, p->bytes, reorder));
+        if (reorder) {
             TP_TRY(reshard_read_piece(r->source, p->index, ckpt_reader_tensor(r->source, p->index), r->to.tp, p->piece,
-                                      reorder ? r->scratch : r->piece, (size_t)p->bytes));
-            if (reorder)
-                r->names->qkv_to_megatron(r->names->ctx, r->to.tp, r->scratch, r->piece,
-                                          (size_t)(p->bytes / p->rows * r->c->kv_channels));
-            TP_TRY(fill_vocabulary_padding(r, p->index, p->piece, r->piece));
+                                      r->scratch, (size_t)p->bytes));
+            r->names->qkv_to_megatron(r->names->ctx, r->to.tp, r->scratch, r->piece,
+                                      (size_t)(p->bytes / p->rows * r->c->kv_channels));
+            TP_TRY(fill_vocabulary_padding(r, p->index, p->piece, 0, p->rows, r->piece));
         }
         else if (p->raw)
             TP_TRY(megatron_rank_tensor_read(r->template, p->raw_pp, p->raw_tp, p->raw, r->piece, p->bytes));
         TP_TRY(torch_writer_storage(r->w, r->piece, p->bytes));
-        if (r->on_bytes && p->index >= 0) r->on_bytes(r->progress_ctx, p->bytes); /* the plan's bytes: tensors' */
+        if (r->on_bytes && p->index >= 0) r->on_bytes(r->progress_ctx, p->bytes);
     }
     return TP_OK;
 }
@@ -744,16 +784,23 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
         if (to.pp > 1 && !c->untied && !strcmp(param, "embedding.word_embeddings.weight")) bytes *= 2;
         plan->tensors++;
         plan->bytes += bytes;
-        if (piece > plan->largest_piece) {
-            plan->largest_piece = piece;
+        /* Pieces stream a block of rows at a time; a QKV of a source under
+         * its own names is reordered whole (counted for every tensor of
+         * such a source: the bound, not the exact need). */
+        int64_t shape[CKPT_MAX_DIMS], buffer = piece, block = options->block_bytes > 0 ? options->block_bytes : BLOCK_BYTES;
+        ckpt_piece_shape(t, to.tp, shape);
+        int64_t row = shape[0] > 0 ? piece / shape[0] : 0;
+        if (!options->names && row > 0) buffer = piece < block ? piece : row > block ? row : block / row * row;
+        if (buffer > plan->largest_buffer) {
+            plan->largest_buffer = buffer;
             largest = t->name;
         }
     }
-    /* Each thread holds a piece and the staging reshard_read_piece may use. */
-    int64_t limit = options->memory_limit > 0 ? options->memory_limit : RESHARD_DEFAULT_MEMORY, per_thread = 2 * plan->largest_piece;
+    /* Each thread holds a buffer and the staging reshard_read_piece_rows may use. */
+    int64_t limit = options->memory_limit > 0 ? options->memory_limit : RESHARD_DEFAULT_MEMORY, per_thread = 2 * plan->largest_buffer;
     if (per_thread > limit)
-        return tp_fail(TP_ERR_NOMEM, "tensor %s: a piece of %lld bytes needs %lld bytes of buffers, over the memory limit of "
-                       "%lld", largest, (long long)plan->largest_piece, (long long)per_thread, (long long)limit);
+        return tp_fail(TP_ERR_NOMEM, "tensor %s: a piece needs %lld bytes of buffers, over the memory limit of %lld", largest,
+                       (long long)per_thread, (long long)limit);
     int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
     if (threads > plan->files) threads = plan->files;
     if (per_thread > 0 && threads > limit / per_thread) threads = (int)(limit / per_thread);
@@ -770,7 +817,8 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
     if (result) *result = plan;
     const megatron_config *c = template ? megatron_config_of(template) : options->model;
     rank_writer r = {.source = source, .template = template, .c = c, .names = options->names, .optimizer = plan.optimizer,
-                     .on_bytes = options->on_bytes, .progress_ctx = options->progress_ctx};
+                     .on_bytes = options->on_bytes, .progress_ctx = options->progress_ctx,
+                     .block_bytes = options->block_bytes > 0 ? options->block_bytes : BLOCK_BYTES};
     r.to = (ckpt_layout){.dp = 1, .num_layers = c->num_layers};
     r.to.tp = plan.tp;
     r.to.pp = plan.pp;

@@ -1,7 +1,7 @@
 /* torch_write.h (private to formats/): writing torch.save files that
  * torch.load reads: a zip archive of stored entries, each entry's data
  * aligned to 64 bytes as PyTorch aligns them, Zip64 records where sizes or
- * offsets need them, a CRC-32 per entry (zlib's); ARCHIVE/data.pkl, a
+ * offsets need them, a CRC-32 per entry (ISA-L's); ARCHIVE/data.pkl, a
  * pickle of protocol 2 built with the pk_* calls, ARCHIVE/data/N per
  * tensor, ARCHIVE/version and ARCHIVE/byteorder. */
 #ifndef TP_FORMATS_TORCH_WRITE_H
@@ -31,6 +31,9 @@ int torch_writer_tensor(torch_writer *writer, torch_dtype dtype, int ndim, const
 int torch_writer_begin_storages(torch_writer *writer);
 /* The bytes of the next tensor emitted: size must be its size. */
 int torch_writer_storage(torch_writer *writer, const void *data, int64_t size);
+/* The next bytes of it, streamed: the storage is complete when its size has
+ * come, in parts of any size (its CRC-32 taken as they pass). */
+int torch_writer_storage_part(torch_writer *writer, const void *data, int64_t size);
 /* Checks that every storage was written; writes version, byteorder and the
  * central directory; syncs and closes the file; frees writer, whatever the
  * outcome. */

@@ -8,6 +8,11 @@
 #include "../common/memory.h"
 #include "internal.h"
 
+/* Staging up to this size is the thread's scratch buffer: a piece streamed a
+ * block of rows at a time comes here thousands of times. Larger staging (a
+ * whole piece, read once, as a trainer resumes) is freed after. */
+#define SCRATCH_STAGING_MAX ((size_t)8 << 20)
+
 static void init_tensor_plan(tensor_plan *t, const ckpt_tensor_desc *src, int src_tp, int tp)
 {
     const ckpt_tensor_desc *d = &t->out.desc;
@@ -22,8 +27,8 @@ static void init_tensor_plan(tensor_plan *t, const ckpt_tensor_desc *src, int sr
     for (int k = 1; k < src->ndim; k++) t->src_row *= shape[k];
 }
 
-int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *target, int tp, int piece,
-                       void *out, size_t out_size)
+int reshard_read_piece_rows(ckpt_reader *source, int index, const ckpt_tensor_desc *target, int tp, int piece,
+                            int64_t row0, int64_t row_count, void *out, size_t out_size)
 {
     const ckpt_tensor_desc *src = ckpt_reader_tensor(source, index);
     if (!src) return tp_fail(TP_ERR_ARG, "tensor index %d out of range", index);
@@ -50,9 +55,13 @@ int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *t
     if (piece < 0 || piece >= ckpt_piece_count(&t.out.desc, tp))
         return tp_fail(TP_ERR_ARG, "tensor %s: no piece %d at tp=%d", src->name, piece, tp);
     init_tensor_plan(&t, src, ckpt_reader_layout(source)->tp, tp);
+    if (row_count < 0) row_count = t.rows - row0; /* to the piece's end */
+    if (row0 < 0 || row_count < 1 || row0 + row_count > t.rows)
+        return tp_fail(TP_ERR_ARG, "tensor %s piece %d: rows [%lld, %lld) outside 0..%lld", src->name, piece,
+                       (long long)row0, (long long)(row0 + row_count), (long long)t.rows);
     plan.tensors = &t;
     plan.num_tensors = 1;
-    slab s = {0, t.kind == SLAB_WHOLE ? 0 : piece, 0, t.rows, 0, 0};
+    slab s = {0, t.kind == SLAB_WHOLE ? 0 : piece, row0, row0 + row_count, 0, 0};
     slab_ops ops;
     memset(&ops, 0, sizeof ops);
     status = reshard_slab_ops(&plan, &s, &ops);
@@ -62,7 +71,8 @@ int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *t
                               out_size, (long long)(ops.output_elements * (int64_t)out_elem));
     int direct = ops.direct && src->dtype == t.out.desc.dtype;
     size_t staging_size = (size_t)ops.staging_elements * src_size;
-    char *staging = status || direct ? NULL : alloc_pages(staging_size);
+    int scratch = staging_size <= SCRATCH_STAGING_MAX;
+    char *staging = status || direct ? NULL : scratch ? scratch_buffer(SCRATCH_STAGING, staging_size) : alloc_pages(staging_size);
     if (!status && !direct && !staging) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     char *target_buffer = direct ? out : staging;
     size_t target_size = direct ? out_size : staging_size;
@@ -71,7 +81,6 @@ int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *t
         size_t offset = (size_t)op->staging * src_size;
         status = ckpt_reader_read_rows(source, index, op->piece, op->row0, op->row1 - op->row0, target_buffer + offset,
                                        target_size - offset);
-        if (status) status = status;
     }
     if (!status) {
         for (int64_t k = 0; k < ops.num_moves; k++) {
@@ -79,7 +88,13 @@ int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *t
             moves_apply(staging, src->dtype, out, t.out.desc.dtype, &ops.moves[k], 1);
         }
     }
-    free(staging);
+    if (!scratch) free(staging);
     reshard_slab_ops_free(&ops);
     return status;
+}
+
+int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *target, int tp, int piece,
+                       void *out, size_t out_size)
+{
+    return reshard_read_piece_rows(source, index, target, tp, piece, 0, -1, out, out_size);
 }

@@ -87,6 +87,11 @@ int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshar
  * out, reading only the source regions that piece needs. */
 int reshard_read_piece(ckpt_reader *source, int index, const ckpt_tensor_desc *target, int tp, int piece,
                        void *out, size_t out_size);
+/* The same for rows [row0, row0 + row_count) of that piece alone (row_count
+ * -1: to its end), so that a writer can stream a piece through a buffer that
+ * stays in the CPU's cache. */
+int reshard_read_piece_rows(ckpt_reader *source, int index, const ckpt_tensor_desc *target, int tp, int piece,
+                            int64_t row0, int64_t row_count, void *out, size_t out_size);
 
 /* Message of the last failure in this thread. */
 const char *tp_errmsg(void);

@@ -4,7 +4,7 @@
 set -eu
 REPO_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
-PACKAGES="gcc make pkg-config libhdf5-dev hdf5-tools libzstd-dev libcjson-dev libxxhash-dev libssl-dev libcurl4-openssl-dev curl zlib1g-dev
+PACKAGES="gcc make pkg-config libhdf5-dev hdf5-tools libzstd-dev libcjson-dev libxxhash-dev libssl-dev libcurl4-openssl-dev curl libisal-dev
 libcriterion-dev libopenmpi-dev openmpi-bin libopenblas-dev procps
 python3 python3-numpy python3-h5py python3-xxhash python3-zstandard python3-torch gnuplot-nox"
 

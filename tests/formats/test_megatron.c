@@ -190,6 +190,88 @@ Test(megatron, every_layout_equals_the_reference)
     megatron_close(m);
 }
 
+/* The bytes of a file (its size in *size); the caller frees. */
+static unsigned char *file_bytes(const char *path, long *size)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "%s: cannot open", path);
+    fseek(f, 0, SEEK_END);
+    *size = ftell(f);
+    rewind(f);
+    unsigned char *bytes = malloc((size_t)*size + 1);
+    cr_assert_eq(fread(bytes, 1, (size_t)*size, f), (size_t)*size, "%s", path);
+    fclose(f);
+    return bytes;
+}
+
+/* Writes the checkpoint dir/NAME at tp as dir/OUT, each piece streamed
+ * through a buffer of block_bytes (0: the default). */
+static void write_streamed(const char *name, int64_t true_vocab, int tp, int64_t block_bytes, const char *out)
+{
+    char path[700], target[700];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(target, sizeof target, "%s/%s", dir, out);
+    megatron_checkpoint *m;
+    cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
+    if (true_vocab) cr_assert_eq(megatron_set_true_vocab(m, true_vocab), TP_OK, "%s", tp_errmsg());
+    ckpt_reader *source;
+    cr_assert_eq(megatron_reader_open(m, 0, &source), TP_OK, "%s", tp_errmsg());
+    megatron_write_options options = {.tp = tp, .naming = -1, .threads = 2, .block_bytes = block_bytes};
+    megatron_write_plan plan;
+    cr_assert_eq(megatron_write(source, m, &options, target, &plan), TP_OK, "%s", tp_errmsg());
+    cr_assert(plan.optimizer, "%s: the optimizer state is written", out);
+    ckpt_reader_close(source);
+    megatron_close(m);
+}
+
+/* Rank files are streamed a block of rows at a time (the block stays in
+ * the CPU's cache): blocks of one row and of a few rows that end inside
+ * pieces, across the re-padded vocabulary rows, SwiGLU halves and
+ * column-split pieces, write the same bytes as blocks holding whole pieces
+ * (CRC-32s taken in parts included), and equal PyTorch's reference. */
+Test(megatron, streamed_pieces_write_the_same_bytes)
+{
+    const char *fixtures[] = {
+        "s --tp 4 --pp 1 --layers 2 --hidden 64 --heads 4 --ffn 96 --vocab 100 --make-vocab-size-divisible-by 8 --swiglu "
+        "--untied --optimizer --dtype bf16",
+    };
+    generate(fixtures, 1);
+    /* 100 bytes: one row (128 bytes of bf16) or 50 elements at a time;
+     * 1000: 7 rows of 128 bytes, 3 rows of fp32 state. */
+    const struct { int64_t true_vocab, block; const char *out; } writes[] = {
+        {0, 0, "whole"}, {0, 100, "rows1"}, {0, 1000, "rows7"}, {100, 0, "pad-whole"}, {100, 1000, "pad-rows7"},
+    };
+    for (int i = 0; i < 5; i++) write_streamed("s", writes[i].true_vocab, 2, writes[i].block, writes[i].out);
+    const char *same[][2] = {{"whole", "rows1"}, {"whole", "rows7"}, {"pad-whole", "pad-rows7"}};
+    for (int i = 0; i < 3; i++) {
+        for (int rank = 0; rank < 2; rank++) {
+            char a[800], b[800];
+            snprintf(a, sizeof a, "%s/%s/iter_0001000/mp_rank_%02d/model_optim_rng.pt", dir, same[i][0], rank);
+            snprintf(b, sizeof b, "%s/%s/iter_0001000/mp_rank_%02d/model_optim_rng.pt", dir, same[i][1], rank);
+            long size_a, size_b;
+            unsigned char *bytes_a = file_bytes(a, &size_a), *bytes_b = file_bytes(b, &size_b);
+            cr_assert_eq(size_a, size_b, "%s: %ld bytes, %s: %ld", a, size_a, b, size_b);
+            cr_assert_eq(memcmp(bytes_a, bytes_b, (size_t)size_a), 0, "%s and %s differ", a, b);
+            free(bytes_a);
+            free(bytes_b);
+        }
+    }
+    /* The padding changed with TP (tp4 pads 100 to 128 rows, tp2 to 112). */
+    long whole, padded;
+    char a[800];
+    snprintf(a, sizeof a, "%s/whole/iter_0001000/mp_rank_00/model_optim_rng.pt", dir);
+    free(file_bytes(a, &whole));
+    snprintf(a, sizeof a, "%s/pad-whole/iter_0001000/mp_rank_00/model_optim_rng.pt", dir);
+    free(file_bytes(a, &padded));
+    cr_assert_lt(padded, whole);
+    /* The one-row blocks' output against PyTorch's unsharded tensors. */
+    char full[700], copy[700];
+    snprintf(full, sizeof full, "%s/s.full.pt", dir);
+    snprintf(copy, sizeof copy, "%s/rows1.full.pt", dir);
+    cr_assert_eq(symlink(full, copy), 0);
+    check_against_full("rows1", 2, 1);
+}
+
 static void expect_refused(const char *path, const char *needle)
 {
     megatron_checkpoint *m = NULL;
