@@ -11,6 +11,7 @@
 
 #include "../common/error.h"
 #include "../common/memory.h"
+#include "../common/parallel.h"
 #include "megatron_internal.h"
 
 #define RANK_FILE "model_optim_rng.pt"
@@ -1177,4 +1178,58 @@ const pickle_value *megatron_model_value(const megatron_checkpoint *m, const cha
 {
     const pickle_value *model = pickle_get(torch_archive_root(m->archives[0]), m->config.vpp > 1 ? "model0" : "model");
     return pickle_get(model, key);
+}
+
+int64_t megatron_bytes(const megatron_checkpoint *m)
+{
+    int64_t bytes = 0;
+    for (int f = 0; f < m->config.tp * m->config.pp; f++) {
+        bytes += torch_archive_bytes(m->archives[f]);
+        if (m->distrib_optim && m->distrib_optim[f]) bytes += torch_archive_bytes(m->distrib_optim[f]);
+    }
+    return bytes;
+}
+
+typedef struct {
+    const megatron_checkpoint *m;
+    int ranks;                      /* files below are rank files, the rest distrib_optim.pt */
+    torch_archive_check_result *checks;
+    int *statuses;
+    char (*messages)[640];
+    void (*on_bytes)(void *ctx, int64_t bytes);
+    void *ctx;
+} verify_job;
+
+static int verify_file(void *ctx, int64_t f, int thread)
+{
+    (void)thread;
+    verify_job *job = ctx;
+    torch_archive *a = f < job->ranks ? job->m->archives[f] : job->m->distrib_optim[f - job->ranks];
+    if (!a) return TP_OK;
+    int status = torch_archive_check(a, &job->checks[f], job->on_bytes, job->ctx);
+    job->statuses[f] = status;
+    if (status) snprintf(job->messages[f], sizeof job->messages[f], "%s", tp_errmsg());
+    return status == TP_ERR_CHECKSUM ? TP_OK : status; /* damage is counted, not a failure to verify */
+}
+
+int megatron_verify(const megatron_checkpoint *m, int threads, void (*on_bytes)(void *ctx, int64_t bytes), void *ctx,
+                    megatron_verify_result *result)
+{
+    memset(result, 0, sizeof *result);
+    int ranks = m->config.tp * m->config.pp, files = m->distrib_optim ? 2 * ranks : ranks;
+    verify_job job = {m, ranks, calloc((size_t)files, sizeof *job.checks), calloc((size_t)files, sizeof *job.statuses),
+                      calloc((size_t)files, sizeof *job.messages), on_bytes, ctx};
+    int status = job.checks && job.statuses && job.messages ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status) status = parallel_for(files, threads > 0 ? threads : 1, verify_file, &job);
+    for (int f = 0; f < files && !status; f++) {
+        result->files += job.checks[f].entries > 0;
+        result->entries += job.checks[f].entries;
+        result->unchecked += job.checks[f].unchecked;
+        if (job.statuses[f] == TP_ERR_CHECKSUM && !result->damaged++)
+            snprintf(result->first_damage, sizeof result->first_damage, "%s", job.messages[f]);
+    }
+    free(job.checks);
+    free(job.statuses);
+    free(job.messages);
+    return status;
 }

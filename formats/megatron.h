@@ -106,6 +106,24 @@ int megatron_set_true_vocab(megatron_checkpoint *checkpoint, int64_t true_vocab)
  * distrib_optim.pt, param groups the weight-decay rule does not explain),
  * from TP_ERR_FORMAT, state that contradicts the model (damaged). */
 const char *megatron_optimizer_refusal(const megatron_checkpoint *checkpoint, int *status);
+/* Bytes of the checkpoint's files (rank files, and distrib_optim.pt files where read). */
+int64_t megatron_bytes(const megatron_checkpoint *checkpoint);
+
+/* What megatron_verify found. */
+typedef struct {
+    int files;              /* rank files, and distrib_optim.pt files where read */
+    int entries, unchecked; /* zip entries read; of them, recording no CRC-32 to compare with */
+    int damaged;            /* files with an entry whose CRC-32 differs */
+    char first_damage[640]; /* the first such entry: file, entry, both CRC-32s */
+} megatron_verify_result;
+
+/* Reads every zip entry of every file of the checkpoint and compares it
+ * with the CRC-32 its archive records (threads files at a time): the
+ * checksums a Megatron checkpoint has. Damage is counted in result, not
+ * returned; a failure to read is. on_bytes (may be NULL) hears the bytes
+ * read, from worker threads. */
+int megatron_verify(const megatron_checkpoint *checkpoint, int threads, void (*on_bytes)(void *ctx, int64_t bytes),
+                    void *ctx, megatron_verify_result *result);
 /* The iteration's directory. */
 const char *megatron_path(const megatron_checkpoint *checkpoint);
 /* The layout of the checkpoint's files (dp 1). */

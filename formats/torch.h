@@ -169,6 +169,17 @@ const char *torch_archive_path(const torch_archive *archive);
 /* Bytes of the archive's file. */
 int64_t torch_archive_bytes(const torch_archive *archive);
 
+/* Every entry of the archive read and compared with the CRC-32 its zip
+ * records: TP_ERR_CHECKSUM naming the file and entry at the first that
+ * differs. Entries recording none (PyTorch's set_crc32_options(False)) are
+ * counted as unchecked. on_bytes (may be NULL) hears the bytes read. */
+typedef struct {
+    int entries;   /* entries read */
+    int unchecked; /* of them, recording no CRC-32 */
+} torch_archive_check_result;
+int torch_archive_check(torch_archive *archive, torch_archive_check_result *result,
+                        void (*on_bytes)(void *ctx, int64_t bytes), void *ctx);
+
 /* Elements of a tensor (the product of its shape). */
 int64_t torch_tensor_numel(const pickle_value *tensor);
 /* Whether a tensor's elements are row-major and dense (its strides those

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../common/error.h"
+#include "../common/memory.h"
 #include "torch.h"
 #include "zip.h"
 
@@ -237,4 +238,22 @@ int torch_tensor_read(const torch_archive *archive, const pickle_value *tensor, 
         return tp_fail(TP_ERR_ARG, "%s: bytes [%lld, %lld) of a tensor of %lld bytes", zip_path(archive->zip), (long long)from,
                        (long long)(from + size), (long long)bytes);
     return zip_read(archive->zip, buf, size, offset + from);
+}
+
+int torch_archive_check(torch_archive *archive, torch_archive_check_result *result,
+                        void (*on_bytes)(void *ctx, int64_t bytes), void *ctx)
+{
+    memset(result, 0, sizeof *result);
+    size_t size = (size_t)1 << 20;
+    void *buf = alloc_pages(size);
+    if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = TP_OK;
+    for (int i = 0; i < zip_count(archive->zip) && !status; i++) {
+        int checked;
+        status = zip_entry_check(archive->zip, i, buf, size, &checked, on_bytes, ctx);
+        result->entries++;
+        result->unchecked += !checked;
+    }
+    free(buf);
+    return status;
 }

@@ -1,5 +1,6 @@
 /* zip.c: the central directory of a zip archive, and the data of its
  * stored entries, read through a store. */
+#include <isa-l/crc.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 typedef struct {
     const char *name;
     int method, flags;
+    uint32_t crc;             /* CRC-32 of the data, as the central directory records it */
     int64_t size, stored_size, local_offset;
     _Atomic int64_t data_offset; /* 0 until the local header is read */
 } zip_entry;
@@ -188,6 +190,7 @@ static int read_directory(zip_archive *zip)
         }
         e->flags = (int)le(h + 8, 2);
         e->method = (int)le(h + 10, 2);
+        e->crc = (uint32_t)le(h + 16, 4);
         e->stored_size = (int64_t)le(h + 20, 4);
         e->size = (int64_t)le(h + 24, 4);
         e->local_offset = (int64_t)le(h + 42, 4);
@@ -281,6 +284,13 @@ int zip_entry_range(zip_archive *zip, int entry, int64_t *offset, int64_t *size)
         TP_TRY(zip_read(zip, h, LOCAL_HEADER_SIZE, e->local_offset));
         if (memcmp(h, "PK\3\4", 4) != 0)
             return tp_fail(TP_ERR_FORMAT, "%s: no local header of entry %s at %lld", zip->path, e->name, (long long)e->local_offset);
+        /* Without a data descriptor (flag 8) the local header repeats the
+         * CRC-32 that the central directory records: two that differ mean
+         * a damaged or a half-written archive. */
+        uint32_t local_crc = (uint32_t)le(h + 14, 4);
+        if (!(e->flags & 8) && local_crc != e->crc)
+            return tp_fail(TP_ERR_FORMAT, "%s: entry %s: its local header records CRC-32 %08x, the central directory "
+                           "%08x", zip->path, e->name, local_crc, e->crc);
         data = e->local_offset + LOCAL_HEADER_SIZE + (int64_t)le(h + 26, 2) + (int64_t)le(h + 28, 2);
         if (data > zip->directory_offset || e->size > zip->directory_offset - data)
             return tp_fail(TP_ERR_FORMAT, "%s: entry %s's %lld bytes at %lld run into the central directory at %lld",
@@ -289,5 +299,28 @@ int zip_entry_range(zip_archive *zip, int entry, int64_t *offset, int64_t *size)
     }
     *offset = data;
     *size = e->size;
+    return TP_OK;
+}
+
+int zip_entry_check(zip_archive *zip, int entry, void *buf, size_t buf_size, int *checked,
+                    void (*on_bytes)(void *ctx, int64_t bytes), void *ctx)
+{
+    int64_t offset, size;
+    *checked = 0;
+    TP_TRY(zip_entry_range(zip, entry, &offset, &size));
+    const zip_entry *e = &zip->entries[entry];
+    if (e->crc == 0 && size > 0) return TP_OK; /* none recorded */
+    uint32_t crc = 0;
+    for (int64_t at = 0; at < size;) {
+        int64_t n = size - at < (int64_t)buf_size ? size - at : (int64_t)buf_size;
+        TP_TRY(zip_read(zip, buf, n, offset + at));
+        crc = crc32_gzip_refl(crc, buf, (uint64_t)n);
+        at += n;
+        if (on_bytes) on_bytes(ctx, n);
+    }
+    if (crc != e->crc)
+        return tp_fail(TP_ERR_CHECKSUM, "%s: entry %s: its %lld bytes have CRC-32 %08x, the archive records %08x (damaged)",
+                       zip->path, e->name, (long long)size, crc, e->crc);
+    *checked = 1;
     return TP_OK;
 }

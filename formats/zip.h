@@ -29,6 +29,14 @@ int zip_find(const zip_archive *zip, const char *name);
  * file. */
 int zip_entry_range(zip_archive *zip, int entry, int64_t *offset, int64_t *size);
 
+/* Reads entry's data through buf (buf_size bytes at a time) and compares
+ * its CRC-32 with the central directory's: TP_ERR_CHECKSUM naming the
+ * file, the entry and both values. An entry that records 0 for data that
+ * is not empty (torch.serialization.set_crc32_options(False)) is read no
+ * further: *checked 0. on_bytes (may be NULL) hears the bytes read. */
+int zip_entry_check(zip_archive *zip, int entry, void *buf, size_t buf_size, int *checked,
+                    void (*on_bytes)(void *ctx, int64_t bytes), void *ctx);
+
 /* Reads [offset, offset + size) of the archive's file. */
 int zip_read(const zip_archive *zip, void *buf, int64_t size, int64_t offset);
 

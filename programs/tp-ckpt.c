@@ -315,6 +315,50 @@ static int cmd_info(int argc, char **argv)
 
 static void verify_progress(void *bar, int64_t bytes) { progress_add(bar, bytes); }
 
+/* A Megatron-LM checkpoint: what opening it checks (every rank file, its
+ * zip and pickle, every tensor's shape on every rank and that its bytes lie
+ * in the file, the optimizer state against the model), then every zip
+ * entry of every file read against its CRC-32. */
+static int verify_megatron(const char *path, int threads)
+{
+    megatron_checkpoint *m;
+    if (megatron_open(path, &m)) return fail("%s", tp_errmsg());
+    int64_t total = megatron_bytes(m);
+    progress bar;
+    progress_start(&bar, "verify", total, 0);
+    megatron_verify_result result;
+    int status = megatron_verify(m, threads, verify_progress, &bar, &result);
+    double seconds = progress_finish(&bar);
+    int bad = 0, refusal_status = 0;
+    const char *refusal = megatron_optimizer_refusal(m, &refusal_status);
+    if (status) {
+        megatron_close(m);
+        return fail("%s", tp_errmsg());
+    }
+    if (result.damaged) {
+        fprintf(stderr, "tp-ckpt: error: %s: %d of %d files damaged, the first: %s\n", megatron_path(m), result.damaged,
+                result.files, result.first_damage);
+        bad = 1;
+    }
+    if (refusal && refusal_status == TP_ERR_FORMAT) {
+        fprintf(stderr, "tp-ckpt: error: %s: optimizer state damaged: %s\n", megatron_path(m), refusal);
+        bad = 1;
+    } else if (refusal) {
+        printf("note: optimizer state not checked against the model: %s\n", refusal);
+    }
+    if (result.unchecked)
+        printf("note: %d zip entries record no CRC-32 (saved with torch.serialization.set_crc32_options(False)): "
+               "read, not checked\n", result.unchecked);
+    char size[32];
+    format_bytes((double)total, size, sizeof size);
+    if (!bad)
+        printf("ok: %s: %d files, %d zip entries (%s) match their CRC-32s, read in %.2f s; checked at open: every rank "
+               "file, its zip and pickle, every tensor's shape on every rank and that its bytes lie in the file\n",
+               megatron_path(m), result.files, result.entries - result.unchecked, size, seconds);
+    megatron_close(m);
+    return bad ? 1 : 0;
+}
+
 static int cmd_verify(int argc, char **argv)
 {
     int64_t threads = parallel_cpu_count();
@@ -331,6 +375,9 @@ static int cmd_verify(int argc, char **argv)
         } else die_usage("verify: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1) die_usage("verify takes one checkpoint");
+    int megatron;
+    if (megatron_detect(argv[optind], &megatron)) return fail("%s", tp_errmsg());
+    if (megatron) return verify_megatron(argv[optind], (int)threads);
     int code = 0;
     ckpt_reader *r = open_or_die(argv[optind], 1, &code);
     if (!r) return code;

@@ -64,6 +64,9 @@ SIZE=$(size_text "$BYTES" 2)
 # Weights only and with the optimizer state are sections of their own.
 if [ "$OPTIM" = 1 ]; then SECTION=bench-megatron TITLE="Megatron-LM resharding with optimizer state (bench-megatron)"
 else SECTION=bench-megatron-weights TITLE="Megatron-LM resharding, weights only (bench-megatron, BENCH_OPTIM=0)"; fi
+# Another size than the issue's 1B is a section of its own (a checkpoint
+# whose source and output fit the page cache together, or not).
+if [ "$PARAMS" != 1 ]; then SECTION="$SECTION-${PARAMS}b" TITLE="$TITLE, BENCH_PARAMS_B=$PARAMS"; fi
 doc_section "$SECTION" "$TITLE" <<DOC
 Command: \`make bench-megatron\` (BENCH_PARAMS_B=$PARAMS, BENCH_OPTIM=$OPTIM, BENCH_REPS=$REPS).
 Checkpoint: a Megatron-LM legacy checkpoint written by PyTorch (tests/support/megatron_fixture.py: GPT, hidden
@@ -74,7 +77,7 @@ starts from a dropped page cache (cold) or a source read just before (warm); its
 durable (fsync or \`sync\`). The tools take turns going first; figures are medians, peak RSS the largest. The
 outputs are checked after: ours by --verify, the baseline's equal to ours (tp-ckpt diff).
 Targets (issue): at least 0.9x \`cp\`, at least 5x the Python route, memory within \`--memory-limit\` (default
-1 GiB; the Megatron writer holds, per thread, the largest piece and its staging).
+1 GiB; the Megatron writer streams each piece through a 256 KiB block per thread).
 
 $TABLE
 DOC

@@ -264,12 +264,55 @@ Test(megatron, streamed_pieces_write_the_same_bytes)
     snprintf(a, sizeof a, "%s/pad-whole/iter_0001000/mp_rank_00/model_optim_rng.pt", dir);
     free(file_bytes(a, &padded));
     cr_assert_lt(padded, whole);
+    /* Every entry matches the CRC-32 recorded for it, taken in parts; a bit
+     * flipped in a tensor's bytes is found by its entry's. */
+    snprintf(a, sizeof a, "%s/whole", dir);
+    megatron_checkpoint *written;
+    cr_assert_eq(megatron_open(a, &written), TP_OK, "%s", tp_errmsg());
+    megatron_verify_result verified;
+    cr_assert_eq(megatron_verify(written, 2, NULL, NULL, &verified), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(verified.files, 2);
+    cr_assert_gt(verified.entries, 10);
+    cr_assert_eq(verified.unchecked, 0);
+    cr_assert_eq(verified.damaged, 0, "%s", verified.first_damage);
+    const char *file;
+    int64_t offset, bytes;
+    cr_assert_eq(megatron_piece_range(written, 0, 1, &file, &offset, &bytes), TP_OK, "%s", tp_errmsg());
+    char flipped[700];
+    snprintf(flipped, sizeof flipped, "%s", file);
+    megatron_close(written);
+    FILE *f = fopen(flipped, "r+b");
+    unsigned char byte;
+    cr_assert(f && fseek(f, offset + bytes / 2, SEEK_SET) == 0 && fread(&byte, 1, 1, f) == 1);
+    byte ^= 0x10;
+    cr_assert(fseek(f, offset + bytes / 2, SEEK_SET) == 0 && fwrite(&byte, 1, 1, f) == 1);
+    fclose(f);
+    cr_assert_eq(megatron_open(a, &written), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(megatron_verify(written, 2, NULL, NULL, &verified), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(verified.damaged, 1);
+    cr_assert(strstr(verified.first_damage, "mp_rank_01/model_optim_rng.pt: entry model_optim_rng/data/") &&
+                  strstr(verified.first_damage, "(damaged)"), "%s", verified.first_damage);
+    megatron_close(written);
     /* The one-row blocks' output against PyTorch's unsharded tensors. */
     char full[700], copy[700];
     snprintf(full, sizeof full, "%s/s.full.pt", dir);
     snprintf(copy, sizeof copy, "%s/rows1.full.pt", dir);
     cr_assert_eq(symlink(full, copy), 0);
     check_against_full("rows1", 2, 1);
+    /* This writer records each CRC-32 in the local header too (PyTorch's
+     * uses data descriptors): a local header that disagrees with the
+     * central directory is refused. data.pkl's header is at 0. */
+    snprintf(a, sizeof a, "%s/rows1/iter_0001000/mp_rank_01/model_optim_rng.pt", dir);
+    f = fopen(a, "r+b");
+    unsigned char crc;
+    cr_assert(f && fseek(f, 14, SEEK_SET) == 0 && fread(&crc, 1, 1, f) == 1);
+    crc ^= 1;
+    cr_assert(fseek(f, 14, SEEK_SET) == 0 && fwrite(&crc, 1, 1, f) == 1);
+    fclose(f);
+    snprintf(a, sizeof a, "%s/rows1", dir);
+    megatron_checkpoint *m = NULL;
+    cr_assert_neq(megatron_open(a, &m), TP_OK);
+    cr_assert(strstr(tp_errmsg(), "data.pkl: its local header records CRC-32"), "%s", tp_errmsg());
 }
 
 static void expect_refused(const char *path, const char *needle)
