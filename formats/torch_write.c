@@ -1,6 +1,5 @@
 /* torch_write.c: torch.save files written without PyTorch (torch_write.h). */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,12 +13,6 @@
 #define LOCAL_HEADER 30
 #define CENTRAL_HEADER 46
 #define ZIP32_MAX 0xFFFFFFFFu
-/* The disk is asked to start writing every this many bytes, not only at the
- * fsync that ends the file: where a checkpoint and its reshard outgrow the
- * page cache, dirty pages otherwise pile up until the kernel throttles the
- * writers (1B parameters with Adam state, 15.6 GB tp8 -> tp4 on 23 GB of
- * memory, warm: 6.7-10.5 s -> 6.7-7.3 s, cp 8.0-9.5 s). */
-#define WRITEBACK_EVERY ((int64_t)32 << 20)
 
 typedef struct {
     char *name;
@@ -33,7 +26,6 @@ struct torch_writer {
     char path[4096];
     char archive[128];
     int64_t at;           /* bytes written */
-    int64_t written_back; /* bytes whose writeback was started */
     written_entry *entries;
     int count, capacity;
     int storages, written;  /* tensors emitted; storages written */
@@ -58,12 +50,6 @@ static int write_bytes(torch_writer *w, const void *data, size_t size)
     if (size && fwrite(data, 1, size, w->file) != size)
         return tp_fail(TP_ERR_IO, "%s: cannot write: %s", w->path, strerror(errno));
     w->at += (int64_t)size;
-    if (w->at - w->written_back >= WRITEBACK_EVERY) {
-        /* A hint: a failure to write shows at the fsync. */
-        if (fflush(w->file) != 0) return tp_fail(TP_ERR_IO, "%s: cannot write: %s", w->path, strerror(errno));
-        sync_file_range(fileno(w->file), w->written_back, w->at - w->written_back, SYNC_FILE_RANGE_WRITE);
-        w->written_back = w->at;
-    }
     return TP_OK;
 }
 
