@@ -110,6 +110,44 @@ void layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float
 void gelu_forward(float *out, const float *in, int64_t n);
 void gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n); /* d_in = gelu'(in) * d_out */
 
+/* RMSNorm (Llama): out[N,C] = in * rstd * weight, rstd[N] = 1 / sqrt(mean(in^2)
+ * + eps) over each row, kept for backward. */
+void rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps);
+/* d_in[N,C] += ..., d_weight[C] += ... */
+void rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight,
+                      const float *rstd, int64_t N, int64_t C);
+
+/* SwiGLU (Llama's MLP): in[N,2F] holds [gate | up] per row (the fused
+ * column-parallel fc's two segments), out[N,F] = silu(gate) * up with
+ * silu(x) = x / (1 + exp(-x)). Backward overwrites d_in[N,2F]. */
+void swiglu_forward(float *out, const float *in, int64_t N, int64_t F);
+void swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F);
+
+/* Rotary position embeddings, Hugging Face's rotate-half convention: in
+ * each head's hd values, element j < hd/2 pairs with j + hd/2 and both turn
+ * by the angle t * freq[j] of the row's position t:
+ *   x'[j] = x[j] cos - x[j + hd/2] sin,  x'[j + hd/2] = x[j + hd/2] cos + x[j] sin.
+ * Applied in place to the Q and K heads of qkv[B,T,(Hq+2Hkv)*hd] (V is left
+ * alone). cos_sin[T, hd/2, 2] holds (cos, sin) of every position and
+ * frequency (rope_table). Backward turns the gradient of the rotated Q and
+ * K, in place in d_qkv, back by the same angles (the transpose). */
+void rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+void rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+
+/* The frequencies of rotary embeddings: freq[j] = theta^(-2j/hd) for j < hd/2,
+ * computed as Hugging Face computes them (fp32), then, with
+ * scaling->factor > 0, Llama 3's frequency scaling (long wavelengths divided
+ * by factor, short ones kept, a smooth blend between). */
+typedef struct {
+    double factor;            /* 0: no scaling */
+    double low_freq_factor;   /* Llama 3.x: 1 */
+    double high_freq_factor;  /* Llama 3.x: 4 */
+    double original_seq;      /* original_max_position_embeddings: 8192 */
+} rope_scaling;
+void rope_frequencies(float *freq, int64_t hd, double theta, const rope_scaling *scaling);
+/* cos_sin[T, hd/2, 2] of positions 0..T-1 (angles in double, then fp32). */
+void rope_table(float *cos_sin, const float *freq, int64_t T, int64_t hd);
+
 /* out[n] = a[n] + b[n] */
 void residual_forward(float *out, const float *a, const float *b, int64_t n);
 
@@ -219,6 +257,15 @@ typedef struct kernel_backend {
                               const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C);
     int (*gelu_forward)(float *out, const float *in, int64_t n);
     int (*gelu_backward)(float *d_in, const float *in, const float *d_out, int64_t n);
+    int (*rmsnorm_forward)(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                           float eps);
+    int (*rmsnorm_backward)(float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight,
+                            const float *rstd, int64_t N, int64_t C);
+    int (*swiglu_forward)(float *out, const float *in, int64_t N, int64_t F);
+    int (*swiglu_backward)(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F);
+    int (*rope_forward)(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+    int (*rope_backward)(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                         int64_t hd);
     int (*residual_forward)(float *out, const float *a, const float *b, int64_t n);
     int (*bias_residual_forward)(float *out, const float *x, const float *partial, const float *bias, int64_t N,
                                  int64_t C);
