@@ -11,11 +11,57 @@
 #include "../common/parse.h"
 #include "gpt.h"
 
+const char *gpt_arch_name(gpt_arch arch)
+{
+    return arch == GPT_ARCH_LLAMA ? "llama" : "gpt";
+}
+
 void gpt_config_defaults(gpt_config *c)
 {
     if (c->kv_heads == 0) c->kv_heads = c->heads;
-    if (c->ffn == 0) c->ffn = 4 * c->dim;
     if (c->vocab_pad_multiple == 0) c->vocab_pad_multiple = 1;
+    if (c->arch != GPT_ARCH_LLAMA) {
+        if (c->ffn == 0) c->ffn = 4 * c->dim;
+        return;
+    }
+    c->swiglu = 1;
+    if (c->ffn == 0) c->ffn = (8 * c->dim / 3 + 255) / 256 * 256;
+    if (c->norm_eps == 0) c->norm_eps = GPT_LLAMA_DEFAULT_EPS;
+    if (c->rope_theta == 0) c->rope_theta = GPT_LLAMA_DEFAULT_THETA;
+    if (c->rope_scaling_factor > 0) {
+        if (c->rope_low_freq_factor == 0) c->rope_low_freq_factor = 1;
+        if (c->rope_high_freq_factor == 0) c->rope_high_freq_factor = 4;
+        if (c->rope_original_seq == 0) c->rope_original_seq = 8192;
+    }
+}
+
+/* Llama's fields: finite, positive where they must be; none in a GPT. */
+static int check_arch(const gpt_config *c)
+{
+    if (c->arch != GPT_ARCH_LLAMA) {
+        if (c->untied_embeddings || c->norm_eps || c->rope_theta || c->rope_scaling_factor)
+            return tp_fail(TP_ERR_ARG, "GPT-2 ties its embeddings and has no RMSNorm epsilon or rotary embeddings "
+                                       "(--arch llama has them)");
+        return TP_OK;
+    }
+    if (!c->swiglu) return tp_fail(TP_ERR_ARG, "a Llama model has a SwiGLU MLP");
+    if (c->dim / c->heads % 2)
+        return tp_fail(TP_ERR_ARG, "rotary embeddings need an even head dimension: dim %lld / heads %lld = %lld",
+                       (long long)c->dim, (long long)c->heads, (long long)(c->dim / c->heads));
+    if (!(c->norm_eps > 0 && c->norm_eps < 1))
+        return tp_fail(TP_ERR_ARG, "RMSNorm epsilon %g: expected a number in (0, 1)", c->norm_eps);
+    if (!(c->rope_theta > 1 && c->rope_theta < 1e12))
+        return tp_fail(TP_ERR_ARG, "rope theta %g: expected a number in (1, 1e12)", c->rope_theta);
+    if (c->rope_scaling_factor != 0 &&
+        !(c->rope_scaling_factor >= 1 && c->rope_scaling_factor < 1e6 && c->rope_low_freq_factor > 0 &&
+          c->rope_high_freq_factor > c->rope_low_freq_factor && c->rope_high_freq_factor < 1e6 &&
+          c->rope_original_seq >= 1 && c->rope_original_seq <= GPT_MAX_SIZE))
+        return tp_fail(TP_ERR_ARG,
+                       "rope scaling factor %g, low %g, high %g, original length %lld: expected factor >= 1, "
+                       "0 < low < high, original >= 1",
+                       c->rope_scaling_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+                       (long long)c->rope_original_seq);
+    return TP_OK;
 }
 
 int gpt_config_check(const gpt_config *c, int tp, int pp)
@@ -40,6 +86,7 @@ int gpt_config_check(const gpt_config *c, int tp, int pp)
                            (long long)c->vocab, (long long)c->seq, (long long)c->ffn);
     if (c->dim % c->heads != 0)
         return tp_fail(TP_ERR_ARG, "dim %lld is not divisible by heads %lld", (long long)c->dim, (long long)c->heads);
+    TP_TRY(check_arch(c));
     if (c->heads % c->kv_heads != 0)
         return tp_fail(TP_ERR_ARG, "heads %lld is not divisible by kv_heads %lld", (long long)c->heads,
                        (long long)c->kv_heads);
@@ -60,7 +107,25 @@ int gpt_preset(const char *name, gpt_config *c)
     else if (strcmp(name, "small") == 0) *c = (gpt_config){.layers = 6, .dim = 384, .heads = 6, .vocab = 256, .seq = 256};
     else if (strcmp(name, "gpt2-124m") == 0)
         *c = (gpt_config){.layers = 12, .dim = 768, .heads = 12, .vocab = 50257, .seq = 1024, .vocab_pad_multiple = 128};
-    else return tp_fail(TP_ERR_ARG, "--model expects tiny, small or gpt2-124m, got '%s'", name);
+    else if (strcmp(name, "llama-tiny") == 0)
+        *c = (gpt_config){.arch = GPT_ARCH_LLAMA, .layers = 2, .dim = 64, .heads = 4, .kv_heads = 2, .vocab = 256,
+                          .seq = 32, .ffn = 128, .untied_embeddings = 1};
+    else if (strcmp(name, "smollm2-135m") == 0) /* HuggingFaceTB/SmolLM2-135M */
+        *c = (gpt_config){.arch = GPT_ARCH_LLAMA, .layers = 30, .dim = 576, .heads = 9, .kv_heads = 3, .vocab = 49152,
+                          .seq = 8192, .ffn = 1536, .rope_theta = 100000};
+    else if (strcmp(name, "tinyllama-1.1b") == 0) /* TinyLlama/TinyLlama-1.1B */
+        *c = (gpt_config){.arch = GPT_ARCH_LLAMA, .layers = 22, .dim = 2048, .heads = 32, .kv_heads = 4,
+                          .vocab = 32000, .seq = 2048, .ffn = 5632, .untied_embeddings = 1};
+    else if (strcmp(name, "llama-3.2-1b") == 0) /* meta-llama/Llama-3.2-1B */
+        *c = (gpt_config){.arch = GPT_ARCH_LLAMA, .layers = 16, .dim = 2048, .heads = 32, .kv_heads = 8,
+                          .vocab = 128256, .seq = 131072, .ffn = 8192, .rope_theta = 500000,
+                          .rope_scaling_factor = 32, .rope_low_freq_factor = 1, .rope_high_freq_factor = 4,
+                          .rope_original_seq = 8192};
+    else
+        return tp_fail(TP_ERR_ARG,
+                       "--model expects tiny, small, gpt2-124m, llama-tiny, smollm2-135m, tinyllama-1.1b or "
+                       "llama-3.2-1b, got '%s'",
+                       name);
     c->dtype = TP_FP32;
     gpt_config_defaults(c);
     return TP_OK;
@@ -68,8 +133,39 @@ int gpt_preset(const char *name, gpt_config *c)
 
 /* ------------------------------------------------------------ options */
 
-const char *const gpt_option_names[] = {"model", "layers", "dim", "heads", "kv-heads", "vocab", "seq", "ffn",
-                                        "vocab-pad-multiple", "dtype", "swiglu", NULL};
+const char *const gpt_option_names[] = {"model",      "arch",       "layers",          "dim",
+                                        "heads",      "kv-heads",   "vocab",           "seq",
+                                        "ffn",        "vocab-pad-multiple", "dtype",  "norm-eps",
+                                        "rope-theta", "rope-scaling", "swiglu",        "tied-embeddings",
+                                        "untied-embeddings", NULL};
+
+int gpt_option_is_flag(const char *name)
+{
+    return !strcmp(name, "swiglu") || !strcmp(name, "tied-embeddings") || !strcmp(name, "untied-embeddings");
+}
+
+/* FACTOR[,LOW,HIGH,ORIGINAL]: Llama 3's rope_scaling. */
+static int parse_rope_scaling(const char *value, gpt_config *c)
+{
+    double f[4] = {0, 0, 0, 0};
+    int n = 0;
+    const char *p = value;
+    while (n < 4) {
+        char *end;
+        f[n++] = strtod(p, &end);
+        if (end == p || (*end != ',' && *end != 0)) n = 5;
+        if (*end != ',') break;
+        p = end + 1;
+    }
+    if (n > 4 || !(f[0] >= 1) || f[3] != floor(f[3]) || f[3] < 0 || f[3] > (double)GPT_MAX_SIZE)
+        return tp_fail(TP_ERR_ARG,
+                       "--rope-scaling expects FACTOR[,LOW,HIGH,ORIGINAL] (Llama 3.x: 32,1,4,8192), got '%s'", value);
+    c->rope_scaling_factor = f[0];
+    c->rope_low_freq_factor = f[1];
+    c->rope_high_freq_factor = f[2];
+    c->rope_original_seq = (int64_t)f[3];
+    return TP_OK;
+}
 
 int gpt_options_set(gpt_options *o, const char *name, const char *value)
 {
@@ -82,6 +178,28 @@ int gpt_options_set(gpt_options *o, const char *name, const char *value)
     }
     if (strcmp(name, "swiglu") == 0) {
         c->swiglu = 1;
+        return TP_OK;
+    }
+    if (strcmp(name, "arch") == 0) {
+        if (strcmp(value, "gpt") && strcmp(value, "llama"))
+            return tp_fail(TP_ERR_ARG, "--arch expects gpt or llama, got '%s'", value);
+        c->arch = strcmp(value, "llama") == 0 ? GPT_ARCH_LLAMA : GPT_ARCH_GPT;
+        o->arch_given = 1;
+        return TP_OK;
+    }
+    if (strcmp(name, "tied-embeddings") == 0 || strcmp(name, "untied-embeddings") == 0) {
+        o->embeddings_given = name[0] == 't' ? 1 : 2;
+        return TP_OK;
+    }
+    if (strcmp(name, "rope-scaling") == 0) return parse_rope_scaling(value, c);
+    if (strcmp(name, "norm-eps") == 0 || strcmp(name, "rope-theta") == 0) {
+        char *end;
+        double v = strtod(value, &end);
+        int eps = name[0] == 'n';
+        if (end == value || *end || !(eps ? v > 0 && v < 1 : v > 1 && v < 1e12))
+            return tp_fail(TP_ERR_ARG, "--%s expects a number in %s, got '%s'", name, eps ? "(0, 1)" : "(1, 1e12)",
+                           value);
+        *(eps ? &c->norm_eps : &c->rope_theta) = v;
         return TP_OK;
     }
     if (strcmp(name, "dtype") == 0) {
@@ -124,6 +242,28 @@ int gpt_options_finish(const gpt_options *o, gpt_config *out)
     if (o->preset && shape->dim && !shape->ffn) c.ffn = 4 * c.dim;
     if (shape->swiglu) c.swiglu = 1;
     c.dtype = o->dtype_given ? shape->dtype : TP_FP32;
+    if (o->arch_given) {
+        if (o->preset && shape->arch != c.arch)
+            return tp_fail(TP_ERR_ARG, "--arch %s contradicts --model %s (a %s)", gpt_arch_name(shape->arch),
+                           o->preset, gpt_arch_name(c.arch));
+        c.arch = shape->arch;
+    }
+    int llama = c.arch == GPT_ARCH_LLAMA;
+    /* Hugging Face's LlamaConfig does not tie by default. */
+    if (llama && !o->preset) c.untied_embeddings = 1;
+    if (o->embeddings_given) c.untied_embeddings = o->embeddings_given == 2;
+    if (shape->norm_eps) c.norm_eps = shape->norm_eps;
+    if (shape->rope_theta) c.rope_theta = shape->rope_theta;
+    if (shape->rope_scaling_factor) {
+        c.rope_scaling_factor = shape->rope_scaling_factor;
+        c.rope_low_freq_factor = shape->rope_low_freq_factor;
+        c.rope_high_freq_factor = shape->rope_high_freq_factor;
+        c.rope_original_seq = shape->rope_original_seq;
+    }
+    if (!llama && (o->embeddings_given || shape->norm_eps || shape->rope_theta || shape->rope_scaling_factor))
+        return tp_fail(TP_ERR_ARG, "--tied-embeddings, --untied-embeddings, --norm-eps, --rope-theta and "
+                                   "--rope-scaling describe a Llama model: add --arch llama");
+    if (llama && o->preset && shape->dim && !shape->ffn) c.ffn = 0; /* Llama's rule from the new dim */
     if (!c.layers || !c.dim || !c.heads || !c.vocab || !c.seq)
         return tp_fail(TP_ERR_ARG, "give --model or all of --layers --dim --heads --vocab --seq");
     gpt_config_defaults(&c);
@@ -137,7 +277,7 @@ static const char *const kind_names[GPT_TENSOR_KINDS] = {
     "tok_embed.weight", "pos_embed.weight", "ln1.weight",      "ln1.bias",          "attn.qkv.weight",
     "attn.qkv.bias",    "attn.proj.weight", "attn.proj.bias",  "ln2.weight",        "ln2.bias",
     "mlp.fc.weight",    "mlp.fc.bias",      "mlp.proj.weight", "mlp.proj.bias",     "final_norm.weight",
-    "final_norm.bias"};
+    "final_norm.bias",  "output.weight"};
 
 const char *gpt_tensor_kind_name(gpt_tensor_kind kind)
 {
@@ -172,9 +312,10 @@ static gpt_tensor *add(catalog_builder *b, gpt_tensor_kind kind, int64_t layer, 
     t->desc.ndim = ndim;
     t->desc.shape[0] = d0;
     t->desc.shape[1] = ndim > 1 ? d1 : 1;
-    t->desc.anchor = layer >= 0 ? CKPT_ANCHOR_LAYER : kind == GPT_FINAL_NORM_WEIGHT || kind == GPT_FINAL_NORM_BIAS
-                                                          ? CKPT_ANCHOR_LAST
-                                                          : CKPT_ANCHOR_FIRST;
+    t->desc.anchor = layer >= 0 ? CKPT_ANCHOR_LAYER
+                     : kind == GPT_FINAL_NORM_WEIGHT || kind == GPT_FINAL_NORM_BIAS || kind == GPT_OUTPUT_WEIGHT
+                         ? CKPT_ANCHOR_LAST
+                         : CKPT_ANCHOR_FIRST;
     t->desc.layer = layer;
     t->init_std = 0.02f;
     t->weight_decay = ndim > 1;
@@ -196,6 +337,31 @@ static void constant(gpt_tensor *t, float value)
     t->init_std = 0;
 }
 
+/* Llama's layers and final norm: the GPT names where the role is the same
+ * (ln1/ln2 are RMSNorm weights; mlp.fc is [gate; up]), no biases, no
+ * position table. */
+static void llama_layers(catalog_builder *b, const gpt_config *c, float residual_std)
+{
+    int64_t hd = c->dim / c->heads, q = c->heads * hd, kv = c->kv_heads * hd;
+    int64_t qkv_segments[3] = {q, kv, kv}, fc_segments[2] = {c->ffn, c->ffn};
+    gpt_tensor *t;
+    for (int64_t l = 0; l < c->layers; l++) {
+        constant(add(b, GPT_LN1_WEIGHT, l, c->dtype, 1, c->dim, 1), 1);
+        t = add(b, GPT_QKV_WEIGHT, l, c->dtype, 2, q + 2 * kv, c->dim);
+        split(t, 0, hd, 3, qkv_segments);
+        t = add(b, GPT_PROJ_WEIGHT, l, c->dtype, 2, c->dim, q);
+        split(t, 1, hd, 1, &q);
+        t->init_std = residual_std;
+        constant(add(b, GPT_LN2_WEIGHT, l, c->dtype, 1, c->dim, 1), 1);
+        t = add(b, GPT_FC_WEIGHT, l, c->dtype, 2, 2 * c->ffn, c->dim);
+        split(t, 0, 1, 2, fc_segments);
+        t = add(b, GPT_FCPROJ_WEIGHT, l, c->dtype, 2, c->dim, c->ffn);
+        split(t, 1, 1, 1, &c->ffn);
+        t->init_std = residual_std;
+    }
+    constant(add(b, GPT_FINAL_NORM_WEIGHT, -1, c->dtype, 1, c->dim, 1), 1);
+}
+
 int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *count)
 {
     *out = NULL;
@@ -204,7 +370,7 @@ int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *
         return tp_fail(TP_ERR_ARG, "no catalogue of a model with %lld layers and %lld heads", (long long)c->layers,
                        (long long)c->heads);
     int per_param = with_optimizer ? (c->dtype == TP_FP32 ? 3 : 4) : 1;
-    int params = 4 + GPT_LAYER_KINDS * (int)c->layers;
+    int params = 5 + GPT_LAYER_KINDS * (int)c->layers; /* at most: GPT's or Llama's */
     catalog_builder b = {calloc((size_t)(params * per_param), sizeof(gpt_tensor)), 0};
     if (!b.items) return tp_fail(TP_ERR_NOMEM, "out of memory for the catalogue of %d tensors", params * per_param);
     int64_t hd = c->dim / c->heads, q = c->heads * hd, kv = c->kv_heads * hd;
@@ -216,6 +382,15 @@ int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *
     t = add(&b, GPT_TOK_EMBED, -1, c->dtype, 2, c->vocab, c->dim);
     split(t, 0, 1, 1, &c->vocab);
     t->desc.partition.pad_multiple = c->vocab_pad_multiple;
+    if (c->arch == GPT_ARCH_LLAMA) {
+        llama_layers(&b, c, residual_std);
+        if (c->untied_embeddings) {
+            t = add(&b, GPT_OUTPUT_WEIGHT, -1, c->dtype, 2, c->vocab, c->dim);
+            split(t, 0, 1, 1, &c->vocab);
+            t->desc.partition.pad_multiple = c->vocab_pad_multiple;
+        }
+        goto state;
+    }
     add(&b, GPT_POS_EMBED, -1, c->dtype, 2, c->seq, c->dim);
     for (int64_t l = 0; l < c->layers; l++) {
         constant(add(&b, GPT_LN1_WEIGHT, l, c->dtype, 1, c->dim, 1), 1);
@@ -244,7 +419,9 @@ int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *
     constant(add(&b, GPT_FINAL_NORM_WEIGHT, -1, c->dtype, 1, c->dim, 1), 1);
     constant(add(&b, GPT_FINAL_NORM_BIAS, -1, c->dtype, 1, c->dim, 1), 0);
 
+state:
     /* Optimizer state: same partition as the parameter, fp32, named by role. */
+    params = b.count;
     for (int p = 0; with_optimizer && p < params; p++) {
         for (gpt_role role = GPT_ROLE_MASTER; role <= GPT_ROLE_EXP_AVG_SQ; role++) {
             if (role == GPT_ROLE_MASTER && c->dtype == TP_FP32) continue;
@@ -295,7 +472,7 @@ int gpt_training_flops_per_token(const gpt_config *c, int64_t seq, double *flops
 char *gpt_config_to_json(const gpt_config *c)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "arch", "gpt");
+    cJSON_AddStringToObject(o, "arch", gpt_arch_name(c->arch));
     cJSON_AddNumberToObject(o, "layers", (double)c->layers);
     cJSON_AddNumberToObject(o, "dim", (double)c->dim);
     cJSON_AddNumberToObject(o, "heads", (double)c->heads);
@@ -306,9 +483,58 @@ char *gpt_config_to_json(const gpt_config *c)
     cJSON_AddStringToObject(o, "mlp", c->swiglu ? "swiglu" : "gelu");
     cJSON_AddNumberToObject(o, "vocab_pad_multiple", (double)c->vocab_pad_multiple);
     cJSON_AddStringToObject(o, "dtype", tp_dtype_name(c->dtype));
+    if (c->arch == GPT_ARCH_LLAMA) {
+        cJSON_AddBoolToObject(o, "tied_embeddings", !c->untied_embeddings);
+        cJSON_AddNumberToObject(o, "norm_eps", c->norm_eps);
+        cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+        if (c->rope_scaling_factor > 0) {
+            cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
+            cJSON_AddNumberToObject(r, "factor", c->rope_scaling_factor);
+            cJSON_AddNumberToObject(r, "low_freq_factor", c->rope_low_freq_factor);
+            cJSON_AddNumberToObject(r, "high_freq_factor", c->rope_high_freq_factor);
+            cJSON_AddNumberToObject(r, "original_max_position_embeddings", (double)c->rope_original_seq);
+        }
+    }
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return text;
+}
+
+static int json_number(const cJSON *o, const char *key, double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return tp_fail(TP_ERR_FORMAT, "model config: '%s' missing or not a number", key);
+    *out = v->valuedouble;
+    return TP_OK;
+}
+
+/* "arch" (absent in configurations written before Llama: GPT) and Llama's fields. */
+static int llama_from_json(const cJSON *o, gpt_config *out)
+{
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(o, "arch");
+    if (arch && (!cJSON_IsString(arch) || (strcmp(arch->valuestring, "gpt") && strcmp(arch->valuestring, "llama"))))
+        return tp_fail(TP_ERR_FORMAT, "model config: 'arch' must be \"gpt\" or \"llama\"");
+    if (!arch || strcmp(arch->valuestring, "llama")) return TP_OK;
+    out->arch = GPT_ARCH_LLAMA;
+    const cJSON *tied = cJSON_GetObjectItemCaseSensitive(o, "tied_embeddings");
+    if (!cJSON_IsBool(tied)) return tp_fail(TP_ERR_FORMAT, "model config: 'tied_embeddings' missing or not a boolean");
+    out->untied_embeddings = cJSON_IsFalse(tied);
+    TP_TRY(json_number(o, "norm_eps", &out->norm_eps));
+    TP_TRY(json_number(o, "rope_theta", &out->rope_theta));
+    const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
+    if (scaling) {
+        double original = 0;
+        if (!cJSON_IsObject(scaling)) return tp_fail(TP_ERR_FORMAT, "model config: 'rope_scaling' is not an object");
+        TP_TRY(json_number(scaling, "factor", &out->rope_scaling_factor));
+        TP_TRY(json_number(scaling, "low_freq_factor", &out->rope_low_freq_factor));
+        TP_TRY(json_number(scaling, "high_freq_factor", &out->rope_high_freq_factor));
+        TP_TRY(json_number(scaling, "original_max_position_embeddings", &original));
+        if (original < 1 || original > (double)GPT_MAX_SIZE || original != floor(original))
+            return tp_fail(TP_ERR_FORMAT, "model config: rope_scaling's original length %g is not a length", original);
+        out->rope_original_seq = (int64_t)original;
+    }
+    return check_arch(out);
 }
 
 int gpt_config_from_json(const char *json, gpt_config *out)
@@ -338,6 +564,7 @@ int gpt_config_from_json(const char *json, gpt_config *out)
     if (!status && (!cJSON_IsString(dtype) || tp_dtype_parse(dtype->valuestring, &out->dtype)))
         status = tp_fail(TP_ERR_FORMAT, "model config: 'dtype' must be fp32, bf16 or fp16");
     if (!status) out->swiglu = strcmp(mlp->valuestring, "swiglu") == 0;
+    if (!status) status = llama_from_json(o, out);
     cJSON_Delete(o);
     return status;
 }

@@ -13,7 +13,13 @@
 
 #include "../ckpt/ckpt.h"
 
+/* The architecture: GPT-2 (LayerNorm with biases, learned positions, GELU
+ * MLP, biased linears, tied embeddings) or Llama (RMSNorm, rotary positions,
+ * SwiGLU MLP, no biases, grouped-query attention, tied or untied output). */
+typedef enum { GPT_ARCH_GPT = 0, GPT_ARCH_LLAMA = 1 } gpt_arch;
+
 typedef struct {
+    gpt_arch arch;
     int64_t layers;
     int64_t dim;
     int64_t heads;
@@ -24,9 +30,25 @@ typedef struct {
     int swiglu;                 /* MLP input is [gate; up] (two segments) instead of GELU */
     int64_t vocab_pad_multiple; /* vocabulary padded to a multiple of tp * this (>= 1) */
     tp_dtype dtype;             /* parameter storage dtype */
+    /* Llama only (0 in a GPT configuration): */
+    int untied_embeddings;      /* a separate output projection (output.weight) */
+    double norm_eps;            /* RMSNorm epsilon (rms_norm_eps) */
+    double rope_theta;          /* rotary base frequency */
+    double rope_scaling_factor; /* Llama 3's frequency scaling; 0: none */
+    double rope_low_freq_factor, rope_high_freq_factor;
+    int64_t rope_original_seq;  /* original_max_position_embeddings */
 } gpt_config;
 
-/* GPT-2 shapes where fields are 0: kv_heads = heads, ffn = 4 * dim, pad 1. */
+#define GPT_LLAMA_DEFAULT_EPS 1e-5
+#define GPT_LLAMA_DEFAULT_THETA 10000.0
+
+/* "gpt" or "llama". */
+const char *gpt_arch_name(gpt_arch arch);
+
+/* Defaults where fields are 0: kv_heads = heads, vocabulary pad 1; GPT-2:
+ * ffn = 4 * dim; Llama: SwiGLU, ffn = 8/3 dim rounded up to a multiple of
+ * 256 (Llama's rule), eps 1e-5, theta 10000, and Llama 3's defaults for the
+ * scaling's other factors when a factor is given (1, 4, 8192). */
 void gpt_config_defaults(gpt_config *config);
 
 #define GPT_MAX_LAYERS 100000
@@ -41,7 +63,9 @@ int gpt_config_check(const gpt_config *config, int tp, int pp);
 char *gpt_config_to_json(const gpt_config *config);
 int gpt_config_from_json(const char *json, gpt_config *out);
 
-/* Named shapes: "tiny", "small", "gpt2-124m" (fp32, defaults filled). */
+/* Named shapes (fp32, defaults filled): GPT-2 "tiny", "small", "gpt2-124m";
+ * Llama "llama-tiny" (2 layers, dim 64, 4 heads, 2 KV heads, untied),
+ * "smollm2-135m", "tinyllama-1.1b", "llama-3.2-1b" (the real models' shapes). */
 int gpt_preset(const char *name, gpt_config *out);
 
 /* ------------------------------------------------------------ options */
@@ -52,13 +76,18 @@ int gpt_preset(const char *name, gpt_config *out);
 typedef struct {
     const char *preset;
     gpt_config explicit_shape; /* 0: not given */
-    int dtype_given;
+    int dtype_given, arch_given;
+    int embeddings_given;      /* 1: --tied-embeddings, 2: --untied-embeddings */
 } gpt_options;
 
-/* The options, by name: model (a preset), layers, dim, heads, kv-heads,
- * vocab, seq, ffn, vocab-pad-multiple, dtype, and the flag swiglu (value
- * ignored). */
+/* The options, by name: model (a preset), arch, layers, dim, heads,
+ * kv-heads, vocab, seq, ffn, vocab-pad-multiple, dtype, norm-eps,
+ * rope-theta, rope-scaling (FACTOR[,LOW,HIGH,ORIGINAL]), and the flags
+ * swiglu, tied-embeddings and untied-embeddings (value ignored). */
 extern const char *const gpt_option_names[];
+
+/* Whether option `name` is a flag (swiglu, tied-embeddings, untied-embeddings). */
+int gpt_option_is_flag(const char *name);
 
 /* Sets option `name` from its text; fails with TP_ERR_ARG naming the option
  * and what it accepts. */
@@ -90,6 +119,7 @@ typedef enum {
     GPT_FCPROJ_BIAS,    /* layers.{l}.mlp.proj.bias [D] */
     GPT_FINAL_NORM_WEIGHT, /* final_norm.weight [D] */
     GPT_FINAL_NORM_BIAS,   /* final_norm.bias [D] */
+    GPT_OUTPUT_WEIGHT,     /* output.weight [V, D]: Llama's untied output projection */
     GPT_TENSOR_KINDS
 } gpt_tensor_kind;
 
@@ -115,7 +145,7 @@ typedef struct {
 } gpt_tensor;
 
 /* The parameter tensors in catalogue order (the embeddings, each layer's,
- * the final norm) and, with optimizer, then each one's Adam moments (fp32)
+ * the final norm, the untied output projection) and, with optimizer, then each one's Adam moments (fp32)
  * and fp32 master copy when parameters are stored in lower precision.
  * Fails on a configuration gpt_config_check refuses for its size, or
  * without memory. *out is malloc'ed; free it with free(). */

@@ -19,12 +19,19 @@
         {"kv-heads", required_argument, 0, CLI_MODEL_OPTION}, {"vocab", required_argument, 0, CLI_MODEL_OPTION},    \
         {"seq", required_argument, 0, CLI_MODEL_OPTION}, {"ffn", required_argument, 0, CLI_MODEL_OPTION},           \
         {"vocab-pad-multiple", required_argument, 0, CLI_MODEL_OPTION},                                             \
-        {"dtype", required_argument, 0, CLI_MODEL_OPTION}, {"swiglu", no_argument, 0, CLI_MODEL_OPTION}
+        {"dtype", required_argument, 0, CLI_MODEL_OPTION}, {"swiglu", no_argument, 0, CLI_MODEL_OPTION},          \
+        {"arch", required_argument, 0, CLI_MODEL_OPTION}, {"norm-eps", required_argument, 0, CLI_MODEL_OPTION},     \
+        {"rope-theta", required_argument, 0, CLI_MODEL_OPTION},                                                     \
+        {"rope-scaling", required_argument, 0, CLI_MODEL_OPTION},                                                   \
+        {"tied-embeddings", no_argument, 0, CLI_MODEL_OPTION}, {"untied-embeddings", no_argument, 0, CLI_MODEL_OPTION}
 
 /* How the model options read in --help. */
 #define CLI_MODEL_USAGE                                                                                                \
-    "model:     --model tiny|small|gpt2-124m, or --layers L --dim D --heads H --vocab V --seq S; refined by\n"          \
-    "           [--ffn F (4D)] [--kv-heads K (H)] [--swiglu] [--vocab-pad-multiple N (1)] [--dtype fp32|bf16|fp16]\n"
+    "model:     --model tiny|small|gpt2-124m|llama-tiny|smollm2-135m|tinyllama-1.1b|llama-3.2-1b,\n"                 \
+    "           or [--arch gpt|llama] --layers L --dim D --heads H --vocab V --seq S; refined by\n"                     \
+    "           [--ffn F (GPT 4D, Llama 8D/3 to 256)] [--kv-heads K (H)] [--swiglu] [--vocab-pad-multiple N (1)]\n"   \
+    "           [--dtype fp32|bf16|fp16]; Llama: [--tied-embeddings|--untied-embeddings (untied)]\n"                  \
+    "           [--norm-eps E (1e-5)] [--rope-theta T (10000)] [--rope-scaling FACTOR[,LOW,HIGH,ORIGINAL] (Llama 3)]\n"
 
 /* The command-line word getopt just rejected (an unknown option, or one
  * missing its value), for a one-line message; set opterr = 0 before parsing. */

@@ -95,7 +95,7 @@ static void read_train_args(char **args, elastic_run_options *o)
         if (strncmp(a, "--", 2) != 0) continue;
         int is_model = 0;
         for (int k = 0; gpt_option_names[k]; k++) is_model |= strcmp(a + 2, gpt_option_names[k]) == 0;
-        int flag = strcmp(a, "--swiglu") == 0 || strcmp(a, "--quiet") == 0 || strcmp(a, "--sync-save") == 0;
+        int flag = (is_model && gpt_option_is_flag(a + 2)) || strcmp(a, "--quiet") == 0 || strcmp(a, "--sync-save") == 0;
         if (!flag && !value) cli_usage_error(PROGRAM, "trainer option %s needs a value", a);
         if (is_model && gpt_options_set(&model, a + 2, value)) cli_usage_error(PROGRAM, "%s", tp_errmsg());
         if (strcmp(a, "--global-batch") == 0) {

@@ -28,6 +28,7 @@ static const char *usage_text =
     "                               (default bit-exact; exit 1 if they differ)\n"
     "  synth -o DIR --tp T --pp P (--model M | --layers L --dim D --heads H --vocab V --seq S)\n"
     "        [--kv-heads K] [--ffn F] [--swiglu] [--optim] [--dtype fp32|bf16|fp16]\n"
+    "        [--arch gpt|llama] [Llama: --untied-embeddings --rope-theta T ...: tp-train --help]\n"
     "        [--seed N] [--step N] [--compress zstd[:LEVEL]|none] [--vocab-pad-multiple N]\n"
     "        [--threads N] [--force] [--progress]\n"
     "                               write a deterministic GPT-style checkpoint\n"
