@@ -30,7 +30,8 @@ static const char *usage_text =
     "       tp-train generate --ckpt CKPT --prompt TEXT [options]            sample text\n"
     "\n"
     CLI_MODEL_USAGE
-    "           (trains GPT-2: pre-LayerNorm, GELU, tied output; --dtype fp32, or bf16: mixed precision,\n"
+    "           (trains GPT-2: pre-LayerNorm, GELU, tied output; or Llama: RMSNorm, rotary positions, SwiGLU,\n"
+    "           grouped-query attention, tied or untied output; --dtype fp32, or bf16: mixed precision,\n"
     "           matrix products with bf16 operands and fp32 sums, fp32 weights, optimizer and checkpoints)\n"
     "layout:    --tp T --pp P --dp D          (dp defaults to ranks / (tp x pp))\n"
     "batch:     --micro-batch B (4) --grad-accum A (1)  global batch = B x A x D sequences;\n"
@@ -380,9 +381,9 @@ static void on_report(void *ctx, const train_report *r)
         if (p->log) log_start(p, r);
         if (p->quiet) break;
         if (o->resume && !p->resumed) printf("no checkpoint in %s yet: starting from scratch\n", o->ckpt_dir);
-        printf("training %lld-layer GPT (dim %lld, %lld heads, vocab %lld, seq %lld) at tp=%d pp=%d dp=%d on %s: global "
+        printf("training %lld-layer %s (dim %lld, %lld heads, vocab %lld, seq %lld) at tp=%d pp=%d dp=%d on %s: global "
                "batch %lld x %lld tokens\n",
-               (long long)g->layers, (long long)g->dim, (long long)g->heads, (long long)g->vocab, (long long)o->seq,
+               (long long)g->layers, g->arch == GPT_ARCH_LLAMA ? "Llama" : "GPT", (long long)g->dim, (long long)g->heads, (long long)g->vocab, (long long)o->seq,
                p->c->tp, p->c->pp, p->c->dp, p->device, (long long)r->global_batch, (long long)o->seq);
         if (r->loss_floor > 0) printf("synthetic data: the loss can fall to %.4f\n", r->loss_floor);
         break;

@@ -409,8 +409,12 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync)
 
 static int same_model(const gpt_config *a, const gpt_config *b)
 {
-    return a->layers == b->layers && a->dim == b->dim && a->heads == b->heads && a->kv_heads == b->kv_heads &&
-           a->vocab == b->vocab && a->seq == b->seq && a->ffn == b->ffn && a->swiglu == b->swiglu;
+    return a->arch == b->arch && a->layers == b->layers && a->dim == b->dim && a->heads == b->heads &&
+           a->kv_heads == b->kv_heads && a->vocab == b->vocab && a->seq == b->seq && a->ffn == b->ffn &&
+           a->swiglu == b->swiglu && a->untied_embeddings == b->untied_embeddings && a->norm_eps == b->norm_eps &&
+           a->rope_theta == b->rope_theta && a->rope_scaling_factor == b->rope_scaling_factor &&
+           a->rope_low_freq_factor == b->rope_low_freq_factor && a->rope_high_freq_factor == b->rope_high_freq_factor &&
+           a->rope_original_seq == b->rope_original_seq;
 }
 
 /* Reads one tensor's piece for a view into out (the model's memory: on a

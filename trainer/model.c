@@ -1,4 +1,5 @@
-/* model.c: GPT-2 forward and backward on one rank of a (TP, PP) layout.
+/* model.c: GPT-2 and Llama forward and backward on one rank of a (TP, PP)
+ * layout.
  *
  * Per block (x: [N, D] rows of the micro-batch, N = B*T; identical on every
  * TP rank of the stage):
@@ -12,7 +13,15 @@
  * same gradient on every TP rank. The token table is split by vocabulary:
  * embedding rows held elsewhere contribute zero and are summed over TP; the
  * output logits stay split and the cross-entropy reduces max, sum and target
- * logit over TP, so no rank holds the full logits. */
+ * logit over TP, so no rank holds the full logits.
+ *
+ * Llama's block has the same shape of communication: RMSNorm for LN, no
+ * biases, rotary embeddings applied in place to the local Q and K heads of
+ * qkv after its product (the attention keeps the rotated qkv; the backward
+ * turns d_qkv back before the qkv product's backward), and SwiGLU for GELU:
+ * h = ln2 Wfc^T is [N, 2F/tp] = this rank's [gate | up], g = silu(gate) up.
+ * Its untied output projection (output.weight) is split by vocabulary like
+ * the token table; there is no position table. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +81,8 @@ void gpt_model_free(gpt_model *m)
         k->release(slot->input);
     }
     free(m->slots);
+    k->release(m->rope_cos_sin);
+    k->release(m->kv_grads);
     k->release(m->scratch);
     k->release(m->memory);
     free(m->layer);
@@ -82,19 +93,20 @@ void gpt_model_free(gpt_model *m)
 
 /* The backward scratch (m->scratch), in order: one block's buffers
  * (block_backward: d_res1 and d_ln [N, D], d_qkv [N, qkv], d_attn [N, attn],
- * d_gelu and d_fc [N, ffn], the attention's scratch), then d_x [N, D], then
+ * d_gelu [N, ffn], d_fc [N, fc], the attention's scratch), then d_x [N, D], then
  * on the last stage d_logits [N, vocab]. The floats before d_x: */
 static int64_t block_work_floats(const gpt_model *m)
 {
     int64_t N = m->B * m->T;
-    return N * (2 * m->D + m->qkv_local + m->attn_local + 2 * m->ffn_local) +
+    return N * (2 * m->D + m->qkv_local + m->attn_local + m->ffn_local + m->fc_local) +
            attention_scratch_floats(m->B, m->T, m->heads_local);
 }
 
 static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 {
     int64_t N = m->B * m->T, L = m->num_layers;
-    int64_t per_layer = N * (m->D * 4 + 4 + m->qkv_local + m->attn_local + 2 * m->ffn_local) + N * m->heads_local;
+    int64_t per_layer = N * (m->D * 4 + 4 + m->qkv_local + m->attn_local + m->fc_local + m->ffn_local) +
+                        N * m->heads_local;
     int64_t head = m->is_last ? N * (m->D + m->vocab_local + 5) : 0;
     *ints = 2 * N;
     return N * m->D + L * per_layer + head;
@@ -125,7 +137,7 @@ static int slot_init(gpt_model *m, gpt_slot *s)
     CARVE(ln2, L * N * m->D);
     CARVE(ln2_mean, L * N);
     CARVE(ln2_rstd, L * N);
-    CARVE(fc, L * N * m->ffn_local);
+    CARVE(fc, L * N * m->fc_local);
     CARVE(gelu, L * N * m->ffn_local);
     CARVE(res2, L * N * m->D);
     if (m->is_last) {
@@ -150,15 +162,35 @@ static int slot_init(gpt_model *m, gpt_slot *s)
     return TP_OK;
 }
 
+/* Llama's rotary table for positions 0..T-1 ([T, hd/2, 2], kernels.h
+ * rope_table), computed on the host and kept in the backend's memory. */
+static int rope_create(gpt_model *m)
+{
+    const gpt_config *c = &m->config;
+    int64_t half = m->hd / 2, floats = m->T * m->hd;
+    float *host = malloc((size_t)(floats + half) * sizeof(float));
+    if (!host) return tp_fail(TP_ERR_NOMEM, "out of memory for the rotary table");
+    rope_scaling scaling = {c->rope_scaling_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+                            (double)c->rope_original_seq};
+    rope_frequencies(host + floats, m->hd, c->rope_theta, &scaling);
+    rope_table(host, host + floats, m->T, m->hd);
+    int status = m->kernels->alloc((void **)&m->rope_cos_sin, (size_t)floats * sizeof(float));
+    if (!status) status = m->kernels->to_device(m->rope_cos_sin, host, (size_t)floats * sizeof(float));
+    free(host);
+    return status;
+}
+
 int gpt_model_supported(const gpt_config *config)
 {
-    if (!config->swiglu && config->kv_heads == config->heads && config->dtype == TP_FP32) return TP_OK;
     /* fp32 parameters; bf16 computation is a training option (train_options.bf16). */
+    if (config->dtype != TP_FP32)
+        return tp_fail(TP_ERR_ARG, "the trainer keeps fp32 parameters (asked: %s; --dtype bf16 is mixed precision)",
+                       tp_dtype_name(config->dtype));
+    if (config->arch == GPT_ARCH_LLAMA || (!config->swiglu && config->kv_heads == config->heads)) return TP_OK;
     return tp_fail(TP_ERR_ARG,
-                   "the trainer computes GPT-2 in fp32: a GELU MLP, as many key/value heads as heads (asked: %s MLP, "
-                   "%lld key/value heads for %lld heads, %s)",
-                   config->swiglu ? "a SwiGLU" : "a GELU", (long long)config->kv_heads, (long long)config->heads,
-                   tp_dtype_name(config->dtype));
+                   "the trainer computes GPT-2 with a GELU MLP and as many key/value heads as heads, or Llama "
+                   "(--arch llama) (asked: GPT with %s MLP, %lld key/value heads for %lld heads)",
+                   config->swiglu ? "a SwiGLU" : "a GELU", (long long)config->kv_heads, (long long)config->heads);
 }
 
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
@@ -185,10 +217,15 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     m->D = config->dim;
     m->hd = config->dim / config->heads;
     m->heads_local = config->heads / c->tp;
-    m->kv_local = config->kv_heads / c->tp;
+    /* Fewer key/value heads than ranks: each rank holds the one its query
+     * heads use, replicated over the tp / kv_heads ranks that share it. */
+    m->kv_local = config->kv_heads >= c->tp ? config->kv_heads / c->tp : 1;
     m->qkv_local = (m->heads_local + 2 * m->kv_local) * m->hd;
     m->attn_local = m->heads_local * m->hd;
     m->ffn_local = config->ffn / c->tp;
+    m->llama = config->arch == GPT_ARCH_LLAMA;
+    m->kv_sharers = config->kv_heads >= c->tp ? 1 : (int)(c->tp / config->kv_heads);
+    m->fc_local = config->swiglu ? 2 * m->ffn_local : m->ffn_local;
     m->wte = m->wpe = m->lnf_w = m->lnf_b = m->wte_out = -1;
 
     int count = 0;
@@ -207,7 +244,7 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
         int here = ckpt_tensor_stage(&g->desc, &layout) == c->pp_rank;
         int is_wte = g->kind == GPT_TOK_EMBED;
         /* The last stage keeps its own copy of the tied token table. */
-        int tied_copy = is_wte && m->is_last && !m->is_first;
+        int tied_copy = is_wte && m->is_last && !m->is_first && !config->untied_embeddings;
         for (int copy = 0; copy < 2; copy++) {
             if (copy == 0 ? !here : !tied_copy) continue;
             param_view *v = &m->params[m->num_params++];
@@ -219,6 +256,7 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
             v->tied_copy = copy == 1;
             /* Replicated tensors are stored once, by the first TP rank (docs/FORMAT.md). */
             v->owner = copy == 0 && (g->desc.partition.kind == CKPT_SPLIT || c->tp_rank == 0);
+            v->norm_numel = v->numel;
             m->total += v->numel;
         }
     }
@@ -242,8 +280,9 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
         switch (v->spec->kind) {
         case GPT_TOK_EMBED:
             if (!v->tied_copy) m->wte = i;
-            if (m->is_last) m->wte_out = i; /* the copy on a separate last stage comes second */
+            if (m->is_last && !config->untied_embeddings) m->wte_out = i; /* a separate last stage's copy comes second */
             break;
+        case GPT_OUTPUT_WEIGHT: m->wte_out = i; break;
         case GPT_POS_EMBED: m->wpe = i; break;
         case GPT_FINAL_NORM_WEIGHT: m->lnf_w = i; break;
         case GPT_FINAL_NORM_BIAS: m->lnf_b = i; break;
@@ -260,8 +299,9 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     m->vocab_local = padded[0] / c->tp;
     m->vocab_first = c->tp_rank * m->vocab_local;
 
-    m->layer = calloc((size_t)m->num_layers + 1, sizeof *m->layer);
+    m->layer = malloc(((size_t)m->num_layers + 1) * sizeof *m->layer);
     if (!m->layer) goto nomem;
+    memset(m->layer, 0xff, ((size_t)m->num_layers + 1) * sizeof *m->layer); /* -1: kinds the architecture lacks */
     for (int i = 0; i < m->num_params; i++) {
         const gpt_tensor *g = m->params[i].spec;
         if (g->layer >= 0) m->layer[g->layer - m->first_layer][g->kind - GPT_FIRST_LAYER_KIND] = i;
@@ -271,6 +311,15 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     if (!m->slots) goto nomem;
     for (int s = 0; s < slots; s++)
         if ((status = slot_init(m, &m->slots[s]))) goto fail;
+    if (m->llama && (status = rope_create(m))) goto fail;
+    if (m->kv_sharers > 1) {
+        /* A replica other than the first of its head counts only its query rows in the norm. */
+        for (int i = 0; i < m->num_params; i++)
+            if (m->params[i].spec->kind == GPT_QKV_WEIGHT && c->tp_rank % m->kv_sharers)
+                m->params[i].norm_numel = m->attn_local * m->D;
+        size_t bytes = (size_t)(2 * config->kv_heads * m->hd * m->D) * sizeof(float);
+        if ((status = m->kernels->alloc((void **)&m->kv_grads, bytes))) goto fail;
+    }
     int64_t N = m->B * m->T;
     m->scratch_size = block_work_floats(m) + N * m->D + (m->is_last ? N * m->vocab_local : 0);
     if ((status = m->kernels->alloc((void **)&m->scratch, (size_t)m->scratch_size * sizeof(float)))) goto fail;
@@ -303,6 +352,9 @@ int gpt_model_from_host(const gpt_model *m, float *values, const float *host, in
 /* Parameter and gradient of a kind of layer l's tensors. */
 #define W(kind) (m->params[m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND]].data)
 #define G(kind) (m->params[m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND]].grad)
+/* A kind the architecture may lack (biases): NULL then. */
+#define W_OR_NULL(kind) (m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND] < 0 ? NULL : W(kind))
+#define G_OR_NULL(kind) (m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND] < 0 ? NULL : G(kind))
 
 /* All-reduces over the tensor-parallel group (a no-op at tp 1). */
 static int tp_sum(gpt_model *m, float *data, int64_t n)
@@ -324,13 +376,41 @@ static int linear_backward(const gpt_model *m, float *d_in, float *d_weight, flo
                                                                                        in, weight, N, C, OC);
 }
 
+/* The norms: LayerNorm (GPT-2) or RMSNorm (Llama: no bias, mean unused). */
+static int norm_forward(const gpt_model *m, float *out, float *mean, float *rstd, const float *in, const float *weight,
+                        const float *bias)
+{
+    int64_t N = m->B * m->T;
+    if (m->llama) return m->kernels->rmsnorm_forward(out, rstd, in, weight, N, m->D, (float)m->config.norm_eps);
+    return m->kernels->layernorm_forward(out, mean, rstd, in, weight, bias, N, m->D);
+}
+
+/* d_in += the gradient through the norm; its parameters' gradients too. */
+static int norm_backward(const gpt_model *m, float *d_in, float *d_weight, float *d_bias, const float *d_out,
+                         const float *in, const float *weight, const float *mean, const float *rstd)
+{
+    int64_t N = m->B * m->T;
+    if (m->llama) return m->kernels->rmsnorm_backward(d_in, d_weight, d_out, in, weight, rstd, N, m->D);
+    return m->kernels->layernorm_backward(d_in, d_weight, d_bias, d_out, in, weight, mean, rstd, N, m->D);
+}
+
+/* out[N,D] = x + summed (+ bias, when the architecture has one). */
+static int residual_add(const gpt_model *m, float *out, const float *x, const float *summed, const float *bias)
+{
+    int64_t N = m->B * m->T;
+    if (bias) return m->kernels->bias_residual_forward(out, x, summed, bias, N, m->D);
+    return m->kernels->residual_forward(out, x, summed, N * m->D);
+}
+
 static int embed_forward(gpt_model *m, gpt_slot *s)
 {
     const kernel_backend *k = m->kernels;
     int64_t N = m->B * m->T, D = m->D;
-    const param_view *wte = &m->params[m->wte], *wpe = &m->params[m->wpe];
+    const param_view *wte = &m->params[m->wte];
     TP_TRY(k->embedding_forward(s->input, s->kernel_tokens, wte->data, N, D, m->vocab_first, m->vocab_local));
     TP_TRY(tp_sum(m, s->input, N * D));
+    if (m->wpe < 0) return TP_OK; /* Llama: positions are rotary */
+    const param_view *wpe = &m->params[m->wpe];
     for (int64_t b = 0; b < m->B; b++)
         TP_TRY(k->residual_forward(s->input + b * m->T * D, s->input + b * m->T * D, wpe->data, m->T * D));
     return TP_OK;
@@ -341,22 +421,24 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, const float *x)
     int64_t N = m->B * m->T, D = m->D;
     float *ln1 = s->ln1 + l * N * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
     float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * N * D;
-    float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->ffn_local, *gl = s->gelu + l * N * m->ffn_local;
+    float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->fc_local, *gl = s->gelu + l * N * m->ffn_local;
     float *res2 = s->res2 + l * N * D;
     const kernel_backend *k = m->kernels;
-    TP_TRY(k->layernorm_forward(ln1, s->ln1_mean + l * N, s->ln1_rstd + l * N, x, W(LN1_WEIGHT), W(LN1_BIAS), N, D));
-    TP_TRY(linear_forward(m, qkv, ln1, W(QKV_WEIGHT), W(QKV_BIAS), N, D, m->qkv_local));
+    TP_TRY(norm_forward(m, ln1, s->ln1_mean + l * N, s->ln1_rstd + l * N, x, W(LN1_WEIGHT), W_OR_NULL(LN1_BIAS)));
+    TP_TRY(linear_forward(m, qkv, ln1, W(QKV_WEIGHT), W_OR_NULL(QKV_BIAS), N, D, m->qkv_local));
+    if (m->llama) TP_TRY(k->rope_forward(qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd));
     /* The scratch is free during a forward: the attention's own is its start. */
     TP_TRY(k->attention_forward(attn, lse, m->scratch, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd));
     TP_TRY(linear_forward(m, res1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D)); /* partial sums of this rank's heads */
     TP_TRY(tp_sum(m, res1, N * D));
-    TP_TRY(k->bias_residual_forward(res1, x, res1, W(PROJ_BIAS), N, D));
-    TP_TRY(k->layernorm_forward(ln2, s->ln2_mean + l * N, s->ln2_rstd + l * N, res1, W(LN2_WEIGHT), W(LN2_BIAS), N, D));
-    TP_TRY(linear_forward(m, fc, ln2, W(FC_WEIGHT), W(FC_BIAS), N, D, m->ffn_local));
-    TP_TRY(k->gelu_forward(gl, fc, N * m->ffn_local));
+    TP_TRY(residual_add(m, res1, x, res1, W_OR_NULL(PROJ_BIAS)));
+    TP_TRY(norm_forward(m, ln2, s->ln2_mean + l * N, s->ln2_rstd + l * N, res1, W(LN2_WEIGHT), W_OR_NULL(LN2_BIAS)));
+    TP_TRY(linear_forward(m, fc, ln2, W(FC_WEIGHT), W_OR_NULL(FC_BIAS), N, D, m->fc_local));
+    if (m->config.swiglu) TP_TRY(k->swiglu_forward(gl, fc, N, m->ffn_local));
+    else TP_TRY(k->gelu_forward(gl, fc, N * m->ffn_local));
     TP_TRY(linear_forward(m, res2, gl, W(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
     TP_TRY(tp_sum(m, res2, N * D));
-    return k->bias_residual_forward(res2, res1, res2, W(FCPROJ_BIAS), N, D);
+    return residual_add(m, res2, res1, res2, W_OR_NULL(FCPROJ_BIAS));
 }
 
 /* Final norm, vocabulary-parallel logits and cross-entropy. */
@@ -364,8 +446,8 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
 {
     int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
     const kernel_backend *k = m->kernels;
-    TP_TRY(k->layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, x, m->params[m->lnf_w].data,
-                                m->params[m->lnf_b].data, N, D));
+    TP_TRY(norm_forward(m, s->lnf, s->lnf_mean, s->lnf_rstd, x, m->params[m->lnf_w].data,
+                        m->lnf_b < 0 ? NULL : m->params[m->lnf_b].data));
     TP_TRY(linear_forward(m, s->logits, s->lnf, m->params[m->wte_out].data, NULL, N, D, V));
     TP_TRY(k->crossentropy_row_max(s->row_max, s->logits, N, V, m->vocab_first, m->config.vocab));
     TP_TRY(comm_all_reduce(m->comm, GROUP_TP, s->row_max, N, COMM_FLOAT, COMM_MAX, m->stream));
@@ -376,6 +458,25 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
     if (k->on_device) /* row_max, row_sum and target_logit are consecutive [N] each */
         TP_TRY(k->to_host(s->host_row_max, s->row_max, (size_t)(3 * N) * sizeof(float)));
     s->loss_sum = gpt_slot_loss(s, N);
+    return TP_OK;
+}
+
+int gpt_model_reduce_shared_kv(gpt_model *m)
+{
+    if (m->kv_sharers == 1) return TP_OK;
+    const kernel_backend *k = m->kernels;
+    /* This rank's piece of qkv is [its query heads | its key head | its value
+     * head] x D; head kv_head's slot in kv_grads is [2, hd, D]. */
+    int64_t head_floats = m->hd * m->D, kv_heads = m->config.kv_heads;
+    int64_t kv_head = m->comm->tp_rank / m->kv_sharers;
+    size_t pair_bytes = (size_t)(2 * head_floats) * sizeof(float);
+    for (int l = 0; l < m->num_layers; l++) {
+        float *rows = G(QKV_WEIGHT) + m->attn_local * m->D;
+        TP_TRY(k->zero(m->kv_grads, (size_t)kv_heads * pair_bytes));
+        TP_TRY(k->copy(m->kv_grads + kv_head * 2 * head_floats, rows, pair_bytes));
+        TP_TRY(tp_sum(m, m->kv_grads, kv_heads * 2 * head_floats));
+        TP_TRY(k->copy(rows, m->kv_grads + kv_head * 2 * head_floats, pair_bytes));
+    }
     return TP_OK;
 }
 
@@ -415,30 +516,34 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, floa
     int64_t N = m->B * m->T, D = m->D;
     const float *ln1 = s->ln1 + l * N * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
     const float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * N * D;
-    const float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->ffn_local, *gl = s->gelu + l * N * m->ffn_local;
+    const float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->fc_local, *gl = s->gelu + l * N * m->ffn_local;
     float *d_res1 = work, *d_ln = d_res1 + N * D, *d_qkv = d_ln + N * D, *d_attn = d_qkv + N * m->qkv_local;
-    float *d_gelu = d_attn + N * m->attn_local, *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->ffn_local;
+    float *d_gelu = d_attn + N * m->attn_local, *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->fc_local;
     const kernel_backend *k = m->kernels;
     size_t rows_bytes = (size_t)(N * D) * sizeof(float);
 
     /* MLP: o = allreduce(g Wfcproj^T) + b: the gradient of o is d_x on every rank. */
     TP_TRY(k->copy(d_res1, d_x, rows_bytes));
-    TP_TRY(linear_backward(m, d_gelu, G(FCPROJ_WEIGHT), G(FCPROJ_BIAS), d_x, gl, W(FCPROJ_WEIGHT), N, m->ffn_local, D));
-    TP_TRY(k->gelu_backward(d_fc, fc, d_gelu, N * m->ffn_local));
-    TP_TRY(linear_backward(m, d_ln, G(FC_WEIGHT), G(FC_BIAS), d_fc, ln2, W(FC_WEIGHT), N, D, m->ffn_local));
+    TP_TRY(linear_backward(m, d_gelu, G(FCPROJ_WEIGHT), G_OR_NULL(FCPROJ_BIAS), d_x, gl, W(FCPROJ_WEIGHT), N,
+                           m->ffn_local, D));
+    if (m->config.swiglu) TP_TRY(k->swiglu_backward(d_fc, fc, d_gelu, N, m->ffn_local));
+    else TP_TRY(k->gelu_backward(d_fc, fc, d_gelu, N * m->ffn_local));
+    TP_TRY(linear_backward(m, d_ln, G(FC_WEIGHT), G_OR_NULL(FC_BIAS), d_fc, ln2, W(FC_WEIGHT), N, D, m->fc_local));
     TP_TRY(tp_sum(m, d_ln, N * D)); /* column-parallel input: partial per rank */
-    TP_TRY(k->layernorm_backward(d_res1, G(LN2_WEIGHT), G(LN2_BIAS), d_ln, res1, W(LN2_WEIGHT), s->ln2_mean + l * N,
-                                 s->ln2_rstd + l * N, N, D));
+    TP_TRY(norm_backward(m, d_res1, G(LN2_WEIGHT), G_OR_NULL(LN2_BIAS), d_ln, res1, W(LN2_WEIGHT), s->ln2_mean + l * N,
+                         s->ln2_rstd + l * N));
 
     /* Attention: p = allreduce(a Wproj^T) + b. */
-    TP_TRY(linear_backward(m, d_attn, G(PROJ_WEIGHT), G(PROJ_BIAS), d_res1, attn, W(PROJ_WEIGHT), N, m->attn_local, D));
+    TP_TRY(linear_backward(m, d_attn, G(PROJ_WEIGHT), G_OR_NULL(PROJ_BIAS), d_res1, attn, W(PROJ_WEIGHT), N,
+                           m->attn_local, D));
     TP_TRY(k->attention_backward(d_qkv, att_scratch, d_attn, qkv, attn, lse, m->B, m->T, m->heads_local, m->kv_local,
                                  m->hd));
-    TP_TRY(linear_backward(m, d_ln, G(QKV_WEIGHT), G(QKV_BIAS), d_qkv, ln1, W(QKV_WEIGHT), N, D, m->qkv_local));
+    if (m->llama) TP_TRY(k->rope_backward(d_qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd));
+    TP_TRY(linear_backward(m, d_ln, G(QKV_WEIGHT), G_OR_NULL(QKV_BIAS), d_qkv, ln1, W(QKV_WEIGHT), N, D, m->qkv_local));
     TP_TRY(tp_sum(m, d_ln, N * D));
     TP_TRY(k->copy(d_x, d_res1, rows_bytes));
-    return k->layernorm_backward(d_x, G(LN1_WEIGHT), G(LN1_BIAS), d_ln, x, W(LN1_WEIGHT), s->ln1_mean + l * N,
-                                 s->ln1_rstd + l * N, N, D);
+    return norm_backward(m, d_x, G(LN1_WEIGHT), G_OR_NULL(LN1_BIAS), d_ln, x, W(LN1_WEIGHT), s->ln1_mean + l * N,
+                         s->ln1_rstd + l * N);
 }
 
 static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, float *work, float loss_scale)
@@ -453,8 +558,8 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     TP_TRY(linear_backward(m, d_lnf, wte->grad, NULL, d_logits, s->lnf, wte->data, N, D, V));
     TP_TRY(tp_sum(m, d_lnf, N * D)); /* logits were split by vocabulary */
     TP_TRY(k->zero(d_x, (size_t)(N * D) * sizeof(float)));
-    return k->layernorm_backward(d_x, m->params[m->lnf_w].grad, m->params[m->lnf_b].grad, d_lnf, x,
-                                 m->params[m->lnf_w].data, s->lnf_mean, s->lnf_rstd, N, D);
+    return norm_backward(m, d_x, m->params[m->lnf_w].grad, m->lnf_b < 0 ? NULL : m->params[m->lnf_b].grad, d_lnf, x,
+                         m->params[m->lnf_w].data, s->lnf_mean, s->lnf_rstd);
 }
 
 int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *d_input, float loss_scale)
@@ -471,9 +576,10 @@ int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *
         TP_TRY(block_backward(m, s, l, x, d_x, work));
     }
     if (m->is_first) {
-        const param_view *wte = &m->params[m->wte], *wpe = &m->params[m->wpe];
+        const param_view *wte = &m->params[m->wte];
         TP_TRY(k->embedding_backward(wte->grad, s->kernel_tokens, d_x, N, D, m->vocab_first, m->vocab_local));
-        for (int64_t b = 0; b < m->B; b++) TP_TRY(k->add_inplace(wpe->grad, d_x + b * m->T * D, m->T * D));
+        for (int64_t b = 0; m->wpe >= 0 && b < m->B; b++)
+            TP_TRY(k->add_inplace(m->params[m->wpe].grad, d_x + b * m->T * D, m->T * D));
         return TP_OK;
     }
     return k->copy(d_input, d_x, (size_t)(N * D) * sizeof(float));

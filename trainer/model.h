@@ -1,4 +1,4 @@
-/* model.h: the GPT-2 model of one rank: its pipeline stage's layers, with
+/* model.h: the GPT-2 or Llama model of one rank: its pipeline stage's layers, with
  * tensor-parallel shards of the column- and row-parallel linears and of the
  * vocabulary (Megatron-LM's layout), forward and backward on micro-batches.
  *
@@ -24,6 +24,8 @@ typedef struct {
     int tied_copy;           /* the last stage's own copy of the tied token table */
     int owner;               /* this rank holds the stored copy: it writes the piece to
                                 checkpoints and counts it in the gradient norm */
+    int64_t norm_numel;      /* the leading elements counted in the gradient norm: numel, or a
+                                shared key/value head's replica leaves out its rows (K < TP) */
 } param_view;
 
 /* Activations of one micro-batch in flight through this stage, in the
@@ -49,7 +51,10 @@ typedef struct {
     int64_t B, T;                /* micro-batch and sequence length */
     int first_layer, num_layers; /* this stage's layers */
     int is_first, is_last;
+    int llama;                   /* config.arch == GPT_ARCH_LLAMA */
     int64_t D, hd, heads_local, kv_local, qkv_local, attn_local, ffn_local;
+    int64_t fc_local;            /* the fc's outputs: ffn_local, or 2 ffn_local for SwiGLU's [gate | up] */
+    float *rope_cos_sin;         /* Llama: [T, hd/2, 2] rotary cos and sin, the backend's memory */
     int64_t vocab_local, vocab_first; /* rows of the (padded) token table held here */
 
     gpt_tensor *catalog;         /* every tensor of the model (gpt_catalog) */
@@ -59,8 +64,13 @@ typedef struct {
     int64_t total;               /* elements of all local parameters */
     float *memory;               /* params | grads | m | v, each `total` */
     int wte, wpe, lnf_w, lnf_b;  /* indices into params, -1 when not on this stage */
-    int wte_out;                 /* the output projection: wte itself, or the last stage's tied copy */
-    int (*layer)[GPT_LAYER_KINDS]; /* per local layer and kind (from GPT_FIRST_LAYER_KIND): index into params */
+    int wte_out;                 /* the output projection: wte itself, the last stage's tied copy, or
+                                    Llama's untied output.weight */
+    int (*layer)[GPT_LAYER_KINDS]; /* per local layer and kind (from GPT_FIRST_LAYER_KIND): index into
+                                      params, -1 for a kind the architecture lacks (Llama's biases) */
+
+    int kv_sharers;              /* ranks holding each key/value head: tp / kv_heads when K < TP, else 1 */
+    float *kv_grads;             /* K < TP: [K, 2, hd, D], the gradients of every key/value head, summed over TP */
 
     gpt_slot *slots;
     int num_slots;
@@ -68,8 +78,9 @@ typedef struct {
     int64_t scratch_size;
 } gpt_model;
 
-/* Whether this trainer computes the model: GPT-2 in fp32 (GELU MLP, as many
- * key/value heads as heads); fails with TP_ERR_ARG saying what differs. */
+/* Whether this trainer computes the model: GPT-2 (GELU MLP, as many
+ * key/value heads as heads) or Llama, with fp32 parameters; fails with
+ * TP_ERR_ARG saying what differs. */
 int gpt_model_supported(const gpt_config *config);
 
 /* Builds this rank's part of the model in the memory of `kernels` (NULL:
@@ -99,6 +110,12 @@ const float *gpt_model_output(const gpt_model *model, const gpt_slot *slot);
  * [B*T, D] (unused on the last stage); on return d_input holds the gradient
  * of its input (unused on the first stage). */
 int gpt_model_backward(gpt_model *model, gpt_slot *slot, const float *d_output, float *d_input, float loss_scale);
+
+/* With fewer key/value heads than TP ranks (each replicated over the ranks
+ * that share it), sums the gradients of each head's replicas over those
+ * ranks, so that they stay equal; a no-op otherwise. After the backward of
+ * a step's last micro-batch, on every TP rank alike. */
+int gpt_model_reduce_shared_kv(gpt_model *model);
 
 /* Sum of the token losses (nats) of rows [0, rows) of a slot after its
  * forward on the last stage; the forward's loss_sum is that of all rows. */

@@ -154,15 +154,17 @@ static int run_pipeline(trainer *t, double *loss_sum)
 }
 
 /* Gradients of the whole global batch on every rank that holds a piece: the
- * tied token table's two copies add theirs, then the data-parallel replicas. */
+ * tied token table's two copies add theirs (not Llama's untied output
+ * projection: a tensor of its own), then the data-parallel replicas. */
 static int reduce_gradients(trainer *t)
 {
     gpt_model *m = t->model;
     comm *c = t->c;
-    if (c->pp > 1 && (m->is_first || m->is_last)) {
+    if (c->pp > 1 && !m->config.untied_embeddings && (m->is_first || m->is_last)) {
         param_view *w = &m->params[m->is_first ? m->wte : m->wte_out];
         TP_TRY(comm_all_reduce(c, GROUP_EMBED, w->grad, w->numel, COMM_FLOAT, COMM_SUM, m->stream));
     }
+    TP_TRY(gpt_model_reduce_shared_kv(m));
     if (c->dp > 1) TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + m->total, m->total, COMM_FLOAT, COMM_SUM, m->stream));
     return TP_OK;
 }
@@ -180,8 +182,8 @@ static int owned_sum_of_squares(const gpt_model *m, double *sumsq)
     for (int i = 0; !status && i < m->num_params; i++) {
         const param_view *v = &m->params[i];
         if (!v->owner) continue;
-        if (count && spans[count - 1] + lengths[count - 1] == v->grad) lengths[count - 1] += v->numel;
-        else spans[count] = v->grad, lengths[count++] = v->numel;
+        if (count && spans[count - 1] + lengths[count - 1] == v->grad) lengths[count - 1] += v->norm_numel;
+        else spans[count] = v->grad, lengths[count++] = v->norm_numel;
     }
     if (!status) status = m->kernels->sum_of_squares(sumsq, spans, lengths, count);
     free(spans);
