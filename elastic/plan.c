@@ -56,7 +56,9 @@ static int64_t elements(const int64_t *shape, int ndim)
 /* The pieces each stage holds at (tp, pp), from the catalogue's partition
  * descriptions and pipeline anchors (model/gpt.h). The token table sits on
  * the first stage; a separate last stage keeps a copy of it for the tied
- * output projection (trainer/model.c gpt_model_create). shares has pp entries. */
+ * output projection (trainer/model.c gpt_model_create), or holds Llama's
+ * untied output.weight. With fewer key/value heads than tp ranks, each
+ * rank's QKV piece holds its shared heads' replicas. shares has pp entries. */
 static int stage_shares(const gpt_config *model, int tp, int pp, stage_share *shares)
 {
     gpt_tensor *catalog = NULL;
@@ -74,7 +76,7 @@ static int stage_shares(const gpt_config *model, int tp, int pp, stage_share *sh
         if (catalog[i].kind != GPT_TOK_EMBED) continue;
         here->embed_piece = n;
         shares[pp - 1].vocab_local = shape[0];
-        if (pp > 1) {
+        if (pp > 1 && !model->untied_embeddings) {
             shares[pp - 1].params += n;
             shares[pp - 1].embed_piece = n;
         }
@@ -87,8 +89,8 @@ static int stage_shares(const gpt_config *model, int tp, int pp, stage_share *sh
  * a stage (trainer/model.c slot_floats; column-parallel widths over tp):
  *   the stage's input                             [N, D]
  *   per layer  ln1, res1, ln2, res2               4 x [N, D]
- *              layer-norm means and 1/std         4 x [N]
- *              qkv                                [N, (H + 2 KV)/tp * hd]
+ *              norm means and 1/std               4 x [N]
+ *              qkv                                [N, (H/tp + 2 KVl) * hd], KVl = KV/tp or 1 (K < TP)
  *              attention row log-sum-exps         [N, H/tp]
  *              attention output                   [N, H/tp * hd]
  *              fc (pre-activation), gelu          [N, F/tp] x 2 (fc [N, 2F/tp] with SwiGLU)
@@ -96,27 +98,38 @@ static int stage_shares(const gpt_config *model, int tp, int pp, stage_share *sh
  *              its mean and 1/std, the loss's
  *              row max, sum and target logit      5 x [N]
  *              logits                             [N, Vp/tp] */
+/* Columns of a rank's QKV: its query heads and its key/value heads (one
+ * shared head when there are fewer than tp). */
+static int64_t qkv_local(const gpt_config *m, int tp)
+{
+    int64_t kv_local = m->kv_heads >= tp ? m->kv_heads / tp : 1;
+    return (m->heads / tp + 2 * kv_local) * (m->dim / m->heads);
+}
+
 static int64_t micro_batch_floats(const gpt_config *m, int tp, int pp, int64_t b, int last, int64_t vocab_local)
 {
     int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads, heads = m->heads / tp;
-    int64_t qkv = (m->heads + 2 * m->kv_heads) / tp * hd, attn = heads * hd, f = m->ffn / tp;
+    int64_t qkv = qkv_local(m, tp), attn = heads * hd, f = m->ffn / tp;
     int64_t per_layer = N * (4 * D + 4 + qkv + attn + (m->swiglu ? 2 : 1) * f + f) + N * heads;
     int64_t head = last ? N * (D + 5 + vocab_local) : 0;
     return N * D + (m->layers / pp) * per_layer + head;
 }
 
 /* fp32 elements of the backward pass's working memory, once per rank: the
- * scratch (trainer/model.c: [N, 3 D + qkv + attn + 2 F/tp], attention's
- * (kernels.h attention_scratch_floats), and [N, Vp/tp] on the last stage)
- * and the gradients that cross stages
- * (trainer/train.c: d_output [N, D] and one d_input [N, D] per slot). */
+ * scratch (trainer/model.c: [N, 3 D + qkv + attn + F/tp + fc], fc being F/tp
+ * or 2 F/tp with SwiGLU, attention's (kernels.h attention_scratch_floats),
+ * and [N, Vp/tp] on the last stage), the gradients that cross stages
+ * (trainer/train.c: d_output [N, D] and one d_input [N, D] per slot), and
+ * Llama's rotary table [S, hd] and, with K < TP, the key/value heads'
+ * gradients summed over TP [KV, 2 hd, D]. */
 static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last, int64_t vocab_local, int64_t slots)
 {
     int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads;
-    int64_t qkv = (m->heads + 2 * m->kv_heads) / tp * hd, attn = m->heads / tp * hd, f = m->ffn / tp;
-    int64_t scratch = N * (3 * D + qkv + attn + 2 * f) + attention_scratch_floats(b, s, m->heads / tp) +
+    int64_t qkv = qkv_local(m, tp), attn = m->heads / tp * hd, f = m->ffn / tp, fc = m->swiglu ? 2 * f : f;
+    int64_t scratch = N * (3 * D + qkv + attn + f + fc) + attention_scratch_floats(b, s, m->heads / tp) +
                       (last ? N * vocab_local : 0);
-    return scratch + (1 + slots) * N * D;
+    int64_t llama = m->arch == GPT_ARCH_LLAMA ? s * hd + (m->kv_heads < tp ? 2 * m->kv_heads * hd * D : 0) : 0;
+    return scratch + (1 + slots) * N * D + llama;
 }
 
 /* Memory of one rank of `stage`. Under 1F1B stage k has up to pp - k
