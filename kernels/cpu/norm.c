@@ -1,4 +1,4 @@
-/* norm.c: layer normalization (eps 1e-5) and GELU. */
+/* norm.c: layer normalization (eps 1e-5), RMSNorm, GELU and SwiGLU. */
 #include <math.h>
 
 #include "../fast_exp.h"
@@ -50,6 +50,39 @@ void layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float
     }
 }
 
+void rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps)
+{
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = in + n * C;
+        float sumsq = 0;
+        for (int64_t c = 0; c < C; c++) sumsq += x[c] * x[c];
+        float s = 1.0f / sqrtf(sumsq / (float)C + eps);
+        float *y = out + n * C;
+        for (int64_t c = 0; c < C; c++) y[c] = x[c] * s * weight[c];
+        rstd[n] = s;
+    }
+}
+
+void rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight,
+                      const float *rstd, int64_t N, int64_t C)
+{
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = in + n * C, *dy = d_out + n * C;
+        float s = rstd[n];
+        /* y = x s w with s = (mean(x^2) + eps)^-1/2: dx = s (dxhat - xhat mean(dxhat xhat)),
+         * xhat = x s, dxhat = dy w. */
+        float mean_dxhat_xhat = 0;
+        for (int64_t c = 0; c < C; c++) mean_dxhat_xhat += dy[c] * weight[c] * x[c] * s;
+        mean_dxhat_xhat /= (float)C;
+        float *dx = d_in + n * C;
+        for (int64_t c = 0; c < C; c++) {
+            float xhat = x[c] * s;
+            d_weight[c] += xhat * dy[c];
+            dx[c] += (dy[c] * weight[c] - xhat * mean_dxhat_xhat) * s;
+        }
+    }
+}
+
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 
 /* GELU (tanh approximation): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
@@ -76,5 +109,28 @@ VECTOR_CLONES void gelu_backward(float *d_in, const float *in, const float *d_ou
         float x = in[i], s = gelu_gate(x);
         float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         d_in[i] = (s + 2.0f * x * s * (1.0f - s) * du) * d_out[i];
+    }
+}
+
+/* silu(g) = g sigmoid(g); d/dg = sigmoid(g) (1 + g (1 - sigmoid(g))). */
+VECTOR_CLONES void swiglu_forward(float *out, const float *in, int64_t N, int64_t F)
+{
+    for (int64_t n = 0; n < N; n++) {
+        const float *gate = in + n * 2 * F, *up = gate + F;
+        float *y = out + n * F;
+        for (int64_t f = 0; f < F; f++) y[f] = gate[f] / (1.0f + fast_expf(-gate[f])) * up[f];
+    }
+}
+
+VECTOR_CLONES void swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
+{
+    for (int64_t n = 0; n < N; n++) {
+        const float *gate = in + n * 2 * F, *up = gate + F, *dy = d_out + n * F;
+        float *d_gate = d_in + n * 2 * F, *d_up = d_gate + F;
+        for (int64_t f = 0; f < F; f++) {
+            float g = gate[f], sig = 1.0f / (1.0f + fast_expf(-g));
+            d_up[f] = g * sig * dy[f];
+            d_gate[f] = sig * (1.0f + g * (1.0f - sig)) * up[f] * dy[f];
+        }
     }
 }

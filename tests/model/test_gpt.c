@@ -50,7 +50,11 @@ Test(options, the_same_bounds_for_every_program)
         {"heads", "x", "--heads expects an integer"},
         {"vocab-pad-multiple", "1048577", "--vocab-pad-multiple expects an integer in 1..1048576"},
         {"dtype", "fp64", "--dtype expects fp32, bf16 or fp16"},
-        {"model", "gpt9", "--model expects tiny, small or gpt2-124m"},
+        {"model", "gpt9", "--model expects tiny, small, gpt2-124m, llama-tiny"},
+        {"arch", "mamba", "--arch expects gpt or llama"},
+        {"norm-eps", "1", "--norm-eps expects a number in (0, 1)"},
+        {"rope-theta", "0.5", "--rope-theta expects a number in (1, 1e12)"},
+        {"rope-scaling", "8,1,4,x", "--rope-scaling expects FACTOR[,LOW,HIGH,ORIGINAL]"},
         {"depth", "3", "--depth is not a model option"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
@@ -71,7 +75,12 @@ Test(options, the_same_bounds_for_every_program)
     cr_assert_eq(gpt_config_check(&one, 1, 1), TP_ERR_ARG);
     for (const char *const *name = gpt_option_names; *name; name++) {
         gpt_options any = {0};
-        int status = gpt_options_set(&any, *name, strcmp(*name, "model") == 0 ? "tiny" : strcmp(*name, "dtype") == 0 ? "fp16" : "2");
+        const char *value = !strcmp(*name, "model")      ? "tiny"
+                            : !strcmp(*name, "dtype")    ? "fp16"
+                            : !strcmp(*name, "arch")     ? "llama"
+                            : !strcmp(*name, "norm-eps") ? "1e-6"
+                                                         : "2";
+        int status = gpt_options_set(&any, *name, value);
         cr_assert_eq(status, TP_OK, "listed option --%s is not taken: %s", *name, tp_errmsg());
     }
 }
@@ -198,4 +207,84 @@ Test(interop, a_byte_model_gets_a_byte_vocabulary)
     cr_assert_str_eq(find_kv(kvs, n, "tokenizer.ggml.model")->string, "no_vocab");
     cr_assert_null(find_kv(kvs, n, "tokenizer.ggml.tokens"));
     gpt_gguf_metadata_free(m);
+}
+
+/* Llama: the real models' parameter counts (worked out from their
+ * config.json: embeddings, per layer q, k, v, o, gate, up, down and two
+ * norms, the final norm, and lm_head when untied), the catalogue without
+ * biases or position table, and the configuration through JSON and back. */
+Test(catalogue, llama_models_have_their_parameter_counts)
+{
+    const struct {
+        const char *preset;
+        int64_t parameters;
+    } models[] = {{"tinyllama-1.1b", 1100048384}, {"llama-3.2-1b", 1235814400}, {"smollm2-135m", 134515008}};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        gpt_config c;
+        int64_t parameters = 0;
+        cr_assert_eq(gpt_preset(models[i].preset, &c), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(c.arch, GPT_ARCH_LLAMA);
+        cr_assert_eq(gpt_parameter_count(&c, &parameters), TP_OK);
+        cr_assert_eq(parameters, models[i].parameters, "%s: %lld parameters", models[i].preset, (long long)parameters);
+    }
+    gpt_config c;
+    cr_assert_eq(gpt_preset("llama-tiny", &c), TP_OK);
+    gpt_tensor *t = NULL;
+    int n = 0;
+    cr_assert_eq(gpt_catalog(&c, 1, &t, &n), TP_OK, "%s", tp_errmsg());
+    int params = 2 + 6 * (int)c.layers + 1; /* embeddings, 6 per layer, final norm, output */
+    cr_assert_eq(n, 3 * params, "fp32: parameters and two moments, got %d", n);
+    cr_assert_str_eq(t[params - 1].name, "model/output.weight");
+    cr_assert_eq(t[params - 1].desc.anchor, CKPT_ANCHOR_LAST);
+    for (int i = 0; i < n; i++) {
+        cr_assert(!strstr(t[i].name, ".bias") && !strstr(t[i].name, "pos_embed"), "%s", t[i].name);
+        if (t[i].kind == GPT_FC_WEIGHT)
+            cr_assert(t[i].desc.shape[0] == 2 * c.ffn && t[i].desc.partition.num_segments == 2, "[gate; up]");
+    }
+    free(t);
+}
+
+Test(options, llama_flags_and_json)
+{
+    gpt_config c = parsed((const char *const[]){"arch", "llama", "layers", "2", "dim", "96", "heads", "6", "kv-heads",
+                                                "2", "vocab", "300", "seq", "64", NULL});
+    cr_assert(c.arch == GPT_ARCH_LLAMA && c.swiglu && c.untied_embeddings, "Hugging Face's defaults: untied");
+    cr_assert_eq(c.ffn, 256, "8/3 x 96 = 256, a multiple of 256: %lld", (long long)c.ffn);
+    cr_assert(c.norm_eps == 1e-5 && c.rope_theta == 10000 && c.rope_scaling_factor == 0);
+    c = parsed((const char *const[]){"model", "llama-tiny", "tied-embeddings", NULL, "rope-scaling", "8", "rope-theta",
+                                     "500000", "norm-eps", "1e-6", NULL});
+    cr_assert(!c.untied_embeddings && c.rope_theta == 500000 && c.norm_eps == 1e-6);
+    cr_assert(c.rope_scaling_factor == 8 && c.rope_low_freq_factor == 1 && c.rope_high_freq_factor == 4 &&
+              c.rope_original_seq == 8192, "Llama 3's defaults beside a given factor");
+    char *json = gpt_config_to_json(&c);
+    gpt_config back;
+    cr_assert_eq(gpt_config_from_json(json, &back), TP_OK, "%s: %s", json, tp_errmsg());
+    cr_assert(back.arch == c.arch && back.layers == c.layers && back.dim == c.dim && back.heads == c.heads &&
+                  back.kv_heads == c.kv_heads && back.vocab == c.vocab && back.seq == c.seq && back.ffn == c.ffn &&
+                  back.swiglu == c.swiglu && back.vocab_pad_multiple == c.vocab_pad_multiple &&
+                  back.dtype == c.dtype && back.untied_embeddings == c.untied_embeddings &&
+                  back.norm_eps == c.norm_eps && back.rope_theta == c.rope_theta &&
+                  back.rope_scaling_factor == c.rope_scaling_factor &&
+                  back.rope_low_freq_factor == c.rope_low_freq_factor &&
+                  back.rope_high_freq_factor == c.rope_high_freq_factor && back.rope_original_seq == c.rope_original_seq,
+              "the configuration through JSON and back: %s", json);
+    free(json);
+    /* A configuration written before Llama has no arch: GPT. */
+    cr_assert_eq(gpt_config_from_json("{\"layers\":2,\"dim\":64,\"heads\":4,\"kv_heads\":4,\"vocab\":256,\"seq\":32,"
+                                      "\"ffn\":256,\"mlp\":\"gelu\",\"vocab_pad_multiple\":1,\"dtype\":\"fp32\"}",
+                                      &back),
+                 TP_OK);
+    cr_assert_eq(back.arch, GPT_ARCH_GPT);
+    /* Refusals name what is wrong. */
+    gpt_options o = {0};
+    cr_assert_eq(gpt_options_set(&o, "model", "tiny"), TP_OK);
+    cr_assert_eq(gpt_options_set(&o, "rope-theta", "1e4"), TP_OK);
+    cr_assert_neq(gpt_options_finish(&o, &c), TP_OK);
+    cr_assert(strstr(tp_errmsg(), "--arch llama"), "%s", tp_errmsg());
+    cr_assert_eq(gpt_options_set(&o, "arch", "llama"), TP_OK);
+    cr_assert_neq(gpt_options_finish(&o, &c), TP_OK);
+    cr_assert(strstr(tp_errmsg(), "contradicts --model tiny"), "%s", tp_errmsg());
+    cr_assert_neq(gpt_options_set(&o, "rope-scaling", "0.5"), TP_OK);
+    cr_assert_neq(gpt_options_set(&o, "arch", "mamba"), TP_OK);
+    cr_assert(gpt_option_is_flag("untied-embeddings") && !gpt_option_is_flag("rope-theta"));
 }
