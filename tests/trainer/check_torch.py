@@ -1,5 +1,7 @@
 #!/usr/bin/python3
-"""Checks tp-train against the independent PyTorch GPT-2 (gpt2_ref.py).
+"""Checks tp-train against an independent PyTorch model: GPT-2 (gpt2_ref.py),
+or Llama (llama_ref.py) when the checkpoint's model configuration says
+"arch": "llama" (no "arch" reads as GPT-2).
 
 tp-train --dump DIR writes its initial weights (DIR/init), the tokens of every
 global batch (DIR/batches.bin), and, at the first step, the gradients
@@ -9,7 +11,8 @@ the independent reader (tests/ckpt/check_h5py.py), loads the weights into the
 PyTorch model, and compares, in fp32:
   - those logits and the first step's loss (1e-5 relative),
   - every parameter gradient (1e-4 relative to the tensor's largest),
-  - the losses of every logged step of AdamW training (--loss-tol relative).
+  - the losses of every logged step of AdamW training (--loss-tol relative;
+    decay on matrices and embeddings, none on norms and biases).
 With --bf16 (tp-train --dtype bf16) the reference runs under PyTorch's bf16
 autocast, and the tolerances are bf16's (BF16_TOLERANCES): the two round at
 different points (autocast also rounds the products' outputs), so they agree
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ckpt"))
 import check_h5py  # noqa: E402
 from gpt2_ref import GPT2, lr_at  # noqa: E402
+from llama_ref import Llama  # noqa: E402
 
 
 def merged(path):
@@ -82,7 +86,10 @@ def main():
 
     weights, index = merged(os.path.join(a.dump, "init"))
     cfg = index["model"]
-    model = GPT2(cfg["layers"], cfg["dim"], cfg["heads"], cfg["vocab"], cfg["seq"], cfg["ffn"])
+    if cfg.get("arch", "gpt") == "llama":
+        model = Llama.from_config(cfg)
+    else:
+        model = GPT2(cfg["layers"], cfg["dim"], cfg["heads"], cfg["vocab"], cfg["seq"], cfg["ffn"])
     params = model.load_named(weights)
     T = cfg["seq"]
     batches = np.fromfile(os.path.join(a.dump, "batches.bin"), dtype=np.int32)
