@@ -117,7 +117,7 @@ TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-megatron bench-elastic bench-remote bench-revisions clean programs tests
+.PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-megatron bench-llama bench-elastic bench-remote bench-revisions clean programs tests
 
 all: deps
 	@$(SUBMAKE) build
@@ -302,6 +302,10 @@ bench-train: deps
 bench-export: deps
 	@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-export.sh
+
+bench-llama: deps
+	@$(SUBMAKE) build
+	@BUILD=$(BUILD) scripts/bench-llama.sh
 
 bench-megatron: deps
 	@$(SUBMAKE) build

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""The PyTorch side of `make bench-train`: trains the GPT-2 of tests/trainer/gpt2_ref.py
-(the model tp-train is checked against) with AdamW and clipping, at the given shape,
+"""The PyTorch side of `make bench-train` and `make bench-llama`: trains the GPT-2 of
+tests/trainer/gpt2_ref.py or, with --arch llama, the Llama of tests/trainer/llama_ref.py
+(the models tp-train is checked against) with AdamW and clipping, at the given shape,
 batch and thread count, on random tokens, and prints one JSON line with the median
 step time and tokens per second after warm-up steps.
 
@@ -9,6 +10,7 @@ With --device cuda it trains on the GPU (make bench-gpu), in fp32 or, with
 
 Usage: train_baseline.py --layers L --dim D --heads H --vocab V --seq S --batch B
        --threads N [--steps N] [--warmup-steps N] [--device cpu|cuda] [--dtype fp32|bf16]
+       [--arch gpt|llama] [--kv-heads K] [--ffn F] [--untied-embeddings]
 """
 import argparse
 import json
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "trainer"))
 from gpt2_ref import GPT2  # noqa: E402
+from llama_ref import Llama  # noqa: E402
 
 
 def main():
@@ -32,13 +35,22 @@ def main():
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--arch", choices=("gpt", "llama"), default="gpt")
+    p.add_argument("--kv-heads", type=int, default=0)
+    p.add_argument("--ffn", type=int, default=0)
+    p.add_argument("--untied-embeddings", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     device = torch.device(a.device)
     if a.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as tp-train computes it
-    model = GPT2(a.layers, a.dim, a.heads, a.vocab, a.seq, 4 * a.dim).to(device)
+    if a.arch == "llama":
+        model = Llama.from_config({"arch": "llama", "layers": a.layers, "dim": a.dim, "heads": a.heads,
+                                   "kv_heads": a.kv_heads or a.heads, "vocab": a.vocab, "ffn": a.ffn,
+                                   "tied_embeddings": not a.untied_embeddings}).to(device)
+    else:
+        model = GPT2(a.layers, a.dim, a.heads, a.vocab, a.seq, a.ffn or 4 * a.dim).to(device)
     decay = [q for q in model.parameters() if q.dim() >= 2]
     no_decay = [q for q in model.parameters() if q.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],

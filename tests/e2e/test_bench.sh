@@ -29,6 +29,8 @@ export BENCH_DIM=64 BENCH_VOCAB=256 BENCH_GB=0.002 BENCH_PARAMS_B=0
 # bench-train and bench-gpu: tp-train --model tiny's shape, 3 steps.
 export BENCH_STEPS=3 BENCH_SHAPE="--layers 2 --dim 64 --heads 4 --vocab 256 --seq 32"
 export BENCH_MODELS=tiny BENCH_SEQ=32 BENCH_MICRO_BATCH=1
+# bench-llama: llama-tiny's shape, trained and resharded.
+export BENCH_LLAMA_MODEL=llama-tiny BENCH_LLAMA_SHAPE="--layers 2 --dim 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 256 --seq 32"
 # bench-elastic: one row per launcher, the tiny model, 8 steps.
 export BENCH_ROWS="tiny-shrink tiny-node-down" BENCH_TINY_STEPS="8 2 5" BENCH_LARGE="--model tiny"
 # bench-remote: a checkpoint of the tiny model.
@@ -90,6 +92,11 @@ else
     echo "[$NAME] SKIP: bench-megatron: python3-torch is not installed"
 fi
 bench bench-train
+if "$PY" -c 'import torch' 2>/dev/null; then
+    bench bench-llama
+else
+    echo "[$NAME] SKIP: bench-llama: python3-torch is not installed"
+fi
 bench bench-elastic
 bench bench-remote
 bench bench-revisions
