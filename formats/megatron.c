@@ -142,6 +142,20 @@ static int arg_flag(const pickle_value *args, const char *name)
     return v && (v->kind == PICKLE_BOOL || v->kind == PICKLE_INT) && v->integer;
 }
 
+/* A number of args: a float or an integer; fallback when absent or None. */
+static int arg_number(const pickle_value *args, const char *file, const char *name, double fallback, double *out)
+{
+    const pickle_value *v = pickle_get(args, name);
+    if (!v || v->kind == PICKLE_NONE) {
+        *out = fallback;
+        return TP_OK;
+    }
+    if (v->kind == PICKLE_FLOAT) *out = v->real;
+    else if (v->kind == PICKLE_INT) *out = (double)v->integer;
+    else return tp_fail(TP_ERR_FORMAT, "%s: args.%s is a %s, not a number", file, name, pickle_kind_name(v->kind));
+    return TP_OK;
+}
+
 static int read_config(megatron_checkpoint *m, const torch_archive *archive)
 {
     const char *file = torch_archive_path(archive);
@@ -209,6 +223,16 @@ static int read_config(megatron_checkpoint *m, const torch_archive *archive)
     const pickle_value *eps = pickle_get(args, "layernorm_epsilon");
     if (!eps) eps = pickle_get(args, "norm_epsilon");
     c->norm_epsilon = eps && eps->kind == PICKLE_FLOAT ? eps->real : 1e-5;
+    TP_TRY(arg_number(args, file, "rotary_base", 10000, &c->rotary_base));
+    TP_TRY(arg_number(args, file, "rotary_percent", 1.0, &c->rotary_percent));
+    c->rotary_interleaved = arg_flag(args, "rotary_interleaved");
+    c->rope_scaling_factor = 0;
+    if (arg_flag(args, "use_rope_scaling")) {
+        /* The flag is --rotary-scaling-factor (rope_scaling_factor in some releases); 8 by default. */
+        TP_TRY(arg_number(args, file, "rope_scaling_factor", 8, &c->rope_scaling_factor));
+        TP_TRY(arg_number(args, file, "rotary_scaling_factor", c->rope_scaling_factor, &c->rope_scaling_factor));
+    }
+    c->qk_layernorm = arg_flag(args, "qk_layernorm");
     if (c->kv_channels <= 0 || c->query_groups <= 0 || c->heads % c->query_groups || c->padded_vocab <= 0 || c->ffn <= 0)
         return tp_fail(TP_ERR_FORMAT, "%s: args of %lld heads in %lld query groups, kv channels %lld, vocabulary %lld, ffn %lld",
                        file, (long long)c->heads, (long long)c->query_groups, (long long)c->kv_channels,

@@ -70,6 +70,13 @@ typedef struct {
     int rmsnorm;                 /* RMSNorm (else LayerNorm) */
     int post_layernorm_residual; /* apply_residual_connection_post_layernorm */
     double norm_epsilon;
+    /* Rotary embeddings (position_embedding_type "rope"): */
+    double rotary_base;          /* rotary_base (10000 by default) */
+    double rotary_percent;       /* the part of each head turned (1.0: all of it) */
+    int rotary_interleaved;      /* pairs (2j, 2j+1) instead of (j, j + hd/2) */
+    double rope_scaling_factor;  /* use_rope_scaling: Llama 3's scaling by rotary_scaling_factor
+                                    (low 1, high 4, original length 8192, as Megatron fixes them); 0: none */
+    int qk_layernorm;            /* norms of the queries and keys (Qwen 3, ...) */
     tp_dtype dtype;
     int has_optimizer;           /* an `optimizer` entry is in the rank files */
     int optimizer_read;          /* and its state was read: tensors optim/ROLE/NAME (megatron_optimizer_refusal says why not) */

@@ -396,9 +396,10 @@ static void arg_string(byte_buffer *b, const char *key, const char *value)
 }
 
 /* Args written from the model alone (no template): the fields Megatron's
- * loader and converters read (docs/MEGATRON.md section 3), for the model
- * this toolkit trains (learned positions, LayerNorm, biases, GELU's tanh
- * form, tied embeddings). */
+ * loader and converters read (docs/MEGATRON.md section 3), for the models
+ * this toolkit trains: GPT-2 (learned positions, LayerNorm, biases, GELU's
+ * tanh form, tied embeddings) or Llama (rotary positions, RMSNorm, no
+ * biases, SwiGLU, tied or untied embeddings). */
 static void emit_model_args(rank_writer *r)
 {
     const megatron_config *c = r->c;
@@ -413,16 +414,27 @@ static void emit_model_args(rank_writer *r)
     arg_int(b, "num_query_groups", c->query_groups);
     arg_int(b, "max_position_embeddings", c->max_positions);
     arg_int(b, "seq_length", c->max_positions);
-    arg_string(b, "position_embedding_type", "learned_absolute");
-    arg_bool(b, "add_position_embedding", 1);
-    arg_string(b, "normalization", "LayerNorm");
+    arg_string(b, "position_embedding_type", c->learned_positions ? "learned_absolute" : "rope");
+    arg_bool(b, "add_position_embedding", c->learned_positions);
+    arg_bool(b, "use_rotary_position_embeddings", !c->learned_positions);
+    if (!c->learned_positions) {
+        pk_string(b, "rotary_base");
+        pk_int(b, (int64_t)c->rotary_base); /* Megatron's --rotary-base is an integer */
+        pk_string(b, "rotary_percent");
+        pk_float(b, 1.0);
+        arg_bool(b, "rotary_interleaved", 0);
+        arg_bool(b, "use_rope_scaling", c->rope_scaling_factor > 0);
+        pk_string(b, "rotary_scaling_factor");
+        pk_float(b, c->rope_scaling_factor > 0 ? c->rope_scaling_factor : 8.0);
+    }
+    arg_string(b, "normalization", c->rmsnorm ? "RMSNorm" : "LayerNorm");
     pk_string(b, "norm_epsilon");
     pk_float(b, c->norm_epsilon);
-    arg_bool(b, "add_bias_linear", 1);
-    arg_bool(b, "add_qkv_bias", 1);
+    arg_bool(b, "add_bias_linear", c->has_bias);
+    arg_bool(b, "add_qkv_bias", c->has_bias);
     arg_bool(b, "swiglu", c->swiglu);
     arg_bool(b, "openai_gelu", c->openai_gelu);
-    arg_bool(b, "untie_embeddings_and_output_weights", 0);
+    arg_bool(b, "untie_embeddings_and_output_weights", c->untied);
     arg_bool(b, "apply_residual_connection_post_layernorm", 0);
     arg_int(b, "vocab_size", c->true_vocab);
     arg_int(b, "make_vocab_size_divisible_by", c->vocab_divisible_by);

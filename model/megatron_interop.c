@@ -36,14 +36,44 @@ static int source_name(const gpt_tensor *t, char *out, size_t size)
     return TP_OK;
 }
 
+/* Whether a Megatron GPT is Llama-shaped: rotary positions, RMSNorm. */
+static int megatron_is_llama(const megatron_config *c)
+{
+    return !c->learned_positions && c->rmsnorm;
+}
+
+/* This model's configuration of a Megatron GPT that gpt_megatron_unfit accepts. */
+static gpt_config megatron_model(const megatron_config *c)
+{
+    gpt_config g = {.layers = c->num_layers, .dim = c->hidden, .heads = c->heads, .kv_heads = c->heads,
+                    .vocab = c->true_vocab > 0 ? c->true_vocab : c->padded_vocab, .seq = c->max_positions,
+                    .ffn = c->ffn, .vocab_pad_multiple = c->true_vocab > 0 ? c->vocab_divisible_by : 1,
+                    .dtype = c->dtype};
+    if (megatron_is_llama(c)) {
+        g.arch = GPT_ARCH_LLAMA;
+        g.kv_heads = c->query_groups;
+        g.swiglu = 1;
+        g.untied_embeddings = c->untied;
+        g.norm_eps = c->norm_epsilon;
+        g.rope_theta = c->rotary_base;
+        if (c->rope_scaling_factor > 0) { /* Megatron's Llama 3 scaling: its other factors are fixed */
+            g.rope_scaling_factor = c->rope_scaling_factor;
+            g.rope_low_freq_factor = 1;
+            g.rope_high_freq_factor = 4;
+            g.rope_original_seq = 8192;
+        }
+    }
+    return g;
+}
+
 int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_checkpoint *m, ckpt_reader *source, int tp, int pp)
 {
     *out = NULL;
     const megatron_config *c = megatron_config_of(m);
     const char *unfit = gpt_megatron_unfit(c);
-    if (unfit) return tp_fail(TP_ERR_ARG, "%s: %s: the trainer computes GPT-2", megatron_path(m), unfit);
+    if (unfit) return tp_fail(TP_ERR_ARG, "%s: %s: the trainer computes GPT-2 or Llama", megatron_path(m), unfit);
     /* The trainer's GELU is the tanh form: the exact one would be another function. */
-    if (!c->openai_gelu)
+    if (!megatron_is_llama(c) && !c->openai_gelu)
         return tp_fail(TP_ERR_ARG, "%s: trained with the exact GELU (openai_gelu is false); the trainer computes its tanh "
                        "form, so training on would change the model (tp-ckpt export writes it for inference)",
                        megatron_path(m));
@@ -51,17 +81,14 @@ int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_checkpoin
     if (!x) return tp_fail(TP_ERR_NOMEM, "out of memory");
     x->source = source;
     x->c = c;
-    x->config = (gpt_config){.layers = c->num_layers, .dim = c->hidden, .heads = c->heads, .kv_heads = c->heads,
-                             .vocab = c->true_vocab > 0 ? c->true_vocab : c->padded_vocab, .seq = c->max_positions,
-                             .ffn = c->ffn, .vocab_pad_multiple = c->true_vocab > 0 ? c->vocab_divisible_by : 1,
-                             .dtype = c->dtype};
+    x->config = megatron_model(c);
     x->to = (ckpt_layout){.tp = tp, .pp = pp, .dp = 1, .num_layers = c->num_layers};
     snprintf(x->origin, sizeof x->origin,
              "{\"imported_from\": \"megatron-legacy\", \"source_layout\": \"tp%dpp%d\", \"iteration\": %lld}", c->tp, c->pp,
              (long long)c->stored_iteration);
     int status = gpt_config_check(&x->config, tp, pp);
     if (!status && c->query_groups % tp)
-        status = tp_fail(TP_ERR_LAYOUT, "%lld heads do not divide over tp %d", (long long)c->query_groups, tp);
+        status = tp_fail(TP_ERR_LAYOUT, "%lld query groups do not divide over tp %d", (long long)c->query_groups, tp);
     if (!status) status = gpt_catalog(&x->config, c->optimizer_read, &x->catalog, &x->count);
     if (!status && !(x->source_index = calloc((size_t)x->count + 1, sizeof *x->source_index)))
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -215,14 +242,26 @@ int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *option
     int status = gpt_config_from_json(state->model_json, &names.config);
     if (status) return tp_fail_context(status, "%s: ", ckpt_reader_path(source));
     const gpt_config *g = &names.config;
-    /* The model as Megatron describes it; its GELU is the tanh form. */
+    int llama = g->arch == GPT_ARCH_LLAMA;
+    /* Megatron's Llama 3 scaling has a factor of its own; its other values are fixed. */
+    if (llama && g->rope_scaling_factor > 0 &&
+        (g->rope_low_freq_factor != 1 || g->rope_high_freq_factor != 4 || g->rope_original_seq != 8192))
+        return tp_fail(TP_ERR_ARG,
+                       "%s: rope scaling with low %g, high %g, original length %lld: Megatron-LM's is fixed at 1, 4, "
+                       "8192",
+                       ckpt_reader_path(source), g->rope_low_freq_factor, g->rope_high_freq_factor,
+                       (long long)g->rope_original_seq);
+    /* The model as Megatron describes it: GPT-2's GELU is the tanh form;
+     * Llama's rotary embeddings turn half-heads (not interleaved pairs). */
     megatron_config model = {
         .iteration = state->step, .stored_iteration = state->step, .consumed_samples = state->consumed_samples,
         .checkpoint_version = 3.0, .tp = layout->tp, .pp = layout->pp, .vpp = 1, .naming = MEGATRON_NAMES_LEGACY,
         .num_layers = g->layers, .hidden = g->dim, .ffn = g->ffn, .heads = g->heads, .query_groups = g->kv_heads,
         .kv_channels = g->dim / g->heads, .true_vocab = g->vocab, .vocab_divisible_by = g->vocab_pad_multiple,
-        .max_positions = g->seq, .swiglu = g->swiglu, .learned_positions = 1, .has_bias = 1, .dtype = g->dtype,
-        .openai_gelu = 1, .norm_epsilon = 1e-5};
+        .max_positions = g->seq, .swiglu = g->swiglu, .learned_positions = !llama, .has_bias = !llama,
+        .untied = g->untied_embeddings, .rmsnorm = llama, .dtype = g->dtype, .openai_gelu = !llama,
+        .norm_epsilon = llama ? g->norm_eps : 1e-5, .rotary_base = g->rope_theta, .rotary_percent = 1,
+        .rope_scaling_factor = g->rope_scaling_factor};
     int64_t multiple = model.vocab_divisible_by * model.tp;
     model.padded_vocab = (model.true_vocab + multiple - 1) / multiple * multiple;
     if (!(names.canonical = calloc((size_t)names.count + 1, sizeof *names.canonical))) return tp_fail(TP_ERR_NOMEM, "out of memory");
