@@ -532,6 +532,7 @@ static const struct {
     {"model/tok_embed.weight", "embedding.word_embeddings.weight"},
     {"model/pos_embed.weight", "embedding.position_embeddings.weight"},
     {"model/final_norm.", "final_norm."},
+    {"model/output.weight", "output_layer.weight"},
     {".ln1.", ".input_norm."},
     {".attn.qkv.", ".attention.qkv."},
     {".attn.proj.", ".attention.dense."},
@@ -555,8 +556,22 @@ int gpt_megatron_name(const char *ours, char *out, size_t size)
     return tp_fail(TP_ERR_ARG, "tensor %s has no Megatron-LM counterpart", ours);
 }
 
+/* What of a Llama-shaped Megatron GPT (rotary positions, RMSNorm) this Llama cannot compute. */
+static const char *megatron_llama_unfit(const megatron_config *c)
+{
+    if (!c->swiglu) return "a Llama-shaped model (rotary positions, RMSNorm) without a SwiGLU MLP";
+    if (c->has_bias) return "biased linears beside rotary positions and RMSNorm";
+    if (c->rotary_interleaved) return "interleaved rotary embeddings (rotary_interleaved)";
+    if (c->rotary_percent != 1.0) return "rotary embeddings on part of each head (rotary_percent below 1)";
+    if (c->qk_layernorm) return "norms of the queries and keys (qk_layernorm)";
+    if (c->post_layernorm_residual) return "the residual taken after the norm";
+    if (c->kv_channels * c->heads != c->hidden) return "kv_channels x heads other than the hidden size";
+    return NULL;
+}
+
 const char *gpt_megatron_unfit(const megatron_config *c)
 {
+    if (!c->learned_positions && c->rmsnorm) return megatron_llama_unfit(c);
     if (c->swiglu) return "a SwiGLU MLP";
     if (c->query_groups != c->heads) return "grouped-query attention";
     if (!c->learned_positions) return "no learned position embeddings (rotary?)";

@@ -192,6 +192,7 @@ class Config:
         self.max_pos = o.max_position_embeddings or o.seq
         self.swiglu, self.untied = o.swiglu, o.untied
         self.rope, self.rmsnorm = o.rope, o.rmsnorm
+        self.rotary_base, self.rope_scaling = o.rotary_base, o.rope_scaling
         self.openai_gelu = o.openai_gelu
         self.bias, self.qkv_bias = not o.no_bias, o.qkv_bias
         self.names, self.dtype_name = o.names, o.dtype
@@ -599,9 +600,11 @@ def make_args(cfg, stubs):
     a['position_embedding_type'] = 'rope' if cfg.rope else 'learned_absolute'
     a['add_position_embedding'] = not cfg.rope
     a['use_rotary_position_embeddings'] = cfg.rope
-    a['rotary_base'] = 10000
+    a['rotary_base'] = cfg.rotary_base
     a['rotary_percent'] = 1.0
     a['rotary_interleaved'] = False
+    a['use_rope_scaling'] = cfg.rope_scaling > 0
+    a["rotary_scaling_factor"] = cfg.rope_scaling if cfg.rope_scaling > 0 else 8.0
     a['normalization'] = 'RMSNorm' if cfg.rmsnorm else 'LayerNorm'
     a['norm_epsilon'] = 1e-5
     a['apply_layernorm_1p'] = False
@@ -1419,28 +1422,99 @@ def causal_attention(q, k, v):
     return torch.softmax(scores, -1) @ v
 
 
+def megatron_rope(args, hn, s):
+    """cos and sin [s, hn] of Megatron's RotaryEmbedding (not interleaved:
+    _rotate_half), with _apply_scaling when use_rope_scaling (Llama 3: low
+    1, high 4, original 8192, factor rotary_scaling_factor)."""
+    assert getattr(args, 'rotary_percent', 1.0) == 1.0 and not getattr(args, 'rotary_interleaved', False)
+    inv = 1.0 / (getattr(args, 'rotary_base', 10000) ** (torch.arange(0, hn, 2, dtype=torch.float32) / hn))
+    if getattr(args, 'use_rope_scaling', False):
+        factor = getattr(args, 'rotary_scaling_factor', getattr(args, 'rope_scaling_factor', 8.0))
+        low_wavelen, high_wavelen = 8192 / 1.0, 8192 / 4.0
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
+        medium = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+        inv = torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    freqs = torch.outer(torch.arange(s, dtype=torch.float32), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
 def megatron_logits(args, T, tokens):
+    """Megatron's GPT forward from merged canonical tensors: GPT-2 (learned
+    positions, LayerNorm, biases, GELU) or Llama-shaped (rope, RMSNorm,
+    SwiGLU, no biases, untied output), as its modules compute them."""
     h, np_, hn = args.hidden_size, args.num_attention_heads, args.kv_channels
     ng = args.num_query_groups if args.group_query_attention else np_
     eps = getattr(args, 'norm_epsilon', getattr(args, 'layernorm_epsilon', 1e-5))
     gelu = (lambda x: F.gelu(x, approximate='tanh')) if args.openai_gelu else F.gelu
+    rope = getattr(args, 'position_embedding_type', 'learned_absolute') == 'rope'
+    rms = getattr(args, 'normalization', 'LayerNorm') == 'RMSNorm'
     s = tokens.shape[0]
-    x = T['embedding.word_embeddings.weight'][tokens] + T['embedding.position_embeddings.weight'][:s]
+    zero = torch.zeros(())
+    bias = lambda name: T.get(name, zero)  # noqa: E731  (add_bias_linear false: none stored)
+
+    def norm(x, name):
+        if rms:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * T[name + '.weight']
+        return F.layer_norm(x, (h,), T[name + '.weight'], T[name + '.bias'], eps)
+
+    x = T['embedding.word_embeddings.weight'][tokens]
+    if not rope:
+        x = x + T['embedding.position_embeddings.weight'][:s]
+    else:
+        cos, sin = megatron_rope(args, hn, s)
     for i in range(args.num_layers):
         p = 'layers.%d.' % i
-        y = F.layer_norm(x, (h,), T[p + 'input_norm.weight'], T[p + 'input_norm.bias'], eps)
-        qkv = (y @ T[p + 'attention.qkv.weight'].t() + T[p + 'attention.qkv.bias']).view(s, ng, (np_ // ng + 2) * hn)
+        y = norm(x, p + 'input_norm')
+        qkv = (y @ T[p + 'attention.qkv.weight'].t() + bias(p + 'attention.qkv.bias')).view(s, ng, (np_ // ng + 2) * hn)
         q, k, v = qkv.split([np_ // ng * hn, hn, hn], dim=2)
         q = q.reshape(s, np_, hn).transpose(0, 1)
         k = k.repeat_interleave(np_ // ng, dim=1).transpose(0, 1)
         v = v.repeat_interleave(np_ // ng, dim=1).transpose(0, 1)
+        if rope:
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         a = causal_attention(q, k, v).transpose(0, 1).reshape(s, np_ * hn)
-        x = x + a @ T[p + 'attention.dense.weight'].t() + T[p + 'attention.dense.bias']
-        y = F.layer_norm(x, (h,), T[p + 'post_norm.weight'], T[p + 'post_norm.bias'], eps)
-        y = gelu(y @ T[p + 'mlp.fc1.weight'].t() + T[p + 'mlp.fc1.bias'])
-        x = x + y @ T[p + 'mlp.fc2.weight'].t() + T[p + 'mlp.fc2.bias']
-    x = F.layer_norm(x, (h,), T['final_norm.weight'], T['final_norm.bias'], eps)
-    return x @ T['embedding.word_embeddings.weight'].t()
+        x = x + a @ T[p + 'attention.dense.weight'].t() + bias(p + 'attention.dense.bias')
+        y = norm(x, p + 'post_norm')
+        y = y @ T[p + 'mlp.fc1.weight'].t() + bias(p + 'mlp.fc1.bias')
+        if args.swiglu:
+            gate, up = torch.chunk(y, 2, dim=-1)
+            y = F.silu(gate) * up
+        else:
+            y = gelu(y)
+        x = x + y @ T[p + 'mlp.fc2.weight'].t() + bias(p + 'mlp.fc2.bias')
+    x = norm(x, 'final_norm')
+    head = 'output_layer.weight' if args.untie_embeddings_and_output_weights else 'embedding.word_embeddings.weight'
+    return x @ T[head].t()
+
+
+def check_loss(ckpt, token_file, seq, windows, vocab):
+    """Mean cross-entropy of Megatron's GPT (from the rank files of ckpt)
+    over `windows` windows of `seq` tokens of token_file (a token file of
+    docs/DATA.md: a 1024-byte header, then uint16 tokens), read as tp-train
+    eval reads them: window i has inputs
+    tokens[i*seq, (i+1)*seq) and the next tokens as targets), over the true
+    vocabulary. Prints {"loss", "windows", "tokens"}."""
+    install_megatron_stubs()
+    args, merged, _, _ = read_checkpoint(ckpt)
+    T = {k: v.float() for k, v in merged.items()}
+    data = torch.from_numpy(np.fromfile(token_file, dtype=np.uint16, offset=1024).astype(np.int64))
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(windows):
+            window = data[i * seq: i * seq + seq + 1]
+            logits = megatron_logits(args, T, window[:-1])[:, :vocab]
+            total += F.cross_entropy(logits.double(), window[1:], reduction='sum').item()
+            count += seq
+    print(json.dumps({'loss': total / count, 'windows': windows, 'tokens': count}))
+    return []
 
 
 def hf_gpt2_logits(cfg, W, tokens):
@@ -1512,6 +1586,9 @@ def build_parser():
     p.add_argument('--untied', action='store_true')
     p.add_argument('--rope', action='store_true', help='no position embeddings')
     p.add_argument('--rmsnorm', action='store_true', help='norms without bias')
+    p.add_argument('--rotary-base', type=int, default=10000, help='args.rotary_base (with --rope)')
+    p.add_argument('--rope-scaling', type=float, default=0,
+                   help="Llama 3's frequency scaling by this factor (args.use_rope_scaling, rotary_scaling_factor)")
     p.add_argument('--openai-gelu', action='store_true', help="GELU's tanh form (args.openai_gelu)")
     p.add_argument('--no-bias', action='store_true', help='add_bias_linear = False')
     p.add_argument('--qkv-bias', action='store_true')
@@ -1536,6 +1613,9 @@ def build_parser():
                    help='generate, merge back and compare (a matrix when no OUTDIR)')
     p.add_argument('--verify', metavar='CKPT',
                    help='merge CKPT and compare it with --full PATH')
+    p.add_argument('--loss', nargs=5, metavar=('CKPT', 'TOKENS', 'SEQ', 'WINDOWS', 'VOCAB'),
+                   help="print the mean cross-entropy of CKPT (Megatron's GPT or Llama-shaped model, from its "
+                        "rank files) over WINDOWS windows of SEQ tokens of TOKENS (uint16), on VOCAB tokens")
     p.add_argument('--logits', nargs=2, metavar=('CKPT', 'EXPORT'),
                    help="compare the logits of CKPT (Megatron's GPT, from its rank files) with those of "
                         "Hugging Face's GPT-2 computed from EXPORT: a safetensors directory, or a GGUF "
@@ -1553,6 +1633,8 @@ def main(argv):
         for line in problems:
             print('  ' + line)
         return 1 if problems else 0
+    if o.loss:
+        return 1 if check_loss(o.loss[0], o.loss[1], int(o.loss[2]), int(o.loss[3]), int(o.loss[4])) else 0
     if o.logits:
         problems = check_logits(o.logits[0], o.logits[1])
         for line in problems:
