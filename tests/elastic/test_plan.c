@@ -150,9 +150,9 @@ static void check_plan(const elastic_plan_request *r)
 
 Test(plan, presets_at_every_world_up_to_64)
 {
-    const char *names[] = {"tiny", "small", "gpt2-124m"};
+    const char *names[] = {"tiny", "small", "gpt2-124m", "llama-tiny", "smollm2-135m", "tinyllama-1.1b"};
     const int64_t batches[] = {1, 6, 8, 12, 32, 48};
-    for (int n = 0; n < 3; n++)
+    for (int n = 0; n < 6; n++)
         for (int world = 1; world <= 64; world++)
             for (int b = 0; b < 6; b++) {
                 elastic_plan_request r = request(preset(names[n]), world, batches[b]);
@@ -433,7 +433,9 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     out.gradients = 4 * m->total;
     out.optimizer = 8 * m->total;
     out.snapshot = 12 * owned; /* trainer/checkpoint.c: data, m, v of the owned views */
-    out.activations = 4 * (slots * slot_floats_of(m) + m->scratch_size + (1 + slots) * N * m->D); /* + d_output, d_input */
+    /* + d_output, d_input; Llama's rotary table [T, hd] and, with K < TP, the key/value gradients [K, 2 hd, D] */
+    int64_t llama = (m->rope_cos_sin ? m->T * m->hd : 0) + (m->kv_grads ? 2 * config->kv_heads * m->hd * m->D : 0);
+    out.activations = 4 * (slots * slot_floats_of(m) + m->scratch_size + (1 + slots) * N * m->D + llama);
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
     gpt_model_free(m);
     comm_free(c);
@@ -442,9 +444,9 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
 
 Test(plan, memory_estimate_is_what_the_trainer_allocates)
 {
-    const char *names[] = {"tiny", "small"};
+    const char *names[] = {"tiny", "small", "llama-tiny"}; /* llama-tiny: 2 key/value heads, untied */
     const int tps[] = {1, 2, 4}, pps[] = {1, 2};
-    for (int n = 0; n < 2; n++)
+    for (int n = 0; n < 3; n++)
         for (int t = 0; t < 3; t++)
             for (int p = 0; p < 2; p++)
                 for (int64_t micro = 1; micro <= 2; micro++) {
