@@ -53,6 +53,8 @@ int ckpt_attrs_write(hid_t dset, const ckpt_piece_attrs *a)
         if (!status) status = ckpt_h5_write_i64s(dset, "segments", p->segments, p->num_segments);
         if (!status) status = ckpt_h5_write_i64s(dset, "granule", &p->granule, 1);
         if (!status) status = ckpt_h5_write_i64s(dset, "pad_multiple", &p->pad_multiple, 1);
+        int64_t replicate = p->replicate_small_segments;
+        if (!status && replicate) status = ckpt_h5_write_i64s(dset, "replicate_small_segments", &replicate, 1);
     }
     return status ? tp_fail_context(status, "tensor %s", t->name) : TP_OK;
 }
@@ -96,6 +98,13 @@ int ckpt_attrs_read(hid_t dset, ckpt_piece_attrs *a, int with_checksum)
         if (!status) status = ckpt_h5_read_i64s(dset, "granule", &d.partition.granule, 1, NULL);
         if (!status)
             status = ckpt_h5_read_i64s(dset, "pad_multiple", &d.partition.pad_multiple, 1, NULL);
+        /* Format 1.4, written only when set. */
+        int64_t replicate = 0;
+        if (!status && H5Aexists(dset, "replicate_small_segments") > 0)
+            status = ckpt_h5_read_i64s(dset, "replicate_small_segments", &replicate, 1, NULL);
+        if (!status && replicate != 0 && replicate != 1)
+            status = tp_fail(TP_ERR_FORMAT, "attribute replicate_small_segments is %lld, not 0 or 1", (long long)replicate);
+        d.partition.replicate_small_segments = (int)replicate;
         if (status) return status;
         d.partition.axis = (int)axis;
     } else if (strcmp(partition, "replicated") != 0) {

@@ -29,7 +29,7 @@
 #include "storage.h"
 
 #define CKPT_FORMAT_MAJOR 1
-#define CKPT_FORMAT_MINOR 3
+#define CKPT_FORMAT_MINOR 4
 #define CKPT_MAX_DIMS 8
 #define CKPT_MAX_SEGMENTS 16
 #define CKPT_NAME_MAX 255
@@ -68,7 +68,15 @@ typedef enum { CKPT_REPLICATED = 0, CKPT_SPLIT = 1 } ckpt_partition_kind;
  * attention heads, 1 otherwise). With pad_multiple d >= 1 each segment is
  * padded at its end with zero rows up to a multiple of tp * d * granule (a
  * vocabulary padded for tp); with d == 0 a segment that does not split evenly
- * is an error. */
+ * is an error.
+ *
+ * With replicate_small_segments, a segment of n granules with n < tp and tp
+ * divisible by n is replicated instead: rank r's share is its single granule
+ * r / (tp / n), held alike by the tp / n consecutive ranks that share it
+ * (grouped-query attention with fewer key/value heads than ranks, as
+ * Megatron-LM places them). The first of those ranks holds the granule's
+ * primary copy, which readers and digests take; the others hold replicas.
+ * Not combined with padding. */
 typedef struct {
     ckpt_partition_kind kind;
     int axis;                               /* split axis, 0 <= axis < ndim */
@@ -76,6 +84,7 @@ typedef struct {
     int64_t segments[CKPT_MAX_SEGMENTS];    /* logical sizes; they sum to shape[axis] */
     int64_t granule;                        /* 0 is taken as 1 */
     int64_t pad_multiple;                   /* 0: no padding allowed */
+    int replicate_small_segments;           /* segments of fewer granules than ranks are replicated */
 } ckpt_partition;
 
 /* Where a tensor lives in the pipeline: with a layer (stage = layer / (layers/pp)),
@@ -157,6 +166,7 @@ typedef struct {
     int64_t logical_start; /* along the split axis of the logical tensor */
     int64_t local_start;   /* along the split axis of the rank's piece */
     int64_t length;
+    int replica;           /* 0: the primary copy; k > 0: the k-th replica of a replicated segment's granule */
 } ckpt_run;
 
 /* Cuts the logical range [start, start + count) of the split axis into runs, in
@@ -166,7 +176,8 @@ int64_t ckpt_partition_runs(const ckpt_tensor_desc *tensor, int tp, int64_t star
                             ckpt_run *runs, int64_t max_runs);
 
 /* Runs of rank's piece in local order, covering its whole split axis: entries
- * with logical_start == -1 are padding. At most 2 * num_segments runs; returns
+ * with logical_start == -1 are padding; replicas of a replicated segment's
+ * granule have their logical rows and replica > 0. At most 2 * num_segments runs; returns
  * how many were written, or -1 when max_runs is too small. */
 int64_t ckpt_piece_runs(const ckpt_tensor_desc *tensor, int tp, int rank, ckpt_run *runs,
                         int64_t max_runs);

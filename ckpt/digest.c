@@ -82,6 +82,7 @@ uint64_t ckpt_digest_rows(const ckpt_tensor_desc *t, int tp, int piece, int64_t 
                           const void *data)
 {
     digest_walk w = {data, tp_dtype_size(t->dtype), 0};
-    ckpt_piece_element_runs(t, tp, piece, row0, row1, add_run, &w);
+    /* Each logical element once: a replicated granule's replicas are not counted. */
+    ckpt_piece_element_runs_of(t, tp, piece, row0, row1, 1, add_run, &w);
     return w.sum;
 }

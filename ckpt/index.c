@@ -70,6 +70,7 @@ static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp)
                               int_array(t->partition.segments, t->partition.num_segments));
         cJSON_AddNumberToObject(part, "granule", (double)t->partition.granule);
         cJSON_AddNumberToObject(part, "pad_multiple", (double)t->partition.pad_multiple);
+        if (t->partition.replicate_small_segments) cJSON_AddTrueToObject(part, "replicate_small_segments");
     } else {
         cJSON_AddStringToObject(part, "kind", "replicated");
     }
@@ -355,6 +356,10 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
             get_int_array(ctx, part, "segments", d.partition.segments, CKPT_MAX_SEGMENTS, 1);
         d.partition.granule = get_int(ctx, part, "granule", 1, (int64_t)1 << 40);
         d.partition.pad_multiple = get_int(ctx, part, "pad_multiple", 0, 1 << 20);
+        /* Format 1.4: absent means false. */
+        const cJSON *replicate = cJSON_GetObjectItemCaseSensitive(part, "replicate_small_segments");
+        if (replicate && !cJSON_IsBool(replicate)) parse_error(ctx, "partition.replicate_small_segments", "a boolean");
+        d.partition.replicate_small_segments = cJSON_IsTrue(replicate);
     } else if (strcmp(kind, "replicated") != 0) {
         parse_error(ctx, "partition.kind", "'split' or 'replicated'");
     }

@@ -43,6 +43,9 @@ int ckpt_tensor_equal(const ckpt_tensor_desc *a, const ckpt_tensor_desc *b);
 /* Helpers for the partition arithmetic. */
 int64_t ckpt_segment_padded(const ckpt_partition *p, int s, int tp);
 int64_t ckpt_piece_axis_size(const ckpt_partition *p, int tp);
+/* ckpt_piece_element_runs, leaving replicas out with primary_only (digests). */
+int ckpt_piece_element_runs_of(const ckpt_tensor_desc *t, int tp, int piece, int64_t row0, int64_t row1,
+                               int primary_only, ckpt_element_run_fn visit, void *ctx);
 
 /* Piece geometry as the writer and reader see it: rows along axis 0. */
 typedef struct {

@@ -6,7 +6,10 @@
  *   share_s  = padded_s / T                  rows of segment s on every rank
  *   piece of rank r = concat over s of padded segment s, [r*share_s, (r+1)*share_s)
  * Logical index k inside segment s goes to rank k / share_s at local index
- * (sum of earlier shares) + k % share_s; indices in [S_s, padded_s) are padding. */
+ * (sum of earlier shares) + k % share_s; indices in [S_s, padded_s) are padding.
+ * A replicated segment (replicate_small_segments, n = S_s / g granules,
+ * n < T): share_s = g, rank r holds granule r / (T / n), and logical index k
+ * has its primary copy on rank (k / g) * (T / n). */
 #include <string.h>
 
 #include "internal.h"
@@ -138,6 +141,12 @@ int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in)
     if (p->granule < 0 || p->pad_multiple < 0 || p->pad_multiple > (1 << 20))
         return tp_fail(TP_ERR_ARG, "tensor %s: granule %lld or pad multiple %lld out of range",
                          t->name, (long long)p->granule, (long long)p->pad_multiple);
+    if (p->replicate_small_segments != 0 && p->replicate_small_segments != 1)
+        return tp_fail(TP_ERR_ARG, "tensor %s: replicate_small_segments %d is not a boolean", t->name,
+                       p->replicate_small_segments);
+    if (p->replicate_small_segments && p->pad_multiple)
+        return tp_fail(TP_ERR_ARG, "tensor %s: replicated segments cannot be padded (pad multiple %lld)", t->name,
+                       (long long)p->pad_multiple);
     int64_t total = 0;
     for (int s = 0; s < p->num_segments; s++) {
         if (p->segments[s] < 1)
@@ -167,10 +176,24 @@ int64_t ckpt_segment_padded(const ckpt_partition *p, int s, int tp)
     return (p->segments[s] + unit - 1) / unit * unit;
 }
 
+/* Ranks holding each granule of segment s: tp / granules when the segment
+ * is replicated, else 1. */
+static int64_t segment_holders(const ckpt_partition *p, int s, int tp)
+{
+    int64_t granules = p->segments[s] / p->granule;
+    return p->replicate_small_segments && granules < tp ? tp / granules : 1;
+}
+
+/* Rows of segment s on every rank. */
+static int64_t segment_share(const ckpt_partition *p, int s, int tp)
+{
+    return segment_holders(p, s, tp) > 1 ? p->granule : ckpt_segment_padded(p, s, tp) / tp;
+}
+
 int64_t ckpt_piece_axis_size(const ckpt_partition *p, int tp)
 {
     int64_t size = 0;
-    for (int s = 0; s < p->num_segments; s++) size += ckpt_segment_padded(p, s, tp) / tp;
+    for (int s = 0; s < p->num_segments; s++) size += segment_share(p, s, tp);
     return size;
 }
 
@@ -195,14 +218,26 @@ int ckpt_tensor_check(const ckpt_tensor_desc *tensor, int tp)
         if (p->segments[s] > CKPT_MAX_ELEMENTS - unit)
             return tp_fail(TP_ERR_LAYOUT, "tensor %s: segment %d of size %lld is absurd", t->name, s,
                            (long long)p->segments[s]);
-        padded_total += ckpt_segment_padded(p, s, tp);
+        /* A replicated segment stores one granule on every rank. */
+        padded_total += segment_holders(p, s, tp) > 1 ? p->granule * tp : ckpt_segment_padded(p, s, tp);
     }
     int64_t elements = padded_total;
+    if (elements > CKPT_MAX_ELEMENTS)
+        return tp_fail(TP_ERR_LAYOUT, "tensor %s: more than 2^50 elements stored at tp=%d (padding and replicas)",
+                       t->name, tp);
     for (int d = 0; d < t->ndim; d++)
         if (d != p->axis && (__builtin_mul_overflow(elements, t->shape[d], &elements) || elements > CKPT_MAX_ELEMENTS))
             return tp_fail(TP_ERR_LAYOUT, "tensor %s: more than 2^50 elements once padded", t->name);
     for (int s = 0; s < p->num_segments; s++) {
         int64_t granules = ckpt_segment_padded(p, s, tp) / p->granule;
+        if (p->replicate_small_segments && granules < tp) {
+            if (tp % granules != 0)
+                return tp_fail(TP_ERR_LAYOUT,
+                               "tensor %s: segment %d of split axis %d has %lld granules of %lld, fewer than "
+                               "tp=%d and not dividing it: they cannot be replicated evenly",
+                               t->name, s, p->axis, (long long)granules, (long long)p->granule, tp);
+            continue;
+        }
         if (granules % tp != 0)
             return tp_fail(TP_ERR_LAYOUT,
                              "tensor %s: segment %d of split axis %d has %lld granules of %lld "
@@ -265,19 +300,21 @@ int64_t ckpt_partition_runs(const ckpt_tensor_desc *tensor, int tp, int64_t star
     int64_t seg_logical = 0, seg_local = 0;
     for (int s = 0; s < p->num_segments; s++) {
         int64_t size = p->segments[s];
-        int64_t share = ckpt_segment_padded(p, s, tp) / tp;
+        int64_t share = segment_share(p, s, tp), holders = segment_holders(p, s, tp);
         int64_t lo = start > seg_logical ? start - seg_logical : 0;
         int64_t hi = end < seg_logical + size ? end - seg_logical : size;
-        /* [lo, hi) is the requested part of this segment, in segment coordinates */
+        /* [lo, hi) is the requested part of this segment, in segment coordinates;
+         * share `share` of it is on rank (its index) x holders, the primary copy */
         while (lo < hi) {
-            int64_t rank = lo / share;
-            int64_t rank_end = (rank + 1) * share;
-            int64_t stop = hi < rank_end ? hi : rank_end;
+            int64_t block = lo / share;
+            int64_t block_end = (block + 1) * share;
+            int64_t stop = hi < block_end ? hi : block_end;
             if (n == max_runs) return -1;
-            runs[n].rank = (int)rank;
+            runs[n].rank = (int)(block * holders);
             runs[n].logical_start = seg_logical + lo;
-            runs[n].local_start = seg_local + lo - rank * share;
+            runs[n].local_start = seg_local + lo - block * share;
             runs[n].length = stop - lo;
+            runs[n].replica = 0;
             n++;
             lo = stop;
         }
@@ -295,18 +332,25 @@ int64_t ckpt_piece_runs(const ckpt_tensor_desc *tensor, int tp, int rank, ckpt_r
     int64_t n = 0, seg_logical = 0, seg_local = 0;
     for (int s = 0; s < p->num_segments; s++) {
         int64_t size = p->segments[s];
-        int64_t share = ckpt_segment_padded(p, s, tp) / tp;
+        int64_t share = segment_share(p, s, tp), holders = segment_holders(p, s, tp);
+        if (holders > 1) { /* the granule rank / holders, a replica unless rank is its first holder */
+            if (n == max_runs) return -1;
+            runs[n++] = (ckpt_run){rank, seg_logical + rank / holders * share, seg_local, share, (int)(rank % holders)};
+            seg_logical += size;
+            seg_local += share;
+            continue;
+        }
         int64_t first = (int64_t)rank * share; /* segment coordinate of the share's start */
         int64_t data = size - first;           /* logical rows that fall in this share */
         if (data > share) data = share;
         if (data < 0) data = 0;
         if (data > 0) {
             if (n == max_runs) return -1;
-            runs[n++] = (ckpt_run){rank, seg_logical + first, seg_local, data};
+            runs[n++] = (ckpt_run){rank, seg_logical + first, seg_local, data, 0};
         }
         if (share - data > 0) {
             if (n == max_runs) return -1;
-            runs[n++] = (ckpt_run){rank, -1, seg_local + data, share - data};
+            runs[n++] = (ckpt_run){rank, -1, seg_local + data, share - data, 0};
         }
         seg_logical += size;
         seg_local += share;
@@ -335,6 +379,7 @@ int ckpt_tensor_equal_layout(const ckpt_tensor_desc *a, const ckpt_tensor_desc *
     if (same_partition && p.kind == CKPT_SPLIT)
         same_partition = p.axis == q.axis && p.num_segments == q.num_segments && p.granule == q.granule &&
                          p.pad_multiple == q.pad_multiple &&
+                         p.replicate_small_segments == q.replicate_small_segments &&
                          memcmp(p.segments, q.segments, sizeof(int64_t) * (size_t)p.num_segments) == 0;
     return same_partition && a->ndim == b->ndim &&
            memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0 && a->anchor == b->anchor &&
@@ -347,8 +392,10 @@ int ckpt_tensor_equal(const ckpt_tensor_desc *a, const ckpt_tensor_desc *b)
            strcmp(a->param, b->param) == 0 && a->dtype == b->dtype && a->layer == b->layer;
 }
 
-int ckpt_piece_element_runs(const ckpt_tensor_desc *t, int tp, int piece, int64_t row0, int64_t row1,
-                            ckpt_element_run_fn visit, void *ctx)
+/* ckpt_piece_element_runs; with primary_only, a replica's runs are left out
+ * (not visited): each logical element is then visited once over all pieces. */
+int ckpt_piece_element_runs_of(const ckpt_tensor_desc *t, int tp, int piece, int64_t row0, int64_t row1,
+                               int primary_only, ckpt_element_run_fn visit, void *ctx)
 {
     int64_t shape[CKPT_MAX_DIMS], row_elements = 1;
     ckpt_piece_shape(t, tp, shape);
@@ -363,7 +410,7 @@ int ckpt_piece_element_runs(const ckpt_tensor_desc *t, int tp, int piece, int64_
             int64_t a = runs[k].local_start > row0 ? runs[k].local_start : row0;
             int64_t end = runs[k].local_start + runs[k].length;
             int64_t b = end < row1 ? end : row1;
-            if (a >= b) continue;
+            if (a >= b || (primary_only && runs[k].replica)) continue;
             int64_t logical = runs[k].logical_start < 0
                                   ? -1
                                   : (runs[k].logical_start + a - runs[k].local_start) * row_elements;
@@ -381,11 +428,17 @@ int ckpt_piece_element_runs(const ckpt_tensor_desc *t, int tp, int piece, int64_
         for (int64_t k = 0; k < n && !status; k++) {
             int64_t len = runs[k].length * inner;
             int64_t logical = runs[k].logical_start < 0 ? -1 : (o * t->shape[axis] + runs[k].logical_start) * inner;
-            status = visit(ctx, offset, logical, len);
+            if (!primary_only || !runs[k].replica) status = visit(ctx, offset, logical, len);
             offset += len;
         }
     }
     return status;
+}
+
+int ckpt_piece_element_runs(const ckpt_tensor_desc *t, int tp, int piece, int64_t row0, int64_t row1,
+                            ckpt_element_run_fn visit, void *ctx)
+{
+    return ckpt_piece_element_runs_of(t, tp, piece, row0, row1, 0, visit, ctx);
 }
 
 int64_t ckpt_piece_block_rows(const ckpt_tensor_desc *t, int tp)

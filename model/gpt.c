@@ -93,8 +93,12 @@ int gpt_config_check(const gpt_config *c, int tp, int pp)
     if (tp < 1 || pp < 1) return tp_fail(TP_ERR_LAYOUT, "tp=%d and pp=%d must be >= 1", tp, pp);
     if (c->heads % tp != 0)
         return tp_fail(TP_ERR_LAYOUT, "heads %lld is not divisible by tp %d", (long long)c->heads, tp);
-    if (c->kv_heads % tp != 0)
-        return tp_fail(TP_ERR_LAYOUT, "kv_heads %lld is not divisible by tp %d", (long long)c->kv_heads, tp);
+    /* Fewer key/value heads than ranks: each is replicated over tp / kv_heads ranks. */
+    if (c->kv_heads % tp != 0 && (c->kv_heads > tp || tp % c->kv_heads != 0))
+        return tp_fail(TP_ERR_LAYOUT,
+                       "kv_heads %lld over tp %d: neither divides the other (fewer key/value heads than ranks are "
+                       "replicated when they divide tp)",
+                       (long long)c->kv_heads, tp);
     if (c->ffn % tp != 0) return tp_fail(TP_ERR_LAYOUT, "ffn %lld is not divisible by tp %d", (long long)c->ffn, tp);
     if (c->layers % pp != 0)
         return tp_fail(TP_ERR_LAYOUT, "layers %lld is not divisible by pp %d", (long long)c->layers, pp);
@@ -349,6 +353,7 @@ static void llama_layers(catalog_builder *b, const gpt_config *c, float residual
         constant(add(b, GPT_LN1_WEIGHT, l, c->dtype, 1, c->dim, 1), 1);
         t = add(b, GPT_QKV_WEIGHT, l, c->dtype, 2, q + 2 * kv, c->dim);
         split(t, 0, hd, 3, qkv_segments);
+        t->desc.partition.replicate_small_segments = c->kv_heads < c->heads; /* K < TP at some layouts */
         t = add(b, GPT_PROJ_WEIGHT, l, c->dtype, 2, c->dim, q);
         split(t, 1, hd, 1, &q);
         t->init_std = residual_std;
@@ -397,8 +402,10 @@ int gpt_catalog(const gpt_config *c, int with_optimizer, gpt_tensor **out, int *
         constant(add(&b, GPT_LN1_BIAS, l, c->dtype, 1, c->dim, 1), 0);
         t = add(&b, GPT_QKV_WEIGHT, l, c->dtype, 2, q + 2 * kv, c->dim);
         split(t, 0, hd, 3, qkv_segments);
+        t->desc.partition.replicate_small_segments = c->kv_heads < c->heads;
         t = add(&b, GPT_QKV_BIAS, l, c->dtype, 1, q + 2 * kv, 1);
         split(t, 0, hd, 3, qkv_segments);
+        t->desc.partition.replicate_small_segments = c->kv_heads < c->heads;
         constant(t, 0);
         t = add(&b, GPT_PROJ_WEIGHT, l, c->dtype, 2, c->dim, q);
         split(t, 1, hd, 1, &q);

@@ -90,8 +90,8 @@ static void format_partition(const ckpt_tensor_desc *t, char *out, size_t size)
         n += snprintf(out + n, size - (size_t)n, " segments %s", segments);
     }
     if (p->granule > 1) n += snprintf(out + n, size - (size_t)n, " granule %lld", (long long)p->granule);
-    if (p->pad_multiple > 0)
-        snprintf(out + n, size - (size_t)n, " pad x%lld", (long long)p->pad_multiple);
+    if (p->pad_multiple > 0) n += snprintf(out + n, size - (size_t)n, " pad x%lld", (long long)p->pad_multiple);
+    if (p->replicate_small_segments) snprintf(out + n, size - (size_t)n, " (small segments replicated)");
 }
 
 static int64_t tensor_stored_bytes(const ckpt_reader *r, int i)

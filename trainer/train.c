@@ -285,7 +285,7 @@ static int dump_logits(trainer *t)
     int64_t N = m->B * m->T;
     ckpt_tensor_desc d = {.name = "dump/logits", .dtype = TP_FP32, .ndim = 2, .shape = {N, m->config.vocab},
                           .anchor = CKPT_ANCHOR_LAST};
-    d.partition = (ckpt_partition){CKPT_SPLIT, 1, 0, {0}, 1, m->config.vocab_pad_multiple};
+    d.partition = (ckpt_partition){.kind = CKPT_SPLIT, .axis = 1, .granule = 1, .pad_multiple = m->config.vocab_pad_multiple};
     ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
     char owner[CKPT_OWNER_MAX];
     TP_TRY(checkpoint_staging_owner(c, owner));

@@ -134,15 +134,30 @@ def logical_digest(bits):
         return int(np.sum(x * k * f, dtype=np.uint64))
 
 
-def merge(tensor, pieces, tp):
+def merge(tensor, pieces, tp, disagree=None):
     """The logical tensor from its pieces (docs/FORMAT.md "Partition"), and
-    the padding it leaves out."""
+    the padding it leaves out. A replicated segment (replicate_small_segments,
+    fewer granules than ranks) takes each granule from its first holder;
+    replicas that differ from it are appended to disagree as (segment,
+    granule, rank)."""
     part = tensor["partition"]
     if part["kind"] == "replicated":
         return pieces[0], []
     axis, granule, pad = part["axis"], part["granule"], part["pad_multiple"]
+    replicate = part.get("replicate_small_segments", False)
     out, padding, local = [], [], 0
-    for size in part["segments"]:
+    for s, size in enumerate(part["segments"]):
+        granules = size // granule
+        if replicate and granules < tp:
+            holders = tp // granules
+            share = granule
+            rows = lambda r: np.take(pieces[r], range(local, local + share), axis=axis)  # noqa: E731
+            out.append(np.concatenate([rows(g * holders) for g in range(granules)], axis=axis))
+            for r in range(tp):
+                if not np.array_equal(rows(r), rows(r // holders * holders), equal_nan=True) and disagree is not None:
+                    disagree.append((s, r // holders, r))
+            local += share
+            continue
         padded = size if pad == 0 else -(-size // (tp * pad * granule)) * (tp * pad * granule)
         share = padded // tp
         full = np.concatenate([np.take(p, range(local, local + share), axis=axis) for p in pieces], axis=axis)
@@ -225,8 +240,11 @@ def read_logical(ckpt, index, tensor, files, problems):
         if dset.chunks is None and not np.array_equal(dset[...].astype(np.float32), values, equal_nan=True):
             problems.append(f"{name} piece {p}: h5py reads different values than the raw bytes")
         pieces.append(values)
+    disagree = []
     logical, padding = merge(tensor, pieces, tp)
-    bits = merge(tensor, raw, tp)[0]
+    bits = merge(tensor, raw, tp, disagree)[0]
+    for segment, g, r in disagree:
+        problems.append(f"{name}: segment {segment} granule {g}: the replica on rank {r} differs from its first holder's")
     if list(logical.shape) != tensor["shape"]:
         problems.append(f"{name}: merged shape {logical.shape} != {tensor['shape']}")
         return None

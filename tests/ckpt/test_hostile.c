@@ -34,7 +34,7 @@ static void checkpoint(const char *path)
     strcpy(t[1].name, "model/b.bias");
     t[0].desc = (ckpt_tensor_desc){.name = t[0].name, .dtype = TP_FP32, .ndim = 2, .shape = {64, 64},
                                    .anchor = CKPT_ANCHOR_LAYER, .layer = 1};
-    t[0].desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 1};
+    t[0].desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 1, 0};
     t[1].desc = (ckpt_tensor_desc){.name = t[1].name, .dtype = TP_BF16, .ndim = 1, .shape = {4096},
                                    .anchor = CKPT_ANCHOR_FIRST};
     t[0].logical = data[0];
@@ -164,12 +164,12 @@ Test(hostile, partition_arithmetic_at_the_api)
 {
     ckpt_tensor_desc t = {.name = "model/x.weight", .dtype = TP_FP32, .ndim = 1, .shape = {(int64_t)1 << 40},
                           .anchor = CKPT_ANCHOR_FIRST};
-    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 1, {(int64_t)1 << 40}, (int64_t)1 << 40, 1 << 20};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 1, {(int64_t)1 << 40}, (int64_t)1 << 40, 1 << 20, 0};
     /* 4096 x 2^20 x 2^40 wraps to 0: a division by zero before the check */
     cr_assert_neq(ckpt_tensor_check(&t, 4096), TP_OK);
     cr_assert(strstr(tp_errmsg(), "model/x.weight") && strstr(tp_errmsg(), "padding unit"), "%s", tp_errmsg());
     /* segments whose sum overflows (found by fuzz_partition) */
-    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 2, {INT64_MAX / 2 + 7, INT64_MAX / 2 + 9}, 1, 0};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 2, {INT64_MAX / 2 + 7, INT64_MAX / 2 + 9}, 1, 0, 0};
     cr_assert_neq(ckpt_tensor_check(&t, 2), TP_OK);
     cr_assert(strstr(tp_errmsg(), "model/x.weight"), "%s", tp_errmsg());
     ckpt_tensor_desc many = {.name = "model/y", .dtype = TP_BF16, .ndim = 8,

@@ -105,7 +105,7 @@ Test(io, multi_block_regions)
         snprintf(tensors[i].name, sizeof tensors[i].name, "model/big%d", i);
         tensors[i].desc = (ckpt_tensor_desc){.name = tensors[i].name, .dtype = TP_FP32, .ndim = 2,
                                              .shape = {3000, 300}, .anchor = CKPT_ANCHOR_FIRST};
-        tensors[i].desc.partition = (ckpt_partition){CKPT_SPLIT, i, 0, {0}, 0, 0};
+        tensors[i].desc.partition = (ckpt_partition){CKPT_SPLIT, i, 0, {0}, 0, 0, 0};
         size_t bytes = 3000 * 300 * 4;
         tensors[i].logical = malloc(bytes);
         for (size_t b = 0; b < bytes; b++) tensors[i].logical[b] = (uint8_t)next_random();
@@ -152,7 +152,7 @@ static void simple_checkpoint(const char *path, int64_t step)
     strcpy(t[1].name, "model/b.bias");
     t[0].desc = (ckpt_tensor_desc){.name = t[0].name, .dtype = TP_FP32, .ndim = 2, .shape = {64, 64},
                                    .anchor = CKPT_ANCHOR_LAYER, .layer = 1};
-    t[0].desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 0};
+    t[0].desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 0, 0};
     t[1].desc = (ckpt_tensor_desc){.name = t[1].name, .dtype = TP_BF16, .ndim = 1, .shape = {4096},
                                    .anchor = CKPT_ANCHOR_FIRST};
     t[0].logical = data[0];
@@ -387,7 +387,7 @@ Test(io, nonzero_padding_is_found)
     ckpt_layout layout = {2, 1, 1, 0};
     ckpt_tensor_desc t = {.name = "model/tok", .dtype = TP_FP32, .ndim = 1, .shape = {5},
                           .anchor = CKPT_ANCHOR_FIRST};
-    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 1, 4}; /* 5 padded to 8 */
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 1, 4, 0}; /* 5 padded to 8 */
     ckpt_writer *w;
     int id;
     cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), TP_OK);

@@ -30,6 +30,7 @@ static ckpt_tensor_desc random_split(int64_t *granule_out)
     t.partition.granule = rnd(1, 4);
     t.partition.num_segments = (int)rnd(1, 4);
     t.partition.pad_multiple = rnd(0, 1) ? rnd(1, 3) : 0;
+    t.partition.replicate_small_segments = t.partition.pad_multiple == 0 && rnd(0, 1);
     int64_t total = 0;
     for (int s = 0; s < t.partition.num_segments; s++) {
         t.partition.segments[s] = t.partition.granule * rnd(1, 12);
@@ -42,13 +43,24 @@ static ckpt_tensor_desc random_split(int64_t *granule_out)
 }
 
 /* Reference: for every rank and local index, the logical index or -1 for
- * padding, straight from the definition. owner[] maps logical -> rank*B+local. */
+ * padding, straight from the definition; replica[] the same places' replica
+ * numbers (0 but for replicated segments' granules on their later holders). */
+static int64_t *replica;
+
 static int reference(const ckpt_tensor_desc *t, int tp, int64_t **map_out, int64_t *piece_size)
 {
     const ckpt_partition *p = &t->partition;
-    int64_t local_total = 0, paddeds[CKPT_MAX_SEGMENTS];
+    int64_t local_total = 0, paddeds[CKPT_MAX_SEGMENTS], holders[CKPT_MAX_SEGMENTS];
     for (int s = 0; s < p->num_segments; s++) {
-        int64_t size = p->segments[s], padded = size;
+        int64_t size = p->segments[s], padded = size, granules = size / p->granule;
+        holders[s] = 1;
+        if (p->replicate_small_segments && granules < tp) {
+            if (tp % granules) return 0; /* cannot replicate evenly */
+            holders[s] = tp / granules;
+            paddeds[s] = p->granule * tp; /* one granule per rank */
+            local_total += p->granule;
+            continue;
+        }
         if (p->pad_multiple) {
             int64_t unit = tp * p->pad_multiple * p->granule;
             while (padded % unit) padded++;
@@ -60,11 +72,18 @@ static int reference(const ckpt_tensor_desc *t, int tp, int64_t **map_out, int64
         local_total += padded / tp;
     }
     int64_t *map = malloc(sizeof(int64_t) * (size_t)(local_total * tp));
+    free(replica);
+    replica = calloc((size_t)(local_total * tp), sizeof(int64_t));
     int64_t seg_logical = 0, seg_local = 0;
     for (int s = 0; s < p->num_segments; s++) {
         int64_t share = paddeds[s] / tp;
         for (int64_t k = 0; k < paddeds[s]; k++) {
             int64_t rank = k / share, local = seg_local + k % share;
+            if (holders[s] > 1) { /* rank holds granule rank / holders */
+                map[rank * local_total + local] = seg_logical + rank / holders[s] * p->granule + k % share;
+                replica[rank * local_total + local] = rank % holders[s];
+                continue;
+            }
             map[rank * local_total + local] = k < p->segments[s] ? seg_logical + k : -1;
         }
         seg_logical += p->segments[s];
@@ -114,6 +133,7 @@ Test(partition, random_layouts_match_reference)
                     int64_t want = map[r * piece_size + local + i];
                     int64_t got = runs[k].logical_start < 0 ? -1 : runs[k].logical_start + i;
                     cr_assert_eq(got, want, "iter %d rank %d local %lld", iter, r, (long long)(local + i));
+                    cr_assert_eq(runs[k].replica, replica[r * piece_size + local + i], "iter %d rank %d", iter, r);
                 }
                 local += runs[k].length;
             }
@@ -130,8 +150,11 @@ Test(partition, random_layouts_match_reference)
             int64_t next = start;
             for (int64_t k = 0; k < n; k++) {
                 cr_assert_eq(runs[k].logical_start, next);
-                for (int64_t i = 0; i < runs[k].length; i++)
+                for (int64_t i = 0; i < runs[k].length; i++) {
                     cr_assert_eq(map[runs[k].rank * piece_size + runs[k].local_start + i], next + i);
+                    cr_assert_eq(replica[runs[k].rank * piece_size + runs[k].local_start + i], 0,
+                                 "logical ranges are read from the primary copy");
+                }
                 next += runs[k].length;
             }
             cr_assert_eq(next, start + count);
@@ -149,7 +172,7 @@ Test(partition, fused_qkv_grouped_query)
     /* 8 query heads, 2 KV heads of 16: segments [128, 32, 32] granule 16. */
     ckpt_tensor_desc t = {.name = "model/layers.0.attn.qkv.weight", .dtype = TP_BF16, .ndim = 2,
                           .shape = {192, 64}, .anchor = CKPT_ANCHOR_LAYER, .layer = 0};
-    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {128, 32, 32}, 16, 0};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {128, 32, 32}, 16, 0, 0};
     cr_assert_eq(ckpt_tensor_check(&t, 2), TP_OK);
     int64_t shape[CKPT_MAX_DIMS];
     ckpt_piece_shape(&t, 2, shape);
@@ -163,11 +186,48 @@ Test(partition, fused_qkv_grouped_query)
     cr_assert(strstr(tp_errmsg(), "segment 1"), "names the segment: %s", tp_errmsg());
 }
 
+Test(partition, fewer_kv_heads_than_ranks_are_replicated)
+{
+    /* 4 query heads, 1 KV head of 16: segments [64, 16, 16] granule 16, the
+     * KV head on every one of 4 ranks (Megatron's layout for K < TP). */
+    ckpt_tensor_desc t = {.name = "model/layers.0.attn.qkv.weight", .dtype = TP_FP32, .ndim = 2,
+                          .shape = {96, 8}, .anchor = CKPT_ANCHOR_LAYER, .layer = 0};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {64, 16, 16}, 16, 0, 1};
+    cr_assert_eq(ckpt_tensor_check(&t, 4), TP_OK, "%s", tp_errmsg());
+    int64_t shape[CKPT_MAX_DIMS];
+    ckpt_piece_shape(&t, 4, shape);
+    cr_assert_eq(shape[0], 48, "16 q + 16 k + 16 v: %lld", (long long)shape[0]);
+    ckpt_run runs[8];
+    cr_assert_eq(ckpt_piece_runs(&t, 4, 2, runs, 8), 3);
+    cr_assert(runs[0].logical_start == 32 && runs[0].replica == 0, "query head 2 is rank 2's own");
+    cr_assert(runs[1].logical_start == 64 && runs[1].local_start == 16 && runs[1].replica == 2, "the key head's 3rd copy");
+    cr_assert(runs[2].logical_start == 80 && runs[2].replica == 2);
+    /* Reading the key rows takes them from rank 0, the primary copy. */
+    cr_assert_eq(ckpt_partition_runs(&t, 4, 64, 32, runs, 8), 2);
+    cr_assert(runs[0].rank == 0 && runs[0].local_start == 16 && runs[1].rank == 0 && runs[1].local_start == 32);
+    /* 2 KV heads over 8 ranks: head g on ranks 4g..4g+3. */
+    t.shape[0] = 128 + 64;
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {128, 32, 32}, 16, 0, 1};
+    cr_assert_eq(ckpt_tensor_check(&t, 8), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_piece_runs(&t, 8, 5, runs, 8), 3);
+    cr_assert(runs[1].logical_start == 128 + 16 && runs[1].replica == 1, "rank 5: head 1's 2nd copy");
+    /* At tp 2 the same description splits as before: no replicas. */
+    cr_assert_eq(ckpt_piece_runs(&t, 2, 1, runs, 8), 3);
+    cr_assert(runs[1].logical_start == 144 && runs[1].replica == 0);
+    /* 2 heads cannot be replicated evenly over 3 ranks (nor padded). */
+    cr_assert_eq(ckpt_tensor_check(&t, 3), TP_ERR_LAYOUT);
+    cr_assert(strstr(tp_errmsg(), "cannot be replicated evenly") || strstr(tp_errmsg(), "not divisible"), "%s",
+              tp_errmsg());
+    t.partition.pad_multiple = 1;
+    cr_assert_eq(ckpt_tensor_check(&t, 8), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "cannot be padded"), "%s", tp_errmsg());
+}
+
 Test(partition, vocabulary_padding)
 {
     ckpt_tensor_desc t = {.name = "model/tok_embed.weight", .dtype = TP_FP32, .ndim = 2,
                           .shape = {50257, 8}, .anchor = CKPT_ANCHOR_FIRST};
-    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 1, {50257}, 1, 128};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 1, {50257}, 1, 128, 0};
     int64_t padded[CKPT_MAX_DIMS];
     ckpt_padded_shape(&t, 1, padded);
     cr_assert_eq(padded[0], 50304); /* Megatron's 128-multiple */
@@ -201,14 +261,14 @@ Test(partition, invalid_descriptions_are_refused)
 {
     ckpt_tensor_desc t = {.name = "model/w", .dtype = TP_FP32, .ndim = 2, .shape = {10, 4},
                           .anchor = CKPT_ANCHOR_FIRST};
-    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 2, {4, 5}, 1, 0};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 2, {4, 5}, 1, 0, 0};
     cr_assert_eq(ckpt_tensor_check(&t, 1), TP_ERR_ARG, "segments must sum to the axis");
     cr_assert(strstr(tp_errmsg(), "sum to 9"), "%s", tp_errmsg());
-    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 1, {10}, 4, 0};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 1, {10}, 4, 0, 0};
     cr_assert_eq(ckpt_tensor_check(&t, 1), TP_ERR_ARG, "segment not a multiple of the granule");
-    t.partition = (ckpt_partition){CKPT_SPLIT, 2, 0, {0}, 0, 0};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 2, 0, {0}, 0, 0, 0};
     cr_assert_eq(ckpt_tensor_check(&t, 1), TP_ERR_ARG, "axis out of range");
-    t.partition = (ckpt_partition){CKPT_REPLICATED, 0, 0, {0}, 0, 0};
+    t.partition = (ckpt_partition){CKPT_REPLICATED, 0, 0, {0}, 0, 0, 0};
     const char *bad_names[] = {"", "/abs", "a//b", "a/../b", "trailing/", "sp ace", "a/./b"};
     for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
         t.name = bad_names[i];

@@ -33,7 +33,7 @@ static void small_checkpoint(const char *path, int compress)
     strcpy(t[1].name, NAMES[1]);
     t[0].desc = (ckpt_tensor_desc){.name = t[0].name, .dtype = TP_FP32, .ndim = 2, .shape = {64, 64},
                                    .anchor = CKPT_ANCHOR_LAYER, .layer = 1};
-    t[0].desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 0};
+    t[0].desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 0, 0};
     t[1].desc = (ckpt_tensor_desc){.name = t[1].name, .dtype = TP_BF16, .ndim = 1, .shape = {4096},
                                    .anchor = CKPT_ANCHOR_FIRST};
     t[0].logical = data[0];

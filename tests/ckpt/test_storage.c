@@ -207,7 +207,7 @@ static void two_tensors(ckpt_tensor_desc *descs, float *data, int64_t n)
 {
     descs[0] = (ckpt_tensor_desc){.name = "model/split", .dtype = TP_FP32, .ndim = 1, .shape = {n},
                                   .anchor = CKPT_ANCHOR_FIRST};
-    descs[0].partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 0};
+    descs[0].partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 0, 0};
     descs[1] = (ckpt_tensor_desc){.name = "model/replicated", .dtype = TP_FP32, .ndim = 1, .shape = {n},
                                   .anchor = CKPT_ANCHOR_FIRST};
     for (int64_t i = 0; i < n; i++) data[i] = (float)i * 0.5f - 7.0f;

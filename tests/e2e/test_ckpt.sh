@@ -163,8 +163,8 @@ expect_error "heads not divisible by tp" 1 "heads 4 is not divisible by tp 8" \
 check "no output for an impossible layout" [ ! -e "$WORK/bad1" ]
 expect_error "layers not divisible by pp" 1 "layers 4 is not divisible by pp 3" \
     "$CK" synth -o "$WORK/bad2" --tp 1 --pp 3 $MODEL
-expect_error "kv heads not divisible by tp" 1 "kv_heads 2 is not divisible by tp 4" \
-    "$CK" synth -o "$WORK/bad3" --tp 4 --pp 1 --layers 2 --dim 64 --heads 8 --kv-heads 2 --vocab 10 --seq 4
+expect_error "kv heads neither dividing nor divided by tp" 1 "kv_heads 4 over tp 6: neither divides the other" \
+    "$CK" synth -o "$WORK/bad3" --tp 6 --pp 1 --layers 2 --dim 96 --heads 12 --kv-heads 4 --ffn 12 --vocab 10 --seq 4
 expect_error "missing parent directory" 1 "parent directory .* does not exist" \
     "$CK" synth -o "$WORK/no/such/dir" --tp 1 --pp 1 $MODEL
 expect_error "unknown command" 2 "unknown command" "$CK" frobnicate

@@ -21,8 +21,9 @@ p = json.load(open(path))
 m = p["request"]["model"]
 assert p["request"]["world"] == world and p["request"]["global_batch"] == batch, p["request"]
 
-def divides(tp, pp):
-    return (m["heads"] % tp == 0 and m["kv_heads"] % tp == 0 and m["ffn"] % tp == 0 and m["layers"] % pp == 0
+def divides(tp, pp):  # key/value heads split over tp, or replicated when fewer and dividing it
+    kv = m["kv_heads"] % tp == 0 or tp % m["kv_heads"] == 0
+    return (m["heads"] % tp == 0 and kv and m["ffn"] % tp == 0 and m["layers"] % pp == 0
             and (not per_node or (tp <= per_node and per_node % tp == 0)))
 
 def ranks(tp, pp):  # what the rules let (tp, pp) use, and its batch
@@ -84,7 +85,7 @@ for world in 1 3 8 24 64; do
 done
 expect_ok "GQA, odd layers at 12 ranks" "$ELASTIC" plan --world 12 --layers 3 --dim 96 --heads 6 --kv-heads 2 \
     --vocab 300 --seq 32 --global-batch 12 --json
-check "GQA: the rules hold, tp at most the 2 KV heads" check_json "$WORK/.out" 12 12
+check "GQA: the rules hold, tp 6 with each of the 2 KV heads on 3 ranks" check_json "$WORK/.out" 12 12
 check "GQA: tp 3 divides the heads but not the KV heads" \
     "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); l=[l for l in p["layouts"] if l["tp"]==3][0]; assert not l["valid"] and "kv" in l["reason"].lower(), l' "$WORK/.out"
 
@@ -145,7 +146,7 @@ expect_error "--current badly written" 2 "tpTppP" "$ELASTIC" plan --world 2 --mo
 expect_error "--memory-per-rank not a size" 2 "memory-per-rank" "$ELASTIC" plan --world 2 --model tiny \
     --global-batch 8 --memory-per-rank lots
 expect_error "an unknown option" 2 "--bogus" "$ELASTIC" plan --world 2 --model tiny --global-batch 8 --bogus
-expect_error "an unknown preset" 2 "tiny, small or gpt2-124m" "$ELASTIC" plan --world 2 --model huge --global-batch 8
+expect_error "an unknown preset" 2 "tiny, small, gpt2-124m, llama-tiny" "$ELASTIC" plan --world 2 --model huge --global-batch 8
 expect_error "a stray argument" 2 "unexpected argument 'extra'" "$ELASTIC" plan --world 2 --model tiny \
     --global-batch 8 extra
 finish

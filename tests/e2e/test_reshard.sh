@@ -37,6 +37,38 @@ expect_ok "GQA model tp4 -> tp2pp2 -> tp4" sh -c "'$CK' synth -o '$WORK/g' --tp 
     '$RS' '$WORK/g' --to tp2pp2 -o '$WORK/g2' 2>/dev/null >/dev/null && '$RS' '$WORK/g2' --to tp4pp1 -o '$WORK/g4' 2>/dev/null >/dev/null &&
     '$CK' diff '$WORK/g' '$WORK/g4' >/dev/null"
 expect_ok "h5py: GQA output equals its source" "$PY" "$ROOT/tests/ckpt/check_h5py.py" "$WORK/g2" --compare "$WORK/g" --synth-seed 3
+# Fewer key/value heads than ranks (a Llama with 1 KV head at tp4, 2 at tp8):
+# each KV head replicated over the ranks sharing it, in and out of layouts
+# where it is not; the digests prove every step, and the independent reader
+# merges each layout to the tp1 synthesis and names a replica that differs.
+LLAMA="--arch llama --layers 2 --dim 128 --heads 8 --ffn 96 --vocab 300 --seq 16 --optim --seed 5"
+expect_ok "a Llama with 1 KV head at tp1" "$CK" synth -o "$WORK/kv1" --tp 1 --pp 1 $LLAMA --kv-heads 1
+expect_ok "and at tp4: the KV head on every rank" "$CK" synth -o "$WORK/kv4" --tp 4 --pp 1 $LLAMA --kv-heads 1
+expect_ok "tp-ckpt verify" "$CK" verify "$WORK/kv4"
+expect_ok "tp-ckpt info" "$CK" info "$WORK/kv4"
+check "each QKV piece holds 2 of 8 query heads and the shared KV head: [64, 128] x 4" \
+    grep -q "attn.qkv.weight .*\[160, 128\] *\[256, 128\] .*(small segments replicated)" "$WORK/.out"
+expect_ok "tp4 -> tp2pp2 -> tp8 -> tp1, each verified" sh -c "'$RS' '$WORK/kv4' --to tp2pp2 -o '$WORK/kv22' --verify &&
+    '$RS' '$WORK/kv22' --to tp8pp1 -o '$WORK/kv8' --verify && '$RS' '$WORK/kv8' --to tp1pp1 -o '$WORK/kv1b' --verify"
+expect_ok "the round trip equals the tp1 synthesis" "$CK" diff "$WORK/kv1b" "$WORK/kv1"
+for d in kv4 kv8; do
+    expect_ok "h5py: $d merges to the tp1 synthesis" "$PY" "$ROOT/tests/ckpt/check_h5py.py" "$WORK/$d" --compare "$WORK/kv1"
+done
+expect_ok "a 2-KV-head Llama at tp8 and back" sh -c "'$CK' synth -o '$WORK/h2' --tp 1 --pp 1 $LLAMA --kv-heads 2 >/dev/null &&
+    '$RS' '$WORK/h2' --to tp8 -o '$WORK/h2x8' --verify >/dev/null && '$RS' '$WORK/h2x8' --to tp2 -o '$WORK/h2x2' --verify >/dev/null &&
+    '$CK' diff '$WORK/h2' '$WORK/h2x2' >/dev/null"
+# A replica that differs from its primary copy: besides the checksums, the
+# independent reader names the replica.
+cp -r "$WORK/kv4" "$WORK/kv4bad"
+"$PY" - "$WORK/kv4bad" <<'PYEOF'
+import sys, h5py
+with h5py.File(sys.argv[1] + "/shard_pp00_tp02.h5", "r+") as f:
+    d = f["tensors/model/layers.1.attn.qkv.weight"]
+    d[40, 3] = d[40, 3] + 1.0  # rows 32..47 of rank 2's piece [2 q heads | k | v]: its replica of the key head
+PYEOF
+run "$PY" "$ROOT/tests/ckpt/check_h5py.py" "$WORK/kv4bad"
+check "h5py: a changed replica is named" grep -q "layers.1.attn.qkv.weight: segment 1 granule 0: the replica on rank 2 differs" \
+    "$WORK/.out"
 
 # --------------------------------------------------------------- options
 expect_ok "--dtype fp32 --no-optim --compress zstd --json" "$RS" "$WORK/src" --to tp2 -o "$WORK/export" --dtype fp32 \

@@ -55,6 +55,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int s = 0; s < CKPT_MAX_SEGMENTS; s++) p->segments[s] = s < p->num_segments ? take_size(&in) : 0;
         p->granule = take_size(&in);
         p->pad_multiple = take_size(&in);
+        p->replicate_small_segments = (int)(take(&in, 1) % 3); /* 2: refused */
     }
     if (ckpt_tensor_check(&t, tp) != TP_OK) return 0;
     ckpt_tensor_copy copy;
@@ -77,14 +78,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int r = 0; r < ranks; r++) {
         int64_t n = ckpt_piece_runs(c, tp, r, runs, 2 * CKPT_MAX_SEGMENTS), total = 0;
         if (n < 0) abort();
-        for (int64_t k = 0; k < n; k++) total += runs[k].length;
+        for (int64_t k = 0; k < n; k++) {
+            total += runs[k].length;
+            /* A replica is a copy of logical rows, never padding. */
+            if (runs[k].replica && (runs[k].logical_start < 0 || !c->partition.replicate_small_segments)) abort();
+        }
         if (total != piece[c->partition.axis]) abort();
     }
     int64_t axis = c->shape[c->partition.axis], start = (int64_t)(take(&in, 8) % (uint64_t)axis);
     int64_t count = (int64_t)(take(&in, 8) % (uint64_t)(axis - start + 1));
     ckpt_run many[256];
     int64_t n = ckpt_partition_runs(c, tp, start, count, many, 256), total = 0;
-    for (int64_t k = 0; k < n; k++) total += many[k].length;
+    for (int64_t k = 0; k < n; k++) {
+        total += many[k].length;
+        if (many[k].replica != 0 || many[k].rank < 0 || many[k].rank >= tp) abort(); /* read from primary copies */
+    }
     if (n >= 0 && total != count) abort();
     return 0;
 }

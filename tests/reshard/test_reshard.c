@@ -163,7 +163,7 @@ Test(reshard, streams_in_slabs_within_memory)
         snprintf(tensors[i].name, sizeof tensors[i].name, "model/big%d", i);
         tensors[i].desc = (ckpt_tensor_desc){.name = tensors[i].name, .dtype = TP_FP32, .ndim = 2,
                                              .shape = {shapes[i][0], shapes[i][1]}, .anchor = CKPT_ANCHOR_FIRST};
-        tensors[i].desc.partition = (ckpt_partition){CKPT_SPLIT, i == 1, 0, {0}, 0, i == 2 ? 8 : 0};
+        tensors[i].desc.partition = (ckpt_partition){CKPT_SPLIT, i == 1, 0, {0}, 0, i == 2 ? 8 : 0, 0};
         size_t bytes = (size_t)(shapes[i][0] * shapes[i][1] * 4);
         tensors[i].logical = malloc(bytes);
         for (size_t b = 0; b < bytes; b++) tensors[i].logical[b] = (uint8_t)next_random();
@@ -210,7 +210,7 @@ Test(reshard, impossible_targets_name_the_tensor)
     strcpy(t.name, "model/layers.1.attn.qkv.weight");
     t.desc = (ckpt_tensor_desc){.name = t.name, .dtype = TP_FP32, .ndim = 2, .shape = {192, 4},
                                 .anchor = CKPT_ANCHOR_LAYER, .layer = 1};
-    t.desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {128, 32, 32}, 16, 0};
+    t.desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {128, 32, 32}, 16, 0, 0};
     t.logical = calloc(192 * 4, 4);
     ckpt_layout layout = {2, 2, 1, 4};
     write_tensors(source, &layout, &t, 1, 0, 1);
