@@ -133,10 +133,12 @@ static int plan_tensors(exporter *x, const export_tensor *specs, int count)
                            (long long)specs[i].rows);
         if (specs[i].rows) t->shape[0] = specs[i].rows;
         if (specs[i].blocks) {
+            /* Output block j is source block blocks[j]: any block of the source. */
             const export_tensor *e = &specs[i];
             int64_t n = e->block_rows > 0 ? t->shape[0] / e->block_rows : 0;
+            int64_t source_blocks = e->block_rows > 0 ? d->shape[0] / e->block_rows : 0;
             int valid = n > 0 && n * e->block_rows == t->shape[0];
-            for (int64_t j = 0; valid && j < n; j++) valid = e->blocks[j] >= 0 && e->blocks[j] < n;
+            for (int64_t j = 0; valid && j < n; j++) valid = e->blocks[j] >= 0 && e->blocks[j] < source_blocks;
             if (!valid)
                 return tp_fail(TP_ERR_ARG, "tensor %s: %lld rows do not regroup in blocks of %lld as asked", d->name,
                                (long long)t->shape[0], (long long)e->block_rows);

@@ -39,8 +39,16 @@ typedef struct {
      * transposition: */
     int64_t rows;           /* 0: all; else the first rows only (a padded vocabulary cut to its tokens) */
     int64_t block_rows;     /* with blocks: the rows in blocks of this many... */
-    const int64_t *blocks;  /* ...output block j being source block blocks[j] (a fused QKV's heads reordered) */
+    const int64_t *blocks;  /* ...output block j being source block blocks[j], any block of the source (a fused
+                               QKV's heads reordered, or one of its Q, K, V; with rows, the output's rows) */
+    /* Import only: the checkpoint tensor is these outside tensors stacked
+     * along axis 0 (a fused QKV from q_proj, k_proj and v_proj), name unused;
+     * not with transpose. */
+    const char *const *parts;
+    int num_parts;
 } export_tensor;
+
+#define IMPORT_MAX_PARTS 4
 
 /* GGUF metadata values, in the types llama.cpp checks for. */
 typedef enum { EXPORT_KV_U32, EXPORT_KV_F32, EXPORT_KV_BOOL, EXPORT_KV_STRING, EXPORT_KV_STRINGS, EXPORT_KV_I32S } export_kv_type;

@@ -491,7 +491,7 @@ typedef struct {
     safetensors_set *set;
     const ckpt_tensor_desc *tensors;
     const export_tensor *map;
-    const st_tensor **sources;
+    const st_tensor *(*sources)[IMPORT_MAX_PARTS]; /* per tensor: its source, or its stacked parts */
     int *ids;          /* writer tensor ids */
     int *order;        /* tasks: tensors, largest first */
     ckpt_writer *writer;
@@ -502,7 +502,9 @@ typedef struct {
 } importer;
 
 typedef struct {
-    const unsigned char *src;   /* the source tensor's data */
+    const unsigned char *src[IMPORT_MAX_PARTS]; /* the source tensor's data, or its parts' */
+    int64_t part_end[IMPORT_MAX_PARTS];         /* logical elements before the end of each part */
+    int parts;
     tp_dtype in, out;
     unsigned char *slab;
     size_t out_size;
@@ -520,8 +522,16 @@ static int fill_run(void *ctx, int64_t offset, int64_t first, int64_t n)
         memset(dst, 0, (size_t)n * c->out_size);
         return 0;
     }
-    if (!c->transpose) {
-        convert_numbers(c->src + (size_t)first * tp_dtype_size(c->in), c->in, dst, c->out, n);
+    if (!c->transpose) { /* from the part each element lies in (parts stack along axis 0) */
+        for (int p = 0; n > 0 && p < c->parts; p++) {
+            int64_t begin = p ? c->part_end[p - 1] : 0;
+            if (first >= c->part_end[p]) continue;
+            int64_t m = c->part_end[p] - first < n ? c->part_end[p] - first : n;
+            convert_numbers(c->src[p] + (size_t)(first - begin) * tp_dtype_size(c->in), c->in, dst, c->out, m);
+            dst += (size_t)m * c->out_size;
+            first += m;
+            n -= m;
+        }
         return 0;
     }
     /* Target element (r, k) is source element (k, r): a gather with stride rows,
@@ -541,20 +551,23 @@ static int import_tensor(void *ctx, int64_t task, int thread)
     importer *im = ctx;
     int i = im->order[task];
     const ckpt_tensor_desc *d = &im->tensors[i];
-    const st_tensor *s = im->sources[i];
-    size_t in_size = tp_dtype_size(s->info.dtype);
-    const unsigned char *src = tensor_data(im->set, s);
-    void *aligned = NULL;
+    int parts = im->map[i].num_parts > 1 ? im->map[i].num_parts : 1;
+    size_t in_size = tp_dtype_size(im->sources[i][0]->info.dtype);
+    void *aligned[IMPORT_MAX_PARTS] = {NULL};
     int status = TP_OK;
-    if ((uintptr_t)src % in_size != 0) { /* a header not padded to the element size */
-        aligned = alloc_pages((size_t)(s->end - s->begin));
-        if (!aligned) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        memcpy(aligned, src, (size_t)(s->end - s->begin));
-        src = aligned;
-    }
-    fill_ctx fill = {src, s->info.dtype, d->dtype, im->slabs[thread],
+    fill_ctx fill = {{NULL}, {0}, parts, im->sources[i][0]->info.dtype, d->dtype, im->slabs[thread],
                      tp_dtype_size(d->dtype), im->map[i].transpose, d->shape[0], 1};
     for (int k = 1; k < d->ndim; k++) fill.cols *= d->shape[k];
+    for (int p = 0; p < parts && !status; p++) {
+        const st_tensor *s = im->sources[i][p];
+        fill.src[p] = tensor_data(im->set, s);
+        fill.part_end[p] = (p ? fill.part_end[p - 1] : 0) + (s->end - s->begin) / (int64_t)in_size;
+        if ((uintptr_t)fill.src[p] % in_size != 0) { /* a header not padded to the element size */
+            aligned[p] = alloc_pages((size_t)(s->end - s->begin));
+            if (!aligned[p]) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+            else fill.src[p] = memcpy(aligned[p], fill.src[p], (size_t)(s->end - s->begin));
+        }
+    }
     int64_t piece_shape[CKPT_MAX_DIMS], row_elements = 1;
     ckpt_piece_shape(d, im->tp, piece_shape);
     for (int k = 1; k < d->ndim; k++) row_elements *= piece_shape[k];
@@ -571,10 +584,13 @@ static int import_tensor(void *ctx, int64_t task, int thread)
         }
     }
     /* Done with this tensor: its pages leave this process's memory. */
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)tensor_data(im->set, s) / page * page;
-    uintptr_t end = (uintptr_t)tensor_data(im->set, s) + (uintptr_t)(s->end - s->begin);
-    if (end > start) madvise((void *)start, end - start, MADV_DONTNEED);
-    free(aligned);
+    for (int p = 0; p < parts; p++) {
+        const st_tensor *s = im->sources[i][p];
+        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)tensor_data(im->set, s) / page * page;
+        uintptr_t end = (uintptr_t)tensor_data(im->set, s) + (uintptr_t)(s->end - s->begin);
+        if (end > start) madvise((void *)start, end - start, MADV_DONTNEED);
+        free(aligned[p]);
+    }
     return status;
 }
 
@@ -593,11 +609,54 @@ static int larger_first(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : *(const int *)a - *(const int *)b;
 }
 
+/* The parts of tensor i: present, of one supported dtype, each [rows_p,
+ * the target's other dimensions], their rows adding up to the target's. */
+static int check_parts(importer *im, int i)
+{
+    const ckpt_tensor_desc *d = &im->tensors[i];
+    const export_tensor *e = &im->map[i];
+    if (e->num_parts > IMPORT_MAX_PARTS || e->transpose)
+        return tp_fail(TP_ERR_ARG, "tensor %s: %d stacked parts%s", d->name, e->num_parts,
+                       e->transpose ? ", transposed" : "");
+    int64_t rows = 0;
+    for (int p = 0; p < e->num_parts; p++) {
+        const st_tensor *s = find_tensor(im->set, e->parts[p]);
+        if (!s)
+            return tp_fail(TP_ERR_NOT_FOUND, "%s: tensor %s (part %d of %s) is missing", im->set->files[0].path,
+                           e->parts[p], p, d->name);
+        if (!s->info.supported)
+            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s; import reads F32, BF16 and F16", s->info.file,
+                           s->info.name, s->info.dtype_name);
+        if (p && s->info.dtype != im->sources[i][0]->info.dtype)
+            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s and %s is %s: the parts of %s must share a dtype",
+                           s->info.file, s->info.name, s->info.dtype_name, im->sources[i][0]->info.name,
+                           im->sources[i][0]->info.dtype_name, d->name);
+        int same = s->info.ndim == d->ndim;
+        for (int k = 1; same && k < d->ndim; k++) same = s->info.shape[k] == d->shape[k];
+        if (!same)
+            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s has %d dimensions of which the last is %lld; %s needs rows of "
+                           "%lld",
+                           s->info.file, s->info.name, s->info.ndim, (long long)s->info.shape[s->info.ndim - 1],
+                           d->name, (long long)(d->ndim > 1 ? d->shape[d->ndim - 1] : 1));
+        rows += s->info.shape[0];
+        im->sources[i][p] = s;
+    }
+    if (rows != d->shape[0])
+        return tp_fail(TP_ERR_FORMAT, "%s: the %d parts of %s (%s, ...) have %lld rows together, expected %lld",
+                       im->set->files[0].path, e->num_parts, d->name, e->parts[0], (long long)rows,
+                       (long long)d->shape[0]);
+    return TP_OK;
+}
+
 /* Every source present, of a supported dtype, with the expected shape. */
 static int check_sources(importer *im, int count)
 {
     for (int i = 0; i < count; i++) {
         const ckpt_tensor_desc *d = &im->tensors[i];
+        if (im->map[i].num_parts > 1) {
+            TP_TRY(check_parts(im, i));
+            continue;
+        }
         const st_tensor *s = find_tensor(im->set, im->map[i].name);
         if (!s)
             return tp_fail(TP_ERR_NOT_FOUND, "%s: tensor %s (for %s) is missing", im->set->files[0].path,
@@ -623,7 +682,7 @@ static int check_sources(importer *im, int count)
             return tp_fail(TP_ERR_FORMAT, "%s: tensor %s has shape %s], expected %s] for %s", s->info.file,
                                 s->info.name, got, want, d->name);
         }
-        im->sources[i] = s;
+        im->sources[i][0] = s;
     }
     return TP_OK;
 }
@@ -632,7 +691,7 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
                const ckpt_layout *layout, const ckpt_train_state *state, const import_options *options,
                const char *out_path)
 {
-    importer im = {set, tensors, map, calloc((size_t)count + 1, sizeof(st_tensor *)), calloc((size_t)count + 1, sizeof(int)),
+    importer im = {set, tensors, map, calloc((size_t)count + 1, sizeof *im.sources), calloc((size_t)count + 1, sizeof(int)),
                    calloc((size_t)count + 1, sizeof(int)), NULL, layout->tp, options, NULL, SLAB_TARGET_BYTES};
     int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
     if (threads > count) threads = count > 0 ? count : 1;

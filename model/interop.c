@@ -39,12 +39,106 @@ void gpt_name_map_free(gpt_name_map *map)
 {
     free(map->tensors);
     free(map->names);
+    free(map->blocks);
     memset(map, 0, sizeof *map);
+}
+
+/* Llama's names per tensor kind: Hugging Face's (under "model.layers.{l}."
+ * inside the layers) and llama.cpp's (under "blk.{l}."); the fused QKV and
+ * SwiGLU input have one name per part (parts_of), in row order. */
+static const char *const llama_hf[GPT_TENSOR_KINDS][3] = {
+    [GPT_TOK_EMBED] = {"model.embed_tokens.weight"},
+    [GPT_LN1_WEIGHT] = {"input_layernorm.weight"},
+    [GPT_QKV_WEIGHT] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
+    [GPT_PROJ_WEIGHT] = {"self_attn.o_proj.weight"},
+    [GPT_LN2_WEIGHT] = {"post_attention_layernorm.weight"},
+    [GPT_FC_WEIGHT] = {"mlp.gate_proj.weight", "mlp.up_proj.weight"},
+    [GPT_FCPROJ_WEIGHT] = {"mlp.down_proj.weight"},
+    [GPT_FINAL_NORM_WEIGHT] = {"model.norm.weight"},
+    [GPT_OUTPUT_WEIGHT] = {"lm_head.weight"},
+};
+static const char *const llama_gguf[GPT_TENSOR_KINDS][3] = {
+    [GPT_TOK_EMBED] = {"token_embd.weight"},
+    [GPT_LN1_WEIGHT] = {"attn_norm.weight"},
+    [GPT_QKV_WEIGHT] = {"attn_q.weight", "attn_k.weight", "attn_v.weight"},
+    [GPT_PROJ_WEIGHT] = {"attn_output.weight"},
+    [GPT_LN2_WEIGHT] = {"ffn_norm.weight"},
+    [GPT_FC_WEIGHT] = {"ffn_gate.weight", "ffn_up.weight"},
+    [GPT_FCPROJ_WEIGHT] = {"ffn_down.weight"},
+    [GPT_FINAL_NORM_WEIGHT] = {"output_norm.weight"},
+    [GPT_OUTPUT_WEIGHT] = {"output.weight"},
+};
+
+static int parts_of(gpt_tensor_kind kind)
+{
+    return kind == GPT_QKV_WEIGHT ? 3 : kind == GPT_FC_WEIGHT ? 2 : 1;
+}
+
+/* llama.cpp's permutation of a Q or K weight of `heads` heads of hd rows
+ * (convert_hf_to_gguf.py LlamaModel.permute: reshape [heads, 2, hd/2, D],
+ * swap axes 1 and 2): output row h hd + 2 i + a is input row h hd + a hd/2
+ * + i, each input row offset by `first` (the part's first row in the QKV). */
+static void gguf_rope_rows(int64_t *blocks, int64_t heads, int64_t hd, int64_t first)
+{
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t i = 0; i < hd / 2; i++)
+            for (int64_t a = 0; a < 2; a++) blocks[h * hd + 2 * i + a] = first + h * hd + a * hd / 2 + i;
+}
+
+static int llama_name_map(gpt_name_map *out, const gpt_config *c, export_format format)
+{
+    gpt_tensor *catalog = NULL;
+    int count = 0;
+    TP_TRY(gpt_catalog(c, 0, &catalog, &count));
+    int64_t hd = c->dim / c->heads, q = c->heads * hd, kv = c->kv_heads * hd;
+    /* Row blocks: K, V (and up) as one block each; for GGUF, Q and K row by row. */
+    int64_t storage = 4 + (format == EXPORT_GGUF ? q + kv : 0);
+    out->tensors = calloc((size_t)count * 3, sizeof *out->tensors);
+    out->names = calloc((size_t)count * 3, sizeof *out->names);
+    out->blocks = calloc((size_t)storage, sizeof *out->blocks);
+    if (!out->tensors || !out->names || !out->blocks) {
+        free(catalog);
+        gpt_name_map_free(out);
+        return tp_fail(TP_ERR_NOMEM, "out of memory for %d tensor names", count * 3);
+    }
+    int64_t *k_block = out->blocks, *v_block = k_block + 1, *up_block = k_block + 2;
+    *k_block = q / kv; /* the QKV in blocks of kv rows: Q is q / kv blocks, then K, then V */
+    *v_block = q / kv + 1;
+    *up_block = 1;
+    int64_t *q_rows = out->blocks + 4, *k_rows = q_rows + q;
+    if (format == EXPORT_GGUF) {
+        gguf_rope_rows(q_rows, c->heads, hd, 0);
+        gguf_rope_rows(k_rows, c->kv_heads, hd, q);
+    }
+    for (int i = 0; i < count; i++) {
+        const gpt_tensor *t = &catalog[i];
+        for (int part = 0; part < parts_of(t->kind); part++) {
+            char *source = out->names[out->count][0], *name = out->names[out->count][1];
+            const char *leaf = (format == EXPORT_GGUF ? llama_gguf : llama_hf)[t->kind][part];
+            snprintf(source, CKPT_NAME_MAX + 1, "%s", t->name);
+            if (t->layer < 0) snprintf(name, CKPT_NAME_MAX + 1, "%s", leaf);
+            else if (format == EXPORT_GGUF) snprintf(name, CKPT_NAME_MAX + 1, "blk.%lld.%s", (long long)t->layer, leaf);
+            else snprintf(name, CKPT_NAME_MAX + 1, "model.layers.%lld.%s", (long long)t->layer, leaf);
+            export_tensor e = {.source = source, .name = name};
+            if (t->kind == GPT_QKV_WEIGHT) {
+                e.rows = part == 0 ? q : kv;
+                if (format == EXPORT_GGUF && part < 2) e.block_rows = 1, e.blocks = part == 0 ? q_rows : k_rows;
+                else if (part > 0) e.block_rows = kv, e.blocks = part == 1 ? k_block : v_block;
+            } else if (t->kind == GPT_FC_WEIGHT) {
+                e.rows = c->ffn;
+                if (part == 1) e.block_rows = c->ffn, e.blocks = up_block;
+            }
+            out->tensors[out->count++] = e;
+        }
+    }
+    free(catalog);
+    return TP_OK;
 }
 
 int gpt_name_map_create(gpt_name_map *out, const gpt_config *c, export_format format, const char *prefix)
 {
     memset(out, 0, sizeof *out);
+    if (c->arch == GPT_ARCH_LLAMA) return llama_name_map(out, c, format);
     const char *what = format == EXPORT_GGUF ? "llama.cpp's gpt2 architecture" : "Hugging Face's GPT-2";
     if (c->swiglu) return tp_fail(TP_ERR_ARG, "a SwiGLU MLP cannot be expressed as %s (GELU MLP only)", what);
     if (c->kv_heads != c->heads)
@@ -82,8 +176,57 @@ int gpt_name_map_create(gpt_name_map *out, const gpt_config *c, export_format fo
 
 /* -------------------------------------------------------------- config.json */
 
+static const char *hf_dtype_name(tp_dtype dtype)
+{
+    return dtype == TP_BF16 ? "bfloat16" : dtype == TP_FP16 ? "float16" : "float32";
+}
+
+/* config.json of LlamaForCausalLM: keys sorted, as transformers writes them. */
+static char *llama_hf_config_json(const gpt_config *c, tp_dtype dtype)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *architectures = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(architectures, cJSON_CreateString("LlamaForCausalLM"));
+    cJSON_AddFalseToObject(o, "attention_bias");
+    cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
+    cJSON_AddNullToObject(o, "bos_token_id");
+    cJSON_AddNullToObject(o, "eos_token_id");
+    cJSON_AddNumberToObject(o, "head_dim", (double)(c->dim / c->heads));
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddNumberToObject(o, "hidden_size", (double)c->dim);
+    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(o, "intermediate_size", (double)c->ffn);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", (double)c->seq);
+    cJSON_AddFalseToObject(o, "mlp_bias");
+    cJSON_AddStringToObject(o, "model_type", "llama");
+    cJSON_AddNumberToObject(o, "num_attention_heads", (double)c->heads);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", (double)c->layers);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", (double)c->kv_heads);
+    cJSON_AddNumberToObject(o, "pretraining_tp", 1);
+    cJSON_AddNumberToObject(o, "rms_norm_eps", c->norm_eps);
+    if (c->rope_scaling_factor > 0) {
+        cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
+        cJSON_AddNumberToObject(r, "factor", c->rope_scaling_factor);
+        cJSON_AddNumberToObject(r, "high_freq_factor", c->rope_high_freq_factor);
+        cJSON_AddNumberToObject(r, "low_freq_factor", c->rope_low_freq_factor);
+        cJSON_AddNumberToObject(r, "original_max_position_embeddings", (double)c->rope_original_seq);
+        cJSON_AddStringToObject(r, "rope_type", "llama3");
+    } else {
+        cJSON_AddNullToObject(o, "rope_scaling");
+    }
+    cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", !c->untied_embeddings);
+    cJSON_AddStringToObject(o, "torch_dtype", hf_dtype_name(dtype));
+    cJSON_AddTrueToObject(o, "use_cache");
+    cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    return text;
+}
+
 char *gpt_hf_config_json(const gpt_config *c, tp_dtype dtype)
 {
+    if (c->arch == GPT_ARCH_LLAMA) return llama_hf_config_json(c, dtype);
     /* Keys sorted, as transformers writes them. */
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "activation_function", "gelu_new"); /* GELU, tanh approximation */
@@ -111,12 +254,92 @@ char *gpt_hf_config_json(const gpt_config *c, tp_dtype dtype)
     cJSON_AddFalseToObject(o, "scale_attn_by_inverse_layer_idx");
     cJSON_AddTrueToObject(o, "scale_attn_weights");
     cJSON_AddTrueToObject(o, "tie_word_embeddings");
-    cJSON_AddStringToObject(o, "torch_dtype", dtype == TP_BF16 ? "bfloat16" : dtype == TP_FP16 ? "float16" : "float32");
+    cJSON_AddStringToObject(o, "torch_dtype", hf_dtype_name(dtype));
     cJSON_AddTrueToObject(o, "use_cache");
     cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     return text;
+}
+
+/* An integer of config.json in 1..GPT_MAX_SIZE (gpt_config_check's bounds,
+ * so that the conversion to int64 is exact); fallback when absent and
+ * fallback > 0. */
+static int config_int(const cJSON *o, const char *where, const char *key, int64_t fallback, int64_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    const double most = (double)GPT_MAX_SIZE;
+    if ((!v || cJSON_IsNull(v)) && fallback > 0) {
+        *out = fallback;
+        return TP_OK;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > most || v->valuedouble != floor(v->valuedouble))
+        return tp_fail(TP_ERR_FORMAT, "%s: '%s' missing or not an integer in 1..%.0f", where, key, most);
+    *out = (int64_t)v->valuedouble;
+    return TP_OK;
+}
+
+static int config_number(const cJSON *o, const char *where, const char *key, double fallback, double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v && fallback > 0) {
+        *out = fallback;
+        return TP_OK;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return tp_fail(TP_ERR_FORMAT, "%s: '%s' missing or not a number", where, key);
+    *out = v->valuedouble;
+    return TP_OK;
+}
+
+/* LlamaForCausalLM's config.json; what this Llama does not compute is
+ * refused, naming the key. */
+static int llama_hf_config_parse(const cJSON *o, const char *where, gpt_config *c)
+{
+    c->arch = GPT_ARCH_LLAMA;
+    c->swiglu = 1;
+    TP_TRY(config_int(o, where, "num_hidden_layers", 0, &c->layers));
+    TP_TRY(config_int(o, where, "hidden_size", 0, &c->dim));
+    TP_TRY(config_int(o, where, "num_attention_heads", 0, &c->heads));
+    TP_TRY(config_int(o, where, "num_key_value_heads", c->heads, &c->kv_heads));
+    TP_TRY(config_int(o, where, "intermediate_size", 0, &c->ffn));
+    TP_TRY(config_int(o, where, "vocab_size", 0, &c->vocab));
+    TP_TRY(config_int(o, where, "max_position_embeddings", 0, &c->seq));
+    TP_TRY(config_number(o, where, "rms_norm_eps", 1e-6, &c->norm_eps)); /* LlamaConfig's defaults */
+    TP_TRY(config_number(o, where, "rope_theta", 10000, &c->rope_theta));
+    int64_t head_dim = 0;
+    if (c->dim % c->heads)
+        return tp_fail(TP_ERR_FORMAT, "%s: hidden_size %lld is not a multiple of num_attention_heads %lld", where,
+                       (long long)c->dim, (long long)c->heads);
+    TP_TRY(config_int(o, where, "head_dim", c->dim / c->heads, &head_dim));
+    if (head_dim != c->dim / c->heads)
+        return tp_fail(TP_ERR_FORMAT, "%s: head_dim %lld: this Llama's heads are hidden_size / num_attention_heads = %lld",
+                       where, (long long)head_dim, (long long)(c->dim / c->heads));
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "hidden_act");
+    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "silu")))
+        return tp_fail(TP_ERR_FORMAT, "%s: hidden_act %s: Llama's MLP is SwiGLU (silu)", where,
+                       cJSON_IsString(v) ? v->valuestring : "(not a string)");
+    const char *off[] = {"attention_bias", "mlp_bias"};
+    for (int i = 0; i < 2; i++) {
+        v = cJSON_GetObjectItemCaseSensitive(o, off[i]);
+        if (v && !cJSON_IsFalse(v)) return tp_fail(TP_ERR_FORMAT, "%s: %s must be false: this Llama has no biases", where, off[i]);
+    }
+    v = cJSON_GetObjectItemCaseSensitive(o, "tie_word_embeddings");
+    if (v && !cJSON_IsBool(v)) return tp_fail(TP_ERR_FORMAT, "%s: tie_word_embeddings is not a boolean", where);
+    c->untied_embeddings = !cJSON_IsTrue(v); /* LlamaConfig: untied unless said */
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
+    if (r && !cJSON_IsNull(r)) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(r, "rope_type");
+        if (!type) type = cJSON_GetObjectItemCaseSensitive(r, "type");
+        if (!cJSON_IsObject(r) || !cJSON_IsString(type) || strcmp(type->valuestring, "llama3"))
+            return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling of type %s: Llama 3's (llama3) is computed", where,
+                           cJSON_IsString(type) ? type->valuestring : "(none)");
+        TP_TRY(config_number(r, where, "factor", 0, &c->rope_scaling_factor));
+        TP_TRY(config_number(r, where, "low_freq_factor", 0, &c->rope_low_freq_factor));
+        TP_TRY(config_number(r, where, "high_freq_factor", 0, &c->rope_high_freq_factor));
+        TP_TRY(config_int(r, where, "original_max_position_embeddings", 0, &c->rope_original_seq));
+    }
+    return TP_OK;
 }
 
 int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c)
@@ -129,17 +352,23 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c)
         return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object (damaged or truncated?)", where);
     }
     int status = TP_OK;
-    const cJSON *v;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "model_type");
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "llama") == 0) {
+        status = llama_hf_config_parse(o, where, c);
+        cJSON_Delete(o);
+        c->dtype = TP_FP32;
+        c->vocab_pad_multiple = 1;
+        return status;
+    }
     struct {
         const char *key;
         int64_t *field;
     } sizes[] = {{"n_layer", &c->layers}, {"n_embd", &c->dim}, {"n_head", &c->heads}, {"vocab_size", &c->vocab},
                  {"n_positions", &c->seq}};
-    v = cJSON_GetObjectItemCaseSensitive(o, "model_type");
     if (!v)
-        status = tp_fail(TP_ERR_FORMAT, "%s: model_type is missing (expected gpt2)", where);
+        status = tp_fail(TP_ERR_FORMAT, "%s: model_type is missing (expected gpt2 or llama)", where);
     else if (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2") != 0)
-        status = tp_fail(TP_ERR_FORMAT, "%s: model_type %s is not gpt2", where,
+        status = tp_fail(TP_ERR_FORMAT, "%s: model_type %s is not gpt2 or llama", where,
                          cJSON_IsString(v) ? v->valuestring : "(not a string)");
     /* Within the catalogue's bounds (gpt_config_check says which), so that
      * the conversion to int64 is exact. */
@@ -397,19 +626,34 @@ int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const
         gpt_gguf_metadata_free(m);
         return status;
     }
-    /* What model listings show, then the keys llama.cpp reads for gpt2, in
-     * its types: counts u32, epsilon f32. */
-    kv_string(m, "general.architecture", "gpt2");
+    /* What model listings show, then the keys llama.cpp reads for gpt2 or
+     * llama, in its types: counts u32, epsilon and base frequency f32. */
+    int llama = c->arch == GPT_ARCH_LLAMA;
+    kv_string(m, "general.architecture", llama ? "llama" : "gpt2");
     kv_string(m, "general.type", "model");
     kv_string(m, "general.name", m->name);
     kv_string(m, "general.size_label", m->size_label);
-    kv_u32(m, "gpt2.context_length", c->seq);
-    kv_u32(m, "gpt2.embedding_length", c->dim);
-    kv_u32(m, "gpt2.feed_forward_length", c->ffn);
-    kv_u32(m, "gpt2.block_count", c->layers);
-    kv_u32(m, "gpt2.attention.head_count", c->heads);
-    m->kvs[m->count++] = (export_kv){"gpt2.attention.layer_norm_epsilon", EXPORT_KV_F32, 0, 1e-5f, NULL, NULL, NULL, 0};
-    kv_u32(m, "gpt2.vocab_size", c->vocab);
+    if (llama) {
+        kv_u32(m, "llama.context_length", c->seq);
+        kv_u32(m, "llama.embedding_length", c->dim);
+        kv_u32(m, "llama.feed_forward_length", c->ffn);
+        kv_u32(m, "llama.block_count", c->layers);
+        kv_u32(m, "llama.attention.head_count", c->heads);
+        kv_u32(m, "llama.attention.head_count_kv", c->kv_heads);
+        m->kvs[m->count++] = (export_kv){"llama.rope.freq_base", EXPORT_KV_F32, 0, (float)c->rope_theta, NULL, NULL, NULL, 0};
+        m->kvs[m->count++] = (export_kv){"llama.attention.layer_norm_rms_epsilon", EXPORT_KV_F32, 0, (float)c->norm_eps,
+                                         NULL, NULL, NULL, 0};
+        kv_u32(m, "llama.rope.dimension_count", c->dim / c->heads);
+        kv_u32(m, "llama.vocab_size", c->vocab);
+    } else {
+        kv_u32(m, "gpt2.context_length", c->seq);
+        kv_u32(m, "gpt2.embedding_length", c->dim);
+        kv_u32(m, "gpt2.feed_forward_length", c->ffn);
+        kv_u32(m, "gpt2.block_count", c->layers);
+        kv_u32(m, "gpt2.attention.head_count", c->heads);
+        m->kvs[m->count++] = (export_kv){"gpt2.attention.layer_norm_epsilon", EXPORT_KV_F32, 0, 1e-5f, NULL, NULL, NULL, 0};
+        kv_u32(m, "gpt2.vocab_size", c->vocab);
+    }
     kv_string(m, "tokenizer.ggml.model", vocabulary);
     if (m->tokens) {
         kv_string(m, "tokenizer.ggml.pre", "gpt-2");
@@ -507,7 +751,9 @@ int gpt_export_create(gpt_export **out, ckpt_reader *r, const gpt_export_request
             x->config_json = gpt_hf_config_json(&config, options->dtype >= 0 ? (tp_dtype)options->dtype : config.dtype);
             if (!x->config_json) status = tp_fail(TP_ERR_NOMEM, "out of memory");
         } else if (!status) {
-            const char *name = request->name ? request->name : "GPT-2 (tp-toolkit)";
+            const char *name = request->name                  ? request->name
+                               : config.arch == GPT_ARCH_LLAMA ? "Llama (tp-toolkit)"
+                                                               : "GPT-2 (tp-toolkit)";
             status = gpt_gguf_metadata_create(&x->gguf, &config, name, request->tokenizer_dir);
         }
     }
@@ -657,6 +903,8 @@ struct gpt_import {
     ckpt_layout layout;
     safetensors_set *set;
     gpt_name_map map;
+    export_tensor *sources;  /* per catalogue tensor: its outside tensor, or (Llama) its stacked parts */
+    const char *(*parts)[3];
     ckpt_tensor_desc *descs; /* the catalogue's, at the requested dtype */
     gpt_tensor *catalog;
     int count;
@@ -668,6 +916,8 @@ void gpt_import_close(gpt_import *im)
     if (!im) return;
     safetensors_close(im->set);
     gpt_name_map_free(&im->map);
+    free(im->sources);
+    free(im->parts);
     free(im->descs);
     free(im->catalog);
     free(im);
@@ -698,17 +948,29 @@ static int attention_mask(const char *name, const char *prefix, int64_t layers)
     return mask && layer >= 0 && layer < layers;
 }
 
+/* Older transformers saved each Llama layer's rotary inverse frequencies
+ * (model.layers.N.self_attn.rotary_emb.inv_freq): a buffer, not a parameter. */
+static int rotary_buffer(const char *name, int64_t layers)
+{
+    long long layer = -1;
+    int end = 0;
+    return sscanf(name, "model.layers.%lld.self_attn.rotary_emb.inv_freq%n", &layer, &end) == 1 && end > 0 &&
+           name[end] == '\0' && layer >= 0 && layer < layers;
+}
+
 /* Every entry of the files is a parameter, a mask or a tied output head. */
 static int check_entries(gpt_import *im, const char *prefix)
 {
+    int llama = im->config.arch == GPT_ARCH_LLAMA;
     for (int i = 0; i < safetensors_count(im->set); i++) {
         const char *name = safetensors_tensor(im->set, i)->name;
-        int known = attention_mask(name, prefix, im->config.layers);
+        int known = llama ? rotary_buffer(name, im->config.layers) : attention_mask(name, prefix, im->config.layers);
         for (int k = 0; k < im->map.count && !known; k++) known = strcmp(im->map.tensors[k].name, name) == 0;
         if (!known && strcmp(name, "lm_head.weight") == 0) {
             /* Tied to the token embedding, or not GPT-2 as tp-train computes it. */
             char wte[64];
-            snprintf(wte, sizeof wte, "%swte.weight", prefix);
+            snprintf(wte, sizeof wte, "%s", llama ? "model.embed_tokens.weight" : "");
+            if (!llama) snprintf(wte, sizeof wte, "%swte.weight", prefix);
             int equal = 0;
             TP_TRY(safetensors_equal(im->set, name, wte, &equal));
             if (!equal)
@@ -717,9 +979,34 @@ static int check_entries(gpt_import *im, const char *prefix)
             known = 1;
         }
         if (!known)
-            return tp_fail(TP_ERR_FORMAT, "%s: unexpected tensor %s (not a parameter of GPT-2 with %lld layers)",
-                           safetensors_tensor(im->set, i)->file, name, (long long)im->config.layers);
+            return tp_fail(TP_ERR_FORMAT, "%s: unexpected tensor %s (not a parameter of %s with %lld layers)",
+                           safetensors_tensor(im->set, i)->file, name, llama ? "this Llama" : "GPT-2",
+                           (long long)im->config.layers);
     }
+    return TP_OK;
+}
+
+/* Per catalogue tensor, what the import reads: the name map's entries of
+ * its source, one outside tensor or (Llama's fused QKV and SwiGLU input)
+ * its parts stacked in row order. */
+static int import_sources(gpt_import *im)
+{
+    im->sources = calloc((size_t)im->count + 1, sizeof *im->sources);
+    im->parts = calloc((size_t)im->count + 1, sizeof *im->parts);
+    if (!im->sources || !im->parts) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int i = 0; i < im->count; i++) {
+        int n = 0;
+        for (; k < im->map.count && !strcmp(im->map.tensors[k].source, im->catalog[i].name); k++) {
+            if (n == 3) return tp_fail(TP_ERR_STATE, "internal: %s has more than 3 outside parts", im->catalog[i].name);
+            im->parts[i][n++] = im->map.tensors[k].name;
+        }
+        if (n == 0) return tp_fail(TP_ERR_STATE, "internal: %s has no outside name", im->catalog[i].name);
+        im->sources[i] = (export_tensor){.source = im->catalog[i].name, .name = im->parts[i][0],
+                                         .transpose = im->map.tensors[k - 1].transpose};
+        if (n > 1) im->sources[i].parts = im->parts[i], im->sources[i].num_parts = n;
+    }
+    if (k != im->map.count) return tp_fail(TP_ERR_STATE, "internal: %d names for %d tensors", im->map.count, im->count);
     return TP_OK;
 }
 
@@ -736,7 +1023,7 @@ int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request 
     if (status) {
         char why[2048];
         snprintf(why, sizeof why, "%s", tp_errmsg());
-        tp_fail(status, "%s (import reads a Hugging Face GPT-2 directory)", why);
+        tp_fail(status, "%s (import reads a Hugging Face GPT-2 or Llama directory)", why);
     }
     if (!status) status = gpt_hf_config_parse(text, path, &im->config);
     free(text);
@@ -757,8 +1044,7 @@ int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request 
     const char *prefix = !status && safetensors_find(im->set, "transformer.wte.weight") ? "transformer." : "";
     if (!status) status = gpt_name_map_create(&im->map, &im->config, EXPORT_SAFETENSORS, prefix);
     if (!status) status = gpt_catalog(&im->config, 0, &im->catalog, &im->count);
-    if (!status && im->count != im->map.count)
-        status = tp_fail(TP_ERR_STATE, "internal: %d catalogue entries, %d names", im->count, im->map.count);
+    if (!status) status = import_sources(im);
     if (!status) status = check_entries(im, prefix);
     if (!status && !(im->descs = calloc((size_t)im->count + 1, sizeof *im->descs)))
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -780,12 +1066,13 @@ int gpt_import_run(gpt_import *im, const import_options *options, const char *ou
     char *model_json = gpt_config_to_json(&im->config), user[4400];
     cJSON *source = cJSON_CreateString(im->dir);
     char *quoted = cJSON_PrintUnformatted(source);
-    snprintf(user, sizeof user, "{\"imported_from\":%s,\"format\":\"huggingface-gpt2\"}", quoted ? quoted : "\"\"");
+    snprintf(user, sizeof user, "{\"imported_from\":%s,\"format\":\"huggingface-%s\"}", quoted ? quoted : "\"\"",
+             im->config.arch == GPT_ARCH_LLAMA ? "llama" : "gpt2");
     cJSON_free(quoted);
     cJSON_Delete(source);
     int status = model_json ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     ckpt_train_state state = {0, 0, model_json, NULL, NULL, user};
-    if (!status) status = import_run(im->set, im->descs, im->map.tensors, im->count, &im->layout, &state, options, out_path);
+    if (!status) status = import_run(im->set, im->descs, im->sources, im->count, &im->layout, &state, options, out_path);
     cJSON_free(model_json);
     return status;
 }

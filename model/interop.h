@@ -22,12 +22,19 @@ typedef struct {
     export_tensor *tensors;
     int count;
     char (*names)[2][CKPT_NAME_MAX + 1]; /* storage: source, outside name */
+    int64_t *blocks;                     /* storage of the tensors' row blocks */
 } gpt_name_map;
 
-/* Fails with TP_ERR_ARG when the model is not a GPT-2 the format can express
- * (SwiGLU, grouped-query attention). For safetensors, names carry prefix
- * ("transformer." as GPT2LMHeadModel saves them, "" for GPT2Model's files);
- * the tied output projection is not listed (not stored). */
+/* GPT-2: fails with TP_ERR_ARG when the model is not a GPT-2 the format can
+ * express (SwiGLU, grouped-query attention). For safetensors, names carry
+ * prefix ("transformer." as GPT2LMHeadModel saves them, "" for GPT2Model's
+ * files); the tied output projection is not listed (not stored).
+ * Llama (LlamaForCausalLM; llama.cpp's llama architecture): prefix is
+ * ignored ("model." inside, lm_head.weight outside, as Hugging Face saves
+ * them); a fused QKV is listed as its Q, K and V rows and the SwiGLU input
+ * as its gate and up rows (entries with the same source, in row order); for
+ * GGUF the Q and K rows of each head are permuted as llama.cpp's converter
+ * permutes them (rotate-half pairs (j, j + hd/2) made adjacent, (2j, 2j+1)). */
 int gpt_name_map_create(gpt_name_map *out, const gpt_config *config, export_format format, const char *prefix);
 void gpt_name_map_free(gpt_name_map *map);
 

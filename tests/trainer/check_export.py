@@ -35,9 +35,16 @@ tests/ckpt/check_h5py.py.
       Prints the greedy continuation of the PyTorch GPT-2 (the prompt's bytes
       are the tokens), to compare with `tp-train generate --temperature 0`.
   check_export.py transformers DIR --data F --windows N --seq T --loss X
-      Loads DIR with transformers' GPT2LMHeadModel.from_pretrained, compares
-      its logits with gpt2_ref's and its loss with X; exit 77 (skipped) where
-      transformers is not installed.
+      Loads DIR with transformers' GPT2LMHeadModel (or LlamaForCausalLM, by
+      config.json's model_type) from_pretrained and compares its loss with X;
+      exit 77 (skipped) where transformers is not installed.
+A Llama checkpoint ("arch": "llama") is checked against Hugging Face's
+LlamaForCausalLM names (q_proj, k_proj and v_proj the row ranges of our
+fused QKV, gate_proj and up_proj those of the SwiGLU input, lm_head when
+untied) and llama.cpp's llama architecture (its keys; attn_q and attn_k
+with the rows of each head permuted as convert_hf_to_gguf.py's
+LlamaModel.permute does, undone here before comparing); --loss loads the
+weights into the PyTorch Llama (llama_ref.py).
 Exit 0 when everything matches, 1 otherwise (one line per problem).
 """
 import argparse
@@ -55,6 +62,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "ckpt"))
 sys.path.insert(0, HERE)
 import check_h5py  # noqa: E402
 from gpt2_ref import GPT2  # noqa: E402
+from llama_ref import Llama  # noqa: E402
 
 PROBLEMS = []
 
@@ -124,6 +132,63 @@ def gguf_names(layers):
             for kind in ("weight", "bias"):
                 names[f"blk.{i}.{theirs}.{kind}"] = f"model/layers.{i}.{ours}.{kind}"
     return names
+
+
+# Llama in Hugging Face's names (LlamaForCausalLM) and llama.cpp's: each
+# maps to (our tensor, part); parts are row ranges of the fused tensors.
+LLAMA_HF = [("ln1", "input_layernorm", None), ("attn.qkv", "self_attn.q_proj", "q"),
+            ("attn.qkv", "self_attn.k_proj", "k"), ("attn.qkv", "self_attn.v_proj", "v"),
+            ("attn.proj", "self_attn.o_proj", None), ("ln2", "post_attention_layernorm", None),
+            ("mlp.fc", "mlp.gate_proj", "gate"), ("mlp.fc", "mlp.up_proj", "up"), ("mlp.proj", "mlp.down_proj", None)]
+LLAMA_GGUF = [("ln1", "attn_norm", None), ("attn.qkv", "attn_q", "q"), ("attn.qkv", "attn_k", "k"),
+              ("attn.qkv", "attn_v", "v"), ("attn.proj", "attn_output", None), ("ln2", "ffn_norm", None),
+              ("mlp.fc", "ffn_gate", "gate"), ("mlp.fc", "ffn_up", "up"), ("mlp.proj", "ffn_down", None)]
+
+
+def llama_names(model, gguf):
+    """{outside name: (our name, part)} of a Llama checkpoint."""
+    tied = model.get("tied_embeddings", False)
+    if gguf:
+        names = {"token_embd.weight": ("model/tok_embed.weight", None),
+                 "output_norm.weight": ("model/final_norm.weight", None)}
+        if not tied:
+            names["output.weight"] = ("model/output.weight", None)
+    else:
+        names = {"model.embed_tokens.weight": ("model/tok_embed.weight", None),
+                 "model.norm.weight": ("model/final_norm.weight", None)}
+        if not tied:
+            names["lm_head.weight"] = ("model/output.weight", None)
+    for i in range(model["layers"]):
+        for ours, theirs, part in LLAMA_GGUF if gguf else LLAMA_HF:
+            names[(f"blk.{i}.{theirs}.weight" if gguf else f"model.layers.{i}.{theirs}.weight")] = \
+                (f"model/layers.{i}.{ours}.weight", part)
+    return names
+
+
+def llama_part(model, array, part):
+    """Rows of a fused tensor: Q, K, V of [q; k; v], gate and up of [gate; up]."""
+    hd = model["dim"] // model["heads"]
+    q, kv, f = model["heads"] * hd, model["kv_heads"] * hd, model["ffn"]
+    ranges = {None: (0, array.shape[0]), "q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv),
+              "gate": (0, f), "up": (f, 2 * f)}
+    a, b = ranges[part]
+    return array[a:b]
+
+
+def unpermute_rope(array, heads):
+    """Undoes llama.cpp's LlamaModel.permute (w.reshape(n_head, 2, hd/2,
+    D).swapaxes(1, 2)): row h hd + 2 i + a of the file back to h hd + a hd/2 + i."""
+    rows, cols = array.shape
+    hd = rows // heads
+    return array.reshape(heads, hd // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def llama_parameters(model):
+    """The logical parameters of the Llama the checkpoint describes."""
+    v, d, f, layers = model["vocab"], model["dim"], model["ffn"], model["layers"]
+    kv = model["kv_heads"] * (d // model["heads"])
+    per_layer = 2 * d + d * d + 2 * kv * d + d * d + 3 * d * f
+    return v * d * (1 if model.get("tied_embeddings") else 2) + layers * per_layer + d
 
 
 # --------------------------------------------------------------- safetensors
@@ -206,6 +271,9 @@ def check_safetensors(a):
     if meta.get("tp_toolkit.source_layout") != f"tp{layout['tp']}pp{layout['pp']}":
         problem(f"__metadata__ source layout {meta.get('tp_toolkit.source_layout')}")
     config = json.load(open(os.path.join(a.dir, "config.json")))
+    if model.get("arch") == "llama":
+        check_llama_safetensors(a, params, model, tensors, config)
+        return
     want = {"model_type": "gpt2", "n_layer": layers, "n_embd": model["dim"], "n_head": model["heads"],
             "vocab_size": model["vocab"], "n_positions": model["seq"], "activation_function": "gelu_new",
             "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, "architectures": ["GPT2LMHeadModel"]}
@@ -234,6 +302,40 @@ def check_safetensors(a):
         check_loss(model, ours, a)
 
 
+def check_llama_safetensors(a, params, model, tensors, config):
+    """A LlamaForCausalLM directory: config.json, every tensor a row range of ours."""
+    hd = model["dim"] // model["heads"]
+    want = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": model["layers"],
+            "hidden_size": model["dim"], "num_attention_heads": model["heads"],
+            "num_key_value_heads": model["kv_heads"], "intermediate_size": model["ffn"], "vocab_size": model["vocab"],
+            "max_position_embeddings": model["seq"], "hidden_act": "silu", "head_dim": hd,
+            "rms_norm_eps": model["norm_eps"], "rope_theta": model["rope_theta"],
+            "tie_word_embeddings": model["tied_embeddings"], "attention_bias": False, "mlp_bias": False}
+    scaling = model.get("rope_scaling")
+    want["rope_scaling"] = dict(scaling, rope_type="llama3") if scaling else None
+    for key, value in want.items():
+        if config.get(key) != value:
+            problem(f"config.json: {key} is {config.get(key)!r}, expected {value!r}")
+    names = llama_names(model, gguf=False)
+    if set(tensors) != set(names):
+        problem(f"tensor names differ from LlamaForCausalLM's: extra {sorted(set(tensors) - set(names))}, "
+                f"missing {sorted(set(names) - set(tensors))}")
+    fused = {}
+    for theirs, (name, part) in names.items():
+        if theirs not in tensors or name not in params:
+            continue
+        bits, out_dtype = tensors[theirs]
+        values, source_bits, dtype = params[name]
+        want_bits = llama_part(model, expected_bits(values, source_bits, dtype, out_dtype), part)
+        if bits.shape != want_bits.shape or not np.array_equal(bits, want_bits):
+            problem(f"{theirs}: differs from {name}{' ' + part if part else ''}")
+        fused.setdefault(name, []).append(check_h5py.values_from_bytes(bits.tobytes(), out_dtype, bits.shape).copy())
+    print(f"check_export: safetensors: {len(tensors)} tensors compared with {a.ckpt} (Llama)")
+    if a.loss is not None and len(fused) == len({n for n, _ in names.values()}):
+        # The weights as the export holds them, fused back (parts in row order) into the reference's tensors.
+        check_loss(model, {name: np.concatenate(parts) for name, parts in fused.items()}, a)
+
+
 def windows(path, count, seq):
     tokens = np.fromfile(path, dtype="<u2", offset=256 * 4).astype(np.int64)
     x = np.stack([tokens[i * seq:i * seq + seq] for i in range(count)])
@@ -243,7 +345,10 @@ def windows(path, count, seq):
 
 def reference_model(model, weights):
     torch.set_num_threads(1)
-    m = GPT2(model["layers"], model["dim"], model["heads"], model["vocab"], model["seq"], model["ffn"])
+    if model.get("arch") == "llama":
+        m = Llama.from_config(model)
+    else:
+        m = GPT2(model["layers"], model["dim"], model["heads"], model["vocab"], model["seq"], model["ffn"])
     m.load_named(weights)
     return m
 
@@ -497,6 +602,9 @@ def check_gguf(a):
         if key in kv:
             problem(f"key {key} twice")
         kv[key] = (kind, r.value(kind))
+    if model.get("arch") == "llama":
+        check_llama_gguf(a, params, model, kv, r, raw, n_tensors, n_kv)
+        return
     # Types llama.cpp insists on: counts u32 (4), the epsilon f32 (6), strings (8).
     want = {"general.architecture": (8, "gpt2"), "gpt2.context_length": (4, model["seq"]),
             "gpt2.embedding_length": (4, model["dim"]), "gpt2.feed_forward_length": (4, model["ffn"]),
@@ -563,6 +671,59 @@ def check_gguf(a):
           f"compared with {a.ckpt}")
 
 
+def check_llama_gguf(a, params, model, kv, r, raw, n_tensors, n_kv):
+    """llama.cpp's llama architecture: keys, tensor names, and every tensor a
+    row range of ours (Q and K unpermuted first)."""
+    hd = model["dim"] // model["heads"]
+    want = {"general.architecture": (8, "llama"), "llama.context_length": (4, model["seq"]),
+            "llama.embedding_length": (4, model["dim"]), "llama.feed_forward_length": (4, model["ffn"]),
+            "llama.block_count": (4, model["layers"]), "llama.attention.head_count": (4, model["heads"]),
+            "llama.attention.head_count_kv": (4, model["kv_heads"]), "llama.rope.dimension_count": (4, hd),
+            "llama.vocab_size": (4, model["vocab"]), "general.type": (8, "model"),
+            "general.name": (8, a.name if a.name is not None else "Llama (tp-toolkit)")}
+    for key, value in want.items():
+        if kv.get(key) != value:
+            problem(f"metadata {key} = {kv.get(key)}, expected {value}")
+    for key, value in (("llama.rope.freq_base", model["rope_theta"]),
+                       ("llama.attention.layer_norm_rms_epsilon", model["norm_eps"])):
+        kind, got = kv.get(key, (None, None))
+        if kind != 6 or abs(got - value) > 1e-6 * abs(value):
+            problem(f"{key} = {kv.get(key)}, expected the f32 {value}")
+    check_vocabulary(a, kv, model["vocab"])
+    alignment = kv.get("general.alignment", (4, 32))[1]
+    infos = []
+    for _ in range(n_tensors):
+        name = r.string()
+        n_dims = r.take("<I")
+        ne = [r.take("<Q") for _ in range(n_dims)]
+        infos.append((name, ne, r.take("<I"), r.take("<Q")))
+    start = -(-r.at // alignment) * alignment
+    names = llama_names(model, gguf=True)
+    if sorted(n for n, *_ in infos) != sorted(names):
+        problem(f"tensor names differ from llama.cpp's llama: {sorted(set(n for n, *_ in infos) ^ set(names))}")
+    for name, ne, ggml_type, offset in infos:
+        code, size, dtype = GGML_TYPES[ggml_type]
+        shape = list(reversed(ne))
+        bits = np.frombuffer(raw, code, count=int(np.prod(shape)), offset=start + offset).reshape(shape)
+        if name not in names or names[name][0] not in params:
+            continue
+        ours, part = names[name]
+        values, source_bits, source_dtype = params[ours]
+        want_bits = llama_part(model, expected_bits(values, source_bits, source_dtype, dtype), part)
+        if part in ("q", "k"):
+            bits = unpermute_rope(bits, model["heads"] if part == "q" else model["kv_heads"])
+        if bits.shape != want_bits.shape or not np.array_equal(bits, want_bits):
+            problem(f"{name}: differs from {ours}{' ' + part if part else ''}"
+                    f"{' (after undoing the rope permutation)' if part in ('q', 'k') else ''}")
+    parameters = sum(int(np.prod(ne)) for _, ne, *_ in infos)
+    if parameters != llama_parameters(model):
+        problem(f"the tensors hold {parameters} parameters, the model {llama_parameters(model)}")
+    if kv.get("general.size_label") != (8, size_label(parameters)):
+        problem(f"general.size_label = {kv.get('general.size_label')}, expected {size_label(parameters)}")
+    print(f"check_export: gguf: {n_tensors} tensors, {n_kv} keys (Llama, size label {size_label(parameters)}) "
+          f"compared with {a.ckpt}")
+
+
 # ---------------------------------------------------------------------- HDF5
 
 def check_hdf5(a):
@@ -608,11 +769,12 @@ def greedy(a):
 
 def check_transformers(a):
     try:
-        from transformers import GPT2LMHeadModel
+        from transformers import GPT2LMHeadModel, LlamaForCausalLM
     except ImportError:
         print("check_export: SKIP: Hugging Face transformers is not installed")
         sys.exit(77)
-    hf = GPT2LMHeadModel.from_pretrained(a.dir).eval()
+    llama = json.load(open(os.path.join(a.dir, "config.json"))).get("model_type") == "llama"
+    hf = (LlamaForCausalLM if llama else GPT2LMHeadModel).from_pretrained(a.dir, torch_dtype=torch.float32).eval()
     x, y = windows(a.data, a.windows, a.seq)
     with torch.no_grad():
         logits = hf(x).logits.float()
