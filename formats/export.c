@@ -112,6 +112,16 @@ static int plan_tensors(exporter *x, const export_tensor *specs, int count)
     for (int i = 0; i < count; i++) {
         out_tensor *t = &x->tensors[i];
         t->spec = &specs[i];
+        if (specs[i].values) { /* computed here: [num_values] fp32 */
+            t->source = -1;
+            t->in = t->out = TP_FP32;
+            t->ndim = 1;
+            t->shape[0] = t->rows = t->source_rows = specs[i].num_values;
+            t->row_elements = 1;
+            t->bytes = t->rows * (int64_t)sizeof(float);
+            if (specs[i].num_values < 1) return tp_fail(TP_ERR_ARG, "computed tensor %s is empty", specs[i].name);
+            continue;
+        }
         t->source = ckpt_reader_find(x->source, specs[i].source);
         if (t->source < 0)
             return tp_fail(TP_ERR_NOT_FOUND, "%s: no tensor %s to export as %s", ckpt_reader_path(x->source),
@@ -599,8 +609,10 @@ static int export_band(void *ctx, int64_t k, int thread)
     unsigned char *output = x->buffers[thread].memory, *staging = output + t->staging_at;
     int64_t rows = b->row1 - b->row0, elements = rows * t->row_elements;
     size_t out_size = tp_dtype_size(t->out);
-    int status;
-    if (t->spec->transpose) {
+    int status = TP_OK;
+    if (t->spec->values) {
+        memcpy(output, t->spec->values + b->row0, (size_t)elements * sizeof(float));
+    } else if (t->spec->transpose) {
         status = transposed_band(x, t, b, output);
     } else {
         int converts = t->in != t->out;

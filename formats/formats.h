@@ -46,6 +46,10 @@ typedef struct {
      * not with transpose. */
     const char *const *parts;
     int num_parts;
+    /* Export only: a 1-D fp32 tensor computed here instead of read (source
+     * unused): llama.cpp's rope_freqs of Llama 3's frequency scaling. */
+    const float *values;
+    int64_t num_values;
 } export_tensor;
 
 #define IMPORT_MAX_PARTS 4

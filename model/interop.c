@@ -40,6 +40,7 @@ void gpt_name_map_free(gpt_name_map *map)
     free(map->tensors);
     free(map->names);
     free(map->blocks);
+    free(map->values);
     memset(map, 0, sizeof *map);
 }
 
@@ -83,6 +84,29 @@ static void gguf_rope_rows(int64_t *blocks, int64_t heads, int64_t hd, int64_t f
     for (int64_t h = 0; h < heads; h++)
         for (int64_t i = 0; i < hd / 2; i++)
             for (int64_t a = 0; a < 2; a++) blocks[h * hd + 2 * i + a] = first + h * hd + a * hd / 2 + i;
+}
+
+/* llama.cpp's rope_freqs.weight for Llama 3's scaling, as
+ * convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors computes it:
+ * per frequency (fp32, as transformers computes it), the divisor llama.cpp
+ * applies: 1 for short wavelengths, factor for long ones, and between them
+ * 1 / ((1 - smooth) / factor + smooth). */
+static void gguf_rope_factors(float *out, const gpt_config *c)
+{
+    int64_t hd = c->dim / c->heads;
+    double original = (double)c->rope_original_seq, factor = c->rope_scaling_factor;
+    double low_wavelen = original / c->rope_low_freq_factor, high_wavelen = original / c->rope_high_freq_factor;
+    for (int64_t j = 0; j < hd / 2; j++) {
+        float freq = 1.0f / powf((float)c->rope_theta, (float)(2 * j) / (float)hd);
+        double wavelen = 2 * M_PI / (double)freq;
+        if (wavelen < high_wavelen) out[j] = 1.0f;
+        else if (wavelen > low_wavelen) out[j] = (float)factor;
+        else {
+            double smooth = (original / wavelen - c->rope_low_freq_factor) /
+                            (c->rope_high_freq_factor - c->rope_low_freq_factor);
+            out[j] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
 }
 
 static int llama_name_map(gpt_name_map *out, const gpt_config *c, export_format format)
@@ -132,6 +156,14 @@ static int llama_name_map(gpt_name_map *out, const gpt_config *c, export_format 
         }
     }
     free(catalog);
+    if (format == EXPORT_GGUF && c->rope_scaling_factor > 0) {
+        if (!(out->values = malloc((size_t)(hd / 2) * sizeof(float))))
+            return tp_fail(TP_ERR_NOMEM, "out of memory for the rope factors");
+        gguf_rope_factors(out->values, c);
+        int k = out->count++; /* the arrays hold 3 entries per catalogue tensor: room for this one */
+        snprintf(out->names[k][1], CKPT_NAME_MAX + 1, "rope_freqs.weight");
+        out->tensors[k] = (export_tensor){.source = "", .name = out->names[k][1], .values = out->values, .num_values = hd / 2};
+    }
     return TP_OK;
 }
 

@@ -23,6 +23,7 @@ typedef struct {
     int count;
     char (*names)[2][CKPT_NAME_MAX + 1]; /* storage: source, outside name */
     int64_t *blocks;                     /* storage of the tensors' row blocks */
+    float *values;                       /* storage of a computed tensor (GGUF's rope_freqs) */
 } gpt_name_map;
 
 /* GPT-2: fails with TP_ERR_ARG when the model is not a GPT-2 the format can
@@ -34,7 +35,9 @@ typedef struct {
  * them); a fused QKV is listed as its Q, K and V rows and the SwiGLU input
  * as its gate and up rows (entries with the same source, in row order); for
  * GGUF the Q and K rows of each head are permuted as llama.cpp's converter
- * permutes them (rotate-half pairs (j, j + hd/2) made adjacent, (2j, 2j+1)). */
+ * permutes them (rotate-half pairs (j, j + hd/2) made adjacent, (2j, 2j+1)),
+ * and Llama 3's frequency scaling is the computed tensor rope_freqs.weight
+ * [hd/2] of the converter (each frequency's divisor). */
 int gpt_name_map_create(gpt_name_map *out, const gpt_config *config, export_format format, const char *prefix);
 void gpt_name_map_free(gpt_name_map *map);
 

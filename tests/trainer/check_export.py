@@ -183,6 +183,28 @@ def unpermute_rope(array, heads):
     return array.reshape(heads, hd // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
+def rope_factors(model):
+    """convert_hf_to_gguf.py's rope_freqs for Llama 3's scaling: for each
+    frequency of transformers' inv_freq (fp32), 1 below the high-frequency
+    wavelength, factor above the low one, 1 / ((1 - smooth) / factor + smooth)
+    between. As float32."""
+    scaling, hd = model["rope_scaling"], model["dim"] // model["heads"]
+    freqs = 1.0 / (model["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    out = []
+    for freq in freqs.tolist():
+        wavelen = 2 * 3.141592653589793 / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def llama_parameters(model):
     """The logical parameters of the Llama the checkpoint describes."""
     v, d, f, layers = model["vocab"], model["dim"], model["ffn"], model["layers"]
@@ -699,12 +721,20 @@ def check_llama_gguf(a, params, model, kv, r, raw, n_tensors, n_kv):
         infos.append((name, ne, r.take("<I"), r.take("<Q")))
     start = -(-r.at // alignment) * alignment
     names = llama_names(model, gguf=True)
+    scaling = model.get("rope_scaling")
+    if scaling:
+        names["rope_freqs.weight"] = (None, None)
     if sorted(n for n, *_ in infos) != sorted(names):
         problem(f"tensor names differ from llama.cpp's llama: {sorted(set(n for n, *_ in infos) ^ set(names))}")
     for name, ne, ggml_type, offset in infos:
         code, size, dtype = GGML_TYPES[ggml_type]
         shape = list(reversed(ne))
         bits = np.frombuffer(raw, code, count=int(np.prod(shape)), offset=start + offset).reshape(shape)
+        if name == "rope_freqs.weight" and scaling:
+            want = rope_factors(model)
+            if dtype != "fp32" or bits.view(np.float32).tolist() != want.tolist():
+                problem(f"rope_freqs.weight {bits.view(np.float32)[:4]}... differs from the converter's {want[:4]}...")
+            continue
         if name not in names or names[name][0] not in params:
             continue
         ours, part = names[name]
@@ -715,7 +745,7 @@ def check_llama_gguf(a, params, model, kv, r, raw, n_tensors, n_kv):
         if bits.shape != want_bits.shape or not np.array_equal(bits, want_bits):
             problem(f"{name}: differs from {ours}{' ' + part if part else ''}"
                     f"{' (after undoing the rope permutation)' if part in ('q', 'k') else ''}")
-    parameters = sum(int(np.prod(ne)) for _, ne, *_ in infos)
+    parameters = sum(int(np.prod(ne)) for name, ne, *_ in infos if name != "rope_freqs.weight")
     if parameters != llama_parameters(model):
         problem(f"the tensors hold {parameters} parameters, the model {llama_parameters(model)}")
     if kv.get("general.size_label") != (8, size_label(parameters)):
