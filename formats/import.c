@@ -540,7 +540,7 @@ static int fill_run(void *ctx, int64_t offset, int64_t first, int64_t n)
         int64_t r = (first + done) / c->cols, k = (first + done) % c->cols, m = c->cols - k;
         if (m > n - done) m = n - done;
         strided_move move = {k * c->rows + r, c->rows, done, 1, 1, m};
-        moves_apply(c->src, c->in, dst, c->out, &move, 1);
+        moves_apply(c->src[0], c->in, dst, c->out, &move, 1);
         done += m;
     }
     return 0;

@@ -303,7 +303,7 @@ PYEOF
 for case in "truncated:truncated" "overlap:overlaps tensor" "missing:tensor transformer.h.1.mlp.c_fc.bias .*is missing" \
     "shape:has shape \[64, 250\], expected \[250, 64\]" "config:config.json: not a JSON object" \
     "activation:activation_function relu" "layers:357913942 layers: at most 100000" \
-    "model_type:model_type is missing \(expected gpt2\)"; do
+    "model_type:model_type is missing \(expected gpt2 or llama\)"; do
     kind=${case%%:*} pattern=${case#*:}
     damage "$kind"
     expect_error "import refuses a damaged directory ($kind)" 1 "$pattern" \
