@@ -15,6 +15,10 @@
 #      finishes, exports the merged weights and draws the run's report
 #   9. a Megatron-LM checkpoint written by PyTorch, resharded as Megatron's
 #      and checked by torch.load against PyTorch's own tensors
+#  10. a Llama (RMSNorm, rotary positions, SwiGLU, one key/value head shared
+#      by four query heads, untied output) trained at tp2pp2 with its key/value
+#      head replicated on both tensor ranks, resumed at tp1dp2, exported for
+#      Hugging Face and llama.cpp (checked), and writing
 # Output goes to demo-run/ (ignored by git).
 set -eu
 cd "$(dirname "$0")/.."
@@ -152,5 +156,26 @@ if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 else
     echo "   skipped: python3-torch is not installed (make deps installs it)"
 fi
+
+say "14. a Llama (RMSNorm, rotary positions, SwiGLU, 4 query heads sharing 1 key/value head, untied output):"
+echo "    trained at tp2pp2 with its key/value head replicated on both tensor ranks, resumed at tp1dp2,"
+echo "    exported for Hugging Face and llama.cpp (checked), and writing"
+LLAMA="--arch llama --layers 4 --dim 128 --heads 4 --kv-heads 1 --ffn 352 --vocab 256 --seq 64 --steps 80 --lr 3e-3 \
+--data $OUT/text.bin --ckpt-dir $OUT/llama --ckpt-every 20"
+mpirun --oversubscribe -np 4 "$BIN/tp-train" $LLAMA --tp 2 --pp 2 --micro-batch 4 --grad-accum 2 --stop-at 40 </dev/null |
+    awk 'NR <= 3 || /step +(10|20|30|40)\/|stopped|done/'
+"$BIN/tp-ckpt" info "$OUT/llama" | grep "^model/layers.0.attn.qkv.weight"
+mpirun --oversubscribe -np 2 "$BIN/tp-train" $LLAMA --dp 2 --micro-batch 4 --resume </dev/null |
+    awk 'NR <= 3 || /step +(41|60|80)\/|done/'
+LLAMA_LOSS=$("$BIN/tp-train" eval --ckpt "$OUT/llama" --data "$OUT/text.bin" --windows 40 --json |
+    /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["loss"])')
+"$BIN/tp-ckpt" export "$OUT/llama" --format safetensors -o "$OUT/llama-hf"
+"$BIN/tp-ckpt" export "$OUT/llama" --format gguf --dtype bf16 -o "$OUT/llama.gguf"
+if /usr/bin/python3 -c 'import torch, h5py' 2>/dev/null; then
+    /usr/bin/python3 tests/trainer/check_export.py safetensors "$OUT/llama-hf" "$OUT/llama" --data "$OUT/text.bin" \
+        --windows 40 --seq 64 --loss "$LLAMA_LOSS"
+    /usr/bin/python3 tests/trainer/check_export.py gguf "$OUT/llama.gguf" "$OUT/llama"
+fi
+"$BIN/tp-train" generate --ckpt "$OUT/llama" --prompt "The checkpoint " --tokens 160 --seed 1
 
 say "demo done: checkpoints and exports are in $OUT/"
