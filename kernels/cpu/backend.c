@@ -71,6 +71,21 @@ CPU_OP(layernorm_backward,
        (d_in, d_weight, d_bias, d_out, in, weight, mean, rstd, N, C))
 CPU_OP(gelu_forward, (float *out, const float *in, int64_t n), (out, in, n))
 CPU_OP(gelu_backward, (float *d_in, const float *in, const float *d_out, int64_t n), (d_in, in, d_out, n))
+CPU_OP(rmsnorm_forward,
+       (float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps),
+       (out, rstd, in, weight, N, C, eps))
+CPU_OP(rmsnorm_backward,
+       (float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight, const float *rstd,
+        int64_t N, int64_t C),
+       (d_in, d_weight, d_out, in, weight, rstd, N, C))
+CPU_OP(swiglu_forward, (float *out, const float *in, int64_t N, int64_t F), (out, in, N, F))
+CPU_OP(swiglu_backward, (float *d_in, const float *in, const float *d_out, int64_t N, int64_t F),
+       (d_in, in, d_out, N, F))
+CPU_OP(rope_forward, (float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
+       (qkv, cos_sin, B, T, Hq, Hkv, hd))
+CPU_OP(rope_backward,
+       (float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
+       (d_qkv, cos_sin, B, T, Hq, Hkv, hd))
 CPU_OP(residual_forward, (float *out, const float *a, const float *b, int64_t n), (out, a, b, n))
 CPU_OP(bias_residual_forward,
        (float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C),
@@ -136,6 +151,12 @@ static const kernel_backend cpu_backend = {
     .layernorm_backward = cpu_layernorm_backward,
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
     .residual_forward = cpu_residual_forward,
     .bias_residual_forward = cpu_bias_residual_forward,
     .add_inplace = cpu_add_inplace,
