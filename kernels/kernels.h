@@ -145,7 +145,8 @@ typedef struct {
     double original_seq;      /* original_max_position_embeddings: 8192 */
 } rope_scaling;
 void rope_frequencies(float *freq, int64_t hd, double theta, const rope_scaling *scaling);
-/* cos_sin[T, hd/2, 2] of positions 0..T-1 (angles in double, then fp32). */
+/* cos_sin[T, hd/2, 2] of positions 0..T-1: the angle t * freq[j] in fp32 as
+ * Hugging Face computes it, its cos and sin in double rounded to fp32. */
 void rope_table(float *cos_sin, const float *freq, int64_t T, int64_t hd);
 
 /* out[n] = a[n] + b[n] */

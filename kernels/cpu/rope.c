@@ -1,65 +1,100 @@
-/* rope.c: rotary position embeddings (Hugging Face's rotate-half form) and
- * their frequencies, with Llama 3's frequency scaling. */
+/* rope.c: rotary position embeddings (Llama), Hugging Face's conventions
+ * (transformers' modeling_llama.py and modeling_rope_utils.py): the
+ * frequencies with Llama 3's scaling, the table of their cos and sin, and
+ * the rotation of the Q and K heads in place. The frequencies and the table
+ * are rounded step by step as PyTorch rounds them (fp32), so that a model
+ * trained here and one run by transformers see the same angles. */
 #include <math.h>
 
 #include "../kernels.h"
 
-void rope_frequencies(float *freq, int64_t hd, double theta, const rope_scaling *scaling)
+/* freq[hd/2]. HF: inv_freq = 1.0 / (base ** (arange(0, hd, 2).float() / hd)),
+ * every step a float32 tensor op: the exponent 2j / hd is a float32
+ * division, base is taken as a float32, the power is float32 and so is the
+ * reciprocal. The power is computed here in double from the same float32
+ * operands and rounded once to float32: the correctly rounded fp32 power,
+ * which PyTorch's pow (within an ulp) gives too, and the same on every libm
+ * (powf's last bit may differ between libraries). */
+static void default_frequencies(float *freq, int64_t hd, double theta)
 {
+    float base = (float)theta;
     for (int64_t j = 0; j < hd / 2; j++) {
-        /* As transformers computes inv_freq: the exponent 2j/hd in fp32, the
-         * power in fp32 (torch's pow of a float tensor), then 1/x in fp32. */
         float exponent = (float)(2 * j) / (float)hd;
-        float inv = 1.0f / powf((float)theta, exponent);
-        if (scaling && scaling->factor > 0) {
-            /* transformers' _compute_llama3_parameters: long wavelengths (low
-             * frequencies) divided by factor, short ones kept, a smooth blend
-             * between. */
-            double original = scaling->original_seq, factor = scaling->factor;
-            double low_wavelen = original / scaling->low_freq_factor;
-            double high_wavelen = original / scaling->high_freq_factor;
-            double wavelen = 2 * M_PI / inv;
-            double scaled = wavelen > low_wavelen ? inv / factor : inv;
-            if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
-                double smooth = (original / wavelen - scaling->low_freq_factor) /
-                                (scaling->high_freq_factor - scaling->low_freq_factor);
-                scaled = (1 - smooth) * scaled / factor + smooth * scaled;
-            }
-            inv = (float)scaled;
-        }
-        freq[j] = inv;
+        float power = (float)pow((double)base, (double)exponent);
+        freq[j] = 1.0f / power;
     }
 }
 
+/* transformers' _compute_llama3_parameters, each tensor op in float32 as
+ * PyTorch does it (Python floats taken as float32 operands):
+ *   wavelen = 2 pi / inv_freq        (PyTorch: reciprocal(inv_freq) * 2 pi)
+ *   inv_freq_llama = wavelen > low_freq_wavelen ? inv_freq / factor : inv_freq
+ *   smooth = (original / wavelen - low) / (high - low)   (original / wavelen: reciprocal then product)
+ *   smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+ *   medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen)
+ * with low_freq_wavelen = original / low, high_freq_wavelen = original / high. */
+static void llama3_scaling(float *freq, int64_t hd, const rope_scaling *scaling)
+{
+    /* Python floats, converted to float32 where they meet a tensor. */
+    float factor = (float)scaling->factor, low = (float)scaling->low_freq_factor;
+    float original = (float)scaling->original_seq;
+    float low_freq_wavelen = (float)(scaling->original_seq / scaling->low_freq_factor);
+    float high_freq_wavelen = (float)(scaling->original_seq / scaling->high_freq_factor);
+    float spread = (float)(scaling->high_freq_factor - scaling->low_freq_factor), two_pi = (float)(2.0 * M_PI);
+    for (int64_t j = 0; j < hd / 2; j++) {
+        float inv_freq = freq[j];
+        float wavelen = (1.0f / inv_freq) * two_pi;
+        float llama = wavelen > low_freq_wavelen ? inv_freq / factor : inv_freq;
+        float smooth = ((1.0f / wavelen) * original - low) / spread;
+        float smoothed = (1.0f - smooth) * llama / factor + smooth * llama;
+        int medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+        freq[j] = medium ? smoothed : llama;
+    }
+}
+
+void rope_frequencies(float *freq, int64_t hd, double theta, const rope_scaling *scaling)
+{
+    default_frequencies(freq, hd, theta);
+    if (scaling && scaling->factor > 0) llama3_scaling(freq, hd, scaling);
+}
+
+/* cos_sin[T, hd/2, 2]. HF: freqs = inv_freq @ position_ids (float32; an
+ * inner dimension of 1, so one float32 product t * freq[j]), then
+ * cos(freqs), sin(freqs) in float32. The angle is that float32 product
+ * (its rounding is part of the model's positions: at t = 8000 it moves the
+ * angle by up to 5e-4); its cos and sin are computed in double and rounded
+ * once, within half an ulp, where PyTorch's are within an ulp or so. */
 void rope_table(float *cos_sin, const float *freq, int64_t T, int64_t hd)
 {
     int64_t half = hd / 2;
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < half; j++) {
-            /* The angle as transformers forms it (position x inv_freq in fp32),
-             * its cosine and sine to fp32 precision. */
             float angle = (float)t * freq[j];
             cos_sin[(t * half + j) * 2] = (float)cos((double)angle);
             cos_sin[(t * half + j) * 2 + 1] = (float)sin((double)angle);
         }
 }
 
-/* Turns the Q and K heads of every row by the row's angles; direction -1
- * turns back (the transpose of the rotation). */
-static void rope_apply(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
-                       float direction)
+/* Turns the Q and K heads of every row of qkv[B,T,(Hq+2Hkv)*hd] (the first
+ * (Hq+Hkv)*hd values of the row) by the row's angles; `sign` +1 turns
+ * forward, -1 back (the transpose, which is also the inverse):
+ *   x'[j] = a cos - sign b sin,  x'[j + hd/2] = b cos + sign a sin,
+ * with a = x[j], b = x[j + hd/2]. */
+static void rotate(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
+                   float sign)
 {
-    int64_t half = hd / 2, width = (Hq + 2 * Hkv) * hd;
+    int64_t half = hd / 2, stride = (Hq + 2 * Hkv) * hd;
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++) {
-            float *row = qkv + (b * T + t) * width;
             const float *cs = cos_sin + t * half * 2;
+            float *row = qkv + (b * T + t) * stride;
             for (int64_t h = 0; h < Hq + Hkv; h++) {
                 float *x = row + h * hd;
                 for (int64_t j = 0; j < half; j++) {
-                    float c = cs[2 * j], s = direction * cs[2 * j + 1], a = x[j], e = x[j + half];
-                    x[j] = a * c - e * s;
-                    x[j + half] = e * c + a * s;
+                    float c = cs[2 * j], s = sign * cs[2 * j + 1];
+                    float lo = x[j], hi = x[j + half];
+                    x[j] = lo * c - hi * s;
+                    x[j + half] = hi * c + lo * s;
                 }
             }
         }
@@ -67,10 +102,10 @@ static void rope_apply(float *qkv, const float *cos_sin, int64_t B, int64_t T, i
 
 void rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    rope_apply(qkv, cos_sin, B, T, Hq, Hkv, hd, 1.0f);
+    rotate(qkv, cos_sin, B, T, Hq, Hkv, hd, 1.0f);
 }
 
 void rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    rope_apply(d_qkv, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
+    rotate(d_qkv, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
 }

@@ -14,8 +14,8 @@
  * operands rounded to bf16 by a kernel (convert_bits.h, as the CPU rounds)
  * and summed in fp32 by cublasGemmEx; the rest in simple kernels. Launch
  * shapes: elementwise kernels walk their elements in grid-stride loops (at
- * most MAX_BLOCKS blocks); row kernels (layer norm, cross-entropy) give a
- * row to a block, also in a grid-stride loop over rows; attention gives a
+ * most MAX_BLOCKS blocks); row kernels (layer norm, RMSNorm, cross-entropy)
+ * give a row to a block, also in a grid-stride loop over rows; attention gives a
  * row to a warp (memory-efficient: no [T, T] matrix);
  * column sums (bias and norm-weight gradients) give 32 columns to a block of
  * 32 x COL_ROWS threads, the rows split among the COL_ROWS thread rows and
@@ -741,6 +741,185 @@ fail:
     return TP_ERR_DEVICE;
 }
 
+/* ================================================================ RMSNorm
+ * As norm.c: a block per row for the forward and for d_in, rstd =
+ * 1 / sqrt(mean(x^2) + eps), y = x rstd w; d_weight by column sums in a
+ * fixed order as layernorm_backward_columns_kernel (no atomics). */
+
+static __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *in, const float *weight,
+                                              int64_t N, int64_t C, float eps)
+{
+    ROWS_OF_BLOCK(n, N) {
+        const float *x = in + n * C;
+        float *y = out + n * C;
+        float q = 0;
+        COLUMNS_OF_THREAD(c, C) q += x[c] * x[c];
+        float r = 1.0f / sqrtf(block_sum(q) / (float)C + eps);
+        COLUMNS_OF_THREAD(c, C) y[c] = x[c] * r * weight[c];
+        if (threadIdx.x == 0) rstd[n] = r;
+    }
+}
+
+/* dx += (dxhat - xhat mean(dxhat xhat)) rstd, xhat = x rstd, dxhat = dy w. */
+static __global__ void rmsnorm_backward_rows_kernel(float *d_in, const float *d_out, const float *in,
+                                                    const float *weight, const float *rstd, int64_t N, int64_t C)
+{
+    ROWS_OF_BLOCK(n, N) {
+        const float *x = in + n * C, *dy = d_out + n * C;
+        float *dx = d_in + n * C;
+        float s = rstd[n], b = 0;
+        COLUMNS_OF_THREAD(c, C) b += dy[c] * weight[c] * (x[c] * s);
+        float mean_dxhat_xhat = block_sum(b) / (float)C;
+        COLUMNS_OF_THREAD(c, C) {
+            float xhat = x[c] * s, dxhat = dy[c] * weight[c];
+            dx[c] += (dxhat - xhat * mean_dxhat_xhat) * s;
+        }
+    }
+}
+
+/* d_weight[c] += sum over rows of x rstd dy. */
+static __global__ void rmsnorm_backward_columns_kernel(float *d_weight, const float *d_out, const float *in,
+                                                       const float *rstd, int64_t N, int64_t C)
+{
+    __shared__ float part[COL_ROWS][COL_TILE + 1];
+    for (int64_t tile = blockIdx.x; tile * COL_TILE < C; tile += gridDim.x) {
+        int64_t c = tile * COL_TILE + threadIdx.x;
+        float sw = 0;
+        if (c < C)
+            for (int64_t n = threadIdx.y; n < N; n += COL_ROWS) sw += in[n * C + c] * rstd[n] * d_out[n * C + c];
+        part[threadIdx.y][threadIdx.x] = sw;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < C) {
+            float total = 0;
+            for (int r = 0; r < COL_ROWS; r++) total += part[r][threadIdx.x];
+            d_weight[c] += total;
+        }
+        __syncthreads();
+    }
+}
+
+static int cuda_rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                                float eps)
+{
+    ENTER();
+    if (N <= 0) return TP_OK;
+    rmsnorm_forward_kernel<<<blocks_for(N, 1), THREADS, 0, state.stream>>>(out, rstd, in, weight, N, C, eps);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in,
+                                 const float *weight, const float *rstd, int64_t N, int64_t C)
+{
+    dim3 column_block(COL_TILE, COL_ROWS);
+    ENTER();
+    if (N <= 0 || C <= 0) return TP_OK;
+    rmsnorm_backward_rows_kernel<<<blocks_for(N, 1), THREADS, 0, state.stream>>>(d_in, d_out, in, weight, rstd, N,
+                                                                                  C);
+    LAUNCH_CHECK();
+    rmsnorm_backward_columns_kernel<<<blocks_for(C, COL_TILE), column_block, 0, state.stream>>>(d_weight, d_out, in,
+                                                                                                 rstd, N, C);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ================================================================= SwiGLU
+ * As norm.c: in[N,2F] = [gate | up] per row, out[N,F] = g / (1 + exp(-g)) up;
+ * the GPU's expf for the CPU's fast_expf (each within 2 ulp). An element of
+ * out (and its two of d_in) per thread. */
+
+static __global__ void swiglu_forward_kernel(float *out, const float *in, int64_t N, int64_t F)
+{
+    GRID_STRIDE(i, N * F) {
+        int64_t n = i / F, f = i - n * F;
+        float g = in[n * 2 * F + f];
+        out[i] = g / (1.0f + expf(-g)) * in[n * 2 * F + F + f];
+    }
+}
+
+/* d up = dy g s, d gate = dy up s (1 + g (1 - s)), s = sigmoid(g). */
+static __global__ void swiglu_backward_kernel(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
+{
+    GRID_STRIDE(i, N * F) {
+        int64_t n = i / F, f = i - n * F;
+        float g = in[n * 2 * F + f], up = in[n * 2 * F + F + f], dy = d_out[i];
+        float s = 1.0f / (1.0f + expf(-g));
+        d_in[n * 2 * F + F + f] = dy * (g * s);
+        d_in[n * 2 * F + f] = dy * up * (s * (1.0f + g * (1.0f - s)));
+    }
+}
+
+static int cuda_swiglu_forward(float *out, const float *in, int64_t N, int64_t F)
+{
+    ENTER();
+    if (N <= 0 || F <= 0) return TP_OK;
+    swiglu_forward_kernel<<<blocks_for(N * F, THREADS), THREADS, 0, state.stream>>>(out, in, N, F);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
+{
+    ENTER();
+    if (N <= 0 || F <= 0) return TP_OK;
+    swiglu_backward_kernel<<<blocks_for(N * F, THREADS), THREADS, 0, state.stream>>>(d_in, in, d_out, N, F);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ======================================================= rotary embeddings
+ * As rope.c: in each of the first H = Hq + Hkv heads of every row of
+ * qkv[B,T,(Hq+2Hkv)*hd], element j < hd/2 and j + hd/2 turn by the angle
+ * whose (cos, sin) is cos_sin[t, j]; sign +1 forward, -1 backward (the
+ * transpose). A pair per thread, in place: no two threads share an element. */
+
+static __global__ void rope_kernel(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t H, int64_t stride,
+                                   int64_t hd, float sign)
+{
+    int64_t half = hd / 2;
+    GRID_STRIDE(i, B * T * H * half) {
+        int64_t j = i % half, head = i / half, h = head % H, row = head / H, t = row % T;
+        float *x = qkv + row * stride + h * hd;
+        float c = cos_sin[(t * half + j) * 2], s = sign * cos_sin[(t * half + j) * 2 + 1];
+        float lo = x[j], hi = x[j + half];
+        x[j] = lo * c - hi * s;
+        x[j + half] = hi * c + lo * s;
+    }
+}
+
+static int rope_turn(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
+                     float sign)
+{
+    ENTER();
+    if (B <= 0 || T <= 0 || Hq + Hkv <= 0 || hd / 2 <= 0) return TP_OK;
+    rope_kernel<<<blocks_for(B * T * (Hq + Hkv) * (hd / 2), THREADS), THREADS, 0, state.stream>>>(
+        qkv, cos_sin, B, T, Hq + Hkv, (Hq + 2 * Hkv) * hd, hd, sign);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int cuda_rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                             int64_t hd)
+{
+    return rope_turn(qkv, cos_sin, B, T, Hq, Hkv, hd, 1.0f);
+}
+
+static int cuda_rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                              int64_t hd)
+{
+    return rope_turn(d_qkv, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
+}
+
 /* ============================================================ elementwise
  * Each element read and written by one thread: out may be any of the inputs
  * (the trainer computes residual_forward(x, x, ...) and
@@ -1251,6 +1430,12 @@ static void fill_table(kernel_backend *t)
     t->layernorm_backward = cuda_layernorm_backward;
     t->gelu_forward = cuda_gelu_forward;
     t->gelu_backward = cuda_gelu_backward;
+    t->rmsnorm_forward = cuda_rmsnorm_forward;
+    t->rmsnorm_backward = cuda_rmsnorm_backward;
+    t->swiglu_forward = cuda_swiglu_forward;
+    t->swiglu_backward = cuda_swiglu_backward;
+    t->rope_forward = cuda_rope_forward;
+    t->rope_backward = cuda_rope_backward;
     t->residual_forward = cuda_residual_forward;
     t->bias_residual_forward = cuda_bias_residual_forward;
     t->add_inplace = cuda_add_inplace;

@@ -461,6 +461,129 @@ Test(cuda_backend, gelu_forward_and_backward)
     free(x), free(dout), free(out), free(din), free(garbage);
 }
 
+/* ----------------------------------------------------------------- RMSNorm */
+
+/* Rows of 72 and of 1000 values, as layernorm's; eps 1e-5 and 1e-6.
+ * Tolerance 1e-4 relative + 1e-5 absolute: the mean of squares is a
+ * reduction in another order. */
+Test(cuda_backend, rmsnorm_forward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t shapes[][2] = {{37, 72}, {5, 1000}};
+    const float eps[] = {1e-5f, 1e-6f};
+    for (int s = 0; s < 2; s++) {
+        int64_t N = shapes[s][0], C = shapes[s][1];
+        float *x = random_floats(N * C, 2.0f), *w = random_floats(C, 1.0f);
+        float *out = malloc((size_t)(N * C) * sizeof(float)), *rstd = malloc((size_t)N * sizeof(float));
+        float *garbage = filled(N * C, 7.0f);
+        float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C);
+        float *g_out = upload_floats(k, garbage, N * C), *g_rstd = upload_floats(k, garbage, N);
+        rmsnorm_forward(out, rstd, x, w, N, C, eps[s]);
+        cr_assert_eq(k->rmsnorm_forward(g_out, g_rstd, g_x, g_w, N, C, eps[s]), TP_OK, "%s", tp_errmsg());
+        check_device(k, g_out, out, N * C, 1e-4, 1e-5, "out");
+        check_device(k, g_rstd, rstd, N, 1e-4, 1e-5, "rstd");
+        k->release(g_x), k->release(g_w), k->release(g_out), k->release(g_rstd);
+        free(x), free(w), free(out), free(rstd), free(garbage);
+    }
+}
+
+/* Both gradients accumulate: they start from random values. Both sides get
+ * the CPU's rstd. Tolerance as layernorm_backward's. */
+Test(cuda_backend, rmsnorm_backward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t shapes[][2] = {{37, 72}, {5, 1000}};
+    for (int s = 0; s < 2; s++) {
+        int64_t N = shapes[s][0], C = shapes[s][1];
+        float *x = random_floats(N * C, 2.0f), *w = random_floats(C, 1.0f), *dout = random_floats(N * C, 1.0f);
+        float *dx = random_floats(N * C, 1.0f), *dw = random_floats(C, 1.0f);
+        float *out = malloc((size_t)(N * C) * sizeof(float)), *rstd = malloc((size_t)N * sizeof(float));
+        rmsnorm_forward(out, rstd, x, w, N, C, 1e-5f);
+        float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C), *g_dout = upload_floats(k, dout, N * C);
+        float *g_dx = upload_floats(k, dx, N * C), *g_dw = upload_floats(k, dw, C), *g_rstd = upload_floats(k, rstd, N);
+        rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+        cr_assert_eq(k->rmsnorm_backward(g_dx, g_dw, g_dout, g_x, g_w, g_rstd, N, C), TP_OK, "%s", tp_errmsg());
+        check_device(k, g_dx, dx, N * C, 1e-4, 1e-5, "d_in");
+        check_device(k, g_dw, dw, C, 1e-4, 1e-5, "d_weight");
+        k->release(g_x), k->release(g_w), k->release(g_dout), k->release(g_dx), k->release(g_dw), k->release(g_rstd);
+        free(x), free(w), free(dout), free(dx), free(dw), free(out), free(rstd);
+    }
+}
+
+/* ------------------------------------------------------------------ SwiGLU */
+
+/* in[N,2F] = [gate | up]: gates in [-8, 8) and a few far out, ups in
+ * [-1, 1); F = 29 (rows not aligned to anything). Exp as GELU's: tolerance
+ * 1e-5 relative + 1e-6 absolute (silu' crosses zero near g = -1.28; far
+ * below zero the CPU's clamped exp gives ~1e-37 where the GPU's gives 0).
+ * d_in is overwritten: it starts from garbage. */
+Test(cuda_backend, swiglu_forward_and_backward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t N = 37, F = 29;
+    float *in = random_floats(N * 2 * F, 1.0f), *dout = random_floats(N * F, 1.0f);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t f = 0; f < F; f++) in[n * 2 * F + f] *= 8.0f;
+    const float far[] = {0.0f, -0.0f, 20.0f, -20.0f, 100.0f, -100.0f, 1e-20f, -1e-20f};
+    memcpy(in, far, sizeof far);
+    float *out = malloc((size_t)(N * F) * sizeof(float)), *din = malloc((size_t)(N * 2 * F) * sizeof(float));
+    float *garbage = filled(N * 2 * F, 7.0f);
+    float *g_in = upload_floats(k, in, N * 2 * F), *g_dout = upload_floats(k, dout, N * F);
+    float *g_out = upload_floats(k, garbage, N * F), *g_din = upload_floats(k, garbage, N * 2 * F);
+    swiglu_forward(out, in, N, F);
+    swiglu_backward(din, in, dout, N, F);
+    cr_assert_eq(k->swiglu_forward(g_out, g_in, N, F), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->swiglu_backward(g_din, g_in, g_dout, N, F), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_out, out, N * F, 1e-5, 1e-6, "swiglu");
+    check_device(k, g_din, din, N * 2 * F, 1e-5, 1e-6, "d_in");
+    k->release(g_in), k->release(g_dout), k->release(g_out), k->release(g_din);
+    free(in), free(dout), free(out), free(din), free(garbage);
+}
+
+/* ------------------------------------------------------- rotary embeddings */
+
+/* Shapes {B, T, Hq, Hkv, hd}: grouped heads, one KV head, Hq == Hkv, and
+ * hd 64 with Llama 3's scaled frequencies (the table from the CPU, as the
+ * trainer uploads it). Forward on qkv, backward on another array, both in
+ * place; V bit for bit untouched. A product and a sum per value (the GPU
+ * may fuse them): tolerance 1e-5 relative + 1e-6 absolute. */
+static const int64_t rope_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 97, 3, 1, 24}, {2, 5, 2, 2, 8}, {1, 130, 4, 4, 64}};
+
+Test(cuda_backend, rope_forward_and_backward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    for (size_t s = 0; s < sizeof rope_shapes / sizeof rope_shapes[0]; s++) {
+        int64_t B = rope_shapes[s][0], T = rope_shapes[s][1], Hq = rope_shapes[s][2], Hkv = rope_shapes[s][3];
+        int64_t hd = rope_shapes[s][4], stride = (Hq + 2 * Hkv) * hd, n = B * T * stride;
+        rope_scaling llama3 = {32, 1, 4, 8192};
+        float *freq = malloc((size_t)(hd / 2) * sizeof(float)), *cos_sin = malloc((size_t)(T * hd) * sizeof(float));
+        rope_frequencies(freq, hd, hd == 64 ? 500000.0 : 10000.0, hd == 64 ? &llama3 : NULL);
+        rope_table(cos_sin, freq, T, hd);
+        float *qkv = random_floats(n, 1.0f), *grad = random_floats(n, 1.0f);
+        float *g_qkv = upload_floats(k, qkv, n), *g_grad = upload_floats(k, grad, n);
+        float *g_cos_sin = upload_floats(k, cos_sin, T * hd);
+        float *v = malloc((size_t)n * sizeof(float));
+        memcpy(v, qkv, (size_t)n * sizeof(float));
+        rope_forward(qkv, cos_sin, B, T, Hq, Hkv, hd);
+        rope_backward(grad, cos_sin, B, T, Hq, Hkv, hd);
+        cr_assert_eq(k->rope_forward(g_qkv, g_cos_sin, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->rope_backward(g_grad, g_cos_sin, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+        check_device(k, g_qkv, qkv, n, 1e-5, 1e-6, "rope_forward");
+        check_device(k, g_grad, grad, n, 1e-5, 1e-6, "rope_backward");
+        float *got = download(k, g_qkv, n);
+        for (int64_t r = 0; r < B * T; r++)
+            cr_assert_eq(memcmp(got + r * stride + (Hq + Hkv) * hd, v + r * stride + (Hq + Hkv) * hd,
+                                (size_t)(Hkv * hd) * sizeof(float)),
+                         0, "V of row %lld changed", (long long)r);
+        k->release(g_qkv), k->release(g_grad), k->release(g_cos_sin);
+        free(freq), free(cos_sin), free(qkv), free(grad), free(v), free(got);
+    }
+}
+
 /* ------------------------------------------------------------- elementwise */
 
 /* One rounding each, the same on both sides: tolerance 1e-5 relative +

@@ -1,6 +1,7 @@
 /* Transformer kernels against naive references in double precision: matrix
- * products, layer norm, GELU, attention (with grouped KV heads), embedding,
- * vocabulary-parallel cross-entropy pieces, AdamW. Backward passes are also
+ * products, layer norm, GELU, RMSNorm, SwiGLU, rotary embeddings and their
+ * frequencies (Llama 3 scaling), attention (with grouped KV heads),
+ * embedding, vocabulary-parallel cross-entropy pieces, AdamW. Backward passes are also
  * checked against central finite differences of the naive forward. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -155,6 +156,264 @@ Test(transformer, gelu_tanh_approximation)
     gelu_backward(dx, x, dy, 200);
     assert_close(y, want, 200, 1e-6, "gelu");
     assert_close(dx, slope, 200, 1e-5, "gelu'");
+}
+
+static void rmsnorm_naive(double *out, const float *x, const float *w, int64_t N, int64_t C, double eps)
+{
+    for (int64_t n = 0; n < N; n++) {
+        double ms = 0;
+        for (int64_t c = 0; c < C; c++) ms += (double)x[n * C + c] * x[n * C + c];
+        ms /= (double)C;
+        for (int64_t c = 0; c < C; c++) out[n * C + c] = x[n * C + c] / sqrt(ms + eps) * w[c];
+    }
+}
+
+typedef struct {
+    float *x, *w;
+    int64_t N, C;
+    double eps;
+} rms_ctx;
+
+static void rms_eval(double *out, void *ctx)
+{
+    rms_ctx *c = ctx;
+    rmsnorm_naive(out, c->x, c->w, c->N, c->C, c->eps);
+}
+
+/* Gradients accumulate: they start from random values, and what was added
+ * is compared with the finite differences. Rows scaled differently (and one
+ * shifted) so that rstd differs between rows. */
+Test(transformer, rmsnorm_against_naive_and_finite_differences)
+{
+    int64_t N = 5, C = 24;
+    float eps = 1e-5f;
+    float *x = random_floats(N * C), *w = random_floats(C), *out = malloc(N * C * 4), rstd[5];
+    for (int64_t i = 0; i < N * C; i++) x[i] = x[i] * (float)(1 + i / C) + (i / C == 2 ? 0.7f : 0.0f);
+    float *dout = random_floats(N * C), *dx = random_floats(N * C), *dw = random_floats(C);
+    float *dx0 = malloc(N * C * 4), *dw0 = malloc(C * 4);
+    memcpy(dx0, dx, N * C * 4);
+    memcpy(dw0, dw, C * 4);
+    rmsnorm_forward(out, rstd, x, w, N, C, eps);
+    double want[5 * 24];
+    rmsnorm_naive(want, x, w, N, C, eps);
+    assert_close(out, want, N * C, 1e-6, "rmsnorm");
+    for (int64_t n = 0; n < N; n++) {
+        double ms = 0;
+        for (int64_t c = 0; c < C; c++) ms += (double)x[n * C + c] * x[n * C + c];
+        double r = 1 / sqrt(ms / (double)C + eps);
+        cr_assert(fabs(rstd[n] - r) <= 1e-6 * r, "rstd[%lld]: %g, want %g", (long long)n, rstd[n], r);
+    }
+    rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+    for (int64_t i = 0; i < N * C; i++) dx[i] -= dx0[i];
+    for (int64_t i = 0; i < C; i++) dw[i] -= dw0[i];
+    rms_ctx ctx = {x, w, N, C, eps};
+    double grads[5 * 24];
+    for (int64_t i = 0; i < N * C; i++) grads[i] = numeric_grad(x, i, dout, N * C, rms_eval, &ctx);
+    assert_close(dx, grads, N * C, 2e-3, "d_in (added)");
+    for (int64_t i = 0; i < C; i++) grads[i] = numeric_grad(w, i, dout, N * C, rms_eval, &ctx);
+    assert_close(dw, grads, C, 2e-3, "d_weight (added)");
+    free(x), free(w), free(out), free(dout), free(dx), free(dw), free(dx0), free(dw0);
+}
+
+static double silu_exact(double g)
+{
+    return g / (1 + exp(-g));
+}
+
+static void swiglu_naive(double *out, const float *in, int64_t N, int64_t F)
+{
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t f = 0; f < F; f++) out[n * F + f] = silu_exact(in[n * 2 * F + f]) * in[n * 2 * F + F + f];
+}
+
+typedef struct {
+    float *in;
+    int64_t N, F;
+} swiglu_ctx;
+
+static void swiglu_eval(double *out, void *ctx)
+{
+    swiglu_ctx *c = ctx;
+    swiglu_naive(out, c->in, c->N, c->F);
+}
+
+/* [gate | up] per row: gates in [-6, 6), ups in [-1, 1). The backward
+ * overwrites d_in (it starts from garbage); checked against finite
+ * differences of the double forward. */
+Test(transformer, swiglu_against_naive_and_finite_differences)
+{
+    int64_t N = 3, F = 11;
+    float *in = random_floats(N * 2 * F), *dout = random_floats(N * F), *out = malloc(N * F * 4);
+    float *din = malloc(N * 2 * F * 4);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t f = 0; f < F; f++) in[n * 2 * F + f] *= 6.0f;
+    for (int64_t i = 0; i < N * 2 * F; i++) din[i] = 7.0f;
+    swiglu_forward(out, in, N, F);
+    double want[3 * 11], grads[3 * 22];
+    swiglu_naive(want, in, N, F);
+    assert_close(out, want, N * F, 1e-6, "swiglu");
+    swiglu_backward(din, in, dout, N, F);
+    swiglu_ctx ctx = {in, N, F};
+    for (int64_t i = 0; i < N * 2 * F; i++) grads[i] = numeric_grad(in, i, dout, N * F, swiglu_eval, &ctx);
+    assert_close(din, grads, N * 2 * F, 2e-3, "d_in");
+    free(in), free(dout), free(out), free(din);
+}
+
+/* silu through fast_expf, element by element against double, over
+ * [-30, 30] (where the up value is 1): every value within 4 ulp (relative
+ * 2.4e-7), and the derivative within 1e-6 (relative to max(1, |silu'|)).
+ * The trainer's logits must agree with PyTorch to 1e-5. */
+Test(transformer, silu_within_a_few_ulp)
+{
+    enum { COUNT = 60001 };
+    float *in = malloc(COUNT * 2 * sizeof(float)), *out = malloc(COUNT * sizeof(float));
+    float *ones = malloc(COUNT * sizeof(float)), *din = malloc(COUNT * 2 * sizeof(float));
+    for (int i = 0; i < COUNT; i++) {
+        in[i] = -30.0f + (float)i * 1e-3f;
+        in[COUNT + i] = 1.0f;
+        ones[i] = 1.0f;
+    }
+    /* One row of F = COUNT: gates, then ups. */
+    swiglu_forward(out, in, 1, COUNT);
+    swiglu_backward(din, in, ones, 1, COUNT);
+    double worst = 0, worst_at = 0, worst_slope = 0, worst_slope_at = 0;
+    for (int i = 0; i < COUNT; i++) {
+        double g = in[i], want = silu_exact(g), relative = fabs(out[i] - want) / fabs(want);
+        if (want != 0 && relative > worst) worst = relative, worst_at = g;
+        double s = 1 / (1 + exp(-g)), slope = s * (1 + g * (1 - s));
+        double error = fabs(din[i] - slope) / fmax(1.0, fabs(slope));
+        if (error > worst_slope) worst_slope = error, worst_slope_at = g;
+        cr_assert(fabs(din[COUNT + i] - want) <= 4 * 0x1.0p-24 * fabs(want) + 1e-30, "d_up at %g", g);
+    }
+    cr_assert(worst < 4 * 0x1.0p-24, "silu(%g) is %.3g off (relative), more than 4 ulp", worst_at, worst);
+    cr_assert(worst_slope < 1e-6, "silu'(%g) is %.3g off", worst_slope_at, worst_slope);
+    free(in), free(out), free(ones), free(din);
+}
+
+/* Rotary embeddings in double, from the same table: the Q and K heads of
+ * each row turn, element j paired with j + hd/2 (rotate-half); V is copied. */
+typedef struct {
+    float *qkv;
+    const float *cos_sin;
+    int64_t B, T, Hq, Hkv, hd;
+} rope_ctx;
+
+static void rope_naive(double *out, void *ctx)
+{
+    rope_ctx *c = ctx;
+    int64_t half = c->hd / 2, stride = (c->Hq + 2 * c->Hkv) * c->hd;
+    for (int64_t r = 0; r < c->B * c->T; r++) {
+        const float *x = c->qkv + r * stride, *cs = c->cos_sin + (r % c->T) * half * 2;
+        double *y = out + r * stride;
+        for (int64_t i = 0; i < stride; i++) y[i] = x[i];
+        for (int64_t h = 0; h < c->Hq + c->Hkv; h++)
+            for (int64_t j = 0; j < half; j++) {
+                double a = x[h * c->hd + j], b = x[h * c->hd + j + half], cosine = cs[2 * j], sine = cs[2 * j + 1];
+                y[h * c->hd + j] = a * cosine - b * sine;
+                y[h * c->hd + j + half] = b * cosine + a * sine;
+            }
+    }
+}
+
+/* Several heads, Hq != Hkv, several batches and positions: the forward
+ * against the double reference, V bit for bit untouched; the backward
+ * undoes the forward and equals the finite differences of sum(w * rope(x))
+ * (V's gradient passed through). */
+Test(transformer, rope_forward_and_backward)
+{
+    int64_t B = 2, T = 5, Hq = 4, Hkv = 2, hd = 8, stride = (Hq + 2 * Hkv) * hd, n = B * T * stride;
+    float freq[4], cos_sin[5 * 4 * 2];
+    rope_frequencies(freq, hd, 10000.0, NULL);
+    rope_table(cos_sin, freq, T, hd);
+    float *x = random_floats(n), *y = malloc(n * 4), *w = random_floats(n), *dx = malloc(n * 4);
+    memcpy(y, x, n * 4);
+    rope_forward(y, cos_sin, B, T, Hq, Hkv, hd);
+    double *want = malloc(n * sizeof(double)), *grads = malloc(n * sizeof(double));
+    rope_ctx ctx = {x, cos_sin, B, T, Hq, Hkv, hd};
+    rope_naive(want, &ctx);
+    assert_close(y, want, n, 1e-6, "rope");
+    int moved = 0;
+    for (int64_t r = 0; r < B * T; r++)
+        for (int64_t i = 0; i < stride; i++) {
+            if (i >= (Hq + Hkv) * hd)
+                cr_assert(memcmp(&y[r * stride + i], &x[r * stride + i], 4) == 0, "V changed at row %lld", (long long)r);
+            else moved += y[r * stride + i] != x[r * stride + i];
+        }
+    cr_assert(moved > B * (T - 1) * (Hq + Hkv) * hd / 2, "Q and K turned (all but position 0)");
+    memcpy(dx, y, n * 4);
+    rope_backward(dx, cos_sin, B, T, Hq, Hkv, hd);
+    for (int64_t i = 0; i < n; i++) want[i] = x[i];
+    assert_close(dx, want, n, 1e-6, "backward of forward");
+    memcpy(dx, w, n * 4);
+    rope_backward(dx, cos_sin, B, T, Hq, Hkv, hd);
+    for (int64_t i = 0; i < n; i++) grads[i] = numeric_grad(x, i, w, n, rope_naive, &ctx);
+    assert_close(dx, grads, n, 1e-5, "d_qkv");
+    free(x), free(y), free(w), free(dx), free(want), free(grads);
+}
+
+/* The table: (cos, sin) of t * freq[j] per position t and frequency j, the
+ * angle rounded to fp32 as Hugging Face computes it (at t = 24 that moves
+ * cos by more than an ulp), then within half an ulp. */
+Test(transformer, rope_table_of_cos_and_sin)
+{
+    int64_t T = 40, hd = 16;
+    float freq[8], cos_sin[40 * 8 * 2];
+    rope_frequencies(freq, hd, 10000.0, NULL);
+    rope_table(cos_sin, freq, T, hd);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < hd / 2; j++) {
+            double angle = (float)t * freq[j], exact = (double)t * freq[j];
+            const float *cs = cos_sin + (t * hd / 2 + j) * 2;
+            cr_assert(fabs(cs[0] - cos(angle)) <= 0x1.0p-25 && fabs(cs[1] - sin(angle)) <= 0x1.0p-25,
+                      "t %lld j %lld: (%.9g, %.9g), want (%.9g, %.9g)", (long long)t, (long long)j, cs[0], cs[1],
+                      cos(angle), sin(angle));
+            cr_assert(fabs(cs[0] - cos(exact)) < 1e-6 && fabs(cs[1] - sin(exact)) < 1e-6, "t %lld j %lld",
+                      (long long)t, (long long)j);
+        }
+    cr_assert(cos_sin[0] == 1.0f && cos_sin[1] == 0.0f, "position 0 does not turn");
+}
+
+/* Hugging Face's default frequencies, theta^(-2j/hd): fp32 as PyTorch
+ * computes them, so within a few 1e-7 of the exact values (the fp32
+ * exponent 2j/hd is off by up to half an ulp, times ln(theta) ~ 9). */
+Test(transformer, rope_frequencies_as_hugging_face)
+{
+    float freq[32];
+    rope_frequencies(freq, 64, 10000.0, NULL);
+    cr_assert_eq(freq[0], 1.0f);
+    cr_assert(fabs(freq[1] - 0.74989420933245582) < 1e-7, "10000^(-2/64): %.9g", freq[1]);
+    for (int j = 0; j < 32; j++) {
+        double want = pow(10000.0, -2.0 * j / 64);
+        cr_assert(fabs(freq[j] - want) <= 1e-6 * want, "freq[%d]: %.9g, want %.9g", j, freq[j], want);
+    }
+    rope_scaling none = {0, 1, 4, 8192};
+    float same[32];
+    rope_frequencies(same, 64, 10000.0, &none);
+    cr_assert_eq(memcmp(same, freq, sizeof freq), 0, "factor 0: no scaling");
+}
+
+/* Llama 3.x's scaling (factor 32, low 1, high 4, original 8192, theta
+ * 500000, hd 64) against the formula of transformers'
+ * _compute_llama3_parameters evaluated in double here; each of its three
+ * regimes is met. */
+Test(transformer, rope_frequencies_with_llama3_scaling)
+{
+    rope_scaling scaling = {32, 1, 4, 8192};
+    float freq[32];
+    rope_frequencies(freq, 64, 500000.0, &scaling);
+    int kept = 0, divided = 0, blended = 0;
+    for (int j = 0; j < 32; j++) {
+        double inv = pow(500000.0, -2.0 * j / 64), wavelen = 2 * M_PI / inv, want;
+        if (wavelen < 8192.0 / 4) want = inv, kept++;
+        else if (wavelen > 8192.0 / 1) want = inv / 32, divided++;
+        else {
+            double smooth = (8192.0 / wavelen - 1) / (4 - 1);
+            want = (1 - smooth) * inv / 32 + smooth * inv;
+            blended++;
+        }
+        cr_assert(fabs(freq[j] - want) <= 2e-6 * want, "freq[%d]: %.9g, want %.9g", j, freq[j], want);
+    }
+    cr_assert(kept > 0 && divided > 0 && blended > 0, "kept %d, divided %d, blended %d", kept, divided, blended);
 }
 
 Test(transformer, fast_exp_within_three_ulp_of_exp)
@@ -384,7 +643,39 @@ Test(transformer, the_cpu_backend_is_the_cpu_functions)
     cr_assert_eq(cpu->gelu_forward(out_backend, in, 12), TP_OK);
     gelu_forward(out_direct, in, 12);
     cr_assert_eq(memcmp(out_backend, out_direct, sizeof out_direct), 0);
-    free(in);
+    /* The Llama operations: N = 2 rows of C = 6 (SwiGLU: F = 3), qkv of
+     * B = 1, T = 2, Hq = 1, Hkv = 1, hd = 2 (rows of 6). */
+    float *w = random_floats(6), *dout = random_floats(12), rstd_backend[2], rstd_direct[2];
+    cr_assert_eq(cpu->rmsnorm_forward(out_backend, rstd_backend, in, w, 2, 6, 1e-5f), TP_OK);
+    rmsnorm_forward(out_direct, rstd_direct, in, w, 2, 6, 1e-5f);
+    cr_assert_eq(memcmp(out_backend, out_direct, sizeof out_direct), 0, "rmsnorm_forward");
+    cr_assert_eq(memcmp(rstd_backend, rstd_direct, sizeof rstd_direct), 0, "rmsnorm_forward's rstd");
+    float dw_backend[6] = {0}, dw_direct[6] = {0};
+    memset(out_backend, 0, sizeof out_backend);
+    memset(out_direct, 0, sizeof out_direct);
+    cr_assert_eq(cpu->rmsnorm_backward(out_backend, dw_backend, dout, in, w, rstd_direct, 2, 6), TP_OK);
+    rmsnorm_backward(out_direct, dw_direct, dout, in, w, rstd_direct, 2, 6);
+    cr_assert_eq(memcmp(out_backend, out_direct, sizeof out_direct), 0, "rmsnorm_backward's d_in");
+    cr_assert_eq(memcmp(dw_backend, dw_direct, sizeof dw_direct), 0, "rmsnorm_backward's d_weight");
+    cr_assert_eq(cpu->swiglu_forward(out_backend, in, 2, 3), TP_OK);
+    swiglu_forward(out_direct, in, 2, 3);
+    cr_assert_eq(memcmp(out_backend, out_direct, 6 * sizeof(float)), 0, "swiglu_forward");
+    cr_assert_eq(cpu->swiglu_backward(out_backend, in, dout, 2, 3), TP_OK);
+    swiglu_backward(out_direct, in, dout, 2, 3);
+    cr_assert_eq(memcmp(out_backend, out_direct, sizeof out_direct), 0, "swiglu_backward");
+    float freq[1], cos_sin[2 * 1 * 2];
+    rope_frequencies(freq, 2, 10000.0, NULL);
+    rope_table(cos_sin, freq, 2, 2);
+    memcpy(out_backend, in, sizeof out_backend);
+    memcpy(out_direct, in, sizeof out_direct);
+    cr_assert_eq(cpu->rope_forward(out_backend, cos_sin, 1, 2, 1, 1, 2), TP_OK);
+    rope_forward(out_direct, cos_sin, 1, 2, 1, 1, 2);
+    cr_assert_eq(memcmp(out_backend, out_direct, sizeof out_direct), 0, "rope_forward");
+    cr_assert_neq(memcmp(out_backend, in, sizeof out_backend), 0, "rope_forward turned position 1");
+    cr_assert_eq(cpu->rope_backward(out_backend, cos_sin, 1, 2, 1, 1, 2), TP_OK);
+    rope_backward(out_direct, cos_sin, 1, 2, 1, 1, 2);
+    cr_assert_eq(memcmp(out_backend, out_direct, sizeof out_direct), 0, "rope_backward");
+    free(in), free(w), free(dout);
     const kernel_backend *none = cpu;
     cr_assert_eq(kernels_choose("gpu", 0, &none), TP_ERR_ARG);
     cr_assert_null(none);
