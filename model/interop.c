@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/kernels.h"
 #include "interop.h"
 
 /* Per tensor kind (gpt.h order): Hugging Face name (under "h.{l}." inside
@@ -96,9 +97,9 @@ static void gguf_rope_factors(float *out, const gpt_config *c)
     int64_t hd = c->dim / c->heads;
     double original = (double)c->rope_original_seq, factor = c->rope_scaling_factor;
     double low_wavelen = original / c->rope_low_freq_factor, high_wavelen = original / c->rope_high_freq_factor;
+    rope_frequencies(out, hd, c->rope_theta, NULL); /* unscaled, as the trainer's */
     for (int64_t j = 0; j < hd / 2; j++) {
-        float freq = 1.0f / powf((float)c->rope_theta, (float)(2 * j) / (float)hd);
-        double wavelen = 2 * M_PI / (double)freq;
+        double wavelen = 2 * M_PI / (double)out[j];
         if (wavelen < high_wavelen) out[j] = 1.0f;
         else if (wavelen > low_wavelen) out[j] = (float)factor;
         else {
