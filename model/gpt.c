@@ -476,6 +476,17 @@ int gpt_training_flops_per_token(const gpt_config *c, int64_t seq, double *flops
 
 /* --------------------------------------------------------------- JSON */
 
+cJSON *gpt_rope_scaling_json(const gpt_config *c, cJSON *parent)
+{
+    cJSON *r = cJSON_AddObjectToObject(parent, "rope_scaling");
+    if (!r) return NULL;
+    cJSON_AddNumberToObject(r, "factor", c->rope_scaling_factor);
+    cJSON_AddNumberToObject(r, "high_freq_factor", c->rope_high_freq_factor);
+    cJSON_AddNumberToObject(r, "low_freq_factor", c->rope_low_freq_factor);
+    cJSON_AddNumberToObject(r, "original_max_position_embeddings", (double)c->rope_original_seq);
+    return r;
+}
+
 char *gpt_config_to_json(const gpt_config *c)
 {
     cJSON *o = cJSON_CreateObject();
@@ -494,13 +505,7 @@ char *gpt_config_to_json(const gpt_config *c)
         cJSON_AddBoolToObject(o, "tied_embeddings", !c->untied_embeddings);
         cJSON_AddNumberToObject(o, "norm_eps", c->norm_eps);
         cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
-        if (c->rope_scaling_factor > 0) {
-            cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
-            cJSON_AddNumberToObject(r, "factor", c->rope_scaling_factor);
-            cJSON_AddNumberToObject(r, "low_freq_factor", c->rope_low_freq_factor);
-            cJSON_AddNumberToObject(r, "high_freq_factor", c->rope_high_freq_factor);
-            cJSON_AddNumberToObject(r, "original_max_position_embeddings", (double)c->rope_original_seq);
-        }
+        if (c->rope_scaling_factor > 0) gpt_rope_scaling_json(c, o);
     }
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

@@ -59,6 +59,14 @@ void gpt_config_defaults(gpt_config *config);
  * TP_ERR_LAYOUT naming the dimension. */
 int gpt_config_check(const gpt_config *config, int tp, int pp);
 
+/* Llama 3's rope scaling as Hugging Face's config.json and our model
+ * configuration both write it: {"factor", "high_freq_factor",
+ * "low_freq_factor", "original_max_position_embeddings"} added to parent
+ * (a cJSON object) as "rope_scaling"; returns the new object (NULL without
+ * memory). Only for a configuration with scaling. */
+struct cJSON;
+struct cJSON *gpt_rope_scaling_json(const gpt_config *config, struct cJSON *parent);
+
 /* The configuration as a JSON object (malloc'ed; NULL without memory), and back. */
 char *gpt_config_to_json(const gpt_config *config);
 int gpt_config_from_json(const char *json, gpt_config *out);

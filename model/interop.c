@@ -238,12 +238,8 @@ static char *llama_hf_config_json(const gpt_config *c, tp_dtype dtype)
     cJSON_AddNumberToObject(o, "pretraining_tp", 1);
     cJSON_AddNumberToObject(o, "rms_norm_eps", c->norm_eps);
     if (c->rope_scaling_factor > 0) {
-        cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
-        cJSON_AddNumberToObject(r, "factor", c->rope_scaling_factor);
-        cJSON_AddNumberToObject(r, "high_freq_factor", c->rope_high_freq_factor);
-        cJSON_AddNumberToObject(r, "low_freq_factor", c->rope_low_freq_factor);
-        cJSON_AddNumberToObject(r, "original_max_position_embeddings", (double)c->rope_original_seq);
-        cJSON_AddStringToObject(r, "rope_type", "llama3");
+        cJSON *r = gpt_rope_scaling_json(c, o);
+        if (r) cJSON_AddStringToObject(r, "rope_type", "llama3");
     } else {
         cJSON_AddNullToObject(o, "rope_scaling");
     }

@@ -23,27 +23,8 @@ mpi_error() {
     else pass; fi
 }
 
-# --- The cross-check against the PyTorch GPT-2 (tests/trainer/gpt2_ref.py):
-# logits, loss, every gradient, 10 AdamW steps. The vocabulary 250 is padded
-# at tp4; grad-accum 2 exercises accumulation and the 1F1B schedule.
-# BF16=1: tp-train --dtype bf16 against PyTorch's bf16 autocast, to bf16's
-# tolerances (check_torch.py --bf16).
-torch_check() {
-    layout=$1 ranks=$2
-    shift 2
-    dir="$WORK/torch-$layout"
-    opts="--micro-batch 2 --grad-accum 2 --steps 10 --lr 1e-3 --warmup 2"
-    dtype="" bf16=""
-    [ "${BF16:-0}" = 1 ] && dtype="--dtype bf16" bf16="--bf16"
-    # shellcheck disable=SC2086
-    expect_ok "tp-train $layout $dtype with --dump" mpi_train "$ranks" --model tiny --vocab 250 "$@" $opts $dtype \
-        --dump "$dir" --log "$dir.jsonl" --quiet
-    # shellcheck disable=SC2086
-    run "$PY" "$ROOT/tests/trainer/check_torch.py" "$dir" "$dir.jsonl" $opts $bf16
-    sed 's/^/    /' "$WORK/.out"
-    if [ "$RC" -eq 0 ] && [ "$(grep -c ' ok$' "$WORK/.out")" -eq 4 ]; then pass
-    else failed "tp-train $layout $dtype against PyTorch (exit $RC)"; fi
-}
+# --- The cross-check against the PyTorch GPT-2 (tests/trainer/gpt2_ref.py,
+# torch_check in train_lib.sh): logits, loss, every gradient, 10 AdamW steps.
 torch_check tp1 1 --tp 1
 torch_check tp2pp2 4 --tp 2 --pp 2
 torch_check tp4 4 --tp 4

@@ -22,32 +22,9 @@ if ! "$PY" -c 'import torch, numpy, h5py' 2>/dev/null; then
 fi
 
 
-# --- The cross-check against the PyTorch Llama: logits, loss, every
-# gradient, 10 AdamW steps (tests/trainer/check_torch.py picks the reference
-# from the checkpoint's "arch"). The vocabulary 250 is padded at tp4;
-# grad-accum 2 exercises accumulation and the 1F1B schedule. BF16=1:
-# tp-train --dtype bf16 against PyTorch's bf16 autocast, to bf16's
-# tolerances.
-torch_check() {
-    layout=$1 ranks=$2
-    shift 2
-    dir="$WORK/torch-$layout"
-    opts="--micro-batch 2 --grad-accum 2 --steps 10 --lr 1e-3 --warmup 2"
-    dtype="" bf16=""
-    [ "${BF16:-0}" = 1 ] && dtype="--dtype bf16" bf16="--bf16"
-    # shellcheck disable=SC2086
-    run mpi_train "$ranks" --model llama-tiny --vocab 250 "$@" $opts $dtype --dump "$dir" --log "$dir.jsonl" --quiet
-    if [ "$RC" -ne 0 ]; then
-        failed "tp-train $layout $dtype with --dump (exit $RC)"
-        return
-    fi
-    pass
-    # shellcheck disable=SC2086
-    run "$PY" "$ROOT/tests/trainer/check_torch.py" "$dir" "$dir.jsonl" $opts $bf16
-    sed 's/^/    /' "$WORK/.out"
-    if [ "$RC" -eq 0 ] && [ "$(grep -c ' ok$' "$WORK/.out")" -eq 4 ]; then pass
-    else failed "tp-train $layout $dtype against the PyTorch Llama (exit $RC)"; fi
-}
+# --- The cross-check against the PyTorch Llama (torch_check in
+# train_lib.sh): logits, loss, every gradient, 10 AdamW steps.
+TORCH_MODEL=llama-tiny
 torch_check tp1 1 --tp 1
 torch_check tp2 2 --tp 2
 torch_check tp2pp2 4 --tp 2 --pp 2

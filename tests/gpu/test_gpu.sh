@@ -1,7 +1,7 @@
 #!/bin/sh
 # End-to-end tests of tp-train on GPUs (--device cuda): against the PyTorch
-# GPT-2 in fp32 (logits, loss, every gradient, 10 AdamW steps), against the
-# CPU trainer, layout invariance for the layouts the GPUs present can hold
+# GPT-2 and Llama in fp32 (logits, loss, every gradient, 10 AdamW steps),
+# against the CPU trainer, layout invariance for the layouts the GPUs present can hold
 # (one process per GPU), and checkpoints moving between GPU and CPU. Without
 # a GPU (nvidia-smi finds none) or a CUDA build, every test here reports
 # itself skipped: `make test` runs this file so that the skip shows;
@@ -33,12 +33,15 @@ gpu_train() {
     mpirun --oversubscribe -np "$ranks" "$TRAIN" --device cuda "$@" </dev/null
 }
 
-# --- Against PyTorch (tests/trainer/check_torch.py), as test_train.sh does
-# on the CPU, at each layout with no more ranks than GPUs.
-for layout in "tp1 1 --tp 1" "tp2 2 --tp 2" "tp2pp2 4 --tp 2 --pp 2"; do
+# --- Against PyTorch (tests/trainer/check_torch.py), as test_train.sh and
+# test_train_llama.sh do on the CPU, at each layout with no more ranks than
+# GPUs: GPT-2 (tiny) and Llama (llama-tiny: RMSNorm, rotary embeddings,
+# SwiGLU, 2 KV heads, replicated at tp4).
+for layout in "tp1 1 tiny --tp 1" "tp2 2 tiny --tp 2" "tp2pp2 4 tiny --tp 2 --pp 2" "llama-tp1 1 llama-tiny --tp 1" \
+    "llama-tp2 2 llama-tiny --tp 2" "llama-tp4 4 llama-tiny --tp 4"; do
     set -- $layout
-    name=$1 ranks=$2
-    shift 2
+    name=$1 ranks=$2 model=$3
+    shift 3
     if [ "$ranks" -gt "$gpus" ]; then
         echo "[$NAME] SKIP PyTorch check at $name: $ranks ranks, $gpus GPU(s)"
         continue
@@ -46,7 +49,7 @@ for layout in "tp1 1 --tp 1" "tp2 2 --tp 2" "tp2pp2 4 --tp 2 --pp 2"; do
     dir="$WORK/torch-$name"
     opts="--micro-batch 2 --grad-accum 2 --steps 10 --lr 1e-3 --warmup 2"
     # shellcheck disable=SC2086
-    expect_ok "GPU $name with --dump" gpu_train "$ranks" --model tiny --vocab 250 "$@" $opts --dump "$dir" \
+    expect_ok "GPU $name with --dump" gpu_train "$ranks" --model "$model" --vocab 250 "$@" $opts --dump "$dir" \
         --log "$dir.jsonl" --quiet
     # shellcheck disable=SC2086
     run "$PY" "$ROOT/tests/trainer/check_torch.py" "$dir" "$dir.jsonl" $opts
@@ -62,6 +65,12 @@ expect_ok "small on a GPU" gpu_train 1 --model small --micro-batch 2 --quiet --s
 check "small: the GPU's losses are the CPU's (1e-4)" losses_match "$WORK/small-gpu.jsonl" "$WORK/small-cpu.jsonl" 1e-4
 check "small: the start line names the GPU" grep -q '"device":"cuda:0 ' "$WORK/small-gpu.jsonl"
 check "small: the step lines give the MFU" grep -q '"mfu":' "$WORK/small-gpu.jsonl"
+
+expect_ok "llama-tiny on the CPU" "$TRAIN" --model llama-tiny --micro-batch 2 --quiet --steps 20 --device cpu \
+    --log "$WORK/llama-cpu.jsonl"
+expect_ok "llama-tiny on a GPU" gpu_train 1 --model llama-tiny --micro-batch 2 --quiet --steps 20 \
+    --log "$WORK/llama-gpu.jsonl"
+check "llama-tiny: the GPU's losses are the CPU's (1e-4)" losses_match "$WORK/llama-gpu.jsonl" "$WORK/llama-cpu.jsonl" 1e-4
 
 # --- Layout invariance on as many GPUs as there are (global batch 4).
 expect_ok "20 steps at tp1 on a GPU" gpu_train 1 $TINY --steps 20 --log "$WORK/gpu-tp1.jsonl"

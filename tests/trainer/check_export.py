@@ -305,23 +305,35 @@ def check_safetensors(a):
     if (config.get("n_inner") or 4 * model["dim"]) != model["ffn"]:
         problem(f"config.json: n_inner {config.get('n_inner')} for ffn {model['ffn']}")
     names = hf_names(layers)
+    ours = compare_tensors(tensors, params, names, "GPT2LMHeadModel's",
+                           lambda bits, transposed: bits.T if transposed else bits,
+                           lambda want, transposed: want)
+    print(f"check_export: safetensors: {len(tensors)} tensors compared with {a.ckpt}")
+    if a.loss is not None and len(ours) == len(names):
+        check_loss(model, {name: parts[0] for name, parts in ours.items()}, a)
+
+
+def compare_tensors(tensors, params, names, whose, ours_of, want_of):
+    """Every outside tensor ({name: (bits, dtype)}) against the checkpoint's
+    parameters: names maps an outside name to (our name, how); ours_of(bits,
+    how) is the outside tensor in our layout, want_of(bits, how) the part of
+    ours it holds. Returns {our name: [its values as exported, in order]}."""
     if set(tensors) != set(names):
-        problem(f"tensor names differ from GPT2LMHeadModel's: extra {sorted(set(tensors) - set(names))}, "
+        problem(f"tensor names differ from {whose}: extra {sorted(set(tensors) - set(names))}, "
                 f"missing {sorted(set(names) - set(tensors))}")
     ours = {}
-    for theirs, (name, transposed) in names.items():
+    for theirs, (name, how) in names.items():
         if theirs not in tensors or name not in params:
             continue
         bits, out_dtype = tensors[theirs]
         values, source_bits, dtype = params[name]
-        want_bits = expected_bits(values, source_bits, dtype, out_dtype)
-        got = bits.T if transposed else bits
+        want_bits = want_of(expected_bits(values, source_bits, dtype, out_dtype), how)
+        got = ours_of(bits, how)
         if got.shape != want_bits.shape or not np.array_equal(got, want_bits):
-            problem(f"{theirs}: differs from {name}{' transposed' if transposed else ''}")
-        ours[name] = check_h5py.values_from_bytes(np.ascontiguousarray(got).tobytes(), out_dtype, got.shape).copy()
-    print(f"check_export: safetensors: {len(tensors)} tensors compared with {a.ckpt}")
-    if a.loss is not None and len(ours) == len(names):
-        check_loss(model, ours, a)
+            problem(f"{theirs}: differs from {name}" + ("" if not how else " transposed" if how is True else " " + how))
+        ours.setdefault(name, []).append(
+            check_h5py.values_from_bytes(np.ascontiguousarray(got).tobytes(), out_dtype, got.shape).copy())
+    return ours
 
 
 def check_llama_safetensors(a, params, model, tensors, config):
@@ -339,19 +351,8 @@ def check_llama_safetensors(a, params, model, tensors, config):
         if config.get(key) != value:
             problem(f"config.json: {key} is {config.get(key)!r}, expected {value!r}")
     names = llama_names(model, gguf=False)
-    if set(tensors) != set(names):
-        problem(f"tensor names differ from LlamaForCausalLM's: extra {sorted(set(tensors) - set(names))}, "
-                f"missing {sorted(set(names) - set(tensors))}")
-    fused = {}
-    for theirs, (name, part) in names.items():
-        if theirs not in tensors or name not in params:
-            continue
-        bits, out_dtype = tensors[theirs]
-        values, source_bits, dtype = params[name]
-        want_bits = llama_part(model, expected_bits(values, source_bits, dtype, out_dtype), part)
-        if bits.shape != want_bits.shape or not np.array_equal(bits, want_bits):
-            problem(f"{theirs}: differs from {name}{' ' + part if part else ''}")
-        fused.setdefault(name, []).append(check_h5py.values_from_bytes(bits.tobytes(), out_dtype, bits.shape).copy())
+    fused = compare_tensors(tensors, params, names, "LlamaForCausalLM's", lambda bits, part: bits,
+                            lambda want, part: llama_part(model, want, part))
     print(f"check_export: safetensors: {len(tensors)} tensors compared with {a.ckpt} (Llama)")
     if a.loss is not None and len(fused) == len({n for n, _ in names.values()}):
         # The weights as the export holds them, fused back (parts in row order) into the reference's tensors.
