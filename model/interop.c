@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../kernels/kernels.h"
 #include "interop.h"
@@ -515,7 +516,173 @@ static int tokenizer_missing(void)
 {
     char why[2048];
     snprintf(why, sizeof why, "%s", tp_errmsg());
-    return tp_fail(TP_ERR_NOT_FOUND, "%s (a tokenizer needs vocab.json and merges.txt)", why);
+    return tp_fail(TP_ERR_NOT_FOUND, "%s (a tokenizer needs tokenizer.json, or vocab.json and merges.txt)", why);
+}
+
+#define GGUF_TOKEN_USER_DEFINED 4
+
+/* A JSON file of DIR, parsed; NULL in *out when absent and optional. */
+static int read_json(const char *dir, const char *name, int optional, cJSON **out)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    *out = NULL;
+    if (optional && access(path, F_OK) != 0) return TP_OK;
+    char *text = NULL;
+    int64_t size = 0;
+    if (ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
+    int status = ckpt_json_parse(text, (size_t)size, path, out);
+    free(text);
+    return status;
+}
+
+/* The token a tokenizer_config.json entry names ("<s>" or {"content": "<s>"}), or NULL. */
+static const char *config_token(const cJSON *config, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(config, key);
+    if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* llama.cpp's name of a tokenizer.json's pre-tokenizer where this toolkit
+ * knows it (the converter recognises it by hashing its output): Llama 3's
+ * split pattern, SmolLM's individual digits before the byte level, GPT-2's
+ * plain byte level; else "default", which llama.cpp loads with a warning. */
+static const char *pre_tokenizer_name(const cJSON *tokenizer)
+{
+    static const char llama3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                                 "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(tokenizer, "pre_tokenizer");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(pre, "type");
+    if (cJSON_IsString(type) && !strcmp(type->valuestring, "ByteLevel")) return "gpt-2";
+    const cJSON *steps = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers"), *step;
+    int digits = 0;
+    cJSON_ArrayForEach(step, steps)
+    {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(step, "type");
+        const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(step, "pattern"), "Regex");
+        if (cJSON_IsString(t) && !strcmp(t->valuestring, "Split") && cJSON_IsString(pattern) &&
+            !strcmp(pattern->valuestring, llama3))
+            return "llama-bpe";
+        if (cJSON_IsString(t) && !strcmp(t->valuestring, "Digits") &&
+            cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(step, "individual_digits")))
+            digits = 1;
+        if (cJSON_IsString(t) && !strcmp(t->valuestring, "ByteLevel") && digits) return "smollm";
+    }
+    return "default";
+}
+
+/* A Hugging Face tokenizer.json of a BPE model (the tokenizers library's
+ * format: Llama 3, SmolLM), as llama.cpp's converter writes it: the tokens
+ * of model.vocab and added_tokens in id order (special added tokens
+ * control, other added ones user-defined, missing ids [PADn] unused),
+ * model.merges as "a b" (strings, or pairs in newer files), and BOS/EOS and
+ * add_bos_token from tokenizer_config.json where it names them. */
+static int load_hf_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, int32_t *bos, int32_t *eos,
+                             int *add_bos, const char **pre)
+{
+    cJSON *json = NULL, *config = NULL;
+    TP_TRY(read_json(dir, "tokenizer.json", 0, &json));
+    int status = read_json(dir, "tokenizer_config.json", 1, &config);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(json, "model");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+    const cJSON *words = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(json, "added_tokens");
+    if (!status && (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE") || !cJSON_IsObject(words) ||
+                    !cJSON_IsArray(merges) || (added && !cJSON_IsArray(added))))
+        status = tp_fail(TP_ERR_FORMAT, "%s/tokenizer.json: not a BPE tokenizer (model.type %s, model.vocab, "
+                         "model.merges and added_tokens expected)", dir, cJSON_IsString(type) ? type->valuestring : "missing");
+    size_t bytes = 0;
+    const cJSON *entry;
+    cJSON_ArrayForEach(entry, words) bytes += strlen(entry->string) + 1;
+    cJSON_ArrayForEach(entry, added)
+    {
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(entry, "content");
+        bytes += cJSON_IsString(content) ? strlen(content->valuestring) + 1 : 0;
+    }
+    m->num_tokens = vocab;
+    m->tokens = calloc((size_t)vocab, sizeof *m->tokens);
+    m->token_types = calloc((size_t)vocab, sizeof *m->token_types);
+    m->token_text = malloc(bytes + (size_t)vocab * 24 + 1);
+    if (!status && (!m->tokens || !m->token_types || !m->token_text))
+        status = tp_fail(TP_ERR_NOMEM, "out of memory for %s/tokenizer.json", dir);
+    char *at = m->token_text;
+    /* The vocabulary, then the added tokens (they may rename ids of it). */
+    for (int pass = 0; pass < 2 && !status; pass++) {
+        const cJSON *list = pass ? added : words;
+        cJSON_ArrayForEach(entry, list)
+        {
+            const cJSON *id = pass ? cJSON_GetObjectItemCaseSensitive(entry, "id") : entry;
+            const cJSON *content = pass ? cJSON_GetObjectItemCaseSensitive(entry, "content") : NULL;
+            const char *token = pass ? (cJSON_IsString(content) ? content->valuestring : NULL) : entry->string;
+            double k = cJSON_IsNumber(id) ? id->valuedouble : -1;
+            if (!token || k < 0 || k != floor(k) || k >= (double)vocab) {
+                status = tp_fail(TP_ERR_FORMAT, "%s/tokenizer.json: token '%s' has id %g, outside the model's vocabulary "
+                                 "of %lld", dir, token ? token : "(none)", k, (long long)vocab);
+                break;
+            }
+            if (!pass && m->tokens[(int64_t)k]) {
+                status = tp_fail(TP_ERR_FORMAT, "%s/tokenizer.json: id %lld is given twice", dir, (long long)k);
+                break;
+            }
+            strcpy(at, token);
+            m->tokens[(int64_t)k] = at;
+            at += strlen(at) + 1;
+            m->token_types[(int64_t)k] = !pass ? GGUF_TOKEN_NORMAL
+                                         : cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(entry, "special"))
+                                             ? GGUF_TOKEN_CONTROL
+                                             : GGUF_TOKEN_USER_DEFINED;
+        }
+    }
+    for (int64_t k = 0; k < vocab && !status; k++)
+        if (!m->tokens[k]) {
+            m->tokens[k] = at;
+            at += sprintf(at, "[PAD%lld]", (long long)k) + 1;
+            m->token_types[k] = GGUF_TOKEN_UNUSED;
+        }
+    /* Merges: "a b", or ["a", "b"]. */
+    bytes = 0;
+    cJSON_ArrayForEach(entry, merges)
+    {
+        if (cJSON_IsString(entry)) bytes += strlen(entry->valuestring) + 1;
+        else if (cJSON_GetArraySize(entry) == 2 && cJSON_IsString(cJSON_GetArrayItem(entry, 0)) &&
+                 cJSON_IsString(cJSON_GetArrayItem(entry, 1)))
+            bytes += strlen(cJSON_GetArrayItem(entry, 0)->valuestring) + strlen(cJSON_GetArrayItem(entry, 1)->valuestring) + 2;
+        else if (!status)
+            status = tp_fail(TP_ERR_FORMAT, "%s/tokenizer.json: a merge is neither \"a b\" nor a pair of strings", dir);
+    }
+    if (!status) {
+        m->merges = calloc((size_t)cJSON_GetArraySize(merges) + 1, sizeof *m->merges);
+        m->merge_text = malloc(bytes + 1);
+        if (!m->merges || !m->merge_text) status = tp_fail(TP_ERR_NOMEM, "out of memory for %s/tokenizer.json", dir);
+    }
+    at = m->merge_text;
+    cJSON_ArrayForEach(entry, merges)
+    {
+        if (status) break;
+        if (cJSON_IsString(entry)) strcpy(at, entry->valuestring);
+        else sprintf(at, "%s %s", cJSON_GetArrayItem(entry, 0)->valuestring, cJSON_GetArrayItem(entry, 1)->valuestring);
+        if (!strchr(at, ' ') || at[0] == ' ') {
+            status = tp_fail(TP_ERR_FORMAT, "%s/tokenizer.json: merge '%s' is not two tokens separated by a space", dir, at);
+            break;
+        }
+        m->merges[m->num_merges++] = at;
+        at += strlen(at) + 1;
+    }
+    /* BOS and EOS by name, from tokenizer_config.json. */
+    *bos = *eos = -1;
+    const char *names[2] = {config_token(config, "bos_token"), config_token(config, "eos_token")};
+    for (int64_t k = 0; k < vocab && !status; k++) {
+        if (names[0] && !strcmp(m->tokens[k], names[0]) && *bos < 0) *bos = (int32_t)k;
+        if (names[1] && !strcmp(m->tokens[k], names[1]) && *eos < 0) *eos = (int32_t)k;
+    }
+    const cJSON *flag = cJSON_GetObjectItemCaseSensitive(config, "add_bos_token");
+    *add_bos = cJSON_IsBool(flag) ? cJSON_IsTrue(flag) : -1;
+    *pre = pre_tokenizer_name(json);
+    cJSON_Delete(json);
+    cJSON_Delete(config);
+    return status;
 }
 
 /* GPT-2 BPE as llama.cpp's converter writes it: the tokens of vocab.json in
@@ -641,11 +808,17 @@ int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const
     if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory for GGUF metadata");
     snprintf(m->name, sizeof m->name, "%s", name);
     gpt_size_label(parameters, m->size_label, sizeof m->size_label);
-    int32_t eos = -1;
-    int status = TP_OK;
-    const char *vocabulary = "no_vocab";
-    if (tokenizer_dir) {
+    int32_t eos = -1, bos = -1;
+    int status = TP_OK, add_bos = -1;
+    const char *vocabulary = "no_vocab", *pre = "gpt-2";
+    char hf_tokenizer[4200];
+    snprintf(hf_tokenizer, sizeof hf_tokenizer, "%s/tokenizer.json", tokenizer_dir ? tokenizer_dir : "");
+    if (tokenizer_dir && access(hf_tokenizer, F_OK) == 0) {
+        status = load_hf_tokenizer(m, tokenizer_dir, c->vocab, &bos, &eos, &add_bos, &pre);
+        vocabulary = "gpt2";
+    } else if (tokenizer_dir) {
         status = load_tokenizer(m, tokenizer_dir, c->vocab, &eos);
+        bos = eos;
         vocabulary = "gpt2";
     } else if (c->vocab == BYTE_VOCAB) {
         status = byte_tokenizer(m);
@@ -685,7 +858,7 @@ int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const
     }
     kv_string(m, "tokenizer.ggml.model", vocabulary);
     if (m->tokens) {
-        kv_string(m, "tokenizer.ggml.pre", "gpt-2");
+        kv_string(m, "tokenizer.ggml.pre", pre);
         m->kvs[m->count++] = (export_kv){"tokenizer.ggml.tokens", EXPORT_KV_STRINGS, 0, 0, NULL,
                                          (const char *const *)m->tokens, NULL, m->num_tokens};
         m->kvs[m->count++] = (export_kv){"tokenizer.ggml.token_type", EXPORT_KV_I32S, 0, 0, NULL, NULL,
@@ -693,10 +866,10 @@ int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const
         m->kvs[m->count++] = (export_kv){"tokenizer.ggml.merges", EXPORT_KV_STRINGS, 0, 0, NULL,
                                          (const char *const *)m->merges, NULL, m->num_merges};
     }
-    if (eos >= 0) {
-        kv_u32(m, "tokenizer.ggml.bos_token_id", eos);
-        kv_u32(m, "tokenizer.ggml.eos_token_id", eos);
-    } else if (!tokenizer_dir && m->tokens) {
+    if (bos >= 0) kv_u32(m, "tokenizer.ggml.bos_token_id", bos);
+    if (eos >= 0) kv_u32(m, "tokenizer.ggml.eos_token_id", eos);
+    if (add_bos >= 0) kv_bool(m, "tokenizer.ggml.add_bos_token", add_bos);
+    if (bos < 0 && eos < 0 && !tokenizer_dir && m->tokens) {
         /* A byte model has no special tokens; llama.cpp wants a BOS and an
          * EOS that exist, so both are byte 0, which text does not hold, and
          * neither is added to what it tokenizes. */

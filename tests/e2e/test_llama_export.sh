@@ -95,6 +95,23 @@ expect_ok "checked: rope_freqs.weight as the converter computes it" "$PY" "$CHEC
 expect_ok "imported back at tp1" "$CK" import "$WORK/l3hf" --tp 1 --pp 1 -o "$WORK/l3back"
 expect_ok "bit-exact" "$CK" diff "$WORK/l3back" "$WORK/l3"
 
+# --- A Hugging Face tokenizer.json (BPE: GPT-2's byte symbols, merges as
+# strings and as pairs, special and plain added tokens, Llama 3's
+# pre-tokenizer) carried into the GGUF's tokenizer keys.
+mkdir -p "$WORK/tok"
+expect_ok "a tokenizer.json for 300 ids" "$PY" "$ROOT/tests/support/hf_tokenizer.py" "$WORK/tok" 300
+expect_ok "synth a Llama of 300 tokens" "$CK" synth -o "$WORK/v300" --tp 2 --pp 1 --arch llama --layers 2 --dim 64 \
+    --heads 4 --kv-heads 2 --vocab 300 --seq 32
+expect_ok "GGUF with --tokenizer" "$CK" export "$WORK/v300" --format gguf --tokenizer "$WORK/tok" -o "$WORK/v300.gguf"
+expect_ok "tokens by id, types, merges, pre llama-bpe, BOS/EOS and add_bos as the converter writes them" \
+    "$PY" "$CHECK" gguf "$WORK/v300.gguf" "$WORK/v300" --tokenizer "$WORK/tok"
+"$PY" -c 'import json, sys
+t = json.load(open(sys.argv[1]))
+t["model"]["type"] = "WordPiece"
+json.dump(t, open(sys.argv[1], "w"))' "$WORK/tok/tokenizer.json"
+expect_error "a WordPiece tokenizer is refused" 1 "not a BPE tokenizer \\(model.type WordPiece" "$CK" export "$WORK/v300" \
+    --format gguf --tokenizer "$WORK/tok" -o "$WORK/never.gguf"
+
 # --- What this Llama cannot express is refused, naming it.
 # edit DIR KEY VALUE: a copy of the Hugging Face directory with one config key set.
 edit() {

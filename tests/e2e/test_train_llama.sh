@@ -2,8 +2,9 @@
 # End-to-end tests of tp-train's Llama (--model llama-tiny: 2 layers, dim 64,
 # 4 heads, 2 KV heads, SwiGLU, untied output): the cross-check against the
 # independent PyTorch Llama (tests/trainer/llama_ref.py, itself checked by
-# test_llama_ref.sh) at tp1, tp2 (one KV head per rank), tp2pp2, tp4 (KV
-# heads replicated: 2 < tp 4), and in bf16 at tp1 and tp2pp2; and layout
+# test_llama_ref.sh) at tp1, tp2 (one KV head per rank), tp2 with one KV
+# head (replicated on both ranks), tp2pp2, tp4 (KV heads replicated: 2 < tp
+# 4), and in bf16 at tp1 and tp2pp2; and layout
 # invariance (the same 20 losses at tp1 and tp2pp2).
 # Resume at a new layout: written at tp2pp2, resumed at tp1dp2 and at tp4
 # (KV heads replicated), the straight run's losses to 1e-6.
@@ -27,6 +28,7 @@ fi
 TORCH_MODEL=llama-tiny
 torch_check tp1 1 --tp 1
 torch_check tp2 2 --tp 2
+torch_check tp2-kv1 2 --tp 2 --kv-heads 1
 torch_check tp2pp2 4 --tp 2 --pp 2
 torch_check tp4 4 --tp 4
 BF16=1 torch_check tp1-bf16 1 --tp 1

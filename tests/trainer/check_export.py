@@ -557,6 +557,9 @@ def check_vocabulary(a, kv, vocab):
     if len(tokens) != vocab or len(types) != vocab:
         problem(f"{what}: {len(tokens)} tokens and {len(types)} token types for a vocabulary of {vocab}")
         return
+    if a.tokenizer and os.path.exists(os.path.join(a.tokenizer, "tokenizer.json")):
+        check_hf_tokenizer(a, kv, vocab, tokens, types, merges)
+        return
     if kv.get("tokenizer.ggml.pre") != (8, "gpt-2"):
         problem(f"{what}: tokenizer.ggml.pre = {kv.get('tokenizer.ggml.pre')}, expected the string gpt-2")
     if a.tokenizer:
@@ -604,6 +607,48 @@ def check_vocabulary(a, kv, vocab):
                     f"first difference at {first}")
         else:
             print(f"check_export: gguf: {len(got)} bytes of {a.text} tokenize as tp-train prepare's tokens")
+
+
+LLAMA3_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+
+
+def check_hf_tokenizer(a, kv, vocab, tokens, types, merges):
+    """A tokenizer.json (BPE) as llama.cpp's converter writes it: model.vocab
+    and added_tokens by id (special added tokens control 3, others
+    user-defined 4, missing ids [PADn] unused 5), the merges as "a b", the
+    pre-tokenizer's llama.cpp name, BOS/EOS and add_bos_token from
+    tokenizer_config.json."""
+    t = json.load(open(os.path.join(a.tokenizer, "tokenizer.json"), encoding="utf-8"))
+    cfg_path = os.path.join(a.tokenizer, "tokenizer_config.json")
+    cfg = json.load(open(cfg_path, encoding="utf-8")) if os.path.exists(cfg_path) else {}
+    want = {i: (tok, TOKEN_NORMAL) for tok, i in t["model"]["vocab"].items()}
+    for entry in t.get("added_tokens", []):
+        want[entry["id"]] = (entry["content"], TOKEN_CONTROL if entry.get("special") else 4)
+    for i in range(vocab):
+        tok, kind = want.get(i, (f"[PAD{i}]", TOKEN_UNUSED))
+        if tokens[i] != tok or types[i] != kind:
+            problem(f"token {i} is {tokens[i]!r} of type {types[i]}, expected {tok!r} of type {kind}")
+    want_merges = [m if isinstance(m, str) else " ".join(m) for m in t["model"]["merges"]]
+    if merges != want_merges:
+        problem("merges differ from tokenizer.json's")
+    pre = t.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [])
+    name = "gpt-2" if pre.get("type") == "ByteLevel" else "default"
+    if any(st.get("type") == "Split" and st.get("pattern", {}).get("Regex") == LLAMA3_SPLIT for st in steps):
+        name = "llama-bpe"
+    if kv.get("tokenizer.ggml.pre") != (8, name):
+        problem(f"tokenizer.ggml.pre = {kv.get('tokenizer.ggml.pre')}, expected the string {name}")
+    for key, field in (("tokenizer.ggml.bos_token_id", "bos_token"), ("tokenizer.ggml.eos_token_id", "eos_token")):
+        named = cfg.get(field)
+        named = named.get("content") if isinstance(named, dict) else named
+        ids = [i for i in range(vocab) if tokens[i] == named]
+        if kv.get(key) != ((4, ids[0]) if ids else None):
+            problem(f"{key} = {kv.get(key)}, expected {named!r} ({ids[:1]}) as u32")
+    if "add_bos_token" in cfg and kv.get("tokenizer.ggml.add_bos_token") != (7, cfg["add_bos_token"]):
+        problem(f"tokenizer.ggml.add_bos_token = {kv.get('tokenizer.ggml.add_bos_token')}")
+    print(f"check_export: gguf: tokenizer.json's {len(t['model']['vocab'])} tokens, {len(merges)} merges, "
+          f"{len(t.get('added_tokens', []))} added, pre {name}")
 
 
 def check_gguf(a):
