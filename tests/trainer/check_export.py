@@ -651,6 +651,19 @@ def check_hf_tokenizer(a, kv, vocab, tokens, types, merges):
           f"{len(t.get('added_tokens', []))} added, pre {name}")
 
 
+def tensor_infos(r, kv, n_tensors):
+    """The alignment, the tensor infos (name, dims, ggml type, offset) read at
+    r, and where the tensor data starts."""
+    alignment = kv.get("general.alignment", (4, 32))[1]
+    infos = []
+    for _ in range(n_tensors):
+        name = r.string()
+        n_dims = r.take("<I")
+        ne = [r.take("<Q") for _ in range(n_dims)]
+        infos.append((name, ne, r.take("<I"), r.take("<Q")))
+    return alignment, infos, -(-r.at // alignment) * alignment
+
+
 def check_gguf(a):
     params, index = merged_params(a.ckpt)
     model = index["model"]
@@ -690,14 +703,7 @@ def check_gguf(a):
     name = a.name if a.name is not None else "GPT-2 (tp-toolkit)"
     if kv.get("general.name") != (8, name):
         problem(f"general.name = {kv.get('general.name')}, expected the string {name!r}")
-    alignment = kv.get("general.alignment", (4, 32))[1]
-    infos = []
-    for _ in range(n_tensors):
-        name = r.string()
-        n_dims = r.take("<I")
-        ne = [r.take("<Q") for _ in range(n_dims)]
-        infos.append((name, ne, r.take("<I"), r.take("<Q")))
-    start = -(-r.at // alignment) * alignment
+    alignment, infos, start = tensor_infos(r, kv, n_tensors)
     expected_offset = 0
     names = gguf_names(model["layers"])
     if sorted(n for n, *_ in infos) != sorted(names):
@@ -758,14 +764,7 @@ def check_llama_gguf(a, params, model, kv, r, raw, n_tensors, n_kv):
         if kind != 6 or abs(got - value) > 1e-6 * abs(value):
             problem(f"{key} = {kv.get(key)}, expected the f32 {value}")
     check_vocabulary(a, kv, model["vocab"])
-    alignment = kv.get("general.alignment", (4, 32))[1]
-    infos = []
-    for _ in range(n_tensors):
-        name = r.string()
-        n_dims = r.take("<I")
-        ne = [r.take("<Q") for _ in range(n_dims)]
-        infos.append((name, ne, r.take("<I"), r.take("<Q")))
-    start = -(-r.at // alignment) * alignment
+    alignment, infos, start = tensor_infos(r, kv, n_tensors)
     names = llama_names(model, gguf=True)
     scaling = model.get("rope_scaling")
     if scaling:
