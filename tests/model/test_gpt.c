@@ -288,3 +288,83 @@ Test(options, llama_flags_and_json)
     cr_assert_neq(gpt_options_set(&o, "arch", "mamba"), TP_OK);
     cr_assert(gpt_option_is_flag("untied-embeddings") && !gpt_option_is_flag("rope-theta"));
 }
+
+/* Llama's names for Hugging Face and llama.cpp: the fused QKV listed as its
+ * Q, K and V rows and the SwiGLU input as gate and up; for GGUF the rows of
+ * each Q and K head in llama.cpp's order (convert_hf_to_gguf.py's permute:
+ * [heads, 2, hd/2] -> [heads, hd/2, 2]), worked out here by hand. */
+Test(interop, llama_names_rows_and_the_gguf_permutation)
+{
+    gpt_config c;
+    cr_assert_eq(gpt_preset("llama-tiny", &c), TP_OK); /* 4 heads of 16, 2 KV heads, ffn 128, untied */
+    gpt_name_map hf, gg;
+    cr_assert_eq(gpt_name_map_create(&hf, &c, EXPORT_SAFETENSORS, "ignored."), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(gpt_name_map_create(&gg, &c, EXPORT_GGUF, ""), TP_OK, "%s", tp_errmsg());
+    /* embeddings, 9 per layer, final norm, lm_head */
+    cr_assert_eq(hf.count, 1 + 9 * 2 + 2, "%d", hf.count);
+    cr_assert_eq(gg.count, hf.count);
+    const export_tensor *q = NULL, *k = NULL, *v = NULL, *up = NULL, *gq = NULL, *gk = NULL;
+    for (int i = 0; i < hf.count; i++) {
+        const char *n = hf.tensors[i].name;
+        if (!strcmp(n, "model.layers.1.self_attn.q_proj.weight")) q = &hf.tensors[i];
+        if (!strcmp(n, "model.layers.1.self_attn.k_proj.weight")) k = &hf.tensors[i];
+        if (!strcmp(n, "model.layers.1.self_attn.v_proj.weight")) v = &hf.tensors[i];
+        if (!strcmp(n, "model.layers.1.mlp.up_proj.weight")) up = &hf.tensors[i];
+        if (!strcmp(gg.tensors[i].name, "blk.1.attn_q.weight")) gq = &gg.tensors[i];
+        if (!strcmp(gg.tensors[i].name, "blk.1.attn_k.weight")) gk = &gg.tensors[i];
+    }
+    cr_assert(q && k && v && up && gq && gk, "every part is named");
+    cr_assert_str_eq(q->source, "model/layers.1.attn.qkv.weight");
+    cr_assert(q->rows == 64 && !q->blocks, "Q: the first 4 x 16 rows");
+    /* K, V: blocks of 32 rows (2 KV heads of 16); Q is blocks 0 and 1. */
+    cr_assert(k->rows == 32 && k->block_rows == 32 && k->blocks[0] == 2, "K: rows 64..95");
+    cr_assert(v->rows == 32 && v->block_rows == 32 && v->blocks[0] == 3, "V: rows 96..127");
+    cr_assert(up->rows == 128 && up->block_rows == 128 && up->blocks[0] == 1, "up: rows 128..255");
+    /* GGUF Q, row by row: output row h*16 + 2i + a is input row h*16 + 8a + i. */
+    cr_assert_eq(gq->block_rows, 1);
+    for (int h = 0; h < 4; h++)
+        for (int i = 0; i < 8; i++)
+            for (int a = 0; a < 2; a++) cr_assert_eq(gq->blocks[h * 16 + 2 * i + a], h * 16 + 8 * a + i);
+    cr_assert(gk->rows == 32 && gk->blocks[0] == 64 && gk->blocks[1] == 72 && gk->blocks[2] == 65,
+              "K starts after Q's 64 rows: %lld %lld %lld", (long long)gk->blocks[0], (long long)gk->blocks[1],
+              (long long)gk->blocks[2]);
+    gpt_name_map_free(&hf);
+    gpt_name_map_free(&gg);
+    /* Tied: no lm_head / output.weight; Llama 3 scaling: GGUF's rope_freqs. */
+    cr_assert_eq(gpt_preset("llama-3.2-1b", &c), TP_OK);
+    cr_assert_eq(gpt_name_map_create(&gg, &c, EXPORT_GGUF, ""), TP_OK, "%s", tp_errmsg());
+    const export_tensor *last = &gg.tensors[gg.count - 1];
+    cr_assert_str_eq(last->name, "rope_freqs.weight");
+    cr_assert(last->values && last->num_values == 32, "[hd/2] computed values");
+    /* Theta 500000, hd 64: frequency 0 (wavelength 2 pi) is kept, the last
+     * (wavelength 2 pi 500000^(62/64), beyond 8192) divided by 32. */
+    cr_assert(last->values[0] == 1.0f && last->values[31] == 32.0f, "%g %g", last->values[0], last->values[31]);
+    for (int i = 0; i < gg.count; i++) cr_assert(strcmp(gg.tensors[i].name, "output.weight"), "tied: no output.weight");
+    gpt_name_map_free(&gg);
+}
+
+Test(interop, llama_config_json_both_ways)
+{
+    gpt_config c, back;
+    cr_assert_eq(gpt_preset("llama-3.2-1b", &c), TP_OK);
+    char *json = gpt_hf_config_json(&c, TP_BF16);
+    cr_assert(json && strstr(json, "\"LlamaForCausalLM\"") && strstr(json, "\"rope_type\":\t\"llama3\""), "%s", json);
+    cr_assert_eq(gpt_hf_config_parse(json, "config.json", &back), TP_OK, "%s", tp_errmsg());
+    cr_assert(back.arch == GPT_ARCH_LLAMA && back.layers == 16 && back.kv_heads == 8 && back.ffn == 8192 &&
+              back.vocab == 128256 && !back.untied_embeddings && back.rope_theta == 500000 &&
+              back.rope_scaling_factor == 32 && back.rope_original_seq == 8192 && back.norm_eps == 1e-5);
+    free(json);
+    /* LlamaConfig's defaults where keys are absent: untied, eps 1e-6, theta 10000, as many KV heads as heads. */
+    cr_assert_eq(gpt_hf_config_parse("{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+                                     "\"num_attention_heads\": 4, \"intermediate_size\": 96, \"vocab_size\": 50, "
+                                     "\"max_position_embeddings\": 16}",
+                                     "c.json", &back),
+                 TP_OK, "%s", tp_errmsg());
+    cr_assert(back.untied_embeddings && back.norm_eps == 1e-6 && back.rope_theta == 10000 && back.kv_heads == 4);
+    cr_assert_neq(gpt_hf_config_parse("{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+                                      "\"num_attention_heads\": 4, \"intermediate_size\": 96, \"vocab_size\": 50, "
+                                      "\"max_position_embeddings\": 16, \"mlp_bias\": true}",
+                                      "c.json", &back),
+                  TP_OK);
+    cr_assert(strstr(tp_errmsg(), "c.json: mlp_bias must be false"), "%s", tp_errmsg());
+}
