@@ -348,6 +348,21 @@ uint64_t ckpt_reader_digest(const ckpt_reader *reader, int index);
 /* The index as JSON text (docs/FORMAT.md section 3); *out is malloc'ed. */
 int ckpt_reader_index_json(const ckpt_reader *reader, char **out);
 
+/* What an index.json text (ckpt_reader_index_json's) says of its checkpoint,
+ * apart from where its bytes are: for a foreign checkpoint that carries the
+ * index of the checkpoint it was made from (a PyTorch distributed checkpoint
+ * this toolkit wrote), so that it reads back with the same descriptions,
+ * training state and digests. The text is validated as index.json is. */
+typedef struct ckpt_description ckpt_description;
+int ckpt_description_parse(const char *text, const char *where, ckpt_description **out);
+void ckpt_description_free(ckpt_description *description);
+const ckpt_layout *ckpt_description_layout(const ckpt_description *description);
+const ckpt_train_state *ckpt_description_state(const ckpt_description *description);
+int ckpt_description_count(const ckpt_description *description);
+const ckpt_tensor_desc *ckpt_description_tensor(const ckpt_description *description, int index);
+/* The tensor's logical digest as recorded (ckpt_reader_digest's). */
+uint64_t ckpt_description_digest(const ckpt_description *description, int index);
+
 int ckpt_reader_num_files(const ckpt_reader *reader);
 /* Name and size in bytes of shard file i. */
 const char *ckpt_reader_file(const ckpt_reader *reader, int i, int64_t *bytes);

@@ -161,12 +161,16 @@ typedef struct torch_archive torch_archive;
  * and that every tensor lies inside its storage. The format before
  * PyTorch 1.6 (a bare pickle stream) is refused with a message. */
 int torch_archive_open(const char *path, const pickle_limits *limits, torch_archive **out);
+/* The same for an archive held in bytes [base, base + bytes) of a file
+ * (bytes -1: to its end): an item of a PyTorch distributed checkpoint. */
+int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, const pickle_limits *limits,
+                             torch_archive **out);
 void torch_archive_close(torch_archive *archive);
 
 const pickle_doc *torch_archive_doc(const torch_archive *archive);
 const pickle_value *torch_archive_root(const torch_archive *archive);
 const char *torch_archive_path(const torch_archive *archive);
-/* Bytes of the archive's file. */
+/* Bytes of the archive (of its file, for a whole file). */
 int64_t torch_archive_bytes(const torch_archive *archive);
 
 /* Every entry of the archive read and compared with the CRC-32 its zip

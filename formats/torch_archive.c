@@ -101,6 +101,12 @@ static int check_tensor(void *ctx, const char *path, const pickle_value *tensor)
 
 int torch_archive_open(const char *path, const pickle_limits *limits, torch_archive **out)
 {
+    return torch_archive_open_range(path, 0, -1, limits, out);
+}
+
+int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, const pickle_limits *limits,
+                             torch_archive **out)
+{
     *out = NULL;
     pickle_limits defaults;
     if (!limits) {
@@ -111,8 +117,8 @@ int torch_archive_open(const char *path, const pickle_limits *limits, torch_arch
     if (!a) return tp_fail(TP_ERR_NOMEM, "out of memory");
     /* The start is read through the archive's own open file: one open of
      * it (round trips, for a store), and a second look only at a refusal. */
-    int status = zip_open(path, &a->zip);
-    if (status == TP_ERR_FORMAT) status = explain_refusal(path, status);
+    int status = zip_open_range(path, base, bytes, &a->zip);
+    if (status == TP_ERR_FORMAT && base == 0 && bytes < 0) status = explain_refusal(path, status);
     unsigned char start[sizeof legacy_magic];
     size_t n = status ? 0 : zip_file_bytes(a->zip) < (int64_t)sizeof start ? (size_t)zip_file_bytes(a->zip) : sizeof start;
     if (!status) status = zip_read(a->zip, start, (int64_t)n, 0);
@@ -215,7 +221,8 @@ static int storage_range(const torch_archive *archive, const pickle_value *stora
     return TP_OK;
 }
 
-int torch_tensor_range(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size)
+/* Where a contiguous tensor's bytes are in the archive (not its file). */
+static int tensor_range_in_archive(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size)
 {
     if (!tensor || tensor->kind != PICKLE_TENSOR) return tp_fail(TP_ERR_ARG, "%s: not a tensor", zip_path(archive->zip));
     const pickle_value *storage = tensor->tensor.storage;
@@ -230,10 +237,17 @@ int torch_tensor_range(const torch_archive *archive, const pickle_value *tensor,
     return TP_OK;
 }
 
+int torch_tensor_range(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size)
+{
+    TP_TRY(tensor_range_in_archive(archive, tensor, offset, size));
+    *offset += zip_base(archive->zip);
+    return TP_OK;
+}
+
 int torch_tensor_read(const torch_archive *archive, const pickle_value *tensor, void *buf, int64_t from, int64_t size)
 {
     int64_t offset, bytes;
-    TP_TRY(torch_tensor_range(archive, tensor, &offset, &bytes));
+    TP_TRY(tensor_range_in_archive(archive, tensor, &offset, &bytes));
     if (from < 0 || size < 0 || from > bytes - size)
         return tp_fail(TP_ERR_ARG, "%s: bytes [%lld, %lld) of a tensor of %lld bytes", zip_path(archive->zip), (long long)from,
                        (long long)(from + size), (long long)bytes);

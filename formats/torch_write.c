@@ -23,6 +23,8 @@ typedef struct {
 
 struct torch_writer {
     FILE *file;
+    int owned;            /* the writer opened the file (and syncs and closes it) */
+    int64_t base;         /* where the archive starts in the file */
     char path[4096];
     char archive[128];
     int64_t at;           /* bytes written */
@@ -123,7 +125,7 @@ static int fill_streamed_crcs(torch_writer *w)
         if (!w->entries[i].crc_after) continue;
         unsigned char crc[4];
         put_le(crc, w->entries[i].crc, 4);
-        if (pwrite(fileno(w->file), crc, 4, (off_t)(w->entries[i].offset + 14)) != 4)
+        if (pwrite(fileno(w->file), crc, 4, (off_t)(w->base + w->entries[i].offset + 14)) != 4)
             return tp_fail(TP_ERR_IO, "%s: cannot write: %s", w->path, strerror(errno));
     }
     return TP_OK;
@@ -411,22 +413,46 @@ static const char *storage_class(torch_dtype dtype)
     return (unsigned)dtype < sizeof names / sizeof *names ? names[dtype] : "ByteStorage";
 }
 
-int torch_writer_open(const char *path, const char *archive, torch_writer **out)
+static void free_writer(torch_writer *w);
+
+static int new_writer(const char *path, const char *archive, torch_writer **out)
 {
-    *out = NULL;
     torch_writer *w = calloc(1, sizeof *w);
     if (!w) return tp_fail(TP_ERR_NOMEM, "out of memory");
     snprintf(w->path, sizeof w->path, "%s", path);
     snprintf(w->archive, sizeof w->archive, "%s", archive);
     const char *force = getenv("TP_TORCH_ZIP64");
     w->force_zip64 = force && !strcmp(force, "1");
-    if (!(w->file = fopen(path, "wbx"))) {
-        int err = errno;
-        free(w);
-        return tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(err));
-    }
     op(&w->pickle, 0x80); /* PROTO 2, as torch.save writes */
     op(&w->pickle, 2);
+    *out = w;
+    return TP_OK;
+}
+
+int torch_writer_open(const char *path, const char *archive, torch_writer **out)
+{
+    *out = NULL;
+    torch_writer *w;
+    TP_TRY(new_writer(path, archive, &w));
+    if (!(w->file = fopen(path, "wbx"))) {
+        int err = errno;
+        free_writer(w);
+        return tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(err));
+    }
+    w->owned = 1;
+    *out = w;
+    return TP_OK;
+}
+
+int torch_writer_open_in(FILE *file, const char *path, const char *archive, torch_writer **out)
+{
+    *out = NULL;
+    off_t at = ftello(file);
+    if (at < 0) return tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
+    torch_writer *w;
+    TP_TRY(new_writer(path, archive, &w));
+    w->file = file;
+    w->base = (int64_t)at;
     *out = w;
     return TP_OK;
 }
@@ -542,9 +568,12 @@ int torch_writer_finish(torch_writer *w)
     if (!status) status = add_entry(w, "byteorder", "little", 6);
     if (!status) status = fill_streamed_crcs(w);
     if (!status) status = write_directory(w);
-    if (!status && (fflush(w->file) != 0 || fsync(fileno(w->file)) != 0))
-        status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", w->path, strerror(errno));
-    if (fclose(w->file) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", w->path, strerror(errno));
+    if (!status && fflush(w->file) != 0) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", w->path, strerror(errno));
+    if (w->owned) {
+        if (!status && fsync(fileno(w->file)) != 0)
+            status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", w->path, strerror(errno));
+        if (fclose(w->file) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", w->path, strerror(errno));
+    }
     free_writer(w);
     return status;
 }
@@ -552,6 +581,6 @@ int torch_writer_finish(torch_writer *w)
 void torch_writer_abort(torch_writer *w)
 {
     if (!w) return;
-    fclose(w->file);
+    if (w->owned) fclose(w->file);
     free_writer(w);
 }

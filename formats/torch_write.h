@@ -8,6 +8,7 @@
 #define TP_FORMATS_TORCH_WRITE_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../common/buffer.h"
 #include "../common/dtype.h"
@@ -22,6 +23,11 @@ typedef struct torch_writer torch_writer;
  * torch_writer_begin_storages, then gives each tensor's bytes in the same
  * order (torch_writer_storage), one at a time. */
 int torch_writer_open(const char *path, const char *archive, torch_writer **out);
+/* The same, appended to a file open for writing at its current position
+ * (path names it in messages): a PyTorch distributed checkpoint's item.
+ * Offsets inside are the archive's own; finishing flushes the file but
+ * neither syncs nor closes it. */
+int torch_writer_open_in(FILE *file, const char *path, const char *archive, torch_writer **out);
 /* The pickle being built; the caller emits the saved object into it. */
 byte_buffer *torch_writer_pickle(torch_writer *writer);
 /* Emits, into the pickle, a row-major tensor of ndim dimensions of shape

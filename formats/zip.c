@@ -29,7 +29,9 @@ struct zip_archive {
     const ckpt_storage *store;
     ckpt_file *file;
     char *path;
-    int64_t file_size, directory_offset;
+    int64_t base;      /* where the archive starts in the file */
+    int64_t file_size; /* bytes of the archive (the file's, for a whole file) */
+    int64_t directory_offset;
     zip_entry *entries;
     int count;
     int *by_name; /* entry indices sorted by name */
@@ -53,12 +55,17 @@ int64_t zip_file_bytes(const zip_archive *zip)
     return zip->file_size;
 }
 
+int64_t zip_base(const zip_archive *zip)
+{
+    return zip->base;
+}
+
 int zip_read(const zip_archive *zip, void *buf, int64_t size, int64_t offset)
 {
     if (size < 0 || offset < 0 || offset > zip->file_size - size)
         return tp_fail(TP_ERR_FORMAT, "%s: bytes [%lld, %lld) asked of a file of %lld", zip->path, (long long)offset,
                        (long long)(offset + size), (long long)zip->file_size);
-    return zip->store->read_at(zip->file, buf, (size_t)size, offset);
+    return zip->store->read_at(zip->file, buf, (size_t)size, zip->base + offset);
 }
 
 /* The end of the central directory: its offset, size and entry count,
@@ -210,6 +217,11 @@ static int read_directory(zip_archive *zip)
 
 int zip_open(const char *path, zip_archive **out)
 {
+    return zip_open_range(path, 0, -1, out);
+}
+
+int zip_open_range(const char *path, int64_t base, int64_t size, zip_archive **out)
+{
     *out = NULL;
     zip_archive *zip = calloc(1, sizeof *zip);
     if (!zip || !(zip->path = strdup(path))) {
@@ -221,8 +233,12 @@ int zip_open(const char *path, zip_archive **out)
     if (!status) status = zip->store->stat(zip->store, path, &st);
     if (!status && !st.exists) status = tp_fail(TP_ERR_NOT_FOUND, "%s: no such file", path);
     if (!status && st.is_dir) status = tp_fail(TP_ERR_FORMAT, "%s is a directory, not a torch.save file", path);
+    if (!status && (base < 0 || base > st.size || (size >= 0 && size > st.size - base)))
+        status = tp_fail(TP_ERR_FORMAT, "%s: an archive of %lld bytes at %lld lies outside the file (%lld bytes)", path,
+                         (long long)size, (long long)base, (long long)st.size);
     if (!status) {
-        zip->file_size = st.size;
+        zip->base = base;
+        zip->file_size = size >= 0 ? size : st.size - base;
         status = zip->store->open(zip->store, path, CKPT_OPEN_READ, &zip->file);
     }
     if (!status) status = read_directory(zip);

@@ -17,6 +17,10 @@ typedef struct zip_archive zip_archive;
  * archive within the limits (at most 1 << 22 entries, a central directory
  * of at most 256 MiB). */
 int zip_open(const char *path, zip_archive **out);
+/* The archive held in bytes [base, base + size) of the file (size -1: to
+ * its end), as PyTorch's distributed checkpoints hold one torch.save
+ * archive per item; offsets inside are the archive's own. */
+int zip_open_range(const char *path, int64_t base, int64_t size, zip_archive **out);
 void zip_close(zip_archive *zip);
 
 int zip_count(const zip_archive *zip);
@@ -24,7 +28,7 @@ const char *zip_name(const zip_archive *zip, int entry);
 /* The entry of that name, or -1. */
 int zip_find(const zip_archive *zip, const char *name);
 
-/* Where entry's bytes lie in the file: reads its local header once (safe
+/* Where entry's bytes lie in the archive: reads its local header once (safe
  * from several threads) and checks that it is stored and lies inside the
  * file. */
 int zip_entry_range(zip_archive *zip, int entry, int64_t *offset, int64_t *size);
@@ -37,11 +41,13 @@ int zip_entry_range(zip_archive *zip, int entry, int64_t *offset, int64_t *size)
 int zip_entry_check(zip_archive *zip, int entry, void *buf, size_t buf_size, int *checked,
                     void (*on_bytes)(void *ctx, int64_t bytes), void *ctx);
 
-/* Reads [offset, offset + size) of the archive's file. */
+/* Reads [offset, offset + size) of the archive. */
 int zip_read(const zip_archive *zip, void *buf, int64_t size, int64_t offset);
 
 const char *zip_path(const zip_archive *zip);
-/* Bytes of the archive's file. */
+/* Bytes of the archive (of its file, for a whole file). */
 int64_t zip_file_bytes(const zip_archive *zip);
+/* Where the archive starts in its file (0 for a whole file). */
+int64_t zip_base(const zip_archive *zip);
 
 #endif
