@@ -312,7 +312,26 @@ typedef struct {
      * pieces in order, flattened): its file and byte offset. */
     const int *piece_file;
     const int64_t *piece_offset;
+    /* Or, when boxes is not NULL (piece_file and piece_offset unused), piece
+     * k of that flattened order is stored as boxes[box_first[k]] up to
+     * boxes[box_first[k + 1]] (box_first has one entry more than there are
+     * pieces): a checkpoint that cuts its tensors into boxes of its own. */
+    const struct ckpt_foreign_box *boxes;
+    const int64_t *box_first;
 } ckpt_foreign;
+
+/* A box [start, start + count) of a foreign piece (in the coordinates of
+ * its stored shape) stored whole and row-major at a byte offset of one of
+ * the checkpoint's files: a PyTorch distributed checkpoint's chunk. The
+ * boxes of a piece must not overlap, must lie inside it and must cover
+ * every element of it that is not padding (checked at open); padding reads
+ * as zeros. A box may be empty (a count of 0). */
+typedef struct ckpt_foreign_box {
+    int file;
+    int64_t offset;
+    int64_t start[CKPT_MAX_DIMS];
+    int64_t count[CKPT_MAX_DIMS];
+} ckpt_foreign_box;
 
 int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int compute_digests);
 /* Whether the reader reads a foreign checkpoint (no checksums of its own). */

@@ -40,6 +40,11 @@ typedef struct {
     chunk_location *chunks;  /* compressed pieces, one per block */
     uint64_t *block_hash;
     ckpt_piece_geometry geometry;
+    /* A foreign piece stored as boxes (ckpt_foreign_box), and whether it
+     * holds padding, which no box covers and reads as zeros. */
+    ckpt_foreign_box *boxes;
+    int64_t num_boxes;
+    int padded;
     /* The file range last announced to the kernel, [from, to): a piece read
      * in small consecutive blocks announces only what lies past it, every
      * PREFETCH_AHEAD / 2 bytes (each announcement walks the page cache over
@@ -95,6 +100,7 @@ void ckpt_reader_close(ckpt_reader *r)
         for (int p = 0; r->pieces[i] && p < r->index.tensors[i].num_pieces; p++) {
             free(r->pieces[i][p].chunks);
             free(r->pieces[i][p].block_hash);
+            free(r->pieces[i][p].boxes);
         }
         free(r->pieces[i]);
     }
@@ -437,8 +443,10 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     const ckpt_tensor_desc *t = &it->tensor.desc;
     int status = open_file(r, ip->file_index);
     if (status) return status;
-    if (r->foreign) { /* stored whole at the recorded offset; no checksums */
-        pr->offset = ip->extents[0].offset;
+    if (r->foreign) { /* stored whole at the recorded offset, or as boxes; no checksums */
+        for (int64_t b = 0; b < pr->num_boxes && !status; b++) status = open_file(r, pr->boxes[b].file);
+        if (status) return status;
+        pr->offset = pr->boxes ? 0 : ip->extents[0].offset;
         pr->loaded = 1;
         return TP_OK;
     }
@@ -646,6 +654,8 @@ static size_t scratch_bytes(const ckpt_piece_geometry *g)
     return chunk + ckpt_zstd_bound(chunk);
 }
 
+static int read_box_rows(const piece_ctx *c, int64_t row0, int64_t row1, char *dst);
+
 /* Reads blocks [b0, b1) into dst (their rows, contiguous), verifying each
  * when asked. scratch: scratch_bytes() for compressed pieces, else unused. */
 static int read_blocks(const piece_ctx *c, int64_t b0, int64_t b1, char *dst, char *scratch,
@@ -654,6 +664,10 @@ static int read_blocks(const piece_ctx *c, int64_t b0, int64_t b1, char *dst, ch
     const ckpt_piece_geometry *g = &c->pr->geometry;
     int64_t block_bytes = g->block_rows * g->row_bytes;
     int status = TP_OK;
+    if (c->pr->boxes) { /* foreign: nothing to verify */
+        int64_t row1 = b1 * g->block_rows < g->rows ? b1 * g->block_rows : g->rows;
+        return read_box_rows(c, b0 * g->block_rows, row1, dst);
+    }
     if (c->pr->chunks) {
         for (int64_t b = b0; b < b1 && !status; b++) {
             char *out = dst + (b - b0) * block_bytes;
@@ -756,6 +770,126 @@ static int pread_run(void *ctx, int64_t so, int64_t dof, int64_t bytes)
     return c->piece->storage->read_at(c->piece->file, c->dst + dof, (size_t)bytes, c->piece->pr->offset + so);
 }
 
+/* ------------------------------------------------ pieces stored as boxes */
+
+/* Bytes of a foreign box's rows read at once through the bounce buffer. */
+#define BOX_BOUNCE_MAX ((int64_t)8 << 20)
+
+static int zero_run(void *ctx, int64_t src_offset, int64_t dst_offset, int64_t bytes)
+{
+    (void)src_offset;
+    memset((char *)ctx + dst_offset, 0, (size_t)bytes);
+    return TP_OK;
+}
+
+typedef struct {
+    const ckpt_storage *storage;
+    ckpt_file *file;
+    int64_t base; /* the box's offset in the file */
+    char *dst;
+} box_pread_ctx;
+
+static int box_pread_run(void *ctx, int64_t so, int64_t dof, int64_t bytes)
+{
+    box_pread_ctx *c = ctx;
+    return c->storage->read_at(c->file, c->dst + dof, (size_t)bytes, c->base + so);
+}
+
+static int64_t element_bytes(const ckpt_piece_geometry *g)
+{
+    int64_t elem = g->row_bytes;
+    for (int d = 1; d < g->ndim; d++) elem /= g->shape[d];
+    return elem;
+}
+
+/* Reads the box [start, start + count) of a piece stored as boxes into the
+ * box of dst at dst_frame->origin: for each stored box it meets, the rows
+ * of that box the region needs, read whole (each box's rows lie
+ * contiguously in its file) straight into dst when they land there whole,
+ * else through a bounce buffer of at most BOX_BOUNCE_MAX bytes. */
+static int read_boxes(const piece_ctx *c, const int64_t *start, const int64_t *count, char *dst,
+                      const box_frame *dst_frame)
+{
+    const ckpt_piece_geometry *g = &c->pr->geometry;
+    int ndim = g->ndim;
+    int64_t elem = element_bytes(g);
+    int status = TP_OK;
+    if (c->pr->padded) status = box_runs(dst_frame, dst_frame, count, ndim, elem, zero_run, dst);
+    for (int64_t k = 0; k < c->pr->num_boxes && !status; k++) {
+        const ckpt_foreign_box *b = &c->pr->boxes[k];
+        int64_t lo[CKPT_MAX_DIMS], n[CKPT_MAX_DIMS];
+        int empty = 0;
+        for (int d = 0; d < ndim; d++) {
+            int64_t a = start[d] > b->start[d] ? start[d] : b->start[d];
+            int64_t e1 = start[d] + count[d], e2 = b->start[d] + b->count[d];
+            n[d] = (e1 < e2 ? e1 : e2) - a;
+            lo[d] = a;
+            if (n[d] <= 0) empty = 1;
+        }
+        if (empty) continue;
+        const file_runtime *fr = &c->r->files[b->file];
+        int64_t box_row_bytes = elem;
+        int whole_rows = 1; /* the rows land whole and contiguously in dst */
+        for (int d = 1; d < ndim; d++) {
+            box_row_bytes *= b->count[d];
+            whole_rows = whole_rows && n[d] == b->count[d] && n[d] == dst_frame->shape[d];
+        }
+        box_frame src = {ndim, {0}, {0}}, at = *dst_frame;
+        for (int d = 0; d < ndim; d++) {
+            src.shape[d] = b->count[d];
+            src.origin[d] = lo[d] - b->start[d];
+            at.origin[d] += lo[d] - start[d];
+        }
+        if (whole_rows) {
+            int64_t row_bytes = box_row_bytes, to = 0;
+            for (int d = 0; d < ndim; d++) to = to * dst_frame->shape[d] + at.origin[d];
+            status = c->storage->read_at(fr->data, dst + to * elem, (size_t)(n[0] * row_bytes),
+                                         b->offset + src.origin[0] * row_bytes);
+            continue;
+        }
+        if (box_row_bytes > BOX_BOUNCE_MAX) { /* rows too long to bounce: each run read where it goes */
+            box_pread_ctx pc = {c->storage, fr->data, b->offset, dst};
+            status = box_runs(&src, &at, n, ndim, elem, box_pread_run, &pc);
+            continue;
+        }
+        int64_t group = BOX_BOUNCE_MAX / box_row_bytes;
+        if (group > n[0]) group = n[0];
+        char *bounce = (char *)scratch_buffer(SCRATCH_BOUNCE, (size_t)(group * box_row_bytes));
+        if (!bounce) return tp_fail(TP_ERR_NOMEM, "out of memory for a %lld-byte read buffer", (long long)(group * box_row_bytes));
+        for (int64_t r = 0; r < n[0] && !status; r += group) {
+            int64_t rows = group < n[0] - r ? group : n[0] - r;
+            status = c->storage->read_at(fr->data, bounce, (size_t)(rows * box_row_bytes),
+                                         b->offset + (src.origin[0] + r) * box_row_bytes);
+            box_frame s = src, d2 = at;
+            s.shape[0] = rows;
+            s.origin[0] = 0;
+            d2.origin[0] += r;
+            int64_t sub[CKPT_MAX_DIMS];
+            memcpy(sub, n, sizeof sub);
+            sub[0] = rows;
+            copy_ctx cc = {bounce, dst};
+            if (!status) status = box_runs(&s, &d2, sub, ndim, elem, copy_run, &cc);
+        }
+    }
+    if (status && status != TP_ERR_NOMEM)
+        status = tp_fail_context(status, "%s: tensor %s piece %d", c->r->path, c->r->index.tensors[c->tensor].tensor.name,
+                                 c->piece);
+    return status;
+}
+
+/* Rows [row0, row1) of a piece stored as boxes, into dst (whole rows). */
+static int read_box_rows(const piece_ctx *c, int64_t row0, int64_t row1, char *dst)
+{
+    const ckpt_piece_geometry *g = &c->pr->geometry;
+    int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS];
+    memcpy(count, g->shape, sizeof count);
+    start[0] = row0;
+    count[0] = row1 - row0;
+    box_frame frame = {g->ndim, {0}, {0}};
+    memcpy(frame.shape, count, sizeof frame.shape);
+    return read_boxes(c, start, count, dst, &frame);
+}
+
 /* Asks the kernel to start reading rows [row0, row1) of a piece, and a little
  * beyond, in the background: callers stream pieces in order, so the disk
  * works ahead while blocks are hashed and copied. */
@@ -793,10 +927,10 @@ static void prefetch(const piece_ctx *c, int64_t row0, int64_t row1)
 static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_t *count,
                           char *dst, const box_frame *dst_frame)
 {
+    if (c->pr->boxes) return read_boxes(c, start, count, dst, dst_frame);
     const ckpt_piece_geometry *g = &c->pr->geometry;
     int ndim = g->ndim;
-    int64_t elem = g->row_bytes;
-    for (int d = 1; d < ndim; d++) elem /= g->shape[d];
+    int64_t elem = element_bytes(g);
     int verify = c->r->options.verify;
     int blockwise = verify || c->pr->chunks;
     prefetch(c, start[0], start[0] + count[0]);
@@ -1064,8 +1198,93 @@ int ckpt_reader_is_foreign(const ckpt_reader *r)
     return r->foreign;
 }
 
+/* Checks the boxes of a foreign piece of shape g (ckpt_foreign_box): inside
+ * the piece and their files, clear of its padding, without overlaps, and
+ * covering every other element; copies them into pr. */
+static int take_boxes(const ckpt_foreign *src, const ckpt_tensor_desc *t, int piece,
+                      const ckpt_foreign_box *boxes, int64_t n, piece_runtime *pr)
+{
+    const ckpt_piece_geometry *g = &pr->geometry;
+    int ndim = g->ndim;
+    int64_t elem = element_bytes(g);
+    /* The piece's padding: runs of its split axis that hold no logical rows. */
+    ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
+    int64_t num_runs = 0, padding_rows = 0, axis = t->partition.axis;
+    if (t->partition.kind == CKPT_SPLIT) {
+        num_runs = ckpt_piece_runs(t, src->layout.tp, piece, runs, 2 * CKPT_MAX_SEGMENTS);
+        if (num_runs < 0) return tp_fail(TP_ERR_ARG, "%s: tensor %s: piece %d has no runs", src->path, t->name, piece);
+        for (int64_t k = 0; k < num_runs; k++) padding_rows += runs[k].logical_start < 0 ? runs[k].length : 0;
+    }
+    int64_t piece_elements = 1;
+    for (int d = 0; d < ndim; d++) piece_elements *= g->shape[d];
+    int64_t data_elements = piece_elements / g->shape[axis] * (g->shape[axis] - padding_rows), covered = 0;
+    int64_t *order = malloc((size_t)(n + 1) * sizeof *order), live = 0;
+    pr->boxes = malloc((size_t)(n + 1) * sizeof *pr->boxes);
+    if (!order || !pr->boxes) {
+        free(order);
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
+    }
+    pr->num_boxes = n;
+    int status = TP_OK;
+    for (int64_t k = 0; k < n && !status; k++) {
+        const ckpt_foreign_box *b = &boxes[k];
+        pr->boxes[k] = *b;
+        int64_t volume = 1;
+        for (int d = 0; d < ndim && !status; d++) {
+            if (b->start[d] < 0 || b->count[d] < 0 || b->start[d] > g->shape[d] || b->count[d] > g->shape[d] - b->start[d])
+                status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s: a chunk [%lld, %lld) of dimension %d lies outside 0..%lld",
+                                 src->path, t->name, (long long)b->start[d], (long long)(b->start[d] + b->count[d]), d,
+                                 (long long)g->shape[d]);
+            volume *= b->count[d];
+        }
+        if (status) break;
+        if (b->file < 0 || b->file >= src->num_files)
+            status = tp_fail(TP_ERR_ARG, "%s: tensor %s: a chunk in no file (%d)", src->path, t->name, b->file);
+        else if (b->offset < 0 || b->offset > src->file_bytes[b->file] || volume * elem > src->file_bytes[b->file] - b->offset)
+            status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s: a chunk of %lld bytes at %lld lies outside the file (%lld bytes)",
+                             src->files[b->file], t->name, (long long)(volume * elem), (long long)b->offset,
+                             (long long)src->file_bytes[b->file]);
+        for (int64_t j = 0; j < num_runs && !status && volume; j++)
+            if (runs[j].logical_start < 0 && b->start[axis] < runs[j].local_start + runs[j].length &&
+                runs[j].local_start < b->start[axis] + b->count[axis])
+                status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s: a chunk covers padding rows [%lld, %lld) of dimension %lld",
+                                 src->path, t->name, (long long)runs[j].local_start,
+                                 (long long)(runs[j].local_start + runs[j].length), (long long)axis);
+        if (volume) order[live++] = k;
+        covered += volume;
+    }
+    /* Overlaps: boxes in order of their first row, each against those that
+     * start before it ends. */
+    for (int64_t i = 1; i < live && !status; i++) { /* insertion sort: chunks come nearly sorted */
+        int64_t k = order[i], j = i;
+        while (j > 0 && boxes[order[j - 1]].start[0] > boxes[k].start[0]) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = k;
+    }
+    for (int64_t i = 0; i < live && !status; i++) {
+        const ckpt_foreign_box *a = &boxes[order[i]];
+        for (int64_t j = i + 1; j < live && !status && boxes[order[j]].start[0] < a->start[0] + a->count[0]; j++) {
+            const ckpt_foreign_box *b = &boxes[order[j]];
+            int overlap = 1;
+            for (int d = 0; d < ndim && overlap; d++)
+                overlap = a->start[d] < b->start[d] + b->count[d] && b->start[d] < a->start[d] + a->count[d];
+            if (overlap)
+                status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s: two chunks overlap (at offsets %lld and %lld of dimension 0)",
+                                 src->path, t->name, (long long)a->start[0], (long long)b->start[0]);
+        }
+    }
+    if (!status && covered != data_elements)
+        status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s: its chunks hold %lld elements, the tensor %lld (a chunk missing?)",
+                         src->path, t->name, (long long)covered, (long long)data_elements);
+    free(order);
+    pr->padded = padding_rows > 0;
+    return status;
+}
+
 /* The index of a foreign checkpoint: its descriptions, and each piece as
- * one extent at its offset. */
+ * one extent at its offset, or as its boxes. */
 static int foreign_index(ckpt_reader *r, const ckpt_foreign *src)
 {
     ckpt_index *index = &r->index;
@@ -1107,16 +1326,33 @@ static int foreign_index(ckpt_reader *r, const ckpt_foreign *src)
         if (!it->pieces || !r->pieces[i]) return tp_fail(TP_ERR_NOMEM, "out of memory");
         for (int p = 0; p < it->num_pieces; p++, at++) {
             ckpt_index_piece *ip = &it->pieces[p];
-            int f = src->piece_file[at];
-            if (f < 0 || f >= src->num_files) return tp_fail(TP_ERR_ARG, "%s: tensor %s piece %d: no file %d", src->path, t->name, p, f);
-            ckpt_piece_geometry_init(&r->pieces[i][p].geometry, t, src->layout.tp, it->block_rows);
-            const ckpt_piece_geometry *g = &r->pieces[i][p].geometry;
-            ip->file_index = f;
-            snprintf(ip->file, sizeof ip->file, "%s", index->files[f].name);
+            piece_runtime *pr = &r->pieces[i][p];
+            ckpt_piece_geometry_init(&pr->geometry, t, src->layout.tp, it->block_rows);
+            const ckpt_piece_geometry *g = &pr->geometry;
             ip->pp = it->stage;
             ip->tp = p;
             ckpt_piece_shape(t, src->layout.tp, ip->shape);
             ip->bytes = g->bytes;
+            if (src->boxes) { /* the piece's boxes, one extent each */
+                int64_t first = src->box_first[at], n = src->box_first[at + 1] - first;
+                if (first < 0 || n < 0) return tp_fail(TP_ERR_ARG, "%s: tensor %s piece %d: bad box list", src->path, t->name, p);
+                TP_TRY(take_boxes(src, t, p, src->boxes + first, n, pr));
+                ip->file_index = n ? pr->boxes[0].file : 0;
+                snprintf(ip->file, sizeof ip->file, "%s", index->files[ip->file_index].name);
+                ip->num_extents = n;
+                if (n && !(ip->extents = calloc((size_t)n, sizeof *ip->extents))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+                for (int64_t k = 0; k < n; k++) {
+                    int64_t bytes = element_bytes(g);
+                    for (int d = 0; d < g->ndim; d++) bytes *= pr->boxes[k].count[d];
+                    ip->extents[k].offset = pr->boxes[k].offset;
+                    ip->extents[k].length = bytes;
+                }
+                continue;
+            }
+            int f = src->piece_file[at];
+            if (f < 0 || f >= src->num_files) return tp_fail(TP_ERR_ARG, "%s: tensor %s piece %d: no file %d", src->path, t->name, p, f);
+            ip->file_index = f;
+            snprintf(ip->file, sizeof ip->file, "%s", index->files[f].name);
             ip->num_extents = 1;
             if (!(ip->extents = calloc(1, sizeof *ip->extents))) return tp_fail(TP_ERR_NOMEM, "out of memory");
             ip->extents[0].offset = src->piece_offset[at];
