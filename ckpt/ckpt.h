@@ -318,6 +318,11 @@ typedef struct {
      * pieces): a checkpoint that cuts its tensors into boxes of its own. */
     const struct ckpt_foreign_box *boxes;
     const int64_t *box_first;
+    /* Logical digests the checkpoint records for its tensors (one a
+     * tensor; NULL: none), taken as the index's are, so that
+     * ckpt_reader_verify_piece checks the data against them; only at tp 1,
+     * where a tensor is its one piece. Ignored with compute_digests. */
+    const uint64_t *digests;
 } ckpt_foreign;
 
 /* A box [start, start + count) of a foreign piece (in the coordinates of

@@ -1382,6 +1382,19 @@ static int foreign_digests(ckpt_reader *r)
     return status;
 }
 
+/* The digests a foreign checkpoint records: each tensor's, its one piece's. */
+static int recorded_digests(ckpt_reader *r, const ckpt_foreign *src)
+{
+    if (src->layout.tp != 1)
+        return tp_fail(TP_ERR_ARG, "%s: recorded digests of a checkpoint at tp %d (only at tp 1)", src->path, src->layout.tp);
+    for (int i = 0; i < r->index.num_tensors; i++) {
+        ckpt_index_tensor *it = &r->index.tensors[i];
+        it->digest = src->digests[i];
+        for (int p = 0; p < it->num_pieces; p++) it->pieces[p].digest = src->digests[i];
+    }
+    return TP_OK;
+}
+
 int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int compute_digests)
 {
     *out = NULL;
@@ -1398,6 +1411,7 @@ int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int 
                                    : tp_fail(TP_ERR_ARG, "%s: no files", source->path);
     if (!status) status = foreign_index(r, source);
     if (!status && compute_digests) status = foreign_digests(r);
+    else if (!status && source->digests) status = recorded_digests(r, source);
     if (status) {
         ckpt_reader_close(r);
         return status;

@@ -111,10 +111,11 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
 /* --------------------------------------------------------- any checkpoint */
 
 /* Opens a checkpoint of any format the toolkit reads, as a reader: its own
- * (ckpt_reader_open with options), or a Megatron-LM legacy checkpoint
- * (formats/megatron.h; a foreign checkpoint without checksums, whose
- * digests are computed when compute_digests). *format, when not NULL, is
- * "tp" or "megatron-legacy". */
+ * (ckpt_reader_open with options), a PyTorch distributed checkpoint
+ * (formats/dcp.h) or a Megatron-LM legacy checkpoint (formats/megatron.h),
+ * foreign checkpoints without checksums of ours, whose digests are computed
+ * when compute_digests. *format, when not NULL, is "tp", "dcp" or
+ * "megatron-legacy". */
 int formats_open_checkpoint(const char *path, const ckpt_read_options *options, int compute_digests, ckpt_reader **out,
                             const char **format);
 

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "../common/error.h"
+#include "dcp.h"
 #include "formats.h"
 #include "megatron.h"
 
@@ -9,7 +10,16 @@ int formats_open_checkpoint(const char *path, const ckpt_read_options *options, 
                             const char **format)
 {
     *out = NULL;
-    int megatron;
+    int dcp, megatron;
+    TP_TRY(dcp_detect(path, &dcp));
+    if (dcp) {
+        if (format) *format = "dcp";
+        dcp_checkpoint *d;
+        TP_TRY(dcp_open(path, &d));
+        int status = dcp_reader_open(d, compute_digests, 0, out);
+        dcp_close(d);
+        return status;
+    }
     TP_TRY(megatron_detect(path, &megatron));
     if (!megatron) {
         if (format) *format = "tp";

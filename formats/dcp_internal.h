@@ -1,0 +1,35 @@
+/* dcp_internal.h (private to formats/): what the DCP reader and writer share. */
+#ifndef TP_FORMATS_DCP_INTERNAL_H
+#define TP_FORMATS_DCP_INTERNAL_H
+
+#include <stddef.h>
+
+#include "dcp.h"
+
+typedef struct {
+    char name[64]; /* relative to the directory */
+    int64_t bytes;
+} dcp_file_info;
+
+struct dcp_checkpoint {
+    char path[CKPT_PATH_MAX];
+    char metadata_path[CKPT_PATH_MAX + 16];
+    int64_t metadata_bytes;
+    pickle_doc *doc;    /* .metadata's tree: the keys point into it */
+    dcp_entry *entries;
+    int num_entries;
+    int *by_key;        /* entry indices sorted by key */
+    dcp_chunk *chunks;  /* every entry's, in entry order */
+    int64_t chunk_capacity;
+    dcp_file_info *files;
+    int num_files, files_capacity;
+};
+
+/* stat of a path of any store. */
+int dcp_stat(const char *path, ckpt_stat *st);
+/* The path of data file `file`. */
+void dcp_file_path(const dcp_checkpoint *dcp, int file, char *out, size_t size);
+/* Reads a chunk's whole item (c->item_bytes) into buf. */
+int dcp_read_item(const dcp_checkpoint *dcp, const dcp_chunk *c, void *buf);
+
+#endif
