@@ -386,6 +386,12 @@ int ckpt_description_count(const ckpt_description *description);
 const ckpt_tensor_desc *ckpt_description_tensor(const ckpt_description *description, int index);
 /* The tensor's logical digest as recorded (ckpt_reader_digest's). */
 uint64_t ckpt_description_digest(const ckpt_description *description, int index);
+/* The text that ckpt_description_parse reads back: the tensors (their
+ * logical digests, or 0 where digests is NULL), the number of layers of
+ * layout and the training state, as the index of the same tensors at tp 1
+ * pp 1 (*out malloc'ed). */
+int ckpt_description_json(const ckpt_layout *layout, const ckpt_train_state *state, int count,
+                          const ckpt_tensor_desc *tensors, const uint64_t *digests, char **out);
 
 int ckpt_reader_num_files(const ckpt_reader *reader);
 /* Name and size in bytes of shard file i. */

@@ -273,6 +273,7 @@ static int read_metadata(dcp_checkpoint *dcp, const unsigned char *data, int64_t
     const pickle_value *root = pickle_root(dcp->doc);
     if (!is_class(root, "Metadata"))
         return tp_fail(TP_ERR_FORMAT, "%s: holds a %s, not a distributed checkpoint's Metadata", where, describe(root));
+    dcp->torch_version = !strncmp(root->object.cls, "torch.distributed._shard.", 25) ? DCP_TORCH_1_13 : DCP_TORCH_2;
     const pickle_value *sdm = pickle_get(root, "state_dict_metadata"), *storage = pickle_get(root, "storage_data");
     if (!sdm || sdm->kind != PICKLE_DICT)
         return tp_fail(TP_ERR_FORMAT, "%s: state_dict_metadata is a %s, not a dict", where, sdm ? describe(sdm) : "nothing");
@@ -386,6 +387,11 @@ void dcp_close(dcp_checkpoint *dcp)
     free(dcp->chunks);
     free(dcp->files);
     free(dcp);
+}
+
+dcp_torch_version dcp_torch_version_of(const dcp_checkpoint *dcp)
+{
+    return dcp->torch_version;
 }
 
 const char *dcp_path(const dcp_checkpoint *dcp)

@@ -127,6 +127,8 @@ typedef enum {
 
 /* "2", "1.13" and back. */
 int dcp_torch_version_parse(const char *text, dcp_torch_version *out);
+/* The PyTorch whose class paths a checkpoint's `.metadata` uses. */
+dcp_torch_version dcp_torch_version_of(const dcp_checkpoint *dcp);
 
 typedef struct {
     int tp, pp;                      /* the output's layout; 0: the source's */

@@ -16,6 +16,7 @@ struct dcp_checkpoint {
     char metadata_path[CKPT_PATH_MAX + 16];
     int64_t metadata_bytes;
     pickle_doc *doc;    /* .metadata's tree: the keys point into it */
+    dcp_torch_version torch_version; /* of its class paths */
     dcp_entry *entries;
     int num_entries;
     int *by_key;        /* entry indices sorted by key */

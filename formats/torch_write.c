@@ -299,6 +299,44 @@ void pk_list_end(byte_buffer *b)
     op(b, 'e');
 }
 
+void pk_proto(byte_buffer *b)
+{
+    op(b, 0x80);
+    op(b, 2);
+}
+
+void pk_stop(byte_buffer *b)
+{
+    op(b, '.');
+}
+
+void pk_mark(byte_buffer *b)
+{
+    op(b, '(');
+}
+
+void pk_tuple_end(byte_buffer *b)
+{
+    op(b, 't');
+}
+
+void pk_reduce(byte_buffer *b)
+{
+    op(b, 'R');
+}
+
+void pk_object_begin(byte_buffer *b, const char *module, const char *name)
+{
+    pk_global(b, module, name);
+    op(b, ')');
+    op(b, 0x81); /* NEWOBJ */
+}
+
+void pk_build(byte_buffer *b)
+{
+    op(b, 'b');
+}
+
 typedef struct {
     pk_tensor_fn tensor;
     void *ctx;

@@ -60,6 +60,15 @@ void pk_dict_end(byte_buffer *b);    /* SETITEMS */
 void pk_ordered_dict_begin(byte_buffer *b); /* OrderedDict() then MARK (a module's state_dict()); pk_dict_end */
 void pk_list_begin(byte_buffer *b);  /* [] then MARK: items follow */
 void pk_list_end(byte_buffer *b);    /* APPENDS */
+/* A pickle of its own (not a torch.save archive's): PROTO 2 first, STOP last. */
+void pk_proto(byte_buffer *b);
+void pk_stop(byte_buffer *b);
+void pk_mark(byte_buffer *b);        /* MARK: a tuple's items follow */
+void pk_tuple_end(byte_buffer *b);   /* TUPLE of the items since the MARK */
+void pk_reduce(byte_buffer *b);      /* REDUCE: the callable below called with the tuple on top */
+/* module.name.__new__(module.name): an object whose state follows, then pk_build. */
+void pk_object_begin(byte_buffer *b, const char *module, const char *name);
+void pk_build(byte_buffer *b);       /* BUILD: the state on top given to the object below */
 /* A value read by pickle.c, written back: a Namespace, an enum, a dtype, a
  * dict of them... Tensors and storages fail (TP_ERR_ARG). */
 int pk_value(byte_buffer *b, const pickle_value *value);

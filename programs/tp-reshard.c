@@ -13,6 +13,7 @@
 #include "cli.h"
 #include "../common/parallel.h"
 #include "progress.h"
+#include "../formats/dcp.h"
 #include "../formats/megatron.h"
 #include "../model/interop.h"
 #include "../reshard/reshard.h"
@@ -25,8 +26,11 @@ static const char *usage_text =
     "\n"
     "  --to LAYOUT              target degrees: tp4, pp2 or tp4pp2 (a degree not named is kept)\n"
     "  --from LAYOUT            the source's degrees, checked against its metadata\n"
-    "  --format tp|megatron     the output's format (default: the source's); a Megatron-LM output\n"
-    "                           needs a Megatron-LM source (its args)\n"
+    "  --format tp|megatron|dcp the output's format (default: the source's): this toolkit's, Megatron-LM's\n"
+    "                           (from a Megatron-LM source or this toolkit's GPT), or a PyTorch\n"
+    "                           distributed checkpoint (docs/DCP.md)\n"
+    "  --dcp-torch 2|1.13       the PyTorch that will load a DCP output (its class paths; default: a DCP\n"
+    "                           source's, else 2)\n"
     "  --megatron-names legacy|legacy-layernorm|core|core-local\n"
     "                           the Megatron output's tensor names (default: the source's)\n"
     "  --true-vocab-size N      a Megatron source's true vocabulary (the tokenizer's size): its\n"
@@ -45,8 +49,9 @@ static const char *usage_text =
     "  --force                  replace an existing output\n"
     "  --progress               show progress even when stderr is not a terminal\n"
     "\n"
-    "CKPT is a checkpoint directory, or a run directory (its latest checkpoint), or a Megatron-LM\n"
-    "legacy checkpoint (docs/MEGATRON.md), read without executing anything.\n";
+    "CKPT is a checkpoint directory, or a run directory (its latest checkpoint), a Megatron-LM\n"
+    "legacy checkpoint (docs/MEGATRON.md) or a PyTorch distributed checkpoint (docs/DCP.md), read\n"
+    "without executing anything.\n";
 
 #define die_usage(...) cli_usage_error("tp-reshard", __VA_ARGS__)
 #define fail(...) cli_error("tp-reshard", __VA_ARGS__)
@@ -262,6 +267,112 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     return code;
 }
 
+typedef struct {
+    ckpt_reader *source;
+    const dcp_write_options *options;
+    dcp_write_plan *plan;
+} dcp_job;
+
+static int run_dcp_write(void *ctx, const char *path)
+{
+    dcp_job *j = ctx;
+    return dcp_write(j->source, j->options, path, j->plan);
+}
+
+static cJSON *dcp_json(const dcp_write_plan *p, const ckpt_layout *from, const char *source, const char *out)
+{
+    cJSON *o = cJSON_CreateObject();
+    ckpt_layout to = {.tp = p->tp, .pp = p->pp};
+    cJSON_AddStringToObject(o, "source", source);
+    cJSON_AddStringToObject(o, "output", out);
+    cJSON_AddStringToObject(o, "format", "dcp");
+    cJSON_AddItemToObject(o, "from", layout_json(from));
+    cJSON_AddItemToObject(o, "to", layout_json(&to));
+    cJSON_AddNumberToObject(o, "files", p->files);
+    cJSON_AddNumberToObject(o, "tensors", p->tensors);
+    cJSON_AddNumberToObject(o, "chunks", p->chunks);
+    cJSON_AddNumberToObject(o, "others", p->others);
+    cJSON_AddNumberToObject(o, "bytes_written", (double)p->bytes);
+    cJSON_AddNumberToObject(o, "threads", p->threads);
+    cJSON_AddNumberToObject(o, "buffer_memory", (double)p->buffer_memory);
+    return o;
+}
+
+/* Any source written as a PyTorch distributed checkpoint at the target
+ * layout, planned first (--dry-run stops there), verified by digests when
+ * asked: the output carries the digests of what it holds. */
+static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const reshard_options *options, dcp_torch_version torch,
+                     const char *source_path, const char *out, int verify, int dry_run, int json, int force_progress)
+{
+    const ckpt_layout *from = ckpt_reader_layout(source);
+    const char *source_name = ckpt_reader_path(source);
+    dcp_write_options wo = {.tp = options->tp, .pp = options->pp, .torch_version = torch, .overwrite = options->overwrite,
+                            .threads = options->threads, .weights_only = options->drop_optimizer,
+                            .memory_limit = options->memory_limit, .others_from = dcp};
+    dcp_write_plan plan;
+    if (dcp_write_plan_create(source, &wo, &plan)) return fail("%s", tp_errmsg());
+    char default_out[4200];
+    if (!out) {
+        default_output(source_path, plan.tp, plan.pp, default_out, sizeof default_out);
+        out = default_out;
+    }
+    char written[32], buffers[32];
+    format_bytes((double)plan.bytes, written, sizeof written);
+    format_bytes((double)plan.buffer_memory, buffers, sizeof buffers);
+    if (dry_run) {
+        if (json) {
+            print_json(dcp_json(&plan, from, source_name, out));
+            return 0;
+        }
+        printf("plan: %s (tp%dpp%d) -> %s (PyTorch distributed checkpoint, tp%dpp%d)\n", source_name, from->tp, from->pp,
+               out, plan.tp, plan.pp);
+        printf("  files      %d data files __R_0.distcp and .metadata\n", plan.files);
+        printf("  tensors    %d in %d chunks%s\n", plan.tensors, plan.chunks,
+               options->drop_optimizer ? ", optimizer state left out" : "");
+        if (plan.others) printf("  others     %d entries carried as they are\n", plan.others);
+        printf("  write      %s\n", written);
+        printf("  work       %d rank files at once\n", plan.threads);
+        printf("  memory     %s of buffers\n", buffers);
+        return 0;
+    }
+    progress bar;
+    wo.on_bytes = on_bytes;
+    wo.progress_ctx = &bar;
+    progress_start(&bar, "reshard", plan.bytes, force_progress);
+    dcp_job job = {source, &wo, &plan};
+    int status = cli_write_output(out, options->overwrite, options->threads, 0, run_dcp_write, &job);
+    double seconds = progress_finish(&bar);
+    if (status) return fail("%s", tp_errmsg());
+    if (!json)
+        printf("resharded %s (tp%dpp%d) -> %s (PyTorch distributed checkpoint, tp%dpp%d): %d tensors in %d chunks, %s "
+               "written in %.2f s\n", source_name, from->tp, from->pp, out, plan.tp, plan.pp, plan.tensors, plan.chunks,
+               written, seconds);
+    dcp_checkpoint *written_dcp = NULL;
+    ckpt_reader *output = NULL;
+    reshard_verify_result checked = {0, 0, ""};
+    int code = 0;
+    double verify_start = now_seconds();
+    if (verify && (dcp_open(out, &written_dcp) || dcp_reader_open(written_dcp, 0, options->threads, &output) ||
+                   reshard_verify(source, output, options->threads, &checked)))
+        code = fail("%s", tp_errmsg());
+    else if (verify && checked.mismatches)
+        code = fail("verification failed: %d of %d tensors differ from the source; first: %s", checked.mismatches,
+                    checked.tensors, checked.first_mismatch);
+    else if (verify && !json)
+        printf("verified: %d tensors equal to the source (logical digests), in %.2f s\n", checked.tensors,
+               now_seconds() - verify_start);
+    if (!code && json) {
+        cJSON *o = dcp_json(&plan, from, source_name, out);
+        cJSON_AddNumberToObject(o, "seconds", seconds);
+        cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)peak_rss_bytes());
+        if (verify) cJSON_AddBoolToObject(o, "verified", 1);
+        print_json(o);
+    }
+    ckpt_reader_close(output);
+    dcp_close(written_dcp);
+    return code;
+}
+
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
@@ -271,9 +382,11 @@ int main(int argc, char **argv)
     const char *to = NULL, *from = NULL, *out = NULL, *output_format = NULL;
     int naming = -1;
     int64_t true_vocab = 0;
+    dcp_torch_version dcp_torch = DCP_TORCH_2;
+    int dcp_torch_given = 0;
     int dry_run = 0, verify = 0, json = 0, force_progress = 0;
     enum { O_TO = 256, O_FROM, O_THREADS, O_MEMORY, O_DEVICE, O_DTYPE, O_COMPRESS, O_NO_OPTIM, O_DRY, O_VERIFY,
-           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES, O_TRUE_VOCAB };
+           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES, O_TRUE_VOCAB, O_DCP_TORCH };
     static const struct option long_options[] = {
         {"to", required_argument, 0, O_TO}, {"from", required_argument, 0, O_FROM},
         {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, O_THREADS},
@@ -283,6 +396,7 @@ int main(int argc, char **argv)
         {"verify", no_argument, 0, O_VERIFY}, {"json", no_argument, 0, O_JSON}, {"force", no_argument, 0, O_FORCE},
         {"progress", no_argument, 0, O_PROGRESS}, {"format", required_argument, 0, O_FORMAT},
         {"megatron-names", required_argument, 0, O_NAMES}, {"true-vocab-size", required_argument, 0, O_TRUE_VOCAB},
+        {"dcp-torch", required_argument, 0, O_DCP_TORCH},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
@@ -291,8 +405,13 @@ int main(int argc, char **argv)
         case O_TO: to = optarg; break;
         case O_FROM: from = optarg; break;
         case O_FORMAT:
-            if (strcmp(optarg, "tp") && strcmp(optarg, "megatron")) die_usage("--format expects tp or megatron, got '%s'", optarg);
+            if (strcmp(optarg, "tp") && strcmp(optarg, "megatron") && strcmp(optarg, "dcp"))
+                die_usage("--format expects tp, megatron or dcp, got '%s'", optarg);
             output_format = optarg;
+            break;
+        case O_DCP_TORCH:
+            if (dcp_torch_version_parse(optarg, &dcp_torch)) die_usage("--dcp-torch: %s", tp_errmsg());
+            dcp_torch_given = 1;
             break;
         case O_TRUE_VOCAB: true_vocab = cli_int("tp-reshard", "--true-vocab-size", optarg, 1, (int64_t)1 << 40); break;
         case O_NAMES: {
@@ -338,9 +457,19 @@ int main(int argc, char **argv)
      * needs them. */
     ckpt_reader *source = NULL;
     megatron_checkpoint *megatron = NULL;
-    int is_megatron;
-    if (megatron_detect(argv[optind], &is_megatron)) return fail("%s", tp_errmsg());
-    if (is_megatron) {
+    dcp_checkpoint *dcp = NULL;
+    int is_megatron = 0, is_dcp;
+    if (dcp_detect(argv[optind], &is_dcp) || (!is_dcp && megatron_detect(argv[optind], &is_megatron)))
+        return fail("%s", tp_errmsg());
+    if (is_dcp) {
+        /* Digests: the ones its description records, else computed for --verify. */
+        if (true_vocab) die_usage("--true-vocab-size applies to a Megatron-LM source");
+        if (dcp_open(argv[optind], &dcp) || dcp_reader_open(dcp, verify && !dcp_has_description(dcp), options.threads, &source)) {
+            int code = fail("%s", tp_errmsg());
+            dcp_close(dcp);
+            return code;
+        }
+    } else if (is_megatron) {
         if (megatron_open(argv[optind], &megatron) || (true_vocab && megatron_set_true_vocab(megatron, true_vocab)) ||
             megatron_reader_open(megatron, verify, &source)) {
             int code = fail("%s", tp_errmsg());
@@ -358,6 +487,14 @@ int main(int argc, char **argv)
                         layout->pp);
         ckpt_reader_close(source);
         megatron_close(megatron);
+        dcp_close(dcp);
+        return code;
+    }
+    if (output_format ? !strcmp(output_format, "dcp") : dcp != NULL) {
+        if (dcp && !dcp_torch_given) dcp_torch = dcp_torch_version_of(dcp);
+        int code = write_dcp(source, dcp, &options, dcp_torch, argv[optind], out, verify, dry_run, json, force_progress);
+        ckpt_reader_close(source);
+        dcp_close(dcp);
         return code;
     }
     int megatron_out = output_format ? !strcmp(output_format, "megatron") : megatron != NULL;
@@ -377,6 +514,7 @@ int main(int argc, char **argv)
                        : fail("%s: %s", argv[optind], refusal);
         ckpt_reader_close(source);
         megatron_close(megatron);
+        dcp_close(dcp);
         return code;
     }
     if (megatron_out) {
@@ -384,6 +522,7 @@ int main(int argc, char **argv)
                                   force_progress);
         ckpt_reader_close(source);
         megatron_close(megatron);
+        dcp_close(dcp);
         return code;
     }
     char default_out[4200];
@@ -405,6 +544,7 @@ int main(int argc, char **argv)
         int code = fail("%s", tp_errmsg());
         ckpt_reader_close(source);
         megatron_close(megatron);
+        dcp_close(dcp);
         return code;
     }
     const reshard_summary *s = reshard_plan_summary(plan);
@@ -425,6 +565,7 @@ int main(int argc, char **argv)
         reshard_plan_free(plan);
         ckpt_reader_close(source);
         megatron_close(megatron);
+        dcp_close(dcp);
         return 0;
     }
 
@@ -475,5 +616,6 @@ int main(int argc, char **argv)
     reshard_plan_free(plan);
     ckpt_reader_close(source);
     megatron_close(megatron);
+    dcp_close(dcp);
     return code;
 }

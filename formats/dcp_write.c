@@ -1,0 +1,740 @@
+/* dcp_write.c: PyTorch distributed checkpoints written at any layout
+ * (dcp.h dcp_write): a data file per rank, each of its pieces cut into the
+ * boxes of the global tensor it holds (the runs of its split axis, padding
+ * and replicas left out), each box a torch.save archive streamed from the
+ * source (reshard_read_piece_rows) a block of rows at a time; then the
+ * description carried, the other entries of a DCP source, and `.metadata`
+ * last, pickled as the PyTorch that will read it names its classes. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/buffer.h"
+#include "../common/error.h"
+#include "../common/memory.h"
+#include "../common/parallel.h"
+#include "../reshard/reshard.h"
+#include "dcp_internal.h"
+#include "torch_write.h"
+
+/* A box streams from the source to its file through a buffer of about this
+ * size (as the Megatron writer's pieces do: it stays in the CPU's cache). */
+#define BLOCK_BYTES ((int64_t)256 << 10)
+#define ARCHIVE_NAME "archive" /* torch.save's folder name when it writes to a stream, as DCP's writer does */
+
+int dcp_torch_version_parse(const char *text, dcp_torch_version *out)
+{
+    if (!strcmp(text, "2")) *out = DCP_TORCH_2;
+    else if (!strcmp(text, "1.13")) *out = DCP_TORCH_1_13;
+    else return tp_fail(TP_ERR_ARG, "a PyTorch version of distributed checkpoints '%s' (2 or 1.13)", text);
+    return TP_OK;
+}
+
+/* One box written: a chunk of a tensor of the source. */
+typedef struct {
+    int tensor;                 /* the source's */
+    int piece;                  /* at the target tp */
+    int axis;                   /* the piece is cut along it (0 for a whole piece) */
+    int64_t local_start;        /* where the box starts along axis, in the piece */
+    int64_t offsets[CKPT_MAX_DIMS], sizes[CKPT_MAX_DIMS]; /* in the global tensor */
+    int file;                   /* rank: stage x tp + tensor rank */
+    int64_t item_offset, item_bytes;
+    uint64_t digest;            /* of its elements: a part of the tensor's logical digest */
+} out_chunk;
+
+typedef struct {
+    ckpt_reader *source;
+    const dcp_write_options *options;
+    ckpt_layout to;
+    int *tensors;               /* source indices written, in order */
+    int num_tensors;
+    out_chunk *chunks;          /* tensor by tensor, pieces in rank order */
+    int64_t num_chunks;
+    int64_t *tensor_first;      /* per tensor written: its first chunk; one more entry at the end */
+    int64_t *by_file;           /* chunk indices ordered by file */
+    int64_t *file_first;        /* per file: its first in by_file; one more entry at the end */
+    int64_t largest_row;        /* bytes of the longest piece row */
+    const char *root;           /* the staging directory */
+} writer;
+
+static torch_dtype torch_dtype_of(tp_dtype dtype)
+{
+    return dtype == TP_BF16 ? TORCH_BFLOAT16 : dtype == TP_FP16 ? TORCH_FLOAT16 : TORCH_FLOAT32;
+}
+
+static int64_t chunk_bytes(const writer *w, const out_chunk *c)
+{
+    const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, c->tensor);
+    int64_t bytes = (int64_t)tp_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) bytes *= c->sizes[d];
+    return bytes;
+}
+
+static int add_chunk(writer *w, int64_t *capacity, out_chunk c)
+{
+    if (w->num_chunks == *capacity) {
+        int64_t grown_capacity = *capacity ? 2 * *capacity : 256;
+        out_chunk *grown = realloc(w->chunks, (size_t)grown_capacity * sizeof *grown);
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        w->chunks = grown;
+        *capacity = grown_capacity;
+    }
+    w->chunks[w->num_chunks++] = c;
+    return TP_OK;
+}
+
+static int is_other(const dcp_entry *e)
+{
+    return !dcp_entry_is_tensor(e) && strcmp(e->key, DCP_INDEX_KEY);
+}
+
+/* The chunks of every tensor written, and their order by file. */
+static int plan_chunks(writer *w, dcp_write_plan *plan)
+{
+    ckpt_reader *source = w->source;
+    int n = ckpt_reader_num_tensors(source);
+    w->tensors = calloc((size_t)n + 1, sizeof *w->tensors);
+    w->tensor_first = calloc((size_t)n + 2, sizeof *w->tensor_first);
+    if (!w->tensors || !w->tensor_first) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int64_t capacity = 0;
+    for (int i = 0; i < n; i++) {
+        const ckpt_tensor_desc *t = ckpt_reader_tensor(source, i);
+        if (w->options->weights_only && t->role && strcmp(t->role, "param")) continue;
+        TP_TRY(ckpt_tensor_check(t, w->to.tp));
+        int k = w->num_tensors++;
+        w->tensors[k] = i;
+        w->tensor_first[k] = w->num_chunks;
+        int stage = ckpt_tensor_stage(t, &w->to);
+        int64_t shape[CKPT_MAX_DIMS], row = (int64_t)tp_dtype_size(t->dtype);
+        ckpt_piece_shape(t, w->to.tp, shape);
+        for (int d = 1; d < t->ndim; d++) row *= shape[d];
+        if (row > w->largest_row) w->largest_row = row;
+        out_chunk whole = {.tensor = i, .piece = 0, .axis = 0, .local_start = 0, .file = stage * w->to.tp};
+        for (int d = 0; d < t->ndim; d++) whole.sizes[d] = t->shape[d];
+        if (t->partition.kind != CKPT_SPLIT) { /* written once, by tensor rank 0 of its stage */
+            TP_TRY(add_chunk(w, &capacity, whole));
+            plan->bytes += chunk_bytes(w, &whole);
+            continue;
+        }
+        ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
+        for (int p = 0; p < w->to.tp; p++) {
+            int64_t m = ckpt_piece_runs(t, w->to.tp, p, runs, 2 * CKPT_MAX_SEGMENTS);
+            if (m < 0) return tp_fail(TP_ERR_STATE, "tensor %s: the runs of piece %d", t->name, p);
+            for (int64_t r = 0; r < m; r++) {
+                if (runs[r].logical_start < 0 || runs[r].replica) continue; /* padding; a copy of a replicated head */
+                out_chunk c = whole;
+                c.piece = p;
+                c.axis = t->partition.axis;
+                c.local_start = runs[r].local_start;
+                c.offsets[c.axis] = runs[r].logical_start;
+                c.sizes[c.axis] = runs[r].length;
+                c.file = stage * w->to.tp + p;
+                TP_TRY(add_chunk(w, &capacity, c));
+                plan->bytes += chunk_bytes(w, &c);
+            }
+        }
+    }
+    w->tensor_first[w->num_tensors] = w->num_chunks;
+    /* By file, keeping tensor order inside each: a counting sort. */
+    int files = w->to.tp * w->to.pp;
+    w->by_file = calloc((size_t)w->num_chunks + 1, sizeof *w->by_file);
+    w->file_first = calloc((size_t)files + 1, sizeof *w->file_first);
+    if (!w->by_file || !w->file_first) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int64_t c = 0; c < w->num_chunks; c++) w->file_first[w->chunks[c].file + 1]++;
+    for (int f = 0; f < files; f++) w->file_first[f + 1] += w->file_first[f];
+    int64_t *next = calloc((size_t)files + 1, sizeof *next);
+    if (!next) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    memcpy(next, w->file_first, sizeof *next * (size_t)files);
+    for (int64_t c = 0; c < w->num_chunks; c++) w->by_file[next[w->chunks[c].file]++] = c;
+    free(next);
+    plan->tensors = w->num_tensors;
+    plan->chunks = (int)w->num_chunks;
+    return TP_OK;
+}
+
+static int compare_strings(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The keys written are distinct, and none is the description's or an other entry's. */
+static int check_keys(const writer *w)
+{
+    char **keys = calloc((size_t)w->num_tensors + 1, sizeof *keys);
+    if (!keys) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    const dcp_checkpoint *others = w->options->others_from;
+    int status = TP_OK;
+    for (int k = 0; k < w->num_tensors && !status; k++) {
+        const char *name = ckpt_reader_tensor(w->source, w->tensors[k])->name;
+        char key[CKPT_NAME_MAX + 1];
+        dcp_key_of(name, key, sizeof key);
+        int other = others ? dcp_find(others, key) : -1;
+        if (!(keys[k] = strdup(key))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+        else if (!strcmp(key, DCP_INDEX_KEY) || (other >= 0 && is_other(dcp_entry_at(others, other))))
+            status = tp_fail(TP_ERR_LAYOUT, "tensor %s: its key %s is another entry's", name, key);
+    }
+    if (!status) qsort(keys, (size_t)w->num_tensors, sizeof *keys, compare_strings);
+    for (int k = 1; k < w->num_tensors && !status; k++)
+        if (!strcmp(keys[k], keys[k - 1]))
+            status = tp_fail(TP_ERR_LAYOUT, "two tensors are written under the key %s ('/' and '.' both become '.')", keys[k]);
+    for (int k = 0; k < w->num_tensors; k++) free(keys[k]);
+    free(keys);
+    return status;
+}
+
+int dcp_write_plan_create(ckpt_reader *source, const dcp_write_options *options, dcp_write_plan *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    writer w = {.source = source, .options = options, .to = *ckpt_reader_layout(source)};
+    if (options->tp) w.to.tp = options->tp;
+    if (options->pp) w.to.pp = options->pp;
+    w.to.dp = 1;
+    int status = ckpt_layout_check(&w.to);
+    if (status) status = tp_fail(TP_ERR_LAYOUT, "%lld layers do not divide over pp %d", (long long)w.to.num_layers, w.to.pp);
+    if (!status) status = plan_chunks(&w, plan);
+    if (!status) status = check_keys(&w);
+    plan->tp = w.to.tp;
+    plan->pp = w.to.pp;
+    plan->files = w.to.tp * w.to.pp;
+    for (int i = 0; !status && options->others_from && i < dcp_num_entries(options->others_from); i++)
+        plan->others += is_other(dcp_entry_at(options->others_from, i));
+    /* A thread holds a block of rows, a block gathered from it, and the
+     * staging reshard_read_piece_rows may use: three blocks. */
+    int64_t block = w.largest_row > BLOCK_BYTES ? w.largest_row : BLOCK_BYTES, per_thread = 3 * block;
+    int64_t limit = options->memory_limit > 0 ? options->memory_limit : RESHARD_DEFAULT_MEMORY;
+    if (!status && per_thread > limit)
+        status = tp_fail(TP_ERR_NOMEM, "a row of %lld bytes needs %lld bytes of buffers, over the memory limit of %lld",
+                         (long long)w.largest_row, (long long)per_thread, (long long)limit);
+    int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
+    if (threads > plan->files) threads = plan->files;
+    if (threads > limit / per_thread) threads = (int)(limit / per_thread);
+    plan->threads = threads > 0 ? threads : 1;
+    plan->buffer_memory = plan->threads * per_thread;
+    free(w.tensors);
+    free(w.tensor_first);
+    free(w.chunks);
+    free(w.by_file);
+    free(w.file_first);
+    return status;
+}
+
+/* The logical digest of a box's elements, stored row-major in data: the
+ * offsets and sizes of the box in a tensor of shape t->shape. */
+static uint64_t box_digest(const ckpt_tensor_desc *t, const int64_t *offsets, const int64_t *sizes, const void *data)
+{
+    int ndim = t->ndim;
+    size_t es = tp_dtype_size(t->dtype);
+    int64_t stride[CKPT_MAX_DIMS];
+    stride[ndim - 1] = 1;
+    for (int d = ndim - 2; d >= 0; d--) stride[d] = stride[d + 1] * t->shape[d + 1];
+    /* Runs contiguous in the tensor: the innermost dimension, and every
+     * dimension outside it the box covers whole. */
+    int inner = ndim - 1;
+    int64_t run = sizes[inner];
+    while (inner > 0 && sizes[inner] == t->shape[inner]) run *= sizes[--inner];
+    int64_t idx[CKPT_MAX_DIMS] = {0}, total = 1;
+    for (int d = 0; d < ndim; d++) total *= sizes[d];
+    uint64_t digest = 0;
+    const char *p = data;
+    for (int64_t done = 0; done < total; done += run, p += run * (int64_t)es) {
+        int64_t first = 0;
+        for (int d = 0; d < ndim; d++) first += (offsets[d] + (d < inner ? idx[d] : 0)) * stride[d];
+        digest += ckpt_digest_run(p, es, first, run);
+        for (int d = inner - 1; d >= 0 && ++idx[d] == sizes[d]; d--) idx[d] = 0;
+    }
+    return digest;
+}
+
+typedef struct {
+    writer *w;
+    char *block, *gathered;     /* BLOCK_BYTES or a row each, per thread */
+    size_t block_size;
+} rank_buffers;
+
+/* Streams chunk c into file as one torch.save archive of its box. */
+static int write_chunk(writer *w, rank_buffers *rb, out_chunk *c, FILE *file, const char *path)
+{
+    const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, c->tensor);
+    int ndim = t->ndim;
+    size_t es = tp_dtype_size(t->dtype);
+    int64_t piece[CKPT_MAX_DIMS];
+    ckpt_piece_shape(t, w->to.tp, piece);
+    int64_t inner = 1, outer = 1; /* elements after the cut axis; rows before it, in a row of the piece */
+    for (int d = c->axis + 1; d < ndim; d++) inner *= piece[d];
+    for (int d = 1; d < c->axis; d++) outer *= piece[d];
+    int whole = c->axis == 0 || c->sizes[c->axis] == piece[c->axis];
+    int64_t row_bytes = (int64_t)es, first_row = c->axis == 0 ? c->local_start : 0;
+    for (int d = 1; d < ndim; d++) row_bytes *= piece[d];
+    int64_t rows = c->axis == 0 ? c->sizes[0] : piece[0], per_block = (int64_t)rb->block_size / row_bytes;
+    if (per_block < 1) per_block = 1;
+    off_t at = ftello(file);
+    if (at < 0) return tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
+    c->item_offset = (int64_t)at;
+    torch_writer *tw;
+    TP_TRY(torch_writer_open_in(file, path, ARCHIVE_NAME, &tw));
+    int status = torch_writer_tensor(tw, torch_dtype_of(t->dtype), ndim, c->sizes);
+    if (!status) status = torch_writer_begin_storages(tw);
+    c->digest = 0;
+    for (int64_t r = 0; r < rows && !status; r += per_block) {
+        int64_t n = per_block < rows - r ? per_block : rows - r;
+        status = reshard_read_piece_rows(w->source, c->tensor, t, w->to.tp, c->piece, first_row + r, n, rb->block,
+                                         rb->block_size);
+        if (status) break;
+        const char *data = rb->block;
+        int64_t bytes = n * row_bytes;
+        if (!whole) { /* the box's part of each row: [outer, sizes[axis], inner] from [outer, piece[axis], inner] */
+            int64_t run = c->sizes[c->axis] * inner * (int64_t)es, stride = piece[c->axis] * inner * (int64_t)es;
+            for (int64_t o = 0; o < n * outer; o++)
+                memcpy(rb->gathered + o * run, rb->block + o * stride + c->local_start * inner * (int64_t)es, (size_t)run);
+            data = rb->gathered;
+            bytes = n * outer * run;
+        }
+        int64_t offsets[CKPT_MAX_DIMS], sizes[CKPT_MAX_DIMS];
+        memcpy(offsets, c->offsets, sizeof offsets);
+        memcpy(sizes, c->sizes, sizeof sizes);
+        offsets[0] += r;
+        sizes[0] = n;
+        c->digest += box_digest(t, offsets, sizes, data);
+        status = torch_writer_storage_part(tw, data, bytes);
+        if (!status && w->options->on_bytes) w->options->on_bytes(w->options->progress_ctx, bytes);
+    }
+    if (status) {
+        torch_writer_abort(tw);
+        return tp_fail_context(status, "%s: tensor %s: ", path, t->name);
+    }
+    TP_TRY(torch_writer_finish(tw));
+    off_t end = ftello(file);
+    if (end < 0) return tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
+    c->item_bytes = (int64_t)end - c->item_offset;
+    return TP_OK;
+}
+
+static void data_file_name(int rank, char *out, size_t size)
+{
+    snprintf(out, size, "__%d_0.distcp", rank);
+}
+
+typedef struct {
+    writer *w;
+    rank_buffers *buffers; /* per thread */
+} rank_job;
+
+/* Task f: rank f's data file, its chunks one after the other. */
+static int write_rank_task(void *ctx, int64_t f, int thread)
+{
+    rank_job *job = ctx;
+    writer *w = job->w;
+    char name[64], path[CKPT_PATH_MAX + 80];
+    data_file_name((int)f, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", w->root, name);
+    FILE *file = fopen(path, "wbx");
+    if (!file) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    int status = TP_OK;
+    for (int64_t k = w->file_first[f]; k < w->file_first[f + 1] && !status; k++)
+        status = write_chunk(w, &job->buffers[thread], &w->chunks[w->by_file[k]], file, path);
+    if (!status && (fflush(file) != 0 || fsync(fileno(file)) != 0))
+        status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    if (fclose(file) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    return status;
+}
+
+/* ------------------------------------------------------------ .metadata */
+
+typedef struct {
+    const char *metadata;   /* Metadata, TensorStorageMetadata, ChunkStorageMetadata, ... */
+    const char *properties; /* TensorProperties */
+    const char *encoding;   /* its memory format's enum */
+    const char *filesystem; /* _StorageInfo */
+    int planner_data;       /* flatten_state_dict's mapping, as 2.x writes it */
+} dialect;
+
+static const dialect *dialect_of(dcp_torch_version v)
+{
+    static const dialect torch2 = {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.metadata",
+                                   "_MEM_FORMAT_ENCODING", "torch.distributed.checkpoint.filesystem", 1};
+    static const dialect torch113 = {"torch.distributed._shard.checkpoint.metadata",
+                                     "torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING",
+                                     "torch.distributed._shard.checkpoint.filesystem", 0};
+    return v == DCP_TORCH_1_13 ? &torch113 : &torch2;
+}
+
+static void pk_size(byte_buffer *b, const int64_t *values, int n)
+{
+    pk_global(b, "torch", "Size");
+    pk_mark(b);
+    pk_mark(b);
+    for (int i = 0; i < n; i++) pk_int(b, values[i]);
+    pk_tuple_end(b);
+    pk_tuple_end(b);
+    pk_reduce(b);
+}
+
+/* TensorProperties(dtype), its state the tuple (dtype, layout, requires_grad,
+ * memory format, pin_memory) that its __getstate__ gives. */
+static void pk_properties(byte_buffer *b, const dialect *d, torch_dtype dtype)
+{
+    pk_object_begin(b, d->properties, "TensorProperties");
+    pk_mark(b);
+    pk_global(b, "torch", torch_dtype_name(dtype));
+    pk_global(b, "torch.serialization", "_get_layout");
+    pk_mark(b);
+    pk_string(b, "torch.strided");
+    pk_tuple_end(b);
+    pk_reduce(b);
+    pk_bool(b, 0);
+    pk_global(b, "builtins", "getattr");
+    pk_mark(b);
+    pk_global(b, d->properties, d->encoding);
+    pk_string(b, "TORCH_CONTIGUOUS_FORMAT");
+    pk_tuple_end(b);
+    pk_reduce(b);
+    pk_bool(b, 0);
+    pk_tuple_end(b);
+    pk_build(b);
+}
+
+static void pk_tensor_metadata_begin(byte_buffer *b, const dialect *d, torch_dtype dtype, const int64_t *shape, int ndim)
+{
+    pk_object_begin(b, d->metadata, "TensorStorageMetadata");
+    pk_dict_begin(b);
+    pk_string(b, "properties");
+    pk_properties(b, d, dtype);
+    pk_string(b, "size");
+    pk_size(b, shape, ndim);
+    pk_string(b, "chunks");
+    pk_list_begin(b);
+}
+
+static void pk_tensor_metadata_end(byte_buffer *b)
+{
+    pk_list_end(b);
+    pk_dict_end(b);
+    pk_build(b);
+}
+
+static void pk_chunk(byte_buffer *b, const dialect *d, const int64_t *offsets, const int64_t *sizes, int ndim)
+{
+    pk_object_begin(b, d->metadata, "ChunkStorageMetadata");
+    pk_dict_begin(b);
+    pk_string(b, "offsets");
+    pk_size(b, offsets, ndim);
+    pk_string(b, "sizes");
+    pk_size(b, sizes, ndim);
+    pk_dict_end(b);
+    pk_build(b);
+}
+
+static void pk_bytes_metadata(byte_buffer *b, const dialect *d)
+{
+    pk_object_begin(b, d->metadata, "BytesStorageMetadata");
+    pk_dict_begin(b);
+    pk_dict_end(b);
+    pk_build(b);
+}
+
+/* MetadataIndex(fqn, offset, index) -> _StorageInfo(relative_path, offset, length). */
+static void pk_storage_item(byte_buffer *b, const dialect *d, const char *key, const int64_t *offsets, int ndim, int index,
+                            int file, int64_t item_offset, int64_t item_bytes)
+{
+    pk_object_begin(b, d->metadata, "MetadataIndex");
+    pk_dict_begin(b);
+    pk_string(b, "fqn");
+    pk_string(b, key);
+    pk_string(b, "offset");
+    if (offsets) pk_size(b, offsets, ndim);
+    else pk_none(b);
+    pk_string(b, "index");
+    if (offsets) pk_int(b, index);
+    else pk_none(b);
+    pk_dict_end(b);
+    pk_build(b);
+    char name[64];
+    data_file_name(file, name, sizeof name);
+    pk_object_begin(b, d->filesystem, "_StorageInfo");
+    pk_dict_begin(b);
+    pk_string(b, "relative_path");
+    pk_string(b, name);
+    pk_string(b, "offset");
+    pk_int(b, item_offset);
+    pk_string(b, "length");
+    pk_int(b, item_bytes);
+    pk_dict_end(b);
+    pk_build(b);
+}
+
+/* Where the other entries and the description went (file 0). */
+typedef struct {
+    int entry;                   /* in the DCP source; -1: the description */
+    int64_t *item_offset, *item_bytes; /* per chunk of the entry */
+} carried;
+
+static int write_metadata(const writer *w, const carried *extra, int num_extra, const char *path)
+{
+    const dialect *d = dialect_of(w->options->torch_version);
+    const dcp_checkpoint *others = w->options->others_from;
+    byte_buffer b = {NULL, 0, 0, 0};
+    pk_proto(&b);
+    pk_object_begin(&b, d->metadata, "Metadata");
+    pk_dict_begin(&b);
+    pk_string(&b, "state_dict_metadata");
+    pk_dict_begin(&b);
+    char key[CKPT_NAME_MAX + 1];
+    for (int k = 0; k < w->num_tensors; k++) {
+        const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, w->tensors[k]);
+        dcp_key_of(t->name, key, sizeof key);
+        pk_string(&b, key);
+        pk_tensor_metadata_begin(&b, d, torch_dtype_of(t->dtype), t->shape, t->ndim);
+        for (int64_t c = w->tensor_first[k]; c < w->tensor_first[k + 1]; c++)
+            pk_chunk(&b, d, w->chunks[c].offsets, w->chunks[c].sizes, t->ndim);
+        pk_tensor_metadata_end(&b);
+    }
+    for (int x = 0; x < num_extra; x++) {
+        if (extra[x].entry < 0) {
+            pk_string(&b, DCP_INDEX_KEY);
+            pk_bytes_metadata(&b, d);
+            continue;
+        }
+        const dcp_entry *e = dcp_entry_at(others, extra[x].entry);
+        pk_string(&b, e->key);
+        if (e->kind == DCP_BYTES) {
+            pk_bytes_metadata(&b, d);
+            continue;
+        }
+        pk_tensor_metadata_begin(&b, d, e->dtype, e->shape, e->ndim);
+        for (int c = 0; c < e->num_chunks; c++) pk_chunk(&b, d, e->chunks[c].offsets, e->chunks[c].sizes, e->ndim);
+        pk_tensor_metadata_end(&b);
+    }
+    pk_dict_end(&b);
+    pk_string(&b, "planner_data");
+    if (d->planner_data) { /* the key of each flat entry maps to the path (key,) */
+        pk_dict_begin(&b);
+        for (int k = 0; k < w->num_tensors; k++) {
+            dcp_key_of(ckpt_reader_tensor(w->source, w->tensors[k])->name, key, sizeof key);
+            pk_string(&b, key);
+            pk_mark(&b);
+            pk_string(&b, key);
+            pk_tuple_end(&b);
+        }
+        for (int x = 0; x < num_extra; x++) {
+            const char *k = extra[x].entry < 0 ? DCP_INDEX_KEY : dcp_entry_at(others, extra[x].entry)->key;
+            pk_string(&b, k);
+            pk_mark(&b);
+            pk_string(&b, k);
+            pk_tuple_end(&b);
+        }
+        pk_dict_end(&b);
+    } else {
+        pk_none(&b);
+    }
+    pk_string(&b, "storage_data");
+    pk_dict_begin(&b);
+    for (int k = 0; k < w->num_tensors; k++) {
+        const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, w->tensors[k]);
+        dcp_key_of(t->name, key, sizeof key);
+        for (int64_t c = w->tensor_first[k]; c < w->tensor_first[k + 1]; c++) {
+            const out_chunk *oc = &w->chunks[c];
+            pk_storage_item(&b, d, key, oc->offsets, t->ndim, (int)(c - w->tensor_first[k]), oc->file, oc->item_offset,
+                            oc->item_bytes);
+        }
+    }
+    for (int x = 0; x < num_extra; x++) {
+        if (extra[x].entry < 0) {
+            pk_storage_item(&b, d, DCP_INDEX_KEY, NULL, 0, 0, 0, extra[x].item_offset[0], extra[x].item_bytes[0]);
+            continue;
+        }
+        const dcp_entry *e = dcp_entry_at(others, extra[x].entry);
+        for (int c = 0; c < e->num_chunks; c++)
+            if (e->chunks[c].file >= 0)
+                pk_storage_item(&b, d, e->key, e->kind == DCP_BYTES ? NULL : e->chunks[c].offsets, e->ndim, c, 0,
+                                extra[x].item_offset[c], extra[x].item_bytes[c]);
+    }
+    pk_dict_end(&b);
+    pk_dict_end(&b);
+    pk_build(&b);
+    pk_stop(&b);
+    int status = b.failed ? tp_fail(TP_ERR_NOMEM, "out of memory for %s", path) : TP_OK;
+    FILE *file = status ? NULL : fopen(path, "wbx");
+    if (!status && !file) status = tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (file) {
+        if (fwrite(b.data, 1, b.size, file) != b.size || fflush(file) != 0 || fsync(fileno(file)) != 0)
+            status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+        if (fclose(file) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    }
+    free(b.data);
+    return status;
+}
+
+/* ------------------------------------------------------------ the rest */
+
+/* Copies an item of the DCP source to the end of file, in blocks. */
+static int copy_item(const dcp_checkpoint *dcp, const dcp_chunk *c, FILE *file, const char *path, char *buf, size_t size,
+                     int64_t *offset)
+{
+    off_t at = ftello(file);
+    if (at < 0) return tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
+    *offset = (int64_t)at;
+    char source[CKPT_PATH_MAX + 80];
+    dcp_file_path(dcp, c->file, source, sizeof source);
+    const ckpt_storage *store;
+    ckpt_file *in;
+    TP_TRY(ckpt_storage_for(source, &store));
+    TP_TRY(store->open(store, source, CKPT_OPEN_READ, &in));
+    int status = TP_OK;
+    for (int64_t done = 0; done < c->item_bytes && !status; done += (int64_t)size) {
+        size_t n = c->item_bytes - done < (int64_t)size ? (size_t)(c->item_bytes - done) : size;
+        status = store->read_at(in, buf, n, c->item_offset + done);
+        if (!status && fwrite(buf, 1, n, file) != n) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    }
+    store->close(in);
+    return status;
+}
+
+/* The description of what was written (its digests computed while writing) as
+ * a torch.save archive of one string, at the end of file. */
+static int write_description(const writer *w, FILE *file, const char *path, int64_t *offset, int64_t *bytes)
+{
+    ckpt_tensor_desc *descs = calloc((size_t)w->num_tensors + 1, sizeof *descs);
+    uint64_t *digests = calloc((size_t)w->num_tensors + 1, sizeof *digests);
+    if (!descs || !digests) {
+        free(descs);
+        free(digests);
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
+    }
+    for (int k = 0; k < w->num_tensors; k++) {
+        descs[k] = *ckpt_reader_tensor(w->source, w->tensors[k]);
+        for (int64_t c = w->tensor_first[k]; c < w->tensor_first[k + 1]; c++) digests[k] += w->chunks[c].digest;
+    }
+    char *text = NULL;
+    int status = ckpt_description_json(&w->to, ckpt_reader_state(w->source), w->num_tensors, descs, digests, &text);
+    free(descs);
+    free(digests);
+    off_t at = status ? 0 : ftello(file);
+    if (!status && at < 0) status = tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
+    torch_writer *tw = NULL;
+    if (!status) status = torch_writer_open_in(file, path, ARCHIVE_NAME, &tw);
+    if (!status) {
+        pk_string(torch_writer_pickle(tw), text);
+        status = torch_writer_begin_storages(tw);
+        if (status) torch_writer_abort(tw);
+        else status = torch_writer_finish(tw);
+    }
+    free(text);
+    off_t end = status ? 0 : ftello(file);
+    if (!status && end < 0) status = tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
+    *offset = (int64_t)at;
+    *bytes = (int64_t)(end - at);
+    return status;
+}
+
+/* After the ranks: the description and the other entries at the end of
+ * rank 0's file, then `.metadata`. */
+static int write_rest(writer *w)
+{
+    const dcp_checkpoint *others = w->options->others_from;
+    int num_extra = 1;
+    for (int i = 0; others && i < dcp_num_entries(others); i++) num_extra += is_other(dcp_entry_at(others, i));
+    carried *extra = calloc((size_t)num_extra, sizeof *extra);
+    if (!extra) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    char name[64], path[CKPT_PATH_MAX + 80];
+    data_file_name(0, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", w->root, name);
+    int status = TP_OK;
+    FILE *file = fopen(path, "r+b"); /* not "a": appended writes ignore pwrite's offsets */
+    if (!file || fseeko(file, 0, SEEK_END) != 0) status = tp_fail(TP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = status ? NULL : alloc_pages((size_t)BLOCK_BYTES);
+    if (!status && !buf) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    int x = 0;
+    extra[x].entry = -1;
+    extra[x].item_offset = calloc(1, sizeof(int64_t));
+    extra[x].item_bytes = calloc(1, sizeof(int64_t));
+    if (!status && (!extra[x].item_offset || !extra[x].item_bytes)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status) status = write_description(w, file, path, extra[x].item_offset, extra[x].item_bytes);
+    x++;
+    for (int i = 0; !status && others && i < dcp_num_entries(others); i++) {
+        const dcp_entry *e = dcp_entry_at(others, i);
+        if (!is_other(e)) continue;
+        extra[x].entry = i;
+        extra[x].item_offset = calloc((size_t)e->num_chunks + 1, sizeof(int64_t));
+        extra[x].item_bytes = calloc((size_t)e->num_chunks + 1, sizeof(int64_t));
+        x++;
+        if (!extra[x - 1].item_offset || !extra[x - 1].item_bytes) {
+            status = tp_fail(TP_ERR_NOMEM, "out of memory");
+            break;
+        }
+        for (int c = 0; c < e->num_chunks && !status; c++) {
+            if (e->chunks[c].file < 0) continue;
+            status = copy_item(others, &e->chunks[c], file, path, buf, (size_t)BLOCK_BYTES, &extra[x - 1].item_offset[c]);
+            extra[x - 1].item_bytes[c] = e->chunks[c].item_bytes;
+            if (status) status = tp_fail_context(status, "%s: ", e->key);
+        }
+    }
+    if (file) {
+        if (!status && (fflush(file) != 0 || fsync(fileno(file)) != 0))
+            status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+        if (fclose(file) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    }
+    free(buf);
+    snprintf(path, sizeof path, "%s/.metadata", w->root);
+    if (!status) status = write_metadata(w, extra, x, path);
+    for (int i = 0; i < num_extra; i++) {
+        free(extra[i].item_offset);
+        free(extra[i].item_bytes);
+    }
+    free(extra);
+    return status;
+}
+
+static int replaceable_dcp(const char *path, void *ctx)
+{
+    (void)ctx;
+    int found;
+    TP_TRY(dcp_detect(path, &found));
+    return found ? TP_OK : tp_fail(TP_ERR_EXISTS, "%s exists and is not a distributed checkpoint; not replaced", path);
+}
+
+int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char *out, dcp_write_plan *result)
+{
+    dcp_write_plan plan;
+    TP_TRY(dcp_write_plan_create(source, options, &plan));
+    if (result) *result = plan;
+    writer w = {.source = source, .options = options, .to = *ckpt_reader_layout(source)};
+    w.to.tp = plan.tp;
+    w.to.pp = plan.pp;
+    w.to.dp = 1;
+    dcp_write_plan unused;
+    memset(&unused, 0, sizeof unused);
+    int status = plan_chunks(&w, &unused);
+    ckpt_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = replaceable_dcp};
+    ckpt_staged *staged = NULL;
+    if (!status) status = ckpt_stage(NULL, out, &stage, &staged);
+    if (!status) w.root = ckpt_staged_path(staged);
+    int64_t block = w.largest_row > BLOCK_BYTES ? w.largest_row : BLOCK_BYTES;
+    rank_buffers *buffers = calloc((size_t)plan.threads, sizeof *buffers);
+    if (!status && !buffers) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int i = 0; !status && i < plan.threads; i++) {
+        buffers[i] = (rank_buffers){&w, alloc_pages((size_t)block), alloc_pages((size_t)block), (size_t)block};
+        if (!buffers[i].block || !buffers[i].gathered) status = tp_fail(TP_ERR_NOMEM, "out of memory for buffers");
+    }
+    rank_job job = {&w, buffers};
+    if (!status) status = parallel_for(plan.files, plan.threads, write_rank_task, &job);
+    if (!status) status = write_rest(&w);
+    for (int i = 0; buffers && i < plan.threads; i++) {
+        free(buffers[i].block);
+        free(buffers[i].gathered);
+    }
+    free(buffers);
+    free(w.tensors);
+    free(w.tensor_first);
+    free(w.chunks);
+    free(w.by_file);
+    free(w.file_first);
+    if (!staged) return status;
+    if (status) {
+        ckpt_staged_discard(staged);
+        return status;
+    }
+    return ckpt_staged_publish(staged);
+}
