@@ -11,6 +11,7 @@
 
 #include "../common/parallel.h"
 #include "progress.h"
+#include "../formats/dcp.h"
 #include "../formats/megatron.h"
 #include "../model/interop.h"
 #include "cli.h"
@@ -21,7 +22,7 @@ static const char *usage_text =
     "\n"
     "commands:\n"
     "  info CKPT [--json]           layout, step, model and the tensor table (also of a\n"
-    "                               Megatron-LM legacy checkpoint)\n"
+    "                               Megatron-LM legacy or a PyTorch distributed checkpoint)\n"
     "  verify CKPT [--threads N]    check completeness and every checksum (exit 1 if damaged)\n"
     "  diff A B [--tol X] [--atol X] [--threads N] [--weights-only]\n"
     "                               compare the merged tensors of two checkpoints, any layouts\n"
@@ -46,7 +47,9 @@ static const char *usage_text =
     "                               (http(s)://, s3://bucket/prefix: docs/STORES.md); SRC may be a\n"
     "                               run directory (its newest checkpoint)\n"
     "\n"
-    "CKPT is a checkpoint directory, or a run directory (its `latest` checkpoint).\n"
+    "CKPT is a checkpoint directory, or a run directory (its `latest` checkpoint); info, verify,\n"
+    "diff and export also read Megatron-LM legacy checkpoints and PyTorch distributed checkpoints\n"
+    "(DCP, docs/DCP.md).\n"
     "Run `tp-ckpt <command> --help` for a command's options.\n";
 
 #define die_usage(...) cli_usage_error("tp-ckpt", __VA_ARGS__)
@@ -144,6 +147,8 @@ static int info_json(const ckpt_reader *r)
     return 0;
 }
 
+static void info_table(const ckpt_reader *r);
+
 static void info_text(const ckpt_reader *r)
 {
     const ckpt_layout *layout = ckpt_reader_layout(r);
@@ -182,6 +187,12 @@ static void info_text(const ckpt_reader *r)
     printf("model        %s\n", state->model_json);
     printf("tensors      %d: %d parameters (%lld elements, %s), optimizer state %s\n\n",
            ckpt_reader_num_tensors(r), params, (long long)param_elements, psize, osize);
+    info_table(r);
+}
+
+static void info_table(const ckpt_reader *r)
+{
+    const ckpt_layout *layout = ckpt_reader_layout(r);
     printf("%-44s %-5s %-16s %-16s %-48s %5s %12s\n", "name", "dtype", "shape", "padded",
            "partition", "stage", "bytes");
     for (int i = 0; i < ckpt_reader_num_tensors(r); i++) {
@@ -284,6 +295,78 @@ static int info_megatron(const char *path, int json)
     return 0;
 }
 
+/* A PyTorch distributed checkpoint: its tensors as read (described by the
+ * description it carries, or plainly) and its other entries. */
+static int info_dcp(const char *path, int json)
+{
+    dcp_checkpoint *d;
+    ckpt_reader *r = NULL;
+    if (dcp_open(path, &d) || dcp_reader_open(d, 0, 0, &r)) {
+        int code = fail("%s", tp_errmsg());
+        dcp_close(d);
+        return code;
+    }
+    const char *torch = dcp_torch_version_of(d) == DCP_TORCH_1_13 ? "1.13" : "2";
+    int others = 0;
+    for (int i = 0; i < dcp_num_entries(d); i++)
+        others += !dcp_entry_is_tensor(dcp_entry_at(d, i)) && strcmp(dcp_entry_at(d, i)->key, DCP_INDEX_KEY);
+    int code = 0;
+    if (json) {
+        char *text = NULL;
+        if (ckpt_reader_index_json(r, &text)) code = fail("%s", tp_errmsg());
+        cJSON *root = code ? NULL : cJSON_Parse(text);
+        free(text);
+        if (root) {
+            cJSON_AddStringToObject(root, "format", "dcp");
+            cJSON_AddStringToObject(root, "path", dcp_path(d));
+            cJSON_AddStringToObject(root, "torch", torch);
+            cJSON_AddBoolToObject(root, "described", dcp_has_description(d));
+            cJSON_AddNumberToObject(root, "total_bytes", (double)dcp_bytes(d));
+            cJSON *list = cJSON_AddArrayToObject(root, "others");
+            for (int i = 0; i < dcp_num_entries(d); i++) {
+                const dcp_entry *e = dcp_entry_at(d, i);
+                if (dcp_entry_is_tensor(e) || !strcmp(e->key, DCP_INDEX_KEY)) continue;
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddStringToObject(o, "key", e->key);
+                cJSON_AddStringToObject(o, "kind", e->kind == DCP_BYTES ? "bytes" : torch_dtype_name(e->dtype));
+                cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+                for (int k = 0; e->kind == DCP_TENSOR && k < e->ndim; k++)
+                    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e->shape[k]));
+                cJSON_AddItemToArray(list, o);
+            }
+            char *out = cJSON_Print(root);
+            printf("%s\n", out);
+            cJSON_free(out);
+            cJSON_Delete(root);
+        }
+    } else {
+        char size[32];
+        format_bytes((double)dcp_bytes(d), size, sizeof size);
+        const ckpt_train_state *state = ckpt_reader_state(r);
+        printf("checkpoint   %s (PyTorch distributed checkpoint, class paths of PyTorch %s)\n", dcp_path(d), torch);
+        printf("description  %s\n", dcp_has_description(d)
+                                         ? "tp-toolkit's, carried: partitions, stages, roles, state and digests"
+                                         : "none: every tensor read as replicated, a parameter on the first stage");
+        if (dcp_has_description(d))
+            printf("step         %lld   consumed samples %lld\nlayers       %lld\nmodel        %s\n", (long long)state->step,
+                   (long long)state->consumed_samples, (long long)ckpt_reader_layout(r)->num_layers, state->model_json);
+        printf("files        %d data files and .metadata, %s\n", dcp_num_files(d), size);
+        printf("tensors      %d read as tensors, %d other entries\n\n", ckpt_reader_num_tensors(r), others);
+        info_table(r);
+        if (others) printf("\n%-44s %-10s %s\n", "other entries (carried by a DCP output)", "kind", "shape");
+        for (int i = 0; i < dcp_num_entries(d); i++) {
+            const dcp_entry *e = dcp_entry_at(d, i);
+            if (dcp_entry_is_tensor(e) || !strcmp(e->key, DCP_INDEX_KEY)) continue;
+            char shape[64] = "";
+            if (e->kind == DCP_TENSOR) format_shape(e->shape, e->ndim, shape, sizeof shape);
+            printf("%-44s %-10s %s\n", e->key, e->kind == DCP_BYTES ? "bytes" : torch_dtype_name(e->dtype), shape);
+        }
+    }
+    ckpt_reader_close(r);
+    dcp_close(d);
+    return code;
+}
+
 static int cmd_info(int argc, char **argv)
 {
     int json = 0;
@@ -293,14 +376,18 @@ static int cmd_info(int argc, char **argv)
         if (c == 'j') json = 1;
         else if (c == 'h') {
             printf("usage: tp-ckpt info CKPT [--json]\n"
-                   "CKPT: a checkpoint or run directory of this toolkit, or a Megatron-LM legacy\n"
+                   "CKPT: a checkpoint or run directory of this toolkit, a Megatron-LM legacy\n"
                    "checkpoint (the directory with latest_checkpointed_iteration.txt, or an\n"
-                   "iteration's directory), whose tensors are listed with their canonical names.\n");
+                   "iteration's directory), whose tensors are listed with their canonical names,\n"
+                   "or a PyTorch distributed checkpoint (a directory with .metadata), whose other\n"
+                   "entries (bytes, tensors of other dtypes) are listed after its tensors.\n");
             return 0;
         } else die_usage("info: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1) die_usage("info takes one checkpoint");
-    int megatron;
+    int megatron, is_dcp;
+    if (dcp_detect(argv[optind], &is_dcp)) return fail("%s", tp_errmsg());
+    if (is_dcp) return info_dcp(argv[optind], json);
     if (megatron_detect(argv[optind], &megatron)) return fail("%s", tp_errmsg());
     if (megatron) return info_megatron(argv[optind], json);
     int code = 0;
@@ -360,6 +447,56 @@ static int verify_megatron(const char *path, int threads)
     return bad ? 1 : 0;
 }
 
+/* A PyTorch distributed checkpoint: what opening it checks (.metadata,
+ * every chunk's item: its archive, pickle, dtype and shape), every zip entry
+ * of every item against its CRC-32, then every tensor read whole, and
+ * compared with its logical digest where the checkpoint carries them. */
+static int verify_dcp(const char *path, int threads)
+{
+    dcp_checkpoint *d;
+    ckpt_reader *r = NULL;
+    if (dcp_open(path, &d) || dcp_reader_open(d, 0, threads, &r)) {
+        int code = fail("%s", tp_errmsg());
+        dcp_close(d);
+        return code;
+    }
+    int64_t total = dcp_bytes(d);
+    progress bar;
+    progress_start(&bar, "verify", total, 0);
+    dcp_verify_result items;
+    int status = dcp_verify(d, threads, verify_progress, &bar, &items);
+    ckpt_verify_options verify = {threads, NULL, NULL};
+    ckpt_verify_result result = {0};
+    if (!status) status = ckpt_verify(r, &verify, &result);
+    double seconds = progress_finish(&bar);
+    int bad = 0;
+    if (status) bad = fail("%s", tp_errmsg());
+    if (!status && items.damaged) {
+        fprintf(stderr, "tp-ckpt: error: %s: %d of %d items damaged, the first: %s\n", dcp_path(d), items.damaged,
+                items.items, items.first_damage);
+        bad = 1;
+    }
+    if (!status && !items.damaged && result.damaged) {
+        fprintf(stderr, "tp-ckpt: error: %s: %d of %d tensors differ from the digests the description records, the "
+                "first: %s\n", dcp_path(d), result.damaged, ckpt_reader_num_tensors(r), result.damage[0].message);
+        bad = 1;
+    }
+    if (!status && !bad && items.unchecked)
+        printf("note: %d items or zip entries record no CRC-32 (raw bytes entries, or torch.save with "
+               "set_crc32_options(False)): read, not checked\n", items.unchecked);
+    char size[32];
+    format_bytes((double)total, size, sizeof size);
+    if (!bad)
+        printf("ok: %s: %d items, %d zip entries (%s) match their CRC-32s; %d tensors read%s, in %.2f s\n", dcp_path(d),
+               items.items, items.entries - items.unchecked, size, ckpt_reader_num_tensors(r),
+               dcp_has_description(d) ? ", each equal to the logical digest the description records"
+                                      : " (the checkpoint records no digests of ours)", seconds);
+    ckpt_verify_result_free(&result);
+    ckpt_reader_close(r);
+    dcp_close(d);
+    return bad ? 1 : 0;
+}
+
 static int cmd_verify(int argc, char **argv)
 {
     int64_t threads = parallel_cpu_count();
@@ -376,7 +513,9 @@ static int cmd_verify(int argc, char **argv)
         } else die_usage("verify: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1) die_usage("verify takes one checkpoint");
-    int megatron;
+    int megatron, is_dcp;
+    if (dcp_detect(argv[optind], &is_dcp)) return fail("%s", tp_errmsg());
+    if (is_dcp) return verify_dcp(argv[optind], (int)threads);
     if (megatron_detect(argv[optind], &megatron)) return fail("%s", tp_errmsg());
     if (megatron) return verify_megatron(argv[optind], (int)threads);
     int code = 0;

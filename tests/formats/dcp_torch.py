@@ -124,7 +124,7 @@ def save(state_dict, path, single_file_per_rank=True):
     if TORCH2:
         dcp.save(state_dict, storage_writer=writer)
     else:
-        dcp.save_state_dict(state_dict, writer)
+        dcp.save_state_dict(state_dict, writer, no_dist=not dist.is_initialized())
 
 
 def load(state_dict, path):

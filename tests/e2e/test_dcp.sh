@@ -1,0 +1,166 @@
+#!/bin/sh
+# PyTorch distributed checkpoints (docs/DCP.md), with PyTorch's own
+# torch.distributed.checkpoint as the judge (tests/formats/dcp_torch.py):
+# real DCP checkpoints written by torch (kept in tests/data/dcp, and again
+# by the torch at hand) read, verified, resharded to this toolkit's format
+# and to DCP, and compared by torch's load; this toolkit's checkpoints (GPT
+# with Adam state, a Llama whose one key/value head is replicated over four
+# ranks) written as DCP that torch loads whole and sharded, and read back
+# bit for bit; damage named by verify; hostile and wrong inputs refused in
+# one line. The judge's parts are skipped (said) without python3-torch.
+# tier: full
+. "$(dirname "$0")/lib.sh"
+CK="$BIN/tp-ckpt"
+RS="$BIN/tp-reshard"
+DATA="$ROOT/tests/data/dcp"
+JUDGE="$ROOT/tests/formats/dcp_torch.py"
+
+# ------------------------------------------ real fixtures, no Python needed
+expect_ok "info of a DCP checkpoint torch wrote (2 ranks, uneven chunks)" "$CK" info "$DATA/cols2"
+check "info names the format and the torch of its class paths" \
+    grep -q "^checkpoint .*(PyTorch distributed checkpoint, class paths of PyTorch 1.13)" "$WORK/.out"
+check "info says it carries no description" grep -q "^description  none" "$WORK/.out"
+check_all "info lists its three tensors with dtypes and global shapes" \
+    'grep -Eq "^model.w +fp32 +\[6, 8\] " "$WORK/.out" && grep -Eq "^model.emb +bf16 +\[10, 4\] " "$WORK/.out" &&
+     grep -Eq "^model.norm +fp32 +\[8\] " "$WORK/.out"'
+check_all "info lists the other entries: an int64 tensor, a scalar, two bytes entries" \
+    'grep -Eq "^extra.ids +int64 +\[5\]" "$WORK/.out" && grep -Eq "^extra.scale +float32 +\[\]" "$WORK/.out" &&
+     grep -Eq "^step +bytes" "$WORK/.out" && grep -Eq "^info +bytes" "$WORK/.out"'
+expect_ok "info --json" "$CK" info "$DATA/grid4" --json
+check_all "info --json: format dcp, 3 tensors, no other entries" \
+    '"$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); assert d[\"format\"]==\"dcp\" and len(d[\"tensors\"])==3 and d[\"others\"]==[], d" "$WORK/.out"'
+for f in cols2 grid4; do
+    expect_ok "verify $f: every item's zip entries against their CRC-32s, every tensor read" "$CK" verify "$DATA/$f"
+    check "verify says what it checked ($f)" grep -q "^ok: .*items, .*zip entries .* match their CRC-32s; 3 tensors read" \
+        "$WORK/.out"
+    expect_ok "reshard $f -> this toolkit's format, verified" "$RS" "$DATA/$f" --format tp --to tp1 -o "$WORK/$f.tp" --verify
+    expect_ok "reshard $f -> DCP at tp2 (its chunking redone), verified" "$RS" "$DATA/$f" --to tp2 -o "$WORK/$f.dcp" --verify
+    expect_ok "diff: the fixture equals its DCP reshard" "$CK" diff "$DATA/$f" "$WORK/$f.dcp"
+    expect_ok "diff: the fixture equals its tp reshard" "$CK" diff "$DATA/$f" "$WORK/$f.tp"
+done
+expect_ok "info of the DCP reshard" "$CK" info "$WORK/cols2.dcp"
+check "a DCP source's other entries are carried" grep -q "^tensors      3 read as tensors, 4 other entries" "$WORK/.out"
+check "a DCP output keeps the source's class paths" grep -q "class paths of PyTorch 1.13" "$WORK/.out"
+expect_ok "export of the 2 x 2 grid of chunks to HDF5" "$CK" export "$DATA/grid4" --format hdf5 -o "$WORK/grid4.h5"
+
+# ------------------------------------------------- the judge: PyTorch's DCP
+run "$PY" "$JUDGE" compare-ckpt "$DATA/cols2" "$WORK/cols2.tp"
+if [ "$RC" -eq 77 ] || ! "$PY" -c 'import torch, h5py, numpy' 2>/dev/null; then
+    echo "[SKIP] [$NAME] python3-torch with a distributed checkpoint module is not installed: PyTorch's checks skipped"
+    HAVE_TORCH=0
+else
+    HAVE_TORCH=1
+    check "torch reads the fixture as we read it: cols2" [ "$RC" -eq 0 ]
+    TORCH=$("$PY" -c 'import torch; print(torch.__version__)')
+    DIALECT=$("$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null && echo 2 || echo 1.13)
+    expect_ok "torch reads the grid fixture as we read it" "$PY" "$JUDGE" compare-ckpt "$DATA/grid4" "$WORK/grid4.tp"
+    for f in cols2 grid4; do
+        expect_ok "torch loads our DCP reshard of $f equal to the fixture, every entry, whole and over 2 ranks" \
+            "$PY" "$JUDGE" compare-dcp "$DATA/$f" "$WORK/$f.dcp" --ranks 2
+    done
+    # Fixtures of the torch at hand (PyTorch $TORCH), read the same way.
+    expect_ok "fixtures written by PyTorch $TORCH" "$PY" "$JUDGE" fixtures "$WORK/fx"
+    for f in cols2 grid4; do
+        expect_ok "reshard torch's $f -> tp" "$RS" "$WORK/fx/$f" --format tp --to tp1 -o "$WORK/fx_$f.tp" --verify
+        expect_ok "torch reads its $f as we read it" "$PY" "$JUDGE" compare-ckpt "$WORK/fx/$f" "$WORK/fx_$f.tp"
+        expect_ok "reshard torch's $f -> DCP" "$RS" "$WORK/fx/$f" --to tp2 -o "$WORK/fx_$f.dcp" --verify
+        expect_ok "torch loads our DCP of its $f equal to it" "$PY" "$JUDGE" compare-dcp "$WORK/fx/$f" "$WORK/fx_$f.dcp" \
+            --ranks 2
+    done
+fi
+
+# ------------------------------------------------ this toolkit's checkpoints
+DIALECT=${DIALECT:-2}
+expect_ok "synth: GPT tp2pp2, bf16 weights, Adam state, padded vocabulary" "$CK" synth -o "$WORK/gpt" --tp 2 --pp 2 \
+    --layers 4 --dim 64 --heads 4 --vocab 100 --seq 32 --vocab-pad-multiple 8 --dtype bf16 --optim --step 7
+expect_ok "reshard -> DCP tp4pp2 for PyTorch $DIALECT, verified by the digests it carries" "$RS" "$WORK/gpt" \
+    --format dcp --dcp-torch "$DIALECT" --to tp4pp2 -o "$WORK/gpt.dcp" --verify
+check "verified" grep -q "^verified: 208 tensors equal to the source" "$WORK/.out"
+check "one data file per rank" [ "$(ls "$WORK/gpt.dcp" | grep -c '^__[0-9]*_0.distcp$')" -eq 8 ]
+expect_ok "verify of our DCP output: CRC-32s and every tensor's digest" "$CK" verify "$WORK/gpt.dcp"
+check "its digests are checked" grep -q "each equal to the logical digest the description records" "$WORK/.out"
+expect_ok "info of our DCP output: the description carried" "$CK" info "$WORK/gpt.dcp"
+check_all "step and layers come back from the description" \
+    'grep -q "^step         7 " "$WORK/.out" && grep -q "^layers       4" "$WORK/.out"'
+check "partitions come back: the fused QKV's segments" \
+    grep -Eq "^model/layers.3.attn.qkv.weight +bf16 +\[192, 64\] .*split axis 0 segments \[64, 64, 64\] granule 16 " \
+    "$WORK/.out"
+expect_ok "DCP -> this toolkit's format at tp1, verified" "$RS" "$WORK/gpt.dcp" --format tp --to tp1 -o "$WORK/gpt.tp1" \
+    --verify
+expect_ok "the round trip through DCP is bit-exact" "$CK" diff "$WORK/gpt" "$WORK/gpt.tp1"
+expect_ok "the independent reader agrees (h5py)" "$PY" "$ROOT/tests/ckpt/check_h5py.py" "$WORK/gpt.tp1" --compare \
+    "$WORK/gpt"
+expect_ok "DCP -> DCP at tp2pp1, verified" "$RS" "$WORK/gpt.dcp" --to tp2pp1 -o "$WORK/gpt.dcp2" --verify
+expect_ok "and back to tp2pp2: equal to the synthesis" "$RS" "$WORK/gpt.dcp2" --format tp --to tp2pp2 -o "$WORK/gpt.back"
+expect_ok "diff after two DCP reshards" "$CK" diff "$WORK/gpt" "$WORK/gpt.back"
+expect_ok "--weights-only leaves the optimizer state out" "$RS" "$WORK/gpt" --format dcp --weights-only --to tp1 \
+    -o "$WORK/gpt.w"
+check "52 tensors: the parameters" grep -q " 52 tensors in" "$WORK/.out"
+expect_ok "synth: a Llama with 4 query heads sharing 1 key/value head, tp4" "$CK" synth -o "$WORK/llama" --tp 4 --pp 1 \
+    --arch llama --layers 2 --dim 64 --heads 4 --kv-heads 1 --vocab 96 --seq 32 --optim
+expect_ok "Llama -> DCP tp4pp2: the replicated key/value head written once" "$RS" "$WORK/llama" --format dcp \
+    --dcp-torch "$DIALECT" --to tp4pp2 -o "$WORK/llama.dcp" --verify
+expect_ok "DCP -> Llama at tp2, verified" "$RS" "$WORK/llama.dcp" --format tp --to tp2 -o "$WORK/llama.tp2" --verify
+expect_ok "the Llama's round trip is bit-exact" "$CK" diff "$WORK/llama" "$WORK/llama.tp2"
+if [ "$HAVE_TORCH" = 1 ]; then
+    expect_ok "torch loads our GPT DCP: every tensor equal, whole and sharded over 2 ranks, the description entry" \
+        "$PY" "$JUDGE" compare-ckpt "$WORK/gpt.dcp" "$WORK/gpt" --ranks 2 --described
+    expect_ok "torch loads our Llama DCP (one copy of each key/value head) over 3 ranks" \
+        "$PY" "$JUDGE" compare-ckpt "$WORK/llama.dcp" "$WORK/llama" --ranks 3 --described
+    expect_ok "torch loads our DCP-to-DCP reshard" "$PY" "$JUDGE" compare-ckpt "$WORK/gpt.dcp2" "$WORK/gpt" --described
+    # Changed by torch after we wrote it: the description's digests no longer hold.
+    run "$PY" - "$JUDGE" "$WORK/gpt.dcp" "$WORK/changed" <<'PYEOF'
+import runpy, sys
+judge = runpy.run_path(sys.argv[1])
+sd = judge["load_whole"](sys.argv[2])
+sd["model.layers.2.mlp.fc.weight"][3, 5] += 1
+judge["save"](sd, sys.argv[3])
+PYEOF
+    check "torch rewrote our DCP with one value changed" [ "$RC" -eq 0 ]
+    expect_error "verify names the tensor whose digest no longer matches" 1 \
+        "1 of 208 tensors differ from the digests the description records, the first: .*model/layers.2.mlp.fc.weight" \
+        "$CK" verify "$WORK/changed"
+fi
+
+# ------------------------------------------------------------------ damage
+cp -r "$WORK/gpt.dcp" "$WORK/flip"
+OFFSET=$("$PY" - "$WORK/flip/__5_0.distcp" <<'PYEOF'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+# The first tensor's data: the local header of an entry named archive/data/0.
+at = 0
+while True:
+    at = data.index(b"PK\x03\x04", at)
+    n, m = struct.unpack("<HH", data[at + 26:at + 30])
+    if data[at + 30:at + 30 + n].endswith(b"/data/0"):
+        print(at + 30 + n + m + 5)
+        break
+    at += 4
+PYEOF
+)
+flip_byte "$WORK/flip/__5_0.distcp" "$OFFSET"
+expect_error "verify names the damaged item and entry, with both CRC-32s" 1 \
+    "1 of [0-9]+ items damaged, the first: .*__5_0.distcp: entry archive/data/0: .* have CRC-32 [0-9a-f]{8}, the archive records [0-9a-f]{8}" \
+    "$CK" verify "$WORK/flip"
+cp -r "$WORK/gpt.dcp" "$WORK/short"
+truncate -s 1000 "$WORK/short/__3_0.distcp"
+expect_error "a truncated data file: an item outside it" 1 "__3_0.distcp: .*lies outside the file" "$CK" info "$WORK/short"
+cp -r "$WORK/gpt.dcp" "$WORK/missing"
+rm "$WORK/missing/__7_0.distcp"
+expect_error "a missing data file" 1 "__7_0.distcp: data file missing" "$RS" "$WORK/missing" --to tp1 -o "$WORK/x"
+cp -r "$WORK/gpt.dcp" "$WORK/cut"
+truncate -s 5000 "$WORK/cut/.metadata"
+expect_error "a truncated .metadata" 1 "\.metadata.*truncated" "$CK" info "$WORK/cut"
+mkdir "$WORK/hostile"
+"$PY" -c 'import pickle, sys; pickle.dump({"state_dict_metadata": {}}, open(sys.argv[1], "wb"))' "$WORK/hostile/.metadata"
+expect_error "a .metadata that is not a Metadata" 1 "\.metadata: holds a dict, not a distributed checkpoint's Metadata" \
+    "$CK" info "$WORK/hostile"
+expect_error "--dcp-torch of another version" 2 "--dcp-torch: .*'3'" "$RS" "$WORK/gpt" --format dcp --dcp-torch 3 --to tp1
+expect_error "an existing output without --force" 1 "exists" "$RS" "$WORK/gpt" --format dcp --to tp1 -o "$WORK/gpt.dcp"
+expect_error "--force does not replace what is not a DCP checkpoint" 1 "not a distributed checkpoint; not replaced" \
+    "$RS" "$WORK/gpt" --format dcp --to tp1 -o "$WORK/gpt.tp1" --force
+expect_ok "--force replaces a DCP checkpoint" "$RS" "$WORK/gpt" --format dcp --to tp1 -o "$WORK/gpt.dcp2" --force
+expect_ok "--dry-run plans and writes nothing" "$RS" "$WORK/gpt" --format dcp --to tp4pp4 -o "$WORK/plan" --dry-run
+check_all "the plan: 16 data files, nothing written" \
+    'grep -q "files      16 data files" "$WORK/.out" && [ ! -e "$WORK/plan" ]'
+finish
