@@ -249,14 +249,15 @@ soak: deps
 	@SOAK_FAULTS=$(SOAK_FAULTS) SOAK_SEED=$${SOAK_SEED:-$$(date +%s)} BUILD=$(BUILD) sh tests/elastic/test_soak.sh
 
 # Fuzzing with libFuzzer (clang) under ASan and UBSan: the index parser, the
-# safetensors reader, the partition arithmetic, the pickle interpreter and
-# torch.save archives (tests/fuzz/fuzz_*.c), each
+# safetensors reader, the partition arithmetic, the pickle interpreter,
+# torch.save archives, Megatron-LM checkpoints and PyTorch distributed
+# checkpoints' .metadata (tests/fuzz/fuzz_*.c), each
 # for FUZZ_SECONDS from its seed corpus (tests/fuzz/corpus/<target>, with
 # tests/fuzz/<target>.dict where there is one); new
 # inputs go to build-fuzz/corpus, crashes to build-fuzz/crashes. Not part of
 # `make test`, which replays the corpus (tests/ckpt/test_hostile.c).
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := index safetensors partition pickle torch megatron
+FUZZ_TARGETS := index safetensors partition pickle torch megatron dcp
 FUZZ_SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz needs clang (apt-get install clang)" >&2; exit 1; }

@@ -291,7 +291,8 @@ static int measure(reshard_plan *plan)
         for (int64_t r = 0; r < ops.num_reads; r++) {
             ckpt_piece_info info;
             ckpt_reader_piece_info(plan->source, t->source, ops.reads[r].piece, &info);
-            int64_t block = info.block_rows, rows = info.shape[0];
+            /* Reads check whole checksum blocks; a foreign source has none and reads its rows alone. */
+            int64_t block = ckpt_reader_is_foreign(plan->source) ? 1 : info.block_rows, rows = info.shape[0];
             int64_t b0 = ops.reads[r].row0 / block * block;
             int64_t b1 = (ops.reads[r].row1 + block - 1) / block * block;
             plan->summary.bytes_read += ((b1 < rows ? b1 : rows) - b0) * (info.bytes / rows);

@@ -29,6 +29,7 @@ PUBLIC_HEADERS = [
     "formats/formats.h",
     "formats/torch.h",
     "formats/megatron.h",
+    "formats/dcp.h",
     "model/gpt.h",
     "model/interop.h",
     "trainer/*.h",

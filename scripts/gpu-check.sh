@@ -18,7 +18,11 @@
 #   profile  one GPT-2 124M bf16 training step under Nsight Compute (ncu):
 #            per kernel, time, DRAM bytes, FP32 operations, throughput
 #            against the GPU's peaks: what to speed up first
-#   all      every phase in turn (where a command may run long enough)
+#   all      the four phases above in turn (where a command may run long enough)
+#   dcp      PyTorch distributed checkpoints judged by this machine's PyTorch
+#            (2.x; Debian's 1.13 judges them elsewhere): fixtures it writes
+#            (kept as dcp-fixtures.tar.gz, for tests/data/dcp-torch2), then
+#            tests/e2e/test_dcp.sh with its torch (docs/DCP.md); CPU only
 # --pack FILE (default build/gpu-pack.tar.xz); --limit (default 560): the
 # seconds each phase may take before it is stopped, so that its logs and the
 # summary are still written.
@@ -26,7 +30,8 @@
 # OUTDIR receives at most eight files: info.txt (GPU, driver, CUDA,
 # PyTorch, the pack), one log per phase run (PHASE.log), benchmarks.md (the
 # docs/BENCHMARKS.md sections the benchmarks wrote), profile.csv and
-# profile.md, and summary.txt, whose table is also printed last.
+# profile.md, and summary.txt, whose table is also printed last; the dcp
+# phase, run on its own, dcp.log and dcp-fixtures.tar.gz.
 set -u
 PHASE=tests
 PACK=build/gpu-pack.tar.xz
@@ -48,9 +53,9 @@ done
 [ $# -eq 1 ] || { echo "gpu-check: one output folder expected" >&2; usage 2 >&2; }
 OUTDIR=$1
 case $PHASE in
-tests | bench | reshard | profile) PHASES=$PHASE ;;
+tests | bench | reshard | profile | dcp) PHASES=$PHASE ;;
 all) PHASES="tests bench reshard profile" ;;
-*) echo "gpu-check: unknown phase $PHASE (tests, bench, reshard, profile, all)" >&2; exit 2 ;;
+*) echo "gpu-check: unknown phase $PHASE (tests, bench, reshard, profile, all, dcp)" >&2; exit 2 ;;
 esac
 [ -f "$PACK" ] || { echo "gpu-check: no pack at $PACK (make gpu-pack builds build/gpu-pack.tar.xz)" >&2; exit 2; }
 mkdir -p "$OUTDIR" || exit 2
@@ -180,6 +185,16 @@ phase_profile() {
     say "profile: exit $rc"
     "$PYTHON" "$P/scripts/gpu-profile.py" "$OUTDIR/profile.csv" >"$OUTDIR/profile.md" 2>&1 || rc=1
     head -n 16 "$OUTDIR/profile.md" | tee -a "$SUMMARY"
+}
+
+phase_dcp() {
+    rm -rf "$OUTDIR/fx"
+    in_pack dcp.log sh -c "\"$PYTHON\" tests/formats/dcp_torch.py fixtures \"$OUTDIR/fx\" &&
+        env BUILD=build sh tests/e2e/test_dcp.sh"
+    rc=$?
+    [ -d "$OUTDIR/fx" ] && tar -C "$OUTDIR/fx" -czf "$OUTDIR/dcp-fixtures.tar.gz" . && rm -rf "$OUTDIR/fx"
+    say "dcp: exit $rc; $(grep -E '^\[test_dcp\] [0-9]+ passed' "$OUTDIR/dcp.log" | tail -n 1)"
+    grep -E '^FAIL|SKIP|Error' "$OUTDIR/dcp.log" | head -n 20 | sed 's/^/  /' | tee -a "$SUMMARY"
 }
 
 for phase in $PHASES; do
