@@ -600,12 +600,17 @@ static int chunk_boxes(const dcp_checkpoint *dcp, const ckpt_tensor_desc *t, con
         boxes[(*n)++] = box;
         return TP_OK;
     }
-    if (axis != 0)
+    ckpt_run runs[CKPT_MAX_SEGMENTS];
+    int64_t m = ckpt_partition_runs(t, 1, c->offsets[axis], c->sizes[axis], runs, CKPT_MAX_SEGMENTS);
+    if (m < 0) return tp_fail(TP_ERR_FORMAT, "%s: %s: a chunk outside its tensor", dcp->path, e->key);
+    if (m == 1) { /* inside one segment: only where it starts moves */
+        box.start[axis] = runs[0].local_start;
+        boxes[(*n)++] = box;
+        return TP_OK;
+    }
+    if (axis != 0) /* its rows would not be contiguous in the file */
         return tp_fail(TP_ERR_LAYOUT, "%s: %s: a chunk across the padded segments of dimension %d (only dimension 0 is cut)",
                        dcp->path, e->key, axis);
-    ckpt_run runs[CKPT_MAX_SEGMENTS];
-    int64_t m = ckpt_partition_runs(t, 1, c->offsets[0], c->sizes[0], runs, CKPT_MAX_SEGMENTS);
-    if (m < 0) return tp_fail(TP_ERR_FORMAT, "%s: %s: a chunk outside its tensor", dcp->path, e->key);
     int64_t row_bytes = (int64_t)tp_dtype_size(t->dtype);
     for (int d = 1; d < t->ndim; d++) row_bytes *= c->sizes[d];
     for (int64_t k = 0; k < m; k++) {

@@ -132,6 +132,8 @@ dcp_torch_version dcp_torch_version_of(const dcp_checkpoint *dcp);
 
 typedef struct {
     int tp, pp;                      /* the output's layout; 0: the source's */
+    int dp;                          /* data-parallel ranks that cut every box again along dimension 0, as
+                                        FSDP with tensor parallelism shards (torch.chunk's parts); 0 or 1: none */
     dcp_torch_version torch_version;
     int overwrite;                   /* replace an existing DCP checkpoint at the output */
     int threads;                     /* rank files written at once; 0: all cores */
@@ -146,8 +148,8 @@ typedef struct {
 
 /* What a write does, decided before anything is written. */
 typedef struct {
-    int tp, pp;
-    int files;          /* data files: one per rank, tp x pp */
+    int tp, pp, dp;
+    int files;          /* data files: one per rank, tp x pp x dp */
     int tensors;        /* the source's tensors written */
     int chunks;         /* their chunks: a piece's runs along its split axis (padding and replicas left out) */
     int others;         /* other entries carried */
@@ -159,8 +161,9 @@ typedef struct {
 int dcp_write_plan_create(ckpt_reader *source, const dcp_write_options *options, dcp_write_plan *plan);
 
 /* Writes source (any reader) as a DCP checkpoint at out: one data file per
- * rank of the layout (rank pp_stage x tp + tp_rank), each rank's pieces cut
- * into the boxes of the global tensor it holds, each tensor under its name
+ * rank of the layout (rank (pp_stage x tp + tp_rank) x dp + dp_rank), each
+ * rank's pieces cut into the boxes of the global tensor it holds (and with
+ * dp, those cut again along dimension 0), each tensor under its name
  * with '/' written '.' ("model.layers.0.attn.qkv.weight",
  * "optim.exp_avg.layers.0.attn.qkv.weight"), a replicated tensor written
  * once (by tensor rank 0 of its stage), the source's description as the

@@ -39,8 +39,9 @@ typedef struct {
     int piece;                  /* at the target tp */
     int axis;                   /* the piece is cut along it (0 for a whole piece) */
     int64_t local_start;        /* where the box starts along axis, in the piece */
+    int64_t row0, rows;         /* the rows of the piece it takes (axis 0) */
     int64_t offsets[CKPT_MAX_DIMS], sizes[CKPT_MAX_DIMS]; /* in the global tensor */
-    int file;                   /* rank: stage x tp + tensor rank */
+    int file;                   /* rank: (stage x tp + tensor rank) x dp + data-parallel rank */
     int64_t item_offset, item_bytes;
     uint64_t digest;            /* of its elements: a part of the tensor's logical digest */
 } out_chunk;
@@ -57,6 +58,7 @@ typedef struct {
     int64_t *by_file;           /* chunk indices ordered by file */
     int64_t *file_first;        /* per file: its first in by_file; one more entry at the end */
     int64_t largest_row;        /* bytes of the longest piece row */
+    int dp;                     /* data-parallel ranks each box is cut over along dimension 0 */
     const char *root;           /* the staging directory */
 } writer;
 
@@ -73,7 +75,7 @@ static int64_t chunk_bytes(const writer *w, const out_chunk *c)
     return bytes;
 }
 
-static int add_chunk(writer *w, int64_t *capacity, out_chunk c)
+static int add_chunk_once(writer *w, int64_t *capacity, out_chunk c)
 {
     if (w->num_chunks == *capacity) {
         int64_t grown_capacity = *capacity ? 2 * *capacity : 256;
@@ -83,6 +85,27 @@ static int add_chunk(writer *w, int64_t *capacity, out_chunk c)
         *capacity = grown_capacity;
     }
     w->chunks[w->num_chunks++] = c;
+    return TP_OK;
+}
+
+/* A box of rank tp_rank of a stage, cut along dimension 0 over the
+ * data-parallel ranks as torch.chunk cuts (the last parts smaller, or
+ * none), as FSDP with tensor parallelism shards. */
+static int add_chunk(writer *w, int64_t *capacity, out_chunk c, int stage, int tp_rank, int64_t *bytes)
+{
+    int64_t rows = c.sizes[0], part = (rows + w->dp - 1) / w->dp;
+    for (int r = 0; r < w->dp && r * part < rows; r++) {
+        out_chunk d = c;
+        int64_t n = rows - r * part < part ? rows - r * part : part;
+        d.offsets[0] += r * part;
+        d.sizes[0] = n;
+        d.row0 += r * part;
+        d.rows = n;
+        if (d.axis == 0) d.local_start += r * part;
+        d.file = (stage * w->to.tp + tp_rank) * w->dp + r;
+        TP_TRY(add_chunk_once(w, capacity, d));
+        *bytes += chunk_bytes(w, &d);
+    }
     return TP_OK;
 }
 
@@ -112,11 +135,10 @@ static int plan_chunks(writer *w, dcp_write_plan *plan)
         ckpt_piece_shape(t, w->to.tp, shape);
         for (int d = 1; d < t->ndim; d++) row *= shape[d];
         if (row > w->largest_row) w->largest_row = row;
-        out_chunk whole = {.tensor = i, .piece = 0, .axis = 0, .local_start = 0, .file = stage * w->to.tp};
+        out_chunk whole = {.tensor = i, .piece = 0, .axis = 0, .local_start = 0, .row0 = 0, .rows = t->shape[0]};
         for (int d = 0; d < t->ndim; d++) whole.sizes[d] = t->shape[d];
         if (t->partition.kind != CKPT_SPLIT) { /* written once, by tensor rank 0 of its stage */
-            TP_TRY(add_chunk(w, &capacity, whole));
-            plan->bytes += chunk_bytes(w, &whole);
+            TP_TRY(add_chunk(w, &capacity, whole, stage, 0, &plan->bytes));
             continue;
         }
         ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
@@ -131,15 +153,17 @@ static int plan_chunks(writer *w, dcp_write_plan *plan)
                 c.local_start = runs[r].local_start;
                 c.offsets[c.axis] = runs[r].logical_start;
                 c.sizes[c.axis] = runs[r].length;
-                c.file = stage * w->to.tp + p;
-                TP_TRY(add_chunk(w, &capacity, c));
-                plan->bytes += chunk_bytes(w, &c);
+                if (c.axis == 0) {
+                    c.row0 = runs[r].local_start;
+                    c.rows = runs[r].length;
+                }
+                TP_TRY(add_chunk(w, &capacity, c, stage, p, &plan->bytes));
             }
         }
     }
     w->tensor_first[w->num_tensors] = w->num_chunks;
     /* By file, keeping tensor order inside each: a counting sort. */
-    int files = w->to.tp * w->to.pp;
+    int files = w->to.tp * w->to.pp * w->dp;
     w->by_file = calloc((size_t)w->num_chunks + 1, sizeof *w->by_file);
     w->file_first = calloc((size_t)files + 1, sizeof *w->file_first);
     if (!w->by_file || !w->file_first) return tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -188,17 +212,21 @@ static int check_keys(const writer *w)
 int dcp_write_plan_create(ckpt_reader *source, const dcp_write_options *options, dcp_write_plan *plan)
 {
     memset(plan, 0, sizeof *plan);
-    writer w = {.source = source, .options = options, .to = *ckpt_reader_layout(source)};
+    writer w = {.source = source, .options = options, .to = *ckpt_reader_layout(source), .dp = options->dp > 0 ? options->dp : 1};
     if (options->tp) w.to.tp = options->tp;
     if (options->pp) w.to.pp = options->pp;
     w.to.dp = 1;
     int status = ckpt_layout_check(&w.to);
+    if (!status && (w.dp > 4096 || (int64_t)w.to.tp * w.to.pp * w.dp > 1 << 20))
+        status = tp_fail(TP_ERR_ARG, "%d data-parallel ranks of %d x %d: more than the 2^20 data files written", w.dp,
+                         w.to.tp, w.to.pp);
     if (status) status = tp_fail(TP_ERR_LAYOUT, "%lld layers do not divide over pp %d", (long long)w.to.num_layers, w.to.pp);
     if (!status) status = plan_chunks(&w, plan);
     if (!status) status = check_keys(&w);
     plan->tp = w.to.tp;
     plan->pp = w.to.pp;
-    plan->files = w.to.tp * w.to.pp;
+    plan->dp = w.dp;
+    plan->files = w.to.tp * w.to.pp * w.dp;
     for (int i = 0; !status && options->others_from && i < dcp_num_entries(options->others_from); i++)
         plan->others += is_other(dcp_entry_at(options->others_from, i));
     /* A thread holds a block of rows, a block gathered from it, and the
@@ -266,9 +294,9 @@ static int write_chunk(writer *w, rank_buffers *rb, out_chunk *c, FILE *file, co
     for (int d = c->axis + 1; d < ndim; d++) inner *= piece[d];
     for (int d = 1; d < c->axis; d++) outer *= piece[d];
     int whole = c->axis == 0 || c->sizes[c->axis] == piece[c->axis];
-    int64_t row_bytes = (int64_t)es, first_row = c->axis == 0 ? c->local_start : 0;
+    int64_t row_bytes = (int64_t)es, first_row = c->row0;
     for (int d = 1; d < ndim; d++) row_bytes *= piece[d];
-    int64_t rows = c->axis == 0 ? c->sizes[0] : piece[0], per_block = (int64_t)rb->block_size / row_bytes;
+    int64_t rows = c->rows, per_block = (int64_t)rb->block_size / row_bytes;
     if (per_block < 1) per_block = 1;
     off_t at = ftello(file);
     if (at < 0) return tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
@@ -700,7 +728,7 @@ int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char 
     dcp_write_plan plan;
     TP_TRY(dcp_write_plan_create(source, options, &plan));
     if (result) *result = plan;
-    writer w = {.source = source, .options = options, .to = *ckpt_reader_layout(source)};
+    writer w = {.source = source, .options = options, .to = *ckpt_reader_layout(source), .dp = plan.dp};
     w.to.tp = plan.tp;
     w.to.pp = plan.pp;
     w.to.dp = 1;

@@ -31,6 +31,8 @@ static const char *usage_text =
     "                           distributed checkpoint (docs/DCP.md)\n"
     "  --dcp-torch 2|1.13       the PyTorch that will load a DCP output (its class paths; default: a DCP\n"
     "                           source's, else 2)\n"
+    "  --dcp-dp N               a DCP output's pieces cut again along dimension 0 over N data-parallel\n"
+    "                           ranks, as FSDP with tensor parallelism writes (a file per rank)\n"
     "  --megatron-names legacy|legacy-layernorm|core|core-local\n"
     "                           the Megatron output's tensor names (default: the source's)\n"
     "  --true-vocab-size N      a Megatron source's true vocabulary (the tokenizer's size): its\n"
@@ -302,11 +304,11 @@ static cJSON *dcp_json(const dcp_write_plan *p, const ckpt_layout *from, const c
  * layout, planned first (--dry-run stops there), verified by digests when
  * asked: the output carries the digests of what it holds. */
 static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const reshard_options *options, dcp_torch_version torch,
-                     const char *source_path, const char *out, int verify, int dry_run, int json, int force_progress)
+                     int dp, const char *source_path, const char *out, int verify, int dry_run, int json, int force_progress)
 {
     const ckpt_layout *from = ckpt_reader_layout(source);
     const char *source_name = ckpt_reader_path(source);
-    dcp_write_options wo = {.tp = options->tp, .pp = options->pp, .torch_version = torch, .overwrite = options->overwrite,
+    dcp_write_options wo = {.tp = options->tp, .pp = options->pp, .dp = dp, .torch_version = torch, .overwrite = options->overwrite,
                             .threads = options->threads, .weights_only = options->drop_optimizer,
                             .memory_limit = options->memory_limit, .others_from = dcp};
     dcp_write_plan plan;
@@ -324,8 +326,9 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
             print_json(dcp_json(&plan, from, source_name, out));
             return 0;
         }
-        printf("plan: %s (tp%dpp%d) -> %s (PyTorch distributed checkpoint, tp%dpp%d)\n", source_name, from->tp, from->pp,
-               out, plan.tp, plan.pp);
+        printf("plan: %s (tp%dpp%d) -> %s (PyTorch distributed checkpoint, tp%dpp%d%s)\n", source_name, from->tp, from->pp,
+               out, plan.tp, plan.pp, plan.dp > 1 ? ", pieces cut over data-parallel ranks" : "");
+        if (plan.dp > 1) printf("  dp         %d data-parallel ranks each hold a part of every piece\n", plan.dp);
         printf("  files      %d data files __R_0.distcp and .metadata\n", plan.files);
         printf("  tensors    %d in %d chunks%s\n", plan.tensors, plan.chunks,
                options->drop_optimizer ? ", optimizer state left out" : "");
@@ -383,10 +386,10 @@ int main(int argc, char **argv)
     int naming = -1;
     int64_t true_vocab = 0;
     dcp_torch_version dcp_torch = DCP_TORCH_2;
-    int dcp_torch_given = 0;
+    int dcp_torch_given = 0, dcp_dp = 1;
     int dry_run = 0, verify = 0, json = 0, force_progress = 0;
     enum { O_TO = 256, O_FROM, O_THREADS, O_MEMORY, O_DEVICE, O_DTYPE, O_COMPRESS, O_NO_OPTIM, O_DRY, O_VERIFY,
-           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES, O_TRUE_VOCAB, O_DCP_TORCH };
+           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES, O_TRUE_VOCAB, O_DCP_TORCH, O_DCP_DP };
     static const struct option long_options[] = {
         {"to", required_argument, 0, O_TO}, {"from", required_argument, 0, O_FROM},
         {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, O_THREADS},
@@ -396,7 +399,7 @@ int main(int argc, char **argv)
         {"verify", no_argument, 0, O_VERIFY}, {"json", no_argument, 0, O_JSON}, {"force", no_argument, 0, O_FORCE},
         {"progress", no_argument, 0, O_PROGRESS}, {"format", required_argument, 0, O_FORMAT},
         {"megatron-names", required_argument, 0, O_NAMES}, {"true-vocab-size", required_argument, 0, O_TRUE_VOCAB},
-        {"dcp-torch", required_argument, 0, O_DCP_TORCH},
+        {"dcp-torch", required_argument, 0, O_DCP_TORCH}, {"dcp-dp", required_argument, 0, O_DCP_DP},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
@@ -413,6 +416,7 @@ int main(int argc, char **argv)
             if (dcp_torch_version_parse(optarg, &dcp_torch)) die_usage("--dcp-torch: %s", tp_errmsg());
             dcp_torch_given = 1;
             break;
+        case O_DCP_DP: dcp_dp = (int)cli_int("tp-reshard", "--dcp-dp", optarg, 1, 4096); break;
         case O_TRUE_VOCAB: true_vocab = cli_int("tp-reshard", "--true-vocab-size", optarg, 1, (int64_t)1 << 40); break;
         case O_NAMES: {
             megatron_naming parsed;
@@ -490,9 +494,11 @@ int main(int argc, char **argv)
         dcp_close(dcp);
         return code;
     }
-    if (output_format ? !strcmp(output_format, "dcp") : dcp != NULL) {
+    int dcp_out = output_format ? !strcmp(output_format, "dcp") : dcp != NULL;
+    if (dcp_dp > 1 && !dcp_out) die_usage("--dcp-dp applies to a DCP output (--format dcp)");
+    if (dcp_out) {
         if (dcp && !dcp_torch_given) dcp_torch = dcp_torch_version_of(dcp);
-        int code = write_dcp(source, dcp, &options, dcp_torch, argv[optind], out, verify, dry_run, json, force_progress);
+        int code = write_dcp(source, dcp, &options, dcp_torch, dcp_dp, argv[optind], out, verify, dry_run, json, force_progress);
         ckpt_reader_close(source);
         dcp_close(dcp);
         return code;

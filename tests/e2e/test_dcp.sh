@@ -93,6 +93,13 @@ expect_ok "the independent reader agrees (h5py)" "$PY" "$ROOT/tests/ckpt/check_h
 expect_ok "DCP -> DCP at tp2pp1, verified" "$RS" "$WORK/gpt.dcp" --to tp2pp1 -o "$WORK/gpt.dcp2" --verify
 expect_ok "and back to tp2pp2: equal to the synthesis" "$RS" "$WORK/gpt.dcp2" --format tp --to tp2pp2 -o "$WORK/gpt.back"
 expect_ok "diff after two DCP reshards" "$CK" diff "$WORK/gpt" "$WORK/gpt.back"
+expect_ok "DCP tp2pp2 with each piece cut again over 3 data-parallel ranks (FSDP x TP): two-axis chunks" "$RS" \
+    "$WORK/gpt" --format dcp --dcp-torch "$DIALECT" --to tp2pp2 --dcp-dp 3 -o "$WORK/gpt.fsdp" --verify
+check "a data file per rank: 2 x 2 x 3" [ "$(ls "$WORK/gpt.fsdp" | grep -c '^__[0-9]*_0.distcp$')" -eq 12 ]
+expect_ok "the FSDP x TP chunks back to tp4pp1, bit-exact" "$RS" "$WORK/gpt.fsdp" --format tp --to tp4pp1 \
+    -o "$WORK/gpt.fsdp.tp"
+expect_ok "diff" "$CK" diff "$WORK/gpt" "$WORK/gpt.fsdp.tp"
+expect_error "--dcp-dp without a DCP output" 2 "--dcp-dp applies to a DCP output" "$RS" "$WORK/gpt" --to tp1 --dcp-dp 2
 expect_ok "--weights-only leaves the optimizer state out" "$RS" "$WORK/gpt" --format dcp --weights-only --to tp1 \
     -o "$WORK/gpt.w"
 check "52 tensors: the parameters" grep -q " 52 tensors in" "$WORK/.out"
@@ -108,6 +115,8 @@ if [ "$HAVE_TORCH" = 1 ]; then
     expect_ok "torch loads our Llama DCP (one copy of each key/value head) over 3 ranks" \
         "$PY" "$JUDGE" compare-ckpt "$WORK/llama.dcp" "$WORK/llama" --ranks 3 --described
     expect_ok "torch loads our DCP-to-DCP reshard" "$PY" "$JUDGE" compare-ckpt "$WORK/gpt.dcp2" "$WORK/gpt" --described
+    expect_ok "torch loads our FSDP x TP chunks, whole and over 4 ranks" "$PY" "$JUDGE" compare-ckpt "$WORK/gpt.fsdp" \
+        "$WORK/gpt" --ranks 4 --described
     # Changed by torch after we wrote it: the description's digests no longer hold.
     run "$PY" - "$JUDGE" "$WORK/gpt.dcp" "$WORK/changed" <<'PYEOF'
 import runpy, sys

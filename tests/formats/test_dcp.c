@@ -103,7 +103,8 @@ Test(dcp, fixtures_written_by_pytorch)
     dcp_close(d);
 }
 
-/* Random checkpoints written as DCP at random layouts, read back. */
+/* Random checkpoints written as DCP at random layouts (their pieces cut
+ * again over data-parallel ranks or not), read back. */
 Test(dcp, random_round_trips)
 {
     for (int iter = 0; iter < 12; iter++) {
@@ -118,12 +119,12 @@ Test(dcp, random_round_trips)
         write_tensors(src, &layout, tensors, n, iter % 2, iter + 3);
         ckpt_reader *source;
         cr_assert_eq(ckpt_reader_open(&source, src, NULL), TP_OK, "%s", tp_errmsg());
-        dcp_write_options options = {.tp = tps[1], .pp = (int)rnd(1, 2), .threads = (int)rnd(1, 3),
+        dcp_write_options options = {.tp = tps[1], .pp = (int)rnd(1, 2), .dp = (int)rnd(0, 3), .threads = (int)rnd(1, 3),
                                      .torch_version = iter % 2 ? DCP_TORCH_1_13 : DCP_TORCH_2};
         if (layout.num_layers % options.pp) options.pp = 1;
         dcp_write_plan plan;
         cr_assert_eq(dcp_write(source, &options, out, &plan), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(plan.files, options.tp * options.pp);
+        cr_assert_eq(plan.files, options.tp * options.pp * (options.dp ? options.dp : 1));
         cr_assert_eq(plan.tensors, n);
         dcp_checkpoint *d;
         cr_assert_eq(dcp_open(out, &d), TP_OK, "%s", tp_errmsg());
