@@ -117,7 +117,7 @@ TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-megatron bench-llama bench-elastic bench-remote bench-revisions clean programs tests
+.PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-megatron bench-dcp bench-llama bench-elastic bench-remote bench-revisions clean programs tests
 
 all: deps
 	@$(SUBMAKE) build
@@ -311,6 +311,10 @@ bench-llama: deps
 bench-megatron: deps
 	@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-megatron.sh
+
+bench-dcp: deps
+	@$(SUBMAKE) build
+	@BUILD=$(BUILD) scripts/bench-dcp.sh
 
 # This tree against BENCH_BASE (a revision), for changes that should cost nothing.
 bench-revisions: deps

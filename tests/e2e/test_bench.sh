@@ -91,6 +91,7 @@ if "$PY" -c 'import torch' 2>/dev/null; then
 else
     echo "[$NAME] SKIP: bench-megatron: python3-torch is not installed"
 fi
+bench bench-dcp
 bench bench-train
 if "$PY" -c 'import torch' 2>/dev/null; then
     bench bench-llama
