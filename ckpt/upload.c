@@ -173,11 +173,14 @@ static int collect_name(void *ctx, const char *name)
 }
 
 /* Files that name the others go last: an index.json, a Megatron-LM
- * checkpoint's latest_checkpointed_iteration.txt. */
+ * checkpoint's latest_checkpointed_iteration.txt, a PyTorch distributed
+ * checkpoint's .metadata (its readers take one as a whole checkpoint). */
 static int names_an_index(const char *name)
 {
     size_t length = strlen(name), n = strlen("index.json");
-    return (length >= n && !strcmp(name + length - n, "index.json")) || !strcmp(name, "latest_checkpointed_iteration.txt");
+    const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+    return (length >= n && !strcmp(name + length - n, "index.json")) || !strcmp(name, "latest_checkpointed_iteration.txt") ||
+           !strcmp(base, ".metadata");
 }
 
 static int index_last(const void *a, const void *b)

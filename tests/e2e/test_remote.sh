@@ -12,7 +12,8 @@
 #   killed mid-upload and restarted on the same port, a stalled server
 #   (TP_REMOTE_TIMEOUT), a stopped one (TP_REMOTE_RETRIES), a flipped and a
 #   truncated shard on the server's disk, a missing checkpoint.
-#   S3: synth, verify, diff, a multipart upload (TP_REMOTE_PART_MB=5),
+#   S3: synth, verify, diff, a multipart upload (TP_REMOTE_PART_MB=5), a
+#   PyTorch distributed checkpoint written, read, verified and resharded there,
 #   interchange with s3cmd both ways, credentials refused (and the secret key
 #   never printed), tp-train to s3:// and resumed.
 # Each server's part says SKIP where that server cannot start.
@@ -369,6 +370,20 @@ else
         '[ "$parts" -ge 2 ] && [ "$logged" -eq "$parts" ]'
     expect_ok "verify the multipart checkpoint" "$CK" verify s3://bkt/big1
     expect_ok "diff the multipart checkpoint against its source" "$CK" diff "$WORK/big" s3://bkt/big1
+
+    # --- 6b. A PyTorch distributed checkpoint in the bucket, .metadata last.
+    expect_ok "reshard to a DCP checkpoint in s3://, verified from the bucket" "$RS" "$WORK/local10" --format dcp \
+        --to tp2pp2 -o s3://bkt/dcp --verify
+    check_all "its data files and .metadata are in the bucket" \
+        '[ -e "$S3D/dcp/.metadata._S3rver_object" ] && [ -e "$S3D/dcp/__3_0.distcp._S3rver_object" ]'
+    stored=$(sed 's/\x1b\[[0-9;]*m//g' "$S3_LOG" | grep -o 'dcp/[^" ]*' | grep -v '^dcp/$' | tail -n 1)
+    check "the last object stored of it is .metadata (s3rver stored $stored last)" [ "$stored" = "dcp/.metadata" ]
+    expect_ok "info of the s3:// DCP checkpoint" "$CK" info s3://bkt/dcp
+    check "info reads its description" grep -q "^description  tp-toolkit's, carried" "$WORK/.out"
+    expect_ok "verify the s3:// DCP checkpoint: every item's CRC-32s and digests, by ranged reads" "$CK" verify s3://bkt/dcp
+    expect_ok "reshard s3:// DCP -> a local checkpoint, verified" "$RS" s3://bkt/dcp --format tp --to tp1 \
+        -o "$WORK/dcp_back" --verify
+    expect_ok "the round trip through the bucket is bit-exact" "$CK" diff "$WORK/local10" "$WORK/dcp_back"
 
     # --- 7. s3cmd reads what the tools wrote, the tools read what s3cmd wrote.
     if [ $HAVE_S3CMD = 1 ]; then

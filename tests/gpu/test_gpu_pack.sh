@@ -115,6 +115,20 @@ check "gpu-check: the summary names the failed phases" grep -qx 'failed phases: 
 check "gpu-check: the summary is printed last" [ "$(tail -n 1 "$WORK/.out")" = "$(tail -n 1 "$C/summary.txt")" ]
 check_all "gpu-check: at most 8 files ($(ls "$C" | wc -l))" '[ "$(ls "$C" | wc -l)" -le 8 ]'
 expect_error "gpu-check: an unknown phase" 2 "unknown phase fast" "$ROOT/scripts/gpu-check.sh" --phase fast "$C"
+# The dcp phase needs no GPU: here with Debian's PyTorch (first on PATH, as
+# the GPU image's is there), PyTorch's fixtures kept for the repository.
+if "$PY" -c 'import torch, h5py' 2>/dev/null; then
+    D="$WORK/check-dcp"
+    run env PATH="$(dirname "$PY"):$PATH" "$ROOT/scripts/gpu-check.sh" --phase dcp --pack "$PACK" --limit 300 "$D"
+    check "gpu-check --phase dcp passes with this machine's PyTorch" [ "$RC" -eq 0 ]
+    check "gpu-check --phase dcp: the test's summary in the summary" grep -q '^dcp: exit 0; \[test_dcp\] [0-9]* passed, 0 failed' \
+        "$D/summary.txt"
+    check_all "gpu-check --phase dcp: PyTorch's fixtures kept, a DCP checkpoint each" \
+        'tar -tzf "$D/dcp-fixtures.tar.gz" | grep -q "cols2/.metadata" && tar -tzf "$D/dcp-fixtures.tar.gz" | grep -q "grid4/.metadata"'
+    check_all "gpu-check --phase dcp: at most 8 files ($(ls "$D" | wc -l))" '[ "$(ls "$D" | wc -l)" -le 8 ]'
+else
+    echo "[SKIP] [$NAME] gpu-check --phase dcp: python3-torch is not installed"
+fi
 
 # --- gpu-profile.py on an Nsight Compute CSV made for it: kernel A, 2 ms,
 # memory-bound at 90% (nothing to gain at 80%); kernel B<float>, two
