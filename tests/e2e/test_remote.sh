@@ -376,7 +376,7 @@ else
         --to tp2pp2 -o s3://bkt/dcp --verify
     check_all "its data files and .metadata are in the bucket" \
         '[ -e "$S3D/dcp/.metadata._S3rver_object" ] && [ -e "$S3D/dcp/__3_0.distcp._S3rver_object" ]'
-    stored=$(sed 's/\x1b\[[0-9;]*m//g' "$S3_LOG" | grep -o 'dcp/[^" ]*' | grep -v '^dcp/$' | tail -n 1)
+    stored=$(sed 's/\x1b\[[0-9;]*m//g' "$S3_LOG" | grep 'Stored' | grep -o 'dcp/[^" ]*' | tail -n 1)
     check "the last object stored of it is .metadata (s3rver stored $stored last)" [ "$stored" = "dcp/.metadata" ]
     expect_ok "info of the s3:// DCP checkpoint" "$CK" info s3://bkt/dcp
     check "info reads its description" grep -q "^description  tp-toolkit's, carried" "$WORK/.out"
