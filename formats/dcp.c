@@ -505,7 +505,6 @@ static int read_description(const dcp_checkpoint *dcp, ckpt_description **out)
 
 typedef struct {
     const dcp_checkpoint *dcp;
-    const int *entry;       /* per tensor of the reader: its entry */
     const int64_t *chunk;   /* per chunk to locate: its index in dcp->chunks */
     const int *chunk_entry; /* and its entry */
     int64_t *data_offset;   /* out: where its data starts in its file */
@@ -547,6 +546,13 @@ static int locate_chunk(void *ctx, int64_t k, int thread)
     return status;
 }
 
+int dcp_locate(const dcp_checkpoint *dcp, int64_t n, const int64_t *chunk, const int *chunk_entry, int threads,
+               int64_t *data_offset)
+{
+    locate_job job = {dcp, chunk, chunk_entry, data_offset};
+    return parallel_for(n, threads > 0 ? threads : parallel_cpu_count(), locate_chunk, &job);
+}
+
 /* A tensor's description: the carried one, or a plain one. */
 static int describe_plainly(const dcp_entry *e, ckpt_tensor_desc *t)
 {
@@ -581,43 +587,40 @@ static int check_described(const dcp_checkpoint *dcp, const ckpt_tensor_desc *t,
     return TP_OK;
 }
 
-/* Boxes of a chunk in the coordinates of its tensor's one piece at tp 1:
- * where the tensor's segments are padded, a chunk that spans segments is
- * cut at their runs (rows of the split axis, contiguous when it is axis 0). */
-static int chunk_boxes(const dcp_checkpoint *dcp, const ckpt_tensor_desc *t, const dcp_entry *e, const dcp_chunk *c,
-                       int64_t data_offset, ckpt_foreign_box *boxes, int64_t *n)
+int dcp_box_boxes(const char *where, const ckpt_tensor_desc *t, int file, int64_t data_offset, const int64_t *offsets,
+                  const int64_t *sizes, ckpt_foreign_box *boxes, int64_t *n)
 {
-    ckpt_foreign_box box = {.file = c->file, .offset = data_offset};
+    ckpt_foreign_box box = {.file = file, .offset = data_offset};
     for (int d = 0; d < t->ndim; d++) {
-        box.start[d] = c->offsets[d];
-        box.count[d] = c->sizes[d];
+        box.start[d] = offsets[d];
+        box.count[d] = sizes[d];
     }
     *n = 0;
     int64_t padded[CKPT_MAX_DIMS];
     ckpt_padded_shape(t, 1, padded);
     int axis = t->partition.axis;
-    if (t->partition.kind != CKPT_SPLIT || padded[axis] == t->shape[axis] || c->sizes[axis] == 0) {
+    if (t->partition.kind != CKPT_SPLIT || padded[axis] == t->shape[axis] || sizes[axis] == 0) {
         boxes[(*n)++] = box;
         return TP_OK;
     }
     ckpt_run runs[CKPT_MAX_SEGMENTS];
-    int64_t m = ckpt_partition_runs(t, 1, c->offsets[axis], c->sizes[axis], runs, CKPT_MAX_SEGMENTS);
-    if (m < 0) return tp_fail(TP_ERR_FORMAT, "%s: %s: a chunk outside its tensor", dcp->path, e->key);
+    int64_t m = ckpt_partition_runs(t, 1, offsets[axis], sizes[axis], runs, CKPT_MAX_SEGMENTS);
+    if (m < 0) return tp_fail(TP_ERR_FORMAT, "%s: a chunk outside its tensor", where);
     if (m == 1) { /* inside one segment: only where it starts moves */
         box.start[axis] = runs[0].local_start;
         boxes[(*n)++] = box;
         return TP_OK;
     }
     if (axis != 0) /* its rows would not be contiguous in the file */
-        return tp_fail(TP_ERR_LAYOUT, "%s: %s: a chunk across the padded segments of dimension %d (only dimension 0 is cut)",
-                       dcp->path, e->key, axis);
+        return tp_fail(TP_ERR_LAYOUT, "%s: a chunk across the padded segments of dimension %d (only dimension 0 is cut)",
+                       where, axis);
     int64_t row_bytes = (int64_t)tp_dtype_size(t->dtype);
-    for (int d = 1; d < t->ndim; d++) row_bytes *= c->sizes[d];
+    for (int d = 1; d < t->ndim; d++) row_bytes *= sizes[d];
     for (int64_t k = 0; k < m; k++) {
         ckpt_foreign_box b = box;
         b.start[0] = runs[k].local_start;
         b.count[0] = runs[k].length;
-        b.offset = data_offset + (runs[k].logical_start - c->offsets[0]) * row_bytes;
+        b.offset = data_offset + (runs[k].logical_start - offsets[0]) * row_bytes;
         boxes[(*n)++] = b;
     }
     return TP_OK;
@@ -677,8 +680,7 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
                 chunk_entry[located++] = entry[i];
             }
     }
-    locate_job job = {dcp, entry, chunk, chunk_entry, data_offset};
-    if (!status) status = parallel_for(located, threads > 0 ? threads : parallel_cpu_count(), locate_chunk, &job);
+    if (!status) status = dcp_locate(dcp, located, chunk, chunk_entry, threads, data_offset);
     /* The boxes: a chunk may become one per segment it spans. */
     int64_t box_capacity = located * CKPT_MAX_SEGMENTS + 1, num_boxes = 0;
     ckpt_foreign_box *boxes = status ? NULL : calloc((size_t)box_capacity, sizeof *boxes);
@@ -689,7 +691,10 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
         const dcp_entry *e = &dcp->entries[entry[i]];
         for (; at < located && chunk_entry[at] == entry[i] && !status; at++) {
             int64_t m;
-            status = chunk_boxes(dcp, &descs[i], e, &dcp->chunks[chunk[at]], data_offset[at], boxes + num_boxes, &m);
+            const dcp_chunk *c = &dcp->chunks[chunk[at]];
+            char where[CKPT_PATH_MAX + KEY_MAX + 8];
+            snprintf(where, sizeof where, "%s: %s", dcp->path, e->key);
+            status = dcp_box_boxes(where, &descs[i], c->file, data_offset[at], c->offsets, c->sizes, boxes + num_boxes, &m);
             num_boxes += m;
         }
     }

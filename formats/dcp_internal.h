@@ -33,4 +33,19 @@ void dcp_file_path(const dcp_checkpoint *dcp, int file, char *out, size_t size);
 /* Reads a chunk's whole item (c->item_bytes) into buf. */
 int dcp_read_item(const dcp_checkpoint *dcp, const dcp_chunk *c, void *buf);
 
+/* Opens the items of chunks chunk[0..n) (indices into dcp->chunks, of the
+ * entries chunk_entry[]) on threads threads, and gives where each one's
+ * tensor data starts in its file: its item a torch.save archive of one
+ * row-major tensor of the entry's dtype and the chunk's sizes. */
+int dcp_locate(const dcp_checkpoint *dcp, int64_t n, const int64_t *chunk, const int *chunk_entry, int threads,
+               int64_t *data_offset);
+
+/* The boxes (ckpt_foreign_box) of a box [offsets, offsets + sizes) of a
+ * tensor described by t, stored row-major at data_offset of file, in the
+ * coordinates of its one piece at tp 1: where t's segments are padded, a
+ * box across segments is cut at their runs; at most CKPT_MAX_SEGMENTS.
+ * where names it in messages. */
+int dcp_box_boxes(const char *where, const ckpt_tensor_desc *t, int file, int64_t data_offset, const int64_t *offsets,
+                  const int64_t *sizes, ckpt_foreign_box *boxes, int64_t *n);
+
 #endif

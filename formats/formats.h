@@ -112,10 +112,11 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
 
 /* Opens a checkpoint of any format the toolkit reads, as a reader: its own
  * (ckpt_reader_open with options), a PyTorch distributed checkpoint
- * (formats/dcp.h) or a Megatron-LM legacy checkpoint (formats/megatron.h),
- * foreign checkpoints without checksums of ours, whose digests are computed
- * when compute_digests. *format, when not NULL, is "tp", "dcp" or
- * "megatron-legacy". */
+ * (formats/dcp.h), a Megatron-LM legacy checkpoint or a Megatron-Core
+ * torch_dist one (formats/megatron.h), foreign checkpoints without
+ * checksums of ours, whose digests are computed when compute_digests.
+ * *format, when not NULL, is "tp", "dcp", "megatron-legacy" or
+ * "megatron-torch-dist". */
 int formats_open_checkpoint(const char *path, const ckpt_read_options *options, int compute_digests, ckpt_reader **out,
                             const char **format);
 

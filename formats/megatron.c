@@ -61,8 +61,7 @@ static void rank_file(const megatron_checkpoint *m, int pp_rank, int tp_rank, in
     else snprintf(out, size, "%s/mp_rank_%02d/" RANK_FILE, m->path, tp_rank);
 }
 
-/* The iteration's directory: from the tracker file, or path itself. */
-static int find_iteration_dir(const char *path, char *out, size_t size)
+int megatron_iteration_dir(const char *path, char *out, size_t size)
 {
     char tracker[4200], *text = NULL;
     snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", path);
@@ -156,11 +155,10 @@ static int arg_number(const pickle_value *args, const char *file, const char *na
     return TP_OK;
 }
 
-static int read_config(megatron_checkpoint *m, const torch_archive *archive)
+int megatron_config_read(const torch_archive *archive, megatron_config *c)
 {
     const char *file = torch_archive_path(archive);
     const pickle_value *root = torch_archive_root(archive), *args = pickle_get(root, "args");
-    megatron_config *c = &m->config;
     if (!args || args->kind != PICKLE_OBJECT)
         return tp_fail(TP_ERR_FORMAT, "%s: no args (an argparse.Namespace): not a Megatron-LM checkpoint", file);
     const pickle_value *version = pickle_get(root, "checkpoint_version");
@@ -291,16 +289,12 @@ static int has_suffix(const char *s, const char *suffix)
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-enum { NAME_TENSOR, NAME_SKIP, NAME_HEAD_COPY };
-
-/* The canonical name of a tensor at path (its keys in a model chunk joined
- * by '.'), whose layers start at global layer first_layer. */
-static int canonical_name(const megatron_config *c, const char *path, int64_t first_layer, int64_t chunk_layers,
+int megatron_canonical_name(const megatron_config *c, const char *path, int64_t first_layer, int64_t chunk_layers,
                           char *out, size_t size, int *kind)
 {
-    *kind = NAME_TENSOR;
+    *kind = MEGATRON_NAME_TENSOR;
     if (has_suffix(path, "_extra_state")) { /* Transformer Engine's FP8 metadata, empty without FP8 */
-        *kind = NAME_SKIP;
+        *kind = MEGATRON_NAME_SKIP;
         return TP_OK;
     }
     const char *p = has_prefix(path, "language_model.") ? path + strlen("language_model.") : path;
@@ -310,7 +304,7 @@ static int canonical_name(const megatron_config *c, const char *path, int64_t fi
         return TP_OK;
     }
     if (!strcmp(p, "word_embeddings_for_head.weight") || (!c->untied && !strcmp(p, "output_layer.weight"))) {
-        *kind = NAME_HEAD_COPY;
+        *kind = MEGATRON_NAME_HEAD_COPY;
         return TP_OK;
     }
     const char *stack = NULL;
@@ -340,8 +334,7 @@ static int canonical_name(const megatron_config *c, const char *path, int64_t fi
     return tp_fail(TP_ERR_FORMAT, "tensor %s is not a known Megatron-LM GPT tensor (nothing is converted without knowing it)", path);
 }
 
-/* Logical shape, partition and anchor of a canonical name (d->name is name). */
-static void describe(const megatron_config *c, const char *name, ckpt_tensor_desc *d)
+void megatron_describe(const megatron_config *c, const char *name, ckpt_tensor_desc *d)
 {
     memset(d, 0, sizeof *d);
     d->name = name;
@@ -486,7 +479,7 @@ static int add_stage_param(megatron_checkpoint *m, int index)
 static int add_tensor(chunk_walk *w, const char *source, const char *name, const pickle_value *t)
 {
     ckpt_tensor_desc d;
-    describe(&w->m->config, name, &d);
+    megatron_describe(&w->m->config, name, &d);
     float_dtype(t, &d.dtype); /* a norm kept in fp32 beside bf16 weights stays fp32 */
     TP_TRY(add_entry(w->m, w->file, w->stage, source, &d, t));
     return add_stage_param(w->m, w->m->num_tensors - 1);
@@ -497,9 +490,9 @@ static int visit_tensor(void *ctx, const char *path, const pickle_value *t)
     chunk_walk *w = ctx;
     char name[CKPT_NAME_MAX + 1];
     int kind;
-    int status = canonical_name(&w->m->config, path, w->first_layer, w->chunk_layers, name, sizeof name, &kind);
+    int status = megatron_canonical_name(&w->m->config, path, w->first_layer, w->chunk_layers, name, sizeof name, &kind);
     if (status) return tp_fail_context(status, "%s: ", w->file);
-    if (kind == NAME_SKIP) return TP_OK;
+    if (kind == MEGATRON_NAME_SKIP) return TP_OK;
     /* Megatron-Core's flat names start at the module: no language_model. */
     if (!has_prefix(path, "language_model.") && has_prefix(path, "decoder.")) w->m->config.core_names = 1;
     if (has_suffix(name, ".input_norm.weight"))
@@ -507,11 +500,11 @@ static int visit_tensor(void *ctx, const char *path, const pickle_value *t)
                               : has_prefix(path, "decoder.")                    ? MEGATRON_NAMES_CORE_LOCAL
                               : has_suffix(path, "input_layernorm.weight")      ? MEGATRON_NAMES_LEGACY_LAYERNORM
                                                                                 : MEGATRON_NAMES_LEGACY;
-    if (kind == NAME_HEAD_COPY) {
+    if (kind == MEGATRON_NAME_HEAD_COPY) {
         /* The last stage's copy of the tied word embeddings: same piece shape. */
         megatron_tensor_entry copy = {0};
         ckpt_tensor_desc d;
-        describe(&w->m->config, "embedding.word_embeddings.weight", &d);
+        megatron_describe(&w->m->config, "embedding.word_embeddings.weight", &d);
         if (ckpt_tensor_copy_init(&copy.copy, &d)) return tp_fail_context(TP_ERR_FORMAT, "%s: ", w->file);
         snprintf(copy.source, sizeof copy.source, "%s", path);
         w->head_copies++;
@@ -606,7 +599,7 @@ typedef struct {
 static void describe_state(const megatron_checkpoint *m, int index, const char *role, state_desc *s)
 {
     snprintf(s->param, sizeof s->param, "%s", index == HEAD_COPY ? "embedding.word_embeddings.weight" : m->tensors[index].copy.name);
-    describe(&m->config, s->param, &s->desc);
+    megatron_describe(&m->config, s->param, &s->desc);
     snprintf(s->name, sizeof s->name, "optim/%s/%s", role, s->param);
     s->desc.role = role;
     s->desc.param = s->param;
@@ -919,7 +912,7 @@ int megatron_open(const char *path, megatron_checkpoint **out)
     *out = NULL;
     megatron_checkpoint *m = calloc(1, sizeof *m);
     if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    int status = find_iteration_dir(path, m->path, sizeof m->path);
+    int status = megatron_iteration_dir(path, m->path, sizeof m->path);
     /* Rank 0's file tells the layout; pp > 1 names it mp_rank_00_000. */
     char file[4400];
     torch_archive *first = NULL;
@@ -938,7 +931,7 @@ int megatron_open(const char *path, megatron_checkpoint **out)
                              ": not a Megatron-LM checkpoint", m->path);
     }
     if (!status) status = torch_archive_open(file, NULL, &first);
-    if (!status) status = read_config(m, first);
+    if (!status) status = megatron_config_read(first, &m->config);
     /* A release checkpoint is loaded as iteration 0 whatever it records. */
     const char *base = strrchr(m->path, '/');
     if (!status && !strcmp(base ? base + 1 : m->path, "release")) m->config.iteration = -1;

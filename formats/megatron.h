@@ -223,4 +223,44 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
 int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, const megatron_write_options *options,
                    const char *out, megatron_write_plan *plan);
 
+/* ------------------------------------------- Megatron-Core torch_dist */
+
+/* Megatron-Core's distributed checkpoints (`--ckpt-format torch_dist`, its
+ * default): the iteration's directory holds metadata.json (the backend,
+ * "torch_dist"), common.pt (a torch.save of what every rank shares: args,
+ * checkpoint_version, iteration) and a PyTorch distributed checkpoint
+ * (formats/dcp.h) under Megatron-Core's keys. A homogeneous model's layers
+ * are stacked along a leading axis (decoder.layers.self_attention.
+ * linear_qkv.weight [layers, rows, hidden], each chunk one layer of one
+ * rank); a non-homogeneous one's are numbered (decoder.layers.N. ...);
+ * Transformer Engine's _extra_state and other objects are bytes entries.
+ * They are read as the canonical tensors above, each layer a tensor of its
+ * own, whatever the chunking; the optimizer's state where it is stored in
+ * the model's space (optimizer.state.exp_avg|exp_avg_sq|fp32_param.KEY, as
+ * the non-distributed optimizer and the distributed one's
+ * fully_reshardable layout store it), as optim/ROLE/NAME. */
+#include "dcp.h"
+
+typedef struct megatron_dist megatron_dist;
+
+/* Whether path is one (*found): its iteration's directory (path, or the
+ * one its tracker file names) holds metadata.json. */
+int megatron_dist_detect(const char *path, int *found);
+/* Reads metadata.json, common.pt (the model, checked as megatron_open
+ * checks args) and the DCP metadata, and maps every tensor to its
+ * canonical name, checking its shape against the model. Refused, naming
+ * it: another backend (zarr), no common.pt, a tensor it does not know. */
+int megatron_dist_open(const char *path, megatron_dist **out);
+void megatron_dist_close(megatron_dist *checkpoint);
+const megatron_config *megatron_dist_config(const megatron_dist *checkpoint);
+/* The iteration's directory. */
+const char *megatron_dist_path(const megatron_dist *checkpoint);
+const dcp_checkpoint *megatron_dist_dcp(const megatron_dist *checkpoint);
+/* Why the optimizer's state is not read (another layout), or NULL. */
+const char *megatron_dist_optimizer_refusal(const megatron_dist *checkpoint);
+/* The checkpoint as a foreign reader at tp 1 pp 1 (its layers the model's):
+ * every chunk's item located (threads at once; 0: all cores); digests
+ * computed with compute_digests. */
+int megatron_dist_reader_open(const megatron_dist *checkpoint, int compute_digests, int threads, ckpt_reader **out);
+
 #endif

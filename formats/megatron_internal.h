@@ -26,4 +26,24 @@ int megatron_no_weight_decay(const ckpt_tensor_desc *tensor);
  * decay: from its wd_mult, or its weight_decay. */
 int megatron_group_no_weight_decay(const pickle_value *group, const char *file, int64_t g, int *out);
 
+/* The iteration's directory of a Megatron checkpoint at path: from the
+ * tracker file latest_checkpointed_iteration.txt, or path itself. */
+int megatron_iteration_dir(const char *path, char *out, size_t size);
+
+/* The model, layout and training state of a file's `args`,
+ * `checkpoint_version` and `iteration` (a rank file, or Megatron-Core's
+ * common.pt): checked as megatron_open checks them. */
+int megatron_config_read(const torch_archive *archive, megatron_config *config);
+
+/* The canonical name (megatron.h) of a model tensor at path (its keys
+ * joined by '.', legacy or Megatron-Core's), whose layers are numbered from
+ * global layer first_layer in a chunk of chunk_layers; *kind says whether
+ * it is a tensor, to skip (_extra_state) or the tied head's copy. */
+enum { MEGATRON_NAME_TENSOR, MEGATRON_NAME_SKIP, MEGATRON_NAME_HEAD_COPY };
+int megatron_canonical_name(const megatron_config *config, const char *path, int64_t first_layer, int64_t chunk_layers,
+                            char *out, size_t size, int *kind);
+/* The logical shape, partition and anchor of a canonical name (d->name is
+ * name, its dtype the model's). */
+void megatron_describe(const megatron_config *config, const char *name, ckpt_tensor_desc *d);
+
 #endif

@@ -421,8 +421,8 @@ static void emit_model_args(rank_writer *r)
         pk_string(b, "rotary_base");
         pk_int(b, (int64_t)c->rotary_base); /* Megatron's --rotary-base is an integer */
         pk_string(b, "rotary_percent");
-        pk_float(b, 1.0);
-        arg_bool(b, "rotary_interleaved", 0);
+        pk_float(b, c->rotary_percent > 0 ? c->rotary_percent : 1.0);
+        arg_bool(b, "rotary_interleaved", c->rotary_interleaved);
         arg_bool(b, "use_rope_scaling", c->rope_scaling_factor > 0);
         pk_string(b, "rotary_scaling_factor");
         pk_float(b, c->rope_scaling_factor > 0 ? c->rope_scaling_factor : 8.0);
@@ -435,10 +435,14 @@ static void emit_model_args(rank_writer *r)
     arg_bool(b, "swiglu", c->swiglu);
     arg_bool(b, "openai_gelu", c->openai_gelu);
     arg_bool(b, "untie_embeddings_and_output_weights", c->untied);
-    arg_bool(b, "apply_residual_connection_post_layernorm", 0);
-    arg_int(b, "vocab_size", c->true_vocab);
+    arg_bool(b, "apply_residual_connection_post_layernorm", c->post_layernorm_residual);
+    /* The true vocabulary where known (this toolkit's models), else only
+     * the padded one, as Megatron records it (a Megatron-Core source). */
+    pk_string(b, "vocab_size");
+    if (c->true_vocab > 0) pk_int(b, c->true_vocab);
+    else pk_none(b);
     arg_int(b, "make_vocab_size_divisible_by", c->vocab_divisible_by);
-    arg_int(b, "padded_vocab_size", (c->true_vocab + multiple - 1) / multiple * multiple);
+    arg_int(b, "padded_vocab_size", c->true_vocab > 0 ? (c->true_vocab + multiple - 1) / multiple * multiple : c->padded_vocab);
     arg_int(b, "tensor_model_parallel_size", r->to.tp);
     arg_int(b, "pipeline_model_parallel_size", r->to.pp);
     pk_string(b, "virtual_pipeline_model_parallel_size");

@@ -10,7 +10,18 @@ int formats_open_checkpoint(const char *path, const ckpt_read_options *options, 
                             const char **format)
 {
     *out = NULL;
-    int dcp, megatron;
+    int dist, dcp, megatron;
+    /* Megatron-Core's torch_dist is a DCP checkpoint and has a tracker file:
+     * it is asked for first. */
+    TP_TRY(megatron_dist_detect(path, &dist));
+    if (dist) {
+        if (format) *format = "megatron-torch-dist";
+        megatron_dist *m;
+        TP_TRY(megatron_dist_open(path, &m));
+        int status = megatron_dist_reader_open(m, compute_digests, 0, out);
+        megatron_dist_close(m);
+        return status;
+    }
     TP_TRY(dcp_detect(path, &dcp));
     if (dcp) {
         if (format) *format = "dcp";

@@ -367,6 +367,67 @@ static int info_dcp(const char *path, int json)
     return code;
 }
 
+/* A Megatron-Core torch_dist checkpoint: the model from common.pt, the
+ * tensors under their canonical names, what of the optimizer was read. */
+static int info_megatron_dist(const char *path, int json)
+{
+    megatron_dist *m;
+    ckpt_reader *r = NULL;
+    if (megatron_dist_open(path, &m) || megatron_dist_reader_open(m, 0, 0, &r)) {
+        int code = fail("%s", tp_errmsg());
+        megatron_dist_close(m);
+        return code;
+    }
+    const megatron_config *c = megatron_dist_config(m);
+    const dcp_checkpoint *d = megatron_dist_dcp(m);
+    const char *refusal = megatron_dist_optimizer_refusal(m);
+    int code = 0;
+    if (json) {
+        char *text = NULL;
+        if (ckpt_reader_index_json(r, &text)) code = fail("%s", tp_errmsg());
+        cJSON *root = code ? NULL : cJSON_Parse(text);
+        free(text);
+        if (root) {
+            cJSON_AddStringToObject(root, "format", "megatron-torch-dist");
+            cJSON_AddStringToObject(root, "path", megatron_dist_path(m));
+            cJSON_AddStringToObject(root, "names", megatron_naming_name(c->naming));
+            cJSON_AddNumberToObject(root, "iteration", (double)c->iteration);
+            cJSON_AddNumberToObject(root, "checkpoint_version", c->checkpoint_version);
+            cJSON_AddNumberToObject(root, "saved_tp", c->tp);
+            cJSON_AddNumberToObject(root, "saved_pp", c->pp);
+            cJSON_AddBoolToObject(root, "optimizer_read", c->optimizer_read);
+            if (refusal) cJSON_AddStringToObject(root, "optimizer_refusal", refusal);
+            cJSON_AddNumberToObject(root, "total_bytes", (double)dcp_bytes(d));
+            char *out = cJSON_Print(root);
+            printf("%s\n", out);
+            cJSON_free(out);
+            cJSON_Delete(root);
+        }
+    } else {
+        char size[32];
+        format_bytes((double)dcp_bytes(d), size, sizeof size);
+        printf("checkpoint   %s (Megatron-Core torch_dist, checkpoint_version %.1f, %s names)\n", megatron_dist_path(m),
+               c->checkpoint_version, megatron_naming_name(c->naming));
+        if (c->iteration >= 0) printf("iteration    %lld\n", (long long)c->iteration);
+        else printf("iteration    release\n");
+        printf("saved at     tp=%d pp=%d (read at any layout)   layers=%lld   %d data files, %s\n", c->tp, c->pp,
+               (long long)c->num_layers, dcp_num_files(d), size);
+        printf("model        hidden %lld, %lld heads in %lld query groups of %lld channels, ffn %lld%s, vocabulary %lld "
+               "(padded), %s, %s, %s embeddings, %s\n",
+               (long long)c->hidden, (long long)c->heads, (long long)c->query_groups, (long long)c->kv_channels,
+               (long long)c->ffn, c->swiglu ? " (SwiGLU)" : "", (long long)c->padded_vocab,
+               c->learned_positions ? "learned positions" : "no position embeddings", c->has_bias ? "biases" : "no biases",
+               c->untied ? "untied" : "tied", tp_dtype_name(c->dtype));
+        if (c->optimizer_read) printf("optimizer    Adam state in the model's space, read: optim/ROLE/NAME\n");
+        else if (refusal) printf("optimizer    not read: %s\n", refusal);
+        printf("tensors      %d\n\n", ckpt_reader_num_tensors(r));
+        info_table(r);
+    }
+    ckpt_reader_close(r);
+    megatron_dist_close(m);
+    return code;
+}
+
 static int cmd_info(int argc, char **argv)
 {
     int json = 0;
@@ -385,7 +446,9 @@ static int cmd_info(int argc, char **argv)
         } else die_usage("info: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1) die_usage("info takes one checkpoint");
-    int megatron, is_dcp;
+    int megatron, is_dcp, is_dist;
+    if (megatron_dist_detect(argv[optind], &is_dist)) return fail("%s", tp_errmsg());
+    if (is_dist) return info_megatron_dist(argv[optind], json);
     if (dcp_detect(argv[optind], &is_dcp)) return fail("%s", tp_errmsg());
     if (is_dcp) return info_dcp(argv[optind], json);
     if (megatron_detect(argv[optind], &megatron)) return fail("%s", tp_errmsg());
@@ -453,13 +516,19 @@ static int verify_megatron(const char *path, int threads)
  * compared with its logical digest where the checkpoint carries them. */
 static int verify_dcp(const char *path, int threads)
 {
-    dcp_checkpoint *d;
+    dcp_checkpoint *owned = NULL;
+    megatron_dist *m = NULL;
     ckpt_reader *r = NULL;
-    if (dcp_open(path, &d) || dcp_reader_open(d, 0, threads, &r)) {
+    int is_dist;
+    if (megatron_dist_detect(path, &is_dist) ||
+        (is_dist ? megatron_dist_open(path, &m) || megatron_dist_reader_open(m, 0, threads, &r)
+                 : dcp_open(path, &owned) || dcp_reader_open(owned, 0, threads, &r))) {
         int code = fail("%s", tp_errmsg());
-        dcp_close(d);
+        dcp_close(owned);
+        megatron_dist_close(m);
         return code;
     }
+    const dcp_checkpoint *d = m ? megatron_dist_dcp(m) : owned;
     int64_t total = dcp_bytes(d);
     progress bar;
     progress_start(&bar, "verify", total, 0);
@@ -490,10 +559,12 @@ static int verify_dcp(const char *path, int threads)
         printf("ok: %s: %d items, %d zip entries (%s) match their CRC-32s; %d tensors read%s, in %.2f s\n", dcp_path(d),
                items.items, items.entries - items.unchecked, size, ckpt_reader_num_tensors(r),
                dcp_has_description(d) ? ", each equal to the logical digest the description records"
+               : m                    ? " under their canonical names (Megatron-Core torch_dist)"
                                       : " (the checkpoint records no digests of ours)", seconds);
     ckpt_verify_result_free(&result);
     ckpt_reader_close(r);
-    dcp_close(d);
+    dcp_close(owned);
+    megatron_dist_close(m);
     return bad ? 1 : 0;
 }
 
@@ -513,9 +584,9 @@ static int cmd_verify(int argc, char **argv)
         } else die_usage("verify: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1) die_usage("verify takes one checkpoint");
-    int megatron, is_dcp;
-    if (dcp_detect(argv[optind], &is_dcp)) return fail("%s", tp_errmsg());
-    if (is_dcp) return verify_dcp(argv[optind], (int)threads);
+    int megatron, is_dcp, is_dist;
+    if (megatron_dist_detect(argv[optind], &is_dist) || dcp_detect(argv[optind], &is_dcp)) return fail("%s", tp_errmsg());
+    if (is_dist || is_dcp) return verify_dcp(argv[optind], (int)threads);
     if (megatron_detect(argv[optind], &megatron)) return fail("%s", tp_errmsg());
     if (megatron) return verify_megatron(argv[optind], (int)threads);
     int code = 0;

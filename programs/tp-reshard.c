@@ -174,31 +174,32 @@ typedef struct {
     megatron_write_plan *plan;
 } megatron_job;
 
-/* A Megatron source's reshard, or this toolkit's GPT written as Megatron's. */
+/* A Megatron source's reshard (a legacy one its own template; a torch_dist
+ * one's model in the options), or this toolkit's GPT written as Megatron's. */
 static int run_megatron_write(void *ctx, const char *path)
 {
     megatron_job *j = ctx;
-    return j->megatron ? megatron_write(j->source, j->megatron, j->options, path, j->plan)
-                       : gpt_megatron_write(j->source, j->options, path, j->plan);
+    return j->megatron || j->options->model ? megatron_write(j->source, j->megatron, j->options, path, j->plan)
+                                            : gpt_megatron_write(j->source, j->options, path, j->plan);
 }
 
 /* A Megatron-LM source (its --from already checked) written back as a
  * Megatron-LM checkpoint at the target layout, planned first (--dry-run
  * stops there), verified by digests when asked. */
-static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatron, const reshard_options *options,
-                          const char *source_path, const char *out, int naming, int verify, int dry_run, int json,
-                          int force_progress)
+static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatron, const megatron_config *model,
+                          const reshard_options *options, const char *source_path, const char *out, int naming, int verify,
+                          int dry_run, int json, int force_progress)
 {
-    const megatron_config *c = megatron ? megatron_config_of(megatron) : NULL;
+    const megatron_config *c = megatron ? megatron_config_of(megatron) : model;
     const ckpt_layout *from = ckpt_reader_layout(source);
     const char *source_name = megatron ? megatron_path(megatron) : ckpt_reader_path(source);
-    const char *source_format = megatron ? "Megatron-LM " : "";
+    const char *source_format = megatron ? "Megatron-LM " : model ? "Megatron-Core torch_dist " : "";
     megatron_write_options wo = {.tp = options->tp, .pp = options->pp, .naming = naming, .overwrite = options->overwrite,
                                  .threads = options->threads, .weights_only = options->drop_optimizer,
-                                 .memory_limit = options->memory_limit};
+                                 .memory_limit = options->memory_limit, .model = megatron ? NULL : model};
     megatron_naming names = naming >= 0 ? (megatron_naming)naming : c ? c->naming : MEGATRON_NAMES_LEGACY;
     megatron_write_plan plan;
-    if (megatron ? megatron_write_plan_create(source, megatron, &wo, &plan) : gpt_megatron_write(source, &wo, NULL, &plan))
+    if (megatron || model ? megatron_write_plan_create(source, megatron, &wo, &plan) : gpt_megatron_write(source, &wo, NULL, &plan))
         return fail("%s", tp_errmsg());
     char default_out[4200];
     if (!out) {
@@ -461,11 +462,24 @@ int main(int argc, char **argv)
      * needs them. */
     ckpt_reader *source = NULL;
     megatron_checkpoint *megatron = NULL;
+    megatron_dist *dist = NULL;
     dcp_checkpoint *dcp = NULL;
-    int is_megatron = 0, is_dcp;
-    if (dcp_detect(argv[optind], &is_dcp) || (!is_dcp && megatron_detect(argv[optind], &is_megatron)))
+    int is_megatron = 0, is_dcp = 0, is_dist;
+    if (megatron_dist_detect(argv[optind], &is_dist) || (!is_dist && dcp_detect(argv[optind], &is_dcp)) ||
+        (!is_dist && !is_dcp && megatron_detect(argv[optind], &is_megatron)))
         return fail("%s", tp_errmsg());
-    if (is_dcp) {
+    if (is_dist) {
+        /* Writing torch_dist is not done yet: the output's format is said. */
+        if (true_vocab) die_usage("--true-vocab-size applies to a Megatron-LM legacy source");
+        if (!output_format)
+            die_usage("a Megatron-Core torch_dist source needs --format tp, megatron or dcp (writing torch_dist is not "
+                      "implemented yet)");
+        if (megatron_dist_open(argv[optind], &dist) || megatron_dist_reader_open(dist, verify, options.threads, &source)) {
+            int code = fail("%s", tp_errmsg());
+            megatron_dist_close(dist);
+            return code;
+        }
+    } else if (is_dcp) {
         /* Digests: the ones its description records, else computed for --verify. */
         if (true_vocab) die_usage("--true-vocab-size applies to a Megatron-LM source");
         if (dcp_open(argv[optind], &dcp) || dcp_reader_open(dcp, verify && !dcp_has_description(dcp), options.threads, &source)) {
@@ -491,6 +505,7 @@ int main(int argc, char **argv)
                         layout->pp);
         ckpt_reader_close(source);
         megatron_close(megatron);
+        megatron_dist_close(dist);
         dcp_close(dcp);
         return code;
     }
@@ -501,6 +516,8 @@ int main(int argc, char **argv)
         int code = write_dcp(source, dcp, &options, dcp_torch, dcp_dp, argv[optind], out, verify, dry_run, json, force_progress);
         ckpt_reader_close(source);
         dcp_close(dcp);
+        megatron_close(megatron);
+        megatron_dist_close(dist);
         return code;
     }
     int megatron_out = output_format ? !strcmp(output_format, "megatron") : megatron != NULL;
@@ -508,11 +525,14 @@ int main(int argc, char **argv)
     /* This toolkit's GPT written as Megatron's regroups each fused QKV: the
      * logical tensors differ, so digests cannot prove it; an import back
      * and a diff can (docs/TOOLS.md). */
-    if (megatron_out && !megatron && verify)
+    if (megatron_out && !megatron && !dist && verify)
         refusal = "--verify compares logical digests, and a GPT written as Megatron's regroups its QKV: import it back "
                   "(tp-ckpt import) and diff instead";
     else if (megatron && megatron_optimizer_refusal(megatron, NULL) && !options.drop_optimizer)
         refusal = megatron_optimizer_refusal(megatron, NULL);
+    else if (megatron_out && dist && megatron_dist_config(dist)->optimizer_read && !options.drop_optimizer)
+        refusal = "the optimizer's state of a torch_dist checkpoint is not written as a legacy Megatron optimizer (its param "
+                  "groups and schedule belong to the run; --format tp or dcp keep it); --weights-only converts the weights";
     if (refusal) {
         int code = megatron && megatron_optimizer_refusal(megatron, NULL) == refusal
                        ? fail("%s; --weights-only (--no-optim) converts the weights alone, as Megatron's own converters do",
@@ -520,14 +540,16 @@ int main(int argc, char **argv)
                        : fail("%s: %s", argv[optind], refusal);
         ckpt_reader_close(source);
         megatron_close(megatron);
+        megatron_dist_close(dist);
         dcp_close(dcp);
         return code;
     }
     if (megatron_out) {
-        int code = write_megatron(source, megatron, &options, argv[optind], out, naming, verify, dry_run, json,
-                                  force_progress);
+        int code = write_megatron(source, megatron, dist ? megatron_dist_config(dist) : NULL, &options, argv[optind], out,
+                                  naming, verify, dry_run, json, force_progress);
         ckpt_reader_close(source);
         megatron_close(megatron);
+        megatron_dist_close(dist);
         dcp_close(dcp);
         return code;
     }
@@ -550,6 +572,7 @@ int main(int argc, char **argv)
         int code = fail("%s", tp_errmsg());
         ckpt_reader_close(source);
         megatron_close(megatron);
+        megatron_dist_close(dist);
         dcp_close(dcp);
         return code;
     }
@@ -571,6 +594,7 @@ int main(int argc, char **argv)
         reshard_plan_free(plan);
         ckpt_reader_close(source);
         megatron_close(megatron);
+        megatron_dist_close(dist);
         dcp_close(dcp);
         return 0;
     }
@@ -622,6 +646,7 @@ int main(int argc, char **argv)
     reshard_plan_free(plan);
     ckpt_reader_close(source);
     megatron_close(megatron);
+    megatron_dist_close(dist);
     dcp_close(dcp);
     return code;
 }
