@@ -52,8 +52,8 @@ static const char *usage_text =
     "  --progress               show progress even when stderr is not a terminal\n"
     "\n"
     "CKPT is a checkpoint directory, or a run directory (its latest checkpoint), a Megatron-LM\n"
-    "legacy checkpoint (docs/MEGATRON.md) or a PyTorch distributed checkpoint (docs/DCP.md), read\n"
-    "without executing anything.\n";
+    "legacy or Megatron-Core torch_dist checkpoint (docs/MEGATRON.md; torch_dist needs --format) or a\n"
+    "PyTorch distributed checkpoint (docs/DCP.md), read without executing anything.\n";
 
 #define die_usage(...) cli_usage_error("tp-reshard", __VA_ARGS__)
 #define fail(...) cli_error("tp-reshard", __VA_ARGS__)
