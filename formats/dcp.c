@@ -411,8 +411,8 @@ const dcp_entry *dcp_entry_at(const dcp_checkpoint *dcp, int index)
 
 int dcp_entry_is_tensor(const dcp_entry *e)
 {
-    return e->kind == DCP_TENSOR && e->ndim >= 1 && e->ndim <= CKPT_MAX_DIMS &&
-           (e->dtype == TORCH_FLOAT32 || e->dtype == TORCH_BFLOAT16 || e->dtype == TORCH_FLOAT16);
+    tp_dtype dtype;
+    return e->kind == DCP_TENSOR && e->ndim >= 1 && e->ndim <= CKPT_MAX_DIMS && torch_dtype_to_tp(e->dtype, &dtype);
 }
 
 int dcp_num_files(const dcp_checkpoint *dcp)
@@ -439,14 +439,19 @@ void dcp_file_path(const dcp_checkpoint *dcp, int file, char *out, size_t size)
     snprintf(out, size, "%s/%s", dcp->path, dcp->files[file].name);
 }
 
-int dcp_read_item(const dcp_checkpoint *dcp, const dcp_chunk *c, void *buf)
+int dcp_open_item_file(const dcp_checkpoint *dcp, const dcp_chunk *c, const ckpt_storage **store, ckpt_file **file)
 {
     char path[CKPT_PATH_MAX + 80];
     dcp_file_path(dcp, c->file, path, sizeof path);
+    TP_TRY(ckpt_storage_for(path, store));
+    return (*store)->open(*store, path, CKPT_OPEN_READ, file);
+}
+
+int dcp_read_item(const dcp_checkpoint *dcp, const dcp_chunk *c, void *buf)
+{
     const ckpt_storage *store;
     ckpt_file *file;
-    TP_TRY(ckpt_storage_for(path, &store));
-    TP_TRY(store->open(store, path, CKPT_OPEN_READ, &file));
+    TP_TRY(dcp_open_item_file(dcp, c, &store, &file));
     int status = c->item_bytes ? store->read_at(file, buf, (size_t)c->item_bytes, c->item_offset) : TP_OK;
     store->close(file);
     return status;
@@ -559,7 +564,7 @@ static int describe_plainly(const dcp_entry *e, ckpt_tensor_desc *t)
     memset(t, 0, sizeof *t);
     t->name = e->key;
     t->role = "param";
-    t->dtype = e->dtype == TORCH_BFLOAT16 ? TP_BF16 : e->dtype == TORCH_FLOAT16 ? TP_FP16 : TP_FP32;
+    torch_dtype_to_tp(e->dtype, &t->dtype);
     t->ndim = e->ndim;
     memcpy(t->shape, e->shape, sizeof(int64_t) * (size_t)e->ndim);
     t->partition.kind = CKPT_REPLICATED;
@@ -571,7 +576,9 @@ static int describe_plainly(const dcp_entry *e, ckpt_tensor_desc *t)
 
 static tp_dtype tp_dtype_of(torch_dtype dtype)
 {
-    return dtype == TORCH_BFLOAT16 ? TP_BF16 : dtype == TORCH_FLOAT16 ? TP_FP16 : TP_FP32;
+    tp_dtype out = TP_FP32;
+    torch_dtype_to_tp(dtype, &out);
+    return out;
 }
 
 /* The carried description's tensor against the entry that holds it. */
@@ -763,8 +770,7 @@ static int verify_item(void *ctx, int64_t k, int thread)
     unsigned char start[4] = {0};
     const ckpt_storage *store;
     ckpt_file *file;
-    TP_TRY(ckpt_storage_for(path, &store));
-    TP_TRY(store->open(store, path, CKPT_OPEN_READ, &file));
+    TP_TRY(dcp_open_item_file(job->dcp, c, &store, &file));
     int status = c->item_bytes >= 4 ? store->read_at(file, start, 4, c->item_offset) : TP_OK;
     store->close(file);
     if (status) return status;

@@ -62,11 +62,6 @@ typedef struct {
     const char *root;           /* the staging directory */
 } writer;
 
-static torch_dtype torch_dtype_of(tp_dtype dtype)
-{
-    return dtype == TP_BF16 ? TORCH_BFLOAT16 : dtype == TP_FP16 ? TORCH_FLOAT16 : TORCH_FLOAT32;
-}
-
 static int64_t chunk_bytes(const writer *w, const out_chunk *c)
 {
     const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, c->tensor);
@@ -303,7 +298,7 @@ static int write_chunk(writer *w, rank_buffers *rb, out_chunk *c, FILE *file, co
     c->item_offset = (int64_t)at;
     torch_writer *tw;
     TP_TRY(torch_writer_open_in(file, path, ARCHIVE_NAME, &tw));
-    int status = torch_writer_tensor(tw, torch_dtype_of(t->dtype), ndim, c->sizes);
+    int status = torch_writer_tensor(tw, torch_dtype_from_tp(t->dtype), ndim, c->sizes);
     if (!status) status = torch_writer_begin_storages(tw);
     c->digest = 0;
     for (int64_t r = 0; r < rows && !status; r += per_block) {
@@ -514,7 +509,7 @@ static int write_metadata(const writer *w, const carried *extra, int num_extra, 
         const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, w->tensors[k]);
         dcp_key_of(t->name, key, sizeof key);
         pk_string(&b, key);
-        pk_tensor_metadata_begin(&b, d, torch_dtype_of(t->dtype), t->shape, t->ndim);
+        pk_tensor_metadata_begin(&b, d, torch_dtype_from_tp(t->dtype), t->shape, t->ndim);
         for (int64_t c = w->tensor_first[k]; c < w->tensor_first[k + 1]; c++)
             pk_chunk(&b, d, w->chunks[c].offsets, w->chunks[c].sizes, t->ndim);
         pk_tensor_metadata_end(&b);
@@ -604,12 +599,9 @@ static int copy_item(const dcp_checkpoint *dcp, const dcp_chunk *c, FILE *file, 
     off_t at = ftello(file);
     if (at < 0) return tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
     *offset = (int64_t)at;
-    char source[CKPT_PATH_MAX + 80];
-    dcp_file_path(dcp, c->file, source, sizeof source);
     const ckpt_storage *store;
     ckpt_file *in;
-    TP_TRY(ckpt_storage_for(source, &store));
-    TP_TRY(store->open(store, source, CKPT_OPEN_READ, &in));
+    TP_TRY(dcp_open_item_file(dcp, c, &store, &in));
     int status = TP_OK;
     for (int64_t done = 0; done < c->item_bytes && !status; done += (int64_t)size) {
         size_t n = c->item_bytes - done < (int64_t)size ? (size_t)(c->item_bytes - done) : size;

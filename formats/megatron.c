@@ -402,12 +402,7 @@ typedef struct {
 /* Whether a tensor holds one of the project's dtypes, and which. */
 static int float_dtype(const pickle_value *tensor, tp_dtype *out)
 {
-    switch (tensor->tensor.storage->storage.dtype) {
-    case TORCH_FLOAT32: *out = TP_FP32; return 1;
-    case TORCH_BFLOAT16: *out = TP_BF16; return 1;
-    case TORCH_FLOAT16: *out = TP_FP16; return 1;
-    default: return 0;
-    }
+    return torch_dtype_to_tp(tensor->tensor.storage->storage.dtype, out);
 }
 
 static int check_piece(const megatron_checkpoint *m, const megatron_tensor_entry *e, const pickle_value *t, const char *file)

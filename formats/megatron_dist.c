@@ -178,11 +178,6 @@ static void shape_text(const int64_t *shape, int ndim, char *out, size_t size)
     if (n < (int)size) snprintf(out + n, size - (size_t)n, "]");
 }
 
-static tp_dtype dtype_of(torch_dtype dtype)
-{
-    return dtype == TORCH_BFLOAT16 ? TP_BF16 : dtype == TORCH_FLOAT16 ? TP_FP16 : TP_FP32;
-}
-
 /* Megatron-Core's names of the optimizer's states, ours. */
 static const char *role_of(const char *state)
 {
@@ -219,7 +214,7 @@ static int add_key(const megatron_dist *m, int entry, const char *key, const cha
         if (length >= (int)sizeof t.name || strlen(canonical) > 200)
             return tp_fail(TP_ERR_FORMAT, "%s: key %s: a name too long", m->path, e->key);
         megatron_describe(c, t.param, &t.desc);
-        t.desc.dtype = dtype_of(e->dtype);
+        torch_dtype_to_tp(e->dtype, &t.desc.dtype); /* a tensor entry: one of ours */
         /* The logical shape: the entry's, without the layer axis. */
         int ndim = e->ndim - (stacked ? 1 : 0);
         int same = ndim == t.desc.ndim;

@@ -120,11 +120,6 @@ static int add_pending(rank_writer *r, struct pending p)
     return TP_OK;
 }
 
-static torch_dtype torch_dtype_of(tp_dtype dtype)
-{
-    return dtype == TP_BF16 ? TORCH_BFLOAT16 : dtype == TP_FP16 ? TORCH_FLOAT16 : TORCH_FLOAT32;
-}
-
 /* Emits this rank's piece of the source's tensor index (a fused QKV: qkv). */
 static int emit_tensor(rank_writer *r, int index, int qkv)
 {
@@ -134,7 +129,7 @@ static int emit_tensor(rank_writer *r, int index, int qkv)
     ckpt_piece_shape(t, r->to.tp, shape);
     for (int d = 0; d < t->ndim; d++) bytes *= shape[d];
     TP_TRY(add_pending(r, (struct pending){.index = index, .piece = piece, .bytes = bytes, .rows = shape[0], .qkv = qkv}));
-    return torch_writer_tensor(r->w, torch_dtype_of(t->dtype), t->ndim, shape);
+    return torch_writer_tensor(r->w, torch_dtype_from_tp(t->dtype), t->ndim, shape);
 }
 
 /* The vocabulary's padding rows among rows [row0, row0 + count) of this

@@ -53,6 +53,21 @@ size_t torch_dtype_size(torch_dtype dtype)
     return (unsigned)dtype < sizeof sizes / sizeof *sizes ? sizes[dtype] : 0;
 }
 
+int torch_dtype_to_tp(torch_dtype dtype, tp_dtype *out)
+{
+    switch (dtype) {
+    case TORCH_FLOAT32: *out = TP_FP32; return 1;
+    case TORCH_BFLOAT16: *out = TP_BF16; return 1;
+    case TORCH_FLOAT16: *out = TP_FP16; return 1;
+    default: return 0;
+    }
+}
+
+torch_dtype torch_dtype_from_tp(tp_dtype dtype)
+{
+    return dtype == TP_BF16 ? TORCH_BFLOAT16 : dtype == TP_FP16 ? TORCH_FLOAT16 : TORCH_FLOAT32;
+}
+
 const char *torch_dtype_name(torch_dtype dtype)
 {
     static const char *names[] = {"float32", "float64", "float16", "bfloat16", "int64",     "int32",

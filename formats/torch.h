@@ -27,6 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../common/dtype.h"
+
 /* ------------------------------------------------------------------ pickle */
 
 typedef enum {
@@ -64,6 +66,11 @@ typedef enum {
 
 /* Bytes of one element. */
 size_t torch_dtype_size(torch_dtype dtype);
+/* This project's dtype of a torch dtype: whether it is one (fp32, bf16,
+ * fp16), and which. */
+int torch_dtype_to_tp(torch_dtype dtype, tp_dtype *out);
+/* The torch dtype of one of this project's. */
+torch_dtype torch_dtype_from_tp(tp_dtype dtype);
 /* "float32", "bfloat16", ... as torch names them. */
 const char *torch_dtype_name(torch_dtype dtype);
 

@@ -108,14 +108,33 @@ static int64_t tensor_stored_bytes(const ckpt_reader *r, int i)
     return bytes;
 }
 
+/* The reader's index as a JSON object (NULL after a failure, said). */
+static cJSON *index_object(const ckpt_reader *r)
+{
+    char *text = NULL;
+    if (ckpt_reader_index_json(r, &text)) {
+        fail("%s", tp_errmsg());
+        return NULL;
+    }
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    return root;
+}
+
+static void print_object(cJSON *root)
+{
+    char *out = cJSON_Print(root);
+    printf("%s\n", out);
+    cJSON_free(out);
+    cJSON_Delete(root);
+}
+
 /* The index, with the layout also at the top level (tp, pp, dp, num_layers),
  * the resolved path, total bytes, and per tensor its piece shape and bytes. */
 static int info_json(const ckpt_reader *r)
 {
-    char *text = NULL;
-    if (ckpt_reader_index_json(r, &text)) return fail("%s", tp_errmsg());
-    cJSON *root = cJSON_Parse(text);
-    free(text);
+    cJSON *root = index_object(r);
+    if (!root) return 1;
     const ckpt_layout *layout = ckpt_reader_layout(r);
     cJSON_AddStringToObject(root, "path", ckpt_reader_path(r));
     cJSON_AddNumberToObject(root, "tp", layout->tp);
@@ -140,10 +159,7 @@ static int info_json(const ckpt_reader *r)
         for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)piece[d]));
         cJSON_AddNumberToObject(tensor, "bytes", (double)tensor_stored_bytes(r, i++));
     }
-    char *out = cJSON_Print(root);
-    printf("%s\n", out);
-    cJSON_free(out);
-    cJSON_Delete(root);
+    print_object(root);
     return 0;
 }
 
@@ -312,10 +328,8 @@ static int info_dcp(const char *path, int json)
         others += !dcp_entry_is_tensor(dcp_entry_at(d, i)) && strcmp(dcp_entry_at(d, i)->key, DCP_INDEX_KEY);
     int code = 0;
     if (json) {
-        char *text = NULL;
-        if (ckpt_reader_index_json(r, &text)) code = fail("%s", tp_errmsg());
-        cJSON *root = code ? NULL : cJSON_Parse(text);
-        free(text);
+        cJSON *root = index_object(r);
+        code = root ? 0 : 1;
         if (root) {
             cJSON_AddStringToObject(root, "format", "dcp");
             cJSON_AddStringToObject(root, "path", dcp_path(d));
@@ -334,10 +348,7 @@ static int info_dcp(const char *path, int json)
                     cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e->shape[k]));
                 cJSON_AddItemToArray(list, o);
             }
-            char *out = cJSON_Print(root);
-            printf("%s\n", out);
-            cJSON_free(out);
-            cJSON_Delete(root);
+            print_object(root);
         }
     } else {
         char size[32];
@@ -383,10 +394,8 @@ static int info_megatron_dist(const char *path, int json)
     const char *refusal = megatron_dist_optimizer_refusal(m);
     int code = 0;
     if (json) {
-        char *text = NULL;
-        if (ckpt_reader_index_json(r, &text)) code = fail("%s", tp_errmsg());
-        cJSON *root = code ? NULL : cJSON_Parse(text);
-        free(text);
+        cJSON *root = index_object(r);
+        code = root ? 0 : 1;
         if (root) {
             cJSON_AddStringToObject(root, "format", "megatron-torch-dist");
             cJSON_AddStringToObject(root, "path", megatron_dist_path(m));
@@ -398,10 +407,7 @@ static int info_megatron_dist(const char *path, int json)
             cJSON_AddBoolToObject(root, "optimizer_read", c->optimizer_read);
             if (refusal) cJSON_AddStringToObject(root, "optimizer_refusal", refusal);
             cJSON_AddNumberToObject(root, "total_bytes", (double)dcp_bytes(d));
-            char *out = cJSON_Print(root);
-            printf("%s\n", out);
-            cJSON_free(out);
-            cJSON_Delete(root);
+            print_object(root);
         }
     } else {
         char size[32];

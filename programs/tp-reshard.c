@@ -146,6 +146,14 @@ static void default_output(const char *source, int tp, int pp, char *out, size_t
     snprintf(out, size, "%.*s_tp%dpp%d", (int)end, source, tp, pp);
 }
 
+/* The output: -o's, or the default beside the source. */
+static const char *output_path(const char *out, const char *source, int tp, int pp, char *buf, size_t size)
+{
+    if (out) return out;
+    default_output(source, tp, pp, buf, size);
+    return buf;
+}
+
 /* The plan or summary of a Megatron-LM output, in the keys of the others. */
 static cJSON *megatron_json(const megatron_write_plan *p, const ckpt_layout *from, const char *source, const char *out,
                             megatron_naming naming)
@@ -202,10 +210,7 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     if (megatron || model ? megatron_write_plan_create(source, megatron, &wo, &plan) : gpt_megatron_write(source, &wo, NULL, &plan))
         return fail("%s", tp_errmsg());
     char default_out[4200];
-    if (!out) {
-        default_output(source_path, plan.tp, plan.pp, default_out, sizeof default_out);
-        out = default_out;
-    }
+    out = output_path(out, source_path, plan.tp, plan.pp, default_out, sizeof default_out);
     char written[32], buffers[32];
     format_bytes((double)plan.bytes, written, sizeof written);
     format_bytes((double)plan.buffer_memory, buffers, sizeof buffers);
@@ -315,10 +320,7 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
     dcp_write_plan plan;
     if (dcp_write_plan_create(source, &wo, &plan)) return fail("%s", tp_errmsg());
     char default_out[4200];
-    if (!out) {
-        default_output(source_path, plan.tp, plan.pp, default_out, sizeof default_out);
-        out = default_out;
-    }
+    out = output_path(out, source_path, plan.tp, plan.pp, default_out, sizeof default_out);
     char written[32], buffers[32];
     format_bytes((double)plan.bytes, written, sizeof written);
     format_bytes((double)plan.buffer_memory, buffers, sizeof buffers);
@@ -554,11 +556,8 @@ int main(int argc, char **argv)
         return code;
     }
     char default_out[4200];
-    if (!out) {
-        default_output(ckpt_reader_path(source), options.tp ? options.tp : layout->tp,
-                       options.pp ? options.pp : layout->pp, default_out, sizeof default_out);
-        out = default_out;
-    }
+    out = output_path(out, ckpt_reader_path(source), options.tp ? options.tp : layout->tp,
+                      options.pp ? options.pp : layout->pp, default_out, sizeof default_out);
     const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
     int update_latest = ckpt_step_of_name(base) >= 0;
     /* A remote output is written locally, then uploaded (its `latest` too). */
