@@ -19,6 +19,9 @@
 #      by four query heads, untied output) trained at tp2pp2 with its key/value
 #      head replicated on both tensor ranks, resumed at tp1dp2, exported for
 #      Hugging Face and llama.cpp (checked), and writing
+#  11. PyTorch distributed checkpoints: the Llama written as DCP that
+#      PyTorch's own DCP loads whole and sharded; a Megatron-Core torch_dist
+#      checkpoint read and written as a legacy Megatron one (checked)
 # Output goes to demo-run/ (ignored by git).
 set -eu
 cd "$(dirname "$0")/.."
@@ -177,5 +180,22 @@ if /usr/bin/python3 -c 'import torch, h5py' 2>/dev/null; then
     /usr/bin/python3 tests/trainer/check_export.py gguf "$OUT/llama.gguf" "$OUT/llama"
 fi
 "$BIN/tp-train" generate --ckpt "$OUT/llama" --prompt "The checkpoint " --tokens 160 --seed 1
+
+say "15. PyTorch distributed checkpoints: the Llama written as DCP at tp2pp2, which PyTorch's own"
+echo "    torch.distributed.checkpoint loads whole and sharded over 2 ranks; a Megatron-Core torch_dist checkpoint read"
+echo "    (its stacked layers one tensor each) and written as a legacy Megatron one, checked against the model"
+if /usr/bin/python3 -c 'import torch, h5py' 2>/dev/null; then
+    DIALECT=$(/usr/bin/python3 -c 'import torch.distributed.checkpoint' 2>/dev/null && echo 2 || echo 1.13)
+    "$BIN/tp-reshard" "$OUT/llama" --format dcp --dcp-torch "$DIALECT" --to tp2pp2 -o "$OUT/llama-dcp" --verify
+    /usr/bin/python3 tests/formats/dcp_torch.py compare-ckpt "$OUT/llama-dcp" "$OUT/llama" --ranks 2 --described 2>/dev/null
+    /usr/bin/python3 tests/support/megatron_dist_fixture.py "$OUT/torch-dist" --names core --tp 2 --pp 2 --layers 8 \
+        --hidden 256 --heads 8 --ffn 1024 --vocab 1000 --make-vocab-size-divisible-by 64 --dtype bf16 --swiglu \
+        --full "$OUT/torch-dist-full.pt" >/dev/null 2>&1
+    "$BIN/tp-ckpt" info "$OUT/torch-dist" | head -4
+    "$BIN/tp-reshard" "$OUT/torch-dist" --format megatron --to tp4pp1 -o "$OUT/torch-dist-legacy" --verify
+    /usr/bin/python3 tests/support/megatron_fixture.py --verify "$OUT/torch-dist-legacy" --full "$OUT/torch-dist-full.pt"
+else
+    echo "   skipped: python3-torch is not installed (make deps installs it)"
+fi
 
 say "demo done: checkpoints and exports are in $OUT/"
