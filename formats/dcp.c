@@ -15,6 +15,7 @@
 #define METADATA_NAME ".metadata"
 #define KEY_MAX 4096            /* bytes of a state dict key */
 #define DESCRIPTION_MAX ((int64_t)256 << 20)
+#define CHUNKS_MAX ((int64_t)1 << 26) /* chunks of all tensors: 16,000 ranks x 4,000 tensors */
 
 /* ------------------------------------------------------------ helpers */
 
@@ -159,8 +160,8 @@ static int read_tensor_entry(dcp_checkpoint *dcp, const pickle_value *v, dcp_ent
             return tp_fail(TP_ERR_FORMAT, "%s: %s: more than 2^50 elements", where, e->key);
     if (!chunks || chunks->kind != PICKLE_LIST)
         return tp_fail(TP_ERR_FORMAT, "%s: %s: chunks are a %s, not a list", where, e->key, chunks ? describe(chunks) : "nothing");
-    if (chunks->items.count > dcp->chunk_capacity - *chunks_used)
-        return tp_fail(TP_ERR_FORMAT, "%s: more chunks than the limit of %lld", where, (long long)dcp->chunk_capacity);
+    if (chunks->items.count > dcp->chunk_capacity - *chunks_used) /* counted above: cannot happen */
+        return tp_fail(TP_ERR_STATE, "%s: %s: more chunks than counted", where, e->key);
     e->num_chunks = (int)chunks->items.count;
     e->chunk_index = *chunks_used;
     for (int64_t k = 0; k < chunks->items.count; k++) {
@@ -281,8 +282,16 @@ static int read_metadata(dcp_checkpoint *dcp, const unsigned char *data, int64_t
         return tp_fail(TP_ERR_FORMAT, "%s: storage_data is a %s, not a dict (a storage layer other than the file system's?)",
                        where, storage ? describe(storage) : "nothing");
     int64_t count = sdm->dict.keys.count;
-    /* Every chunk has a storage item: their number bounds the chunks. */
-    dcp->chunk_capacity = storage->dict.keys.count + 1;
+    /* The chunks listed (a bytes entry has one), counted first: chunks
+     * without elements may have no storage item. */
+    dcp->chunk_capacity = 1;
+    for (int64_t i = 0; i < count; i++) {
+        const pickle_value *chunks = pickle_get(sdm->dict.values.items[i], "chunks");
+        dcp->chunk_capacity += chunks && chunks->kind == PICKLE_LIST ? chunks->items.count : 1;
+    }
+    if (dcp->chunk_capacity > CHUNKS_MAX)
+        return tp_fail(TP_ERR_FORMAT, "%s: %lld chunks, more than the limit of %lld", where, (long long)dcp->chunk_capacity,
+                       (long long)CHUNKS_MAX);
     dcp->entries = calloc((size_t)count + 1, sizeof *dcp->entries);
     dcp->by_key = calloc((size_t)count + 1, sizeof *dcp->by_key);
     dcp->chunks = calloc((size_t)dcp->chunk_capacity, sizeof *dcp->chunks);
@@ -295,7 +304,6 @@ static int read_metadata(dcp_checkpoint *dcp, const unsigned char *data, int64_t
             return tp_fail(TP_ERR_FORMAT, "%s: a key of state_dict_metadata is not a string of at most %d bytes", where, KEY_MAX);
         dcp->num_entries = (int)i + 1;
         if (is_class(value, "BytesStorageMetadata")) {
-            if (used >= dcp->chunk_capacity) return tp_fail(TP_ERR_FORMAT, "%s: %s: an entry without storage", where, e->key);
             e->kind = DCP_BYTES;
             e->num_chunks = 1;
             e->chunk_index = used;
