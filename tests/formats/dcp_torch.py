@@ -35,8 +35,8 @@ where torch lacks a distributed checkpoint module.
 import dataclasses
 import json
 import os
-import socket
 import sys
+import tempfile
 
 import numpy as np
 
@@ -98,21 +98,23 @@ def problem(text):
     problems.append(text)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spawn(fn, ranks, *args):
-    port = free_port()
-    mp.spawn(_run, args=(ranks, port, fn, args), nprocs=ranks, join=True)
+    # The ranks meet through a file store in a directory of their own, not a
+    # TCP port: a port found free and then bound by rank 0 can be taken in
+    # between by any other process on the machine (seen under make asan).
+    with tempfile.TemporaryDirectory(prefix="dcp-torch-store-") as meeting:
+        store = os.path.join(meeting, "store")
+        mp.spawn(_run, args=(ranks, store, fn, args), nprocs=ranks, join=True)
 
 
-def _run(rank, ranks, port, fn, args):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+def alone(fn, *args):
+    """fn(0, 1, *args) in this process as the one rank of a process group."""
+    with tempfile.TemporaryDirectory(prefix="dcp-torch-store-") as meeting:
+        _run(0, 1, os.path.join(meeting, "store"), fn, args)
+
+
+def _run(rank, ranks, store, fn, args):
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=ranks)
     try:
         fn(rank, ranks, *args)
     finally:
@@ -129,11 +131,11 @@ def save(state_dict, path, single_file_per_rank=True):
 
 def load(state_dict, path):
     reader = dcp.FileSystemReader(path)
-    alone = not dist.is_initialized()
+    single = not dist.is_initialized()
     if TORCH2:
         dcp.load(state_dict, storage_reader=reader)
     else:
-        dcp.load_state_dict(state_dict, reader, no_dist=alone)
+        dcp.load_state_dict(state_dict, reader, no_dist=single)
 
 
 def read_metadata(path):

@@ -200,7 +200,7 @@ def main(argv):
                    'common_backend_version': 1}, f)
     torch.save(common_state(cfg, opt), os.path.join(path, 'common.pt'))
     # ShardedTensors need a process group: this process, one rank holding every chunk.
-    dcp_torch._run(0, 1, dcp_torch.free_port(), lambda rank, ranks: dcp_torch.save(state_dict(cfg, o, full, opt), path), ())
+    dcp_torch.alone(lambda rank, ranks: dcp_torch.save(state_dict(cfg, o, full, opt), path))
     with open(os.path.join(o.outdir, 'latest_checkpointed_iteration.txt'), 'w') as f:
         f.write('release' if cfg.release else str(cfg.iteration))
     if o.full:
