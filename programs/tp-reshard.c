@@ -124,6 +124,49 @@ static void print_json(cJSON *o)
     cJSON_Delete(o);
 }
 
+/* Checks the written output against the source by logical digests; 0, or
+ * the exit code of a failure it reported. *seconds: the time it took. */
+static int verify_output(ckpt_reader *source, ckpt_reader *output, int threads, reshard_verify_result *checked,
+                         double *seconds)
+{
+    double start = now_seconds();
+    int code = 0;
+    if (reshard_verify(source, output, threads, checked)) code = fail("%s", tp_errmsg());
+    else if (checked->mismatches)
+        code = fail("verification failed: %d of %d tensors differ from the source; first: %s", checked->mismatches,
+                    checked->tensors, checked->first_mismatch);
+    *seconds = now_seconds() - start;
+    return code;
+}
+
+static void print_verified(const reshard_verify_result *checked, double seconds)
+{
+    printf("verified: %d tensors equal to the source (logical digests), in %.2f s\n", checked->tensors, seconds);
+}
+
+/* The end of a conversion to a foreign format: the output (NULL where
+ * verify is 0 or opening it failed, then opened says so) checked against
+ * the source, and the summary printed (JSON: summary, which this takes). */
+static int finish_foreign(ckpt_reader *source, ckpt_reader *output, int opened, int threads, int verify,
+                          cJSON *summary, double seconds)
+{
+    reshard_verify_result checked = {0, 0, ""};
+    double verify_seconds = 0;
+    int code = 0;
+    if (verify && !opened) code = fail("%s", tp_errmsg());
+    else if (verify && !(code = verify_output(source, output, threads, &checked, &verify_seconds)) && !summary)
+        print_verified(&checked, verify_seconds);
+    if (!code && summary) {
+        cJSON_AddNumberToObject(summary, "seconds", seconds);
+        cJSON_AddNumberToObject(summary, "peak_rss_bytes", (double)peak_rss_bytes());
+        if (verify) cJSON_AddBoolToObject(summary, "verified", 1);
+        print_json(summary);
+    } else {
+        cJSON_Delete(summary);
+    }
+    return code;
+}
+
 static int execute_plan(void *plan, const char *out)
 {
     return reshard_execute(plan, out);
@@ -248,28 +291,12 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
                plan.tensors, plan.optimizer ? "weights and optimizer state" : "weights only", written, seconds);
     megatron_checkpoint *written_checkpoint = NULL;
     ckpt_reader *output = NULL;
-    reshard_verify_result checked = {0, 0, ""};
-    int code = 0;
-    double verify_start = now_seconds();
     /* The output's vocabulary padded for its TP: described by the true size as the source is. */
-    if (verify && (megatron_open(out, &written_checkpoint) ||
-                   (c && c->true_vocab && megatron_set_true_vocab(written_checkpoint, c->true_vocab)) ||
-                   megatron_reader_open(written_checkpoint, 1, &output) ||
-                   reshard_verify(source, output, options->threads, &checked)))
-        code = fail("%s", tp_errmsg());
-    else if (verify && checked.mismatches)
-        code = fail("verification failed: %d of %d tensors differ from the source; first: %s", checked.mismatches,
-                    checked.tensors, checked.first_mismatch);
-    else if (verify && !json)
-        printf("verified: %d tensors equal to the source (logical digests), in %.2f s\n", checked.tensors,
-               now_seconds() - verify_start);
-    if (!code && json) {
-        cJSON *o = megatron_json(&plan, from, source_name, out, names);
-        cJSON_AddNumberToObject(o, "seconds", seconds);
-        cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)peak_rss_bytes());
-        if (verify) cJSON_AddBoolToObject(o, "verified", 1);
-        print_json(o);
-    }
+    int opened = verify && !megatron_open(out, &written_checkpoint) &&
+                 !(c && c->true_vocab && megatron_set_true_vocab(written_checkpoint, c->true_vocab)) &&
+                 !megatron_reader_open(written_checkpoint, 1, &output);
+    int code = finish_foreign(source, output, opened, options->threads, verify,
+                              json ? megatron_json(&plan, from, source_name, out, names) : NULL, seconds);
     ckpt_reader_close(output);
     megatron_close(written_checkpoint);
     return code;
@@ -355,25 +382,9 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
                written, seconds);
     dcp_checkpoint *written_dcp = NULL;
     ckpt_reader *output = NULL;
-    reshard_verify_result checked = {0, 0, ""};
-    int code = 0;
-    double verify_start = now_seconds();
-    if (verify && (dcp_open(out, &written_dcp) || dcp_reader_open(written_dcp, 0, options->threads, &output) ||
-                   reshard_verify(source, output, options->threads, &checked)))
-        code = fail("%s", tp_errmsg());
-    else if (verify && checked.mismatches)
-        code = fail("verification failed: %d of %d tensors differ from the source; first: %s", checked.mismatches,
-                    checked.tensors, checked.first_mismatch);
-    else if (verify && !json)
-        printf("verified: %d tensors equal to the source (logical digests), in %.2f s\n", checked.tensors,
-               now_seconds() - verify_start);
-    if (!code && json) {
-        cJSON *o = dcp_json(&plan, from, source_name, out);
-        cJSON_AddNumberToObject(o, "seconds", seconds);
-        cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)peak_rss_bytes());
-        if (verify) cJSON_AddBoolToObject(o, "verified", 1);
-        print_json(o);
-    }
+    int opened = verify && !dcp_open(out, &written_dcp) && !dcp_reader_open(written_dcp, 0, options->threads, &output);
+    int code = finish_foreign(source, output, opened, options->threads, verify,
+                              json ? dcp_json(&plan, from, source_name, out) : NULL, seconds);
     ckpt_reader_close(output);
     dcp_close(written_dcp);
     return code;
@@ -607,13 +618,8 @@ int main(int argc, char **argv)
     double verify_seconds = 0;
     if (!code && verify) {
         ckpt_reader *output = NULL;
-        double start = now_seconds();
         if (ckpt_reader_open(&output, out, NULL)) code = fail("%s", tp_errmsg());
-        else if (reshard_verify(source, output, s->threads, &checked)) code = fail("%s", tp_errmsg());
-        else if (checked.mismatches)
-            code = fail("verification failed: %d of %d tensors differ from the source; first: %s", checked.mismatches,
-                        checked.tensors, checked.first_mismatch);
-        verify_seconds = now_seconds() - start;
+        else code = verify_output(source, output, s->threads, &checked, &verify_seconds);
         ckpt_reader_close(output);
     }
     if (!code) {
@@ -637,9 +643,7 @@ int main(int argc, char **argv)
                    "(%.2f GB/s, %s), peak memory %s\n",
                    ckpt_reader_path(source), s->from.tp, s->from.pp, out, s->to.tp, s->to.pp, s->tensors, read,
                    written, seconds, gbps, device, peak);
-            if (verify)
-                printf("verified: %d tensors equal to the source (logical digests), in %.2f s\n", checked.tensors,
-                       verify_seconds);
+            if (verify) print_verified(&checked, verify_seconds);
         }
     }
     reshard_plan_free(plan);
