@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 
 #include "error.h"
 #include "memory.h"
@@ -14,6 +16,62 @@ void *alloc_pages(size_t bytes)
     if (posix_memalign(&p, 4096, rounded ? rounded : 4096) != 0) return NULL;
     return p;
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+/* Under AddressSanitizer from the heap it watches, so that reads and writes
+ * past a buffer's end are still caught. */
+void *alloc_zeroed_pages(size_t bytes)
+{
+    void *p = alloc_pages(bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+void free_zeroed_pages(void *buffer)
+{
+    free(buffer);
+}
+#else
+/* Huge pages where the system grants them: 512 times fewer first touches. */
+enum { HUGE_PAGE = 2 << 20 };
+
+/* Where a zeroed buffer's mapping begins and how long it is, kept in the
+ * page before the buffer. */
+typedef struct {
+    void *base;
+    size_t length;
+} zeroed_header;
+
+void *alloc_zeroed_pages(size_t bytes)
+{
+    size_t pages = (bytes + 4095) / 4096 * 4096;
+    size_t length = pages + HUGE_PAGE + 4096; /* room to align the buffer after its header */
+    if (pages < bytes || length < pages) return NULL;
+    unsigned char *base = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return NULL;
+    uintptr_t aligned = ((uintptr_t)base + 4096 + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    unsigned char *buffer = (unsigned char *)aligned;
+    zeroed_header *h = (zeroed_header *)(buffer - 4096);
+    h->base = base;
+    h->length = length;
+    /* Advice, not requirements: where huge pages or populating are not
+     * available the pages come on first touch, as from malloc. */
+#ifdef MADV_HUGEPAGE
+    if (pages >= HUGE_PAGE) madvise(buffer, pages, MADV_HUGEPAGE);
+#endif
+#ifdef MADV_POPULATE_WRITE
+    madvise(buffer, pages, MADV_POPULATE_WRITE);
+#endif
+    return buffer;
+}
+
+void free_zeroed_pages(void *buffer)
+{
+    if (!buffer) return;
+    zeroed_header *h = (zeroed_header *)((unsigned char *)buffer - 4096);
+    munmap(h->base, h->length);
+}
+#endif
 
 typedef struct {
     void *buffer[SCRATCH_SLOTS];

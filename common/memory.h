@@ -10,6 +10,17 @@
 /* A buffer of at least bytes, aligned to 4096; free() releases it. NULL on failure. */
 void *alloc_pages(size_t bytes);
 
+/* A zeroed buffer of at least bytes, aligned to 4096 (to 2 MiB from 2 MiB
+ * up), its pages made resident at once, as huge pages where the system
+ * grants them; free_zeroed_pages releases it. For memory used whole from
+ * the start, as a model's: on this project's virtual machines the first
+ * touch of fresh memory cost 5-9 s per GiB page by page, 0.2 s with huge
+ * pages populated by the kernel (docs/BENCHMARKS.md, "Start-up"). Under
+ * AddressSanitizer it is heap memory, which the sanitizer watches. NULL on
+ * failure. */
+void *alloc_zeroed_pages(size_t bytes);
+void free_zeroed_pages(void *buffer);
+
 /* Buffers a thread reuses from call to call, one per slot, grown as asked
  * and released when the thread exits: a fresh large allocation costs page
  * faults and zeroing on every call, which showed as a fifth of the time of

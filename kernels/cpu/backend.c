@@ -10,16 +10,16 @@
 
 static int cpu_alloc(void **out, size_t bytes)
 {
-    /* Page-aligned and zeroed (fresh pages from the kernel). */
-    *out = alloc_pages(bytes ? bytes : 1);
+    /* Page-aligned, zeroed and resident: the trainer's memory is used whole
+     * from the first step. */
+    *out = alloc_zeroed_pages(bytes ? bytes : 1);
     if (!*out) return tp_fail(TP_ERR_NOMEM, "out of memory (%zu bytes)", bytes);
-    memset(*out, 0, bytes);
     return TP_OK;
 }
 
 static void cpu_release(void *memory)
 {
-    free(memory);
+    free_zeroed_pages(memory);
 }
 
 static int cpu_zero(void *memory, size_t bytes)
@@ -44,6 +44,11 @@ static int cpu_host_alloc(void **out, size_t bytes)
 {
     *out = alloc_pages(bytes ? bytes : 1);
     return *out ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory (%zu bytes)", bytes);
+}
+
+static void cpu_host_release(void *memory)
+{
+    free(memory);
 }
 
 /* Each operation: the CPU function, which cannot fail. */
@@ -141,7 +146,7 @@ static const kernel_backend cpu_backend = {
     .copy = cpu_copy,
     .synchronize = cpu_synchronize,
     .host_alloc = cpu_host_alloc,
-    .host_release = cpu_release,
+    .host_release = cpu_host_release,
     .to_host_background = cpu_copy,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
