@@ -14,7 +14,7 @@ void *alloc_pages(size_t bytes);
  * up), its pages made resident at once, as huge pages where the system
  * grants them; free_zeroed_pages releases it. For memory used whole from
  * the start, as a model's: on this project's virtual machines the first
- * touch of fresh memory cost 5-9 s per GiB page by page, 0.2 s with huge
+ * touch of fresh memory cost 4.3 s per GiB page by page, 1.7-3 s as huge
  * pages populated by the kernel (docs/BENCHMARKS.md, "Start-up"). Under
  * AddressSanitizer it is heap memory, which the sanitizer watches. NULL on
  * failure. */
