@@ -37,6 +37,19 @@ summary_field() {
         "$1/elastic/events.jsonl" "$2"
 }
 
+# show_launches_if_failed BEFORE RUN: when a check failed since $FAILED was
+# BEFORE, the end of each launch's output, where its tasks say why they
+# ended. Seen twice under load (test_elastic_slurm, the SIGSTOP and the
+# node-down cases): a first launch ended by SIGTERM (143) at step 0,
+# before any fault; its tasks' words are the clue still missing.
+show_launches_if_failed() {
+    [ "$FAILED" -gt "$1" ] || return 0
+    for _f in "$2"/elastic/launch-*.out; do
+        echo "    $_f:"
+        tail -n 15 "$_f" | sed 's/^/      /'
+    done
+}
+
 # mpi_startup_crashes RUN: how many of the run's failed launches died of the
 # MPI stack's startup defect (tests/support/slurm.sh mpi_startup_crash; needs
 # slurm.sh). tp-elastic rightly counts such a launch as a failure and

@@ -59,7 +59,9 @@ expect_ok "a node down: the run finishes" slurm_alloc 3 "$ELASTIC" run --ckpt-di
 kill $watcher 2>/dev/null
 check "node down: launched with srun on 3 nodes first" grep -q '"command":\["srun".*"--nodelist","n1,n2,n3"' \
     "$R/elastic/events.jsonl"
+before=$FAILED
 check "node down: one failure" [ "$(events "$R" failure)" -eq $((1 + $(mpi_startup_crashes "$R"))) ]
+show_launches_if_failed "$before" "$R"
 check "node down: relaunched on the 2 nodes left" grep -q '"nodes":\["n1","n2"\]' "$R/elastic/events.jsonl"
 check "node down: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
 slurm_node_resume n3
@@ -68,7 +70,9 @@ slurm_node_resume n3
 R="$WORK/rank"
 expect_ok "a rank killed: the run finishes" slurm_alloc 3 "$ELASTIC" run --ckpt-dir "$R" $FAST \
     -- "$TRAIN" $TRAIN_ARGS --fault die --fault-step 15 --fault-rank 2 --fault-once "$R.fault"
+before=$FAILED
 check "rank killed: one failure" [ "$(events "$R" failure)" -eq $((1 + $(mpi_startup_crashes "$R"))) ]
+show_launches_if_failed "$before" "$R"
 check "rank killed: relaunched on the same 3 nodes" [ "$(grep -c '"--nodelist","n1,n2,n3"' "$R/elastic/events.jsonl")" -eq 2 ]
 check "rank killed: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
 
@@ -89,9 +93,7 @@ expect_ok "a rank stopped (SIGSTOP): the run finishes" slurm_alloc 3 "$ELASTIC" 
 wait $watcher
 before=$FAILED
 check_all "SIGSTOP: detected as a hang, no other failure" '[ "$(events "$R" hang)" -eq 1 ] && [ "$(events "$R" failure)" -eq "$(mpi_startup_crashes "$R")" ]'
-# Seen once on a loaded machine: the first launch ended by SIGTERM (143) at
-# step 0, before any fault; what its tasks said is the clue.
-[ "$FAILED" -gt "$before" ] && for f in "$R"/elastic/launch-*.out; do echo "    $f:"; tail -n 15 "$f" | sed 's/^/      /'; done
+show_launches_if_failed "$before" "$R"
 check "SIGSTOP: relaunched on the same 3 nodes" [ "$(grep -c '"--nodelist","n1,n2,n3"' "$R/elastic/events.jsonl")" -eq 2 ]
 check "SIGSTOP: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
 check "SIGSTOP: no rank left, stopped or not" nothing_left "$R"
