@@ -367,14 +367,17 @@ def main(argv):
         fixtures(argv[2])
         return 0
     ranks = int(argv[argv.index("--ranks") + 1]) if "--ranks" in argv else 1
-    scratch = os.environ.get("TMPDIR", "/tmp")
-    if len(argv) >= 4 and argv[1] == "compare-ckpt":
-        n = compare_ckpt(argv[2], argv[3], ranks, scratch, "--described" in argv)
-    elif len(argv) >= 4 and argv[1] == "compare-dcp":
-        n = compare_dcp(argv[2], argv[3], ranks, scratch)
-    else:
+    if len(argv) < 4 or argv[1] not in ("compare-ckpt", "compare-dcp"):
         print(__doc__, file=sys.stderr)
         return 2
+    # A directory of this run's own for the reference the ranks load: a
+    # fixed name in TMPDIR was shared by runs at once (two suites side by
+    # side), one removing or rewriting the other's reference mid-load.
+    with tempfile.TemporaryDirectory(prefix="dcp-torch-") as scratch:
+        if argv[1] == "compare-ckpt":
+            n = compare_ckpt(argv[2], argv[3], ranks, scratch, "--described" in argv)
+        else:
+            n = compare_dcp(argv[2], argv[3], ranks, scratch)
     for p in problems:
         print("dcp_torch: " + p)
     if not problems:
