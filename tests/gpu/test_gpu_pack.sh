@@ -25,6 +25,10 @@ elif unshare --user --map-root-user --mount true 2>/dev/null; then ISOLATE="unsh
 else skip "no mount namespace can be made here (not root, no user namespaces)"; fi
 
 PACK="$WORK/gpu-pack.tar.xz"
+# gpu-check.sh unpacks into $TMPDIR/tp-gpu-check by default, a name every
+# run on the machine shares: two suites side by side would remove each
+# other's unpacked pack mid-run.
+export GPU_CHECK_DIR="$WORK/gpu-check"
 # xz's fastest preset: a test's pack is larger than make gpu-pack's (-6),
 # so under the limit it bounds that one too.
 expect_ok "make the pack" env BUILD="${BUILD:-build}" PACK="$PACK" PACK_XZ=-1 "$ROOT/scripts/gpu-pack.sh"
