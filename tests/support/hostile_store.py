@@ -39,12 +39,19 @@ def etag_of(path, version):
     return '"%s"' % hashlib.md5(("%s:%d" % (path, version)).encode()).hexdigest()
 
 
-def content(path, version):
+def content(path, version, first=0, last=None):
+    """Bytes first..last (inclusive; the end when None) of the object's version.
+    Only those are read: a whole 42 MB shard read and changed for every
+    ranged GET made one tp-ckpt verify take 114 s on a loaded machine."""
+    size = os.path.getsize(path)
+    last = size - 1 if last is None else min(last, size - 1)
     with open(path, "rb") as f:
-        data = bytearray(f.read())
+        f.seek(first)
+        data = bytearray(f.read(max(0, last - first + 1)))
     # Another version: same size, every 512th byte changed.
-    for i in range(0, len(data), 512):
-        data[i] = (data[i] + version) & 0xFF
+    if version:
+        for i in range((-first) % 512, len(data), 512):
+            data[i] = (data[i] + version) & 0xFF
     return bytes(data)
 
 
@@ -92,27 +99,28 @@ class Handler(http.server.BaseHTTPRequestHandler):
         shard = path.endswith(".h5")
         with LOCK:
             version = VERSIONS.get(path, 0)
-        data = content(path, version) if version else open(path, "rb").read()
         etag = etag_of(path, 0 if ARGS.mode == "change-quiet" else version)
         want = self.headers.get("If-Match")
         if ARGS.mode == "change" and want and want != etag:
             return self.send(412, b"<Error><Code>PreconditionFailed</Code></Error>")
         rng = self.headers.get("Range")
         if not rng:
+            data = content(path, version)
             if ARGS.mode == "trickle" and path.endswith("index.json") and self.command == "GET":
                 return self.trickle(data, etag)
             return self.send(200, data, [("ETag", etag)])
+        size = os.path.getsize(path)
         first, last = rng.split("=")[1].split("-")
-        first, last = int(first), min(int(last), len(data) - 1)
-        if first >= len(data):
+        first, last = int(first), min(int(last), size - 1)
+        if first >= size:
             return self.send(416, b"")
-        if ARGS.mode == "wrong-range" and shard and first + 16 < len(data):
-            first, last = first + 16, min(last + 16, len(data) - 1)
+        if ARGS.mode == "wrong-range" and shard and first + 16 < size:
+            first, last = first + 16, min(last + 16, size - 1)
         if ARGS.mode in ("change", "change-quiet") and shard:
             with LOCK:
                 VERSIONS[path] = VERSIONS.get(path, 0) + 1
-        body = data[first:last + 1]
-        headers = [("ETag", etag), ("Content-Range", "bytes %d-%d/%d" % (first, last, len(data)))]
+        body = content(path, version, first, last)
+        headers = [("ETag", etag), ("Content-Range", "bytes %d-%d/%d" % (first, last, size))]
         if ARGS.mode == "trickle" and path.endswith("index.json") and self.command == "GET":
             return self.trickle(body, etag, 206, headers)
         self.send(206, body, headers)
