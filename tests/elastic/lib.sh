@@ -39,9 +39,10 @@ summary_field() {
 
 # show_launches_if_failed BEFORE RUN: when a check failed since $FAILED was
 # BEFORE, the end of each launch's output, where its tasks say why they
-# ended. Seen twice under load (test_elastic_slurm, the SIGSTOP and the
-# node-down cases): a first launch ended by SIGTERM (143) at step 0,
-# before any fault; its tasks' words are the clue still missing.
+# ended. Called after a case's last check. A launch ended by SIGTERM (143)
+# with no fault injected was, where its output could be read, the MPI
+# stack's startup defect (mpi_startup_crash): srun --kill-on-bad-exit ends
+# the other tasks of the step.
 show_launches_if_failed() {
     [ "$FAILED" -gt "$1" ] || return 0
     for _f in "$2"/elastic/launch-*.out; do
