@@ -71,9 +71,14 @@ static int posix_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
     return TP_OK;
 }
 
+/* Writes of at least this size start their writeback at once. */
+#define WRITEBACK_MIN ((size_t)1 << 20)
+
 static int posix_write_at(ckpt_file *f, const void *buf, size_t size, int64_t offset)
 {
     const char *p = buf;
+    int64_t first = offset;
+    size_t total = size;
     while (size > 0) {
         ssize_t n = pwrite(f->fd, p, size, (off_t)offset);
         if (n < 0 && errno == EINTR) continue;
@@ -84,6 +89,11 @@ static int posix_write_at(ckpt_file *f, const void *buf, size_t size, int64_t of
         size -= (size_t)n;
         offset += n;
     }
+    /* The disk starts on these bytes now, while the caller computes the
+     * next ones, rather than all at the final fsync (which then waits for
+     * the whole file: resharding 2.5 GB spent 2 of its 4 s in fsyncs after
+     * the last write). Advice: an error surfaces at that fsync. */
+    if (total >= WRITEBACK_MIN) sync_file_range(f->fd, first, (off_t)total, SYNC_FILE_RANGE_WRITE);
     return TP_OK;
 }
 

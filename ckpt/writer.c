@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "../common/memory.h"
+#include "../common/parallel.h"
 #include "attrs.h"
 #include "commit.h"
 #include "namemap.h"
@@ -59,6 +60,9 @@ struct ckpt_writer {
     ckpt_name_map names;
     pthread_mutex_t lock; /* bookkeeping of blocks written */
 };
+
+/* Shard files made durable at once, at most. */
+#define SYNC_THREADS_MAX 16
 
 void ckpt_write_options_init(ckpt_write_options *options)
 {
@@ -517,10 +521,20 @@ static int seal_shard(ckpt_writer *w, int s)
     if (!status && H5Fclose(sf->file) < 0)
         status = ckpt_fail_hdf5("%s: cannot close shard file", sf->path);
     sf->file = -1;
-    if (!status) status = w->storage->sync(sf->data);
     return status;
 }
 
+static int sync_shard(void *ctx, int64_t s, int thread)
+{
+    (void)thread;
+    ckpt_writer *w = ctx;
+    return w->storage->sync(w->shards[s].data);
+}
+
+/* Most of the data is on its way to the disk already (the store starts
+ * writeback as it writes); the syncs run at once, so that the file system
+ * makes their journal commits one (8 shards' fsyncs one after another cost
+ * 0.8-1.1 s of a 2.5 GB reshard, where one `sync` after cp costs one commit). */
 static int seal_all(ckpt_writer *w)
 {
     ckpt_library_init();
@@ -528,7 +542,8 @@ static int seal_all(ckpt_writer *w)
         int status = seal_shard(w, s);
         if (status) return status;
     }
-    return TP_OK;
+    int threads = w->num_shards < SYNC_THREADS_MAX ? w->num_shards : SYNC_THREADS_MAX;
+    return parallel_for(w->num_shards, threads, sync_shard, w);
 }
 
 int ckpt_writer_finish(ckpt_writer *w)
