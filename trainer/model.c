@@ -271,8 +271,20 @@ int gpt_model_supported(const gpt_config *config)
                    config->swiglu ? "a SwiGLU" : "a GELU", (long long)config->kv_heads, (long long)config->heads);
 }
 
+int gpt_model_init_values(gpt_model *m, uint64_t seed)
+{
+    /* Computed on the host, in place on the CPU. */
+    float *initial = m->kernels->on_device ? alloc_pages((size_t)m->total * sizeof(float)) : m->memory;
+    if (!initial) return tp_fail(TP_ERR_NOMEM, "out of memory for the initial values");
+    int status = init_values(m, initial, seed);
+    if (!status && initial != m->memory)
+        status = m->kernels->to_device(m->memory, initial, (size_t)m->total * sizeof(float));
+    if (initial != m->memory) free(initial);
+    return status;
+}
+
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
-                     int64_t micro_batch, int64_t seq, int slots, uint64_t seed)
+                     int64_t micro_batch, int64_t seq, int slots)
 {
     *out = NULL;
     TP_TRY(gpt_config_check(config, c->tp, c->pp));
@@ -340,13 +352,6 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     }
     status = m->kernels->alloc((void **)&m->memory, (size_t)(4 * m->total) * sizeof(float));
     if (status) goto fail;
-    /* Initial values computed on the host, in place on the CPU. */
-    float *initial = m->kernels->on_device ? alloc_pages((size_t)m->total * sizeof(float)) : m->memory;
-    if (!initial) goto nomem;
-    if ((status = init_values(m, initial, seed))) {
-        if (initial != m->memory) free(initial);
-        goto fail;
-    }
     int64_t offset = 0;
     for (int i = 0; i < m->num_params; i++) {
         param_view *v = &m->params[i];
@@ -366,11 +371,6 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
         case GPT_FINAL_NORM_BIAS: m->lnf_b = i; break;
         default: break;
         }
-    }
-    if (initial != m->memory) {
-        status = m->kernels->to_device(m->memory, initial, (size_t)m->total * sizeof(float));
-        free(initial);
-        if (status) goto fail;
     }
     int64_t padded[CKPT_MAX_DIMS];
     ckpt_padded_shape(&catalog[0].desc, c->tp, padded); /* the token table comes first */

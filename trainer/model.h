@@ -84,10 +84,16 @@ typedef struct {
 int gpt_model_supported(const gpt_config *config);
 
 /* Builds this rank's part of the model in the memory of `kernels` (NULL:
- * the CPU); parameters initialized from the seed. Fails on a model
- * gpt_model_supported refuses. */
+ * the CPU), every value zero: a checkpoint's to be loaded, or the initial
+ * values of gpt_model_init_values. Fails on a model gpt_model_supported
+ * refuses. */
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
-                     int64_t micro_batch, int64_t seq, int slots, uint64_t seed);
+                     int64_t micro_batch, int64_t seq, int slots);
+
+/* The parameters' initial values from the seed (docs/DATA.md "Initial
+ * values"), the same at every layout. Only a run that starts afresh needs
+ * them: 124M of them take a second or more. */
+int gpt_model_init_values(gpt_model *model, uint64_t seed);
 void gpt_model_free(gpt_model *model);
 
 /* Zeroes every gradient. */

@@ -386,7 +386,7 @@ static int set_up(trainer *t)
     comm *c = t->c;
     int slots = (int)(o->grad_accum < c->pp - c->pp_rank ? o->grad_accum : c->pp - c->pp_rank);
     int64_t activations = o->micro_batch * o->seq * o->config.dim;
-    int status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots, o->seed);
+    int status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots);
     if (!status && o->bf16 && !t->model->kernels->matmul_forward_bf16)
         status = tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend has no bf16 matrix products yet",
                          t->model->kernels->name);
@@ -432,10 +432,13 @@ static int set_up(trainer *t)
     return status;
 }
 
-static int resume(trainer *t, int64_t *start_step)
+/* Loads the newest checkpoint of --ckpt-dir when --resume finds one (then
+ * *loaded is 1), else leaves the model as it is. */
+static int resume(trainer *t, int64_t *start_step, int *loaded_one)
 {
     const train_options *o = t->o;
     *start_step = 0;
+    *loaded_one = 0;
     const ckpt_storage *store = NULL;
     ckpt_stat st = {0};
     if (!o->resume || !o->ckpt_dir) return TP_OK;
@@ -459,6 +462,7 @@ static int resume(trainer *t, int64_t *start_step)
     load_result loaded;
     double start = now_seconds();
     TP_TRY(checkpoint_load(t->model, o->ckpt_dir, 1, warn, t, &loaded));
+    *loaded_one = 1;
     *start_step = loaded.step;
     t->consumed = loaded.consumed_samples;
     train_report r = {.kind = TRAIN_REPORT_RESUMED, .step = loaded.step, .consumed_samples = loaded.consumed_samples,
@@ -649,8 +653,12 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     /* Failures before the first step are agreed on by every rank; after it,
      * one rank may fail while others wait for it in a collective. */
     int64_t start_step = 0;
+    int loaded = 0;
     int status = set_up(&t);
-    if (!status) status = resume(&t, &start_step);
+    if (!status) status = resume(&t, &start_step, &loaded);
+    /* Initial values only for a run that starts afresh: a resumed one would
+     * overwrite them (124M take a second or more of every relaunch). */
+    if (!status && !loaded) status = comm_agree(t.c, gpt_model_init_values(t.model, o->seed), "setting up");
     outcome->step = start_step;
     outcome->all_ranks_know = 1;
     if (!status) {

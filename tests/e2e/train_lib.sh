@@ -29,7 +29,7 @@ events() { "$PY" -c 'import json,sys; [print(json.dumps(r[sys.argv[3]]).strip(ch
 # Llama from the checkpoint's "arch"): logits, loss, every gradient, 10
 # AdamW steps. The model is TORCH_MODEL (default tiny) with a vocabulary of
 # 250, padded at tp4; grad-accum 2 exercises accumulation and the 1F1B
-# schedule. BF16=1: tp-train --dtype bf16 against PyTorch's bf16 autocast,
+# schedule; the initial weights against the rule of docs/DATA.md. BF16=1: tp-train --dtype bf16 against PyTorch's bf16 autocast,
 # to bf16's tolerances (check_torch.py --bf16).
 torch_check() {
     layout=$1 ranks=$2
@@ -44,6 +44,6 @@ torch_check() {
     # shellcheck disable=SC2086
     run "$PY" "$ROOT/tests/trainer/check_torch.py" "$dir" "$dir.jsonl" $opts $bf16
     sed 's/^/    /' "$WORK/.out"
-    if [ "$RC" -eq 0 ] && [ "$(grep -c ' ok$' "$WORK/.out")" -eq 4 ]; then pass
+    if [ "$RC" -eq 0 ] && [ "$(grep -c ' ok$' "$WORK/.out")" -eq 5 ]; then pass
     else failed "tp-train ${TORCH_MODEL:-tiny} $layout $dtype against PyTorch (exit $RC)"; fi
 }

@@ -9,6 +9,9 @@ global batch (DIR/batches.bin), and, at the first step, the gradients
 (DIR/logits), as checkpoints of its own layout. This script merges them with
 the independent reader (tests/ckpt/check_h5py.py), loads the weights into the
 PyTorch model, and compares, in fp32:
+  - the initial weights against the rule of docs/DATA.md "Initial values"
+    (the first 64 elements of every tensor not constant, computed here from
+    --seed: a run that starts afresh computes them, a resumed one does not),
   - those logits and the first step's loss (1e-5 relative),
   - every parameter gradient (1e-4 relative to the tensor's largest),
   - the losses of every logged step of AdamW training (--loss-tol relative;
@@ -19,17 +22,22 @@ different points (autocast also rounds the products' outputs), so they agree
 to bf16's precision, not to fp32's.
 
 Usage: check_torch.py DUMP_DIR LOG.jsonl --micro-batch B --grad-accum A --steps N
-       --lr X --warmup N [--min-lr X] [--weight-decay X] [--clip X] [--loss-tol X] [--bf16]
+       --lr X --warmup N [--min-lr X] [--weight-decay X] [--clip X] [--loss-tol X] [--bf16] [--seed N]
 """
 import contextlib
 import argparse
 import json
+import math
 import os
 import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+try:
+    import xxhash
+except ImportError:  # a GPU machine's Python may lack it: that check is then skipped, and said
+    xxhash = None
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ckpt"))
 import check_h5py  # noqa: E402
@@ -50,6 +58,47 @@ def merged(path):
     if problems:
         raise SystemExit("reading %s: %s" % (path, problems))
     return out, index
+
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(z):
+    z = (z + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def initial_normals(seed, name, n):
+    """The first n standard normals of tensor `name` (docs/DATA.md "Initial values")."""
+    h = xxhash.xxh3_64_intdigest(name.encode())
+    out = []
+    for j in range((n + 1) // 2):
+        a = splitmix64(seed ^ splitmix64(h ^ splitmix64(j)))
+        b = splitmix64(a)
+        u1 = ((a >> 11) + 0.5) / 2.0 ** 53
+        u2 = (b >> 11) / 2.0 ** 53
+        r = math.sqrt(-2.0 * math.log(u1))
+        out += [r * math.cos(2 * math.pi * u2), r * math.sin(2 * math.pi * u2)]
+    return np.array(out[:n])
+
+
+def initial_values_error(weights, seed):
+    """Largest departure of the dumped initial weights from std * z, over the
+    first 64 elements of every tensor that is not constant; std is each
+    tensor's, fitted (0.02, or GPT-2's residual scaling of it)."""
+    worst = 0.0
+    for name, values in weights.items():
+        first = values.reshape(-1)[:64].astype(np.float64)
+        if np.all(first == first[0]):
+            continue  # a norm's weight or a bias: its constant
+        z = initial_normals(seed, name, len(first))
+        std = float(first @ z / (z @ z))
+        if not 0.001 < std < 0.05:
+            return float("inf")
+        worst = max(worst, float(np.max(np.abs(first - std * z))) / std)
+    return worst
 
 
 FP32_TOLERANCES = {"logits": 1e-5, "loss": 1e-5, "gradients": 1e-4}
@@ -75,6 +124,7 @@ def main():
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--loss-tol", type=float, default=None)
     p.add_argument("--bf16", action="store_true")
+    p.add_argument("--seed", type=int, default=1337)
     a = p.parse_args()
     tol = BF16_TOLERANCES if a.bf16 else FP32_TOLERANCES
     loss_tol = a.loss_tol if a.loss_tol is not None else tol.get("losses", 1e-5)
@@ -102,6 +152,12 @@ def main():
         print(f"check_torch: {what}: {value:.3e} (tolerance {tol:g}) {status}")
         if value > tol:
             failures.append(what)
+
+    # fp32 rounding of std * z: a relative 1e-7 of the largest value.
+    if xxhash:
+        check("initial values against docs/DATA.md's rule", initial_values_error(weights, a.seed), 1e-5)
+    else:
+        print("check_torch: initial values: skipped (this Python has no xxhash module)")
 
     # Step 1: logits of the dumped micro-batch, the loss, every gradient.
     tokens = batches[0]
