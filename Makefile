@@ -52,7 +52,8 @@ ALL_CFLAGS = $(OPTFLAGS) -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -
 # that lib/ holds no shared library, and the system's are found as usual.
 ORIGIN_RPATH := -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/../lib:$$ORIGIN/../../lib'
 ALL_LDFLAGS = -pthread $(ORIGIN_RPATH) $(SANITIZE) $(LDFLAGS)
-LDLIBS += $(PKG_LIBS) -lm
+# oneDNN (no pkg-config file in Debian) for the CPU's bf16 products, on its OpenMP runtime.
+LDLIBS += $(PKG_LIBS) -ldnnl -lgomp -lm
 NVCCFLAGS ?= -O2 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 
 # The libraries, lowest first (README.md "Layout of the source"): each uses

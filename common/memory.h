@@ -25,7 +25,11 @@ void free_zeroed_pages(void *buffer);
  * and released when the thread exits: a fresh large allocation costs page
  * faults and zeroing on every call, which showed as a fifth of the time of
  * streamed reads. NULL on failure. Hold them only while the call runs. */
-enum { SCRATCH_CHUNK, SCRATCH_BOUNCE, SCRATCH_VERIFY, SCRATCH_STAGING, SCRATCH_SLOTS };
+enum {
+    SCRATCH_CHUNK, SCRATCH_BOUNCE, SCRATCH_VERIFY, SCRATCH_STAGING, /* the checkpoint reader's and the resharder's */
+    SCRATCH_BF16_A, SCRATCH_BF16_B, SCRATCH_BF16_PAD,              /* bf16 products' operands and oneDNN's scratchpad */
+    SCRATCH_SLOTS
+};
 void *scratch_buffer(int slot, size_t bytes);
 
 /* Makes room for needed items of item_size in *items (*capacity of them

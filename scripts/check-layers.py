@@ -5,7 +5,8 @@ may include its own headers and the public headers of the libraries below
 it, never those above, never another library's private headers, and never
 the programs'. Programs (programs/) may include the public headers of any
 library. Some system headers have one home: HDF5 is the checkpoint
-library's, MPI the MPI communicator's, the CUDA runtime the CUDA kernels'.
+library's, MPI the MPI communicator's, the CUDA runtime the CUDA kernels',
+oneDNN and OpenMP the CPU's bf16 products'.
 Tests and benchmarks may include anything.
 
 Usage: check-layers.py [ROOT]   exit 0 when the graph follows the rules,
@@ -42,6 +43,8 @@ OWNED_SYSTEM_HEADERS = {
     "hdf5.h": ["ckpt/*"],
     "mpi.h": ["trainer/comm_mpi.c"],
     "cuda_runtime.h": ["kernels/cuda/*"],
+    "oneapi/dnnl/dnnl.h": ["kernels/cpu/bf16_products.c"],
+    "omp.h": ["kernels/cpu/bf16_products.c"],
 }
 
 PROGRAMS = "programs"

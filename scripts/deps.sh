@@ -5,7 +5,7 @@ set -eu
 REPO_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 PACKAGES="gcc make pkg-config libhdf5-dev hdf5-tools libzstd-dev libcjson-dev libxxhash-dev libssl-dev libcurl4-openssl-dev curl libisal-dev
-libcriterion-dev libopenmpi-dev openmpi-bin libopenblas-dev procps
+libcriterion-dev libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev procps
 python3 python3-numpy python3-h5py python3-xxhash python3-zstandard python3-torch gnuplot-nox"
 
 # Slurm (slurmctld, slurmd, clients) for the tests that start a cluster on

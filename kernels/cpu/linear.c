@@ -6,10 +6,12 @@
 #include "../../common/error.h"
 #include "../convert_bits.h"
 #include "../kernels.h"
+#include "bf16_products.h"
 
 void kernels_set_threads(int threads)
 {
     openblas_set_num_threads(threads > 0 ? threads : 1);
+    bf16_products_set_threads(threads);
 }
 
 void matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
@@ -85,6 +87,13 @@ static float *rounded_to_bf16(const float *x, int64_t n)
 int matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
                         int64_t OC)
 {
+    if (bf16_products_available()) { /* out[N,OC] = in[N,C] @ weight[OC,C]^T */
+        TP_TRY(bf16_product(out, in, weight, N, OC, C, 0, 1, 0));
+        if (bias)
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t o = 0; o < OC; o++) out[n * OC + o] += bias[o];
+        return TP_OK;
+    }
     float *a = rounded_to_bf16(in, N * C), *w = rounded_to_bf16(weight, OC * C);
     int status = a && w ? TP_OK
                         : tp_fail(TP_ERR_NOMEM, "out of memory rounding a [%lld, %lld] x [%lld, %lld] product to bf16",
@@ -99,6 +108,12 @@ int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const floa
                          const float *weight, int64_t N, int64_t C, int64_t OC)
 {
     /* d_in = bf16(d_out) @ bf16(weight); d_weight += bf16(d_out)^T @ bf16(in); d_bias from d_out in fp32. */
+    if (bf16_products_available()) {
+        if (d_in) TP_TRY(bf16_product(d_in, d_out, weight, N, C, OC, 0, 0, 0));         /* [N,OC] @ [OC,C] */
+        if (d_weight) TP_TRY(bf16_product(d_weight, d_out, in, OC, C, N, 1, 0, 1));    /* [OC,N] @ [N,C], added */
+        if (d_bias) matmul_backward(NULL, NULL, d_bias, d_out, NULL, NULL, N, C, OC);
+        return TP_OK;
+    }
     float *g = rounded_to_bf16(d_out, N * OC);
     float *w = d_in ? rounded_to_bf16(weight, OC * C) : NULL, *a = d_weight ? rounded_to_bf16(in, N * C) : NULL;
     int status = g && (w || !d_in) && (a || !d_weight)

@@ -1,0 +1,23 @@
+/* bf16_products.h: bf16 matrix products on the CPU (oneDNN), for the CPU
+ * backend's bf16 mixed precision (linear.c). */
+#ifndef TP_BF16_PRODUCTS_H
+#define TP_BF16_PRODUCTS_H
+
+#include <stdint.h>
+
+/* Whether this CPU multiplies bf16 itself (AVX512_BF16 or AMX) and oneDNN
+ * can run there; otherwise (or with TP_NO_ONEDNN set) linear.c emulates the
+ * products with sgemm on rounded operands. */
+int bf16_products_available(void);
+
+/* Threads each product uses (kernels_set_threads). */
+void bf16_products_set_threads(int threads);
+
+/* c[M, N] = (or += with accumulate) bf16(a) @ bf16(b), summed in fp32, where
+ * a is [M, K] row-major ([K, M] with trans_a) and b is [K, N] ([N, K] with
+ * trans_b). TP_ERR_NOMEM without scratch; TP_ERR_DEVICE when oneDNN fails
+ * or is not available. */
+int bf16_product(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
+                 int accumulate);
+
+#endif

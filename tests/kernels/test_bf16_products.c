@@ -1,0 +1,131 @@
+/* The CPU's bf16 products (kernels/cpu/bf16_products.c, oneDNN) against an
+ * independent reference: both operands rounded to bf16 by a nearest-value
+ * rule, products summed in double. fp32 sums in another order differ by a
+ * few units of fp32's precision of the sum of magnitudes; a product of
+ * unrounded operands differs by bf16's (2^-9), which the tests tell apart. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/error.h"
+#include "../../kernels/cpu/bf16_products.h"
+#include "../../kernels/kernels.h"
+
+/* bf16 of x by truncation plus the rounding of the dropped half (no NaNs here). */
+static double bf16_of(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    uint32_t low = bits & 0xffffu, kept = bits & 0xffff0000u;
+    if (low > 0x8000u || (low == 0x8000u && (kept & 0x10000u))) kept += 0x10000u;
+    float out;
+    memcpy(&out, &kept, sizeof out);
+    return out;
+}
+
+static float *random_matrix(int64_t n, unsigned seed)
+{
+    float *x = malloc((size_t)n * sizeof(float));
+    srand(seed);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+    return x;
+}
+
+/* c (+)= op(a) op(b) in double from bf16 operands; the sums of magnitudes beside. */
+static void reference(double *c, double *magnitude, const float *a, const float *b, int64_t M, int64_t N, int64_t K,
+                      int trans_a, int trans_b, const float *before)
+{
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double sum = before ? before[m * N + n] : 0, abs_sum = before ? fabs(before[m * N + n]) : 0;
+            for (int64_t k = 0; k < K; k++) {
+                double x = bf16_of(trans_a ? a[k * M + m] : a[m * K + k]);
+                double y = bf16_of(trans_b ? b[n * K + k] : b[k * N + n]);
+                sum += x * y;
+                abs_sum += fabs(x * y);
+            }
+            c[m * N + n] = sum;
+            magnitude[m * N + n] = abs_sum;
+        }
+}
+
+static void check_product(int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int accumulate)
+{
+    float *a = random_matrix(M * K, 1), *b = random_matrix(K * N, 2), *c = random_matrix(M * N, 3);
+    float *before = accumulate ? random_matrix(M * N, 3) : NULL;
+    double *want = malloc((size_t)(M * N) * sizeof(double)), *magnitude = malloc((size_t)(M * N) * sizeof(double));
+    reference(want, magnitude, a, b, M, N, K, trans_a, trans_b, before);
+    cr_assert_eq(bf16_product(c, a, b, M, N, K, trans_a, trans_b, accumulate), TP_OK, "%s", tp_errmsg());
+    double worst = 0;
+    for (int64_t i = 0; i < M * N; i++) worst = fmax(worst, fabs(c[i] - want[i]) / magnitude[i]);
+    /* fp32 sums: at most about K units of 2^-24 of the magnitude; bf16 operands not rounded would be ~2^-9. */
+    cr_assert_lt(worst, 4.0 * (double)K * 0x1p-24 + 0x1p-20,
+                 "[%lld,%lld]x[%lld,%lld] trans %d%d accumulate %d: error %g of the sum of magnitudes", (long long)M,
+                 (long long)K, (long long)K, (long long)N, trans_a, trans_b, accumulate, worst);
+    free(a);
+    free(b);
+    free(c);
+    free(before);
+    free(want);
+    free(magnitude);
+}
+
+static void skip_without_bf16(void)
+{
+    if (!bf16_products_available()) cr_skip_test("this CPU has no bf16 instructions for oneDNN: linear.c emulates");
+}
+
+Test(bf16_products, forward_shapes) /* out = in @ weight^T */
+{
+    skip_without_bf16();
+    check_product(3, 5, 7, 0, 1, 0);
+    check_product(64, 130, 300, 0, 1, 0);
+}
+
+Test(bf16_products, backward_shapes) /* d_in = d_out @ weight; d_weight += d_out^T @ in */
+{
+    skip_without_bf16();
+    check_product(37, 150, 72, 0, 0, 0);
+    check_product(72, 150, 37, 1, 0, 1);
+}
+
+Test(bf16_products, many_shapes_and_threads)
+{
+    skip_without_bf16();
+    kernels_set_threads(2);
+    for (int64_t s = 1; s <= 70; s += 3) check_product(s, s + 1, 2 * s + 1, s % 2, (s / 2) % 2, (s / 3) % 2);
+    kernels_set_threads(1);
+}
+
+/* The products of linear.c's bf16 entry points land where the fp32 ones do
+ * (their layouts) and differ from them by bf16's rounding, not more. */
+Test(bf16_products, linear_layers_use_them)
+{
+    int64_t N = 33, C = 48, OC = 20;
+    float *in = random_matrix(N * C, 4), *w = random_matrix(OC * C, 5), *bias = random_matrix(OC, 6);
+    float *d_out = random_matrix(N * OC, 7);
+    float *out = calloc((size_t)(N * OC), sizeof(float)), *out32 = calloc((size_t)(N * OC), sizeof(float));
+    float *d_in = calloc((size_t)(N * C), sizeof(float)), *d_in32 = calloc((size_t)(N * C), sizeof(float));
+    float *d_w = calloc((size_t)(OC * C), sizeof(float)), *d_w32 = calloc((size_t)(OC * C), sizeof(float));
+    float *d_b = calloc((size_t)OC, sizeof(float)), *d_b32 = calloc((size_t)OC, sizeof(float));
+    cr_assert_eq(matmul_forward_bf16(out, in, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+    matmul_forward(out32, in, w, bias, N, C, OC);
+    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out, in, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+    matmul_backward(d_in32, d_w32, d_b32, d_out, in, w, N, C, OC);
+    struct { const float *got, *fp32; int64_t n; const char *what; } pairs[] = {
+        {out, out32, N * OC, "out"}, {d_in, d_in32, N * C, "d_in"}, {d_w, d_w32, OC * C, "d_weight"}};
+    for (int p = 0; p < 3; p++) {
+        double worst = 0, largest = 0;
+        for (int64_t i = 0; i < pairs[p].n; i++) {
+            worst = fmax(worst, fabs(pairs[p].got[i] - pairs[p].fp32[i]));
+            largest = fmax(largest, fabs(pairs[p].fp32[i]));
+        }
+        cr_assert_lt(worst, 0.02 * largest, "%s: %g from fp32 (largest %g)", pairs[p].what, worst, largest);
+        cr_assert_gt(worst, 1e-5 * largest, "%s: %g from fp32: the operands were not rounded to bf16", pairs[p].what,
+                     worst);
+    }
+    for (int64_t o = 0; o < OC; o++) cr_assert_eq(d_b[o], d_b32[o], "d_bias stays fp32");
+    free(in), free(w), free(bias), free(d_out), free(out), free(out32), free(d_in), free(d_in32), free(d_w),
+        free(d_w32), free(d_b), free(d_b32);
+}
