@@ -10,6 +10,10 @@
 #   the shape of tp-train --model small): the model, as both trainers take it
 #   (a tiny run: tp-train --model tiny's "--layers 2 --dim 64 --heads 4
 #   --vocab 256 --seq 32", BENCH_STEPS=3, BENCH_REPS=1)
+#   BENCH_DTYPE (default fp32): bf16 trains tp-train --dtype bf16 against
+#   PyTorch under bf16 autocast, with a row more for tp-train's bf16 products
+#   emulated with sgemm (TP_NO_ONEDNN=1), into its own section
+#   (bench-train-bf16), with no checkpoint rows
 #   Where it writes: scripts/bench-lib.sh.
 set -eu
 cd "$(dirname "$0")/.."
@@ -17,6 +21,8 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 STEPS=${BENCH_STEPS:-10}
 REPS=${BENCH_REPS:-3}
+DTYPE=${BENCH_DTYPE:-fp32}
+case $DTYPE in fp32 | bf16) ;; *) echo "bench-train: BENCH_DTYPE is fp32 or bf16, not $DTYPE" >&2; exit 2 ;; esac
 DIR="$SCRATCH_ROOT/train"
 CORES=$(nproc)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -41,10 +47,11 @@ median_ms() { $PY -c "import json,statistics,sys; print(statistics.median([r['ms
 
 tp_train() { # THREADS RANKS
     if [ "$2" -eq 1 ]; then
-        "$BUILD/bin/tp-train" $SHAPE --micro-batch $BATCH --steps "$STEPS" --threads "$1" --quiet --log "$DIR/log.jsonl"
+        "$BUILD/bin/tp-train" $SHAPE --micro-batch $BATCH --steps "$STEPS" --threads "$1" --dtype "$DTYPE" --quiet \
+            --log "$DIR/log.jsonl"
     else
         mpirun --oversubscribe -np "$2" "$BUILD/bin/tp-train" $SHAPE --tp "$2" --micro-batch $BATCH --steps "$STEPS" \
-            --threads "$1" --quiet --log "$DIR/log.jsonl" </dev/null
+            --threads "$1" --dtype "$DTYPE" --quiet --log "$DIR/log.jsonl" </dev/null
     fi
     median_ms "$DIR/log.jsonl"
 }
@@ -56,7 +63,7 @@ torch_best() { # THREADS
     for split in "$1 1" "1 $1" "$1 $1"; do
         set -- $split
         ms=$(OPENBLAS_NUM_THREADS=$2 OMP_NUM_THREADS=$1 $PY bench/train_baseline.py $SHAPE --batch $BATCH \
-            --threads "$1" --steps $((STEPS - 2)) | $PY -c 'import json,sys; print(json.load(sys.stdin)["ms"])')
+            --threads "$1" --steps $((STEPS - 2)) --dtype "$DTYPE" | $PY -c 'import json,sys; print(json.load(sys.stdin)["ms"])')
         echo "  torch (OpenMP $1, OpenBLAS $2): $ms ms" >&2
         best=$($PY -c 'import sys; a = sys.argv[1:]; print(min(float(x) for x in a if x))' "$ms" $best)
         [ "$1" = 1 ] && [ "$2" = 1 ] && break
@@ -75,6 +82,11 @@ for rep in $(seq 1 "$REPS"); do
             echo "throughput $t $tool $ms" >>"$RESULTS"
             echo "rep $rep, $t thread(s), $tool: $ms ms/step"
         done
+        if [ "$DTYPE" = bf16 ]; then
+            ms=$(TP_NO_ONEDNN=1 tp_train "$t" 1)
+            echo "throughput $t ours-emulated $ms" >>"$RESULTS"
+            echo "rep $rep, $t thread(s), tp-train with emulated bf16 products: $ms ms/step"
+        fi
         if [ "$t" -gt 1 ]; then
             ms=$(tp_train 1 "$t")
             echo "throughput $t ours-tp $ms" >>"$RESULTS"
@@ -82,6 +94,7 @@ for rep in $(seq 1 "$REPS"); do
         fi
     done
     # Checkpoints every 4 steps of 12, asynchronous and synchronous: the stall per save.
+    [ "$DTYPE" = fp32 ] || continue
     for mode in async sync; do
         rm -rf "$DIR/ckpt"
         flag=""
@@ -95,9 +108,11 @@ print(json.dumps({"stall_ms_per_save": sum(x["ckpt_stall_ms"] for x in r) / 3, "
         echo "rep $rep, checkpoints $mode: $m"
     done
 done
-"$BUILD/bin/tp-ckpt" verify "$DIR/ckpt" >/dev/null
-SAVE_MB=$(du -sm "$DIR/ckpt/step_00000012" | cut -f1)
-rm -rf "$DIR/ckpt"
+if [ "$DTYPE" = fp32 ]; then
+    "$BUILD/bin/tp-ckpt" verify "$DIR/ckpt" >/dev/null
+    SAVE_MB=$(du -sm "$DIR/ckpt/step_00000012" | cut -f1)
+    rm -rf "$DIR/ckpt"
+fi
 
 TABLE=$($PY - "$RESULTS" "$BATCH" "$(shape_value --seq)" <<'PY'
 import json, statistics, sys
@@ -112,15 +127,17 @@ for line in open(sys.argv[1]):
         ckpt.setdefault(a, []).append(json.loads(b))
 out = ["| threads | trainer | ms/step (median) | tokens/s | vs PyTorch |", "| --- | --- | --- | --- | --- |"]
 names = {"ours": "tp-train (1 process)", "ours-tp": "tp-train --tp %d (%d processes x 1 thread)",
-         "torch": "PyTorch (best thread split)"}
+         "torch": "PyTorch (best thread split)",
+         "ours-emulated": "tp-train, bf16 products emulated with sgemm (TP_NO_ONEDNN=1)"}
 for (threads, tool), values in sorted(through.items()):
     ms, torch = statistics.median(values), statistics.median(through[(threads, "torch")])
     name = names[tool] % (threads, threads) if tool == "ours-tp" else names[tool]
     out.append("| %d | %s | %.0f | %.0f | %.2fx |" % (threads, name, ms, tokens / ms * 1e3, torch / ms))
-out += ["", "| saving | stall per save (median) | 12 steps, total (median) | stall vs synchronous |",
-        "| --- | --- | --- | --- |"]
-sync = statistics.median(m["stall_ms_per_save"] for m in ckpt["sync"])
-for mode in ("async", "sync"):
+if ckpt:
+    out += ["", "| saving | stall per save (median) | 12 steps, total (median) | stall vs synchronous |",
+            "| --- | --- | --- | --- |"]
+for mode in ("async", "sync") if ckpt else ():
+    sync = statistics.median(m["stall_ms_per_save"] for m in ckpt["sync"])
     stall = statistics.median(m["stall_ms_per_save"] for m in ckpt[mode])
     total = statistics.median(m["total_ms"] for m in ckpt[mode])
     out.append("| %s | %.1f ms | %.0f ms | %.1f%% |" % (mode, stall, total, 100 * stall / sync))
@@ -130,6 +147,22 @@ PY
 echo "$TABLE"
 MODEL_NOTE=""
 [ "$SHAPE" = "$SMALL" ] && MODEL_NOTE=" (\`tp-train --model small\`)"
+if [ "$DTYPE" = bf16 ]; then
+    doc_section bench-train-bf16 "Training throughput in bf16 mixed precision (bench-train, BENCH_DTYPE=bf16)" <<DOC
+Command: \`BENCH_DTYPE=bf16 make bench-train\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS). OpenBLAS kernel: \
+${OPENBLAS_CORETYPE:-its own choice} (OPENBLAS_CORETYPE). CPU: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n 1).
+Model: GPT-2's architecture, $(shape_value --layers) layers, dim $(shape_value --dim), $(shape_value --heads) heads, \
+sequence $(shape_value --seq), vocabulary $(shape_value --vocab)$MODEL_NOTE,
+$BATCH sequences per step, AdamW with clipping, fp32 weights; tp-train --dtype bf16 (every product's operands
+rounded to bf16, fp32 sums: oneDNN's bf16 matmul where the CPU has AVX512_BF16 or AMX) against PyTorch's
+\`torch.autocast("cpu", torch.bfloat16)\` on the GPT-2 of tests/trainer/gpt2_ref.py, best of its thread splits,
+and against tp-train's own products emulated with sgemm on the rounded operands (TP_NO_ONEDNN=1). Each run's
+first 2 steps are warm-up and not counted; figures are medians over the runs. Target: at least 1.3x PyTorch.
+
+$TABLE
+DOC
+    exit 0
+fi
 doc_section bench-train "Training throughput and checkpoint stall (bench-train)" <<DOC
 Command: \`make bench-train\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS).
 Model: GPT-2's architecture, $(shape_value --layers) layers, dim $(shape_value --dim), $(shape_value --heads) heads, \

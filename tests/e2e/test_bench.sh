@@ -93,6 +93,11 @@ else
 fi
 bench bench-dcp
 bench bench-train
+start=$(date +%s)
+expect_ok "bench-train, bf16" env BENCH_DTYPE=bf16 "$ROOT/scripts/bench-train.sh"
+echo "[$NAME] bench-train bf16: $(($(date +%s) - start)) s"
+check "bench-train bf16: its section in BENCH_DOC, with a table of numbers" has_table bench-train-bf16
+check "bench-train bf16: a row of the emulated products" grep -q "emulated with sgemm" "$BENCH_DOC"
 if "$PY" -c 'import torch' 2>/dev/null; then
     bench bench-llama
 else
