@@ -6,10 +6,16 @@
  * the order of the sums, at 3.5-4x its speed on one core here (oneDNN's
  * brgemm with AVX512_BF16 against OpenBLAS's Haswell sgemm; docs/BENCHMARKS.md).
  *
+ * Threads: each product's rows are cut into one block per thread
+ * (parallel_for), each block a single-threaded oneDNN product. oneDNN's own
+ * threads are OpenMP's, whose waiting threads spin: beside OpenBLAS's and
+ * another process on 2 cores a tiny model's step took 220-320 ms instead of
+ * 3 ms (OMP_WAIT_POLICY=passive, which cures it, is read when the OpenMP
+ * runtime loads, before any code of ours runs).
+ *
  * Primitives are made once per shape and kept (a model has a few dozen);
- * each call brings its own scratchpad, so threads may run one primitive at
- * once. oneDNN threads with OpenMP: each call runs on kernels_set_threads'
- * count. */
+ * each block brings its own scratchpad, so threads may run one primitive at
+ * once. */
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
@@ -18,6 +24,7 @@
 
 #include "../../common/error.h"
 #include "../../common/memory.h"
+#include "../../common/parallel.h"
 #include "../convert_bits.h"
 #include "../kernels.h"
 #include "bf16_products.h"
@@ -26,8 +33,10 @@
  * plus the head's, and tensor parallelism does not add more. */
 #define CACHED_PRIMITIVES 64
 
+/* c[M, N] (+)= a[M, K] b[K, N] with the rows of each operand lda, ldb and
+ * ldc elements apart (a block of a larger product). */
 typedef struct {
-    int64_t M, N, K;
+    int64_t M, N, K, lda, ldb, ldc;
     int trans_a, trans_b, accumulate;
     dnnl_primitive_t primitive;
     size_t scratchpad_bytes;
@@ -64,12 +73,13 @@ void bf16_products_set_threads(int threads)
     __atomic_store_n(&dnnl.threads, threads > 0 ? threads : 1, __ATOMIC_RELAXED);
 }
 
-/* Row-major [rows, cols], or its transpose when stored as [cols, rows]. */
-static dnnl_status_t matrix_desc(dnnl_memory_desc_t *desc, int64_t rows, int64_t cols, int transposed,
+/* [rows, cols] with rows ld elements apart, or its transpose, stored as
+ * [cols, rows] with rows ld apart. */
+static dnnl_status_t matrix_desc(dnnl_memory_desc_t *desc, int64_t rows, int64_t cols, int64_t ld, int transposed,
                                  dnnl_data_type_t type)
 {
     dnnl_dims_t dims = {rows, cols};
-    dnnl_dims_t strides = {transposed ? 1 : cols, transposed ? rows : 1};
+    dnnl_dims_t strides = {transposed ? 1 : ld, transposed ? ld : 1};
     return dnnl_memory_desc_init_by_strides(desc, 2, dims, type, strides);
 }
 
@@ -80,9 +90,9 @@ static int make_product(cached_product *p)
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t post = NULL;
     dnnl_primitive_desc_t pd = NULL;
-    int ok = matrix_desc(&a, p->M, p->K, p->trans_a, dnnl_bf16) == dnnl_success &&
-             matrix_desc(&b, p->K, p->N, p->trans_b, dnnl_bf16) == dnnl_success &&
-             matrix_desc(&c, p->M, p->N, 0, dnnl_f32) == dnnl_success &&
+    int ok = matrix_desc(&a, p->M, p->K, p->lda, p->trans_a, dnnl_bf16) == dnnl_success &&
+             matrix_desc(&b, p->K, p->N, p->ldb, p->trans_b, dnnl_bf16) == dnnl_success &&
+             matrix_desc(&c, p->M, p->N, p->ldc, 0, dnnl_f32) == dnnl_success &&
              dnnl_matmul_desc_init(&desc, &a, &b, NULL, &c) == dnnl_success &&
              dnnl_primitive_attr_create(&attr) == dnnl_success &&
              dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
@@ -104,26 +114,27 @@ static int make_product(cached_product *p)
     return TP_OK;
 }
 
-/* The cached primitive of this shape, made on first use. Past
+/* The cached primitive of key's shape, made on first use. Past
  * CACHED_PRIMITIVES shapes one is made for the call (*owned: the caller
  * destroys it): a cached one is never destroyed while another thread may
  * run it. */
-static int find_product(int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int accumulate,
-                        cached_product *out, int *owned)
+static int find_product(const cached_product *key, cached_product *out, int *owned)
 {
     *owned = 0;
     pthread_mutex_lock(&dnnl.lock);
     int status = TP_OK, i;
     for (i = 0; i < dnnl.cached; i++) {
         const cached_product *p = &dnnl.cache[i];
-        if (p->M == M && p->N == N && p->K == K && p->trans_a == trans_a && p->trans_b == trans_b &&
-            p->accumulate == accumulate)
+        if (p->M == key->M && p->N == key->N && p->K == key->K && p->lda == key->lda && p->ldb == key->ldb &&
+            p->ldc == key->ldc && p->trans_a == key->trans_a && p->trans_b == key->trans_b &&
+            p->accumulate == key->accumulate)
             break;
     }
     if (i < dnnl.cached) {
         *out = dnnl.cache[i];
     } else {
-        *out = (cached_product){M, N, K, trans_a, trans_b, accumulate, NULL, 0};
+        *out = *key;
+        out->primitive = NULL;
         status = make_product(out);
         if (!status && dnnl.cached < CACHED_PRIMITIVES) dnnl.cache[dnnl.cached++] = *out;
         else if (!status) *owned = 1;
@@ -145,37 +156,43 @@ static const uint16_t *to_bf16(int slot, const float *x, int64_t n)
     return out;
 }
 
-int bf16_product(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
-                 int accumulate)
+/* One block of rows of a product: c rows [m0, m1). */
+typedef struct {
+    float *c;
+    const uint16_t *a, *b;
+    int64_t M, N, K, rows_per_block;
+    int trans_a, trans_b, accumulate;
+    char *pads;       /* a scratchpad per block, pad_bytes each */
+    size_t pad_bytes; /* the largest block's */
+} product_job;
+
+static int run_block(const product_job *job, int64_t m0, int64_t m1, char *pad)
 {
-    if (!bf16_products_available()) return tp_fail(TP_ERR_STATE, "oneDNN's bf16 products are not available here");
-    cached_product p;
+    int64_t M = job->M, N = job->N, K = job->K;
+    /* Row m of a is at m * K, or, transposed ([K, M] stored), column m at m. */
+    const uint16_t *a = job->a + (job->trans_a ? m0 : m0 * K);
+    cached_product key = {m1 - m0, N, K, job->trans_a ? M : K, job->trans_b ? K : N, N,
+                          job->trans_a, job->trans_b, job->accumulate, NULL, 0}, p;
     int owned;
-    TP_TRY(find_product(M, N, K, trans_a, trans_b, accumulate, &p, &owned));
-    const uint16_t *a16 = to_bf16(SCRATCH_BF16_A, a, M * K), *b16 = to_bf16(SCRATCH_BF16_B, b, K * N);
-    void *pad = p.scratchpad_bytes ? scratch_buffer(SCRATCH_BF16_PAD, p.scratchpad_bytes) : NULL;
-    if (!a16 || !b16 || (p.scratchpad_bytes && !pad)) {
-        if (owned) dnnl_primitive_destroy(p.primitive);
-        return tp_fail(TP_ERR_NOMEM, "out of memory for a bf16 product of [%lld, %lld] x [%lld, %lld]", (long long)M,
-                       (long long)K, (long long)K, (long long)N);
-    }
+    TP_TRY(find_product(&key, &p, &owned));
     dnnl_memory_desc_t ad, bd, cd, padd;
     dnnl_memory_t am = NULL, bm = NULL, cm = NULL, padm = NULL;
     dnnl_stream_t stream = NULL;
     dnnl_dims_t pad_dims = {(int64_t)p.scratchpad_bytes};
-    int ok = matrix_desc(&ad, M, K, trans_a, dnnl_bf16) == dnnl_success &&
-             matrix_desc(&bd, K, N, trans_b, dnnl_bf16) == dnnl_success &&
-             matrix_desc(&cd, M, N, 0, dnnl_f32) == dnnl_success &&
+    int ok = p.scratchpad_bytes <= job->pad_bytes &&
+             matrix_desc(&ad, p.M, K, p.lda, p.trans_a, dnnl_bf16) == dnnl_success &&
+             matrix_desc(&bd, K, N, p.ldb, p.trans_b, dnnl_bf16) == dnnl_success &&
+             matrix_desc(&cd, p.M, N, p.ldc, 0, dnnl_f32) == dnnl_success &&
              dnnl_memory_desc_init_by_tag(&padd, 1, pad_dims, dnnl_u8, dnnl_a) == dnnl_success &&
-             dnnl_memory_create(&am, &ad, dnnl.engine, (void *)a16) == dnnl_success &&
-             dnnl_memory_create(&bm, &bd, dnnl.engine, (void *)b16) == dnnl_success &&
-             dnnl_memory_create(&cm, &cd, dnnl.engine, c) == dnnl_success &&
-             (!pad || dnnl_memory_create(&padm, &padd, dnnl.engine, pad) == dnnl_success) &&
+             dnnl_memory_create(&am, &ad, dnnl.engine, (void *)a) == dnnl_success &&
+             dnnl_memory_create(&bm, &bd, dnnl.engine, (void *)job->b) == dnnl_success &&
+             dnnl_memory_create(&cm, &cd, dnnl.engine, job->c + m0 * N) == dnnl_success &&
+             (!p.scratchpad_bytes || dnnl_memory_create(&padm, &padd, dnnl.engine, pad) == dnnl_success) &&
              dnnl_stream_create(&stream, dnnl.engine, dnnl_stream_default_flags) == dnnl_success;
     if (ok) {
         dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm},
                                    {DNNL_ARG_SCRATCHPAD, padm}};
-        omp_set_num_threads(__atomic_load_n(&dnnl.threads, __ATOMIC_RELAXED));
+        omp_set_num_threads(1); /* threads are ours (the file's comment) */
         ok = dnnl_primitive_execute(p.primitive, stream, padm ? 4 : 3, args) == dnnl_success &&
              dnnl_stream_wait(stream) == dnnl_success;
     }
@@ -186,7 +203,51 @@ int bf16_product(float *c, const float *a, const float *b, int64_t M, int64_t N,
     if (am) dnnl_memory_destroy(am);
     if (owned) dnnl_primitive_destroy(p.primitive);
     if (!ok)
-        return tp_fail(TP_ERR_DEVICE, "oneDNN: the bf16 product of [%lld, %lld] x [%lld, %lld] failed", (long long)M,
+        return tp_fail(TP_ERR_DEVICE, "oneDNN: the bf16 product of [%lld, %lld] x [%lld, %lld] failed", (long long)p.M,
                        (long long)K, (long long)K, (long long)N);
     return TP_OK;
+}
+
+static int block_task(void *ctx, int64_t k, int thread)
+{
+    (void)thread;
+    const product_job *job = ctx;
+    int64_t m0 = k * job->rows_per_block, m1 = m0 + job->rows_per_block < job->M ? m0 + job->rows_per_block : job->M;
+    return run_block(job, m0, m1, job->pads + (size_t)k * job->pad_bytes);
+}
+
+/* Rows per block: at least this many, so that a block's product outweighs
+ * starting a thread (tens of microseconds). */
+#define MIN_BLOCK_ROWS 64
+
+int bf16_product(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
+                 int accumulate)
+{
+    if (!bf16_products_available()) return tp_fail(TP_ERR_STATE, "oneDNN's bf16 products are not available here");
+    int threads = __atomic_load_n(&dnnl.threads, __ATOMIC_RELAXED);
+    int64_t blocks = M / MIN_BLOCK_ROWS < threads ? M / MIN_BLOCK_ROWS : threads;
+    if (blocks < 1) blocks = 1;
+    int64_t rows_per_block = (M + blocks - 1) / blocks;
+    blocks = (M + rows_per_block - 1) / rows_per_block;
+    /* Every block's scratchpad is as large as the larger of the two block
+     * shapes' (the last block may be shorter). */
+    size_t pad_bytes = 0;
+    for (int last = 0; last < 2; last++) {
+        int64_t rows = last ? M - (blocks - 1) * rows_per_block : rows_per_block;
+        cached_product key = {rows, N, K, trans_a ? M : K, trans_b ? K : N, N, trans_a, trans_b, accumulate, NULL, 0};
+        cached_product p;
+        int owned;
+        TP_TRY(find_product(&key, &p, &owned));
+        if (owned) dnnl_primitive_destroy(p.primitive);
+        if (p.scratchpad_bytes > pad_bytes) pad_bytes = p.scratchpad_bytes;
+    }
+    pad_bytes = (pad_bytes + 4095) / 4096 * 4096;
+    const uint16_t *a16 = to_bf16(SCRATCH_BF16_A, a, M * K), *b16 = to_bf16(SCRATCH_BF16_B, b, K * N);
+    char *pads = pad_bytes ? scratch_buffer(SCRATCH_BF16_PAD, (size_t)blocks * pad_bytes) : NULL;
+    if (!a16 || !b16 || (pad_bytes && !pads))
+        return tp_fail(TP_ERR_NOMEM, "out of memory for a bf16 product of [%lld, %lld] x [%lld, %lld]", (long long)M,
+                       (long long)K, (long long)K, (long long)N);
+    product_job job = {c, a16, b16, M, N, K, rows_per_block, trans_a, trans_b, accumulate, pads, pad_bytes};
+    if (blocks == 1) return run_block(&job, 0, M, pads);
+    return parallel_for(blocks, (int)blocks, block_task, &job);
 }

@@ -95,6 +95,9 @@ Test(bf16_products, many_shapes_and_threads)
     skip_without_bf16();
     kernels_set_threads(2);
     for (int64_t s = 1; s <= 70; s += 3) check_product(s, s + 1, 2 * s + 1, s % 2, (s / 2) % 2, (s / 3) % 2);
+    /* Rows cut into blocks, one per thread, the last one shorter: every layout. */
+    kernels_set_threads(3);
+    for (int t = 0; t < 8; t++) check_product(200, 45, 70, t & 1, (t >> 1) & 1, (t >> 2) & 1);
     kernels_set_threads(1);
 }
 
