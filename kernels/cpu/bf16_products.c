@@ -224,6 +224,11 @@ int bf16_product(float *c, const float *a, const float *b, int64_t M, int64_t N,
                  int accumulate)
 {
     if (!bf16_products_available()) return tp_fail(TP_ERR_STATE, "oneDNN's bf16 products are not available here");
+    if (M <= 0 || N <= 0) return TP_OK;
+    if (K <= 0) { /* a sum of nothing */
+        if (!accumulate) memset(c, 0, (size_t)(M * N) * sizeof *c);
+        return TP_OK;
+    }
     int threads = __atomic_load_n(&dnnl.threads, __ATOMIC_RELAXED);
     int64_t blocks = M / MIN_BLOCK_ROWS < threads ? M / MIN_BLOCK_ROWS : threads;
     if (blocks < 1) blocks = 1;

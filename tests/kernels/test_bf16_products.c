@@ -90,6 +90,17 @@ Test(bf16_products, backward_shapes) /* d_in = d_out @ weight; d_weight += d_out
     check_product(72, 150, 37, 1, 0, 1);
 }
 
+Test(bf16_products, empty_sums_give_zero_or_leave_c)
+{
+    skip_without_bf16();
+    float c[6] = {1, 2, 3, 4, 5, 6}, a[1] = {0}, b[1] = {0};
+    cr_assert_eq(bf16_product(c, a, b, 2, 3, 0, 0, 0, 1), TP_OK);
+    cr_assert_eq(c[5], 6.0f, "accumulating a sum of nothing changed c");
+    cr_assert_eq(bf16_product(c, a, b, 2, 3, 0, 0, 0, 0), TP_OK);
+    for (int i = 0; i < 6; i++) cr_assert_eq(c[i], 0.0f, "c[%d] = %g, not the empty sum 0", i, c[i]);
+    cr_assert_eq(bf16_product(c, a, b, 0, 3, 4, 0, 0, 0), TP_OK);
+}
+
 Test(bf16_products, many_shapes_and_threads)
 {
     skip_without_bf16();
