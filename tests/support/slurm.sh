@@ -403,7 +403,12 @@ slurm_job_grow() {
 # receive callbacks exist, calls through a NULL pointer: "Failing at
 # address: (nil)" and a backtrace of the signal frame alone ("[ 0]", no
 # "[ 1]"). A 10-line MPI program does it too (1 srun step in 82 under load).
+# Under AddressSanitizer its handler reports the same jump to 0 instead:
+# "SEGV on unknown address 0x000000000000 (pc 0x000000000000" and a
+# backtrace of frame #0 alone.
 mpi_startup_crash() {
-    grep -q "Failing at address: (nil)" "$1" 2>/dev/null && grep -q "End of error message" "$1" &&
-        ! grep -q "\] \[ 1\] " "$1"
+    { grep -q "Failing at address: (nil)" "$1" 2>/dev/null && grep -q "End of error message" "$1" &&
+        ! grep -q "\] \[ 1\] " "$1"; } ||
+        { grep -q "AddressSanitizer: SEGV on unknown address 0x000000000000 (pc 0x000000000000" "$1" 2>/dev/null &&
+            ! grep -q "^ *#1 " "$1"; }
 }
