@@ -234,8 +234,10 @@ typedef struct kernel_backend {
     int (*to_host)(void *host_dst, const void *device_src, size_t bytes);
     int (*copy)(void *dst, const void *src, size_t bytes); /* both the backend's memory; not overlapping */
     int (*synchronize)(void);                               /* waits for all work issued */
-    /* Host memory for snapshots of device memory: pinned (page-locked) on a
-     * GPU, so that copies run at full speed beside the computation. */
+    /* Host memory for snapshots of device memory, resident when returned
+     * (the first snapshot takes no page faults while training waits for it):
+     * pinned (page-locked) on a GPU, so that copies run at full speed beside
+     * the computation; on the CPU alloc's populated huge pages. */
     int (*host_alloc)(void **out, size_t bytes);
     void (*host_release)(void *memory);
     /* To the host beside the computation (a side stream on a GPU): the copy

@@ -113,22 +113,17 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
     int per_view = dump_grads ? 1 : 3;
     for (int i = 0; i < m->num_params; i++)
         if (m->params[i].owner) s->snapshot_floats += per_view * m->params[i].numel;
-    /* Only the first data-parallel replica writes. */
-    if (m->comm->dp_rank == 0 && s->snapshot_floats) {
-        /* Pinned on a GPU: the snapshot is copied beside the next step's work. */
-        status = m->kernels->host_alloc((void **)&s->snapshot, (size_t)s->snapshot_floats * sizeof(float));
-        if (status) {
-            saver_free(s);
-            return status;
-        }
-    }
     *out = s;
     return TP_OK;
 }
 
-void saver_prefault(saver *s)
+int saver_reserve(saver *s)
 {
-    if (s->snapshot) memset(s->snapshot, 0, (size_t)s->snapshot_floats * sizeof(float));
+    const gpt_model *m = s->model;
+    /* Only the first data-parallel replica writes. Pinned on a GPU: the
+     * snapshot is copied beside the next step's work. */
+    if (s->snapshot || m->comm->dp_rank != 0 || !s->snapshot_floats) return TP_OK;
+    return m->kernels->host_alloc((void **)&s->snapshot, (size_t)s->snapshot_floats * sizeof(float));
 }
 
 void saver_free(saver *s)
@@ -372,8 +367,8 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync)
     free(s->user);
     s->schedule = strdup(state->schedule_json ? state->schedule_json : "{}");
     s->user = strdup(state->user_json ? state->user_json : "{}");
-    int staged = TP_OK, failed;
-    if (c->rank == 0) {
+    int staged = saver_reserve(s), failed;
+    if (c->rank == 0 && !staged) {
         ckpt_write_options options;
         ckpt_write_options_init(&options);
         options.overwrite = 1;
@@ -383,7 +378,7 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync)
     TP_TRY(comm_any(c, staged != TP_OK, &failed));
     if (failed) {
         if (staged) return tp_fail_context(staged, "checkpoint %s", path);
-        return tp_fail(TP_ERR_STATE, "checkpoint %s: rank 0 cannot stage it", path);
+        return tp_fail(TP_ERR_STATE, "checkpoint %s: another rank cannot stage it", path);
     }
     s->status = TP_OK;
     atomic_store(&s->done, 1);

@@ -33,9 +33,10 @@ typedef struct {
 int saver_create(saver **out, gpt_model *model, int dump_grads);
 void saver_free(saver *s);
 
-/* Touches the snapshot buffer now, so that the first save does not take page
- * faults while training waits for its copy; for runs that will checkpoint. */
-void saver_prefault(saver *s);
+/* The snapshot buffer (host memory, resident), now rather than at the first
+ * save, so that no save's stall includes taking it; for runs that will
+ * checkpoint. A run without checkpoints never takes it. */
+int saver_reserve(saver *s);
 
 /* Starts a checkpoint at path (a staging directory first; committed later).
  * With sync, returns once it is committed. Collective over all ranks. */

@@ -396,7 +396,7 @@ static int set_up(trainer *t)
         status = tp_fail(TP_ERR_ARG, "%s: %lld tokens, fewer than a sequence of %lld", o->data,
                          (long long)dataset_tokens(t->data), (long long)o->seq + 1);
     if (!status) status = saver_create(&t->saver, t->model, 0);
-    if (!status && o->ckpt_dir) saver_prefault(t->saver);
+    if (!status && o->ckpt_dir) status = saver_reserve(t->saver);
     if (!status) {
         const kernel_backend *k = t->model->kernels;
         size_t bytes = (size_t)activations * sizeof(float);
