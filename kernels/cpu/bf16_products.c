@@ -25,7 +25,6 @@
 #include "../../common/error.h"
 #include "../../common/memory.h"
 #include "../../common/parallel.h"
-#include "../convert_bits.h"
 #include "../kernels.h"
 #include "bf16_products.h"
 
@@ -147,12 +146,7 @@ static int find_product(const cached_product *key, cached_product *out, int *own
 static const uint16_t *to_bf16(int slot, const float *x, int64_t n)
 {
     uint16_t *out = scratch_buffer(slot, (size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
-    if (!out) return NULL;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, &x[i], sizeof bits);
-        out[i] = bits_f32_to_bf16(bits);
-    }
+    if (out) convert_from_f32(x, out, TP_BF16, n);
     return out;
 }
 
