@@ -78,7 +78,7 @@ void cuda_mover_free(cuda_mover *mover);
  * otherwise. These are the CPU versions; kernel_backend below gives the
  * same operations on a device. */
 
-/* Threads the matrix products may use (OpenBLAS). */
+/* Threads each CPU kernel call may use (kernels/cpu/workers.h). */
 void kernels_set_threads(int threads);
 
 /* out[N,OC] = in[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL). */
@@ -168,15 +168,17 @@ void scale_inplace(float *x, float scale, int64_t n);
  * probabilities are never kept; out[B,T,Hq*hd] and lse[B,Hq,T] (each query
  * row's log-sum-exp of its scaled scores) are all the backward needs besides
  * qkv, which recomputes the probabilities from them. scratch holds
- * attention_scratch_floats(B, T, Hq) floats (forward and backward). */
-void attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq,
-                       int64_t Hkv, int64_t hd);
+ * attention_scratch_floats(B, T, Hq) floats (forward and backward). On the
+ * CPU each thread works on its own [ATTENTION_ROWS, T] blocks (scratch_buffer):
+ * TP_ERR_NOMEM when they cannot be had. */
+int attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                      int64_t Hkv, int64_t hd);
 /* d_qkv[B,T,(Hq+2Hkv)*hd] = gradient from d_out[B,T,Hq*hd], given the
  * forward's out and lse. */
-void attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
-                        const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
-/* Query rows the CPU attention computes at a time: its scratch holds two
- * [ATTENTION_ROWS, T] blocks beside a [B,Hq,T] row vector. */
+int attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+                       const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+/* Query rows the CPU attention computes at a time; the scratch it is given
+ * is a [B,Hq,T] row vector. */
 #define ATTENTION_ROWS 64
 int64_t attention_scratch_floats(int64_t B, int64_t T, int64_t Hq);
 

@@ -12,12 +12,28 @@
 #include <math.h>
 #include <string.h>
 
+#include "../../common/error.h"
+#include "../../common/memory.h"
 #include "../kernels.h"
+#include "workers.h"
 
 int64_t attention_scratch_floats(int64_t B, int64_t T, int64_t Hq)
 {
+    return B * Hq * T;
+}
+
+/* A task's [rows, keys] blocks: the probabilities and, in the backward,
+ * d_att then d_scores. Each thread keeps its own (scratch_buffer). */
+static float *attention_blocks(int64_t T, int count)
+{
     int64_t rows = T < ATTENTION_ROWS ? T : ATTENTION_ROWS;
-    return B * Hq * T + 2 * rows * T;
+    return scratch_buffer(SCRATCH_ATTENTION, (size_t)(count * rows * T > 0 ? count * rows * T : 1) * sizeof(float));
+}
+
+static int no_blocks(int64_t T)
+{
+    return tp_fail(TP_ERR_NOMEM, "out of memory for the attention's blocks of %d x %lld floats", ATTENTION_ROWS,
+                   (long long)T);
 }
 
 /* Views of one (batch, head) in qkv[B,T,(Hq+2Hkv)*hd] and out[B,T,Hq*hd]:
@@ -41,77 +57,106 @@ static void block_scores(float *s, const head_view *x, int64_t i0, int64_t rows,
                 (int)x->stride, x->k, (int)x->stride, 0.0f, s, (int)keys);
 }
 
-void attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq,
-                       int64_t Hkv, int64_t hd)
+/* The arguments of either direction. Task t is batch t / Hkv and key/value
+ * head t % Hkv with the query heads that share it: the tasks write disjoint
+ * parts of out, lse and d_qkv (a shared key/value head's gradient gathers
+ * its query heads' in one task). */
+typedef struct {
+    float *out, *lse, *d_qkv, *delta;
+    const float *qkv, *d_out, *fwd_out, *fwd_lse;
+    int64_t B, T, Hq, Hkv, hd;
+} attention_job;
+
+static int forward_group(void *ctx, int64_t task)
 {
+    const attention_job *j = ctx;
+    int64_t T = j->T, hd = j->hd, b = task / j->Hkv, group = j->Hq / j->Hkv, h0 = task % j->Hkv * group;
     float scale = 1.0f / sqrtf((float)hd);
-    float *p = scratch + B * Hq * T; /* [rows, keys] of one block */
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < Hq; h++) {
-            head_view x = head_of(qkv, b, h, T, Hq, Hkv, hd);
-            float *row_lse = lse + (b * Hq + h) * T, *o = out + b * T * x.out_stride + h * hd;
-            for (int64_t i0 = 0; i0 < T; i0 += ATTENTION_ROWS) {
-                int64_t rows = T - i0 < ATTENTION_ROWS ? T - i0 : ATTENTION_ROWS, keys = i0 + rows;
-                block_scores(p, &x, i0, rows, keys, hd, scale);
-                for (int64_t r = 0; r < rows; r++) {
-                    float *row = p + r * keys, max = -INFINITY, sum = 0;
-                    int64_t i = i0 + r;
-                    for (int64_t j = 0; j <= i; j++) max = row[j] > max ? row[j] : max;
-                    for (int64_t j = 0; j <= i; j++) sum += row[j] = expf(row[j] - max);
-                    for (int64_t j = 0; j <= i; j++) row[j] /= sum;
-                    for (int64_t j = i + 1; j < keys; j++) row[j] = 0;
-                    row_lse[i] = max + logf(sum);
-                }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)keys, 1.0f, p,
-                            (int)keys, x.v, (int)x.stride, 0.0f, o + i0 * x.out_stride, (int)x.out_stride);
+    float *p = attention_blocks(T, 1); /* [rows, keys] of one block */
+    if (!p) return no_blocks(T);
+    for (int64_t h = h0; h < h0 + group; h++) {
+        head_view x = head_of(j->qkv, b, h, T, j->Hq, j->Hkv, hd);
+        float *row_lse = j->lse + (b * j->Hq + h) * T, *o = j->out + b * T * x.out_stride + h * hd;
+        for (int64_t i0 = 0; i0 < T; i0 += ATTENTION_ROWS) {
+            int64_t rows = T - i0 < ATTENTION_ROWS ? T - i0 : ATTENTION_ROWS, keys = i0 + rows;
+            block_scores(p, &x, i0, rows, keys, hd, scale);
+            for (int64_t r = 0; r < rows; r++) {
+                float *row = p + r * keys, max = -INFINITY, sum = 0;
+                int64_t i = i0 + r;
+                for (int64_t k = 0; k <= i; k++) max = row[k] > max ? row[k] : max;
+                for (int64_t k = 0; k <= i; k++) sum += row[k] = expf(row[k] - max);
+                for (int64_t k = 0; k <= i; k++) row[k] /= sum;
+                for (int64_t k = i + 1; k < keys; k++) row[k] = 0;
+                row_lse[i] = max + logf(sum);
             }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)keys, 1.0f, p, (int)keys,
+                        x.v, (int)x.stride, 0.0f, o + i0 * x.out_stride, (int)x.out_stride);
         }
+    }
+    return TP_OK;
 }
 
-void attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
-                        const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+int attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                      int64_t Hkv, int64_t hd)
 {
+    (void)scratch; /* the forward needs none besides its blocks */
+    attention_job job = {.out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd};
+    return workers_run(B * Hkv, forward_group, &job);
+}
+
+static int backward_group(void *ctx, int64_t task)
+{
+    const attention_job *j = ctx;
+    int64_t T = j->T, hd = j->hd, b = task / j->Hkv, group = j->Hq / j->Hkv, h0 = task % j->Hkv * group;
     float scale = 1.0f / sqrtf((float)hd);
-    float *delta = scratch;              /* [B,Hq,T]: d_out_i . out_i = sum_j p_ij d_att_ij */
-    float *p = scratch + B * Hq * T;     /* [rows, keys]: probabilities of a block */
+    float *p = attention_blocks(T, 2); /* [rows, keys]: probabilities of a block */
+    if (!p) return no_blocks(T);
     float *ds = p + (T < ATTENTION_ROWS ? T : ATTENTION_ROWS) * T; /* [rows, keys]: d_att, then d_scores */
-    memset(d_qkv, 0, (size_t)(B * T * (Hq + 2 * Hkv) * hd) * sizeof(float));
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < Hq; h++) {
-            head_view x = head_of(qkv, b, h, T, Hq, Hkv, hd), dx = head_of(d_qkv, b, h, T, Hq, Hkv, hd);
-            float *dq = (float *)dx.q, *dk = (float *)dx.k, *dv = (float *)dx.v;
-            const float *g = d_out + b * T * x.out_stride + h * hd, *o = out + b * T * x.out_stride + h * hd;
-            const float *row_lse = lse + (b * Hq + h) * T;
-            float *row_delta = delta + (b * Hq + h) * T;
-            for (int64_t i = 0; i < T; i++) {
-                float dot = 0;
-                for (int64_t d = 0; d < hd; d++) dot += g[i * x.out_stride + d] * o[i * x.out_stride + d];
-                row_delta[i] = dot;
-            }
-            for (int64_t i0 = 0; i0 < T; i0 += ATTENTION_ROWS) {
-                int64_t rows = T - i0 < ATTENTION_ROWS ? T - i0 : ATTENTION_ROWS, keys = i0 + rows;
-                const float *g0 = g + i0 * x.out_stride;
-                block_scores(p, &x, i0, rows, keys, hd, scale);
-                /* d_att = d_out V^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)keys, (int)hd, 1.0f, g0,
-                            (int)x.out_stride, x.v, (int)x.stride, 0.0f, ds, (int)keys);
-                /* softmax backward, then the 1/sqrt(hd) of the scores */
-                for (int64_t r = 0; r < rows; r++) {
-                    int64_t i = i0 + r;
-                    float *pr = p + r * keys, *dr = ds + r * keys;
-                    for (int64_t j = 0; j <= i; j++) {
-                        pr[j] = expf(pr[j] - row_lse[i]);
-                        dr[j] = pr[j] * (dr[j] - row_delta[i]) * scale;
-                    }
-                    for (int64_t j = i + 1; j < keys; j++) pr[j] = dr[j] = 0;
-                }
-                /* dV += P^T d_out; dQ += d_scores K; dK += d_scores^T Q */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)keys, (int)hd, (int)rows, 1.0f, p,
-                            (int)keys, g0, (int)x.out_stride, 1.0f, dv, (int)x.stride);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)keys, 1.0f, ds,
-                            (int)keys, x.k, (int)x.stride, 1.0f, dq + i0 * x.stride, (int)x.stride);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)keys, (int)hd, (int)rows, 1.0f, ds,
-                            (int)keys, x.q + i0 * x.stride, (int)x.stride, 1.0f, dk, (int)x.stride);
-            }
+    for (int64_t h = h0; h < h0 + group; h++) {
+        head_view x = head_of(j->qkv, b, h, T, j->Hq, j->Hkv, hd), dx = head_of(j->d_qkv, b, h, T, j->Hq, j->Hkv, hd);
+        float *dq = (float *)dx.q, *dk = (float *)dx.k, *dv = (float *)dx.v;
+        const float *g = j->d_out + b * T * x.out_stride + h * hd, *o = j->fwd_out + b * T * x.out_stride + h * hd;
+        const float *row_lse = j->fwd_lse + (b * j->Hq + h) * T;
+        float *row_delta = j->delta + (b * j->Hq + h) * T; /* d_out_i . out_i = sum_j p_ij d_att_ij */
+        for (int64_t i = 0; i < T; i++) {
+            float dot = 0;
+            for (int64_t d = 0; d < hd; d++) dot += g[i * x.out_stride + d] * o[i * x.out_stride + d];
+            row_delta[i] = dot;
         }
+        for (int64_t i0 = 0; i0 < T; i0 += ATTENTION_ROWS) {
+            int64_t rows = T - i0 < ATTENTION_ROWS ? T - i0 : ATTENTION_ROWS, keys = i0 + rows;
+            const float *g0 = g + i0 * x.out_stride;
+            block_scores(p, &x, i0, rows, keys, hd, scale);
+            /* d_att = d_out V^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)keys, (int)hd, 1.0f, g0,
+                        (int)x.out_stride, x.v, (int)x.stride, 0.0f, ds, (int)keys);
+            /* softmax backward, then the 1/sqrt(hd) of the scores */
+            for (int64_t r = 0; r < rows; r++) {
+                int64_t i = i0 + r;
+                float *pr = p + r * keys, *dr = ds + r * keys;
+                for (int64_t k = 0; k <= i; k++) {
+                    pr[k] = expf(pr[k] - row_lse[i]);
+                    dr[k] = pr[k] * (dr[k] - row_delta[i]) * scale;
+                }
+                for (int64_t k = i + 1; k < keys; k++) pr[k] = dr[k] = 0;
+            }
+            /* dV += P^T d_out; dQ += d_scores K; dK += d_scores^T Q */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)keys, (int)hd, (int)rows, 1.0f, p, (int)keys, g0,
+                        (int)x.out_stride, 1.0f, dv, (int)x.stride);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)keys, 1.0f, ds, (int)keys,
+                        x.k, (int)x.stride, 1.0f, dq + i0 * x.stride, (int)x.stride);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)keys, (int)hd, (int)rows, 1.0f, ds, (int)keys,
+                        x.q + i0 * x.stride, (int)x.stride, 1.0f, dk, (int)x.stride);
+        }
+    }
+    return TP_OK;
+}
+
+int attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+                       const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    memset(d_qkv, 0, (size_t)(B * T * (Hq + 2 * Hkv) * hd) * sizeof(float));
+    attention_job job = {.d_qkv = d_qkv, .delta = scratch, .qkv = qkv, .d_out = d_out, .fwd_out = out,
+                         .fwd_lse = lse, .B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd};
+    return workers_run(B * Hkv, backward_group, &job);
 }

@@ -99,14 +99,6 @@ CPU_OP(bias_residual_forward,
        (out, x, partial, bias, N, C))
 CPU_OP(add_inplace, (float *acc, const float *x, int64_t n), (acc, x, n))
 CPU_OP(scale_inplace, (float *x, float scale, int64_t n), (x, scale, n))
-CPU_OP(attention_forward,
-       (float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-        int64_t hd),
-       (out, lse, scratch, qkv, B, T, Hq, Hkv, hd))
-CPU_OP(attention_backward,
-       (float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out, const float *lse,
-        int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
-       (d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd))
 CPU_OP(embedding_forward,
        (float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first, int64_t rows),
        (out, tokens, table, N, C, first, rows))
@@ -168,8 +160,8 @@ static const kernel_backend cpu_backend = {
     .bias_residual_forward = cpu_bias_residual_forward,
     .add_inplace = cpu_add_inplace,
     .scale_inplace = cpu_scale_inplace,
-    .attention_forward = cpu_attention_forward,
-    .attention_backward = cpu_attention_backward,
+    .attention_forward = attention_forward, /* in the table's form: they can fail */
+    .attention_backward = attention_backward,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .crossentropy_row_max = cpu_crossentropy_row_max,

@@ -6,8 +6,9 @@
  * the order of the sums, at 3.5-4x its speed on one core here (oneDNN's
  * brgemm with AVX512_BF16 against OpenBLAS's Haswell sgemm; docs/BENCHMARKS.md).
  *
- * Threads: each product's rows are cut into one block per thread
- * (parallel_for), each block a single-threaded oneDNN product. oneDNN's own
+ * Threads: each product's rows are cut into one block per thread of the
+ * CPU backend's pool (workers.h), each block a single-threaded oneDNN
+ * product; the operands are rounded in shares on the pool too. oneDNN's own
  * threads are OpenMP's, whose waiting threads spin: beside OpenBLAS's and
  * another process on 2 cores a tiny model's step took 220-320 ms instead of
  * 3 ms (OMP_WAIT_POLICY=passive, which cures it, is read when the OpenMP
@@ -24,9 +25,9 @@
 
 #include "../../common/error.h"
 #include "../../common/memory.h"
-#include "../../common/parallel.h"
 #include "../kernels.h"
 #include "bf16_products.h"
+#include "workers.h"
 
 /* Shapes kept; a GPT has at most 4 products x 3 directions per layer kind
  * plus the head's, and tensor parallelism does not add more. */
@@ -48,8 +49,7 @@ static struct {
     pthread_mutex_t lock;       /* the cache */
     cached_product cache[CACHED_PRIMITIVES];
     int cached;
-    int threads;
-} dnnl = {PTHREAD_ONCE_INIT, 0, NULL, PTHREAD_MUTEX_INITIALIZER, {{0}}, 0, 1};
+} dnnl = {PTHREAD_ONCE_INIT, 0, NULL, PTHREAD_MUTEX_INITIALIZER, {{0}}, 0};
 
 static void start(void)
 {
@@ -65,11 +65,6 @@ int bf16_products_available(void)
 {
     pthread_once(&dnnl.once, start);
     return dnnl.usable;
-}
-
-void bf16_products_set_threads(int threads)
-{
-    __atomic_store_n(&dnnl.threads, threads > 0 ? threads : 1, __ATOMIC_RELAXED);
 }
 
 /* [rows, cols] with rows ld elements apart, or its transpose, stored as
@@ -142,11 +137,23 @@ static int find_product(const cached_product *key, cached_product *out, int *own
     return status;
 }
 
-/* x rounded to bf16 into a thread's scratch slot. */
+typedef struct {
+    const float *x;
+    uint16_t *out;
+} rounding_job;
+
+static void round_span(void *ctx, int64_t i0, int64_t i1)
+{
+    const rounding_job *j = ctx;
+    convert_from_f32(j->x + i0, j->out + i0, TP_BF16, i1 - i0);
+}
+
+/* x rounded to bf16 into the calling thread's scratch slot, in shares on the pool. */
 static const uint16_t *to_bf16(int slot, const float *x, int64_t n)
 {
     uint16_t *out = scratch_buffer(slot, (size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
-    if (out) convert_from_f32(x, out, TP_BF16, n);
+    rounding_job job = {x, out};
+    if (out) workers_for(n, 1, round_span, &job);
     return out;
 }
 
@@ -202,16 +209,15 @@ static int run_block(const product_job *job, int64_t m0, int64_t m1, char *pad)
     return TP_OK;
 }
 
-static int block_task(void *ctx, int64_t k, int thread)
+static int block_task(void *ctx, int64_t k)
 {
-    (void)thread;
     const product_job *job = ctx;
     int64_t m0 = k * job->rows_per_block, m1 = m0 + job->rows_per_block < job->M ? m0 + job->rows_per_block : job->M;
     return run_block(job, m0, m1, job->pads + (size_t)k * job->pad_bytes);
 }
 
 /* Rows per block: at least this many, so that a block's product outweighs
- * starting a thread (tens of microseconds). */
+ * handing it to another thread. */
 #define MIN_BLOCK_ROWS 64
 
 int bf16_product(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
@@ -223,11 +229,7 @@ int bf16_product(float *c, const float *a, const float *b, int64_t M, int64_t N,
         if (!accumulate) memset(c, 0, (size_t)(M * N) * sizeof *c);
         return TP_OK;
     }
-    int threads = __atomic_load_n(&dnnl.threads, __ATOMIC_RELAXED);
-    int64_t blocks = M / MIN_BLOCK_ROWS < threads ? M / MIN_BLOCK_ROWS : threads;
-    if (blocks < 1) blocks = 1;
-    int64_t rows_per_block = (M + blocks - 1) / blocks;
-    blocks = (M + rows_per_block - 1) / rows_per_block;
+    int64_t rows_per_block, blocks = workers_shares(M, MIN_BLOCK_ROWS, &rows_per_block);
     /* Every block's scratchpad is as large as the larger of the two block
      * shapes' (the last block may be shorter). */
     size_t pad_bytes = 0;
@@ -248,5 +250,5 @@ int bf16_product(float *c, const float *a, const float *b, int64_t M, int64_t N,
                        (long long)K, (long long)K, (long long)N);
     product_job job = {c, a16, b16, M, N, K, rows_per_block, trans_a, trans_b, accumulate, pads, pad_bytes};
     if (blocks == 1) return run_block(&job, 0, M, pads);
-    return parallel_for(blocks, (int)blocks, block_task, &job);
+    return workers_run(blocks, block_task, &job);
 }

@@ -10,9 +10,6 @@
  * products with sgemm on rounded operands. */
 int bf16_products_available(void);
 
-/* Threads each product uses (kernels_set_threads). */
-void bf16_products_set_threads(int threads);
-
 /* c[M, N] = (or += with accumulate) bf16(a) @ bf16(b), summed in fp32, where
  * a is [M, K] row-major ([K, M] with trans_a) and b is [K, N] ([N, K] with
  * trans_b). TP_ERR_NOMEM without scratch; TP_ERR_DEVICE when oneDNN fails

@@ -3,25 +3,52 @@
 #include <string.h>
 
 #include "../kernels.h"
+#include "workers.h"
+
+/* The arguments of an embedding or cross-entropy kernel, for its shares of
+ * rows (or, for the table's gradient, of columns) on the pool. */
+typedef struct {
+    float *out;
+    const float *in, *row_max, *sum;
+    const int *tokens;
+    int64_t C, first, rows, valid;
+    float scale;
+} vocab_job;
+
+static void embedding_rows(void *ctx, int64_t n0, int64_t n1)
+{
+    const vocab_job *j = ctx;
+    for (int64_t n = n0; n < n1; n++) {
+        int64_t row = (int64_t)j->tokens[n] - j->first;
+        if (row >= 0 && row < j->rows) memcpy(j->out + n * j->C, j->in + row * j->C, (size_t)j->C * sizeof(float));
+        else memset(j->out + n * j->C, 0, (size_t)j->C * sizeof(float));
+    }
+}
 
 void embedding_forward(float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first,
                        int64_t rows)
 {
-    for (int64_t n = 0; n < N; n++) {
-        int64_t row = (int64_t)tokens[n] - first;
-        if (row >= 0 && row < rows) memcpy(out + n * C, table + row * C, (size_t)C * sizeof(float));
-        else memset(out + n * C, 0, (size_t)C * sizeof(float));
+    vocab_job job = {.out = out, .in = table, .tokens = tokens, .C = C, .first = first, .rows = rows};
+    workers_for(N, C, embedding_rows, &job);
+}
+
+/* Columns c0..c1 of the table's gradient, the tokens in order: two tokens
+ * may share a row, so threads split the columns, not the tokens. */
+static void embedding_backward_columns(void *ctx, int64_t c0, int64_t c1)
+{
+    const vocab_job *j = ctx;
+    for (int64_t n = 0; n < j->valid; n++) {
+        int64_t row = (int64_t)j->tokens[n] - j->first;
+        if (row < 0 || row >= j->rows) continue;
+        for (int64_t c = c0; c < c1; c++) j->out[row * j->C + c] += j->in[n * j->C + c];
     }
 }
 
 void embedding_backward(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C, int64_t first,
                         int64_t rows)
 {
-    for (int64_t n = 0; n < N; n++) {
-        int64_t row = (int64_t)tokens[n] - first;
-        if (row < 0 || row >= rows) continue;
-        for (int64_t c = 0; c < C; c++) d_table[row * C + c] += d_out[n * C + c];
-    }
+    vocab_job job = {.out = d_table, .in = d_out, .tokens = tokens, .C = C, .first = first, .rows = rows, .valid = N};
+    workers_for(C, N, embedding_backward_columns, &job);
 }
 
 /* Columns of this rank that are real vocabulary (not padding). */
@@ -31,25 +58,38 @@ static int64_t valid_columns(int64_t V, int64_t first, int64_t vocab)
     return valid < 0 ? 0 : valid > V ? V : valid;
 }
 
+/* For cross-entropy, in is logits[N,V] (C = V), valid its real columns. */
+static void row_max_rows(void *ctx, int64_t n0, int64_t n1)
+{
+    const vocab_job *j = ctx;
+    for (int64_t n = n0; n < n1; n++) {
+        float max = -INFINITY;
+        for (int64_t v = 0; v < j->valid; v++) max = j->in[n * j->C + v] > max ? j->in[n * j->C + v] : max;
+        j->out[n] = max;
+    }
+}
+
 void crossentropy_row_max(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab)
 {
-    int64_t valid = valid_columns(V, first, vocab);
-    for (int64_t n = 0; n < N; n++) {
-        float max = -INFINITY;
-        for (int64_t v = 0; v < valid; v++) max = logits[n * V + v] > max ? logits[n * V + v] : max;
-        row_max[n] = max;
+    vocab_job job = {.out = row_max, .in = logits, .C = V, .valid = valid_columns(V, first, vocab)};
+    workers_for(N, V, row_max_rows, &job);
+}
+
+static void row_sumexp_rows(void *ctx, int64_t n0, int64_t n1)
+{
+    const vocab_job *j = ctx;
+    for (int64_t n = n0; n < n1; n++) {
+        float s = 0;
+        for (int64_t v = 0; v < j->valid; v++) s += expf(j->in[n * j->C + v] - j->row_max[n]);
+        j->out[n] = s;
     }
 }
 
 void crossentropy_row_sumexp(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
                              int64_t first, int64_t vocab)
 {
-    int64_t valid = valid_columns(V, first, vocab);
-    for (int64_t n = 0; n < N; n++) {
-        float s = 0;
-        for (int64_t v = 0; v < valid; v++) s += expf(logits[n * V + v] - row_max[n]);
-        sum[n] = s;
-    }
+    vocab_job job = {.out = sum, .in = logits, .row_max = row_max, .C = V, .valid = valid_columns(V, first, vocab)};
+    workers_for(N, 8 * V, row_sumexp_rows, &job); /* an expf costs several elements' work */
 }
 
 void crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
@@ -61,15 +101,23 @@ void crossentropy_target_logit(float *target, const float *logits, const int *ta
     }
 }
 
+static void crossentropy_backward_rows(void *ctx, int64_t n0, int64_t n1)
+{
+    const vocab_job *j = ctx;
+    int64_t V = j->C;
+    for (int64_t n = n0; n < n1; n++) {
+        float *d = j->out + n * V;
+        for (int64_t v = 0; v < j->valid; v++) d[v] = j->scale * expf(j->in[n * V + v] - j->row_max[n]) / j->sum[n];
+        for (int64_t v = j->valid; v < V; v++) d[v] = 0;
+        int64_t column = (int64_t)j->tokens[n] - j->first;
+        if (column >= 0 && column < j->valid) d[column] -= j->scale;
+    }
+}
+
 void crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
                            const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale)
 {
-    int64_t valid = valid_columns(V, first, vocab);
-    for (int64_t n = 0; n < N; n++) {
-        float *d = d_logits + n * V;
-        for (int64_t v = 0; v < valid; v++) d[v] = scale * expf(logits[n * V + v] - row_max[n]) / sum[n];
-        for (int64_t v = valid; v < V; v++) d[v] = 0;
-        int64_t column = (int64_t)targets[n] - first;
-        if (column >= 0 && column < valid) d[column] -= scale;
-    }
+    vocab_job job = {.out = d_logits, .in = logits, .row_max = row_max, .sum = sum, .tokens = targets, .C = V,
+                     .first = first, .valid = valid_columns(V, first, vocab), .scale = scale};
+    workers_for(N, 8 * V, crossentropy_backward_rows, &job);
 }

@@ -7,59 +7,155 @@
 #include "../convert_bits.h"
 #include "../kernels.h"
 #include "bf16_products.h"
+#include "workers.h"
 
 void kernels_set_threads(int threads)
 {
-    openblas_set_num_threads(threads > 0 ? threads : 1);
-    bf16_products_set_threads(threads);
+    /* The pool owns the cores; OpenBLAS runs single-threaded in its tasks. */
+    openblas_set_num_threads(1);
+    workers_set_threads(threads);
+}
+
+/* Rows (or columns) of a product's block at least: a thinner block wastes
+ * the sgemm kernel's register tiles. */
+#define PRODUCT_MIN_SHARE 32
+
+/* c[M,N] = op(a)[M,K] op(b)[K,N] + beta c (+ bias[N] on every row), cut into
+ * blocks of rows of c, or of columns where c is wider than tall (the head's
+ * products for a few rows), each block a single-threaded sgemm. a is [M,K]
+ * row-major ([K,M] with trans_a), b is [K,N] ([N,K] with trans_b). */
+typedef struct {
+    int trans_a, trans_b, by_rows;
+    int64_t M, N, K, per_share;
+    const float *a, *b, *bias;
+    float *c, beta;
+} product_job;
+
+static int product_block(void *ctx, int64_t share)
+{
+    const product_job *p = ctx;
+    int64_t extent = p->by_rows ? p->M : p->N, lo = share * p->per_share;
+    int64_t hi = lo + p->per_share < extent ? lo + p->per_share : extent;
+    int64_t lda = p->trans_a ? p->M : p->K, ldb = p->trans_b ? p->K : p->N;
+    const float *a = p->a, *b = p->b;
+    float *c = p->c;
+    int64_t M = p->M, N = p->N;
+    if (p->by_rows) { /* rows lo..hi of op(a) and of c */
+        a += p->trans_a ? lo : lo * lda;
+        c += lo * p->N;
+        M = hi - lo;
+    } else { /* columns lo..hi of op(b) and of c */
+        b += p->trans_b ? lo * ldb : lo;
+        c += lo;
+        N = hi - lo;
+    }
+    cblas_sgemm(CblasRowMajor, p->trans_a ? CblasTrans : CblasNoTrans, p->trans_b ? CblasTrans : CblasNoTrans, (int)M,
+                (int)N, (int)p->K, 1.0f, a, (int)lda, b, (int)ldb, p->beta, c, (int)p->N);
+    if (p->bias) {
+        const float *bias = p->bias + (p->by_rows ? 0 : lo);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) c[m * p->N + n] += bias[n];
+    }
+    return TP_OK;
+}
+
+static void product(float *c, const float *a, const float *b, const float *bias, int64_t M, int64_t N, int64_t K,
+                    int trans_a, int trans_b, float beta)
+{
+    product_job job = {trans_a, trans_b, M >= N, M, N, K, 0, a, b, bias, c, beta};
+    int64_t shares = workers_shares(job.by_rows ? M : N, PRODUCT_MIN_SHARE, &job.per_share);
+    (void)workers_run(shares, product_block, &job); /* sgemm cannot fail */
 }
 
 void matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
                     int64_t OC)
 {
-    /* out[N,OC] = in[N,C] @ weight[OC,C]^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1.0f, in, (int)C, weight, (int)C,
-                0.0f, out, (int)OC);
-    if (!bias) return;
-    for (int64_t n = 0; n < N; n++) {
-        float *row = out + n * OC;
-        for (int64_t o = 0; o < OC; o++) row[o] += bias[o];
-    }
+    product(out, in, weight, bias, N, OC, C, 0, 1, 0.0f); /* out[N,OC] = in[N,C] @ weight[OC,C]^T + bias */
+}
+
+/* d_bias[OC] += column sums of d_out[N,OC], columns o0..o1: each column
+ * summed over the rows in order, whatever the threads. */
+typedef struct {
+    float *d_bias;
+    const float *d_out;
+    int64_t N, OC;
+} column_sums_job;
+
+static void column_sums(void *ctx, int64_t o0, int64_t o1)
+{
+    const column_sums_job *j = ctx;
+    for (int64_t n = 0; n < j->N; n++)
+        for (int64_t o = o0; o < o1; o++) j->d_bias[o] += j->d_out[n * j->OC + o];
 }
 
 void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                      const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    if (d_in) /* d_in[N,C] = d_out[N,OC] @ weight[OC,C] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)OC, 1.0f, d_out, (int)OC, weight,
-                    (int)C, 0.0f, d_in, (int)C);
-    if (d_weight) /* d_weight[OC,C] += d_out^T[OC,N] @ in[N,C] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)C, (int)N, 1.0f, d_out, (int)OC, in, (int)C,
-                    1.0f, d_weight, (int)C);
-    if (d_bias)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t o = 0; o < OC; o++) d_bias[o] += d_out[n * OC + o];
+    if (d_in) product(d_in, d_out, weight, NULL, N, C, OC, 0, 0, 0.0f);         /* d_in[N,C] = d_out[N,OC] @ weight[OC,C] */
+    if (d_weight) product(d_weight, d_out, in, NULL, OC, C, N, 1, 0, 1.0f);     /* d_weight[OC,C] += d_out^T @ in[N,C] */
+    if (d_bias) {
+        column_sums_job job = {d_bias, d_out, N, OC};
+        workers_for(OC, N, column_sums, &job);
+    }
+}
+
+/* The element-wise sums and scales, in spans over the pool: out, x and y
+ * are arrays, bias a row of C values added to every row. */
+typedef struct {
+    float *out;
+    const float *x, *y, *bias;
+    float scale;
+    int64_t C;
+} elementwise_job;
+
+static void sum_span(void *ctx, int64_t i0, int64_t i1)
+{
+    const elementwise_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) j->out[i] = j->x[i] + j->y[i];
+}
+
+static void bias_residual_rows(void *ctx, int64_t n0, int64_t n1)
+{
+    const elementwise_job *j = ctx;
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t c = 0, i = n * j->C; c < j->C; c++, i++) j->out[i] = j->x[i] + (j->y[i] + j->bias[c]);
+}
+
+static void add_bias_rows(void *ctx, int64_t n0, int64_t n1)
+{
+    const elementwise_job *j = ctx;
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t c = 0; c < j->C; c++) j->out[n * j->C + c] += j->bias[c];
+}
+
+static void scale_span(void *ctx, int64_t i0, int64_t i1)
+{
+    const elementwise_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) j->out[i] *= j->scale;
 }
 
 void residual_forward(float *out, const float *a, const float *b, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    elementwise_job job = {out, a, b, NULL, 0, 0};
+    workers_for(n, 1, sum_span, &job);
 }
 
 void bias_residual_forward(float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C)
 {
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t c = 0; c < C; c++) out[n * C + c] = x[n * C + c] + (partial[n * C + c] + bias[c]);
+    elementwise_job job = {out, x, partial, bias, 0, C};
+    workers_for(N, C, bias_residual_rows, &job);
 }
 
 void add_inplace(float *acc, const float *x, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) acc[i] += x[i];
+    elementwise_job job = {acc, acc, x, NULL, 0, 0};
+    workers_for(n, 1, sum_span, &job);
 }
 
 void scale_inplace(float *x, float scale, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) x[i] *= scale;
+    elementwise_job job = {x, NULL, NULL, NULL, scale, 0};
+    workers_for(n, 1, scale_span, &job);
 }
 
 double sum_of_squares(const float *const *spans, const int64_t *lengths, int count)
@@ -89,9 +185,8 @@ int matmul_forward_bf16(float *out, const float *in, const float *weight, const 
 {
     if (bf16_products_available()) { /* out[N,OC] = in[N,C] @ weight[OC,C]^T */
         TP_TRY(bf16_product(out, in, weight, N, OC, C, 0, 1, 0));
-        if (bias)
-            for (int64_t n = 0; n < N; n++)
-                for (int64_t o = 0; o < OC; o++) out[n * OC + o] += bias[o];
+        elementwise_job job = {out, NULL, NULL, bias, 0, OC};
+        if (bias) workers_for(N, OC, add_bias_rows, &job);
         return TP_OK;
     }
     float *a = rounded_to_bf16(in, N * C), *w = rounded_to_bf16(weight, OC * C);

@@ -4,14 +4,26 @@
 
 #include "../fast_exp.h"
 #include "../kernels.h"
+#include "vector_clones.h"
+#include "workers.h"
 
 #define LAYERNORM_EPS 1e-5f
 
-void layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
-                       const float *bias, int64_t N, int64_t C)
+/* The arguments of a normalization or activation, for its shares of rows
+ * (or, for parameter gradients, of columns) on the pool. */
+typedef struct {
+    float *out, *mean, *rstd, *d_weight, *d_bias;
+    const float *in, *d_out, *weight, *bias, *mean_in, *rstd_in;
+    int64_t C, rows;
+    float eps;
+} norm_job;
+
+static void layernorm_rows(void *ctx, int64_t n0, int64_t n1)
 {
-    for (int64_t n = 0; n < N; n++) {
-        const float *x = in + n * C;
+    const norm_job *j = ctx;
+    int64_t C = j->C;
+    for (int64_t n = n0; n < n1; n++) {
+        const float *x = j->in + n * C;
         float m = 0;
         for (int64_t c = 0; c < C; c++) m += x[c];
         m /= (float)C;
@@ -19,36 +31,67 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *in, co
         for (int64_t c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
         var /= (float)C;
         float s = 1.0f / sqrtf(var + LAYERNORM_EPS);
-        float *y = out + n * C;
-        for (int64_t c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
-        mean[n] = m;
-        rstd[n] = s;
+        float *y = j->out + n * C;
+        for (int64_t c = 0; c < C; c++) y[c] = (x[c] - m) * s * j->weight[c] + j->bias[c];
+        j->mean[n] = m;
+        j->rstd[n] = s;
+    }
+}
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
+                       const float *bias, int64_t N, int64_t C)
+{
+    norm_job job = {.out = out, .mean = mean, .rstd = rstd, .in = in, .weight = weight, .bias = bias, .C = C};
+    workers_for(N, 2 * C, layernorm_rows, &job);
+}
+
+/* d_in of rows n0..n1 (added). With xhat = (x - m) s:
+ * dx = s (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy w. */
+static void layernorm_backward_rows(void *ctx, int64_t n0, int64_t n1)
+{
+    const norm_job *j = ctx;
+    int64_t C = j->C;
+    for (int64_t n = n0; n < n1; n++) {
+        const float *x = j->in + n * C, *dy = j->d_out + n * C;
+        float m = j->mean_in[n], s = j->rstd_in[n];
+        float mean_dxhat = 0, mean_dxhat_xhat = 0;
+        for (int64_t c = 0; c < C; c++) {
+            float xhat = (x[c] - m) * s, dxhat = dy[c] * j->weight[c];
+            mean_dxhat += dxhat;
+            mean_dxhat_xhat += dxhat * xhat;
+        }
+        mean_dxhat /= (float)C;
+        mean_dxhat_xhat /= (float)C;
+        float *dx = j->out + n * C;
+        for (int64_t c = 0; c < C; c++) {
+            float xhat = (x[c] - m) * s, dxhat = dy[c] * j->weight[c];
+            dx[c] += (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
+        }
+    }
+}
+
+/* d_weight (and d_bias) of columns c0..c1 (added), summed over the rows in
+ * order: the same sums at any number of threads. Without mean_in (RMSNorm)
+ * xhat = x s. */
+static void layernorm_backward_columns(void *ctx, int64_t c0, int64_t c1)
+{
+    const norm_job *j = ctx;
+    for (int64_t n = 0; n < j->rows; n++) {
+        const float *x = j->in + n * j->C, *dy = j->d_out + n * j->C;
+        float m = j->mean_in ? j->mean_in[n] : 0.0f, s = j->rstd_in[n]; /* x - 0 is x exactly */
+        if (j->d_bias)
+            for (int64_t c = c0; c < c1; c++) j->d_bias[c] += dy[c];
+        for (int64_t c = c0; c < c1; c++) j->d_weight[c] += ((x[c] - m) * s) * dy[c];
     }
 }
 
 void layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                         const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
 {
-    for (int64_t n = 0; n < N; n++) {
-        const float *x = in + n * C, *dy = d_out + n * C;
-        float m = mean[n], s = rstd[n];
-        /* With xhat = (x - m) s: dx = s (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy w. */
-        float mean_dxhat = 0, mean_dxhat_xhat = 0;
-        for (int64_t c = 0; c < C; c++) {
-            float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
-            mean_dxhat += dxhat;
-            mean_dxhat_xhat += dxhat * xhat;
-        }
-        mean_dxhat /= (float)C;
-        mean_dxhat_xhat /= (float)C;
-        float *dx = d_in + n * C;
-        for (int64_t c = 0; c < C; c++) {
-            float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
-            d_bias[c] += dy[c];
-            d_weight[c] += xhat * dy[c];
-            dx[c] += (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
-        }
-    }
+    norm_job job = {.out = d_in, .d_weight = d_weight, .d_bias = d_bias, .in = in, .d_out = d_out,
+                    .weight = weight, .mean_in = mean, .rstd_in = rstd, .C = C, .rows = N};
+    workers_for(N, 3 * C, layernorm_backward_rows, &job);
+    workers_for(C, N, layernorm_backward_columns, &job);
 }
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
@@ -62,58 +105,87 @@ static inline float gelu_gate(float x)
     return 1.0f / (1.0f + fast_expf(-2.0f * u));
 }
 
-/* Wider vectors where the processor has them; the arithmetic is the same. */
-#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-
-VECTOR_CLONES void gelu_forward(float *out, const float *in, int64_t n)
+static VECTOR_CLONES void gelu_forward_span(void *ctx, int64_t i0, int64_t i1)
 {
-    for (int64_t i = 0; i < n; i++) out[i] = in[i] * gelu_gate(in[i]);
+    const norm_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) j->out[i] = j->in[i] * gelu_gate(j->in[i]);
+}
+
+void gelu_forward(float *out, const float *in, int64_t n)
+{
+    norm_job job = {.out = out, .in = in};
+    workers_for(n, 4, gelu_forward_span, &job); /* an exp and a division per element */
 }
 
 /* d/dx [x s] = s + x * 2 s (1 - s) * du/dx, since 1 - tanh^2 = 4 s (1 - s). */
-VECTOR_CLONES void gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
+static VECTOR_CLONES void gelu_backward_span(void *ctx, int64_t i0, int64_t i1)
 {
-    for (int64_t i = 0; i < n; i++) {
-        float x = in[i], s = gelu_gate(x);
+    const norm_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        float x = j->in[i], s = gelu_gate(x);
         float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        d_in[i] = (s + 2.0f * x * s * (1.0f - s) * du) * d_out[i];
+        j->out[i] = (s + 2.0f * x * s * (1.0f - s) * du) * j->d_out[i];
     }
+}
+
+void gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
+{
+    norm_job job = {.out = d_in, .in = in, .d_out = d_out};
+    workers_for(n, 4, gelu_backward_span, &job);
 }
 
 /* RMSNorm as Hugging Face's LlamaRMSNorm computes it in fp32:
  * variance = mean(x^2), y = (x * rsqrt(variance + eps)) * weight. */
-void rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps)
+static void rmsnorm_rows(void *ctx, int64_t n0, int64_t n1)
 {
-    for (int64_t n = 0; n < N; n++) {
-        const float *x = in + n * C;
+    const norm_job *j = ctx;
+    int64_t C = j->C;
+    for (int64_t n = n0; n < n1; n++) {
+        const float *x = j->in + n * C;
         float ms = 0;
         for (int64_t c = 0; c < C; c++) ms += x[c] * x[c];
         ms /= (float)C;
-        float s = 1.0f / sqrtf(ms + eps);
-        float *y = out + n * C;
-        for (int64_t c = 0; c < C; c++) y[c] = x[c] * s * weight[c];
-        rstd[n] = s;
+        float s = 1.0f / sqrtf(ms + j->eps);
+        float *y = j->out + n * C;
+        for (int64_t c = 0; c < C; c++) y[c] = x[c] * s * j->weight[c];
+        j->rstd[n] = s;
     }
 }
 
-/* With xhat = x s and s = (mean(x^2) + eps)^(-1/2): ds/dx_i = -s^3 x_i / C, so
- * dx = s (dxhat - xhat mean(dxhat xhat)), dxhat = dy w; d_weight += xhat dy. */
-void rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight,
-                      const float *rstd, int64_t N, int64_t C)
+void rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps)
 {
-    for (int64_t n = 0; n < N; n++) {
-        const float *x = in + n * C, *dy = d_out + n * C;
-        float s = rstd[n];
+    norm_job job = {.out = out, .rstd = rstd, .in = in, .weight = weight, .C = C, .eps = eps};
+    workers_for(N, 2 * C, rmsnorm_rows, &job);
+}
+
+/* With xhat = x s and s = (mean(x^2) + eps)^(-1/2): ds/dx_i = -s^3 x_i / C, so
+ * dx = s (dxhat - xhat mean(dxhat xhat)), dxhat = dy w (rows n0..n1, added);
+ * d_weight += xhat dy in layernorm_backward_columns. */
+static void rmsnorm_backward_rows(void *ctx, int64_t n0, int64_t n1)
+{
+    const norm_job *j = ctx;
+    int64_t C = j->C;
+    for (int64_t n = n0; n < n1; n++) {
+        const float *x = j->in + n * C, *dy = j->d_out + n * C;
+        float s = j->rstd_in[n];
         float mean_dxhat_xhat = 0;
-        for (int64_t c = 0; c < C; c++) mean_dxhat_xhat += dy[c] * weight[c] * (x[c] * s);
+        for (int64_t c = 0; c < C; c++) mean_dxhat_xhat += dy[c] * j->weight[c] * (x[c] * s);
         mean_dxhat_xhat /= (float)C;
-        float *dx = d_in + n * C;
+        float *dx = j->out + n * C;
         for (int64_t c = 0; c < C; c++) {
-            float xhat = x[c] * s, dxhat = dy[c] * weight[c];
-            d_weight[c] += xhat * dy[c];
+            float xhat = x[c] * s, dxhat = dy[c] * j->weight[c];
             dx[c] += (dxhat - xhat * mean_dxhat_xhat) * s;
         }
     }
+}
+
+void rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight,
+                      const float *rstd, int64_t N, int64_t C)
+{
+    norm_job job = {.out = d_in, .d_weight = d_weight, .in = in, .d_out = d_out, .weight = weight,
+                    .rstd_in = rstd, .C = C, .rows = N};
+    workers_for(N, 3 * C, rmsnorm_backward_rows, &job);
+    workers_for(C, N, layernorm_backward_columns, &job);
 }
 
 /* silu(g) = g / (1 + exp(-g)), as PyTorch's silu computes it. fast_expf is
@@ -127,26 +199,42 @@ static inline float sigmoid(float g)
 }
 
 /* in[N,2F] = [gate | up] per row; out[N,F] = silu(gate) * up. */
-VECTOR_CLONES void swiglu_forward(float *out, const float *in, int64_t N, int64_t F)
+static VECTOR_CLONES void swiglu_forward_rows(void *ctx, int64_t n0, int64_t n1)
 {
-    for (int64_t n = 0; n < N; n++) {
-        const float *gate = in + n * 2 * F, *up = gate + F;
-        float *y = out + n * F;
+    const norm_job *j = ctx;
+    int64_t F = j->C;
+    for (int64_t n = n0; n < n1; n++) {
+        const float *gate = j->in + n * 2 * F, *up = gate + F;
+        float *y = j->out + n * F;
         for (int64_t f = 0; f < F; f++) y[f] = gate[f] / (1.0f + fast_expf(-gate[f])) * up[f];
     }
 }
 
+void swiglu_forward(float *out, const float *in, int64_t N, int64_t F)
+{
+    norm_job job = {.out = out, .in = in, .C = F};
+    workers_for(N, 4 * F, swiglu_forward_rows, &job);
+}
+
 /* d up = dy silu(g); d gate = dy up silu'(g), silu'(g) = s (1 + g (1 - s)),
  * s = sigmoid(g). Overwrites d_in[N,2F]. */
-VECTOR_CLONES void swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
+static VECTOR_CLONES void swiglu_backward_rows(void *ctx, int64_t n0, int64_t n1)
 {
-    for (int64_t n = 0; n < N; n++) {
-        const float *gate = in + n * 2 * F, *up = gate + F, *dy = d_out + n * F;
-        float *d_gate = d_in + n * 2 * F, *d_up = d_gate + F;
+    const norm_job *j = ctx;
+    int64_t F = j->C;
+    for (int64_t n = n0; n < n1; n++) {
+        const float *gate = j->in + n * 2 * F, *up = gate + F, *dy = j->d_out + n * F;
+        float *d_gate = j->out + n * 2 * F, *d_up = d_gate + F;
         for (int64_t f = 0; f < F; f++) {
             float g = gate[f], s = sigmoid(g);
             d_up[f] = dy[f] * (g * s);
             d_gate[f] = dy[f] * up[f] * (s * (1.0f + g * (1.0f - s)));
         }
     }
+}
+
+void swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
+{
+    norm_job job = {.out = d_in, .in = in, .d_out = d_out, .C = F};
+    workers_for(N, 4 * F, swiglu_backward_rows, &job);
 }

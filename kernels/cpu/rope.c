@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "../kernels.h"
+#include "workers.h"
 
 /* freq[hd/2]. HF: inv_freq = 1.0 / (base ** (arange(0, hd, 2).float() / hd)),
  * every step a float32 tensor op: the exponent 2j / hd is a float32
@@ -79,25 +80,38 @@ void rope_table(float *cos_sin, const float *freq, int64_t T, int64_t hd)
  * (Hq+Hkv)*hd values of the row) by the row's angles; `sign` +1 turns
  * forward, -1 back (the transpose, which is also the inverse):
  *   x'[j] = a cos - sign b sin,  x'[j + hd/2] = b cos + sign a sin,
- * with a = x[j], b = x[j + hd/2]. */
+ * with a = x[j], b = x[j + hd/2]. Rows r0..r1 of the B*T. */
+typedef struct {
+    float *qkv;
+    const float *cos_sin;
+    int64_t T, Hq, Hkv, hd;
+    float sign;
+} rotate_job;
+
+static void rotate_rows(void *ctx, int64_t r0, int64_t r1)
+{
+    const rotate_job *q = ctx;
+    int64_t half = q->hd / 2, stride = (q->Hq + 2 * q->Hkv) * q->hd;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *cs = q->cos_sin + (r % q->T) * half * 2;
+        float *row = q->qkv + r * stride;
+        for (int64_t h = 0; h < q->Hq + q->Hkv; h++) {
+            float *x = row + h * q->hd;
+            for (int64_t j = 0; j < half; j++) {
+                float c = cs[2 * j], s = q->sign * cs[2 * j + 1];
+                float lo = x[j], hi = x[j + half];
+                x[j] = lo * c - hi * s;
+                x[j + half] = hi * c + lo * s;
+            }
+        }
+    }
+}
+
 static void rotate(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
                    float sign)
 {
-    int64_t half = hd / 2, stride = (Hq + 2 * Hkv) * hd;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            const float *cs = cos_sin + t * half * 2;
-            float *row = qkv + (b * T + t) * stride;
-            for (int64_t h = 0; h < Hq + Hkv; h++) {
-                float *x = row + h * hd;
-                for (int64_t j = 0; j < half; j++) {
-                    float c = cs[2 * j], s = sign * cs[2 * j + 1];
-                    float lo = x[j], hi = x[j + half];
-                    x[j] = lo * c - hi * s;
-                    x[j + half] = hi * c + lo * s;
-                }
-            }
-        }
+    rotate_job job = {qkv, cos_sin, T, Hq, Hkv, hd, sign};
+    workers_for(B * T, 2 * (Hq + Hkv) * hd, rotate_rows, &job);
 }
 
 void rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)

@@ -655,7 +655,7 @@ Test(cuda_backend, attention_forward)
         float *garbage = filled(n_scratch > n_out ? n_scratch : n_out, 7.0f);
         float *g_qkv = upload_floats(k, qkv, n_qkv), *g_out = upload_floats(k, garbage, n_out);
         float *g_lse = upload_floats(k, garbage, n_lse), *g_scratch = upload_floats(k, garbage, n_scratch);
-        attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+        cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->attention_forward(g_out, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
                      tp_errmsg());
         check_device(k, g_lse, lse, n_lse, 1e-4, 1e-5, "lse");
@@ -681,11 +681,11 @@ Test(cuda_backend, attention_backward)
         float *lse = malloc((size_t)n_lse * sizeof(float)), *dout = random_floats(n_out, 1.0f);
         float *dqkv = malloc((size_t)n_qkv * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
         float *garbage = filled(n_scratch > n_qkv ? n_scratch : n_qkv, 7.0f);
-        attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+        cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
         float *g_qkv = upload_floats(k, qkv, n_qkv), *g_out = upload_floats(k, out, n_out);
         float *g_lse = upload_floats(k, lse, n_lse), *g_dout = upload_floats(k, dout, n_out);
         float *g_dqkv = upload_floats(k, garbage, n_qkv), *g_scratch = upload_floats(k, garbage, n_scratch);
-        attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd);
+        cr_assert_eq(attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->attention_backward(g_dqkv, g_scratch, g_dout, g_qkv, g_out, g_lse, B, T, Hq, Hkv, hd), TP_OK,
                      "%s", tp_errmsg());
         check_device(k, g_dqkv, dqkv, n_qkv, 1e-4, 1e-5, "d_qkv");

@@ -503,12 +503,12 @@ Test(transformer, attention_with_grouped_heads)
     float *qkv = random_floats(n_in), *out = malloc(n_out * 4), *lse = malloc(B * Hq * T * 4);
     float *dout = random_floats(n_out), *dqkv = malloc(n_in * 4);
     float *scratch = malloc((size_t)attention_scratch_floats(B, T, Hq) * 4);
-    attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+    cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
     att_ctx ctx = {qkv, B, T, Hq, Hkv, hd};
     double *want = malloc(n_out * sizeof(double)), *grads = malloc(n_in * sizeof(double));
     attention_naive(want, &ctx);
     assert_close(out, want, n_out, 1e-5, "attention");
-    attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd);
+    cr_assert_eq(attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
     for (int64_t i = 0; i < n_in; i++) grads[i] = numeric_grad(qkv, i, dout, n_out, attention_naive, &ctx);
     assert_close(dqkv, grads, n_in, 2e-3, "d_qkv");
     free(qkv), free(out), free(lse), free(dout), free(dqkv), free(scratch), free(want), free(grads);
@@ -526,8 +526,8 @@ Test(transformer, attention_over_several_blocks_of_rows)
     float *dout = random_floats(n_out), *dqkv = malloc(n_in * 4), *guarded = malloc((n_scratch + 2) * 4);
     for (int64_t i = 0; i < n_in; i++) qkv[i] *= 2.0f; /* peakier softmax */
     guarded[0] = guarded[n_scratch + 1] = 12345.0f;
-    attention_forward(out, lse, guarded + 1, qkv, B, T, Hq, Hkv, hd);
-    attention_backward(dqkv, guarded + 1, dout, qkv, out, lse, B, T, Hq, Hkv, hd);
+    cr_assert_eq(attention_forward(out, lse, guarded + 1, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(attention_backward(dqkv, guarded + 1, dout, qkv, out, lse, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
     cr_assert(guarded[0] == 12345.0f && guarded[n_scratch + 1] == 12345.0f, "scratch written out of its bounds");
     att_ctx ctx = {qkv, B, T, Hq, Hkv, hd};
     double *want = malloc(n_out * sizeof(double)), *want_lse = malloc(n_lse * sizeof(double));

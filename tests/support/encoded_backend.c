@@ -231,8 +231,8 @@ static int enc_attention_forward(float *out, float *lse, float *scratch, const f
                                  int64_t Hq, int64_t Hkv, int64_t hd)
 {
     ENTER(out, lse, scratch, qkv);
-    attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
-    LEAVE();
+    int status = attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+    LEAVE_WITH(status);
 }
 
 static int enc_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
@@ -240,8 +240,8 @@ static int enc_attention_backward(float *d_qkv, float *scratch, const float *d_o
                                   int64_t hd)
 {
     ENTER(d_qkv, scratch, d_out, qkv, out, lse);
-    attention_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
-    LEAVE();
+    int status = attention_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
+    LEAVE_WITH(status);
 }
 
 static int enc_embedding_forward(float *out, const int *tokens, const float *table, int64_t N, int64_t C,
