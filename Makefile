@@ -108,7 +108,7 @@ CLI_OBJ := $(call obj,programs/cli.c programs/progress.c)
 SYNTH_OBJ := $(call obj,programs/synth.c)
 
 PROGRAMS := $(BUILD)/bin/tp-ckpt $(BUILD)/bin/tp-reshard $(BUILD)/bin/tp-train $(BUILD)/bin/tp-elastic
-BENCH_PROGRAMS := $(BUILD)/bench/bench_ckpt
+BENCH_PROGRAMS := $(BUILD)/bench/bench_ckpt $(BUILD)/bench/product_peak
 TEST_SRC := $(wildcard tests/*/test_*.c)
 TEST_SUPPORT := $(call obj,$(wildcard tests/support/*.c))
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/trainer/layer_check
@@ -192,6 +192,11 @@ $(BUILD)/bench/bench_ckpt: $(BUILD)/obj/bench/bench_ckpt.o $(CLI_OBJ) $(SYNTH_OB
 	@mkdir -p $(dir $@)
 	$(say) LD $@
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
+$(BUILD)/bench/product_peak: $(BUILD)/obj/bench/product_peak.o $(LIB_KERNELS) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(say) LD $@
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # An MPI program the layer tests run under mpirun: without Criterion, whose
 # sandbox would take it for one of its own children.

@@ -14,6 +14,8 @@
 #   PyTorch under bf16 autocast, with a row more for tp-train's bf16 products
 #   emulated with sgemm (TP_NO_ONEDNN=1), into its own section
 #   (bench-train-bf16), with no checkpoint rows
+#   BENCH_PEAK_SIZE (default 2048): the square products whose best rate is
+#   the peak of the "CPU MFU" column (bench/product_peak)
 #   Where it writes: scripts/bench-lib.sh.
 set -eu
 cd "$(dirname "$0")/.."
@@ -73,6 +75,14 @@ torch_best() { # THREADS
 
 THREADS="1"
 [ "$CORES" -ge 2 ] && THREADS="1 2"
+# The peak of the products at each thread count: sgemm's for fp32, oneDNN's
+# bf16 matmul's for bf16 (the denominators of the CPU MFU column).
+for t in $THREADS; do
+    peak=$("$BUILD/bench/product_peak" "$t" "${BENCH_PEAK_SIZE:-2048}")
+    echo "peak $t $peak" >>"$RESULTS"
+    CORE=$(echo "$peak" | $PY -c 'import json,sys; print(json.load(sys.stdin)["openblas_core"])')
+    echo "peak of the products at $t thread(s): $peak"
+done
 for rep in $(seq 1 "$REPS"); do
     for t in $THREADS; do
         # Take turns going first.
@@ -114,25 +124,40 @@ if [ "$DTYPE" = fp32 ]; then
     rm -rf "$DIR/ckpt"
 fi
 
-TABLE=$($PY - "$RESULTS" "$BATCH" "$(shape_value --seq)" <<'PY'
+TABLE=$($PY - "$RESULTS" "$BATCH" "$(shape_value --seq)" "$(shape_value --layers)" "$(shape_value --dim)" \
+    "$(shape_value --vocab)" "$DTYPE" "${BENCH_PEAK_SIZE:-2048}" <<'PY'
 import json, statistics, sys
-tokens = int(sys.argv[2]) * int(sys.argv[3])
-through, ckpt = {}, {}
+batch, seq, layers, dim, vocab = (int(x) for x in sys.argv[2:7])
+dtype = sys.argv[7]
+tokens = batch * seq
+# The products of a step (forward and backward, 3x the forward's): the
+# layers' 12 D^2 and the head's D V per token, and the causal attention's
+# two products of T^2/2 x D per layer and sequence.
+flops = 6 * tokens * (12 * layers * dim * dim + dim * vocab) + 6 * layers * batch * seq * seq * dim
+through, ckpt, peak = {}, {}, {}
 for line in open(sys.argv[1]):
     kind, a, b = line.split(" ", 2)
     if kind == "throughput":
         tool, ms = b.split()
         through.setdefault((int(a), tool), []).append(float(ms))
+    elif kind == "peak":
+        p = json.loads(b)
+        peak[int(a)] = p["bf16_gflops"] if dtype == "bf16" and p["bf16_gflops"] > 0 else p["sgemm_gflops"]
     else:
         ckpt.setdefault(a, []).append(json.loads(b))
-out = ["| threads | trainer | ms/step (median) | tokens/s | vs PyTorch |", "| --- | --- | --- | --- | --- |"]
+out = ["| threads | trainer | ms/step (median) | tokens/s | vs PyTorch | GFLOP/s | CPU MFU |",
+       "| --- | --- | --- | --- | --- | --- | --- |"]
 names = {"ours": "tp-train (1 process)", "ours-tp": "tp-train --tp %d (%d processes x 1 thread)",
          "torch": "PyTorch (best thread split)",
          "ours-emulated": "tp-train, bf16 products emulated with sgemm (TP_NO_ONEDNN=1)"}
 for (threads, tool), values in sorted(through.items()):
     ms, torch = statistics.median(values), statistics.median(through[(threads, "torch")])
     name = names[tool] % (threads, threads) if tool == "ours-tp" else names[tool]
-    out.append("| %d | %s | %.0f | %.0f | %.2fx |" % (threads, name, ms, tokens / ms * 1e3, torch / ms))
+    rate = flops / ms / 1e6
+    out.append("| %d | %s | %.0f | %.0f | %.2fx | %.1f | %.0f%% |" % (threads, name, ms, tokens / ms * 1e3, torch / ms,
+                                                                  rate, 100 * rate / peak[threads]))
+out += ["", "Peak of the products (bench/product_peak, square products of %s): " % sys.argv[8] + "; ".join(
+    "%d thread(s) %.0f GFLOP/s" % (t, peak[t]) for t in sorted(peak)) + "."]
 if ckpt:
     out += ["", "| saving | stall per save (median) | 12 steps, total (median) | stall vs synchronous |",
             "| --- | --- | --- | --- |"]
@@ -145,26 +170,31 @@ print("\n".join(out))
 PY
 )
 echo "$TABLE"
+CORETYPE_NOTE="OPENBLAS_CORETYPE unset"
+[ -n "${OPENBLAS_CORETYPE:-}" ] && CORETYPE_NOTE="OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
+KERNEL_NOTE="OpenBLAS kernel: $CORE ($CORETYPE_NOTE). \
+CPU: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n 1)."
 MODEL_NOTE=""
 [ "$SHAPE" = "$SMALL" ] && MODEL_NOTE=" (\`tp-train --model small\`)"
 if [ "$DTYPE" = bf16 ]; then
     doc_section bench-train-bf16 "Training throughput in bf16 mixed precision (bench-train, BENCH_DTYPE=bf16)" <<DOC
-Command: \`BENCH_DTYPE=bf16 make bench-train\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS). OpenBLAS kernel: \
-${OPENBLAS_CORETYPE:-its own choice} (OPENBLAS_CORETYPE). CPU: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n 1).
+Command: \`BENCH_DTYPE=bf16 make bench-train\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS). $KERNEL_NOTE
 Model: GPT-2's architecture, $(shape_value --layers) layers, dim $(shape_value --dim), $(shape_value --heads) heads, \
 sequence $(shape_value --seq), vocabulary $(shape_value --vocab)$MODEL_NOTE,
 $BATCH sequences per step, AdamW with clipping, fp32 weights; tp-train --dtype bf16 (every product's operands
 rounded to bf16, fp32 sums: oneDNN's bf16 matmul where the CPU has AVX512_BF16 or AMX) against PyTorch's
 \`torch.autocast("cpu", torch.bfloat16)\` on the GPT-2 of tests/trainer/gpt2_ref.py, best of its thread splits,
 and against tp-train's own products emulated with sgemm on the rounded operands (TP_NO_ONEDNN=1). Each run's
-first 2 steps are warm-up and not counted; figures are medians over the runs. Target: at least 1.3x PyTorch.
+first 2 steps are warm-up and not counted; figures are medians over the runs. GFLOP/s counts the products of a step
+(6 x tokens x (12 L D^2 + D V) + 6 L B T^2 D, the causal attention's half); CPU MFU is that rate over the peak of
+oneDNN's bf16 matmul at the same threads. Target: at least 1.3x PyTorch.
 
 $TABLE
 DOC
     exit 0
 fi
 doc_section bench-train "Training throughput and checkpoint stall (bench-train)" <<DOC
-Command: \`make bench-train\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS).
+Command: \`make bench-train\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS). $KERNEL_NOTE
 Model: GPT-2's architecture, $(shape_value --layers) layers, dim $(shape_value --dim), $(shape_value --heads) heads, \
 sequence $(shape_value --seq), vocabulary $(shape_value --vocab)$MODEL_NOTE,
 fp32, $BATCH sequences per step, AdamW with clipping; each run's first 2 steps are warm-up and not counted, figures
@@ -172,10 +202,12 @@ are medians over the runs. PyTorch is the GPT-2 of tests/trainer/gpt2_ref.py (th
 on the same shape, batch and thread count; its element-wise work runs on OpenMP threads and its matrix products on
 OpenBLAS threads, so each split of the thread count is tried and the fastest kept. Checkpoints: $SAVE_MB MB each
 (weights and Adam moments), every 4 of 12 steps, on $CORES threads; the stall is the time the training loop spends
-in saving (\`ckpt_stall_ms\` in the log), the total the sum of the step times.
+in saving (\`ckpt_stall_ms\` in the log), the total the sum of the step times. GFLOP/s counts the products of a
+step (6 x tokens x (12 L D^2 + D V) + 6 L B T^2 D, the causal attention's half); CPU MFU is that rate over the
+peak of OpenBLAS's sgemm at the same threads.
 On this shared machine the speed of both trainers varies between runs by up to 1.5x, so only the ratios
-within one run mean much. Targets: at least PyTorch's throughput; asynchronous stall under 10% of the synchronous
-one.
+within one run mean much. Targets: at least 1.3x PyTorch's throughput at every thread count; asynchronous stall
+under 10% of the synchronous one.
 
 $TABLE
 DOC

@@ -27,7 +27,7 @@ export BENCH_SETTLE=0 BENCH_DROP=files BENCH_REPS=1
 # and the fewest layers (about 2 MB of tensors).
 export BENCH_DIM=64 BENCH_VOCAB=256 BENCH_GB=0.002 BENCH_PARAMS_B=0
 # bench-train and bench-gpu: tp-train --model tiny's shape, 3 steps.
-export BENCH_STEPS=3 BENCH_SHAPE="--layers 2 --dim 64 --heads 4 --vocab 256 --seq 32"
+export BENCH_STEPS=3 BENCH_SHAPE="--layers 2 --dim 64 --heads 4 --vocab 256 --seq 32" BENCH_PEAK_SIZE=128
 export BENCH_MODELS=tiny BENCH_SEQ=32 BENCH_MICRO_BATCH=1
 # bench-llama: llama-tiny's shape, trained and resharded.
 export BENCH_LLAMA_MODEL=llama-tiny BENCH_LLAMA_SHAPE="--layers 2 --dim 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 256 --seq 32"
@@ -98,6 +98,8 @@ expect_ok "bench-train, bf16" env BENCH_DTYPE=bf16 "$ROOT/scripts/bench-train.sh
 echo "[$NAME] bench-train bf16: $(($(date +%s) - start)) s"
 check "bench-train bf16: its section in BENCH_DOC, with a table of numbers" has_table bench-train-bf16
 check "bench-train bf16: a row of the emulated products" grep -q "emulated with sgemm" "$BENCH_DOC"
+check "bench-train: the CPU MFU of each row against the measured peak" grep -q "| CPU MFU |" "$BENCH_DOC"
+check "bench-train: the OpenBLAS kernel in use named" grep -q "OpenBLAS kernel: [A-Za-z]" "$BENCH_DOC"
 if "$PY" -c 'import torch' 2>/dev/null; then
     bench bench-llama
 else
