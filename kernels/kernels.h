@@ -215,6 +215,12 @@ void adamw_update(float *param, const float *grad, float *m, float *v, int64_t n
  * of many tensors in one call. */
 double sum_of_squares(const float *const *spans, const int64_t *lengths, int count);
 
+/* Standard normals of logical elements [first, first + n) of a tensor, from
+ * (seed, tensor name hash, element index) alone, in Box-Muller pairs
+ * (docs/DATA.md "Initial values"; kernels/cpu/normals.c): the same at every
+ * layout, cut of the run and machine. */
+void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_t n, float *out);
+
 /* ========================================================= kernel backends
  * The transformer arithmetic above, on a device: the trainer computes
  * through one of these tables, so that the same model code runs on the CPU

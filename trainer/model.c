@@ -30,27 +30,10 @@
 
 #include "../common/memory.h"
 #include "../common/parallel.h"
-#include "../common/random.h"
 #include "../kernels/kernels.h"
 #include "model.h"
 
-
 /* ------------------------------------------------------------ initialization */
-
-void gpt_init_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_t n, float *out)
-{
-    /* Elements 2j and 2j+1 are the two values of one Box-Muller pair, drawn
-     * from counter j: one log, one square root and one sine-cosine per two
-     * elements (twice as fast as a pair per element). */
-    for (int64_t j = first >> 1; 2 * j < first + n; j++) {
-        uint64_t z1 = splitmix64(seed ^ splitmix64(name_hash ^ splitmix64((uint64_t)j)));
-        uint64_t z2 = splitmix64(z1);
-        double u1 = ((double)(z1 >> 11) + 0.5) * 0x1.0p-53, u2 = (double)(z2 >> 11) * 0x1.0p-53;
-        double radius = sqrt(-2.0 * log(u1)), angle = 6.283185307179586 * u2;
-        if (2 * j >= first) out[2 * j - first] = (float)(radius * cos(angle));
-        if (2 * j + 1 < first + n) out[2 * j + 1 - first] = (float)(radius * sin(angle));
-    }
-}
 
 typedef struct {
     float *data;
@@ -66,7 +49,7 @@ static int init_run(void *ctx, int64_t offset, int64_t logical, int64_t n)
         for (int64_t i = 0; i < n; i++) out[i] = logical < 0 ? 0.0f : c->mean;
         return 0;
     }
-    gpt_init_normals(c->seed, c->hash, logical, n, out);
+    box_muller_normals(c->seed, c->hash, logical, n, out);
     for (int64_t i = 0; i < n; i++) out[i] = c->mean + c->std * out[i];
     return 0;
 }

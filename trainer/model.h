@@ -131,9 +131,4 @@ double gpt_slot_loss(const gpt_slot *slot, int64_t rows);
  * copy), or -1 when this stage does not hold it. */
 int gpt_model_find(const gpt_model *model, int entry);
 
-/* Standard normals of logical elements [first, first + n) of a tensor, from
- * (seed, tensor name hash, element index) alone: the same at every layout
- * (docs/TRAINING.md "Initial values"). */
-void gpt_init_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_t n, float *out);
-
 #endif

@@ -3,8 +3,9 @@
 
 #include "../convert_bits.h"
 #include "../kernels.h"
+#include "vector_clones.h"
 
-void convert_to_f32(const void *in, tp_dtype in_format, float *out, int64_t n)
+VECTOR_CLONES void convert_to_f32(const void *in, tp_dtype in_format, float *out, int64_t n)
 {
     const uint16_t *h = in;
     uint32_t *bits = (uint32_t *)out; /* fp32 written as its bit pattern */
@@ -19,7 +20,7 @@ void convert_to_f32(const void *in, tp_dtype in_format, float *out, int64_t n)
     }
 }
 
-void convert_from_f32(const float *in, void *out, tp_dtype out_format, int64_t n)
+VECTOR_CLONES void convert_from_f32(const float *in, void *out, tp_dtype out_format, int64_t n)
 {
     const uint32_t *bits = (const uint32_t *)in;
     uint16_t *h = out;

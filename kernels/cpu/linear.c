@@ -7,6 +7,7 @@
 #include "../convert_bits.h"
 #include "../kernels.h"
 #include "bf16_products.h"
+#include "vector_clones.h"
 #include "workers.h"
 
 void kernels_set_threads(int threads)
@@ -81,7 +82,7 @@ typedef struct {
     int64_t N, OC;
 } column_sums_job;
 
-static void column_sums(void *ctx, int64_t o0, int64_t o1)
+static VECTOR_CLONES void column_sums(void *ctx, int64_t o0, int64_t o1)
 {
     const column_sums_job *j = ctx;
     for (int64_t n = 0; n < j->N; n++)
@@ -108,27 +109,27 @@ typedef struct {
     int64_t C;
 } elementwise_job;
 
-static void sum_span(void *ctx, int64_t i0, int64_t i1)
+static VECTOR_CLONES void sum_span(void *ctx, int64_t i0, int64_t i1)
 {
     const elementwise_job *j = ctx;
     for (int64_t i = i0; i < i1; i++) j->out[i] = j->x[i] + j->y[i];
 }
 
-static void bias_residual_rows(void *ctx, int64_t n0, int64_t n1)
+static VECTOR_CLONES void bias_residual_rows(void *ctx, int64_t n0, int64_t n1)
 {
     const elementwise_job *j = ctx;
     for (int64_t n = n0; n < n1; n++)
         for (int64_t c = 0, i = n * j->C; c < j->C; c++, i++) j->out[i] = j->x[i] + (j->y[i] + j->bias[c]);
 }
 
-static void add_bias_rows(void *ctx, int64_t n0, int64_t n1)
+static VECTOR_CLONES void add_bias_rows(void *ctx, int64_t n0, int64_t n1)
 {
     const elementwise_job *j = ctx;
     for (int64_t n = n0; n < n1; n++)
         for (int64_t c = 0; c < j->C; c++) j->out[n * j->C + c] += j->bias[c];
 }
 
-static void scale_span(void *ctx, int64_t i0, int64_t i1)
+static VECTOR_CLONES void scale_span(void *ctx, int64_t i0, int64_t i1)
 {
     const elementwise_job *j = ctx;
     for (int64_t i = i0; i < i1; i++) j->out[i] *= j->scale;

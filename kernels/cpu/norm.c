@@ -18,7 +18,7 @@ typedef struct {
     float eps;
 } norm_job;
 
-static void layernorm_rows(void *ctx, int64_t n0, int64_t n1)
+static VECTOR_CLONES void layernorm_rows(void *ctx, int64_t n0, int64_t n1)
 {
     const norm_job *j = ctx;
     int64_t C = j->C;
@@ -47,7 +47,7 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *in, co
 
 /* d_in of rows n0..n1 (added). With xhat = (x - m) s:
  * dx = s (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy w. */
-static void layernorm_backward_rows(void *ctx, int64_t n0, int64_t n1)
+static VECTOR_CLONES void layernorm_backward_rows(void *ctx, int64_t n0, int64_t n1)
 {
     const norm_job *j = ctx;
     int64_t C = j->C;
@@ -73,7 +73,7 @@ static void layernorm_backward_rows(void *ctx, int64_t n0, int64_t n1)
 /* d_weight (and d_bias) of columns c0..c1 (added), summed over the rows in
  * order: the same sums at any number of threads. Without mean_in (RMSNorm)
  * xhat = x s. */
-static void layernorm_backward_columns(void *ctx, int64_t c0, int64_t c1)
+static VECTOR_CLONES void layernorm_backward_columns(void *ctx, int64_t c0, int64_t c1)
 {
     const norm_job *j = ctx;
     for (int64_t n = 0; n < j->rows; n++) {
@@ -136,7 +136,7 @@ void gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
 
 /* RMSNorm as Hugging Face's LlamaRMSNorm computes it in fp32:
  * variance = mean(x^2), y = (x * rsqrt(variance + eps)) * weight. */
-static void rmsnorm_rows(void *ctx, int64_t n0, int64_t n1)
+static VECTOR_CLONES void rmsnorm_rows(void *ctx, int64_t n0, int64_t n1)
 {
     const norm_job *j = ctx;
     int64_t C = j->C;
@@ -161,7 +161,7 @@ void rmsnorm_forward(float *out, float *rstd, const float *in, const float *weig
 /* With xhat = x s and s = (mean(x^2) + eps)^(-1/2): ds/dx_i = -s^3 x_i / C, so
  * dx = s (dxhat - xhat mean(dxhat xhat)), dxhat = dy w (rows n0..n1, added);
  * d_weight += xhat dy in layernorm_backward_columns. */
-static void rmsnorm_backward_rows(void *ctx, int64_t n0, int64_t n1)
+static VECTOR_CLONES void rmsnorm_backward_rows(void *ctx, int64_t n0, int64_t n1)
 {
     const norm_job *j = ctx;
     int64_t C = j->C;
