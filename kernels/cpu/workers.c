@@ -1,11 +1,14 @@
 /* workers.c: the CPU backend's pool of threads (workers.h).
  *
- * A call publishes its job (task, context, count) and then a claim word,
- * generation << 32 | next task. Threads claim tasks by compare-and-swap on
- * that word, so a thread that reads the job of one call and claims in the
- * next fails its swap instead of running a stale task; the job's fields are
- * rewritten only after every task of the previous call has ended, which a
- * successful claim proves has not happened. The caller takes tasks too and
+ * A call closes the claim word (generation << 32 | next task) to claims of
+ * the previous call, writes its job (task, context, count), and then opens
+ * the word at task 0 of its own generation. Threads claim tasks by
+ * compare-and-swap on that word after reading the job, so a claim succeeds
+ * only if the word did not move since it was read: the job read is the one
+ * the word belongs to. (Without the closing, a thread that read a spent word
+ * of the previous call and the new job's count could claim a task of the
+ * new job under the old generation: test_workers saw a task run twice.)
+ * The caller takes tasks too and
  * then waits for the count of ended tasks, never for a worker that claimed
  * nothing: a worker the system left asleep costs nothing. Idle workers spin
  * a little (WORKER_SPINS) and then sleep on a futex. */
@@ -39,6 +42,9 @@
 /* Pauses the caller spins waiting for claimed tasks to end before it
  * yields its core (to the worker running them, where cores are shared). */
 #define CALLER_SPINS 2000
+
+/* The low half of a closed claim word: above any count of tasks (at most INT32_MAX). */
+#define CLOSED 0xFFFFFFFFu
 
 static struct {
     pthread_mutex_t owner; /* held by the call in progress */
@@ -110,9 +116,9 @@ static void take_tasks(uint32_t generation)
     for (;;) {
         uint64_t word = LOAD(pool.claim);
         if ((uint32_t)(word >> 32) != generation) return;
-        worker_task task = LOAD_RELAXED(pool.task);
-        void *ctx = LOAD_RELAXED(pool.ctx);
-        int64_t tasks = LOAD_RELAXED(pool.tasks), next = (int64_t)(uint32_t)word;
+        worker_task task = LOAD(pool.task);
+        void *ctx = LOAD(pool.ctx);
+        int64_t tasks = LOAD(pool.tasks), next = (int64_t)(uint32_t)word;
         if (next >= tasks) return;
         /* Succeeds only while the word is unchanged: the fields read are this generation's. */
         if (!__atomic_compare_exchange_n(&pool.claim, &word, word + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
@@ -222,15 +228,17 @@ int workers_run(int64_t tasks, worker_task task, void *ctx)
         pthread_mutex_unlock(&pool.owner);
         return run_inline(tasks, task, ctx);
     }
-    /* The job, then the claim word that publishes it, then the wake-up. */
-    STORE_RELAXED(pool.task, task);
-    STORE_RELAXED(pool.ctx, ctx);
-    STORE_RELAXED(pool.tasks, tasks);
+    /* The word closed (no count reaches CLOSED), the job (released: a thread
+     * that reads any of it sees the word closed), the word opened, the wake-up. */
+    uint32_t generation = LOAD_RELAXED(pool.wake) + 1;
+    STORE_RELAXED(pool.claim, (uint64_t)generation << 32 | CLOSED);
+    STORE(pool.task, task);
+    STORE(pool.ctx, ctx);
+    STORE(pool.tasks, tasks);
     STORE_RELAXED(pool.participants, helpers);
     STORE_RELAXED(pool.done, 0);
     STORE_RELAXED(pool.failed, 0);
     pool.failed_task = -1;
-    uint32_t generation = LOAD_RELAXED(pool.wake) + 1;
     STORE(pool.claim, (uint64_t)generation << 32);
     __atomic_store_n(&pool.wake, generation, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&pool.sleepers, __ATOMIC_SEQ_CST) > 0) futex_wake(&pool.wake, helpers);

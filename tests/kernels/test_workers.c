@@ -52,6 +52,26 @@ Test(workers, every_task_once_at_every_thread_count)
     workers_set_threads(1);
 }
 
+/* A call of few tasks and then one of many, over and over on more threads
+ * than cores: a worker that read the spent claim word of the first (next =
+ * its count) and then the second's larger count must not claim a task of
+ * the second under the first's generation (it once ran task 14 twice). */
+Test(workers, every_task_once_when_small_and_large_calls_alternate)
+{
+    atomic_int runs[64];
+    workers_set_threads(8);
+    for (int round = 0; round < 50000; round++) {
+        int64_t tasks = round % 2 ? 1 + round % 3 : 40 + round % 24;
+        for (int i = 0; i < 64; i++) atomic_init(&runs[i], 0);
+        count_job job = {runs, -1};
+        cr_assert_eq(workers_run(tasks, count_task, &job), TP_OK);
+        for (int64_t i = 0; i < 64; i++)
+            cr_assert_eq(atomic_load(&runs[i]), i < tasks ? 1 : 0, "round %d, %lld tasks: task %lld ran %d times",
+                         round, (long long)tasks, (long long)i, atomic_load(&runs[i]));
+    }
+    workers_set_threads(1);
+}
+
 Test(workers, the_lowest_failed_task_is_reported)
 {
     atomic_int runs[64];
