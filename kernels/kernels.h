@@ -211,8 +211,9 @@ void adamw_update(float *param, const float *grad, float *m, float *v, int64_t n
                   float beta2, float eps, float weight_decay, int64_t step);
 
 /* Sum of squares of the values of `count` spans (span s: lengths[s] values
- * from spans[s]), accumulated in double in span order: the gradient norm
- * of many tensors in one call. */
+ * from spans[s]), accumulated in double: the gradient norm of many tensors
+ * in one call. The order of the sums is fixed by the lengths alone (chunks
+ * of the spans' concatenation, kernels/cpu/linear.c), whatever the threads. */
 double sum_of_squares(const float *const *spans, const int64_t *lengths, int count);
 
 /* Standard normals of logical elements [first, first + n) of a tensor, from

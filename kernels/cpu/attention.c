@@ -14,7 +14,9 @@
 
 #include "../../common/error.h"
 #include "../../common/memory.h"
+#include "../fast_exp.h"
 #include "../kernels.h"
+#include "vector_clones.h"
 #include "workers.h"
 
 int64_t attention_scratch_floats(int64_t B, int64_t T, int64_t Hq)
@@ -67,7 +69,7 @@ typedef struct {
     int64_t B, T, Hq, Hkv, hd;
 } attention_job;
 
-static int forward_group(void *ctx, int64_t task)
+static VECTOR_CLONES int forward_group(void *ctx, int64_t task)
 {
     const attention_job *j = ctx;
     int64_t T = j->T, hd = j->hd, b = task / j->Hkv, group = j->Hq / j->Hkv, h0 = task % j->Hkv * group;
@@ -84,7 +86,8 @@ static int forward_group(void *ctx, int64_t task)
                 float *row = p + r * keys, max = -INFINITY, sum = 0;
                 int64_t i = i0 + r;
                 for (int64_t k = 0; k <= i; k++) max = row[k] > max ? row[k] : max;
-                for (int64_t k = 0; k <= i; k++) sum += row[k] = expf(row[k] - max);
+                for (int64_t k = 0; k <= i; k++) row[k] = fast_expf(row[k] - max); /* vectorizes */
+                for (int64_t k = 0; k <= i; k++) sum += row[k];
                 for (int64_t k = 0; k <= i; k++) row[k] /= sum;
                 for (int64_t k = i + 1; k < keys; k++) row[k] = 0;
                 row_lse[i] = max + logf(sum);
@@ -104,7 +107,7 @@ int attention_forward(float *out, float *lse, float *scratch, const float *qkv, 
     return workers_run(B * Hkv, forward_group, &job);
 }
 
-static int backward_group(void *ctx, int64_t task)
+static VECTOR_CLONES int backward_group(void *ctx, int64_t task)
 {
     const attention_job *j = ctx;
     int64_t T = j->T, hd = j->hd, b = task / j->Hkv, group = j->Hq / j->Hkv, h0 = task % j->Hkv * group;
@@ -135,7 +138,7 @@ static int backward_group(void *ctx, int64_t task)
                 int64_t i = i0 + r;
                 float *pr = p + r * keys, *dr = ds + r * keys;
                 for (int64_t k = 0; k <= i; k++) {
-                    pr[k] = expf(pr[k] - row_lse[i]);
+                    pr[k] = fast_expf(pr[k] - row_lse[i]);
                     dr[k] = pr[k] * (dr[k] - row_delta[i]) * scale;
                 }
                 for (int64_t k = i + 1; k < keys; k++) pr[k] = dr[k] = 0;

@@ -159,11 +159,59 @@ void scale_inplace(float *x, float scale, int64_t n)
     workers_for(n, 1, scale_span, &job);
 }
 
+/* Squares are summed in chunks of SQUARES_CHUNK elements of the spans'
+ * concatenation, each chunk in SQUARES_LANES running sums (vector lanes)
+ * added at its end, the chunks' sums added in order, ROUND_CHUNKS chunks
+ * at a time on the pool: the same bits at any thread count. */
+#define SQUARES_CHUNK 65536
+#define SQUARES_LANES 16
+#define ROUND_CHUNKS 256
+
+typedef struct {
+    const float *const *spans;
+    const int64_t *lengths;
+    int count;
+    int64_t first_chunk;
+    double sums[ROUND_CHUNKS];
+} squares_job;
+
+static VECTOR_CLONES double squares_of(const float *x, int64_t n)
+{
+    double lanes[SQUARES_LANES] = {0};
+    int64_t i = 0;
+    for (; i + SQUARES_LANES <= n; i += SQUARES_LANES)
+        for (int k = 0; k < SQUARES_LANES; k++) lanes[k] += (double)x[i + k] * x[i + k];
+    for (int k = 0; i < n; i++, k++) lanes[k] += (double)x[i] * x[i];
+    double sum = 0;
+    for (int k = 0; k < SQUARES_LANES; k++) sum += lanes[k];
+    return sum;
+}
+
+static int squares_chunk(void *ctx, int64_t task)
+{
+    squares_job *j = ctx;
+    int64_t begin = (j->first_chunk + task) * SQUARES_CHUNK, end = begin + SQUARES_CHUNK, at = 0;
+    double sum = 0;
+    for (int s = 0; s < j->count && at < end; at += j->lengths[s], s++) {
+        int64_t lo = begin > at ? begin - at : 0, hi = end - at < j->lengths[s] ? end - at : j->lengths[s];
+        if (hi > lo) sum += squares_of(j->spans[s] + lo, hi - lo);
+    }
+    j->sums[task] = sum;
+    return TP_OK;
+}
+
 double sum_of_squares(const float *const *spans, const int64_t *lengths, int count)
 {
+    int64_t total = 0;
+    for (int s = 0; s < count; s++) total += lengths[s];
+    int64_t chunks = (total + SQUARES_CHUNK - 1) / SQUARES_CHUNK;
+    squares_job job = {.spans = spans, .lengths = lengths, .count = count};
     double sum = 0;
-    for (int s = 0; s < count; s++)
-        for (int64_t i = 0; i < lengths[s]; i++) sum += (double)spans[s][i] * spans[s][i];
+    for (job.first_chunk = 0; job.first_chunk < chunks; job.first_chunk += ROUND_CHUNKS) {
+        int64_t round = chunks - job.first_chunk < ROUND_CHUNKS ? chunks - job.first_chunk : ROUND_CHUNKS;
+        (void)workers_run(round, squares_chunk, &job); /* its tasks cannot fail */
+        for (int64_t c = 0; c < round; c++) sum += job.sums[c];
+    }
     return sum;
 }
 

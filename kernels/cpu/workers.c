@@ -241,7 +241,10 @@ int workers_run(int64_t tasks, worker_task task, void *ctx)
     pool.failed_task = -1;
     STORE(pool.claim, (uint64_t)generation << 32);
     __atomic_store_n(&pool.wake, generation, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&pool.sleepers, __ATOMIC_SEQ_CST) > 0) futex_wake(&pool.wake, helpers);
+    /* All sleepers: after the count of threads went down, those asleep may
+     * include workers that take no part, and waking only as many as take
+     * part could leave the ones that do asleep. */
+    if (__atomic_load_n(&pool.sleepers, __ATOMIC_SEQ_CST) > 0) futex_wake(&pool.wake, INT_MAX);
 
     in_pool = 1;
     take_tasks(generation);

@@ -5,6 +5,7 @@
  * on one (each output element is computed by one thread in the same order
  * at any thread count). */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -318,4 +319,30 @@ Test(workers, tasks_run_on_other_threads_at_once)
     cr_assert_eq(workers_run(2, meet_task, &job), TP_OK, "%s", tp_errmsg());
     cr_assert(atomic_load(&job.other_thread), "no task ran on a worker");
     workers_set_threads(1);
+}
+
+/* The gradient norm's sum: the same bits at any thread count, and close to
+ * a long double sum, over spans of odd lengths that cut chunks anywhere. */
+Test(workers, sum_of_squares_the_same_at_any_thread_count)
+{
+    enum { SPANS = 7 };
+    const int64_t lengths[SPANS] = {1, 70001, 0, 65536, 300000, 17, 513201};
+    const float *spans[SPANS];
+    float *data[SPANS];
+    long double want = 0;
+    for (int s = 0; s < SPANS; s++) {
+        data[s] = random_floats(lengths[s], 100 + s);
+        spans[s] = data[s];
+        for (int64_t i = 0; i < lengths[s]; i++) want += (long double)data[s][i] * data[s][i];
+    }
+    kernels_set_threads(1);
+    double one = sum_of_squares(spans, lengths, SPANS);
+    cr_assert(fabsl(one - want) <= 1e-13L * want, "%.17g, want %.17Lg", one, want);
+    for (int threads = 2; threads <= 7; threads += 2) {
+        kernels_set_threads(threads);
+        double many = sum_of_squares(spans, lengths, SPANS);
+        cr_assert(memcmp(&one, &many, sizeof one) == 0, "%d threads: %.17g, one thread %.17g", threads, many, one);
+    }
+    kernels_set_threads(1);
+    for (int s = 0; s < SPANS; s++) free(data[s]);
 }
