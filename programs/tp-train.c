@@ -48,7 +48,7 @@ static const char *usage_text =
     "           appended to with --resume, so that one log holds a run across restarts) --quiet\n"
     "device:    --device cpu|cuda|auto (auto: a GPU when this build has CUDA and the machine a GPU\n"
     "           for each rank on it; one process per GPU, local rank i on GPU i)\n"
-    "other:     --threads N (matrix-product threads per rank, 1)\n"
+    "other:     --threads N (compute threads per rank, 1)\n"
     "testing aid (recovery tests): --fault die|hang|fail|slow --fault-step S [--fault-rank R (0)] [--fault-once FILE]:\n"
     "           after step S, rank R kills itself (SIGKILL), stops progressing (SIGTERM or SIGKILL ends it),\n"
     "           exits 1, or pauses 3 s and goes on (a straggler); with --fault-once only while FILE does not\n"
@@ -108,7 +108,7 @@ static const char *eval_usage =
     "  --seq T              window length (default: the model's context length)\n"
     "  --tp T --pp P --dp D layout (default tp 1, pp 1, dp = ranks / (tp x pp))\n"
     "  --micro-batch B      windows per forward pass (4)\n"
-    "  --threads N          matrix-product threads per rank (1)\n"
+    "  --threads N          compute threads per rank: products, attention, element-wise work (1)\n"
     "  --json               print {\"loss\", \"windows\", \"tokens\", \"seq\", \"step\"}\n";
 
 static int eval_command(int argc, char **argv)
@@ -179,7 +179,7 @@ static const char *generate_usage =
     "  --tokens N           tokens to generate (200)\n"
     "  --temperature X      sampling temperature; 0 picks the most likely token (0.8)\n"
     "  --seed N             random seed of the sampling (1337)\n"
-    "  --threads N          matrix-product threads (1)\n";
+    "  --threads N          compute threads (1)\n";
 
 static int generate_command(int argc, char **argv)
 {
