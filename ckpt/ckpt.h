@@ -10,11 +10,10 @@
  *    message of the most recent failure in the calling thread is tp_errmsg();
  *    the library never prints.
  *  - Handles are opaque; each _create/_open has its _free/_close.
- *  - Data moves with positioned I/O between files and caller buffers, or is
- *    read in place from read-only mappings where the store maps files (the
- *    local file system); buffers aligned to 4096 bytes copy about twice as
- *    fast (common/memory.h). Every byte and name goes through a store
- *    (storage.h), the local file system unless the options name another.
+ *  - Data moves with positioned I/O between files and caller buffers; buffers
+ *    aligned to 4096 bytes copy about twice as fast (common/memory.h). Every
+ *    byte and name goes through a store (storage.h), the local file system
+ *    unless the options name another.
  *  - Reading functions may be called from several threads at once on one reader.
  *    Writer put functions may be called from several threads at once as long as
  *    they write disjoint rows.
@@ -247,13 +246,6 @@ int ckpt_writer_put_piece(ckpt_writer *writer, int tensor_id, int piece, const v
 int ckpt_writer_put_rows(ckpt_writer *writer, int tensor_id, int piece, int64_t row_start,
                          int64_t row_count, const void *data);
 
-/* As ckpt_writer_put_rows, the rows being the bytes of the parts laid end to
- * end (each part whole rows), gathered by the write itself rather than first
- * copied together: parts may be a reader's views of its source
- * (ckpt_reader_view_rows). */
-int ckpt_writer_put_parts(ckpt_writer *writer, int tensor_id, int piece, int64_t row_start, int64_t row_count,
-                          const ckpt_part *parts, int num_parts);
-
 /* Checks every piece is complete, syncs, writes index.json and atomically
  * renames the checkpoint into place (then updates `latest` if asked). Frees
  * the writer whatever the outcome; on failure nothing is visible at path. */
@@ -412,18 +404,6 @@ int ckpt_reader_read_piece(ckpt_reader *reader, int index, int piece, void *buf,
  * along its axis 0), for streaming a piece through a small buffer. */
 int ckpt_reader_read_rows(ckpt_reader *reader, int index, int piece, int64_t row_start,
                           int64_t row_count, void *buf, size_t buf_size);
-
-/* Rows [row_start, row_start + row_count) of a stored piece, checked as
- * ckpt_reader_read_rows checks them, in place: *data points at them in a
- * read-only mapping of the shard file, valid while the reader is open. Where
- * the piece cannot be read in place (compressed, in an object store, a file
- * that cannot be mapped, TP_CKPT_NO_MAP set) *data is NULL and the status
- * TP_OK: read the rows with ckpt_reader_read_rows instead. Hand the view to
- * this library (ckpt_writer_put_parts) rather than reading it directly: a
- * file truncated meanwhile raises SIGBUS on access to the bytes it lost,
- * which the library turns into an error naming the file. */
-int ckpt_reader_view_rows(ckpt_reader *reader, int index, int piece, int64_t row_start, int64_t row_count,
-                          const void **data);
 
 /* Reads the region [start, start + count) of the logical global tensor, in the
  * stored dtype, into buf as a dense row-major array of shape count. Reads only

@@ -5,9 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-/* XXH3_state_t's layout, for a state on the stack (the headers and the
- * library are the same release). */
-#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 #include <zstd.h>
 #if defined(__x86_64__)
@@ -21,25 +18,6 @@
 uint64_t ckpt_hash_block(const void *data, size_t bytes)
 {
     return XXH3_64bits(data, bytes);
-}
-
-uint64_t ckpt_hash_parts(const ckpt_part *parts, int num_parts, int64_t skip, int64_t bytes)
-{
-    while (num_parts > 0 && skip >= parts->bytes) { /* to the part the bytes start in */
-        skip -= parts->bytes;
-        parts++;
-        num_parts--;
-    }
-    if (num_parts > 0 && skip + bytes <= parts->bytes) return XXH3_64bits((const char *)parts->data + skip, (size_t)bytes);
-    /* Across parts: the streaming form, which gives the same hash. */
-    XXH3_state_t state;
-    XXH3_64bits_reset(&state);
-    for (; num_parts > 0 && bytes > 0; parts++, num_parts--, skip = 0) {
-        int64_t take = parts->bytes - skip < bytes ? parts->bytes - skip : bytes;
-        XXH3_64bits_update(&state, (const char *)parts->data + skip, (size_t)take);
-        bytes -= take;
-    }
-    return XXH3_64bits_digest(&state);
 }
 
 uint64_t ckpt_hash_blocks(const uint64_t *block_hashes, int64_t num_blocks)

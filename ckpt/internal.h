@@ -68,11 +68,6 @@ uint64_t ckpt_hash_blocks(const uint64_t *block_hashes, int64_t num_blocks);
 void ckpt_format_checksum(uint64_t checksum, char out[17]);
 int ckpt_parse_checksum(const char *text, uint64_t *out);
 
-/* XXH3-64 of bytes [skip, skip + bytes) of the concatenation of parts
- * (what ckpt_hash_block gives for those bytes laid end to end); they must
- * lie in the parts. */
-uint64_t ckpt_hash_parts(const ckpt_part *parts, int num_parts, int64_t skip, int64_t bytes);
-
 /* Seeds of the digest keys (docs/FORMAT.md "Logical digests"). */
 #define CKPT_DIGEST_KEY_SEED 0x7470636B70744B00ull   /* "tpckptK\0" */
 #define CKPT_DIGEST_BLOCK_SEED 0x7470636B70744600ull /* "tpckptF\0" */
@@ -117,23 +112,6 @@ int ckpt_h5_read_string(hid_t obj, const char *name, char *out, size_t out_size)
 int ckpt_h5_read_i64s(hid_t obj, const char *name, int64_t *values, int max_count, int *count);
 int ckpt_h5_read_u64(hid_t obj, const char *name, uint64_t *value);
 hid_t ckpt_h5_file_access(void); /* property list: alignment, libver, no file locking */
-
-/* ------------------------------------------------------- mapped files */
-
-/* Files read in place through read-only mappings (mapped.c). A page past
- * the end of a file truncated while mapped, or one the disk cannot read,
- * raises SIGBUS on access: code that reads mapped bytes in user space runs
- * through ckpt_mapped_call, which returns fn's status, or TP_ERR_IO naming
- * the file and offset when such a fault ended fn (left where it faulted:
- * fn must hold no lock and nothing it would leak). Calls nest. */
-int ckpt_mapped_call(int (*fn)(void *ctx), void *ctx);
-/* Registers a mapping of path (installing the SIGBUS handler the first
- * time), so that its faults are named; ckpt_mapped_remove before unmapping. */
-int ckpt_mapped_add(const void *base, int64_t size, const char *path);
-void ckpt_mapped_remove(const void *base);
-/* Whether address lies in a registered mapping; if so, a message naming
- * the file and offset that could not be read goes to out (out_size 0: none). */
-int ckpt_mapped_describe(const void *address, char *out, size_t out_size);
 
 /* ----------------------------------------------------------- file system */
 

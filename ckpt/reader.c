@@ -4,15 +4,10 @@
  * is opened once, cross-checked against the index (attributes, shape,
  * checksum), and its storage located: the file offset of a contiguous piece,
  * or the address and size of every chunk of a compressed one. From then on
- * data is read through the store outside HDF5's global lock, so many
- * threads read in parallel: in place from a read-only mapping of the file
- * where the store offers one (the local file system), else by positioned
- * reads; compressed chunks are decompressed in the reading thread.
- * With verification on, every block read is hashed and compared; a block of
- * a mapped file is hashed where it lies, once per reader: what is read
- * later are the same bytes of the file, not another copy of them. Mapped
- * bytes are read only inside ckpt_mapped_call (mapped.c), so that a file
- * truncated meanwhile fails the read instead of killing the process. */
+ * data is read through the store (positioned reads) outside HDF5's global
+ * lock, so many threads read in parallel; compressed chunks are decompressed
+ * in the reading thread.
+ * With verification on, every block read is hashed and compared. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -32,12 +27,6 @@
 #define VERIFY_READ_MAX ((int64_t)8 << 20)  /* bytes per verified read: hashed while in L3 */
 #define PREFETCH_MIN ((int64_t)64 << 10)    /* reads this large are announced to the kernel */
 #define PREFETCH_AHEAD ((int64_t)16 << 20)  /* and so are this many bytes after them */
-/* Bytes of mapped files read in place after which their pages are let go
- * from the process's resident memory (the page cache keeps them): the
- * mapping would otherwise count the whole source in the process's RSS. It
- * takes the place of the bounce and verify buffers the mapped path does not
- * use, within CKPT_THREAD_MEMORY. */
-#define MAPPED_RESIDENT_MAX ((int64_t)8 << 20)
 
 typedef struct {
     uint64_t address;
@@ -50,7 +39,6 @@ typedef struct {
     int64_t offset;          /* contiguous pieces */
     chunk_location *chunks;  /* compressed pieces, one per block */
     uint64_t *block_hash;
-    _Atomic unsigned char *verified; /* per block: checked where it lies in its file's mapping */
     ckpt_piece_geometry geometry;
     /* A foreign piece stored as boxes (ckpt_foreign_box), and whether it
      * holds padding, which no box covers and reads as zeros. */
@@ -68,8 +56,6 @@ typedef struct {
     char path[CKPT_PATH_MAX];
     hid_t file;       /* HDF5's handle: metadata */
     ckpt_file *data;  /* the store's: the bytes of pieces */
-    const char *map;  /* the store's read-only view of the whole file, or NULL: read through data */
-    atomic_int touched; /* map's pages were made resident since they were last let go */
     int meta_checked; /* its metadata checksum matched the index's (format 1.1) */
     int open_status;  /* a failed open is not retried for every piece */
     char *open_error; /* its message */
@@ -86,7 +72,6 @@ struct ckpt_reader {
     pthread_mutex_t lock;   /* lazy opening of files and pieces */
     ckpt_file *hold;        /* a shared lock on the checkpoint: no one replaces it while it is read */
     int foreign;            /* pieces are byte ranges of another tool's files (ckpt_reader_open_foreign) */
-    _Atomic int64_t mapped_bytes; /* read in place since the mappings' pages were last let go */
 };
 
 void ckpt_read_options_init(ckpt_read_options *options)
@@ -115,7 +100,6 @@ void ckpt_reader_close(ckpt_reader *r)
         for (int p = 0; r->pieces[i] && p < r->index.tensors[i].num_pieces; p++) {
             free(r->pieces[i][p].chunks);
             free(r->pieces[i][p].block_hash);
-            free((void *)r->pieces[i][p].verified);
             free(r->pieces[i][p].boxes);
         }
         free(r->pieces[i]);
@@ -331,12 +315,6 @@ static int open_file_once(ckpt_reader *r, int f)
                            (long long)complete, idx->pp, idx->tp);
     if (!status && !fr->meta_checked) status = ckpt_h5_check_links(file, fr->path);
     if (!status) status = r->storage->open(r->storage, fr->path, CKPT_OPEN_READ, &fr->data);
-    /* Read in place where the store can map the file; a file that cannot be
-     * mapped is read through the store, one that changed size is refused. */
-    if (!status && r->storage->map) {
-        status = r->storage->map(fr->data, idx->bytes, &fr->map);
-        if (status == TP_ERR_STATE) status = TP_OK;
-    }
     if (status) {
         H5Fclose(file);
         return status;
@@ -393,8 +371,6 @@ static int finish_piece(piece_runtime *pr, const ckpt_index_piece *ip, int statu
 {
     if (!status && ckpt_hash_blocks(pr->block_hash, pr->geometry.num_blocks) != ip->checksum)
         status = tp_fail(TP_ERR_CHECKSUM, "%s: block checksum list does not match the piece checksum", where);
-    if (!status && !(pr->verified = calloc((size_t)pr->geometry.num_blocks + 1, 1)))
-        status = tp_fail(TP_ERR_NOMEM, "out of memory");
     if (status) {
         free(pr->block_hash);
         free(pr->chunks);
@@ -421,7 +397,6 @@ static int load_piece_from_index(ckpt_reader *r, int i, int piece, piece_runtime
         if (!status) {
             free(fetched.chunks);
             free(fetched.block_hash);
-            free((void *)fetched.verified);
         }
         return status;
     }
@@ -599,8 +574,6 @@ typedef struct {
     const ckpt_storage *storage;
     ckpt_file *file;
     const char *file_path;
-    int file_index;
-    const char *map; /* the piece's stored bytes in its file's mapping, when read in place; else NULL */
 } piece_ctx;
 
 static int piece_context(ckpt_reader *r, int i, int piece, piece_ctx *ctx)
@@ -614,11 +587,6 @@ static int piece_context(ckpt_reader *r, int i, int piece, piece_ctx *ctx)
     ctx->storage = r->storage;
     ctx->file = r->files[ip->file_index].data;
     ctx->file_path = r->files[ip->file_index].path;
-    ctx->file_index = ip->file_index;
-    /* In place: a contiguous piece of a mapped file (chunks are decompressed
-     * from read_at's copies, and foreign pieces are read as they were). */
-    const char *map = r->files[ip->file_index].map;
-    ctx->map = map && !r->foreign && !ctx->pr->chunks && !ctx->pr->boxes ? map + ctx->pr->offset : NULL;
     return TP_OK;
 }
 
@@ -954,108 +922,12 @@ static void prefetch(const piece_ctx *c, int64_t row0, int64_t row1)
     c->storage->read_ahead(c->file, begin, end - begin);
 }
 
-/* ------------------------------------------------------- pieces in place */
-
-/* Before `bytes` of file f are made resident to be read in place: lets the
- * pages of the mapped files go from this process's resident memory once
- * MAPPED_RESIDENT_MAX bytes were read in place since the last time (the
- * page cache keeps them; a thread still reading there maps them again). */
-static void mapped_use(ckpt_reader *r, int f, int64_t bytes)
-{
-    if (atomic_fetch_add(&r->mapped_bytes, bytes) + bytes >= MAPPED_RESIDENT_MAX) {
-        atomic_store(&r->mapped_bytes, 0);
-        for (int k = 0; k < r->index.num_files; k++) /* touched only once mapped */
-            if (atomic_exchange(&r->files[k].touched, 0))
-                r->storage->map_hold(r->files[k].data, 0, r->index.files[k].bytes, 0);
-    }
-    atomic_store(&r->files[f].touched, 1);
-}
-
-typedef struct {
-    const piece_ctx *c;
-    int64_t b0, b1;
-    int again; /* check blocks checked before too */
-} check_job;
-
-static int check_in_place(void *ctx)
-{
-    const check_job *j = ctx;
-    const piece_ctx *c = j->c;
-    const ckpt_piece_geometry *g = &c->pr->geometry;
-    for (int64_t b = j->b0; b < j->b1; b++) {
-        if (!j->again && atomic_load_explicit(&c->pr->verified[b], memory_order_relaxed)) continue;
-        TP_TRY(verify_block(c, b, c->map + b * g->block_rows * g->row_bytes));
-        atomic_store_explicit(&c->pr->verified[b], 1, memory_order_relaxed);
-    }
-    return TP_OK;
-}
-
-/* Makes rows [row0, row1) of a piece read in place (c->map) ready to read:
- * their pages mapped, and with verification on the checksum blocks they
- * lie in checked, once per reader; with again, checked whatever the
- * options and whether checked before (a verification asked for). */
-static int rows_in_place(const piece_ctx *c, int64_t row0, int64_t row1, int again)
-{
-    const ckpt_piece_geometry *g = &c->pr->geometry;
-    int verify = c->r->options.verify || again;
-    /* The rows, and the whole blocks at either end where they are to be
-     * checked (rows of a block checked before are read alone). */
-    int64_t lo = row0, hi = row1, b0 = row0 / g->block_rows, b1 = (row1 + g->block_rows - 1) / g->block_rows;
-    if (verify && (again || !atomic_load_explicit(&c->pr->verified[b0], memory_order_relaxed))) lo = b0 * g->block_rows;
-    if (verify && (again || !atomic_load_explicit(&c->pr->verified[b1 - 1], memory_order_relaxed)))
-        hi = b1 * g->block_rows < g->rows ? b1 * g->block_rows : g->rows;
-    /* Counted in whole 2 MiB: a file's pages may be cached as folios of up
-     * to that size, each mapped whole when any of it is. */
-    int64_t folio = (int64_t)2 << 20, first = c->pr->offset + lo * g->row_bytes, end = c->pr->offset + hi * g->row_bytes;
-    mapped_use(c->r, c->file_index, (end + folio - 1) / folio * folio - first / folio * folio);
-    int status = c->storage->map_hold(c->file, c->pr->offset + lo * g->row_bytes, (hi - lo) * g->row_bytes, 1);
-    if (!status && verify) {
-        check_job job = {c, b0, b1, again};
-        status = ckpt_mapped_call(check_in_place, &job);
-    }
-    if (status == TP_ERR_FORMAT || status == TP_ERR_IO)
-        return tp_fail_context(status, "tensor %s piece %d", c->r->index.tensors[c->tensor].tensor.name, c->piece);
-    return status;
-}
-
-typedef struct {
-    const char *src;
-    char *dst;
-    box_frame src_frame, dst_frame;
-    int64_t count[CKPT_MAX_DIMS];
-    int ndim;
-    int64_t elem;
-} place_job;
-
-static int place_in_place(void *ctx)
-{
-    const place_job *j = ctx;
-    copy_ctx cc = {j->src, j->dst};
-    return box_runs(&j->src_frame, &j->dst_frame, j->count, j->ndim, j->elem, copy_run, &cc);
-}
-
-/* read_piece_box for a piece read in place: checked where it lies, then its
- * box copied straight to dst. */
-static int read_box_in_place(const piece_ctx *c, const int64_t *start, const int64_t *count, char *dst,
-                             const box_frame *dst_frame)
-{
-    const ckpt_piece_geometry *g = &c->pr->geometry;
-    prefetch(c, start[0], start[0] + count[0]);
-    TP_TRY(rows_in_place(c, start[0], start[0] + count[0], 0));
-    place_job job = {c->map, dst, {g->ndim, {0}, {0}}, *dst_frame, {0}, g->ndim, element_bytes(g)};
-    memcpy(job.src_frame.shape, g->shape, sizeof job.src_frame.shape);
-    memcpy(job.src_frame.origin, start, sizeof(int64_t) * (size_t)g->ndim);
-    memcpy(job.count, count, sizeof(int64_t) * (size_t)g->ndim);
-    return ckpt_mapped_call(place_in_place, &job);
-}
-
 /* Reads the box [start, start + count) of a piece into the box of dst at
  * dst_frame->origin (dst_frame->shape is the caller's whole array). */
 static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_t *count,
                           char *dst, const box_frame *dst_frame)
 {
     if (c->pr->boxes) return read_boxes(c, start, count, dst, dst_frame);
-    if (c->map) return read_box_in_place(c, start, count, dst, dst_frame);
     const ckpt_piece_geometry *g = &c->pr->geometry;
     int ndim = g->ndim;
     int64_t elem = element_bytes(g);
@@ -1181,22 +1053,6 @@ int ckpt_reader_read_rows(ckpt_reader *r, int i, int piece, int64_t row_start, i
     return read_piece_box(&c, start, count, buf, &frame);
 }
 
-int ckpt_reader_view_rows(ckpt_reader *r, int i, int piece, int64_t row_start, int64_t row_count, const void **data)
-{
-    *data = NULL;
-    piece_ctx c;
-    TP_TRY(piece_context(r, i, piece, &c));
-    const ckpt_piece_geometry *g = &c.pr->geometry;
-    if (row_start < 0 || row_count < 1 || row_start + row_count > g->rows)
-        return tp_fail(TP_ERR_ARG, "tensor %s piece %d: rows [%lld, %lld) outside 0..%lld", r->index.tensors[i].tensor.name,
-                       piece, (long long)row_start, (long long)(row_start + row_count), (long long)g->rows);
-    if (!c.map) return TP_OK;
-    prefetch(&c, row_start, row_start + row_count);
-    TP_TRY(rows_in_place(&c, row_start, row_start + row_count, 0));
-    *data = c.map + row_start * g->row_bytes;
-    return TP_OK;
-}
-
 int ckpt_reader_read_piece(ckpt_reader *r, int i, int piece, void *buf, size_t buf_size)
 {
     int status = check_piece_arg(r, i, piece);
@@ -1251,42 +1107,13 @@ int ckpt_reader_read_region(ckpt_reader *r, int i, const int64_t *start, const i
     return status;
 }
 
-typedef struct {
-    const piece_ctx *c;
-    int64_t row0, row1;
-    uint64_t digest;
-} digest_job;
-
-static int digest_in_place(void *ctx)
-{
-    digest_job *j = ctx;
-    const ckpt_reader *r = j->c->r;
-    j->digest += ckpt_digest_rows(&r->index.tensors[j->c->tensor].tensor.desc, r->index.layout.tp, j->c->piece, j->row0,
-                                  j->row1, j->c->map + j->row0 * j->c->pr->geometry.row_bytes);
-    return TP_OK;
-}
-
 /* A piece's part of its tensor's logical digest, its blocks read (and
- * checked against their checksums, unless foreign) about 16 MiB at a time:
- * where it lies when the piece is read in place, else through a buffer. */
+ * checked against their checksums, unless foreign) about 16 MiB at a time. */
 static int piece_digest(ckpt_reader *r, int i, int piece, piece_ctx *c, uint64_t *out)
 {
     int status = piece_context(r, i, piece, c);
     if (status) return status;
     const ckpt_piece_geometry *g = &c->pr->geometry;
-    if (c->map) { /* in place, every block checked again: a verification asked for */
-        int64_t blocks = (16 << 20) / (g->block_rows * g->row_bytes), step = (blocks > 1 ? blocks : 1) * g->block_rows;
-        digest_job job = {c, 0, 0, 0};
-        for (int64_t row = 0; row < g->rows && !status; row += step) {
-            job.row0 = row;
-            job.row1 = row + step < g->rows ? row + step : g->rows;
-            prefetch(c, job.row0, job.row1);
-            status = rows_in_place(c, job.row0, job.row1, 1);
-            if (!status) status = ckpt_mapped_call(digest_in_place, &job);
-        }
-        *out = job.digest;
-        return status;
-    }
     int64_t block_bytes = g->block_rows * g->row_bytes;
     int64_t per_read = c->pr->chunks ? 1 : (16 << 20) / block_bytes;
     if (per_read < 1) per_read = 1;

@@ -38,12 +38,6 @@ typedef enum {
 
 enum { CKPT_LOCK_WAIT = 1, CKPT_LOCK_SHARED = 2 };
 
-/* A run of bytes in memory: one of the parts a write gathers. */
-typedef struct {
-    const void *data;
-    int64_t bytes;
-} ckpt_part;
-
 typedef struct {
     int exists, is_dir;
     int64_t size; /* bytes of a file */
@@ -58,27 +52,8 @@ struct ckpt_storage {
     /* Whole transfers or a failure: a file ending early is TP_ERR_FORMAT (truncated). */
     int (*read_at)(ckpt_file *file, void *buf, size_t size, int64_t offset);
     int (*write_at)(ckpt_file *file, const void *buf, size_t size, int64_t offset);
-    /* As write_at, of the parts' bytes laid end to end from offset, gathered
-     * by the write itself; NULL where the store has no such write (callers
-     * then write_at each part). */
-    int (*write_parts)(ckpt_file *file, const ckpt_part *parts, int num_parts, int64_t offset);
     /* A hint that [offset, offset + size) will be read soon; may do nothing. */
     void (*read_ahead)(ckpt_file *file, int64_t offset, int64_t size);
-    /* A read-only view of the whole of a file opened to read, which holds
-     * `size` bytes (what the caller checked), so that its bytes are read in
-     * place rather than copied out; NULL where the store has none (object
-     * stores). TP_ERR_FORMAT when the file no longer has `size` bytes,
-     * TP_ERR_STATE where it cannot be mapped (callers then read_at). The
-     * view lasts until the file is closed. Its bytes are read in user space
-     * only inside ckpt_mapped_call (internal.h): a file truncated meanwhile
-     * raises SIGBUS on access. Calling it again returns the same view. */
-    int (*map)(ckpt_file *file, int64_t size, const char **out);
-    /* The pages of [offset, offset + size) of a file's view: with hold,
-     * mapped now, in one call rather than a fault at a time (TP_ERR_FORMAT
-     * when the file no longer covers them: truncated); without, let go from
-     * this process's resident memory (the page cache keeps them, and a later
-     * access maps them again). */
-    int (*map_hold)(ckpt_file *file, int64_t offset, int64_t size, int hold);
     int (*resize)(ckpt_file *file, int64_t size); /* of a file opened to write; new bytes read as zeros */
     int (*sync)(ckpt_file *file);                 /* the file's data is durable */
     void (*close)(ckpt_file *file);

@@ -1,6 +1,6 @@
 /* storage_posix.c: the store of the local file system: positioned I/O,
- * read-only mappings, renames (atomic exchange and no-replace where the
- * kernel offers them), fsync of files and directories. */
+ * renames (atomic exchange and no-replace where the kernel offers them),
+ * fsync of files and directories. */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -10,9 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "../common/file.h"
@@ -22,8 +20,6 @@
 struct ckpt_file {
     const ckpt_storage *storage;
     int fd;
-    const char *map; /* the read-only view (posix_map), or NULL */
-    int64_t map_size;
     char path[CKPT_PATH_MAX];
 };
 
@@ -37,8 +33,6 @@ static int wrap(const ckpt_storage *s, int fd, const char *path, ckpt_file **out
     }
     f->storage = s;
     f->fd = fd;
-    f->map = NULL;
-    f->map_size = 0;
     strcpy(f->path, path);
     *out = f;
     return TP_OK;
@@ -77,133 +71,47 @@ static int posix_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
     return TP_OK;
 }
 
-/* The message of a write of parts that failed with errno err. EFAULT: the
- * kernel could not read the caller's bytes, which happens when they are
- * another file's mapping and that file shrank: that file is named. */
-static int write_failure(const ckpt_file *f, int err, const ckpt_part *parts, int num_parts, int64_t offset)
-{
-    char mapped[CKPT_PATH_MAX + 160];
-    int64_t size = 0;
-    for (int k = 0; k < num_parts; k++) size += parts[k].bytes;
-    for (int k = 0; k < num_parts && err == EFAULT; k++)
-        if (ckpt_mapped_describe(parts[k].data, mapped, sizeof mapped))
-            return tp_fail(TP_ERR_IO, "%s: write of %lld bytes at offset %lld failed: %s", f->path, (long long)size,
-                           (long long)offset, mapped);
-    return tp_fail(TP_ERR_IO, "%s: write of %lld bytes at offset %lld failed: %s", f->path, (long long)size,
-                   (long long)offset, err ? strerror(err) : "no progress");
-}
-
 /* Bytes per write system call at most. The kernel takes page-cache folios
- * as large as a write (up to 2 MiB); on this project's virtual machines
- * memory the host was given back (free page reporting, 2 MiB blocks) is
- * what 2 MiB folios come from, and its first touch faults to the host:
- * writing new files in 2 MiB or larger writes cost 2.4 s of CPU per GB,
- * in writes of 1 MiB 0.18-0.3 s (scratch measurement beside
- * docs/BENCHMARKS.md, issue 28). Elsewhere 1 MiB writes cost no more. */
-#define WRITE_CALL_MAX ((int64_t)1 << 20)
+ * as large as a write allows (up to 2 MiB); on this project's virtual
+ * machines, memory the guest gave back to the host (free page reporting,
+ * in 2 MiB blocks) is what 2 MiB folios come from, and its first touch
+ * faults to the host: new files written in 2 MiB-aligned writes of 2 MiB
+ * cost 2.2-2.8 s of CPU per GB, in writes of 1 MiB 0.18-0.35 s
+ * (docs/BENCHMARKS.md, issue 28). Elsewhere 1 MiB per call costs no more. */
+#define WRITE_CALL_MAX ((size_t)1 << 20)
 
 /* Writes of at least this size start their writeback at once. */
-#define WRITEBACK_MIN ((int64_t)1 << 20)
+#define WRITEBACK_MIN ((size_t)1 << 20)
 
-/* Parts gathered by one pwritev of at most this many. */
-#define WRITE_PARTS_MAX 64
-
-static int posix_write_parts(ckpt_file *f, const ckpt_part *parts, int num_parts, int64_t offset)
+static int posix_write_at(ckpt_file *f, const void *buf, size_t size, int64_t offset)
 {
+    const char *p = buf;
     int64_t first = offset;
-    struct iovec iov[WRITE_PARTS_MAX];
-    int k = 0;
-    int64_t skip = 0; /* bytes of parts[k] already written */
-    while (k < num_parts) {
-        /* At most WRITE_CALL_MAX bytes, ending on a multiple of it in the
-         * file where they can, so that the next write starts aligned. */
-        int64_t room = WRITE_CALL_MAX - offset % WRITE_CALL_MAX;
-        int n = 0;
-        for (int j = k; j < num_parts && n < WRITE_PARTS_MAX && room > 0; j++, n++) {
-            int64_t from = j == k ? skip : 0, take = parts[j].bytes - from < room ? parts[j].bytes - from : room;
-            iov[n].iov_base = (char *)parts[j].data + from;
-            iov[n].iov_len = (size_t)take;
-            room -= take;
-        }
-        ssize_t done = pwritev(f->fd, iov, n, (off_t)offset);
-        if (done < 0 && errno == EINTR) continue;
-        if (done <= 0) return write_failure(f, done < 0 ? errno : 0, parts + k, n, offset);
-        offset += done;
-        /* Past the parts written whole; into the one written in part. */
-        for (done += skip, skip = 0; k < num_parts && done >= parts[k].bytes; k++) done -= parts[k].bytes;
-        skip = done;
+    size_t total = size;
+    while (size > 0) {
+        /* Up to the next multiple of WRITE_CALL_MAX in the file, so that the
+         * calls after a first unaligned one start aligned. */
+        size_t room = WRITE_CALL_MAX - (size_t)(offset % (int64_t)WRITE_CALL_MAX);
+        ssize_t n = pwrite(f->fd, p, size < room ? size : room, (off_t)offset);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            return tp_fail(TP_ERR_IO, "%s: write of %zu bytes at offset %lld failed: %s", f->path, size,
+                           (long long)offset, n < 0 ? strerror(errno) : "no progress");
+        p += n;
+        size -= (size_t)n;
+        offset += n;
     }
     /* The disk starts on these bytes now, while the caller computes the
      * next ones, rather than all at the final fsync (which then waits for
      * the whole file: resharding 2.5 GB spent 2 of its 4 s in fsyncs after
      * the last write). Advice: an error surfaces at that fsync. */
-    if (offset - first >= WRITEBACK_MIN) sync_file_range(f->fd, first, (off_t)(offset - first), SYNC_FILE_RANGE_WRITE);
+    if (total >= WRITEBACK_MIN) sync_file_range(f->fd, first, (off_t)total, SYNC_FILE_RANGE_WRITE);
     return TP_OK;
-}
-
-static int posix_write_at(ckpt_file *f, const void *buf, size_t size, int64_t offset)
-{
-    ckpt_part part = {buf, (int64_t)size};
-    return size ? posix_write_parts(f, &part, 1, offset) : TP_OK;
 }
 
 static void posix_read_ahead(ckpt_file *f, int64_t offset, int64_t size)
 {
     posix_fadvise(f->fd, offset, size, POSIX_FADV_WILLNEED);
-}
-
-static int posix_map(ckpt_file *f, int64_t size, const char **out)
-{
-    *out = NULL;
-    if (f->map) {
-        *out = f->map;
-        return TP_OK;
-    }
-    /* A test hook, and a way out should mappings misbehave somewhere: the
-     * same reads through read_at (docs/TOOLS.md). */
-    if (getenv("TP_CKPT_NO_MAP")) return tp_fail(TP_ERR_STATE, "%s: not mapped (TP_CKPT_NO_MAP is set)", f->path);
-    struct stat st;
-    if (fstat(f->fd, &st) != 0) return tp_fail(TP_ERR_IO, "%s: %s", f->path, strerror(errno));
-    /* Only a file of the size the caller checked: the view covers no page
-     * past its end, so that every access faults only if it shrinks later. */
-    if (S_ISREG(st.st_mode) && (int64_t)st.st_size != size)
-        return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes, the index records %lld (truncated or replaced?)", f->path,
-                       (long long)st.st_size, (long long)size);
-    if (!S_ISREG(st.st_mode) || size <= 0) return tp_fail(TP_ERR_STATE, "%s: nothing to map", f->path);
-    void *view = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, f->fd, 0);
-    if (view == MAP_FAILED) return tp_fail(TP_ERR_STATE, "%s: cannot map: %s", f->path, strerror(errno));
-    int status = ckpt_mapped_add(view, size, f->path);
-    if (status) {
-        munmap(view, (size_t)size);
-        return status;
-    }
-    f->map = view;
-    f->map_size = size;
-    *out = f->map;
-    return TP_OK;
-}
-
-static int posix_map_hold(ckpt_file *f, int64_t offset, int64_t size, int hold)
-{
-    if (!f->map || size <= 0) return TP_OK;
-    /* Whole pages: the view starts on one. */
-    int64_t page = 4096, begin = offset / page * page, end = offset + size;
-    if (end > f->map_size) end = f->map_size;
-    if (begin >= end) return TP_OK;
-    void *at = (void *)(f->map + begin);
-    size_t length = (size_t)(end - begin);
-    if (!hold) {
-        /* On a shared file mapping this only unmaps: the page cache keeps the data. */
-        madvise(at, length, MADV_DONTNEED);
-        return TP_OK;
-    }
-    /* EFAULT: a page past the end of the file, which an access would have
-     * met as SIGBUS. Kernels before 5.14 lack the advice (EINVAL): pages are
-     * then mapped as they are touched. */
-    if (madvise(at, length, MADV_POPULATE_READ) != 0 && errno == EFAULT)
-        return tp_fail(TP_ERR_FORMAT, "%s: bytes %lld..%lld lie past its end (truncated while being read?)", f->path,
-                       (long long)offset, (long long)(offset + size));
-    return TP_OK;
 }
 
 static int posix_resize(ckpt_file *f, int64_t size)
@@ -222,10 +130,6 @@ static int posix_sync(ckpt_file *f)
 static void posix_close(ckpt_file *f)
 {
     if (!f) return;
-    if (f->map) {
-        ckpt_mapped_remove(f->map);
-        munmap((void *)f->map, (size_t)f->map_size);
-    }
     close(f->fd);
     free(f);
 }
@@ -368,10 +272,7 @@ static const ckpt_storage posix_storage = {.name = "posix",
                                            .open = posix_open,
                                            .read_at = posix_read_at,
                                            .write_at = posix_write_at,
-                                           .write_parts = posix_write_parts,
                                            .read_ahead = posix_read_ahead,
-                                           .map = posix_map,
-                                           .map_hold = posix_map_hold,
                                            .resize = posix_resize,
                                            .sync = posix_sync,
                                            .close = posix_close,

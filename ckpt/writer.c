@@ -382,64 +382,15 @@ int64_t ckpt_writer_block_rows(const ckpt_writer *w, int id)
     return ckpt_piece_block_rows(&w->tensors[id].tensor.desc, w->layout.tp);
 }
 
-/* The bytes [at, at + bytes) of the parts laid end to end: where they lie,
- * when in one part, else gathered into scratch. */
-static const char *gather(const ckpt_part *parts, int num_parts, int64_t at, int64_t bytes, char *scratch)
-{
-    int k = 0;
-    while (k < num_parts - 1 && at >= parts[k].bytes) at -= parts[k++].bytes;
-    if (at + bytes <= parts[k].bytes) return (const char *)parts[k].data + at;
-    for (int64_t done = 0; done < bytes; k++, at = 0) {
-        int64_t take = parts[k].bytes - at < bytes - done ? parts[k].bytes - at : bytes - done;
-        memcpy(scratch + done, (const char *)parts[k].data + at, (size_t)take);
-        done += take;
-    }
-    return scratch;
-}
-
-/* One block of a chunked piece taken from the caller's parts: shuffled into
- * `shuffled`, and its plain bytes, full size, put in `padded` where they had
- * to be gathered or padded, or when asked (keep: an incompressible block is
- * stored as it is, and one in a mapping goes to HDF5 from a copy). Run
- * through ckpt_mapped_call: the parts may be views of a mapped source, and
- * nothing else reads them, so HDF5 never meets a mapping. */
-typedef struct {
-    const ckpt_part *parts;
-    int num_parts;
-    int64_t at, bytes, chunk_bytes;
-    size_t element_size;
-    char *padded, *shuffled;
-    int keep;           /* also copy the plain bytes into padded */
-    const char *block;  /* the plain bytes: in the parts or in padded */
-} chunk_job;
-
-static int take_block(void *ctx)
-{
-    chunk_job *j = ctx;
-    if (!j->block) {
-        j->block = gather(j->parts, j->num_parts, j->at, j->bytes, j->padded);
-        if (j->bytes < j->chunk_bytes) { /* HDF5 stores edge chunks at full size */
-            if (j->block != j->padded) memcpy(j->padded, j->block, (size_t)j->bytes);
-            memset(j->padded + j->bytes, 0, (size_t)(j->chunk_bytes - j->bytes));
-            j->block = j->padded;
-        }
-        ckpt_shuffle(j->block, j->shuffled, (size_t)j->chunk_bytes, j->element_size);
-    }
-    if (j->keep && j->block != j->padded) {
-        memcpy(j->padded, j->block, (size_t)j->chunk_bytes);
-        j->block = j->padded;
-    }
-    return TP_OK;
-}
-
 /* Shuffles, compresses and stores blocks [first, first + count) of a chunked
- * piece, whose rows are the parts' bytes. */
+ * piece. */
 static int write_chunks(ckpt_writer *w, const tensor_state *ts, const piece_state *ps,
-                        int64_t first, int64_t count, const ckpt_part *parts, int num_parts)
+                        int64_t first, int64_t count, const char *data)
 {
     const ckpt_piece_geometry *g = &ps->geometry;
     const shard_file *s = &w->shards[ps->shard];
     size_t chunk_bytes = (size_t)(g->block_rows * g->row_bytes);
+    size_t element_size = tp_dtype_size(ts->tensor.desc.dtype);
     size_t capacity = ckpt_zstd_bound(chunk_bytes);
     char *padded = alloc_pages(chunk_bytes), *shuffled = alloc_pages(chunk_bytes);
     char *packed = alloc_pages(capacity);
@@ -452,24 +403,24 @@ static int write_chunks(ckpt_writer *w, const tensor_state *ts, const piece_stat
     for (int64_t b = first; !status && b < first + count; b++) {
         int64_t rows = g->rows - b * g->block_rows;
         if (rows > g->block_rows) rows = g->block_rows;
-        chunk_job job = {parts, num_parts, (b - first) * g->block_rows * g->row_bytes, rows * g->row_bytes,
-                         (int64_t)chunk_bytes, tp_dtype_size(ts->tensor.desc.dtype), padded, shuffled, 0, NULL};
-        status = ckpt_mapped_call(take_block, &job);
+        const char *block = data + (b - first) * g->block_rows * g->row_bytes;
+        if (rows < g->block_rows) { /* HDF5 stores edge chunks at full size */
+            memcpy(padded, block, (size_t)(rows * g->row_bytes));
+            memset(padded + rows * g->row_bytes, 0, chunk_bytes - (size_t)(rows * g->row_bytes));
+            block = padded;
+        }
+        ckpt_shuffle(block, shuffled, chunk_bytes, element_size);
         size_t packed_size = 0;
-        if (!status)
-            status = ckpt_zstd_compress(shuffled, chunk_bytes, packed, capacity, w->options.compress_level, &packed_size);
+        status = ckpt_zstd_compress(shuffled, chunk_bytes, packed, capacity,
+                                    w->options.compress_level, &packed_size);
+        if (status) break;
         /* An incompressible chunk is stored as it is, both (optional) filters skipped. */
         int raw = packed_size >= chunk_bytes;
-        if (!status && raw && job.block != padded && ckpt_mapped_describe(job.block, NULL, 0)) {
-            job.keep = 1;
-            status = ckpt_mapped_call(take_block, &job);
-        }
-        if (status) break;
         uint32_t filter_mask = raw ? CKPT_MASK_NO_SHUFFLE | CKPT_MASK_NO_ZSTD : 0;
         hsize_t offset[CKPT_MAX_DIMS] = {0};
         offset[0] = (hsize_t)(b * g->block_rows);
         if (H5Dwrite_chunk(dset, H5P_DEFAULT, filter_mask, offset, raw ? chunk_bytes : packed_size,
-                           raw ? job.block : packed) < 0)
+                           raw ? block : packed) < 0)
             status = ckpt_fail_hdf5("%s: cannot write chunk %lld of tensor %s", s->path,
                                     (long long)b, ts->tensor.name);
     }
@@ -480,52 +431,8 @@ static int write_chunks(ckpt_writer *w, const tensor_state *ts, const piece_stat
     return status;
 }
 
-/* The hashes of blocks [first, first + count) and the digest of rows
- * [row_start, row_start + row_count) of a piece, from the parts that hold
- * those rows (whole rows each). Run through ckpt_mapped_call: the parts may
- * be views of a mapped source. */
-typedef struct {
-    const ckpt_writer *w;
-    const tensor_state *ts;
-    piece_state *ps;
-    int piece;
-    int64_t row_start, first, count;
-    const ckpt_part *parts;
-    int num_parts;
-    uint64_t digest;
-} hash_job;
-
-static int hash_parts(void *ctx)
-{
-    hash_job *j = ctx;
-    const ckpt_piece_geometry *g = &j->ps->geometry;
-    for (int64_t b = j->first; b < j->first + j->count; b++) {
-        int64_t rows = g->rows - b * g->block_rows;
-        if (rows > g->block_rows) rows = g->block_rows;
-        j->ps->block_hash[b] = ckpt_hash_parts(j->parts, j->num_parts, (b - j->first) * g->block_rows * g->row_bytes,
-                                               rows * g->row_bytes);
-    }
-    int64_t row = j->row_start;
-    for (int k = 0; k < j->num_parts; k++) {
-        int64_t rows = j->parts[k].bytes / g->row_bytes;
-        j->digest += ckpt_digest_rows(&j->ts->tensor.desc, j->w->layout.tp, j->piece, row, row + rows, j->parts[k].data);
-        row += rows;
-    }
-    return TP_OK;
-}
-
 int ckpt_writer_put_rows(ckpt_writer *w, int id, int piece, int64_t row_start, int64_t row_count,
                          const void *data)
-{
-    piece_state *ps;
-    int status = get_piece(w, id, piece, &ps);
-    if (status) return status;
-    ckpt_part part = {data, row_count * ps->geometry.row_bytes};
-    return ckpt_writer_put_parts(w, id, piece, row_start, row_count, &part, 1);
-}
-
-int ckpt_writer_put_parts(ckpt_writer *w, int id, int piece, int64_t row_start, int64_t row_count,
-                          const ckpt_part *parts, int num_parts)
 {
     piece_state *ps;
     int status = ckpt_library_init();
@@ -543,16 +450,6 @@ int ckpt_writer_put_parts(ckpt_writer *w, int id, int piece, int64_t row_start, 
                          "tensor %s piece %d: rows [%lld, %lld) do not cover whole blocks of %lld rows",
                          ts->tensor.name, piece, (long long)row_start,
                          (long long)(row_start + row_count), (long long)g->block_rows);
-    int64_t total = 0;
-    for (int k = 0; k < num_parts; k++) {
-        if (parts[k].bytes <= 0 || parts[k].bytes % g->row_bytes != 0 || !parts[k].data)
-            return tp_fail(TP_ERR_ARG, "tensor %s piece %d: part %d of %lld bytes is not whole rows of %lld bytes",
-                           ts->tensor.name, piece, k, (long long)parts[k].bytes, (long long)g->row_bytes);
-        total += parts[k].bytes;
-    }
-    if (total != row_count * g->row_bytes)
-        return tp_fail(TP_ERR_ARG, "tensor %s piece %d: parts of %lld bytes for %lld rows of %lld bytes",
-                       ts->tensor.name, piece, (long long)total, (long long)row_count, (long long)g->row_bytes);
     int64_t first = row_start / g->block_rows;
     int64_t count = (row_count + g->block_rows - 1) / g->block_rows;
     pthread_mutex_lock(&w->lock);
@@ -564,19 +461,19 @@ int ckpt_writer_put_parts(ckpt_writer *w, int id, int piece, int64_t row_start, 
     pthread_mutex_unlock(&w->lock);
     if (status) return status;
 
-    hash_job job = {w, ts, ps, piece, row_start, first, count, parts, num_parts, 0};
-    status = ckpt_mapped_call(hash_parts, &job);
-    uint64_t digest = job.digest;
-    ckpt_file *file = w->shards[ps->shard].data;
-    int64_t at = ps->offset + row_start * g->row_bytes;
-    if (!status && ps->offset < 0) {
-        status = write_chunks(w, ts, ps, first, count, parts, num_parts);
-    } else if (!status && w->storage->write_parts) { /* the parts gathered by the write */
-        status = w->storage->write_parts(file, parts, num_parts, at);
-    } else {
-        for (int k = 0; k < num_parts && !status; at += parts[k++].bytes)
-            status = w->storage->write_at(file, parts[k].data, (size_t)parts[k].bytes, at);
+    const char *bytes = data;
+    for (int64_t b = first; b < first + count; b++) {
+        int64_t rows = g->rows - b * g->block_rows;
+        if (rows > g->block_rows) rows = g->block_rows;
+        ps->block_hash[b] = ckpt_hash_block(bytes + (b - first) * g->block_rows * g->row_bytes,
+                                            (size_t)(rows * g->row_bytes));
     }
+    uint64_t digest = ckpt_digest_rows(&ts->tensor.desc, w->layout.tp, piece, row_start, row_start + row_count, data);
+    if (ps->offset >= 0)
+        status = w->storage->write_at(w->shards[ps->shard].data, data, (size_t)(row_count * g->row_bytes),
+                                      ps->offset + row_start * g->row_bytes);
+    else
+        status = write_chunks(w, ts, ps, first, count, data);
 
     pthread_mutex_lock(&w->lock);
     for (int64_t b = first; b < first + count; b++) ps->block_done[b] = status ? 0 : 1;

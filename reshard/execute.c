@@ -3,10 +3,8 @@
  * the kernel to read ahead), moves and converts them, and writes the output
  * rows (the writer hashes and, if asked, compresses them), so reading,
  * transforming and writing of different slabs overlap. The CPU executor
- * writes a slab that needs no moves straight from the source where the
- * reader can read it in place (a mapped file), else reads it straight into
- * the output buffer; the CUDA executor runs every slab's moves on the GPU
- * from pinned buffers. */
+ * reads straight into the output buffer when a slab needs no moves; the
+ * CUDA executor runs every slab's moves on the GPU from pinned buffers. */
 #include <cjson/cJSON.h>
 #include <malloc.h>
 #include <stdio.h>
@@ -25,8 +23,6 @@ typedef struct {
     char **output;
     cuda_mover **movers;  /* per thread, CUDA executor */
     slab_ops *ops;        /* per thread */
-    ckpt_part **parts;    /* per thread: what a slab written from its source gathers */
-    int *parts_capacity;
 } exec_job;
 
 /* HDF5 allocates and frees many small objects while opening datasets; the
@@ -35,76 +31,6 @@ typedef struct {
  * 8000 pieces of a 1B-parameter checkpoint, 16 MB live). Returning it every
  * few slabs keeps the process within its memory limit. */
 #define TRIM_EVERY_SLABS 32
-
-/* Appends a part to the n parts so far, extending the last one where it
- * ends where the new one starts; returns the count. */
-static int add_part(ckpt_part *parts, int n, const void *data, int64_t bytes)
-{
-    if (n > 0 && (const char *)parts[n - 1].data + parts[n - 1].bytes == (const char *)data) {
-        parts[n - 1].bytes += bytes;
-        return n;
-    }
-    parts[n] = (ckpt_part){data, bytes};
-    return n + 1;
-}
-
-/* Writes a slab that needs no moves from its source in place: each read's
- * rows as the reader's view of them (ckpt_reader_view_rows), padding from
- * zeros in the output buffer, gathered by the write (the kernel's copy into
- * the page cache the only one, where reading into the output buffer and
- * writing it out copied every byte twice). A read the reader cannot view
- * lands in the output buffer as before. *written is 0 when the slab is not
- * one this writes (then nothing was done). */
-static int put_in_place(exec_job *job, const slab *s, int thread, const slab_ops *ops, char *output, int *written)
-{
-    const reshard_plan *plan = job->plan;
-    const tensor_plan *t = &plan->tensors[s->tensor];
-    *written = 0;
-    if (plan->use_cuda || plan->compress_level > 0 || !ops->direct || s->piece < 0 ||
-        ckpt_reader_tensor(plan->source, t->source)->dtype != t->out.desc.dtype)
-        return TP_OK;
-    int needed = (int)(ops->num_reads + ops->num_moves);
-    if (array_reserve((void **)&job->parts[thread], &job->parts_capacity[thread], needed, sizeof(ckpt_part)))
-        return tp_fail(TP_ERR_NOMEM, "out of memory for the slab plan");
-    ckpt_part *parts = job->parts[thread];
-    size_t size = tp_dtype_size(t->out.desc.dtype);
-    /* Reads and zero fills in output order; direct slabs list both in it, and
-     * what they cover must be the slab, end to end. */
-    int n = 0;
-    int64_t at = 0, r = 0, m = 0;
-    while (r < ops->num_reads || m < ops->num_moves) {
-        if (m < ops->num_moves && ops->moves[m].src >= 0) { /* identities of the reads */
-            m++;
-            continue;
-        }
-        int64_t read_at = r < ops->num_reads ? ops->reads[r].staging : INT64_MAX;
-        int64_t fill_at = m < ops->num_moves ? ops->moves[m].dst : INT64_MAX;
-        if (read_at == at) {
-            const read_op *op = &ops->reads[r++];
-            int64_t rows = op->row1 - op->row0;
-            const void *view = NULL;
-            TP_TRY(ckpt_reader_view_rows(plan->source, t->source, op->piece, op->row0, rows, &view));
-            if (!view)
-                TP_TRY(ckpt_reader_read_rows(plan->source, t->source, op->piece, op->row0, rows, output + at * size,
-                                             (size_t)plan->max_output_bytes - (size_t)at * size));
-            n = add_part(parts, n, view ? view : output + at * size, rows * t->out_row * (int64_t)size);
-            at += rows * t->out_row;
-        } else if (fill_at == at) {
-            const strided_move *fill = &ops->moves[m++];
-            moves_apply(NULL, TP_FP32, output, t->out.desc.dtype, fill, 1);
-            n = add_part(parts, n, output + at * size, fill->repeat * fill->len * (int64_t)size);
-            at += fill->repeat * fill->len;
-        } else {
-            return tp_fail(TP_ERR_STATE, "tensor %s: slab rows %lld..%lld are not read in output order", t->out.name,
-                           (long long)s->row0, (long long)s->row1);
-        }
-    }
-    if (at != ops->output_elements)
-        return tp_fail(TP_ERR_STATE, "tensor %s: slab rows %lld..%lld cover %lld of %lld elements", t->out.name,
-                       (long long)s->row0, (long long)s->row1, (long long)at, (long long)ops->output_elements);
-    *written = 1;
-    return ckpt_writer_put_parts(job->writer, job->ids[s->tensor], s->piece, s->row0, s->row1 - s->row0, parts, n);
-}
 
 static int run_slab(void *ctx, int64_t k, int thread)
 {
@@ -121,13 +47,6 @@ static int run_slab(void *ctx, int64_t k, int thread)
     int cuda = plan->use_cuda;
     char *staging = cuda ? cuda_mover_staging(job->movers[thread]) : job->staging[thread];
     char *output = cuda ? cuda_mover_output(job->movers[thread]) : job->output[thread];
-    int written = 0;
-    status = put_in_place(job, s, thread, ops, output, &written);
-    if (status || written) {
-        if (!status && plan->options.on_bytes)
-            plan->options.on_bytes(plan->options.progress_ctx, ops->output_elements * (int64_t)out_size);
-        return status;
-    }
     /* Equal dtypes and no moves but identities: read where the output wants it. */
     char *target = !cuda && ops->direct && src->dtype == t->out.desc.dtype ? output : staging;
     size_t target_size = target == output ? (size_t)plan->max_output_bytes : (size_t)plan->max_staging_bytes;
@@ -205,9 +124,8 @@ int reshard_execute(reshard_plan *plan, const char *out_path)
 
     exec_job job = {plan, writer, calloc((size_t)plan->num_tensors + 1, sizeof(int)),
                     calloc((size_t)threads, sizeof(char *)), calloc((size_t)threads, sizeof(char *)),
-                    calloc((size_t)threads, sizeof(cuda_mover *)), calloc((size_t)threads, sizeof(slab_ops)),
-                    calloc((size_t)threads, sizeof(ckpt_part *)), calloc((size_t)threads, sizeof(int))};
-    if (!job.ids || !job.staging || !job.output || !job.movers || !job.ops || !job.parts || !job.parts_capacity)
+                    calloc((size_t)threads, sizeof(cuda_mover *)), calloc((size_t)threads, sizeof(slab_ops))};
+    if (!job.ids || !job.staging || !job.output || !job.movers || !job.ops)
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < plan->num_tensors && !status; i++) {
         status = ckpt_writer_add_tensor(writer, &plan->tensors[i].out.desc, &job.ids[i]);
@@ -232,11 +150,8 @@ int reshard_execute(reshard_plan *plan, const char *out_path)
         if (job.staging) free(job.staging[t]);
         if (job.output) free(job.output[t]);
         if (job.movers) cuda_mover_free(job.movers[t]);
-        if (job.parts) free(job.parts[t]);
         reshard_slab_ops_free(&job.ops[t]);
     }
-    free(job.parts);
-    free(job.parts_capacity);
     free(job.staging);
     free(job.output);
     free(job.movers);

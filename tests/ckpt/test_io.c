@@ -308,6 +308,33 @@ Test(io, truncated_and_missing_files)
     cr_assert(strstr(tp_errmsg(), "shard_pp00_tp00.h5"), "%s", tp_errmsg());
 }
 
+/* A shard truncated after the reader opened the checkpoint, before or after
+ * a first read of it: reads fail naming the file (never a crash). */
+Test(io, truncated_after_open)
+{
+    for (int first_read = 0; first_read < 2; first_read++) {
+        char path[600], shard[700];
+        snprintf(path, sizeof path, "%s/ck%d", dir, first_read);
+        simple_checkpoint(path, 1);
+        snprintf(shard, sizeof shard, "%s/shard_pp00_tp00.h5", path);
+        long offset = data_offset(shard, "model/b.bias");
+        ckpt_reader *r;
+        cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
+        int a = ckpt_reader_find(r, "model/a.weight"), b = ckpt_reader_find(r, "model/b.bias");
+        float rows[32 * 64];
+        if (first_read)
+            cr_assert_eq(ckpt_reader_read_rows(r, a, 0, 0, 32, rows, sizeof rows), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(truncate(shard, offset + 100), 0);
+        uint16_t bias[4096];
+        int status = ckpt_reader_read_piece(r, b, 0, bias, sizeof bias);
+        cr_assert(status == TP_ERR_FORMAT || status == TP_ERR_CHECKSUM, "status %d: %s", status, tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), "shard_pp00_tp00.h5"), "%s", tp_errmsg());
+        cr_assert_neq(ckpt_reader_verify_piece(r, b, 0), TP_OK);
+        cr_assert(strstr(tp_errmsg(), "shard_pp00_tp00.h5"), "%s", tp_errmsg());
+        ckpt_reader_close(r);
+    }
+}
+
 Test(io, not_a_checkpoint)
 {
     ckpt_reader *r;
