@@ -9,6 +9,12 @@
 #   BENCH_REPS (default 3): repetitions; the table gives medians
 #   BENCH_DIM, BENCH_VOCAB, and where it writes: scripts/bench-lib.sh (a tiny
 #   run: BENCH_PARAMS_B=0 BENCH_DIM=64 BENCH_VOCAB=256, 2 layers)
+#   BENCH_CASE=issue28: instead, issue 28's case (docs/BENCHMARKS.md, "Resharding
+#   (bench-reshard)"): the GPT in fp32 with Adam state (BENCH_PARAMS_B=0.15
+#   BENCH_DIM=1024: 12 layers, 2.46 GB), tp8 -> tp4pp2 within BENCH_MEMORY
+#   against cp -r + sync, BENCH_REPS rounds (default 5) cold and warm, medians
+#   and ranges, into section bench-reshard-issue28; BENCH_BEFORE=DIR adds the
+#   tp-reshard of DIR (an earlier build's bin/) to the same rounds
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
@@ -18,6 +24,74 @@ MEMORY=${BENCH_MEMORY:-1G}
 REPS=${BENCH_REPS:-3}
 DIR="$SCRATCH_ROOT/reshard"
 mkdir -p "$DIR"
+
+if [ "${BENCH_CASE:-}" = issue28 ]; then
+    REPS=${BENCH_REPS:-5}
+    DIR="$SCRATCH_ROOT/reshard-issue28"
+    mkdir -p "$DIR"
+    LAYERS=$(gpt_layers "$PARAMS")
+    MODEL="--layers $LAYERS --dim $DIM --heads 16 --vocab $VOCAB --seq 2048 --optim"
+    # This directory holds only this case's checkpoint: kept when of the same shape.
+    if ! same_shape "$DIR/src" "$LAYERS"; then
+        rm -rf "$DIR/src"
+        "$BUILD/bin/tp-ckpt" synth -o "$DIR/src" --tp 8 --pp 1 $MODEL
+    fi
+    BYTES=$("$BUILD/bin/tp-ckpt" info "$DIR/src" --json | $PY -c 'import json,sys; print(sum(t["bytes"] for t in json.load(sys.stdin)["tensors"]))')
+    warm_source() { cat "$DIR"/src/*.h5 >/dev/null; }
+    clean_outputs() { rm -rf "$DIR/out" "$DIR/copy"; sync; }
+    run_tool() {
+        case $1 in
+        after) measure "$BUILD/bin/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/out" --memory-limit "$MEMORY" ;;
+        before) measure "$BENCH_BEFORE/tp-reshard" "$DIR/src" --to tp4pp2 -o "$DIR/out" --memory-limit "$MEMORY" ;;
+        cp) measure sh -c "cp -r '$DIR/src' '$DIR/copy' && sync" ;;
+        esac
+    }
+    RESULTS="$DIR/results.txt"
+    if [ -n "${BENCH_BEFORE:-}" ]; then rounds "$REPS" "$RESULTS" "$DIR" before after cp
+    else rounds "$REPS" "$RESULTS" "$DIR" after cp; fi
+    clean_outputs
+    TABLE=$($PY - "$RESULTS" "$BYTES" <<'PYEOF'
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    cache, tool, m = line.split(" ", 2)
+    runs.setdefault((cache, tool), []).append(json.loads(m))
+size = int(sys.argv[2])
+label = {"before": "tp-reshard before", "after": "tp-reshard", "cp": "cp -r + sync"}
+print("| cache | tool | runs | seconds: median (range) | GB/s | peak RSS | vs cp (medians) |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for cache in ("cold", "warm"):
+    cp = statistics.median(m["seconds"] for m in runs[(cache, "cp")])
+    for tool in ("before", "after", "cp"):
+        ms = runs.get((cache, tool))
+        if not ms:
+            continue
+        s = [m["seconds"] for m in ms]
+        med = statistics.median(s)
+        print("| %s | %s | %d | %.2f (%.2f-%.2f) | %.2f | %.0f MiB | %.2fx |" % (
+            cache, label[tool], len(s), med, min(s), max(s), size / med / 1e9,
+            max(m["max_rss_bytes"] for m in ms) / 2**20, cp / med))
+PYEOF
+)
+    echo "$TABLE"
+    SIZE=$(size_text "$BYTES" 2)
+    BEFORE_NOTE=""
+    if [ -n "${BENCH_BEFORE:-}" ]; then
+        # Named by its revision where it was built in a git checkout (no local paths in the document).
+        REV=$(git -C "$BENCH_BEFORE" rev-parse --short HEAD 2>/dev/null || echo "an earlier build")
+        BEFORE_NOTE=" \"tp-reshard before\" is the tp-reshard of $REV, in the same rounds."
+    fi
+    doc_section bench-reshard-issue28 "Resharding, issue 28's case" <<DOC
+Command: \`BENCH_CASE=issue28 make bench-reshard\` (BENCH_PARAMS_B=$PARAMS, BENCH_DIM=$DIM, BENCH_MEMORY=$MEMORY,
+BENCH_REPS=$REPS). Checkpoint: \`tp-ckpt synth --tp 8 $MODEL\`, fp32 weights and Adam moments: $SIZE of tensors.
+\`tp-reshard SRC --to tp4pp2 -o OUT --memory-limit $MEMORY\` against \`cp -r SRC COPY && sync\`; outputs removed (and
+synced) before every run, the tools taking turns going first, each round cold (page cache dropped, a pause) then warm
+(the source read just before).$BEFORE_NOTE
+
+$TABLE
+DOC
+    exit 0
+fi
 
 LAYERS=$(gpt_layers "$PARAMS")
 MODEL="--layers $LAYERS --dim $DIM --heads 16 --vocab $VOCAB --seq 2048 --optim --dtype bf16 --seed 1"

@@ -85,6 +85,12 @@ bench() {
 total=$(date +%s)
 bench bench-ckpt
 bench bench-reshard
+start=$(date +%s)
+expect_ok "bench-reshard, issue 28's case, this build before and after" env BENCH_CASE=issue28 BENCH_BEFORE="$BUILD/bin" \
+    "$ROOT/scripts/bench-reshard.sh"
+echo "[$NAME] bench-reshard issue 28: $(($(date +%s) - start)) s"
+check "bench-reshard issue 28: its section in BENCH_DOC, with a table of numbers" has_table bench-reshard-issue28
+check "bench-reshard issue 28: before and after side by side" grep -q "| warm | tp-reshard before |" "$BENCH_DOC"
 bench bench-export
 if "$PY" -c 'import torch' 2>/dev/null; then
     bench bench-megatron
