@@ -75,11 +75,11 @@ PYEOF
 )
     echo "$TABLE"
     SIZE=$(size_text "$BYTES" 2)
-    BEFORE_NOTE=""
+    BEFORE_NOTE=" \"tp-reshard\" is this checkout's ($(git rev-parse --short HEAD 2>/dev/null || echo "no git"))."
     if [ -n "${BENCH_BEFORE:-}" ]; then
         # Named by its revision where it was built in a git checkout (no local paths in the document).
         REV=$(git -C "$BENCH_BEFORE" rev-parse --short HEAD 2>/dev/null || echo "an earlier build")
-        BEFORE_NOTE=" \"tp-reshard before\" is the tp-reshard of $REV, in the same rounds."
+        BEFORE_NOTE="$BEFORE_NOTE \"tp-reshard before\" is the tp-reshard of $REV, in the same rounds."
     fi
     doc_section bench-reshard-issue28 "Resharding, issue 28's case" <<DOC
 Command: \`BENCH_CASE=issue28 make bench-reshard\` (BENCH_PARAMS_B=$PARAMS, BENCH_DIM=$DIM, BENCH_MEMORY=$MEMORY,
