@@ -3,7 +3,7 @@
  * calls from tasks, from several threads at once and after fork; and every
  * threaded CPU kernel giving at 2, 3 and 7 threads the very bits it gives
  * on one (each output element is computed by one thread in the same order
- * at any thread count). */
+ * at any thread count), the matrix products to fp32's rounding. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -253,12 +253,14 @@ static void run_kernels(float **out)
                  TP_OK);
     embedding_forward(out[OUT_EMB], tokens, w, N, C, 0, V);
     embedding_backward(out[OUT_EMB_D], tokens, dx, N, C, 0, V);
-    crossentropy_row_max(out[OUT_MAX], out[OUT_FWD], N, V, 0, V - 20); /* the last 20 columns padding */
-    crossentropy_row_sumexp(out[OUT_SUM], out[OUT_FWD], out[OUT_MAX], N, V, 0, V - 20);
-    crossentropy_backward(out[OUT_CE_D], out[OUT_FWD], out[OUT_MAX], out[OUT_SUM], tokens, N, V, 0, V - 20, 0.01f);
+    /* Inputs of their own, not the products' outputs (the products' bits may depend on the threads). */
+    float *logits = random_floats(N * V, 9), *grad = random_floats(V * C, 10);
+    crossentropy_row_max(out[OUT_MAX], logits, N, V, 0, V - 20); /* the last 20 columns padding */
+    crossentropy_row_sumexp(out[OUT_SUM], logits, out[OUT_MAX], N, V, 0, V - 20);
+    crossentropy_backward(out[OUT_CE_D], logits, out[OUT_MAX], out[OUT_SUM], tokens, N, V, 0, V - 20, 0.01f);
     memcpy(out[OUT_ADAM_P], w, (size_t)V * C * sizeof(float));
     for (int step = 1; step <= 3; step++)
-        adamw_update(out[OUT_ADAM_P], out[OUT_D_W], out[OUT_ADAM_M], out[OUT_ADAM_V], V * C, 1e-3f, 0.9f, 0.95f, 1e-8f,
+        adamw_update(out[OUT_ADAM_P], grad, out[OUT_ADAM_M], out[OUT_ADAM_V], V * C, 1e-3f, 0.9f, 0.95f, 1e-8f,
                      0.1f, step);
     residual_forward(out[OUT_RES], x, dx, N * C);
     bias_residual_forward(out[OUT_BRES], x, dx, bias, N, C);
@@ -271,6 +273,17 @@ static void run_kernels(float **out)
         cr_assert_eq(matmul_backward_bf16(NULL, out[OUT_BF16_DW], NULL, dy, x, w, N, C, V), TP_OK);
     }
     free(x), free(w), free(bias), free(dy), free(dx), free(x2), free(qkv), free(d_att), free(table), free(scratch);
+    free(logits), free(grad);
+}
+
+/* The matrix products' blocks are single-threaded sgemm or oneDNN calls on
+ * fewer rows or columns, and some OpenBLAS kernels (Haswell's, Zen's) sum a
+ * row in another order when the block's shape changes: their outputs are
+ * compared to fp32's rounding of the sums (K <= 300 terms of magnitude
+ * <= 1), every other kernel's bit for bit. */
+static int is_product(int k)
+{
+    return k == OUT_FWD || k == OUT_D_IN || k == OUT_D_W || k == OUT_BF16 || k == OUT_BF16_DW;
 }
 
 Test(workers, kernels_give_the_same_bits_at_any_thread_count)
@@ -282,8 +295,15 @@ Test(workers, kernels_give_the_same_bits_at_any_thread_count)
         kernels_set_threads(threads);
         run_kernels(many);
         for (int k = 0; k < OUTPUTS; k++) {
-            cr_assert(memcmp(one[k], many[k], (size_t)out_size[k] * sizeof(float)) == 0,
-                      "output %d differs at %d threads", k, threads);
+            if (is_product(k)) {
+                for (int64_t i = 0; i < out_size[k]; i++)
+                    cr_assert(fabsf(many[k][i] - one[k][i]) <= 1e-4f * (1.0f + fabsf(one[k][i])),
+                              "product %d, element %lld at %d threads: %.9g, one thread %.9g", k, (long long)i,
+                              threads, many[k][i], one[k][i]);
+            } else {
+                cr_assert(memcmp(one[k], many[k], (size_t)out_size[k] * sizeof(float)) == 0,
+                          "output %d differs at %d threads", k, threads);
+            }
             free(many[k]);
         }
     }
