@@ -7,7 +7,6 @@
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #include "../common/error.h"

@@ -46,21 +46,24 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *in, co
 }
 
 /* d_in of rows n0..n1 (added). With xhat = (x - m) s:
- * dx = s (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy w. */
-static VECTOR_CLONES void layernorm_backward_rows(void *ctx, int64_t n0, int64_t n1)
+ * dx = s (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy w.
+ * Without mean_in (RMSNorm: m = 0, no mean(dxhat) term; rmsnorm_backward's
+ * comment) the same loop gives dx = s (dxhat - xhat mean(dxhat xhat)):
+ * x - 0 is x and dxhat - 0 is dxhat exactly. */
+static VECTOR_CLONES void norm_backward_rows(void *ctx, int64_t n0, int64_t n1)
 {
     const norm_job *j = ctx;
     int64_t C = j->C;
     for (int64_t n = n0; n < n1; n++) {
         const float *x = j->in + n * C, *dy = j->d_out + n * C;
-        float m = j->mean_in[n], s = j->rstd_in[n];
+        float m = j->mean_in ? j->mean_in[n] : 0.0f, s = j->rstd_in[n];
         float mean_dxhat = 0, mean_dxhat_xhat = 0;
         for (int64_t c = 0; c < C; c++) {
             float xhat = (x[c] - m) * s, dxhat = dy[c] * j->weight[c];
             mean_dxhat += dxhat;
             mean_dxhat_xhat += dxhat * xhat;
         }
-        mean_dxhat /= (float)C;
+        mean_dxhat = j->mean_in ? mean_dxhat / (float)C : 0.0f;
         mean_dxhat_xhat /= (float)C;
         float *dx = j->out + n * C;
         for (int64_t c = 0; c < C; c++) {
@@ -90,7 +93,7 @@ void layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float
 {
     norm_job job = {.out = d_in, .d_weight = d_weight, .d_bias = d_bias, .in = in, .d_out = d_out,
                     .weight = weight, .mean_in = mean, .rstd_in = rstd, .C = C, .rows = N};
-    workers_for(N, 3 * C, layernorm_backward_rows, &job);
+    workers_for(N, 3 * C, norm_backward_rows, &job);
     workers_for(C, N, layernorm_backward_columns, &job);
 }
 
@@ -159,32 +162,14 @@ void rmsnorm_forward(float *out, float *rstd, const float *in, const float *weig
 }
 
 /* With xhat = x s and s = (mean(x^2) + eps)^(-1/2): ds/dx_i = -s^3 x_i / C, so
- * dx = s (dxhat - xhat mean(dxhat xhat)), dxhat = dy w (rows n0..n1, added);
- * d_weight += xhat dy in layernorm_backward_columns. */
-static VECTOR_CLONES void rmsnorm_backward_rows(void *ctx, int64_t n0, int64_t n1)
-{
-    const norm_job *j = ctx;
-    int64_t C = j->C;
-    for (int64_t n = n0; n < n1; n++) {
-        const float *x = j->in + n * C, *dy = j->d_out + n * C;
-        float s = j->rstd_in[n];
-        float mean_dxhat_xhat = 0;
-        for (int64_t c = 0; c < C; c++) mean_dxhat_xhat += dy[c] * j->weight[c] * (x[c] * s);
-        mean_dxhat_xhat /= (float)C;
-        float *dx = j->out + n * C;
-        for (int64_t c = 0; c < C; c++) {
-            float xhat = x[c] * s, dxhat = dy[c] * j->weight[c];
-            dx[c] += (dxhat - xhat * mean_dxhat_xhat) * s;
-        }
-    }
-}
-
+ * dx = s (dxhat - xhat mean(dxhat xhat)), dxhat = dy w (norm_backward_rows
+ * without a mean); d_weight += xhat dy (layernorm_backward_columns). */
 void rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight,
                       const float *rstd, int64_t N, int64_t C)
 {
     norm_job job = {.out = d_in, .d_weight = d_weight, .in = in, .d_out = d_out, .weight = weight,
                     .rstd_in = rstd, .C = C, .rows = N};
-    workers_for(N, 3 * C, rmsnorm_backward_rows, &job);
+    workers_for(N, 3 * C, norm_backward_rows, &job);
     workers_for(C, N, layernorm_backward_columns, &job);
 }
 

@@ -35,20 +35,24 @@ static int count_task(void *ctx, int64_t task)
     return TP_OK;
 }
 
+/* Runs tasks counting tasks on the pool and checks that each of them ran
+ * once and no other of runs[0 .. capacity) did; round names the call. */
+static void run_each_once(atomic_int *runs, int64_t capacity, int64_t tasks, int round)
+{
+    for (int64_t i = 0; i < capacity; i++) atomic_init(&runs[i], 0);
+    count_job job = {runs, -1};
+    cr_assert_eq(workers_run(tasks, count_task, &job), TP_OK);
+    for (int64_t i = 0; i < capacity; i++)
+        cr_assert_eq(atomic_load(&runs[i]), i < tasks ? 1 : 0, "threads %d, round %d, %lld tasks: task %lld ran %d times",
+                     workers_threads(), round, (long long)tasks, (long long)i, atomic_load(&runs[i]));
+}
+
 Test(workers, every_task_once_at_every_thread_count)
 {
     atomic_int runs[200];
     for (int threads = 1; threads <= 8; threads++) {
         workers_set_threads(threads);
-        for (int round = 0; round < 300; round++) {
-            int64_t tasks = 1 + (round * 37 + threads) % 200;
-            for (int64_t i = 0; i < 200; i++) atomic_init(&runs[i], 0);
-            count_job job = {runs, -1};
-            cr_assert_eq(workers_run(tasks, count_task, &job), TP_OK);
-            for (int64_t i = 0; i < 200; i++)
-                cr_assert_eq(atomic_load(&runs[i]), i < tasks ? 1 : 0, "threads %d, %lld tasks: task %lld ran %d times",
-                             threads, (long long)tasks, (long long)i, atomic_load(&runs[i]));
-        }
+        for (int round = 0; round < 300; round++) run_each_once(runs, 200, 1 + (round * 37 + threads) % 200, round);
     }
     workers_set_threads(1);
 }
@@ -61,15 +65,7 @@ Test(workers, every_task_once_when_small_and_large_calls_alternate)
 {
     atomic_int runs[64];
     workers_set_threads(8);
-    for (int round = 0; round < 50000; round++) {
-        int64_t tasks = round % 2 ? 1 + round % 3 : 40 + round % 24;
-        for (int i = 0; i < 64; i++) atomic_init(&runs[i], 0);
-        count_job job = {runs, -1};
-        cr_assert_eq(workers_run(tasks, count_task, &job), TP_OK);
-        for (int64_t i = 0; i < 64; i++)
-            cr_assert_eq(atomic_load(&runs[i]), i < tasks ? 1 : 0, "round %d, %lld tasks: task %lld ran %d times",
-                         round, (long long)tasks, (long long)i, atomic_load(&runs[i]));
-    }
+    for (int round = 0; round < 50000; round++) run_each_once(runs, 64, round % 2 ? 1 + round % 3 : 40 + round % 24, round);
     workers_set_threads(1);
 }
 
