@@ -27,7 +27,7 @@ if ! same_shape "$DIR/src" "$LAYERS"; then
     rm -rf "$DIR/src"
     "$CKPT" synth -o "$DIR/src" --tp 4 --pp 2 $MODEL --progress
 fi
-BYTES=$("$CKPT" info "$DIR/src" --json | $PY -c 'import json,sys; print(sum(t["bytes"] for t in json.load(sys.stdin)["tensors"]))')
+BYTES=$(tensor_bytes "$DIR/src")
 
 warm() { cat "$1"/*.* >/dev/null; }
 clean_outputs() { rm -rf "$DIR/hf" "$DIR/model.gguf" "$DIR/model.h5" "$DIR/copy" "$DIR/py.safetensors" "$DIR/imported"; sync; }

@@ -76,6 +76,13 @@ except ValueError:
 sys.exit([m["layers"], m["dim"], m["vocab"]] != list(map(int, sys.argv[1:])))' "$2" "$DIM" "$VOCAB"
 }
 
+# tensor_bytes CKPT: the bytes of CKPT's tensors (tp-ckpt info), what the
+# benchmarks' GB/s count.
+tensor_bytes() {
+    "${BUILD:-build}/bin/tp-ckpt" info "$1" --json |
+        $PY -c 'import json,sys; print(sum(t["bytes"] for t in json.load(sys.stdin)["tensors"]))'
+}
+
 # size_text BYTES DIGITS: "N GB" with DIGITS decimals, or "N MB" below 0.1 GB,
 # so that a tiny run's text says its real size.
 size_text() {

@@ -119,7 +119,7 @@ if [ "$(cat "$DIR/src.preset" 2>/dev/null)" != "$PRESET" ]; then
     "$BUILD/bin/tp-ckpt" synth -o "$DIR/src" --tp 4 --pp 1 $MODEL --progress
     echo "$PRESET" >"$DIR/src.preset"
 fi
-BYTES=$("$BUILD/bin/tp-ckpt" info "$DIR/src" --json | $PY -c 'import json,sys; print(sum(t["bytes"] for t in json.load(sys.stdin)["tensors"]))')
+BYTES=$(tensor_bytes "$DIR/src")
 warm_source() { cat "$DIR"/src/*.h5 >/dev/null; }
 clean_outputs() { rm -rf "$DIR/out" "$DIR/copy"; sync; }
 run_tool() {

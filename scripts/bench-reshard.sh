@@ -36,7 +36,7 @@ if [ "${BENCH_CASE:-}" = issue28 ]; then
         rm -rf "$DIR/src"
         "$BUILD/bin/tp-ckpt" synth -o "$DIR/src" --tp 8 --pp 1 $MODEL
     fi
-    BYTES=$("$BUILD/bin/tp-ckpt" info "$DIR/src" --json | $PY -c 'import json,sys; print(sum(t["bytes"] for t in json.load(sys.stdin)["tensors"]))')
+    BYTES=$(tensor_bytes "$DIR/src")
     warm_source() { cat "$DIR"/src/*.h5 >/dev/null; }
     clean_outputs() { rm -rf "$DIR/out" "$DIR/copy"; sync; }
     run_tool() {
@@ -99,7 +99,7 @@ if ! same_shape "$DIR/src" "$LAYERS"; then
     rm -rf "$DIR/src"
     "$BUILD/bin/tp-ckpt" synth -o "$DIR/src" --tp 8 --pp 1 $MODEL --progress
 fi
-BYTES=$("$BUILD/bin/tp-ckpt" info "$DIR/src" --json | $PY -c 'import json,sys; print(sum(t["bytes"] for t in json.load(sys.stdin)["tensors"]))')
+BYTES=$(tensor_bytes "$DIR/src")
 
 warm_source() { cat "$DIR"/src/*.h5 >/dev/null; }
 clean_outputs() { rm -rf "$DIR/out" "$DIR/copy" "$DIR/py"; sync; }
