@@ -615,6 +615,33 @@ int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_opti
  * at it. */
 int ckpt_upload_latest(const char *checkpoint_url);
 
+/* Several processes writing one checkpoint to an object store, with no
+ * file system shared between them (docs/STORES.md): each writing process
+ * stages its own shard in a local directory of its own (ckpt_stage_prepare
+ * with its own staging owner, a distributed ckpt_writer, ckpt_writer_finish)
+ * and uploads it with ckpt_shard_upload, which hands back the shard's
+ * description (sizes, offsets, checksums: its part of the index). One
+ * process gathers the descriptions and calls ckpt_commit_uploaded, which
+ * uploads index.json, then `latest`. Until then nothing is visible.
+ *
+ * First, by one process, before any shard goes up: a checkpoint already at
+ * url is refused (TP_ERR_EXISTS) unless replace; replaced, its index is
+ * removed first, so that no index ever names the new files. */
+int ckpt_upload_begin(const char *url, int replace);
+/* The finished shard (options->shard_pp, shard_tp) staged for local_path
+ * (options->staging_owner's staging directory, prepared by this process)
+ * uploaded to url and checked there for its size; *description
+ * (malloc'ed) for ckpt_commit_uploaded. The local staging directory is
+ * removed whatever the outcome. */
+int ckpt_shard_upload(const char *local_path, const ckpt_layout *layout, const ckpt_write_options *options,
+                      const char *url, const ckpt_upload_options *upload, char **description);
+/* The index built from every description (NULL entries: processes that
+ * write no shard; every shard must be described once) uploaded to url,
+ * then the run directory's `latest` pointed at it when update_latest.
+ * *bytes (may be NULL): the checkpoint's bytes, its shard files'. */
+int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_train_state *state,
+                         const char *const *descriptions, int count, int update_latest, int64_t *bytes);
+
 /* A tool's output at target: a local target is written where it is
  * (local = target); a remote one (refused at once when something is there
  * and not replace) is written into a private local directory

@@ -52,22 +52,136 @@ int ckpt_seal_piece(hid_t file, const char *file_path, const char *tensor_name,
 
 /* ------------------------------------------------------------ index build */
 
+/* An index being built: from the shard files of a staging directory (one
+ * process commits), or from the parts processes describe of their own
+ * shards (a distributed commit, ckpt_index_from_parts). A file entry
+ * without a name is not known yet. */
 typedef struct {
-    const ckpt_storage *storage;
-    ckpt_index *index;
+    ckpt_index index;
     ckpt_name_map names;
     int capacity;
-    const ckpt_index_file *file;
-    const char *file_path;
-    int status;
-    hid_t h5file; /* the shard file being scanned */
-} scan_state;
+} index_builder;
+
+static int builder_init(index_builder *b, const ckpt_layout *layout, const ckpt_train_state *state)
+{
+    memset(b, 0, sizeof *b);
+    b->index.major = CKPT_FORMAT_MAJOR;
+    b->index.minor = CKPT_FORMAT_MINOR;
+    b->index.layout = *layout;
+    ckpt_train_state empty = {0, 0, NULL, NULL, NULL, NULL};
+    TP_TRY(ckpt_index_set_state(&b->index, state ? state : &empty));
+    b->index.num_files = layout->tp * layout->pp;
+    b->index.files = calloc((size_t)b->index.num_files, sizeof *b->index.files);
+    if (!b->index.files) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    return TP_OK;
+}
+
+static void builder_free(index_builder *b)
+{
+    ckpt_name_map_free(&b->names);
+    ckpt_index_free(&b->index);
+}
+
+/* The file entry of shard f, named. */
+static ckpt_index_file *builder_file(index_builder *b, int f)
+{
+    ckpt_index_file *file = &b->index.files[f];
+    file->pp = f / b->index.layout.tp;
+    file->tp = f % b->index.layout.tp;
+    ckpt_shard_file_name(file->pp, file->tp, file->name, sizeof file->name);
+    return file;
+}
 
 static const char *index_name_of(const void *ctx, int64_t i)
 {
     const ckpt_index *index = ctx;
     return index->tensors[i].tensor.name;
 }
+
+/* The entry of a tensor (*out: its position), added on its first piece;
+ * every shard must describe it alike. */
+static int builder_tensor(index_builder *b, const ckpt_tensor_copy *tensor, int stage, int64_t block_rows,
+                          int64_t order, int64_t *out)
+{
+    ckpt_index *index = &b->index;
+    const ckpt_tensor_desc *t = &tensor->desc;
+    int64_t i = ckpt_name_map_find(&b->names, t->name, index_name_of, index);
+    if (i < 0) {
+        if (index->num_tensors == b->capacity) {
+            int capacity = b->capacity ? 2 * b->capacity : 256;
+            ckpt_index_tensor *grown = realloc(index->tensors, (size_t)capacity * sizeof *grown);
+            if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
+            index->tensors = grown;
+            b->capacity = capacity;
+            for (int k = 0; k < index->num_tensors; k++) ckpt_tensor_copy_rebind(&grown[k].tensor);
+        }
+        ckpt_index_tensor *it = &index->tensors[index->num_tensors];
+        memset(it, 0, sizeof *it);
+        it->tensor = *tensor;
+        ckpt_tensor_copy_rebind(&it->tensor);
+        it->stage = stage;
+        it->block_rows = block_rows;
+        it->order = order;
+        it->num_pieces = ckpt_piece_count(t, index->layout.tp);
+        it->pieces = calloc((size_t)it->num_pieces, sizeof *it->pieces);
+        if (!it->pieces) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        for (int p = 0; p < it->num_pieces; p++) it->pieces[p].file_index = -1;
+        i = index->num_tensors++;
+        TP_TRY(ckpt_name_map_insert(&b->names, it->tensor.name, i, index_name_of, index));
+    }
+    ckpt_index_tensor *it = &index->tensors[i];
+    if (!ckpt_tensor_equal(&it->tensor.desc, t) || it->block_rows != block_rows)
+        return tp_fail(TP_ERR_FORMAT, "tensor %s is described differently in different shards", t->name);
+    if (order < it->order) it->order = order;
+    *out = i;
+    return TP_OK;
+}
+
+/* Records piece p of tensor i, taking its extents; each piece once. */
+static int builder_piece(index_builder *b, int64_t i, int p, ckpt_index_piece *piece)
+{
+    ckpt_index_tensor *it = &b->index.tensors[i];
+    ckpt_index_piece *ip = &it->pieces[p];
+    if (ip->file_index >= 0) {
+        free(piece->extents);
+        piece->extents = NULL;
+        return tp_fail(TP_ERR_FORMAT, "tensor %s piece %d is stored twice", it->tensor.name, p);
+    }
+    *ip = *piece;
+    piece->extents = NULL;
+    return TP_OK;
+}
+
+static int by_order(const void *a, const void *b)
+{
+    const ckpt_index_tensor *x = a, *y = b;
+    if (x->order != y->order) return x->order < y->order ? -1 : 1;
+    return strcmp(x->tensor.name, y->tensor.name);
+}
+
+/* Every piece of every tensor found; the tensors in their writers' order. */
+static int builder_finish(index_builder *b, const char *where)
+{
+    ckpt_index *index = &b->index;
+    for (int i = 0; i < index->num_tensors; i++) {
+        const ckpt_index_tensor *it = &index->tensors[i];
+        for (int p = 0; p < it->num_pieces; p++)
+            if (it->pieces[p].file_index < 0)
+                return tp_fail(TP_ERR_STATE, "%s: tensor %s has no piece %d in any shard", where, it->tensor.name, p);
+    }
+    if (index->num_tensors > 1) qsort(index->tensors, (size_t)index->num_tensors, sizeof *index->tensors, by_order);
+    for (int k = 0; k < index->num_tensors; k++) ckpt_tensor_copy_rebind(&index->tensors[k].tensor);
+    return TP_OK;
+}
+
+typedef struct {
+    const ckpt_storage *storage;
+    index_builder *builder;
+    const ckpt_index_file *file;
+    const char *file_path;
+    int status;
+    hid_t h5file; /* the shard file being scanned */
+} scan_state;
 
 /* Where a piece's bytes lie (format 1.1): its contiguous data, or every
  * chunk (one per checksum block) of a compressed piece. */
@@ -129,7 +243,7 @@ static int piece_checksums_at(hid_t file, const char *name, int64_t num_blocks, 
 /* Adds one dataset (a piece) of the file being scanned to the index. */
 static int scan_piece(scan_state *st, hid_t dset)
 {
-    ckpt_index *index = st->index;
+    ckpt_index *index = &st->builder->index;
     ckpt_piece_attrs attrs;
     int status = ckpt_attrs_read(dset, &attrs, 1);
     if (status) return status;
@@ -158,69 +272,24 @@ static int scan_piece(scan_state *st, hid_t dset)
     hid_t dcpl = H5Dget_create_plist(dset);
     int compressed = dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED;
     if (dcpl >= 0) H5Pclose(dcpl);
-    ckpt_extent *extents = NULL;
-    int64_t num_extents = 0;
-    status = piece_extents(dset, t->name, &g, compressed, &extents, &num_extents);
-    if (status) return status;
-
-    int64_t i = ckpt_name_map_find(&st->names, t->name, index_name_of, index);
-    if (i < 0) {
-        if (index->num_tensors == st->capacity) {
-            int capacity = st->capacity ? 2 * st->capacity : 256;
-            ckpt_index_tensor *grown = realloc(index->tensors, (size_t)capacity * sizeof *grown);
-            if (!grown) {
-                free(extents);
-                return tp_fail(TP_ERR_NOMEM, "out of memory");
-            }
-            index->tensors = grown;
-            st->capacity = capacity;
-            for (int k = 0; k < index->num_tensors; k++) ckpt_tensor_copy_rebind(&grown[k].tensor);
-        }
-        ckpt_index_tensor *it = &index->tensors[index->num_tensors];
-        memset(it, 0, sizeof *it);
-        it->tensor = attrs.tensor;
-        ckpt_tensor_copy_rebind(&it->tensor);
-        it->stage = stage;
-        it->block_rows = attrs.block_rows;
-        it->order = attrs.order;
-        it->num_pieces = ckpt_piece_count(t, index->layout.tp);
-        it->pieces = calloc((size_t)it->num_pieces, sizeof *it->pieces);
-        if (!it->pieces) {
-            free(extents);
-            return tp_fail(TP_ERR_NOMEM, "out of memory");
-        }
-        for (int p = 0; p < it->num_pieces; p++) it->pieces[p].file_index = -1;
-        i = index->num_tensors++;
-        status = ckpt_name_map_insert(&st->names, it->tensor.name, i, index_name_of, index);
-        if (status) {
-            free(extents);
-            return status;
-        }
-    }
-    ckpt_index_tensor *it = &index->tensors[i];
-    if (!ckpt_tensor_equal(&it->tensor.desc, t) || it->block_rows != attrs.block_rows) {
-        free(extents);
-        return tp_fail(TP_ERR_FORMAT, "tensor %s is described differently in different shards",
-                         t->name);
-    }
-    if (attrs.order < it->order) it->order = attrs.order;
-    ckpt_index_piece *ip = &it->pieces[attrs.piece];
-    if (ip->file_index >= 0) {
-        free(extents);
-        return tp_fail(TP_ERR_FORMAT, "tensor %s piece %d is stored twice", t->name, attrs.piece);
-    }
-    ip->extents = extents;
-    ip->num_extents = num_extents;
-    snprintf(ip->file, sizeof ip->file, "%s", st->file->name);
-    ip->file_index = (int)(st->file - index->files);
-    ip->pp = st->file->pp;
-    ip->tp = st->file->tp;
-    memcpy(ip->shape, g.shape, sizeof ip->shape);
-    ip->bytes = g.bytes;
-    ip->checksum = attrs.checksum;
-    ip->digest = attrs.digest;
-    ip->compressed = compressed;
-    return piece_checksums_at(st->h5file, t->name, g.num_blocks, &ip->checksums_at);
+    ckpt_index_piece piece;
+    memset(&piece, 0, sizeof piece);
+    snprintf(piece.file, sizeof piece.file, "%s", st->file->name);
+    piece.file_index = (int)(st->file - index->files);
+    piece.pp = st->file->pp;
+    piece.tp = st->file->tp;
+    memcpy(piece.shape, g.shape, sizeof piece.shape);
+    piece.bytes = g.bytes;
+    piece.checksum = attrs.checksum;
+    piece.digest = attrs.digest;
+    piece.compressed = compressed;
+    status = piece_checksums_at(st->h5file, t->name, g.num_blocks, &piece.checksums_at);
+    if (!status) status = piece_extents(dset, t->name, &g, compressed, &piece.extents, &piece.num_extents);
+    int64_t i = -1;
+    if (!status) status = builder_tensor(st->builder, &attrs.tensor, stage, attrs.block_rows, attrs.order, &i);
+    if (!status) return builder_piece(st->builder, i, attrs.piece, &piece);
+    free(piece.extents);
+    return status;
 }
 
 static herr_t visit_object(hid_t group, const char *name, const H5O_info_t *info, void *data)
@@ -288,64 +357,105 @@ static int scan_file(scan_state *st, const char *dir)
     }
     H5Fclose(file);
     if (!status) status = st->storage->stat(st->storage, path, &info);
+    ckpt_index *index = &st->builder->index;
     ckpt_index_file *file_entry = (ckpt_index_file *)st->file;
     if (!status) file_entry->bytes = info.size;
     /* Every piece of this file is in the index now: its metadata checksum. */
     if (!status)
-        status = ckpt_shard_meta_checksum(st->storage, path, st->index, (int)(st->file - st->index->files),
+        status = ckpt_shard_meta_checksum(st->storage, path, index, (int)(st->file - index->files),
                                           &file_entry->meta_checksum);
     if (!status) file_entry->has_meta_checksum = 1;
     return status;
 }
 
-static int by_order(const void *a, const void *b)
+/* Scans shard file f of the staging directory into the builder. */
+static int scan_shard(const ckpt_storage *storage, index_builder *builder, const char *staging, int f)
 {
-    const ckpt_index_tensor *x = a, *y = b;
-    if (x->order != y->order) return x->order < y->order ? -1 : 1;
-    return strcmp(x->tensor.name, y->tensor.name);
+    scan_state st = {storage, builder, builder_file(builder, f), NULL, TP_OK, -1};
+    return scan_file(&st, staging);
 }
 
 static int build_index(const ckpt_storage *storage, const char *staging, const ckpt_layout *layout,
                        const ckpt_train_state *state)
 {
-    ckpt_index index;
-    memset(&index, 0, sizeof index);
-    index.major = CKPT_FORMAT_MAJOR;
-    index.minor = CKPT_FORMAT_MINOR;
-    index.layout = *layout;
-    ckpt_train_state empty = {0, 0, NULL, NULL, NULL, NULL};
-    int status = ckpt_index_set_state(&index, state ? state : &empty);
-    if (status) return status;
-    scan_state st = {storage, &index, {0}, 0, NULL, NULL, TP_OK, -1};
-    index.num_files = layout->tp * layout->pp;
-    index.files = calloc((size_t)index.num_files, sizeof *index.files);
-    if (!index.files) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int f = 0; !status && f < index.num_files; f++) {
-        ckpt_index_file *file = &index.files[f];
-        file->pp = f / layout->tp;
-        file->tp = f % layout->tp;
-        ckpt_shard_file_name(file->pp, file->tp, file->name, sizeof file->name);
-        st.file = file;
-        status = scan_file(&st, staging);
+    index_builder b;
+    int status = builder_init(&b, layout, state);
+    for (int f = 0; !status && f < b.index.num_files; f++) status = scan_shard(storage, &b, staging, f);
+    if (!status) status = builder_finish(&b, staging);
+    char *json = NULL;
+    if (!status) status = ckpt_index_to_json(&b.index, &json);
+    if (!status) status = ckpt_write_file_atomic(storage, staging, CKPT_INDEX_NAME, json, strlen(json));
+    free(json);
+    builder_free(&b);
+    return status;
+}
+
+int ckpt_describe_shard(const ckpt_storage *storage, const char *staging, const ckpt_layout *layout, int shard_pp,
+                        int shard_tp, char **out)
+{
+    *out = NULL;
+    if (shard_pp < 0 || shard_pp >= layout->pp || shard_tp < 0 || shard_tp >= layout->tp)
+        return tp_fail(TP_ERR_ARG, "shard pp=%d tp=%d is outside layout tp=%d pp=%d", shard_pp, shard_tp, layout->tp,
+                       layout->pp);
+    index_builder b;
+    int status = builder_init(&b, layout, NULL);
+    if (!status) status = scan_shard(storage, &b, staging, shard_pp * layout->tp + shard_tp);
+    if (!status) status = ckpt_index_part_to_json(&b.index, out);
+    builder_free(&b);
+    return status;
+}
+
+/* Adds a described part to the builder: its file, its tensors and their
+ * pieces. */
+static int merge_part(index_builder *b, ckpt_index *part, const char *where)
+{
+    const ckpt_layout *ours = &b->index.layout, *theirs = &part->layout;
+    if (theirs->tp != ours->tp || theirs->pp != ours->pp || theirs->num_layers != ours->num_layers)
+        return tp_fail(TP_ERR_FORMAT, "%s: layout tp=%d pp=%d layers=%lld, the checkpoint has tp=%d pp=%d layers=%lld",
+                       where, theirs->tp, theirs->pp, (long long)theirs->num_layers, ours->tp, ours->pp,
+                       (long long)ours->num_layers);
+    for (int f = 0; f < part->num_files; f++) {
+        if (!part->files[f].name[0]) continue;
+        if (b->index.files[f].name[0])
+            return tp_fail(TP_ERR_FORMAT, "%s: shard %s is described twice", where, part->files[f].name);
+        b->index.files[f] = part->files[f];
     }
-    for (int i = 0; !status && i < index.num_tensors; i++) {
-        const ckpt_index_tensor *it = &index.tensors[i];
-        for (int p = 0; !status && p < it->num_pieces; p++)
-            if (it->pieces[p].file_index < 0)
-                status = tp_fail(TP_ERR_STATE, "%s: tensor %s has no piece %d in any shard",
-                                   staging, it->tensor.name, p);
+    for (int i = 0; i < part->num_tensors; i++) {
+        ckpt_index_tensor *it = &part->tensors[i];
+        int64_t into = -1;
+        TP_TRY(builder_tensor(b, &it->tensor, it->stage, it->block_rows, it->order, &into));
+        for (int p = 0; p < it->num_pieces; p++) {
+            if (it->pieces[p].file_index < 0) continue;
+            int status = builder_piece(b, into, p, &it->pieces[p]);
+            if (status) return tp_fail_context(status, "%s", where);
+        }
     }
-    if (!status) {
-        if (index.num_tensors > 1)
-            qsort(index.tensors, (size_t)index.num_tensors, sizeof *index.tensors, by_order);
-        for (int k = 0; k < index.num_tensors; k++) ckpt_tensor_copy_rebind(&index.tensors[k].tensor);
-        char *json = NULL;
-        status = ckpt_index_to_json(&index, &json);
-        if (!status) status = ckpt_write_file_atomic(storage, staging, CKPT_INDEX_NAME, json, strlen(json));
-        free(json);
+    return TP_OK;
+}
+
+int ckpt_index_from_parts(const ckpt_layout *layout, const ckpt_train_state *state, const char *const *parts,
+                          int count, const char *where, char **out)
+{
+    *out = NULL;
+    index_builder b;
+    int status = builder_init(&b, layout, state);
+    for (int k = 0; !status && k < count; k++) {
+        if (!parts[k]) continue; /* a process that writes no shard */
+        char name[CKPT_PATH_MAX + 32];
+        snprintf(name, sizeof name, "%s (part %d)", where, k);
+        ckpt_index part;
+        status = ckpt_index_part_parse(parts[k], name, &part);
+        if (status) break;
+        status = merge_part(&b, &part, name);
+        ckpt_index_free(&part);
     }
-    ckpt_name_map_free(&st.names);
-    ckpt_index_free(&index);
+    for (int f = 0; !status && f < b.index.num_files; f++)
+        if (!b.index.files[f].name[0])
+            status = tp_fail(TP_ERR_STATE, "%s: no process described shard pp=%d tp=%d", where, f / layout->tp,
+                             f % layout->tp);
+    if (!status) status = builder_finish(&b, where);
+    if (!status) status = ckpt_index_to_json(&b.index, out);
+    builder_free(&b);
     return status;
 }
 

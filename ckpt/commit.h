@@ -15,4 +15,15 @@ int ckpt_seal_piece(hid_t file, const char *file_path, const char *tensor_name,
 int ckpt_commit_directory(const ckpt_storage *storage, ckpt_staged *staged, const char *path,
                           const ckpt_layout *layout, const ckpt_train_state *state, const ckpt_write_options *options);
 
+/* A distributed commit without a shared file system: each process
+ * describes its own shard file (pp, tp) of the staging directory as a part
+ * of the index (ckpt_index_part_to_json text, malloc'ed), and one process
+ * builds the whole index.json text from every part (parts[k] NULL: a
+ * process without a shard), refusing a shard described twice or never.
+ * The index is the one ckpt_commit_directory would build from the files. */
+int ckpt_describe_shard(const ckpt_storage *storage, const char *staging, const ckpt_layout *layout, int shard_pp,
+                        int shard_tp, char **out);
+int ckpt_index_from_parts(const ckpt_layout *layout, const ckpt_train_state *state, const char *const *parts,
+                          int count, const char *where, char **out);
+
 #endif

@@ -50,7 +50,7 @@ static void extents_to_json(cJSON *po, const ckpt_index_piece *ip)
     }
 }
 
-static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp)
+static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp, int partial)
 {
     const ckpt_tensor_desc *t = &it->tensor.desc;
     cJSON *o = cJSON_CreateObject();
@@ -83,9 +83,14 @@ static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp)
     for (int p = 0; p < it->num_pieces; p++) sum += it->pieces[p].digest;
     ckpt_format_checksum(sum, digest);
     cJSON_AddStringToObject(o, "digest", digest);
+    if (partial) cJSON_AddNumberToObject(o, "order", (double)it->order);
     cJSON *pieces = cJSON_AddArrayToObject(o, "pieces");
     for (int p = 0; p < it->num_pieces; p++) {
         const ckpt_index_piece *ip = &it->pieces[p];
+        if (partial && ip->file_index < 0) { /* in another process's part */
+            cJSON_AddItemToArray(pieces, cJSON_CreateNull());
+            continue;
+        }
         char hex[17], piece_digest[17];
         ckpt_format_checksum(ip->checksum, hex);
         ckpt_format_checksum(ip->digest, piece_digest);
@@ -167,7 +172,8 @@ static int check_seal(const char *text, const cJSON *root, const char *where)
     return TP_OK;
 }
 
-int ckpt_index_to_json(const ckpt_index *index, char **out)
+/* partial: a part of an index (ckpt_index_part_to_json). */
+static int index_to_json(const ckpt_index *index, int partial, char **out)
 {
     int status = TP_OK;
     cJSON *root = cJSON_CreateObject();
@@ -192,6 +198,10 @@ int ckpt_index_to_json(const ckpt_index *index, char **out)
     cJSON_AddItemToObject(root, "user", user ? user : cJSON_CreateObject());
     cJSON *files = cJSON_AddArrayToObject(root, "files");
     for (int i = 0; i < index->num_files; i++) {
+        if (partial && !index->files[i].name[0]) {
+            cJSON_AddItemToArray(files, cJSON_CreateNull());
+            continue;
+        }
         cJSON *f = cJSON_CreateObject();
         cJSON_AddStringToObject(f, "name", index->files[i].name);
         cJSON_AddNumberToObject(f, "pp", index->files[i].pp);
@@ -206,13 +216,13 @@ int ckpt_index_to_json(const ckpt_index *index, char **out)
     }
     cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
     for (int i = 0; i < index->num_tensors; i++)
-        cJSON_AddItemToArray(tensors, tensor_to_json(&index->tensors[i], index->layout.tp));
+        cJSON_AddItemToArray(tensors, tensor_to_json(&index->tensors[i], index->layout.tp, partial));
     if (!status) {
         *out = cJSON_Print(root);
         if (!*out) status = tp_fail(TP_ERR_NOMEM, "cannot serialize the index");
     }
     cJSON_Delete(root);
-    if (!status && (index->major > 1 || index->minor >= 3)) {
+    if (!status && !partial && (index->major > 1 || index->minor >= 3)) {
         status = seal(out);
         if (status) {
             free(*out);
@@ -222,12 +232,23 @@ int ckpt_index_to_json(const ckpt_index *index, char **out)
     return status;
 }
 
+int ckpt_index_to_json(const ckpt_index *index, char **out)
+{
+    return index_to_json(index, 0, out);
+}
+
+int ckpt_index_part_to_json(const ckpt_index *part, char **out)
+{
+    return index_to_json(part, 1, out);
+}
+
 /* ----------------------------------------------------------------- parse */
 
 typedef struct {
     const char *where;   /* file name for messages */
     char context[300];   /* "tensor 'x'" etc. */
     int status;
+    int partial;         /* a part of an index: absent files and pieces are null */
 } parse_ctx;
 
 static void parse_error(parse_ctx *ctx, const char *field, const char *expected)
@@ -410,6 +431,11 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
     cJSON_ArrayForEach(po, pieces)
     {
         ckpt_index_piece *ip = &it->pieces[p];
+        if (ctx->partial && cJSON_IsNull(po)) { /* in another part */
+            ip->file_index = -1;
+            p++;
+            continue;
+        }
         snprintf(ctx->context, sizeof ctx->context, "tensor '%s' piece %d", t->name, p);
         snprintf(ip->file, sizeof ip->file, "%s", get_string(ctx, po, "file", 63));
         ip->tp = (int)get_int(ctx, po, "tp", 0, index->layout.tp - 1);
@@ -432,7 +458,7 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
             ip->checksums_at = get_int(ctx, po, "checksums_at", 1, (int64_t)1 << 52);
         ip->file_index = -1;
         for (int f = 0; f < index->num_files; f++)
-            if (strcmp(index->files[f].name, ip->file) == 0) ip->file_index = f;
+            if (index->files[f].name[0] && strcmp(index->files[f].name, ip->file) == 0) ip->file_index = f;
         if (ip->file_index < 0) parse_error(ctx, "file", "a file listed in 'files'");
         else {
             ip->pp = index->files[ip->file_index].pp;
@@ -449,10 +475,10 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
     ctx->context[0] = '\0';
 }
 
-int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
+static int parse_index(const char *text, const char *where, int partial, ckpt_index *out)
 {
     memset(out, 0, sizeof *out);
-    parse_ctx ctx = {where, "", TP_OK};
+    parse_ctx ctx = {where, "", TP_OK, partial};
     cJSON *root = NULL;
     TP_TRY(ckpt_json_parse(text, strlen(text), where, &root));
     if (!cJSON_IsObject(root)) {
@@ -475,7 +501,7 @@ int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
     if (!ctx.status && version[0] < 1)
         ctx.status = tp_fail(TP_ERR_VERSION, "%s: format version %lld.%lld is not valid",
                                where, (long long)version[0], (long long)version[1]);
-    if (!ctx.status && (version[0] > 1 || version[1] >= 3)) ctx.status = check_seal(text, root, where);
+    if (!ctx.status && !partial && (version[0] > 1 || version[1] >= 3)) ctx.status = check_seal(text, root, where);
     if (ctx.status) goto done;
     out->major = (int)version[0];
     out->minor = (int)version[1];
@@ -526,6 +552,10 @@ int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
     cJSON_ArrayForEach(f, files)
     {
         ckpt_index_file *file = &out->files[out->num_files];
+        if (partial && cJSON_IsNull(f)) { /* in another part: no name */
+            out->num_files++;
+            continue;
+        }
         snprintf(ctx.context, sizeof ctx.context, "file #%d", out->num_files);
         snprintf(file->name, sizeof file->name, "%s", get_string(&ctx, f, "name", 63));
         file->pp = (int)get_int(&ctx, f, "pp", 0, out->layout.pp - 1);
@@ -542,7 +572,7 @@ int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
         if (!ctx.status && strcmp(expect, file->name) != 0) parse_error(&ctx, "name", expect);
         if (ctx.status) goto done;
         for (int g = 0; g < out->num_files; g++)
-            if (strcmp(out->files[g].name, file->name) == 0)
+            if (out->files[g].name[0] && strcmp(out->files[g].name, file->name) == 0)
                 parse_error(&ctx, "name", "a file listed once");
         out->num_files++;
     }
@@ -567,12 +597,23 @@ int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
         it->order = out->num_tensors - 1;
         if (!cJSON_IsObject(t)) parse_error(&ctx, "tensors[]", "an object");
         else parse_tensor(&ctx, t, out, it);
+        if (partial && !ctx.status) it->order = get_int(&ctx, t, "order", 0, (int64_t)1 << 52);
         if (ctx.status) goto done;
     }
 done:
     cJSON_Delete(root);
     if (ctx.status) ckpt_index_free(out);
     return ctx.status;
+}
+
+int ckpt_index_parse(const char *text, const char *where, ckpt_index *out)
+{
+    return parse_index(text, where, 0, out);
+}
+
+int ckpt_index_part_parse(const char *text, const char *where, ckpt_index *out)
+{
+    return parse_index(text, where, 1, out);
 }
 
 int ckpt_index_set_state(ckpt_index *index, const ckpt_train_state *state)

@@ -64,6 +64,14 @@ int ckpt_index_to_json(const ckpt_index *index, char **out);
 /* Parses and validates index.json text; `where` names the file in errors. */
 int ckpt_index_parse(const char *text, const char *where, ckpt_index *out);
 
+/* A part of an index: what one process of a distributed commit knows (its
+ * own shard files, ckpt_describe_shard), sent to the process that builds
+ * the whole index. The index's form, with null for the files and pieces of
+ * other parts, each tensor's "order" kept, and no seal (the text travels
+ * over the communicator, never into a store). */
+int ckpt_index_part_to_json(const ckpt_index *part, char **out);
+int ckpt_index_part_parse(const char *text, const char *where, ckpt_index *out);
+
 /* Owned copies of the train state's JSON texts (validated: objects/array). */
 int ckpt_index_set_state(ckpt_index *index, const ckpt_train_state *state);
 

@@ -18,6 +18,7 @@
 #include <xxhash.h>
 
 #include "../common/parallel.h"
+#include "commit.h"
 #include "index.h"
 #include "remote.h"
 
@@ -39,6 +40,19 @@ typedef struct {
     const ckpt_upload_options *options;
 } upload_job;
 
+/* One shard file of `bytes` bytes up as the object remote (on `threads`
+ * threads of parts), and its size there checked. */
+static int put_shard_file(const char *local, const char *remote, int64_t bytes, int threads)
+{
+    TP_TRY(remote_put_file(remote, local, 0, bytes, threads));
+    ckpt_stat st;
+    TP_TRY(ckpt_storage_remote()->stat(ckpt_storage_remote(), remote, &st));
+    if (!st.exists || st.size != bytes)
+        return tp_fail(TP_ERR_IO, "%s: %lld bytes arrived of %lld sent", remote, (long long)st.size,
+                       (long long)bytes);
+    return TP_OK;
+}
+
 static int upload_shard(void *ctx, int64_t f, int thread)
 {
     (void)thread;
@@ -50,12 +64,7 @@ static int upload_shard(void *ctx, int64_t f, int thread)
     /* Parts of one file share the threads with other files: a checkpoint
      * of one large shard still goes up in parallel. */
     int part_threads = j->threads / j->index->num_files;
-    TP_TRY(remote_put_file(remote, local, 0, file->bytes, part_threads > 1 ? part_threads : 1));
-    ckpt_stat st;
-    TP_TRY(ckpt_storage_remote()->stat(ckpt_storage_remote(), remote, &st));
-    if (!st.exists || st.size != file->bytes)
-        return tp_fail(TP_ERR_IO, "%s: %lld bytes arrived of %lld sent", remote, (long long)st.size,
-                       (long long)file->bytes);
+    TP_TRY(put_shard_file(local, remote, file->bytes, part_threads > 1 ? part_threads : 1));
     if (j->options && j->options->on_file) j->options->on_file(j->options->ctx, file->bytes);
     return TP_OK;
 }
@@ -68,7 +77,6 @@ void ckpt_upload_options_init(ckpt_upload_options *options)
 int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_options *options)
 {
     if (!ckpt_is_remote(url)) return tp_fail(TP_ERR_ARG, "%s: not an http(s):// or s3:// location", url);
-    const ckpt_storage *store = ckpt_storage_remote();
     char local_index[CKPT_PATH_MAX], remote_index[CKPT_PATH_MAX];
     TP_TRY(ckpt_path_join(local_index, local_dir, CKPT_INDEX_NAME));
     TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
@@ -81,15 +89,7 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
     ckpt_index index;
     memset(&index, 0, sizeof index);
     int status = ckpt_index_parse(text, local_index, &index);
-    ckpt_stat st = {0};
-    if (!status) status = store->stat(store, remote_index, &st);
-    if (!status && st.exists) {
-        if (!options || !options->replace)
-            status = tp_fail(TP_ERR_EXISTS, "%s holds a checkpoint already (--force replaces it)", url);
-        /* The old checkpoint disappears first: never an index over new files. */
-        else
-            status = remote_delete(remote_index);
-    }
+    if (!status) status = ckpt_upload_begin(url, options && options->replace);
     upload_job job = {local_dir, url, &index, transfer_threads(options), options};
     if (!status && index.num_files > 0)
         status = parallel_for(index.num_files, index.num_files < job.threads ? index.num_files : job.threads,
@@ -98,6 +98,67 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
     if (!status) status = remote_put_data(remote_index, text, (size_t)text_size);
     ckpt_index_free(&index);
     free(text);
+    return status;
+}
+
+int ckpt_upload_begin(const char *url, int replace)
+{
+    if (!ckpt_is_remote(url)) return tp_fail(TP_ERR_ARG, "%s: not an http(s):// or s3:// location", url);
+    const ckpt_storage *store = ckpt_storage_remote();
+    char remote_index[CKPT_PATH_MAX];
+    TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
+    ckpt_stat st = {0};
+    TP_TRY(store->stat(store, remote_index, &st));
+    if (!st.exists) return TP_OK;
+    if (!replace) return tp_fail(TP_ERR_EXISTS, "%s holds a checkpoint already (--force replaces it)", url);
+    /* The old checkpoint disappears first: never an index over new files. */
+    return remote_delete(remote_index);
+}
+
+int ckpt_shard_upload(const char *local_path, const ckpt_layout *layout, const ckpt_write_options *options,
+                      const char *url, const ckpt_upload_options *upload, char **description)
+{
+    *description = NULL;
+    char staging[CKPT_PATH_MAX], name[64], local[CKPT_PATH_MAX], remote[CKPT_PATH_MAX];
+    TP_TRY(ckpt_staging_path(local_path, options->staging_owner, staging, sizeof staging));
+    ckpt_staged *staged = ckpt_staged_find(staging);
+    if (!staged) return tp_fail(TP_ERR_STATE, "%s: no staging directory %s prepared by this process", local_path, staging);
+    ckpt_shard_file_name(options->shard_pp, options->shard_tp, name, sizeof name);
+    int status = ckpt_path_join(local, staging, name);
+    if (!status) status = ckpt_path_join(remote, url, name);
+    if (!status)
+        status = ckpt_describe_shard(ckpt_storage_posix(), staging, layout, options->shard_pp, options->shard_tp,
+                                     description);
+    ckpt_stat st = {0};
+    if (!status) status = ckpt_storage_posix()->stat(ckpt_storage_posix(), local, &st);
+    if (!status) status = put_shard_file(local, remote, st.size, transfer_threads(upload));
+    if (!status && upload && upload->on_file) upload->on_file(upload->ctx, st.size);
+    ckpt_staged_discard(staged);
+    if (status) {
+        free(*description);
+        *description = NULL;
+    }
+    return status;
+}
+
+int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_train_state *state,
+                         const char *const *descriptions, int count, int update_latest, int64_t *bytes)
+{
+    char remote_index[CKPT_PATH_MAX];
+    TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
+    char *json = NULL;
+    TP_TRY(ckpt_index_from_parts(layout, state, descriptions, count, url, &json));
+    ckpt_index index;
+    int status = ckpt_index_parse(json, remote_index, &index); /* what readers will parse */
+    if (!status && bytes) {
+        *bytes = 0;
+        for (int f = 0; f < index.num_files; f++) *bytes += index.files[f].bytes;
+    }
+    if (!status) ckpt_index_free(&index);
+    ckpt_fault_point("upload-before-index");
+    if (!status) status = remote_put_data(remote_index, json, strlen(json));
+    free(json);
+    if (!status && update_latest) status = ckpt_upload_latest(url);
     return status;
 }
 

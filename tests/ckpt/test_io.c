@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../../ckpt/ckpt.h"
+#include "../../ckpt/commit.h"
 #include "../support/fixture.h"
 
 TestSuite(io, .init = make_dir, .fini = remove_dir);
@@ -571,4 +572,56 @@ Test(io, distributed_commit_needs_every_shard)
     cr_assert_eq(ckpt_commit_staged(path, &layout, NULL, &options), TP_ERR_STATE);
     cr_assert(strstr(tp_errmsg(), "shard_pp00_tp00.h5"), "names the missing shard: %s", tp_errmsg());
     cr_assert_eq(access(path, F_OK), -1);
+}
+
+/* A distributed commit without a shared file system: each writer
+ * describes its own shard, one process builds the index from the parts;
+ * it must be the index a commit that reads every file builds, byte for
+ * byte. */
+Test(io, described_shards_build_the_committed_index)
+{
+    char path[600], staging[CKPT_PATH_MAX];
+    snprintf(path, sizeof path, "%s/step_00000007", dir);
+    ckpt_layout layout = {2, 2, 1, 4};
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    cr_assert_eq(ckpt_stage_prepare(path, &options), TP_OK, "%s", tp_errmsg());
+    for (int i = 0; i < 4; i++) {
+        rank_job job = {path, layout, i / 2, i % 2, 0};
+        write_rank(&job);
+        cr_assert_eq(job.status, TP_OK, "%s", tp_errmsg());
+    }
+    cr_assert_eq(ckpt_staging_path(path, NULL, staging, sizeof staging), TP_OK);
+    char *parts[5] = {NULL};
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(ckpt_describe_shard(ckpt_storage_posix(), staging, &layout, i / 2, i % 2, &parts[i]), TP_OK,
+                     "%s", tp_errmsg());
+    ckpt_train_state state = {7, 56, "{\"arch\":\"x\"}", NULL, "[{\"pp\":0,\"tp\":0,\"dp\":0,\"state\":\"01\"}]",
+                              NULL};
+    /* Parts arrive in any order, beside processes without a shard (NULL). */
+    const char *shuffled[6] = {parts[2], NULL, parts[0], parts[3], NULL, parts[1]};
+    char *built = NULL;
+    cr_assert_eq(ckpt_index_from_parts(&layout, &state, shuffled, 6, path, &built), TP_OK, "%s", tp_errmsg());
+    /* A part twice, a part missing, a part of another layout. */
+    char *refused = NULL;
+    const char *twice[5] = {parts[0], parts[1], parts[2], parts[3], parts[1]};
+    cr_assert_eq(ckpt_index_from_parts(&layout, &state, twice, 5, path, &refused), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "shard_pp00_tp01.h5 is described twice"), "%s", tp_errmsg());
+    cr_assert_eq(ckpt_index_from_parts(&layout, &state, (const char *const *)parts, 3, path, &refused), TP_ERR_STATE);
+    cr_assert(strstr(tp_errmsg(), "no process described shard pp=1 tp=1"), "%s", tp_errmsg());
+    ckpt_layout other = {2, 2, 1, 6};
+    cr_assert_neq(ckpt_index_from_parts(&other, &state, (const char *const *)parts, 4, path, &refused), TP_OK);
+    cr_assert(strstr(tp_errmsg(), "layers=4, the checkpoint has tp=2 pp=2 layers=6"), "%s", tp_errmsg());
+    cr_assert_null(refused);
+
+    cr_assert_eq(ckpt_commit_staged(path, &layout, &state, &options), TP_OK, "%s", tp_errmsg());
+    char index_path[700];
+    snprintf(index_path, sizeof index_path, "%s/index.json", path);
+    char *committed = NULL;
+    int64_t size = 0;
+    cr_assert_eq(ckpt_read_text_file(index_path, 1 << 24, &committed, &size), TP_OK, "%s", tp_errmsg());
+    cr_assert_str_eq(built, committed);
+    for (int i = 0; i < 4; i++) free(parts[i]);
+    free(built);
+    free(committed);
 }
