@@ -1,6 +1,7 @@
 /* comm.c: what every backend shares: the placement of ranks, and agreeing
  * on a failure. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../common/error.h"
@@ -20,6 +21,57 @@ int comm_place(comm *c, int rank, int world, int tp, int pp, int dp)
     c->tp_rank = rank % tp;
     c->pp_rank = rank / tp % pp;
     c->dp_rank = rank / (tp * pp);
+    return TP_OK;
+}
+
+void comm_texts_free(char **texts, int count)
+{
+    for (int r = 0; texts && r < count; r++) free(texts[r]);
+    free(texts);
+}
+
+int comm_gather_texts(comm *c, const char *text, int root, char ***out)
+{
+    *out = NULL;
+    int is_root = c->rank == root;
+    /* Lengths first (-1: none), then the texts, each with its NUL. */
+    int64_t length = text ? (int64_t)strlen(text) + 1 : -1;
+    int64_t *lengths = is_root ? malloc((size_t)c->world * sizeof *lengths) : NULL;
+    int64_t *eights = is_root ? malloc((size_t)c->world * sizeof *eights) : NULL;
+    int status = is_root && (!lengths || !eights) ? tp_fail(TP_ERR_NOMEM, "out of memory gathering texts") : TP_OK;
+    for (int r = 0; !status && is_root && r < c->world; r++) eights[r] = sizeof(int64_t);
+    status = comm_agree(c, status, "gathering texts");
+    if (!status) status = c->ops->gather(c, &length, sizeof length, lengths, eights, root);
+    int64_t *counts = eights, total = 0;
+    char *all = NULL;
+    for (int r = 0; !status && is_root && r < c->world; r++) {
+        counts[r] = lengths[r] > 0 ? lengths[r] : 0;
+        total += counts[r];
+    }
+    if (!status && is_root && !(all = malloc(total > 0 ? (size_t)total : 1)))
+        status = tp_fail(TP_ERR_NOMEM, "out of memory for %lld bytes of gathered texts", (long long)total);
+    status = comm_agree(c, status, "gathering texts");
+    if (!status)
+        status = c->ops->gather(c, text, length > 0 ? length : 0, all, is_root ? counts : NULL, root);
+    char **texts = NULL;
+    if (!status && is_root && !(texts = calloc((size_t)c->world, sizeof *texts)))
+        status = tp_fail(TP_ERR_NOMEM, "out of memory gathering texts");
+    int64_t at = 0;
+    for (int r = 0; !status && is_root && r < c->world; r++) {
+        if (lengths[r] < 0) continue;
+        if (lengths[r] == 0 || all[at + lengths[r] - 1] != '\0' || !(texts[r] = malloc((size_t)lengths[r])))
+            status = tp_fail(lengths[r] == 0 ? TP_ERR_COMM : TP_ERR_NOMEM, "gathering the text of rank %d", r);
+        else memcpy(texts[r], all + at, (size_t)lengths[r]);
+        at += lengths[r];
+    }
+    free(all);
+    free(lengths);
+    free(eights);
+    if (status) {
+        comm_texts_free(texts, c->world);
+        return status;
+    }
+    *out = texts;
     return TP_OK;
 }
 

@@ -45,6 +45,10 @@ typedef struct {
     int (*recv)(comm *c, comm_peer peer, void *data, int64_t count, comm_type type, int tag, comm_stream stream);
     int (*wait_sends)(comm *c, comm_stream stream); /* every send started so far has completed */
     int (*broadcast)(comm *c, void *data, int64_t bytes, int root, comm_stream stream); /* over the world */
+    /* Host bytes of every rank to root, in rank order: rank r sends bytes
+     * (counts[r], which root alone knows); root receives them one after the
+     * other into out. Others pass counts and out NULL. Over the world. */
+    int (*gather)(comm *c, const void *data, int64_t bytes, void *out, const int64_t *counts, int root);
     /* Ends every rank's part in the job: one rank failed while others may be
      * waiting on it. Called by programs, never by the libraries. */
     void (*abort)(comm *c, int status);
@@ -115,6 +119,12 @@ static inline int comm_broadcast(comm *c, void *data, int64_t bytes, int root, c
 {
     return c->ops->broadcast(c, data, bytes, root, stream);
 }
+
+/* Every rank's text (NUL-terminated; NULL counts as none) to root:
+ * *out (root: world entries, malloc'ed, NULL for ranks that sent none;
+ * others: NULL). Collective; free with comm_texts_free. */
+int comm_gather_texts(comm *c, const char *text, int root, char ***out);
+void comm_texts_free(char **texts, int count);
 
 /* Whether `flag` is set on any rank: every rank gets the same answer in *any.
  * The way ranks agree on a verdict (a failure, a stop request). */

@@ -2,6 +2,7 @@
  * every reduction is the identity; there is no neighbouring stage. Used by
  * tools that run a model in one process, and by tests as the dense reference. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "../common/error.h"
 #include "comm.h"
@@ -37,6 +38,13 @@ static int broadcast_self(comm *c, void *data, int64_t bytes, int root, comm_str
     return TP_OK;
 }
 
+static int gather_self(comm *c, const void *data, int64_t bytes, void *out, const int64_t *counts, int root)
+{
+    (void)c, (void)counts, (void)root;
+    if (bytes) memcpy(out, data, (size_t)bytes);
+    return TP_OK;
+}
+
 /* Nobody else waits on a process alone: the caller ends it as it likes. */
 static void abort_self(comm *c, int status)
 {
@@ -49,7 +57,7 @@ static void free_local(comm *c)
 }
 
 static const comm_ops local_ops = {"local", identity, no_peer, no_peer_recv, nothing_pending, broadcast_self,
-                                   abort_self, free_local, 0};
+                                   gather_self, abort_self, free_local, 0};
 
 int comm_local_create(comm **out)
 {

@@ -1,6 +1,7 @@
 /* comm_mpi.c: the communicator on MPI. Sends are non-blocking (a pipeline
  * stage may send before its neighbour posts the receive); receives block.
  * MPI works on host memory: a stream other than COMM_HOST is refused. */
+#include <limits.h>
 #include <mpi.h>
 #include <stdlib.h>
 
@@ -113,6 +114,34 @@ static int broadcast(comm *c, void *data, int64_t bytes, int root, comm_stream s
     return check(c, MPI_Bcast(data, (int)bytes, MPI_BYTE, root, ((mpi_impl *)c->impl)->world), "broadcast");
 }
 
+static int gather(comm *c, const void *data, int64_t bytes, void *out, const int64_t *counts, int root)
+{
+    mpi_impl *m = c->impl;
+    int *sizes = NULL, *offsets = NULL, status = TP_OK;
+    if (bytes > INT_MAX) return tp_fail(TP_ERR_COMM, "rank %d: %lld bytes to gather, more than MPI counts", c->rank, (long long)bytes);
+    if (c->rank == root) {
+        sizes = malloc((size_t)c->world * sizeof *sizes);
+        offsets = malloc((size_t)c->world * sizeof *offsets);
+        if (!sizes || !offsets) status = tp_fail(TP_ERR_NOMEM, "out of memory for a gather");
+        int64_t at = 0;
+        for (int r = 0; !status && r < c->world; r++) {
+            if (at + counts[r] > INT_MAX)
+                status = tp_fail(TP_ERR_COMM, "a gather of more than %d bytes", INT_MAX);
+            sizes[r] = (int)counts[r];
+            offsets[r] = (int)at;
+            at += counts[r];
+        }
+    }
+    /* A root that cannot receive still takes part, then fails: the others are waiting. */
+    int ok = !status;
+    int mpi = MPI_Gatherv(data, (int)bytes, MPI_BYTE, ok ? out : NULL, ok ? sizes : NULL, ok ? offsets : NULL, MPI_BYTE,
+                          root, m->world);
+    free(sizes);
+    free(offsets);
+    if (status) return status;
+    return check(c, mpi, "gather");
+}
+
 static void abort_all(comm *c, int status)
 {
     MPI_Abort(((mpi_impl *)c->impl)->world, status);
@@ -132,7 +161,7 @@ static void free_comm(comm *c)
     comm_mpi_finalize();
 }
 
-static const comm_ops mpi_ops = {"mpi", all_reduce, send, recv, wait_sends, broadcast, abort_all, free_comm, 0};
+static const comm_ops mpi_ops = {"mpi", all_reduce, send, recv, wait_sends, broadcast, gather, abort_all, free_comm, 0};
 
 int comm_mpi_world_size(int *argc, char ***argv)
 {

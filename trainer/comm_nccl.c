@@ -147,6 +147,12 @@ static int nccl_broadcast(comm *c, void *data, int64_t bytes, int root, comm_str
     return comm_broadcast(n->staged, data, bytes, root, stream);
 }
 
+static int nccl_gather(comm *c, const void *data, int64_t bytes, void *out, const int64_t *counts, int root)
+{
+    nccl_comm *n = c->impl;
+    return n->staged->ops->gather(n->staged, data, bytes, out, counts, root);
+}
+
 static void nccl_abort(comm *c, int status)
 {
     nccl_comm *n = c->impl;
@@ -163,7 +169,7 @@ static void nccl_free(comm *c)
 }
 
 static const comm_ops nccl_ops = {"nccl", nccl_all_reduce, nccl_send, nccl_recv, nccl_wait_sends, nccl_broadcast,
-                                  nccl_abort, nccl_free, 1};
+                                  nccl_gather, nccl_abort, nccl_free, 1};
 
 int comm_nccl_create(comm **out, comm *host, const kernel_backend *kernels)
 {

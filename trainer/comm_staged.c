@@ -97,6 +97,12 @@ static int staged_broadcast(comm *c, void *data, int64_t bytes, int root, comm_s
     return s->kernels->to_device(data, s->buffer, (size_t)bytes);
 }
 
+static int staged_gather(comm *c, const void *data, int64_t bytes, void *out, const int64_t *counts, int root)
+{
+    staged *s = c->impl;
+    return s->host->ops->gather(s->host, data, bytes, out, counts, root);
+}
+
 static void staged_abort(comm *c, int status)
 {
     staged *s = c->impl;
@@ -114,7 +120,7 @@ static void staged_free(comm *c)
 }
 
 static const comm_ops staged_ops = {"staged",         staged_all_reduce, staged_send, staged_recv, staged_wait_sends,
-                                    staged_broadcast, staged_abort,      staged_free, 1};
+                                    staged_broadcast, staged_gather, staged_abort, staged_free, 1};
 
 int comm_staged_create(comm **out, comm *host, const kernel_backend *kernels)
 {

@@ -225,6 +225,25 @@ static int broadcast(comm *c, void *data, int64_t bytes, int root, comm_stream s
     return status;
 }
 
+static int gather(comm *c, const void *data, int64_t bytes, void *out, const int64_t *counts, int root)
+{
+    shared_state *s = c->impl;
+    if (root < 0 || root >= c->world) return tp_fail(TP_ERR_ARG, "gather to rank %d of %d", root, c->world);
+    meeting *g = &s->world_group;
+    pthread_mutex_lock(&s->lock);
+    g->slots[c->rank] = (void *)data;
+    int status = meet(s, g, c);
+    pthread_mutex_unlock(&s->lock);
+    (void)bytes; /* the root's counts say */
+    int64_t at = 0;
+    for (int r = 0; !status && c->rank == root && r < c->world; at += counts[r], r++)
+        if (counts[r]) memcpy((char *)out + at, g->slots[r], (size_t)counts[r]);
+    pthread_mutex_lock(&s->lock);
+    if (!status) status = meet(s, g, c);
+    pthread_mutex_unlock(&s->lock);
+    return status;
+}
+
 static void abort_all(comm *c, int status)
 {
     shared_state *s = c->impl;
@@ -272,7 +291,7 @@ static void free_rank(comm *c)
     free(c);
 }
 
-static const comm_ops thread_ops = {"threads", all_reduce, send, recv, wait_sends, broadcast, abort_all, free_rank, 0};
+static const comm_ops thread_ops = {"threads", all_reduce, send, recv, wait_sends, broadcast, gather, abort_all, free_rank, 0};
 
 static meeting *make_meetings(int count, int members)
 {

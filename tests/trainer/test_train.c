@@ -88,6 +88,22 @@ static void *collectives(void *arg)
     snprintf(text, sizeof text, "rank %d", c->rank);
     bad |= comm_broadcast(c, text, sizeof text, 5, COMM_HOST) != TP_OK;
     bad |= strcmp(text, "rank 5") != 0;
+    /* Texts of every length gathered to rank 3, none from odd ranks, rank 6's long. */
+    char mine[4096];
+    memset(mine, 'a' + c->rank, sizeof mine);
+    mine[c->rank == 6 ? sizeof mine - 1 : (size_t)c->rank + 1] = '\0';
+    char **texts = NULL;
+    bad |= comm_gather_texts(c, c->rank % 2 ? NULL : mine, 3, &texts) != TP_OK;
+    bad |= (c->rank == 3) != (texts != NULL);
+    for (int r = 0; texts && r < c->world; r++) {
+        if (r % 2) {
+            bad |= texts[r] != NULL;
+            continue;
+        }
+        size_t want = r == 6 ? sizeof mine - 1 : (size_t)r + 1;
+        bad |= !texts[r] || strlen(texts[r]) != want || texts[r][0] != 'a' + r || texts[r][want - 1] != 'a' + r;
+    }
+    comm_texts_free(texts, c->world);
     /* A device stream is refused by a host communicator. */
     bad |= comm_all_reduce(c, GROUP_TP, x, 1, COMM_FLOAT, COMM_SUM, (comm_stream)x) != TP_ERR_COMM;
     slot->status = bad;
