@@ -79,6 +79,21 @@ struct saver {
     atomic_int snapshot_taken; /* parameters and moments may change again */
     char path[4096];
     char owner[CKPT_OWNER_MAX]; /* of the shared staging directories: rank 0's */
+    /* A save to an object store (saver_start's url): each writing rank
+     * stages its shard in its own local directory, under its own owner
+     * name, uploads it and describes it; rank 0 gathers the descriptions
+     * and uploads the index. No rank reads another's files: no file system
+     * is shared. */
+    char url[CKPT_PATH_MAX];        /* of the pending save; "" for a local one */
+    char own_owner[CKPT_OWNER_MAX];
+    ckpt_run_claim *claim;          /* rank 0: the run directory's lease, checked before the index goes up */
+    char *description;              /* this rank's shard, uploaded */
+    char **descriptions;            /* rank 0: every rank's (world entries) */
+    int upload_failed;              /* this rank's write went well, its upload did not */
+    int64_t upload_bytes;           /* rank 0: the pending commit's checkpoint bytes */
+    int64_t committed_bytes[2];
+    int64_t failed_step;            /* an upload that failed, not yet taken; -1: none */
+    char failed_message[1024];
     int64_t step, consumed;
     uint64_t seed;
     char *schedule, *user;
@@ -103,8 +118,10 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
     if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory for checkpoint snapshots");
     s->model = m;
     s->dump_grads = dump_grads;
+    s->failed_step = -1;
     atomic_init(&s->snapshot_taken, 1);
     int status = checkpoint_staging_owner(m->comm, s->owner);
+    if (!status) status = ckpt_staging_owner(s->own_owner, sizeof s->own_owner);
     if (!status) status = tensor_map_create(&s->map, m, !dump_grads);
     if (status) {
         saver_free(s);
@@ -126,11 +143,48 @@ int saver_reserve(saver *s)
     return m->kernels->host_alloc((void **)&s->snapshot, (size_t)s->snapshot_floats * sizeof(float));
 }
 
+void saver_set_claim(saver *s, ckpt_run_claim *claim)
+{
+    s->claim = claim;
+}
+
+/* Where a save goes: this rank's staging owner, and its shard. */
+static void shard_options(const saver *s, ckpt_write_options *options)
+{
+    const comm *c = s->model->comm;
+    ckpt_write_options_init(options);
+    options->overwrite = 1;
+    options->shard_pp = c->pp_rank;
+    options->shard_tp = c->tp_rank;
+    options->staging_owner = s->url[0] ? s->own_owner : s->owner;
+}
+
+static void add_bytes(void *ctx, int64_t bytes)
+{
+    __atomic_fetch_add((int64_t *)ctx, bytes, __ATOMIC_RELAXED); /* from the upload's threads */
+}
+
+/* An object store: the finished shard up, described for the commit. */
+static int upload_shard(saver *s, const ckpt_layout *layout, const ckpt_write_options *options)
+{
+    ckpt_upload_options upload;
+    ckpt_upload_options_init(&upload);
+    upload.threads = 4; /* network-bound: few threads, the cores are training */
+    int64_t bytes = 0;
+    upload.on_file = add_bytes;
+    upload.ctx = &bytes;
+    free(s->description);
+    s->description = NULL;
+    return ckpt_shard_upload(s->path, layout, options, s->url, &upload, &s->description);
+}
+
 void saver_free(saver *s)
 {
     if (!s) return;
     if (s->running) pthread_join(s->thread, NULL);
     if (s->committing && s->commit_threaded) pthread_join(s->commit_thread, NULL);
+    free(s->description);
+    comm_texts_free(s->descriptions, s->model->comm->world);
     cJSON_free(s->model_json);
     cJSON_free(s->rng);
     if (s->snapshot) s->model->kernels->host_release(s->snapshot);
@@ -179,10 +233,7 @@ static void *write_shard(void *arg)
     comm *c = m->comm;
     ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
     ckpt_write_options options;
-    ckpt_write_options_init(&options);
-    options.shard_pp = c->pp_rank;
-    options.shard_tp = c->tp_rank;
-    options.staging_owner = s->owner;
+    shard_options(s, &options);
     ckpt_writer *w = NULL;
     int *ids = calloc((size_t)s->map.count + 1, sizeof *ids);
     int status = snapshot_status ? snapshot_status
@@ -204,6 +255,10 @@ static void *write_shard(void *arg)
     if (w) {
         if (status) ckpt_writer_abort(w);
         else if ((status = ckpt_writer_finish(w)) != TP_OK) snprintf(s->message, sizeof s->message, "%s", tp_errmsg());
+    }
+    if (!status && s->url[0] && (status = upload_shard(s, &layout, &options)) != TP_OK) {
+        snprintf(s->message, sizeof s->message, "%s", tp_errmsg());
+        s->upload_failed = 1;
     }
     free(ids);
     s->status = status;
@@ -244,10 +299,34 @@ static void *commit_checkpoint(void *arg)
     options.overwrite = 1;
     options.update_latest = 1;
     options.staging_owner = s->owner;
-    s->commit_status = ckpt_commit_staged(s->path, &layout, &state, &options);
+    if (s->url[0] && (s->commit_status = ckpt_run_claim_check(s->claim)) != TP_OK)
+        ; /* a lease taken over: nothing more goes up beside its new holder */
+    else if (s->url[0])
+        s->commit_status = ckpt_commit_uploaded(s->url, &layout, &state, (const char *const *)s->descriptions,
+                                                c->world, 1, &s->upload_bytes);
+    else
+        s->commit_status = ckpt_commit_staged(s->path, &layout, &state, &options);
     if (s->commit_status != TP_OK) snprintf(s->commit_message, sizeof s->commit_message, "%s", tp_errmsg());
     atomic_store(&s->commit_done, 1);
     return NULL;
+}
+
+/* A failed upload (of a shard or of the index, after the retries): the
+ * checkpoint is not made, and training goes on (the next one goes up
+ * whole); every rank keeps the message of the lowest rank that failed, for
+ * saver_take_failed_upload. Collective. */
+static int upload_lost(saver *s, int failed_here, const char *message)
+{
+    comm *c = s->model->comm;
+    char said[1024] = "";
+    int flag = failed_here ? c->world - c->rank : 0;
+    TP_TRY(comm_all_reduce(c, GROUP_WORLD, &flag, 1, COMM_INT, COMM_MAX, COMM_HOST));
+    if (failed_here && flag == c->world - c->rank) snprintf(said, sizeof said, "%s", message);
+    TP_TRY(comm_broadcast(c, said, sizeof said, c->world - flag, COMM_HOST));
+    s->failed_step = s->step;
+    snprintf(s->failed_message, sizeof s->failed_message, "%s", said);
+    s->pending = 0;
+    return TP_OK;
 }
 
 /* Every shard is written (or failed): all ranks learn it; rank 0 starts the commit. */
@@ -259,20 +338,27 @@ static int finish_writes(saver *s)
         pthread_join(s->thread, NULL);
         s->running = 0;
     }
-    int failed;
+    int failed, write_failed;
     TP_TRY(comm_any(c, s->status != TP_OK, &failed));
     if (failed) {
         /* Disk full or the like: what was written goes, the older
          * checkpoints stay (docs/RELIABILITY.md, "Training"). */
-        if (c->rank == 0) {
-            ckpt_write_options options;
-            ckpt_write_options_init(&options);
-            options.staging_owner = s->owner;
-            ckpt_stage_discard(s->path, &options);
-        }
+        ckpt_write_options options;
+        shard_options(s, &options);
+        if (s->url[0]) ckpt_stage_discard(s->path, &options); /* a shard not written whole */
+        else if (c->rank == 0) ckpt_stage_discard(s->path, &options);
+        TP_TRY(comm_any(c, s->status != TP_OK && !s->upload_failed, &write_failed));
+        if (!write_failed) return upload_lost(s, s->status != TP_OK, s->message);
         s->pending = 0;
         return tp_fail(s->status ? s->status : TP_ERR_STATE, "checkpoint %s: %s", s->path,
                        s->status ? s->message : "another rank failed to write its shard");
+    }
+    if (s->url[0]) {
+        comm_texts_free(s->descriptions, c->world);
+        s->descriptions = NULL;
+        TP_TRY(comm_gather_texts(c, s->description, 0, &s->descriptions));
+        free(s->description);
+        s->description = NULL;
     }
     s->committing = 1;
     if (c->rank != 0) return TP_OK;
@@ -295,27 +381,41 @@ static int finish_commit(saver *s)
     s->pending = 0;
     int failed;
     TP_TRY(comm_any(c, c->rank == 0 && s->commit_status != TP_OK, &failed));
+    if (failed && s->url[0]) return upload_lost(s, c->rank == 0, s->commit_message);
     if (failed)
         return tp_fail(c->rank == 0 ? s->commit_status : TP_ERR_STATE, "checkpoint %s: %s", s->path,
                        c->rank == 0 ? s->commit_message : "commit failed on rank 0");
     if (s->committed == 2) { /* not taken: the oldest goes */
         s->committed_step[0] = s->committed_step[1];
         s->committed_seconds[0] = s->committed_seconds[1];
+        s->committed_bytes[0] = s->committed_bytes[1];
         s->committed = 1;
     }
     s->committed_step[s->committed] = s->step;
     s->committed_seconds[s->committed] = now_seconds() - s->started;
+    s->committed_bytes[s->committed] = s->url[0] && c->rank == 0 ? s->upload_bytes : 0;
     s->committed++;
     return TP_OK;
 }
 
-int saver_take_committed(saver *s, int64_t *step, double *seconds)
+int saver_take_failed_upload(saver *s, int64_t *step, char *message, size_t size)
+{
+    if (s->failed_step < 0) return 0;
+    *step = s->failed_step;
+    snprintf(message, size, "%s", s->failed_message);
+    s->failed_step = -1;
+    return 1;
+}
+
+int saver_take_committed(saver *s, int64_t *step, double *seconds, int64_t *bytes)
 {
     if (!s->committed) return 0;
     *step = s->committed_step[0];
     *seconds = s->committed_seconds[0];
+    if (bytes) *bytes = s->committed_bytes[0];
     s->committed_step[0] = s->committed_step[1];
     s->committed_seconds[0] = s->committed_seconds[1];
+    s->committed_bytes[0] = s->committed_bytes[1];
     s->committed--;
     return 1;
 }
@@ -352,7 +452,7 @@ int64_t saver_pending_step(const saver *s)
     return s->pending ? s->step : -1;
 }
 
-int saver_start(saver *s, const char *path, const save_state *state, int sync)
+int saver_start(saver *s, const char *path, const char *url, const save_state *state, int sync)
 {
     gpt_model *m = s->model;
     comm *c = m->comm;
@@ -360,6 +460,8 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync)
     double start = now_seconds();
     s->started = start;
     snprintf(s->path, sizeof s->path, "%s", path);
+    if (url && strlen(url) >= sizeof s->url) return tp_fail(TP_ERR_ARG, "URL too long: %s", url);
+    snprintf(s->url, sizeof s->url, "%s", url ? url : "");
     s->step = state->step;
     s->consumed = state->consumed_samples;
     s->seed = state->seed;
@@ -368,19 +470,24 @@ int saver_start(saver *s, const char *path, const save_state *state, int sync)
     s->schedule = strdup(state->schedule_json ? state->schedule_json : "{}");
     s->user = strdup(state->user_json ? state->user_json : "{}");
     int staged = saver_reserve(s), failed;
-    if (c->rank == 0 && !staged) {
-        ckpt_write_options options;
-        ckpt_write_options_init(&options);
-        options.overwrite = 1;
-        options.staging_owner = s->owner;
+    ckpt_write_options options;
+    shard_options(s, &options);
+    if (url) {
+        /* A step saved again (a run resumed before it): its old index goes
+         * before any rank uploads a shard (the comm_any below orders them). */
+        if (!staged && c->rank == 0) staged = ckpt_upload_begin(s->url, 1);
+        if (!staged && c->dp_rank == 0) staged = ckpt_stage_prepare(path, &options);
+    } else if (c->rank == 0 && !staged) {
         staged = ckpt_stage_prepare(path, &options);
     }
     TP_TRY(comm_any(c, staged != TP_OK, &failed));
     if (failed) {
-        if (staged) return tp_fail_context(staged, "checkpoint %s", path);
-        return tp_fail(TP_ERR_STATE, "checkpoint %s: another rank cannot stage it", path);
+        if (s->url[0] && c->dp_rank == 0) ckpt_stage_discard(path, &options);
+        if (staged) return tp_fail_context(staged, "checkpoint %s", s->url[0] ? s->url : path);
+        return tp_fail(TP_ERR_STATE, "checkpoint %s: another rank cannot stage it", s->url[0] ? s->url : path);
     }
     s->status = TP_OK;
+    s->upload_failed = 0;
     atomic_store(&s->done, 1);
     atomic_store(&s->snapshot_taken, 1);
     if (c->dp_rank == 0) {

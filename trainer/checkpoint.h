@@ -38,9 +38,20 @@ void saver_free(saver *s);
  * checkpoint. A run without checkpoints never takes it. */
 int saver_reserve(saver *s);
 
+/* Rank 0: the run directory's claim, checked before a remote checkpoint's
+ * index goes up (nothing goes up beside a run that took the lease over). */
+struct ckpt_run_claim;
+void saver_set_claim(saver *s, struct ckpt_run_claim *claim);
+
 /* Starts a checkpoint at path (a staging directory first; committed later).
+ * With url (else NULL) the checkpoint goes to that object-store location:
+ * path is then a local directory of this rank's (its node's cache) where
+ * its shard is written before it is uploaded, and removed after; no file
+ * system needs to be shared by the ranks (docs/STORES.md). A failed upload
+ * loses that checkpoint, not the run (saver_take_failed_upload); so does a
+ * claim found lost before the index goes up.
  * With sync, returns once it is committed. Collective over all ranks. */
-int saver_start(saver *s, const char *path, const save_state *state, int sync);
+int saver_start(saver *s, const char *path, const char *url, const save_state *state, int sync);
 
 /* Waits, if need be, until a save in progress has copied the parameters and
  * moments aside (it does so in the background, while forward and backward
@@ -60,7 +71,12 @@ int64_t saver_pending_step(const saver *s);
  * taken: its step, and the seconds from its saver_start to then; 0 when
  * none. Two are kept: a step boundary can finish the pending save and a
  * synchronous one after it; take them after each boundary. */
-int saver_take_committed(saver *s, int64_t *step, double *seconds);
+int saver_take_committed(saver *s, int64_t *step, double *seconds, int64_t *bytes /* remote, rank 0: uploaded; may be NULL */);
+
+/* A save to an object store whose upload failed (after the retries) and
+ * that is not taken yet: 1 with its step and why (the same on every rank),
+ * else 0. */
+int saver_take_failed_upload(saver *s, int64_t *step, char *message, size_t size);
 
 /* Seconds the caller has spent in saver_start/saver_poll since the last
  * call (the training stall due to checkpointing); resets the count. */

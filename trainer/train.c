@@ -21,7 +21,6 @@
 #include "data.h"
 #include "model.h"
 #include "train.h"
-#include "uploader.h"
 
 void train_options_init(train_options *o)
 {
@@ -74,7 +73,6 @@ typedef struct {
     int64_t global_batch;
     train_outcome *outcome;
     char save_dir[CKPT_PATH_MAX]; /* where checkpoints are written: ckpt_dir, or the local cache of a remote one */
-    uploader *uploads;            /* rank 0, a remote ckpt_dir: to the store in the background */
     ckpt_run_claim *claim;        /* rank 0: the run directory is this run's alone while it lives */
     int last_upload_status;       /* of the newest upload that ended, and its failure: */
     char last_upload_error[CKPT_PATH_MAX + 1200];
@@ -245,7 +243,7 @@ static char *schedule_json(const train_options *o, int64_t step)
     return text;
 }
 
-static int save(trainer *t, const char *path, int64_t step, int sync, saver *with)
+static int save(trainer *t, const char *path, const char *url, int64_t step, int sync, saver *with)
 {
     char *schedule = schedule_json(t->o, step), user[256];
     snprintf(user, sizeof user,
@@ -253,7 +251,7 @@ static int save(trainer *t, const char *path, int64_t step, int sync, saver *wit
              (long long)t->global_batch, (long long)t->o->micro_batch, (long long)t->o->grad_accum,
              (long long)t->model->T, t->o->data ? "files" : "synthetic");
     save_state state = {step, t->consumed, schedule, user, t->o->seed};
-    int status = saver_start(with ? with : t->saver, path, &state, sync);
+    int status = saver_start(with ? with : t->saver, path, url, &state, sync);
     cJSON_free(schedule);
     return status;
 }
@@ -328,7 +326,7 @@ static int dump_gradients(trainer *t)
     char path[4200];
     snprintf(path, sizeof path, "%s/grads", t->o->dump_dir);
     TP_TRY(saver_create(&grads, t->model, 1));
-    int status = save(t, path, 1, 1, grads);
+    int status = save(t, path, NULL, 1, 1, grads);
     saver_free(grads);
     return status;
 }
@@ -346,36 +344,6 @@ static int choose_save_dir(const train_options *o, char out[CKPT_PATH_MAX])
     }
     if (strlen(dir) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", dir);
     strcpy(out, dir);
-    return TP_OK;
-}
-
-/* The local cache of a remote checkpoint directory must be one directory
- * for all ranks: rank 0 commits each checkpoint by reading every shard
- * file. Rank 0 leaves there the fresh owner name all ranks share (host,
- * pid, nonce: checkpoint_staging_owner); every rank must read it back.
- * Collective. */
-static int check_shared_cache(trainer *t)
-{
-    comm *c = t->c;
-    char path[CKPT_PATH_MAX + 32], token[CKPT_OWNER_MAX], seen[CKPT_OWNER_MAX] = "";
-    snprintf(path, sizeof path, "%s/.tp-shared-cache", t->save_dir);
-    TP_TRY(checkpoint_staging_owner(c, token));
-    int status = TP_OK;
-    if (c->rank == 0) {
-        FILE *f = fopen(path, "w");
-        if (!f || fputs(token, f) < 0) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
-        if (f && fclose(f) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
-    }
-    TP_TRY(comm_agree(c, status, "checking the checkpoint cache"));
-    FILE *f = fopen(path, "r");
-    int ok = f && fgets(seen, sizeof seen, f) && strcmp(seen, token) == 0;
-    if (f) fclose(f);
-    int any_blind = 0;
-    TP_TRY(comm_any(c, !ok, &any_blind));
-    if (any_blind) /* said alike on every rank, rank 0 (which prints) included */
-        return tp_fail(TP_ERR_ARG, "some rank does not see the checkpoint cache rank 0 writes (%s): with a remote "
-                       "--ckpt-dir, --ckpt-cache must be a directory all ranks share (one node, or a shared file "
-                       "system; docs/STORES.md)", t->save_dir);
     return TP_OK;
 }
 
@@ -415,7 +383,9 @@ static int set_up(trainer *t)
         status = ckpt_storage_for(o->ckpt_dir, &store);
         if (!status) status = store->stat(store, o->ckpt_dir, &st);
     }
-    if (!status && o->ckpt_dir && c->rank == 0) status = make_dirs(t->save_dir);
+    /* A remote run's cache is every rank's own (a node's, or its own). */
+    int remote = o->ckpt_dir && ckpt_is_remote(o->ckpt_dir);
+    if (!status && o->ckpt_dir && (c->rank == 0 || remote)) status = make_dirs(t->save_dir);
     /* One trainer per run directory: a second would replace this one's
      * step_N with its own. Nothing is touched before the claim is held. */
     status = comm_agree(c, status, "setting up");
@@ -424,12 +394,9 @@ static int set_up(trainer *t)
         status = comm_agree_root(c, status, "claiming the run directory");
     }
     /* Saves of an earlier run killed meanwhile: half-written, theirs to remove. */
-    if (!status && o->ckpt_dir && c->rank == 0) status = ckpt_remove_dead_staging(t->save_dir);
-    if (!status && o->ckpt_dir && c->rank == 0 && ckpt_is_remote(o->ckpt_dir))
-        status = uploader_create(&t->uploads, t->save_dir, o->ckpt_dir, t->claim);
-    status = comm_agree(c, status, "setting up");
-    if (!status && o->ckpt_dir && ckpt_is_remote(o->ckpt_dir)) status = check_shared_cache(t);
-    return status;
+    if (!status && o->ckpt_dir && (c->rank == 0 || remote)) status = ckpt_remove_dead_staging(t->save_dir);
+    if (!status) saver_set_claim(t->saver, t->claim);
+    return comm_agree(c, status, "setting up");
 }
 
 /* Loads the newest checkpoint of --ckpt-dir when --resume finds one (then
@@ -481,7 +448,7 @@ static int dump_initial(trainer *t)
         remove(path);
     }
     snprintf(path, sizeof path, "%s/init", t->o->dump_dir);
-    return save(t, path, 0, 1, NULL);
+    return save(t, path, NULL, 0, 1, NULL);
 }
 
 /* One step: the pipeline, gradients, the update, the global loss. */
@@ -522,65 +489,51 @@ static int checkpoint_after(trainer *t, int64_t step, int stop)
         report(t, &r);
     }
     TP_TRY(ckpt_run_claim_check(t->claim)); /* a lease taken over: never write beside its new holder */
-    char path[CKPT_PATH_MAX];
+    char path[CKPT_PATH_MAX], url[CKPT_PATH_MAX];
+    int remote = ckpt_is_remote(o->ckpt_dir);
     TP_TRY(ckpt_step_path(t->save_dir, step, path, sizeof path));
-    TP_TRY(save(t, path, step, o->sync_save || stop, NULL));
+    if (remote) TP_TRY(ckpt_step_path(o->ckpt_dir, step, url, sizeof url));
+    TP_TRY(save(t, path, remote ? url : NULL, step, o->sync_save || stop, NULL));
     out->checkpoints++;
-    snprintf(out->last_checkpoint, sizeof out->last_checkpoint, "%s", path);
+    snprintf(out->last_checkpoint, sizeof out->last_checkpoint, "%s", remote ? url : path);
     return TP_OK;
 }
 
-static int report_uploads(trainer *t, int final);
-
-/* Saves committed at the last step boundary, told after that step's report. */
+/* Saves committed at the last step boundary, told after that step's
+ * report; for an object store, uploaded (or failed: a warning, since the
+ * next checkpoint goes up whole; the last one must arrive,
+ * finish_uploads). */
 static int report_saves(trainer *t)
 {
-    int64_t step;
+    int64_t step, bytes;
     double seconds;
-    while (saver_take_committed(t->saver, &step, &seconds)) {
+    char message[1024];
+    int remote = ckpt_is_remote(t->o->ckpt_dir);
+    while (saver_take_committed(t->saver, &step, &seconds, &bytes)) {
         char path[CKPT_PATH_MAX];
-        TP_TRY(ckpt_step_path(t->save_dir, step, path, sizeof path));
+        TP_TRY(ckpt_step_path(remote ? t->o->ckpt_dir : t->save_dir, step, path, sizeof path));
         train_report r = {.kind = TRAIN_REPORT_SAVED, .step = step, .seconds = seconds, .text = path};
         report(t, &r);
-        if (t->uploads) TP_TRY(uploader_push(t->uploads, step));
+        if (!remote) continue;
+        t->last_upload_status = TP_OK;
+        train_report u = {.kind = TRAIN_REPORT_UPLOADED, .step = step, .seconds = seconds, .text = path, .bytes = bytes};
+        report(t, &u);
     }
-    return t->uploads ? report_uploads(t, 0) : TP_OK;
-}
-
-/* Uploads that ended: told; a failed one is a warning (the next checkpoint
- * is uploaded whole anyway), but the last one must arrive (final): its
- * outcome is kept, since a non-final call may be the one that hears it. */
-static int report_uploads(trainer *t, int final)
-{
-    upload_result u;
-    while (uploader_take_done(t->uploads, &u)) {
-        t->last_upload_status = u.status;
-        if (u.status == TP_OK) {
-            train_report r = {.kind = TRAIN_REPORT_UPLOADED, .step = u.step, .seconds = u.seconds, .text = u.url,
-                              .bytes = u.bytes};
-            report(t, &r);
-            continue;
-        }
-        snprintf(t->last_upload_error, sizeof t->last_upload_error,
-                 "upload of the checkpoint of step %lld failed (it stays in %s): %s", (long long)u.step, t->save_dir,
-                 u.error);
+    while (saver_take_failed_upload(t->saver, &step, message, sizeof message)) {
+        t->last_upload_status = TP_ERR_IO;
+        snprintf(t->last_upload_error, sizeof t->last_upload_error, "upload of the checkpoint of step %lld failed: %s",
+                 (long long)step, message);
         warn(t, t->last_upload_error);
     }
-    if (!final || !t->last_upload_status) return TP_OK;
-    return tp_fail(t->last_upload_status, "%s", t->last_upload_error);
+    return TP_OK;
 }
 
-/* The end of a run with a remote checkpoint directory: every checkpoint
- * uploaded, or the run fails saying where the local copy is. Collective. */
+/* The end of a run with a remote checkpoint directory: its last checkpoint
+ * uploaded, or the run fails saying why. The same on every rank. */
 static int finish_uploads(trainer *t)
 {
-    int status = TP_OK;
-    if (t->uploads) {
-        uploader_drain(t->uploads);
-        status = report_uploads(t, 1);
-    }
-    return t->o->ckpt_dir && ckpt_is_remote(t->o->ckpt_dir) ? comm_agree(t->c, status, "uploading checkpoints")
-                                                             : status;
+    if (!t->o->ckpt_dir || !ckpt_is_remote(t->o->ckpt_dir) || !t->last_upload_status) return TP_OK;
+    return tp_fail(t->last_upload_status, "%s", t->last_upload_error);
 }
 
 static int train_steps(trainer *t, int64_t start_step)
@@ -683,7 +636,6 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     free(t.d_input);
     free(t.sample);
     saver_free(t.saver);
-    uploader_free(t.uploads);
     ckpt_run_claim_release(t.claim); /* after the last save and upload ended */
     dataset_close(t.data);
     gpt_model_free(t.model);

@@ -64,8 +64,8 @@ typedef struct {
     uint64_t seed;
     const char *data;     /* token files (a glob); NULL: the synthetic dataset */
     const char *ckpt_dir; /* NULL: no checkpoints; a local path or an object-store URL */
-    const char *ckpt_cache; /* a remote ckpt_dir: the local run directory checkpoints are written to
-                               first, shared by the ranks (NULL: $TMPDIR/tp-train-cache-HASH) */
+    const char *ckpt_cache; /* a remote ckpt_dir: the local directory each rank writes its shard to before
+                               uploading it; any node's own (NULL: $TMPDIR/tp-train-cache-HASH) */
     int64_t ckpt_every;   /* 0: at the end and on a stop request only */
     int sync_save;        /* write checkpoints in the foreground (for comparison) */
     int resume;

@@ -220,15 +220,53 @@ sys.exit(not (chosen and all(e["path"].startswith(sys.argv[2] + "/el/step_") for
     check "tp-elastic report: the picture and the summary" grep -q "<svg" "$WORK/el.svg"
     expect_ok "the last checkpoint at the URL verifies" "$CK" verify "$U/el"
 
-    # --- 4c. Ranks that do not share the cache (two TMPDIRs, as two nodes
-    # with disks of their own) are told so before the first step.
-    mkdir -p "$WORK/node-a" "$WORK/node-b"
-    run mpirun --oversubscribe -np 1 env TMPDIR="$WORK/node-a" "$TRAIN" --model tiny --tp 2 --steps 4 \
-        --ckpt-dir "$U/unshared" : -np 1 env TMPDIR="$WORK/node-b" "$TRAIN" --model tiny --tp 2 --steps 4 \
-        --ckpt-dir "$U/unshared" </dev/null
-    check_all "ranks without a shared cache: refused at start, saying the cache must be shared" \
-        '[ "$RC" -ne 0 ] && grep -q "does not see the checkpoint cache.*must be a directory all ranks share" "$WORK/.err" && ! grep -q "^step" "$WORK/.out"'
-    check "ranks without a shared cache: nothing uploaded" [ ! -e "$DAV/unshared/latest" ]
+    # --- 4c. Ranks that share no file system (a TMPDIR each, as nodes
+    # with disks of their own): each rank writes its shard in its own cache
+    # and uploads it; rank 0 builds the index from their descriptions.
+    # tp2 pp2 over four "nodes", stopped at step 8, resumed at tp2 pp1 on
+    # two other "nodes": the uninterrupted losses; every shard PUT once; the
+    # caches hold nothing afterwards.
+    for n in a b c d e f; do mkdir -p "$WORK/node-$n"; done
+    log_before=$(wc -l <"$WEBDAV_ACCESS_LOG")
+    node() { echo -np 1 env TMPDIR="$WORK/node-$1" "$TRAIN" --model tiny --micro-batch 2 --steps 20; }
+    set -- --tp 2 --pp 2 --ckpt-every 4 --ckpt-dir "$U/nodes" --stop-at 8 --log "$WORK/nodes.jsonl"
+    run mpirun --oversubscribe $(node a) "$@" : $(node b) "$@" : $(node c) "$@" : $(node d) "$@" </dev/null
+    check_all "four ranks, four caches, no shared file system: trained to step 8, checkpoints 4 and 8 uploaded" \
+        '[ "$RC" -eq 0 ] && grep -q "^uploaded the checkpoint of step 4 to $U/nodes/step_00000004: " "$WORK/.out" &&
+        grep -q "^uploaded the checkpoint of step 8 to $U/nodes/step_00000008: " "$WORK/.out"'
+    check "the server's latest names step 8" [ "$(cat "$DAV/nodes/latest")" = step_00000008 ]
+    check "every shard of steps 4 and 8 PUT exactly once, each index once" "$PY" -c '
+import collections, sys
+puts = collections.Counter(l.split()[1] for l in open(sys.argv[1]).readlines()[int(sys.argv[2]):]
+                           if l.startswith("PUT ") and "/nodes/step_" in l)
+want = ["/nodes/step_%08d/%s" % (s, f) for s in (4, 8) for f in
+        ["shard_pp%02d_tp%02d.h5" % (p, t) for p in range(2) for t in range(2)] + ["index.json"]]
+sys.exit(not (sorted(puts) == sorted(want) and set(puts.values()) == {1}))' "$WEBDAV_ACCESS_LOG" "$log_before"
+    check "the caches hold no shard, staging or checkpoint afterwards" \
+        sh -c "! find '$WORK'/node-a '$WORK'/node-b '$WORK'/node-c '$WORK'/node-d -name '*.h5' -o -name '*staging*' -o -name 'step_*' | grep -q ."
+    set -- --tp 2 --ckpt-every 4 --ckpt-dir "$U/nodes" --resume --log "$WORK/nodes.jsonl"
+    run mpirun --oversubscribe $(node e) "$@" : $(node f) "$@" </dev/null
+    check "resumed at tp2 pp1 on two other caches from step 8" \
+        [ "$RC" -eq 0 -a "$(events "$WORK/nodes.jsonl" start resumed_from)" = "null step_00000008 " ]
+    check "stopped at 8 + resumed on other nodes = the uninterrupted losses (1e-4)" \
+        losses_match "$WORK/nodes.jsonl" "$WORK/ref.jsonl" 1e-4
+    expect_ok "the run written by ranks without a shared file system verifies" "$CK" verify "$U/nodes"
+    check "verify: step 20" grep -q "^ok: $U/nodes/step_00000020: " "$WORK/.out"
+
+    # --- 4d. A failed upload loses that checkpoint, not the run; the last
+    # one must arrive. A file where a step's directory would go makes the
+    # server refuse that step's shards.
+    mkdir -p "$DAV/lossy" "$DAV/lost"
+    echo blocker >"$DAV/lossy/step_00000004"
+    run mpi_train 2 --model tiny --micro-batch 2 --steps 8 --tp 2 --ckpt-every 4 --ckpt-dir "$U/lossy"
+    check_all "step 4 refused by the server: a warning naming it, the run goes on and step 8 goes up" \
+        '[ "$RC" -eq 0 ] && grep -q "upload of the checkpoint of step 4 failed: .*step_00000004/shard_pp00_tp0" "$WORK/.err" &&
+        [ "$(cat "$DAV/lossy/latest")" = step_00000008 ] && [ -s "$DAV/lossy/step_00000008/index.json" ]'
+    echo blocker >"$DAV/lost/step_00000008"
+    run mpi_train 2 --model tiny --micro-batch 2 --steps 8 --tp 2 --ckpt-every 4 --ckpt-dir "$U/lost"
+    check_all "the last checkpoint refused: the run fails saying so, latest stays at step 4" \
+        '[ "$RC" -ne 0 ] && grep -q "upload of the checkpoint of step 8 failed" "$WORK/.err" &&
+        [ "$(cat "$DAV/lost/latest")" = step_00000004 ]'
 
     # --- 5a. The writer killed after its shards, before its index: the
     # checkpoint is not visible; a later write completes it.
