@@ -119,6 +119,48 @@ bench_store() { # name our-base-url curl-base-url [curl options]
     rm -rf "$SCRATCH/down-$name" "$SCRATCH/curl-down" "$SCRATCH/reshard-$name" "$SCRATCH/reshard-local-$name"
 }
 
+# Saves of tp-train to the store with every writing rank uploading its own
+# shard from a cache of its own (a TMPDIR per rank: no shared file system),
+# at 1, 2, 4 and 8 ranks, beside one process uploading the same checkpoint
+# (tp-ckpt copy, 8 threads: what rank 0 did alone before, after a local
+# commit). Per row: the save's seconds from its start to its index being up
+# (the trainer's upload event), the training loop's stall for it, and the
+# one-process upload of its bytes.
+#   BENCH_RANKS (default "1 2 4 8"), BENCH_TRAIN_MODEL (default $MODEL)
+RANKS=${BENCH_RANKS:-"1 2 4 8"}
+TRAIN_MODEL=${BENCH_TRAIN_MODEL:-$MODEL}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+layout_of() { case $1 in 1) echo "--tp 1" ;; 2) echo "--tp 2" ;; 4) echo "--tp 4" ;; *) echo "--tp 4 --pp $(($1 / 4))" ;; esac; }
+bench_ranks() { # base-url
+    base_url=$1
+    for n in $RANKS; do
+        log="$SCRATCH/ranks$n.jsonl"
+        rm -f "$log"
+        set --
+        for r in $(seq 1 "$n"); do
+            mkdir -p "$SCRATCH/node$n-$r"
+            [ "$r" -gt 1 ] && set -- "$@" :
+            set -- "$@" -np 1 env TMPDIR="$SCRATCH/node$n-$r" "$BIN/tp-train" $TRAIN_MODEL $(layout_of "$n") \
+                --micro-batch 1 --steps 4 --ckpt-every 2 --ckpt-dir "$base_url/ranks$n" --log "$log" --quiet
+        done
+        mpirun --oversubscribe "$@" </dev/null >&2
+        set -- $($PY -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+up = [r for r in rows if r.get("event") == "upload" and r["step"] == 2][0]
+stall = [r for r in rows if r.get("step") == 2 and "loss" in r][0]["ckpt_stall_ms"] / 1e3
+print("%.2f %.3f %d" % (up["seconds"], stall, up["bytes"]))' "$log")
+        rm -rf "$SCRATCH/copy$n"
+        "$BIN/tp-ckpt" copy "$base_url/ranks$n/step_00000002" "$SCRATCH/copy$n" >&2
+        sync
+        one=$(measure "$BIN/tp-ckpt" copy --force "$SCRATCH/copy$n" "$base_url/one$n/step_00000002" | seconds)
+        printf '| %s | %s | %s MB | %s s | %s s | %s s | %s |\n' "$n" "$(layout_of "$n")" \
+            "$($PY -c "print('%.1f' % ($3 / 1e6))")" "$1" "$2" "$one" "$(ratio "$one" "$1")"
+        rm -rf "$SCRATCH/copy$n" "$SCRATCH"/node$n-*
+    done
+}
+RANKS_TABLE="$SCRATCH/ranks.md"
+
 # The table, printed as it grows and kept for the section.
 TABLE="$SCRATCH/table.md"
 {
@@ -141,6 +183,14 @@ export TMPDIR="$saved_tmpdir"
 if [ $started = 0 ]; then
     bench_store "nginx WebDAV" "$WEBDAV_URL" "$WEBDAV_URL" >"$SCRATCH/rows.md"
     tee -a "$TABLE" <"$SCRATCH/rows.md"
+    {
+        echo
+        echo "tp-train $TRAIN_MODEL, a save at step 2 of 4 to nginx WebDAV, a TMPDIR per rank; $(nproc) cores"
+        echo
+        echo "| ranks | layout | checkpoint | save: start to index up (per-rank uploads) | training stall | one process uploads it (tp-ckpt copy) | one process / per-rank |"
+        echo "| --- | --- | --- | --- | --- | --- | --- |"
+    } | tee "$RANKS_TABLE"
+    bench_ranks "$WEBDAV_URL" | tee -a "$RANKS_TABLE"
     webdav_stop
 else
     echo "| nginx WebDAV | skipped: nginx could not start | | | |" | tee -a "$TABLE"
@@ -160,5 +210,12 @@ Command: \`make bench-remote\` (scripts/bench-remote.sh). Upload and download: t
 of each kept; tp-toolkit is \`tp-ckpt copy\` and \`tp-reshard\`, the baseline curl (one process per file, all at
 once) and, for the reshard, the same reshard from the local copy.
 $(cat "$TABLE")
+DOC
+    [ -s "$RANKS_TABLE" ] && doc_section bench-remote-ranks "Saves to an object store by every rank (bench-remote)" <<DOC
+Command: \`make bench-remote\` (scripts/bench-remote.sh). tp-train saves with each writing rank uploading its own
+shard from a cache of its own (a TMPDIR per rank), against one process uploading the same checkpoint
+(\`tp-ckpt copy\`, 8 threads), as rank 0 did alone before. The save's time runs from its start (the snapshot) to
+its index being up, writing included; the one-process upload starts from the written checkpoint.
+$(cat "$RANKS_TABLE")
 DOC
 fi
