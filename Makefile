@@ -108,7 +108,7 @@ CLI_OBJ := $(call obj,programs/cli.c programs/progress.c)
 SYNTH_OBJ := $(call obj,programs/synth.c)
 
 PROGRAMS := $(BUILD)/bin/tp-ckpt $(BUILD)/bin/tp-reshard $(BUILD)/bin/tp-train $(BUILD)/bin/tp-elastic
-BENCH_PROGRAMS := $(BUILD)/bench/bench_ckpt $(BUILD)/bench/product_peak
+BENCH_PROGRAMS := $(BUILD)/bench/bench_ckpt $(BUILD)/bench/product_peak $(BUILD)/bench/index_scale
 TEST_SRC := $(wildcard tests/*/test_*.c)
 TEST_SUPPORT := $(call obj,$(wildcard tests/support/*.c))
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/trainer/layer_check
@@ -118,7 +118,7 @@ TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-megatron bench-dcp bench-llama bench-elastic bench-remote bench-revisions clean programs tests
+.PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-megatron bench-dcp bench-llama bench-elastic bench-remote bench-scale bench-revisions clean programs tests
 
 all: deps
 	@$(SUBMAKE) build
@@ -197,6 +197,12 @@ $(BUILD)/bench/product_peak: $(BUILD)/obj/bench/product_peak.o $(LIB_KERNELS) $(
 	@mkdir -p $(dir $@)
 	$(say) LD $@
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# index_scale counts the heap through wrappers of the allocator (bench/index_scale.c).
+$(BUILD)/bench/index_scale: $(BUILD)/obj/bench/index_scale.o $(MODEL_STACK)
+	@mkdir -p $(dir $@)
+	$(say) LD $@
+	$(Q)$(CC) $(ALL_LDFLAGS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 # An MPI program the layer tests run under mpirun: without Criterion, whose
 # sandbox would take it for one of its own children.
@@ -298,6 +304,10 @@ bench-elastic: deps
 bench-remote: deps
 	@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-remote.sh
+
+bench-scale: deps
+	@$(SUBMAKE) build
+	@BUILD=$(BUILD) scripts/bench-scale.sh
 
 bench-reshard: deps
 	@$(SUBMAKE) build

@@ -35,6 +35,9 @@ export BENCH_LLAMA_MODEL=llama-tiny BENCH_LLAMA_SHAPE="--layers 2 --dim 64 --hea
 export BENCH_ROWS="tiny-shrink tiny-node-down" BENCH_TINY_STEPS="8 2 5" BENCH_LARGE="--model tiny"
 # bench-remote: a checkpoint of the tiny model.
 export BENCH_MODEL="--model tiny"
+# bench-scale: the index of a 4-layer Llama of dim 64 at tp8 pp2, dp 2 and 4, and 16 layers at pp2 and pp16.
+export BENCH_SCALE_MODEL="--layers 4 --dim 64 --ffn 128 --heads 8 --kv-heads 8 --vocab 256" BENCH_SCALE_PP=2
+export BENCH_SCALE_DPS="2 4" BENCH_SCALE_DEEP=16
 # bench-revisions: the current build as both revisions (building two takes
 # half a minute here); a tiny checkpoint and training cases.
 export BENCH_BASE_BIN="$BUILD/bin" BENCH_CURRENT_BIN="$BUILD/bin"
@@ -113,6 +116,30 @@ else
 fi
 bench bench-elastic
 bench bench-remote
+bench bench-scale
+# Real figures, not zeros: each case's index has a size, its serializing and
+# parsing took time and heap, and a save makes requests; the deep model at
+# 128 files has as many pieces as at 16.
+scale_figures() {
+    "$PY" - "$BENCH_SCRATCH/scale/results.jsonl" <<'PYEOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+if len(rows) != 5:
+    sys.exit(f"{len(rows)} cases, expected 5")
+for r in rows:
+    for key in ("index_bytes", "serialize_s", "serialize_heap_bytes", "parse_s", "parse_heap_bytes", "save_put",
+                "piece_gets_per_copy"):
+        if not r[key] > 0:
+            sys.exit(f"{r['case']}: {key} is {r[key]}")
+    if r["files"] != 8 * r["pp"] or r["ranks"] != r["files"] * r["dp"]:
+        sys.exit(f"{r['case']}: {r['files']} files, {r['ranks']} ranks")
+if rows[3]["pieces"] != rows[4]["pieces"] or rows[3]["files"] == rows[4]["files"]:
+    sys.exit("the deep cases differ in more than their files")
+if not rows[1]["index_bytes"] > rows[0]["index_bytes"]:
+    sys.exit("a larger world did not make a larger index (one rng entry per rank)")
+PYEOF
+}
+check "bench-scale: real figures for every case" scale_figures
 bench bench-revisions
 if nvidia-smi -L >/dev/null 2>&1; then
     bench bench-gpu
