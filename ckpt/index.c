@@ -249,7 +249,22 @@ typedef struct {
     char context[300];   /* "tensor 'x'" etc. */
     int status;
     int partial;         /* a part of an index: absent files and pieces are null */
+    int *file_at;        /* per shard (pp * tp + tp): its place in 'files', -1 when not listed; a lookup, not a
+                            search per piece (16,000 files took 13 s to parse) */
 } parse_ctx;
+
+/* The place in 'files' of the file named `name`, or -1. */
+static int listed_file(const parse_ctx *ctx, const ckpt_index *index, const char *name)
+{
+    int pp, tp;
+    char expect[64];
+    if (sscanf(name, "shard_pp%d_tp%d.h5", &pp, &tp) != 2 || pp < 0 || pp >= index->layout.pp || tp < 0 ||
+        tp >= index->layout.tp)
+        return -1;
+    int f = ctx->file_at[pp * index->layout.tp + tp];
+    ckpt_shard_file_name(pp, tp, expect, sizeof expect);
+    return f >= 0 && strcmp(expect, name) == 0 ? f : -1;
+}
 
 static void parse_error(parse_ctx *ctx, const char *field, const char *expected)
 {
@@ -456,9 +471,7 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
         parse_extents(ctx, po, ip, &geometry);
         if (cJSON_GetObjectItemCaseSensitive(po, "checksums_at"))
             ip->checksums_at = get_int(ctx, po, "checksums_at", 1, (int64_t)1 << 52);
-        ip->file_index = -1;
-        for (int f = 0; f < index->num_files; f++)
-            if (index->files[f].name[0] && strcmp(index->files[f].name, ip->file) == 0) ip->file_index = f;
+        ip->file_index = listed_file(ctx, index, ip->file);
         if (ip->file_index < 0) parse_error(ctx, "file", "a file listed in 'files'");
         else {
             ip->pp = index->files[ip->file_index].pp;
@@ -478,7 +491,7 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
 static int parse_index(const char *text, const char *where, int partial, ckpt_index *out)
 {
     memset(out, 0, sizeof *out);
-    parse_ctx ctx = {where, "", TP_OK, partial};
+    parse_ctx ctx = {where, "", TP_OK, partial, NULL};
     cJSON *root = NULL;
     TP_TRY(ckpt_json_parse(text, strlen(text), where, &root));
     if (!cJSON_IsObject(root)) {
@@ -544,7 +557,9 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
         goto done;
     }
     out->files = calloc((size_t)expected_files, sizeof *out->files);
-    if (!out->files) {
+    ctx.file_at = malloc((size_t)expected_files * sizeof *ctx.file_at);
+    for (int f = 0; ctx.file_at && f < expected_files; f++) ctx.file_at[f] = -1;
+    if (!out->files || !ctx.file_at) {
         ctx.status = tp_fail(TP_ERR_NOMEM, "%s: out of memory", where);
         goto done;
     }
@@ -571,9 +586,9 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
         ckpt_shard_file_name(file->pp, file->tp, expect, sizeof expect);
         if (!ctx.status && strcmp(expect, file->name) != 0) parse_error(&ctx, "name", expect);
         if (ctx.status) goto done;
-        for (int g = 0; g < out->num_files; g++)
-            if (out->files[g].name[0] && strcmp(out->files[g].name, file->name) == 0)
-                parse_error(&ctx, "name", "a file listed once");
+        int *at = &ctx.file_at[file->pp * out->layout.tp + file->tp];
+        if (*at >= 0) parse_error(&ctx, "name", "a file listed once");
+        *at = out->num_files;
         out->num_files++;
     }
     ctx.context[0] = '\0';
@@ -601,6 +616,7 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
         if (ctx.status) goto done;
     }
 done:
+    free(ctx.file_at);
     cJSON_Delete(root);
     if (ctx.status) ckpt_index_free(out);
     return ctx.status;
