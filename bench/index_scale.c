@@ -37,6 +37,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "../ckpt/commit.h"
 #include "../ckpt/index.h"
 #include "../common/clock.h"
 #include "../common/parse.h"
@@ -444,6 +445,47 @@ int main(int argc, char **argv)
         }
         ckpt_index_free(&parsed);
     }
+    /* The distributed commit (trainer/checkpoint.c): each writer's part of
+     * the index (what it sends rank 0), and rank 0's merge of all of them,
+     * which must give the same text. Up to 1,024 files (the parts are cut
+     * from the index here in files x pieces). */
+    double merge_s = -1;
+    int64_t part_max = 0, parts_total = 0;
+    if (!status && index.num_files <= 1024) {
+        char **parts = calloc((size_t)index.num_files, sizeof *parts);
+        ckpt_index_file *files = malloc((size_t)index.num_files * sizeof *files);
+        if (!parts || !files) status = tp_fail(TP_ERR_NOMEM, "out of memory for the parts");
+        else memcpy(files, index.files, (size_t)index.num_files * sizeof *files);
+        for (int f = 0; !status && f < index.num_files; f++) {
+            for (int g = 0; g < index.num_files; g++) index.files[g].name[0] = g == f ? files[g].name[0] : '\0';
+            for (int i = 0; i < index.num_tensors; i++)
+                for (int p = 0; p < index.tensors[i].num_pieces; p++) {
+                    ckpt_index_piece *ip = &index.tensors[i].pieces[p];
+                    int at = ip->pp * index.layout.tp + ip->tp;
+                    ip->file_index = at == f ? f : -1;
+                }
+            status = ckpt_index_part_to_json(&index, &parts[f]);
+            if (!status && (int64_t)strlen(parts[f]) > part_max) part_max = (int64_t)strlen(parts[f]);
+            if (!status) parts_total += (int64_t)strlen(parts[f]);
+        }
+        if (files) memcpy(index.files, files, (size_t)index.num_files * sizeof *files);
+        for (int i = 0; i < index.num_tensors; i++)
+            for (int p = 0; p < index.tensors[i].num_pieces; p++)
+                index.tensors[i].pieces[p].file_index = index.tensors[i].pieces[p].pp * index.layout.tp +
+                                                        index.tensors[i].pieces[p].tp;
+        char *merged = NULL;
+        double t0 = now_seconds();
+        if (!status)
+            status = ckpt_index_from_parts(&index.layout, &index.state, (const char *const *)parts, index.num_files,
+                                           "synthetic parts", &merged);
+        merge_s = now_seconds() - t0;
+        if (!status && strcmp(merged, text) != 0)
+            status = tp_fail(TP_ERR_STATE, "the index merged from the parts is not the one built");
+        free(merged);
+        for (int f = 0; parts && f < index.num_files; f++) free(parts[f]);
+        free(parts);
+        free(files);
+    }
     if (status) {
         fprintf(stderr, "index_scale: %s\n", tp_errmsg());
         return 1;
@@ -469,6 +511,9 @@ int main(int argc, char **argv)
         printf("  %-34s %.3f s, peak heap %.1f MB, kept %.1f MB\n", "parse (ckpt_index_parse)", parse_s,
                parse_heap / MB, kept_heap / MB);
         printf("  %-34s %.1f MB\n", "process peak RSS", usage_self.ru_maxrss / 1e3);
+        if (merge_s >= 0)
+            printf("  %-34s %.3f s for %lld parts of at most %.1f kB (%.2f MB in all), the same text\n",
+                   "commit merge (ckpt_index_from_parts)", merge_s, (long long)files, part_max / 1e3, parts_total / MB);
         printf("computed (request rules of ckpt/, docs/SCALE.md):\n");
         printf("  %-34s %.1f GB; per writer %.2f to %.2f GB\n", "checkpoint", rq.ckpt_bytes / GB, rq.file_min / GB,
                rq.file_max / GB);
@@ -489,7 +534,8 @@ int main(int argc, char **argv)
            "\"ckpt_bytes\":%lld,\"file_bytes_max\":%lld,\"file_bytes_min\":%lld,\"part_bytes\":%lld,\"parts_max\":%lld,"
            "\"save_put\":%lld,\"save_post\":%lld,\"save_head\":%lld,\"save_list\":%lld,\"save_delete_replacing\":%lld,"
            "\"open_head_per_rank\":%lld,\"open_get_per_rank\":%lld,\"open_list_per_rank\":%lld,"
-           "\"piece_gets_per_rank_max\":%lld,\"piece_gets_per_copy\":%lld,\"keep\":%lld}\n",
+           "\"piece_gets_per_rank_max\":%lld,\"piece_gets_per_copy\":%lld,\"keep\":%lld,\"part_bytes_max\":%lld,"
+           "\"parts_bytes\":%lld,\"merge_s\":%.6f}\n",
            gpt_arch_name(config.arch), (long long)parameters, (long long)config.layers, (long long)tp, (long long)pp,
            (long long)dp, (long long)world, compressed ? "true" : "false", (long long)files, index.num_tensors,
            (long long)rq.pieces, (long long)text_bytes, serialize_s, (long long)serialize_heap, parse_s,
@@ -498,7 +544,7 @@ int main(int argc, char **argv)
            (long long)rq.parts_max, (long long)rq.save_put, (long long)rq.save_post, (long long)rq.save_head,
            (long long)rq.save_list, (long long)rq.save_delete_replacing, (long long)rq.open_head,
            (long long)rq.open_get, (long long)rq.open_list, (long long)rq.piece_gets_max,
-           (long long)rq.piece_gets_all, (long long)keep);
+           (long long)rq.piece_gets_all, (long long)keep, (long long)part_max, (long long)parts_total, merge_s);
     free(text);
     ckpt_index_free(&index);
     return 0;

@@ -80,7 +80,8 @@ static cJSON *tensor_to_json(const ckpt_index_tensor *it, int tp, int partial)
     cJSON_AddNumberToObject(o, "checksum_block_rows", (double)it->block_rows);
     char digest[17];
     uint64_t sum = 0;
-    for (int p = 0; p < it->num_pieces; p++) sum += it->pieces[p].digest;
+    for (int p = 0; p < it->num_pieces; p++)
+        if (!partial || it->pieces[p].file_index >= 0) sum += it->pieces[p].digest; /* a part: its own pieces' */
     ckpt_format_checksum(sum, digest);
     cJSON_AddStringToObject(o, "digest", digest);
     if (partial) cJSON_AddNumberToObject(o, "order", (double)it->order);
@@ -176,23 +177,27 @@ static int check_seal(const char *text, const cJSON *root, const char *where)
 static int index_to_json(const ckpt_index *index, int partial, char **out)
 {
     int status = TP_OK;
+    /* A part carries no train state: the process that merges has it (an
+     * rng entry per rank would make every part grow with the world). */
+    const ckpt_train_state *state = &index->state, none = {0, 0, NULL, NULL, NULL, NULL};
+    if (partial) state = &none;
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "format", CKPT_FORMAT_TAG);
     int64_t version[2] = {index->major, index->minor};
     cJSON_AddItemToObject(root, "format_version", int_array(version, 2));
-    cJSON_AddNumberToObject(root, "step", (double)index->state.step);
+    cJSON_AddNumberToObject(root, "step", (double)state->step);
     cJSON *layout = cJSON_AddObjectToObject(root, "layout");
     cJSON_AddNumberToObject(layout, "tp", index->layout.tp);
     cJSON_AddNumberToObject(layout, "pp", index->layout.pp);
     cJSON_AddNumberToObject(layout, "dp", index->layout.dp);
     cJSON_AddNumberToObject(layout, "num_layers", (double)index->layout.num_layers);
-    cJSON *model = parse_state_json(index->state.model_json, 'o', "model", &status);
-    cJSON *schedule = parse_state_json(index->state.schedule_json, 'o', "schedule", &status);
-    cJSON *rng = parse_state_json(index->state.rng_json, 'a', "rng", &status);
-    cJSON *user = parse_state_json(index->state.user_json, 'o', "user", &status);
+    cJSON *model = parse_state_json(state->model_json, 'o', "model", &status);
+    cJSON *schedule = parse_state_json(state->schedule_json, 'o', "schedule", &status);
+    cJSON *rng = parse_state_json(state->rng_json, 'a', "rng", &status);
+    cJSON *user = parse_state_json(state->user_json, 'o', "user", &status);
     cJSON_AddItemToObject(root, "model", model ? model : cJSON_CreateObject());
     cJSON *train = cJSON_AddObjectToObject(root, "train");
-    cJSON_AddNumberToObject(train, "consumed_samples", (double)index->state.consumed_samples);
+    cJSON_AddNumberToObject(train, "consumed_samples", (double)state->consumed_samples);
     cJSON_AddItemToObject(train, "schedule", schedule ? schedule : cJSON_CreateObject());
     cJSON_AddItemToObject(train, "rng", rng ? rng : cJSON_CreateArray());
     cJSON_AddItemToObject(root, "user", user ? user : cJSON_CreateObject());
@@ -215,8 +220,12 @@ static int index_to_json(const ckpt_index *index, int partial, char **out)
         cJSON_AddItemToArray(files, f);
     }
     cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
-    for (int i = 0; i < index->num_tensors; i++)
-        cJSON_AddItemToArray(tensors, tensor_to_json(&index->tensors[i], index->layout.tp, partial));
+    for (int i = 0; i < index->num_tensors; i++) {
+        const ckpt_index_tensor *it = &index->tensors[i];
+        int present = !partial;
+        for (int p = 0; !present && p < it->num_pieces; p++) present = it->pieces[p].file_index >= 0;
+        if (present) cJSON_AddItemToArray(tensors, tensor_to_json(it, index->layout.tp, partial)); /* a part: its own */
+    }
     if (!status) {
         *out = cJSON_Print(root);
         if (!*out) status = tp_fail(TP_ERR_NOMEM, "cannot serialize the index");

@@ -33,8 +33,8 @@ export BENCH_MODELS=tiny BENCH_SEQ=32 BENCH_MICRO_BATCH=1
 export BENCH_LLAMA_MODEL=llama-tiny BENCH_LLAMA_SHAPE="--layers 2 --dim 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 256 --seq 32"
 # bench-elastic: one row per launcher, the tiny model, 8 steps.
 export BENCH_ROWS="tiny-shrink tiny-node-down" BENCH_TINY_STEPS="8 2 5" BENCH_LARGE="--model tiny"
-# bench-remote: a checkpoint of the tiny model.
-export BENCH_MODEL="--model tiny"
+# bench-remote: a checkpoint of the tiny model; tp-train's per-rank saves at 1 and 2 ranks.
+export BENCH_MODEL="--model tiny" BENCH_RANKS="1 2"
 # bench-scale: the index of a 4-layer Llama of dim 64 at tp8 pp2, dp 2 and 4, and 16 layers at pp2 and pp16.
 export BENCH_SCALE_MODEL="--layers 4 --dim 64 --ffn 128 --heads 8 --kv-heads 8 --vocab 256" BENCH_SCALE_PP=2
 export BENCH_SCALE_DPS="2 4" BENCH_SCALE_DEEP=16
@@ -116,6 +116,7 @@ else
 fi
 bench bench-elastic
 bench bench-remote
+check "bench-remote: the per-rank saves' section, with a table of numbers" has_table bench-remote-ranks
 bench bench-scale
 # Real figures, not zeros: each case's index has a size, its serializing and
 # parsing took time and heap, and a save makes requests; the deep model at
