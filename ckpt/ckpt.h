@@ -637,10 +637,13 @@ int ckpt_shard_upload(const char *local_path, const ckpt_layout *layout, const c
                       const char *url, const ckpt_upload_options *upload, char **description);
 /* The index built from every description (NULL entries: processes that
  * write no shard; every shard must be described once) uploaded to url,
- * then the run directory's `latest` pointed at it when update_latest.
- * *bytes (may be NULL): the checkpoint's bytes, its shard files'. */
+ * then the run directory's `latest` pointed at it when update_latest;
+ * claim (ckpt_run_claim_take's, may be NULL) checked before each, so that
+ * nothing goes up beside a run that took the lease over. *bytes (may be
+ * NULL): the checkpoint's bytes, its shard files'. */
 int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_train_state *state,
-                         const char *const *descriptions, int count, int update_latest, int64_t *bytes);
+                         const char *const *descriptions, int count, ckpt_run_claim *claim, int update_latest,
+                         int64_t *bytes);
 
 /* A tool's output at target: a local target is written where it is
  * (local = target); a remote one (refused at once when something is there

@@ -142,7 +142,8 @@ int ckpt_shard_upload(const char *local_path, const ckpt_layout *layout, const c
 }
 
 int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_train_state *state,
-                         const char *const *descriptions, int count, int update_latest, int64_t *bytes)
+                         const char *const *descriptions, int count, ckpt_run_claim *claim, int update_latest,
+                         int64_t *bytes)
 {
     char remote_index[CKPT_PATH_MAX];
     TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
@@ -156,10 +157,13 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
     }
     if (!status) ckpt_index_free(&index);
     ckpt_fault_point("upload-before-index");
+    if (!status) status = ckpt_run_claim_check(claim);
     if (!status) status = remote_put_data(remote_index, json, strlen(json));
     free(json);
-    if (!status && update_latest) status = ckpt_upload_latest(url);
-    return status;
+    if (status || !update_latest) return status;
+    ckpt_fault_point("before-latest");
+    TP_TRY(ckpt_run_claim_check(claim)); /* nothing more beside a run that took the lease over meanwhile */
+    return ckpt_upload_latest(url);
 }
 
 int ckpt_upload_latest(const char *checkpoint_url)

@@ -299,11 +299,9 @@ static void *commit_checkpoint(void *arg)
     options.overwrite = 1;
     options.update_latest = 1;
     options.staging_owner = s->owner;
-    if (s->url[0] && (s->commit_status = ckpt_run_claim_check(s->claim)) != TP_OK)
-        ; /* a lease taken over: nothing more goes up beside its new holder */
-    else if (s->url[0])
+    if (s->url[0])
         s->commit_status = ckpt_commit_uploaded(s->url, &layout, &state, (const char *const *)s->descriptions,
-                                                c->world, 1, &s->upload_bytes);
+                                                c->world, s->claim, 1, &s->upload_bytes);
     else
         s->commit_status = ckpt_commit_staged(s->path, &layout, &state, &options);
     if (s->commit_status != TP_OK) snprintf(s->commit_message, sizeof s->commit_message, "%s", tp_errmsg());
