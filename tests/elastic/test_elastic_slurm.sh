@@ -7,13 +7,15 @@
 # stopped with SIGSTOP is a hang, ended and relaunched; a node added to the
 # running job (Slurm's job expansion) grows the run; a batch job requeued
 # mid-run (scontrol requeue) starts tp-elastic again, which continues the
-# run. In every case the last step is reached and the losses equal an
-# uninterrupted run's (1e-4).
+# run; checkpoints in an S3 store (s3rver) with a cache per node and no
+# shared file system, a rank killed and a node set down. In every case the
+# last step is reached and the losses equal an uninterrupted run's (1e-4).
 # Skipped, and said so, where Slurm is not installed.
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$ROOT/tests/support/slurm.sh"
 . "$ROOT/tests/elastic/lib.sh"
+. "$ROOT/tests/support/objstore.sh"
 
 if ! slurm_available; then
     echo "[SKIP] [$NAME] Slurm is not installed (make deps installs slurm-wlm)"
@@ -33,7 +35,7 @@ TRAIN_ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --steps $STEP
 FAST="--backoff 0.2 --heartbeat-timeout 20 --start-timeout 60 --grace 2 --ranks-per-node 1"
 
 slurm_start "$WORK/cluster" 3 2 || { echo "FAIL [$NAME] the Slurm cluster did not start" >&2; exit 1; }
-trap 'slurm_stop; rm -rf "$WORK"' EXIT INT TERM
+trap 'slurm_stop; s3_stop 2>/dev/null; rm -rf "$WORK"' EXIT INT TERM
 
 expect_ok "an uninterrupted run (mpirun, 4 ranks)" mpirun --oversubscribe -np 4 "$TRAIN" $TRAIN_ARGS --tp 2 \
     --ckpt-dir "$WORK/ref" --log "$WORK/ref.jsonl"
@@ -146,4 +148,71 @@ check "requeue: tp-elastic started twice" [ "$(events "$R" orchestrator_start)" 
 check "requeue: the run finished" grep -q '"event":"finished"' "$R/elastic/events.jsonl"
 check "requeue: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
 check "requeue: no rank left" nothing_left "$R"
+# ------------------------- an object store, a cache per node, no shared disk
+# Checkpoints to s3://bkt/el; each node's trainers write into a TMPDIR of
+# that node's own (the launcher wrapper below), so no file system is shared
+# by the ranks: each uploads its own shard, rank 0 the index. Rank 1 dies
+# at step 25, then n3 is set down once step 40 is up. The run finishes with
+# the uninterrupted losses; no checkpoint is uploaded twice (each index
+# once, no shard of a step after its index: a step whose save was cut off
+# before its index is saved again, by design); the caches of the nodes
+# still up hold nothing afterwards; --keep 2 leaves the two newest.
+if s3_start "$WORK/s3" bkt 2>"$WORK/.err"; then
+    export AWS_ENDPOINT_URL="$S3_ENDPOINT"
+    R="$WORK/s3run"
+    U=s3://bkt/el
+    mkdir -p "$R/elastic" "$WORK/nodes"
+    printf '#!/bin/sh\nexport TMPDIR="%s/nodes/${SLURMD_NODENAME:?not under Slurm}"\nmkdir -p "$TMPDIR"\nexec "%s" "$@"\n' \
+        "$WORK" "$TRAIN" >"$WORK/on-node.sh"
+    chmod +x "$WORK/on-node.sh"
+    wait_log() { while ! grep -q "$1" "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done; }
+    (
+        wait_log '"event":"upload","step":40,'
+        slurm_node_down n3
+    ) &
+    watcher=$!
+    expect_ok "s3, a cache per node: a rank killed, a node down, the run finishes" slurm_alloc 3 "$ELASTIC" run \
+        --ckpt-dir "$U" --state-dir "$R/elastic" --keep 2 $FAST -- "$WORK/on-node.sh" $TRAIN_ARGS \
+        --fault die --fault-step 25 --fault-rank 1 --fault-once "$R.fault"
+    kill $watcher 2>/dev/null
+    before=$FAILED
+    check "s3: two failures (the rank killed, the node down)" \
+        [ "$(events "$R" failure)" -eq $((2 + $(mpi_startup_crashes "$R"))) ]
+    check "s3: relaunched on the 2 nodes left" grep -q '"nodes":\["n1","n2"\]' "$R/elastic/events.jsonl"
+    check "s3: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+    check "s3: the bucket's latest names step 60" [ "$(cat "$WORK/s3/bkt/el/latest._S3rver_object")" = step_00000060 ]
+    check "s3: each node had a cache of its own" [ "$(ls -d "$WORK"/nodes/n*/tp-train-cache-* | wc -l)" -eq 3 ]
+    # n3 went down mid-run: a save it was writing then may have left its
+    # staging entry there, which the next trainer on n3 removes at start.
+    check "s3: the caches of n1 and n2 hold no shard, staging entry or checkpoint" \
+        sh -c "! find '$WORK/nodes/n1' '$WORK/nodes/n2' -name '*.h5' -o -name '*staging*' -o -name 'step_*' | grep -q ."
+    check "s3: n3's cache holds no checkpoint" sh -c "! find '$WORK/nodes/n3' -name 'step_*' | grep -q ."
+    if [ -n "$S3_REQUEST_LOG" ]; then
+        check "s3: each step's index PUT once, after all of its shards, none after it" "$PY" -c '
+import re, sys
+indexed, ok = {}, True
+for line in open(sys.argv[1]):
+    method, path, status = line.split()
+    m = re.fullmatch(r"/bkt/el/(step_\d{8})/([^?]+)", path)
+    if method != "PUT" or status != "200" or not m:
+        continue
+    step, name = m.groups()
+    if step in indexed:
+        ok = False  # an index twice, or a shard after its index
+    if name == "index.json":
+        indexed[step] = True
+want = ["step_%08d" % s for s in range(10, 61, 10)]
+sys.exit(not (ok and sorted(indexed) == want))' "$S3_REQUEST_LOG"
+    else
+        echo "[SKIP] [$NAME] s3: uploads counted (needs the signature proxy, python3-botocore)"
+    fi
+    run "$BIN/tp-ckpt" info "$U/step_00000040"
+    check "s3: --keep 2: step 40 is gone from the bucket" [ "$RC" -ne 0 ]
+    expect_ok "s3: the last checkpoint verifies" "$BIN/tp-ckpt" verify "$U"
+    show_launches_if_failed "$before" "$R"
+    s3_stop
+    slurm_node_resume n3
+else
+    echo "[SKIP] [$NAME] s3: $(head -n 1 "$WORK/.err")"
+fi
 finish

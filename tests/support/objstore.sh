@@ -33,7 +33,9 @@
 #                           refuses (403 SignatureDoesNotMatch) what S3 would;
 #                           S3_SIGNATURES=checked, else unchecked. Exports
 #                           S3_ENDPOINT (http://127.0.0.1:PORT), S3_BUCKET,
-#                           S3_PID, S3_SIGNATURES, and s3rver's keys and region:
+#                           S3_PID, S3_SIGNATURES, S3_REQUEST_LOG (with the
+#                           proxy: "METHOD PATH STATUS" per request relayed,
+#                           else empty), and s3rver's keys and region:
 #                           AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER
 #                           AWS_REGION=us-east-1 (AWS_SESSION_TOKEN unset)
 #   s3_stop                 stops it, removes its temporary directory (not
@@ -350,7 +352,7 @@ s3_start() {
     if [ "${OBJSTORE_S3_PROXY:-1}" != 0 ] && /usr/bin/python3 -c 'import botocore' 2>/dev/null; then
         mkdir -p "$_s3_d/proxy"
         _objstore_spawn "$_s3_d/proxy" /usr/bin/python3 "${ROOT:-.}/tests/support/sigv4_proxy.py" "$_s3_port" \
-            S3RVER S3RVER us-east-1 || { s3_stop; return 1; }
+            S3RVER S3RVER us-east-1 "$_s3_d/proxy/requests.log" || { s3_stop; return 1; }
         _s3_proxy_port=""
         _s3_end=$(($(date +%s) + 20))
         while [ -z "$_s3_proxy_port" ] && [ "$(date +%s)" -lt $_s3_end ]; do
@@ -391,7 +393,10 @@ EOF
     AWS_REGION=us-east-1
     unset AWS_SESSION_TOKEN
     S3_LOG="$_s3_d/server.log"
-    export S3_ENDPOINT S3_BUCKET S3_PID S3_SIGNATURES S3_LOG AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
+    # The requests relayed, "METHOD PATH STATUS" a line (empty without the proxy).
+    S3_REQUEST_LOG=""
+    [ "$S3_SIGNATURES" = checked ] && S3_REQUEST_LOG="$_s3_d/proxy/requests.log"
+    export S3_REQUEST_LOG S3_ENDPOINT S3_BUCKET S3_PID S3_SIGNATURES S3_LOG AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
 }
 
 # s3_pids: s3rver's processes and the signature-checking proxy's.
@@ -404,7 +409,7 @@ s3_stop() {
     [ -z "${_S3_DIR:-}" ] || _objstore_stop "$_S3_DIR/proxy" "the signature-checking proxy" || return 1
     _objstore_stop "${_S3_DIR:-}" s3rver || return 1
     _S3_DIR=""
-    unset S3_ENDPOINT S3_BUCKET S3_PID S3_SIGNATURES S3_LOG AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
+    unset S3_ENDPOINT S3_BUCKET S3_PID S3_SIGNATURES S3_LOG S3_REQUEST_LOG AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
 }
 
 s3cmd_run() {

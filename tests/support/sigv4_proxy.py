@@ -10,14 +10,16 @@ payload hash in x-amz-content-sha256 (a body that does not hash to it is
 refused too, unless it is UNSIGNED-PAYLOAD). A request that passes is
 forwarded to the upstream server and its answer relayed.
 
-Usage: sigv4_proxy.py UPSTREAM_PORT ACCESS_KEY SECRET_KEY REGION
-Prints "sigv4 proxy listening on 127.0.0.1:PORT" once it listens."""
+Usage: sigv4_proxy.py UPSTREAM_PORT ACCESS_KEY SECRET_KEY REGION [REQUEST_LOG]
+With REQUEST_LOG, every request relayed is appended to it as a line
+"METHOD PATH STATUS" (tests count uploads with it). Prints "sigv4 proxy listening on 127.0.0.1:PORT" once it listens."""
 import hashlib
 import http.client
 import http.server
 import re
 import socket
 import sys
+import threading
 from urllib.parse import urlsplit
 
 from botocore.auth import S3SigV4Auth
@@ -25,6 +27,8 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 UPSTREAM_PORT, ACCESS_KEY, SECRET_KEY, REGION = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+REQUEST_LOG = sys.argv[5] if len(sys.argv) > 5 else None
+LOG_LOCK = threading.Lock()
 AUTH = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/s3/aws4_request, ?"
                   r"SignedHeaders=([a-z0-9;-]+), ?Signature=([0-9a-f]{64})$")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
@@ -102,6 +106,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         upstream.request(self.command, self.path, body=body if length else None, headers=headers)
         answer = upstream.getresponse()
         data = answer.read()
+        if REQUEST_LOG:
+            with LOG_LOCK, open(REQUEST_LOG, "a") as log:
+                log.write("%s %s %d\n" % (self.command, self.path, answer.status))
         self.send_response(answer.status, answer.reason)
         for name, value in answer.getheaders():
             if name.lower() not in HOP_BY_HOP and name.lower() != "content-length":
