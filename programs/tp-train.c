@@ -430,8 +430,11 @@ static void on_report(void *ctx, const train_report *r)
             printf("uploaded the checkpoint of step %lld to %s: %.1f MB in %.2f s\n", (long long)r->step, r->text,
                    (double)r->bytes / 1e6, r->seconds);
         if (p->log) {
-            fprintf(p->log, "{\"event\":\"upload\",\"step\":%lld,\"seconds\":%.3f,\"bytes\":%lld,\"time\":%.6f}\n",
-                    (long long)r->step, r->seconds, (long long)r->bytes, unix_seconds());
+            fprintf(p->log,
+                    "{\"event\":\"upload\",\"step\":%lld,\"seconds\":%.3f,\"bytes\":%lld,\"write_seconds\":%.3f,"
+                    "\"upload_seconds\":%.3f,\"index_seconds\":%.3f,\"time\":%.6f}\n",
+                    (long long)r->step, r->seconds, (long long)r->bytes, r->phases.write, r->phases.upload,
+                    r->phases.index, unix_seconds());
             fflush(p->log);
         }
         break;

@@ -124,7 +124,8 @@ bench_store() { # name our-base-url curl-base-url [curl options]
 # at 1, 2, 4 and 8 ranks, beside one process uploading the same checkpoint
 # (tp-ckpt copy, 8 threads: what rank 0 did alone before, after a local
 # commit). Per row: the save's seconds from its start to its index being up
-# (the trainer's upload event), the training loop's stall for it, and the
+# (the trainer's upload event), the training loop's stall for it, its phases
+# (the slowest rank's writing and uploading, the index), and the
 # one-process upload of its bytes.
 #   BENCH_RANKS (default "1 2 4 8"), BENCH_TRAIN_MODEL (default $MODEL)
 RANKS=${BENCH_RANKS:-"1 2 4 8"}
@@ -149,13 +150,14 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 up = [r for r in rows if r.get("event") == "upload" and r["step"] == 2][0]
 stall = [r for r in rows if r.get("step") == 2 and "loss" in r][0]["ckpt_stall_ms"] / 1e3
-print("%.2f %.3f %d" % (up["seconds"], stall, up["bytes"]))' "$log")
+print("%.2f %.3f %d %.2f %.2f %.2f" % (up["seconds"], stall, up["bytes"], up["write_seconds"], up["upload_seconds"],
+                                        up["index_seconds"]))' "$log")
         rm -rf "$SCRATCH/copy$n"
         "$BIN/tp-ckpt" copy "$base_url/ranks$n/step_00000002" "$SCRATCH/copy$n" >&2
         sync
         one=$(measure "$BIN/tp-ckpt" copy --force "$SCRATCH/copy$n" "$base_url/one$n/step_00000002" | seconds)
-        printf '| %s | %s | %s MB | %s s | %s s | %s s | %s |\n' "$n" "$(layout_of "$n")" \
-            "$($PY -c "print('%.1f' % ($3 / 1e6))")" "$1" "$2" "$one" "$(ratio "$one" "$1")"
+        printf '| %s | %s | %s MB | %s s | %s s | %s s | %s s | %s s | %s s | %s |\n' "$n" "$(layout_of "$n")" \
+            "$($PY -c "print('%.1f' % ($3 / 1e6))")" "$1" "$2" "$4" "$5" "$6" "$one" "$(ratio "$one" "$5")"
         rm -rf "$SCRATCH/copy$n" "$SCRATCH"/node$n-*
     done
 }
@@ -187,8 +189,8 @@ if [ $started = 0 ]; then
         echo
         echo "tp-train $TRAIN_MODEL, a save at step 2 of 4 to nginx WebDAV, a TMPDIR per rank; $(nproc) cores"
         echo
-        echo "| ranks | layout | checkpoint | save: start to index up (per-rank uploads) | training stall | one process uploads it (tp-ckpt copy) | one process / per-rank |"
-        echo "| --- | --- | --- | --- | --- | --- | --- |"
+        echo "| ranks | layout | checkpoint | save: start to index up | training stall | writing (slowest rank) | uploading (slowest rank) | index and latest | one process uploads it (tp-ckpt copy) | one process / per-rank upload |"
+        echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     } | tee "$RANKS_TABLE"
     bench_ranks "$WEBDAV_URL" | tee -a "$RANKS_TABLE"
     webdav_stop

@@ -90,8 +90,8 @@ struct saver {
     char *description;              /* this rank's shard, uploaded */
     char **descriptions;            /* rank 0: every rank's (world entries) */
     int upload_failed;              /* this rank's write went well, its upload did not */
-    int64_t upload_bytes;           /* rank 0: the pending commit's checkpoint bytes */
-    int64_t committed_bytes[2];
+    save_phases phases;             /* of the pending save: this rank's, then (rank 0) the slowest rank's */
+    save_phases committed_phases[2];
     int64_t failed_step;            /* an upload that failed, not yet taken; -1: none */
     char failed_message[1024];
     int64_t step, consumed;
@@ -256,10 +256,13 @@ static void *write_shard(void *arg)
         if (status) ckpt_writer_abort(w);
         else if ((status = ckpt_writer_finish(w)) != TP_OK) snprintf(s->message, sizeof s->message, "%s", tp_errmsg());
     }
+    double written = now_seconds();
+    s->phases.write = written - s->started;
     if (!status && s->url[0] && (status = upload_shard(s, &layout, &options)) != TP_OK) {
         snprintf(s->message, sizeof s->message, "%s", tp_errmsg());
         s->upload_failed = 1;
     }
+    s->phases.upload = now_seconds() - written;
     free(ids);
     s->status = status;
     atomic_store(&s->done, 1);
@@ -299,11 +302,13 @@ static void *commit_checkpoint(void *arg)
     options.overwrite = 1;
     options.update_latest = 1;
     options.staging_owner = s->owner;
+    double start = now_seconds();
     if (s->url[0])
         s->commit_status = ckpt_commit_uploaded(s->url, &layout, &state, (const char *const *)s->descriptions,
-                                                c->world, s->claim, 1, &s->upload_bytes);
+                                                c->world, s->claim, 1, &s->phases.bytes);
     else
         s->commit_status = ckpt_commit_staged(s->path, &layout, &state, &options);
+    s->phases.index = now_seconds() - start;
     if (s->commit_status != TP_OK) snprintf(s->commit_message, sizeof s->commit_message, "%s", tp_errmsg());
     atomic_store(&s->commit_done, 1);
     return NULL;
@@ -357,6 +362,10 @@ static int finish_writes(saver *s)
         TP_TRY(comm_gather_texts(c, s->description, 0, &s->descriptions));
         free(s->description);
         s->description = NULL;
+        double slowest[2] = {s->phases.write, s->phases.upload};
+        TP_TRY(comm_all_reduce(c, GROUP_WORLD, slowest, 2, COMM_DOUBLE, COMM_MAX, COMM_HOST));
+        s->phases.write = slowest[0];
+        s->phases.upload = slowest[1];
     }
     s->committing = 1;
     if (c->rank != 0) return TP_OK;
@@ -386,12 +395,12 @@ static int finish_commit(saver *s)
     if (s->committed == 2) { /* not taken: the oldest goes */
         s->committed_step[0] = s->committed_step[1];
         s->committed_seconds[0] = s->committed_seconds[1];
-        s->committed_bytes[0] = s->committed_bytes[1];
+        s->committed_phases[0] = s->committed_phases[1];
         s->committed = 1;
     }
     s->committed_step[s->committed] = s->step;
     s->committed_seconds[s->committed] = now_seconds() - s->started;
-    s->committed_bytes[s->committed] = s->url[0] && c->rank == 0 ? s->upload_bytes : 0;
+    s->committed_phases[s->committed] = s->phases;
     s->committed++;
     return TP_OK;
 }
@@ -405,15 +414,15 @@ int saver_take_failed_upload(saver *s, int64_t *step, char *message, size_t size
     return 1;
 }
 
-int saver_take_committed(saver *s, int64_t *step, double *seconds, int64_t *bytes)
+int saver_take_committed(saver *s, int64_t *step, double *seconds, save_phases *phases)
 {
     if (!s->committed) return 0;
     *step = s->committed_step[0];
     *seconds = s->committed_seconds[0];
-    if (bytes) *bytes = s->committed_bytes[0];
+    if (phases) *phases = s->committed_phases[0];
     s->committed_step[0] = s->committed_step[1];
     s->committed_seconds[0] = s->committed_seconds[1];
-    s->committed_bytes[0] = s->committed_bytes[1];
+    s->committed_phases[0] = s->committed_phases[1];
     s->committed--;
     return 1;
 }
@@ -457,6 +466,7 @@ int saver_start(saver *s, const char *path, const char *url, const save_state *s
     if (s->pending) TP_TRY(saver_poll(s, 1));
     double start = now_seconds();
     s->started = start;
+    memset(&s->phases, 0, sizeof s->phases);
     snprintf(s->path, sizeof s->path, "%s", path);
     if (url && strlen(url) >= sizeof s->url) return tp_fail(TP_ERR_ARG, "URL too long: %s", url);
     snprintf(s->url, sizeof s->url, "%s", url ? url : "");

@@ -71,7 +71,13 @@ int64_t saver_pending_step(const saver *s);
  * taken: its step, and the seconds from its saver_start to then; 0 when
  * none. Two are kept: a step boundary can finish the pending save and a
  * synchronous one after it; take them after each boundary. */
-int saver_take_committed(saver *s, int64_t *step, double *seconds, int64_t *bytes /* remote, rank 0: uploaded; may be NULL */);
+/* A save's phases, for a remote one (rank 0): the slowest rank's seconds
+ * writing its shard and uploading it, and the index's upload. */
+typedef struct {
+    int64_t bytes; /* uploaded */
+    double write, upload, index;
+} save_phases;
+int saver_take_committed(saver *s, int64_t *step, double *seconds, save_phases *phases /* may be NULL */);
 
 /* A save to an object store whose upload failed (after the retries) and
  * that is not taken yet: 1 with its step and why (the same on every rank),

@@ -505,18 +505,20 @@ static int checkpoint_after(trainer *t, int64_t step, int stop)
  * finish_uploads). */
 static int report_saves(trainer *t)
 {
-    int64_t step, bytes;
+    int64_t step;
     double seconds;
+    save_phases phases;
     char message[1024];
     int remote = ckpt_is_remote(t->o->ckpt_dir);
-    while (saver_take_committed(t->saver, &step, &seconds, &bytes)) {
+    while (saver_take_committed(t->saver, &step, &seconds, &phases)) {
         char path[CKPT_PATH_MAX];
         TP_TRY(ckpt_step_path(remote ? t->o->ckpt_dir : t->save_dir, step, path, sizeof path));
         train_report r = {.kind = TRAIN_REPORT_SAVED, .step = step, .seconds = seconds, .text = path};
         report(t, &r);
         if (!remote) continue;
         t->last_upload_status = TP_OK;
-        train_report u = {.kind = TRAIN_REPORT_UPLOADED, .step = step, .seconds = seconds, .text = path, .bytes = bytes};
+        train_report u = {.kind = TRAIN_REPORT_UPLOADED, .step = step, .seconds = seconds, .text = path,
+                          .bytes = phases.bytes, .phases = {phases.write, phases.upload, phases.index}};
         report(t, &u);
     }
     while (saver_take_failed_upload(t->saver, &step, message, sizeof message)) {

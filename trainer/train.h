@@ -36,7 +36,7 @@ typedef enum {
                                the next one: no step comes until then, and the trainer is not hung */
     TRAIN_REPORT_WARNING, /* `text` says what went wrong and was worked around */
     TRAIN_REPORT_UPLOADED, /* rank 0, a remote --ckpt-dir: the checkpoint of `step` is uploaded to `text`
-                              (`seconds`, `bytes`) */
+                              (`seconds`, `bytes`, `phases`) */
 } train_report_kind;
 
 typedef struct {
@@ -54,6 +54,11 @@ typedef struct {
     int optimizer_loaded;       /* RESUMED: 0 when the checkpoint held no optimizer state */
     const char *text;           /* RESUMED, SAVED, UPLOADED: the checkpoint; WARNING: the message */
     int64_t bytes;              /* UPLOADED */
+    /* UPLOADED: the slowest rank's seconds writing its shard (snapshot included) and uploading it (describing
+     * included), and rank 0's building and uploading the index and `latest` */
+    struct {
+        double write, upload, index;
+    } phases;
 } train_report;
 
 typedef struct {

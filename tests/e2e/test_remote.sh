@@ -235,6 +235,11 @@ sys.exit(not (chosen and all(e["path"].startswith(sys.argv[2] + "/el/step_") for
         '[ "$RC" -eq 0 ] && grep -q "^uploaded the checkpoint of step 4 to $U/nodes/step_00000004: " "$WORK/.out" &&
         grep -q "^uploaded the checkpoint of step 8 to $U/nodes/step_00000008: " "$WORK/.out"'
     check "the server's latest names step 8" [ "$(cat "$DAV/nodes/latest")" = step_00000008 ]
+    check "each upload event says the slowest rank's writing and uploading and the index's time" "$PY" -c '
+import json, sys
+u = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "upload"]
+sys.exit(not (len(u) == 2 and all(r["write_seconds"] > 0 and r["upload_seconds"] > 0 and r["index_seconds"] > 0
+                                  and r["seconds"] >= r["write_seconds"] for r in u)))' "$WORK/nodes.jsonl"
     check "every shard of steps 4 and 8 PUT exactly once, each index once" "$PY" -c '
 import collections, sys
 puts = collections.Counter(l.split()[1] for l in open(sys.argv[1]).readlines()[int(sys.argv[2]):]
