@@ -523,9 +523,13 @@ int main(int argc, char **argv)
         printf("  %-34s %lld HEAD, %lld GET, %lld LIST before any piece; %lld GETs of pieces (busiest shard)\n",
                "resume, per rank", (long long)rq.open_head, (long long)rq.open_get, (long long)rq.open_list,
                (long long)rq.piece_gets_max);
-        printf("  %-34s %lld HEAD, %lld GET, %lld LIST (every rank reads the index and its shard)\n",
-               "resume, all ranks", (long long)(rq.open_head * world),
-               (long long)((rq.open_get * world) + rq.piece_gets_all * dp), (long long)(rq.open_list * world));
+        /* tp-train: the first data-parallel replica reads (one reader per
+         * shard), the others receive over their data-parallel group. */
+        printf("  %-34s %lld HEAD, %lld GET, %lld LIST (the %lld ranks of the first replica read; before, every "
+               "rank: %lld HEAD, %lld GET, %lld LIST)\n", "resume, all ranks", (long long)(rq.open_head * files),
+               (long long)(rq.open_get * files + rq.piece_gets_all), (long long)(rq.open_list * files), (long long)files,
+               (long long)(rq.open_head * world), (long long)((rq.open_get * world) + rq.piece_gets_all * dp),
+               (long long)(rq.open_list * world));
     }
     printf("{\"op\":\"index_scale\",\"arch\":\"%s\",\"parameters\":%lld,\"layers\":%lld,\"tp\":%lld,\"pp\":%lld,"
            "\"dp\":%lld,\"ranks\":%lld,\"compressed\":%s,\"files\":%lld,\"tensors\":%d,\"pieces\":%lld,"

@@ -550,6 +550,10 @@ static int read_view(const gpt_model *m, ckpt_reader *r, const char *name, const
  * checkpoint at path. */
 static int load_one(gpt_model *m, const char *path, const tensor_map *map, load_result *out)
 {
+    /* Only the first data-parallel replica reads; share_over_replicas hands
+     * its values to the others (a store sees each piece read once, not dp
+     * times: docs/SCALE.md). */
+    if (m->comm->dp_rank != 0) return TP_OK;
     ckpt_reader *r = NULL;
     TP_TRY(ckpt_reader_open(&r, path, NULL));
     const ckpt_train_state *state = ckpt_reader_state(r);
@@ -599,6 +603,49 @@ static int load_one(gpt_model *m, const char *path, const tensor_map *map, load_
     return status;
 }
 
+/* After the first replica loaded a checkpoint: its parameters (and
+ * moments) to every replica, over each data-parallel group (a sum with the
+ * others' zeros), and what it learnt of the checkpoint to every rank.
+ * Collective. */
+static int share_over_replicas(gpt_model *m, int with_optimizer, load_result *out)
+{
+    comm *c = m->comm;
+    if (c->dp > 1) {
+        size_t bytes = (size_t)m->total * sizeof(float);
+        if (c->dp_rank != 0) {
+            TP_TRY(m->kernels->zero(m->memory, bytes));
+            if (with_optimizer) TP_TRY(m->kernels->zero(m->memory + 2 * m->total, 2 * bytes));
+        }
+        TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory, m->total, COMM_FLOAT, COMM_SUM, m->stream));
+        if (with_optimizer)
+            TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + 2 * m->total, 2 * m->total, COMM_FLOAT, COMM_SUM, m->stream));
+    }
+    return comm_broadcast(c, out, (int64_t)sizeof *out, 0, COMM_HOST); /* rank 0 read it */
+}
+
+/* The checkpoints of dir to try, as rank 0 lists them, told to every rank
+ * (one listing of a store, not one per rank). Collective. */
+static int shared_candidates(comm *c, const char *dir, ckpt_candidate **list, int *count)
+{
+    *list = NULL;
+    *count = 0;
+    int64_t n = 0;
+    int status = c->rank == 0 ? ckpt_candidates(dir, list, count) : TP_OK;
+    n = *count;
+    TP_TRY(comm_agree_root(c, status, dir));
+    TP_TRY(comm_broadcast(c, &n, (int64_t)sizeof n, 0, COMM_HOST));
+    if (c->rank != 0 && n > 0 && !(*list = calloc((size_t)n, sizeof **list))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    status = comm_agree(c, status, dir);
+    if (!status && n > 0) status = comm_broadcast(c, *list, n * (int64_t)sizeof **list, 0, COMM_HOST);
+    if (status) {
+        free(*list);
+        *list = NULL;
+        return status;
+    }
+    *count = (int)n;
+    return TP_OK;
+}
+
 int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoint_warning warn, void *warn_ctx,
                     load_result *out)
 {
@@ -606,7 +653,7 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
     ckpt_candidate *list = NULL;
     tensor_map map;
     int n = 0;
-    int status = ckpt_candidates(dir, &list, &n);
+    int status = shared_candidates(c, dir, &list, &n);
     if (!status) status = tensor_map_create(&map, m, with_optimizer);
     else memset(&map, 0, sizeof map);
     status = comm_agree(c, status, dir);
@@ -623,8 +670,9 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         int flag = failed ? c->world - c->rank : 0;
         status = comm_all_reduce(c, GROUP_WORLD, &flag, 1, COMM_INT, COMM_MAX, COMM_HOST);
         if (!status && !flag) {
+            status = share_over_replicas(m, with_optimizer, out);
             int optimizer = out->optimizer_loaded ? 0 : 1, missing;
-            status = comm_any(c, optimizer, &missing);
+            if (!status) status = comm_any(c, optimizer, &missing);
             out->optimizer_loaded = !missing;
             break;
         }

@@ -100,9 +100,11 @@ typedef struct {
 typedef void (*checkpoint_warning)(void *ctx, const char *text);
 
 /* Loads the newest intact checkpoint under dir (a run directory or a
- * checkpoint): every rank reads its pieces, verifying their checksums; if any
- * rank finds damage, all fall back to the next older one (and warn, when
- * given, says so). Without with_optimizer only the parameters are read
+ * checkpoint): rank 0 lists the candidates; every rank of the first
+ * data-parallel replica reads its pieces, verifying their checksums, and
+ * hands them to the other replicas over its data-parallel group (a store
+ * sees the checkpoint read once, whatever dp is); if any rank finds damage,
+ * all fall back to the next older one (and warn, when given, says so). Without with_optimizer only the parameters are read
  * (evaluation). Collective; fails with the reason of the last one tried when
  * none is usable. */
 int checkpoint_load(gpt_model *model, const char *dir, int with_optimizer, checkpoint_warning warn, void *warn_ctx,
