@@ -257,6 +257,20 @@ sys.exit(not (sorted(puts) == sorted(want) and set(puts.values()) == {1}))' "$WE
         losses_match "$WORK/nodes.jsonl" "$WORK/ref.jsonl" 1e-4
     expect_ok "the run written by ranks without a shared file system verifies" "$CK" verify "$U/nodes"
     check "verify: step 20" grep -q "^ok: $U/nodes/step_00000020: " "$WORK/.out"
+    # A resume reads the checkpoint once, whatever dp is: at dp2 the same GETs
+    # of its shard as at dp1 (the second replica gets the values over its
+    # data-parallel group; rank 0 alone lists the run directory).
+    gets() { tail -n +"$(($1 + 1))" "$WEBDAV_ACCESS_LOG" | grep -c "^GET /nodes/step_00000020/shard_"; }
+    mark=$(wc -l <"$WEBDAV_ACCESS_LOG")
+    expect_ok "resume the finished run at dp1 (load only)" "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 20 \
+        --ckpt-dir "$U/nodes" --resume
+    at_dp1=$(gets "$mark")
+    mark=$(wc -l <"$WEBDAV_ACCESS_LOG")
+    expect_ok "resume the finished run at dp2 (load only)" mpi_train 2 --model tiny --micro-batch 1 --quiet \
+        --steps 20 --dp 2 --ckpt-dir "$U/nodes" --resume
+    at_dp2=$(gets "$mark")
+    check "a resume at dp2 reads the shard as often as at dp1 ($at_dp2 and $at_dp1 GETs)" \
+        [ "$at_dp1" -gt 0 -a "$at_dp2" -eq "$at_dp1" ]
 
     # --- 4d. A failed upload loses that checkpoint, not the run; the last
     # one must arrive. A file where a step's directory would go makes the
