@@ -26,6 +26,7 @@
 
 #include "../common/dtype.h"
 #include "../common/error.h"
+#include "../common/path.h"
 #include "storage.h"
 
 #define CKPT_FORMAT_MAJOR 1
@@ -33,7 +34,7 @@
 #define CKPT_MAX_DIMS 8
 #define CKPT_MAX_SEGMENTS 16
 #define CKPT_NAME_MAX 255
-#define CKPT_PATH_MAX 4096 /* bytes of a path, its NUL included */
+#define CKPT_PATH_MAX TP_PATH_MAX /* bytes of a path, its NUL included */
 #define CKPT_MAX_ELEMENTS ((int64_t)1 << 50) /* of a tensor, padding included: larger is refused as absurd */
 #define CKPT_ZSTD_FILTER_ID 32015 /* the registered HDF5 filter id of Zstandard */
 
@@ -458,13 +459,6 @@ void ckpt_verify_result_free(ckpt_verify_result *result);
  * NULL. */
 int ckpt_read_text_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out);
 
-/* JSON from files (objects, all of them), within bounds: parsing may
- * allocate at most CKPT_JSON_MEMORY_PER_BYTE bytes per byte of text, plus a
- * MiB (a real file needs a few; cJSON takes 40 for an array of small
- * numbers), and only white space may follow the value. Errors name `what`. */
-#define CKPT_JSON_MEMORY_PER_BYTE 16
-struct cJSON;
-int ckpt_json_parse(const char *text, size_t length, const char *what, struct cJSON **out);
 
 /* Size limits of the small files the toolkit reads: far above what real
  * ones need (an index of 100,000 tensors is about 60 MB), far below what

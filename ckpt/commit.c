@@ -316,7 +316,7 @@ static herr_t visit_object(hid_t group, const char *name, const H5O_info_t *info
 static int scan_file(scan_state *st, const char *dir)
 {
     char path[CKPT_PATH_MAX];
-    int status = ckpt_path_join(path, dir, st->file->name);
+    int status = tp_path_join(path, dir, st->file->name);
     if (status) return status;
     st->file_path = path;
     ckpt_stat info;
@@ -466,16 +466,16 @@ int ckpt_commit_directory(const ckpt_storage *storage, ckpt_staged *staged, cons
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
     const char *staging = ckpt_staged_path(staged);
-    int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
-    ckpt_fault_point("before-index");
+    int status = tp_split_path(path, parent, sizeof parent, base, sizeof base);
+    tp_fault_point("before-index");
     if (!status) status = build_index(storage, staging, layout, state);
-    ckpt_fault_point("before-rename");
+    tp_fault_point("before-rename");
     if (status) {
         ckpt_staged_discard(staged);
         return status;
     }
     TP_TRY(ckpt_staged_publish(staged)); /* syncs the directory first */
     if (!options->update_latest) return TP_OK;
-    ckpt_fault_point("before-latest");
+    tp_fault_point("before-latest");
     return ckpt_latest_update(storage, parent, base, state ? state->step : 0);
 }

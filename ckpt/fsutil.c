@@ -8,43 +8,6 @@
 
 #include "internal.h"
 
-int ckpt_path_join(char *out, const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    if (a + 1 + b + 1 > CKPT_PATH_MAX)
-        return tp_fail(TP_ERR_ARG, "path %s/%s is longer than %d bytes", dir, name, CKPT_PATH_MAX);
-    memcpy(out, dir, a);
-    out[a] = '/';
-    memcpy(out + a + 1, name, b + 1);
-    return TP_OK;
-}
-
-int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *base,
-                    size_t base_size)
-{
-    char copy[CKPT_PATH_MAX];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof copy) return tp_fail(TP_ERR_ARG, "path '%s' is empty or too long", path);
-    memcpy(copy, path, n + 1);
-    while (n > 1 && copy[n - 1] == '/') copy[--n] = '\0';
-    char *slash = strrchr(copy, '/');
-    const char *dir = ".", *name = copy;
-    if (slash == copy) {
-        dir = "/";
-        name = copy + 1;
-    } else if (slash) {
-        *slash = '\0';
-        dir = copy;
-        name = slash + 1;
-    }
-    if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-        return tp_fail(TP_ERR_ARG, "path '%s' does not name a directory entry", path);
-    if (snprintf(parent, parent_size, "%s", dir) >= (int)parent_size ||
-        snprintf(base, base_size, "%s", name) >= (int)base_size)
-        return tp_fail(TP_ERR_ARG, "path '%s' is too long", path);
-    return TP_OK;
-}
-
 int ckpt_exists(const ckpt_storage *storage, const char *path)
 {
     ckpt_stat st;
@@ -56,8 +19,8 @@ int ckpt_write_file_atomic(const ckpt_storage *storage, const char *dir, const c
 {
     char tmp_name[300], tmp[CKPT_PATH_MAX], final[CKPT_PATH_MAX];
     snprintf(tmp_name, sizeof tmp_name, ".%.200s.tmp.%ld", name, (long)getpid());
-    TP_TRY(ckpt_path_join(tmp, dir, tmp_name));
-    TP_TRY(ckpt_path_join(final, dir, name));
+    TP_TRY(tp_path_join(tmp, dir, tmp_name));
+    TP_TRY(tp_path_join(final, dir, name));
     ckpt_file *file = NULL;
     TP_TRY(storage->open(storage, tmp, CKPT_OPEN_CREATE, &file));
     int status = storage->write_at(file, data, size, 0);

@@ -502,7 +502,7 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
     memset(out, 0, sizeof *out);
     parse_ctx ctx = {where, "", TP_OK, partial, NULL};
     cJSON *root = NULL;
-    TP_TRY(ckpt_json_parse(text, strlen(text), where, &root));
+    TP_TRY(tp_json_parse(text, strlen(text), where, &root));
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object (damaged index?)", where);

@@ -132,7 +132,7 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
         status = r->storage->lock(r->storage, r->path, CKPT_LOCK_SHARED | CKPT_LOCK_WAIT, &r->hold);
     char index_path[CKPT_PATH_MAX] = "";
     char *text = NULL;
-    if (!status) status = ckpt_path_join(index_path, r->path, CKPT_INDEX_NAME);
+    if (!status) status = tp_path_join(index_path, r->path, CKPT_INDEX_NAME);
     if (!status) status = ckpt_read_text(r->storage, index_path, CKPT_INDEX_MAX_BYTES, &text, NULL);
     if (!status) status = ckpt_index_parse(text, index_path, &r->index);
     free(text);
@@ -149,7 +149,7 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
         file_runtime *fr = &r->files[f];
         fr->file = -1;
         ckpt_stat st;
-        status = ckpt_path_join(fr->path, r->path, r->index.files[f].name);
+        status = tp_path_join(fr->path, r->path, r->index.files[f].name);
         if (!status) status = r->storage->stat(r->storage, fr->path, &st);
         if (status) break;
         if (!st.exists)

@@ -85,7 +85,7 @@ static int lock_local(const char *dir, const char *holder, ckpt_file **out)
 {
     const ckpt_storage *posix = ckpt_storage_posix();
     char path[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(path, dir, LOCK_NAME));
+    TP_TRY(tp_path_join(path, dir, LOCK_NAME));
     int fd = -1; /* a FIFO or a link put there is refused, never waited on or followed */
     TP_TRY(tp_open_regular_flags(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0644, &fd));
     int status = posix->lock(posix, path, 0, out);
@@ -134,7 +134,7 @@ static int read_lease(const char *url, int *found, lease *out)
     if (status == TP_ERR_NOT_FOUND) return TP_OK;
     TP_TRY(status);
     cJSON *json = NULL;
-    status = ckpt_json_parse(text, (size_t)size, url, &json);
+    status = tp_json_parse(text, (size_t)size, url, &json);
     free(text);
     TP_TRY(status);
     const cJSON *owner = cJSON_GetObjectItemCaseSensitive(json, "owner");
@@ -255,7 +255,7 @@ static void *renew(void *arg)
 
 static int take_lease(ckpt_run_claim *claim, const char *run_dir)
 {
-    TP_TRY(ckpt_path_join(claim->lease_url, run_dir, LEASE_NAME));
+    TP_TRY(tp_path_join(claim->lease_url, run_dir, LEASE_NAME));
     int present = 0;
     lease found;
     TP_TRY(read_lease(claim->lease_url, &present, &found));

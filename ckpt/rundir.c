@@ -32,13 +32,13 @@ int ckpt_step_path(const char *run_dir, int64_t step, char *out, size_t out_size
     if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
     char name[32];
     snprintf(name, sizeof name, STEP_PREFIX "%08lld", (long long)step);
-    return ckpt_path_join(out, run_dir, name);
+    return tp_path_join(out, run_dir, name);
 }
 
 static int committed_in(const ckpt_storage *storage, const char *dir)
 {
     char index[CKPT_PATH_MAX];
-    return ckpt_path_join(index, dir, CKPT_INDEX_NAME) == TP_OK && ckpt_exists(storage, index);
+    return tp_path_join(index, dir, CKPT_INDEX_NAME) == TP_OK && ckpt_exists(storage, index);
 }
 
 int ckpt_is_committed(const char *dir)
@@ -52,7 +52,7 @@ int ckpt_is_committed(const char *dir)
 static int is_being_written(const ckpt_storage *storage, const char *path)
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    if (ckpt_split_path(path, parent, sizeof parent, base, sizeof base) != TP_OK) return 0;
+    if (tp_split_path(path, parent, sizeof parent, base, sizeof base) != TP_OK) return 0;
     return ckpt_is_staging_name(base) || ckpt_staging_live(storage, path);
 }
 
@@ -61,12 +61,12 @@ static int latest_checkpoint(const ckpt_storage *storage, const char *run_dir, c
 {
     char latest_path[CKPT_PATH_MAX];
     char *latest = NULL;
-    if (ckpt_path_join(latest_path, run_dir, CKPT_LATEST_NAME) || !ckpt_exists(storage, latest_path) ||
+    if (tp_path_join(latest_path, run_dir, CKPT_LATEST_NAME) || !ckpt_exists(storage, latest_path) ||
         ckpt_read_text(storage, latest_path, CKPT_PATH_MAX, &latest, NULL))
         return 0;
     latest[strcspn(latest, "\r\n")] = '\0';
     int ok = latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 && strcmp(latest, ".") != 0 &&
-             ckpt_path_join(out, run_dir, latest) == TP_OK && committed_in(storage, out);
+             tp_path_join(out, run_dir, latest) == TP_OK && committed_in(storage, out);
     free(latest);
     return ok;
 }
@@ -121,7 +121,7 @@ static int add_candidate(void *ctx, const char *name)
     listing *l = ctx;
     int64_t step = ckpt_step_of_name(name);
     char candidate[CKPT_PATH_MAX];
-    if (step < 0 || ckpt_path_join(candidate, l->dir, name) || !committed_in(l->storage, candidate)) return TP_OK;
+    if (step < 0 || tp_path_join(candidate, l->dir, name) || !committed_in(l->storage, candidate)) return TP_OK;
     if (l->count == l->capacity) {
         int capacity = l->capacity ? 2 * l->capacity : 16;
         ckpt_candidate *grown = realloc(l->list, (size_t)capacity * sizeof *grown);
@@ -147,7 +147,7 @@ int ckpt_candidates_in(const ckpt_storage *storage, const char *path, ckpt_candi
         }
         strcpy(one->path, path);
         char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-        one->step = ckpt_split_path(path, parent, sizeof parent, base, sizeof base) == TP_OK ? ckpt_step_of_name(base) : -1;
+        one->step = tp_split_path(path, parent, sizeof parent, base, sizeof base) == TP_OK ? ckpt_step_of_name(base) : -1;
         *out = one;
         *count = 1;
         return TP_OK;
@@ -194,13 +194,13 @@ static int64_t resolved_step(const ckpt_storage *storage, const char *run_dir)
 {
     char resolved[CKPT_PATH_MAX], index_path[CKPT_PATH_MAX];
     if (ckpt_resolve_in(storage, run_dir, resolved) != TP_OK ||
-        ckpt_path_join(index_path, resolved, CKPT_INDEX_NAME) != TP_OK)
+        tp_path_join(index_path, resolved, CKPT_INDEX_NAME) != TP_OK)
         return -1;
     char *text = NULL;
     int64_t size = 0;
     if (ckpt_read_text(storage, index_path, CKPT_INDEX_MAX_BYTES, &text, &size) != TP_OK) return -1;
     cJSON *root = NULL;
-    ckpt_json_parse(text, (size_t)size, index_path, &root);
+    tp_json_parse(text, (size_t)size, index_path, &root);
     free(text);
     const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
     int64_t value = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : -1;
@@ -216,7 +216,7 @@ static int remove_dead_temporary(void *ctx, const char *name)
     const ckpt_storage *storage = ((const void **)ctx)[1];
     char path[CKPT_PATH_MAX];
     if (strncmp(name, "." CKPT_LATEST_NAME ".tmp.", strlen(CKPT_LATEST_NAME) + 6) == 0 &&
-        ckpt_path_join(path, run_dir, name) == TP_OK)
+        tp_path_join(path, run_dir, name) == TP_OK)
         storage->remove_tree(storage, path);
     return TP_OK;
 }

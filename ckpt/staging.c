@@ -97,13 +97,13 @@ const char *ckpt_process_owner(void)
 int ckpt_staging_path(const char *path, const char *owner, char *out, size_t out_size)
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX], hidden[CKPT_PATH_MAX + CKPT_OWNER_MAX + 16];
-    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
+    TP_TRY(tp_split_path(path, parent, sizeof parent, base, sizeof base));
     if (!owner) owner = ckpt_process_owner();
     if (!owner[0] || strchr(owner, '.') || strchr(owner, '/'))
         return tp_fail(TP_ERR_ARG, "staging owner '%s' must be non-empty, without '.' or '/'", owner);
     snprintf(hidden, sizeof hidden, ".%s.%s" STAGING_SUFFIX, base, owner);
     if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
-    return ckpt_path_join(out, parent, hidden);
+    return tp_path_join(out, parent, hidden);
 }
 
 /* Whether directory entry `name` is a staging entry of `base`:
@@ -196,7 +196,7 @@ static int remove_dead(const ckpt_storage *s, const char *parent, staging_list *
     int status = TP_OK;
     *live_out = 0;
     for (int i = 0; !status && i < l->count; i++) {
-        if (ckpt_path_join(entry, parent, l->names[i])) continue;
+        if (tp_path_join(entry, parent, l->names[i])) continue;
         ckpt_file *lock = NULL;
         int locked = s->lock(s, entry, 0, &lock); /* exclusive, at once */
         int claim = is_claim_of(l->names[i], NULL);
@@ -232,7 +232,7 @@ static int scan_staging(const ckpt_storage *s, const char *path, int remove_dead
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
     *live_out = 0;
-    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
+    TP_TRY(tp_split_path(path, parent, sizeof parent, base, sizeof base));
     staging_list l = {base, NULL, 0, 0};
     int status = s->list(s, parent, collect_staging, &l);
     if (status == TP_ERR_NOT_FOUND) status = TP_OK;
@@ -345,7 +345,7 @@ static int create_registered(ckpt_staged *st)
         if (!status) s->close(file);
     }
     if (!status) {
-        ckpt_fault_point("staging-claimed");
+        tp_fault_point("staging-claimed");
         /* Waits: a scan may hold the claim's lock for an instant while it
          * looks at whether the claimer is alive (remove_dead). */
         status = s->lock(s, claim, CKPT_LOCK_WAIT, &st->lock);
@@ -353,7 +353,7 @@ static int create_registered(ckpt_staged *st)
         if (status) s->remove_tree(s, claim);
     }
     if (!status) {
-        ckpt_fault_point("staging-renamed");
+        tp_fault_point("staging-renamed");
         st->next = registry;
         registry = st;
     }
@@ -366,7 +366,7 @@ int ckpt_stage(const ckpt_storage *storage, const char *path, const ckpt_stage_o
     *out = NULL;
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
     TP_TRY(ckpt_library_init());
-    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
+    TP_TRY(tp_split_path(path, parent, sizeof parent, base, sizeof base));
     if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
     if (!storage) TP_TRY(ckpt_storage_for(path, &storage));
     ckpt_stat st;
@@ -414,7 +414,7 @@ int ckpt_staged_publish(ckpt_staged *st)
 {
     const ckpt_storage *s = st->storage;
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    int status = ckpt_split_path(st->path, parent, sizeof parent, base, sizeof base);
+    int status = tp_split_path(st->path, parent, sizeof parent, base, sizeof base);
     if (!status && st->directory) {
         status = s->sync_dir(s, st->staging);
     } else if (!status) {
@@ -512,5 +512,5 @@ void ckpt_discard_all_staged(void)
         for (int attempt = 0; attempt < 5 && s->storage->remove_tree(s->storage, s->staging) != TP_OK; attempt++) {
         }
     pthread_mutex_unlock(&registry_lock);
-    ckpt_fault_point("signal-cleaned"); /* the window before the caller dies, held open by tests */
+    tp_fault_point("signal-cleaned"); /* the window before the caller dies, held open by tests */
 }

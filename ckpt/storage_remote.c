@@ -888,7 +888,7 @@ int remote_delete(const char *url)
 static int delete_key(void *dir, const char *name)
 {
     char url[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(url, dir, name));
+    TP_TRY(tp_path_join(url, dir, name));
     return remote_delete(url);
 }
 

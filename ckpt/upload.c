@@ -59,8 +59,8 @@ static int upload_shard(void *ctx, int64_t f, int thread)
     upload_job *j = ctx;
     const ckpt_index_file *file = &j->index->files[f];
     char local[CKPT_PATH_MAX], remote[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(local, j->local_dir, file->name));
-    TP_TRY(ckpt_path_join(remote, j->url, file->name));
+    TP_TRY(tp_path_join(local, j->local_dir, file->name));
+    TP_TRY(tp_path_join(remote, j->url, file->name));
     /* Parts of one file share the threads with other files: a checkpoint
      * of one large shard still goes up in parallel. */
     int part_threads = j->threads / j->index->num_files;
@@ -78,8 +78,8 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
 {
     if (!ckpt_is_remote(url)) return tp_fail(TP_ERR_ARG, "%s: not an http(s):// or s3:// location", url);
     char local_index[CKPT_PATH_MAX], remote_index[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(local_index, local_dir, CKPT_INDEX_NAME));
-    TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
+    TP_TRY(tp_path_join(local_index, local_dir, CKPT_INDEX_NAME));
+    TP_TRY(tp_path_join(remote_index, url, CKPT_INDEX_NAME));
     /* What goes up must read back whole there: a damaged local copy (or one
      * whose index disagrees with its files) is refused before any upload. */
     TP_TRY(ckpt_verify_checkpoint(local_dir, transfer_threads(options), NULL));
@@ -94,7 +94,7 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
     if (!status && index.num_files > 0)
         status = parallel_for(index.num_files, index.num_files < job.threads ? index.num_files : job.threads,
                               upload_shard, &job);
-    ckpt_fault_point("upload-before-index");
+    tp_fault_point("upload-before-index");
     if (!status) status = remote_put_data(remote_index, text, (size_t)text_size);
     ckpt_index_free(&index);
     free(text);
@@ -106,7 +106,7 @@ int ckpt_upload_begin(const char *url, int replace)
     if (!ckpt_is_remote(url)) return tp_fail(TP_ERR_ARG, "%s: not an http(s):// or s3:// location", url);
     const ckpt_storage *store = ckpt_storage_remote();
     char remote_index[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
+    TP_TRY(tp_path_join(remote_index, url, CKPT_INDEX_NAME));
     ckpt_stat st = {0};
     TP_TRY(store->stat(store, remote_index, &st));
     if (!st.exists) return TP_OK;
@@ -124,8 +124,8 @@ int ckpt_shard_upload(const char *local_path, const ckpt_layout *layout, const c
     ckpt_staged *staged = ckpt_staged_find(staging);
     if (!staged) return tp_fail(TP_ERR_STATE, "%s: no staging directory %s prepared by this process", local_path, staging);
     ckpt_shard_file_name(options->shard_pp, options->shard_tp, name, sizeof name);
-    int status = ckpt_path_join(local, staging, name);
-    if (!status) status = ckpt_path_join(remote, url, name);
+    int status = tp_path_join(local, staging, name);
+    if (!status) status = tp_path_join(remote, url, name);
     if (!status)
         status = ckpt_describe_shard(ckpt_storage_posix(), staging, layout, options->shard_pp, options->shard_tp,
                                      description);
@@ -146,7 +146,7 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
                          int64_t *bytes)
 {
     char remote_index[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
+    TP_TRY(tp_path_join(remote_index, url, CKPT_INDEX_NAME));
     char *json = NULL;
     TP_TRY(ckpt_index_from_parts(layout, state, descriptions, count, url, &json));
     ckpt_index index;
@@ -156,12 +156,12 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
         for (int f = 0; f < index.num_files; f++) *bytes += index.files[f].bytes;
     }
     if (!status) ckpt_index_free(&index);
-    ckpt_fault_point("upload-before-index");
+    tp_fault_point("upload-before-index");
     if (!status) status = ckpt_run_claim_check(claim);
     if (!status) status = remote_put_data(remote_index, json, strlen(json));
     free(json);
     if (status || !update_latest) return status;
-    ckpt_fault_point("before-latest");
+    tp_fault_point("before-latest");
     TP_TRY(ckpt_run_claim_check(claim)); /* nothing more beside a run that took the lease over meanwhile */
     return ckpt_upload_latest(url);
 }
@@ -169,8 +169,8 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
 int ckpt_upload_latest(const char *checkpoint_url)
 {
     char run_url[CKPT_PATH_MAX], name[CKPT_NAME_MAX + 1], path[CKPT_PATH_MAX];
-    TP_TRY(ckpt_split_path(checkpoint_url, run_url, sizeof run_url, name, sizeof name));
-    TP_TRY(ckpt_path_join(path, run_url, CKPT_LATEST_NAME));
+    TP_TRY(tp_split_path(checkpoint_url, run_url, sizeof run_url, name, sizeof name));
+    TP_TRY(tp_path_join(path, run_url, CKPT_LATEST_NAME));
     char text[CKPT_NAME_MAX + 2];
     int n = snprintf(text, sizeof text, "%s\n", name);
     return remote_put_data(path, text, (size_t)n);
@@ -189,8 +189,8 @@ static int upload_named(void *ctx, int64_t i, int thread)
     (void)thread;
     files_job *j = ctx;
     char local[CKPT_PATH_MAX], remote[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(local, j->local, j->names[i]));
-    TP_TRY(ckpt_path_join(remote, j->url, j->names[i]));
+    TP_TRY(tp_path_join(local, j->local, j->names[i]));
+    TP_TRY(tp_path_join(remote, j->url, j->names[i]));
     ckpt_stat st;
     TP_TRY(ckpt_storage_posix()->stat(ckpt_storage_posix(), local, &st));
     TP_TRY(remote_put_file(remote, local, 0, st.size, 1));
@@ -213,7 +213,7 @@ static int collect_name(void *ctx, const char *name)
     char relative[CKPT_NAME_MAX + 1], path[CKPT_PATH_MAX];
     if ((size_t)snprintf(relative, sizeof relative, "%s%s", l->prefix, name) >= sizeof relative)
         return tp_fail(TP_ERR_ARG, "%s/%s%s: path too long", l->root, l->prefix, name);
-    TP_TRY(ckpt_path_join(path, l->root, relative));
+    TP_TRY(tp_path_join(path, l->root, relative));
     const ckpt_storage *posix = ckpt_storage_posix();
     ckpt_stat st;
     TP_TRY(posix->stat(posix, path, &st));
@@ -281,7 +281,7 @@ int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_opti
     files_job job = {local, url, names.names, options};
     if (!status && first_index > 0)
         status = parallel_for(first_index, first_index < threads ? first_index : threads, upload_named, &job);
-    if (!status && first_index < names.count) ckpt_fault_point("upload-before-index");
+    if (!status && first_index < names.count) tp_fault_point("upload-before-index");
     for (int i = first_index; !status && i < names.count; i++) status = upload_named(&job, i, 0);
     free(names.names);
     return status;
@@ -342,7 +342,7 @@ int ckpt_output_finish(const char *target, const char *local, int ok, const ckpt
     char parent[CKPT_PATH_MAX], base[CKPT_NAME_MAX];
     const ckpt_storage *posix = ckpt_storage_posix();
     posix->remove_tree(posix, local);
-    if (ckpt_split_path(local, parent, sizeof parent, base, sizeof base) == TP_OK) rmdir(parent);
+    if (tp_split_path(local, parent, sizeof parent, base, sizeof base) == TP_OK) rmdir(parent);
     return status;
 }
 
@@ -368,7 +368,7 @@ static int download_part(void *ctx, int64_t task, int thread)
     int64_t offset = (task - j->first_part[f]) * DOWNLOAD_PART;
     int64_t size = file->bytes - offset < DOWNLOAD_PART ? file->bytes - offset : DOWNLOAD_PART;
     char local[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(local, j->dir, file->name));
+    TP_TRY(tp_path_join(local, j->dir, file->name));
     if (!j->buffers[thread] && !(j->buffers[thread] = malloc((size_t)DOWNLOAD_PART)))
         return tp_fail(TP_ERR_NOMEM, "out of memory");
     const ckpt_storage *store = ckpt_storage_remote(), *posix = ckpt_storage_posix();
@@ -408,7 +408,7 @@ static int download_once(const char *url, const char *local_dir, const ckpt_uplo
     const ckpt_storage *store = ckpt_storage_remote(), *posix = ckpt_storage_posix();
     char resolved[CKPT_PATH_MAX], remote_index[CKPT_PATH_MAX];
     TP_TRY(ckpt_resolve_in(store, url, resolved));
-    TP_TRY(ckpt_path_join(remote_index, resolved, CKPT_INDEX_NAME));
+    TP_TRY(tp_path_join(remote_index, resolved, CKPT_INDEX_NAME));
     char *text = NULL;
     int64_t text_size = 0;
     TP_TRY(ckpt_read_text(store, remote_index, CKPT_INDEX_MAX_BYTES, &text, &text_size));
@@ -426,14 +426,14 @@ static int download_once(const char *url, const char *local_dir, const ckpt_uplo
     if (!status && (!job.first_part || !job.remote || !job.buffers)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int f = 0; !status && f < index.num_files; f++) {
         char remote[CKPT_PATH_MAX];
-        status = ckpt_path_join(remote, resolved, index.files[f].name);
+        status = tp_path_join(remote, resolved, index.files[f].name);
         if (!status) status = store->open(store, remote, CKPT_OPEN_READ, &job.remote[f]);
     }
     /* Every file at its full size first, then its parts in parallel. */
     for (int f = 0; !status && f < index.num_files; f++) {
         char local[CKPT_PATH_MAX];
         ckpt_file *file = NULL;
-        status = ckpt_path_join(local, dir, index.files[f].name);
+        status = tp_path_join(local, dir, index.files[f].name);
         if (!status) status = posix->open(posix, local, CKPT_OPEN_CREATE, &file);
         if (!status) status = posix->resize(file, index.files[f].bytes);
         if (file) posix->close(file);
@@ -444,7 +444,7 @@ static int download_once(const char *url, const char *local_dir, const ckpt_uplo
     for (int f = 0; !status && f < index.num_files; f++) { /* durable before the index names them */
         char local[CKPT_PATH_MAX];
         ckpt_file *file = NULL;
-        status = ckpt_path_join(local, dir, index.files[f].name);
+        status = tp_path_join(local, dir, index.files[f].name);
         if (!status) status = posix->open(posix, local, CKPT_OPEN_WRITE, &file);
         if (!status) status = posix->sync(file);
         if (file) posix->close(file);

@@ -94,7 +94,7 @@ static int open_shard(ckpt_writer *w, shard_file *s)
     ckpt_shard_file_name(s->pp, s->tp, name, sizeof name);
     s->file = -1;
     s->data = NULL;
-    int status = ckpt_path_join(s->path, w->staging, name);
+    int status = tp_path_join(s->path, w->staging, name);
     if (status) return status;
     hid_t fapl = ckpt_h5_file_access();
     if (fapl < 0) return ckpt_fail_hdf5("%s: cannot set up file access", s->path);

@@ -30,6 +30,7 @@
 #include "../common/clock.h"
 #include "../common/error.h"
 #include "../common/file.h"
+#include "../common/json.h"
 #include "elastic.h"
 
 const char *const elastic_lost_names[5] = {"detection", "selection", "reshard", "relaunch", "lost_work"};
@@ -185,7 +186,7 @@ static int load_state(run_state *s)
     if (status == TP_ERR_NOT_FOUND || (status && access(s->state_path, F_OK) != 0)) return TP_OK;
     if (status) return status;
     cJSON *o = NULL;
-    status = ckpt_json_parse(text, strlen(text), s->state_path, &o);
+    status = tp_json_parse(text, strlen(text), s->state_path, &o);
     free(text);
     if (status) return status;
     if (!cJSON_IsObject(o)) {

@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "../common/error.h"
+#include "../common/json.h"
 #include "../common/parallel.h"
 #include "dcp_internal.h"
 #include "megatron_internal.h"
@@ -60,7 +61,7 @@ static int read_backend(const char *dir, int *torch_dist, char *other, size_t si
     if (!st.exists) return TP_OK;
     TP_TRY(ckpt_read_text_file(path, 1 << 20, &text, NULL));
     cJSON *root = NULL;
-    int status = ckpt_json_parse(text, strlen(text), path, &root);
+    int status = tp_json_parse(text, strlen(text), path, &root);
     free(text);
     if (status) return status;
     const cJSON *backend = cJSON_GetObjectItemCaseSensitive(root, "sharded_backend");

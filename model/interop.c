@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../common/json.h"
 #include "../kernels/kernels.h"
 #include "interop.h"
 
@@ -376,7 +377,7 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c)
 {
     memset(c, 0, sizeof *c);
     cJSON *o = NULL;
-    TP_TRY(ckpt_json_parse(json, strlen(json), where, &o));
+    TP_TRY(tp_json_parse(json, strlen(json), where, &o));
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
         return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object (damaged or truncated?)", where);
@@ -531,7 +532,7 @@ static int read_json(const char *dir, const char *name, int optional, cJSON **ou
     char *text = NULL;
     int64_t size = 0;
     if (ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
-    int status = ckpt_json_parse(text, (size_t)size, path, out);
+    int status = tp_json_parse(text, (size_t)size, path, out);
     free(text);
     return status;
 }
@@ -696,7 +697,7 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
     int64_t size = 0;
     if (ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
     cJSON *json = NULL;
-    int parsed = ckpt_json_parse(text, (size_t)size, path, &json);
+    int parsed = tp_json_parse(text, (size_t)size, path, &json);
     free(text);
     if (parsed) return parsed;
     if (!cJSON_IsObject(json)) {

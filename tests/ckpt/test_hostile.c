@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../../common/json.h"
 #include "../../ckpt/index.h"
 #include "../support/fixture.h"
 
@@ -248,7 +249,7 @@ Test(hostile, json_memory_is_bounded)
     text[n] = '\0';
     long before = peak_rss_mb();
     cJSON *value = NULL;
-    int status = ckpt_json_parse(text, n, "numbers.json", &value);
+    int status = tp_json_parse(text, n, "numbers.json", &value);
     long after = peak_rss_mb();
     cJSON_Delete(value);
     free(text);
