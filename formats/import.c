@@ -257,7 +257,7 @@ static int read_index(const char *path, cJSON **out)
     char *text = NULL;
     int64_t size = 0;
     *out = NULL;
-    int status = ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size);
+    int status = store_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size);
     if (status) return status;
     status = tp_json_parse(text, (size_t)size, path, out);
     if (!status && !cJSON_IsObject(*out))

@@ -56,10 +56,10 @@ static int read_backend(const char *dir, int *torch_dist, char *other, size_t si
     *torch_dist = 0;
     other[0] = '\0';
     snprintf(path, sizeof path, "%s/" CONFIG_NAME, dir);
-    ckpt_stat st;
+    store_stat st;
     TP_TRY(dcp_stat(path, &st));
     if (!st.exists) return TP_OK;
-    TP_TRY(ckpt_read_text_file(path, 1 << 20, &text, NULL));
+    TP_TRY(store_read_text_file(path, 1 << 20, &text, NULL));
     cJSON *root = NULL;
     int status = tp_json_parse(text, strlen(text), path, &root);
     free(text);

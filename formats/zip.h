@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "../ckpt/storage.h"
+#include "../store/store.h"
 
 typedef struct zip_archive zip_archive;
 

@@ -531,7 +531,7 @@ static int read_json(const char *dir, const char *name, int optional, cJSON **ou
     if (optional && access(path, F_OK) != 0) return TP_OK;
     char *text = NULL;
     int64_t size = 0;
-    if (ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
+    if (store_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
     int status = tp_json_parse(text, (size_t)size, path, out);
     free(text);
     return status;
@@ -695,7 +695,7 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
     snprintf(path, sizeof path, "%s/vocab.json", dir);
     char *text = NULL;
     int64_t size = 0;
-    if (ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
+    if (store_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
     cJSON *json = NULL;
     int parsed = tp_json_parse(text, (size_t)size, path, &json);
     free(text);
@@ -746,7 +746,7 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
         }
     if (status) return status;
     snprintf(path, sizeof path, "%s/merges.txt", dir);
-    if (ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &m->merge_text, &size))
+    if (store_read_text_file(path, CKPT_INDEX_MAX_BYTES, &m->merge_text, &size))
         return tokenizer_missing();
     int64_t lines = 1;
     for (int64_t i = 0; i < size; i++) lines += m->merge_text[i] == '\n';
@@ -1222,7 +1222,7 @@ int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request 
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *text = NULL;
-    int status = ckpt_read_text_file(path, CKPT_CONFIG_MAX_BYTES, &text, NULL);
+    int status = store_read_text_file(path, CKPT_CONFIG_MAX_BYTES, &text, NULL);
     if (status) {
         char why[2048];
         snprintf(why, sizeof why, "%s", tp_errmsg());

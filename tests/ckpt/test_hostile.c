@@ -305,7 +305,7 @@ Test(hostile, fifo_text_file, .timeout = 20)
     char file[700], *text = NULL;
     snprintf(file, sizeof file, "%s/config.json", dir);
     make_fifo(file);
-    cr_assert_neq(ckpt_read_text_file(file, CKPT_CONFIG_MAX_BYTES, &text, NULL), TP_OK);
+    cr_assert_neq(store_read_text_file(file, CKPT_CONFIG_MAX_BYTES, &text, NULL), TP_OK);
     cr_assert(strstr(tp_errmsg(), "config.json") && strstr(tp_errmsg(), "FIFO"), "%s", tp_errmsg());
     cr_assert_null(text);
 }

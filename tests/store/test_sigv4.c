@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../ckpt/sigv4.h"
+#include "../../store/sigv4.h"
 #include "../../common/error.h"
 
 static const sigv4_key suite_key = {"AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", NULL, "us-east-1",
