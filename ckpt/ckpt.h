@@ -12,7 +12,7 @@
  *  - Handles are opaque; each _create/_open has its _free/_close.
  *  - Data moves with positioned I/O between files and caller buffers; buffers
  *    aligned to 4096 bytes copy about twice as fast (common/memory.h). Every
- *    byte and name goes through a store (storage.h), the local file system
+ *    byte and name goes through a store (store/store.h), the local file system
  *    unless the options name another.
  *  - Reading functions may be called from several threads at once on one reader.
  *    Writer put functions may be called from several threads at once as long as

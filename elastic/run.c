@@ -272,7 +272,7 @@ static int end_earlier_launch(run_state *s)
  * orchestrator.lock, held for the orchestrator's life (the kernel releases
  * it when the process ends, kill -9 included: a held lock is a live
  * orchestrator, a free one a dead one), the storage's lock of the run
- * directory's `latest` (ckpt/storage.h). The holder's host, pid and start
+ * directory's `latest` (store/store.h). The holder's host, pid and start
  * time are written into the file, for the refusal of a second one. */
 static int orchestrator_lock(run_state *s)
 {

@@ -1,4 +1,4 @@
-/* Staged outputs (ckpt/staging.c, docs/RELIABILITY.md): private staging
+/* Staged outputs (store/staging.c, docs/RELIABILITY.md): private staging
  * names, dead writers' leftovers removed and live ones kept, what --force
  * may replace, no publish over a result that appeared meanwhile, and no
  * replacement of a checkpoint while it is read. */

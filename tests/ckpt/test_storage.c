@@ -1,4 +1,4 @@
-/* The storage seam (ckpt/storage.h): a store plugged in through the options
+/* The storage seam (store/store.h): a store plugged in through the options
  * carries every byte of the pieces and every operation on names of a write,
  * a commit and a read, and its failures come back as the library's errors
  * with nothing half-visible. The store here wraps the POSIX one, counting

@@ -1,4 +1,4 @@
-/* AWS Signature Version 4 (ckpt/sigv4.h) against the published test-suite
+/* AWS Signature Version 4 (store/sigv4.h) against the published test-suite
  * vectors (credentials AKIDEXAMPLE, 2015-08-30T12:36:00Z, us-east-1,
  * service "service": canonical request, string to sign and signature) and
  * the S3 documentation's GET Object example (a ranged read, as the
