@@ -1,12 +1,18 @@
 /* index.c: index.json, serialized and parsed with cJSON (docs/FORMAT.md "Index"). */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "attrs.h"
 #include "index.h"
+
+void ckpt_shard_file_name(int pp, int tp, char *out, size_t out_size)
+{
+    snprintf(out, out_size, "shard_pp%02d_tp%02d.h5", pp, tp);
+}
 
 /* ------------------------------------------------------------- serialize */
 

@@ -293,7 +293,7 @@ int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *
                          getenv("TP_RUN_LEASE_SECONDS"), LEASE_MIN_SECONDS, LEASE_MAX_SECONDS);
     if (!status) status = store_staging_owner(claim->owner, sizeof claim->owner);
     if (!status) status = lock_local(local_dir ? local_dir : run_dir, claim->holder, &claim->lock);
-    if (!status && ckpt_is_remote(run_dir)) status = take_lease(claim, run_dir);
+    if (!status && store_is_remote(run_dir)) status = take_lease(claim, run_dir);
     if (status) {
         ckpt_run_claim_release(claim);
         return status;

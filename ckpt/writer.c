@@ -71,11 +71,6 @@ void ckpt_write_options_init(ckpt_write_options *options)
     options->shard_tp = -1;
 }
 
-void ckpt_shard_file_name(int pp, int tp, char *out, size_t out_size)
-{
-    snprintf(out, out_size, "shard_pp%02d_tp%02d.h5", pp, tp);
-}
-
 static const char *tensor_name_of(const void *ctx, int64_t i)
 {
     const ckpt_writer *w = ctx;
