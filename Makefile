@@ -62,6 +62,7 @@ NVCCFLAGS ?= -O2 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 COMMON_SRC := $(wildcard common/*.c)
 # The search for the CUDA libraries is plain C, built and tested without CUDA too.
 KERNELS_SRC := $(wildcard kernels/cpu/*.c) kernels/cuda/libraries.c
+STORE_SRC := $(wildcard store/*.c)
 CKPT_SRC := $(wildcard ckpt/*.c)
 RESHARD_SRC := $(wildcard reshard/*.c)
 FORMATS_SRC := $(wildcard formats/*.c)
@@ -87,6 +88,7 @@ endif
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 LIB_COMMON := $(BUILD)/lib/libtpcommon.a
 LIB_KERNELS := $(BUILD)/lib/libtpkernels.a
+LIB_STORE := $(BUILD)/lib/libtpstore.a
 LIB_CKPT := $(BUILD)/lib/libtpckpt.a
 LIB_RESHARD := $(BUILD)/lib/libtpreshard.a
 LIB_FORMATS := $(BUILD)/lib/libtpformats.a
@@ -96,7 +98,7 @@ LIB_COMM_MPI := $(BUILD)/lib/libtpcomm_mpi.a
 LIB_ELASTIC := $(BUILD)/lib/libtpelastic.a
 
 # What each program links, top of the stack first.
-CKPT_STACK := $(LIB_CKPT) $(LIB_KERNELS) $(LIB_COMMON)
+CKPT_STACK := $(LIB_CKPT) $(LIB_STORE) $(LIB_KERNELS) $(LIB_COMMON)
 RESHARD_STACK := $(LIB_RESHARD) $(CKPT_STACK)
 # formats/ writes Megatron checkpoints through reshard/ (pieces at a layout).
 MODEL_STACK := $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
@@ -159,6 +161,7 @@ $(BUILD)/obj/%.cu.o: %.cu kernels/convert_bits.h kernels/kernels.h $(wildcard ke
 
 $(LIB_COMMON): $(call obj,$(COMMON_SRC))
 $(LIB_KERNELS): $(call obj,$(KERNELS_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(KERNELS_CU))
+$(LIB_STORE): $(call obj,$(STORE_SRC))
 $(LIB_CKPT): $(call obj,$(CKPT_SRC))
 $(LIB_RESHARD): $(call obj,$(RESHARD_SRC))
 $(LIB_FORMATS): $(call obj,$(FORMATS_SRC))

@@ -20,7 +20,7 @@
  * peak above those live before, the text itself excluded.
  *
  * From the same index it computes (not measured: the request rules of
- * ckpt/upload.c, ckpt/storage_remote.c, ckpt/rundir.c and ckpt/reader.c
+ * ckpt/upload.c, store/s3.c, store/object.c, ckpt/rundir.c and ckpt/reader.c
  * applied to the pieces' sizes) the bytes per checkpoint and per writer and
  * the S3 requests of a save and of a resume (docs/SCALE.md says which rule
  * gives which count).
@@ -47,7 +47,7 @@
 
 /* The program is linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,
  * --wrap=free: every allocation of this program and the static libraries
- * (cJSON allocates through the checkpoint library's hooks, ckpt/json.c)
+ * (cJSON allocates through the bounded parser's hooks, common/json.c)
  * passes here. Memory glibc allocates for itself (stdio) is not seen. */
 void *__real_malloc(size_t size);
 void *__real_calloc(size_t count, size_t size);
@@ -221,7 +221,7 @@ static int build_index(const gpt_config *config, const gpt_tensor *catalog, int 
 
 /* ------------------------------------------------------ request counts */
 
-/* The constants of ckpt/storage_remote.c and ckpt/reader.c the counts
+/* The constants of store/object.c and ckpt/reader.c the counts
  * follow (not exported; kept equal by hand, docs/SCALE.md). */
 #define WINDOW_READ_MAX ((int64_t)64 << 10)    /* reads this small go through 256 KiB windows */
 #define PARALLEL_READ_MIN ((int64_t)16 << 20)  /* reads this large are split ... */
@@ -230,7 +230,7 @@ static int build_index(const gpt_config *config, const gpt_tensor *catalog, int 
 #define VERIFY_READ_MAX ((int64_t)8 << 20)     /* ... this much per read when verifying */
 #define LIST_PAGE 1000                         /* keys per S3 listing page */
 
-/* GETs of one read of `bytes` (storage_remote.c remote_read_at); a windowed
+/* GETs of one read of `bytes` (store/object.c object_read_at); a windowed
  * read counts as one (an upper bound: a window may serve its neighbours). */
 static int64_t gets_of_read(int64_t bytes)
 {
@@ -398,7 +398,7 @@ int main(int argc, char **argv)
     int64_t parameters = 0;
     gpt_parameter_count(&config, &parameters);
 
-    /* The parser's hooks (ckpt/json.c) go in at its first call: before
+    /* The parser's hooks (common/json.c) go in at its first call: before
      * anything is counted, so that cJSON's allocations are all seen. */
     ckpt_index scratch;
     ckpt_index_parse("{}", "warm-up", &scratch);

@@ -12,7 +12,7 @@
  *  - Handles are opaque; each _create/_open has its _free/_close.
  *  - Data moves with positioned I/O between files and caller buffers; buffers
  *    aligned to 4096 bytes copy about twice as fast (common/memory.h). Every
- *    byte and name goes through a store (storage.h), the local file system
+ *    byte and name goes through a store (store/store.h), the local file system
  *    unless the options name another.
  *  - Reading functions may be called from several threads at once on one reader.
  *    Writer put functions may be called from several threads at once as long as
@@ -26,14 +26,16 @@
 
 #include "../common/dtype.h"
 #include "../common/error.h"
-#include "storage.h"
+#include "../common/path.h"
+#include "../store/staging.h"
+#include "../store/store.h"
 
 #define CKPT_FORMAT_MAJOR 1
 #define CKPT_FORMAT_MINOR 4
 #define CKPT_MAX_DIMS 8
 #define CKPT_MAX_SEGMENTS 16
 #define CKPT_NAME_MAX 255
-#define CKPT_PATH_MAX 4096 /* bytes of a path, its NUL included */
+#define CKPT_PATH_MAX TP_PATH_MAX /* bytes of a path, its NUL included */
 #define CKPT_MAX_ELEMENTS ((int64_t)1 << 50) /* of a tensor, padding included: larger is refused as absurd */
 #define CKPT_ZSTD_FILTER_ID 32015 /* the registered HDF5 filter id of Zstandard */
 
@@ -210,9 +212,9 @@ typedef struct {
      * ckpt_writer_finish() ends it; one process then calls ckpt_commit_staged().
      * Default -1: this writer writes every shard and ckpt_writer_commit() ends it. */
     int shard_pp, shard_tp;
-    const ckpt_storage *storage; /* where the files go; NULL (default): the store of the path */
+    const store_ops *storage; /* where the files go; NULL (default): the store of the path */
     /* Distributed writing: the owner part of the shared staging name
-     * (ckpt_staging_owner of the process that prepares and commits); NULL
+     * (store_staging_owner of the process that prepares and commits); NULL
      * (default): this process's own. */
     const char *staging_owner;
 } ckpt_write_options;
@@ -259,7 +261,7 @@ int ckpt_writer_finish(ckpt_writer *writer);
 void ckpt_writer_abort(ckpt_writer *writer);
 
 /* Distributed writing, called by one process before any writer is created:
- * creates the shared staging directory (ckpt_stage), held by this process
+ * creates the shared staging directory (store_stage), held by this process
  * until ckpt_commit_staged or ckpt_stage_discard. */
 int ckpt_stage_prepare(const char *path, const ckpt_write_options *options);
 
@@ -278,7 +280,7 @@ typedef struct ckpt_reader ckpt_reader;
 
 typedef struct {
     int verify; /* 1 (default): check the checksum of every block read */
-    const ckpt_storage *storage; /* where the data is read from; NULL (default): the store of the path */
+    const store_ops *storage; /* where the data is read from; NULL (default): the store of the path */
     int holder; /* the caller holds the path itself (its own staging entry, locked): no reader's lock is taken,
                    which would wait for the caller for ever */
 } ckpt_read_options;
@@ -453,18 +455,7 @@ int ckpt_verify_whole(ckpt_reader *reader, int threads);
 int ckpt_verify_checkpoint(const char *path, int threads, const ckpt_read_options *options);
 void ckpt_verify_result_free(ckpt_verify_result *result);
 
-/* Reads a whole text file (up to max_bytes, no NUL bytes; FIFOs and
- * devices refused) into a malloc'ed NUL-terminated string; size_out may be
- * NULL. */
-int ckpt_read_text_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out);
 
-/* JSON from files (objects, all of them), within bounds: parsing may
- * allocate at most CKPT_JSON_MEMORY_PER_BYTE bytes per byte of text, plus a
- * MiB (a real file needs a few; cJSON takes 40 for an array of small
- * numbers), and only white space may follow the value. Errors name `what`. */
-#define CKPT_JSON_MEMORY_PER_BYTE 16
-struct cJSON;
-int ckpt_json_parse(const char *text, size_t length, const char *what, struct cJSON **out);
 
 /* Size limits of the small files the toolkit reads: far above what real
  * ones need (an index of 100,000 tensors is about 60 MB), far below what
@@ -521,69 +512,25 @@ int ckpt_run_claim_check(ckpt_run_claim *claim);
 /* Frees the claim: the lock released, the lease removed. NULL is fine. */
 void ckpt_run_claim_release(ckpt_run_claim *claim);
 
-/* ---------------------------------------------------- staged outputs */
+/* --------------------------------------------- what --force may replace */
 
-/* Whatever is written appears whole or not at all (docs/RELIABILITY.md): it
- * is written under a staging name private to its writer,
- * <parent>/.<name>.<owner>.staging, locked by the writer while it lives, and
- * renamed into place when complete. The next writer to the same path removes
- * staging entries whose writers are gone (their locks are free), kill -9
- * included. Checkpoints go through these steps inside the writer; other
- * outputs (exports) use them directly. */
-typedef struct ckpt_staged ckpt_staged;
-
-/* Whether --force may replace what is at path: TP_OK, or an error that names
- * what is there. */
-typedef int (*ckpt_replace_check)(const char *path, void *ctx);
-
-#define CKPT_OWNER_MAX 128
-
-typedef struct {
-    int directory; /* stage a directory (else a file) */
-    int overwrite; /* replace what is at the path (--force) when may_replace accepts it; never a run directory */
-    ckpt_replace_check may_replace; /* NULL: only a checkpoint (ckpt_replaceable_checkpoint) */
-    void *ctx;
-    const char *owner; /* owner part of the staging name; NULL: a fresh one, this writer's alone */
-} ckpt_stage_options;
-
-/* Checks that path may be written (its parent exists; what is there only
- * with overwrite and when replaceable), removes dead writers' staging
- * entries of path and creates this writer's, locked. storage NULL: the
- * store of the path. */
-int ckpt_stage(const ckpt_storage *storage, const char *path, const ckpt_stage_options *options,
-               ckpt_staged **out);
-/* The staging file or directory to write into. */
-const char *ckpt_staged_path(const ckpt_staged *staged);
-/* Syncs the staging entry (files inside are the caller's to sync) and renames
- * it to its path: without overwrite never over something published there
- * meanwhile; with it, by atomic exchange. Frees staged whatever the outcome;
- * on failure the staging entry is removed. */
-int ckpt_staged_publish(ckpt_staged *staged);
-/* Removes the staging entry; frees staged. */
-void ckpt_staged_discard(ckpt_staged *staged);
-/* Runs create(ctx), which makes something at the staging path by its name
- * (an HDF5 file, a file opened to be created), under the lock the signal
- * clean-up takes, unless the clean-up has run: then TP_ERR_STATE and
- * nothing is made. Without it, a writer thread could make the entry again
- * between the clean-up's removal of it and the process's death. */
-int ckpt_staged_create(ckpt_staged *staged, int (*create)(void *ctx), void *ctx);
-/* Removes every staging entry this process holds (for a signal handler
- * thread, before the process dies of the signal). */
-void ckpt_discard_all_staged(void);
-/* Removes the staging entries in dir whose writers are gone (a run
- * directory's, when a run starts). */
-int ckpt_remove_dead_staging(const char *dir);
+/* The run-directory rules of replacing (rundir.c): --force never replaces
+ * a run directory (it holds step_* checkpoints or `latest`: a run's
+ * history); TP_OK, or TP_ERR_EXISTS naming why. Every store_replace_check
+ * of the toolkit's outputs asks this first. */
+int ckpt_refuse_run_directory(const store_ops *storage, const char *path);
 /* The replace check of checkpoints: a directory holding only index.json and
  * shard files (or nothing). */
-int ckpt_replaceable_checkpoint(const ckpt_storage *storage, const char *path);
-/* A fresh owner name: host, process id and a nonce. Distributed writers of
- * one checkpoint share the one their committing process made. */
-int ckpt_staging_owner(char *out, size_t out_size);
+int ckpt_replaceable_checkpoint(const store_ops *storage, const char *path);
+/* A store_replace_check (store/staging.h) for checkpoints: not a run
+ * directory, and a checkpoint (ckpt_replaceable_checkpoint). The checkpoint
+ * writers stage with it; ctx is unused. */
+int ckpt_may_replace_checkpoint(const store_ops *storage, const char *path, void *ctx);
 
 /* ---------------------------------------------------------- object stores */
 
 /* Checkpoint locations may be http(s):// URLs of a WebDAV-style server or
- * s3://bucket/prefix (storage.h, docs/STORES.md). Readers read them in
+ * s3://bucket/prefix (store/store.h, docs/STORES.md). Readers read them in
  * place; writers write locally and upload. */
 int ckpt_is_remote(const char *path);
 
@@ -674,7 +621,7 @@ typedef struct ckpt_flat_file ckpt_flat_file;
 
 /* Staged as options say (directory is ignored): fails with TP_ERR_EXISTS
  * when path exists and may not be replaced. */
-int ckpt_flat_create(ckpt_flat_file **out, const char *path, const ckpt_stage_options *options);
+int ckpt_flat_create(ckpt_flat_file **out, const char *path, const store_stage_options *options);
 /* Adds dataset `name` ('/' makes groups) of the given dtype and shape. */
 int ckpt_flat_add(ckpt_flat_file *file, const char *name, tp_dtype dtype, int ndim, const int64_t *shape,
                   int64_t *offset_out);

@@ -175,7 +175,7 @@ static int builder_finish(index_builder *b, const char *where)
 }
 
 typedef struct {
-    const ckpt_storage *storage;
+    const store_ops *storage;
     index_builder *builder;
     const ckpt_index_file *file;
     const char *file_path;
@@ -316,10 +316,10 @@ static herr_t visit_object(hid_t group, const char *name, const H5O_info_t *info
 static int scan_file(scan_state *st, const char *dir)
 {
     char path[CKPT_PATH_MAX];
-    int status = ckpt_path_join(path, dir, st->file->name);
+    int status = tp_path_join(path, dir, st->file->name);
     if (status) return status;
     st->file_path = path;
-    ckpt_stat info;
+    store_stat info;
     TP_TRY(st->storage->stat(st->storage, path, &info));
     if (!info.exists)
         return tp_fail(TP_ERR_STATE, "%s missing: the writer of shard pp=%d tp=%d did not finish", path, st->file->pp,
@@ -369,13 +369,13 @@ static int scan_file(scan_state *st, const char *dir)
 }
 
 /* Scans shard file f of the staging directory into the builder. */
-static int scan_shard(const ckpt_storage *storage, index_builder *builder, const char *staging, int f)
+static int scan_shard(const store_ops *storage, index_builder *builder, const char *staging, int f)
 {
     scan_state st = {storage, builder, builder_file(builder, f), NULL, TP_OK, -1};
     return scan_file(&st, staging);
 }
 
-static int build_index(const ckpt_storage *storage, const char *staging, const ckpt_layout *layout,
+static int build_index(const store_ops *storage, const char *staging, const ckpt_layout *layout,
                        const ckpt_train_state *state)
 {
     index_builder b;
@@ -384,13 +384,13 @@ static int build_index(const ckpt_storage *storage, const char *staging, const c
     if (!status) status = builder_finish(&b, staging);
     char *json = NULL;
     if (!status) status = ckpt_index_to_json(&b.index, &json);
-    if (!status) status = ckpt_write_file_atomic(storage, staging, CKPT_INDEX_NAME, json, strlen(json));
+    if (!status) status = store_write_file_atomic(storage, staging, CKPT_INDEX_NAME, json, strlen(json));
     free(json);
     builder_free(&b);
     return status;
 }
 
-int ckpt_describe_shard(const ckpt_storage *storage, const char *staging, const ckpt_layout *layout, int shard_pp,
+int ckpt_describe_shard(const store_ops *storage, const char *staging, const ckpt_layout *layout, int shard_pp,
                         int shard_tp, char **out)
 {
     *out = NULL;
@@ -461,21 +461,21 @@ int ckpt_index_from_parts(const ckpt_layout *layout, const ckpt_train_state *sta
 
 /* ------------------------------------------------------------------ commit */
 
-int ckpt_commit_directory(const ckpt_storage *storage, ckpt_staged *staged, const char *path,
+int ckpt_commit_directory(const store_ops *storage, store_staged *staged, const char *path,
                           const ckpt_layout *layout, const ckpt_train_state *state, const ckpt_write_options *options)
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    const char *staging = ckpt_staged_path(staged);
-    int status = ckpt_split_path(path, parent, sizeof parent, base, sizeof base);
-    ckpt_fault_point("before-index");
+    const char *staging = store_staged_path(staged);
+    int status = tp_split_path(path, parent, sizeof parent, base, sizeof base);
+    tp_fault_point("before-index");
     if (!status) status = build_index(storage, staging, layout, state);
-    ckpt_fault_point("before-rename");
+    tp_fault_point("before-rename");
     if (status) {
-        ckpt_staged_discard(staged);
+        store_staged_discard(staged);
         return status;
     }
-    TP_TRY(ckpt_staged_publish(staged)); /* syncs the directory first */
+    TP_TRY(store_staged_publish(staged)); /* syncs the directory first */
     if (!options->update_latest) return TP_OK;
-    ckpt_fault_point("before-latest");
+    tp_fault_point("before-latest");
     return ckpt_latest_update(storage, parent, base, state ? state->step : 0);
 }

@@ -12,7 +12,7 @@ int ckpt_seal_piece(hid_t file, const char *file_path, const char *tensor_name,
 /* Builds index.json in the staged directory from its shard files, then makes
  * the checkpoint visible at path and updates `latest` as the options say.
  * Consumes staged: on failure its directory is removed. */
-int ckpt_commit_directory(const ckpt_storage *storage, ckpt_staged *staged, const char *path,
+int ckpt_commit_directory(const store_ops *storage, store_staged *staged, const char *path,
                           const ckpt_layout *layout, const ckpt_train_state *state, const ckpt_write_options *options);
 
 /* A distributed commit without a shared file system: each process
@@ -21,7 +21,7 @@ int ckpt_commit_directory(const ckpt_storage *storage, ckpt_staged *staged, cons
  * builds the whole index.json text from every part (parts[k] NULL: a
  * process without a shard), refusing a shard described twice or never.
  * The index is the one ckpt_commit_directory would build from the files. */
-int ckpt_describe_shard(const ckpt_storage *storage, const char *staging, const ckpt_layout *layout, int shard_pp,
+int ckpt_describe_shard(const store_ops *storage, const char *staging, const ckpt_layout *layout, int shard_pp,
                         int shard_tp, char **out);
 int ckpt_index_from_parts(const ckpt_layout *layout, const ckpt_train_state *state, const char *const *parts,
                           int count, const char *where, char **out);

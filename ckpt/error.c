@@ -1,12 +1,8 @@
-/* error.c: HDF5's errors in this project's convention, one-time library
- * setup and the fault-injection hook. */
-#include <pthread.h>
-#include <signal.h>
+/* error.c: HDF5's errors in this project's convention. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "internal.h"
 
@@ -48,81 +44,4 @@ int ckpt_fail_hdf5(const char *fmt, ...)
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_detail, &detail);
     H5Eclear2(H5E_DEFAULT);
     return tp_fail(TP_ERR_HDF5, "%s: %s", prefix, detail.system[0] ? detail.system : detail.innermost);
-}
-
-extern int ckpt_zstd_register(void);
-
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static int init_status = TP_OK;
-
-static void init_library(void)
-{
-    /* No HDF5 clean-up at exit: a shard whose close failed (disk full: the
-     * metadata flush fails) stays half-closed inside HDF5, and HDF5's exit
-     * handler then crashes closing it again. The library closes every file
-     * it opens itself; a failed one is removed with its staging directory. */
-    H5dont_atexit();
-    /* The library reports errors through tp_errmsg(); HDF5 must not print. */
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    /* HDF5 keeps freed internal objects on free lists; bounded, so that
-     * memory does not grow with the number of tensors a process touches. */
-    H5set_free_list_limits(1 << 20, 256 << 10, 1 << 20, 256 << 10, 4 << 20, 1 << 20);
-    init_status = ckpt_zstd_register();
-}
-
-int ckpt_library_init(void)
-{
-    /* HDF5 keeps its error-printing setting per thread in thread-safe builds,
-     * so every thread that reaches HDF5 through us passes here once. */
-    static _Thread_local int thread_ready;
-    pthread_once(&init_once, init_library);
-    if (!thread_ready) {
-        H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-        thread_ready = 1;
-    }
-    return init_status;
-}
-
-static void fault_at(const char *point, const char *want);
-
-void ckpt_fault_point(const char *point)
-{
-    const char *list = getenv("TP_CKPT_FAULT");
-    /* Several points, separated by commas. */
-    for (const char *want = list; want && *want;) {
-        const char *comma = strchr(want, ',');
-        char one[256];
-        size_t n = comma ? (size_t)(comma - want) : strlen(want);
-        if (n < sizeof one) {
-            memcpy(one, want, n);
-            one[n] = 0;
-            fault_at(point, one);
-        }
-        want = comma ? comma + 1 : NULL;
-    }
-}
-
-static void fault_at(const char *point, const char *want)
-{
-    size_t n = strlen(point);
-    if (strcmp(want, point) == 0) raise(SIGKILL);
-    if (strncmp(want, point, n) != 0 || want[n] != ':') return;
-    /* POINT:TERM, :INT or :HUP: that signal, then the caller held at the
-     * point long enough for the signal's handling (another thread) to act
-     * while the window the point is in stays open. POINT:SLEEP:SECONDS: a
-     * slow disk or store, the caller held there that long. */
-    const char *name = want + n + 1;
-    if (strncmp(name, "SLEEP:", 6) == 0) {
-        double seconds = atof(name + 6);
-        struct timespec hold = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-        while (nanosleep(&hold, &hold) != 0) {
-        }
-        return;
-    }
-    int signal = strcmp(name, "TERM") == 0 ? SIGTERM : strcmp(name, "INT") == 0 ? SIGINT : strcmp(name, "HUP") == 0 ? SIGHUP : 0;
-    if (!signal) return;
-    raise(signal);
-    struct timespec hold = {0, 500 * 1000 * 1000};
-    while (nanosleep(&hold, &hold) != 0) {
-    }
 }

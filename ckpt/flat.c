@@ -14,11 +14,11 @@
 
 struct ckpt_flat_file {
     char path[CKPT_PATH_MAX];  /* final name */
-    ckpt_staged *staged;       /* written here, renamed on commit */
+    store_staged *staged;       /* written here, renamed on commit */
     const char *temp;          /* its path */
-    const ckpt_storage *storage;
+    const store_ops *storage;
     hid_t file;                /* HDF5's handle: metadata */
-    ckpt_file *data;           /* the store's: the datasets' bytes */
+    store_file *data;           /* the store's: the datasets' bytes */
 };
 
 void ckpt_flat_abort(ckpt_flat_file *f)
@@ -26,7 +26,7 @@ void ckpt_flat_abort(ckpt_flat_file *f)
     if (!f) return;
     if (f->file >= 0) H5Fclose(f->file);
     if (f->data) f->storage->close(f->data);
-    ckpt_staged_discard(f->staged);
+    store_staged_discard(f->staged);
     free(f);
 }
 
@@ -41,26 +41,26 @@ static int create_hdf5(void *ctx)
     return TP_OK;
 }
 
-int ckpt_flat_create(ckpt_flat_file **out, const char *path, const ckpt_stage_options *options)
+int ckpt_flat_create(ckpt_flat_file **out, const char *path, const store_stage_options *options)
 {
     *out = NULL;
     ckpt_flat_file *f = calloc(1, sizeof *f);
     if (!f) return tp_fail(TP_ERR_NOMEM, "out of memory");
     f->file = -1;
-    ckpt_stage_options stage = *options;
+    store_stage_options stage = *options;
     stage.directory = 0;
-    int status = ckpt_storage_for(path, &f->storage);
-    if (!status) status = ckpt_stage(f->storage, path, &stage, &f->staged);
-    if (!status) f->temp = ckpt_staged_path(f->staged);
+    int status = store_for(path, &f->storage);
+    if (!status) status = store_stage(f->storage, path, &stage, &f->staged);
+    if (!status) f->temp = store_staged_path(f->staged);
     if (status) {
         free(f);
         return status;
     }
     snprintf(f->path, sizeof f->path, "%s", path);
     /* HDF5 makes the file by its name: not once a signal's clean-up ran. */
-    status = ckpt_staged_create(f->staged, create_hdf5, f);
+    status = store_staged_create(f->staged, create_hdf5, f);
     if (!status && f->file < 0) status = ckpt_fail_hdf5("%s: cannot create", f->temp);
-    if (!status) status = f->storage->open(f->storage, f->temp, CKPT_OPEN_WRITE, &f->data);
+    if (!status) status = f->storage->open(f->storage, f->temp, STORE_OPEN_WRITE, &f->data);
     if (status) {
         ckpt_flat_abort(f);
         return status;
@@ -132,7 +132,7 @@ int ckpt_flat_commit(ckpt_flat_file *f)
         ckpt_flat_abort(f);
         return status;
     }
-    status = ckpt_staged_publish(f->staged); /* frees it, whatever the outcome */
+    status = store_staged_publish(f->staged); /* frees it, whatever the outcome */
     f->staged = NULL;
     f->storage->close(f->data);
     free(f);

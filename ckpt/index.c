@@ -1,12 +1,18 @@
 /* index.c: index.json, serialized and parsed with cJSON (docs/FORMAT.md "Index"). */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "attrs.h"
 #include "index.h"
+
+void ckpt_shard_file_name(int pp, int tp, char *out, size_t out_size)
+{
+    snprintf(out, out_size, "shard_pp%02d_tp%02d.h5", pp, tp);
+}
 
 /* ------------------------------------------------------------- serialize */
 
@@ -502,7 +508,7 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
     memset(out, 0, sizeof *out);
     parse_ctx ctx = {where, "", TP_OK, partial, NULL};
     cJSON *root = NULL;
-    TP_TRY(ckpt_json_parse(text, strlen(text), where, &root));
+    TP_TRY(tp_json_parse(text, strlen(text), where, &root));
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object (damaged index?)", where);

@@ -80,7 +80,7 @@ void ckpt_index_free(ckpt_index *index);
 /* The metadata checksum of shard file f (shardmeta.c): XXH3 of its bytes
  * outside the extents the index records for its pieces, read through the
  * store; the file's size must be the index's. */
-int ckpt_shard_meta_checksum(const ckpt_storage *storage, const char *path, const ckpt_index *index,
+int ckpt_shard_meta_checksum(const store_ops *storage, const char *path, const ckpt_index *index,
                              int f, uint64_t *out);
 
 #endif

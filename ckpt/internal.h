@@ -5,6 +5,8 @@
 #include <hdf5.h>
 #include <stdint.h>
 
+#include "../common/fault.h"
+#include "../common/json.h"
 #include "ckpt.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -116,47 +118,12 @@ hid_t ckpt_h5_file_access(void); /* property list: alignment, libver, no file lo
 /* ----------------------------------------------------------- file system */
 
 
-/* out = dir + "/" + name; fails with TP_ERR_ARG when longer than CKPT_PATH_MAX. */
-int ckpt_path_join(char *out, const char *dir, const char *name);
-
-/* Whether a path exists in a store. */
-int ckpt_exists(const ckpt_storage *storage, const char *path);
-/* Writes a small file atomically: temp file, sync, rename, sync of the directory. */
-int ckpt_write_file_atomic(const ckpt_storage *storage, const char *dir, const char *name, const char *data,
-                           size_t size);
-/* ckpt_read_text_file in a given store. */
-int ckpt_read_text(const ckpt_storage *storage, const char *path, int64_t max_bytes, char **out,
-                   int64_t *size_out);
-/* Splits a path into its parent directory and base name. */
-int ckpt_split_path(const char *path, char *parent, size_t parent_size, char *base,
-                    size_t base_size);
-/* "<parent>/.<base>.<owner>.staging": where owner writes path before it is
- * published (owner NULL: this process). */
-int ckpt_staging_path(const char *path, const char *owner, char *out, size_t out_size);
-/* This machine's name as owners carry it: letters, digits and '-' only. */
-void ckpt_host_name(char *out, size_t out_size);
-/* The owner name distributed writers of this process share by default. */
-const char *ckpt_process_owner(void);
-/* Whether a live writer (holding its lock) is writing path now. */
-int ckpt_staging_live(const ckpt_storage *storage, const char *path);
-/* Whether a directory entry's name is a staging name. */
-int ckpt_is_staging_name(const char *name);
-/* The staging entry with this staging path this process holds, or NULL. */
-ckpt_staged *ckpt_staged_find(const char *staging);
-
 /* Points run_dir's `latest` at checkpoint `name` of that step, unless what
  * the run directory resolves to now is newer: `latest` never moves back. */
-int ckpt_latest_update(const ckpt_storage *storage, const char *run_dir, const char *name, int64_t step);
+int ckpt_latest_update(const store_ops *storage, const char *run_dir, const char *name, int64_t step);
 
 /* ckpt_resolve and ckpt_candidates in a given store (out: CKPT_PATH_MAX). */
-int ckpt_resolve_in(const ckpt_storage *storage, const char *path, char *out);
-int ckpt_candidates_in(const ckpt_storage *storage, const char *path, ckpt_candidate **out, int *count);
-
-/* Test hook (docs/FORMAT.md "Test hook"): kills the process with SIGKILL
- * when the environment variable TP_CKPT_FAULT names this point; with
- * POINT:TERM (INT, HUP) raises that signal there and holds the caller at the
- * point for half a second; POINT:SLEEP:S holds it S seconds. Several
- * points are separated by commas. */
-void ckpt_fault_point(const char *point);
+int ckpt_resolve_in(const store_ops *storage, const char *path, char *out);
+int ckpt_candidates_in(const store_ops *storage, const char *path, ckpt_candidate **out, int *count);
 
 #endif

@@ -55,7 +55,7 @@ typedef struct {
 typedef struct {
     char path[CKPT_PATH_MAX];
     hid_t file;       /* HDF5's handle: metadata */
-    ckpt_file *data;  /* the store's: the bytes of pieces */
+    store_file *data;  /* the store's: the bytes of pieces */
     int meta_checked; /* its metadata checksum matched the index's (format 1.1) */
     int open_status;  /* a failed open is not retried for every piece */
     char *open_error; /* its message */
@@ -63,14 +63,14 @@ typedef struct {
 
 struct ckpt_reader {
     char path[CKPT_PATH_MAX];
-    const ckpt_storage *storage;
+    const store_ops *storage;
     ckpt_index index;
     ckpt_read_options options;
     file_runtime *files;
     piece_runtime **pieces; /* [tensor][piece] */
     ckpt_name_map names;
     pthread_mutex_t lock;   /* lazy opening of files and pieces */
-    ckpt_file *hold;        /* a shared lock on the checkpoint: no one replaces it while it is read */
+    store_file *hold;        /* a shared lock on the checkpoint: no one replaces it while it is read */
     int foreign;            /* pieces are byte ranges of another tool's files (ckpt_reader_open_foreign) */
 };
 
@@ -124,16 +124,16 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     if (options) r->options = *options;
     else ckpt_read_options_init(&r->options);
     r->storage = r->options.storage;
-    if (!r->storage) status = ckpt_storage_for(path, &r->storage);
+    if (!r->storage) status = store_for(path, &r->storage);
     if (!status) status = ckpt_resolve_in(r->storage, path, r->path);
     /* Files are opened as pieces are read, so what is at the path must stay:
      * a replacement (--force) waits for, or refuses, readers. */
     if (!status && !r->options.holder)
-        status = r->storage->lock(r->storage, r->path, CKPT_LOCK_SHARED | CKPT_LOCK_WAIT, &r->hold);
+        status = r->storage->lock(r->storage, r->path, STORE_LOCK_SHARED | STORE_LOCK_WAIT, &r->hold);
     char index_path[CKPT_PATH_MAX] = "";
     char *text = NULL;
-    if (!status) status = ckpt_path_join(index_path, r->path, CKPT_INDEX_NAME);
-    if (!status) status = ckpt_read_text(r->storage, index_path, CKPT_INDEX_MAX_BYTES, &text, NULL);
+    if (!status) status = tp_path_join(index_path, r->path, CKPT_INDEX_NAME);
+    if (!status) status = store_read_text(r->storage, index_path, CKPT_INDEX_MAX_BYTES, &text, NULL);
     if (!status) status = ckpt_index_parse(text, index_path, &r->index);
     free(text);
     for (int i = 0; !status && i < r->index.num_tensors; i++) {
@@ -148,8 +148,8 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     for (int f = 0; !status && f < r->index.num_files; f++) {
         file_runtime *fr = &r->files[f];
         fr->file = -1;
-        ckpt_stat st;
-        status = ckpt_path_join(fr->path, r->path, r->index.files[f].name);
+        store_stat st;
+        status = tp_path_join(fr->path, r->path, r->index.files[f].name);
         if (!status) status = r->storage->stat(r->storage, fr->path, &st);
         if (status) break;
         if (!st.exists)
@@ -265,7 +265,7 @@ static int open_file_once(ckpt_reader *r, int f)
     file_runtime *fr = &r->files[f];
     if (r->foreign) { /* no HDF5 metadata: the bytes only */
         TP_TRY(tp_refuse_special(fr->path));
-        TP_TRY(r->storage->open(r->storage, fr->path, CKPT_OPEN_READ, &fr->data));
+        TP_TRY(r->storage->open(r->storage, fr->path, STORE_OPEN_READ, &fr->data));
         fr->file = 0;
         return TP_OK;
     }
@@ -274,7 +274,7 @@ static int open_file_once(ckpt_reader *r, int f)
             return tp_fail(TP_ERR_VERSION, "%s: format %d.%d records no block checksum offsets; reading it from "
                            "an object store needs format 1.2 (reshard or copy it locally)", fr->path,
                            r->index.major, r->index.minor);
-        TP_TRY(r->storage->open(r->storage, fr->path, CKPT_OPEN_READ, &fr->data));
+        TP_TRY(r->storage->open(r->storage, fr->path, STORE_OPEN_READ, &fr->data));
         fr->file = 0; /* opened: no HDF5 handle */
         return TP_OK;
     }
@@ -314,7 +314,7 @@ static int open_file_once(ckpt_reader *r, int f)
                            fr->path, (long long)coords[0], (long long)coords[1],
                            (long long)complete, idx->pp, idx->tp);
     if (!status && !fr->meta_checked) status = ckpt_h5_check_links(file, fr->path);
-    if (!status) status = r->storage->open(r->storage, fr->path, CKPT_OPEN_READ, &fr->data);
+    if (!status) status = r->storage->open(r->storage, fr->path, STORE_OPEN_READ, &fr->data);
     if (status) {
         H5Fclose(file);
         return status;
@@ -571,8 +571,8 @@ typedef struct {
     ckpt_reader *r;
     int tensor, piece;
     piece_runtime *pr;
-    const ckpt_storage *storage;
-    ckpt_file *file;
+    const store_ops *storage;
+    store_file *file;
     const char *file_path;
 } piece_ctx;
 
@@ -783,8 +783,8 @@ static int zero_run(void *ctx, int64_t src_offset, int64_t dst_offset, int64_t b
 }
 
 typedef struct {
-    const ckpt_storage *storage;
-    ckpt_file *file;
+    const store_ops *storage;
+    store_file *file;
     int64_t base; /* the box's offset in the file */
     char *dst;
 } box_pread_ctx;
@@ -1407,7 +1407,7 @@ int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int 
     r->options.verify = 0; /* nothing to verify against */
     r->foreign = 1;
     snprintf(r->path, sizeof r->path, "%s", source->path);
-    status = source->num_files > 0 ? ckpt_storage_for(source->files[0], &r->storage)
+    status = source->num_files > 0 ? store_for(source->files[0], &r->storage)
                                    : tp_fail(TP_ERR_ARG, "%s: no files", source->path);
     if (!status) status = foreign_index(r, source);
     if (!status && compute_digests) status = foreign_digests(r);

@@ -32,7 +32,6 @@
 #include "../common/clock.h"
 #include "../common/file.h"
 #include "internal.h"
-#include "remote.h"
 
 #define LOCK_NAME ".tp-run.lock"
 #define LEASE_NAME ".tp-run.lease"
@@ -42,9 +41,9 @@
 #define LEASE_MAX_SECONDS 3600
 
 struct ckpt_run_claim {
-    ckpt_file *lock;               /* the local lock (the run directory, or a remote one's cache) */
+    store_file *lock;               /* the local lock (the run directory, or a remote one's cache) */
     char lease_url[CKPT_PATH_MAX]; /* a remote run directory's lease; "" for a local one */
-    char owner[CKPT_OWNER_MAX];    /* this claim's identity inside the lease */
+    char owner[STORE_OWNER_MAX];    /* this claim's identity inside the lease */
     char holder[HOLDER_MAX];       /* this claim as others are told of it */
     double period;                 /* seconds a lease lives without renewal */
     pthread_t renewer;
@@ -71,7 +70,7 @@ static double lease_period(void)
 static void describe_holder(const char *program, char *out, size_t out_size)
 {
     char host[64], when[32];
-    ckpt_host_name(host, sizeof host);
+    store_host_name(host, sizeof host);
     time_t now = time(NULL);
     struct tm utc;
     gmtime_r(&now, &utc);
@@ -81,11 +80,11 @@ static void describe_holder(const char *program, char *out, size_t out_size)
 
 /* ------------------------------------------------------------------ local */
 
-static int lock_local(const char *dir, const char *holder, ckpt_file **out)
+static int lock_local(const char *dir, const char *holder, store_file **out)
 {
-    const ckpt_storage *posix = ckpt_storage_posix();
+    const store_ops *posix = store_posix();
     char path[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(path, dir, LOCK_NAME));
+    TP_TRY(tp_path_join(path, dir, LOCK_NAME));
     int fd = -1; /* a FIFO or a link put there is refused, never waited on or followed */
     TP_TRY(tp_open_regular_flags(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0644, &fd));
     int status = posix->lock(posix, path, 0, out);
@@ -115,7 +114,7 @@ static int lock_local(const char *dir, const char *holder, ckpt_file **out)
 /* ------------------------------------------------------------------ lease */
 
 typedef struct {
-    char owner[CKPT_OWNER_MAX];
+    char owner[STORE_OWNER_MAX];
     char holder[HOLDER_MAX];
     char host[64];
     long pid;
@@ -130,11 +129,11 @@ static int read_lease(const char *url, int *found, lease *out)
     *found = 0;
     char *text = NULL;
     int64_t size = 0;
-    int status = ckpt_read_text(ckpt_storage_remote(), url, 64 << 10, &text, &size);
+    int status = store_read_text_file(url, 64 << 10, &text, &size);
     if (status == TP_ERR_NOT_FOUND) return TP_OK;
     TP_TRY(status);
     cJSON *json = NULL;
-    status = ckpt_json_parse(text, (size_t)size, url, &json);
+    status = tp_json_parse(text, (size_t)size, url, &json);
     free(text);
     TP_TRY(status);
     const cJSON *owner = cJSON_GetObjectItemCaseSensitive(json, "owner");
@@ -161,8 +160,8 @@ static int read_lease(const char *url, int *found, lease *out)
 
 static int write_lease(const ckpt_run_claim *claim, int64_t renewals)
 {
-    char host[64], text[HOLDER_MAX + CKPT_OWNER_MAX + 256];
-    ckpt_host_name(host, sizeof host);
+    char host[64], text[HOLDER_MAX + STORE_OWNER_MAX + 256];
+    store_host_name(host, sizeof host);
     cJSON *json = cJSON_CreateObject();
     if (!json) return tp_fail(TP_ERR_NOMEM, "out of memory for a lease");
     cJSON_AddStringToObject(json, "owner", claim->owner);
@@ -174,7 +173,7 @@ static int write_lease(const ckpt_run_claim *claim, int64_t renewals)
     int fits = cJSON_PrintPreallocated(json, text, sizeof text, 0);
     cJSON_Delete(json);
     if (!fits) return tp_fail(TP_ERR_ARG, "%s: lease text too long", claim->lease_url);
-    return remote_put_data(claim->lease_url, text, strlen(text));
+    return store_put_data(claim->lease_url, text, strlen(text));
 }
 
 /* Whether a lease's holder is provably gone: a process of this machine
@@ -182,7 +181,7 @@ static int write_lease(const ckpt_run_claim *claim, int64_t renewals)
 static int holder_gone(const lease *l)
 {
     char host[64];
-    ckpt_host_name(host, sizeof host);
+    store_host_name(host, sizeof host);
     if (strcmp(host, l->host) != 0) return 0;
     return kill((pid_t)l->pid, 0) != 0 && errno == ESRCH;
 }
@@ -255,7 +254,7 @@ static void *renew(void *arg)
 
 static int take_lease(ckpt_run_claim *claim, const char *run_dir)
 {
-    TP_TRY(ckpt_path_join(claim->lease_url, run_dir, LEASE_NAME));
+    TP_TRY(tp_path_join(claim->lease_url, run_dir, LEASE_NAME));
     int present = 0;
     lease found;
     TP_TRY(read_lease(claim->lease_url, &present, &found));
@@ -271,7 +270,7 @@ static int take_lease(ckpt_run_claim *claim, const char *run_dir)
         return refuse(claim, run_dir, &found);
     }
     if (pthread_create(&claim->renewer, NULL, renew, claim) != 0) {
-        remote_delete(claim->lease_url);
+        store_delete(claim->lease_url);
         claim->lease_url[0] = '\0';
         return tp_fail(TP_ERR_NOMEM, "cannot start the lease's renewal thread");
     }
@@ -292,9 +291,9 @@ int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *
     if (claim->period < 0)
         status = tp_fail(TP_ERR_ARG, "TP_RUN_LEASE_SECONDS=%s: expected seconds in %d..%d",
                          getenv("TP_RUN_LEASE_SECONDS"), LEASE_MIN_SECONDS, LEASE_MAX_SECONDS);
-    if (!status) status = ckpt_staging_owner(claim->owner, sizeof claim->owner);
+    if (!status) status = store_staging_owner(claim->owner, sizeof claim->owner);
     if (!status) status = lock_local(local_dir ? local_dir : run_dir, claim->holder, &claim->lock);
-    if (!status && ckpt_is_remote(run_dir)) status = take_lease(claim, run_dir);
+    if (!status && store_is_remote(run_dir)) status = take_lease(claim, run_dir);
     if (status) {
         ckpt_run_claim_release(claim);
         return status;
@@ -324,8 +323,8 @@ void ckpt_run_claim_release(ckpt_run_claim *claim)
         pthread_mutex_unlock(&claim->mutex);
         pthread_join(claim->renewer, NULL);
     }
-    if (claim->lease_url[0] && !atomic_load(&claim->lost)) remote_delete(claim->lease_url);
-    if (claim->lock) ckpt_storage_posix()->close(claim->lock);
+    if (claim->lease_url[0] && !atomic_load(&claim->lost)) store_delete(claim->lease_url);
+    if (claim->lock) store_posix()->close(claim->lock);
     pthread_cond_destroy(&claim->wake);
     pthread_mutex_destroy(&claim->mutex);
     free(claim);

@@ -2,7 +2,9 @@
  * directories"), in one place for every reader, writer and resume: which
  * entries are checkpoints (step_<digits>, committed: index.json present),
  * what `latest` names, which checkpoint a path means, and the order in
- * which a resume tries them. */
+ * which a resume tries them, and what --force may replace (never a run
+ * directory; a checkpoint by a checkpoint): the rules staged outputs are
+ * given (store_stage_options.may_replace). */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -32,48 +34,48 @@ int ckpt_step_path(const char *run_dir, int64_t step, char *out, size_t out_size
     if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
     char name[32];
     snprintf(name, sizeof name, STEP_PREFIX "%08lld", (long long)step);
-    return ckpt_path_join(out, run_dir, name);
+    return tp_path_join(out, run_dir, name);
 }
 
-static int committed_in(const ckpt_storage *storage, const char *dir)
+static int committed_in(const store_ops *storage, const char *dir)
 {
     char index[CKPT_PATH_MAX];
-    return ckpt_path_join(index, dir, CKPT_INDEX_NAME) == TP_OK && ckpt_exists(storage, index);
+    return tp_path_join(index, dir, CKPT_INDEX_NAME) == TP_OK && store_exists(storage, index);
 }
 
 int ckpt_is_committed(const char *dir)
 {
-    const ckpt_storage *storage;
-    return ckpt_storage_for(dir, &storage) == TP_OK && committed_in(storage, dir);
+    const store_ops *storage;
+    return store_for(dir, &storage) == TP_OK && committed_in(storage, dir);
 }
 
 /* Whether path is a staging directory, or a checkpoint a live writer is
  * writing now. */
-static int is_being_written(const ckpt_storage *storage, const char *path)
+static int is_being_written(const store_ops *storage, const char *path)
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    if (ckpt_split_path(path, parent, sizeof parent, base, sizeof base) != TP_OK) return 0;
-    return ckpt_is_staging_name(base) || ckpt_staging_live(storage, path);
+    if (tp_split_path(path, parent, sizeof parent, base, sizeof base) != TP_OK) return 0;
+    return store_is_staging_name(base) || store_staging_live(storage, path);
 }
 
 /* The checkpoint `latest` in run_dir names, when it is a committed one. */
-static int latest_checkpoint(const ckpt_storage *storage, const char *run_dir, char *out)
+static int latest_checkpoint(const store_ops *storage, const char *run_dir, char *out)
 {
     char latest_path[CKPT_PATH_MAX];
     char *latest = NULL;
-    if (ckpt_path_join(latest_path, run_dir, CKPT_LATEST_NAME) || !ckpt_exists(storage, latest_path) ||
-        ckpt_read_text(storage, latest_path, CKPT_PATH_MAX, &latest, NULL))
+    if (tp_path_join(latest_path, run_dir, CKPT_LATEST_NAME) || !store_exists(storage, latest_path) ||
+        store_read_text(storage, latest_path, CKPT_PATH_MAX, &latest, NULL))
         return 0;
     latest[strcspn(latest, "\r\n")] = '\0';
     int ok = latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 && strcmp(latest, ".") != 0 &&
-             ckpt_path_join(out, run_dir, latest) == TP_OK && committed_in(storage, out);
+             tp_path_join(out, run_dir, latest) == TP_OK && committed_in(storage, out);
     free(latest);
     return ok;
 }
 
-int ckpt_resolve_in(const ckpt_storage *storage, const char *path, char *out)
+int ckpt_resolve_in(const store_ops *storage, const char *path, char *out)
 {
-    ckpt_stat st;
+    store_stat st;
     if (is_being_written(storage, path) && !committed_in(storage, path))
         return tp_fail(TP_ERR_NOT_FOUND,
                        "%s is a checkpoint still being written (not committed); use a committed one", path);
@@ -97,9 +99,9 @@ int ckpt_resolve_in(const ckpt_storage *storage, const char *path, char *out)
 
 int ckpt_resolve(const char *path, char *out, size_t out_size)
 {
-    const ckpt_storage *storage;
+    const store_ops *storage;
     if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
-    TP_TRY(ckpt_storage_for(path, &storage));
+    TP_TRY(store_for(path, &storage));
     return ckpt_resolve_in(storage, path, out);
 }
 
@@ -110,7 +112,7 @@ static int by_step_descending(const void *a, const void *b)
 }
 
 typedef struct {
-    const ckpt_storage *storage;
+    const store_ops *storage;
     const char *dir;
     ckpt_candidate *list;
     int count, capacity;
@@ -121,7 +123,7 @@ static int add_candidate(void *ctx, const char *name)
     listing *l = ctx;
     int64_t step = ckpt_step_of_name(name);
     char candidate[CKPT_PATH_MAX];
-    if (step < 0 || ckpt_path_join(candidate, l->dir, name) || !committed_in(l->storage, candidate)) return TP_OK;
+    if (step < 0 || tp_path_join(candidate, l->dir, name) || !committed_in(l->storage, candidate)) return TP_OK;
     if (l->count == l->capacity) {
         int capacity = l->capacity ? 2 * l->capacity : 16;
         ckpt_candidate *grown = realloc(l->list, (size_t)capacity * sizeof *grown);
@@ -134,7 +136,7 @@ static int add_candidate(void *ctx, const char *name)
     return TP_OK;
 }
 
-int ckpt_candidates_in(const ckpt_storage *storage, const char *path, ckpt_candidate **out, int *count)
+int ckpt_candidates_in(const store_ops *storage, const char *path, ckpt_candidate **out, int *count)
 {
     *out = NULL;
     *count = 0;
@@ -147,7 +149,7 @@ int ckpt_candidates_in(const ckpt_storage *storage, const char *path, ckpt_candi
         }
         strcpy(one->path, path);
         char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-        one->step = ckpt_split_path(path, parent, sizeof parent, base, sizeof base) == TP_OK ? ckpt_step_of_name(base) : -1;
+        one->step = tp_split_path(path, parent, sizeof parent, base, sizeof base) == TP_OK ? ckpt_step_of_name(base) : -1;
         *out = one;
         *count = 1;
         return TP_OK;
@@ -182,25 +184,25 @@ int ckpt_candidates_in(const ckpt_storage *storage, const char *path, ckpt_candi
 
 int ckpt_candidates(const char *path, ckpt_candidate **out, int *count)
 {
-    const ckpt_storage *storage;
+    const store_ops *storage;
     *out = NULL;
     *count = 0;
-    TP_TRY(ckpt_storage_for(path, &storage));
+    TP_TRY(store_for(path, &storage));
     return ckpt_candidates_in(storage, path, out, count);
 }
 
 /* Step recorded in the index of the checkpoint run_dir resolves to, or -1. */
-static int64_t resolved_step(const ckpt_storage *storage, const char *run_dir)
+static int64_t resolved_step(const store_ops *storage, const char *run_dir)
 {
     char resolved[CKPT_PATH_MAX], index_path[CKPT_PATH_MAX];
     if (ckpt_resolve_in(storage, run_dir, resolved) != TP_OK ||
-        ckpt_path_join(index_path, resolved, CKPT_INDEX_NAME) != TP_OK)
+        tp_path_join(index_path, resolved, CKPT_INDEX_NAME) != TP_OK)
         return -1;
     char *text = NULL;
     int64_t size = 0;
-    if (ckpt_read_text(storage, index_path, CKPT_INDEX_MAX_BYTES, &text, &size) != TP_OK) return -1;
+    if (store_read_text(storage, index_path, CKPT_INDEX_MAX_BYTES, &text, &size) != TP_OK) return -1;
     cJSON *root = NULL;
-    ckpt_json_parse(text, (size_t)size, index_path, &root);
+    tp_json_parse(text, (size_t)size, index_path, &root);
     free(text);
     const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
     int64_t value = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : -1;
@@ -213,28 +215,88 @@ static int64_t resolved_step(const ckpt_storage *storage, const char *run_dir)
 static int remove_dead_temporary(void *ctx, const char *name)
 {
     const char *run_dir = ((const void **)ctx)[0];
-    const ckpt_storage *storage = ((const void **)ctx)[1];
+    const store_ops *storage = ((const void **)ctx)[1];
     char path[CKPT_PATH_MAX];
     if (strncmp(name, "." CKPT_LATEST_NAME ".tmp.", strlen(CKPT_LATEST_NAME) + 6) == 0 &&
-        ckpt_path_join(path, run_dir, name) == TP_OK)
+        tp_path_join(path, run_dir, name) == TP_OK)
         storage->remove_tree(storage, path);
     return TP_OK;
 }
 
-int ckpt_latest_update(const ckpt_storage *storage, const char *run_dir, const char *name, int64_t step)
+int ckpt_latest_update(const store_ops *storage, const char *run_dir, const char *name, int64_t step)
 {
     /* Compare and write under the run directory's lock, so that two writers
      * committing at once cannot move `latest` backwards. */
     if (ckpt_step_of_name(name) < 0) return TP_OK; /* `latest` names step_* checkpoints only */
-    ckpt_file *lock = NULL;
-    TP_TRY(storage->lock(storage, run_dir, CKPT_LOCK_WAIT, &lock));
+    store_file *lock = NULL;
+    TP_TRY(storage->lock(storage, run_dir, STORE_LOCK_WAIT, &lock));
     const void *ctx[2] = {run_dir, storage};
     int status = storage->list(storage, run_dir, remove_dead_temporary, (void *)ctx);
     if (!status && resolved_step(storage, run_dir) <= step) { /* never move `latest` backwards */
         char line[CKPT_PATH_MAX + 2];
         int n = snprintf(line, sizeof line, "%s\n", name);
-        status = ckpt_write_file_atomic(storage, run_dir, CKPT_LATEST_NAME, line, (size_t)n);
+        status = store_write_file_atomic(storage, run_dir, CKPT_LATEST_NAME, line, (size_t)n);
     }
     storage->close(lock);
     return status;
+}
+
+/* ------------------------------------------------- what --force replaces */
+
+/* What a run directory holds that no --force replaces: its history. */
+static int visit_history(void *ctx, const char *name)
+{
+    (void)ctx;
+    return ckpt_step_of_name(name) >= 0 || strcmp(name, CKPT_LATEST_NAME) == 0 ? TP_ERR_EXISTS : TP_OK;
+}
+
+int ckpt_refuse_run_directory(const store_ops *s, const char *path)
+{
+    store_stat st;
+    TP_TRY(s->stat(s, path, &st));
+    if (!st.exists || !st.is_dir) return TP_OK;
+    int status = s->list(s, path, visit_history, NULL);
+    if (status == TP_ERR_EXISTS)
+        return tp_fail(TP_ERR_EXISTS,
+                       "%s is a run directory (it holds step_* checkpoints or 'latest'); --force never replaces "
+                       "a run's history: choose another output",
+                       path);
+    return status;
+}
+
+typedef struct {
+    char stray[256];
+} checkpoint_scan;
+
+static int visit_checkpoint_entry(void *ctx, const char *name)
+{
+    checkpoint_scan *c = ctx;
+    size_t n = strlen(name);
+    int shard = strncmp(name, "shard_pp", 8) == 0 && n > 3 && strcmp(name + n - 3, ".h5") == 0;
+    if (shard || strcmp(name, CKPT_INDEX_NAME) == 0) return TP_OK;
+    snprintf(c->stray, sizeof c->stray, "%s", name);
+    return TP_ERR_EXISTS;
+}
+
+int ckpt_replaceable_checkpoint(const store_ops *s, const char *path)
+{
+    store_stat st;
+    TP_TRY(s->stat(s, path, &st));
+    if (!st.exists) return TP_OK;
+    if (!st.is_dir) return tp_fail(TP_ERR_EXISTS, "%s is a file, not a checkpoint; --force replaces only checkpoints", path);
+    checkpoint_scan c = {""};
+    int status = s->list(s, path, visit_checkpoint_entry, &c);
+    if (status == TP_ERR_EXISTS)
+        return tp_fail(TP_ERR_EXISTS,
+                       "%s holds '%s', which is not part of a checkpoint; --force replaces only checkpoints "
+                       "(remove the directory yourself if it is to go)",
+                       path, c.stray);
+    return status;
+}
+
+int ckpt_may_replace_checkpoint(const store_ops *storage, const char *path, void *ctx)
+{
+    (void)ctx;
+    TP_TRY(ckpt_refuse_run_directory(storage, path));
+    return ckpt_replaceable_checkpoint(storage, path);
 }

@@ -19,7 +19,7 @@ static int by_offset(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-int ckpt_shard_meta_checksum(const ckpt_storage *storage, const char *path, const ckpt_index *index,
+int ckpt_shard_meta_checksum(const store_ops *storage, const char *path, const ckpt_index *index,
                              int f, uint64_t *out)
 {
     int64_t count = 0;
@@ -48,7 +48,7 @@ int ckpt_shard_meta_checksum(const ckpt_storage *storage, const char *path, cons
     if (!status && n > 1) qsort(extents, (size_t)n, sizeof *extents, by_offset);
 
     int64_t size = index->files[f].bytes;
-    ckpt_stat info;
+    store_stat info;
     if (!status) status = storage->stat(storage, path, &info);
     if (!status && (!info.exists || info.size != size))
         status = tp_fail(TP_ERR_CHECKSUM, "%s: metadata damaged (size %lld bytes, index says %lld)", path,
@@ -62,8 +62,8 @@ int ckpt_shard_meta_checksum(const ckpt_storage *storage, const char *path, cons
         else
             pos = extents[k].offset + extents[k].length;
     }
-    ckpt_file *file = NULL;
-    if (!status) status = storage->open(storage, path, CKPT_OPEN_READ, &file);
+    store_file *file = NULL;
+    if (!status) status = storage->open(storage, path, STORE_OPEN_READ, &file);
     if (!status) XXH3_64bits_reset(state);
     pos = 0;
     for (int64_t k = 0; !status && k <= n; k++) {

@@ -20,11 +20,10 @@
 #include "../common/parallel.h"
 #include "commit.h"
 #include "index.h"
-#include "remote.h"
 
 int ckpt_is_remote(const char *path)
 {
-    return remote_is_url(path);
+    return store_is_remote(path);
 }
 
 /* Files (and parts) an upload or download keeps in flight. */
@@ -44,9 +43,11 @@ typedef struct {
  * threads of parts), and its size there checked. */
 static int put_shard_file(const char *local, const char *remote, int64_t bytes, int threads)
 {
-    TP_TRY(remote_put_file(remote, local, 0, bytes, threads));
-    ckpt_stat st;
-    TP_TRY(ckpt_storage_remote()->stat(ckpt_storage_remote(), remote, &st));
+    TP_TRY(store_put_file(remote, local, 0, bytes, threads));
+    const store_ops *store;
+    store_stat st;
+    TP_TRY(store_for(remote, &store));
+    TP_TRY(store->stat(store, remote, &st));
     if (!st.exists || st.size != bytes)
         return tp_fail(TP_ERR_IO, "%s: %lld bytes arrived of %lld sent", remote, (long long)st.size,
                        (long long)bytes);
@@ -59,8 +60,8 @@ static int upload_shard(void *ctx, int64_t f, int thread)
     upload_job *j = ctx;
     const ckpt_index_file *file = &j->index->files[f];
     char local[CKPT_PATH_MAX], remote[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(local, j->local_dir, file->name));
-    TP_TRY(ckpt_path_join(remote, j->url, file->name));
+    TP_TRY(tp_path_join(local, j->local_dir, file->name));
+    TP_TRY(tp_path_join(remote, j->url, file->name));
     /* Parts of one file share the threads with other files: a checkpoint
      * of one large shard still goes up in parallel. */
     int part_threads = j->threads / j->index->num_files;
@@ -78,14 +79,14 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
 {
     if (!ckpt_is_remote(url)) return tp_fail(TP_ERR_ARG, "%s: not an http(s):// or s3:// location", url);
     char local_index[CKPT_PATH_MAX], remote_index[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(local_index, local_dir, CKPT_INDEX_NAME));
-    TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
+    TP_TRY(tp_path_join(local_index, local_dir, CKPT_INDEX_NAME));
+    TP_TRY(tp_path_join(remote_index, url, CKPT_INDEX_NAME));
     /* What goes up must read back whole there: a damaged local copy (or one
      * whose index disagrees with its files) is refused before any upload. */
     TP_TRY(ckpt_verify_checkpoint(local_dir, transfer_threads(options), NULL));
     char *text = NULL;
     int64_t text_size = 0;
-    TP_TRY(ckpt_read_text_file(local_index, CKPT_INDEX_MAX_BYTES, &text, &text_size));
+    TP_TRY(store_read_text_file(local_index, CKPT_INDEX_MAX_BYTES, &text, &text_size));
     ckpt_index index;
     memset(&index, 0, sizeof index);
     int status = ckpt_index_parse(text, local_index, &index);
@@ -94,8 +95,8 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
     if (!status && index.num_files > 0)
         status = parallel_for(index.num_files, index.num_files < job.threads ? index.num_files : job.threads,
                               upload_shard, &job);
-    ckpt_fault_point("upload-before-index");
-    if (!status) status = remote_put_data(remote_index, text, (size_t)text_size);
+    tp_fault_point("upload-before-index");
+    if (!status) status = store_put_data(remote_index, text, (size_t)text_size);
     ckpt_index_free(&index);
     free(text);
     return status;
@@ -104,15 +105,16 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
 int ckpt_upload_begin(const char *url, int replace)
 {
     if (!ckpt_is_remote(url)) return tp_fail(TP_ERR_ARG, "%s: not an http(s):// or s3:// location", url);
-    const ckpt_storage *store = ckpt_storage_remote();
+    const store_ops *store;
+    TP_TRY(store_for(url, &store));
     char remote_index[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
-    ckpt_stat st = {0};
+    TP_TRY(tp_path_join(remote_index, url, CKPT_INDEX_NAME));
+    store_stat st = {0};
     TP_TRY(store->stat(store, remote_index, &st));
     if (!st.exists) return TP_OK;
     if (!replace) return tp_fail(TP_ERR_EXISTS, "%s holds a checkpoint already (--force replaces it)", url);
     /* The old checkpoint disappears first: never an index over new files. */
-    return remote_delete(remote_index);
+    return store_delete(remote_index);
 }
 
 int ckpt_shard_upload(const char *local_path, const ckpt_layout *layout, const ckpt_write_options *options,
@@ -120,20 +122,20 @@ int ckpt_shard_upload(const char *local_path, const ckpt_layout *layout, const c
 {
     *description = NULL;
     char staging[CKPT_PATH_MAX], name[64], local[CKPT_PATH_MAX], remote[CKPT_PATH_MAX];
-    TP_TRY(ckpt_staging_path(local_path, options->staging_owner, staging, sizeof staging));
-    ckpt_staged *staged = ckpt_staged_find(staging);
+    TP_TRY(store_staging_path(local_path, options->staging_owner, staging, sizeof staging));
+    store_staged *staged = store_staged_find(staging);
     if (!staged) return tp_fail(TP_ERR_STATE, "%s: no staging directory %s prepared by this process", local_path, staging);
     ckpt_shard_file_name(options->shard_pp, options->shard_tp, name, sizeof name);
-    int status = ckpt_path_join(local, staging, name);
-    if (!status) status = ckpt_path_join(remote, url, name);
+    int status = tp_path_join(local, staging, name);
+    if (!status) status = tp_path_join(remote, url, name);
     if (!status)
-        status = ckpt_describe_shard(ckpt_storage_posix(), staging, layout, options->shard_pp, options->shard_tp,
+        status = ckpt_describe_shard(store_posix(), staging, layout, options->shard_pp, options->shard_tp,
                                      description);
-    ckpt_stat st = {0};
-    if (!status) status = ckpt_storage_posix()->stat(ckpt_storage_posix(), local, &st);
+    store_stat st = {0};
+    if (!status) status = store_posix()->stat(store_posix(), local, &st);
     if (!status) status = put_shard_file(local, remote, st.size, transfer_threads(upload));
     if (!status && upload && upload->on_file) upload->on_file(upload->ctx, st.size);
-    ckpt_staged_discard(staged);
+    store_staged_discard(staged);
     if (status) {
         free(*description);
         *description = NULL;
@@ -146,7 +148,7 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
                          int64_t *bytes)
 {
     char remote_index[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(remote_index, url, CKPT_INDEX_NAME));
+    TP_TRY(tp_path_join(remote_index, url, CKPT_INDEX_NAME));
     char *json = NULL;
     TP_TRY(ckpt_index_from_parts(layout, state, descriptions, count, url, &json));
     ckpt_index index;
@@ -156,12 +158,12 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
         for (int f = 0; f < index.num_files; f++) *bytes += index.files[f].bytes;
     }
     if (!status) ckpt_index_free(&index);
-    ckpt_fault_point("upload-before-index");
+    tp_fault_point("upload-before-index");
     if (!status) status = ckpt_run_claim_check(claim);
-    if (!status) status = remote_put_data(remote_index, json, strlen(json));
+    if (!status) status = store_put_data(remote_index, json, strlen(json));
     free(json);
     if (status || !update_latest) return status;
-    ckpt_fault_point("before-latest");
+    tp_fault_point("before-latest");
     TP_TRY(ckpt_run_claim_check(claim)); /* nothing more beside a run that took the lease over meanwhile */
     return ckpt_upload_latest(url);
 }
@@ -169,11 +171,11 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
 int ckpt_upload_latest(const char *checkpoint_url)
 {
     char run_url[CKPT_PATH_MAX], name[CKPT_NAME_MAX + 1], path[CKPT_PATH_MAX];
-    TP_TRY(ckpt_split_path(checkpoint_url, run_url, sizeof run_url, name, sizeof name));
-    TP_TRY(ckpt_path_join(path, run_url, CKPT_LATEST_NAME));
+    TP_TRY(tp_split_path(checkpoint_url, run_url, sizeof run_url, name, sizeof name));
+    TP_TRY(tp_path_join(path, run_url, CKPT_LATEST_NAME));
     char text[CKPT_NAME_MAX + 2];
     int n = snprintf(text, sizeof text, "%s\n", name);
-    return remote_put_data(path, text, (size_t)n);
+    return store_put_data(path, text, (size_t)n);
 }
 
 /* ------------------------------------------------- files other than checkpoints */
@@ -189,11 +191,11 @@ static int upload_named(void *ctx, int64_t i, int thread)
     (void)thread;
     files_job *j = ctx;
     char local[CKPT_PATH_MAX], remote[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(local, j->local, j->names[i]));
-    TP_TRY(ckpt_path_join(remote, j->url, j->names[i]));
-    ckpt_stat st;
-    TP_TRY(ckpt_storage_posix()->stat(ckpt_storage_posix(), local, &st));
-    TP_TRY(remote_put_file(remote, local, 0, st.size, 1));
+    TP_TRY(tp_path_join(local, j->local, j->names[i]));
+    TP_TRY(tp_path_join(remote, j->url, j->names[i]));
+    store_stat st;
+    TP_TRY(store_posix()->stat(store_posix(), local, &st));
+    TP_TRY(store_put_file(remote, local, 0, st.size, 1));
     if (j->options && j->options->on_file) j->options->on_file(j->options->ctx, st.size);
     return TP_OK;
 }
@@ -213,9 +215,9 @@ static int collect_name(void *ctx, const char *name)
     char relative[CKPT_NAME_MAX + 1], path[CKPT_PATH_MAX];
     if ((size_t)snprintf(relative, sizeof relative, "%s%s", l->prefix, name) >= sizeof relative)
         return tp_fail(TP_ERR_ARG, "%s/%s%s: path too long", l->root, l->prefix, name);
-    TP_TRY(ckpt_path_join(path, l->root, relative));
-    const ckpt_storage *posix = ckpt_storage_posix();
-    ckpt_stat st;
+    TP_TRY(tp_path_join(path, l->root, relative));
+    const store_ops *posix = store_posix();
+    store_stat st;
     TP_TRY(posix->stat(posix, path, &st));
     if (st.is_dir) { /* its files, under its name */
         char saved[CKPT_NAME_MAX + 1];
@@ -257,12 +259,12 @@ static int index_last(const void *a, const void *b)
 
 int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_options *options)
 {
-    const ckpt_storage *posix = ckpt_storage_posix();
-    ckpt_stat st;
+    const store_ops *posix = store_posix();
+    store_stat st;
     TP_TRY(posix->stat(posix, local, &st));
     if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: nothing to upload", local);
     if (!st.is_dir) {
-        TP_TRY(remote_put_file(url, local, 0, st.size, transfer_threads(options)));
+        TP_TRY(store_put_file(url, local, 0, st.size, transfer_threads(options)));
         if (options && options->on_file) options->on_file(options->ctx, st.size);
         return TP_OK;
     }
@@ -271,8 +273,9 @@ int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_opti
     /* What was there goes first, whole: no file of it stays beside the new
      * ones, and no tracker or index names files that are not there yet. */
     if (!status && options && options->replace) {
-        const ckpt_storage *remote = ckpt_storage_remote();
-        status = remote->remove_tree(remote, url);
+        const store_ops *remote;
+        status = store_for(url, &remote);
+        if (!status) status = remote->remove_tree(remote, url);
     }
     int threads = transfer_threads(options);
     if (!status && names.count) qsort(names.names, (size_t)names.count, sizeof *names.names, index_last);
@@ -281,7 +284,7 @@ int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_opti
     files_job job = {local, url, names.names, options};
     if (!status && first_index > 0)
         status = parallel_for(first_index, first_index < threads ? first_index : threads, upload_named, &job);
-    if (!status && first_index < names.count) ckpt_fault_point("upload-before-index");
+    if (!status && first_index < names.count) tp_fault_point("upload-before-index");
     for (int i = first_index; !status && i < names.count; i++) status = upload_named(&job, i, 0);
     free(names.names);
     return status;
@@ -310,15 +313,17 @@ int ckpt_output_begin(const char *target, int replace, char *local, size_t local
         strcpy(local, target);
         return TP_OK;
     }
-    ckpt_stat st;
-    TP_TRY(ckpt_storage_remote()->stat(ckpt_storage_remote(), target, &st));
+    const store_ops *store;
+    store_stat st;
+    TP_TRY(store_for(target, &store));
+    TP_TRY(store->stat(store, target, &st));
     if (st.exists && !replace) return tp_fail(TP_ERR_EXISTS, "%s exists already (--force replaces it)", target);
     /* Written here first, committed, then uploaded: a private directory. */
     char owner[128], dir[CKPT_PATH_MAX];
-    TP_TRY(ckpt_staging_owner(owner, sizeof owner));
+    TP_TRY(store_staging_owner(owner, sizeof owner));
     if ((size_t)snprintf(dir, sizeof dir, "%s/tp-upload.%s", temporary_dir(), owner) >= sizeof dir)
         return tp_fail(TP_ERR_ARG, "TMPDIR too long");
-    const ckpt_storage *posix = ckpt_storage_posix();
+    const store_ops *posix = store_posix();
     int status = posix->make_dir(posix, dir);
     if (status && status != TP_ERR_EXISTS) return tp_fail_context(status, "a local copy for the upload to %s", target);
     const char *base = strrchr(target, '/');
@@ -340,9 +345,9 @@ int ckpt_output_finish(const char *target, const char *local, int ok, const ckpt
      * thrown away for a network error; `tp-ckpt copy` sends it later. */
     if (ok && status) return tp_fail_context(status, "the output stays in %s (tp-ckpt copy uploads it)", local);
     char parent[CKPT_PATH_MAX], base[CKPT_NAME_MAX];
-    const ckpt_storage *posix = ckpt_storage_posix();
+    const store_ops *posix = store_posix();
     posix->remove_tree(posix, local);
-    if (ckpt_split_path(local, parent, sizeof parent, base, sizeof base) == TP_OK) rmdir(parent);
+    if (tp_split_path(local, parent, sizeof parent, base, sizeof base) == TP_OK) rmdir(parent);
     return status;
 }
 
@@ -354,9 +359,10 @@ typedef struct {
     const char *url, *dir; /* remote checkpoint, local staging directory */
     const ckpt_index *index;
     int64_t *first_part; /* [file]: its parts' first task number; [num_files]: the total */
-    ckpt_file **remote;  /* [file]: opened once, so that all its parts are read from one version (its ETag) */
+    store_file **remote;  /* [file]: opened once, so that all its parts are read from one version (its ETag) */
     char **buffers;      /* [thread] */
     const ckpt_upload_options *options;
+    const store_ops *store; /* the remote checkpoint's */
 } download_job;
 
 static int download_part(void *ctx, int64_t task, int thread)
@@ -368,13 +374,13 @@ static int download_part(void *ctx, int64_t task, int thread)
     int64_t offset = (task - j->first_part[f]) * DOWNLOAD_PART;
     int64_t size = file->bytes - offset < DOWNLOAD_PART ? file->bytes - offset : DOWNLOAD_PART;
     char local[CKPT_PATH_MAX];
-    TP_TRY(ckpt_path_join(local, j->dir, file->name));
+    TP_TRY(tp_path_join(local, j->dir, file->name));
     if (!j->buffers[thread] && !(j->buffers[thread] = malloc((size_t)DOWNLOAD_PART)))
         return tp_fail(TP_ERR_NOMEM, "out of memory");
-    const ckpt_storage *store = ckpt_storage_remote(), *posix = ckpt_storage_posix();
-    ckpt_file *out = NULL;
+    const store_ops *store = j->store, *posix = store_posix();
+    store_file *out = NULL;
     int status = size > 0 ? store->read_at(j->remote[f], j->buffers[thread], (size_t)size, offset) : TP_OK;
-    if (!status) status = posix->open(posix, local, CKPT_OPEN_WRITE, &out);
+    if (!status) status = posix->open(posix, local, STORE_OPEN_WRITE, &out);
     if (!status && size > 0) status = posix->write_at(out, j->buffers[thread], (size_t)size, offset);
     if (!status && j->options && j->options->on_file) j->options->on_file(j->options->ctx, size);
     if (out) posix->close(out);
@@ -405,36 +411,38 @@ int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_opti
 static int download_once(const char *url, const char *local_dir, const ckpt_upload_options *options)
 {
     if (!ckpt_is_remote(url)) return tp_fail(TP_ERR_ARG, "%s: not an http(s):// or s3:// location", url);
-    const ckpt_storage *store = ckpt_storage_remote(), *posix = ckpt_storage_posix();
+    const store_ops *store, *posix = store_posix();
+    TP_TRY(store_for(url, &store));
     char resolved[CKPT_PATH_MAX], remote_index[CKPT_PATH_MAX];
     TP_TRY(ckpt_resolve_in(store, url, resolved));
-    TP_TRY(ckpt_path_join(remote_index, resolved, CKPT_INDEX_NAME));
+    TP_TRY(tp_path_join(remote_index, resolved, CKPT_INDEX_NAME));
     char *text = NULL;
     int64_t text_size = 0;
-    TP_TRY(ckpt_read_text(store, remote_index, CKPT_INDEX_MAX_BYTES, &text, &text_size));
+    TP_TRY(store_read_text(store, remote_index, CKPT_INDEX_MAX_BYTES, &text, &text_size));
     ckpt_index index;
     memset(&index, 0, sizeof index);
     int status = ckpt_index_parse(text, remote_index, &index);
-    ckpt_stage_options stage = {.directory = 1, .overwrite = options && options->replace};
-    ckpt_staged *staged = NULL;
-    if (!status) status = ckpt_stage(posix, local_dir, &stage, &staged);
-    const char *dir = staged ? ckpt_staged_path(staged) : NULL;
+    store_stage_options stage = {.directory = 1, .overwrite = options && options->replace,
+                                 .may_replace = ckpt_may_replace_checkpoint};
+    store_staged *staged = NULL;
+    if (!status) status = store_stage(posix, local_dir, &stage, &staged);
+    const char *dir = staged ? store_staged_path(staged) : NULL;
     int threads = transfer_threads(options);
     download_job job = {resolved, dir, &index, calloc((size_t)index.num_files + 1, sizeof(int64_t)),
-                        calloc((size_t)index.num_files + 1, sizeof(ckpt_file *)),
-                        calloc((size_t)threads, sizeof(char *)), options};
+                        calloc((size_t)index.num_files + 1, sizeof(store_file *)),
+                        calloc((size_t)threads, sizeof(char *)), options, store};
     if (!status && (!job.first_part || !job.remote || !job.buffers)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int f = 0; !status && f < index.num_files; f++) {
         char remote[CKPT_PATH_MAX];
-        status = ckpt_path_join(remote, resolved, index.files[f].name);
-        if (!status) status = store->open(store, remote, CKPT_OPEN_READ, &job.remote[f]);
+        status = tp_path_join(remote, resolved, index.files[f].name);
+        if (!status) status = store->open(store, remote, STORE_OPEN_READ, &job.remote[f]);
     }
     /* Every file at its full size first, then its parts in parallel. */
     for (int f = 0; !status && f < index.num_files; f++) {
         char local[CKPT_PATH_MAX];
-        ckpt_file *file = NULL;
-        status = ckpt_path_join(local, dir, index.files[f].name);
-        if (!status) status = posix->open(posix, local, CKPT_OPEN_CREATE, &file);
+        store_file *file = NULL;
+        status = tp_path_join(local, dir, index.files[f].name);
+        if (!status) status = posix->open(posix, local, STORE_OPEN_CREATE, &file);
         if (!status) status = posix->resize(file, index.files[f].bytes);
         if (file) posix->close(file);
         job.first_part[f + 1] = job.first_part[f] + (index.files[f].bytes + DOWNLOAD_PART - 1) / DOWNLOAD_PART;
@@ -443,13 +451,13 @@ static int download_once(const char *url, const char *local_dir, const ckpt_uplo
     if (!status && tasks > 0) status = parallel_for(tasks, tasks < threads ? (int)tasks : threads, download_part, &job);
     for (int f = 0; !status && f < index.num_files; f++) { /* durable before the index names them */
         char local[CKPT_PATH_MAX];
-        ckpt_file *file = NULL;
-        status = ckpt_path_join(local, dir, index.files[f].name);
-        if (!status) status = posix->open(posix, local, CKPT_OPEN_WRITE, &file);
+        store_file *file = NULL;
+        status = tp_path_join(local, dir, index.files[f].name);
+        if (!status) status = posix->open(posix, local, STORE_OPEN_WRITE, &file);
         if (!status) status = posix->sync(file);
         if (file) posix->close(file);
     }
-    if (!status) status = ckpt_write_file_atomic(posix, dir, CKPT_INDEX_NAME, text, (size_t)text_size);
+    if (!status) status = store_write_file_atomic(posix, dir, CKPT_INDEX_NAME, text, (size_t)text_size);
     /* Trusted only once checked: the copy is verified (every block against
      * its checksum, the index against the files) before it is visible. */
     ckpt_read_options ours;
@@ -460,8 +468,8 @@ static int download_once(const char *url, const char *local_dir, const ckpt_uplo
         if (status) status = tp_fail_context(status, "%s: its download", resolved);
     }
     if (staged) {
-        if (status) ckpt_staged_discard(staged);
-        else status = ckpt_staged_publish(staged);
+        if (status) store_staged_discard(staged);
+        else status = store_staged_publish(staged);
     }
     for (int f = 0; job.remote && f < index.num_files; f++)
         if (job.remote[f]) store->close(job.remote[f]);

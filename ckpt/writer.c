@@ -25,7 +25,7 @@ typedef struct {
     int pp, tp;
     char path[CKPT_PATH_MAX];
     hid_t file;      /* HDF5's handle: metadata */
-    ckpt_file *data; /* the store's: the bytes of pieces */
+    store_file *data; /* the store's: the bytes of pieces */
 } shard_file;
 
 typedef struct {
@@ -47,8 +47,8 @@ typedef struct {
 
 struct ckpt_writer {
     char path[CKPT_PATH_MAX];
-    const ckpt_storage *storage;
-    ckpt_staged *staged;         /* this writer's staging directory (not distributed) */
+    const store_ops *storage;
+    store_staged *staged;         /* this writer's staging directory (not distributed) */
     char staging[CKPT_PATH_MAX]; /* its path; distributed: the shared one */
     ckpt_layout layout;
     ckpt_write_options options;
@@ -71,11 +71,6 @@ void ckpt_write_options_init(ckpt_write_options *options)
     options->shard_tp = -1;
 }
 
-void ckpt_shard_file_name(int pp, int tp, char *out, size_t out_size)
-{
-    snprintf(out, out_size, "shard_pp%02d_tp%02d.h5", pp, tp);
-}
-
 static const char *tensor_name_of(const void *ctx, int64_t i)
 {
     const ckpt_writer *w = ctx;
@@ -94,7 +89,7 @@ static int open_shard(ckpt_writer *w, shard_file *s)
     ckpt_shard_file_name(s->pp, s->tp, name, sizeof name);
     s->file = -1;
     s->data = NULL;
-    int status = ckpt_path_join(s->path, w->staging, name);
+    int status = tp_path_join(s->path, w->staging, name);
     if (status) return status;
     hid_t fapl = ckpt_h5_file_access();
     if (fapl < 0) return ckpt_fail_hdf5("%s: cannot set up file access", s->path);
@@ -112,7 +107,7 @@ static int open_shard(ckpt_writer *w, shard_file *s)
     if (!status) status = ckpt_h5_write_i64s(s->file, "num_layers", &w->layout.num_layers, 1);
     if (!status) status = ckpt_h5_write_i64s(s->file, "complete", &complete, 1);
     if (status) return tp_fail_context(status, "%s", s->path);
-    TP_TRY(w->storage->open(w->storage, s->path, CKPT_OPEN_WRITE, &s->data));
+    TP_TRY(w->storage->open(w->storage, s->path, STORE_OPEN_WRITE, &s->data));
     return TP_OK;
 }
 
@@ -128,7 +123,7 @@ static void close_shard(const ckpt_writer *w, shard_file *s)
 static void free_writer(ckpt_writer *w)
 {
     for (int i = 0; i < w->num_shards; i++) close_shard(w, &w->shards[i]);
-    ckpt_staged_discard(w->staged);
+    store_staged_discard(w->staged);
     for (int i = 0; i < w->num_tensors; i++) {
         for (int p = 0; p < w->tensors[i].num_pieces; p++) {
             free(w->tensors[i].pieces[p].block_hash);
@@ -144,46 +139,47 @@ static void free_writer(ckpt_writer *w)
 }
 
 /* The store a writer with these options uses for path. */
-static int storage_of(const ckpt_write_options *options, const char *path, const ckpt_storage **out)
+static int storage_of(const ckpt_write_options *options, const char *path, const store_ops **out)
 {
     *out = options->storage;
-    return *out ? TP_OK : ckpt_storage_for(path, out);
+    return *out ? TP_OK : store_for(path, out);
 }
 
 /* owner NULL: a fresh one, private to this writer. */
 static int stage_checkpoint(const ckpt_write_options *options, const char *path, const char *owner,
-                            ckpt_staged **out)
+                            store_staged **out)
 {
-    const ckpt_storage *storage;
+    const store_ops *storage;
     TP_TRY(storage_of(options, path, &storage));
-    ckpt_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .owner = owner};
-    return ckpt_stage(storage, path, &stage, out);
+    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite,
+                                 .may_replace = ckpt_may_replace_checkpoint, .owner = owner};
+    return store_stage(storage, path, &stage, out);
 }
 
 int ckpt_stage_prepare(const char *path, const ckpt_write_options *options)
 {
-    ckpt_staged *staged = NULL;
+    store_staged *staged = NULL;
     /* Shared with the distributed writers, which find it by the owner's name;
      * held in the staging registry until ckpt_commit_staged or
      * ckpt_stage_discard. */
-    const char *owner = options->staging_owner ? options->staging_owner : ckpt_process_owner();
+    const char *owner = options->staging_owner ? options->staging_owner : store_process_owner();
     return stage_checkpoint(options, path, owner, &staged);
 }
 
 /* The staging directory this process prepared for a distributed checkpoint. */
-static int prepared(const char *path, const ckpt_write_options *options, ckpt_staged **out)
+static int prepared(const char *path, const ckpt_write_options *options, store_staged **out)
 {
     char staging[CKPT_PATH_MAX];
-    TP_TRY(ckpt_staging_path(path, options->staging_owner, staging, sizeof staging));
-    *out = ckpt_staged_find(staging);
+    TP_TRY(store_staging_path(path, options->staging_owner, staging, sizeof staging));
+    *out = store_staged_find(staging);
     if (!*out) return tp_fail(TP_ERR_STATE, "%s: no staging directory %s prepared by this process", path, staging);
     return TP_OK;
 }
 
 void ckpt_stage_discard(const char *path, const ckpt_write_options *options)
 {
-    ckpt_staged *staged = NULL;
-    if (prepared(path, options, &staged) == TP_OK) ckpt_staged_discard(staged);
+    store_staged *staged = NULL;
+    if (prepared(path, options, &staged) == TP_OK) store_staged_discard(staged);
 }
 
 int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *layout,
@@ -218,11 +214,11 @@ int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *l
     status = storage_of(options, path, &w->storage);
     if (!status && !distributed) {
         status = stage_checkpoint(options, path, NULL, &w->staged);
-        if (!status) strcpy(w->staging, ckpt_staged_path(w->staged));
+        if (!status) strcpy(w->staging, store_staged_path(w->staged));
     }
-    if (!status && distributed) status = ckpt_staging_path(path, options->staging_owner, w->staging, sizeof w->staging);
+    if (!status && distributed) status = store_staging_path(path, options->staging_owner, w->staging, sizeof w->staging);
     if (!status && distributed) {
-        ckpt_stat st;
+        store_stat st;
         status = w->storage->stat(w->storage, w->staging, &st);
         if (!status && (!st.exists || !st.is_dir))
             status = tp_fail(TP_ERR_STATE, "%s: staging directory %s missing (ckpt_stage_prepare not called?)", path,
@@ -567,7 +563,7 @@ int ckpt_writer_commit(ckpt_writer *w, const ckpt_train_state *state)
         ckpt_writer_abort(w);
         return status;
     }
-    ckpt_staged *staged = w->staged;
+    store_staged *staged = w->staged;
     w->staged = NULL;
     status = ckpt_commit_directory(w->storage, staged, w->path, &w->layout, state, &w->options);
     free_writer(w);
@@ -585,12 +581,12 @@ int ckpt_commit_staged(const char *path, const ckpt_layout *layout, const ckpt_t
 {
     int status = ckpt_library_init();
     if (!status) status = ckpt_layout_check(layout);
-    const ckpt_storage *storage;
-    ckpt_staged *staged = NULL;
+    const store_ops *storage;
+    store_staged *staged = NULL;
     if (!status) status = storage_of(options, path, &storage);
     if (!status) status = prepared(path, options, &staged);
     if (status) {
-        ckpt_staged_discard(staged);
+        store_staged_discard(staged);
         return status;
     }
     return ckpt_commit_directory(storage, staged, path, layout, state, options);

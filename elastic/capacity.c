@@ -30,7 +30,7 @@ static int add_node(elastic_capacity *out, const char *name, int ranks, int cpus
 static int read_world_file(const char *path, elastic_capacity *out)
 {
     char *text = NULL;
-    TP_TRY(ckpt_read_text_file(path, 4096, &text, NULL));
+    TP_TRY(store_read_text_file(path, 4096, &text, NULL));
     int64_t world = 0;
     int bad = parse_int_in_file(text, 0, ELASTIC_MAX_NODES * MAX_RANKS_PER_NODE, &world) != 0;
     for (char *c = text; bad && *c; c++) /* the message on one line */
@@ -49,7 +49,7 @@ static int read_world_file(const char *path, elastic_capacity *out)
 static int read_hostfile(const char *path, elastic_capacity *out)
 {
     char *text = NULL;
-    TP_TRY(ckpt_read_text_file(path, 1 << 20, &text, NULL));
+    TP_TRY(store_read_text_file(path, 1 << 20, &text, NULL));
     int status = TP_OK, line_number = 0;
     for (char *line = text, *next; !status && line && *line; line = next) {
         next = strchr(line, '\n');

@@ -26,10 +26,11 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
-#include "../ckpt/storage.h"
+#include "../store/store.h"
 #include "../common/clock.h"
 #include "../common/error.h"
 #include "../common/file.h"
+#include "../common/json.h"
 #include "elastic.h"
 
 const char *const elastic_lost_names[5] = {"detection", "selection", "reshard", "relaunch", "lost_work"};
@@ -69,7 +70,7 @@ typedef struct {
     char dir[4200];         /* <run_dir>/elastic */
     char state_path[4300], events_path[4300], log_path[4300], lock_path[4300];
     FILE *events;
-    ckpt_file *lock;        /* held for this orchestrator's life: orchestrator_lock */
+    store_file *lock;        /* held for this orchestrator's life: orchestrator_lock */
     /* kept across orchestrator restarts */
     int launches, restarts, scale_changes, repeats, tp, pp;
     pid_t launch_pid; /* the launch running now (its process group), 0 when none */
@@ -181,11 +182,11 @@ static int state_number(const run_state *s, const cJSON *o, const char *name, do
 static int load_state(run_state *s)
 {
     char *text = NULL;
-    int status = ckpt_read_text_file(s->state_path, CKPT_CONFIG_MAX_BYTES, &text, NULL);
+    int status = store_read_text_file(s->state_path, CKPT_CONFIG_MAX_BYTES, &text, NULL);
     if (status == TP_ERR_NOT_FOUND || (status && access(s->state_path, F_OK) != 0)) return TP_OK;
     if (status) return status;
     cJSON *o = NULL;
-    status = ckpt_json_parse(text, strlen(text), s->state_path, &o);
+    status = tp_json_parse(text, strlen(text), s->state_path, &o);
     free(text);
     if (status) return status;
     if (!cJSON_IsObject(o)) {
@@ -271,7 +272,7 @@ static int end_earlier_launch(run_state *s)
  * orchestrator.lock, held for the orchestrator's life (the kernel releases
  * it when the process ends, kill -9 included: a held lock is a live
  * orchestrator, a free one a dead one), the storage's lock of the run
- * directory's `latest` (ckpt/storage.h). The holder's host, pid and start
+ * directory's `latest` (store/store.h). The holder's host, pid and start
  * time are written into the file, for the refusal of a second one. */
 static int orchestrator_lock(run_state *s)
 {
@@ -280,7 +281,7 @@ static int orchestrator_lock(run_state *s)
     /* created if missing, never truncated: the holder's record is there */
     TP_TRY(tp_open_regular_flags(s->lock_path, O_WRONLY | O_CREAT, 0644, &fd));
     close(fd);
-    const ckpt_storage *storage = ckpt_storage_posix();
+    const store_ops *storage = store_posix();
     int status = storage->lock(storage, s->lock_path, 0, &s->lock);
     if (status == TP_ERR_EXISTS) {
         /* The holder writes its record just after it locks: a moment. */
@@ -288,7 +289,7 @@ static int orchestrator_lock(run_state *s)
         for (int i = 0; i < 50; i++) {
             free(text);
             text = NULL;
-            if (ckpt_read_text_file(s->lock_path, 4096, &text, NULL) == TP_OK && text[0]) break;
+            if (store_read_text_file(s->lock_path, 4096, &text, NULL) == TP_OK && text[0]) break;
             struct timespec pause = {0, 20 * 1000 * 1000};
             nanosleep(&pause, NULL);
         }
@@ -748,10 +749,10 @@ static void prune_checkpoints(run_state *s, int64_t resumed_step)
             list[j] = list[j - 1];
             list[j - 1] = t;
         }
-    const ckpt_storage *storage = NULL;
+    const store_ops *storage = NULL;
     for (int i = o->keep; i < n; i++) {
         if (list[i].step < 0 || list[i].step >= resumed_step) continue;
-        if (!storage && ckpt_storage_for(list[i].path, &storage) != TP_OK) break;
+        if (!storage && store_for(list[i].path, &storage) != TP_OK) break;
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "path", list[i].path);
         cJSON_AddNumberToObject(e, "keep", o->keep);
@@ -972,7 +973,7 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
     int status = open_state(&s, o);
     if (status) {
         if (s.events) fclose(s.events);
-        if (s.lock) ckpt_storage_posix()->close(s.lock);
+        if (s.lock) store_posix()->close(s.lock);
         return status;
     }
     cJSON *e = cJSON_CreateObject();
@@ -1002,6 +1003,6 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
         if (!status) status = save_state(&s);
     }
     fclose(s.events);
-    ckpt_storage_posix()->close(s.lock); /* the next orchestrator may start */
+    store_posix()->close(s.lock); /* the next orchestrator may start */
     return status;
 }

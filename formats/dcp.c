@@ -19,17 +19,17 @@
 
 /* ------------------------------------------------------------ helpers */
 
-int dcp_stat(const char *path, ckpt_stat *st)
+int dcp_stat(const char *path, store_stat *st)
 {
-    const ckpt_storage *store;
-    TP_TRY(ckpt_storage_for(path, &store));
+    const store_ops *store;
+    TP_TRY(store_for(path, &store));
     return store->stat(store, path, st);
 }
 
 int dcp_detect(const char *path, int *found)
 {
     char file[CKPT_PATH_MAX + 16];
-    ckpt_stat st;
+    store_stat st;
     *found = 0;
     snprintf(file, sizeof file, "%s/" METADATA_NAME, path);
     TP_TRY(dcp_stat(file, &st));
@@ -41,9 +41,9 @@ int dcp_detect(const char *path, int *found)
 static int read_whole(const char *path, int64_t max, unsigned char **out, int64_t *size)
 {
     *out = NULL;
-    const ckpt_storage *store;
-    ckpt_stat st;
-    TP_TRY(ckpt_storage_for(path, &store));
+    const store_ops *store;
+    store_stat st;
+    TP_TRY(store_for(path, &store));
     TP_TRY(store->stat(store, path, &st));
     if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: no such file", path);
     if (st.is_dir) return tp_fail(TP_ERR_FORMAT, "%s is a directory", path);
@@ -51,8 +51,8 @@ static int read_whole(const char *path, int64_t max, unsigned char **out, int64_
         return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes, more than the limit of %lld", path, (long long)st.size, (long long)max);
     unsigned char *buf = malloc((size_t)st.size + 1);
     if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory for %lld bytes of %s", (long long)st.size, path);
-    ckpt_file *file;
-    int status = store->open(store, path, CKPT_OPEN_READ, &file);
+    store_file *file;
+    int status = store->open(store, path, STORE_OPEN_READ, &file);
     if (!status) {
         status = st.size ? store->read_at(file, buf, (size_t)st.size, 0) : TP_OK;
         store->close(file);
@@ -337,7 +337,7 @@ static int check_files(dcp_checkpoint *dcp)
 {
     for (int f = 0; f < dcp->num_files; f++) {
         char path[CKPT_PATH_MAX + 80];
-        ckpt_stat st;
+        store_stat st;
         snprintf(path, sizeof path, "%s/%s", dcp->path, dcp->files[f].name);
         TP_TRY(dcp_stat(path, &st));
         if (!st.exists || st.is_dir)
@@ -447,18 +447,18 @@ void dcp_file_path(const dcp_checkpoint *dcp, int file, char *out, size_t size)
     snprintf(out, size, "%s/%s", dcp->path, dcp->files[file].name);
 }
 
-int dcp_open_item_file(const dcp_checkpoint *dcp, const dcp_chunk *c, const ckpt_storage **store, ckpt_file **file)
+int dcp_open_item_file(const dcp_checkpoint *dcp, const dcp_chunk *c, const store_ops **store, store_file **file)
 {
     char path[CKPT_PATH_MAX + 80];
     dcp_file_path(dcp, c->file, path, sizeof path);
-    TP_TRY(ckpt_storage_for(path, store));
-    return (*store)->open(*store, path, CKPT_OPEN_READ, file);
+    TP_TRY(store_for(path, store));
+    return (*store)->open(*store, path, STORE_OPEN_READ, file);
 }
 
 int dcp_read_item(const dcp_checkpoint *dcp, const dcp_chunk *c, void *buf)
 {
-    const ckpt_storage *store;
-    ckpt_file *file;
+    const store_ops *store;
+    store_file *file;
     TP_TRY(dcp_open_item_file(dcp, c, &store, &file));
     int status = c->item_bytes ? store->read_at(file, buf, (size_t)c->item_bytes, c->item_offset) : TP_OK;
     store->close(file);
@@ -776,8 +776,8 @@ static int verify_item(void *ctx, int64_t k, int thread)
     /* A bytes entry need not be an archive (a planner of its own may write
      * raw bytes): one that does not start as a zip is counted unchecked. */
     unsigned char start[4] = {0};
-    const ckpt_storage *store;
-    ckpt_file *file;
+    const store_ops *store;
+    store_file *file;
     TP_TRY(dcp_open_item_file(job->dcp, c, &store, &file));
     int status = c->item_bytes >= 4 ? store->read_at(file, start, 4, c->item_offset) : TP_OK;
     store->close(file);

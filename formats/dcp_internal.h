@@ -27,11 +27,11 @@ struct dcp_checkpoint {
 };
 
 /* stat of a path of any store. */
-int dcp_stat(const char *path, ckpt_stat *st);
+int dcp_stat(const char *path, store_stat *st);
 /* The path of data file `file`. */
 void dcp_file_path(const dcp_checkpoint *dcp, int file, char *out, size_t size);
 /* Opens the data file of a chunk's item, to read. */
-int dcp_open_item_file(const dcp_checkpoint *dcp, const dcp_chunk *c, const ckpt_storage **store, ckpt_file **file);
+int dcp_open_item_file(const dcp_checkpoint *dcp, const dcp_chunk *c, const store_ops **store, store_file **file);
 /* Reads a chunk's whole item (c->item_bytes) into buf. */
 int dcp_read_item(const dcp_checkpoint *dcp, const dcp_chunk *c, void *buf);
 

@@ -599,8 +599,8 @@ static int copy_item(const dcp_checkpoint *dcp, const dcp_chunk *c, FILE *file, 
     off_t at = ftello(file);
     if (at < 0) return tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
     *offset = (int64_t)at;
-    const ckpt_storage *store;
-    ckpt_file *in;
+    const store_ops *store;
+    store_file *in;
     TP_TRY(dcp_open_item_file(dcp, c, &store, &in));
     int status = TP_OK;
     for (int64_t done = 0; done < c->item_bytes && !status; done += (int64_t)size) {
@@ -707,8 +707,9 @@ static int write_rest(writer *w)
     return status;
 }
 
-static int replaceable_dcp(const char *path, void *ctx)
+static int replaceable_dcp(const store_ops *storage, const char *path, void *ctx)
 {
+    TP_TRY(ckpt_refuse_run_directory(storage, path));
     (void)ctx;
     int found;
     TP_TRY(dcp_detect(path, &found));
@@ -727,10 +728,10 @@ int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char 
     dcp_write_plan unused;
     memset(&unused, 0, sizeof unused);
     int status = plan_chunks(&w, &unused);
-    ckpt_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = replaceable_dcp};
-    ckpt_staged *staged = NULL;
-    if (!status) status = ckpt_stage(NULL, out, &stage, &staged);
-    if (!status) w.root = ckpt_staged_path(staged);
+    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = replaceable_dcp};
+    store_staged *staged = NULL;
+    if (!status) status = store_stage(NULL, out, &stage, &staged);
+    if (!status) w.root = store_staged_path(staged);
     int64_t block = w.largest_row > BLOCK_BYTES ? w.largest_row : BLOCK_BYTES;
     rank_buffers *buffers = calloc((size_t)plan.threads, sizeof *buffers);
     if (!status && !buffers) status = tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -753,8 +754,8 @@ int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char 
     free(w.file_first);
     if (!staged) return status;
     if (status) {
-        ckpt_staged_discard(staged);
+        store_staged_discard(staged);
         return status;
     }
-    return ckpt_staged_publish(staged);
+    return store_staged_publish(staged);
 }

@@ -77,11 +77,11 @@ typedef struct {
     int64_t buffer_bytes;  /* per thread: the largest band's output and staging together */
     worker_buffers *buffers;
     /* Files: num_files under staging (safetensors, GGUF), or the HDF5 file. */
-    const ckpt_storage *storage;
-    ckpt_staged *staged;
+    const store_ops *storage;
+    store_staged *staged;
     char staging[CKPT_PATH_MAX]; /* its path */
     char (*file_names)[64];
-    ckpt_file **files;
+    store_file **files;
     int num_files;
     ckpt_flat_file *flat;
 } exporter;
@@ -267,9 +267,9 @@ static int open_file(exporter *x, int f, int64_t size)
 {
     char path[CKPT_PATH_MAX + 80];
     staged_path(x, f, path, sizeof path);
-    /* The staging file itself exists (ckpt_stage made it): opened, never
+    /* The staging file itself exists (store_stage made it): opened, never
      * made again, so that a signal's clean-up that removed it stays done. */
-    ckpt_open_mode mode = x->file_names[f][0] ? CKPT_OPEN_CREATE : CKPT_OPEN_WRITE;
+    store_open_mode mode = x->file_names[f][0] ? STORE_OPEN_CREATE : STORE_OPEN_WRITE;
     TP_TRY(x->storage->open(x->storage, path, mode, &x->files[f]));
     return x->storage->resize(x->files[f], size);
 }
@@ -284,8 +284,8 @@ static int write_text_file(exporter *x, const char *name, const char *text)
 {
     char path[CKPT_PATH_MAX + 80];
     snprintf(path, sizeof path, "%s/%s", x->staging, name);
-    ckpt_file *file = NULL;
-    TP_TRY(x->storage->open(x->storage, path, CKPT_OPEN_CREATE, &file));
+    store_file *file = NULL;
+    TP_TRY(x->storage->open(x->storage, path, STORE_OPEN_CREATE, &file));
     int status = x->storage->write_at(file, text, strlen(text), 0);
     if (!status) status = x->storage->sync(file);
     x->storage->close(file);
@@ -470,26 +470,26 @@ static int layout_gguf(exporter *x)
 /* --------------------------------------------------------------- replacing */
 
 /* Whether a file starts with the given bytes (a format's magic). */
-static int starts_with(const ckpt_storage *s, const char *path, const void *magic, size_t size)
+static int starts_with(const store_ops *s, const char *path, const void *magic, size_t size)
 {
-    ckpt_stat st;
+    store_stat st;
     if (s->stat(s, path, &st) != TP_OK || !st.exists || st.is_dir || st.size < (int64_t)size) return 0;
-    ckpt_file *file = NULL;
+    store_file *file = NULL;
     unsigned char head[16];
-    int ok = size <= sizeof head && s->open(s, path, CKPT_OPEN_READ, &file) == TP_OK &&
+    int ok = size <= sizeof head && s->open(s, path, STORE_OPEN_READ, &file) == TP_OK &&
              s->read_at(file, head, size, 0) == TP_OK && memcmp(head, magic, size) == 0;
     if (file) s->close(file);
     return ok;
 }
 
 /* A safetensors file: a little-endian header length, then a JSON object. */
-static int is_safetensors(const ckpt_storage *s, const char *path)
+static int is_safetensors(const store_ops *s, const char *path)
 {
-    ckpt_stat st;
-    ckpt_file *file = NULL;
+    store_stat st;
+    store_file *file = NULL;
     unsigned char head[9];
     int ok = s->stat(s, path, &st) == TP_OK && st.exists && !st.is_dir && st.size >= 9 &&
-             s->open(s, path, CKPT_OPEN_READ, &file) == TP_OK && s->read_at(file, head, 9, 0) == TP_OK;
+             s->open(s, path, STORE_OPEN_READ, &file) == TP_OK && s->read_at(file, head, 9, 0) == TP_OK;
     if (file) s->close(file);
     uint64_t header = 0;
     for (int i = 7; ok && i >= 0; i--) header = header << 8 | head[i];
@@ -497,7 +497,7 @@ static int is_safetensors(const ckpt_storage *s, const char *path)
 }
 
 typedef struct {
-    const ckpt_storage *storage;
+    const store_ops *storage;
     const char *dir;
     char stray[256];
 } export_scan;
@@ -517,12 +517,13 @@ static int visit_export_entry(void *ctx, const char *name)
 
 /* The replace check of exports (--force): an earlier export in the same
  * format, and nothing else. */
-static int replaceable_export(const char *path, void *ctx)
+static int replaceable_export(const store_ops *storage, const char *path, void *ctx)
 {
+    TP_TRY(ckpt_refuse_run_directory(storage, path));
     const exporter *x = ctx;
-    const ckpt_storage *s = x->storage;
+    const store_ops *s = x->storage;
     static const unsigned char hdf5_magic[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-    ckpt_stat st;
+    store_stat st;
     TP_TRY(s->stat(s, path, &st));
     const char *format = x->o->format == EXPORT_SAFETENSORS ? "safetensors" : x->o->format == EXPORT_GGUF ? "GGUF" : "HDF5";
     int ok;
@@ -543,7 +544,7 @@ static int replaceable_export(const char *path, void *ctx)
 
 static int layout_hdf5(exporter *x, const char *out_path)
 {
-    ckpt_stage_options stage = {.overwrite = x->o->overwrite, .may_replace = replaceable_export, .ctx = x};
+    store_stage_options stage = {.overwrite = x->o->overwrite, .may_replace = replaceable_export, .ctx = x};
     int status = ckpt_flat_create(&x->flat, out_path, &stage);
     if (status) return status;
     for (int i = 0; i < x->count && !status; i++) {
@@ -689,18 +690,18 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
     x.source = source;
     x.o = options;
     if (count < 1) return tp_fail(TP_ERR_ARG, "nothing to export");
-    int status = ckpt_storage_for(out_path, &x.storage);
+    int status = store_for(out_path, &x.storage);
     if (!status) status = plan_tensors(&x, tensors, count);
     if (!status) status = plan_bands(&x);
     int staged = 0;
     if (!status && options->format != EXPORT_HDF5) {
-        ckpt_stage_options stage = {.directory = options->format == EXPORT_SAFETENSORS,
+        store_stage_options stage = {.directory = options->format == EXPORT_SAFETENSORS,
                                     .overwrite = options->overwrite,
                                     .may_replace = replaceable_export,
                                     .ctx = &x};
-        status = ckpt_stage(x.storage, out_path, &stage, &x.staged);
+        status = store_stage(x.storage, out_path, &stage, &x.staged);
         if (!status) {
-            snprintf(x.staging, sizeof x.staging, "%s", ckpt_staged_path(x.staged));
+            snprintf(x.staging, sizeof x.staging, "%s", store_staged_path(x.staged));
             staged = 1;
         }
     }
@@ -723,12 +724,12 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
         if (status) status = status;
         x.flat = NULL;
     } else if (!status && staged) {
-        status = ckpt_staged_publish(x.staged); /* frees it, whatever the outcome */
+        status = store_staged_publish(x.staged); /* frees it, whatever the outcome */
         staged = 0;
     }
     if (status) {
         if (x.flat) ckpt_flat_abort(x.flat);
-        if (staged) ckpt_staged_discard(x.staged);
+        if (staged) store_staged_discard(x.staged);
     } else if (summary) {
         memset(summary, 0, sizeof *summary);
         summary->tensors = count;

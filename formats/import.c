@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "../common/file.h"
+#include "../common/json.h"
 #include "../common/memory.h"
 #include "../common/parallel.h"
 #include "formats.h"
@@ -186,7 +187,7 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
         text[length] = '\0';
         /* After the object only padding (spaces, as the reference writer pads) may
          * follow; a name holding a NUL (\u0000), read as its prefix, is refused. */
-        status = ckpt_json_parse(text, length, f->path, &header);
+        status = tp_json_parse(text, length, f->path, &header);
         if (!status && !cJSON_IsObject(header))
             status = tp_fail(TP_ERR_FORMAT, "%s: the header is not a JSON object", f->path);
     }
@@ -256,9 +257,9 @@ static int read_index(const char *path, cJSON **out)
     char *text = NULL;
     int64_t size = 0;
     *out = NULL;
-    int status = ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size);
+    int status = store_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size);
     if (status) return status;
-    status = ckpt_json_parse(text, (size_t)size, path, out);
+    status = tp_json_parse(text, (size_t)size, path, out);
     if (!status && !cJSON_IsObject(*out))
         status = tp_fail(TP_ERR_FORMAT, "%s: not a JSON object (damaged or truncated?)", path);
     free(text);

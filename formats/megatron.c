@@ -48,10 +48,10 @@ enum { HEAD_COPY = -1 };
 
 /* ------------------------------------------------------------- the files */
 
-static int stat_path(const char *path, ckpt_stat *st)
+static int stat_path(const char *path, store_stat *st)
 {
-    const ckpt_storage *store;
-    TP_TRY(ckpt_storage_for(path, &store));
+    const store_ops *store;
+    TP_TRY(store_for(path, &store));
     return store->stat(store, path, st);
 }
 
@@ -65,7 +65,7 @@ int megatron_iteration_dir(const char *path, char *out, size_t size)
 {
     char tracker[4200], *text = NULL;
     snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", path);
-    int status = ckpt_read_text_file(tracker, 64, &text, NULL);
+    int status = store_read_text_file(tracker, 64, &text, NULL);
     if (status == TP_ERR_NOT_FOUND) { /* no tracker: path is the iteration's directory */
         snprintf(out, size, "%s", path);
         return TP_OK;
@@ -97,7 +97,7 @@ static int iteration_dir_name(const char *path)
 int megatron_detect(const char *path, int *found)
 {
     char file[4300];
-    ckpt_stat st;
+    store_stat st;
     *found = 0;
     /* A tracker file says Megatron even when what it holds is damaged. One
      * look for it (a round trip in an object store), and the rank files
@@ -700,7 +700,7 @@ static int read_rank_distributed(megatron_checkpoint *m, int stage, int tp_rank,
     const megatron_config *c = &m->config;
     char path[4400];
     snprintf(path, sizeof path, "%.*s/distrib_optim.pt", (int)(strrchr(file, '/') - file), file);
-    ckpt_stat st;
+    store_stat st;
     TP_TRY(stat_path(path, &st));
     if (!st.exists)
         return tp_fail(TP_ERR_FORMAT, "%s: missing; %s holds the distributed optimizer's settings only", path, file);
@@ -911,7 +911,7 @@ int megatron_open(const char *path, megatron_checkpoint **out)
     /* Rank 0's file tells the layout; pp > 1 names it mp_rank_00_000. */
     char file[4400];
     torch_archive *first = NULL;
-    ckpt_stat st = {0};
+    store_stat st = {0};
     int pp_named = 0;
     if (!status) {
         rank_file(m, 0, 0, 1, file, sizeof file);

@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "../common/error.h"
+#include "../common/json.h"
 #include "../common/parallel.h"
 #include "dcp_internal.h"
 #include "megatron_internal.h"
@@ -55,12 +56,12 @@ static int read_backend(const char *dir, int *torch_dist, char *other, size_t si
     *torch_dist = 0;
     other[0] = '\0';
     snprintf(path, sizeof path, "%s/" CONFIG_NAME, dir);
-    ckpt_stat st;
+    store_stat st;
     TP_TRY(dcp_stat(path, &st));
     if (!st.exists) return TP_OK;
-    TP_TRY(ckpt_read_text_file(path, 1 << 20, &text, NULL));
+    TP_TRY(store_read_text_file(path, 1 << 20, &text, NULL));
     cJSON *root = NULL;
-    int status = ckpt_json_parse(text, strlen(text), path, &root);
+    int status = tp_json_parse(text, strlen(text), path, &root);
     free(text);
     if (status) return status;
     const cJSON *backend = cJSON_GetObjectItemCaseSensitive(root, "sharded_backend");

@@ -721,8 +721,9 @@ static int write_rank_task(void *ctx, int64_t f, int thread)
     return write_rank(r, job->iteration_dir);
 }
 
-static int replaceable_megatron(const char *path, void *ctx)
+static int replaceable_megatron(const store_ops *storage, const char *path, void *ctx)
 {
+    TP_TRY(ckpt_refuse_run_directory(storage, path));
     (void)ctx;
     int megatron;
     TP_TRY(megatron_detect(path, &megatron));
@@ -835,10 +836,10 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
     r.to.pp = plan.pp;
     r.carry_rank_state = r.to.tp == c->tp && r.to.pp == c->pp;
     r.naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
-    ckpt_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = replaceable_megatron};
-    ckpt_staged *staged;
-    TP_TRY(ckpt_stage(NULL, out, &stage, &staged));
-    const char *root = ckpt_staged_path(staged);
+    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = replaceable_megatron};
+    store_staged *staged;
+    TP_TRY(store_stage(NULL, out, &stage, &staged));
+    const char *root = store_staged_path(staged);
     char iteration_dir[4200], tracker[4300];
     if (c->iteration < 0) snprintf(iteration_dir, sizeof iteration_dir, "%s/release", root);
     else snprintf(iteration_dir, sizeof iteration_dir, "%s/iter_%07lld", root, (long long)c->iteration);
@@ -868,8 +869,8 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
         if (fclose(f) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", tracker, strerror(errno));
     }
     if (status) {
-        ckpt_staged_discard(staged);
+        store_staged_discard(staged);
         return status;
     }
-    return ckpt_staged_publish(staged);
+    return store_staged_publish(staged);
 }

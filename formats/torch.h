@@ -163,7 +163,7 @@ int pickle_walk_tensors(const pickle_doc *doc, const pickle_value *root,
 typedef struct torch_archive torch_archive;
 
 /* Opens a torch.save file of any store (a local path or a URL, as
- * storage.h says): reads the zip's central directory and data.pkl, checks
+ * store/store.h says): reads the zip's central directory and data.pkl, checks
  * that every storage a tensor uses is an entry holding at least its bytes
  * and that every tensor lies inside its storage. The format before
  * PyTorch 1.6 (a bare pickle stream) is refused with a message. */

@@ -43,13 +43,13 @@ static int check_start(const char *path, const unsigned char *start, size_t n)
  * status, the zip reader's own failure. */
 static int explain_refusal(const char *path, int status)
 {
-    const ckpt_storage *store;
-    ckpt_file *file;
-    ckpt_stat st;
+    const store_ops *store;
+    store_file *file;
+    store_stat st;
     unsigned char start[sizeof legacy_magic] = {0};
-    if (ckpt_storage_for(path, &store) || store->stat(store, path, &st) || !st.exists || st.is_dir) return status;
+    if (store_for(path, &store) || store->stat(store, path, &st) || !st.exists || st.is_dir) return status;
     size_t n = st.size < (int64_t)sizeof start ? (size_t)st.size : sizeof start;
-    if (store->open(store, path, CKPT_OPEN_READ, &file)) return status;
+    if (store->open(store, path, STORE_OPEN_READ, &file)) return status;
     int read = store->read_at(file, start, n, 0);
     store->close(file);
     int why = read ? TP_OK : check_start(path, start, n);

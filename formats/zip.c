@@ -26,8 +26,8 @@ typedef struct {
 } zip_entry;
 
 struct zip_archive {
-    const ckpt_storage *store;
-    ckpt_file *file;
+    const store_ops *store;
+    store_file *file;
     char *path;
     int64_t base;      /* where the archive starts in the file */
     int64_t file_size; /* bytes of the archive (the file's, for a whole file) */
@@ -228,8 +228,8 @@ int zip_open_range(const char *path, int64_t base, int64_t size, zip_archive **o
         free(zip);
         return tp_fail(TP_ERR_NOMEM, "out of memory");
     }
-    ckpt_stat st;
-    int status = ckpt_storage_for(path, &zip->store);
+    store_stat st;
+    int status = store_for(path, &zip->store);
     if (!status) status = zip->store->stat(zip->store, path, &st);
     if (!status && !st.exists) status = tp_fail(TP_ERR_NOT_FOUND, "%s: no such file", path);
     if (!status && st.is_dir) status = tp_fail(TP_ERR_FORMAT, "%s is a directory, not a torch.save file", path);
@@ -239,7 +239,7 @@ int zip_open_range(const char *path, int64_t base, int64_t size, zip_archive **o
     if (!status) {
         zip->base = base;
         zip->file_size = size >= 0 ? size : st.size - base;
-        status = zip->store->open(zip->store, path, CKPT_OPEN_READ, &zip->file);
+        status = zip->store->open(zip->store, path, STORE_OPEN_READ, &zip->file);
     }
     if (!status) status = read_directory(zip);
     if (status) {

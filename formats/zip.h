@@ -1,5 +1,5 @@
 /* zip.h (private to formats/): the zip container of torch.save archives,
- * read through a store (ckpt/storage.h) so that archives in object stores
+ * read through a store (store/store.h) so that archives in object stores
  * open as local ones do. Only the central directory is read at open; an
  * entry's local header when its data is first asked for. Entries must be
  * stored (method 0), as torch.save writes them; Zip64 sizes and offsets
@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "../ckpt/storage.h"
+#include "../store/store.h"
 
 typedef struct zip_archive zip_archive;
 

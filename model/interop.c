@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../common/json.h"
 #include "../kernels/kernels.h"
 #include "interop.h"
 
@@ -376,7 +377,7 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c)
 {
     memset(c, 0, sizeof *c);
     cJSON *o = NULL;
-    TP_TRY(ckpt_json_parse(json, strlen(json), where, &o));
+    TP_TRY(tp_json_parse(json, strlen(json), where, &o));
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
         return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object (damaged or truncated?)", where);
@@ -530,8 +531,8 @@ static int read_json(const char *dir, const char *name, int optional, cJSON **ou
     if (optional && access(path, F_OK) != 0) return TP_OK;
     char *text = NULL;
     int64_t size = 0;
-    if (ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
-    int status = ckpt_json_parse(text, (size_t)size, path, out);
+    if (store_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
+    int status = tp_json_parse(text, (size_t)size, path, out);
     free(text);
     return status;
 }
@@ -694,9 +695,9 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
     snprintf(path, sizeof path, "%s/vocab.json", dir);
     char *text = NULL;
     int64_t size = 0;
-    if (ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
+    if (store_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
     cJSON *json = NULL;
-    int parsed = ckpt_json_parse(text, (size_t)size, path, &json);
+    int parsed = tp_json_parse(text, (size_t)size, path, &json);
     free(text);
     if (parsed) return parsed;
     if (!cJSON_IsObject(json)) {
@@ -745,7 +746,7 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
         }
     if (status) return status;
     snprintf(path, sizeof path, "%s/merges.txt", dir);
-    if (ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &m->merge_text, &size))
+    if (store_read_text_file(path, CKPT_INDEX_MAX_BYTES, &m->merge_text, &size))
         return tokenizer_missing();
     int64_t lines = 1;
     for (int64_t i = 0; i < size; i++) lines += m->merge_text[i] == '\n';
@@ -1221,7 +1222,7 @@ int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request 
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *text = NULL;
-    int status = ckpt_read_text_file(path, CKPT_CONFIG_MAX_BYTES, &text, NULL);
+    int status = store_read_text_file(path, CKPT_CONFIG_MAX_BYTES, &text, NULL);
     if (status) {
         char why[2048];
         snprintf(why, sizeof why, "%s", tp_errmsg());

@@ -50,7 +50,7 @@ static void *clean_up_thread(void *arg)
     }
     if (n != 1) return NULL;
     atomic_store(&dying, 1);
-    ckpt_discard_all_staged();
+    store_discard_all_staged();
     int sig = byte;
     signal(sig, SIG_DFL);
     sigset_t set;

@@ -55,7 +55,7 @@ int cli_catch_signal(int sig, void (*handler)(int));
 
 /* On SIGINT, SIGTERM or SIGHUP (those not ignored at the start, see
  * cli_catch_signal): removes the partial outputs this process is writing
- * (ckpt_discard_all_staged), then dies of the signal, so that the exit
+ * (store_discard_all_staged), then dies of the signal, so that the exit
  * status says which. Fails only when no thread can be started. */
 int cli_clean_up_on_signals(void);
 

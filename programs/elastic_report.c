@@ -29,7 +29,7 @@ static const char report_usage[] =
 static int read_lines(const char *path, cJSON **out)
 {
     char *text = NULL;
-    TP_TRY(ckpt_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, NULL));
+    TP_TRY(store_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, NULL));
     cJSON *array = cJSON_CreateArray();
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *o = cJSON_Parse(line);

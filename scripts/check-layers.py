@@ -5,8 +5,9 @@ may include its own headers and the public headers of the libraries below
 it, never those above, never another library's private headers, and never
 the programs'. Programs (programs/) may include the public headers of any
 library. Some system headers have one home: HDF5 is the checkpoint
-library's, MPI the MPI communicator's, the CUDA runtime the CUDA kernels',
-oneDNN and OpenMP the CPU's bf16 products'.
+library's, libcurl and OpenSSL the store library's, MPI the MPI
+communicator's, the CUDA runtime the CUDA kernels', oneDNN and OpenMP the
+CPU's bf16 products'.
 Tests and benchmarks may include anything.
 
 Usage: check-layers.py [ROOT]   exit 0 when the graph follows the rules,
@@ -18,14 +19,15 @@ import re
 import sys
 
 # The libraries, lowest first.
-LAYERS = ["common", "kernels", "ckpt", "reshard", "formats", "model", "trainer", "elastic"]
+LAYERS = ["common", "kernels", "store", "ckpt", "reshard", "formats", "model", "trainer", "elastic"]
 
 # What a library offers the ones above it and the programs.
 PUBLIC_HEADERS = [
     "common/*.h",
     "kernels/kernels.h",
+    "store/store.h",
+    "store/staging.h",
     "ckpt/ckpt.h",
-    "ckpt/storage.h",
     "reshard/reshard.h",
     "formats/formats.h",
     "formats/torch.h",
@@ -38,9 +40,11 @@ PUBLIC_HEADERS = [
     "elastic/plan.h",
 ]
 
-# System headers and the only places that may include them.
+# System headers (or patterns of them) and the only places that may include them.
 OWNED_SYSTEM_HEADERS = {
     "hdf5.h": ["ckpt/*"],
+    "curl/*": ["store/*"],
+    "openssl/*": ["store/*"],
     "mpi.h": ["trainer/comm_mpi.c"],
     "cuda_runtime.h": ["kernels/cuda/*"],
     "oneapi/dnnl/dnnl.h": ["kernels/cpu/bf16_products.c"],
@@ -82,9 +86,9 @@ def check_file(root, path):
         kind, name = match.groups()
         where = "%s:%d" % (path, number)
         if kind == "<":
-            homes = OWNED_SYSTEM_HEADERS.get(name)
-            if homes and not any(fnmatch.fnmatch(path, home) for home in homes):
-                yield "%s: includes <%s>, which only %s may include" % (where, name, " ".join(homes))
+            for owned, homes in OWNED_SYSTEM_HEADERS.items():
+                if fnmatch.fnmatch(name, owned) and not any(fnmatch.fnmatch(path, home) for home in homes):
+                    yield "%s: includes <%s>, which only %s may include" % (where, name, " ".join(homes))
             continue
         target = os.path.normpath(os.path.join(os.path.dirname(path), name))
         if target.startswith("..") or not os.path.isfile(os.path.join(root, target)):

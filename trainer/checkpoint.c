@@ -78,14 +78,14 @@ struct saver {
     char *model_json, *rng;
     atomic_int snapshot_taken; /* parameters and moments may change again */
     char path[4096];
-    char owner[CKPT_OWNER_MAX]; /* of the shared staging directories: rank 0's */
+    char owner[STORE_OWNER_MAX]; /* of the shared staging directories: rank 0's */
     /* A save to an object store (saver_start's url): each writing rank
      * stages its shard in its own local directory, under its own owner
      * name, uploads it and describes it; rank 0 gathers the descriptions
      * and uploads the index. No rank reads another's files: no file system
      * is shared. */
     char url[CKPT_PATH_MAX];        /* of the pending save; "" for a local one */
-    char own_owner[CKPT_OWNER_MAX];
+    char own_owner[STORE_OWNER_MAX];
     ckpt_run_claim *claim;          /* rank 0: the run directory's lease, checked before the index goes up */
     char *description;              /* this rank's shard, uploaded */
     char **descriptions;            /* rank 0: every rank's (world entries) */
@@ -106,9 +106,9 @@ struct saver {
 
 int checkpoint_staging_owner(comm *c, char *owner)
 {
-    int status = c->rank == 0 ? ckpt_staging_owner(owner, CKPT_OWNER_MAX) : TP_OK;
+    int status = c->rank == 0 ? store_staging_owner(owner, STORE_OWNER_MAX) : TP_OK;
     TP_TRY(comm_agree(c, status, "staging owner"));
-    return comm_broadcast(c, owner, CKPT_OWNER_MAX, 0, COMM_HOST);
+    return comm_broadcast(c, owner, STORE_OWNER_MAX, 0, COMM_HOST);
 }
 
 int saver_create(saver **out, gpt_model *m, int dump_grads)
@@ -121,7 +121,7 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
     s->failed_step = -1;
     atomic_init(&s->snapshot_taken, 1);
     int status = checkpoint_staging_owner(m->comm, s->owner);
-    if (!status) status = ckpt_staging_owner(s->own_owner, sizeof s->own_owner);
+    if (!status) status = store_staging_owner(s->own_owner, sizeof s->own_owner);
     if (!status) status = tensor_map_create(&s->map, m, !dump_grads);
     if (status) {
         saver_free(s);

@@ -16,7 +16,7 @@ typedef struct saver saver;
 
 /* The owner name of the staging directories the ranks share (rank 0's, which
  * prepares and commits them), told to every rank. Collective. */
-int checkpoint_staging_owner(comm *c, char *owner /* CKPT_OWNER_MAX bytes */);
+int checkpoint_staging_owner(comm *c, char *owner /* STORE_OWNER_MAX bytes */);
 
 /* What goes into the training state of a checkpoint. */
 typedef struct {

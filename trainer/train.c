@@ -16,7 +16,7 @@
 #include "../common/memory.h"
 #include "../common/clock.h"
 #include "../kernels/kernels.h"
-#include "../ckpt/storage.h"
+#include "../store/store.h"
 #include "checkpoint.h"
 #include "data.h"
 #include "model.h"
@@ -285,7 +285,7 @@ static int dump_logits(trainer *t)
                           .anchor = CKPT_ANCHOR_LAST};
     d.partition = (ckpt_partition){.kind = CKPT_SPLIT, .axis = 1, .granule = 1, .pad_multiple = m->config.vocab_pad_multiple};
     ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
-    char owner[CKPT_OWNER_MAX];
+    char owner[STORE_OWNER_MAX];
     TP_TRY(checkpoint_staging_owner(c, owner));
     ckpt_write_options options;
     ckpt_write_options_init(&options);
@@ -378,9 +378,9 @@ static int set_up(trainer *t)
     /* A store that refuses us (credentials, permissions) is said before
      * the first step, not after the run when the last upload fails. */
     if (!status && o->ckpt_dir && c->rank == 0 && ckpt_is_remote(o->ckpt_dir)) {
-        const ckpt_storage *store = NULL;
-        ckpt_stat st;
-        status = ckpt_storage_for(o->ckpt_dir, &store);
+        const store_ops *store = NULL;
+        store_stat st;
+        status = store_for(o->ckpt_dir, &store);
         if (!status) status = store->stat(store, o->ckpt_dir, &st);
     }
     /* A remote run's cache is every rank's own (a node's, or its own). */
@@ -394,7 +394,7 @@ static int set_up(trainer *t)
         status = comm_agree_root(c, status, "claiming the run directory");
     }
     /* Saves of an earlier run killed meanwhile: half-written, theirs to remove. */
-    if (!status && o->ckpt_dir && (c->rank == 0 || remote)) status = ckpt_remove_dead_staging(t->save_dir);
+    if (!status && o->ckpt_dir && (c->rank == 0 || remote)) status = store_remove_dead_staging(t->save_dir);
     if (!status) saver_set_claim(t->saver, t->claim);
     return comm_agree(c, status, "setting up");
 }
@@ -406,10 +406,10 @@ static int resume(trainer *t, int64_t *start_step, int *loaded_one)
     const train_options *o = t->o;
     *start_step = 0;
     *loaded_one = 0;
-    const ckpt_storage *store = NULL;
-    ckpt_stat st = {0};
+    const store_ops *store = NULL;
+    store_stat st = {0};
     if (!o->resume || !o->ckpt_dir) return TP_OK;
-    TP_TRY(ckpt_storage_for(o->ckpt_dir, &store));
+    TP_TRY(store_for(o->ckpt_dir, &store));
     TP_TRY(store->stat(store, o->ckpt_dir, &st));
     if (!st.exists) return TP_OK;
     /* A job script passes --resume every time: a directory without any

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../../common/json.h"
 #include "../../ckpt/index.h"
 #include "../support/fixture.h"
 
@@ -248,7 +249,7 @@ Test(hostile, json_memory_is_bounded)
     text[n] = '\0';
     long before = peak_rss_mb();
     cJSON *value = NULL;
-    int status = ckpt_json_parse(text, n, "numbers.json", &value);
+    int status = tp_json_parse(text, n, "numbers.json", &value);
     long after = peak_rss_mb();
     cJSON_Delete(value);
     free(text);
@@ -304,7 +305,7 @@ Test(hostile, fifo_text_file, .timeout = 20)
     char file[700], *text = NULL;
     snprintf(file, sizeof file, "%s/config.json", dir);
     make_fifo(file);
-    cr_assert_neq(ckpt_read_text_file(file, CKPT_CONFIG_MAX_BYTES, &text, NULL), TP_OK);
+    cr_assert_neq(store_read_text_file(file, CKPT_CONFIG_MAX_BYTES, &text, NULL), TP_OK);
     cr_assert(strstr(tp_errmsg(), "config.json") && strstr(tp_errmsg(), "FIFO"), "%s", tp_errmsg());
     cr_assert_null(text);
 }

@@ -591,10 +591,10 @@ Test(io, described_shards_build_the_committed_index)
         write_rank(&job);
         cr_assert_eq(job.status, TP_OK, "%s", tp_errmsg());
     }
-    cr_assert_eq(ckpt_staging_path(path, NULL, staging, sizeof staging), TP_OK);
+    cr_assert_eq(store_staging_path(path, NULL, staging, sizeof staging), TP_OK);
     char *parts[5] = {NULL};
     for (int i = 0; i < 4; i++)
-        cr_assert_eq(ckpt_describe_shard(ckpt_storage_posix(), staging, &layout, i / 2, i % 2, &parts[i]), TP_OK,
+        cr_assert_eq(ckpt_describe_shard(store_posix(), staging, &layout, i / 2, i % 2, &parts[i]), TP_OK,
                      "%s", tp_errmsg());
     ckpt_train_state state = {7, 56, "{\"arch\":\"x\"}", NULL, "[{\"pp\":0,\"tp\":0,\"dp\":0,\"state\":\"01\"}]",
                               NULL};
@@ -619,7 +619,7 @@ Test(io, described_shards_build_the_committed_index)
     snprintf(index_path, sizeof index_path, "%s/index.json", path);
     char *committed = NULL;
     int64_t size = 0;
-    cr_assert_eq(ckpt_read_text_file(index_path, 1 << 24, &committed, &size), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(store_read_text_file(index_path, 1 << 24, &committed, &size), TP_OK, "%s", tp_errmsg());
     cr_assert_str_eq(built, committed);
     for (int i = 0; i < 4; i++) free(parts[i]);
     free(built);

@@ -1,4 +1,4 @@
-/* Staged outputs (ckpt/staging.c, docs/RELIABILITY.md): private staging
+/* Staged outputs (store/staging.c, docs/RELIABILITY.md): private staging
  * names, dead writers' leftovers removed and live ones kept, what --force
  * may replace, no publish over a result that appeared meanwhile, and no
  * replacement of a checkpoint while it is read. */
@@ -67,15 +67,15 @@ Test(staging, two_writers_of_one_path_stage_apart)
 {
     char path[700];
     snprintf(path, sizeof path, "%s/out", dir);
-    ckpt_stage_options options = {.directory = 1};
-    ckpt_staged *a = NULL, *b = NULL;
-    cr_assert_eq(ckpt_stage(NULL, path, &options, &a), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(ckpt_stage(NULL, path, &options, &b), TP_OK, "%s", tp_errmsg());
-    cr_assert_str_neq(ckpt_staged_path(a), ckpt_staged_path(b), "each writer has its own staging directory");
-    cr_assert(exists(ckpt_staged_path(a)) && exists(ckpt_staged_path(b)), "the second did not remove the first's");
-    cr_assert_eq(ckpt_staged_publish(a), TP_OK, "%s", tp_errmsg());
+    store_stage_options options = {.directory = 1};
+    store_staged *a = NULL, *b = NULL;
+    cr_assert_eq(store_stage(NULL, path, &options, &a), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(store_stage(NULL, path, &options, &b), TP_OK, "%s", tp_errmsg());
+    cr_assert_str_neq(store_staged_path(a), store_staged_path(b), "each writer has its own staging directory");
+    cr_assert(exists(store_staged_path(a)) && exists(store_staged_path(b)), "the second did not remove the first's");
+    cr_assert_eq(store_staged_publish(a), TP_OK, "%s", tp_errmsg());
     /* The second finds the first's result there: refused, not replaced. */
-    cr_assert_eq(ckpt_staged_publish(b), TP_ERR_EXISTS);
+    cr_assert_eq(store_staged_publish(b), TP_ERR_EXISTS);
     cr_assert(strstr(tp_errmsg(), path), "names the output: %s", tp_errmsg());
     cr_assert_eq(count_prefixed(dir, ".out."), 0, "no staging left");
     cr_assert(exists(path));
@@ -115,7 +115,7 @@ Test(staging, a_dead_writers_leftover_goes_and_a_live_ones_stays)
     cr_assert(exists(live), "the live writer's staging directory was kept");
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
-    cr_assert_eq(ckpt_remove_dead_staging(dir), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(store_remove_dead_staging(dir), TP_OK, "%s", tp_errmsg());
     cr_assert(!exists(live), "once its writer is gone, it goes too");
     cr_assert(ckpt_is_committed(path));
 }
@@ -126,8 +126,8 @@ Test(staging, a_dead_writers_leftover_goes_and_a_live_ones_stays)
  * another machine, stays. */
 Test(staging, a_gone_claimers_claim_goes_and_others_stay)
 {
-    char owner[CKPT_OWNER_MAX];
-    cr_assert_eq(ckpt_staging_owner(owner, sizeof owner), TP_OK);
+    char owner[STORE_OWNER_MAX];
+    cr_assert_eq(store_staging_owner(owner, sizeof owner), TP_OK);
     *strrchr(owner, '-') = '\0';
     *strrchr(owner, '-') = '\0'; /* this machine's name, as in owners */
     pid_t gone = fork();
@@ -142,7 +142,7 @@ Test(staging, a_gone_claimers_claim_goes_and_others_stay)
     cr_assert_eq(mkdir(elsewhere, 0755), 0);
     snprintf(inside, sizeof inside, "%s/shard_pp00_tp00.h5", dead);
     write_file(inside, "half written");
-    cr_assert_eq(ckpt_remove_dead_staging(dir), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(store_remove_dead_staging(dir), TP_OK, "%s", tp_errmsg());
     cr_assert(!exists(dead), "the claim of a process that is gone was removed");
     cr_assert(exists(live), "the claim of a live process was kept");
     cr_assert(exists(elsewhere), "the claim of another machine's process was kept");

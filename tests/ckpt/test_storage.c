@@ -1,4 +1,4 @@
-/* The storage seam (ckpt/storage.h): a store plugged in through the options
+/* The storage seam (store/store.h): a store plugged in through the options
  * carries every byte of the pieces and every operation on names of a write,
  * a commit and a read, and its failures come back as the library's errors
  * with nothing half-visible. The store here wraps the POSIX one, counting
@@ -22,14 +22,14 @@ typedef struct {
 
 static traffic seen;
 
-struct ckpt_file {
-    const ckpt_storage *storage;
-    ckpt_file *inner;
+struct store_file {
+    const store_ops *storage;
+    store_file *inner;
 };
 
-static const ckpt_storage *posix(void)
+static const store_ops *posix(void)
 {
-    return ckpt_storage_posix();
+    return store_posix();
 }
 
 static int injected(const char *what)
@@ -37,10 +37,10 @@ static int injected(const char *what)
     return tp_fail(TP_ERR_IO, "injected %s failure", what);
 }
 
-static int w_open(const ckpt_storage *s, const char *path, ckpt_open_mode mode, ckpt_file **out)
+static int w_open(const store_ops *s, const char *path, store_open_mode mode, store_file **out)
 {
     seen.opens++;
-    ckpt_file *f = calloc(1, sizeof *f);
+    store_file *f = calloc(1, sizeof *f);
     cr_assert_not_null(f);
     f->storage = s;
     int status = posix()->open(posix(), path, mode, &f->inner);
@@ -52,7 +52,7 @@ static int w_open(const ckpt_storage *s, const char *path, ckpt_open_mode mode, 
     return TP_OK;
 }
 
-static int w_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
+static int w_read_at(store_file *f, void *buf, size_t size, int64_t offset)
 {
     if (seen.fail && strcmp(seen.fail, "read") == 0) return injected("read");
     seen.reads++;
@@ -60,7 +60,7 @@ static int w_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
     return posix()->read_at(f->inner, buf, size, offset);
 }
 
-static int w_write_at(ckpt_file *f, const void *buf, size_t size, int64_t offset)
+static int w_write_at(store_file *f, const void *buf, size_t size, int64_t offset)
 {
     if (seen.fail && strcmp(seen.fail, "write") == 0) return injected("write");
     seen.writes++;
@@ -68,54 +68,54 @@ static int w_write_at(ckpt_file *f, const void *buf, size_t size, int64_t offset
     return posix()->write_at(f->inner, buf, size, offset);
 }
 
-static void w_read_ahead(ckpt_file *f, int64_t offset, int64_t size)
+static void w_read_ahead(store_file *f, int64_t offset, int64_t size)
 {
     posix()->read_ahead(f->inner, offset, size);
 }
 
-static int w_resize(ckpt_file *f, int64_t size)
+static int w_resize(store_file *f, int64_t size)
 {
     return posix()->resize(f->inner, size);
 }
 
-static int w_sync(ckpt_file *f)
+static int w_sync(store_file *f)
 {
     seen.syncs++;
     return posix()->sync(f->inner);
 }
 
-static void w_close(ckpt_file *f)
+static void w_close(store_file *f)
 {
     posix()->close(f->inner);
     free(f);
 }
 
-static const char *w_path_of(const ckpt_file *f)
+static const char *w_path_of(const store_file *f)
 {
     return posix()->path_of(f->inner);
 }
 
-static int w_stat(const ckpt_storage *s, const char *path, ckpt_stat *out)
+static int w_stat(const store_ops *s, const char *path, store_stat *out)
 {
     (void)s;
     seen.stats++;
     return posix()->stat(posix(), path, out);
 }
 
-static int w_list(const ckpt_storage *s, const char *dir_path, int (*visit)(void *ctx, const char *name), void *ctx)
+static int w_list(const store_ops *s, const char *dir_path, int (*visit)(void *ctx, const char *name), void *ctx)
 {
     (void)s;
     seen.lists++;
     return posix()->list(posix(), dir_path, visit, ctx);
 }
 
-static int w_make_dir(const ckpt_storage *s, const char *path)
+static int w_make_dir(const store_ops *s, const char *path)
 {
     (void)s;
     return posix()->make_dir(posix(), path);
 }
 
-static int w_rename(const ckpt_storage *s, const char *from, const char *to, ckpt_rename_mode mode)
+static int w_rename(const store_ops *s, const char *from, const char *to, store_rename_mode mode)
 {
     (void)s;
     /* The rename that publishes fails; the one that names a fresh staging entry does not. */
@@ -126,23 +126,23 @@ static int w_rename(const ckpt_storage *s, const char *from, const char *to, ckp
     return posix()->rename(posix(), from, to, mode);
 }
 
-static int w_remove_tree(const ckpt_storage *s, const char *path)
+static int w_remove_tree(const store_ops *s, const char *path)
 {
     (void)s;
     seen.removes++;
     return posix()->remove_tree(posix(), path);
 }
 
-static int w_sync_dir(const ckpt_storage *s, const char *path)
+static int w_sync_dir(const store_ops *s, const char *path)
 {
     (void)s;
     seen.dir_syncs++;
     return posix()->sync_dir(posix(), path);
 }
 
-static int w_lock(const ckpt_storage *s, const char *path, int flags, ckpt_file **out)
+static int w_lock(const store_ops *s, const char *path, int flags, store_file **out)
 {
-    ckpt_file *f = calloc(1, sizeof *f);
+    store_file *f = calloc(1, sizeof *f);
     cr_assert_not_null(f);
     f->storage = s;
     int status = posix()->lock(posix(), path, flags, &f->inner);
@@ -154,7 +154,7 @@ static int w_lock(const ckpt_storage *s, const char *path, int flags, ckpt_file 
     return TP_OK;
 }
 
-static const ckpt_storage wrapper = {.name = "counting",
+static const store_ops wrapper = {.name = "counting",
                                      .local_paths = 1,
                                      .open = w_open,
                                      .read_at = w_read_at,
@@ -313,17 +313,18 @@ Test(storage, a_failing_write_or_rename_leaves_nothing_visible)
 
 Test(storage, urls_name_their_scheme)
 {
-    const ckpt_storage *s = NULL;
-    cr_assert_eq(ckpt_storage_for("runs/gpt/step_00000010", &s), TP_OK);
-    cr_assert_eq(s, ckpt_storage_posix());
-    cr_assert_eq(ckpt_storage_for("/abs/dir:with://colon", &s), TP_OK, "a local path that holds :// later is local");
+    const store_ops *s = NULL;
+    cr_assert_eq(store_for("runs/gpt/step_00000010", &s), TP_OK);
+    cr_assert_eq(s, store_posix());
+    cr_assert_eq(store_for("/abs/dir:with://colon", &s), TP_OK, "a local path that holds :// later is local");
     const char *remote[] = {"s3://bucket/run", "http://127.0.0.1:9/run", "https://example.org/run"};
+    const store_ops *object_stores[] = {store_s3(), store_webdav(), store_webdav()};
     for (int i = 0; i < 3; i++) {
-        cr_assert_eq(ckpt_storage_for(remote[i], &s), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(s, ckpt_storage_remote(), "%s is an object store's", remote[i]);
+        cr_assert_eq(store_for(remote[i], &s), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(s, object_stores[i], "%s is an object store's", remote[i]);
         cr_assert_eq(s->local_paths, 0, "HDF5 cannot open %s", remote[i]);
     }
-    cr_assert_eq(ckpt_storage_for("gopher://example.org/run", &s), TP_ERR_ARG);
+    cr_assert_eq(store_for("gopher://example.org/run", &s), TP_ERR_ARG);
     cr_assert(strstr(tp_errmsg(), "gopher://"), "%s", tp_errmsg());
     ckpt_reader *r = NULL;
     cr_assert_eq(ckpt_reader_open(&r, "ftp://example.org/run", NULL), TP_ERR_ARG);
@@ -353,9 +354,9 @@ Test(storage, an_unreachable_server_fails_after_bounded_retries)
 
 /* The wrapper, but a store HDF5 cannot open (as an object store): the
  * reader must take every location from the index (format 1.2). */
-static const ckpt_storage *index_only(void)
+static const store_ops *index_only(void)
 {
-    static ckpt_storage store;
+    static store_ops store;
     store = wrapper;
     store.name = "index-only";
     store.local_paths = 0;

@@ -12,7 +12,7 @@ expect_ok "the sources follow the layering" "$PY" "$CHECK" "$ROOT"
 plant() {
     rm -rf "$WORK/tree"
     mkdir "$WORK/tree"
-    (cd "$ROOT" && tar cf - common kernels ckpt reshard formats model trainer elastic programs) | (cd "$WORK/tree" && tar xf -)
+    (cd "$ROOT" && tar cf - common kernels store ckpt reshard formats model trainer elastic programs) | (cd "$WORK/tree" && tar xf -)
     { echo "$2"; cat "$WORK/tree/$1"; } >"$WORK/tree/$1.new" && mv "$WORK/tree/$1.new" "$WORK/tree/$1"
 }
 
@@ -27,7 +27,7 @@ refused() {
 }
 
 refused "a lower library including a higher one" ckpt/reader.c '#include "../trainer/train.h"' \
-    'ckpt/reader.c:1: includes trainer/train.h: ckpt may use only common kernels'
+    'ckpt/reader.c:1: includes trainer/train.h: ckpt may use only common kernels store'
 refused "the trainer including the orchestrator above it" trainer/train.c '#include "../elastic/elastic.h"' \
     'trainer/train.c:1: includes elastic/elastic.h: trainer may use only'
 refused "a library including another's private header" formats/export.c '#include "../reshard/internal.h"' \
@@ -38,6 +38,12 @@ refused "the trainer including MPI outside its communicator" trainer/train.c '#i
     'trainer/train.c:1: includes <mpi.h>, which only trainer/comm_mpi.c may include'
 refused "HDF5 outside the checkpoint library" reshard/plan.c '#include <hdf5.h>' \
     'reshard/plan.c:1: includes <hdf5.h>'
+refused "the store including the checkpoint library above it" store/posix.c '#include "../ckpt/ckpt.h"' \
+    'store/posix.c:1: includes ckpt/ckpt.h: store may use only common kernels'
+refused "libcurl outside the store library" ckpt/upload.c '#include <curl/curl.h>' \
+    'ckpt/upload.c:1: includes <curl/curl.h>, which only store/\* may include'
+refused "OpenSSL outside the store library" formats/export.c '#include <openssl/evp.h>' \
+    'formats/export.c:1: includes <openssl/evp.h>, which only store/\* may include'
 refused "a header that is not there" kernels/cpu/adamw.c '#include "../nowhere.h"' \
     'kernels/cpu/adamw.c:1: includes "../nowhere.h", which is not a file'
 refused "a program including a private header" programs/tp-ckpt.c '#include "../ckpt/internal.h"' \

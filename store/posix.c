@@ -1,7 +1,6 @@
-/* storage_posix.c: the store of the local file system: positioned I/O,
+/* posix.c: the store of the local file system: positioned I/O,
  * renames (atomic exchange and no-replace where the kernel offers them),
  * fsync of files and directories. */
-#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -13,20 +12,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/error.h"
 #include "../common/file.h"
-#include "internal.h"
-#include "remote.h"
+#include "../common/path.h"
+#include "store.h"
 
-struct ckpt_file {
-    const ckpt_storage *storage;
+struct store_file {
+    const store_ops *storage;
     int fd;
-    char path[CKPT_PATH_MAX];
+    char path[TP_PATH_MAX];
 };
 
 /* The store's handle of an open descriptor (closed on failure). */
-static int wrap(const ckpt_storage *s, int fd, const char *path, ckpt_file **out)
+static int wrap(const store_ops *s, int fd, const char *path, store_file **out)
 {
-    ckpt_file *f = malloc(sizeof *f);
+    store_file *f = malloc(sizeof *f);
     if (!f) {
         close(fd);
         return tp_fail(TP_ERR_NOMEM, "out of memory opening %s", path);
@@ -38,21 +38,21 @@ static int wrap(const ckpt_storage *s, int fd, const char *path, ckpt_file **out
     return TP_OK;
 }
 
-static int posix_open(const ckpt_storage *s, const char *path, ckpt_open_mode mode, ckpt_file **out)
+static int posix_open(const store_ops *s, const char *path, store_open_mode mode, store_file **out)
 {
     *out = NULL;
-    if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
-    int flags = mode == CKPT_OPEN_WRITE ? O_WRONLY : O_WRONLY | O_CREAT | O_TRUNC;
+    if (strlen(path) >= TP_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
+    int flags = mode == STORE_OPEN_WRITE ? O_WRONLY : O_WRONLY | O_CREAT | O_TRUNC;
     int fd = -1;
-    if (mode == CKPT_OPEN_READ) TP_TRY(tp_open_regular(path, &fd)); /* never a FIFO: it would block */
+    if (mode == STORE_OPEN_READ) TP_TRY(tp_open_regular(path, &fd)); /* never a FIFO: it would block */
     else fd = open(path, flags | O_CLOEXEC, 0644);
     if (fd < 0)
         return tp_fail(errno == ENOENT ? TP_ERR_NOT_FOUND : TP_ERR_IO, "%s: cannot %s: %s", path,
-                       mode == CKPT_OPEN_CREATE ? "create" : "open", strerror(errno));
+                       mode == STORE_OPEN_CREATE ? "create" : "open", strerror(errno));
     return wrap(s, fd, path, out);
 }
 
-static int posix_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
+static int posix_read_at(store_file *f, void *buf, size_t size, int64_t offset)
 {
     char *p = buf;
     while (size > 0) {
@@ -83,7 +83,7 @@ static int posix_read_at(ckpt_file *f, void *buf, size_t size, int64_t offset)
 /* Writes of at least this size start their writeback at once. */
 #define WRITEBACK_MIN ((size_t)1 << 20)
 
-static int posix_write_at(ckpt_file *f, const void *buf, size_t size, int64_t offset)
+static int posix_write_at(store_file *f, const void *buf, size_t size, int64_t offset)
 {
     const char *p = buf;
     int64_t first = offset;
@@ -109,37 +109,37 @@ static int posix_write_at(ckpt_file *f, const void *buf, size_t size, int64_t of
     return TP_OK;
 }
 
-static void posix_read_ahead(ckpt_file *f, int64_t offset, int64_t size)
+static void posix_read_ahead(store_file *f, int64_t offset, int64_t size)
 {
     posix_fadvise(f->fd, offset, size, POSIX_FADV_WILLNEED);
 }
 
-static int posix_resize(ckpt_file *f, int64_t size)
+static int posix_resize(store_file *f, int64_t size)
 {
     if (ftruncate(f->fd, (off_t)size) != 0)
         return tp_fail(TP_ERR_IO, "%s: cannot size to %lld bytes: %s", f->path, (long long)size, strerror(errno));
     return TP_OK;
 }
 
-static int posix_sync(ckpt_file *f)
+static int posix_sync(store_file *f)
 {
     if (fsync(f->fd) != 0) return tp_fail(TP_ERR_IO, "%s: fsync failed: %s", f->path, strerror(errno));
     return TP_OK;
 }
 
-static void posix_close(ckpt_file *f)
+static void posix_close(store_file *f)
 {
     if (!f) return;
     close(f->fd);
     free(f);
 }
 
-static const char *posix_path_of(const ckpt_file *f)
+static const char *posix_path_of(const store_file *f)
 {
     return f->path;
 }
 
-static int posix_stat(const ckpt_storage *s, const char *path, ckpt_stat *out)
+static int posix_stat(const store_ops *s, const char *path, store_stat *out)
 {
     (void)s;
     struct stat st;
@@ -154,7 +154,7 @@ static int posix_stat(const ckpt_storage *s, const char *path, ckpt_stat *out)
     return TP_OK;
 }
 
-static int posix_list(const ckpt_storage *s, const char *dir, int (*visit)(void *ctx, const char *name), void *ctx)
+static int posix_list(const store_ops *s, const char *dir, int (*visit)(void *ctx, const char *name), void *ctx)
 {
     (void)s;
     DIR *d = opendir(dir);
@@ -167,7 +167,7 @@ static int posix_list(const ckpt_storage *s, const char *dir, int (*visit)(void 
     return status;
 }
 
-static int posix_make_dir(const ckpt_storage *s, const char *path)
+static int posix_make_dir(const store_ops *s, const char *path)
 {
     (void)s;
     if (mkdir(path, 0755) != 0)
@@ -175,17 +175,17 @@ static int posix_make_dir(const ckpt_storage *s, const char *path)
     return TP_OK;
 }
 
-static int posix_rename(const ckpt_storage *s, const char *from, const char *to, ckpt_rename_mode mode)
+static int posix_rename(const store_ops *s, const char *from, const char *to, store_rename_mode mode)
 {
     (void)s;
     int moved;
-    if (mode == CKPT_RENAME_EXCHANGE) {
+    if (mode == STORE_RENAME_EXCHANGE) {
         if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE) == 0) return TP_OK;
         if (errno == EINVAL || errno == ENOSYS)
             return tp_fail(TP_ERR_STATE, "cannot exchange %s and %s atomically on this file system", from, to);
         return tp_fail(TP_ERR_IO, "cannot exchange %s and %s: %s", from, to, strerror(errno));
     }
-    if (mode == CKPT_RENAME_NOREPLACE) {
+    if (mode == STORE_RENAME_NOREPLACE) {
         moved = renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
         /* No RENAME_NOREPLACE here: check, then rename (a narrow race remains). */
         if (moved != 0 && (errno == EINVAL || errno == ENOSYS)) {
@@ -210,7 +210,7 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
     return rc != 0 && errno != ENOENT ? -1 : 0;
 }
 
-static int posix_remove_tree(const ckpt_storage *s, const char *path)
+static int posix_remove_tree(const store_ops *s, const char *path)
 {
     (void)s;
     struct stat st;
@@ -224,7 +224,7 @@ static int posix_remove_tree(const ckpt_storage *s, const char *path)
     return TP_OK;
 }
 
-static int posix_sync_dir(const ckpt_storage *s, const char *path)
+static int posix_sync_dir(const store_ops *s, const char *path)
 {
     (void)s;
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -236,15 +236,15 @@ static int posix_sync_dir(const ckpt_storage *s, const char *path)
     return TP_OK;
 }
 
-static int posix_lock(const ckpt_storage *s, const char *path, int flags, ckpt_file **out)
+static int posix_lock(const store_ops *s, const char *path, int flags, store_file **out)
 {
     /* flock on the entry itself (a directory too): held by the open file,
      * released when it is closed or the process dies, however it dies. The
      * entry may be renamed away while this waits: then the one at path now
      * is locked instead. */
     *out = NULL;
-    if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
-    int operation = (flags & CKPT_LOCK_SHARED ? LOCK_SH : LOCK_EX) | (flags & CKPT_LOCK_WAIT ? 0 : LOCK_NB);
+    if (strlen(path) >= TP_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
+    int operation = (flags & STORE_LOCK_SHARED ? LOCK_SH : LOCK_EX) | (flags & STORE_LOCK_WAIT ? 0 : LOCK_NB);
     for (int attempt = 0;; attempt++) {
         int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
         if (fd < 0)
@@ -267,43 +267,25 @@ static int posix_lock(const ckpt_storage *s, const char *path, int flags, ckpt_f
     }
 }
 
-static const ckpt_storage posix_storage = {.name = "posix",
-                                           .local_paths = 1,
-                                           .open = posix_open,
-                                           .read_at = posix_read_at,
-                                           .write_at = posix_write_at,
-                                           .read_ahead = posix_read_ahead,
-                                           .resize = posix_resize,
-                                           .sync = posix_sync,
-                                           .close = posix_close,
-                                           .path_of = posix_path_of,
-                                           .stat = posix_stat,
-                                           .list = posix_list,
-                                           .make_dir = posix_make_dir,
-                                           .rename = posix_rename,
-                                           .remove_tree = posix_remove_tree,
-                                           .sync_dir = posix_sync_dir,
-                                           .lock = posix_lock,
-                                           .impl = NULL};
+static const store_ops posix_storage = {.name = "posix",
+                                        .local_paths = 1,
+                                        .open = posix_open,
+                                        .read_at = posix_read_at,
+                                        .write_at = posix_write_at,
+                                        .read_ahead = posix_read_ahead,
+                                        .resize = posix_resize,
+                                        .sync = posix_sync,
+                                        .close = posix_close,
+                                        .path_of = posix_path_of,
+                                        .stat = posix_stat,
+                                        .list = posix_list,
+                                        .make_dir = posix_make_dir,
+                                        .rename = posix_rename,
+                                        .remove_tree = posix_remove_tree,
+                                        .sync_dir = posix_sync_dir,
+                                        .lock = posix_lock};
 
-const ckpt_storage *ckpt_storage_posix(void)
+const store_ops *store_posix(void)
 {
     return &posix_storage;
-}
-
-int ckpt_storage_for(const char *path, const ckpt_storage **out)
-{
-    /* A URL starts with a scheme: a letter, then letters, digits, + - . */
-    const char *end = strstr(path, "://");
-    int url = end && end > path && isalpha((unsigned char)path[0]);
-    for (const char *c = path; url && c < end; c++) url = isalnum((unsigned char)*c) || strchr("+-.", *c);
-    if (url && remote_is_url(path)) {
-        *out = ckpt_storage_remote();
-        return TP_OK;
-    }
-    if (url)
-        return tp_fail(TP_ERR_ARG, "%s: checkpoints live in local paths, http(s):// or s3:// locations, not in %.*s://",
-                       path, (int)(end - path), path);
-    *out = &posix_storage;
-    return TP_OK;
 }

@@ -1,5 +1,6 @@
-/* http.h: HTTP requests for the object-store backends (storage_remote.c,
- * upload.c), through libcurl, with the retry policy in one place.
+/* http.h: HTTP requests for the object stores (webdav.c, s3.c, object.c),
+ * through libcurl, with the retry policy in one place. libcurl is the store
+ * library's alone (scripts/check-layers.py).
  *
  * Connections, DNS answers and TLS sessions are shared by every thread of
  * the process (a curl share handle), so the many threads of the reader and
@@ -9,9 +10,9 @@
  * is transient: a connection refused, reset or timed out, a transfer cut
  * short, HTTP 5xx and 429. Other answers are returned as they are; the
  * caller maps them to errors. The URL of a request never carries a secret
- * (storage_remote.c refuses user information in URLs), so errors name it. */
-#ifndef TP_CKPT_HTTP_H
-#define TP_CKPT_HTTP_H
+ * (object.c refuses user information in URLs), so errors name it. */
+#ifndef TP_STORE_HTTP_H
+#define TP_STORE_HTTP_H
 
 #include <stddef.h>
 #include <stdint.h>

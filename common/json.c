@@ -1,14 +1,15 @@
 /* json.c: JSON that comes from files is parsed within bounds. cJSON builds a
  * tree of about 40 bytes of memory per byte of input for an array of small
  * numbers; files are limited in size by their readers, and parsing may
- * allocate at most CKPT_JSON_MEMORY_PER_BYTE bytes per byte of text (plus a
+ * allocate at most TP_JSON_MEMORY_PER_BYTE bytes per byte of text (plus a
  * MiB), so a crafted file costs memory in proportion to a real one. */
 #include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "error.h"
+#include "json.h"
 
 /* The budget of the parse running on this thread, if one is. */
 static _Thread_local int bounded;
@@ -72,7 +73,7 @@ static size_t value_count(const char *text, size_t length)
     return count;
 }
 
-int ckpt_json_parse(const char *text, size_t length, const char *what, struct cJSON **out)
+int tp_json_parse(const char *text, size_t length, const char *what, struct cJSON **out)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, install_hooks);
@@ -81,11 +82,11 @@ int ckpt_json_parse(const char *text, size_t length, const char *what, struct cJ
     if (nul >= 0)
         return tp_fail(TP_ERR_FORMAT, "%s: a NUL character (%s) at byte %lld: names and strings cannot hold one",
                        what, text[nul] ? "\\u0000" : "a zero byte", (long long)nul);
-    size_t budget = length * CKPT_JSON_MEMORY_PER_BYTE + ((size_t)1 << 20);
+    size_t budget = length * TP_JSON_MEMORY_PER_BYTE + ((size_t)1 << 20);
     if (value_count(text, length) > budget / sizeof(cJSON))
         return tp_fail(TP_ERR_FORMAT, "%s: %zu bytes of JSON holding %zu values would need more than %d bytes of "
                        "memory per byte to parse (not a file of this kind?)", what, length, value_count(text, length),
-                       CKPT_JSON_MEMORY_PER_BYTE);
+                       TP_JSON_MEMORY_PER_BYTE);
     budget_left = budget;
     budget_exceeded = 0;
     bounded = 1;
@@ -98,7 +99,7 @@ int ckpt_json_parse(const char *text, size_t length, const char *what, struct cJ
     if (exceeded) {
         cJSON_Delete(value);
         return tp_fail(TP_ERR_FORMAT, "%s: parsing its %zu bytes of JSON needs more than %d bytes of memory per byte "
-                       "(not a file of this kind?)", what, length, CKPT_JSON_MEMORY_PER_BYTE);
+                       "(not a file of this kind?)", what, length, TP_JSON_MEMORY_PER_BYTE);
     }
     /* After the value only white space may follow. */
     while (value && end && end < text + length && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))

@@ -6,12 +6,13 @@
  * entry for as long as it lives; the lock goes when the process ends, however
  * it ends (kill -9 included), so an entry whose lock is free belongs to a dead
  * writer and the next writer to the same path removes it. Replacing what is
- * at the path (--force) is allowed only for what the caller recognises as
- * its own kind of output, and never for a run directory.
+ * at the path (--force) is allowed only for what the caller's check
+ * (may_replace) accepts: for the toolkit's outputs, the checkpoint library's
+ * run-directory rules and the writer's own kind of output.
  *
  * Every staging entry this process holds is in a registry, so that a signal
  * handler thread can remove them all before the process dies
- * (ckpt_discard_all_staged). */
+ * (store_discard_all_staged). */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -21,30 +22,34 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "../common/error.h"
+#include "../common/fault.h"
+#include "../common/path.h"
+#include "staging.h"
+#include "store.h"
 
 #define STAGING_SUFFIX ".staging"
 #define CLAIM_SUFFIX ".new" /* a staging entry before its lock is taken */
 
-struct ckpt_staged {
-    const ckpt_storage *storage;
-    char path[CKPT_PATH_MAX];    /* the final name */
-    char staging[CKPT_PATH_MAX]; /* where it is written */
+struct store_staged {
+    const store_ops *storage;
+    char path[TP_PATH_MAX];    /* the final name */
+    char staging[TP_PATH_MAX]; /* where it is written */
     int directory, overwrite;
-    ckpt_replace_check may_replace;
+    store_replace_check may_replace;
     void *ctx;
-    ckpt_file *lock; /* held while the entry lives */
-    ckpt_staged *next;
+    store_file *lock; /* held while the entry lives */
+    store_staged *next;
 };
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static ckpt_staged *registry;
-static int cancelled; /* ckpt_discard_all_staged ran: nothing is published any more */
+static store_staged *registry;
+static int cancelled; /* store_discard_all_staged ran: nothing is published any more */
 
-static void registry_remove(ckpt_staged *s)
+static void registry_remove(store_staged *s)
 {
     pthread_mutex_lock(&registry_lock);
-    for (ckpt_staged **p = &registry; *p; p = &(*p)->next)
+    for (store_staged **p = &registry; *p; p = &(*p)->next)
         if (*p == s) {
             *p = s->next;
             break;
@@ -56,7 +61,7 @@ static void registry_remove(ckpt_staged *s)
 
 /* This machine's name as it appears in owners: letters, digits and '-' only,
  * so that an owner never holds the '.' that separates it from the base. */
-void ckpt_host_name(char *out, size_t out_size)
+void store_host_name(char *out, size_t out_size)
 {
     snprintf(out, out_size, "host");
     gethostname(out, out_size - 1);
@@ -66,10 +71,10 @@ void ckpt_host_name(char *out, size_t out_size)
             *c = '-';
 }
 
-int ckpt_staging_owner(char *out, size_t out_size)
+int store_staging_owner(char *out, size_t out_size)
 {
     char host[64];
-    ckpt_host_name(host, sizeof host);
+    store_host_name(host, sizeof host);
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     static _Atomic unsigned counter;
@@ -80,30 +85,30 @@ int ckpt_staging_owner(char *out, size_t out_size)
 }
 
 /* This process's owner name, made once. */
-static char own_owner[CKPT_OWNER_MAX];
+static char own_owner[STORE_OWNER_MAX];
 
 static void make_process_owner(void)
 {
-    if (ckpt_staging_owner(own_owner, sizeof own_owner) != TP_OK) snprintf(own_owner, sizeof own_owner, "%ld", (long)getpid());
+    if (store_staging_owner(own_owner, sizeof own_owner) != TP_OK) snprintf(own_owner, sizeof own_owner, "%ld", (long)getpid());
 }
 
-const char *ckpt_process_owner(void)
+const char *store_process_owner(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, make_process_owner);
     return own_owner;
 }
 
-int ckpt_staging_path(const char *path, const char *owner, char *out, size_t out_size)
+int store_staging_path(const char *path, const char *owner, char *out, size_t out_size)
 {
-    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX], hidden[CKPT_PATH_MAX + CKPT_OWNER_MAX + 16];
-    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
-    if (!owner) owner = ckpt_process_owner();
+    char parent[TP_PATH_MAX], base[TP_PATH_MAX], hidden[TP_PATH_MAX + STORE_OWNER_MAX + 16];
+    TP_TRY(tp_split_path(path, parent, sizeof parent, base, sizeof base));
+    if (!owner) owner = store_process_owner();
     if (!owner[0] || strchr(owner, '.') || strchr(owner, '/'))
         return tp_fail(TP_ERR_ARG, "staging owner '%s' must be non-empty, without '.' or '/'", owner);
     snprintf(hidden, sizeof hidden, ".%s.%s" STAGING_SUFFIX, base, owner);
-    if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
-    return ckpt_path_join(out, parent, hidden);
+    if (out_size < TP_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
+    return tp_path_join(out, parent, hidden);
 }
 
 /* Whether directory entry `name` is a staging entry of `base`:
@@ -119,7 +124,7 @@ static int is_staging_of(const char *name, const char *base)
     return 1;
 }
 
-int ckpt_is_staging_name(const char *name)
+int store_is_staging_name(const char *name)
 {
     size_t n = strlen(name), suffix = strlen(STAGING_SUFFIX);
     return name[0] == '.' && n > suffix && strcmp(name + n - suffix, STAGING_SUFFIX) == 0;
@@ -134,7 +139,7 @@ static int is_claim_of(const char *name, const char *base)
     if (n <= suffix || n - suffix >= sizeof staging || strcmp(name + n - suffix, CLAIM_SUFFIX) != 0) return 0;
     memcpy(staging, name, n - suffix);
     staging[n - suffix] = '\0';
-    return base ? is_staging_of(staging, base) : ckpt_is_staging_name(staging);
+    return base ? is_staging_of(staging, base) : store_is_staging_name(staging);
 }
 
 /* Whether the claim `name` was left by a process of this machine that is
@@ -146,7 +151,7 @@ static int claimer_gone(const char *name)
     /* .<base>.<host>-<pid>-<nonce>.staging.new: the owner is the part
      * between the last '.' before STAGING_SUFFIX and STAGING_SUFFIX. */
     size_t n = strlen(name) - strlen(CLAIM_SUFFIX) - strlen(STAGING_SUFFIX);
-    char owner[CKPT_OWNER_MAX], host[64];
+    char owner[STORE_OWNER_MAX], host[64];
     const char *start = name + n;
     while (start > name && start[-1] != '.') start--;
     if ((size_t)(name + n - start) >= sizeof owner) return 0;
@@ -159,7 +164,7 @@ static int claimer_gone(const char *name)
     if (!pid_text) return 0;
     *pid_text++ = '\0';
     long pid = strtol(pid_text, &end, 10);
-    ckpt_host_name(host, sizeof host);
+    store_host_name(host, sizeof host);
     if (!*pid_text || *end || pid <= 0 || strcmp(owner, host) != 0) return 0;
     return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }
@@ -175,7 +180,7 @@ typedef struct {
 static int collect_staging(void *ctx, const char *name)
 {
     staging_list *l = ctx;
-    int match = (l->base ? is_staging_of(name, l->base) : ckpt_is_staging_name(name)) || is_claim_of(name, l->base);
+    int match = (l->base ? is_staging_of(name, l->base) : store_is_staging_name(name)) || is_claim_of(name, l->base);
     if (!match || strlen(name) >= 256) return TP_OK;
     if (l->count == l->capacity) {
         int capacity = l->capacity ? 2 * l->capacity : 8;
@@ -190,14 +195,14 @@ static int collect_staging(void *ctx, const char *name)
 
 /* Removes the listed entries whose writers are gone; counts the live ones
  * (claims excepted: they are not staging entries yet). */
-static int remove_dead(const ckpt_storage *s, const char *parent, staging_list *l, int remove, int *live_out)
+static int remove_dead(const store_ops *s, const char *parent, staging_list *l, int remove, int *live_out)
 {
-    char entry[CKPT_PATH_MAX];
+    char entry[TP_PATH_MAX];
     int status = TP_OK;
     *live_out = 0;
     for (int i = 0; !status && i < l->count; i++) {
-        if (ckpt_path_join(entry, parent, l->names[i])) continue;
-        ckpt_file *lock = NULL;
+        if (tp_path_join(entry, parent, l->names[i])) continue;
+        store_file *lock = NULL;
         int locked = s->lock(s, entry, 0, &lock); /* exclusive, at once */
         int claim = is_claim_of(l->names[i], NULL);
         if (locked == TP_ERR_EXISTS) {
@@ -213,10 +218,10 @@ static int remove_dead(const ckpt_storage *s, const char *parent, staging_list *
     return status;
 }
 
-int ckpt_remove_dead_staging(const char *dir)
+int store_remove_dead_staging(const char *dir)
 {
-    const ckpt_storage *s;
-    TP_TRY(ckpt_storage_for(dir, &s));
+    const store_ops *s;
+    TP_TRY(store_for(dir, &s));
     staging_list l = {NULL, NULL, 0, 0};
     int live = 0, status = s->list(s, dir, collect_staging, &l);
     if (status == TP_ERR_NOT_FOUND) status = TP_OK;
@@ -228,11 +233,11 @@ int ckpt_remove_dead_staging(const char *dir)
 /* Visits every staging entry of path's base in its parent, with whether its
  * writer is alive (its lock is held). Entries of dead writers are removed
  * when remove_dead; *live_out counts the live ones. */
-static int scan_staging(const ckpt_storage *s, const char *path, int remove_dead_entries, int *live_out)
+static int scan_staging(const store_ops *s, const char *path, int remove_dead_entries, int *live_out)
 {
-    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
+    char parent[TP_PATH_MAX], base[TP_PATH_MAX];
     *live_out = 0;
-    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
+    TP_TRY(tp_split_path(path, parent, sizeof parent, base, sizeof base));
     staging_list l = {base, NULL, 0, 0};
     int status = s->list(s, parent, collect_staging, &l);
     if (status == TP_ERR_NOT_FOUND) status = TP_OK;
@@ -241,7 +246,7 @@ static int scan_staging(const ckpt_storage *s, const char *path, int remove_dead
     return status;
 }
 
-int ckpt_staging_live(const ckpt_storage *s, const char *path)
+int store_staging_live(const store_ops *s, const char *path)
 {
     int live = 0;
     return scan_staging(s, path, 0, &live) == TP_OK && live > 0;
@@ -249,71 +254,23 @@ int ckpt_staging_live(const ckpt_storage *s, const char *path)
 
 /* ------------------------------------------------------------- replacing */
 
-/* What a run directory holds that no --force replaces: its history. */
-static int visit_history(void *ctx, const char *name)
-{
-    (void)ctx;
-    return ckpt_step_of_name(name) >= 0 || strcmp(name, CKPT_LATEST_NAME) == 0 ? TP_ERR_EXISTS : TP_OK;
-}
-
-static int refuse_run_directory(const ckpt_storage *s, const char *path)
-{
-    ckpt_stat st;
-    TP_TRY(s->stat(s, path, &st));
-    if (!st.exists || !st.is_dir) return TP_OK;
-    int status = s->list(s, path, visit_history, NULL);
-    if (status == TP_ERR_EXISTS)
-        return tp_fail(TP_ERR_EXISTS,
-                       "%s is a run directory (it holds step_* checkpoints or 'latest'); --force never replaces "
-                       "a run's history: choose another output",
-                       path);
-    return status;
-}
-
-typedef struct {
-    char stray[256];
-} checkpoint_scan;
-
-static int visit_checkpoint_entry(void *ctx, const char *name)
-{
-    checkpoint_scan *c = ctx;
-    size_t n = strlen(name);
-    int shard = strncmp(name, "shard_pp", 8) == 0 && n > 3 && strcmp(name + n - 3, ".h5") == 0;
-    if (shard || strcmp(name, CKPT_INDEX_NAME) == 0) return TP_OK;
-    snprintf(c->stray, sizeof c->stray, "%s", name);
-    return TP_ERR_EXISTS;
-}
-
-int ckpt_replaceable_checkpoint(const ckpt_storage *s, const char *path)
-{
-    ckpt_stat st;
-    TP_TRY(s->stat(s, path, &st));
-    if (!st.exists) return TP_OK;
-    if (!st.is_dir) return tp_fail(TP_ERR_EXISTS, "%s is a file, not a checkpoint; --force replaces only checkpoints", path);
-    checkpoint_scan c = {""};
-    int status = s->list(s, path, visit_checkpoint_entry, &c);
-    if (status == TP_ERR_EXISTS)
-        return tp_fail(TP_ERR_EXISTS,
-                       "%s holds '%s', which is not part of a checkpoint; --force replaces only checkpoints "
-                       "(remove the directory yourself if it is to go)",
-                       path, c.stray);
-    return status;
-}
-
 /* Whether what is at path may be replaced: TP_OK when nothing is there. */
-static int check_replace(const ckpt_staged *st)
+static int check_replace(const store_staged *st)
 {
-    const ckpt_storage *s = st->storage;
-    if (!ckpt_exists(s, st->path)) return TP_OK;
+    const store_ops *s = st->storage;
+    if (!store_exists(s, st->path)) return TP_OK;
     if (!st->overwrite)
         return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force", st->path);
-    TP_TRY(refuse_run_directory(s, st->path));
-    return st->may_replace ? st->may_replace(st->path, st->ctx) : ckpt_replaceable_checkpoint(s, st->path);
+    /* What may be replaced is the caller's rule (the checkpoint library's
+     * run-directory rules for the toolkit's outputs); without one, nothing. */
+    if (!st->may_replace)
+        return tp_fail(TP_ERR_EXISTS, "%s already exists and this writer replaces nothing; not replaced", st->path);
+    return st->may_replace(s, st->path, st->ctx);
 }
 
 /* ---------------------------------------------------------------- staging */
 
-static void free_staged(ckpt_staged *st)
+static void free_staged(store_staged *st)
 {
     if (!st) return;
     registry_remove(st);
@@ -324,15 +281,15 @@ static void free_staged(ckpt_staged *st)
 /* Creates the staging entry locked and registers it: made under a claim name
  * that no scan takes for a dead writer's, locked, renamed to its staging
  * name, registered. All of it under the registry's lock, so that a signal's
- * clean-up (ckpt_discard_all_staged, which takes that lock) runs either
+ * clean-up (store_discard_all_staged, which takes that lock) runs either
  * before (nothing is created: the process is being stopped) or after (the
  * entry is registered and goes), never while only a claim or an
  * unregistered entry exists. */
-static int create_registered(ckpt_staged *st)
+static int create_registered(store_staged *st)
 {
-    const ckpt_storage *s = st->storage;
-    char claim[CKPT_PATH_MAX + 8];
-    if (snprintf(claim, sizeof claim, "%s" CLAIM_SUFFIX, st->staging) >= CKPT_PATH_MAX)
+    const store_ops *s = st->storage;
+    char claim[TP_PATH_MAX + 8];
+    if (snprintf(claim, sizeof claim, "%s" CLAIM_SUFFIX, st->staging) >= TP_PATH_MAX)
         return tp_fail(TP_ERR_ARG, "path too long: %s", st->staging);
     pthread_mutex_lock(&registry_lock);
     int status = cancelled ? tp_fail(TP_ERR_STATE, "%s: not started: the process is being stopped by a signal", st->path)
@@ -340,20 +297,20 @@ static int create_registered(ckpt_staged *st)
     if (!status && st->directory) {
         status = s->make_dir(s, claim);
     } else if (!status) {
-        ckpt_file *file = NULL;
-        status = s->open(s, claim, CKPT_OPEN_CREATE, &file);
+        store_file *file = NULL;
+        status = s->open(s, claim, STORE_OPEN_CREATE, &file);
         if (!status) s->close(file);
     }
     if (!status) {
-        ckpt_fault_point("staging-claimed");
+        tp_fault_point("staging-claimed");
         /* Waits: a scan may hold the claim's lock for an instant while it
          * looks at whether the claimer is alive (remove_dead). */
-        status = s->lock(s, claim, CKPT_LOCK_WAIT, &st->lock);
-        if (!status) status = s->rename(s, claim, st->staging, CKPT_RENAME_NOREPLACE);
+        status = s->lock(s, claim, STORE_LOCK_WAIT, &st->lock);
+        if (!status) status = s->rename(s, claim, st->staging, STORE_RENAME_NOREPLACE);
         if (status) s->remove_tree(s, claim);
     }
     if (!status) {
-        ckpt_fault_point("staging-renamed");
+        tp_fault_point("staging-renamed");
         st->next = registry;
         registry = st;
     }
@@ -361,19 +318,18 @@ static int create_registered(ckpt_staged *st)
     return status;
 }
 
-int ckpt_stage(const ckpt_storage *storage, const char *path, const ckpt_stage_options *options, ckpt_staged **out)
+int store_stage(const store_ops *storage, const char *path, const store_stage_options *options, store_staged **out)
 {
     *out = NULL;
-    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    TP_TRY(ckpt_library_init());
-    TP_TRY(ckpt_split_path(path, parent, sizeof parent, base, sizeof base));
-    if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
-    if (!storage) TP_TRY(ckpt_storage_for(path, &storage));
-    ckpt_stat st;
+    char parent[TP_PATH_MAX], base[TP_PATH_MAX];
+    TP_TRY(tp_split_path(path, parent, sizeof parent, base, sizeof base));
+    if (strlen(path) >= TP_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
+    if (!storage) TP_TRY(store_for(path, &storage));
+    store_stat st;
     TP_TRY(storage->stat(storage, parent, &st));
     if (!st.exists || !st.is_dir)
         return tp_fail(TP_ERR_NOT_FOUND, "%s: parent directory %s does not exist", path, parent);
-    ckpt_staged *s = calloc(1, sizeof *s);
+    store_staged *s = calloc(1, sizeof *s);
     if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory");
     s->storage = storage;
     strcpy(s->path, path);
@@ -382,14 +338,14 @@ int ckpt_stage(const ckpt_storage *storage, const char *path, const ckpt_stage_o
     s->may_replace = options->may_replace;
     s->ctx = options->ctx;
     int live = 0;
-    char fresh[CKPT_OWNER_MAX];
+    char fresh[STORE_OWNER_MAX];
     const char *owner = options->owner;
     int status = check_replace(s);
     if (!status && !owner) { /* a name of its own, even beside another writer of this process */
-        status = ckpt_staging_owner(fresh, sizeof fresh);
+        status = store_staging_owner(fresh, sizeof fresh);
         owner = fresh;
     }
-    if (!status) status = ckpt_staging_path(path, owner, s->staging, sizeof s->staging);
+    if (!status) status = store_staging_path(path, owner, s->staging, sizeof s->staging);
     if (!status) status = scan_staging(storage, path, 1, &live);
     if (!status) status = create_registered(s);
     if (status) {
@@ -400,26 +356,26 @@ int ckpt_stage(const ckpt_storage *storage, const char *path, const ckpt_stage_o
     return TP_OK;
 }
 
-const char *ckpt_staged_path(const ckpt_staged *staged)
+const char *store_staged_path(const store_staged *staged)
 {
     return staged->staging;
 }
 
-const char *ckpt_staged_target(const ckpt_staged *staged)
+const char *store_staged_target(const store_staged *staged)
 {
     return staged->path;
 }
 
-int ckpt_staged_publish(ckpt_staged *st)
+int store_staged_publish(store_staged *st)
 {
-    const ckpt_storage *s = st->storage;
-    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
-    int status = ckpt_split_path(st->path, parent, sizeof parent, base, sizeof base);
+    const store_ops *s = st->storage;
+    char parent[TP_PATH_MAX], base[TP_PATH_MAX];
+    int status = tp_split_path(st->path, parent, sizeof parent, base, sizeof base);
     if (!status && st->directory) {
         status = s->sync_dir(s, st->staging);
     } else if (!status) {
-        ckpt_file *file = NULL;
-        status = s->open(s, st->staging, CKPT_OPEN_READ, &file);
+        store_file *file = NULL;
+        status = s->open(s, st->staging, STORE_OPEN_READ, &file);
         if (!status) status = s->sync(file);
         if (file) s->close(file);
     }
@@ -429,12 +385,12 @@ int ckpt_staged_publish(ckpt_staged *st)
     if (!status) status = check_replace(st);
     /* The rename under the registry's lock: a signal's clean-up either finds
      * the output published or stops it from being published. */
-    ckpt_file *replaced = NULL; /* the lock on what is replaced */
+    store_file *replaced = NULL; /* the lock on what is replaced */
     pthread_mutex_lock(&registry_lock);
     if (!status && cancelled)
         status = tp_fail(TP_ERR_STATE, "%s: not published: the process is being stopped by a signal", st->path);
-    if (!status && (!st->overwrite || !ckpt_exists(s, st->path))) {
-        status = s->rename(s, st->staging, st->path, CKPT_RENAME_NOREPLACE);
+    if (!status && (!st->overwrite || !store_exists(s, st->path))) {
+        status = s->rename(s, st->staging, st->path, STORE_RENAME_NOREPLACE);
         if (status == TP_ERR_EXISTS)
             tp_fail(TP_ERR_EXISTS, "%s appeared while this output was written (another writer?); not replaced%s",
                     st->path, st->overwrite ? "" : " without --force");
@@ -449,14 +405,14 @@ int ckpt_staged_publish(ckpt_staged *st)
     }
     if (!status && replaced) {
         /* Swapped atomically; the staging name then holds what was replaced. */
-        status = s->rename(s, st->staging, st->path, CKPT_RENAME_EXCHANGE);
+        status = s->rename(s, st->staging, st->path, STORE_RENAME_EXCHANGE);
         if (status == TP_ERR_STATE) {
             /* No atomic exchange in this store: move the old one aside first. */
-            char aside[CKPT_PATH_MAX + 16];
+            char aside[TP_PATH_MAX + 16];
             snprintf(aside, sizeof aside, "%s.replaced", st->staging);
             status = s->remove_tree(s, aside);
-            if (!status) status = s->rename(s, st->path, aside, CKPT_RENAME_REPLACE);
-            if (!status) status = s->rename(s, st->staging, st->path, CKPT_RENAME_NOREPLACE);
+            if (!status) status = s->rename(s, st->path, aside, STORE_RENAME_REPLACE);
+            if (!status) status = s->rename(s, st->staging, st->path, STORE_RENAME_NOREPLACE);
             if (!status) status = s->sync_dir(s, parent);
             if (!status) status = s->remove_tree(s, aside);
         } else {
@@ -467,14 +423,14 @@ int ckpt_staged_publish(ckpt_staged *st)
     pthread_mutex_unlock(&registry_lock);
     if (replaced) s->close(replaced);
     if (status) {
-        ckpt_staged_discard(st);
+        store_staged_discard(st);
         return status;
     }
     free_staged(st);
     return TP_OK;
 }
 
-void ckpt_staged_discard(ckpt_staged *st)
+void store_staged_discard(store_staged *st)
 {
     if (!st) return;
     /* Removed while still locked, so that no one takes it for a dead writer's
@@ -483,16 +439,16 @@ void ckpt_staged_discard(ckpt_staged *st)
     free_staged(st);
 }
 
-ckpt_staged *ckpt_staged_find(const char *staging)
+store_staged *store_staged_find(const char *staging)
 {
     pthread_mutex_lock(&registry_lock);
-    ckpt_staged *s = registry;
+    store_staged *s = registry;
     while (s && strcmp(s->staging, staging) != 0) s = s->next;
     pthread_mutex_unlock(&registry_lock);
     return s;
 }
 
-int ckpt_staged_create(ckpt_staged *st, int (*create)(void *ctx), void *ctx)
+int store_staged_create(store_staged *st, int (*create)(void *ctx), void *ctx)
 {
     pthread_mutex_lock(&registry_lock);
     int status = cancelled ? tp_fail(TP_ERR_STATE, "%s: not written: the process is being stopped by a signal", st->path)
@@ -501,16 +457,16 @@ int ckpt_staged_create(ckpt_staged *st, int (*create)(void *ctx), void *ctx)
     return status;
 }
 
-void ckpt_discard_all_staged(void)
+void store_discard_all_staged(void)
 {
     /* Called from a signal-handling thread while other threads may still be
      * writing into these entries: removal is retried a few times, and what
      * is left is a dead writer's, which the next writer removes. */
     pthread_mutex_lock(&registry_lock);
     cancelled = 1;
-    for (ckpt_staged *s = registry; s; s = s->next)
+    for (store_staged *s = registry; s; s = s->next)
         for (int attempt = 0; attempt < 5 && s->storage->remove_tree(s->storage, s->staging) != TP_OK; attempt++) {
         }
     pthread_mutex_unlock(&registry_lock);
-    ckpt_fault_point("signal-cleaned"); /* the window before the caller dies, held open by tests */
+    tp_fault_point("signal-cleaned"); /* the window before the caller dies, held open by tests */
 }

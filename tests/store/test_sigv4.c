@@ -1,4 +1,4 @@
-/* AWS Signature Version 4 (ckpt/sigv4.h) against the published test-suite
+/* AWS Signature Version 4 (store/sigv4.h) against the published test-suite
  * vectors (credentials AKIDEXAMPLE, 2015-08-30T12:36:00Z, us-east-1,
  * service "service": canonical request, string to sign and signature) and
  * the S3 documentation's GET Object example (a ranged read, as the
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../ckpt/sigv4.h"
+#include "../../store/sigv4.h"
 #include "../../common/error.h"
 
 static const sigv4_key suite_key = {"AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", NULL, "us-east-1",

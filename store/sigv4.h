@@ -1,15 +1,15 @@
 /* sigv4.h: AWS Signature Version 4, the signing of requests to S3 and
- * S3-compatible stores (the object-store backend of the checkpoint
- * library). SHA-256 and HMAC come from OpenSSL's libcrypto, which libcurl
- * already brings.
+ * S3-compatible stores (s3.c). SHA-256 and HMAC come from OpenSSL's
+ * libcrypto, which libcurl already brings; OpenSSL is the store library's
+ * alone (scripts/check-layers.py).
  *
  * The canonical request follows S3's rules: the path is URI-encoded once,
  * '/' kept, and not normalized; query parameters (given decoded) are
  * encoded and sorted; header names are lowercased and sorted, their values
  * trimmed with runs of spaces collapsed, repeated names joined by commas in
  * the order given. Secrets appear only in the HMAC, never in an output. */
-#ifndef TP_CKPT_SIGV4_H
-#define TP_CKPT_SIGV4_H
+#ifndef TP_STORE_SIGV4_H
+#define TP_STORE_SIGV4_H
 
 #include <stddef.h>
 

@@ -1,0 +1,51 @@
+/* fault.c: the test hook (fault.h). */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fault.h"
+
+static void fault_at(const char *point, const char *want);
+
+void tp_fault_point(const char *point)
+{
+    const char *list = getenv("TP_CKPT_FAULT");
+    /* Several points, separated by commas. */
+    for (const char *want = list; want && *want;) {
+        const char *comma = strchr(want, ',');
+        char one[256];
+        size_t n = comma ? (size_t)(comma - want) : strlen(want);
+        if (n < sizeof one) {
+            memcpy(one, want, n);
+            one[n] = 0;
+            fault_at(point, one);
+        }
+        want = comma ? comma + 1 : NULL;
+    }
+}
+
+static void fault_at(const char *point, const char *want)
+{
+    size_t n = strlen(point);
+    if (strcmp(want, point) == 0) raise(SIGKILL);
+    if (strncmp(want, point, n) != 0 || want[n] != ':') return;
+    /* POINT:TERM, :INT or :HUP: that signal, then the caller held at the
+     * point long enough for the signal's handling (another thread) to act
+     * while the window the point is in stays open. POINT:SLEEP:SECONDS: a
+     * slow disk or store, the caller held there that long. */
+    const char *name = want + n + 1;
+    if (strncmp(name, "SLEEP:", 6) == 0) {
+        double seconds = atof(name + 6);
+        struct timespec hold = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+        while (nanosleep(&hold, &hold) != 0) {
+        }
+        return;
+    }
+    int signal = strcmp(name, "TERM") == 0 ? SIGTERM : strcmp(name, "INT") == 0 ? SIGINT : strcmp(name, "HUP") == 0 ? SIGHUP : 0;
+    if (!signal) return;
+    raise(signal);
+    struct timespec hold = {0, 500 * 1000 * 1000};
+    while (nanosleep(&hold, &hold) != 0) {
+    }
+}

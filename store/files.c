@@ -1,0 +1,75 @@
+/* files.c: small files over a store (a checkpoint's index.json and
+ * `latest`, configuration, state): existence, atomic writes, whole reads. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/error.h"
+#include "../common/path.h"
+#include "store.h"
+
+int store_exists(const store_ops *storage, const char *path)
+{
+    store_stat st;
+    return storage->stat(storage, path, &st) == TP_OK && st.exists;
+}
+
+int store_write_file_atomic(const store_ops *storage, const char *dir, const char *name, const char *data,
+                           size_t size)
+{
+    char tmp_name[300], tmp[TP_PATH_MAX], final[TP_PATH_MAX];
+    snprintf(tmp_name, sizeof tmp_name, ".%.200s.tmp.%ld", name, (long)getpid());
+    TP_TRY(tp_path_join(tmp, dir, tmp_name));
+    TP_TRY(tp_path_join(final, dir, name));
+    store_file *file = NULL;
+    TP_TRY(storage->open(storage, tmp, STORE_OPEN_CREATE, &file));
+    int status = storage->write_at(file, data, size, 0);
+    if (!status) status = storage->sync(file);
+    storage->close(file);
+    if (!status) status = storage->rename(storage, tmp, final, STORE_RENAME_REPLACE);
+    if (status) {
+        storage->remove_tree(storage, tmp);
+        return status;
+    }
+    return storage->sync_dir(storage, dir);
+}
+
+int store_read_text(const store_ops *storage, const char *path, int64_t max_bytes, char **out,
+                   int64_t *size_out)
+{
+    *out = NULL;
+    store_stat st;
+    TP_TRY(storage->stat(storage, path, &st));
+    if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(ENOENT));
+    if (st.is_dir) return tp_fail(TP_ERR_FORMAT, "%s is a directory, not a text file", path);
+    if (st.size > max_bytes)
+        return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes is too large for this file (at most %lld)", path,
+                       (long long)st.size, (long long)max_bytes);
+    store_file *file = NULL;
+    TP_TRY(storage->open(storage, path, STORE_OPEN_READ, &file));
+    char *text = malloc((size_t)st.size + 1);
+    int status = text ? storage->read_at(file, text, (size_t)st.size, 0) : tp_fail(TP_ERR_NOMEM, "out of memory reading %s", path);
+    storage->close(file);
+    if (status) {
+        free(text);
+        return status;
+    }
+    text[st.size] = '\0';
+    if (strlen(text) != (size_t)st.size) {
+        free(text);
+        return tp_fail(TP_ERR_FORMAT, "%s: contains NUL bytes (damaged?)", path);
+    }
+    *out = text;
+    if (size_out) *size_out = st.size;
+    return TP_OK;
+}
+
+int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out)
+{
+    const store_ops *storage;
+    *out = NULL;
+    TP_TRY(store_for(path, &storage));
+    return store_read_text(storage, path, max_bytes, out, size_out);
+}

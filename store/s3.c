@@ -1,0 +1,528 @@
+/* s3.c: the store of s3://bucket/key URLs: S3 or an S3-compatible store,
+ * requests signed with AWS Signature Version 4 (sigv4.c). Files are read
+ * through object.c; names are S3's listings (ListObjectsV2, page by page);
+ * large files go up as multipart uploads, their parts in parallel.
+ *
+ * Settings come from the environment as AWS's tools read them:
+ * AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (a self-hosted store; path-style
+ * addressing then, virtual-hosted on AWS itself; TP_S3_ADDRESSING=path or
+ * virtual overrides), AWS_REGION or AWS_DEFAULT_REGION (us-east-1), the
+ * credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+ * AWS_SESSION_TOKEN, or else from the credentials file
+ * (AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials, profile AWS_PROFILE
+ * or "default"). Never from a command line, and never printed: URLs with
+ * user information are refused, and errors name URLs and HTTP codes only. */
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../common/buffer.h"
+#include "../common/error.h"
+#include "../common/parallel.h"
+#include "../common/path.h"
+#include "object.h"
+#include "sigv4.h"
+#include "xml.h"
+
+#define LIST_PAGES_MAX 100000 /* pages of one listing: 10^8 keys at 1000 a page */
+
+/* ------------------------------------------------------------ S3 settings */
+
+typedef struct {
+    int status;
+    char error[512];
+    char endpoint[512]; /* scheme://host[:port], no trailing slash; "" on AWS */
+    char region[64];
+    char access_key[256], secret_key[256];
+    char *session_token;
+    int path_style;
+} s3_config;
+
+static s3_config s3;
+static pthread_once_t s3_once = PTHREAD_ONCE_INIT;
+
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+static void trim(char *s)
+{
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1])) s[--n] = '\0';
+    size_t k = 0;
+    while (isspace((unsigned char)s[k])) k++;
+    memmove(s, s + k, n - k + 1);
+}
+
+/* The keys of one profile of an AWS credentials file (INI). */
+static void read_credentials_file(void)
+{
+    char path[TP_PATH_MAX];
+    const char *file = env("AWS_SHARED_CREDENTIALS_FILE"), *home = env("HOME");
+    if (file) snprintf(path, sizeof path, "%s", file);
+    else if (home) snprintf(path, sizeof path, "%s/.aws/credentials", home);
+    else return;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    const char *profile = env("AWS_PROFILE") ? env("AWS_PROFILE") : "default";
+    char line[4096];
+    int in_profile = 0;
+    while (fgets(line, sizeof line, f)) {
+        trim(line);
+        if (line[0] == '[') {
+            char *end = strchr(line, ']');
+            if (end) *end = '\0';
+            trim(line + 1);
+            in_profile = !strcmp(line + 1, profile);
+            continue;
+        }
+        char *eq = strchr(line, '=');
+        if (!in_profile || !eq || line[0] == '#' || line[0] == ';') continue;
+        *eq = '\0';
+        char *key = line, *value = eq + 1;
+        trim(key);
+        trim(value);
+        if (!strcmp(key, "aws_access_key_id")) snprintf(s3.access_key, sizeof s3.access_key, "%s", value);
+        else if (!strcmp(key, "aws_secret_access_key")) snprintf(s3.secret_key, sizeof s3.secret_key, "%s", value);
+        else if (!strcmp(key, "aws_session_token") && !s3.session_token) s3.session_token = strdup(value);
+    }
+    fclose(f);
+}
+
+static void s3_configure(void)
+{
+    const char *endpoint = env("AWS_ENDPOINT_URL_S3") ? env("AWS_ENDPOINT_URL_S3") : env("AWS_ENDPOINT_URL");
+    const char *region = env("AWS_REGION") ? env("AWS_REGION") : env("AWS_DEFAULT_REGION");
+    snprintf(s3.region, sizeof s3.region, "%s", region ? region : "us-east-1");
+    if (endpoint) {
+        snprintf(s3.endpoint, sizeof s3.endpoint, "%s", endpoint);
+        size_t n = strlen(s3.endpoint);
+        while (n && s3.endpoint[n - 1] == '/') s3.endpoint[--n] = '\0';
+        if (strncmp(s3.endpoint, "http://", 7) && strncmp(s3.endpoint, "https://", 8)) {
+            s3.status = TP_ERR_ARG;
+            snprintf(s3.error, sizeof s3.error,
+                     "the S3 endpoint (AWS_ENDPOINT_URL) must start with http:// or https://");
+            return;
+        }
+    }
+    const char *style = env("TP_S3_ADDRESSING");
+    s3.path_style = style ? !strcmp(style, "path") : endpoint != NULL;
+    const char *id = env("AWS_ACCESS_KEY_ID"), *secret = env("AWS_SECRET_ACCESS_KEY");
+    if (id && secret) {
+        snprintf(s3.access_key, sizeof s3.access_key, "%s", id);
+        snprintf(s3.secret_key, sizeof s3.secret_key, "%s", secret);
+        if (env("AWS_SESSION_TOKEN")) s3.session_token = strdup(env("AWS_SESSION_TOKEN"));
+    } else {
+        read_credentials_file();
+    }
+    if (!s3.access_key[0] || !s3.secret_key[0]) {
+        s3.status = TP_ERR_ARG;
+        snprintf(s3.error, sizeof s3.error,
+                 "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give the profile "
+                 "(AWS_PROFILE, default \"default\") in the credentials file (AWS_SHARED_CREDENTIALS_FILE, "
+                 "default ~/.aws/credentials)");
+    }
+}
+
+/* --------------------------------------------------------------- targets */
+
+/* What one request goes to: the URL to send, the host and the canonical
+ * path (decoded) that are signed. */
+typedef struct {
+    char url[TP_PATH_MAX + 1024];
+    char host[512];
+    char path[TP_PATH_MAX + 128];
+} target;
+
+/* The request target of an s3:// URL and an optional query (decoded pairs). */
+static int resolve(const char *path, const sigv4_pair *query, int num_query, target *t)
+{
+    memset(t, 0, sizeof *t);
+    byte_buffer b = {0};
+    pthread_once(&s3_once, s3_configure);
+    if (s3.status) return tp_fail(s3.status, "%s: %s", path, s3.error);
+    const char *bucket = path + 5, *slash = strchr(bucket, '/');
+    size_t bucket_len = slash ? (size_t)(slash - bucket) : strlen(bucket);
+    const char *key = slash ? slash + 1 : "";
+    if (bucket_len == 0 || bucket_len > 63) return tp_fail(TP_ERR_ARG, "%s: no bucket name in this URL", path);
+    if (s3.path_style) {
+        const char *rest;
+        TP_TRY(object_split_authority(s3.endpoint, t->host, sizeof t->host, &rest));
+        snprintf(t->path, sizeof t->path, "%s/%.*s/%s", rest, (int)bucket_len, bucket, key);
+        buffer_put(&b, s3.endpoint, (size_t)(rest - s3.endpoint));
+    } else {
+        const char *scheme = "https://";
+        if (s3.endpoint[0]) {
+            const char *rest;
+            char base[256];
+            TP_TRY(object_split_authority(s3.endpoint, base, sizeof base, &rest));
+            snprintf(t->host, sizeof t->host, "%.*s.%s", (int)bucket_len, bucket, base);
+            scheme = !strncmp(s3.endpoint, "http://", 7) ? "http://" : "https://";
+        } else {
+            snprintf(t->host, sizeof t->host, "%.*s.s3.%s.amazonaws.com", (int)bucket_len, bucket, s3.region);
+        }
+        snprintf(t->path, sizeof t->path, "/%s", key);
+        buffer_put_text(&b, scheme);
+        buffer_put_text(&b, t->host);
+    }
+    sigv4_uri_encode(&b, t->path, 1);
+    for (int i = 0; i < num_query; i++) {
+        buffer_put_text(&b, i ? "&" : "?");
+        sigv4_uri_encode(&b, query[i].name, 0);
+        buffer_put_text(&b, "=");
+        sigv4_uri_encode(&b, query[i].value, 0);
+    }
+    int status = b.failed ? tp_fail(TP_ERR_NOMEM, "out of memory")
+                 : !b.data || b.size >= sizeof t->url ? tp_fail(TP_ERR_ARG, "%s: URL too long", path)
+                                                      : TP_OK;
+    if (!status) memcpy(t->url, b.data, b.size + 1);
+    free(b.data);
+    return status;
+}
+
+/* ------------------------------------------------------------- signatures */
+
+#define EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+typedef struct {
+    const target *t;
+    const char *method;
+    const sigv4_pair *query;
+    int num_query;
+    const char *payload_hash;
+    char date_line[64], hash_line[96], *token_line, *auth_line;
+    const char *lines[5];
+} s3_signature;
+
+static int sign_s3(void *ctx, const char *const **headers_out)
+{
+    s3_signature *g = ctx;
+    char amz_date[17];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(amz_date, sizeof amz_date, "%Y%m%dT%H%M%SZ", &tm);
+    sigv4_pair headers[4] = {{"host", g->t->host}, {"x-amz-content-sha256", g->payload_hash}, {"x-amz-date", amz_date},
+                             {"x-amz-security-token", s3.session_token}};
+    sigv4_key key = {s3.access_key, s3.secret_key, s3.session_token, s3.region, "s3"};
+    sigv4_request request = {g->method, g->t->path, g->query, g->num_query, headers, s3.session_token ? 4 : 3,
+                             g->payload_hash, amz_date};
+    char *authorization = NULL;
+    TP_TRY(sigv4_authorization(&key, &request, &authorization));
+    free(g->auth_line);
+    free(g->token_line);
+    g->token_line = NULL;
+    g->auth_line = malloc(strlen(authorization) + 32);
+    if (g->auth_line) sprintf(g->auth_line, "Authorization: %s", authorization);
+    free(authorization);
+    if (s3.session_token && (g->token_line = malloc(strlen(s3.session_token) + 32)))
+        sprintf(g->token_line, "x-amz-security-token: %s", s3.session_token);
+    if (!g->auth_line || (s3.session_token && !g->token_line)) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    snprintf(g->date_line, sizeof g->date_line, "x-amz-date: %s", amz_date);
+    snprintf(g->hash_line, sizeof g->hash_line, "x-amz-content-sha256: %s", g->payload_hash);
+    int n = 0;
+    g->lines[n++] = g->auth_line;
+    g->lines[n++] = g->date_line;
+    g->lines[n++] = g->hash_line;
+    if (g->token_line) g->lines[n++] = g->token_line;
+    g->lines[n] = NULL;
+    *headers_out = g->lines;
+    return TP_OK;
+}
+
+/* Sends a request, signed. */
+static int s3_send(const object_call *c, http_response *r)
+{
+    target t;
+    TP_TRY(resolve(c->path, c->query, c->num_query, &t));
+    http_request q = c->http;
+    q.url = t.url;
+    s3_signature signature = {0};
+    char hash[65];
+    signature.t = &t;
+    signature.method = q.method;
+    signature.query = c->query;
+    signature.num_query = c->num_query;
+    if (q.body_file) signature.payload_hash = "UNSIGNED-PAYLOAD";
+    else if (q.body) {
+        sigv4_sha256_hex(q.body, q.body_size, hash);
+        signature.payload_hash = hash;
+    } else
+        signature.payload_hash = EMPTY_SHA256;
+    q.sign = sign_s3;
+    q.sign_ctx = &signature;
+    int status = http_perform(&q, r);
+    free(signature.auth_line);
+    free(signature.token_line);
+    /* http.c's message names the URL sent; the store's own name is added
+     * where it differs (s3:// names an https:// URL). */
+    if (status && strncmp(q.url, c->path, strlen(c->path)) != 0) return tp_fail_context(status, "%s", c->path);
+    return status;
+}
+
+/* ------------------------------------------------------------- listings */
+
+typedef struct {
+    int (*visit)(void *ctx, const char *name);
+    void *ctx;
+    int delimited; /* names one level down (with "/"), or every key below */
+    size_t prefix_len;
+    int found;
+} list_visit;
+
+/* Lists keys below an S3 prefix ("key/"), page by page. */
+static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit *v)
+{
+    /* s3://bucket/dir -> bucket URL s3://bucket, prefix "dir/" */
+    const char *bucket = dir_url + 5, *slash = strchr(bucket, '/');
+    char bucket_url[512], prefix[TP_PATH_MAX], token[1024] = "", max[16];
+    snprintf(bucket_url, sizeof bucket_url, "s3://%.*s", (int)(slash ? slash - bucket : (long)strlen(bucket)), bucket);
+    snprintf(prefix, sizeof prefix, "%s", slash ? slash + 1 : "");
+    size_t n = strlen(prefix);
+    while (n && prefix[n - 1] == '/') prefix[--n] = '\0';
+    if (n) strcat(prefix, "/");
+    snprintf(max, sizeof max, "%d", max_keys);
+    v->prefix_len = strlen(prefix);
+    int status = TP_OK;
+    /* A server that keeps answering "truncated" with the token it was given
+     * (or any it gave before) would be listed for ever; so would one that
+     * never stops. */
+    char seen[4][1024] = {"", "", "", ""};
+    for (int64_t page = 0;; page++) {
+        if (page >= LIST_PAGES_MAX)
+            return tp_fail(TP_ERR_FORMAT, "%s: the listing did not end after %d pages of %d keys", dir_url,
+                           LIST_PAGES_MAX, max_keys > 0 ? max_keys : 1000);
+        sigv4_pair query[5] = {{"list-type", "2"}, {"prefix", prefix}};
+        int nq = 2;
+        if (delimited) query[nq++] = (sigv4_pair){"delimiter", "/"};
+        if (max_keys > 0) query[nq++] = (sigv4_pair){"max-keys", max};
+        if (token[0]) query[nq++] = (sigv4_pair){"continuation-token", token};
+        byte_buffer body = {0};
+        object_call c = {.path = bucket_url, .query = query, .num_query = nq,
+            .http = {.method = "GET", .body_out = &body, .body_max = OBJECT_LIST_MAX}};
+        http_response r;
+        status = object_call_ok(store_s3(), &c, &r);
+        if (!status) status = xml_check_listing(body.data ? body.data : "", body.size, "ListBucketResult", dir_url);
+        const char *p = body.data ? body.data : "", *end = p + body.size, *text, *text_end, *next;
+        char name[TP_PATH_MAX];
+        /* Keys of objects, then prefixes one level down ("step_1/"). */
+        for (const char *q = p; !status && (next = xml_element(q, end, "Contents", &text, &text_end)); q = next) {
+            const char *key, *key_end;
+            if (!xml_element(text, text_end, "Key", &key, &key_end)) continue;
+            xml_text(key, key_end, name, sizeof name);
+            v->found = 1;
+            if (v->visit && strlen(name) > v->prefix_len) status = v->visit(v->ctx, name + v->prefix_len);
+        }
+        for (const char *q = p; !status && (next = xml_element(q, end, "CommonPrefixes", &text, &text_end)); q = next) {
+            const char *key, *key_end;
+            if (!xml_element(text, text_end, "Prefix", &key, &key_end)) continue;
+            xml_text(key, key_end, name, sizeof name);
+            size_t len = strlen(name);
+            if (len && name[len - 1] == '/') name[--len] = '\0';
+            v->found = 1;
+            if (v->visit && len > v->prefix_len) status = v->visit(v->ctx, name + v->prefix_len);
+        }
+        char truncated[16] = "";
+        if (!status && xml_element(p, end, "IsTruncated", &text, &text_end))
+            xml_text(text, text_end, truncated, sizeof truncated);
+        token[0] = '\0';
+        if (!status && !strcmp(truncated, "true") && xml_element(p, end, "NextContinuationToken", &text, &text_end))
+            xml_text(text, text_end, token, sizeof token);
+        /* Truncated without a way on: what was listed is not all there is. */
+        if (!status && !strcmp(truncated, "true") && !token[0] && !(max_keys > 0 && v->found))
+            status = tp_fail(TP_ERR_FORMAT, "%s: the server's listing is truncated (page %lld) without a "
+                             "continuation token: the rest cannot be listed", dir_url, (long long)page + 1);
+        for (int k = 0; !status && token[0] && k < 4; k++)
+            if (!strcmp(seen[k], token))
+                status = tp_fail(TP_ERR_FORMAT, "%s: the server's listing repeats a continuation token (page %lld): "
+                                 "it would never end", dir_url, (long long)page + 1);
+        memmove(seen[1], seen[0], sizeof seen - sizeof seen[0]);
+        snprintf(seen[0], sizeof seen[0], "%s", token);
+        free(body.data);
+        if (status || !token[0] || (max_keys > 0 && v->found)) return status;
+    }
+}
+
+/* ---------------------------------------------------------------- names */
+
+static int s3_stat(const store_ops *s, const char *path, store_stat *out)
+{
+    memset(out, 0, sizeof *out);
+    const char *key = strchr(path + 5, '/');
+    if (!key || !key[1]) { /* the bucket itself */
+        out->exists = out->is_dir = 1;
+        return TP_OK;
+    }
+    object_call c = {.path = path, .http = {.method = "HEAD"}};
+    http_response r;
+    TP_TRY(object_protocol_of(s)->send(&c, &r));
+    if (r.code >= 200 && r.code < 300) {
+        *out = (store_stat){1, 0, r.content_length >= 0 ? r.content_length : 0};
+        return TP_OK;
+    }
+    if (r.code != 404) return object_answer_error("HEAD", path, &r);
+    list_visit v = {0};
+    TP_TRY(s3_list(path, 1, 1, &v));
+    out->exists = out->is_dir = v.found;
+    return TP_OK;
+}
+
+static int s3_list_dir(const store_ops *s, const char *dir, int (*visit)(void *ctx, const char *name), void *ctx)
+{
+    (void)s;
+    list_visit v = {.visit = visit, .ctx = ctx, .delimited = 1};
+    TP_TRY(s3_list(dir, 1, 0, &v));
+    return v.found ? TP_OK : tp_fail(TP_ERR_NOT_FOUND, "%s: cannot list: nothing there", dir);
+}
+
+static int s3_make_dir(const store_ops *s, const char *path)
+{
+    (void)s, (void)path;
+    return TP_OK; /* prefixes exist by their keys */
+}
+
+static int delete_key(void *dir, const char *name)
+{
+    char url[TP_PATH_MAX];
+    TP_TRY(tp_path_join(url, dir, name));
+    return object_delete(store_s3(), url);
+}
+
+static int s3_remove_tree(const store_ops *s, const char *path)
+{
+    store_stat st;
+    TP_TRY(s3_stat(s, path, &st));
+    if (!st.exists) return TP_OK;
+    if (!st.is_dir) return object_delete(s, path);
+    /* Every key below, deleted as the listing pages through them (a
+     * continuation token resumes after the last key returned, so keys
+     * already deleted do not shift the pages). */
+    list_visit v = {.visit = delete_key, .ctx = (void *)path};
+    return s3_list(path, 0, 0, &v);
+}
+
+/* ----------------------------------------------------------------- writes */
+
+typedef struct {
+    const char *url, *local;
+    int64_t offset, length, part;
+    const char *upload_id;
+    char (*etags)[128];
+} multipart;
+
+static int put_part(void *ctx, int64_t k, int thread)
+{
+    (void)thread;
+    multipart *m = ctx;
+    char number[24];
+    snprintf(number, sizeof number, "%lld", (long long)k + 1);
+    sigv4_pair query[2] = {{"partNumber", number}, {"uploadId", m->upload_id}};
+    int64_t begin = k * m->part, length = begin + m->part < m->length ? m->part : m->length - begin;
+    object_call c = {.path = m->url, .query = query, .num_query = 2,
+        .http = {.method = "PUT", .body_file = m->local, .body_offset = m->offset + begin, .body_length = length}};
+    http_response r;
+    TP_TRY(object_call_ok(store_s3(), &c, &r));
+    if (!r.etag[0]) return tp_fail(TP_ERR_IO, "%s: part %lld uploaded without an ETag", m->url, (long long)k + 1);
+    memcpy(m->etags[k], r.etag, sizeof r.etag);
+    return TP_OK;
+}
+
+/* S3 multipart upload: create, parts in parallel, complete (or abort). */
+static int put_multipart(const char *url, const char *local, int64_t offset, int64_t length, int64_t part,
+                         int threads)
+{
+    sigv4_pair create_query[1] = {{"uploads", ""}};
+    byte_buffer answer = {0};
+    object_call create = {.path = url, .query = create_query, .num_query = 1,
+        .http = {.method = "POST", .body_out = &answer, .body_max = 1 << 20}};
+    http_response r;
+    int status = object_call_ok(store_s3(), &create, &r);
+    char upload_id[1024] = "";
+    const char *text, *text_end;
+    if (!status && answer.data && xml_element(answer.data, answer.data + answer.size, "UploadId", &text, &text_end))
+        xml_text(text, text_end, upload_id, sizeof upload_id);
+    free(answer.data);
+    answer = (byte_buffer){0};
+    if (!status && !upload_id[0]) status = tp_fail(TP_ERR_IO, "%s: the store started no multipart upload", url);
+    if (status) return status;
+    int64_t parts = (length + part - 1) / part;
+    multipart m = {url, local, offset, length, part, upload_id, calloc((size_t)parts, sizeof *m.etags)};
+    if (!m.etags) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status) status = parallel_for(parts, threads < parts ? threads : (int)parts, put_part, &m);
+    byte_buffer xml = {0};
+    buffer_put_text(&xml, "<CompleteMultipartUpload>");
+    for (int64_t k = 0; !status && k < parts; k++) {
+        char line[256];
+        snprintf(line, sizeof line, "<Part><PartNumber>%lld</PartNumber><ETag>%s</ETag></Part>", (long long)k + 1,
+                 m.etags[k]);
+        buffer_put_text(&xml, line);
+    }
+    buffer_put_text(&xml, "</CompleteMultipartUpload>");
+    if (!status && xml.failed) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    sigv4_pair id_query[1] = {{"uploadId", upload_id}};
+    if (!status) {
+        object_call complete = {.path = url, .query = id_query, .num_query = 1,
+            .http = {.method = "POST", .body = xml.data, .body_size = xml.size, .body_out = &answer,
+                     .body_max = 1 << 20}};
+        status = object_call_ok(store_s3(), &complete, &r);
+        /* S3 may answer 200 and report a failure in the body. */
+        if (!status && answer.data && strstr(answer.data, "<Error>")) {
+            snprintf(r.error_body, sizeof r.error_body, "%s", answer.data);
+            r.code = 500;
+            status = object_answer_error("POST", url, &r);
+        }
+        free(answer.data);
+    }
+    if (status) { /* nothing half-done stays billed in the bucket */
+        object_call abort_upload = {.path = url, .query = id_query, .num_query = 1, .http = {.method = "DELETE"}};
+        http_response ignored;
+        s3_send(&abort_upload, &ignored);
+    }
+    free(xml.data);
+    free(m.etags);
+    return status;
+}
+
+/* Files larger than the part size (TP_REMOTE_PART_MB) go as a multipart
+ * upload whose parts are sent on `threads` threads; others in one PUT. */
+static int s3_put_file(const store_ops *s, const char *path, const char *local_path, int64_t offset, int64_t length,
+                       int threads)
+{
+    int64_t part = http_policy_get()->part_bytes;
+    if (length > part) return put_multipart(path, local_path, offset, length, part, threads);
+    return object_put_file(s, path, local_path, offset, length);
+}
+
+static const object_protocol s3_protocol = {s3_send};
+
+static const store_ops s3_store = {.name = "s3",
+                                   .local_paths = 0,
+                                   .open = object_open,
+                                   .read_at = object_read_at,
+                                   .write_at = object_write_at,
+                                   .read_ahead = object_read_ahead,
+                                   .resize = object_resize,
+                                   .sync = object_sync,
+                                   .close = object_close,
+                                   .path_of = object_path_of,
+                                   .stat = s3_stat,
+                                   .list = s3_list_dir,
+                                   .make_dir = s3_make_dir,
+                                   .rename = object_rename,
+                                   .remove_tree = s3_remove_tree,
+                                   .sync_dir = object_sync_dir,
+                                   .lock = object_lock,
+                                   .put_file = s3_put_file,
+                                   .put_data = object_put_data,
+                                   .delete_object = object_delete,
+                                   .impl = &s3_protocol};
+
+const store_ops *store_s3(void)
+{
+    return &s3_store;
+}

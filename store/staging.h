@@ -1,0 +1,89 @@
+/* staging.h: outputs that appear whole or not at all (docs/RELIABILITY.md).
+ *
+ * Whatever is written is written under a staging name private to its
+ * writer, <parent>/.<name>.<owner>.staging, locked by the writer while it
+ * lives, and renamed into place (published) when complete. The entry is
+ * first made under a claim name (the staging name + ".new") that no scan
+ * takes for a dead writer's, then locked and renamed. The next writer to
+ * the same path removes staging entries whose writers are gone (their
+ * locks are free), kill -9 included. Checkpoints go through these steps
+ * inside the checkpoint writer; other outputs (exports) use them directly.
+ *
+ * The store knows no kind of output: what --force may replace is the
+ * caller's rule (may_replace), which for the toolkit's outputs is the
+ * checkpoint library's run-directory rules (ckpt_may_replace_checkpoint,
+ * ckpt_refuse_run_directory). */
+#ifndef TP_STORE_STAGING_H
+#define TP_STORE_STAGING_H
+
+#include <stddef.h>
+
+#include "store.h"
+
+typedef struct store_staged store_staged;
+
+/* Whether --force may replace what is at path in storage: TP_OK, or an
+ * error that names what is there. */
+typedef int (*store_replace_check)(const store_ops *storage, const char *path, void *ctx);
+
+#define STORE_OWNER_MAX 128
+
+typedef struct {
+    int directory; /* stage a directory (else a file) */
+    int overwrite; /* replace what is at the path (--force) when may_replace accepts it */
+    store_replace_check may_replace; /* asked before anything is replaced; NULL: nothing is */
+    void *ctx;
+    const char *owner; /* owner part of the staging name; NULL: a fresh one, this writer's alone */
+} store_stage_options;
+
+/* Checks that path may be written (its parent exists; what is there only
+ * with overwrite and when may_replace accepts it), removes dead writers'
+ * staging entries of path and creates this writer's, locked. storage NULL:
+ * the store of the path. */
+int store_stage(const store_ops *storage, const char *path, const store_stage_options *options,
+                store_staged **out);
+/* The staging file or directory to write into. */
+const char *store_staged_path(const store_staged *staged);
+/* The path it is published at. */
+const char *store_staged_target(const store_staged *staged);
+/* Syncs the staging entry (files inside are the caller's to sync) and renames
+ * it to its path: without overwrite never over something published there
+ * meanwhile; with it, by atomic exchange, and not while a reader holds what
+ * is there (a shared lock). Frees staged whatever the outcome; on failure
+ * the staging entry is removed. */
+int store_staged_publish(store_staged *staged);
+/* Removes the staging entry; frees staged. */
+void store_staged_discard(store_staged *staged);
+/* Runs create(ctx), which makes something at the staging path by its name
+ * (an HDF5 file, a file opened to be created), under the lock the signal
+ * clean-up takes, unless the clean-up has run: then TP_ERR_STATE and
+ * nothing is made. Without it, a writer thread could make the entry again
+ * between the clean-up's removal of it and the process's death. */
+int store_staged_create(store_staged *staged, int (*create)(void *ctx), void *ctx);
+/* The staging entry with this staging path this process holds, or NULL. */
+store_staged *store_staged_find(const char *staging);
+/* Removes every staging entry this process holds (for a signal handler
+ * thread, before the process dies of the signal). */
+void store_discard_all_staged(void);
+/* Removes the staging entries in dir whose writers are gone (a run
+ * directory's, when a run starts). */
+int store_remove_dead_staging(const char *dir);
+
+/* ----------------------------------------------------------------- names */
+
+/* A fresh owner name: host, process id and a nonce. Distributed writers of
+ * one output share the one their committing process made. */
+int store_staging_owner(char *out, size_t out_size);
+/* The owner name distributed writers of this process share by default. */
+const char *store_process_owner(void);
+/* This machine's name as owners carry it: letters, digits and '-' only. */
+void store_host_name(char *out, size_t out_size);
+/* "<parent>/.<base>.<owner>.staging": where owner writes path before it is
+ * published (owner NULL: this process); out_size at least TP_PATH_MAX. */
+int store_staging_path(const char *path, const char *owner, char *out, size_t out_size);
+/* Whether a directory entry's name is a staging name. */
+int store_is_staging_name(const char *name);
+/* Whether a live writer (holding its lock) is writing path now. */
+int store_staging_live(const store_ops *storage, const char *path);
+
+#endif

@@ -1,0 +1,136 @@
+/* store.h: where the toolkit's bytes live, behind a table of operations,
+ * so that a store other than a local file system can take the place of the
+ * POSIX one (posix.c) without the checkpoint reader, writer, commit or
+ * run-directory rules changing.
+ *
+ * Through the table go: the data of every piece (positioned reads and
+ * writes), index.json and `latest`, and every operation on names: listing a
+ * run directory, creating and removing directories, the renames of a commit
+ * and the syncs that make it durable. HDF5 itself opens shard files by their
+ * local path to read and write their metadata (dataset headers, attributes,
+ * chunk indexes); a store without local paths needs the piece offsets the
+ * index can record instead.
+ *
+ * Operations return a tp_status with a message naming the path. */
+#ifndef TP_STORE_H
+#define TP_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct store_ops store_ops;
+
+/* An open file of a store; each implementation defines it, its first member
+ * being the storage it belongs to. */
+typedef struct store_file store_file;
+
+typedef enum {
+    STORE_OPEN_READ,   /* an existing file, to read */
+    STORE_OPEN_WRITE,  /* an existing file, to write in place */
+    STORE_OPEN_CREATE, /* a new file (an old one is truncated), to write */
+} store_open_mode;
+
+typedef enum {
+    STORE_RENAME_REPLACE,   /* whatever is at the target is replaced */
+    STORE_RENAME_NOREPLACE, /* fails with TP_ERR_EXISTS when the target exists */
+    STORE_RENAME_EXCHANGE,  /* both exist; they swap, atomically (TP_ERR_STATE where the store cannot) */
+} store_rename_mode;
+
+enum { STORE_LOCK_WAIT = 1, STORE_LOCK_SHARED = 2 };
+
+typedef struct {
+    int exists, is_dir;
+    int64_t size; /* bytes of a file */
+} store_stat;
+
+struct store_ops {
+    const char *name; /* "posix", "webdav", "s3" */
+    /* Whether HDF5 may open this store's paths itself (the local file
+     * system); elsewhere the reader takes everything from the index. */
+    int local_paths;
+    int (*open)(const store_ops *s, const char *path, store_open_mode mode, store_file **out);
+    /* Whole transfers or a failure: a file ending early is TP_ERR_FORMAT (truncated). */
+    int (*read_at)(store_file *file, void *buf, size_t size, int64_t offset);
+    int (*write_at)(store_file *file, const void *buf, size_t size, int64_t offset);
+    /* A hint that [offset, offset + size) will be read soon; may do nothing. */
+    void (*read_ahead)(store_file *file, int64_t offset, int64_t size);
+    int (*resize)(store_file *file, int64_t size); /* of a file opened to write; new bytes read as zeros */
+    int (*sync)(store_file *file);                 /* the file's data is durable */
+    void (*close)(store_file *file);
+    const char *(*path_of)(const store_file *file);
+    int (*stat)(const store_ops *s, const char *path, store_stat *out); /* a missing path is exists = 0 */
+    /* Calls visit for every entry of a directory but . and ..; a nonzero
+     * return stops the walk and is returned. */
+    int (*list)(const store_ops *s, const char *dir, int (*visit)(void *ctx, const char *name), void *ctx);
+    int (*make_dir)(const store_ops *s, const char *path);
+    int (*rename)(const store_ops *s, const char *from, const char *to, store_rename_mode mode);
+    int (*remove_tree)(const store_ops *s, const char *path); /* a file, or a directory and all in it; missing is fine */
+    int (*sync_dir)(const store_ops *s, const char *path);   /* the directory's entries are durable */
+    /* A lock on the file or directory at path (exclusive, or shared with
+     * STORE_LOCK_SHARED), held until the returned handle is closed or the
+     * process ends, however it ends; the entry locked is the one at path
+     * when the call returns, even if it was renamed meanwhile. Without
+     * STORE_LOCK_WAIT, TP_ERR_EXISTS at once when a conflicting holder has it. */
+    int (*lock)(const store_ops *s, const char *path, int flags, store_file **out);
+    /* Whole objects, for stores without positioned writes (object stores;
+     * NULL elsewhere): bytes [offset, offset + length) of a local file, or
+     * size bytes of memory, written as the object at path; one object
+     * removed, a missing one being fine. Retried where transient. */
+    int (*put_file)(const store_ops *s, const char *path, const char *local_path, int64_t offset, int64_t length,
+                    int threads);
+    int (*put_data)(const store_ops *s, const char *path, const void *data, size_t size);
+    int (*delete_object)(const store_ops *s, const char *path);
+    const void *impl; /* the implementation's own (an object store's protocol) */
+};
+
+/* ------------------------------------------------------------- the stores */
+
+/* The local file system. */
+const store_ops *store_posix(void);
+
+/* Object stores, read in place by ranged GETs, written only whole
+ * (put_file, put_data): http(s):// URLs of a WebDAV-style server
+ * (webdav.c) and s3://bucket/key of S3 or an S3-compatible store (s3.c);
+ * docs/STORES.md. */
+const store_ops *store_webdav(void);
+const store_ops *store_s3(void);
+
+/* ---------------------------------------------------------- the registry */
+
+/* The one place that recognises a URL (registry.c): every scheme a store
+ * serves is registered there with its prefix ("s3://"). A path without a
+ * scheme is local (the POSIX store); a URL of a scheme no store serves
+ * fails naming the scheme. */
+int store_for(const char *path, const store_ops **out);
+
+/* Whether path is a URL of a registered scheme (an object store's). */
+int store_is_remote(const char *path);
+
+/* Registers another store for the URLs starting with prefix (a scheme and
+ * "://"; prefix and ops must outlive the process). TP_ERR_EXISTS when the
+ * prefix has a store, TP_ERR_NOMEM past the table's room. */
+int store_register(const char *prefix, const store_ops *ops);
+
+/* The whole-object operations of the store of a URL (store_for); a store
+ * without them fails with TP_ERR_STATE naming the path. store_put_file
+ * sends large files to S3 as a multipart upload of TP_REMOTE_PART_MB parts
+ * (default 64) on `threads` threads. */
+int store_put_file(const char *url, const char *local_path, int64_t offset, int64_t length, int threads);
+int store_put_data(const char *url, const void *data, size_t size);
+int store_delete(const char *url);
+
+/* ----------------------------------------------------- small files (files.c) */
+
+/* Whether a path exists in a store. */
+int store_exists(const store_ops *storage, const char *path);
+/* Writes a small file atomically: temp file, sync, rename, sync of the directory. */
+int store_write_file_atomic(const store_ops *storage, const char *dir, const char *name, const char *data,
+                            size_t size);
+/* Reads a whole text file (up to max_bytes, no NUL bytes; FIFOs and
+ * devices refused) of a store into a malloc'ed NUL-terminated string;
+ * size_out may be NULL. */
+int store_read_text(const store_ops *storage, const char *path, int64_t max_bytes, char **out, int64_t *size_out);
+/* store_read_text in the store of the path (store_for): a local file or a URL. */
+int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out);
+
+#endif

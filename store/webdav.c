@@ -1,0 +1,196 @@
+/* webdav.c: the store of http(s):// URLs, a server taking PUT (whole
+ * files, creating the directories on the way or taking MKCOL), ranged GET,
+ * DELETE, PROPFIND (listing, Depth 0 and 1) and MKCOL: WebDAV-style
+ * (docs/STORES.md). Files are read through object.c; names are PROPFIND's.
+ * Credentials never travel in a URL: one with user information is refused. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/error.h"
+#include "../common/path.h"
+#include "object.h"
+#include "xml.h"
+
+/* Sends a request: the URL is the path itself, without query or fragment. */
+static int webdav_send(const object_call *c, http_response *r)
+{
+    char host[512];
+    const char *rest;
+    TP_TRY(object_split_authority(c->path, host, sizeof host, &rest));
+    if (strchr(rest, '?') || strchr(rest, '#') || c->num_query)
+        return tp_fail(TP_ERR_ARG, "%s: a checkpoint URL takes no query or fragment", c->path);
+    if (strlen(c->path) >= TP_PATH_MAX + 1024) return tp_fail(TP_ERR_ARG, "%s: URL too long", c->path);
+    http_request q = c->http;
+    q.url = c->path;
+    return http_perform(&q, r);
+}
+
+typedef struct {
+    int exists, is_dir;
+    int64_t size;
+} dav_entry;
+
+/* PROPFIND of a path (Depth 0: itself; 1: and its entries, visited by name). */
+static int dav_propfind(const char *path, int depth, dav_entry *self, int (*visit)(void *ctx, const char *name),
+                        void *ctx)
+{
+    char url[TP_PATH_MAX + 2];
+    const char *depth_header = depth ? "Depth: 1" : "Depth: 0";
+    const char *headers[] = {depth_header, "Content-Type: application/xml", NULL};
+    static const char body[] = "<?xml version=\"1.0\" encoding=\"utf-8\"?><D:propfind xmlns:D=\"DAV:\"><D:prop>"
+                               "<D:resourcetype/><D:getcontentlength/></D:prop></D:propfind>";
+    snprintf(url, sizeof url, "%s", path);
+    byte_buffer answer = {0};
+    http_response r;
+    memset(self, 0, sizeof *self);
+    int status = TP_OK;
+    for (int tries = 0; tries < 2; tries++) {
+        object_call c = {.path = url,
+            .http = {.method = "PROPFIND", .headers = headers, .body = body, .body_size = sizeof body - 1,
+                     .body_out = &answer, .body_max = OBJECT_LIST_MAX}};
+        status = webdav_send(&c, &r);
+        /* A directory named without its slash may be redirected to it. */
+        if (!status && (r.code == 301 || r.code == 302 || r.code == 307 || r.code == 308) && tries == 0 &&
+            url[strlen(url) - 1] != '/') {
+            strcat(url, "/");
+            continue;
+        }
+        break;
+    }
+    if (!status && r.code == 404) {
+        free(answer.data);
+        return TP_OK;
+    }
+    if (!status && r.code != 207)
+        status = r.code >= 200 && r.code < 300
+                     ? tp_fail(TP_ERR_IO, "%s: PROPFIND answered HTTP %ld, not 207 (a WebDAV server is needed)", path,
+                               r.code)
+                     : object_answer_error("PROPFIND", path, &r);
+    /* The request's own path, to tell itself from its entries. */
+    char host[512], own[TP_PATH_MAX];
+    const char *own_path = NULL;
+    if (!status) status = object_split_authority(path, host, sizeof host, &own_path);
+    if (!status) {
+        snprintf(own, sizeof own, "%s", own_path);
+        http_decode(own);
+        size_t n = strlen(own);
+        while (n && own[n - 1] == '/') own[--n] = '\0';
+    }
+    if (!status) status = xml_check_listing(answer.data ? answer.data : "", answer.size, "multistatus", path);
+    const char *p = answer.data ? answer.data : "", *end = p + answer.size, *text, *text_end, *next;
+    for (const char *q = p; !status && (next = xml_element(q, end, "response", &text, &text_end)); q = next) {
+        const char *h, *h_end, *x, *x_end;
+        if (!xml_element(text, text_end, "href", &h, &h_end)) continue;
+        char href[TP_PATH_MAX];
+        xml_text(h, h_end, href, sizeof href);
+        char *href_path = href;
+        if (strstr(href, "://")) { /* an absolute URL: its path */
+            char *s = strstr(href, "://") + 3;
+            href_path = s + strcspn(s, "/");
+        }
+        http_decode(href_path);
+        size_t n = strlen(href_path);
+        int slash = n && href_path[n - 1] == '/';
+        while (n && href_path[n - 1] == '/') href_path[--n] = '\0';
+        int is_dir = slash || (xml_element(text, text_end, "collection", &x, &x_end) != NULL);
+        int64_t size = 0;
+        if (xml_element(text, text_end, "getcontentlength", &x, &x_end)) {
+            char number[32];
+            xml_text(x, x_end, number, sizeof number);
+            size = strtoll(number, NULL, 10);
+        }
+        if (!strcmp(href_path, own)) {
+            *self = (dav_entry){1, is_dir, size};
+            continue;
+        }
+        const char *name = strrchr(href_path, '/');
+        name = name ? name + 1 : href_path;
+        if (visit && *name) status = visit(ctx, name);
+    }
+    free(answer.data);
+    return status;
+}
+
+/* ---------------------------------------------------------------- names */
+
+static int webdav_stat(const store_ops *s, const char *path, store_stat *out)
+{
+    (void)s;
+    dav_entry e;
+    memset(out, 0, sizeof *out);
+    TP_TRY(dav_propfind(path, 0, &e, NULL, NULL));
+    *out = (store_stat){e.exists, e.is_dir, e.size};
+    return TP_OK;
+}
+
+static int webdav_list(const store_ops *s, const char *dir, int (*visit)(void *ctx, const char *name), void *ctx)
+{
+    (void)s;
+    char url[TP_PATH_MAX + 2];
+    snprintf(url, sizeof url, "%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/");
+    dav_entry self;
+    TP_TRY(dav_propfind(url, 1, &self, visit, ctx));
+    return self.exists ? TP_OK : tp_fail(TP_ERR_NOT_FOUND, "%s: cannot list: no such directory", dir);
+}
+
+static int webdav_make_dir(const store_ops *s, const char *path)
+{
+    (void)s;
+    char url[TP_PATH_MAX + 2];
+    snprintf(url, sizeof url, "%s/", path);
+    object_call c = {.path = url, .http = {.method = "MKCOL"}};
+    http_response r;
+    TP_TRY(webdav_send(&c, &r));
+    if (r.code == 405) return tp_fail(TP_ERR_EXISTS, "%s: cannot create: it exists", path);
+    return r.code >= 200 && r.code < 300 ? TP_OK : object_answer_error("MKCOL", path, &r);
+}
+
+static int webdav_remove_tree(const store_ops *s, const char *path)
+{
+    store_stat st;
+    TP_TRY(webdav_stat(s, path, &st));
+    if (!st.exists) return TP_OK;
+    if (!st.is_dir) return object_delete(s, path);
+    char url[TP_PATH_MAX + 2];
+    snprintf(url, sizeof url, "%s/", path);
+    const char *headers[] = {"Depth: infinity", NULL};
+    return object_delete_at(s, url, headers, path);
+}
+
+/* A server takes one PUT per file, however large. */
+static int webdav_put_file(const store_ops *s, const char *path, const char *local_path, int64_t offset,
+                           int64_t length, int threads)
+{
+    (void)threads;
+    return object_put_file(s, path, local_path, offset, length);
+}
+
+static const object_protocol webdav_protocol = {webdav_send};
+
+static const store_ops webdav_store = {.name = "webdav",
+                                       .local_paths = 0,
+                                       .open = object_open,
+                                       .read_at = object_read_at,
+                                       .write_at = object_write_at,
+                                       .read_ahead = object_read_ahead,
+                                       .resize = object_resize,
+                                       .sync = object_sync,
+                                       .close = object_close,
+                                       .path_of = object_path_of,
+                                       .stat = webdav_stat,
+                                       .list = webdav_list,
+                                       .make_dir = webdav_make_dir,
+                                       .rename = object_rename,
+                                       .remove_tree = webdav_remove_tree,
+                                       .sync_dir = object_sync_dir,
+                                       .lock = object_lock,
+                                       .put_file = webdav_put_file,
+                                       .put_data = object_put_data,
+                                       .delete_object = object_delete,
+                                       .impl = &webdav_protocol};
+
+const store_ops *store_webdav(void)
+{
+    return &webdav_store;
+}
