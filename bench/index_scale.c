@@ -477,7 +477,7 @@ int main(int argc, char **argv)
         double t0 = now_seconds();
         if (!status)
             status = ckpt_index_from_parts(&index.layout, &index.state, (const char *const *)parts, index.num_files,
-                                           "synthetic parts", &merged);
+                                           "synthetic parts", &merged, NULL);
         merge_s = now_seconds() - t0;
         if (!status && strcmp(merged, text) != 0)
             status = tp_fail(TP_ERR_STATE, "the index merged from the parts is not the one built");

@@ -434,9 +434,10 @@ static int merge_part(index_builder *b, ckpt_index *part, const char *where)
 }
 
 int ckpt_index_from_parts(const ckpt_layout *layout, const ckpt_train_state *state, const char *const *parts,
-                          int count, const char *where, char **out)
+                          int count, const char *where, char **out, int64_t *bytes)
 {
     *out = NULL;
+    if (bytes) *bytes = 0;
     index_builder b;
     int status = builder_init(&b, layout, state);
     for (int k = 0; !status && k < count; k++) {
@@ -455,6 +456,7 @@ int ckpt_index_from_parts(const ckpt_layout *layout, const ckpt_train_state *sta
                              f % layout->tp);
     if (!status) status = builder_finish(&b, where);
     if (!status) status = ckpt_index_to_json(&b.index, out);
+    for (int f = 0; !status && bytes && f < b.index.num_files; f++) *bytes += b.index.files[f].bytes;
     builder_free(&b);
     return status;
 }

@@ -24,6 +24,6 @@ int ckpt_commit_directory(const store_ops *storage, store_staged *staged, const 
 int ckpt_describe_shard(const store_ops *storage, const char *staging, const ckpt_layout *layout, int shard_pp,
                         int shard_tp, char **out);
 int ckpt_index_from_parts(const ckpt_layout *layout, const ckpt_train_state *state, const char *const *parts,
-                          int count, const char *where, char **out);
+                          int count, const char *where, char **out, int64_t *bytes /* of its files; may be NULL */);
 
 #endif

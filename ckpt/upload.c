@@ -150,16 +150,9 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
     char remote_index[CKPT_PATH_MAX];
     TP_TRY(tp_path_join(remote_index, url, CKPT_INDEX_NAME));
     char *json = NULL;
-    TP_TRY(ckpt_index_from_parts(layout, state, descriptions, count, url, &json));
-    ckpt_index index;
-    int status = ckpt_index_parse(json, remote_index, &index); /* what readers will parse */
-    if (!status && bytes) {
-        *bytes = 0;
-        for (int f = 0; f < index.num_files; f++) *bytes += index.files[f].bytes;
-    }
-    if (!status) ckpt_index_free(&index);
+    TP_TRY(ckpt_index_from_parts(layout, state, descriptions, count, url, &json, bytes));
     tp_fault_point("upload-before-index");
-    if (!status) status = ckpt_run_claim_check(claim);
+    int status = ckpt_run_claim_check(claim);
     if (!status) status = store_put_data(remote_index, json, strlen(json));
     free(json);
     if (status || !update_latest) return status;

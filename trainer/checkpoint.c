@@ -159,20 +159,12 @@ static void shard_options(const saver *s, ckpt_write_options *options)
     options->staging_owner = s->url[0] ? s->own_owner : s->owner;
 }
 
-static void add_bytes(void *ctx, int64_t bytes)
-{
-    __atomic_fetch_add((int64_t *)ctx, bytes, __ATOMIC_RELAXED); /* from the upload's threads */
-}
-
 /* An object store: the finished shard up, described for the commit. */
 static int upload_shard(saver *s, const ckpt_layout *layout, const ckpt_write_options *options)
 {
     ckpt_upload_options upload;
     ckpt_upload_options_init(&upload);
     upload.threads = 4; /* network-bound: few threads, the cores are training */
-    int64_t bytes = 0;
-    upload.on_file = add_bytes;
-    upload.ctx = &bytes;
     free(s->description);
     s->description = NULL;
     return ckpt_shard_upload(s->path, layout, options, s->url, &upload, &s->description);
@@ -320,12 +312,10 @@ static void *commit_checkpoint(void *arg)
  * saver_take_failed_upload. Collective. */
 static int upload_lost(saver *s, int failed_here, const char *message)
 {
-    comm *c = s->model->comm;
     char said[1024] = "";
-    int flag = failed_here ? c->world - c->rank : 0;
-    TP_TRY(comm_all_reduce(c, GROUP_WORLD, &flag, 1, COMM_INT, COMM_MAX, COMM_HOST));
-    if (failed_here && flag == c->world - c->rank) snprintf(said, sizeof said, "%s", message);
-    TP_TRY(comm_broadcast(c, said, sizeof said, c->world - flag, COMM_HOST));
+    int any;
+    if (failed_here) snprintf(said, sizeof said, "%s", message);
+    TP_TRY(comm_first_failure(s->model->comm, failed_here, said, sizeof said, &any));
     s->failed_step = s->step;
     snprintf(s->failed_message, sizeof s->failed_message, "%s", said);
     s->pending = 0;
@@ -666,17 +656,15 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         char message[8192] = ""; /* a path (up to 4096) and why */
         int failed = load_one(m, list[k].path, &map, out);
         if (failed) snprintf(message, sizeof message, "%s", tp_errmsg());
-        /* The lowest failing rank tells everyone why. */
-        int flag = failed ? c->world - c->rank : 0;
-        status = comm_all_reduce(c, GROUP_WORLD, &flag, 1, COMM_INT, COMM_MAX, COMM_HOST);
-        if (!status && !flag) {
+        int any_failed;
+        status = comm_first_failure(c, failed, message, sizeof message, &any_failed);
+        if (!status && !any_failed) {
             status = share_over_replicas(m, with_optimizer, out);
             int optimizer = out->optimizer_loaded ? 0 : 1, missing;
             if (!status) status = comm_any(c, optimizer, &missing);
             out->optimizer_loaded = !missing;
             break;
         }
-        if (!status) status = comm_broadcast(c, message, sizeof message, c->world - flag, COMM_HOST);
         if (status) break;
         if (k + 1 < n) {
             if (warn) {

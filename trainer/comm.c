@@ -83,6 +83,14 @@ int comm_agree(comm *c, int status, const char *what)
     return status ? status : tp_fail(TP_ERR_STATE, "%s: another rank failed", what);
 }
 
+int comm_first_failure(comm *c, int failed, char *message, int64_t size, int *any)
+{
+    int flag = failed ? c->world - c->rank : 0; /* the lowest failing rank has the largest */
+    TP_TRY(comm_all_reduce(c, GROUP_WORLD, &flag, 1, COMM_INT, COMM_MAX, COMM_HOST));
+    *any = flag != 0;
+    return flag ? comm_broadcast(c, message, size, c->world - flag, COMM_HOST) : TP_OK;
+}
+
 int comm_agree_root(comm *c, int status, const char *what)
 {
     /* status and message travel together: [status as text][message]. */

@@ -140,6 +140,11 @@ static inline int comm_any(comm *c, int flag, int *any)
  * every rank. */
 int comm_agree(comm *c, int status, const char *what);
 
+/* Whether any rank failed (*any, the same on every rank), and if one did,
+ * the message of the lowest rank that failed in every rank's `message`
+ * (`size` bytes; a failed rank passes its own there). Collective. */
+int comm_first_failure(comm *c, int failed, char *message, int64_t size, int *any);
+
 /* Rank 0's status, and its message, become every rank's: for what rank 0
  * alone decides (a run directory's claim), said alike by all. Collective. */
 int comm_agree_root(comm *c, int status, const char *what);

@@ -601,16 +601,17 @@ Test(io, described_shards_build_the_committed_index)
     /* Parts arrive in any order, beside processes without a shard (NULL). */
     const char *shuffled[6] = {parts[2], NULL, parts[0], parts[3], NULL, parts[1]};
     char *built = NULL;
-    cr_assert_eq(ckpt_index_from_parts(&layout, &state, shuffled, 6, path, &built), TP_OK, "%s", tp_errmsg());
+    int64_t bytes = -1;
+    cr_assert_eq(ckpt_index_from_parts(&layout, &state, shuffled, 6, path, &built, &bytes), TP_OK, "%s", tp_errmsg());
     /* A part twice, a part missing, a part of another layout. */
     char *refused = NULL;
     const char *twice[5] = {parts[0], parts[1], parts[2], parts[3], parts[1]};
-    cr_assert_eq(ckpt_index_from_parts(&layout, &state, twice, 5, path, &refused), TP_ERR_FORMAT);
+    cr_assert_eq(ckpt_index_from_parts(&layout, &state, twice, 5, path, &refused, NULL), TP_ERR_FORMAT);
     cr_assert(strstr(tp_errmsg(), "shard_pp00_tp01.h5 is described twice"), "%s", tp_errmsg());
-    cr_assert_eq(ckpt_index_from_parts(&layout, &state, (const char *const *)parts, 3, path, &refused), TP_ERR_STATE);
+    cr_assert_eq(ckpt_index_from_parts(&layout, &state, (const char *const *)parts, 3, path, &refused, NULL), TP_ERR_STATE);
     cr_assert(strstr(tp_errmsg(), "no process described shard pp=1 tp=1"), "%s", tp_errmsg());
     ckpt_layout other = {2, 2, 1, 6};
-    cr_assert_neq(ckpt_index_from_parts(&other, &state, (const char *const *)parts, 4, path, &refused), TP_OK);
+    cr_assert_neq(ckpt_index_from_parts(&other, &state, (const char *const *)parts, 4, path, &refused, NULL), TP_OK);
     cr_assert(strstr(tp_errmsg(), "layers=4, the checkpoint has tp=2 pp=2 layers=6"), "%s", tp_errmsg());
     cr_assert_null(refused);
 
@@ -621,6 +622,16 @@ Test(io, described_shards_build_the_committed_index)
     int64_t size = 0;
     cr_assert_eq(store_read_text_file(index_path, 1 << 24, &committed, &size), TP_OK, "%s", tp_errmsg());
     cr_assert_str_eq(built, committed);
+    /* The bytes it reports are its shard files'. */
+    int64_t on_disk = 0;
+    for (int i = 0; i < 4; i++) {
+        char shard[700];
+        struct stat st;
+        snprintf(shard, sizeof shard, "%s/shard_pp%02d_tp%02d.h5", path, i / 2, i % 2);
+        cr_assert_eq(stat(shard, &st), 0, "%s", shard);
+        on_disk += st.st_size;
+    }
+    cr_assert_eq(bytes, on_disk);
     for (int i = 0; i < 4; i++) free(parts[i]);
     free(built);
     free(committed);
