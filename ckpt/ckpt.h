@@ -283,13 +283,30 @@ typedef struct {
     const store_ops *storage; /* where the data is read from; NULL (default): the store of the path */
     int holder; /* the caller holds the path itself (its own staging entry, locked): no reader's lock is taken,
                    which would wait for the caller for ever */
+    /* The checkpoint's index.json as another process read it
+     * (ckpt_read_index_text), so that many readers of one checkpoint cost
+     * its store one read of the index, not one each: the path is then taken
+     * as the committed checkpoint itself (not resolved) and nothing of it is
+     * read at open. Needed only during ckpt_reader_open. */
+    const char *index_text;
+    /* In an object store, each shard file's size is checked on the answers
+     * to its reads (store_ops.expect_size) instead of by a request of its
+     * own at open: for the many readers of one checkpoint at scale. A
+     * damaged file then fails its pieces as they are read, not the open. */
+    int sizes_on_read;
 } ckpt_read_options;
 
 void ckpt_read_options_init(ckpt_read_options *options);
 
+/* The text of the index.json of the committed checkpoint at path (a
+ * directory or URL as ckpt_candidates gives it), malloc'ed, for
+ * ckpt_read_options.index_text. */
+int ckpt_read_index_text(const char *path, char **out);
+
 
 /* Opens a checkpoint (a path as ckpt_resolve takes). Checks the index, the
- * format version and that every shard file is present with its recorded size. */
+ * format version and that every shard file is present with its recorded
+ * size (see sizes_on_read). */
 int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_options *options);
 
 /* A checkpoint of another tool (a Megatron-LM checkpoint: formats/

@@ -125,7 +125,12 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     else ckpt_read_options_init(&r->options);
     r->storage = r->options.storage;
     if (!r->storage) status = store_for(path, &r->storage);
-    if (!status) status = ckpt_resolve_in(r->storage, path, r->path);
+    if (!status && r->options.index_text) { /* the caller read the index of this committed checkpoint */
+        if (strlen(path) >= sizeof r->path) status = tp_fail(TP_ERR_ARG, "path too long: %s", path);
+        else strcpy(r->path, path);
+    } else if (!status) {
+        status = ckpt_resolve_in(r->storage, path, r->path);
+    }
     /* Files are opened as pieces are read, so what is at the path must stay:
      * a replacement (--force) waits for, or refuses, readers. */
     if (!status && !r->options.holder)
@@ -133,9 +138,11 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     char index_path[CKPT_PATH_MAX] = "";
     char *text = NULL;
     if (!status) status = tp_path_join(index_path, r->path, CKPT_INDEX_NAME);
-    if (!status) status = store_read_text(r->storage, index_path, CKPT_INDEX_MAX_BYTES, &text, NULL);
-    if (!status) status = ckpt_index_parse(text, index_path, &r->index);
+    if (!status && !r->options.index_text)
+        status = store_read_text(r->storage, index_path, CKPT_INDEX_MAX_BYTES, &text, NULL);
+    if (!status) status = ckpt_index_parse(text ? text : r->options.index_text, index_path, &r->index);
     free(text);
+    r->options.index_text = NULL; /* the caller's, needed no longer */
     for (int i = 0; !status && i < r->index.num_tensors; i++) {
         status = ckpt_name_map_insert(&r->names, r->index.tensors[i].tensor.name, i, reader_name_of, r);
         if (status == TP_ERR_ARG) status = tp_fail_context(TP_ERR_FORMAT, "%s", index_path); /* a name twice */
@@ -150,6 +157,7 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
         fr->file = -1;
         store_stat st;
         status = tp_path_join(fr->path, r->path, r->index.files[f].name);
+        if (!status && r->options.sizes_on_read && r->storage->expect_size) continue; /* see open_file_once */
         if (!status) status = r->storage->stat(r->storage, fr->path, &st);
         if (status) break;
         if (!st.exists)
@@ -173,6 +181,17 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     }
     *out = r;
     return TP_OK;
+}
+
+int ckpt_read_index_text(const char *path, char **out)
+{
+    *out = NULL;
+    const store_ops *storage;
+    char index_path[CKPT_PATH_MAX];
+    TP_TRY(ckpt_library_init());
+    TP_TRY(store_for(path, &storage));
+    TP_TRY(tp_path_join(index_path, path, CKPT_INDEX_NAME));
+    return store_read_text(storage, index_path, CKPT_INDEX_MAX_BYTES, out, NULL);
 }
 
 const char *ckpt_reader_path(const ckpt_reader *r) { return r->path; }
@@ -275,6 +294,14 @@ static int open_file_once(ckpt_reader *r, int f)
                            "an object store needs format 1.2 (reshard or copy it locally)", fr->path,
                            r->index.major, r->index.minor);
         TP_TRY(r->storage->open(r->storage, fr->path, STORE_OPEN_READ, &fr->data));
+        int status = r->storage->expect_size
+                         ? r->storage->expect_size(fr->data, r->index.files[f].bytes, "the index records")
+                         : TP_OK;
+        if (status) {
+            r->storage->close(fr->data);
+            fr->data = NULL;
+            return status;
+        }
         fr->file = 0; /* opened: no HDF5 handle */
         return TP_OK;
     }

@@ -241,6 +241,8 @@ static size_t on_header(char *data, size_t size, size_t count, void *ctx)
             t->response->range_first = first, t->response->range_last = last, t->response->range_total = total;
         else if (sscanf(data + 14, " bytes %ld-%ld/%c", &first, &last, &star) == 3 && star == '*')
             t->response->range_first = first, t->response->range_last = last, t->response->range_total = -1;
+        else if (sscanf(data + 14, " bytes */%ld", &total) == 1) /* a 416's: the size alone */
+            t->response->range_total = total;
     }
     if (n > 5 && !strncasecmp(data, "ETag:", 5)) {
         const char *v = data + 5;

@@ -49,7 +49,8 @@ typedef struct {
     int64_t content_length; /* -1 when the answer had none */
     char etag[128];       /* the ETag header, quotes kept; "" without one */
     /* The Content-Range header of a 206: bytes first..last of total (total
-     * -1 when "*"); first -1 without one. */
+     * -1 when "*"); first -1 without one. A 416's names the total alone
+     * (first and last -1). */
     int64_t range_first, range_last, range_total;
     char error_body[1024]; /* the start of the body of an answer other than 2xx */
     int attempts;

@@ -95,6 +95,8 @@ struct store_file {
     char path[TP_PATH_MAX];
     pthread_mutex_t lock; /* the windows and the ETag */
     char etag[128];       /* of the first answer: the object's identity while open ("" before) */
+    int64_t expected_size; /* -1: not known (object_expect_size) */
+    char expected_whose[64];
     window windows[WINDOWS];
     uint64_t clock;
 };
@@ -110,6 +112,7 @@ int object_open(const store_ops *s, const char *path, store_open_mode mode, stor
     store_file *f = calloc(1, sizeof *f);
     if (!f) return tp_fail(TP_ERR_NOMEM, "out of memory opening %s", path);
     f->storage = s;
+    f->expected_size = -1;
     strcpy(f->path, path);
     pthread_mutex_init(&f->lock, NULL);
     *out = f;
@@ -150,6 +153,20 @@ static int read_range_upto(store_file *f, void *buf, size_t size, int64_t offset
     http_response r;
     TP_TRY(object_protocol_of(f->storage)->send(&c, &r));
     if (r.code == 412) return object_changed(f, etag, "another (HTTP 412 to If-Match)");
+    /* The object's size, from the answer: a 206's Content-Range total, a
+     * whole object's length, or the total alone that a 416's Content-Range
+     * names (a server leaving the total out is asked by a HEAD). */
+    if (f->expected_size >= 0 && (r.code == 206 || r.code == 200 || r.code == 416)) {
+        int64_t total = r.code == 200 ? r.content_length : r.range_total;
+        if (total < 0) {
+            store_stat st;
+            TP_TRY(f->storage->stat(f->storage, path, &st));
+            total = st.exists ? st.size : 0;
+        }
+        if (total != f->expected_size)
+            return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes, %s %lld (truncated or replaced?)", path, (long long)total,
+                           f->expected_whose, (long long)f->expected_size);
+    }
     if (r.code == 416)
         return tp_fail(TP_ERR_FORMAT, "%s: object ends before offset %lld (%zu bytes missing; truncated?)", path,
                        (long long)offset, size);
@@ -234,6 +251,13 @@ int object_read_at(store_file *f, void *buf, size_t size, int64_t offset)
     split_read s = {f, buf, size, offset};
     int64_t parts = ((int64_t)size + READ_PART - 1) / READ_PART;
     return parallel_for(parts, parts < threads ? (int)parts : threads, read_part, &s);
+}
+
+int object_expect_size(store_file *f, int64_t size, const char *whose)
+{
+    f->expected_size = size;
+    snprintf(f->expected_whose, sizeof f->expected_whose, "%s", whose);
+    return TP_OK;
 }
 
 int object_write_at(store_file *f, const void *buf, size_t size, int64_t offset)

@@ -55,6 +55,7 @@ int object_write_at(store_file *f, const void *buf, size_t size, int64_t offset)
 void object_read_ahead(store_file *f, int64_t offset, int64_t size);
 int object_resize(store_file *f, int64_t size); /* refused */
 int object_sync(store_file *f);
+int object_expect_size(store_file *f, int64_t size, const char *whose);
 void object_close(store_file *f);
 const char *object_path_of(const store_file *f);
 int object_rename(const store_ops *s, const char *from, const char *to, store_rename_mode mode); /* refused */

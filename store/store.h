@@ -56,6 +56,13 @@ struct store_ops {
     void (*read_ahead)(store_file *file, int64_t offset, int64_t size);
     int (*resize)(store_file *file, int64_t size); /* of a file opened to write; new bytes read as zeros */
     int (*sync)(store_file *file);                 /* the file's data is durable */
+    /* For a store that learns a file's size as it reads it (an object store:
+     * every ranged GET's answer carries the object's size), so that a caller
+     * who knows the size (from an index) needs no request of its own to
+     * check it: a read whose answer shows another size fails with
+     * TP_ERR_FORMAT, "PATH: N bytes, <whose> M (truncated or replaced?)".
+     * NULL where a stat is as cheap as a read (the local file system). */
+    int (*expect_size)(store_file *file, int64_t size, const char *whose);
     void (*close)(store_file *file);
     const char *(*path_of)(const store_file *file);
     int (*stat)(const store_ops *s, const char *path, store_stat *out); /* a missing path is exists = 0 */

@@ -537,15 +537,20 @@ static int read_view(const gpt_model *m, ckpt_reader *r, const char *name, const
 }
 
 /* Loads the views of map (with the moments when it has them) from the
- * checkpoint at path. */
-static int load_one(gpt_model *m, const char *path, const tensor_map *map, load_result *out)
+ * checkpoint at path, whose index.json rank 0 read (index_text). */
+static int load_one(gpt_model *m, const char *path, const char *index_text, const tensor_map *map,
+                    load_result *out)
 {
     /* Only the first data-parallel replica reads; share_over_replicas hands
      * its values to the others (a store sees each piece read once, not dp
      * times: docs/SCALE.md). */
     if (m->comm->dp_rank != 0) return TP_OK;
     ckpt_reader *r = NULL;
-    TP_TRY(ckpt_reader_open(&r, path, NULL));
+    ckpt_read_options options;
+    ckpt_read_options_init(&options);
+    options.index_text = index_text;
+    options.sizes_on_read = 1; /* no HEAD of each shard by each reader */
+    TP_TRY(ckpt_reader_open(&r, path, &options));
     const ckpt_train_state *state = ckpt_reader_state(r);
     gpt_config config;
     int status = gpt_config_from_json(state->model_json, &config);
@@ -636,6 +641,46 @@ static int shared_candidates(comm *c, const char *dir, ckpt_candidate **list, in
     return TP_OK;
 }
 
+/* The index.json of the checkpoint at path as rank 0 reads it, to every
+ * rank (its store sees one read of it, not one per reader). *failed when
+ * rank 0 could not read it (its reason in tp_errmsg there); a failure of the
+ * communicator is returned. Collective. */
+static int shared_index_text(comm *c, const char *path, char **text, int *failed)
+{
+    *text = NULL;
+    *failed = c->rank == 0 && ckpt_read_index_text(path, text) != TP_OK;
+    int status = comm_broadcast_text(c, text, 0);
+    if (!status && !*text) {
+        *failed = 1;
+        if (c->rank != 0) tp_fail(TP_ERR_NOT_FOUND, "%s: rank 0 could not read its index.json", path);
+    }
+    if (status) {
+        free(*text);
+        *text = NULL;
+    }
+    return status;
+}
+
+int checkpoint_any(comm *c, const char *dir, int *dir_exists, int *any)
+{
+    *any = *dir_exists = 0;
+    int found = 0, exists = 0, status = TP_OK;
+    if (c->rank == 0) {
+        const store_ops *store = NULL;
+        store_stat st = {0};
+        status = store_for(dir, &store);
+        if (!status) status = store->stat(store, dir, &st);
+        ckpt_candidate *list = NULL;
+        int count = 0;
+        exists = !status && st.exists;
+        if (exists && ckpt_candidates(dir, &list, &count) == TP_OK) found = count > 0;
+        free(list);
+    }
+    TP_TRY(comm_agree_root(c, status, dir));
+    TP_TRY(comm_any(c, exists, dir_exists));
+    return comm_any(c, found, any);
+}
+
 int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoint_warning warn, void *warn_ctx,
                     load_result *out)
 {
@@ -654,7 +699,12 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
     }
     for (int k = 0; k < n; k++) {
         char message[8192] = ""; /* a path (up to 4096) and why */
-        int failed = load_one(m, list[k].path, &map, out);
+        char *index_text = NULL;
+        int failed = 0;
+        status = shared_index_text(c, list[k].path, &index_text, &failed);
+        if (status) break;
+        if (!failed) failed = load_one(m, list[k].path, index_text, &map, out);
+        free(index_text);
         if (failed) snprintf(message, sizeof message, "%s", tp_errmsg());
         int any_failed;
         status = comm_first_failure(c, failed, message, sizeof message, &any_failed);

@@ -110,6 +110,10 @@ typedef void (*checkpoint_warning)(void *ctx, const char *text);
 int checkpoint_load(gpt_model *model, const char *dir, int with_optimizer, checkpoint_warning warn, void *warn_ctx,
                     load_result *out);
 
+/* Whether dir exists and whether it holds any committed checkpoint, as
+ * rank 0 finds them: one listing of a store, not one per rank. Collective. */
+int checkpoint_any(comm *c, const char *dir, int *dir_exists, int *any);
+
 /* The model configuration of the checkpoint a path names (as ckpt_resolve
  * finds it), with its resolved path; for building a model to load it into. */
 int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, size_t resolved_size);

@@ -75,6 +75,26 @@ int comm_gather_texts(comm *c, const char *text, int root, char ***out)
     return TP_OK;
 }
 
+int comm_broadcast_text(comm *c, char **text, int root)
+{
+    int is_root = c->rank == root;
+    int64_t length = is_root && *text ? (int64_t)strlen(*text) + 1 : -1; /* with its NUL; -1: none */
+    if (!is_root) *text = NULL;
+    TP_TRY(comm_broadcast(c, &length, sizeof length, root, COMM_HOST));
+    if (length < 0) return TP_OK;
+    char *copy = is_root ? *text : malloc((size_t)length);
+    int status = copy ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory for a text of %lld bytes", (long long)length);
+    status = comm_agree(c, status, "broadcasting a text");
+    if (!status) status = comm_broadcast(c, copy, length, root, COMM_HOST);
+    if (!status && copy[length - 1] != '\0') status = tp_fail(TP_ERR_COMM, "a broadcast text arrived without its end");
+    if (status) {
+        if (!is_root) free(copy);
+        return status;
+    }
+    if (!is_root) *text = copy;
+    return TP_OK;
+}
+
 int comm_agree(comm *c, int status, const char *what)
 {
     int failed;

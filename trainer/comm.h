@@ -126,6 +126,11 @@ static inline int comm_broadcast(comm *c, void *data, int64_t bytes, int root, c
 int comm_gather_texts(comm *c, const char *text, int root, char ***out);
 void comm_texts_free(char **texts, int count);
 
+/* Root's text (NUL-terminated; NULL: none) to every rank: on the others
+ * *text becomes a malloc'ed copy (NULL when root had none); root's is left
+ * as it is. Collective. */
+int comm_broadcast_text(comm *c, char **text, int root);
+
 /* Whether `flag` is set on any rank: every rank gets the same answer in *any.
  * The way ranks agree on a verdict (a failure, a stop request). */
 static inline int comm_any(comm *c, int flag, int *any)

@@ -406,20 +406,13 @@ static int resume(trainer *t, int64_t *start_step, int *loaded_one)
     const train_options *o = t->o;
     *start_step = 0;
     *loaded_one = 0;
-    const store_ops *store = NULL;
-    store_stat st = {0};
     if (!o->resume || !o->ckpt_dir) return TP_OK;
-    TP_TRY(store_for(o->ckpt_dir, &store));
-    TP_TRY(store->stat(store, o->ckpt_dir, &st));
-    if (!st.exists) return TP_OK;
     /* A job script passes --resume every time: a directory without any
      * committed checkpoint yet starts afresh (one that has checkpoints but
      * none intact stops the run, in checkpoint_load). */
-    ckpt_candidate *list = NULL;
-    int count = 0, any;
-    ckpt_candidates(o->ckpt_dir, &list, &count);
-    free(list);
-    TP_TRY(comm_any(t->c, count > 0, &any));
+    int exists, any;
+    TP_TRY(checkpoint_any(t->c, o->ckpt_dir, &exists, &any));
+    if (!exists) return TP_OK;
     if (!any) {
         char text[4200];
         snprintf(text, sizeof text, "--resume: no checkpoint in %s yet; starting afresh", o->ckpt_dir);

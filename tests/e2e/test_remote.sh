@@ -260,17 +260,43 @@ sys.exit(not (sorted(puts) == sorted(want) and set(puts.values()) == {1}))' "$WE
     # A resume reads the checkpoint once, whatever dp is: at dp2 the same GETs
     # of its shard as at dp1 (the second replica gets the values over its
     # data-parallel group; rank 0 alone lists the run directory).
-    gets() { tail -n +"$(($1 + 1))" "$WEBDAV_ACCESS_LOG" | grep -c "^GET /nodes/step_00000020/shard_"; }
+    # Rank 0 reads the index once and hands it to the readers, and a shard's
+    # size is checked on the answers to its reads: no stat of a shard (a
+    # PROPFIND here, a HEAD in S3).
+    since() { tail -n +"$(($1 + 1))" "$WEBDAV_ACCESS_LOG" | grep -c -E "$2"; }
+    gets() { since "$1" "^GET /nodes/step_00000020/shard_"; }
     mark=$(wc -l <"$WEBDAV_ACCESS_LOG")
     expect_ok "resume the finished run at dp1 (load only)" "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 20 \
         --ckpt-dir "$U/nodes" --resume
     at_dp1=$(gets "$mark")
+    check "a resume GETs the index once and stats no shard" \
+        [ "$(since "$mark" "^GET /nodes/step_00000020/index.json")" -eq 1 -a \
+          "$(since "$mark" "^(HEAD|PROPFIND) /nodes/step_00000020/shard_")" -eq 0 ]
+    requests_dp1=$(since "$mark" "^[A-Z]+ /nodes/")
     mark=$(wc -l <"$WEBDAV_ACCESS_LOG")
     expect_ok "resume the finished run at dp2 (load only)" mpi_train 2 --model tiny --micro-batch 1 --quiet \
         --steps 20 --dp 2 --ckpt-dir "$U/nodes" --resume
     at_dp2=$(gets "$mark")
     check "a resume at dp2 reads the shard as often as at dp1 ($at_dp2 and $at_dp1 GETs)" \
         [ "$at_dp1" -gt 0 -a "$at_dp2" -eq "$at_dp1" ]
+    requests_dp2=$(since "$mark" "^[A-Z]+ /nodes/")
+    check "a resume at dp2 makes the requests of one at dp1, all kinds ($requests_dp2 and $requests_dp1)" \
+        [ "$requests_dp1" -gt 0 -a "$requests_dp2" -eq "$requests_dp1" ]
+    mark=$(wc -l <"$WEBDAV_ACCESS_LOG")
+    expect_ok "resume the finished run at tp2 dp2 (load only)" mpi_train 4 --model tiny --micro-batch 1 --quiet \
+        --steps 20 --tp 2 --dp 2 --ckpt-dir "$U/nodes" --resume
+    check "a resume by 4 ranks GETs the index once and stats no shard" \
+        [ "$(since "$mark" "^GET /nodes/step_00000020/index.json")" -eq 1 -a \
+          "$(since "$mark" "^(HEAD|PROPFIND) /nodes/step_00000020/shard_")" -eq 0 ]
+    # Without a stat, a shard of the wrong size is found on the answers to
+    # its reads (Content-Range's total): that checkpoint is passed over.
+    SHARD="$DAV/nodes/step_00000020/shard_pp00_tp01.h5"
+    cp "$SHARD" "$WORK/nodes-shard.orig"
+    truncate -s -100 "$SHARD"
+    run "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 20 --ckpt-dir "$U/nodes" --resume
+    check_all "a truncated shard found on its reads' answers: step 20 passed over for step 16, the sizes named" \
+        '[ "$RC" -eq 0 ] && grep -q "step_00000020 is unusable (.*shard_pp00_tp01.h5: [0-9]* bytes, the index records [0-9]* (truncated or replaced?).*falling back to .*step_00000016" "$WORK/.err"'
+    cp "$WORK/nodes-shard.orig" "$SHARD"
 
     # --- 4d. A failed upload loses that checkpoint, not the run; the last
     # one must arrive. A file where a step's directory would go makes the
