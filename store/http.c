@@ -52,6 +52,7 @@ static void release_handle(void *handle)
 static void init(void)
 {
     policy.retries = (int)env_long("TP_REMOTE_RETRIES", 6, 0, 100);
+    policy.throttle_seconds = env_long("TP_REMOTE_THROTTLE_SECONDS", 600, 0, 86400);
     policy.stall_seconds = env_long("TP_REMOTE_TIMEOUT", 30, 1, 86400);
     policy.min_speed = env_long("TP_REMOTE_MIN_SPEED", 1024, 0, 1L << 30);
     policy.backoff_ms = env_long("TP_REMOTE_BACKOFF_MS", 200, 0, 600000);
@@ -264,6 +265,11 @@ int http_status_transient(long code)
     return code >= 500 || code == 429 || code == 408;
 }
 
+int http_status_throttled(const http_response *r)
+{
+    return r->code == 429 || (r->code == 503 && strstr(r->error_body, "<Code>SlowDown</Code>"));
+}
+
 static int curl_transient(CURLcode code)
 {
     switch (code) {
@@ -407,17 +413,27 @@ int http_perform(const http_request *q, http_response *r)
     TP_TRY(thread_handle(&curl));
     memset(r, 0, sizeof *r);
     char why[256] = "";
-    for (int attempt = 0;; attempt++) {
+    double throttled_since = -1; /* when the server first asked to slow down */
+    for (int attempt = 0, counted = 0;; attempt++) {
         CURLcode code = CURLE_OK;
         why[0] = '\0';
         TP_TRY(attempt_once(curl, q, r, &code, why, sizeof why));
         r->attempts = attempt + 1;
         int transient = code != CURLE_OK ? curl_transient(code) : http_status_transient(r->code);
         if (code == CURLE_OK && !transient) return TP_OK;
-        if (!transient || attempt >= policy.retries) {
+        if (code == CURLE_OK && http_status_throttled(r)) { /* paced, not failing: not a retry */
+            double now = now_seconds();
+            if (throttled_since < 0) throttled_since = now;
+            if (now - throttled_since < (double)policy.throttle_seconds) {
+                backoff(attempt);
+                continue;
+            }
+        }
+        if (!transient || counted >= policy.retries) {
             if (code == CURLE_OK) return TP_OK; /* a 5xx after every retry: the caller names it */
             return tp_fail(TP_ERR_IO, "%s %s: %s (after %d attempts)", q->method, q->url, why, attempt + 1);
         }
+        counted++;
         backoff(attempt);
     }
 }

@@ -66,9 +66,18 @@ typedef struct {
  * TP_REMOTE_BACKOFF_MS the first backoff (default 200, doubled each time,
  * at most 10 s), TP_REMOTE_THREADS parallel GETs of one large read (default
  * 8, 1-256), TP_REMOTE_PART_MB the S3 multipart part size (default 64,
- * 5-5120: S3 takes parts of 5 MiB at least). */
+ * 5-5120: S3 takes parts of 5 MiB at least).
+ *
+ * A server asking its clients to slow down (HTTP 429, or S3's 503 SlowDown:
+ * http_status_throttled) is not failing: such answers are retried with the
+ * same backoff for up to TP_REMOTE_THROTTLE_SECONDS (default 600; 0: they
+ * count as retries like any 5xx) without counting against
+ * TP_REMOTE_RETRIES, so that many readers over a store's request rate are
+ * paced by it instead of failing once a few of them were refused seven
+ * times in a row (docs/SCALE.md). */
 typedef struct {
     int retries;
+    long throttle_seconds;
     long stall_seconds;
     long min_speed; /* bytes per second over a stall window; 0: no minimum */
     long backoff_ms;
@@ -84,6 +93,10 @@ int http_perform(const http_request *request, http_response *response);
 
 /* Whether a status is worth a retry (5xx, 429, 408). */
 int http_status_transient(long code);
+
+/* Whether an answer asks the client to slow down: 429, or a 503 whose
+ * S3 error code is SlowDown. */
+int http_status_throttled(const http_response *r);
 
 /* Decodes %XX escapes of s in place (names in listings; encoding is
  * sigv4_uri_encode's). */

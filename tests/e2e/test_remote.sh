@@ -350,6 +350,18 @@ sys.exit(not (sorted(puts) == sorted(want) and set(puts.values()) == {1}))' "$WE
     cp "$WORK/shard.orig" "$SHARD"
     expect_ok "the shard restored: verify" "$CK" verify "$U/run"
 
+    # --- 5d2. A server over its request rate answers 429 (nginx's limit_req,
+    # 4 a second under /throttled/): requests are paced by it, not failed,
+    # even with no retries allowed; counted as retries, the same read fails.
+    expect_ok "a small checkpoint to read through the rate limit" "$CK" synth -o "$U/paced" --model tiny
+    mark=$(wc -l <"$WEBDAV_ACCESS_LOG")
+    expect_ok "verify through a server answering 429 above 4 requests a second, no retries: paced, not failed" \
+        env TP_REMOTE_RETRIES=0 TP_REMOTE_BACKOFF_MS=50 "$CK" verify "$WEBDAV_URL/throttled/paced"
+    check "(the server did answer 429 to some of them)" \
+        sh -c "tail -n +$((mark + 1)) '$WEBDAV_ACCESS_LOG' | grep -q '^[A-Z]* /throttled/paced.* 429 '"
+    expect_error "the same with TP_REMOTE_THROTTLE_SECONDS=0: a 429 is a retry, and there are none: fails naming it" 1 \
+        "HTTP 429" env TP_REMOTE_RETRIES=0 TP_REMOTE_THROTTLE_SECONDS=0 "$CK" verify "$WEBDAV_URL/throttled/paced"
+
     # --- 5e. Nothing there.
     expect_error "info of a missing URL: no such checkpoint" 1 "$U/nothing: no such checkpoint" "$CK" info "$U/nothing"
     expect_error "verify of a missing URL: no such checkpoint" 1 "$U/nothing: no such checkpoint" "$CK" verify "$U/nothing"

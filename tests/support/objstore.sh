@@ -144,9 +144,19 @@ http {
     scgi_temp_path "$1/scgi";
     default_type application/octet-stream;
     sendfile on;
+    # /throttled/ serves the same files at most 4 requests a second (one
+    # each 250 ms), answering 429 to the others, as a store over its
+    # request rate does.
+    limit_req_zone \$binary_remote_addr zone=throttled:1m rate=4r/s;
     server {
         listen 127.0.0.1:$3;
         root "$2";
+        location /throttled/ {
+            limit_req zone=throttled;
+            limit_req_status 429;
+            alias "$2/";
+            dav_ext_methods PROPFIND OPTIONS;
+        }
         location / {
             dav_methods PUT DELETE MKCOL COPY MOVE;
             dav_ext_methods PROPFIND OPTIONS;

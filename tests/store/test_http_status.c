@@ -1,0 +1,43 @@
+/* Which answers store/http.c retries, and which it takes as a server
+ * pacing its clients (not counted against TP_REMOTE_RETRIES): S3's 503
+ * SlowDown and 429 are; a 503 of another cause, other 5xx, and 4xx
+ * refusals are not. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../../store/http.h"
+
+static http_response answer(long code, const char *body)
+{
+    http_response r;
+    memset(&r, 0, sizeof r);
+    r.code = code;
+    snprintf(r.error_body, sizeof r.error_body, "%s", body);
+    return r;
+}
+
+Test(http_status, slow_down_and_too_many_requests_are_throttling)
+{
+    http_response slow = answer(503, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
+                                     "<Message>Please reduce your request rate.</Message></Error>");
+    http_response many = answer(429, "");
+    cr_assert(http_status_throttled(&slow), "S3's 503 SlowDown");
+    cr_assert(http_status_throttled(&many), "429 Too Many Requests");
+    cr_assert(http_status_transient(slow.code) && http_status_transient(many.code));
+}
+
+Test(http_status, other_failures_are_not_throttling)
+{
+    http_response unavailable = answer(503, "<Error><Code>ServiceUnavailable</Code></Error>");
+    http_response internal = answer(500, "<Error><Code>InternalError</Code></Error>");
+    http_response slow_in_message = answer(503, "<Error><Code>InternalError</Code><Message>SlowDown</Message></Error>");
+    http_response denied = answer(403, "<Error><Code>SlowDown</Code></Error>"); /* only with 503 */
+    cr_assert_not(http_status_throttled(&unavailable), "a 503 of another cause: a retry like any 5xx");
+    cr_assert_not(http_status_throttled(&internal));
+    cr_assert_not(http_status_throttled(&slow_in_message), "the word in the message is not the code");
+    cr_assert_not(http_status_throttled(&denied));
+    cr_assert(http_status_transient(503) && http_status_transient(500) && http_status_transient(408));
+    cr_assert_not(http_status_transient(403));
+    cr_assert_not(http_status_transient(404));
+}
