@@ -269,8 +269,13 @@ typedef struct {
     /* A save (ckpt/upload.c ckpt_upload and ckpt_upload_latest). */
     int64_t parts_max;                      /* multipart parts of the largest file */
     int64_t save_put, save_post, save_head, save_list, save_delete_replacing;
-    /* A resume, per rank and in all (rundir.c ckpt_candidates, reader.c ckpt_reader_open, reading the pieces). */
-    int64_t open_head, open_get, open_list; /* per rank, before any piece */
+    /* A resume (trainer/checkpoint.c): rank 0 lists the candidates and reads
+     * the index; each reader opens with that text and checks sizes on its
+     * reads' answers, then reads its pieces. */
+    int64_t root_head, root_get, root_list; /* rank 0, before any piece */
+    int64_t open_head, open_get, open_list; /* each reader, before any piece */
+    /* Before: every rank found the candidates and opened the reader itself. */
+    int64_t before_head, before_get, before_list;
     int64_t piece_gets_max, piece_gets_all; /* per rank (the busiest shard), per copy of the checkpoint */
     int64_t pieces;
 } request_counts;
@@ -321,15 +326,24 @@ static void count_requests(const ckpt_index *index, int64_t text_bytes, int64_t 
     /* ckpt_candidates: HEAD run/index.json (404, then a listing of one key),
      * HEAD latest, HEAD + GET latest (read), HEAD of its index.json, the
      * run directory listed, HEAD of each step_N/index.json. */
-    out->open_head = 4 + keep;
-    out->open_list = 1 + pages;
-    out->open_get = 1;
-    /* ckpt_reader_open: the parent listed for live staging entries, HEAD of
-     * the checkpoint (404, then a listing of one key), HEAD of its index,
-     * HEAD + GET of index.json, HEAD of every shard file. */
-    out->open_list += pages + 1;
-    out->open_head += 3 + files;
-    out->open_get += text_bytes <= WINDOW_READ_MAX ? 1 : gets_of_read(text_bytes);
+    int64_t candidates_head = 4 + keep, candidates_list = 1 + pages, candidates_get = 1;
+    int64_t index_gets = text_bytes <= WINDOW_READ_MAX ? 1 : gets_of_read(text_bytes);
+    /* Rank 0 now: a HEAD of the run directory and the candidates twice (the
+     * --resume check, then the load), then HEAD + GET of index.json
+     * (ckpt_read_index_text). The readers: nothing (the index's text given,
+     * the path not resolved, sizes on the answers). */
+    out->root_head = 1 + 2 * candidates_head + 1;
+    out->root_list = 2 * candidates_list;
+    out->root_get = 2 * candidates_get + index_gets;
+    out->open_head = out->open_get = out->open_list = 0;
+    /* Before, on every rank: the run directory's HEAD and candidates (the
+     * --resume check), the candidates again, and ckpt_reader_open: the
+     * parent listed for live staging entries, HEAD of the checkpoint (404,
+     * then a listing of one key), HEAD of its index, HEAD + GET of
+     * index.json, HEAD of every shard file. */
+    out->before_head = 1 + 2 * candidates_head + 3 + files;
+    out->before_list = 2 * candidates_list + pages + 1;
+    out->before_get = 2 * candidates_get + index_gets;
 }
 
 /* ------------------------------------------------------------------- main */
@@ -495,6 +509,10 @@ int main(int argc, char **argv)
     struct rusage usage_self;
     getrusage(RUSAGE_SELF, &usage_self);
     int64_t files = index.num_files, world = tp * pp * dp;
+    /* A resume by tp-train, every rank: rank 0's opening, the readers' (one
+     * per shard file), one copy of the pieces. */
+    int64_t resume_head = rq.root_head + rq.open_head * files, resume_get = rq.root_get + rq.open_get * files +
+            rq.piece_gets_all, resume_list = rq.root_list + rq.open_list * files;
     const double MB = 1e6, GB = 1e9;
 
     if (!json_only) {
@@ -520,16 +538,17 @@ int main(int argc, char **argv)
         printf("  %-34s %lld PUT, %lld POST, %lld HEAD, %lld LIST (+1 DELETE replacing); %lld parts of %lld MiB "
                "per largest file\n", "save", (long long)rq.save_put, (long long)rq.save_post, (long long)rq.save_head,
                (long long)rq.save_list, (long long)rq.parts_max, (long long)part_mb);
-        printf("  %-34s %lld HEAD, %lld GET, %lld LIST before any piece; %lld GETs of pieces (busiest shard)\n",
-               "resume, per rank", (long long)rq.open_head, (long long)rq.open_get, (long long)rq.open_list,
+        printf("  %-34s %lld HEAD, %lld GET, %lld LIST before any piece (rank 0: %lld, %lld, %lld); %lld GETs of "
+               "pieces (busiest shard)\n", "resume, per reader", (long long)rq.open_head, (long long)rq.open_get,
+               (long long)rq.open_list, (long long)rq.root_head, (long long)rq.root_get, (long long)rq.root_list,
                (long long)rq.piece_gets_max);
         /* tp-train: the first data-parallel replica reads (one reader per
          * shard), the others receive over their data-parallel group. */
         printf("  %-34s %lld HEAD, %lld GET, %lld LIST (the %lld ranks of the first replica read; before, every "
-               "rank: %lld HEAD, %lld GET, %lld LIST)\n", "resume, all ranks", (long long)(rq.open_head * files),
-               (long long)(rq.open_get * files + rq.piece_gets_all), (long long)(rq.open_list * files), (long long)files,
-               (long long)(rq.open_head * world), (long long)((rq.open_get * world) + rq.piece_gets_all * dp),
-               (long long)(rq.open_list * world));
+               "rank opened and read: %lld HEAD, %lld GET, %lld LIST)\n", "resume, all ranks",
+               (long long)resume_head, (long long)resume_get, (long long)resume_list, (long long)files,
+               (long long)(rq.before_head * world), (long long)((rq.before_get * world) + rq.piece_gets_all * dp),
+               (long long)(rq.before_list * world));
     }
     printf("{\"op\":\"index_scale\",\"arch\":\"%s\",\"parameters\":%lld,\"layers\":%lld,\"tp\":%lld,\"pp\":%lld,"
            "\"dp\":%lld,\"ranks\":%lld,\"compressed\":%s,\"files\":%lld,\"tensors\":%d,\"pieces\":%lld,"
@@ -538,7 +557,8 @@ int main(int argc, char **argv)
            "\"ckpt_bytes\":%lld,\"file_bytes_max\":%lld,\"file_bytes_min\":%lld,\"part_bytes\":%lld,\"parts_max\":%lld,"
            "\"save_put\":%lld,\"save_post\":%lld,\"save_head\":%lld,\"save_list\":%lld,\"save_delete_replacing\":%lld,"
            "\"open_head_per_rank\":%lld,\"open_get_per_rank\":%lld,\"open_list_per_rank\":%lld,"
-           "\"piece_gets_per_rank_max\":%lld,\"piece_gets_per_copy\":%lld,\"keep\":%lld,\"part_bytes_max\":%lld,"
+           "\"piece_gets_per_rank_max\":%lld,\"piece_gets_per_copy\":%lld,\"resume_head\":%lld,\"resume_get\":%lld,"
+           "\"resume_list\":%lld,\"keep\":%lld,\"part_bytes_max\":%lld,"
            "\"parts_bytes\":%lld,\"merge_s\":%.6f}\n",
            gpt_arch_name(config.arch), (long long)parameters, (long long)config.layers, (long long)tp, (long long)pp,
            (long long)dp, (long long)world, compressed ? "true" : "false", (long long)files, index.num_tensors,
@@ -548,7 +568,8 @@ int main(int argc, char **argv)
            (long long)rq.parts_max, (long long)rq.save_put, (long long)rq.save_post, (long long)rq.save_head,
            (long long)rq.save_list, (long long)rq.save_delete_replacing, (long long)rq.open_head,
            (long long)rq.open_get, (long long)rq.open_list, (long long)rq.piece_gets_max,
-           (long long)rq.piece_gets_all, (long long)keep, (long long)part_max, (long long)parts_total, merge_s);
+           (long long)rq.piece_gets_all, (long long)resume_head, (long long)resume_get, (long long)resume_list,
+           (long long)keep, (long long)part_max, (long long)parts_total, merge_s);
     free(text);
     ckpt_index_free(&index);
     return 0;

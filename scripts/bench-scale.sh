@@ -70,15 +70,14 @@ for r in rows:
         r["index_bytes"] / MB, r["serialize_s"], r["serialize_heap_bytes"] / MB, r["parse_s"],
         r["parse_heap_bytes"] / MB, r["parsed_kept_bytes"] / MB))
 out += ["", "Computed from the same indexes (the request rules of ckpt/, docs/SCALE.md; %d checkpoints kept):" % rows[0]["keep"], "",
-        "| case | checkpoint | per writer | parts per file | save: PUT + POST | save: HEAD, LIST | resume, per rank: HEAD, GET, LIST before pieces | piece GETs, busiest rank | resume, all ranks: HEAD | all ranks: GET |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        "| case | checkpoint | per writer | parts per file | save: PUT + POST | save: HEAD, LIST | resume, per reader: HEAD, GET, LIST before pieces | piece GETs, busiest reader | resume, all ranks: HEAD, GET, LIST |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 for r in rows:
-    out.append("| %s | %.1f GB | %.2f-%.2f GB | %d | %d | %d, %d | %d, %d, %d | %d | %d | %d |" % (
+    out.append("| %s | %.1f GB | %.2f-%.2f GB | %d | %d | %d, %d | %d, %d, %d | %d | %d, %d, %d |" % (
         r["case"], r["ckpt_bytes"] / GB, r["file_bytes_min"] / GB, r["file_bytes_max"] / GB, r["parts_max"],
         r["save_put"] + r["save_post"], r["save_head"], r["save_list"], r["open_head_per_rank"],
         r["open_get_per_rank"], r["open_list_per_rank"], r["piece_gets_per_rank_max"],
-        r["open_head_per_rank"] * r["ranks"],
-        r["open_get_per_rank"] * r["ranks"] + r["piece_gets_per_copy"] * r["dp"]))
+        r["resume_head"], r["resume_get"], r["resume_list"]))
 print("\n".join(out))
 PY
 )

@@ -134,6 +134,12 @@ for r in rows:
             sys.exit(f"{r['case']}: {key} is {r[key]}")
     if r["files"] != 8 * r["pp"] or r["ranks"] != r["files"] * r["dp"]:
         sys.exit(f"{r['case']}: {r['files']} files, {r['ranks']} ranks")
+    # A resume reads one copy of the pieces whatever dp is, and only rank 0
+    # opens anything (a few requests, not some per rank).
+    if not (r["piece_gets_per_copy"] < r["resume_get"] <= r["piece_gets_per_copy"] + 10
+            and 0 < r["resume_head"] < 50 and 0 < r["resume_list"] < 10):
+        sys.exit(f"{r['case']}: a resume makes {r['resume_head']} HEAD, {r['resume_get']} GET, "
+                 f"{r['resume_list']} LIST for {r['piece_gets_per_copy']} piece GETs")
 if rows[3]["pieces"] != rows[4]["pieces"] or rows[3]["files"] == rows[4]["files"]:
     sys.exit("the deep cases differ in more than their files")
 if not rows[1]["index_bytes"] > rows[0]["index_bytes"]:
