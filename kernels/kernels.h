@@ -328,6 +328,11 @@ int cuda_group_create(cuda_group **out, const unsigned char id[CUDA_GROUP_ID_BYT
 /* data: count values of the backend's memory, float (is_double 0) or
  * double; sum (is_max 0) or max. */
 int cuda_group_all_reduce(cuda_group *group, void *data, int64_t count, int is_double, int is_max);
+/* count values of send from every member, in member order, into recv
+ * (members x count); the sum of every member's send (members x count),
+ * member j keeping part j (count values) in recv. */
+int cuda_group_all_gather(cuda_group *group, const void *send, void *recv, int64_t count, int is_double);
+int cuda_group_reduce_scatter(cuda_group *group, const void *send, void *recv, int64_t count, int is_double);
 /* Point to point with member `peer`, in the order issued (a pipeline link:
  * one group per direction, so that the messages of each go one way). A
  * receive runs on the backend's stream. A send runs on a stream of the

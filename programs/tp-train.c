@@ -34,6 +34,8 @@ static const char *usage_text =
     "           grouped-query attention, tied or untied output; --dtype fp32, or bf16: mixed precision,\n"
     "           matrix products with bf16 operands and fp32 sums, fp32 weights, optimizer and checkpoints)\n"
     "layout:    --tp T --pp P --dp D          (dp defaults to ranks / (tp x pp))\n"
+    "           --sequence-parallel            the norms and residuals split by rows over the tp ranks\n"
+    "           (all-gather and reduce-scatter in place of all-reduces: their activations take 1/tp)\n"
     "batch:     --micro-batch B (4) --grad-accum A (1)  global batch = B x A x D sequences;\n"
     "           or --global-batch G (sequences per step): A = G / (B x D)\n"
     "optimizer: --steps N (100) --lr X (3e-4) --min-lr X (lr/10) --warmup N (steps/10)\n"
@@ -336,10 +338,12 @@ static void log_start(reporter *p, const train_report *r)
     json_string(p->resumed ? (name ? name + 1 : p->resumed_from) : NULL, from, sizeof from);
     fprintf(p->log,
             "{\"event\":\"start\",\"step\":%lld,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batch\":%lld,"
-            "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"device\":%s,\"dtype\":\"%s\",\"resumed_from\":%s,"
+            "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"device\":%s,\"dtype\":\"%s\","
+            "\"sequence_parallel\":%s,\"activation_bytes\":%lld,\"resumed_from\":%s,"
             "\"load_seconds\":%.3f,\"startup_seconds\":%.3f,\"time\":%.6f}\n",
             (long long)r->step - 1, p->c->tp, p->c->pp, p->c->dp, (long long)o->micro_batch, (long long)o->grad_accum,
-            (long long)r->global_batch, p->c->world, device, o->bf16 ? "bf16" : "fp32", from,
+            (long long)r->global_batch, p->c->world, device, o->bf16 ? "bf16" : "fp32",
+            o->sequence_parallel ? "true" : "false", (long long)r->bytes, from,
             p->resumed ? p->load_seconds : 0.0,
             now_seconds() - p->started, unix_seconds());
     fflush(p->log);
@@ -476,7 +480,7 @@ int main(int argc, char **argv)
     double started = now_seconds();
     enum { O_TP = 256, O_PP, O_DP, O_MB, O_ACCUM, O_STEPS, O_LR, O_MIN_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA,
            O_CKPT, O_EVERY, O_RESUME, O_SYNC, O_LOG, O_THREADS, O_DUMP, O_QUIET, O_STOP, O_GLOBAL, O_FAULT, O_FAULT_STEP,
-           O_FAULT_RANK, O_FAULT_ONCE, O_DEVICE, O_CACHE };
+           O_FAULT_RANK, O_FAULT_ONCE, O_DEVICE, O_CACHE, O_SP };
     static const struct option options[] = {
         CLI_MODEL_LONG_OPTIONS,
         {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP}, {"dp", required_argument, 0, O_DP},
@@ -493,7 +497,7 @@ int main(int argc, char **argv)
         {"fault", required_argument, 0, O_FAULT}, {"fault-step", required_argument, 0, O_FAULT_STEP},
         {"fault-rank", required_argument, 0, O_FAULT_RANK}, {"fault-once", required_argument, 0, O_FAULT_ONCE},
         {"device", required_argument, 0, O_DEVICE}, {"ckpt-cache", required_argument, 0, O_CACHE},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"sequence-parallel", no_argument, 0, O_SP}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *device = "auto";
     const int64_t big = (int64_t)1 << 31;
     int c, index = 0;
@@ -541,6 +545,7 @@ int main(int argc, char **argv)
         case O_DUMP: o.dump_dir = optarg; break;
         case O_QUIET: quiet = 1; break;
         case O_STOP: o.stop_at = cli_int("tp-train", "--stop-at", optarg, 1, (int64_t)1 << 40); break;
+        case O_SP: o.sequence_parallel = 1; break;
         case O_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))
                 die_usage("--device takes cpu, cuda or auto, not '%s'", optarg);
@@ -560,6 +565,12 @@ int main(int argc, char **argv)
     if (gpt_model_supported(&o.config)) die_usage("%s", tp_errmsg());
     o.seq = o.config.seq;
     if (o.resume && !o.ckpt_dir) die_usage("--resume needs --ckpt-dir");
+    if (o.sequence_parallel && tp < 2)
+        die_usage("--sequence-parallel splits the rows of the norms and residuals over the tensor-parallel ranks: it "
+                  "needs --tp 2 or more");
+    if (o.sequence_parallel && (o.micro_batch * o.seq) % tp)
+        die_usage("--sequence-parallel: micro-batch %lld x sequence %lld = %lld rows do not divide over tp %lld",
+                  (long long)o.micro_batch, (long long)o.seq, (long long)(o.micro_batch * o.seq), (long long)tp);
     if (fault.kind != FAULT_NONE && fault.kind != FAULT_FAIL_AT_START && fault.step < 1)
         die_usage("--fault %s needs --fault-step S", fault.kind == FAULT_DIE    ? "die"
                                                       : fault.kind == FAULT_HANG ? "hang"

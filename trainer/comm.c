@@ -75,6 +75,17 @@ int comm_gather_texts(comm *c, const char *text, int root, char ***out)
     return TP_OK;
 }
 
+int comm_group_size(const comm *c, comm_group group)
+{
+    switch (group) {
+    case GROUP_TP: return c->tp;
+    case GROUP_DP: return c->dp;
+    case GROUP_EMBED: return c->pp > 1 && (c->pp_rank == 0 || c->pp_rank == c->pp - 1) ? 2 : 1;
+    case GROUP_WORLD: break;
+    }
+    return c->world;
+}
+
 int comm_broadcast_text(comm *c, char **text, int root)
 {
     int is_root = c->rank == root;

@@ -49,6 +49,15 @@ typedef struct {
      * (counts[r], which root alone knows); root receives them one after the
      * other into out. Others pass counts and out NULL. Over the world. */
     int (*gather)(comm *c, const void *data, int64_t bytes, void *out, const int64_t *counts, int root);
+    /* Over the members of group (TP or DP; every member passes the same
+     * count): each member's `count` values of send, one after the other in
+     * member order, into recv (members x count values) on every member. */
+    int (*all_gather)(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
+                      comm_stream stream);
+    /* The sum over the members of their send (members x count values),
+     * member j keeping values [j count, (j + 1) count) of it in recv. */
+    int (*reduce_scatter)(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
+                          comm_stream stream);
     /* Ends every rank's part in the job: one rank failed while others may be
      * waiting on it. Called by programs, never by the libraries. */
     void (*abort)(comm *c, int status);
@@ -114,6 +123,21 @@ static inline int comm_wait_sends(comm *c, comm_stream stream)
 {
     return c->ops->wait_sends(c, stream);
 }
+
+static inline int comm_all_gather(comm *c, comm_group group, const void *send, void *recv, int64_t count,
+                                  comm_type type, comm_stream stream)
+{
+    return c->ops->all_gather(c, group, send, recv, count, type, stream);
+}
+
+static inline int comm_reduce_scatter(comm *c, comm_group group, const void *send, void *recv, int64_t count,
+                                      comm_type type, comm_stream stream)
+{
+    return c->ops->reduce_scatter(c, group, send, recv, count, type, stream);
+}
+
+/* The members of a group this rank belongs to (1 for EMBED on a middle stage). */
+int comm_group_size(const comm *c, comm_group group);
 
 static inline int comm_broadcast(comm *c, void *data, int64_t bytes, int root, comm_stream stream)
 {

@@ -45,6 +45,16 @@ static int gather_self(comm *c, const void *data, int64_t bytes, void *out, cons
     return TP_OK;
 }
 
+/* A group of one: its own values are the gathered ones and the sum. */
+static int copy_self(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
+                     comm_stream stream)
+{
+    (void)c, (void)group, (void)stream;
+    size_t bytes = (size_t)count * (type == COMM_DOUBLE ? sizeof(double) : type == COMM_INT ? sizeof(int) : sizeof(float));
+    if (bytes && send != recv) memmove(recv, send, bytes);
+    return TP_OK;
+}
+
 /* Nobody else waits on a process alone: the caller ends it as it likes. */
 static void abort_self(comm *c, int status)
 {
@@ -56,8 +66,10 @@ static void free_local(comm *c)
     free(c);
 }
 
-static const comm_ops local_ops = {"local", identity, no_peer, no_peer_recv, nothing_pending, broadcast_self,
-                                   gather_self, abort_self, free_local, 0};
+static const comm_ops local_ops = {.name = "local", .all_reduce = identity, .send = no_peer, .recv = no_peer_recv,
+                                   .wait_sends = nothing_pending, .broadcast = broadcast_self, .gather = gather_self,
+                                   .all_gather = copy_self, .reduce_scatter = copy_self, .abort = abort_self,
+                                   .free = free_local};
 
 int comm_local_create(comm **out)
 {

@@ -70,6 +70,35 @@ static int all_reduce(comm *c, comm_group group, void *data, int64_t count, comm
     return TP_OK;
 }
 
+static int gather_or_scatter_args(comm *c, comm_group group, int64_t count, comm_stream stream, MPI_Comm *g)
+{
+    TP_TRY(host_only(c, stream));
+    *g = group_of(c, group);
+    if (count > INT_MAX / 8)
+        return tp_fail(TP_ERR_COMM, "rank %d: %lld values per member is more than one MPI call takes", c->rank,
+                       (long long)count);
+    return TP_OK;
+}
+
+static int all_gather(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
+                      comm_stream stream)
+{
+    MPI_Comm g;
+    TP_TRY(gather_or_scatter_args(c, group, count, stream, &g));
+    if (g == MPI_COMM_NULL) return TP_OK;
+    MPI_Datatype t = mpi_type(type);
+    return check(c, MPI_Allgather(send, (int)count, t, recv, (int)count, t, g), "allgather");
+}
+
+static int reduce_scatter(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
+                          comm_stream stream)
+{
+    MPI_Comm g;
+    TP_TRY(gather_or_scatter_args(c, group, count, stream, &g));
+    if (g == MPI_COMM_NULL) return TP_OK;
+    return check(c, MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type(type), MPI_SUM, g), "reduce_scatter");
+}
+
 static int peer_rank(comm *c, comm_peer peer, int *out)
 {
     mpi_impl *m = c->impl;
@@ -161,7 +190,10 @@ static void free_comm(comm *c)
     comm_mpi_finalize();
 }
 
-static const comm_ops mpi_ops = {"mpi", all_reduce, send, recv, wait_sends, broadcast, gather, abort_all, free_comm, 0};
+static const comm_ops mpi_ops = {.name = "mpi", .all_reduce = all_reduce, .send = send, .recv = recv,
+                                 .wait_sends = wait_sends, .broadcast = broadcast, .gather = gather,
+                                 .all_gather = all_gather, .reduce_scatter = reduce_scatter, .abort = abort_all,
+                                 .free = free_comm};
 
 int comm_mpi_world_size(int *argc, char ***argv)
 {

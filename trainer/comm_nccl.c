@@ -107,6 +107,26 @@ static int nccl_all_reduce(comm *c, comm_group group, void *data, int64_t count,
     return cuda_group_all_reduce(n->groups[group], data, count, type == COMM_DOUBLE, op == COMM_MAX);
 }
 
+static int nccl_all_gather(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
+                           comm_stream stream)
+{
+    nccl_comm *n = c->impl;
+    if (stream != COMM_DEVICE || type == COMM_INT)
+        return comm_all_gather(n->staged, group, send, recv, count, type, stream);
+    if (!n->groups[group]) return TP_OK;
+    return cuda_group_all_gather(n->groups[group], send, recv, count, type == COMM_DOUBLE);
+}
+
+static int nccl_reduce_scatter(comm *c, comm_group group, const void *send, void *recv, int64_t count,
+                               comm_type type, comm_stream stream)
+{
+    nccl_comm *n = c->impl;
+    if (stream != COMM_DEVICE || type == COMM_INT)
+        return comm_reduce_scatter(n->staged, group, send, recv, count, type, stream);
+    if (!n->groups[group]) return TP_OK;
+    return cuda_group_reduce_scatter(n->groups[group], send, recv, count, type == COMM_DOUBLE);
+}
+
 /* Tags are not sent: each link's messages arrive in the order sent, which
  * is the order the pipeline receives them. */
 static int nccl_send(comm *c, comm_peer peer, const void *data, int64_t count, comm_type type, int tag, comm_stream stream)
@@ -168,8 +188,11 @@ static void nccl_free(comm *c)
     free(c);
 }
 
-static const comm_ops nccl_ops = {"nccl", nccl_all_reduce, nccl_send, nccl_recv, nccl_wait_sends, nccl_broadcast,
-                                  nccl_gather, nccl_abort, nccl_free, 1};
+static const comm_ops nccl_ops = {.name = "nccl", .all_reduce = nccl_all_reduce, .send = nccl_send,
+                                  .recv = nccl_recv, .wait_sends = nccl_wait_sends, .broadcast = nccl_broadcast,
+                                  .gather = nccl_gather, .all_gather = nccl_all_gather,
+                                  .reduce_scatter = nccl_reduce_scatter, .abort = nccl_abort, .free = nccl_free,
+                                  .handles_device = 1};
 
 int comm_nccl_create(comm **out, comm *host, const kernel_backend *kernels)
 {

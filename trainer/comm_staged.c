@@ -47,6 +47,32 @@ static int staged_all_reduce(comm *c, comm_group group, void *data, int64_t coun
     return s->kernels->to_device(data, s->buffer, bytes);
 }
 
+static int staged_all_gather(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
+                             comm_stream stream)
+{
+    staged *s = c->impl;
+    if (stream != COMM_DEVICE) return comm_all_gather(s->host, group, send, recv, count, type, stream);
+    size_t bytes = (size_t)count * type_size(type), members = (size_t)comm_group_size(c, group);
+    TP_TRY(grow_buffer(s, bytes * (members + 1)));
+    char *mine = (char *)s->buffer + bytes * members;
+    TP_TRY(s->kernels->to_host(mine, send, bytes));
+    TP_TRY(comm_all_gather(s->host, group, mine, s->buffer, count, type, COMM_HOST));
+    return s->kernels->to_device(recv, s->buffer, bytes * members);
+}
+
+static int staged_reduce_scatter(comm *c, comm_group group, const void *send, void *recv, int64_t count,
+                                 comm_type type, comm_stream stream)
+{
+    staged *s = c->impl;
+    if (stream != COMM_DEVICE) return comm_reduce_scatter(s->host, group, send, recv, count, type, stream);
+    size_t bytes = (size_t)count * type_size(type), members = (size_t)comm_group_size(c, group);
+    TP_TRY(grow_buffer(s, bytes * (members + 1)));
+    char *mine = (char *)s->buffer + bytes * members;
+    TP_TRY(s->kernels->to_host(s->buffer, send, bytes * members));
+    TP_TRY(comm_reduce_scatter(s->host, group, s->buffer, mine, count, type, COMM_HOST));
+    return s->kernels->to_device(recv, mine, bytes);
+}
+
 static int staged_send(comm *c, comm_peer peer, const void *data, int64_t count, comm_type type, int tag,
                        comm_stream stream)
 {
@@ -119,8 +145,11 @@ static void staged_free(comm *c)
     free(c);
 }
 
-static const comm_ops staged_ops = {"staged",         staged_all_reduce, staged_send, staged_recv, staged_wait_sends,
-                                    staged_broadcast, staged_gather, staged_abort, staged_free, 1};
+static const comm_ops staged_ops = {.name = "staged", .all_reduce = staged_all_reduce, .send = staged_send,
+                                    .recv = staged_recv, .wait_sends = staged_wait_sends,
+                                    .broadcast = staged_broadcast, .gather = staged_gather,
+                                    .all_gather = staged_all_gather, .reduce_scatter = staged_reduce_scatter,
+                                    .abort = staged_abort, .free = staged_free, .handles_device = 1};
 
 int comm_staged_create(comm **out, comm *host, const kernel_backend *kernels)
 {

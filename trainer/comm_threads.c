@@ -244,6 +244,69 @@ static int gather(comm *c, const void *data, int64_t bytes, void *out, const int
     return status;
 }
 
+/* Both meet twice, as all_reduce: each member reads the others' send
+ * between the meetings and writes only its own recv. */
+static int all_gather(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
+                      comm_stream stream)
+{
+    TP_TRY(host_only(c, stream));
+    shared_state *s = c->impl;
+    int member;
+    meeting *g = group_of(c, group, &member);
+    size_t bytes = (size_t)count * type_size(type);
+    if (!g || g->members == 1) {
+        if (bytes && send != recv) memmove(recv, send, bytes);
+        return TP_OK;
+    }
+    pthread_mutex_lock(&s->lock);
+    g->slots[member] = (void *)send;
+    int status = meet(s, g, c);
+    pthread_mutex_unlock(&s->lock);
+    for (int j = 0; !status && j < g->members; j++)
+        if (bytes) memcpy((char *)recv + (size_t)j * bytes, g->slots[j], bytes);
+    pthread_mutex_lock(&s->lock);
+    if (!status) status = meet(s, g, c);
+    pthread_mutex_unlock(&s->lock);
+    return status;
+}
+
+static int reduce_scatter(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
+                          comm_stream stream)
+{
+    TP_TRY(host_only(c, stream));
+    shared_state *s = c->impl;
+    int member;
+    meeting *g = group_of(c, group, &member);
+    size_t bytes = (size_t)count * type_size(type);
+    if (!g || g->members == 1) {
+        if (bytes && send != recv) memmove(recv, send, bytes);
+        return TP_OK;
+    }
+    void *result = malloc(bytes ? bytes : 1);
+    const void **chunks = malloc((size_t)g->members * sizeof *chunks);
+    if (!result || !chunks) {
+        free(result);
+        free(chunks);
+        return tp_fail(TP_ERR_NOMEM, "rank %d: out of memory for a reduce-scatter of %lld values", c->rank,
+                       (long long)count);
+    }
+    pthread_mutex_lock(&s->lock);
+    g->slots[member] = (void *)send;
+    int status = meet(s, g, c);
+    pthread_mutex_unlock(&s->lock);
+    if (!status) { /* this member's part of every member's send, summed in member order (all_reduce's bits) */
+        for (int j = 0; j < g->members; j++) chunks[j] = (const char *)g->slots[j] + (size_t)member * bytes;
+        combine((void *const *)chunks, g->members, result, count, type, COMM_SUM);
+    }
+    pthread_mutex_lock(&s->lock);
+    if (!status) status = meet(s, g, c);
+    pthread_mutex_unlock(&s->lock);
+    if (!status && bytes) memcpy(recv, result, bytes);
+    free(result);
+    free(chunks);
+    return status;
+}
+
 static void abort_all(comm *c, int status)
 {
     shared_state *s = c->impl;
@@ -291,7 +354,10 @@ static void free_rank(comm *c)
     free(c);
 }
 
-static const comm_ops thread_ops = {"threads", all_reduce, send, recv, wait_sends, broadcast, gather, abort_all, free_rank, 0};
+static const comm_ops thread_ops = {.name = "threads", .all_reduce = all_reduce, .send = send, .recv = recv,
+                                    .wait_sends = wait_sends, .broadcast = broadcast, .gather = gather,
+                                    .all_gather = all_gather, .reduce_scatter = reduce_scatter, .abort = abort_all,
+                                    .free = free_rank};
 
 static meeting *make_meetings(int count, int members)
 {

@@ -145,6 +145,7 @@ void gpt_model_free(gpt_model *m)
     k->release(m->rope_cos_sin);
     k->release(m->kv_grads);
     k->release(m->scratch);
+    k->release(m->gathered);
     k->release(m->memory);
     free(m->layer);
     free(m->catalog);
@@ -165,12 +166,12 @@ static int64_t block_work_floats(const gpt_model *m)
 
 static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 {
-    int64_t N = m->B * m->T, L = m->num_layers;
-    int64_t per_layer = N * (m->D * 4 + 4 + m->qkv_local + m->attn_local + m->fc_local + m->ffn_local) +
+    int64_t N = m->B * m->T, R = m->rows, L = m->num_layers;
+    int64_t per_layer = R * (m->D * 4 + 4) + N * (m->qkv_local + m->attn_local + m->fc_local + m->ffn_local) +
                         N * m->heads_local;
-    int64_t head = m->is_last ? N * (m->D + m->vocab_local + 5) : 0;
+    int64_t head = m->is_last ? R * (m->D + 2) + N * (m->vocab_local + 3) : 0;
     *ints = 2 * N;
-    return N * m->D + L * per_layer + head;
+    return R * m->D + L * per_layer + head;
 }
 
 /* Carves a slot's buffers out of one allocation of the backend's memory;
@@ -178,7 +179,7 @@ static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 static int slot_init(gpt_model *m, gpt_slot *s)
 {
     const kernel_backend *k = m->kernels;
-    int64_t ints, floats = slot_floats(m, &ints), N = m->B * m->T, L = m->num_layers;
+    int64_t ints, floats = slot_floats(m, &ints), N = m->B * m->T, R = m->rows, L = m->num_layers;
     s->tokens = malloc((size_t)ints * sizeof(int));
     if (!s->tokens) return tp_fail(TP_ERR_NOMEM, "out of memory for a micro-batch's tokens");
     s->targets = s->tokens + N;
@@ -186,25 +187,25 @@ static int slot_init(gpt_model *m, gpt_slot *s)
     if (k->on_device) TP_TRY(k->alloc((void **)&s->kernel_tokens, (size_t)ints * sizeof(int)));
     s->kernel_targets = s->kernel_tokens + N;
     TP_TRY(k->alloc((void **)&s->input, (size_t)floats * sizeof(float)));
-    float *p = s->input + N * m->D;
+    float *p = s->input + R * m->D;
 #define CARVE(field, count) (s->field = p, p += (count))
-    CARVE(ln1, L * N * m->D);
-    CARVE(ln1_mean, L * N);
-    CARVE(ln1_rstd, L * N);
+    CARVE(ln1, L * R * m->D);
+    CARVE(ln1_mean, L * R);
+    CARVE(ln1_rstd, L * R);
     CARVE(qkv, L * N * m->qkv_local);
     CARVE(att_lse, L * N * m->heads_local);
     CARVE(attn, L * N * m->attn_local);
-    CARVE(res1, L * N * m->D);
-    CARVE(ln2, L * N * m->D);
-    CARVE(ln2_mean, L * N);
-    CARVE(ln2_rstd, L * N);
+    CARVE(res1, L * R * m->D);
+    CARVE(ln2, L * R * m->D);
+    CARVE(ln2_mean, L * R);
+    CARVE(ln2_rstd, L * R);
     CARVE(fc, L * N * m->fc_local);
     CARVE(gelu, L * N * m->ffn_local);
-    CARVE(res2, L * N * m->D);
+    CARVE(res2, L * R * m->D);
     if (m->is_last) {
-        CARVE(lnf, N * m->D);
-        CARVE(lnf_mean, N);
-        CARVE(lnf_rstd, N);
+        CARVE(lnf, R * m->D);
+        CARVE(lnf_mean, R);
+        CARVE(lnf_rstd, R);
         CARVE(logits, N * m->vocab_local);
         CARVE(row_max, N);
         CARVE(row_sum, N);
@@ -267,7 +268,7 @@ int gpt_model_init_values(gpt_model *m, uint64_t seed)
 }
 
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
-                     int64_t micro_batch, int64_t seq, int slots)
+                     int64_t micro_batch, int64_t seq, int slots, int sequence_parallel)
 {
     *out = NULL;
     TP_TRY(gpt_config_check(config, c->tp, c->pp));
@@ -275,6 +276,13 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     if (seq > config->seq)
         return tp_fail(TP_ERR_ARG, "sequence length %lld exceeds the model's %lld positions", (long long)seq,
                        (long long)config->seq);
+    if (sequence_parallel && c->tp < 2)
+        return tp_fail(TP_ERR_ARG, "sequence parallelism splits the rows over the tensor-parallel ranks: it needs "
+                       "tp 2 or more (tp is %d)", c->tp);
+    if (sequence_parallel && (micro_batch * seq) % c->tp)
+        return tp_fail(TP_ERR_ARG, "sequence parallelism splits the micro-batch's %lld x %lld = %lld rows over tp %d "
+                       "ranks: they must divide evenly", (long long)micro_batch, (long long)seq,
+                       (long long)(micro_batch * seq), c->tp);
     gpt_model *m = calloc(1, sizeof *m);
     if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory for the model");
     m->config = *config;
@@ -283,6 +291,9 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     m->stream = m->kernels->on_device ? COMM_DEVICE : COMM_HOST;
     m->B = micro_batch;
     m->T = seq;
+    m->sequence_parallel = sequence_parallel;
+    m->rows = sequence_parallel ? micro_batch * seq / c->tp : micro_batch * seq;
+    m->row_first = sequence_parallel ? c->tp_rank * m->rows : 0;
     m->num_layers = (int)(config->layers / c->pp);
     m->first_layer = c->pp_rank * m->num_layers;
     m->is_first = c->pp_rank == 0;
@@ -384,6 +395,10 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     int64_t N = m->B * m->T;
     m->scratch_size = block_work_floats(m) + N * m->D + (m->is_last ? N * m->vocab_local : 0);
     if ((status = m->kernels->alloc((void **)&m->scratch, (size_t)m->scratch_size * sizeof(float)))) goto fail;
+    if (sequence_parallel) {
+        if ((status = m->kernels->alloc((void **)&m->gathered, (size_t)(2 * N * m->D) * sizeof(float)))) goto fail;
+        m->partial = m->gathered + N * m->D;
+    }
     *out = m;
     return TP_OK;
 nomem:
@@ -391,6 +406,13 @@ nomem:
 fail:
     gpt_model_free(m);
     return status;
+}
+
+int64_t gpt_model_activation_bytes(const gpt_model *m)
+{
+    int64_t ints, floats = slot_floats(m, &ints) * m->num_slots;
+    if (m->sequence_parallel) floats += 2 * m->B * m->T * m->D;
+    return floats * (int64_t)sizeof(float) + ints * m->num_slots * (int64_t)sizeof(int);
 }
 
 int gpt_model_zero_grads(gpt_model *m)
@@ -423,6 +445,65 @@ static int tp_sum(gpt_model *m, float *data, int64_t n)
     return comm_all_reduce(m->comm, GROUP_TP, data, n, COMM_FLOAT, COMM_SUM, m->stream);
 }
 
+/* Sequence parallelism's two collectives over the tensor-parallel group:
+ * every rank's [rows, D] into [B*T, D], and the sum of every rank's
+ * [B*T, D] partial sums, each rank keeping its [rows, D]. */
+static int tp_gather_rows(gpt_model *m, const float *rows, float *all)
+{
+    return comm_all_gather(m->comm, GROUP_TP, rows, all, m->rows * m->D, COMM_FLOAT, m->stream);
+}
+
+static int tp_sum_rows(gpt_model *m, const float *partial, float *rows)
+{
+    return comm_reduce_scatter(m->comm, GROUP_TP, partial, rows, m->rows * m->D, COMM_FLOAT, m->stream);
+}
+
+/* A column-parallel linear's input: the norm's rows of this rank, gathered
+ * from every rank with sequence parallelism (into m->gathered). */
+static int full_rows(gpt_model *m, const float *rows, const float **out)
+{
+    *out = rows;
+    if (!m->sequence_parallel) return TP_OK;
+    *out = m->gathered;
+    return tp_gather_rows(m, rows, m->gathered);
+}
+
+/* A row-parallel linear's output, partial sums of this rank's heads or
+ * hidden units [B*T, D], summed over TP into this rank's rows. In place
+ * without sequence parallelism (partial is the rows' buffer then). */
+static int sum_rows(gpt_model *m, float *partial, float *rows)
+{
+    if (!m->sequence_parallel) return tp_sum(m, partial, m->B * m->T * m->D);
+    return tp_sum_rows(m, partial, rows);
+}
+
+/* The gradient of a row-parallel linear's output for every row: d_rows
+ * itself, or every rank's rows gathered (into m->partial). */
+static int all_rows_of_gradient(gpt_model *m, const float *d_rows, const float **out)
+{
+    *out = d_rows;
+    if (!m->sequence_parallel) return TP_OK;
+    *out = m->partial;
+    return tp_gather_rows(m, d_rows, m->partial);
+}
+
+/* Calls add(dst + i D, table + position D, n D) over this rank's rows
+ * [row_first, row_first + rows) in runs of consecutive positions (row r
+ * is position r mod T): the position table's rows for the activations'. */
+static int for_position_runs(gpt_model *m, float *rows, float *table, int to_table)
+{
+    const kernel_backend *k = m->kernels;
+    int64_t D = m->D;
+    for (int64_t i = 0; i < m->rows;) {
+        int64_t position = (m->row_first + i) % m->T, run = m->T - position;
+        if (run > m->rows - i) run = m->rows - i;
+        if (to_table) TP_TRY(k->add_inplace(table + position * D, rows + i * D, run * D));
+        else TP_TRY(k->residual_forward(rows + i * D, rows + i * D, table + position * D, run * D));
+        i += run;
+    }
+    return TP_OK;
+}
+
 /* The matrix products, in fp32 or with bf16 operands (m->bf16). */
 static int linear_forward(const gpt_model *m, float *out, const float *in, const float *weight, const float *bias,
                           int64_t N, int64_t C, int64_t OC)
@@ -437,11 +518,11 @@ static int linear_backward(const gpt_model *m, float *d_in, float *d_weight, flo
                                                                                        in, weight, N, C, OC);
 }
 
-/* The norms: LayerNorm (GPT-2) or RMSNorm (Llama: no bias, mean unused). */
+/* The norms, over this rank's rows: LayerNorm (GPT-2) or RMSNorm (Llama: no bias, mean unused). */
 static int norm_forward(const gpt_model *m, float *out, float *mean, float *rstd, const float *in, const float *weight,
                         const float *bias)
 {
-    int64_t N = m->B * m->T;
+    int64_t N = m->rows;
     if (m->llama) return m->kernels->rmsnorm_forward(out, rstd, in, weight, N, m->D, (float)m->config.norm_eps);
     return m->kernels->layernorm_forward(out, mean, rstd, in, weight, bias, N, m->D);
 }
@@ -450,15 +531,15 @@ static int norm_forward(const gpt_model *m, float *out, float *mean, float *rstd
 static int norm_backward(const gpt_model *m, float *d_in, float *d_weight, float *d_bias, const float *d_out,
                          const float *in, const float *weight, const float *mean, const float *rstd)
 {
-    int64_t N = m->B * m->T;
+    int64_t N = m->rows;
     if (m->llama) return m->kernels->rmsnorm_backward(d_in, d_weight, d_out, in, weight, rstd, N, m->D);
     return m->kernels->layernorm_backward(d_in, d_weight, d_bias, d_out, in, weight, mean, rstd, N, m->D);
 }
 
-/* out[N,D] = x + summed (+ bias, when the architecture has one). */
+/* out[rows, D] = x + summed (+ bias, when the architecture has one). */
 static int residual_add(const gpt_model *m, float *out, const float *x, const float *summed, const float *bias)
 {
-    int64_t N = m->B * m->T;
+    int64_t N = m->rows;
     if (bias) return m->kernels->bias_residual_forward(out, x, summed, bias, N, m->D);
     return m->kernels->residual_forward(out, x, summed, N * m->D);
 }
@@ -468,37 +549,41 @@ static int embed_forward(gpt_model *m, gpt_slot *s)
     const kernel_backend *k = m->kernels;
     int64_t N = m->B * m->T, D = m->D;
     const param_view *wte = &m->params[m->wte];
-    TP_TRY(k->embedding_forward(s->input, s->kernel_tokens, wte->data, N, D, m->vocab_first, m->vocab_local));
-    TP_TRY(tp_sum(m, s->input, N * D));
+    /* Rows of this rank's part of the vocabulary, summed over TP. */
+    float *partial = m->sequence_parallel ? m->partial : s->input;
+    TP_TRY(k->embedding_forward(partial, s->kernel_tokens, wte->data, N, D, m->vocab_first, m->vocab_local));
+    TP_TRY(sum_rows(m, partial, s->input));
     if (m->wpe < 0) return TP_OK; /* Llama: positions are rotary */
-    const param_view *wpe = &m->params[m->wpe];
-    for (int64_t b = 0; b < m->B; b++)
-        TP_TRY(k->residual_forward(s->input + b * m->T * D, s->input + b * m->T * D, wpe->data, m->T * D));
-    return TP_OK;
+    return for_position_runs(m, s->input, m->params[m->wpe].data, 0);
 }
 
 static int block_forward(gpt_model *m, gpt_slot *s, int l, const float *x)
 {
-    int64_t N = m->B * m->T, D = m->D;
-    float *ln1 = s->ln1 + l * N * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
-    float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * N * D;
-    float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->fc_local, *gl = s->gelu + l * N * m->ffn_local;
-    float *res2 = s->res2 + l * N * D;
+    int64_t N = m->B * m->T, R = m->rows, D = m->D;
+    float *ln1 = s->ln1 + l * R * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
+    float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * R * D;
+    float *ln2 = s->ln2 + l * R * D, *fc = s->fc + l * N * m->fc_local, *gl = s->gelu + l * N * m->ffn_local;
+    float *res2 = s->res2 + l * R * D;
+    /* The row-parallel linears' partial sums [N, D]: in place without sequence parallelism. */
+    float *partial1 = m->sequence_parallel ? m->partial : res1, *partial2 = m->sequence_parallel ? m->partial : res2;
+    const float *in;
     const kernel_backend *k = m->kernels;
-    TP_TRY(norm_forward(m, ln1, s->ln1_mean + l * N, s->ln1_rstd + l * N, x, W(LN1_WEIGHT), W_OR_NULL(LN1_BIAS)));
-    TP_TRY(linear_forward(m, qkv, ln1, W(QKV_WEIGHT), W_OR_NULL(QKV_BIAS), N, D, m->qkv_local));
+    TP_TRY(norm_forward(m, ln1, s->ln1_mean + l * R, s->ln1_rstd + l * R, x, W(LN1_WEIGHT), W_OR_NULL(LN1_BIAS)));
+    TP_TRY(full_rows(m, ln1, &in));
+    TP_TRY(linear_forward(m, qkv, in, W(QKV_WEIGHT), W_OR_NULL(QKV_BIAS), N, D, m->qkv_local));
     if (m->llama) TP_TRY(k->rope_forward(qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd));
     /* The scratch is free during a forward: the attention's own is its start. */
     TP_TRY(k->attention_forward(attn, lse, m->scratch, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd));
-    TP_TRY(linear_forward(m, res1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D)); /* partial sums of this rank's heads */
-    TP_TRY(tp_sum(m, res1, N * D));
+    TP_TRY(linear_forward(m, partial1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D)); /* this rank's heads' part */
+    TP_TRY(sum_rows(m, partial1, res1));
     TP_TRY(residual_add(m, res1, x, res1, W_OR_NULL(PROJ_BIAS)));
-    TP_TRY(norm_forward(m, ln2, s->ln2_mean + l * N, s->ln2_rstd + l * N, res1, W(LN2_WEIGHT), W_OR_NULL(LN2_BIAS)));
-    TP_TRY(linear_forward(m, fc, ln2, W(FC_WEIGHT), W_OR_NULL(FC_BIAS), N, D, m->fc_local));
+    TP_TRY(norm_forward(m, ln2, s->ln2_mean + l * R, s->ln2_rstd + l * R, res1, W(LN2_WEIGHT), W_OR_NULL(LN2_BIAS)));
+    TP_TRY(full_rows(m, ln2, &in));
+    TP_TRY(linear_forward(m, fc, in, W(FC_WEIGHT), W_OR_NULL(FC_BIAS), N, D, m->fc_local));
     if (m->config.swiglu) TP_TRY(k->swiglu_forward(gl, fc, N, m->ffn_local));
     else TP_TRY(k->gelu_forward(gl, fc, N * m->ffn_local));
-    TP_TRY(linear_forward(m, res2, gl, W(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
-    TP_TRY(tp_sum(m, res2, N * D));
+    TP_TRY(linear_forward(m, partial2, gl, W(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
+    TP_TRY(sum_rows(m, partial2, res2));
     return residual_add(m, res2, res1, res2, W_OR_NULL(FCPROJ_BIAS));
 }
 
@@ -507,9 +592,11 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
 {
     int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
     const kernel_backend *k = m->kernels;
+    const float *in;
     TP_TRY(norm_forward(m, s->lnf, s->lnf_mean, s->lnf_rstd, x, m->params[m->lnf_w].data,
                         m->lnf_b < 0 ? NULL : m->params[m->lnf_b].data));
-    TP_TRY(linear_forward(m, s->logits, s->lnf, m->params[m->wte_out].data, NULL, N, D, V));
+    TP_TRY(full_rows(m, s->lnf, &in));
+    TP_TRY(linear_forward(m, s->logits, in, m->params[m->wte_out].data, NULL, N, D, V));
     TP_TRY(k->crossentropy_row_max(s->row_max, s->logits, N, V, m->vocab_first, m->config.vocab));
     TP_TRY(comm_all_reduce(m->comm, GROUP_TP, s->row_max, N, COMM_FLOAT, COMM_MAX, m->stream));
     TP_TRY(k->crossentropy_row_sumexp(s->row_sum, s->logits, s->row_max, N, V, m->vocab_first, m->config.vocab));
@@ -551,7 +638,7 @@ double gpt_slot_loss(const gpt_slot *s, int64_t rows)
 
 const float *gpt_model_output(const gpt_model *m, const gpt_slot *s)
 {
-    return m->num_layers ? s->res2 + (m->num_layers - 1) * m->B * m->T * m->D : s->input;
+    return m->num_layers ? s->res2 + (m->num_layers - 1) * m->rows * m->D : s->input;
 }
 
 int gpt_model_forward(gpt_model *m, gpt_slot *s)
@@ -560,10 +647,9 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s)
         TP_TRY(m->kernels->to_device(s->kernel_tokens, s->tokens, (size_t)(2 * m->B * m->T) * sizeof(int)));
     if (m->is_first) TP_TRY(embed_forward(m, s));
     const float *x = s->input;
-    int64_t N = m->B * m->T;
     for (int l = 0; l < m->num_layers; l++) {
         TP_TRY(block_forward(m, s, l, x));
-        x = s->res2 + l * N * m->D;
+        x = s->res2 + l * m->rows * m->D;
     }
     if (m->is_last) TP_TRY(head_forward(m, s, x));
     return TP_OK;
@@ -571,77 +657,106 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s)
 
 /* ----------------------------------------------------------------- backward */
 
-/* d_x: in, the gradient of the block's output r2; out, that of its input x. */
+/* d_x: in, the gradient of the block's output r2 [rows, D]; out, that of
+ * its input x. With sequence parallelism a row-parallel linear's output
+ * gradient is every rank's rows gathered, and a column-parallel linear's
+ * input gradient (partial per rank) is reduce-scattered to the rows; the
+ * norms' inputs are gathered again rather than kept whole. */
 static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, float *d_x, float *work)
 {
-    int64_t N = m->B * m->T, D = m->D;
-    const float *ln1 = s->ln1 + l * N * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
-    const float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * N * D;
-    const float *ln2 = s->ln2 + l * N * D, *fc = s->fc + l * N * m->fc_local, *gl = s->gelu + l * N * m->ffn_local;
+    int64_t N = m->B * m->T, R = m->rows, D = m->D;
+    const float *ln1 = s->ln1 + l * R * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
+    const float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * R * D;
+    const float *ln2 = s->ln2 + l * R * D, *fc = s->fc + l * N * m->fc_local, *gl = s->gelu + l * N * m->ffn_local;
     float *d_res1 = work, *d_ln = d_res1 + N * D, *d_qkv = d_ln + N * D, *d_attn = d_qkv + N * m->qkv_local;
     float *d_gelu = d_attn + N * m->attn_local, *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->fc_local;
+    /* d_ln summed over TP: in place, or this rank's rows of it. */
+    float *d_ln_rows = m->sequence_parallel ? m->gathered : d_ln;
+    const float *d_out, *in;
     const kernel_backend *k = m->kernels;
-    size_t rows_bytes = (size_t)(N * D) * sizeof(float);
+    size_t rows_bytes = (size_t)(R * D) * sizeof(float);
 
     /* MLP: o = allreduce(g Wfcproj^T) + b: the gradient of o is d_x on every rank. */
     TP_TRY(k->copy(d_res1, d_x, rows_bytes));
-    TP_TRY(linear_backward(m, d_gelu, G(FCPROJ_WEIGHT), G_OR_NULL(FCPROJ_BIAS), d_x, gl, W(FCPROJ_WEIGHT), N,
+    TP_TRY(all_rows_of_gradient(m, d_x, &d_out));
+    TP_TRY(linear_backward(m, d_gelu, G(FCPROJ_WEIGHT), G_OR_NULL(FCPROJ_BIAS), d_out, gl, W(FCPROJ_WEIGHT), N,
                            m->ffn_local, D));
     if (m->config.swiglu) TP_TRY(k->swiglu_backward(d_fc, fc, d_gelu, N, m->ffn_local));
     else TP_TRY(k->gelu_backward(d_fc, fc, d_gelu, N * m->ffn_local));
-    TP_TRY(linear_backward(m, d_ln, G(FC_WEIGHT), G_OR_NULL(FC_BIAS), d_fc, ln2, W(FC_WEIGHT), N, D, m->fc_local));
-    TP_TRY(tp_sum(m, d_ln, N * D)); /* column-parallel input: partial per rank */
-    TP_TRY(norm_backward(m, d_res1, G(LN2_WEIGHT), G_OR_NULL(LN2_BIAS), d_ln, res1, W(LN2_WEIGHT), s->ln2_mean + l * N,
-                         s->ln2_rstd + l * N));
+    TP_TRY(full_rows(m, ln2, &in));
+    TP_TRY(linear_backward(m, d_ln, G(FC_WEIGHT), G_OR_NULL(FC_BIAS), d_fc, in, W(FC_WEIGHT), N, D, m->fc_local));
+    TP_TRY(sum_rows(m, d_ln, d_ln_rows)); /* column-parallel input: partial per rank */
+    TP_TRY(norm_backward(m, d_res1, G(LN2_WEIGHT), G_OR_NULL(LN2_BIAS), d_ln_rows, res1, W(LN2_WEIGHT),
+                         s->ln2_mean + l * R, s->ln2_rstd + l * R));
 
     /* Attention: p = allreduce(a Wproj^T) + b. */
-    TP_TRY(linear_backward(m, d_attn, G(PROJ_WEIGHT), G_OR_NULL(PROJ_BIAS), d_res1, attn, W(PROJ_WEIGHT), N,
+    TP_TRY(all_rows_of_gradient(m, d_res1, &d_out));
+    TP_TRY(linear_backward(m, d_attn, G(PROJ_WEIGHT), G_OR_NULL(PROJ_BIAS), d_out, attn, W(PROJ_WEIGHT), N,
                            m->attn_local, D));
     TP_TRY(k->attention_backward(d_qkv, att_scratch, d_attn, qkv, attn, lse, m->B, m->T, m->heads_local, m->kv_local,
                                  m->hd));
     if (m->llama) TP_TRY(k->rope_backward(d_qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd));
-    TP_TRY(linear_backward(m, d_ln, G(QKV_WEIGHT), G_OR_NULL(QKV_BIAS), d_qkv, ln1, W(QKV_WEIGHT), N, D, m->qkv_local));
-    TP_TRY(tp_sum(m, d_ln, N * D));
+    TP_TRY(full_rows(m, ln1, &in));
+    TP_TRY(linear_backward(m, d_ln, G(QKV_WEIGHT), G_OR_NULL(QKV_BIAS), d_qkv, in, W(QKV_WEIGHT), N, D, m->qkv_local));
+    TP_TRY(sum_rows(m, d_ln, d_ln_rows));
     TP_TRY(k->copy(d_x, d_res1, rows_bytes));
-    return norm_backward(m, d_x, G(LN1_WEIGHT), G_OR_NULL(LN1_BIAS), d_ln, x, W(LN1_WEIGHT), s->ln1_mean + l * N,
-                         s->ln1_rstd + l * N);
+    return norm_backward(m, d_x, G(LN1_WEIGHT), G_OR_NULL(LN1_BIAS), d_ln_rows, x, W(LN1_WEIGHT), s->ln1_mean + l * R,
+                         s->ln1_rstd + l * R);
 }
 
 static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, float *work, float loss_scale)
 {
     int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
     float *d_logits = work + block_work_floats(m) + N * D;
-    float *d_lnf = work;
+    float *d_lnf = work, *d_lnf_rows = m->sequence_parallel ? m->gathered : d_lnf;
+    const float *in;
     param_view *wte = &m->params[m->wte_out];
     const kernel_backend *k = m->kernels;
     TP_TRY(k->crossentropy_backward(d_logits, s->logits, s->row_max, s->row_sum, s->kernel_targets, N, V,
                                     m->vocab_first, m->config.vocab, loss_scale));
-    TP_TRY(linear_backward(m, d_lnf, wte->grad, NULL, d_logits, s->lnf, wte->data, N, D, V));
-    TP_TRY(tp_sum(m, d_lnf, N * D)); /* logits were split by vocabulary */
-    TP_TRY(k->zero(d_x, (size_t)(N * D) * sizeof(float)));
-    return norm_backward(m, d_x, m->params[m->lnf_w].grad, m->lnf_b < 0 ? NULL : m->params[m->lnf_b].grad, d_lnf, x,
-                         m->params[m->lnf_w].data, s->lnf_mean, s->lnf_rstd);
+    TP_TRY(full_rows(m, s->lnf, &in));
+    TP_TRY(linear_backward(m, d_lnf, wte->grad, NULL, d_logits, in, wte->data, N, D, V));
+    TP_TRY(sum_rows(m, d_lnf, d_lnf_rows)); /* logits were split by vocabulary */
+    TP_TRY(k->zero(d_x, (size_t)(m->rows * D) * sizeof(float)));
+    return norm_backward(m, d_x, m->params[m->lnf_w].grad, m->lnf_b < 0 ? NULL : m->params[m->lnf_b].grad, d_lnf_rows,
+                         x, m->params[m->lnf_w].data, s->lnf_mean, s->lnf_rstd);
 }
 
 int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *d_input, float loss_scale)
 {
-    int64_t N = m->B * m->T, D = m->D;
+    int64_t N = m->B * m->T, R = m->rows, D = m->D;
     float *work = m->scratch;
     float *d_x = work + block_work_floats(m); /* after the block's buffers */
-    const float *top = m->num_layers ? s->res2 + (m->num_layers - 1) * N * D : s->input;
+    const float *top = m->num_layers ? s->res2 + (m->num_layers - 1) * R * D : s->input;
     const kernel_backend *k = m->kernels;
     if (m->is_last) TP_TRY(head_backward(m, s, top, d_x, work, loss_scale));
-    else TP_TRY(k->copy(d_x, d_output, (size_t)(N * D) * sizeof(float)));
+    else TP_TRY(k->copy(d_x, d_output, (size_t)(R * D) * sizeof(float)));
     for (int l = m->num_layers - 1; l >= 0; l--) {
-        const float *x = l ? s->res2 + (l - 1) * N * D : s->input;
+        const float *x = l ? s->res2 + (l - 1) * R * D : s->input;
         TP_TRY(block_backward(m, s, l, x, d_x, work));
     }
     if (m->is_first) {
         const param_view *wte = &m->params[m->wte];
-        TP_TRY(k->embedding_backward(wte->grad, s->kernel_tokens, d_x, N, D, m->vocab_first, m->vocab_local));
-        for (int64_t b = 0; m->wpe >= 0 && b < m->B; b++)
-            TP_TRY(k->add_inplace(m->params[m->wpe].grad, d_x + b * m->T * D, m->T * D));
+        const float *d_all;
+        TP_TRY(all_rows_of_gradient(m, d_x, &d_all)); /* every token's row meets this rank's part of the table */
+        TP_TRY(k->embedding_backward(wte->grad, s->kernel_tokens, d_all, N, D, m->vocab_first, m->vocab_local));
+        if (m->wpe >= 0) TP_TRY(for_position_runs(m, d_x, m->params[m->wpe].grad, 1));
         return TP_OK;
     }
-    return k->copy(d_input, d_x, (size_t)(N * D) * sizeof(float));
+    return k->copy(d_input, d_x, (size_t)(R * D) * sizeof(float));
+}
+
+int gpt_model_reduce_sequence_parallel(gpt_model *m)
+{
+    if (!m->sequence_parallel) return TP_OK;
+    static const int kinds[] = {GPT_LN1_WEIGHT, GPT_LN1_BIAS, GPT_LN2_WEIGHT, GPT_LN2_BIAS};
+    for (int l = 0; l < m->num_layers; l++)
+        for (size_t j = 0; j < sizeof kinds / sizeof kinds[0]; j++) {
+            int i = m->layer[l][kinds[j] - GPT_FIRST_LAYER_KIND];
+            if (i >= 0) TP_TRY(tp_sum(m, m->params[i].grad, m->params[i].numel));
+        }
+    const int others[] = {m->lnf_w, m->lnf_b, m->wpe};
+    for (size_t j = 0; j < sizeof others / sizeof others[0]; j++)
+        if (others[j] >= 0) TP_TRY(tp_sum(m, m->params[others[j]].grad, m->params[others[j]].numel));
+    return TP_OK;
 }

@@ -33,8 +33,10 @@ typedef struct {
 typedef struct {
     int *tokens, *targets;       /* [B*T], host: the data loader fills them */
     int *kernel_tokens, *kernel_targets; /* the same in the backend's memory (the same buffer on the CPU) */
-    float *input;                /* [B*T, D]: embeddings (first stage) or the previous stage's output */
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att_lse, *attn, *res1; /* per local layer, consecutive */
+    float *input;                /* [rows, D]: embeddings (first stage) or the previous stage's output */
+    /* Per local layer, consecutive: the norms' and residuals' [rows, D] (and
+     * [rows] statistics), the others' [B*T, their width]. */
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att_lse, *attn, *res1;
     float *ln2, *ln2_mean, *ln2_rstd, *fc, *gelu, *res2;
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit; /* last stage */
     float *host_row_max, *host_row_sum, *host_target_logit; /* host copies after the forward (the same on the CPU) */
@@ -49,6 +51,14 @@ typedef struct {
     int bf16;                    /* matrix products with bf16 operands (mixed precision; set before the first
                                     forward); everything else, and every parameter and gradient, in fp32 */
     int64_t B, T;                /* micro-batch and sequence length */
+    /* Sequence parallelism (Korthikanti et al. 2022): the norm and residual
+     * regions hold only rows [row_first, row_first + rows) of the B*T rows
+     * (rows = B*T / tp), all-gathered before the column-parallel linears and
+     * reduce-scattered after the row-parallel ones instead of all-reduced.
+     * Without it rows = B*T, row_first = 0. */
+    int sequence_parallel;
+    int64_t rows, row_first;
+    float *gathered, *partial;   /* sequence parallelism: [B*T, D] each, shared by all slots */
     int first_layer, num_layers; /* this stage's layers */
     int is_first, is_last;
     int llama;                   /* config.arch == GPT_ARCH_LLAMA */
@@ -88,13 +98,17 @@ int gpt_model_supported(const gpt_config *config);
  * values of gpt_model_init_values. Fails on a model gpt_model_supported
  * refuses. */
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
-                     int64_t micro_batch, int64_t seq, int slots);
+                     int64_t micro_batch, int64_t seq, int slots, int sequence_parallel);
 
 /* The parameters' initial values from the seed (docs/DATA.md "Initial
  * values"), the same at every layout. Only a run that starts afresh needs
  * them: 124M of them take a second or more. */
 int gpt_model_init_values(gpt_model *model, uint64_t seed);
 void gpt_model_free(gpt_model *model);
+
+/* Bytes of the activations this rank keeps for the backward: every slot's
+ * buffers, and with sequence parallelism its two [B*T, D] buffers. */
+int64_t gpt_model_activation_bytes(const gpt_model *model);
 
 /* Zeroes every gradient. */
 int gpt_model_zero_grads(gpt_model *model);
@@ -109,11 +123,11 @@ int gpt_model_from_host(const gpt_model *model, float *values, const float *host
  * scale for backward is loss_scale (1 / tokens in the global batch). */
 int gpt_model_forward(gpt_model *model, gpt_slot *slot);
 
-/* This stage's output [B*T, D] after a forward: what the next stage receives. */
+/* This stage's output [rows, D] after a forward: what the next stage receives. */
 const float *gpt_model_output(const gpt_model *model, const gpt_slot *slot);
 
 /* Backward of a slot; d_output is the gradient of this stage's output
- * [B*T, D] (unused on the last stage); on return d_input holds the gradient
+ * [rows, D] (unused on the last stage); on return d_input holds the gradient
  * of its input (unused on the first stage). */
 int gpt_model_backward(gpt_model *model, gpt_slot *slot, const float *d_output, float *d_input, float loss_scale);
 
@@ -122,6 +136,12 @@ int gpt_model_backward(gpt_model *model, gpt_slot *slot, const float *d_output, 
  * ranks, so that they stay equal; a no-op otherwise. After the backward of
  * a step's last micro-batch, on every TP rank alike. */
 int gpt_model_reduce_shared_kv(gpt_model *model);
+
+/* With sequence parallelism, sums over TP the gradients of the tensors each
+ * rank computed from its own rows only (the norms' weights and biases, the
+ * position table), so that they stay equal; a no-op otherwise. After the
+ * backward of a step's last micro-batch. */
+int gpt_model_reduce_sequence_parallel(gpt_model *model);
 
 /* Sum of the token losses (nats) of rows [0, rows) of a slot after its
  * forward on the last stage; the forward's loss_sum is that of all rows. */

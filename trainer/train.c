@@ -110,7 +110,7 @@ static int forward_micro_batch(trainer *t, int64_t k)
     gpt_model *m = t->model;
     comm *c = t->c;
     gpt_slot *s = &m->slots[k % m->num_slots];
-    int64_t n = m->B * m->T * m->D;
+    int64_t n = m->rows * m->D; /* with sequence parallelism, this rank's rows go to its peer */
     if (k >= m->num_slots) TP_TRY(comm_wait_sends(c, m->stream)); /* slot reused */
     load_micro_batch(t, s, k);
     if (!m->is_first) TP_TRY(comm_recv(c, COMM_PREV_STAGE, s->input, n, COMM_FLOAT, (int)k, m->stream));
@@ -124,7 +124,7 @@ static int backward_micro_batch(trainer *t, int64_t k)
     gpt_model *m = t->model;
     comm *c = t->c;
     gpt_slot *s = &m->slots[k % m->num_slots];
-    int64_t n = m->B * m->T * m->D;
+    int64_t n = m->rows * m->D;
     float *d_input = t->d_input[k % m->num_slots];
     if (!m->is_last) TP_TRY(comm_recv(c, COMM_NEXT_STAGE, t->d_output, n, COMM_FLOAT, (int)k, m->stream));
     float scale = 1.0f / (float)(t->global_batch * m->T);
@@ -163,6 +163,7 @@ static int reduce_gradients(trainer *t)
         TP_TRY(comm_all_reduce(c, GROUP_EMBED, w->grad, w->numel, COMM_FLOAT, COMM_SUM, m->stream));
     }
     TP_TRY(gpt_model_reduce_shared_kv(m));
+    TP_TRY(gpt_model_reduce_sequence_parallel(m));
     if (c->dp > 1) TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + m->total, m->total, COMM_FLOAT, COMM_SUM, m->stream));
     return TP_OK;
 }
@@ -354,7 +355,8 @@ static int set_up(trainer *t)
     comm *c = t->c;
     int slots = (int)(o->grad_accum < c->pp - c->pp_rank ? o->grad_accum : c->pp - c->pp_rank);
     int64_t activations = o->micro_batch * o->seq * o->config.dim;
-    int status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots);
+    int status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots,
+                                  o->sequence_parallel);
     if (!status && o->bf16 && !t->model->kernels->matmul_forward_bf16)
         status = tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend has no bf16 matrix products yet",
                          t->model->kernels->name);
@@ -611,7 +613,7 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     outcome->all_ranks_know = 1;
     if (!status) {
         train_report r = {.kind = TRAIN_REPORT_START, .step = start_step + 1,
-                          .loss_floor = dataset_loss_floor(t.data)};
+                          .loss_floor = dataset_loss_floor(t.data), .bytes = gpt_model_activation_bytes(t.model)};
         report(&t, &r);
         if (o->dump_dir) status = dump_initial(&t);
     }

@@ -53,7 +53,8 @@ typedef struct {
     double loss_floor;          /* START: the synthetic data's entropy rate, or -1 */
     int optimizer_loaded;       /* RESUMED: 0 when the checkpoint held no optimizer state */
     const char *text;           /* RESUMED, SAVED, UPLOADED: the checkpoint; WARNING: the message */
-    int64_t bytes;              /* UPLOADED */
+    int64_t bytes;              /* UPLOADED; START: the activations this rank keeps for the backward (its
+                                   micro-batches in flight, and sequence parallelism's two buffers) */
     /* UPLOADED: the slowest rank's seconds writing its shard (snapshot included) and uploading it (describing
      * included), and rank 0's building and uploading the index and `latest` */
     struct {
@@ -78,6 +79,7 @@ typedef struct {
     int threads;
     const struct kernel_backend *kernels; /* where the model computes; NULL: the CPU */
     int bf16;             /* mixed precision: matrix products with bf16 operands, fp32 master weights and state */
+    int sequence_parallel; /* the norm and residual regions split over the TP ranks by rows (tp > 1) */
     const char *dump_dir; /* test hook: initial weights, batches, step-1 gradients and logits */
     train_control *control; /* NULL: no stop requests */
     void (*report)(void *ctx, const train_report *report); /* NULL: silent */

@@ -34,6 +34,8 @@ static struct {
     decltype(&ncclCommInitRank) init_rank;
     decltype(&ncclCommDestroy) destroy;
     decltype(&ncclAllReduce) all_reduce;
+    decltype(&ncclAllGather) all_gather;
+    decltype(&ncclReduceScatter) reduce_scatter;
     decltype(&ncclSend) send;
     decltype(&ncclRecv) recv;
     decltype(&ncclGetErrorString) error_string;
@@ -59,6 +61,8 @@ static int load_nccl(void)
              !(*(void **)&nccl.error_string = dlsym(library, "ncclGetErrorString")) ||
              !(*(void **)&nccl.send = dlsym(library, "ncclSend")) ||
              !(*(void **)&nccl.recv = dlsym(library, "ncclRecv")) ||
+             !(*(void **)&nccl.all_gather = dlsym(library, "ncclAllGather")) ||
+             !(*(void **)&nccl.reduce_scatter = dlsym(library, "ncclReduceScatter")) ||
              !(*(void **)&nccl.all_reduce = dlsym(library, "ncclAllReduce")))) { /* last: all are loaded */
             nccl.all_reduce = NULL;
             status = tp_fail(TP_ERR_DEVICE, "NCCL (%s) lacks a function this build uses", names[0]);
@@ -121,6 +125,28 @@ extern "C" int cuda_group_all_reduce(cuda_group *group, void *data, int64_t coun
     CUDA_TRY(cudaSetDevice(group->device));
     NCCL_TRY(nccl.all_reduce(data, data, (size_t)count, is_double ? ncclFloat64 : ncclFloat32, is_max ? ncclMax : ncclSum,
                              group->comm, group->stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+extern "C" int cuda_group_all_gather(cuda_group *group, const void *send, void *recv, int64_t count, int is_double)
+{
+    if (count <= 0) return TP_OK;
+    CUDA_TRY(cudaSetDevice(group->device));
+    NCCL_TRY(nccl.all_gather(send, recv, (size_t)count, is_double ? ncclFloat64 : ncclFloat32, group->comm,
+                             group->stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+extern "C" int cuda_group_reduce_scatter(cuda_group *group, const void *send, void *recv, int64_t count, int is_double)
+{
+    if (count <= 0) return TP_OK;
+    CUDA_TRY(cudaSetDevice(group->device));
+    NCCL_TRY(nccl.reduce_scatter(send, recv, (size_t)count, is_double ? ncclFloat64 : ncclFloat32, ncclSum,
+                                 group->comm, group->stream));
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;

@@ -88,6 +88,18 @@ int cuda_group_all_reduce(cuda_group *group, void *data, int64_t count, int is_d
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 
+int cuda_group_all_gather(cuda_group *group, const void *send, void *recv, int64_t count, int is_double)
+{
+    (void)group, (void)send, (void)recv, (void)count, (void)is_double;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cuda_group_reduce_scatter(cuda_group *group, const void *send, void *recv, int64_t count, int is_double)
+{
+    (void)group, (void)send, (void)recv, (void)count, (void)is_double;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
 int cuda_group_send(cuda_group *group, int peer, const void *data, int64_t count, int is_double)
 {
     (void)group, (void)peer, (void)data, (void)count, (void)is_double;

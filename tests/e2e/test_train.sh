@@ -30,6 +30,8 @@ torch_check tp2pp2 4 --tp 2 --pp 2
 torch_check tp4 4 --tp 4
 BF16=1 torch_check tp1-bf16 1 --tp 1
 BF16=1 torch_check tp2pp2-bf16 4 --tp 2 --pp 2
+torch_check tp2-sp 2 --tp 2 --sequence-parallel
+BF16=1 torch_check tp2pp2-sp-bf16 4 --tp 2 --pp 2 --sequence-parallel
 
 # --- bf16 mixed precision: the products' operands rounded, so the losses
 # differ from fp32's (a little: bf16's precision), and not with the layout.
@@ -53,6 +55,30 @@ done
 for name in tp2pp2dp1 tp4pp1dp1 tp1pp1dp4 tp2pp1dp2; do
     check "$name has the losses of tp1pp1dp1 (1e-4)" losses_match "$WORK/$name.jsonl" "$WORK/tp1pp1dp1.jsonl" 1e-4
 done
+# --- Sequence parallelism: where the norms' rows live, not what is computed:
+# the losses of the same layout without it (1e-5), a rank's rows only in its
+# activations, refused where it cannot split the rows.
+for layout in "4 2 2 1 2 2" "4 4 1 1 4 1" "4 2 1 2 2 1"; do
+    set -- $layout
+    name="tp$2pp$3dp$4"
+    expect_ok "20 steps at $name with sequence parallelism" mpi_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" \
+        --micro-batch "$5" --grad-accum "$6" --steps 20 --sequence-parallel --log "$WORK/$name-sp.jsonl"
+    check "$name with sequence parallelism has its losses without it (1e-5)" \
+        losses_match "$WORK/$name-sp.jsonl" "$WORK/$name.jsonl" 1e-5
+done
+check "sequence parallelism: the start line says so" \
+    [ "$(events "$WORK/tp4pp1dp1-sp.jsonl" start sequence_parallel)" = "true " ]
+# The tiny model's norm and residual rows are 59% of its activations at tp4
+# (docs/BENCHMARKS.md has a real model's figures); a quarter of them is kept,
+# and two [B*T, D] buffers to gather into: 67% of the bytes.
+check "sequence parallelism at tp4: a rank keeps fewer activations than without it" "$PY" -c '
+import json, sys
+a, b = ([r["activation_bytes"] for r in map(json.loads, open(f)) if r.get("event") == "start"][0] for f in sys.argv[1:])
+sys.exit(not 0 < a < 0.8 * b)' "$WORK/tp4pp1dp1-sp.jsonl" "$WORK/tp4pp1dp1.jsonl"
+expect_error "--sequence-parallel at tp 1" 2 "sequence-parallel .* needs --tp 2 or more" "$TRAIN" $TINY --sequence-parallel
+expect_error "--sequence-parallel with rows that do not divide over tp" 2 \
+    "micro-batch 1 x sequence 31 = 31 rows do not divide over tp 2" "$TRAIN" $TINY --seq 31 --micro-batch 1 --tp 2 \
+    --sequence-parallel
 check "the loss falls on synthetic data" "$PY" -c 'import json,sys; r=[x["loss"] for x in map(json.loads, open(sys.argv[1])) if "event" not in x]; sys.exit(not r[-1] < r[0] - 0.05)' "$WORK/tp1pp1dp1.jsonl"
 
 # --- --global-batch: the accumulation is global batch / (micro-batch x dp), and

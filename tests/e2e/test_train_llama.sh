@@ -31,6 +31,7 @@ torch_check tp2 2 --tp 2
 torch_check tp2-kv1 2 --tp 2 --kv-heads 1
 torch_check tp2pp2 4 --tp 2 --pp 2
 torch_check tp4 4 --tp 4
+torch_check tp2-kv1-sp 2 --tp 2 --kv-heads 1 --sequence-parallel
 BF16=1 torch_check tp1-bf16 1 --tp 1
 BF16=1 torch_check tp2pp2-bf16 4 --tp 2 --pp 2
 

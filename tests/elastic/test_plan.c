@@ -425,7 +425,7 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     cr_assert_eq(comm_place(c, stage * tp, tp * pp, tp, pp, 1), TP_OK);
     gpt_model *m = NULL;
     int slots = pp - stage;
-    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, 0), TP_OK, "%s", tp_errmsg());
     elastic_memory out = {0};
     int64_t owned = 0, N = micro_batch * config->seq;
     for (int i = 0; i < m->num_params; i++) owned += m->params[i].owner ? m->params[i].numel : 0;

@@ -104,7 +104,24 @@ static void *collectives(void *arg)
         bad |= !texts[r] || strlen(texts[r]) != want || texts[r][0] != 'a' + r || texts[r][want - 1] != 'a' + r;
     }
     comm_texts_free(texts, c->world);
+    /* All-gather over TP: [tp_rank's 3 values] in member order; over DP too. */
+    float part[3], all[3 * 2];
+    for (int i = 0; i < 3; i++) part[i] = (float)(10 * c->tp_rank + i);
+    bad |= comm_all_gather(c, GROUP_TP, part, all, 3, COMM_FLOAT, COMM_HOST) != TP_OK;
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 3; i++) bad |= all[j * 3 + i] != (float)(10 * j + i);
+    double mine_d = c->dp_rank + 0.5, both_d[2];
+    bad |= comm_all_gather(c, GROUP_DP, &mine_d, both_d, 1, COMM_DOUBLE, COMM_HOST) != TP_OK;
+    bad |= both_d[0] != 0.5 || both_d[1] != 1.5;
+    /* Reduce-scatter over TP: member j keeps the sum of everyone's part j:
+     * rank t sends (t + 1) * (100 j + i) for part j. */
+    float full[2 * 3], kept[3];
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 3; i++) full[j * 3 + i] = (float)((c->tp_rank + 1) * (100 * j + i));
+    bad |= comm_reduce_scatter(c, GROUP_TP, full, kept, 3, COMM_FLOAT, COMM_HOST) != TP_OK;
+    for (int i = 0; i < 3; i++) bad |= kept[i] != (float)(3 * (100 * c->tp_rank + i)); /* (1 + 2) x */
     /* A device stream is refused by a host communicator. */
+    bad |= comm_all_gather(c, GROUP_TP, part, all, 3, COMM_FLOAT, (comm_stream)x) != TP_ERR_COMM;
     bad |= comm_all_reduce(c, GROUP_TP, x, 1, COMM_FLOAT, COMM_SUM, (comm_stream)x) != TP_ERR_COMM;
     slot->status = bad;
     return NULL;
@@ -356,8 +373,8 @@ Test(train, a_claimed_run_directory_is_refused_alike_on_every_rank, .timeout = 1
 
 /* Runs a tiny model for `steps` at (tp, pp, dp <= 2) on threads with
  * `kernels` (NULL: the CPU); the losses of rank 0 into losses[1..steps]. */
-static void train_layout(int tp, int pp, int dp, const kernel_backend *kernels, int64_t steps, const char *ckpt_dir,
-                         int64_t stop_at, int resume, double *losses)
+static void train_layout_sp(int tp, int pp, int dp, const kernel_backend *kernels, int64_t steps, const char *ckpt_dir,
+                            int64_t stop_at, int resume, int sequence_parallel, double *losses)
 {
     rank_run runs[8];
     rank_slot slots[8];
@@ -371,6 +388,7 @@ static void train_layout(int tp, int pp, int dp, const kernel_backend *kernels, 
         runs[r].options.ckpt_dir = ckpt_dir;
         runs[r].options.stop_at = stop_at;
         runs[r].options.resume = resume;
+        runs[r].options.sequence_parallel = sequence_parallel;
         slots[r].arg = &runs[r];
     }
     run_ranks(tp, pp, dp, train_rank, slots);
@@ -381,6 +399,48 @@ static void train_layout(int tp, int pp, int dp, const kernel_backend *kernels, 
     }
     /* The loss is known on every rank; rank 0 speaks for all. */
     for (int64_t s = 1; s <= steps; s++) losses[s] = runs[0].rec.losses[s];
+}
+
+static void train_layout(int tp, int pp, int dp, const kernel_backend *kernels, int64_t steps, const char *ckpt_dir,
+                         int64_t stop_at, int resume, double *losses)
+{
+    train_layout_sp(tp, pp, dp, kernels, steps, ckpt_dir, stop_at, resume, 0, losses);
+}
+
+/* Sequence parallelism changes where the norms' and residuals' rows live,
+ * not what is computed: the losses of the same layout without it (1e-5),
+ * on the CPU and through the device seam (the staged all-gather and
+ * reduce-scatter of device data); a checkpoint written with it resumes
+ * without it. */
+Test(train, sequence_parallelism_trains_as_without_it, .timeout = 300)
+{
+    const int layouts[3][3] = {{2, 1, 1}, {2, 2, 1}, {2, 1, 2}};
+    for (int i = 0; i < 3; i++) {
+        const int *l = layouts[i];
+        double plain[8] = {0}, split[8] = {0}, device[8] = {0};
+        train_layout_sp(l[0], l[1], l[2], NULL, 5, NULL, 0, 0, 0, plain);
+        train_layout_sp(l[0], l[1], l[2], NULL, 5, NULL, 0, 0, 1, split);
+        train_layout_sp(l[0], l[1], l[2], encoded_backend(), 5, NULL, 0, 0, 1, device);
+        for (int s = 1; s <= 5; s++) {
+            cr_assert(plain[s] > 0 && fabs(split[s] - plain[s]) <= 1e-5 * plain[s],
+                      "tp%d pp%d dp%d step %d: loss %.9g with sequence parallelism, %.9g without", l[0], l[1], l[2], s,
+                      split[s], plain[s]);
+            cr_assert(device[s] == split[s], "tp%d pp%d dp%d step %d: %.9g through the device seam, %.9g on the CPU",
+                      l[0], l[1], l[2], s, device[s], split[s]);
+        }
+    }
+    cr_assert_eq(encoded_backend_live_bytes(), 0);
+    char run_dir[700];
+    snprintf(run_dir, sizeof run_dir, "%s/sp", dir);
+    double straight[8] = {0}, first[8] = {0}, rest[8] = {0};
+    train_layout_sp(2, 1, 1, NULL, 6, NULL, 0, 0, 1, straight);
+    train_layout_sp(2, 1, 1, NULL, 6, run_dir, 3, 0, 1, first);
+    train_layout_sp(2, 1, 1, NULL, 6, run_dir, 0, 1, 0, rest);
+    for (int s = 1; s <= 6; s++) {
+        double got = s <= 3 ? first[s] : rest[s];
+        cr_assert(fabs(got - straight[s]) <= 1e-5 * straight[s], "step %d: %.9g saved with, resumed without, %.9g",
+                  s, got, straight[s]);
+    }
 }
 
 Test(train, a_device_backend_trains_as_the_cpu_bit_for_bit, .timeout = 120)
