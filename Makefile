@@ -120,7 +120,7 @@ TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-megatron bench-dcp bench-llama bench-elastic bench-remote bench-scale bench-revisions clean programs tests
+.PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-megatron bench-dcp bench-llama bench-elastic bench-remote bench-scale bench-parallel bench-revisions clean programs tests
 
 all: deps
 	@$(SUBMAKE) build
@@ -319,6 +319,10 @@ bench-reshard: deps
 bench-train: deps
 	@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-train.sh
+
+bench-parallel: deps
+	@$(SUBMAKE) build
+	@BUILD=$(BUILD) scripts/bench-parallel.sh
 
 bench-export: deps
 	@$(SUBMAKE) build

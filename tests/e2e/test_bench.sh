@@ -26,7 +26,7 @@ export BENCH_SETTLE=0 BENCH_DROP=files BENCH_REPS=1
 # bench-ckpt, bench-reshard, bench-export: a GPT of dim 64, vocabulary 256,
 # and the fewest layers (about 2 MB of tensors).
 export BENCH_DIM=64 BENCH_VOCAB=256 BENCH_GB=0.002 BENCH_PARAMS_B=0
-# bench-train and bench-gpu: tp-train --model tiny's shape, 3 steps.
+# bench-train, bench-gpu and bench-parallel: tp-train --model tiny's shape, 3 steps.
 export BENCH_STEPS=3 BENCH_SHAPE="--layers 2 --dim 64 --heads 4 --vocab 256 --seq 32" BENCH_PEAK_SIZE=128
 export BENCH_MODELS=tiny BENCH_SEQ=32 BENCH_MICRO_BATCH=1
 # bench-llama: llama-tiny's shape, trained and resharded.
@@ -115,6 +115,7 @@ else
     echo "[$NAME] SKIP: bench-llama: python3-torch is not installed"
 fi
 bench bench-elastic
+bench bench-parallel
 bench bench-remote
 check "bench-remote: the per-rank saves' section, with a table of numbers" has_table bench-remote-ranks
 bench bench-scale

@@ -1,0 +1,101 @@
+#!/bin/sh
+# make bench-parallel: what tp-train's parallelism options buy on this
+# machine (issue 27): for now sequence parallelism at tp 2 and 4, with and
+# without it, side by side in one run: the activations a rank keeps for the
+# backward (the start line's activation_bytes) against the expected figure
+# (the norm and residual rows divided by tp, plus two [B*T, D] buffers to
+# gather into), the peak RSS of the largest rank, and milliseconds per step.
+# Writes docs/BENCHMARKS.md (section bench-parallel).
+#   BENCH_STEPS (default 10): steps per run; the first 2 are warm-up, not counted
+#   BENCH_REPS (default 3): repetitions, alternating which goes first; medians
+#   BENCH_SHAPE (default "--layers 6 --dim 384 --heads 6 --vocab 256 --seq 256",
+#   tp-train --model small): the model (GPT-2's architecture)
+#   BENCH_TPS (default "2 4"): the tensor-parallel degrees, one process each
+#   Where it writes: scripts/bench-lib.sh.
+set -eu
+cd "$(dirname "$0")/.."
+. scripts/bench-lib.sh
+BUILD=${BUILD:-build}
+STEPS=${BENCH_STEPS:-10}
+REPS=${BENCH_REPS:-3}
+TPS=${BENCH_TPS:-2 4}
+SHAPE=${BENCH_SHAPE:---layers 6 --dim 384 --heads 6 --vocab 256 --seq 256}
+BATCH=4
+DIR="$SCRATCH_ROOT/parallel"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mkdir -p "$DIR"
+RESULTS="$DIR/results.jsonl"
+: >"$RESULTS"
+
+# run TP SP(0|1) REP: one run, one JSON line into RESULTS.
+run() {
+    flag=""
+    [ "$2" = 1 ] && flag=--sequence-parallel
+    rm -f "$DIR/log.jsonl"
+    m=$(measure mpirun --oversubscribe -np "$1" "$BUILD/bin/tp-train" $SHAPE --tp "$1" --micro-batch $BATCH \
+        --steps "$STEPS" --threads 1 --quiet $flag --log "$DIR/log.jsonl" </dev/null)
+    $PY - "$DIR/log.jsonl" "$1" "$2" "$3" "$m" >>"$RESULTS" <<'PY'
+import json, statistics, sys
+log, tp, sp, rep, measured = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])
+if measured["status"] != 0:
+    sys.exit(f"tp-train at tp{tp} exited {measured['status']}")
+rows = [json.loads(line) for line in open(log)]
+start = [r for r in rows if r.get("event") == "start"][0]
+steps = [r["ms"] for r in rows if "event" not in r and "ms" in r]
+print(json.dumps({"tp": tp, "sp": sp, "rep": rep, "activation_bytes": start["activation_bytes"],
+                  "sequence_parallel": start["sequence_parallel"], "ms": statistics.median(steps[2:] or steps),
+                  "max_rss_bytes": measured["max_rss_bytes"]}))
+PY
+    tail -n 1 "$RESULTS"
+}
+
+for rep in $(seq 1 "$REPS"); do
+    for tp in $TPS; do
+        if [ $((rep % 2)) = 1 ]; then order="0 1"; else order="1 0"; fi
+        for sp in $order; do run "$tp" "$sp" "$rep"; done
+    done
+done
+
+value() { echo " $SHAPE " | sed -n "s/.* $1 \([^ ]*\) .*/\1/p"; }
+TABLE=$($PY - "$RESULTS" "$BATCH" "$(value --seq)" "$(value --layers)" "$(value --dim)" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+batch, seq, layers, dim = (int(x) for x in sys.argv[2:6])
+N = batch * seq
+# What sequence parallelism divides by tp (trainer/model.c slot_floats): per
+# layer the two norms' outputs and the two residuals [N, D] and the norms'
+# mean and rstd [N] x 2 each; the stage's input [N, D]; the final norm's
+# output [N, D] and its mean and rstd. One slot (pp 1, one micro-batch).
+split_floats = layers * N * (4 * dim + 4) + N * dim + N * (dim + 2)
+out = ["| tp | sequence parallel | activations kept, MB (measured) | expected, MB | of which norms and residuals, MB | ms/step (median) | peak RSS, largest process, MB |",
+       "| --- | --- | --- | --- | --- | --- | --- |"]
+for tp in sorted({r["tp"] for r in rows}):
+    base = [r for r in rows if r["tp"] == tp and not r["sp"]]
+    plain = base[0]["activation_bytes"]
+    for sp in (0, 1):
+        runs = [r for r in rows if r["tp"] == tp and r["sp"] == sp]
+        kept = runs[0]["activation_bytes"]
+        if any(r["activation_bytes"] != kept for r in runs) or runs[0]["sequence_parallel"] != bool(sp):
+            sys.exit(f"tp{tp}: the runs disagree on what they are")
+        split = 4 * split_floats / (tp if sp else 1)
+        expected = plain - 4 * split_floats + split + (4 * 2 * N * dim if sp else 0)
+        if kept != expected:
+            sys.exit(f"tp{tp} sp{sp}: {kept} bytes kept, {expected} expected")
+        out.append("| %d | %s | %.2f | %.2f | %.2f | %.0f | %.0f |" % (
+            tp, "on" if sp else "off", kept / 1e6, expected / 1e6, split / 1e6,
+            statistics.median(r["ms"] for r in runs), statistics.median(r["max_rss_bytes"] for r in runs) / 1e6))
+print("\n".join(out))
+PY
+)
+echo "$TABLE"
+doc_section bench-parallel "Parallelism options: sequence parallelism (bench-parallel)" <<DOC
+Command: \`make bench-parallel\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS, BENCH_TPS="$TPS"), $(date -u +%Y-%m-%d),
+$(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}.
+tp-train $SHAPE, micro-batch $BATCH, one thread per rank, the ranks sharing this machine's cores
+(oversubscribed past them: the times say what the collectives and the smaller norms cost here, not what a
+cluster would see). "Activations kept" is the start line's activation_bytes, what a rank keeps for the backward
+of its micro-batches in flight; "expected" is the same without sequence parallelism with the norm and residual
+rows divided by tp and two [B*T, D] buffers added to gather into (the script fails when they differ by a byte).
+
+$TABLE
+DOC
