@@ -38,7 +38,7 @@ gpu_train() {
 # GPUs: GPT-2 (tiny) and Llama (llama-tiny: RMSNorm, rotary embeddings,
 # SwiGLU, 2 KV heads, replicated at tp4).
 for layout in "tp1 1 tiny --tp 1" "tp2 2 tiny --tp 2" "tp2pp2 4 tiny --tp 2 --pp 2" "llama-tp1 1 llama-tiny --tp 1" \
-    "llama-tp2 2 llama-tiny --tp 2" "llama-tp4 4 llama-tiny --tp 4"; do
+    "llama-tp2 2 llama-tiny --tp 2" "llama-tp4 4 llama-tiny --tp 4" "tp2-sp 2 tiny --tp 2 --sequence-parallel"; do
     set -- $layout
     name=$1 ranks=$2 model=$3
     shift 3

@@ -520,6 +520,12 @@ Test(train, the_gpu_trains_as_the_cpu_at_every_layout, .timeout = 300)
             cr_assert(fabs(device[s] - cpu[s]) <= 1e-4 * cpu[s], "tp%d pp%d dp%d step %d: %.9g on the GPU, %.9g on the CPU",
                       l[0], l[1], l[2], s, device[s], cpu[s]);
     }
+    /* Sequence parallelism on the GPU: its gathers and reduce-scatters of device data. */
+    double split[8] = {0};
+    train_layout_sp(2, 2, 1, gpu, 5, NULL, 0, 0, 1, split);
+    for (int s = 1; s <= 5; s++)
+        cr_assert(fabs(split[s] - cpu[s]) <= 1e-4 * cpu[s], "tp2 pp2 with sequence parallelism, step %d: %.9g on the GPU, "
+                  "%.9g on the CPU", s, split[s], cpu[s]);
 }
 
 Test(train, checkpoints_move_between_the_gpu_and_the_cpu, .timeout = 300)
