@@ -106,13 +106,16 @@ static int64_t qkv_local(const gpt_config *m, int tp)
     return (m->heads / tp + 2 * kv_local) * (m->dim / m->heads);
 }
 
-static int64_t micro_batch_floats(const gpt_config *m, int tp, int pp, int64_t b, int last, int64_t vocab_local)
+/* With sequence parallelism the rows of the stage's input, the norms,
+ * their statistics and the residuals are N / tp (R below). */
+static int64_t micro_batch_floats(const gpt_config *m, int tp, int pp, int64_t b, int last, int64_t vocab_local,
+                                  int sequence_parallel)
 {
-    int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads, heads = m->heads / tp;
-    int64_t qkv = qkv_local(m, tp), attn = heads * hd, f = m->ffn / tp;
-    int64_t per_layer = N * (4 * D + 4 + qkv + attn + (m->swiglu ? 2 : 1) * f + f) + N * heads;
-    int64_t head = last ? N * (D + 5 + vocab_local) : 0;
-    return N * D + (m->layers / pp) * per_layer + head;
+    int64_t s = m->seq, N = b * s, R = sequence_parallel ? N / tp : N, D = m->dim, hd = m->dim / m->heads;
+    int64_t heads = m->heads / tp, qkv = qkv_local(m, tp), attn = heads * hd, f = m->ffn / tp;
+    int64_t per_layer = R * (4 * D + 4) + N * (qkv + attn + (m->swiglu ? 2 : 1) * f + f) + N * heads;
+    int64_t head = last ? R * (D + 2) + N * (3 + vocab_local) : 0;
+    return R * D + (m->layers / pp) * per_layer + head;
 }
 
 /* fp32 elements of the backward pass's working memory, once per rank: the
@@ -122,21 +125,23 @@ static int64_t micro_batch_floats(const gpt_config *m, int tp, int pp, int64_t b
  * (trainer/train.c: d_output [N, D] and one d_input [N, D] per slot), and
  * Llama's rotary table [S, hd] and, with K < TP, the key/value heads'
  * gradients summed over TP [KV, 2 hd, D]. */
-static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last, int64_t vocab_local, int64_t slots)
+static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last, int64_t vocab_local, int64_t slots,
+                               int sequence_parallel)
 {
     int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads;
     int64_t qkv = qkv_local(m, tp), attn = m->heads / tp * hd, f = m->ffn / tp, fc = m->swiglu ? 2 * f : f;
     int64_t scratch = N * (3 * D + qkv + attn + f + fc) + attention_scratch_floats(b, s, m->heads / tp) +
                       (last ? N * vocab_local : 0);
     int64_t llama = m->arch == GPT_ARCH_LLAMA ? s * hd + (m->kv_heads < tp ? 2 * m->kv_heads * hd * D : 0) : 0;
-    return scratch + (1 + slots) * N * D + llama;
+    int64_t gathering = sequence_parallel ? 2 * N * D : 0; /* sequence parallelism's two [N, D] buffers */
+    return scratch + (1 + slots) * N * D + llama + gathering;
 }
 
 /* Memory of one rank of `stage`. Under 1F1B stage k has up to pp - k
  * micro-batches in flight (its warm-up forwards and one more), never more
  * than the accumulation: the trainer's slots. */
 static elastic_memory stage_memory(const gpt_config *m, int tp, int pp, int stage, const stage_share *share,
-                                   int64_t micro_batch, int64_t grad_accum)
+                                   int64_t micro_batch, int64_t grad_accum, int sp)
 {
     elastic_memory out;
     int last = stage == pp - 1;
@@ -145,14 +150,14 @@ static elastic_memory stage_memory(const gpt_config *m, int tp, int pp, int stag
     out.gradients = p * FP32;
     out.optimizer = p * 2 * FP32; /* AdamW: two fp32 moments */
     out.snapshot = share->owned * 3 * FP32; /* trainer/checkpoint.c: weights and both moments, replica 0 */
-    out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp, micro_batch, last, share->vocab_local) +
-                              backward_floats(m, tp, micro_batch, last, share->vocab_local, slots));
+    out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp, micro_batch, last, share->vocab_local, sp) +
+                              backward_floats(m, tp, micro_batch, last, share->vocab_local, slots, sp));
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
     return out;
 }
 
 /* The stage with the most memory, at a given accumulation. */
-static int memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, int64_t grad_accum,
+static int memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, int64_t grad_accum, int sp,
                            elastic_memory *out)
 {
     memset(out, 0, sizeof *out);
@@ -160,21 +165,31 @@ static int memory_estimate(const gpt_config *model, int tp, int pp, int64_t micr
     if (!shares) return tp_fail(TP_ERR_NOMEM, "out of memory estimating memory for tp %d pp %d", tp, pp);
     int status = stage_shares(model, tp, pp, shares);
     for (int stage = 0; !status && stage < pp; stage++) {
-        elastic_memory m = stage_memory(model, tp, pp, stage, &shares[stage], micro_batch, grad_accum);
+        elastic_memory m = stage_memory(model, tp, pp, stage, &shares[stage], micro_batch, grad_accum, sp);
         if (m.total > out->total) *out = m;
     }
     free(shares);
     return status;
 }
 
-int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, elastic_memory *out)
+/* Whether tp-train can split a micro-batch's rows over tp (--sequence-parallel). */
+static int can_split_rows(const gpt_config *model, int tp, int64_t micro_batch)
+{
+    return tp > 1 && (micro_batch * model->seq) % tp == 0;
+}
+
+int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, int sequence_parallel,
+                            elastic_memory *out)
 {
     memset(out, 0, sizeof *out);
     if (tp < 1 || pp < 1 || micro_batch < 1)
         return tp_fail(TP_ERR_ARG, "memory estimate: tp %d, pp %d and micro-batch %lld must be at least 1", tp, pp,
                        (long long)micro_batch);
     TP_TRY(gpt_config_check(model, tp, pp));
-    return memory_estimate(model, tp, pp, micro_batch, pp, out); /* 1F1B at its deepest */
+    if (sequence_parallel && !can_split_rows(model, tp, micro_batch))
+        return tp_fail(TP_ERR_ARG, "sequence parallelism: %lld rows do not split over tp %d",
+                       (long long)(micro_batch * model->seq), tp);
+    return memory_estimate(model, tp, pp, micro_batch, pp, sequence_parallel, out); /* 1F1B at its deepest */
 }
 
 /* ------------------------------------------------------ what a rank sends */
@@ -202,7 +217,14 @@ static double stage_comm_bytes(const gpt_config *m, const elastic_layout *l, int
     int first = stage == 0, last = stage == l->pp - 1;
     double N = (double)l->micro_batch * (double)m->seq, a = N * (double)m->dim * FP32;
     double tp_per_micro = (double)(m->layers / l->pp) * 4.0 * a + (first ? a : 0) + (last ? a + 3.0 * N * FP32 : 0);
+    if (l->sequence_parallel) /* an all-gather or a reduce-scatter sends half an all-reduce: per layer 2 + 2 in
+                                 the forward, 4 + 2 in the backward (the norms gathered again); the last stage's
+                                 norm gathered twice and its gradient reduce-scattered */
+        tp_per_micro = (double)(m->layers / l->pp) * 5.0 * a + (first ? a : 0) + (last ? 1.5 * a + 3.0 * N * FP32 : 0);
     double tp_bytes = (double)l->grad_accum * ring(l->tp) * tp_per_micro;
+    if (l->sequence_parallel) /* the norms' (and positions') gradients, summed over TP once a step */
+        tp_bytes += ring(l->tp) * (double)((m->layers / l->pp) * 4 * m->dim + (last ? 2 * m->dim : 0) +
+                                           (first && m->arch != GPT_ARCH_LLAMA ? m->seq * m->dim : 0)) * FP32;
     double pp_bytes = (double)l->grad_accum * a * ((first ? 0 : 1) + (last ? 0 : 1));
     double tie_bytes = l->pp > 1 && (first || last) ? ring(2) * (double)share->embed_piece * FP32 : 0;
     double dp_bytes = ring(l->dp) * (double)share->params * FP32;
@@ -269,16 +291,30 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
     for (int64_t m = largest_divisor_at_most(share, micro_batch_limit(r));; m = largest_divisor_at_most(share, m - 1)) {
         l->micro_batch = m;
         l->grad_accum = share / m;
-        if (memory_estimate(&r->model, l->tp, l->pp, m, l->grad_accum, &l->memory) != TP_OK) {
+        l->sequence_parallel = 0;
+        if (memory_estimate(&r->model, l->tp, l->pp, m, l->grad_accum, 0, &l->memory) != TP_OK) {
             reject(l, tp_errmsg());
             return;
         }
         if (!r->memory_per_rank || l->memory.total <= r->memory_per_rank) return;
+        /* Too much: sequence parallelism keeps 1/tp of the norms' and residuals' rows. */
+        elastic_memory split = {0};
+        int splits = can_split_rows(&r->model, l->tp, m) &&
+                     memory_estimate(&r->model, l->tp, l->pp, m, l->grad_accum, 1, &split) == TP_OK;
+        if (splits && split.total <= r->memory_per_rank) {
+            l->sequence_parallel = 1;
+            l->without_sequence_parallel = l->memory.total;
+            l->memory = split;
+            return;
+        }
         if (m == 1) {
-            char need[32], given[32];
+            char need[32], given[32], with[32], also[64] = "";
             l->valid = 0;
-            snprintf(l->reason, sizeof l->reason, "needs %s per rank even at micro-batch 1, %s given",
-                     format_bytes((double)l->memory.total, need, sizeof need),
+            if (splits)
+                snprintf(also, sizeof also, " (%s with sequence parallelism)",
+                         format_bytes((double)split.total, with, sizeof with));
+            snprintf(l->reason, sizeof l->reason, "needs %s per rank even at micro-batch 1%s, %s given",
+                     format_bytes((double)l->memory.total, need, sizeof need), also,
                      format_bytes((double)r->memory_per_rank, given, sizeof given));
             return;
         }
@@ -405,6 +441,12 @@ static void explain_chosen(const elastic_plan_request *r, elastic_plan *plan)
         snprintf(part, sizeof part, "; %s per rank, the least memory of %d layouts as good", bytes, rivals);
     else snprintf(part, sizeof part, "; %s per rank", bytes);
     why_append(plan, part);
+    if (c->sequence_parallel) {
+        char without[32];
+        snprintf(part, sizeof part, " with sequence parallelism (%s without it, over the limit)",
+                 format_bytes((double)c->without_sequence_parallel, without, sizeof without));
+        why_append(plan, part);
+    }
 }
 
 /* ------------------------------------------------------------------ plan */
@@ -497,6 +539,9 @@ static cJSON *layout_json(const elastic_plan_request *r, const elastic_layout *l
     cJSON_AddNumberToObject(m, "activations", (double)l->memory.activations);
     cJSON_AddNumberToObject(m, "total", (double)l->memory.total);
     cJSON_AddNumberToObject(e, "comm_bytes_per_step", (double)l->comm_bytes_per_step);
+    cJSON_AddBoolToObject(e, "sequence_parallel", l->sequence_parallel);
+    if (l->sequence_parallel) cJSON_AddNumberToObject(e, "memory_without_sequence_parallel",
+                                                      (double)l->without_sequence_parallel);
     return e;
 }
 

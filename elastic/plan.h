@@ -54,6 +54,10 @@ typedef struct {
     elastic_memory memory;
     int64_t comm_bytes_per_step; /* sent per step by the rank that sends most: TP all-reduces, PP sends,
                                     the tied embedding's gradient, DP gradient all-reduce */
+    int64_t without_sequence_parallel; /* bytes per rank it would need without (when chosen) */
+    int sequence_parallel;      /* tp-train --sequence-parallel: chosen when the layout fits the memory per
+                                   rank only with it (it keeps 1/tp of the norms' and residuals' rows for
+                                   a quarter more TP traffic: the backward gathers the norms' outputs again) */
     int valid;
     char reason[256];           /* why not valid: the first rule it breaks */
 } elastic_layout;
@@ -81,6 +85,7 @@ char *elastic_plan_to_json(const elastic_plan_request *request, const elastic_pl
  * them by the accumulation, as the trainer does). Fails as gpt_config_check
  * does on a model that does not split over (tp, pp), with TP_ERR_ARG on a
  * degree or micro-batch below 1. */
-int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, elastic_memory *out);
+int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, int sequence_parallel,
+                            elastic_memory *out);
 
 #endif

@@ -111,6 +111,7 @@ static cJSON *layout_json(const elastic_layout *l)
     cJSON_AddNumberToObject(o, "grad_accum", (double)l->grad_accum);
     cJSON_AddNumberToObject(o, "global_batch", (double)l->global_batch);
     cJSON_AddNumberToObject(o, "ranks", l->ranks);
+    cJSON_AddBoolToObject(o, "sequence_parallel", l->sequence_parallel);
     return o;
 }
 
@@ -502,6 +503,7 @@ static int trainer_argv(run_state *s, const elastic_layout *l, char ***out)
     const char *extra[] = {"--tp", number[0], "--pp", number[1], "--dp", number[2], "--micro-batch", number[3],
                            "--global-batch", number[4], "--ckpt-dir", o->run_dir, "--resume", "--log", s->log_path};
     for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) argv[k++] = strdup(extra[i]);
+    if (l->sequence_parallel) argv[k++] = strdup("--sequence-parallel"); /* the plan's choice (plan.h) */
     for (int i = 0; i < k; i++)
         if (!argv[i]) {
             elastic_argv_free(argv);

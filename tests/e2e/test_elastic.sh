@@ -37,6 +37,20 @@ check_all "slow commit: no hang, no failure, one launch" \
     '[ "$(events "$R" hang)" -eq 0 ] && [ "$(events "$R" failure)" -eq 0 ] && [ "$(events "$R" launch)" -eq 1 ]'
 check "slow commit: the last checkpoint committed" [ -d "$R/step_00000030" ]
 
+# ------------------------------ a memory limit met by sequence parallelism
+# 2.3 MB per rank: every layout of the tiny model needs more at micro-batch 2
+# but tp2 with sequence parallelism (tp-elastic plan; test_elastic_plan.sh):
+# the trainer is launched with --sequence-parallel, and the run has the
+# losses of the uninterrupted one.
+R="$WORK/sp"
+expect_ok "a memory limit only sequence parallelism meets: the run finishes" "$ELASTIC" run --ckpt-dir "$R" \
+    --world 2 --memory-per-rank 2300000 $FAST -- "$TRAIN" $TRAIN_ARGS
+check_all "sp: launched at tp2 micro-batch 2 with --sequence-parallel, and the trainer says so" \
+    'grep -q "\"sequence_parallel\":true" "$R/elastic/events.jsonl" &&
+    grep -q "\"--sequence-parallel\"" "$R/elastic/events.jsonl" &&
+    grep -q "\"tp\":2,.*\"sequence_parallel\":true" "$R/elastic/train.jsonl"'
+check "sp: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+
 # ----------------------------------------------------------- capacity grows
 # Starts at 2 ranks; the world file grows to 4 after step 10 and rank 0
 # pauses 3 s after step 12 (--fault slow), so that the run is still going

@@ -105,7 +105,12 @@ check "--allow-batch-change: recorded" "$PY" -c 'import json,sys; p=json.load(op
 expect_ok "--micro-batch 2 --memory-per-rank" "$ELASTIC" plan --world 4 --model small --global-batch 16 \
     --micro-batch 2 --memory-per-rank 200M --json
 check "memory limit: the rules hold" check_json "$WORK/.out" 4 16 0 209715200
-check "memory limit: tp2 pp1 fits at micro-batch 1, not 2; tp1 pp1 not at all" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); l={(l["tp"],l["pp"]):l for l in p["layouts"]}; assert l[2,1]["valid"] and l[2,1]["micro_batch"]==1, l[2,1]; assert not l[1,1]["valid"] and "200.0 MiB given" in l[1,1]["reason"], l[1,1]' "$WORK/.out"
+check "memory limit: tp2 pp1 fits at micro-batch 2 only with sequence parallelism; tp1 pp1 not at all" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); l={(l["tp"],l["pp"]):l for l in p["layouts"]}; t=l[2,1]; assert t["valid"] and t["micro_batch"]==2 and t["sequence_parallel"] and t["memory_per_rank"]["total"] <= 209715200 < t["memory_without_sequence_parallel"], t; assert not l[1,1]["valid"] and "200.0 MiB given" in l[1,1]["reason"], l[1,1]; assert not any(x.get("sequence_parallel") for x in p["layouts"] if x["tp"] == 1), p' "$WORK/.out"
+expect_ok "the same, text" "$ELASTIC" plan --world 4 --model small --global-batch 16 --micro-batch 2 \
+    --memory-per-rank 200M --current tp2pp1
+check "text: tp2 pp1 chosen with sequence parallelism, and why" \
+    grep -Eq "^chosen: tp2 pp1 dp2 micro 2 accum 4 sequence-parallel \(.*with sequence parallelism \(201.6 MiB without it, over the limit\)\)" "$WORK/.out"
+check "text: its row says sp on" grep -Eq "^ +2 +1 +2 +2 +4 +4 .* on +<- chosen" "$WORK/.out"
 expect_ok "--help" "$ELASTIC" plan --help
 check "--help: usage" grep -q "usage: tp-elastic plan --world N" "$WORK/.out"
 

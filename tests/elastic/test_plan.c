@@ -389,23 +389,23 @@ Test(plan, memory_estimate_adds_up)
     int64_t params = 0;
     cr_assert_eq(gpt_parameter_count(&m, &params), TP_OK);
     elastic_memory one, split;
-    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 1, &one), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 1, 0, &one), TP_OK);
     /* fp32 at tp1 pp1: 4 bytes per parameter (the tied output once), 4 of gradient, 8 of moments */
     cr_assert_eq(one.weights, params * 4);
     cr_assert_eq(one.gradients, params * 4);
     cr_assert_eq(one.optimizer, params * 8);
     cr_assert_eq(one.snapshot, params * 12);
-    cr_assert_eq(elastic_memory_estimate(&m, 4, 2, 1, &split), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&m, 4, 2, 1, 0, &split), TP_OK);
     cr_assert_lt(split.weights * 4, one.weights, "tp4 pp2 holds under a quarter per rank");
     elastic_memory more;
-    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 4, &more), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 4, 0, &more), TP_OK);
     cr_assert_eq(more.weights, one.weights);
     cr_assert_gt(more.activations, 3 * one.activations, "activations grow with the micro-batch");
     m.dtype = TP_BF16;
     elastic_memory bf16;
-    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 1, &bf16), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 1, 0, &bf16), TP_OK);
     cr_assert_eq(bf16.weights, params * 2 + params * 4, "bf16 weights and their fp32 master copy");
-    cr_assert_eq(elastic_memory_estimate(&m, 5, 1, 1, &bf16), TP_ERR_LAYOUT, "heads 12 by tp 5: %s", tp_errmsg());
+    cr_assert_eq(elastic_memory_estimate(&m, 5, 1, 1, 0, &bf16), TP_ERR_LAYOUT, "heads 12 by tp 5: %s", tp_errmsg());
 }
 
 /* floats of one slot: from its first buffer to the end of its last (trainer/model.c slot_init). */
@@ -413,19 +413,19 @@ static int64_t slot_floats_of(const gpt_model *m)
 {
     const gpt_slot *s = &m->slots[0];
     int64_t N = m->B * m->T;
-    const float *end = m->is_last ? s->target_logit + N : s->res2 + m->num_layers * N * m->D;
+    const float *end = m->is_last ? s->target_logit + N : s->res2 + m->num_layers * m->rows * m->D;
     return end - s->input;
 }
 
 /* What rank (stage, tp rank 0) of (tp, pp) allocates, built by the trainer. */
-static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, int stage, int64_t micro_batch)
+static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, int stage, int64_t micro_batch, int sp)
 {
     comm *c = NULL;
     cr_assert_eq(comm_local_create(&c), TP_OK);
     cr_assert_eq(comm_place(c, stage * tp, tp * pp, tp, pp, 1), TP_OK);
     gpt_model *m = NULL;
     int slots = pp - stage;
-    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, 0), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, sp), TP_OK, "%s", tp_errmsg());
     elastic_memory out = {0};
     int64_t owned = 0, N = micro_batch * config->seq;
     for (int i = 0; i < m->num_params; i++) owned += m->params[i].owner ? m->params[i].numel : 0;
@@ -435,7 +435,9 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     out.snapshot = 12 * owned; /* trainer/checkpoint.c: data, m, v of the owned views */
     /* + d_output, d_input; Llama's rotary table [T, hd] and, with K < TP, the key/value gradients [K, 2 hd, D] */
     int64_t llama = (m->rope_cos_sin ? m->T * m->hd : 0) + (m->kv_grads ? 2 * config->kv_heads * m->hd * m->D : 0);
-    out.activations = 4 * (slots * slot_floats_of(m) + m->scratch_size + (1 + slots) * N * m->D + llama);
+    /* + sequence parallelism's two [N, D] buffers to gather into */
+    int64_t gathering = m->gathered ? 2 * N * m->D : 0;
+    out.activations = 4 * (slots * slot_floats_of(m) + m->scratch_size + (1 + slots) * N * m->D + llama + gathering);
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
     gpt_model_free(m);
     comm_free(c);
@@ -449,24 +451,59 @@ Test(plan, memory_estimate_is_what_the_trainer_allocates)
     for (int n = 0; n < 3; n++)
         for (int t = 0; t < 3; t++)
             for (int p = 0; p < 2; p++)
-                for (int64_t micro = 1; micro <= 2; micro++) {
+                for (int64_t micro = 1; micro <= 2; micro++)
+                for (int sp = 0; sp <= (tps[t] > 1); sp++) {
                     gpt_config config = preset(names[n]);
                     config.vocab = 250; /* padding: 250 rows at tp 4 are 252 */
                     if (gpt_config_check(&config, tps[t], pps[p]) != TP_OK) continue;
                     elastic_memory most = {0}, estimate;
                     for (int stage = 0; stage < pps[p]; stage++) {
-                        elastic_memory m = trainer_memory(&config, tps[t], pps[p], stage, micro);
+                        elastic_memory m = trainer_memory(&config, tps[t], pps[p], stage, micro, sp);
                         if (m.total > most.total) most = m;
                     }
-                    cr_assert_eq(elastic_memory_estimate(&config, tps[t], pps[p], micro, &estimate), TP_OK);
+                    cr_assert_eq(elastic_memory_estimate(&config, tps[t], pps[p], micro, sp, &estimate), TP_OK);
                     cr_assert(memcmp(&estimate, &most, sizeof most) == 0,
-                              "%s tp%d pp%d micro %lld: estimate weights %lld snapshot %lld activations %lld total "
-                              "%lld, trainer %lld %lld %lld %lld",
-                              names[n], tps[t], pps[p], (long long)micro, (long long)estimate.weights,
+                              "%s tp%d pp%d micro %lld sp %d: estimate weights %lld snapshot %lld activations %lld "
+                              "total %lld, trainer %lld %lld %lld %lld",
+                              names[n], tps[t], pps[p], (long long)micro, sp, (long long)estimate.weights,
                               (long long)estimate.snapshot, (long long)estimate.activations, (long long)estimate.total,
                               (long long)most.weights, (long long)most.snapshot, (long long)most.activations,
                               (long long)most.total);
                 }
+}
+
+/* Sequence parallelism is chosen when a layout fits the memory per rank only
+ * with it, and said; not otherwise (it costs a quarter more TP traffic). */
+Test(plan, sequence_parallelism_when_memory_needs_it)
+{
+    gpt_config model = preset("gpt2-124m");
+    elastic_memory plain, split;
+    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 0, &plain), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 1, &split), TP_OK);
+    cr_assert(split.activations < plain.activations && split.weights == plain.weights, "%lld %lld",
+              (long long)split.activations, (long long)plain.activations);
+    cr_assert_eq(elastic_memory_estimate(&model, 1, 1, 8, 1, &split), TP_ERR_ARG, "tp 1 has nothing to split");
+    /* 4 ranks, batch 8, micro-batch up to 8, tp4 pp1 now. */
+    elastic_plan_request r = request(model, 4, 8);
+    r.micro_batch = 8;
+    r.current_tp = 4;
+    r.current_pp = 1;
+    char why[512];
+    elastic_layout free_run = chosen_of(&r, why, sizeof why);
+    cr_assert_eq(free_run.sequence_parallel, 0, "no memory limit: no sequence parallelism (%s)", why);
+    /* A limit under what every layout needs at micro-batch 8 without it, over tp4's with it. */
+    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 0, &plain), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 1, &split), TP_OK);
+    r.memory_per_rank = (plain.total + split.total) / 2;
+    elastic_layout tight = chosen_of(&r, why, sizeof why);
+    cr_assert(tight.tp == 4 && tight.micro_batch == 8 && tight.sequence_parallel, "tp%d micro %lld sp %d: %s", tight.tp,
+              (long long)tight.micro_batch, tight.sequence_parallel, why);
+    cr_assert_eq(tight.memory.total, split.total);
+    cr_assert_eq(tight.without_sequence_parallel, plain.total);
+    cr_assert(strstr(why, "with sequence parallelism (") != NULL, "%s", why);
+    /* Its communication: more TP traffic than the same layout without it. */
+    cr_assert(tight.comm_bytes_per_step > free_run.comm_bytes_per_step, "%lld %lld",
+              (long long)tight.comm_bytes_per_step, (long long)free_run.comm_bytes_per_step);
 }
 
 /* -------------------------------------------------------------- the rest */
