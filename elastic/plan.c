@@ -122,7 +122,8 @@ static int64_t micro_batch_floats(const gpt_config *m, int tp, int pp, int64_t b
  * scratch (trainer/model.c: [N, 3 D + qkv + attn + F/tp + fc], fc being F/tp
  * or 2 F/tp with SwiGLU, attention's (kernels.h attention_scratch_floats),
  * and [N, Vp/tp] on the last stage), the gradients that cross stages
- * (trainer/train.c: d_output [N, D] and one d_input [N, D] per slot), and
+ * (trainer/train.c: d_output [R, D] and one d_input [R, D] per slot, R the
+ * rows a rank keeps: N, or N / tp with sequence parallelism), and
  * Llama's rotary table [S, hd] and, with K < TP, the key/value heads'
  * gradients summed over TP [KV, 2 hd, D]. */
 static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last, int64_t vocab_local, int64_t slots,
@@ -134,7 +135,8 @@ static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last,
                       (last ? N * vocab_local : 0);
     int64_t llama = m->arch == GPT_ARCH_LLAMA ? s * hd + (m->kv_heads < tp ? 2 * m->kv_heads * hd * D : 0) : 0;
     int64_t gathering = sequence_parallel ? 2 * N * D : 0; /* sequence parallelism's two [N, D] buffers */
-    return scratch + (1 + slots) * N * D + llama + gathering;
+    int64_t R = sequence_parallel ? N / tp : N;
+    return scratch + (1 + slots) * R * D + llama + gathering;
 }
 
 /* Memory of one rank of `stage`. Under 1F1B stage k has up to pp - k
@@ -207,8 +209,16 @@ static double ring(int n)
  *       2 backward (the layer-norm input gradients, column-parallel);
  *       first stage: the embedding a; last stage: the final norm's gradient
  *       a and the loss's row max, sum and target logit 3 x [N]
+ *       With sequence parallelism an all-gather or a reduce-scatter sends
+ *       half of an all-reduce: per layer 2 + 2 in the forward, 4 + 2 in the
+ *       backward (the norms' outputs gathered again), 5 a in all; the first
+ *       stage a (the embedding's reduce-scatter and its gradient's gather),
+ *       the last 1.5 a (the final norm gathered twice, its gradient
+ *       reduce-scattered); and once a step the norms' weights and biases
+ *       (and the position table) all-reduced
  *   PP  per micro-batch, a forward to the next stage and its gradient back
- *       to the previous one (point to point)
+ *       to the previous one (point to point): a rank's rows, a / tp with
+ *       sequence parallelism
  *   tie when pp > 1, first and last stages all-reduce the token table's
  *       gradient piece [Vp/tp, D] between them
  *   DP  the rank's gradients, all-reduced over the dp replicas */
@@ -217,15 +227,16 @@ static double stage_comm_bytes(const gpt_config *m, const elastic_layout *l, int
     int first = stage == 0, last = stage == l->pp - 1;
     double N = (double)l->micro_batch * (double)m->seq, a = N * (double)m->dim * FP32;
     double tp_per_micro = (double)(m->layers / l->pp) * 4.0 * a + (first ? a : 0) + (last ? a + 3.0 * N * FP32 : 0);
-    if (l->sequence_parallel) /* an all-gather or a reduce-scatter sends half an all-reduce: per layer 2 + 2 in
-                                 the forward, 4 + 2 in the backward (the norms gathered again); the last stage's
-                                 norm gathered twice and its gradient reduce-scattered */
+    int llama = m->arch == GPT_ARCH_LLAMA; /* RMSNorm: weights only; no position table */
+    if (l->sequence_parallel)
         tp_per_micro = (double)(m->layers / l->pp) * 5.0 * a + (first ? a : 0) + (last ? 1.5 * a + 3.0 * N * FP32 : 0);
     double tp_bytes = (double)l->grad_accum * ring(l->tp) * tp_per_micro;
-    if (l->sequence_parallel) /* the norms' (and positions') gradients, summed over TP once a step */
-        tp_bytes += ring(l->tp) * (double)((m->layers / l->pp) * 4 * m->dim + (last ? 2 * m->dim : 0) +
-                                           (first && m->arch != GPT_ARCH_LLAMA ? m->seq * m->dim : 0)) * FP32;
-    double pp_bytes = (double)l->grad_accum * a * ((first ? 0 : 1) + (last ? 0 : 1));
+    if (l->sequence_parallel)
+        tp_bytes += ring(l->tp) * (double)((m->layers / l->pp) * (llama ? 2 : 4) * m->dim +
+                                           (last ? (llama ? 1 : 2) * m->dim : 0) +
+                                           (first && !llama ? m->seq * m->dim : 0)) * FP32;
+    double message = l->sequence_parallel ? a / l->tp : a;
+    double pp_bytes = (double)l->grad_accum * message * ((first ? 0 : 1) + (last ? 0 : 1));
     double tie_bytes = l->pp > 1 && (first || last) ? ring(2) * (double)share->embed_piece * FP32 : 0;
     double dp_bytes = ring(l->dp) * (double)share->params * FP32;
     return tp_bytes + pp_bytes + tie_bytes + dp_bytes;

@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <mpi.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../common/error.h"
 #include "comm_mpi.h"
@@ -70,33 +71,76 @@ static int all_reduce(comm *c, comm_group group, void *data, int64_t count, comm
     return TP_OK;
 }
 
-static int gather_or_scatter_args(comm *c, comm_group group, int64_t count, comm_stream stream, MPI_Comm *g)
+/* The most values of one member's part one MPI call takes: what an int
+ * counts, with room for the library's byte offsets; TP_COMM_PART_MAX (a
+ * testing aid) lowers it, so that small tests take the paths of big counts. */
+static int64_t part_max(void)
 {
-    TP_TRY(host_only(c, stream));
-    *g = group_of(c, group);
-    if (count > INT_MAX / 8)
-        return tp_fail(TP_ERR_COMM, "rank %d: %lld values per member is more than one MPI call takes", c->rank,
+    const char *text = getenv("TP_COMM_PART_MAX");
+    long long value = text ? atoll(text) : 0;
+    return value > 0 && value < INT_MAX / 8 ? (int64_t)value : INT_MAX / 8;
+}
+
+/* Each member's part of an all-gather in one call: counts above part_max
+ * (rows x D of a long sequence) go as units of `unit` values, a contiguous
+ * type (a power of two dividing the count). */
+static int member_part(comm *c, int64_t count, comm_type type, MPI_Datatype *unit_type, int *units, int64_t *unit)
+{
+    int64_t most = part_max();
+    *unit = 1;
+    while (count / *unit > most && count % (*unit * 2) == 0) *unit *= 2;
+    if (count / *unit > most)
+        return tp_fail(TP_ERR_COMM, "rank %d: %lld values per member do not split into MPI counts", c->rank,
                        (long long)count);
-    return TP_OK;
+    *units = (int)(count / *unit);
+    *unit_type = mpi_type(type);
+    if (*unit == 1) return TP_OK;
+    TP_TRY(check(c, MPI_Type_contiguous((int)*unit, mpi_type(type), unit_type), "type"));
+    return check(c, MPI_Type_commit(unit_type), "type");
 }
 
 static int all_gather(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
                       comm_stream stream)
 {
-    MPI_Comm g;
-    TP_TRY(gather_or_scatter_args(c, group, count, stream, &g));
-    if (g == MPI_COMM_NULL) return TP_OK;
-    MPI_Datatype t = mpi_type(type);
-    return check(c, MPI_Allgather(send, (int)count, t, recv, (int)count, t, g), "allgather");
+    TP_TRY(host_only(c, stream));
+    MPI_Comm g = group_of(c, group);
+    if (g == MPI_COMM_NULL) return TP_OK; /* not a member */
+    MPI_Datatype t = MPI_DATATYPE_NULL;
+    int units = 0;
+    int64_t unit = 1;
+    TP_TRY(member_part(c, count, type, &t, &units, &unit));
+    int status = check(c, MPI_Allgather(send, units, t, recv, units, t, g), "allgather");
+    if (unit > 1) MPI_Type_free(&t);
+    return status;
 }
 
 static int reduce_scatter(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
                           comm_stream stream)
 {
-    MPI_Comm g;
-    TP_TRY(gather_or_scatter_args(c, group, count, stream, &g));
-    if (g == MPI_COMM_NULL) return TP_OK;
-    return check(c, MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type(type), MPI_SUM, g), "reduce_scatter");
+    TP_TRY(host_only(c, stream));
+    MPI_Comm g = group_of(c, group);
+    if (g == MPI_COMM_NULL) return TP_OK; /* not a member */
+    /* MPI's sum is defined on the predefined types only: large parts go in
+     * pieces of each member's part, each its own reduce-scatter. */
+    int members;
+    TP_TRY(check(c, MPI_Comm_size(g, &members), "size"));
+    size_t size = type == COMM_DOUBLE ? sizeof(double) : type == COMM_INT ? sizeof(int) : sizeof(float);
+    int64_t piece = part_max();
+    if (count <= piece)
+        return check(c, MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type(type), MPI_SUM, g), "reduce_scatter");
+    char *packed = malloc((size_t)members * (size_t)piece * size);
+    if (!packed) return tp_fail(TP_ERR_NOMEM, "rank %d: out of memory for a reduce-scatter", c->rank);
+    int status = TP_OK;
+    for (int64_t at = 0; !status && at < count; at += piece) {
+        int64_t n = count - at < piece ? count - at : piece;
+        for (int j = 0; j < members; j++) /* member j's part of this piece, packed one after the other */
+            memcpy(packed + (size_t)j * (size_t)n * size, (const char *)send + ((size_t)j * (size_t)count + (size_t)at) * size,
+                   (size_t)n * size);
+        status = check(c, MPI_Reduce_scatter_block(packed, (char *)recv + (size_t)at * size, (int)n, mpi_type(type),
+                                                   MPI_SUM, g), "reduce_scatter");
+    }
+    free(packed);
+    return status;
 }
 
 static int peer_rank(comm *c, comm_peer peer, int *out)

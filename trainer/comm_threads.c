@@ -254,8 +254,9 @@ static int all_gather(comm *c, comm_group group, const void *send, void *recv, i
     int member;
     meeting *g = group_of(c, group, &member);
     size_t bytes = (size_t)count * type_size(type);
-    if (!g || g->members == 1) {
-        if (bytes && send != recv) memmove(recv, send, bytes);
+    if (!g) return TP_OK; /* not a member */
+    if (g->members == 1) {
+        if (bytes) memcpy(recv, send, bytes);
         return TP_OK;
     }
     pthread_mutex_lock(&s->lock);
@@ -278,8 +279,9 @@ static int reduce_scatter(comm *c, comm_group group, const void *send, void *rec
     int member;
     meeting *g = group_of(c, group, &member);
     size_t bytes = (size_t)count * type_size(type);
-    if (!g || g->members == 1) {
-        if (bytes && send != recv) memmove(recv, send, bytes);
+    if (!g) return TP_OK; /* not a member */
+    if (g->members == 1) {
+        if (bytes) memcpy(recv, send, bytes);
         return TP_OK;
     }
     void *result = malloc(bytes ? bytes : 1);

@@ -62,7 +62,7 @@ static int fill_windows(const dataset *d, gpt_slot *s, int64_t B, int64_t T, int
 static int forward_windows(gpt_model *m, const dataset *data, int64_t first, int64_t last, int *window, double *loss)
 {
     comm *c = m->comm;
-    int64_t B = m->B, T = m->T, passes = (last - first + B - 1) / B, n = B * T * m->D;
+    int64_t B = m->B, T = m->T, passes = (last - first + B - 1) / B, n = m->rows * m->D;
     gpt_slot *s = &m->slots[0];
     for (int64_t k = 0; k < passes; k++) {
         int64_t start = first + k * B, valid = last - start < B ? last - start : B;

@@ -661,7 +661,7 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s)
  * its input x. With sequence parallelism a row-parallel linear's output
  * gradient is every rank's rows gathered, and a column-parallel linear's
  * input gradient (partial per rank) is reduce-scattered to the rows; the
- * norms' inputs are gathered again rather than kept whole. */
+ * norms' outputs are gathered again rather than kept whole. */
 static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, float *d_x, float *work)
 {
     int64_t N = m->B * m->T, R = m->rows, D = m->D;

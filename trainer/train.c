@@ -354,7 +354,7 @@ static int set_up(trainer *t)
     const train_options *o = t->o;
     comm *c = t->c;
     int slots = (int)(o->grad_accum < c->pp - c->pp_rank ? o->grad_accum : c->pp - c->pp_rank);
-    int64_t activations = o->micro_batch * o->seq * o->config.dim;
+    int64_t activations = 0; /* floats of a gradient between stages: [rows, D] (model.h) */
     int status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots,
                                   o->sequence_parallel);
     if (!status && o->bf16 && !t->model->kernels->matmul_forward_bf16)
@@ -365,6 +365,7 @@ static int set_up(trainer *t)
     if (!status && o->data && dataset_tokens(t->data) <= o->seq)
         status = tp_fail(TP_ERR_ARG, "%s: %lld tokens, fewer than a sequence of %lld", o->data,
                          (long long)dataset_tokens(t->data), (long long)o->seq + 1);
+    if (!status) activations = t->model->rows * t->model->D;
     if (!status) status = saver_create(&t->saver, t->model, 0);
     if (!status && o->ckpt_dir) status = saver_reserve(t->saver);
     if (!status) {

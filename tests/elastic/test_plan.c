@@ -433,11 +433,11 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     out.gradients = 4 * m->total;
     out.optimizer = 8 * m->total;
     out.snapshot = 12 * owned; /* trainer/checkpoint.c: data, m, v of the owned views */
-    /* + d_output, d_input; Llama's rotary table [T, hd] and, with K < TP, the key/value gradients [K, 2 hd, D] */
+    /* + d_output, d_input [rows, D]; Llama's rotary table [T, hd] and, with K < TP, the key/value gradients [K, 2 hd, D] */
     int64_t llama = (m->rope_cos_sin ? m->T * m->hd : 0) + (m->kv_grads ? 2 * config->kv_heads * m->hd * m->D : 0);
     /* + sequence parallelism's two [N, D] buffers to gather into */
     int64_t gathering = m->gathered ? 2 * N * m->D : 0;
-    out.activations = 4 * (slots * slot_floats_of(m) + m->scratch_size + (1 + slots) * N * m->D + llama + gathering);
+    out.activations = 4 * (slots * slot_floats_of(m) + m->scratch_size + (1 + slots) * m->rows * m->D + llama + gathering);
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
     gpt_model_free(m);
     comm_free(c);

@@ -139,6 +139,28 @@ int main(int argc, char **argv)
         ckpt_piece_element_runs(&v->spec->desc, c->tp, v->piece, 0, v->shape[0], compare_run, &values);
         judge(what, &values, d->numel, rank);
     }
+    /* The collectives of sequence parallelism over MPI (with TP_COMM_PART_MAX
+     * low, in the pieces and units of large counts): member j's 40 values
+     * j * 1000 + i gathered; each member keeping the sum of everyone's part. */
+    enum { PART = 40 };
+    float part[PART], *all = calloc((size_t)c->tp * PART, sizeof *all), *full = calloc((size_t)c->tp * PART, sizeof *full);
+    float kept[PART];
+    for (int i = 0; i < PART; i++) part[i] = (float)(c->tp_rank * 1000 + i);
+    for (int j = 0; full && j < c->tp; j++)
+        for (int i = 0; i < PART; i++) full[j * PART + i] = (float)((c->tp_rank + 1) * (100 * j + i));
+    if (!all || !full || comm_all_gather(c, GROUP_TP, part, all, PART, COMM_FLOAT, COMM_HOST) ||
+        comm_reduce_scatter(c, GROUP_TP, full, kept, PART, COMM_FLOAT, COMM_HOST)) {
+        fprintf(stderr, "layer_check rank %d: the collectives failed: %s\n", rank, tp_errmsg());
+        failures++;
+    } else {
+        float sum_of_ranks = (float)(c->tp * (c->tp + 1) / 2); /* (1 + ... + tp) */
+        for (int j = 0; j < c->tp; j++)
+            for (int i = 0; i < PART; i++) failures += all[j * PART + i] != (float)(j * 1000 + i);
+        for (int i = 0; i < PART; i++) failures += kept[i] != sum_of_ranks * (float)(100 * c->tp_rank + i);
+        if (failures) fprintf(stderr, "layer_check rank %d: all-gather or reduce-scatter wrong\n", rank);
+    }
+    free(all);
+    free(full);
     int total = failures;
     comm_all_reduce(c, GROUP_WORLD, &total, 1, COMM_INT, COMM_MAX, COMM_HOST);
     if (rank == 0) printf("layer_check: tp=%d: %s\n", c->tp, total ? "MISMATCH" : "every layer agrees with its dense version");

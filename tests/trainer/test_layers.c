@@ -1,5 +1,5 @@
-/* Runs layer_check (each tensor-parallel layer against its dense version)
- * under mpirun at tp = 1, 2 and 4. */
+/* Runs layer_check (each tensor-parallel layer against its dense version,
+ * and the MPI collectives) under mpirun at tp = 1, 2 and 4. */
 #include <criterion/criterion.h>
 #include <libgen.h>
 #include <limits.h>
@@ -23,3 +23,13 @@ static void run_at(int ranks)
 Test(layers, tp1) { run_at(1); }
 Test(layers, tp2) { run_at(2); }
 Test(layers, tp4) { run_at(4); }
+
+/* The all-gather and reduce-scatter of sequence parallelism over MPI in the
+ * units and pieces of counts above one call's (TP_COMM_PART_MAX 8: 40
+ * values a member go as 5 units of 8, or in 5 pieces). */
+Test(layers, tp2_collectives_in_pieces)
+{
+    setenv("TP_COMM_PART_MAX", "8", 1);
+    run_at(2);
+    unsetenv("TP_COMM_PART_MAX");
+}

@@ -122,6 +122,7 @@ static void *collectives(void *arg)
     for (int i = 0; i < 3; i++) bad |= kept[i] != (float)(3 * (100 * c->tp_rank + i)); /* (1 + 2) x */
     /* A device stream is refused by a host communicator. */
     bad |= comm_all_gather(c, GROUP_TP, part, all, 3, COMM_FLOAT, (comm_stream)x) != TP_ERR_COMM;
+    bad |= comm_reduce_scatter(c, GROUP_TP, full, kept, 3, COMM_FLOAT, (comm_stream)x) != TP_ERR_COMM;
     bad |= comm_all_reduce(c, GROUP_TP, x, 1, COMM_FLOAT, COMM_SUM, (comm_stream)x) != TP_ERR_COMM;
     slot->status = bad;
     return NULL;
@@ -520,7 +521,8 @@ Test(train, the_gpu_trains_as_the_cpu_at_every_layout, .timeout = 300)
             cr_assert(fabs(device[s] - cpu[s]) <= 1e-4 * cpu[s], "tp%d pp%d dp%d step %d: %.9g on the GPU, %.9g on the CPU",
                       l[0], l[1], l[2], s, device[s], cpu[s]);
     }
-    /* Sequence parallelism on the GPU: its gathers and reduce-scatters of device data. */
+    /* Sequence parallelism's kernels on the GPU, its gathers and reduce-scatters of device data through the
+     * host-staged communicator (ranks on threads share the GPU; NCCL's: test_gpu.sh, with 2 GPUs or more). */
     double split[8] = {0};
     train_layout_sp(2, 2, 1, gpu, 5, NULL, 0, 0, 1, split);
     for (int s = 1; s <= 5; s++)
