@@ -488,12 +488,32 @@ static int put_multipart(const char *url, const char *local, int64_t offset, int
     return status;
 }
 
-/* Files larger than the part size (TP_REMOTE_PART_MB) go as a multipart
- * upload whose parts are sent on `threads` threads; others in one PUT. */
+#define S3_PARTS_MAX 10000
+#define S3_PART_MAX ((int64_t)5 << 30)
+#define S3_OBJECT_MAX ((int64_t)5 << 40)
+
+int store_s3_part_bytes(int64_t length, int64_t wanted, int64_t *part)
+{
+    const int64_t MiB = (int64_t)1 << 20;
+    *part = wanted;
+    if (length > S3_OBJECT_MAX)
+        return tp_fail(TP_ERR_ARG, "%lld bytes: larger than the 5 TiB an S3 object may hold", (long long)length);
+    if ((length + wanted - 1) / wanted > S3_PARTS_MAX) /* the fewest whole MiB that keep to 10,000 parts */
+        *part = ((length + S3_PARTS_MAX - 1) / S3_PARTS_MAX + MiB - 1) / MiB * MiB;
+    if (*part > S3_PART_MAX)
+        return tp_fail(TP_ERR_ARG, "a part of %lld bytes: larger than the 5 GiB S3 takes", (long long)*part);
+    return TP_OK;
+}
+
+/* Files larger than the part size (TP_REMOTE_PART_MB, or what keeps to
+ * S3's 10,000 parts) go as a multipart upload whose parts are sent on
+ * `threads` threads; others in one PUT. */
 static int s3_put_file(const store_ops *s, const char *path, const char *local_path, int64_t offset, int64_t length,
                        int threads)
 {
-    int64_t part = http_policy_get()->part_bytes;
+    int64_t part;
+    int status = store_s3_part_bytes(length, http_policy_get()->part_bytes, &part);
+    if (status) return tp_fail_context(status, "%s", path);
     if (length > part) return put_multipart(path, local_path, offset, length, part, threads);
     return object_put_file(s, path, local_path, offset, length);
 }

@@ -123,6 +123,12 @@ int store_register(const char *prefix, const store_ops *ops);
  * sends large files to S3 as a multipart upload of TP_REMOTE_PART_MB parts
  * (default 64) on `threads` threads. */
 int store_put_file(const char *url, const char *local_path, int64_t offset, int64_t length, int threads);
+
+/* The part size of an S3 multipart upload of `length` bytes: `wanted`
+ * (TP_REMOTE_PART_MB), or larger, in whole MiB, where `wanted` would make
+ * more than S3's 10,000 parts; TP_ERR_ARG above what S3 takes (5 GiB parts,
+ * 5 TiB objects). */
+int store_s3_part_bytes(int64_t length, int64_t wanted, int64_t *part);
 int store_put_data(const char *url, const void *data, size_t size);
 int store_delete(const char *url);
 
