@@ -8,8 +8,9 @@
 # Writes docs/BENCHMARKS.md (section bench-parallel).
 #   BENCH_STEPS (default 10): steps per run; the first 2 are warm-up, not counted
 #   BENCH_REPS (default 3): repetitions, alternating which goes first; medians
-#   BENCH_SHAPE (default "--layers 6 --dim 384 --heads 6 --vocab 256 --seq 256",
-#   tp-train --model small): the model (GPT-2's architecture)
+#   BENCH_SHAPE (default "--layers 6 --dim 512 --heads 8 --vocab 256 --seq 256":
+#   tp-train --model small's depth and sequence, with heads that split over 4):
+#   the model (GPT-2's architecture)
 #   BENCH_TPS (default "2 4"): the tensor-parallel degrees, one process each
 #   Where it writes: scripts/bench-lib.sh.
 set -eu
@@ -19,7 +20,7 @@ BUILD=${BUILD:-build}
 STEPS=${BENCH_STEPS:-10}
 REPS=${BENCH_REPS:-3}
 TPS=${BENCH_TPS:-2 4}
-SHAPE=${BENCH_SHAPE:---layers 6 --dim 384 --heads 6 --vocab 256 --seq 256}
+SHAPE=${BENCH_SHAPE:---layers 6 --dim 512 --heads 8 --vocab 256 --seq 256}
 BATCH=4
 DIR="$SCRATCH_ROOT/parallel"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -89,11 +90,11 @@ PY
 )
 echo "$TABLE"
 doc_section bench-parallel "Parallelism options: sequence parallelism (bench-parallel)" <<DOC
-Command: \`make bench-parallel\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS, BENCH_TPS="$TPS"), $(date -u +%Y-%m-%d),
-$(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}.
-tp-train $SHAPE, micro-batch $BATCH, one thread per rank, the ranks sharing this machine's cores
-(oversubscribed past them: the times say what the collectives and the smaller norms cost here, not what a
-cluster would see). "Activations kept" is the start line's activation_bytes, what a rank keeps for the backward
+Command: \`make bench-parallel\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS, BENCH_TPS="$TPS"),
+OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}. tp-train $SHAPE, micro-batch $BATCH, one thread per rank, the
+ranks sharing this machine's $(nproc) cores (oversubscribed past them: the times say what the collectives and the
+smaller norms cost here, not what a cluster would see; with sequence parallelism the backward gathers the norms'
+outputs again, a quarter more traffic over TP). "Activations kept" is the start line's activation_bytes, what a rank keeps for the backward
 of its micro-batches in flight; "expected" is the same without sequence parallelism with the norm and residual
 rows divided by tp and two [B*T, D] buffers added to gather into (the script fails when they differ by a byte).
 
