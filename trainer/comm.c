@@ -75,6 +75,11 @@ int comm_gather_texts(comm *c, const char *text, int root, char ***out)
     return TP_OK;
 }
 
+size_t comm_type_size(comm_type type)
+{
+    return type == COMM_DOUBLE ? sizeof(double) : type == COMM_INT ? sizeof(int) : sizeof(float);
+}
+
 int comm_group_size(const comm *c, comm_group group)
 {
     switch (group) {

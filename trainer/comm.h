@@ -17,6 +17,7 @@
 #ifndef TP_COMM_H
 #define TP_COMM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum { GROUP_WORLD, GROUP_TP, GROUP_DP, GROUP_EMBED } comm_group;
@@ -138,6 +139,9 @@ static inline int comm_reduce_scatter(comm *c, comm_group group, const void *sen
 {
     return c->ops->reduce_scatter(c, group, send, recv, count, type, stream);
 }
+
+/* Bytes of one value of a type. */
+size_t comm_type_size(comm_type type);
 
 /* The members of a group this rank belongs to (1 for EMBED on a middle stage). */
 int comm_group_size(const comm *c, comm_group group);

@@ -50,7 +50,7 @@ static int copy_self(comm *c, comm_group group, const void *send, void *recv, in
                      comm_stream stream)
 {
     (void)c, (void)group, (void)stream;
-    size_t bytes = (size_t)count * (type == COMM_DOUBLE ? sizeof(double) : type == COMM_INT ? sizeof(int) : sizeof(float));
+    size_t bytes = (size_t)count * comm_type_size(type);
     if (bytes) memcpy(recv, send, bytes);
     return TP_OK;
 }

@@ -124,7 +124,7 @@ static int reduce_scatter(comm *c, comm_group group, const void *send, void *rec
      * pieces of each member's part, each its own reduce-scatter. */
     int members;
     TP_TRY(check(c, MPI_Comm_size(g, &members), "size"));
-    size_t size = type == COMM_DOUBLE ? sizeof(double) : type == COMM_INT ? sizeof(int) : sizeof(float);
+    size_t size = comm_type_size(type);
     int64_t piece = part_max();
     if (count <= piece)
         return check(c, MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type(type), MPI_SUM, g), "reduce_scatter");

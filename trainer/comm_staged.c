@@ -20,11 +20,6 @@ typedef struct {
     int num_sends, max_sends;
 } staged;
 
-static size_t type_size(comm_type type)
-{
-    return type == COMM_DOUBLE ? sizeof(double) : type == COMM_INT ? sizeof(int) : sizeof(float);
-}
-
 static int grow_buffer(staged *s, size_t bytes)
 {
     if (bytes <= s->buffer_size) return TP_OK;
@@ -40,7 +35,7 @@ static int staged_all_reduce(comm *c, comm_group group, void *data, int64_t coun
 {
     staged *s = c->impl;
     if (stream != COMM_DEVICE) return comm_all_reduce(s->host, group, data, count, type, op, stream);
-    size_t bytes = (size_t)count * type_size(type);
+    size_t bytes = (size_t)count * comm_type_size(type);
     TP_TRY(grow_buffer(s, bytes));
     TP_TRY(s->kernels->to_host(s->buffer, data, bytes));
     TP_TRY(comm_all_reduce(s->host, group, s->buffer, count, type, op, COMM_HOST));
@@ -52,7 +47,7 @@ static int staged_all_gather(comm *c, comm_group group, const void *send, void *
 {
     staged *s = c->impl;
     if (stream != COMM_DEVICE) return comm_all_gather(s->host, group, send, recv, count, type, stream);
-    size_t bytes = (size_t)count * type_size(type), members = (size_t)comm_group_size(c, group);
+    size_t bytes = (size_t)count * comm_type_size(type), members = (size_t)comm_group_size(c, group);
     TP_TRY(grow_buffer(s, bytes * (members + 1)));
     char *mine = (char *)s->buffer + bytes * members;
     TP_TRY(s->kernels->to_host(mine, send, bytes));
@@ -65,7 +60,7 @@ static int staged_reduce_scatter(comm *c, comm_group group, const void *send, vo
 {
     staged *s = c->impl;
     if (stream != COMM_DEVICE) return comm_reduce_scatter(s->host, group, send, recv, count, type, stream);
-    size_t bytes = (size_t)count * type_size(type), members = (size_t)comm_group_size(c, group);
+    size_t bytes = (size_t)count * comm_type_size(type), members = (size_t)comm_group_size(c, group);
     TP_TRY(grow_buffer(s, bytes * (members + 1)));
     char *mine = (char *)s->buffer + bytes * members;
     TP_TRY(s->kernels->to_host(s->buffer, send, bytes * members));
@@ -85,7 +80,7 @@ static int staged_send(comm *c, comm_peer peer, const void *data, int64_t count,
         s->sends = bigger;
         s->max_sends = more;
     }
-    size_t bytes = (size_t)count * type_size(type);
+    size_t bytes = (size_t)count * comm_type_size(type);
     void *copy = malloc(bytes ? bytes : 1);
     if (!copy) return tp_fail(TP_ERR_NOMEM, "out of memory staging a %zu-byte send", bytes);
     s->sends[s->num_sends++] = copy; /* freed by wait_sends, whatever happens next */
@@ -97,7 +92,7 @@ static int staged_recv(comm *c, comm_peer peer, void *data, int64_t count, comm_
 {
     staged *s = c->impl;
     if (stream != COMM_DEVICE) return comm_recv(s->host, peer, data, count, type, tag, stream);
-    size_t bytes = (size_t)count * type_size(type);
+    size_t bytes = (size_t)count * comm_type_size(type);
     TP_TRY(grow_buffer(s, bytes));
     TP_TRY(comm_recv(s->host, peer, s->buffer, count, type, tag, COMM_HOST));
     return s->kernels->to_device(data, s->buffer, bytes);

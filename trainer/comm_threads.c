@@ -85,15 +85,32 @@ static meeting *group_of(comm *c, comm_group group, int *member)
     return &s->world_group;
 }
 
+/* A collective's first meeting: this member posts its buffer and waits for
+ * the others', whose buffers it may then read. */
+static int post(meeting *g, comm *c, int member, const void *buffer)
+{
+    shared_state *s = c->impl;
+    pthread_mutex_lock(&s->lock);
+    g->slots[member] = (void *)buffer;
+    int status = meet(s, g, c);
+    pthread_mutex_unlock(&s->lock);
+    return status;
+}
+
+/* Its second: nobody reads another's buffer after it. Passes a failure on. */
+static int part(meeting *g, comm *c, int status)
+{
+    shared_state *s = c->impl;
+    pthread_mutex_lock(&s->lock);
+    if (!status) status = meet(s, g, c);
+    pthread_mutex_unlock(&s->lock);
+    return status;
+}
+
 static int host_only(comm *c, comm_stream stream)
 {
     if (stream == COMM_HOST) return TP_OK;
     return tp_fail(TP_ERR_COMM, "rank %d: the thread communicator works on host memory only", c->rank);
-}
-
-static size_t type_size(comm_type type)
-{
-    return type == COMM_DOUBLE ? sizeof(double) : type == COMM_INT ? sizeof(int) : sizeof(float);
 }
 
 #define COMBINE(T)                                                                                                     \
@@ -120,22 +137,16 @@ static int all_reduce(comm *c, comm_group group, void *data, int64_t count, comm
                       comm_stream stream)
 {
     TP_TRY(host_only(c, stream));
-    shared_state *s = c->impl;
     int member;
     meeting *g = group_of(c, group, &member);
     if (!g || g->members == 1 || count == 0) return TP_OK;
-    void *result = malloc((size_t)count * type_size(type));
+    void *result = malloc((size_t)count * comm_type_size(type));
     if (!result) return tp_fail(TP_ERR_NOMEM, "rank %d: out of memory for a reduction of %lld values", c->rank,
                                 (long long)count);
-    pthread_mutex_lock(&s->lock);
-    g->slots[member] = data;
-    int status = meet(s, g, c);
-    pthread_mutex_unlock(&s->lock);
+    int status = post(g, c, member, data);
     if (!status) combine(g->slots, g->members, result, count, type, op);
-    pthread_mutex_lock(&s->lock);
-    if (!status) status = meet(s, g, c);
-    pthread_mutex_unlock(&s->lock);
-    if (!status) memcpy(data, result, (size_t)count * type_size(type));
+    status = part(g, c, status);
+    if (!status) memcpy(data, result, (size_t)count * comm_type_size(type));
     free(result);
     return status;
 }
@@ -156,7 +167,7 @@ static int send(comm *c, comm_peer peer, const void *data, int64_t count, comm_t
     int to;
     TP_TRY(host_only(c, stream));
     TP_TRY(peer_rank(c, peer, &to));
-    int64_t bytes = count * (int64_t)type_size(type);
+    int64_t bytes = count * (int64_t)comm_type_size(type);
     message *m = malloc(sizeof *m + (size_t)bytes);
     if (!m) return tp_fail(TP_ERR_NOMEM, "rank %d: out of memory for a message of %lld bytes", c->rank, (long long)bytes);
     m->next = NULL;
@@ -179,7 +190,7 @@ static int recv(comm *c, comm_peer peer, void *data, int64_t count, comm_type ty
     int from, status = TP_OK;
     TP_TRY(host_only(c, stream));
     TP_TRY(peer_rank(c, peer, &from));
-    int64_t bytes = count * (int64_t)type_size(type);
+    int64_t bytes = count * (int64_t)comm_type_size(type);
     pthread_mutex_lock(&s->lock);
     message *m = NULL;
     while (!status) {
@@ -214,15 +225,9 @@ static int broadcast(comm *c, void *data, int64_t bytes, int root, comm_stream s
     shared_state *s = c->impl;
     if (root < 0 || root >= c->world) return tp_fail(TP_ERR_ARG, "broadcast from rank %d of %d", root, c->world);
     meeting *g = &s->world_group;
-    pthread_mutex_lock(&s->lock);
-    g->slots[c->rank] = data;
-    int status = meet(s, g, c);
-    pthread_mutex_unlock(&s->lock);
+    int status = post(g, c, c->rank, data);
     if (!status && c->rank != root) memcpy(data, g->slots[root], (size_t)bytes);
-    pthread_mutex_lock(&s->lock);
-    if (!status) status = meet(s, g, c);
-    pthread_mutex_unlock(&s->lock);
-    return status;
+    return part(g, c, status);
 }
 
 static int gather(comm *c, const void *data, int64_t bytes, void *out, const int64_t *counts, int root)
@@ -230,60 +235,50 @@ static int gather(comm *c, const void *data, int64_t bytes, void *out, const int
     shared_state *s = c->impl;
     if (root < 0 || root >= c->world) return tp_fail(TP_ERR_ARG, "gather to rank %d of %d", root, c->world);
     meeting *g = &s->world_group;
-    pthread_mutex_lock(&s->lock);
-    g->slots[c->rank] = (void *)data;
-    int status = meet(s, g, c);
-    pthread_mutex_unlock(&s->lock);
+    int status = post(g, c, c->rank, data);
     (void)bytes; /* the root's counts say */
     int64_t at = 0;
     for (int r = 0; !status && c->rank == root && r < c->world; at += counts[r], r++)
         if (counts[r]) memcpy((char *)out + at, g->slots[r], (size_t)counts[r]);
-    pthread_mutex_lock(&s->lock);
-    if (!status) status = meet(s, g, c);
-    pthread_mutex_unlock(&s->lock);
-    return status;
+    return part(g, c, status);
 }
 
-/* Both meet twice, as all_reduce: each member reads the others' send
- * between the meetings and writes only its own recv. */
+/* The meeting of an all-gather or a reduce-scatter of `bytes` a member, or
+ * NULL when there is none to hold: not a member (recv untouched), or a
+ * group of one (recv is send). Both meet twice, as all_reduce: each member
+ * reads the others' send between the meetings and writes only its own recv. */
+static meeting *scatter_meeting(comm *c, comm_group group, const void *send, void *recv, size_t bytes, int *member)
+{
+    meeting *g = group_of(c, group, member);
+    if (g && g->members == 1) {
+        if (bytes) memcpy(recv, send, bytes);
+        return NULL;
+    }
+    return g;
+}
+
 static int all_gather(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
                       comm_stream stream)
 {
     TP_TRY(host_only(c, stream));
-    shared_state *s = c->impl;
     int member;
-    meeting *g = group_of(c, group, &member);
-    size_t bytes = (size_t)count * type_size(type);
-    if (!g) return TP_OK; /* not a member */
-    if (g->members == 1) {
-        if (bytes) memcpy(recv, send, bytes);
-        return TP_OK;
-    }
-    pthread_mutex_lock(&s->lock);
-    g->slots[member] = (void *)send;
-    int status = meet(s, g, c);
-    pthread_mutex_unlock(&s->lock);
+    size_t bytes = (size_t)count * comm_type_size(type);
+    meeting *g = scatter_meeting(c, group, send, recv, bytes, &member);
+    if (!g) return TP_OK;
+    int status = post(g, c, member, send);
     for (int j = 0; !status && j < g->members; j++)
         if (bytes) memcpy((char *)recv + (size_t)j * bytes, g->slots[j], bytes);
-    pthread_mutex_lock(&s->lock);
-    if (!status) status = meet(s, g, c);
-    pthread_mutex_unlock(&s->lock);
-    return status;
+    return part(g, c, status);
 }
 
 static int reduce_scatter(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
                           comm_stream stream)
 {
     TP_TRY(host_only(c, stream));
-    shared_state *s = c->impl;
     int member;
-    meeting *g = group_of(c, group, &member);
-    size_t bytes = (size_t)count * type_size(type);
-    if (!g) return TP_OK; /* not a member */
-    if (g->members == 1) {
-        if (bytes) memcpy(recv, send, bytes);
-        return TP_OK;
-    }
+    size_t bytes = (size_t)count * comm_type_size(type);
+    meeting *g = scatter_meeting(c, group, send, recv, bytes, &member);
+    if (!g) return TP_OK;
     void *result = malloc(bytes ? bytes : 1);
     const void **chunks = malloc((size_t)g->members * sizeof *chunks);
     if (!result || !chunks) {
@@ -292,17 +287,12 @@ static int reduce_scatter(comm *c, comm_group group, const void *send, void *rec
         return tp_fail(TP_ERR_NOMEM, "rank %d: out of memory for a reduce-scatter of %lld values", c->rank,
                        (long long)count);
     }
-    pthread_mutex_lock(&s->lock);
-    g->slots[member] = (void *)send;
-    int status = meet(s, g, c);
-    pthread_mutex_unlock(&s->lock);
+    int status = post(g, c, member, send);
     if (!status) { /* this member's part of every member's send, summed in member order (all_reduce's bits) */
         for (int j = 0; j < g->members; j++) chunks[j] = (const char *)g->slots[j] + (size_t)member * bytes;
         combine((void *const *)chunks, g->members, result, count, type, COMM_SUM);
     }
-    pthread_mutex_lock(&s->lock);
-    if (!status) status = meet(s, g, c);
-    pthread_mutex_unlock(&s->lock);
+    status = part(g, c, status);
     if (!status && bytes) memcpy(recv, result, bytes);
     free(result);
     free(chunks);
