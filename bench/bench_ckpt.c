@@ -74,7 +74,7 @@ static int bench_write(const char *dir, double gib, int tp, int pp, int threads,
     float *pattern = alloc_pages(SLAB_BYTES);
     synth_fill(1, 2, 0.0f, 0.02f, 0, SLAB_BYTES / 4, pattern);
 
-    ckpt_layout layout = {tp, pp, 1, config.layers};
+    ckpt_layout layout = {tp, pp, 1, config.layers, 1};
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     options.compress_level = compress;

@@ -403,7 +403,7 @@ int main(int argc, char **argv)
     int status = gpt_options_finish(&options, &config);
     if (!status) status = gpt_config_check(&config, (int)tp, (int)pp);
     if (!status) status = gpt_catalog(&config, 1, &catalog, &count);
-    ckpt_layout layout = {(int)tp, (int)pp, (int)dp, config.layers};
+    ckpt_layout layout = {(int)tp, (int)pp, (int)dp, config.layers, 1};
     if (!status) status = ckpt_layout_check(&layout);
     if (status) {
         fprintf(stderr, "index_scale: %s\n", tp_errmsg());

@@ -1,6 +1,8 @@
-/* attrs.c: the per-dataset attributes that describe a stored piece
- * (docs/FORMAT.md "Shard files"). Written by the writer; read when the index is
- * built and when a reader cross-checks a dataset against the index. */
+/* attrs.c: the per-dataset attributes that describe a stored piece, and
+ * the layout a shard file records on its root (docs/FORMAT.md "Shard
+ * files"). Written by the writer; read when the index is built and when a
+ * reader cross-checks a dataset or a file against the index. */
+#include <stdio.h>
 #include <string.h>
 
 #include "attrs.h"
@@ -133,4 +135,43 @@ int ckpt_attrs_read(hid_t dset, ckpt_piece_attrs *a, int with_checksum)
     a->order = order;
     a->block_rows = block_rows;
     return TP_OK;
+}
+
+/* ------------------------------------------------------- a shard's layout */
+
+void ckpt_layout_describe(const ckpt_layout *layout, char *out, size_t out_size)
+{
+    int chunks = ckpt_layout_chunks(layout);
+    int n = snprintf(out, out_size, "tp=%d pp=%d layers=%lld", layout->tp, layout->pp, (long long)layout->num_layers);
+    if (chunks > 1 && n >= 0 && (size_t)n < out_size) snprintf(out + n, out_size - (size_t)n, " virtual_stages=%d", chunks);
+}
+
+int ckpt_shard_layout_write(hid_t file, const ckpt_layout *layout)
+{
+    int64_t degrees[3] = {layout->tp, layout->pp, layout->dp}, chunks = ckpt_layout_chunks(layout);
+    int status = ckpt_h5_write_i64s(file, "layout_tp_pp_dp", degrees, 3);
+    if (!status) status = ckpt_h5_write_i64s(file, "num_layers", &layout->num_layers, 1);
+    /* Format 1.5, written only with several chunks per stage. */
+    if (!status && chunks > 1) status = ckpt_h5_write_i64s(file, "layout_virtual_stages", &chunks, 1);
+    return status;
+}
+
+int ckpt_shard_layout_check(hid_t file, const ckpt_layout *layout, const char *path)
+{
+    int64_t degrees[3] = {0, 0, 0}, layers = -1, chunks = 1;
+    int n = 0;
+    int status = ckpt_h5_read_i64s(file, "layout_tp_pp_dp", degrees, 3, &n);
+    if (!status && n != 3) status = tp_fail(TP_ERR_FORMAT, "attribute layout_tp_pp_dp: expected 3 integers");
+    if (!status) status = ckpt_h5_read_i64s(file, "num_layers", &layers, 1, NULL);
+    if (!status && H5Aexists(file, "layout_virtual_stages") > 0)
+        status = ckpt_h5_read_i64s(file, "layout_virtual_stages", &chunks, 1, NULL);
+    if (status) return tp_fail_context(TP_ERR_FORMAT, "%s", path);
+    if (degrees[0] == layout->tp && degrees[1] == layout->pp && layers == layout->num_layers &&
+        chunks == ckpt_layout_chunks(layout))
+        return TP_OK;
+    char expected[128], chunk_text[48] = "";
+    ckpt_layout_describe(layout, expected, sizeof expected);
+    if (chunks != 1) snprintf(chunk_text, sizeof chunk_text, " virtual_stages=%lld", (long long)chunks);
+    return tp_fail(TP_ERR_FORMAT, "%s: a shard of layout tp=%lld pp=%lld layers=%lld%s, the checkpoint's is %s", path,
+                   (long long)degrees[0], (long long)degrees[1], (long long)layers, chunk_text, expected);
 }

@@ -17,6 +17,18 @@ typedef struct {
 int ckpt_attrs_write(hid_t dset, const ckpt_piece_attrs *attrs);
 int ckpt_attrs_read(hid_t dset, ckpt_piece_attrs *attrs, int with_checksum);
 
+/* A shard file's layout attributes on its root: layout_tp_pp_dp,
+ * num_layers and, with several chunks per stage, layout_virtual_stages
+ * (format 1.5; absent means one). The check refuses a shard whose tp, pp,
+ * number of layers or chunks per stage differ from the layout's (dp is
+ * recorded only), naming the file. */
+int ckpt_shard_layout_write(hid_t file, const ckpt_layout *layout);
+int ckpt_shard_layout_check(hid_t file, const ckpt_layout *layout, const char *path);
+
+/* "tp=2 pp=2 layers=8", with " virtual_stages=2" when several: how
+ * messages name a layout. */
+void ckpt_layout_describe(const ckpt_layout *layout, char *out, size_t out_size);
+
 int ckpt_anchor_parse(const char *text, ckpt_anchor *out);
 const char *ckpt_anchor_name(ckpt_anchor anchor);
 

@@ -31,7 +31,7 @@
 #include "../store/store.h"
 
 #define CKPT_FORMAT_MAJOR 1
-#define CKPT_FORMAT_MINOR 4
+#define CKPT_FORMAT_MINOR 5
 #define CKPT_MAX_DIMS 8
 #define CKPT_MAX_SEGMENTS 16
 #define CKPT_NAME_MAX 255
@@ -48,15 +48,23 @@
 
 /* ---------------------------------------------------------------- types */
 
-/* A parallel layout. Layers are split evenly over pipeline stages. */
+/* A parallel layout. Layers are split evenly over pipeline stages: in
+ * pp consecutive runs, or with virtual_stages V > 1 (the interleaved
+ * schedule) in pp * V chunks of num_layers / (pp V) layers, chunk k on
+ * stage k mod pp (stage s holds chunks s, s + pp, ..., s + (V-1) pp). */
 typedef struct {
     int tp;             /* tensor-parallel degree */
     int pp;             /* pipeline-parallel degree */
     int dp;             /* data-parallel degree (recorded; shards do not depend on it) */
     int64_t num_layers; /* transformer layers in the whole model */
+    int virtual_stages; /* chunks of layers per stage; 0 and 1 both mean one */
 } ckpt_layout;
 
-/* Checks tp, pp, dp >= 1 and num_layers divisible by pp. */
+/* Chunks of layers per stage: layout->virtual_stages, or 1 when it is 0. */
+int ckpt_layout_chunks(const ckpt_layout *layout);
+
+/* Checks tp, pp, dp >= 1 and num_layers divisible by pp (by pp x
+ * virtual_stages with several chunks per stage). */
 int ckpt_layout_check(const ckpt_layout *layout);
 
 typedef enum { CKPT_REPLICATED = 0, CKPT_SPLIT = 1 } ckpt_partition_kind;
@@ -89,8 +97,9 @@ typedef struct {
     int replicate_small_segments;           /* segments of fewer granules than ranks are replicated */
 } ckpt_partition;
 
-/* Where a tensor lives in the pipeline: with a layer (stage = layer / (layers/pp)),
- * or on the first or last stage (embeddings, final norm). */
+/* Where a tensor lives in the pipeline: with a layer (stage = layer / (layers/pp);
+ * with V chunks per stage, (layer / (layers/(pp V))) mod pp), or on the first or
+ * last stage (embeddings, final norm). */
 typedef enum { CKPT_ANCHOR_LAYER = 0, CKPT_ANCHOR_FIRST = 1, CKPT_ANCHOR_LAST = 2 } ckpt_anchor;
 
 typedef struct {

@@ -344,6 +344,7 @@ static int scan_file(scan_state *st, const char *dir)
                            st->file->pp, st->file->tp);
     else if (complete != 1)
         status = tp_fail(TP_ERR_STATE, "%s: the shard's writer did not finish", path);
+    if (!status) status = ckpt_shard_layout_check(file, &st->builder->index.layout, path);
     if (!status) status = ckpt_h5_check_links(file, path);
     st->h5file = file;
     if (!status && H5Lexists(file, CKPT_TENSOR_GROUP, H5P_DEFAULT) > 0) {
@@ -410,10 +411,13 @@ int ckpt_describe_shard(const store_ops *storage, const char *staging, const ckp
 static int merge_part(index_builder *b, ckpt_index *part, const char *where)
 {
     const ckpt_layout *ours = &b->index.layout, *theirs = &part->layout;
-    if (theirs->tp != ours->tp || theirs->pp != ours->pp || theirs->num_layers != ours->num_layers)
-        return tp_fail(TP_ERR_FORMAT, "%s: layout tp=%d pp=%d layers=%lld, the checkpoint has tp=%d pp=%d layers=%lld",
-                       where, theirs->tp, theirs->pp, (long long)theirs->num_layers, ours->tp, ours->pp,
-                       (long long)ours->num_layers);
+    if (theirs->tp != ours->tp || theirs->pp != ours->pp || theirs->num_layers != ours->num_layers ||
+        ckpt_layout_chunks(theirs) != ckpt_layout_chunks(ours)) {
+        char a[128], c[128];
+        ckpt_layout_describe(theirs, a, sizeof a);
+        ckpt_layout_describe(ours, c, sizeof c);
+        return tp_fail(TP_ERR_FORMAT, "%s: layout %s, the checkpoint has %s", where, a, c);
+    }
     for (int f = 0; f < part->num_files; f++) {
         if (!part->files[f].name[0]) continue;
         if (b->index.files[f].name[0])

@@ -66,7 +66,7 @@ int ckpt_description_json(const ckpt_layout *layout, const ckpt_train_state *sta
      * the descriptions, the state and the digests are what a reader takes
      * from it; where bytes lie, nothing. */
     ckpt_index index = {.major = CKPT_FORMAT_MAJOR, .minor = CKPT_FORMAT_MINOR};
-    index.layout = (ckpt_layout){1, 1, 1, layout->num_layers};
+    index.layout = (ckpt_layout){1, 1, 1, layout->num_layers, 1};
     int status = ckpt_layout_check(&index.layout);
     if (!status) status = ckpt_index_set_state(&index, state);
     index.files = calloc(1, sizeof *index.files);

@@ -197,6 +197,10 @@ static int index_to_json(const ckpt_index *index, int partial, char **out)
     cJSON_AddNumberToObject(layout, "pp", index->layout.pp);
     cJSON_AddNumberToObject(layout, "dp", index->layout.dp);
     cJSON_AddNumberToObject(layout, "num_layers", (double)index->layout.num_layers);
+    /* Format 1.5: the interleaved schedule's chunks per stage, only when
+     * several (a reader that finds none takes one). */
+    if (ckpt_layout_chunks(&index->layout) > 1)
+        cJSON_AddNumberToObject(layout, "virtual_stages", ckpt_layout_chunks(&index->layout));
     cJSON *model = parse_state_json(state->model_json, 'o', "model", &status);
     cJSON *schedule = parse_state_json(state->schedule_json, 'o', "schedule", &status);
     cJSON *rng = parse_state_json(state->rng_json, 'a', "rng", &status);
@@ -541,6 +545,10 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
         out->layout.pp = (int)get_int(&ctx, layout, "pp", 1, 4096);
         out->layout.dp = (int)get_int(&ctx, layout, "dp", 1, 1 << 30);
         out->layout.num_layers = get_int(&ctx, layout, "num_layers", 0, (int64_t)1 << 30);
+        /* Format 1.5: absent means one chunk per stage. */
+        out->layout.virtual_stages = cJSON_GetObjectItemCaseSensitive(layout, "virtual_stages")
+                                         ? (int)get_int(&ctx, layout, "virtual_stages", 1, 4096)
+                                         : 1;
     }
     if (!ctx.status && ckpt_layout_check(&out->layout))
         ctx.status = tp_fail_context(TP_ERR_FORMAT, "%s", where);

@@ -25,10 +25,18 @@ int ckpt_layout_check(const ckpt_layout *layout)
     if (layout->num_layers < 0)
         return tp_fail(TP_ERR_LAYOUT, "layout: negative layer count %lld",
                          (long long)layout->num_layers);
+    if (layout->virtual_stages < 0 || layout->virtual_stages > 4096)
+        return tp_fail(TP_ERR_LAYOUT, "layout: %d virtual stages (chunks of layers per stage): 1 to 4096 are supported",
+                       layout->virtual_stages);
     if (layout->num_layers % layout->pp != 0)
         return tp_fail(TP_ERR_LAYOUT,
                          "%lld layers cannot be split evenly over pp=%d pipeline stages",
                          (long long)layout->num_layers, layout->pp);
+    int chunks = ckpt_layout_chunks(layout);
+    if (chunks > 1 && layout->num_layers % ((int64_t)layout->pp * chunks) != 0)
+        return tp_fail(TP_ERR_LAYOUT,
+                       "%lld layers cannot be split evenly into pp=%d x %d virtual stages = %lld chunks",
+                       (long long)layout->num_layers, layout->pp, chunks, (long long)layout->pp * chunks);
     return TP_OK;
 }
 
@@ -283,10 +291,17 @@ int ckpt_tensor_stage(const ckpt_tensor_desc *tensor, const ckpt_layout *layout)
     case CKPT_ANCHOR_LAST: return layout->pp - 1;
     case CKPT_ANCHOR_LAYER: break;
     }
-    int64_t per_stage = layout->num_layers / layout->pp;
-    if (per_stage < 1) return 0;
-    int64_t stage = tensor->layer / per_stage;
-    return stage >= layout->pp ? layout->pp - 1 : (int)stage;
+    int chunks = ckpt_layout_chunks(layout);
+    int64_t per_chunk = layout->num_layers / ((int64_t)layout->pp * chunks);
+    if (per_chunk < 1) return 0;
+    int64_t chunk = tensor->layer / per_chunk;
+    if (chunks > 1) return (int)(chunk % layout->pp);
+    return chunk >= layout->pp ? layout->pp - 1 : (int)chunk;
+}
+
+int ckpt_layout_chunks(const ckpt_layout *layout)
+{
+    return layout->virtual_stages > 1 ? layout->virtual_stages : 1;
 }
 
 int64_t ckpt_partition_runs(const ckpt_tensor_desc *tensor, int tp, int64_t start, int64_t count,

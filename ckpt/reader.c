@@ -340,6 +340,7 @@ static int open_file_once(ckpt_reader *r, int f)
                            "expects pp=%d tp=%d complete=1",
                            fr->path, (long long)coords[0], (long long)coords[1],
                            (long long)complete, idx->pp, idx->tp);
+    if (!status) status = ckpt_shard_layout_check(file, &r->index.layout, fr->path);
     if (!status && !fr->meta_checked) status = ckpt_h5_check_links(file, fr->path);
     if (!status) status = r->storage->open(r->storage, fr->path, STORE_OPEN_READ, &fr->data);
     if (status) {

@@ -98,13 +98,11 @@ static int open_shard(ckpt_writer *w, shard_file *s)
     if (s->file < 0) return ckpt_fail_hdf5("%s: cannot create shard file", s->path);
     int64_t version[2] = {CKPT_FORMAT_MAJOR, CKPT_FORMAT_MINOR};
     int64_t coords[2] = {s->pp, s->tp};
-    int64_t degrees[3] = {w->layout.tp, w->layout.pp, w->layout.dp};
     int64_t complete = 0;
     status = ckpt_h5_write_string(s->file, "format", CKPT_FORMAT_TAG);
     if (!status) status = ckpt_h5_write_i64s(s->file, "format_version", version, 2);
     if (!status) status = ckpt_h5_write_i64s(s->file, "shard_pp_tp", coords, 2);
-    if (!status) status = ckpt_h5_write_i64s(s->file, "layout_tp_pp_dp", degrees, 3);
-    if (!status) status = ckpt_h5_write_i64s(s->file, "num_layers", &w->layout.num_layers, 1);
+    if (!status) status = ckpt_shard_layout_write(s->file, &w->layout);
     if (!status) status = ckpt_h5_write_i64s(s->file, "complete", &complete, 1);
     if (status) return tp_fail_context(status, "%s", s->path);
     TP_TRY(w->storage->open(w->storage, s->path, STORE_OPEN_WRITE, &s->data));

@@ -64,7 +64,7 @@ static int stage_shares(const gpt_config *model, int tp, int pp, stage_share *sh
     gpt_tensor *catalog = NULL;
     int count = 0;
     TP_TRY(gpt_catalog(model, 0, &catalog, &count));
-    ckpt_layout layout = {tp, pp, 1, model->layers};
+    ckpt_layout layout = {tp, pp, 1, model->layers, 1};
     memset(shares, 0, (size_t)pp * sizeof *shares);
     for (int i = 0; i < count; i++) {
         int64_t shape[CKPT_MAX_DIMS];

@@ -725,7 +725,7 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
         file_bytes[f] = dcp->files[f].bytes;
     }
     if (!status) {
-        ckpt_layout layout = {1, 1, 1, 1};
+        ckpt_layout layout = {1, 1, 1, 1, 1};
         ckpt_train_state state = {0};
         if (description) {
             layout.num_layers = ckpt_description_layout(description)->num_layers;

@@ -211,6 +211,7 @@ int dcp_write_plan_create(ckpt_reader *source, const dcp_write_options *options,
     if (options->tp) w.to.tp = options->tp;
     if (options->pp) w.to.pp = options->pp;
     w.to.dp = 1;
+    w.to.virtual_stages = 1; /* a rank file per stage, its layers consecutive: DCP records no interleaving */
     int status = ckpt_layout_check(&w.to);
     if (!status && (w.dp > 4096 || (int64_t)w.to.tp * w.to.pp * w.dp > 1 << 20))
         status = tp_fail(TP_ERR_ARG, "%d data-parallel ranks of %d x %d: more than the 2^20 data files written", w.dp,

@@ -1029,7 +1029,10 @@ const char *megatron_path(const megatron_checkpoint *m)
 
 ckpt_layout megatron_layout(const megatron_checkpoint *m)
 {
-    ckpt_layout layout = {.tp = m->config.tp, .pp = m->config.pp, .dp = 1, .num_layers = m->config.num_layers};
+    /* Chunk v of stage p holds the layers from v (L / vpp) + p (L / (pp vpp)): chunk v pp + p of the
+     * interleaved placement (docs/FORMAT.md section 2). */
+    ckpt_layout layout = {.tp = m->config.tp, .pp = m->config.pp, .dp = 1, .num_layers = m->config.num_layers,
+                          .virtual_stages = m->config.vpp};
     return layout;
 }
 

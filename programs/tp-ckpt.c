@@ -129,8 +129,9 @@ static void print_object(cJSON *root)
     cJSON_Delete(root);
 }
 
-/* The index, with the layout also at the top level (tp, pp, dp, num_layers),
- * the resolved path, total bytes, and per tensor its piece shape and bytes. */
+/* The index, with the layout also at the top level (tp, pp, dp, num_layers,
+ * virtual_stages), the resolved path, total bytes, and per tensor its piece
+ * shape and bytes. */
 static int info_json(const ckpt_reader *r)
 {
     cJSON *root = index_object(r);
@@ -141,6 +142,7 @@ static int info_json(const ckpt_reader *r)
     cJSON_AddNumberToObject(root, "pp", layout->pp);
     cJSON_AddNumberToObject(root, "dp", layout->dp);
     cJSON_AddNumberToObject(root, "num_layers", (double)layout->num_layers);
+    cJSON_AddNumberToObject(root, "virtual_stages", ckpt_layout_chunks(layout));
     int64_t total = 0;
     for (int f = 0; f < ckpt_reader_num_files(r); f++) {
         int64_t bytes;
@@ -198,8 +200,11 @@ static void info_text(const ckpt_reader *r)
     printf("checkpoint   %s (format %d.%d)\n", ckpt_reader_path(r), major, minor);
     printf("step         %lld   consumed samples %lld\n", (long long)state->step,
            (long long)state->consumed_samples);
-    printf("layout       tp=%d pp=%d dp=%d   layers=%lld   files=%d   %s on disk\n", layout->tp,
-           layout->pp, layout->dp, (long long)layout->num_layers, ckpt_reader_num_files(r), size);
+    char chunks[64] = "";
+    if (ckpt_layout_chunks(layout) > 1) /* the interleaved schedule's */
+        snprintf(chunks, sizeof chunks, " virtual_stages=%d", ckpt_layout_chunks(layout));
+    printf("layout       tp=%d pp=%d%s dp=%d   layers=%lld   files=%d   %s on disk\n", layout->tp, layout->pp, chunks,
+           layout->dp, (long long)layout->num_layers, ckpt_reader_num_files(r), size);
     printf("model        %s\n", state->model_json);
     printf("tensors      %d: %d parameters (%lld elements, %s), optimizer state %s\n\n",
            ckpt_reader_num_tensors(r), params, (long long)param_elements, psize, osize);
@@ -817,7 +822,7 @@ static int run_synth(void *ctx, const char *path)
 static int cmd_synth(int argc, char **argv)
 {
     gpt_options model = {0};
-    ckpt_layout layout = {1, 1, 1, 0};
+    ckpt_layout layout = {1, 1, 1, 0, 1};
     ckpt_write_options write_options;
     ckpt_write_options_init(&write_options);
     const char *out = NULL;

@@ -24,7 +24,8 @@ static const char *usage_text =
     "Converts a checkpoint (weights and optimizer state) to another tensor/pipeline layout,\n"
     "streaming with bounded memory; the output is committed atomically.\n"
     "\n"
-    "  --to LAYOUT              target degrees: tp4, pp2 or tp4pp2 (a degree not named is kept)\n"
+    "  --to LAYOUT              target degrees: tp4, pp2 or tp4pp2 (a degree not named is kept); tp4pp2v2:\n"
+    "                           2 chunks of layers per stage, interleaved (pp named without v: one chunk)\n"
     "  --from LAYOUT            the source's degrees, checked against its metadata\n"
     "  --format tp|megatron|dcp the output's format (default: the source's): this toolkit's, Megatron-LM's\n"
     "                           (from a Megatron-LM source or this toolkit's GPT), or a PyTorch\n"
@@ -78,7 +79,10 @@ static void print_plan(const reshard_summary *s, const char *device, const char 
     format_bytes((double)s->buffer_memory, buffers, sizeof buffers);
     format_bytes((double)s->memory_limit, limit, sizeof limit);
     format_bytes((double)s->slab_bytes, slab, sizeof slab);
-    printf("plan: %s (tp%dpp%d) -> %s (tp%dpp%d)\n", source, s->from.tp, s->from.pp, out, s->to.tp, s->to.pp);
+    char from[RESHARD_LAYOUT_TEXT_MAX], to[RESHARD_LAYOUT_TEXT_MAX];
+    reshard_layout_text(&s->from, from);
+    reshard_layout_text(&s->to, to);
+    printf("plan: %s (%s) -> %s (%s)\n", source, from, out, to);
     printf("  files      %d shard files: shard_pp00_tp00.h5 .. shard_pp%02d_tp%02d.h5\n", s->files_written,
            s->to.pp - 1, s->to.tp - 1);
     printf("  tensors    %d (%lld pieces)%s\n", s->tensors, (long long)s->pieces_written,
@@ -95,6 +99,7 @@ static cJSON *layout_json(const ckpt_layout *l)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "tp", l->tp);
     cJSON_AddNumberToObject(o, "pp", l->pp);
+    if (ckpt_layout_chunks(l) > 1) cJSON_AddNumberToObject(o, "virtual_stages", ckpt_layout_chunks(l));
     return o;
 }
 
@@ -172,28 +177,39 @@ static int execute_plan(void *plan, const char *out)
     return reshard_execute(plan, out);
 }
 
+/* Where the digits before `end` start (end itself when there are none). */
+static size_t digits_before(const char *text, size_t end)
+{
+    while (end > 0 && isdigit((unsigned char)text[end - 1])) end--;
+    return end;
+}
+
 /* Beside the source, named after it and the target layout: a source that is
- * itself a reshard output (name_tp2pp1) gives name_tp4pp1, not
- * name_tp2pp1_tp4pp1. */
-static void default_output(const char *source, int tp, int pp, char *out, size_t size)
+ * itself a reshard output (name_tp2pp1, name_tp2pp2v2) gives name_tp4pp1,
+ * not name_tp2pp1_tp4pp1. */
+static void default_output(const char *source, const ckpt_layout *to, char *out, size_t size)
 {
     size_t n = strlen(source);
     while (n > 1 && source[n - 1] == '/') n--;
-    size_t end = n, k = n;
-    while (k > 0 && isdigit((unsigned char)source[k - 1])) k--;
+    size_t end = n, k = digits_before(source, n);
+    if (k < n && k >= 1 && source[k - 1] == 'v') { /* a vV after ppP */
+        size_t j = digits_before(source, k - 1);
+        if (j < k - 1) k = j;
+    }
     if (k < n && k >= 2 && strncmp(source + k - 2, "pp", 2) == 0) {
-        size_t j = k - 2;
-        while (j > 0 && isdigit((unsigned char)source[j - 1])) j--;
+        size_t j = digits_before(source, k - 2);
         if (j < k - 2 && j >= 3 && strncmp(source + j - 3, "_tp", 3) == 0) end = j - 3;
     }
-    snprintf(out, size, "%.*s_tp%dpp%d", (int)end, source, tp, pp);
+    char layout[RESHARD_LAYOUT_TEXT_MAX];
+    reshard_layout_text(to, layout);
+    snprintf(out, size, "%.*s_%s", (int)end, source, layout);
 }
 
 /* The output: -o's, or the default beside the source. */
-static const char *output_path(const char *out, const char *source, int tp, int pp, char *buf, size_t size)
+static const char *output_path(const char *out, const char *source, const ckpt_layout *to, char *buf, size_t size)
 {
     if (out) return out;
-    default_output(source, tp, pp, buf, size);
+    default_output(source, to, buf, size);
     return buf;
 }
 
@@ -243,6 +259,8 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
 {
     const megatron_config *c = megatron ? megatron_config_of(megatron) : model;
     const ckpt_layout *from = ckpt_reader_layout(source);
+    char from_text[RESHARD_LAYOUT_TEXT_MAX];
+    reshard_layout_text(from, from_text);
     const char *source_name = megatron ? megatron_path(megatron) : ckpt_reader_path(source);
     const char *source_format = megatron ? "Megatron-LM " : model ? "Megatron-Core torch_dist " : "";
     megatron_write_options wo = {.tp = options->tp, .pp = options->pp, .naming = naming, .overwrite = options->overwrite,
@@ -253,7 +271,7 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     if (megatron || model ? megatron_write_plan_create(source, megatron, &wo, &plan) : gpt_megatron_write(source, &wo, NULL, &plan))
         return fail("%s", tp_errmsg());
     char default_out[4200];
-    out = output_path(out, source_path, plan.tp, plan.pp, default_out, sizeof default_out);
+    out = output_path(out, source_path, &(ckpt_layout){.tp = plan.tp, .pp = plan.pp}, default_out, sizeof default_out);
     char written[32], buffers[32];
     format_bytes((double)plan.bytes, written, sizeof written);
     format_bytes((double)plan.buffer_memory, buffers, sizeof buffers);
@@ -262,8 +280,8 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
             print_json(megatron_json(&plan, from, source_name, out, names));
             return 0;
         }
-        printf("plan: %s (%stp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names)\n", source_name, source_format, from->tp,
-               from->pp, out, plan.tp, plan.pp, megatron_naming_name(names));
+        printf("plan: %s (%s%s) -> %s (Megatron-LM tp%dpp%d, %s names)\n", source_name, source_format, from_text, out,
+               plan.tp, plan.pp, megatron_naming_name(names));
         printf("  files      %d rank files model_optim_rng.pt\n", plan.files);
         printf("  tensors    %d, %s\n", plan.tensors,
                plan.optimizer ? "weights and optimizer state" : "weights only");
@@ -283,11 +301,11 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     double seconds = progress_finish(&bar);
     if (status) return fail("%s", tp_errmsg());
     if (plan.rank_state_dropped)
-        fprintf(stderr, "tp-reshard: warning: the ranks' RNG states were left out: they belong to the layout tp%dpp%d "
-                        "(Megatron drops them on a change of layout too)\n", from->tp, from->pp);
+        fprintf(stderr, "tp-reshard: warning: the ranks' RNG states were left out: they belong to the layout %s "
+                        "(Megatron drops them on a change of layout too)\n", from_text);
     if (!json)
-        printf("resharded %s (%stp%dpp%d) -> %s (Megatron-LM tp%dpp%d, %s names): %d tensors, %s, %s written "
-               "in %.2f s\n", source_name, source_format, from->tp, from->pp, out, plan.tp, plan.pp, megatron_naming_name(names),
+        printf("resharded %s (%s%s) -> %s (Megatron-LM tp%dpp%d, %s names): %d tensors, %s, %s written "
+               "in %.2f s\n", source_name, source_format, from_text, out, plan.tp, plan.pp, megatron_naming_name(names),
                plan.tensors, plan.optimizer ? "weights and optimizer state" : "weights only", written, seconds);
     megatron_checkpoint *written_checkpoint = NULL;
     ckpt_reader *output = NULL;
@@ -340,6 +358,8 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
                      int dp, const char *source_path, const char *out, int verify, int dry_run, int json, int force_progress)
 {
     const ckpt_layout *from = ckpt_reader_layout(source);
+    char from_text[RESHARD_LAYOUT_TEXT_MAX];
+    reshard_layout_text(from, from_text);
     const char *source_name = ckpt_reader_path(source);
     dcp_write_options wo = {.tp = options->tp, .pp = options->pp, .dp = dp, .torch_version = torch, .overwrite = options->overwrite,
                             .threads = options->threads, .weights_only = options->drop_optimizer,
@@ -347,7 +367,7 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
     dcp_write_plan plan;
     if (dcp_write_plan_create(source, &wo, &plan)) return fail("%s", tp_errmsg());
     char default_out[4200];
-    out = output_path(out, source_path, plan.tp, plan.pp, default_out, sizeof default_out);
+    out = output_path(out, source_path, &(ckpt_layout){.tp = plan.tp, .pp = plan.pp}, default_out, sizeof default_out);
     char written[32], buffers[32];
     format_bytes((double)plan.bytes, written, sizeof written);
     format_bytes((double)plan.buffer_memory, buffers, sizeof buffers);
@@ -356,8 +376,8 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
             print_json(dcp_json(&plan, from, source_name, out));
             return 0;
         }
-        printf("plan: %s (tp%dpp%d) -> %s (PyTorch distributed checkpoint, tp%dpp%d%s)\n", source_name, from->tp, from->pp,
-               out, plan.tp, plan.pp, plan.dp > 1 ? ", pieces cut over data-parallel ranks" : "");
+        printf("plan: %s (%s) -> %s (PyTorch distributed checkpoint, tp%dpp%d%s)\n", source_name, from_text, out,
+               plan.tp, plan.pp, plan.dp > 1 ? ", pieces cut over data-parallel ranks" : "");
         if (plan.dp > 1) printf("  dp         %d data-parallel ranks each hold a part of every piece\n", plan.dp);
         printf("  files      %d data files __R_0.distcp and .metadata\n", plan.files);
         printf("  tensors    %d in %d chunks%s\n", plan.tensors, plan.chunks,
@@ -377,8 +397,8 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
     double seconds = progress_finish(&bar);
     if (status) return fail("%s", tp_errmsg());
     if (!json)
-        printf("resharded %s (tp%dpp%d) -> %s (PyTorch distributed checkpoint, tp%dpp%d): %d tensors in %d chunks, %s "
-               "written in %.2f s\n", source_name, from->tp, from->pp, out, plan.tp, plan.pp, plan.tensors, plan.chunks,
+        printf("resharded %s (%s) -> %s (PyTorch distributed checkpoint, tp%dpp%d): %d tensors in %d chunks, %s "
+               "written in %.2f s\n", source_name, from_text, out, plan.tp, plan.pp, plan.tensors, plan.chunks,
                written, seconds);
     dcp_checkpoint *written_dcp = NULL;
     ckpt_reader *output = NULL;
@@ -466,9 +486,9 @@ int main(int argc, char **argv)
     }
     if (optind != argc - 1) die_usage(optind >= argc ? "missing CKPT" : "one checkpoint at a time");
     if (!to) die_usage("--to is required (e.g. --to tp4pp2)");
-    if (reshard_parse_layout(to, &options.tp, &options.pp)) die_usage("--to: %s", tp_errmsg());
-    int from_tp = 0, from_pp = 0;
-    if (from && reshard_parse_layout(from, &from_tp, &from_pp)) die_usage("--from: %s", tp_errmsg());
+    if (reshard_parse_layout(to, &options.tp, &options.pp, &options.virtual_stages)) die_usage("--to: %s", tp_errmsg());
+    int from_tp = 0, from_pp = 0, from_chunks = 0;
+    if (from && reshard_parse_layout(from, &from_tp, &from_pp, &from_chunks)) die_usage("--from: %s", tp_errmsg());
 
     /* A Megatron source is read as a foreign checkpoint, without digests
      * of its own: they are computed (one read of it) only when --verify
@@ -513,9 +533,11 @@ int main(int argc, char **argv)
         return fail("%s", tp_errmsg());
     }
     const ckpt_layout *layout = ckpt_reader_layout(source);
-    if ((from_tp && from_tp != layout->tp) || (from_pp && from_pp != layout->pp)) {
-        int code = fail("--from %s does not match %s, which is tp%dpp%d", from, ckpt_reader_path(source), layout->tp,
-                        layout->pp);
+    if ((from_tp && from_tp != layout->tp) || (from_pp && from_pp != layout->pp) ||
+        (from_chunks && from_chunks != ckpt_layout_chunks(layout))) {
+        char source_layout[RESHARD_LAYOUT_TEXT_MAX];
+        reshard_layout_text(layout, source_layout);
+        int code = fail("--from %s does not match %s, which is %s", from, ckpt_reader_path(source), source_layout);
         ckpt_reader_close(source);
         megatron_close(megatron);
         megatron_dist_close(dist);
@@ -524,6 +546,16 @@ int main(int argc, char **argv)
     }
     int dcp_out = output_format ? !strcmp(output_format, "dcp") : dcp != NULL;
     if (dcp_dp > 1 && !dcp_out) die_usage("--dcp-dp applies to a DCP output (--format dcp)");
+    int megatron_out = output_format ? !strcmp(output_format, "megatron") : megatron != NULL;
+    if (options.virtual_stages > 1 && (dcp_out || megatron_out)) {
+        int code = fail("--to %s: chunks of layers interleaved over the stages are written in this toolkit's format "
+                        "only (--format tp)", to);
+        ckpt_reader_close(source);
+        megatron_close(megatron);
+        megatron_dist_close(dist);
+        dcp_close(dcp);
+        return code;
+    }
     if (dcp_out) {
         if (dcp && !dcp_torch_given) dcp_torch = dcp_torch_version_of(dcp);
         int code = write_dcp(source, dcp, &options, dcp_torch, dcp_dp, argv[optind], out, verify, dry_run, json, force_progress);
@@ -533,7 +565,6 @@ int main(int argc, char **argv)
         megatron_dist_close(dist);
         return code;
     }
-    int megatron_out = output_format ? !strcmp(output_format, "megatron") : megatron != NULL;
     const char *refusal = NULL;
     /* This toolkit's GPT written as Megatron's regroups each fused QKV: the
      * logical tensors differ, so digests cannot prove it; an import back
@@ -567,8 +598,8 @@ int main(int argc, char **argv)
         return code;
     }
     char default_out[4200];
-    out = output_path(out, ckpt_reader_path(source), options.tp ? options.tp : layout->tp,
-                      options.pp ? options.pp : layout->pp, default_out, sizeof default_out);
+    ckpt_layout target = reshard_target_layout(layout, &options);
+    out = output_path(out, ckpt_reader_path(source), &target, default_out, sizeof default_out);
     const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
     int update_latest = ckpt_step_of_name(base) >= 0;
     /* A remote output is written locally, then uploaded (its `latest` too). */
@@ -639,10 +670,13 @@ int main(int argc, char **argv)
             format_bytes((double)s->bytes_read, read, sizeof read);
             format_bytes((double)s->bytes_written, written, sizeof written);
             format_bytes((double)peak_rss_bytes(), peak, sizeof peak);
-            printf("resharded %s (tp%dpp%d) -> %s (tp%dpp%d): %d tensors, %s read, %s written in %.2f s "
+            char from_text[RESHARD_LAYOUT_TEXT_MAX], to_text[RESHARD_LAYOUT_TEXT_MAX];
+            reshard_layout_text(&s->from, from_text);
+            reshard_layout_text(&s->to, to_text);
+            printf("resharded %s (%s) -> %s (%s): %d tensors, %s read, %s written in %.2f s "
                    "(%.2f GB/s, %s), peak memory %s\n",
-                   ckpt_reader_path(source), s->from.tp, s->from.pp, out, s->to.tp, s->to.pp, s->tensors, read,
-                   written, seconds, gbps, device, peak);
+                   ckpt_reader_path(source), from_text, out, to_text, s->tensors, read, written, seconds, gbps, device,
+                   peak);
             if (verify) print_verified(&checked, verify_seconds);
         }
     }

@@ -99,6 +99,8 @@ static int output_state(const reshard_plan *plan, ckpt_train_state *out, char **
     cJSON_AddStringToObject(note, "source", ckpt_reader_path(plan->source));
     cJSON_AddNumberToObject(note, "from_tp", plan->summary.from.tp);
     cJSON_AddNumberToObject(note, "from_pp", plan->summary.from.pp);
+    if (ckpt_layout_chunks(&plan->summary.from) > 1)
+        cJSON_AddNumberToObject(note, "from_virtual_stages", ckpt_layout_chunks(&plan->summary.from));
     cJSON_AddBoolToObject(note, "optimizer_dropped", plan->options.drop_optimizer);
     *model = cJSON_PrintUnformatted(m);
     *user = cJSON_PrintUnformatted(u);

@@ -34,24 +34,46 @@ void reshard_options_init(reshard_options *o)
     o->compress_level = -1;
 }
 
-int reshard_parse_layout(const char *text, int *tp, int *pp)
+int reshard_parse_layout(const char *text, int *tp, int *pp, int *virtual_stages)
 {
     *tp = 0;
     *pp = 0;
+    *virtual_stages = 0;
     const char *c = text;
+    const int *last = NULL;
     int ok = *c != '\0';
     while (ok && *c) {
-        int *degree = strncmp(c, "tp", 2) == 0 ? tp : strncmp(c, "pp", 2) == 0 ? pp : NULL;
-        ok = degree && !*degree && c[2] >= '1' && c[2] <= '9';
+        int *degree = NULL, skip = 2;
+        if (strncmp(c, "tp", 2) == 0) degree = tp;
+        else if (strncmp(c, "pp", 2) == 0) degree = pp;
+        else if (*c == 'v' && last == pp) { /* vV only right after ppP */
+            degree = virtual_stages;
+            skip = 1;
+        }
+        ok = degree && !*degree && c[skip] >= '1' && c[skip] <= '9';
         if (!ok) break;
-        c += 2;
+        c += skip;
         long value = 0;
         while (*c >= '0' && *c <= '9' && value <= 4096) value = value * 10 + (*c++ - '0');
         ok = value <= 4096;
         *degree = (int)value;
+        last = degree;
     }
-    if (!ok) return tp_fail(TP_ERR_ARG, "layout '%s' not understood (expected e.g. tp4, pp2 or tp4pp2)", text);
+    if (!ok) return tp_fail(TP_ERR_ARG, "layout '%s' not understood (expected e.g. tp4, pp2, tp4pp2 or tp4pp2v2)", text);
+    if (*virtual_stages == 1)
+        return tp_fail(TP_ERR_ARG, "layout '%s': v1 is one chunk of layers per stage, as without v; v2 or more "
+                       "interleaves chunks over the stages", text);
+    if (*virtual_stages > 1 && *pp < 2)
+        return tp_fail(TP_ERR_ARG, "layout '%s': %d virtual stages (chunks of layers per stage) need pp 2 or more",
+                       text, *virtual_stages);
     return TP_OK;
+}
+
+void reshard_layout_text(const ckpt_layout *layout, char out[RESHARD_LAYOUT_TEXT_MAX])
+{
+    int chunks = ckpt_layout_chunks(layout);
+    if (chunks > 1) snprintf(out, RESHARD_LAYOUT_TEXT_MAX, "tp%dpp%dv%d", layout->tp, layout->pp, chunks);
+    else snprintf(out, RESHARD_LAYOUT_TEXT_MAX, "tp%dpp%d", layout->tp, layout->pp);
 }
 
 static int64_t row_elements(const int64_t *shape, int ndim)
@@ -315,6 +337,17 @@ void reshard_plan_free(reshard_plan *plan)
     free(plan);
 }
 
+ckpt_layout reshard_target_layout(const ckpt_layout *from, const reshard_options *options)
+{
+    ckpt_layout to = *from;
+    if (options->tp) to.tp = options->tp;
+    if (options->pp) to.pp = options->pp;
+    /* A pipeline named anew has one chunk per stage unless said otherwise;
+     * a kept one keeps its chunks. */
+    if (options->virtual_stages || options->pp) to.virtual_stages = options->virtual_stages > 1 ? options->virtual_stages : 1;
+    return to;
+}
+
 int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_options *options)
 {
     *out = NULL;
@@ -325,12 +358,12 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
     else reshard_options_init(&plan->options);
     const reshard_options *o = &plan->options;
     const ckpt_layout *from = ckpt_reader_layout(source);
-    plan->to = *from;
-    if (o->tp) plan->to.tp = o->tp;
-    if (o->pp) plan->to.pp = o->pp;
+    plan->to = reshard_target_layout(from, o);
+    char to_text[RESHARD_LAYOUT_TEXT_MAX];
+    reshard_layout_text(&plan->to, to_text);
     int status = ckpt_layout_check(&plan->to);
     if (status) {
-        tp_fail_context(status, "cannot reshard to tp=%d pp=%d", plan->to.tp, plan->to.pp);
+        tp_fail_context(status, "cannot reshard to %s", to_text);
         reshard_plan_free(plan);
         return status;
     }
@@ -354,7 +387,7 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
         status = ckpt_tensor_copy_init(&t->out, &desc);
         if (!status) status = ckpt_tensor_check(&t->out.desc, plan->to.tp);
         if (status) {
-            status = tp_fail_context(status, "cannot reshard to tp=%d pp=%d", plan->to.tp, plan->to.pp);
+            status = tp_fail_context(status, "cannot reshard to %s", to_text);
             break;
         }
         const ckpt_tensor_desc *d = &t->out.desc;

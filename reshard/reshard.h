@@ -24,6 +24,8 @@ typedef enum { RESHARD_DEVICE_AUTO = 0, RESHARD_DEVICE_CPU, RESHARD_DEVICE_CUDA 
 
 typedef struct {
     int tp, pp;                 /* target degrees; 0 keeps the source's */
+    int virtual_stages;         /* target chunks of layers per stage (the interleaved schedule); 0: the
+                                   source's where pp is kept, else 1 */
     int threads;                /* 0: all cores */
     int64_t memory_limit;       /* bytes for buffers and bookkeeping; 0: RESHARD_DEFAULT_MEMORY */
     reshard_device device;      /* AUTO: CUDA when a GPU is present and the plan converts dtypes, else the CPU */
@@ -39,6 +41,10 @@ typedef struct {
 void reshard_options_init(reshard_options *options);
 
 typedef struct reshard_plan reshard_plan;
+
+/* The layout a plan writes: the source's, with the degrees the options
+ * name (a pp named without virtual_stages: one chunk per stage). */
+ckpt_layout reshard_target_layout(const ckpt_layout *from, const reshard_options *options);
 
 /* What a plan will do; figures are exact for the bytes written and read. */
 typedef struct {
@@ -96,7 +102,15 @@ int reshard_read_piece_rows(ckpt_reader *source, int index, const ckpt_tensor_de
 /* Message of the last failure in this thread. */
 const char *tp_errmsg(void);
 
-/* Parses "tp4", "pp2", "tp4pp2" (either order); a degree not named is 0. */
-int reshard_parse_layout(const char *text, int *tp, int *pp);
+/* Parses "tp4", "pp2", "tp4pp2" (either order), and "tp4pp2v2": pp
+ * followed by vV, V >= 2 chunks of layers per stage (the interleaved
+ * schedule), which needs pp >= 2. A degree not named is 0 (virtual_stages
+ * too: V is not written). */
+int reshard_parse_layout(const char *text, int *tp, int *pp, int *virtual_stages);
+
+/* "tp4pp2", or "tp4pp2v2" with several chunks per stage: the text
+ * reshard_parse_layout reads. */
+#define RESHARD_LAYOUT_TEXT_MAX 40
+void reshard_layout_text(const ckpt_layout *layout, char out[RESHARD_LAYOUT_TEXT_MAX]);
 
 #endif

@@ -146,7 +146,7 @@ Test(foreign, random_boxes_read_back)
 {
     for (int iter = 0; iter < 30; iter++) {
         int tp = (int)rnd(1, 4);
-        ckpt_layout layout = {tp, 1, 1, 3};
+        ckpt_layout layout = {tp, 1, 1, 3, 1};
         test_tensor tensors[8];
         int n = random_tensors(tensors, 8, &tp, 1, 3);
         boxed *b = malloc(sizeof *b);
@@ -218,7 +218,7 @@ Test(foreign, random_boxes_read_back)
  * [5000, 1000] one in row-and-column boxes. */
 Test(foreign, long_rows_and_groups)
 {
-    ckpt_layout layout = {1, 1, 1, 1};
+    ckpt_layout layout = {1, 1, 1, 1, 1};
     const int64_t shapes[2][2] = {{3, 3 << 20}, {5000, 1000}};
     for (int k = 0; k < 2; k++) {
         test_tensor t = {0};
@@ -275,7 +275,7 @@ static void refused(const ckpt_foreign_box *boxes, int n, int padded, int64_t fi
     boxed *b = malloc(sizeof *b);
     open_boxed(b, 99);
     ckpt_tensor_desc t = {.name = "model/w", .dtype = TP_FP32, .ndim = 2, .shape = {4, 6}, .anchor = CKPT_ANCHOR_FIRST};
-    ckpt_layout layout = {1, 1, 1, 1};
+    ckpt_layout layout = {1, 1, 1, 1, 1};
     if (padded) { /* 10 rows padded to 16 at tp2: piece 1 holds rows 8, 9 and six of padding */
         t.shape[0] = 10;
         t.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 1, 8, 0};

@@ -26,7 +26,7 @@ TestSuite(hostile, .init = make_dir, .fini = remove_dir, .timeout = 60);
  * 0, model/b.bias [4096] replicated. */
 static void checkpoint(const char *path)
 {
-    ckpt_layout layout = {2, 1, 1, 2};
+    ckpt_layout layout = {2, 1, 1, 2, 1};
     static uint8_t data[2][4096 * 4];
     for (size_t b = 0; b < sizeof data; b++) ((uint8_t *)data)[b] = (uint8_t)(b * 7);
     test_tensor t[2];
@@ -316,7 +316,7 @@ Test(hostile, fifo_shard_at_commit, .timeout = 20)
 {
     char path[600];
     snprintf(path, sizeof path, "%s/ck", dir);
-    ckpt_layout layout = {2, 1, 1, 1};
+    ckpt_layout layout = {2, 1, 1, 1, 1};
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     cr_assert_eq(ckpt_stage_prepare(path, &options), TP_OK, "%s", tp_errmsg());

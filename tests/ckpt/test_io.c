@@ -82,7 +82,7 @@ static void check_reads(const char *path, const ckpt_layout *layout, test_tensor
 Test(io, random_round_trips)
 {
     for (int iter = 0; iter < 24; iter++) {
-        ckpt_layout layout = {(int)rnd(1, 4), (int)rnd(1, 3), 1, 0};
+        ckpt_layout layout = {(int)rnd(1, 4), (int)rnd(1, 3), 1, 0, 1};
         layout.num_layers = layout.pp * rnd(1, 3);
         test_tensor tensors[10];
         int n = random_tensors(tensors, 10, &layout.tp, 1, layout.num_layers);
@@ -99,7 +99,7 @@ Test(io, random_round_trips)
  * compressed twin. */
 Test(io, multi_block_regions)
 {
-    ckpt_layout layout = {2, 1, 1, 1};
+    ckpt_layout layout = {2, 1, 1, 1, 1};
     test_tensor tensors[2];
     for (int i = 0; i < 2; i++) {
         memset(&tensors[i], 0, sizeof tensors[i]);
@@ -144,7 +144,7 @@ Test(io, digest_sees_every_change)
 
 static void simple_checkpoint(const char *path, int64_t step)
 {
-    ckpt_layout layout = {2, 1, 1, 2};
+    ckpt_layout layout = {2, 1, 1, 2, 1};
     static uint8_t data[2][4096 * 4];
     for (size_t b = 0; b < sizeof data; b++) ((uint8_t *)data)[b] = (uint8_t)(b * 7 + (size_t)step);
     test_tensor t[2];
@@ -358,7 +358,7 @@ Test(io, existing_output_needs_overwrite)
     char path[600];
     snprintf(path, sizeof path, "%s/ck", dir);
     simple_checkpoint(path, 1);
-    ckpt_layout layout = {1, 1, 1, 0};
+    ckpt_layout layout = {1, 1, 1, 0, 1};
     ckpt_writer *w;
     cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), TP_ERR_EXISTS);
     cr_assert(strstr(tp_errmsg(), "--force"), "%s", tp_errmsg());
@@ -383,7 +383,7 @@ Test(io, abort_and_incomplete_leave_nothing)
     char path[600], staging[700];
     snprintf(path, sizeof path, "%s/ck", dir);
     snprintf(staging, sizeof staging, "%s/.ck.staging", dir);
-    ckpt_layout layout = {2, 1, 1, 0};
+    ckpt_layout layout = {2, 1, 1, 0, 1};
     ckpt_tensor_desc t = {.name = "model/w", .dtype = TP_FP32, .ndim = 1, .shape = {8},
                           .anchor = CKPT_ANCHOR_FIRST};
     t.partition.kind = CKPT_SPLIT;
@@ -412,7 +412,7 @@ Test(io, nonzero_padding_is_found)
 {
     char path[600];
     snprintf(path, sizeof path, "%s/ck", dir);
-    ckpt_layout layout = {2, 1, 1, 0};
+    ckpt_layout layout = {2, 1, 1, 0, 1};
     ckpt_tensor_desc t = {.name = "model/tok", .dtype = TP_FP32, .ndim = 1, .shape = {5},
                           .anchor = CKPT_ANCHOR_FIRST};
     t.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 1, 4, 0}; /* 5 padded to 8 */
@@ -444,7 +444,7 @@ Test(io, latest_pointer_and_resolution)
     mkdir(run, 0755);
     snprintf(a, sizeof a, "%s/step_00000020", run);
     snprintf(b, sizeof b, "%s/step_00000010", run);
-    ckpt_layout layout = {1, 1, 1, 0};
+    ckpt_layout layout = {1, 1, 1, 0, 1};
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     options.update_latest = 1;
@@ -520,7 +520,7 @@ Test(io, distributed_writers_commit_once)
 {
     char path[600];
     snprintf(path, sizeof path, "%s/step_00000005", dir);
-    ckpt_layout layout = {2, 2, 4, 4};
+    ckpt_layout layout = {2, 2, 4, 4, 1};
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     options.update_latest = 1;
@@ -562,7 +562,7 @@ Test(io, distributed_commit_needs_every_shard)
 {
     char path[600];
     snprintf(path, sizeof path, "%s/ck", dir);
-    ckpt_layout layout = {2, 1, 1, 2};
+    ckpt_layout layout = {2, 1, 1, 2, 1};
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     cr_assert_eq(ckpt_stage_prepare(path, &options), TP_OK);
@@ -582,7 +582,7 @@ Test(io, described_shards_build_the_committed_index)
 {
     char path[600], staging[CKPT_PATH_MAX];
     snprintf(path, sizeof path, "%s/step_00000007", dir);
-    ckpt_layout layout = {2, 2, 1, 4};
+    ckpt_layout layout = {2, 2, 1, 4, 1};
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     cr_assert_eq(ckpt_stage_prepare(path, &options), TP_OK, "%s", tp_errmsg());
@@ -610,7 +610,7 @@ Test(io, described_shards_build_the_committed_index)
     cr_assert(strstr(tp_errmsg(), "shard_pp00_tp01.h5 is described twice"), "%s", tp_errmsg());
     cr_assert_eq(ckpt_index_from_parts(&layout, &state, (const char *const *)parts, 3, path, &refused, NULL), TP_ERR_STATE);
     cr_assert(strstr(tp_errmsg(), "no process described shard pp=1 tp=1"), "%s", tp_errmsg());
-    ckpt_layout other = {2, 2, 1, 6};
+    ckpt_layout other = {2, 2, 1, 6, 1};
     cr_assert_neq(ckpt_index_from_parts(&other, &state, (const char *const *)parts, 4, path, &refused, NULL), TP_OK);
     cr_assert(strstr(tp_errmsg(), "layers=4, the checkpoint has tp=2 pp=2 layers=6"), "%s", tp_errmsg());
     cr_assert_null(refused);
@@ -635,4 +635,220 @@ Test(io, described_shards_build_the_committed_index)
     for (int i = 0; i < 4; i++) free(parts[i]);
     free(built);
     free(committed);
+}
+
+/* ----------------------------------------------- the interleaved schedule */
+
+/* 8 layers at tp2 pp2 with `chunks` chunks of layers per stage: a split
+ * weight per layer (with_layers), a replicated table on the first stage and
+ * a norm on the last. Returns how many tensors; their data lives in `data`. */
+static int interleaved_checkpoint(const char *path, int chunks, int with_layers, test_tensor *t, float data[10][24])
+{
+    ckpt_layout layout = {2, 2, 1, 8, chunks};
+    int n = 0;
+    memset(t, 0, 10 * sizeof *t);
+    for (int l = 0; with_layers && l < 8; l++, n++) {
+        snprintf(t[n].name, sizeof t[n].name, "model/layers.%d.w", l);
+        t[n].desc = (ckpt_tensor_desc){.name = t[n].name, .dtype = TP_FP32, .ndim = 2, .shape = {8, 3},
+                                       .anchor = CKPT_ANCHOR_LAYER, .layer = l};
+        t[n].desc.partition.kind = CKPT_SPLIT;
+    }
+    for (int end = 0; end < 2; end++, n++) {
+        strcpy(t[n].name, end ? "model/norm" : "model/embed");
+        t[n].desc = (ckpt_tensor_desc){.name = t[n].name, .dtype = TP_FP32, .ndim = 1, .shape = {24},
+                                       .anchor = end ? CKPT_ANCHOR_LAST : CKPT_ANCHOR_FIRST};
+    }
+    for (int i = 0; i < n; i++) {
+        for (int e = 0; e < 24; e++) data[i][e] = (float)(i * 100 + e);
+        t[i].logical = (uint8_t *)data[i];
+    }
+    write_tensors(path, &layout, t, n, 0, 3);
+    return n;
+}
+
+static int64_t shard_attribute(const char *path, const char *shard, const char *name)
+{
+    char file[700];
+    snprintf(file, sizeof file, "%s/%s", path, shard);
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert_geq(f, 0, "%s", file);
+    int64_t value = -1;
+    if (H5Aexists(f, name) > 0) {
+        hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+        cr_assert_geq(H5Aread(a, H5T_NATIVE_INT64, &value), 0);
+        H5Aclose(a);
+    }
+    H5Fclose(f);
+    return value;
+}
+
+static int index_contains(const char *path, const char *text)
+{
+    char file[700];
+    snprintf(file, sizeof file, "%s/index.json", path);
+    char *index = NULL;
+    int64_t size = 0;
+    cr_assert_eq(store_read_text_file(file, 1 << 24, &index, &size), TP_OK, "%s", tp_errmsg());
+    int found = strstr(index, text) != NULL;
+    free(index);
+    return found;
+}
+
+/* Written at 2 chunks per stage, read back: the layout says so, stage 0
+ * holds layers 0, 1, 4, 5 (chunks 0 and 2) and stage 1 layers 2, 3, 6, 7,
+ * every piece reads back; the index and the shards record the chunks (format
+ * 1.5), which a layout of one chunk leaves out. */
+Test(io, interleaved_layout_round_trips)
+{
+    char path[600], plain[600];
+    snprintf(path, sizeof path, "%s/v2", dir);
+    snprintf(plain, sizeof plain, "%s/v1", dir);
+    test_tensor t[10];
+    static float data[10][24];
+    int n = interleaved_checkpoint(path, 2, 1, t, data);
+    ckpt_layout layout = {2, 2, 1, 8, 2};
+    check_reads(path, &layout, t, n, 1);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_reader_layout(r)->virtual_stages, 2);
+    int major, minor;
+    ckpt_reader_version(r, &major, &minor);
+    cr_assert(major == 1 && minor == 5, "format %d.%d", major, minor);
+    static const int stage_of_layer[8] = {0, 0, 1, 1, 0, 0, 1, 1};
+    for (int i = 0; i < n; i++) {
+        int k = ckpt_reader_find(r, t[i].name);
+        int expect = t[i].desc.anchor == CKPT_ANCHOR_LAYER   ? stage_of_layer[t[i].desc.layer]
+                     : t[i].desc.anchor == CKPT_ANCHOR_FIRST ? 0
+                                                             : 1;
+        for (int p = 0; p < ckpt_piece_count(&t[i].desc, 2); p++) {
+            ckpt_piece_info info;
+            cr_assert_eq(ckpt_reader_piece_info(r, k, p, &info), TP_OK);
+            cr_assert_eq(info.pp, expect, "%s piece %d on stage %d, expected %d", t[i].name, p, info.pp, expect);
+            char file[64];
+            snprintf(file, sizeof file, "shard_pp%02d_tp%02d.h5", expect, p);
+            cr_assert_str_eq(info.file, file);
+        }
+    }
+    ckpt_reader_close(r);
+    cr_assert(index_contains(path, "\"num_layers\":\t8,\n\t\t\"virtual_stages\":\t2\n"), "the index's layout records 2");
+    cr_assert(index_contains(path, "\"format_version\":\t[1, 5]"));
+    for (int s = 0; s < 4; s++) {
+        char shard[64];
+        snprintf(shard, sizeof shard, "shard_pp%02d_tp%02d.h5", s / 2, s % 2);
+        cr_assert_eq(shard_attribute(path, shard, "layout_virtual_stages"), 2, "%s", shard);
+    }
+
+    interleaved_checkpoint(plain, 1, 1, t, data);
+    cr_assert_not(index_contains(plain, "virtual_stages"), "one chunk per stage is not written");
+    cr_assert_eq(shard_attribute(plain, "shard_pp00_tp00.h5", "layout_virtual_stages"), -1, "nor its attribute");
+    cr_assert_eq(ckpt_reader_open(&r, plain, NULL), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_layout_chunks(ckpt_reader_layout(r)), 1);
+    int k = ckpt_reader_find(r, "model/layers.2.w");
+    ckpt_piece_info info;
+    cr_assert_eq(ckpt_reader_piece_info(r, k, 0, &info), TP_OK);
+    cr_assert_eq(info.pp, 0, "layers 0-3 on stage 0 without chunks");
+    ckpt_reader_close(r);
+}
+
+/* An index whose stages do not follow its virtual_stages is refused: with
+ * the key gone (what a 1.4 reader sees: consecutive stages), another count
+ * of chunks, one that does not divide the layers, and values out of range. */
+Test(io, index_stages_follow_its_virtual_stages)
+{
+    static const struct {
+        const char *to, *message;
+    } edits[] = {
+        {"", "field 'stage' missing or not the stage its anchor and layer give"},
+        {",\n\t\t\"virtual_stages\":\t4", "field 'stage' missing or not the stage its anchor and layer give"},
+        {",\n\t\t\"virtual_stages\":\t3", "8 layers cannot be split evenly into pp=2 x 3"},
+        {",\n\t\t\"virtual_stages\":\t0", "field 'virtual_stages' missing or not an integer in range"},
+        {",\n\t\t\"virtual_stages\":\t4097", "field 'virtual_stages' missing or not an integer in range"},
+        {",\n\t\t\"virtual_stages\":\t\"2\"", "field 'virtual_stages' missing or not an integer in range"},
+    };
+    test_tensor t[10];
+    static float data[10][24];
+    for (size_t e = 0; e < sizeof edits / sizeof edits[0]; e++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/ck%zu", dir, e);
+        interleaved_checkpoint(path, 2, 1, t, data);
+        edit_index(path, ",\n\t\t\"virtual_stages\":\t2", edits[e].to);
+        ckpt_reader *r = NULL;
+        cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_ERR_FORMAT, "edit %zu opened", e);
+        cr_assert(strstr(tp_errmsg(), edits[e].message), "edit %zu: %s", e, tp_errmsg());
+    }
+    /* The same edit where no tensor has a layer: nothing disagrees. */
+    char path[600];
+    snprintf(path, sizeof path, "%s/ends", dir);
+    interleaved_checkpoint(path, 2, 0, t, data);
+    edit_index(path, ",\n\t\t\"virtual_stages\":\t2", ",\n\t\t\"virtual_stages\":\t4");
+    ckpt_reader *r = NULL;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_reader_layout(r)->virtual_stages, 4);
+    ckpt_reader_close(r);
+}
+
+/* A shard whose recorded chunks per stage differ from the index's is
+ * refused when read (checkpoints whose tensors have no layer, so that the
+ * index's stages agree either way), and a commit of shards written at
+ * another count of chunks is refused, whether it reads the files or merges
+ * their descriptions. */
+Test(io, shards_record_the_index_virtual_stages)
+{
+    test_tensor t[10];
+    static float data[10][24];
+    char path[600];
+    static const struct {
+        int written;
+        const char *from, *to, *message;
+    } cases[] = {
+        {2, ",\n\t\t\"virtual_stages\":\t2", "",
+         "shard_pp00_tp00.h5: a shard of layout tp=2 pp=2 layers=8 virtual_stages=2, the checkpoint's is tp=2 pp=2 "
+         "layers=8"},
+        {1, "\"num_layers\":\t8", "\"num_layers\":\t8,\n\t\t\"virtual_stages\":\t2",
+         "shard_pp00_tp00.h5: a shard of layout tp=2 pp=2 layers=8, the checkpoint's is tp=2 pp=2 layers=8 "
+         "virtual_stages=2"},
+    };
+    for (int c = 0; c < 2; c++) {
+        snprintf(path, sizeof path, "%s/ends%d", dir, c);
+        interleaved_checkpoint(path, cases[c].written, 0, t, data);
+        edit_index(path, cases[c].from, cases[c].to);
+        ckpt_reader *r = NULL;
+        cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
+        float piece[24];
+        cr_assert_eq(ckpt_reader_read_piece(r, ckpt_reader_find(r, "model/embed"), 0, piece, sizeof piece),
+                     TP_ERR_FORMAT, "case %d read", c);
+        cr_assert(strstr(tp_errmsg(), cases[c].message), "case %d: %s", c, tp_errmsg());
+        ckpt_reader_close(r);
+        cr_assert_neq(ckpt_verify_checkpoint(path, 2, NULL), TP_OK, "case %d verified", c);
+    }
+
+    /* Distributed writers at 2 chunks per stage (4 layers: one each). */
+    snprintf(path, sizeof path, "%s/step_00000009", dir);
+    ckpt_layout written = {2, 2, 1, 4, 2}, other = {2, 2, 1, 4, 1};
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    cr_assert_eq(ckpt_stage_prepare(path, &options), TP_OK, "%s", tp_errmsg());
+    for (int i = 0; i < 4; i++) {
+        rank_job job = {path, written, i / 2, i % 2, 0};
+        write_rank(&job);
+        cr_assert_eq(job.status, TP_OK, "%s", tp_errmsg());
+    }
+    char staging[CKPT_PATH_MAX];
+    cr_assert_eq(store_staging_path(path, NULL, staging, sizeof staging), TP_OK);
+    char *parts[4] = {NULL}, *refused = NULL;
+    cr_assert_eq(ckpt_describe_shard(store_posix(), staging, &other, 1, 0, &refused), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "shard_pp01_tp00.h5: a shard of layout tp=2 pp=2 layers=4 virtual_stages=2, the "
+                                  "checkpoint's is tp=2 pp=2 layers=4"), "%s", tp_errmsg());
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(ckpt_describe_shard(store_posix(), staging, &written, i / 2, i % 2, &parts[i]), TP_OK, "%s",
+                     tp_errmsg());
+    cr_assert_eq(ckpt_index_from_parts(&other, NULL, (const char *const *)parts, 4, path, &refused, NULL),
+                 TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "layout tp=2 pp=2 layers=4 virtual_stages=2, the checkpoint has tp=2 pp=2 layers=4"),
+              "%s", tp_errmsg());
+    cr_assert_null(refused);
+    for (int i = 0; i < 4; i++) free(parts[i]);
+    cr_assert_eq(ckpt_commit_staged(path, &other, NULL, &options), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "virtual_stages=2, the checkpoint's is tp=2 pp=2 layers=4"), "%s", tp_errmsg());
+    cr_assert_eq(access(path, F_OK), -1, "nothing committed");
 }

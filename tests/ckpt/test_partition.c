@@ -241,7 +241,7 @@ Test(partition, vocabulary_padding)
 
 Test(partition, stages_follow_layers)
 {
-    ckpt_layout layout = {2, 4, 1, 8};
+    ckpt_layout layout = {2, 4, 1, 8, 1};
     ckpt_tensor_desc t = {.name = "a", .ndim = 1, .shape = {4}, .anchor = CKPT_ANCHOR_LAYER};
     int expect[8] = {0, 0, 1, 1, 2, 2, 3, 3};
     for (int l = 0; l < 8; l++) {
@@ -252,9 +252,62 @@ Test(partition, stages_follow_layers)
     cr_assert_eq(ckpt_tensor_stage(&t, &layout), 0);
     t.anchor = CKPT_ANCHOR_LAST;
     cr_assert_eq(ckpt_tensor_stage(&t, &layout), 3);
-    ckpt_layout bad = {2, 3, 1, 8};
+    ckpt_layout bad = {2, 3, 1, 8, 1};
     cr_assert_eq(ckpt_layout_check(&bad), TP_ERR_LAYOUT);
     cr_assert(strstr(tp_errmsg(), "8 layers") && strstr(tp_errmsg(), "pp=3"), "%s", tp_errmsg());
+}
+
+/* The interleaved schedule: pp * V chunks of layers, chunk k on stage
+ * k mod pp (docs/FORMAT.md section 2); 0 and 1 chunks are the consecutive
+ * placement. Expectations written out by hand. */
+Test(partition, stages_interleave_with_virtual_stages)
+{
+    struct {
+        int pp, chunks;
+        int64_t layers;
+        int expect[12];
+    } cases[] = {
+        {2, 2, 8, {0, 0, 1, 1, 0, 0, 1, 1}},
+        {2, 4, 8, {0, 1, 0, 1, 0, 1, 0, 1}},
+        {3, 2, 12, {0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2}},
+        {2, 3, 12, {0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1}},
+        {4, 2, 8, {0, 1, 2, 3, 0, 1, 2, 3}},
+        {2, 1, 8, {0, 0, 0, 0, 1, 1, 1, 1}},
+        {2, 0, 8, {0, 0, 0, 0, 1, 1, 1, 1}},
+    };
+    ckpt_tensor_desc t = {.name = "a", .ndim = 1, .shape = {4}, .anchor = CKPT_ANCHOR_LAYER};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ckpt_layout layout = {2, cases[c].pp, 1, cases[c].layers, cases[c].chunks};
+        cr_assert_eq(ckpt_layout_check(&layout), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(ckpt_layout_chunks(&layout), cases[c].chunks > 1 ? cases[c].chunks : 1);
+        t.anchor = CKPT_ANCHOR_LAYER;
+        for (int l = 0; l < cases[c].layers; l++) {
+            t.layer = l;
+            cr_assert_eq(ckpt_tensor_stage(&t, &layout), cases[c].expect[l], "pp %d, %d chunks per stage: layer %d",
+                         cases[c].pp, cases[c].chunks, l);
+        }
+        t.anchor = CKPT_ANCHOR_FIRST;
+        cr_assert_eq(ckpt_tensor_stage(&t, &layout), 0);
+        t.anchor = CKPT_ANCHOR_LAST;
+        cr_assert_eq(ckpt_tensor_stage(&t, &layout), cases[c].pp - 1);
+    }
+}
+
+Test(partition, virtual_stages_that_do_not_divide_are_refused)
+{
+    ckpt_layout uneven = {2, 2, 1, 8, 3};
+    cr_assert_eq(ckpt_layout_check(&uneven), TP_ERR_LAYOUT);
+    cr_assert(strstr(tp_errmsg(), "8 layers") && strstr(tp_errmsg(), "pp=2 x 3"), "%s", tp_errmsg());
+    ckpt_layout over = {2, 2, 1, 8, 8}; /* 16 chunks of half a layer */
+    cr_assert_eq(ckpt_layout_check(&over), TP_ERR_LAYOUT);
+    ckpt_layout negative = {2, 2, 1, 8, -1}, huge = {1, 1, 1, 4097, 4097};
+    cr_assert_eq(ckpt_layout_check(&negative), TP_ERR_LAYOUT);
+    cr_assert(strstr(tp_errmsg(), "-1 virtual stages"), "%s", tp_errmsg());
+    cr_assert_eq(ckpt_layout_check(&huge), TP_ERR_LAYOUT);
+    cr_assert(strstr(tp_errmsg(), "4097 virtual stages"), "%s", tp_errmsg());
+    ckpt_layout most = {1, 2, 1, 2 * 4096, 4096}, none = {1, 2, 1, 0, 2};
+    cr_assert_eq(ckpt_layout_check(&most), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_layout_check(&none), TP_OK, "no layers split into any chunks: %s", tp_errmsg());
 }
 
 Test(partition, invalid_descriptions_are_refused)

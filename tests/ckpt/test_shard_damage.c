@@ -24,7 +24,7 @@ static const char *const NAMES[2] = {"model/a.weight", "model/b.bias"};
 /* Two tensors at tp=2: a split fp32 weight and a replicated bf16 bias. */
 static void small_checkpoint(const char *path, int compress)
 {
-    ckpt_layout layout = {2, 1, 1, 2};
+    ckpt_layout layout = {2, 1, 1, 2, 1};
     static uint8_t data[2][4096 * 4];
     for (size_t b = 0; b < sizeof data; b++) ((uint8_t *)data)[b] = (uint8_t)(b * 13 + 1);
     test_tensor t[2];
@@ -275,7 +275,7 @@ Test(shard_damage, longest_name_round_trips)
     memset(name, 'x', CKPT_NAME_MAX);
     memcpy(name, "model/", 6);
     name[CKPT_NAME_MAX] = '\0';
-    ckpt_layout layout = {1, 1, 1, 1};
+    ckpt_layout layout = {1, 1, 1, 1, 1};
     static uint8_t data[16];
     test_tensor t;
     memset(&t, 0, sizeof t);
@@ -502,7 +502,7 @@ Test(shard_damage, external_link_refused_at_commit)
     snprintf(path, sizeof path, "%s/ck", dir);
     snprintf(target, sizeof target, "%s/elsewhere.h5", dir);
     make_target(target);
-    ckpt_layout layout = {1, 1, 1, 1};
+    ckpt_layout layout = {1, 1, 1, 1, 1};
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     cr_assert_eq(ckpt_stage_prepare(path, &options), TP_OK, "%s", tp_errmsg());

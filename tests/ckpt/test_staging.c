@@ -46,7 +46,7 @@ static void write_file(const char *path, const char *text)
 /* One small checkpoint at path (tp 1), step as given. */
 static void small_checkpoint(const char *path, int64_t step, int overwrite, int *status_out)
 {
-    ckpt_layout layout = {1, 1, 1, 1};
+    ckpt_layout layout = {1, 1, 1, 1, 1};
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     options.overwrite = overwrite;
@@ -225,7 +225,7 @@ Test(staging, latest_ignores_names_that_are_not_steps)
     snprintf(other, sizeof other, "%s/step_00000005_tp1pp1", run);
     snprintf(latest, sizeof latest, "%s/latest", run);
     cr_assert_eq(mkdir(run, 0755), 0);
-    ckpt_layout layout = {1, 1, 1, 1};
+    ckpt_layout layout = {1, 1, 1, 1, 1};
     ckpt_tensor_desc d = {.name = "w", .dtype = TP_FP32, .ndim = 1, .shape = {4}, .anchor = CKPT_ANCHOR_FIRST};
     float data[4] = {1, 2, 3, 4};
     const char *paths[2] = {step, other};

@@ -177,7 +177,7 @@ static const store_ops wrapper = {.name = "counting",
  * pieces. Writes them through the wrapper; returns their stored bytes. */
 static int64_t write_through(const char *path, ckpt_tensor_desc *descs, float *data, int64_t n, int *status_out)
 {
-    ckpt_layout layout = {2, 1, 1, 1};
+    ckpt_layout layout = {2, 1, 1, 1, 1};
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     options.storage = &wrapper;
@@ -365,7 +365,7 @@ static const store_ops *index_only(void)
 
 static void write_compressed(const char *path, ckpt_tensor_desc *descs, float *data, int64_t n)
 {
-    ckpt_layout layout = {2, 1, 1, 1};
+    ckpt_layout layout = {2, 1, 1, 1, 1};
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     options.compress_level = 3;

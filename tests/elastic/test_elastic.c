@@ -475,7 +475,7 @@ static void small_checkpoint(const char *run, int64_t step)
     test_tensor t[6];
     int tps[] = {2};
     int n = random_tensors(t, 6, tps, 1, 2);
-    ckpt_layout layout = {2, 1, 1, 2}; /* tp 2, pp 1, dp 1, 2 layers */
+    ckpt_layout layout = {2, 1, 1, 2, 1}; /* tp 2, pp 1, dp 1, 2 layers */
     write_tensors(path, &layout, t, n, 0, step);
     for (int i = 0; i < n; i++) free(t[i].logical);
 }

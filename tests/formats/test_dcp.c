@@ -111,7 +111,7 @@ Test(dcp, fixtures_written_by_pytorch)
 Test(dcp, random_round_trips)
 {
     for (int iter = 0; iter < 12; iter++) {
-        ckpt_layout layout = {(int)rnd(1, 4), (int)rnd(1, 2), 1, 0};
+        ckpt_layout layout = {(int)rnd(1, 4), (int)rnd(1, 2), 1, 0, 1};
         layout.num_layers = layout.pp * rnd(1, 2);
         int tps[2] = {layout.tp, (int)rnd(1, 4)};
         test_tensor tensors[8];

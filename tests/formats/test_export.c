@@ -344,7 +344,7 @@ static int random_source(const char *path, test_tensor *tensors, int max, ckpt_l
 {
     static const int tps[] = {1, 2, 4};
     int n = random_tensors(tensors, max, tps, 3, 2);
-    *layout = (ckpt_layout){tps[rnd(0, 2)], (int)rnd(1, 2), 1, 2};
+    *layout = (ckpt_layout){tps[rnd(0, 2)], (int)rnd(1, 2), 1, 2, 1};
     write_tensors(path, layout, tensors, n, rnd(0, 3) == 0, 7);
     return n;
 }
@@ -395,7 +395,7 @@ Test(export, rows_cut_and_regrouped)
     fixed_tensor(&t[1], "model/table", TP_FP32, 2, (int64_t[]){10, 3}, 0, CKPT_ANCHOR_FIRST, 0);
     char src[700], out[700];
     snprintf(src, sizeof src, "%s/rows_src", dir);
-    ckpt_layout layout = {2, 1, 1, 1};
+    ckpt_layout layout = {2, 1, 1, 1, 1};
     write_tensors(src, &layout, t, 2, 0, 7);
     ckpt_reader *r = open_reader(src);
     static const int64_t blocks[] = {2, 0, 5, 1, 3, 4}; /* blocks of 2 rows */
@@ -557,7 +557,7 @@ Test(export, safetensors_shards_and_index)
     char src[700], out[700];
     snprintf(src, sizeof src, "%s/src", dir);
     snprintf(out, sizeof out, "%s/sharded", dir);
-    ckpt_layout layout = {2, 2, 1, 2};
+    ckpt_layout layout = {2, 2, 1, 2, 1};
     write_tensors(src, &layout, t, 7, 0, 3);
     ckpt_reader *r = open_reader(src);
 
@@ -766,7 +766,7 @@ Test(export, many_bands_under_tight_memory_limit)
     for (int i = 0; i < BAND_COUNT; i++) sources[i] = &t[band_source[i]];
     char src[700], out[700], file[800];
     snprintf(src, sizeof src, "%s/src", dir);
-    ckpt_layout layout = {2, 1, 1, 2};
+    ckpt_layout layout = {2, 1, 1, 2, 1};
     write_tensors(src, &layout, t, n, 0, 1);
     ckpt_reader *r = open_reader(src);
     static const int dtypes[] = {-1, TP_FP32, TP_BF16, TP_FP16};
@@ -852,7 +852,7 @@ Test(export, buffers_stay_within_memory_limit)
     fixed_tensor(&t[3], "model/bias", TP_FP32, 1, (int64_t[]){4096}, -1, CKPT_ANCHOR_LAST, 0);
     char src[700], out[700];
     snprintf(src, sizeof src, "%s/src", dir);
-    ckpt_layout layout = {1, 1, 1, 1};
+    ckpt_layout layout = {1, 1, 1, 1, 1};
     write_tensors(src, &layout, t, 4, 0, 1);
     ckpt_reader *r = open_reader(src);
     /* With dtype fp32 rows is the unconverted one; with bf16, half. */
@@ -1184,7 +1184,7 @@ static void small_source(const char *path, test_tensor *t, int corrupt)
 {
     fixed_tensor(&t[0], "model/big", TP_FP32, 2, (int64_t[]){64, 64}, -1, CKPT_ANCHOR_FIRST, 0);
     fixed_tensor(&t[1], "model/vec", TP_BF16, 1, (int64_t[]){64}, -1, CKPT_ANCHOR_FIRST, 0);
-    ckpt_layout layout = {1, 1, 1, 1};
+    ckpt_layout layout = {1, 1, 1, 1, 1};
     write_tensors(path, &layout, t, 2, 0, 1);
     if (!corrupt) return;
     char shard[800];
@@ -1365,8 +1365,8 @@ Test(export, outputs_are_deterministic)
     char a[700], b[700], out[2][800], file[2][1700];
     snprintf(a, sizeof a, "%s/tp1pp1", dir);
     snprintf(b, sizeof b, "%s/tp4pp2", dir);
-    write_tensors(a, &(ckpt_layout){1, 1, 1, 2}, t, n, 0, 1);
-    write_tensors(b, &(ckpt_layout){4, 2, 1, 2}, t, n, 1, 1);
+    write_tensors(a, &(ckpt_layout){1, 1, 1, 2, 1}, t, n, 0, 1);
+    write_tensors(b, &(ckpt_layout){4, 2, 1, 2, 1}, t, n, 1, 1);
     ckpt_reader *readers[2] = {open_reader(a), open_reader(b)};
     export_tensor specs[8];
     char names[8][64];
@@ -1649,7 +1649,7 @@ Test(export, unpadded_header_imports)
 
     ckpt_tensor_desc descs[3] = {t[0].desc, t[1].desc, t[2].desc};
     const export_tensor map[] = {{.source = NULL, .name = "a", .transpose = 0}, {.source = NULL, .name = "b", .transpose = 0}, {.source = NULL, .name = "c", .transpose = 1}};
-    ckpt_layout layout = {2, 1, 1, 1};
+    ckpt_layout layout = {2, 1, 1, 1, 1};
     import_options options;
     import_options_init(&options);
     options.threads = 2;
@@ -1716,7 +1716,7 @@ Test(export, import_into_layouts)
         int n = random_tensors(t, 10, tps, 3, 2);
         for (int i = 0; i < n; i++)
             if (t[i].desc.dtype == TP_FP16) t[i].desc.dtype = TP_BF16; /* fp32 and bf16 only */
-        ckpt_layout layout = {tps[rnd(0, 2)], (int)rnd(1, 2), 1, 2};
+        ckpt_layout layout = {tps[rnd(0, 2)], (int)rnd(1, 2), 1, 2, 1};
         write_tensors(src, &layout, t, n, 0, 5);
         ckpt_reader *r = open_reader(src);
         export_tensor specs[10], map[10];
@@ -1748,7 +1748,7 @@ Test(export, import_into_layouts)
         ckpt_train_state state = {42, 336, "{\"arch\":\"gpt2\"}", NULL, NULL, NULL};
         for (int k = 0; k < 3; k++)
             for (int pp = 1; pp <= 2; pp++) {
-                ckpt_layout to = {tps[k], pp, 1, 2};
+                ckpt_layout to = {tps[k], pp, 1, 2, 1};
                 snprintf(out, sizeof out, "%s/imported%d_tp%d_pp%d", dir, iter, tps[k], pp);
                 cr_assert_eq(import_run(set, descs, map, n, &to, &state, &io, out), TP_OK, "tp=%d pp=%d: %s", tps[k], pp,
                              tp_errmsg());
@@ -1775,7 +1775,7 @@ Test(export, import_into_layouts)
             free(wide);
         }
         snprintf(out, sizeof out, "%s/imported%d-narrowed", dir, iter);
-        ckpt_layout to = {2, 2, 1, 2};
+        ckpt_layout to = {2, 2, 1, 2, 1};
         cr_assert_eq(import_run(set, descs, map, n, &to, &state, &io, out), TP_OK, "%s", tp_errmsg());
         check_imported(out, t, want, n);
         for (int i = 0; i < n; i++) free(want[i]);
@@ -1807,7 +1807,7 @@ Test(export, import_checks_sources_before_writing)
     const safetensors_info *ints = safetensors_find(set, "ints");
     cr_assert(ints && !ints->supported && !strcmp(ints->dtype_name, "I32"), "I32 parses, unsupported");
     ckpt_tensor_desc descs[2] = {t[0].desc, t[1].desc};
-    ckpt_layout layout = {2, 1, 1, 1};
+    ckpt_layout layout = {2, 1, 1, 1, 1};
     import_options options;
     import_options_init(&options);
     snprintf(out, sizeof out, "%s/ckpt", dir);

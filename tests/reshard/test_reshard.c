@@ -76,7 +76,7 @@ Test(reshard, random_layouts_against_reference)
         int tps[2] = {degrees[rnd(0, 4)], degrees[rnd(0, 5)]};
         int pps[2] = {(int)rnd(1, 3), (int)rnd(1, 3)};
         int64_t layers = (int64_t)pps[0] * pps[1] * rnd(1, 2);
-        ckpt_layout layout = {tps[0], pps[0], 1, layers};
+        ckpt_layout layout = {tps[0], pps[0], 1, layers, 1};
         test_tensor tensors[10];
         int n = random_tensors(tensors, 10, tps, 2, layers);
         char source[600], target[600], back[600];
@@ -120,7 +120,7 @@ Test(reshard, single_pieces_at_any_degree)
     static const int degrees[] = {1, 2, 3, 4, 6};
     for (int iter = 0; iter < 12; iter++) {
         int tps[2] = {degrees[rnd(0, 4)], degrees[rnd(0, 4)]};
-        ckpt_layout layout = {tps[0], 1, 1, 2};
+        ckpt_layout layout = {tps[0], 1, 1, 2, 1};
         test_tensor tensors[8];
         int n = random_tensors(tensors, 8, tps, 2, 2);
         char source[600];
@@ -171,7 +171,7 @@ Test(reshard, streams_in_slabs_within_memory)
     char source[600], target[600];
     snprintf(source, sizeof source, "%s/src", dir);
     snprintf(target, sizeof target, "%s/dst", dir);
-    ckpt_layout layout = {4, 1, 1, 1};
+    ckpt_layout layout = {4, 1, 1, 1, 1};
     write_tensors(source, &layout, tensors, 3, 0, 1);
     ckpt_reader *r;
     cr_assert_eq(ckpt_reader_open(&r, source, NULL), TP_OK);
@@ -212,7 +212,7 @@ Test(reshard, impossible_targets_name_the_tensor)
                                 .anchor = CKPT_ANCHOR_LAYER, .layer = 1};
     t.desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {128, 32, 32}, 16, 0, 0};
     t.logical = calloc(192 * 4, 4);
-    ckpt_layout layout = {2, 2, 1, 4};
+    ckpt_layout layout = {2, 2, 1, 4, 1};
     write_tensors(source, &layout, &t, 1, 0, 1);
     ckpt_reader *r;
     cr_assert_eq(ckpt_reader_open(&r, source, NULL), TP_OK);
@@ -238,16 +238,132 @@ Test(reshard, impossible_targets_name_the_tensor)
 
 Test(reshard, layouts_parse)
 {
-    int tp, pp;
-    cr_assert_eq(reshard_parse_layout("tp4pp2", &tp, &pp), TP_OK);
-    cr_assert(tp == 4 && pp == 2);
-    cr_assert_eq(reshard_parse_layout("pp2", &tp, &pp), TP_OK);
-    cr_assert(tp == 0 && pp == 2);
-    cr_assert_eq(reshard_parse_layout("pp3tp8", &tp, &pp), TP_OK);
-    cr_assert(tp == 8 && pp == 3);
-    const char *bad[] = {"", "tp", "tp0", "tp4tp2", "tp4x", "4", "dp2", "tp99999"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        cr_assert_eq(reshard_parse_layout(bad[i], &tp, &pp), TP_ERR_ARG, "'%s' refused", bad[i]);
+    int tp, pp, v;
+    cr_assert_eq(reshard_parse_layout("tp4pp2", &tp, &pp, &v), TP_OK);
+    cr_assert(tp == 4 && pp == 2 && v == 0);
+    cr_assert_eq(reshard_parse_layout("pp2", &tp, &pp, &v), TP_OK);
+    cr_assert(tp == 0 && pp == 2 && v == 0);
+    cr_assert_eq(reshard_parse_layout("pp3tp8", &tp, &pp, &v), TP_OK);
+    cr_assert(tp == 8 && pp == 3 && v == 0);
+    cr_assert_eq(reshard_parse_layout("tp2pp2v2", &tp, &pp, &v), TP_OK, "%s", tp_errmsg());
+    cr_assert(tp == 2 && pp == 2 && v == 2);
+    cr_assert_eq(reshard_parse_layout("pp4v3tp1", &tp, &pp, &v), TP_OK, "%s", tp_errmsg());
+    cr_assert(tp == 1 && pp == 4 && v == 3);
+    cr_assert_eq(reshard_parse_layout("pp2v4096", &tp, &pp, &v), TP_OK, "%s", tp_errmsg());
+    cr_assert(tp == 0 && pp == 2 && v == 4096);
+    const char *bad[] = {"", "tp", "tp0", "tp4tp2", "tp4x", "4", "dp2", "tp99999", "tp2pp2v", "tp2pp2v0",
+                         "tp2v2", "v2pp2", "v2", "tp2pp2v2v2", "tp2pp2vv2", "tp2pp2v2x", "tp2pp2V2", "tp2pp2v4097",
+                         "tp2pp2 v2", "tp2v2pp2"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(reshard_parse_layout(bad[i], &tp, &pp, &v), TP_ERR_ARG, "'%s' refused", bad[i]);
+        cr_assert(strstr(tp_errmsg(), "not understood"), "%s: %s", bad[i], tp_errmsg());
+    }
+    /* Understood, but not a layout: one chunk written out, or chunks without a pipeline. */
+    cr_assert_eq(reshard_parse_layout("tp2pp2v1", &tp, &pp, &v), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "v1 is one chunk"), "%s", tp_errmsg());
+    cr_assert_eq(reshard_parse_layout("tp2pp1v2", &tp, &pp, &v), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "need pp 2 or more"), "%s", tp_errmsg());
+
+    char text[RESHARD_LAYOUT_TEXT_MAX];
+    reshard_layout_text(&(ckpt_layout){2, 2, 1, 8, 2}, text);
+    cr_assert_str_eq(text, "tp2pp2v2");
+    reshard_layout_text(&(ckpt_layout){4, 1, 1, 8, 1}, text);
+    cr_assert_str_eq(text, "tp4pp1");
+    reshard_layout_text(&(ckpt_layout){4, 2, 1, 8, 0}, text);
+    cr_assert_str_eq(text, "tp4pp2");
+}
+
+/* The target of --to: degrees not named are the source's; a pipeline named
+ * anew has one chunk per stage unless the text says otherwise, a kept one
+ * keeps its chunks. */
+Test(reshard, target_layouts_keep_or_name_the_chunks)
+{
+    ckpt_layout source = {2, 2, 4, 8, 2};
+    reshard_options o;
+    reshard_options_init(&o);
+    o.tp = 4;
+    ckpt_layout to = reshard_target_layout(&source, &o);
+    cr_assert(to.tp == 4 && to.pp == 2 && ckpt_layout_chunks(&to) == 2 && to.num_layers == 8 && to.dp == 4);
+    o.pp = 2;
+    to = reshard_target_layout(&source, &o);
+    cr_assert(to.pp == 2 && ckpt_layout_chunks(&to) == 1, "tp4pp2 is one chunk per stage");
+    o.pp = 4;
+    o.virtual_stages = 2;
+    to = reshard_target_layout(&source, &o);
+    cr_assert(to.pp == 4 && ckpt_layout_chunks(&to) == 2);
+    ckpt_layout plain = {1, 1, 1, 8, 0};
+    reshard_options_init(&o);
+    o.pp = 2;
+    o.virtual_stages = 4;
+    to = reshard_target_layout(&plain, &o);
+    cr_assert(to.tp == 1 && to.pp == 2 && ckpt_layout_chunks(&to) == 4);
+}
+
+/* Into and out of the interleaved schedule: every piece of the output
+ * equals the naive one and lies in the shard of the stage its layer's
+ * chunk gives (layer / 2 mod 2 for 8 layers at pp2 with 2 chunks: 0 0 1 1 0
+ * 0 1 1), the digests equal; back to consecutive stages, bit for bit. */
+Test(reshard, into_and_out_of_interleaved_stages)
+{
+    int tps[2] = {2, 4};
+    test_tensor tensors[10];
+    int n = random_tensors(tensors, 10, tps, 2, 8);
+    /* Every layer of 0..7 present at least once. */
+    for (int l = 0; l < 8 && l < n; l++) {
+        tensors[l].desc.anchor = CKPT_ANCHOR_LAYER;
+        tensors[l].desc.layer = l;
+    }
+    char source[600], interleaved[600], back[600], four[600];
+    snprintf(source, sizeof source, "%s/src", dir);
+    snprintf(interleaved, sizeof interleaved, "%s/v2", dir);
+    snprintf(back, sizeof back, "%s/back", dir);
+    snprintf(four, sizeof four, "%s/pp4", dir);
+    ckpt_layout layout = {2, 1, 1, 8, 1};
+    write_tensors(source, &layout, tensors, n, 0, 1);
+
+    reshard_options options;
+    reshard_options_init(&options);
+    options.tp = 4;
+    options.pp = 2;
+    options.virtual_stages = 2;
+    options.device = RESHARD_DEVICE_CPU;
+    run_reshard(source, interleaved, &options);
+    check_output(interleaved, tensors, n, 0);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, interleaved, NULL), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_layout_chunks(ckpt_reader_layout(r)), 2);
+    static const int stage_of_layer[8] = {0, 0, 1, 1, 0, 0, 1, 1};
+    int layered = 0;
+    for (int i = 0; i < n; i++) {
+        const ckpt_tensor_desc *d = &tensors[i].desc;
+        int expect = d->anchor == CKPT_ANCHOR_LAYER ? stage_of_layer[d->layer] : d->anchor == CKPT_ANCHOR_FIRST ? 0 : 1;
+        layered += d->anchor == CKPT_ANCHOR_LAYER && expect != d->layer / 4; /* where consecutive stages differ */
+        int k = ckpt_reader_find(r, tensors[i].name);
+        for (int p = 0; p < ckpt_piece_count(d, 4); p++) {
+            ckpt_piece_info info;
+            cr_assert_eq(ckpt_reader_piece_info(r, k, p, &info), TP_OK);
+            cr_assert_eq(info.pp, expect, "%s (layer %lld) piece %d on stage %d, expected %d", tensors[i].name,
+                         (long long)d->layer, p, info.pp, expect);
+        }
+    }
+    cr_assert_gt(layered, 0, "some layer lies elsewhere than without chunks");
+    ckpt_reader_close(r);
+
+    reshard_options_init(&options);
+    options.tp = 2;
+    options.pp = 1;
+    options.device = RESHARD_DEVICE_CPU;
+    run_reshard(interleaved, back, &options);
+    check_output(back, tensors, n, 0);
+    reshard_options_init(&options);
+    options.pp = 4;
+    options.device = RESHARD_DEVICE_CPU;
+    run_reshard(interleaved, four, &options);
+    check_output(four, tensors, n, 0);
+    cr_assert_eq(ckpt_reader_open(&r, four, NULL), TP_OK, "%s", tp_errmsg());
+    cr_assert(ckpt_reader_layout(r)->pp == 4 && ckpt_layout_chunks(ckpt_reader_layout(r)) == 1);
+    ckpt_reader_close(r);
+    for (int i = 0; i < n; i++) free(tensors[i].logical);
 }
 
 /* Where --device auto computes, and why, for a plan of plain copies and one
@@ -262,7 +378,7 @@ Test(reshard, auto_device_takes_the_gpu_only_to_convert)
     cr_assert(n >= 2 && strcmp(tensors[1].desc.role, "param") == 0);
     char source[600];
     snprintf(source, sizeof source, "%s/src", dir);
-    ckpt_layout layout = {4, 1, 1, 2};
+    ckpt_layout layout = {4, 1, 1, 2, 1};
     write_tensors(source, &layout, tensors, n, 0, 1);
     ckpt_reader *r;
     cr_assert_eq(ckpt_reader_open(&r, source, NULL), TP_OK, "%s", tp_errmsg());
@@ -302,7 +418,7 @@ Test(reshard, cuda_matches_cpu)
     snprintf(source, sizeof source, "%s/src", dir);
     snprintf(on_cpu, sizeof on_cpu, "%s/cpu", dir);
     snprintf(on_gpu, sizeof on_gpu, "%s/gpu", dir);
-    ckpt_layout layout = {4, 1, 1, 2};
+    ckpt_layout layout = {4, 1, 1, 2, 1};
     write_tensors(source, &layout, tensors, n, 0, 1);
     reshard_options options;
     reshard_options_init(&options);
