@@ -1255,7 +1255,7 @@ int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request 
         im->descs[i] = im->catalog[i].desc;
         im->bytes += ckpt_padded_bytes(&im->descs[i], request->tp);
     }
-    im->layout = (ckpt_layout){request->tp, request->pp, 1, im->config.layers};
+    im->layout = (ckpt_layout){request->tp, request->pp, 1, im->config.layers, 1};
     if (status) {
         gpt_import_close(im);
         return status;

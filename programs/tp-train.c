@@ -17,6 +17,7 @@
 #include "../trainer/data.h"
 #include "../trainer/evaluate.h"
 #include "../trainer/model.h"
+#include "../trainer/schedule.h"
 #include "../trainer/train.h"
 #include "cli.h"
 
@@ -36,6 +37,9 @@ static const char *usage_text =
     "layout:    --tp T --pp P --dp D          (dp defaults to ranks / (tp x pp))\n"
     "           --sequence-parallel            the norms and residuals split by rows over the tp ranks\n"
     "           (all-gather and reduce-scatter in place of all-reduces: their activations take 1/tp)\n"
+    "           --virtual-stages V             the interleaved schedule: V chunks of layers per stage, chunk c\n"
+    "           of stage s the model's (c x pp + s)-th; pp 2 or more, layers a multiple of pp x V, and\n"
+    "           micro-batches a step (--grad-accum) a multiple of pp: a bubble of (pp-1)/(V x A)\n"
     "batch:     --micro-batch B (4) --grad-accum A (1)  global batch = B x A x D sequences;\n"
     "           or --global-batch G (sequences per step): A = G / (B x D)\n"
     "optimizer: --steps N (100) --lr X (3e-4) --min-lr X (lr/10) --warmup N (steps/10)\n"
@@ -339,11 +343,12 @@ static void log_start(reporter *p, const train_report *r)
     fprintf(p->log,
             "{\"event\":\"start\",\"step\":%lld,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batch\":%lld,"
             "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"device\":%s,\"dtype\":\"%s\","
-            "\"sequence_parallel\":%s,\"activation_bytes\":%lld,\"resumed_from\":%s,"
+            "\"sequence_parallel\":%s,\"virtual_stages\":%d,\"activation_bytes\":%lld,\"resumed_from\":%s,"
             "\"load_seconds\":%.3f,\"startup_seconds\":%.3f,\"time\":%.6f}\n",
             (long long)r->step - 1, p->c->tp, p->c->pp, p->c->dp, (long long)o->micro_batch, (long long)o->grad_accum,
             (long long)r->global_batch, p->c->world, device, o->bf16 ? "bf16" : "fp32",
-            o->sequence_parallel ? "true" : "false", (long long)r->bytes, from,
+            o->sequence_parallel ? "true" : "false", o->virtual_stages > 1 ? o->virtual_stages : 1, (long long)r->bytes,
+            from,
             p->resumed ? p->load_seconds : 0.0,
             now_seconds() - p->started, unix_seconds());
     fflush(p->log);
@@ -403,9 +408,9 @@ static void on_report(void *ctx, const train_report *r)
         if (p->log) {
             fprintf(p->log,
                     "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
-                    "\"ckpt_stall_ms\":%.3f,",
+                    "\"ckpt_stall_ms\":%.3f,\"pipeline_wait_ms\":%.3f,",
                     (long long)r->step, r->loss, r->lr, r->grad_norm, r->tokens_per_second, r->seconds * 1e3,
-                    r->checkpoint_stall * 1e3);
+                    r->checkpoint_stall * 1e3, r->pipeline_wait * 1e3);
             if (mfu(p, r->tokens_per_second) >= 0) fprintf(p->log, "\"mfu\":%.4f,", mfu(p, r->tokens_per_second));
             fprintf(p->log, "\"time\":%.6f}\n", unix_seconds());
             fflush(p->log);
@@ -480,7 +485,7 @@ int main(int argc, char **argv)
     double started = now_seconds();
     enum { O_TP = 256, O_PP, O_DP, O_MB, O_ACCUM, O_STEPS, O_LR, O_MIN_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA,
            O_CKPT, O_EVERY, O_RESUME, O_SYNC, O_LOG, O_THREADS, O_DUMP, O_QUIET, O_STOP, O_GLOBAL, O_FAULT, O_FAULT_STEP,
-           O_FAULT_RANK, O_FAULT_ONCE, O_DEVICE, O_CACHE, O_SP };
+           O_FAULT_RANK, O_FAULT_ONCE, O_DEVICE, O_CACHE, O_SP, O_VS };
     static const struct option options[] = {
         CLI_MODEL_LONG_OPTIONS,
         {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP}, {"dp", required_argument, 0, O_DP},
@@ -497,7 +502,7 @@ int main(int argc, char **argv)
         {"fault", required_argument, 0, O_FAULT}, {"fault-step", required_argument, 0, O_FAULT_STEP},
         {"fault-rank", required_argument, 0, O_FAULT_RANK}, {"fault-once", required_argument, 0, O_FAULT_ONCE},
         {"device", required_argument, 0, O_DEVICE}, {"ckpt-cache", required_argument, 0, O_CACHE},
-        {"sequence-parallel", no_argument, 0, O_SP}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"sequence-parallel", no_argument, 0, O_SP}, {"virtual-stages", required_argument, 0, O_VS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *device = "auto";
     const int64_t big = (int64_t)1 << 31;
     int c, index = 0;
@@ -546,6 +551,7 @@ int main(int argc, char **argv)
         case O_QUIET: quiet = 1; break;
         case O_STOP: o.stop_at = cli_int("tp-train", "--stop-at", optarg, 1, (int64_t)1 << 40); break;
         case O_SP: o.sequence_parallel = 1; break;
+        case O_VS: o.virtual_stages = (int)cli_int("tp-train", "--virtual-stages", optarg, 1, 4096); break;
         case O_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))
                 die_usage("--device takes cpu, cuda or auto, not '%s'", optarg);
@@ -571,6 +577,12 @@ int main(int argc, char **argv)
     if (o.sequence_parallel && (o.micro_batch * o.seq) % tp)
         die_usage("--sequence-parallel: micro-batch %lld x sequence %lld = %lld rows do not divide over tp %lld",
                   (long long)o.micro_batch, (long long)o.seq, (long long)(o.micro_batch * o.seq), (long long)tp);
+    if (o.virtual_stages > 1 && pp < 2)
+        die_usage("--virtual-stages interleaves chunks of layers over the pipeline stages: it needs --pp 2 or more");
+    if (o.virtual_stages > 1 && o.config.layers % (pp * o.virtual_stages))
+        die_usage("--virtual-stages %d: %lld layers do not split into pp %lld x %d = %lld chunks of equal size",
+                  o.virtual_stages, (long long)o.config.layers, (long long)pp, o.virtual_stages,
+                  (long long)(pp * o.virtual_stages));
     if (fault.kind != FAULT_NONE && fault.kind != FAULT_FAIL_AT_START && fault.step < 1)
         die_usage("--fault %s needs --fault-step S", fault.kind == FAULT_DIE    ? "die"
                                                       : fault.kind == FAULT_HANG ? "hang"
@@ -607,6 +619,10 @@ int main(int argc, char **argv)
         batch_error = batch_text;
     } else if (global_batch) {
         o.grad_accum = global_batch / (o.micro_batch * dp);
+    }
+    if (!batch_error && pipeline_check((int)pp, o.virtual_stages > 1 ? o.virtual_stages : 1, o.grad_accum)) {
+        snprintf(batch_text, sizeof batch_text, "%s", tp_errmsg());
+        batch_error = batch_text;
     }
     if (batch_error) {
         if (comm_mpi_rank() == 0) fprintf(stderr, "tp-train: %s (see tp-train --help)\n", batch_error);

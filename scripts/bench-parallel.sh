@@ -1,17 +1,27 @@
 #!/bin/sh
 # make bench-parallel: what tp-train's parallelism options buy on this
-# machine (issue 27): for now sequence parallelism at tp 2 and 4, with and
-# without it, side by side in one run: the activations a rank keeps for the
-# backward (the start line's activation_bytes) against the expected figure
-# (the norm and residual rows divided by tp, plus two [B*T, D] buffers to
-# gather into), the peak RSS of the largest rank, and milliseconds per step.
-# Writes docs/BENCHMARKS.md (section bench-parallel).
+# machine (issue 27), side by side in one run:
+# - sequence parallelism at tp 2 and 4, with and without it: the
+#   activations a rank keeps for the backward (the start line's
+#   activation_bytes) against the expected figure (the norm and residual
+#   rows divided by tp, plus two [B*T, D] buffers to gather into), the peak
+#   RSS of the largest rank, and milliseconds per step;
+# - the interleaved schedule at pp 2 with 1, 2 and 4 virtual stages and 2
+#   and 8 micro-batches a step: the pipeline's bubble as the trainer
+#   measures it (the ranks' mean wait for pipeline messages, over the rest
+#   of the step) against (pp - 1) / (V m), milliseconds per step, the
+#   activations kept.
+# Writes docs/BENCHMARKS.md (sections bench-parallel and bench-pipeline).
 #   BENCH_STEPS (default 10): steps per run; the first 2 are warm-up, not counted
 #   BENCH_REPS (default 3): repetitions, alternating which goes first; medians
 #   BENCH_SHAPE (default "--layers 6 --dim 512 --heads 8 --vocab 256 --seq 256":
 #   tp-train --model small's depth and sequence, with heads that split over 4):
 #   the model (GPT-2's architecture)
 #   BENCH_TPS (default "2 4"): the tensor-parallel degrees, one process each
+#   BENCH_PIPELINE_SHAPE (default "--layers 8 --dim 512 --heads 8 --vocab 256 --seq 256"): the
+#   interleaved schedule's model; its layers must split into 2 x 4 chunks
+#   BENCH_PIPELINE_M (default "2 8"): micro-batches of one sequence a step
+#   BENCH_PIPELINE_V (default "1 2 4"): virtual stages
 #   Where it writes: scripts/bench-lib.sh.
 set -eu
 cd "$(dirname "$0")/.."
@@ -21,6 +31,9 @@ STEPS=${BENCH_STEPS:-10}
 REPS=${BENCH_REPS:-3}
 TPS=${BENCH_TPS:-2 4}
 SHAPE=${BENCH_SHAPE:---layers 6 --dim 512 --heads 8 --vocab 256 --seq 256}
+PIPELINE_SHAPE=${BENCH_PIPELINE_SHAPE:---layers 8 --dim 512 --heads 8 --vocab 256 --seq 256}
+PIPELINE_M=${BENCH_PIPELINE_M:-2 8}
+PIPELINE_V=${BENCH_PIPELINE_V:-1 2 4}
 BATCH=4
 DIR="$SCRATCH_ROOT/parallel"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -99,4 +112,74 @@ of its micro-batches in flight; "expected" is the same without sequence parallel
 rows divided by tp and two [B*T, D] buffers added to gather into (the script fails when they differ by a byte).
 
 $TABLE
+DOC
+
+# --- The interleaved schedule at pp 2: one process per stage, one thread each.
+PIPELINE_RESULTS="$DIR/pipeline.jsonl"
+: >"$PIPELINE_RESULTS"
+# run_pipeline V M REP: one run, one JSON line into PIPELINE_RESULTS.
+run_pipeline() {
+    rm -f "$DIR/log.jsonl"
+    m=$(measure mpirun --oversubscribe -np 2 "$BUILD/bin/tp-train" $PIPELINE_SHAPE --pp 2 --virtual-stages "$1" \
+        --micro-batch 1 --grad-accum "$2" --steps "$STEPS" --threads 1 --quiet --log "$DIR/log.jsonl" </dev/null)
+    $PY - "$DIR/log.jsonl" "$1" "$2" "$3" "$m" >>"$PIPELINE_RESULTS" <<'PY'
+import json, statistics, sys
+log, v, micro, rep, measured = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])
+if measured["status"] != 0:
+    sys.exit(f"tp-train at pp2 V{v} m{micro} exited {measured['status']}")
+rows = [json.loads(line) for line in open(log)]
+start = [r for r in rows if r.get("event") == "start"][0]
+steps = [r for r in rows if "event" not in r and "ms" in r]
+counted = steps[2:] or steps
+print(json.dumps({"v": v, "m": micro, "rep": rep, "virtual_stages": start["virtual_stages"],
+                  "activation_bytes": start["activation_bytes"], "ms": statistics.median(r["ms"] for r in counted),
+                  "wait_ms": statistics.median(r["pipeline_wait_ms"] for r in counted),
+                  "losses": [r["loss"] for r in steps]}))
+PY
+    tail -n 1 "$PIPELINE_RESULTS"
+}
+
+for rep in $(seq 1 "$REPS"); do
+    for micro in $PIPELINE_M; do
+        order=$PIPELINE_V
+        [ $((rep % 2)) = 0 ] && order=$(echo "$PIPELINE_V" | tr ' ' '\n' | sort -rn | tr '\n' ' ')
+        for v in $order; do run_pipeline "$v" "$micro" "$rep"; done
+    done
+done
+PIPELINE_TABLE=$($PY - "$PIPELINE_RESULTS" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+out = ["| micro-batches m | virtual stages V | bubble, measured | (pp-1)/(V m) | wait for messages, ms/step | ms/step (median) | vs V = 1 | activations kept, MB |",
+       "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+for m in sorted({r["m"] for r in rows}):
+    base = statistics.median(r["ms"] for r in rows if r["m"] == m and r["v"] == 1) if any(
+        r["m"] == m and r["v"] == 1 for r in rows) else None
+    for v in sorted({r["v"] for r in rows if r["m"] == m}):
+        runs = [r for r in rows if r["m"] == m and r["v"] == v]
+        if any(r["virtual_stages"] != v for r in runs):
+            sys.exit(f"m{m} V{v}: a run says another number of virtual stages")
+        # The same training whatever the schedule: every run's losses are those of V = 1 (1e-5).
+        ref = [r for r in rows if r["m"] == m and r["v"] == min(x["v"] for x in rows if x["m"] == m)][0]["losses"]
+        for r in runs:
+            if len(r["losses"]) != len(ref) or any(abs(a - b) > 1e-5 * abs(b) for a, b in zip(r["losses"], ref)):
+                sys.exit(f"m{m} V{v}: the losses differ from the other schedules'")
+        ms = statistics.median(r["ms"] for r in runs)
+        wait = statistics.median(r["wait_ms"] for r in runs)
+        out.append("| %d | %d | %.3f | %.3f | %.1f | %.0f | %s | %.1f |" % (
+            m, v, wait / (ms - wait), 1 / (v * m), wait, ms, "%.2fx" % (base / ms) if base else "-",
+            runs[0]["activation_bytes"] / 1e6))
+print("\n".join(out))
+PY
+)
+echo "$PIPELINE_TABLE"
+doc_section bench-pipeline "Parallelism options: the interleaved pipeline schedule (bench-parallel)" <<DOC
+Command: \`make bench-parallel\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS, BENCH_PIPELINE_M="$PIPELINE_M",
+BENCH_PIPELINE_V="$PIPELINE_V"), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}. tp-train $PIPELINE_SHAPE at pp 2,
+micro-batches of one sequence, one process per stage with one thread on this machine's $(nproc) cores. The bubble
+measured is the ranks' mean wait for pipeline messages (each step line's pipeline_wait_ms) over the rest of the
+step; it includes the messages' own time, which the formula leaves out. With V virtual stages each micro-batch
+crosses between the stages 2V - 1 times instead of once each way. The losses of every schedule are checked equal
+(1e-5) before the table is written.
+
+$PIPELINE_TABLE
 DOC

@@ -223,7 +223,7 @@ static void *write_shard(void *arg)
     (void)setpriority(PRIO_PROCESS, (id_t)gettid(), 10);
     gpt_model *m = s->model;
     comm *c = m->comm;
-    ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
+    ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers, m->virtual_stages};
     ckpt_write_options options;
     shard_options(s, &options);
     ckpt_writer *w = NULL;
@@ -287,7 +287,7 @@ static void *commit_checkpoint(void *arg)
     saver *s = arg;
     gpt_model *m = s->model;
     comm *c = m->comm;
-    ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
+    ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers, m->virtual_stages};
     ckpt_train_state state = {s->step, s->consumed, s->model_json, s->schedule, s->rng, s->user};
     ckpt_write_options options;
     ckpt_write_options_init(&options);

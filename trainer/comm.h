@@ -23,7 +23,11 @@
 typedef enum { GROUP_WORLD, GROUP_TP, GROUP_DP, GROUP_EMBED } comm_group;
 typedef enum { COMM_FLOAT, COMM_DOUBLE, COMM_INT } comm_type;
 typedef enum { COMM_SUM, COMM_MAX } comm_reduction;
-typedef enum { COMM_NEXT_STAGE, COMM_PREV_STAGE } comm_peer; /* same TP rank and replica */
+/* Same TP rank and replica. The stages form a ring: the last stage's next
+ * is the first (the interleaved schedule's chunks continue there). */
+typedef enum { COMM_NEXT_STAGE, COMM_PREV_STAGE } comm_peer;
+
+#define COMM_ALL_SENDS ((int64_t)-1)
 
 typedef void *comm_stream;
 #define COMM_HOST ((comm_stream)0)
@@ -41,10 +45,12 @@ typedef struct {
     int (*all_reduce)(comm *c, comm_group group, void *data, int64_t count, comm_type type, comm_reduction op,
                       comm_stream stream);
     /* Pipeline messages. A send may return before the peer receives; its
-     * buffer must stay untouched until wait_sends. */
+     * buffer must stay untouched until wait_sends has waited for it. */
     int (*send)(comm *c, comm_peer peer, const void *data, int64_t count, comm_type type, int tag, comm_stream stream);
     int (*recv)(comm *c, comm_peer peer, void *data, int64_t count, comm_type type, int tag, comm_stream stream);
-    int (*wait_sends)(comm *c, comm_stream stream); /* every send started so far has completed */
+    /* The first `sends` sends started since the last wait for all of them
+     * (COMM_ALL_SENDS: all) have completed: their buffers may be used again. */
+    int (*wait_sends)(comm *c, int64_t sends, comm_stream stream);
     int (*broadcast)(comm *c, void *data, int64_t bytes, int root, comm_stream stream); /* over the world */
     /* Host bytes of every rank to root, in rank order: rank r sends bytes
      * (counts[r], which root alone knows); root receives them one after the
@@ -123,9 +129,18 @@ static inline int comm_recv(comm *c, comm_peer peer, void *data, int64_t count, 
     return c->ops->recv(c, peer, data, count, type, tag, stream);
 }
 
+/* Every send started so far has completed. */
 static inline int comm_wait_sends(comm *c, comm_stream stream)
 {
-    return c->ops->wait_sends(c, stream);
+    return c->ops->wait_sends(c, COMM_ALL_SENDS, stream);
+}
+
+/* The first `sends` sends since the last comm_wait_sends have completed
+ * (the others may still be on their way: their receivers may be waiting
+ * for this rank). */
+static inline int comm_wait_first_sends(comm *c, int64_t sends, comm_stream stream)
+{
+    return c->ops->wait_sends(c, sends, stream);
 }
 
 static inline int comm_all_gather(comm *c, comm_group group, const void *send, void *recv, int64_t count,

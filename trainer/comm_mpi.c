@@ -14,8 +14,9 @@
 typedef struct {
     MPI_Comm world, tp, dp, embed;
     int next, prev; /* world ranks of the neighbouring stages, or -1 */
-    MPI_Request pending[MAX_PENDING];
+    MPI_Request pending[MAX_PENDING]; /* sends not yet waited for, oldest first */
     int num_pending;
+    int64_t waited;                   /* sends since the last wait for all that were waited for */
 } mpi_impl;
 
 static MPI_Comm group_of(comm *c, comm_group group)
@@ -152,12 +153,18 @@ static int peer_rank(comm *c, comm_peer peer, int *out)
                    peer == COMM_NEXT_STAGE ? "next" : "previous");
 }
 
-static int wait_sends(comm *c, comm_stream stream)
+static int wait_sends(comm *c, int64_t sends, comm_stream stream)
 {
     TP_TRY(host_only(c, stream));
     mpi_impl *m = c->impl;
-    int rc = MPI_Waitall(m->num_pending, m->pending, MPI_STATUSES_IGNORE);
-    m->num_pending = 0;
+    int64_t n = sends < 0 ? m->num_pending : sends - m->waited;
+    if (n > m->num_pending) n = m->num_pending;
+    int rc = n > 0 ? MPI_Waitall((int)n, m->pending, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
+    if (n > 0) {
+        m->num_pending -= (int)n;
+        memmove(m->pending, m->pending + n, (size_t)m->num_pending * sizeof *m->pending);
+    }
+    m->waited = sends < 0 ? 0 : m->waited + (n > 0 ? n : 0); /* the count starts again after a wait for all */
     return check(c, rc, "wait");
 }
 
@@ -167,7 +174,7 @@ static int send(comm *c, comm_peer peer, const void *data, int64_t count, comm_t
     int to;
     TP_TRY(host_only(c, stream));
     TP_TRY(peer_rank(c, peer, &to));
-    if (m->num_pending == MAX_PENDING) TP_TRY(wait_sends(c, stream));
+    if (m->num_pending == MAX_PENDING) TP_TRY(wait_sends(c, m->waited + 1, stream)); /* the oldest */
     return check(c, MPI_Isend(data, (int)count, mpi_type(type), to, tag, m->world, &m->pending[m->num_pending++]),
                  "send");
 }
@@ -305,8 +312,10 @@ int comm_mpi_create(comm **out, int *argc, char ***argv, int tp, int pp, int dp)
     int first_or_last = c->pp_rank == 0 || c->pp_rank == pp - 1;
     MPI_Comm_split(m->world, pp > 1 && first_or_last ? c->dp_rank * tp + c->tp_rank : MPI_UNDEFINED, c->pp_rank,
                    &m->embed);
-    m->next = c->pp_rank + 1 < pp ? rank + tp : -1;
-    m->prev = c->pp_rank > 0 ? rank - tp : -1;
+    /* A ring: the last stage's next is the first (the interleaved
+     * schedule's chunks continue there), the first's previous the last. */
+    m->next = pp > 1 ? rank + (c->pp_rank + 1 < pp ? tp : -(pp - 1) * tp) : -1;
+    m->prev = pp > 1 ? rank + (c->pp_rank > 0 ? -tp : (pp - 1) * tp) : -1;
     *out = c;
     return TP_OK;
 }

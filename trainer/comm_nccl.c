@@ -63,7 +63,8 @@ static void group_of(const comm *c, int kind, int *members, int *member, int *le
 /* The link this rank sends to (or receives from) peer on, and the peer's
  * member number in it. To the next stage: the forward link starting here;
  * from it: the backward one. With the previous stage: the links starting
- * there, the other way round. */
+ * there, the other way round. The ring's wrap (the last stage's next is
+ * the first) has no link: its messages go through the host communicator. */
 static cuda_group *link_to(const nccl_comm *n, const comm *c, comm_peer peer, int sending, int *other)
 {
     int start = peer == COMM_NEXT_STAGE ? c->pp_rank : c->pp_rank - 1;
@@ -71,7 +72,7 @@ static cuda_group *link_to(const nccl_comm *n, const comm *c, comm_peer peer, in
     int kind = start % 2 == 0 ? (forward ? LINK_EVEN_FORWARD : LINK_EVEN_BACKWARD)
                               : (forward ? LINK_ODD_FORWARD : LINK_ODD_BACKWARD);
     *other = peer == COMM_NEXT_STAGE ? 1 : 0;
-    return start >= 0 ? n->groups[kind] : NULL;
+    return start >= 0 && start + 1 < c->pp ? n->groups[kind] : NULL;
 }
 
 /* The groups of one kind: their first ranks draw ids, a world sum of the
@@ -149,7 +150,10 @@ static int nccl_recv(comm *c, comm_peer peer, void *data, int64_t count, comm_ty
     return cuda_group_recv(link, other, data, count, type == COMM_DOUBLE);
 }
 
-static int nccl_wait_sends(comm *c, comm_stream stream)
+/* The links' sends are waited for whole; the staged ones (host data, the
+ * ring's wrap) left their buffers once copied, so a partial wait leaves
+ * them on their way. */
+static int nccl_wait_sends(comm *c, int64_t sends, comm_stream stream)
 {
     nccl_comm *n = c->impl;
     const comm_peer peers[2] = {COMM_NEXT_STAGE, COMM_PREV_STAGE};
@@ -158,7 +162,8 @@ static int nccl_wait_sends(comm *c, comm_stream stream)
         cuda_group *link = link_to(n, c, peers[p], 1, &other);
         if (link) TP_TRY(cuda_group_wait_sends(link));
     }
-    return comm_wait_sends(n->staged, stream);
+    if (sends >= 0 && stream == COMM_DEVICE) return TP_OK;
+    return n->staged->ops->wait_sends(n->staged, sends, stream);
 }
 
 static int nccl_broadcast(comm *c, void *data, int64_t bytes, int root, comm_stream stream)

@@ -98,10 +98,12 @@ static int staged_recv(comm *c, comm_peer peer, void *data, int64_t count, comm_
     return s->kernels->to_device(data, s->buffer, bytes);
 }
 
-static int staged_wait_sends(comm *c, comm_stream stream)
+static int staged_wait_sends(comm *c, int64_t sends, comm_stream stream)
 {
     staged *s = c->impl;
     (void)stream; /* host sends of either kind are waited for by the host communicator */
+    /* A device buffer is free once copied; a host one once the host's send is. */
+    if (sends >= 0) return comm_wait_first_sends(s->host, sends, COMM_HOST);
     int status = comm_wait_sends(s->host, COMM_HOST);
     for (int i = 0; i < s->num_sends; i++) free(s->sends[i]);
     s->num_sends = 0;

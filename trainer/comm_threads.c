@@ -151,12 +151,13 @@ static int all_reduce(comm *c, comm_group group, void *data, int64_t count, comm
     return status;
 }
 
+/* Stages form a ring (comm.h). */
 static int peer_rank(comm *c, comm_peer peer, int *out)
 {
-    int stage = c->pp_rank + (peer == COMM_NEXT_STAGE ? 1 : -1);
-    if (stage < 0 || stage >= c->pp)
+    if (c->pp < 2)
         return tp_fail(TP_ERR_COMM, "rank %d (stage %d of %d) has no %s stage", c->rank, c->pp_rank, c->pp,
                        peer == COMM_NEXT_STAGE ? "next" : "previous");
+    int stage = (c->pp_rank + (peer == COMM_NEXT_STAGE ? 1 : c->pp - 1)) % c->pp;
     *out = c->rank + (stage - c->pp_rank) * c->tp;
     return TP_OK;
 }
@@ -214,8 +215,9 @@ static int recv(comm *c, comm_peer peer, void *data, int64_t count, comm_type ty
 }
 
 /* Sends are copied when made. */
-static int wait_sends(comm *c, comm_stream stream)
+static int wait_sends(comm *c, int64_t sends, comm_stream stream)
 {
+    (void)sends;
     return host_only(c, stream);
 }
 

@@ -40,7 +40,7 @@ static int inference_model(gpt_config config, const char *resolved, comm *c, int
     if (*seq > config.seq)
         return tp_fail(TP_ERR_ARG, "--seq %lld exceeds the %lld positions of the model in %s", (long long)*seq,
                        (long long)config.seq, resolved);
-    int status = gpt_model_create(out, &config, c, NULL, micro_batch, *seq, 1, 0);
+    int status = gpt_model_create(out, &config, c, NULL, micro_batch, *seq, 1, 0, 1);
     return status ? tp_fail_context(status, "%s", resolved) : TP_OK;
 }
 
@@ -68,7 +68,7 @@ static int forward_windows(gpt_model *m, const dataset *data, int64_t first, int
         int64_t start = first + k * B, valid = last - start < B ? last - start : B;
         TP_TRY(fill_windows(data, s, B, T, start, valid, window));
         if (!m->is_first) TP_TRY(comm_recv(c, COMM_PREV_STAGE, s->input, n, COMM_FLOAT, (int)k, COMM_HOST));
-        TP_TRY(gpt_model_forward(m, s));
+        TP_TRY(gpt_model_forward(m, s, 0));
         if (!m->is_last) TP_TRY(comm_send(c, COMM_NEXT_STAGE, gpt_model_output(m, s), n, COMM_FLOAT, (int)k, COMM_HOST));
         TP_TRY(comm_wait_sends(c, COMM_HOST));
         if (m->is_last && c->tp_rank == 0) *loss += gpt_slot_loss(s, valid * T);
@@ -189,7 +189,7 @@ int generate_run(const generate_options *o, FILE *out)
         /* Causal attention: positions after len - 1 do not change its logits. */
         memcpy(s->tokens, context, (size_t)T * sizeof(int));
         memset(s->targets, 0, (size_t)T * sizeof(int));
-        status = gpt_model_forward(m, s);
+        status = gpt_model_forward(m, s, 0);
         if (status) break;
         double u = (double)(splitmix64(o->seed ^ splitmix64((uint64_t)k)) >> 11) * 0x1.0p-53;
         int token = sample_token(s->logits + (len - 1) * V, m->config.vocab, o->temperature, u);

@@ -166,7 +166,7 @@ static int64_t block_work_floats(const gpt_model *m)
 
 static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 {
-    int64_t N = m->B * m->T, R = m->rows, L = m->num_layers;
+    int64_t N = m->B * m->T, R = m->rows, L = m->chunk_layers;
     int64_t per_layer = R * (m->D * 4 + 4) + N * (m->qkv_local + m->attn_local + m->fc_local + m->ffn_local) +
                         N * m->heads_local;
     int64_t head = m->is_last ? R * (m->D + 2) + N * (m->vocab_local + 3) : 0;
@@ -179,7 +179,7 @@ static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 static int slot_init(gpt_model *m, gpt_slot *s)
 {
     const kernel_backend *k = m->kernels;
-    int64_t ints, floats = slot_floats(m, &ints), N = m->B * m->T, R = m->rows, L = m->num_layers;
+    int64_t ints, floats = slot_floats(m, &ints), N = m->B * m->T, R = m->rows, L = m->chunk_layers;
     s->tokens = malloc((size_t)ints * sizeof(int));
     if (!s->tokens) return tp_fail(TP_ERR_NOMEM, "out of memory for a micro-batch's tokens");
     s->targets = s->tokens + N;
@@ -268,10 +268,14 @@ int gpt_model_init_values(gpt_model *m, uint64_t seed)
 }
 
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
-                     int64_t micro_batch, int64_t seq, int slots, int sequence_parallel)
+                     int64_t micro_batch, int64_t seq, int slots, int sequence_parallel, int virtual_stages)
 {
     *out = NULL;
     TP_TRY(gpt_config_check(config, c->tp, c->pp));
+    if (virtual_stages < 1) virtual_stages = 1;
+    if (virtual_stages > 1 && config->layers % ((int64_t)c->pp * virtual_stages))
+        return tp_fail(TP_ERR_ARG, "%lld layers cannot be split into pp %d x %d virtual stages = %lld chunks of equal "
+                       "size", (long long)config->layers, c->pp, virtual_stages, (long long)c->pp * virtual_stages);
     TP_TRY(gpt_model_supported(config));
     if (seq > config->seq)
         return tp_fail(TP_ERR_ARG, "sequence length %lld exceeds the model's %lld positions", (long long)seq,
@@ -295,7 +299,8 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     m->rows = sequence_parallel ? micro_batch * seq / c->tp : micro_batch * seq;
     m->row_first = sequence_parallel ? c->tp_rank * m->rows : 0;
     m->num_layers = (int)(config->layers / c->pp);
-    m->first_layer = c->pp_rank * m->num_layers;
+    m->virtual_stages = virtual_stages;
+    m->chunk_layers = m->num_layers / virtual_stages;
     m->is_first = c->pp_rank == 0;
     m->is_last = c->pp_rank == c->pp - 1;
     m->D = config->dim;
@@ -322,7 +327,7 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     const gpt_tensor *catalog = m->catalog;
     m->params = calloc((size_t)count + 1, sizeof *m->params);
     if (!m->params) goto nomem;
-    ckpt_layout layout = {c->tp, c->pp, c->dp, config->layers};
+    ckpt_layout layout = {c->tp, c->pp, c->dp, config->layers, virtual_stages};
     for (int i = 0; i < count; i++) {
         const gpt_tensor *g = &catalog[i];
         int here = ckpt_tensor_stage(&g->desc, &layout) == c->pp_rank;
@@ -376,7 +381,10 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     memset(m->layer, 0xff, ((size_t)m->num_layers + 1) * sizeof *m->layer); /* -1: kinds the architecture lacks */
     for (int i = 0; i < m->num_params; i++) {
         const gpt_tensor *g = m->params[i].spec;
-        if (g->layer >= 0) m->layer[g->layer - m->first_layer][g->kind - GPT_FIRST_LAYER_KIND] = i;
+        if (g->layer < 0) continue;
+        /* Global layer g lies in chunk g / chunk_layers of the model, this stage's chunk of it that / pp. */
+        int64_t local = g->layer / m->chunk_layers / c->pp * m->chunk_layers + g->layer % m->chunk_layers;
+        m->layer[local][g->kind - GPT_FIRST_LAYER_KIND] = i;
     }
     m->num_slots = slots;
     m->slots = calloc((size_t)slots, sizeof *m->slots);
@@ -432,12 +440,12 @@ int gpt_model_from_host(const gpt_model *m, float *values, const float *host, in
 
 /* ------------------------------------------------------------------ forward */
 
-/* Parameter and gradient of a kind of layer l's tensors. */
-#define W(kind) (m->params[m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND]].data)
-#define G(kind) (m->params[m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND]].grad)
+/* Parameter and gradient of a kind of local layer pl's tensors. */
+#define W(kind) (m->params[m->layer[pl][GPT_##kind - GPT_FIRST_LAYER_KIND]].data)
+#define G(kind) (m->params[m->layer[pl][GPT_##kind - GPT_FIRST_LAYER_KIND]].grad)
 /* A kind the architecture may lack (biases): NULL then. */
-#define W_OR_NULL(kind) (m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND] < 0 ? NULL : W(kind))
-#define G_OR_NULL(kind) (m->layer[l][GPT_##kind - GPT_FIRST_LAYER_KIND] < 0 ? NULL : G(kind))
+#define W_OR_NULL(kind) (m->layer[pl][GPT_##kind - GPT_FIRST_LAYER_KIND] < 0 ? NULL : W(kind))
+#define G_OR_NULL(kind) (m->layer[pl][GPT_##kind - GPT_FIRST_LAYER_KIND] < 0 ? NULL : G(kind))
 
 /* All-reduces over the tensor-parallel group (a no-op at tp 1). */
 static int tp_sum(gpt_model *m, float *data, int64_t n)
@@ -557,7 +565,8 @@ static int embed_forward(gpt_model *m, gpt_slot *s)
     return for_position_runs(m, s->input, m->params[m->wpe].data, 0);
 }
 
-static int block_forward(gpt_model *m, gpt_slot *s, int l, const float *x)
+/* Layer l of the slot's chunk, whose parameters are local layer pl's. */
+static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *x)
 {
     int64_t N = m->B * m->T, R = m->rows, D = m->D;
     float *ln1 = s->ln1 + l * R * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
@@ -618,7 +627,7 @@ int gpt_model_reduce_shared_kv(gpt_model *m)
     int64_t head_floats = m->hd * m->D, kv_heads = m->config.kv_heads;
     int64_t kv_head = m->comm->tp_rank / m->kv_sharers;
     size_t pair_bytes = (size_t)(2 * head_floats) * sizeof(float);
-    for (int l = 0; l < m->num_layers; l++) {
+    for (int pl = 0; pl < m->num_layers; pl++) {
         float *rows = G(QKV_WEIGHT) + m->attn_local * m->D;
         TP_TRY(k->zero(m->kv_grads, (size_t)kv_heads * pair_bytes));
         TP_TRY(k->copy(m->kv_grads + kv_head * 2 * head_floats, rows, pair_bytes));
@@ -638,20 +647,32 @@ double gpt_slot_loss(const gpt_slot *s, int64_t rows)
 
 const float *gpt_model_output(const gpt_model *m, const gpt_slot *s)
 {
-    return m->num_layers ? s->res2 + (m->num_layers - 1) * m->rows * m->D : s->input;
+    return m->chunk_layers ? s->res2 + (m->chunk_layers - 1) * m->rows * m->D : s->input;
 }
 
-int gpt_model_forward(gpt_model *m, gpt_slot *s)
+int gpt_model_chunk_is_first(const gpt_model *m, int chunk)
 {
+    return m->is_first && chunk == 0;
+}
+
+int gpt_model_chunk_is_last(const gpt_model *m, int chunk)
+{
+    return m->is_last && chunk == m->virtual_stages - 1;
+}
+
+int gpt_model_forward(gpt_model *m, gpt_slot *s, int chunk)
+{
+    if (chunk < 0 || chunk >= m->virtual_stages)
+        return tp_fail(TP_ERR_ARG, "chunk %d of a stage of %d", chunk, m->virtual_stages);
     if (s->kernel_tokens != s->tokens) /* tokens and targets, consecutive */
         TP_TRY(m->kernels->to_device(s->kernel_tokens, s->tokens, (size_t)(2 * m->B * m->T) * sizeof(int)));
-    if (m->is_first) TP_TRY(embed_forward(m, s));
+    if (gpt_model_chunk_is_first(m, chunk)) TP_TRY(embed_forward(m, s));
     const float *x = s->input;
-    for (int l = 0; l < m->num_layers; l++) {
-        TP_TRY(block_forward(m, s, l, x));
+    for (int l = 0; l < m->chunk_layers; l++) {
+        TP_TRY(block_forward(m, s, l, chunk * m->chunk_layers + l, x));
         x = s->res2 + l * m->rows * m->D;
     }
-    if (m->is_last) TP_TRY(head_forward(m, s, x));
+    if (gpt_model_chunk_is_last(m, chunk)) TP_TRY(head_forward(m, s, x));
     return TP_OK;
 }
 
@@ -662,7 +683,7 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s)
  * gradient is every rank's rows gathered, and a column-parallel linear's
  * input gradient (partial per rank) is reduce-scattered to the rows; the
  * norms' outputs are gathered again rather than kept whole. */
-static int block_backward(gpt_model *m, gpt_slot *s, int l, const float *x, float *d_x, float *work)
+static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float *x, float *d_x, float *work)
 {
     int64_t N = m->B * m->T, R = m->rows, D = m->D;
     const float *ln1 = s->ln1 + l * R * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
@@ -722,20 +743,22 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
                          x, m->params[m->lnf_w].data, s->lnf_mean, s->lnf_rstd);
 }
 
-int gpt_model_backward(gpt_model *m, gpt_slot *s, const float *d_output, float *d_input, float loss_scale)
+int gpt_model_backward(gpt_model *m, gpt_slot *s, int chunk, const float *d_output, float *d_input, float loss_scale)
 {
     int64_t N = m->B * m->T, R = m->rows, D = m->D;
     float *work = m->scratch;
     float *d_x = work + block_work_floats(m); /* after the block's buffers */
-    const float *top = m->num_layers ? s->res2 + (m->num_layers - 1) * R * D : s->input;
+    const float *top = gpt_model_output(m, s);
     const kernel_backend *k = m->kernels;
-    if (m->is_last) TP_TRY(head_backward(m, s, top, d_x, work, loss_scale));
+    if (chunk < 0 || chunk >= m->virtual_stages)
+        return tp_fail(TP_ERR_ARG, "chunk %d of a stage of %d", chunk, m->virtual_stages);
+    if (gpt_model_chunk_is_last(m, chunk)) TP_TRY(head_backward(m, s, top, d_x, work, loss_scale));
     else TP_TRY(k->copy(d_x, d_output, (size_t)(R * D) * sizeof(float)));
-    for (int l = m->num_layers - 1; l >= 0; l--) {
+    for (int l = m->chunk_layers - 1; l >= 0; l--) {
         const float *x = l ? s->res2 + (l - 1) * R * D : s->input;
-        TP_TRY(block_backward(m, s, l, x, d_x, work));
+        TP_TRY(block_backward(m, s, l, chunk * m->chunk_layers + l, x, d_x, work));
     }
-    if (m->is_first) {
+    if (gpt_model_chunk_is_first(m, chunk)) {
         const param_view *wte = &m->params[m->wte];
         const float *d_all;
         TP_TRY(all_rows_of_gradient(m, d_x, &d_all)); /* every token's row meets this rank's part of the table */
@@ -750,9 +773,9 @@ int gpt_model_reduce_sequence_parallel(gpt_model *m)
 {
     if (!m->sequence_parallel) return TP_OK;
     static const int kinds[] = {GPT_LN1_WEIGHT, GPT_LN1_BIAS, GPT_LN2_WEIGHT, GPT_LN2_BIAS};
-    for (int l = 0; l < m->num_layers; l++)
+    for (int pl = 0; pl < m->num_layers; pl++)
         for (size_t j = 0; j < sizeof kinds / sizeof kinds[0]; j++) {
-            int i = m->layer[l][kinds[j] - GPT_FIRST_LAYER_KIND];
+            int i = m->layer[pl][kinds[j] - GPT_FIRST_LAYER_KIND];
             if (i >= 0) TP_TRY(tp_sum(m, m->params[i].grad, m->params[i].numel));
         }
     const int others[] = {m->lnf_w, m->lnf_b, m->wpe};

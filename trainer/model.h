@@ -59,8 +59,12 @@ typedef struct {
     int sequence_parallel;
     int64_t rows, row_first;
     float *gathered, *partial;   /* sequence parallelism: [B*T, D] each, shared by all slots */
-    int first_layer, num_layers; /* this stage's layers */
-    int is_first, is_last;
+    /* This stage's layers: num_layers of them in virtual_stages chunks of
+     * chunk_layers (one chunk but with the interleaved schedule). Local
+     * layer j of chunk c is global layer (c pp + pp_rank) chunk_layers + j
+     * (ckpt_layout's rule); a slot holds the activations of one chunk. */
+    int num_layers, virtual_stages, chunk_layers;
+    int is_first, is_last;       /* holds the embedding (chunk 0) / the head (chunk virtual_stages - 1) */
     int llama;                   /* config.arch == GPT_ARCH_LLAMA */
     int64_t D, hd, heads_local, kv_local, qkv_local, attn_local, ffn_local;
     int64_t fc_local;            /* the fc's outputs: ffn_local, or 2 ffn_local for SwiGLU's [gate | up] */
@@ -95,10 +99,11 @@ int gpt_model_supported(const gpt_config *config);
 
 /* Builds this rank's part of the model in the memory of `kernels` (NULL:
  * the CPU), every value zero: a checkpoint's to be loaded, or the initial
- * values of gpt_model_init_values. Fails on a model gpt_model_supported
- * refuses. */
+ * values of gpt_model_init_values. virtual_stages chunks of layers per
+ * stage (1: consecutive layers). Fails on a model gpt_model_supported
+ * refuses, or layers that do not split into pp x virtual_stages chunks. */
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
-                     int64_t micro_batch, int64_t seq, int slots, int sequence_parallel);
+                     int64_t micro_batch, int64_t seq, int slots, int sequence_parallel, int virtual_stages);
 
 /* The parameters' initial values from the seed (docs/DATA.md "Initial
  * values"), the same at every layout. Only a run that starts afresh needs
@@ -118,18 +123,25 @@ int gpt_model_zero_grads(gpt_model *model);
 int gpt_model_to_host(const gpt_model *model, float *host, const float *values, int64_t count);
 int gpt_model_from_host(const gpt_model *model, float *values, const float *host, int64_t count);
 
-/* Forward of a slot whose tokens/targets (first/last stage) and input (other
- * stages) are set. On the last stage adds the token losses, and the gradient
- * scale for backward is loss_scale (1 / tokens in the global batch). */
-int gpt_model_forward(gpt_model *model, gpt_slot *slot);
+/* Forward of chunk `chunk` of this stage's layers (0 with one chunk) on a
+ * slot whose tokens/targets (first/last chunk of the model) and input
+ * (other chunks) are set. The model's last chunk adds the token losses,
+ * and the gradient scale for backward is loss_scale (1 / tokens in the
+ * global batch). */
+int gpt_model_forward(gpt_model *model, gpt_slot *slot, int chunk);
 
-/* This stage's output [rows, D] after a forward: what the next stage receives. */
+/* Whether a chunk of this stage begins (embedding) or ends (head) the model. */
+int gpt_model_chunk_is_first(const gpt_model *model, int chunk);
+int gpt_model_chunk_is_last(const gpt_model *model, int chunk);
+
+/* A chunk's output [rows, D] after a forward: what the next chunk receives. */
 const float *gpt_model_output(const gpt_model *model, const gpt_slot *slot);
 
-/* Backward of a slot; d_output is the gradient of this stage's output
- * [rows, D] (unused on the last stage); on return d_input holds the gradient
- * of its input (unused on the first stage). */
-int gpt_model_backward(gpt_model *model, gpt_slot *slot, const float *d_output, float *d_input, float loss_scale);
+/* Backward of a slot's chunk; d_output is the gradient of its output
+ * [rows, D] (unused on the model's last chunk); on return d_input holds the
+ * gradient of its input (unused on the first). */
+int gpt_model_backward(gpt_model *model, gpt_slot *slot, int chunk, const float *d_output, float *d_input,
+                       float loss_scale);
 
 /* With fewer key/value heads than TP ranks (each replicated over the ranks
  * that share it), sums the gradients of each head's replicas over those

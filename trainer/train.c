@@ -20,6 +20,7 @@
 #include "checkpoint.h"
 #include "data.h"
 #include "model.h"
+#include "schedule.h"
 #include "train.h"
 
 void train_options_init(train_options *o)
@@ -66,8 +67,12 @@ typedef struct {
     gpt_model *model;
     dataset *data;
     saver *saver;
-    float **d_input;  /* per slot: gradient sent to the previous stage */
+    pipeline_op *ops; /* this stage's schedule of a step */
+    int64_t num_ops;
+    float *d_input[PIPELINE_GRAD_BUFFERS]; /* gradients sent to the previous stage, in turn (schedule.h) */
     float *d_output;  /* gradient received from the next stage */
+    int head_slot;    /* the slot of the last forward through the model's head (last stage) */
+    double pipeline_wait; /* seconds waited for pipeline messages this step */
     int *sample;      /* seq + 1 tokens */
     int64_t consumed; /* samples consumed before this step */
     int64_t global_batch;
@@ -105,50 +110,80 @@ static void load_micro_batch(trainer *t, gpt_slot *slot, int64_t k)
     }
 }
 
-static int forward_micro_batch(trainer *t, int64_t k)
+/* The stage that sends a chunk's input (or receives its output's
+ * gradient) runs it as its chunk `chunk` of: the same chunk on a
+ * neighbour, or across the ring's wrap (the last stage's chunk c feeds the
+ * first stage's chunk c + 1). */
+static int sender_chunk_before(const comm *c, int chunk)
+{
+    return c->pp_rank == 0 ? chunk - 1 : chunk;
+}
+
+static int sender_chunk_after(const comm *c, int chunk)
+{
+    return c->pp_rank == c->pp - 1 ? chunk + 1 : chunk;
+}
+
+/* Seconds this rank waits for a pipeline message: the bubble, as the
+ * trainer sees it (step report's pipeline_wait). */
+static int timed_recv(trainer *t, comm_peer peer, float *data, int64_t n, int tag)
+{
+    double start = now_seconds();
+    int status = comm_recv(t->c, peer, data, n, COMM_FLOAT, tag, t->model->stream);
+    t->pipeline_wait += now_seconds() - start;
+    return status;
+}
+
+static int forward_op(trainer *t, const pipeline_op *op, double *loss_sum)
 {
     gpt_model *m = t->model;
     comm *c = t->c;
-    gpt_slot *s = &m->slots[k % m->num_slots];
+    gpt_slot *s = &m->slots[op->slot];
     int64_t n = m->rows * m->D; /* with sequence parallelism, this rank's rows go to its peer */
-    if (k >= m->num_slots) TP_TRY(comm_wait_sends(c, m->stream)); /* slot reused */
-    load_micro_batch(t, s, k);
-    if (!m->is_first) TP_TRY(comm_recv(c, COMM_PREV_STAGE, s->input, n, COMM_FLOAT, (int)k, m->stream));
-    TP_TRY(gpt_model_forward(m, s));
-    if (!m->is_last) TP_TRY(comm_send(c, COMM_NEXT_STAGE, gpt_model_output(m, s), n, COMM_FLOAT, (int)k, m->stream));
+    int V = m->virtual_stages;
+    /* The slot's output may still be on its way (schedule.h). */
+    if (op->sends_done) TP_TRY(comm_wait_first_sends(c, op->sends_done, m->stream));
+    load_micro_batch(t, s, op->micro);
+    if (!gpt_model_chunk_is_first(m, op->chunk))
+        TP_TRY(timed_recv(t, COMM_PREV_STAGE, s->input, n, pipeline_tag(op->micro, sender_chunk_before(c, op->chunk), V, 0)));
+    TP_TRY(gpt_model_forward(m, s, op->chunk));
+    if (gpt_model_chunk_is_last(m, op->chunk)) {
+        *loss_sum += s->loss_sum;
+        t->head_slot = op->slot;
+    } else {
+        TP_TRY(comm_send(c, COMM_NEXT_STAGE, gpt_model_output(m, s), n, COMM_FLOAT, pipeline_tag(op->micro, op->chunk, V, 0),
+                         m->stream));
+    }
     return TP_OK;
 }
 
-static int backward_micro_batch(trainer *t, int64_t k)
+static int backward_op(trainer *t, const pipeline_op *op)
 {
     gpt_model *m = t->model;
     comm *c = t->c;
-    gpt_slot *s = &m->slots[k % m->num_slots];
+    gpt_slot *s = &m->slots[op->slot];
     int64_t n = m->rows * m->D;
-    float *d_input = t->d_input[k % m->num_slots];
-    if (!m->is_last) TP_TRY(comm_recv(c, COMM_NEXT_STAGE, t->d_output, n, COMM_FLOAT, (int)k, m->stream));
+    int V = m->virtual_stages;
+    float *d_input = t->d_input[op->grad_buffer];
+    if (op->sends_done) TP_TRY(comm_wait_first_sends(c, op->sends_done, m->stream)); /* d_input's last send */
+    if (!gpt_model_chunk_is_last(m, op->chunk))
+        TP_TRY(timed_recv(t, COMM_NEXT_STAGE, t->d_output, n, pipeline_tag(op->micro, sender_chunk_after(c, op->chunk), V, 1)));
     float scale = 1.0f / (float)(t->global_batch * m->T);
-    TP_TRY(gpt_model_backward(m, s, t->d_output, d_input, scale));
-    if (!m->is_first) TP_TRY(comm_send(c, COMM_PREV_STAGE, d_input, n, COMM_FLOAT, (int)k, m->stream));
+    TP_TRY(gpt_model_backward(m, s, op->chunk, t->d_output, d_input, scale));
+    if (!gpt_model_chunk_is_first(m, op->chunk))
+        TP_TRY(comm_send(c, COMM_PREV_STAGE, d_input, n, COMM_FLOAT, pipeline_tag(op->micro, op->chunk, V, 1), m->stream));
     return TP_OK;
 }
 
-/* 1F1B: stage s runs P - s - 1 forwards, then alternates one forward and one
- * backward, then drains the backwards. Returns the loss sum of this stage. */
+/* The step's micro-batches through this stage in the order of its
+ * schedule (schedule.h: 1F1B, or interleaved with virtual stages).
+ * Returns the loss sum of this stage. */
 static int run_pipeline(trainer *t, double *loss_sum)
 {
-    gpt_model *m = t->model;
-    int64_t M = t->o->grad_accum, warmup = t->c->pp - t->c->pp_rank - 1, f = 0, b = 0;
-    if (warmup > M) warmup = M;
     *loss_sum = 0;
-    for (; f < warmup; f++) TP_TRY(forward_micro_batch(t, f));
-    for (; f < M; f++, b++) {
-        TP_TRY(forward_micro_batch(t, f));
-        if (m->is_last) *loss_sum += m->slots[f % m->num_slots].loss_sum; /* no warmup on the last stage */
-        TP_TRY(backward_micro_batch(t, b));
-    }
-    for (; b < M; b++) TP_TRY(backward_micro_batch(t, b));
-    return comm_wait_sends(t->c, m->stream);
+    for (int64_t i = 0; i < t->num_ops; i++)
+        TP_TRY(t->ops[i].backward ? backward_op(t, &t->ops[i]) : forward_op(t, &t->ops[i], loss_sum));
+    return comm_wait_sends(t->c, t->model->stream);
 }
 
 /* Gradients of the whole global batch on every rank that holds a piece: the
@@ -285,7 +320,7 @@ static int dump_logits(trainer *t)
     ckpt_tensor_desc d = {.name = "dump/logits", .dtype = TP_FP32, .ndim = 2, .shape = {N, m->config.vocab},
                           .anchor = CKPT_ANCHOR_LAST};
     d.partition = (ckpt_partition){.kind = CKPT_SPLIT, .axis = 1, .granule = 1, .pad_multiple = m->config.vocab_pad_multiple};
-    ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers};
+    ckpt_layout layout = {c->tp, c->pp, c->dp, m->config.layers, m->virtual_stages};
     char owner[STORE_OWNER_MAX];
     TP_TRY(checkpoint_staging_owner(c, owner));
     ckpt_write_options options;
@@ -302,7 +337,7 @@ static int dump_logits(trainer *t)
         int id;
         status = ckpt_writer_create(&w, path, &layout, &shard);
         if (!status) status = ckpt_writer_add_tensor(w, &d, &id);
-        const float *logits = m->slots[0].logits;
+        const float *logits = m->slots[t->head_slot].logits;
         float *host = NULL;
         if (!status && m->is_last && m->kernels->on_device) {
             size_t count = (size_t)(N * m->vocab_local);
@@ -353,10 +388,12 @@ static int set_up(trainer *t)
 {
     const train_options *o = t->o;
     comm *c = t->c;
-    int slots = (int)(o->grad_accum < c->pp - c->pp_rank ? o->grad_accum : c->pp - c->pp_rank);
+    int slots = 0, chunks = o->virtual_stages > 1 ? o->virtual_stages : 1;
     int64_t activations = 0; /* floats of a gradient between stages: [rows, D] (model.h) */
-    int status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots,
-                                  o->sequence_parallel);
+    int status = pipeline_schedule(c->pp, c->pp_rank, chunks, o->grad_accum, &t->ops, &t->num_ops, &slots);
+    if (!status)
+        status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots,
+                                  o->sequence_parallel, chunks);
     if (!status && o->bf16 && !t->model->kernels->matmul_forward_bf16)
         status = tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend has no bf16 matrix products yet",
                          t->model->kernels->name);
@@ -372,10 +409,9 @@ static int set_up(trainer *t)
         const kernel_backend *k = t->model->kernels;
         size_t bytes = (size_t)activations * sizeof(float);
         t->sample = malloc((size_t)(o->seq + 1) * sizeof(int));
-        t->d_input = calloc((size_t)slots, sizeof *t->d_input);
-        if (!t->sample || !t->d_input) status = tp_fail(TP_ERR_NOMEM, "out of memory for activations");
+        if (!t->sample) status = tp_fail(TP_ERR_NOMEM, "out of memory for activations");
         if (!status) status = k->alloc((void **)&t->d_output, bytes);
-        for (int s = 0; s < slots && !status; s++) status = k->alloc((void **)&t->d_input[s], bytes);
+        for (int b = 0; b < PIPELINE_GRAD_BUFFERS && !status; b++) status = k->alloc((void **)&t->d_input[b], bytes);
     }
     if (!status && o->ckpt_dir) status = choose_save_dir(o, t->save_dir);
     /* A store that refuses us (credentials, permissions) is said before
@@ -455,6 +491,7 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
     double loss_sum = 0;
     if (o->dump_dir) TP_TRY(dump_batch(t));
     TP_TRY(gpt_model_zero_grads(t->model));
+    t->pipeline_wait = 0;
     TP_TRY(run_pipeline(t, &loss_sum));
     TP_TRY(reduce_gradients(t));
     if (o->dump_dir && first) {
@@ -464,9 +501,11 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
     saver_before_update(t->saver);
     TP_TRY(optimizer_step(t, step, &r->grad_norm, &r->lr));
     /* The loss of the step: last stage, first TP rank of each replica. */
-    double loss = t->model->is_last && c->tp_rank == 0 ? loss_sum : 0;
-    TP_TRY(comm_all_reduce(c, GROUP_WORLD, &loss, 1, COMM_DOUBLE, COMM_SUM, COMM_HOST));
-    r->loss = loss / (double)(t->global_batch * t->model->T);
+    /* With it, the ranks' mean wait for pipeline messages. */
+    double sums[2] = {t->model->is_last && c->tp_rank == 0 ? loss_sum : 0, t->pipeline_wait};
+    TP_TRY(comm_all_reduce(c, GROUP_WORLD, sums, 2, COMM_DOUBLE, COMM_SUM, COMM_HOST));
+    r->loss = sums[0] / (double)(t->global_batch * t->model->T);
+    r->pipeline_wait = sums[1] / c->world;
     t->consumed += t->global_batch;
     return TP_OK;
 }
@@ -628,10 +667,10 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     }
     if (t.model) {
         const kernel_backend *k = t.model->kernels;
-        for (int s = 0; t.d_input && s < t.model->num_slots; s++) k->release(t.d_input[s]);
+        for (int b = 0; b < PIPELINE_GRAD_BUFFERS; b++) k->release(t.d_input[b]);
         k->release(t.d_output);
     }
-    free(t.d_input);
+    free(t.ops);
     free(t.sample);
     saver_free(t.saver);
     ckpt_run_claim_release(t.claim); /* after the last save and upload ended */

@@ -47,6 +47,8 @@ typedef struct {
     double seconds;             /* STEP: the step's time; RESUMED: loading (and resharding) the checkpoint;
                                    SAVED: from the save's start at its step boundary to its commit */
     double checkpoint_stall;    /* STEP: seconds the step waited on checkpointing */
+    double pipeline_wait;       /* STEP: seconds a rank waited for pipeline messages (the ranks' mean): the
+                                   pipeline's bubble, and the messages' own time */
     double tokens_per_second;   /* STEP */
     int64_t global_batch;       /* sequences per step */
     int64_t consumed_samples;   /* RESUMED: where the data continues */
@@ -80,6 +82,7 @@ typedef struct {
     const struct kernel_backend *kernels; /* where the model computes; NULL: the CPU */
     int bf16;             /* mixed precision: matrix products with bf16 operands, fp32 master weights and state */
     int sequence_parallel; /* the norm and residual regions split over the TP ranks by rows (tp > 1) */
+    int virtual_stages;   /* chunks of layers per pipeline stage, in the interleaved schedule (0, 1: one) */
     const char *dump_dir; /* test hook: initial weights, batches, step-1 gradients and logits */
     train_control *control; /* NULL: no stop requests */
     void (*report)(void *ctx, const train_report *report); /* NULL: silent */

@@ -32,6 +32,7 @@ BF16=1 torch_check tp1-bf16 1 --tp 1
 BF16=1 torch_check tp2pp2-bf16 4 --tp 2 --pp 2
 torch_check tp2-sp 2 --tp 2 --sequence-parallel
 BF16=1 torch_check tp2pp2-sp-bf16 4 --tp 2 --pp 2 --sequence-parallel
+torch_check tp2pp2-v2 4 --tp 2 --pp 2 --virtual-stages 2 --layers 4
 
 # --- bf16 mixed precision: the products' operands rounded, so the losses
 # differ from fp32's (a little: bf16's precision), and not with the layout.
@@ -79,6 +80,36 @@ expect_error "--sequence-parallel at tp 1" 2 "sequence-parallel .* needs --tp 2 
 expect_error "--sequence-parallel with rows that do not divide over tp" 2 \
     "micro-batch 1 x sequence 31 = 31 rows do not divide over tp 2" "$TRAIN" $TINY --seq 31 --micro-batch 1 --tp 2 \
     --sequence-parallel
+# --- The interleaved schedule (--virtual-stages): the order of the
+# micro-batches' work, not what is computed. 8 layers, 8 micro-batches of 2
+# sequences: the losses of one rank (1e-5) at (pp 4, V 2), (pp 2, V 4), and
+# tp 2 (pp 2, V 2) with sequence parallelism. The pipeline messages (16 KiB)
+# are past Open MPI's eager limit: a buffer written again before its send
+# completed would change the losses (a wrong count of the sends waited for
+# did, in 5 runs of 8).
+IL="$TINY --layers 8 --grad-accum 8 --steps 10"
+expect_ok "10 steps of 8 layers on one rank" "$TRAIN" $IL --log "$WORK/il-one.jsonl"
+for layout in "4 1 4 2" "2 1 2 4" "4 2 2 2"; do
+    set -- $layout
+    name="il-tp$2pp$3v$4"
+    sp=""
+    [ "$2" -gt 1 ] && sp="--sequence-parallel"
+    expect_ok "10 steps at tp$2 pp$3 with $4 virtual stages $sp" mpi_train "$1" $IL --tp "$2" --pp "$3" \
+        --virtual-stages "$4" $sp --log "$WORK/$name.jsonl"
+    check "tp$2 pp$3 V$4 has the losses of one rank (1e-5)" losses_match "$WORK/$name.jsonl" "$WORK/il-one.jsonl" 1e-5
+done
+check "interleaved: the start line says V" [ "$(events "$WORK/il-tp1pp4v2.jsonl" start virtual_stages)" = "2 " ]
+check "interleaved: each step line has the ranks' wait for pipeline messages" "$PY" -c '
+import json, sys
+steps = [r for r in map(json.loads, open(sys.argv[1])) if "event" not in r]
+sys.exit(not (len(steps) == 10 and all(0 <= r["pipeline_wait_ms"] <= r["ms"] for r in steps)))' "$WORK/il-tp1pp4v2.jsonl"
+expect_error "--virtual-stages at pp 1" 2 "virtual-stages interleaves .* needs --pp 2 or more" "$TRAIN" $TINY \
+    --virtual-stages 2
+expect_error "--virtual-stages with layers that do not split into chunks" 2 \
+    "virtual-stages 2: 2 layers do not split into pp 2 x 2 = 4 chunks" "$TRAIN" $TINY --pp 2 --virtual-stages 2
+mpi_error "--virtual-stages with micro-batches not a multiple of pp" \
+    "3 micro-batches a step \(--grad-accum\) is not a multiple of 2" 2 $TINY --layers 4 --pp 2 --virtual-stages 2 \
+    --grad-accum 3
 check "the loss falls on synthetic data" "$PY" -c 'import json,sys; r=[x["loss"] for x in map(json.loads, open(sys.argv[1])) if "event" not in x]; sys.exit(not r[-1] < r[0] - 0.05)' "$WORK/tp1pp1dp1.jsonl"
 
 # --- --global-batch: the accumulation is global batch / (micro-batch x dp), and

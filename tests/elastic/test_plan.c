@@ -413,7 +413,7 @@ static int64_t slot_floats_of(const gpt_model *m)
 {
     const gpt_slot *s = &m->slots[0];
     int64_t N = m->B * m->T;
-    const float *end = m->is_last ? s->target_logit + N : s->res2 + m->num_layers * m->rows * m->D;
+    const float *end = m->is_last ? s->target_logit + N : s->res2 + m->chunk_layers * m->rows * m->D;
     return end - s->input;
 }
 
@@ -425,7 +425,7 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     cr_assert_eq(comm_place(c, stage * tp, tp * pp, tp, pp, 1), TP_OK);
     gpt_model *m = NULL;
     int slots = pp - stage;
-    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, sp), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, sp, 1), TP_OK, "%s", tp_errmsg());
     elastic_memory out = {0};
     int64_t owned = 0, N = micro_batch * config->seq;
     for (int i = 0; i < m->num_params; i++) owned += m->params[i].owner ? m->params[i].numel : 0;

@@ -84,7 +84,7 @@ int main(int argc, char **argv)
     gpt_config config = {.layers = 2, .dim = 32, .heads = 4, .vocab = 250, .seq = 8, .dtype = TP_FP32};
     gpt_config_defaults(&config);
     gpt_model *tp = NULL, *dense = NULL;
-    if (gpt_model_create(&tp, &config, c, NULL, 2, 8, 1, 0) || gpt_model_create(&dense, &config, alone, NULL, 2, 8, 1, 0) ||
+    if (gpt_model_create(&tp, &config, c, NULL, 2, 8, 1, 0, 1) || gpt_model_create(&dense, &config, alone, NULL, 2, 8, 1, 0, 1) ||
         gpt_model_init_values(tp, 99) || gpt_model_init_values(dense, 99)) {
         fprintf(stderr, "layer_check: %s\n", tp_errmsg());
         return 1;
@@ -97,7 +97,7 @@ int main(int argc, char **argv)
     }
     gpt_model_zero_grads(tp);
     gpt_model_zero_grads(dense);
-    if (gpt_model_forward(tp, a) || gpt_model_forward(dense, b)) return fprintf(stderr, "forward failed\n"), 1;
+    if (gpt_model_forward(tp, a, 0) || gpt_model_forward(dense, b, 0)) return fprintf(stderr, "forward failed\n"), 1;
     int rank = c->rank, piece = c->tp_rank;
     compare("embedding (vocabulary-parallel, summed)", a->input, b->input, N * D, rank);
     for (int l = 0; l < config.layers; l++) {
@@ -124,7 +124,7 @@ int main(int argc, char **argv)
     compare("loss (vocabulary-parallel cross-entropy)", &loss_a, &loss_b, 1, rank);
 
     float scale = 1.0f / (float)N;
-    if (gpt_model_backward(tp, a, NULL, NULL, scale) || gpt_model_backward(dense, b, NULL, NULL, scale))
+    if (gpt_model_backward(tp, a, 0, NULL, NULL, scale) || gpt_model_backward(dense, b, 0, NULL, NULL, scale))
         return fprintf(stderr, "backward failed\n"), 1;
     for (int i = 0; i < tp->num_params; i++) {
         const param_view *v = &tp->params[i];

@@ -74,13 +74,16 @@ static void *collectives(void *arg)
         bad |= comm_send(c, COMM_NEXT_STAGE, &value, 1, COMM_INT, 7, COMM_HOST) != TP_OK;
         bad |= comm_recv(c, COMM_NEXT_STAGE, &answer, 1, COMM_INT, 8, COMM_HOST) != TP_OK;
         bad |= answer != 2 * value;
-        bad |= comm_send(c, COMM_PREV_STAGE, &value, 1, COMM_INT, 9, COMM_HOST) != TP_ERR_COMM; /* no such stage */
+        /* The stages are a ring: the first's previous is the last. */
+        bad |= comm_send(c, COMM_PREV_STAGE, &value, 1, COMM_INT, 9, COMM_HOST) != TP_OK;
     } else {
         int got = 0;
         bad |= comm_recv(c, COMM_PREV_STAGE, &got, 1, COMM_INT, 7, COMM_HOST) != TP_OK;
         bad |= got != (c->rank - c->tp) * 100;
         got *= 2;
         bad |= comm_send(c, COMM_PREV_STAGE, &got, 1, COMM_INT, 8, COMM_HOST) != TP_OK;
+        bad |= comm_recv(c, COMM_NEXT_STAGE, &got, 1, COMM_INT, 9, COMM_HOST) != TP_OK; /* the last's next: the first */
+        bad |= got != (c->rank - c->tp) * 100;
     }
     bad |= comm_wait_sends(c, COMM_HOST) != TP_OK;
     /* Broadcast from rank 5. */
@@ -374,6 +377,11 @@ Test(train, a_claimed_run_directory_is_refused_alike_on_every_rank, .timeout = 1
 
 /* Runs a tiny model for `steps` at (tp, pp, dp <= 2) on threads with
  * `kernels` (NULL: the CPU); the losses of rank 0 into losses[1..steps]. */
+/* The model of these runs: tiny's, with `layers` layers (0: tiny's 2), and
+ * virtual_stages chunks of them per stage; with micro-batches of one
+ * sequence (the same global batch) when one_sequence is set. */
+static int run_layers, run_virtual_stages, run_one_sequence;
+
 static void train_layout_sp(int tp, int pp, int dp, const kernel_backend *kernels, int64_t steps, const char *ckpt_dir,
                             int64_t stop_at, int resume, int sequence_parallel, double *losses)
 {
@@ -384,7 +392,13 @@ static void train_layout_sp(int tp, int pp, int dp, const kernel_backend *kernel
     memset(slots, 0, sizeof slots);
     for (int r = 0; r < world; r++) {
         tiny_options(&runs[r].options, steps);
+        if (run_layers) runs[r].options.config.layers = run_layers;
+        runs[r].options.virtual_stages = run_virtual_stages;
         runs[r].options.grad_accum = 2 / dp; /* the global batch of every layout: 4 sequences */
+        if (run_one_sequence) {
+            runs[r].options.micro_batch = 1;
+            runs[r].options.grad_accum = 4 / dp;
+        }
         runs[r].options.kernels = kernels;
         runs[r].options.ckpt_dir = ckpt_dir;
         runs[r].options.stop_at = stop_at;
@@ -442,6 +456,62 @@ Test(train, sequence_parallelism_trains_as_without_it, .timeout = 300)
         cr_assert(fabs(got - straight[s]) <= 1e-5 * straight[s], "step %d: %.9g saved with, resumed without, %.9g",
                   s, got, straight[s]);
     }
+}
+
+/* The interleaved schedule changes the order of the micro-batches' work,
+ * not what is computed: at 4 layers, (pp 2, V 2) has the losses of pp 1
+ * and of 1F1B at pp 2 (1e-5; the gradients add up in another order), with
+ * tensor and sequence parallelism too, and through the device seam bit for
+ * bit; a checkpoint written at (pp 2, V 2) resumes at pp 1 and at (pp 2,
+ * V 1), and one written at pp 1 resumes at (pp 2, V 2). */
+Test(train, the_interleaved_schedule_trains_as_1f1b, .timeout = 300)
+{
+    run_layers = 4;
+    run_one_sequence = 1; /* micro-batches a step a multiple of pp at dp 2 */
+    double alone[8] = {0}, one_f_one_b[8] = {0}, interleaved[8] = {0}, device[8] = {0}, tensor[8] = {0},
+           data[8] = {0};
+    run_virtual_stages = 1;
+    train_layout(1, 1, 1, NULL, 5, NULL, 0, 0, alone);
+    train_layout(1, 2, 1, NULL, 5, NULL, 0, 0, one_f_one_b);
+    run_virtual_stages = 2;
+    train_layout(1, 2, 1, NULL, 5, NULL, 0, 0, interleaved);
+    train_layout(1, 2, 1, encoded_backend(), 5, NULL, 0, 0, device);
+    train_layout_sp(2, 2, 1, NULL, 5, NULL, 0, 0, 1, tensor);
+    train_layout(2, 2, 2, NULL, 5, NULL, 0, 0, data);
+    for (int s = 1; s <= 5; s++) {
+        cr_assert(alone[s] > 0 && fabs(one_f_one_b[s] - alone[s]) <= 1e-5 * alone[s]);
+        cr_assert(fabs(interleaved[s] - alone[s]) <= 1e-5 * alone[s], "step %d: loss %.9g interleaved, %.9g at pp 1",
+                  s, interleaved[s], alone[s]);
+        cr_assert(device[s] == interleaved[s], "step %d: %.9g through the device seam, %.9g on the CPU", s, device[s],
+                  interleaved[s]);
+        cr_assert(fabs(tensor[s] - alone[s]) <= 1e-5 * alone[s], "step %d: %.9g at tp2 pp2 V2 with sequence "
+                  "parallelism, %.9g at pp 1", s, tensor[s], alone[s]);
+        cr_assert(fabs(data[s] - alone[s]) <= 1e-5 * alone[s], "step %d: %.9g at tp2 pp2 dp2 V2, %.9g at pp 1", s,
+                  data[s], alone[s]);
+    }
+    cr_assert_eq(encoded_backend_live_bytes(), 0);
+    /* Saved at (pp 2, V 2) after step 3; resumed at pp 1 and at (pp 2, V 1). */
+    const struct {
+        int save_pp, save_v, load_pp, load_v;
+    } moves[3] = {{2, 2, 1, 1}, {2, 2, 2, 1}, {1, 1, 2, 2}};
+    for (int i = 0; i < 3; i++) {
+        char run_dir[700];
+        snprintf(run_dir, sizeof run_dir, "%s/interleaved%d", dir, i);
+        double first[8] = {0}, rest[8] = {0};
+        run_virtual_stages = moves[i].save_v;
+        train_layout(1, moves[i].save_pp, 1, NULL, 5, run_dir, 3, 0, first);
+        run_virtual_stages = moves[i].load_v;
+        train_layout(1, moves[i].load_pp, 1, NULL, 5, run_dir, 0, 1, rest);
+        for (int s = 1; s <= 5; s++) {
+            double got = s <= 3 ? first[s] : rest[s];
+            cr_assert(fabs(got - alone[s]) <= 1e-5 * alone[s],
+                      "step %d: %.9g saved at (pp %d, V %d), resumed at (pp %d, V %d); %.9g uninterrupted", s, got,
+                      moves[i].save_pp, moves[i].save_v, moves[i].load_pp, moves[i].load_v, alone[s]);
+        }
+    }
+    run_layers = 0;
+    run_virtual_stages = 0;
+    run_one_sequence = 0;
 }
 
 Test(train, a_device_backend_trains_as_the_cpu_bit_for_bit, .timeout = 120)
@@ -528,6 +598,17 @@ Test(train, the_gpu_trains_as_the_cpu_at_every_layout, .timeout = 300)
     for (int s = 1; s <= 5; s++)
         cr_assert(fabs(split[s] - cpu[s]) <= 1e-4 * cpu[s], "tp2 pp2 with sequence parallelism, step %d: %.9g on the GPU, "
                   "%.9g on the CPU", s, split[s], cpu[s]);
+    /* The interleaved schedule at (pp 2, V 2) of 4 layers, against the CPU's. */
+    run_layers = 4;
+    run_one_sequence = 1;
+    double alone[8] = {0}, interleaved[8] = {0};
+    train_layout(1, 1, 1, NULL, 5, NULL, 0, 0, alone);
+    run_virtual_stages = 2;
+    train_layout(1, 2, 1, gpu, 5, NULL, 0, 0, interleaved);
+    run_layers = run_one_sequence = run_virtual_stages = 0;
+    for (int s = 1; s <= 5; s++)
+        cr_assert(fabs(interleaved[s] - alone[s]) <= 1e-4 * alone[s], "pp2 V2, step %d: %.9g on the GPU, %.9g on the CPU",
+                  s, interleaved[s], alone[s]);
 }
 
 Test(train, checkpoints_move_between_the_gpu_and_the_cpu, .timeout = 300)
