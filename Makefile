@@ -103,8 +103,10 @@ RESHARD_STACK := $(LIB_RESHARD) $(CKPT_STACK)
 # formats/ writes Megatron checkpoints through reshard/ (pieces at a layout).
 MODEL_STACK := $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
 TRAINER_STACK := $(LIB_TRAINER) $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
-# The orchestrator runs the trainer as a program: it links no trainer code.
-ELASTIC_STACK := $(LIB_ELASTIC) $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
+# The orchestrator runs the trainer as a program: of the trainer's library it
+# links only the pipeline schedule (pure functions: the planner's memory and
+# bubble), which the static library's lookup alone pulls in.
+ELASTIC_STACK := $(LIB_ELASTIC) $(LIB_TRAINER) $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
 # Command-line helpers the programs share (not a library: they print and exit).
 CLI_OBJ := $(call obj,programs/cli.c programs/progress.c)
 SYNTH_OBJ := $(call obj,programs/synth.c)

@@ -19,6 +19,7 @@
 #include "../common/dtype.h"
 #include "../common/error.h"
 #include "../kernels/kernels.h"
+#include "../trainer/schedule.h"
 #include "plan.h"
 
 #define DEFAULT_MICRO_BATCH_LIMIT 8
@@ -122,12 +123,13 @@ static int64_t micro_batch_floats(const gpt_config *m, int tp, int pp, int64_t b
  * scratch (trainer/model.c: [N, 3 D + qkv + attn + F/tp + fc], fc being F/tp
  * or 2 F/tp with SwiGLU, attention's (kernels.h attention_scratch_floats),
  * and [N, Vp/tp] on the last stage), the gradients that cross stages
- * (trainer/train.c: d_output [R, D] and one d_input [R, D] per slot, R the
- * rows a rank keeps: N, or N / tp with sequence parallelism), and
+ * (trainer/train.c: d_output [R, D] and, where the stage sends gradients
+ * back, PIPELINE_GRAD_BUFFERS d_input [R, D], R the rows a rank keeps: N,
+ * or N / tp with sequence parallelism), and
  * Llama's rotary table [S, hd] and, with K < TP, the key/value heads'
  * gradients summed over TP [KV, 2 hd, D]. */
-static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last, int64_t vocab_local, int64_t slots,
-                               int sequence_parallel)
+static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last, int64_t vocab_local,
+                               int64_t grad_buffers, int sequence_parallel)
 {
     int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads;
     int64_t qkv = qkv_local(m, tp), attn = m->heads / tp * hd, f = m->ffn / tp, fc = m->swiglu ? 2 * f : f;
@@ -136,39 +138,47 @@ static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last,
     int64_t llama = m->arch == GPT_ARCH_LLAMA ? s * hd + (m->kv_heads < tp ? 2 * m->kv_heads * hd * D : 0) : 0;
     int64_t gathering = sequence_parallel ? 2 * N * D : 0; /* sequence parallelism's two [N, D] buffers */
     int64_t R = sequence_parallel ? N / tp : N;
-    return scratch + (1 + slots) * R * D + llama + gathering;
+    return scratch + (1 + grad_buffers) * R * D + llama + gathering;
 }
 
-/* Memory of one rank of `stage`. Under 1F1B stage k has up to pp - k
- * micro-batches in flight (its warm-up forwards and one more), never more
- * than the accumulation: the trainer's slots. */
-static elastic_memory stage_memory(const gpt_config *m, int tp, int pp, int stage, const stage_share *share,
-                                   int64_t micro_batch, int64_t grad_accum, int sp)
+/* Memory of one rank of `stage` with V virtual stages. Its schedule
+ * (trainer/schedule.h) says how many chunks of micro-batches it keeps in
+ * flight at most: the trainer's slots, each one chunk's layers (under 1F1B
+ * up to pp - k micro-batches on stage k, never more than the accumulation). */
+static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, const stage_share *share,
+                        int64_t micro_batch, int64_t grad_accum, int sp, elastic_memory *result)
 {
     elastic_memory out;
-    int last = stage == pp - 1;
-    int64_t p = share->params, slots = pp - stage < grad_accum ? pp - stage : grad_accum;
+    int last = stage == pp - 1, slots;
+    pipeline_op *ops = NULL;
+    int64_t count;
+    TP_TRY(pipeline_schedule(pp, stage, V, grad_accum, &ops, &count, &slots));
+    free(ops);
+    int64_t p = share->params, grad_buffers = stage > 0 || V > 1 ? PIPELINE_GRAD_BUFFERS : 0;
     out.weights = p * (int64_t)tp_dtype_size(m->dtype) + (m->dtype == TP_FP32 ? 0 : p * FP32); /* + fp32 master */
     out.gradients = p * FP32;
     out.optimizer = p * 2 * FP32; /* AdamW: two fp32 moments */
     out.snapshot = share->owned * 3 * FP32; /* trainer/checkpoint.c: weights and both moments, replica 0 */
-    out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp, micro_batch, last, share->vocab_local, sp) +
-                              backward_floats(m, tp, micro_batch, last, share->vocab_local, slots, sp));
+    /* A slot holds one chunk: the layers of pp x V chunks. */
+    out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp * V, micro_batch, last, share->vocab_local, sp) +
+                              backward_floats(m, tp, micro_batch, last, share->vocab_local, grad_buffers, sp));
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
-    return out;
+    *result = out;
+    return TP_OK;
 }
 
-/* The stage with the most memory, at a given accumulation. */
-static int memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, int64_t grad_accum, int sp,
-                           elastic_memory *out)
+/* The stage with the most memory, at a given accumulation and V. */
+static int memory_estimate(const gpt_config *model, int tp, int pp, int V, int64_t micro_batch, int64_t grad_accum,
+                           int sp, elastic_memory *out)
 {
     memset(out, 0, sizeof *out);
     stage_share *shares = calloc((size_t)pp, sizeof *shares);
     if (!shares) return tp_fail(TP_ERR_NOMEM, "out of memory estimating memory for tp %d pp %d", tp, pp);
     int status = stage_shares(model, tp, pp, shares);
     for (int stage = 0; !status && stage < pp; stage++) {
-        elastic_memory m = stage_memory(model, tp, pp, stage, &shares[stage], micro_batch, grad_accum, sp);
-        if (m.total > out->total) *out = m;
+        elastic_memory m;
+        status = stage_memory(model, tp, pp, V, stage, &shares[stage], micro_batch, grad_accum, sp, &m);
+        if (!status && m.total > out->total) *out = m;
     }
     free(shares);
     return status;
@@ -191,7 +201,7 @@ int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t mic
     if (sequence_parallel && !can_split_rows(model, tp, micro_batch))
         return tp_fail(TP_ERR_ARG, "sequence parallelism: %lld rows do not split over tp %d",
                        (long long)(micro_batch * model->seq), tp);
-    return memory_estimate(model, tp, pp, micro_batch, pp, sequence_parallel, out); /* 1F1B at its deepest */
+    return memory_estimate(model, tp, pp, 1, micro_batch, pp, sequence_parallel, out); /* 1F1B at its deepest */
 }
 
 /* ------------------------------------------------------ what a rank sends */
@@ -216,9 +226,11 @@ static double ring(int n)
  *       the last 1.5 a (the final norm gathered twice, its gradient
  *       reduce-scattered); and once a step the norms' weights and biases
  *       (and the position table) all-reduced
- *   PP  per micro-batch, a forward to the next stage and its gradient back
- *       to the previous one (point to point): a rank's rows, a / tp with
- *       sequence parallelism
+ *   PP  per micro-batch and chunk, a forward to the next stage and its
+ *       gradient back to the previous one (point to point; with V virtual
+ *       stages the last stage's chunks but the last send on to the first
+ *       stage, and the first stage's but the first send back): a rank's
+ *       rows, a / tp with sequence parallelism
  *   tie when pp > 1, first and last stages all-reduce the token table's
  *       gradient piece [Vp/tp, D] between them
  *   DP  the rank's gradients, all-reduced over the dp replicas */
@@ -236,7 +248,9 @@ static double stage_comm_bytes(const gpt_config *m, const elastic_layout *l, int
                                            (last ? (llama ? 1 : 2) * m->dim : 0) +
                                            (first && !llama ? m->seq * m->dim : 0)) * FP32;
     double message = l->sequence_parallel ? a / l->tp : a;
-    double pp_bytes = (double)l->grad_accum * message * ((first ? 0 : 1) + (last ? 0 : 1));
+    int V = l->virtual_stages > 1 ? l->virtual_stages : 1;
+    double pp_bytes = (double)l->grad_accum * message * ((first ? V - 1 : V) + (last ? V - 1 : V));
+    if (l->pp == 1) pp_bytes = 0;
     double tie_bytes = l->pp > 1 && (first || last) ? ring(2) * (double)share->embed_piece * FP32 : 0;
     double dp_bytes = ring(l->dp) * (double)share->params * FP32;
     return tp_bytes + pp_bytes + tie_bytes + dp_bytes;
@@ -303,7 +317,8 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
         l->micro_batch = m;
         l->grad_accum = share / m;
         l->sequence_parallel = 0;
-        if (memory_estimate(&r->model, l->tp, l->pp, m, l->grad_accum, 0, &l->memory) != TP_OK) {
+        l->virtual_stages = 1;
+        if (memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, 0, &l->memory) != TP_OK) {
             reject(l, tp_errmsg());
             return;
         }
@@ -311,7 +326,7 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
         /* Too much: sequence parallelism keeps 1/tp of the norms' and residuals' rows. */
         elastic_memory split = {0};
         int splits = can_split_rows(&r->model, l->tp, m) &&
-                     memory_estimate(&r->model, l->tp, l->pp, m, l->grad_accum, 1, &split) == TP_OK;
+                     memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, 1, &split) == TP_OK;
         if (splits && split.total <= r->memory_per_rank) {
             l->sequence_parallel = 1;
             l->without_sequence_parallel = l->memory.total;
@@ -329,6 +344,33 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
                      format_bytes((double)r->memory_per_rank, given, sizeof given));
             return;
         }
+    }
+}
+
+/* The interleaved schedule (tp-train --virtual-stages) where the pipeline's
+ * bubble, (pp - 1) / m of the step for m micro-batches, is over
+ * PLAN_BUBBLE_TARGET: the fewest virtual stages V that bring (pp - 1) / (V m)
+ * under it, or the most the layers allow (layers / pp chunks of one layer),
+ * among those that fit the memory per rank. It needs m a multiple of pp; each
+ * micro-batch then crosses between the stages V times each way. */
+static void choose_virtual_stages(const elastic_plan_request *r, elastic_layout *l)
+{
+    l->bubble = l->pp > 1 ? pipeline_bubble_fraction(l->pp, 1, l->grad_accum) : 0;
+    l->bubble_one_chunk = l->bubble;
+    if (l->pp < 2 || l->bubble <= PLAN_BUBBLE_TARGET || l->grad_accum % l->pp) return;
+    int64_t most = r->model.layers / l->pp;
+    for (int V = 2; V <= most; V++) {
+        elastic_memory memory;
+        if (most % V || pipeline_check(l->pp, V, l->grad_accum) != TP_OK) continue;
+        /* More chunks may keep less (more of them in flight, each smaller): a V over the limit is passed over. */
+        if (memory_estimate(&r->model, l->tp, l->pp, V, l->micro_batch, l->grad_accum, l->sequence_parallel,
+                            &memory) != TP_OK ||
+            (r->memory_per_rank && memory.total > r->memory_per_rank))
+            continue;
+        l->virtual_stages = V;
+        l->memory = memory;
+        l->bubble = pipeline_bubble_fraction(l->pp, V, l->grad_accum);
+        if (l->bubble <= PLAN_BUBBLE_TARGET) return;
     }
 }
 
@@ -361,6 +403,7 @@ static void consider(const elastic_plan_request *r, int tp, int pp, elastic_layo
     }
     choose_dp(r, l);
     split_batch(r, l);
+    if (l->valid) choose_virtual_stages(r, l);
     if (l->valid && comm_bytes_per_step(&r->model, l, &l->comm_bytes_per_step) != TP_OK) reject(l, tp_errmsg());
 }
 
@@ -458,6 +501,16 @@ static void explain_chosen(const elastic_plan_request *r, elastic_plan *plan)
                  format_bytes((double)c->without_sequence_parallel, without, sizeof without));
         why_append(plan, part);
     }
+    if (c->virtual_stages > 1) {
+        snprintf(part, sizeof part, "; interleaved over %d virtual stages: an ideal bubble of %.1f%% of the step "
+                 "instead of %.1f%%", c->virtual_stages, 100 * c->bubble, 100 * c->bubble_one_chunk);
+        why_append(plan, part);
+    } else if (c->pp > 1 && c->bubble > PLAN_BUBBLE_TARGET) {
+        snprintf(part, sizeof part, "; an ideal bubble of %.1f%% of the step (%s)", 100 * c->bubble,
+                 c->grad_accum % c->pp ? "the accumulation is not a multiple of pp: no virtual stages"
+                                       : "virtual stages would not fit or the layers allow none");
+        why_append(plan, part);
+    }
 }
 
 /* ------------------------------------------------------------------ plan */
@@ -551,6 +604,8 @@ static cJSON *layout_json(const elastic_plan_request *r, const elastic_layout *l
     cJSON_AddNumberToObject(m, "total", (double)l->memory.total);
     cJSON_AddNumberToObject(e, "comm_bytes_per_step", (double)l->comm_bytes_per_step);
     cJSON_AddBoolToObject(e, "sequence_parallel", l->sequence_parallel);
+    cJSON_AddNumberToObject(e, "virtual_stages", l->virtual_stages);
+    cJSON_AddNumberToObject(e, "bubble", l->bubble);
     if (l->sequence_parallel) cJSON_AddNumberToObject(e, "memory_without_sequence_parallel",
                                                       (double)l->without_sequence_parallel);
     return e;

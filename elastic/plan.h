@@ -21,6 +21,9 @@
 
 #include "../model/gpt.h"
 
+/* The pipeline bubble the planner lets be without interleaving: 5% of the step. */
+#define PLAN_BUBBLE_TARGET 0.05
+
 typedef struct {
     gpt_config model;
     int world;               /* ranks available (>= 1) */
@@ -58,6 +61,11 @@ typedef struct {
     int sequence_parallel;      /* tp-train --sequence-parallel: chosen when the layout fits the memory per
                                    rank only with it (it keeps 1/tp of the norms' and residuals' rows for
                                    a quarter more TP traffic: the backward gathers the norms' outputs again) */
+    int virtual_stages;         /* tp-train --virtual-stages (1: 1F1B): chosen where the bubble is over
+                                   PLAN_BUBBLE_TARGET, the fewest that bring it under (plan.c
+                                   choose_virtual_stages) */
+    double bubble;              /* the ideal bubble, (pp - 1) / (V x grad_accum) of the step; 0 at pp 1 */
+    double bubble_one_chunk;    /* the same at V = 1 */
     int valid;
     char reason[256];           /* why not valid: the first rule it breaks */
 } elastic_layout;

@@ -503,7 +503,13 @@ static int trainer_argv(run_state *s, const elastic_layout *l, char ***out)
     const char *extra[] = {"--tp", number[0], "--pp", number[1], "--dp", number[2], "--micro-batch", number[3],
                            "--global-batch", number[4], "--ckpt-dir", o->run_dir, "--resume", "--log", s->log_path};
     for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) argv[k++] = strdup(extra[i]);
-    if (l->sequence_parallel) argv[k++] = strdup("--sequence-parallel"); /* the plan's choice (plan.h) */
+    if (l->sequence_parallel) argv[k++] = strdup("--sequence-parallel"); /* the plan's choices (plan.h) */
+    char chunks[32];
+    snprintf(chunks, sizeof chunks, "%d", l->virtual_stages);
+    if (l->virtual_stages > 1) {
+        argv[k++] = strdup("--virtual-stages");
+        argv[k++] = strdup(chunks);
+    }
     for (int i = 0; i < k; i++)
         if (!argv[i]) {
             elastic_argv_free(argv);

@@ -411,7 +411,10 @@ static int set_up(trainer *t)
         t->sample = malloc((size_t)(o->seq + 1) * sizeof(int));
         if (!t->sample) status = tp_fail(TP_ERR_NOMEM, "out of memory for activations");
         if (!status) status = k->alloc((void **)&t->d_output, bytes);
-        for (int b = 0; b < PIPELINE_GRAD_BUFFERS && !status; b++) status = k->alloc((void **)&t->d_input[b], bytes);
+        /* Gradients go back from every chunk but the model's first (schedule.h). */
+        int sends_back = c->pp_rank > 0 || chunks > 1;
+        for (int b = 0; sends_back && b < PIPELINE_GRAD_BUFFERS && !status; b++)
+            status = k->alloc((void **)&t->d_input[b], bytes);
     }
     if (!status && o->ckpt_dir) status = choose_save_dir(o, t->save_dir);
     /* A store that refuses us (credentials, permissions) is said before

@@ -38,18 +38,33 @@ check_all "slow commit: no hang, no failure, one launch" \
 check "slow commit: the last checkpoint committed" [ -d "$R/step_00000030" ]
 
 # ------------------------------ a memory limit met by sequence parallelism
-# 2.3 MB per rank: every layout of the tiny model needs more at micro-batch 2
+# 2.25 MB per rank: every layout of the tiny model needs more at micro-batch 2
 # but tp2 with sequence parallelism (tp-elastic plan; test_elastic_plan.sh):
 # the trainer is launched with --sequence-parallel, and the run has the
 # losses of the uninterrupted one.
 R="$WORK/sp"
 expect_ok "a memory limit only sequence parallelism meets: the run finishes" "$ELASTIC" run --ckpt-dir "$R" \
-    --world 2 --memory-per-rank 2300000 $FAST -- "$TRAIN" $TRAIN_ARGS
+    --world 2 --memory-per-rank 2250000 $FAST -- "$TRAIN" $TRAIN_ARGS
 check_all "sp: launched at tp2 micro-batch 2 with --sequence-parallel, and the trainer says so" \
     'grep -q "\"sequence_parallel\":true" "$R/elastic/events.jsonl" &&
     grep -q "\"--sequence-parallel\"" "$R/elastic/events.jsonl" &&
     grep -q "\"tp\":2,.*\"sequence_parallel\":true" "$R/elastic/train.jsonl"'
 check "sp: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+
+# ---------------------------------------------------- the interleaved schedule
+# An 8-layer model of one head (tp 1 only) on 2 ranks, batch 8 of single
+# sequences: pp 2 with 8 micro-batches, an ideal bubble of 12.5%; the plan
+# interleaves 4 virtual stages (3.1%; test_elastic_plan.sh), tp-elastic
+# launches the trainer so, and the losses are one rank's.
+R="$WORK/interleaved"
+DEEP="--layers 8 --dim 64 --heads 1 --vocab 256 --seq 32 --quiet --global-batch 8 --micro-batch 1 --steps 6"
+expect_ok "one rank, 8 layers: the reference" "$TRAIN" $DEEP --log "$WORK/deep-ref.jsonl"
+expect_ok "a bubble of 12.5% at pp 2: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- \
+    "$TRAIN" $DEEP
+check_all "interleaved: launched at pp 2 with --virtual-stages 4, and the trainer says so" \
+    'grep -q "\"--virtual-stages\",\"4\"" "$R/elastic/events.jsonl" &&
+    grep -q "\"pp\":2,.*\"virtual_stages\":4" "$R/elastic/train.jsonl"'
+check "interleaved: the losses of one rank (1e-5)" losses_match "$R/elastic/train.jsonl" "$WORK/deep-ref.jsonl" 1e-5
 
 # ----------------------------------------------------------- capacity grows
 # Starts at 2 ranks; the world file grows to 4 after step 10 and rank 0

@@ -109,8 +109,20 @@ check "memory limit: tp2 pp1 fits at micro-batch 2 only with sequence parallelis
 expect_ok "the same, text" "$ELASTIC" plan --world 4 --model small --global-batch 16 --micro-batch 2 \
     --memory-per-rank 200M --current tp2pp1
 check "text: tp2 pp1 chosen with sequence parallelism, and why" \
-    grep -Eq "^chosen: tp2 pp1 dp2 micro 2 accum 4 sequence-parallel \(.*with sequence parallelism \(201.6 MiB without it, over the limit\)\)" "$WORK/.out"
-check "text: its row says sp on" grep -Eq "^ +2 +1 +2 +2 +4 +4 .* on +<- chosen" "$WORK/.out"
+    grep -Eq "^chosen: tp2 pp1 dp2 micro 2 accum 4 sequence-parallel \(.*with sequence parallelism \(200.9 MiB without it, over the limit\)\)" "$WORK/.out"
+check "text: its row says sp on, one chunk per stage" grep -Eq "^ +2 +1 +2 +2 +4 +4 .* on +1 +0.0% +<- chosen" "$WORK/.out"
+# The interleaved schedule: 8 layers of one head on 2 ranks, batch 8 of
+# single sequences: pp 2's 8 micro-batches leave a bubble of 1/8; V 2 leaves
+# 1/16, over 5%; 8 layers allow no V 3; V 4 leaves 1/32.
+expect_ok "a bubble over 5%: interleaved" "$ELASTIC" plan --world 2 --layers 8 --dim 64 --heads 1 --vocab 256 \
+    --seq 32 --global-batch 8 --micro-batch 1
+check "text: tp1 pp2 chosen with 4 virtual stages, and why" grep -Eq "^chosen: tp1 pp2 dp1 micro 1 accum 8 \
+virtual-stages 4 \(.*interleaved over 4 virtual stages: an ideal bubble of 3.1% of the step instead of 12.5%\)" \
+    "$WORK/.out"
+check "text: its row says v 4, bubble 3.1%" grep -Eq "^ +1 +2 +1 +1 +8 +2 .* - +4 +3.1% +<- chosen" "$WORK/.out"
+expect_ok "the same, JSON" "$ELASTIC" plan --world 2 --layers 8 --dim 64 --heads 1 --vocab 256 --seq 32 \
+    --global-batch 8 --micro-batch 1 --json
+check "JSON: virtual_stages 4, bubble 1/32; pp 1 has none" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); c=p["layouts"][p["chosen"]]; assert c["virtual_stages"]==4 and abs(c["bubble"]-1/32)<1e-12, c; o=[l for l in p["layouts"] if l["pp"]==1][0]; assert o["virtual_stages"]==1 and o["bubble"]==0, o' "$WORK/.out"
 expect_ok "--help" "$ELASTIC" plan --help
 check "--help: usage" grep -q "usage: tp-elastic plan --world N" "$WORK/.out"
 

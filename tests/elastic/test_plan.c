@@ -13,6 +13,7 @@
 #include "../../elastic/plan.h"
 #include "../../trainer/comm.h"
 #include "../../trainer/model.h"
+#include "../../trainer/schedule.h"
 #include "../support/fixture.h"
 
 static gpt_config preset(const char *name)
@@ -417,15 +418,22 @@ static int64_t slot_floats_of(const gpt_model *m)
     return end - s->input;
 }
 
-/* What rank (stage, tp rank 0) of (tp, pp) allocates, built by the trainer. */
-static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, int stage, int64_t micro_batch, int sp)
+/* What rank (stage, tp rank 0) of (tp, pp) with V virtual stages and
+ * grad_accum micro-batches a step allocates, built by the trainer with the
+ * slots its schedule needs. */
+static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, int V, int64_t grad_accum, int stage,
+                                     int64_t micro_batch, int sp)
 {
     comm *c = NULL;
     cr_assert_eq(comm_local_create(&c), TP_OK);
     cr_assert_eq(comm_place(c, stage * tp, tp * pp, tp, pp, 1), TP_OK);
     gpt_model *m = NULL;
-    int slots = pp - stage;
-    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, sp, 1), TP_OK, "%s", tp_errmsg());
+    pipeline_op *ops;
+    int64_t count;
+    int slots;
+    cr_assert_eq(pipeline_schedule(pp, stage, V, grad_accum, &ops, &count, &slots), TP_OK, "%s", tp_errmsg());
+    free(ops);
+    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, sp, V), TP_OK, "%s", tp_errmsg());
     elastic_memory out = {0};
     int64_t owned = 0, N = micro_batch * config->seq;
     for (int i = 0; i < m->num_params; i++) owned += m->params[i].owner ? m->params[i].numel : 0;
@@ -433,11 +441,14 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     out.gradients = 4 * m->total;
     out.optimizer = 8 * m->total;
     out.snapshot = 12 * owned; /* trainer/checkpoint.c: data, m, v of the owned views */
-    /* + d_output, d_input [rows, D]; Llama's rotary table [T, hd] and, with K < TP, the key/value gradients [K, 2 hd, D] */
+    /* + d_output [rows, D] and, on a stage that sends gradients back, PIPELINE_GRAD_BUFFERS d_input [rows, D]
+     * (trainer/train.c); Llama's rotary table [T, hd] and, with K < TP, the key/value gradients [K, 2 hd, D] */
     int64_t llama = (m->rope_cos_sin ? m->T * m->hd : 0) + (m->kv_grads ? 2 * config->kv_heads * m->hd * m->D : 0);
     /* + sequence parallelism's two [N, D] buffers to gather into */
     int64_t gathering = m->gathered ? 2 * N * m->D : 0;
-    out.activations = 4 * (slots * slot_floats_of(m) + m->scratch_size + (1 + slots) * m->rows * m->D + llama + gathering);
+    int64_t grad_buffers = stage > 0 || V > 1 ? PIPELINE_GRAD_BUFFERS : 0;
+    out.activations = 4 * (slots * slot_floats_of(m) + m->scratch_size + (1 + grad_buffers) * m->rows * m->D + llama +
+                           gathering);
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
     gpt_model_free(m);
     comm_free(c);
@@ -458,7 +469,7 @@ Test(plan, memory_estimate_is_what_the_trainer_allocates)
                     if (gpt_config_check(&config, tps[t], pps[p]) != TP_OK) continue;
                     elastic_memory most = {0}, estimate;
                     for (int stage = 0; stage < pps[p]; stage++) {
-                        elastic_memory m = trainer_memory(&config, tps[t], pps[p], stage, micro, sp);
+                        elastic_memory m = trainer_memory(&config, tps[t], pps[p], 1, pps[p], stage, micro, sp);
                         if (m.total > most.total) most = m;
                     }
                     cr_assert_eq(elastic_memory_estimate(&config, tps[t], pps[p], micro, sp, &estimate), TP_OK);
@@ -504,6 +515,76 @@ Test(plan, sequence_parallelism_when_memory_needs_it)
     /* Its communication: more TP traffic than the same layout without it. */
     cr_assert(tight.comm_bytes_per_step > free_run.comm_bytes_per_step, "%lld %lld",
               (long long)tight.comm_bytes_per_step, (long long)free_run.comm_bytes_per_step);
+}
+
+/* The interleaved schedule is chosen where the pipeline's bubble is over
+ * 5% of the step: the fewest virtual stages that bring it under, within the
+ * memory per rank, its memory what the trainer allocates; not otherwise. */
+Test(plan, virtual_stages_when_the_bubble_is_large)
+{
+    /* One head: tp 1 only. 2 ranks, batch 8 of micro-batches of 1: pp 2 (the least memory) with 8 micro-batches,
+     * a bubble of 1/8; V 2 leaves 1/16 > 5%, 8 layers allow no V 3, so V 4: 1/32. */
+    gpt_config model = shape(1, 1, 64, 8);
+    elastic_plan_request r = request(model, 2, 8);
+    r.micro_batch = 1;
+    char why[512];
+    elastic_layout l = chosen_of(&r, why, sizeof why);
+    cr_assert(l.tp == 1 && l.pp == 2 && l.grad_accum == 8, "tp%d pp%d accum %lld: %s", l.tp, l.pp,
+              (long long)l.grad_accum, why);
+    cr_assert_eq(l.virtual_stages, 4, "%d: %s", l.virtual_stages, why);
+    cr_assert_float_eq(l.bubble, 1.0 / 32, 1e-12);
+    cr_assert_float_eq(l.bubble_one_chunk, 1.0 / 8, 1e-12);
+    cr_assert(strstr(why, "interleaved over 4 virtual stages: an ideal bubble of 3.1% of the step instead of 12.5%"),
+              "%s", why);
+    /* Its memory: what the trainer allocates with V 4 at 8 micro-batches, on its largest stage. */
+    elastic_memory most = {0};
+    for (int stage = 0; stage < 2; stage++) {
+        elastic_memory m = trainer_memory(&model, 1, 2, 4, 8, stage, 1, 0);
+        if (m.total > most.total) most = m;
+    }
+    cr_assert(memcmp(&l.memory, &most, sizeof most) == 0, "estimate %lld, trainer %lld", (long long)l.memory.total,
+              (long long)most.total);
+    /* V 2 keeps more than V 4 here (5 slots of 2 layers on stage 0 against 9 of one) and more than 1F1B (2 of
+     * 4): under V 4's memory, 1F1B, with fewer pipeline messages (V each way per micro-batch), and why says so. */
+    elastic_memory v2 = {0};
+    for (int stage = 0; stage < 2; stage++) {
+        elastic_memory m = trainer_memory(&model, 1, 2, 2, 8, stage, 1, 0);
+        if (m.total > v2.total) v2 = m;
+    }
+    cr_assert_gt(v2.total, l.memory.total);
+    r.memory_per_rank = l.memory.total - 1;
+    elastic_layout tight = chosen_of(&r, why, sizeof why);
+    cr_assert(tight.pp == 2 && tight.virtual_stages == 1, "pp%d V%d: %s", tight.pp, tight.virtual_stages, why);
+    cr_assert(strstr(why, "12.5% of the step (virtual stages would not fit"), "%s", why);
+    cr_assert(tight.comm_bytes_per_step < l.comm_bytes_per_step, "%lld %lld", (long long)tight.comm_bytes_per_step,
+              (long long)l.comm_bytes_per_step);
+    /* Between V 4's and V 2's: V 4 (V 2 passed over). */
+    r.memory_per_rank = (l.memory.total + v2.total) / 2;
+    cr_assert_eq(chosen_of(&r, why, sizeof why).virtual_stages, 4, "%s", why);
+    /* Batch 5: 5 micro-batches at pp 2 are not a multiple of it: 1F1B, and why says so. */
+    r.memory_per_rank = 0;
+    r.global_batch = 5;
+    elastic_layout odd = chosen_of(&r, why, sizeof why);
+    if (odd.pp == 2) {
+        cr_assert_eq(odd.virtual_stages, 1);
+        cr_assert(strstr(why, "the accumulation is not a multiple of pp: no virtual stages"), "%s", why);
+    }
+    /* A small bubble is left alone: 64 micro-batches at pp 2, 1/64 < 5%. */
+    r.global_batch = 64;
+    elastic_layout deep = chosen_of(&r, why, sizeof why);
+    cr_assert_eq(deep.virtual_stages, 1, "%s", why);
+    /* The JSON says it. */
+    r.global_batch = 8;
+    elastic_plan plan;
+    cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK);
+    char *json = elastic_plan_to_json(&r, &plan);
+    cJSON *o = cJSON_Parse(json);
+    cJSON *chosen = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "layouts"), plan.chosen);
+    cr_assert_eq(cJSON_GetObjectItem(chosen, "virtual_stages")->valueint, 4);
+    cr_assert_float_eq(cJSON_GetObjectItem(chosen, "bubble")->valuedouble, 1.0 / 32, 1e-12);
+    cJSON_Delete(o);
+    free(json);
+    elastic_plan_free(&plan);
 }
 
 /* -------------------------------------------------------------- the rest */
