@@ -408,9 +408,9 @@ static void on_report(void *ctx, const train_report *r)
         if (p->log) {
             fprintf(p->log,
                     "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
-                    "\"ckpt_stall_ms\":%.3f,\"pipeline_wait_ms\":%.3f,",
+                    "\"ckpt_stall_ms\":%.3f,\"pipeline_ms\":%.3f,\"pipeline_wait_ms\":%.3f,",
                     (long long)r->step, r->loss, r->lr, r->grad_norm, r->tokens_per_second, r->seconds * 1e3,
-                    r->checkpoint_stall * 1e3, r->pipeline_wait * 1e3);
+                    r->checkpoint_stall * 1e3, r->pipeline_seconds * 1e3, r->pipeline_wait * 1e3);
             if (mfu(p, r->tokens_per_second) >= 0) fprintf(p->log, "\"mfu\":%.4f,", mfu(p, r->tokens_per_second));
             fprintf(p->log, "\"time\":%.6f}\n", unix_seconds());
             fflush(p->log);

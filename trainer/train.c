@@ -73,6 +73,7 @@ typedef struct {
     float *d_output;  /* gradient received from the next stage */
     int head_slot;    /* the slot of the last forward through the model's head (last stage) */
     double pipeline_wait; /* seconds waited for pipeline messages this step */
+    double pipeline_span; /* seconds from the step's start to the end of this rank's pipeline */
     int *sample;      /* seq + 1 tokens */
     int64_t consumed; /* samples consumed before this step */
     int64_t global_batch;
@@ -180,10 +181,30 @@ static int backward_op(trainer *t, const pipeline_op *op)
  * Returns the loss sum of this stage. */
 static int run_pipeline(trainer *t, double *loss_sum)
 {
+    double start = now_seconds();
     *loss_sum = 0;
+    t->pipeline_wait = 0;
     for (int64_t i = 0; i < t->num_ops; i++)
         TP_TRY(t->ops[i].backward ? backward_op(t, &t->ops[i]) : forward_op(t, &t->ops[i], loss_sum));
-    return comm_wait_sends(t->c, t->model->stream);
+    TP_TRY(comm_wait_sends(t->c, t->model->stream));
+    t->pipeline_span = now_seconds() - start;
+    return TP_OK;
+}
+
+/* The bubble as the trainer sees it: a rank idles in its pipeline while it
+ * waits for a message, and after its last operation until the slowest rank
+ * ends its own (the ideal bubble counts both: a stage's warm-up and drain).
+ * The steps start together (the last one ended in collectives), so that
+ * is the longest span less its own. Over the world: with dp > 1 a replica
+ * also waits for the slowest one. Returns this rank's idle seconds and the
+ * longest span. */
+static int pipeline_idle(trainer *t, double *idle, double *longest)
+{
+    *longest = t->pipeline_span;
+    if (t->c->pp > 1)
+        TP_TRY(comm_all_reduce(t->c, GROUP_WORLD, longest, 1, COMM_DOUBLE, COMM_MAX, COMM_HOST));
+    *idle = t->c->pp > 1 ? t->pipeline_wait + (*longest - t->pipeline_span) : 0;
+    return TP_OK;
 }
 
 /* Gradients of the whole global batch on every rank that holds a piece: the
@@ -494,8 +515,9 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
     double loss_sum = 0;
     if (o->dump_dir) TP_TRY(dump_batch(t));
     TP_TRY(gpt_model_zero_grads(t->model));
-    t->pipeline_wait = 0;
     TP_TRY(run_pipeline(t, &loss_sum));
+    double idle;
+    TP_TRY(pipeline_idle(t, &idle, &r->pipeline_seconds));
     TP_TRY(reduce_gradients(t));
     if (o->dump_dir && first) {
         TP_TRY(dump_gradients(t));
@@ -504,8 +526,8 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
     saver_before_update(t->saver);
     TP_TRY(optimizer_step(t, step, &r->grad_norm, &r->lr));
     /* The loss of the step: last stage, first TP rank of each replica. */
-    /* With it, the ranks' mean wait for pipeline messages. */
-    double sums[2] = {t->model->is_last && c->tp_rank == 0 ? loss_sum : 0, t->pipeline_wait};
+    /* With it, the ranks' mean idle time in the pipeline. */
+    double sums[2] = {t->model->is_last && c->tp_rank == 0 ? loss_sum : 0, idle};
     TP_TRY(comm_all_reduce(c, GROUP_WORLD, sums, 2, COMM_DOUBLE, COMM_SUM, COMM_HOST));
     r->loss = sums[0] / (double)(t->global_batch * t->model->T);
     r->pipeline_wait = sums[1] / c->world;

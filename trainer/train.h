@@ -47,8 +47,10 @@ typedef struct {
     double seconds;             /* STEP: the step's time; RESUMED: loading (and resharding) the checkpoint;
                                    SAVED: from the save's start at its step boundary to its commit */
     double checkpoint_stall;    /* STEP: seconds the step waited on checkpointing */
-    double pipeline_wait;       /* STEP: seconds a rank waited for pipeline messages (the ranks' mean): the
-                                   pipeline's bubble, and the messages' own time */
+    double pipeline_wait;       /* STEP: the ranks' mean idle seconds in the pipeline (waiting for messages, and
+                                   after its last operation until the slowest rank's end): the pipeline's
+                                   bubble, with the messages' own time; 0 at pp 1 */
+    double pipeline_seconds;    /* STEP: the longest rank's seconds in the pipeline (forwards and backwards) */
     double tokens_per_second;   /* STEP */
     int64_t global_batch;       /* sequences per step */
     int64_t consumed_samples;   /* RESUMED: where the data continues */

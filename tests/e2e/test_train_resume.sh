@@ -47,7 +47,8 @@ keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum"
                   "sequence_parallel", "virtual_stages", "activation_bytes", "resumed_from", "load_seconds", "startup_seconds", "time"},
         "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "time"},
         "save_wait": {"event", "step", "time"},
-        None: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "ms", "ckpt_stall_ms", "pipeline_wait_ms", "time"}}
+        None: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "ms", "ckpt_stall_ms", "pipeline_ms", "pipeline_wait_ms",
+               "time"}}
 times = [r["time"] for r in lines]
 ok = all(set(r) == keys[r.get("event")] for r in lines) and times == sorted(times) and times[0] > 1.7e9
 starts = [r for r in lines if r.get("event") == "start"]
