@@ -95,7 +95,9 @@ static int stage_shares(const gpt_config *model, int tp, int pp, stage_share *sh
  *              attention row log-sum-exps         [N, H/tp]
  *              attention output                   [N, H/tp * hd]
  *              fc (pre-activation), gelu          [N, F/tp] x 2 (fc [N, 2F/tp] with SwiGLU)
- *   last stage final norm                         [N, D]
+ *   a head, on the last stage (a pool of its own: as many as its schedule
+ *   has in flight through it, trainer/model.h gpt_head)
+ *              final norm                         [N, D]
  *              its mean and 1/std, the loss's
  *              row max, sum and target logit      5 x [N]
  *              logits                             [N, Vp/tp] */
@@ -108,15 +110,21 @@ static int64_t qkv_local(const gpt_config *m, int tp)
 }
 
 /* With sequence parallelism the rows of the stage's input, the norms,
- * their statistics and the residuals are N / tp (R below). */
-static int64_t micro_batch_floats(const gpt_config *m, int tp, int pp, int64_t b, int last, int64_t vocab_local,
-                                  int sequence_parallel)
+ * their statistics and the residuals are N / tp (R below). A slot: the
+ * input and the layers of a chunk (layers / chunks of them). */
+static int64_t micro_batch_floats(const gpt_config *m, int tp, int chunks, int64_t b, int sequence_parallel)
 {
     int64_t s = m->seq, N = b * s, R = sequence_parallel ? N / tp : N, D = m->dim, hd = m->dim / m->heads;
     int64_t heads = m->heads / tp, qkv = qkv_local(m, tp), attn = heads * hd, f = m->ffn / tp;
     int64_t per_layer = R * (4 * D + 4) + N * (qkv + attn + (m->swiglu ? 2 : 1) * f + f) + N * heads;
-    int64_t head = last ? R * (D + 2) + N * (3 + vocab_local) : 0;
-    return R * D + (m->layers / pp) * per_layer + head;
+    return R * D + (m->layers / chunks) * per_layer;
+}
+
+/* A head's buffers on the last stage (trainer/model.h gpt_head). */
+static int64_t head_floats(const gpt_config *m, int tp, int64_t b, int64_t vocab_local, int sequence_parallel)
+{
+    int64_t N = b * m->seq, R = sequence_parallel ? N / tp : N;
+    return R * (m->dim + 2) + N * (3 + vocab_local);
 }
 
 /* fp32 elements of the backward pass's working memory, once per rank: the
@@ -153,14 +161,16 @@ static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, c
     pipeline_op *ops = NULL;
     int64_t count;
     TP_TRY(pipeline_schedule(pp, stage, V, grad_accum, &ops, &count, &slots));
+    int64_t heads = pipeline_head_slots(ops, count);
     free(ops);
     int64_t p = share->params, grad_buffers = stage > 0 || V > 1 ? PIPELINE_GRAD_BUFFERS : 0;
     out.weights = p * (int64_t)tp_dtype_size(m->dtype) + (m->dtype == TP_FP32 ? 0 : p * FP32); /* + fp32 master */
     out.gradients = p * FP32;
     out.optimizer = p * 2 * FP32; /* AdamW: two fp32 moments */
     out.snapshot = share->owned * 3 * FP32; /* trainer/checkpoint.c: weights and both moments, replica 0 */
-    /* A slot holds one chunk: the layers of pp x V chunks. */
-    out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp * V, micro_batch, last, share->vocab_local, sp) +
+    /* A slot holds one chunk (of pp x V), a head the logits of one micro-batch in flight through it. */
+    out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp * V, micro_batch, sp) +
+                              (last ? heads * head_floats(m, tp, micro_batch, share->vocab_local, sp) : 0) +
                               backward_floats(m, tp, micro_batch, last, share->vocab_local, grad_buffers, sp));
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
     *result = out;

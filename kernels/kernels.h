@@ -338,11 +338,12 @@ int cuda_group_reduce_scatter(cuda_group *group, const void *send, void *recv, i
  * receive runs on the backend's stream. A send runs on a stream of the
  * group's, after the work issued on the backend's stream so far: it does
  * not hold up the computation issued after it while the peer is not yet
- * receiving. Its data must stay untouched until cuda_group_wait_sends,
- * which orders the backend's stream after every send issued so far. */
+ * receiving. Its data must stay untouched until cuda_group_wait_sends has
+ * ordered the backend's stream after it: after the first `sends` sends
+ * since the last wait for all, or (sends < 0) after every send so far. */
 int cuda_group_send(cuda_group *group, int peer, const void *data, int64_t count, int is_double);
 int cuda_group_recv(cuda_group *group, int peer, void *data, int64_t count, int is_double);
-int cuda_group_wait_sends(cuda_group *group);
+int cuda_group_wait_sends(cuda_group *group, int64_t sends);
 void cuda_group_free(cuda_group *group);
 
 /* The backend for a device asked for by name: "cpu"; "cuda" (the GPU

@@ -32,10 +32,24 @@ enum {
     ALL_KINDS
 };
 
+/* Where a pipeline send went: the link to the next stage, the one to the
+ * previous stage, or the staged communicator (host data, the ring's wrap). */
+enum { SENT_NEXT, SENT_PREV, SENT_STAGED, SENT_WAYS };
+
 typedef struct {
     comm *staged;                   /* host data, integers */
     cuda_group *groups[ALL_KINDS];  /* NULL: not a member (EMBED on a middle stage, a link of a stage alone) */
+    unsigned char *sent;            /* per send since the last wait for all: its SENT_ way */
+    int64_t num_sent, max_sent;
 } nccl_comm;
+
+/* How many sends of each way are among the first `first` of a log of
+ * ways: what a wait for those first sends must wait for on each. */
+static void sends_per_way(const unsigned char *sent, int64_t num_sent, int64_t first, int64_t out[SENT_WAYS])
+{
+    for (int w = 0; w < SENT_WAYS; w++) out[w] = 0;
+    for (int64_t i = 0; i < first && i < num_sent; i++) out[sent[i]]++;
+}
 
 /* Members of this rank's group of a kind, its place in it and the rank of
  * its first member; 0 members when the rank is in no such group. */
@@ -135,9 +149,18 @@ static int nccl_send(comm *c, comm_peer peer, const void *data, int64_t count, c
     nccl_comm *n = c->impl;
     int other;
     cuda_group *link = link_to(n, c, peer, 1, &other);
-    if (stream != COMM_DEVICE || type == COMM_INT || !link)
-        return comm_send(n->staged, peer, data, count, type, tag, stream);
-    return cuda_group_send(link, other, data, count, type == COMM_DOUBLE);
+    int staged = stream != COMM_DEVICE || type == COMM_INT || !link;
+    if (n->num_sent == n->max_sent) {
+        int64_t more = n->max_sent ? 2 * n->max_sent : 64;
+        unsigned char *bigger = realloc(n->sent, (size_t)more);
+        if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory for a log of %lld sends", (long long)more);
+        n->sent = bigger;
+        n->max_sent = more;
+    }
+    TP_TRY(staged ? comm_send(n->staged, peer, data, count, type, tag, stream)
+                  : cuda_group_send(link, other, data, count, type == COMM_DOUBLE));
+    n->sent[n->num_sent++] = staged ? SENT_STAGED : peer == COMM_NEXT_STAGE ? SENT_NEXT : SENT_PREV;
+    return TP_OK;
 }
 
 static int nccl_recv(comm *c, comm_peer peer, void *data, int64_t count, comm_type type, int tag, comm_stream stream)
@@ -150,20 +173,24 @@ static int nccl_recv(comm *c, comm_peer peer, void *data, int64_t count, comm_ty
     return cuda_group_recv(link, other, data, count, type == COMM_DOUBLE);
 }
 
-/* The links' sends are waited for whole; the staged ones (host data, the
- * ring's wrap) left their buffers once copied, so a partial wait leaves
- * them on their way. */
+/* The first `sends` sends: on each link as many of its own, and on the
+ * staged communicator as many of its (each counts its sends since the
+ * last wait for all, as this one does); all of them when sends < 0. A
+ * wait for every link's send would deadlock the pipeline (schedule.h). */
 static int nccl_wait_sends(comm *c, int64_t sends, comm_stream stream)
 {
     nccl_comm *n = c->impl;
+    int64_t per_way[SENT_WAYS];
+    sends_per_way(n->sent, n->num_sent, sends < 0 ? n->num_sent : sends, per_way);
     const comm_peer peers[2] = {COMM_NEXT_STAGE, COMM_PREV_STAGE};
     for (int p = 0; p < 2 && stream == COMM_DEVICE; p++) {
         int other;
         cuda_group *link = link_to(n, c, peers[p], 1, &other);
-        if (link) TP_TRY(cuda_group_wait_sends(link));
+        if (link) TP_TRY(cuda_group_wait_sends(link, sends < 0 ? -1 : per_way[p]));
     }
-    if (sends >= 0 && stream == COMM_DEVICE) return TP_OK;
-    return n->staged->ops->wait_sends(n->staged, sends, stream);
+    TP_TRY(n->staged->ops->wait_sends(n->staged, sends < 0 ? -1 : per_way[SENT_STAGED], stream));
+    if (sends < 0) n->num_sent = 0;
+    return TP_OK;
 }
 
 static int nccl_broadcast(comm *c, void *data, int64_t bytes, int root, comm_stream stream)
@@ -189,6 +216,7 @@ static void nccl_free(comm *c)
     nccl_comm *n = c->impl;
     for (int k = 0; k < ALL_KINDS; k++) cuda_group_free(n->groups[k]);
     comm_free(n->staged);
+    free(n->sent);
     free(n);
     free(c);
 }

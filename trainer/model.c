@@ -137,11 +137,14 @@ void gpt_model_free(gpt_model *m)
     for (int s = 0; m->slots && s < m->num_slots; s++) {
         gpt_slot *slot = &m->slots[s];
         if (slot->kernel_tokens != slot->tokens) k->release(slot->kernel_tokens);
-        if (slot->host_row_max != slot->row_max) free(slot->host_row_max);
         free(slot->tokens);
         k->release(slot->input);
     }
+    for (int h = 0; m->heads && h < m->num_heads; h++)
+        if (m->heads[h].host_row_max != m->heads[h].row_max) free(m->heads[h].host_row_max);
     free(m->slots);
+    free(m->heads);
+    k->release(m->head_memory);
     k->release(m->rope_cos_sin);
     k->release(m->kv_grads);
     k->release(m->scratch);
@@ -169,9 +172,60 @@ static int64_t slot_floats(const gpt_model *m, int64_t *ints)
     int64_t N = m->B * m->T, R = m->rows, L = m->chunk_layers;
     int64_t per_layer = R * (m->D * 4 + 4) + N * (m->qkv_local + m->attn_local + m->fc_local + m->ffn_local) +
                         N * m->heads_local;
-    int64_t head = m->is_last ? R * (m->D + 2) + N * (m->vocab_local + 3) : 0;
     *ints = 2 * N;
-    return R * m->D + L * per_layer + head;
+    return R * m->D + L * per_layer;
+}
+
+/* floats of one gpt_head (last stage; model.h). */
+static int64_t head_floats(const gpt_model *m)
+{
+    return m->is_last ? m->rows * (m->D + 2) + m->B * m->T * (m->vocab_local + 3) : 0;
+}
+
+/* Carves head h's buffers out of the heads' allocation. */
+static int head_init(gpt_model *m, int h)
+{
+    gpt_head *s = &m->heads[h];
+    int64_t N = m->B * m->T, R = m->rows;
+    float *p = m->head_memory + h * head_floats(m);
+#define CARVE(field, count) (s->field = p, p += (count))
+    CARVE(lnf, R * m->D);
+    CARVE(lnf_mean, R);
+    CARVE(lnf_rstd, R);
+    CARVE(logits, N * m->vocab_local);
+    CARVE(row_max, N);
+    CARVE(row_sum, N);
+    CARVE(target_logit, N);
+#undef CARVE
+    s->host_row_max = s->row_max;
+    s->host_row_sum = s->row_sum;
+    s->host_target_logit = s->target_logit;
+    if (m->kernels->on_device) {
+        if (!(s->host_row_max = malloc((size_t)(3 * N) * sizeof(float))))
+            return tp_fail(TP_ERR_NOMEM, "out of memory for a micro-batch's losses");
+        s->host_row_sum = s->host_row_max + N;
+        s->host_target_logit = s->host_row_sum + N;
+    }
+    return TP_OK;
+}
+
+int gpt_model_bind_head(gpt_model *m, gpt_slot *s, int head)
+{
+    if (!m->is_last) return TP_OK;
+    if (head < 0 || head >= m->num_heads)
+        return tp_fail(TP_ERR_ARG, "head buffer %d of %d", head, m->num_heads);
+    const gpt_head *h = &m->heads[head];
+    s->lnf = h->lnf;
+    s->lnf_mean = h->lnf_mean;
+    s->lnf_rstd = h->lnf_rstd;
+    s->logits = h->logits;
+    s->row_max = h->row_max;
+    s->row_sum = h->row_sum;
+    s->target_logit = h->target_logit;
+    s->host_row_max = h->host_row_max;
+    s->host_row_sum = h->host_row_sum;
+    s->host_target_logit = h->host_target_logit;
+    return TP_OK;
 }
 
 /* Carves a slot's buffers out of one allocation of the backend's memory;
@@ -202,24 +256,6 @@ static int slot_init(gpt_model *m, gpt_slot *s)
     CARVE(fc, L * N * m->fc_local);
     CARVE(gelu, L * N * m->ffn_local);
     CARVE(res2, L * R * m->D);
-    if (m->is_last) {
-        CARVE(lnf, R * m->D);
-        CARVE(lnf_mean, R);
-        CARVE(lnf_rstd, R);
-        CARVE(logits, N * m->vocab_local);
-        CARVE(row_max, N);
-        CARVE(row_sum, N);
-        CARVE(target_logit, N);
-        s->host_row_max = s->row_max;
-        s->host_row_sum = s->row_sum;
-        s->host_target_logit = s->target_logit;
-        if (k->on_device) {
-            if (!(s->host_row_max = malloc((size_t)(3 * N) * sizeof(float))))
-                return tp_fail(TP_ERR_NOMEM, "out of memory for a micro-batch's losses");
-            s->host_row_sum = s->host_row_max + N;
-            s->host_target_logit = s->host_row_sum + N;
-        }
-    }
 #undef CARVE
     return TP_OK;
 }
@@ -268,7 +304,7 @@ int gpt_model_init_values(gpt_model *m, uint64_t seed)
 }
 
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
-                     int64_t micro_batch, int64_t seq, int slots, int sequence_parallel, int virtual_stages)
+                     int64_t micro_batch, int64_t seq, int slots, int heads, int sequence_parallel, int virtual_stages)
 {
     *out = NULL;
     TP_TRY(gpt_config_check(config, c->tp, c->pp));
@@ -391,6 +427,16 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     if (!m->slots) goto nomem;
     for (int s = 0; s < slots; s++)
         if ((status = slot_init(m, &m->slots[s]))) goto fail;
+    if (m->is_last) {
+        if (heads < 1) heads = 1;
+        m->heads = calloc((size_t)heads, sizeof *m->heads);
+        if (!m->heads) goto nomem;
+        m->num_heads = heads;
+        status = m->kernels->alloc((void **)&m->head_memory, (size_t)(heads * head_floats(m)) * sizeof(float));
+        for (int h = 0; h < heads && !status; h++) status = head_init(m, h);
+        for (int s = 0; s < slots && s < heads && !status; s++) status = gpt_model_bind_head(m, &m->slots[s], s);
+        if (status) goto fail;
+    }
     if (m->llama && (status = rope_create(m))) goto fail;
     if (m->kv_sharers > 1) {
         /* A replica other than the first of its head counts only its query rows in the norm. */
@@ -418,7 +464,7 @@ fail:
 
 int64_t gpt_model_activation_bytes(const gpt_model *m)
 {
-    int64_t ints, floats = slot_floats(m, &ints) * m->num_slots;
+    int64_t ints, floats = slot_floats(m, &ints) * m->num_slots + head_floats(m) * m->num_heads;
     if (m->sequence_parallel) floats += 2 * m->B * m->T * m->D;
     return floats * (int64_t)sizeof(float) + ints * m->num_slots * (int64_t)sizeof(int);
 }
@@ -672,7 +718,10 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s, int chunk)
         TP_TRY(block_forward(m, s, l, chunk * m->chunk_layers + l, x));
         x = s->res2 + l * m->rows * m->D;
     }
-    if (gpt_model_chunk_is_last(m, chunk)) TP_TRY(head_forward(m, s, x));
+    if (gpt_model_chunk_is_last(m, chunk)) {
+        if (!s->logits) return tp_fail(TP_ERR_ARG, "a forward through the head on a slot without head buffers bound");
+        TP_TRY(head_forward(m, s, x));
+    }
     return TP_OK;
 }
 

@@ -38,10 +38,21 @@ typedef struct {
      * [rows] statistics), the others' [B*T, their width]. */
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att_lse, *attn, *res1;
     float *ln2, *ln2_mean, *ln2_rstd, *fc, *gelu, *res2;
-    float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit; /* last stage */
+    /* The model's head (last stage): its buffers are a gpt_head's, bound to the slot (gpt_model_bind_head). */
+    float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit;
     float *host_row_max, *host_row_sum, *host_target_logit; /* host copies after the forward (the same on the CPU) */
     double loss_sum;             /* sum of token losses (last stage) */
 } gpt_slot;
+
+/* The buffers of one micro-batch in flight through the head (last stage):
+ * the final norm's output [rows, D] and statistics [rows], the logits
+ * [B*T, vocab/tp], the cross-entropy's row max, sum and target logit [B*T]
+ * each, and their host copies. Fewer are in flight than slots with the
+ * interleaved schedule, so they are a pool of their own. */
+typedef struct {
+    float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit;
+    float *host_row_max, *host_row_sum, *host_target_logit;
+} gpt_head;
 
 typedef struct {
     gpt_config config;
@@ -88,6 +99,9 @@ typedef struct {
 
     gpt_slot *slots;
     int num_slots;
+    gpt_head *heads;             /* last stage: the head's buffers, num_heads of them */
+    int num_heads;
+    float *head_memory;
     float *scratch;              /* backward buffers and the attention's, shared by all slots */
     int64_t scratch_size;
 } gpt_model;
@@ -99,11 +113,18 @@ int gpt_model_supported(const gpt_config *config);
 
 /* Builds this rank's part of the model in the memory of `kernels` (NULL:
  * the CPU), every value zero: a checkpoint's to be loaded, or the initial
- * values of gpt_model_init_values. virtual_stages chunks of layers per
- * stage (1: consecutive layers). Fails on a model gpt_model_supported
+ * values of gpt_model_init_values. `slots` micro-batches (of one chunk)
+ * in flight, `heads` of them through the head on the last stage (at least
+ * 1 there); virtual_stages chunks of layers per stage (1: consecutive
+ * layers). Fails on a model gpt_model_supported
  * refuses, or layers that do not split into pp x virtual_stages chunks. */
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
-                     int64_t micro_batch, int64_t seq, int slots, int sequence_parallel, int virtual_stages);
+                     int64_t micro_batch, int64_t seq, int slots, int heads, int sequence_parallel, int virtual_stages);
+
+/* Binds head buffer `head` (0 .. heads - 1) to a slot before a forward
+ * through the model's last chunk; slot k < heads starts bound to head k.
+ * A no-op off the last stage. */
+int gpt_model_bind_head(gpt_model *model, gpt_slot *slot, int head);
 
 /* The parameters' initial values from the seed (docs/DATA.md "Initial
  * values"), the same at every layout. Only a run that starts afresh needs
@@ -112,7 +133,8 @@ int gpt_model_init_values(gpt_model *model, uint64_t seed);
 void gpt_model_free(gpt_model *model);
 
 /* Bytes of the activations this rank keeps for the backward: every slot's
- * buffers, and with sequence parallelism its two [B*T, D] buffers. */
+ * buffers, every head's, and with sequence parallelism its two [B*T, D]
+ * buffers. */
 int64_t gpt_model_activation_bytes(const gpt_model *model);
 
 /* Zeroes every gradient. */

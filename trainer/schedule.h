@@ -39,6 +39,9 @@ typedef struct {
     int64_t micro; /* micro-batch of the step */
     int chunk;     /* this stage's chunk, 0 .. V-1 */
     int slot;      /* where its activations live */
+    int head;      /* the model's last chunk on the last stage: where its head's (logits') live, from a pool
+                      of its own (few are in flight: each slot keeping one would cost a [B*T, vocab/tp] each);
+                      -1 otherwise */
     int grad_buffer; /* a backward: the buffer its gradient for the previous stage goes out of; -1 */
     int sends;     /* whether it sends a message: a forward but the model's last chunk's, a backward but the
                       first's */
@@ -56,6 +59,9 @@ int pipeline_check(int pp, int chunks, int64_t micro_batches);
  * no gradient back, chunk V-1 of stage pp-1 no output on. */
 int pipeline_schedule(int pp, int stage, int chunks, int64_t micro_batches, pipeline_op **ops, int64_t *count,
                       int *slots);
+
+/* The head buffers a schedule uses: its largest `head` + 1 (0: none). */
+int pipeline_head_slots(const pipeline_op *ops, int64_t count);
 
 /* The idle fraction of an ideal step (equal time per chunk, free
  * messages): (pp - 1) / (chunks x micro_batches) of the busy time. */

@@ -145,6 +145,7 @@ static int forward_op(trainer *t, const pipeline_op *op, double *loss_sum)
     /* The slot's output may still be on its way (schedule.h). */
     if (op->sends_done) TP_TRY(comm_wait_first_sends(c, op->sends_done, m->stream));
     load_micro_batch(t, s, op->micro);
+    if (op->head >= 0) TP_TRY(gpt_model_bind_head(m, s, op->head));
     if (!gpt_model_chunk_is_first(m, op->chunk))
         TP_TRY(timed_recv(t, COMM_PREV_STAGE, s->input, n, pipeline_tag(op->micro, sender_chunk_before(c, op->chunk), V, 0)));
     TP_TRY(gpt_model_forward(m, s, op->chunk));
@@ -165,7 +166,7 @@ static int backward_op(trainer *t, const pipeline_op *op)
     gpt_slot *s = &m->slots[op->slot];
     int64_t n = m->rows * m->D;
     int V = m->virtual_stages;
-    float *d_input = t->d_input[op->grad_buffer];
+    float *d_input = op->grad_buffer >= 0 ? t->d_input[op->grad_buffer] : NULL; /* none: nothing goes back */
     if (op->sends_done) TP_TRY(comm_wait_first_sends(c, op->sends_done, m->stream)); /* d_input's last send */
     if (!gpt_model_chunk_is_last(m, op->chunk))
         TP_TRY(timed_recv(t, COMM_NEXT_STAGE, t->d_output, n, pipeline_tag(op->micro, sender_chunk_after(c, op->chunk), V, 1)));
@@ -414,7 +415,7 @@ static int set_up(trainer *t)
     int status = pipeline_schedule(c->pp, c->pp_rank, chunks, o->grad_accum, &t->ops, &t->num_ops, &slots);
     if (!status)
         status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots,
-                                  o->sequence_parallel, chunks);
+                                  pipeline_head_slots(t->ops, t->num_ops), o->sequence_parallel, chunks);
     if (!status && o->bf16 && !t->model->kernels->matmul_forward_bf16)
         status = tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend has no bf16 matrix products yet",
                          t->model->kernels->name);

@@ -26,6 +26,8 @@ struct cuda_group {
     cudaStream_t send_stream; /* sends; created with the first */
     cudaEvent_t sends_ready;  /* on the backend's stream: what a send must wait for */
     cudaEvent_t sends_done;   /* on send_stream: every send issued so far */
+    cudaEvent_t *sent;        /* on send_stream, after each send since the last wait for all (made as needed) */
+    int64_t num_sent, max_sent;
     int device;
 };
 
@@ -168,8 +170,18 @@ extern "C" int cuda_group_send(cuda_group *group, int peer, const void *data, in
     if (!group->send_stream) CUDA_TRY(cudaStreamCreateWithFlags(&group->send_stream, cudaStreamNonBlocking));
     CUDA_TRY(cudaEventRecord(group->sends_ready, group->stream)); /* the data is computed */
     CUDA_TRY(cudaStreamWaitEvent(group->send_stream, group->sends_ready, 0));
+    if (group->num_sent == group->max_sent) {
+        int64_t more = group->max_sent ? 2 * group->max_sent : 16;
+        cudaEvent_t *bigger = (cudaEvent_t *)realloc(group->sent, (size_t)more * sizeof *bigger);
+        if (!bigger) return tp_fail(TP_ERR_NOMEM, "out of memory for the events of %lld sends", (long long)more);
+        group->sent = bigger;
+        for (; group->max_sent < more; group->max_sent++) group->sent[group->max_sent] = NULL;
+    }
+    if (!group->sent[group->num_sent])
+        CUDA_TRY(cudaEventCreateWithFlags(&group->sent[group->num_sent], cudaEventDisableTiming));
     NCCL_TRY(nccl.send(data, (size_t)count, is_double ? ncclFloat64 : ncclFloat32, peer, group->comm,
                        group->send_stream));
+    CUDA_TRY(cudaEventRecord(group->sent[group->num_sent++], group->send_stream));
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
@@ -185,12 +197,18 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-extern "C" int cuda_group_wait_sends(cuda_group *group)
+extern "C" int cuda_group_wait_sends(cuda_group *group, int64_t sends)
 {
     if (!group->send_stream) return TP_OK; /* no send yet */
     CUDA_TRY(cudaSetDevice(group->device));
+    if (sends >= 0) { /* the first `sends`: the event recorded after the last of them */
+        if (sends > group->num_sent) sends = group->num_sent;
+        if (sends > 0) CUDA_TRY(cudaStreamWaitEvent(group->stream, group->sent[sends - 1], 0));
+        return TP_OK;
+    }
     CUDA_TRY(cudaEventRecord(group->sends_done, group->send_stream));
     CUDA_TRY(cudaStreamWaitEvent(group->stream, group->sends_done, 0));
+    group->num_sent = 0; /* the events are recorded again: a wait already issued keeps what it waited for */
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
@@ -207,5 +225,8 @@ extern "C" void cuda_group_free(cuda_group *group)
     if (group->send_stream) (void)cudaStreamDestroy(group->send_stream);
     if (group->sends_ready) (void)cudaEventDestroy(group->sends_ready);
     if (group->sends_done) (void)cudaEventDestroy(group->sends_done);
+    for (int64_t i = 0; i < group->max_sent; i++)
+        if (group->sent[i]) (void)cudaEventDestroy(group->sent[i]);
+    free(group->sent);
     free(group);
 }

@@ -112,9 +112,9 @@ int cuda_group_recv(cuda_group *group, int peer, void *data, int64_t count, int 
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 
-int cuda_group_wait_sends(cuda_group *group)
+int cuda_group_wait_sends(cuda_group *group, int64_t sends)
 {
-    (void)group;
+    (void)group, (void)sends;
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 

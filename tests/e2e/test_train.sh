@@ -109,7 +109,7 @@ expect_error "--virtual-stages at pp 1" 2 "virtual-stages interleaves .* needs -
 expect_error "--virtual-stages with layers that do not split into chunks" 2 \
     "virtual-stages 2: 2 layers do not split into pp 2 x 2 = 4 chunks" "$TRAIN" $TINY --pp 2 --virtual-stages 2
 mpi_error "--virtual-stages with micro-batches not a multiple of pp" \
-    "3 micro-batches a step \(--grad-accum\) is not a multiple of 2" 2 $TINY --layers 4 --pp 2 --virtual-stages 2 \
+    "3 micro-batches a step \(--grad-accum, or --global-batch / \(micro-batch x dp\)\) is not a multiple of 2" 2 $TINY --layers 4 --pp 2 --virtual-stages 2 \
     --grad-accum 3
 check "the loss falls on synthetic data" "$PY" -c 'import json,sys; r=[x["loss"] for x in map(json.loads, open(sys.argv[1])) if "event" not in x]; sys.exit(not r[-1] < r[0] - 0.05)' "$WORK/tp1pp1dp1.jsonl"
 

@@ -413,9 +413,15 @@ Test(plan, memory_estimate_adds_up)
 static int64_t slot_floats_of(const gpt_model *m)
 {
     const gpt_slot *s = &m->slots[0];
-    int64_t N = m->B * m->T;
-    const float *end = m->is_last ? s->target_logit + N : s->res2 + m->chunk_layers * m->rows * m->D;
-    return end - s->input;
+    return s->res2 + m->chunk_layers * m->rows * m->D - s->input;
+}
+
+/* floats of one head (last stage): from its first buffer to the end of its last. */
+static int64_t head_floats_of(const gpt_model *m)
+{
+    if (!m->is_last) return 0;
+    const gpt_head *h = &m->heads[0];
+    return h->target_logit + m->B * m->T - h->lnf;
 }
 
 /* What rank (stage, tp rank 0) of (tp, pp) with V virtual stages and
@@ -432,8 +438,11 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     int64_t count;
     int slots;
     cr_assert_eq(pipeline_schedule(pp, stage, V, grad_accum, &ops, &count, &slots), TP_OK, "%s", tp_errmsg());
+    int heads = pipeline_head_slots(ops, count);
     free(ops);
-    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, sp, V), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, heads, sp, V), TP_OK, "%s",
+                 tp_errmsg());
+    cr_assert_eq(m->num_heads, m->is_last ? heads : 0);
     elastic_memory out = {0};
     int64_t owned = 0, N = micro_batch * config->seq;
     for (int i = 0; i < m->num_params; i++) owned += m->params[i].owner ? m->params[i].numel : 0;
@@ -447,7 +456,7 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     /* + sequence parallelism's two [N, D] buffers to gather into */
     int64_t gathering = m->gathered ? 2 * N * m->D : 0;
     int64_t grad_buffers = stage > 0 || V > 1 ? PIPELINE_GRAD_BUFFERS : 0;
-    out.activations = 4 * (slots * slot_floats_of(m) + m->scratch_size + (1 + grad_buffers) * m->rows * m->D + llama +
+    out.activations = 4 * (slots * slot_floats_of(m) + m->num_heads * head_floats_of(m) + m->scratch_size + (1 + grad_buffers) * m->rows * m->D + llama +
                            gathering);
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
     gpt_model_free(m);

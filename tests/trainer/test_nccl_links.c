@@ -3,7 +3,9 @@
  * pick the same link (kind and first member), each naming the other as its
  * peer, and every group kind must hold at most one group per rank with
  * members numbered 0 .. members - 1. comm_nccl.c's functions are static: it
- * is compiled into this test (its comm_nccl_create shadows the library's). */
+ * is compiled into this test (its comm_nccl_create shadows the library's).
+ * The ring's wrap (the last stage's next, the first's previous) has no link:
+ * it goes through the host communicator. */
 #include <criterion/criterion.h>
 
 #include "../../trainer/comm_nccl.c"
@@ -86,4 +88,21 @@ Test(nccl_links, every_message_has_one_link_both_ends_agree_on)
     for (int tp = 1; tp <= 2; tp++)
         for (int pp = 1; pp <= 5; pp++)
             for (int dp = 1; dp <= 2; dp++) check_layout(tp, pp, dp);
+}
+
+/* A wait for the first sends of a stage waits on each link for as many of
+ * its own, and on the staged communicator for as many of its: here 7 sends
+ * (next, prev, staged wrap, next, next, prev, staged), the first 5 of
+ * which are 3 to the next stage, 1 to the previous, 1 staged. */
+Test(nccl_links, a_wait_for_the_first_sends_waits_for_as_many_of_each_way)
+{
+    const unsigned char sent[7] = {SENT_NEXT, SENT_PREV, SENT_STAGED, SENT_NEXT, SENT_NEXT, SENT_PREV, SENT_STAGED};
+    int64_t ways[SENT_WAYS];
+    sends_per_way(sent, 7, 5, ways);
+    cr_assert(ways[SENT_NEXT] == 3 && ways[SENT_PREV] == 1 && ways[SENT_STAGED] == 1, "%lld %lld %lld",
+              (long long)ways[SENT_NEXT], (long long)ways[SENT_PREV], (long long)ways[SENT_STAGED]);
+    sends_per_way(sent, 7, 0, ways);
+    cr_assert(ways[SENT_NEXT] == 0 && ways[SENT_PREV] == 0 && ways[SENT_STAGED] == 0);
+    sends_per_way(sent, 7, 100, ways); /* more than were sent: all of them */
+    cr_assert(ways[SENT_NEXT] == 3 && ways[SENT_PREV] == 2 && ways[SENT_STAGED] == 2);
 }

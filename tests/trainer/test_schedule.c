@@ -115,8 +115,11 @@ static void check_stage_order(int pp, int stage, int chunks, int64_t M)
     int slots;
     cr_assert_eq(pipeline_schedule(pp, stage, chunks, M, &ops, &count, &slots), TP_OK, "%s", tp_errmsg());
     char *state = calloc((size_t)(M * chunks), 1);
-    int *holder = malloc((size_t)slots * sizeof(int));
+    int *holder = malloc((size_t)slots * sizeof(int)), heads = pipeline_head_slots(ops, count);
+    int *head_holder = malloc((size_t)(heads + 1) * sizeof(int));
     for (int i = 0; i < slots; i++) holder[i] = -1;
+    for (int i = 0; i < heads; i++) head_holder[i] = -1;
+    cr_assert(stage == pp - 1 ? heads >= 1 : heads == 0, "pp %d stage %d: %d heads", pp, stage, heads);
     for (int64_t i = 0; i < count; i++) {
         const pipeline_op *op = &ops[i];
         cr_assert(op->chunk >= 0 && op->chunk < chunks && op->micro >= 0 && op->micro < M);
@@ -132,10 +135,21 @@ static void check_stage_order(int pp, int stage, int chunks, int64_t M)
             cr_assert_eq(holder[op->slot], -1, "a slot in use twice");
             holder[op->slot] = unit;
         }
+        /* The model's last chunk, and it alone, goes through a head buffer of its own while in flight. */
+        int is_head = stage == pp - 1 && op->chunk == chunks - 1;
+        cr_assert_eq(op->head >= 0, is_head);
+        if (is_head && op->backward) {
+            cr_assert_eq(head_holder[op->head], unit, "a backward in another unit's head");
+            head_holder[op->head] = -1;
+        } else if (is_head) {
+            cr_assert_eq(head_holder[op->head], -1, "a head in use twice");
+            head_holder[op->head] = unit;
+        }
     }
     for (int64_t u = 0; u < M * chunks; u++) cr_assert_eq(state[u], 2);
     free(state);
     free(holder);
+    free(head_holder);
     free(ops);
 }
 
@@ -190,11 +204,16 @@ Test(schedule, interleaved_order)
         snprintf(got + strlen(got), sizeof got - strlen(got), "%c%lld.%d ", ops[i].backward ? 'B' : 'F',
                  (long long)ops[i].micro, ops[i].chunk);
     cr_assert_str_eq(got, expected);
+    /* Three slots (F0.0, F1.0 and F0.1 in flight at once), but one head: the last chunk's backward follows
+     * its forward at once. */
+    cr_assert_eq(slots, 3);
+    cr_assert_eq(pipeline_head_slots(ops, count), 1);
     free(ops);
-    /* Only pp micro-batches: every forward first. */
+    /* Only pp micro-batches: every forward first, and each through the head in flight at once. */
     cr_assert_eq(pipeline_schedule(2, 1, 3, 2, &ops, &count, &slots), TP_OK);
     for (int64_t i = 0; i < count; i++) cr_assert_eq(ops[i].backward, i >= 6);
     cr_assert_eq(slots, 6);
+    cr_assert_eq(pipeline_head_slots(ops, count), 2);
     free(ops);
 }
 
@@ -235,9 +254,11 @@ Test(schedule, refusals)
     cr_assert_eq(pipeline_schedule(1, 0, 2, 4, &ops, &count, &slots), TP_ERR_ARG);
     cr_assert(strstr(tp_errmsg(), "pp 2 or more"), "%s", tp_errmsg());
     cr_assert_eq(pipeline_schedule(4, 0, 2, 6, &ops, &count, &slots), TP_ERR_ARG);
-    cr_assert(strstr(tp_errmsg(), "6 micro-batches a step (--grad-accum) is not a multiple of 4"), "%s", tp_errmsg());
+    cr_assert(strstr(tp_errmsg(), "6 micro-batches a step (--grad-accum, or --global-batch / (micro-batch x dp)) is "
+                                  "not a multiple of 4"), "%s", tp_errmsg());
     cr_assert_eq(pipeline_schedule(2, 2, 1, 4, &ops, &count, &slots), TP_ERR_ARG);
     cr_assert_eq(pipeline_schedule(2, 0, 2, 10000, &ops, &count, &slots), TP_ERR_ARG);
     cr_assert(strstr(tp_errmsg(), "tags"), "%s", tp_errmsg());
+    cr_assert_eq(pipeline_check(1, 1, 40000), TP_OK, "at pp 1 nothing is sent: no tags to run out of");
     cr_assert_eq(pipeline_check(4, 2, 8), TP_OK);
 }
