@@ -710,7 +710,8 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s, int chunk)
 {
     if (chunk < 0 || chunk >= m->virtual_stages)
         return tp_fail(TP_ERR_ARG, "chunk %d of a stage of %d", chunk, m->virtual_stages);
-    if (s->kernel_tokens != s->tokens) /* tokens and targets, consecutive */
+    int reads_tokens = gpt_model_chunk_is_first(m, chunk) || gpt_model_chunk_is_last(m, chunk);
+    if (reads_tokens && s->kernel_tokens != s->tokens) /* tokens and targets, consecutive */
         TP_TRY(m->kernels->to_device(s->kernel_tokens, s->tokens, (size_t)(2 * m->B * m->T) * sizeof(int)));
     if (gpt_model_chunk_is_first(m, chunk)) TP_TRY(embed_forward(m, s));
     const float *x = s->input;

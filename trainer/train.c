@@ -144,7 +144,9 @@ static int forward_op(trainer *t, const pipeline_op *op, double *loss_sum)
     int V = m->virtual_stages;
     /* The slot's output may still be on its way (schedule.h). */
     if (op->sends_done) TP_TRY(comm_wait_first_sends(c, op->sends_done, m->stream));
-    load_micro_batch(t, s, op->micro);
+    /* Tokens for the embedding, targets for the loss: the model's first and last chunks alone read them. */
+    if (gpt_model_chunk_is_first(m, op->chunk) || gpt_model_chunk_is_last(m, op->chunk))
+        load_micro_batch(t, s, op->micro);
     if (op->head >= 0) TP_TRY(gpt_model_bind_head(m, s, op->head));
     if (!gpt_model_chunk_is_first(m, op->chunk))
         TP_TRY(timed_recv(t, COMM_PREV_STAGE, s->input, n, pipeline_tag(op->micro, sender_chunk_before(c, op->chunk), V, 0)));
