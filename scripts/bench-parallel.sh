@@ -183,7 +183,8 @@ after a rank's last operation until the slowest rank's end) over the rest of the
 (pipeline_ms); the formula's is the same ratio for stages of equal work and free messages. Here the last stage
 also computes the head and the first the embedding, and the messages take time. With V virtual stages each
 micro-batch crosses between the stages V times each way instead of once; "ms/step" is the whole step (the
-gradients' reductions and the optimizer too). The losses of every schedule are checked equal
+gradients' reductions and the optimizer too); "activations kept" is the start line's activation_bytes, rank 0's
+(the first stage keeps the most micro-batches in flight). The losses of every schedule are checked equal
 (1e-5) before the table is written.
 
 $PIPELINE_TABLE
