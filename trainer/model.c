@@ -182,13 +182,13 @@ static int64_t head_floats(const gpt_model *m)
     return m->is_last ? m->rows * (m->D + 2) + m->B * m->T * (m->vocab_local + 3) : 0;
 }
 
-/* Carves head h's buffers out of the heads' allocation. */
-static int head_init(gpt_model *m, int h)
+/* Carves head `index`'s buffers out of the heads' allocation. */
+static int head_init(gpt_model *m, int index)
 {
-    gpt_head *s = &m->heads[h];
+    gpt_head *h = &m->heads[index];
     int64_t N = m->B * m->T, R = m->rows;
-    float *p = m->head_memory + h * head_floats(m);
-#define CARVE(field, count) (s->field = p, p += (count))
+    float *p = m->head_memory + index * head_floats(m);
+#define CARVE(field, count) (h->field = p, p += (count))
     CARVE(lnf, R * m->D);
     CARVE(lnf_mean, R);
     CARVE(lnf_rstd, R);
@@ -197,14 +197,14 @@ static int head_init(gpt_model *m, int h)
     CARVE(row_sum, N);
     CARVE(target_logit, N);
 #undef CARVE
-    s->host_row_max = s->row_max;
-    s->host_row_sum = s->row_sum;
-    s->host_target_logit = s->target_logit;
+    h->host_row_max = h->row_max;
+    h->host_row_sum = h->row_sum;
+    h->host_target_logit = h->target_logit;
     if (m->kernels->on_device) {
-        if (!(s->host_row_max = malloc((size_t)(3 * N) * sizeof(float))))
+        if (!(h->host_row_max = malloc((size_t)(3 * N) * sizeof(float))))
             return tp_fail(TP_ERR_NOMEM, "out of memory for a micro-batch's losses");
-        s->host_row_sum = s->host_row_max + N;
-        s->host_target_logit = s->host_row_sum + N;
+        h->host_row_sum = h->host_row_max + N;
+        h->host_target_logit = h->host_row_sum + N;
     }
     return TP_OK;
 }
@@ -214,17 +214,7 @@ int gpt_model_bind_head(gpt_model *m, gpt_slot *s, int head)
     if (!m->is_last) return TP_OK;
     if (head < 0 || head >= m->num_heads)
         return tp_fail(TP_ERR_ARG, "head buffer %d of %d", head, m->num_heads);
-    const gpt_head *h = &m->heads[head];
-    s->lnf = h->lnf;
-    s->lnf_mean = h->lnf_mean;
-    s->lnf_rstd = h->lnf_rstd;
-    s->logits = h->logits;
-    s->row_max = h->row_max;
-    s->row_sum = h->row_sum;
-    s->target_logit = h->target_logit;
-    s->host_row_max = h->host_row_max;
-    s->host_row_sum = h->host_row_sum;
-    s->host_target_logit = h->host_target_logit;
+    s->head = &m->heads[head];
     return TP_OK;
 }
 
@@ -645,21 +635,22 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *
 /* Final norm, vocabulary-parallel logits and cross-entropy. */
 static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
 {
+    gpt_head *h = s->head;
     int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
     const kernel_backend *k = m->kernels;
     const float *in;
-    TP_TRY(norm_forward(m, s->lnf, s->lnf_mean, s->lnf_rstd, x, m->params[m->lnf_w].data,
+    TP_TRY(norm_forward(m, h->lnf, h->lnf_mean, h->lnf_rstd, x, m->params[m->lnf_w].data,
                         m->lnf_b < 0 ? NULL : m->params[m->lnf_b].data));
-    TP_TRY(full_rows(m, s->lnf, &in));
-    TP_TRY(linear_forward(m, s->logits, in, m->params[m->wte_out].data, NULL, N, D, V));
-    TP_TRY(k->crossentropy_row_max(s->row_max, s->logits, N, V, m->vocab_first, m->config.vocab));
-    TP_TRY(comm_all_reduce(m->comm, GROUP_TP, s->row_max, N, COMM_FLOAT, COMM_MAX, m->stream));
-    TP_TRY(k->crossentropy_row_sumexp(s->row_sum, s->logits, s->row_max, N, V, m->vocab_first, m->config.vocab));
-    TP_TRY(tp_sum(m, s->row_sum, N));
-    TP_TRY(k->crossentropy_target_logit(s->target_logit, s->logits, s->kernel_targets, N, V, m->vocab_first));
-    TP_TRY(tp_sum(m, s->target_logit, N));
+    TP_TRY(full_rows(m, h->lnf, &in));
+    TP_TRY(linear_forward(m, h->logits, in, m->params[m->wte_out].data, NULL, N, D, V));
+    TP_TRY(k->crossentropy_row_max(h->row_max, h->logits, N, V, m->vocab_first, m->config.vocab));
+    TP_TRY(comm_all_reduce(m->comm, GROUP_TP, h->row_max, N, COMM_FLOAT, COMM_MAX, m->stream));
+    TP_TRY(k->crossentropy_row_sumexp(h->row_sum, h->logits, h->row_max, N, V, m->vocab_first, m->config.vocab));
+    TP_TRY(tp_sum(m, h->row_sum, N));
+    TP_TRY(k->crossentropy_target_logit(h->target_logit, h->logits, s->kernel_targets, N, V, m->vocab_first));
+    TP_TRY(tp_sum(m, h->target_logit, N));
     if (k->on_device) /* row_max, row_sum and target_logit are consecutive [N] each */
-        TP_TRY(k->to_host(s->host_row_max, s->row_max, (size_t)(3 * N) * sizeof(float)));
+        TP_TRY(k->to_host(h->host_row_max, h->row_max, (size_t)(3 * N) * sizeof(float)));
     s->loss_sum = gpt_slot_loss(s, N);
     return TP_OK;
 }
@@ -687,7 +678,7 @@ double gpt_slot_loss(const gpt_slot *s, int64_t rows)
 {
     double loss = 0;
     for (int64_t n = 0; n < rows; n++)
-        loss += (double)(logf(s->host_row_sum[n]) + s->host_row_max[n] - s->host_target_logit[n]);
+        loss += (double)(logf(s->head->host_row_sum[n]) + s->head->host_row_max[n] - s->head->host_target_logit[n]);
     return loss;
 }
 
@@ -720,7 +711,7 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s, int chunk)
         x = s->res2 + l * m->rows * m->D;
     }
     if (gpt_model_chunk_is_last(m, chunk)) {
-        if (!s->logits) return tp_fail(TP_ERR_ARG, "a forward through the head on a slot without head buffers bound");
+        if (!s->head) return tp_fail(TP_ERR_ARG, "a forward through the head on a slot without head buffers bound");
         TP_TRY(head_forward(m, s, x));
     }
     return TP_OK;
@@ -783,14 +774,15 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     const float *in;
     param_view *wte = &m->params[m->wte_out];
     const kernel_backend *k = m->kernels;
-    TP_TRY(k->crossentropy_backward(d_logits, s->logits, s->row_max, s->row_sum, s->kernel_targets, N, V,
+    const gpt_head *h = s->head;
+    TP_TRY(k->crossentropy_backward(d_logits, h->logits, h->row_max, h->row_sum, s->kernel_targets, N, V,
                                     m->vocab_first, m->config.vocab, loss_scale));
-    TP_TRY(full_rows(m, s->lnf, &in));
+    TP_TRY(full_rows(m, h->lnf, &in));
     TP_TRY(linear_backward(m, d_lnf, wte->grad, NULL, d_logits, in, wte->data, N, D, V));
     TP_TRY(sum_rows(m, d_lnf, d_lnf_rows)); /* logits were split by vocabulary */
     TP_TRY(k->zero(d_x, (size_t)(m->rows * D) * sizeof(float)));
     return norm_backward(m, d_x, m->params[m->lnf_w].grad, m->lnf_b < 0 ? NULL : m->params[m->lnf_b].grad, d_lnf_rows,
-                         x, m->params[m->lnf_w].data, s->lnf_mean, s->lnf_rstd);
+                         x, m->params[m->lnf_w].data, h->lnf_mean, h->lnf_rstd);
 }
 
 int gpt_model_backward(gpt_model *m, gpt_slot *s, int chunk, const float *d_output, float *d_input, float loss_scale)

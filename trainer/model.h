@@ -28,6 +28,16 @@ typedef struct {
                                 shared key/value head's replica leaves out its rows (K < TP) */
 } param_view;
 
+/* The buffers of one micro-batch in flight through the head (last stage):
+ * the final norm's output [rows, D] and statistics [rows], the logits
+ * [B*T, vocab/tp], the cross-entropy's row max, sum and target logit [B*T]
+ * each, and their host copies (the same on the CPU). Fewer are in flight
+ * than slots with the interleaved schedule, so they are a pool of their own. */
+typedef struct {
+    float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit;
+    float *host_row_max, *host_row_sum, *host_target_logit;
+} gpt_head;
+
 /* Activations of one micro-batch in flight through this stage, in the
  * kernel backend's memory but for the host-side fields named so. */
 typedef struct {
@@ -38,21 +48,9 @@ typedef struct {
      * [rows] statistics), the others' [B*T, their width]. */
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att_lse, *attn, *res1;
     float *ln2, *ln2_mean, *ln2_rstd, *fc, *gelu, *res2;
-    /* The model's head (last stage): its buffers are a gpt_head's, bound to the slot (gpt_model_bind_head). */
-    float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit;
-    float *host_row_max, *host_row_sum, *host_target_logit; /* host copies after the forward (the same on the CPU) */
+    gpt_head *head;              /* last stage: the head's buffers bound to the slot (gpt_model_bind_head) */
     double loss_sum;             /* sum of token losses (last stage) */
 } gpt_slot;
-
-/* The buffers of one micro-batch in flight through the head (last stage):
- * the final norm's output [rows, D] and statistics [rows], the logits
- * [B*T, vocab/tp], the cross-entropy's row max, sum and target logit [B*T]
- * each, and their host copies. Fewer are in flight than slots with the
- * interleaved schedule, so they are a pool of their own. */
-typedef struct {
-    float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit;
-    float *host_row_max, *host_row_sum, *host_target_logit;
-} gpt_head;
 
 typedef struct {
     gpt_config config;

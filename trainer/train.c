@@ -361,7 +361,7 @@ static int dump_logits(trainer *t)
         int id;
         status = ckpt_writer_create(&w, path, &layout, &shard);
         if (!status) status = ckpt_writer_add_tensor(w, &d, &id);
-        const float *logits = m->slots[t->head_slot].logits;
+        const float *logits = m->slots[t->head_slot].head->logits;
         float *host = NULL;
         if (!status && m->is_last && m->kernels->on_device) {
             size_t count = (size_t)(N * m->vocab_local);

@@ -118,7 +118,7 @@ int main(int argc, char **argv)
     const ckpt_tensor_desc *wte = &tp->params[tp->wte].spec->desc;
     ckpt_tensor_desc vocab_columns = *wte;
     vocab_columns.ndim = 1; /* the token table's rows are the logits' columns */
-    compare_columns("logits (vocabulary-parallel)", a->logits, tp->vocab_local, b->logits, dense->vocab_local, N,
+    compare_columns("logits (vocabulary-parallel)", a->head->logits, tp->vocab_local, b->head->logits, dense->vocab_local, N,
                     &vocab_columns, c->tp, piece, rank);
     float loss_a = (float)a->loss_sum, loss_b = (float)b->loss_sum;
     compare("loss (vocabulary-parallel cross-entropy)", &loss_a, &loss_b, 1, rank);
