@@ -161,17 +161,17 @@ static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, c
     pipeline_op *ops = NULL;
     int64_t count;
     TP_TRY(pipeline_schedule(pp, stage, V, grad_accum, &ops, &count, &slots));
-    int64_t heads = pipeline_head_slots(ops, count);
+    pipeline_buffers buffers = pipeline_buffers_used(ops, count);
     free(ops);
-    int64_t p = share->params, grad_buffers = stage > 0 || V > 1 ? PIPELINE_GRAD_BUFFERS : 0;
+    int64_t p = share->params;
     out.weights = p * (int64_t)tp_dtype_size(m->dtype) + (m->dtype == TP_FP32 ? 0 : p * FP32); /* + fp32 master */
     out.gradients = p * FP32;
     out.optimizer = p * 2 * FP32; /* AdamW: two fp32 moments */
     out.snapshot = share->owned * 3 * FP32; /* trainer/checkpoint.c: weights and both moments, replica 0 */
     /* A slot holds one chunk (of pp x V), a head the logits of one micro-batch in flight through it. */
     out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp * V, micro_batch, sp) +
-                              (last ? heads * head_floats(m, tp, micro_batch, share->vocab_local, sp) : 0) +
-                              backward_floats(m, tp, micro_batch, last, share->vocab_local, grad_buffers, sp));
+                              (last ? buffers.heads * head_floats(m, tp, micro_batch, share->vocab_local, sp) : 0) +
+                              backward_floats(m, tp, micro_batch, last, share->vocab_local, buffers.grad_buffers, sp));
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
     *result = out;
     return TP_OK;

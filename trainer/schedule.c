@@ -139,12 +139,14 @@ int pipeline_schedule(int pp, int stage, int chunks, int64_t micro_batches, pipe
     return TP_OK;
 }
 
-int pipeline_head_slots(const pipeline_op *ops, int64_t count)
+pipeline_buffers pipeline_buffers_used(const pipeline_op *ops, int64_t count)
 {
-    int most = 0;
-    for (int64_t i = 0; i < count; i++)
-        if (ops[i].head + 1 > most) most = ops[i].head + 1;
-    return most;
+    pipeline_buffers used = {0, 0};
+    for (int64_t i = 0; i < count; i++) {
+        if (ops[i].head + 1 > used.heads) used.heads = ops[i].head + 1;
+        if (ops[i].grad_buffer >= 0) used.grad_buffers = PIPELINE_GRAD_BUFFERS;
+    }
+    return used;
 }
 
 double pipeline_bubble_fraction(int pp, int chunks, int64_t micro_batches)

@@ -27,12 +27,12 @@
  * the next forward takes. A slot's output was received before its
  * backward could run. Pure functions: the trainer follows them, the tests
  * simulate every stage at once with them. */
-
-#define PIPELINE_GRAD_BUFFERS 2
 #ifndef TP_SCHEDULE_H
 #define TP_SCHEDULE_H
 
 #include <stdint.h>
+
+#define PIPELINE_GRAD_BUFFERS 2
 
 typedef struct {
     int backward;  /* 0: forward, 1: backward */
@@ -60,8 +60,15 @@ int pipeline_check(int pp, int chunks, int64_t micro_batches);
 int pipeline_schedule(int pp, int stage, int chunks, int64_t micro_batches, pipeline_op **ops, int64_t *count,
                       int *slots);
 
-/* The head buffers a schedule uses: its largest `head` + 1 (0: none). */
-int pipeline_head_slots(const pipeline_op *ops, int64_t count);
+/* The buffers a stage's schedule uses besides its slots: heads, its
+ * largest `head` + 1 (0 off the last stage); gradient buffers,
+ * PIPELINE_GRAD_BUFFERS where a backward sends a gradient back, else 0
+ * (stage 0 with one chunk). */
+typedef struct {
+    int heads, grad_buffers;
+} pipeline_buffers;
+
+pipeline_buffers pipeline_buffers_used(const pipeline_op *ops, int64_t count);
 
 /* The idle fraction of an ideal step (equal time per chunk, free
  * messages): (pp - 1) / (chunks x micro_batches) of the busy time. */

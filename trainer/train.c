@@ -415,9 +415,10 @@ static int set_up(trainer *t)
     int slots = 0, chunks = o->virtual_stages > 1 ? o->virtual_stages : 1;
     int64_t activations = 0; /* floats of a gradient between stages: [rows, D] (model.h) */
     int status = pipeline_schedule(c->pp, c->pp_rank, chunks, o->grad_accum, &t->ops, &t->num_ops, &slots);
+    pipeline_buffers buffers = pipeline_buffers_used(t->ops, t->num_ops);
     if (!status)
-        status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots,
-                                  pipeline_head_slots(t->ops, t->num_ops), o->sequence_parallel, chunks);
+        status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots, buffers.heads,
+                                  o->sequence_parallel, chunks);
     if (!status && o->bf16 && !t->model->kernels->matmul_forward_bf16)
         status = tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend has no bf16 matrix products yet",
                          t->model->kernels->name);
@@ -435,10 +436,7 @@ static int set_up(trainer *t)
         t->sample = malloc((size_t)(o->seq + 1) * sizeof(int));
         if (!t->sample) status = tp_fail(TP_ERR_NOMEM, "out of memory for activations");
         if (!status) status = k->alloc((void **)&t->d_output, bytes);
-        /* Gradients go back from every chunk but the model's first (schedule.h). */
-        int sends_back = c->pp_rank > 0 || chunks > 1;
-        for (int b = 0; sends_back && b < PIPELINE_GRAD_BUFFERS && !status; b++)
-            status = k->alloc((void **)&t->d_input[b], bytes);
+        for (int b = 0; b < buffers.grad_buffers && !status; b++) status = k->alloc((void **)&t->d_input[b], bytes);
     }
     if (!status && o->ckpt_dir) status = choose_save_dir(o, t->save_dir);
     /* A store that refuses us (credentials, permissions) is said before

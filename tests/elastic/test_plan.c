@@ -438,11 +438,11 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     int64_t count;
     int slots;
     cr_assert_eq(pipeline_schedule(pp, stage, V, grad_accum, &ops, &count, &slots), TP_OK, "%s", tp_errmsg());
-    int heads = pipeline_head_slots(ops, count);
+    pipeline_buffers buffers = pipeline_buffers_used(ops, count);
     free(ops);
-    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, heads, sp, V), TP_OK, "%s",
-                 tp_errmsg());
-    cr_assert_eq(m->num_heads, m->is_last ? heads : 0);
+    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, buffers.heads, sp, V), TP_OK,
+                 "%s", tp_errmsg());
+    cr_assert_eq(m->num_heads, m->is_last ? buffers.heads : 0);
     elastic_memory out = {0};
     int64_t owned = 0, N = micro_batch * config->seq;
     for (int i = 0; i < m->num_params; i++) owned += m->params[i].owner ? m->params[i].numel : 0;
@@ -455,7 +455,10 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     int64_t llama = (m->rope_cos_sin ? m->T * m->hd : 0) + (m->kv_grads ? 2 * config->kv_heads * m->hd * m->D : 0);
     /* + sequence parallelism's two [N, D] buffers to gather into */
     int64_t gathering = m->gathered ? 2 * N * m->D : 0;
+    /* The rule train.c's allocation follows, checked here on its own: gradients go back from every chunk but the
+     * model's first. */
     int64_t grad_buffers = stage > 0 || V > 1 ? PIPELINE_GRAD_BUFFERS : 0;
+    cr_assert_eq(buffers.grad_buffers, grad_buffers);
     out.activations = 4 * (slots * slot_floats_of(m) + m->num_heads * head_floats_of(m) + m->scratch_size + (1 + grad_buffers) * m->rows * m->D + llama +
                            gathering);
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;

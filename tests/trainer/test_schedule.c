@@ -115,11 +115,13 @@ static void check_stage_order(int pp, int stage, int chunks, int64_t M)
     int slots;
     cr_assert_eq(pipeline_schedule(pp, stage, chunks, M, &ops, &count, &slots), TP_OK, "%s", tp_errmsg());
     char *state = calloc((size_t)(M * chunks), 1);
-    int *holder = malloc((size_t)slots * sizeof(int)), heads = pipeline_head_slots(ops, count);
+    int *holder = malloc((size_t)slots * sizeof(int)), heads = pipeline_buffers_used(ops, count).heads;
     int *head_holder = malloc((size_t)(heads + 1) * sizeof(int));
     for (int i = 0; i < slots; i++) holder[i] = -1;
     for (int i = 0; i < heads; i++) head_holder[i] = -1;
     cr_assert(stage == pp - 1 ? heads >= 1 : heads == 0, "pp %d stage %d: %d heads", pp, stage, heads);
+    /* Gradients go back from every chunk but the model's first. */
+    cr_assert_eq(pipeline_buffers_used(ops, count).grad_buffers, stage > 0 || chunks > 1 ? PIPELINE_GRAD_BUFFERS : 0);
     for (int64_t i = 0; i < count; i++) {
         const pipeline_op *op = &ops[i];
         cr_assert(op->chunk >= 0 && op->chunk < chunks && op->micro >= 0 && op->micro < M);
@@ -207,13 +209,13 @@ Test(schedule, interleaved_order)
     /* Three slots (F0.0, F1.0 and F0.1 in flight at once), but one head: the last chunk's backward follows
      * its forward at once. */
     cr_assert_eq(slots, 3);
-    cr_assert_eq(pipeline_head_slots(ops, count), 1);
+    cr_assert_eq(pipeline_buffers_used(ops, count).heads, 1);
     free(ops);
     /* Only pp micro-batches: every forward first, and each through the head in flight at once. */
     cr_assert_eq(pipeline_schedule(2, 1, 3, 2, &ops, &count, &slots), TP_OK);
     for (int64_t i = 0; i < count; i++) cr_assert_eq(ops[i].backward, i >= 6);
     cr_assert_eq(slots, 6);
-    cr_assert_eq(pipeline_head_slots(ops, count), 2);
+    cr_assert_eq(pipeline_buffers_used(ops, count).heads, 2);
     free(ops);
 }
 
