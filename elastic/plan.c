@@ -258,9 +258,8 @@ static double stage_comm_bytes(const gpt_config *m, const elastic_layout *l, int
                                            (last ? (llama ? 1 : 2) * m->dim : 0) +
                                            (first && !llama ? m->seq * m->dim : 0)) * FP32;
     double message = l->sequence_parallel ? a / l->tp : a;
-    int V = l->virtual_stages > 1 ? l->virtual_stages : 1;
+    int V = l->virtual_stages; /* at pp 1 (first and last, V 1) nothing */
     double pp_bytes = (double)l->grad_accum * message * ((first ? V - 1 : V) + (last ? V - 1 : V));
-    if (l->pp == 1) pp_bytes = 0;
     double tie_bytes = l->pp > 1 && (first || last) ? ring(2) * (double)share->embed_piece * FP32 : 0;
     double dp_bytes = ring(l->dp) * (double)share->params * FP32;
     return tp_bytes + pp_bytes + tie_bytes + dp_bytes;

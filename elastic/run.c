@@ -504,9 +504,9 @@ static int trainer_argv(run_state *s, const elastic_layout *l, char ***out)
                            "--global-batch", number[4], "--ckpt-dir", o->run_dir, "--resume", "--log", s->log_path};
     for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) argv[k++] = strdup(extra[i]);
     if (l->sequence_parallel) argv[k++] = strdup("--sequence-parallel"); /* the plan's choices (plan.h) */
-    char chunks[32];
-    snprintf(chunks, sizeof chunks, "%d", l->virtual_stages);
     if (l->virtual_stages > 1) {
+        char chunks[32];
+        snprintf(chunks, sizeof chunks, "%d", l->virtual_stages);
         argv[k++] = strdup("--virtual-stages");
         argv[k++] = strdup(chunks);
     }

@@ -347,8 +347,7 @@ static void log_start(reporter *p, const train_report *r)
             "\"load_seconds\":%.3f,\"startup_seconds\":%.3f,\"time\":%.6f}\n",
             (long long)r->step - 1, p->c->tp, p->c->pp, p->c->dp, (long long)o->micro_batch, (long long)o->grad_accum,
             (long long)r->global_batch, p->c->world, device, o->bf16 ? "bf16" : "fp32",
-            o->sequence_parallel ? "true" : "false", o->virtual_stages > 1 ? o->virtual_stages : 1, (long long)r->bytes,
-            from,
+            o->sequence_parallel ? "true" : "false", o->virtual_stages, (long long)r->bytes, from,
             p->resumed ? p->load_seconds : 0.0,
             now_seconds() - p->started, unix_seconds());
     fflush(p->log);
@@ -620,7 +619,7 @@ int main(int argc, char **argv)
     } else if (global_batch) {
         o.grad_accum = global_batch / (o.micro_batch * dp);
     }
-    if (!batch_error && pipeline_check((int)pp, o.virtual_stages > 1 ? o.virtual_stages : 1, o.grad_accum)) {
+    if (!batch_error && pipeline_check((int)pp, o.virtual_stages, o.grad_accum)) {
         snprintf(batch_text, sizeof batch_text, "%s", tp_errmsg());
         batch_error = batch_text;
     }

@@ -157,14 +157,14 @@ static int wait_sends(comm *c, int64_t sends, comm_stream stream)
 {
     TP_TRY(host_only(c, stream));
     mpi_impl *m = c->impl;
+    /* The oldest n pending: those of the first `sends` not waited for yet. */
     int64_t n = sends < 0 ? m->num_pending : sends - m->waited;
     if (n > m->num_pending) n = m->num_pending;
-    int rc = n > 0 ? MPI_Waitall((int)n, m->pending, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
-    if (n > 0) {
-        m->num_pending -= (int)n;
-        memmove(m->pending, m->pending + n, (size_t)m->num_pending * sizeof *m->pending);
-    }
-    m->waited = sends < 0 ? 0 : m->waited + (n > 0 ? n : 0); /* the count starts again after a wait for all */
+    if (n < 0) n = 0;
+    int rc = MPI_Waitall((int)n, m->pending, MPI_STATUSES_IGNORE);
+    m->num_pending -= (int)n;
+    memmove(m->pending, m->pending + n, (size_t)m->num_pending * sizeof *m->pending);
+    m->waited = sends < 0 ? 0 : m->waited + n; /* the count starts again after a wait for all */
     return check(c, rc, "wait");
 }
 

@@ -39,6 +39,7 @@ void train_options_init(train_options *o)
     o->eps = 1e-8;
     o->seed = 1337;
     o->threads = 1;
+    o->virtual_stages = 1;
 }
 
 double train_lr(const train_options *o, int64_t step)
@@ -361,7 +362,7 @@ static int dump_logits(trainer *t)
         int id;
         status = ckpt_writer_create(&w, path, &layout, &shard);
         if (!status) status = ckpt_writer_add_tensor(w, &d, &id);
-        const float *logits = m->slots[t->head_slot].head->logits;
+        const float *logits = m->is_last ? m->slots[t->head_slot].head->logits : NULL; /* the head's, last stage */
         float *host = NULL;
         if (!status && m->is_last && m->kernels->on_device) {
             size_t count = (size_t)(N * m->vocab_local);

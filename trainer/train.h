@@ -84,7 +84,8 @@ typedef struct {
     const struct kernel_backend *kernels; /* where the model computes; NULL: the CPU */
     int bf16;             /* mixed precision: matrix products with bf16 operands, fp32 master weights and state */
     int sequence_parallel; /* the norm and residual regions split over the TP ranks by rows (tp > 1) */
-    int virtual_stages;   /* chunks of layers per pipeline stage, in the interleaved schedule (0, 1: one) */
+    int virtual_stages;   /* chunks of layers per pipeline stage, in the interleaved schedule (1, the default: one;
+                             0 reads as 1) */
     const char *dump_dir; /* test hook: initial weights, batches, step-1 gradients and logits */
     train_control *control; /* NULL: no stop requests */
     void (*report)(void *ctx, const train_report *report); /* NULL: silent */

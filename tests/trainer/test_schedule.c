@@ -155,6 +155,19 @@ static void check_stage_order(int pp, int stage, int chunks, int64_t M)
     free(ops);
 }
 
+/* A schedule as text: "F3 B1 ..." (micro-batches), or with chunks "F3.1 B1.0 ...". */
+static void order_text(const pipeline_op *ops, int64_t count, int with_chunks, char *out, size_t size)
+{
+    out[0] = '\0';
+    for (int64_t i = 0; i < count; i++) {
+        size_t used = strlen(out);
+        if (with_chunks)
+            snprintf(out + used, size - used, "%c%lld.%d ", ops[i].backward ? 'B' : 'F', (long long)ops[i].micro,
+                     ops[i].chunk);
+        else snprintf(out + used, size - used, "%c%lld ", ops[i].backward ? 'B' : 'F', (long long)ops[i].micro);
+    }
+}
+
 Test(schedule, one_f_one_b_order_and_slots)
 {
     /* pp 4, stage 1, 6 micro-batches: 2 warm-up forwards, then alternating. */
@@ -162,12 +175,9 @@ Test(schedule, one_f_one_b_order_and_slots)
     int64_t count;
     int slots;
     cr_assert_eq(pipeline_schedule(4, 1, 1, 6, &ops, &count, &slots), TP_OK);
-    const char *expected = "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5 ";
-    char got[128] = "";
-    for (int64_t i = 0; i < count; i++)
-        snprintf(got + strlen(got), sizeof got - strlen(got), "%c%lld ", ops[i].backward ? 'B' : 'F',
-                 (long long)ops[i].micro);
-    cr_assert_str_eq(got, expected);
+    char got[128];
+    order_text(ops, count, 0, got, sizeof got);
+    cr_assert_str_eq(got, "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5 ");
     cr_assert_eq(slots, 3); /* pp - stage, as many micro-batches in flight */
     /* Slots reused in turn: micro-batch k in slot k mod 3, its forward
      * waiting for the sends up to the forward of micro-batch k - 3; the
@@ -200,12 +210,9 @@ Test(schedule, interleaved_order)
     int64_t count;
     int slots;
     cr_assert_eq(pipeline_schedule(2, 1, 2, 4, &ops, &count, &slots), TP_OK);
-    const char *expected = "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0 ";
-    char got[256] = "";
-    for (int64_t i = 0; i < count; i++)
-        snprintf(got + strlen(got), sizeof got - strlen(got), "%c%lld.%d ", ops[i].backward ? 'B' : 'F',
-                 (long long)ops[i].micro, ops[i].chunk);
-    cr_assert_str_eq(got, expected);
+    char got[256];
+    order_text(ops, count, 1, got, sizeof got);
+    cr_assert_str_eq(got, "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0 ");
     /* Three slots (F0.0, F1.0 and F0.1 in flight at once), but one head: the last chunk's backward follows
      * its forward at once. */
     cr_assert_eq(slots, 3);
