@@ -23,6 +23,10 @@
 #            (2.x; Debian's 1.13 judges them elsewhere): fixtures it writes
 #            (kept as dcp-fixtures.tar.gz, for tests/data/dcp-torch2), then
 #            tests/e2e/test_dcp.sh with its torch (docs/DCP.md); CPU only
+#   judges   the outside judges this machine's Python has and Debian's lacks:
+#            tests/e2e/test_export.sh and test_llama_export.sh with its
+#            transformers (our GPT-2 and Llama exports loaded by
+#            from_pretrained, their loss against tp-train eval); CPU only
 # --pack FILE (default build/gpu-pack.tar.xz); --limit (default 560): the
 # seconds each phase may take before it is stopped, so that its logs and the
 # summary are still written.
@@ -31,13 +35,14 @@
 # PyTorch, the pack), one log per phase run (PHASE.log), benchmarks.md (the
 # docs/BENCHMARKS.md sections the benchmarks wrote), profile.csv and
 # profile.md, and summary.txt, whose table is also printed last; the dcp
-# phase, run on its own, dcp.log and dcp-fixtures.tar.gz.
+# phase, run on its own, dcp.log and dcp-fixtures.tar.gz; the judges phase
+# judges.log.
 set -u
 PHASE=tests
 PACK=build/gpu-pack.tar.xz
 LIMIT=560
 usage() {
-    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'
     exit "$1"
 }
 while [ $# -gt 0 ]; do
@@ -53,9 +58,9 @@ done
 [ $# -eq 1 ] || { echo "gpu-check: one output folder expected" >&2; usage 2 >&2; }
 OUTDIR=$1
 case $PHASE in
-tests | bench | reshard | profile | dcp) PHASES=$PHASE ;;
+tests | bench | reshard | profile | dcp | judges) PHASES=$PHASE ;;
 all) PHASES="tests bench reshard profile" ;;
-*) echo "gpu-check: unknown phase $PHASE (tests, bench, reshard, profile, all, dcp)" >&2; exit 2 ;;
+*) echo "gpu-check: unknown phase $PHASE (tests, bench, reshard, profile, all, dcp, judges)" >&2; exit 2 ;;
 esac
 [ -f "$PACK" ] || { echo "gpu-check: no pack at $PACK (make gpu-pack builds build/gpu-pack.tar.xz)" >&2; exit 2; }
 mkdir -p "$OUTDIR" || exit 2
@@ -195,6 +200,15 @@ phase_dcp() {
     [ -d "$OUTDIR/fx" ] && tar -C "$OUTDIR/fx" -czf "$OUTDIR/dcp-fixtures.tar.gz" . && rm -rf "$OUTDIR/fx"
     say "dcp: exit $rc; $(grep -E '^\[test_dcp\] [0-9]+ passed' "$OUTDIR/dcp.log" | tail -n 1)"
     grep -E '^FAIL|SKIP|Error' "$OUTDIR/dcp.log" | head -n 20 | sed 's/^/  /' | tee -a "$SUMMARY"
+}
+
+phase_judges() {
+    in_pack judges.log sh -c 'fail=0
+        for t in test_export test_llama_export; do env BUILD=build sh tests/e2e/$t.sh || fail=1; done
+        exit $fail'
+    rc=$?
+    say "judges: exit $rc; $(grep -E '^\[test_(llama_)?export\] [0-9]+ passed' "$OUTDIR/judges.log" | tr '\n' ' ')"
+    grep -E "^FAIL|SKIP|transformers" "$OUTDIR/judges.log" | head -n 20 | sed 's/^/  /' | tee -a "$SUMMARY"
 }
 
 for phase in $PHASES; do

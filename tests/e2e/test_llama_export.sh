@@ -28,6 +28,9 @@ LOSS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["loss"])' 
 expect_ok "export: a Hugging Face Llama directory" "$CK" export "$SRC" --format safetensors -o "$WORK/hf"
 expect_ok "its names, config and rows; the PyTorch Llama computes tp-train's loss" "$PY" "$CHECK" safetensors \
     "$WORK/hf" "$SRC" --data "$WORK/text.bin" --windows 8 --seq 32 --loss "$LOSS"
+run "$PY" "$CHECK" transformers "$WORK/hf" --data "$WORK/text.bin" --windows 8 --seq 32 --loss "$LOSS"
+if [ "$RC" -eq 77 ]; then echo "[SKIP] [$NAME] transformers' LlamaForCausalLM.from_pretrained: transformers is not installed"
+else check "transformers' LlamaForCausalLM loads the export with tp-train's loss" [ "$RC" -eq 0 ]; fi
 check "q, k and v projections, gate and up, lm_head" "$PY" -c 'import json, struct, sys
 raw = open(sys.argv[1] + "/model.safetensors", "rb").read()
 h = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
@@ -90,6 +93,12 @@ L3="--arch llama --layers 2 --dim 64 --heads 4 --kv-heads 1 --ffn 96 --vocab 300
 expect_ok "synth a tied Llama 3 at tp2pp2" "$CK" synth -o "$WORK/l3" --tp 2 --pp 2 $L3
 expect_ok "export" "$CK" export "$WORK/l3" --format safetensors -o "$WORK/l3hf"
 expect_ok "checked: rope_scaling llama3, tie_word_embeddings, no lm_head" "$PY" "$CHECK" safetensors "$WORK/l3hf" "$WORK/l3"
+expect_ok "tp-train eval of the Llama 3" "$BIN/tp-train" eval --ckpt "$WORK/l3" --data "$WORK/text.bin" --windows 8 \
+    --seq 32 --json
+L3_LOSS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["loss"])' "$WORK/.out")
+run "$PY" "$CHECK" transformers "$WORK/l3hf" --data "$WORK/text.bin" --windows 8 --seq 32 --loss "$L3_LOSS"
+if [ "$RC" -eq 77 ]; then echo "[SKIP] [$NAME] transformers' Llama 3 (rope scaling, tied): transformers is not installed"
+else check "transformers computes the tied Llama 3's loss as tp-train eval does" [ "$RC" -eq 0 ]; fi
 expect_ok "GGUF" "$CK" export "$WORK/l3" --format gguf --dtype bf16 -o "$WORK/l3.gguf"
 expect_ok "checked: rope_freqs.weight as the converter computes it" "$PY" "$CHECK" gguf "$WORK/l3.gguf" "$WORK/l3"
 expect_ok "imported back at tp1" "$CK" import "$WORK/l3hf" --tp 1 --pp 1 -o "$WORK/l3back"

@@ -122,10 +122,11 @@ expect_ok "GPU and CPU outputs equal bit for bit" "$BIN/tp-ckpt" diff "$WORK/rs-
 
 # --- The unit tests, GPU cases included: on a GPU none may skip for want of
 # one (the CUDA kernels against the CPU, the trainer on the GPU at tp1,
-# tp2pp2 and pp2dp2 on threads sharing it, checkpoints both ways).
+# tp2pp2 and pp2dp2 on threads sharing it, checkpoints both ways). TEST_JOBS
+# (default 2): each binary's tests run at once, more on a GPU machine's cores.
 for t in "$ROOT/${BUILD:-build}"/tests/*/test_*; do
     [ -x "$t" ] || continue
-    run "$t" --verbose --jobs 2
+    run "$t" --verbose --jobs "${TEST_JOBS:-2}"
     check_all "$(basename "$t"): passed, no GPU case skipped" \
         '[ "$RC" -eq 0 ] && ! grep -q "^\[SKIP\].*CUDA" "$WORK/.err" "$WORK/.out"'
 done

@@ -849,7 +849,9 @@ def check_transformers(a):
         print("check_export: SKIP: Hugging Face transformers is not installed")
         sys.exit(77)
     llama = json.load(open(os.path.join(a.dir, "config.json"))).get("model_type") == "llama"
-    hf = (LlamaForCausalLM if llama else GPT2LMHeadModel).from_pretrained(a.dir, torch_dtype=torch.float32).eval()
+    # Loaded in the dtype its config names (the keyword for it changed name in
+    # transformers 5), then computed in fp32 as tp-train eval does.
+    hf = (LlamaForCausalLM if llama else GPT2LMHeadModel).from_pretrained(a.dir).float().eval()
     x, y = windows(a.data, a.windows, a.seq)
     with torch.no_grad():
         logits = hf(x).logits.float()
