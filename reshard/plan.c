@@ -407,8 +407,9 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
         return status;
     }
 
-    /* Device. */
-    int gpus = cuda_device_count();
+    /* Device. --device cpu asks no driver: starting CUDA would map memory
+     * (counted below as resident) and take time, for nothing. */
+    int gpus = o->device == RESHARD_DEVICE_CPU ? 0 : cuda_device_count();
     if (o->device == RESHARD_DEVICE_CUDA && gpus == 0) {
         reshard_plan_free(plan);
         return tp_fail(TP_ERR_ARG, "--device cuda: %s",

@@ -164,7 +164,7 @@ phase_profile() {
         rc=1
         return
     fi
-    # Two steps of GPT-2 124M in bf16, micro-batch 4 x 1024: every kernel
+    # Two steps (PROFILE_STEPS) of GPT-2 124M in bf16, micro-batch 4 x 1024: every kernel
     # of a step (the first step's too), with the metrics of a roofline:
     # those this ncu knows (an unknown name would stop it).
     WANTED="gpu__time_duration.sum dram__bytes_read.sum dram__bytes_write.sum
@@ -185,7 +185,7 @@ phase_profile() {
     # profile.csv also holds ncu's and the program's own lines, which
     # gpu-profile.py skips.
     in_pack profile.csv "$NCU" --csv --page raw --clock-control none --metrics "$METRICS" \
-        build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 2 --device cuda --dtype bf16 --quiet
+        build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps "${PROFILE_STEPS:-2}" --device cuda --dtype bf16 --quiet
     rc=$?
     say "profile: exit $rc"
     "$PYTHON" "$P/scripts/gpu-profile.py" "$OUTDIR/profile.csv" >"$OUTDIR/profile.md" 2>&1 || rc=1

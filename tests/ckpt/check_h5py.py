@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent reader of tp-ckpt checkpoints, written from docs/FORMAT.md.
 
-Uses only h5py, numpy, xxhash and zstandard (no project code). For every
+Uses only h5py, numpy, xxhash and zstandard or libzstd (no project code). For every
 tensor it reads each piece, checks every block hash, the piece checksum in
 the file and in the index, that padding is zero, merges the pieces into the
 logical tensor and, with --synth-seed, compares the values with the formula
@@ -21,7 +21,33 @@ import sys
 import h5py
 import numpy as np
 import xxhash
-import zstandard
+
+try:
+    import zstandard
+
+    def zstd_decompress(frame):
+        return zstandard.ZstdDecompressor().decompress(frame)
+except ImportError:
+    # A Python without the zstandard module (a GPU machine's image): the
+    # zstd library itself, through ctypes. Our frames record their size.
+    import ctypes
+    import ctypes.util
+
+    _zstd = ctypes.CDLL(ctypes.util.find_library("zstd") or "libzstd.so.1")
+    _zstd.ZSTD_getFrameContentSize.restype = ctypes.c_ulonglong
+    _zstd.ZSTD_getFrameContentSize.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    _zstd.ZSTD_decompress.restype = ctypes.c_size_t
+    _zstd.ZSTD_decompress.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+    _zstd.ZSTD_isError.restype = ctypes.c_uint
+    _zstd.ZSTD_isError.argtypes = [ctypes.c_size_t]
+
+    def zstd_decompress(frame):
+        size = _zstd.ZSTD_getFrameContentSize(frame, len(frame))
+        assert size < (1 << 63), "a zstd frame without its content size"
+        out = ctypes.create_string_buffer(max(size, 1))
+        n = _zstd.ZSTD_decompress(out, size, frame, len(frame))
+        assert not _zstd.ZSTD_isError(n) and n == size, "a corrupt zstd frame"
+        return out.raw[:n]
 
 M64 = (1 << 64) - 1
 
@@ -56,7 +82,7 @@ def raw_piece_bytes(dset, path):
     for r in range(0, shape[0], chunk_rows):
         mask, chunk = dset.id.read_direct_chunk((r,) + (0,) * (len(shape) - 1))
         if mask & 2 == 0:
-            chunk = zstandard.ZstdDecompressor().decompress(chunk)
+            chunk = zstd_decompress(chunk)
         if mask & 1 == 0:
             chunk = np.frombuffer(chunk, np.uint8).reshape(itemsize, -1).T.tobytes()
         rows = min(chunk_rows, shape[0] - r)
