@@ -52,6 +52,14 @@ except ImportError:
 M64 = (1 << 64) - 1
 
 
+def attr_int(value):
+    """An integer attribute, stored as an array of one (numpy 2 refuses int()
+    of any array with dimensions)."""
+    values = np.asarray(value).reshape(-1)
+    assert values.size == 1, "an attribute of %d values where one was expected" % values.size
+    return int(values[0])
+
+
 def resolve(path):
     if os.path.exists(os.path.join(path, "index.json")):
         return path
@@ -244,19 +252,19 @@ def read_logical(ckpt, index, tensor, files, problems):
         if list(dset.shape) != piece["shape"]:
             problems.append(f"{name} piece {p}: shape {dset.shape} != index {piece['shape']}")
             return None
-        if text(dset.attrs["dtype"]) != dtype or int(dset.attrs["piece"]) != p:
+        if text(dset.attrs["dtype"]) != dtype or attr_int(dset.attrs["piece"]) != p:
             problems.append(f"{name} piece {p}: attributes disagree with the index")
         data = raw_piece_bytes(dset, path)
         rows = dset.shape[0]
         row_bytes = len(data) // rows
-        block_rows = int(dset.attrs["checksum_block_rows"])
+        block_rows = attr_int(dset.attrs["checksum_block_rows"])
         stored = f["checksums/" + name][...]
         hashes = [xxhash.xxh3_64_intdigest(data[b * row_bytes: min(b + block_rows, rows) * row_bytes])
                   for b in range(0, rows, block_rows)]
         if list(map(int, stored)) != hashes:
             problems.append(f"{name} piece {p}: block hashes differ")
         checksum = xxhash.xxh3_64_intdigest(np.array(hashes, dtype="<u8").tobytes())
-        if checksum != int(dset.attrs["checksum"]) or f"{checksum:016x}" != piece["checksum"]:
+        if checksum != attr_int(dset.attrs["checksum"]) or f"{checksum:016x}" != piece["checksum"]:
             problems.append(f"{name} piece {p}: piece checksum differs")
         values = values_from_bytes(data, dtype, dset.shape)
         raw.append(np.frombuffer(data, "<u4" if dtype == "fp32" else "<u2").reshape(dset.shape))

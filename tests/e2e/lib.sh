@@ -26,7 +26,9 @@ failed() {
     FAILED=$((FAILED + 1))
     echo "FAIL [$NAME] $1" >&2
     [ -s "$WORK/.out" ] && sed 's/^/    out: /' "$WORK/.out" | head -20 >&2
-    [ -s "$WORK/.err" ] && sed 's/^/    err: /' "$WORK/.err" | head -20 >&2
+    # The first lines and the last (where a traceback names its exception).
+    [ -s "$WORK/.err" ] && awk -v n="$(wc -l <"$WORK/.err")" \
+        'NR <= 6 || NR > n - 16 { print "    err: " $0 } NR == 7 && n > 22 { print "    err: ..." }' "$WORK/.err" >&2
     return 0
 }
 
