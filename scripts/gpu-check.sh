@@ -184,7 +184,9 @@ phase_profile() {
     fi
     # profile.csv also holds ncu's and the program's own lines, which
     # gpu-profile.py skips.
+    # PROFILE_KERNELS: a regular expression of the kernels to profile (all by default).
     in_pack profile.csv "$NCU" --csv --page raw --clock-control none --metrics "$METRICS" \
+        ${PROFILE_KERNELS:+--kernel-name "regex:$PROFILE_KERNELS"} \
         build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps "${PROFILE_STEPS:-2}" --device cuda --dtype bf16 --quiet
     rc=$?
     say "profile: exit $rc"

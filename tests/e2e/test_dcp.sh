@@ -43,20 +43,50 @@ check "a DCP source's other entries are carried" grep -q "^tensors      3 read a
 check "a DCP output keeps the source's class paths" grep -q "class paths of PyTorch 1.13" "$WORK/.out"
 expect_ok "export of the 2 x 2 grid of chunks to HDF5" "$CK" export "$DATA/grid4" --format hdf5 -o "$WORK/grid4.h5"
 
+# Real fixtures PyTorch 2.11 wrote (DTensor shards; gpu-check.sh --phase dcp on
+# a GPU machine, kept in tests/data/dcp-torch2): 2.x's class paths, its
+# flattened dictionaries, and a file per item and rank for grid4.
+DATA2="$ROOT/tests/data/dcp-torch2"
+expect_ok "info of PyTorch 2.11's cols2" "$CK" info "$DATA2/cols2"
+check "info names the class paths of PyTorch 2" \
+    grep -q "^checkpoint .*(PyTorch distributed checkpoint, class paths of PyTorch 2)" "$WORK/.out"
+check "2.x flattens the dictionary entry: 5 other entries" grep -q "^tensors      3 read as tensors, 5 other entries" \
+    "$WORK/.out"
+for f in cols2 grid4; do
+    expect_ok "verify PyTorch 2.11's $f" "$CK" verify "$DATA2/$f"
+    expect_ok "reshard PyTorch 2.11's $f -> this toolkit's format, verified" "$RS" "$DATA2/$f" --format tp --to tp1 \
+        -o "$WORK/t2_$f.tp" --verify
+    expect_ok "reshard PyTorch 2.11's $f -> DCP at tp2, verified" "$RS" "$DATA2/$f" --to tp2 -o "$WORK/t2_$f.dcp" --verify
+    expect_ok "diff: PyTorch 2.11's $f equals its DCP reshard" "$CK" diff "$DATA2/$f" "$WORK/t2_$f.dcp"
+done
+expect_ok "info of the DCP reshard of a 2.x source" "$CK" info "$WORK/t2_cols2.dcp"
+check "it keeps the source's class paths" grep -q "class paths of PyTorch 2)" "$WORK/.out"
+
 # ------------------------------------------------- the judge: PyTorch's DCP
-run "$PY" "$JUDGE" compare-ckpt "$DATA/cols2" "$WORK/cols2.tp"
+# torch loads the fixtures of its own release: 2.11 cannot load 1.13's
+# (docs/GPU.md, "Runs on GPU machines"), nor 1.13 2.x's class paths.
+TORCH_DIALECT=$("$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null && echo 2 || echo 1.13)
+JUDGED="$DATA" PREFIX=""
+[ "$TORCH_DIALECT" = 2 ] && JUDGED="$DATA2" PREFIX="t2_"
+run "$PY" "$JUDGE" compare-ckpt "$JUDGED/cols2" "$WORK/${PREFIX}cols2.tp"
 if [ "$RC" -eq 77 ] || ! "$PY" -c 'import torch, h5py, numpy' 2>/dev/null; then
     echo "[SKIP] [$NAME] python3-torch with a distributed checkpoint module is not installed: PyTorch's checks skipped"
     HAVE_TORCH=0
 else
-    HAVE_TORCH=1
-    check "torch reads the fixture as we read it: cols2" [ "$RC" -eq 0 ]
+    HAVE_TORCH=1 DIALECT=$TORCH_DIALECT
+    check "torch reads the cols2 fixture of its release ($DIALECT) as we read it" [ "$RC" -eq 0 ]
     TORCH=$("$PY" -c 'import torch; print(torch.__version__)')
-    DIALECT=$("$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null && echo 2 || echo 1.13)
-    expect_ok "torch reads the grid fixture as we read it" "$PY" "$JUDGE" compare-ckpt "$DATA/grid4" "$WORK/grid4.tp"
+    for f in cols2 grid4; do
+        expect_ok "what we read of PyTorch 2.11's $f is what it was given, bit for bit" "$PY" "$JUDGE" compare-values \
+            "$f" "$WORK/t2_$f.tp"
+        expect_ok "what we read of PyTorch 1.13's $f is what it was given, bit for bit" "$PY" "$JUDGE" compare-values \
+            "$f" "$WORK/$f.tp"
+    done
+    expect_ok "torch reads the grid fixture of its release as we read it" "$PY" "$JUDGE" compare-ckpt "$JUDGED/grid4" \
+        "$WORK/${PREFIX}grid4.tp"
     for f in cols2 grid4; do
         expect_ok "torch loads our DCP reshard of $f equal to the fixture, every entry, whole and over 2 ranks" \
-            "$PY" "$JUDGE" compare-dcp "$DATA/$f" "$WORK/$f.dcp" --ranks 2
+            "$PY" "$JUDGE" compare-dcp "$JUDGED/$f" "$WORK/$PREFIX$f.dcp" --ranks 2
     done
     # Fixtures of the torch at hand (PyTorch $TORCH), read the same way.
     expect_ok "fixtures written by PyTorch $TORCH" "$PY" "$JUDGE" fixtures "$WORK/fx"

@@ -25,6 +25,10 @@ reader tests/ckpt/check_h5py.py. No project code.
       floating-point tensor of DCP to be in CKPT; with --described, the
       description entry tp_toolkit.index_json, a JSON text naming the same
       tensors.
+  dcp_torch.py compare-values NAME CKPT
+      Requires the tensors of the tp-ckpt checkpoint CKPT (our reading of
+      the fixture NAME, cols2 or grid4, written by any torch) to be the
+      values the fixture was written with, bit for bit, and no others.
   dcp_torch.py compare-dcp A B [--ranks N]
       Loads every entry of two DCP checkpoints with torch's load (tensors
       whole and, with N ranks, sharded; bytes entries as objects) and
@@ -149,6 +153,19 @@ def values(shape, dtype, seed):
     return x.reshape(shape).to(dtype)
 
 
+# The floating-point tensors of each fixture: key -> (shape, dtype, seed of values()).
+FIXTURE_TENSORS = {
+    "cols2": {"model.w": ([6, 8], torch.float32, 1.0), "model.emb": ([10, 4], torch.bfloat16, 2.0),
+              "model.norm": ([8], torch.float32, 3.0)},
+    "grid4": {"layers.0.w": ([8, 6], torch.float32, 4.0), "layers.0.cube": ([3, 5, 4], torch.bfloat16, 5.0),
+              "layers.0.b": ([7], torch.float16, 6.0)},
+}
+
+
+def fixture_values(fixture, key):
+    return values(*FIXTURE_TENSORS[fixture][key])
+
+
 def boxes_tensor(rank, ranks, full, boxes):
     """A tensor of shape full.shape whose shard on each rank is its boxes
     [(offsets, sizes, rank)]: a ShardedTensor (1.13) or, for a grid of
@@ -180,23 +197,20 @@ def chunked(full, dim, parts, ranks):
 
 
 def fixture_cols2(rank, ranks, out):
-    w = values([6, 8], torch.float32, 1.0)
-    emb = values([10, 4], torch.bfloat16, 2.0)
+    w, emb = fixture_values("cols2", "model.w"), fixture_values("cols2", "model.emb")
     if TORCH2:
         mesh = init_device_mesh("cpu", (ranks,))
         sd = {"model.w": distribute_tensor(w, mesh, [DShard(1)]), "model.emb": distribute_tensor(emb, mesh, [DShard(0)])}
     else:
         sd = {"model.w": boxes_tensor(rank, ranks, w, chunked(w, 1, 2, ranks)),
               "model.emb": boxes_tensor(rank, ranks, emb, chunked(emb, 0, 4, ranks))}
-    sd.update({"model.norm": values([8], torch.float32, 3.0), "extra.ids": torch.arange(5, dtype=torch.int64),
+    sd.update({"model.norm": fixture_values("cols2", "model.norm"), "extra.ids": torch.arange(5, dtype=torch.int64),
                "extra.scale": torch.tensor(0.5), "step": 7, "info": {"lr": 0.001, "betas": [0.9, 0.95]}})
     save(sd, out, single_file_per_rank=True)
 
 
 def fixture_grid4(rank, ranks, out):
-    w = values([8, 6], torch.float32, 4.0)
-    cube = values([3, 5, 4], torch.bfloat16, 5.0)
-    b = values([7], torch.float16, 6.0)
+    w, cube, b = (fixture_values("grid4", k) for k in ("layers.0.w", "layers.0.cube", "layers.0.b"))
     if TORCH2:
         mesh = init_device_mesh("cpu", (2, 2))
         sd = {"layers.0.w": distribute_tensor(w, mesh, [DShard(0), DShard(1)]),
@@ -300,7 +314,8 @@ def torch_dtype(name):
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def compare_ckpt(path, ckpt_path, ranks, scratch, described):
+def read_ckpt(ckpt_path):
+    """{name with '.' for '/': torch tensor} of a tp-ckpt checkpoint, read by check_h5py."""
     ckpt, index = check_h5py.load_index(ckpt_path)
     files, read_problems, reference = {}, [], {}
     for tensor in index["tensors"]:
@@ -314,6 +329,24 @@ def compare_ckpt(path, ckpt_path, ranks, scratch, described):
     for f in files.values():
         f.close()
     problems.extend("reading the checkpoint: " + p for p in read_problems)
+    return reference
+
+
+def compare_values(fixture, ckpt_path):
+    reference, want = read_ckpt(ckpt_path), FIXTURE_TENSORS[fixture]
+    for k in sorted(set(reference) ^ set(want)):
+        problem(f"{k}: in {'the checkpoint' if k in reference else 'the fixture'} only")
+    for k in sorted(set(reference) & set(want)):
+        got, expected = reference[k], fixture_values(fixture, k)
+        if got.dtype != expected.dtype or list(got.shape) != list(expected.shape):
+            problem(f"{k}: read as {got.dtype} {list(got.shape)}, written as {expected.dtype} {list(expected.shape)}")
+        elif not torch.equal(bits(got), bits(expected)):
+            problem(f"{k}: {int((bits(got) != bits(expected)).sum())} of {expected.numel()} values differ")
+    return len(want)
+
+
+def compare_ckpt(path, ckpt_path, ranks, scratch, described):
+    reference = read_ckpt(ckpt_path)
     tensors, others = tensor_entries(path)
     # What tp-toolkit's format holds: floating-point tensors of 1 to 8 dimensions.
     carried = {k for k, (size, dtype) in tensors.items()
@@ -367,6 +400,13 @@ def main(argv):
         fixtures(argv[2])
         return 0
     ranks = int(argv[argv.index("--ranks") + 1]) if "--ranks" in argv else 1
+    if len(argv) >= 4 and argv[1] == "compare-values" and argv[2] in FIXTURE_TENSORS:
+        n = compare_values(argv[2], argv[3])
+        for p in problems:
+            print("dcp_torch: " + p)
+        if not problems:
+            print(f"dcp_torch: {n} tensors of {argv[2]} equal to the values it was written with")
+        return 1 if problems else 0
     if len(argv) < 4 or argv[1] not in ("compare-ckpt", "compare-dcp"):
         print(__doc__, file=sys.stderr)
         return 2
