@@ -1,6 +1,7 @@
 #!/bin/sh
 # make bench-gpu: tp-train on one GPU (--device cuda): tokens/s and MFU for
-# GPT-2 124M and 350M at sequence 1024, in fp32 and bf16, against PyTorch on
+# GPT-2 124M and 350M at sequence 1024, in fp32 and bf16, each with the
+# attention kernels of a warp per row and the tiled ones, against PyTorch on
 # the same GPU (bench/train_baseline.py, fp32 and bf16 autocast) when this machine's
 # PyTorch has CUDA; the training stall per checkpoint, asynchronous against
 # --sync-save; then make bench-reshard, whose table gains tp-reshard
@@ -67,10 +68,14 @@ model() {
 for name in $MODELS; do
     spec=$(model "$name")
     args=${spec%%|*}
-    for dtype in fp32 bf16; do
-        "$BUILD/bin/tp-train" $args --seq "$SEQ" --micro-batch "$MB" --steps "$STEPS" --device cuda --dtype $dtype \
-            --quiet --log "$DIR/$name-$dtype.jsonl"
-        echo "train $name tp-train-$dtype $(log_rates "$DIR/$name-$dtype.jsonl")" >>"$RESULTS"
+    # Each dtype with the attention kernels of a warp per row (the default)
+    # and the tiled ones (TP_CUDA_ATTENTION=tiled, kernels/cuda/attention_tiled.h).
+    for variant in rows tiled; do
+        for dtype in fp32 bf16; do
+            TP_CUDA_ATTENTION=$variant "$BUILD/bin/tp-train" $args --seq "$SEQ" --micro-batch "$MB" --steps "$STEPS" \
+                --device cuda --dtype $dtype --quiet --log "$DIR/$name-$dtype-$variant.jsonl"
+            echo "train $name tp-train-$dtype-$variant $(log_rates "$DIR/$name-$dtype-$variant.jsonl")" >>"$RESULTS"
+        done
     done
     if [ $TORCH_CUDA = yes ]; then
         set -- ${spec#*|}

@@ -27,12 +27,14 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
 #include "../kernels.h"
 }
 #include "../convert_bits.h"
+#include "attention_tiled.h"
 #include "check.h"
 #include "internal.h"
 #include "libraries.h"
@@ -1134,6 +1136,8 @@ static int cuda_attention_forward(float *out, float *lse, float *scratch, const 
     TP_TRY(attention_shape_ok("attention_forward", B, T, Hq, Hkv, hd));
     ENTER();
     if (B == 0 || T == 0 || Hq == 0) return TP_OK;
+    if (cuda_attention_tiled_chosen() && cuda_attention_tiled_fits(B, hd))
+        return cuda_attention_tiled_forward(out, lse, qkv, B, T, Hq, Hkv, hd, state.stream);
     attention_forward_kernel<<<blocks_for(B * Hq * T * 32, THREADS), THREADS, 0, state.stream>>>(out, lse, qkv, B, T,
                                                                                                   Hq, Hkv, hd, scale);
     LAUNCH_CHECK();
@@ -1150,6 +1154,8 @@ static int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_
     TP_TRY(attention_shape_ok("attention_backward", B, T, Hq, Hkv, hd));
     ENTER();
     if (B == 0 || T == 0) return TP_OK;
+    if (cuda_attention_tiled_chosen() && cuda_attention_tiled_fits(B, hd))
+        return cuda_attention_tiled_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd, state.stream);
     attention_backward_queries_kernel<<<blocks_for(B * Hq * T * 32, THREADS), THREADS, 0, state.stream>>>(
         d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd, scale);
     LAUNCH_CHECK();
@@ -1494,6 +1500,7 @@ extern "C" const kernel_backend *kernels_cuda(int device)
         goto done;
     }
     if (load_cublas()) goto done;
+    if (cuda_attention_variant(getenv("TP_CUDA_ATTENTION"))) goto done;
     CUDA_TRY(cudaSetDevice(device));
     CUDA_TRY(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
     CUDA_TRY(cudaStreamCreateWithFlags(&state.side, cudaStreamNonBlocking));

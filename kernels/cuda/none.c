@@ -2,6 +2,7 @@
  * is no device, and asking for one says why. */
 #include "../../common/error.h"
 #include "../kernels.h"
+#include "attention_tiled.h"
 
 #define NO_CUDA "this build has no CUDA support (rebuild with nvcc available)"
 
@@ -121,4 +122,32 @@ int cuda_group_wait_sends(cuda_group *group, int64_t sends)
 void cuda_group_free(cuda_group *group)
 {
     (void)group;
+}
+
+int cuda_attention_variant(const char *name)
+{
+    (void)name;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cuda_attention_tiled_fits(int64_t B, int64_t hd)
+{
+    (void)B, (void)hd;
+    return 0;
+}
+
+int cuda_attention_tiled_emulate_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                                         int64_t Hkv, int64_t hd)
+{
+    (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cuda_attention_tiled_emulate_backward(float *d_qkv, float *delta, const float *d_out, const float *qkv,
+                                          const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq,
+                                          int64_t Hkv, int64_t hd)
+{
+    (void)d_qkv, (void)delta, (void)d_out, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)Hq, (void)Hkv;
+    (void)hd;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }

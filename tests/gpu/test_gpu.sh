@@ -68,6 +68,14 @@ expect_ok "small on a GPU" gpu_train 1 --model small --micro-batch 2 --quiet --s
 check "small: the GPU's losses are the CPU's (1e-4)" losses_match "$WORK/small-gpu.jsonl" "$WORK/small-cpu.jsonl" 1e-4
 check "small: the start line names the GPU" grep -q '"device":"cuda:0 ' "$WORK/small-gpu.jsonl"
 check "small: the step lines give the MFU" grep -q '"mfu":' "$WORK/small-gpu.jsonl"
+# The tiled attention kernels (kernels/cuda/attention_tiled.h; small's
+# heads have 64 dimensions): the same losses.
+export TP_CUDA_ATTENTION=tiled
+expect_ok "small on a GPU, tiled attention" gpu_train 1 --model small --micro-batch 2 --quiet --steps 20 \
+    --log "$WORK/small-gpu-tiled.jsonl"
+unset TP_CUDA_ATTENTION
+check "small, tiled attention: the CPU's losses (1e-4)" losses_match "$WORK/small-gpu-tiled.jsonl" \
+    "$WORK/small-cpu.jsonl" 1e-4
 
 expect_ok "llama-tiny on the CPU" "$TRAIN" --model llama-tiny --micro-batch 2 --quiet --steps 20 --device cpu \
     --log "$WORK/llama-cpu.jsonl"

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "../../common/error.h"
+#include "../../kernels/cuda/attention_tiled.h"
 #include "../../kernels/kernels.h"
 
 #define NEED_GPU()                                                                                                     \
@@ -635,8 +636,14 @@ Test(cuda_backend, elementwise)
 /* B, T, Hq, Hkv, hd: grouped KV heads (2 query heads per KV head), one KV
  * head for all with T beyond the CPU's ATTENTION_ROWS, as many KV heads as
  * query heads, and GPT-2's head size (64) over two CPU blocks. */
-static const int64_t attention_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 97, 3, 1, 24}, {2, 5, 2, 2, 8}, {1, 130, 2, 2, 64}};
+static const int64_t attention_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 97, 3, 1, 24}, {2, 5, 2, 2, 8},
+                                              {1, 130, 2, 2, 64}, {2, 70, 4, 2, 32}, {1, 150, 4, 2, 128}};
 #define ATTENTION_SHAPES (int)(sizeof attention_shapes / sizeof attention_shapes[0])
+
+/* Each test runs both attention variants (kernels/cuda/attention_tiled.h):
+ * the tiled kernels take the shapes of head size 32, 64 and 128, the rows
+ * kernels the others. */
+static const char *const attention_variants[] = {"rows", "tiled"};
 
 /* out and lse, the device's from garbage. Tolerance 1e-4 relative + 1e-5
  * absolute: the device sums scores over keys in another order (online
@@ -645,9 +652,10 @@ Test(cuda_backend, attention_forward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    for (int s = 0; s < ATTENTION_SHAPES; s++) {
-        int64_t B = attention_shapes[s][0], T = attention_shapes[s][1], Hq = attention_shapes[s][2];
-        int64_t Hkv = attention_shapes[s][3], hd = attention_shapes[s][4];
+    for (int s = 0; s < 2 * ATTENTION_SHAPES; s++) {
+        cr_assert_eq(cuda_attention_variant(attention_variants[s / ATTENTION_SHAPES]), TP_OK);
+        const int64_t *shape = attention_shapes[s % ATTENTION_SHAPES];
+        int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
         int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
         int64_t n_scratch = attention_scratch_floats(B, T, Hq);
         float *qkv = random_floats(n_qkv, 2.0f), *out = malloc((size_t)n_out * sizeof(float));
@@ -658,8 +666,8 @@ Test(cuda_backend, attention_forward)
         cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->attention_forward(g_out, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
                      tp_errmsg());
-        check_device(k, g_lse, lse, n_lse, 1e-4, 1e-5, "lse");
-        check_device(k, g_out, out, n_out, 1e-4, 1e-5, "out");
+        check_device(k, g_lse, lse, n_lse, 1e-4, 1e-5, s < ATTENTION_SHAPES ? "lse (rows)" : "lse (tiled)");
+        check_device(k, g_out, out, n_out, 1e-4, 1e-5, s < ATTENTION_SHAPES ? "out (rows)" : "out (tiled)");
         k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch);
         free(qkv), free(out), free(lse), free(scratch), free(garbage);
     }
@@ -672,9 +680,10 @@ Test(cuda_backend, attention_backward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    for (int s = 0; s < ATTENTION_SHAPES; s++) {
-        int64_t B = attention_shapes[s][0], T = attention_shapes[s][1], Hq = attention_shapes[s][2];
-        int64_t Hkv = attention_shapes[s][3], hd = attention_shapes[s][4];
+    for (int s = 0; s < 2 * ATTENTION_SHAPES; s++) {
+        cr_assert_eq(cuda_attention_variant(attention_variants[s / ATTENTION_SHAPES]), TP_OK);
+        const int64_t *shape = attention_shapes[s % ATTENTION_SHAPES];
+        int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
         int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
         int64_t n_scratch = attention_scratch_floats(B, T, Hq);
         float *qkv = random_floats(n_qkv, 2.0f), *out = malloc((size_t)n_out * sizeof(float));
@@ -688,7 +697,7 @@ Test(cuda_backend, attention_backward)
         cr_assert_eq(attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->attention_backward(g_dqkv, g_scratch, g_dout, g_qkv, g_out, g_lse, B, T, Hq, Hkv, hd), TP_OK,
                      "%s", tp_errmsg());
-        check_device(k, g_dqkv, dqkv, n_qkv, 1e-4, 1e-5, "d_qkv");
+        check_device(k, g_dqkv, dqkv, n_qkv, 1e-4, 1e-5, s < ATTENTION_SHAPES ? "d_qkv (rows)" : "d_qkv (tiled)");
         k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_dout), k->release(g_dqkv);
         k->release(g_scratch);
         free(qkv), free(out), free(lse), free(dout), free(dqkv), free(scratch), free(garbage);

@@ -1,0 +1,45 @@
+/* attention_tiled.h: causal attention on the GPU in tiles (attention_tiled.cu),
+ * the alternative to backend.cu's kernels of a warp per row, and its
+ * emulation on the CPU.
+ *
+ * Shapes as kernels.h's attention_forward and attention_backward:
+ * qkv[B, T, (Hq + 2 Hkv) hd], out and d_out [B, T, Hq hd], lse and delta
+ * [B, Hq, T]. Tiled kernels take head sizes of 32, 64, 128 and 256 and at
+ * most 65535 batches (cuda_attention_tiled_fits); backend.cu keeps its own
+ * kernels for the others. */
+#ifndef TP_KERNELS_CUDA_ATTENTION_TILED_H
+#define TP_KERNELS_CUDA_ATTENTION_TILED_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which kernels the CUDA backend runs for attention: "rows" (a warp per
+ * row, the default) or "tiled". The backend reads TP_CUDA_ATTENTION when it
+ * is made; this sets it for the process afterwards (tests). TP_ERR_ARG for
+ * another name. */
+int cuda_attention_variant(const char *name);
+
+/* Whether the tiled kernels take this shape. */
+int cuda_attention_tiled_fits(int64_t B, int64_t hd);
+
+/* The tiled kernels' work done on the CPU, on host memory, the way the
+ * kernels do it: the same tiles in the same order, each thread's part of a
+ * row and the sums across a row's threads in the kernels' order; only
+ * expf and logf are the host's. For tests of the kernels' indexing and
+ * arithmetic on machines without a GPU. d_qkv is written whole; delta
+ * [B, Hq, T] is the backward's d_out . out per row. TP_ERR_ARG where the
+ * shape does not fit; TP_ERR_DEVICE in a build without CUDA. */
+int cuda_attention_tiled_emulate_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                                         int64_t Hkv, int64_t hd);
+int cuda_attention_tiled_emulate_backward(float *d_qkv, float *delta, const float *d_out, const float *qkv,
+                                          const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq,
+                                          int64_t Hkv, int64_t hd);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
