@@ -66,4 +66,13 @@ int object_put_file(const store_ops *s, const char *path, const char *local_path
 int object_put_data(const store_ops *s, const char *path, const void *data, size_t size);
 int object_delete(const store_ops *s, const char *path);
 
+/* The store_ops entries every object store takes from here, for its
+ * table's initializer; the store adds its name, protocol, stat, list,
+ * make_dir, remove_tree and put_file. */
+#define OBJECT_STORE_OPS                                                                                               \
+    .local_paths = 0, .open = object_open, .read_at = object_read_at, .write_at = object_write_at,                     \
+    .read_ahead = object_read_ahead, .resize = object_resize, .sync = object_sync,                                     \
+    .expect_size = object_expect_size, .close = object_close, .path_of = object_path_of, .rename = object_rename,      \
+    .sync_dir = object_sync_dir, .lock = object_lock, .put_data = object_put_data, .delete_object = object_delete
+
 #endif

@@ -521,26 +521,12 @@ static int s3_put_file(const store_ops *s, const char *path, const char *local_p
 static const object_protocol s3_protocol = {s3_send};
 
 static const store_ops s3_store = {.name = "s3",
-                                   .local_paths = 0,
-                                   .open = object_open,
-                                   .read_at = object_read_at,
-                                   .write_at = object_write_at,
-                                   .read_ahead = object_read_ahead,
-                                   .resize = object_resize,
-                                   .sync = object_sync,
-                                   .expect_size = object_expect_size,
-                                   .close = object_close,
-                                   .path_of = object_path_of,
+                                   OBJECT_STORE_OPS,
                                    .stat = s3_stat,
                                    .list = s3_list_dir,
                                    .make_dir = s3_make_dir,
-                                   .rename = object_rename,
                                    .remove_tree = s3_remove_tree,
-                                   .sync_dir = object_sync_dir,
-                                   .lock = object_lock,
                                    .put_file = s3_put_file,
-                                   .put_data = object_put_data,
-                                   .delete_object = object_delete,
                                    .impl = &s3_protocol};
 
 const store_ops *store_s3(void)

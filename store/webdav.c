@@ -169,27 +169,13 @@ static int webdav_put_file(const store_ops *s, const char *path, const char *loc
 static const object_protocol webdav_protocol = {webdav_send};
 
 static const store_ops webdav_store = {.name = "webdav",
-                                       .local_paths = 0,
-                                       .open = object_open,
-                                       .read_at = object_read_at,
-                                       .write_at = object_write_at,
-                                       .read_ahead = object_read_ahead,
-                                       .resize = object_resize,
-                                       .sync = object_sync,
-                                       .expect_size = object_expect_size,
-                                       .close = object_close,
-                                       .path_of = object_path_of,
-                                       .stat = webdav_stat,
-                                       .list = webdav_list,
-                                       .make_dir = webdav_make_dir,
-                                       .rename = object_rename,
-                                       .remove_tree = webdav_remove_tree,
-                                       .sync_dir = object_sync_dir,
-                                       .lock = object_lock,
-                                       .put_file = webdav_put_file,
-                                       .put_data = object_put_data,
-                                       .delete_object = object_delete,
-                                       .impl = &webdav_protocol};
+                                   OBJECT_STORE_OPS,
+                                   .stat = webdav_stat,
+                                   .list = webdav_list,
+                                   .make_dir = webdav_make_dir,
+                                   .remove_tree = webdav_remove_tree,
+                                   .put_file = webdav_put_file,
+                                   .impl = &webdav_protocol};
 
 const store_ops *store_webdav(void)
 {
