@@ -8,10 +8,10 @@
  * block of 64 rows reads the rows it meets (keys and values, or queries and
  * output gradients) a tile at a time from shared memory, every thread of
  * the block reading the same shared row at once (a broadcast). A score is
- * each thread's 32 products then hd / 32 - 1 shuffles at most.
+ * each thread's 32 products then log2(hd / 32) shuffles.
  *
  * Three kernels, as backend.cu's, with the same arithmetic per pair of rows
- * (so the same rounding but for the order of sums):
+ * (the same results within rounding: sums run in another order):
  *   forward:  per query row i, over keys j <= i, an online softmax: a
  *             running maximum and sum, the accumulator rescaled when the
  *             maximum grows; out_i = acc / sum, lse_i = max + log(sum).
@@ -36,7 +36,6 @@ extern "C" {
 #include "attention_tiled.h"
 #include "internal.h"
 
-#define TILE_ROWS 64     /* rows per block: query rows (forward, queries) or key rows (keys) */
 #define PART 32          /* head dimensions per thread */
 #define PART_STRIDE 36   /* floats of a part in shared memory: 4 of padding put a row's parts in other banks */
 #define TILE_FLOATS 4608 /* one shared tile: 128 parts of PART_STRIDE floats, 18 KiB */
@@ -51,11 +50,16 @@ extern "C" {
 #define UNROLL
 #endif
 
-/* The shape of the kernels for a head size HD: `split` threads per row, a
- * shared tile of `tile_rows` rows (so that a tile is TILE_FLOATS). */
+/* The shape of the kernels for a head size HD: `rows` rows per block (query
+ * rows in the forward and queries kernels, key rows in the keys kernel),
+ * `split` threads per row, a shared tile of `tile_rows` rows (so that a tile
+ * is TILE_FLOATS). 32 rows at 256 dimensions: 256 threads a block may use up
+ * to 255 registers each, which the keys kernel's 128 floats of state need
+ * (at 512 threads it spilled them all). */
 template <int HD> struct tiling {
     static constexpr int split = HD / PART;
-    static constexpr int threads = TILE_ROWS * split;
+    static constexpr int rows = HD >= 256 ? 32 : 64;
+    static constexpr int threads = rows * split;
     static constexpr int row_floats = split * PART_STRIDE;
     static constexpr int tile_rows = TILE_FLOATS / row_floats;
 };
@@ -180,7 +184,7 @@ static __host__ __device__ inline row_places forward_places(float *out, float *l
     return at;
 }
 
-/* Grid (ceil(T / TILE_ROWS), Hq, B); block tiling<HD>::threads. */
+/* Grid (ceil(T / rows), Hq, B); block tiling<HD>::threads. */
 template <int HD>
 __global__ void __launch_bounds__(tiling<HD>::threads)
     attention_forward_tiled(float *out, float *lse, const float *qkv, int64_t T, int64_t Hq, int64_t Hkv, float scale)
@@ -188,8 +192,9 @@ __global__ void __launch_bounds__(tiling<HD>::threads)
     typedef tiling<HD> S;
     __shared__ float keys[TILE_FLOATS], values[TILE_FLOATS];
     int part = threadIdx.x % S::split, row = threadIdx.x / S::split;
-    int64_t b = blockIdx.z, h = blockIdx.y, first = (int64_t)blockIdx.x * TILE_ROWS, i = first + row;
-    int64_t stride = (Hq + 2 * Hkv) * HD, end = min64(T, first + TILE_ROWS);
+    /* The last rows meet the most keys: their blocks first, so that no long block starts last. */
+    int64_t b = blockIdx.z, h = blockIdx.y, first = (int64_t)(gridDim.x - 1 - blockIdx.x) * S::rows, i = first + row;
+    int64_t stride = (Hq + 2 * Hkv) * HD, end = min64(T, first + S::rows);
     row_places at = forward_places(out, lse, qkv, b, h, i, part, T, Hq, Hkv, HD);
     forward_part st;
     forward_begin(&st, at.q, i < T);
@@ -271,7 +276,7 @@ static __host__ __device__ inline query_places query_places_of(float *d_qkv, flo
     return at;
 }
 
-/* Grid (ceil(T / TILE_ROWS), Hq, B). */
+/* Grid (ceil(T / rows), Hq, B). */
 template <int HD>
 __global__ void __launch_bounds__(tiling<HD>::threads)
     attention_queries_tiled(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
@@ -280,8 +285,9 @@ __global__ void __launch_bounds__(tiling<HD>::threads)
     typedef tiling<HD> S;
     __shared__ float keys[TILE_FLOATS], values[TILE_FLOATS];
     int part = threadIdx.x % S::split, row = threadIdx.x / S::split;
-    int64_t b = blockIdx.z, h = blockIdx.y, first = (int64_t)blockIdx.x * TILE_ROWS, i = first + row;
-    int64_t stride = (Hq + 2 * Hkv) * HD, end = min64(T, first + TILE_ROWS);
+    /* The last rows meet the most keys: their blocks first, so that no long block starts last. */
+    int64_t b = blockIdx.z, h = blockIdx.y, first = (int64_t)(gridDim.x - 1 - blockIdx.x) * S::rows, i = first + row;
+    int64_t stride = (Hq + 2 * Hkv) * HD, end = min64(T, first + S::rows);
     query_places at = query_places_of(d_qkv, delta, d_out, qkv, out, lse, b, h, i, part, T, Hq, Hkv, HD);
     query_part st;
     st.delta = row_sum<S::split>(query_begin(&st, at.q, at.g, at.out, at.lse, i < T));
@@ -345,7 +351,7 @@ static __host__ __device__ inline void row_stats_element(float *lse_tile, float 
     delta_tile[idx] = i < T ? delta[at] : 0.0f;
 }
 
-/* Grid (ceil(T / TILE_ROWS), Hkv, B): after the queries kernel (delta). */
+/* Grid (ceil(T / rows), Hkv, B): after the queries kernel (delta). */
 template <int HD>
 __global__ void __launch_bounds__(tiling<HD>::threads)
     attention_keys_tiled(float *d_qkv, const float *delta, const float *d_out, const float *qkv, const float *lse,
@@ -354,7 +360,7 @@ __global__ void __launch_bounds__(tiling<HD>::threads)
     typedef tiling<HD> S;
     __shared__ float queries[TILE_FLOATS], grads[TILE_FLOATS], lse_tile[S::tile_rows], delta_tile[S::tile_rows];
     int part = threadIdx.x % S::split, row = threadIdx.x / S::split;
-    int64_t b = blockIdx.z, kh = blockIdx.y, first = (int64_t)blockIdx.x * TILE_ROWS, j = first + row;
+    int64_t b = blockIdx.z, kh = blockIdx.y, first = (int64_t)blockIdx.x * S::rows, j = first + row;
     int64_t stride = (Hq + 2 * Hkv) * HD, group = Hq / Hkv;
     const float *base = qkv + b * T * stride;
     float *dst = d_qkv + (b * T + j) * stride + part * PART;
@@ -399,9 +405,10 @@ int cuda_attention_tiled_chosen(void)
     return tiled_chosen;
 }
 
-extern "C" int cuda_attention_tiled_fits(int64_t B, int64_t hd)
+extern "C" int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd)
 {
-    return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && B >= 1 && B <= MAX_GRID_YZ;
+    return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && B >= 1 && B <= MAX_GRID_YZ && Hq >= 1 &&
+           Hq <= MAX_GRID_YZ;
 }
 
 static int launch_failed(const char *what)
@@ -414,7 +421,7 @@ template <int HD>
 static int forward_launch(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                           float scale, cudaStream_t stream)
 {
-    dim3 grid((unsigned)((T + TILE_ROWS - 1) / TILE_ROWS), (unsigned)Hq, (unsigned)B);
+    dim3 grid((unsigned)((T + tiling<HD>::rows - 1) / tiling<HD>::rows), (unsigned)Hq, (unsigned)B);
     attention_forward_tiled<HD><<<grid, tiling<HD>::threads, 0, stream>>>(out, lse, qkv, T, Hq, Hkv, scale);
     return launch_failed("attention_forward_tiled");
 }
@@ -424,7 +431,7 @@ static int backward_launch(float *d_qkv, float *delta, const float *d_out, const
                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, float scale,
                            cudaStream_t stream)
 {
-    unsigned tiles = (unsigned)((T + TILE_ROWS - 1) / TILE_ROWS);
+    unsigned tiles = (unsigned)((T + tiling<HD>::rows - 1) / tiling<HD>::rows);
     attention_queries_tiled<HD><<<dim3(tiles, (unsigned)Hq, (unsigned)B), tiling<HD>::threads, 0, stream>>>(
         d_qkv, delta, d_out, qkv, out, lse, T, Hq, Hkv, scale);
     TP_TRY(launch_failed("attention_queries_tiled"));
@@ -477,8 +484,8 @@ static int emulate_forward(float *out, float *lse, const float *qkv, int64_t B, 
     int64_t stride = (Hq + 2 * Hkv) * HD;
     for (int64_t b = 0; !status && b < B; b++)
         for (int64_t h = 0; h < Hq; h++)
-            for (int64_t first = 0; first < T; first += TILE_ROWS) {
-                int64_t end = min64(T, first + TILE_ROWS);
+            for (int64_t first = 0; first < T; first += S::rows) {
+                int64_t end = min64(T, first + S::rows);
                 for (int t = 0; t < S::threads; t++) {
                     int64_t i = first + t / S::split;
                     at[t] = forward_places(out, lse, qkv, b, h, i, t % S::split, T, Hq, Hkv, HD);
@@ -491,7 +498,7 @@ static int emulate_forward(float *out, float *lse, const float *qkv, int64_t B, 
                     }
                     int n = (int)min64(S::tile_rows, end - k0);
                     for (int j = 0; j < n; j++)
-                        for (int row = 0; row < TILE_ROWS; row++) {
+                        for (int row = 0; row < S::rows; row++) {
                             int64_t i = first + row;
                             float s[S::split];
                             for (int p = 0; p < S::split; p++)
@@ -525,9 +532,9 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
     /* The queries kernel's blocks (delta first: the keys kernel reads it). */
     for (int64_t b = 0; !status && b < B; b++)
         for (int64_t h = 0; h < Hq; h++)
-            for (int64_t first = 0; first < T; first += TILE_ROWS) {
-                int64_t end = min64(T, first + TILE_ROWS);
-                for (int row = 0; row < TILE_ROWS; row++) {
+            for (int64_t first = 0; first < T; first += S::rows) {
+                int64_t end = min64(T, first + S::rows);
+                for (int row = 0; row < S::rows; row++) {
                     int64_t i = first + row;
                     float partial[S::split];
                     for (int p = 0; p < S::split; p++) {
@@ -545,7 +552,7 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
                     }
                     int n = (int)min64(S::tile_rows, end - k0);
                     for (int j = 0; j < n; j++)
-                        for (int row = 0; row < TILE_ROWS; row++) {
+                        for (int row = 0; row < S::rows; row++) {
                             int64_t i = first + row;
                             float s[S::split], dpv[S::split];
                             for (int p = 0; p < S::split; p++) {
@@ -565,7 +572,7 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
     /* The keys kernel's blocks. */
     for (int64_t b = 0; !status && b < B; b++)
         for (int64_t kh = 0; kh < Hkv; kh++)
-            for (int64_t first = 0; first < T; first += TILE_ROWS) {
+            for (int64_t first = 0; first < T; first += S::rows) {
                 const float *base = qkv + b * T * stride;
                 for (int t = 0; t < S::threads; t++) {
                     int64_t j = first + t / S::split;
@@ -583,7 +590,7 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
                             row_stats_element(lse_tile, delta_tile, lse, delta, b, h, q0, T, Hq, idx);
                         int n = (int)min64(S::tile_rows, T - q0);
                         for (int ii = 0; ii < n; ii++)
-                            for (int row = 0; row < TILE_ROWS; row++) {
+                            for (int row = 0; row < S::rows; row++) {
                                 int64_t j = first + row;
                                 float s[S::split], dpv[S::split];
                                 for (int p = 0; p < S::split; p++) {
@@ -610,7 +617,7 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
 
 static int emulation_fits(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    if (!cuda_attention_tiled_fits(B, hd) || T < 0 || Hq < 1 || Hkv < 1 || Hq % Hkv != 0 || Hq > MAX_GRID_YZ)
+    if (!cuda_attention_tiled_fits(B, Hq, hd) || T < 0 || Hkv < 1 || Hq % Hkv != 0)
         return tp_fail(TP_ERR_ARG, "tiled attention: B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld do not fit", (long long)B,
                        (long long)T, (long long)Hq, (long long)Hkv, (long long)hd);
     return TP_OK;

@@ -4,9 +4,9 @@
  *
  * Shapes as kernels.h's attention_forward and attention_backward:
  * qkv[B, T, (Hq + 2 Hkv) hd], out and d_out [B, T, Hq hd], lse and delta
- * [B, Hq, T]. Tiled kernels take head sizes of 32, 64, 128 and 256 and at
- * most 65535 batches (cuda_attention_tiled_fits); backend.cu keeps its own
- * kernels for the others. */
+ * [B, Hq, T]. Tiled kernels take head sizes of 32, 64, 128 and 256, and 1
+ * to 65535 batches and query heads (cuda_attention_tiled_fits); backend.cu
+ * keeps its own kernels for the others. */
 #ifndef TP_KERNELS_CUDA_ATTENTION_TILED_H
 #define TP_KERNELS_CUDA_ATTENTION_TILED_H
 
@@ -23,7 +23,7 @@ extern "C" {
 int cuda_attention_variant(const char *name);
 
 /* Whether the tiled kernels take this shape. */
-int cuda_attention_tiled_fits(int64_t B, int64_t hd);
+int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd);
 
 /* The tiled kernels' work done on the CPU, on host memory, the way the
  * kernels do it: the same tiles in the same order, each thread's part of a

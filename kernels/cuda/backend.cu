@@ -1136,7 +1136,7 @@ static int cuda_attention_forward(float *out, float *lse, float *scratch, const 
     TP_TRY(attention_shape_ok("attention_forward", B, T, Hq, Hkv, hd));
     ENTER();
     if (B == 0 || T == 0 || Hq == 0) return TP_OK;
-    if (cuda_attention_tiled_chosen() && cuda_attention_tiled_fits(B, hd))
+    if (cuda_attention_tiled_chosen() && cuda_attention_tiled_fits(B, Hq, hd))
         return cuda_attention_tiled_forward(out, lse, qkv, B, T, Hq, Hkv, hd, state.stream);
     attention_forward_kernel<<<blocks_for(B * Hq * T * 32, THREADS), THREADS, 0, state.stream>>>(out, lse, qkv, B, T,
                                                                                                   Hq, Hkv, hd, scale);
@@ -1154,7 +1154,7 @@ static int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_
     TP_TRY(attention_shape_ok("attention_backward", B, T, Hq, Hkv, hd));
     ENTER();
     if (B == 0 || T == 0) return TP_OK;
-    if (cuda_attention_tiled_chosen() && cuda_attention_tiled_fits(B, hd))
+    if (cuda_attention_tiled_chosen() && cuda_attention_tiled_fits(B, Hq, hd))
         return cuda_attention_tiled_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd, state.stream);
     attention_backward_queries_kernel<<<blocks_for(B * Hq * T * 32, THREADS), THREADS, 0, state.stream>>>(
         d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd, scale);

@@ -130,9 +130,9 @@ int cuda_attention_variant(const char *name)
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 
-int cuda_attention_tiled_fits(int64_t B, int64_t hd)
+int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd)
 {
-    (void)B, (void)hd;
+    (void)B, (void)Hq, (void)hd;
     return 0;
 }
 

@@ -331,6 +331,10 @@ expect_error "eval: a window longer than the model's context" 1 "--seq 64 exceed
     "$TRAIN" eval --ckpt "$SRC" --data "$WORK/fox.bin" --seq 64
 expect_error "eval needs data" 2 "eval needs --ckpt CKPT and --data FILE" "$TRAIN" eval --ckpt "$SRC"
 expect_error "eval of a missing checkpoint" 1 "no-such" "$TRAIN" eval --ckpt "$WORK/no-such" --data "$WORK/fox.bin"
+# At tp2 rank 0 alone looks for the checkpoint; its reason is the run's, said once.
+run mpirun --oversubscribe -np 2 "$TRAIN" eval --ckpt "$WORK/no-such" --data "$WORK/fox.bin" --tp 2
+check_all "eval at tp2 of a missing checkpoint: rank 0's reason, said once" \
+    '[ "$RC" -eq 1 ] && [ "$(grep -c "^tp-train: error: .*no-such" "$WORK/.err")" -eq 1 ]'
 expect_error "generate: a prompt byte outside the vocabulary" 1 "prompt byte 255 at offset 1 is outside the model's vocabulary of 250" \
     "$TRAIN" generate --ckpt "$SRC" --prompt "$(printf 'a\377')"
 expect_error "generate: an empty prompt" 1 "the prompt is empty" "$TRAIN" generate --ckpt "$SRC" --prompt ""

@@ -119,8 +119,10 @@ Test(attention_tiled, refuses_what_it_does_not_take)
     cr_assert_eq(cuda_attention_tiled_emulate_forward(x, x, x, 1, 2, 2, 2, 48), TP_ERR_ARG, "a head size of 48");
     cr_assert(strstr(tp_errmsg(), "hd=48"), "%s", tp_errmsg());
     cr_assert_eq(cuda_attention_tiled_emulate_forward(x, x, x, 1, 2, 3, 2, 32), TP_ERR_ARG, "Hq not a multiple of Hkv");
-    cr_assert(!cuda_attention_tiled_fits(70000, 64), "beyond the grid's batches");
-    cr_assert(cuda_attention_tiled_fits(4, 128));
+    cr_assert(!cuda_attention_tiled_fits(70000, 12, 64), "beyond the grid's batches");
+    cr_assert(!cuda_attention_tiled_fits(4, 0, 64), "no query head: an empty grid");
+    cr_assert(!cuda_attention_tiled_fits(4, 70000, 64), "beyond the grid's heads");
+    cr_assert(cuda_attention_tiled_fits(4, 12, 128));
     cr_assert_eq(cuda_attention_variant("flash"), TP_ERR_ARG);
     cr_assert(strstr(tp_errmsg(), "'flash'"), "%s", tp_errmsg());
     cr_assert_eq(cuda_attention_variant("tiled"), TP_OK);

@@ -637,12 +637,13 @@ Test(cuda_backend, elementwise)
  * head for all with T beyond the CPU's ATTENTION_ROWS, as many KV heads as
  * query heads, and GPT-2's head size (64) over two CPU blocks. */
 static const int64_t attention_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 97, 3, 1, 24}, {2, 5, 2, 2, 8},
-                                              {1, 130, 2, 2, 64}, {2, 70, 4, 2, 32}, {1, 150, 4, 2, 128}};
+                                              {1, 130, 2, 2, 64}, {2, 70, 4, 2, 32}, {1, 150, 4, 2, 128},
+                                              {1, 40, 2, 1, 256}};
 #define ATTENTION_SHAPES (int)(sizeof attention_shapes / sizeof attention_shapes[0])
 
 /* Each test runs both attention variants (kernels/cuda/attention_tiled.h):
- * the tiled kernels take the shapes of head size 32, 64 and 128, the rows
- * kernels the others. */
+ * the tiled kernels take the shapes of head size 32, 64, 128 and 256, the
+ * rows kernels the others. */
 static const char *const attention_variants[] = {"rows", "tiled"};
 
 /* out and lse, the device's from garbage. Tolerance 1e-4 relative + 1e-5
