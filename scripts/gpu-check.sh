@@ -110,10 +110,29 @@ cat "$OUTDIR/info.txt"
 
 # in_pack LOG CMD...: CMD from the pack's top directory within the time
 # limit, its output in OUTDIR/LOG; returns its exit status (124: stopped).
+# A command still running at 90% of its limit has the machine's processes
+# (the CPU each last ran on) and the CPUs each of our programs may use
+# appended to its log: what a hang or a crawl looked like.
 in_pack() {
     log=$1
     shift
+    snapshot="$DEST/$log.running"
+    rm -f "$snapshot"
+    (
+        sleep $((LIMIT * 9 / 10))
+        echo "== gpu-check: still running after $((LIMIT * 9 / 10)) s"
+        ps -eo pid,ppid,etime,pcpu,psr,args | awk '$6 !~ /^\[/' # not the kernel's threads
+        for pid in $(ps -eo pid,args | awk '/build\/bin\/tp-/ && !/awk/ {print $1}'); do
+            echo "$pid: $(grep -E '^(Threads|Cpus_allowed_list|State)' "/proc/$pid/status" 2>/dev/null | tr '\n' ' ')"
+        done
+    ) >"$snapshot" 2>&1 &
+    watch=$!
     (cd "$P" && timeout --kill-after=20 "$LIMIT" "$@") >"$OUTDIR/$log" 2>&1
+    status=$?
+    kill "$watch" 2>/dev/null
+    wait "$watch" 2>/dev/null
+    [ -s "$snapshot" ] && cat "$snapshot" >>"$OUTDIR/$log"
+    return "$status"
 }
 
 FAILED_PHASES=""
