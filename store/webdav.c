@@ -169,13 +169,13 @@ static int webdav_put_file(const store_ops *s, const char *path, const char *loc
 static const object_protocol webdav_protocol = {webdav_send};
 
 static const store_ops webdav_store = {.name = "webdav",
-                                   OBJECT_STORE_OPS,
-                                   .stat = webdav_stat,
-                                   .list = webdav_list,
-                                   .make_dir = webdav_make_dir,
-                                   .remove_tree = webdav_remove_tree,
-                                   .put_file = webdav_put_file,
-                                   .impl = &webdav_protocol};
+                                       OBJECT_STORE_OPS,
+                                       .stat = webdav_stat,
+                                       .list = webdav_list,
+                                       .make_dir = webdav_make_dir,
+                                       .remove_tree = webdav_remove_tree,
+                                       .put_file = webdav_put_file,
+                                       .impl = &webdav_protocol};
 
 const store_ops *store_webdav(void)
 {

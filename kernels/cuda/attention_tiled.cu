@@ -550,6 +550,22 @@ static int emulate_forward(float *out, float *lse, const float *qkv, int64_t B, 
     return status;
 }
 
+/* A row's two sums in the backward kernels, emulated: s = a . tile_a's row
+ * r and dpv = b . tile_b's row r, where a[p] and b[p] are the registers of
+ * the row's thread p, each summed across the threads as row_sum does. */
+template <int HD>
+static void emulated_row_sums(const float *const *a, const float *const *b, const float *tile_a, const float *tile_b,
+                              int r, float *s, float *dpv)
+{
+    const int split = tiling<HD>::split;
+    for (int p = 0; p < split; p++) {
+        s[p] = part_dot(a[p], tile_part<HD>(tile_a, r, p));
+        dpv[p] = part_dot(b[p], tile_part<HD>(tile_b, r, p));
+    }
+    row_sum_emulated<split>(s);
+    row_sum_emulated<split>(dpv);
+}
+
 template <int HD>
 static int emulate_backward(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
                             const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv)
@@ -561,7 +577,8 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
     query_part *qs = (query_part *)malloc(S::threads * sizeof *qs);
     query_places *qat = (query_places *)malloc(S::threads * sizeof *qat);
     key_part *ks = (key_part *)malloc(S::threads * sizeof *ks);
-    int status = tile_a && tile_b && qs && qat && ks ? TP_OK : tp_fail(TP_ERR_NOMEM, "tiled attention emulation: no memory");
+    int status = tile_a && tile_b && qs && qat && ks ? TP_OK
+                                                     : tp_fail(TP_ERR_NOMEM, "tiled attention emulation: no memory");
     int64_t stride = (Hq + 2 * Hkv) * HD, group = Hq / Hkv;
     /* The queries kernel's blocks (delta first: the keys kernel reads it). */
     for (int64_t b = 0; !status && b < B; b++)
@@ -589,12 +606,10 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
                         for (int row = 0; row < S::rows; row++) {
                             int64_t i = first + row;
                             float s[S::split], dpv[S::split];
-                            for (int p = 0; p < S::split; p++) {
-                                s[p] = part_dot(qs[row * S::split + p].q, tile_part<HD>(tile_a, j, p));
-                                dpv[p] = part_dot(qs[row * S::split + p].g, tile_part<HD>(tile_b, j, p));
-                            }
-                            row_sum_emulated<S::split>(s);
-                            row_sum_emulated<S::split>(dpv);
+                            const float *q[S::split], *g[S::split];
+                            for (int p = 0; p < S::split; p++)
+                                q[p] = qs[row * S::split + p].q, g[p] = qs[row * S::split + p].g;
+                            emulated_row_sums<HD>(q, g, tile_a, tile_b, j, s, dpv);
                             for (int p = 0; p < S::split; p++)
                                 query_key(&qs[row * S::split + p], s[p] * scale, dpv[p], k0 + j <= i && i < T,
                                           tile_part<HD>(tile_a, j, p), scale);
@@ -627,12 +642,10 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
                             for (int row = 0; row < S::rows; row++) {
                                 int64_t j = first + row;
                                 float s[S::split], dpv[S::split];
-                                for (int p = 0; p < S::split; p++) {
-                                    s[p] = part_dot(ks[row * S::split + p].k, tile_part<HD>(tile_a, ii, p));
-                                    dpv[p] = part_dot(ks[row * S::split + p].v, tile_part<HD>(tile_b, ii, p));
-                                }
-                                row_sum_emulated<S::split>(s);
-                                row_sum_emulated<S::split>(dpv);
+                                const float *k[S::split], *v[S::split];
+                                for (int p = 0; p < S::split; p++)
+                                    k[p] = ks[row * S::split + p].k, v[p] = ks[row * S::split + p].v;
+                                emulated_row_sums<HD>(k, v, tile_a, tile_b, ii, s, dpv);
                                 for (int p = 0; p < S::split; p++)
                                     key_query(&ks[row * S::split + p], s[p] * scale, dpv[p], q0 + ii >= j && j < T,
                                               lse_tile[ii], delta_tile[ii], tile_part<HD>(tile_a, ii, p),

@@ -13,31 +13,7 @@
 #include "../../common/error.h"
 #include "../../kernels/cuda/attention_tiled.h"
 #include "../../kernels/kernels.h"
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float uniform(void) /* [-1, 1) */
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
-
-static float *random_floats(int64_t n, float scale)
-{
-    float *p = malloc((size_t)n * sizeof(float));
-    cr_assert(p);
-    for (int64_t i = 0; i < n; i++) p[i] = scale * uniform();
-    return p;
-}
-
-static float *filled(int64_t n, float value)
-{
-    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    cr_assert(p);
-    for (int64_t i = 0; i < n; i++) p[i] = value;
-    return p;
-}
+#include "../support/floats.h"
 
 /* As test_cuda_backend's tolerance for the GPU's attention: 1e-4 relative
  * plus 1e-5 absolute (the sums over keys run in another order). */
@@ -69,9 +45,9 @@ Test(attention_tiled, forward_equals_the_cpu)
     for (int s = 0; s < SHAPES; s++) {
         int64_t B = shapes[s][0], T = shapes[s][1], Hq = shapes[s][2], Hkv = shapes[s][3], hd = shapes[s][4];
         int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
-        float *qkv = random_floats(n_qkv, 2.0f), *out = filled(n_out, 7), *lse = filled(n_lse, 7);
-        float *scratch = filled(attention_scratch_floats(B, T, Hq), 0);
-        float *got_out = filled(n_out, 7), *got_lse = filled(n_lse, 7);
+        float *qkv = floats_random(n_qkv, 2.0f), *out = floats_filled(n_out, 7), *lse = floats_filled(n_lse, 7);
+        float *scratch = floats_filled(attention_scratch_floats(B, T, Hq), 0);
+        float *got_out = floats_filled(n_out, 7), *got_lse = floats_filled(n_lse, 7);
         cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(cuda_attention_tiled_emulate_forward(got_out, got_lse, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
                      tp_errmsg());
@@ -89,9 +65,10 @@ Test(attention_tiled, backward_equals_the_cpu)
     for (int s = 0; s < SHAPES; s++) {
         int64_t B = shapes[s][0], T = shapes[s][1], Hq = shapes[s][2], Hkv = shapes[s][3], hd = shapes[s][4];
         int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
-        float *qkv = random_floats(n_qkv, 2.0f), *d_out = random_floats(n_out, 1.0f), *out = filled(n_out, 0);
-        float *lse = filled(n_lse, 0), *scratch = filled(attention_scratch_floats(B, T, Hq), 0);
-        float *d_qkv = filled(n_qkv, 7), *got = filled(n_qkv, 7), *delta = filled(n_lse, 7), *want_delta = filled(n_lse, 0);
+        float *qkv = floats_random(n_qkv, 2.0f), *d_out = floats_random(n_out, 1.0f), *out = floats_filled(n_out, 0);
+        float *lse = floats_filled(n_lse, 0), *scratch = floats_filled(attention_scratch_floats(B, T, Hq), 0);
+        float *d_qkv = floats_filled(n_qkv, 7), *got = floats_filled(n_qkv, 7), *delta = floats_filled(n_lse, 7);
+        float *want_delta = floats_filled(n_lse, 0);
         cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(attention_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd), TP_OK, "%s",
                      tp_errmsg());

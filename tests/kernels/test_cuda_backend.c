@@ -14,37 +14,13 @@
 #include "../../common/error.h"
 #include "../../kernels/cuda/attention_tiled.h"
 #include "../../kernels/kernels.h"
+#include "../support/floats.h"
 
 #define NEED_GPU()                                                                                                     \
     do {                                                                                                               \
         if (cuda_device_count() == 0)                                                                                  \
             cr_skip_test("no CUDA device (%s)", cuda_built() ? "built with CUDA" : "built without CUDA");              \
     } while (0)
-
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static float uniform(void) /* [-1, 1) */
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
-
-static float *random_floats(int64_t n, float scale)
-{
-    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    cr_assert(p);
-    for (int64_t i = 0; i < n; i++) p[i] = scale * uniform();
-    return p;
-}
-
-static float *filled(int64_t n, float value)
-{
-    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    cr_assert(p);
-    for (int64_t i = 0; i < n; i++) p[i] = value;
-    return p;
-}
 
 static const kernel_backend *gpu(void)
 {
@@ -127,7 +103,7 @@ Test(cuda_backend, memory_alloc_zero_copy)
     NEED_GPU();
     const kernel_backend *k = gpu();
     int64_t n = 1037;
-    float *host = random_floats(n, 1.0f), *zeros = filled(n, 0.0f);
+    float *host = floats_random(n, 1.0f), *zeros = floats_filled(n, 0.0f);
     float *a = NULL, *b = NULL;
     cr_assert_eq(k->alloc((void **)&a, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&b, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
@@ -161,10 +137,10 @@ Test(cuda_backend, matmul_forward)
     NEED_GPU();
     const kernel_backend *k = gpu();
     int64_t N = 37, C = 72, OC = 150;
-    float *in = random_floats(N * C, 1.0f), *w = random_floats(OC * C, 1.0f), *bias = random_floats(OC, 1.0f);
+    float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *bias = floats_random(OC, 1.0f);
     float *want = malloc((size_t)(N * OC) * sizeof(float));
     float *d_in = upload_floats(k, in, N * C), *d_w = upload_floats(k, w, OC * C), *d_bias = upload_floats(k, bias, OC);
-    float *garbage = filled(N * OC, 7.0f), *d_out = upload_floats(k, garbage, N * OC);
+    float *garbage = floats_filled(N * OC, 7.0f), *d_out = upload_floats(k, garbage, N * OC);
     matmul_forward(want, in, w, bias, N, C, OC);
     cr_assert_eq(k->matmul_forward(d_out, d_in, d_w, d_bias, N, C, OC), TP_OK, "%s", tp_errmsg());
     check_device(k, d_out, want, N * OC, 1e-4, 1e-4, "out (bias)");
@@ -182,8 +158,8 @@ Test(cuda_backend, matmul_backward)
     NEED_GPU();
     const kernel_backend *k = gpu();
     int64_t N = 37, C = 72, OC = 150;
-    float *in = random_floats(N * C, 1.0f), *w = random_floats(OC * C, 1.0f), *dout = random_floats(N * OC, 1.0f);
-    float *din = filled(N * C, 7.0f), *dw = random_floats(OC * C, 1.0f), *db = random_floats(OC, 1.0f);
+    float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *dout = floats_random(N * OC, 1.0f);
+    float *din = floats_filled(N * C, 7.0f), *dw = floats_random(OC * C, 1.0f), *db = floats_random(OC, 1.0f);
     float *g_in = upload_floats(k, in, N * C), *g_w = upload_floats(k, w, OC * C);
     float *g_dout = upload_floats(k, dout, N * OC);
     float *g_din = upload_floats(k, din, N * C), *g_dw = upload_floats(k, dw, OC * C), *g_db = upload_floats(k, db, OC);
@@ -246,9 +222,9 @@ Test(cuda_backend, matmul_forward_bf16)
     const kernel_backend *k = gpu();
     for (int s = 0; s < 2; s++) {
         int64_t N = bf16_shapes[s][0], C = bf16_shapes[s][1], OC = bf16_shapes[s][2];
-        float *in = random_floats(N * C, 1.0f), *w = random_floats(OC * C, 1.0f), *bias = random_floats(OC, 1.0f);
+        float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *bias = floats_random(OC, 1.0f);
         float *want = malloc((size_t)(N * OC) * sizeof(float)), *fp32 = malloc((size_t)(N * OC) * sizeof(float));
-        float *garbage = filled(N * OC, 7.0f);
+        float *garbage = floats_filled(N * OC, 7.0f);
         float *g_in = upload_floats(k, in, N * C), *g_w = upload_floats(k, w, OC * C);
         float *g_bias = upload_floats(k, bias, OC), *g_out = upload_floats(k, garbage, N * OC);
         cr_assert_eq(matmul_forward_bf16(want, in, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
@@ -278,8 +254,8 @@ Test(cuda_backend, matmul_backward_bf16)
     const kernel_backend *k = gpu();
     for (int s = 0; s < 2; s++) {
         int64_t N = bf16_shapes[s][0], C = bf16_shapes[s][1], OC = bf16_shapes[s][2];
-        float *in = random_floats(N * C, 1.0f), *w = random_floats(OC * C, 1.0f), *dout = random_floats(N * OC, 1.0f);
-        float *din = filled(N * C, 7.0f), *dw = random_floats(OC * C, 1.0f), *db = random_floats(OC, 1.0f);
+        float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *dout = floats_random(N * OC, 1.0f);
+        float *din = floats_filled(N * C, 7.0f), *dw = floats_random(OC * C, 1.0f), *db = floats_random(OC, 1.0f);
         float *din32 = malloc((size_t)(N * C) * sizeof(float)), *dw32 = malloc((size_t)(OC * C) * sizeof(float));
         memcpy(dw32, dw, (size_t)(OC * C) * sizeof(float));
         float *g_in = upload_floats(k, in, N * C), *g_w = upload_floats(k, w, OC * C);
@@ -302,7 +278,7 @@ Test(cuda_backend, matmul_backward_bf16)
         check_bf16(k, g_din, din, N * C, "d_in, untouched");
         check_bf16(k, g_db, db, OC, "d_bias, untouched");
 
-        float *garbage = filled(N * C, 7.0f);
+        float *garbage = floats_filled(N * C, 7.0f);
         cr_assert_eq(k->to_device(g_din, garbage, (size_t)(N * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(matmul_backward_bf16(din, NULL, NULL, dout, in, w, N, C, OC), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->matmul_backward_bf16(g_din, NULL, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
@@ -331,9 +307,9 @@ Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
                              0.755859375f, 257.0f,      -65793.0f,   3.1415927f,   0.33333334f, 1e-3f};
     const int64_t count = (int64_t)(sizeof special / sizeof special[0]);
     int64_t N = 37, M = 150; /* the long dimensions */
-    float *a = random_floats(N, 1.0f), *b = random_floats(M, 1.0f), *zeros = filled(N * M, 0.0f);
+    float *a = floats_random(N, 1.0f), *b = floats_random(M, 1.0f), *zeros = floats_filled(N * M, 0.0f);
     float *want = malloc((size_t)(N * M) * sizeof(float)), *fp32 = malloc((size_t)(N * M) * sizeof(float));
-    float *garbage = filled(N * M, 7.0f);
+    float *garbage = floats_filled(N * M, 7.0f);
     memcpy(a, special, (size_t)count * sizeof(float));
     memcpy(b + 20, special, (size_t)count * sizeof(float));
     float *g_a = upload_floats(k, a, N), *g_b = upload_floats(k, b, M), *g_out = upload_floats(k, garbage, N * M);
@@ -388,10 +364,10 @@ Test(cuda_backend, layernorm_forward)
     const int64_t shapes[][2] = {{37, 72}, {5, 1000}};
     for (int s = 0; s < 2; s++) {
         int64_t N = shapes[s][0], C = shapes[s][1];
-        float *x = random_floats(N * C, 2.0f), *w = random_floats(C, 1.0f), *b = random_floats(C, 1.0f);
+        float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f), *b = floats_random(C, 1.0f);
         for (int64_t i = 0; i < N * C; i++) x[i] += 0.5f;
         float *out = malloc((size_t)(N * C) * sizeof(float)), *mean = malloc((size_t)N * sizeof(float));
-        float *rstd = malloc((size_t)N * sizeof(float)), *garbage = filled(N * C, 7.0f);
+        float *rstd = malloc((size_t)N * sizeof(float)), *garbage = floats_filled(N * C, 7.0f);
         float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C), *g_b = upload_floats(k, b, C);
         float *g_out = upload_floats(k, garbage, N * C), *g_mean = upload_floats(k, garbage, N);
         float *g_rstd = upload_floats(k, garbage, N);
@@ -415,9 +391,9 @@ Test(cuda_backend, layernorm_backward)
     const int64_t shapes[][2] = {{37, 72}, {5, 1000}};
     for (int s = 0; s < 2; s++) {
         int64_t N = shapes[s][0], C = shapes[s][1];
-        float *x = random_floats(N * C, 2.0f), *w = random_floats(C, 1.0f), *b = random_floats(C, 1.0f);
-        float *dout = random_floats(N * C, 1.0f), *dx = random_floats(N * C, 1.0f), *dw = random_floats(C, 1.0f);
-        float *db = random_floats(C, 1.0f), *out = malloc((size_t)(N * C) * sizeof(float));
+        float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f), *b = floats_random(C, 1.0f);
+        float *dout = floats_random(N * C, 1.0f), *dx = floats_random(N * C, 1.0f), *dw = floats_random(C, 1.0f);
+        float *db = floats_random(C, 1.0f), *out = malloc((size_t)(N * C) * sizeof(float));
         float *mean = malloc((size_t)N * sizeof(float)), *rstd = malloc((size_t)N * sizeof(float));
         layernorm_forward(out, mean, rstd, x, w, b, N, C);
         float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C), *g_dout = upload_floats(k, dout, N * C);
@@ -445,11 +421,11 @@ Test(cuda_backend, gelu_forward_and_backward)
     NEED_GPU();
     const kernel_backend *k = gpu();
     int64_t n = 1037;
-    float *x = random_floats(n, 5.0f), *dout = random_floats(n, 1.0f);
+    float *x = floats_random(n, 5.0f), *dout = floats_random(n, 1.0f);
     const float far[] = {0.0f, -0.0f, 10.0f, -10.0f, 30.0f, -30.0f, 1e-20f, -1e-20f};
     memcpy(x, far, sizeof far);
     float *out = malloc((size_t)n * sizeof(float)), *din = malloc((size_t)n * sizeof(float));
-    float *garbage = filled(n, 7.0f);
+    float *garbage = floats_filled(n, 7.0f);
     float *g_x = upload_floats(k, x, n), *g_dout = upload_floats(k, dout, n), *g_out = upload_floats(k, garbage, n);
     float *g_din = upload_floats(k, garbage, n);
     gelu_forward(out, x, n);
@@ -475,9 +451,9 @@ Test(cuda_backend, rmsnorm_forward)
     const float eps[] = {1e-5f, 1e-6f};
     for (int s = 0; s < 2; s++) {
         int64_t N = shapes[s][0], C = shapes[s][1];
-        float *x = random_floats(N * C, 2.0f), *w = random_floats(C, 1.0f);
+        float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f);
         float *out = malloc((size_t)(N * C) * sizeof(float)), *rstd = malloc((size_t)N * sizeof(float));
-        float *garbage = filled(N * C, 7.0f);
+        float *garbage = floats_filled(N * C, 7.0f);
         float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C);
         float *g_out = upload_floats(k, garbage, N * C), *g_rstd = upload_floats(k, garbage, N);
         rmsnorm_forward(out, rstd, x, w, N, C, eps[s]);
@@ -498,8 +474,8 @@ Test(cuda_backend, rmsnorm_backward)
     const int64_t shapes[][2] = {{37, 72}, {5, 1000}};
     for (int s = 0; s < 2; s++) {
         int64_t N = shapes[s][0], C = shapes[s][1];
-        float *x = random_floats(N * C, 2.0f), *w = random_floats(C, 1.0f), *dout = random_floats(N * C, 1.0f);
-        float *dx = random_floats(N * C, 1.0f), *dw = random_floats(C, 1.0f);
+        float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f), *dout = floats_random(N * C, 1.0f);
+        float *dx = floats_random(N * C, 1.0f), *dw = floats_random(C, 1.0f);
         float *out = malloc((size_t)(N * C) * sizeof(float)), *rstd = malloc((size_t)N * sizeof(float));
         rmsnorm_forward(out, rstd, x, w, N, C, 1e-5f);
         float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C), *g_dout = upload_floats(k, dout, N * C);
@@ -525,13 +501,13 @@ Test(cuda_backend, swiglu_forward_and_backward)
     NEED_GPU();
     const kernel_backend *k = gpu();
     int64_t N = 37, F = 29;
-    float *in = random_floats(N * 2 * F, 1.0f), *dout = random_floats(N * F, 1.0f);
+    float *in = floats_random(N * 2 * F, 1.0f), *dout = floats_random(N * F, 1.0f);
     for (int64_t n = 0; n < N; n++)
         for (int64_t f = 0; f < F; f++) in[n * 2 * F + f] *= 8.0f;
     const float far[] = {0.0f, -0.0f, 20.0f, -20.0f, 100.0f, -100.0f, 1e-20f, -1e-20f};
     memcpy(in, far, sizeof far);
     float *out = malloc((size_t)(N * F) * sizeof(float)), *din = malloc((size_t)(N * 2 * F) * sizeof(float));
-    float *garbage = filled(N * 2 * F, 7.0f);
+    float *garbage = floats_filled(N * 2 * F, 7.0f);
     float *g_in = upload_floats(k, in, N * 2 * F), *g_dout = upload_floats(k, dout, N * F);
     float *g_out = upload_floats(k, garbage, N * F), *g_din = upload_floats(k, garbage, N * 2 * F);
     swiglu_forward(out, in, N, F);
@@ -564,7 +540,7 @@ Test(cuda_backend, rope_forward_and_backward)
         float *freq = malloc((size_t)(hd / 2) * sizeof(float)), *cos_sin = malloc((size_t)(T * hd) * sizeof(float));
         rope_frequencies(freq, hd, hd == 64 ? 500000.0 : 10000.0, hd == 64 ? &llama3 : NULL);
         rope_table(cos_sin, freq, T, hd);
-        float *qkv = random_floats(n, 1.0f), *grad = random_floats(n, 1.0f);
+        float *qkv = floats_random(n, 1.0f), *grad = floats_random(n, 1.0f);
         float *g_qkv = upload_floats(k, qkv, n), *g_grad = upload_floats(k, grad, n);
         float *g_cos_sin = upload_floats(k, cos_sin, T * hd);
         float *v = malloc((size_t)n * sizeof(float));
@@ -596,8 +572,8 @@ Test(cuda_backend, elementwise)
     NEED_GPU();
     const kernel_backend *k = gpu();
     int64_t N = 37, C = 72, n = N * C;
-    float *a = random_floats(n, 1.0f), *b = random_floats(n, 1.0f), *bias = random_floats(C, 1.0f);
-    float *want = malloc((size_t)n * sizeof(float)), *garbage = filled(n, 7.0f);
+    float *a = floats_random(n, 1.0f), *b = floats_random(n, 1.0f), *bias = floats_random(C, 1.0f);
+    float *want = malloc((size_t)n * sizeof(float)), *garbage = floats_filled(n, 7.0f);
     float *g_a = upload_floats(k, a, n), *g_b = upload_floats(k, b, n), *g_bias = upload_floats(k, bias, C);
     float *g_out = upload_floats(k, garbage, n);
 
@@ -622,7 +598,7 @@ Test(cuda_backend, elementwise)
     check_device(k, g_a, want, n, 1e-5, 1e-6, "scale_inplace");
 
     int64_t big = 65535LL * 256 + 4099;
-    float *x = random_floats(big, 3.0f), *g_x = upload_floats(k, x, big);
+    float *x = floats_random(big, 3.0f), *g_x = upload_floats(k, x, big);
     scale_inplace(x, -1.5f, big);
     cr_assert_eq(k->scale_inplace(g_x, -1.5f, big), TP_OK, "%s", tp_errmsg());
     check_device(k, g_x, x, big, 1e-5, 1e-6, "scale_inplace, beyond one grid");
@@ -659,9 +635,9 @@ Test(cuda_backend, attention_forward)
         int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
         int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
         int64_t n_scratch = attention_scratch_floats(B, T, Hq);
-        float *qkv = random_floats(n_qkv, 2.0f), *out = malloc((size_t)n_out * sizeof(float));
+        float *qkv = floats_random(n_qkv, 2.0f), *out = malloc((size_t)n_out * sizeof(float));
         float *lse = malloc((size_t)n_lse * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
-        float *garbage = filled(n_scratch > n_out ? n_scratch : n_out, 7.0f);
+        float *garbage = floats_filled(n_scratch > n_out ? n_scratch : n_out, 7.0f);
         float *g_qkv = upload_floats(k, qkv, n_qkv), *g_out = upload_floats(k, garbage, n_out);
         float *g_lse = upload_floats(k, garbage, n_lse), *g_scratch = upload_floats(k, garbage, n_scratch);
         cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
@@ -687,10 +663,10 @@ Test(cuda_backend, attention_backward)
         int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
         int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
         int64_t n_scratch = attention_scratch_floats(B, T, Hq);
-        float *qkv = random_floats(n_qkv, 2.0f), *out = malloc((size_t)n_out * sizeof(float));
-        float *lse = malloc((size_t)n_lse * sizeof(float)), *dout = random_floats(n_out, 1.0f);
+        float *qkv = floats_random(n_qkv, 2.0f), *out = malloc((size_t)n_out * sizeof(float));
+        float *lse = malloc((size_t)n_lse * sizeof(float)), *dout = floats_random(n_out, 1.0f);
         float *dqkv = malloc((size_t)n_qkv * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
-        float *garbage = filled(n_scratch > n_qkv ? n_scratch : n_qkv, 7.0f);
+        float *garbage = floats_filled(n_scratch > n_qkv ? n_scratch : n_qkv, 7.0f);
         cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
         float *g_qkv = upload_floats(k, qkv, n_qkv), *g_out = upload_floats(k, out, n_out);
         float *g_lse = upload_floats(k, lse, n_lse), *g_dout = upload_floats(k, dout, n_out);
@@ -729,12 +705,12 @@ Test(cuda_backend, embedding_forward_and_backward)
     const kernel_backend *k = gpu();
     int64_t N = 37, C = 72, first = 100, rows = 150;
     int tokens[37];
-    for (int64_t n = 0; n < N; n++) tokens[n] = 80 + (int)((uniform() + 1.0f) * 95.0f); /* [80, 270) */
+    for (int64_t n = 0; n < N; n++) tokens[n] = 80 + (int)((floats_uniform() + 1.0f) * 95.0f); /* [80, 270) */
     tokens[3] = 99, tokens[4] = 100, tokens[5] = 249, tokens[6] = 250;        /* the edges */
     tokens[10] = tokens[11] = tokens[20] = tokens[36] = 123;                  /* repeats */
-    float *table = random_floats(rows * C, 1.0f), *dout = random_floats(N * C, 1.0f);
-    float *d_table = random_floats(rows * C, 1.0f), *out = malloc((size_t)(N * C) * sizeof(float));
-    float *garbage = filled(N * C, 7.0f);
+    float *table = floats_random(rows * C, 1.0f), *dout = floats_random(N * C, 1.0f);
+    float *d_table = floats_random(rows * C, 1.0f), *out = malloc((size_t)(N * C) * sizeof(float));
+    float *garbage = floats_filled(N * C, 7.0f);
     int *g_tokens = upload(k, tokens, N, sizeof(int));
     float *g_table = upload_floats(k, table, rows * C), *g_dout = upload_floats(k, dout, N * C);
     float *g_dtable = upload_floats(k, d_table, rows * C), *g_out = upload_floats(k, garbage, N * C);
@@ -769,13 +745,13 @@ Test(cuda_backend, crossentropy)
         for (int64_t n = 0; n < N; n++) {
             /* Every other target in this rank's columns where it has real ones, the rest anywhere. */
             int64_t valid = vocab - first < 0 ? 0 : vocab - first > V ? V : vocab - first;
-            double u = (uniform() + 1.0) / 2.0;
+            double u = (floats_uniform() + 1.0) / 2.0;
             targets[n] = (int)(n % 2 == 0 && valid > 0 ? first + (int64_t)(u * (double)valid)
                                                        : (int64_t)(u * (double)vocab));
         }
-        float *logits = random_floats(N * V, 4.0f), *row_max = malloc((size_t)N * sizeof(float));
+        float *logits = floats_random(N * V, 4.0f), *row_max = malloc((size_t)N * sizeof(float));
         float *sum = malloc((size_t)N * sizeof(float)), *target = malloc((size_t)N * sizeof(float));
-        float *d_logits = malloc((size_t)(N * V) * sizeof(float)), *garbage = filled(N * V, 7.0f);
+        float *d_logits = malloc((size_t)(N * V) * sizeof(float)), *garbage = floats_filled(N * V, 7.0f);
         int *g_targets = upload(k, targets, N, sizeof(int));
         float *g_logits = upload_floats(k, logits, N * V), *g_max = upload_floats(k, garbage, N);
         float *g_sum = upload_floats(k, garbage, N), *g_target = upload_floats(k, garbage, N);
@@ -818,10 +794,10 @@ Test(cuda_backend, adamw_update)
     NEED_GPU();
     const kernel_backend *k = gpu();
     int64_t n = 1037;
-    float *param = random_floats(n, 1.0f), *m = filled(n, 0.0f), *v = filled(n, 0.0f);
+    float *param = floats_random(n, 1.0f), *m = floats_filled(n, 0.0f), *v = floats_filled(n, 0.0f);
     float *g_param = upload_floats(k, param, n), *g_m = upload_floats(k, m, n), *g_v = upload_floats(k, v, n);
     for (int64_t step = 1; step <= 3; step++) {
-        float *grad = random_floats(n, 0.1f), *g_grad = upload_floats(k, grad, n);
+        float *grad = floats_random(n, 0.1f), *g_grad = upload_floats(k, grad, n);
         adamw_update(param, grad, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
         cr_assert_eq(k->adamw_update(g_param, g_grad, g_m, g_v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step), TP_OK, "%s",
                      tp_errmsg());
@@ -846,7 +822,7 @@ Test(cuda_backend, sum_of_squares)
     const int64_t sizes[] = {0, 37, (1 << 20) + 37};
     float *x[3], *g_x[3];
     for (int s = 0; s < 3; s++) {
-        x[s] = random_floats(sizes[s], 3.0f), g_x[s] = upload_floats(k, x[s], sizes[s]);
+        x[s] = floats_random(sizes[s], 3.0f), g_x[s] = upload_floats(k, x[s], sizes[s]);
         const float *host[] = {x[s]}, *device[] = {g_x[s]};
         double got = -1, want = sum_of_squares(host, &sizes[s], 1);
         cr_assert_eq(k->sum_of_squares(&got, device, &sizes[s], 1), TP_OK, "%s", tp_errmsg());
