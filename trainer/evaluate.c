@@ -58,7 +58,6 @@ static int fill_windows(const dataset *d, gpt_slot *s, int64_t B, int64_t T, int
     return TP_OK;
 }
 
-
 /* The model of the checkpoint that checkpoint_load will read, found by rank
  * 0 alone (in an object store, listing a run directory and reading an index
  * are requests) and sent to the others as its configuration's JSON after
@@ -89,6 +88,7 @@ static int shared_model_config(comm *c, const char *ckpt, gpt_config *config, ch
     free(text);
     return status;
 }
+
 /* Forward passes of this replica's windows [first, last) through its
  * pipeline; *loss gets the loss sum on the last stage's first TP rank. */
 static int forward_windows(gpt_model *m, const dataset *data, int64_t first, int64_t last, int *window, double *loss)
