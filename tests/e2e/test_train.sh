@@ -99,10 +99,14 @@ for layout in "4 1 4 2" "2 1 2 4" "4 2 2 2"; do
     check "tp$2 pp$3 V$4 has the losses of one rank (1e-5)" losses_match "$WORK/$name.jsonl" "$WORK/il-one.jsonl" 1e-5
 done
 check "interleaved: the start line says V" [ "$(events "$WORK/il-tp1pp4v2.jsonl" start virtual_stages)" = "2 " ]
+# pipeline_ms is the longest rank's span and ms rank 0's step: ranks start a
+# step as each leaves the last one's collective, skewed under load, so the
+# pipeline may outlast rank 0's step; the mean idle time is below the
+# longest span on every step.
 check "interleaved: each step line has the pipeline's time and the ranks' idle time in it" "$PY" -c '
 import json, sys
 steps = [r for r in map(json.loads, open(sys.argv[1])) if "event" not in r]
-sys.exit(not (len(steps) == 10 and all(0 < r["pipeline_wait_ms"] < r["pipeline_ms"] <= r["ms"] for r in steps)))' \
+sys.exit(not (len(steps) == 10 and all(0 < r["pipeline_wait_ms"] < r["pipeline_ms"] and r["ms"] > 0 for r in steps)))' \
     "$WORK/il-tp1pp4v2.jsonl"
 expect_error "--virtual-stages at pp 1" 2 "virtual-stages interleaves .* needs --pp 2 or more" "$TRAIN" $TINY \
     --virtual-stages 2
