@@ -244,30 +244,46 @@ int elastic_spawn(char *const *argv, char *const *env, pid_t *pid)
     return TP_OK;
 }
 
+/* Bytes of /proc/PID/NAME read into buf (0 when it reads empty or the
+ * process is gone). */
+static size_t read_proc(const char *pid, const char *name, char *buf, size_t size)
+{
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%s/%s", pid, name);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, size, f);
+    fclose(f);
+    return n;
+}
+
 /* Whether process `pid`'s environment holds marker=value. A process in the
- * middle of an execve shows an empty environment for an instant (13% of
- * the reads of a process that executes itself in a loop, here: a leftover
- * starting a program was missed under load), as a kernel thread or a
- * zombie always does; a process whose executable is readable (neither of
- * those) and whose environment reads empty is read again, up to 10 times
- * 1 ms apart. */
+ * middle of an execve shows an empty environment, and an empty command
+ * line, until the new program's are in place: 13% of the reads of a
+ * process that executes itself in a loop, and under load that instant can
+ * outlast several milliseconds (10 reads 1 ms apart once missed a leftover
+ * beside `make asan`). So an empty environment is read again, for up to a
+ * second, while the command line reads empty too and the executable is
+ * readable; a process with an empty environment of its own (it has a
+ * command line: three reads), a kernel thread and a zombie (no executable)
+ * are answered at once. */
 static int carries_marker(const char *pid, const char *entry, size_t entry_length)
 {
-    char path[300], exe[300], target[8];
-    snprintf(path, sizeof path, "/proc/%s/environ", pid);
+    char exe[300], target[8], first_argument;
     snprintf(exe, sizeof exe, "/proc/%s/exe", pid);
     static char environment[1 << 20];
-    size_t n = 0;
-    for (int attempt = 0; attempt < 10 && n == 0; attempt++) {
-        if (attempt) {
-            if (readlink(exe, target, sizeof target) < 0) return 0;
-            struct timespec pause = {0, 1000 * 1000};
-            nanosleep(&pause, NULL);
-        }
-        FILE *f = fopen(path, "r");
-        if (!f) return 0;
-        n = fread(environment, 1, sizeof environment, f);
-        fclose(f);
+    size_t n;
+    double deadline = 0;
+    int with_command_line = 0; /* reads of an empty environment beside a command line */
+    while ((n = read_proc(pid, "environ", environment, sizeof environment)) == 0) {
+        if (readlink(exe, target, sizeof target) < 0) return 0;
+        /* execve sets the two one after the other: a few reads to be sure */
+        if (read_proc(pid, "cmdline", &first_argument, 1) > 0 && ++with_command_line >= 3) return 0;
+        double now = now_seconds();
+        if (deadline == 0) deadline = now + 1.0;
+        else if (now > deadline) return 0;
+        struct timespec pause = {0, 1000 * 1000};
+        nanosleep(&pause, NULL);
     }
     for (size_t i = 0; i + entry_length <= n;) {
         if (memcmp(environment + i, entry, entry_length) == 0) return 1;
