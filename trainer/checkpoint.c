@@ -733,9 +733,10 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
     return status;
 }
 
-int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, size_t resolved_size)
+/* The model configuration of the first checkpoint that opens of those
+ * checkpoint_load would try, in its order. */
+static int model_config_of(const char *path, gpt_config *out, char *resolved, size_t resolved_size)
 {
-    /* The checkpoints checkpoint_load would try, in its order: the first that opens. */
     ckpt_candidate *list = NULL;
     int n = 0, status = ckpt_candidates(path, &list, &n);
     for (int k = 0; k < n; k++) {
@@ -749,5 +750,33 @@ int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, s
         if (!status) break;
     }
     free(list);
+    return status;
+}
+
+int checkpoint_model_config(comm *c, const char *path, gpt_config *out, char *resolved, size_t resolved_size)
+{
+    /* Rank 0 sends the resolved path, a newline, then the configuration's JSON. */
+    char *text = NULL;
+    int status = TP_OK;
+    if (c->rank == 0) {
+        status = model_config_of(path, out, resolved, resolved_size);
+        char *json = status ? NULL : gpt_config_to_json(out);
+        size_t length = json ? strlen(resolved) + strlen(json) + 2 : 0;
+        if (!status && !(json && (text = malloc(length)))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+        if (!status) snprintf(text, length, "%s\n%s", resolved, json);
+        cJSON_free(json);
+    }
+    status = comm_agree_root(c, status, path);
+    if (!status) status = comm_broadcast_text(c, &text, 0);
+    if (!status && c->rank != 0) {
+        char *newline = text ? strchr(text, '\n') : NULL;
+        if (!newline) status = tp_fail(TP_ERR_COMM, "%s: the checkpoint's model arrived without its path", path);
+        else {
+            *newline = '\0';
+            snprintf(resolved, resolved_size, "%s", text);
+            status = gpt_config_from_json(newline + 1, out);
+        }
+    }
+    free(text);
     return status;
 }

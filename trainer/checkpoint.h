@@ -115,7 +115,10 @@ int checkpoint_load(gpt_model *model, const char *dir, int with_optimizer, check
 int checkpoint_any(comm *c, const char *dir, int *dir_exists, int *any);
 
 /* The model configuration of the checkpoint a path names (as ckpt_resolve
- * finds it), with its resolved path; for building a model to load it into. */
-int checkpoint_model_config(const char *path, gpt_config *out, char *resolved, size_t resolved_size);
+ * finds it), with its resolved path; for building a model to load it into.
+ * Rank 0 alone lists and opens it (in an object store those are requests)
+ * and sends it to the others; its failure, with its message, is every
+ * rank's. Collective. */
+int checkpoint_model_config(comm *c, const char *path, gpt_config *out, char *resolved, size_t resolved_size);
 
 #endif

@@ -1,7 +1,6 @@
 /* evaluate.c: the loss of a checkpoint on token windows, and sampling text
  * from it. Forward passes only, through the same model code as training, so
  * `eval` at any layout computes what training would (to summation order). */
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,37 +57,6 @@ static int fill_windows(const dataset *d, gpt_slot *s, int64_t B, int64_t T, int
     return TP_OK;
 }
 
-/* The model of the checkpoint that checkpoint_load will read, found by rank
- * 0 alone (in an object store, listing a run directory and reading an index
- * are requests) and sent to the others as its configuration's JSON after
- * the resolved path. Rank 0's failure, with its message, is every rank's. */
-static int shared_model_config(comm *c, const char *ckpt, gpt_config *config, char *resolved, size_t size)
-{
-    char *text = NULL;
-    int status = TP_OK;
-    if (c->rank == 0) {
-        status = checkpoint_model_config(ckpt, config, resolved, size);
-        char *json = status ? NULL : gpt_config_to_json(config);
-        size_t length = json ? strlen(resolved) + strlen(json) + 2 : 0;
-        if (!status && !(json && (text = malloc(length)))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-        if (!status) snprintf(text, length, "%s\n%s", resolved, json);
-        cJSON_free(json);
-    }
-    status = comm_agree_root(c, status, ckpt);
-    if (!status) status = comm_broadcast_text(c, &text, 0);
-    if (!status && c->rank != 0) {
-        char *newline = text ? strchr(text, '\n') : NULL;
-        if (!newline) status = tp_fail(TP_ERR_COMM, "%s: the checkpoint's model arrived without its path", ckpt);
-        else {
-            *newline = '\0';
-            snprintf(resolved, size, "%s", text);
-            status = gpt_config_from_json(newline + 1, config);
-        }
-    }
-    free(text);
-    return status;
-}
-
 /* Forward passes of this replica's windows [first, last) through its
  * pipeline; *loss gets the loss sum on the last stage's first TP rank. */
 static int forward_windows(gpt_model *m, const dataset *data, int64_t first, int64_t last, int *window, double *loss)
@@ -119,7 +87,7 @@ int eval_run(const eval_options *o, comm *c, eval_result *out)
     int64_t T = o->seq;
     gpt_config config;
     char resolved[4096];
-    int status = shared_model_config(c, o->ckpt, &config, resolved, sizeof resolved);
+    int status = checkpoint_model_config(c, o->ckpt, &config, resolved, sizeof resolved);
     if (!status) status = inference_model(config, resolved, c, o->micro_batch, &T, &m);
     if (!status) status = dataset_open(&data, o->data, m->config.vocab, 0);
     int64_t available = 0, windows = o->windows;
@@ -197,7 +165,7 @@ int generate_run(const generate_options *o, FILE *out)
     gpt_config config;
     char resolved[4096];
     gpt_model *m = NULL;
-    int *context = NULL, status = checkpoint_model_config(o->ckpt, &config, resolved, sizeof resolved);
+    int *context = NULL, status = checkpoint_model_config(c, o->ckpt, &config, resolved, sizeof resolved);
     /* The window: the whole context when it fits, else the last seq tokens. */
     int64_t T = (int64_t)prompt_len + o->tokens;
     if (!status && T > config.seq) T = config.seq;
