@@ -384,6 +384,30 @@ static __host__ __device__ inline void row_stats_element(float *lse_tile, float 
     delta_tile[idx] = i < T ? delta[at] : 0.0f;
 }
 
+/* Where block (x, kh, b)'s thread of part `part` in key row j reads and
+ * writes: the same for the kernel and the emulation. Query row i of head h
+ * is at queries + i stride + h hd, its output gradient at grads + i Hq hd +
+ * h hd. */
+struct key_places {
+    const float *k, *v, *queries, *grads;
+    float *dk, *dv;
+};
+
+static __host__ __device__ inline key_places key_places_of(float *d_qkv, const float *d_out, const float *qkv,
+                                                           int64_t b, int64_t kh, int64_t j, int part, int64_t T,
+                                                           int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    int64_t stride = (Hq + 2 * Hkv) * hd, row = (b * T + j) * stride + part * PART;
+    key_places at;
+    at.k = qkv + row + (Hq + kh) * hd;
+    at.v = qkv + row + (Hq + Hkv + kh) * hd;
+    at.queries = qkv + b * T * stride;
+    at.grads = d_out + b * T * Hq * hd;
+    at.dk = d_qkv + row + (Hq + kh) * hd;
+    at.dv = d_qkv + row + (Hq + Hkv + kh) * hd;
+    return at;
+}
+
 /* Grid (ceil(T / rows), Hkv, B): after the queries kernel (delta). */
 template <int HD>
 __global__ void __launch_bounds__(tiling<HD>::threads)
@@ -396,17 +420,15 @@ __global__ void __launch_bounds__(tiling<HD>::threads)
     int part = threadIdx.x % S::split, row = threadIdx.x / S::split;
     int64_t b = blockIdx.z, kh = blockIdx.y, first = (int64_t)blockIdx.x * S::rows, j = first + row;
     int64_t stride = (Hq + 2 * Hkv) * HD, group = Hq / Hkv;
-    const float *base = qkv + b * T * stride;
-    float *dst = d_qkv + (b * T + j) * stride + part * PART;
+    key_places at = key_places_of(d_qkv, d_out, qkv, b, kh, j, part, T, Hq, Hkv, HD);
     key_part st;
-    key_begin(&st, base + j * stride + (Hq + kh) * HD + part * PART,
-              base + j * stride + (Hq + Hkv + kh) * HD + part * PART, j < T);
+    key_begin(&st, at.k, at.v, j < T);
     for (int64_t h = kh * group; h < (kh + 1) * group; h++)
         for (int64_t q0 = first; q0 < T; q0 += S::tile_rows) {
             __syncthreads();
             for (int idx = threadIdx.x; idx < S::tile_rows * HD; idx += S::threads) {
-                tile_element<HD>(queries, base + h * HD, stride, q0, T, idx);
-                tile_element<HD>(grads, d_out + b * T * Hq * HD + h * HD, Hq * HD, q0, T, idx);
+                tile_element<HD>(queries, at.queries + h * HD, stride, q0, T, idx);
+                tile_element<HD>(grads, at.grads + h * HD, Hq * HD, q0, T, idx);
             }
             for (int idx = threadIdx.x; idx < S::tile_rows; idx += S::threads)
                 row_stats_element(lse_tile, delta_tile, lse, delta, b, h, q0, T, Hq, idx);
@@ -419,7 +441,7 @@ __global__ void __launch_bounds__(tiling<HD>::threads)
                           tile_part<HD>(queries, ii, part), tile_part<HD>(grads, ii, part), scale);
             }
         }
-    key_end(&st, dst + (Hq + kh) * HD, dst + (Hq + Hkv + kh) * HD, j < T);
+    key_end(&st, at.dk, at.dv, j < T);
 }
 
 /* ================================================================ launches */
@@ -577,7 +599,8 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
     query_part *qs = (query_part *)malloc(S::threads * sizeof *qs);
     query_places *qat = (query_places *)malloc(S::threads * sizeof *qat);
     key_part *ks = (key_part *)malloc(S::threads * sizeof *ks);
-    int status = tile_a && tile_b && qs && qat && ks ? TP_OK
+    key_places *kat = (key_places *)malloc(S::threads * sizeof *kat);
+    int status = tile_a && tile_b && qs && qat && ks && kat ? TP_OK
                                                      : tp_fail(TP_ERR_NOMEM, "tiled attention emulation: no memory");
     int64_t stride = (Hq + 2 * Hkv) * HD, group = Hq / Hkv;
     /* The queries kernel's blocks (delta first: the keys kernel reads it). */
@@ -622,18 +645,16 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
     for (int64_t b = 0; !status && b < B; b++)
         for (int64_t kh = 0; kh < Hkv; kh++)
             for (int64_t first = 0; first < T; first += S::rows) {
-                const float *base = qkv + b * T * stride;
                 for (int t = 0; t < S::threads; t++) {
                     int64_t j = first + t / S::split;
-                    int p = t % S::split;
-                    key_begin(&ks[t], base + j * stride + (Hq + kh) * HD + p * PART,
-                              base + j * stride + (Hq + Hkv + kh) * HD + p * PART, j < T);
+                    kat[t] = key_places_of(d_qkv, d_out, qkv, b, kh, j, t % S::split, T, Hq, Hkv, HD);
+                    key_begin(&ks[t], kat[t].k, kat[t].v, j < T);
                 }
                 for (int64_t h = kh * group; h < (kh + 1) * group; h++)
                     for (int64_t q0 = first; q0 < T; q0 += S::tile_rows) {
                         for (int idx = 0; idx < S::tile_rows * HD; idx++) {
-                            tile_element<HD>(tile_a, base + h * HD, stride, q0, T, idx);
-                            tile_element<HD>(tile_b, d_out + b * T * Hq * HD + h * HD, Hq * HD, q0, T, idx);
+                            tile_element<HD>(tile_a, kat[0].queries + h * HD, stride, q0, T, idx);
+                            tile_element<HD>(tile_b, kat[0].grads + h * HD, Hq * HD, q0, T, idx);
                         }
                         for (int idx = 0; idx < S::tile_rows; idx++)
                             row_stats_element(lse_tile, delta_tile, lse, delta, b, h, q0, T, Hq, idx);
@@ -652,13 +673,9 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
                                               tile_part<HD>(tile_b, ii, p), scale);
                             }
                     }
-                for (int t = 0; t < S::threads; t++) {
-                    int64_t j = first + t / S::split;
-                    float *dst = d_qkv + (b * T + j) * stride + (t % S::split) * PART;
-                    key_end(&ks[t], dst + (Hq + kh) * HD, dst + (Hq + Hkv + kh) * HD, j < T);
-                }
+                for (int t = 0; t < S::threads; t++) key_end(&ks[t], kat[t].dk, kat[t].dv, first + t / S::split < T);
             }
-    free(tile_a), free(tile_b), free(qs), free(qat), free(ks);
+    free(tile_a), free(tile_b), free(qs), free(qat), free(ks), free(kat);
     return status;
 }
 
