@@ -240,25 +240,25 @@ phase_judges() {
     grep -E "^FAIL|SKIP|transformers" "$OUTDIR/judges.log" | head -n 20 | sed 's/^/  /' | tee -a "$SUMMARY"
 }
 
-# Phases beside the others (lease): CPU work, each in a subshell with its
-# own limit; their exit statuses come back through files.
-for phase in $BESIDE; do
-    (
-        LIMIT=$BESIDE_LIMIT
-        start=$(date +%s)
-        rc=0
-        "phase_$phase"
-        say "   ($phase: $(($(date +%s) - start)) s, beside)"
-        echo "$rc" >"$DEST/$phase.rc"
-    ) &
-done
-for phase in $PHASES; do
-    echo "== $phase (at most $LIMIT s)"
+# run_phase PHASE [NOTE]: the phase within $LIMIT, its time in the summary;
+# its exit status is rc's, and also lands in DEST/PHASE.rc.
+run_phase() {
+    echo "== $1 (at most $LIMIT s)"
     start=$(date +%s)
     rc=0
-    "phase_$phase"
-    [ "$rc" -eq 0 ] || FAILED_PHASES="$FAILED_PHASES $phase"
-    say "   ($phase: $(($(date +%s) - start)) s)"
+    "phase_$1"
+    say "   ($1: $(($(date +%s) - start)) s${2:+, $2})"
+    echo "$rc" >"$DEST/$1.rc"
+    return "$rc"
+}
+
+# Phases beside the others (lease): CPU work, each in a subshell with its
+# own limit.
+for phase in $BESIDE; do
+    (LIMIT=$BESIDE_LIMIT && run_phase "$phase" beside) &
+done
+for phase in $PHASES; do
+    run_phase "$phase" || FAILED_PHASES="$FAILED_PHASES $phase"
 done
 wait
 for phase in $BESIDE; do
