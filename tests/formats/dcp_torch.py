@@ -400,29 +400,27 @@ def main(argv):
         fixtures(argv[2])
         return 0
     ranks = int(argv[argv.index("--ranks") + 1]) if "--ranks" in argv else 1
-    if len(argv) >= 4 and argv[1] == "compare-values" and argv[2] in FIXTURE_TENSORS:
-        n = compare_values(argv[2], argv[3])
-        for p in problems:
-            print("dcp_torch: " + p)
-        if not problems:
-            print(f"dcp_torch: {n} tensors of {argv[2]} equal to the values it was written with")
-        return 1 if problems else 0
-    if len(argv) < 4 or argv[1] not in ("compare-ckpt", "compare-dcp"):
+    if len(argv) < 4 or argv[1] not in ("compare-ckpt", "compare-dcp", "compare-values") or (
+            argv[1] == "compare-values" and argv[2] not in FIXTURE_TENSORS):
         print(__doc__, file=sys.stderr)
         return 2
-    # A directory of this run's own for the reference the ranks load: a
-    # fixed name in TMPDIR was shared by runs at once (two suites side by
-    # side), one removing or rewriting the other's reference mid-load.
-    with tempfile.TemporaryDirectory(prefix="dcp-torch-") as scratch:
-        if argv[1] == "compare-ckpt":
-            n = compare_ckpt(argv[2], argv[3], ranks, scratch, "--described" in argv)
-        else:
-            n = compare_dcp(argv[2], argv[3], ranks, scratch)
+    if argv[1] == "compare-values":
+        n = compare_values(argv[2], argv[3])
+        done = f"{n} tensors of {argv[2]} equal to the values it was written with"
+    else:
+        # A directory of this run's own for the reference the ranks load: a
+        # fixed name in TMPDIR was shared by runs at once (two suites side by
+        # side), one removing or rewriting the other's reference mid-load.
+        with tempfile.TemporaryDirectory(prefix="dcp-torch-") as scratch:
+            if argv[1] == "compare-ckpt":
+                n = compare_ckpt(argv[2], argv[3], ranks, scratch, "--described" in argv)
+            else:
+                n = compare_dcp(argv[2], argv[3], ranks, scratch)
+        done = f"{n} entries equal (PyTorch {torch.__version__}{f', sharded over {ranks} ranks' if ranks > 1 else ''})"
     for p in problems:
         print("dcp_torch: " + p)
     if not problems:
-        print(f"dcp_torch: {n} entries equal (PyTorch {torch.__version__}"
-              f"{f', sharded over {ranks} ranks' if ranks > 1 else ''})")
+        print("dcp_torch: " + done)
     return 1 if problems else 0
 
 
