@@ -53,8 +53,8 @@ static const char *usage_text =
     "           system) and uploads it in the background; rank 0 uploads the index last\n"
     "output:    --log FILE (rank 0; JSON lines: a start line per launch, steps, committed saves, a stop line;\n"
     "           appended to with --resume, so that one log holds a run across restarts) --quiet\n"
-    "device:    --device cpu|cuda|auto (auto: a GPU when this build has CUDA and the machine a GPU\n"
-    "           for each rank on it; one process per GPU, local rank i on GPU i)\n"
+    "device:    --device cpu|cuda|auto (auto: GPUs when this build has CUDA and every rank has its own\n"
+    "           GPU, else the CPU for all ranks; one process per GPU, local rank i on GPU i)\n"
     "other:     --threads N (compute threads per rank, 1)\n"
     "testing aid (recovery tests): --fault die|hang|fail|slow --fault-step S [--fault-rank R (0)] [--fault-once FILE]:\n"
     "           after step S, rank R kills itself (SIGKILL), stops progressing (SIGTERM or SIGKILL ends it),\n"
@@ -640,6 +640,19 @@ int main(int argc, char **argv)
      * each rank without says why. */
     const kernel_backend *kernels = NULL;
     int local_rank = comm_mpi_local_rank();
+    /* auto is one verdict for the whole job: GPUs only when every rank has
+     * its own. Four ranks on a machine with one GPU all run on the CPU;
+     * chosen rank by rank, rank 0 alone would take the GPU and wait for the
+     * others in NCCL's setup while they waited for it elsewhere, forever. */
+    if (strcmp(device, "auto") == 0) {
+        int lacks_gpu = !cuda_built() || cuda_device_count() <= local_rank, any_lacks = 1;
+        if (comm_any(cm, lacks_gpu, &any_lacks)) {
+            if (cm->rank == 0) fprintf(stderr, "tp-train: error: choosing the device: %s\n", tp_errmsg());
+            comm_free(cm);
+            return 1;
+        }
+        device = any_lacks ? "cpu" : "cuda";
+    }
     int chosen = kernels_choose(device, local_rank, &kernels), rank0_failed = chosen != TP_OK;
     if (comm_broadcast(cm, &rank0_failed, sizeof rank0_failed, 0, COMM_HOST)) rank0_failed = 1;
     if (chosen && cm->rank == 0) fprintf(stderr, "tp-train: error: %s\n", tp_errmsg());

@@ -68,8 +68,8 @@ model() {
 for name in $MODELS; do
     spec=$(model "$name")
     args=${spec%%|*}
-    # Each dtype with the attention kernels of a warp per row (the default)
-    # and the tiled ones (TP_CUDA_ATTENTION=tiled, kernels/cuda/attention_tiled.h).
+    # Each dtype with the attention kernels of a warp per row (TP_CUDA_ATTENTION=rows)
+    # and the tiled ones (the default, kernels/cuda/attention_tiled.h).
     for variant in rows tiled; do
         for dtype in fp32 bf16; do
             TP_CUDA_ATTENTION=$variant "$BUILD/bin/tp-train" $args --seq "$SEQ" --micro-batch "$MB" --steps "$STEPS" \

@@ -100,7 +100,7 @@ GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
     echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; $(uname -sr)"
     sed -n '1,3p' "$P/PACK-INFO" | sed 's/^/pack /'
     # Where the CUDA libraries were found, or why not (a one-step run).
-    echo "tp-train --device cuda, one tiny step: $(timeout 120 "$P/build/bin/tp-train" --model tiny --steps 1 --device cuda --quiet 2>&1 | tail -n 1 || true)"
+    echo "tp-train --device cuda, one tiny step: $(timeout 120 "$P/build/bin/tp-train" --model tiny --steps 1 --device cuda 2>&1 | tail -n 1 || true)"
 } >"$OUTDIR/info.txt" 2>&1
 cat "$OUTDIR/info.txt"
 {

@@ -446,12 +446,12 @@ __global__ void __launch_bounds__(tiling<HD>::threads)
 
 /* ================================================================ launches */
 
-static int tiled_chosen; /* cuda_attention_variant */
+static int tiled_chosen = 1; /* cuda_attention_variant */
 
 extern "C" int cuda_attention_variant(const char *name)
 {
-    if (!name || strcmp(name, "rows") == 0) tiled_chosen = 0;
-    else if (strcmp(name, "tiled") == 0) tiled_chosen = 1;
+    if (!name || strcmp(name, "tiled") == 0) tiled_chosen = 1;
+    else if (strcmp(name, "rows") == 0) tiled_chosen = 0;
     else return tp_fail(TP_ERR_ARG, "TP_CUDA_ATTENTION: '%s' is not an attention variant (rows or tiled)", name);
     return TP_OK;
 }

@@ -16,8 +16,9 @@
 extern "C" {
 #endif
 
-/* Which kernels the CUDA backend runs for attention: "rows" (a warp per
- * row, the default) or "tiled". The backend reads TP_CUDA_ATTENTION when it
+/* Which kernels the CUDA backend runs for attention: "tiled" (the default;
+ * shapes they do not fit go to the rows kernels) or "rows" (a warp per row).
+ * The backend reads TP_CUDA_ATTENTION when it
  * is made; this sets it for the process afterwards (tests). TP_ERR_ARG for
  * another name. */
 int cuda_attention_variant(const char *name);

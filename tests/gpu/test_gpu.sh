@@ -68,13 +68,14 @@ expect_ok "small on a GPU" gpu_train 1 --model small --micro-batch 2 --quiet --s
 check "small: the GPU's losses are the CPU's (1e-4)" losses_match "$WORK/small-gpu.jsonl" "$WORK/small-cpu.jsonl" 1e-4
 check "small: the start line names the GPU" grep -q '"device":"cuda:0 ' "$WORK/small-gpu.jsonl"
 check "small: the step lines give the MFU" grep -q '"mfu":' "$WORK/small-gpu.jsonl"
-# The tiled attention kernels (kernels/cuda/attention_tiled.h; small's
-# heads have 64 dimensions): the same losses.
-export TP_CUDA_ATTENTION=tiled
-expect_ok "small on a GPU, tiled attention" gpu_train 1 --model small --micro-batch 2 --quiet --steps 20 \
-    --log "$WORK/small-gpu-tiled.jsonl"
+# The attention kernels of a warp per row (the tiled ones,
+# kernels/cuda/attention_tiled.h, are the default; small's heads have 64
+# dimensions): the same losses.
+export TP_CUDA_ATTENTION=rows
+expect_ok "small on a GPU, attention by rows" gpu_train 1 --model small --micro-batch 2 --quiet --steps 20 \
+    --log "$WORK/small-gpu-rows.jsonl"
 unset TP_CUDA_ATTENTION
-check "small, tiled attention: the CPU's losses (1e-4)" losses_match "$WORK/small-gpu-tiled.jsonl" \
+check "small, attention by rows: the CPU's losses (1e-4)" losses_match "$WORK/small-gpu-rows.jsonl" \
     "$WORK/small-cpu.jsonl" 1e-4
 
 expect_ok "llama-tiny on the CPU" "$TRAIN" --model llama-tiny --micro-batch 2 --quiet --steps 20 --device cpu \
@@ -96,6 +97,17 @@ for layout in "2 2 1 1 2 1" "2 1 2 1 2 2" "2 1 1 2 2 1" "4 2 2 1 2 2" "4 4 1 1 4
         --grad-accum "$6" --steps 20 --log "$WORK/gpu-$name.jsonl"
     check "$name on GPUs has the losses of tp1 (1e-4)" losses_match "$WORK/gpu-$name.jsonl" "$WORK/gpu-tp1.jsonl" 1e-4
 done
+
+# --- --device auto is one verdict for the job: GPUs when every rank has its
+# own, else the CPU for all (more ranks than GPUs once hung: rank 0 alone
+# took the GPU and waited in NCCL's setup for ranks that never came).
+expect_ok "auto, one rank per GPU" mpirun --oversubscribe -np "$gpus" "$TRAIN" $TINY --steps 2 \
+    --log "$WORK/auto-fits.jsonl" </dev/null
+check "auto, one rank per GPU: every rank on a GPU" grep -q '"device":"cuda:0 ' "$WORK/auto-fits.jsonl"
+over=$((gpus * 2))
+expect_ok "auto, $over ranks on $gpus GPU(s): ends" timeout 120 mpirun --oversubscribe -np "$over" "$TRAIN" $TINY \
+    --steps 2 --log "$WORK/auto-over.jsonl" </dev/null
+check "auto, $over ranks on $gpus GPU(s): all on the CPU" grep -q '"device":"cpu"' "$WORK/auto-over.jsonl"
 
 # --- Checkpoints between GPU and CPU: 10 steps on one, 10 resumed on the
 # other, against 20 straight on the first (1e-4).

@@ -102,6 +102,6 @@ Test(attention_tiled, refuses_what_it_does_not_take)
     cr_assert(cuda_attention_tiled_fits(4, 12, 128));
     cr_assert_eq(cuda_attention_variant("flash"), TP_ERR_ARG);
     cr_assert(strstr(tp_errmsg(), "'flash'"), "%s", tp_errmsg());
-    cr_assert_eq(cuda_attention_variant("tiled"), TP_OK);
-    cr_assert_eq(cuda_attention_variant(NULL), TP_OK, "unset: the rows kernels");
+    cr_assert_eq(cuda_attention_variant("rows"), TP_OK);
+    cr_assert_eq(cuda_attention_variant(NULL), TP_OK, "unset: the tiled kernels");
 }
