@@ -44,6 +44,8 @@ static const char *usage_text =
     "           or --global-batch G (sequences per step): A = G / (B x D)\n"
     "optimizer: --steps N (100) --lr X (3e-4) --min-lr X (lr/10) --warmup N (steps/10)\n"
     "           --weight-decay X (0.1) --clip X (1.0) --seed N (1337)\n"
+    "           --zero 1: ZeRO-1, the Adam moments split over the data-parallel ranks (each keeps 1/D of\n"
+    "           them; gradients reduce-scattered, parameters all-gathered); checkpoints as without it\n"
     "data:      --data FILE|GLOB              token files (docs/DATA.md); default: synthetic data\n"
     "checkpoints: --ckpt-dir DIR|URL --ckpt-every N --resume [--sync-save] [--stop-at N] [--ckpt-cache DIR]\n"
     "           written asynchronously; SIGTERM or SIGUSR1 (or --stop-at): finish the step,\n"
@@ -343,11 +345,12 @@ static void log_start(reporter *p, const train_report *r)
     fprintf(p->log,
             "{\"event\":\"start\",\"step\":%lld,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batch\":%lld,"
             "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"device\":%s,\"dtype\":\"%s\","
-            "\"sequence_parallel\":%s,\"virtual_stages\":%d,\"activation_bytes\":%lld,\"resumed_from\":%s,"
+            "\"sequence_parallel\":%s,\"virtual_stages\":%d,\"zero\":%d,\"optimizer_bytes\":%lld,\"activation_bytes\":%lld,\"resumed_from\":%s,"
             "\"load_seconds\":%.3f,\"startup_seconds\":%.3f,\"time\":%.6f}\n",
             (long long)r->step - 1, p->c->tp, p->c->pp, p->c->dp, (long long)o->micro_batch, (long long)o->grad_accum,
             (long long)r->global_batch, p->c->world, device, o->bf16 ? "bf16" : "fp32",
-            o->sequence_parallel ? "true" : "false", o->virtual_stages, (long long)r->bytes, from,
+            o->sequence_parallel ? "true" : "false", o->virtual_stages, o->zero, (long long)r->optimizer_bytes, (long long)r->bytes,
+            from,
             p->resumed ? p->load_seconds : 0.0,
             now_seconds() - p->started, unix_seconds());
     fflush(p->log);
@@ -484,7 +487,7 @@ int main(int argc, char **argv)
     double started = now_seconds();
     enum { O_TP = 256, O_PP, O_DP, O_MB, O_ACCUM, O_STEPS, O_LR, O_MIN_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA,
            O_CKPT, O_EVERY, O_RESUME, O_SYNC, O_LOG, O_THREADS, O_DUMP, O_QUIET, O_STOP, O_GLOBAL, O_FAULT, O_FAULT_STEP,
-           O_FAULT_RANK, O_FAULT_ONCE, O_DEVICE, O_CACHE, O_SP, O_VS };
+           O_FAULT_RANK, O_FAULT_ONCE, O_DEVICE, O_CACHE, O_SP, O_VS, O_ZERO };
     static const struct option options[] = {
         CLI_MODEL_LONG_OPTIONS,
         {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP}, {"dp", required_argument, 0, O_DP},
@@ -501,7 +504,7 @@ int main(int argc, char **argv)
         {"fault", required_argument, 0, O_FAULT}, {"fault-step", required_argument, 0, O_FAULT_STEP},
         {"fault-rank", required_argument, 0, O_FAULT_RANK}, {"fault-once", required_argument, 0, O_FAULT_ONCE},
         {"device", required_argument, 0, O_DEVICE}, {"ckpt-cache", required_argument, 0, O_CACHE},
-        {"sequence-parallel", no_argument, 0, O_SP}, {"virtual-stages", required_argument, 0, O_VS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"sequence-parallel", no_argument, 0, O_SP}, {"virtual-stages", required_argument, 0, O_VS}, {"zero", required_argument, 0, O_ZERO}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *device = "auto";
     const int64_t big = (int64_t)1 << 31;
     int c, index = 0;
@@ -550,6 +553,7 @@ int main(int argc, char **argv)
         case O_QUIET: quiet = 1; break;
         case O_STOP: o.stop_at = cli_int("tp-train", "--stop-at", optarg, 1, (int64_t)1 << 40); break;
         case O_SP: o.sequence_parallel = 1; break;
+        case O_ZERO: o.zero = (int)cli_int("tp-train", "--zero", optarg, 0, 1); break;
         case O_VS: o.virtual_stages = (int)cli_int("tp-train", "--virtual-stages", optarg, 1, 4096); break;
         case O_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))

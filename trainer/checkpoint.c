@@ -14,6 +14,7 @@
 #include "../common/clock.h"
 #include "../reshard/reshard.h"
 #include "checkpoint.h"
+#include "zero.h"
 
 /* Catalogue entries a model view is saved as and loaded from: the parameter
  * and its two moments. */
@@ -204,7 +205,8 @@ static int take_snapshot(saver *s)
         if (!v->owner) continue;
         const float *sources[3] = {s->dump_grads ? v->grad : v->data, v->m, v->v};
         for (int k = 0; k < (s->dump_grads ? 1 : 3); k++, to += v->numel)
-            TP_TRY(m->kernels->to_host_background(to, sources[k], (size_t)v->numel * sizeof(float)));
+            if (sources[k]) /* ZeRO-1's moments: saver_start placed them (zero_gather_moments) */
+                TP_TRY(m->kernels->to_host_background(to, sources[k], (size_t)v->numel * sizeof(float)));
     }
     return TP_OK;
 }
@@ -484,6 +486,9 @@ int saver_start(saver *s, const char *path, const char *url, const save_state *s
         if (staged) return tp_fail_context(staged, "checkpoint %s", s->url[0] ? s->url : path);
         return tp_fail(TP_ERR_STATE, "checkpoint %s: another rank cannot stage it", s->url[0] ? s->url : path);
     }
+    /* ZeRO-1: the moments of every shard into the writer's snapshot, now
+     * (collective; the writer's thread must not communicate). */
+    if (!s->dump_grads) TP_TRY(zero_gather_moments(m, s->snapshot));
     s->status = TP_OK;
     s->upload_failed = 0;
     atomic_store(&s->done, 1);
@@ -518,16 +523,16 @@ static int same_model(const gpt_config *a, const gpt_config *b)
 }
 
 /* Reads one tensor's piece for a view into out (the model's memory: on a
- * device through a host buffer); *absent says the checkpoint has no such
- * tensor. */
+ * device through a host buffer; or host memory when host_out); *absent says
+ * the checkpoint has no such tensor. */
 static int read_view(const gpt_model *m, ckpt_reader *r, const char *name, const ckpt_tensor_desc *desc, int piece,
-                     float *out, int64_t numel, int *absent)
+                     float *out, int host_out, int64_t numel, int *absent)
 {
     int index = ckpt_reader_find(r, name);
     *absent = index < 0;
     if (*absent) return TP_OK;
     size_t bytes = (size_t)numel * sizeof(float);
-    if (!m->kernels->on_device) return reshard_read_piece(r, index, desc, m->comm->tp, piece, out, bytes);
+    if (host_out || !m->kernels->on_device) return reshard_read_piece(r, index, desc, m->comm->tp, piece, out, bytes);
     float *host = alloc_pages(bytes);
     if (!host) return tp_fail(TP_ERR_NOMEM, "out of memory reading %s (%zu bytes)", name, bytes);
     int status = reshard_read_piece(r, index, desc, m->comm->tp, piece, host, bytes);
@@ -537,8 +542,9 @@ static int read_view(const gpt_model *m, ckpt_reader *r, const char *name, const
 }
 
 /* Loads the views of map (with the moments when it has them) from the
- * checkpoint at path, whose index.json rank 0 read (index_text). */
-static int load_one(gpt_model *m, const char *path, const char *index_text, const tensor_map *map,
+ * checkpoint at path, whose index.json rank 0 read (index_text). With
+ * ZeRO-1 the moments go to `moments` (host, [2, total]: zero.h) instead. */
+static int load_one(gpt_model *m, const char *path, const char *index_text, const tensor_map *map, float *moments,
                     load_result *out)
 {
     /* Only the first data-parallel replica reads; share_over_replicas hands
@@ -571,19 +577,25 @@ static int load_one(gpt_model *m, const char *path, const char *index_text, cons
         param_view *v = &m->params[i];
         const view_entries *e = &map->entries[i];
         int absent;
-        status = read_view(m, r, v->spec->name, &v->spec->desc, v->piece, v->data, v->numel, &absent);
+        status = read_view(m, r, v->spec->name, &v->spec->desc, v->piece, v->data, 0, v->numel, &absent);
         if (!status && absent) status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s missing", path, v->spec->name);
-        const int moments[2] = {e->exp_avg, e->exp_avg_sq};
+        const int moment_ids[2] = {e->exp_avg, e->exp_avg_sq};
         float *values[2] = {v->m, v->v};
+        if (m->zero) {
+            int64_t at = v->data - m->memory;
+            values[0] = moments ? moments + at : NULL;
+            values[1] = moments ? moments + m->total + at : NULL;
+        }
         for (int k = 0; k < 2 && !status; k++) {
-            if (moments[k] < 0) { /* not asked for */
+            if (moment_ids[k] < 0 || !values[k]) { /* not asked for */
                 missing_optimizer = 1;
                 continue;
             }
-            status = read_view(m, r, map->catalog[moments[k]].name, &v->spec->desc, v->piece, values[k], v->numel,
-                               &absent);
+            status = read_view(m, r, map->catalog[moment_ids[k]].name, &v->spec->desc, v->piece, values[k], m->zero,
+                               v->numel, &absent);
             if (!status && absent) { /* a checkpoint without optimizer state: it starts afresh */
-                status = m->kernels->zero(values[k], (size_t)v->numel * sizeof(float));
+                if (m->zero) memset(values[k], 0, (size_t)v->numel * sizeof(float));
+                else status = m->kernels->zero(values[k], (size_t)v->numel * sizeof(float));
                 missing_optimizer = 1;
             }
         }
@@ -600,20 +612,22 @@ static int load_one(gpt_model *m, const char *path, const char *index_text, cons
 
 /* After the first replica loaded a checkpoint: its parameters (and
  * moments) to every replica, over each data-parallel group (a sum with the
- * others' zeros), and what it learnt of the checkpoint to every rank.
- * Collective. */
-static int share_over_replicas(gpt_model *m, int with_optimizer, load_result *out)
+ * others' zeros; ZeRO-1's moments, from `moments`, to their shards), and
+ * what it learnt of the checkpoint to every rank. Collective. */
+static int share_over_replicas(gpt_model *m, int with_optimizer, const float *moments, load_result *out)
 {
     comm *c = m->comm;
     if (c->dp > 1) {
         size_t bytes = (size_t)m->total * sizeof(float);
+        int moments_in_memory = with_optimizer && !m->zero;
         if (c->dp_rank != 0) {
             TP_TRY(m->kernels->zero(m->memory, bytes));
-            if (with_optimizer) TP_TRY(m->kernels->zero(m->memory + 2 * m->total, 2 * bytes));
+            if (moments_in_memory) TP_TRY(m->kernels->zero(m->memory + 2 * m->total, 2 * bytes));
         }
         TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory, m->total, COMM_FLOAT, COMM_SUM, m->stream));
-        if (with_optimizer)
+        if (moments_in_memory)
             TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + 2 * m->total, 2 * m->total, COMM_FLOAT, COMM_SUM, m->stream));
+        if (with_optimizer) TP_TRY(zero_scatter_moments(m, moments));
     }
     return comm_broadcast(c, out, (int64_t)sizeof *out, 0, COMM_HOST); /* rank 0 read it */
 }
@@ -688,12 +702,17 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
     ckpt_candidate *list = NULL;
     tensor_map map;
     int n = 0;
+    float *moments = NULL; /* ZeRO-1: the first replica reads the moments here (zero.h) */
     int status = shared_candidates(c, dir, &list, &n);
     if (!status) status = tensor_map_create(&map, m, with_optimizer);
     else memset(&map, 0, sizeof map);
+    if (!status && m->zero && with_optimizer && c->dp_rank == 0 &&
+        !(moments = calloc((size_t)(2 * m->total), sizeof *moments)))
+        status = tp_fail(TP_ERR_NOMEM, "out of memory for the moments of %lld parameters", (long long)m->total);
     status = comm_agree(c, status, dir);
     if (status) {
         free(list);
+        free(moments);
         tensor_map_free(&map);
         return status;
     }
@@ -703,13 +722,13 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         int failed = 0;
         status = shared_index_text(c, list[k].path, &index_text, &failed);
         if (status) break;
-        if (!failed) failed = load_one(m, list[k].path, index_text, &map, out);
+        if (!failed) failed = load_one(m, list[k].path, index_text, &map, moments, out);
         free(index_text);
         if (failed) snprintf(message, sizeof message, "%s", tp_errmsg());
         int any_failed;
         status = comm_first_failure(c, failed, message, sizeof message, &any_failed);
         if (!status && !any_failed) {
-            status = share_over_replicas(m, with_optimizer, out);
+            status = share_over_replicas(m, with_optimizer, moments, out);
             int optimizer = out->optimizer_loaded ? 0 : 1, missing;
             if (!status) status = comm_any(c, optimizer, &missing);
             out->optimizer_loaded = !missing;
@@ -729,6 +748,7 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         }
     }
     free(list);
+    free(moments);
     tensor_map_free(&map);
     return status;
 }

@@ -156,6 +156,46 @@ void gpt_model_free(gpt_model *m)
     free(m);
 }
 
+/* The parameters' memory (m->memory, zero as alloc gives it) and every view's place in it:
+ * params | grads | m | v, each m->total; with ZeRO-1, params | grads |
+ * this rank's shard of m, v and the summed gradients (model.h). */
+static int lay_out_memory(gpt_model *m)
+{
+    int64_t floats = m->zero ? 2 * m->total + 3 * m->shard_len : 4 * m->total;
+    m->kernels->release(m->memory);
+    m->memory = NULL;
+    TP_TRY(m->kernels->alloc((void **)&m->memory, (size_t)floats * sizeof(float)));
+    int64_t offset = 0;
+    for (int i = 0; i < m->num_params; i++) {
+        param_view *v = &m->params[i];
+        v->data = m->memory + offset;
+        v->grad = m->memory + m->total + offset;
+        v->m = m->zero ? NULL : m->memory + 2 * m->total + offset;
+        v->v = m->zero ? NULL : m->memory + 3 * m->total + offset;
+        offset += v->numel;
+    }
+    m->shard_m = m->zero ? m->memory + 2 * m->total : NULL;
+    m->shard_v = m->zero ? m->shard_m + m->shard_len : NULL;
+    m->shard_grad = m->zero ? m->shard_v + m->shard_len : NULL;
+    return TP_OK;
+}
+
+int gpt_model_shard_optimizer(gpt_model *m)
+{
+    int dp = m->comm->dp;
+    if (dp < 2 || m->zero) return TP_OK;
+    int64_t used = 0;
+    for (int i = 0; i < m->num_params; i++) used += m->params[i].numel;
+    m->zero = 1;
+    m->shard_len = (used + dp - 1) / dp;
+    m->total = m->shard_len * dp;
+    m->shard_first = m->comm->dp_rank * m->shard_len;
+    int status = lay_out_memory(m);
+    if (status) tp_fail_context(status, "ZeRO-1: the model's memory (%lld parameters, shards of %lld)",
+                                (long long)used, (long long)m->shard_len);
+    return status;
+}
+
 /* The backward scratch (m->scratch), in order: one block's buffers
  * (block_backward: d_res1 and d_ln [N, D], d_qkv [N, qkv], d_attn [N, attn],
  * d_gelu [N, ffn], d_fc [N, fc], the attention's scratch), then d_x [N, D], then
@@ -375,16 +415,9 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
             m->total += v->numel;
         }
     }
-    status = m->kernels->alloc((void **)&m->memory, (size_t)(4 * m->total) * sizeof(float));
-    if (status) goto fail;
-    int64_t offset = 0;
+    if ((status = lay_out_memory(m))) goto fail;
     for (int i = 0; i < m->num_params; i++) {
         param_view *v = &m->params[i];
-        v->data = m->memory + offset;
-        v->grad = m->memory + m->total + offset;
-        v->m = m->memory + 2 * m->total + offset;
-        v->v = m->memory + 3 * m->total + offset;
-        offset += v->numel;
         switch (v->spec->kind) {
         case GPT_TOK_EMBED:
             if (!v->tied_copy) m->wte = i;
@@ -457,6 +490,11 @@ int64_t gpt_model_activation_bytes(const gpt_model *m)
     int64_t ints, floats = slot_floats(m, &ints) * m->num_slots + head_floats(m) * m->num_heads;
     if (m->sequence_parallel) floats += 2 * m->B * m->T * m->D;
     return floats * (int64_t)sizeof(float) + ints * m->num_slots * (int64_t)sizeof(int);
+}
+
+int64_t gpt_model_optimizer_bytes(const gpt_model *m)
+{
+    return 2 * (m->zero ? m->shard_len : m->total) * (int64_t)sizeof(float);
 }
 
 int gpt_model_zero_grads(gpt_model *m)

@@ -84,8 +84,17 @@ typedef struct {
     int num_catalog;
     param_view *params;
     int num_params;
-    int64_t total;               /* elements of all local parameters */
-    float *memory;               /* params | grads | m | v, each `total` */
+    int64_t total;               /* elements of all local parameters (with a sharded optimizer, rounded up to a
+                                    multiple of dp with zeros after the last parameter) */
+    float *memory;               /* params | grads | m | v, each `total`; with a sharded optimizer
+                                    params | grads | this rank's shard of m, v and the summed gradients */
+    /* ZeRO-1 (gpt_model_shard_optimizer): the data-parallel ranks split the
+     * flattened parameters into dp equal shards; rank d updates elements
+     * [shard_first, shard_first + shard_len) and keeps the Adam moments of
+     * those alone (param_view's m and v are NULL). */
+    int zero;
+    int64_t shard_first, shard_len;
+    float *shard_m, *shard_v, *shard_grad; /* shard_len each */
     int wte, wpe, lnf_w, lnf_b;  /* indices into params, -1 when not on this stage */
     int wte_out;                 /* the output projection: wte itself, the last stage's tied copy, or
                                     Llama's untied output.weight */
@@ -119,6 +128,12 @@ int gpt_model_supported(const gpt_config *config);
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
                      int64_t micro_batch, int64_t seq, int slots, int heads, int sequence_parallel, int virtual_stages);
 
+/* ZeRO-1: this rank keeps the Adam moments of its 1/dp of the parameters
+ * only (the fields above). Right after gpt_model_create, before any value
+ * is set (the model's memory is laid out anew, zero). With dp 1 it changes
+ * nothing. */
+int gpt_model_shard_optimizer(gpt_model *model);
+
 /* Binds head buffer `head` (0 .. heads - 1) to a slot before a forward
  * through the model's last chunk; slot k < heads starts bound to head k.
  * A no-op off the last stage. */
@@ -134,6 +149,10 @@ void gpt_model_free(gpt_model *model);
  * buffers, every head's, and with sequence parallelism its two [B*T, D]
  * buffers. */
 int64_t gpt_model_activation_bytes(const gpt_model *model);
+
+/* Bytes of the Adam moments this rank keeps: both moments of its
+ * parameters, or with ZeRO-1 of its shard. */
+int64_t gpt_model_optimizer_bytes(const gpt_model *model);
 
 /* Zeroes every gradient. */
 int gpt_model_zero_grads(gpt_model *model);

@@ -224,14 +224,34 @@ static int reduce_gradients(trainer *t)
     }
     TP_TRY(gpt_model_reduce_shared_kv(m));
     TP_TRY(gpt_model_reduce_sequence_parallel(m));
-    if (c->dp > 1) TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + m->total, m->total, COMM_FLOAT, COMM_SUM, m->stream));
+    /* ZeRO-1: each replica needs the sum of its shard alone. */
+    if (m->zero)
+        TP_TRY(comm_reduce_scatter(c, GROUP_DP, m->memory + m->total, m->shard_grad, m->shard_len, COMM_FLOAT,
+                                   m->stream));
+    else if (c->dp > 1)
+        TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + m->total, m->total, COMM_FLOAT, COMM_SUM, m->stream));
     return TP_OK;
+}
+
+/* The part of view v inside this rank's ZeRO-1 shard: elements [*first,
+ * *first + *count) of the view (the whole view without ZeRO-1); *count 0
+ * when none. `numel`: the view's leading elements considered. */
+static void shard_part(const gpt_model *m, const param_view *v, int64_t numel, int64_t *first, int64_t *count)
+{
+    *first = 0;
+    *count = numel;
+    if (!m->zero) return;
+    int64_t begin = v->data - m->memory, end = begin + numel;
+    int64_t lo = begin > m->shard_first ? begin : m->shard_first;
+    int64_t hi = end < m->shard_first + m->shard_len ? end : m->shard_first + m->shard_len;
+    *first = lo - begin;
+    *count = hi > lo ? hi - lo : 0;
 }
 
 /* Sum of squares of the gradients of the pieces this rank owns, in one call
  * to the backend (on a GPU, one wait instead of one per tensor); the
  * gradients of neighbouring owned pieces are adjacent in memory and make
- * one span. */
+ * one span. With ZeRO-1, of the summed gradients of this rank's shard. */
 static int owned_sum_of_squares(const gpt_model *m, double *sumsq)
 {
     const float **spans = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *spans);
@@ -240,9 +260,12 @@ static int owned_sum_of_squares(const gpt_model *m, double *sumsq)
     if (!spans || !lengths) status = tp_fail(TP_ERR_NOMEM, "out of memory for the gradient norm's spans");
     for (int i = 0; !status && i < m->num_params; i++) {
         const param_view *v = &m->params[i];
-        if (!v->owner) continue;
-        if (count && spans[count - 1] + lengths[count - 1] == v->grad) lengths[count - 1] += v->norm_numel;
-        else spans[count] = v->grad, lengths[count++] = v->norm_numel;
+        int64_t first, length;
+        shard_part(m, v, v->norm_numel, &first, &length);
+        if (!v->owner || length == 0) continue;
+        const float *grad = m->zero ? m->shard_grad + (v->data - m->memory) + first - m->shard_first : v->grad;
+        if (count && spans[count - 1] + lengths[count - 1] == grad) lengths[count - 1] += length;
+        else spans[count] = grad, lengths[count++] = length;
     }
     if (!status) status = m->kernels->sum_of_squares(sumsq, spans, lengths, count);
     free(spans);
@@ -258,17 +281,32 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
     const train_options *o = t->o;
     const kernel_backend *k = m->kernels;
     double sumsq = 0;
-    if (c->dp_rank == 0) TP_TRY(owned_sum_of_squares(m, &sumsq));
+    /* Without ZeRO-1 every replica holds the same sums: the first counts them. */
+    if (m->zero || c->dp_rank == 0) TP_TRY(owned_sum_of_squares(m, &sumsq));
     TP_TRY(comm_all_reduce(c, GROUP_WORLD, &sumsq, 1, COMM_DOUBLE, COMM_SUM, COMM_HOST));
     float norm = (float)sqrt(sumsq);
     /* As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1. */
     float coef = (float)o->clip / (norm + 1e-6f);
-    if (o->clip > 0 && coef < 1.0f) TP_TRY(k->scale_inplace(m->memory + m->total, coef, m->total));
+    if (o->clip > 0 && coef < 1.0f)
+        TP_TRY(m->zero ? k->scale_inplace(m->shard_grad, coef, m->shard_len)
+                       : k->scale_inplace(m->memory + m->total, coef, m->total));
     double lr = train_lr(o, step);
     for (int i = 0; i < m->num_params; i++) {
         param_view *v = &m->params[i];
-        TP_TRY(k->adamw_update(v->data, v->grad, v->m, v->v, v->numel, (float)lr, (float)o->beta1, (float)o->beta2,
-                               (float)o->eps, v->spec->weight_decay ? (float)o->weight_decay : 0.0f, step));
+        int64_t first, count;
+        shard_part(m, v, v->numel, &first, &count);
+        if (count == 0) continue;
+        int64_t in_shard = (v->data - m->memory) + first - m->shard_first; /* with ZeRO-1 */
+        TP_TRY(k->adamw_update(v->data + first, m->zero ? m->shard_grad + in_shard : v->grad,
+                               m->zero ? m->shard_m + in_shard : v->m, m->zero ? m->shard_v + in_shard : v->v, count,
+                               (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
+                               v->spec->weight_decay ? (float)o->weight_decay : 0.0f, step));
+    }
+    /* ZeRO-1: every replica gets the others' updated shards (through the
+     * summed gradients' buffer: all_gather's send and receive must not overlap). */
+    if (m->zero) {
+        TP_TRY(k->copy(m->shard_grad, m->memory + m->shard_first, (size_t)m->shard_len * sizeof(float)));
+        TP_TRY(comm_all_gather(c, GROUP_DP, m->shard_grad, m->memory, m->shard_len, COMM_FLOAT, m->stream));
     }
     *norm_out = norm;
     *lr_out = lr;
@@ -420,6 +458,7 @@ static int set_up(trainer *t)
     if (!status)
         status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots, buffers.heads,
                                   o->sequence_parallel, chunks);
+    if (!status && o->zero) status = gpt_model_shard_optimizer(t->model);
     if (!status && o->bf16 && !t->model->kernels->matmul_forward_bf16)
         status = tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend has no bf16 matrix products yet",
                          t->model->kernels->name);
@@ -522,6 +561,11 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
     TP_TRY(pipeline_idle(t, &idle, &r->pipeline_seconds));
     TP_TRY(reduce_gradients(t));
     if (o->dump_dir && first) {
+        /* ZeRO-1: the summed gradients whole, as without it (the test hook's
+         * only use of the gradients' region after the reduction). */
+        if (t->model->zero)
+            TP_TRY(comm_all_gather(c, GROUP_DP, t->model->shard_grad, t->model->memory + t->model->total,
+                                   t->model->shard_len, COMM_FLOAT, t->model->stream));
         TP_TRY(dump_gradients(t));
         TP_TRY(dump_logits(t));
     }
@@ -680,7 +724,8 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     outcome->all_ranks_know = 1;
     if (!status) {
         train_report r = {.kind = TRAIN_REPORT_START, .step = start_step + 1,
-                          .loss_floor = dataset_loss_floor(t.data), .bytes = gpt_model_activation_bytes(t.model)};
+                          .loss_floor = dataset_loss_floor(t.data), .bytes = gpt_model_activation_bytes(t.model),
+                          .optimizer_bytes = gpt_model_optimizer_bytes(t.model)};
         report(&t, &r);
         if (o->dump_dir) status = dump_initial(&t);
     }

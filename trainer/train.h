@@ -59,6 +59,7 @@ typedef struct {
     const char *text;           /* RESUMED, SAVED, UPLOADED: the checkpoint; WARNING: the message */
     int64_t bytes;              /* UPLOADED; START: the activations this rank keeps for the backward (its
                                    micro-batches in flight, and sequence parallelism's two buffers) */
+    int64_t optimizer_bytes;    /* START: the Adam moments this rank keeps (with ZeRO-1, its shard's) */
     /* UPLOADED: the slowest rank's seconds writing its shard (snapshot included) and uploading it (describing
      * included), and rank 0's building and uploading the index and `latest` */
     struct {
@@ -84,6 +85,8 @@ typedef struct {
     const struct kernel_backend *kernels; /* where the model computes; NULL: the CPU */
     int bf16;             /* mixed precision: matrix products with bf16 operands, fp32 master weights and state */
     int sequence_parallel; /* the norm and residual regions split over the TP ranks by rows (tp > 1) */
+    int zero;             /* 1: ZeRO-1, the Adam moments split over the data-parallel ranks (gradients
+                             reduce-scattered, each rank updates its shard, parameters all-gathered) */
     int virtual_stages;   /* chunks of layers per pipeline stage, in the interleaved schedule (1, the default: one;
                              0 reads as 1) */
     const char *dump_dir; /* test hook: initial weights, batches, step-1 gradients and logits */
