@@ -33,6 +33,7 @@ BF16=1 torch_check tp2pp2-bf16 4 --tp 2 --pp 2
 torch_check tp2-sp 2 --tp 2 --sequence-parallel
 BF16=1 torch_check tp2pp2-sp-bf16 4 --tp 2 --pp 2 --sequence-parallel
 torch_check tp2pp2-v2 4 --tp 2 --pp 2 --virtual-stages 2 --layers 4
+torch_check tp2dp2-zero1 4 --tp 2 --zero 1
 
 # --- bf16 mixed precision: the products' operands rounded, so the losses
 # differ from fp32's (a little: bf16's precision), and not with the layout.
@@ -165,6 +166,49 @@ check "start lines: steps 0 4 8, dp 1 2 1, accumulation 4 4 1, resumed from null
 check_all "stop lines: stopped at 4, at 8, finished at 12; saves 2..12" \
     '[ "$(events "$WORK/gb-split.jsonl" stop reason)$(events "$WORK/gb-split.jsonl" stop step)" = "stopped stopped finished 4 8 12 " ] &&
     [ "$(events "$WORK/gb-split.jsonl" save step)" = "2 4 6 8 10 12 " ]'
+
+# --- ZeRO-1 (--zero 1): the moments split over the data-parallel ranks, the
+# arithmetic of each element unchanged: the losses of the same layout
+# without it (1e-6), a dp-th of the moments kept, and checkpoints that
+# resume with and without it at other layouts (the global batch kept).
+for layout in "4 2 1 2 2 1" "4 1 1 4 1 1" "8 2 2 2 1 2"; do
+    set -- $layout
+    name="tp$2pp$3dp$4"
+    [ -f "$WORK/$name.jsonl" ] || expect_ok "20 steps at $name" mpi_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" \
+        --micro-batch "$5" --grad-accum "$6" --steps 20 --log "$WORK/$name.jsonl"
+    expect_ok "20 steps at $name with ZeRO-1" mpi_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" \
+        --micro-batch "$5" --grad-accum "$6" --steps 20 --zero 1 --log "$WORK/$name-zero1.jsonl"
+    check "$name with ZeRO-1 has its losses without it (1e-6)" \
+        losses_match "$WORK/$name-zero1.jsonl" "$WORK/$name.jsonl" 1e-6
+    check "$name with ZeRO-1: each rank keeps a dp-th of the moments (rounded up)" "$PY" -c '
+import json, sys
+z, plain = ([r for r in map(json.loads, open(f)) if r.get("event") == "start"][0] for f in sys.argv[1:3])
+dp = int(sys.argv[3])
+elements = plain["optimizer_bytes"] // 8  # two fp32 moments an element
+sys.exit(not (z["zero"] == 1 and plain["zero"] == 0 and z["optimizer_bytes"] == 8 * -(-elements // dp)))' \
+        "$WORK/$name-zero1.jsonl" "$WORK/$name.jsonl" "$4"
+done
+ZB="--model tiny --quiet --global-batch 8 --steps 12"
+expect_ok "ZeRO-1: 12 straight steps at tp2dp2" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 1 \
+    --log "$WORK/zero-straight.jsonl"
+expect_ok "ZeRO-1: tp2dp2 to step 4" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 1 --stop-at 4 \
+    --ckpt-dir "$WORK/zerorun" --log "$WORK/zero-split.jsonl"
+expect_ok "ZeRO-1's checkpoint verifies" "$BIN/tp-ckpt" verify "$WORK/zerorun/step_00000004"
+expect_ok "ZeRO-1: the same layout from step 4 to 6" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 1 --stop-at 6 \
+    --ckpt-dir "$WORK/zerorun" --resume --log "$WORK/zero-split.jsonl"
+expect_ok "without ZeRO at tp1dp2 from step 6 to 8" mpi_train 2 $ZB --micro-batch 4 --stop-at 8 \
+    --ckpt-dir "$WORK/zerorun" --resume --log "$WORK/zero-split.jsonl"
+expect_ok "ZeRO-1 at tp2pp2dp2 from step 8 to 12" mpi_train 8 $ZB --tp 2 --pp 2 --micro-batch 1 --zero 1 \
+    --ckpt-dir "$WORK/zerorun" --resume --log "$WORK/zero-split.jsonl"
+check "ZeRO-1 across layouts, one log: the straight run's losses (1e-4)" \
+    losses_match "$WORK/zero-split.jsonl" "$WORK/zero-straight.jsonl" 1e-4
+steps_from "$WORK/zero-split.jsonl" 1 6 >"$WORK/zero-split-6.jsonl"
+steps_from "$WORK/zero-straight.jsonl" 1 6 >"$WORK/zero-straight-6.jsonl"
+check "ZeRO-1 at the same layout: the straight run's losses to step 6 (1e-6)" \
+    losses_match "$WORK/zero-split-6.jsonl" "$WORK/zero-straight-6.jsonl" 1e-6
+check "ZeRO-1: start lines zero 1 1 0 1, dp 2 2 2 2" \
+    [ "$(events "$WORK/zero-split.jsonl" start zero)|$(events "$WORK/zero-split.jsonl" start dp)" = "1 1 0 1 |2 2 2 2 " ]
+expect_error "--zero 2" 2 "--zero" "$TRAIN" $TINY --zero 2
 
 # --- Preemption: SIGTERM (to the process, or to each rank under mpirun) or
 # SIGUSR1 (to mpirun, which forwards it) ends the step, commits a checkpoint,

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../../ckpt/ckpt.h"
 #include "../../trainer/comm.h"
 #include "../../trainer/train.h"
 #include "../support/encoded_backend.h"
@@ -379,8 +380,9 @@ Test(train, a_claimed_run_directory_is_refused_alike_on_every_rank, .timeout = 1
  * `kernels` (NULL: the CPU); the losses of rank 0 into losses[1..steps]. */
 /* The model of these runs: tiny's, with `layers` layers (0: tiny's 2), and
  * virtual_stages chunks of them per stage; with micro-batches of one
- * sequence (the same global batch) when one_sequence is set. */
-static int run_layers, run_virtual_stages, run_one_sequence;
+ * sequence (the same global batch) when one_sequence is set; ZeRO-1 when
+ * run_zero is set. */
+static int run_layers, run_virtual_stages, run_one_sequence, run_zero;
 
 static void train_layout_sp(int tp, int pp, int dp, const kernel_backend *kernels, int64_t steps, const char *ckpt_dir,
                             int64_t stop_at, int resume, int sequence_parallel, double *losses)
@@ -404,6 +406,7 @@ static void train_layout_sp(int tp, int pp, int dp, const kernel_backend *kernel
         runs[r].options.stop_at = stop_at;
         runs[r].options.resume = resume;
         runs[r].options.sequence_parallel = sequence_parallel;
+        runs[r].options.zero = run_zero;
         slots[r].arg = &runs[r];
     }
     run_ranks(tp, pp, dp, train_rank, slots);
@@ -512,6 +515,96 @@ Test(train, the_interleaved_schedule_trains_as_1f1b, .timeout = 300)
     run_layers = 0;
     run_virtual_stages = 0;
     run_one_sequence = 0;
+}
+
+/* ZeRO-1 splits the moments over the data-parallel ranks, not what is
+ * computed: at each layout with dp 2 the losses of the same layout without
+ * it (1e-6: the gradients' sums may add in another order), and through the
+ * device seam (reduce-scatter, all-gather, the moments' chunks through host
+ * copies) bit for bit. Its checkpoints are the format's own: saved with
+ * ZeRO-1 after step 3, resumed without it at another layout and with it at
+ * another, and the reverse, with the losses of an uninterrupted run. */
+Test(train, zero1_trains_as_without_it, .timeout = 300)
+{
+    const int layouts[3][3] = {{1, 1, 2}, {2, 1, 2}, {1, 2, 2}};
+    for (int i = 0; i < 3; i++) {
+        const int *l = layouts[i];
+        double plain[8] = {0}, sharded[8] = {0}, device[8] = {0};
+        run_zero = 0;
+        train_layout(l[0], l[1], l[2], NULL, 5, NULL, 0, 0, plain);
+        run_zero = 1;
+        train_layout(l[0], l[1], l[2], NULL, 5, NULL, 0, 0, sharded);
+        train_layout(l[0], l[1], l[2], encoded_backend(), 5, NULL, 0, 0, device);
+        for (int s = 1; s <= 5; s++) {
+            cr_assert(plain[s] > 0 && fabs(sharded[s] - plain[s]) <= 1e-6 * plain[s],
+                      "tp%d pp%d dp%d step %d: loss %.9g with ZeRO-1, %.9g without", l[0], l[1], l[2], s, sharded[s],
+                      plain[s]);
+            cr_assert(device[s] == sharded[s], "tp%d pp%d dp%d step %d: %.9g through the device seam, %.9g on the CPU",
+                      l[0], l[1], l[2], s, device[s], sharded[s]);
+        }
+    }
+    cr_assert_eq(encoded_backend_live_bytes(), 0);
+    /* At dp 2 a gradient is the sum of the same two values with or without
+     * ZeRO-1: the checkpoints after step 3, and after step 4 resumed from
+     * them, hold the same bits, moments included, on the CPU and through the
+     * device seam (every tensor's logical digest alike): what ZeRO-1 saves
+     * and what it loads are the moments exactly. */
+    const char *saved_at[3] = {"zero-plain", "zero-sharded", "zero-device"};
+    for (int i = 0; i < 3; i++) {
+        char run_dir[700];
+        snprintf(run_dir, sizeof run_dir, "%s/%s", dir, saved_at[i]);
+        double losses[8] = {0};
+        run_zero = i > 0;
+        train_layout(2, 1, 2, i == 2 ? encoded_backend() : NULL, 6, run_dir, 3, 0, losses);
+        train_layout(2, 1, 2, i == 2 ? encoded_backend() : NULL, 6, run_dir, 4, 1, losses);
+    }
+    for (int step = 3; step <= 4; step++) {
+        ckpt_reader *readers[3] = {NULL};
+        for (int i = 0; i < 3; i++) {
+            char path[800];
+            snprintf(path, sizeof path, "%s/%s/step_%08d", dir, saved_at[i], step);
+            cr_assert_eq(ckpt_reader_open(&readers[i], path, NULL), TP_OK, "%s", tp_errmsg());
+        }
+        int tensors = ckpt_reader_num_tensors(readers[0]), moments = 0;
+        for (int i = 1; i < 3; i++) cr_assert_eq(ckpt_reader_num_tensors(readers[i]), tensors);
+        for (int t = 0; t < tensors; t++) {
+            const char *name = ckpt_reader_tensor(readers[0], t)->name;
+            moments += strstr(name, "exp_avg") != NULL;
+            for (int i = 1; i < 3; i++) {
+                int j = ckpt_reader_find(readers[i], name);
+                cr_assert(j >= 0, "%s: no %s", saved_at[i], name);
+                cr_assert_eq(ckpt_reader_digest(readers[i], j), ckpt_reader_digest(readers[0], t),
+                             "%s, step %d: %s differs from the run without ZeRO-1", saved_at[i], step, name);
+            }
+        }
+        cr_assert(moments > 0, "the checkpoints hold no moments");
+        for (int i = 0; i < 3; i++) ckpt_reader_close(readers[i]);
+    }
+    run_zero = 0;
+    double straight[8] = {0};
+    train_layout(1, 1, 1, NULL, 6, NULL, 0, 0, straight);
+    const struct {
+        int save_tp, save_dp, save_zero, load_tp, load_dp, load_zero, on_device;
+    } moves[4] = {{2, 2, 1, 1, 1, 0, 0}, {1, 2, 1, 2, 2, 1, 1}, {2, 1, 0, 1, 2, 1, 0}, {1, 2, 1, 1, 2, 1, 1}};
+    for (int i = 0; i < 4; i++) {
+        char run_dir[700];
+        snprintf(run_dir, sizeof run_dir, "%s/zero%d", dir, i);
+        double first[8] = {0}, rest[8] = {0};
+        const kernel_backend *k = moves[i].on_device ? encoded_backend() : NULL;
+        run_zero = moves[i].save_zero;
+        train_layout(moves[i].save_tp, 1, moves[i].save_dp, k, 6, run_dir, 3, 0, first);
+        run_zero = moves[i].load_zero;
+        train_layout(moves[i].load_tp, 1, moves[i].load_dp, k, 6, run_dir, 0, 1, rest);
+        for (int s = 1; s <= 6; s++) {
+            double got = s <= 3 ? first[s] : rest[s];
+            cr_assert(fabs(got - straight[s]) <= 1e-5 * straight[s],
+                      "step %d: %.9g saved at tp%d dp%d zero %d, resumed at tp%d dp%d zero %d; %.9g uninterrupted", s,
+                      got, moves[i].save_tp, moves[i].save_dp, moves[i].save_zero, moves[i].load_tp, moves[i].load_dp,
+                      moves[i].load_zero, straight[s]);
+        }
+    }
+    run_zero = 0;
+    cr_assert_eq(encoded_backend_live_bytes(), 0);
 }
 
 Test(train, a_device_backend_trains_as_the_cpu_bit_for_bit, .timeout = 120)
