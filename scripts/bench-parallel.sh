@@ -11,7 +11,11 @@
 #   measures it (the ranks' mean idle time in the pipeline over the rest of
 #   the longest rank's pipeline time) against (pp - 1) / (V m),
 #   milliseconds per step, the activations kept.
-# Writes docs/BENCHMARKS.md (sections bench-parallel and bench-pipeline).
+# - ZeRO-1 at dp 1, 2 and 4, with and without it: the Adam moments a rank
+#   keeps (the start line's optimizer_bytes) against a dp-th of them, the
+#   peak RSS of the largest rank, milliseconds per step, and the bytes each
+#   rank writes to a checkpoint.
+# Writes docs/BENCHMARKS.md (sections bench-parallel, bench-zero and bench-pipeline).
 #   BENCH_STEPS (default 10): steps per run; the first 2 are warm-up, not counted
 #   BENCH_REPS (default 3): repetitions, alternating which goes first; medians
 #   BENCH_SHAPE (default "--layers 6 --dim 512 --heads 8 --vocab 256 --seq 256":
@@ -22,6 +26,7 @@
 #   interleaved schedule's model; its layers must split into 2 x 4 chunks
 #   BENCH_PIPELINE_M (default "2 8"): micro-batches of one sequence a step
 #   BENCH_PIPELINE_V (default "1 2 4"): virtual stages
+#   BENCH_DPS (default "1 2 4"): the data-parallel degrees of the ZeRO runs (BENCH_SHAPE, tp 1)
 #   Where it writes: scripts/bench-lib.sh.
 set -eu
 cd "$(dirname "$0")/.."
@@ -34,6 +39,7 @@ SHAPE=${BENCH_SHAPE:---layers 6 --dim 512 --heads 8 --vocab 256 --seq 256}
 PIPELINE_SHAPE=${BENCH_PIPELINE_SHAPE:---layers 8 --dim 512 --heads 8 --vocab 256 --seq 256}
 PIPELINE_M=${BENCH_PIPELINE_M:-2 8}
 PIPELINE_V=${BENCH_PIPELINE_V:-1 2 4}
+DPS=${BENCH_DPS:-1 2 4}
 BATCH=4
 DIR="$SCRATCH_ROOT/parallel"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -112,6 +118,80 @@ of its micro-batches in flight; "expected" is the same without sequence parallel
 rows divided by tp and two [B*T, D] buffers added to gather into (the script fails when they differ by a byte).
 
 $TABLE
+DOC
+
+# --- ZeRO-1 at tp 1: one process per data-parallel rank, one thread each;
+# each run ends with a checkpoint, whose shard files say what each rank wrote.
+ZERO_RESULTS="$DIR/zero.jsonl"
+: >"$ZERO_RESULTS"
+# run_zero DP ZERO REP: one run, one JSON line into ZERO_RESULTS.
+run_zero() {
+    rm -rf "$DIR/log.jsonl" "$DIR/zero-ckpt"
+    m=$(measure mpirun --oversubscribe -np "$1" "$BUILD/bin/tp-train" $SHAPE --micro-batch $BATCH --zero "$2" \
+        --steps "$STEPS" --threads 1 --quiet --ckpt-dir "$DIR/zero-ckpt" --log "$DIR/log.jsonl" </dev/null)
+    $PY - "$DIR/log.jsonl" "$1" "$2" "$3" "$m" "$DIR/zero-ckpt" >>"$ZERO_RESULTS" <<'PY'
+import glob, json, os, statistics, sys
+log, dp, zero, rep, measured, ckpt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5]), sys.argv[6]
+if measured["status"] != 0:
+    sys.exit(f"tp-train at dp{dp} zero {zero} exited {measured['status']}")
+rows = [json.loads(line) for line in open(log)]
+start = [r for r in rows if r.get("event") == "start"][0]
+steps = [r for r in rows if "event" not in r and "ms" in r]
+shards = glob.glob(os.path.join(ckpt, "step_*", "shard_*.h5"))
+print(json.dumps({"dp": dp, "zero": zero, "rep": rep, "started_zero": start["zero"],
+                  "optimizer_bytes": start["optimizer_bytes"], "ms": statistics.median(r["ms"] for r in steps[2:] or steps),
+                  "max_rss_bytes": measured["max_rss_bytes"], "shard_files": len(shards),
+                  "shard_bytes": sum(os.path.getsize(f) for f in shards), "losses": [r["loss"] for r in steps]}))
+PY
+    tail -n 1 "$ZERO_RESULTS"
+}
+for rep in $(seq 1 "$REPS"); do
+    for dp in $DPS; do
+        if [ $((rep % 2)) = 1 ]; then order="0 1"; else order="1 0"; fi
+        for zero in $order; do run_zero "$dp" "$zero" "$rep"; done
+    done
+done
+ZERO_TABLE=$($PY - "$ZERO_RESULTS" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+out = ["| dp | ZeRO | moments kept, MB (measured) | expected, MB | ms/step (median) | vs ZeRO 0 | peak RSS, largest process, MB | checkpoint, MB written by the writing rank (the others: 0) |",
+       "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+for dp in sorted({r["dp"] for r in rows}):
+    plain = [r for r in rows if r["dp"] == dp and r["zero"] == 0]
+    for zero in (0, 1):
+        runs = [r for r in rows if r["dp"] == dp and r["zero"] == zero]
+        kept = runs[0]["optimizer_bytes"]
+        if any(r["optimizer_bytes"] != kept or r["started_zero"] != zero for r in runs):
+            sys.exit(f"dp{dp} zero {zero}: the runs disagree on what they are")
+        # ZeRO-1 changes where the moments live, not the training: the losses of ZeRO 0 (1e-6).
+        ref = plain[0]["losses"]
+        if any(len(r["losses"]) != len(ref) or any(abs(a - b) > 1e-6 * abs(b) for a, b in zip(r["losses"], ref)) for r in runs):
+            sys.exit(f"dp{dp} zero {zero}: the losses differ from ZeRO 0's")
+        elements = plain[0]["optimizer_bytes"] // 8
+        expected = 8 * (-(-elements // dp) if zero and dp > 1 else elements)
+        if kept != expected:
+            sys.exit(f"dp{dp} zero {zero}: {kept} bytes of moments kept, {expected} expected")
+        ms = statistics.median(r["ms"] for r in runs)
+        base = statistics.median(r["ms"] for r in plain)
+        out.append("| %d | %d | %.2f | %.2f | %.0f | %.2fx | %.0f | %.2f |" % (
+            dp, zero, kept / 1e6, expected / 1e6, ms, base / ms,
+            statistics.median(r["max_rss_bytes"] for r in runs) / 1e6, runs[0]["shard_bytes"] / 1e6))
+print("\n".join(out))
+PY
+)
+echo "$ZERO_TABLE"
+doc_section bench-zero "Parallelism options: the sharded optimizer, ZeRO-1 (bench-parallel)" <<DOC
+Command: \`make bench-parallel\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS, BENCH_DPS="$DPS"),
+OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}. tp-train $SHAPE at tp 1, micro-batch $BATCH per rank (so the global
+batch grows with dp: compare ZeRO 0 and 1 at the same dp), one process per data-parallel rank with one thread, on
+this machine's $(nproc) cores, each run ending with a checkpoint. "Moments kept" is the start line's
+optimizer_bytes (both fp32 Adam moments of what the rank updates); expected: all of them at ZeRO 0, a dp-th
+(rounded up) with ZeRO 1; the script fails when they differ by a byte or when the losses differ from ZeRO 0's
+(1e-6). Each rank also keeps the parameters and the gradients whole (ZeRO-1 splits the optimizer state only).
+The checkpoint column is what the writing rank (the first of its data-parallel group) wrote; with ZeRO-1 the
+moments reach it from the others through all-gathers of 1M-value chunks (trainer/zero.h).
+
+$ZERO_TABLE
 DOC
 
 # --- The interleaved schedule at pp 2: one process per stage, one thread each.
