@@ -154,7 +154,7 @@ static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last,
  * flight at most: the trainer's slots, each one chunk's layers (under 1F1B
  * up to pp - k micro-batches on stage k, never more than the accumulation). */
 static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, const stage_share *share,
-                        int64_t micro_batch, int64_t grad_accum, int sp, elastic_memory *result)
+                        int64_t micro_batch, int64_t grad_accum, int sp, int zero_dp, elastic_memory *result)
 {
     elastic_memory out;
     int last = stage == pp - 1, slots;
@@ -163,10 +163,13 @@ static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, c
     TP_TRY(pipeline_schedule(pp, stage, V, grad_accum, &ops, &count, &slots));
     pipeline_buffers buffers = pipeline_buffers_used(ops, count);
     free(ops);
-    int64_t p = share->params;
+    /* ZeRO-1 over zero_dp ranks (trainer/model.h): the parameters padded to
+     * zero_dp equal shards, the moments and the summed gradients of one. */
+    int64_t shard = zero_dp > 1 ? (share->params + zero_dp - 1) / zero_dp : 0;
+    int64_t p = zero_dp > 1 ? shard * zero_dp : share->params;
     out.weights = p * (int64_t)tp_dtype_size(m->dtype) + (m->dtype == TP_FP32 ? 0 : p * FP32); /* + fp32 master */
-    out.gradients = p * FP32;
-    out.optimizer = p * 2 * FP32; /* AdamW: two fp32 moments */
+    out.gradients = (p + shard) * FP32;
+    out.optimizer = (zero_dp > 1 ? shard : p) * 2 * FP32; /* AdamW: two fp32 moments */
     out.snapshot = share->owned * 3 * FP32; /* trainer/checkpoint.c: weights and both moments, replica 0 */
     /* A slot holds one chunk (of pp x V), a head the logits of one micro-batch in flight through it. */
     out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp * V, micro_batch, sp) +
@@ -179,7 +182,7 @@ static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, c
 
 /* The stage with the most memory, at a given accumulation and V. */
 static int memory_estimate(const gpt_config *model, int tp, int pp, int V, int64_t micro_batch, int64_t grad_accum,
-                           int sp, elastic_memory *out)
+                           int sp, int zero_dp, elastic_memory *out)
 {
     memset(out, 0, sizeof *out);
     stage_share *shares = calloc((size_t)pp, sizeof *shares);
@@ -187,7 +190,7 @@ static int memory_estimate(const gpt_config *model, int tp, int pp, int V, int64
     int status = stage_shares(model, tp, pp, shares);
     for (int stage = 0; !status && stage < pp; stage++) {
         elastic_memory m;
-        status = stage_memory(model, tp, pp, V, stage, &shares[stage], micro_batch, grad_accum, sp, &m);
+        status = stage_memory(model, tp, pp, V, stage, &shares[stage], micro_batch, grad_accum, sp, zero_dp, &m);
         if (!status && m.total > out->total) *out = m;
     }
     free(shares);
@@ -201,17 +204,17 @@ static int can_split_rows(const gpt_config *model, int tp, int64_t micro_batch)
 }
 
 int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, int sequence_parallel,
-                            elastic_memory *out)
+                            int zero_dp, elastic_memory *out)
 {
     memset(out, 0, sizeof *out);
-    if (tp < 1 || pp < 1 || micro_batch < 1)
-        return tp_fail(TP_ERR_ARG, "memory estimate: tp %d, pp %d and micro-batch %lld must be at least 1", tp, pp,
-                       (long long)micro_batch);
+    if (tp < 1 || pp < 1 || micro_batch < 1 || zero_dp < 1)
+        return tp_fail(TP_ERR_ARG, "memory estimate: tp %d, pp %d, micro-batch %lld and ZeRO's dp %d must be at least 1",
+                       tp, pp, (long long)micro_batch, zero_dp);
     TP_TRY(gpt_config_check(model, tp, pp));
     if (sequence_parallel && !can_split_rows(model, tp, micro_batch))
         return tp_fail(TP_ERR_ARG, "sequence parallelism: %lld rows do not split over tp %d",
                        (long long)(micro_batch * model->seq), tp);
-    return memory_estimate(model, tp, pp, 1, micro_batch, pp, sequence_parallel, out); /* 1F1B at its deepest */
+    return memory_estimate(model, tp, pp, 1, micro_batch, pp, sequence_parallel, zero_dp, out); /* 1F1B at its deepest */
 }
 
 /* ------------------------------------------------------ what a rank sends */
@@ -326,28 +329,42 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
         l->micro_batch = m;
         l->grad_accum = share / m;
         l->sequence_parallel = 0;
+        l->zero = 0;
         l->virtual_stages = 1;
-        if (memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, 0, &l->memory) != TP_OK) {
+        if (memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, 0, 1, &l->memory) != TP_OK) {
             reject(l, tp_errmsg());
             return;
         }
         if (!r->memory_per_rank || l->memory.total <= r->memory_per_rank) return;
-        /* Too much: sequence parallelism keeps 1/tp of the norms' and residuals' rows. */
-        elastic_memory split = {0};
-        int splits = can_split_rows(&r->model, l->tp, m) &&
-                     memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, 1, &split) == TP_OK;
-        if (splits && split.total <= r->memory_per_rank) {
-            l->sequence_parallel = 1;
-            l->without_sequence_parallel = l->memory.total;
-            l->memory = split;
+        /* Too much. First ZeRO-1 (a dp-th of the moments for no more traffic: a
+         * reduce-scatter and an all-gather send what the all-reduce did), then
+         * sequence parallelism (1/tp of the norms' and residuals' rows for a
+         * quarter more TP traffic), then both. */
+        int splits = can_split_rows(&r->model, l->tp, m);
+        const int tries[3][2] = {{1, 0}, {0, 1}, {1, 1}}; /* {zero, sequence parallel} */
+        static const char *const tried_names[3] = {"ZeRO-1", "sequence parallelism", "ZeRO-1 and sequence parallelism"};
+        elastic_memory tried;
+        int64_t least = 0; /* what the last option tried needs: the most it saves */
+        const char *least_with = NULL;
+        for (int k = 0; k < 3; k++) {
+            int zero = tries[k][0], sp = tries[k][1];
+            if ((zero && l->dp < 2) || (sp && !splits) ||
+                memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, sp, zero ? l->dp : 1, &tried) != TP_OK)
+                continue;
+            least = tried.total;
+            least_with = tried_names[k];
+            if (tried.total > r->memory_per_rank) continue;
+            l->zero = zero;
+            l->sequence_parallel = sp;
+            l->without_savings = l->memory.total;
+            l->memory = tried;
             return;
         }
         if (m == 1) {
-            char need[32], given[32], with[32], also[64] = "";
+            char need[32], given[32], with[32], also[96] = "";
             l->valid = 0;
-            if (splits)
-                snprintf(also, sizeof also, " (%s with sequence parallelism)",
-                         format_bytes((double)split.total, with, sizeof with));
+            if (least_with)
+                snprintf(also, sizeof also, " (%s with %s)", format_bytes((double)least, with, sizeof with), least_with);
             snprintf(l->reason, sizeof l->reason, "needs %s per rank even at micro-batch 1%s, %s given",
                      format_bytes((double)l->memory.total, need, sizeof need), also,
                      format_bytes((double)r->memory_per_rank, given, sizeof given));
@@ -373,7 +390,7 @@ static void choose_virtual_stages(const elastic_plan_request *r, elastic_layout 
         if (most % V || pipeline_check(l->pp, V, l->grad_accum) != TP_OK) continue;
         /* More chunks may keep less (more of them in flight, each smaller): a V over the limit is passed over. */
         if (memory_estimate(&r->model, l->tp, l->pp, V, l->micro_batch, l->grad_accum, l->sequence_parallel,
-                            &memory) != TP_OK ||
+                            l->zero ? l->dp : 1, &memory) != TP_OK ||
             (r->memory_per_rank && memory.total > r->memory_per_rank))
             continue;
         l->virtual_stages = V;
@@ -504,10 +521,13 @@ static void explain_chosen(const elastic_plan_request *r, elastic_plan *plan)
         snprintf(part, sizeof part, "; %s per rank, the least memory of %d layouts as good", bytes, rivals);
     else snprintf(part, sizeof part, "; %s per rank", bytes);
     why_append(plan, part);
-    if (c->sequence_parallel) {
+    if (c->sequence_parallel || c->zero) {
         char without[32];
-        snprintf(part, sizeof part, " with sequence parallelism (%s without it, over the limit)",
-                 format_bytes((double)c->without_sequence_parallel, without, sizeof without));
+        snprintf(part, sizeof part, " with %s (%s without, over the limit)",
+                 c->zero && c->sequence_parallel ? "ZeRO-1 and sequence parallelism"
+                 : c->zero                       ? "ZeRO-1"
+                                                 : "sequence parallelism",
+                 format_bytes((double)c->without_savings, without, sizeof without));
         why_append(plan, part);
     }
     if (c->virtual_stages > 1) {
@@ -613,10 +633,11 @@ static cJSON *layout_json(const elastic_plan_request *r, const elastic_layout *l
     cJSON_AddNumberToObject(m, "total", (double)l->memory.total);
     cJSON_AddNumberToObject(e, "comm_bytes_per_step", (double)l->comm_bytes_per_step);
     cJSON_AddBoolToObject(e, "sequence_parallel", l->sequence_parallel);
+    cJSON_AddNumberToObject(e, "zero", l->zero);
     cJSON_AddNumberToObject(e, "virtual_stages", l->virtual_stages);
     cJSON_AddNumberToObject(e, "bubble", l->bubble);
-    if (l->sequence_parallel) cJSON_AddNumberToObject(e, "memory_without_sequence_parallel",
-                                                      (double)l->without_sequence_parallel);
+    if (l->sequence_parallel || l->zero)
+        cJSON_AddNumberToObject(e, "memory_without_savings", (double)l->without_savings);
     return e;
 }
 

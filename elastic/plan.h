@@ -57,10 +57,14 @@ typedef struct {
     elastic_memory memory;
     int64_t comm_bytes_per_step; /* sent per step by the rank that sends most: TP all-reduces, PP sends,
                                     the tied embedding's gradient, DP gradient all-reduce */
-    int64_t without_sequence_parallel; /* bytes per rank it would need without (when chosen) */
+    int64_t without_savings;    /* bytes per rank it would need without ZeRO-1 and sequence parallelism (when
+                                   either is chosen) */
+    int zero;                   /* tp-train --zero 1: chosen first when the layout does not fit the memory per
+                                   rank (dp > 1: a dp-th of the moments for no more traffic) */
     int sequence_parallel;      /* tp-train --sequence-parallel: chosen when the layout fits the memory per
                                    rank only with it (it keeps 1/tp of the norms' and residuals' rows for
-                                   a quarter more TP traffic: the backward gathers the norms' outputs again) */
+                                   a quarter more TP traffic: the backward gathers the norms' outputs again),
+                                   with ZeRO-1 too where that alone does not fit */
     int virtual_stages;         /* tp-train --virtual-stages (1: 1F1B): chosen where the bubble is over
                                    PLAN_BUBBLE_TARGET, the fewest that bring it under (plan.c
                                    choose_virtual_stages) */
@@ -92,8 +96,9 @@ char *elastic_plan_to_json(const elastic_plan_request *request, const elastic_pl
  * stage holding as many micro-batches as 1F1B lets it (the planner also caps
  * them by the accumulation, as the trainer does). Fails as gpt_config_check
  * does on a model that does not split over (tp, pp), with TP_ERR_ARG on a
- * degree or micro-batch below 1. */
+ * degree or micro-batch below 1. zero_dp: ZeRO-1 over that many
+ * data-parallel ranks (1: without it). */
 int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, int sequence_parallel,
-                            elastic_memory *out);
+                            int zero_dp, elastic_memory *out);
 
 #endif

@@ -112,6 +112,7 @@ static cJSON *layout_json(const elastic_layout *l)
     cJSON_AddNumberToObject(o, "global_batch", (double)l->global_batch);
     cJSON_AddNumberToObject(o, "ranks", l->ranks);
     cJSON_AddBoolToObject(o, "sequence_parallel", l->sequence_parallel);
+    cJSON_AddNumberToObject(o, "zero", l->zero);
     return o;
 }
 
@@ -490,7 +491,7 @@ static int trainer_argv(run_state *s, const elastic_layout *l, char ***out)
     const elastic_run_options *o = s->o;
     int n = 0;
     while (o->train_argv[n]) n++;
-    char **argv = calloc((size_t)n + 20, sizeof *argv);
+    char **argv = calloc((size_t)n + 24, sizeof *argv);
     if (!argv) return tp_fail(TP_ERR_NOMEM, "out of memory");
     int k = 0;
     for (int i = 0; i < n; i++) argv[k++] = strdup(o->train_argv[i]);
@@ -504,6 +505,10 @@ static int trainer_argv(run_state *s, const elastic_layout *l, char ***out)
                            "--global-batch", number[4], "--ckpt-dir", o->run_dir, "--resume", "--log", s->log_path};
     for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) argv[k++] = strdup(extra[i]);
     if (l->sequence_parallel) argv[k++] = strdup("--sequence-parallel"); /* the plan's choices (plan.h) */
+    if (l->zero) {
+        argv[k++] = strdup("--zero");
+        argv[k++] = strdup("1");
+    }
     if (l->virtual_stages > 1) {
         char chunks[32];
         snprintf(chunks, sizeof chunks, "%d", l->virtual_stages);

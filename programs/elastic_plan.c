@@ -81,21 +81,22 @@ static void print_layout(const elastic_layout *l, int chosen)
     print_bytes((double)l->memory.total, 9);
     printf(" ");
     print_bytes((double)l->comm_bytes_per_step, 9);
-    printf(" %3s %2d %6.1f%%%s\n", l->sequence_parallel ? "on" : "-", l->virtual_stages, 100 * l->bubble,
-           chosen ? "   <- chosen" : "");
+    printf(" %3s %4s %2d %6.1f%%%s\n", l->sequence_parallel ? "on" : "-", l->zero ? "1" : "-", l->virtual_stages,
+           100 * l->bubble, chosen ? "   <- chosen" : "");
 }
 
 static void print_plan(const elastic_plan_request *r, const elastic_plan *plan)
 {
     print_request(r);
-    printf("  tp  pp  dp  micro  accum  ranks   memory/rank    comm/step  sp  v  bubble\n");
+    printf("  tp  pp  dp  micro  accum  ranks   memory/rank    comm/step  sp zero  v  bubble\n");
     for (int i = 0; i < plan->count; i++) print_layout(&plan->layouts[i], i == plan->chosen);
     if (plan->chosen < 0) return;
     const elastic_layout *c = &plan->layouts[plan->chosen];
     char chunks[40] = "";
     if (c->virtual_stages > 1) snprintf(chunks, sizeof chunks, " virtual-stages %d", c->virtual_stages);
-    printf("chosen: tp%d pp%d dp%d micro %lld accum %lld%s%s (%s)\n", c->tp, c->pp, c->dp, (long long)c->micro_batch,
-           (long long)c->grad_accum, c->sequence_parallel ? " sequence-parallel" : "", chunks, plan->why);
+    printf("chosen: tp%d pp%d dp%d micro %lld accum %lld%s%s%s (%s)\n", c->tp, c->pp, c->dp,
+           (long long)c->micro_batch, (long long)c->grad_accum, c->sequence_parallel ? " sequence-parallel" : "",
+           c->zero ? " zero 1" : "", chunks, plan->why);
     printf("memory per rank: weights %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, checkpoint snapshot %.1f MiB, "
            "activations %.1f MiB\n",
            c->memory.weights / 1048576.0, c->memory.gradients / 1048576.0, c->memory.optimizer / 1048576.0,

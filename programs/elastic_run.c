@@ -80,7 +80,7 @@ static void on_progress(void *ctx, int64_t step, int64_t steps, double loss, con
 
 /* Options tp-elastic owns: the user may not give them to the trainer. */
 static const char *const owned[] = {"--tp", "--pp", "--dp", "--grad-accum", "--ckpt-dir", "--resume", "--log",
-                                    "--sequence-parallel", "--virtual-stages", NULL};
+                                    "--sequence-parallel", "--virtual-stages", "--zero", NULL};
 
 /* Reads what the orchestrator needs from the trainer's arguments: the model,
  * the global batch, the micro-batch limit and the steps. */

@@ -51,6 +51,36 @@ check_all "sp: launched at tp2 micro-batch 2 with --sequence-parallel, and the t
     grep -q "\"tp\":2,.*\"sequence_parallel\":true" "$R/elastic/train.jsonl"'
 check "sp: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
 
+# ------------------------- ZeRO-1 across a change of the data-parallel size
+# A one-layer model of one head (tp 1 and pp 1 only) with 2.1 MB per rank:
+# at dp 4 and at dp 3 it fits only with ZeRO-1 (tp-elastic plan). Rank 1
+# dies after step 25 and capacity drops to 3: the run relaunches at dp 3
+# with ZeRO-1, the moments that 4 shards saved handed out to 3 at load, and
+# has the losses of an uninterrupted run on one rank.
+R="$WORK/zero"
+ZERO_ARGS="--model tiny --heads 1 --layers 1 --quiet --global-batch 12 --micro-batch 2 --steps $STEPS --ckpt-every $EVERY"
+expect_ok "ZeRO-1: an uninterrupted run on one rank" "$TRAIN" $ZERO_ARGS --log "$WORK/zero-ref.jsonl"
+echo 4 >"$WORK/world.zero"
+(
+    while [ ! -e "$R.fault" ]; do sleep 0.05; done
+    echo 3 >"$WORK/world.zero"
+) &
+watcher=$!
+mkdir -p "$R"
+expect_ok "ZeRO-1, a rank killed, capacity 4 to 3: the run finishes" "$ELASTIC" run --ckpt-dir "$R" \
+    --world-file "$WORK/world.zero" --memory-per-rank 2100000 $FAST \
+    -- "$TRAIN" $ZERO_ARGS --fault die --fault-step 25 --fault-rank 1 --fault-once "$R.fault"
+kill $watcher 2>/dev/null
+check "zero: the trainer started at dp 4 then dp 3, with ZeRO-1 both times" "$PY" -c '
+import json, sys
+starts = [(r["dp"], r["zero"]) for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "start"]
+sys.exit(starts != [(4, 1), (3, 1)] and "starts: %s" % starts)' "$R/elastic/train.jsonl"
+check "zero: both launches' layouts chose ZeRO-1, and tp-elastic passed --zero 1" sh -c \
+    "[ \$(grep -c '\"zero\":1},\"world\".*\"--zero\",\"1\"' '$R/elastic/events.jsonl') -eq 2 ]"
+check "zero: the losses continue the uninterrupted run's" "$PY" "$ROOT/tests/elastic/check_losses.py" \
+    "$R/elastic/train.jsonl" "$WORK/zero-ref.jsonl" "$STEPS"
+check "zero: no trainer left running" nothing_left "$R"
+
 # ---------------------------------------------------- the interleaved schedule
 # An 8-layer model of one head (tp 1 only) on 2 ranks, batch 8 of single
 # sequences: pp 2 with 8 micro-batches, an ideal bubble of 12.5%; the plan

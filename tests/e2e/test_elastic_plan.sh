@@ -105,12 +105,16 @@ check "--allow-batch-change: recorded" "$PY" -c 'import json,sys; p=json.load(op
 expect_ok "--micro-batch 2 --memory-per-rank" "$ELASTIC" plan --world 4 --model small --global-batch 16 \
     --micro-batch 2 --memory-per-rank 200M --json
 check "memory limit: the rules hold" check_json "$WORK/.out" 4 16 0 209715200
-check "memory limit: tp2 pp1 fits at micro-batch 2 only with sequence parallelism; tp1 pp1 not at all" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); l={(l["tp"],l["pp"]):l for l in p["layouts"]}; t=l[2,1]; assert t["valid"] and t["micro_batch"]==2 and t["sequence_parallel"] and t["memory_per_rank"]["total"] <= 209715200 < t["memory_without_sequence_parallel"], t; assert not l[1,1]["valid"] and "200.0 MiB given" in l[1,1]["reason"], l[1,1]; assert not any(x.get("sequence_parallel") for x in p["layouts"] if x["tp"] == 1), p' "$WORK/.out"
+check "memory limit: tp2 pp1 fits at micro-batch 2 only with ZeRO-1; tp1 pp1 not at all; no ZeRO at dp 1" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); l={(l["tp"],l["pp"]):l for l in p["layouts"]}; t=l[2,1]; assert t["valid"] and t["micro_batch"]==2 and t["zero"]==1 and not t["sequence_parallel"] and t["memory_per_rank"]["total"] <= 209715200 < t["memory_without_savings"], t; assert not l[1,1]["valid"] and "200.0 MiB given" in l[1,1]["reason"], l[1,1]; assert not any(x.get("zero") for x in p["layouts"] if x["valid"] and x["dp"] == 1), p' "$WORK/.out"
 expect_ok "the same, text" "$ELASTIC" plan --world 4 --model small --global-batch 16 --micro-batch 2 \
     --memory-per-rank 200M --current tp2pp1
-check "text: tp2 pp1 chosen with sequence parallelism, and why" \
-    grep -Eq "^chosen: tp2 pp1 dp2 micro 2 accum 4 sequence-parallel \(.*with sequence parallelism \(200.9 MiB without it, over the limit\)\)" "$WORK/.out"
-check "text: its row says sp on, one chunk per stage" grep -Eq "^ +2 +1 +2 +2 +4 +4 .* on +1 +0.0% +<- chosen" "$WORK/.out"
+check "text: tp2 pp1 chosen with ZeRO-1, and why" \
+    grep -Eq "^chosen: tp2 pp1 dp2 micro 2 accum 4 zero 1 \(.*with ZeRO-1 \(200.9 MiB without, over the limit\)\)" "$WORK/.out"
+check "text: its row says sp off, zero 1, one chunk per stage" grep -Eq "^ +2 +1 +2 +2 +4 +4 .* - +1 +1 +0.0% +<- chosen" "$WORK/.out"
+expect_ok "a limit only sequence parallelism meets (dp 1: nothing for ZeRO-1 to split)" "$ELASTIC" plan --world 2 \
+    --model tiny --global-batch 12 --micro-batch 2 --memory-per-rank 2250000
+check "text: tp2 pp1 dp1 chosen with sequence parallelism, and why" \
+    grep -Eq "^chosen: tp2 pp1 dp1 micro 2 accum 6 sequence-parallel \(.*with sequence parallelism \(2.2 MiB without, over the limit\)\)" "$WORK/.out"
 # The interleaved schedule: 8 layers of one head on 2 ranks, batch 8 of
 # single sequences: pp 2's 8 micro-batches leave a bubble of 1/8; V 2 leaves
 # 1/16, over 5%; 8 layers allow no V 3; V 4 leaves 1/32.

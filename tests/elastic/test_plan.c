@@ -390,23 +390,23 @@ Test(plan, memory_estimate_adds_up)
     int64_t params = 0;
     cr_assert_eq(gpt_parameter_count(&m, &params), TP_OK);
     elastic_memory one, split;
-    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 1, 0, &one), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 1, 0, 1, &one), TP_OK);
     /* fp32 at tp1 pp1: 4 bytes per parameter (the tied output once), 4 of gradient, 8 of moments */
     cr_assert_eq(one.weights, params * 4);
     cr_assert_eq(one.gradients, params * 4);
     cr_assert_eq(one.optimizer, params * 8);
     cr_assert_eq(one.snapshot, params * 12);
-    cr_assert_eq(elastic_memory_estimate(&m, 4, 2, 1, 0, &split), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&m, 4, 2, 1, 0, 1, &split), TP_OK);
     cr_assert_lt(split.weights * 4, one.weights, "tp4 pp2 holds under a quarter per rank");
     elastic_memory more;
-    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 4, 0, &more), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 4, 0, 1, &more), TP_OK);
     cr_assert_eq(more.weights, one.weights);
     cr_assert_gt(more.activations, 3 * one.activations, "activations grow with the micro-batch");
     m.dtype = TP_BF16;
     elastic_memory bf16;
-    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 1, 0, &bf16), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&m, 1, 1, 1, 0, 1, &bf16), TP_OK);
     cr_assert_eq(bf16.weights, params * 2 + params * 4, "bf16 weights and their fp32 master copy");
-    cr_assert_eq(elastic_memory_estimate(&m, 5, 1, 1, 0, &bf16), TP_ERR_LAYOUT, "heads 12 by tp 5: %s", tp_errmsg());
+    cr_assert_eq(elastic_memory_estimate(&m, 5, 1, 1, 0, 1, &bf16), TP_ERR_LAYOUT, "heads 12 by tp 5: %s", tp_errmsg());
 }
 
 /* floats of one slot: from its first buffer to the end of its last (trainer/model.c slot_init). */
@@ -428,11 +428,11 @@ static int64_t head_floats_of(const gpt_model *m)
  * grad_accum micro-batches a step allocates, built by the trainer with the
  * slots its schedule needs. */
 static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, int V, int64_t grad_accum, int stage,
-                                     int64_t micro_batch, int sp)
+                                     int64_t micro_batch, int sp, int zero_dp)
 {
     comm *c = NULL;
     cr_assert_eq(comm_local_create(&c), TP_OK);
-    cr_assert_eq(comm_place(c, stage * tp, tp * pp, tp, pp, 1), TP_OK);
+    cr_assert_eq(comm_place(c, stage * tp, tp * pp * zero_dp, tp, pp, zero_dp), TP_OK);
     gpt_model *m = NULL;
     pipeline_op *ops;
     int64_t count;
@@ -443,12 +443,14 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, buffers.heads, sp, V), TP_OK,
                  "%s", tp_errmsg());
     cr_assert_eq(m->num_heads, m->is_last ? buffers.heads : 0);
+    if (zero_dp > 1) cr_assert_eq(gpt_model_shard_optimizer(m), TP_OK, "%s", tp_errmsg());
     elastic_memory out = {0};
     int64_t owned = 0, N = micro_batch * config->seq;
     for (int i = 0; i < m->num_params; i++) owned += m->params[i].owner ? m->params[i].numel : 0;
+    /* model.h: params | grads | m | v, or with ZeRO-1 params | grads | a shard's m, v and summed gradients */
     out.weights = 4 * m->total;
-    out.gradients = 4 * m->total;
-    out.optimizer = 8 * m->total;
+    out.gradients = 4 * m->total + 4 * (m->zero ? m->shard_len : 0);
+    out.optimizer = 8 * (m->zero ? m->shard_len : m->total);
     out.snapshot = 12 * owned; /* trainer/checkpoint.c: data, m, v of the owned views */
     /* + d_output [rows, D] and, on a stage that sends gradients back, PIPELINE_GRAD_BUFFERS d_input [rows, D]
      * (trainer/train.c); Llama's rotary table [T, hd] and, with K < TP, the key/value gradients [K, 2 hd, D] */
@@ -467,32 +469,95 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     return out;
 }
 
+/* With ZeRO-1 over 3 ranks too: the parameters padded to 3 equal shards,
+ * a shard's moments and summed gradients. */
 Test(plan, memory_estimate_is_what_the_trainer_allocates)
 {
     const char *names[] = {"tiny", "small", "llama-tiny"}; /* llama-tiny: 2 key/value heads, untied */
-    const int tps[] = {1, 2, 4}, pps[] = {1, 2};
+    const int tps[] = {1, 2, 4}, pps[] = {1, 2}, zero_dps[] = {1, 3};
     for (int n = 0; n < 3; n++)
         for (int t = 0; t < 3; t++)
             for (int p = 0; p < 2; p++)
                 for (int64_t micro = 1; micro <= 2; micro++)
-                for (int sp = 0; sp <= (tps[t] > 1); sp++) {
+                for (int sp = 0; sp <= (tps[t] > 1); sp++)
+                for (int z = 0; z < 2; z++) {
                     gpt_config config = preset(names[n]);
                     config.vocab = 250; /* padding: 250 rows at tp 4 are 252 */
                     if (gpt_config_check(&config, tps[t], pps[p]) != TP_OK) continue;
                     elastic_memory most = {0}, estimate;
                     for (int stage = 0; stage < pps[p]; stage++) {
-                        elastic_memory m = trainer_memory(&config, tps[t], pps[p], 1, pps[p], stage, micro, sp);
+                        elastic_memory m = trainer_memory(&config, tps[t], pps[p], 1, pps[p], stage, micro, sp,
+                                                          zero_dps[z]);
                         if (m.total > most.total) most = m;
                     }
-                    cr_assert_eq(elastic_memory_estimate(&config, tps[t], pps[p], micro, sp, &estimate), TP_OK);
+                    cr_assert_eq(elastic_memory_estimate(&config, tps[t], pps[p], micro, sp, zero_dps[z], &estimate),
+                                 TP_OK);
                     cr_assert(memcmp(&estimate, &most, sizeof most) == 0,
-                              "%s tp%d pp%d micro %lld sp %d: estimate weights %lld snapshot %lld activations %lld "
-                              "total %lld, trainer %lld %lld %lld %lld",
-                              names[n], tps[t], pps[p], (long long)micro, sp, (long long)estimate.weights,
+                              "%s tp%d pp%d micro %lld sp %d zero dp %d: estimate weights %lld gradients %lld "
+                              "optimizer %lld snapshot %lld activations %lld total %lld, trainer %lld %lld %lld %lld "
+                              "%lld %lld",
+                              names[n], tps[t], pps[p], (long long)micro, sp, zero_dps[z], (long long)estimate.weights,
+                              (long long)estimate.gradients, (long long)estimate.optimizer,
                               (long long)estimate.snapshot, (long long)estimate.activations, (long long)estimate.total,
-                              (long long)most.weights, (long long)most.snapshot, (long long)most.activations,
-                              (long long)most.total);
+                              (long long)most.weights, (long long)most.gradients, (long long)most.optimizer,
+                              (long long)most.snapshot, (long long)most.activations, (long long)most.total);
                 }
+}
+
+/* ZeRO-1 is chosen first when a layout with dp > 1 does not fit the memory
+ * per rank (a dp-th of the moments for the same traffic), sequence
+ * parallelism where ZeRO-1 alone does not fit, both where neither alone
+ * does; none without a limit, and none at dp 1. */
+Test(plan, zero1_when_memory_needs_it)
+{
+    gpt_config model = preset("gpt2-124m");
+    elastic_memory plain, zero, split, both;
+    cr_assert_eq(elastic_memory_estimate(&model, 2, 1, 4, 0, 1, &plain), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&model, 2, 1, 4, 0, 4, &zero), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&model, 2, 1, 4, 1, 1, &split), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&model, 2, 1, 4, 1, 4, &both), TP_OK);
+    cr_assert(zero.optimizer * 4 >= plain.optimizer && zero.optimizer * 4 < plain.optimizer + 64 &&
+                  zero.activations == plain.activations,
+              "%lld %lld", (long long)zero.optimizer, (long long)plain.optimizer);
+    elastic_memory refused;
+    cr_assert_eq(elastic_memory_estimate(&model, 2, 1, 4, 0, 0, &refused), TP_ERR_ARG);
+    /* 8 ranks, batch 32, micro-batch up to 4, tp2 pp1 now: dp 4. */
+    elastic_plan_request r = request(model, 8, 32);
+    r.micro_batch = 4;
+    r.current_tp = 2;
+    r.current_pp = 1;
+    char why[512];
+    elastic_layout free_run = chosen_of(&r, why, sizeof why);
+    cr_assert(free_run.tp == 2 && free_run.dp == 4 && !free_run.zero && !free_run.sequence_parallel, "%s", why);
+    /* Between ZeRO-1's estimate and the plain one: ZeRO-1 alone, for the same traffic. */
+    r.memory_per_rank = (zero.total + plain.total) / 2;
+    cr_assert(zero.total < r.memory_per_rank && r.memory_per_rank < plain.total);
+    elastic_layout tight = chosen_of(&r, why, sizeof why);
+    cr_assert(tight.tp == 2 && tight.dp == 4 && tight.micro_batch == 4 && tight.zero && !tight.sequence_parallel,
+              "tp%d dp%d micro %lld zero %d sp %d: %s", tight.tp, tight.dp, (long long)tight.micro_batch, tight.zero,
+              tight.sequence_parallel, why);
+    cr_assert_eq(tight.memory.total, zero.total);
+    cr_assert_eq(tight.without_savings, plain.total);
+    cr_assert_eq(tight.comm_bytes_per_step, free_run.comm_bytes_per_step);
+    cr_assert(strstr(why, "with ZeRO-1 (") != NULL, "%s", why);
+    /* Under what either saves alone, over both: both. */
+    int64_t either = zero.total < split.total ? zero.total : split.total;
+    r.memory_per_rank = (both.total + either) / 2;
+    cr_assert(both.total < r.memory_per_rank && r.memory_per_rank < either);
+    tight = chosen_of(&r, why, sizeof why);
+    cr_assert(tight.tp == 2 && tight.micro_batch == 4 && tight.zero && tight.sequence_parallel,
+              "tp%d micro %lld zero %d sp %d: %s", tight.tp, (long long)tight.micro_batch, tight.zero,
+              tight.sequence_parallel, why);
+    cr_assert_eq(tight.memory.total, both.total);
+    cr_assert(strstr(why, "with ZeRO-1 and sequence parallelism (") != NULL, "%s", why);
+    /* dp 1: nothing to shard. */
+    r = request(model, 2, 8);
+    r.micro_batch = 4;
+    r.current_tp = 2;
+    r.current_pp = 1;
+    r.memory_per_rank = (zero.total + plain.total) / 2;
+    elastic_layout alone = chosen_of(&r, why, sizeof why);
+    cr_assert(!(alone.tp == 2 && alone.dp == 1 && alone.zero), "%s", why);
 }
 
 /* Sequence parallelism is chosen when a layout fits the memory per rank only
@@ -501,11 +566,11 @@ Test(plan, sequence_parallelism_when_memory_needs_it)
 {
     gpt_config model = preset("gpt2-124m");
     elastic_memory plain, split;
-    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 0, &plain), TP_OK);
-    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 1, &split), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 0, 1, &plain), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 1, 1, &split), TP_OK);
     cr_assert(split.activations < plain.activations && split.weights == plain.weights, "%lld %lld",
               (long long)split.activations, (long long)plain.activations);
-    cr_assert_eq(elastic_memory_estimate(&model, 1, 1, 8, 1, &split), TP_ERR_ARG, "tp 1 has nothing to split");
+    cr_assert_eq(elastic_memory_estimate(&model, 1, 1, 8, 1, 1, &split), TP_ERR_ARG, "tp 1 has nothing to split");
     /* 4 ranks, batch 8, micro-batch up to 8, tp4 pp1 now. */
     elastic_plan_request r = request(model, 4, 8);
     r.micro_batch = 8;
@@ -515,14 +580,14 @@ Test(plan, sequence_parallelism_when_memory_needs_it)
     elastic_layout free_run = chosen_of(&r, why, sizeof why);
     cr_assert_eq(free_run.sequence_parallel, 0, "no memory limit: no sequence parallelism (%s)", why);
     /* A limit under what every layout needs at micro-batch 8 without it, over tp4's with it. */
-    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 0, &plain), TP_OK);
-    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 1, &split), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 0, 1, &plain), TP_OK);
+    cr_assert_eq(elastic_memory_estimate(&model, 4, 1, 8, 1, 1, &split), TP_OK);
     r.memory_per_rank = (plain.total + split.total) / 2;
     elastic_layout tight = chosen_of(&r, why, sizeof why);
     cr_assert(tight.tp == 4 && tight.micro_batch == 8 && tight.sequence_parallel, "tp%d micro %lld sp %d: %s", tight.tp,
               (long long)tight.micro_batch, tight.sequence_parallel, why);
     cr_assert_eq(tight.memory.total, split.total);
-    cr_assert_eq(tight.without_sequence_parallel, plain.total);
+    cr_assert_eq(tight.without_savings, plain.total);
     cr_assert(strstr(why, "with sequence parallelism (") != NULL, "%s", why);
     /* Its communication: more TP traffic than the same layout without it. */
     cr_assert(tight.comm_bytes_per_step > free_run.comm_bytes_per_step, "%lld %lld",
@@ -551,7 +616,7 @@ Test(plan, virtual_stages_when_the_bubble_is_large)
     /* Its memory: what the trainer allocates with V 4 at 8 micro-batches, on its largest stage. */
     elastic_memory most = {0};
     for (int stage = 0; stage < 2; stage++) {
-        elastic_memory m = trainer_memory(&model, 1, 2, 4, 8, stage, 1, 0);
+        elastic_memory m = trainer_memory(&model, 1, 2, 4, 8, stage, 1, 0, 1);
         if (m.total > most.total) most = m;
     }
     cr_assert(memcmp(&l.memory, &most, sizeof most) == 0, "estimate %lld, trainer %lld", (long long)l.memory.total,
@@ -560,7 +625,7 @@ Test(plan, virtual_stages_when_the_bubble_is_large)
      * 4): under V 4's memory, 1F1B, with fewer pipeline messages (V each way per micro-batch), and why says so. */
     elastic_memory v2 = {0};
     for (int stage = 0; stage < 2; stage++) {
-        elastic_memory m = trainer_memory(&model, 1, 2, 2, 8, stage, 1, 0);
+        elastic_memory m = trainer_memory(&model, 1, 2, 2, 8, stage, 1, 0, 1);
         if (m.total > v2.total) v2 = m;
     }
     cr_assert_gt(v2.total, l.memory.total);
