@@ -188,6 +188,10 @@ elements = plain["optimizer_bytes"] // 8  # two fp32 moments an element
 sys.exit(not (z["zero"] == 1 and plain["zero"] == 0 and z["optimizer_bytes"] == 8 * -(-elements // dp)))' \
         "$WORK/$name-zero1.jsonl" "$WORK/$name.jsonl" "$4"
 done
+expect_ok "20 steps at tp2pp1dp2 with ZeRO-1 and sequence parallelism" mpi_train 4 $TINY --tp 2 --dp 2 \
+    --micro-batch 2 --steps 20 --sequence-parallel --zero 1 --log "$WORK/tp2pp1dp2-sp-zero1.jsonl"
+check "ZeRO-1 with sequence parallelism: the losses of sequence parallelism alone (1e-6)" \
+    losses_match "$WORK/tp2pp1dp2-sp-zero1.jsonl" "$WORK/tp2pp1dp2-sp.jsonl" 1e-6
 ZB="--model tiny --quiet --global-batch 8 --steps 12"
 expect_ok "ZeRO-1: 12 straight steps at tp2dp2" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 1 \
     --log "$WORK/zero-straight.jsonl"
