@@ -44,7 +44,8 @@ check "log: every line has a time; start, save, save_wait and stop lines have th
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device", "dtype",
-                  "sequence_parallel", "virtual_stages", "activation_bytes", "resumed_from", "load_seconds", "startup_seconds", "time"},
+                  "sequence_parallel", "virtual_stages", "zero", "optimizer_bytes", "activation_bytes", "resumed_from",
+                  "load_seconds", "startup_seconds", "time"},
         "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "time"},
         "save_wait": {"event", "step", "time"},
         None: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "ms", "ckpt_stall_ms", "pipeline_ms", "pipeline_wait_ms",
