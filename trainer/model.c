@@ -157,13 +157,20 @@ void gpt_model_free(gpt_model *m)
 }
 
 /* The parameters' memory (m->memory, zero as alloc gives it) and every view's place in it:
- * params | grads | m | v, each m->total; with ZeRO-1, params | grads |
- * this rank's shard of m, v and the summed gradients (model.h). */
-static int lay_out_memory(gpt_model *m)
+ * params | grads | m | v, each m->total; with ZeRO-1 (zero, dp > 1; model.h)
+ * the parameters padded to dp equal shards, then params | grads | this
+ * rank's shard of m, v and the summed gradients. Laid out once, at its
+ * final size: ZeRO-1 is for a model whose whole moments do not fit. */
+static int lay_out_memory(gpt_model *m, int zero)
 {
+    int dp = m->comm->dp;
+    if (zero && dp > 1) {
+        m->zero = 1;
+        m->shard_len = (m->total + dp - 1) / dp;
+        m->total = m->shard_len * dp;
+        m->shard_first = m->comm->dp_rank * m->shard_len;
+    }
     int64_t floats = m->zero ? 2 * m->total + 3 * m->shard_len : 4 * m->total;
-    m->kernels->release(m->memory);
-    m->memory = NULL;
     TP_TRY(m->kernels->alloc((void **)&m->memory, (size_t)floats * sizeof(float)));
     int64_t offset = 0;
     for (int i = 0; i < m->num_params; i++) {
@@ -178,22 +185,6 @@ static int lay_out_memory(gpt_model *m)
     m->shard_v = m->zero ? m->shard_m + m->shard_len : NULL;
     m->shard_grad = m->zero ? m->shard_v + m->shard_len : NULL;
     return TP_OK;
-}
-
-int gpt_model_shard_optimizer(gpt_model *m)
-{
-    int dp = m->comm->dp;
-    if (dp < 2 || m->zero) return TP_OK;
-    int64_t used = 0;
-    for (int i = 0; i < m->num_params; i++) used += m->params[i].numel;
-    m->zero = 1;
-    m->shard_len = (used + dp - 1) / dp;
-    m->total = m->shard_len * dp;
-    m->shard_first = m->comm->dp_rank * m->shard_len;
-    int status = lay_out_memory(m);
-    if (status) tp_fail_context(status, "ZeRO-1: the model's memory (%lld parameters, shards of %lld)",
-                                (long long)used, (long long)m->shard_len);
-    return status;
 }
 
 /* The backward scratch (m->scratch), in order: one block's buffers
@@ -334,7 +325,8 @@ int gpt_model_init_values(gpt_model *m, uint64_t seed)
 }
 
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
-                     int64_t micro_batch, int64_t seq, int slots, int heads, int sequence_parallel, int virtual_stages)
+                     int64_t micro_batch, int64_t seq, int slots, int heads, int sequence_parallel, int virtual_stages,
+                     int zero)
 {
     *out = NULL;
     TP_TRY(gpt_config_check(config, c->tp, c->pp));
@@ -415,7 +407,7 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
             m->total += v->numel;
         }
     }
-    if ((status = lay_out_memory(m))) goto fail;
+    if ((status = lay_out_memory(m, zero))) goto fail;
     for (int i = 0; i < m->num_params; i++) {
         param_view *v = &m->params[i];
         switch (v->spec->kind) {

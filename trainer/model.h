@@ -88,7 +88,7 @@ typedef struct {
                                     multiple of dp with zeros after the last parameter) */
     float *memory;               /* params | grads | m | v, each `total`; with a sharded optimizer
                                     params | grads | this rank's shard of m, v and the summed gradients */
-    /* ZeRO-1 (gpt_model_shard_optimizer): the data-parallel ranks split the
+    /* ZeRO-1 (gpt_model_create's zero): the data-parallel ranks split the
      * flattened parameters into dp equal shards; rank d updates elements
      * [shard_first, shard_first + shard_len) and keeps the Adam moments of
      * those alone (param_view's m and v are NULL). */
@@ -123,16 +123,13 @@ int gpt_model_supported(const gpt_config *config);
  * values of gpt_model_init_values. `slots` micro-batches (of one chunk)
  * in flight, `heads` of them through the head on the last stage (at least
  * 1 there); virtual_stages chunks of layers per stage (1: consecutive
- * layers). Fails on a model gpt_model_supported
- * refuses, or layers that do not split into pp x virtual_stages chunks. */
+ * layers); with zero set, ZeRO-1: this rank keeps the Adam moments of its
+ * 1/dp of the parameters only (the fields above; nothing changes at dp 1).
+ * Fails on a model gpt_model_supported refuses, or layers that do not
+ * split into pp x virtual_stages chunks. */
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
-                     int64_t micro_batch, int64_t seq, int slots, int heads, int sequence_parallel, int virtual_stages);
-
-/* ZeRO-1: this rank keeps the Adam moments of its 1/dp of the parameters
- * only (the fields above). Right after gpt_model_create, before any value
- * is set (the model's memory is laid out anew, zero). With dp 1 it changes
- * nothing. */
-int gpt_model_shard_optimizer(gpt_model *model);
+                     int64_t micro_batch, int64_t seq, int slots, int heads, int sequence_parallel, int virtual_stages,
+                     int zero);
 
 /* Binds head buffer `head` (0 .. heads - 1) to a slot before a forward
  * through the model's last chunk; slot k < heads starts bound to head k.

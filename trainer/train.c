@@ -457,8 +457,7 @@ static int set_up(trainer *t)
     pipeline_buffers buffers = pipeline_buffers_used(t->ops, t->num_ops);
     if (!status)
         status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots, buffers.heads,
-                                  o->sequence_parallel, chunks);
-    if (!status && o->zero) status = gpt_model_shard_optimizer(t->model);
+                                  o->sequence_parallel, chunks, o->zero);
     if (!status && o->bf16 && !t->model->kernels->matmul_forward_bf16)
         status = tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend has no bf16 matrix products yet",
                          t->model->kernels->name);

@@ -1,5 +1,5 @@
 /* zero.h: moving ZeRO-1's Adam moments between the data-parallel ranks
- * that each keep a shard of them (model.h, gpt_model_shard_optimizer) and
+ * that each keep a shard of them (model.h, gpt_model_create's zero) and
  * the first rank of the group, which reads and writes checkpoints for it.
  *
  * The moments travel in chunks of at most ZERO_CHUNK values of each rank's
