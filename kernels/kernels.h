@@ -353,6 +353,11 @@ void cuda_group_free(cuda_group *group);
  * the machine, a CUDA error). */
 int kernels_choose(const char *device, int local_rank, const kernel_backend **out);
 
+/* What "auto" asks of this process: whether this build has CUDA and the
+ * machine a GPU for local_rank (a job on several ranks agrees on it before
+ * choosing: tp-train). */
+int kernels_gpu_for(int local_rank);
+
 /* GPU facts for reports: the name of CUDA device `device` ("" without
  * one), and the dense bf16 tensor-core peak of a GPU by its name, in
  * FLOP/s (0 when the table does not know it: H100 SXM and PCIe, H200,

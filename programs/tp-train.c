@@ -649,8 +649,8 @@ int main(int argc, char **argv)
      * chosen rank by rank, rank 0 alone would take the GPU and wait for the
      * others in NCCL's setup while they waited for it elsewhere, forever. */
     if (strcmp(device, "auto") == 0) {
-        int lacks_gpu = !cuda_built() || cuda_device_count() <= local_rank, any_lacks = 1;
-        if (comm_any(cm, lacks_gpu, &any_lacks)) {
+        int any_lacks = 1;
+        if (comm_any(cm, !kernels_gpu_for(local_rank), &any_lacks)) {
             if (cm->rank == 0) fprintf(stderr, "tp-train: error: choosing the device: %s\n", tp_errmsg());
             comm_free(cm);
             return 1;

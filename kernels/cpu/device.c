@@ -6,11 +6,16 @@
 #include "../../common/error.h"
 #include "../kernels.h"
 
+int kernels_gpu_for(int local_rank)
+{
+    return cuda_built() && cuda_device_count() > local_rank;
+}
+
 int kernels_choose(const char *device, int local_rank, const kernel_backend **out)
 {
     *out = NULL;
     int want_cuda = strcmp(device, "cuda") == 0, automatic = strcmp(device, "auto") == 0;
-    if (strcmp(device, "cpu") == 0 || (automatic && (!cuda_built() || cuda_device_count() <= local_rank))) {
+    if (strcmp(device, "cpu") == 0 || (automatic && !kernels_gpu_for(local_rank))) {
         *out = kernels_cpu();
         return TP_OK;
     }
