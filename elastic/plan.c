@@ -319,6 +319,14 @@ static void choose_dp(const elastic_plan_request *r, elastic_layout *l)
     l->ranks = l->tp * l->pp * l->dp;
 }
 
+/* What a layout saves memory with, as the plan says it. */
+static const char *savings_name(int zero, int sequence_parallel)
+{
+    return zero && sequence_parallel ? "ZeRO-1 and sequence parallelism"
+           : zero                    ? "ZeRO-1"
+                                     : "sequence parallelism";
+}
+
 /* The batch split at l->dp: the largest micro-batch within the limit that
  * divides a DP rank's share and fits the memory per rank when one is given;
  * accumulation makes up the rest of the share. */
@@ -342,7 +350,6 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
          * quarter more TP traffic), then both. */
         int splits = can_split_rows(&r->model, l->tp, m);
         const int tries[3][2] = {{1, 0}, {0, 1}, {1, 1}}; /* {zero, sequence parallel} */
-        static const char *const tried_names[3] = {"ZeRO-1", "sequence parallelism", "ZeRO-1 and sequence parallelism"};
         elastic_memory tried;
         int64_t least = 0; /* what the last option tried needs: the most it saves */
         const char *least_with = NULL;
@@ -352,7 +359,7 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
                 memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, sp, zero ? l->dp : 1, &tried) != TP_OK)
                 continue;
             least = tried.total;
-            least_with = tried_names[k];
+            least_with = savings_name(zero, sp);
             if (tried.total > r->memory_per_rank) continue;
             l->zero = zero;
             l->sequence_parallel = sp;
@@ -523,10 +530,7 @@ static void explain_chosen(const elastic_plan_request *r, elastic_plan *plan)
     why_append(plan, part);
     if (c->sequence_parallel || c->zero) {
         char without[32];
-        snprintf(part, sizeof part, " with %s (%s without, over the limit)",
-                 c->zero && c->sequence_parallel ? "ZeRO-1 and sequence parallelism"
-                 : c->zero                       ? "ZeRO-1"
-                                                 : "sequence parallelism",
+        snprintf(part, sizeof part, " with %s (%s without, over the limit)", savings_name(c->zero, c->sequence_parallel),
                  format_bytes((double)c->without_savings, without, sizeof without));
         why_append(plan, part);
     }
