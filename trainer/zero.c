@@ -45,12 +45,13 @@ static void chunk_free(gpt_model *m, float *kernel, float *host)
 
 /* A buffer of the backend's memory and, on a device, its host copy (the
  * same memory on the CPU) for the first rank of the group, agreed on by
- * every rank. */
-static int chunk_buffers(gpt_model *m, int64_t floats, int with_host, float **kernel, float **host, const char *what)
+ * every rank together with `status`, this rank's verdict so far. */
+static int chunk_buffers(gpt_model *m, int status, int64_t floats, int with_host, float **kernel, float **host,
+                         const char *what)
 {
     const kernel_backend *k = m->kernels;
     *kernel = *host = NULL;
-    int status = k->alloc((void **)kernel, (size_t)floats * sizeof(float));
+    if (!status) status = k->alloc((void **)kernel, (size_t)floats * sizeof(float));
     if (!status && with_host) {
         *host = k->on_device ? malloc((size_t)floats * sizeof(float)) : *kernel;
         if (!*host) status = tp_fail(TP_ERR_NOMEM, "out of memory (%lld values)", (long long)floats);
@@ -72,8 +73,7 @@ int zero_gather_moments(gpt_model *m, float *snapshot)
     int64_t *offsets = root ? snapshot_offsets(m) : NULL;
     float *gathered, *host;
     int status = root && !offsets ? tp_fail(TP_ERR_NOMEM, "out of memory") : TP_OK;
-    status = comm_agree(c, status, "ZeRO-1: gathering the moments to save");
-    if (!status) status = chunk_buffers(m, 2 * dp * chunk, root, &gathered, &host, "ZeRO-1: gathering the moments");
+    status = chunk_buffers(m, status, 2 * dp * chunk, root, &gathered, &host, "ZeRO-1: gathering the moments to save");
     if (status) {
         free(offsets);
         return status;
@@ -101,7 +101,7 @@ int zero_scatter_moments(gpt_model *m, const float *moments)
     int dp = c->dp, root = c->dp_rank == 0;
     int64_t chunk = m->shard_len < ZERO_CHUNK ? m->shard_len : ZERO_CHUNK;
     float *send, *host;
-    TP_TRY(chunk_buffers(m, dp * chunk, root, &send, &host, "ZeRO-1: handing out the loaded moments"));
+    TP_TRY(chunk_buffers(m, TP_OK, dp * chunk, root, &send, &host, "ZeRO-1: handing out the loaded moments"));
     int status = TP_OK;
     /* Chunk j of each moment: member d's values [j, j + n) of its shard, from
      * the first rank (a sum with the others' zeros). */
