@@ -60,12 +60,7 @@ check "sp: the losses continue the uninterrupted run's" losses_continue "$R/elas
 R="$WORK/zero"
 ZERO_ARGS="--model tiny --heads 1 --layers 1 --quiet --global-batch 12 --micro-batch 2 --steps $STEPS --ckpt-every $EVERY"
 expect_ok "ZeRO-1: an uninterrupted run on one rank" "$TRAIN" $ZERO_ARGS --log "$WORK/zero-ref.jsonl"
-echo 4 >"$WORK/world.zero"
-(
-    while [ ! -e "$R.fault" ]; do sleep 0.05; done
-    echo 3 >"$WORK/world.zero"
-) &
-watcher=$!
+shrink_world_at_fault "$WORK/world.zero" "$R.fault" 4 3
 mkdir -p "$R"
 expect_ok "ZeRO-1, a rank killed, capacity 4 to 3: the run finishes" "$ELASTIC" run --ckpt-dir "$R" \
     --world-file "$WORK/world.zero" --memory-per-rank 2100000 $FAST \

@@ -17,12 +17,7 @@ mpirun_runs
 # The run relaunches at the layout the planner picks for 3 ranks, resharding
 # at load, and finishes.
 R="$WORK/kill"
-echo 4 >"$WORK/world.kill"
-(
-    while [ ! -e "$R.fault" ]; do sleep 0.05; done
-    echo 3 >"$WORK/world.kill"
-) &
-watcher=$!
+shrink_world_at_fault "$WORK/world.kill" "$R.fault" 4 3
 mkdir -p "$R"
 expect_ok "kill -9 of a rank: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world-file "$WORK/world.kill" $FAST \
     -- "$TRAIN" $TRAIN_ARGS --fault die --fault-step 25 --fault-rank 1 --fault-once "$R.fault"

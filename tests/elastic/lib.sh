@@ -28,6 +28,18 @@ mpirun_runs() {
 # 1..$STEPS is there.
 losses_continue() { "$PY" "$ROOT/tests/elastic/check_losses.py" "$1" "$WORK/ref.jsonl" "$STEPS"; }
 
+# shrink_world_at_fault WORLD_FILE FAULT_FILE FROM TO: capacity FROM in
+# WORLD_FILE, dropping to TO as the fault fires (FAULT_FILE appears, the
+# trainer's --fault-once); the watcher's process id in $watcher.
+shrink_world_at_fault() {
+    echo "$3" >"$1"
+    (
+        while [ ! -e "$2" ]; do sleep 0.05; done
+        echo "$4" >"$1"
+    ) &
+    watcher=$!
+}
+
 # events RUN NAME: how many events of that name the run recorded.
 events() { grep -c "\"event\":\"$2\"" "$1/elastic/events.jsonl" 2>/dev/null || true; }
 
