@@ -124,8 +124,21 @@ TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 
 .PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-megatron bench-dcp bench-llama bench-elastic bench-remote bench-scale bench-parallel bench-revisions clean programs tests
 
+# The targets below whose recipes run a build of their own (SUBMAKE). Asked
+# for beside other goals (`make -j2 all tests`), this make and that build
+# would write the same files at once: such a command line runs its goals one
+# after the other (each build still uses every job).
+WRAPPER_GOALS := all check test asan test-gpu bench-gpu gpu-pack soak fuzz demo $(filter bench-%,$(MAKECMDGOALS))
+ifeq ($(MAKELEVEL),0)
+ifneq ($(filter $(WRAPPER_GOALS),$(MAKECMDGOALS)),)
+ifneq ($(word 2,$(MAKECMDGOALS)),)
+.NOTPARALLEL:
+endif
+endif
+endif
+
 all: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 
 build: programs tests $(BENCH_PROGRAMS) $(BUILD)/bin/tp-mpirun
 
@@ -226,16 +239,16 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(TEST_LIBS)
 # and `make test`, everything (what CI runs). TEST_JOBS tests run at once.
 TEST_JOBS ?= 2
 check: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/run-tests.py --tier check --jobs $(TEST_JOBS)
 
 test: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/run-tests.py --tier full --jobs $(TEST_JOBS)
 
 # The same suite under AddressSanitizer and UndefinedBehaviorSanitizer.
 asan: deps
-	@$(SUBMAKE) BUILD=build-asan CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
+	+@$(SUBMAKE) BUILD=build-asan CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
 		SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all" build
 	@BUILD=build-asan SANITIZED=1 scripts/run-tests.py --tier full --jobs $(TEST_JOBS)
 
@@ -244,18 +257,18 @@ asan: deps
 # against PyTorch, the CPU, other layouts, checkpoints both ways). Fails
 # without a GPU instead of skipping.
 test-gpu: deps
-	@$(SUBMAKE) CUDA=1 build
+	+@$(SUBMAKE) CUDA=1 build
 	@BUILD=$(BUILD) GPU_REQUIRED=1 sh tests/gpu/test_gpu.sh
 
 bench-gpu: deps
-	@$(SUBMAKE) CUDA=1 build
+	+@$(SUBMAKE) CUDA=1 build
 	@BUILD=$(BUILD) scripts/bench-gpu.sh
 
 # The GPU pack (docs/GPU.md): $(BUILD)/gpu-pack.tar.xz, the CUDA build with
 # every library it loads and an Open MPI runtime, for a bare GPU machine
 # (scripts/gpu-check.sh runs it there).
 gpu-pack: deps
-	@$(SUBMAKE) CUDA=1 build
+	+@$(SUBMAKE) CUDA=1 build
 	@BUILD=$(BUILD) scripts/gpu-pack.sh
 
 # A longer soak of tp-elastic than `make test` runs (6 faults, seed 7):
@@ -263,7 +276,7 @@ gpu-pack: deps
 # one run, a new seed each time (printed, with the command that replays it).
 SOAK_FAULTS ?= 30
 soak: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@SOAK_FAULTS=$(SOAK_FAULTS) SOAK_SEED=$${SOAK_SEED:-$$(date +%s)} BUILD=$(BUILD) sh tests/elastic/test_soak.sh
 
 # Fuzzing with libFuzzer (clang) under ASan and UBSan: the index parser, the
@@ -279,7 +292,7 @@ FUZZ_TARGETS := index safetensors partition pickle torch megatron dcp
 FUZZ_SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz needs clang (apt-get install clang)" >&2; exit 1; }
-	@$(SUBMAKE) BUILD=build-fuzz CC=clang CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
+	+@$(SUBMAKE) BUILD=build-fuzz CC=clang CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
 		CFLAGS="-Wno-error" SANITIZE="$(FUZZ_SANITIZE) -fsanitize=fuzzer-no-link" $(patsubst %,build-fuzz/fuzz/fuzz_%,$(FUZZ_TARGETS))
 	@mkdir -p build-fuzz/crashes; for t in $(FUZZ_TARGETS); do \
 		mkdir -p build-fuzz/corpus/$$t; echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
@@ -295,51 +308,51 @@ $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(MODEL_STACK)
 	$(Q)$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
 
 demo: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/demo.sh
 
 bench-ckpt: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-ckpt.sh
 
 bench-elastic: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-elastic.sh
 
 bench-remote: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-remote.sh
 
 bench-scale: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-scale.sh
 
 bench-reshard: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-reshard.sh
 
 bench-train: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-train.sh
 
 bench-parallel: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-parallel.sh
 
 bench-export: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-export.sh
 
 bench-llama: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-llama.sh
 
 bench-megatron: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-megatron.sh
 
 bench-dcp: deps
-	@$(SUBMAKE) build
+	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-dcp.sh
 
 # This tree against BENCH_BASE (a revision), for changes that should cost nothing.
