@@ -42,6 +42,10 @@ expect_ok "20 steps in bf16 at tp2pp2" mpi_train 4 $TINY --tp 2 --pp 2 --steps 2
 expect_ok "20 steps in fp32 at tp1" "$TRAIN" $TINY --steps 20 --log "$WORK/fp32-tp1.jsonl"
 check "bf16: the start line says so" [ "$(events "$WORK/bf16-tp1.jsonl" start dtype)" = "bf16 " ]
 check "bf16: tp2pp2 has the losses of tp1 (1e-4)" losses_match "$WORK/bf16-tp2pp2.jsonl" "$WORK/bf16-tp1.jsonl" 1e-4
+expect_ok "20 steps in bf16 at tp2dp2 with ZeRO-1" mpi_train 4 $TINY --tp 2 --dp 2 --micro-batch 1 --steps 20 \
+    --dtype bf16 --zero 1 --log "$WORK/bf16-tp2dp2-zero1.jsonl"
+check "bf16 with ZeRO-1: tp2dp2 has the losses of tp1 (1e-4)" \
+    losses_match "$WORK/bf16-tp2dp2-zero1.jsonl" "$WORK/bf16-tp1.jsonl" 1e-4
 check "bf16: within 1e-2 of fp32's losses" losses_match "$WORK/bf16-tp1.jsonl" "$WORK/fp32-tp1.jsonl" 1e-2
 check_all "bf16: not fp32's losses (the rounding is there)" \
     '! losses_match "$WORK/bf16-tp1.jsonl" "$WORK/fp32-tp1.jsonl" 1e-7 2>/dev/null'
@@ -100,6 +104,12 @@ for layout in "4 1 4 2" "2 1 2 4" "4 2 2 2"; do
     check "tp$2 pp$3 V$4 has the losses of one rank (1e-5)" losses_match "$WORK/$name.jsonl" "$WORK/il-one.jsonl" 1e-5
 done
 check "interleaved: the start line says V" [ "$(events "$WORK/il-tp1pp4v2.jsonl" start virtual_stages)" = "2 " ]
+# With ZeRO-1 over 2 data-parallel ranks: the same 16 sequences a step, as 4
+# micro-batches of 2 on each replica; the gradients summed in another order.
+expect_ok "10 steps at pp2 V2 dp2 with ZeRO-1" mpi_train 4 $TINY --layers 8 --grad-accum 4 --steps 10 \
+    --pp 2 --dp 2 --virtual-stages 2 --zero 1 --log "$WORK/il-pp2v2dp2-zero1.jsonl"
+check "pp2 V2 dp2 with ZeRO-1 has the losses of one rank (1e-4)" \
+    losses_match "$WORK/il-pp2v2dp2-zero1.jsonl" "$WORK/il-one.jsonl" 1e-4
 # pipeline_ms is the longest rank's span and ms rank 0's step: ranks start a
 # step as each leaves the last one's collective, skewed under load, so the
 # pipeline may outlast rank 0's step; the mean idle time is below the
