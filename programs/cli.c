@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
@@ -160,4 +161,11 @@ int cli_write_output(const char *target, int replace, int threads, int update_la
     upload.threads = threads;
     int uploaded = ckpt_output_finish(target, local, status == TP_OK, &upload, update_latest);
     return status ? status : uploaded;
+}
+
+int64_t cli_peak_rss_bytes(void)
+{
+    struct rusage usage;
+    if (getrusage(RUSAGE_SELF, &usage)) return 0;
+    return (int64_t)usage.ru_maxrss * 1024; /* ru_maxrss is in KiB on Linux */
 }

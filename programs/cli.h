@@ -66,6 +66,9 @@ int cli_clean_up_on_signals(void);
 int cli_write_output(const char *target, int replace, int threads, int update_latest,
                      int (*write)(void *ctx, const char *path), void *ctx);
 
+/* This process's peak resident memory so far, in bytes (getrusage). */
+int64_t cli_peak_rss_bytes(void);
+
 /* "PROGRAM: error: message" on stderr; returns 1, the failure exit status. */
 int cli_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

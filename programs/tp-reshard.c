@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "cli.h"
 #include "../common/parallel.h"
@@ -62,13 +61,6 @@ static const char *usage_text =
 static void on_bytes(void *ctx, int64_t bytes)
 {
     progress_add(ctx, bytes);
-}
-
-static int64_t peak_rss_bytes(void)
-{
-    struct rusage usage;
-    getrusage(RUSAGE_SELF, &usage);
-    return (int64_t)usage.ru_maxrss * 1024;
 }
 
 static void print_plan(const reshard_summary *s, const char *device, const char *source, const char *out)
@@ -163,7 +155,7 @@ static int finish_foreign(ckpt_reader *source, ckpt_reader *output, int opened, 
         print_verified(&checked, verify_seconds);
     if (!code && summary) {
         cJSON_AddNumberToObject(summary, "seconds", seconds);
-        cJSON_AddNumberToObject(summary, "peak_rss_bytes", (double)peak_rss_bytes());
+        cJSON_AddNumberToObject(summary, "peak_rss_bytes", (double)cli_peak_rss_bytes());
         if (verify) cJSON_AddBoolToObject(summary, "verified", 1);
         print_json(summary);
     } else {
@@ -659,7 +651,7 @@ int main(int argc, char **argv)
             cJSON *o = summary_json(s, ckpt_reader_path(source), out);
             cJSON_AddNumberToObject(o, "seconds", seconds);
             cJSON_AddNumberToObject(o, "gbps", gbps);
-            cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)peak_rss_bytes());
+            cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)cli_peak_rss_bytes());
             if (verify) {
                 cJSON_AddBoolToObject(o, "verified", 1);
                 cJSON_AddNumberToObject(o, "verify_seconds", verify_seconds);
@@ -669,7 +661,7 @@ int main(int argc, char **argv)
             char read[32], written[32], peak[32];
             format_bytes((double)s->bytes_read, read, sizeof read);
             format_bytes((double)s->bytes_written, written, sizeof written);
-            format_bytes((double)peak_rss_bytes(), peak, sizeof peak);
+            format_bytes((double)cli_peak_rss_bytes(), peak, sizeof peak);
             char from_text[RESHARD_LAYOUT_TEXT_MAX], to_text[RESHARD_LAYOUT_TEXT_MAX];
             reshard_layout_text(&s->from, from_text);
             reshard_layout_text(&s->to, to_text);

@@ -272,7 +272,8 @@ typedef struct {
 
 static fault_plan fault;
 
-static void log_stop(FILE *log, int64_t step, const char *reason, const char *error);
+static void log_stop(FILE *log, int64_t step, const char *reason, const char *error, const double *peak_rss,
+                     int world);
 
 /* After step `step` on rank `rank`: the injected fault, when it is due (the
  * step's log line is written). */
@@ -297,7 +298,7 @@ static void maybe_fault(int rank, int64_t step, FILE *log)
         for (;;) pause();
     case FAULT_FAIL:
         snprintf(why, sizeof why, "injected failure after step %lld (--fault fail)", (long long)step);
-        if (log) log_stop(log, step, "failed", why);
+        if (log) log_stop(log, step, "failed", why, NULL, 0);
         fprintf(stderr, "tp-train: error (rank %d): %s\n", rank, why);
         _exit(1);
     case FAULT_SLOW: {
@@ -356,13 +357,31 @@ static void log_start(reporter *p, const train_report *r)
     fflush(p->log);
 }
 
-/* The log's last line of a launch (none when it is killed). */
-static void log_stop(FILE *log, int64_t step, const char *reason, const char *error)
+/* Every rank's peak resident memory in bytes, in world order (malloc'ed),
+ * or NULL when it cannot be gathered: the stop line then goes without. */
+static double *gather_peak_rss(comm *cm)
+{
+    double mine = (double)cli_peak_rss_bytes();
+    double *all = malloc((size_t)cm->world * sizeof *all);
+    if (all && comm_all_gather(cm, GROUP_WORLD, &mine, all, 1, COMM_DOUBLE, COMM_HOST) == TP_OK) return all;
+    free(all);
+    return NULL;
+}
+
+/* The log's last line of a launch (none when it is killed), with every
+ * rank's peak resident memory in world order when peak_rss is not NULL. */
+static void log_stop(FILE *log, int64_t step, const char *reason, const char *error, const double *peak_rss,
+                     int world)
 {
     char quoted[2200];
     json_string(error, quoted, sizeof quoted);
     fprintf(log, "{\"event\":\"stop\",\"step\":%lld,\"reason\":\"%s\"", (long long)step, reason);
     if (error) fprintf(log, ",\"error\":%s", quoted);
+    if (peak_rss) {
+        fprintf(log, ",\"peak_rss_bytes\":[");
+        for (int r = 0; r < world; r++) fprintf(log, "%s%.0f", r ? "," : "", peak_rss[r]);
+        fprintf(log, "]");
+    }
     fprintf(log, ",\"time\":%.6f}\n", unix_seconds());
     fflush(log);
 }
@@ -701,6 +720,11 @@ int main(int argc, char **argv)
     }
     train_outcome outcome;
     int status = train_run(&o, device_comm ? device_comm : cm, &outcome);
+    /* Each rank's peak resident memory, for the stop line: what a layout, or
+     * ZeRO, keeps on each rank. A collective, so only when this rank
+     * succeeded (one that failed alone ends the job below). */
+    double *peak_rss = NULL;
+    if (!status && rep.log_path) peak_rss = gather_peak_rss(cm);
     /* The stop line first: a failure only this rank knows ends the job. A
      * failure before training began (no start line) is logged too. */
     if (cm->rank == 0 && log_path && !rep.log && status) rep.log = open_log(log_path, o.resume);
@@ -709,13 +733,14 @@ int main(int argc, char **argv)
                  outcome.end == TRAIN_FINISHED  ? "finished"
                  : outcome.end == TRAIN_STOPPED ? "stopped"
                                                 : "failed",
-                 status ? outcome.reason : NULL);
+                 status ? outcome.reason : NULL, peak_rss, cm->world);
         fclose(rep.log);
         rep.log = NULL;
     }
     if (status && !outcome.all_ranks_know) end_job(cm, outcome.reason);
     else if (status && cm->rank == 0) fail("%s", outcome.reason);
     else if (!status && cm->rank == 0 && !quiet) print_summary(&outcome, &rep, o.micro_batch * o.grad_accum * cm->dp);
+    free(peak_rss);
     comm_free(device_comm);
     comm_free(cm);
     return status ? 1 : 0;

@@ -46,7 +46,7 @@ lines = [json.loads(l) for l in open(sys.argv[1])]
 keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device", "dtype",
                   "sequence_parallel", "virtual_stages", "zero", "optimizer_bytes", "activation_bytes", "resumed_from",
                   "load_seconds", "startup_seconds", "time"},
-        "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "time"},
+        "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "peak_rss_bytes", "time"},
         "save_wait": {"event", "step", "time"},
         None: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "ms", "ckpt_stall_ms", "pipeline_ms", "pipeline_wait_ms",
                "time"}}
@@ -58,6 +58,9 @@ ok = ok and starts[0]["load_seconds"] == 0 and starts[1]["load_seconds"] > 0
 ok = ok and all(r["sequence_parallel"] is False and r["virtual_stages"] == 1 and r["activation_bytes"] > 0
                for r in starts)
 ok = ok and all(r["pipeline_wait_ms"] == 0 for r in lines if "event" not in r)  # pp 1: no pipeline messages
+# Each rank's peak resident memory: above the model's 4 x 4 bytes a parameter, below 4 GB.
+ok = ok and all(len(r["peak_rss_bytes"]) == 2 and all(1e6 < b < 4e9 for b in r["peak_rss_bytes"])
+                for r in lines if r.get("event") == "stop")
 # A save line follows the step line of its step.
 last = 0
 for r in lines:
