@@ -164,11 +164,12 @@ static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, c
     pipeline_buffers buffers = pipeline_buffers_used(ops, count);
     free(ops);
     /* ZeRO-1 over zero_dp ranks (trainer/model.h): the parameters padded to
-     * zero_dp equal shards, the moments and the summed gradients of one. */
+     * zero_dp equal shards, the moments of one (its summed gradients in the
+     * gradients' own place). */
     int64_t shard = zero_dp > 1 ? (share->params + zero_dp - 1) / zero_dp : 0;
     int64_t p = zero_dp > 1 ? shard * zero_dp : share->params;
     out.weights = p * (int64_t)tp_dtype_size(m->dtype) + (m->dtype == TP_FP32 ? 0 : p * FP32); /* + fp32 master */
-    out.gradients = (p + shard) * FP32;
+    out.gradients = p * FP32;
     out.optimizer = (zero_dp > 1 ? shard : p) * 2 * FP32; /* AdamW: two fp32 moments */
     out.snapshot = share->owned * 3 * FP32; /* trainer/checkpoint.c: weights and both moments, replica 0 */
     /* A slot holds one chunk (of pp x V), a head the logits of one micro-batch in flight through it. */

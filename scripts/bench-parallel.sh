@@ -13,8 +13,9 @@
 #   milliseconds per step, the activations kept.
 # - ZeRO-1 at dp 1, 2 and 4, with and without it: the Adam moments a rank
 #   keeps (the start line's optimizer_bytes) against a dp-th of them, the
-#   peak RSS of the largest rank, milliseconds per step, and the bytes each
-#   rank writes to a checkpoint.
+#   peak RSS of the writing rank and of the others (the stop line's
+#   peak_rss_bytes) and what the others save against the expected figure,
+#   milliseconds per step, and the bytes each rank writes to a checkpoint.
 # Writes docs/BENCHMARKS.md (sections bench-parallel, bench-zero and bench-pipeline).
 #   BENCH_STEPS (default 10): steps per run; the first 2 are warm-up, not counted
 #   BENCH_REPS (default 3): repetitions, alternating which goes first; medians
@@ -137,10 +138,12 @@ if measured["status"] != 0:
 rows = [json.loads(line) for line in open(log)]
 start = [r for r in rows if r.get("event") == "start"][0]
 steps = [r for r in rows if "event" not in r and "ms" in r]
+rss = [r for r in rows if r.get("event") == "stop"][-1]["peak_rss_bytes"]  # each rank's, in rank order
 shards = glob.glob(os.path.join(ckpt, "step_*", "shard_*.h5"))
 print(json.dumps({"dp": dp, "zero": zero, "rep": rep, "started_zero": start["zero"],
                   "optimizer_bytes": start["optimizer_bytes"], "ms": statistics.median(r["ms"] for r in steps[2:] or steps),
-                  "max_rss_bytes": measured["max_rss_bytes"], "shard_files": len(shards),
+                  "max_rss_bytes": measured["max_rss_bytes"], "writer_rss_bytes": rss[0],
+                  "others_rss_bytes": max(rss[1:]) if len(rss) > 1 else None, "shard_files": len(shards),
                   "shard_bytes": sum(os.path.getsize(f) for f in shards), "losses": [r["loss"] for r in steps]}))
 PY
     tail -n 1 "$ZERO_RESULTS"
@@ -154,8 +157,8 @@ done
 ZERO_TABLE=$($PY - "$ZERO_RESULTS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-out = ["| dp | ZeRO | moments kept, MB (measured) | expected, MB | ms/step (median) | vs ZeRO 0 | peak RSS, largest process, MB | checkpoint, MB written by the writing rank (the others: 0) |",
-       "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+out = ["| dp | ZeRO | moments kept, MB (measured) | expected, MB | ms/step (median) | vs ZeRO 0 | peak RSS, writing rank, MB | peak RSS, other ranks (largest), MB | their saving against ZeRO 0, MB | expected saving, MB | checkpoint, MB written by the writing rank (the others: 0) |",
+       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 for dp in sorted({r["dp"] for r in rows}):
     plain = [r for r in rows if r["dp"] == dp and r["zero"] == 0]
     for zero in (0, 1):
@@ -173,9 +176,19 @@ for dp in sorted({r["dp"] for r in rows}):
             sys.exit(f"dp{dp} zero {zero}: {kept} bytes of moments kept, {expected} expected")
         ms = statistics.median(r["ms"] for r in runs)
         base = statistics.median(r["ms"] for r in plain)
-        out.append("| %d | %d | %.2f | %.2f | %.0f | %.2fx | %.0f | %.2f |" % (
+        others, saving, expected_saving = "-", "-", "-"
+        if dp > 1:
+            median_others = statistics.median(r["others_rss_bytes"] for r in runs)
+            others = "%.0f" % (median_others / 1e6)
+            saving = "%.0f" % ((statistics.median(r["others_rss_bytes"] for r in plain) - median_others) / 1e6)
+            # What a rank that does not write keeps less with ZeRO-1: all
+            # but a dp-th of the two moments, 2 x T x (1 - 1/dp) fp32 values
+            # (the shard's gradients are summed in their own place).
+            expected_saving = "%.0f" % (4 * 2 * elements * (1 - 1 / dp) / 1e6 if zero else 0)
+        out.append("| %d | %d | %.2f | %.2f | %.0f | %.2fx | %.0f | %s | %s | %s | %.2f |" % (
             dp, zero, kept / 1e6, expected / 1e6, ms, base / ms,
-            statistics.median(r["max_rss_bytes"] for r in runs) / 1e6, runs[0]["shard_bytes"] / 1e6))
+            statistics.median(r["writer_rss_bytes"] for r in runs) / 1e6, others, saving, expected_saving,
+            runs[0]["shard_bytes"] / 1e6))
 print("\n".join(out))
 PY
 )

@@ -59,13 +59,17 @@ typedef struct {
     /* Over the members of group (TP or DP; every member passes the same
      * count): each member's `count` values of send, one after the other in
      * member order, into recv (members x count values) on every member.
-     * send and recv must not overlap; a rank outside the group leaves recv
-     * as it is. */
+     * send and recv must not overlap, but for the one arrangement in place:
+     * send is this member's own part of recv (recv + member x count), which
+     * saves a buffer of the part's size. A rank outside the group leaves
+     * recv as it is. */
     int (*all_gather)(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
                       comm_stream stream);
     /* The sum over the members of their send (members x count values),
      * member j keeping values [j count, (j + 1) count) of it in recv (as
-     * all_gather: no overlap, non-members untouched). */
+     * all_gather: no overlap, non-members untouched). In place: recv is
+     * member j's own part of send (send + j x count), the sum landing
+     * where its values were; the rest of send is then undefined. */
     int (*reduce_scatter)(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
                           comm_stream stream);
     /* Ends every rank's part in the job: one rank failed while others may be

@@ -51,7 +51,7 @@ static int copy_self(comm *c, comm_group group, const void *send, void *recv, in
 {
     (void)c, (void)group, (void)stream;
     size_t bytes = (size_t)count * comm_type_size(type);
-    if (bytes) memcpy(recv, send, bytes);
+    if (bytes && recv != send) memcpy(recv, send, bytes); /* in place: nothing to move */
     return TP_OK;
 }
 

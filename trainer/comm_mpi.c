@@ -106,6 +106,10 @@ static int all_gather(comm *c, comm_group group, const void *send, void *recv, i
     TP_TRY(host_only(c, stream));
     MPI_Comm g = group_of(c, group);
     if (g == MPI_COMM_NULL) return TP_OK; /* not a member */
+    int me;
+    TP_TRY(check(c, MPI_Comm_rank(g, &me), "rank"));
+    /* In place (comm.h): MPI takes each member's part from where it goes. */
+    if (send == (const char *)recv + (size_t)me * (size_t)count * comm_type_size(type)) send = MPI_IN_PLACE;
     MPI_Datatype t = MPI_DATATYPE_NULL;
     int units = 0;
     int64_t unit = 1;
@@ -123,10 +127,19 @@ static int reduce_scatter(comm *c, comm_group group, const void *send, void *rec
     if (g == MPI_COMM_NULL) return TP_OK; /* not a member */
     /* MPI's sum is defined on the predefined types only: large parts go in
      * pieces of each member's part, each its own reduce-scatter. */
-    int members;
+    int members, me;
     TP_TRY(check(c, MPI_Comm_size(g, &members), "size"));
+    TP_TRY(check(c, MPI_Comm_rank(g, &me), "rank"));
     size_t size = comm_type_size(type);
     int64_t piece = part_max();
+    if (count <= piece && recv == (const char *)send + (size_t)me * (size_t)count * size) {
+        /* In place (comm.h): MPI leaves the member's sum at the start of the
+         * buffer, from where it moves to the member's own part. */
+        TP_TRY(check(c, MPI_Reduce_scatter_block(MPI_IN_PLACE, (void *)send, (int)count, mpi_type(type), MPI_SUM, g),
+                     "reduce_scatter"));
+        if (me && count) memmove(recv, send, (size_t)count * size);
+        return TP_OK;
+    }
     if (count <= piece)
         return check(c, MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type(type), MPI_SUM, g), "reduce_scatter");
     char *packed = malloc((size_t)members * (size_t)piece * size);
@@ -134,7 +147,9 @@ static int reduce_scatter(comm *c, comm_group group, const void *send, void *rec
     int status = TP_OK;
     for (int64_t at = 0; !status && at < count; at += piece) {
         int64_t n = count - at < piece ? count - at : piece;
-        for (int j = 0; j < members; j++) /* member j's part of this piece, packed one after the other */
+        /* Member j's part of this piece, packed one after the other. In
+         * place, this piece's sum overwrites only what was packed for it. */
+        for (int j = 0; j < members; j++)
             memcpy(packed + (size_t)j * (size_t)n * size, (const char *)send + ((size_t)j * (size_t)count + (size_t)at) * size,
                    (size_t)n * size);
         status = check(c, MPI_Reduce_scatter_block(packed, (char *)recv + (size_t)at * size, (int)n, mpi_type(type),

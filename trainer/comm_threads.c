@@ -253,7 +253,7 @@ static meeting *scatter_meeting(comm *c, comm_group group, const void *send, voi
 {
     meeting *g = group_of(c, group, member);
     if (g && g->members == 1) {
-        if (bytes) memcpy(recv, send, bytes);
+        if (bytes && recv != send) memcpy(recv, send, bytes); /* in place: nothing to move */
         return NULL;
     }
     return g;
@@ -268,8 +268,9 @@ static int all_gather(comm *c, comm_group group, const void *send, void *recv, i
     meeting *g = scatter_meeting(c, group, send, recv, bytes, &member);
     if (!g) return TP_OK;
     int status = post(g, c, member, send);
-    for (int j = 0; !status && j < g->members; j++)
-        if (bytes) memcpy((char *)recv + (size_t)j * bytes, g->slots[j], bytes);
+    for (int j = 0; !status && j < g->members; j++) /* in place, this member's own part is where it goes */
+        if (bytes && (char *)recv + (size_t)j * bytes != g->slots[j])
+            memcpy((char *)recv + (size_t)j * bytes, g->slots[j], bytes);
     return part(g, c, status);
 }
 

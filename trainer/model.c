@@ -159,7 +159,8 @@ void gpt_model_free(gpt_model *m)
 /* The parameters' memory (m->memory, zero as alloc gives it) and every view's place in it:
  * params | grads | m | v, each m->total; with ZeRO-1 (zero, dp > 1; model.h)
  * the parameters padded to dp equal shards, then params | grads | this
- * rank's shard of m, v and the summed gradients. Laid out once, at its
+ * rank's shard of m and v (the summed gradients of the shard are summed in
+ * place, in the gradients' own region). Laid out once, at its
  * final size: ZeRO-1 is for a model whose whole moments do not fit. */
 static int lay_out_memory(gpt_model *m, int zero)
 {
@@ -170,7 +171,7 @@ static int lay_out_memory(gpt_model *m, int zero)
         m->total = m->shard_len * dp;
         m->shard_first = m->comm->dp_rank * m->shard_len;
     }
-    int64_t floats = m->zero ? 2 * m->total + 3 * m->shard_len : 4 * m->total;
+    int64_t floats = m->zero ? 2 * m->total + 2 * m->shard_len : 4 * m->total;
     TP_TRY(m->kernels->alloc((void **)&m->memory, (size_t)floats * sizeof(float)));
     int64_t offset = 0;
     for (int i = 0; i < m->num_params; i++) {
@@ -183,7 +184,6 @@ static int lay_out_memory(gpt_model *m, int zero)
     }
     m->shard_m = m->zero ? m->memory + 2 * m->total : NULL;
     m->shard_v = m->zero ? m->shard_m + m->shard_len : NULL;
-    m->shard_grad = m->zero ? m->shard_v + m->shard_len : NULL;
     return TP_OK;
 }
 

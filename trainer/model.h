@@ -87,14 +87,14 @@ typedef struct {
     int64_t total;               /* elements of all local parameters (with a sharded optimizer, rounded up to a
                                     multiple of dp with zeros after the last parameter) */
     float *memory;               /* params | grads | m | v, each `total`; with a sharded optimizer
-                                    params | grads | this rank's shard of m, v and the summed gradients */
+                                    params | grads | this rank's shard of m and v */
     /* ZeRO-1 (gpt_model_create's zero): the data-parallel ranks split the
      * flattened parameters into dp equal shards; rank d updates elements
      * [shard_first, shard_first + shard_len) and keeps the Adam moments of
      * those alone (param_view's m and v are NULL). */
     int zero;
     int64_t shard_first, shard_len;
-    float *shard_m, *shard_v, *shard_grad; /* shard_len each */
+    float *shard_m, *shard_v; /* shard_len each */
     int wte, wpe, lnf_w, lnf_b;  /* indices into params, -1 when not on this stage */
     int wte_out;                 /* the output projection: wte itself, the last stage's tied copy, or
                                     Llama's untied output.weight */

@@ -224,10 +224,11 @@ static int reduce_gradients(trainer *t)
     }
     TP_TRY(gpt_model_reduce_shared_kv(m));
     TP_TRY(gpt_model_reduce_sequence_parallel(m));
-    /* ZeRO-1: each replica needs the sum of its shard alone. */
+    /* ZeRO-1: each replica needs the sum of its shard alone, summed in
+     * place (its gradients outside the shard are stale from here on). */
     if (m->zero)
-        TP_TRY(comm_reduce_scatter(c, GROUP_DP, m->memory + m->total, m->shard_grad, m->shard_len, COMM_FLOAT,
-                                   m->stream));
+        TP_TRY(comm_reduce_scatter(c, GROUP_DP, m->memory + m->total, m->memory + m->total + m->shard_first,
+                                   m->shard_len, COMM_FLOAT, m->stream));
     else if (c->dp > 1)
         TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + m->total, m->total, COMM_FLOAT, COMM_SUM, m->stream));
     return TP_OK;
@@ -263,7 +264,7 @@ static int owned_sum_of_squares(const gpt_model *m, double *sumsq)
         int64_t first, length;
         shard_part(m, v, v->norm_numel, &first, &length);
         if (!v->owner || length == 0) continue;
-        const float *grad = m->zero ? m->shard_grad + (v->data - m->memory) + first - m->shard_first : v->grad;
+        const float *grad = v->grad + first;
         if (count && spans[count - 1] + lengths[count - 1] == grad) lengths[count - 1] += length;
         else spans[count] = grad, lengths[count++] = length;
     }
@@ -288,7 +289,7 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
     /* As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1. */
     float coef = (float)o->clip / (norm + 1e-6f);
     if (o->clip > 0 && coef < 1.0f)
-        TP_TRY(m->zero ? k->scale_inplace(m->shard_grad, coef, m->shard_len)
+        TP_TRY(m->zero ? k->scale_inplace(m->memory + m->total + m->shard_first, coef, m->shard_len)
                        : k->scale_inplace(m->memory + m->total, coef, m->total));
     double lr = train_lr(o, step);
     for (int i = 0; i < m->num_params; i++) {
@@ -297,17 +298,14 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
         shard_part(m, v, v->numel, &first, &count);
         if (count == 0) continue;
         int64_t in_shard = (v->data - m->memory) + first - m->shard_first; /* with ZeRO-1 */
-        TP_TRY(k->adamw_update(v->data + first, m->zero ? m->shard_grad + in_shard : v->grad,
+        TP_TRY(k->adamw_update(v->data + first, v->grad + first,
                                m->zero ? m->shard_m + in_shard : v->m, m->zero ? m->shard_v + in_shard : v->v, count,
                                (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                                v->spec->weight_decay ? (float)o->weight_decay : 0.0f, step));
     }
-    /* ZeRO-1: every replica gets the others' updated shards (through the
-     * summed gradients' buffer: all_gather's send and receive must not overlap). */
-    if (m->zero) {
-        TP_TRY(k->copy(m->shard_grad, m->memory + m->shard_first, (size_t)m->shard_len * sizeof(float)));
-        TP_TRY(comm_all_gather(c, GROUP_DP, m->shard_grad, m->memory, m->shard_len, COMM_FLOAT, m->stream));
-    }
+    /* ZeRO-1: every replica gets the others' updated shards, in place. */
+    if (m->zero)
+        TP_TRY(comm_all_gather(c, GROUP_DP, m->memory + m->shard_first, m->memory, m->shard_len, COMM_FLOAT, m->stream));
     *norm_out = norm;
     *lr_out = lr;
     return TP_OK;
@@ -563,8 +561,9 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
         /* ZeRO-1: the summed gradients whole, as without it (the test hook's
          * only use of the gradients' region after the reduction). */
         if (t->model->zero)
-            TP_TRY(comm_all_gather(c, GROUP_DP, t->model->shard_grad, t->model->memory + t->model->total,
-                                   t->model->shard_len, COMM_FLOAT, t->model->stream));
+            TP_TRY(comm_all_gather(c, GROUP_DP, t->model->memory + t->model->total + t->model->shard_first,
+                                   t->model->memory + t->model->total, t->model->shard_len, COMM_FLOAT,
+                                   t->model->stream));
         TP_TRY(dump_gradients(t));
         TP_TRY(dump_logits(t));
     }

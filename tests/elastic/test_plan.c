@@ -446,9 +446,9 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     elastic_memory out = {0};
     int64_t owned = 0, N = micro_batch * config->seq;
     for (int i = 0; i < m->num_params; i++) owned += m->params[i].owner ? m->params[i].numel : 0;
-    /* model.h: params | grads | m | v, or with ZeRO-1 params | grads | a shard's m, v and summed gradients */
+    /* model.h: params | grads | m | v, or with ZeRO-1 params | grads | a shard's m and v */
     out.weights = 4 * m->total;
-    out.gradients = 4 * m->total + 4 * (m->zero ? m->shard_len : 0);
+    out.gradients = 4 * m->total;
     out.optimizer = 8 * (m->zero ? m->shard_len : m->total);
     out.snapshot = 12 * owned; /* trainer/checkpoint.c: data, m, v of the owned views */
     /* + d_output [rows, D] and, on a stage that sends gradients back, PIPELINE_GRAD_BUFFERS d_input [rows, D]
@@ -469,7 +469,7 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
 }
 
 /* With ZeRO-1 over 3 ranks too: the parameters padded to 3 equal shards,
- * a shard's moments and summed gradients. */
+ * a shard's moments. */
 Test(plan, memory_estimate_is_what_the_trainer_allocates)
 {
     const char *names[] = {"tiny", "small", "llama-tiny"}; /* llama-tiny: 2 key/value heads, untied */

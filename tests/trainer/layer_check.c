@@ -159,6 +159,19 @@ int main(int argc, char **argv)
             for (int i = 0; i < PART; i++) failures += all[j * PART + i] != (float)(j * 1000 + i);
         for (int i = 0; i < PART; i++) failures += kept[i] != sum_of_ranks * (float)(100 * c->tp_rank + i);
         if (failures) fprintf(stderr, "layer_check rank %d: all-gather or reduce-scatter wrong\n", rank);
+        /* The same in place (comm.h): the sum into the member's own part of
+         * what it sent; the gather from the member's own part of the result. */
+        for (int j = 0; j < c->tp; j++)
+            for (int i = 0; i < PART; i++) full[j * PART + i] = (float)((c->tp_rank + 1) * (100 * j + i));
+        float *own = full + (size_t)c->tp_rank * PART;
+        int in_place = failures;
+        if (comm_reduce_scatter(c, GROUP_TP, full, own, PART, COMM_FLOAT, COMM_HOST)) failures++;
+        for (int i = 0; i < PART; i++) failures += own[i] != sum_of_ranks * (float)(100 * c->tp_rank + i);
+        for (int i = 0; i < PART; i++) all[(size_t)c->tp_rank * PART + i] = (float)(c->tp_rank * 1000 + i);
+        if (comm_all_gather(c, GROUP_TP, all + (size_t)c->tp_rank * PART, all, PART, COMM_FLOAT, COMM_HOST)) failures++;
+        for (int j = 0; j < c->tp; j++)
+            for (int i = 0; i < PART; i++) failures += all[j * PART + i] != (float)(j * 1000 + i);
+        if (failures > in_place) fprintf(stderr, "layer_check rank %d: in place, all-gather or reduce-scatter wrong\n", rank);
     }
     free(all);
     free(full);

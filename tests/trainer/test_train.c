@@ -124,6 +124,16 @@ static void *collectives(void *arg)
         for (int i = 0; i < 3; i++) full[j * 3 + i] = (float)((c->tp_rank + 1) * (100 * j + i));
     bad |= comm_reduce_scatter(c, GROUP_TP, full, kept, 3, COMM_FLOAT, COMM_HOST) != TP_OK;
     for (int i = 0; i < 3; i++) bad |= kept[i] != (float)(3 * (100 * c->tp_rank + i)); /* (1 + 2) x */
+    /* Both in place (comm.h): into the member's own part of what it sent,
+     * and gathered from the member's own part of the result. */
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 3; i++) full[j * 3 + i] = (float)((c->tp_rank + 1) * (100 * j + i));
+    bad |= comm_reduce_scatter(c, GROUP_TP, full, full + 3 * c->tp_rank, 3, COMM_FLOAT, COMM_HOST) != TP_OK;
+    for (int i = 0; i < 3; i++) bad |= full[3 * c->tp_rank + i] != (float)(3 * (100 * c->tp_rank + i));
+    for (int i = 0; i < 3; i++) all[3 * c->tp_rank + i] = (float)(10 * c->tp_rank + i);
+    bad |= comm_all_gather(c, GROUP_TP, all + 3 * c->tp_rank, all, 3, COMM_FLOAT, COMM_HOST) != TP_OK;
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 3; i++) bad |= all[j * 3 + i] != (float)(10 * j + i);
     /* A device stream is refused by a host communicator. */
     bad |= comm_all_gather(c, GROUP_TP, part, all, 3, COMM_FLOAT, (comm_stream)x) != TP_ERR_COMM;
     bad |= comm_reduce_scatter(c, GROUP_TP, full, kept, 3, COMM_FLOAT, (comm_stream)x) != TP_ERR_COMM;
