@@ -269,6 +269,14 @@ static int scan_piece(scan_state *st, hid_t dset)
     if (!shape_ok)
         return tp_fail(TP_ERR_FORMAT, "tensor %s: dataset shape does not match its partition",
                          t->name);
+    /* Its stored type is its dtype: readers through the index alone (object
+     * stores, tp-reshard) take the dtype from the index and never ask HDF5. */
+    hid_t type = H5Dget_type(dset), want = ckpt_h5_type(t->dtype);
+    int type_ok = type >= 0 && want >= 0 && H5Tequal(type, want) > 0;
+    if (type >= 0) H5Tclose(type);
+    if (want >= 0) H5Tclose(want);
+    if (!type_ok)
+        return tp_fail(TP_ERR_FORMAT, "tensor %s: dataset type is not its dtype %s", t->name, tp_dtype_name(t->dtype));
     hid_t dcpl = H5Dget_create_plist(dset);
     int compressed = dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED;
     if (dcpl >= 0) H5Pclose(dcpl);

@@ -521,8 +521,14 @@ int main(int argc, char **argv)
         }
     } else if (true_vocab) {
         die_usage("--true-vocab-size applies to a Megatron-LM source");
-    } else if (ckpt_reader_open(&source, argv[optind], NULL)) {
-        return fail("%s", tp_errmsg());
+    } else {
+        /* Read once, every block checked against its checksum, through the
+         * index alone: HDF5's per-piece metadata was a tenth of the time
+         * (docs/BENCHMARKS.md, issue 28); `tp-ckpt verify` checks it. */
+        ckpt_read_options read;
+        ckpt_read_options_init(&read);
+        read.through_index = 1;
+        if (ckpt_reader_open(&source, argv[optind], &read)) return fail("%s", tp_errmsg());
     }
     const ckpt_layout *layout = ckpt_reader_layout(source);
     if ((from_tp && from_tp != layout->tp) || (from_pp && from_pp != layout->pp) ||

@@ -41,10 +41,13 @@ static void small_checkpoint(const char *path, int compress)
     write_tensors(path, &layout, t, 2, compress, 1);
 }
 
-static int verify_all(const char *path)
+static int verify_read(const char *path, int through_index)
 {
     ckpt_reader *r;
-    int status = ckpt_reader_open(&r, path, NULL);
+    ckpt_read_options options;
+    ckpt_read_options_init(&options);
+    options.through_index = through_index;
+    int status = ckpt_reader_open(&r, path, &options);
     if (status) return status;
     for (int i = 0; !status && i < ckpt_reader_num_tensors(r); i++) {
         const ckpt_tensor_desc *d = ckpt_reader_tensor(r, i);
@@ -53,6 +56,21 @@ static int verify_all(const char *path)
     }
     ckpt_reader_close(r);
     return status;
+}
+
+/* Every piece read and verified twice: with HDF5's check of each file and
+ * piece against the index, and through the index alone (tp-reshard's
+ * ckpt_read_options.through_index; HDF5 again for checkpoints older than
+ * 1.3). Both must refuse alike; tp_errmsg() is the second's. */
+static int verify_all(const char *path)
+{
+    int with_hdf5 = verify_read(path, 0);
+    char first[2048];
+    snprintf(first, sizeof first, "%s", with_hdf5 ? tp_errmsg() : "ok");
+    int through_index = verify_read(path, 1);
+    cr_assert_eq(through_index, with_hdf5, "through the index: %d (%s); with HDF5: %d (%s)", through_index,
+                 through_index ? tp_errmsg() : "ok", with_hdf5, first);
+    return through_index;
 }
 
 static cJSON *load_index(const char *path)
@@ -221,13 +239,19 @@ Test(shard_damage, data_damage_is_not_metadata_damage)
     snprintf(shard, sizeof shard, "%s/%s", path, cJSON_GetObjectItem(piece, "file")->valuestring);
     cJSON_Delete(root);
     poke(shard, offset + 10, (unsigned char)(peek(shard, offset + 10) ^ 0x40));
-    ckpt_reader *r;
-    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK);
-    int k = ckpt_reader_find(r, NAMES[0]);
-    cr_assert_eq(ckpt_reader_verify_piece(r, k, 0), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(ckpt_reader_verify_piece(r, k, 1), TP_ERR_CHECKSUM);
-    cr_assert(strstr(tp_errmsg(), NAMES[0]) && !strstr(tp_errmsg(), "metadata"), "%s", tp_errmsg());
-    ckpt_reader_close(r);
+    for (int through_index = 0; through_index <= 1; through_index++) { /* with HDF5, and without */
+        ckpt_read_options options;
+        ckpt_read_options_init(&options);
+        options.through_index = through_index;
+        ckpt_reader *r;
+        cr_assert_eq(ckpt_reader_open(&r, path, &options), TP_OK);
+        int k = ckpt_reader_find(r, NAMES[0]);
+        cr_assert_eq(ckpt_reader_verify_piece(r, k, 0), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(ckpt_reader_verify_piece(r, k, 1), TP_ERR_CHECKSUM);
+        cr_assert(strstr(tp_errmsg(), NAMES[0]) && strstr(tp_errmsg(), "rows") && !strstr(tp_errmsg(), "metadata"),
+                  "%s", tp_errmsg());
+        ckpt_reader_close(r);
+    }
 }
 
 /* ------------------------------------------------------ string attributes */
@@ -462,6 +486,29 @@ Test(shard_damage, external_link_refused_when_reading)
     fix_size(path, 0, shard);
     cr_assert_eq(verify_all(path), TP_ERR_CHECKSUM, "%s", tp_errmsg());
     cr_assert(strstr(tp_errmsg(), "metadata damaged"), "%s", tp_errmsg());
+}
+
+/* A file of a current checkpoint whose index entry lost its metadata
+ * checksum (the index sealed again): read through the index alone, nothing
+ * would tie the file to the index, so it is opened with HDF5 all the same
+ * and its added link refused there, by both ways of reading. */
+Test(shard_damage, a_file_without_metadata_checksum_is_checked_with_hdf5)
+{
+    char path[600], shard[700], target[700];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    snprintf(target, sizeof target, "%s/elsewhere.h5", dir);
+    make_target(target);
+    small_checkpoint(path, 0);
+    snprintf(shard, sizeof shard, "%s/shard_pp00_tp00.h5", path);
+    add_external_link(shard, target, "/tensors/model/evil");
+    cJSON *root = load_index(path);
+    cJSON *entry = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "files"), 0);
+    cJSON_ReplaceItemInObject(entry, "bytes", cJSON_CreateNumber((double)file_size(shard)));
+    cJSON_DeleteItemFromObject(entry, "meta_checksum");
+    save_index(path, root);
+    cJSON_Delete(root);
+    cr_assert_eq(verify_all(path), TP_ERR_FORMAT, "%s", tp_errmsg());
+    cr_assert(strstr(tp_errmsg(), "external link") && strstr(tp_errmsg(), "tensors/model/evil"), "%s", tp_errmsg());
 }
 
 /* A dataset whose data lies in another file (HDF5 external storage). */
