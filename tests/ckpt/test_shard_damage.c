@@ -541,6 +541,35 @@ Test(shard_damage, external_storage_refused_when_reading)
               "%s", tp_errmsg());
 }
 
+/* A checkpoint of one fp32 tensor model/x [4] at tp 1, written by a
+ * distributed writer and left staged (not committed): the path of its
+ * staged shard, .ck.<owner>.staging/shard_pp00_tp00.h5, in shard. */
+static void stage_one_tensor(const char *path, const ckpt_layout *layout, char *shard, size_t shard_size)
+{
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    cr_assert_eq(ckpt_stage_prepare(path, &options), TP_OK, "%s", tp_errmsg());
+    options.shard_pp = 0;
+    options.shard_tp = 0;
+    ckpt_writer *w;
+    cr_assert_eq(ckpt_writer_create(&w, path, layout, &options), TP_OK, "%s", tp_errmsg());
+    ckpt_tensor_desc desc = {.name = "model/x", .dtype = TP_FP32, .ndim = 1, .shape = {4},
+                             .anchor = CKPT_ANCHOR_FIRST};
+    int id;
+    float values[4] = {1, 2, 3, 4};
+    cr_assert_eq(ckpt_writer_add_tensor(w, &desc, &id), TP_OK);
+    cr_assert_eq(ckpt_writer_put_piece(w, id, 0, values), TP_OK);
+    cr_assert_eq(ckpt_writer_finish(w), TP_OK, "%s", tp_errmsg());
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    shard[0] = '\0';
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, ".ck.", 4) == 0 && strstr(e->d_name, ".staging"))
+            snprintf(shard, shard_size, "%s/%s/shard_pp00_tp00.h5", dir, e->d_name);
+    closedir(d);
+    cr_assert(shard[0], "staged shard found");
+}
+
 /* The commit scans every staged shard: a link there is refused and nothing
  * is published. */
 Test(shard_damage, external_link_refused_at_commit)
@@ -550,33 +579,67 @@ Test(shard_damage, external_link_refused_at_commit)
     snprintf(target, sizeof target, "%s/elsewhere.h5", dir);
     make_target(target);
     ckpt_layout layout = {1, 1, 1, 1, 1};
+    char shard[1400];
+    stage_one_tensor(path, &layout, shard, sizeof shard);
+    add_external_link(shard, target, "/elsewhere");
     ckpt_write_options options;
     ckpt_write_options_init(&options);
-    cr_assert_eq(ckpt_stage_prepare(path, &options), TP_OK, "%s", tp_errmsg());
-    options.shard_pp = 0;
-    options.shard_tp = 0;
-    ckpt_writer *w;
-    cr_assert_eq(ckpt_writer_create(&w, path, &layout, &options), TP_OK, "%s", tp_errmsg());
-    ckpt_tensor_desc desc = {.name = "model/x", .dtype = TP_FP32, .ndim = 1, .shape = {4},
-                             .anchor = CKPT_ANCHOR_FIRST};
-    int id;
-    float values[4] = {1, 2, 3, 4};
-    cr_assert_eq(ckpt_writer_add_tensor(w, &desc, &id), TP_OK);
-    cr_assert_eq(ckpt_writer_put_piece(w, id, 0, values), TP_OK);
-    cr_assert_eq(ckpt_writer_finish(w), TP_OK, "%s", tp_errmsg());
-    /* The staged shard: .ck.<owner>.staging/shard_pp00_tp00.h5 */
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char shard[1400] = "";
-    while ((e = readdir(d)))
-        if (strncmp(e->d_name, ".ck.", 4) == 0 && strstr(e->d_name, ".staging"))
-            snprintf(shard, sizeof shard, "%s/%s/shard_pp00_tp00.h5", dir, e->d_name);
-    closedir(d);
-    cr_assert(shard[0], "staged shard found");
-    add_external_link(shard, target, "/elsewhere");
-    options.shard_pp = options.shard_tp = -1;
     cr_assert_eq(ckpt_commit_staged(path, &layout, NULL, &options), TP_ERR_FORMAT, "%s", tp_errmsg());
     cr_assert(strstr(tp_errmsg(), "shard_pp00_tp00.h5") && strstr(tp_errmsg(), "external link /elsewhere"),
               "names file and link: %s", tp_errmsg());
+    cr_assert_eq(access(path, F_OK), -1, "nothing published");
+}
+
+static herr_t copy_attribute(hid_t from, const char *name, const H5A_info_t *info, void *to)
+{
+    (void)info;
+    hid_t a = H5Aopen(from, name, H5P_DEFAULT);
+    hid_t type = H5Aget_type(a), space = H5Aget_space(a);
+    size_t bytes = (size_t)H5Aget_storage_size(a);
+    void *buf = calloc(1, bytes ? bytes : 1);
+    hid_t b = H5Acreate2(*(hid_t *)to, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t ok = a >= 0 && b >= 0 && buf && H5Aread(a, type, buf) >= 0 && H5Awrite(b, type, buf) >= 0 ? 0 : -1;
+    free(buf);
+    H5Aclose(b);
+    H5Sclose(space);
+    H5Tclose(type);
+    H5Aclose(a);
+    return ok;
+}
+
+/* A staged piece whose dataset is stored as another type than its dtype
+ * (every attribute the writer gave it, int32 in place of fp32) is refused
+ * by the commit: readers through the index alone take the dtype from the
+ * index and never ask HDF5. */
+Test(shard_damage, a_dataset_of_another_type_than_its_dtype_is_refused_at_commit)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    ckpt_layout layout = {1, 1, 1, 1, 1};
+    char shard[1400];
+    stage_one_tensor(path, &layout, shard, sizeof shard);
+    /* The dataset replaced by an int32 one of the same shape and attributes,
+     * its space allocated at once (a file offset, as the writer's have). */
+    hid_t f = H5Fopen(shard, H5F_ACC_RDWR, H5P_DEFAULT);
+    cr_assert(f >= 0);
+    cr_assert(H5Lmove(f, "/tensors/model/x", f, "/tensors/model/x_fp32", H5P_DEFAULT, H5P_DEFAULT) >= 0);
+    hid_t old = H5Dopen2(f, "/tensors/model/x_fp32", H5P_DEFAULT);
+    hid_t space = H5Dget_space(old), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    cr_assert(H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 && H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0);
+    hid_t other = H5Dcreate2(f, "/tensors/model/x", H5T_STD_I32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    cr_assert(other >= 0);
+    cr_assert(H5Aiterate2(old, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, copy_attribute, &other) >= 0);
+    H5Dclose(other);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    H5Dclose(old);
+    cr_assert(H5Ldelete(f, "/tensors/model/x_fp32", H5P_DEFAULT) >= 0);
+    H5Fclose(f);
+    ckpt_write_options options;
+    ckpt_write_options_init(&options);
+    cr_assert_eq(ckpt_commit_staged(path, &layout, NULL, &options), TP_ERR_FORMAT, "%s", tp_errmsg());
+    cr_assert(strstr(tp_errmsg(), "shard_pp00_tp00.h5") && strstr(tp_errmsg(), "model/x") &&
+                  strstr(tp_errmsg(), "dataset type is not its dtype fp32"),
+              "%s", tp_errmsg());
     cr_assert_eq(access(path, F_OK), -1, "nothing published");
 }
