@@ -260,21 +260,13 @@ static int scan_piece(scan_state *st, hid_t dset)
 
     ckpt_piece_geometry g;
     ckpt_piece_geometry_init(&g, t, index->layout.tp, attrs.block_rows);
-    hid_t space = H5Dget_space(dset);
-    hsize_t dims[CKPT_MAX_DIMS];
-    int ndim = space >= 0 ? H5Sget_simple_extent_dims(space, dims, NULL) : -1;
-    if (space >= 0) H5Sclose(space);
-    int shape_ok = ndim == t->ndim;
-    for (int d = 0; shape_ok && d < ndim; d++) shape_ok = (int64_t)dims[d] == g.shape[d];
+    int shape_ok, type_ok;
+    ckpt_h5_dataset_form(dset, &g, t->dtype, &shape_ok, &type_ok);
     if (!shape_ok)
         return tp_fail(TP_ERR_FORMAT, "tensor %s: dataset shape does not match its partition",
                          t->name);
     /* Its stored type is its dtype: readers through the index alone (object
      * stores, tp-reshard) take the dtype from the index and never ask HDF5. */
-    hid_t type = H5Dget_type(dset), want = ckpt_h5_type(t->dtype);
-    int type_ok = type >= 0 && want >= 0 && H5Tequal(type, want) > 0;
-    if (type >= 0) H5Tclose(type);
-    if (want >= 0) H5Tclose(want);
     if (!type_ok)
         return tp_fail(TP_ERR_FORMAT, "tensor %s: dataset type is not its dtype %s", t->name, tp_dtype_name(t->dtype));
     hid_t dcpl = H5Dget_create_plist(dset);

@@ -226,6 +226,20 @@ hid_t ckpt_h5_link_access(void)
     return lapl;
 }
 
+void ckpt_h5_dataset_form(hid_t dset, const ckpt_piece_geometry *g, tp_dtype dtype, int *shape_ok, int *type_ok)
+{
+    hid_t space = H5Dget_space(dset);
+    hsize_t dims[CKPT_MAX_DIMS];
+    int ndim = space >= 0 ? H5Sget_simple_extent_dims(space, dims, NULL) : -1;
+    if (space >= 0) H5Sclose(space);
+    *shape_ok = ndim == g->ndim;
+    for (int d = 0; *shape_ok && d < ndim; d++) *shape_ok = (int64_t)dims[d] == g->shape[d];
+    hid_t type = H5Dget_type(dset), want = ckpt_h5_type(dtype);
+    *type_ok = type >= 0 && want >= 0 && H5Tequal(type, want) > 0;
+    if (type >= 0) H5Tclose(type);
+    if (want >= 0) H5Tclose(want);
+}
+
 int ckpt_h5_check_dataset_storage(hid_t dset, const char *where)
 {
     hid_t dcpl = H5Dget_create_plist(dset);

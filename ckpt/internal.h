@@ -108,6 +108,10 @@ hid_t ckpt_h5_link_access(void);
  * datasets whose data lies in other files (external storage, virtual). */
 int ckpt_h5_check_links(hid_t file, const char *path);
 int ckpt_h5_check_dataset_storage(hid_t dset, const char *where);
+/* Whether a piece's dataset has the piece's stored shape (g), and whether
+ * its stored type is dtype's (ckpt_h5_type): the commit and the reader
+ * check both. */
+void ckpt_h5_dataset_form(hid_t dset, const ckpt_piece_geometry *g, tp_dtype dtype, int *shape_ok, int *type_ok);
 int ckpt_h5_write_i64s(hid_t obj, const char *name, const int64_t *values, int count);
 int ckpt_h5_write_u64(hid_t obj, const char *name, uint64_t value);
 int ckpt_h5_read_string(hid_t obj, const char *name, char *out, size_t out_size);

@@ -516,17 +516,10 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     status = ckpt_h5_check_dataset_storage(dset, where);
     const ckpt_piece_geometry *g = &pr->geometry;
     if (!status) {
-        hid_t space = H5Dget_space(dset);
-        hsize_t dims[CKPT_MAX_DIMS];
-        int ndim = space >= 0 ? H5Sget_simple_extent_dims(space, dims, NULL) : -1;
-        if (space >= 0) H5Sclose(space);
-        int ok = ndim == g->ndim;
-        for (int d = 0; ok && d < ndim; d++) ok = (int64_t)dims[d] == g->shape[d];
-        hid_t type = H5Dget_type(dset), want = ckpt_h5_type(t->dtype);
-        if (ok) ok = type >= 0 && want >= 0 && H5Tequal(type, want) > 0;
-        if (type >= 0) H5Tclose(type);
-        if (want >= 0) H5Tclose(want);
-        if (!ok) status = tp_fail(TP_ERR_FORMAT, "%s: dataset shape or type disagrees with the index", where);
+        int shape_ok, type_ok;
+        ckpt_h5_dataset_form(dset, g, t->dtype, &shape_ok, &type_ok);
+        if (!shape_ok || !type_ok)
+            status = tp_fail(TP_ERR_FORMAT, "%s: dataset shape or type disagrees with the index", where);
     }
     if (!status) {
         hid_t dcpl = H5Dget_create_plist(dset);

@@ -211,6 +211,13 @@ static int pipeline_idle(trainer *t, double *idle, double *longest)
     return TP_OK;
 }
 
+/* ZeRO-1: the gradients of this rank's shard, where the reduce-scatter
+ * leaves their sums (model.h: params | grads | ...). */
+static float *shard_gradients(const gpt_model *m)
+{
+    return m->memory + m->total + m->shard_first;
+}
+
 /* Gradients of the whole global batch on every rank that holds a piece: the
  * tied token table's two copies add theirs (not Llama's untied output
  * projection: a tensor of its own), then the data-parallel replicas. */
@@ -227,7 +234,7 @@ static int reduce_gradients(trainer *t)
     /* ZeRO-1: each replica needs the sum of its shard alone, summed in
      * place (its gradients outside the shard are stale from here on). */
     if (m->zero)
-        TP_TRY(comm_reduce_scatter(c, GROUP_DP, m->memory + m->total, m->memory + m->total + m->shard_first,
+        TP_TRY(comm_reduce_scatter(c, GROUP_DP, m->memory + m->total, shard_gradients(m),
                                    m->shard_len, COMM_FLOAT, m->stream));
     else if (c->dp > 1)
         TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + m->total, m->total, COMM_FLOAT, COMM_SUM, m->stream));
@@ -289,7 +296,7 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
     /* As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1. */
     float coef = (float)o->clip / (norm + 1e-6f);
     if (o->clip > 0 && coef < 1.0f)
-        TP_TRY(m->zero ? k->scale_inplace(m->memory + m->total + m->shard_first, coef, m->shard_len)
+        TP_TRY(m->zero ? k->scale_inplace(shard_gradients(m), coef, m->shard_len)
                        : k->scale_inplace(m->memory + m->total, coef, m->total));
     double lr = train_lr(o, step);
     for (int i = 0; i < m->num_params; i++) {
@@ -561,9 +568,8 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
         /* ZeRO-1: the summed gradients whole, as without it (the test hook's
          * only use of the gradients' region after the reduction). */
         if (t->model->zero)
-            TP_TRY(comm_all_gather(c, GROUP_DP, t->model->memory + t->model->total + t->model->shard_first,
-                                   t->model->memory + t->model->total, t->model->shard_len, COMM_FLOAT,
-                                   t->model->stream));
+            TP_TRY(comm_all_gather(c, GROUP_DP, shard_gradients(t->model), t->model->memory + t->model->total,
+                                   t->model->shard_len, COMM_FLOAT, t->model->stream));
         TP_TRY(dump_gradients(t));
         TP_TRY(dump_logits(t));
     }
