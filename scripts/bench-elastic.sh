@@ -81,34 +81,54 @@ recovery() {
     # Slurm's helpers are written for shells without set -e (a count of 0
     # from grep -c would end them): called in a list, where it does not apply.
     if [ "$fault" = node-down ]; then slurm_node_resume n2 || exit 1; fi
+    # Launches that died of the MPI stack's startup defect under Slurm
+    # (tests/support/slurm.sh mpi_startup_crash): tp-elastic rightly relaunched
+    # them, but they are not the fault measured here.
+    startup_crashes=""
+    for launch_out in "$run"/elastic/launch-*.out; do
+        if [ -e "$launch_out" ] && mpi_startup_crash "$launch_out"; then
+            startup_crashes="$startup_crashes $launch_out"
+            echo "bench-elastic: $name: $launch_out died of the MPI stack's startup defect; tp-elastic relaunched it" >&2
+        fi
+    done
     first_ckpt=$(ls -d "$run"/step_* | head -1)
     copy=$(measure cp -r "$first_ckpt" "$run.copy" | $PY -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
     size=$(du -sb "$first_ckpt" | cut -f1)
-    # tp-reshard of the checkpoint the relaunch loaded, to the layout it ran at
-    # (the same layout: nothing to do)
-    target=$($PY - "$run" <<'PYEOF'
+    # The fault's event (its line in events.jsonl): the first failure, hang
+    # or scale change of a launch that did not die of the startup defect; it
+    # must come after the step the fault followed. Then the checkpoint the
+    # relaunch loaded, and the layout it ran at, for tp-reshard (the same
+    # layout: nothing to do).
+    set -- $($PY - "$run" "$fault_step" $startup_crashes <<'PYEOF'
 import json, sys
-events = [json.loads(l) for l in open(sys.argv[1] + "/elastic/events.jsonl")]
-failure = next(e for e in events if e["event"] in ("failure", "hang", "scale_change"))
+run, fault_step, crashed = sys.argv[1], int(sys.argv[2]), set(sys.argv[3:])
+events = [json.loads(l) for l in open(run + "/elastic/events.jsonl")]
+found = [i for i, e in enumerate(events)
+         if e["event"] in ("failure", "hang", "scale_change") and e.get("output") not in crashed]
+if not found or events[found[0]]["step"] < fault_step:
+    sys.exit("%s: the first failure is not the fault injected after step %d; its events:\n%s"
+             % (run, fault_step, "\n".join(json.dumps(e) for e in events)))
+failure = events[found[0]]
 chosen = [e for e in events if e["event"] == "checkpoint_chosen" and e["time"] > failure["time"]]
 first = [e for e in events if e["event"] == "launch"][0]["layout"]
 after = [e for e in events if e["event"] == "launch" and e["time"] > failure["time"]][0]["layout"]
 same = (first["tp"], first["pp"]) == (after["tp"], after["pp"])
-print("" if same or not chosen else "%s tp%dpp%d" % (chosen[0]["path"], after["tp"], after["pp"]))
+print(found[0], "" if same or not chosen else "%s tp%dpp%d" % (chosen[0]["path"], after["tp"], after["pp"]))
 PYEOF
 )
+    [ $# -ge 1 ] || exit 1
+    fault_event=$1
     reshard="-"
-    if [ -n "$target" ]; then
-        set -- $target
-        reshard=$(measure "$BIN/tp-reshard" "$1" --to "$2" -o "$run.resharded" --threads 2 2>/dev/null |
+    if [ $# -eq 3 ]; then
+        reshard=$(measure "$BIN/tp-reshard" "$2" --to "$3" -o "$run.resharded" --threads 2 2>/dev/null |
             $PY -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["seconds"])')
     fi
-    $PY - "$run" "$name" "$launcher" "$copy" "$size" "$reshard" <<'PYEOF'
+    $PY - "$run" "$name" "$launcher" "$copy" "$size" "$reshard" "$fault_event" <<'PYEOF'
 import json, sys
 run, name, launcher, copy, size, reshard_tool = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 events = [json.loads(l) for l in open(run + "/elastic/events.jsonl")]
 log = [json.loads(l) for l in open(run + "/elastic/train.jsonl")]
-failure = next(e for e in events if e["event"] in ("failure", "hang", "scale_change"))
+failure = events[int(sys.argv[7])]
 # the fault: just after the step it followed was logged (the last step line
 # before the failure was noticed)
 steps = [l for l in log if "event" not in l]
