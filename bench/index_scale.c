@@ -167,7 +167,7 @@ static int build_index(const gpt_config *config, const gpt_tensor *catalog, int 
         ckpt_index_file *file = &index->files[f];
         file->pp = f / layout->tp;
         file->tp = f % layout->tp;
-        ckpt_shard_file_name(file->pp, file->tp, file->name, sizeof file->name);
+        ckpt_shard_file_name(file->pp, file->tp, 0, file->name, sizeof file->name);
         file->bytes = 4096; /* the superblock and root group come first */
         file->has_meta_checksum = 1;
         file->meta_checksum = mix(&seed);

@@ -156,6 +156,12 @@ int ckpt_shard_layout_write(hid_t file, const ckpt_layout *layout)
     return status;
 }
 
+int ckpt_shard_dp_read(hid_t file, int64_t *dp)
+{
+    *dp = 0;
+    return H5Aexists(file, "shard_dp") > 0 ? ckpt_h5_read_i64s(file, "shard_dp", dp, 1, NULL) : TP_OK;
+}
+
 int ckpt_shard_layout_check(hid_t file, const ckpt_layout *layout, const char *path)
 {
     int64_t degrees[3] = {0, 0, 0}, layers = -1, chunks = 1;

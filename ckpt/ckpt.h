@@ -31,7 +31,7 @@
 #include "../store/store.h"
 
 #define CKPT_FORMAT_MAJOR 1
-#define CKPT_FORMAT_MINOR 5
+#define CKPT_FORMAT_MINOR 6
 #define CKPT_MAX_DIMS 8
 #define CKPT_MAX_SEGMENTS 16
 #define CKPT_NAME_MAX 255
@@ -125,6 +125,9 @@ typedef struct {
 
 /* Validates a description (names, shape, partition) and copies it. */
 int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in);
+
+/* Whether the tensor is a parameter (role "param" or none), not optimizer state. */
+int ckpt_tensor_is_param(const ckpt_tensor_desc *t);
 
 /* Points desc's strings at the copy's own arrays again: needed after the
  * struct was moved (realloc, qsort, assignment). */
@@ -221,6 +224,11 @@ typedef struct {
      * ckpt_writer_finish() ends it; one process then calls ckpt_commit_staged().
      * Default -1: this writer writes every shard and ckpt_writer_commit() ends it. */
     int shard_pp, shard_tp;
+    /* Distributed writing with a sharded optimizer (format 1.6): 0 (default)
+     * writes the shard's file; D in 1..dp-1 writes the shard's
+     * data-parallel file D (shard_pp{P}_tp{T}_dp{D}.h5), which holds
+     * optimizer state only: the pieces that data-parallel rank D keeps. */
+    int shard_dp;
     const store_ops *storage; /* where the files go; NULL (default): the store of the path */
     /* Distributed writing: the owner part of the shared staging name
      * (store_staging_owner of the process that prepares and commits); NULL
@@ -241,6 +249,11 @@ int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *l
  * cannot be split at this layout. A tensor on a shard this writer does not
  * write is accepted and ignored. */
 int ckpt_writer_add_tensor(ckpt_writer *writer, const ckpt_tensor_desc *tensor, int *id_out);
+
+/* Declares a tensor whose pieces, in this writer's shard too, another
+ * distributed writer writes (a data-parallel file's, or the shard file's,
+ * format 1.6): it keeps its place in the checkpoint's order of tensors. */
+int ckpt_writer_add_tensor_elsewhere(ckpt_writer *writer, const ckpt_tensor_desc *tensor, int *id_out);
 
 /* Whether this writer writes the given piece (distributed writers own one shard). */
 int ckpt_writer_owns_piece(const ckpt_writer *writer, int tensor_id, int piece);
@@ -611,7 +624,7 @@ int ckpt_upload_latest(const char *checkpoint_url);
  * url is refused (TP_ERR_EXISTS) unless replace; replaced, its index is
  * removed first, so that no index ever names the new files. */
 int ckpt_upload_begin(const char *url, int replace);
-/* The finished shard (options->shard_pp, shard_tp) staged for local_path
+/* The finished shard file (options->shard_pp, shard_tp, shard_dp) staged for local_path
  * (options->staging_owner's staging directory, prepared by this process)
  * uploaded to url and checked there for its size; *description
  * (malloc'ed) for ckpt_commit_uploaded. The local staging directory is

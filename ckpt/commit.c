@@ -60,6 +60,7 @@ typedef struct {
     ckpt_index index;
     ckpt_name_map names;
     int capacity;
+    int files_capacity; /* the shards' files first (tp x pp), then data-parallel files (format 1.6) */
 } index_builder;
 
 static int builder_init(index_builder *b, const ckpt_layout *layout, const ckpt_train_state *state)
@@ -70,9 +71,37 @@ static int builder_init(index_builder *b, const ckpt_layout *layout, const ckpt_
     b->index.layout = *layout;
     ckpt_train_state empty = {0, 0, NULL, NULL, NULL, NULL};
     TP_TRY(ckpt_index_set_state(&b->index, state ? state : &empty));
-    b->index.num_files = layout->tp * layout->pp;
+    b->index.num_files = b->files_capacity = layout->tp * layout->pp;
     b->index.files = calloc((size_t)b->index.num_files, sizeof *b->index.files);
     if (!b->index.files) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    return TP_OK;
+}
+
+/* A data-parallel file's entry (format 1.6), named, after the others; *at:
+ * its place. Each file once. */
+static int builder_dp_file(index_builder *b, int pp, int tp, int dp, const char *where, int *at)
+{
+    const ckpt_layout *layout = &b->index.layout;
+    char name[64];
+    ckpt_shard_file_name(pp, tp, dp, name, sizeof name);
+    if (pp >= layout->pp || tp >= layout->tp || dp >= layout->dp)
+        return tp_fail(TP_ERR_FORMAT, "%s: %s is not a file of layout tp=%d pp=%d dp=%d", where, name, layout->tp,
+                       layout->pp, layout->dp);
+    for (int f = layout->tp * layout->pp; f < b->index.num_files; f++)
+        if (strcmp(b->index.files[f].name, name) == 0)
+            return tp_fail(TP_ERR_FORMAT, "%s: %s is described twice", where, name);
+    if (b->index.num_files == b->files_capacity) {
+        int capacity = 2 * b->files_capacity;
+        ckpt_index_file *grown = realloc(b->index.files, (size_t)capacity * sizeof *grown);
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        b->index.files = grown;
+        b->files_capacity = capacity;
+    }
+    ckpt_index_file *file = &b->index.files[b->index.num_files];
+    memset(file, 0, sizeof *file);
+    *file = (ckpt_index_file){.pp = pp, .tp = tp, .dp = dp};
+    snprintf(file->name, sizeof file->name, "%s", name);
+    *at = b->index.num_files++;
     return TP_OK;
 }
 
@@ -88,7 +117,7 @@ static ckpt_index_file *builder_file(index_builder *b, int f)
     ckpt_index_file *file = &b->index.files[f];
     file->pp = f / b->index.layout.tp;
     file->tp = f % b->index.layout.tp;
-    ckpt_shard_file_name(file->pp, file->tp, file->name, sizeof file->name);
+    ckpt_shard_file_name(file->pp, file->tp, 0, file->name, sizeof file->name);
     return file;
 }
 
@@ -257,6 +286,9 @@ static int scan_piece(scan_state *st, hid_t dset)
         return tp_fail(TP_ERR_FORMAT,
                          "tensor %s piece %d belongs in shard pp=%d tp=%d, found in pp=%d tp=%d",
                          t->name, attrs.piece, stage, expect_tp, st->file->pp, st->file->tp);
+    if (st->file->dp > 0 && ckpt_tensor_is_param(t))
+        return tp_fail(TP_ERR_FORMAT, "tensor %s is a parameter, found in a data-parallel file (optimizer state only)",
+                       t->name);
 
     ckpt_piece_geometry g;
     ckpt_piece_geometry_init(&g, t, index->layout.tp, attrs.block_rows);
@@ -329,7 +361,7 @@ static int scan_file(scan_state *st, const char *dir)
     hid_t file = fapl >= 0 ? H5Fopen(path, H5F_ACC_RDONLY, fapl) : -1;
     if (fapl >= 0) H5Pclose(fapl);
     if (file < 0) return ckpt_fail_hdf5("%s: cannot open shard file", path);
-    int64_t complete = 0, coords[2] = {-1, -1};
+    int64_t complete = 0, coords[2] = {-1, -1}, dp = -1;
     char format[64];
     status = ckpt_h5_read_string(file, "format", format, sizeof format);
     if (!status) status = ckpt_h5_read_i64s(file, "complete", &complete, 1, NULL);
@@ -337,11 +369,12 @@ static int scan_file(scan_state *st, const char *dir)
         int n = 0;
         status = ckpt_h5_read_i64s(file, "shard_pp_tp", coords, 2, &n);
     }
+    if (!status) status = ckpt_shard_dp_read(file, &dp);
     if (status) status = tp_fail_context(status, "%s", path);
     else if (strcmp(format, CKPT_FORMAT_TAG) != 0 || coords[0] != st->file->pp ||
-             coords[1] != st->file->tp)
-        status = tp_fail(TP_ERR_FORMAT, "%s: not shard pp=%d tp=%d of this checkpoint", path,
-                           st->file->pp, st->file->tp);
+             coords[1] != st->file->tp || dp != st->file->dp)
+        status = tp_fail(TP_ERR_FORMAT, "%s: not shard pp=%d tp=%d dp=%d of this checkpoint", path,
+                           st->file->pp, st->file->tp, st->file->dp);
     else if (complete != 1)
         status = tp_fail(TP_ERR_STATE, "%s: the shard's writer did not finish", path);
     if (!status) status = ckpt_shard_layout_check(file, &st->builder->index.layout, path);
@@ -369,11 +402,59 @@ static int scan_file(scan_state *st, const char *dir)
     return status;
 }
 
-/* Scans shard file f of the staging directory into the builder. */
+/* Scans file f of the staging directory into the builder: a shard's file
+ * (f below tp x pp), named here, or a data-parallel file builder_dp_file named. */
 static int scan_shard(const store_ops *storage, index_builder *builder, const char *staging, int f)
 {
-    scan_state st = {storage, builder, builder_file(builder, f), NULL, TP_OK, -1};
+    const ckpt_index_file *file = f < builder->index.layout.tp * builder->index.layout.pp ? builder_file(builder, f)
+                                                                                          : &builder->index.files[f];
+    scan_state st = {storage, builder, file, NULL, TP_OK, -1};
     return scan_file(&st, staging);
+}
+
+/* The data-parallel files of a staging directory (format 1.6), named in
+ * their order (shard, then data-parallel rank), whoever wrote them. */
+typedef struct {
+    int (*coords)[3];
+    int count, capacity, status;
+} dp_listing;
+
+static int list_dp_file(void *ctx, const char *name)
+{
+    dp_listing *l = ctx;
+    int pp, tp, dp;
+    if (!ckpt_shard_file_parse(name, &pp, &tp, &dp) || dp == 0) return TP_OK;
+    if (l->count == l->capacity) {
+        int capacity = l->capacity ? 2 * l->capacity : 16;
+        int (*grown)[3] = realloc(l->coords, (size_t)capacity * sizeof *grown);
+        if (!grown) return l->status = tp_fail(TP_ERR_NOMEM, "out of memory");
+        l->coords = grown;
+        l->capacity = capacity;
+    }
+    l->coords[l->count][0] = pp;
+    l->coords[l->count][1] = tp;
+    l->coords[l->count++][2] = dp;
+    return TP_OK;
+}
+
+static int by_coords(const void *a, const void *b)
+{
+    const int *x = a, *y = b;
+    for (int k = 0; k < 3; k++)
+        if (x[k] != y[k]) return x[k] < y[k] ? -1 : 1;
+    return 0;
+}
+
+static int add_dp_files(const store_ops *storage, index_builder *b, const char *staging)
+{
+    dp_listing l = {0};
+    int status = storage->list(storage, staging, list_dp_file, &l);
+    if (!status) status = l.status;
+    if (!status && l.count > 1) qsort(l.coords, (size_t)l.count, sizeof *l.coords, by_coords);
+    for (int k = 0, at; !status && k < l.count; k++)
+        status = builder_dp_file(b, l.coords[k][0], l.coords[k][1], l.coords[k][2], staging, &at);
+    free(l.coords);
+    return status;
 }
 
 static int build_index(const store_ops *storage, const char *staging, const ckpt_layout *layout,
@@ -381,6 +462,7 @@ static int build_index(const store_ops *storage, const char *staging, const ckpt
 {
     index_builder b;
     int status = builder_init(&b, layout, state);
+    if (!status) status = add_dp_files(storage, &b, staging);
     for (int f = 0; !status && f < b.index.num_files; f++) status = scan_shard(storage, &b, staging, f);
     if (!status) status = builder_finish(&b, staging);
     char *json = NULL;
@@ -392,15 +474,17 @@ static int build_index(const store_ops *storage, const char *staging, const ckpt
 }
 
 int ckpt_describe_shard(const store_ops *storage, const char *staging, const ckpt_layout *layout, int shard_pp,
-                        int shard_tp, char **out)
+                        int shard_tp, int shard_dp, char **out)
 {
     *out = NULL;
-    if (shard_pp < 0 || shard_pp >= layout->pp || shard_tp < 0 || shard_tp >= layout->tp)
-        return tp_fail(TP_ERR_ARG, "shard pp=%d tp=%d is outside layout tp=%d pp=%d", shard_pp, shard_tp, layout->tp,
-                       layout->pp);
+    if (shard_pp < 0 || shard_pp >= layout->pp || shard_tp < 0 || shard_tp >= layout->tp || shard_dp < 0 ||
+        shard_dp >= layout->dp)
+        return tp_fail(TP_ERR_ARG, "shard pp=%d tp=%d dp=%d is outside layout tp=%d pp=%d dp=%d", shard_pp, shard_tp,
+                       shard_dp, layout->tp, layout->pp, layout->dp);
     index_builder b;
-    int status = builder_init(&b, layout, NULL);
-    if (!status) status = scan_shard(storage, &b, staging, shard_pp * layout->tp + shard_tp);
+    int status = builder_init(&b, layout, NULL), f = shard_pp * layout->tp + shard_tp;
+    if (!status && shard_dp > 0) status = builder_dp_file(&b, shard_pp, shard_tp, shard_dp, staging, &f);
+    if (!status) status = scan_shard(storage, &b, staging, f);
     if (!status) status = ckpt_index_part_to_json(&b.index, out);
     builder_free(&b);
     return status;
@@ -418,23 +502,38 @@ static int merge_part(index_builder *b, ckpt_index *part, const char *where)
         ckpt_layout_describe(ours, c, sizeof c);
         return tp_fail(TP_ERR_FORMAT, "%s: layout %s, the checkpoint has %s", where, a, c);
     }
-    for (int f = 0; f < part->num_files; f++) {
-        if (!part->files[f].name[0]) continue;
-        if (b->index.files[f].name[0])
-            return tp_fail(TP_ERR_FORMAT, "%s: shard %s is described twice", where, part->files[f].name);
-        b->index.files[f] = part->files[f];
-    }
-    for (int i = 0; i < part->num_tensors; i++) {
-        ckpt_index_tensor *it = &part->tensors[i];
-        int64_t into = -1;
-        TP_TRY(builder_tensor(b, &it->tensor, it->stage, it->block_rows, it->order, &into));
-        for (int p = 0; p < it->num_pieces; p++) {
-            if (it->pieces[p].file_index < 0) continue;
-            int status = builder_piece(b, into, p, &it->pieces[p]);
-            if (status) return tp_fail_context(status, "%s", where);
+    /* The shards' files keep their places; data-parallel files come after
+     * them in the order the parts arrive, and their pieces follow them. */
+    int own = ours->tp * ours->pp;
+    int *place = malloc((size_t)part->num_files * sizeof *place);
+    if (!place) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = TP_OK;
+    for (int f = 0; !status && f < part->num_files; f++) {
+        const ckpt_index_file *file = &part->files[f];
+        place[f] = f;
+        if (!file->name[0]) continue;
+        if (file->dp > 0) {
+            status = builder_dp_file(b, file->pp, file->tp, file->dp, where, &place[f]);
+            if (!status) b->index.files[place[f]] = *file;
+        } else if (f >= own || b->index.files[f].name[0]) {
+            status = tp_fail(TP_ERR_FORMAT, "%s: shard %s is described twice", where, file->name);
+        } else {
+            b->index.files[f] = *file;
         }
     }
-    return TP_OK;
+    for (int i = 0; !status && i < part->num_tensors; i++) {
+        ckpt_index_tensor *it = &part->tensors[i];
+        int64_t into = -1;
+        status = builder_tensor(b, &it->tensor, it->stage, it->block_rows, it->order, &into);
+        for (int p = 0; !status && p < it->num_pieces; p++) {
+            if (it->pieces[p].file_index < 0) continue;
+            it->pieces[p].file_index = place[it->pieces[p].file_index];
+            status = builder_piece(b, into, p, &it->pieces[p]);
+            if (status) status = tp_fail_context(status, "%s", where);
+        }
+    }
+    free(place);
+    return status;
 }
 
 int ckpt_index_from_parts(const ckpt_layout *layout, const ckpt_train_state *state, const char *const *parts,
@@ -454,7 +553,7 @@ int ckpt_index_from_parts(const ckpt_layout *layout, const ckpt_train_state *sta
         status = merge_part(&b, &part, name);
         ckpt_index_free(&part);
     }
-    for (int f = 0; !status && f < b.index.num_files; f++)
+    for (int f = 0; !status && f < layout->tp * layout->pp; f++)
         if (!b.index.files[f].name[0])
             status = tp_fail(TP_ERR_STATE, "%s: no process described shard pp=%d tp=%d", where, f / layout->tp,
                              f % layout->tp);

@@ -16,13 +16,14 @@ int ckpt_commit_directory(const store_ops *storage, store_staged *staged, const 
                           const ckpt_layout *layout, const ckpt_train_state *state, const ckpt_write_options *options);
 
 /* A distributed commit without a shared file system: each process
- * describes its own shard file (pp, tp) of the staging directory as a part
+ * describes its own shard file (pp, tp, and dp > 0 for a data-parallel
+ * file, format 1.6) of the staging directory as a part
  * of the index (ckpt_index_part_to_json text, malloc'ed), and one process
  * builds the whole index.json text from every part (parts[k] NULL: a
  * process without a shard), refusing a shard described twice or never.
  * The index is the one ckpt_commit_directory would build from the files. */
 int ckpt_describe_shard(const store_ops *storage, const char *staging, const ckpt_layout *layout, int shard_pp,
-                        int shard_tp, char **out);
+                        int shard_tp, int shard_dp, char **out);
 int ckpt_index_from_parts(const ckpt_layout *layout, const ckpt_train_state *state, const char *const *parts,
                           int count, const char *where, char **out, int64_t *bytes /* of its files; may be NULL */);
 

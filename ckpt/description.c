@@ -74,7 +74,7 @@ int ckpt_description_json(const ckpt_layout *layout, const ckpt_train_state *sta
     if (!status && (!index.files || !index.tensors)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     if (!status) {
         index.num_files = 1;
-        ckpt_shard_file_name(0, 0, index.files[0].name, sizeof index.files[0].name);
+        ckpt_shard_file_name(0, 0, 0, index.files[0].name, sizeof index.files[0].name);
     }
     for (int i = 0; i < count && !status; i++) {
         ckpt_index_tensor *it = &index.tensors[i];

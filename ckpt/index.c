@@ -8,10 +8,26 @@
 
 #include "attrs.h"
 #include "index.h"
+#include "namemap.h"
 
-void ckpt_shard_file_name(int pp, int tp, char *out, size_t out_size)
+void ckpt_shard_file_name(int pp, int tp, int dp, char *out, size_t out_size)
 {
-    snprintf(out, out_size, "shard_pp%02d_tp%02d.h5", pp, tp);
+    if (dp > 0) snprintf(out, out_size, "shard_pp%02d_tp%02d_dp%02d.h5", pp, tp, dp);
+    else snprintf(out, out_size, "shard_pp%02d_tp%02d.h5", pp, tp);
+}
+
+int ckpt_shard_file_parse(const char *name, int *pp, int *tp, int *dp)
+{
+    int end = 0;
+    char canonical[64];
+    *dp = 0;
+    if (sscanf(name, "shard_pp%d_tp%d_dp%d.h5%n", pp, tp, dp, &end) == 3 && end > 0 && !name[end]) {
+        if (*pp < 0 || *tp < 0 || *dp < 1) return 0;
+    } else if (sscanf(name, "shard_pp%d_tp%d.h5%n", pp, tp, &end) != 2 || end == 0 || name[end] || *pp < 0 || *tp < 0) {
+        return 0;
+    }
+    ckpt_shard_file_name(*pp, *tp, *dp, canonical, sizeof canonical);
+    return strcmp(canonical, name) == 0;
 }
 
 /* ------------------------------------------------------------- serialize */
@@ -221,6 +237,7 @@ static int index_to_json(const ckpt_index *index, int partial, char **out)
         cJSON_AddStringToObject(f, "name", index->files[i].name);
         cJSON_AddNumberToObject(f, "pp", index->files[i].pp);
         cJSON_AddNumberToObject(f, "tp", index->files[i].tp);
+        if (index->files[i].dp > 0) cJSON_AddNumberToObject(f, "dp", index->files[i].dp); /* format 1.6 */
         cJSON_AddNumberToObject(f, "bytes", (double)index->files[i].bytes);
         if (index->files[i].has_meta_checksum) {
             char hex[17];
@@ -268,21 +285,20 @@ typedef struct {
     char context[300];   /* "tensor 'x'" etc. */
     int status;
     int partial;         /* a part of an index: absent files and pieces are null */
-    int *file_at;        /* per shard (pp * tp + tp): its place in 'files', -1 when not listed; a lookup, not a
-                            search per piece (16,000 files took 13 s to parse) */
+    ckpt_name_map file_at; /* file name -> its place in 'files': a lookup, not a search per piece (16,000
+                              files took 13 s to parse) */
 } parse_ctx;
+
+static const char *file_name_of(const void *ctx, int64_t i)
+{
+    const ckpt_index *index = ctx;
+    return index->files[i].name;
+}
 
 /* The place in 'files' of the file named `name`, or -1. */
 static int listed_file(const parse_ctx *ctx, const ckpt_index *index, const char *name)
 {
-    int pp, tp;
-    char expect[64];
-    if (sscanf(name, "shard_pp%d_tp%d.h5", &pp, &tp) != 2 || pp < 0 || pp >= index->layout.pp || tp < 0 ||
-        tp >= index->layout.tp)
-        return -1;
-    int f = ctx->file_at[pp * index->layout.tp + tp];
-    ckpt_shard_file_name(pp, tp, expect, sizeof expect);
-    return f >= 0 && strcmp(expect, name) == 0 ? f : -1;
+    return (int)ckpt_name_map_find(&ctx->file_at, name, file_name_of, index);
 }
 
 static void parse_error(parse_ctx *ctx, const char *field, const char *expected)
@@ -493,9 +509,12 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
         ip->file_index = listed_file(ctx, index, ip->file);
         if (ip->file_index < 0) parse_error(ctx, "file", "a file listed in 'files'");
         else {
-            ip->pp = index->files[ip->file_index].pp;
-            if (ip->pp != it->stage || index->files[ip->file_index].tp != ip->tp)
+            const ckpt_index_file *file = &index->files[ip->file_index];
+            ip->pp = file->pp;
+            if (ip->pp != it->stage || file->tp != ip->tp)
                 parse_error(ctx, "file", "the shard of the piece's stage and rank");
+            else if (file->dp > 0 && ckpt_tensor_is_param(t)) /* data-parallel files: optimizer state only */
+                parse_error(ctx, "file", "the shard's own file (a parameter)");
         }
         if (ctx->status) return;
         p++;
@@ -510,7 +529,7 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
 static int parse_index(const char *text, const char *where, int partial, ckpt_index *out)
 {
     memset(out, 0, sizeof *out);
-    parse_ctx ctx = {where, "", TP_OK, partial, NULL};
+    parse_ctx ctx = {where, "", TP_OK, partial, {0}};
     cJSON *root = NULL;
     TP_TRY(tp_json_parse(text, strlen(text), where, &root));
     if (!cJSON_IsObject(root)) {
@@ -571,21 +590,28 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
     out->state.rng_json = dup_json(rng);
     out->state.user_json = dup_json(user);
 
+    /* A file per shard, and (1.6) data-parallel files of shards: at most
+     * dp - 1 per shard. */
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
-    int expected_files = out->layout.tp * out->layout.pp;
-    if (!cJSON_IsArray(files) || cJSON_GetArraySize(files) != expected_files) {
-        char want[64];
-        snprintf(want, sizeof want, "an array of %d shard files", expected_files);
+    int64_t shard_files = (int64_t)out->layout.tp * out->layout.pp;
+    int64_t most_files = shard_files * out->layout.dp;
+    int listed = cJSON_IsArray(files) ? cJSON_GetArraySize(files) : -1;
+    if (listed < shard_files || listed > most_files || (version[1] < 6 && listed != shard_files)) {
+        char want[96];
+        if (listed >= shard_files && version[1] < 6)
+            snprintf(want, sizeof want, "an array of %lld shard files (data-parallel files need format 1.6)",
+                     (long long)shard_files);
+        else snprintf(want, sizeof want, "an array of %lld to %lld shard files", (long long)shard_files,
+                      (long long)most_files);
         parse_error(&ctx, "files", want);
         goto done;
     }
-    out->files = calloc((size_t)expected_files, sizeof *out->files);
-    ctx.file_at = malloc((size_t)expected_files * sizeof *ctx.file_at);
-    for (int f = 0; ctx.file_at && f < expected_files; f++) ctx.file_at[f] = -1;
-    if (!out->files || !ctx.file_at) {
+    out->files = calloc((size_t)listed, sizeof *out->files);
+    if (!out->files) {
         ctx.status = tp_fail(TP_ERR_NOMEM, "%s: out of memory", where);
         goto done;
     }
+    int64_t own_files = 0;
     const cJSON *f;
     cJSON_ArrayForEach(f, files)
     {
@@ -598,6 +624,7 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
         snprintf(file->name, sizeof file->name, "%s", get_string(&ctx, f, "name", 63));
         file->pp = (int)get_int(&ctx, f, "pp", 0, out->layout.pp - 1);
         file->tp = (int)get_int(&ctx, f, "tp", 0, out->layout.tp - 1);
+        if (cJSON_GetObjectItemCaseSensitive(f, "dp")) file->dp = (int)get_int(&ctx, f, "dp", 1, out->layout.dp - 1);
         file->bytes = get_int(&ctx, f, "bytes", 0, (int64_t)1 << 52);
         if (cJSON_GetObjectItemCaseSensitive(f, "meta_checksum")) {
             const char *hex = get_string(&ctx, f, "meta_checksum", 16);
@@ -606,15 +633,22 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
             file->has_meta_checksum = 1;
         }
         char expect[64];
-        ckpt_shard_file_name(file->pp, file->tp, expect, sizeof expect);
+        ckpt_shard_file_name(file->pp, file->tp, file->dp, expect, sizeof expect);
         if (!ctx.status && strcmp(expect, file->name) != 0) parse_error(&ctx, "name", expect);
         if (ctx.status) goto done;
-        int *at = &ctx.file_at[file->pp * out->layout.tp + file->tp];
-        if (*at >= 0) parse_error(&ctx, "name", "a file listed once");
-        *at = out->num_files;
+        int status = ckpt_name_map_insert(&ctx.file_at, file->name, out->num_files, file_name_of, out);
+        if (status == TP_ERR_ARG) parse_error(&ctx, "name", "a file listed once");
+        else if (status) ctx.status = status;
+        if (ctx.status) goto done;
+        own_files += file->dp == 0;
         out->num_files++;
     }
     ctx.context[0] = '\0';
+    if (!partial && own_files != shard_files) {
+        ctx.status = tp_fail(TP_ERR_FORMAT, "%s: field 'files' lists %lld of the %lld shards' own files", where,
+                             (long long)own_files, (long long)shard_files);
+        goto done;
+    }
 
     const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(root, "tensors");
     if (!cJSON_IsArray(tensors)) {
@@ -639,7 +673,7 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
         if (ctx.status) goto done;
     }
 done:
-    free(ctx.file_at);
+    ckpt_name_map_free(&ctx.file_at);
     cJSON_Delete(root);
     if (ctx.status) ckpt_index_free(out);
     return ctx.status;

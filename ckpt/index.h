@@ -43,6 +43,7 @@ typedef struct {
 typedef struct {
     char name[64];
     int pp, tp;
+    int dp; /* 0: the shard's file; D > 0: its data-parallel file D (format 1.6) */
     int64_t bytes;
     int has_meta_checksum; /* 0: not recorded (format 1.0) */
     uint64_t meta_checksum; /* XXH3 of the bytes outside the pieces' extents */

@@ -33,8 +33,12 @@ int ckpt_library_init(void);
 #define CKPT_CHECKSUM_GROUP "checksums"
 #define CKPT_BLOCK_TARGET_BYTES ((int64_t)1 << 20) /* checksum block and zstd chunk */
 
-/* "shard_pp%02d_tp%02d.h5" */
-void ckpt_shard_file_name(int pp, int tp, char *out, size_t out_size);
+/* "shard_pp%02d_tp%02d.h5", and with dp > 0 (a data-parallel file, format
+ * 1.6) "shard_pp%02d_tp%02d_dp%02d.h5". */
+void ckpt_shard_file_name(int pp, int tp, int dp, char *out, size_t out_size);
+/* Whether name is a shard file's name as ckpt_shard_file_name writes it
+ * (*pp, *tp, *dp from it; dp 0 for the shard file). */
+int ckpt_shard_file_parse(const char *name, int *pp, int *tp, int *dp);
 
 /* Rows per checksum block for a piece whose rows hold row_bytes bytes. */
 int64_t ckpt_block_rows_for(int64_t rows, int64_t row_bytes);

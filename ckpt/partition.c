@@ -84,6 +84,11 @@ void ckpt_tensor_copy_rebind(ckpt_tensor_copy *copy)
     copy->desc.param = copy->param;
 }
 
+int ckpt_tensor_is_param(const ckpt_tensor_desc *t)
+{
+    return !t->role || strcmp(t->role, "param") == 0;
+}
+
 int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in)
 {
     memset(out, 0, sizeof *out);

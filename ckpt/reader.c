@@ -339,7 +339,7 @@ static int open_file_once(ckpt_reader *r, int f)
     hid_t file = fapl >= 0 ? H5Fopen(fr->path, H5F_ACC_RDONLY, fapl) : -1;
     if (fapl >= 0) H5Pclose(fapl);
     if (file < 0) return ckpt_fail_hdf5("%s: cannot open shard file (damaged?)", fr->path);
-    int64_t version[2] = {0, 0}, coords[2] = {-1, -1}, complete = 0;
+    int64_t version[2] = {0, 0}, coords[2] = {-1, -1}, complete = 0, dp = -1;
     int n = 0;
     /* A file whose metadata matched the index's checksum is the one the
      * commit scanned (links included); older ones are checked here. Only
@@ -348,16 +348,17 @@ static int open_file_once(ckpt_reader *r, int f)
     int status = ckpt_h5_read_i64s(file, "format_version", version, 2, &n);
     if (!status) status = ckpt_h5_read_i64s(file, "shard_pp_tp", coords, 2, &n);
     if (!status) status = ckpt_h5_read_i64s(file, "complete", &complete, 1, NULL);
+    if (!status) status = ckpt_shard_dp_read(file, &dp);
     if (status) status = tp_fail_context(TP_ERR_FORMAT, "%s", fr->path);
     else if (version[0] > CKPT_FORMAT_MAJOR)
         status = tp_fail(TP_ERR_VERSION,
                            "%s: format version %lld.%lld is newer than this build reads (%d.x)",
                            fr->path, (long long)version[0], (long long)version[1], CKPT_FORMAT_MAJOR);
-    else if (coords[0] != idx->pp || coords[1] != idx->tp || complete != 1)
-        status = tp_fail(TP_ERR_FORMAT, "%s: shard pp=%lld tp=%lld complete=%lld, the index "
-                           "expects pp=%d tp=%d complete=1",
-                           fr->path, (long long)coords[0], (long long)coords[1],
-                           (long long)complete, idx->pp, idx->tp);
+    else if (coords[0] != idx->pp || coords[1] != idx->tp || dp != idx->dp || complete != 1)
+        status = tp_fail(TP_ERR_FORMAT, "%s: shard pp=%lld tp=%lld dp=%lld complete=%lld, the index "
+                           "expects pp=%d tp=%d dp=%d complete=1",
+                           fr->path, (long long)coords[0], (long long)coords[1], (long long)dp,
+                           (long long)complete, idx->pp, idx->tp, idx->dp);
     if (!status) status = ckpt_shard_layout_check(file, &r->index.layout, fr->path);
     if (!status && !fr->meta_checked) status = ckpt_h5_check_links(file, fr->path);
     if (!status) status = r->storage->open(r->storage, fr->path, STORE_OPEN_READ, &fr->data);

@@ -125,11 +125,11 @@ int ckpt_shard_upload(const char *local_path, const ckpt_layout *layout, const c
     TP_TRY(store_staging_path(local_path, options->staging_owner, staging, sizeof staging));
     store_staged *staged = store_staged_find(staging);
     if (!staged) return tp_fail(TP_ERR_STATE, "%s: no staging directory %s prepared by this process", local_path, staging);
-    ckpt_shard_file_name(options->shard_pp, options->shard_tp, name, sizeof name);
+    ckpt_shard_file_name(options->shard_pp, options->shard_tp, options->shard_dp, name, sizeof name);
     int status = tp_path_join(local, staging, name);
     if (!status) status = tp_path_join(remote, url, name);
     if (!status)
-        status = ckpt_describe_shard(store_posix(), staging, layout, options->shard_pp, options->shard_tp,
+        status = ckpt_describe_shard(store_posix(), staging, layout, options->shard_pp, options->shard_tp, options->shard_dp,
                                      description);
     store_stat st = {0};
     if (!status) status = store_posix()->stat(store_posix(), local, &st);

@@ -22,7 +22,7 @@
 #include "namemap.h"
 
 typedef struct {
-    int pp, tp;
+    int pp, tp, dp; /* dp > 0: the shard's data-parallel file (format 1.6) */
     char path[CKPT_PATH_MAX];
     hid_t file;      /* HDF5's handle: metadata */
     store_file *data; /* the store's: the bytes of pieces */
@@ -86,7 +86,7 @@ static int shard_index(const ckpt_writer *w, int pp, int tp)
 static int open_shard(ckpt_writer *w, shard_file *s)
 {
     char name[64];
-    ckpt_shard_file_name(s->pp, s->tp, name, sizeof name);
+    ckpt_shard_file_name(s->pp, s->tp, s->dp, name, sizeof name);
     s->file = -1;
     s->data = NULL;
     int status = tp_path_join(s->path, w->staging, name);
@@ -102,6 +102,8 @@ static int open_shard(ckpt_writer *w, shard_file *s)
     status = ckpt_h5_write_string(s->file, "format", CKPT_FORMAT_TAG);
     if (!status) status = ckpt_h5_write_i64s(s->file, "format_version", version, 2);
     if (!status) status = ckpt_h5_write_i64s(s->file, "shard_pp_tp", coords, 2);
+    int64_t dp = s->dp;
+    if (!status && dp > 0) status = ckpt_h5_write_i64s(s->file, "shard_dp", &dp, 1);
     if (!status) status = ckpt_shard_layout_write(s->file, &w->layout);
     if (!status) status = ckpt_h5_write_i64s(s->file, "complete", &complete, 1);
     if (status) return tp_fail_context(status, "%s", s->path);
@@ -200,6 +202,9 @@ int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *l
                         options->shard_tp >= layout->tp))
         return tp_fail(TP_ERR_ARG, "shard pp=%d tp=%d is outside layout tp=%d pp=%d",
                          options->shard_pp, options->shard_tp, layout->tp, layout->pp);
+    if (options->shard_dp < 0 || options->shard_dp >= layout->dp || (options->shard_dp > 0 && !distributed))
+        return tp_fail(TP_ERR_ARG, "data-parallel file %d: outside 1..%d, or not for a distributed writer",
+                       options->shard_dp, layout->dp - 1);
     if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
 
     ckpt_writer *w = calloc(1, sizeof *w);
@@ -232,6 +237,7 @@ int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *l
     for (int i = 0; !status && i < w->num_shards; i++) {
         w->shards[i].pp = distributed ? options->shard_pp : i / layout->tp;
         w->shards[i].tp = distributed ? options->shard_tp : i % layout->tp;
+        w->shards[i].dp = distributed ? options->shard_dp : 0;
         status = open_shard(w, &w->shards[i]);
     }
     if (status) {
@@ -303,7 +309,8 @@ static int create_piece(ckpt_writer *w, tensor_state *ts, int piece, piece_state
     return TP_OK;
 }
 
-int ckpt_writer_add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int *id_out)
+/* here: whether this writer writes the tensor's pieces of its shards. */
+static int add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int here, int *id_out)
 {
     *id_out = -1;
     int status = ckpt_library_init();
@@ -338,8 +345,11 @@ int ckpt_writer_add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int *
     w->num_tensors++;
     for (int p = 0; p < ts->num_pieces; p++) {
         piece_state *ps = &ts->pieces[p];
-        ps->shard = shard_index(w, ts->stage, t->partition.kind == CKPT_SPLIT ? p : 0);
+        ps->shard = here ? shard_index(w, ts->stage, t->partition.kind == CKPT_SPLIT ? p : 0) : -1;
         ckpt_piece_geometry_init(&ps->geometry, t, w->layout.tp, 0);
+        if (ps->shard >= 0 && w->shards[ps->shard].dp > 0 && ckpt_tensor_is_param(t))
+            return tp_fail(TP_ERR_ARG, "tensor %s: a parameter cannot go to %s, a data-parallel file (optimizer state only)",
+                           t->name, w->shards[ps->shard].path);
         if (ps->shard >= 0) {
             status = create_piece(w, ts, p, ps);
             if (status) return status;
@@ -347,6 +357,16 @@ int ckpt_writer_add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int *
     }
     *id_out = w->num_tensors - 1;
     return TP_OK;
+}
+
+int ckpt_writer_add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int *id_out)
+{
+    return add_tensor(w, tensor, 1, id_out);
+}
+
+int ckpt_writer_add_tensor_elsewhere(ckpt_writer *w, const ckpt_tensor_desc *tensor, int *id_out)
+{
+    return add_tensor(w, tensor, 0, id_out);
 }
 
 static int get_piece(const ckpt_writer *w, int id, int piece, piece_state **out)

@@ -697,10 +697,6 @@ static int worse_first(const void *x, const void *y)
     return a->result.max_abs_diff < b->result.max_abs_diff ? 1 : a->result.max_abs_diff > b->result.max_abs_diff ? -1 : 0;
 }
 
-static int is_parameter(const ckpt_tensor_desc *t)
-{
-    return !t->role || !strcmp(t->role, "param");
-}
 
 static int cmd_diff(int argc, char **argv)
 {
@@ -737,7 +733,7 @@ static int cmd_diff(int argc, char **argv)
     int na = ckpt_reader_num_tensors(a), nb = ckpt_reader_num_tensors(b), only = 0, n = 0;
     tensor_diff *diffs = calloc((size_t)na + 1, sizeof *diffs);
     for (int i = 0; i < na; i++) {
-        if (weights_only && !is_parameter(ckpt_reader_tensor(a, i))) continue;
+        if (weights_only && !ckpt_tensor_is_param(ckpt_reader_tensor(a, i))) continue;
         int j = ckpt_reader_find(b, ckpt_reader_tensor(a, i)->name);
         if (j < 0) {
             printf("only in A: %s\n", ckpt_reader_tensor(a, i)->name);
@@ -747,7 +743,7 @@ static int cmd_diff(int argc, char **argv)
         }
     }
     for (int j = 0; j < nb; j++)
-        if ((!weights_only || is_parameter(ckpt_reader_tensor(b, j))) && ckpt_reader_find(a, ckpt_reader_tensor(b, j)->name) < 0) {
+        if ((!weights_only || ckpt_tensor_is_param(ckpt_reader_tensor(b, j))) && ckpt_reader_find(a, ckpt_reader_tensor(b, j)->name) < 0) {
             printf("only in B: %s\n", ckpt_reader_tensor(b, j)->name);
             only++;
         }

@@ -64,7 +64,14 @@ struct saver {
     gpt_model *model;
     int dump_grads;
     tensor_map map;
-    float *snapshot;       /* per saved view: data | m | v (or the gradient alone) */
+    /* What this rank writes, of each view it owns (param_view's owner): the
+     * parameter (or gradient), the first rank of its data-parallel group;
+     * the moments, the rank zero_moment_writer names. Their offsets in the
+     * snapshot, -1 where another rank writes them; and per catalogue entry,
+     * whether this rank's file holds its pieces of this rank's shard. */
+    int64_t *param_at, *moment_at;
+    char *here;
+    float *snapshot;       /* per view written: data | m | v, each where this rank writes it (or the gradient alone) */
     int64_t snapshot_floats;
     pthread_t thread;      /* writes this rank's shard */
     int running, pending;
@@ -124,13 +131,38 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
     int status = checkpoint_staging_owner(m->comm, s->owner);
     if (!status) status = store_staging_owner(s->own_owner, sizeof s->own_owner);
     if (!status) status = tensor_map_create(&s->map, m, !dump_grads);
+    if (!status) {
+        size_t views = (size_t)m->num_params + 1;
+        s->param_at = malloc(views * sizeof *s->param_at);
+        s->moment_at = malloc(views * sizeof *s->moment_at);
+        s->here = malloc((size_t)s->map.count + 1);
+        if (!s->param_at || !s->moment_at || !s->here) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    }
     if (status) {
         saver_free(s);
         return status;
     }
-    int per_view = dump_grads ? 1 : 3;
-    for (int i = 0; i < m->num_params; i++)
-        if (m->params[i].owner) s->snapshot_floats += per_view * m->params[i].numel;
+    /* The first rank writes every parameter and, without ZeRO, every moment:
+     * all its shard's pieces. */
+    int dp_rank = m->comm->dp_rank;
+    memset(s->here, dp_rank == 0, (size_t)s->map.count);
+    for (int i = 0; i < m->num_params; i++) {
+        const param_view *v = &m->params[i];
+        const view_entries *e = &s->map.entries[i];
+        s->param_at[i] = s->moment_at[i] = -1;
+        if (!v->owner) continue;
+        if (dp_rank == 0) {
+            s->param_at[i] = s->snapshot_floats;
+            s->snapshot_floats += v->numel;
+        }
+        if (dump_grads) continue;
+        int writes = zero_moment_writer(m, v) == dp_rank;
+        s->here[e->exp_avg] = s->here[e->exp_avg_sq] = (char)writes;
+        if (writes) {
+            s->moment_at[i] = s->snapshot_floats;
+            s->snapshot_floats += 2 * v->numel;
+        }
+    }
     *out = s;
     return TP_OK;
 }
@@ -138,9 +170,9 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
 int saver_reserve(saver *s)
 {
     const gpt_model *m = s->model;
-    /* Only the first data-parallel replica writes. Pinned on a GPU: the
+    /* Only the ranks that write (saver_create). Pinned on a GPU: the
      * snapshot is copied beside the next step's work. */
-    if (s->snapshot || m->comm->dp_rank != 0 || !s->snapshot_floats) return TP_OK;
+    if (s->snapshot || !s->snapshot_floats) return TP_OK;
     return m->kernels->host_alloc((void **)&s->snapshot, (size_t)s->snapshot_floats * sizeof(float));
 }
 
@@ -157,6 +189,7 @@ static void shard_options(const saver *s, ckpt_write_options *options)
     options->overwrite = 1;
     options->shard_pp = c->pp_rank;
     options->shard_tp = c->tp_rank;
+    options->shard_dp = c->dp_rank; /* the first rank: the shard's file; the others (ZeRO-1) their own */
     options->staging_owner = s->url[0] ? s->own_owner : s->owner;
 }
 
@@ -181,6 +214,9 @@ void saver_free(saver *s)
     cJSON_free(s->model_json);
     cJSON_free(s->rng);
     if (s->snapshot) s->model->kernels->host_release(s->snapshot);
+    free(s->param_at);
+    free(s->moment_at);
+    free(s->here);
     tensor_map_free(&s->map);
     free(s->schedule);
     free(s->user);
@@ -194,19 +230,20 @@ double saver_take_stall_seconds(saver *s)
     return stall;
 }
 
-/* Parameters and moments (or gradients) into the snapshot (host memory),
- * in the order the writer reads them. */
+/* Parameters and moments (or gradients) this rank writes into the
+ * snapshot (host memory). */
 static int take_snapshot(saver *s)
 {
     const gpt_model *m = s->model;
-    float *to = s->snapshot;
+    size_t bytes;
     for (int i = 0; i < m->num_params; i++) {
         const param_view *v = &m->params[i];
-        if (!v->owner) continue;
-        const float *sources[3] = {s->dump_grads ? v->grad : v->data, v->m, v->v};
-        for (int k = 0; k < (s->dump_grads ? 1 : 3); k++, to += v->numel)
-            if (sources[k]) /* ZeRO-1's moments: saver_start placed them (zero_gather_moments) */
-                TP_TRY(m->kernels->to_host_background(to, sources[k], (size_t)v->numel * sizeof(float)));
+        bytes = (size_t)v->numel * sizeof(float);
+        if (s->param_at[i] >= 0)
+            TP_TRY(m->kernels->to_host_background(s->snapshot + s->param_at[i], s->dump_grads ? v->grad : v->data, bytes));
+        if (s->moment_at[i] < 0 || !v->m) continue; /* ZeRO-1's moments: saver_start placed them (zero_gather_moments) */
+        TP_TRY(m->kernels->to_host_background(s->snapshot + s->moment_at[i], v->m, bytes));
+        TP_TRY(m->kernels->to_host_background(s->snapshot + s->moment_at[i] + v->numel, v->v, bytes));
     }
     return TP_OK;
 }
@@ -233,17 +270,17 @@ static void *write_shard(void *arg)
     int status = snapshot_status ? snapshot_status
                  : ids           ? ckpt_writer_create(&w, s->path, &layout, &options)
                                  : tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < s->map.count && !status; i++) status = ckpt_writer_add_tensor(w, &s->map.catalog[i].desc, &ids[i]);
-    const float *p = s->snapshot;
+    for (int i = 0; i < s->map.count && !status; i++)
+        status = s->here[i] ? ckpt_writer_add_tensor(w, &s->map.catalog[i].desc, &ids[i])
+                            : ckpt_writer_add_tensor_elsewhere(w, &s->map.catalog[i].desc, &ids[i]);
     for (int i = 0; i < m->num_params && !status; i++) {
         const param_view *v = &m->params[i];
-        if (!v->owner) continue;
         const view_entries *e = &s->map.entries[i];
-        int which[3] = {e->param, e->exp_avg, e->exp_avg_sq};
-        for (int k = 0; k < (s->dump_grads ? 1 : 3) && !status; k++) {
-            status = ckpt_writer_put_piece(w, ids[which[k]], v->piece, p);
-            p += v->numel;
-        }
+        if (s->param_at[i] >= 0) status = ckpt_writer_put_piece(w, ids[e->param], v->piece, s->snapshot + s->param_at[i]);
+        if (!status && s->moment_at[i] >= 0)
+            status = ckpt_writer_put_piece(w, ids[e->exp_avg], v->piece, s->snapshot + s->moment_at[i]);
+        if (!status && s->moment_at[i] >= 0)
+            status = ckpt_writer_put_piece(w, ids[e->exp_avg_sq], v->piece, s->snapshot + s->moment_at[i] + v->numel);
     }
     if (status) snprintf(s->message, sizeof s->message, "%s", tp_errmsg());
     if (w) {
@@ -476,24 +513,24 @@ int saver_start(saver *s, const char *path, const char *url, const save_state *s
         /* A step saved again (a run resumed before it): its old index goes
          * before any rank uploads a shard (the comm_any below orders them). */
         if (!staged && c->rank == 0) staged = ckpt_upload_begin(s->url, 1);
-        if (!staged && c->dp_rank == 0) staged = ckpt_stage_prepare(path, &options);
+        if (!staged && s->snapshot_floats) staged = ckpt_stage_prepare(path, &options);
     } else if (c->rank == 0 && !staged) {
         staged = ckpt_stage_prepare(path, &options);
     }
     TP_TRY(comm_any(c, staged != TP_OK, &failed));
     if (failed) {
-        if (s->url[0] && c->dp_rank == 0) ckpt_stage_discard(path, &options);
+        if (s->url[0] && s->snapshot_floats) ckpt_stage_discard(path, &options);
         if (staged) return tp_fail_context(staged, "checkpoint %s", s->url[0] ? s->url : path);
         return tp_fail(TP_ERR_STATE, "checkpoint %s: another rank cannot stage it", s->url[0] ? s->url : path);
     }
-    /* ZeRO-1: the moments of every shard into the writer's snapshot, now
+    /* ZeRO-1: the moments of every shard into their writers' snapshots, now
      * (collective; the writer's thread must not communicate). */
-    if (!s->dump_grads) TP_TRY(zero_gather_moments(m, s->snapshot));
+    if (!s->dump_grads) TP_TRY(zero_gather_moments(m, s->snapshot, s->snapshot ? s->moment_at : NULL));
     s->status = TP_OK;
     s->upload_failed = 0;
     atomic_store(&s->done, 1);
     atomic_store(&s->snapshot_taken, 1);
-    if (c->dp_rank == 0) {
+    if (s->snapshot_floats) {
         atomic_store(&s->done, 0);
         atomic_store(&s->snapshot_taken, 0);
         if (pthread_create(&s->thread, NULL, write_shard, s) != 0) {
