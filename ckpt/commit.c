@@ -99,7 +99,7 @@ static int builder_dp_file(index_builder *b, int pp, int tp, int dp, const char 
     }
     ckpt_index_file *file = &b->index.files[b->index.num_files];
     memset(file, 0, sizeof *file);
-    *file = (ckpt_index_file){.pp = pp, .tp = tp, .dp = dp};
+    *file = (ckpt_index_file){.pp = pp, .tp = tp, .dp = dp, .shard_tensors = -1};
     snprintf(file->name, sizeof file->name, "%s", name);
     *at = b->index.num_files++;
     return TP_OK;
@@ -117,6 +117,7 @@ static ckpt_index_file *builder_file(index_builder *b, int f)
     ckpt_index_file *file = &b->index.files[f];
     file->pp = f / b->index.layout.tp;
     file->tp = f % b->index.layout.tp;
+    file->shard_tensors = -1;
     ckpt_shard_file_name(file->pp, file->tp, 0, file->name, sizeof file->name);
     return file;
 }
@@ -188,16 +189,36 @@ static int by_order(const void *a, const void *b)
     return strcmp(x->tensor.name, y->tensor.name);
 }
 
-/* Every piece of every tensor found; the tensors in their writers' order. */
+/* Every piece of every tensor found, and (format 1.6) every tensor the
+ * writers of a shard declared; the tensors in their writers' order. */
 static int builder_finish(index_builder *b, const char *where)
 {
     ckpt_index *index = &b->index;
+    int shards = index->layout.tp * index->layout.pp;
+    int64_t *found = calloc((size_t)shards, sizeof *found);
+    if (!found) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < index->num_tensors; i++) {
         const ckpt_index_tensor *it = &index->tensors[i];
-        for (int p = 0; p < it->num_pieces; p++)
-            if (it->pieces[p].file_index < 0)
+        for (int p = 0; p < it->num_pieces; p++) {
+            if (it->pieces[p].file_index < 0) {
+                free(found);
                 return tp_fail(TP_ERR_STATE, "%s: tensor %s has no piece %d in any shard", where, it->tensor.name, p);
+            }
+            found[it->stage * index->layout.tp + it->pieces[p].tp]++;
+        }
     }
+    for (int f = 0; f < index->num_files; f++) {
+        const ckpt_index_file *file = &index->files[f];
+        int64_t held = found[file->pp * index->layout.tp + file->tp];
+        if (file->shard_tensors >= 0 && file->shard_tensors != held) {
+            free(found);
+            return tp_fail(TP_ERR_STATE,
+                           "%s: the writer of %s declared %lld tensors in shard pp=%d tp=%d, its files hold %lld "
+                           "(a data-parallel file missing?)",
+                           where, file->name, (long long)file->shard_tensors, file->pp, file->tp, (long long)held);
+        }
+    }
+    free(found);
     if (index->num_tensors > 1) qsort(index->tensors, (size_t)index->num_tensors, sizeof *index->tensors, by_order);
     for (int k = 0; k < index->num_tensors; k++) ckpt_tensor_copy_rebind(&index->tensors[k].tensor);
     return TP_OK;
@@ -370,6 +391,10 @@ static int scan_file(scan_state *st, const char *dir)
         status = ckpt_h5_read_i64s(file, "shard_pp_tp", coords, 2, &n);
     }
     if (!status) status = ckpt_shard_dp_read(file, &dp);
+    ckpt_index_file *file_entry = (ckpt_index_file *)st->file;
+    file_entry->shard_tensors = -1;
+    if (!status && H5Aexists(file, "shard_tensors") > 0)
+        status = ckpt_h5_read_i64s(file, "shard_tensors", &file_entry->shard_tensors, 1, NULL);
     if (status) status = tp_fail_context(status, "%s", path);
     else if (strcmp(format, CKPT_FORMAT_TAG) != 0 || coords[0] != st->file->pp ||
              coords[1] != st->file->tp || dp != st->file->dp)
@@ -392,7 +417,6 @@ static int scan_file(scan_state *st, const char *dir)
     H5Fclose(file);
     if (!status) status = st->storage->stat(st->storage, path, &info);
     ckpt_index *index = &st->builder->index;
-    ckpt_index_file *file_entry = (ckpt_index_file *)st->file;
     if (!status) file_entry->bytes = info.size;
     /* Every piece of this file is in the index now: its metadata checksum. */
     if (!status)

@@ -47,6 +47,10 @@ typedef struct {
     int64_t bytes;
     int has_meta_checksum; /* 0: not recorded (format 1.0) */
     uint64_t meta_checksum; /* XXH3 of the bytes outside the pieces' extents */
+    /* Building an index (commit.c, and parts of one): the tensors with pieces
+     * in this file's shard, as its writer declared them (the file's
+     * attribute shard_tensors, format 1.6); -1 when not known. */
+    int64_t shard_tensors;
 } ckpt_index_file;
 
 typedef struct {

@@ -528,7 +528,14 @@ static int seal_shard(ckpt_writer *w, int s)
                                      ps->geometry.num_blocks, ps->digest);
         }
     }
-    int64_t complete = 1;
+    /* Format 1.6: the tensors with pieces in this shard, wherever they are
+     * written (ckpt_writer_add_tensor_elsewhere), so that the commit knows
+     * what every file of the shard must hold between them. */
+    int64_t shard_tensors = 0, complete = 1;
+    for (int i = 0; i < w->num_tensors; i++)
+        shard_tensors += w->tensors[i].stage == sf->pp &&
+                         (w->tensors[i].tensor.desc.partition.kind == CKPT_SPLIT || sf->tp == 0);
+    if (!status) status = ckpt_h5_write_i64s(sf->file, "shard_tensors", &shard_tensors, 1);
     if (!status) {
         if (H5Adelete(sf->file, "complete") < 0)
             status = ckpt_fail_hdf5("%s: cannot update attribute complete", sf->path);

@@ -298,6 +298,30 @@ sys.exit(not (sorted(puts) == sorted(want) and set(puts.values()) == {1}))' "$WE
         '[ "$RC" -eq 0 ] && grep -q "step_00000020 is unusable (.*shard_pp00_tp01.h5: [0-9]* bytes, the index records [0-9]* (truncated or replaced?).*falling back to .*step_00000016" "$WORK/.err"'
     cp "$WORK/nodes-shard.orig" "$SHARD"
 
+    # --- 4c. ZeRO-1 without a shared file system: each data-parallel rank
+    # writes the moments it keeps in its own file (format 1.6), uploads it
+    # and describes it; tp2 dp2 over four "nodes", stopped at step 8,
+    # resumed at tp1 without ZeRO on a fifth: the uninterrupted losses.
+    for n in g h i j k; do mkdir -p "$WORK/node-$n"; done
+    log_before=$(wc -l <"$WEBDAV_ACCESS_LOG")
+    zero_node() { echo -np 1 env TMPDIR="$WORK/node-$1" "$TRAIN" --model tiny --micro-batch 1 --steps 20 --quiet; }
+    set -- --tp 2 --zero 1 --ckpt-every 4 --ckpt-dir "$U/zero" --stop-at 8 --log "$WORK/zero.jsonl"
+    run mpirun --oversubscribe $(zero_node g) "$@" : $(zero_node h) "$@" : $(zero_node i) "$@" : $(zero_node j) "$@" </dev/null
+    check "ZeRO-1 over four caches: trained to step 8 (exit $RC)" [ "$RC" -eq 0 ]
+    check "ZeRO-1: each rank PUT its own file of steps 4 and 8 once, the second replicas their data-parallel files" "$PY" -c '
+import collections, sys
+puts = collections.Counter(l.split()[1] for l in open(sys.argv[1]).readlines()[int(sys.argv[2]):]
+                           if l.startswith("PUT ") and "/zero/step_" in l)
+want = ["/zero/step_%08d/%s" % (s, f) for s in (4, 8) for f in
+        ["shard_pp00_tp%02d%s.h5" % (t, d) for t in range(2) for d in ("", "_dp01")] + ["index.json"]]
+sys.exit(not (sorted(puts) == sorted(want) and set(puts.values()) == {1}))' "$WEBDAV_ACCESS_LOG" "$log_before"
+    expect_ok "ZeRO-1's uploaded checkpoint, read by the independent h5py reader" "$PY" "$ROOT/tests/ckpt/check_h5py.py" \
+        "$DAV/zero/step_00000008"
+    expect_ok "resume at tp1 without ZeRO from the URL" "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 20 \
+        --ckpt-dir "$U/zero" --resume --log "$WORK/zero.jsonl"
+    check "ZeRO-1 stopped at 8 + resumed at tp1 = the uninterrupted losses (1e-4)" \
+        losses_match "$WORK/zero.jsonl" "$WORK/ref.jsonl" 1e-4
+
     # --- 4d. A failed upload loses that checkpoint, not the run; the last
     # one must arrive. A file where a step's directory would go makes the
     # server refuse that step's shards.

@@ -208,6 +208,24 @@ expect_ok "ZeRO-1: 12 straight steps at tp2dp2" mpi_train 4 $ZB --tp 2 --micro-b
 expect_ok "ZeRO-1: tp2dp2 to step 4" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 1 --stop-at 4 \
     --ckpt-dir "$WORK/zerorun" --log "$WORK/zero-split.jsonl"
 expect_ok "ZeRO-1's checkpoint verifies" "$BIN/tp-ckpt" verify "$WORK/zerorun/step_00000004"
+# Format 1.6: the second replicas wrote the moments they keep, each in its
+# shard's data-parallel file; the first replicas the parameters and theirs.
+check "ZeRO-1: files of both replicas, the parameters in the first's (index)" "$PY" -c '
+import json, sys
+index = json.load(open(sys.argv[1] + "/index.json"))
+files = sorted((f["name"], f.get("dp", 0)) for f in index["files"])
+where = {(t["role"], p["file"]) for t in index["tensors"] for p in t["pieces"]}
+dp_files = {p for r, p in where if "_dp01" in p}
+sys.exit(not (files == [("shard_pp00_tp00.h5", 0), ("shard_pp00_tp00_dp01.h5", 1), ("shard_pp00_tp01.h5", 0),
+                        ("shard_pp00_tp01_dp01.h5", 1)] and index["format_version"] == [1, 6]
+              and not any(r == "param" and "_dp" in p for r, p in where) and len(dp_files) == 2
+              and {r for r, p in where if "_dp01" in p} == {"exp_avg", "exp_avg_sq"}))' "$WORK/zerorun/step_00000004"
+expect_ok "ZeRO-1's checkpoint, read by the independent h5py reader" "$PY" "$ROOT/tests/ckpt/check_h5py.py" \
+    "$WORK/zerorun/step_00000004"
+expect_ok "ZeRO-1's checkpoint resharded to tp1" "$BIN/tp-reshard" "$WORK/zerorun/step_00000004" --to tp1pp1 \
+    -o "$WORK/zero-tp1"
+expect_ok "resharded from the data-parallel files: the same tensors, bit for bit" "$BIN/tp-ckpt" diff \
+    "$WORK/zerorun/step_00000004" "$WORK/zero-tp1"
 expect_ok "ZeRO-1: the same layout from step 4 to 6" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 1 --stop-at 6 \
     --ckpt-dir "$WORK/zerorun" --resume --log "$WORK/zero-split.jsonl"
 expect_ok "without ZeRO at tp1dp2 from step 6 to 8" mpi_train 2 $ZB --micro-batch 4 --stop-at 8 \
