@@ -122,7 +122,8 @@ $TABLE
 DOC
 
 # --- ZeRO-1 at tp 1: one process per data-parallel rank, one thread each;
-# each run ends with a checkpoint, whose shard files say what each rank wrote.
+# each run ends with a checkpoint, whose files say what each rank wrote (the
+# shard's file rank 0, data-parallel file D rank D: format 1.6).
 ZERO_RESULTS="$DIR/zero.jsonl"
 : >"$ZERO_RESULTS"
 # run_zero DP ZERO REP: one run, one JSON line into ZERO_RESULTS.
@@ -139,12 +140,22 @@ rows = [json.loads(line) for line in open(log)]
 start = [r for r in rows if r.get("event") == "start"][0]
 steps = [r for r in rows if "event" not in r and "ms" in r]
 rss = [r for r in rows if r.get("event") == "stop"][-1]["peak_rss_bytes"]  # each rank's, in rank order
-shards = glob.glob(os.path.join(ckpt, "step_*", "shard_*.h5"))
+step = sorted(glob.glob(os.path.join(ckpt, "step_*")))[-1]
+index = json.load(open(os.path.join(step, "index.json")))
+# Per data-parallel rank: the bytes of the file it wrote, and the moments' values in it.
+written = [0] * dp
+moments = [0] * dp
+for f in index["files"]:
+    written[f.get("dp", 0)] += os.path.getsize(os.path.join(step, f["name"]))
+file_dp = {f["name"]: f.get("dp", 0) for f in index["files"]}
+for t in index["tensors"]:
+    if t["role"] == "exp_avg":
+        for p in t["pieces"]:
+            moments[file_dp[p["file"]]] += p["bytes"] // 4
 print(json.dumps({"dp": dp, "zero": zero, "rep": rep, "started_zero": start["zero"],
                   "optimizer_bytes": start["optimizer_bytes"], "ms": statistics.median(r["ms"] for r in steps[2:] or steps),
-                  "max_rss_bytes": measured["max_rss_bytes"], "writer_rss_bytes": rss[0],
-                  "others_rss_bytes": max(rss[1:]) if len(rss) > 1 else None, "shard_files": len(shards),
-                  "shard_bytes": sum(os.path.getsize(f) for f in shards), "losses": [r["loss"] for r in steps]}))
+                  "max_rss_bytes": measured["max_rss_bytes"], "rss_bytes": rss, "written_bytes": written,
+                  "moment_values": moments, "losses": [r["loss"] for r in steps]}))
 PY
     tail -n 1 "$ZERO_RESULTS"
 }
@@ -157,8 +168,9 @@ done
 ZERO_TABLE=$($PY - "$ZERO_RESULTS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-out = ["| dp | ZeRO | moments kept, MB (measured) | expected, MB | ms/step (median) | vs ZeRO 0 | peak RSS, writing rank, MB | peak RSS, other ranks (largest), MB | their saving against ZeRO 0, MB | expected saving, MB | checkpoint, MB written by the writing rank (the others: 0) |",
-       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+out = ["| dp | ZeRO | moments kept, MB (measured) | expected, MB | ms/step (median) | vs ZeRO 0 | peak RSS, rank 0, MB | its saving against ZeRO 0, MB | expected, MB | peak RSS, other ranks (largest), MB | its saving, MB | expected, MB | checkpoint written per rank, MB |",
+       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+MB = 1e6
 for dp in sorted({r["dp"] for r in rows}):
     plain = [r for r in rows if r["dp"] == dp and r["zero"] == 0]
     for zero in (0, 1):
@@ -174,21 +186,34 @@ for dp in sorted({r["dp"] for r in rows}):
         expected = 8 * (-(-elements // dp) if zero and dp > 1 else elements)
         if kept != expected:
             sys.exit(f"dp{dp} zero {zero}: {kept} bytes of moments kept, {expected} expected")
+        # Every moment written once, by one rank; without ZeRO all by rank 0.
+        values = runs[0]["moment_values"]
+        if sum(values) != sum(plain[0]["moment_values"]) or (not zero and any(values[1:])):
+            sys.exit(f"dp{dp} zero {zero}: moments written per rank {values}")
         ms = statistics.median(r["ms"] for r in runs)
         base = statistics.median(r["ms"] for r in plain)
-        others, saving, expected_saving = "-", "-", "-"
+        rss = lambda rs, d: statistics.median(r["rss_bytes"][d] for r in rs)
+        # What a rank keeps less with ZeRO-1 (T values, the moments M_d it
+        # writes): all but a dp-th of the two moments, 2 T (1 - 1/dp) fp32
+        # values, less its snapshot of the moments it writes (2 M_d; rank 0's
+        # held all 2 T beside the T parameters before), less the gather
+        # buffers of a save (2 dp chunks of at most 1M values).
+        chunk = min(-(-elements // dp), 1 << 20)
+        def expected_saving(d):
+            if not zero or dp == 1:
+                return 0
+            snapshot_before = 2 * elements if d == 0 else 0
+            return 4 * (2 * elements - 2 * (-(-elements // dp)) + snapshot_before - 2 * values[d] - 2 * dp * chunk)
+        rank0 = (rss(runs, 0), rss(plain, 0) - rss(runs, 0), expected_saving(0))
+        others = ("-", "-", "-")
         if dp > 1:
-            median_others = statistics.median(r["others_rss_bytes"] for r in runs)
-            others = "%.0f" % (median_others / 1e6)
-            saving = "%.0f" % ((statistics.median(r["others_rss_bytes"] for r in plain) - median_others) / 1e6)
-            # What a rank that does not write keeps less with ZeRO-1: all
-            # but a dp-th of the two moments, 2 x T x (1 - 1/dp) fp32 values
-            # (the shard's gradients are summed in their own place).
-            expected_saving = "%.0f" % (4 * 2 * elements * (1 - 1 / dp) / 1e6 if zero else 0)
-        out.append("| %d | %d | %.2f | %.2f | %.0f | %.2fx | %.0f | %s | %s | %s | %.2f |" % (
-            dp, zero, kept / 1e6, expected / 1e6, ms, base / ms,
-            statistics.median(r["writer_rss_bytes"] for r in runs) / 1e6, others, saving, expected_saving,
-            runs[0]["shard_bytes"] / 1e6))
+            largest = max(range(1, dp), key=lambda d: rss(runs, d))
+            before = max(rss(plain, d) for d in range(1, dp))
+            others = ("%.0f" % (rss(runs, largest) / MB), "%.0f" % ((before - rss(runs, largest)) / MB),
+                      "%.0f" % (min(expected_saving(d) for d in range(1, dp)) / MB))
+        out.append("| %d | %d | %.2f | %.2f | %.0f | %.2fx | %.0f | %.0f | %.0f | %s | %s | %s | %s |" % (
+            dp, zero, kept / MB, expected / MB, ms, base / ms, rank0[0] / MB, rank0[1] / MB, rank0[2] / MB, *others,
+            " / ".join("%.1f" % (b / MB) for b in runs[0]["written_bytes"])))
 print("\n".join(out))
 PY
 )
@@ -201,8 +226,12 @@ this machine's $(nproc) cores, each run ending with a checkpoint. "Moments kept"
 optimizer_bytes (both fp32 Adam moments of what the rank updates); expected: all of them at ZeRO 0, a dp-th
 (rounded up) with ZeRO 1; the script fails when they differ by a byte or when the losses differ from ZeRO 0's
 (1e-6). Each rank also keeps the parameters and the gradients whole (ZeRO-1 splits the optimizer state only).
-The checkpoint column is what the writing rank (the first of its data-parallel group) wrote; with ZeRO-1 the
-moments reach it from the others through all-gathers of 1M-value chunks (trainer/zero.h).
+Peak RSS is each rank's, from the stop line (\`peak_rss_bytes\`); "other ranks" the largest of them, against the
+largest at ZeRO 0. The last column is what each rank wrote (rank 0 the shard's file, rank D its data-parallel
+file, format 1.6): with ZeRO-1, the moments of the tensors whose first value lies in its shard, the parts in
+other shards reaching it through all-gathers of 1M-value chunks (trainer/zero.h). "Expected" saving: all but a
+dp-th of both moments, less the snapshot of the moments the rank writes (rank 0's held all of them before, beside
+the parameters), less the 2 x dp x 1M-value gather buffers of a save.
 
 $ZERO_TABLE
 DOC
