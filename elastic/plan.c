@@ -43,6 +43,8 @@ static const char *format_bytes(double bytes, char *out, size_t size)
 typedef struct {
     int64_t params;      /* its pieces of the parameters (padding included), the tied copy too */
     int64_t owned;       /* of those, what its checkpoint snapshot copies: all but the tied copy */
+    int64_t moments_written; /* of those, whose moments its first data-parallel rank writes (all, or with
+                                ZeRO-1 those whose first value lies in its shard: trainer/zero.h) */
     int64_t embed_piece; /* its piece of the token table, [Vp/tp, D]; 0 on a stage without one */
     int64_t vocab_local; /* Vp/tp: its columns of the logits */
 } stage_share;
@@ -59,29 +61,48 @@ static int64_t elements(const int64_t *shape, int ndim)
  * the first stage; a separate last stage keeps a copy of it for the tied
  * output projection (trainer/model.c gpt_model_create), or holds Llama's
  * untied output.weight. With fewer key/value heads than tp ranks, each
- * rank's QKV piece holds its shared heads' replicas. shares has pp entries. */
-static int stage_shares(const gpt_config *model, int tp, int pp, stage_share *shares)
+ * rank's QKV piece holds its shared heads' replicas. The trainer lays the
+ * pieces out in the catalogue's order, the tied copy where the table is
+ * (the second pass: which of them start in the first of zero_dp shards).
+ * shares has pp entries. */
+static int stage_shares(const gpt_config *model, int tp, int pp, int zero_dp, stage_share *shares)
 {
     gpt_tensor *catalog = NULL;
     int count = 0;
     TP_TRY(gpt_catalog(model, 0, &catalog, &count));
     ckpt_layout layout = {tp, pp, 1, model->layers, 1};
     memset(shares, 0, (size_t)pp * sizeof *shares);
-    for (int i = 0; i < count; i++) {
-        int64_t shape[CKPT_MAX_DIMS];
-        ckpt_piece_shape(&catalog[i].desc, tp, shape);
-        int64_t n = elements(shape, catalog[i].desc.ndim);
-        stage_share *here = &shares[ckpt_tensor_stage(&catalog[i].desc, &layout)];
-        here->params += n;
-        here->owned += n;
-        if (catalog[i].kind != GPT_TOK_EMBED) continue;
-        here->embed_piece = n;
-        shares[pp - 1].vocab_local = shape[0];
-        if (pp > 1 && !model->untied_embeddings) {
-            shares[pp - 1].params += n;
-            shares[pp - 1].embed_piece = n;
-        }
+    int64_t *at = calloc((size_t)pp, sizeof *at);
+    if (!at) {
+        free(catalog);
+        return tp_fail(TP_ERR_NOMEM, "out of memory estimating memory for tp %d pp %d", tp, pp);
     }
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < count; i++) {
+            int64_t shape[CKPT_MAX_DIMS];
+            ckpt_piece_shape(&catalog[i].desc, tp, shape);
+            int64_t n = elements(shape, catalog[i].desc.ndim);
+            int stage = ckpt_tensor_stage(&catalog[i].desc, &layout);
+            stage_share *here = &shares[stage];
+            int tied_copy = catalog[i].kind == GPT_TOK_EMBED && pp > 1 && !model->untied_embeddings;
+            if (pass == 1) {
+                int64_t shard = zero_dp > 1 ? (here->params + zero_dp - 1) / zero_dp : here->params;
+                if (at[stage] < shard) here->moments_written += n;
+                at[stage] += n;
+                if (tied_copy) at[pp - 1] += n;
+                continue;
+            }
+            here->params += n;
+            here->owned += n;
+            if (catalog[i].kind != GPT_TOK_EMBED) continue;
+            here->embed_piece = n;
+            shares[pp - 1].vocab_local = shape[0];
+            if (tied_copy) {
+                shares[pp - 1].params += n;
+                shares[pp - 1].embed_piece = n;
+            }
+        }
+    free(at);
     free(catalog);
     return TP_OK;
 }
@@ -171,7 +192,8 @@ static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, c
     out.weights = p * (int64_t)tp_dtype_size(m->dtype) + (m->dtype == TP_FP32 ? 0 : p * FP32); /* + fp32 master */
     out.gradients = p * FP32;
     out.optimizer = (zero_dp > 1 ? shard : p) * 2 * FP32; /* AdamW: two fp32 moments */
-    out.snapshot = share->owned * 3 * FP32; /* trainer/checkpoint.c: weights and both moments, replica 0 */
+    /* trainer/checkpoint.c: replica 0's weights and the moments it writes */
+    out.snapshot = (share->owned + 2 * share->moments_written) * FP32;
     /* A slot holds one chunk (of pp x V), a head the logits of one micro-batch in flight through it. */
     out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp * V, micro_batch, sp) +
                               (last ? buffers.heads * head_floats(m, tp, micro_batch, share->vocab_local, sp) : 0) +
@@ -188,7 +210,7 @@ static int memory_estimate(const gpt_config *model, int tp, int pp, int V, int64
     memset(out, 0, sizeof *out);
     stage_share *shares = calloc((size_t)pp, sizeof *shares);
     if (!shares) return tp_fail(TP_ERR_NOMEM, "out of memory estimating memory for tp %d pp %d", tp, pp);
-    int status = stage_shares(model, tp, pp, shares);
+    int status = stage_shares(model, tp, pp, zero_dp, shares);
     for (int stage = 0; !status && stage < pp; stage++) {
         elastic_memory m;
         status = stage_memory(model, tp, pp, V, stage, &shares[stage], micro_batch, grad_accum, sp, zero_dp, &m);
@@ -275,7 +297,7 @@ static int comm_bytes_per_step(const gpt_config *model, const elastic_layout *l,
     *out = 0;
     stage_share *shares = calloc((size_t)l->pp, sizeof *shares);
     if (!shares) return tp_fail(TP_ERR_NOMEM, "out of memory estimating communication for tp %d pp %d", l->tp, l->pp);
-    int status = stage_shares(model, l->tp, l->pp, shares);
+    int status = stage_shares(model, l->tp, l->pp, l->zero ? l->dp : 1, shares);
     for (int stage = 0; !status && stage < l->pp; stage++) {
         int64_t bytes = (int64_t)stage_comm_bytes(model, l, stage, &shares[stage]);
         if (bytes > *out) *out = bytes;

@@ -14,6 +14,7 @@
 #include "../../trainer/comm.h"
 #include "../../trainer/model.h"
 #include "../../trainer/schedule.h"
+#include "../../trainer/zero.h"
 #include "../support/fixture.h"
 
 static gpt_config preset(const char *name)
@@ -444,13 +445,17 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
                  TP_OK, "%s", tp_errmsg());
     cr_assert_eq(m->num_heads, m->is_last ? buffers.heads : 0);
     elastic_memory out = {0};
-    int64_t owned = 0, N = micro_batch * config->seq;
-    for (int i = 0; i < m->num_params; i++) owned += m->params[i].owner ? m->params[i].numel : 0;
+    int64_t owned = 0, moments = 0, N = micro_batch * config->seq;
+    for (int i = 0; i < m->num_params; i++) {
+        owned += m->params[i].owner ? m->params[i].numel : 0;
+        moments += m->params[i].owner && zero_moment_writer(m, &m->params[i]) == 0 ? m->params[i].numel : 0;
+    }
     /* model.h: params | grads | m | v, or with ZeRO-1 params | grads | a shard's m and v */
     out.weights = 4 * m->total;
     out.gradients = 4 * m->total;
     out.optimizer = 8 * (m->zero ? m->shard_len : m->total);
-    out.snapshot = 12 * owned; /* trainer/checkpoint.c: data, m, v of the owned views */
+    /* trainer/checkpoint.c: data of the owned views, m and v of those whose moments this rank writes */
+    out.snapshot = 4 * owned + 8 * moments;
     /* + d_output [rows, D] and, on a stage that sends gradients back, PIPELINE_GRAD_BUFFERS d_input [rows, D]
      * (trainer/train.c); Llama's rotary table [T, hd] and, with K < TP, the key/value gradients [K, 2 hd, D] */
     int64_t llama = (m->rope_cos_sin ? m->T * m->hd : 0) + (m->kv_grads ? 2 * config->kv_heads * m->hd * m->D : 0);
