@@ -119,6 +119,9 @@ static int all_gather(comm *c, comm_group group, const void *send, void *recv, i
     return status;
 }
 
+/* Values of one member's part a reduce-scatter sends at once (reduce_scatter). */
+#define REDUCE_SCATTER_PIECE ((int64_t)1 << 20)
+
 static int reduce_scatter(comm *c, comm_group group, const void *send, void *recv, int64_t count, comm_type type,
                           comm_stream stream)
 {
@@ -126,12 +129,17 @@ static int reduce_scatter(comm *c, comm_group group, const void *send, void *rec
     MPI_Comm g = group_of(c, group);
     if (g == MPI_COMM_NULL) return TP_OK; /* not a member */
     /* MPI's sum is defined on the predefined types only: large parts go in
-     * pieces of each member's part, each its own reduce-scatter. */
+     * pieces of each member's part, each its own reduce-scatter. The pieces
+     * are also what bounds the library's own buffers: Open MPI 4.1's
+     * reduce-scatter takes temporaries the size of the whole (its default
+     * for a few members sums everything on member 0, twice its size there:
+     * 154 MB of ZeRO-1's 19M gradients, what the sharded moments saved),
+     * so that no part is sent whole beyond REDUCE_SCATTER_PIECE values. */
     int members, me;
     TP_TRY(check(c, MPI_Comm_size(g, &members), "size"));
     TP_TRY(check(c, MPI_Comm_rank(g, &me), "rank"));
     size_t size = comm_type_size(type);
-    int64_t piece = part_max();
+    int64_t piece = part_max() < REDUCE_SCATTER_PIECE ? part_max() : REDUCE_SCATTER_PIECE;
     if (count <= piece && recv == (const char *)send + (size_t)me * (size_t)count * size) {
         /* In place (comm.h): MPI leaves the member's sum at the start of the
          * buffer, from where it moves to the member's own part. */
