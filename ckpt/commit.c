@@ -99,7 +99,7 @@ static int builder_dp_file(index_builder *b, int pp, int tp, int dp, const char 
     }
     ckpt_index_file *file = &b->index.files[b->index.num_files];
     memset(file, 0, sizeof *file);
-    *file = (ckpt_index_file){.pp = pp, .tp = tp, .dp = dp, .shard_tensors = -1};
+    *file = (ckpt_index_file){.pp = pp, .tp = tp, .dp = dp};
     snprintf(file->name, sizeof file->name, "%s", name);
     *at = b->index.num_files++;
     return TP_OK;
@@ -117,7 +117,6 @@ static ckpt_index_file *builder_file(index_builder *b, int f)
     ckpt_index_file *file = &b->index.files[f];
     file->pp = f / b->index.layout.tp;
     file->tp = f % b->index.layout.tp;
-    file->shard_tensors = -1;
     ckpt_shard_file_name(file->pp, file->tp, 0, file->name, sizeof file->name);
     return file;
 }
@@ -210,7 +209,7 @@ static int builder_finish(index_builder *b, const char *where)
     for (int f = 0; f < index->num_files; f++) {
         const ckpt_index_file *file = &index->files[f];
         int64_t held = found[file->pp * index->layout.tp + file->tp];
-        if (file->shard_tensors >= 0 && file->shard_tensors != held) {
+        if (file->has_shard_tensors && file->shard_tensors != held) {
             free(found);
             return tp_fail(TP_ERR_STATE,
                            "%s: the writer of %s declared %lld tensors in shard pp=%d tp=%d, its files hold %lld "
@@ -392,8 +391,8 @@ static int scan_file(scan_state *st, const char *dir)
     }
     if (!status) status = ckpt_shard_dp_read(file, &dp);
     ckpt_index_file *file_entry = (ckpt_index_file *)st->file;
-    file_entry->shard_tensors = -1;
-    if (!status && H5Aexists(file, "shard_tensors") > 0)
+    file_entry->has_shard_tensors = !status && H5Aexists(file, "shard_tensors") > 0;
+    if (file_entry->has_shard_tensors)
         status = ckpt_h5_read_i64s(file, "shard_tensors", &file_entry->shard_tensors, 1, NULL);
     if (status) status = tp_fail_context(status, "%s", path);
     else if (strcmp(format, CKPT_FORMAT_TAG) != 0 || coords[0] != st->file->pp ||

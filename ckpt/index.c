@@ -238,7 +238,7 @@ static int index_to_json(const ckpt_index *index, int partial, char **out)
         cJSON_AddNumberToObject(f, "pp", index->files[i].pp);
         cJSON_AddNumberToObject(f, "tp", index->files[i].tp);
         if (index->files[i].dp > 0) cJSON_AddNumberToObject(f, "dp", index->files[i].dp); /* format 1.6 */
-        if (partial && index->files[i].shard_tensors >= 0)
+        if (partial && index->files[i].has_shard_tensors)
             cJSON_AddNumberToObject(f, "shard_tensors", (double)index->files[i].shard_tensors);
         cJSON_AddNumberToObject(f, "bytes", (double)index->files[i].bytes);
         if (index->files[i].has_meta_checksum) {
@@ -627,9 +627,8 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
         file->pp = (int)get_int(&ctx, f, "pp", 0, out->layout.pp - 1);
         file->tp = (int)get_int(&ctx, f, "tp", 0, out->layout.tp - 1);
         if (cJSON_GetObjectItemCaseSensitive(f, "dp")) file->dp = (int)get_int(&ctx, f, "dp", 1, out->layout.dp - 1);
-        file->shard_tensors = -1;
-        if (partial && cJSON_GetObjectItemCaseSensitive(f, "shard_tensors"))
-            file->shard_tensors = get_int(&ctx, f, "shard_tensors", 0, (int64_t)1 << 40);
+        file->has_shard_tensors = partial && cJSON_GetObjectItemCaseSensitive(f, "shard_tensors");
+        if (file->has_shard_tensors) file->shard_tensors = get_int(&ctx, f, "shard_tensors", 0, (int64_t)1 << 40);
         file->bytes = get_int(&ctx, f, "bytes", 0, (int64_t)1 << 52);
         if (cJSON_GetObjectItemCaseSensitive(f, "meta_checksum")) {
             const char *hex = get_string(&ctx, f, "meta_checksum", 16);

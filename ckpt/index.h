@@ -49,7 +49,8 @@ typedef struct {
     uint64_t meta_checksum; /* XXH3 of the bytes outside the pieces' extents */
     /* Building an index (commit.c, and parts of one): the tensors with pieces
      * in this file's shard, as its writer declared them (the file's
-     * attribute shard_tensors, format 1.6); -1 when not known. */
+     * attribute shard_tensors, format 1.6), when has_shard_tensors. */
+    int has_shard_tensors;
     int64_t shard_tensors;
 } ckpt_index_file;
 
