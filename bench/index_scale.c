@@ -502,6 +502,8 @@ int main(int argc, char **argv)
     }
     if (status) {
         fprintf(stderr, "index_scale: %s\n", tp_errmsg());
+        free(text);
+        ckpt_index_free(&index);
         return 1;
     }
     request_counts rq;
