@@ -237,6 +237,24 @@ def check_metadata(ckpt, index, problems):
                             f"{entry['meta_checksum']}")
 
 
+def check_shard_tensors(ckpt, index, problems):
+    """Format 1.6: each file's shard_tensors, where written, is the number of
+    tensors with a piece in its shard, whichever of the shard's files holds it."""
+    held = {}
+    for tensor in index["tensors"]:
+        for piece in tensor["pieces"]:
+            shard = (tensor["stage"], piece["tp"])
+            held[shard] = held.get(shard, 0) + 1
+    for entry in index["files"]:
+        with h5py.File(os.path.join(ckpt, entry["name"]), "r") as f:
+            if "shard_tensors" not in f.attrs:
+                continue
+            declared = attr_int(f.attrs["shard_tensors"])
+        if declared != held.get((entry["pp"], entry["tp"]), 0):
+            problems.append(f"{entry['name']}: shard_tensors {declared}, its shard's files hold "
+                            f"{held.get((entry['pp'], entry['tp']), 0)}")
+
+
 def read_logical(ckpt, index, tensor, files, problems):
     """Checks every piece of a tensor and merges it: (logical values as
     float32, logical raw bits), or None after a problem."""
@@ -326,6 +344,7 @@ def main(argv):
         for p in problems:
             print("check_h5py: " + p)
         return 1
+    check_shard_tensors(ckpt, index, problems)
     if other:
         names = {t["name"] for t in index["tensors"]}
         other_names = {t["name"] for t in other[1]["tensors"]}
