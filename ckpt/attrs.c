@@ -102,8 +102,7 @@ int ckpt_attrs_read(hid_t dset, ckpt_piece_attrs *a, int with_checksum)
             status = ckpt_h5_read_i64s(dset, "pad_multiple", &d.partition.pad_multiple, 1, NULL);
         /* Format 1.4, written only when set. */
         int64_t replicate = 0;
-        if (!status && H5Aexists(dset, "replicate_small_segments") > 0)
-            status = ckpt_h5_read_i64s(dset, "replicate_small_segments", &replicate, 1, NULL);
+        if (!status) status = ckpt_h5_read_optional_i64(dset, "replicate_small_segments", &replicate, NULL);
         if (!status && replicate != 0 && replicate != 1)
             status = tp_fail(TP_ERR_FORMAT, "attribute replicate_small_segments is %lld, not 0 or 1", (long long)replicate);
         d.partition.replicate_small_segments = (int)replicate;
@@ -156,12 +155,6 @@ int ckpt_shard_layout_write(hid_t file, const ckpt_layout *layout)
     return status;
 }
 
-int ckpt_shard_dp_read(hid_t file, int64_t *dp)
-{
-    *dp = 0;
-    return H5Aexists(file, "shard_dp") > 0 ? ckpt_h5_read_i64s(file, "shard_dp", dp, 1, NULL) : TP_OK;
-}
-
 int ckpt_shard_layout_check(hid_t file, const ckpt_layout *layout, const char *path)
 {
     int64_t degrees[3] = {0, 0, 0}, layers = -1, chunks = 1;
@@ -169,8 +162,7 @@ int ckpt_shard_layout_check(hid_t file, const ckpt_layout *layout, const char *p
     int status = ckpt_h5_read_i64s(file, "layout_tp_pp_dp", degrees, 3, &n);
     if (!status && n != 3) status = tp_fail(TP_ERR_FORMAT, "attribute layout_tp_pp_dp: expected 3 integers");
     if (!status) status = ckpt_h5_read_i64s(file, "num_layers", &layers, 1, NULL);
-    if (!status && H5Aexists(file, "layout_virtual_stages") > 0)
-        status = ckpt_h5_read_i64s(file, "layout_virtual_stages", &chunks, 1, NULL);
+    if (!status) status = ckpt_h5_read_optional_i64(file, "layout_virtual_stages", &chunks, NULL);
     if (status) return tp_fail_context(TP_ERR_FORMAT, "%s", path);
     if (degrees[0] == layout->tp && degrees[1] == layout->pp && layers == layout->num_layers &&
         chunks == ckpt_layout_chunks(layout))

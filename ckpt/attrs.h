@@ -24,9 +24,6 @@ int ckpt_attrs_read(hid_t dset, ckpt_piece_attrs *attrs, int with_checksum);
  * recorded only), naming the file. */
 int ckpt_shard_layout_write(hid_t file, const ckpt_layout *layout);
 int ckpt_shard_layout_check(hid_t file, const ckpt_layout *layout, const char *path);
-/* A shard file's data-parallel number (format 1.6): its attribute shard_dp,
- * written only in data-parallel files; 0 when absent (the shard's file). */
-int ckpt_shard_dp_read(hid_t file, int64_t *dp);
 
 /* "tp=2 pp=2 layers=8", with " virtual_stages=2" when several: how
  * messages name a layout. */

@@ -61,6 +61,7 @@ typedef struct {
     ckpt_name_map names;
     int capacity;
     int files_capacity; /* the shards' files first (tp x pp), then data-parallel files (format 1.6) */
+    ckpt_name_map dp_file_names; /* the data-parallel files' names: each once */
 } index_builder;
 
 static int builder_init(index_builder *b, const ckpt_layout *layout, const ckpt_train_state *state)
@@ -87,9 +88,8 @@ static int builder_dp_file(index_builder *b, int pp, int tp, int dp, const char 
     if (pp >= layout->pp || tp >= layout->tp || dp >= layout->dp)
         return tp_fail(TP_ERR_FORMAT, "%s: %s is not a file of layout tp=%d pp=%d dp=%d", where, name, layout->tp,
                        layout->pp, layout->dp);
-    for (int f = layout->tp * layout->pp; f < b->index.num_files; f++)
-        if (strcmp(b->index.files[f].name, name) == 0)
-            return tp_fail(TP_ERR_FORMAT, "%s: %s is described twice", where, name);
+    if (ckpt_name_map_find(&b->dp_file_names, name, ckpt_index_file_name_of, &b->index) >= 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: %s is described twice", where, name);
     if (b->index.num_files == b->files_capacity) {
         int capacity = 2 * b->files_capacity;
         ckpt_index_file *grown = realloc(b->index.files, (size_t)capacity * sizeof *grown);
@@ -98,9 +98,9 @@ static int builder_dp_file(index_builder *b, int pp, int tp, int dp, const char 
         b->files_capacity = capacity;
     }
     ckpt_index_file *file = &b->index.files[b->index.num_files];
-    memset(file, 0, sizeof *file);
     *file = (ckpt_index_file){.pp = pp, .tp = tp, .dp = dp};
     snprintf(file->name, sizeof file->name, "%s", name);
+    TP_TRY(ckpt_name_map_insert(&b->dp_file_names, file->name, b->index.num_files, ckpt_index_file_name_of, &b->index));
     *at = b->index.num_files++;
     return TP_OK;
 }
@@ -108,6 +108,7 @@ static int builder_dp_file(index_builder *b, int pp, int tp, int dp, const char 
 static void builder_free(index_builder *b)
 {
     ckpt_name_map_free(&b->names);
+    ckpt_name_map_free(&b->dp_file_names);
     ckpt_index_free(&b->index);
 }
 
@@ -381,7 +382,7 @@ static int scan_file(scan_state *st, const char *dir)
     hid_t file = fapl >= 0 ? H5Fopen(path, H5F_ACC_RDONLY, fapl) : -1;
     if (fapl >= 0) H5Pclose(fapl);
     if (file < 0) return ckpt_fail_hdf5("%s: cannot open shard file", path);
-    int64_t complete = 0, coords[2] = {-1, -1}, dp = -1;
+    int64_t complete = 0, coords[2] = {-1, -1}, dp = 0; /* shard_dp: 1.6 data-parallel files only */
     char format[64];
     status = ckpt_h5_read_string(file, "format", format, sizeof format);
     if (!status) status = ckpt_h5_read_i64s(file, "complete", &complete, 1, NULL);
@@ -389,11 +390,11 @@ static int scan_file(scan_state *st, const char *dir)
         int n = 0;
         status = ckpt_h5_read_i64s(file, "shard_pp_tp", coords, 2, &n);
     }
-    if (!status) status = ckpt_shard_dp_read(file, &dp);
+    if (!status) status = ckpt_h5_read_optional_i64(file, "shard_dp", &dp, NULL);
     ckpt_index_file *file_entry = (ckpt_index_file *)st->file;
-    file_entry->has_shard_tensors = !status && H5Aexists(file, "shard_tensors") > 0;
-    if (file_entry->has_shard_tensors)
-        status = ckpt_h5_read_i64s(file, "shard_tensors", &file_entry->shard_tensors, 1, NULL);
+    file_entry->has_shard_tensors = 0;
+    if (!status)
+        status = ckpt_h5_read_optional_i64(file, "shard_tensors", &file_entry->shard_tensors, &file_entry->has_shard_tensors);
     if (status) status = tp_fail_context(status, "%s", path);
     else if (strcmp(format, CKPT_FORMAT_TAG) != 0 || coords[0] != st->file->pp ||
              coords[1] != st->file->tp || dp != st->file->dp)

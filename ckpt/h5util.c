@@ -189,6 +189,13 @@ int ckpt_h5_read_i64s(hid_t obj, const char *name, int64_t *values, int max_coun
     return status;
 }
 
+int ckpt_h5_read_optional_i64(hid_t obj, const char *name, int64_t *value, int *present)
+{
+    int there = H5Aexists(obj, name) > 0;
+    if (present) *present = there;
+    return there ? ckpt_h5_read_i64s(obj, name, value, 1, NULL) : TP_OK;
+}
+
 int ckpt_h5_read_u64(hid_t obj, const char *name, uint64_t *value)
 {
     hid_t attr = H5Aopen(obj, name, H5P_DEFAULT);

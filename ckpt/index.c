@@ -291,7 +291,7 @@ typedef struct {
                               files took 13 s to parse) */
 } parse_ctx;
 
-static const char *file_name_of(const void *ctx, int64_t i)
+const char *ckpt_index_file_name_of(const void *ctx, int64_t i)
 {
     const ckpt_index *index = ctx;
     return index->files[i].name;
@@ -300,7 +300,7 @@ static const char *file_name_of(const void *ctx, int64_t i)
 /* The place in 'files' of the file named `name`, or -1. */
 static int listed_file(const parse_ctx *ctx, const ckpt_index *index, const char *name)
 {
-    return (int)ckpt_name_map_find(&ctx->file_at, name, file_name_of, index);
+    return (int)ckpt_name_map_find(&ctx->file_at, name, ckpt_index_file_name_of, index);
 }
 
 static void parse_error(parse_ctx *ctx, const char *field, const char *expected)
@@ -640,7 +640,7 @@ static int parse_index(const char *text, const char *where, int partial, ckpt_in
         ckpt_shard_file_name(file->pp, file->tp, file->dp, expect, sizeof expect);
         if (!ctx.status && strcmp(expect, file->name) != 0) parse_error(&ctx, "name", expect);
         if (ctx.status) goto done;
-        int status = ckpt_name_map_insert(&ctx.file_at, file->name, out->num_files, file_name_of, out);
+        int status = ckpt_name_map_insert(&ctx.file_at, file->name, out->num_files, ckpt_index_file_name_of, out);
         if (status == TP_ERR_ARG) parse_error(&ctx, "name", "a file listed once");
         else if (status) ctx.status = status;
         if (ctx.status) goto done;

@@ -64,6 +64,9 @@ typedef struct {
     ckpt_index_tensor *tensors;
 } ckpt_index;
 
+/* The name of file i of an index (ctx): a ckpt_name_map's key (namemap.h). */
+const char *ckpt_index_file_name_of(const void *index, int64_t i);
+
 /* Serializes the index; *out is malloc'ed, NUL-terminated. */
 int ckpt_index_to_json(const ckpt_index *index, char **out);
 

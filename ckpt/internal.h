@@ -120,6 +120,10 @@ int ckpt_h5_write_i64s(hid_t obj, const char *name, const int64_t *values, int c
 int ckpt_h5_write_u64(hid_t obj, const char *name, uint64_t value);
 int ckpt_h5_read_string(hid_t obj, const char *name, char *out, size_t out_size);
 int ckpt_h5_read_i64s(hid_t obj, const char *name, int64_t *values, int max_count, int *count);
+/* An attribute of one integer that later format versions added and writers
+ * may leave out: *value read when it is there (left as it is otherwise),
+ * *present (may be NULL) says which. */
+int ckpt_h5_read_optional_i64(hid_t obj, const char *name, int64_t *value, int *present);
 int ckpt_h5_read_u64(hid_t obj, const char *name, uint64_t *value);
 hid_t ckpt_h5_file_access(void); /* property list: alignment, libver, no file locking */
 

@@ -339,7 +339,7 @@ static int open_file_once(ckpt_reader *r, int f)
     hid_t file = fapl >= 0 ? H5Fopen(fr->path, H5F_ACC_RDONLY, fapl) : -1;
     if (fapl >= 0) H5Pclose(fapl);
     if (file < 0) return ckpt_fail_hdf5("%s: cannot open shard file (damaged?)", fr->path);
-    int64_t version[2] = {0, 0}, coords[2] = {-1, -1}, complete = 0, dp = -1;
+    int64_t version[2] = {0, 0}, coords[2] = {-1, -1}, complete = 0, dp = 0; /* shard_dp: 1.6 data-parallel files only */
     int n = 0;
     /* A file whose metadata matched the index's checksum is the one the
      * commit scanned (links included); older ones are checked here. Only
@@ -348,7 +348,7 @@ static int open_file_once(ckpt_reader *r, int f)
     int status = ckpt_h5_read_i64s(file, "format_version", version, 2, &n);
     if (!status) status = ckpt_h5_read_i64s(file, "shard_pp_tp", coords, 2, &n);
     if (!status) status = ckpt_h5_read_i64s(file, "complete", &complete, 1, NULL);
-    if (!status) status = ckpt_shard_dp_read(file, &dp);
+    if (!status) status = ckpt_h5_read_optional_i64(file, "shard_dp", &dp, NULL);
     if (status) status = tp_fail_context(TP_ERR_FORMAT, "%s", fr->path);
     else if (version[0] > CKPT_FORMAT_MAJOR)
         status = tp_fail(TP_ERR_VERSION,

@@ -235,10 +235,9 @@ double saver_take_stall_seconds(saver *s)
 static int take_snapshot(saver *s)
 {
     const gpt_model *m = s->model;
-    size_t bytes;
     for (int i = 0; i < m->num_params; i++) {
         const param_view *v = &m->params[i];
-        bytes = (size_t)v->numel * sizeof(float);
+        size_t bytes = (size_t)v->numel * sizeof(float);
         if (s->param_at[i] >= 0)
             TP_TRY(m->kernels->to_host_background(s->snapshot + s->param_at[i], s->dump_grads ? v->grad : v->data, bytes));
         if (s->moment_at[i] < 0 || !v->m) continue; /* ZeRO-1's moments: saver_start placed them (zero_gather_moments) */
