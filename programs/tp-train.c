@@ -45,7 +45,9 @@ static const char *usage_text =
     "optimizer: --steps N (100) --lr X (3e-4) --min-lr X (lr/10) --warmup N (steps/10)\n"
     "           --weight-decay X (0.1) --clip X (1.0) --seed N (1337)\n"
     "           --zero 1: ZeRO-1, the Adam moments split over the data-parallel ranks (each keeps 1/D of\n"
-    "           them; gradients reduce-scattered, parameters all-gathered); checkpoints as without it\n"
+    "           them; gradients reduce-scattered, parameters all-gathered); --zero 3: ZeRO-3 (FSDP), the\n"
+    "           parameters and gradients split as well, each layer's gathered when used and let go after;\n"
+    "           each rank writes its part of checkpoints, which resume at any layout, with or without it\n"
     "data:      --data FILE|GLOB              token files (docs/DATA.md); default: synthetic data\n"
     "checkpoints: --ckpt-dir DIR|URL --ckpt-every N --resume [--sync-save] [--stop-at N] [--ckpt-cache DIR]\n"
     "           written asynchronously; SIGTERM or SIGUSR1 (or --stop-at): finish the step,\n"
@@ -346,11 +348,12 @@ static void log_start(reporter *p, const train_report *r)
     fprintf(p->log,
             "{\"event\":\"start\",\"step\":%lld,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batch\":%lld,"
             "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"device\":%s,\"dtype\":\"%s\","
-            "\"sequence_parallel\":%s,\"virtual_stages\":%d,\"zero\":%d,\"optimizer_bytes\":%lld,\"activation_bytes\":%lld,\"resumed_from\":%s,"
+            "\"sequence_parallel\":%s,\"virtual_stages\":%d,\"zero\":%d,\"optimizer_bytes\":%lld,\"parameter_bytes\":%lld,\"activation_bytes\":%lld,\"resumed_from\":%s,"
             "\"load_seconds\":%.3f,\"startup_seconds\":%.3f,\"time\":%.6f}\n",
             (long long)r->step - 1, p->c->tp, p->c->pp, p->c->dp, (long long)o->micro_batch, (long long)o->grad_accum,
             (long long)r->global_batch, p->c->world, device, o->bf16 ? "bf16" : "fp32",
-            o->sequence_parallel ? "true" : "false", o->virtual_stages, o->zero, (long long)r->optimizer_bytes, (long long)r->bytes,
+            o->sequence_parallel ? "true" : "false", o->virtual_stages, o->zero, (long long)r->optimizer_bytes, (long long)r->parameter_bytes,
+            (long long)r->bytes,
             from,
             p->resumed ? p->load_seconds : 0.0,
             now_seconds() - p->started, unix_seconds());
@@ -572,7 +575,10 @@ int main(int argc, char **argv)
         case O_QUIET: quiet = 1; break;
         case O_STOP: o.stop_at = cli_int("tp-train", "--stop-at", optarg, 1, (int64_t)1 << 40); break;
         case O_SP: o.sequence_parallel = 1; break;
-        case O_ZERO: o.zero = (int)cli_int("tp-train", "--zero", optarg, 0, 1); break;
+        case O_ZERO:
+            o.zero = (int)cli_int("tp-train", "--zero", optarg, 0, 3);
+            if (o.zero == 2) die_usage("--zero 2 (gradients split, parameters whole) is not offered: --zero 1 or 3");
+            break;
         case O_VS: o.virtual_stages = (int)cli_int("tp-train", "--virtual-stages", optarg, 1, 4096); break;
         case O_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))

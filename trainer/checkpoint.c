@@ -65,8 +65,9 @@ struct saver {
     int dump_grads;
     tensor_map map;
     /* What this rank writes, of each view it owns (param_view's owner): the
-     * parameter (or gradient), the first rank of its data-parallel group;
-     * the moments, the rank zero_moment_writer names. Their offsets in the
+     * parameter (or gradient), the first rank of its data-parallel group
+     * (ZeRO-3: the rank zero_writer names); the moments, the rank
+     * zero_writer names. Their offsets in the
      * snapshot, -1 where another rank writes them; and per catalogue entry,
      * whether this rank's file holds its pieces of this rank's shard. */
     int64_t *param_at, *moment_at;
@@ -142,8 +143,8 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
         saver_free(s);
         return status;
     }
-    /* The first rank writes every parameter and, without ZeRO, every moment:
-     * all its shard's pieces. */
+    /* The first rank writes every parameter (but with ZeRO-3) and, without
+     * a sharded optimizer, every moment: all its shard's pieces. */
     int dp_rank = m->comm->dp_rank;
     memset(s->here, dp_rank == 0, (size_t)s->map.count);
     for (int i = 0; i < m->num_params; i++) {
@@ -151,12 +152,13 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
         const view_entries *e = &s->map.entries[i];
         s->param_at[i] = s->moment_at[i] = -1;
         if (!v->owner) continue;
-        if (dp_rank == 0) {
+        int writes = zero_writer(m, v) == dp_rank;
+        if (m->zero == 3 ? writes : dp_rank == 0) {
             s->param_at[i] = s->snapshot_floats;
             s->snapshot_floats += v->numel;
         }
+        s->here[e->param] = (char)(s->param_at[i] >= 0);
         if (dump_grads) continue;
-        int writes = zero_moment_writer(m, v) == dp_rank;
         s->here[e->exp_avg] = s->here[e->exp_avg_sq] = (char)writes;
         if (writes) {
             s->moment_at[i] = s->snapshot_floats;
@@ -238,9 +240,10 @@ static int take_snapshot(saver *s)
     for (int i = 0; i < m->num_params; i++) {
         const param_view *v = &m->params[i];
         size_t bytes = (size_t)v->numel * sizeof(float);
-        if (s->param_at[i] >= 0)
+        /* A sharded optimizer's state: saver_start placed it (zero_gather_state). */
+        if (s->param_at[i] >= 0 && m->zero != 3)
             TP_TRY(m->kernels->to_host_background(s->snapshot + s->param_at[i], s->dump_grads ? v->grad : v->data, bytes));
-        if (s->moment_at[i] < 0 || !v->m) continue; /* ZeRO-1's moments: saver_start placed them (zero_gather_moments) */
+        if (s->moment_at[i] < 0 || !v->m) continue;
         TP_TRY(m->kernels->to_host_background(s->snapshot + s->moment_at[i], v->m, bytes));
         TP_TRY(m->kernels->to_host_background(s->snapshot + s->moment_at[i] + v->numel, v->v, bytes));
     }
@@ -522,9 +525,12 @@ int saver_start(saver *s, const char *path, const char *url, const save_state *s
         if (staged) return tp_fail_context(staged, "checkpoint %s", s->url[0] ? s->url : path);
         return tp_fail(TP_ERR_STATE, "checkpoint %s: another rank cannot stage it", s->url[0] ? s->url : path);
     }
-    /* ZeRO-1: the moments of every shard into their writers' snapshots, now
+    /* A sharded optimizer: the moments (ZeRO-3: and parameters, or
+     * gradients) of every shard into their writers' snapshots, now
      * (collective; the writer's thread must not communicate). */
-    if (!s->dump_grads) TP_TRY(zero_gather_moments(m, s->snapshot, s->snapshot ? s->moment_at : NULL));
+    int sharded = s->dump_grads ? ZERO_GRADS : ZERO_PARAMS | ZERO_MOMENTS;
+    TP_TRY(zero_gather_state(m, sharded, s->snapshot, s->snapshot ? s->param_at : NULL,
+                             s->snapshot ? s->moment_at : NULL));
     s->status = TP_OK;
     s->upload_failed = 0;
     atomic_store(&s->done, 1);
@@ -578,10 +584,11 @@ static int read_view(const gpt_model *m, ckpt_reader *r, const char *name, const
 }
 
 /* Loads the views of map (with the moments when it has them) from the
- * checkpoint at path, whose index.json rank 0 read (index_text). With
- * ZeRO-1 the moments go to `moments` (host, [2, total]: zero.h) instead. */
-static int load_one(gpt_model *m, const char *path, const char *index_text, const tensor_map *map, float *moments,
-                    load_result *out)
+ * checkpoint at path, whose index.json rank 0 read (index_text). With a
+ * sharded optimizer the moments go to `moments` (host, [2, total]: zero.h)
+ * instead, and with ZeRO-3 the parameters to `params` (host, [total]). */
+static int load_one(gpt_model *m, const char *path, const char *index_text, const tensor_map *map, float *params,
+                    float *moments, load_result *out)
 {
     /* Only the first data-parallel replica reads; share_over_replicas hands
      * its values to the others (a store sees each piece read once, not dp
@@ -613,14 +620,14 @@ static int load_one(gpt_model *m, const char *path, const char *index_text, cons
         param_view *v = &m->params[i];
         const view_entries *e = &map->entries[i];
         int absent;
-        status = read_view(m, r, v->spec->name, &v->spec->desc, v->piece, v->data, 0, v->numel, &absent);
+        status = read_view(m, r, v->spec->name, &v->spec->desc, v->piece, params ? params + v->flat : v->data,
+                           params != NULL, v->numel, &absent);
         if (!status && absent) status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s missing", path, v->spec->name);
         const int moment_ids[2] = {e->exp_avg, e->exp_avg_sq};
         float *values[2] = {v->m, v->v};
         if (m->zero) {
-            int64_t at = v->data - m->memory;
-            values[0] = moments ? moments + at : NULL;
-            values[1] = moments ? moments + m->total + at : NULL;
+            values[0] = moments ? moments + v->flat : NULL;
+            values[1] = moments ? moments + m->total + v->flat : NULL;
         }
         for (int k = 0; k < 2 && !status; k++) {
             if (moment_ids[k] < 0 || !values[k]) { /* not asked for */
@@ -648,12 +655,16 @@ static int load_one(gpt_model *m, const char *path, const char *index_text, cons
 
 /* After the first replica loaded a checkpoint: its parameters (and
  * moments) to every replica, over each data-parallel group (a sum with the
- * others' zeros; ZeRO-1's moments, from `moments`, to their shards), and
- * what it learnt of the checkpoint to every rank. Collective. */
-static int share_over_replicas(gpt_model *m, int with_optimizer, const float *moments, load_result *out)
+ * others' zeros; a sharded optimizer's moments, from `moments`, and
+ * ZeRO-3's parameters, from `params`, to their shards), and what it learnt
+ * of the checkpoint to every rank. Collective. */
+static int share_over_replicas(gpt_model *m, int with_optimizer, const float *params, const float *moments,
+                               load_result *out)
 {
     comm *c = m->comm;
-    if (c->dp > 1) {
+    if (m->zero == 3) {
+        TP_TRY(zero_scatter_state(m, ZERO_PARAMS | (with_optimizer ? ZERO_MOMENTS : 0), params, moments));
+    } else if (c->dp > 1) {
         size_t bytes = (size_t)m->total * sizeof(float);
         int moments_in_memory = with_optimizer && !m->zero;
         if (c->dp_rank != 0) {
@@ -663,7 +674,7 @@ static int share_over_replicas(gpt_model *m, int with_optimizer, const float *mo
         TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory, m->total, COMM_FLOAT, COMM_SUM, m->stream));
         if (moments_in_memory)
             TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + 2 * m->total, 2 * m->total, COMM_FLOAT, COMM_SUM, m->stream));
-        if (with_optimizer) TP_TRY(zero_scatter_moments(m, moments));
+        if (with_optimizer) TP_TRY(zero_scatter_state(m, ZERO_MOMENTS, NULL, moments));
     }
     return comm_broadcast(c, out, (int64_t)sizeof *out, 0, COMM_HOST); /* rank 0 read it */
 }
@@ -738,16 +749,21 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
     ckpt_candidate *list = NULL;
     tensor_map map;
     int n = 0;
-    float *moments = NULL; /* ZeRO-1: the first replica reads the moments here (zero.h) */
+    /* A sharded optimizer: the first replica reads the moments here, and
+     * with ZeRO-3 the parameters (zero.h). */
+    float *params = NULL, *moments = NULL;
     int status = shared_candidates(c, dir, &list, &n);
     if (!status) status = tensor_map_create(&map, m, with_optimizer);
     else memset(&map, 0, sizeof map);
     if (!status && m->zero && with_optimizer && c->dp_rank == 0 &&
         !(moments = calloc((size_t)(2 * m->total), sizeof *moments)))
         status = tp_fail(TP_ERR_NOMEM, "out of memory for the moments of %lld parameters", (long long)m->total);
+    if (!status && m->zero == 3 && c->dp_rank == 0 && !(params = calloc((size_t)m->total, sizeof *params)))
+        status = tp_fail(TP_ERR_NOMEM, "out of memory for %lld parameters", (long long)m->total);
     status = comm_agree(c, status, dir);
     if (status) {
         free(list);
+        free(params);
         free(moments);
         tensor_map_free(&map);
         return status;
@@ -758,13 +774,13 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         int failed = 0;
         status = shared_index_text(c, list[k].path, &index_text, &failed);
         if (status) break;
-        if (!failed) failed = load_one(m, list[k].path, index_text, &map, moments, out);
+        if (!failed) failed = load_one(m, list[k].path, index_text, &map, params, moments, out);
         free(index_text);
         if (failed) snprintf(message, sizeof message, "%s", tp_errmsg());
         int any_failed;
         status = comm_first_failure(c, failed, message, sizeof message, &any_failed);
         if (!status && !any_failed) {
-            status = share_over_replicas(m, with_optimizer, moments, out);
+            status = share_over_replicas(m, with_optimizer, params, moments, out);
             int optimizer = out->optimizer_loaded ? 0 : 1, missing;
             if (!status) status = comm_any(c, optimizer, &missing);
             out->optimizer_loaded = !missing;
@@ -784,6 +800,7 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         }
     }
     free(list);
+    free(params);
     free(moments);
     tensor_map_free(&map);
     return status;

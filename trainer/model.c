@@ -32,6 +32,7 @@
 #include "../common/parallel.h"
 #include "../kernels/kernels.h"
 #include "model.h"
+#include "zero.h"
 
 /* ------------------------------------------------------------ initialization */
 
@@ -62,7 +63,7 @@ typedef struct {
 
 typedef struct {
     const gpt_model *model;
-    float *initial; /* the parameters' values, laid out as m->memory's first quarter */
+    float *initial; /* the values of the views' flattened parameters from `base` on (model.h zero_unit) */
     const int64_t *offsets; /* of each view in `initial` */
     uint64_t seed;
     const init_task *tasks;
@@ -86,14 +87,15 @@ static int init_share(void *ctx, int64_t k, int thread)
  * the largest tensor (the token table) spreads over every thread. */
 #define INIT_SHARE_ELEMENTS (1 << 20)
 
-/* The initial values of every parameter view, on all of the machine's
- * threads: a one-time cost before the first step (124M elements take
- * about 0.8 s on one core), the same values at any thread count. */
-static int init_values(const gpt_model *m, float *initial, uint64_t seed)
+/* The initial values of views [first, first + views), into `initial` at
+ * their flat places less `base`, on all of the machine's threads: a
+ * one-time cost before the first step (124M elements take about 0.8 s on
+ * one core), the same values at any thread count. */
+static int init_values(const gpt_model *m, float *initial, uint64_t seed, int first, int views, int64_t base)
 {
     int64_t *offsets = calloc((size_t)m->num_params + 1, sizeof *offsets);
-    int64_t count = 0, offset = 0;
-    for (int i = 0; i < m->num_params; i++) {
+    int64_t count = 0;
+    for (int i = first; i < first + views; i++) {
         const param_view *v = &m->params[i];
         int64_t row_elements = v->numel / v->shape[0], rows = INIT_SHARE_ELEMENTS / row_elements + 1;
         count += (v->shape[0] + rows - 1) / rows;
@@ -105,10 +107,9 @@ static int init_values(const gpt_model *m, float *initial, uint64_t seed)
         return tp_fail(TP_ERR_NOMEM, "out of memory");
     }
     count = 0;
-    for (int i = 0; i < m->num_params; i++) {
+    for (int i = first; i < first + views; i++) {
         const param_view *v = &m->params[i];
-        offsets[i] = offset;
-        offset += v->numel;
+        offsets[i] = v->flat - base;
         int64_t row_elements = v->numel / v->shape[0], rows = INIT_SHARE_ELEMENTS / row_elements + 1;
         for (int64_t r = 0; r < v->shape[0]; r += rows)
             tasks[count++] = (init_task){i, r, r + rows < v->shape[0] ? r + rows : v->shape[0]};
@@ -150,40 +151,52 @@ void gpt_model_free(gpt_model *m)
     k->release(m->scratch);
     k->release(m->gathered);
     k->release(m->memory);
+    free(m->units);
     free(m->layer);
     free(m->catalog);
     free(m->params);
     free(m);
 }
 
-/* The parameters' memory (m->memory, zero as alloc gives it) and every view's place in it:
- * params | grads | m | v, each m->total; with ZeRO-1 (zero, dp > 1; model.h)
- * the parameters padded to dp equal shards, then params | grads | this
- * rank's shard of m and v (the summed gradients of the shard are summed in
- * place, in the gradients' own region). Laid out once, at its
- * final size: ZeRO-1 is for a model whose whole moments do not fit. */
+/* The parameters' memory (m->memory, zero as alloc gives it) after their
+ * units (zero_lay_out), and every view's place in it (model.h): params |
+ * grads | m | v, each m->total; with ZeRO-1 params | grads | this rank's
+ * shard of m and v (the summed gradients of the shard are summed in place,
+ * in the gradients' own region); with ZeRO-3 this rank's shard of params,
+ * grads, m and v, then the work area (params | grads of the units of one
+ * use, a piece of summed gradients). Laid out once, at its final size: a
+ * sharded optimizer is for a model whose whole state does not fit. */
 static int lay_out_memory(gpt_model *m, int zero)
 {
-    int dp = m->comm->dp;
-    if (zero && dp > 1) {
-        m->zero = 1;
-        m->shard_len = (m->total + dp - 1) / dp;
-        m->total = m->shard_len * dp;
-        m->shard_first = m->comm->dp_rank * m->shard_len;
-    }
-    int64_t floats = m->zero ? 2 * m->total + 2 * m->shard_len : 4 * m->total;
+    TP_TRY(zero_lay_out(m, zero));
+    int64_t S = m->shard_len, W = m->work_floats, dp = m->comm->dp;
+    int64_t floats = m->zero == 3 ? 4 * S + 2 * W + W / dp : m->zero ? 2 * m->total + 2 * S : 4 * m->total;
     TP_TRY(m->kernels->alloc((void **)&m->memory, (size_t)floats * sizeof(float)));
-    int64_t offset = 0;
+    if (m->zero == 3) {
+        /* Views point into the work area while gathered only (zero_gather_use). */
+        m->shard_params = m->memory;
+        m->shard_grads = m->memory + S;
+        m->shard_m = m->memory + 2 * S;
+        m->shard_v = m->memory + 3 * S;
+        m->work_params = m->memory + 4 * S;
+        m->work_grads = m->work_params + W;
+        m->work_sum = m->work_grads + W;
+        return TP_OK;
+    }
     for (int i = 0; i < m->num_params; i++) {
         param_view *v = &m->params[i];
-        v->data = m->memory + offset;
-        v->grad = m->memory + m->total + offset;
-        v->m = m->zero ? NULL : m->memory + 2 * m->total + offset;
-        v->v = m->zero ? NULL : m->memory + 3 * m->total + offset;
-        offset += v->numel;
+        v->data = m->memory + v->flat;
+        v->grad = m->memory + m->total + v->flat;
+        v->m = m->zero ? NULL : m->memory + 2 * m->total + v->flat;
+        v->v = m->zero ? NULL : m->memory + 3 * m->total + v->flat;
     }
-    m->shard_m = m->zero ? m->memory + 2 * m->total : NULL;
-    m->shard_v = m->zero ? m->shard_m + m->shard_len : NULL;
+    if (m->zero) { /* one unit: this rank's piece of it is a range of the whole */
+        int64_t mine = m->comm->dp_rank * S;
+        m->shard_params = m->memory + mine;
+        m->shard_grads = m->memory + m->total + mine;
+        m->shard_m = m->memory + 2 * m->total;
+        m->shard_v = m->shard_m + S;
+    }
     return TP_OK;
 }
 
@@ -312,12 +325,36 @@ int gpt_model_supported(const gpt_config *config)
                    config->swiglu ? "a SwiGLU" : "a GELU", (long long)config->kv_heads, (long long)config->heads);
 }
 
+/* ZeRO-3: each unit's initial values whole on the host, one unit at a
+ * time, of which this rank keeps its piece. */
+static int init_shards(gpt_model *m, uint64_t seed)
+{
+    int64_t largest = 0;
+    for (int k = 0; k < m->num_units; k++)
+        if (m->units[k].piece > largest) largest = m->units[k].piece;
+    int dp = m->comm->dp, d = m->comm->dp_rank;
+    float *unit = alloc_pages((size_t)(largest * dp) * sizeof(float));
+    if (!unit) return tp_fail(TP_ERR_NOMEM, "out of memory for the initial values of %lld parameters",
+                              (long long)(largest * dp));
+    int status = TP_OK;
+    for (int k = 0; k < m->num_units && !status; k++) {
+        const zero_unit *u = &m->units[k];
+        memset(unit, 0, (size_t)(u->piece * dp) * sizeof(float)); /* the padding */
+        status = init_values(m, unit, seed, u->first_view, u->views, u->first);
+        if (!status)
+            status = m->kernels->to_device(m->shard_params + u->at, unit + d * u->piece, (size_t)u->piece * sizeof(float));
+    }
+    free(unit);
+    return status;
+}
+
 int gpt_model_init_values(gpt_model *m, uint64_t seed)
 {
+    if (m->zero == 3) return init_shards(m, seed);
     /* Computed on the host, in place on the CPU. */
     float *initial = m->kernels->on_device ? alloc_pages((size_t)m->total * sizeof(float)) : m->memory;
     if (!initial) return tp_fail(TP_ERR_NOMEM, "out of memory for the initial values");
-    int status = init_values(m, initial, seed);
+    int status = init_values(m, initial, seed, 0, m->num_params, 0);
     if (!status && initial != m->memory)
         status = m->kernels->to_device(m->memory, initial, (size_t)m->total * sizeof(float));
     if (initial != m->memory) free(initial);
@@ -404,10 +441,8 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
             /* Replicated tensors are stored once, by the first TP rank (docs/FORMAT.md). */
             v->owner = copy == 0 && (g->desc.partition.kind == CKPT_SPLIT || c->tp_rank == 0);
             v->norm_numel = v->numel;
-            m->total += v->numel;
         }
     }
-    if ((status = lay_out_memory(m, zero))) goto fail;
     for (int i = 0; i < m->num_params; i++) {
         param_view *v = &m->params[i];
         switch (v->spec->kind) {
@@ -437,6 +472,7 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
         int64_t local = g->layer / m->chunk_layers / c->pp * m->chunk_layers + g->layer % m->chunk_layers;
         m->layer[local][g->kind - GPT_FIRST_LAYER_KIND] = i;
     }
+    if ((status = lay_out_memory(m, zero))) goto fail;
     m->num_slots = slots;
     m->slots = calloc((size_t)slots, sizeof *m->slots);
     if (!m->slots) goto nomem;
@@ -489,8 +525,16 @@ int64_t gpt_model_optimizer_bytes(const gpt_model *m)
     return 2 * (m->zero ? m->shard_len : m->total) * (int64_t)sizeof(float);
 }
 
+int64_t gpt_model_parameter_bytes(const gpt_model *m)
+{
+    int64_t floats = m->zero == 3 ? 2 * m->shard_len + 2 * m->work_floats + m->work_floats / m->comm->dp
+                                  : 2 * m->total;
+    return floats * (int64_t)sizeof(float);
+}
+
 int gpt_model_zero_grads(gpt_model *m)
 {
+    if (m->zero == 3) return m->kernels->zero(m->shard_grads, (size_t)m->shard_len * sizeof(float));
     return m->kernels->zero(m->memory + m->total, (size_t)m->total * sizeof(float));
 }
 
@@ -685,22 +729,59 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
     return TP_OK;
 }
 
-int gpt_model_reduce_shared_kv(gpt_model *m)
+/* Local layer pl's shared key/value heads (kv_sharers > 1): the sum of
+ * their replicas' gradients on each. */
+static int reduce_shared_kv_layer(gpt_model *m, int pl)
 {
-    if (m->kv_sharers == 1) return TP_OK;
     const kernel_backend *k = m->kernels;
     /* This rank's piece of qkv is [its query heads | its key head | its value
      * head] x D; head kv_head's slot in kv_grads is [2, hd, D]. */
     int64_t head_floats = m->hd * m->D, kv_heads = m->config.kv_heads;
     int64_t kv_head = m->comm->tp_rank / m->kv_sharers;
     size_t pair_bytes = (size_t)(2 * head_floats) * sizeof(float);
-    for (int pl = 0; pl < m->num_layers; pl++) {
-        float *rows = G(QKV_WEIGHT) + m->attn_local * m->D;
-        TP_TRY(k->zero(m->kv_grads, (size_t)kv_heads * pair_bytes));
-        TP_TRY(k->copy(m->kv_grads + kv_head * 2 * head_floats, rows, pair_bytes));
-        TP_TRY(tp_sum(m, m->kv_grads, kv_heads * 2 * head_floats));
-        TP_TRY(k->copy(rows, m->kv_grads + kv_head * 2 * head_floats, pair_bytes));
+    float *rows = G(QKV_WEIGHT) + m->attn_local * m->D;
+    TP_TRY(k->zero(m->kv_grads, (size_t)kv_heads * pair_bytes));
+    TP_TRY(k->copy(m->kv_grads + kv_head * 2 * head_floats, rows, pair_bytes));
+    TP_TRY(tp_sum(m, m->kv_grads, kv_heads * 2 * head_floats));
+    return k->copy(rows, m->kv_grads + kv_head * 2 * head_floats, pair_bytes);
+}
+
+/* With sequence parallelism, the sum over TP of the gradients of a use's
+ * tensors that each rank computed from its own rows alone: the norms'
+ * weights and biases, the position table. */
+static int reduce_sequence_parallel_use(gpt_model *m, int use)
+{
+    int views[GPT_LAYER_KINDS + 1], n = zero_use_views(m, use, views);
+    for (int j = 0; j < n; j++) {
+        param_view *v = &m->params[views[j]];
+        switch (v->spec->kind) {
+        case GPT_LN1_WEIGHT: case GPT_LN1_BIAS: case GPT_LN2_WEIGHT: case GPT_LN2_BIAS:
+        case GPT_FINAL_NORM_WEIGHT: case GPT_FINAL_NORM_BIAS: case GPT_POS_EMBED:
+            TP_TRY(tp_sum(m, v->grad, v->numel));
+            break;
+        default: break;
+        }
     }
+    return TP_OK;
+}
+
+/* The end of a use's backward with ZeRO-3, its gradients gathered for this
+ * micro-batch alone: the sums over TP that reduce_shared_kv and
+ * reduce_sequence_parallel make at the end of the step without it, then the
+ * sum over the data-parallel ranks into each one's shard (the TP ranks of a
+ * replica run the same use together). */
+static int release_use_gradients(gpt_model *m, int use)
+{
+    if (m->zero != 3) return TP_OK;
+    if (m->sequence_parallel) TP_TRY(reduce_sequence_parallel_use(m, use));
+    if (m->kv_sharers > 1 && use >= 0) TP_TRY(reduce_shared_kv_layer(m, use));
+    return zero_release_use(m);
+}
+
+int gpt_model_reduce_shared_kv(gpt_model *m)
+{
+    if (m->kv_sharers == 1 || m->zero == 3) return TP_OK; /* ZeRO-3: per use, release_use_gradients */
+    for (int pl = 0; pl < m->num_layers; pl++) TP_TRY(reduce_shared_kv_layer(m, pl));
     return TP_OK;
 }
 
@@ -734,15 +815,25 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s, int chunk)
     int reads_tokens = gpt_model_chunk_is_first(m, chunk) || gpt_model_chunk_is_last(m, chunk);
     if (reads_tokens && s->kernel_tokens != s->tokens) /* tokens and targets, consecutive */
         TP_TRY(m->kernels->to_device(s->kernel_tokens, s->tokens, (size_t)(2 * m->B * m->T) * sizeof(int)));
-    if (gpt_model_chunk_is_first(m, chunk)) TP_TRY(embed_forward(m, s));
+    /* ZeRO-3: each use's parameters gathered before it, let go after (zero.h). */
+    if (gpt_model_chunk_is_first(m, chunk)) {
+        TP_TRY(zero_gather_use(m, ZERO_USE_EMBEDDING, ZERO_PARAMS));
+        TP_TRY(embed_forward(m, s));
+        TP_TRY(zero_release_use(m));
+    }
     const float *x = s->input;
     for (int l = 0; l < m->chunk_layers; l++) {
-        TP_TRY(block_forward(m, s, l, chunk * m->chunk_layers + l, x));
+        int pl = chunk * m->chunk_layers + l;
+        TP_TRY(zero_gather_use(m, pl, ZERO_PARAMS));
+        TP_TRY(block_forward(m, s, l, pl, x));
+        TP_TRY(zero_release_use(m));
         x = s->res2 + l * m->rows * m->D;
     }
     if (gpt_model_chunk_is_last(m, chunk)) {
         if (!s->head) return tp_fail(TP_ERR_ARG, "a forward through the head on a slot without head buffers bound");
+        TP_TRY(zero_gather_use(m, ZERO_USE_HEAD, ZERO_PARAMS));
         TP_TRY(head_forward(m, s, x));
+        TP_TRY(zero_release_use(m));
     }
     return TP_OK;
 }
@@ -824,34 +915,36 @@ int gpt_model_backward(gpt_model *m, gpt_slot *s, int chunk, const float *d_outp
     const kernel_backend *k = m->kernels;
     if (chunk < 0 || chunk >= m->virtual_stages)
         return tp_fail(TP_ERR_ARG, "chunk %d of a stage of %d", chunk, m->virtual_stages);
-    if (gpt_model_chunk_is_last(m, chunk)) TP_TRY(head_backward(m, s, top, d_x, work, loss_scale));
-    else TP_TRY(k->copy(d_x, d_output, (size_t)(R * D) * sizeof(float)));
+    if (gpt_model_chunk_is_last(m, chunk)) {
+        TP_TRY(zero_gather_use(m, ZERO_USE_HEAD, ZERO_PARAMS | ZERO_GRADS));
+        TP_TRY(head_backward(m, s, top, d_x, work, loss_scale));
+        TP_TRY(release_use_gradients(m, ZERO_USE_HEAD));
+    } else {
+        TP_TRY(k->copy(d_x, d_output, (size_t)(R * D) * sizeof(float)));
+    }
     for (int l = m->chunk_layers - 1; l >= 0; l--) {
         const float *x = l ? s->res2 + (l - 1) * R * D : s->input;
-        TP_TRY(block_backward(m, s, l, chunk * m->chunk_layers + l, x, d_x, work));
+        int pl = chunk * m->chunk_layers + l;
+        TP_TRY(zero_gather_use(m, pl, ZERO_PARAMS | ZERO_GRADS));
+        TP_TRY(block_backward(m, s, l, pl, x, d_x, work));
+        TP_TRY(release_use_gradients(m, pl));
     }
     if (gpt_model_chunk_is_first(m, chunk)) {
+        TP_TRY(zero_gather_use(m, ZERO_USE_EMBEDDING, ZERO_GRADS)); /* the tables' gradients need no values */
         const param_view *wte = &m->params[m->wte];
         const float *d_all;
         TP_TRY(all_rows_of_gradient(m, d_x, &d_all)); /* every token's row meets this rank's part of the table */
         TP_TRY(k->embedding_backward(wte->grad, s->kernel_tokens, d_all, N, D, m->vocab_first, m->vocab_local));
         if (m->wpe >= 0) TP_TRY(for_position_runs(m, d_x, m->params[m->wpe].grad, 1));
-        return TP_OK;
+        return release_use_gradients(m, ZERO_USE_EMBEDDING);
     }
     return k->copy(d_input, d_x, (size_t)(R * D) * sizeof(float));
 }
 
 int gpt_model_reduce_sequence_parallel(gpt_model *m)
 {
-    if (!m->sequence_parallel) return TP_OK;
-    static const int kinds[] = {GPT_LN1_WEIGHT, GPT_LN1_BIAS, GPT_LN2_WEIGHT, GPT_LN2_BIAS};
-    for (int pl = 0; pl < m->num_layers; pl++)
-        for (size_t j = 0; j < sizeof kinds / sizeof kinds[0]; j++) {
-            int i = m->layer[pl][kinds[j] - GPT_FIRST_LAYER_KIND];
-            if (i >= 0) TP_TRY(tp_sum(m, m->params[i].grad, m->params[i].numel));
-        }
-    const int others[] = {m->lnf_w, m->lnf_b, m->wpe};
-    for (size_t j = 0; j < sizeof others / sizeof others[0]; j++)
-        if (others[j] >= 0) TP_TRY(tp_sum(m, m->params[others[j]].grad, m->params[others[j]].numel));
+    if (!m->sequence_parallel || m->zero == 3) return TP_OK; /* ZeRO-3: per use, release_use_gradients */
+    for (int use = ZERO_USE_HEAD; use < m->num_layers; use++)
+        TP_TRY(reduce_sequence_parallel_use(m, use));
     return TP_OK;
 }

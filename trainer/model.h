@@ -26,7 +26,24 @@ typedef struct {
                                 checkpoints and counts it in the gradient norm */
     int64_t norm_numel;      /* the leading elements counted in the gradient norm: numel, or a
                                 shared key/value head's replica leaves out its rows (K < TP) */
+    int64_t flat;            /* its first value's place in the flattened parameters (zero_unit) */
+    int unit;                /* the zero_unit that holds it */
 } param_view;
+
+/* A run of consecutive views sharded as one over the data-parallel ranks
+ * by a sharded optimizer (ZeRO; gpt_model_create's zero): its values, padded
+ * with zeros to dp pieces of `piece`, occupy the flattened parameters'
+ * [first, first + dp piece); data-parallel rank d keeps piece d, values
+ * [first + d piece, first + (d + 1) piece), at offset `at` of its shard
+ * (shard_params, shard_grads, shard_m, shard_v). ZeRO-1 has one unit, all
+ * the parameters; ZeRO-3 one per layer and one per other tensor, each
+ * gathered whole when a forward or backward needs it (FSDP's flat
+ * parameters). */
+typedef struct {
+    int first_view, views;   /* params[first_view .. first_view + views) */
+    int64_t first, piece, at;
+    int64_t work_at;         /* ZeRO-3: its place in the work area while gathered, -1 when not */
+} zero_unit;
 
 /* The buffers of one micro-batch in flight through the head (last stage):
  * the final norm's output [rows, D] and statistics [rows], the logits
@@ -84,17 +101,29 @@ typedef struct {
     int num_catalog;
     param_view *params;
     int num_params;
-    int64_t total;               /* elements of all local parameters (with a sharded optimizer, rounded up to a
-                                    multiple of dp with zeros after the last parameter) */
-    float *memory;               /* params | grads | m | v, each `total`; with a sharded optimizer
-                                    params | grads | this rank's shard of m and v */
-    /* ZeRO-1 (gpt_model_create's zero): the data-parallel ranks split the
-     * flattened parameters into dp equal shards; rank d updates elements
-     * [shard_first, shard_first + shard_len) and keeps the Adam moments of
-     * those alone (param_view's m and v are NULL). */
+    int64_t total;               /* elements of the flattened parameters (with a sharded optimizer, each
+                                    unit padded to a multiple of dp with zeros: zero_unit) */
+    float *memory;               /* params | grads | m | v, each `total`; with ZeRO-1 params | grads | this
+                                    rank's shard of m and v; with ZeRO-3 this rank's shard of each, then the
+                                    work area */
+    /* A sharded optimizer (gpt_model_create's zero; 0 without, or at dp 1):
+     * the data-parallel ranks split the flattened parameters into units
+     * (zero_unit), rank d keeping piece d of each, its shard of shard_len
+     * values. It updates that shard alone and keeps the Adam moments of it
+     * alone (param_view's m and v are NULL). ZeRO-1 keeps every parameter
+     * and gradient whole (its shard's are a range of them); ZeRO-3 keeps its
+     * shard of them alone, and a view's data and grad are NULL but while a
+     * forward or backward gathers its unit into the work area (zero.h). */
     int zero;
-    int64_t shard_first, shard_len;
-    float *shard_m, *shard_v; /* shard_len each */
+    zero_unit *units;
+    int num_units;
+    int64_t shard_len;
+    float *shard_params, *shard_grads, *shard_m, *shard_v; /* shard_len each */
+    /* ZeRO-3: the units of one use gathered whole (params, grads: work_floats
+     * each), and a piece of summed gradients (the largest piece). */
+    float *work_params, *work_grads, *work_sum;
+    int64_t work_floats;
+    int work_units[GPT_LAYER_KINDS + 1], num_work_units, work_what; /* gathered now (zero_gather_use) */
     int wte, wpe, lnf_w, lnf_b;  /* indices into params, -1 when not on this stage */
     int wte_out;                 /* the output projection: wte itself, the last stage's tied copy, or
                                     Llama's untied output.weight */
@@ -123,8 +152,10 @@ int gpt_model_supported(const gpt_config *config);
  * values of gpt_model_init_values. `slots` micro-batches (of one chunk)
  * in flight, `heads` of them through the head on the last stage (at least
  * 1 there); virtual_stages chunks of layers per stage (1: consecutive
- * layers); with zero set, ZeRO-1: this rank keeps the Adam moments of its
- * 1/dp of the parameters only (the fields above; nothing changes at dp 1).
+ * layers); with zero 1, ZeRO-1: this rank keeps the Adam moments of its
+ * 1/dp of the parameters only; with zero 3, ZeRO-3: its 1/dp of the
+ * parameters, gradients and moments, each layer's gathered when used (the
+ * fields above; nothing changes at dp 1).
  * Fails on a model gpt_model_supported refuses, or layers that do not
  * split into pp x virtual_stages chunks. */
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
@@ -148,10 +179,14 @@ void gpt_model_free(gpt_model *model);
 int64_t gpt_model_activation_bytes(const gpt_model *model);
 
 /* Bytes of the Adam moments this rank keeps: both moments of its
- * parameters, or with ZeRO-1 of its shard. */
+ * parameters, or with a sharded optimizer of its shard. */
 int64_t gpt_model_optimizer_bytes(const gpt_model *model);
 
-/* Zeroes every gradient. */
+/* Bytes of the parameters and gradients this rank keeps: both whole, or
+ * with ZeRO-3 its shard of them and the work area they are gathered in. */
+int64_t gpt_model_parameter_bytes(const gpt_model *model);
+
+/* Zeroes every gradient (with ZeRO-3, this rank's shard of them). */
 int gpt_model_zero_grads(gpt_model *model);
 
 /* Copies between a parameter view's `count` values at `values` (data,

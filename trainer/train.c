@@ -211,13 +211,6 @@ static int pipeline_idle(trainer *t, double *idle, double *longest)
     return TP_OK;
 }
 
-/* ZeRO-1: the gradients of this rank's shard, where the reduce-scatter
- * leaves their sums (model.h: params | grads | ...). */
-static float *shard_gradients(const gpt_model *m)
-{
-    return m->memory + m->total + m->shard_first;
-}
-
 /* Gradients of the whole global batch on every rank that holds a piece: the
  * tied token table's two copies add theirs (not Llama's untied output
  * projection: a tensor of its own), then the data-parallel replicas. */
@@ -227,39 +220,48 @@ static int reduce_gradients(trainer *t)
     comm *c = t->c;
     if (c->pp > 1 && !m->config.untied_embeddings && (m->is_first || m->is_last)) {
         param_view *w = &m->params[m->is_first ? m->wte : m->wte_out];
-        TP_TRY(comm_all_reduce(c, GROUP_EMBED, w->grad, w->numel, COMM_FLOAT, COMM_SUM, m->stream));
+        /* ZeRO-3: the two copies are units alone, split alike: piece by piece. */
+        const zero_unit *u = &m->units[w->unit];
+        TP_TRY(m->zero == 3 ? comm_all_reduce(c, GROUP_EMBED, m->shard_grads + u->at, u->piece, COMM_FLOAT, COMM_SUM,
+                                              m->stream)
+                            : comm_all_reduce(c, GROUP_EMBED, w->grad, w->numel, COMM_FLOAT, COMM_SUM, m->stream));
     }
+    /* ZeRO-3 summed the rest over TP and the replicas after each use's backward. */
     TP_TRY(gpt_model_reduce_shared_kv(m));
     TP_TRY(gpt_model_reduce_sequence_parallel(m));
     /* ZeRO-1: each replica needs the sum of its shard alone, summed in
      * place (its gradients outside the shard are stale from here on). */
-    if (m->zero)
-        TP_TRY(comm_reduce_scatter(c, GROUP_DP, m->memory + m->total, shard_gradients(m),
-                                   m->shard_len, COMM_FLOAT, m->stream));
-    else if (c->dp > 1)
+    if (m->zero == 1)
+        TP_TRY(comm_reduce_scatter(c, GROUP_DP, m->memory + m->total, m->shard_grads, m->shard_len, COMM_FLOAT,
+                                   m->stream));
+    else if (!m->zero && c->dp > 1)
         TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + m->total, m->total, COMM_FLOAT, COMM_SUM, m->stream));
     return TP_OK;
 }
 
-/* The part of view v inside this rank's ZeRO-1 shard: elements [*first,
- * *first + *count) of the view (the whole view without ZeRO-1); *count 0
- * when none. `numel`: the view's leading elements considered. */
-static void shard_part(const gpt_model *m, const param_view *v, int64_t numel, int64_t *first, int64_t *count)
+/* The part of view v inside this rank's shard of a sharded optimizer:
+ * elements [*first, *first + *count) of the view (the whole view without
+ * one), at *in_shard in the shard; *count 0 when none. `numel`: the
+ * view's leading elements considered. */
+static void shard_part(const gpt_model *m, const param_view *v, int64_t numel, int64_t *first, int64_t *count,
+                       int64_t *in_shard)
 {
-    *first = 0;
+    *first = *in_shard = 0;
     *count = numel;
     if (!m->zero) return;
-    int64_t begin = v->data - m->memory, end = begin + numel;
-    int64_t lo = begin > m->shard_first ? begin : m->shard_first;
-    int64_t hi = end < m->shard_first + m->shard_len ? end : m->shard_first + m->shard_len;
-    *first = lo - begin;
+    const zero_unit *u = &m->units[v->unit];
+    int64_t mine = u->first + m->comm->dp_rank * u->piece, end = v->flat + numel;
+    int64_t lo = v->flat > mine ? v->flat : mine, hi = end < mine + u->piece ? end : mine + u->piece;
+    *first = lo - v->flat;
     *count = hi > lo ? hi - lo : 0;
+    *in_shard = u->at + (lo - mine);
 }
 
 /* Sum of squares of the gradients of the pieces this rank owns, in one call
  * to the backend (on a GPU, one wait instead of one per tensor); the
  * gradients of neighbouring owned pieces are adjacent in memory and make
- * one span. With ZeRO-1, of the summed gradients of this rank's shard. */
+ * one span. With a sharded optimizer, of the summed gradients of this
+ * rank's shard. */
 static int owned_sum_of_squares(const gpt_model *m, double *sumsq)
 {
     const float **spans = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *spans);
@@ -268,10 +270,10 @@ static int owned_sum_of_squares(const gpt_model *m, double *sumsq)
     if (!spans || !lengths) status = tp_fail(TP_ERR_NOMEM, "out of memory for the gradient norm's spans");
     for (int i = 0; !status && i < m->num_params; i++) {
         const param_view *v = &m->params[i];
-        int64_t first, length;
-        shard_part(m, v, v->norm_numel, &first, &length);
+        int64_t first, length, in_shard;
+        shard_part(m, v, v->norm_numel, &first, &length, &in_shard);
         if (!v->owner || length == 0) continue;
-        const float *grad = v->grad + first;
+        const float *grad = m->zero ? m->shard_grads + in_shard : v->grad + first;
         if (count && spans[count - 1] + lengths[count - 1] == grad) lengths[count - 1] += length;
         else spans[count] = grad, lengths[count++] = length;
     }
@@ -289,30 +291,31 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
     const train_options *o = t->o;
     const kernel_backend *k = m->kernels;
     double sumsq = 0;
-    /* Without ZeRO-1 every replica holds the same sums: the first counts them. */
+    /* Without a sharded optimizer every replica holds the same sums: the first counts them. */
     if (m->zero || c->dp_rank == 0) TP_TRY(owned_sum_of_squares(m, &sumsq));
     TP_TRY(comm_all_reduce(c, GROUP_WORLD, &sumsq, 1, COMM_DOUBLE, COMM_SUM, COMM_HOST));
     float norm = (float)sqrt(sumsq);
     /* As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1. */
     float coef = (float)o->clip / (norm + 1e-6f);
     if (o->clip > 0 && coef < 1.0f)
-        TP_TRY(m->zero ? k->scale_inplace(shard_gradients(m), coef, m->shard_len)
+        TP_TRY(m->zero ? k->scale_inplace(m->shard_grads, coef, m->shard_len)
                        : k->scale_inplace(m->memory + m->total, coef, m->total));
     double lr = train_lr(o, step);
     for (int i = 0; i < m->num_params; i++) {
         param_view *v = &m->params[i];
-        int64_t first, count;
-        shard_part(m, v, v->numel, &first, &count);
+        int64_t first, count, in_shard;
+        shard_part(m, v, v->numel, &first, &count, &in_shard);
         if (count == 0) continue;
-        int64_t in_shard = (v->data - m->memory) + first - m->shard_first; /* with ZeRO-1 */
-        TP_TRY(k->adamw_update(v->data + first, v->grad + first,
+        TP_TRY(k->adamw_update(m->zero ? m->shard_params + in_shard : v->data + first,
+                               m->zero ? m->shard_grads + in_shard : v->grad + first,
                                m->zero ? m->shard_m + in_shard : v->m, m->zero ? m->shard_v + in_shard : v->v, count,
                                (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                                v->spec->weight_decay ? (float)o->weight_decay : 0.0f, step));
     }
-    /* ZeRO-1: every replica gets the others' updated shards, in place. */
-    if (m->zero)
-        TP_TRY(comm_all_gather(c, GROUP_DP, m->memory + m->shard_first, m->memory, m->shard_len, COMM_FLOAT, m->stream));
+    /* ZeRO-1: every replica gets the others' updated shards, in place
+     * (ZeRO-3 gathers them when it uses them). */
+    if (m->zero == 1)
+        TP_TRY(comm_all_gather(c, GROUP_DP, m->shard_params, m->memory, m->shard_len, COMM_FLOAT, m->stream));
     *norm_out = norm;
     *lr_out = lr;
     return TP_OK;
@@ -566,9 +569,10 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
     TP_TRY(reduce_gradients(t));
     if (o->dump_dir && first) {
         /* ZeRO-1: the summed gradients whole, as without it (the test hook's
-         * only use of the gradients' region after the reduction). */
-        if (t->model->zero)
-            TP_TRY(comm_all_gather(c, GROUP_DP, shard_gradients(t->model), t->model->memory + t->model->total,
+         * only use of the gradients' region after the reduction; ZeRO-3's
+         * saver gathers them to their writers). */
+        if (t->model->zero == 1)
+            TP_TRY(comm_all_gather(c, GROUP_DP, t->model->shard_grads, t->model->memory + t->model->total,
                                    t->model->shard_len, COMM_FLOAT, t->model->stream));
         TP_TRY(dump_gradients(t));
         TP_TRY(dump_logits(t));
@@ -729,7 +733,8 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     if (!status) {
         train_report r = {.kind = TRAIN_REPORT_START, .step = start_step + 1,
                           .loss_floor = dataset_loss_floor(t.data), .bytes = gpt_model_activation_bytes(t.model),
-                          .optimizer_bytes = gpt_model_optimizer_bytes(t.model)};
+                          .optimizer_bytes = gpt_model_optimizer_bytes(t.model),
+                          .parameter_bytes = gpt_model_parameter_bytes(t.model)};
         report(&t, &r);
         if (o->dump_dir) status = dump_initial(&t);
     }

@@ -59,7 +59,8 @@ typedef struct {
     const char *text;           /* RESUMED, SAVED, UPLOADED: the checkpoint; WARNING: the message */
     int64_t bytes;              /* UPLOADED; START: the activations this rank keeps for the backward (its
                                    micro-batches in flight, and sequence parallelism's two buffers) */
-    int64_t optimizer_bytes;    /* START: the Adam moments this rank keeps (with ZeRO-1, its shard's) */
+    int64_t optimizer_bytes;    /* START: the Adam moments this rank keeps (with a sharded optimizer, its shard's) */
+    int64_t parameter_bytes;    /* START: the parameters and gradients it keeps (gpt_model_parameter_bytes) */
     /* UPLOADED: the slowest rank's seconds writing its shard (snapshot included) and uploading it (describing
      * included), and rank 0's building and uploading the index and `latest` */
     struct {
@@ -86,7 +87,9 @@ typedef struct {
     int bf16;             /* mixed precision: matrix products with bf16 operands, fp32 master weights and state */
     int sequence_parallel; /* the norm and residual regions split over the TP ranks by rows (tp > 1) */
     int zero;             /* 1: ZeRO-1, the Adam moments split over the data-parallel ranks (gradients
-                             reduce-scattered, each rank updates its shard, parameters all-gathered) */
+                             reduce-scattered, each rank updates its shard, parameters all-gathered);
+                             3: ZeRO-3, the parameters and gradients as well, each layer's gathered when
+                             used (trainer/zero.h) */
     int virtual_stages;   /* chunks of layers per pipeline stage, in the interleaved schedule (1, the default: one;
                              0 reads as 1) */
     const char *dump_dir; /* test hook: initial weights, batches, step-1 gradients and logits */

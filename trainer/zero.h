@@ -1,15 +1,19 @@
-/* zero.h: moving ZeRO-1's Adam moments between the data-parallel ranks
- * that each keep a shard of them (model.h, gpt_model_create's zero) and
- * the ranks that write and read them in checkpoints. A view's moments are
- * written by the rank whose shard holds the view's first value, in its
- * data-parallel file (docs/FORMAT.md, format 1.6; rank 0: the shard's own
- * file), so that each rank writes about its own shard and none gathers
- * them all; they are read by the first rank of the group.
+/* zero.h: the sharded optimizer's units (model.h zero_unit): how the
+ * flattened parameters split over the data-parallel ranks, ZeRO-3's
+ * gathering of a unit whole when a forward or backward needs it, and the
+ * moving of state between the shards and the ranks that write and read it
+ * in checkpoints.
  *
- * The moments travel in chunks of at most ZERO_CHUNK values of each rank's
- * shard (all-gathers to save, reduce-scatters to load), so that no rank
- * holds more than dp x ZERO_CHUNK of them in flight beyond what it keeps.
- * Both are collective over each data-parallel group. */
+ * Checkpoints: a view's moments (with ZeRO-3 its parameter as well) are
+ * written by the rank whose piece of the view's unit holds the view's first
+ * value, in its data-parallel file (docs/FORMAT.md, formats 1.6 and 1.7;
+ * rank 0: the shard's own file), so that each rank writes about its own
+ * shard and none gathers them all; they are read by the first rank of the
+ * group and handed out. They travel in chunks of at most ZERO_CHUNK values
+ * of each rank's piece (all-gathers to save, reduce-scatters to load), so
+ * that no rank holds more than dp x ZERO_CHUNK of them in flight beyond
+ * what it keeps. All of these are collective over each data-parallel
+ * group, but zero_writer and zero_lay_out. */
 #ifndef TP_TRAINER_ZERO_H
 #define TP_TRAINER_ZERO_H
 
@@ -17,21 +21,53 @@
 
 #define ZERO_CHUNK ((int64_t)1 << 20)
 
-/* The data-parallel rank that writes a view's moments in checkpoints:
- * with ZeRO-1 the rank whose shard holds its first value; without, 0. */
-int zero_moment_writer(const gpt_model *model, const param_view *view);
+/* Splits the model's views into units (model.h) for zero (0, 1 or 3) at its
+ * data-parallel size: sets each view's flat and unit, the model's units,
+ * total, shard_len and (ZeRO-3) work_floats. Without a sharded optimizer,
+ * one unit of the views packed one after the other, unsplit. After the
+ * model's tensor indices (wte, layer ...) are set. */
+int zero_lay_out(gpt_model *model, int zero);
 
-/* Every rank's moments into the checkpoint snapshots (host memory) of the
- * ranks that write them: moment_at[i] is the offset in this rank's snapshot
- * of view i's first moments, its second moments following numel values
- * later, or -1 where this rank does not write view i's moments. A rank that
- * writes none passes NULL for both. */
-int zero_gather_moments(gpt_model *model, float *snapshot, const int64_t *moment_at);
+/* The data-parallel rank that writes a view's moments (with ZeRO-3 its
+ * parameter too) in checkpoints: with a sharded optimizer the rank whose
+ * piece of the view's unit holds its first value; without, 0. */
+int zero_writer(const gpt_model *model, const param_view *view);
 
-/* The reverse, after a load: the first rank of each group passes both
- * moments of every local view in host memory (`moments`: [2, total], first
- * then second moments, each at the views' places in the flattened
- * parameters); every rank keeps its shard's. Other ranks pass NULL. */
-int zero_scatter_moments(gpt_model *model, const float *moments);
+/* What a forward or backward of ZeRO-3 gathers: a local layer (0 ..
+ * num_layers - 1), or these. */
+enum { ZERO_USE_EMBEDDING = -1, ZERO_USE_HEAD = -2 };
+enum { ZERO_PARAMS = 1, ZERO_GRADS = 2, ZERO_MOMENTS = 4 };
+
+/* ZeRO-3: the units of a use, all-gathered whole into the work area, its
+ * views' data pointing there (ZERO_PARAMS), and their grad to zeroed
+ * gradients there (ZERO_GRADS). A no-op without ZeRO-3. */
+int zero_gather_use(gpt_model *model, int use, int what);
+
+/* ZeRO-3: the end of a use: gradients it gathered summed over the group
+ * (reduce-scatter) and added to each rank's shard of them; its views'
+ * pointers NULL again. A no-op without ZeRO-3. */
+int zero_release_use(gpt_model *model);
+
+/* The views of a use (at most GPT_LAYER_KINDS + 1 of them) into views;
+ * returns how many. */
+int zero_use_views(const gpt_model *model, int use, int *views);
+
+/* Every rank's state into the checkpoint snapshots (host memory) of the
+ * ranks that write it (zero_writer): what is ZERO_MOMENTS and, with
+ * ZeRO-3, ZERO_PARAMS or ZERO_GRADS (the summed gradients, in place of the
+ * parameters: the test hook). param_at[i] is the offset in this rank's
+ * snapshot of view i's parameter (or gradient), moment_at[i] that of its
+ * first moments, its second moments following numel values later, -1 where
+ * this rank does not write them. A rank that writes none passes NULL for
+ * all three. Every rank passes the same `what`. */
+int zero_gather_state(gpt_model *model, int what, float *snapshot, const int64_t *param_at, const int64_t *moment_at);
+
+/* The reverse, after a load: the first rank of each group passes the
+ * parameters (ZeRO-3: `params`, [total]) and both moments (`moments`:
+ * [2, total], first then second) of every local view in host memory, each
+ * at the views' places in the flattened parameters (flat); every rank keeps
+ * its shard's of what is in `what` (ZERO_PARAMS, ZERO_MOMENTS). Other ranks
+ * pass NULL. */
+int zero_scatter_state(gpt_model *model, int what, const float *params, const float *moments);
 
 #endif

@@ -448,7 +448,7 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     int64_t owned = 0, moments = 0, N = micro_batch * config->seq;
     for (int i = 0; i < m->num_params; i++) {
         owned += m->params[i].owner ? m->params[i].numel : 0;
-        moments += m->params[i].owner && zero_moment_writer(m, &m->params[i]) == 0 ? m->params[i].numel : 0;
+        moments += m->params[i].owner && zero_writer(m, &m->params[i]) == 0 ? m->params[i].numel : 0;
     }
     /* model.h: params | grads | m | v, or with ZeRO-1 params | grads | a shard's m and v */
     out.weights = 4 * m->total;
