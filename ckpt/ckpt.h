@@ -31,7 +31,7 @@
 #include "../store/store.h"
 
 #define CKPT_FORMAT_MAJOR 1
-#define CKPT_FORMAT_MINOR 6
+#define CKPT_FORMAT_MINOR 7
 #define CKPT_MAX_DIMS 8
 #define CKPT_MAX_SEGMENTS 16
 #define CKPT_NAME_MAX 255
@@ -226,8 +226,9 @@ typedef struct {
     int shard_pp, shard_tp;
     /* Distributed writing with a sharded optimizer (format 1.6): 0 (default)
      * writes the shard's file; D in 1..dp-1 writes the shard's
-     * data-parallel file D (shard_pp{P}_tp{T}_dp{D}.h5), which holds
-     * optimizer state only: the pieces that data-parallel rank D keeps. */
+     * data-parallel file D (shard_pp{P}_tp{T}_dp{D}.h5), which holds the
+     * pieces that data-parallel rank D keeps: optimizer state, and (1.7,
+     * ZeRO-3) parameters. */
     int shard_dp;
     const store_ops *storage; /* where the files go; NULL (default): the store of the path */
     /* Distributed writing: the owner part of the shared staging name

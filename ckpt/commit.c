@@ -307,9 +307,6 @@ static int scan_piece(scan_state *st, hid_t dset)
         return tp_fail(TP_ERR_FORMAT,
                          "tensor %s piece %d belongs in shard pp=%d tp=%d, found in pp=%d tp=%d",
                          t->name, attrs.piece, stage, expect_tp, st->file->pp, st->file->tp);
-    if (st->file->dp > 0 && ckpt_tensor_is_param(t))
-        return tp_fail(TP_ERR_FORMAT, "tensor %s is a parameter, found in a data-parallel file (optimizer state only)",
-                       t->name);
 
     ckpt_piece_geometry g;
     ckpt_piece_geometry_init(&g, t, index->layout.tp, attrs.block_rows);

@@ -515,8 +515,8 @@ static void parse_tensor(parse_ctx *ctx, const cJSON *o, const ckpt_index *index
             ip->pp = file->pp;
             if (ip->pp != it->stage || file->tp != ip->tp)
                 parse_error(ctx, "file", "the shard of the piece's stage and rank");
-            else if (file->dp > 0 && ckpt_tensor_is_param(t)) /* data-parallel files: optimizer state only */
-                parse_error(ctx, "file", "the shard's own file (a parameter)");
+            else if (file->dp > 0 && ckpt_tensor_is_param(t) && index->minor < 7) /* 1.6: optimizer state only */
+                parse_error(ctx, "file", "the shard's own file (a parameter before format 1.7)");
         }
         if (ctx->status) return;
         p++;

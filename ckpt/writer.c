@@ -347,9 +347,6 @@ static int add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int here, 
         piece_state *ps = &ts->pieces[p];
         ps->shard = here ? shard_index(w, ts->stage, t->partition.kind == CKPT_SPLIT ? p : 0) : -1;
         ckpt_piece_geometry_init(&ps->geometry, t, w->layout.tp, 0);
-        if (ps->shard >= 0 && w->shards[ps->shard].dp > 0 && ckpt_tensor_is_param(t))
-            return tp_fail(TP_ERR_ARG, "tensor %s: a parameter cannot go to %s, a data-parallel file (optimizer state only)",
-                           t->name, w->shards[ps->shard].path);
         if (ps->shard >= 0) {
             status = create_piece(w, ts, p, ps);
             if (status) return status;

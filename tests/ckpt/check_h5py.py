@@ -270,14 +270,15 @@ def read_logical(ckpt, index, tensor, files, problems):
         if entry is None or entry["pp"] != tensor["stage"] or entry["tp"] != piece["tp"]:
             problems.append(f"{name} piece {p}: in {piece['file']}, not a file of its shard in 'files'")
             return None
-        # Format 1.6: a shard's data-parallel file holds optimizer state only,
-        # and says which it is.
+        # Format 1.6: a shard's data-parallel file says which it is, and holds
+        # optimizer state only before 1.7 (ZeRO-3's parameters since).
         dp = entry.get("dp", 0)
         stored_dp = attr_int(f.attrs["shard_dp"]) if "shard_dp" in f.attrs else 0
         if stored_dp != dp:
             problems.append(f"{piece['file']}: attribute shard_dp disagrees with the index's dp {dp}")
-        if dp and tensor["role"] == "param":
-            problems.append(f"{name} piece {p}: a parameter in data-parallel file {piece['file']}")
+        if dp and tensor["role"] == "param" and index["format_version"] < [1, 7]:
+            problems.append(f"{name} piece {p}: a parameter in data-parallel file {piece['file']} (format "
+                            f"{index['format_version']})")
         dset = f["tensors/" + name]
         if list(dset.shape) != piece["shape"]:
             problems.append(f"{name} piece {p}: shape {dset.shape} != index {piece['shape']}")

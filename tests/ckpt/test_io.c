@@ -731,7 +731,7 @@ Test(io, interleaved_layout_round_trips)
     }
     ckpt_reader_close(r);
     cr_assert(index_contains(path, "\"num_layers\":\t8,\n\t\t\"virtual_stages\":\t2\n"), "the index's layout records 2");
-    cr_assert(index_contains(path, "\"format_version\":\t[1, 6]"));
+    cr_assert(index_contains(path, "\"format_version\":\t[1, 7]"));
     for (int s = 0; s < 4; s++) {
         char shard[64];
         snprintf(shard, sizeof shard, "shard_pp%02d_tp%02d.h5", s / 2, s % 2);

@@ -40,7 +40,7 @@ expect_ok "info --json" "$CK" info "$WORK/v2" --json
 check "info --json: virtual_stages, format 1.5" "$PY" -c '
 import json, sys
 j = json.load(open(sys.argv[1]))
-assert j["virtual_stages"] == 2 and j["layout"]["virtual_stages"] == 2 and j["format_version"] == [1, 6], j["layout"]
+assert j["virtual_stages"] == 2 and j["layout"]["virtual_stages"] == 2 and j["format_version"] == [1, 7], j["layout"]
 assert j["user"]["reshard"]["from_pp"] == 1 and "from_virtual_stages" not in j["user"]["reshard"]
 ' "$WORK/.out"
 

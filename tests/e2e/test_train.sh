@@ -217,7 +217,7 @@ files = sorted((f["name"], f.get("dp", 0)) for f in index["files"])
 where = {(t["role"], p["file"]) for t in index["tensors"] for p in t["pieces"]}
 dp_files = {p for r, p in where if "_dp01" in p}
 sys.exit(not (files == [("shard_pp00_tp00.h5", 0), ("shard_pp00_tp00_dp01.h5", 1), ("shard_pp00_tp01.h5", 0),
-                        ("shard_pp00_tp01_dp01.h5", 1)] and index["format_version"] == [1, 6]
+                        ("shard_pp00_tp01_dp01.h5", 1)] and index["format_version"] == [1, 7]
               and not any(r == "param" and "_dp" in p for r, p in where) and len(dp_files) == 2
               and {r for r, p in where if "_dp01" in p} == {"exp_avg", "exp_avg_sq"}))' "$WORK/zerorun/step_00000004"
 expect_ok "ZeRO-1's checkpoint, read by the independent h5py reader" "$PY" "$ROOT/tests/ckpt/check_h5py.py" \
