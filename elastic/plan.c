@@ -39,12 +39,17 @@ static const char *format_bytes(double bytes, char *out, size_t size)
 /* ------------------------------------------------------- what a rank holds */
 
 /* What one TP rank of one pipeline stage holds, in elements. The first TP
- * rank is counted: it also stores the replicated tensors' snapshot. */
+ * rank is counted: it also stores the replicated tensors' snapshot. With a
+ * sharded optimizer, the first data-parallel rank. */
 typedef struct {
     int64_t params;      /* its pieces of the parameters (padding included), the tied copy too */
-    int64_t owned;       /* of those, what its checkpoint snapshot copies: all but the tied copy */
-    int64_t moments_written; /* of those, whose moments its first data-parallel rank writes (all, or with
-                                ZeRO-1 those whose first value lies in its shard: trainer/zero.h) */
+    int64_t shard;       /* with a sharded optimizer, its shard of them (trainer/model.h zero_unit) */
+    int64_t work;        /* ZeRO-3: the units of one use gathered whole, the most of any use */
+    int64_t owned;       /* of those, what it stores: all but the tied copy */
+    int64_t written;     /* of those, what its checkpoint snapshot copies: all owned, or with ZeRO-3 those
+                            whose first value lies in its shard (trainer/zero.h zero_writer) */
+    int64_t moments_written; /* of those, whose moments it writes (all owned, or with a sharded optimizer
+                                those whose first value lies in its shard) */
     int64_t embed_piece; /* its piece of the token table, [Vp/tp, D]; 0 on a stage without one */
     int64_t vocab_local; /* Vp/tp: its columns of the logits */
 } stage_share;
@@ -56,53 +61,102 @@ static int64_t elements(const int64_t *shape, int ndim)
     return n;
 }
 
+/* One view of a stage, in the trainer's order. */
+typedef struct {
+    int64_t numel;
+    int layer, kind, tied_copy;
+} stage_view;
+
+/* A stage's units as the trainer forms them (trainer/zero.c starts_unit,
+ * zero_lay_out) from its views: one of all of them, or with ZeRO-3 one per
+ * run of a layer's views and one per other view; each padded to dp pieces
+ * with a sharded optimizer. Fills the share's params, shard, written,
+ * moments_written and (ZeRO-3) work. */
+static void stage_units(const stage_view *views, int count, int zero, int dp, int first, int last, stage_share *share)
+{
+    int per_use = zero == 3;
+    int64_t head = 0, embedding = 0, layer_span = 0;
+    for (int i = 0; i < count;) {
+        int end = i + 1;
+        while (end < count && !(per_use && (views[end].layer < 0 || views[end].layer != views[end - 1].layer))) end++;
+        int64_t length = 0;
+        for (int j = i; j < end; j++) length += views[j].numel;
+        int64_t piece = zero ? (length + dp - 1) / dp : length, span = zero ? piece * dp : length, offset = 0;
+        for (int j = i; j < end; j++) {
+            /* Written by the first rank: its moments, and with ZeRO-3 its parameter. */
+            int first_writes = !zero || offset < piece;
+            offset += views[j].numel;
+            if (views[j].tied_copy) continue;
+            share->written += zero == 3 && !first_writes ? 0 : views[j].numel;
+            share->moments_written += first_writes ? views[j].numel : 0;
+        }
+        share->params += span;
+        share->shard += piece;
+        /* ZeRO-3's uses (trainer/zero.h zero_use_views): a layer; the
+         * embedding (token and position tables); the head (final norm, the
+         * output projection: the tied copy, or the table itself on one stage,
+         * or Llama's own). */
+        int kind = views[i].kind;
+        if (views[i].layer >= 0) {
+            int same = i > 0 && views[i - 1].layer == views[i].layer;
+            layer_span = same ? layer_span + span : span;
+            if (layer_span > share->work) share->work = layer_span;
+        } else if (kind == GPT_FINAL_NORM_WEIGHT || kind == GPT_FINAL_NORM_BIAS || kind == GPT_OUTPUT_WEIGHT ||
+                   views[i].tied_copy) {
+            head += span;
+        } else if (kind == GPT_TOK_EMBED || kind == GPT_POS_EMBED) {
+            embedding += span;
+            if (kind == GPT_TOK_EMBED && first && last) head += span; /* one stage: the table is the output too */
+        }
+        i = end;
+    }
+    if (!per_use) share->work = 0;
+    else {
+        if (first && embedding > share->work) share->work = embedding;
+        if (last && head > share->work) share->work = head;
+    }
+}
+
 /* The pieces each stage holds at (tp, pp), from the catalogue's partition
  * descriptions and pipeline anchors (model/gpt.h). The token table sits on
  * the first stage; a separate last stage keeps a copy of it for the tied
  * output projection (trainer/model.c gpt_model_create), or holds Llama's
  * untied output.weight. With fewer key/value heads than tp ranks, each
  * rank's QKV piece holds its shared heads' replicas. The trainer lays the
- * pieces out in the catalogue's order, the tied copy where the table is
- * (the second pass: which of them start in the first of zero_dp shards).
- * shares has pp entries. */
-static int stage_shares(const gpt_config *model, int tp, int pp, int zero_dp, stage_share *shares)
+ * pieces out in the catalogue's order, the tied copy where the table is,
+ * in units split over dp ranks by a sharded optimizer (zero 1 or 3; 0:
+ * none). shares has pp entries. */
+static int stage_shares(const gpt_config *model, int tp, int pp, int zero, int dp, stage_share *shares)
 {
     gpt_tensor *catalog = NULL;
     int count = 0;
     TP_TRY(gpt_catalog(model, 0, &catalog, &count));
     ckpt_layout layout = {tp, pp, 1, model->layers, 1};
     memset(shares, 0, (size_t)pp * sizeof *shares);
-    int64_t *at = calloc((size_t)pp, sizeof *at);
-    if (!at) {
+    stage_view *views = calloc((size_t)count + 1, sizeof *views);
+    if (!views) {
         free(catalog);
         return tp_fail(TP_ERR_NOMEM, "out of memory estimating memory for tp %d pp %d", tp, pp);
     }
-    for (int pass = 0; pass < 2; pass++)
+    if (dp < 2) zero = 0;
+    for (int stage = 0; stage < pp; stage++) {
+        stage_share *here = &shares[stage];
+        int n = 0;
         for (int i = 0; i < count; i++) {
             int64_t shape[CKPT_MAX_DIMS];
             ckpt_piece_shape(&catalog[i].desc, tp, shape);
-            int64_t n = elements(shape, catalog[i].desc.ndim);
-            int stage = ckpt_tensor_stage(&catalog[i].desc, &layout);
-            stage_share *here = &shares[stage];
-            int tied_copy = catalog[i].kind == GPT_TOK_EMBED && pp > 1 && !model->untied_embeddings;
-            if (pass == 1) {
-                int64_t shard = zero_dp > 1 ? (here->params + zero_dp - 1) / zero_dp : here->params;
-                if (at[stage] < shard) here->moments_written += n;
-                at[stage] += n;
-                if (tied_copy) at[pp - 1] += n;
-                continue;
-            }
-            here->params += n;
-            here->owned += n;
-            if (catalog[i].kind != GPT_TOK_EMBED) continue;
-            here->embed_piece = n;
-            shares[pp - 1].vocab_local = shape[0];
-            if (tied_copy) {
-                shares[pp - 1].params += n;
-                shares[pp - 1].embed_piece = n;
-            }
+            int64_t numel = elements(shape, catalog[i].desc.ndim);
+            int is_wte = catalog[i].kind == GPT_TOK_EMBED;
+            int tied_copy = is_wte && pp > 1 && stage == pp - 1 && !model->untied_embeddings;
+            if (is_wte && stage == pp - 1) here->vocab_local = shape[0];
+            if (ckpt_tensor_stage(&catalog[i].desc, &layout) != stage && !tied_copy) continue;
+            if (is_wte) here->embed_piece = numel;
+            if (!tied_copy) here->owned += numel;
+            views[n++] = (stage_view){numel, catalog[i].layer, catalog[i].kind, tied_copy};
         }
-    free(at);
+        stage_units(views, n, zero, dp, stage == 0, stage == pp - 1, here);
+    }
+    free(views);
     free(catalog);
     return TP_OK;
 }
@@ -175,7 +229,7 @@ static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last,
  * flight at most: the trainer's slots, each one chunk's layers (under 1F1B
  * up to pp - k micro-batches on stage k, never more than the accumulation). */
 static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, const stage_share *share,
-                        int64_t micro_batch, int64_t grad_accum, int sp, int zero_dp, elastic_memory *result)
+                        int64_t micro_batch, int64_t grad_accum, int sp, int zero, elastic_memory *result)
 {
     elastic_memory out;
     int last = stage == pp - 1, slots;
@@ -184,16 +238,16 @@ static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, c
     TP_TRY(pipeline_schedule(pp, stage, V, grad_accum, &ops, &count, &slots));
     pipeline_buffers buffers = pipeline_buffers_used(ops, count);
     free(ops);
-    /* ZeRO-1 over zero_dp ranks (trainer/model.h): the parameters padded to
-     * zero_dp equal shards, the moments of one (its summed gradients in the
-     * gradients' own place). */
-    int64_t shard = zero_dp > 1 ? (share->params + zero_dp - 1) / zero_dp : 0;
-    int64_t p = zero_dp > 1 ? shard * zero_dp : share->params;
+    /* A sharded optimizer (trainer/model.h): the moments of a shard; ZeRO-1
+     * keeps the parameters and gradients whole (its shard's summed in their
+     * own place), ZeRO-3 its shard of them and the work area of one use
+     * (its parameters and their gradients). */
+    int64_t p = zero == 3 ? share->shard + share->work : share->params;
     out.weights = p * (int64_t)tp_dtype_size(m->dtype) + (m->dtype == TP_FP32 ? 0 : p * FP32); /* + fp32 master */
     out.gradients = p * FP32;
-    out.optimizer = (zero_dp > 1 ? shard : p) * 2 * FP32; /* AdamW: two fp32 moments */
-    /* trainer/checkpoint.c: replica 0's weights and the moments it writes */
-    out.snapshot = (share->owned + 2 * share->moments_written) * FP32;
+    out.optimizer = (zero ? share->shard : share->params) * 2 * FP32; /* AdamW: two fp32 moments */
+    /* trainer/checkpoint.c: what replica 0 writes, weights and moments */
+    out.snapshot = (share->written + 2 * share->moments_written) * FP32;
     /* A slot holds one chunk (of pp x V), a head the logits of one micro-batch in flight through it. */
     out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp * V, micro_batch, sp) +
                               (last ? buffers.heads * head_floats(m, tp, micro_batch, share->vocab_local, sp) : 0) +
@@ -205,15 +259,16 @@ static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, c
 
 /* The stage with the most memory, at a given accumulation and V. */
 static int memory_estimate(const gpt_config *model, int tp, int pp, int V, int64_t micro_batch, int64_t grad_accum,
-                           int sp, int zero_dp, elastic_memory *out)
+                           int sp, int zero, int dp, elastic_memory *out)
 {
     memset(out, 0, sizeof *out);
     stage_share *shares = calloc((size_t)pp, sizeof *shares);
     if (!shares) return tp_fail(TP_ERR_NOMEM, "out of memory estimating memory for tp %d pp %d", tp, pp);
-    int status = stage_shares(model, tp, pp, zero_dp, shares);
+    if (dp < 2) zero = 0;
+    int status = stage_shares(model, tp, pp, zero, dp, shares);
     for (int stage = 0; !status && stage < pp; stage++) {
         elastic_memory m;
-        status = stage_memory(model, tp, pp, V, stage, &shares[stage], micro_batch, grad_accum, sp, zero_dp, &m);
+        status = stage_memory(model, tp, pp, V, stage, &shares[stage], micro_batch, grad_accum, sp, zero, &m);
         if (!status && m.total > out->total) *out = m;
     }
     free(shares);
@@ -227,17 +282,19 @@ static int can_split_rows(const gpt_config *model, int tp, int64_t micro_batch)
 }
 
 int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, int sequence_parallel,
-                            int zero_dp, elastic_memory *out)
+                            int zero, int dp, elastic_memory *out)
 {
     memset(out, 0, sizeof *out);
-    if (tp < 1 || pp < 1 || micro_batch < 1 || zero_dp < 1)
-        return tp_fail(TP_ERR_ARG, "memory estimate: tp %d, pp %d, micro-batch %lld and ZeRO's dp %d must be at least 1",
-                       tp, pp, (long long)micro_batch, zero_dp);
+    if (tp < 1 || pp < 1 || micro_batch < 1 || dp < 1)
+        return tp_fail(TP_ERR_ARG, "memory estimate: tp %d, pp %d, micro-batch %lld and dp %d must be at least 1",
+                       tp, pp, (long long)micro_batch, dp);
+    if (zero != 0 && zero != 1 && zero != 3)
+        return tp_fail(TP_ERR_ARG, "memory estimate: ZeRO stage %d (0, 1 or 3)", zero);
     TP_TRY(gpt_config_check(model, tp, pp));
     if (sequence_parallel && !can_split_rows(model, tp, micro_batch))
         return tp_fail(TP_ERR_ARG, "sequence parallelism: %lld rows do not split over tp %d",
                        (long long)(micro_batch * model->seq), tp);
-    return memory_estimate(model, tp, pp, 1, micro_batch, pp, sequence_parallel, zero_dp, out); /* 1F1B at its deepest */
+    return memory_estimate(model, tp, pp, 1, micro_batch, pp, sequence_parallel, zero, dp, out); /* 1F1B at its deepest */
 }
 
 /* ------------------------------------------------------ what a rank sends */
@@ -269,7 +326,9 @@ static double ring(int n)
  *       rows, a / tp with sequence parallelism
  *   tie when pp > 1, first and last stages all-reduce the token table's
  *       gradient piece [Vp/tp, D] between them
- *   DP  the rank's gradients, all-reduced over the dp replicas */
+ *   DP  the rank's gradients, all-reduced over the dp replicas (ZeRO-1:
+ *       reduce-scattered and the parameters all-gathered, as much; ZeRO-3:
+ *       below) */
 static double stage_comm_bytes(const gpt_config *m, const elastic_layout *l, int stage, const stage_share *share)
 {
     int first = stage == 0, last = stage == l->pp - 1;
@@ -287,7 +346,11 @@ static double stage_comm_bytes(const gpt_config *m, const elastic_layout *l, int
     int V = l->virtual_stages; /* at pp 1 (first and last, V 1) nothing */
     double pp_bytes = (double)l->grad_accum * message * ((first ? V - 1 : V) + (last ? V - 1 : V));
     double tie_bytes = l->pp > 1 && (first || last) ? ring(2) * (double)share->embed_piece * FP32 : 0;
-    double dp_bytes = ring(l->dp) * (double)share->params * FP32;
+    /* ZeRO-3: per micro-batch each unit all-gathered for the forward and
+     * again for the backward, its gradients reduce-scattered: (dp - 1) / dp of
+     * the parameters three times (the embedding's backward gathers none). */
+    double dp_bytes = l->zero == 3 ? (double)l->grad_accum * 1.5 * ring(l->dp) * (double)share->params * FP32
+                                   : ring(l->dp) * (double)share->params * FP32;
     return tp_bytes + pp_bytes + tie_bytes + dp_bytes;
 }
 
@@ -297,7 +360,7 @@ static int comm_bytes_per_step(const gpt_config *model, const elastic_layout *l,
     *out = 0;
     stage_share *shares = calloc((size_t)l->pp, sizeof *shares);
     if (!shares) return tp_fail(TP_ERR_NOMEM, "out of memory estimating communication for tp %d pp %d", l->tp, l->pp);
-    int status = stage_shares(model, l->tp, l->pp, l->zero ? l->dp : 1, shares);
+    int status = stage_shares(model, l->tp, l->pp, l->zero, l->dp, shares);
     for (int stage = 0; !status && stage < l->pp; stage++) {
         int64_t bytes = (int64_t)stage_comm_bytes(model, l, stage, &shares[stage]);
         if (bytes > *out) *out = bytes;
@@ -345,6 +408,7 @@ static void choose_dp(const elastic_plan_request *r, elastic_layout *l)
 /* What a layout saves memory with, as the plan says it. */
 static const char *savings_name(int zero, int sequence_parallel)
 {
+    if (zero == 3) return sequence_parallel ? "ZeRO-3 and sequence parallelism" : "ZeRO-3";
     return zero && sequence_parallel ? "ZeRO-1 and sequence parallelism"
            : zero                    ? "ZeRO-1"
                                      : "sequence parallelism";
@@ -362,7 +426,7 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
         l->sequence_parallel = 0;
         l->zero = 0;
         l->virtual_stages = 1;
-        if (memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, 0, 1, &l->memory) != TP_OK) {
+        if (memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, 0, 0, l->dp, &l->memory) != TP_OK) {
             reject(l, tp_errmsg());
             return;
         }
@@ -370,16 +434,20 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
         /* Too much. First ZeRO-1 (a dp-th of the moments for no more traffic: a
          * reduce-scatter and an all-gather send what the all-reduce did), then
          * sequence parallelism (1/tp of the norms' and residuals' rows for a
-         * quarter more TP traffic), then both. */
+         * quarter more TP traffic), then both; then ZeRO-3 (a dp-th of the
+         * parameters and gradients too, for every unit gathered twice and its
+         * gradients reduce-scattered per micro-batch: about 1.5 x accumulation
+         * times the data-parallel traffic), alone and with sequence
+         * parallelism. */
         int splits = can_split_rows(&r->model, l->tp, m);
-        const int tries[3][2] = {{1, 0}, {0, 1}, {1, 1}}; /* {zero, sequence parallel} */
+        const int tries[5][2] = {{1, 0}, {0, 1}, {1, 1}, {3, 0}, {3, 1}}; /* {zero, sequence parallel} */
         elastic_memory tried;
         int64_t least = 0; /* what the last option tried needs: the most it saves */
         const char *least_with = NULL;
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 5; k++) {
             int zero = tries[k][0], sp = tries[k][1];
             if ((zero && l->dp < 2) || (sp && !splits) ||
-                memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, sp, zero ? l->dp : 1, &tried) != TP_OK)
+                memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, sp, zero, l->dp, &tried) != TP_OK)
                 continue;
             least = tried.total;
             least_with = savings_name(zero, sp);
@@ -420,7 +488,7 @@ static void choose_virtual_stages(const elastic_plan_request *r, elastic_layout 
         if (most % V || pipeline_check(l->pp, V, l->grad_accum) != TP_OK) continue;
         /* More chunks may keep less (more of them in flight, each smaller): a V over the limit is passed over. */
         if (memory_estimate(&r->model, l->tp, l->pp, V, l->micro_batch, l->grad_accum, l->sequence_parallel,
-                            l->zero ? l->dp : 1, &memory) != TP_OK ||
+                            l->zero, l->dp, &memory) != TP_OK ||
             (r->memory_per_rank && memory.total > r->memory_per_rank))
             continue;
         l->virtual_stages = V;

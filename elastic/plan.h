@@ -60,7 +60,9 @@ typedef struct {
     int64_t without_savings;    /* bytes per rank it would need without ZeRO-1 and sequence parallelism (when
                                    either is chosen) */
     int zero;                   /* tp-train --zero 1: chosen first when the layout does not fit the memory per
-                                   rank (dp > 1: a dp-th of the moments for no more traffic) */
+                                   rank (dp > 1: a dp-th of the moments for no more traffic); --zero 3 when
+                                   nothing else fits (a dp-th of the parameters and gradients too, for about
+                                   1.5 x the accumulation times the data-parallel traffic) */
     int sequence_parallel;      /* tp-train --sequence-parallel: chosen when the layout fits the memory per
                                    rank only with it (it keeps 1/tp of the norms' and residuals' rows for
                                    a quarter more TP traffic: the backward gathers the norms' outputs again),
@@ -96,9 +98,9 @@ char *elastic_plan_to_json(const elastic_plan_request *request, const elastic_pl
  * stage holding as many micro-batches as 1F1B lets it (the planner also caps
  * them by the accumulation, as the trainer does). Fails as gpt_config_check
  * does on a model that does not split over (tp, pp), with TP_ERR_ARG on a
- * degree or micro-batch below 1. zero_dp: ZeRO-1 over that many
- * data-parallel ranks (1: without it). */
+ * degree or micro-batch below 1. zero: the ZeRO stage (0: none, 1 or 3)
+ * over dp data-parallel ranks (nothing is sharded at dp 1). */
 int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t micro_batch, int sequence_parallel,
-                            int zero_dp, elastic_memory *out);
+                            int zero, int dp, elastic_memory *out);
 
 #endif

@@ -507,7 +507,7 @@ static int trainer_argv(run_state *s, const elastic_layout *l, char ***out)
     if (l->sequence_parallel) argv[k++] = strdup("--sequence-parallel"); /* the plan's choices (plan.h) */
     if (l->zero) {
         argv[k++] = strdup("--zero");
-        argv[k++] = strdup("1");
+        argv[k++] = strdup(l->zero == 3 ? "3" : "1");
     }
     if (l->virtual_stages > 1) {
         char chunks[32];

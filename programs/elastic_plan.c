@@ -81,7 +81,7 @@ static void print_layout(const elastic_layout *l, int chosen)
     print_bytes((double)l->memory.total, 9);
     printf(" ");
     print_bytes((double)l->comm_bytes_per_step, 9);
-    printf(" %3s %4s %2d %6.1f%%%s\n", l->sequence_parallel ? "on" : "-", l->zero ? "1" : "-", l->virtual_stages,
+    printf(" %3s %4s %2d %6.1f%%%s\n", l->sequence_parallel ? "on" : "-", l->zero == 3 ? "3" : l->zero ? "1" : "-", l->virtual_stages,
            100 * l->bubble, chosen ? "   <- chosen" : "");
 }
 
@@ -96,7 +96,7 @@ static void print_plan(const elastic_plan_request *r, const elastic_plan *plan)
     if (c->virtual_stages > 1) snprintf(chunks, sizeof chunks, " virtual-stages %d", c->virtual_stages);
     printf("chosen: tp%d pp%d dp%d micro %lld accum %lld%s%s%s (%s)\n", c->tp, c->pp, c->dp,
            (long long)c->micro_batch, (long long)c->grad_accum, c->sequence_parallel ? " sequence-parallel" : "",
-           c->zero ? " zero 1" : "", chunks, plan->why);
+           c->zero == 3 ? " zero 3" : c->zero ? " zero 1" : "", chunks, plan->why);
     printf("memory per rank: weights %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, checkpoint snapshot %.1f MiB, "
            "activations %.1f MiB\n",
            c->memory.weights / 1048576.0, c->memory.gradients / 1048576.0, c->memory.optimizer / 1048576.0,

@@ -164,13 +164,13 @@ void gpt_model_free(gpt_model *m)
  * shard of m and v (the summed gradients of the shard are summed in place,
  * in the gradients' own region); with ZeRO-3 this rank's shard of params,
  * grads, m and v, then the work area (params | grads of the units of one
- * use, a piece of summed gradients). Laid out once, at its final size: a
+ * use). Laid out once, at its final size: a
  * sharded optimizer is for a model whose whole state does not fit. */
 static int lay_out_memory(gpt_model *m, int zero)
 {
     TP_TRY(zero_lay_out(m, zero));
-    int64_t S = m->shard_len, W = m->work_floats, dp = m->comm->dp;
-    int64_t floats = m->zero == 3 ? 4 * S + 2 * W + W / dp : m->zero ? 2 * m->total + 2 * S : 4 * m->total;
+    int64_t S = m->shard_len, W = m->work_floats;
+    int64_t floats = m->zero == 3 ? 4 * S + 2 * W : m->zero ? 2 * m->total + 2 * S : 4 * m->total;
     TP_TRY(m->kernels->alloc((void **)&m->memory, (size_t)floats * sizeof(float)));
     if (m->zero == 3) {
         /* Views point into the work area while gathered only (zero_gather_use). */
@@ -180,7 +180,6 @@ static int lay_out_memory(gpt_model *m, int zero)
         m->shard_v = m->memory + 3 * S;
         m->work_params = m->memory + 4 * S;
         m->work_grads = m->work_params + W;
-        m->work_sum = m->work_grads + W;
         return TP_OK;
     }
     for (int i = 0; i < m->num_params; i++) {
@@ -527,8 +526,7 @@ int64_t gpt_model_optimizer_bytes(const gpt_model *m)
 
 int64_t gpt_model_parameter_bytes(const gpt_model *m)
 {
-    int64_t floats = m->zero == 3 ? 2 * m->shard_len + 2 * m->work_floats + m->work_floats / m->comm->dp
-                                  : 2 * m->total;
+    int64_t floats = m->zero == 3 ? 2 * m->shard_len + 2 * m->work_floats : 2 * m->total;
     return floats * (int64_t)sizeof(float);
 }
 

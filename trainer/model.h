@@ -119,9 +119,8 @@ typedef struct {
     int num_units;
     int64_t shard_len;
     float *shard_params, *shard_grads, *shard_m, *shard_v; /* shard_len each */
-    /* ZeRO-3: the units of one use gathered whole (params, grads: work_floats
-     * each), and a piece of summed gradients (the largest piece). */
-    float *work_params, *work_grads, *work_sum;
+    /* ZeRO-3: the units of one use gathered whole (params, grads: work_floats each). */
+    float *work_params, *work_grads;
     int64_t work_floats;
     int work_units[GPT_LAYER_KINDS + 1], num_work_units, work_what; /* gathered now (zero_gather_use) */
     int wte, wpe, lnf_w, lnf_b;  /* indices into params, -1 when not on this stage */

@@ -145,9 +145,10 @@ int zero_release_use(gpt_model *m)
     for (int j = 0; j < m->num_work_units; j++) {
         zero_unit *u = &m->units[m->work_units[j]];
         if (!status && (m->work_what & ZERO_GRADS)) {
-            status = comm_reduce_scatter(m->comm, GROUP_DP, m->work_grads + u->work_at, m->work_sum, u->piece,
-                                         COMM_FLOAT, m->stream);
-            if (!status) status = m->kernels->add_inplace(m->shard_grads + u->at, m->work_sum, u->piece);
+            /* In place: this rank's sums land on its own piece of the unit. */
+            float *grads = m->work_grads + u->work_at, *mine = grads + m->comm->dp_rank * u->piece;
+            status = comm_reduce_scatter(m->comm, GROUP_DP, grads, mine, u->piece, COMM_FLOAT, m->stream);
+            if (!status) status = m->kernels->add_inplace(m->shard_grads + u->at, mine, u->piece);
         }
         point_views(m, u, NULL, NULL);
         u->work_at = -1;

@@ -242,6 +242,76 @@ check "ZeRO-1: start lines zero 1 1 0 1, dp 2 2 2 2" \
     [ "$(events "$WORK/zero-split.jsonl" start zero)|$(events "$WORK/zero-split.jsonl" start dp)" = "1 1 0 1 |2 2 2 2 " ]
 expect_error "--zero 2" 2 "--zero" "$TRAIN" $TINY --zero 2
 
+# --- ZeRO-3 (--zero 3): the parameters and gradients split over the
+# data-parallel ranks as well, each layer (and each other tensor) gathered
+# when a forward or backward uses it. The arithmetic of each element is that
+# of the same layout without it: its losses (1e-6), with a dp-th of the
+# moments kept (rounded up per unit: a layer, or another tensor).
+for layout in "4 2 1 2 2 1" "4 1 1 4 1 1" "8 2 2 2 1 2"; do
+    set -- $layout
+    name="tp$2pp$3dp$4"
+    expect_ok "20 steps at $name with ZeRO-3" mpi_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" \
+        --micro-batch "$5" --grad-accum "$6" --steps 20 --zero 3 --log "$WORK/$name-zero3.jsonl"
+    check "$name with ZeRO-3 has its losses without it (1e-6)" \
+        losses_match "$WORK/$name-zero3.jsonl" "$WORK/$name.jsonl" 1e-6
+    check "$name with ZeRO-3: each rank keeps a dp-th of the moments (each unit rounded up)" "$PY" -c '
+import json, sys
+z, plain = ([r for r in map(json.loads, open(f)) if r.get("event") == "start"][0] for f in sys.argv[1:3])
+dp = int(sys.argv[3])
+elements = plain["optimizer_bytes"] // 8
+share = -(-elements // dp)
+sys.exit(not (z["zero"] == 3 and share <= z["optimizer_bytes"] // 8 <= share + 32))' \
+        "$WORK/$name-zero3.jsonl" "$WORK/$name.jsonl" "$4"
+done
+expect_ok "20 steps at tp2pp1dp2 with ZeRO-3 and sequence parallelism" mpi_train 4 $TINY --tp 2 --dp 2 \
+    --micro-batch 2 --steps 20 --sequence-parallel --zero 3 --log "$WORK/tp2pp1dp2-sp-zero3.jsonl"
+check "ZeRO-3 with sequence parallelism: the losses of sequence parallelism alone (1e-6)" \
+    losses_match "$WORK/tp2pp1dp2-sp-zero3.jsonl" "$WORK/tp2pp1dp2-sp.jsonl" 1e-6
+# Llama with one key/value head shared by both TP ranks: its gradients summed
+# over them per use.
+LZ="--model llama-tiny --kv-heads 1 --micro-batch 2 --steps 12 --quiet --tp 2 --dp 2 --sequence-parallel"
+expect_ok "Llama, a shared key/value head, sequence parallelism: tp2dp2" mpi_train 4 $LZ --log "$WORK/llama-kv1.jsonl"
+expect_ok "the same with ZeRO-3" mpi_train 4 $LZ --zero 3 --log "$WORK/llama-kv1-zero3.jsonl"
+check "Llama with ZeRO-3: the losses without it (1e-6)" \
+    losses_match "$WORK/llama-kv1-zero3.jsonl" "$WORK/llama-kv1.jsonl" 1e-6
+# The PyTorch reference at dp2 with ZeRO-3: the test hook's gradients are
+# those each rank's shard summed, gathered to their writers.
+torch_check dp2-zero3 2 --zero 3
+torch_check pp2dp2-zero3 4 --pp 2 --zero 3
+# Checkpoints: each rank writes the parameters and moments of the tensors
+# whose first value its shard holds (format 1.7), and they resume at any
+# layout, with or without a sharded optimizer.
+expect_ok "ZeRO-3: tp2dp2 to step 4" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 3 --stop-at 4 \
+    --ckpt-dir "$WORK/zero3run" --log "$WORK/zero3-split.jsonl"
+expect_ok "ZeRO-3's checkpoint verifies" "$BIN/tp-ckpt" verify "$WORK/zero3run/step_00000004"
+check "ZeRO-3: parameters and moments in both replicas' files (format 1.7)" "$PY" -c '
+import json, sys
+index = json.load(open(sys.argv[1] + "/index.json"))
+where = {(t["role"], p["file"]) for t in index["tensors"] for p in t["pieces"]}
+roles = lambda part: {r for r, p in where if part(p)}
+sys.exit(not (index["format_version"] == [1, 7] and roles(lambda p: "_dp01" in p) == {"param", "exp_avg", "exp_avg_sq"}
+              and roles(lambda p: "_dp" not in p) == {"param", "exp_avg", "exp_avg_sq"}))' "$WORK/zero3run/step_00000004"
+expect_ok "ZeRO-3's checkpoint, read by the independent h5py reader" "$PY" "$ROOT/tests/ckpt/check_h5py.py" \
+    "$WORK/zero3run/step_00000004"
+expect_ok "ZeRO-3's checkpoint resharded to tp1" "$BIN/tp-reshard" "$WORK/zero3run/step_00000004" --to tp1pp1 \
+    -o "$WORK/zero3-tp1"
+expect_ok "resharded: the same tensors, bit for bit" "$BIN/tp-ckpt" diff "$WORK/zero3run/step_00000004" \
+    "$WORK/zero3-tp1"
+expect_ok "ZeRO-3: the same layout from step 4 to 6" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 3 --stop-at 6 \
+    --ckpt-dir "$WORK/zero3run" --resume --log "$WORK/zero3-split.jsonl"
+expect_ok "ZeRO-3 at tp2pp2dp2 from step 6 to 8 (the token table's copies on two stages)" mpi_train 8 $ZB --tp 2 \
+    --pp 2 --micro-batch 1 --zero 3 --stop-at 8 --ckpt-dir "$WORK/zero3run" --resume --log "$WORK/zero3-split.jsonl"
+expect_ok "without ZeRO at tp1 from step 8 to 10" mpi_train 1 $ZB --micro-batch 8 --stop-at 10 \
+    --ckpt-dir "$WORK/zero3run" --resume --log "$WORK/zero3-split.jsonl"
+expect_ok "ZeRO-1 at dp4 from step 10 to 12" mpi_train 4 $ZB --micro-batch 2 --zero 1 \
+    --ckpt-dir "$WORK/zero3run" --resume --log "$WORK/zero3-split.jsonl"
+check "ZeRO-3 across layouts and stages, one log: the straight run's losses (1e-4)" \
+    losses_match "$WORK/zero3-split.jsonl" "$WORK/zero-straight.jsonl" 1e-4
+steps_from "$WORK/zero3-split.jsonl" 1 6 >"$WORK/zero3-split-6.jsonl"
+check "ZeRO-3 at the same layout: the straight run's losses to step 6 (1e-6)" \
+    losses_match "$WORK/zero3-split-6.jsonl" "$WORK/zero-straight-6.jsonl" 1e-6
+check "ZeRO-3: start lines zero 3 3 3 0 1" [ "$(events "$WORK/zero3-split.jsonl" start zero)" = "3 3 3 0 1 " ]
+
 # --- Preemption: SIGTERM (to the process, or to each rank under mpirun) or
 # SIGUSR1 (to mpirun, which forwards it) ends the step, commits a checkpoint,
 # exits 0; the resumed run continues exactly.

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Resume across every pair of a set of layouts that mix the parallelism
 # options (issue 27): tensor, pipeline and data parallelism, sequence
-# parallelism, the interleaved schedule and ZeRO-1. Each layout trains 5
+# parallelism, the interleaved schedule, ZeRO-1 and ZeRO-3. Each layout trains 5
 # steps straight, saving after step 3; every layout's step-3 checkpoint is
 # then resumed at every layout for steps 4 and 5. Same layout: the losses of
 # its straight run (1e-6); another layout: those of the one-rank run (1e-4).
@@ -18,7 +18,7 @@ MODEL="--model tiny --layers 4 --micro-batch 1 --global-batch 8 --steps 5 --quie
 # name|ranks|options
 LAYOUTS="one|1|
 tp2dp2-sp-zero1|4|--tp 2 --dp 2 --sequence-parallel --zero 1
-pp2v2dp2-zero1|4|--pp 2 --dp 2 --virtual-stages 2 --zero 1
+pp2v2dp2-zero3|4|--pp 2 --dp 2 --virtual-stages 2 --zero 3
 tp2pp2v2-sp|4|--tp 2 --pp 2 --virtual-stages 2 --sequence-parallel
 dp4-zero1|4|--dp 4 --zero 1"
 
