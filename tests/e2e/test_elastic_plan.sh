@@ -105,7 +105,10 @@ check "--allow-batch-change: recorded" "$PY" -c 'import json,sys; p=json.load(op
 expect_ok "--micro-batch 2 --memory-per-rank" "$ELASTIC" plan --world 4 --model small --global-batch 16 \
     --micro-batch 2 --memory-per-rank 200M --json
 check "memory limit: the rules hold" check_json "$WORK/.out" 4 16 0 209715200
-check "memory limit: tp2 pp1 fits at micro-batch 2 only with ZeRO-1; tp1 pp1 not at all; no ZeRO at dp 1" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); l={(l["tp"],l["pp"]):l for l in p["layouts"]}; t=l[2,1]; assert t["valid"] and t["micro_batch"]==2 and t["zero"]==1 and not t["sequence_parallel"] and t["memory_per_rank"]["total"] <= 209715200 < t["memory_without_savings"], t; assert not l[1,1]["valid"] and "200.0 MiB given" in l[1,1]["reason"], l[1,1]; assert not any(x.get("zero") for x in p["layouts"] if x["valid"] and x["dp"] == 1), p' "$WORK/.out"
+check "memory limit: tp2 pp1 fits at micro-batch 2 only with ZeRO-1; tp1 pp1 only with ZeRO-3; no ZeRO at dp 1" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); l={(l["tp"],l["pp"]):l for l in p["layouts"]}; t=l[2,1]; assert t["valid"] and t["micro_batch"]==2 and t["zero"]==1 and not t["sequence_parallel"] and t["memory_per_rank"]["total"] <= 209715200 < t["memory_without_savings"], t; o=l[1,1]; assert o["valid"] and o["dp"]==4 and o["zero"]==3 and not o["sequence_parallel"] and o["memory_per_rank"]["total"] <= 209715200 < o["memory_without_savings"], o; assert not any(x.get("zero") for x in p["layouts"] if x["valid"] and x["dp"] == 1), p' "$WORK/.out"
+expect_ok "--memory-per-rank 100M" "$ELASTIC" plan --world 4 --model small --global-batch 16 --micro-batch 2 \
+    --memory-per-rank 100M --json
+check "under what ZeRO-3 needs at tp1 pp1: not valid, saying what ZeRO-3 would need" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); o=[l for l in p["layouts"] if (l["tp"],l["pp"])==(1,1)][0]; assert not o["valid"] and "with ZeRO-3" in o["reason"] and "100.0 MiB given" in o["reason"], o' "$WORK/.out"
 expect_ok "the same, text" "$ELASTIC" plan --world 4 --model small --global-batch 16 --micro-batch 2 \
     --memory-per-rank 200M --current tp2pp1
 check "text: tp2 pp1 chosen with ZeRO-1, and why" \
