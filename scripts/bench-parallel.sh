@@ -11,11 +11,12 @@
 #   measures it (the ranks' mean idle time in the pipeline over the rest of
 #   the longest rank's pipeline time) against (pp - 1) / (V m),
 #   milliseconds per step, the activations kept.
-# - ZeRO-1 at dp 1, 2 and 4, with and without it: the Adam moments a rank
-#   keeps (the start line's optimizer_bytes) against a dp-th of them, the
-#   peak RSS of the writing rank and of the others (the stop line's
-#   peak_rss_bytes) and what the others save against the expected figure,
-#   milliseconds per step, and the bytes each rank writes to a checkpoint.
+# - ZeRO-1 and ZeRO-3 at dp 1, 2 and 4, and without them: the Adam moments
+#   a rank keeps (the start line's optimizer_bytes) against a dp-th of
+#   them, the parameters and gradients (parameter_bytes), the peak RSS of
+#   the first rank and of the others (the stop line's peak_rss_bytes) and
+#   what they save against the expected figure, milliseconds per step, and
+#   the bytes each rank writes to a checkpoint.
 # Writes docs/BENCHMARKS.md (sections bench-parallel, bench-zero and bench-pipeline).
 #   BENCH_STEPS (default 10): steps per run; the first 2 are warm-up, not counted
 #   BENCH_REPS (default 3): repetitions, alternating which goes first; medians
@@ -28,6 +29,7 @@
 #   BENCH_PIPELINE_M (default "2 8"): micro-batches of one sequence a step
 #   BENCH_PIPELINE_V (default "1 2 4"): virtual stages
 #   BENCH_DPS (default "1 2 4"): the data-parallel degrees of the ZeRO runs (BENCH_SHAPE, tp 1)
+#   BENCH_ZEROS (default "1 3"): the ZeRO stages run beside ZeRO 0
 #   Where it writes: scripts/bench-lib.sh.
 set -eu
 cd "$(dirname "$0")/.."
@@ -41,6 +43,7 @@ PIPELINE_SHAPE=${BENCH_PIPELINE_SHAPE:---layers 8 --dim 512 --heads 8 --vocab 25
 PIPELINE_M=${BENCH_PIPELINE_M:-2 8}
 PIPELINE_V=${BENCH_PIPELINE_V:-1 2 4}
 DPS=${BENCH_DPS:-1 2 4}
+ZEROS=${BENCH_ZEROS:-1 3}
 BATCH=4
 DIR="$SCRATCH_ROOT/parallel"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -121,9 +124,10 @@ rows divided by tp and two [B*T, D] buffers added to gather into (the script fai
 $TABLE
 DOC
 
-# --- ZeRO-1 at tp 1: one process per data-parallel rank, one thread each;
-# each run ends with a checkpoint, whose files say what each rank wrote (the
-# shard's file rank 0, data-parallel file D rank D: format 1.6).
+# --- ZeRO-1 and ZeRO-3 at tp 1: one process per data-parallel rank, one
+# thread each; each run ends with a checkpoint, whose files say what each
+# rank wrote (the shard's file rank 0, data-parallel file D rank D: formats
+# 1.6 and 1.7).
 ZERO_RESULTS="$DIR/zero.jsonl"
 : >"$ZERO_RESULTS"
 # run_zero DP ZERO REP: one run, one JSON line into ZERO_RESULTS.
@@ -142,18 +146,20 @@ steps = [r for r in rows if "event" not in r and "ms" in r]
 rss = [r for r in rows if r.get("event") == "stop"][-1]["peak_rss_bytes"]  # each rank's, in rank order
 step = sorted(glob.glob(os.path.join(ckpt, "step_*")))[-1]
 index = json.load(open(os.path.join(step, "index.json")))
-# Per data-parallel rank: the bytes of the file it wrote, and the moments' values in it.
+# Per data-parallel rank: the bytes of the file it wrote, the moments' and the parameters' values in it.
 written = [0] * dp
 moments = [0] * dp
+params = [0] * dp
 for f in index["files"]:
     written[f.get("dp", 0)] += os.path.getsize(os.path.join(step, f["name"]))
 file_dp = {f["name"]: f.get("dp", 0) for f in index["files"]}
 for t in index["tensors"]:
-    if t["role"] == "exp_avg":
+    if t["role"] in ("exp_avg", "param"):
         for p in t["pieces"]:
-            moments[file_dp[p["file"]]] += p["bytes"] // 4
+            (moments if t["role"] == "exp_avg" else params)[file_dp[p["file"]]] += p["bytes"] // 4
 print(json.dumps({"dp": dp, "zero": zero, "rep": rep, "started_zero": start["zero"],
-                  "optimizer_bytes": start["optimizer_bytes"], "ms": statistics.median(r["ms"] for r in steps[2:] or steps),
+                  "optimizer_bytes": start["optimizer_bytes"], "parameter_bytes": start["parameter_bytes"],
+                  "param_values": params, "ms": statistics.median(r["ms"] for r in steps[2:] or steps),
                   "max_rss_bytes": measured["max_rss_bytes"], "rss_bytes": rss, "written_bytes": written,
                   "moment_values": moments, "losses": [r["loss"] for r in steps]}))
 PY
@@ -161,49 +167,59 @@ PY
 }
 for rep in $(seq 1 "$REPS"); do
     for dp in $DPS; do
-        if [ $((rep % 2)) = 1 ]; then order="0 1"; else order="1 0"; fi
+        if [ $((rep % 2)) = 1 ]; then order="0 $ZEROS"; else order="$(echo $ZEROS | tr " " "\n" | sort -r | tr "\n" " ")0"; fi
         for zero in $order; do run_zero "$dp" "$zero" "$rep"; done
     done
 done
 ZERO_TABLE=$($PY - "$ZERO_RESULTS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-out = ["| dp | ZeRO | moments kept, MB (measured) | expected, MB | ms/step (median) | vs ZeRO 0 | peak RSS, rank 0, MB | its saving against ZeRO 0, MB | expected, MB | peak RSS, other ranks (largest), MB | its saving, MB | expected, MB | checkpoint written per rank, MB |",
-       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+out = ["| dp | ZeRO | moments kept, MB (measured) | expected, MB | parameters and gradients kept, MB | ms/step (median) | vs ZeRO 0 | peak RSS, rank 0, MB | its saving against ZeRO 0, MB | expected, MB | peak RSS, other ranks (largest), MB | its saving, MB | expected, MB | checkpoint written per rank, MB |",
+       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 MB = 1e6
 for dp in sorted({r["dp"] for r in rows}):
     plain = [r for r in rows if r["dp"] == dp and r["zero"] == 0]
-    for zero in (0, 1):
+    for zero in sorted({r["zero"] for r in rows}):
         runs = [r for r in rows if r["dp"] == dp and r["zero"] == zero]
         kept = runs[0]["optimizer_bytes"]
         if any(r["optimizer_bytes"] != kept or r["started_zero"] != zero for r in runs):
             sys.exit(f"dp{dp} zero {zero}: the runs disagree on what they are")
-        # ZeRO-1 changes where the moments live, not the training: the losses of ZeRO 0 (1e-6).
+        # ZeRO changes where the state lives, not the training: the losses of ZeRO 0 (1e-6).
         ref = plain[0]["losses"]
         if any(len(r["losses"]) != len(ref) or any(abs(a - b) > 1e-6 * abs(b) for a, b in zip(r["losses"], ref)) for r in runs):
             sys.exit(f"dp{dp} zero {zero}: the losses differ from ZeRO 0's")
         elements = plain[0]["optimizer_bytes"] // 8
         expected = 8 * (-(-elements // dp) if zero and dp > 1 else elements)
-        if kept != expected:
+        # ZeRO-3 rounds each unit (a layer, another tensor) up to dp pieces: a value per unit at most.
+        if not (kept == expected or (zero == 3 and dp > 1 and expected < kept <= expected + 8 * 64)):
             sys.exit(f"dp{dp} zero {zero}: {kept} bytes of moments kept, {expected} expected")
-        # Every moment written once, by one rank; without ZeRO all by rank 0.
-        values = runs[0]["moment_values"]
+        # Every moment (and parameter) written once, by one rank; without ZeRO-3 the parameters by rank 0,
+        # and without a sharded optimizer the moments too.
+        values, param_values = runs[0]["moment_values"], runs[0]["param_values"]
         if sum(values) != sum(plain[0]["moment_values"]) or (not zero and any(values[1:])):
             sys.exit(f"dp{dp} zero {zero}: moments written per rank {values}")
+        if sum(param_values) != sum(plain[0]["param_values"]) or (zero != 3 and any(param_values[1:])):
+            sys.exit(f"dp{dp} zero {zero}: parameters written per rank {param_values}")
         ms = statistics.median(r["ms"] for r in runs)
         base = statistics.median(r["ms"] for r in plain)
         rss = lambda rs, d: statistics.median(r["rss_bytes"][d] for r in rs)
-        # What a rank keeps less with ZeRO-1 (T values, the moments M_d it
-        # writes): all but a dp-th of the two moments, 2 T (1 - 1/dp) fp32
-        # values, less its snapshot of the moments it writes (2 M_d; rank 0's
-        # held all 2 T beside the T parameters before), less the gather
-        # buffers of a save (2 dp chunks of at most 1M values).
+        # What a rank keeps less with a sharded optimizer (T values; it writes
+        # the moments of M_d of them and with ZeRO-3 the parameters of P_d):
+        # the moments it no longer keeps (optimizer_bytes); with ZeRO-3 the
+        # parameters and gradients too (parameter_bytes: a shard of each and
+        # the work area of one use instead of both whole); its snapshot (rank
+        # 0's held the T parameters and 2 T moments before; now P_d and
+        # 2 M_d), less the gather buffers of a save (dp chunks of at most 1M
+        # values per region: the two moments, and with ZeRO-3 the parameters).
         chunk = min(-(-elements // dp), 1 << 20)
         def expected_saving(d):
             if not zero or dp == 1:
                 return 0
-            snapshot_before = 2 * elements if d == 0 else 0
-            return 4 * (2 * elements - 2 * (-(-elements // dp)) + snapshot_before - 2 * values[d] - 2 * dp * chunk)
+            snapshot_before = 3 * elements if d == 0 else 0
+            snapshot = (param_values[d] if zero == 3 else elements if d == 0 else 0) + 2 * values[d]
+            regions = 3 if zero == 3 else 2
+            return (plain[0]["optimizer_bytes"] - kept + plain[0]["parameter_bytes"] - runs[0]["parameter_bytes"] +
+                    4 * (snapshot_before - snapshot - regions * dp * chunk))
         rank0 = (rss(runs, 0), rss(plain, 0) - rss(runs, 0), expected_saving(0))
         others = ("-", "-", "-")
         if dp > 1:
@@ -211,27 +227,31 @@ for dp in sorted({r["dp"] for r in rows}):
             before = max(rss(plain, d) for d in range(1, dp))
             others = ("%.0f" % (rss(runs, largest) / MB), "%.0f" % ((before - rss(runs, largest)) / MB),
                       "%.0f" % (min(expected_saving(d) for d in range(1, dp)) / MB))
-        out.append("| %d | %d | %.2f | %.2f | %.0f | %.2fx | %.0f | %.0f | %.0f | %s | %s | %s | %s |" % (
-            dp, zero, kept / MB, expected / MB, ms, base / ms, rank0[0] / MB, rank0[1] / MB, rank0[2] / MB, *others,
+        out.append("| %d | %d | %.2f | %.2f | %.2f | %.0f | %.2fx | %.0f | %.0f | %.0f | %s | %s | %s | %s |" % (
+            dp, zero, kept / MB, expected / MB, runs[0]["parameter_bytes"] / MB, ms, base / ms, rank0[0] / MB,
+            rank0[1] / MB, rank0[2] / MB, *others,
             " / ".join("%.1f" % (b / MB) for b in runs[0]["written_bytes"])))
 print("\n".join(out))
 PY
 )
 echo "$ZERO_TABLE"
-doc_section bench-zero "Parallelism options: the sharded optimizer, ZeRO-1 (bench-parallel)" <<DOC
-Command: \`make bench-parallel\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS, BENCH_DPS="$DPS"),
+doc_section bench-zero "Parallelism options: the sharded optimizer, ZeRO-1 and ZeRO-3 (bench-parallel)" <<DOC
+Command: \`make bench-parallel\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS, BENCH_DPS="$DPS", BENCH_ZEROS="$ZEROS"),
 OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}. tp-train $SHAPE at tp 1, micro-batch $BATCH per rank (so the global
-batch grows with dp: compare ZeRO 0 and 1 at the same dp), one process per data-parallel rank with one thread, on
-this machine's $(nproc) cores, each run ending with a checkpoint. "Moments kept" is the start line's
+batch grows with dp: compare the ZeRO stages at the same dp), one process per data-parallel rank with one thread,
+on this machine's $(nproc) cores, each run ending with a checkpoint. "Moments kept" is the start line's
 optimizer_bytes (both fp32 Adam moments of what the rank updates); expected: all of them at ZeRO 0, a dp-th
-(rounded up) with ZeRO 1; the script fails when they differ by a byte or when the losses differ from ZeRO 0's
-(1e-6). Each rank also keeps the parameters and the gradients whole (ZeRO-1 splits the optimizer state only).
-Peak RSS is each rank's, from the stop line (\`peak_rss_bytes\`); "other ranks" the largest of them, against the
-largest at ZeRO 0. The last column is what each rank wrote (rank 0 the shard's file, rank D its data-parallel
-file, format 1.6): with ZeRO-1, the moments of the tensors whose first value lies in its shard, the parts in
-other shards reaching it through all-gathers of 1M-value chunks (trainer/zero.h). "Expected" saving: all but a
-dp-th of both moments, less the snapshot of the moments the rank writes (rank 0's held all of them before, beside
-the parameters), less the 2 x dp x 1M-value gather buffers of a save.
+(rounded up) with ZeRO 1 and 3 (ZeRO-3 rounds each unit up: at most a value per unit more); the script fails when
+they differ or when the losses differ from ZeRO 0's (1e-6). "Parameters and gradients kept" is the start line's
+parameter_bytes: both whole at ZeRO 0 and 1; with ZeRO-3 a dp-th of each and the work area where one use (a layer,
+or the embedding's or the head's tensors) is gathered whole. Peak RSS is each rank's, from the stop line
+(\`peak_rss_bytes\`); "other ranks" the largest of them, against the largest at ZeRO 0. The last column is what
+each rank wrote (rank 0 the shard's file, rank D its data-parallel file, formats 1.6 and 1.7): the moments
+(ZeRO-3: and the parameters) of the tensors whose first value lies in its shard, the parts in other shards
+reaching it through all-gathers of 1M-value chunks (trainer/zero.h). "Expected" saving: the state the rank no
+longer keeps (moments; with ZeRO-3 the parameters and gradients, from the start lines), and the snapshot it no
+longer takes (rank 0's held all the parameters and moments before), less the dp x 1M-value gather buffers of a
+save per region.
 
 $ZERO_TABLE
 DOC

@@ -30,7 +30,7 @@ export BENCH_DIM=64 BENCH_VOCAB=256 BENCH_GB=0.002 BENCH_PARAMS_B=0
 export BENCH_STEPS=3 BENCH_SHAPE="--layers 2 --dim 64 --heads 4 --vocab 256 --seq 32" BENCH_PEAK_SIZE=128
 # bench-parallel's interleaved schedule: the tiny shape with 8 layers, V 1 and 2, 2 micro-batches.
 export BENCH_PIPELINE_SHAPE="--layers 8 --dim 64 --heads 4 --vocab 256 --seq 32" BENCH_PIPELINE_M=2 BENCH_PIPELINE_V="1 2"
-# bench-parallel's ZeRO-1 runs: dp 1 and 2.
+# bench-parallel's ZeRO-1 and ZeRO-3 runs: dp 1 and 2.
 export BENCH_DPS="1 2"
 export BENCH_MODELS=tiny BENCH_SEQ=32 BENCH_MICRO_BATCH=1
 # bench-llama: llama-tiny's shape, trained and resharded.
@@ -121,7 +121,7 @@ fi
 bench bench-elastic
 bench bench-parallel
 check "bench-parallel: the interleaved schedule's section, with a table of numbers" has_table bench-pipeline
-check "bench-parallel: the ZeRO-1 section, with a table of numbers" has_table bench-zero
+check "bench-parallel: the ZeRO section, with a table of numbers" has_table bench-zero
 bench bench-remote
 check "bench-remote: the per-rank saves' section, with a table of numbers" has_table bench-remote-ranks
 bench bench-scale
