@@ -527,78 +527,94 @@ Test(train, the_interleaved_schedule_trains_as_1f1b, .timeout = 300)
     run_one_sequence = 0;
 }
 
-/* ZeRO-1 splits the moments over the data-parallel ranks, not what is
- * computed: at each layout with dp 2 the losses of the same layout without
- * it (1e-6: the gradients' sums may add in another order), and through the
- * device seam (reduce-scatter, all-gather, the moments' chunks through host
- * copies) bit for bit. Its checkpoints are the format's own: saved with
- * ZeRO-1 after step 3, resumed without it at another layout and with it at
- * another, and the reverse, with the losses of an uninterrupted run. */
-Test(train, zero1_trains_as_without_it, .timeout = 300)
+/* A sharded optimizer splits state over the data-parallel ranks, not what
+ * is computed: ZeRO-1 the moments, ZeRO-3 the parameters and gradients too.
+ * At each layout with dp 2 the losses of the same layout without it (1e-6:
+ * the gradients' sums may add in another order), and through the device
+ * seam (reduce-scatters, all-gathers, ZeRO-3's work area, the state's
+ * chunks through host copies) bit for bit. Its checkpoints are the
+ * format's own: saved with it after step 3, resumed without it at another
+ * layout, with it at another, with the other stage, and the reverse, with
+ * the losses of an uninterrupted run. */
+static void check_sharded_optimizer(int stage)
 {
+    const int other = stage == 1 ? 3 : 1;
     const int layouts[3][3] = {{1, 1, 2}, {2, 1, 2}, {1, 2, 2}};
     for (int i = 0; i < 3; i++) {
         const int *l = layouts[i];
         double plain[8] = {0}, sharded[8] = {0}, device[8] = {0};
         run_zero = 0;
         train_layout(l[0], l[1], l[2], NULL, 5, NULL, 0, 0, plain);
-        run_zero = 1;
+        run_zero = stage;
         train_layout(l[0], l[1], l[2], NULL, 5, NULL, 0, 0, sharded);
         train_layout(l[0], l[1], l[2], encoded_backend(), 5, NULL, 0, 0, device);
         for (int s = 1; s <= 5; s++) {
             cr_assert(plain[s] > 0 && fabs(sharded[s] - plain[s]) <= 1e-6 * plain[s],
-                      "tp%d pp%d dp%d step %d: loss %.9g with ZeRO-1, %.9g without", l[0], l[1], l[2], s, sharded[s],
-                      plain[s]);
+                      "tp%d pp%d dp%d step %d: loss %.9g with ZeRO-%d, %.9g without", l[0], l[1], l[2], s, sharded[s],
+                      stage, plain[s]);
             cr_assert(device[s] == sharded[s], "tp%d pp%d dp%d step %d: %.9g through the device seam, %.9g on the CPU",
                       l[0], l[1], l[2], s, device[s], sharded[s]);
         }
     }
     cr_assert_eq(encoded_backend_live_bytes(), 0);
-    /* At dp 2 a gradient is the sum of the same two values with or without
-     * ZeRO-1: the checkpoints after step 3, and after step 4 resumed from
-     * them, hold the same bits, moments included, on the CPU and through the
-     * device seam (every tensor's logical digest alike): what ZeRO-1 saves
-     * and what it loads are the moments exactly. */
-    const char *saved_at[3] = {"zero-plain", "zero-sharded", "zero-device"};
-    for (int i = 0; i < 3; i++) {
+    /* The checkpoints after step 3, and after step 4 resumed from them,
+     * hold the same bits on the CPU and through the device seam, and at step
+     * 4 those of a run straight to step 4: what it saves and loads is the
+     * state exactly (every tensor's logical digest alike). With ZeRO-1 they
+     * are also the bits of a run without it: at dp 2 a gradient is the sum
+     * of the same two values. ZeRO-3 sums each micro-batch's and each use's
+     * gradients over the ranks before adding them up, another order: its
+     * state agrees with the run without it to rounding only, which Adam
+     * amplifies where a gradient is rounding alone (the key biases', whose
+     * exact gradient is 0); the losses above bound it. */
+    const char *saved_at[4] = {"zero-plain", "zero-sharded", "zero-device", "zero-straight"};
+    for (int i = 0; i < 4; i++) {
         char run_dir[700];
-        snprintf(run_dir, sizeof run_dir, "%s/%s", dir, saved_at[i]);
+        snprintf(run_dir, sizeof run_dir, "%s/%s%d", dir, saved_at[i], stage);
         double losses[8] = {0};
-        run_zero = i > 0;
-        train_layout(2, 1, 2, i == 2 ? encoded_backend() : NULL, 6, run_dir, 3, 0, losses);
-        train_layout(2, 1, 2, i == 2 ? encoded_backend() : NULL, 6, run_dir, 4, 1, losses);
+        run_zero = i > 0 ? stage : 0;
+        const kernel_backend *k = i == 2 ? encoded_backend() : NULL;
+        if (i < 3) train_layout(2, 1, 2, k, 6, run_dir, 3, 0, losses);
+        train_layout(2, 1, 2, k, 6, run_dir, 4, i < 3, losses);
     }
     for (int step = 3; step <= 4; step++) {
-        ckpt_reader *readers[3] = {NULL};
-        for (int i = 0; i < 3; i++) {
+        ckpt_reader *readers[4] = {NULL};
+        for (int i = 0; i < (step == 4 ? 4 : 3); i++) {
             char path[800];
-            snprintf(path, sizeof path, "%s/%s/step_%08d", dir, saved_at[i], step);
+            snprintf(path, sizeof path, "%s/%s%d/step_%08d", dir, saved_at[i], stage, step);
             cr_assert_eq(ckpt_reader_open(&readers[i], path, NULL), TP_OK, "%s", tp_errmsg());
         }
-        int tensors = ckpt_reader_num_tensors(readers[0]), moments = 0;
-        for (int i = 1; i < 3; i++) cr_assert_eq(ckpt_reader_num_tensors(readers[i]), tensors);
+        /* Pairs whose bits agree: sharded and device, sharded and straight (step 4), plain and sharded (ZeRO-1). */
+        const int pairs[3][2] = {{1, 2}, {1, 3}, {0, 1}};
+        int tensors = ckpt_reader_num_tensors(readers[1]), moments = 0;
         for (int t = 0; t < tensors; t++) {
-            const char *name = ckpt_reader_tensor(readers[0], t)->name;
+            const char *name = ckpt_reader_tensor(readers[1], t)->name;
             moments += strstr(name, "exp_avg") != NULL;
-            for (int i = 1; i < 3; i++) {
-                int j = ckpt_reader_find(readers[i], name);
-                cr_assert(j >= 0, "%s: no %s", saved_at[i], name);
-                cr_assert_eq(ckpt_reader_digest(readers[i], j), ckpt_reader_digest(readers[0], t),
-                             "%s, step %d: %s differs from the run without ZeRO-1", saved_at[i], step, name);
+            for (int p = 0; p < 3; p++) {
+                ckpt_reader *a = readers[pairs[p][0]], *b = readers[pairs[p][1]];
+                if (!b || (p == 2 && stage != 1)) continue;
+                cr_assert_eq(ckpt_reader_num_tensors(a), tensors);
+                int i = ckpt_reader_find(a, name), j = ckpt_reader_find(b, name);
+                cr_assert(i >= 0 && j >= 0, "%s: missing", name);
+                cr_assert_eq(ckpt_reader_digest(a, i), ckpt_reader_digest(b, j), "ZeRO-%d, step %d: %s differs in %s",
+                             stage, step, name, saved_at[pairs[p][1]]);
             }
         }
         cr_assert(moments > 0, "the checkpoints hold no moments");
-        for (int i = 0; i < 3; i++) ckpt_reader_close(readers[i]);
+        for (int i = 0; i < 4; i++) ckpt_reader_close(readers[i]);
     }
     run_zero = 0;
     double straight[8] = {0};
     train_layout(1, 1, 1, NULL, 6, NULL, 0, 0, straight);
     const struct {
         int save_tp, save_dp, save_zero, load_tp, load_dp, load_zero, on_device;
-    } moves[4] = {{2, 2, 1, 1, 1, 0, 0}, {1, 2, 1, 2, 2, 1, 1}, {2, 1, 0, 1, 2, 1, 0}, {1, 2, 1, 1, 2, 1, 1}};
+    } moves[4] = {{2, 2, stage, 1, 1, 0, 0},
+                  {1, 2, stage, 2, 2, stage, 1},
+                  {2, 1, 0, 1, 2, stage, 0},
+                  {1, 2, stage, 1, 2, other, 1}};
     for (int i = 0; i < 4; i++) {
         char run_dir[700];
-        snprintf(run_dir, sizeof run_dir, "%s/zero%d", dir, i);
+        snprintf(run_dir, sizeof run_dir, "%s/zero%d-%d", dir, stage, i);
         double first[8] = {0}, rest[8] = {0};
         const kernel_backend *k = moves[i].on_device ? encoded_backend() : NULL;
         run_zero = moves[i].save_zero;
@@ -615,6 +631,16 @@ Test(train, zero1_trains_as_without_it, .timeout = 300)
     }
     run_zero = 0;
     cr_assert_eq(encoded_backend_live_bytes(), 0);
+}
+
+Test(train, zero1_trains_as_without_it, .timeout = 300)
+{
+    check_sharded_optimizer(1);
+}
+
+Test(train, zero3_trains_as_without_it, .timeout = 300)
+{
+    check_sharded_optimizer(3);
 }
 
 Test(train, a_device_backend_trains_as_the_cpu_bit_for_bit, .timeout = 120)
