@@ -47,9 +47,9 @@ typedef struct {
     int64_t work;        /* ZeRO-3: the units of one use gathered whole, the most of any use */
     int64_t owned;       /* of those, what it stores: all but the tied copy */
     int64_t written;     /* of those, what its checkpoint snapshot copies: all owned, or with ZeRO-3 those
-                            whose first value lies in its shard (trainer/zero.h zero_writer) */
+                            whose middle value lies in its shard (trainer/zero.h zero_writer) */
     int64_t moments_written; /* of those, whose moments it writes (all owned, or with a sharded optimizer
-                                those whose first value lies in its shard) */
+                                those whose middle value lies in its shard) */
     int64_t embed_piece; /* its piece of the token table, [Vp/tp, D]; 0 on a stage without one */
     int64_t vocab_local; /* Vp/tp: its columns of the logits */
 } stage_share;
@@ -84,7 +84,7 @@ static void stage_units(const stage_view *views, int count, int zero, int dp, in
         int64_t piece = zero ? (length + dp - 1) / dp : length, span = zero ? piece * dp : length, offset = 0;
         for (int j = i; j < end; j++) {
             /* Written by the first rank: its moments, and with ZeRO-3 its parameter. */
-            int first_writes = !zero || offset < piece;
+            int first_writes = !zero || offset + (views[j].numel - 1) / 2 < piece;
             offset += views[j].numel;
             if (views[j].tied_copy) continue;
             share->written += zero == 3 && !first_writes ? 0 : views[j].numel;
@@ -545,6 +545,8 @@ static int better(const elastic_plan_request *r, const elastic_layout *a, const 
     if (a->ranks != b->ranks) return a->ranks > b->ranks;
     if (a->global_batch != b->global_batch) return a->global_batch > b->global_batch; /* both <= the request */
     if (is_current(r, a) != is_current(r, b)) return is_current(r, a);
+    /* ZeRO-3 is the last resort: its traffic grows with the accumulation. */
+    if ((a->zero == 3) != (b->zero == 3)) return b->zero == 3;
     if (a->memory.total != b->memory.total) return a->memory.total < b->memory.total;
     if (a->comm_bytes_per_step != b->comm_bytes_per_step) return a->comm_bytes_per_step < b->comm_bytes_per_step;
     return a->tp < b->tp;

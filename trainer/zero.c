@@ -99,7 +99,7 @@ int zero_writer(const gpt_model *m, const param_view *v)
 {
     if (!m->zero) return 0;
     const zero_unit *u = &m->units[v->unit];
-    return (int)((v->flat - u->first) / u->piece);
+    return (int)((v->flat + (v->numel - 1) / 2 - u->first) / u->piece);
 }
 
 /* Points a unit's views at its place in the work area, or (at NULL) nowhere. */

@@ -613,6 +613,17 @@ Test(plan, zero3_when_nothing_cheaper_fits)
               "tp%d micro %lld zero %d sp %d: %s", tight.tp, (long long)tight.micro_batch, tight.zero,
               tight.sequence_parallel, why);
     cr_assert(strstr(why, "with ZeRO-3 and sequence parallelism (") != NULL, "%s", why);
+    /* Without a current layout to keep, one that fits without ZeRO-3 comes first, however much less memory
+     * ZeRO-3 leaves: here the 8 ranks at tp4 or pp2 (with ZeRO-1 or sequence parallelism if need be). */
+    r.current_tp = r.current_pp = 0;
+    r.memory_per_rank = (zero3.total + both.total) / 2;
+    elastic_plan plan;
+    cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK, "%s", tp_errmsg());
+    int without = 0;
+    for (int i = 0; i < plan.count; i++)
+        without += plan.layouts[i].valid && plan.layouts[i].ranks == 8 && plan.layouts[i].zero != 3;
+    cr_assert(without > 0 && plan.chosen >= 0 && plan.layouts[plan.chosen].zero != 3, "%s", plan.why);
+    elastic_plan_free(&plan);
 }
 
 /* Sequence parallelism is chosen when a layout fits the memory per rank only
