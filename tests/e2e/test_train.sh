@@ -46,6 +46,10 @@ expect_ok "20 steps in bf16 at tp2dp2 with ZeRO-1" mpi_train 4 $TINY --tp 2 --dp
     --dtype bf16 --zero 1 --log "$WORK/bf16-tp2dp2-zero1.jsonl"
 check "bf16 with ZeRO-1: tp2dp2 has the losses of tp1 (1e-4)" \
     losses_match "$WORK/bf16-tp2dp2-zero1.jsonl" "$WORK/bf16-tp1.jsonl" 1e-4
+expect_ok "20 steps in bf16 at tp2dp2 with ZeRO-3" mpi_train 4 $TINY --tp 2 --dp 2 --micro-batch 1 --steps 20 \
+    --dtype bf16 --zero 3 --log "$WORK/bf16-tp2dp2-zero3.jsonl"
+check "bf16 with ZeRO-3: tp2dp2 has the losses of tp1 (1e-4)" \
+    losses_match "$WORK/bf16-tp2dp2-zero3.jsonl" "$WORK/bf16-tp1.jsonl" 1e-4
 check "bf16: within 1e-2 of fp32's losses" losses_match "$WORK/bf16-tp1.jsonl" "$WORK/fp32-tp1.jsonl" 1e-2
 check_all "bf16: not fp32's losses (the rounding is there)" \
     '! losses_match "$WORK/bf16-tp1.jsonl" "$WORK/fp32-tp1.jsonl" 1e-7 2>/dev/null'
