@@ -47,9 +47,9 @@ typedef struct {
     int64_t work;        /* ZeRO-3: the units of one use gathered whole, the most of any use */
     int64_t owned;       /* of those, what it stores: all but the tied copy */
     int64_t written;     /* of those, what its checkpoint snapshot copies: all owned, or with ZeRO-3 those
-                            whose middle value lies in its shard (trainer/zero.h zero_writer) */
+                            it writes the state of (trainer/zero.h zero_writer) */
     int64_t moments_written; /* of those, whose moments it writes (all owned, or with a sharded optimizer
-                                those whose middle value lies in its shard) */
+                                those zero_writer gives it) */
     int64_t embed_piece; /* its piece of the token table, [Vp/tp, D]; 0 on a stage without one */
     int64_t vocab_local; /* Vp/tp: its columns of the logits */
 } stage_share;
@@ -67,11 +67,31 @@ typedef struct {
     int layer, kind, tied_copy;
 } stage_view;
 
+/* What the first data-parallel rank writes of a stage's views (its share's
+ * written and moments_written), the writers chosen as the trainer chooses
+ * them (trainer/zero.h zero_writer): each stored view to the rank with the
+ * fewest values to write so far. load: dp entries, zeroed. */
+static void first_rank_writes(const stage_view *views, int count, int zero, int dp, int64_t *load, stage_share *share)
+{
+    for (int j = 0; j < count && zero == 1; j++) load[0] += views[j].tied_copy ? 0 : views[j].numel;
+    for (int j = 0; j < count; j++) {
+        if (views[j].tied_copy) continue; /* the last stage's copy: stored by the first */
+        int writer = 0;
+        for (int d = 1; d < dp && zero; d++)
+            if (load[d] < load[writer]) writer = d;
+        if (zero) load[writer] += (zero == 3 ? 3 : 2) * views[j].numel;
+        if (writer) continue;
+        share->written += views[j].numel;
+        share->moments_written += views[j].numel;
+    }
+    if (zero == 1) share->written = share->owned; /* every parameter */
+}
+
 /* A stage's units as the trainer forms them (trainer/zero.c starts_unit,
  * zero_lay_out) from its views: one of all of them, or with ZeRO-3 one per
  * run of a layer's views and one per other view; each padded to dp pieces
- * with a sharded optimizer. Fills the share's params, shard, written,
- * moments_written and (ZeRO-3) work. */
+ * with a sharded optimizer. Fills the share's params, shard and (ZeRO-3)
+ * work. */
 static void stage_units(const stage_view *views, int count, int zero, int dp, int first, int last, stage_share *share)
 {
     int per_use = zero == 3;
@@ -81,15 +101,7 @@ static void stage_units(const stage_view *views, int count, int zero, int dp, in
         while (end < count && !(per_use && (views[end].layer < 0 || views[end].layer != views[end - 1].layer))) end++;
         int64_t length = 0;
         for (int j = i; j < end; j++) length += views[j].numel;
-        int64_t piece = zero ? (length + dp - 1) / dp : length, span = zero ? piece * dp : length, offset = 0;
-        for (int j = i; j < end; j++) {
-            /* Written by the first rank: its moments, and with ZeRO-3 its parameter. */
-            int first_writes = !zero || offset + (views[j].numel - 1) / 2 < piece;
-            offset += views[j].numel;
-            if (views[j].tied_copy) continue;
-            share->written += zero == 3 && !first_writes ? 0 : views[j].numel;
-            share->moments_written += first_writes ? views[j].numel : 0;
-        }
+        int64_t piece = zero ? (length + dp - 1) / dp : length, span = zero ? piece * dp : length;
         share->params += span;
         share->shard += piece;
         /* ZeRO-3's uses (trainer/zero.h zero_use_views): a layer; the
@@ -133,12 +145,15 @@ static int stage_shares(const gpt_config *model, int tp, int pp, int zero, int d
     TP_TRY(gpt_catalog(model, 0, &catalog, &count));
     ckpt_layout layout = {tp, pp, 1, model->layers, 1};
     memset(shares, 0, (size_t)pp * sizeof *shares);
+    if (dp < 2) zero = 0;
     stage_view *views = calloc((size_t)count + 1, sizeof *views);
-    if (!views) {
+    int64_t *load = calloc((size_t)(zero ? dp : 1), sizeof *load);
+    if (!views || !load) {
+        free(views);
+        free(load);
         free(catalog);
         return tp_fail(TP_ERR_NOMEM, "out of memory estimating memory for tp %d pp %d", tp, pp);
     }
-    if (dp < 2) zero = 0;
     for (int stage = 0; stage < pp; stage++) {
         stage_share *here = &shares[stage];
         int n = 0;
@@ -155,8 +170,11 @@ static int stage_shares(const gpt_config *model, int tp, int pp, int zero, int d
             views[n++] = (stage_view){numel, catalog[i].layer, catalog[i].kind, tied_copy};
         }
         stage_units(views, n, zero, dp, stage == 0, stage == pp - 1, here);
+        memset(load, 0, (size_t)(zero ? dp : 1) * sizeof *load);
+        first_rank_writes(views, n, zero, dp, load, here);
     }
     free(views);
+    free(load);
     free(catalog);
     return TP_OK;
 }

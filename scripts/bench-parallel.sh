@@ -247,8 +247,8 @@ parameter_bytes: both whole at ZeRO 0 and 1; with ZeRO-3 a dp-th of each and the
 or the embedding's or the head's tensors) is gathered whole. Peak RSS is each rank's, from the stop line
 (\`peak_rss_bytes\`); "other ranks" the largest of them, against the largest at ZeRO 0. The last column is what
 each rank wrote (rank 0 the shard's file, rank D its data-parallel file, formats 1.6 and 1.7): the moments
-(ZeRO-3: and the parameters) of the tensors whose middle value lies in its shard, the parts in other shards
-reaching it through all-gathers of 1M-value chunks (trainer/zero.h). "Expected" saving: the state the rank no
+(ZeRO-3: and the parameters) of the tensors given to it (each to the rank with the fewest values to write so
+far), the parts in other shards reaching it through all-gathers of 1M-value chunks (trainer/zero.h). "Expected" saving: the state the rank no
 longer keeps (moments; with ZeRO-3 the parameters and gradients, from the start lines), and the snapshot it no
 longer takes (rank 0's held all the parameters and moments before), less the dp x 1M-value gather buffers of a
 save per region.

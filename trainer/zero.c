@@ -56,6 +56,26 @@ static int64_t use_floats(const gpt_model *m, int use)
     return floats;
 }
 
+/* Each view's writer (zero_writer). */
+static int choose_writers(gpt_model *m)
+{
+    int dp = m->comm->dp;
+    for (int i = 0; i < m->num_params; i++) m->params[i].writer = 0;
+    if (!m->zero) return TP_OK;
+    int64_t *load = calloc((size_t)dp, sizeof *load);
+    if (!load) return tp_fail(TP_ERR_NOMEM, "out of memory choosing checkpoint writers for %d ranks", dp);
+    for (int i = 0; i < m->num_params && m->zero == 1; i++) load[0] += m->params[i].owner ? m->params[i].numel : 0;
+    for (int i = 0; i < m->num_params; i++) {
+        param_view *v = &m->params[i];
+        if (!v->owner) continue;
+        for (int d = 1; d < dp; d++)
+            if (load[d] < load[v->writer]) v->writer = d;
+        load[v->writer] += (m->zero == 3 ? 3 : 2) * v->numel;
+    }
+    free(load);
+    return TP_OK;
+}
+
 int zero_lay_out(gpt_model *m, int zero)
 {
     int dp = m->comm->dp;
@@ -86,6 +106,7 @@ int zero_lay_out(gpt_model *m, int zero)
     }
     m->total = flat;
     m->shard_len = m->zero ? at : 0;
+    TP_TRY(choose_writers(m));
     m->work_floats = 0;
     for (int use = m->zero == 3 ? ZERO_USE_HEAD : 0; m->zero == 3 && use < m->num_layers; use++) {
         if ((use == ZERO_USE_HEAD && !m->is_last) || (use == ZERO_USE_EMBEDDING && !m->is_first)) continue;
@@ -97,10 +118,10 @@ int zero_lay_out(gpt_model *m, int zero)
 
 int zero_writer(const gpt_model *m, const param_view *v)
 {
-    if (!m->zero) return 0;
-    const zero_unit *u = &m->units[v->unit];
-    return (int)((v->flat + (v->numel - 1) / 2 - u->first) / u->piece);
+    (void)m;
+    return v->writer;
 }
+
 
 /* Points a unit's views at its place in the work area, or (at NULL) nowhere. */
 static void point_views(gpt_model *m, const zero_unit *u, float *params, float *grads)

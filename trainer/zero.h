@@ -5,9 +5,8 @@
  * in checkpoints.
  *
  * Checkpoints: a view's moments (with ZeRO-3 its parameter as well) are
- * written by the rank whose piece of the view's unit holds the view's
- * middle value (so that a large tensor goes to the rank that keeps most of
- * it, and the ranks write about as much), in its data-parallel file (docs/FORMAT.md, formats 1.6 and 1.7;
+ * written by one rank of the group, chosen so that the ranks write about as
+ * much (zero_writer), in its data-parallel file (docs/FORMAT.md, formats 1.6 and 1.7;
  * rank 0: the shard's own file), so that each rank writes about its own
  * shard and none gathers them all; they are read by the first rank of the
  * group and handed out. They travel in chunks of at most ZERO_CHUNK values
@@ -30,8 +29,12 @@
 int zero_lay_out(gpt_model *model, int zero);
 
 /* The data-parallel rank that writes a view's moments (with ZeRO-3 its
- * parameter too) in checkpoints: with a sharded optimizer the rank whose
- * piece of the view's unit holds its middle value; without, 0. */
+ * parameter too) in checkpoints; without a sharded optimizer, 0. The views
+ * stored here (param_view's owner) go, one after the other, to the rank
+ * that has the fewest values to write so far (the first of those), its
+ * state counting 2 values an element (3 with ZeRO-3's parameter), and with
+ * ZeRO-1 rank 0 starting with every parameter, which it writes: about
+ * equal writes, and snapshots, whatever the sizes of the tensors. */
 int zero_writer(const gpt_model *model, const param_view *view);
 
 /* What a forward or backward of ZeRO-3 gathers: a local layer (0 ..

@@ -283,7 +283,7 @@ check "Llama with ZeRO-3: the losses without it (1e-6)" \
 torch_check dp2-zero3 2 --zero 3
 torch_check pp2dp2-zero3 4 --pp 2 --zero 3
 # Checkpoints: each rank writes the parameters and moments of the tensors
-# whose middle value its shard holds (format 1.7), and they resume at any
+# given to it (format 1.7), and they resume at any
 # layout, with or without a sharded optimizer.
 expect_ok "ZeRO-3: tp2dp2 to step 4" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 3 --stop-at 4 \
     --ckpt-dir "$WORK/zero3run" --log "$WORK/zero3-split.jsonl"
