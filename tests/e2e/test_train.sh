@@ -315,6 +315,20 @@ steps_from "$WORK/zero3-split.jsonl" 1 6 >"$WORK/zero3-split-6.jsonl"
 check "ZeRO-3 at the same layout: the straight run's losses to step 6 (1e-6)" \
     losses_match "$WORK/zero3-split-6.jsonl" "$WORK/zero-straight-6.jsonl" 1e-6
 check "ZeRO-3: start lines zero 3 3 3 0 1" [ "$(events "$WORK/zero3-split.jsonl" start zero)" = "3 3 3 0 1 " ]
+# The issue's own example: saved at tp2 pp2 dp4 with ZeRO-1 (16 ranks), resumed
+# at tp4 pp1 dp2 with ZeRO-3, then at tp1 without ZeRO.
+XB="--model tiny --quiet --steps 9 --global-batch 16 --micro-batch 1"
+expect_ok "9 straight steps at tp1" "$TRAIN" $XB --log "$WORK/x-straight.jsonl"
+expect_ok "tp2pp2dp4 with ZeRO-1 to step 3" mpi_train 16 $XB --tp 2 --pp 2 --dp 4 --zero 1 --stop-at 3 \
+    --ckpt-dir "$WORK/xrun" --log "$WORK/x-split.jsonl"
+expect_ok "tp4pp1dp2 with ZeRO-3 from step 3 to 6" mpi_train 8 $XB --tp 4 --dp 2 --zero 3 --stop-at 6 \
+    --ckpt-dir "$WORK/xrun" --resume --log "$WORK/x-split.jsonl"
+expect_ok "tp1 without ZeRO from step 6 to 9" "$TRAIN" $XB --ckpt-dir "$WORK/xrun" --resume \
+    --log "$WORK/x-split.jsonl"
+check "ZeRO-1 at 16 ranks to ZeRO-3 at 8 to one rank: the straight run's losses (1e-4)" \
+    losses_match "$WORK/x-split.jsonl" "$WORK/x-straight.jsonl" 1e-4
+check "the three launches: zero 1 3 0, tp 2 4 1" \
+    [ "$(events "$WORK/x-split.jsonl" start zero)|$(events "$WORK/x-split.jsonl" start tp)" = "1 3 0 |2 4 1 " ]
 
 # --- Preemption: SIGTERM (to the process, or to each rank under mpirun) or
 # SIGUSR1 (to mpirun, which forwards it) ends the step, commits a checkpoint,
