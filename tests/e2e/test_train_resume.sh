@@ -44,8 +44,8 @@ check "log: every line has a time; start, save, save_wait and stop lines have th
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device", "dtype",
-                  "sequence_parallel", "virtual_stages", "zero", "optimizer_bytes", "activation_bytes", "resumed_from",
-                  "load_seconds", "startup_seconds", "time"},
+                  "sequence_parallel", "virtual_stages", "zero", "optimizer_bytes", "parameter_bytes", "activation_bytes",
+                  "resumed_from", "load_seconds", "startup_seconds", "time"},
         "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "peak_rss_bytes", "time"},
         "save_wait": {"event", "step", "time"},
         None: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "ms", "ckpt_stall_ms", "pipeline_ms", "pipeline_wait_ms",
@@ -56,6 +56,7 @@ starts = [r for r in lines if r.get("event") == "start"]
 ok = ok and [(r["tp"], r["dp"], r["world"], r["global_batch"]) for r in starts] == [(2, 1, 2, 2)] * 2
 ok = ok and starts[0]["load_seconds"] == 0 and starts[1]["load_seconds"] > 0
 ok = ok and all(r["sequence_parallel"] is False and r["virtual_stages"] == 1 and r["activation_bytes"] > 0
+               and r["parameter_bytes"] == r["optimizer_bytes"] > 0  # without ZeRO: as many as the two moments
                for r in starts)
 ok = ok and all(r["pipeline_wait_ms"] == 0 for r in lines if "event" not in r)  # pp 1: no pipeline messages
 # The peak resident memory of each rank: more than 1 MB, less than 4 GB.
