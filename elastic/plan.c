@@ -47,9 +47,9 @@ typedef struct {
     int64_t work;        /* ZeRO-3: the units of one use gathered whole, the most of any use */
     int64_t owned;       /* of those, what it stores: all but the tied copy */
     int64_t written;     /* of those, what its checkpoint snapshot copies: all owned, or with ZeRO-3 those
-                            it writes the state of (trainer/zero.h zero_writer) */
+                            it writes the state of (trainer/zero.h zero_lay_out) */
     int64_t moments_written; /* of those, whose moments it writes (all owned, or with a sharded optimizer
-                                those zero_writer gives it) */
+                                those zero_lay_out gives it) */
     int64_t embed_piece; /* its piece of the token table, [Vp/tp, D]; 0 on a stage without one */
     int64_t vocab_local; /* Vp/tp: its columns of the logits */
 } stage_share;
@@ -69,7 +69,7 @@ typedef struct {
 
 /* What the first data-parallel rank writes of a stage's views (its share's
  * written and moments_written), the writers chosen as the trainer chooses
- * them (trainer/zero.h zero_writer): each stored view to the rank with the
+ * them (trainer/zero.h zero_lay_out): each stored view to the rank with the
  * fewest values to write so far. load: dp entries, zeroed. */
 static void first_rank_writes(const stage_view *views, int count, int zero, int dp, int64_t *load, stage_share *share)
 {

@@ -66,9 +66,8 @@ struct saver {
     tensor_map map;
     /* What this rank writes, of each view it owns (param_view's owner): the
      * parameter (or gradient), the first rank of its data-parallel group
-     * (ZeRO-3: the rank zero_writer names); the moments, the rank
-     * zero_writer names. Their offsets in the
-     * snapshot, -1 where another rank writes them; and per catalogue entry,
+     * (ZeRO-3: its writer, param_view's writer); the moments, its writer.
+     * Their offsets in the snapshot, -1 where another rank writes them; and per catalogue entry,
      * whether this rank's file holds its pieces of this rank's shard. */
     int64_t *param_at, *moment_at;
     char *here;
@@ -152,7 +151,7 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
         const view_entries *e = &s->map.entries[i];
         s->param_at[i] = s->moment_at[i] = -1;
         if (!v->owner) continue;
-        int writes = zero_writer(m, v) == dp_rank;
+        int writes = v->writer == dp_rank;
         if (m->zero == 3 ? writes : dp_rank == 0) {
             s->param_at[i] = s->snapshot_floats;
             s->snapshot_floats += v->numel;

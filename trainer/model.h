@@ -28,7 +28,7 @@ typedef struct {
                                 shared key/value head's replica leaves out its rows (K < TP) */
     int64_t flat;            /* its first value's place in the flattened parameters (zero_unit) */
     int unit;                /* the zero_unit that holds it */
-    int writer;              /* the data-parallel rank that writes its state to checkpoints (zero_writer) */
+    int writer;              /* the data-parallel rank that writes its state to checkpoints (zero.h zero_lay_out) */
 } param_view;
 
 /* A run of consecutive views sharded as one over the data-parallel ranks

@@ -56,7 +56,7 @@ static int64_t use_floats(const gpt_model *m, int use)
     return floats;
 }
 
-/* Each view's writer (zero_writer). */
+/* Each view's writer (zero.h zero_lay_out). */
 static int choose_writers(gpt_model *m)
 {
     int dp = m->comm->dp;
@@ -114,12 +114,6 @@ int zero_lay_out(gpt_model *m, int zero)
         if (floats > m->work_floats) m->work_floats = floats;
     }
     return TP_OK;
-}
-
-int zero_writer(const gpt_model *m, const param_view *v)
-{
-    (void)m;
-    return v->writer;
 }
 
 

@@ -6,14 +6,14 @@
  *
  * Checkpoints: a view's moments (with ZeRO-3 its parameter as well) are
  * written by one rank of the group, chosen so that the ranks write about as
- * much (zero_writer), in its data-parallel file (docs/FORMAT.md, formats 1.6 and 1.7;
+ * much (param_view's writer), in its data-parallel file (docs/FORMAT.md, formats 1.6 and 1.7;
  * rank 0: the shard's own file), so that each rank writes about its own
  * shard and none gathers them all; they are read by the first rank of the
  * group and handed out. They travel in chunks of at most ZERO_CHUNK values
  * of each rank's piece (all-gathers to save, reduce-scatters to load), so
  * that no rank holds more than dp x ZERO_CHUNK of them in flight beyond
  * what it keeps. All of these are collective over each data-parallel
- * group, but zero_writer and zero_lay_out. */
+ * group, but zero_lay_out. */
 #ifndef TP_TRAINER_ZERO_H
 #define TP_TRAINER_ZERO_H
 
@@ -22,20 +22,20 @@
 #define ZERO_CHUNK ((int64_t)1 << 20)
 
 /* Splits the model's views into units (model.h) for zero (0, 1 or 3) at its
- * data-parallel size: sets each view's flat and unit, the model's units,
- * total, shard_len and (ZeRO-3) work_floats. Without a sharded optimizer,
+ * data-parallel size: sets each view's flat, unit and writer, the model's
+ * units, total, shard_len and (ZeRO-3) work_floats.
+ *
+ * A view's writer is the data-parallel rank that writes its moments (with
+ * ZeRO-3 its parameter too) in checkpoints; without a sharded optimizer, 0.
+ * The views stored here (param_view's owner) go, one after the other, to
+ * the rank that has the fewest values to write so far (the first of
+ * those), its state counting 2 values an element (3 with ZeRO-3's
+ * parameter), and with ZeRO-1 rank 0 starting with every parameter, which
+ * it writes: about equal writes, and snapshots, whatever the sizes of the
+ * tensors. Without a sharded optimizer,
  * one unit of the views packed one after the other, unsplit. After the
  * model's tensor indices (wte, layer ...) are set. */
 int zero_lay_out(gpt_model *model, int zero);
-
-/* The data-parallel rank that writes a view's moments (with ZeRO-3 its
- * parameter too) in checkpoints; without a sharded optimizer, 0. The views
- * stored here (param_view's owner) go, one after the other, to the rank
- * that has the fewest values to write so far (the first of those), its
- * state counting 2 values an element (3 with ZeRO-3's parameter), and with
- * ZeRO-1 rank 0 starting with every parameter, which it writes: about
- * equal writes, and snapshots, whatever the sizes of the tensors. */
-int zero_writer(const gpt_model *model, const param_view *view);
 
 /* What a forward or backward of ZeRO-3 gathers: a local layer (0 ..
  * num_layers - 1), or these. */
@@ -57,7 +57,7 @@ int zero_release_use(gpt_model *model);
 int zero_use_views(const gpt_model *model, int use, int *views);
 
 /* Every rank's state into the checkpoint snapshots (host memory) of the
- * ranks that write it (zero_writer): what is ZERO_MOMENTS and, with
+ * ranks that write it (param_view's writer): what is ZERO_MOMENTS and, with
  * ZeRO-3, ZERO_PARAMS or ZERO_GRADS (the summed gradients, in place of the
  * parameters: the test hook). param_at[i] is the offset in this rank's
  * snapshot of view i's parameter (or gradient), moment_at[i] that of its

@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <pthread.h>
-#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -251,33 +250,6 @@ Test(io, verify_lists_every_damaged_piece)
     cr_assert_neq(result.damage[0].tensor, result.damage[1].tensor);
     ckpt_verify_result_free(&result);
     ckpt_reader_close(r);
-}
-
-/* Replaces the first match of the extended regular expression FROM in
- * PATH/index.json with TO (in C: the tests also run where there is no
- * shell, tests/gpu/test_gpu_pack.sh). */
-static void edit_index(const char *path, const char *from, const char *to)
-{
-    char file[700];
-    snprintf(file, sizeof file, "%s/index.json", path);
-    FILE *f = fopen(file, "rb");
-    cr_assert(f, "%s", file);
-    static char text[1 << 20];
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = '\0';
-    regex_t pattern;
-    regmatch_t match;
-    cr_assert_eq(regcomp(&pattern, from, REG_EXTENDED), 0, "%s", from);
-    cr_assert_eq(regexec(&pattern, text, 1, &match, 0), 0, "%s: no match of %s", file, from);
-    regfree(&pattern);
-    f = fopen(file, "wb");
-    cr_assert(f, "%s", file);
-    fwrite(text, 1, (size_t)match.rm_so, f);
-    fputs(to, f);
-    fputs(text + match.rm_eo, f);
-    cr_assert_eq(fclose(f), 0);
-    reseal_index(file); /* the deeper check must answer, not the index's seal */
 }
 
 Test(io, future_version_is_refused)

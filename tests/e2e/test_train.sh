@@ -181,31 +181,40 @@ check_all "stop lines: stopped at 4, at 8, finished at 12; saves 2..12" \
     '[ "$(events "$WORK/gb-split.jsonl" stop reason)$(events "$WORK/gb-split.jsonl" stop step)" = "stopped stopped finished 4 8 12 " ] &&
     [ "$(events "$WORK/gb-split.jsonl" save step)" = "2 4 6 8 10 12 " ]'
 
-# --- ZeRO-1 (--zero 1): the moments split over the data-parallel ranks, the
-# arithmetic of each element unchanged: the losses of the same layout
-# without it (1e-6), a dp-th of the moments kept, and checkpoints that
-# resume with and without it at other layouts (the global batch kept).
-for layout in "4 2 1 2 2 1" "4 1 1 4 1 1" "8 2 2 2 1 2"; do
-    set -- $layout
-    name="tp$2pp$3dp$4"
-    [ -f "$WORK/$name.jsonl" ] || expect_ok "20 steps at $name" mpi_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" \
-        --micro-batch "$5" --grad-accum "$6" --steps 20 --log "$WORK/$name.jsonl"
-    expect_ok "20 steps at $name with ZeRO-1" mpi_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" \
-        --micro-batch "$5" --grad-accum "$6" --steps 20 --zero 1 --log "$WORK/$name-zero1.jsonl"
-    check "$name with ZeRO-1 has its losses without it (1e-6)" \
-        losses_match "$WORK/$name-zero1.jsonl" "$WORK/$name.jsonl" 1e-6
-    check "$name with ZeRO-1: each rank keeps a dp-th of the moments (rounded up)" "$PY" -c '
+# --- The sharded optimizer. ZeRO-1 (--zero 1) splits the moments over the
+# data-parallel ranks; ZeRO-3 (--zero 3) the parameters and gradients as
+# well, each layer (and each other tensor) gathered when a forward or
+# backward uses it. The arithmetic of each element is unchanged: the losses
+# of the same layout without it (1e-6), with a dp-th of the moments kept,
+# rounded up once with ZeRO-1 and per unit (a layer, or another tensor)
+# with ZeRO-3. Then checkpoints that resume with and without it at other
+# layouts (the global batch kept).
+for zero in 1 3; do
+    for layout in "4 2 1 2 2 1" "4 1 1 4 1 1" "8 2 2 2 1 2"; do
+        set -- $layout
+        name="tp$2pp$3dp$4"
+        [ -f "$WORK/$name.jsonl" ] || expect_ok "20 steps at $name" mpi_train "$1" $TINY --tp "$2" --pp "$3" \
+            --dp "$4" --micro-batch "$5" --grad-accum "$6" --steps 20 --log "$WORK/$name.jsonl"
+        expect_ok "20 steps at $name with ZeRO-$zero" mpi_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" \
+            --micro-batch "$5" --grad-accum "$6" --steps 20 --zero "$zero" --log "$WORK/$name-zero$zero.jsonl"
+        check "$name with ZeRO-$zero has its losses without it (1e-6)" \
+            losses_match "$WORK/$name-zero$zero.jsonl" "$WORK/$name.jsonl" 1e-6
+        check "$name with ZeRO-$zero: each rank keeps a dp-th of the moments (rounded up)" "$PY" -c '
 import json, sys
 z, plain = ([r for r in map(json.loads, open(f)) if r.get("event") == "start"][0] for f in sys.argv[1:3])
-dp = int(sys.argv[3])
+zero, dp = int(sys.argv[3]), int(sys.argv[4])
 elements = plain["optimizer_bytes"] // 8  # two fp32 moments an element
-sys.exit(not (z["zero"] == 1 and plain["zero"] == 0 and z["optimizer_bytes"] == 8 * -(-elements // dp)))' \
-        "$WORK/$name-zero1.jsonl" "$WORK/$name.jsonl" "$4"
+share = -(-elements // dp)
+per_unit_rounding = 0 if zero == 1 else 32
+sys.exit(not (z["zero"] == zero and plain["zero"] == 0
+              and share <= z["optimizer_bytes"] // 8 <= share + per_unit_rounding))' \
+            "$WORK/$name-zero$zero.jsonl" "$WORK/$name.jsonl" "$zero" "$4"
+    done
+    expect_ok "20 steps at tp2pp1dp2 with ZeRO-$zero and sequence parallelism" mpi_train 4 $TINY --tp 2 --dp 2 \
+        --micro-batch 2 --steps 20 --sequence-parallel --zero "$zero" --log "$WORK/tp2pp1dp2-sp-zero$zero.jsonl"
+    check "ZeRO-$zero with sequence parallelism: the losses of sequence parallelism alone (1e-6)" \
+        losses_match "$WORK/tp2pp1dp2-sp-zero$zero.jsonl" "$WORK/tp2pp1dp2-sp.jsonl" 1e-6
 done
-expect_ok "20 steps at tp2pp1dp2 with ZeRO-1 and sequence parallelism" mpi_train 4 $TINY --tp 2 --dp 2 \
-    --micro-batch 2 --steps 20 --sequence-parallel --zero 1 --log "$WORK/tp2pp1dp2-sp-zero1.jsonl"
-check "ZeRO-1 with sequence parallelism: the losses of sequence parallelism alone (1e-6)" \
-    losses_match "$WORK/tp2pp1dp2-sp-zero1.jsonl" "$WORK/tp2pp1dp2-sp.jsonl" 1e-6
 ZB="--model tiny --quiet --global-batch 8 --steps 12"
 expect_ok "ZeRO-1: 12 straight steps at tp2dp2" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 1 \
     --log "$WORK/zero-straight.jsonl"
@@ -246,31 +255,7 @@ check "ZeRO-1: start lines zero 1 1 0 1, dp 2 2 2 2" \
     [ "$(events "$WORK/zero-split.jsonl" start zero)|$(events "$WORK/zero-split.jsonl" start dp)" = "1 1 0 1 |2 2 2 2 " ]
 expect_error "--zero 2" 2 "--zero" "$TRAIN" $TINY --zero 2
 
-# --- ZeRO-3 (--zero 3): the parameters and gradients split over the
-# data-parallel ranks as well, each layer (and each other tensor) gathered
-# when a forward or backward uses it. The arithmetic of each element is that
-# of the same layout without it: its losses (1e-6), with a dp-th of the
-# moments kept (rounded up per unit: a layer, or another tensor).
-for layout in "4 2 1 2 2 1" "4 1 1 4 1 1" "8 2 2 2 1 2"; do
-    set -- $layout
-    name="tp$2pp$3dp$4"
-    expect_ok "20 steps at $name with ZeRO-3" mpi_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" \
-        --micro-batch "$5" --grad-accum "$6" --steps 20 --zero 3 --log "$WORK/$name-zero3.jsonl"
-    check "$name with ZeRO-3 has its losses without it (1e-6)" \
-        losses_match "$WORK/$name-zero3.jsonl" "$WORK/$name.jsonl" 1e-6
-    check "$name with ZeRO-3: each rank keeps a dp-th of the moments (each unit rounded up)" "$PY" -c '
-import json, sys
-z, plain = ([r for r in map(json.loads, open(f)) if r.get("event") == "start"][0] for f in sys.argv[1:3])
-dp = int(sys.argv[3])
-elements = plain["optimizer_bytes"] // 8
-share = -(-elements // dp)
-sys.exit(not (z["zero"] == 3 and share <= z["optimizer_bytes"] // 8 <= share + 32))' \
-        "$WORK/$name-zero3.jsonl" "$WORK/$name.jsonl" "$4"
-done
-expect_ok "20 steps at tp2pp1dp2 with ZeRO-3 and sequence parallelism" mpi_train 4 $TINY --tp 2 --dp 2 \
-    --micro-batch 2 --steps 20 --sequence-parallel --zero 3 --log "$WORK/tp2pp1dp2-sp-zero3.jsonl"
-check "ZeRO-3 with sequence parallelism: the losses of sequence parallelism alone (1e-6)" \
-    losses_match "$WORK/tp2pp1dp2-sp-zero3.jsonl" "$WORK/tp2pp1dp2-sp.jsonl" 1e-6
+# --- ZeRO-3 further: a shared key/value head, the PyTorch reference, checkpoints.
 # Llama with one key/value head shared by both TP ranks: its gradients summed
 # over them per use.
 LZ="--model llama-tiny --kv-heads 1 --micro-batch 2 --steps 12 --quiet --tp 2 --dp 2 --sequence-parallel"

@@ -447,7 +447,7 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     elastic_memory out = {0};
     int64_t written = 0, moments = 0, N = micro_batch * config->seq;
     for (int i = 0; i < m->num_params; i++) {
-        int first_writes = zero_writer(m, &m->params[i]) == 0;
+        int first_writes = m->params[i].writer == 0;
         written += m->params[i].owner && (m->zero != 3 || first_writes) ? m->params[i].numel : 0;
         moments += m->params[i].owner && first_writes ? m->params[i].numel : 0;
     }
@@ -514,6 +514,23 @@ Test(plan, memory_estimate_is_what_the_trainer_allocates)
                 }
 }
 
+/* The layout chosen for r (tp2 now, with its micro-batch) under `limit`
+ * bytes a rank: tp2 and the micro-batch kept, with the ZeRO stage and
+ * sequence parallelism expected, and `reason` in what the plan says. */
+static elastic_layout chosen_under(elastic_plan_request *r, int64_t limit, int zero, int sequence_parallel,
+                                   const char *reason)
+{
+    char why[512];
+    r->memory_per_rank = limit;
+    elastic_layout c = chosen_of(r, why, sizeof why);
+    cr_assert(c.tp == 2 && c.micro_batch == r->micro_batch && c.zero == zero &&
+                  c.sequence_parallel == sequence_parallel,
+              "limit %lld: tp%d dp%d micro %lld zero %d sp %d: %s", (long long)limit, c.tp, c.dp,
+              (long long)c.micro_batch, c.zero, c.sequence_parallel, why);
+    cr_assert(strstr(why, reason) != NULL, "%s", why);
+    return c;
+}
+
 /* ZeRO-1 is chosen first when a layout with dp > 1 does not fit the memory
  * per rank (a dp-th of the moments for the same traffic), sequence
  * parallelism where ZeRO-1 alone does not fit, both where neither alone
@@ -540,26 +557,19 @@ Test(plan, zero1_when_memory_needs_it)
     elastic_layout free_run = chosen_of(&r, why, sizeof why);
     cr_assert(free_run.tp == 2 && free_run.dp == 4 && !free_run.zero && !free_run.sequence_parallel, "%s", why);
     /* Between ZeRO-1's estimate and the plain one: ZeRO-1 alone, for the same traffic. */
-    r.memory_per_rank = (zero.total + plain.total) / 2;
-    cr_assert(zero.total < r.memory_per_rank && r.memory_per_rank < plain.total);
-    elastic_layout tight = chosen_of(&r, why, sizeof why);
-    cr_assert(tight.tp == 2 && tight.dp == 4 && tight.micro_batch == 4 && tight.zero && !tight.sequence_parallel,
-              "tp%d dp%d micro %lld zero %d sp %d: %s", tight.tp, tight.dp, (long long)tight.micro_batch, tight.zero,
-              tight.sequence_parallel, why);
+    int64_t limit = (zero.total + plain.total) / 2;
+    cr_assert(zero.total < limit && limit < plain.total);
+    elastic_layout tight = chosen_under(&r, limit, 1, 0, "with ZeRO-1 (");
+    cr_assert_eq(tight.dp, 4);
     cr_assert_eq(tight.memory.total, zero.total);
     cr_assert_eq(tight.without_savings, plain.total);
     cr_assert_eq(tight.comm_bytes_per_step, free_run.comm_bytes_per_step);
-    cr_assert(strstr(why, "with ZeRO-1 (") != NULL, "%s", why);
     /* Under what either saves alone, over both: both. */
     int64_t either = zero.total < split.total ? zero.total : split.total;
-    r.memory_per_rank = (both.total + either) / 2;
-    cr_assert(both.total < r.memory_per_rank && r.memory_per_rank < either);
-    tight = chosen_of(&r, why, sizeof why);
-    cr_assert(tight.tp == 2 && tight.micro_batch == 4 && tight.zero && tight.sequence_parallel,
-              "tp%d micro %lld zero %d sp %d: %s", tight.tp, (long long)tight.micro_batch, tight.zero,
-              tight.sequence_parallel, why);
+    limit = (both.total + either) / 2;
+    cr_assert(both.total < limit && limit < either);
+    tight = chosen_under(&r, limit, 1, 1, "with ZeRO-1 and sequence parallelism (");
     cr_assert_eq(tight.memory.total, both.total);
-    cr_assert(strstr(why, "with ZeRO-1 and sequence parallelism (") != NULL, "%s", why);
     /* dp 1: nothing to shard. */
     r = request(model, 2, 8);
     r.micro_batch = 4;
@@ -599,20 +609,11 @@ Test(plan, zero3_when_nothing_cheaper_fits)
     r.current_pp = 1;
     char why[512];
     elastic_layout free_run = chosen_of(&r, why, sizeof why);
-    r.memory_per_rank = (zero3.total + both.total) / 2;
-    elastic_layout tight = chosen_of(&r, why, sizeof why);
-    cr_assert(tight.tp == 2 && tight.dp == 4 && tight.micro_batch == 2 && tight.zero == 3 && !tight.sequence_parallel,
-              "tp%d dp%d micro %lld zero %d sp %d: %s", tight.tp, tight.dp, (long long)tight.micro_batch, tight.zero,
-              tight.sequence_parallel, why);
+    elastic_layout tight = chosen_under(&r, (zero3.total + both.total) / 2, 3, 0, "with ZeRO-3 (");
+    cr_assert_eq(tight.dp, 4);
     cr_assert_eq(tight.memory.total, zero3.total);
     cr_assert_gt(tight.comm_bytes_per_step, free_run.comm_bytes_per_step);
-    cr_assert(strstr(why, "with ZeRO-3 (") != NULL, "%s", why);
-    r.memory_per_rank = (zero3_sp.total + zero3.total) / 2;
-    tight = chosen_of(&r, why, sizeof why);
-    cr_assert(tight.tp == 2 && tight.micro_batch == 2 && tight.zero == 3 && tight.sequence_parallel,
-              "tp%d micro %lld zero %d sp %d: %s", tight.tp, (long long)tight.micro_batch, tight.zero,
-              tight.sequence_parallel, why);
-    cr_assert(strstr(why, "with ZeRO-3 and sequence parallelism (") != NULL, "%s", why);
+    chosen_under(&r, (zero3_sp.total + zero3.total) / 2, 3, 1, "with ZeRO-3 and sequence parallelism (");
     /* Without a current layout to keep, one that fits without ZeRO-3 comes first, however much less memory
      * ZeRO-3 leaves: here the 8 ranks at tp4 or pp2 (with ZeRO-1 or sequence parallelism if need be). */
     r.current_tp = r.current_pp = 0;

@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <ftw.h>
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,4 +276,28 @@ void reseal_index(const char *file)
     cr_assert(f, "%s", file);
     cr_assert_eq(fwrite(text, 1, n, f), n);
     fclose(f);
+}
+
+void edit_index(const char *path, const char *from, const char *to)
+{
+    char file[700];
+    snprintf(file, sizeof file, "%s/index.json", path);
+    FILE *f = fopen(file, "rb");
+    cr_assert(f, "%s", file);
+    static char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    regex_t pattern;
+    regmatch_t match;
+    cr_assert_eq(regcomp(&pattern, from, REG_EXTENDED), 0, "%s", from);
+    cr_assert_eq(regexec(&pattern, text, 1, &match, 0), 0, "%s: no match of %s", file, from);
+    regfree(&pattern);
+    f = fopen(file, "wb");
+    cr_assert(f, "%s", file);
+    fwrite(text, 1, (size_t)match.rm_so, f);
+    fputs(to, f);
+    fputs(text + match.rm_eo, f);
+    cr_assert_eq(fclose(f), 0);
+    reseal_index(file); /* the deeper check must answer, not the index's seal */
 }

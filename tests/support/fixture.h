@@ -42,10 +42,16 @@ void extract(const test_tensor *t, const int64_t *start, const int64_t *count, u
 /* Runs every file of tests/fuzz/corpus/<target> through one (a fuzz
  * target's LLVMFuzzerTestOneInput); returns how many there were. A crash
  * fails the test (Criterion runs it in a child). */
+int replay_corpus(const char *target, int (*one)(const uint8_t *data, size_t size));
+
 /* Refreshes the index_checksum of an index.json a test changed on purpose
  * (an implementation of its own of docs/FORMAT.md's seal). */
 void reseal_index(const char *file);
-int replay_corpus(const char *target, int (*one)(const uint8_t *data, size_t size));
+
+/* Replaces the first match of the extended regular expression FROM in
+ * PATH/index.json with TO, and reseals it (in C: the tests also run where
+ * there is no shell, tests/gpu/test_gpu_pack.sh). */
+void edit_index(const char *path, const char *from, const char *to);
 
 /* The logical digest straight from its definition. */
 uint64_t naive_digest(const uint8_t *logical, size_t element_size, int64_t n);
