@@ -582,88 +582,148 @@ static int read_view(const gpt_model *m, ckpt_reader *r, const char *name, const
     return status;
 }
 
-/* Loads the views of map (with the moments when it has them) from the
- * checkpoint at path, whose index.json rank 0 read (index_text). With a
- * sharded optimizer the moments go to `moments` (host, [2, total]: zero.h)
- * instead, and with ZeRO-3 the parameters to `params` (host, [total]). */
-static int load_one(gpt_model *m, const char *path, const char *index_text, const tensor_map *map, float *params,
-                    float *moments, load_result *out)
+/* The checkpoint at path opened on the first replica (r), with the model
+ * it holds checked against this run's. */
+static int open_for_load(const gpt_model *m, const char *path, const char *index_text, ckpt_reader **r)
 {
-    /* Only the first data-parallel replica reads; share_over_replicas hands
-     * its values to the others (a store sees each piece read once, not dp
-     * times: docs/SCALE.md). */
-    if (m->comm->dp_rank != 0) return TP_OK;
-    ckpt_reader *r = NULL;
     ckpt_read_options options;
     ckpt_read_options_init(&options);
     options.index_text = index_text;
     options.sizes_on_read = 1; /* no HEAD of each shard by each reader */
-    TP_TRY(ckpt_reader_open(&r, path, &options));
-    const ckpt_train_state *state = ckpt_reader_state(r);
+    TP_TRY(ckpt_reader_open(r, path, &options));
     gpt_config config;
-    int status = gpt_config_from_json(state->model_json, &config);
-    if (status) {
-        tp_fail_context(status, "%s", path);
-    } else if (!same_model(&config, &m->config)) {
-        const gpt_config *ours = &m->config;
-        status = tp_fail(TP_ERR_ARG,
-                         "%s holds another model: layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld, this run "
-                         "has layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld",
-                         path, (long long)config.layers, (long long)config.dim, (long long)config.heads,
-                         (long long)config.ffn, (long long)config.vocab, (long long)config.seq, (long long)ours->layers,
-                         (long long)ours->dim, (long long)ours->heads, (long long)ours->ffn, (long long)ours->vocab,
-                         (long long)ours->seq);
+    int status = gpt_config_from_json(ckpt_reader_state(*r)->model_json, &config);
+    if (status) return tp_fail_context(status, "%s", path);
+    if (same_model(&config, &m->config)) return TP_OK;
+    const gpt_config *ours = &m->config;
+    return tp_fail(TP_ERR_ARG,
+                   "%s holds another model: layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld, this run "
+                   "has layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld",
+                   path, (long long)config.layers, (long long)config.dim, (long long)config.heads,
+                   (long long)config.ffn, (long long)config.vocab, (long long)config.seq, (long long)ours->layers,
+                   (long long)ours->dim, (long long)ours->heads, (long long)ours->ffn, (long long)ours->vocab,
+                   (long long)ours->seq);
+}
+
+/* View i's parameter into `param` (host memory where host_param, else the
+ * model's) and, where asked (moments[k] not NULL), its first and second
+ * moments (host memory where host_moments); a checkpoint without them
+ * leaves them zero and sets *missing_optimizer. */
+static int read_view_state(gpt_model *m, ckpt_reader *r, const char *path, const tensor_map *map, int i, float *param,
+                           int host_param, float *const moments[2], int host_moments, int *missing_optimizer)
+{
+    const param_view *v = &m->params[i];
+    const view_entries *e = &map->entries[i];
+    int absent;
+    TP_TRY(read_view(m, r, v->spec->name, &v->spec->desc, v->piece, param, host_param, v->numel, &absent));
+    if (absent) return tp_fail(TP_ERR_FORMAT, "%s: tensor %s missing", path, v->spec->name);
+    const int moment_ids[2] = {e->exp_avg, e->exp_avg_sq};
+    for (int k = 0; k < 2; k++) {
+        if (moment_ids[k] < 0 || !moments[k]) { /* not asked for */
+            *missing_optimizer = 1;
+            continue;
+        }
+        TP_TRY(read_view(m, r, map->catalog[moment_ids[k]].name, &v->spec->desc, v->piece, moments[k], host_moments,
+                         v->numel, &absent));
+        if (absent) { /* a checkpoint without optimizer state: it starts afresh */
+            if (host_moments) memset(moments[k], 0, (size_t)v->numel * sizeof(float));
+            else TP_TRY(m->kernels->zero(moments[k], (size_t)v->numel * sizeof(float)));
+            *missing_optimizer = 1;
+        }
     }
-    int missing_optimizer = 0;
-    for (int i = 0; i < m->num_params && !status; i++) {
+    return TP_OK;
+}
+
+/* Where a load puts what the first replica reads: the model's memory, or
+ * with a sharded optimizer host buffers that zero.h hands out. */
+typedef struct {
+    float *moments;     /* ZeRO-1, first replica: [2, total], first then second moments at flat */
+    float *unit_state;  /* ZeRO-3, first replica: [3, unit_span] (or [1, ...] without the moments): a unit's
+                           parameters, first and second moments, each from the unit's first value */
+    int64_t unit_span;  /* the largest unit's span */
+    zero_scatter scatter; /* ZeRO-3, every rank: the unit being handed out */
+} load_buffers;
+
+/* ZeRO-3: the first replica reads a unit's views into unit_state and hands
+ * them out (zero_scatter_unit) before it reads the next, so that it holds
+ * one unit's state at once, not the whole stage's. *read_status is its
+ * verdict so far: the group stops at the unit where it failed. Returns a
+ * failure of the communicator. Collective over each data-parallel group. */
+static int load_units(gpt_model *m, ckpt_reader *r, const char *path, const tensor_map *map, load_buffers *b,
+                      int *read_status, int *missing_optimizer)
+{
+    int root = m->comm->dp_rank == 0, with_moments = (b->scatter.what & ZERO_MOMENTS) != 0;
+    int64_t span = b->unit_span;
+    for (int k = 0; k < m->num_units; k++) {
+        const zero_unit *u = &m->units[k];
+        if (root && !*read_status) {
+            for (int kind = 0; kind < (with_moments ? 3 : 1); kind++) /* the padding, and moments not read */
+                memset(b->unit_state + kind * span, 0, (size_t)zero_unit_span(m, u) * sizeof(float));
+            for (int i = u->first_view; i < u->first_view + u->views && !*read_status; i++) {
+                int64_t at = m->params[i].flat - u->first;
+                float *const moments[2] = {with_moments ? b->unit_state + span + at : NULL,
+                                           with_moments ? b->unit_state + 2 * span + at : NULL};
+                *read_status = read_view_state(m, r, path, map, i, b->unit_state + at, 1, moments, 1, missing_optimizer);
+            }
+        }
+        int failed = *read_status != TP_OK;
+        TP_TRY(comm_all_reduce(m->comm, GROUP_DP, &failed, 1, COMM_INT, COMM_MAX, COMM_HOST));
+        if (failed) return TP_OK;
+        TP_TRY(zero_scatter_unit(m, &b->scatter, k, root ? b->unit_state : NULL, root ? b->unit_state + span : NULL,
+                                 span));
+    }
+    return TP_OK;
+}
+
+/* Loads the views of map (with the moments when it has them) from the
+ * checkpoint at path, whose index.json rank 0 read (index_text): the first
+ * replica reads, into the model's memory or, with a sharded optimizer, into
+ * b's buffers; with ZeRO-3 every rank of each group takes its shard unit by
+ * unit (load_units). A failure of the first replica's reading is its own
+ * (the others return TP_OK). */
+static int load_one(gpt_model *m, const char *path, const char *index_text, const tensor_map *map, load_buffers *b,
+                    load_result *out)
+{
+    /* Only the first data-parallel replica reads; the others get its values
+     * over their group (a store sees each piece read once, not dp times:
+     * docs/SCALE.md). */
+    int root = m->comm->dp_rank == 0;
+    if (!root && m->zero != 3) return TP_OK;
+    ckpt_reader *r = NULL;
+    int status = root ? open_for_load(m, path, index_text, &r) : TP_OK, missing_optimizer = 0;
+    if (m->zero == 3) {
+        int comm_status = load_units(m, r, path, map, b, &status, &missing_optimizer);
+        if (comm_status) status = comm_status;
+    }
+    for (int i = 0; i < m->num_params && m->zero != 3 && !status; i++) {
         param_view *v = &m->params[i];
-        const view_entries *e = &map->entries[i];
-        int absent;
-        status = read_view(m, r, v->spec->name, &v->spec->desc, v->piece, params ? params + v->flat : v->data,
-                           params != NULL, v->numel, &absent);
-        if (!status && absent) status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s missing", path, v->spec->name);
-        const int moment_ids[2] = {e->exp_avg, e->exp_avg_sq};
-        float *values[2] = {v->m, v->v};
-        if (m->zero) {
-            values[0] = moments ? moments + v->flat : NULL;
-            values[1] = moments ? moments + m->total + v->flat : NULL;
-        }
-        for (int k = 0; k < 2 && !status; k++) {
-            if (moment_ids[k] < 0 || !values[k]) { /* not asked for */
-                missing_optimizer = 1;
-                continue;
-            }
-            status = read_view(m, r, map->catalog[moment_ids[k]].name, &v->spec->desc, v->piece, values[k], m->zero,
-                               v->numel, &absent);
-            if (!status && absent) { /* a checkpoint without optimizer state: it starts afresh */
-                if (m->zero) memset(values[k], 0, (size_t)v->numel * sizeof(float));
-                else status = m->kernels->zero(values[k], (size_t)v->numel * sizeof(float));
-                missing_optimizer = 1;
-            }
-        }
+        float *const moments[2] = {m->zero ? (b->moments ? b->moments + v->flat : NULL) : v->m,
+                                   m->zero ? (b->moments ? b->moments + m->total + v->flat : NULL) : v->v};
+        status = read_view_state(m, r, path, map, i, v->data, 0, moments, m->zero != 0, &missing_optimizer);
     }
-    if (!status) {
+    if (root && !status) {
+        const ckpt_train_state *state = ckpt_reader_state(r);
         out->step = state->step;
         out->consumed_samples = state->consumed_samples;
         out->optimizer_loaded = !missing_optimizer;
+        out->host_state_bytes = (int64_t)sizeof(float) * (b->unit_state ? (b->scatter.what & ZERO_MOMENTS ? 3 : 1) *
+                                                                               b->unit_span
+                                                                         : (b->moments ? 2 * m->total : 0));
         snprintf(out->path, sizeof out->path, "%s", ckpt_reader_path(r));
     }
-    ckpt_reader_close(r);
+    if (r) ckpt_reader_close(r);
     return status;
 }
 
 /* After the first replica loaded a checkpoint: its parameters (and
  * moments) to every replica, over each data-parallel group (a sum with the
- * others' zeros; a sharded optimizer's moments, from `moments`, and
- * ZeRO-3's parameters, from `params`, to their shards), and what it learnt
- * of the checkpoint to every rank. Collective. */
-static int share_over_replicas(gpt_model *m, int with_optimizer, const float *params, const float *moments,
-                               load_result *out)
+ * others' zeros; a sharded optimizer's moments, from `moments`, to their
+ * shards; ZeRO-3's state went out unit by unit as it was read), and what it
+ * learnt of the checkpoint to every rank. Collective. */
+static int share_over_replicas(gpt_model *m, int with_optimizer, const float *moments, load_result *out)
 {
     comm *c = m->comm;
-    if (m->zero == 3) {
-        TP_TRY(zero_scatter_state(m, ZERO_PARAMS | (with_optimizer ? ZERO_MOMENTS : 0), params, moments));
-    } else if (c->dp > 1) {
+    if (m->zero != 3 && c->dp > 1) {
         size_t bytes = (size_t)m->total * sizeof(float);
         int moments_in_memory = with_optimizer && !m->zero;
         if (c->dp_rank != 0) {
@@ -747,39 +807,38 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
     comm *c = m->comm;
     ckpt_candidate *list = NULL;
     tensor_map map;
-    int n = 0;
-    /* A sharded optimizer: the first replica reads the moments here, and
-     * with ZeRO-3 the parameters (zero.h). */
-    float *params = NULL, *moments = NULL;
+    int n = 0, root = c->dp_rank == 0;
+    load_buffers b = {0};
     int status = shared_candidates(c, dir, &list, &n);
     if (!status) status = tensor_map_create(&map, m, with_optimizer);
     else memset(&map, 0, sizeof map);
-    if (!status && m->zero && with_optimizer && c->dp_rank == 0 &&
-        !(moments = calloc((size_t)(2 * m->total), sizeof *moments)))
+    if (!status && m->zero == 1 && with_optimizer && root &&
+        !(b.moments = calloc((size_t)(2 * m->total), sizeof *b.moments)))
         status = tp_fail(TP_ERR_NOMEM, "out of memory for the moments of %lld parameters", (long long)m->total);
-    if (!status && m->zero == 3 && c->dp_rank == 0 && !(params = calloc((size_t)m->total, sizeof *params)))
-        status = tp_fail(TP_ERR_NOMEM, "out of memory for %lld parameters", (long long)m->total);
-    status = comm_agree(c, status, dir);
-    if (status) {
-        free(list);
-        free(params);
-        free(moments);
-        tensor_map_free(&map);
-        return status;
+    if (m->zero == 3) {
+        for (int k = 0; k < m->num_units; k++)
+            if (zero_unit_span(m, &m->units[k]) > b.unit_span) b.unit_span = zero_unit_span(m, &m->units[k]);
+        int64_t floats = (with_optimizer ? 3 : 1) * b.unit_span;
+        if (!status && root && !(b.unit_state = malloc((size_t)floats * sizeof *b.unit_state)))
+            status = tp_fail(TP_ERR_NOMEM, "out of memory for a unit's state (%lld values)", (long long)floats);
     }
-    for (int k = 0; k < n; k++) {
+    status = comm_agree(c, status, dir);
+    if (!status) status = zero_scatter_begin(m, m->zero == 3 ? ZERO_PARAMS | (with_optimizer ? ZERO_MOMENTS : 0) : 0,
+                                             &b.scatter);
+    for (int k = 0; k < n && !status; k++) {
         char message[8192] = ""; /* a path (up to 4096) and why */
         char *index_text = NULL;
         int failed = 0;
         status = shared_index_text(c, list[k].path, &index_text, &failed);
         if (status) break;
-        if (!failed) failed = load_one(m, list[k].path, index_text, &map, params, moments, out);
+        memset(out, 0, sizeof *out);
+        if (!failed) failed = load_one(m, list[k].path, index_text, &map, &b, out);
         free(index_text);
         if (failed) snprintf(message, sizeof message, "%s", tp_errmsg());
         int any_failed;
         status = comm_first_failure(c, failed, message, sizeof message, &any_failed);
         if (!status && !any_failed) {
-            status = share_over_replicas(m, with_optimizer, params, moments, out);
+            status = share_over_replicas(m, with_optimizer, b.moments, out);
             int optimizer = out->optimizer_loaded ? 0 : 1, missing;
             if (!status) status = comm_any(c, optimizer, &missing);
             out->optimizer_loaded = !missing;
@@ -798,9 +857,10 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
                              list[k].path, message);
         }
     }
+    zero_scatter_end(m, &b.scatter);
     free(list);
-    free(params);
-    free(moments);
+    free(b.moments);
+    free(b.unit_state);
     tensor_map_free(&map);
     return status;
 }

@@ -93,6 +93,9 @@ typedef struct {
     int64_t consumed_samples;
     char path[4096];
     int optimizer_loaded;
+    int64_t host_state_bytes; /* with a sharded optimizer: the host memory the first replica held at once for the
+                                 state it read (ZeRO-1: both moments whole; ZeRO-3: one unit's parameters and
+                                 moments, the largest unit's size), besides what it keeps; else 0 */
 } load_result;
 
 /* Told, on every rank, when a checkpoint is passed over: `text` names it,

@@ -538,7 +538,7 @@ static int resume(trainer *t, int64_t *start_step, int *loaded_one)
     t->consumed = loaded.consumed_samples;
     train_report r = {.kind = TRAIN_REPORT_RESUMED, .step = loaded.step, .consumed_samples = loaded.consumed_samples,
                       .optimizer_loaded = loaded.optimizer_loaded, .text = loaded.path,
-                      .seconds = now_seconds() - start};
+                      .seconds = now_seconds() - start, .bytes = loaded.host_state_bytes};
     report(t, &r);
     return TP_OK;
 }

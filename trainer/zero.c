@@ -37,8 +37,7 @@ int zero_use_views(const gpt_model *m, int use, int *views)
     return n;
 }
 
-/* Values of a unit in the flattened parameters, padding included. */
-static int64_t unit_span(const gpt_model *m, const zero_unit *u)
+int64_t zero_unit_span(const gpt_model *m, const zero_unit *u)
 {
     return m->zero ? u->piece * m->comm->dp : u->piece;
 }
@@ -51,7 +50,7 @@ static int64_t use_floats(const gpt_model *m, int use)
     for (int j = 0; j < n; j++) {
         int unit = m->params[views[j]].unit, seen = 0;
         for (int k = 0; k < j; k++) seen |= m->params[views[k]].unit == unit;
-        if (!seen) floats += unit_span(m, &m->units[unit]);
+        if (!seen) floats += zero_unit_span(m, &m->units[unit]);
     }
     return floats;
 }
@@ -102,7 +101,7 @@ int zero_lay_out(gpt_model *m, int zero)
         u->piece = m->zero ? (length + dp - 1) / dp : length;
         u->at = at;
         at += u->piece;
-        flat += unit_span(m, u);
+        flat += zero_unit_span(m, u);
     }
     m->total = flat;
     m->shard_len = m->zero ? at : 0;
@@ -137,7 +136,7 @@ int zero_gather_use(gpt_model *m, int use, int what)
         zero_unit *u = &m->units[m->params[views[j]].unit];
         if (u->work_at >= 0) continue;
         u->work_at = offset;
-        offset += unit_span(m, u);
+        offset += zero_unit_span(m, u);
         m->work_units[m->num_work_units++] = m->params[views[j]].unit;
     }
     m->work_what = what;
@@ -147,7 +146,7 @@ int zero_gather_use(gpt_model *m, int use, int what)
         float *grads = what & ZERO_GRADS ? m->work_grads + u->work_at : NULL;
         if (params)
             TP_TRY(comm_all_gather(m->comm, GROUP_DP, m->shard_params + u->at, params, u->piece, COMM_FLOAT, m->stream));
-        if (grads) TP_TRY(m->kernels->zero(grads, (size_t)unit_span(m, u) * sizeof(float)));
+        if (grads) TP_TRY(m->kernels->zero(grads, (size_t)zero_unit_span(m, u) * sizeof(float)));
         point_views(m, u, params, grads);
     }
     return TP_OK;
@@ -273,38 +272,66 @@ int zero_gather_state(gpt_model *m, int what, float *snapshot, const int64_t *pa
     return status;
 }
 
-int zero_scatter_state(gpt_model *m, int what, const float *params, const float *moments)
+int zero_scatter_begin(gpt_model *m, int what, zero_scatter *s)
+{
+    s->what = what;
+    s->send = s->host = NULL;
+    float *regions[3];
+    int kinds[3];
+    if (!m->zero || !shard_regions(m, what & (ZERO_PARAMS | ZERO_MOMENTS), regions, kinds)) return TP_OK;
+    return chunk_buffers(m, TP_OK, m->comm->dp * chunk_values(m), m->comm->dp_rank == 0, &s->send, &s->host,
+                         "ZeRO: handing out the loaded state");
+}
+
+void zero_scatter_end(gpt_model *m, zero_scatter *s)
+{
+    if (s->send) chunk_free(m, s->send, s->host);
+    s->send = s->host = NULL;
+}
+
+int zero_scatter_unit(gpt_model *m, zero_scatter *s, int unit, const float *params, const float *moments,
+                      int64_t moments_stride)
 {
     if (!m->zero) return TP_OK;
     float *regions[3];
-    int kinds[3], count = shard_regions(m, what & (ZERO_PARAMS | ZERO_MOMENTS), regions, kinds);
+    int kinds[3], count = shard_regions(m, s->what & (ZERO_PARAMS | ZERO_MOMENTS), regions, kinds);
     if (!count) return TP_OK;
     comm *c = m->comm;
     int dp = c->dp, root = c->dp_rank == 0;
     int64_t chunk = chunk_values(m);
-    float *send, *host;
-    TP_TRY(chunk_buffers(m, TP_OK, dp * chunk, root, &send, &host, "ZeRO: handing out the loaded state"));
+    const zero_unit *u = &m->units[unit];
     int status = TP_OK;
     /* Chunk j of each region: member d's values [j, j + n) of its piece of
-     * unit u, from the first rank (a sum with the others' zeros). */
-    for (int k = 0; k < m->num_units && !status; k++) {
-        const zero_unit *u = &m->units[k];
-        for (int64_t j = 0; j < u->piece && !status; j += chunk) {
-            int64_t n = u->piece - j < chunk ? u->piece - j : chunk;
-            for (int r = 0; r < count && !status; r++) {
-                if (root) {
-                    const float *source = kinds[r] == 0 ? params : moments + (kinds[r] - 1) * m->total;
-                    for (int d = 0; d < dp; d++)
-                        memcpy(host + d * n, source + u->first + d * u->piece + j, (size_t)n * sizeof(float));
-                    if (host != send) status = m->kernels->to_device(send, host, (size_t)(dp * n) * sizeof(float));
-                } else {
-                    status = m->kernels->zero(send, (size_t)(dp * n) * sizeof(float));
-                }
-                if (!status)
-                    status = comm_reduce_scatter(c, GROUP_DP, send, regions[r] + u->at + j, n, COMM_FLOAT, m->stream);
+     * the unit, from the first rank (a sum with the others' zeros). */
+    for (int64_t j = 0; j < u->piece && !status; j += chunk) {
+        int64_t n = u->piece - j < chunk ? u->piece - j : chunk;
+        for (int r = 0; r < count && !status; r++) {
+            if (root) {
+                const float *source = kinds[r] == 0 ? params : moments + (kinds[r] - 1) * moments_stride;
+                for (int d = 0; d < dp; d++)
+                    memcpy(s->host + d * n, source + d * u->piece + j, (size_t)n * sizeof(float));
+                if (s->host != s->send) status = m->kernels->to_device(s->send, s->host, (size_t)(dp * n) * sizeof(float));
+            } else {
+                status = m->kernels->zero(s->send, (size_t)(dp * n) * sizeof(float));
             }
+            if (!status)
+                status = comm_reduce_scatter(c, GROUP_DP, s->send, regions[r] + u->at + j, n, COMM_FLOAT, m->stream);
         }
     }
-    chunk_free(m, send, host);
+    return status;
+}
+
+int zero_scatter_state(gpt_model *m, int what, const float *params, const float *moments)
+{
+    if (!m->zero) return TP_OK;
+    zero_scatter s;
+    TP_TRY(zero_scatter_begin(m, what, &s));
+    int root = m->comm->dp_rank == 0, status = TP_OK;
+    for (int k = 0; k < m->num_units && !status; k++) {
+        const zero_unit *u = &m->units[k];
+        status = zero_scatter_unit(m, &s, k, root && params ? params + u->first : NULL,
+                                   root && moments ? moments + u->first : NULL, m->total);
+    }
+    zero_scatter_end(m, &s);
     return status;
 }

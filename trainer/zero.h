@@ -74,4 +74,24 @@ int zero_gather_state(gpt_model *model, int what, float *snapshot, const int64_t
  * pass NULL. */
 int zero_scatter_state(gpt_model *model, int what, const float *params, const float *moments);
 
+/* The same a unit at a time, so that the first rank need hold one unit's
+ * state at once (ZeRO-3's loads): zero_scatter_begin (collective over all
+ * ranks: it agrees on the buffers), then zero_scatter_unit for units in the
+ * same order on every rank of a data-parallel group (collective over it),
+ * then zero_scatter_end. The first rank passes the unit's parameters
+ * (`params`, [zero_unit_span], from the unit's first value) and its first
+ * and second moments (at `moments` and `moments` + moments_stride, as
+ * long); other ranks pass NULL. */
+typedef struct {
+    int what;
+    float *send, *host; /* [dp, chunk] in the backend's memory, and its host copy on a device */
+} zero_scatter;
+int zero_scatter_begin(gpt_model *model, int what, zero_scatter *scatter);
+int zero_scatter_unit(gpt_model *model, zero_scatter *scatter, int unit, const float *params, const float *moments,
+                      int64_t moments_stride);
+void zero_scatter_end(gpt_model *model, zero_scatter *scatter);
+
+/* Values of a unit in the flattened parameters, its padding included. */
+int64_t zero_unit_span(const gpt_model *model, const zero_unit *unit);
+
 #endif

@@ -188,13 +188,21 @@ typedef struct {
     int saves;
     int saved_before_its_step; /* a SAVED report came before its step's STEP report */
     double load_seconds; /* RESUMED */
+    int64_t load_state_bytes, optimizer_bytes, parameter_bytes; /* RESUMED; START */
 } recorder;
 
 static void record(void *ctx, const train_report *r)
 {
     recorder *rec = ctx;
     if (r->kind == TRAIN_REPORT_WARNING) rec->warnings++;
-    if (r->kind == TRAIN_REPORT_RESUMED) rec->load_seconds = r->seconds;
+    if (r->kind == TRAIN_REPORT_RESUMED) {
+        rec->load_seconds = r->seconds;
+        rec->load_state_bytes = r->bytes;
+    }
+    if (r->kind == TRAIN_REPORT_START) {
+        rec->optimizer_bytes = r->optimizer_bytes;
+        rec->parameter_bytes = r->parameter_bytes;
+    }
     if (r->kind == TRAIN_REPORT_SAVED) {
         if (rec->saves < 8) rec->saved[rec->saves] = r->step;
         rec->saves++;
@@ -393,6 +401,7 @@ Test(train, a_claimed_run_directory_is_refused_alike_on_every_rank, .timeout = 1
  * sequence (the same global batch) when one_sequence is set; ZeRO-1 when
  * run_zero is set. */
 static int run_layers, run_virtual_stages, run_one_sequence, run_zero;
+static recorder run_rank0; /* what rank 0 was told in the last run of train_layout_sp */
 
 static void train_layout_sp(int tp, int pp, int dp, const kernel_backend *kernels, int64_t steps, const char *ckpt_dir,
                             int64_t stop_at, int resume, int sequence_parallel, double *losses)
@@ -427,6 +436,7 @@ static void train_layout_sp(int tp, int pp, int dp, const kernel_backend *kernel
     }
     /* The loss is known on every rank; rank 0 speaks for all. */
     for (int64_t s = 1; s <= steps; s++) losses[s] = runs[0].rec.losses[s];
+    run_rank0 = runs[0].rec;
 }
 
 static void train_layout(int tp, int pp, int dp, const kernel_backend *kernels, int64_t steps, const char *ckpt_dir,
@@ -576,6 +586,23 @@ static void check_sharded_optimizer(int stage)
         const kernel_backend *k = i == 2 ? encoded_backend() : NULL;
         if (i < 3) train_layout(2, 1, 2, k, 6, run_dir, 3, 0, losses);
         train_layout(2, 1, 2, k, 6, run_dir, 4, i < 3, losses);
+        if (i != 1) continue;
+        /* What the first replica held in host memory for the state it read
+         * at that resume: ZeRO-1, both moments whole ([2, total], as many
+         * bytes as the parameters and gradients it keeps); ZeRO-3, one
+         * unit's parameters and moments at a time ([3, largest unit], at
+         * most three times its work area of one use, (parameter_bytes -
+         * optimizer_bytes) / 2), less than the stage's state, [3, total] =
+         * 3 x dp x its shard of a moment. */
+        const recorder *r = &run_rank0;
+        if (stage == 1)
+            cr_assert_eq(r->load_state_bytes, r->parameter_bytes);
+        else
+            cr_assert(r->load_state_bytes > 0 &&
+                          r->load_state_bytes <= 3 * (r->parameter_bytes - r->optimizer_bytes) / 2 &&
+                          r->load_state_bytes < 3 * 2 * r->optimizer_bytes / 2,
+                      "ZeRO-3's load held %lld bytes; it keeps %lld of parameters and gradients, %lld of moments",
+                      (long long)r->load_state_bytes, (long long)r->parameter_bytes, (long long)r->optimizer_bytes);
     }
     for (int step = 3; step <= 4; step++) {
         ckpt_reader *readers[4] = {NULL};
