@@ -300,6 +300,26 @@ steps_from "$WORK/zero3-split.jsonl" 1 6 >"$WORK/zero3-split-6.jsonl"
 check "ZeRO-3 at the same layout: the straight run's losses to step 6 (1e-6)" \
     losses_match "$WORK/zero3-split-6.jsonl" "$WORK/zero-straight-6.jsonl" 1e-6
 check "ZeRO-3: start lines zero 3 3 3 0 1" [ "$(events "$WORK/zero3-split.jsonl" start zero)" = "3 3 3 0 1 " ]
+# ZeRO-3 hands a checkpoint out unit by unit as the first replica reads it: a
+# damaged piece in a later unit (the second layer's) ends that load after the
+# units before it went out, and the fallback to the previous checkpoint
+# replaces them all (its losses those of the straight run).
+expect_ok "ZeRO-3: tp2dp2 to step 8, saving every 4" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 3 --stop-at 8 \
+    --ckpt-every 4 --ckpt-dir "$WORK/zero3fall" --log "$WORK/zero3fall.jsonl"
+shard=$("$PY" -c '
+import json, sys
+index = json.load(open(sys.argv[1] + "/index.json"))
+print(sys.argv[1] + "/" + [p["file"] for t in index["tensors"] if t["name"] == "model/layers.1.mlp.fc.weight"
+                           for p in t["pieces"]][0])' "$WORK/zero3fall/step_00000008")
+flip_byte "$shard" $(($(data_offset "$shard" model/layers.1.mlp.fc.weight) + 100))
+expect_ok "ZeRO-3: resumed past the damaged step 8 to step 12" mpi_train 4 $ZB --tp 2 --micro-batch 2 --zero 3 \
+    --ckpt-dir "$WORK/zero3fall" --resume --log "$WORK/zero3fall-resumed.jsonl"
+check "ZeRO-3: step 8 named unusable, the fallback to step 4" \
+    grep -Eq "step_00000008 is unusable.*checksum.*falling back to .*step_00000004" "$WORK/.err"
+steps_from "$WORK/zero-straight.jsonl" 5 >"$WORK/zero-straight-from-5.jsonl"
+check_all "ZeRO-3 after the fallback: steps 5..12, the straight run's losses (1e-5)" \
+    '[ "$(events "$WORK/zero3fall-resumed.jsonl" start resumed_from)" = "step_00000004 " ] &&
+    losses_match "$WORK/zero3fall-resumed.jsonl" "$WORK/zero-straight-from-5.jsonl" 1e-5'
 # The issue's own example: saved at tp2 pp2 dp4 with ZeRO-1 (16 ranks), resumed
 # at tp4 pp1 dp2 with ZeRO-3, then at tp1 without ZeRO.
 XB="--model tiny --quiet --steps 9 --global-batch 16 --micro-batch 1"
