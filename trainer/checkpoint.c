@@ -648,7 +648,8 @@ typedef struct {
  * them out (zero_scatter_unit) before it reads the next, so that it holds
  * one unit's state at once, not the whole stage's. *read_status is its
  * verdict so far: the group stops at the unit where it failed. Returns a
- * failure of the communicator. Collective over each data-parallel group. */
+ * failure to hand a unit out (of the communicator, or of a rank's copies:
+ * the same on the group). Collective over each data-parallel group. */
 static int load_units(gpt_model *m, ckpt_reader *r, const char *path, const tensor_map *map, load_buffers *b,
                       int *read_status, int *missing_optimizer)
 {
@@ -679,11 +680,13 @@ static int load_units(gpt_model *m, ckpt_reader *r, const char *path, const tens
  * checkpoint at path, whose index.json rank 0 read (index_text): the first
  * replica reads, into the model's memory or, with a sharded optimizer, into
  * b's buffers; with ZeRO-3 every rank of each group takes its shard unit by
- * unit (load_units). A failure of the first replica's reading is its own
- * (the others return TP_OK). */
+ * unit (load_units). Returns a failure of the first replica's reading (the
+ * others return TP_OK): the checkpoint is unusable. *handing_out is a
+ * failure to hand ZeRO-3's units out, which no other checkpoint mends. */
 static int load_one(gpt_model *m, const char *path, const char *index_text, const tensor_map *map, load_buffers *b,
-                    load_result *out)
+                    load_result *out, int *handing_out)
 {
+    *handing_out = TP_OK;
     /* Only the first data-parallel replica reads; the others get its values
      * over their group (a store sees each piece read once, not dp times:
      * docs/SCALE.md). */
@@ -691,17 +694,14 @@ static int load_one(gpt_model *m, const char *path, const char *index_text, cons
     if (!root && m->zero != 3) return TP_OK;
     ckpt_reader *r = NULL;
     int status = root ? open_for_load(m, path, index_text, &r) : TP_OK, missing_optimizer = 0;
-    if (m->zero == 3) {
-        int comm_status = load_units(m, r, path, map, b, &status, &missing_optimizer);
-        if (comm_status) status = comm_status;
-    }
+    if (m->zero == 3) *handing_out = load_units(m, r, path, map, b, &status, &missing_optimizer);
     for (int i = 0; i < m->num_params && m->zero != 3 && !status; i++) {
         param_view *v = &m->params[i];
         float *const moments[2] = {m->zero ? (b->moments ? b->moments + v->flat : NULL) : v->m,
                                    m->zero ? (b->moments ? b->moments + m->total + v->flat : NULL) : v->v};
         status = read_view_state(m, r, path, map, i, v->data, 0, moments, m->zero != 0, &missing_optimizer);
     }
-    if (root && !status) {
+    if (root && !status && !*handing_out) {
         const ckpt_train_state *state = ckpt_reader_state(r);
         out->step = state->step;
         out->consumed_samples = state->consumed_samples;
@@ -735,7 +735,10 @@ static int share_over_replicas(gpt_model *m, int with_optimizer, const float *mo
             TP_TRY(comm_all_reduce(c, GROUP_DP, m->memory + 2 * m->total, 2 * m->total, COMM_FLOAT, COMM_SUM, m->stream));
         if (with_optimizer) TP_TRY(zero_scatter_state(m, ZERO_MOMENTS, NULL, moments));
     }
-    return comm_broadcast(c, out, (int64_t)sizeof *out, 0, COMM_HOST); /* rank 0 read it */
+    int64_t own = out->host_state_bytes;
+    TP_TRY(comm_broadcast(c, out, (int64_t)sizeof *out, 0, COMM_HOST)); /* rank 0 read it */
+    out->host_state_bytes = own;
+    return TP_OK;
 }
 
 /* The checkpoints of dir to try, as rank 0 lists them, told to every rank
@@ -832,11 +835,17 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         status = shared_index_text(c, list[k].path, &index_text, &failed);
         if (status) break;
         memset(out, 0, sizeof *out);
-        if (!failed) failed = load_one(m, list[k].path, index_text, &map, &b, out);
+        int handing_out = TP_OK, any_handing_out;
+        if (!failed) failed = load_one(m, list[k].path, index_text, &map, &b, out, &handing_out);
         free(index_text);
         if (failed) snprintf(message, sizeof message, "%s", tp_errmsg());
         int any_failed;
         status = comm_first_failure(c, failed, message, sizeof message, &any_failed);
+        /* A failure to hand the state out is not the checkpoint's: it ends the load. */
+        if (!status) status = comm_any(c, handing_out != TP_OK, &any_handing_out);
+        if (!status && any_handing_out)
+            status = handing_out ? handing_out
+                                 : tp_fail(TP_ERR_COMM, "another rank failed to hand out %s's state", list[k].path);
         if (!status && !any_failed) {
             status = share_over_replicas(m, with_optimizer, b.moments, out);
             int optimizer = out->optimizer_loaded ? 0 : 1, missing;

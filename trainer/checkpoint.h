@@ -93,9 +93,10 @@ typedef struct {
     int64_t consumed_samples;
     char path[4096];
     int optimizer_loaded;
-    int64_t host_state_bytes; /* with a sharded optimizer: the host memory the first replica held at once for the
-                                 state it read (ZeRO-1: both moments whole; ZeRO-3: one unit's parameters and
-                                 moments, the largest unit's size), besides what it keeps; else 0 */
+    int64_t host_state_bytes; /* this rank's: the host memory it held at once for a sharded optimizer's state it
+                                 read, besides what it keeps and the staging of at most dp x 1M values on a
+                                 device: on a first replica (dp rank 0) both moments whole with ZeRO-1, and one
+                                 unit's parameters and moments (the largest unit's size) with ZeRO-3; else 0 */
 } load_result;
 
 /* Told, on every rank, when a checkpoint is passed over: `text` names it,

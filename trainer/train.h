@@ -59,8 +59,8 @@ typedef struct {
     const char *text;           /* RESUMED, SAVED, UPLOADED: the checkpoint; WARNING: the message */
     int64_t bytes;              /* UPLOADED; START: the activations this rank keeps for the backward (its
                                    micro-batches in flight, and sequence parallelism's two buffers); RESUMED:
-                                   the host memory the load held at once for a sharded optimizer's state
-                                   (load_result's host_state_bytes) */
+                                   the host memory the reporting rank (0) held at once for a sharded
+                                   optimizer's state it read (load_result's host_state_bytes) */
     int64_t optimizer_bytes;    /* START: the Adam moments this rank keeps (with a sharded optimizer, its shard's) */
     int64_t parameter_bytes;    /* START: the parameters and gradients it keeps (gpt_model_parameter_bytes) */
     /* UPLOADED: the slowest rank's seconds writing its shard (snapshot included) and uploading it (describing

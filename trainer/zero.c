@@ -300,25 +300,34 @@ int zero_scatter_unit(gpt_model *m, zero_scatter *s, int unit, const float *para
     int dp = c->dp, root = c->dp_rank == 0;
     int64_t chunk = chunk_values(m);
     const zero_unit *u = &m->units[unit];
-    int status = TP_OK;
+    int local = TP_OK; /* a copy of this rank's that failed: it goes on with the group's reduce-scatters */
     /* Chunk j of each region: member d's values [j, j + n) of its piece of
      * the unit, from the first rank (a sum with the others' zeros). */
-    for (int64_t j = 0; j < u->piece && !status; j += chunk) {
+    for (int64_t j = 0; j < u->piece; j += chunk) {
         int64_t n = u->piece - j < chunk ? u->piece - j : chunk;
-        for (int r = 0; r < count && !status; r++) {
+        for (int r = 0; r < count; r++) {
+            int copied;
             if (root) {
                 const float *source = kinds[r] == 0 ? params : moments + (kinds[r] - 1) * moments_stride;
                 for (int d = 0; d < dp; d++)
                     memcpy(s->host + d * n, source + d * u->piece + j, (size_t)n * sizeof(float));
-                if (s->host != s->send) status = m->kernels->to_device(s->send, s->host, (size_t)(dp * n) * sizeof(float));
+                copied = s->host != s->send ? m->kernels->to_device(s->send, s->host, (size_t)(dp * n) * sizeof(float))
+                                            : TP_OK;
             } else {
-                status = m->kernels->zero(s->send, (size_t)(dp * n) * sizeof(float));
+                copied = m->kernels->zero(s->send, (size_t)(dp * n) * sizeof(float));
             }
-            if (!status)
-                status = comm_reduce_scatter(c, GROUP_DP, s->send, regions[r] + u->at + j, n, COMM_FLOAT, m->stream);
+            if (copied && !local) local = copied;
+            TP_TRY(comm_reduce_scatter(c, GROUP_DP, s->send, regions[r] + u->at + j, n, COMM_FLOAT, m->stream));
         }
     }
-    return status;
+    /* The group's verdict on the unit, alike on every member. */
+    int failed = local != TP_OK;
+    TP_TRY(comm_all_reduce(c, GROUP_DP, &failed, 1, COMM_INT, COMM_MAX, COMM_HOST));
+    if (local) return local;
+    return failed ? tp_fail(TP_ERR_COMM, "ZeRO: another rank of the data-parallel group failed to take its part of "
+                                         "unit %d",
+                            unit)
+                  : TP_OK;
 }
 
 int zero_scatter_state(gpt_model *m, int what, const float *params, const float *moments)

@@ -78,7 +78,8 @@ int zero_scatter_state(gpt_model *model, int what, const float *params, const fl
  * state at once (ZeRO-3's loads): zero_scatter_begin (collective over all
  * ranks: it agrees on the buffers), then zero_scatter_unit for units in the
  * same order on every rank of a data-parallel group (collective over it),
- * then zero_scatter_end. The first rank passes the unit's parameters
+ * then zero_scatter_end (a unit that failed on one rank fails on every
+ * rank of its group). The first rank passes the unit's parameters
  * (`params`, [zero_unit_span], from the unit's first value) and its first
  * and second moments (at `moments` and `moments` + moments_stride, as
  * long); other ranks pass NULL. */

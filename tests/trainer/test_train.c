@@ -593,12 +593,18 @@ static void check_sharded_optimizer(int stage)
          * unit's parameters and moments at a time ([3, largest unit], at
          * most three times its work area of one use, (parameter_bytes -
          * optimizer_bytes) / 2), less than the stage's state, [3, total] =
-         * 3 x dp x its shard of a moment. */
+         * 3 x dp x its shard of a moment. A unit holds a view at least (at
+         * tp2, the feed-forward's [ffn/2, dim] or the token table's
+         * [vocab/2, dim]) and is padded to dp pieces: three fp32 copies of
+         * it a multiple of 12 x dp bytes. */
         const recorder *r = &run_rank0;
+        gpt_config tiny;
+        cr_assert_eq(gpt_preset("tiny", &tiny), TP_OK);
+        int64_t ffn = tiny.ffn ? tiny.ffn : 4 * tiny.dim, largest_view = (ffn > tiny.vocab ? ffn : tiny.vocab) / 2 * tiny.dim;
         if (stage == 1)
             cr_assert_eq(r->load_state_bytes, r->parameter_bytes);
         else
-            cr_assert(r->load_state_bytes > 0 &&
+            cr_assert(r->load_state_bytes >= 12 * largest_view && r->load_state_bytes % (12 * 2) == 0 &&
                           r->load_state_bytes <= 3 * (r->parameter_bytes - r->optimizer_bytes) / 2 &&
                           r->load_state_bytes < 3 * 2 * r->optimizer_bytes / 2,
                       "ZeRO-3's load held %lld bytes; it keeps %lld of parameters and gradients, %lld of moments",
