@@ -641,6 +641,7 @@ typedef struct {
     float *unit_state;  /* ZeRO-3, first replica: [3, unit_span] (or [1, ...] without the moments): a unit's
                            parameters, first and second moments, each from the unit's first value */
     int64_t unit_span;  /* the largest unit's span */
+    int64_t host_bytes; /* what moments or unit_state hold (load_result's host_state_bytes) */
     zero_scatter scatter; /* ZeRO-3, every rank: the unit being handed out */
 } load_buffers;
 
@@ -706,9 +707,7 @@ static int load_one(gpt_model *m, const char *path, const char *index_text, cons
         out->step = state->step;
         out->consumed_samples = state->consumed_samples;
         out->optimizer_loaded = !missing_optimizer;
-        out->host_state_bytes = (int64_t)sizeof(float) * (b->unit_state ? (b->scatter.what & ZERO_MOMENTS ? 3 : 1) *
-                                                                               b->unit_span
-                                                                         : (b->moments ? 2 * m->total : 0));
+        out->host_state_bytes = b->host_bytes;
         snprintf(out->path, sizeof out->path, "%s", ckpt_reader_path(r));
     }
     if (r) ckpt_reader_close(r);
@@ -815,15 +814,17 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
     int status = shared_candidates(c, dir, &list, &n);
     if (!status) status = tensor_map_create(&map, m, with_optimizer);
     else memset(&map, 0, sizeof map);
-    if (!status && m->zero == 1 && with_optimizer && root &&
-        !(b.moments = calloc((size_t)(2 * m->total), sizeof *b.moments)))
-        status = tp_fail(TP_ERR_NOMEM, "out of memory for the moments of %lld parameters", (long long)m->total);
+    if (!status && m->zero == 1 && with_optimizer && root) {
+        if (!(b.moments = calloc((size_t)(2 * m->total), sizeof *b.moments)))
+            status = tp_fail(TP_ERR_NOMEM, "out of memory for the moments of %lld parameters", (long long)m->total);
+        b.host_bytes = 2 * m->total * (int64_t)sizeof(float);
+    }
     if (m->zero == 3) {
-        for (int k = 0; k < m->num_units; k++)
-            if (zero_unit_span(m, &m->units[k]) > b.unit_span) b.unit_span = zero_unit_span(m, &m->units[k]);
+        b.unit_span = zero_largest_piece(m) * c->dp;
         int64_t floats = (with_optimizer ? 3 : 1) * b.unit_span;
         if (!status && root && !(b.unit_state = malloc((size_t)floats * sizeof *b.unit_state)))
             status = tp_fail(TP_ERR_NOMEM, "out of memory for a unit's state (%lld values)", (long long)floats);
+        b.host_bytes = root ? floats * (int64_t)sizeof(float) : 0;
     }
     status = comm_agree(c, status, dir);
     if (!status) status = zero_scatter_begin(m, m->zero == 3 ? ZERO_PARAMS | (with_optimizer ? ZERO_MOMENTS : 0) : 0,

@@ -328,9 +328,7 @@ int gpt_model_supported(const gpt_config *config)
  * time, of which this rank keeps its piece. */
 static int init_shards(gpt_model *m, uint64_t seed)
 {
-    int64_t largest = 0;
-    for (int k = 0; k < m->num_units; k++)
-        if (m->units[k].piece > largest) largest = m->units[k].piece;
+    int64_t largest = zero_largest_piece(m);
     int dp = m->comm->dp, d = m->comm->dp_rank;
     float *unit = alloc_pages((size_t)(largest * dp) * sizeof(float));
     if (!unit) return tp_fail(TP_ERR_NOMEM, "out of memory for the initial values of %lld parameters",

@@ -42,6 +42,14 @@ int64_t zero_unit_span(const gpt_model *m, const zero_unit *u)
     return m->zero ? u->piece * m->comm->dp : u->piece;
 }
 
+int64_t zero_largest_piece(const gpt_model *m)
+{
+    int64_t largest = 0;
+    for (int k = 0; k < m->num_units; k++)
+        if (m->units[k].piece > largest) largest = m->units[k].piece;
+    return largest;
+}
+
 /* The work area a use needs: its units' spans, each unit once. */
 static int64_t use_floats(const gpt_model *m, int use)
 {
@@ -114,7 +122,6 @@ int zero_lay_out(gpt_model *m, int zero)
     }
     return TP_OK;
 }
-
 
 /* Points a unit's views at its place in the work area, or (at NULL) nowhere. */
 static void point_views(gpt_model *m, const zero_unit *u, float *params, float *grads)
@@ -220,9 +227,7 @@ static int chunk_buffers(gpt_model *m, int status, int64_t floats, int with_host
  * largest piece when smaller. */
 static int64_t chunk_values(const gpt_model *m)
 {
-    int64_t largest = 0;
-    for (int k = 0; k < m->num_units; k++)
-        if (m->units[k].piece > largest) largest = m->units[k].piece;
+    int64_t largest = zero_largest_piece(m);
     return largest < ZERO_CHUNK ? largest : ZERO_CHUNK;
 }
 

@@ -23,7 +23,9 @@
 
 /* Splits the model's views into units (model.h) for zero (0, 1 or 3) at its
  * data-parallel size: sets each view's flat, unit and writer, the model's
- * units, total, shard_len and (ZeRO-3) work_floats.
+ * units, total, shard_len and (ZeRO-3) work_floats. Without a sharded
+ * optimizer, one unit of the views packed one after the other, unsplit.
+ * After the model's tensor indices (wte, layer ...) are set.
  *
  * A view's writer is the data-parallel rank that writes its moments (with
  * ZeRO-3 its parameter too) in checkpoints; without a sharded optimizer, 0.
@@ -32,9 +34,7 @@
  * those), its state counting 2 values an element (3 with ZeRO-3's
  * parameter), and with ZeRO-1 rank 0 starting with every parameter, which
  * it writes: about equal writes, and snapshots, whatever the sizes of the
- * tensors. Without a sharded optimizer,
- * one unit of the views packed one after the other, unsplit. After the
- * model's tensor indices (wte, layer ...) are set. */
+ * tensors. */
 int zero_lay_out(gpt_model *model, int zero);
 
 /* What a forward or backward of ZeRO-3 gathers: a local layer (0 ..
@@ -94,5 +94,9 @@ void zero_scatter_end(gpt_model *model, zero_scatter *scatter);
 
 /* Values of a unit in the flattened parameters, its padding included. */
 int64_t zero_unit_span(const gpt_model *model, const zero_unit *unit);
+
+/* The largest of the units' pieces (with a sharded optimizer, the largest
+ * span is dp times as many values). */
+int64_t zero_largest_piece(const gpt_model *model);
 
 #endif

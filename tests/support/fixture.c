@@ -252,17 +252,24 @@ int replay_corpus(const char *target, int (*one)(const uint8_t *data, size_t siz
     return count;
 }
 
+/* The file's text into text[size], ended by a NUL; returns its length. */
+static size_t read_text(const char *file, char *text, size_t size)
+{
+    FILE *f = fopen(file, "rb");
+    cr_assert(f, "%s", file);
+    size_t n = fread(text, 1, size - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    return n;
+}
+
 void reseal_index(const char *file)
 {
     /* The seal as docs/FORMAT.md defines it, computed here on its own: the
      * 16 hex digits of the last "index_checksum" member become XXH3-64 of
      * every byte before its key. */
-    FILE *f = fopen(file, "rb");
-    cr_assert(f, "%s", file);
     static char text[1 << 22];
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = '\0';
+    size_t n = read_text(file, text, sizeof text);
     static const char key[] = "\"index_checksum\":";
     char *at = NULL;
     for (char *p = text; (p = strstr(p, key)) != NULL; p++) at = p;
@@ -272,7 +279,7 @@ void reseal_index(const char *file)
     char hex[17];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH3_64bits(text, (size_t)(at - text)));
     memcpy(digits + 1, hex, 16);
-    f = fopen(file, "wb");
+    FILE *f = fopen(file, "wb");
     cr_assert(f, "%s", file);
     cr_assert_eq(fwrite(text, 1, n, f), n);
     fclose(f);
@@ -282,18 +289,14 @@ void edit_index(const char *path, const char *from, const char *to)
 {
     char file[700];
     snprintf(file, sizeof file, "%s/index.json", path);
-    FILE *f = fopen(file, "rb");
-    cr_assert(f, "%s", file);
     static char text[1 << 20];
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = '\0';
+    read_text(file, text, sizeof text);
     regex_t pattern;
     regmatch_t match;
     cr_assert_eq(regcomp(&pattern, from, REG_EXTENDED), 0, "%s", from);
     cr_assert_eq(regexec(&pattern, text, 1, &match, 0), 0, "%s: no match of %s", file, from);
     regfree(&pattern);
-    f = fopen(file, "wb");
+    FILE *f = fopen(file, "wb");
     cr_assert(f, "%s", file);
     fwrite(text, 1, (size_t)match.rm_so, f);
     fputs(to, f);
