@@ -129,7 +129,14 @@ tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum) 
 # finish: the summary line; the exit status says whether every check passed.
 # With TEST_KEEP_WORK=DIR, a failed test's WORK is copied into DIR first,
 # for the logs of what failed (hunting a failure that comes and goes).
+# FINISH_HOOKS: commands finish runs first, in order: checks that a
+# helper library gathers during the script and judges at once at the end
+# (train_lib.sh's PyTorch checks).
+FINISH_HOOKS=""
+
 finish() {
+    for hook in $FINISH_HOOKS; do "$hook"; done
+    FINISH_HOOKS=""
     echo "[$NAME] $PASSED passed, $FAILED failed"
     if [ "$FAILED" -ne 0 ] && [ -n "${TEST_KEEP_WORK:-}" ]; then
         mkdir -p "$TEST_KEEP_WORK" && cp -a "$WORK" "$TEST_KEEP_WORK/" 2>/dev/null &&

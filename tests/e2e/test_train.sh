@@ -34,6 +34,7 @@ torch_check tp2-sp 2 --tp 2 --sequence-parallel
 BF16=1 torch_check tp2pp2-sp-bf16 4 --tp 2 --pp 2 --sequence-parallel
 torch_check tp2pp2-v2 4 --tp 2 --pp 2 --virtual-stages 2 --layers 4
 torch_check tp2dp2-zero1 4 --tp 2 --zero 1
+torch_check_fails_bf16 tp1-fp32-as-bf16 tp1
 
 # --- bf16 mixed precision: the products' operands rounded, so the losses
 # differ from fp32's (a little: bf16's precision), and not with the layout.

@@ -34,6 +34,7 @@ torch_check tp4 4 --tp 4
 torch_check tp2-kv1-sp 2 --tp 2 --kv-heads 1 --sequence-parallel
 BF16=1 torch_check tp1-bf16 1 --tp 1
 BF16=1 torch_check tp2pp2-bf16 4 --tp 2 --pp 2
+torch_check_fails_bf16 tp1-fp32-as-bf16 tp1
 
 # --- Layout invariance: 20 steps of 4-sequence batches at tp1 (micro-batch
 # 4) and at tp2pp2 (micro-batch 2 x accumulation 2) have the same losses.

@@ -16,16 +16,23 @@ PyTorch model, and compares, in fp32:
   - every parameter gradient (1e-4 relative to the tensor's largest),
   - the losses of every logged step of AdamW training (--loss-tol relative;
     decay on matrices and embeddings, none on norms and biases).
-With --bf16 (tp-train --dtype bf16) the reference runs under PyTorch's bf16
-autocast, and the tolerances are bf16's (BF16_TOLERANCES): the two round at
-different points (autocast also rounds the products' outputs), so they agree
-to bf16's precision, not to fp32's.
+With --bf16 (tp-train --dtype bf16) the reference computes what tp-train
+documents for it (mixed_precision.py): every linear product, forward and
+backward, on bf16-rounded operands with fp32 sums. Two checks more then
+measure both sides against the same computation in fp64 (its gradients): the
+judge must be as exact as what it judges. The tolerances are derived from
+the products' length and bf16's unit roundoff (bf16_tolerances).
 
 Usage: check_torch.py DUMP_DIR LOG.jsonl --micro-batch B --grad-accum A --steps N
        --lr X --warmup N [--min-lr X] [--weight-decay X] [--clip X] [--loss-tol X] [--bf16] [--seed N]
+       check_torch.py --each FILE
+With --each, FILE holds one check a line, "LABEL DUMP_DIR LOG.jsonl OPTIONS..."
+(words split at spaces): all are judged in this one process (PyTorch loads
+once), each output line starting "check_torch: [LABEL]". Exit status: 0 when
+every check of every line passed, 1 otherwise.
 """
-import contextlib
 import argparse
+import copy
 import json
 import math
 import os
@@ -43,6 +50,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ckpt"))
 import check_h5py  # noqa: E402
 from gpt2_ref import GPT2, lr_at  # noqa: E402
 from llama_ref import Llama  # noqa: E402
+from mixed_precision import bf16_operands  # noqa: E402
 
 
 def merged(path):
@@ -102,7 +110,46 @@ def initial_values_error(weights, seed):
 
 
 FP32_TOLERANCES = {"logits": 1e-5, "loss": 1e-5, "gradients": 1e-4}
-BF16_TOLERANCES = {"logits": 1e-2, "loss": 1e-4, "gradients": 2e-2, "losses": 5e-4}  # about 3x what is seen
+
+U_BF16 = 2.0 ** -8  # bf16 keeps 8 significant bits: rounding to nearest errs by 2^-8 relative at most
+U_FP32 = 2.0 ** -24
+
+
+def bf16_tolerances(cfg, rows_per_step):
+    """The bf16 tolerances of a model configuration (the index's "model").
+
+    Both sides round the same fp32 values to bf16 and sum in fp32, in
+    different orders (tp-train's kernels, oneDNN or OpenBLAS's sgemm, against
+    PyTorch's BLAS). A sum of K products in another order differs by up to
+    eps = K u32 relative, K the longest product of the model. Where two
+    fp32 values that differ by eps round to different bf16 values (a
+    fraction of about eps / 2u of them), the operands differ by one bf16
+    step (2u) instead: a product of K such operands then differs by about
+    2u sqrt(eps / 2u) = sqrt(2u eps) relative to its size (one "flip" stage).
+    Each layer's products take the last layer's results, so the departure
+    adds up over the stages a value goes through: the layers on the way
+    forward (logits), twice as many for the gradients (forward, then back).
+    The tolerance is twice that sum: the worst entry of a tensor, relative to
+    its largest, stayed within 0.95 of the sum at 2 and 6 layers, GPT-2 and
+    Llama, against the fp64 computation of the same bf16 operands (docs/
+    RELIABILITY.md, "bf16 on CPUs without AVX-512"), while a side that does
+    not round at all departs by 2-3 times the tolerance at 2 layers. The
+    loss is a mean over the step's rows (tokens), so its departure is the
+    logits' over sqrt(rows); the 10 steps' losses, the gradients' over it.
+
+    K: the longest sum of a product, forward (over dim, ffn), backward to the
+    input (over qkv's, the MLP's and the vocabulary's outputs: summed across
+    tensor-parallel ranks, the same length) or to the weights (over the rows
+    of a step: micro-batch x sequence x accumulation)."""
+    dim, heads, ffn, vocab = cfg["dim"], cfg["heads"], cfg["ffn"], cfg["vocab"]
+    head_dim, kv_heads = dim // heads, cfg.get("kv_heads", heads)
+    mlp_out = 2 * ffn if cfg.get("arch") == "llama" or cfg.get("mlp") == "swiglu" else ffn
+    longest = max(dim, ffn, mlp_out, (heads + 2 * kv_heads) * head_dim, vocab, rows_per_step)
+    flip = math.sqrt(2 * U_BF16 * longest * U_FP32)
+    logits = 2 * cfg["layers"] * flip
+    gradients = 2 * (2 * cfg["layers"]) * flip
+    return {"logits": logits, "loss": logits / math.sqrt(rows_per_step), "gradients": gradients,
+            "losses": gradients / math.sqrt(rows_per_step)}
 
 
 def relative(a, b):
@@ -110,8 +157,10 @@ def relative(a, b):
     return float(np.abs(a - b).max()) / (scale if scale > 0 else 1.0)
 
 
-def main():
-    p = argparse.ArgumentParser()
+def judge(argv, label=""):
+    """Runs the checks of one command line (check_torch.py's own
+    arguments); returns the number that failed."""
+    p = argparse.ArgumentParser(prog="check_torch.py")
     p.add_argument("dump")
     p.add_argument("log")
     p.add_argument("--micro-batch", type=int, required=True)
@@ -125,31 +174,32 @@ def main():
     p.add_argument("--loss-tol", type=float, default=None)
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--seed", type=int, default=1337)
-    a = p.parse_args()
-    tol = BF16_TOLERANCES if a.bf16 else FP32_TOLERANCES
-    loss_tol = a.loss_tol if a.loss_tol is not None else tol.get("losses", 1e-5)
-
-    def precision():
-        return torch.autocast("cpu", dtype=torch.bfloat16) if a.bf16 else contextlib.nullcontext()
+    a = p.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(1)
 
     weights, index = merged(os.path.join(a.dump, "init"))
     cfg = index["model"]
+    T = cfg["seq"]
+    tol = bf16_tolerances(cfg, a.micro_batch * a.grad_accum * T) if a.bf16 else FP32_TOLERANCES
+    loss_tol = a.loss_tol if a.loss_tol is not None else tol.get("losses", 1e-5)
+
+    def precision():
+        return bf16_operands(a.bf16)
     if cfg.get("arch", "gpt") == "llama":
         model = Llama.from_config(cfg)
     else:
         model = GPT2(cfg["layers"], cfg["dim"], cfg["heads"], cfg["vocab"], cfg["seq"], cfg["ffn"])
     params = model.load_named(weights)
-    T = cfg["seq"]
     batches = np.fromfile(os.path.join(a.dump, "batches.bin"), dtype=np.int32)
     batches = torch.from_numpy(batches.copy()).view(a.steps, -1, T + 1).long()  # [step, sample, T + 1]
     logged = [r for r in map(json.loads, open(a.log)) if "event" not in r]  # step lines
     failures = []
+    prefix = f"check_torch: [{label}]" if label else "check_torch:"
 
     def check(what, value, tol):
         status = "ok" if value <= tol else "FAIL"
-        print(f"check_torch: {what}: {value:.3e} (tolerance {tol:g}) {status}")
+        print(f"{prefix} {what}: {value:.3e} (tolerance {tol:.3g}) {status}", flush=True)
         if value > tol:
             failures.append(what)
 
@@ -157,7 +207,7 @@ def main():
     if xxhash:
         check("initial values against docs/DATA.md's rule", initial_values_error(weights, a.seed), 1e-5)
     else:
-        print("check_torch: initial values: skipped (this Python has no xxhash module)")
+        print(f"{prefix} initial values: skipped (this Python has no xxhash module)")
 
     # Step 1: logits of the dumped micro-batch, the loss, every gradient.
     tokens = batches[0]
@@ -173,6 +223,19 @@ def main():
     grads, _ = merged(os.path.join(a.dump, "grads"))
     worst = max((relative(grads[name], param.grad.numpy()), name) for name, param in params.items())
     check(f"gradients (worst: {worst[1]})", worst[0], tol["gradients"])
+    if a.bf16:
+        # The same step in fp64 from the same bf16 operands: how far each side is from it.
+        exact = copy.deepcopy(model).double()
+        exact.zero_grad(set_to_none=True)
+        exact_params = exact.load_named(weights)
+        with precision():
+            logits64 = exact(tokens[:, :-1])
+        F.cross_entropy(logits64.reshape(-1, logits64.shape[-1]), tokens[:, 1:].reshape(-1)).backward()
+        for side, side_grads in (("tp-train's", {n: grads[n] for n in params}),
+                                 ("the judge's", {n: q.grad.numpy() for n, q in params.items()})):
+            worst = max((relative(side_grads[n], exact_params[n].grad.numpy()), n) for n in params)
+            check(f"{side} gradients against fp64 sums of the same bf16 operands (worst: {worst[1]})", worst[0],
+                  tol["gradients"])
 
     # Training: AdamW with decoupled decay on matrices and embeddings, clipping, schedule.
     model.zero_grad()
@@ -198,7 +261,24 @@ def main():
             group["lr"] = lr_at(step, a.lr, min_lr, a.warmup, a.steps)
         optimizer.step()
     check(f"losses of {a.steps} AdamW steps", worst_loss, loss_tol)
-    return 1 if failures else 0
+    return len(failures)
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--each":
+        failed = 0
+        with open(sys.argv[2], encoding="utf-8") as f:
+            for line in f:
+                words = line.split()
+                if not words:
+                    continue
+                try:
+                    failed += judge(words[1:], words[0])
+                except (Exception, SystemExit) as e:  # this line fails; the next ones are still judged
+                    print(f"check_torch: [{words[0]}] error: {type(e).__name__}: {e} FAIL", flush=True)
+                    failed += 1
+        return 1 if failed else 0
+    return 1 if judge(sys.argv[1:]) else 0
 
 
 if __name__ == "__main__":

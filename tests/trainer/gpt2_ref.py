@@ -2,12 +2,16 @@
 (not from its code): learned token and position embeddings, pre-LayerNorm
 blocks (eps 1e-5), causal multi-head attention with biases and 1/sqrt(head_dim)
 scaling, an MLP of width ffn with GELU (tanh approximation), a final
-LayerNorm, and the output projection tied to the token embedding."""
+LayerNorm, and the output projection tied to the token embedding. Its
+products go through mixed_precision.linear (plain F.linear unless
+mixed_precision.bf16_operands() is on)."""
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from mixed_precision import Linear, linear
 
 
 class Block(nn.Module):
@@ -15,11 +19,11 @@ class Block(nn.Module):
         super().__init__()
         self.heads = heads
         self.ln1 = nn.LayerNorm(dim, eps=1e-5)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        self.qkv = Linear(dim, 3 * dim)
+        self.proj = Linear(dim, dim)
         self.ln2 = nn.LayerNorm(dim, eps=1e-5)
-        self.fc = nn.Linear(dim, ffn)
-        self.fc_proj = nn.Linear(ffn, dim)
+        self.fc = Linear(dim, ffn)
+        self.fc_proj = Linear(ffn, dim)
 
     def attention(self, x):
         B, T, D = x.shape
@@ -50,7 +54,7 @@ class GPT2(nn.Module):
         x = self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
         for block in self.blocks:
             x = block(x)
-        return self.ln_f(x) @ self.wte.weight.T  # tied output projection
+        return linear(self.ln_f(x), self.wte.weight)  # tied output projection
 
     def load_named(self, tensors):
         """Sets every parameter from {tp-train global name: numpy array}."""

@@ -19,12 +19,17 @@ stack of the products, so the computation is HF's.
 tests/trainer/test_llama_ref.py checks this model against Meta's original
 formulation (complex rotary embeddings on permuted weights), explicit
 expansion of the KV heads, known RMSNorm values and hand-computed Llama 3
-frequencies."""
+frequencies.
+
+Its products go through mixed_precision.linear (plain F.linear unless
+mixed_precision.bf16_operands() is on)."""
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from mixed_precision import Linear, linear
 
 
 class RMSNorm(nn.Module):
@@ -109,8 +114,8 @@ class Attention(nn.Module):
         if dim % heads or heads % kv_heads:
             raise ValueError(f"dim {dim}, heads {heads}, kv_heads {kv_heads}: not divisible")
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
-        self.qkv = nn.Linear(dim, (heads + 2 * kv_heads) * self.head_dim, bias=False)
-        self.proj = nn.Linear(heads * self.head_dim, dim, bias=False)
+        self.qkv = Linear(dim, (heads + 2 * kv_heads) * self.head_dim, bias=False)
+        self.proj = Linear(heads * self.head_dim, dim, bias=False)
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
@@ -134,8 +139,8 @@ class MLP(nn.Module):
 
     def __init__(self, dim, ffn):
         super().__init__()
-        self.fc = nn.Linear(dim, 2 * ffn, bias=False)
-        self.proj = nn.Linear(ffn, dim, bias=False)
+        self.fc = Linear(dim, 2 * ffn, bias=False)
+        self.proj = Linear(ffn, dim, bias=False)
 
     def forward(self, x):
         gate, up = self.fc(x).chunk(2, dim=-1)
@@ -165,7 +170,7 @@ class Llama(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, heads, kv_heads, ffn, norm_eps) for _ in range(layers))
         self.final_norm = RMSNorm(dim, norm_eps)
         self.tied = tied_embeddings
-        self.output = None if tied_embeddings else nn.Linear(dim, vocab, bias=False)
+        self.output = None if tied_embeddings else Linear(dim, vocab, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(dim // heads, rope_theta, rope_scaling), persistent=False)
 
     @classmethod
@@ -186,7 +191,7 @@ class Llama(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin)
         x = self.final_norm(x)
-        return x @ self.embed.weight.T if self.tied else self.output(x)
+        return linear(x, self.embed.weight) if self.tied else self.output(x)
 
     def named_ours(self):
         """{tp-train global name: parameter}, every parameter once."""

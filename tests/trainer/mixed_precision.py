@@ -1,0 +1,80 @@
+"""bf16 mixed precision for the PyTorch reference models, as tp-train
+documents it (docs/TOOLS.md, --dtype bf16), written from that description:
+every linear layer's product, forward and backward, takes its two operands
+rounded to bf16 (to nearest, ties to even) and sums in the model's own
+precision; everything else (norms, attention, activations, the loss, the
+bias gradients) stays in that precision.
+
+The reference models call linear() for every product with a weight. Outside
+bf16_operands() it is F.linear, so the models are plain PyTorch (and
+autocast, which the benchmarks use, applies as usual). Inside it:
+  forward   y = bf16(x) @ bf16(W)^T + b
+  backward  dx = bf16(dy) @ bf16(W)
+            dW = bf16(dy)^T @ bf16(x), summed over every row
+            db = dy summed over every row (not rounded)
+In an fp32 model the sums are fp32, which every CPU's BLAS gives exactly
+enough; in an fp64 model they are exact to fp64's precision (the values
+rounded first to fp32, then to bf16, as tp-train rounds fp32 values).
+
+This is the judge's bf16, not PyTorch's autocast: autocast also rounds each
+product's result to bf16, and on a CPU without AVX-512 PyTorch 1.13's bf16
+products (autocast's, and backward's) of some layouts sum in bf16 (docs/
+RELIABILITY.md, "bf16 on CPUs without AVX-512"), which no check of tp-train
+can be more exact than.
+"""
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+_BF16_OPERANDS = False
+
+
+def round_bf16(t):
+    """t rounded to bf16 (through fp32, to nearest, ties to even), kept in t's dtype."""
+    return t.float().bfloat16().to(t.dtype)
+
+
+class _Bf16OperandsLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        x16, w16 = round_bf16(x), round_bf16(weight)
+        ctx.save_for_backward(x16, w16)
+        ctx.has_bias = bias is not None
+        y = x16 @ w16.T  # x [..., C], W [OC, C]: y [..., OC]
+        return y + bias if bias is not None else y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x16, w16 = ctx.saved_tensors
+        dy16 = round_bf16(dy)
+        dx = dy16 @ w16  # [..., C]
+        dw = dy16.reshape(-1, dy.shape[-1]).T @ x16.reshape(-1, x16.shape[-1])  # [OC, C]
+        db = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias else None
+        return dx, dw, db
+
+
+def linear(x, weight, bias=None):
+    """x @ weight^T + bias: F.linear, or with bf16 operands inside bf16_operands()."""
+    if _BF16_OPERANDS:
+        return _Bf16OperandsLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class Linear(torch.nn.Linear):
+    """nn.Linear whose product is linear() above."""
+
+    def forward(self, x):
+        return linear(x, self.weight, self.bias)
+
+
+@contextlib.contextmanager
+def bf16_operands(enabled=True):
+    """Within: every linear() product takes bf16-rounded operands (when enabled)."""
+    global _BF16_OPERANDS
+    before = _BF16_OPERANDS
+    _BF16_OPERANDS = enabled
+    try:
+        yield
+    finally:
+        _BF16_OPERANDS = before
