@@ -81,6 +81,13 @@ void cuda_mover_free(cuda_mover *mover);
 /* Threads each CPU kernel call may use (kernels/cpu/workers.h). */
 void kernels_set_threads(int threads);
 
+/* Which code computes the CPU's products on this machine, for logs and
+ * reports: "OpenBLAS CORE, oneDNN ISA, bf16 products by oneDNN" or "... by
+ * sgemm on rounded operands". The libraries choose by the CPU's flags,
+ * capped by OPENBLAS_CORETYPE and ONEDNN_MAX_CPU_ISA (and TP_NO_ONEDNN for
+ * the bf16 products); the text is the same for the process's life. */
+const char *kernels_cpu_paths(void);
+
 /* out[N,OC] = in[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL). */
 void matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
                     int64_t OC);

@@ -30,6 +30,7 @@ Environment: BUILD (default build); SANITIZED=1 for the ASan/UBSan build.
 Exit status: 0 when every test passed, 1 otherwise, 2 on a usage error.
 """
 import argparse
+import ctypes
 import glob
 import json
 import os
@@ -53,6 +54,7 @@ class Test:
     def __init__(self, path, kind, tier, alone):
         self.path, self.kind, self.tier, self.alone = path, kind, tier, alone
         self.runs = []  # (passed, seconds)
+        self.cpu = []  # processor seconds of each run (the test and what it waited for)
 
 
 def script_header(path):
@@ -69,6 +71,49 @@ def script_header(path):
             if m:
                 alone = m.group(1).strip()
     return tier, alone
+
+
+# The CPU flags that decide which products the libraries run (kernels/cpu:
+# OpenBLAS's kernel, oneDNN's ISA and bf16 instructions).
+ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
+             "amx_tile", "amx_bf16")
+ONEDNN_ISAS = {0x1: "sse41", 0x3: "avx", 0x7: "avx2", 0x407: "avx2_vnni", 0xf: "avx512_mic",
+               0x1f: "avx512_mic_4ops", 0x27: "avx512_core", 0x67: "avx512_core_vnni", 0xe7: "avx512_core_bf16",
+               0x3e7: "avx512_core_amx"}  # dnnl_cpu_isa_t (oneapi/dnnl/dnnl_types.h)
+
+
+def cpu_report():
+    """Lines saying which CPU paths this run's tests take: the CPU, its
+    flags that matter, OpenBLAS's kernel and oneDNN's ISA under this
+    environment (OPENBLAS_CORETYPE, ONEDNN_MAX_CPU_ISA cap them), asked of
+    the libraries tp-train links."""
+    first, flags = {}, set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                first.setdefault(key.strip(), value.strip())
+        flags = set(first.get("flags", "").split())
+    except OSError:
+        pass
+    model = f"{first.get('model name', 'unknown')} (family {first.get('cpu family', '?')}, model {first.get('model', '?')})"
+    present = [f for f in ISA_FLAGS if f in flags]
+    try:
+        blas = ctypes.CDLL("libopenblas.so.0")
+        blas.openblas_get_corename.restype = ctypes.c_char_p
+        core = blas.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        core = "unknown (no libopenblas.so.0)"
+    try:
+        dnnl = ctypes.CDLL("libdnnl.so.2")
+        isa = dnnl.dnnl_get_effective_cpu_isa()
+        onednn = ONEDNN_ISAS.get(isa, hex(isa))
+    except (OSError, AttributeError):
+        onednn = "unknown (no libdnnl.so.2)"
+    settings = " ".join(f"{k}={os.environ[k]}" for k in ("OPENBLAS_CORETYPE", "ONEDNN_MAX_CPU_ISA", "TP_NO_ONEDNN")
+                        if k in os.environ) or "none"
+    return [f"== CPU: {model}, {os.cpu_count()} cores; flags: {' '.join(present) or 'none of ' + ' '.join(ISA_FLAGS)}",
+            f"== OpenBLAS kernel {core}, oneDNN ISA {onednn}; settings: {settings}"]
 
 
 def discover(build):
@@ -127,7 +172,7 @@ class Running:
             pass
 
 
-def report(test, code, seconds, log):
+def report(test, code, seconds, cpu, log):
     """Prints the test's output whole, after a line with its time."""
     log.seek(0)
     text = log.read()
@@ -135,7 +180,7 @@ def report(test, code, seconds, log):
     if test.kind == "unit" and code == 0:
         text = "".join(line for line in text.splitlines(True) if UNIT_SKIPS.search(line))
     status = "ok" if code == 0 else f"FAILED (exit {code})"
-    print(f"== {test.path} [{test.tier}] {seconds:.0f} s {status}", flush=True)
+    print(f"== {test.path} [{test.tier}] {seconds:.0f} s (cpu {cpu:.0f} s) {status}", flush=True)
     if text:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
@@ -155,7 +200,17 @@ def run_round(tests, jobs, logdir, limit):
             time.sleep(0.2)
             now = time.monotonic()
             for r in list(running):
-                if r.proc.poll() is None:
+                # wait4: the exit status with the processor time of the test
+                # and of every process of it that was waited for.
+                try:
+                    pid, status, usage = os.wait4(r.proc.pid, os.WNOHANG)
+                    if pid:
+                        r.proc.returncode = os.waitstatus_to_exitcode(status)
+                except ChildProcessError:  # reaped elsewhere: only Popen's status is known, if any
+                    pid, usage = r.proc.pid, None
+                    if r.proc.returncode is None:
+                        r.proc.returncode = 1
+                if pid == 0:
                     if r.stopping is None and now - r.started > limit:
                         print(f"== {r.test.path}: still running after {limit} s: stopped", flush=True)
                         r.signal(signal.SIGTERM)
@@ -170,8 +225,10 @@ def run_round(tests, jobs, logdir, limit):
                 if r.stopping is not None:
                     code = code or 124
                 seconds = now - r.started
+                cpu = usage.ru_utime + usage.ru_stime if usage else 0.0
                 r.test.runs.append((code == 0, seconds))
-                report(r.test, code, seconds, r.log)
+                r.test.cpu.append(cpu)
+                report(r.test, code, seconds, cpu, r.log)
     finally:
         for r in running:  # interrupted: nothing is left running
             r.signal(signal.SIGTERM)
@@ -241,6 +298,7 @@ def main():
         return 0
     print(f"== tier {args.tier}: {len(chosen)} tests ({', '.join(tiers)}), {args.jobs} at a time, "
           f"build {build}{', sanitized' if os.environ.get('SANITIZED') == '1' else ''}", flush=True)
+    print("\n".join(cpu_report()), flush=True)
     wall = time.monotonic()
     history_path = os.path.join(build, "test-times.json")
     history = load_history(history_path)
@@ -252,9 +310,11 @@ def main():
             save_history(history_path, history, chosen)
     wall = time.monotonic() - wall
     failed = [t for t in chosen if not all(ok for ok, _ in t.runs)]
-    print(f"== tier {args.tier}: {len(chosen)} tests in {wall:.0f} s; the slowest:")
+    cpu = sum(sum(t.cpu) for t in chosen)
+    print(f"== tier {args.tier}: {len(chosen)} tests in {wall:.0f} s, {cpu:.0f} processor seconds "
+          f"({cpu / wall / (os.cpu_count() or 1):.0%} of {os.cpu_count()} cores); the slowest:")
     for t in sorted(chosen, key=lambda t: -max(s for _, s in t.runs))[:8]:
-        print(f"   {max(s for _, s in t.runs):5.0f} s  {t.path}")
+        print(f"   {max(s for _, s in t.runs):5.0f} s  (cpu {max(t.cpu):4.0f} s)  {t.path}")
     if args.repeat > 1:
         print("| test | runs | failed | min s | median s | max s |")
         print("| --- | --- | --- | --- | --- | --- |")

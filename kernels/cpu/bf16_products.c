@@ -67,6 +67,24 @@ int bf16_products_available(void)
     return dnnl.usable;
 }
 
+const char *onednn_isa_name(void)
+{
+    /* The values of dnnl_cpu_isa_t (oneapi/dnnl/dnnl_types.h); ONEDNN_MAX_CPU_ISA caps what this CPU has. */
+    switch ((unsigned)dnnl_get_effective_cpu_isa()) {
+    case 0x1: return "sse41";
+    case 0x3: return "avx";
+    case 0x7: return "avx2";
+    case 0x407: return "avx2_vnni";
+    case 0xf: return "avx512_mic";
+    case 0x1f: return "avx512_mic_4ops";
+    case 0x27: return "avx512_core";
+    case 0x67: return "avx512_core_vnni";
+    case 0xe7: return "avx512_core_bf16";
+    case 0x3e7: return "avx512_core_amx";
+    default: return "other";
+    }
+}
+
 /* [rows, cols] with rows ld elements apart, or its transpose, stored as
  * [cols, rows] with rows ld apart. */
 static dnnl_status_t matrix_desc(dnnl_memory_desc_t *desc, int64_t rows, int64_t cols, int64_t ld, int transposed,

@@ -10,6 +10,10 @@
  * products with sgemm on rounded operands. */
 int bf16_products_available(void);
 
+/* oneDNN's ISA on this CPU as capped by ONEDNN_MAX_CPU_ISA, by oneDNN's
+ * name for it ("avx2", "avx512_core_bf16", ...). */
+const char *onednn_isa_name(void);
+
 /* c[M, N] = (or += with accumulate) bf16(a) @ bf16(b), summed in fp32, where
  * a is [M, K] row-major ([K, M] with trans_a) and b is [K, N] ([N, K] with
  * trans_b). TP_ERR_NOMEM without scratch; TP_ERR_DEVICE when oneDNN fails

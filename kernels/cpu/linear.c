@@ -1,5 +1,7 @@
 /* linear.c: matrix products (OpenBLAS) and elementwise sums, scales and norms. */
 #include <cblas.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +17,24 @@ void kernels_set_threads(int threads)
     /* The pool owns the cores; OpenBLAS runs single-threaded in its tasks. */
     openblas_set_num_threads(1);
     workers_set_threads(threads);
+}
+
+static struct {
+    pthread_once_t once;
+    char text[160];
+} cpu_paths = {PTHREAD_ONCE_INIT, ""};
+
+static void describe_cpu_paths(void)
+{
+    snprintf(cpu_paths.text, sizeof cpu_paths.text, "OpenBLAS %s, oneDNN %s, bf16 products by %s",
+             openblas_get_corename(), onednn_isa_name(),
+             bf16_products_available() ? "oneDNN" : "sgemm on rounded operands");
+}
+
+const char *kernels_cpu_paths(void)
+{
+    pthread_once(&cpu_paths.once, describe_cpu_paths);
+    return cpu_paths.text;
 }
 
 /* Rows (or columns) of a product's block at least: a thinner block wastes

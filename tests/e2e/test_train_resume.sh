@@ -43,7 +43,7 @@ check "log: a save line for each committed checkpoint (4 8 10 20)" [ "$(events "
 check "log: every line has a time; start, save, save_wait and stop lines have their fields" "$PY" -c '
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
-keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device", "dtype",
+keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device", "cpu_kernels", "dtype",
                   "sequence_parallel", "virtual_stages", "zero", "optimizer_bytes", "parameter_bytes", "activation_bytes",
                   "resumed_from", "load_seconds", "startup_seconds", "time"},
         "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "peak_rss_bytes", "time"},

@@ -112,6 +112,51 @@ Test(bf16_products, many_shapes_and_threads)
     kernels_set_threads(1);
 }
 
+/* linear.c's bf16 entry points on every CPU, by whichever path this one
+ * takes (oneDNN's bf16 instructions, or sgemm on rounded operands: capped by
+ * ONEDNN_MAX_CPU_ISA, OPENBLAS_CORETYPE, TP_NO_ONEDNN; test_cpu_paths.sh
+ * runs this file under each): every product equals the double sums of the
+ * bf16-rounded operands within fp32 sums' error, as check_product's bound.
+ * A path that summed in bf16 (errors of 2^-9 and more of the magnitude,
+ * growing with K) or that did not round fails it. */
+static double worst_of_magnitude(const float *got, const double *want, const double *magnitude, int64_t n)
+{
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs(got[i] - want[i]) / magnitude[i]);
+    return worst;
+}
+
+Test(bf16_products, linear_products_are_exact_sums_of_rounded_operands_on_every_path)
+{
+    kernels_set_threads(2);
+    int64_t shapes[][3] = {{33, 48, 20}, {64, 300, 130}, {16, 1024, 64}}; /* N, C, OC: sums over C, OC and N */
+    for (int s = 0; s < 3; s++) {
+        int64_t N = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+        float *in = random_matrix(N * C, 11), *w = random_matrix(OC * C, 12), *d_out = random_matrix(N * OC, 13);
+        float *out = calloc((size_t)(N * OC), sizeof(float)), *d_in = calloc((size_t)(N * C), sizeof(float));
+        float *d_w = random_matrix(OC * C, 14), *d_w_before = malloc((size_t)(OC * C) * sizeof(float));
+        memcpy(d_w_before, d_w, (size_t)(OC * C) * sizeof(float));
+        size_t most = (size_t)(N * C > OC * C ? N * C : OC * C);
+        double *want = malloc(most * sizeof(double)), *magnitude = malloc(most * sizeof(double));
+        cr_assert_eq(matmul_forward_bf16(out, in, w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(d_in, d_w, NULL, d_out, in, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        struct { const float *got, *a, *b, *before; int64_t M, N, K; int ta, tb; const char *what; } p[] = {
+            {out, in, w, NULL, N, OC, C, 0, 1, "out = in @ weight^T"},
+            {d_in, d_out, w, NULL, N, C, OC, 0, 0, "d_in = d_out @ weight"},
+            {d_w, d_out, in, d_w_before, OC, C, N, 1, 0, "d_weight += d_out^T @ in"}};
+        for (int i = 0; i < 3; i++) {
+            reference(want, magnitude, p[i].a, p[i].b, p[i].M, p[i].N, p[i].K, p[i].ta, p[i].tb, p[i].before);
+            double worst = worst_of_magnitude(p[i].got, want, magnitude, p[i].M * p[i].N);
+            cr_assert_lt(worst, 4.0 * (double)p[i].K * 0x1p-24 + 0x1p-20,
+                         "%s, [%lld, %lld] x [%lld, %lld] (%s): error %g of the sum of magnitudes", p[i].what,
+                         (long long)p[i].M, (long long)p[i].K, (long long)p[i].K, (long long)p[i].N,
+                         kernels_cpu_paths(), worst);
+        }
+        free(in), free(w), free(d_out), free(out), free(d_in), free(d_w), free(d_w_before), free(want), free(magnitude);
+    }
+    kernels_set_threads(1);
+}
+
 /* The products of linear.c's bf16 entry points land where the fp32 ones do
  * (their layouts) and differ from them by bf16's rounding, not more. */
 Test(bf16_products, linear_layers_use_them)
