@@ -129,6 +129,28 @@ static void stage_units(const stage_view *views, int count, int zero, int dp, in
     }
 }
 
+/* A model and its tensor catalogue (model/gpt.h gpt_catalog), built once
+ * per plan: every layout considered reads it, several times each. */
+typedef struct {
+    const gpt_config *config;
+    gpt_tensor *tensors;
+    int count;
+} catalogued_model;
+
+static int catalogued_model_make(const gpt_config *config, catalogued_model *out)
+{
+    out->config = config;
+    out->tensors = NULL;
+    out->count = 0;
+    return gpt_catalog(config, 0, &out->tensors, &out->count);
+}
+
+static void catalogued_model_free(catalogued_model *m)
+{
+    free(m->tensors);
+    m->tensors = NULL;
+}
+
 /* The pieces each stage holds at (tp, pp), from the catalogue's partition
  * descriptions and pipeline anchors (model/gpt.h). The token table sits on
  * the first stage; a separate last stage keeps a copy of it for the tied
@@ -138,44 +160,48 @@ static void stage_units(const stage_view *views, int count, int zero, int dp, in
  * pieces out in the catalogue's order, the tied copy where the table is,
  * in units split over dp ranks by a sharded optimizer (zero 1 or 3; 0:
  * none). shares has pp entries. */
-static int stage_shares(const gpt_config *model, int tp, int pp, int zero, int dp, stage_share *shares)
+static int stage_shares(const catalogued_model *cm, int tp, int pp, int zero, int dp, stage_share *shares)
 {
-    gpt_tensor *catalog = NULL;
-    int count = 0;
-    TP_TRY(gpt_catalog(model, 0, &catalog, &count));
+    const gpt_config *model = cm->config;
+    const gpt_tensor *catalog = cm->tensors;
+    int count = cm->count;
     ckpt_layout layout = {tp, pp, 1, model->layers, 1};
     memset(shares, 0, (size_t)pp * sizeof *shares);
     if (dp < 2) zero = 0;
     stage_view *views = calloc((size_t)count + 1, sizeof *views);
     int64_t *load = calloc((size_t)(zero ? dp : 1), sizeof *load);
-    if (!views || !load) {
-        free(views);
-        free(load);
-        free(catalog);
+    /* Each tensor's piece (elements at tp) and stage, once: the stages below read them. */
+    int64_t *numel = malloc(((size_t)count + 1) * sizeof *numel);
+    int *stage_of = malloc(((size_t)count + 1) * sizeof *stage_of);
+    if (!views || !load || !numel || !stage_of) {
+        free(views), free(load), free(numel), free(stage_of);
         return tp_fail(TP_ERR_NOMEM, "out of memory estimating memory for tp %d pp %d", tp, pp);
+    }
+    int64_t vocab_local = 0;
+    for (int i = 0; i < count; i++) {
+        int64_t shape[CKPT_MAX_DIMS];
+        ckpt_piece_shape(&catalog[i].desc, tp, shape);
+        numel[i] = elements(shape, catalog[i].desc.ndim);
+        stage_of[i] = ckpt_tensor_stage(&catalog[i].desc, &layout);
+        if (catalog[i].kind == GPT_TOK_EMBED) vocab_local = shape[0];
     }
     for (int stage = 0; stage < pp; stage++) {
         stage_share *here = &shares[stage];
         int n = 0;
+        if (stage == pp - 1) here->vocab_local = vocab_local;
         for (int i = 0; i < count; i++) {
-            int64_t shape[CKPT_MAX_DIMS];
-            ckpt_piece_shape(&catalog[i].desc, tp, shape);
-            int64_t numel = elements(shape, catalog[i].desc.ndim);
             int is_wte = catalog[i].kind == GPT_TOK_EMBED;
             int tied_copy = is_wte && pp > 1 && stage == pp - 1 && !model->untied_embeddings;
-            if (is_wte && stage == pp - 1) here->vocab_local = shape[0];
-            if (ckpt_tensor_stage(&catalog[i].desc, &layout) != stage && !tied_copy) continue;
-            if (is_wte) here->embed_piece = numel;
-            if (!tied_copy) here->owned += numel;
-            views[n++] = (stage_view){numel, catalog[i].layer, catalog[i].kind, tied_copy};
+            if (stage_of[i] != stage && !tied_copy) continue;
+            if (is_wte) here->embed_piece = numel[i];
+            if (!tied_copy) here->owned += numel[i];
+            views[n++] = (stage_view){numel[i], catalog[i].layer, catalog[i].kind, tied_copy};
         }
         stage_units(views, n, zero, dp, stage == 0, stage == pp - 1, here);
         memset(load, 0, (size_t)(zero ? dp : 1) * sizeof *load);
         first_rank_writes(views, n, zero, dp, load, here);
     }
-    free(views);
-    free(load);
-    free(catalog);
+    free(views), free(load), free(numel), free(stage_of);
     return TP_OK;
 }
 
@@ -276,17 +302,17 @@ static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, c
 }
 
 /* The stage with the most memory, at a given accumulation and V. */
-static int memory_estimate(const gpt_config *model, int tp, int pp, int V, int64_t micro_batch, int64_t grad_accum,
+static int memory_estimate(const catalogued_model *cm, int tp, int pp, int V, int64_t micro_batch, int64_t grad_accum,
                            int sp, int zero, int dp, elastic_memory *out)
 {
     memset(out, 0, sizeof *out);
     stage_share *shares = calloc((size_t)pp, sizeof *shares);
     if (!shares) return tp_fail(TP_ERR_NOMEM, "out of memory estimating memory for tp %d pp %d", tp, pp);
     if (dp < 2) zero = 0;
-    int status = stage_shares(model, tp, pp, zero, dp, shares);
+    int status = stage_shares(cm, tp, pp, zero, dp, shares);
     for (int stage = 0; !status && stage < pp; stage++) {
         elastic_memory m;
-        status = stage_memory(model, tp, pp, V, stage, &shares[stage], micro_batch, grad_accum, sp, zero, &m);
+        status = stage_memory(cm->config, tp, pp, V, stage, &shares[stage], micro_batch, grad_accum, sp, zero, &m);
         if (!status && m.total > out->total) *out = m;
     }
     free(shares);
@@ -312,7 +338,11 @@ int elastic_memory_estimate(const gpt_config *model, int tp, int pp, int64_t mic
     if (sequence_parallel && !can_split_rows(model, tp, micro_batch))
         return tp_fail(TP_ERR_ARG, "sequence parallelism: %lld rows do not split over tp %d",
                        (long long)(micro_batch * model->seq), tp);
-    return memory_estimate(model, tp, pp, 1, micro_batch, pp, sequence_parallel, zero, dp, out); /* 1F1B at its deepest */
+    catalogued_model cm;
+    TP_TRY(catalogued_model_make(model, &cm));
+    int status = memory_estimate(&cm, tp, pp, 1, micro_batch, pp, sequence_parallel, zero, dp, out); /* 1F1B at its deepest */
+    catalogued_model_free(&cm);
+    return status;
 }
 
 /* ------------------------------------------------------ what a rank sends */
@@ -373,14 +403,14 @@ static double stage_comm_bytes(const gpt_config *m, const elastic_layout *l, int
 }
 
 /* The most any rank of the layout sends. */
-static int comm_bytes_per_step(const gpt_config *model, const elastic_layout *l, int64_t *out)
+static int comm_bytes_per_step(const catalogued_model *cm, const elastic_layout *l, int64_t *out)
 {
     *out = 0;
     stage_share *shares = calloc((size_t)l->pp, sizeof *shares);
     if (!shares) return tp_fail(TP_ERR_NOMEM, "out of memory estimating communication for tp %d pp %d", l->tp, l->pp);
-    int status = stage_shares(model, l->tp, l->pp, l->zero, l->dp, shares);
+    int status = stage_shares(cm, l->tp, l->pp, l->zero, l->dp, shares);
     for (int stage = 0; !status && stage < l->pp; stage++) {
-        int64_t bytes = (int64_t)stage_comm_bytes(model, l, stage, &shares[stage]);
+        int64_t bytes = (int64_t)stage_comm_bytes(cm->config, l, stage, &shares[stage]);
         if (bytes > *out) *out = bytes;
     }
     free(shares);
@@ -435,7 +465,7 @@ static const char *savings_name(int zero, int sequence_parallel)
 /* The batch split at l->dp: the largest micro-batch within the limit that
  * divides a DP rank's share and fits the memory per rank when one is given;
  * accumulation makes up the rest of the share. */
-static void split_batch(const elastic_plan_request *r, elastic_layout *l)
+static void split_batch(const elastic_plan_request *r, const catalogued_model *cm, elastic_layout *l)
 {
     int64_t share = l->global_batch / l->dp;
     for (int64_t m = largest_divisor_at_most(share, micro_batch_limit(r));; m = largest_divisor_at_most(share, m - 1)) {
@@ -444,7 +474,7 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
         l->sequence_parallel = 0;
         l->zero = 0;
         l->virtual_stages = 1;
-        if (memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, 0, 0, l->dp, &l->memory) != TP_OK) {
+        if (memory_estimate(cm, l->tp, l->pp, 1, m, l->grad_accum, 0, 0, l->dp, &l->memory) != TP_OK) {
             reject(l, tp_errmsg());
             return;
         }
@@ -465,7 +495,7 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
         for (int k = 0; k < 5; k++) {
             int zero = tries[k][0], sp = tries[k][1];
             if ((zero && l->dp < 2) || (sp && !splits) ||
-                memory_estimate(&r->model, l->tp, l->pp, 1, m, l->grad_accum, sp, zero, l->dp, &tried) != TP_OK)
+                memory_estimate(cm, l->tp, l->pp, 1, m, l->grad_accum, sp, zero, l->dp, &tried) != TP_OK)
                 continue;
             least = tried.total;
             least_with = savings_name(zero, sp);
@@ -495,7 +525,7 @@ static void split_batch(const elastic_plan_request *r, elastic_layout *l)
  * under it, or the most the layers allow (layers / pp chunks of one layer),
  * among those that fit the memory per rank. It needs m a multiple of pp; each
  * micro-batch then crosses between the stages V times each way. */
-static void choose_virtual_stages(const elastic_plan_request *r, elastic_layout *l)
+static void choose_virtual_stages(const elastic_plan_request *r, const catalogued_model *cm, elastic_layout *l)
 {
     l->bubble = l->pp > 1 ? pipeline_bubble_fraction(l->pp, 1, l->grad_accum) : 0;
     l->bubble_one_chunk = l->bubble;
@@ -505,7 +535,7 @@ static void choose_virtual_stages(const elastic_plan_request *r, elastic_layout 
         elastic_memory memory;
         if (most % V || pipeline_check(l->pp, V, l->grad_accum) != TP_OK) continue;
         /* More chunks may keep less (more of them in flight, each smaller): a V over the limit is passed over. */
-        if (memory_estimate(&r->model, l->tp, l->pp, V, l->micro_batch, l->grad_accum, l->sequence_parallel,
+        if (memory_estimate(cm, l->tp, l->pp, V, l->micro_batch, l->grad_accum, l->sequence_parallel,
                             l->zero, l->dp, &memory) != TP_OK ||
             (r->memory_per_rank && memory.total > r->memory_per_rank))
             continue;
@@ -532,7 +562,7 @@ static int fits_in_node(const elastic_plan_request *r, elastic_layout *l)
 }
 
 /* One (tp, pp): valid with its split, memory and communication, or the first rule it breaks. */
-static void consider(const elastic_plan_request *r, int tp, int pp, elastic_layout *l)
+static void consider(const elastic_plan_request *r, const catalogued_model *cm, int tp, int pp, elastic_layout *l)
 {
     memset(l, 0, sizeof *l);
     l->tp = tp;
@@ -544,9 +574,9 @@ static void consider(const elastic_plan_request *r, int tp, int pp, elastic_layo
         return;
     }
     choose_dp(r, l);
-    split_batch(r, l);
-    if (l->valid) choose_virtual_stages(r, l);
-    if (l->valid && comm_bytes_per_step(&r->model, l, &l->comm_bytes_per_step) != TP_OK) reject(l, tp_errmsg());
+    split_batch(r, cm, l);
+    if (l->valid) choose_virtual_stages(r, cm, l);
+    if (l->valid && comm_bytes_per_step(cm, l, &l->comm_bytes_per_step) != TP_OK) reject(l, tp_errmsg());
 }
 
 static int is_current(const elastic_plan_request *r, const elastic_layout *l)
@@ -678,15 +708,21 @@ int elastic_plan_make(const elastic_plan_request *r, elastic_plan *plan)
         return tp_fail(TP_ERR_ARG, "micro-batch %lld, memory per rank %lld and ranks per node %d must not be negative",
                        (long long)r->micro_batch, (long long)r->memory_per_rank, r->ranks_per_node);
     TP_TRY(gpt_config_check(&r->model, 1, 1));
+    catalogued_model cm;
+    TP_TRY(catalogued_model_make(&r->model, &cm));
     plan->layouts = calloc((size_t)layouts_to_consider(r), sizeof *plan->layouts);
-    if (!plan->layouts) return tp_fail(TP_ERR_NOMEM, "out of memory planning for %d ranks", r->world);
+    if (!plan->layouts) {
+        catalogued_model_free(&cm);
+        return tp_fail(TP_ERR_NOMEM, "out of memory planning for %d ranks", r->world);
+    }
     for (int tp = 1; tp <= r->world && tp <= r->model.heads; tp++)
         for (int pp = 1; tp * pp <= r->world && pp <= r->model.layers; pp++) {
             elastic_layout *l = &plan->layouts[plan->count++];
-            consider(r, tp, pp, l);
+            consider(r, &cm, tp, pp, l);
             if (l->valid && (plan->chosen < 0 || better(r, l, &plan->layouts[plan->chosen])))
                 plan->chosen = plan->count - 1;
         }
+    catalogued_model_free(&cm);
     if (plan->chosen < 0) {
         explain_none(r, plan);
         return TP_OK;

@@ -305,9 +305,18 @@ static gpt_tensor *add(catalog_builder *b, gpt_tensor_kind kind, int64_t layer, 
 {
     gpt_tensor *t = &b->items[b->count];
     memset(t, 0, sizeof *t);
-    if (layer >= 0) snprintf(t->name, sizeof t->name, "model/layers.%lld.%s", (long long)layer, kind_names[kind]);
-    else snprintf(t->name, sizeof t->name, "model/%s", kind_names[kind]);
-    snprintf(t->param, sizeof t->param, "%s", t->name);
+    /* Names built by hand: the planner builds catalogues by the thousand
+     * (elastic/plan.c), where snprintf took half of the time. */
+    char *at = stpcpy(t->name, layer >= 0 ? "model/layers." : "model/");
+    if (layer >= 0) {
+        char digits[24];
+        int n = 0;
+        for (long long v = layer; v > 0 || n == 0; v /= 10) digits[n++] = (char)('0' + v % 10);
+        while (n) *at++ = digits[--n];
+        *at++ = '.';
+    }
+    strcpy(at, kind_names[kind]); /* the longest name fits CKPT_NAME_MAX many times over */
+    memcpy(t->param, t->name, sizeof t->name);
     t->kind = kind;
     t->layer = layer;
     t->role = GPT_ROLE_PARAM;
