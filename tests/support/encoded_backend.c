@@ -23,9 +23,20 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static allocation allocations[MAX_ALLOCATIONS];
 static int num_allocations;
 
+/* Every byte of p[0, n) XOR KEY; eight at a time (the test trainer flips
+ * its whole buffers at every operation: byte by byte it took most of
+ * test_train's time). */
 static void flip(unsigned char *p, size_t n)
 {
-    for (size_t i = 0; i < n; i++) p[i] ^= KEY;
+    const uint64_t key8 = 0x0101010101010101ull * KEY;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t word;
+        memcpy(&word, p + i, sizeof word);
+        word ^= key8;
+        memcpy(p + i, &word, sizeof word);
+    }
+    for (; i < n; i++) p[i] ^= KEY;
 }
 
 /* The allocation holding p, or -1 (host memory, NULL). */
