@@ -115,7 +115,9 @@ PROGRAMS := $(BUILD)/bin/tp-ckpt $(BUILD)/bin/tp-reshard $(BUILD)/bin/tp-train $
 BENCH_PROGRAMS := $(BUILD)/bench/bench_ckpt $(BUILD)/bench/product_peak $(BUILD)/bench/index_scale
 TEST_SRC := $(wildcard tests/*/test_*.c)
 TEST_SUPPORT := $(call obj,$(wildcard tests/support/*.c))
-TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/trainer/layer_check
+# tests/tools: programs the test scripts run (tests/tools/pyfork.c: their python3).
+TEST_TOOLS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/tools/*.c))
+TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/trainer/layer_check $(TEST_TOOLS)
 # Tests link the whole stack, MPI communicator included.
 TEST_LIBS := $(LIB_ELASTIC) $(LIB_COMM_MPI) $(TRAINER_STACK)
 
@@ -228,6 +230,12 @@ $(BUILD)/tests/trainer/layer_check: $(BUILD)/obj/tests/trainer/layer_check.o $(T
 	@mkdir -p $(dir $@)
 	$(say) LD $@
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
+# A test tool needs nothing but the C library.
+$(TEST_TOOLS): $(BUILD)/tests/tools/%: $(BUILD)/obj/tests/tools/%.o
+	@mkdir -p $(dir $@)
+	$(say) LD $@
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(TEST_LIBS)
 	@mkdir -p $(dir $@)

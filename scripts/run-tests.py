@@ -35,6 +35,8 @@ import glob
 import json
 import os
 import re
+import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -132,8 +134,18 @@ def discover(build):
     return tests, errors
 
 
-def environment(test):
+def environment(test, scratch):
     env = dict(os.environ)
+    if test.kind == "unit" and env.get("TP_PYFORK", "1") != "0":
+        # The fixtures' Python (tests/support/fixture.c fixture_python):
+        # forked from a server that loaded PyTorch once (tests/tools/pyfork.c),
+        # which goes when this test's scratch directory does. Test scripts
+        # set up their own (tests/e2e/lib.sh).
+        client = os.path.join(os.environ["BUILD"], "tests", "tools", "pyfork")
+        if os.access(client, os.X_OK):
+            env.update(TP_PYFORK_DIR=scratch, TP_PYFORK_PYTHON=env.get("TP_PYTHON", "/usr/bin/python3"),
+                       TP_PYFORK_SERVER=os.path.join(ROOT, "tests", "support", "py_server.py"),
+                       TP_PYFORK_OWNER=str(os.getpid()), TP_PYTHON=os.path.abspath(client))
     if env.get("SANITIZED") == "1":
         # HDF5 keeps global state until exit; leaks are checked, third-party
         # ones suppressed (tests/lsan.supp).
@@ -153,6 +165,7 @@ class Running:
         self.test = test
         self.log = open(os.path.join(logdir, test.path.replace("/", "_") + ".log"), "w+", encoding="utf-8",
                         errors="replace")
+        self.scratch = tempfile.mkdtemp(prefix="py-", dir=logdir)
         if test.kind == "unit":
             # Verbose so that skipped tests show as SKIP.
             argv = [test.path, "--jobs", "2", "--short-filename", "--verbose"]
@@ -161,7 +174,7 @@ class Running:
         # A process group of its own, so that a test past its time limit
         # goes with everything it started.
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=environment(test), start_new_session=True)
+                                     env=environment(test, self.scratch), start_new_session=True)
         self.started = time.monotonic()
         self.stopping = None  # when SIGTERM was sent
 
@@ -199,17 +212,24 @@ def run_round(tests, jobs, logdir, limit):
                 running.append(Running(waiting.pop(0), logdir))
             time.sleep(0.2)
             now = time.monotonic()
-            for r in list(running):
-                # wait4: the exit status with the processor time of the test
-                # and of every process of it that was waited for.
+            # Every child that ended: the tests (wait4 gives the processor
+            # time of each and of every process of it that was waited for),
+            # and what a test left to run on after it, which comes here
+            # (a child subreaper) and counts in the tier's total.
+            ended = {}
+            while True:
                 try:
-                    pid, status, usage = os.wait4(r.proc.pid, os.WNOHANG)
-                    if pid:
-                        r.proc.returncode = os.waitstatus_to_exitcode(status)
-                except ChildProcessError:  # reaped elsewhere: only Popen's status is known, if any
-                    pid, usage = r.proc.pid, None
-                    if r.proc.returncode is None:
-                        r.proc.returncode = 1
+                    pid, status, usage = os.wait4(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                ended[pid] = (status, usage)
+            for r in list(running):
+                pid, usage = 0, None
+                if r.proc.pid in ended:
+                    status, usage = ended[r.proc.pid]
+                    pid, r.proc.returncode = r.proc.pid, os.waitstatus_to_exitcode(status)
                 if pid == 0:
                     if r.stopping is None and now - r.started > limit:
                         print(f"== {r.test.path}: still running after {limit} s: stopped", flush=True)
@@ -221,6 +241,7 @@ def run_round(tests, jobs, logdir, limit):
                 running.remove(r)
                 # What the test left in its group (a server it failed to stop) goes too.
                 r.signal(signal.SIGKILL)
+                shutil.rmtree(r.scratch, ignore_errors=True)
                 code = r.proc.returncode if r.proc.returncode >= 0 else 128 - r.proc.returncode
                 if r.stopping is not None:
                     code = code or 124
@@ -232,6 +253,14 @@ def run_round(tests, jobs, logdir, limit):
     finally:
         for r in running:  # interrupted: nothing is left running
             r.signal(signal.SIGTERM)
+        # The last tests' leftovers, killed with their group: reaped, so that they count.
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                if os.wait4(-1, os.WNOHANG)[0] == 0:
+                    time.sleep(0.05)
+            except ChildProcessError:
+                break
 
 
 def order(tests, history):
@@ -300,6 +329,10 @@ def main():
           f"build {build}{', sanitized' if os.environ.get('SANITIZED') == '1' else ''}", flush=True)
     print("\n".join(cpu_report()), flush=True)
     wall = time.monotonic()
+    try:  # PR_SET_CHILD_SUBREAPER: what the tests leave running is reaped here
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
     history_path = os.path.join(build, "test-times.json")
     history = load_history(history_path)
     with tempfile.TemporaryDirectory(prefix="tp-run-tests-") as logdir:
@@ -310,7 +343,8 @@ def main():
             save_history(history_path, history, chosen)
     wall = time.monotonic() - wall
     failed = [t for t in chosen if not all(ok for ok, _ in t.runs)]
-    cpu = sum(sum(t.cpu) for t in chosen)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = usage.ru_utime + usage.ru_stime
     print(f"== tier {args.tier}: {len(chosen)} tests in {wall:.0f} s, {cpu:.0f} processor seconds "
           f"({cpu / wall / (os.cpu_count() or 1):.0%} of {os.cpu_count()} cores); the slowest:")
     for t in sorted(chosen, key=lambda t: -max(s for _, s in t.runs))[:8]:

@@ -14,9 +14,21 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN="$ROOT/${BUILD:-build}/bin"
 # The Python of the cross-checks: Debian's, with torch, h5py and numpy;
 # TP_PYTHON names another (a GPU machine's, scripts/gpu-check.sh).
-PY=${TP_PYTHON:-/usr/bin/python3}
+PY=${TP_PYFORK_PYTHON:-${TP_PYTHON:-/usr/bin/python3}}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tp-e2e-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
+# Each python3 command of the script (and of the scripts it runs, through
+# TP_PYTHON) is forked from one server that imported PyTorch, numpy and h5py
+# once (tests/support/py_server.py, tests/tools/pyfork.c): a check costs a
+# fork, not PyTorch's import. The server goes when WORK does. TP_PYFORK=0:
+# a fresh interpreter for every command.
+if [ "${TP_PYFORK:-1}" != 0 ] && [ -x "$ROOT/${BUILD:-build}/tests/tools/pyfork" ]; then
+    mkdir -p "$WORK/.py"
+    export TP_PYFORK_DIR="$WORK/.py" TP_PYFORK_PYTHON="$PY" TP_PYFORK_SERVER="$ROOT/tests/support/py_server.py" \
+        TP_PYFORK_OWNER=$$
+    PY="$ROOT/${BUILD:-build}/tests/tools/pyfork"
+    export TP_PYTHON="$PY"
+fi
 PASSED=0
 FAILED=0
 NAME=$(basename "$0" .sh)

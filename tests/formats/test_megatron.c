@@ -17,18 +17,19 @@
 
 TestSuite(megatron, .init = make_dir, .fini = remove_dir, .timeout = 120);
 
-#define PYTHON "/usr/bin/python3"
 
 /* Writes fixtures into dir/NAME (references dir/NAME.full.pt), one per
  * "NAME OPTIONS" string, in one Python process (importing torch takes
  * seconds). */
 static void generate(const char *const *fixtures, int count)
 {
-    if (system(PYTHON " -c 'import torch, numpy' 2>/dev/null") != 0) cr_skip_test("python3-torch is not installed");
     char command[8000];
+    snprintf(command, sizeof command, "%s -c 'import torch, numpy' 2>/dev/null", fixture_python());
+    if (system(command) != 0) cr_skip_test("python3-torch is not installed");
     int n = snprintf(command, sizeof command,
-                     PYTHON " -c 'import shlex, sys; sys.path.insert(0, \"tests/support\"); import megatron_fixture as m; "
-                            "sys.exit(max(m.main(shlex.split(a)) or 0 for a in sys.argv[1:]))'");
+                     "%s -c 'import shlex, sys; sys.path.insert(0, \"tests/support\"); import megatron_fixture as m; "
+                     "sys.exit(max(m.main(shlex.split(a)) or 0 for a in sys.argv[1:]))'",
+                     fixture_python());
     for (int i = 0; i < count; i++) {
         char name[16];
         sscanf(fixtures[i], "%15s", name);
@@ -360,7 +361,7 @@ Test(megatron, optimizer_state_not_read_is_said)
     generate(fixtures, 3);
     char path[700], command[4000];
     snprintf(command, sizeof command,
-             PYTHON " -c 'import sys, torch\n"
+             "%s -c 'import sys, torch\n"
                     "def edit(f, change):\n"
                     "    sd = torch.load(f, map_location=\"cpu\"); change(sd); torch.save(sd, f)\n"
                     "edit(sys.argv[1], lambda sd: sd.pop(\"buckets_coalesced\"))\n"
@@ -371,7 +372,7 @@ Test(megatron, optimizer_state_not_read_is_said)
                     "edit(sys.argv[3], cut)' "
                     "%s/h/iter_0001000/mp_rank_00/distrib_optim.pt %s/i/iter_0001000/mp_rank_01/model_optim_rng.pt "
                     "%s/j/iter_0001000/mp_rank_01_001/distrib_optim.pt",
-             dir, dir, dir);
+             fixture_python(), dir, dir, dir);
     cr_assert_eq(system(command), 0, "%s", command);
     const char *names[] = {"h", "i", "j"};
     const char *why[] = {"without buckets_coalesced (Megatron-LM before April 2024) is not read yet",

@@ -21,14 +21,14 @@
 
 TestSuite(torch, .init = make_dir, .fini = remove_dir, .timeout = 60);
 
-#define PYTHON "/usr/bin/python3"
 
 /* Writes the fixtures into dir; skips the test without PyTorch. */
 static void make_fixtures(void)
 {
-    if (system(PYTHON " -c 'import torch, numpy' 2>/dev/null") != 0) cr_skip_test("python3-torch is not installed");
     char command[1200];
-    snprintf(command, sizeof command, PYTHON " tests/formats/torch_fixtures.py %s", dir);
+    snprintf(command, sizeof command, "%s -c 'import torch, numpy' 2>/dev/null", fixture_python());
+    if (system(command) != 0) cr_skip_test("python3-torch is not installed");
+    snprintf(command, sizeof command, "%s tests/formats/torch_fixtures.py %s", fixture_python(), dir);
     cr_assert_eq(system(command), 0, "%s (run from the repository root)", command);
 }
 

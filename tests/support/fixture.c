@@ -304,3 +304,9 @@ void edit_index(const char *path, const char *from, const char *to)
     cr_assert_eq(fclose(f), 0);
     reseal_index(file); /* the deeper check must answer, not the index's seal */
 }
+
+const char *fixture_python(void)
+{
+    const char *python = getenv("TP_PYTHON");
+    return python && *python ? python : "/usr/bin/python3";
+}

@@ -44,6 +44,11 @@ void extract(const test_tensor *t, const int64_t *start, const int64_t *count, u
  * fails the test (Criterion runs it in a child). */
 int replay_corpus(const char *target, int (*one)(const uint8_t *data, size_t size));
 
+/* The Python of fixtures and judges: TP_PYTHON (run-tests.py gives the
+ * forking server of tests/tools/pyfork.c, which loaded PyTorch once) or
+ * Debian's /usr/bin/python3. */
+const char *fixture_python(void);
+
 /* Refreshes the index_checksum of an index.json a test changed on purpose
  * (an implementation of its own of docs/FORMAT.md's seal). */
 void reseal_index(const char *file);

@@ -1,0 +1,279 @@
+"""The Python of a test script, loaded once: a server that has imported
+the judges' heavy modules (PyTorch, numpy, h5py) and runs each `python3`
+command of the script in a fork of itself, so that a check pays a fork
+(tens of milliseconds) instead of PyTorch's import (2.5 s on the
+development machine; test_signals alone ran 42 such commands).
+
+tests/tools/pyfork.c is the client, the `$PY` of tests/e2e/lib.sh: it
+passes its arguments, environment, working directory and its standard
+input, output and error (the descriptors themselves) over the socket
+DIR/sock, then relays signals to the command and ends as it ended. The
+forked command is the script run as __main__ (runpy), `-c CODE` or `-`
+(code on standard input), with sys.argv, sys.path[0], the environment and
+the directory of a fresh interpreter's. A command whose environment differs
+from the server's in a variable that libraries read when they load
+(OpenBLAS's, OpenMP's, oneDNN's, Python's own: the same process would not
+honour the new value) is answered "fallback", and the client runs a fresh
+interpreter instead.
+
+Protocol (one connection per command): the client sends a 4-byte length
+(little-endian) and that many bytes, NUL-separated fields: the working
+directory, the count of arguments, the arguments, then the environment's
+NAME=VALUE entries; with the first bytes, its descriptors 0, 1 and 2
+(SCM_RIGHTS). The server answers lines: "pid P" (then "exit N" or "signal
+S" when it ends) or "fallback". The client may send "kill S" lines: the
+signal goes to the command. A client that goes away takes its command with
+it (SIGKILL).
+
+Usage: py_server.py DIR. It ends when DIR/sock is removed (the test's
+working directory goes at its end), when the process TP_PYFORK_OWNER names
+(the test) is gone, or after 30 idle minutes.
+"""
+import array
+import atexit
+import io
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+import types
+
+# Modules every judge of the suite imports; each that fails to import is
+# left to the commands (which then fail as a fresh interpreter would).
+PRELOAD = ["numpy", "h5py", "xxhash", "zstandard", "torch", "torch.nn.functional", "torch.distributed",
+           "torch.distributed.checkpoint", "torch.multiprocessing"]
+# Variables read when a library loads, or when the interpreter starts.
+LOAD_TIME = ("OPENBLAS_", "GOTO", "OMP_", "GOMP_", "KMP_", "ONEDNN_", "DNNL_", "MKL_", "PYTHON", "LD_PRELOAD",
+             "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "TORCH_")
+IDLE_SECONDS = 1800
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def load_time_environment(env):
+    return {k: v for k, v in env.items() if k.startswith(LOAD_TIME)}
+
+
+def receive_request(conn):
+    """(fields, descriptors) of one request."""
+    fds = array.array("i")
+    data, ancillary, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * fds.itemsize))
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    if len(data) < 4:
+        raise ValueError("short request")
+    length = int.from_bytes(data[:4], "little")
+    body = bytearray(data[4:])
+    while len(body) < length:
+        more = conn.recv(length - len(body))
+        if not more:
+            raise ValueError("request cut short")
+        body += more
+    return bytes(body).split(b"\0"), list(fds)
+
+
+def print_traceback(e):
+    """The traceback of e from the command's own frames on (this server's
+    and runpy's left out), as a fresh interpreter prints it."""
+    tb = e.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
+                              or tb.tb_frame.f_code.co_filename.endswith("runpy.py")):
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb)
+
+
+def run_command(cwd, argv, env, fds):
+    """In the forked child: become the command; never returns."""
+    code = 1
+    try:
+        for target, fd in enumerate(fds[:3]):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        # A fresh interpreter's signal dispositions.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), line_buffering=False)
+        sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), errors="backslashreplace",
+                                      line_buffering=True)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        if argv[0] == "-c":
+            sys.argv = ["-c"] + argv[2:]
+            sys.path[0] = ""
+            code_text, name = argv[1], "<string>"
+        elif argv[0] == "-":
+            sys.argv = ["-"] + argv[1:]
+            sys.path[0] = ""
+            code_text, name = sys.stdin.read(), "<stdin>"
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            code_text = None
+        try:
+            if code_text is None:
+                runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+            else:
+                module = types.ModuleType("__main__")
+                sys.modules["__main__"] = module
+                exec(compile(code_text, name, "exec"), module.__dict__)
+            code = 0
+        except SystemExit as e:
+            if e.code is None:
+                code = 0
+            elif isinstance(e.code, int):
+                code = e.code
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except KeyboardInterrupt as e:
+            print_traceback(e)
+            code = 130
+        except BaseException as e:  # the traceback a fresh interpreter prints
+            print_traceback(e)
+            code = 1
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:
+            traceback.print_exc()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        os._exit(code & 0xFF)
+
+
+def main():
+    # The server's own environment is its client's load-time part only: a
+    # test that looks for processes by their environment (test_bench's
+    # leftovers) must not find this one, which outlives the command that
+    # started it.
+    if os.environ.get("TP_PYFORK_CLEAN") != "1":
+        kept = {k: v for k, v in os.environ.items()
+                if k.startswith(LOAD_TIME) or k in ("PATH", "HOME", "TMPDIR", "LANG", "TP_PYFORK_OWNER")
+                or k.startswith("LC_")}
+        kept["TP_PYFORK_CLEAN"] = "1"
+        os.execve(sys.executable, [sys.executable] + sys.argv, kept)
+    directory = sys.argv[1]
+    path = os.path.join(directory, "sock")
+    owner = int(os.environ.pop("TP_PYFORK_OWNER", "0") or 0)
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - left to the commands
+            pass
+    mine = load_time_environment(os.environ)
+    del os.environ["TP_PYFORK_CLEAN"]
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".new")
+    listener.listen(64)
+    os.rename(path + ".new", path)  # the client connects only once it listens
+    running = {}  # conn -> pid
+    # A command's end wakes the loop: SIGCHLD writes to this pair.
+    wake_read, wake_write = socket.socketpair()
+    wake_read.setblocking(False)
+    wake_write.setblocking(False)
+    signal.set_wakeup_fd(wake_write.fileno())
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    last = time.monotonic()
+    while True:
+        readable, _, _ = select.select([listener, wake_read] + list(running), [], [], 0.5)
+        for conn in readable:
+            if conn is wake_read:
+                try:
+                    wake_read.recv(4096)
+                except BlockingIOError:
+                    pass
+            elif conn is listener:
+                client, _ = listener.accept()
+                try:
+                    fields, fds = receive_request(client)
+                    cwd, argc = fields[0].decode(), int(fields[1])
+                    argv = [f.decode("utf-8", "surrogateescape") for f in fields[2:2 + argc]]
+                    env = dict(e.decode("utf-8", "surrogateescape").split("=", 1)
+                               for e in fields[2 + argc:] if b"=" in e)
+                except (OSError, ValueError, IndexError):
+                    client.close()
+                    continue
+                if load_time_environment(env) != mine or len(fds) != 3:
+                    client.sendall(b"fallback\n")
+                    client.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    for own in [listener, wake_read, wake_write, client] + list(running):
+                        own.close()
+                    run_command(cwd, argv, env, fds)
+                for fd in fds:
+                    os.close(fd)
+                running[client] = pid
+                client.sendall(b"pid %d\n" % pid)
+            else:
+                try:
+                    data = conn.recv(256)
+                except OSError:
+                    data = b""
+                if not data:  # the client went away: so does its command
+                    try:
+                        os.kill(running[conn], signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    continue
+                for line in data.decode(errors="replace").splitlines():
+                    if line.startswith("kill "):
+                        try:
+                            os.kill(running[conn], int(line[5:]))
+                        except (ProcessLookupError, ValueError):
+                            pass
+        # Commands that ended: their status to their client.
+        for conn, pid in list(running.items()):
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status = pid, 1 << 8
+            if done:
+                reply = b"signal %d\n" % os.WTERMSIG(status) if os.WIFSIGNALED(status) else \
+                    b"exit %d\n" % os.waitstatus_to_exitcode(status)
+                try:
+                    conn.sendall(reply)
+                except OSError:
+                    pass
+                conn.close()
+                del running[conn]
+        if running:
+            last = time.monotonic()
+        if not os.path.exists(path) or time.monotonic() - last > IDLE_SECONDS or (owner and not alive(owner)):
+            break
+    for pid in running.values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+if __name__ == "__main__":
+    main()
