@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fault.h"
 
@@ -33,8 +34,18 @@ static void fault_at(const char *point, const char *want)
     /* POINT:TERM, :INT or :HUP: that signal, then the caller held at the
      * point long enough for the signal's handling (another thread) to act
      * while the window the point is in stays open. POINT:SLEEP:SECONDS: a
-     * slow disk or store, the caller held there that long. */
+     * slow disk or store, the caller held there that long. POINT:WAIT:FILE:
+     * held until FILE exists (a test's release: what it must see happen
+     * while the caller is held has happened), 10 minutes at most. */
     const char *name = want + n + 1;
+    if (strncmp(name, "WAIT:", 5) == 0) {
+        for (int tick = 0; tick < 60000 && access(name + 5, F_OK) != 0; tick++) {
+            struct timespec hold = {0, 10 * 1000 * 1000};
+            while (nanosleep(&hold, &hold) != 0) {
+            }
+        }
+        return;
+    }
     if (strncmp(name, "SLEEP:", 6) == 0) {
         double seconds = atof(name + 6);
         struct timespec hold = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};

@@ -5,8 +5,8 @@
 /* Kills the process with SIGKILL when the environment variable
  * TP_CKPT_FAULT names this point; with POINT:TERM (INT, HUP) raises that
  * signal there and holds the caller at the point for half a second;
- * POINT:SLEEP:S holds it S seconds. Several points are separated by
- * commas. */
+ * POINT:SLEEP:S holds it S seconds; POINT:WAIT:FILE holds it until FILE
+ * exists (10 minutes at most). Several points are separated by commas. */
 void tp_fault_point(const char *point);
 
 #endif

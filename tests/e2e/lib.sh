@@ -15,6 +15,7 @@ BIN="$ROOT/${BUILD:-build}/bin"
 # The Python of the cross-checks: Debian's, with torch, h5py and numpy;
 # TP_PYTHON names another (a GPU machine's, scripts/gpu-check.sh).
 PY=${TP_PYFORK_PYTHON:-${TP_PYTHON:-/usr/bin/python3}}
+PY_INTERPRETER=$PY # the interpreter itself, for what needs a program on PATH
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tp-e2e-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 # Each python3 command of the script (and of the scripts it runs, through

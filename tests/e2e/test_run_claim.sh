@@ -27,8 +27,10 @@ trap 'exit 130' INT TERM
 HOST_PATTERN="on host $(hostname | sed 's/[^A-Za-z0-9-]/-/g')"
 
 # A trainer that lives long enough to be met, however loaded the machine:
-# its first checkpoint's commit held 10 s (a slow disk, TP_CKPT_FAULT).
-HELD="before-latest:SLEEP:10"
+# its first checkpoint's commit held until the test releases it (held NAME:
+# the fault point that waits for $WORK/NAME.release; release NAME).
+held() { echo "before-latest:WAIT:$WORK/$1.release"; }
+release() { : >"$WORK/$1.release"; }
 LONG="--model tiny --micro-batch 2 --quiet --steps 2 --ckpt-every 2"
 
 # wait_for FILE SECONDS: until FILE exists.
@@ -37,19 +39,25 @@ wait_for() {
     while [ ! -e "$1" ] && [ $n -lt $(($2 * 10)) ]; do sleep 0.1; n=$((n + 1)); done
     [ -e "$1" ]
 }
+# named_in FILE TEXT SECONDS: until FILE holds TEXT (the claim's holder written).
+named_in() {
+    n=0
+    while ! grep -qF -- "$2" "$1" 2>/dev/null && [ $n -lt $(($3 * 10)) ]; do sleep 0.1; n=$((n + 1)); done
+}
 # model_of CKPT: the model's layer count and width, from tp-ckpt info --json.
 model_of() { "$CK" info --json "$1" | "$PY" -c 'import json,sys; m=json.load(sys.stdin)["model"]; print(m["layers"], m["dim"])'; }
 
 # ---------------------------------------------------------------- local
 for trial in 1 2 3; do
     D="$WORK/run$trial"
-    TP_CKPT_FAULT=$HELD "$TRAIN" $LONG --ckpt-dir "$D" >"$WORK/first.out" 2>&1 &
+    TP_CKPT_FAULT=$(held trial$trial) "$TRAIN" $LONG --ckpt-dir "$D" >"$WORK/first.out" 2>&1 &
     first=$!
     wait_for "$D/.tp-run.lock" 20
-    sleep 0.5
+    named_in "$D/.tp-run.lock" "pid $first " 20
     expect_error "trial $trial: a second trainer (another model) on a live run directory is refused" 1 \
         "$D is in use by tp-train \(pid $first $HOST_PATTERN, since .*\): one run per directory" \
         "$TRAIN" --model small --micro-batch 2 --quiet --steps 3 --ckpt-every 1 --ckpt-dir "$D"
+    release trial$trial
     wait $first
     rc=$?
     check "trial $trial: the first trainer undisturbed (exit $rc)" [ $rc -eq 0 ]
@@ -59,7 +67,7 @@ done
 
 # Under mpirun, the claim is rank 0's and its verdict every rank's.
 D="$WORK/mpi"
-TP_CKPT_FAULT=$HELD "$TRAIN" $LONG --ckpt-dir "$D" >"$WORK/first.out" 2>&1 &
+TP_CKPT_FAULT=$(held mpi) "$TRAIN" $LONG --ckpt-dir "$D" >"$WORK/first.out" 2>&1 &
 first=$!
 wait_for "$D/.tp-run.lock" 20
 run mpirun --oversubscribe -np 2 "$TRAIN" --model tiny --tp 2 --steps 3 --ckpt-dir "$D" </dev/null
@@ -93,7 +101,7 @@ U="$WEBDAV_URL"
 export TP_RUN_LEASE_SECONDS=3
 lease_of() { curl -s -f "$U/$1/.tp-run.lease"; }
 
-TP_CKPT_FAULT=$HELD "$TRAIN" $LONG --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-a" >"$WORK/first.out" 2>&1 &
+TP_CKPT_FAULT=$(held r1) "$TRAIN" $LONG --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-a" >"$WORK/first.out" 2>&1 &
 first=$!
 n=0
 while ! lease_of r1 >/dev/null && [ $n -lt 200 ]; do sleep 0.1; n=$((n + 1)); done
@@ -124,7 +132,7 @@ expect_error "a malformed lease refused by name, never taken as free" 1 "$U/r3/.
 
 # A lease taken over under a live trainer (its renewals held up, as by a
 # network partition): it stops before writing another checkpoint.
-TP_CKPT_FAULT=$HELD "$TRAIN" $LONG --ckpt-dir "$U/r4" --ckpt-cache "$WORK/cache-e" >"$WORK/first.out" 2>&1 &
+TP_CKPT_FAULT=$(held r4) "$TRAIN" $LONG --ckpt-dir "$U/r4" --ckpt-cache "$WORK/cache-e" >"$WORK/first.out" 2>&1 &
 first=$!
 # Once renewed, the lease is held (before that, the trainer is still
 # checking that its own lease stands, and would be refused at start).
@@ -133,6 +141,11 @@ while ! lease_of r4 | grep -q '"renewals":[1-9]' && [ $n -lt 200 ]; do sleep 0.1
 curl -s -f -T - "$U/r4/.tp-run.lease" >/dev/null <<'EOF'
 {"owner":"thief-1-0","holder":"tp-train (pid 9 on host thief, since 2026-01-01T00:00:00Z)","host":"thief","pid":9,"renewals":0}
 EOF
+# Released a lease period later: its renewals (every quarter period) read the
+# lease meanwhile and found it another's, which nothing outside the trainer
+# shows before it stops.
+sleep "$TP_RUN_LEASE_SECONDS"
+release r4
 wait $first
 rc=$?
 check_all "a trainer whose lease was taken over stops (exit $rc), naming the new holder" \

@@ -25,7 +25,9 @@ S" when it ends) or "fallback". The client may send "kill S" lines: the
 signal goes to the command. A client that goes away takes its command with
 it (SIGKILL).
 
-Usage: py_server.py DIR. It ends when DIR/sock is removed (the test's
+Usage: TP_PYFORK_DIR=DIR py_server.py (the directory in the environment, so
+that a test looking for its processes by the paths of its working directory
+in their command lines does not find this one). It ends when DIR/sock is removed (the test's
 working directory goes at its end), when the process TP_PYFORK_OWNER names
 (the test) is gone, or after 30 idle minutes.
 """
@@ -171,11 +173,11 @@ def main():
     # started it.
     if os.environ.get("TP_PYFORK_CLEAN") != "1":
         kept = {k: v for k, v in os.environ.items()
-                if k.startswith(LOAD_TIME) or k in ("PATH", "HOME", "TMPDIR", "LANG", "TP_PYFORK_OWNER")
+                if k.startswith(LOAD_TIME) or k in ("PATH", "HOME", "TMPDIR", "LANG", "TP_PYFORK_OWNER", "TP_PYFORK_DIR")
                 or k.startswith("LC_")}
         kept["TP_PYFORK_CLEAN"] = "1"
         os.execve(sys.executable, [sys.executable] + sys.argv, kept)
-    directory = sys.argv[1]
+    directory = os.environ.pop("TP_PYFORK_DIR")
     path = os.path.join(directory, "sock")
     owner = int(os.environ.pop("TP_PYFORK_OWNER", "0") or 0)
     for name in PRELOAD:

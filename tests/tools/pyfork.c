@@ -88,7 +88,7 @@ static int server_socket(const char *dir)
                 dup2(null, 0), dup2(null, 1), dup2(null, 2);
                 if (null > 2) close(null);
             }
-            execl(real_python(), real_python(), server, dir, (char *)NULL);
+            execl(real_python(), real_python(), server, (char *)NULL); /* the directory: TP_PYFORK_DIR */
             _exit(127);
         }
         for (int i = 0; pid > 0 && i < 6000 && fd < 0; i++) {
