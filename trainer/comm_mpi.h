@@ -6,7 +6,11 @@
 
 #include "comm.h"
 
-/* Initializes MPI (if not done) and tells the world size, for choosing a layout. */
+/* Initializes MPI (if not done) and tells the world size, for choosing a
+ * layout. A process that no MPI launcher started (no mpirun, srun or Hydra
+ * variables) is a world of one and runs without MPI: the functions below
+ * then answer for that one rank, and comm_mpi_create gives the local
+ * communicator (comm.h comm_local_create). */
 int comm_mpi_world_size(int *argc, char ***argv);
 
 /* This process's rank in the world (after comm_mpi_world_size). */
