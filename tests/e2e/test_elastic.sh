@@ -97,7 +97,7 @@ check "interleaved: the losses of one rank (1e-5)" losses_match "$R/elastic/trai
 # Starts at 2 ranks; the world file grows to 4 after step 10 and rank 0
 # pauses 3 s after step 12 (--fault slow), so that the run is still going
 # when tp-elastic next looks at capacity (once a second; a fast machine runs
-# all 120 steps in about a second): the trainer is asked to checkpoint and
+# all 60 steps in under a second): the trainer is asked to checkpoint and
 # stop, and the run relaunches larger. Not a failure.
 R="$WORK/grow"
 echo 2 >"$WORK/world.grow"
@@ -171,16 +171,16 @@ check_all "always fails: gave up after 3 launches" '[ "$(events "$R" launch)" -e
 # again, it continues from the newest checkpoint and its recorded state.
 R="$WORK/requeue"
 mkdir -p "$R/elastic"
-"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 400 >/dev/null 2>&1 &
+"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 150 >/dev/null 2>&1 &
 orchestrator=$!
 while ! grep -q '"step":60,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
 kill -9 $orchestrator
 wait $orchestrator 2>/dev/null
 check "killed orchestrator: its trainer went with it" nothing_left "$R"
 expect_ok "restarted orchestrator: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
-    -- "$TRAIN" $TRAIN_ARGS --steps 400
+    -- "$TRAIN" $TRAIN_ARGS --steps 150
 check "restarted orchestrator: it counted the earlier launch" [ "$(summary_field "$R" launches)" -ge 2 ]
-check "restarted orchestrator: step 400 reached" [ "$(summary_field "$R" step)" -eq 400 ]
+check "restarted orchestrator: step 150 reached" [ "$(summary_field "$R" step)" -eq 150 ]
 
 # -------------------------------------------------- a stop asked by SIGTERM
 # SIGTERM to tp-elastic: the trainer finishes its step, checkpoints and exits;
@@ -198,23 +198,24 @@ check "SIGTERM: the trainer stopped with a checkpoint" grep -q '"event":"stop".*
 check "SIGTERM: no trainer left running" nothing_left "$R"
 
 # ------------------------------------------- a damaged newest checkpoint
-# A run stopped at step 60 (checkpoints every 10); a data byte of step 60 is
-# flipped: the orchestrator rejects it, resumes from step 50, and finishes.
+# A run stopped at step 30 (checkpoints every 10); a data byte of step 30 is
+# flipped: the orchestrator rejects it, resumes from step 20, and finishes.
 R="$WORK/damaged"
-expect_ok "a run to step 6" mpirun --oversubscribe -np 2 "$TRAIN" $TRAIN_ARGS --stop-at 60 --ckpt-dir "$R"
-shard=$(ls "$R"/step_00000060/shard_pp*_tp*.h5 | head -1)
+expect_ok "a run to step 30" mpirun --oversubscribe -np 2 "$TRAIN" $TRAIN_ARGS --stop-at 30 --ckpt-dir "$R"
+shard=$(ls "$R"/step_00000030/shard_pp*_tp*.h5 | head -1)
 flip_byte "$shard" "$(data_offset "$shard" model/tok_embed.weight)"
 expect_ok "a damaged newest checkpoint: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
     -- "$TRAIN" $TRAIN_ARGS
-check "damaged: step 60 rejected" grep -q '"event":"checkpoint_rejected".*step_00000060\|step_00000060.*"event":"checkpoint_rejected"' \
+check "damaged: step 30 rejected" grep -q '"event":"checkpoint_rejected".*step_00000030\|step_00000030.*"event":"checkpoint_rejected"' \
     "$R/elastic/events.jsonl"
-check "damaged: resumed from step 50" grep -q '"path":"[^"]*step_00000050","step":50' "$R/elastic/events.jsonl"
+check "damaged: resumed from step 20" grep -q '"path":"[^"]*step_00000020","step":20' "$R/elastic/events.jsonl"
 
 # ------------------------------------------------------------------ --keep
 R="$WORK/keep"
 expect_ok "--keep 2: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 --keep 2 $FAST -- "$TRAIN" $TRAIN_ARGS
-check_all "--keep 2: the two newest checkpoints are left" '[ "$(ls -d "$R"/step_* | wc -l)" -eq 2 ] && [ -d "$R/step_00000120" ]'
-check "--keep 2: each removal is an event" [ "$(events "$R" checkpoint_removed)" -eq 10 ]
+check_all "--keep 2: the two newest checkpoints are left" '[ "$(ls -d "$R"/step_* | wc -l)" -eq 2 ] && [ -d "$R/$(printf step_%08d "$STEPS")" ]'
+check "--keep 2: each removal is an event ($((STEPS / EVERY - 2)) of $((STEPS / EVERY)) checkpoints)" \
+    [ "$(events "$R" checkpoint_removed)" -eq $((STEPS / EVERY - 2)) ]
 
 # ------------------------------------------------------------------- plan
 expect_ok "plan: 8 ranks, JSON" "$ELASTIC" plan --world 8 --model small --global-batch 16 --ranks-per-node 4 --json

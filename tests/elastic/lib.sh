@@ -16,7 +16,7 @@ mpirun_runs() {
     use_open_mpi
     ELASTIC="$BIN/tp-elastic"
     TRAIN="$BIN/tp-train"
-    STEPS=120
+    STEPS=60
     EVERY=10
     TRAIN_ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --steps $STEPS --ckpt-every $EVERY"
     expect_ok "an uninterrupted run" mpirun --oversubscribe -np 4 "$TRAIN" $TRAIN_ARGS --tp 2 --pp 2 \

@@ -18,43 +18,46 @@ use_open_mpi
 ELASTIC="$BIN/tp-elastic"
 TRAIN="$BIN/tp-train"
 ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --ckpt-every 10"
+# Runs that must outlive what the test does meanwhile (a second
+# orchestrator refused, one killed at step 20): LONG steps, a few seconds.
+LONG=150
 # The bound on a run that must finish (it must never hang the suite): a
-# 400-step run takes over 120 s under the sanitizers on 2 cores.
+# 400-step run took over 120 s under the sanitizers on 2 cores.
 RUN_LIMIT=120
 [ "${SANITIZED:-0}" = 1 ] && RUN_LIMIT=900
 cd "$WORK" || exit 1
 
 # --------------------------------------------- a second orchestrator, live
-# The first runs 400 steps (seconds); the second, started while it trains,
+# The first runs LONG steps (seconds); the second, started while it trains,
 # is refused at once naming the first's host and pid; the first is not
-# disturbed: one launch, no failure, all 400 steps.
+# disturbed: one launch, no failure, all LONG steps.
 R="$WORK/live"
 mkdir -p "$R/elastic"
-"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400 >"$WORK/live.out" 2>&1 &
+"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps $LONG >"$WORK/live.out" 2>&1 &
 first=$!
 while ! grep -q '"step":20,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
 expect_error "a second tp-elastic on a live run: refused, naming the live one's host and pid" 1 \
     "another tp-elastic runs this run: host $(hostname) pid $first," \
-    timeout -k 5 20 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400
+    timeout -k 5 20 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps $LONG
 wait $first
 check "live: the first one finishes (exit 0)" [ $? -eq 0 ]
-check_all "live: the first's launch was not ended: one launch, no failure, step 400" \
-    '[ "$(events "$R" launch)" -eq 1 ] && [ "$(events "$R" failure)" -eq 0 ] && [ "$(summary_field "$R" step)" -eq 400 ]'
+check_all "live: the first's launch was not ended: one launch, no failure, step $LONG" \
+    '[ "$(events "$R" launch)" -eq 1 ] && [ "$(events "$R" failure)" -eq 0 ] && [ "$(summary_field "$R" step)" -eq $LONG ]'
 check "live: the second wrote nothing in the run's record" [ "$(events "$R" orchestrator_start)" -eq 1 ]
 
 # ------------------------------------- the orchestrator killed: taken over
 # Its lock went with it (the kernel releases an flock of a dead process).
 R="$WORK/takeover"
 mkdir -p "$R/elastic"
-"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400 >/dev/null 2>&1 &
+"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps $LONG >/dev/null 2>&1 &
 first=$!
 while ! grep -q '"step":20,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
 kill -9 $first
 wait $first 2>/dev/null
 expect_ok "an orchestrator killed with SIGKILL: the next takes the run over" timeout -k 5 $RUN_LIMIT "$ELASTIC" run \
-    --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 400
-check_all "takeover: step 400, two orchestrators" \
-    '[ "$(summary_field "$R" step)" -eq 400 ] && [ "$(events "$R" orchestrator_start)" -eq 2 ]'
+    --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps $LONG
+check_all "takeover: step $LONG, two orchestrators" \
+    '[ "$(summary_field "$R" step)" -eq $LONG ] && [ "$(events "$R" orchestrator_start)" -eq 2 ]'
 
 # ------------------------------------------- strangers named by state.json
 # state_with_pid RUN PID [START]: a state.json of an earlier orchestrator
@@ -86,7 +89,9 @@ check "stranger: never signalled (still alive)" alive $decoy
 check "stranger: tp-elastic says why it left it alone" \
     grep -q "launch_pid $decoy not signalled: [^\"]*does not carry TP_ELASTIC_LAUNCH=$decoy[^\"]*\",\"event\":\"earlier_launch_skipped\"" \
     "$WORK/.out"
-kill -9 -- -$decoy 2>/dev/null
+# dash takes no "--" before a negative pid (its kill then fails, and the wait
+# below outlasted the decoy's 60 s).
+kill -9 -$decoy 2>/dev/null
 wait $decoy 2>/dev/null
 
 # A process that carries a launch's marker (as the launch it replaced would)
