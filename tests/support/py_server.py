@@ -52,6 +52,52 @@ PRELOAD = ["numpy", "h5py", "xxhash", "zstandard", "torch", "torch.nn.functional
 LOAD_TIME = ("OPENBLAS_", "GOTO", "OMP_", "GOMP_", "KMP_", "ONEDNN_", "DNNL_", "MKL_", "PYTHON", "LD_PRELOAD",
              "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "TORCH_")
 IDLE_SECONDS = 1800
+# Thread counts, read at load too, that the command's own value replaces
+# through the libraries' calls (the benchmarks' PyTorch baselines try splits
+# of threads between OpenMP and OpenBLAS: a fresh interpreter each, before).
+THREAD_COUNTS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def blas():
+    try:
+        import ctypes
+        return ctypes.CDLL("libblas.so.3")
+    except OSError:
+        return None
+
+
+def thread_defaults():
+    """What a fresh interpreter starts with where the variables are unset:
+    the libraries' own counts, read before any command changed them (the
+    server is started with them unset or as its first command set them)."""
+    library = blas()
+    torch = sys.modules.get("torch")
+    counts = {}
+    try:
+        counts["OPENBLAS_NUM_THREADS"] = library.openblas_get_num_threads() if library else None
+    except AttributeError:
+        counts["OPENBLAS_NUM_THREADS"] = None
+    counts["OMP_NUM_THREADS"] = torch.get_num_threads() if torch is not None else None
+    return counts
+
+
+def apply_thread_counts(env, defaults):
+    """The command's OMP_NUM_THREADS (PyTorch's intra-op threads) and
+    OPENBLAS_NUM_THREADS (the BLAS numpy and PyTorch link), or a fresh
+    interpreter's counts where it gives none."""
+    def wanted(name):
+        try:
+            return int(env[name]) if name in env else defaults[name]
+        except ValueError:
+            return defaults[name]
+    library, torch = blas(), sys.modules.get("torch")
+    if library is not None and wanted("OPENBLAS_NUM_THREADS"):
+        try:
+            library.openblas_set_num_threads(wanted("OPENBLAS_NUM_THREADS"))
+        except AttributeError:
+            pass
+    if torch is not None and wanted("OMP_NUM_THREADS"):
+        torch.set_num_threads(wanted("OMP_NUM_THREADS"))
 
 
 def alive(pid):
@@ -65,7 +111,7 @@ def alive(pid):
 
 
 def load_time_environment(env):
-    return {k: v for k, v in env.items() if k.startswith(LOAD_TIME)}
+    return {k: v for k, v in env.items() if k.startswith(LOAD_TIME) and k not in THREAD_COUNTS}
 
 
 def receive_request(conn):
@@ -97,7 +143,7 @@ def print_traceback(e):
     traceback.print_exception(type(e), e, tb)
 
 
-def run_command(cwd, argv, env, fds):
+def run_command(cwd, argv, env, fds, defaults):
     """In the forked child: become the command; never returns."""
     code = 1
     try:
@@ -117,6 +163,7 @@ def run_command(cwd, argv, env, fds):
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
+        apply_thread_counts(env, defaults)
         if argv[0] == "-c":
             sys.argv = ["-c"] + argv[2:]
             sys.path[0] = ""
@@ -186,6 +233,7 @@ def main():
         except Exception:  # noqa: BLE001 - left to the commands
             pass
     mine = load_time_environment(os.environ)
+    defaults = thread_defaults()
     del os.environ["TP_PYFORK_CLEAN"]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".new")
@@ -229,7 +277,7 @@ def main():
                     signal.set_wakeup_fd(-1)
                     for own in [listener, wake_read, wake_write, client] + list(running):
                         own.close()
-                    run_command(cwd, argv, env, fds)
+                    run_command(cwd, argv, env, fds, defaults)
                 for fd in fds:
                     os.close(fd)
                 running[client] = pid
