@@ -1,6 +1,8 @@
 /* encoded_backend.c: see encoded_backend.h. Each operation decodes the
- * allocations its pointer arguments fall in, runs the CPU function, and
- * encodes them again. */
+ * bytes its arguments span (each pointer with the extent the operation's
+ * shapes give it, kernels.h), runs the CPU function, and encodes them
+ * again; the rest of every allocation stays encoded meanwhile, so an
+ * operation that reached past its arguments' extents reads garbage. */
 #include "encoded_backend.h"
 
 #include <pthread.h>
@@ -12,7 +14,7 @@
 
 #define KEY 0x5A
 #define MAX_ALLOCATIONS 4096
-#define MAX_TOUCHED 12
+#define MAX_TOUCHED 12 /* arguments of one operation */
 
 typedef struct {
     unsigned char *base;
@@ -48,29 +50,52 @@ static int find(const void *p)
     return -1;
 }
 
-/* Decodes (or encodes) each distinct allocation touched by the pointers. */
-static void flip_touched(const void *const *pointers, int count)
+/* A span of an operation's argument: pointer and bytes. */
+typedef struct {
+    const unsigned char *p;
+    size_t bytes;
+} span;
+
+static int by_start(const void *a, const void *b)
 {
-    int done[MAX_TOUCHED], n = 0;
+    const unsigned char *x = ((const span *)a)->p, *y = ((const span *)b)->p;
+    return x < y ? -1 : x > y;
+}
+
+/* Decodes (or encodes) the union of the spans that lie in allocations
+ * (each clipped to its allocation; host memory and NULL left alone):
+ * arguments that overlap, an operation in place, are flipped once. */
+static void flip_spans(const span *spans, int count)
+{
+    span in[MAX_TOUCHED];
+    int n = 0;
     for (int k = 0; k < count; k++) {
-        int i = find(pointers[k]), seen = 0;
-        if (i < 0) continue;
-        for (int j = 0; j < n; j++) seen |= done[j] == i;
-        if (seen) continue;
-        if (n == MAX_TOUCHED) abort(); /* more distinct allocations in one call than this test backend tracks */
-        done[n++] = i;
-        flip(allocations[i].base, allocations[i].size);
+        int i = find(spans[k].p);
+        if (i < 0 || spans[k].bytes == 0) continue;
+        if (n == MAX_TOUCHED) abort(); /* more arguments in one call than this test backend tracks */
+        const unsigned char *end = allocations[i].base + allocations[i].size;
+        size_t room = (size_t)(end - spans[k].p);
+        in[n++] = (span){spans[k].p, spans[k].bytes < room ? spans[k].bytes : room};
+    }
+    qsort(in, (size_t)n, sizeof *in, by_start);
+    for (int k = 0; k < n;) {
+        const unsigned char *start = in[k].p, *end = in[k].p + in[k].bytes;
+        for (k++; k < n && in[k].p <= end; k++)
+            if (in[k].p + in[k].bytes > end) end = in[k].p + in[k].bytes;
+        flip((unsigned char *)start, (size_t)(end - start));
     }
 }
 
+/* S(pointer, elements): an argument's span. */
+#define S(pointer, elements) ((span){(const unsigned char *)(pointer), (size_t)(elements) * sizeof *(pointer)})
 #define ENTER(...)                                                    \
-    const void *const touched_[] = {__VA_ARGS__};                      \
+    const span touched_[] = {__VA_ARGS__};                             \
     int touched_count_ = (int)(sizeof touched_ / sizeof touched_[0]); \
     pthread_mutex_lock(&lock);                                        \
-    flip_touched(touched_, touched_count_)
-#define LEAVE_WITH(status)                     \
-    flip_touched(touched_, touched_count_);    \
-    pthread_mutex_unlock(&lock);               \
+    flip_spans(touched_, touched_count_)
+#define LEAVE_WITH(status)                   \
+    flip_spans(touched_, touched_count_);    \
+    pthread_mutex_unlock(&lock);             \
     return (status)
 #define LEAVE() LEAVE_WITH(TP_OK)
 
@@ -150,7 +175,7 @@ static int enc_host_alloc(void **out, size_t bytes)
 static int enc_matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N,
                               int64_t C, int64_t OC)
 {
-    ENTER(out, in, weight, bias);
+    ENTER(S(out, N * OC), S(in, N * C), S(weight, OC * C), S(bias, OC));
     matmul_forward(out, in, weight, bias, N, C, OC);
     LEAVE();
 }
@@ -158,7 +183,7 @@ static int enc_matmul_forward(float *out, const float *in, const float *weight, 
 static int enc_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                                const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    ENTER(d_in, d_weight, d_bias, d_out, in, weight);
+    ENTER(S(d_in, N * C), S(d_weight, OC * C), S(d_bias, OC), S(d_out, N * OC), S(in, N * C), S(weight, OC * C));
     matmul_backward(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
     LEAVE();
 }
@@ -166,7 +191,7 @@ static int enc_matmul_backward(float *d_in, float *d_weight, float *d_bias, cons
 static int enc_matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N,
                                    int64_t C, int64_t OC)
 {
-    ENTER(out, in, weight, bias);
+    ENTER(S(out, N * OC), S(in, N * C), S(weight, OC * C), S(bias, OC));
     int status = matmul_forward_bf16(out, in, weight, bias, N, C, OC);
     LEAVE_WITH(status);
 }
@@ -174,7 +199,7 @@ static int enc_matmul_forward_bf16(float *out, const float *in, const float *wei
 static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                                     const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    ENTER(d_in, d_weight, d_bias, d_out, in, weight);
+    ENTER(S(d_in, N * C), S(d_weight, OC * C), S(d_bias, OC), S(d_out, N * OC), S(in, N * C), S(weight, OC * C));
     int status = matmul_backward_bf16(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
     LEAVE_WITH(status);
 }
@@ -182,7 +207,7 @@ static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias,
 static int enc_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
                                  const float *bias, int64_t N, int64_t C)
 {
-    ENTER(out, mean, rstd, in, weight, bias);
+    ENTER(S(out, N * C), S(mean, N), S(rstd, N), S(in, N * C), S(weight, C), S(bias, C));
     layernorm_forward(out, mean, rstd, in, weight, bias, N, C);
     LEAVE();
 }
@@ -190,28 +215,28 @@ static int enc_layernorm_forward(float *out, float *mean, float *rstd, const flo
 static int enc_layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                                   const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
 {
-    ENTER(d_in, d_weight, d_bias, d_out, in, weight, mean, rstd);
+    ENTER(S(d_in, N * C), S(d_weight, C), S(d_bias, C), S(d_out, N * C), S(in, N * C), S(weight, C), S(mean, N), S(rstd, N));
     layernorm_backward(d_in, d_weight, d_bias, d_out, in, weight, mean, rstd, N, C);
     LEAVE();
 }
 
 static int enc_gelu_forward(float *out, const float *in, int64_t n)
 {
-    ENTER(out, in);
+    ENTER(S(out, n), S(in, n));
     gelu_forward(out, in, n);
     LEAVE();
 }
 
 static int enc_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
 {
-    ENTER(d_in, in, d_out);
+    ENTER(S(d_in, n), S(in, n), S(d_out, n));
     gelu_backward(d_in, in, d_out, n);
     LEAVE();
 }
 
 static int enc_residual_forward(float *out, const float *a, const float *b, int64_t n)
 {
-    ENTER(out, a, b);
+    ENTER(S(out, n), S(a, n), S(b, n));
     residual_forward(out, a, b, n);
     LEAVE();
 }
@@ -219,21 +244,21 @@ static int enc_residual_forward(float *out, const float *a, const float *b, int6
 static int enc_bias_residual_forward(float *out, const float *x, const float *partial, const float *bias, int64_t N,
                                      int64_t C)
 {
-    ENTER(out, x, partial, bias);
+    ENTER(S(out, N * C), S(x, N * C), S(partial, N * C), S(bias, C));
     bias_residual_forward(out, x, partial, bias, N, C);
     LEAVE();
 }
 
 static int enc_add_inplace(float *acc, const float *x, int64_t n)
 {
-    ENTER(acc, x);
+    ENTER(S(acc, n), S(x, n));
     add_inplace(acc, x, n);
     LEAVE();
 }
 
 static int enc_scale_inplace(float *x, float scale, int64_t n)
 {
-    ENTER(x);
+    ENTER(S(x, n));
     scale_inplace(x, scale, n);
     LEAVE();
 }
@@ -241,7 +266,8 @@ static int enc_scale_inplace(float *x, float scale, int64_t n)
 static int enc_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
                                  int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    ENTER(out, lse, scratch, qkv);
+    ENTER(S(out, B * T * Hq * hd), S(lse, B * Hq * T), S(scratch, attention_scratch_floats(B, T, Hq)),
+          S(qkv, B * T * (Hq + 2 * Hkv) * hd));
     int status = attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
     LEAVE_WITH(status);
 }
@@ -250,7 +276,8 @@ static int enc_attention_backward(float *d_qkv, float *scratch, const float *d_o
                                   const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                   int64_t hd)
 {
-    ENTER(d_qkv, scratch, d_out, qkv, out, lse);
+    ENTER(S(d_qkv, B * T * (Hq + 2 * Hkv) * hd), S(scratch, attention_scratch_floats(B, T, Hq)),
+          S(d_out, B * T * Hq * hd), S(qkv, B * T * (Hq + 2 * Hkv) * hd), S(out, B * T * Hq * hd), S(lse, B * Hq * T));
     int status = attention_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
     LEAVE_WITH(status);
 }
@@ -258,7 +285,7 @@ static int enc_attention_backward(float *d_qkv, float *scratch, const float *d_o
 static int enc_embedding_forward(float *out, const int *tokens, const float *table, int64_t N, int64_t C,
                                  int64_t first, int64_t rows)
 {
-    ENTER(out, tokens, table);
+    ENTER(S(out, N * C), S(tokens, N), S(table, rows * C));
     embedding_forward(out, tokens, table, N, C, first, rows);
     LEAVE();
 }
@@ -266,7 +293,7 @@ static int enc_embedding_forward(float *out, const int *tokens, const float *tab
 static int enc_embedding_backward(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C,
                                   int64_t first, int64_t rows)
 {
-    ENTER(d_table, tokens, d_out);
+    ENTER(S(d_table, rows * C), S(tokens, N), S(d_out, N * C));
     embedding_backward(d_table, tokens, d_out, N, C, first, rows);
     LEAVE();
 }
@@ -274,7 +301,7 @@ static int enc_embedding_backward(float *d_table, const int *tokens, const float
 static int enc_crossentropy_row_max(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first,
                                     int64_t vocab)
 {
-    ENTER(row_max, logits);
+    ENTER(S(row_max, N), S(logits, N * V));
     crossentropy_row_max(row_max, logits, N, V, first, vocab);
     LEAVE();
 }
@@ -282,7 +309,7 @@ static int enc_crossentropy_row_max(float *row_max, const float *logits, int64_t
 static int enc_crossentropy_row_sumexp(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
                                        int64_t first, int64_t vocab)
 {
-    ENTER(sum, logits, row_max);
+    ENTER(S(sum, N), S(logits, N * V), S(row_max, N));
     crossentropy_row_sumexp(sum, logits, row_max, N, V, first, vocab);
     LEAVE();
 }
@@ -290,7 +317,7 @@ static int enc_crossentropy_row_sumexp(float *sum, const float *logits, const fl
 static int enc_crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N,
                                          int64_t V, int64_t first)
 {
-    ENTER(target, logits, targets);
+    ENTER(S(target, N), S(logits, N * V), S(targets, N));
     crossentropy_target_logit(target, logits, targets, N, V, first);
     LEAVE();
 }
@@ -299,7 +326,7 @@ static int enc_crossentropy_backward(float *d_logits, const float *logits, const
                                      const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab,
                                      float scale)
 {
-    ENTER(d_logits, logits, row_max, sum, targets);
+    ENTER(S(d_logits, N * V), S(logits, N * V), S(row_max, N), S(sum, N), S(targets, N));
     crossentropy_backward(d_logits, logits, row_max, sum, targets, N, V, first, vocab, scale);
     LEAVE();
 }
@@ -307,17 +334,27 @@ static int enc_crossentropy_backward(float *d_logits, const float *logits, const
 static int enc_adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
                             float beta2, float eps, float weight_decay, int64_t step)
 {
-    ENTER(param, grad, m, v);
+    ENTER(S(param, n), S(grad, n), S(m, n), S(v, n));
     adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
     LEAVE();
 }
 
 static int enc_sum_of_squares(double *out, const float *const *spans, const int64_t *lengths, int count)
 {
+    /* The gradients' spans may be many, in a few allocations: those are
+     * flipped whole, once each (the sum in one call, as the CPU's). */
+    int done[MAX_TOUCHED], n = 0;
     pthread_mutex_lock(&lock);
-    flip_touched((const void *const *)spans, count);
+    for (int k = 0; k < count; k++) {
+        int i = find(spans[k]), seen = 0;
+        for (int j = 0; j < n; j++) seen |= done[j] == i;
+        if (i < 0 || seen) continue;
+        if (n == MAX_TOUCHED) abort(); /* more allocations in one call than this test backend tracks */
+        done[n++] = i;
+    }
+    for (int j = 0; j < n; j++) flip(allocations[done[j]].base, allocations[done[j]].size);
     *out = sum_of_squares(spans, lengths, count);
-    flip_touched((const void *const *)spans, count);
+    for (int j = 0; j < n; j++) flip(allocations[done[j]].base, allocations[done[j]].size);
     pthread_mutex_unlock(&lock);
     return TP_OK;
 }
