@@ -9,7 +9,7 @@ TRAIN="$BIN/tp-train"
 # Fewer under the sanitizers, where every run is several times slower.
 TRIALS=${FAULT_TRIALS:-20}
 [ "${SANITIZED:-0}" = 1 ] && TRIALS=${FAULT_TRIALS:-5}
-MODEL="--layers 4 --dim 384 --heads 8 --vocab 8000 --seq 64"
+MODEL="--layers 4 --dim 256 --heads 8 --vocab 4000 --seq 64"
 # tp-train initializes Open MPI even alone (lib.sh use_open_mpi: settings,
 # and full unwinding under the sanitizers, which only its runs need).
 trainer() {

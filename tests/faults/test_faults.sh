@@ -53,11 +53,15 @@ check "with the new one" sh -c "'$CK' info '$WORK/p/ck' | grep -q 'tp=4'"
 # kill_trials WHAT OUT CHECK CMD...: runs CMD (which writes OUT with --force,
 # OUT existing from a first complete run) TRIALS times, each killed with
 # SIGKILL after a random delay; OUT must then always be there and pass CHECK.
-# The delays span the duration of an uninterrupted run.
+# The delays span the duration of an uninterrupted run. The three writers'
+# trials run at once, each in a directory of its own: kill_trials leaves its
+# figures in $WORK/results/WHAT, kills_checked WHAT CMD... makes the checks.
+mkdir -p "$WORK/results"
 kill_trials() {
     label=$1 out=$2 check_out=$3
     shift 3
     bad=0 killed=0
+    mkdir -p "$(dirname "$out")"
     timed "$@" || bad=$((bad + 1))
     span=$(echo "$DURATION * 1.2" | bc)
     i=0
@@ -71,16 +75,35 @@ kill_trials() {
         [ -e "$out" ] && $check_out "$out" || bad=$((bad + 1))
         i=$((i + 1))
     done
-    check "$label: the output was whole after each of $TRIALS kills" [ "$bad" -eq 0 ]
+    echo "$bad $killed $span" >"$WORK/results/$label"
+}
+
+# kills_checked WHAT OUT CMD...: the checks of kill_trials WHAT, and a run of
+# CMD after the kills that leaves no staging beside OUT.
+kills_checked() {
+    label=$1 out=$2
+    shift 2
+    read -r bad killed span <"$WORK/results/$label" || bad="no result"
+    check "$label: the output was whole after each of $TRIALS kills" [ "$bad" = 0 ]
     expect_ok "$label: a run after the kills" "$@"
     check "$label: no staging left once a writer ran after the kills" no_staging "$(dirname "$out")"
     echo "[$NAME] kill -9: $label: $TRIALS trials over ${span}s, $killed killed while running, $bad bad outputs"
 }
 
 mkdir -p "$WORK/k"
-kill_trials "synth" "$WORK/k/synth" intact "$CK" synth -o "$WORK/k/synth" --tp 2 --pp 1 $MODEL --optim --force
-kill_trials "reshard" "$WORK/k/rs" intact "$RS" "$WORK/src" --to tp4 -o "$WORK/k/rs" --force
-kill_trials "export" "$WORK/k/st" safetensors_whole "$CK" export "$WORK/src" --format safetensors -o "$WORK/k/st" --force
+SYNTH="$CK synth -o $WORK/k-synth/synth --tp 2 --pp 1 $MODEL --optim --force"
+RESHARD="$RS $WORK/src --to tp4 -o $WORK/k-rs/rs --force"
+EXPORT="$CK export $WORK/src --format safetensors -o $WORK/k-st/st --force"
+kill_trials "synth" "$WORK/k-synth/synth" intact $SYNTH &
+p1=$!
+kill_trials "reshard" "$WORK/k-rs/rs" intact $RESHARD &
+p2=$!
+kill_trials "export" "$WORK/k-st/st" safetensors_whole $EXPORT &
+p3=$!
+wait $p1 $p2 $p3
+kills_checked "synth" "$WORK/k-synth/synth" $SYNTH
+kills_checked "reshard" "$WORK/k-rs/rs" $RESHARD
+kills_checked "export" "$WORK/k-st/st" $EXPORT
 
 # Training saves: a checkpoint at every step, killed at random instants; every
 # committed checkpoint verifies, `latest` names one, and a resumed run cleans

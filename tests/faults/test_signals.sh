@@ -15,11 +15,16 @@ expect_ok "an export to import from" "$CK" export "$WORK/src" --format safetenso
 
 # ------------------------------------------------------------ signals
 # SIGTERM or SIGINT at a random instant: the partial output goes, the exit
-# status is the signal's (or 0 when the write was done first).
+# status is the signal's (or 0 when the write was done first). The six
+# writers' trials run at once, each writer in a directory of its own (a
+# class's trials stay one after the other); signal_trials leaves its figures
+# in $WORK/results/LABEL, and signals_checked makes the checks of them.
+mkdir -p "$WORK/results"
 signal_trials() {
     label=$1 out=$2 check_out=$3
     shift 3
     bad=0 hit=0 i=0
+    mkdir -p "$(dirname "$out")"
     rm -rf "$out"
     timed "$@"
     span=$(echo "$DURATION * 1.2" | bc)
@@ -45,8 +50,14 @@ signal_trials() {
         no_staging "$(dirname "$out")" || bad=$((bad + 1))
         i=$((i + 1))
     done
-    check "$label: $TRIALS signals: the signal's status, no partial output, no staging" [ "$bad" -eq 0 ]
-    echo "[$NAME] signals: $label: $TRIALS trials over ${span}s, $hit interrupted, $bad bad"
+    echo "$bad $hit $span" >"$WORK/results/$label"
+}
+
+# signals_checked LABEL: the check of what signal_trials LABEL found.
+signals_checked() {
+    read -r bad hit span <"$WORK/results/$1" || bad="no result"
+    check "$1: $TRIALS signals: the signal's status, no partial output, no staging" [ "$bad" = 0 ]
+    echo "[$NAME] signals: $1: $TRIALS trials over ${span}s, $hit interrupted, $bad bad"
 }
 
 # gguf_whole FILE, hdf5_whole FILE: the export of $WORK/src reads back whole
@@ -74,13 +85,20 @@ for sig in TERM INT; do
     rm -rf "$WORK/held/st"
 done
 
-mkdir -p "$WORK/s"
-signal_trials "synth" "$WORK/s/sy" intact "$CK" synth -o "$WORK/s/sy" --tp 2 --pp 1 $MODEL --optim
-signal_trials "reshard" "$WORK/s/rs" intact "$RS" "$WORK/src" --to tp4 -o "$WORK/s/rs"
-signal_trials "import" "$WORK/s/im" intact "$CK" import "$WORK/st-src" -o "$WORK/s/im" --tp 2 --pp 1
-signal_trials "export" "$WORK/s/st" safetensors_whole "$CK" export "$WORK/src" --format safetensors -o "$WORK/s/st"
-signal_trials "export gguf" "$WORK/s/x.gguf" gguf_whole "$CK" export "$WORK/src" --format gguf -o "$WORK/s/x.gguf"
-signal_trials "export hdf5" "$WORK/s/x.h5" hdf5_whole "$CK" export "$WORK/src" --format hdf5 -o "$WORK/s/x.h5"
+signal_trials "synth" "$WORK/s-sy/sy" intact "$CK" synth -o "$WORK/s-sy/sy" --tp 2 --pp 1 $MODEL --optim &
+p1=$!
+signal_trials "reshard" "$WORK/s-rs/rs" intact "$RS" "$WORK/src" --to tp4 -o "$WORK/s-rs/rs" &
+p2=$!
+signal_trials "import" "$WORK/s-im/im" intact "$CK" import "$WORK/st-src" -o "$WORK/s-im/im" --tp 2 --pp 1 &
+p3=$!
+signal_trials "export" "$WORK/s-st/st" safetensors_whole "$CK" export "$WORK/src" --format safetensors -o "$WORK/s-st/st" &
+p4=$!
+signal_trials "export gguf" "$WORK/s-gguf/x.gguf" gguf_whole "$CK" export "$WORK/src" --format gguf -o "$WORK/s-gguf/x.gguf" &
+p5=$!
+signal_trials "export hdf5" "$WORK/s-h5/x.h5" hdf5_whole "$CK" export "$WORK/src" --format hdf5 -o "$WORK/s-h5/x.h5" &
+p6=$!
+wait $p1 $p2 $p3 $p4 $p5 $p6
+for label in synth reshard import export "export gguf" "export hdf5"; do signals_checked "$label"; done
 
 # ------------------------------------------- a signal as a staging entry is born
 # The window that random instants seldom hit: the staging entry's claim made
