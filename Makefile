@@ -245,7 +245,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(TEST_LIBS)
 # Two tiers (scripts/run-tests.py): `make check`, the edit loop (every unit
 # test and one end-to-end scenario per program, under 2 minutes on 2 cores),
 # and `make test`, everything (what CI runs). TEST_JOBS tests run at once.
-TEST_JOBS ?= 2
+TEST_JOBS ?= 3
 check: deps
 	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/run-tests.py --tier check --jobs $(TEST_JOBS)

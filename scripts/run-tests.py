@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Runs the test suite: the Criterion unit tests ($BUILD/tests/*/test_*) and
-the test scripts (tests/*/test_*.sh), a tier of them, two at a time.
+the test scripts (tests/*/test_*.sh), a tier of them, three at a time.
 
 Tiers (`make check` runs the first, `make test` both):
   check  the edit loop: every library's unit tests and one end-to-end
@@ -15,10 +15,19 @@ free_port), so two run at once; one whose header says `# alone: REASON`
 runs with nothing beside it. Each test's output is printed whole when it
 ends, with its time; a summary of the slowest and of what failed ends the run.
 
+The run starts with the machine: the CPU's model and ISA flags, the kernel
+OpenBLAS chose and the ISA oneDNN will use (both follow OPENBLAS_CORETYPE and
+ONEDNN_MAX_CPU_ISA, printed when set). Every Python command of every test is
+a fork of one server started for the run (tests/support/py_server.py), which
+imported PyTorch once. What a test leaves running comes back here (a child
+subreaper) and is reaped, so the run's processor seconds, printed with its
+total, count everything the tests started.
+
 Usage: scripts/run-tests.py [--tier check|full] [--jobs N] [--repeat N]
                             [--only NAME]... [--list]
   --tier     check, or full (the default): the check tier and the full one
-  --jobs     tests run at once (default 2)
+  --jobs     tests run at once (default 3: on 2 cores, a third keeps them
+             busy while the other two wait on a timeout, a server or a disk)
   --repeat   run the selection N times in a row; a table of each test's
              runs, failures and times at the end (docs/RELIABILITY.md)
   --only     tests whose path contains NAME (repeatable)
@@ -36,7 +45,6 @@ import json
 import os
 import re
 import resource
-import shutil
 import signal
 import statistics
 import subprocess
@@ -134,18 +142,56 @@ def discover(build):
     return tests, errors
 
 
-def environment(test, scratch):
-    env = dict(os.environ)
-    if test.kind == "unit" and env.get("TP_PYFORK", "1") != "0":
-        # The fixtures' Python (tests/support/fixture.c fixture_python):
-        # forked from a server that loaded PyTorch once (tests/tools/pyfork.c),
-        # which goes when this test's scratch directory does. Test scripts
-        # set up their own (tests/e2e/lib.sh).
-        client = os.path.join(os.environ["BUILD"], "tests", "tools", "pyfork")
-        if os.access(client, os.X_OK):
-            env.update(TP_PYFORK_DIR=scratch, TP_PYFORK_PYTHON=env.get("TP_PYTHON", "/usr/bin/python3"),
-                       TP_PYFORK_SERVER=os.path.join(ROOT, "tests", "support", "py_server.py"),
-                       TP_PYFORK_OWNER=str(os.getpid()), TP_PYTHON=os.path.abspath(client))
+def pyfork_client():
+    """The client of the Python server (tests/tools/pyfork.c), or None."""
+    if os.environ.get("TP_PYFORK", "1") == "0":
+        return None
+    client = os.path.abspath(os.path.join(os.environ["BUILD"], "tests", "tools", "pyfork"))
+    return client if os.access(client, os.X_OK) else None
+
+
+def start_python_server(logdir):
+    """One Python server for the whole run (tests/support/py_server.py): it
+    imports PyTorch, numpy and h5py once, and every Python command of every
+    test is a fork of it (a test script's, through tests/e2e/lib.sh, and a
+    unit test's fixtures, tests/support/fixture.c fixture_python). Started
+    here, with the run's environment, so that no test's settings become the
+    server's and no test's process group holds it; it ends when its
+    directory goes with logdir. Returns the settings the tests get."""
+    client = pyfork_client()
+    if client is None:
+        return {}
+    directory = os.path.join(logdir, "python-server")
+    os.mkdir(directory)
+    settings = dict(TP_PYFORK_DIR=directory, TP_PYFORK_PYTHON=os.environ.get("TP_PYTHON", "/usr/bin/python3"),
+                    TP_PYFORK_SERVER=os.path.join(ROOT, "tests", "support", "py_server.py"),
+                    TP_PYFORK_OWNER=str(os.getpid()))
+    subprocess.run([client, "-c", "pass"], env=dict(os.environ, **settings), stdin=subprocess.DEVNULL, check=False)
+    return settings
+
+
+def stop_python_server(settings):
+    """The run's server told to end (its socket gone) and reaped, within 5 s,
+    so that its processor time counts in the run's total."""
+    if not settings:
+        return
+    try:
+        os.unlink(os.path.join(settings["TP_PYFORK_DIR"], "sock"))
+    except OSError:
+        pass
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if os.wait4(-1, os.WNOHANG)[0] == 0:
+                time.sleep(0.05)
+        except ChildProcessError:
+            break
+
+
+def environment(test, python_server):
+    env = dict(os.environ, **python_server)
+    if test.kind == "unit" and python_server:
+        env["TP_PYTHON"] = pyfork_client()
     if env.get("SANITIZED") == "1":
         # HDF5 keeps global state until exit; leaks are checked, third-party
         # ones suppressed (tests/lsan.supp).
@@ -161,11 +207,10 @@ def environment(test, scratch):
 
 
 class Running:
-    def __init__(self, test, logdir):
+    def __init__(self, test, logdir, python_server):
         self.test = test
         self.log = open(os.path.join(logdir, test.path.replace("/", "_") + ".log"), "w+", encoding="utf-8",
                         errors="replace")
-        self.scratch = tempfile.mkdtemp(prefix="py-", dir=logdir)
         if test.kind == "unit":
             # Verbose so that skipped tests show as SKIP.
             argv = [test.path, "--jobs", "2", "--short-filename", "--verbose"]
@@ -174,7 +219,7 @@ class Running:
         # A process group of its own, so that a test past its time limit
         # goes with everything it started.
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=environment(test, self.scratch), start_new_session=True)
+                                     env=environment(test, python_server), start_new_session=True)
         self.started = time.monotonic()
         self.stopping = None  # when SIGTERM was sent
 
@@ -199,7 +244,7 @@ def report(test, code, seconds, cpu, log):
     sys.stdout.flush()
 
 
-def run_round(tests, jobs, logdir, limit):
+def run_round(tests, jobs, logdir, limit, python_server):
     """Runs every test once, `jobs` at a time (an alone test by itself). A
     test still running after `limit` seconds is stopped (SIGTERM to its
     process group, SIGKILL 20 s later) and fails."""
@@ -209,7 +254,7 @@ def run_round(tests, jobs, logdir, limit):
             while waiting and len(running) < jobs and not any(r.test.alone for r in running):
                 if waiting[0].alone and running:
                     break
-                running.append(Running(waiting.pop(0), logdir))
+                running.append(Running(waiting.pop(0), logdir, python_server))
             time.sleep(0.2)
             now = time.monotonic()
             # Every child that ended: the tests (wait4 gives the processor
@@ -241,7 +286,6 @@ def run_round(tests, jobs, logdir, limit):
                 running.remove(r)
                 # What the test left in its group (a server it failed to stop) goes too.
                 r.signal(signal.SIGKILL)
-                shutil.rmtree(r.scratch, ignore_errors=True)
                 code = r.proc.returncode if r.proc.returncode >= 0 else 128 - r.proc.returncode
                 if r.stopping is not None:
                     code = code or 124
@@ -297,7 +341,7 @@ def save_history(path, history, tests):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tier", choices=TIERS, default=os.environ.get("TIER", "full"))
-    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--jobs", type=int, default=3)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--only", action="append", default=[])
     p.add_argument("--list", action="store_true")
@@ -336,11 +380,13 @@ def main():
     history_path = os.path.join(build, "test-times.json")
     history = load_history(history_path)
     with tempfile.TemporaryDirectory(prefix="tp-run-tests-") as logdir:
+        python_server = start_python_server(logdir)
         for round_no in range(args.repeat):
             if args.repeat > 1:
                 print(f"== round {round_no + 1} of {args.repeat}", flush=True)
-            run_round(order(chosen, history), args.jobs, logdir, args.timeout)
+            run_round(order(chosen, history), args.jobs, logdir, args.timeout, python_server)
             save_history(history_path, history, chosen)
+        stop_python_server(python_server)
     wall = time.monotonic() - wall
     failed = [t for t in chosen if not all(ok for ok, _ in t.runs)]
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -21,12 +21,16 @@ trap 'rm -rf "$WORK"' EXIT
 # Each python3 command of the script (and of the scripts it runs, through
 # TP_PYTHON) is forked from one server that imported PyTorch, numpy and h5py
 # once (tests/support/py_server.py, tests/tools/pyfork.c): a check costs a
-# fork, not PyTorch's import. The server goes when WORK does. TP_PYFORK=0:
-# a fresh interpreter for every command.
+# fork, not PyTorch's import. Under scripts/run-tests.py every test shares
+# the run's server (TP_PYFORK_DIR already set); a script run by itself
+# starts its own, which goes when WORK does. TP_PYFORK=0: a fresh
+# interpreter for every command.
 if [ "${TP_PYFORK:-1}" != 0 ] && [ -x "$ROOT/${BUILD:-build}/tests/tools/pyfork" ]; then
-    mkdir -p "$WORK/.py"
-    export TP_PYFORK_DIR="$WORK/.py" TP_PYFORK_PYTHON="$PY" TP_PYFORK_SERVER="$ROOT/tests/support/py_server.py" \
-        TP_PYFORK_OWNER=$$
+    if [ -z "${TP_PYFORK_DIR:-}" ]; then
+        mkdir -p "$WORK/.py"
+        export TP_PYFORK_DIR="$WORK/.py" TP_PYFORK_OWNER=$$
+    fi
+    export TP_PYFORK_PYTHON="$PY" TP_PYFORK_SERVER="$ROOT/tests/support/py_server.py"
     PY="$ROOT/${BUILD:-build}/tests/tools/pyfork"
     export TP_PYTHON="$PY"
 fi
@@ -112,6 +116,9 @@ use_open_mpi() {
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     export OMPI_MCA_rmaps_base_oversubscribe=1
     export OMPI_MCA_btl_vader_single_copy_mechanism=none
+    # The messaging layer Open MPI selects on one machine anyway (ob1):
+    # named, the others are not opened and probed, 0.2 s of every launch.
+    export OMPI_MCA_pml=ob1
     # Shared-memory segments in the test's own directory: a rank killed by a
     # test leaves its segment, which goes with WORK instead of piling up in
     # /dev/shm.

@@ -40,6 +40,7 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 import types
@@ -197,6 +198,9 @@ def run_command(cwd, argv, env, fds, defaults):
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
+        # The command's own temporary directory: a module the server loaded
+        # may have asked for the server's (the run's server serves every test).
+        tempfile.tempdir = None
         apply_thread_counts(env, defaults)
         if argv[0] == "-c":
             sys.argv = ["-c"] + argv[2:]
