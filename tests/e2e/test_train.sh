@@ -453,13 +453,30 @@ run mpi_train 2 $FAULT --fault fail --fault-step 3 --log "$WORK/fail0.jsonl"
 check_all "fail on rank 0: exit 1, a stop line (failed) with the error" '[ "$RC" -eq 1 ] &&
     [ "$(events "$WORK/fail0.jsonl" stop reason)$(events "$WORK/fail0.jsonl" stop step)" = "failed 3 " ] &&
     grep -q "\"error\":\"injected failure after step 3" "$WORK/fail0.jsonl"'
-# hang: mpirun in a session of its own; still running after 5 s, no step past 3.
+# hang: mpirun in a session of its own; still running 4 s after step 3, no
+# step past 3. Rank 0, waiting for the hung rank at a collective, sleeps
+# (trainer/comm_mpi.c wait_politely): the two ranks take under a fifth of a
+# core over 3 s of the hang (a rank polling in MPI's blocking call takes a
+# whole one).
 setsid mpirun --oversubscribe -np 2 "$TRAIN" $FAULT --steps 100000 --fault hang --fault-step 3 --fault-rank 1 \
     --log "$WORK/hang.jsonl" </dev/null >"$WORK/.out" 2>"$WORK/.err" &
 hung=$!
-sleep 5
+waited=0
+while [ "$(last_step "$WORK/hang.jsonl")" != 3 ] && [ $waited -lt 300 ]; do sleep 0.1; waited=$((waited + 1)); done
+sleep 1
+# ranks_ticks: the processor time of the run's ranks so far, in clock ticks.
+ranks_ticks() {
+    for pid in $(pgrep -s "$hung" -x tp-train); do cut -d' ' -f14,15 "/proc/$pid/stat" 2>/dev/null; done |
+        awk '{t += $1 + $2} END {print t + 0}'
+}
+before=$(ranks_ticks)
+sleep 3
+spent=$(($(ranks_ticks) - before))
+ticks=$(getconf CLK_TCK)
 if kill -0 "$hung" 2>/dev/null && [ "$(last_step "$WORK/hang.jsonl")" = 3 ]; then pass
-else failed "hang on rank 1 after step 3: not running after 5 s, or not stuck at step 3"; fi
+else failed "hang on rank 1 after step 3: not running 4 s after it, or not stuck at step 3"; fi
+check "hang: the waiting rank sleeps (the ranks took $spent ticks of $ticks a second over 3 s)" \
+    [ "$spent" -lt $((3 * ticks / 5)) ]
 kill -KILL "-$hung" # dash: no "--"
 wait "$hung"
 RC=$?
