@@ -14,6 +14,8 @@ Scripts own their directories (mktemp) and ports (tests/support/common.sh
 free_port), so two run at once; one whose header says `# alone: REASON`
 runs with nothing beside it. Each test's output is printed whole when it
 ends, with its time; a summary of the slowest and of what failed ends the run.
+A header line `# takes: about N s` orders a run with no timings yet (a fresh
+clone): the longest first, so that no long script starts last.
 
 The run starts with the machine: the CPU's model and ISA flags, the kernel
 OpenBLAS chose and the ISA oneDNN will use (both follow OPENBLAS_CORETYPE and
@@ -61,15 +63,18 @@ UNIT_SKIPS = re.compile(r"^\[SKIP\]")
 
 
 class Test:
-    def __init__(self, path, kind, tier, alone):
+    def __init__(self, path, kind, tier, alone, takes):
         self.path, self.kind, self.tier, self.alone = path, kind, tier, alone
+        self.takes = takes  # seconds the script's header says it takes, or None
         self.runs = []  # (passed, seconds)
         self.cpu = []  # processor seconds of each run (the test and what it waited for)
 
 
 def script_header(path):
-    """The tier and the reason to run alone that a script's header declares."""
-    tier = alone = None
+    """The tier, the reason to run alone and the seconds it takes (a line
+    `# takes: about N s`, for the order of a run with no history) that a
+    script's header declares."""
+    tier = alone = takes = None
     with open(path, encoding="utf-8") as f:
         for line in f:
             if not line.startswith("#"):
@@ -80,7 +85,10 @@ def script_header(path):
             m = re.match(r"#\s*alone:\s*(.+)$", line)
             if m:
                 alone = m.group(1).strip()
-    return tier, alone
+            m = re.match(r"#\s*takes:\D*(\d+)", line)
+            if m:
+                takes = int(m.group(1))
+    return tier, alone, takes
 
 
 # The CPU flags that decide which products the libraries run (kernels/cpu:
@@ -130,15 +138,15 @@ def discover(build):
     tests, errors = [], []
     for path in sorted(glob.glob(os.path.join(build, "tests", "*", "test_*"))):
         if os.access(path, os.X_OK) and not path.endswith((".o", ".d")):
-            tests.append(Test(path, "unit", "check", None))
+            tests.append(Test(path, "unit", "check", None, None))
     for d in SCRIPT_DIRS:
         for path in sorted(glob.glob(os.path.join("tests", d, "test_*.sh"))):
-            tier, alone = script_header(path)
+            tier, alone, takes = script_header(path)
             if tier not in TIERS:
                 errors.append(f"{path}: its header declares no tier (a line '# tier: check' or '# tier: full')"
                               if tier is None else f"{path}: unknown tier '{tier}' (check or full)")
                 continue
-            tests.append(Test(path, "script", tier, alone))
+            tests.append(Test(path, "script", tier, alone, takes))
     return tests, errors
 
 
@@ -309,12 +317,13 @@ def run_round(tests, jobs, logdir, limit, python_server):
 
 def order(tests, history):
     """Alone tests first, then the longest first (as the last runs took, in
-    $BUILD/test-times.json; a script never timed counts as long, a unit test
-    as short), so that the lanes end at about the same time."""
+    $BUILD/test-times.json; in a fresh build, as the script's header says,
+    else a script counts as long and a unit test as short), so that the lanes
+    end at about the same time."""
     def expected(t):
         if t.runs:
             return statistics.mean(s for _, s in t.runs)
-        return history.get(t.path, 60 if t.kind == "script" else 2)
+        return history.get(t.path, t.takes or (60 if t.kind == "script" else 2))
     return sorted(tests, key=lambda t: (t.alone is None, -expected(t)))
 
 

@@ -7,6 +7,7 @@
 # are left alone, and nothing is left running, in BENCH_TMPFS or registered as
 # a git worktree. bench-gpu without a GPU: its refusal is checked, and the
 # test says SKIP for it.
+# takes: about 115 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
 # tier: full
 . "$(dirname "$0")/lib.sh"
 

@@ -6,6 +6,7 @@
 # case the run reaches its last step, recomputes no more than the steps since
 # the last checkpoint, and logs the losses of an uninterrupted run (1e-4
 # relative): the global batch and the data position are kept across layouts.
+# takes: about 115 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
 # tier: full
 . "$(dirname "$0")/lib.sh"
 . "$ROOT/tests/elastic/lib.sh"

@@ -17,6 +17,7 @@
 #   interchange with s3cmd both ways, credentials refused (and the secret key
 #   never printed), tp-train to s3:// and resumed.
 # Each server's part says SKIP where that server cannot start.
+# takes: about 70 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
 # tier: full
 . "$(dirname "$0")/lib.sh"
 . "$ROOT/tests/support/objstore.sh"

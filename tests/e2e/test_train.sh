@@ -4,6 +4,7 @@
 # by signals, refusal of and fallback from a corrupted checkpoint, token
 # files, and errors on bad input (exact resume and resume at a new layout:
 # test_train_resume.sh). Tiny models, so that it stays fast on two cores.
+# takes: about 110 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
 # tier: full
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/train_lib.sh"

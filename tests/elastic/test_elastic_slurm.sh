@@ -11,6 +11,7 @@
 # shared file system, a rank killed and a node set down. In every case the
 # last step is reached and the losses equal an uninterrupted run's (1e-4).
 # Skipped, and said so, where Slurm is not installed.
+# takes: about 130 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$ROOT/tests/support/slurm.sh"

@@ -17,6 +17,7 @@
 #
 #   SOAK_SEED=N SOAK_FAULTS=K sh tests/elastic/test_soak.sh
 #   make soak   (more faults, a new seed each time)
+# takes: about 75 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$(dirname "$0")/lib.sh"

@@ -7,6 +7,7 @@
 # newest one's metadata is damaged. After each: an earlier output still
 # verifies, no partial output is accepted, nothing half-written stays, and
 # the next run succeeds. Signals: test_signals.sh.
+# takes: about 80 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 

@@ -8,6 +8,7 @@
 # neither cuBLAS nor NCCL is there. Needs a CUDA build, dpkg, and the right
 # to make a mount namespace and change root (root, or an unprivileged user
 # namespace); skipped, saying why, without them.
+# takes: about 150 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 
