@@ -26,7 +26,9 @@
 #   dcp      PyTorch distributed checkpoints judged by this machine's PyTorch
 #            (2.x; Debian's 1.13 judges them elsewhere): fixtures it writes
 #            (kept as dcp-fixtures.tar.gz, for tests/data/dcp-torch2), then
-#            tests/e2e/test_dcp.sh with its torch (docs/DCP.md); CPU only
+#            tests/e2e/test_dcp.sh with its torch, judging those fixtures
+#            among the rest (DCP_FIXTURES_ONLY=1: those alone; docs/DCP.md);
+#            CPU only
 #   judges   the outside judges this machine's Python has and Debian's lacks:
 #            tests/e2e/test_export.sh and test_llama_export.sh with its
 #            transformers (our GPT-2 and Llama exports loaded by
@@ -224,7 +226,7 @@ phase_profile() {
 phase_dcp() {
     rm -rf "$OUTDIR/fx"
     in_pack dcp.log sh -c "\"$PYTHON\" tests/formats/dcp_torch.py fixtures \"$OUTDIR/fx\" &&
-        env BUILD=build sh tests/e2e/test_dcp.sh"
+        env BUILD=build DCP_FIXTURES=\"$OUTDIR/fx\" sh tests/e2e/test_dcp.sh"
     rc=$?
     [ -d "$OUTDIR/fx" ] && tar -C "$OUTDIR/fx" -czf "$OUTDIR/dcp-fixtures.tar.gz" . && rm -rf "$OUTDIR/fx"
     say "dcp: exit $rc; $(grep -E '^\[test_dcp\] [0-9]+ passed' "$OUTDIR/dcp.log" | tail -n 1)"

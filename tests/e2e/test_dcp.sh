@@ -8,12 +8,35 @@
 # ranks) written as DCP that torch loads whole and sharded, and read back
 # bit for bit; damage named by verify; hostile and wrong inputs refused in
 # one line. The judge's parts are skipped (said) without python3-torch.
+# DCP_FIXTURES=DIR: fixtures the torch at hand already wrote (scripts/
+# gpu-check.sh --phase dcp writes them with a GPU machine's torch), judged
+# instead of writing them again; with DCP_FIXTURES_ONLY=1 only they are
+# (test_gpu_pack runs the phase with the suite's torch: the rest would
+# repeat this script as the suite runs it).
 # tier: full
 . "$(dirname "$0")/lib.sh"
 CK="$BIN/tp-ckpt"
 RS="$BIN/tp-reshard"
 DATA="$ROOT/tests/data/dcp"
 JUDGE="$ROOT/tests/formats/dcp_torch.py"
+
+# judge_fixtures DIR: the fixtures torch wrote in DIR (cols2, grid4) read
+# and resharded as torch reads them, our DCP of each loaded by torch.
+judge_fixtures() {
+    for f in cols2 grid4; do
+        expect_ok "reshard torch's $f -> tp" "$RS" "$1/$f" --format tp --to tp1 -o "$WORK/fx_$f.tp" --verify
+        expect_ok "torch reads its $f as we read it" "$PY" "$JUDGE" compare-ckpt "$1/$f" "$WORK/fx_$f.tp"
+        expect_ok "reshard torch's $f -> DCP" "$RS" "$1/$f" --to tp2 -o "$WORK/fx_$f.dcp" --verify
+        expect_ok "torch loads our DCP of its $f equal to it" "$PY" "$JUDGE" compare-dcp "$1/$f" "$WORK/fx_$f.dcp" \
+            --ranks 2
+    done
+}
+if [ "${DCP_FIXTURES_ONLY:-0}" = 1 ]; then
+    check "DCP_FIXTURES_ONLY: DCP_FIXTURES names fixtures" [ -d "${DCP_FIXTURES:-}/cols2" ]
+    judge_fixtures "$DCP_FIXTURES"
+    finish
+    exit
+fi
 
 # ------------------------------------------ real fixtures, no Python needed
 expect_ok "info of a DCP checkpoint torch wrote (2 ranks, uneven chunks)" "$CK" info "$DATA/cols2"
@@ -89,14 +112,13 @@ else
             "$PY" "$JUDGE" compare-dcp "$JUDGED/$f" "$WORK/$PREFIX$f.dcp" --ranks 2
     done
     # Fixtures of the torch at hand (PyTorch $TORCH), read the same way.
-    expect_ok "fixtures written by PyTorch $TORCH" "$PY" "$JUDGE" fixtures "$WORK/fx"
-    for f in cols2 grid4; do
-        expect_ok "reshard torch's $f -> tp" "$RS" "$WORK/fx/$f" --format tp --to tp1 -o "$WORK/fx_$f.tp" --verify
-        expect_ok "torch reads its $f as we read it" "$PY" "$JUDGE" compare-ckpt "$WORK/fx/$f" "$WORK/fx_$f.tp"
-        expect_ok "reshard torch's $f -> DCP" "$RS" "$WORK/fx/$f" --to tp2 -o "$WORK/fx_$f.dcp" --verify
-        expect_ok "torch loads our DCP of its $f equal to it" "$PY" "$JUDGE" compare-dcp "$WORK/fx/$f" "$WORK/fx_$f.dcp" \
-            --ranks 2
-    done
+    if [ -n "${DCP_FIXTURES:-}" ]; then
+        check "fixtures written by PyTorch $TORCH (DCP_FIXTURES)" [ -d "$DCP_FIXTURES/cols2" ]
+    else
+        DCP_FIXTURES="$WORK/fx"
+        expect_ok "fixtures written by PyTorch $TORCH" "$PY" "$JUDGE" fixtures "$DCP_FIXTURES"
+    fi
+    judge_fixtures "$DCP_FIXTURES"
 fi
 
 # ------------------------------------------------ this toolkit's checkpoints
