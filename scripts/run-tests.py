@@ -12,7 +12,9 @@ declares none is an error, so that no test is forgotten by either tier.
 
 Scripts own their directories (mktemp) and ports (tests/support/common.sh
 free_port), so two run at once; one whose header says `# alone: REASON`
-runs with nothing beside it. Each test's output is printed whole when it
+runs with nothing beside it; one whose header says `# waits: REASON` (it
+mostly waits: Slurm's timeouts) runs beside the jobs, one such at a time.
+Each test's output is printed whole when it
 ends, with its time; a summary of the slowest and of what failed ends the run.
 A header line `# takes: about N s` orders a run with no timings yet (a fresh
 clone): the longest first, so that no long script starts last.
@@ -63,18 +65,19 @@ UNIT_SKIPS = re.compile(r"^\[SKIP\]")
 
 
 class Test:
-    def __init__(self, path, kind, tier, alone, takes):
+    def __init__(self, path, kind, tier, alone, takes, waits=None):
         self.path, self.kind, self.tier, self.alone = path, kind, tier, alone
+        self.waits = waits  # why the script mostly waits (it runs beside the jobs), or None
         self.takes = takes  # seconds the script's header says it takes, or None
         self.runs = []  # (passed, seconds)
         self.cpu = []  # processor seconds of each run (the test and what it waited for)
 
 
 def script_header(path):
-    """The tier, the reason to run alone and the seconds it takes (a line
-    `# takes: about N s`, for the order of a run with no history) that a
-    script's header declares."""
-    tier = alone = takes = None
+    """The tier, the reason to run alone, the seconds it takes (a line
+    `# takes: about N s`, for the order of a run with no history) and why
+    it mostly waits (`# waits: REASON`) that a script's header declares."""
+    tier = alone = takes = waits = None
     with open(path, encoding="utf-8") as f:
         for line in f:
             if not line.startswith("#"):
@@ -88,7 +91,10 @@ def script_header(path):
             m = re.match(r"#\s*takes:\D*(\d+)", line)
             if m:
                 takes = int(m.group(1))
-    return tier, alone, takes
+            m = re.match(r"#\s*waits:\s*(.+)$", line)
+            if m:
+                waits = m.group(1).strip()
+    return tier, alone, takes, waits
 
 
 # The CPU flags that decide which products the libraries run (kernels/cpu:
@@ -141,12 +147,12 @@ def discover(build):
             tests.append(Test(path, "unit", "check", None, None))
     for d in SCRIPT_DIRS:
         for path in sorted(glob.glob(os.path.join("tests", d, "test_*.sh"))):
-            tier, alone, takes = script_header(path)
+            tier, alone, takes, waits = script_header(path)
             if tier not in TIERS:
                 errors.append(f"{path}: its header declares no tier (a line '# tier: check' or '# tier: full')"
                               if tier is None else f"{path}: unknown tier '{tier}' (check or full)")
                 continue
-            tests.append(Test(path, "script", tier, alone, takes))
+            tests.append(Test(path, "script", tier, alone, takes, waits))
     return tests, errors
 
 
@@ -252,17 +258,34 @@ def report(test, code, seconds, cpu, log):
     sys.stdout.flush()
 
 
+def may_start(test, running, jobs):
+    """Whether test may start beside the running ones: an alone test with
+    none, none beside an alone one; a test that mostly waits (Slurm's
+    timeouts, a benchmark's pauses) while no other such test runs, beside
+    the jobs; any other while fewer than `jobs` others run."""
+    if any(r.test.alone for r in running):
+        return False
+    if test.alone:
+        return not running
+    if test.waits:
+        return not any(r.test.waits for r in running)
+    return sum(1 for r in running if not r.test.waits) < jobs
+
+
 def run_round(tests, jobs, logdir, limit, python_server):
-    """Runs every test once, `jobs` at a time (an alone test by itself). A
+    """Runs every test once, `jobs` at a time (an alone test by itself; one
+    that mostly waits, one at a time beside the jobs, in order as it can). A
     test still running after `limit` seconds is stopped (SIGTERM to its
     process group, SIGKILL 20 s later) and fails."""
     waiting, running = list(tests), []
     try:
         while waiting or running:
-            while waiting and len(running) < jobs and not any(r.test.alone for r in running):
-                if waiting[0].alone and running:
+            while waiting:
+                startable = [t for t in waiting if may_start(t, running, jobs)]
+                if not startable:
                     break
-                running.append(Running(waiting.pop(0), logdir, python_server))
+                waiting.remove(startable[0])
+                running.append(Running(startable[0], logdir, python_server))
             time.sleep(0.2)
             now = time.monotonic()
             # Every child that ended: the tests (wait4 gives the processor
@@ -376,7 +399,8 @@ def main():
         return 2
     if args.list:
         for t in chosen:
-            print(f"{t.tier:5} {t.path}" + (f"  (alone: {t.alone})" if t.alone else ""))
+            print(f"{t.tier:5} {t.path}" + (f"  (alone: {t.alone})" if t.alone else "")
+                  + (f"  (waits: {t.waits})" if t.waits else ""))
         return 0
     print(f"== tier {args.tier}: {len(chosen)} tests ({', '.join(tiers)}), {args.jobs} at a time, "
           f"build {build}{', sanitized' if os.environ.get('SANITIZED') == '1' else ''}", flush=True)

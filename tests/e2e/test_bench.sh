@@ -8,6 +8,7 @@
 # a git worktree. bench-gpu without a GPU: its refusal is checked, and the
 # test says SKIP for it.
 # takes: about 115 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
+# waits: mostly for the benchmarks' fixed schedules and their PyTorch baselines (about a third of a core over its run)
 # tier: full
 . "$(dirname "$0")/lib.sh"
 

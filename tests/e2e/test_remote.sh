@@ -18,6 +18,7 @@
 #   never printed), tp-train to s3:// and resumed.
 # Each server's part says SKIP where that server cannot start.
 # takes: about 70 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
+# waits: mostly for the object stores' servers, throttling and retries (about a quarter of a core over its run)
 # tier: full
 . "$(dirname "$0")/lib.sh"
 . "$ROOT/tests/support/objstore.sh"

@@ -12,6 +12,7 @@
 # last step is reached and the losses equal an uninterrupted run's (1e-4).
 # Skipped, and said so, where Slurm is not installed.
 # takes: about 130 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
+# waits: mostly for Slurm: node-down detection, requeues, heartbeats (about a third of a core over its run)
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$ROOT/tests/support/slurm.sh"
