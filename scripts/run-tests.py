@@ -184,6 +184,18 @@ def start_python_server(logdir):
     return settings
 
 
+def reap_children(seconds):
+    """Reaps the children that end within `seconds` (this process is the
+    tests' subreaper), so that their processor time counts in the run's."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if os.wait4(-1, os.WNOHANG)[0] == 0:
+                time.sleep(0.05)
+        except ChildProcessError:
+            break
+
+
 def stop_python_server(settings):
     """The run's server told to end (its socket gone) and reaped, within 5 s,
     so that its processor time counts in the run's total."""
@@ -193,13 +205,7 @@ def stop_python_server(settings):
         os.unlink(os.path.join(settings["TP_PYFORK_DIR"], "sock"))
     except OSError:
         pass
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            if os.wait4(-1, os.WNOHANG)[0] == 0:
-                time.sleep(0.05)
-        except ChildProcessError:
-            break
+    reap_children(5)
 
 
 def environment(test, python_server):
@@ -329,13 +335,7 @@ def run_round(tests, jobs, logdir, limit, python_server):
         for r in running:  # interrupted: nothing is left running
             r.signal(signal.SIGTERM)
         # The last tests' leftovers, killed with their group: reaped, so that they count.
-        deadline = time.monotonic() + 2
-        while time.monotonic() < deadline:
-            try:
-                if os.wait4(-1, os.WNOHANG)[0] == 0:
-                    time.sleep(0.05)
-            except ChildProcessError:
-                break
+        reap_children(2)
 
 
 def order(tests, history):
