@@ -8,7 +8,8 @@ library. Some system headers have one home: HDF5 is the checkpoint
 library's, libcurl and OpenSSL the store library's, MPI the MPI
 communicator's, the CUDA runtime the CUDA kernels', oneDNN and OpenMP the
 CPU's bf16 products'.
-Tests and benchmarks may include anything.
+Tests and benchmarks may include anything. A few calls are kept out of the
+sources altogether (FORBIDDEN_CALLS, each with its reason).
 
 Usage: check-layers.py [ROOT]   exit 0 when the graph follows the rules,
 1 with one line per violation otherwise.
@@ -51,6 +52,13 @@ OWNED_SYSTEM_HEADERS = {
     "omp.h": ["kernels/cpu/bf16_products.c"],
 }
 
+# Calls no source of the toolkit makes, and why.
+FORBIDDEN_CALLS = {
+    "asprintf": "the sanitized build suppresses leaks under glibc's vasprintf (tests/lsan.supp)",
+    "vasprintf": "the sanitized build suppresses leaks under glibc's vasprintf (tests/lsan.supp)",
+}
+CALL = re.compile(r"\b(%s)\s*\(" % "|".join(FORBIDDEN_CALLS))
+
 PROGRAMS = "programs"
 EXEMPT = ["tests", "bench"]
 SOURCE = re.compile(r".*\.(c|h|cu)$")
@@ -80,6 +88,10 @@ def check_file(root, path):
     with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
         lines = f.read().splitlines()
     for number, line in enumerate(lines, 1):
+        call = CALL.search(line)
+        if call:
+            yield "%s:%d: calls %s, which the toolkit does not: %s" % (
+                path, number, call.group(1), FORBIDDEN_CALLS[call.group(1)])
         match = INCLUDE.match(line)
         if not match:
             continue
@@ -116,10 +128,11 @@ def main():
     for v in violations:
         print("check-layers: " + v, file=sys.stderr)
     if violations:
-        print("check-layers: %d include%s break the layering (%s, programs on top)" % (
+        print("check-layers: %d line%s break the layering (%s, programs on top) or its rules" % (
             len(violations), "" if len(violations) == 1 else "s", " < ".join(LAYERS)), file=sys.stderr)
         return 1
-    print("layers: %s < programs; every include follows them" % " < ".join(LAYERS))
+    print("layers: %s < programs; every include follows them, no source calls %s" % (
+        " < ".join(LAYERS), " or ".join(FORBIDDEN_CALLS)))
     return 0
 
 

@@ -218,11 +218,6 @@ def environment(test, python_server):
         env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0:exitcode=99"
         env["LSAN_OPTIONS"] = f"suppressions={ROOT}/tests/lsan.supp:print_suppressions=0"
         env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
-        # Open MPI keeps allocations from MPI_Init, some in components it
-        # unloads at exit; only full stack unwinding shows them as its own.
-        # Scripts that use mpirun ask for it themselves (lib.sh use_open_mpi).
-        if test.kind == "unit" and "/trainer/" in test.path:
-            env["ASAN_OPTIONS"] += ":fast_unwind_on_malloc=0"
     return env
 
 

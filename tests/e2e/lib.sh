@@ -111,7 +111,8 @@ PYEOF
 # ranks than cores; containers often forbid the cross-process memory copies
 # Open MPI uses for large messages between ranks on one machine, and plain
 # shared memory always works. Under AddressSanitizer, Open MPI's allocations
-# are suppressed (tests/lsan.supp) only with full stack unwinding.
+# are suppressed by tests/lsan.supp (its components kept loaded to name them:
+# tests/sanitizer/keep_libraries.c).
 use_open_mpi() {
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     export OMPI_MCA_rmaps_base_oversubscribe=1
@@ -123,7 +124,6 @@ use_open_mpi() {
     # test leaves its segment, which goes with WORK instead of piling up in
     # /dev/shm.
     export OMPI_MCA_btl_vader_backing_directory="$WORK"
-    if [ "${SANITIZED:-0}" = 1 ]; then export ASAN_OPTIONS="${ASAN_OPTIONS:-}:fast_unwind_on_malloc=0"; fi
 }
 
 # File offset of a tensor's data in a shard, found with h5py.
