@@ -643,14 +643,18 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
                          int64_t *bytes);
 
 /* A tool's output at target: a local target is written where it is
- * (local = target); a remote one (refused at once when something is there
- * and not replace) is written into a private local directory
+ * (local = target; its writer stages it and asks its own replace check);
+ * a remote one (refused at once when something is there and not replace,
+ * or when may_replace, the check the writer asks of a local target, does
+ * not accept what is there: NULL accepts nothing) is written into a
+ * private local directory
  * under TMPDIR, then ckpt_output_finish uploads it (a checkpoint with
  * ckpt_upload, other outputs with ckpt_upload_files; and `latest` with
  * update_latest) and removes the local copy, or only removes it when the
  * writing failed (ok = 0). A failed upload keeps the local copy and says
  * where it is. */
-int ckpt_output_begin(const char *target, int replace, char *local, size_t local_size);
+int ckpt_output_begin(const char *target, int replace, store_replace_check may_replace, void *ctx, char *local,
+                      size_t local_size);
 
 /* A local directory named after a remote location, for a purpose
  * ("train-cache", "elastic"): $TMPDIR/tp-PURPOSE-HASH (HASH: XXH64 of the

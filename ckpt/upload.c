@@ -299,7 +299,8 @@ int ckpt_local_dir_for(const char *url, const char *purpose, char *out, size_t o
     return TP_OK;
 }
 
-int ckpt_output_begin(const char *target, int replace, char *local, size_t local_size)
+int ckpt_output_begin(const char *target, int replace, store_replace_check may_replace, void *ctx, char *local,
+                      size_t local_size)
 {
     if (!ckpt_is_remote(target)) {
         if (strlen(target) >= local_size) return tp_fail(TP_ERR_ARG, "path too long: %s", target);
@@ -311,6 +312,10 @@ int ckpt_output_begin(const char *target, int replace, char *local, size_t local
     TP_TRY(store_for(target, &store));
     TP_TRY(store->stat(store, target, &st));
     if (st.exists && !replace) return tp_fail(TP_ERR_EXISTS, "%s exists already (--force replaces it)", target);
+    /* What --force replaces there is what it replaces on a disk: asked
+     * now, before hours of writing, of what the upload will remove. */
+    if (st.exists && !may_replace) return tp_fail(TP_ERR_EXISTS, "%s exists already; nothing there is replaced", target);
+    if (st.exists) TP_TRY(may_replace(store, target, ctx));
     /* Written here first, committed, then uploaded: a private directory. */
     char owner[128], dir[CKPT_PATH_MAX];
     TP_TRY(store_staging_owner(owner, sizeof owner));

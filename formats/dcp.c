@@ -12,7 +12,6 @@
 #include "dcp.h"
 #include "dcp_internal.h"
 
-#define METADATA_NAME ".metadata"
 #define KEY_MAX 4096            /* bytes of a state dict key */
 #define DESCRIPTION_MAX ((int64_t)256 << 20)
 #define CHUNKS_MAX ((int64_t)1 << 26) /* chunks of all tensors: 16,000 ranks x 4,000 tensors */
@@ -31,7 +30,7 @@ int dcp_detect(const char *path, int *found)
     char file[CKPT_PATH_MAX + 16];
     store_stat st;
     *found = 0;
-    snprintf(file, sizeof file, "%s/" METADATA_NAME, path);
+    snprintf(file, sizeof file, "%s/" DCP_METADATA_NAME, path);
     TP_TRY(dcp_stat(file, &st));
     *found = st.exists && !st.is_dir;
     return TP_OK;
@@ -341,7 +340,7 @@ static int check_files(dcp_checkpoint *dcp)
         snprintf(path, sizeof path, "%s/%s", dcp->path, dcp->files[f].name);
         TP_TRY(dcp_stat(path, &st));
         if (!st.exists || st.is_dir)
-            return tp_fail(TP_ERR_NOT_FOUND, "%s: data file missing (%s lists items in it)", path, METADATA_NAME);
+            return tp_fail(TP_ERR_NOT_FOUND, "%s: data file missing (%s lists items in it)", path, DCP_METADATA_NAME);
         dcp->files[f].bytes = st.size;
     }
     for (int i = 0; i < dcp->num_entries; i++) {
@@ -369,7 +368,7 @@ int dcp_open(const char *path, dcp_checkpoint **out)
     int status = n + 16 < sizeof dcp->path ? TP_OK : tp_fail(TP_ERR_ARG, "%.200s...: path too long", path);
     if (!status) {
         snprintf(dcp->path, sizeof dcp->path, "%.*s", (int)n, path);
-        snprintf(dcp->metadata_path, sizeof dcp->metadata_path, "%s/" METADATA_NAME, dcp->path);
+        snprintf(dcp->metadata_path, sizeof dcp->metadata_path, "%s/" DCP_METADATA_NAME, dcp->path);
     }
     unsigned char *data = NULL;
     int64_t size = 0;

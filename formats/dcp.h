@@ -171,6 +171,13 @@ int dcp_write_plan_create(ckpt_reader *source, const dcp_write_options *options,
  * at all. plan (may be NULL) receives what was done. */
 int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char *out, dcp_write_plan *plan);
 
+/* What --force may replace with a DCP output (a store_replace_check, also
+ * asked of a URL before anything is written): not a run directory of the
+ * toolkit, and only a directory holding what the writer writes, .metadata
+ * and __R_0.distcp files. Otherwise TP_ERR_EXISTS naming what is there.
+ * ctx is unused. */
+int dcp_may_replace(const store_ops *storage, const char *path, void *ctx);
+
 /* The key a tensor of this project is written under: name with '/' as '.'. */
 void dcp_key_of(const char *name, char *key, size_t size);
 

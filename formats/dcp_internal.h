@@ -6,6 +6,9 @@
 
 #include "dcp.h"
 
+/* The checkpoint's description, beside its data files. */
+#define DCP_METADATA_NAME ".metadata"
+
 typedef struct {
     char name[64]; /* relative to the directory */
     int64_t bytes;

@@ -698,7 +698,7 @@ static int write_rest(writer *w)
         if (fclose(file) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
     }
     free(buf);
-    snprintf(path, sizeof path, "%s/.metadata", w->root);
+    snprintf(path, sizeof path, "%s/" DCP_METADATA_NAME, w->root);
     if (!status) status = write_metadata(w, extra, x, path);
     for (int i = 0; i < num_extra; i++) {
         free(extra[i].item_offset);
@@ -708,13 +708,37 @@ static int write_rest(writer *w)
     return status;
 }
 
-static int replaceable_dcp(const store_ops *storage, const char *path, void *ctx)
+/* Whether name is a data file as the writer names them: __<rank>_0.distcp. */
+static int is_data_file_name(const char *name)
 {
-    TP_TRY(ckpt_refuse_run_directory(storage, path));
+    const char *c = name;
+    if (strncmp(c, "__", 2)) return 0;
+    for (c += 2; *c >= '0' && *c <= '9'; c++) {}
+    return c > name + 2 && !strcmp(c, "_0.distcp");
+}
+
+static int visit_output_entry(void *ctx, const char *name)
+{
+    char *stray = ctx;
+    if (!strcmp(name, DCP_METADATA_NAME) || is_data_file_name(name)) return TP_OK;
+    snprintf(stray, 256, "%s", name);
+    return TP_ERR_EXISTS;
+}
+
+int dcp_may_replace(const store_ops *storage, const char *path, void *ctx)
+{
     (void)ctx;
-    int found;
-    TP_TRY(dcp_detect(path, &found));
-    return found ? TP_OK : tp_fail(TP_ERR_EXISTS, "%s exists and is not a distributed checkpoint; not replaced", path);
+    TP_TRY(ckpt_refuse_run_directory(storage, path));
+    store_stat st;
+    TP_TRY(storage->stat(storage, path, &st));
+    if (!st.exists) return TP_OK;
+    const char *refusal = "--force replaces only a distributed checkpoint the toolkit could have written (.metadata and "
+                          "__R_0.distcp files, nothing else): choose another output, or remove it yourself";
+    if (!st.is_dir) return tp_fail(TP_ERR_EXISTS, "%s is a file, not a distributed checkpoint; %s", path, refusal);
+    char stray[256] = "";
+    int status = storage->list(storage, path, visit_output_entry, stray);
+    if (status == TP_ERR_EXISTS) return tp_fail(TP_ERR_EXISTS, "%s holds '%s'; %s", path, stray, refusal);
+    return status;
 }
 
 int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char *out, dcp_write_plan *result)
@@ -729,7 +753,7 @@ int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char 
     dcp_write_plan unused;
     memset(&unused, 0, sizeof unused);
     int status = plan_chunks(&w, &unused);
-    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = replaceable_dcp};
+    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = dcp_may_replace};
     store_staged *staged = NULL;
     if (!status) status = store_stage(NULL, out, &stage, &staged);
     if (!status) w.root = store_staged_path(staged);

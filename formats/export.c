@@ -515,24 +515,22 @@ static int visit_export_entry(void *ctx, const char *name)
     return TP_ERR_EXISTS;
 }
 
-/* The replace check of exports (--force): an earlier export in the same
- * format, and nothing else. */
-static int replaceable_export(const store_ops *storage, const char *path, void *ctx)
+int export_may_replace(const store_ops *s, const char *path, void *ctx)
 {
-    TP_TRY(ckpt_refuse_run_directory(storage, path));
-    const exporter *x = ctx;
-    const store_ops *s = x->storage;
+    TP_TRY(ckpt_refuse_run_directory(s, path));
+    const export_options *o = ctx;
     static const unsigned char hdf5_magic[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
     store_stat st;
     TP_TRY(s->stat(s, path, &st));
-    const char *format = x->o->format == EXPORT_SAFETENSORS ? "safetensors" : x->o->format == EXPORT_GGUF ? "GGUF" : "HDF5";
+    if (!st.exists) return TP_OK;
+    const char *format = o->format == EXPORT_SAFETENSORS ? "safetensors" : o->format == EXPORT_GGUF ? "GGUF" : "HDF5";
     int ok;
     char stray[300] = "";
-    if (x->o->format == EXPORT_SAFETENSORS) {
+    if (o->format == EXPORT_SAFETENSORS) {
         export_scan e = {s, path, ""};
         ok = st.is_dir && s->list(s, path, visit_export_entry, &e) == TP_OK;
         if (!ok && e.stray[0]) snprintf(stray, sizeof stray, " (it holds '%s')", e.stray);
-    } else if (x->o->format == EXPORT_GGUF) {
+    } else if (o->format == EXPORT_GGUF) {
         ok = starts_with(s, path, "GGUF", 4);
     } else {
         ok = starts_with(s, path, hdf5_magic, sizeof hdf5_magic);
@@ -544,7 +542,7 @@ static int replaceable_export(const store_ops *storage, const char *path, void *
 
 static int layout_hdf5(exporter *x, const char *out_path)
 {
-    store_stage_options stage = {.overwrite = x->o->overwrite, .may_replace = replaceable_export, .ctx = x};
+    store_stage_options stage = {.overwrite = x->o->overwrite, .may_replace = export_may_replace, .ctx = (void *)x->o};
     int status = ckpt_flat_create(&x->flat, out_path, &stage);
     if (status) return status;
     for (int i = 0; i < x->count && !status; i++) {
@@ -697,8 +695,8 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
     if (!status && options->format != EXPORT_HDF5) {
         store_stage_options stage = {.directory = options->format == EXPORT_SAFETENSORS,
                                     .overwrite = options->overwrite,
-                                    .may_replace = replaceable_export,
-                                    .ctx = &x};
+                                    .may_replace = export_may_replace,
+                                    .ctx = (void *)x.o};
         status = store_stage(x.storage, out_path, &stage, &x.staged);
         if (!status) {
             snprintf(x.staging, sizeof x.staging, "%s", store_staged_path(x.staged));

@@ -108,6 +108,12 @@ int export_output_bytes(ckpt_reader *source, const export_tensor *tensors, int c
 int export_run(ckpt_reader *source, const export_tensor *tensors, int count, const export_options *options,
                const char *out_path, export_summary *summary);
 
+/* What --force may replace with an export (a store_replace_check; ctx: the
+ * export_options): an earlier export in the same format and nothing else,
+ * never a run directory. Asked of a local output when it is staged, and of
+ * a URL before anything is written. */
+int export_may_replace(const store_ops *storage, const char *path, void *ctx);
+
 /* --------------------------------------------------------- any checkpoint */
 
 /* Opens a checkpoint of any format the toolkit reads, as a reader: its own

@@ -3,6 +3,7 @@
  * torch_archive (nothing executed); the model's shape comes from `args`;
  * each tensor's name is mapped to a canonical one, its expected piece shape
  * computed from its description and checked on every rank. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +15,8 @@
 #include "../common/parallel.h"
 #include "megatron_internal.h"
 
-#define RANK_FILE "model_optim_rng.pt"
+#define MEGATRON_ITERATION_LIMIT ((int64_t)1000000000000000) /* iterations below 10^15 */
+#define MEGATRON_SIZE_LIMIT ((int64_t)1 << 31)                /* a model size in args, at most */
 
 typedef struct {
     ckpt_tensor_copy copy;
@@ -57,8 +59,8 @@ static int stat_path(const char *path, store_stat *st)
 
 static void rank_file(const megatron_checkpoint *m, int pp_rank, int tp_rank, int pp, char *out, size_t size)
 {
-    if (pp > 1) snprintf(out, size, "%s/mp_rank_%02d_%03d/" RANK_FILE, m->path, tp_rank, pp_rank);
-    else snprintf(out, size, "%s/mp_rank_%02d/" RANK_FILE, m->path, tp_rank);
+    if (pp > 1) snprintf(out, size, "%s/mp_rank_%02d_%03d/" MEGATRON_RANK_FILE, m->path, tp_rank, pp_rank);
+    else snprintf(out, size, "%s/mp_rank_%02d/" MEGATRON_RANK_FILE, m->path, tp_rank);
 }
 
 int megatron_iteration_dir(const char *path, char *out, size_t size)
@@ -71,19 +73,23 @@ int megatron_iteration_dir(const char *path, char *out, size_t size)
         return TP_OK;
     }
     if (status) return status;
-    text[strcspn(text, " \t\r\n")] = 0;
-    char *end;
-    long long iteration = strtoll(text, &end, 10);
-    if (!strcmp(text, "release")) snprintf(out, size, "%s/release", path);
-    else if (!text[0] || *end || iteration < 0)
-        status = tp_fail(TP_ERR_FORMAT, "%s holds '%s', neither an iteration number nor 'release'", tracker, text);
+    /* As Megatron reads it: int(text.strip()), or 'release'. */
+    char *start = text + strspn(text, " \t\r\n"), *end = start + strlen(start);
+    while (end > start && strchr(" \t\r\n", end[-1])) *--end = 0;
+    for (char *c = start; *c; c++) /* shown in one line */
+        if ((unsigned char)*c < 0x20) *c = ' ';
+    errno = 0;
+    long long iteration = strtoll(start, &end, 10);
+    if (!strcmp(start, "release")) snprintf(out, size, "%s/release", path);
+    else if (!start[0] || *end || errno || iteration < 0 || iteration >= MEGATRON_ITERATION_LIMIT)
+        status = tp_fail(TP_ERR_FORMAT, "%s holds '%s', neither an iteration number (0 to 10^15) nor 'release'", tracker,
+                         start);
     else snprintf(out, size, "%s/iter_%07lld", path, iteration);
     free(text);
     return status;
 }
 
-/* Whether name is an iteration's directory name: iter_NNNNNNN or release. */
-static int iteration_dir_name(const char *path)
+int megatron_iteration_dir_name(const char *path)
 {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
@@ -105,14 +111,14 @@ int megatron_detect(const char *path, int *found)
      * failing store is an error, not a "no". */
     snprintf(file, sizeof file, "%s/latest_checkpointed_iteration.txt", path);
     TP_TRY(stat_path(file, &st));
-    if (st.exists || !iteration_dir_name(path)) {
+    if (st.exists || !megatron_iteration_dir_name(path)) {
         *found = st.exists;
         return TP_OK;
     }
-    snprintf(file, sizeof file, "%s/mp_rank_00/" RANK_FILE, path);
+    snprintf(file, sizeof file, "%s/mp_rank_00/" MEGATRON_RANK_FILE, path);
     TP_TRY(stat_path(file, &st));
     if (!st.exists) {
-        snprintf(file, sizeof file, "%s/mp_rank_00_000/" RANK_FILE, path);
+        snprintf(file, sizeof file, "%s/mp_rank_00_000/" MEGATRON_RANK_FILE, path);
         TP_TRY(stat_path(file, &st));
     }
     *found = st.exists;
@@ -120,6 +126,7 @@ int megatron_detect(const char *path, int *found)
 }
 
 /* ------------------------------------------------------------------ args */
+
 
 static int arg_int(const pickle_value *args, const char *file, const char *name, int64_t fallback, int64_t *out)
 {
@@ -165,11 +172,17 @@ int megatron_config_read(const torch_archive *archive, megatron_config *c)
     if (!version || (version->kind != PICKLE_FLOAT && version->kind != PICKLE_INT))
         return tp_fail(TP_ERR_VERSION, "%s: no checkpoint_version (Megatron-LM before 2020); not read", file);
     c->checkpoint_version = version->kind == PICKLE_FLOAT ? version->real : (double)version->integer;
-    /* 2.0 introduced the per-head [q, k, v] order of the fused QKV that 3.0 keeps. */
-    if (c->checkpoint_version < 2.0 || c->checkpoint_version > 3.0)
+    /* 2.0 introduced the per-head [q, k, v] order of the fused QKV that 3.0 keeps (NaN is neither). */
+    if (!(c->checkpoint_version >= 2.0 && c->checkpoint_version <= 3.0))
         return tp_fail(TP_ERR_VERSION, "%s: checkpoint_version %g; versions 2.0 and 3.0 are read", file, c->checkpoint_version);
     const pickle_value *iteration = pickle_get(root, "iteration");
-    c->iteration = iteration && iteration->kind == PICKLE_INT ? iteration->integer : -1;
+    if (iteration && iteration->kind != PICKLE_INT)
+        return tp_fail(TP_ERR_FORMAT, "%s: iteration is a %s, not an iteration number (0 to 10^15)", file,
+                       pickle_kind_name(iteration->kind));
+    if (iteration && (iteration->integer < 0 || iteration->integer >= MEGATRON_ITERATION_LIMIT))
+        return tp_fail(TP_ERR_FORMAT, "%s: iteration %lld: not an iteration number (0 to 10^15)", file,
+                       (long long)iteration->integer);
+    c->iteration = iteration ? iteration->integer : -1;
     c->stored_iteration = c->iteration;
     int64_t v, per_chunk;
     /* Before version 3.0 args named the tensor-parallel size model_parallel_size. */
@@ -231,6 +244,19 @@ int megatron_config_read(const torch_archive *archive, megatron_config *c)
         TP_TRY(arg_number(args, file, "rotary_scaling_factor", c->rope_scaling_factor, &c->rope_scaling_factor));
     }
     c->qk_layernorm = arg_flag(args, "qk_layernorm");
+    /* Every size is a divisor or a dimension somewhere: named when out of range. */
+    const struct {
+        const char *name;
+        int64_t value, least;
+    } sizes[] = {{"num_layers", c->num_layers, 1},         {"hidden_size", c->hidden, 1},
+                 {"num_attention_heads", c->heads, 1},      {"ffn_hidden_size", c->ffn, 1},
+                 {"kv_channels", c->kv_channels, 1},        {"num_query_groups", c->query_groups, 1},
+                 {"padded_vocab_size", c->padded_vocab, 1}, {"make_vocab_size_divisible_by", c->vocab_divisible_by, 1},
+                 {"max_position_embeddings", c->max_positions, 0}};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        if (sizes[i].value < sizes[i].least || sizes[i].value > MEGATRON_SIZE_LIMIT)
+            return tp_fail(TP_ERR_FORMAT, "%s: args.%s is %lld, expected %lld to 2^31", file, sizes[i].name,
+                           (long long)sizes[i].value, (long long)sizes[i].least);
     if (c->kv_channels <= 0 || c->query_groups <= 0 || c->heads % c->query_groups || c->padded_vocab <= 0 || c->ffn <= 0)
         return tp_fail(TP_ERR_FORMAT, "%s: args of %lld heads in %lld query groups, kv channels %lld, vocabulary %lld, ffn %lld",
                        file, (long long)c->heads, (long long)c->query_groups, (long long)c->kv_channels,
@@ -902,6 +928,48 @@ static int check_complete(const megatron_checkpoint *m)
     return TP_OK;
 }
 
+/* Another rank file of the checkpoint m opens (rank 0's config read): what
+ * every rank of one save shares (the model, the layout, the iteration, the
+ * seed) is the same, or it is a file of another run or iteration. */
+static int check_same_checkpoint(const megatron_checkpoint *m, const torch_archive *archive)
+{
+    const char *file = torch_archive_path(archive), *first = torch_archive_path(m->archives[0]);
+    megatron_config other;
+    memset(&other, 0, sizeof other);
+    TP_TRY(megatron_config_read(archive, &other));
+    const megatron_config *c = &m->config;
+    const struct {
+        const char *name;
+        int64_t here, rank0;
+    } shared[] = {{"tensor_model_parallel_size", other.tp, c->tp},
+                  {"pipeline_model_parallel_size", other.pp, c->pp},
+                  {"virtual_pipeline_model_parallel_size", other.vpp, c->vpp},
+                  {"num_layers", other.num_layers, c->num_layers},
+                  {"hidden_size", other.hidden, c->hidden},
+                  {"ffn_hidden_size", other.ffn, c->ffn},
+                  {"num_attention_heads", other.heads, c->heads},
+                  {"num_query_groups", other.query_groups, c->query_groups},
+                  {"kv_channels", other.kv_channels, c->kv_channels},
+                  {"padded_vocab_size", other.padded_vocab, c->padded_vocab},
+                  {"params_dtype", other.dtype, c->dtype},
+                  {"iteration", other.stored_iteration, c->stored_iteration},
+                  {"consumed_train_samples", other.consumed_samples, c->consumed_samples}};
+    for (size_t i = 0; i < sizeof shared / sizeof *shared; i++)
+        if (shared[i].here != shared[i].rank0)
+            return tp_fail(TP_ERR_FORMAT, "%s: %s %lld, rank 0's file (%s) %lld: a rank file of another checkpoint", file,
+                           shared[i].name, (long long)shared[i].here, first, (long long)shared[i].rank0);
+    if (other.checkpoint_version != c->checkpoint_version)
+        return tp_fail(TP_ERR_FORMAT, "%s: checkpoint_version %g, rank 0's file (%s) %g: a rank file of another checkpoint",
+                       file, other.checkpoint_version, first, c->checkpoint_version);
+    /* Every rank of a run has its seed; another run's file, another seed. */
+    const pickle_value *args = pickle_get(torch_archive_root(archive), "args"), *args0 = megatron_args(m);
+    const pickle_value *seed = pickle_get(args, "seed"), *seed0 = pickle_get(args0, "seed");
+    if (seed && seed0 && seed->kind == PICKLE_INT && seed0->kind == PICKLE_INT && seed->integer != seed0->integer)
+        return tp_fail(TP_ERR_FORMAT, "%s: args.seed %lld, rank 0's file (%s) %lld: a rank file of another run", file,
+                       (long long)seed->integer, first, (long long)seed0->integer);
+    return TP_OK;
+}
+
 int megatron_open(const char *path, megatron_checkpoint **out)
 {
     *out = NULL;
@@ -922,14 +990,20 @@ int megatron_open(const char *path, megatron_checkpoint **out)
             pp_named = 1;
         }
         if (!status && !st.exists)
-            status = tp_fail(TP_ERR_NOT_FOUND, "%s: neither mp_rank_00/" RANK_FILE " nor mp_rank_00_000/" RANK_FILE
+            status = tp_fail(TP_ERR_NOT_FOUND, "%s: neither mp_rank_00/" MEGATRON_RANK_FILE " nor mp_rank_00_000/" MEGATRON_RANK_FILE
                              ": not a Megatron-LM checkpoint", m->path);
     }
     if (!status) status = torch_archive_open(file, NULL, &first);
     if (!status) status = megatron_config_read(first, &m->config);
-    /* A release checkpoint is loaded as iteration 0 whatever it records. */
+    /* A release checkpoint is loaded as iteration 0 whatever it records;
+     * iter_NNNNNNN holds iteration N. */
     const char *base = strrchr(m->path, '/');
-    if (!status && !strcmp(base ? base + 1 : m->path, "release")) m->config.iteration = -1;
+    base = base ? base + 1 : m->path;
+    if (!status && !strcmp(base, "release")) m->config.iteration = -1;
+    else if (!status && megatron_iteration_dir_name(base) && m->config.stored_iteration >= 0 &&
+             strtoll(base + 5, NULL, 10) != m->config.stored_iteration)
+        status = tp_fail(TP_ERR_FORMAT, "%s: iteration %lld, in the directory of iteration %lld (%s): a rank file of "
+                         "another checkpoint", file, (long long)m->config.stored_iteration, strtoll(base + 5, NULL, 10), base);
     if (!status && pp_named != (m->config.pp > 1))
         status = tp_fail(TP_ERR_FORMAT, "%s: args says pipeline-parallel size %d, the files are named for %s", file, m->config.pp,
                          pp_named ? "pp > 1" : "pp 1");
@@ -945,13 +1019,7 @@ int megatron_open(const char *path, megatron_checkpoint **out)
             if (p == 0 && t == 0) continue;
             rank_file(m, p, t, c->pp, file, sizeof file);
             status = torch_archive_open(file, NULL, &m->archives[p * c->tp + t]);
-            const pickle_value *args = status ? NULL : pickle_get(torch_archive_root(m->archives[p * c->tp + t]), "args");
-            int64_t tp = 0, pp = 0;
-            if (!status) status = arg_int(args, file, "tensor_model_parallel_size", 1, &tp);
-            if (!status) status = arg_int(args, file, "pipeline_model_parallel_size", 1, &pp);
-            if (!status && (tp != c->tp || pp != c->pp))
-                status = tp_fail(TP_ERR_FORMAT, "%s: args says tp %lld pp %lld, rank 0's file tp %d pp %d", file, (long long)tp,
-                                 (long long)pp, c->tp, c->pp);
+            if (!status) status = check_same_checkpoint(m, m->archives[p * c->tp + t]);
         }
     }
     for (int p = 0; p < (status ? 0 : c->pp) && !status; p++) status = read_stage(m, p);

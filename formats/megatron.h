@@ -223,6 +223,16 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
 int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, const megatron_write_options *options,
                    const char *out, megatron_write_plan *plan);
 
+/* What --force may replace with a Megatron output (a store_replace_check,
+ * also asked of a URL before anything is written): nothing that is a run
+ * directory of the toolkit, and only a directory holding what the writer
+ * writes: latest_checkpointed_iteration.txt and one iteration directory
+ * (iter_NNNNNNN or release) of mp_rank_* directories of rank files.
+ * Otherwise TP_ERR_EXISTS naming what is there (a second iteration: a
+ * run's history; mp_rank_*: an iteration, not a save directory). ctx is
+ * unused. */
+int megatron_may_replace(const store_ops *storage, const char *path, void *ctx);
+
 /* ------------------------------------------- Megatron-Core torch_dist */
 
 /* Megatron-Core's distributed checkpoints (`--ckpt-format torch_dist`, its

@@ -5,6 +5,9 @@
 
 #include "megatron.h"
 
+/* The file of each rank's state in an iteration's mp_rank_* directory. */
+#define MEGATRON_RANK_FILE "model_optim_rng.pt"
+
 /* `args` of the first rank file (an argparse.Namespace object). */
 const pickle_value *megatron_args(const megatron_checkpoint *checkpoint);
 /* A value of the first rank file's first model chunk, by its key in the
@@ -29,6 +32,10 @@ int megatron_group_no_weight_decay(const pickle_value *group, const char *file, 
 /* The iteration's directory of a Megatron checkpoint at path: from the
  * tracker file latest_checkpointed_iteration.txt, or path itself. */
 int megatron_iteration_dir(const char *path, char *out, size_t size);
+
+/* Whether the last component of path names an iteration's directory as
+ * Megatron names them: iter_ and at least 7 digits, or release. */
+int megatron_iteration_dir_name(const char *path);
 
 /* The model, layout and training state of a file's `args`,
  * `checkpoint_version` and `iteration` (a rank file, or Megatron-Core's

@@ -13,6 +13,7 @@
 #include "../common/error.h"
 #include "../common/memory.h"
 #include "../common/parallel.h"
+#include "../common/path.h"
 #include "../reshard/reshard.h"
 #include "megatron_internal.h"
 #include "torch_write.h"
@@ -681,7 +682,7 @@ static int write_rank(rank_writer *r, const char *iteration_dir)
     if (r->to.pp > 1) snprintf(dir, sizeof dir, "%s/mp_rank_%02d_%03d", iteration_dir, r->tp_rank, r->pp_rank);
     else snprintf(dir, sizeof dir, "%s/mp_rank_%02d", iteration_dir, r->tp_rank);
     if (mkdir(dir, 0755) != 0) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", dir, strerror(errno));
-    snprintf(file, sizeof file, "%s/model_optim_rng.pt", dir);
+    snprintf(file, sizeof file, "%s/" MEGATRON_RANK_FILE, dir);
     TP_TRY(torch_writer_open(file, "model_optim_rng", &r->w));
     r->b = torch_writer_pickle(r->w);
     pk_dict_begin(r->b);
@@ -721,13 +722,99 @@ static int write_rank_task(void *ctx, int64_t f, int thread)
     return write_rank(r, job->iteration_dir);
 }
 
-static int replaceable_megatron(const store_ops *storage, const char *path, void *ctx)
+/* ------------------------------------------------ what --force replaces */
+
+#define TRACKER_NAME "latest_checkpointed_iteration.txt"
+
+/* What one directory of a Megatron output holds, against what the writer
+ * writes there: the first entry it does not (stray), and the iteration
+ * directories seen (at the root). */
+typedef struct {
+    const store_ops *storage;
+    const char *dir;
+    int level; /* 0: the save directory, 1: an iteration's, 2: a rank's */
+    int iterations;
+    char iteration[256], stray[520]; /* stray: a rank directory/its entry at most */
+} output_scan;
+
+static int is_rank_dir_name(const char *name)
 {
-    TP_TRY(ckpt_refuse_run_directory(storage, path));
+    /* mp_rank_TT or mp_rank_TT_PPP */
+    size_t n = strlen(name);
+    if (strncmp(name, "mp_rank_", 8) || (n != 10 && n != 14) || (n == 14 && name[10] != '_')) return 0;
+    for (size_t i = 8; i < n; i++)
+        if (i != 10 && (name[i] < '0' || name[i] > '9')) return 0;
+    return 1;
+}
+
+static int visit_output_entry(void *ctx, const char *name)
+{
+    output_scan *scan = ctx;
+    int ours = scan->level == 0 ? !strcmp(name, TRACKER_NAME) || megatron_iteration_dir_name(name)
+             : scan->level == 1 ? is_rank_dir_name(name)
+                                : !strcmp(name, MEGATRON_RANK_FILE);
+    if (!ours) {
+        snprintf(scan->stray, sizeof scan->stray, "%s", name);
+        return TP_ERR_EXISTS;
+    }
+    if (scan->level == 0 && strcmp(name, TRACKER_NAME)) {
+        if (scan->iterations++) { /* a second iteration: a run's history */
+            snprintf(scan->stray, sizeof scan->stray, "%s", name);
+            return TP_ERR_EXISTS;
+        }
+        snprintf(scan->iteration, sizeof scan->iteration, "%s", name);
+    }
+    return TP_OK;
+}
+
+/* The stray entry of dir (level as in output_scan) and of what it holds, if any. */
+static int scan_output_dir(const store_ops *storage, const char *dir, int level, output_scan *scan);
+
+static int visit_rank_dir(void *ctx, const char *name)
+{
+    output_scan *parent = ctx;
+    char path[CKPT_PATH_MAX];
+    TP_TRY(tp_path_join(path, parent->dir, name));
+    output_scan scan = {0};
+    int status = scan_output_dir(parent->storage, path, 2, &scan);
+    if (status == TP_ERR_EXISTS) snprintf(parent->stray, sizeof parent->stray, "%.255s/%.255s", name, scan.stray);
+    return status;
+}
+
+static int scan_output_dir(const store_ops *storage, const char *dir, int level, output_scan *scan)
+{
+    *scan = (output_scan){.storage = storage, .dir = dir, .level = level};
+    TP_TRY(storage->list(storage, dir, visit_output_entry, scan));
+    return level == 1 ? storage->list(storage, dir, visit_rank_dir, scan) : TP_OK;
+}
+
+int megatron_may_replace(const store_ops *storage, const char *path, void *ctx)
+{
     (void)ctx;
-    int megatron;
-    TP_TRY(megatron_detect(path, &megatron));
-    return megatron ? TP_OK : tp_fail(TP_ERR_EXISTS, "%s exists and is not a Megatron-LM checkpoint; not replaced", path);
+    TP_TRY(ckpt_refuse_run_directory(storage, path));
+    store_stat st;
+    TP_TRY(storage->stat(storage, path, &st));
+    if (!st.exists) return TP_OK;
+    const char *refusal = "--force replaces only a Megatron-LM checkpoint the toolkit could have written (the tracker "
+                          "and one iteration of rank files, nothing else): choose another output, or remove it yourself";
+    if (!st.is_dir) return tp_fail(TP_ERR_EXISTS, "%s is a file, not a Megatron-LM save directory; %s", path, refusal);
+    output_scan root, iteration;
+    int status = scan_output_dir(storage, path, 0, &root);
+    if (status == TP_ERR_EXISTS && root.iterations > 1)
+        return tp_fail(TP_ERR_EXISTS, "%s holds more than one iteration (%s, %s): a run's history; %s", path,
+                       root.iteration, root.stray, refusal);
+    if (status == TP_ERR_EXISTS && is_rank_dir_name(root.stray))
+        return tp_fail(TP_ERR_EXISTS, "%s holds %s: it is one iteration of a Megatron-LM checkpoint, not a save directory; %s",
+                       path, root.stray, refusal);
+    if (status == TP_ERR_EXISTS) return tp_fail(TP_ERR_EXISTS, "%s holds '%s'; %s", path, root.stray, refusal);
+    TP_TRY(status);
+    if (!root.iterations) return TP_OK; /* an empty directory, or a tracker alone */
+    char dir[CKPT_PATH_MAX];
+    TP_TRY(tp_path_join(dir, path, root.iteration));
+    status = scan_output_dir(storage, dir, 1, &iteration);
+    if (status == TP_ERR_EXISTS)
+        return tp_fail(TP_ERR_EXISTS, "%s holds '%s/%s'; %s", path, root.iteration, iteration.stray, refusal);
+    return status;
 }
 
 /* The target layout, checked against the model as Megatron would. */
@@ -836,7 +923,7 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
     r.to.pp = plan.pp;
     r.carry_rank_state = r.to.tp == c->tp && r.to.pp == c->pp;
     r.naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
-    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = replaceable_megatron};
+    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = megatron_may_replace};
     store_staged *staged;
     TP_TRY(store_stage(NULL, out, &stage, &staged));
     const char *root = store_staged_path(staged);

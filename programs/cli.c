@@ -149,11 +149,11 @@ int cli_compress(const char *program, const char *text)
     cli_usage_error(program, "--compress expects zstd, zstd:LEVEL (1..22) or none, got '%s'", text);
 }
 
-int cli_write_output(const char *target, int replace, int threads, int update_latest,
-                     int (*write)(void *ctx, const char *path), void *ctx)
+int cli_write_output(const char *target, int replace, store_replace_check may_replace, void *replace_ctx, int threads,
+                     int update_latest, int (*write)(void *ctx, const char *path), void *ctx)
 {
     char local[CKPT_PATH_MAX];
-    TP_TRY(ckpt_output_begin(target, replace, local, sizeof local));
+    TP_TRY(ckpt_output_begin(target, replace, may_replace, replace_ctx, local, sizeof local));
     int status = write(ctx, local);
     ckpt_upload_options upload;
     ckpt_upload_options_init(&upload);

@@ -62,9 +62,12 @@ int cli_clean_up_on_signals(void);
 /* Writes a checkpoint output at target, local or remote: write(ctx, path)
  * writes it at path, which is target itself when local, or a local copy
  * that is then uploaded (ckpt_output_begin/finish; `latest` of a remote
- * run directory follows with update_latest). TP_OK or the first failure. */
-int cli_write_output(const char *target, int replace, int threads, int update_latest,
-                     int (*write)(void *ctx, const char *path), void *ctx);
+ * run directory follows with update_latest). With replace, may_replace
+ * (given replace_ctx) is the writer's own check of what a local target
+ * holds, asked of a remote one before anything is written. TP_OK or the
+ * first failure. */
+int cli_write_output(const char *target, int replace, store_replace_check may_replace, void *replace_ctx, int threads,
+                     int update_latest, int (*write)(void *ctx, const char *path), void *ctx);
 
 /* This process's peak resident memory so far, in bytes (getrusage). */
 int64_t cli_peak_rss_bytes(void);

@@ -873,7 +873,7 @@ static int cmd_synth(int argc, char **argv)
     if (synth_gpt_bytes(&config, &layout, optim, &total)) return fail("%s", tp_errmsg());
     progress_start(&bar, "synth", total, force_progress);
     synth_job job = {&config, &layout, &write_options, &so, 0};
-    int status = cli_write_output(out, write_options.overwrite, (int)threads, update_latest, run_synth, &job);
+    int status = cli_write_output(out, write_options.overwrite, ckpt_may_replace_checkpoint, NULL, (int)threads, update_latest, run_synth, &job);
     int tensors = job.tensors;
     double seconds = progress_finish(&bar);
     if (status) return fail("%s", tp_errmsg());
@@ -998,7 +998,7 @@ static int cmd_export(int argc, char **argv)
         options.progress_ctx = &bar;
         export_summary summary;
         export_job run = {r, tensors, count, &options, &summary};
-        int status = cli_write_output(out, options.overwrite, options.threads, 0, run_export, &run);
+        int status = cli_write_output(out, options.overwrite, export_may_replace, &options, options.threads, 0, run_export, &run);
         double seconds = progress_finish(&bar);
         if (status) {
             code = fail("%s", tp_errmsg());
@@ -1082,7 +1082,8 @@ static int import_megatron(const char *dir, const char *out, int tp, int pp, int
         options->on_bytes = count_bytes;
         options->progress_ctx = &bar;
         megatron_import_job run = {job, options};
-        int status = cli_write_output(out, options->overwrite, options->threads, update_latest, run_megatron_import, &run);
+        int status = cli_write_output(out, options->overwrite, ckpt_may_replace_checkpoint, NULL, options->threads, update_latest,
+                                      run_megatron_import, &run);
         double seconds = progress_finish(&bar);
         char bytes[32];
         format_bytes((double)gpt_megatron_import_bytes(job), bytes, sizeof bytes);
@@ -1157,7 +1158,8 @@ static int cmd_import(int argc, char **argv)
     options.on_bytes = count_bytes;
     options.progress_ctx = &bar;
     import_job run = {job, &options};
-    int status = cli_write_output(out, options.overwrite, options.threads, update_latest, run_import, &run);
+    int status = cli_write_output(out, options.overwrite, ckpt_may_replace_checkpoint, NULL, options.threads, update_latest,
+                                  run_import, &run);
     double seconds = progress_finish(&bar);
     int code = 0;
     if (status) {
@@ -1244,7 +1246,8 @@ static int cmd_copy(int argc, char **argv)
         if (!status && update_latest) status = ckpt_upload_latest(target);
     } else {
         copy_job job = {resolved, &upload};
-        status = cli_write_output(target, force, threads, update_latest, download_into, &job);
+        status = cli_write_output(target, force, ckpt_may_replace_checkpoint, NULL, threads, update_latest, download_into,
+                                  &job);
     }
     double seconds = progress_finish(&bar);
     if (status) return fail("%s", tp_errmsg());

@@ -289,7 +289,8 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     progress_start(&bar, "reshard", plan.bytes, force_progress);
     /* A URL is written locally, then uploaded, its tracker file last. */
     megatron_job job = {source, megatron, &wo, &plan};
-    int status = cli_write_output(out, options->overwrite, options->threads, 0, run_megatron_write, &job);
+    int status = cli_write_output(out, options->overwrite, megatron_may_replace, NULL, options->threads, 0,
+                                  run_megatron_write, &job);
     double seconds = progress_finish(&bar);
     if (status) return fail("%s", tp_errmsg());
     if (plan.rank_state_dropped)
@@ -385,7 +386,7 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
     wo.progress_ctx = &bar;
     progress_start(&bar, "reshard", plan.bytes, force_progress);
     dcp_job job = {source, &wo, &plan};
-    int status = cli_write_output(out, options->overwrite, options->threads, 0, run_dcp_write, &job);
+    int status = cli_write_output(out, options->overwrite, dcp_may_replace, NULL, options->threads, 0, run_dcp_write, &job);
     double seconds = progress_finish(&bar);
     if (status) return fail("%s", tp_errmsg());
     if (!json)
@@ -639,7 +640,8 @@ int main(int argc, char **argv)
     }
 
     progress_start(&bar, "reshard", s->bytes_written, force_progress);
-    int status = cli_write_output(out, options.overwrite, options.threads, update_latest, execute_plan, plan);
+    int status = cli_write_output(out, options.overwrite, ckpt_may_replace_checkpoint, NULL, options.threads, update_latest,
+                                  execute_plan, plan);
     double seconds = progress_finish(&bar);
     int code = 0;
     if (status) code = fail("%s", tp_errmsg());

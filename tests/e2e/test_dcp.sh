@@ -218,9 +218,16 @@ expect_error "a .metadata that is not a Metadata" 1 "\.metadata: holds a dict, n
     "$CK" info "$WORK/hostile"
 expect_error "--dcp-torch of another version" 2 "--dcp-torch: .*'3'" "$RS" "$WORK/gpt" --format dcp --dcp-torch 3 --to tp1
 expect_error "an existing output without --force" 1 "exists" "$RS" "$WORK/gpt" --format dcp --to tp1 -o "$WORK/gpt.dcp"
-expect_error "--force does not replace what is not a DCP checkpoint" 1 "not a distributed checkpoint; not replaced" \
+expect_error "--force does not replace what is not a DCP checkpoint (one of ours)" 1 \
+    "gpt.tp1 holds '(index.json|shard_[^']*)'; --force replaces only a distributed checkpoint" \
     "$RS" "$WORK/gpt" --format dcp --to tp1 -o "$WORK/gpt.tp1" --force
 expect_ok "--force replaces a DCP checkpoint" "$RS" "$WORK/gpt" --format dcp --to tp1 -o "$WORK/gpt.dcp2" --force
+mkdir "$WORK/gpt.dcp2/eval"
+echo '{"loss": 2.5}' >"$WORK/gpt.dcp2/eval/results.json"
+expect_error "--force over a DCP checkpoint with eval/results.json beside it" 1 \
+    "gpt.dcp2 holds 'eval'; --force replaces only a distributed checkpoint" \
+    "$RS" "$WORK/gpt" --format dcp --to tp1 -o "$WORK/gpt.dcp2" --force
+check "eval/results.json is left" test -s "$WORK/gpt.dcp2/eval/results.json"
 expect_ok "--dry-run plans and writes nothing" "$RS" "$WORK/gpt" --format dcp --to tp4pp4 -o "$WORK/plan" --dry-run
 check_all "the plan: 16 data files, nothing written" \
     'grep -q "files      16 data files" "$WORK/.out" && [ ! -e "$WORK/plan" ]'

@@ -235,6 +235,32 @@ PYEOF' sh "$PY" "$FIXTURE" "$WORK/f_core" "$WORK/f.full.pt" "$WORK/f" "$ROOT/tes
 expect_error "an existing output needs --force" 1 "exists" "$RS" "$WORK/c" --to tp4 -o "$WORK/c_tp4"
 expect_ok "--force replaces it" "$RS" "$WORK/c" --to tp2 -o "$WORK/c_tp4" --force
 check "it now holds tp2" grep -q "^layout  *tp=2 " "$("$CK" info "$WORK/c_tp4" >"$WORK/info.txt"; echo "$WORK/info.txt")"
+# --force replaces only what the writer could have written: a save directory
+# with one iteration of rank files and the tracker. A run's history (two
+# iterations), anything beside, or one iteration's directory given as the
+# output are refused, and left as they were.
+cp -r "$WORK/c_tp4" "$WORK/hist"
+cp -r "$WORK/hist/iter_0001000" "$WORK/hist/iter_0000500"
+ls -R "$WORK/hist" >"$WORK/hist.before"
+expect_error "--force over a save directory of two iterations" 1 \
+    "hist holds more than one iteration \(iter_000(0500|1000), iter_000(0500|1000)\): a run's history; --force replaces only" \
+    "$RS" "$WORK/c" --to tp2 -o "$WORK/hist" --force
+check "the two iterations are left as they were" sh -c 'ls -R "$1" | cmp -s - "$2"' sh "$WORK/hist" "$WORK/hist.before"
+rm -r "$WORK/hist/iter_0000500"
+echo "learning rate 3e-4 was too high" >"$WORK/hist/notes.txt"
+expect_error "--force over a save directory holding notes.txt" 1 "hist holds 'notes.txt'; --force replaces only" \
+    "$RS" "$WORK/c" --to tp2 -o "$WORK/hist" --force
+check "notes.txt is left" test -s "$WORK/hist/notes.txt"
+rm "$WORK/hist/notes.txt"
+echo x >"$WORK/hist/iter_0001000/mp_rank_01/eval.txt"
+expect_error "--force over a rank directory holding another file" 1 \
+    "hist holds 'iter_0001000/mp_rank_01/eval.txt'; --force replaces only" "$RS" "$WORK/c" --to tp2 -o "$WORK/hist" --force
+rm "$WORK/hist/iter_0001000/mp_rank_01/eval.txt"
+expect_error "--force over one iteration's directory (of the source itself)" 1 \
+    "iter_0001000 holds mp_rank_0[01]: it is one iteration of a Megatron-LM checkpoint, not a save directory" \
+    "$RS" "$WORK/c" --to tp2 -o "$WORK/c/iter_0001000" --force
+check "the source's iteration is left whole" test -s "$WORK/c/iter_0001000/mp_rank_00/model_optim_rng.pt"
+expect_ok "--force over the save directory holding only an earlier output" "$RS" "$WORK/c" --to tp2 -o "$WORK/hist" --force
 expect_ok "fixture: a vocabulary padded for tp2, tied embeddings" "$PY" "$FIXTURE" "$WORK/d" --tp 2 --layers 2 --hidden 32 \
     --heads 4 --ffn 64 --vocab 90 --make-vocab-size-divisible-by 16 --full "$WORK/d.full.pt"
 for names in legacy core; do
@@ -413,6 +439,11 @@ else
         [ ! -e "$WORK/dav/a_cut/latest_checkpointed_iteration.txt" ]'
     expect_error "an output at the URL needs --force" 1 "exists already" "$RS" "$WEBDAV_URL/a" --to tp1pp1 \
         -o "$WEBDAV_URL/a_tp2"
+    cp -r "$WORK/dav/a_tp2" "$WORK/dav/a_hist"
+    cp -r "$WORK/dav/a_hist/iter_0001000" "$WORK/dav/a_hist/iter_0000500"
+    expect_error "--force over a URL holding two iterations" 1 "a_hist holds more than one iteration" \
+        "$RS" "$WEBDAV_URL/a" --to tp1pp1 -o "$WEBDAV_URL/a_hist" --force
+    check "the server's two iterations are left" test -s "$WORK/dav/a_hist/iter_0000500/mp_rank_01_001/model_optim_rng.pt"
     expect_ok "--force replaces it whole" "$RS" "$WEBDAV_URL/a" --to tp1pp1 -o "$WEBDAV_URL/a_tp2" --force
     check "no rank file of the old layout stays" test "$(ls "$WORK/dav/a_tp2/iter_0001000")" = mp_rank_00
     expect_ok "torch.load: the replacement merges to PyTorch's tensors" "$PY" "$FIXTURE" --verify "$WORK/dav/a_tp2" \
@@ -434,5 +465,75 @@ torch.save({"x": torch.ones(2)}, sys.argv[1], _use_new_zipfile_serialization=Fal
 mkdir -p "$WORK/old/release/mp_rank_00" && cp "$WORK/legacy.pt" "$WORK/old/release/mp_rank_00/model_optim_rng.pt"
 echo release >"$WORK/old/latest_checkpointed_iteration.txt"
 expect_error "a rank file in the format of before PyTorch 1.6" 1 "before PyTorch 1.6" "$CK" info "$WORK/old"
+
+expect_ok "fixture: tp2, seed 0, iteration 1000" "$PY" "$FIXTURE" "$WORK/m" --tp 2 --layers 2 --hidden 32 --heads 4 \
+    --ffn 64 --vocab 90 --make-vocab-size-divisible-by 16
+# The tracker as Megatron reads it (int(text.strip()) or 'release'): spaces
+# around the number are fine; two numbers, or one past 10^15, are refused.
+printf ' 1000 \n' >"$WORK/m/latest_checkpointed_iteration.txt"
+expect_ok "a tracker of ' 1000 ' (Megatron strips it)" "$CK" info "$WORK/m"
+printf '1000\n200\n' >"$WORK/m/latest_checkpointed_iteration.txt"
+expect_error "a tracker of two numbers" 1 "latest_checkpointed_iteration.txt holds '1000.200', neither an iteration" \
+    "$CK" info "$WORK/m"
+printf '99999999999999999999' >"$WORK/m/latest_checkpointed_iteration.txt"
+expect_error "a tracker of a 20-digit iteration" 1 "holds '99999999999999999999', neither an iteration number \\(0 to 10\\^15\\)" \
+    "$CK" info "$WORK/m"
+echo 1000 >"$WORK/m/latest_checkpointed_iteration.txt"
+
+# mutate DIR RANK KEY VALUE: a copy of DIR (at DIR.bad) whose rank file RANK
+# holds VALUE (a Python expression; nan allowed) at KEY (a top-level key, or
+# args.NAME), saved again by torch.save.
+mutate() {
+    rm -rf "$1.bad" && cp -r "$1" "$1.bad" &&
+        "$PY" - "$1.bad/iter_0001000/$2/model_optim_rng.pt" "$3" "$4" "$ROOT/tests/support" <<'PYEOF'
+import sys, torch
+sys.path.insert(0, sys.argv[4])
+import megatron_fixture
+megatron_fixture.install_megatron_stubs()
+path, key, value = sys.argv[1:4]
+sd = torch.load(path, map_location="cpu")
+value = eval(value, {"nan": float("nan")})
+if key.startswith("args."):
+    setattr(sd["args"], key[5:], value)
+else:
+    sd[key] = value
+torch.save(sd, path)
+PYEOF
+}
+# Rank files of another run (another seed) or another iteration, and sizes a
+# division or an allocation would take on trust, are refused where they are
+# read (tp-ckpt and tp-reshard alike), naming the file and the value.
+expect_ok "fixture: the same model, seed 5 (of the checkpoint m, seed 0)" "$PY" "$FIXTURE" "$WORK/c_seed5" --tp 2 --layers 2 --hidden 32 --heads 4 \
+    --ffn 64 --vocab 90 --make-vocab-size-divisible-by 16 --seed 5
+expect_ok "fixture: the same model, iteration 200" "$PY" "$FIXTURE" "$WORK/c_200" --tp 2 --layers 2 --hidden 32 --heads 4 \
+    --ffn 64 --vocab 90 --make-vocab-size-divisible-by 16 --iteration 200
+rm -rf "$WORK/mixed" && cp -r "$WORK/m" "$WORK/mixed"
+cp "$WORK/c_seed5/iter_0001000/mp_rank_01/model_optim_rng.pt" "$WORK/mixed/iter_0001000/mp_rank_01/"
+expect_error "mp_rank_01 of another run (seed 5)" 1 \
+    "mp_rank_01/model_optim_rng.pt: args.seed 1239, rank 0's file \\(.*mp_rank_00/model_optim_rng.pt\\) 1234: a rank file of another run" \
+    "$RS" "$WORK/mixed" --to tp1 -o "$WORK/mixed_tp1"
+check "nothing written from the mixed checkpoint" test ! -e "$WORK/mixed_tp1"
+expect_error "verify of it" 1 "args.seed 1239, rank 0's file" "$CK" verify "$WORK/mixed"
+cp "$WORK/c_200/iter_0000200/mp_rank_01/model_optim_rng.pt" "$WORK/mixed/iter_0001000/mp_rank_01/"
+expect_error "mp_rank_01 of iteration 200 under iter_0001000" 1 \
+    "mp_rank_01/model_optim_rng.pt: iteration 200, rank 0's file \\(.*\\) 1000: a rank file of another checkpoint" \
+    "$RS" "$WORK/mixed" --to tp1 -o "$WORK/mixed_tp1"
+cp "$WORK/c_200/iter_0000200/mp_rank_00/model_optim_rng.pt" "$WORK/mixed/iter_0001000/mp_rank_00/"
+expect_error "both rank files of iteration 200 under iter_0001000" 1 \
+    "mp_rank_00/model_optim_rng.pt: iteration 200, in the directory of iteration 1000 \\(iter_0001000\\)" \
+    "$RS" "$WORK/mixed" --to tp1 -o "$WORK/mixed_tp1"
+for bad in "iteration -7:iteration -7: not an iteration number" \
+    "iteration 10**30:iteration is a big int, not an iteration number" \
+    "checkpoint_version nan:checkpoint_version nan; versions 2.0 and 3.0 are read" \
+    "args.make_vocab_size_divisible_by 0:args.make_vocab_size_divisible_by is 0, expected 1 to 2\\^31" \
+    "args.hidden_size 2**40:args.hidden_size is 1099511627776, expected 1 to 2\\^31" \
+    "args.max_position_embeddings -1:args.max_position_embeddings is -1, expected 0 to 2\\^31"; do
+    set -- ${bad%%:*}
+    mutate "$WORK/m" mp_rank_00 "$1" "$2"
+    expect_error "a rank file whose $1 is $2: refused by tp-reshard" 1 "mp_rank_00/model_optim_rng.pt: ${bad#*:}" \
+        "$RS" "$WORK/m.bad" --to tp1 -o "$WORK/m.bad_out"
+    check "a rank file whose $1 is $2: nothing written" test ! -e "$WORK/m.bad_out"
+    expect_error "a rank file whose $1 is $2: refused by tp-ckpt info" 1 "${bad#*:}" "$CK" info "$WORK/m.bad"
+done
 
 finish

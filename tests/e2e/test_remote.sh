@@ -164,6 +164,15 @@ sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] =
     done
     expect_error "export over an existing URL without --force" 1 "exists already.*--force" \
         "$CK" export "$U/run" --format gguf -o "$U/export.gguf"
+    expect_error "export --force over a URL holding a GGUF export, as safetensors: refused before writing" 1 \
+        "export.gguf is not a safetensors export; --force replaces only an earlier export" \
+        "$CK" export "$U/cp" --format safetensors -o "$U/export.gguf" --force
+    mkdir -p "$DAV/notes"
+    echo "keep me" >"$DAV/notes/todo.txt"
+    expect_error "export --force over a URL holding other files: refused" 1 \
+        "notes is not a safetensors export \\(it holds 'todo.txt'\\)" "$CK" export "$U/cp" --format safetensors \
+        -o "$U/notes" --force
+    check "the server's other files are left" test -s "$DAV/notes/todo.txt"
     check "exports leave no local copy in TMPDIR" sh -c "! ls '$TMPDIR' | grep -q tp-upload"
 
     # --- 4. tp-train uploads in the background; resumed from the URL at
