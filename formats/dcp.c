@@ -370,6 +370,8 @@ int dcp_open(const char *path, dcp_checkpoint **out)
         snprintf(dcp->path, sizeof dcp->path, "%.*s", (int)n, path);
         snprintf(dcp->metadata_path, sizeof dcp->metadata_path, "%s/" DCP_METADATA_NAME, dcp->path);
     }
+    /* What is read must stay: a replacement waits for, or refuses, this reader. */
+    if (!status) status = store_hold_shared(dcp->path, &dcp->hold);
     unsigned char *data = NULL;
     int64_t size = 0;
     if (!status) status = read_whole(dcp->metadata_path, DCP_METADATA_MAX, &data, &size);
@@ -393,6 +395,7 @@ void dcp_close(dcp_checkpoint *dcp)
     free(dcp->by_key);
     free(dcp->chunks);
     free(dcp->files);
+    store_hold_release(dcp->hold);
     free(dcp);
 }
 

@@ -16,6 +16,7 @@ typedef struct {
 
 struct dcp_checkpoint {
     char path[CKPT_PATH_MAX];
+    store_hold *hold; /* a shared lock on path while it is read */
     char metadata_path[CKPT_PATH_MAX + 16];
     int64_t metadata_bytes;
     pickle_doc *doc;    /* .metadata's tree: the keys point into it */

@@ -30,6 +30,7 @@ typedef struct {
 
 struct megatron_checkpoint {
     char path[4096];
+    store_hold *holds[2]; /* shared locks on the path opened and its iteration's directory, while it is read */
     megatron_config config;
     torch_archive **archives; /* pp_rank * tp + tp_rank */
     megatron_tensor_entry *tensors;
@@ -976,6 +977,10 @@ int megatron_open(const char *path, megatron_checkpoint **out)
     megatron_checkpoint *m = calloc(1, sizeof *m);
     if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory");
     int status = megatron_iteration_dir(path, m->path, sizeof m->path);
+    /* What is read must stay: a replacement of the save directory or of the
+     * iteration waits for, or refuses, this reader. */
+    if (!status) status = store_hold_shared(path, &m->holds[0]);
+    if (!status && strcmp(path, m->path)) status = store_hold_shared(m->path, &m->holds[1]);
     /* Rank 0's file tells the layout; pp > 1 names it mp_rank_00_000. */
     char file[4400];
     torch_archive *first = NULL;
@@ -1049,6 +1054,8 @@ void megatron_close(megatron_checkpoint *m)
     free(m->chunk_first);
     free(m->tensors);
     free(m->stage_params);
+    store_hold_release(m->holds[0]);
+    store_hold_release(m->holds[1]);
     free(m);
 }
 

@@ -44,6 +44,7 @@ struct megatron_dist {
     char path[CKPT_PATH_MAX];  /* the iteration's directory */
     megatron_config config;
     dcp_checkpoint *dcp;
+    store_hold *hold;          /* a shared lock on the save directory opened, while it is read */
     dist_tensors tensors;      /* what the reader presents */
     char optimizer_refusal[1024];
 };
@@ -100,6 +101,8 @@ int megatron_dist_open(const char *path, megatron_dist **out)
     megatron_dist *m = calloc(1, sizeof *m);
     if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory");
     int torch_dist = 0, status = megatron_iteration_dir(path, m->path, sizeof m->path);
+    /* The save directory held while it is read (the iteration's, by dcp_open). */
+    if (!status && strcmp(path, m->path)) status = store_hold_shared(path, &m->hold);
     char other[64] = "", common[CKPT_PATH_MAX + 32];
     if (!status) status = read_backend(m->path, &torch_dist, other, sizeof other);
     if (!status && !torch_dist)
@@ -133,6 +136,7 @@ void megatron_dist_close(megatron_dist *m)
     if (!m) return;
     dcp_close(m->dcp);
     free(m->tensors.items);
+    store_hold_release(m->hold);
     free(m);
 }
 

@@ -73,3 +73,30 @@ int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_
     TP_TRY(store_for(path, &storage));
     return store_read_text(storage, path, max_bytes, out, size_out);
 }
+
+struct store_hold {
+    const store_ops *storage;
+    store_file *lock;
+};
+
+int store_hold_shared(const char *path, store_hold **out)
+{
+    *out = NULL;
+    store_hold *h = calloc(1, sizeof *h);
+    if (!h) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = store_for(path, &h->storage);
+    if (!status) status = h->storage->lock(h->storage, path, STORE_LOCK_SHARED | STORE_LOCK_WAIT, &h->lock);
+    if (status) {
+        free(h);
+        return tp_fail_context(status, "%s: a lock for reading", path);
+    }
+    *out = h;
+    return TP_OK;
+}
+
+void store_hold_release(store_hold *h)
+{
+    if (!h) return;
+    if (h->lock) h->storage->close(h->lock);
+    free(h);
+}

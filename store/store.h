@@ -146,4 +146,13 @@ int store_read_text(const store_ops *storage, const char *path, int64_t max_byte
 /* store_read_text in the store of the path (store_for): a local file or a URL. */
 int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out);
 
+/* A shared lock on the file or directory at path (a local path or a URL),
+ * held while another tool's checkpoint is read from it: a replacement of
+ * it (--force, store_staged_publish) waits for or refuses its readers, as
+ * for the toolkit's own checkpoints (ckpt_reader_open). Released with
+ * store_hold_release (NULL is fine). */
+typedef struct store_hold store_hold;
+int store_hold_shared(const char *path, store_hold **out);
+void store_hold_release(store_hold *hold);
+
 #endif

@@ -126,6 +126,14 @@ use_open_mpi() {
     export OMPI_MCA_btl_vader_backing_directory="$WORK"
 }
 
+# wait_for PATH SECONDS: until PATH exists (a pattern: until one path
+# matches it); false when it did not in time.
+wait_for() {
+    n=0
+    while ! ls -d $1 >/dev/null 2>&1 && [ $n -lt $(($2 * 10)) ]; do sleep 0.1; n=$((n + 1)); done
+    ls -d $1 >/dev/null 2>&1
+}
+
 # File offset of a tensor's data in a shard, found with h5py.
 data_offset() {
     "$PY" -c 'import h5py, sys; print(h5py.File(sys.argv[1], "r")["tensors/" + sys.argv[2]].id.get_offset())' "$1" "$2"

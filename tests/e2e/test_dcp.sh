@@ -228,6 +228,20 @@ expect_error "--force over a DCP checkpoint with eval/results.json beside it" 1 
     "gpt.dcp2 holds 'eval'; --force replaces only a distributed checkpoint" \
     "$RS" "$WORK/gpt" --format dcp --to tp1 -o "$WORK/gpt.dcp2" --force
 check "eval/results.json is left" test -s "$WORK/gpt.dcp2/eval/results.json"
+# A DCP checkpoint is held while it is read, as the toolkit's own are: its
+# replacement (--force) by another process is refused until the reader is
+# done (here held at its output's commit, reading begun).
+TP_CKPT_FAULT="before-index:WAIT:$WORK/held.release" "$RS" "$WORK/gpt.dcp" --format tp --to tp1 -o "$WORK/held_out" \
+    >"$WORK/held.out" 2>&1 &
+reader=$!
+check "the reader is at its commit" wait_for "$WORK/.held_out.*.staging/shard_*" 60
+expect_error "--force over a DCP checkpoint being read" 1 "gpt.dcp is being read .*not replaced" \
+    "$RS" "$WORK/gpt" --format dcp --to tp1 -o "$WORK/gpt.dcp" --force
+: >"$WORK/held.release"
+wait $reader
+rc=$?
+check "the reader finished undisturbed (exit $rc)" [ $rc -eq 0 ]
+expect_ok "what it wrote equals the source" "$CK" diff "$WORK/held_out" "$WORK/gpt.dcp"
 expect_ok "--dry-run plans and writes nothing" "$RS" "$WORK/gpt" --format dcp --to tp4pp4 -o "$WORK/plan" --dry-run
 check_all "the plan: 16 data files, nothing written" \
     'grep -q "files      16 data files" "$WORK/.out" && [ ! -e "$WORK/plan" ]'

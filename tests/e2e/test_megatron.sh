@@ -536,4 +536,20 @@ for bad in "iteration -7:iteration -7: not an iteration number" \
     expect_error "a rank file whose $1 is $2: refused by tp-ckpt info" 1 "${bad#*:}" "$CK" info "$WORK/m.bad"
 done
 
+# A Megatron checkpoint is held while it is read, as the toolkit's own are:
+# its replacement (--force) by another process is refused until the reader
+# is done (here held at its output's commit, reading begun).
+TP_CKPT_FAULT="before-index:WAIT:$WORK/held.release" "$RS" "$WORK/m" --format tp --to tp1 -o "$WORK/held_out" \
+    >"$WORK/held.out" 2>&1 &
+reader=$!
+check "the reader is at its commit" wait_for "$WORK/.held_out.*.staging/shard_*" 60
+expect_error "--force over a Megatron checkpoint being read" 1 "/m is being read .*not replaced" \
+    "$RS" "$WORK/c_200" --to tp2 -o "$WORK/m" --force
+check "the checkpoint read is left as it was" test -d "$WORK/m/iter_0001000"
+: >"$WORK/held.release"
+wait $reader
+rc=$?
+check "the reader finished undisturbed (exit $rc)" [ $rc -eq 0 ]
+expect_ok "what it wrote equals the source" "$CK" diff "$WORK/held_out" "$WORK/m"
+
 finish

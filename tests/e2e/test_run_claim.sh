@@ -33,12 +33,6 @@ held() { echo "before-latest:WAIT:$WORK/$1.release"; }
 release() { : >"$WORK/$1.release"; }
 LONG="--model tiny --micro-batch 2 --quiet --steps 2 --ckpt-every 2"
 
-# wait_for FILE SECONDS: until FILE exists.
-wait_for() {
-    n=0
-    while [ ! -e "$1" ] && [ $n -lt $(($2 * 10)) ]; do sleep 0.1; n=$((n + 1)); done
-    [ -e "$1" ]
-}
 # named_in FILE TEXT SECONDS: until FILE holds TEXT (the claim's holder written).
 named_in() {
     n=0
