@@ -375,7 +375,20 @@ typedef struct {
      * ckpt_reader_verify_piece checks the data against them; only at tp 1,
      * where a tensor is its one piece. Ignored with compute_digests. */
     const uint64_t *digests;
+    /* Byte ranges of the files whose CRC-32 the checkpoint records (a
+     * torch.save archive's zip entries that hold tensors; NULL: none),
+     * checked as they are read: a read that completes a range compares it,
+     * and ckpt_reader_finish_checks reads to its end what was read in part. */
+    const struct ckpt_foreign_check *checks;
+    int num_checks;
 } ckpt_foreign;
+
+typedef struct ckpt_foreign_check {
+    int file;
+    int64_t offset, bytes;
+    uint32_t crc32;
+    const char *name; /* for messages: the entry's */
+} ckpt_foreign_check;
 
 /* A box [start, start + count) of a foreign piece (in the coordinates of
  * its stored shape) stored whole and row-major at a byte offset of one of
@@ -393,6 +406,12 @@ typedef struct ckpt_foreign_box {
 int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int compute_digests);
 /* Whether the reader reads a foreign checkpoint (no checksums of its own). */
 int ckpt_reader_is_foreign(const ckpt_reader *reader);
+/* The checksums a foreign checkpoint records (ckpt_foreign.checks) of what
+ * was read, whole: each range read in part is read to its end and
+ * compared. A consumer calls it before it publishes what it made of the
+ * data (TP_ERR_CHECKSUM naming the file and entry); *checked (may be
+ * NULL): the ranges found whole and matching. TP_OK for other readers. */
+int ckpt_reader_finish_checks(ckpt_reader *reader, int *checked);
 void ckpt_reader_close(ckpt_reader *reader);
 
 const char *ckpt_reader_path(const ckpt_reader *reader); /* the resolved checkpoint directory */

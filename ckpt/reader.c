@@ -18,6 +18,7 @@
 #include "../common/file.h"
 #include "../common/memory.h"
 #include "attrs.h"
+#include "foreign_check.h"
 #include "index.h"
 #include "namemap.h"
 
@@ -73,6 +74,7 @@ struct ckpt_reader {
     pthread_mutex_t lock;   /* lazy opening of files and pieces */
     store_file *hold;        /* a shared lock on the checkpoint: no one replaces it while it is read */
     int foreign;            /* pieces are byte ranges of another tool's files (ckpt_reader_open_foreign) */
+    foreign_checks *checks; /* the checksums such files record, checked as they are read */
 };
 
 void ckpt_read_options_init(ckpt_read_options *options)
@@ -111,6 +113,7 @@ void ckpt_reader_close(ckpt_reader *r)
     ckpt_index_free(&r->index);
     pthread_mutex_destroy(&r->lock);
     if (r->hold) r->storage->close(r->hold);
+    foreign_checks_free(r->checks);
     free(r);
 }
 
@@ -613,6 +616,7 @@ typedef struct {
     piece_runtime *pr;
     const store_ops *storage;
     store_file *file;
+    int file_index;
     const char *file_path;
 } piece_ctx;
 
@@ -626,6 +630,7 @@ static int piece_context(ckpt_reader *r, int i, int piece, piece_ctx *ctx)
     ctx->piece = piece;
     ctx->storage = r->storage;
     ctx->file = r->files[ip->file_index].data;
+    ctx->file_index = ip->file_index;
     ctx->file_path = r->files[ip->file_index].path;
     return TP_OK;
 }
@@ -648,6 +653,15 @@ static int verify_block(const piece_ctx *c, int64_t b, const void *data)
                      c->file_path, c->r->index.tensors[c->tensor].tensor.name, c->piece,
                      (long long)(b * g->block_rows), (long long)(b * g->block_rows + rows - 1),
                      (unsigned long long)got, (unsigned long long)c->pr->block_hash[b]);
+}
+
+/* Bytes of file f of the reader into buf: a foreign file's then go to the
+ * checks of the checksums it records (foreign_check.c). */
+static int read_data(ckpt_reader *r, int f, void *buf, size_t size, int64_t offset)
+{
+    int status = r->storage->read_at(r->files[f].data, buf, size, offset);
+    if (!status && r->checks) status = foreign_checks_note(r->checks, f, offset, buf, (int64_t)size);
+    return status;
 }
 
 /* Reads block b of a compressed piece: its rows into dst (block_row_count rows).
@@ -725,8 +739,8 @@ static int read_blocks(const piece_ctx *c, int64_t b0, int64_t b1, char *dst, ch
         int64_t end = b + per_read < b1 ? b + per_read : b1;
         int64_t row_end = end * g->block_rows < g->rows ? end * g->block_rows : g->rows;
         char *out = dst + (b - b0) * block_bytes;
-        status = c->storage->read_at(c->file, out, (size_t)((row_end - b * g->block_rows) * g->row_bytes),
-                                     c->pr->offset + b * block_bytes);
+        status = read_data(c->r, c->file_index, out, (size_t)((row_end - b * g->block_rows) * g->row_bytes),
+                           c->pr->offset + b * block_bytes);
         for (int64_t k = b; k < end && !status && verify; k++)
             status = verify_block(c, k, out + (k - b) * block_bytes);
     }
@@ -807,7 +821,7 @@ typedef struct {
 static int pread_run(void *ctx, int64_t so, int64_t dof, int64_t bytes)
 {
     pread_ctx *c = ctx;
-    return c->piece->storage->read_at(c->piece->file, c->dst + dof, (size_t)bytes, c->piece->pr->offset + so);
+    return read_data(c->piece->r, c->piece->file_index, c->dst + dof, (size_t)bytes, c->piece->pr->offset + so);
 }
 
 /* ------------------------------------------------ pieces stored as boxes */
@@ -823,8 +837,8 @@ static int zero_run(void *ctx, int64_t src_offset, int64_t dst_offset, int64_t b
 }
 
 typedef struct {
-    const store_ops *storage;
-    store_file *file;
+    ckpt_reader *r;
+    int file;
     int64_t base; /* the box's offset in the file */
     char *dst;
 } box_pread_ctx;
@@ -832,7 +846,7 @@ typedef struct {
 static int box_pread_run(void *ctx, int64_t so, int64_t dof, int64_t bytes)
 {
     box_pread_ctx *c = ctx;
-    return c->storage->read_at(c->file, c->dst + dof, (size_t)bytes, c->base + so);
+    return read_data(c->r, c->file, c->dst + dof, (size_t)bytes, c->base + so);
 }
 
 static int64_t element_bytes(const ckpt_piece_geometry *g)
@@ -867,7 +881,6 @@ static int read_boxes(const piece_ctx *c, const int64_t *start, const int64_t *c
             if (n[d] <= 0) empty = 1;
         }
         if (empty) continue;
-        const file_runtime *fr = &c->r->files[b->file];
         int64_t box_row_bytes = elem;
         int whole_rows = 1; /* the rows land whole and contiguously in dst */
         for (int d = 1; d < ndim; d++) {
@@ -883,12 +896,12 @@ static int read_boxes(const piece_ctx *c, const int64_t *start, const int64_t *c
         if (whole_rows) {
             int64_t row_bytes = box_row_bytes, to = 0;
             for (int d = 0; d < ndim; d++) to = to * dst_frame->shape[d] + at.origin[d];
-            status = c->storage->read_at(fr->data, dst + to * elem, (size_t)(n[0] * row_bytes),
-                                         b->offset + src.origin[0] * row_bytes);
+            status = read_data(c->r, b->file, dst + to * elem, (size_t)(n[0] * row_bytes),
+                               b->offset + src.origin[0] * row_bytes);
             continue;
         }
         if (box_row_bytes > BOX_BOUNCE_MAX) { /* rows too long to bounce: each run read where it goes */
-            box_pread_ctx pc = {c->storage, fr->data, b->offset, dst};
+            box_pread_ctx pc = {c->r, b->file, b->offset, dst};
             status = box_runs(&src, &at, n, ndim, elem, box_pread_run, &pc);
             continue;
         }
@@ -898,8 +911,8 @@ static int read_boxes(const piece_ctx *c, const int64_t *start, const int64_t *c
         if (!bounce) return tp_fail(TP_ERR_NOMEM, "out of memory for a %lld-byte read buffer", (long long)(group * box_row_bytes));
         for (int64_t r = 0; r < n[0] && !status; r += group) {
             int64_t rows = group < n[0] - r ? group : n[0] - r;
-            status = c->storage->read_at(fr->data, bounce, (size_t)(rows * box_row_bytes),
-                                         b->offset + (src.origin[0] + r) * box_row_bytes);
+            status = read_data(c->r, b->file, bounce, (size_t)(rows * box_row_bytes),
+                               b->offset + (src.origin[0] + r) * box_row_bytes);
             box_frame s = src, d2 = at;
             s.shape[0] = rows;
             s.origin[0] = 0;
@@ -987,8 +1000,8 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
             int64_t n = DIRECT_READ_MAX / g->row_bytes;
             if (n < 1) n = 1;
             if (n > row1 - r) n = row1 - r;
-            int status = c->storage->read_at(c->file, DST_ROW(r), (size_t)(n * g->row_bytes),
-                                             c->pr->offset + r * g->row_bytes);
+            int status = read_data(c->r, c->file_index, DST_ROW(r), (size_t)(n * g->row_bytes),
+                                   c->pr->offset + r * g->row_bytes);
             if (status) return status;
             r += n;
         }
@@ -1050,8 +1063,8 @@ static int read_piece_box(const piece_ctx *c, const int64_t *start, const int64_
             int64_t b = r / g->block_rows;
             status = read_blocks(c, b, b + 1, bounce, scratch, verify);
         } else {
-            status = c->storage->read_at(c->file, bounce, (size_t)((group_end - r) * g->row_bytes),
-                                         c->pr->offset + r * g->row_bytes);
+            status = read_data(c->r, c->file_index, bounce, (size_t)((group_end - r) * g->row_bytes),
+                               c->pr->offset + r * g->row_bytes);
         }
         if (status) break;
         box_frame s = src_frame, dd = *dst_frame;
@@ -1233,6 +1246,20 @@ int ckpt_reader_check_padding(ckpt_reader *r, int i, int piece)
 
 /* --------------------------------------------------- foreign checkpoints */
 
+static int read_for_check(void *ctx, int f, void *buf, int64_t n, int64_t offset)
+{
+    ckpt_reader *r = ctx;
+    pthread_mutex_lock(&r->lock);
+    int status = open_file(r, f);
+    pthread_mutex_unlock(&r->lock);
+    return status ? status : r->storage->read_at(r->files[f].data, buf, (size_t)n, offset);
+}
+
+int ckpt_reader_finish_checks(ckpt_reader *r, int *checked)
+{
+    return foreign_checks_finish(r->checks, read_for_check, r, checked);
+}
+
 int ckpt_reader_is_foreign(const ckpt_reader *r)
 {
     return r->foreign;
@@ -1352,7 +1379,7 @@ static int foreign_index(ckpt_reader *r, const ckpt_foreign *src)
     for (int i = 0; i < src->num_tensors; i++) {
         ckpt_index_tensor *it = &index->tensors[i];
         int status = ckpt_tensor_copy_init(&it->tensor, &src->tensors[i]);
-        if (status) return tp_fail_context(status, "%s: ", src->path);
+        if (status) return tp_fail_context(status, "%s", src->path);
         index->num_tensors = i + 1;
         status = ckpt_name_map_insert(&r->names, it->tensor.name, i, reader_name_of, r);
         if (status) return tp_fail_context(TP_ERR_FORMAT, "%s", src->path);
@@ -1450,6 +1477,8 @@ int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int 
     status = source->num_files > 0 ? store_for(source->files[0], &r->storage)
                                    : tp_fail(TP_ERR_ARG, "%s: no files", source->path);
     if (!status) status = foreign_index(r, source);
+    if (!status && source->num_checks)
+        status = foreign_checks_create(source->checks, source->num_checks, source->files, source->num_files, &r->checks);
     if (!status && compute_digests) status = foreign_digests(r);
     else if (!status && source->digests) status = recorded_digests(r, source);
     if (status) {

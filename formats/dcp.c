@@ -481,7 +481,7 @@ int dcp_read_bytes(const dcp_checkpoint *dcp, int entry, int64_t max, void **dat
     int status = dcp_read_item(dcp, c, buf);
     if (status) {
         free(buf);
-        return tp_fail_context(status, "%s: ", e->key);
+        return tp_fail_context(status, "%s", e->key);
     }
     *data = buf;
     *size = c->item_bytes;
@@ -541,7 +541,7 @@ static int locate_chunk(void *ctx, int64_t k, int thread)
     limits.max_memory = (int64_t)16 << 20; /* a tensor's pickle is a few hundred bytes */
     torch_archive *a;
     int status = torch_archive_open_range(path, c->item_offset, c->item_bytes, &limits, &a);
-    if (status) return tp_fail_context(status, "%s: the item at %lld: ", e->key, (long long)c->item_offset);
+    if (status) return tp_fail_context(status, "%s: the item at %lld", e->key, (long long)c->item_offset);
     const pickle_value *t = torch_archive_root(a);
     int64_t offset = 0, bytes = 0, want = chunk_elements(e, c) * (int64_t)torch_dtype_size(e->dtype);
     int same = t->kind == PICKLE_TENSOR && t->tensor.ndim == e->ndim && t->tensor.storage->storage.dtype == e->dtype;
@@ -581,7 +581,7 @@ static int describe_plainly(const dcp_entry *e, ckpt_tensor_desc *t)
     t->anchor = CKPT_ANCHOR_FIRST;
     ckpt_tensor_copy check;
     int status = ckpt_tensor_copy_init(&check, t);
-    return status ? tp_fail_context(status, "key %s: ", e->key) : TP_OK;
+    return status ? tp_fail_context(status, "key %s", e->key) : TP_OK;
 }
 
 static tp_dtype tp_dtype_of(torch_dtype dtype)
@@ -812,7 +812,7 @@ static int verify_item(void *ctx, int64_t k, int thread)
         }
         torch_archive_close(a);
     }
-    if (status) return tp_fail_context(status, "%s: ", job->keys[k]);
+    if (status) return tp_fail_context(status, "%s", job->keys[k]);
     pthread_mutex_lock(&job->lock);
     job->result->items++;
     job->result->entries += checked.entries;

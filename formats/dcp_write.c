@@ -327,7 +327,7 @@ static int write_chunk(writer *w, rank_buffers *rb, out_chunk *c, FILE *file, co
     }
     if (status) {
         torch_writer_abort(tw);
-        return tp_fail_context(status, "%s: tensor %s: ", path, t->name);
+        return tp_fail_context(status, "%s: tensor %s", path, t->name);
     }
     TP_TRY(torch_writer_finish(tw));
     off_t end = ftello(file);
@@ -689,7 +689,7 @@ static int write_rest(writer *w)
             if (e->chunks[c].file < 0) continue;
             status = copy_item(others, &e->chunks[c], file, path, buf, (size_t)BLOCK_BYTES, &extra[x - 1].item_offset[c]);
             extra[x - 1].item_bytes[c] = e->chunks[c].item_bytes;
-            if (status) status = tp_fail_context(status, "%s: ", e->key);
+            if (status) status = tp_fail_context(status, "%s", e->key);
         }
     }
     if (file) {
@@ -778,6 +778,8 @@ int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char 
     free(w.by_file);
     free(w.file_first);
     if (!staged) return status;
+    /* What a foreign source records of what was read, whole, before the output appears. */
+    if (!status) status = ckpt_reader_finish_checks(source, NULL);
     if (status) {
         store_staged_discard(staged);
         return status;

@@ -717,6 +717,8 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
     }
     int closed = close_files(&x, !status);
     if (!status) status = closed;
+    /* What a foreign source records of what was read, whole, before the output appears. */
+    if (!status) status = ckpt_reader_finish_checks(source, NULL);
     if (!status && x.flat) {
         status = ckpt_flat_commit(x.flat);
         if (status) status = status;

@@ -470,7 +470,7 @@ static int new_entry(megatron_checkpoint *m, const char *file, int stage, const 
     megatron_tensor_entry *e = &m->tensors[m->num_tensors];
     memset(e, 0, sizeof *e);
     int status = ckpt_tensor_copy_init(&e->copy, d);
-    if (status) return tp_fail_context(status, "%s: tensor %s: ", file, source);
+    if (status) return tp_fail_context(status, "%s: tensor %s", file, source);
     snprintf(e->source, sizeof e->source, "%s", source);
     e->stage = stage;
     if (!(e->pieces = calloc((size_t)m->config.tp, sizeof *e->pieces))) return tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -513,7 +513,7 @@ static int visit_tensor(void *ctx, const char *path, const pickle_value *t)
     char name[CKPT_NAME_MAX + 1];
     int kind;
     int status = megatron_canonical_name(&w->m->config, path, w->first_layer, w->chunk_layers, name, sizeof name, &kind);
-    if (status) return tp_fail_context(status, "%s: ", w->file);
+    if (status) return tp_fail_context(status, "%s", w->file);
     if (kind == MEGATRON_NAME_SKIP) return TP_OK;
     /* Megatron-Core's flat names start at the module: no language_model. */
     if (!has_prefix(path, "language_model.") && has_prefix(path, "decoder.")) w->m->config.core_names = 1;
@@ -527,7 +527,7 @@ static int visit_tensor(void *ctx, const char *path, const pickle_value *t)
         megatron_tensor_entry copy = {0};
         ckpt_tensor_desc d;
         megatron_describe(&w->m->config, "embedding.word_embeddings.weight", &d);
-        if (ckpt_tensor_copy_init(&copy.copy, &d)) return tp_fail_context(TP_ERR_FORMAT, "%s: ", w->file);
+        if (ckpt_tensor_copy_init(&copy.copy, &d)) return tp_fail_context(TP_ERR_FORMAT, "%s", w->file);
         snprintf(copy.source, sizeof copy.source, "%s", path);
         w->head_copies++;
         TP_TRY(check_piece(w->m, &copy, t, w->file));
@@ -1177,7 +1177,12 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
     int64_t *bytes = calloc((size_t)files, sizeof *bytes), *offsets = calloc((size_t)pieces + 1, sizeof *offsets);
     int *piece_file = calloc((size_t)pieces + 1, sizeof *piece_file);
     ckpt_tensor_desc *tensors = calloc((size_t)m->num_tensors + 1, sizeof *tensors);
-    int status = paths && bytes && offsets && piece_file && tensors ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    /* Each piece's storage entry and the CRC-32 the zip records for it,
+     * checked as it is read (a storage shared by pieces is given once per piece). */
+    ckpt_foreign_check *checks = calloc((size_t)pieces + 1, sizeof *checks);
+    int num_checks = 0;
+    int status = paths && bytes && offsets && piece_file && tensors && checks ? TP_OK
+                                                                              : tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int f = 0; f < files && !status; f++) {
         const torch_archive *a = f < ranks ? m->archives[f] : m->distrib_optim[f - ranks];
         paths[f] = torch_archive_path(a);
@@ -1192,6 +1197,10 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
             int64_t size;
             piece_file[at] = e->stage * c->tp + p + (e->flat_offset ? ranks : 0);
             status = megatron_piece_range(m, i, p, &file, &offsets[at], &size);
+            torch_storage_entry entry;
+            if (!status) status = torch_tensor_storage_entry(piece_archive(m, e, p), e->pieces[p], &entry);
+            if (!status && entry.recorded)
+                checks[num_checks++] = (ckpt_foreign_check){piece_file[at], entry.offset, entry.size, entry.crc32, entry.entry};
         }
     }
     /* The training state: the iteration as the step, the samples consumed,
@@ -1221,6 +1230,8 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
         .file_bytes = bytes,
         .piece_file = piece_file,
         .piece_offset = offsets,
+        .checks = checks,
+        .num_checks = num_checks,
     };
     if (!status) status = ckpt_reader_open_foreign(out, &source, compute_digests);
     cJSON_free(user);
@@ -1229,6 +1240,7 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
     free(offsets);
     free(piece_file);
     free(tensors);
+    free(checks);
     return status;
 }
 

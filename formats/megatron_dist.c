@@ -210,7 +210,7 @@ static int add_key(const megatron_dist *m, int entry, const char *key, const cha
         else snprintf(path, sizeof path, "%s", key);
         int kind;
         int status = megatron_canonical_name(c, path, 0, c->num_layers, canonical, sizeof canonical, &kind);
-        if (status) return tp_fail_context(status, "%s: key %s: ", m->path, e->key);
+        if (status) return tp_fail_context(status, "%s: key %s", m->path, e->key);
         if (kind != MEGATRON_NAME_TENSOR) return TP_OK; /* the tied head's copy; extra state */
         dist_tensor t = {.entry = entry, .layer = stacked ? l : -1, .role = role ? role : "param"};
         snprintf(t.param, sizeof t.param, "%s", canonical);

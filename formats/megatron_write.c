@@ -702,7 +702,7 @@ static int write_rank(rank_writer *r, const char *iteration_dir)
     if (!status) status = write_pending(r);
     if (status) {
         torch_writer_abort(r->w);
-        return tp_fail_context(status, "%s: ", file);
+        return tp_fail_context(status, "%s", file);
     }
     return torch_writer_finish(r->w);
 }
@@ -955,6 +955,8 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
         if (fflush(f) != 0 || fsync(fileno(f)) != 0) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", tracker, strerror(errno));
         if (fclose(f) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", tracker, strerror(errno));
     }
+    /* What a foreign source records of what was read, whole, before the output appears. */
+    if (!status) status = ckpt_reader_finish_checks(source, NULL);
     if (status) {
         store_staged_discard(staged);
         return status;

@@ -313,7 +313,7 @@ static int read_decimal(machine *m, int64_t *out)
  * out of memory), its message naming the pickle and the opcode's offset. */
 static int allocation_failed(const machine *m)
 {
-    return tp_fail_context(TP_ERR_FORMAT, "%s: pickle at byte %zu: ", m->name, m->op_at);
+    return tp_fail_context(TP_ERR_FORMAT, "%s: pickle at byte %zu", m->name, m->op_at);
 }
 
 /* Pushes v; a NULL v is an allocation that failed. */
@@ -883,7 +883,7 @@ int pickle_load(const void *data, size_t size, const char *name, const pickle_li
         if (!status && items->count) {
             pickle_value **copy = arena_alloc(doc, (size_t)items->count * sizeof *copy);
             if (copy) memcpy(copy, items->items, (size_t)items->count * sizeof *copy);
-            else status = tp_fail_context(TP_ERR_FORMAT, "%s: ", m.name);
+            else status = tp_fail_context(TP_ERR_FORMAT, "%s", m.name);
             free(items->items);
             items->items = copy;
         } else {

@@ -202,6 +202,19 @@ int torch_tensor_is_contiguous(const pickle_value *tensor);
  * non-contiguous one. */
 int torch_tensor_range(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size);
 
+/* The zip entry holding a tensor's storage, so that a reader of the
+ * tensor's bytes checks them as it reads: the entry's bytes
+ * [offset, offset + size) in the archive's file, the CRC-32 the archive
+ * records for them (recorded 0 when none is, PyTorch's
+ * set_crc32_options(False)) and the entry's name. */
+typedef struct {
+    int64_t offset, size;
+    uint32_t crc32;
+    int recorded;
+    const char *entry;
+} torch_storage_entry;
+int torch_tensor_storage_entry(const torch_archive *archive, const pickle_value *tensor, torch_storage_entry *out);
+
 /* Reads bytes [from, from + size) of a contiguous tensor's data into buf. */
 int torch_tensor_read(const torch_archive *archive, const pickle_value *tensor, void *buf, int64_t from, int64_t size);
 

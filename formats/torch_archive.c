@@ -95,7 +95,7 @@ static int storage_range(const torch_archive *archive, const pickle_value *stora
 static int check_tensor(void *ctx, const char *path, const pickle_value *tensor)
 {
     int64_t offset;
-    if (storage_range(ctx, tensor->tensor.storage, &offset)) return tp_fail_context(TP_ERR_FORMAT, "tensor %s: ", path);
+    if (storage_range(ctx, tensor->tensor.storage, &offset)) return tp_fail_context(TP_ERR_FORMAT, "tensor %s", path);
     return TP_OK;
 }
 
@@ -205,13 +205,21 @@ int torch_tensor_is_contiguous(const pickle_value *tensor)
 }
 
 /* Where the storage's data starts in the file, checked to hold its elements. */
+static int storage_entry(const torch_archive *archive, const pickle_value *storage, int *entry)
+{
+    char name[512];
+    snprintf(name, sizeof name, "%sdata/%s", archive->prefix, storage->storage.key);
+    *entry = zip_find(archive->zip, name);
+    if (*entry < 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: storage %s has no entry %s", zip_path(archive->zip), storage->storage.key, name);
+    return TP_OK;
+}
+
 static int storage_range(const torch_archive *archive, const pickle_value *storage, int64_t *offset)
 {
     const char *path = zip_path(archive->zip);
-    char name[512];
-    snprintf(name, sizeof name, "%sdata/%s", archive->prefix, storage->storage.key);
-    int entry = zip_find(archive->zip, name);
-    if (entry < 0) return tp_fail(TP_ERR_FORMAT, "%s: storage %s has no entry %s", path, storage->storage.key, name);
+    int entry;
+    TP_TRY(storage_entry(archive, storage, &entry));
     int64_t bytes, element = (int64_t)torch_dtype_size(storage->storage.dtype);
     TP_TRY(zip_entry_range(archive->zip, entry, offset, &bytes));
     if (bytes / element < storage->storage.numel)
@@ -241,6 +249,19 @@ int torch_tensor_range(const torch_archive *archive, const pickle_value *tensor,
 {
     TP_TRY(tensor_range_in_archive(archive, tensor, offset, size));
     *offset += zip_base(archive->zip);
+    return TP_OK;
+}
+
+int torch_tensor_storage_entry(const torch_archive *archive, const pickle_value *tensor, torch_storage_entry *out)
+{
+    if (!tensor || tensor->kind != PICKLE_TENSOR) return tp_fail(TP_ERR_ARG, "%s: not a tensor", zip_path(archive->zip));
+    int entry;
+    TP_TRY(storage_entry(archive, tensor->tensor.storage, &entry));
+    TP_TRY(zip_entry_range(archive->zip, entry, &out->offset, &out->size));
+    out->offset += zip_base(archive->zip);
+    out->crc32 = zip_entry_crc(archive->zip, entry);
+    out->recorded = out->crc32 != 0 || out->size == 0;
+    out->entry = zip_name(archive->zip, entry);
     return TP_OK;
 }
 

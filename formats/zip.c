@@ -318,6 +318,11 @@ int zip_entry_range(zip_archive *zip, int entry, int64_t *offset, int64_t *size)
     return TP_OK;
 }
 
+uint32_t zip_entry_crc(const zip_archive *zip, int entry)
+{
+    return zip->entries[entry].crc;
+}
+
 int zip_entry_check(zip_archive *zip, int entry, void *buf, size_t buf_size, int *checked,
                     void (*on_bytes)(void *ctx, int64_t bytes), void *ctx)
 {

@@ -41,6 +41,10 @@ int zip_entry_range(zip_archive *zip, int entry, int64_t *offset, int64_t *size)
 int zip_entry_check(zip_archive *zip, int entry, void *buf, size_t buf_size, int *checked,
                     void (*on_bytes)(void *ctx, int64_t bytes), void *ctx);
 
+/* The CRC-32 the central directory records for entry's data; 0 for data
+ * that is not empty means none was recorded (set_crc32_options(False)). */
+uint32_t zip_entry_crc(const zip_archive *zip, int entry);
+
 /* Reads [offset, offset + size) of the archive. */
 int zip_read(const zip_archive *zip, void *buf, int64_t size, int64_t offset);
 

@@ -240,7 +240,7 @@ int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *option
     const ckpt_layout *layout = ckpt_reader_layout(source);
     source_names names = {.source = source, .count = ckpt_reader_num_tensors(source)};
     int status = gpt_config_from_json(state->model_json, &names.config);
-    if (status) return tp_fail_context(status, "%s: ", ckpt_reader_path(source));
+    if (status) return tp_fail_context(status, "%s", ckpt_reader_path(source));
     const gpt_config *g = &names.config;
     int llama = g->arch == GPT_ARCH_LLAMA;
     /* Megatron's Llama 3 scaling has a factor of its own; its other values are fixed. */

@@ -165,7 +165,9 @@ int reshard_execute(reshard_plan *plan, const char *out_path)
     }
     ckpt_train_state state;
     char *model = NULL, *user = NULL;
-    status = output_state(plan, &state, &model, &user);
+    /* What a foreign source records of what was read, whole, before the output appears. */
+    status = ckpt_reader_finish_checks(plan->source, NULL);
+    if (!status) status = output_state(plan, &state, &model, &user);
     if (status) {
         ckpt_writer_abort(writer);
         return status;

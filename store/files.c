@@ -85,6 +85,12 @@ int store_hold_shared(const char *path, store_hold **out)
     store_hold *h = calloc(1, sizeof *h);
     if (!h) return tp_fail(TP_ERR_NOMEM, "out of memory");
     int status = store_for(path, &h->storage);
+    store_stat st = {0};
+    if (!status) status = h->storage->stat(h->storage, path, &st);
+    if (!status && !st.exists) { /* nothing to hold: the reader says what is missing */
+        free(h);
+        return TP_OK;
+    }
     if (!status) status = h->storage->lock(h->storage, path, STORE_LOCK_SHARED | STORE_LOCK_WAIT, &h->lock);
     if (status) {
         free(h);

@@ -150,7 +150,8 @@ int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_
  * held while another tool's checkpoint is read from it: a replacement of
  * it (--force, store_staged_publish) waits for or refuses its readers, as
  * for the toolkit's own checkpoints (ckpt_reader_open). Released with
- * store_hold_release (NULL is fine). */
+ * store_hold_release (NULL is fine). Nothing at path: *out NULL, TP_OK
+ * (the reader then says what is missing). */
 typedef struct store_hold store_hold;
 int store_hold_shared(const char *path, store_hold **out);
 void store_hold_release(store_hold *hold);

@@ -480,6 +480,36 @@ expect_error "a tracker of a 20-digit iteration" 1 "holds '99999999999999999999'
     "$CK" info "$WORK/m"
 echo 1000 >"$WORK/m/latest_checkpointed_iteration.txt"
 
+# One bit flipped in the middle of a rank file's largest tensor entry: the
+# CRC-32 its zip records no longer matches. Every reader checks what it
+# reads against it (verify reads every entry): none writes an output.
+rm -rf "$WORK/t.flip" && cp -r "$WORK/t" "$WORK/t.flip"
+set -- $("$PY" - "$WORK/t.flip/iter_0001000/mp_rank_00_000/model_optim_rng.pt" <<'PYEOF'
+import struct, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+with open(sys.argv[1], "rb") as f:
+    f.seek(entry.header_offset)
+    header = f.read(30)
+name_len, extra_len = struct.unpack("<HH", header[26:30])
+print(entry.header_offset + 30 + name_len + extra_len + entry.file_size // 2, entry.filename)
+PYEOF
+)
+flip_byte "$WORK/t.flip/iter_0001000/mp_rank_00_000/model_optim_rng.pt" "$1"
+DAMAGED="mp_rank_00_000/model_optim_rng.pt: entry $2: its [0-9]+ bytes have CRC-32 [0-9a-f]{8}, the archive records [0-9a-f]{8} \\(data damaged\\)"
+expect_error "a flipped bit: verify names the entry" 1 "$2.*CRC-32" "$CK" verify "$WORK/t.flip"
+expect_error "a flipped bit: tp-reshard --to tp1 refuses it" 1 "$DAMAGED" "$RS" "$WORK/t.flip" --to tp1 -o "$WORK/flip1"
+expect_error "a flipped bit: tp-reshard --format tp refuses it" 1 "$DAMAGED" "$RS" "$WORK/t.flip" --format tp --to tp1 \
+    -o "$WORK/flip2"
+expect_error "a flipped bit: tp-reshard --format dcp refuses it" 1 "$DAMAGED" "$RS" "$WORK/t.flip" --format dcp --to tp1 \
+    -o "$WORK/flip3"
+expect_error "a flipped bit: tp-ckpt import refuses it" 1 "$DAMAGED" "$CK" import "$WORK/t.flip" --tp 1 --pp 2 \
+    --true-vocab-size 90 -o "$WORK/flip4"
+expect_error "a flipped bit: tp-ckpt export refuses it" 1 "$DAMAGED" "$CK" export "$WORK/t.flip" --format safetensors \
+    --true-vocab-size 90 -o "$WORK/flip5"
+check_all "a flipped bit: no output written" \
+    '[ ! -e "$WORK/flip1" ] && [ ! -e "$WORK/flip2" ] && [ ! -e "$WORK/flip3" ] && [ ! -e "$WORK/flip4" ] && [ ! -e "$WORK/flip5" ]'
+
 # mutate DIR RANK KEY VALUE: a copy of DIR (at DIR.bad) whose rank file RANK
 # holds VALUE (a Python expression; nan allowed) at KEY (a top-level key, or
 # args.NAME), saved again by torch.save.
