@@ -130,6 +130,11 @@ check "text: its row says v 4, bubble 3.1%" grep -Eq "^ +1 +2 +1 +1 +8 +2 .* - +
 expect_ok "the same, JSON" "$ELASTIC" plan --world 2 --layers 8 --dim 64 --heads 1 --vocab 256 --seq 32 \
     --global-batch 8 --micro-batch 1 --json
 check "JSON: virtual_stages 4, bubble 1/32; pp 1 has none" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); c=p["layouts"][p["chosen"]]; assert c["virtual_stages"]==4 and abs(c["bubble"]-1/32)<1e-12, c; o=[l for l in p["layouts"] if l["pp"]==1][0]; assert o["virtual_stages"]==1 and o["bubble"]==0, o' "$WORK/.out"
+# A bubble over 5% outweighs memory that fits: one sequence a step through
+# tp2 pp2 idles each stage half the step; tp4 pp1 needs 64 KiB more per rank.
+expect_ok "llama-tiny, 4 ranks, batch 1" "$ELASTIC" plan --world 4 --model llama-tiny --global-batch 1
+check "text: tp4 pp1 chosen over the 100% bubble of tp2 pp2, and why" grep -Eq "^chosen: tp4 pp1 dp1 micro 1 accum 1 \
+\(.*per rank \(tp2 pp2 needs 937 KiB but idles in a pipeline bubble of 100.0% of the step\)\)" "$WORK/.out"
 expect_ok "--help" "$ELASTIC" plan --help
 check "--help: usage" grep -q "usage: tp-elastic plan --world N" "$WORK/.out"
 
