@@ -13,6 +13,8 @@
 #include <time.h>
 
 #include "../common/clock.h"
+#include "../formats/dcp.h"
+#include "../formats/megatron.h"
 #include "../kernels/kernels.h"
 #include "../trainer/comm_mpi.h"
 #include "../trainer/data.h"
@@ -53,6 +55,8 @@ static const char *usage_text =
     "checkpoints: --ckpt-dir DIR|URL --ckpt-every N --resume [--sync-save] [--stop-at N] [--ckpt-cache DIR]\n"
     "           written asynchronously; SIGTERM or SIGUSR1 (or --stop-at): finish the step,\n"
     "           checkpoint, exit 0. --resume continues from the newest intact checkpoint, at any layout.\n"
+    "           Another tool's checkpoint (Megatron-LM, Megatron-Core torch_dist, PyTorch DCP) as --ckpt-dir is\n"
+    "           refused (exit 2), naming the command that converts it (tp-ckpt import, tp-reshard --format tp)\n"
     "           A URL (http(s)://, s3://bucket/prefix; docs/STORES.md): each rank writes its shard to\n"
     "           --ckpt-cache (default $TMPDIR/tp-train-cache-HASH, local to its node: no shared file\n"
     "           system) and uploads it in the background; rank 0 uploads the index last\n"
@@ -494,6 +498,41 @@ static void print_summary(const train_outcome *out, const reporter *p, int64_t g
     printf("\n");
 }
 
+/* Whether --ckpt-dir is another tool's checkpoint: then *why says what it
+ * is and the command that converts it, else it is left empty. tp-train
+ * neither resumes from one nor writes its run beside one: --resume found no
+ * step_* there, started afresh and wrote step_* beside the tracker. Asked as
+ * tp-reshard asks (formats/open.c): torch_dist first, for it is a DCP with a
+ * tracker. */
+static int foreign_checkpoint(const char *dir, char *why, size_t size)
+{
+    int dist = 0, dcp = 0, megatron = 0;
+    why[0] = '\0';
+    TP_TRY(megatron_dist_detect(dir, &dist));
+    if (!dist) TP_TRY(dcp_detect(dir, &dcp));
+    if (!dist && !dcp) TP_TRY(megatron_detect(dir, &megatron));
+    const char *base = strrchr(dir, '/');
+    base = base && base[1] ? base + 1 : dir;
+    int iteration = !strncmp(base, "iter_", 5) || !strcmp(base, "release");
+    if (dist)
+        snprintf(why, size, "--ckpt-dir %s is a Megatron-Core distributed checkpoint (metadata.json), not a tp-train "
+                 "run directory: to train from it, convert it to Megatron-LM's legacy format (tp-reshard %s --to tp1 "
+                 "--format megatron --weights-only -o LEGACY), import that into a run directory (mkdir RUN; tp-ckpt "
+                 "import LEGACY -o RUN/step_N --tp T --pp P, N its iteration), then give --ckpt-dir RUN --resume "
+                 "(docs/MEGATRON.md)", dir, dir);
+    else if (dcp)
+        snprintf(why, size, "--ckpt-dir %s is a PyTorch distributed checkpoint (.metadata), not a tp-train run "
+                 "directory: to train from it, convert it into a run directory (mkdir RUN; tp-reshard %s --to tpTppP "
+                 "--format tp -o RUN/step_N, N its step), then give --ckpt-dir RUN --resume (docs/DCP.md)", dir, dir);
+    else if (megatron)
+        snprintf(why, size, "--ckpt-dir %s is %s, not a tp-train run directory: to train from it, import it into a run "
+                 "directory (mkdir RUN; tp-ckpt import %s -o RUN/step_N --tp T --pp P, N its iteration), then give "
+                 "--ckpt-dir RUN --resume (docs/MEGATRON.md)", dir,
+                 iteration ? "an iteration of a Megatron-LM checkpoint (mp_rank_* rank files)"
+                           : "a Megatron-LM checkpoint (latest_checkpointed_iteration.txt)", dir);
+    return TP_OK;
+}
+
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
@@ -651,6 +690,21 @@ int main(int argc, char **argv)
         int code = comm_mpi_rank() == 0 ? fail("%s", tp_errmsg()) : 1;
         comm_mpi_finalize();
         return code;
+    }
+    /* Another tool's checkpoint as --ckpt-dir is refused before anything is
+     * written there (the run's claim, a save). Rank 0 looks (a few requests to
+     * an object store) and every rank hears its verdict: 1 foreign, 2 the look
+     * failed. */
+    char foreign[2 * CKPT_PATH_MAX + 512] = "";
+    int verdict = 0;
+    if (o.ckpt_dir && cm->rank == 0 && foreign_checkpoint(o.ckpt_dir, foreign, sizeof foreign)) verdict = 2;
+    else if (foreign[0]) verdict = 1;
+    if (o.ckpt_dir && comm_broadcast(cm, &verdict, sizeof verdict, 0, COMM_HOST)) verdict = 2;
+    if (verdict) {
+        if (cm->rank == 0 && verdict == 1) fprintf(stderr, "tp-train: %s\n", foreign);
+        else if (cm->rank == 0) fail("--ckpt-dir %s: %s", o.ckpt_dir, tp_errmsg());
+        comm_free(cm);
+        return verdict == 1 ? 2 : 1;
     }
     /* The device: each rank its own (local rank i on GPU i), every rank told
      * whether all have one. Rank 0 says why it has none; when it has one,
