@@ -9,8 +9,10 @@
  * exactly (micro_batch x grad_accum x DP == global batch); a layout must fit
  * in the memory per rank when one is given. Among the valid layouts the
  * planner prefers, in order: the most ranks used, the global batch nearest
- * the request, the current TP and PP, the least memory per rank, the least
- * communication, the smaller TP. With allow_batch_change, a (TP, PP) whose
+ * the request, the current TP and PP, no ZeRO-3, the least pipeline bubble
+ * over PLAN_BUBBLE_TARGET (idle time in every step, which memory that fits
+ * does not buy back), the least memory per rank, the least communication,
+ * the smaller TP. With allow_batch_change, a (TP, PP) whose
  * DP keeping the batch would leave ranks idle uses them all instead, at the
  * largest global batch below the request that its DP divides; a layout
  * keeping the request still wins among those using as many ranks. */

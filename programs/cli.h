@@ -25,6 +25,41 @@
         {"rope-scaling", required_argument, 0, CLI_MODEL_OPTION},                                                   \
         {"tied-embeddings", no_argument, 0, CLI_MODEL_OPTION}, {"untied-embeddings", no_argument, 0, CLI_MODEL_OPTION}
 
+/* tp-train's own options (beyond the model's): its getopt_long table, and
+ * what tp-elastic plan takes of a run's arguments pasted to it (each value
+ * consumed as tp-train consumes it). getopt returns the CLI_TRAIN_* code. */
+enum {
+    CLI_TRAIN_FIRST = 0x5400,
+    CLI_TRAIN_TP = CLI_TRAIN_FIRST, CLI_TRAIN_PP, CLI_TRAIN_DP, CLI_TRAIN_MICRO_BATCH, CLI_TRAIN_GRAD_ACCUM,
+    CLI_TRAIN_GLOBAL_BATCH, CLI_TRAIN_SEQUENCE_PARALLEL, CLI_TRAIN_VIRTUAL_STAGES, CLI_TRAIN_ZERO, CLI_TRAIN_STEPS,
+    CLI_TRAIN_LR, CLI_TRAIN_MIN_LR, CLI_TRAIN_WARMUP, CLI_TRAIN_WEIGHT_DECAY, CLI_TRAIN_CLIP, CLI_TRAIN_SEED,
+    CLI_TRAIN_DATA, CLI_TRAIN_CKPT_DIR, CLI_TRAIN_CKPT_EVERY, CLI_TRAIN_RESUME, CLI_TRAIN_SYNC_SAVE, CLI_TRAIN_LOG,
+    CLI_TRAIN_THREADS, CLI_TRAIN_DUMP, CLI_TRAIN_QUIET, CLI_TRAIN_STOP_AT, CLI_TRAIN_FAULT, CLI_TRAIN_FAULT_STEP,
+    CLI_TRAIN_FAULT_RANK, CLI_TRAIN_FAULT_ONCE, CLI_TRAIN_DEVICE, CLI_TRAIN_CKPT_CACHE,
+    CLI_TRAIN_LAST = CLI_TRAIN_CKPT_CACHE
+};
+#define CLI_TRAIN_LONG_OPTIONS                                                                                        \
+    {"tp", required_argument, 0, CLI_TRAIN_TP}, {"pp", required_argument, 0, CLI_TRAIN_PP},                         \
+        {"dp", required_argument, 0, CLI_TRAIN_DP}, {"micro-batch", required_argument, 0, CLI_TRAIN_MICRO_BATCH},  \
+        {"grad-accum", required_argument, 0, CLI_TRAIN_GRAD_ACCUM},                                                 \
+        {"global-batch", required_argument, 0, CLI_TRAIN_GLOBAL_BATCH},                                             \
+        {"sequence-parallel", no_argument, 0, CLI_TRAIN_SEQUENCE_PARALLEL},                                         \
+        {"virtual-stages", required_argument, 0, CLI_TRAIN_VIRTUAL_STAGES},                                         \
+        {"zero", required_argument, 0, CLI_TRAIN_ZERO}, {"steps", required_argument, 0, CLI_TRAIN_STEPS},           \
+        {"lr", required_argument, 0, CLI_TRAIN_LR}, {"min-lr", required_argument, 0, CLI_TRAIN_MIN_LR},            \
+        {"warmup", required_argument, 0, CLI_TRAIN_WARMUP},                                                         \
+        {"weight-decay", required_argument, 0, CLI_TRAIN_WEIGHT_DECAY},                                             \
+        {"clip", required_argument, 0, CLI_TRAIN_CLIP}, {"seed", required_argument, 0, CLI_TRAIN_SEED},             \
+        {"data", required_argument, 0, CLI_TRAIN_DATA}, {"ckpt-dir", required_argument, 0, CLI_TRAIN_CKPT_DIR},    \
+        {"ckpt-every", required_argument, 0, CLI_TRAIN_CKPT_EVERY}, {"resume", no_argument, 0, CLI_TRAIN_RESUME},  \
+        {"sync-save", no_argument, 0, CLI_TRAIN_SYNC_SAVE}, {"log", required_argument, 0, CLI_TRAIN_LOG},          \
+        {"threads", required_argument, 0, CLI_TRAIN_THREADS}, {"dump", required_argument, 0, CLI_TRAIN_DUMP},      \
+        {"quiet", no_argument, 0, CLI_TRAIN_QUIET}, {"stop-at", required_argument, 0, CLI_TRAIN_STOP_AT},          \
+        {"fault", required_argument, 0, CLI_TRAIN_FAULT}, {"fault-step", required_argument, 0, CLI_TRAIN_FAULT_STEP}, \
+        {"fault-rank", required_argument, 0, CLI_TRAIN_FAULT_RANK},                                                 \
+        {"fault-once", required_argument, 0, CLI_TRAIN_FAULT_ONCE},                                                 \
+        {"device", required_argument, 0, CLI_TRAIN_DEVICE}, {"ckpt-cache", required_argument, 0, CLI_TRAIN_CKPT_CACHE}
+
 /* How the model options read in --help. */
 #define CLI_MODEL_USAGE                                                                                                \
     "model:     --model tiny|small|gpt2-124m|llama-tiny|smollm2-135m|tinyllama-1.1b|llama-3.2-1b,\n"                 \

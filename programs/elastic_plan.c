@@ -20,6 +20,10 @@ static const char plan_usage[] =
     "           --ckpt DIR: the model (and the current layout) of a checkpoint or run directory instead\n"
     "options:   --micro-batch M (8: the largest to use) --ranks-per-node G (TP stays within a node)\n"
     "           --memory-per-rank SIZE (512M, 80G) --current tpTppP (prefer it) --allow-batch-change --json\n"
+    "A run's tp-train arguments may be pasted as they are: --tp T --pp P say the current layout (as --current);\n"
+    "the rest change nothing here and are ignored: what the plan chooses itself (--dp, --grad-accum, --zero,\n"
+    "--sequence-parallel, --virtual-stages) and the trainer's alone (--steps, --lr, --min-lr, --warmup,\n"
+    "--weight-decay, --clip, --seed, --data, --ckpt-dir, --ckpt-every, --resume, --log, --quiet, --device, ...).\n"
     "Exit status: 0 when a layout is chosen, 1 when none is valid, 2 on usage errors.\n";
 
 /* tpTppP, as tp-reshard's --to takes it. */
@@ -105,11 +109,12 @@ static void print_plan(const elastic_plan_request *r, const elastic_plan *plan)
 
 int elastic_plan_main(int argc, char **argv)
 {
-    enum { O_WORLD = 1, O_CKPT, O_BATCH, O_MICRO, O_RPN, O_MEMORY, O_CURRENT, O_ALLOW, O_JSON, O_HELP };
+    enum { O_WORLD = 1, O_CKPT, O_RPN, O_MEMORY, O_CURRENT, O_ALLOW, O_JSON, O_HELP };
+    /* The trainer's options too (--global-batch and --micro-batch are the
+     * plan's own as well), so that a run's arguments can be pasted. */
     static const struct option options[] = {
-        CLI_MODEL_LONG_OPTIONS,
+        CLI_MODEL_LONG_OPTIONS, CLI_TRAIN_LONG_OPTIONS,
         {"world", required_argument, 0, O_WORLD}, {"ckpt", required_argument, 0, O_CKPT},
-        {"global-batch", required_argument, 0, O_BATCH}, {"micro-batch", required_argument, 0, O_MICRO},
         {"ranks-per-node", required_argument, 0, O_RPN}, {"memory-per-rank", required_argument, 0, O_MEMORY},
         {"current", required_argument, 0, O_CURRENT}, {"allow-batch-change", no_argument, 0, O_ALLOW},
         {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
@@ -117,6 +122,7 @@ int elastic_plan_main(int argc, char **argv)
     gpt_options model = {0};
     const char *ckpt = NULL;
     int json = 0, model_given = 0, c, index = 0;
+    int64_t train_tp = 0, train_pp = 0; /* tp-train's --tp and --pp: its default of 1 for the one not given */
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", options, &index)) != -1) {
@@ -127,16 +133,31 @@ int elastic_plan_main(int argc, char **argv)
             break;
         case O_WORLD: r.world = (int)cli_int(PROGRAM, "--world", optarg, 1, 1 << 20); break;
         case O_CKPT: ckpt = optarg; break;
-        case O_BATCH: r.global_batch = cli_int(PROGRAM, "--global-batch", optarg, 1, (int64_t)1 << 30); break;
-        case O_MICRO: r.micro_batch = cli_int(PROGRAM, "--micro-batch", optarg, 1, 1 << 20); break;
+        case CLI_TRAIN_GLOBAL_BATCH:
+            r.global_batch = cli_int(PROGRAM, "--global-batch", optarg, 1, (int64_t)1 << 30);
+            break;
+        case CLI_TRAIN_MICRO_BATCH: r.micro_batch = cli_int(PROGRAM, "--micro-batch", optarg, 1, 1 << 20); break;
+        case CLI_TRAIN_TP: train_tp = cli_int(PROGRAM, "--tp", optarg, 1, 4096); break;
+        case CLI_TRAIN_PP: train_pp = cli_int(PROGRAM, "--pp", optarg, 1, 4096); break;
         case O_RPN: r.ranks_per_node = (int)cli_int(PROGRAM, "--ranks-per-node", optarg, 1, 1 << 20); break;
         case O_MEMORY: r.memory_per_rank = cli_size(PROGRAM, "--memory-per-rank", optarg); break;
         case O_CURRENT: parse_layout(optarg, &r.current_tp, &r.current_pp); break;
         case O_ALLOW: r.allow_batch_change = 1; break;
         case O_JSON: json = 1; break;
         case O_HELP: fputs(plan_usage, stdout); return 0;
-        default: cli_usage_error(PROGRAM, "unknown option or missing value: '%s'", cli_rejected_option(argv));
+        default:
+            /* The trainer's other options: nothing the plan depends on. */
+            if (c >= CLI_TRAIN_FIRST && c <= CLI_TRAIN_LAST) break;
+            cli_usage_error(PROGRAM, "unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
+    }
+    if (train_tp || train_pp) {
+        int tp = train_tp ? (int)train_tp : 1, pp = train_pp ? (int)train_pp : 1;
+        if (r.current_tp && (r.current_tp != tp || r.current_pp != pp))
+            cli_usage_error(PROGRAM, "--tp %d --pp %d and --current tp%dpp%d name two current layouts", tp, pp,
+                            r.current_tp, r.current_pp);
+        r.current_tp = tp;
+        r.current_pp = pp;
     }
     if (optind != argc) cli_usage_error(PROGRAM, "unexpected argument '%s'", argv[optind]);
     if (!r.world) cli_usage_error(PROGRAM, "--world N is required");

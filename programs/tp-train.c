@@ -13,6 +13,8 @@
 #include <time.h>
 
 #include "../common/clock.h"
+#include "../formats/dcp.h"
+#include "../formats/megatron.h"
 #include "../kernels/kernels.h"
 #include "../trainer/comm_mpi.h"
 #include "../trainer/data.h"
@@ -53,6 +55,8 @@ static const char *usage_text =
     "checkpoints: --ckpt-dir DIR|URL --ckpt-every N --resume [--sync-save] [--stop-at N] [--ckpt-cache DIR]\n"
     "           written asynchronously; SIGTERM or SIGUSR1 (or --stop-at): finish the step,\n"
     "           checkpoint, exit 0. --resume continues from the newest intact checkpoint, at any layout.\n"
+    "           Another tool's checkpoint (Megatron-LM, Megatron-Core torch_dist, PyTorch DCP) as --ckpt-dir is\n"
+    "           refused (exit 2), naming the command that converts it (tp-ckpt import, tp-reshard --format tp)\n"
     "           A URL (http(s)://, s3://bucket/prefix; docs/STORES.md): each rank writes its shard to\n"
     "           --ckpt-cache (default $TMPDIR/tp-train-cache-HASH, local to its node: no shared file\n"
     "           system) and uploads it in the background; rank 0 uploads the index last\n"
@@ -494,6 +498,41 @@ static void print_summary(const train_outcome *out, const reporter *p, int64_t g
     printf("\n");
 }
 
+/* Whether --ckpt-dir is another tool's checkpoint: then *why says what it
+ * is and the command that converts it, else it is left empty. tp-train
+ * neither resumes from one nor writes its run beside one: --resume found no
+ * step_* there, started afresh and wrote step_* beside the tracker. Asked as
+ * tp-reshard asks (formats/open.c): torch_dist first, for it is a DCP with a
+ * tracker. */
+static int foreign_checkpoint(const char *dir, char *why, size_t size)
+{
+    int dist = 0, dcp = 0, megatron = 0;
+    why[0] = '\0';
+    TP_TRY(megatron_dist_detect(dir, &dist));
+    if (!dist) TP_TRY(dcp_detect(dir, &dcp));
+    if (!dist && !dcp) TP_TRY(megatron_detect(dir, &megatron));
+    const char *base = strrchr(dir, '/');
+    base = base && base[1] ? base + 1 : dir;
+    int iteration = !strncmp(base, "iter_", 5) || !strcmp(base, "release");
+    if (dist)
+        snprintf(why, size, "--ckpt-dir %s is a Megatron-Core distributed checkpoint (metadata.json), not a tp-train "
+                 "run directory: to train from it, convert it to Megatron-LM's legacy format (tp-reshard %s --to tp1 "
+                 "--format megatron --weights-only -o LEGACY), import that into a run directory (mkdir RUN; tp-ckpt "
+                 "import LEGACY -o RUN/step_N --tp T --pp P, N its iteration), then give --ckpt-dir RUN --resume "
+                 "(docs/MEGATRON.md)", dir, dir);
+    else if (dcp)
+        snprintf(why, size, "--ckpt-dir %s is a PyTorch distributed checkpoint (.metadata), not a tp-train run "
+                 "directory: to train from it, convert it into a run directory (mkdir RUN; tp-reshard %s --to tpTppP "
+                 "--format tp -o RUN/step_N, N its step), then give --ckpt-dir RUN --resume (docs/DCP.md)", dir, dir);
+    else if (megatron)
+        snprintf(why, size, "--ckpt-dir %s is %s, not a tp-train run directory: to train from it, import it into a run "
+                 "directory (mkdir RUN; tp-ckpt import %s -o RUN/step_N --tp T --pp P, N its iteration), then give "
+                 "--ckpt-dir RUN --resume (docs/MEGATRON.md)", dir,
+                 iteration ? "an iteration of a Megatron-LM checkpoint (mp_rank_* rank files)"
+                           : "a Megatron-LM checkpoint (latest_checkpointed_iteration.txt)", dir);
+    return TP_OK;
+}
+
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
@@ -509,26 +548,8 @@ int main(int argc, char **argv)
     int64_t tp = 1, pp = 1, dp = 0, global_batch = 0;
     int accum_given = 0;
     double started = now_seconds();
-    enum { O_TP = 256, O_PP, O_DP, O_MB, O_ACCUM, O_STEPS, O_LR, O_MIN_LR, O_WARMUP, O_WD, O_CLIP, O_SEED, O_DATA,
-           O_CKPT, O_EVERY, O_RESUME, O_SYNC, O_LOG, O_THREADS, O_DUMP, O_QUIET, O_STOP, O_GLOBAL, O_FAULT, O_FAULT_STEP,
-           O_FAULT_RANK, O_FAULT_ONCE, O_DEVICE, O_CACHE, O_SP, O_VS, O_ZERO };
     static const struct option options[] = {
-        CLI_MODEL_LONG_OPTIONS,
-        {"tp", required_argument, 0, O_TP}, {"pp", required_argument, 0, O_PP}, {"dp", required_argument, 0, O_DP},
-        {"micro-batch", required_argument, 0, O_MB}, {"grad-accum", required_argument, 0, O_ACCUM},
-        {"steps", required_argument, 0, O_STEPS}, {"lr", required_argument, 0, O_LR},
-        {"min-lr", required_argument, 0, O_MIN_LR}, {"warmup", required_argument, 0, O_WARMUP},
-        {"weight-decay", required_argument, 0, O_WD}, {"clip", required_argument, 0, O_CLIP},
-        {"seed", required_argument, 0, O_SEED}, {"data", required_argument, 0, O_DATA},
-        {"ckpt-dir", required_argument, 0, O_CKPT}, {"ckpt-every", required_argument, 0, O_EVERY},
-        {"resume", no_argument, 0, O_RESUME}, {"sync-save", no_argument, 0, O_SYNC},
-        {"log", required_argument, 0, O_LOG}, {"threads", required_argument, 0, O_THREADS},
-        {"dump", required_argument, 0, O_DUMP}, {"quiet", no_argument, 0, O_QUIET},
-        {"stop-at", required_argument, 0, O_STOP}, {"global-batch", required_argument, 0, O_GLOBAL},
-        {"fault", required_argument, 0, O_FAULT}, {"fault-step", required_argument, 0, O_FAULT_STEP},
-        {"fault-rank", required_argument, 0, O_FAULT_RANK}, {"fault-once", required_argument, 0, O_FAULT_ONCE},
-        {"device", required_argument, 0, O_DEVICE}, {"ckpt-cache", required_argument, 0, O_CACHE},
-        {"sequence-parallel", no_argument, 0, O_SP}, {"virtual-stages", required_argument, 0, O_VS}, {"zero", required_argument, 0, O_ZERO}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        CLI_MODEL_LONG_OPTIONS, CLI_TRAIN_LONG_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *device = "auto";
     const int64_t big = (int64_t)1 << 31;
     int c, index = 0;
@@ -538,16 +559,16 @@ int main(int argc, char **argv)
         case CLI_MODEL_OPTION:
             if (gpt_options_set(&model, options[index].name, optarg)) die_usage("%s", tp_errmsg());
             break;
-        case O_TP: tp = cli_int("tp-train", "--tp", optarg, 1, 4096); break;
-        case O_PP: pp = cli_int("tp-train", "--pp", optarg, 1, 4096); break;
-        case O_DP: dp = cli_int("tp-train", "--dp", optarg, 1, 1 << 20); break;
-        case O_MB: o.micro_batch = cli_int("tp-train", "--micro-batch", optarg, 1, big); break;
-        case O_ACCUM:
+        case CLI_TRAIN_TP: tp = cli_int("tp-train", "--tp", optarg, 1, 4096); break;
+        case CLI_TRAIN_PP: pp = cli_int("tp-train", "--pp", optarg, 1, 4096); break;
+        case CLI_TRAIN_DP: dp = cli_int("tp-train", "--dp", optarg, 1, 1 << 20); break;
+        case CLI_TRAIN_MICRO_BATCH: o.micro_batch = cli_int("tp-train", "--micro-batch", optarg, 1, big); break;
+        case CLI_TRAIN_GRAD_ACCUM:
             o.grad_accum = cli_int("tp-train", "--grad-accum", optarg, 1, big);
             accum_given = 1;
             break;
-        case O_GLOBAL: global_batch = cli_int("tp-train", "--global-batch", optarg, 1, big); break;
-        case O_FAULT:
+        case CLI_TRAIN_GLOBAL_BATCH: global_batch = cli_int("tp-train", "--global-batch", optarg, 1, big); break;
+        case CLI_TRAIN_FAULT:
             if (strcmp(optarg, "die") == 0) fault.kind = FAULT_DIE;
             else if (strcmp(optarg, "hang") == 0) fault.kind = FAULT_HANG;
             else if (strcmp(optarg, "fail") == 0) fault.kind = FAULT_FAIL;
@@ -555,34 +576,38 @@ int main(int argc, char **argv)
             else if (strcmp(optarg, "fail-at-start") == 0) fault.kind = FAULT_FAIL_AT_START;
             else die_usage("--fault takes die, hang, fail, slow or fail-at-start, not '%s'", optarg);
             break;
-        case O_FAULT_STEP: fault.step = cli_int("tp-train", "--fault-step", optarg, 1, (int64_t)1 << 40); break;
-        case O_FAULT_RANK: fault.rank = (int)cli_int("tp-train", "--fault-rank", optarg, 0, 1 << 20); break;
-        case O_FAULT_ONCE: fault.once = optarg; break;
-        case O_STEPS: o.steps = cli_int("tp-train", "--steps", optarg, 1, (int64_t)1 << 40); break;
-        case O_LR: o.lr = cli_number("tp-train", "--lr", optarg); break;
-        case O_MIN_LR: o.min_lr = cli_number("tp-train", "--min-lr", optarg); break;
-        case O_WARMUP: o.warmup = cli_int("tp-train", "--warmup", optarg, 0, (int64_t)1 << 40); break;
-        case O_WD: o.weight_decay = cli_number("tp-train", "--weight-decay", optarg); break;
-        case O_CLIP: o.clip = cli_number("tp-train", "--clip", optarg); break;
-        case O_SEED: o.seed = (uint64_t)cli_int("tp-train", "--seed", optarg, 0, INT64_MAX); break;
-        case O_DATA: o.data = optarg; break;
-        case O_CKPT: o.ckpt_dir = optarg; break;
-        case O_CACHE: o.ckpt_cache = optarg; break;
-        case O_EVERY: o.ckpt_every = cli_int("tp-train", "--ckpt-every", optarg, 0, (int64_t)1 << 40); break;
-        case O_RESUME: o.resume = 1; break;
-        case O_SYNC: o.sync_save = 1; break;
-        case O_LOG: log_path = optarg; break;
-        case O_THREADS: o.threads = (int)cli_int("tp-train", "--threads", optarg, 1, 1024); break;
-        case O_DUMP: o.dump_dir = optarg; break;
-        case O_QUIET: quiet = 1; break;
-        case O_STOP: o.stop_at = cli_int("tp-train", "--stop-at", optarg, 1, (int64_t)1 << 40); break;
-        case O_SP: o.sequence_parallel = 1; break;
-        case O_ZERO:
+        case CLI_TRAIN_FAULT_STEP: fault.step = cli_int("tp-train", "--fault-step", optarg, 1, (int64_t)1 << 40); break;
+        case CLI_TRAIN_FAULT_RANK: fault.rank = (int)cli_int("tp-train", "--fault-rank", optarg, 0, 1 << 20); break;
+        case CLI_TRAIN_FAULT_ONCE: fault.once = optarg; break;
+        case CLI_TRAIN_STEPS: o.steps = cli_int("tp-train", "--steps", optarg, 1, (int64_t)1 << 40); break;
+        case CLI_TRAIN_LR: o.lr = cli_number("tp-train", "--lr", optarg); break;
+        case CLI_TRAIN_MIN_LR: o.min_lr = cli_number("tp-train", "--min-lr", optarg); break;
+        case CLI_TRAIN_WARMUP: o.warmup = cli_int("tp-train", "--warmup", optarg, 0, (int64_t)1 << 40); break;
+        case CLI_TRAIN_WEIGHT_DECAY: o.weight_decay = cli_number("tp-train", "--weight-decay", optarg); break;
+        case CLI_TRAIN_CLIP: o.clip = cli_number("tp-train", "--clip", optarg); break;
+        case CLI_TRAIN_SEED: o.seed = (uint64_t)cli_int("tp-train", "--seed", optarg, 0, INT64_MAX); break;
+        case CLI_TRAIN_DATA: o.data = optarg; break;
+        case CLI_TRAIN_CKPT_DIR: o.ckpt_dir = optarg; break;
+        case CLI_TRAIN_CKPT_CACHE: o.ckpt_cache = optarg; break;
+        case CLI_TRAIN_CKPT_EVERY:
+            o.ckpt_every = cli_int("tp-train", "--ckpt-every", optarg, 0, (int64_t)1 << 40);
+            break;
+        case CLI_TRAIN_RESUME: o.resume = 1; break;
+        case CLI_TRAIN_SYNC_SAVE: o.sync_save = 1; break;
+        case CLI_TRAIN_LOG: log_path = optarg; break;
+        case CLI_TRAIN_THREADS: o.threads = (int)cli_int("tp-train", "--threads", optarg, 1, 1024); break;
+        case CLI_TRAIN_DUMP: o.dump_dir = optarg; break;
+        case CLI_TRAIN_QUIET: quiet = 1; break;
+        case CLI_TRAIN_STOP_AT: o.stop_at = cli_int("tp-train", "--stop-at", optarg, 1, (int64_t)1 << 40); break;
+        case CLI_TRAIN_SEQUENCE_PARALLEL: o.sequence_parallel = 1; break;
+        case CLI_TRAIN_ZERO:
             o.zero = (int)cli_int("tp-train", "--zero", optarg, 0, 3);
             if (o.zero == 2) die_usage("--zero 2 (gradients split, parameters whole) is not offered: --zero 1 or 3");
             break;
-        case O_VS: o.virtual_stages = (int)cli_int("tp-train", "--virtual-stages", optarg, 1, 4096); break;
-        case O_DEVICE:
+        case CLI_TRAIN_VIRTUAL_STAGES:
+            o.virtual_stages = (int)cli_int("tp-train", "--virtual-stages", optarg, 1, 4096);
+            break;
+        case CLI_TRAIN_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))
                 die_usage("--device takes cpu, cuda or auto, not '%s'", optarg);
             device = optarg;
@@ -665,6 +690,21 @@ int main(int argc, char **argv)
         int code = comm_mpi_rank() == 0 ? fail("%s", tp_errmsg()) : 1;
         comm_mpi_finalize();
         return code;
+    }
+    /* Another tool's checkpoint as --ckpt-dir is refused before anything is
+     * written there (the run's claim, a save). Rank 0 looks (a few requests to
+     * an object store) and every rank hears its verdict: 1 foreign, 2 the look
+     * failed. */
+    char foreign[2 * CKPT_PATH_MAX + 512] = "";
+    int verdict = 0;
+    if (o.ckpt_dir && cm->rank == 0 && foreign_checkpoint(o.ckpt_dir, foreign, sizeof foreign)) verdict = 2;
+    else if (foreign[0]) verdict = 1;
+    if (o.ckpt_dir && comm_broadcast(cm, &verdict, sizeof verdict, 0, COMM_HOST)) verdict = 2;
+    if (verdict) {
+        if (cm->rank == 0 && verdict == 1) fprintf(stderr, "tp-train: %s\n", foreign);
+        else if (cm->rank == 0) fail("--ckpt-dir %s: %s", o.ckpt_dir, tp_errmsg());
+        comm_free(cm);
+        return verdict == 1 ? 2 : 1;
     }
     /* The device: each rank its own (local rank i on GPU i), every rank told
      * whether all have one. Rank 0 says why it has none; when it has one,

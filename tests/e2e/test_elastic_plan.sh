@@ -130,8 +130,37 @@ check "text: its row says v 4, bubble 3.1%" grep -Eq "^ +1 +2 +1 +1 +8 +2 .* - +
 expect_ok "the same, JSON" "$ELASTIC" plan --world 2 --layers 8 --dim 64 --heads 1 --vocab 256 --seq 32 \
     --global-batch 8 --micro-batch 1 --json
 check "JSON: virtual_stages 4, bubble 1/32; pp 1 has none" "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); c=p["layouts"][p["chosen"]]; assert c["virtual_stages"]==4 and abs(c["bubble"]-1/32)<1e-12, c; o=[l for l in p["layouts"] if l["pp"]==1][0]; assert o["virtual_stages"]==1 and o["bubble"]==0, o' "$WORK/.out"
+# A bubble over 5% outweighs memory that fits: one sequence a step through
+# tp2 pp2 idles each stage half the step; tp4 pp1 needs 64 KiB more per rank.
+expect_ok "llama-tiny, 4 ranks, batch 1" "$ELASTIC" plan --world 4 --model llama-tiny --global-batch 1
+check "text: tp4 pp1 chosen over the 100% bubble of tp2 pp2, and why" grep -Eq "^chosen: tp4 pp1 dp1 micro 1 accum 1 \
+\(.*per rank \(tp2 pp2 needs 937 KiB but idles in a pipeline bubble of 100.0% of the step\)\)" "$WORK/.out"
 expect_ok "--help" "$ELASTIC" plan --help
 check "--help: usage" grep -q "usage: tp-elastic plan --world N" "$WORK/.out"
+check "--help: a run's tp-train arguments may be pasted" grep -q "tp-train arguments may be pasted as they are" "$WORK/.out"
+
+# ------------------------------------------------ a run's arguments pasted
+# tp-train's own options are taken (they were refused as unknown): --tp and
+# --pp as the current layout, the others ignored; the plan is the one
+# --current gives, byte for byte, and nothing is made at the paths named.
+expect_ok "the plan of --current tp2pp2" "$ELASTIC" plan --world 8 --model tiny --global-batch 8 --micro-batch 2 \
+    --current tp2pp2 --json
+mv "$WORK/.out" "$WORK/current.json"
+expect_ok "a run's tp-train arguments pasted" "$ELASTIC" plan --model tiny --tp 2 --pp 2 --dp 2 --micro-batch 2 \
+    --grad-accum 2 --resume --world 8 --global-batch 8 --steps 100 --lr 3e-4 --min-lr 3e-5 --warmup 10 --seed 7 \
+    --ckpt-every 5 --ckpt-dir "$WORK/never-run" --sync-save --quiet --log "$WORK/never.jsonl" --data "$WORK/none.bin" \
+    --zero 1 --sequence-parallel --virtual-stages 2 --weight-decay 0.1 --clip 1 --threads 2 --device cpu \
+    --stop-at 50 --ckpt-cache "$WORK/never-cache" --json
+check "pasted: the same plan as --current tp2pp2" cmp -s "$WORK/.out" "$WORK/current.json"
+check "pasted: nothing made at the paths they name" \
+    sh -c '! ls -d "$1"/never* 2>/dev/null | grep -q .' - "$WORK"
+expect_ok "--pp alone: tp 1, as tp-train's default" "$ELASTIC" plan --world 4 --model tiny --global-batch 8 --pp 2 \
+    --seed 1
+check "--pp alone: tp1 pp2 kept" grep -Eq "^chosen: tp1 pp2 dp2 .*keeps the current tp1 pp2" "$WORK/.out"
+expect_error "--tp and --current naming two layouts" 2 "--tp 4 --pp 1 and --current tp2pp2 name two current layouts" \
+    "$ELASTIC" plan --world 8 --model tiny --global-batch 8 --tp 4 --current tp2pp2
+expect_error "a trainer option missing its value" 2 "missing value: '--seed'" \
+    "$ELASTIC" plan --world 8 --model tiny --global-batch 8 --seed
 
 # ----------------------------------------------------------------- --ckpt
 MODEL="--layers 4 --dim 64 --heads 4 --vocab 300 --seq 32"

@@ -88,4 +88,46 @@ expect_ok "resume at tp1 from the resharded checkpoint" "$TRAIN" $TINY --steps 2
 check "resumed from tp-reshard output: the straight losses (1e-4)" \
     losses_match "$WORK/from-reshard.jsonl" "$WORK/straight-tail.jsonl" 1e-4
 
+# --- Another tool's checkpoint as --ckpt-dir: refused (exit 2), with or without --resume, before anything is
+# written there, in one line naming what it is and the command that converts it; that command works. (--resume
+# found no step_* there, started afresh and wrote its checkpoints beside the tracker.)
+expect_ok "step 10 as a PyTorch DCP" "$BIN/tp-reshard" "$WORK/relayout/step_00000010" --to tp1 --format dcp -o "$WORK/dcp"
+expect_ok "step 10 as Megatron-LM's" "$BIN/tp-reshard" "$WORK/relayout/step_00000010" --to tp1 --format megatron \
+    -o "$WORK/meg"
+# What Megatron-Core writes beside its DCP (docs/MEGATRON.md): the tracker, and metadata.json naming the backend.
+mkdir -p "$WORK/dist/iter_0000010" && echo 10 >"$WORK/dist/latest_checkpointed_iteration.txt" &&
+    cp "$WORK/dcp/.metadata" "$WORK/dcp/__0_0.distcp" "$WORK/dist/iter_0000010/" &&
+    echo '{"sharded_backend": "torch_dist", "sharded_backend_version": 1}' >"$WORK/dist/iter_0000010/metadata.json"
+listing() { (cd "$WORK" && find dcp meg dist | sort); }
+before=$(listing)
+expect_error "--resume over a DCP" 2 "^tp-train: --ckpt-dir .*/dcp is a PyTorch distributed checkpoint \(\.metadata\), \
+not a tp-train run directory: .*tp-reshard .*/dcp --to tpTppP --format tp -o RUN/step_N.*--ckpt-dir RUN --resume" \
+    "$TRAIN" $TINY --steps 12 --ckpt-dir "$WORK/dcp" --resume
+expect_error "--resume over a Megatron-LM checkpoint" 2 "^tp-train: --ckpt-dir .*/meg is a Megatron-LM checkpoint \
+\(latest_checkpointed_iteration.txt\), not a tp-train run directory: .*tp-ckpt import .*/meg -o RUN/step_N --tp T --pp P" \
+    "$TRAIN" $TINY --steps 12 --ckpt-dir "$WORK/meg" --resume
+expect_error "a fresh run into a Megatron-LM checkpoint" 2 "--ckpt-dir .*/meg is a Megatron-LM checkpoint" \
+    "$TRAIN" $TINY --steps 12 --ckpt-dir "$WORK/meg"
+run mpi_train 2 $TINY --tp 2 --steps 12 --ckpt-dir "$WORK/meg/iter_0000010" --resume
+check_all "--resume over a Megatron-LM iteration under mpirun: exit 2, rank 0 alone says what it is (exit $RC)" \
+    '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: --ckpt-dir" "$WORK/.err")" -eq 1 ] && grep -Eq \
+    -- "--ckpt-dir .*/meg/iter_0000010 is an iteration of a Megatron-LM checkpoint \(mp_rank_\* rank files\)" "$WORK/.err"'
+expect_error "--resume over a torch_dist checkpoint" 2 "--ckpt-dir .*/dist is a Megatron-Core distributed checkpoint \
+\(metadata.json\), .*--format megatron --weights-only -o LEGACY.*tp-ckpt import LEGACY" \
+    "$TRAIN" $TINY --steps 12 --ckpt-dir "$WORK/dist" --resume
+check "nothing was written into them" [ "$(listing)" = "$before" ]
+mkdir "$WORK/run-dcp" "$WORK/run-meg"
+expect_ok "the DCP converted as the refusal says" "$BIN/tp-reshard" "$WORK/dcp" --to tp1pp1 --format tp \
+    -o "$WORK/run-dcp/step_00000010"
+expect_ok "resumed from it" "$TRAIN" $TINY --steps 20 --stop-at 12 --ckpt-dir "$WORK/run-dcp" --resume \
+    --log "$WORK/run-dcp.jsonl"
+steps_from "$WORK/straight.jsonl" 11 12 >"$WORK/straight-11-12.jsonl"
+check "from the DCP: the straight losses (1e-4)" losses_match "$WORK/run-dcp.jsonl" "$WORK/straight-11-12.jsonl" 1e-4
+expect_ok "the Megatron-LM checkpoint imported as the refusal says" "$BIN/tp-ckpt" import "$WORK/meg" \
+    -o "$WORK/run-meg/step_00000010" --tp 1 --pp 1
+expect_ok "resumed from it" "$TRAIN" $TINY --steps 20 --stop-at 12 --ckpt-dir "$WORK/run-meg" --resume \
+    --log "$WORK/run-meg.jsonl"
+check "from the import: resumed at step 10 (weights only: the optimizer starts afresh)" \
+    [ "$(events "$WORK/run-meg.jsonl" start resumed_from)" = "step_00000010 " ]
+
 finish

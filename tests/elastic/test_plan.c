@@ -104,6 +104,12 @@ static void assert_nothing_larger(const elastic_plan_request *r, const elastic_l
                       (long long)share);
 }
 
+/* A bubble over the planner's target, from plan.h's definition. */
+static double bubble_over_target(const elastic_layout *l)
+{
+    return l->bubble > PLAN_BUBBLE_TARGET ? l->bubble - PLAN_BUBBLE_TARGET : 0;
+}
+
 /* Checks every layout of the plan against the rules and the choice against
  * brute force: the most ranks any (tp, pp) following the rules can use. */
 static void check_plan(const elastic_plan_request *r)
@@ -143,6 +149,15 @@ static void check_plan(const elastic_plan_request *r)
         cr_assert_eq(plan.batch_changed, c->global_batch != r->global_batch);
         if (c->ranks == r->world) cr_assert(strstr(plan.why, "uses all"), "%s", plan.why);
         else cr_assert(strstr(plan.why, "idle"), "%s", plan.why);
+        /* Unless kept as the current one, no layout as good on ranks and
+         * batch idles less in a bubble over the target. */
+        for (int i = 0; i < plan.count && !(c->tp == r->current_tp && c->pp == r->current_pp); i++) {
+            const elastic_layout *l = &plan.layouts[i];
+            if (l->valid && l->ranks == c->ranks && l->global_batch == c->global_batch)
+                cr_assert_leq(bubble_over_target(c), bubble_over_target(l),
+                              "world %d batch %lld: tp%d pp%d (bubble %.3f) chosen over tp%d pp%d (bubble %.3f)",
+                              r->world, (long long)r->global_batch, c->tp, c->pp, c->bubble, l->tp, l->pp, l->bubble);
+        }
     }
     cr_assert(plan.why[0]);
     elastic_plan_free(&plan);
@@ -265,6 +280,40 @@ Test(plan, without_a_current_layout_the_least_memory)
                           plan.layouts[i].tp, plan.layouts[i].pp);
     cr_assert(strstr(plan.why, "the least memory"), "%s", plan.why);
     elastic_plan_free(&plan);
+}
+
+/* Memory that fits buys no time: llama-tiny at 4 ranks, batch 1, took tp2
+ * pp2 (one micro-batch through two stages: each idles half the step, a
+ * bubble of 100%) over tp4 pp1 for 937 KiB per rank instead of 1001. */
+Test(plan, a_bubble_outweighs_memory_that_fits)
+{
+    char why[512];
+    elastic_plan_request r = request(preset("llama-tiny"), 4, 1);
+    elastic_plan plan;
+    cr_assert_eq(elastic_plan_make(&r, &plan), TP_OK, "%s", tp_errmsg());
+    const elastic_layout *tp2pp2 = NULL, *c = &plan.layouts[plan.chosen];
+    for (int i = 0; i < plan.count; i++)
+        if (plan.layouts[i].tp == 2 && plan.layouts[i].pp == 2) tp2pp2 = &plan.layouts[i];
+    cr_assert(tp2pp2 && tp2pp2->valid && tp2pp2->ranks == 4 && tp2pp2->grad_accum == 1);
+    cr_assert_float_eq(tp2pp2->bubble, 1.0, 1e-12);
+    cr_assert(c->tp == 4 && c->pp == 1 && c->bubble == 0, "tp%d pp%d: %s", c->tp, c->pp, plan.why);
+    cr_assert_lt(tp2pp2->memory.total, c->memory.total, "the case: tp2 pp2 needs less");
+    cr_assert(strstr(plan.why, "(tp2 pp2 needs 937 KiB but idles in a pipeline bubble of 100.0% of the step)"), "%s",
+              plan.why);
+    cr_assert_null(strstr(plan.why, "the least memory"), "%s", plan.why);
+    elastic_plan_free(&plan);
+    /* The current layout still comes first: a run at tp2 pp2 stays there. */
+    r.current_tp = r.current_pp = 2;
+    elastic_layout kept = chosen_of(&r, why, sizeof why);
+    cr_assert(kept.tp == 2 && kept.pp == 2, "%s", why);
+    /* A bubble within the target counts as none: 64 micro-batches at pp 2
+     * (1/64) against pp 1, and the least memory decides. */
+    r = request(shape(1, 1, 64, 8), 2, 64);
+    r.micro_batch = 1;
+    elastic_layout deep = chosen_of(&r, why, sizeof why);
+    cr_assert(deep.pp == 2 && deep.bubble > 0 && deep.bubble <= PLAN_BUBBLE_TARGET, "pp%d bubble %.3f: %s", deep.pp,
+              deep.bubble, why);
+    cr_assert(strstr(why, "the least memory of 2 layouts as good"), "%s", why);
 }
 
 Test(plan, idle_ranks_when_the_batch_allows_no_more)

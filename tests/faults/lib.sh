@@ -20,12 +20,33 @@ with_fault() {
     (TP_CKPT_FAULT=$1 && export TP_CKPT_FAULT && shift && "$@")
 }
 
-# instant I N SPAN: when trial I (0..N-1) of N strikes, in seconds: a random
-# point of the I-th of N equal slices of 0..SPAN, so that the trials of one
-# run spread over the whole span, each at an instant of its own.
+# FAULT_SEED seeds the instants at which faults strike: drawn afresh by each
+# run and printed, so that a failure can be replayed (the same seed, trials
+# and spans strike at the same instants). A seed is 1..2147483646: mawk's
+# srand clamps anything larger to 2^31 - 1, so a seed made of the pid, the
+# trial and the nanoseconds (19 digits or more) drew the same instants in
+# every run.
+FAULT_SEED=${FAULT_SEED:-$(($(od -An -N4 -tu4 /dev/urandom) % 2147483646 + 1))}
+case $FAULT_SEED in
+'' | 0* | *[!0-9]* | ???????????*) seed_ok=0 ;; # 0N would be octal
+*) seed_ok=$((FAULT_SEED >= 1 && FAULT_SEED <= 2147483646)) ;;
+esac
+if [ "$seed_ok" != 1 ]; then
+    echo "FAIL [$NAME] FAULT_SEED=$FAULT_SEED: expected an integer from 1 to 2147483646" >&2
+    exit 2
+fi
+echo "[$NAME] instants drawn from FAULT_SEED=$FAULT_SEED (replay: FAULT_SEED=$FAULT_SEED FAULT_TRIALS=$TRIALS)"
+FAULT_AWK=${FAULT_AWK:-awk}
+
+# instant I N SPAN [STREAM]: when trial I (0..N-1) of N strikes, in seconds:
+# a random point of the I-th of N equal slices of 0..SPAN, so that the trials
+# of one run spread over the whole span, each at an instant of its own. The
+# draw depends only on FAULT_SEED, STREAM (a name, so that classes of trials
+# run beside each other strike at instants of their own) and I.
 instant() {
-    awk -v i="$1" -v n="$2" -v span="$3" -v seed="$$$1$(date +%N)" \
-        'BEGIN { srand(seed); printf "%.3f\n", (i + rand()) / n * span }'
+    stream=$(printf '%s' "${4:-}" | cksum | cut -d' ' -f1)
+    "$FAULT_AWK" -v i="$1" -v n="$2" -v span="$3" -v seed=$(((FAULT_SEED + stream) % 2147483646 + 1)) \
+        'BEGIN { srand(seed); for (k = 0; k <= i; k++) r = rand(); printf "%.3f\n", (i + r) / n * span }'
 }
 
 # timed CMD...: runs CMD; DURATION is its wall time in seconds.

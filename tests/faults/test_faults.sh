@@ -17,6 +17,23 @@ FULL="$WORK/full"
 MOUNTED=0
 trap '[ "$MOUNTED" = 1 ] && umount "$FULL"; rm -rf "$WORK"' EXIT
 
+# ------------------------------------------------------------- the instants
+# Every awk here draws other instants from another seed, the same ones from
+# the same seed, each within its slice (mawk clamped the 19-digit seeds of
+# pid, trial and nanoseconds to one: every run struck at the same instants).
+draws() {
+    (FAULT_AWK=$1 FAULT_SEED=$2 && for i in 0 1 2 3; do instant $i 4 8 draws; done | tr '\n' ' ')
+}
+awks=$(for name in "${FAULT_AWK:-awk}" mawk gawk original-awk; do command -v "$name"; done |
+    xargs -r readlink -f | sort -u)
+for awk in $awks; do
+    first=$(draws "$awk" 1) second=$(draws "$awk" 2) again=$(draws "$awk" 1)
+    check "$awk: seeds 1 and 2 draw other instants ($first/ $second)" [ "$first" != "$second" ]
+    check "$awk: seed 1 draws the same instants again ($first/ $again)" [ "$first" = "$again" ]
+    check "$awk: each instant within its slice of 8 s ($second)" \
+        sh -c 'echo "$1" | awk "{ for (i = 1; i <= NF; i++) if (\$i < 2 * (i - 1) || \$i >= 2 * i) exit 1 }"' - "$second"
+done
+
 expect_ok "source checkpoint" "$CK" synth -o "$WORK/src" --tp 2 --pp 1 $MODEL --optim --seed 1
 expect_ok "second source" "$CK" synth -o "$WORK/src2" --tp 2 --pp 1 $MODEL --optim --seed 2
 expect_ok "an export to import from" "$CK" export "$WORK/src" --format safetensors -o "$WORK/st-src"
@@ -61,7 +78,7 @@ mkdir -p "$WORK/results"
 kill_trials() {
     label=$1 out=$2 check_out=$3
     shift 3
-    bad=0 killed=0
+    bad=0 killed=0 instants=""
     mkdir -p "$(dirname "$out")"
     timed "$@" || bad=$((bad + 1))
     span=$(echo "$DURATION * 1.2" | bc)
@@ -69,14 +86,16 @@ kill_trials() {
     while [ $i -lt "$TRIALS" ]; do
         "$@" >/dev/null 2>&1 &
         pid=$!
-        sleep "$(instant $i "$TRIALS" "$span")"
+        at=$(instant $i "$TRIALS" "$span" "$label")
+        instants="$instants $at"
+        sleep "$at"
         kill -9 $pid 2>/dev/null
         wait $pid 2>/dev/null
         [ $? -eq 137 ] && killed=$((killed + 1))
         [ -e "$out" ] && $check_out "$out" || bad=$((bad + 1))
         i=$((i + 1))
     done
-    echo "$bad $killed $span" >"$WORK/results/$label"
+    echo "$bad $killed $span$instants" >"$WORK/results/$label"
 }
 
 # kills_checked WHAT OUT CMD...: the checks of kill_trials WHAT, and a run of
@@ -84,11 +103,12 @@ kill_trials() {
 kills_checked() {
     label=$1 out=$2
     shift 2
-    read -r bad killed span <"$WORK/results/$label" || bad="no result"
+    read -r bad killed span instants <"$WORK/results/$label" || bad="no result"
     check "$label: the output was whole after each of $TRIALS kills" [ "$bad" = 0 ]
     expect_ok "$label: a run after the kills" "$@"
     check "$label: no staging left once a writer ran after the kills" no_staging "$(dirname "$out")"
     echo "[$NAME] kill -9: $label: $TRIALS trials over ${span}s, $killed killed while running, $bad bad outputs"
+    echo "[$NAME] kill -9: $label: killed after (s): $instants"
 }
 
 mkdir -p "$WORK/k"
@@ -110,7 +130,7 @@ kills_checked "export" "$WORK/k-st/st" $EXPORT
 # committed checkpoint verifies, `latest` names one, and a resumed run cleans
 # up what the killed saves left.
 TRAIN_ARGS="--model tiny --micro-batch 2 --quiet --steps 100000 --ckpt-every 1 --ckpt-dir $WORK/k/run"
-bad=0 i=0
+bad=0 i=0 instants=""
 while [ $i -lt "$TRIALS" ]; do
     (use_open_mpi; exec "$TRAIN" $TRAIN_ARGS --resume) >/dev/null 2>&1 & # one process: $! is the trainer
     pid=$!
@@ -118,7 +138,9 @@ while [ $i -lt "$TRIALS" ]; do
     # in start-up, steps and saves.
     waited=0
     while [ ! -e "$WORK/k/run/latest" ] && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
-    sleep "$(instant $i "$TRIALS" 1.0)"
+    at=$(instant $i "$TRIALS" 1.0 training)
+    instants="$instants $at"
+    sleep "$at"
     kill -9 $pid 2>/dev/null
     wait $pid 2>/dev/null
     for d in "$WORK"/k/run/step_*; do
@@ -139,6 +161,7 @@ expect_ok "training resumes after the kills" trainer --model tiny --micro-batch 
     --resume --ckpt-every 1 --steps $((STEP + 1))
 check "the resumed run removed the killed saves' staging" no_staging "$WORK/k/run"
 echo "[$NAME] kill -9: training saves: $TRIALS trials, $bad bad checkpoints, resumed at step $STEP"
+echo "[$NAME] kill -9: training saves: killed after (s):$instants"
 
 # --------------------------------------------------------- concurrent writers
 # Two writers at one output: without --force one wins and the other fails,

@@ -24,7 +24,7 @@ mkdir -p "$WORK/results"
 signal_trials() {
     label=$1 out=$2 check_out=$3
     shift 3
-    bad=0 hit=0 i=0
+    bad=0 hit=0 i=0 instants=""
     mkdir -p "$(dirname "$out")"
     rm -rf "$out"
     timed "$@"
@@ -35,7 +35,9 @@ signal_trials() {
         [ $((i % 2)) -eq 1 ] && sig=INT code=130
         "$@" >/dev/null 2>&1 &
         pid=$!
-        sleep "$(instant $i "$TRIALS" "$span")"
+        at=$(instant $i "$TRIALS" "$span" "$label")
+        instants="$instants $at"
+        sleep "$at"
         kill -$sig $pid 2>/dev/null
         wait $pid 2>/dev/null
         rc=$?
@@ -51,14 +53,15 @@ signal_trials() {
         no_staging "$(dirname "$out")" || bad=$((bad + 1))
         i=$((i + 1))
     done
-    echo "$bad $hit $span" >"$WORK/results/$label"
+    echo "$bad $hit $span$instants" >"$WORK/results/$label"
 }
 
 # signals_checked LABEL: the check of what signal_trials LABEL found.
 signals_checked() {
-    read -r bad hit span <"$WORK/results/$1" || bad="no result"
+    read -r bad hit span instants <"$WORK/results/$1" || bad="no result"
     check "$1: $TRIALS signals: the signal's status, no partial output, no staging" [ "$bad" = 0 ]
     echo "[$NAME] signals: $1: $TRIALS trials over ${span}s, $hit interrupted, $bad bad"
+    echo "[$NAME] signals: $1: signalled after (s): $instants"
 }
 
 # gguf_whole FILE, hdf5_whole FILE: the export of $WORK/src reads back whole
