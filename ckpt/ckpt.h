@@ -408,9 +408,11 @@ int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int 
 int ckpt_reader_is_foreign(const ckpt_reader *reader);
 /* The checksums a foreign checkpoint records (ckpt_foreign.checks) of what
  * was read, whole: each range read in part is read to its end and
- * compared. A consumer calls it before it publishes what it made of the
- * data (TP_ERR_CHECKSUM naming the file and entry); *checked (may be
- * NULL): the ranges found whole and matching. TP_OK for other readers. */
+ * compared; and where it records logical digests (ckpt_foreign.digests),
+ * each piece read is read again and its digest compared. A consumer calls
+ * it before it publishes what it made of the data (TP_ERR_CHECKSUM naming
+ * the file and entry, or the tensor); *checked (may be NULL): the ranges
+ * and pieces found whole and matching. TP_OK for other readers. */
 int ckpt_reader_finish_checks(ckpt_reader *reader, int *checked);
 void ckpt_reader_close(ckpt_reader *reader);
 

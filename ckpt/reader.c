@@ -51,6 +51,7 @@ typedef struct {
      * PREFETCH_AHEAD / 2 bytes (each announcement walks the page cache over
      * its whole range). Threads may race on it: it is a hint. */
     _Atomic int64_t announced_from, announced_to;
+    _Atomic int read; /* a foreign piece with a recorded digest was read (checked by ckpt_reader_finish_checks) */
 } piece_runtime;
 
 typedef struct {
@@ -75,6 +76,7 @@ struct ckpt_reader {
     store_file *hold;        /* a shared lock on the checkpoint: no one replaces it while it is read */
     int foreign;            /* pieces are byte ranges of another tool's files (ckpt_reader_open_foreign) */
     foreign_checks *checks; /* the checksums such files record, checked as they are read */
+    int recorded_digests;   /* such a checkpoint records its tensors' logical digests (recorded_digests) */
 };
 
 void ckpt_read_options_init(ckpt_read_options *options)
@@ -631,6 +633,7 @@ static int piece_context(ckpt_reader *r, int i, int piece, piece_ctx *ctx)
     ctx->storage = r->storage;
     ctx->file = r->files[ip->file_index].data;
     ctx->file_index = ip->file_index;
+    if (r->recorded_digests) atomic_store_explicit(&ctx->pr->read, 1, memory_order_relaxed);
     ctx->file_path = r->files[ip->file_index].path;
     return TP_OK;
 }
@@ -1257,7 +1260,26 @@ static int read_for_check(void *ctx, int f, void *buf, int64_t n, int64_t offset
 
 int ckpt_reader_finish_checks(ckpt_reader *r, int *checked)
 {
-    return foreign_checks_finish(r->checks, read_for_check, r, checked);
+    int status = foreign_checks_finish(r->checks, read_for_check, r, checked);
+    /* Recorded logical digests (the toolkit's description in another
+     * format): each piece read is read again whole and its digest compared.
+     * Its data in another order (two chunks' items swapped) gives another. */
+    for (int i = 0; !status && r->recorded_digests && i < r->index.num_tensors; i++) {
+        const ckpt_index_tensor *it = &r->index.tensors[i];
+        for (int p = 0; p < it->num_pieces && !status; p++) {
+            if (!atomic_load_explicit(&r->pieces[i][p].read, memory_order_relaxed)) continue;
+            piece_ctx c;
+            uint64_t digest = 0;
+            status = piece_digest(r, i, p, &c, &digest);
+            if (!status && digest != it->pieces[p].digest)
+                status = tp_fail(TP_ERR_CHECKSUM, "%s: tensor %s: its data has the logical digest %016llx, the "
+                                 "checkpoint's description records %016llx (data damaged or out of place)",
+                                 r->path, it->tensor.name, (unsigned long long)digest,
+                                 (unsigned long long)it->pieces[p].digest);
+            if (!status && checked) (*checked)++;
+        }
+    }
+    return status;
 }
 
 int ckpt_reader_is_foreign(const ckpt_reader *r)
@@ -1459,6 +1481,7 @@ static int recorded_digests(ckpt_reader *r, const ckpt_foreign *src)
         it->digest = src->digests[i];
         for (int p = 0; p < it->num_pieces; p++) it->pieces[p].digest = src->digests[i];
     }
+    r->recorded_digests = 1;
     return TP_OK;
 }
 

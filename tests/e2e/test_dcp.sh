@@ -181,6 +181,40 @@ PYEOF
     expect_error "verify names the tensor whose digest no longer matches" 1 \
         "1 of 208 tensors differ from the digests the description records, the first: .*model/layers.2.mlp.fc.weight" \
         "$CK" verify "$WORK/changed"
+    # Readers check the recorded digests too, as they read: nothing is written.
+    expect_error "tp-reshard of it names the tensor whose digest no longer matches" 1 \
+        "tensor model/layers.2.mlp.fc.weight: its data has the logical digest [0-9a-f]{16}, the checkpoint's description records [0-9a-f]{16}" \
+        "$RS" "$WORK/changed" --format tp --to tp1 -o "$WORK/changed.tp"
+    expect_error "tp-reshard of it to DCP too" 1 "tensor model/layers.2.mlp.fc.weight: its data has the logical digest" \
+        "$RS" "$WORK/changed" --to tp2 -o "$WORK/changed.dcp"
+    check_all "nothing written from it" '[ ! -e "$WORK/changed.tp" ] && [ ! -e "$WORK/changed.dcp" ]'
+    # Two chunks' items swapped in .metadata (same sizes: every check of
+    # offsets and lengths still holds): only the digests tell.
+    cp -r "$WORK/changed" "$WORK/swapped"
+    run "$PY" - "$JUDGE" "$WORK/gpt.dcp" "$WORK/swapped" <<'PYEOF'
+import pickle, runpy, shutil, sys
+judge = runpy.run_path(sys.argv[1])
+shutil.rmtree(sys.argv[3])
+shutil.copytree(sys.argv[2], sys.argv[3])
+md = judge["read_metadata"](sys.argv[3])
+by_size = {}
+for index, info in md.storage_data.items():
+    if index.fqn.startswith("model.layers.") and index.fqn.endswith(".weight"):
+        by_size.setdefault(info.length, []).append(index)
+pair = next(v for v in by_size.values() if len({i.fqn for i in v}) > 1)
+a = pair[0]
+b = next(i for i in pair if i.fqn != a.fqn)
+md.storage_data[a], md.storage_data[b] = md.storage_data[b], md.storage_data[a]
+pickle.dump(md, open(sys.argv[3] + "/.metadata", "wb"))
+print(a.fqn, b.fqn)
+PYEOF
+    check "two chunks' items swapped in .metadata ($(cat "$WORK/.out"))" [ "$RC" -eq 0 ]
+    expect_error "verify of the swapped: a digest differs" 1 "tensors differ from the digests the description records" \
+        "$CK" verify "$WORK/swapped"
+    expect_error "tp-reshard of the swapped: refused, naming a tensor" 1 \
+        "tensor model/layers\\.[0-9]+\\.[a-z0-9_.]+weight: its data has the logical digest" \
+        "$RS" "$WORK/swapped" --format tp --to tp1 -o "$WORK/swapped.tp"
+    check "nothing written from the swapped" test ! -e "$WORK/swapped.tp"
 fi
 
 # ------------------------------------------------------------------ damage
