@@ -298,14 +298,16 @@ soak: deps
 
 # Fuzzing with libFuzzer (clang) under ASan and UBSan: the index parser, the
 # safetensors reader, the partition arithmetic, the pickle interpreter,
-# torch.save archives, Megatron-LM checkpoints and PyTorch distributed
+# torch.save archives, Megatron-LM checkpoints, the Megatron-LM writer's
+# carrying over of a source's non-tensor state and PyTorch distributed
 # checkpoints' .metadata (tests/fuzz/fuzz_*.c), each
 # for FUZZ_SECONDS from its seed corpus (tests/fuzz/corpus/<target>, with
-# tests/fuzz/<target>.dict where there is one); new
+# tests/fuzz/<target>.dict where there is one, and the corpora that
+# tests/fuzz/<target>.seeds names, a folder a line); new
 # inputs go to build-fuzz/corpus, crashes to build-fuzz/crashes. Not part of
 # `make test`, which replays the corpus (tests/ckpt/test_hostile.c).
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := index safetensors partition pickle torch megatron dcp
+FUZZ_TARGETS := index safetensors partition pickle torch megatron megatron_write dcp
 FUZZ_SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz needs clang (apt-get install clang)" >&2; exit 1; }
@@ -314,7 +316,8 @@ fuzz: deps
 	@mkdir -p build-fuzz/crashes; for t in $(FUZZ_TARGETS); do \
 		mkdir -p build-fuzz/corpus/$$t; echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
 		build-fuzz/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=3072 -print_final_stats=1 \
-			$$(test -f tests/fuzz/$$t.dict && echo -dict=tests/fuzz/$$t.dict) -artifact_prefix=build-fuzz/crashes/$$t- build-fuzz/corpus/$$t tests/fuzz/corpus/$$t >build-fuzz/fuzz_$$t.log 2>&1; \
+			$$(test -f tests/fuzz/$$t.dict && echo -dict=tests/fuzz/$$t.dict) -artifact_prefix=build-fuzz/crashes/$$t- build-fuzz/corpus/$$t tests/fuzz/corpus/$$t \
+			$$(test -f tests/fuzz/$$t.seeds && cat tests/fuzz/$$t.seeds) >build-fuzz/fuzz_$$t.log 2>&1; \
 		rc=$$?; grep -E 'DONE|number_of_executed_units|ERROR|SUMMARY|Test unit written' build-fuzz/fuzz_$$t.log; \
 		[ $$rc -eq 0 ] || { echo "fuzz_$$t failed (exit $$rc), see build-fuzz/fuzz_$$t.log" >&2; exit 1; }; \
 	done

@@ -1270,6 +1270,11 @@ const pickle_value *megatron_rank_value(const megatron_checkpoint *m, int pp_ran
     return pickle_get(torch_archive_root(m->archives[pp_rank * m->config.tp + tp_rank]), key);
 }
 
+const char *megatron_rank_path(const megatron_checkpoint *m, int pp_rank, int tp_rank)
+{
+    return torch_archive_path(m->archives[pp_rank * m->config.tp + tp_rank]);
+}
+
 int megatron_rank_tensor_read(const megatron_checkpoint *m, int pp_rank, int tp_rank, const pickle_value *tensor, void *buf,
                               int64_t size)
 {

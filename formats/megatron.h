@@ -215,7 +215,14 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
  * weights_only). Each
  * rank's RNG and rerun state is carried over when the layout is the
  * template's and left out otherwise (report says so; Megatron does the
- * same on a change of layout). The output is staged and appears whole or
+ * same on a change of layout). What is carried over from the template
+ * goes back as data and known classes only (torch_write.h pk_value:
+ * argparse.Namespace, torch dtypes, numpy arrays, Megatron's enums, an
+ * io.BytesIO holding torch.save(None)), since torch.load calls what a
+ * pickle names: a call of anything else is refused before anything is
+ * written, naming the file, its key ("args.data_path[3]") and its class;
+ * what the template shares is shared again (memo GETs), so that the output
+ * stays the size of its input. The output is staged and appears whole or
  * not at all. Refused, naming the cause: a layout the model does not
  * divide into, and a padded vocabulary that is not a multiple of the
  * target's padding, a piece that does not fit the memory limit. plan

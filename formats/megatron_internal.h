@@ -18,6 +18,8 @@ const pickle_value *megatron_model_value(const megatron_checkpoint *checkpoint, 
 /* A top-level value of the rank file of (pp_rank, tp_rank): "optimizer",
  * "rng_state", ...; NULL when absent. */
 const pickle_value *megatron_rank_value(const megatron_checkpoint *checkpoint, int pp_rank, int tp_rank, const char *key);
+/* The path of the rank file of (pp_rank, tp_rank), for messages. */
+const char *megatron_rank_path(const megatron_checkpoint *checkpoint, int pp_rank, int tp_rank);
 /* The bytes (size) of a tensor found in that rank file's values. */
 int megatron_rank_tensor_read(const megatron_checkpoint *checkpoint, int pp_rank, int tp_rank, const pickle_value *tensor,
                               void *buf, int64_t size);

@@ -4,6 +4,7 @@
  * docs/MEGATRON.md section 4), each piece read from the source as the
  * target lays it out (reshard_read_piece_rows), streamed. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,13 @@
  * every byte crosses memory four times, not two (docs/BENCHMARKS.md,
  * bench-megatron). */
 #define BLOCK_BYTES ((int64_t)256 << 10)
+
+/* An entry of the template's first parameter's optimizer state other than
+ * the moments (torch's Adam keeps a step) is copied to every parameter;
+ * the copies of a rank file take at most this plus the source's size in
+ * bytes, so that a large hostile entry is not multiplied by the
+ * parameters. A step takes a hundred bytes. */
+#define COPY_BUDGET ((int64_t)1 << 20)
 
 enum { NO_EXTRA, EXTRA_NONE, EXTRA_TE }; /* a module's _extra_state: none, None, Transformer Engine's */
 
@@ -112,6 +120,8 @@ typedef struct {
     int64_t block_bytes;  /* a piece streams through r->piece this much at a time */
     void *piece;          /* a buffer of a block, or of a whole piece where one is reordered */
     size_t piece_size;
+    pk_memo *memo;        /* of the rank file's pickle: what is carried over from the template, written once */
+    int64_t copy_budget;  /* bytes the copies of a per-parameter entry may take in a rank file */
 } rank_writer;
 
 static int add_pending(rank_writer *r, struct pending p)
@@ -119,6 +129,44 @@ static int add_pending(rank_writer *r, struct pending p)
     TP_TRY(array_reserve((void **)&r->pending, &r->pending_capacity, r->num_pending + 1, sizeof *r->pending));
     r->pending[r->num_pending++] = p;
     return TP_OK;
+}
+
+/* Where a value carried over from the template lies. */
+typedef struct {
+    rank_writer *r;
+    int rank[2]; /* pp, tp of the template's rank file */
+} template_value;
+
+static int emit_raw_tensor(void *ctx, const pickle_value *t);
+
+enum { NO_TENSORS, TENSORS = 1, COPY = 2 };
+
+/* A value of the template's rank file from->rank written back (only data
+ * and known classes: torch_write.h pk_value), its place in that file (a
+ * printf format: "args.data_path") named where it is refused; with
+ * TENSORS, its tensors copied whole; with COPY, a copy sharing nothing
+ * written before (an entry given to every parameter). */
+static int carry(rank_writer *r, const pickle_value *v, template_value *from, int how, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int carry(rank_writer *r, const pickle_value *v, template_value *from, int how, const char *fmt, ...)
+{
+    char path[512];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(path, sizeof path, fmt, args);
+    va_end(args);
+    pk_origin origin = {.file = megatron_rank_path(r->template, from->rank[0], from->rank[1]), .path = path,
+                        .tensor = how & TENSORS ? emit_raw_tensor : NULL, .ctx = from, .copy = (how & COPY) != 0};
+    return pk_value(r->b, r->memo, v, &origin);
+}
+
+/* A dict key as its place in a path: ".name", or "{key N}" for a key that
+ * is no string. */
+static const char *key_part(const pickle_value *key, int64_t i, char *buf, size_t size)
+{
+    if (key->kind == PICKLE_STRING) snprintf(buf, size, ".%.200s", key->text.data);
+    else snprintf(buf, size, "{key %lld}", (long long)i);
+    return buf;
 }
 
 /* Emits this rank's piece of the source's tensor index (a fused QKV: qkv). */
@@ -242,6 +290,34 @@ static int entry(rank_writer *r, const char *key, const char *canonical)
     return emit_tensor(r, index, strstr(canonical, ".attention.qkv.") != NULL);
 }
 
+/* Transformer Engine's extra state before TE 2.0: an io.BytesIO holding
+ * a torch.save, which TE torch.loads when the model loads. It goes back
+ * only when it holds torch.save(None), TE's without FP8: FP8 state is not
+ * converted, and a pickle in it could call anything. */
+static int check_extra_bytes(const char *file, const char *key, const pickle_value *v)
+{
+    if (v->kind != PICKLE_OBJECT || strcmp(v->object.cls, "_io.BytesIO") != 0) return TP_OK;
+    /* BytesIO(initial_bytes), then BUILD (value, position, __dict__). */
+    const pickle_value *held[2] = {
+        v->object.args && v->object.args->kind == PICKLE_TUPLE && v->object.args->items.count ? v->object.args->items.items[0]
+                                                                                                : NULL,
+        v->object.state && v->object.state->kind == PICKLE_TUPLE && v->object.state->items.count ? v->object.state->items.items[0]
+                                                                                                  : NULL};
+    int none = held[0] || held[1];
+    for (int i = 0; i < 2 && none; i++) {
+        if (!held[i]) continue;
+        torch_archive *a = NULL;
+        none = held[i]->kind == PICKLE_BYTES &&
+               torch_archive_open_memory(key, held[i]->text.data, held[i]->text.size, NULL, &a) == TP_OK &&
+               pickle_root(torch_archive_doc(a))->kind == PICKLE_NONE;
+        torch_archive_close(a);
+    }
+    if (!none)
+        return tp_fail(TP_ERR_FORMAT, "%s: %s holds other than torch.save(None) in an io.BytesIO (Transformer Engine's FP8 "
+                       "state, which is not converted, or a pickle of other than data); not written", file, key);
+    return TP_OK;
+}
+
 /* A module's _extra_state: None, or Transformer Engine's as the template
  * holds it (an empty uint8 tensor since TE 2.0, a BytesIO before). */
 static int emit_extra(rank_writer *r, const char *key, int extra, const char *template_key)
@@ -253,7 +329,12 @@ static int emit_extra(rank_writer *r, const char *key, int extra, const char *te
         return TP_OK;
     }
     const pickle_value *v = r->template ? megatron_model_value(r->template, template_key) : NULL;
-    if (v && v->kind != PICKLE_TENSOR) return pk_value(r->b, v);
+    template_value first_rank = {r, {0, 0}};
+    if (v && v->kind != PICKLE_TENSOR) {
+        TP_TRY(check_extra_bytes(megatron_rank_path(r->template, 0, 0), template_key, v));
+        /* A copy for each module, as each had its own. */
+        return carry(r, v, &first_rank, COPY, "%s.%s", r->c->vpp > 1 ? "model0" : "model", template_key);
+    }
     if (v && torch_tensor_numel(v) > 0)
         return tp_fail(TP_ERR_FORMAT, "%s: %s holds Transformer Engine's FP8 state, which is not converted",
                        megatron_path(r->template), template_key);
@@ -477,9 +558,11 @@ static int emit_args(rank_writer *r)
     buffer_put(b, ")\x81", 2); /* Namespace.__new__(Namespace): EMPTY_TUPLE, NEWOBJ */
     pk_dict_begin(b);
     const pickle_value *state = args->object.state;
+    template_value first_rank = {r, {0, 0}};
     for (int64_t i = 0; state && state->kind == PICKLE_DICT && i < state->dict.keys.count; i++) {
         const pickle_value *k = state->dict.keys.items[i];
-        TP_TRY(pk_value(b, k));
+        char part[256];
+        TP_TRY(carry(r, k, &first_rank, NO_TENSORS, "args{key %lld}", (long long)i));
         if (pickle_is_string(k, "tensor_model_parallel_size")) pk_int(b, r->to.tp);
         else if (pickle_is_string(k, "pipeline_model_parallel_size") ||
                  pickle_is_string(k, "transformer_pipeline_model_parallel_size"))
@@ -496,7 +579,7 @@ static int emit_args(rank_writer *r)
         else if (pickle_is_string(k, "use_mcore_models")) pk_bool(b, core);
         else if (pickle_is_string(k, "transformer_impl") && core)
             pk_string(b, r->naming == MEGATRON_NAMES_CORE ? "transformer_engine" : "local");
-        else TP_TRY(pk_value(b, state->dict.values.items[i]));
+        else TP_TRY(carry(r, state->dict.values.items[i], &first_rank, NO_TENSORS, "args%s", key_part(k, i, part, sizeof part)));
     }
     pk_dict_end(b);
     buffer_put(b, "b", 1); /* BUILD */
@@ -504,12 +587,6 @@ static int emit_args(rank_writer *r)
 }
 
 /* ------------------------------------------------------- optimizer state */
-
-/* Where a value carried over from the template lies. */
-typedef struct {
-    rank_writer *r;
-    int rank[2]; /* pp, tp of the template's rank file */
-} template_value;
 
 /* A tensor of a value of the template's rank file, copied whole: an RNG
  * state, a loss scale. */
@@ -556,14 +633,16 @@ static int emit_optimizer(rank_writer *r)
         return tp_fail(TP_ERR_FORMAT, "%s: the first rank file's optimizer has no state and param_groups to follow", file);
     const pickle_value *state0 = state->dict.values.items[0];
     template_value first_rank = {r, {0, 0}};
+    const char *where = wrapped ? "optimizer.optimizer" : "optimizer"; /* in messages */
     /* The groups in order of first appearance, each the template's group
      * of the same weight decay. */
     const pickle_value *group_of[2] = {NULL, NULL};
-    int order[2], num_groups = 0;
+    int order[2], num_groups = 0, group_index[2] = {0, 0};
     for (int64_t g = 0; g < groups->items.count; g++) {
         int cls;
         TP_TRY(megatron_group_no_weight_decay(groups->items.items[g], file, g, &cls));
         group_of[cls] = groups->items.items[g];
+        group_index[cls] = (int)g;
     }
     for (int k = 0; k < r->num_params && num_groups < 2; k++) {
         int cls = megatron_no_weight_decay(ckpt_reader_tensor(r->source, r->params[k]));
@@ -593,8 +672,10 @@ static int emit_optimizer(rank_writer *r)
             for (int64_t i = 0; state0->kind == PICKLE_DICT && i < state0->dict.keys.count; i++) {
                 const pickle_value *key = state0->dict.keys.items[i];
                 if (pickle_is_string(key, "exp_avg") || pickle_is_string(key, "exp_avg_sq")) continue;
-                TP_TRY(pk_value(b, key));
-                TP_TRY(pk_value_with(b, state0->dict.values.items[i], emit_raw_tensor, &first_rank));
+                char part[256];
+                TP_TRY(carry(r, key, &first_rank, COPY, "%s.state[0]{key %lld}", where, (long long)i));
+                TP_TRY(carry(r, state0->dict.values.items[i], &first_rank, TENSORS | COPY, "%s.state[0]%s", where,
+                             key_part(key, i, part, sizeof part)));
             }
             pk_dict_end(b);
         }
@@ -610,8 +691,11 @@ static int emit_optimizer(rank_writer *r)
         pk_dict_begin(b);
         for (int64_t i = 0; i < group->dict.keys.count; i++) {
             if (pickle_is_string(group->dict.keys.items[i], "params")) continue;
-            TP_TRY(pk_value(b, group->dict.keys.items[i]));
-            TP_TRY(pk_value(b, group->dict.values.items[i]));
+            char part[256];
+            TP_TRY(carry(r, group->dict.keys.items[i], &first_rank, NO_TENSORS, "%s.param_groups{key %lld}", where,
+                         (long long)i));
+            TP_TRY(carry(r, group->dict.values.items[i], &first_rank, NO_TENSORS, "%s.param_groups[%d]%s", where,
+                         group_index[order[g]], key_part(group->dict.keys.items[i], i, part, sizeof part)));
         }
         pk_string(b, "params"); /* torch writes it last */
         pk_list_begin(b);
@@ -627,8 +711,9 @@ static int emit_optimizer(rank_writer *r)
     for (int64_t i = 0; i < outer->dict.keys.count; i++) {
         const pickle_value *key = outer->dict.keys.items[i];
         if (pickle_is_string(key, "optimizer") || pickle_is_string(key, "fp32_from_fp16_params")) continue;
-        TP_TRY(pk_value(b, key));
-        TP_TRY(pk_value_with(b, outer->dict.values.items[i], emit_raw_tensor, &first_rank));
+        char part[256];
+        TP_TRY(carry(r, key, &first_rank, NO_TENSORS, "optimizer{key %lld}", (long long)i));
+        TP_TRY(carry(r, outer->dict.values.items[i], &first_rank, TENSORS, "optimizer%s", key_part(key, i, part, sizeof part)));
     }
     pk_string(b, "fp32_from_fp16_params");
     pk_list_begin(b);
@@ -657,7 +742,8 @@ static int emit_training_state(rank_writer *r)
         const pickle_value *schedule = megatron_rank_value(r->template, 0, 0, "opt_param_scheduler");
         if (schedule) {
             pk_string(b, "opt_param_scheduler");
-            TP_TRY(pk_value(b, schedule));
+            template_value first_rank = {r, {0, 0}};
+            TP_TRY(carry(r, schedule, &first_rank, NO_TENSORS, "opt_param_scheduler"));
         }
     }
     const char *per_rank[] = {"rerun_state_machine", "rng_state"};
@@ -666,12 +752,13 @@ static int emit_training_state(rank_writer *r)
         const pickle_value *v = megatron_rank_value(r->template, r->pp_rank, r->tp_rank, per_rank[i]);
         if (!v) continue;
         pk_string(b, per_rank[i]);
-        TP_TRY(pk_value_with(b, v, emit_raw_tensor, &this_rank));
+        TP_TRY(carry(r, v, &this_rank, TENSORS, "%s", per_rank[i]));
     }
     const pickle_value *flops = megatron_rank_value(r->template, 0, 0, "num_floating_point_operations_so_far");
     if (flops && (flops->kind == PICKLE_FLOAT || flops->kind == PICKLE_INT)) {
         pk_string(b, "num_floating_point_operations_so_far");
-        TP_TRY(pk_value(b, flops));
+        if (flops->kind == PICKLE_FLOAT) pk_float(b, flops->real);
+        else pk_int(b, flops->integer);
     }
     return TP_OK;
 }
@@ -685,9 +772,10 @@ static int write_rank(rank_writer *r, const char *iteration_dir)
     snprintf(file, sizeof file, "%s/" MEGATRON_RANK_FILE, dir);
     TP_TRY(torch_writer_open(file, "model_optim_rng", &r->w));
     r->b = torch_writer_pickle(r->w);
+    int status = pk_memo_create(r->copy_budget, &r->memo);
     pk_dict_begin(r->b);
     pk_string(r->b, "args");
-    int status = emit_args(r);
+    if (!status) status = emit_args(r);
     pk_string(r->b, "checkpoint_version");
     pk_float(r->b, 3.0);
     pk_string(r->b, "iteration");
@@ -698,6 +786,8 @@ static int write_rank(rank_writer *r, const char *iteration_dir)
     if (!status) status = r->naming >= MEGATRON_NAMES_CORE ? emit_model_core(r) : emit_model_legacy(r);
     if (!status) status = emit_training_state(r);
     pk_dict_end(r->b);
+    pk_memo_free(r->memo);
+    r->memo = NULL;
     if (!status) status = torch_writer_begin_storages(r->w);
     if (!status) status = write_pending(r);
     if (status) {
@@ -837,6 +927,37 @@ static int check_layout(const megatron_config *c, const ckpt_layout *to, megatro
     return TP_OK;
 }
 
+/* What the rank files carry over from the template (args, the model's
+ * extra states, the optimizer's groups, loss scaler and schedule, each
+ * rank's RNG and rerun state where the layout stays), checked before
+ * anything is written: only data and known classes go back (torch_write.h
+ * pk_value), so that a call in the source is refused naming where it lies
+ * rather than carried into a file that torch.load runs. */
+static int check_carried(const megatron_checkpoint *template, int optimizer, int carry_rank_state)
+{
+    const megatron_config *c = megatron_config_of(template);
+    const char *first = megatron_rank_path(template, 0, 0);
+    if (megatron_args(template)) TP_TRY(pk_value_check(megatron_args(template), first, "args", 0));
+    const char *model = c->vpp > 1 ? "model0" : "model";
+    const pickle_value *v = megatron_rank_value(template, 0, 0, model);
+    if (v) TP_TRY(pk_value_check(v, first, model, 1));
+    for (int64_t i = 0; v && v->kind == PICKLE_DICT && i < v->dict.keys.count; i++) {
+        const pickle_value *key = v->dict.keys.items[i];
+        if (key->kind == PICKLE_STRING && key->text.size >= 12 &&
+            !strcmp(key->text.data + key->text.size - 12, "_extra_state"))
+            TP_TRY(check_extra_bytes(first, key->text.data, v->dict.values.items[i]));
+    }
+    const char *training[] = {"optimizer", "opt_param_scheduler"};
+    for (int i = 0; i < 2 && optimizer; i++)
+        if ((v = megatron_rank_value(template, 0, 0, training[i]))) TP_TRY(pk_value_check(v, first, training[i], 1));
+    const char *per_rank[] = {"rerun_state_machine", "rng_state"};
+    for (int f = 0; f < c->tp * c->pp && carry_rank_state; f++)
+        for (int i = 0; i < 2; i++)
+            if ((v = megatron_rank_value(template, f / c->tp, f % c->tp, per_rank[i])))
+                TP_TRY(pk_value_check(v, megatron_rank_path(template, f / c->tp, f % c->tp), per_rank[i], 1));
+    return TP_OK;
+}
+
 /* Stored bytes of tensor t at the target: every piece, on every rank that holds one. */
 static int64_t written_bytes(const ckpt_tensor_desc *t, int tp, int64_t *piece)
 {
@@ -872,6 +993,7 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
     plan->rank_state_dropped = template && !(to.tp == c->tp && to.pp == c->pp) && megatron_rank_value(template, 0, 0, "rng_state");
     megatron_naming naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
     TP_TRY(check_layout(c, &to, naming));
+    if (template) TP_TRY(check_carried(template, plan->optimizer, to.tp == c->tp && to.pp == c->pp));
     const char *largest = "";
     for (int i = 0; i < ckpt_reader_num_tensors(source); i++) {
         const ckpt_tensor_desc *t = ckpt_reader_tensor(source, i);
@@ -922,6 +1044,7 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
     r.to.tp = plan.tp;
     r.to.pp = plan.pp;
     r.carry_rank_state = r.to.tp == c->tp && r.to.pp == c->pp;
+    r.copy_budget = COPY_BUDGET + (template ? megatron_bytes(template) : 0);
     r.naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
     store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = megatron_may_replace};
     store_staged *staged;

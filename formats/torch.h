@@ -172,6 +172,11 @@ int torch_archive_open(const char *path, const pickle_limits *limits, torch_arch
  * (bytes -1: to its end): an item of a PyTorch distributed checkpoint. */
 int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, const pickle_limits *limits,
                              torch_archive **out);
+/* The same for an archive held in data[0, size) (the caller's, kept while
+ * it is open), name in messages: a torch.save held in an io.BytesIO of a
+ * pickle (Transformer Engine's extra state). */
+int torch_archive_open_memory(const char *name, const void *data, int64_t size, const pickle_limits *limits,
+                              torch_archive **out);
 void torch_archive_close(torch_archive *archive);
 
 const pickle_doc *torch_archive_doc(const torch_archive *archive);

@@ -104,24 +104,13 @@ int torch_archive_open(const char *path, const pickle_limits *limits, torch_arch
     return torch_archive_open_range(path, 0, -1, limits, out);
 }
 
-int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, const pickle_limits *limits,
-                             torch_archive **out)
+/* What torch.load reads of the archive a->zip: its start, folder, byte
+ * order and version, data.pkl interpreted, each tensor inside its storage. */
+static int read_archive(torch_archive *a, const char *path, const pickle_limits *limits)
 {
-    *out = NULL;
-    pickle_limits defaults;
-    if (!limits) {
-        pickle_limits_init(&defaults);
-        limits = &defaults;
-    }
-    torch_archive *a = calloc(1, sizeof *a);
-    if (!a) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    /* The start is read through the archive's own open file: one open of
-     * it (round trips, for a store), and a second look only at a refusal. */
-    int status = zip_open_range(path, base, bytes, &a->zip);
-    if (status == TP_ERR_FORMAT && base == 0 && bytes < 0) status = explain_refusal(path, status);
     unsigned char start[sizeof legacy_magic];
-    size_t n = status ? 0 : zip_file_bytes(a->zip) < (int64_t)sizeof start ? (size_t)zip_file_bytes(a->zip) : sizeof start;
-    if (!status) status = zip_read(a->zip, start, (int64_t)n, 0);
+    size_t n = zip_file_bytes(a->zip) < (int64_t)sizeof start ? (size_t)zip_file_bytes(a->zip) : sizeof start;
+    int status = zip_read(a->zip, start, (int64_t)n, 0);
     if (!status) status = check_start(path, start, n);
     if (!status) status = find_prefix(a);
     char small[SMALL_ENTRY_MAX + 1];
@@ -151,6 +140,46 @@ int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, cons
     if (!status) status = pickle_load(pickle, (size_t)size, name, limits, &a->doc);
     free(pickle);
     if (!status) status = pickle_walk_tensors(a->doc, pickle_root(a->doc), check_tensor, a);
+    return status;
+}
+
+int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, const pickle_limits *limits,
+                             torch_archive **out)
+{
+    *out = NULL;
+    pickle_limits defaults;
+    if (!limits) {
+        pickle_limits_init(&defaults);
+        limits = &defaults;
+    }
+    torch_archive *a = calloc(1, sizeof *a);
+    if (!a) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    /* The start is read through the archive's own open file: one open of
+     * it (round trips, for a store), and a second look only at a refusal. */
+    int status = zip_open_range(path, base, bytes, &a->zip);
+    if (status == TP_ERR_FORMAT && base == 0 && bytes < 0) status = explain_refusal(path, status);
+    if (!status) status = read_archive(a, path, limits);
+    if (status) {
+        torch_archive_close(a);
+        return status;
+    }
+    *out = a;
+    return TP_OK;
+}
+
+int torch_archive_open_memory(const char *name, const void *data, int64_t size, const pickle_limits *limits,
+                              torch_archive **out)
+{
+    *out = NULL;
+    pickle_limits defaults;
+    if (!limits) {
+        pickle_limits_init(&defaults);
+        limits = &defaults;
+    }
+    torch_archive *a = calloc(1, sizeof *a);
+    if (!a) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = zip_open_memory(name, data, size, &a->zip);
+    if (!status) status = read_archive(a, name, limits);
     if (status) {
         torch_archive_close(a);
         return status;

@@ -1,5 +1,6 @@
 /* torch_write.c: torch.save files written without PyTorch (torch_write.h). */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -337,108 +338,391 @@ void pk_build(byte_buffer *b)
     op(b, 'b');
 }
 
-typedef struct {
-    pk_tensor_fn tensor;
-    void *ctx;
-} pk_tensors;
+/* ---------------------------------------------------- values carried over */
 
-static int pk_any(byte_buffer *b, const pickle_value *v, const pk_tensors *t);
+/* What a written pickle may name. torch.load imports every global a pickle
+ * names and calls the ones it applies, so a value read from a source file
+ * (which pickle.c records, never runs) is written back only as data and
+ * these: the classes the training state of real Megatron-LM rank files
+ * holds (docs/MEGATRON.md section 10: args, rng_state's numpy arrays,
+ * rerun_state_machine's and args' enums, Transformer Engine's _extra_state
+ * before TE 2.0), each harmless to import and to call with any arguments.
+ * Anything else is refused, naming where it is and what it names: a
+ * converter that runs nothing must not carry a call into a file that
+ * torch.load will run. */
+enum {
+    PK_CALLED = 1,   /* may be called (REDUCE, NEWOBJ) */
+    PK_STATEFUL = 2, /* what calling it gives may be given state (BUILD) */
+    PK_ENUM = 4,     /* an enum: getattr(cls, 'member') too, as Python 3.11.0 to 3.11.6 pickle members */
+};
+static const struct {
+    const char *name;
+    int uses;
+} allowed_globals[] = {
+    {"argparse.Namespace", PK_CALLED | PK_STATEFUL}, /* args: NEWOBJ, then BUILD of its attributes */
+    {"torch.device", PK_CALLED},
+    /* numpy's arrays, dtypes and scalars (rng_state's np_rng_state); numpy 2 names its module _core. */
+    {"numpy.core.multiarray._reconstruct", PK_CALLED | PK_STATEFUL},
+    {"numpy._core.multiarray._reconstruct", PK_CALLED | PK_STATEFUL},
+    {"numpy.core.multiarray.scalar", PK_CALLED},
+    {"numpy._core.multiarray.scalar", PK_CALLED},
+    {"numpy.dtype", PK_CALLED | PK_STATEFUL},
+    {"numpy.ndarray", 0},                     /* the class _reconstruct makes */
+    {"_io.BytesIO", PK_CALLED | PK_STATEFUL}, /* Transformer Engine's _extra_state before TE 2.0 */
+    /* Megatron's enums (megatron/core/enums.py, transformer/enums.py, rerun_state_machine.py). */
+    {"megatron.core.enums.ModelType", PK_CALLED | PK_ENUM},
+    {"megatron.core.transformer.enums.AttnBackend", PK_CALLED | PK_ENUM},
+    {"megatron.core.rerun_state_machine.RerunMode", PK_CALLED | PK_ENUM},
+    {"megatron.core.rerun_state_machine.RerunState", PK_CALLED | PK_ENUM},
+    {"megatron.core.rerun_state_machine.RerunDiagnostic", PK_CALLED | PK_ENUM},
+};
+/* torch's dtypes, as a torch.dtype pickles itself (GLOBAL torch.float32):
+ * args.params_dtype. */
+static const char *const torch_dtypes[] = {
+    "float32",   "float64",      "float16",    "bfloat16",       "complex32",  "complex64", "complex128",
+    "uint8",     "int8",         "int16",      "int32",          "int64",      "bool",      "uint16",
+    "uint32",    "uint64",       "qint8",      "quint8",         "qint32",     "quint4x2",  "quint2x4",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+};
 
-static int pk_items(byte_buffer *b, const pickle_items *items, const pk_tensors *t)
+/* What a global may be used for (PK_*), or -1 when it may not be named. */
+static int global_uses(const char *name)
 {
-    for (int64_t i = 0; i < items->count; i++) TP_TRY(pk_any(b, items->items[i], t));
+    for (size_t i = 0; i < sizeof allowed_globals / sizeof *allowed_globals; i++)
+        if (!strcmp(name, allowed_globals[i].name)) return allowed_globals[i].uses;
+    if (!strncmp(name, "torch.", 6))
+        for (size_t i = 0; i < sizeof torch_dtypes / sizeof *torch_dtypes; i++)
+            if (!strcmp(name + 6, torch_dtypes[i])) return 0;
+    return -1;
+}
+
+/* Values carried over are nested at most this deep (the reader's walks'
+ * bound; Megatron's nest 5 deep), so that the recursion is bounded. */
+#define CARRY_MAX_DEPTH 64
+#define CARRY_PATH_MAX 512
+
+/* Every value other than a number, None or a bool is put in the memo as
+ * Python's pickler puts it (PUT after it is made; a list or dict before its
+ * items, so that its items may refer back to it), and written once: a value
+ * reached again, in this call or a later one on the same pickle, is a GET.
+ * A source's shared references stay shared and the output stays the size of
+ * the input (a list holding the previous level twice, 30 levels deep, is 30
+ * lists, not 2^30). The table maps a value to its memo index, -1 while it is
+ * being written and not yet put: reached then, it refers back to itself
+ * through a tuple, a set or a call's arguments, which a pickle cannot
+ * write (Python's pickler neither, but with a trick no checkpoint needs). */
+typedef struct {
+    const pickle_value **values; /* open addressing by address, a power of two of slots */
+    int64_t *memo;
+    size_t slots, count;
+} carry_table;
+
+struct pk_memo {
+    carry_table written;   /* of the whole pickle */
+    int64_t next;          /* the next memo index */
+    int64_t copy_bytes, copy_budget;
+};
+
+static void table_free(carry_table *t)
+{
+    free(t->values);
+    free(t->memo);
+    memset(t, 0, sizeof *t);
+}
+
+static size_t slot_of(const carry_table *t, const pickle_value *v)
+{
+    size_t i = (size_t)(((uint64_t)(uintptr_t)v * 0x9E3779B97F4A7C15ull) >> 17) & (t->slots - 1);
+    while (t->values[i] && t->values[i] != v) i = (i + 1) & (t->slots - 1);
+    return i;
+}
+
+static int table_grow(carry_table *t)
+{
+    size_t slots = t->slots ? 2 * t->slots : 64;
+    carry_table bigger = {calloc(slots, sizeof *bigger.values), malloc(slots * sizeof *bigger.memo), slots, t->count};
+    if (!bigger.values || !bigger.memo) {
+        table_free(&bigger);
+        return tp_fail(TP_ERR_NOMEM, "out of memory for a table of %zu values written back", slots);
+    }
+    for (size_t i = 0; i < t->slots; i++)
+        if (t->values[i]) {
+            size_t j = slot_of(&bigger, t->values[i]);
+            bigger.values[j] = t->values[i];
+            bigger.memo[j] = t->memo[i];
+        }
+    table_free(t);
+    *t = bigger;
     return TP_OK;
 }
 
-int pk_value(byte_buffer *b, const pickle_value *v)
+int pk_memo_create(int64_t copy_budget, pk_memo **out)
 {
-    pk_tensors none = {NULL, NULL};
-    return pk_any(b, v, &none);
+    *out = calloc(1, sizeof **out);
+    if (!*out) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    (*out)->copy_budget = copy_budget;
+    return TP_OK;
 }
 
-int pk_value_with(byte_buffer *b, const pickle_value *v, pk_tensor_fn tensor, void *ctx)
+void pk_memo_free(pk_memo *memo)
 {
-    pk_tensors t = {tensor, ctx};
-    return pk_any(b, v, &t);
+    if (!memo) return;
+    table_free(&memo->written);
+    free(memo);
 }
 
-static int pk_any(byte_buffer *b, const pickle_value *v, const pk_tensors *t)
+typedef struct {
+    byte_buffer *b;        /* NULL: checked, not written */
+    pk_memo *memo;
+    carry_table *table;    /* the memo's, or a copy's own */
+    const pk_origin *from;
+    int tensors;           /* tensors may be inside */
+    char path[CARRY_PATH_MAX];
+} carry_walk;
+
+static void put_memo(carry_walk *w, size_t slot)
 {
-    switch (v->kind) {
-    case PICKLE_NONE: pk_none(b); return TP_OK;
-    case PICKLE_BOOL: pk_bool(b, (int)v->integer); return TP_OK;
-    case PICKLE_INT: pk_int(b, v->integer); return TP_OK;
-    case PICKLE_FLOAT: pk_float(b, v->real); return TP_OK;
-    case PICKLE_STRING: pk_text(b, 'X', v->text.data, (size_t)v->text.size); return TP_OK;
-    case PICKLE_BYTES: pk_text(b, 'B', v->text.data, (size_t)v->text.size); return TP_OK;
-    case PICKLE_BIGINT: {
-        unsigned char n[4];
-        put_le(n, (uint64_t)v->text.size, 4);
-        op(b, 0x8b); /* LONG4 */
-        buffer_put(b, n, 4);
-        buffer_put(b, v->text.data, (size_t)v->text.size);
+    int64_t index = w->memo->next++;
+    w->table->memo[slot] = index;
+    if (!w->b) return;
+    unsigned char v[4];
+    if (index < 256) {
+        op(w->b, 'q'); /* BINPUT */
+        v[0] = (unsigned char)index;
+        buffer_put(w->b, v, 1);
+    } else {
+        op(w->b, 'r'); /* LONG_BINPUT */
+        put_le(v, (uint64_t)index, 4);
+        buffer_put(w->b, v, 4);
+    }
+}
+
+static void get_memo(carry_walk *w, int64_t index)
+{
+    if (!w->b) return;
+    unsigned char v[4];
+    if (index < 256) {
+        op(w->b, 'h'); /* BINGET */
+        v[0] = (unsigned char)index;
+        buffer_put(w->b, v, 1);
+    } else {
+        op(w->b, 'j'); /* LONG_BINGET */
+        put_le(v, (uint64_t)index, 4);
+        buffer_put(w->b, v, 4);
+    }
+}
+
+/* The path of a part: path[at] on, appended (cut where too long). */
+static size_t path_part(carry_walk *w, size_t at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static size_t path_part(carry_walk *w, size_t at, const char *fmt, ...)
+{
+    if (at >= sizeof w->path - 1) return at;
+    va_list args;
+    va_start(args, fmt);
+    int n = vsnprintf(w->path + at, sizeof w->path - at, fmt, args);
+    va_end(args);
+    if (n < 0) return at;
+    return at + (size_t)n < sizeof w->path - 1 ? at + (size_t)n : sizeof w->path - 1;
+}
+
+static int refuse(const carry_walk *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int refuse(const carry_walk *w, const char *fmt, ...)
+{
+    char why[700];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(why, sizeof why, fmt, args);
+    va_end(args);
+    return tp_fail(TP_ERR_FORMAT, "%s: %s %s", w->from->file, w->path, why);
+}
+
+#define ALLOWED_NOTE ", which is not written back: a converted checkpoint carries only data and known classes " \
+                     "(argparse.Namespace, torch dtypes, numpy arrays, io.BytesIO, Megatron's enums)"
+
+static int carry_value(carry_walk *w, const pickle_value *v, size_t at, int depth);
+
+static int carry_child(carry_walk *w, const pickle_value *v, size_t at, int depth, size_t end)
+{
+    int status = carry_value(w, v, end, depth + 1);
+    w->path[at] = 0;
+    return status;
+}
+
+static int carry_items(carry_walk *w, const pickle_items *items, size_t at, int depth)
+{
+    for (int64_t i = 0; i < items->count; i++)
+        TP_TRY(carry_child(w, items->items[i], at, depth, path_part(w, at, "[%lld]", (long long)i)));
+    return TP_OK;
+}
+
+/* A dict's pairs: a key's value at .key ([key] for a number). */
+static int carry_pairs(carry_walk *w, const pickle_value *dict, size_t at, int depth)
+{
+    for (int64_t i = 0; i < dict->dict.keys.count; i++) {
+        const pickle_value *k = dict->dict.keys.items[i];
+        TP_TRY(carry_child(w, k, at, depth, path_part(w, at, "{key %lld}", (long long)i)));
+        size_t end = k->kind == PICKLE_STRING ? path_part(w, at, "%s%.80s", at ? "." : "", k->text.data)
+                     : k->kind == PICKLE_INT || k->kind == PICKLE_BOOL ? path_part(w, at, "[%lld]", (long long)k->integer)
+                                                                       : path_part(w, at, "[%s]", pickle_kind_name(k->kind));
+        TP_TRY(carry_child(w, dict->dict.values.items[i], at, depth, end));
+    }
+    return TP_OK;
+}
+
+/* A call of a global (Python's REDUCE or NEWOBJ, then BUILD): checked
+ * against the allow-list before anything of it is written. */
+static int carry_object(carry_walk *w, const pickle_value *v, size_t at, int depth)
+{
+    const char *cls = v->object.cls;
+    int uses = global_uses(cls);
+    const pickle_value *args = v->object.args;
+    /* getattr(Enum, 'member'): a member of an allowed enum by its name (no
+     * dunder or private attribute). */
+    pickle_value *const *a = args && args->kind == PICKLE_TUPLE && args->items.count == 2 ? args->items.items : NULL;
+    if (!strcmp(cls, "builtins.getattr") && a && a[0]->kind == PICKLE_GLOBAL && global_uses(a[0]->text.data) >= 0 &&
+        (global_uses(a[0]->text.data) & PK_ENUM) && a[1]->kind == PICKLE_STRING && a[1]->text.size > 0 &&
+        a[1]->text.data[0] != '_')
+        uses = PK_CALLED;
+    if (uses < 0 || !(uses & PK_CALLED))
+        return refuse(w, "is a call of %s%s", cls, ALLOWED_NOTE);
+    if (v->object.state && !(uses & PK_STATEFUL))
+        return refuse(w, "gives state (BUILD) to a call of %s, which takes none; not written back", cls);
+    if (v->object.items || v->object.list)
+        return refuse(w, "adds items to a call of %s, which takes none; not written back", cls);
+    if (w->b) pk_global_named(w->b, cls);
+    if (args) TP_TRY(carry_child(w, args, at, depth, path_part(w, at, "(args)")));
+    else if (w->b) op(w->b, ')');
+    if (w->b) op(w->b, v->object.newobj ? 0x81 : 'R');
+    put_memo(w, slot_of(w->table, v)); /* found again: the table may have grown */
+    if (v->object.state) {
+        /* A Namespace's attributes at .name, other state at (state). */
+        size_t end = v->object.state->kind == PICKLE_DICT ? at : path_part(w, at, "(state)");
+        TP_TRY(carry_child(w, v->object.state, at, depth, end));
+        if (w->b) op(w->b, 'b');
+    }
+    return TP_OK;
+}
+
+static int carry_value(carry_walk *w, const pickle_value *v, size_t at, int depth)
+{
+    switch (v->kind) { /* numbers, None and bools: written where they are */
+    case PICKLE_NONE: if (w->b) pk_none(w->b); return TP_OK;
+    case PICKLE_BOOL: if (w->b) pk_bool(w->b, (int)v->integer); return TP_OK;
+    case PICKLE_INT: if (w->b) pk_int(w->b, v->integer); return TP_OK;
+    case PICKLE_FLOAT: if (w->b) pk_float(w->b, v->real); return TP_OK;
+    default: break;
+    }
+    if (2 * (w->table->count + 1) > w->table->slots) TP_TRY(table_grow(w->table));
+    size_t slot = slot_of(w->table, v);
+    if (w->table->values[slot]) {
+        if (w->table->memo[slot] < 0)
+            return refuse(w, "refers back to a value that holds it through a tuple, a set or a call's arguments, "
+                             "which a pickle cannot write; not written back");
+        get_memo(w, w->table->memo[slot]);
         return TP_OK;
     }
-    case PICKLE_GLOBAL: pk_global_named(b, v->text.data); return TP_OK;
-    case PICKLE_TUPLE:
-        op(b, '(');
-        TP_TRY(pk_items(b, &v->items, t));
-        op(b, 't');
-        return TP_OK;
-    case PICKLE_LIST:
-        op(b, ']');
-        op(b, '(');
-        TP_TRY(pk_items(b, &v->items, t));
-        op(b, 'e');
-        return TP_OK;
+    if (depth >= CARRY_MAX_DEPTH) return refuse(w, "nests values more than %d deep; not written back", CARRY_MAX_DEPTH);
+    w->table->values[slot] = v;
+    w->table->memo[slot] = -1;
+    w->table->count++;
+    byte_buffer *b = w->b;
+    switch (v->kind) {
+    case PICKLE_STRING:
+        if (b) pk_text(b, 'X', v->text.data, (size_t)v->text.size);
+        break;
+    case PICKLE_BYTES:
+        if (b) pk_text(b, 'B', v->text.data, (size_t)v->text.size);
+        break;
+    case PICKLE_BIGINT:
+        if (b) {
+            unsigned char n[4];
+            put_le(n, (uint64_t)v->text.size, 4);
+            op(b, 0x8b); /* LONG4 */
+            buffer_put(b, n, 4);
+            buffer_put(b, v->text.data, (size_t)v->text.size);
+        }
+        break;
+    case PICKLE_GLOBAL:
+        if (global_uses(v->text.data) < 0) return refuse(w, "names %s%s", v->text.data, ALLOWED_NOTE);
+        if (b) pk_global_named(b, v->text.data);
+        break;
+    case PICKLE_TUPLE: /* as Python writes them: (), TUPLE1 to TUPLE3, MARK ... TUPLE */
+        if (b && (v->items.count == 0 || v->items.count > 3)) op(b, v->items.count ? '(' : ')');
+        TP_TRY(carry_items(w, &v->items, at, depth));
+        if (b && v->items.count) op(b, v->items.count <= 3 ? (unsigned char)(0x84 + v->items.count) : 't');
+        break;
     case PICKLE_SET:
-        pk_global(b, "builtins", "set");
-        op(b, '(');
-        op(b, ']');
-        op(b, '(');
-        TP_TRY(pk_items(b, &v->items, t));
-        op(b, 'e');
-        op(b, 't');
-        op(b, 'R');
+        if (b) {
+            pk_global(b, "builtins", "set");
+            op(b, '(');
+            op(b, ']');
+            op(b, '(');
+        }
+        TP_TRY(carry_items(w, &v->items, at, depth));
+        if (b) {
+            op(b, 'e');
+            op(b, 't');
+            op(b, 'R');
+        }
+        break;
+    case PICKLE_LIST:
+        if (b) op(b, ']');
+        put_memo(w, slot);
+        if (b) op(b, '(');
+        TP_TRY(carry_items(w, &v->items, at, depth));
+        if (b) op(b, 'e');
         return TP_OK;
     case PICKLE_DICT:
-        pk_dict_begin(b);
-        for (int64_t i = 0; i < v->dict.keys.count; i++) {
-            TP_TRY(pk_any(b, v->dict.keys.items[i], t));
-            TP_TRY(pk_any(b, v->dict.values.items[i], t));
-        }
-        pk_dict_end(b);
+        if (b) op(b, '}');
+        put_memo(w, slot);
+        if (b) op(b, '(');
+        TP_TRY(carry_pairs(w, v, at, depth));
+        if (b) op(b, 'u');
         return TP_OK;
     case PICKLE_OBJECT:
-        /* The call again, then what BUILD, SETITEMS and APPENDS gave it. */
-        pk_global_named(b, v->object.cls);
-        if (v->object.args) TP_TRY(pk_any(b, v->object.args, t));
-        else op(b, ')');
-        op(b, v->object.newobj ? 0x81 : 'R');
-        if (v->object.state) {
-            TP_TRY(pk_any(b, v->object.state, t));
-            op(b, 'b');
-        }
-        if (v->object.items) {
-            op(b, '(');
-            for (int64_t i = 0; i < v->object.items->dict.keys.count; i++) {
-                TP_TRY(pk_any(b, v->object.items->dict.keys.items[i], t));
-                TP_TRY(pk_any(b, v->object.items->dict.values.items[i], t));
-            }
-            op(b, 'u');
-        }
-        if (v->object.list) {
-            op(b, '(');
-            TP_TRY(pk_items(b, &v->object.list->items, t));
-            op(b, 'e');
-        }
-        return TP_OK;
+        return carry_object(w, v, at, depth);
     case PICKLE_TENSOR:
-        if (t->tensor) return t->tensor(t->ctx, v);
-        return tp_fail(TP_ERR_ARG, "a tensor cannot be written back as plain data");
+        if (!w->tensors) return refuse(w, "is a tensor, which cannot be written back as plain data");
+        if (b) TP_TRY(w->from->tensor(w->from->ctx, v));
+        break;
     default:
-        return tp_fail(TP_ERR_ARG, "a %s cannot be written back as plain data", pickle_kind_name(v->kind));
+        return refuse(w, "is a %s outside a tensor, which cannot be written back", pickle_kind_name(v->kind));
     }
+    put_memo(w, slot_of(w->table, v));
+    return TP_OK;
+}
+
+int pk_value(byte_buffer *b, pk_memo *memo, const pickle_value *value, const pk_origin *from)
+{
+    carry_walk *w = malloc(sizeof *w);
+    if (!w) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    carry_table copy = {0};
+    *w = (carry_walk){.b = b, .memo = memo, .table = from->copy ? &copy : &memo->written, .from = from,
+                      .tensors = from->tensor != NULL};
+    snprintf(w->path, sizeof w->path, "%s", from->path);
+    size_t before = b->size;
+    int status = carry_value(w, value, strlen(w->path), 0);
+    table_free(&copy);
+    free(w);
+    if (!status && b->failed) status = tp_fail(TP_ERR_NOMEM, "%s: %s: out of memory writing it back", from->file, from->path);
+    if (!status && from->copy && (memo->copy_bytes += (int64_t)(b->size - before)) > memo->copy_budget)
+        status = tp_fail(TP_ERR_FORMAT, "%s: %s: its copies take more than %lld bytes, the bound for a value copied "
+                         "to every parameter; not written back", from->file, from->path, (long long)memo->copy_budget);
+    return status;
+}
+
+int pk_value_check(const pickle_value *value, const char *file, const char *path, int tensors)
+{
+    pk_memo memo = {0};
+    pk_origin from = {.file = file, .path = path};
+    carry_walk *w = malloc(sizeof *w);
+    if (!w) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    *w = (carry_walk){.memo = &memo, .table = &memo.written, .from = &from, .tensors = tensors};
+    snprintf(w->path, sizeof w->path, "%s", path);
+    int status = carry_value(w, value, strlen(w->path), 0);
+    table_free(&memo.written);
+    free(w);
+    return status;
 }
 
 /* ------------------------------------------------------------------ files */

@@ -69,13 +69,37 @@ void pk_reduce(byte_buffer *b);      /* REDUCE: the callable below called with t
 /* module.name.__new__(module.name): an object whose state follows, then pk_build. */
 void pk_object_begin(byte_buffer *b, const char *module, const char *name);
 void pk_build(byte_buffer *b);       /* BUILD: the state on top given to the object below */
-/* A value read by pickle.c, written back: a Namespace, an enum, a dtype, a
- * dict of them... Tensors and storages fail (TP_ERR_ARG). */
-int pk_value(byte_buffer *b, const pickle_value *value);
-/* The same, with each tensor inside handed to tensor (which emits it:
- * torch_writer_tensor, its bytes given later): an RNG state, a loss
- * scale, copied with their data. */
+/* A value read by pickle.c from a source file, written back into the
+ * pickle b: a Namespace, an enum, a dtype, a dict of them, an RNG state
+ * with its tensors... Only data and an allow-list of classes go back (those
+ * real Megatron-LM rank files hold: argparse.Namespace, torch dtypes,
+ * numpy's arrays, dtypes and scalars, io.BytesIO, Megatron's enums), since
+ * torch.load calls what a pickle names: any other call or global is refused
+ * (TP_ERR_FORMAT), naming the file, the value's path in it
+ * ("args.data_path[3]") and the class. Values are nested at most 64 deep.
+ * Each value but numbers, None and bools is put in the pickle's memo and
+ * written once: reached again, in the same call or a later one on the same
+ * memo, it is a memo GET, so that references the source shares stay shared
+ * and the output stays the size of the input. */
+typedef struct pk_memo pk_memo;
+/* The memo of one pickle (one per torch_writer's pickle). copy_budget
+ * bounds the bytes of all the copies (pk_origin.copy) written with it. */
+int pk_memo_create(int64_t copy_budget, pk_memo **out);
+void pk_memo_free(pk_memo *memo);
+
 typedef int (*pk_tensor_fn)(void *ctx, const pickle_value *tensor);
-int pk_value_with(byte_buffer *b, const pickle_value *value, pk_tensor_fn tensor, void *ctx);
+typedef struct {
+    const char *file;    /* the file the value was read from */
+    const char *path;    /* where in it: "args.data_path", "optimizer.param_groups[0].lr" */
+    pk_tensor_fn tensor; /* emits each tensor inside (torch_writer_tensor, its bytes given later); NULL: a tensor fails */
+    void *ctx;
+    int copy;            /* a copy of its own, sharing nothing written before (an entry given to every parameter:
+                          * a tensor shared between parameters would be stepped once for each) */
+} pk_origin;
+int pk_value(byte_buffer *b, pk_memo *memo, const pickle_value *value, const pk_origin *from);
+/* Whether pk_value would write value back (tensors: whether tensors may be
+ * inside), the same refusals, nothing written: checked before a writer
+ * starts. */
+int pk_value_check(const pickle_value *value, const char *file, const char *path, int tensors);
 
 #endif

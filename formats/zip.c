@@ -36,6 +36,7 @@ struct zip_archive {
     int count;
     int *by_name; /* entry indices sorted by name */
     char *names;
+    const unsigned char *memory; /* an archive held in memory (zip_open_memory), not a store's file */
 };
 
 static uint64_t le(const unsigned char *p, int n)
@@ -65,6 +66,10 @@ int zip_read(const zip_archive *zip, void *buf, int64_t size, int64_t offset)
     if (size < 0 || offset < 0 || offset > zip->file_size - size)
         return tp_fail(TP_ERR_FORMAT, "%s: bytes [%lld, %lld) asked of a file of %lld", zip->path, (long long)offset,
                        (long long)(offset + size), (long long)zip->file_size);
+    if (zip->memory) {
+        memcpy(buf, zip->memory + offset, (size_t)size);
+        return TP_OK;
+    }
     return zip->store->read_at(zip->file, buf, (size_t)size, zip->base + offset);
 }
 
@@ -242,6 +247,25 @@ int zip_open_range(const char *path, int64_t base, int64_t size, zip_archive **o
         status = zip->store->open(zip->store, path, STORE_OPEN_READ, &zip->file);
     }
     if (!status) status = read_directory(zip);
+    if (status) {
+        zip_close(zip);
+        return status;
+    }
+    *out = zip;
+    return TP_OK;
+}
+
+int zip_open_memory(const char *name, const void *data, int64_t size, zip_archive **out)
+{
+    *out = NULL;
+    zip_archive *zip = calloc(1, sizeof *zip);
+    if (!zip || !(zip->path = strdup(name))) {
+        free(zip);
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
+    }
+    zip->memory = data;
+    zip->file_size = size;
+    int status = read_directory(zip);
     if (status) {
         zip_close(zip);
         return status;

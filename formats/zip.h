@@ -21,6 +21,9 @@ int zip_open(const char *path, zip_archive **out);
  * its end), as PyTorch's distributed checkpoints hold one torch.save
  * archive per item; offsets inside are the archive's own. */
 int zip_open_range(const char *path, int64_t base, int64_t size, zip_archive **out);
+/* The archive held in data[0, size) (the caller's, kept while it is
+ * open), name in messages: a torch.save in an io.BytesIO. */
+int zip_open_memory(const char *name, const void *data, int64_t size, zip_archive **out);
 void zip_close(zip_archive *zip);
 
 int zip_count(const zip_archive *zip);

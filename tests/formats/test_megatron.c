@@ -405,3 +405,15 @@ Test(megatron, fuzz_corpus)
 {
     cr_assert_gt(replay_corpus("megatron", fuzz_megatron_one), 0);
 }
+
+#define LLVMFuzzerTestOneInput fuzz_megatron_write_one
+#include "../fuzz/fuzz_megatron_write.c"
+#undef LLVMFuzzerTestOneInput
+
+/* The writer's corpus and the pickle corpus: each value carried over at
+ * every place of a real rank file, written, judged. */
+Test(megatron, fuzz_corpus_writer)
+{
+    cr_assert_gt(replay_corpus("megatron_write", fuzz_megatron_write_one), 0);
+    cr_assert_gt(replay_corpus("pickle", fuzz_megatron_write_one), 0);
+}
