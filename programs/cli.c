@@ -99,6 +99,16 @@ void cli_usage_error(const char *program, const char *fmt, ...)
     exit(2);
 }
 
+static void print_store_notice(void *program, const char *text)
+{
+    fprintf(stderr, "%s: warning: %s\n", (const char *)program, text);
+}
+
+void cli_print_store_notices(const char *program)
+{
+    store_set_notice(print_store_notice, (void *)program);
+}
+
 int cli_error(const char *program, const char *fmt, ...)
 {
     va_list args;

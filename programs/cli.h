@@ -107,6 +107,10 @@ int cli_write_output(const char *target, int replace, store_replace_check may_re
 /* This process's peak resident memory so far, in bytes (getrusage). */
 int64_t cli_peak_rss_bytes(void);
 
+/* Prints the stores' notices (store_set_notice: an object store asking to
+ * slow down, being waited out) as "PROGRAM: warning: TEXT" lines on stderr. */
+void cli_print_store_notices(const char *program);
+
 /* "PROGRAM: error: message" on stderr; returns 1, the failure exit status. */
 int cli_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "elastic_commands.h"
 
 static const char usage[] =
@@ -14,6 +15,7 @@ static const char usage[] =
 
 int main(int argc, char **argv)
 {
+    cli_print_store_notices("tp-elastic");
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -536,6 +536,7 @@ static int foreign_checkpoint(const char *dir, char *why, size_t size)
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
+    cli_print_store_notices("tp-train");
     if (argc > 1 && strcmp(argv[1], "prepare") == 0) return prepare(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_command(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "generate") == 0) return generate_command(argc - 1, argv + 1);

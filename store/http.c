@@ -13,6 +13,7 @@
 #include "../common/clock.h"
 #include "../common/error.h"
 #include "http.h"
+#include "store.h"
 
 /* ------------------------------------------------------------ shared state */
 
@@ -22,6 +23,8 @@ static http_policy policy;
 static int init_status;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static pthread_key_t handle_key;
+
+#define BACKOFF_MAX_MS 10000L /* the longest wait between two attempts */
 
 static void share_lock(CURL *handle, curl_lock_data data, curl_lock_access access, void *ctx)
 {
@@ -265,9 +268,10 @@ int http_status_transient(long code)
     return code >= 500 || code == 429 || code == 408;
 }
 
-int http_status_throttled(const http_response *r)
+int http_status_throttled(const char *method, const http_response *r)
 {
-    return r->code == 429 || (r->code == 503 && strstr(r->error_body, "<Code>SlowDown</Code>"));
+    return r->code == 429 ||
+           (r->code == 503 && (!strcmp(method, "HEAD") || strstr(r->error_body, "<Code>SlowDown</Code>")));
 }
 
 static int curl_transient(CURLcode code)
@@ -290,17 +294,102 @@ static int curl_transient(CURLcode code)
     }
 }
 
-static void backoff(int attempt)
+/* The wait before attempt + 1: exponential with full jitter in its upper
+ * half, so that many threads hitting one overloaded server do not come
+ * back in step. */
+static long backoff_ms(int attempt)
 {
-    /* Exponential with full jitter in its upper half: many threads hitting
-     * one overloaded server do not come back in step. */
     long ms = policy.backoff_ms;
-    for (int i = 0; i < attempt && ms < 10000; i++) ms *= 2;
-    if (ms > 10000) ms = 10000;
-    ms = ms / 2 + (ms > 1 ? rand() % (ms / 2 + 1) : 0);
+    for (int i = 0; i < attempt && ms < BACKOFF_MAX_MS; i++) ms *= 2;
+    if (ms > BACKOFF_MAX_MS) ms = BACKOFF_MAX_MS;
+    return ms / 2 + (ms > 1 ? rand() % (ms / 2 + 1) : 0);
+}
+
+static void sleep_ms(long ms)
+{
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) && errno == EINTR) {
     }
+}
+
+/* ------------------------------------------------------------ throttling */
+
+/* A throttled stretch is the process's, not a request's (http.h): the
+ * requests of one command follow one another, and each waiting out the
+ * allowance afresh made a store that never stopped throttling hold
+ * `tp-ckpt info` silent for 1,310 s with the default 600. A request that
+ * waits asks again at least every BACKOFF_MAX_MS; when no throttled answer
+ * came for THROTTLE_GAP_SECONDS nobody was waiting, and the next one
+ * begins a stretch of its own (a trainer's next checkpoint, an hour after
+ * one that the store refused). */
+#define THROTTLE_GAP_SECONDS 60.0
+/* A notice once a stretch has lasted this long (a store pacing a burst of
+ * readers for a moment is no news), then at most every
+ * THROTTLE_NOTICE_EVERY seconds, whatever the stretch. */
+#define THROTTLE_NOTICE_AFTER 1.0
+#define THROTTLE_NOTICE_EVERY 30.0
+
+static pthread_mutex_t throttle_lock = PTHREAD_MUTEX_INITIALIZER;
+static double stretch_began = -1;     /* the stretch's first throttled answer; -1: none under way */
+static double stretch_last;           /* its latest throttled answer */
+static double last_notice = -1e9;     /* when a notice last went out */
+static store_notice_fn notice_fn;     /* the program's (store_set_notice) */
+static void *notice_ctx;
+
+void store_set_notice(store_notice_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&throttle_lock);
+    notice_fn = fn;
+    notice_ctx = ctx;
+    pthread_mutex_unlock(&throttle_lock);
+}
+
+/* The answer that made a request throttled, for notices and errors. */
+static void throttle_reason(const http_response *r, char *out, size_t size)
+{
+    snprintf(out, size, "HTTP %ld%s", r->code, strstr(r->error_body, "<Code>SlowDown</Code>") ? " SlowDown" : "");
+}
+
+/* An answer that was served (no throttling, no failure): the store takes
+ * requests again, and the stretch, if any, is over. */
+static void throttle_served(void)
+{
+    pthread_mutex_lock(&throttle_lock);
+    stretch_began = -1;
+    pthread_mutex_unlock(&throttle_lock);
+}
+
+/* A throttled answer to q: the seconds of the allowance left (<= 0: it is
+ * spent), and in *waited how long the stretch or this request (since
+ * *request_since, its first throttled answer), whichever began first, has
+ * lasted. Tells the program, now and then, that the store is throttling. */
+static double throttle_answered(const http_request *q, const http_response *r, double *request_since,
+                                double *waited)
+{
+    double now = now_seconds();
+    if (*request_since < 0) *request_since = now;
+    char text[1024] = "";
+    store_notice_fn fn = NULL;
+    void *ctx = NULL;
+    pthread_mutex_lock(&throttle_lock);
+    if (stretch_began < 0 || now - stretch_last > THROTTLE_GAP_SECONDS) stretch_began = now;
+    stretch_last = now;
+    double since = stretch_began < *request_since ? stretch_began : *request_since;
+    *waited = now - since;
+    double left = (double)policy.throttle_seconds - *waited;
+    if (left > 0 && *waited >= THROTTLE_NOTICE_AFTER && now - last_notice >= THROTTLE_NOTICE_EVERY && notice_fn) {
+        last_notice = now;
+        fn = notice_fn;
+        ctx = notice_ctx;
+        char reason[64];
+        throttle_reason(r, reason, sizeof reason);
+        snprintf(text, sizeof text,
+                 "the store is throttling (%s to %s %s); waiting, %.0f s of %ld s allowed (TP_REMOTE_THROTTLE_SECONDS)",
+                 reason, q->method, q->url, *waited, policy.throttle_seconds);
+    }
+    pthread_mutex_unlock(&throttle_lock);
+    if (fn) fn(ctx, text);
+    return left;
 }
 
 static int attempt_once(CURL *curl, const http_request *q, http_response *r, CURLcode *code_out,
@@ -413,28 +502,38 @@ int http_perform(const http_request *q, http_response *r)
     TP_TRY(thread_handle(&curl));
     memset(r, 0, sizeof *r);
     char why[256] = "";
-    double throttled_since = -1; /* when the server first asked to slow down */
+    double throttled_since = -1; /* when the server first asked this request to slow down */
     for (int attempt = 0, counted = 0;; attempt++) {
         CURLcode code = CURLE_OK;
         why[0] = '\0';
         TP_TRY(attempt_once(curl, q, r, &code, why, sizeof why));
         r->attempts = attempt + 1;
         int transient = code != CURLE_OK ? curl_transient(code) : http_status_transient(r->code);
-        if (code == CURLE_OK && !transient) return TP_OK;
-        if (code == CURLE_OK && http_status_throttled(r)) { /* paced, not failing: not a retry */
-            double now = now_seconds();
-            if (throttled_since < 0) throttled_since = now;
-            if (now - throttled_since < (double)policy.throttle_seconds) {
-                backoff(attempt);
-                continue;
+        if (code == CURLE_OK && !transient) {
+            throttle_served();
+            return TP_OK;
+        }
+        if (code == CURLE_OK && policy.throttle_seconds > 0 && http_status_throttled(q->method, r)) {
+            /* Paced, not failing: not a retry, but within the allowance of
+             * the whole stretch; the wait never runs past its end. */
+            double waited, left = throttle_answered(q, r, &throttled_since, &waited);
+            if (left <= 0) {
+                char reason[64];
+                throttle_reason(r, reason, sizeof reason);
+                return tp_fail(TP_ERR_IO, "%s %s: the store kept asking to slow down (%s) for %.0f s, as long as "
+                               "TP_REMOTE_THROTTLE_SECONDS allows (%ld); given up after %d attempt%s", q->method,
+                               q->url, reason, waited, policy.throttle_seconds, attempt + 1, attempt ? "s" : "");
             }
+            long ms = backoff_ms(attempt);
+            sleep_ms((double)ms < left * 1000 ? ms : (long)(left * 1000) + 1);
+            continue;
         }
         if (!transient || counted >= policy.retries) {
             if (code == CURLE_OK) return TP_OK; /* a 5xx after every retry: the caller names it */
             return tp_fail(TP_ERR_IO, "%s %s: %s (after %d attempts)", q->method, q->url, why, attempt + 1);
         }
         counted++;
-        backoff(attempt);
+        sleep_ms(backoff_ms(attempt));
     }
 }
 

@@ -70,11 +70,17 @@ typedef struct {
  *
  * A server asking its clients to slow down (HTTP 429, or S3's 503 SlowDown:
  * http_status_throttled) is not failing: such answers are retried with the
- * same backoff for up to TP_REMOTE_THROTTLE_SECONDS (default 600; 0: they
- * count as retries like any 5xx) without counting against
- * TP_REMOTE_RETRIES, so that many readers over a store's request rate are
- * paced by it instead of failing once a few of them were refused seven
- * times in a row (docs/SCALE.md). */
+ * same backoff without counting against TP_REMOTE_RETRIES, so that many
+ * readers over a store's request rate are paced by it instead of failing
+ * once a few of them were refused seven times in a row (docs/SCALE.md).
+ * TP_REMOTE_THROTTLE_SECONDS (default 600; 0: such answers count as
+ * retries like any 5xx) bounds a throttled stretch of the whole process,
+ * not of each request: it begins with the first throttled answer and ends
+ * with the first answer that is not one (the store serves again), so that
+ * a command whose requests follow one another waits the allowance once,
+ * not once per request. While a stretch lasts, a notice says so
+ * (store_set_notice); once it has outlasted the allowance every request
+ * throttled fails, naming the setting. */
 typedef struct {
     int retries;
     long throttle_seconds;
@@ -94,9 +100,12 @@ int http_perform(const http_request *request, http_response *response);
 /* Whether a status is worth a retry (5xx, 429, 408). */
 int http_status_transient(long code);
 
-/* Whether an answer asks the client to slow down: 429, or a 503 whose
- * S3 error code is SlowDown. */
-int http_status_throttled(const http_response *r);
+/* Whether an answer to a request of `method` asks the client to slow
+ * down: 429; a 503 whose S3 error code is SlowDown; or a 503 to a HEAD,
+ * whose answer has no body to name a cause in (S3 answers a throttled HEAD
+ * with a bare 503, and a 503 says "temporarily unavailable" by its
+ * definition). */
+int http_status_throttled(const char *method, const http_response *r);
 
 /* Decodes %XX escapes of s in place (names in listings; encoding is
  * sigv4_uri_encode's). */

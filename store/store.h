@@ -102,6 +102,17 @@ const store_ops *store_posix(void);
 const store_ops *store_webdav(void);
 const store_ops *store_s3(void);
 
+/* ------------------------------------------------------------- notices */
+
+/* What a store is waiting out and a user should hear of while it lasts (an
+ * object store asking its clients to slow down: store/http.c), as one line
+ * of text without a newline. Libraries never print: a program installs
+ * the function that does (programs/cli.c); without one, notices are
+ * dropped. It may be called from any thread, never with a store's lock
+ * held; fn NULL removes it. */
+typedef void (*store_notice_fn)(void *ctx, const char *text);
+void store_set_notice(store_notice_fn fn, void *ctx);
+
 /* ---------------------------------------------------------- the registry */
 
 /* The one place that recognises a URL (registry.c): every scheme a store

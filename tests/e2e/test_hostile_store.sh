@@ -11,8 +11,15 @@
 #   answers every S3 listing "truncated" with the same continuation token
 #   (445 requests in 20 s, for ever); trickles a body (a byte every 2 s,
 #   which never tripped the stall timeout); declares entities or nests
-#   500 deep in a WebDAV listing (which ended in "no such checkpoint").
-# Each ends in one error naming the URL, in bounded time.
+#   500 deep in a WebDAV listing (which ended in "no such checkpoint");
+#   throttles: answers HEADs a bare 503, as S3 does (no body to say
+#   SlowDown in: it was a retry like any 5xx, and `tp-ckpt verify` of a
+#   store throttling for 40 s failed after 16 s with 600 s allowed), or
+#   every request for ever (each request of `tp-ckpt info` waited out the
+#   allowance afresh, then six retries at the grown backoff: 1,310 s of
+#   silence with the default 600).
+# Each ends in one error naming the URL, in bounded time; a throttling
+# store is waited out, saying so, for TP_REMOTE_THROTTLE_SECONDS in all.
 # tier: full
 . "$(dirname "$0")/lib.sh"
 
@@ -106,6 +113,39 @@ check_all "a trickling server given up in $secs s, naming the URL and the minimu
     '[ $RC -eq 1 ] && grep -q "$U/run/step_00000001/index.json: too slow: under 1024 bytes/s for 3 s" "$WORK/.err" &&
      [ $secs -lt 20 ]'
 check "the URL is named once" [ "$(grep -o "$U/run/step_00000001/index.json" "$WORK/.err" | wc -l)" -eq 1 ]
+
+# S3 throttling HEADs (a bare 503) for 3 s, one retry allowed: the HEADs
+# are paced, not failed, and a warning says so, naming the setting.
+serve slowdown-head --s3 --throttle-seconds 3
+start=$(date +%s)
+run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test TP_REMOTE_RETRIES=1 \
+    TP_REMOTE_BACKOFF_MS=100 TP_REMOTE_THROTTLE_SECONDS=30 timeout 60 "$CK" verify s3://bkt/run
+secs=$(($(date +%s) - start))
+check_all "HEADs answered a bare 503 for 3 s, 1 retry allowed: paced, verified in $secs s (exit $RC)" \
+    '[ $RC -eq 0 ] && [ $secs -ge 2 ] && [ $secs -lt 30 ]'
+check "a warning said the store is throttling, with the setting" \
+    grep -q "^tp-ckpt: warning: the store is throttling (HTTP 503 to HEAD $U/bkt/run/.*); waiting, [0-9]* s of 30 s allowed (TP_REMOTE_THROTTLE_SECONDS)" \
+    "$WORK/.err"
+
+# A store throttling every request for ever, 3 s allowed: the command (its
+# requests one after the other) gives up after about 3 s in all, naming the
+# setting, having said it was waiting; S3 (HEADs first) and WebDAV
+# (PROPFIND, GET: a 503 SlowDown).
+for proto in s3 webdav; do
+    if [ $proto = s3 ]; then serve slowdown --s3; else serve slowdown; fi
+    url="$U/run"
+    [ $proto = s3 ] && url=s3://bkt/run
+    start=$(date +%s)
+    run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test TP_REMOTE_BACKOFF_MS=100 \
+        TP_REMOTE_THROTTLE_SECONDS=3 timeout 120 "$CK" info "$url"
+    secs=$(($(date +%s) - start))
+    check_all "$proto throttling for ever, 3 s allowed: given up in $secs s, naming the setting (exit $RC)" \
+        '[ $RC -eq 1 ] && [ $secs -ge 2 ] && [ $secs -lt 10 ] &&
+         grep -q "the store kept asking to slow down (HTTP 503[ A-Za-z]*) for [0-9]* s, as long as TP_REMOTE_THROTTLE_SECONDS allows (3)" "$WORK/.err"'
+    check "$proto: a warning said the store is throttling while it waited" \
+        grep -q "^tp-ckpt: warning: the store is throttling (HTTP 503" "$WORK/.err"
+    check "$proto: one error line" [ "$(grep -c "error:" "$WORK/.err")" -eq 1 ]
+done
 
 # Listings a scanner without a DTD must not read as empty.
 for mode in entity deep; do

@@ -1,7 +1,7 @@
 /* Which answers store/http.c retries, and which it takes as a server
  * pacing its clients (not counted against TP_REMOTE_RETRIES): S3's 503
- * SlowDown and 429 are; a 503 of another cause, other 5xx, and 4xx
- * refusals are not. */
+ * SlowDown, 429, and a 503 to a HEAD (no body to say SlowDown in) are; a
+ * 503 of another cause, other 5xx, and 4xx refusals are not. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,8 +22,8 @@ Test(http_status, slow_down_and_too_many_requests_are_throttling)
     http_response slow = answer(503, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
                                      "<Message>Please reduce your request rate.</Message></Error>");
     http_response many = answer(429, "");
-    cr_assert(http_status_throttled(&slow), "S3's 503 SlowDown");
-    cr_assert(http_status_throttled(&many), "429 Too Many Requests");
+    cr_assert(http_status_throttled("GET", &slow), "S3's 503 SlowDown");
+    cr_assert(http_status_throttled("GET", &many), "429 Too Many Requests");
     cr_assert(http_status_transient(slow.code) && http_status_transient(many.code));
 }
 
@@ -33,11 +33,25 @@ Test(http_status, other_failures_are_not_throttling)
     http_response internal = answer(500, "<Error><Code>InternalError</Code></Error>");
     http_response slow_in_message = answer(503, "<Error><Code>InternalError</Code><Message>SlowDown</Message></Error>");
     http_response denied = answer(403, "<Error><Code>SlowDown</Code></Error>"); /* only with 503 */
-    cr_assert_not(http_status_throttled(&unavailable), "a 503 of another cause: a retry like any 5xx");
-    cr_assert_not(http_status_throttled(&internal));
-    cr_assert_not(http_status_throttled(&slow_in_message), "the word in the message is not the code");
-    cr_assert_not(http_status_throttled(&denied));
+    cr_assert_not(http_status_throttled("GET", &unavailable), "a 503 of another cause: a retry like any 5xx");
+    cr_assert_not(http_status_throttled("GET", &internal));
+    cr_assert_not(http_status_throttled("GET", &slow_in_message), "the word in the message is not the code");
+    cr_assert_not(http_status_throttled("GET", &denied));
     cr_assert(http_status_transient(503) && http_status_transient(500) && http_status_transient(408));
     cr_assert_not(http_status_transient(403));
     cr_assert_not(http_status_transient(404));
+}
+
+/* S3 answers a throttled HEAD with a bare 503: a HEAD's answer has no body
+ * to carry the SlowDown code. It used to be a retry like any 5xx, and
+ * `tp-ckpt verify s3://...` failed after 16 s of a store throttling for 40
+ * with 600 s allowed. */
+Test(http_status, a_bare_503_to_a_head_is_throttling)
+{
+    http_response bare = answer(503, "");
+    cr_assert(http_status_throttled("HEAD", &bare), "a HEAD's 503 cannot say SlowDown: it is taken as such");
+    cr_assert_not(http_status_throttled("GET", &bare), "a GET's 503 says its cause in its body");
+    http_response not_found = answer(404, ""), internal = answer(500, "");
+    cr_assert_not(http_status_throttled("HEAD", &not_found));
+    cr_assert_not(http_status_throttled("HEAD", &internal), "a 500 is a failure, whatever the method");
 }

@@ -17,6 +17,13 @@ misbehaves as --mode says:
   trickle       GET bodies of index.json: one byte every 2 s
   entity        PROPFIND answers declare an entity (<!DOCTYPE ... <!ENTITY)
   deep          PROPFIND answers nest 500 elements deep
+  slowdown-head HEADs are answered 503 without a body (as S3 throttles
+                them) for --throttle-seconds after the first HEAD; the rest
+                behaves
+  slowdown      every request is answered 503 for --throttle-seconds after
+                the first request (default: for ever): a HEAD's bare, the
+                others' with S3's SlowDown error (an S3 store over its
+                request rate)
 
 Writes its port to --port-file once listening; counts requests in
 --count-file. Run with Debian's /usr/bin/python3 (standard library only)."""
@@ -33,6 +40,7 @@ ARGS = None
 LOCK = threading.Lock()
 VERSIONS = {}  # path -> version number (change modes)
 REQUESTS = [0]
+THROTTLED_FROM = [None]  # when the first request to throttle came (slowdown modes)
 
 
 def etag_of(path, version):
@@ -88,8 +96,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_HEAD(self):
         self.do_GET()
 
+    def throttled(self):
+        """Whether this request is answered 503 (slowdown modes); answers it."""
+        if ARGS.mode not in ("slowdown", "slowdown-head") or (ARGS.mode == "slowdown-head" and self.command != "HEAD"):
+            return False
+        with LOCK:
+            if THROTTLED_FROM[0] is None:
+                THROTTLED_FROM[0] = time.monotonic()
+            if ARGS.throttle_seconds is not None and time.monotonic() - THROTTLED_FROM[0] >= ARGS.throttle_seconds:
+                return False
+        length = int(self.headers.get("Content-Length", "0") or "0")
+        if length:
+            self.rfile.read(length)
+        self.send(503, b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
+                       b"<Message>Please reduce your request rate.</Message></Error>")
+        return True
+
     def do_GET(self):
         self.count()
+        if self.throttled():
+            return
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
         if ARGS.s3 and "list-type" in query:
             return self.s3_list(query)
@@ -171,6 +197,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_PROPFIND(self):
         self.count()
+        if self.throttled():
+            return
         length = int(self.headers.get("Content-Length", "0"))
         if length:
             self.rfile.read(length)
@@ -215,6 +243,7 @@ def main():
     p.add_argument("--s3", action="store_true")
     p.add_argument("--port-file", required=True)
     p.add_argument("--count-file")
+    p.add_argument("--throttle-seconds", type=float)
     ARGS = p.parse_args()
     server = Server(("127.0.0.1", 0), Handler)
     tmp = ARGS.port_file + ".tmp"
