@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -265,6 +266,16 @@ static int check_replace(const store_staged *st)
      * run-directory rules for the toolkit's outputs); without one, nothing. */
     if (!st->may_replace)
         return tp_fail(TP_ERR_EXISTS, "%s already exists and this writer replaces nothing; not replaced", st->path);
+    /* A replacement exchanges the entry at the path: a symbolic link would
+     * go, and what it points to stay, whatever the check below saw there. */
+    struct stat link;
+    if (s->local_paths && lstat(st->path, &link) == 0 && S_ISLNK(link.st_mode)) {
+        char target[TP_PATH_MAX] = "";
+        ssize_t n = readlink(st->path, target, sizeof target - 1);
+        if (n > 0) target[n] = '\0';
+        return tp_fail(TP_ERR_EXISTS, "%s is a symbolic link (to %s); --force replaces no link: give the path it points to",
+                       st->path, target[0] ? target : "?");
+    }
     return st->may_replace(s, st->path, st->ctx);
 }
 
@@ -400,8 +411,8 @@ int store_staged_publish(store_staged *st)
          * checkpoint shared): it would mix the two. */
         status = s->lock(s, st->path, 0, &replaced);
         if (status == TP_ERR_EXISTS)
-            tp_fail(TP_ERR_EXISTS, "%s is being read (by another process, or by this one); not replaced (try again when it is done)",
-                    st->path);
+            tp_fail(TP_ERR_EXISTS, "%s is being read (by another process, or by this one) or replaced by another writer; not "
+                    "replaced (try again when it is done)", st->path);
     }
     if (!status && replaced) {
         /* Swapped atomically; the staging name then holds what was replaced. */

@@ -261,6 +261,11 @@ expect_error "--force over one iteration's directory (of the source itself)" 1 \
     "$RS" "$WORK/c" --to tp2 -o "$WORK/c/iter_0001000" --force
 check "the source's iteration is left whole" test -s "$WORK/c/iter_0001000/mp_rank_00/model_optim_rng.pt"
 expect_ok "--force over the save directory holding only an earlier output" "$RS" "$WORK/c" --to tp2 -o "$WORK/hist" --force
+ln -s "$WORK/hist" "$WORK/hist.link"
+expect_error "--force over a symbolic link to an earlier output" 1 \
+    "hist.link is a symbolic link \\(to .*hist\\); --force replaces no link: give the path it points to" \
+    "$RS" "$WORK/c" --to tp2 -o "$WORK/hist.link" --force
+check_all "the link and what it points to are left" '[ -L "$WORK/hist.link" ] && [ -d "$WORK/hist/iter_0001000" ]'
 expect_ok "fixture: a vocabulary padded for tp2, tied embeddings" "$PY" "$FIXTURE" "$WORK/d" --tp 2 --layers 2 --hidden 32 \
     --heads 4 --ffn 64 --vocab 90 --make-vocab-size-divisible-by 16 --full "$WORK/d.full.pt"
 for names in legacy core; do
@@ -498,6 +503,8 @@ PYEOF
 flip_byte "$WORK/t.flip/iter_0001000/mp_rank_00_000/model_optim_rng.pt" "$1"
 DAMAGED="mp_rank_00_000/model_optim_rng.pt: entry $2: its [0-9]+ bytes have CRC-32 [0-9a-f]{8}, the archive records [0-9a-f]{8} \\(data damaged\\)"
 expect_error "a flipped bit: verify names the entry" 1 "$2.*CRC-32" "$CK" verify "$WORK/t.flip"
+check "a flipped bit: the damaged entry is not also counted as recording no CRC-32" \
+    sh -c '! grep -q "record no CRC-32" "$1"' sh "$WORK/.out"
 expect_error "a flipped bit: tp-reshard --to tp1 refuses it" 1 "$DAMAGED" "$RS" "$WORK/t.flip" --to tp1 -o "$WORK/flip1"
 expect_error "a flipped bit: tp-reshard --format tp refuses it" 1 "$DAMAGED" "$RS" "$WORK/t.flip" --format tp --to tp1 \
     -o "$WORK/flip2"
