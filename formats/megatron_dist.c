@@ -77,8 +77,12 @@ int megatron_dist_detect(const char *path, int *found)
 {
     *found = 0;
     char dir[CKPT_PATH_MAX], other[64];
-    /* A tracker file that cannot be read is the legacy reader's to explain. */
-    if (megatron_iteration_dir(path, dir, sizeof dir)) return TP_OK;
+    /* A tracker file that holds no iteration is the legacy reader's to
+     * explain; a store that fails to answer is an error, not a "no" (the
+     * next probe would wait for the same store again). */
+    int status = megatron_iteration_dir(path, dir, sizeof dir);
+    if (status == TP_ERR_FORMAT) return TP_OK;
+    TP_TRY(status);
     int torch_dist;
     TP_TRY(read_backend(dir, &torch_dist, other, sizeof other));
     *found = torch_dist || other[0];

@@ -145,6 +145,8 @@ for proto in s3 webdav; do
     check "$proto: a warning said the store is throttling while it waited" \
         grep -q "^tp-ckpt: warning: the store is throttling (HTTP 503" "$WORK/.err"
     check "$proto: one error line" [ "$(grep -c "error:" "$WORK/.err")" -eq 1 ]
+    check "$proto: it names the first object asked for, the Megatron tracker (a failing store is not a 'no')" \
+        grep -q "error: .*latest_checkpointed_iteration.txt.*slow down" "$WORK/.err"
 done
 
 # Listings a scanner without a DTD must not read as empty.
