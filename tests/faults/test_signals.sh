@@ -1,6 +1,7 @@
 #!/bin/sh
 # Signals (docs/RELIABILITY.md): SIGTERM and SIGINT at random instants of
-# every writer (synth, reshard, import, exports in each format), spread over
+# every writer (synth, reshard, import, exports in each format, Megatron-LM
+# and DCP outputs, a Megatron-LM source read), spread over
 # the whole of an uninterrupted run; and a signal inside the window where a
 # staging entry is born, struck on purpose (TP_CKPT_FAULT=POINT:SIG), for
 # every writer and for training saves. After each: the writer died of the
@@ -13,10 +14,11 @@
 
 expect_ok "source checkpoint" "$CK" synth -o "$WORK/src" --tp 2 --pp 1 $MODEL --optim --seed 1
 expect_ok "an export to import from" "$CK" export "$WORK/src" --format safetensors -o "$WORK/st-src"
+expect_ok "a Megatron-LM checkpoint to read from" "$RS" "$WORK/src" --format megatron --to tp2 -o "$WORK/meg-src"
 
 # ------------------------------------------------------------ signals
 # SIGTERM or SIGINT at a random instant: the partial output goes, the exit
-# status is the signal's (or 0 when the write was done first). The six
+# status is the signal's (or 0 when the write was done first). The eight
 # writers' trials run at once, each writer in a directory of its own (a
 # class's trials stay one after the other); signal_trials leaves its figures
 # in $WORK/results/LABEL, and signals_checked makes the checks of them.
@@ -101,8 +103,16 @@ signal_trials "export gguf" "$WORK/s-gguf/x.gguf" gguf_whole "$CK" export "$WORK
 p5=$!
 signal_trials "export hdf5" "$WORK/s-h5/x.h5" hdf5_whole "$CK" export "$WORK/src" --format hdf5 -o "$WORK/s-h5/x.h5" &
 p6=$!
-wait $p1 $p2 $p3 $p4 $p5 $p6
-for label in synth reshard import export "export gguf" "export hdf5"; do signals_checked "$label"; done
+signal_trials "reshard to Megatron-LM" "$WORK/s-meg/meg" intact "$RS" "$WORK/src" --format megatron --to tp4 \
+    -o "$WORK/s-meg/meg" &
+p7=$!
+signal_trials "reshard Megatron-LM to DCP" "$WORK/s-dcp/dcp" intact "$RS" "$WORK/meg-src" --format dcp --to tp1 \
+    -o "$WORK/s-dcp/dcp" &
+p8=$!
+wait $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8
+for label in synth reshard import export "export gguf" "export hdf5" "reshard to Megatron-LM" "reshard Megatron-LM to DCP"; do
+    signals_checked "$label"
+done
 
 # ------------------------------------------- a signal as a staging entry is born
 # The window that random instants seldom hit: the staging entry's claim made
@@ -114,7 +124,7 @@ for label in synth reshard import export "export gguf" "export hdf5"; do signals
 mkdir -p "$WORK/w"
 bad=0 n=0
 for point in staging-claimed staging-renamed; do
-    for writer in synth reshard import export-st export-gguf export-hdf5; do
+    for writer in synth reshard import export-st export-gguf export-hdf5 megatron dcp; do
         case $n in 0) sig=TERM code=143 ;; 1) sig=INT code=130 ;; *) sig=HUP code=129 ;; esac
         n=$(((n + 1) % 3))
         case $writer in
@@ -124,6 +134,8 @@ for point in staging-claimed staging-renamed; do
         export-st) set -- "$CK" export "$WORK/src" --format safetensors -o "$WORK/w/out" ;;
         export-gguf) set -- "$CK" export "$WORK/src" --format gguf -o "$WORK/w/out" ;;
         export-hdf5) set -- "$CK" export "$WORK/src" --format hdf5 -o "$WORK/w/out" ;;
+        megatron) set -- "$RS" "$WORK/src" --format megatron --to tp4 -o "$WORK/w/out" ;;
+        dcp) set -- "$RS" "$WORK/meg-src" --format dcp --to tp1 -o "$WORK/w/out" ;;
         esac
         run with_fault $point:$sig "$@"
         left=$(ls -A "$WORK/w")
@@ -134,7 +146,7 @@ for point in staging-claimed staging-renamed; do
         rm -rf "$WORK/w"/* "$WORK/w"/.[!.]*
     done
 done
-check "a signal as the staging entry is born: 12 writers died of it, nothing left" [ "$bad" -eq 0 ]
+check "a signal as the staging entry is born: 16 writers died of it, nothing left" [ "$bad" -eq 0 ]
 
 # A signal ignored when the program starts (nohup; a background job of a
 # script) stays ignored: the writer is not stopped by it and publishes a whole
