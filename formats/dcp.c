@@ -523,6 +523,7 @@ typedef struct {
     const int64_t *chunk;   /* per chunk to locate: its index in dcp->chunks */
     const int *chunk_entry; /* and its entry */
     int64_t *data_offset;   /* out: where its data starts in its file */
+    ckpt_foreign_check *checks; /* out (may be NULL): its data's zip entry and recorded CRC-32 */
 } locate_job;
 
 /* Opens chunk k's item, a torch.save archive of one tensor, and finds its
@@ -556,16 +557,29 @@ static int locate_chunk(void *ctx, int64_t k, int thread)
     if (!status && bytes != want)
         status = tp_fail(TP_ERR_FORMAT, "%s: %s: the chunk at %lld holds %lld bytes, its sizes say %lld", path, e->key,
                          (long long)c->item_offset, (long long)bytes, (long long)want);
+    torch_storage_entry entry;
+    if (!status && job->checks) status = torch_tensor_storage_entry(a, t, &entry);
+    if (!status && job->checks)
+        job->checks[k] = entry.recorded ? (ckpt_foreign_check){c->file, entry.offset, entry.size, entry.crc32, e->key}
+                                        : (ckpt_foreign_check){.bytes = -1};
     torch_archive_close(a);
     job->data_offset[k] = offset;
     return status;
 }
 
 int dcp_locate(const dcp_checkpoint *dcp, int64_t n, const int64_t *chunk, const int *chunk_entry, int threads,
-               int64_t *data_offset)
+               int64_t *data_offset, ckpt_foreign_check *checks)
 {
-    locate_job job = {dcp, chunk, chunk_entry, data_offset};
+    locate_job job = {dcp, chunk, chunk_entry, data_offset, checks};
     return parallel_for(n, threads > 0 ? threads : parallel_cpu_count(), locate_chunk, &job);
+}
+
+int dcp_compact_checks(ckpt_foreign_check *checks, int64_t n)
+{
+    int kept = 0;
+    for (int64_t k = 0; k < n; k++)
+        if (checks[k].bytes >= 0) checks[kept++] = checks[k];
+    return kept;
 }
 
 /* A tensor's description: the carried one, or a plain one. */
@@ -687,8 +701,9 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
     /* Locate every chunk with data, in parallel: an item's archive each. */
     int64_t *chunk = calloc((size_t)total_chunks + 1, sizeof *chunk), *data_offset = calloc((size_t)total_chunks + 1, sizeof *data_offset);
     int *chunk_entry = calloc((size_t)total_chunks + 1, sizeof *chunk_entry);
+    ckpt_foreign_check *checks = calloc((size_t)total_chunks + 1, sizeof *checks);
     int64_t located = 0;
-    if (!status && (!chunk || !data_offset || !chunk_entry)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status && (!chunk || !data_offset || !chunk_entry || !checks)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; !status && i < n; i++) {
         const dcp_entry *e = &dcp->entries[entry[i]];
         for (int k = 0; k < e->num_chunks; k++)
@@ -697,7 +712,8 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
                 chunk_entry[located++] = entry[i];
             }
     }
-    if (!status) status = dcp_locate(dcp, located, chunk, chunk_entry, threads, data_offset);
+    if (!status) status = dcp_locate(dcp, located, chunk, chunk_entry, threads, data_offset, checks);
+    int num_checks = status ? 0 : dcp_compact_checks(checks, located);
     /* The boxes: a chunk may become one per segment it spans. */
     int64_t box_capacity = located * CKPT_MAX_SEGMENTS + 1, num_boxes = 0;
     ckpt_foreign_box *boxes = status ? NULL : calloc((size_t)box_capacity, sizeof *boxes);
@@ -736,7 +752,8 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
         /* A plain description anchors nothing to layers: one, on the first stage. */
         ckpt_foreign source = {.path = dcp->path, .layout = layout, .state = state, .num_tensors = n, .tensors = descs,
                                .num_files = dcp->num_files, .files = files, .file_bytes = file_bytes, .boxes = boxes,
-                               .box_first = box_first, .digests = description ? digests : NULL};
+                               .box_first = box_first, .digests = description ? digests : NULL, .checks = checks,
+                               .num_checks = num_checks};
         if (dcp->num_files == 0) status = tp_fail(TP_ERR_FORMAT, "%s: no data files", dcp->path);
         else status = ckpt_reader_open_foreign(out, &source, compute_digests);
     }
@@ -748,6 +765,7 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
     free(chunk);
     free(chunk_entry);
     free(data_offset);
+    free(checks);
     free(descs);
     free(entry);
     free(digests);

@@ -42,9 +42,14 @@ int dcp_read_item(const dcp_checkpoint *dcp, const dcp_chunk *c, void *buf);
 /* Opens the items of chunks chunk[0..n) (indices into dcp->chunks, of the
  * entries chunk_entry[]) on threads threads, and gives where each one's
  * tensor data starts in its file: its item a torch.save archive of one
- * row-major tensor of the entry's dtype and the chunk's sizes. */
+ * row-major tensor of the entry's dtype and the chunk's sizes. checks (may
+ * be NULL; n of them): the zip entry holding each one's data and the CRC-32
+ * its archive records for it (named by the entry's key), or bytes -1 where
+ * none is recorded; dcp_compact_checks keeps those to check. */
 int dcp_locate(const dcp_checkpoint *dcp, int64_t n, const int64_t *chunk, const int *chunk_entry, int threads,
-               int64_t *data_offset);
+               int64_t *data_offset, ckpt_foreign_check *checks);
+/* Moves the checks that record a CRC-32 to the front: how many. */
+int dcp_compact_checks(ckpt_foreign_check *checks, int64_t n);
 
 /* The boxes (ckpt_foreign_box) of a box [offsets, offsets + sizes) of a
  * tensor described by t, stored row-major at data_offset of file, in the

@@ -311,7 +311,10 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
             chunk_entry[located++] = i;
         }
     }
-    if (!status) status = dcp_locate(dcp, located, chunk, chunk_entry, threads, data_offset);
+    ckpt_foreign_check *checks = status ? NULL : calloc((size_t)located + 1, sizeof *checks);
+    if (!status && !checks) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status) status = dcp_locate(dcp, located, chunk, chunk_entry, threads, data_offset, checks);
+    int num_checks = status ? 0 : dcp_compact_checks(checks, located);
     /* The boxes of each tensor: the chunks of its entry, or their slices of its layer. */
     int64_t capacity = 0, num_boxes = 0;
     for (int t = 0; t < tensors->count; t++) capacity += dcp_entry_at(dcp, tensors->items[t].entry)->num_chunks;
@@ -379,7 +382,9 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
                                .files = paths,
                                .file_bytes = bytes,
                                .boxes = boxes,
-                               .box_first = box_first};
+                               .box_first = box_first,
+                               .checks = checks,
+                               .num_checks = num_checks};
         status = ckpt_reader_open_foreign(out, &source, compute_digests);
     }
     cJSON_free(user);
@@ -391,6 +396,7 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
     free(descs);
     free(chunk);
     free(data_offset);
+    free(checks);
     free(located_at);
     free(chunk_entry);
     free(used);

@@ -237,6 +237,15 @@ flip_byte "$WORK/flip/__5_0.distcp" "$OFFSET"
 expect_error "verify names the damaged item and entry, with both CRC-32s" 1 \
     "1 of [0-9]+ items damaged, the first: .*__5_0.distcp: entry archive/data/0: .* have CRC-32 [0-9a-f]{8}, the archive records [0-9a-f]{8}" \
     "$CK" verify "$WORK/flip"
+# Every reader checks the items' CRC-32s as it reads them: nothing is written.
+expect_error "tp-reshard of the damaged checkpoint names the item's entry and both CRC-32s" 1 \
+    "__5_0.distcp: entry [^:]+: its [0-9]+ bytes have CRC-32 [0-9a-f]{8}, the archive records [0-9a-f]{8} \\(data damaged\\)" \
+    "$RS" "$WORK/flip" --format tp --to tp1 -o "$WORK/flip.tp"
+expect_error "and to DCP" 1 "__5_0.distcp: entry [^:]+: its [0-9]+ bytes have CRC-32" "$RS" "$WORK/flip" --to tp2 -o "$WORK/flip.dcp"
+expect_error "and an export" 1 "__5_0.distcp: entry [^:]+: its [0-9]+ bytes have CRC-32" "$CK" export "$WORK/flip" \
+    --format hdf5 -o "$WORK/flip.h5"
+check_all "nothing written from the damaged checkpoint" \
+    '[ ! -e "$WORK/flip.tp" ] && [ ! -e "$WORK/flip.dcp" ] && [ ! -e "$WORK/flip.h5" ]'
 cp -r "$WORK/gpt.dcp" "$WORK/short"
 truncate -s 1000 "$WORK/short/__3_0.distcp"
 expect_error "a truncated data file: an item outside it" 1 "__3_0.distcp: .*lies outside the file" "$CK" info "$WORK/short"

@@ -91,4 +91,33 @@ expect_ok "fixture with 96 hidden" "$PY" "$DIST" "$WORK/h96.dist" --layers 4 --h
 cp "$WORK/w.dist/iter_0001000/common.pt" "$WORK/h96.dist/iter_0001000/common.pt"
 expect_error "tensors another shape than the args make" 1 "key .*: \[224, 96\], the args make .* \[224, 64\]" "$CK" info \
     "$WORK/h96.dist"
+# One bit flipped in an item's tensor data: every reader checks the CRC-32
+# its archive records as it reads (verify reads them all); nothing written.
+cp -r "$WORK/w.dist" "$WORK/flip"
+DATA=$(ls "$WORK/flip/iter_0001000/"*.distcp | head -n 1)
+OFFSET=$("$PY" - "$DATA" <<'PYEOF'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+best = None  # the largest tensor entry of any item: (size, data offset)
+at = 0
+while True:
+    at = data.find(b"PK\x03\x04", at)
+    if at < 0:
+        break
+    size = struct.unpack("<I", data[at + 22:at + 26])[0]
+    n, m = struct.unpack("<HH", data[at + 26:at + 30])
+    if b"/data/" in data[at + 30:at + 30 + n] and (best is None or size > best[0]):
+        best = (size, at + 30 + n + m)
+    at += 4
+print(best[1] + best[0] // 2)
+PYEOF
+)
+flip_byte "$DATA" "$OFFSET"
+expect_error "a flipped bit: verify names the damaged item" 1 "items damaged, the first: .*CRC-32" "$CK" verify "$WORK/flip"
+expect_error "a flipped bit: tp-reshard --format tp names the entry and both CRC-32s" 1 \
+    "distcp: entry [^:]+: its [0-9]+ bytes have CRC-32 [0-9a-f]{8}, the archive records [0-9a-f]{8} \\(data damaged\\)" \
+    "$RS" "$WORK/flip" --format tp --to tp1 -o "$WORK/flip.tp"
+expect_error "a flipped bit: tp-reshard --format megatron too" 1 "distcp: entry [^:]+: its [0-9]+ bytes have CRC-32" \
+    "$RS" "$WORK/flip" --format megatron --to tp1 -o "$WORK/flip.meg"
+check_all "a flipped bit: nothing written" '[ ! -e "$WORK/flip.tp" ] && [ ! -e "$WORK/flip.meg" ]'
 finish
