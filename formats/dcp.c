@@ -840,6 +840,36 @@ static int verify_item(void *ctx, int64_t k, int thread)
     return TP_OK;
 }
 
+static int by_file_then_offset(const void *a, const void *b)
+{
+    const dcp_chunk *x = *(const dcp_chunk *const *)a, *y = *(const dcp_chunk *const *)b;
+    if (x->file != y->file) return x->file < y->file ? -1 : 1;
+    return x->item_offset < y->item_offset ? -1 : x->item_offset > y->item_offset;
+}
+
+/* Bytes of the data files that no item covers (a tail, gaps): verify
+ * reads the items only, and says so rather than count them as checked.
+ * sorted: room for n items, sorted here. */
+static int64_t bytes_in_no_item(const dcp_checkpoint *dcp, const dcp_chunk *const *chunks, const dcp_chunk **items,
+                                int64_t n)
+{
+    memcpy(items, chunks, (size_t)n * sizeof *items);
+    qsort(items, (size_t)n, sizeof *items, by_file_then_offset);
+    int64_t covered = 0;
+    for (int64_t k = 0; k < n;) {
+        int file = items[k]->file;
+        int64_t end = 0; /* of the union so far, in this file */
+        for (; k < n && items[k]->file == file; k++) {
+            int64_t from = items[k]->item_offset > end ? items[k]->item_offset : end;
+            int64_t to = items[k]->item_offset + items[k]->item_bytes;
+            if (to > from) covered += to - from;
+            if (to > end) end = to;
+        }
+    }
+    int64_t outside = dcp_bytes(dcp) - dcp->metadata_bytes - covered;
+    return outside > 0 ? outside : 0;
+}
+
 int dcp_verify(const dcp_checkpoint *dcp, int threads, void (*on_bytes)(void *ctx, int64_t bytes), void *ctx,
                dcp_verify_result *result)
 {
@@ -847,10 +877,11 @@ int dcp_verify(const dcp_checkpoint *dcp, int threads, void (*on_bytes)(void *ct
     int64_t n = 0;
     for (int i = 0; i < dcp->num_entries; i++)
         for (int k = 0; k < dcp->entries[i].num_chunks; k++) n += dcp->entries[i].chunks[k].file >= 0;
-    const dcp_chunk **items = calloc((size_t)n + 1, sizeof *items);
+    const dcp_chunk **items = calloc((size_t)n + 1, sizeof *items), **sorted = calloc((size_t)n + 1, sizeof *sorted);
     const char **keys = calloc((size_t)n + 1, sizeof *keys);
-    if (!items || !keys) {
+    if (!items || !keys || !sorted) {
         free(items);
+        free(sorted);
         free(keys);
         return tp_fail(TP_ERR_NOMEM, "out of memory");
     }
@@ -861,9 +892,12 @@ int dcp_verify(const dcp_checkpoint *dcp, int threads, void (*on_bytes)(void *ct
                 items[n] = &dcp->entries[i].chunks[k];
                 keys[n++] = dcp->entries[i].key;
             }
+    for (int64_t k = 0; k < n; k++) result->item_bytes += items[k]->item_bytes;
+    result->outside_bytes = bytes_in_no_item(dcp, items, sorted, n);
     verify_job job = {dcp, items, keys, on_bytes, ctx, result, PTHREAD_MUTEX_INITIALIZER};
     int status = parallel_for(n, threads > 0 ? threads : parallel_cpu_count(), verify_item, &job);
     free(items);
+    free(sorted);
     free(keys);
     return status;
 }

@@ -106,6 +106,8 @@ typedef struct {
     int entries, unchecked; /* zip entries read; of them, recording no CRC-32 to compare with */
     int damaged;            /* items with an entry whose CRC-32 differs */
     char first_damage[640]; /* the first such entry: file, item, entry, both CRC-32s */
+    int64_t item_bytes;     /* bytes of the items read */
+    int64_t outside_bytes;  /* bytes of the data files in no item (not read: a tail, or gaps) */
 } dcp_verify_result;
 
 /* Reads every item whole and compares each zip entry of the torch.save

@@ -564,8 +564,13 @@ static int verify_dcp(const char *path, int threads)
     if (!status && !bad && items.unchecked)
         printf("note: %d items or zip entries record no CRC-32 (raw bytes entries, or torch.save with "
                "set_crc32_options(False)): read, not checked\n", items.unchecked);
+    if (!status && !bad && items.outside_bytes > 0) {
+        char outside[32];
+        format_bytes((double)items.outside_bytes, outside, sizeof outside);
+        printf("note: %s of the data files lie in no item of .metadata: not read, not checked\n", outside);
+    }
     char size[32];
-    format_bytes((double)total, size, sizeof size);
+    format_bytes((double)items.item_bytes, size, sizeof size);
     if (!bad)
         printf("ok: %s: %d items, %d zip entries (%s) match their CRC-32s; %d tensors read%s, in %.2f s\n", dcp_path(d),
                items.items, items.entries - items.unchecked, size, ckpt_reader_num_tensors(r),

@@ -246,6 +246,15 @@ expect_error "and an export" 1 "__5_0.distcp: entry [^:]+: its [0-9]+ bytes have
     --format hdf5 -o "$WORK/flip.h5"
 check_all "nothing written from the damaged checkpoint" \
     '[ ! -e "$WORK/flip.tp" ] && [ ! -e "$WORK/flip.dcp" ] && [ ! -e "$WORK/flip.h5" ]'
+# A data file with a 1 TiB sparse tail that no item covers: verify says it
+# read and checked only the items, not the tail (it counted the tail).
+cp -r "$WORK/gpt.dcp" "$WORK/tail"
+truncate -s +1T "$WORK/tail/__3_0.distcp"
+expect_ok "verify of a data file with a 1 TiB sparse tail" "$CK" verify "$WORK/tail"
+check_all "it says the tail lies in no item and was not checked, and counts only the items" \
+    'grep -q "^note: 1.00 TiB of the data files lie in no item of .metadata: not read, not checked" "$WORK/.out" &&
+     grep -q "^ok: .* zip entries ([0-9.]* MiB) match their CRC-32s" "$WORK/.out"'
+rm -rf "$WORK/tail"
 cp -r "$WORK/gpt.dcp" "$WORK/short"
 truncate -s 1000 "$WORK/short/__3_0.distcp"
 expect_error "a truncated data file: an item outside it" 1 "__3_0.distcp: .*lies outside the file" "$CK" info "$WORK/short"
