@@ -715,13 +715,18 @@ static int emit_optimizer(rank_writer *r)
         TP_TRY(carry(r, key, &first_rank, NO_TENSORS, "optimizer{key %lld}", (long long)i));
         TP_TRY(carry(r, outer->dict.values.items[i], &first_rank, TENSORS, "optimizer%s", key_part(key, i, part, sizeof part)));
     }
+    /* Masters of the 16-bit parameters only: fp32 ones are their own, kept
+     * in the wrapper's fp32_from_fp32_groups, which its state dict leaves
+     * out (an fp32 model under this wrapper: empty lists). */
     pk_string(b, "fp32_from_fp16_params");
     pk_list_begin(b);
     for (int g = 0; g < num_groups; g++) {
         pk_list_begin(b);
-        for (int k = 0; k < r->num_params; k++)
-            if (megatron_no_weight_decay(ckpt_reader_tensor(r->source, r->params[k])) == order[g])
+        for (int k = 0; k < r->num_params; k++) {
+            const ckpt_tensor_desc *param = ckpt_reader_tensor(r->source, r->params[k]);
+            if (megatron_no_weight_decay(param) == order[g] && param->dtype != TP_FP32)
                 TP_TRY(emit_optimizer_tensor(r, r->params[k], "master"));
+        }
         pk_list_end(b);
     }
     pk_list_end(b);

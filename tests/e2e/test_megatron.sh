@@ -517,6 +517,36 @@ expect_error "a flipped bit: tp-ckpt export refuses it" 1 "$DAMAGED" "$CK" expor
 check_all "a flipped bit: no output written" \
     '[ ! -e "$WORK/flip1" ] && [ ! -e "$WORK/flip2" ] && [ ! -e "$WORK/flip3" ] && [ ! -e "$WORK/flip4" ] && [ ! -e "$WORK/flip5" ]'
 
+# Megatron's Float16OptimizerWithFloat16Params over fp32 parameters: its
+# fp32_from_fp16_params lists are empty (fp32 parameters are their own
+# masters). Read, and written back the same way (the writer asked for
+# masters that are not there, failing at the end of the write).
+rm -rf "$WORK/t.wrapped" && cp -r "$WORK/t" "$WORK/t.wrapped"
+expect_ok "the fp32 fixture's optimizers wrapped as Float16OptimizerWithFloat16Params" "$PY" - \
+    "$ROOT/tests/support" "$WORK"/t.wrapped/iter_0001000/mp_rank_*/model_optim_rng.pt <<'PYEOF'
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import megatron_fixture
+megatron_fixture.install_megatron_stubs()
+for path in sys.argv[2:]:
+    sd = torch.load(path, map_location="cpu")
+    inner = sd["optimizer"]
+    sd["optimizer"] = {"optimizer": inner, "grad_scaler": None,
+                       "fp32_from_fp16_params": [[] for _ in inner["param_groups"]]}
+    torch.save(sd, path)
+PYEOF
+expect_ok "tp-reshard of it to tp1 (the wrapper as the template's)" "$RS" "$WORK/t.wrapped" --to tp1 -o "$WORK/t.wrapped1"
+expect_ok "its output keeps the wrapper, with empty master lists, and loads in torch" "$PY" - "$ROOT/tests/support" \
+    "$WORK/t.wrapped1/iter_0001000/mp_rank_00_000/model_optim_rng.pt" <<'PYEOF'
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import megatron_fixture
+megatron_fixture.install_megatron_stubs()
+opt = torch.load(sys.argv[2], map_location="cpu")["optimizer"]
+assert opt["fp32_from_fp16_params"] == [[], []], opt["fp32_from_fp16_params"]
+assert len(opt["optimizer"]["state"]) > 0
+PYEOF
+
 # mutate DIR RANK KEY VALUE: a copy of DIR (at DIR.bad) whose rank file RANK
 # holds VALUE (a Python expression; nan allowed) at KEY (a top-level key, or
 # args.NAME), saved again by torch.save.
