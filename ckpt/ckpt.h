@@ -381,6 +381,11 @@ typedef struct {
      * and ckpt_reader_finish_checks reads to its end what was read in part. */
     const struct ckpt_foreign_check *checks;
     int num_checks;
+    /* Per file (NULL, or "" for one: none), the version its reads must
+     * match (store_file_version of the handle the source was opened
+     * through: an object's ETag), so that the data read later is of the
+     * version the source's description was read from. */
+    const char *const *versions;
 } ckpt_foreign;
 
 typedef struct ckpt_foreign_check {

@@ -62,6 +62,7 @@ typedef struct {
     int through_index; /* read through the index alone (local_through_index, its metadata checksum matched) */
     int open_status;  /* a failed open is not retried for every piece */
     char *open_error; /* its message */
+    char version[128]; /* a foreign file: the version its reads must match ("" none) */
 } file_runtime;
 
 struct ckpt_reader {
@@ -299,9 +300,15 @@ static int open_file(ckpt_reader *r, int f)
 static int open_file_once(ckpt_reader *r, int f)
 {
     file_runtime *fr = &r->files[f];
-    if (r->foreign) { /* no HDF5 metadata: the bytes only */
+    if (r->foreign) { /* no HDF5 metadata: the bytes only, of the version the source was read from */
         TP_TRY(tp_refuse_special(fr->path));
         TP_TRY(r->storage->open(r->storage, fr->path, STORE_OPEN_READ, &fr->data));
+        int status = store_file_pin(r->storage, fr->data, fr->version);
+        if (status) {
+            r->storage->close(fr->data);
+            fr->data = NULL;
+            return status;
+        }
         fr->file = 0;
         return TP_OK;
     }
@@ -1393,6 +1400,9 @@ static int foreign_index(ckpt_reader *r, const ckpt_foreign *src)
         if (strlen(src->files[f]) >= sizeof r->files[f].path)
             return tp_fail(TP_ERR_ARG, "%.200s...: path too long", src->files[f]);
         snprintf(r->files[f].path, sizeof r->files[f].path, "%s", src->files[f]);
+        if (src->versions && src->versions[f] && strlen(src->versions[f]) >= sizeof r->files[f].version)
+            return tp_fail(TP_ERR_ARG, "%s: a version of %zu bytes", src->files[f], strlen(src->versions[f]));
+        if (src->versions && src->versions[f]) snprintf(r->files[f].version, sizeof r->files[f].version, "%s", src->versions[f]);
         const char *base = strrchr(src->files[f], '/');
         snprintf(index->files[f].name, sizeof index->files[f].name, "%s", base ? base + 1 : src->files[f]);
         index->files[f].bytes = src->file_bytes[f];
@@ -1508,6 +1518,7 @@ int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int 
         ckpt_reader_close(r);
         return status;
     }
+    tp_fault_point("foreign-opened"); /* a test holds a reader here: opened, its data not yet read */
     *out = r;
     return TP_OK;
 }

@@ -1,5 +1,7 @@
 /* fault.c: the test hook (fault.h). */
+#include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -36,9 +38,15 @@ static void fault_at(const char *point, const char *want)
      * while the window the point is in stays open. POINT:SLEEP:SECONDS: a
      * slow disk or store, the caller held there that long. POINT:WAIT:FILE:
      * held until FILE exists (a test's release: what it must see happen
-     * while the caller is held has happened), 10 minutes at most. */
+     * while the caller is held has happened), 10 minutes at most; FILE.held
+     * is made when the hold begins, for a test that waits for the point. */
     const char *name = want + n + 1;
     if (strncmp(name, "WAIT:", 5) == 0) {
+        char held[4200];
+        if ((size_t)snprintf(held, sizeof held, "%s.held", name + 5) < sizeof held) {
+            int fd = open(held, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+            if (fd >= 0) close(fd);
+        }
         for (int tick = 0; tick < 60000 && access(name + 5, F_OK) != 0; tick++) {
             struct timespec hold = {0, 10 * 1000 * 1000};
             while (nanosleep(&hold, &hold) != 0) {

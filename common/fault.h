@@ -6,7 +6,8 @@
  * TP_CKPT_FAULT names this point; with POINT:TERM (INT, HUP) raises that
  * signal there and holds the caller at the point for half a second;
  * POINT:SLEEP:S holds it S seconds; POINT:WAIT:FILE holds it until FILE
- * exists (10 minutes at most). Several points are separated by commas. */
+ * exists (10 minutes at most), and makes FILE.held as it begins to. Several
+ * points are separated by commas. */
 void tp_fault_point(const char *point);
 
 #endif

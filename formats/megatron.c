@@ -1181,12 +1181,22 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
      * checked as it is read (a storage shared by pieces is given once per piece). */
     ckpt_foreign_check *checks = calloc((size_t)pieces + 1, sizeof *checks);
     int num_checks = 0;
+    /* Each file's version as the rank files were read at open: the data
+     * read later must be of it (an object replaced meanwhile fails). */
+    char (*version_text)[128] = calloc((size_t)files + 1, sizeof *version_text);
+    const char **versions = calloc((size_t)files + 1, sizeof *versions);
+    if (!version_text || !versions) { /* out of memory: said below */
+        free(checks);
+        checks = NULL;
+    }
     int status = paths && bytes && offsets && piece_file && tensors && checks ? TP_OK
                                                                               : tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int f = 0; f < files && !status; f++) {
         const torch_archive *a = f < ranks ? m->archives[f] : m->distrib_optim[f - ranks];
         paths[f] = torch_archive_path(a);
         bytes[f] = torch_archive_bytes(a);
+        torch_archive_version(a, version_text[f], sizeof version_text[f]);
+        versions[f] = version_text[f];
     }
     int64_t at = 0;
     for (int i = 0; i < m->num_tensors && !status; i++) {
@@ -1232,6 +1242,7 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
         .piece_offset = offsets,
         .checks = checks,
         .num_checks = num_checks,
+        .versions = versions,
     };
     if (!status) status = ckpt_reader_open_foreign(out, &source, compute_digests);
     cJSON_free(user);
@@ -1241,6 +1252,8 @@ int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt
     free(piece_file);
     free(tensors);
     free(checks);
+    free(versions);
+    free(version_text);
     return status;
 }
 

@@ -184,6 +184,10 @@ const pickle_value *torch_archive_root(const torch_archive *archive);
 const char *torch_archive_path(const torch_archive *archive);
 /* Bytes of the archive (of its file, for a whole file). */
 int64_t torch_archive_bytes(const torch_archive *archive);
+/* The version of its file that its reads were pinned to (an object's ETag;
+ * "" on a local file system): a later reader of the same file pins its own
+ * handle to it (ckpt_foreign.versions). */
+void torch_archive_version(const torch_archive *archive, char *out, size_t size);
 
 /* Every entry of the archive read and compared with the CRC-32 its zip
  * records: TP_ERR_CHECKSUM naming the file and entry at the first that

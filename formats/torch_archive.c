@@ -281,6 +281,11 @@ int torch_tensor_range(const torch_archive *archive, const pickle_value *tensor,
     return TP_OK;
 }
 
+void torch_archive_version(const torch_archive *archive, char *out, size_t size)
+{
+    zip_version(archive->zip, out, size);
+}
+
 int torch_tensor_storage_entry(const torch_archive *archive, const pickle_value *tensor, torch_storage_entry *out)
 {
     if (!tensor || tensor->kind != PICKLE_TENSOR) return tp_fail(TP_ERR_ARG, "%s: not a tensor", zip_path(archive->zip));

@@ -342,6 +342,12 @@ int zip_entry_range(zip_archive *zip, int entry, int64_t *offset, int64_t *size)
     return TP_OK;
 }
 
+void zip_version(const zip_archive *zip, char *out, size_t size)
+{
+    if (zip->store && zip->file) store_file_version(zip->store, zip->file, out, size);
+    else if (size) out[0] = '\0';
+}
+
 uint32_t zip_entry_crc(const zip_archive *zip, int entry)
 {
     return zip->entries[entry].crc;

@@ -48,6 +48,10 @@ int zip_entry_check(zip_archive *zip, int entry, void *buf, size_t buf_size, int
  * that is not empty means none was recorded (set_crc32_options(False)). */
 uint32_t zip_entry_crc(const zip_archive *zip, int entry);
 
+/* The version of the archive's file its reads are pinned to (an object's
+ * ETag; "" on a local file system): store_file_version. */
+void zip_version(const zip_archive *zip, char *out, size_t size);
+
 /* Reads [offset, offset + size) of the archive. */
 int zip_read(const zip_archive *zip, void *buf, int64_t size, int64_t offset);
 

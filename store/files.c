@@ -106,3 +106,14 @@ void store_hold_release(store_hold *h)
     if (h->lock) h->storage->close(h->lock);
     free(h);
 }
+
+void store_file_version(const store_ops *storage, store_file *file, char *out, size_t size)
+{
+    if (size) out[0] = '\0';
+    if (storage->version && size) storage->version(file, out, size);
+}
+
+int store_file_pin(const store_ops *storage, store_file *file, const char *version)
+{
+    return storage->pin && version && version[0] ? storage->pin(file, version) : TP_OK;
+}

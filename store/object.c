@@ -320,6 +320,24 @@ int object_lock(const store_ops *s, const char *path, int flags, store_file **ou
     return object_open(s, path, STORE_OPEN_READ, out);
 }
 
+void object_version(store_file *f, char *out, size_t size)
+{
+    pthread_mutex_lock(&f->lock);
+    snprintf(out, size, "%s", f->etag);
+    pthread_mutex_unlock(&f->lock);
+}
+
+int object_pin(store_file *f, const char *version)
+{
+    if (strlen(version) >= sizeof f->etag) return tp_fail(TP_ERR_ARG, "%s: a version of %zu bytes", f->path, strlen(version));
+    pthread_mutex_lock(&f->lock);
+    int status = TP_OK;
+    if (!f->etag[0]) snprintf(f->etag, sizeof f->etag, "%s", version);
+    else if (strcmp(f->etag, version)) status = object_changed(f, version, f->etag);
+    pthread_mutex_unlock(&f->lock);
+    return status;
+}
+
 /* DELETE of url (errors name `what`); what is not there is fine. */
 int object_delete_at(const store_ops *s, const char *url, const char *const *headers, const char *what)
 {

@@ -61,6 +61,9 @@ const char *object_path_of(const store_file *f);
 int object_rename(const store_ops *s, const char *from, const char *to, store_rename_mode mode); /* refused */
 int object_sync_dir(const store_ops *s, const char *path);
 int object_lock(const store_ops *s, const char *path, int flags, store_file **out);
+/* The ETag a file's reads are pinned to, and a fresh file pinned to one. */
+void object_version(store_file *f, char *out, size_t size);
+int object_pin(store_file *f, const char *version);
 /* One PUT of a local file's bytes, or of memory. */
 int object_put_file(const store_ops *s, const char *path, const char *local_path, int64_t offset, int64_t length);
 int object_put_data(const store_ops *s, const char *path, const void *data, size_t size);
@@ -72,7 +75,8 @@ int object_delete(const store_ops *s, const char *path);
 #define OBJECT_STORE_OPS                                                                                               \
     .local_paths = 0, .open = object_open, .read_at = object_read_at, .write_at = object_write_at,                     \
     .read_ahead = object_read_ahead, .resize = object_resize, .sync = object_sync,                                     \
-    .expect_size = object_expect_size, .close = object_close, .path_of = object_path_of, .rename = object_rename,      \
+    .expect_size = object_expect_size, .version = object_version, .pin = object_pin, .close = object_close,          \
+    .path_of = object_path_of, .rename = object_rename,                                                                \
     .sync_dir = object_sync_dir, .lock = object_lock, .put_data = object_put_data, .delete_object = object_delete
 
 #endif

@@ -63,6 +63,14 @@ struct store_ops {
      * TP_ERR_FORMAT, "PATH: N bytes, <whose> M (truncated or replaced?)".
      * NULL where a stat is as cheap as a read (the local file system). */
     int (*expect_size)(store_file *file, int64_t size, const char *whose);
+    /* For a store whose objects have versions (an object store: the ETag
+     * of a file's first answer, which its later reads must match): the
+     * version a file's reads are pinned to ("" before the first read), and
+     * a fresh handle pinned to a version another handle of the same path
+     * read, so that reads through two handles never mix two versions of an
+     * object. NULL where there are none (the local file system). */
+    void (*version)(store_file *file, char *out, size_t size);
+    int (*pin)(store_file *file, const char *version);
     void (*close)(store_file *file);
     const char *(*path_of)(const store_file *file);
     int (*stat)(const store_ops *s, const char *path, store_stat *out); /* a missing path is exists = 0 */
@@ -142,6 +150,11 @@ int store_put_file(const char *url, const char *local_path, int64_t offset, int6
 int store_s3_part_bytes(int64_t length, int64_t wanted, int64_t *part);
 int store_put_data(const char *url, const void *data, size_t size);
 int store_delete(const char *url);
+
+/* The version file's reads are pinned to (store_ops.version), "" where the
+ * store has none; and a fresh handle pinned to one ("" pins nothing). */
+void store_file_version(const store_ops *storage, store_file *file, char *out, size_t size);
+int store_file_pin(const store_ops *storage, store_file *file, const char *version);
 
 /* ----------------------------------------------------- small files (files.c) */
 

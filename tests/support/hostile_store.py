@@ -17,6 +17,10 @@ misbehaves as --mode says:
   trickle       GET bodies of index.json: one byte every 2 s
   entity        PROPFIND answers declare an entity (<!DOCTYPE ... <!ENTITY)
   deep          PROPFIND answers nest 500 elements deep
+  replaced      every object is served as version 0 until the file named by
+                --switch-file exists, then as version 1 (other bytes, another
+                ETag; If-Match of version 0's gets 412): an object replaced
+                between two reads, once, when the test says
   slowdown-head HEADs are answered 503 without a body (as S3 throttles
                 them) for --throttle-seconds after the first HEAD; the rest
                 behaves
@@ -125,9 +129,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         shard = path.endswith(".h5")
         with LOCK:
             version = VERSIONS.get(path, 0)
+        if ARGS.mode == "replaced":
+            version = 1 if os.path.exists(ARGS.switch_file) else 0
         etag = etag_of(path, 0 if ARGS.mode == "change-quiet" else version)
         want = self.headers.get("If-Match")
-        if ARGS.mode == "change" and want and want != etag:
+        if ARGS.mode in ("change", "replaced") and want and want != etag:
             return self.send(412, b"<Error><Code>PreconditionFailed</Code></Error>")
         rng = self.headers.get("Range")
         if not rng:
@@ -244,6 +250,7 @@ def main():
     p.add_argument("--port-file", required=True)
     p.add_argument("--count-file")
     p.add_argument("--throttle-seconds", type=float)
+    p.add_argument("--switch-file", help="replaced mode: objects change once this file exists")
     ARGS = p.parse_args()
     server = Server(("127.0.0.1", 0), Handler)
     tmp = ARGS.port_file + ".tmp"
