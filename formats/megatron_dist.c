@@ -366,6 +366,9 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
     cJSON_AddStringToObject(origin, "names", megatron_naming_name(c->naming));
     cJSON_AddStringToObject(origin, "optimizer", c->optimizer_read ? "read" : m->optimizer_refusal[0] ? "not read" : "none");
     if (m->optimizer_refusal[0]) cJSON_AddStringToObject(origin, "optimizer_refusal", m->optimizer_refusal);
+    /* The layout it was saved at (it is read as whole tensors: tp1pp1). */
+    cJSON_AddNumberToObject(origin, "saved_tp", c->tp);
+    cJSON_AddNumberToObject(origin, "saved_pp", c->pp);
     char *user = cJSON_PrintUnformatted(origin);
     cJSON_Delete(origin);
     if (!status && !user) status = tp_fail(TP_ERR_NOMEM, "out of memory");

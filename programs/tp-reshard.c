@@ -86,6 +86,23 @@ static void print_plan(const reshard_summary *s, const char *device, const char 
     printf("  memory     %s of buffers within a limit of %s\n", buffers, limit);
 }
 
+/* The source's layout for a summary: the reader's, or for a source read
+ * as whole tensors that records the layout it was saved at (a torch_dist
+ * checkpoint's origin: saved_tp, saved_pp), that one. */
+static void source_layout_text(ckpt_reader *source, char *out)
+{
+    reshard_layout_text(ckpt_reader_layout(source), out);
+    /* Only the foreign reader's own origin: a checkpoint of this format
+     * converted from one carries that origin on, at its own layout. */
+    const char *user = ckpt_reader_is_foreign(source) ? ckpt_reader_state(source)->user_json : NULL;
+    cJSON *origin = user ? cJSON_Parse(user) : NULL;
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(origin, "saved_tp");
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(origin, "saved_pp");
+    if (cJSON_IsNumber(tp) && cJSON_IsNumber(pp))
+        snprintf(out, RESHARD_LAYOUT_TEXT_MAX, "tp%dpp%d", tp->valueint, pp->valueint);
+    cJSON_Delete(origin);
+}
+
 static cJSON *layout_json(const ckpt_layout *l)
 {
     cJSON *o = cJSON_CreateObject();
@@ -252,7 +269,7 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     const megatron_config *c = megatron ? megatron_config_of(megatron) : model;
     const ckpt_layout *from = ckpt_reader_layout(source);
     char from_text[RESHARD_LAYOUT_TEXT_MAX];
-    reshard_layout_text(from, from_text);
+    source_layout_text(source, from_text);
     const char *source_name = megatron ? megatron_path(megatron) : ckpt_reader_path(source);
     const char *source_format = megatron ? "Megatron-LM " : model ? "Megatron-Core torch_dist " : "";
     megatron_write_options wo = {.tp = options->tp, .pp = options->pp, .naming = naming, .overwrite = options->overwrite,
@@ -352,7 +369,7 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
 {
     const ckpt_layout *from = ckpt_reader_layout(source);
     char from_text[RESHARD_LAYOUT_TEXT_MAX];
-    reshard_layout_text(from, from_text);
+    source_layout_text(source, from_text);
     const char *source_name = ckpt_reader_path(source);
     dcp_write_options wo = {.tp = options->tp, .pp = options->pp, .dp = dp, .torch_version = torch, .overwrite = options->overwrite,
                             .threads = options->threads, .weights_only = options->drop_optimizer,
@@ -672,7 +689,7 @@ int main(int argc, char **argv)
             format_bytes((double)s->bytes_written, written, sizeof written);
             format_bytes((double)cli_peak_rss_bytes(), peak, sizeof peak);
             char from_text[RESHARD_LAYOUT_TEXT_MAX], to_text[RESHARD_LAYOUT_TEXT_MAX];
-            reshard_layout_text(&s->from, from_text);
+            source_layout_text(source, from_text);
             reshard_layout_text(&s->to, to_text);
             printf("resharded %s (%s) -> %s (%s): %d tensors, %s read, %s written in %.2f s "
                    "(%.2f GB/s, %s), peak memory %s\n",

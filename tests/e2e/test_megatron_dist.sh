@@ -58,6 +58,11 @@ expect_error "a torch_dist source needs --format" 2 "needs --format tp, megatron
 expect_ok "torch_dist -> this toolkit's format tp4pp2, Adam state included, verified" "$RS" "$WORK/gpt.dist" \
     --format tp --to tp4pp2 -o "$WORK/gpt.tp" --verify
 check "verified 208 tensors" grep -q "^verified: 208 tensors equal to the source" "$WORK/.out"
+check "the summary names the layout the source was saved at (tp2pp2), not the whole tensors it is read as" \
+    grep -q "^resharded .*gpt.dist.* (tp2pp2) -> " "$WORK/.out"
+expect_ok "its tp4pp2 output resharded on" "$RS" "$WORK/gpt.tp" --to tp2 -o "$WORK/gpt.tp2"
+check "whose summary names its own layout (the origin it carries says tp2pp2)" grep -q "^resharded .* (tp4pp2) -> " \
+    "$WORK/.out"
 expect_ok "the legacy checkpoint equals it too" "$CK" diff "$WORK/gpt.legacy" "$WORK/gpt.tp"
 expect_error "torch_dist -> legacy Megatron with the optimizer: refused, saying why" 1 \
     "not written as a legacy Megatron optimizer.*--weights-only" "$RS" "$WORK/gpt.dist" --format megatron --to tp2 \
