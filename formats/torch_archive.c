@@ -143,22 +143,17 @@ static int read_archive(torch_archive *a, const char *path, const pickle_limits 
     return status;
 }
 
-int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, const pickle_limits *limits,
-                             torch_archive **out)
+/* The rest of an open whose zip was opened (status: the opening's): its
+ * pickle read within limits (NULL: the defaults) and checked; a failure
+ * closes a. */
+static int finish_open(torch_archive *a, int status, const char *name, const pickle_limits *limits, torch_archive **out)
 {
-    *out = NULL;
     pickle_limits defaults;
     if (!limits) {
         pickle_limits_init(&defaults);
         limits = &defaults;
     }
-    torch_archive *a = calloc(1, sizeof *a);
-    if (!a) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    /* The start is read through the archive's own open file: one open of
-     * it (round trips, for a store), and a second look only at a refusal. */
-    int status = zip_open_range(path, base, bytes, &a->zip);
-    if (status == TP_ERR_FORMAT && base == 0 && bytes < 0) status = explain_refusal(path, status);
-    if (!status) status = read_archive(a, path, limits);
+    if (!status) status = read_archive(a, name, limits);
     if (status) {
         torch_archive_close(a);
         return status;
@@ -167,25 +162,26 @@ int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, cons
     return TP_OK;
 }
 
+int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, const pickle_limits *limits,
+                             torch_archive **out)
+{
+    *out = NULL;
+    torch_archive *a = calloc(1, sizeof *a);
+    if (!a) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    /* The start is read through the archive's own open file: one open of
+     * it (round trips, for a store), and a second look only at a refusal. */
+    int status = zip_open_range(path, base, bytes, &a->zip);
+    if (status == TP_ERR_FORMAT && base == 0 && bytes < 0) status = explain_refusal(path, status);
+    return finish_open(a, status, path, limits, out);
+}
+
 int torch_archive_open_memory(const char *name, const void *data, int64_t size, const pickle_limits *limits,
                               torch_archive **out)
 {
     *out = NULL;
-    pickle_limits defaults;
-    if (!limits) {
-        pickle_limits_init(&defaults);
-        limits = &defaults;
-    }
     torch_archive *a = calloc(1, sizeof *a);
     if (!a) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    int status = zip_open_memory(name, data, size, &a->zip);
-    if (!status) status = read_archive(a, name, limits);
-    if (status) {
-        torch_archive_close(a);
-        return status;
-    }
-    *out = a;
-    return TP_OK;
+    return finish_open(a, zip_open_memory(name, data, size, &a->zip), name, limits, out);
 }
 
 void torch_archive_close(torch_archive *archive)

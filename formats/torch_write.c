@@ -480,36 +480,31 @@ typedef struct {
     char path[CARRY_PATH_MAX];
 } carry_walk;
 
+/* A memo opcode with its index: the 1-byte form below 256, else the 4-byte one. */
+static void memo_op(byte_buffer *b, unsigned char short_op, unsigned char long_op, int64_t index)
+{
+    unsigned char v[4];
+    if (index < 256) {
+        op(b, short_op);
+        v[0] = (unsigned char)index;
+        buffer_put(b, v, 1);
+    } else {
+        op(b, long_op);
+        put_le(v, (uint64_t)index, 4);
+        buffer_put(b, v, 4);
+    }
+}
+
 static void put_memo(carry_walk *w, size_t slot)
 {
     int64_t index = w->memo->next++;
     w->table->memo[slot] = index;
-    if (!w->b) return;
-    unsigned char v[4];
-    if (index < 256) {
-        op(w->b, 'q'); /* BINPUT */
-        v[0] = (unsigned char)index;
-        buffer_put(w->b, v, 1);
-    } else {
-        op(w->b, 'r'); /* LONG_BINPUT */
-        put_le(v, (uint64_t)index, 4);
-        buffer_put(w->b, v, 4);
-    }
+    if (w->b) memo_op(w->b, 'q', 'r', index); /* BINPUT, LONG_BINPUT */
 }
 
 static void get_memo(carry_walk *w, int64_t index)
 {
-    if (!w->b) return;
-    unsigned char v[4];
-    if (index < 256) {
-        op(w->b, 'h'); /* BINGET */
-        v[0] = (unsigned char)index;
-        buffer_put(w->b, v, 1);
-    } else {
-        op(w->b, 'j'); /* LONG_BINGET */
-        put_le(v, (uint64_t)index, 4);
-        buffer_put(w->b, v, 4);
-    }
+    if (w->b) memo_op(w->b, 'h', 'j', index); /* BINGET, LONG_BINGET */
 }
 
 /* The path of a part: path[at] on, appended (cut where too long). */
