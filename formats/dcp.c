@@ -358,6 +358,32 @@ static int check_files(dcp_checkpoint *dcp)
     return TP_OK;
 }
 
+static int make_versions(dcp_checkpoint *dcp)
+{
+    dcp->versions = calloc(1, sizeof *dcp->versions);
+    if (dcp->versions) dcp->versions->of = calloc((size_t)dcp->num_files + 1, sizeof *dcp->versions->of);
+    if (!dcp->versions || !dcp->versions->of) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&dcp->versions->lock, NULL);
+    return TP_OK;
+}
+
+/* File f's version: "" before its first read. */
+static void version_of(const dcp_checkpoint *dcp, int f, char out[DCP_VERSION_MAX])
+{
+    pthread_mutex_lock(&dcp->versions->lock);
+    memcpy(out, dcp->versions->of[f], DCP_VERSION_MAX);
+    pthread_mutex_unlock(&dcp->versions->lock);
+}
+
+/* Records the version a read of file f saw, if it is the first. (A later
+ * read through a handle pinned to it cannot see another: it fails.) */
+static void note_version(const dcp_checkpoint *dcp, int f, const char *version)
+{
+    pthread_mutex_lock(&dcp->versions->lock);
+    if (!dcp->versions->of[f][0]) snprintf(dcp->versions->of[f], DCP_VERSION_MAX, "%s", version);
+    pthread_mutex_unlock(&dcp->versions->lock);
+}
+
 int dcp_open(const char *path, dcp_checkpoint **out)
 {
     *out = NULL;
@@ -379,6 +405,7 @@ int dcp_open(const char *path, dcp_checkpoint **out)
     if (!status) status = read_metadata(dcp, data, size);
     free(data);
     if (!status) status = check_files(dcp);
+    if (!status) status = make_versions(dcp);
     if (status) {
         dcp_close(dcp);
         return status;
@@ -395,6 +422,11 @@ void dcp_close(dcp_checkpoint *dcp)
     free(dcp->by_key);
     free(dcp->chunks);
     free(dcp->files);
+    if (dcp->versions && dcp->versions->of) {
+        pthread_mutex_destroy(&dcp->versions->lock);
+        free(dcp->versions->of);
+    }
+    free(dcp->versions);
     store_hold_release(dcp->hold);
     free(dcp);
 }
@@ -454,7 +486,20 @@ int dcp_open_item_file(const dcp_checkpoint *dcp, const dcp_chunk *c, const stor
     char path[CKPT_PATH_MAX + 80];
     dcp_file_path(dcp, c->file, path, sizeof path);
     TP_TRY(store_for(path, store));
-    return (*store)->open(*store, path, STORE_OPEN_READ, file);
+    TP_TRY((*store)->open(*store, path, STORE_OPEN_READ, file));
+    char version[DCP_VERSION_MAX];
+    version_of(dcp, c->file, version);
+    int status = store_file_pin(*store, *file, version);
+    if (status) (*store)->close(*file);
+    return status;
+}
+
+void dcp_close_item_file(const dcp_checkpoint *dcp, const dcp_chunk *c, const store_ops *store, store_file *file)
+{
+    char version[DCP_VERSION_MAX];
+    store_file_version(store, file, version, sizeof version);
+    if (version[0]) note_version(dcp, c->file, version);
+    store->close(file);
 }
 
 int dcp_read_item(const dcp_checkpoint *dcp, const dcp_chunk *c, void *buf)
@@ -463,8 +508,60 @@ int dcp_read_item(const dcp_checkpoint *dcp, const dcp_chunk *c, void *buf)
     store_file *file;
     TP_TRY(dcp_open_item_file(dcp, c, &store, &file));
     int status = c->item_bytes ? store->read_at(file, buf, (size_t)c->item_bytes, c->item_offset) : TP_OK;
-    store->close(file);
+    dcp_close_item_file(dcp, c, store, file);
     return status;
+}
+
+/* Opens chunk c's item as a torch.save archive, pinned as
+ * dcp_open_item_file pins, noting the version its first read saw. */
+static int open_item_archive(const dcp_checkpoint *dcp, const dcp_chunk *c, const pickle_limits *limits, torch_archive **out)
+{
+    char path[CKPT_PATH_MAX + 80], version[DCP_VERSION_MAX];
+    dcp_file_path(dcp, c->file, path, sizeof path);
+    version_of(dcp, c->file, version);
+    TP_TRY(torch_archive_open_range(path, c->item_offset, c->item_bytes, version, limits, out));
+    torch_archive_version(*out, version, sizeof version);
+    if (version[0]) note_version(dcp, c->file, version);
+    return TP_OK;
+}
+
+int dcp_file_list_make(const dcp_checkpoint *dcp, dcp_file_list *out)
+{
+    enum { PATH = CKPT_PATH_MAX + 80 };
+    int n = dcp->num_files;
+    *out = (dcp_file_list){.count = n};
+    out->paths = calloc((size_t)n + 1, sizeof *out->paths);
+    out->versions = calloc((size_t)n + 1, sizeof *out->versions);
+    out->bytes = calloc((size_t)n + 1, sizeof *out->bytes);
+    out->text = calloc((size_t)n + 1, PATH + DCP_VERSION_MAX);
+    int status = out->paths && out->versions && out->bytes && out->text ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int f = 0; !status && f < n; f++) {
+        char *path = out->text + (size_t)f * (PATH + DCP_VERSION_MAX), *version = path + PATH;
+        dcp_file_path(dcp, f, path, PATH);
+        out->paths[f] = path;
+        out->versions[f] = version;
+        out->bytes[f] = dcp->files[f].bytes;
+        version_of(dcp, f, version);
+        const store_ops *store;
+        status = store_for(path, &store);
+        if (status || version[0] || !store->version || !dcp->files[f].bytes) continue;
+        /* Not read yet, on a store of versions: its first byte pins it. */
+        dcp_chunk first = {.file = f, .item_offset = 0, .item_bytes = 1};
+        unsigned char byte;
+        status = dcp_read_item(dcp, &first, &byte);
+        version_of(dcp, f, version);
+    }
+    if (status) dcp_file_list_free(out);
+    return status;
+}
+
+void dcp_file_list_free(dcp_file_list *list)
+{
+    free(list->paths);
+    free(list->versions);
+    free(list->bytes);
+    free(list->text);
+    *list = (dcp_file_list){0};
 }
 
 int dcp_read_bytes(const dcp_checkpoint *dcp, int entry, int64_t max, void **data, int64_t *size)
@@ -503,11 +600,10 @@ static int read_description(const dcp_checkpoint *dcp, ckpt_description **out)
     if (c->item_bytes > DESCRIPTION_MAX)
         return tp_fail(TP_ERR_FORMAT, "%s: %s: %lld bytes, more than the limit of %lld", dcp->path, DCP_INDEX_KEY,
                        (long long)c->item_bytes, (long long)DESCRIPTION_MAX);
-    char path[CKPT_PATH_MAX + 80], where[CKPT_PATH_MAX + 120];
-    dcp_file_path(dcp, c->file, path, sizeof path);
+    char where[CKPT_PATH_MAX + 120];
     snprintf(where, sizeof where, "%s: %s", dcp->path, DCP_INDEX_KEY);
     torch_archive *a;
-    TP_TRY(torch_archive_open_range(path, c->item_offset, c->item_bytes, NULL, &a));
+    TP_TRY(open_item_archive(dcp, c, NULL, &a));
     const char *text;
     int status = string_of(torch_archive_root(a), DESCRIPTION_MAX, &text)
                      ? tp_fail(TP_ERR_FORMAT, "%s: holds a %s, not a text", where, describe(torch_archive_root(a)))
@@ -541,7 +637,7 @@ static int locate_chunk(void *ctx, int64_t k, int thread)
     pickle_limits_init(&limits);
     limits.max_memory = (int64_t)16 << 20; /* a tensor's pickle is a few hundred bytes */
     torch_archive *a;
-    int status = torch_archive_open_range(path, c->item_offset, c->item_bytes, &limits, &a);
+    int status = open_item_archive(dcp, c, &limits, &a);
     if (status) return tp_fail_context(status, "%s: the item at %lld", e->key, (long long)c->item_offset);
     const pickle_value *t = torch_archive_root(a);
     int64_t offset = 0, bytes = 0, want = chunk_elements(e, c) * (int64_t)torch_dtype_size(e->dtype);
@@ -732,16 +828,8 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
         }
     }
     if (!status) box_first[n] = num_boxes;
-    const char **files = calloc((size_t)dcp->num_files + 1, sizeof *files);
-    int64_t *file_bytes = calloc((size_t)dcp->num_files + 1, sizeof *file_bytes);
-    char *paths = calloc((size_t)dcp->num_files + 1, CKPT_PATH_MAX + 80);
-    if (!status && (!files || !file_bytes || !paths)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int f = 0; !status && f < dcp->num_files; f++) {
-        char *p = paths + (size_t)f * (CKPT_PATH_MAX + 80);
-        dcp_file_path(dcp, f, p, CKPT_PATH_MAX + 80);
-        files[f] = p;
-        file_bytes[f] = dcp->files[f].bytes;
-    }
+    dcp_file_list files = {0};
+    if (!status) status = dcp_file_list_make(dcp, &files);
     if (!status) {
         ckpt_layout layout = {1, 1, 1, 1, 1};
         ckpt_train_state state = {0};
@@ -751,15 +839,13 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
         }
         /* A plain description anchors nothing to layers: one, on the first stage. */
         ckpt_foreign source = {.path = dcp->path, .layout = layout, .state = state, .num_tensors = n, .tensors = descs,
-                               .num_files = dcp->num_files, .files = files, .file_bytes = file_bytes, .boxes = boxes,
-                               .box_first = box_first, .digests = description ? digests : NULL, .checks = checks,
-                               .num_checks = num_checks};
+                               .num_files = files.count, .files = files.paths, .file_bytes = files.bytes,
+                               .versions = files.versions, .boxes = boxes, .box_first = box_first,
+                               .digests = description ? digests : NULL, .checks = checks, .num_checks = num_checks};
         if (dcp->num_files == 0) status = tp_fail(TP_ERR_FORMAT, "%s: no data files", dcp->path);
         else status = ckpt_reader_open_foreign(out, &source, compute_digests);
     }
-    free(files);
-    free(file_bytes);
-    free(paths);
+    dcp_file_list_free(&files);
     free(boxes);
     free(box_first);
     free(chunk);
@@ -800,7 +886,7 @@ static int verify_item(void *ctx, int64_t k, int thread)
     store_file *file;
     TP_TRY(dcp_open_item_file(job->dcp, c, &store, &file));
     int status = c->item_bytes >= 4 ? store->read_at(file, start, 4, c->item_offset) : TP_OK;
-    store->close(file);
+    dcp_close_item_file(job->dcp, c, store, file);
     if (status) return status;
     if (memcmp(start, "PK\003\004", 4)) {
         pthread_mutex_lock(&job->lock);
@@ -814,7 +900,7 @@ static int verify_item(void *ctx, int64_t k, int thread)
     pickle_limits limits;
     pickle_limits_init(&limits);
     limits.max_memory = (int64_t)64 << 20;
-    status = torch_archive_open_range(path, c->item_offset, c->item_bytes, &limits, &a);
+    status = open_item_archive(job->dcp, c, &limits, &a);
     torch_archive_check_result checked = {0, 0};
     int damaged = 0;
     if (!status) {

@@ -2,6 +2,7 @@
 #ifndef TP_FORMATS_DCP_INTERNAL_H
 #define TP_FORMATS_DCP_INTERNAL_H
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include "dcp.h"
@@ -13,6 +14,17 @@ typedef struct {
     char name[64]; /* relative to the directory */
     int64_t bytes;
 } dcp_file_info;
+
+/* Per data file, the version its first read saw (an object's ETag; ""
+ * before it, and always on a local file system, where the shared lock
+ * keeps a file as it is): every later read of the file, through any
+ * handle, must match it, so that items and tensors read at different
+ * times never mix two versions of a file replaced meanwhile. */
+#define DCP_VERSION_MAX 128
+typedef struct {
+    pthread_mutex_t lock;
+    char (*of)[DCP_VERSION_MAX];
+} dcp_versions;
 
 struct dcp_checkpoint {
     char path[CKPT_PATH_MAX];
@@ -28,14 +40,18 @@ struct dcp_checkpoint {
     int64_t chunk_capacity;
     dcp_file_info *files;
     int num_files, files_capacity;
+    dcp_versions *versions; /* num_files of them */
 };
 
 /* stat of a path of any store. */
 int dcp_stat(const char *path, store_stat *st);
 /* The path of data file `file`. */
 void dcp_file_path(const dcp_checkpoint *dcp, int file, char *out, size_t size);
-/* Opens the data file of a chunk's item, to read. */
+/* Opens the data file of a chunk's item, to read, pinned to the version
+ * its first read saw; dcp_close_item_file records the version a first read
+ * saw, and closes it. */
 int dcp_open_item_file(const dcp_checkpoint *dcp, const dcp_chunk *c, const store_ops **store, store_file **file);
+void dcp_close_item_file(const dcp_checkpoint *dcp, const dcp_chunk *c, const store_ops *store, store_file *file);
 /* Reads a chunk's whole item (c->item_bytes) into buf. */
 int dcp_read_item(const dcp_checkpoint *dcp, const dcp_chunk *c, void *buf);
 
@@ -50,6 +66,20 @@ int dcp_locate(const dcp_checkpoint *dcp, int64_t n, const int64_t *chunk, const
                int64_t *data_offset, ckpt_foreign_check *checks);
 /* Moves the checks that record a CRC-32 to the front: how many. */
 int dcp_compact_checks(ckpt_foreign_check *checks, int64_t n);
+
+/* The data files as a foreign reader takes them (ckpt_foreign's files,
+ * file_bytes and versions): each pinned to the version read first, and one
+ * not read yet read now (a byte), so that the reader's later reads are of
+ * the version the checkpoint was opened at. */
+typedef struct {
+    int count;
+    const char **paths;
+    int64_t *bytes;
+    const char **versions;
+    char *text; /* the paths' and versions' */
+} dcp_file_list;
+int dcp_file_list_make(const dcp_checkpoint *dcp, dcp_file_list *out);
+void dcp_file_list_free(dcp_file_list *list);
 
 /* The boxes (ckpt_foreign_box) of a box [offsets, offsets + sizes) of a
  * tensor described by t, stored row-major at data_offset of file, in the

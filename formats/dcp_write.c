@@ -609,7 +609,7 @@ static int copy_item(const dcp_checkpoint *dcp, const dcp_chunk *c, FILE *file, 
         status = store->read_at(in, buf, n, c->item_offset + done);
         if (!status && fwrite(buf, 1, n, file) != n) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
     }
-    store->close(in);
+    dcp_close_item_file(dcp, c, store, in);
     return status;
 }
 

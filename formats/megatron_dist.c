@@ -349,17 +349,8 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
     }
     if (!status) box_first[tensors->count] = num_boxes;
     /* The files: the DCP checkpoint's data files. */
-    int files = dcp_num_files(dcp);
-    const char **paths = calloc((size_t)files + 1, sizeof *paths);
-    int64_t *bytes = calloc((size_t)files + 1, sizeof *bytes);
-    char *names = calloc((size_t)files + 1, CKPT_PATH_MAX + 80);
-    if (!status && (!paths || !bytes || !names)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int f = 0; !status && f < files; f++) {
-        char *p = names + (size_t)f * (CKPT_PATH_MAX + 80);
-        dcp_file_path(dcp, f, p, CKPT_PATH_MAX + 80);
-        paths[f] = p;
-        dcp_file(dcp, f, &bytes[f]);
-    }
+    dcp_file_list files = {0};
+    if (!status) status = dcp_file_list_make(dcp, &files);
     cJSON *origin = cJSON_CreateObject();
     cJSON_AddStringToObject(origin, "source_format", "megatron-torch-dist");
     cJSON_AddNumberToObject(origin, "checkpoint_version", c->checkpoint_version);
@@ -372,7 +363,7 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
     char *user = cJSON_PrintUnformatted(origin);
     cJSON_Delete(origin);
     if (!status && !user) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!status && !files) status = tp_fail(TP_ERR_FORMAT, "%s: no data files", m->path);
+    if (!status && !files.count) status = tp_fail(TP_ERR_FORMAT, "%s: no data files", m->path);
     if (!status) {
         ckpt_foreign source = {.path = m->path,
                                .layout = {1, 1, 1, c->num_layers},
@@ -381,9 +372,10 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
                                          .user_json = user},
                                .num_tensors = tensors->count,
                                .tensors = descs,
-                               .num_files = files,
-                               .files = paths,
-                               .file_bytes = bytes,
+                               .num_files = files.count,
+                               .files = files.paths,
+                               .file_bytes = files.bytes,
+                               .versions = files.versions,
                                .boxes = boxes,
                                .box_first = box_first,
                                .checks = checks,
@@ -391,9 +383,7 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
         status = ckpt_reader_open_foreign(out, &source, compute_digests);
     }
     cJSON_free(user);
-    free(paths);
-    free(bytes);
-    free(names);
+    dcp_file_list_free(&files);
     free(boxes);
     free(box_first);
     free(descs);

@@ -169,9 +169,10 @@ typedef struct torch_archive torch_archive;
  * PyTorch 1.6 (a bare pickle stream) is refused with a message. */
 int torch_archive_open(const char *path, const pickle_limits *limits, torch_archive **out);
 /* The same for an archive held in bytes [base, base + bytes) of a file
- * (bytes -1: to its end): an item of a PyTorch distributed checkpoint. */
-int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, const pickle_limits *limits,
-                             torch_archive **out);
+ * (bytes -1: to its end): an item of a PyTorch distributed checkpoint;
+ * version (NULL or "": any) as zip_open_range takes it. */
+int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, const char *version,
+                             const pickle_limits *limits, torch_archive **out);
 /* The same for an archive held in data[0, size) (the caller's, kept while
  * it is open), name in messages: a torch.save held in an io.BytesIO of a
  * pickle (Transformer Engine's extra state). */

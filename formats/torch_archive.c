@@ -101,7 +101,7 @@ static int check_tensor(void *ctx, const char *path, const pickle_value *tensor)
 
 int torch_archive_open(const char *path, const pickle_limits *limits, torch_archive **out)
 {
-    return torch_archive_open_range(path, 0, -1, limits, out);
+    return torch_archive_open_range(path, 0, -1, NULL, limits, out);
 }
 
 /* What torch.load reads of the archive a->zip: its start, folder, byte
@@ -162,15 +162,15 @@ static int finish_open(torch_archive *a, int status, const char *name, const pic
     return TP_OK;
 }
 
-int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, const pickle_limits *limits,
-                             torch_archive **out)
+int torch_archive_open_range(const char *path, int64_t base, int64_t bytes, const char *version,
+                             const pickle_limits *limits, torch_archive **out)
 {
     *out = NULL;
     torch_archive *a = calloc(1, sizeof *a);
     if (!a) return tp_fail(TP_ERR_NOMEM, "out of memory");
     /* The start is read through the archive's own open file: one open of
      * it (round trips, for a store), and a second look only at a refusal. */
-    int status = zip_open_range(path, base, bytes, &a->zip);
+    int status = zip_open_range(path, base, bytes, version, &a->zip);
     if (status == TP_ERR_FORMAT && base == 0 && bytes < 0) status = explain_refusal(path, status);
     return finish_open(a, status, path, limits, out);
 }

@@ -222,10 +222,10 @@ static int read_directory(zip_archive *zip)
 
 int zip_open(const char *path, zip_archive **out)
 {
-    return zip_open_range(path, 0, -1, out);
+    return zip_open_range(path, 0, -1, NULL, out);
 }
 
-int zip_open_range(const char *path, int64_t base, int64_t size, zip_archive **out)
+int zip_open_range(const char *path, int64_t base, int64_t size, const char *version, zip_archive **out)
 {
     *out = NULL;
     zip_archive *zip = calloc(1, sizeof *zip);
@@ -246,6 +246,7 @@ int zip_open_range(const char *path, int64_t base, int64_t size, zip_archive **o
         zip->file_size = size >= 0 ? size : st.size - base;
         status = zip->store->open(zip->store, path, STORE_OPEN_READ, &zip->file);
     }
+    if (!status && version) status = store_file_pin(zip->store, zip->file, version);
     if (!status) status = read_directory(zip);
     if (status) {
         zip_close(zip);

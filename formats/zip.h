@@ -19,8 +19,10 @@ typedef struct zip_archive zip_archive;
 int zip_open(const char *path, zip_archive **out);
 /* The archive held in bytes [base, base + size) of the file (size -1: to
  * its end), as PyTorch's distributed checkpoints hold one torch.save
- * archive per item; offsets inside are the archive's own. */
-int zip_open_range(const char *path, int64_t base, int64_t size, zip_archive **out);
+ * archive per item; offsets inside are the archive's own. version (NULL or
+ * "": any) is the version of the file every read must match (an object's
+ * ETag another handle read it at: zip_version). */
+int zip_open_range(const char *path, int64_t base, int64_t size, const char *version, zip_archive **out);
 /* The archive held in data[0, size) (the caller's, kept while it is
  * open), name in messages: a torch.save in an io.BytesIO. */
 int zip_open_memory(const char *name, const void *data, int64_t size, zip_archive **out);

@@ -44,32 +44,40 @@ serve() {
 requests() { cat "$WORK/count" 2>/dev/null || echo 0; }
 no_staging() { ! ls -a "$1" | grep -q staging; }
 
-# A Megatron-LM checkpoint whose rank files are replaced after the reader
-# read them at open (their zip directories and pickles) and before it reads
-# their tensors: every later read is of the version first read (If-Match),
-# so the change is named, and nothing is written. Without the pin, the new
-# version's bytes were read under the old one's offsets (found only where
-# a CRC-32 is recorded).
-if "$PY" -c 'import torch' 2>/dev/null; then
-    expect_ok "a Megatron-LM fixture to serve" "$PY" "$ROOT/tests/support/megatron_fixture.py" "$WORK/root/meg" --tp 2 \
-        --layers 2 --hidden 32 --heads 4 --ffn 64 --vocab 90 --make-vocab-size-divisible-by 16
+# A foreign checkpoint whose files are replaced after the reader read them
+# at open (a Megatron-LM rank file's zip directory and pickle; a DCP's
+# .metadata and its tensors' items) and before it reads their tensors:
+# every later read is of the version first read (If-Match), so the change
+# is named, and nothing is written. Without the pin, the new version's
+# bytes were read under the old one's offsets (found only where a CRC-32
+# is recorded). A DCP data file not read at open is pinned by a byte.
+# replaced_under_reader WHAT DIR FILE_PATTERN
+replaced_under_reader() {
     serve replaced --switch-file "$WORK/switch"
-    TP_CKPT_FAULT="foreign-opened:WAIT:$WORK/go" "$BIN/tp-reshard" "$U/meg" --format tp --to tp1 -o "$WORK/meg.tp" \
-        >"$WORK/meg.out" 2>"$WORK/meg.err" &
+    TP_CKPT_FAULT="foreign-opened:WAIT:$WORK/go" "$BIN/tp-reshard" "$U/$2" --format tp --to tp1 -o "$WORK/out.tp" \
+        >"$WORK/replaced.out" 2>"$WORK/replaced.err" &
     reader=$!
     n=0
     while [ ! -e "$WORK/go.held" ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n + 1)); done
     : >"$WORK/switch"
     : >"$WORK/go"
     wait $reader
-    rc=$?
-    check_all "rank files replaced between the reader's open and its reads: refused as changed, naming the file (exit $rc)" \
-        '[ $rc -eq 1 ] && grep -q "mp_rank_0[01]/model_optim_rng.pt changed while it was being read (ETag" "$WORK/meg.err"'
-    check "nothing written from the two versions" test ! -e "$WORK/meg.tp"
-    rm -rf "$WORK/root/meg" "$WORK/switch" "$WORK/go" "$WORK/go.held"
+    rc=$? changed="$3"
+    check_all "$1 replaced between the reader's open and its reads: refused as changed, naming the file (exit $rc)" \
+        '[ $rc -eq 1 ] && grep -q "$changed changed while it was being read (ETag" "$WORK/replaced.err"'
+    check "$1: nothing written from the two versions" test ! -e "$WORK/out.tp"
+    rm -rf "$WORK/root/$2" "$WORK/switch" "$WORK/go" "$WORK/go.held"
+}
+if "$PY" -c 'import torch' 2>/dev/null; then
+    expect_ok "a Megatron-LM fixture to serve" "$PY" "$ROOT/tests/support/megatron_fixture.py" "$WORK/root/meg" --tp 2 \
+        --layers 2 --hidden 32 --heads 4 --ffn 64 --vocab 90 --make-vocab-size-divisible-by 16
+    replaced_under_reader "Megatron-LM rank files" meg "mp_rank_0[01]/model_optim_rng.pt"
 else
     echo "[SKIP] [$NAME] the replaced Megatron-LM checkpoint: python3-torch is not installed"
 fi
+expect_ok "synth (tiny)" "$CK" synth -o "$WORK/tiny" --tp 2 --pp 1 --model tiny
+expect_ok "a DCP checkpoint to serve" "$BIN/tp-reshard" "$WORK/tiny" --format dcp --to tp2 -o "$WORK/root/dcp"
+replaced_under_reader "DCP data files" dcp "dcp/__[0-9_]*\.distcp"
 
 # A checkpoint whose shard takes several 8 MiB ranged GETs, and a run
 # directory of a small one.
