@@ -165,8 +165,12 @@ static int arg_number(const pickle_value *args, const char *file, const char *na
 
 int megatron_config_read(const torch_archive *archive, megatron_config *c)
 {
-    const char *file = torch_archive_path(archive);
-    const pickle_value *root = torch_archive_root(archive), *args = pickle_get(root, "args");
+    return megatron_config_from(torch_archive_path(archive), torch_archive_root(archive), c);
+}
+
+int megatron_config_from(const char *file, const pickle_value *root, megatron_config *c)
+{
+    const pickle_value *args = pickle_get(root, "args");
     if (!args || args->kind != PICKLE_OBJECT)
         return tp_fail(TP_ERR_FORMAT, "%s: no args (an argparse.Namespace): not a Megatron-LM checkpoint", file);
     const pickle_value *version = pickle_get(root, "checkpoint_version");

@@ -244,9 +244,11 @@ int megatron_may_replace(const store_ops *storage, const char *path, void *ctx);
 
 /* Megatron-Core's distributed checkpoints (`--ckpt-format torch_dist`, its
  * default): the iteration's directory holds metadata.json (the backend,
- * "torch_dist"), common.pt (a torch.save of what every rank shares: args,
- * checkpoint_version, iteration) and a PyTorch distributed checkpoint
- * (formats/dcp.h) under Megatron-Core's keys. A homogeneous model's layers
+ * "torch_dist") and a PyTorch distributed checkpoint (formats/dcp.h) under
+ * Megatron-Core's keys; the common state (what every rank shares: args,
+ * checkpoint_version, iteration) is common.pt beside them up to
+ * Megatron-Core 0.18, and since 0.19 the checkpoint's bytes entry
+ * common_state/shard_0_1 (a torch.save of [state]). A homogeneous model's layers
  * are stacked along a leading axis (decoder.layers.self_attention.
  * linear_qkv.weight [layers, rows, hidden], each chunk one layer of one
  * rank); a non-homogeneous one's are numbered (decoder.layers.N. ...);
@@ -263,10 +265,10 @@ typedef struct megatron_dist megatron_dist;
 /* Whether path is one (*found): its iteration's directory (path, or the
  * one its tracker file names) holds metadata.json. */
 int megatron_dist_detect(const char *path, int *found);
-/* Reads metadata.json, common.pt (the model, checked as megatron_open
- * checks args) and the DCP metadata, and maps every tensor to its
+/* Reads metadata.json, the DCP metadata and the common state (the model,
+ * checked as megatron_open checks args), and maps every tensor to its
  * canonical name, checking its shape against the model. Refused, naming
- * it: another backend (zarr), no common.pt, a tensor it does not know. */
+ * it: another backend (zarr), no common state, a tensor it does not know. */
 int megatron_dist_open(const char *path, megatron_dist **out);
 void megatron_dist_close(megatron_dist *checkpoint);
 const megatron_config *megatron_dist_config(const megatron_dist *checkpoint);
@@ -275,6 +277,9 @@ const char *megatron_dist_path(const megatron_dist *checkpoint);
 const dcp_checkpoint *megatron_dist_dcp(const megatron_dist *checkpoint);
 /* Why the optimizer's state is not read (another layout), or NULL. */
 const char *megatron_dist_optimizer_refusal(const megatron_dist *checkpoint);
+/* Where the common state was read: "common.pt" (up to 0.18) or
+ * "common_state" (the entry, 0.19+). */
+const char *megatron_dist_common_source(const megatron_dist *checkpoint);
 /* The checkpoint as a foreign reader at tp 1 pp 1 (its layers the model's):
  * every chunk's item located (threads at once; 0: all cores); digests
  * computed with compute_digests. */

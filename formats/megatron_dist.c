@@ -21,6 +21,13 @@
 
 #define CONFIG_NAME "metadata.json"
 #define COMMON_NAME "common.pt"
+/* Since Megatron-Core 0.19 the common state is a ShardedObject of the
+ * checkpoint itself (dist_checkpointing/serialization.py save():
+ * ShardedObject("common_state", state, (1,), (0,)), its unique key
+ * KEY/shard_OFFSETS_SHAPE), a bytes item holding a torch.save of [state]:
+ * load_common_state_dict takes loaded[0]. */
+#define COMMON_STATE_KEY "common_state/shard_0_1"
+#define COMMON_STATE_MAX ((int64_t)64 << 20)
 #define LAYERS_PREFIX "decoder.layers."
 #define OPTIMIZER_PREFIX "optimizer.state."
 
@@ -47,6 +54,7 @@ struct megatron_dist {
     store_hold *hold;          /* a shared lock on the save directory opened, while it is read */
     dist_tensors tensors;      /* what the reader presents */
     char optimizer_refusal[1024];
+    int common_entry;          /* the common state is the common_state entry (0.19+), not common.pt */
 };
 
 /* Whether dir holds metadata.json naming the torch_dist backend; *other
@@ -99,6 +107,43 @@ static megatron_naming naming_of(const dcp_checkpoint *dcp)
 
 static int collect(megatron_dist *m, dist_tensors *list);
 
+/* The common state (args, checkpoint_version, iteration, the scheduler):
+ * common.pt beside .metadata where there is one (up to 0.18; 0.19+ still
+ * reads it first), else the common_state entry. */
+static int read_common(megatron_dist *m)
+{
+    char path[CKPT_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/" COMMON_NAME, m->path);
+    torch_archive *archive = NULL;
+    int status = torch_archive_open(path, NULL, &archive);
+    if (status != TP_ERR_NOT_FOUND) {
+        if (!status) status = megatron_config_read(archive, &m->config);
+        torch_archive_close(archive);
+        m->common_entry = 0;
+        return status;
+    }
+    int entry = dcp_find(m->dcp, COMMON_STATE_KEY);
+    if (entry < 0 || dcp_entry_at(m->dcp, entry)->kind != DCP_BYTES)
+        return tp_fail(TP_ERR_FORMAT, "%s: neither " COMMON_NAME " nor a bytes entry " COMMON_STATE_KEY
+                       ": the model's args are not known without Megatron-Core's common state", m->path);
+    char where[CKPT_PATH_MAX + 64];
+    snprintf(where, sizeof where, "%s: " COMMON_STATE_KEY, m->path);
+    void *data = NULL;
+    int64_t size = 0;
+    TP_TRY(dcp_read_bytes(m->dcp, entry, COMMON_STATE_MAX, &data, &size));
+    status = torch_archive_open_memory(where, data, size, NULL, &archive);
+    const pickle_value *root = status ? NULL : torch_archive_root(archive);
+    if (!status && !((root->kind == PICKLE_LIST || root->kind == PICKLE_TUPLE) && root->items.count >= 1 &&
+                     root->items.items[0]->kind == PICKLE_DICT))
+        status = tp_fail(TP_ERR_FORMAT, "%s: holds a %s, not a list whose first item is the common state (a dict)", where,
+                         pickle_kind_name(root->kind));
+    if (!status) status = megatron_config_from(where, root->items.items[0], &m->config);
+    torch_archive_close(archive);
+    free(data);
+    m->common_entry = 1;
+    return status;
+}
+
 int megatron_dist_open(const char *path, megatron_dist **out)
 {
     *out = NULL;
@@ -107,21 +152,13 @@ int megatron_dist_open(const char *path, megatron_dist **out)
     int torch_dist = 0, status = megatron_iteration_dir(path, m->path, sizeof m->path);
     /* The save directory held while it is read (the iteration's, by dcp_open). */
     if (!status && strcmp(path, m->path)) status = store_hold_shared(path, &m->hold);
-    char other[64] = "", common[CKPT_PATH_MAX + 32];
+    char other[64] = "";
     if (!status) status = read_backend(m->path, &torch_dist, other, sizeof other);
     if (!status && !torch_dist)
         status = other[0] ? tp_fail(TP_ERR_FORMAT, "%s: Megatron-Core's %s backend is not read (torch_dist is)", m->path, other)
                           : tp_fail(TP_ERR_FORMAT, "%s: no " CONFIG_NAME ": not a Megatron-Core distributed checkpoint", m->path);
-    torch_archive *archive = NULL;
-    snprintf(common, sizeof common, "%s/" COMMON_NAME, m->path);
-    if (!status) {
-        status = torch_archive_open(common, NULL, &archive);
-        if (status == TP_ERR_NOT_FOUND)
-            status = tp_fail(TP_ERR_FORMAT, "%s: no " COMMON_NAME ": the model's args are not known without it", m->path);
-    }
-    if (!status) status = megatron_config_read(archive, &m->config);
-    torch_archive_close(archive);
     if (!status) status = dcp_open(m->path, &m->dcp);
+    if (!status) status = read_common(m);
     if (!status) {
         m->config.core_names = 1;
         m->config.naming = naming_of(m->dcp);
@@ -157,6 +194,11 @@ const char *megatron_dist_path(const megatron_dist *m)
 const dcp_checkpoint *megatron_dist_dcp(const megatron_dist *m)
 {
     return m->dcp;
+}
+
+const char *megatron_dist_common_source(const megatron_dist *m)
+{
+    return m->common_entry ? "common_state" : COMMON_NAME;
 }
 
 const char *megatron_dist_optimizer_refusal(const megatron_dist *m)

@@ -43,6 +43,9 @@ int megatron_iteration_dir_name(const char *path);
  * `checkpoint_version` and `iteration` (a rank file, or Megatron-Core's
  * common.pt): checked as megatron_open checks them. */
 int megatron_config_read(const torch_archive *archive, megatron_config *config);
+/* The same from the dict root (a rank file's, or Megatron-Core's common
+ * state), file naming it in messages. */
+int megatron_config_from(const char *file, const pickle_value *root, megatron_config *config);
 
 /* The canonical name (megatron.h) of a model tensor at path (its keys
  * joined by '.', legacy or Megatron-Core's), whose layers are numbered from

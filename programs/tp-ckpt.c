@@ -383,7 +383,7 @@ static int info_dcp(const char *path, int json)
     return code;
 }
 
-/* A Megatron-Core torch_dist checkpoint: the model from common.pt, the
+/* A Megatron-Core torch_dist checkpoint: the model from its common state, the
  * tensors under their canonical names, what of the optimizer was read. */
 static int info_megatron_dist(const char *path, int json)
 {
@@ -407,6 +407,7 @@ static int info_megatron_dist(const char *path, int json)
             cJSON_AddStringToObject(root, "names", megatron_naming_name(c->naming));
             cJSON_AddNumberToObject(root, "iteration", (double)c->iteration);
             cJSON_AddNumberToObject(root, "checkpoint_version", c->checkpoint_version);
+            cJSON_AddStringToObject(root, "common_state", megatron_dist_common_source(m));
             cJSON_AddNumberToObject(root, "saved_tp", c->tp);
             cJSON_AddNumberToObject(root, "saved_pp", c->pp);
             cJSON_AddBoolToObject(root, "optimizer_read", c->optimizer_read);
@@ -417,8 +418,10 @@ static int info_megatron_dist(const char *path, int json)
     } else {
         char size[32];
         format_bytes((double)dcp_bytes(d), size, sizeof size);
-        printf("checkpoint   %s (Megatron-Core torch_dist, checkpoint_version %.1f, %s names)\n", megatron_dist_path(m),
-               c->checkpoint_version, megatron_naming_name(c->naming));
+        int entry = !strcmp(megatron_dist_common_source(m), "common_state");
+        printf("checkpoint   %s (Megatron-Core torch_dist, checkpoint_version %.1f, %s names, common state %s)\n",
+               megatron_dist_path(m), c->checkpoint_version, megatron_naming_name(c->naming),
+               entry ? "in its common_state entry: 0.19+" : "in common.pt: up to 0.18");
         if (c->iteration >= 0) printf("iteration    %lld\n", (long long)c->iteration);
         else printf("iteration    release\n");
         printf("saved at     tp=%d pp=%d (read at any layout)   layers=%lld   %d data files, %s\n", c->tp, c->pp,

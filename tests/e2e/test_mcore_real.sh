@@ -1,0 +1,95 @@
+#!/bin/sh
+# Checkpoints that Megatron-Core itself wrote (tests/data/megatron-core/
+# README.md): releases 0.18.2 (the common state in common.pt) and 0.20.0
+# (since 0.19, the checkpoint's own common_state entry), GPT-2-like in fp32
+# and a Llama-like one in bf16 with fp32 norms and masters, at tp2pp1 and
+# tp2pp2. The judge is what Megatron-Core's ranks held in memory before the
+# save (reference.json: digests of every tensor under Megatron-Core's key),
+# compared through the independent reader check_h5py.py with every output
+# of this project's format; the DCP outputs are loaded by PyTorch's own DCP
+# where python3-torch is installed.
+# tier: full
+. "$(dirname "$0")/lib.sh"
+CK="$BIN/tp-ckpt"
+RS="$BIN/tp-reshard"
+DATA="$ROOT/tests/data/megatron-core"
+JUDGE="$ROOT/tests/support/mcore_reference.py"
+
+if ! "$PY" -c 'import h5py, numpy, xxhash, zstandard' 2>/dev/null; then
+    echo "[SKIP] [$NAME] python3-h5py, -numpy, -xxhash or -zstandard is not installed"
+    finish
+fi
+expect_ok "the real checkpoints unpacked" "$PY" -c '
+import sys, tarfile, zstandard
+with open(sys.argv[1], "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as r:
+    tarfile.open(fileobj=r, mode="r|").extractall(sys.argv[2])' "$DATA/checkpoints.tar.zst" "$WORK"
+# The DCP outputs in the dialect of the PyTorch at hand (1.13's
+# torch.distributed._shard.checkpoint, or 2.x's), for its load to judge.
+TORCH=0 DIALECT=2
+if "$PY" -c 'import torch' 2>/dev/null; then
+    TORCH=1
+    "$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null || DIALECT=1.13
+fi
+
+# judge WHICH CKPT WHAT: every tensor of CKPT bit-identical to Megatron-Core's own.
+judge() {
+    expect_ok "$3: every tensor bit-identical to what Megatron-Core's ranks held" "$PY" "$JUDGE" compare \
+        "$DATA/reference.json" "$1" "$2"
+}
+
+for which in mcore-0.18/gpt_tp2pp1 mcore-0.18/gpt_tp2pp2 mcore-0.20/gpt_tp2pp1 mcore-0.20/llama_tp2pp1; do
+    release=${which%/*} name=${which#*/}
+    src="$WORK/$release/ckpt/$name"
+    out="$WORK/$release-$name"
+    saved=${name#*_}
+    case $release in
+        mcore-0.18) common="common state in common.pt: up to 0.18" ;;
+        *) common="common state in its common_state entry: 0.19+" ;;
+    esac
+    expect_ok "$which: info" "$CK" info "$src"
+    check_all "$which: info names the common state's place and the saved layout" \
+        'grep -q "Megatron-Core torch_dist, checkpoint_version 3.0, core names, $common)" "$WORK/.out" &&
+         grep -q "^saved at     tp=2 pp=${saved#tp2pp}" "$WORK/.out" && grep -q "^iteration    10$" "$WORK/.out"'
+    expect_ok "$which: verify" "$CK" verify "$src"
+
+    expect_ok "$which -> this format at tp1" "$RS" "$src" --format tp --to tp1 -o "$out.tp1"
+    check "$which: the summary names the layout it was saved at" grep -q "($saved) -> " "$WORK/.out"
+    judge "$which" "$out.tp1" "$which at tp1"
+    expect_ok "$which -> this format at tp4pp2, verified" "$RS" "$src" --format tp --to tp4pp2 -o "$out.tp4pp2" --verify
+    judge "$which" "$out.tp4pp2" "$which at tp4pp2"
+
+    expect_ok "$which -> DCP at tp2pp2, verified" "$RS" "$src" --format dcp --dcp-torch $DIALECT --to tp2pp2 \
+        -o "$out.dcp" --verify
+    expect_ok "$which: the DCP output equals the tp1 output" "$CK" diff "$out.tp1" "$out.dcp"
+    expect_ok "$which: the DCP output read back to this format" "$RS" "$out.dcp" --format tp --to tp2 -o "$out.dcp.tp"
+    judge "$which" "$out.dcp.tp" "$which through DCP"
+    if [ $TORCH -eq 1 ]; then
+        run "$PY" "$ROOT/tests/formats/dcp_torch.py" compare-ckpt "$out.dcp" "$out.tp1"
+        if [ "$RC" -eq 77 ]; then
+            echo "[SKIP] [$NAME] $which: this PyTorch has no distributed checkpoint module"
+        else
+            check "$which: PyTorch's DCP load of the DCP output gives the same bits (exit $RC)" [ "$RC" -eq 0 ]
+        fi
+    fi
+
+    expect_ok "$which -> legacy Megatron-LM at tp1pp2, weights only, verified" "$RS" "$src" --format megatron \
+        --weights-only --to tp1pp2 -o "$out.legacy" --verify
+    expect_ok "$which: the legacy output's weights equal the tp1 output's" "$CK" diff --weights-only "$out.tp1" \
+        "$out.legacy"
+done
+
+# The judge can fail: the GPT's tensors are not the Llama's.
+run "$PY" "$JUDGE" compare "$DATA/reference.json" mcore-0.20/llama_tp2pp1 "$WORK/mcore-0.20-gpt_tp2pp1.tp1"
+check_all "the judge refuses another model's tensors (exit $RC)" \
+    '[ "$RC" -eq 1 ] && grep -q "output_layer.weight (Megatron-Core.s output_layer.weight): missing" "$WORK/.out"'
+# Refusals, in one line naming what is missing.
+cp -r "$WORK/mcore-0.20/ckpt/gpt_tp2pp1" "$WORK/moved"
+rm "$WORK/moved/iter_0000010/.metadata"
+expect_error "a 0.19+ checkpoint without .metadata: refused, naming it" 1 "moved/iter_0000010/.metadata: no such file" \
+    "$CK" info "$WORK/moved"
+cp -r "$WORK/mcore-0.20/ckpt/gpt_tp2pp1" "$WORK/nocommon"
+sed 's/common_state/commoX_state/g' "$WORK/mcore-0.20/ckpt/gpt_tp2pp1/iter_0000010/.metadata" \
+    >"$WORK/nocommon/iter_0000010/.metadata"
+expect_error "neither common.pt nor a common_state entry: refused, naming both" 1 \
+    "neither common.pt nor a bytes entry common_state/shard_0_1: the model's args are not known" "$CK" info "$WORK/nocommon"
+finish
