@@ -354,6 +354,9 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
 typedef struct {
     const char *path;                /* the checkpoint, for messages and ckpt_reader_path */
     ckpt_layout layout;
+    /* The layout the checkpoint was saved at, where it is read at another
+     * (as whole tensors, at tp 1 pp 1): for summaries. All 0: layout. */
+    ckpt_layout saved;
     ckpt_train_state state;
     int num_tensors;
     const ckpt_tensor_desc *tensors;
@@ -423,6 +426,9 @@ void ckpt_reader_close(ckpt_reader *reader);
 
 const char *ckpt_reader_path(const ckpt_reader *reader); /* the resolved checkpoint directory */
 const ckpt_layout *ckpt_reader_layout(const ckpt_reader *reader);
+/* The layout the checkpoint was saved at: another tool's read at another
+ * layout (ckpt_foreign.saved), else ckpt_reader_layout's. */
+const ckpt_layout *ckpt_reader_saved_layout(const ckpt_reader *reader);
 const ckpt_train_state *ckpt_reader_state(const ckpt_reader *reader);
 void ckpt_reader_version(const ckpt_reader *reader, int *major, int *minor);
 

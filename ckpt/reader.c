@@ -76,6 +76,7 @@ struct ckpt_reader {
     pthread_mutex_t lock;   /* lazy opening of files and pieces */
     store_file *hold;        /* a shared lock on the checkpoint: no one replaces it while it is read */
     int foreign;            /* pieces are byte ranges of another tool's files (ckpt_reader_open_foreign) */
+    ckpt_layout saved;      /* such a checkpoint's layout when saved, if read at another (tp 0: none) */
     foreign_checks *checks; /* the checksums such files record, checked as they are read */
     int recorded_digests;   /* such a checkpoint records its tensors' logical digests (recorded_digests) */
 };
@@ -203,6 +204,7 @@ int ckpt_read_index_text(const char *path, char **out)
 
 const char *ckpt_reader_path(const ckpt_reader *r) { return r->path; }
 const ckpt_layout *ckpt_reader_layout(const ckpt_reader *r) { return &r->index.layout; }
+const ckpt_layout *ckpt_reader_saved_layout(const ckpt_reader *r) { return r->saved.tp ? &r->saved : &r->index.layout; }
 const ckpt_train_state *ckpt_reader_state(const ckpt_reader *r) { return &r->index.state; }
 int ckpt_reader_num_tensors(const ckpt_reader *r) { return r->index.num_tensors; }
 int ckpt_reader_num_files(const ckpt_reader *r) { return r->index.num_files; }
@@ -1388,6 +1390,8 @@ static int foreign_index(ckpt_reader *r, const ckpt_foreign *src)
     index->minor = CKPT_FORMAT_MINOR;
     index->layout = src->layout;
     TP_TRY(ckpt_layout_check(&src->layout));
+    if (src->saved.tp) TP_TRY(ckpt_layout_check(&src->saved));
+    r->saved = src->saved;
     TP_TRY(ckpt_index_set_state(index, &src->state));
     index->files = calloc((size_t)src->num_files + 1, sizeof *index->files);
     index->tensors = calloc((size_t)src->num_tensors + 1, sizeof *index->tensors);

@@ -116,16 +116,6 @@ int export_may_replace(const store_ops *storage, const char *path, void *ctx);
 
 /* --------------------------------------------------------- any checkpoint */
 
-/* Opens a checkpoint of any format the toolkit reads, as a reader: its own
- * (ckpt_reader_open with options), a PyTorch distributed checkpoint
- * (formats/dcp.h), a Megatron-LM legacy checkpoint or a Megatron-Core
- * torch_dist one (formats/megatron.h), foreign checkpoints without
- * checksums of ours, whose digests are computed when compute_digests.
- * *format, when not NULL, is "tp", "dcp", "megatron-legacy" or
- * "megatron-torch-dist". */
-int formats_open_checkpoint(const char *path, const ckpt_read_options *options, int compute_digests, ckpt_reader **out,
-                            const char **format);
-
 /* ------------------------------------------------------------------ import */
 
 /* A parsed safetensors file or sharded directory, validated against the

@@ -409,6 +409,7 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
     if (!status) {
         ckpt_foreign source = {.path = m->path,
                                .layout = {1, 1, 1, c->num_layers},
+                               .saved = {c->tp, c->pp, 1, c->num_layers, c->vpp > 1 ? c->vpp : 0},
                                .state = {.step = c->iteration > 0 ? c->iteration : 0,
                                          .consumed_samples = c->consumed_samples,
                                          .user_json = user},

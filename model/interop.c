@@ -924,7 +924,7 @@ int gpt_export_create(gpt_export **out, ckpt_reader *r, const gpt_export_request
     *out = NULL;
     gpt_export *x = calloc(1, sizeof *x);
     if (!x) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    const ckpt_layout *layout = ckpt_reader_layout(r);
+    const ckpt_layout *layout = ckpt_reader_saved_layout(r);
     const ckpt_train_state *state = ckpt_reader_state(r);
     snprintf(x->step, sizeof x->step, "%lld", (long long)state->step);
     snprintf(x->source_layout, sizeof x->source_layout, "tp%dpp%d", layout->tp, layout->pp);
@@ -1033,22 +1033,21 @@ const char *gpt_megatron_unfit(const megatron_config *c)
     return NULL;
 }
 
-int gpt_export_create_megatron(gpt_export **out, ckpt_reader *r, const megatron_checkpoint *m, const gpt_export_request *request,
+int gpt_export_create_megatron(gpt_export **out, ckpt_reader *r, const megatron_config *c, const gpt_export_request *request,
                                export_options *options)
 {
     if (options->format == EXPORT_HDF5) return gpt_export_create(out, r, request, options);
     *out = NULL;
-    const megatron_config *c = megatron_config_of(m);
     const char *what = options->format == EXPORT_GGUF ? "llama.cpp's gpt2 architecture" : "Hugging Face's GPT-2";
     const char *unfit = gpt_megatron_unfit(c);
-    if (unfit) return tp_fail(TP_ERR_ARG, "%s: %s cannot be expressed as %s", megatron_path(m), unfit, what);
+    if (unfit) return tp_fail(TP_ERR_ARG, "%s: %s cannot be expressed as %s", ckpt_reader_path(r), unfit, what);
     gpt_config config = {.layers = c->num_layers, .dim = c->hidden, .heads = c->heads, .kv_heads = c->heads,
                          .vocab = c->true_vocab > 0 ? c->true_vocab : c->padded_vocab, .seq = c->max_positions,
                          .ffn = c->ffn, .vocab_pad_multiple = 1, .dtype = c->dtype};
     gpt_export *x = calloc(1, sizeof *x);
     if (!x) return tp_fail(TP_ERR_NOMEM, "out of memory");
     snprintf(x->step, sizeof x->step, "%lld", (long long)ckpt_reader_state(r)->step);
-    snprintf(x->source_layout, sizeof x->source_layout, "megatron-legacy tp%dpp%d", c->tp, c->pp);
+    snprintf(x->source_layout, sizeof x->source_layout, "megatron tp%dpp%d", c->tp, c->pp);
     int status = gpt_name_map_create(&x->map, &config, options->format, "transformer.");
     /* Megatron's QKV rows per group g: [q of its heads, k_g, v_g], blocks
      * of kv_channels rows; the output wants every q, then every k, every v. */

@@ -107,7 +107,7 @@ const export_tensor *gpt_export_tensors(const gpt_export *job, int *count);
  * the padded table whole), config.json's activation Megatron's GELU (exact,
  * or the tanh form with openai_gelu). Other models fail, naming what does
  * not fit. hdf5 writes every parameter under its own name, as above. */
-int gpt_export_create_megatron(gpt_export **out, ckpt_reader *source, const megatron_checkpoint *checkpoint,
+int gpt_export_create_megatron(gpt_export **out, ckpt_reader *source, const megatron_config *model,
                                const gpt_export_request *request, export_options *options);
 void gpt_export_free(gpt_export *job);
 
@@ -130,8 +130,8 @@ const char *gpt_megatron_unfit(const megatron_config *config);
  * exact GELU (openai_gelu false): the trainer computes the tanh form. */
 typedef struct gpt_megatron_import gpt_megatron_import;
 
-int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_checkpoint *checkpoint, ckpt_reader *source,
-                             int tp, int pp);
+int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_config *model, ckpt_reader *source, int tp,
+                             int pp);
 int64_t gpt_megatron_import_bytes(const gpt_megatron_import *job);
 int gpt_megatron_import_count(const gpt_megatron_import *job);
 /* Writes the checkpoint at out (compress_level, overwrite, update_latest

@@ -66,17 +66,16 @@ static gpt_config megatron_model(const megatron_config *c)
     return g;
 }
 
-int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_checkpoint *m, ckpt_reader *source, int tp, int pp)
+int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_config *c, ckpt_reader *source, int tp, int pp)
 {
     *out = NULL;
-    const megatron_config *c = megatron_config_of(m);
     const char *unfit = gpt_megatron_unfit(c);
-    if (unfit) return tp_fail(TP_ERR_ARG, "%s: %s: the trainer computes GPT-2 or Llama", megatron_path(m), unfit);
+    if (unfit) return tp_fail(TP_ERR_ARG, "%s: %s: the trainer computes GPT-2 or Llama", ckpt_reader_path(source), unfit);
     /* The trainer's GELU is the tanh form: the exact one would be another function. */
     if (!megatron_is_llama(c) && !c->openai_gelu)
         return tp_fail(TP_ERR_ARG, "%s: trained with the exact GELU (openai_gelu is false); the trainer computes its tanh "
                        "form, so training on would change the model (tp-ckpt export writes it for inference)",
-                       megatron_path(m));
+                       ckpt_reader_path(source));
     gpt_megatron_import *x = calloc(1, sizeof *x);
     if (!x) return tp_fail(TP_ERR_NOMEM, "out of memory");
     x->source = source;
@@ -97,7 +96,7 @@ int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_checkpoin
         status = source_name(&x->catalog[i], name, sizeof name);
         x->source_index[i] = status ? -1 : ckpt_reader_find(source, name);
         if (!status && x->source_index[i] < 0)
-            status = tp_fail(TP_ERR_NOT_FOUND, "%s: no %s for %s", megatron_path(m), name, x->catalog[i].name);
+            status = tp_fail(TP_ERR_NOT_FOUND, "%s: no %s for %s", ckpt_reader_path(source), name, x->catalog[i].name);
         int64_t shape[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(x->catalog[i].desc.dtype);
         ckpt_piece_shape(&x->catalog[i].desc, tp, shape);
         for (int d = 0; d < x->catalog[i].desc.ndim; d++) bytes *= shape[d];

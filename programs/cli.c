@@ -179,3 +179,8 @@ int64_t cli_peak_rss_bytes(void)
     if (getrusage(RUSAGE_SELF, &usage)) return 0;
     return (int64_t)usage.ru_maxrss * 1024; /* ru_maxrss is in KiB on Linux */
 }
+
+void cli_source_layout_text(ckpt_reader *source, char out[RESHARD_LAYOUT_TEXT_MAX])
+{
+    reshard_layout_text(ckpt_reader_saved_layout(source), out);
+}

@@ -8,6 +8,7 @@
 
 #include "../common/parse.h"
 #include "../model/gpt.h"
+#include "../reshard/reshard.h"
 
 /* The model options every program takes (model/gpt.h gpt_option_names), for
  * a getopt_long table: getopt returns CLI_MODEL_OPTION and the option's
@@ -103,6 +104,11 @@ int cli_clean_up_on_signals(void);
  * first failure. */
 int cli_write_output(const char *target, int replace, store_replace_check may_replace, void *replace_ctx, int threads,
                      int update_latest, int (*write)(void *ctx, const char *path), void *ctx);
+
+/* The source's layout for a summary: the one it was saved at
+ * (ckpt_reader_saved_layout: a torch_dist checkpoint, or a DCP one with
+ * this toolkit's description, is read as whole tensors at tp 1 pp 1). */
+void cli_source_layout_text(ckpt_reader *source, char out[RESHARD_LAYOUT_TEXT_MAX]);
 
 /* This process's peak resident memory so far, in bytes (getrusage). */
 int64_t cli_peak_rss_bytes(void);

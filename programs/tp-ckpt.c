@@ -13,6 +13,7 @@
 #include "progress.h"
 #include "../formats/dcp.h"
 #include "../formats/megatron.h"
+#include "../formats/registry.h"
 #include "../model/interop.h"
 #include "cli.h"
 #include "synth.h"
@@ -55,18 +56,28 @@ static const char *usage_text =
 #define die_usage(...) cli_usage_error("tp-ckpt", __VA_ARGS__)
 #define fail(...) cli_error("tp-ckpt", __VA_ARGS__)
 
-static ckpt_reader *open_or_die(const char *path, int verify, int *exit_code)
+/* A checkpoint of any format (formats/registry.h); with verify, this
+ * toolkit's own read against its checksums. */
+static formats_source *open_or_die(const char *path, int verify, int *exit_code)
 {
-    ckpt_read_options options;
-    ckpt_read_options_init(&options);
-    options.verify = verify;
-    ckpt_reader *reader = NULL;
-    /* Also another tool's checkpoint (formats.h), read without checksums. */
-    if (formats_open_checkpoint(path, &options, 0, &reader, NULL) != TP_OK) {
+    ckpt_read_options read;
+    ckpt_read_options_init(&read);
+    read.verify = verify;
+    formats_source_options options = {.read = &read};
+    formats_source *source = NULL;
+    if (formats_source_open(path, NULL, &options, &source) != TP_OK) {
         *exit_code = fail("%s", tp_errmsg());
         return NULL;
     }
-    return reader;
+    return source;
+}
+
+/* The format of path, or NULL after saying why not. */
+static const checkpoint_format *detect_or_fail(const char *path, int *exit_code)
+{
+    const checkpoint_format *format = NULL;
+    if (formats_detect(path, &format)) *exit_code = fail("%s", tp_errmsg());
+    return format;
 }
 
 /* ------------------------------------------------------------------- info */
@@ -460,19 +471,19 @@ static int cmd_info(int argc, char **argv)
         } else die_usage("info: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1) die_usage("info takes one checkpoint");
-    int megatron, is_dcp, is_dist;
-    if (megatron_dist_detect(argv[optind], &is_dist)) return fail("%s", tp_errmsg());
-    if (is_dist) return info_megatron_dist(argv[optind], json);
-    if (dcp_detect(argv[optind], &is_dcp)) return fail("%s", tp_errmsg());
-    if (is_dcp) return info_dcp(argv[optind], json);
-    if (megatron_detect(argv[optind], &megatron)) return fail("%s", tp_errmsg());
-    if (megatron) return info_megatron(argv[optind], json);
     int code = 0;
-    ckpt_reader *r = open_or_die(argv[optind], 0, &code);
-    if (!r) return code;
+    const checkpoint_format *format = detect_or_fail(argv[optind], &code);
+    if (!format) return code;
+    /* What another tool's checkpoint says beyond its tensors. */
+    if (!strcmp(format->name, "torch_dist")) return info_megatron_dist(argv[optind], json);
+    if (!strcmp(format->name, "dcp")) return info_dcp(argv[optind], json);
+    if (!strcmp(format->name, "megatron")) return info_megatron(argv[optind], json);
+    formats_source *source = open_or_die(argv[optind], 0, &code);
+    if (!source) return code;
+    ckpt_reader *r = formats_source_reader(source);
     if (json) code = info_json(r);
     else info_text(r);
-    ckpt_reader_close(r);
+    formats_source_close(source);
     return code;
 }
 
@@ -528,21 +539,14 @@ static int verify_megatron(const char *path, int threads)
  * every chunk's item: its archive, pickle, dtype and shape), every zip entry
  * of every item against its CRC-32, then every tensor read whole, and
  * compared with its logical digest where the checkpoint carries them. */
-static int verify_dcp(const char *path, int threads)
+static int verify_dcp(const char *path, const checkpoint_format *format, int threads)
 {
-    dcp_checkpoint *owned = NULL;
-    megatron_dist *m = NULL;
-    ckpt_reader *r = NULL;
-    int is_dist;
-    if (megatron_dist_detect(path, &is_dist) ||
-        (is_dist ? megatron_dist_open(path, &m) || megatron_dist_reader_open(m, 0, threads, &r)
-                 : dcp_open(path, &owned) || dcp_reader_open(owned, 0, threads, &r))) {
-        int code = fail("%s", tp_errmsg());
-        dcp_close(owned);
-        megatron_dist_close(m);
-        return code;
-    }
-    const dcp_checkpoint *d = m ? megatron_dist_dcp(m) : owned;
+    formats_source *source = NULL;
+    formats_source_options options = {.threads = threads};
+    if (formats_source_open(path, format, &options, &source)) return fail("%s", tp_errmsg());
+    ckpt_reader *r = formats_source_reader(source);
+    const megatron_dist *m = formats_source_megatron_dist(source);
+    const dcp_checkpoint *d = formats_source_dcp(source);
     int64_t total = dcp_bytes(d);
     progress bar;
     progress_start(&bar, "verify", total, 0);
@@ -581,9 +585,7 @@ static int verify_dcp(const char *path, int threads)
                : m                    ? " under their canonical names (Megatron-Core torch_dist)"
                                       : " (the checkpoint records no digests of ours)", seconds);
     ckpt_verify_result_free(&result);
-    ckpt_reader_close(r);
-    dcp_close(owned);
-    megatron_dist_close(m);
+    formats_source_close(source);
     return bad ? 1 : 0;
 }
 
@@ -603,14 +605,16 @@ static int cmd_verify(int argc, char **argv)
         } else die_usage("verify: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1) die_usage("verify takes one checkpoint");
-    int megatron, is_dcp, is_dist;
-    if (megatron_dist_detect(argv[optind], &is_dist) || dcp_detect(argv[optind], &is_dcp)) return fail("%s", tp_errmsg());
-    if (is_dist || is_dcp) return verify_dcp(argv[optind], (int)threads);
-    if (megatron_detect(argv[optind], &megatron)) return fail("%s", tp_errmsg());
-    if (megatron) return verify_megatron(argv[optind], (int)threads);
     int code = 0;
-    ckpt_reader *r = open_or_die(argv[optind], 1, &code);
-    if (!r) return code;
+    const checkpoint_format *format = detect_or_fail(argv[optind], &code);
+    if (!format) return code;
+    /* Another tool's: what it records (CRC-32s, digests) checked as well. */
+    if (!strcmp(format->name, "torch_dist") || !strcmp(format->name, "dcp"))
+        return verify_dcp(argv[optind], format, (int)threads);
+    if (!strcmp(format->name, "megatron")) return verify_megatron(argv[optind], (int)threads);
+    formats_source *source = open_or_die(argv[optind], 1, &code);
+    if (!source) return code;
+    ckpt_reader *r = formats_source_reader(source);
     int64_t total = 0;
     for (int i = 0; i < ckpt_reader_num_tensors(r); i++)
         for (int p = 0; p < ckpt_piece_count(ckpt_reader_tensor(r, i), ckpt_reader_layout(r)->tp); p++) {
@@ -625,8 +629,9 @@ static int cmd_verify(int argc, char **argv)
     int status = ckpt_verify(r, &verify, &result);
     double seconds = progress_finish(&bar);
     if (status) {
-        ckpt_reader_close(r);
-        return fail("%s", tp_errmsg());
+        int code = fail("%s", tp_errmsg());
+        formats_source_close(source);
+        return code;
     }
     const char *previous = "";
     for (int i = 0; i < result.damaged; i++) {
@@ -666,7 +671,7 @@ static int cmd_verify(int argc, char **argv)
                ckpt_reader_num_tensors(r), (long long)result.pieces, size, seconds,
                seconds > 0 ? (double)result.bytes / seconds / 1e6 : 0.0);
     ckpt_verify_result_free(&result);
-    ckpt_reader_close(r);
+    formats_source_close(source);
     return bad ? 1 : 0;
 }
 
@@ -731,13 +736,14 @@ static int cmd_diff(int argc, char **argv)
     }
     if (optind != argc - 2) die_usage("diff takes two checkpoints");
     int code = 0;
-    ckpt_reader *a = open_or_die(argv[optind], 1, &code);
-    if (!a) return code;
-    ckpt_reader *b = open_or_die(argv[optind + 1], 1, &code);
-    if (!b) {
-        ckpt_reader_close(a);
+    formats_source *source_a = open_or_die(argv[optind], 1, &code);
+    if (!source_a) return code;
+    formats_source *source_b = open_or_die(argv[optind + 1], 1, &code);
+    if (!source_b) {
+        formats_source_close(source_a);
         return code;
     }
+    ckpt_reader *a = formats_source_reader(source_a), *b = formats_source_reader(source_b);
     int na = ckpt_reader_num_tensors(a), nb = ckpt_reader_num_tensors(b), only = 0, n = 0;
     tensor_diff *diffs = calloc((size_t)na + 1, sizeof *diffs);
     for (int i = 0; i < na; i++) {
@@ -789,8 +795,8 @@ static int cmd_diff(int argc, char **argv)
         printf("equal: %d tensors, %lld elements%s\n", n, (long long)elements,
                rtol == 0 && atol == 0 ? ", bit-exact" : " within tolerance");
     free(diffs);
-    ckpt_reader_close(a);
-    ckpt_reader_close(b);
+    formats_source_close(source_a);
+    formats_source_close(source_b);
     return differ ? 1 : 0;
 }
 
@@ -979,18 +985,29 @@ static int cmd_export(int argc, char **argv)
     if (!format || !out) die_usage("export needs --format and -o OUT");
     if (export_format_parse(format, &options.format)) die_usage("--format: %s", tp_errmsg());
     if (request.tokenizer_dir && options.format != EXPORT_GGUF) die_usage("--tokenizer applies to --format gguf only");
-    int code = 0, is_megatron;
-    if (megatron_detect(argv[optind], &is_megatron)) return fail("%s", tp_errmsg());
-    if (true_vocab && !is_megatron) die_usage("--true-vocab-size applies to a Megatron-LM checkpoint");
-    /* A Megatron-LM GPT: its reader, and its config for the names and shapes. */
-    megatron_checkpoint *megatron = NULL;
-    ckpt_reader *r = NULL;
-    if (is_megatron && (megatron_open(argv[optind], &megatron) || (true_vocab && megatron_set_true_vocab(megatron, true_vocab)) ||
-                        megatron_reader_open(megatron, 0, &r))) {
-        megatron_close(megatron);
-        return fail("%s", tp_errmsg());
+    int code = 0;
+    const checkpoint_format *source_format = detect_or_fail(argv[optind], &code);
+    if (!source_format) return code;
+    if (true_vocab && strcmp(source_format->name, "megatron"))
+        die_usage("--true-vocab-size applies to a Megatron-LM checkpoint");
+    ckpt_read_options read;
+    ckpt_read_options_init(&read);
+    read.verify = 1;
+    formats_source_options source_options = {.read = &read, .true_vocab = true_vocab, .threads = options.threads};
+    formats_source *source = NULL;
+    if (formats_source_open(argv[optind], source_format, &source_options, &source)) return fail("%s", tp_errmsg());
+    ckpt_reader *r = formats_source_reader(source);
+    /* A Megatron GPT (legacy or torch_dist): its config for the names and
+     * shapes; another tool's checkpoint names its model only when it
+     * carries this toolkit's description (a DCP written by tp-reshard). */
+    const megatron_config *megatron = formats_source_megatron_config(source);
+    if (!megatron && ckpt_reader_is_foreign(r) && !strcmp(ckpt_reader_state(r)->model_json, "{}")) {
+        code = fail("%s: a %s that names no model of this toolkit's: an export maps a GPT-2 or Llama of this toolkit "
+                    "(a DCP checkpoint tp-reshard wrote from one names it) or of Megatron (export the Megatron checkpoint "
+                    "itself)", argv[optind], source_format->title);
+        formats_source_close(source);
+        return code;
     }
-    if (!is_megatron && !(r = open_or_die(argv[optind], 1, &code))) return code;
     gpt_export *job = NULL;
     const export_tensor *tensors = NULL;
     int count = 0;
@@ -1011,18 +1028,17 @@ static int cmd_export(int argc, char **argv)
         if (status) {
             code = fail("%s", tp_errmsg());
         } else {
-            const ckpt_layout *layout = ckpt_reader_layout(r);
-            char size[32];
+            char size[32], layout[RESHARD_LAYOUT_TEXT_MAX];
             format_bytes((double)summary.tensor_bytes, size, sizeof size);
-            printf("exported %s (step %lld, tp%dpp%d) to %s: %d tensors in %d file%s, %s in %.2f s (%.0f MB/s)\n",
-                   ckpt_reader_path(r), (long long)ckpt_reader_state(r)->step, layout->tp, layout->pp, out,
+            cli_source_layout_text(r, layout);
+            printf("exported %s (step %lld, %s) to %s: %d tensors in %d file%s, %s in %.2f s (%.0f MB/s)\n",
+                   ckpt_reader_path(r), (long long)ckpt_reader_state(r)->step, layout, out,
                    summary.tensors, summary.files, summary.files == 1 ? "" : "s", size, seconds,
                    seconds > 0 ? (double)summary.tensor_bytes / seconds / 1e6 : 0.0);
         }
     }
     gpt_export_free(job);
-    ckpt_reader_close(r);
-    megatron_close(megatron);
+    formats_source_close(source);
     return code;
 }
 
@@ -1072,16 +1088,18 @@ static int run_megatron_import(void *ctx, const char *path)
 }
 
 /* A Megatron-LM GPT-2 as this trainer's checkpoint. */
-static int import_megatron(const char *dir, const char *out, int tp, int pp, int64_t true_vocab, import_options *options,
-                           int force_progress)
+static int import_megatron(const char *dir, const checkpoint_format *format, const char *out, int tp, int pp,
+                           int64_t true_vocab, import_options *options, int force_progress)
 {
-    megatron_checkpoint *m = NULL;
-    ckpt_reader *r = NULL;
+    formats_source *source = NULL;
+    formats_source_options source_options = {.true_vocab = true_vocab, .threads = options->threads};
     gpt_megatron_import *job = NULL;
     int code = 0;
-    if (megatron_open(dir, &m) || (true_vocab && megatron_set_true_vocab(m, true_vocab)) || megatron_reader_open(m, 0, &r) ||
-        gpt_megatron_import_open(&job, m, r, tp, pp))
+    if (formats_source_open(dir, format, &source_options, &source) ||
+        gpt_megatron_import_open(&job, formats_source_megatron_config(source), formats_source_reader(source), tp, pp))
         code = fail("%s", tp_errmsg());
+    ckpt_reader *r = source ? formats_source_reader(source) : NULL;
+    const megatron_config *m = source ? formats_source_megatron_config(source) : NULL;
     if (!code) {
         int update_latest = output_in_run_directory(out);
         options->update_latest = update_latest && !ckpt_is_remote(out);
@@ -1097,13 +1115,12 @@ static int import_megatron(const char *dir, const char *out, int tp, int pp, int
         format_bytes((double)gpt_megatron_import_bytes(job), bytes, sizeof bytes);
         if (status) code = fail("%s", tp_errmsg());
         else
-            printf("imported %s (Megatron-LM tp%dpp%d, iteration %lld) to %s: %d tensors at tp=%d pp=%d, %s in %.2f s\n",
-                   megatron_path(m), megatron_config_of(m)->tp, megatron_config_of(m)->pp,
-                   (long long)ckpt_reader_state(r)->step, out, gpt_megatron_import_count(job), tp, pp, bytes, seconds);
+            printf("imported %s (%s tp%dpp%d, iteration %lld) to %s: %d tensors at tp=%d pp=%d, %s in %.2f s\n",
+                   ckpt_reader_path(r), format->title, m->tp, m->pp, (long long)ckpt_reader_state(r)->step, out,
+                   gpt_megatron_import_count(job), tp, pp, bytes, seconds);
     }
     gpt_megatron_import_close(job);
-    ckpt_reader_close(r);
-    megatron_close(m);
+    formats_source_close(source);
     return code;
 }
 
@@ -1150,13 +1167,16 @@ static int cmd_import(int argc, char **argv)
     if (optind != argc - 1) die_usage("import takes one Hugging Face directory or Megatron-LM checkpoint");
     if (!out || !request.tp || !request.pp) die_usage("import needs -o CKPT, --tp and --pp");
     const char *dir = argv[optind];
-    int megatron;
-    if (megatron_detect(dir, &megatron)) return fail("%s", tp_errmsg());
+    /* A Megatron GPT (legacy or torch_dist), or else a Hugging Face directory. */
+    int code = 0;
+    const checkpoint_format *format = detect_or_fail(dir, &code);
+    if (!format) return code;
+    int megatron = !strcmp(format->name, "megatron") || !strcmp(format->name, "torch_dist");
     if (megatron && shape_given)
-        die_usage("--dtype and --vocab-pad-multiple apply to a Hugging Face directory (a Megatron-LM checkpoint keeps "
+        die_usage("--dtype and --vocab-pad-multiple apply to a Hugging Face directory (a Megatron checkpoint keeps "
                   "its dtype and padding)");
-    if (!megatron && true_vocab) die_usage("--true-vocab-size applies to a Megatron-LM checkpoint");
-    if (megatron) return import_megatron(dir, out, request.tp, request.pp, true_vocab, &options, force_progress);
+    if (strcmp(format->name, "megatron") && true_vocab) die_usage("--true-vocab-size applies to a Megatron-LM checkpoint");
+    if (megatron) return import_megatron(dir, format, out, request.tp, request.pp, true_vocab, &options, force_progress);
     gpt_import *job = NULL;
     if (gpt_import_open(&job, dir, &request)) return fail("%s", tp_errmsg());
     int update_latest = output_in_run_directory(out);
@@ -1169,7 +1189,6 @@ static int cmd_import(int argc, char **argv)
     int status = cli_write_output(out, options.overwrite, ckpt_may_replace_checkpoint, NULL, options.threads, update_latest,
                                   run_import, &run);
     double seconds = progress_finish(&bar);
-    int code = 0;
     if (status) {
         code = fail("%s", tp_errmsg());
     } else {

@@ -14,6 +14,7 @@
 #include "progress.h"
 #include "../formats/dcp.h"
 #include "../formats/megatron.h"
+#include "../formats/registry.h"
 #include "../model/interop.h"
 #include "../reshard/reshard.h"
 
@@ -84,23 +85,6 @@ static void print_plan(const reshard_summary *s, const char *device, const char 
     printf("  work       %lld slabs on %d threads (%s), slabs up to %s\n", (long long)s->slabs, s->threads,
            device, slab);
     printf("  memory     %s of buffers within a limit of %s\n", buffers, limit);
-}
-
-/* The source's layout for a summary: the reader's, or for a source read
- * as whole tensors that records the layout it was saved at (a torch_dist
- * checkpoint's origin: saved_tp, saved_pp), that one. */
-static void source_layout_text(ckpt_reader *source, char *out)
-{
-    reshard_layout_text(ckpt_reader_layout(source), out);
-    /* Only the foreign reader's own origin: a checkpoint of this format
-     * converted from one carries that origin on, at its own layout. */
-    const char *user = ckpt_reader_is_foreign(source) ? ckpt_reader_state(source)->user_json : NULL;
-    cJSON *origin = user ? cJSON_Parse(user) : NULL;
-    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(origin, "saved_tp");
-    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(origin, "saved_pp");
-    if (cJSON_IsNumber(tp) && cJSON_IsNumber(pp))
-        snprintf(out, RESHARD_LAYOUT_TEXT_MAX, "tp%dpp%d", tp->valueint, pp->valueint);
-    cJSON_Delete(origin);
 }
 
 static cJSON *layout_json(const ckpt_layout *l)
@@ -269,7 +253,7 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
     const megatron_config *c = megatron ? megatron_config_of(megatron) : model;
     const ckpt_layout *from = ckpt_reader_layout(source);
     char from_text[RESHARD_LAYOUT_TEXT_MAX];
-    source_layout_text(source, from_text);
+    cli_source_layout_text(source, from_text);
     const char *source_name = megatron ? megatron_path(megatron) : ckpt_reader_path(source);
     const char *source_format = megatron ? "Megatron-LM " : model ? "Megatron-Core torch_dist " : "";
     megatron_write_options wo = {.tp = options->tp, .pp = options->pp, .naming = naming, .overwrite = options->overwrite,
@@ -369,7 +353,7 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
 {
     const ckpt_layout *from = ckpt_reader_layout(source);
     char from_text[RESHARD_LAYOUT_TEXT_MAX];
-    source_layout_text(source, from_text);
+    cli_source_layout_text(source, from_text);
     const char *source_name = ckpt_reader_path(source);
     dcp_write_options wo = {.tp = options->tp, .pp = options->pp, .dp = dp, .torch_version = torch, .overwrite = options->overwrite,
                             .threads = options->threads, .weights_only = options->drop_optimizer,
@@ -501,64 +485,36 @@ int main(int argc, char **argv)
     int from_tp = 0, from_pp = 0, from_chunks = 0;
     if (from && reshard_parse_layout(from, &from_tp, &from_pp, &from_chunks)) die_usage("--from: %s", tp_errmsg());
 
-    /* A Megatron source is read as a foreign checkpoint, without digests
-     * of its own: they are computed (one read of it) only when --verify
-     * needs them. */
-    ckpt_reader *source = NULL;
-    megatron_checkpoint *megatron = NULL;
-    megatron_dist *dist = NULL;
-    dcp_checkpoint *dcp = NULL;
-    int is_megatron = 0, is_dcp = 0, is_dist;
-    if (megatron_dist_detect(argv[optind], &is_dist) || (!is_dist && dcp_detect(argv[optind], &is_dcp)) ||
-        (!is_dist && !is_dcp && megatron_detect(argv[optind], &is_megatron)))
-        return fail("%s", tp_errmsg());
-    if (is_dist) {
-        /* Writing torch_dist is not done yet: the output's format is said. */
-        if (true_vocab) die_usage("--true-vocab-size applies to a Megatron-LM legacy source");
-        if (!output_format)
-            die_usage("a Megatron-Core torch_dist source needs --format tp, megatron or dcp (writing torch_dist is not "
-                      "implemented yet)");
-        if (megatron_dist_open(argv[optind], &dist) || megatron_dist_reader_open(dist, verify, options.threads, &source)) {
-            int code = fail("%s", tp_errmsg());
-            megatron_dist_close(dist);
-            return code;
-        }
-    } else if (is_dcp) {
-        /* Digests: the ones its description records, else computed for --verify. */
-        if (true_vocab) die_usage("--true-vocab-size applies to a Megatron-LM source");
-        if (dcp_open(argv[optind], &dcp) || dcp_reader_open(dcp, verify && !dcp_has_description(dcp), options.threads, &source)) {
-            int code = fail("%s", tp_errmsg());
-            dcp_close(dcp);
-            return code;
-        }
-    } else if (is_megatron) {
-        if (megatron_open(argv[optind], &megatron) || (true_vocab && megatron_set_true_vocab(megatron, true_vocab)) ||
-            megatron_reader_open(megatron, verify, &source)) {
-            int code = fail("%s", tp_errmsg());
-            megatron_close(megatron);
-            return code;
-        }
-    } else if (true_vocab) {
-        die_usage("--true-vocab-size applies to a Megatron-LM source");
-    } else {
-        /* Read once, every block checked against its checksum, through the
-         * index alone: HDF5's per-piece metadata was a tenth of the time
-         * (docs/BENCHMARKS.md, issue 28); `tp-ckpt verify` checks it. */
-        ckpt_read_options read;
-        ckpt_read_options_init(&read);
-        read.through_index = 1;
-        if (ckpt_reader_open(&source, argv[optind], &read)) return fail("%s", tp_errmsg());
-    }
+    /* Any format the toolkit reads (formats/registry.h). Another tool's is
+     * read without digests of its own: they are computed (one read of it)
+     * only when --verify needs them. This toolkit's is read once, every
+     * block checked against its checksum, through the index alone: HDF5's
+     * per-piece metadata was a tenth of the time (docs/BENCHMARKS.md, issue
+     * 28); `tp-ckpt verify` checks it. */
+    const checkpoint_format *format;
+    if (formats_detect(argv[optind], &format)) return fail("%s", tp_errmsg());
+    if (true_vocab && strcmp(format->name, "megatron")) die_usage("--true-vocab-size applies to a Megatron-LM legacy source");
+    if (!strcmp(format->name, "torch_dist") && !output_format)
+        die_usage("a Megatron-Core torch_dist source needs --format tp, megatron or dcp (writing torch_dist is not "
+                  "implemented yet)");
+    ckpt_read_options read;
+    ckpt_read_options_init(&read);
+    read.through_index = 1;
+    formats_source_options source_options = {
+        .read = &read, .compute_digests = verify, .threads = options.threads, .true_vocab = true_vocab};
+    formats_source *opened;
+    if (formats_source_open(argv[optind], format, &source_options, &opened)) return fail("%s", tp_errmsg());
+    ckpt_reader *source = formats_source_reader(opened);
+    const megatron_checkpoint *megatron = formats_source_megatron(opened);
+    const megatron_dist *dist = formats_source_megatron_dist(opened);
+    const dcp_checkpoint *dcp = !strcmp(format->name, "dcp") ? formats_source_dcp(opened) : NULL;
     const ckpt_layout *layout = ckpt_reader_layout(source);
     if ((from_tp && from_tp != layout->tp) || (from_pp && from_pp != layout->pp) ||
         (from_chunks && from_chunks != ckpt_layout_chunks(layout))) {
         char source_layout[RESHARD_LAYOUT_TEXT_MAX];
         reshard_layout_text(layout, source_layout);
         int code = fail("--from %s does not match %s, which is %s", from, ckpt_reader_path(source), source_layout);
-        ckpt_reader_close(source);
-        megatron_close(megatron);
-        megatron_dist_close(dist);
-        dcp_close(dcp);
+        formats_source_close(opened);
         return code;
     }
     int dcp_out = output_format ? !strcmp(output_format, "dcp") : dcp != NULL;
@@ -567,19 +523,13 @@ int main(int argc, char **argv)
     if (options.virtual_stages > 1 && (dcp_out || megatron_out)) {
         int code = fail("--to %s: chunks of layers interleaved over the stages are written in this toolkit's format "
                         "only (--format tp)", to);
-        ckpt_reader_close(source);
-        megatron_close(megatron);
-        megatron_dist_close(dist);
-        dcp_close(dcp);
+        formats_source_close(opened);
         return code;
     }
     if (dcp_out) {
         if (dcp && !dcp_torch_given) dcp_torch = dcp_torch_version_of(dcp);
         int code = write_dcp(source, dcp, &options, dcp_torch, dcp_dp, argv[optind], out, verify, dry_run, json, force_progress);
-        ckpt_reader_close(source);
-        dcp_close(dcp);
-        megatron_close(megatron);
-        megatron_dist_close(dist);
+        formats_source_close(opened);
         return code;
     }
     const char *refusal = NULL;
@@ -599,19 +549,13 @@ int main(int argc, char **argv)
                        ? fail("%s; --weights-only (--no-optim) converts the weights alone, as Megatron's own converters do",
                               refusal)
                        : fail("%s: %s", argv[optind], refusal);
-        ckpt_reader_close(source);
-        megatron_close(megatron);
-        megatron_dist_close(dist);
-        dcp_close(dcp);
+        formats_source_close(opened);
         return code;
     }
     if (megatron_out) {
         int code = write_megatron(source, megatron, dist ? megatron_dist_config(dist) : NULL, &options, argv[optind], out,
                                   naming, verify, dry_run, json, force_progress);
-        ckpt_reader_close(source);
-        megatron_close(megatron);
-        megatron_dist_close(dist);
-        dcp_close(dcp);
+        formats_source_close(opened);
         return code;
     }
     char default_out[4200];
@@ -628,10 +572,7 @@ int main(int argc, char **argv)
     reshard_plan *plan = NULL;
     if (reshard_plan_create(&plan, source, &options)) {
         int code = fail("%s", tp_errmsg());
-        ckpt_reader_close(source);
-        megatron_close(megatron);
-        megatron_dist_close(dist);
-        dcp_close(dcp);
+        formats_source_close(opened);
         return code;
     }
     const reshard_summary *s = reshard_plan_summary(plan);
@@ -650,10 +591,7 @@ int main(int argc, char **argv)
             print_plan(s, device, ckpt_reader_path(source), out);
         }
         reshard_plan_free(plan);
-        ckpt_reader_close(source);
-        megatron_close(megatron);
-        megatron_dist_close(dist);
-        dcp_close(dcp);
+        formats_source_close(opened);
         return 0;
     }
 
@@ -689,7 +627,7 @@ int main(int argc, char **argv)
             format_bytes((double)s->bytes_written, written, sizeof written);
             format_bytes((double)cli_peak_rss_bytes(), peak, sizeof peak);
             char from_text[RESHARD_LAYOUT_TEXT_MAX], to_text[RESHARD_LAYOUT_TEXT_MAX];
-            source_layout_text(source, from_text);
+            cli_source_layout_text(source, from_text);
             reshard_layout_text(&s->to, to_text);
             printf("resharded %s (%s) -> %s (%s): %d tensors, %s read, %s written in %.2f s "
                    "(%.2f GB/s, %s), peak memory %s\n",
@@ -699,9 +637,6 @@ int main(int argc, char **argv)
         }
     }
     reshard_plan_free(plan);
-    ckpt_reader_close(source);
-    megatron_close(megatron);
-    megatron_dist_close(dist);
-    dcp_close(dcp);
+    formats_source_close(opened);
     return code;
 }

@@ -15,6 +15,7 @@
 #include "../common/clock.h"
 #include "../formats/dcp.h"
 #include "../formats/megatron.h"
+#include "../formats/registry.h"
 #include "../kernels/kernels.h"
 #include "../trainer/comm_mpi.h"
 #include "../trainer/data.h"
@@ -501,16 +502,15 @@ static void print_summary(const train_outcome *out, const reporter *p, int64_t g
 /* Whether --ckpt-dir is another tool's checkpoint: then *why says what it
  * is and the command that converts it, else it is left empty. tp-train
  * neither resumes from one nor writes its run beside one: --resume found no
- * step_* there, started afresh and wrote step_* beside the tracker. Asked as
- * tp-reshard asks (formats/open.c): torch_dist first, for it is a DCP with a
- * tracker. */
+ * step_* there, started afresh and wrote step_* beside the tracker. Asked
+ * as every program asks (formats/registry.h). */
 static int foreign_checkpoint(const char *dir, char *why, size_t size)
 {
-    int dist = 0, dcp = 0, megatron = 0;
     why[0] = '\0';
-    TP_TRY(megatron_dist_detect(dir, &dist));
-    if (!dist) TP_TRY(dcp_detect(dir, &dcp));
-    if (!dist && !dcp) TP_TRY(megatron_detect(dir, &megatron));
+    const checkpoint_format *format;
+    TP_TRY(formats_detect(dir, &format));
+    int dist = !strcmp(format->name, "torch_dist"), dcp = !strcmp(format->name, "dcp");
+    int megatron = !strcmp(format->name, "megatron");
     const char *base = strrchr(dir, '/');
     base = base && base[1] ? base + 1 : dir;
     int iteration = !strncmp(base, "iter_", 5) || !strcmp(base, "release");
@@ -530,6 +530,9 @@ static int foreign_checkpoint(const char *dir, char *why, size_t size)
                  "--ckpt-dir RUN --resume (docs/MEGATRON.md)", dir,
                  iteration ? "an iteration of a Megatron-LM checkpoint (mp_rank_* rank files)"
                            : "a Megatron-LM checkpoint (latest_checkpointed_iteration.txt)", dir);
+    else if (strcmp(format->name, "tp"))
+        snprintf(why, size, "--ckpt-dir %s is a %s checkpoint, not a tp-train run directory: convert it into one "
+                 "(tp-reshard %s --to tpTppP --format tp -o RUN/step_N)", dir, format->title, dir);
     return TP_OK;
 }
 

@@ -34,6 +34,7 @@ PUBLIC_HEADERS = [
     "formats/torch.h",
     "formats/megatron.h",
     "formats/dcp.h",
+    "formats/registry.h",
     "model/gpt.h",
     "model/interop.h",
     "trainer/*.h",

@@ -78,6 +78,31 @@ for which in mcore-0.18/gpt_tp2pp1 mcore-0.18/gpt_tp2pp2 mcore-0.20/gpt_tp2pp1 m
         "$out.legacy"
 done
 
+# Exports straight from torch_dist (no conversion first): the GPT's
+# Hugging Face export computes the logits Megatron's formula computes from
+# the legacy conversion of the same checkpoint (megatron_fixture.py's
+# judge), and says the layout the checkpoint was saved at.
+if [ $TORCH -eq 1 ]; then
+    for which in mcore-0.18/gpt_tp2pp2 mcore-0.20/gpt_tp2pp1; do
+        release=${which%/*} name=${which#*/}
+        out="$WORK/$release-$name"
+        expect_ok "$which: Hugging Face export straight from torch_dist" "$CK" export "$WORK/$release/ckpt/$name" \
+            --format safetensors -o "$out.hf"
+        check "$which: its summary names the layout it was saved at" grep -q "(step 10, ${name#*_}) to " "$WORK/.out"
+        expect_ok "$which: the export computes Megatron's logits of the same checkpoint" "$PY" \
+            "$ROOT/tests/support/megatron_fixture.py" --logits "$out.legacy" "$out.hf"
+    done
+fi
+expect_error "a plain DCP checkpoint names no model to export" 1 "a PyTorch distributed checkpoint that names no model of this toolkit" \
+    "$CK" export "$ROOT/tests/data/dcp/cols2" --format safetensors -o "$WORK/never"
+check "nothing written for it" test ! -e "$WORK/never"
+expect_ok "synth (tiny)" "$CK" synth -o "$WORK/tiny" --tp 1 --pp 1 --model tiny
+expect_ok "its DCP" "$RS" "$WORK/tiny" --format dcp --to tp2 -o "$WORK/tiny.dcp"
+expect_ok "a DCP checkpoint tp-reshard wrote from this toolkit's model exports straight" "$CK" export "$WORK/tiny.dcp" \
+    --format safetensors -o "$WORK/tiny.dcp.hf"
+expect_ok "the export of its source" "$CK" export "$WORK/tiny" --format safetensors -o "$WORK/tiny.hf"
+expect_ok "the same file" cmp "$WORK/tiny.dcp.hf/model.safetensors" "$WORK/tiny.hf/model.safetensors"
+
 # The judge can fail: the GPT's tensors are not the Llama's.
 run "$PY" "$JUDGE" compare "$DATA/reference.json" mcore-0.20/llama_tp2pp1 "$WORK/mcore-0.20-gpt_tp2pp1.tp1"
 check_all "the judge refuses another model's tensors (exit $RC)" \

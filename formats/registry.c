@@ -1,0 +1,175 @@
+/* registry.c: the checkpoint formats, in one place (registry.h). Each
+ * built-in format is a detect and an open over its reader (megatron.h,
+ * dcp.h, ckpt.h); formats_register adds others before them. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/error.h"
+#include "registry.h"
+
+struct formats_source {
+    const checkpoint_format *format;
+    ckpt_reader *reader;
+    /* The format's own handle: one of the built-ins', or a registered one's. */
+    megatron_checkpoint *megatron;
+    megatron_dist *dist;
+    dcp_checkpoint *dcp;
+    void *handle;
+    void (*close_handle)(void *handle);
+};
+
+static int open_megatron(const char *path, const formats_source_options *o, formats_source *s)
+{
+    TP_TRY(megatron_open(path, &s->megatron));
+    if (o->true_vocab) TP_TRY(megatron_set_true_vocab(s->megatron, o->true_vocab));
+    return megatron_reader_open(s->megatron, o->compute_digests, &s->reader);
+}
+
+static int open_megatron_dist(const char *path, const formats_source_options *o, formats_source *s)
+{
+    TP_TRY(megatron_dist_open(path, &s->dist));
+    return megatron_dist_reader_open(s->dist, o->compute_digests, o->threads, &s->reader);
+}
+
+/* A DCP checkpoint carrying this toolkit's description has digests to
+ * check against: they are computed only where it has none. */
+static int open_dcp(const char *path, const formats_source_options *o, formats_source *s)
+{
+    TP_TRY(dcp_open(path, &s->dcp));
+    return dcp_reader_open(s->dcp, o->compute_digests && !dcp_has_description(s->dcp), o->threads, &s->reader);
+}
+
+static int open_own(const char *path, const formats_source_options *o, formats_source *s)
+{
+    ckpt_read_options defaults;
+    ckpt_read_options_init(&defaults);
+    return ckpt_reader_open(&s->reader, path, o->read ? o->read : &defaults);
+}
+
+static const checkpoint_format builtin[] = {
+    {"torch_dist", "Megatron-Core torch_dist", megatron_dist_detect, open_megatron_dist},
+    {"dcp", "PyTorch distributed checkpoint", dcp_detect, open_dcp},
+    {"megatron", "Megatron-LM legacy", megatron_detect, open_megatron},
+    {"tp", "tp-toolkit", NULL, open_own}, /* the fallback: asked last */
+};
+#define NUM_BUILTIN ((int)(sizeof builtin / sizeof builtin[0]))
+
+#define REGISTERED_MAX 16
+static const checkpoint_format *registered[REGISTERED_MAX];
+static int num_registered;
+static pthread_mutex_t registered_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int formats_register(const checkpoint_format *format)
+{
+    if (!format->name || !format->detect || !format->open)
+        return tp_fail(TP_ERR_ARG, "a format needs a name, a detect and an open");
+    if (formats_find(format->name)) return tp_fail(TP_ERR_EXISTS, "a format named %s exists already", format->name);
+    pthread_mutex_lock(&registered_lock);
+    int status = num_registered < REGISTERED_MAX
+                     ? TP_OK
+                     : tp_fail(TP_ERR_NOMEM, "no room for the format %s (%d at most)", format->name, REGISTERED_MAX);
+    if (!status) registered[num_registered++] = format;
+    pthread_mutex_unlock(&registered_lock);
+    return status;
+}
+
+/* The i-th format asked: the registered ones, then the built-ins; NULL past the end. */
+static const checkpoint_format *format_at(int i)
+{
+    pthread_mutex_lock(&registered_lock);
+    const checkpoint_format *f = i < num_registered ? registered[i] : NULL;
+    int n = num_registered;
+    pthread_mutex_unlock(&registered_lock);
+    if (i >= n && i - n < NUM_BUILTIN) f = &builtin[i - n];
+    return f;
+}
+
+const checkpoint_format *formats_find(const char *name)
+{
+    const checkpoint_format *f;
+    for (int i = 0; (f = format_at(i)) != NULL; i++)
+        if (!strcmp(f->name, name)) return f;
+    return NULL;
+}
+
+int formats_detect(const char *path, const checkpoint_format **out)
+{
+    const checkpoint_format *f;
+    for (int i = 0; (f = format_at(i)) != NULL; i++) {
+        int found = 1;
+        if (f->detect) TP_TRY(f->detect(path, &found));
+        if (found) {
+            *out = f;
+            return TP_OK;
+        }
+    }
+    return tp_fail(TP_ERR_STATE, "no checkpoint format to read %s", path); /* not reached: the fallback has none */
+}
+
+int formats_source_open(const char *path, const checkpoint_format *format, const formats_source_options *options,
+                        formats_source **out)
+{
+    *out = NULL;
+    formats_source_options defaults = {0};
+    if (!options) options = &defaults;
+    if (!format) TP_TRY(formats_detect(path, &format));
+    formats_source *s = calloc(1, sizeof *s);
+    if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    s->format = format;
+    int status = format->open(path, options, s);
+    if (status) {
+        formats_source_close(s);
+        return status;
+    }
+    *out = s;
+    return TP_OK;
+}
+
+void formats_source_attach(formats_source *s, void *handle, void (*close)(void *handle), ckpt_reader *reader)
+{
+    s->handle = handle;
+    s->close_handle = close;
+    s->reader = reader;
+}
+
+const checkpoint_format *formats_source_format(const formats_source *s)
+{
+    return s->format;
+}
+
+ckpt_reader *formats_source_reader(const formats_source *s)
+{
+    return s->reader;
+}
+
+megatron_checkpoint *formats_source_megatron(const formats_source *s)
+{
+    return s->megatron;
+}
+
+const megatron_dist *formats_source_megatron_dist(const formats_source *s)
+{
+    return s->dist;
+}
+
+const dcp_checkpoint *formats_source_dcp(const formats_source *s)
+{
+    return s->dist ? megatron_dist_dcp(s->dist) : s->dcp;
+}
+
+const megatron_config *formats_source_megatron_config(const formats_source *s)
+{
+    return s->megatron ? megatron_config_of(s->megatron) : s->dist ? megatron_dist_config(s->dist) : NULL;
+}
+
+void formats_source_close(formats_source *s)
+{
+    if (!s) return;
+    ckpt_reader_close(s->reader);
+    megatron_close(s->megatron);
+    megatron_dist_close(s->dist);
+    dcp_close(s->dcp);
+    if (s->close_handle) s->close_handle(s->handle);
+    free(s);
+}
