@@ -894,6 +894,7 @@ const export_kv *gpt_gguf_metadata_kvs(const gpt_gguf_metadata *m, int *count)
 struct gpt_export {
     gpt_name_map map;              /* safetensors, GGUF */
     int64_t *qkv_blocks;           /* a Megatron source: its fused QKV's head blocks in [q; k; v] order */
+    int64_t *qkv_rows;             /* and its rows for the parts that pick blocks of [q; k; v] (a Llama's K, V) */
     export_tensor *all;            /* hdf5: every parameter under its own name */
     int count;
     gpt_gguf_metadata *gguf;
@@ -907,6 +908,7 @@ void gpt_export_free(gpt_export *x)
     if (!x) return;
     gpt_name_map_free(&x->map);
     free(x->qkv_blocks);
+    free(x->qkv_rows);
     free(x->all);
     gpt_gguf_metadata_free(x->gguf);
     cJSON_free(x->config_json);
@@ -1033,17 +1035,41 @@ const char *gpt_megatron_unfit(const megatron_config *c)
     return NULL;
 }
 
+/* A map tensor of [q; k; v] rows taken from Megatron's fused QKV instead,
+ * whose rows per group g are [q of its heads, k_g, v_g] (blocks of hd rows;
+ * ours_to_megatron[i]: the Megatron block of our block i). A tensor taking
+ * all of [q; k; v] or its first rows reads Megatron's blocks in our order;
+ * one that picks blocks of [q; k; v] itself (a Llama's K or V, or GGUF's
+ * rows in llama.cpp's rotary order) reads row by row, at rows (room for
+ * its rows). */
+static void megatron_qkv_rows(export_tensor *t, const int64_t *ours_to_megatron, int64_t hd, int64_t *rows)
+{
+    if (!t->blocks) {
+        t->block_rows = hd;
+        t->blocks = ours_to_megatron;
+        return;
+    }
+    for (int64_t j = 0; j < t->rows; j++) {
+        int64_t ours = t->blocks[j / t->block_rows] * t->block_rows + j % t->block_rows;
+        rows[j] = ours_to_megatron[ours / hd] * hd + ours % hd;
+    }
+    t->block_rows = 1;
+    t->blocks = rows;
+}
+
 int gpt_export_create_megatron(gpt_export **out, ckpt_reader *r, const megatron_config *c, const gpt_export_request *request,
                                export_options *options)
 {
     if (options->format == EXPORT_HDF5) return gpt_export_create(out, r, request, options);
     *out = NULL;
-    const char *what = options->format == EXPORT_GGUF ? "llama.cpp's gpt2 architecture" : "Hugging Face's GPT-2";
+    gpt_config config = gpt_megatron_model(c);
+    config.vocab_pad_multiple = 1; /* the export's tables: its vocab rows */
+    int llama = config.arch == GPT_ARCH_LLAMA;
+    const char *what = options->format == EXPORT_GGUF ? llama ? "llama.cpp's llama architecture" : "llama.cpp's gpt2 architecture"
+                       : llama                         ? "Hugging Face's Llama"
+                                                       : "Hugging Face's GPT-2";
     const char *unfit = gpt_megatron_unfit(c);
     if (unfit) return tp_fail(TP_ERR_ARG, "%s: %s cannot be expressed as %s", ckpt_reader_path(r), unfit, what);
-    gpt_config config = {.layers = c->num_layers, .dim = c->hidden, .heads = c->heads, .kv_heads = c->heads,
-                         .vocab = c->true_vocab > 0 ? c->true_vocab : c->padded_vocab, .seq = c->max_positions,
-                         .ffn = c->ffn, .vocab_pad_multiple = 1, .dtype = c->dtype};
     gpt_export *x = calloc(1, sizeof *x);
     if (!x) return tp_fail(TP_ERR_NOMEM, "out of memory");
     snprintf(x->step, sizeof x->step, "%lld", (long long)ckpt_reader_state(r)->step);
@@ -1052,7 +1078,11 @@ int gpt_export_create_megatron(gpt_export **out, ckpt_reader *r, const megatron_
     /* Megatron's QKV rows per group g: [q of its heads, k_g, v_g], blocks
      * of kv_channels rows; the output wants every q, then every k, every v. */
     int64_t per_group = c->heads / c->query_groups, blocks = c->heads + 2 * c->query_groups;
-    if (!status && !(x->qkv_blocks = calloc((size_t)blocks, sizeof *x->qkv_blocks)))
+    int64_t hd = c->kv_channels, picked_rows = 0;
+    for (int i = 0; !status && i < x->map.count; i++)
+        if (x->map.tensors[i].blocks) picked_rows += x->map.tensors[i].rows;
+    if (!status && (!(x->qkv_blocks = calloc((size_t)blocks, sizeof *x->qkv_blocks)) ||
+                    !(x->qkv_rows = calloc((size_t)picked_rows + 1, sizeof *x->qkv_rows))))
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int64_t i = 0; !status && i < c->heads; i++) x->qkv_blocks[i] = i / per_group * (per_group + 2) + i % per_group;
     for (int64_t g = 0; !status && g < c->query_groups; g++) {
@@ -1060,31 +1090,36 @@ int gpt_export_create_megatron(gpt_export **out, ckpt_reader *r, const megatron_
         x->qkv_blocks[c->heads + c->query_groups + g] = g * (per_group + 2) + per_group + 1;
     }
     x->count = x->map.count;
+    int64_t *rows = x->qkv_rows;
     for (int i = 0; !status && i < x->map.count; i++) {
         export_tensor *t = &x->map.tensors[i];
+        if (t->values) continue; /* computed here (GGUF's rope_freqs) */
         char name[CKPT_NAME_MAX + 1];
         status = gpt_megatron_name(t->source, name, sizeof name);
         if (!status && strstr(name, ".attention.qkv.")) {
-            t->block_rows = c->kv_channels;
-            t->blocks = x->qkv_blocks;
+            int picks = t->blocks != NULL;
+            megatron_qkv_rows(t, x->qkv_blocks, hd, rows);
+            if (picks) rows += t->rows;
         }
-        if (!status && !strcmp(name, "embedding.word_embeddings.weight")) t->rows = config.vocab;
+        if (!status && (!strcmp(name, "embedding.word_embeddings.weight") || !strcmp(name, "output_layer.weight")))
+            t->rows = config.vocab;
         if (!status) snprintf(x->map.names[i][0], CKPT_NAME_MAX + 1, "%s", name);
     }
     if (!status && options->format == EXPORT_SAFETENSORS) {
         const char *metadata[] = {"tp_toolkit.step", x->step, "tp_toolkit.source_layout", x->source_layout, NULL};
         memcpy(x->metadata, metadata, sizeof metadata);
-        /* Megatron's GELU is the exact one unless openai_gelu. */
         char *json = gpt_hf_config_json(&config, options->dtype >= 0 ? (tp_dtype)options->dtype : config.dtype);
         cJSON *o = json ? cJSON_Parse(json) : NULL;
         cJSON_free(json);
-        if (o) cJSON_ReplaceItemInObject(o, "activation_function", cJSON_CreateString(c->openai_gelu ? "gelu_new" : "gelu"));
+        /* A Megatron GPT's GELU is the exact one unless openai_gelu. */
+        if (o && !llama)
+            cJSON_ReplaceItemInObject(o, "activation_function", cJSON_CreateString(c->openai_gelu ? "gelu_new" : "gelu"));
         x->config_json = o ? cJSON_Print(o) : NULL;
         cJSON_Delete(o);
         if (!x->config_json) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     } else if (!status) {
-        status = gpt_gguf_metadata_create(&x->gguf, &config, request->name ? request->name : "Megatron-LM GPT (tp-toolkit)",
-                                          request->tokenizer_dir);
+        const char *name = llama ? "Megatron-LM Llama (tp-toolkit)" : "Megatron-LM GPT (tp-toolkit)";
+        status = gpt_gguf_metadata_create(&x->gguf, &config, request->name ? request->name : name, request->tokenizer_dir);
     }
     if (status) {
         gpt_export_free(x);

@@ -119,6 +119,9 @@ int gpt_megatron_name(const char *ours, char *out, size_t size);
 /* What of a Megatron GPT this GPT-2 cannot compute ("a SwiGLU MLP",
  * "untied output embeddings", ...), or NULL. */
 const char *gpt_megatron_unfit(const megatron_config *config);
+/* This model's configuration of a Megatron GPT that gpt_megatron_unfit
+ * accepts (a Llama when rotary and RMSNorm). */
+gpt_config gpt_megatron_model(const megatron_config *config);
 
 /* A Megatron-LM GPT-2 as this model's checkpoint at layout tp x pp, for
  * tp-train to go on training it: its weights, and the Adam moments and
@@ -134,6 +137,9 @@ int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_config *m
                              int pp);
 int64_t gpt_megatron_import_bytes(const gpt_megatron_import *job);
 int gpt_megatron_import_count(const gpt_megatron_import *job);
+/* Parameters stored wider than this model's dtype (a bf16 Llama's fp32
+ * norms), rounded to it; their fp32 values are kept as their masters. */
+int gpt_megatron_import_rounded(const gpt_megatron_import *job);
 /* Writes the checkpoint at out (compress_level, overwrite, update_latest
  * and progress of options; one thread). */
 int gpt_megatron_import_run(gpt_megatron_import *job, const import_options *options, const char *out);

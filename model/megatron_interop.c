@@ -22,6 +22,7 @@ struct gpt_megatron_import {
     int count;
     int *source_index;         /* per catalogue tensor: the Megatron tensor it is */
     int64_t bytes;
+    int rounded;               /* parameters stored in a wider dtype than this model's (a bf16 Llama's fp32 norms) */
     char origin[512];          /* train.user: where it came from */
 };
 
@@ -42,8 +43,7 @@ static int megatron_is_llama(const megatron_config *c)
     return !c->learned_positions && c->rmsnorm;
 }
 
-/* This model's configuration of a Megatron GPT that gpt_megatron_unfit accepts. */
-static gpt_config megatron_model(const megatron_config *c)
+gpt_config gpt_megatron_model(const megatron_config *c)
 {
     gpt_config g = {.layers = c->num_layers, .dim = c->hidden, .heads = c->heads, .kv_heads = c->heads,
                     .vocab = c->true_vocab > 0 ? c->true_vocab : c->padded_vocab, .seq = c->max_positions,
@@ -80,10 +80,10 @@ int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_config *c
     if (!x) return tp_fail(TP_ERR_NOMEM, "out of memory");
     x->source = source;
     x->c = c;
-    x->config = megatron_model(c);
+    x->config = gpt_megatron_model(c);
     x->to = (ckpt_layout){.tp = tp, .pp = pp, .dp = 1, .num_layers = c->num_layers};
     snprintf(x->origin, sizeof x->origin,
-             "{\"imported_from\": \"megatron-legacy\", \"source_layout\": \"tp%dpp%d\", \"iteration\": %lld}", c->tp, c->pp,
+             "{\"imported_from\": \"megatron\", \"source_layout\": \"tp%dpp%d\", \"iteration\": %lld}", c->tp, c->pp,
              (long long)c->stored_iteration);
     int status = gpt_config_check(&x->config, tp, pp);
     if (!status && c->query_groups % tp)
@@ -95,8 +95,20 @@ int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_config *c
         char name[CKPT_NAME_MAX + 32];
         status = source_name(&x->catalog[i], name, sizeof name);
         x->source_index[i] = status ? -1 : ckpt_reader_find(source, name);
+        /* Megatron keeps no fp32 copy of a parameter stored in fp32 beside
+         * bf16 ones (Float16OptimizerWithFloat16Params' fp32_from_fp32
+         * groups: a Megatron-Core Llama's norms): the parameter is its own
+         * master. */
+        if (!status && x->source_index[i] < 0 && x->catalog[i].role == GPT_ROLE_MASTER &&
+            !gpt_megatron_name(x->catalog[i].param, name, sizeof name)) {
+            int param = ckpt_reader_find(source, name);
+            if (param >= 0 && ckpt_reader_tensor(source, param)->dtype == TP_FP32) x->source_index[i] = param;
+        }
         if (!status && x->source_index[i] < 0)
             status = tp_fail(TP_ERR_NOT_FOUND, "%s: no %s for %s", ckpt_reader_path(source), name, x->catalog[i].name);
+        if (!status && x->catalog[i].role == GPT_ROLE_PARAM &&
+            tp_dtype_size(ckpt_reader_tensor(source, x->source_index[i])->dtype) > tp_dtype_size(x->catalog[i].desc.dtype))
+            x->rounded++;
         int64_t shape[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(x->catalog[i].desc.dtype);
         ckpt_piece_shape(&x->catalog[i].desc, tp, shape);
         for (int d = 0; d < x->catalog[i].desc.ndim; d++) bytes *= shape[d];
@@ -118,6 +130,11 @@ int64_t gpt_megatron_import_bytes(const gpt_megatron_import *x)
 int gpt_megatron_import_count(const gpt_megatron_import *x)
 {
     return x->count;
+}
+
+int gpt_megatron_import_rounded(const gpt_megatron_import *x)
+{
+    return x->rounded;
 }
 
 void gpt_megatron_import_close(gpt_megatron_import *x)

@@ -1114,10 +1114,15 @@ static int import_megatron(const char *dir, const checkpoint_format *format, con
         char bytes[32];
         format_bytes((double)gpt_megatron_import_bytes(job), bytes, sizeof bytes);
         if (status) code = fail("%s", tp_errmsg());
-        else
+        else {
             printf("imported %s (%s tp%dpp%d, iteration %lld) to %s: %d tensors at tp=%d pp=%d, %s in %.2f s\n",
                    ckpt_reader_path(r), format->title, m->tp, m->pp, (long long)ckpt_reader_state(r)->step, out,
                    gpt_megatron_import_count(job), tp, pp, bytes, seconds);
+            if (gpt_megatron_import_rounded(job))
+                printf("note: %d parameters stored in fp32 beside %s ones (the norms) are %s in this toolkit's model; "
+                       "their fp32 values are kept as their masters (an export of the Megatron checkpoint itself keeps "
+                       "them fp32)\n", gpt_megatron_import_rounded(job), tp_dtype_name(m->dtype), tp_dtype_name(m->dtype));
+        }
     }
     gpt_megatron_import_close(job);
     formats_source_close(source);

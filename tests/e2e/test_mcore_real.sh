@@ -78,12 +78,14 @@ for which in mcore-0.18/gpt_tp2pp1 mcore-0.18/gpt_tp2pp2 mcore-0.20/gpt_tp2pp1 m
         "$out.legacy"
 done
 
-# Exports straight from torch_dist (no conversion first): the GPT's
-# Hugging Face export computes the logits Megatron's formula computes from
+# Exports straight from torch_dist (no conversion first), for Hugging Face
+# and llama.cpp: each computes the logits Megatron's formula computes from
 # the legacy conversion of the same checkpoint (megatron_fixture.py's
-# judge), and says the layout the checkpoint was saved at.
+# judge: its own GPT-2 and Llama of Hugging Face's semantics, llama.cpp's
+# rotary row order undone), and says the layout the checkpoint was saved
+# at. The Llama's norms stay fp32 beside its bf16 weights unless --dtype.
 if [ $TORCH -eq 1 ]; then
-    for which in mcore-0.18/gpt_tp2pp2 mcore-0.20/gpt_tp2pp1; do
+    for which in mcore-0.18/gpt_tp2pp2 mcore-0.20/gpt_tp2pp1 mcore-0.20/llama_tp2pp1; do
         release=${which%/*} name=${which#*/}
         out="$WORK/$release-$name"
         expect_ok "$which: Hugging Face export straight from torch_dist" "$CK" export "$WORK/$release/ckpt/$name" \
@@ -91,7 +93,29 @@ if [ $TORCH -eq 1 ]; then
         check "$which: its summary names the layout it was saved at" grep -q "(step 10, ${name#*_}) to " "$WORK/.out"
         expect_ok "$which: the export computes Megatron's logits of the same checkpoint" "$PY" \
             "$ROOT/tests/support/megatron_fixture.py" --logits "$out.legacy" "$out.hf"
+        expect_ok "$which: GGUF export straight from torch_dist" "$CK" export "$WORK/$release/ckpt/$name" \
+            --format gguf -o "$out.gguf"
+        expect_ok "$which: the GGUF computes Megatron's logits too" "$PY" "$ROOT/tests/support/megatron_fixture.py" \
+            --logits "$out.legacy" "$out.gguf"
     done
+    run "$PY" "$ROOT/tests/support/megatron_fixture.py" --logits "$WORK/mcore-0.20-llama_tp2pp1.legacy" \
+        "$WORK/mcore-0.20-gpt_tp2pp1.hf"
+    check "the judge can fail: the GPT's export does not compute the Llama's logits (exit $RC)" [ "$RC" -eq 1 ]
+    header() { "$PY" -c 'import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+h = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+print(" ".join(sorted("%s=%s" % (k, v["dtype"]) for k, v in h.items() if k != "__metadata__")))' "$1"; }
+    header "$WORK/mcore-0.20-llama_tp2pp1.hf/model.safetensors" >"$WORK/dtypes"
+    check_all "the mixed Llama exported mixed: its norms fp32, its matrices bf16, as stored" \
+        'grep -q "model.layers.0.input_layernorm.weight=F32" "$WORK/dtypes" &&
+         grep -q "model.norm.weight=F32" "$WORK/dtypes" && grep -q "model.layers.3.mlp.down_proj.weight=BF16" "$WORK/dtypes" &&
+         grep -q "model.embed_tokens.weight=BF16" "$WORK/dtypes" && grep -q "lm_head.weight=BF16" "$WORK/dtypes"'
+    expect_ok "with --dtype fp32: every tensor fp32" "$CK" export "$WORK/mcore-0.20/ckpt/llama_tp2pp1" --format safetensors \
+        --dtype fp32 -o "$WORK/llama.fp32.hf"
+    header "$WORK/llama.fp32.hf/model.safetensors" >"$WORK/dtypes"
+    check "and no other" sh -c '! grep -q "BF16" "$1" && grep -q "model.layers.0.mlp.up_proj.weight=F32" "$1"' sh "$WORK/dtypes"
+    expect_ok "which computes the same logits" "$PY" "$ROOT/tests/support/megatron_fixture.py" --logits \
+        "$WORK/mcore-0.20-llama_tp2pp1.legacy" "$WORK/llama.fp32.hf"
 fi
 expect_error "a plain DCP checkpoint names no model to export" 1 "a PyTorch distributed checkpoint that names no model of this toolkit" \
     "$CK" export "$ROOT/tests/data/dcp/cols2" --format safetensors -o "$WORK/never"
@@ -102,6 +126,17 @@ expect_ok "a DCP checkpoint tp-reshard wrote from this toolkit's model exports s
     --format safetensors -o "$WORK/tiny.dcp.hf"
 expect_ok "the export of its source" "$CK" export "$WORK/tiny" --format safetensors -o "$WORK/tiny.hf"
 expect_ok "the same file" cmp "$WORK/tiny.dcp.hf/model.safetensors" "$WORK/tiny.hf/model.safetensors"
+
+# Imported into this toolkit's model: the Llama's fp32 norms have no
+# master in Megatron (a parameter kept in fp32 is its own); they are
+# rounded to the model's bf16, said, and kept in fp32 as its masters.
+mkdir -p "$WORK/run"
+expect_ok "the real Llama imported into a run directory at tp2" "$CK" import "$WORK/mcore-0.20/ckpt/llama_tp2pp1" \
+    -o "$WORK/run/step_00000010" --tp 2 --pp 1
+check "the rounding said" grep -q "^note: 9 parameters stored in fp32 beside bf16 ones (the norms) are bf16" "$WORK/.out"
+expect_ok "the GPT imported (the exact GELU refused for training; its export is the way)" "$CK" info \
+    "$WORK/run/step_00000010"
+check "its step is the iteration" grep -q "step 10\|step         10" "$WORK/.out"
 
 # The judge can fail: the GPT's tensors are not the Llama's.
 run "$PY" "$JUDGE" compare "$DATA/reference.json" mcore-0.20/llama_tp2pp1 "$WORK/mcore-0.20-gpt_tp2pp1.tp1"

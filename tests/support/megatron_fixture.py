@@ -1397,8 +1397,39 @@ def read_gguf(path):
     return kv, tensors
 
 
+def gguf_llama_as_hf(kv, G):
+    """llama.cpp's llama tensors under Hugging Face's names and layouts:
+    its converter (convert_hf_to_gguf.py, LlamaModel.permute) stores each
+    head's q and k rows as [even rotary pairs' halves interleaved]; undone
+    here by the inverse reshape."""
+    heads, groups = kv['llama.attention.head_count'], kv['llama.attention.head_count_kv']
+    h = kv['llama.embedding_length']
+    cfg = {'model_type': 'llama', 'hidden_size': h, 'num_attention_heads': heads, 'num_key_value_heads': groups,
+           'num_hidden_layers': kv['llama.block_count'], 'max_position_embeddings': kv['llama.context_length'],
+           'rms_norm_eps': kv['llama.attention.layer_norm_rms_epsilon'], 'rope_theta': kv.get('llama.rope.freq_base', 10000.0),
+           'hidden_act': 'silu', 'vocab_size': G['token_embd.weight'].shape[0], 'tie_word_embeddings': 'output.weight' not in G}
+
+    def unpermute(w, n):
+        return w.reshape(n, w.shape[0] // n // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    W = {'model.embed_tokens.weight': G['token_embd.weight'], 'model.norm.weight': G['output_norm.weight']}
+    if 'output.weight' in G:
+        W['lm_head.weight'] = G['output.weight']
+    for i in range(cfg['num_hidden_layers']):
+        b, p = 'blk.%d.' % i, 'model.layers.%d.' % i
+        W[p + 'self_attn.q_proj.weight'] = unpermute(G[b + 'attn_q.weight'], heads)
+        W[p + 'self_attn.k_proj.weight'] = unpermute(G[b + 'attn_k.weight'], groups)
+        for hf, gg in (('self_attn.v_proj', 'attn_v'), ('self_attn.o_proj', 'attn_output'),
+                       ('input_layernorm', 'attn_norm'), ('post_attention_layernorm', 'ffn_norm'),
+                       ('mlp.gate_proj', 'ffn_gate'), ('mlp.up_proj', 'ffn_up'), ('mlp.down_proj', 'ffn_down')):
+            W[p + hf + '.weight'] = G[b + gg + '.weight']
+    return cfg, W
+
+
 def gguf_as_hf(kv, G):
     """llama.cpp's gpt2 tensors under Hugging Face's names and layouts."""
+    if kv.get('general.architecture') == 'llama':
+        return gguf_llama_as_hf(kv, G)
     cfg = {'n_embd': kv['gpt2.embedding_length'], 'n_head': kv['gpt2.attention.head_count'],
            'n_layer': kv['gpt2.block_count'], 'n_positions': kv['gpt2.context_length'],
            'layer_norm_epsilon': kv['gpt2.attention.layer_norm_epsilon'], 'vocab_size': G['token_embd.weight'].shape[0]}
@@ -1537,6 +1568,40 @@ def hf_gpt2_logits(cfg, W, tokens):
     return x @ g('wte.weight').t()
 
 
+def hf_llama_logits(cfg, W, tokens):
+    """Hugging Face's LlamaForCausalLM (eager attention, rotate-half
+    rotary, repeat_kv grouped queries, SwiGLU), from its own tensor names:
+    every weight in fp32, whatever dtype the export stored."""
+    h, heads, groups = cfg['hidden_size'], cfg['num_attention_heads'], cfg['num_key_value_heads']
+    hd, eps, s = h // heads, cfg['rms_norm_eps'], tokens.shape[0]
+    assert cfg['hidden_act'] == 'silu' and cfg.get('rope_scaling') is None, cfg
+    g = lambda n: W[n].float()  # noqa: E731
+
+    def rms(x, name):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * g(name)
+
+    inv = 1.0 / (cfg['rope_theta'] ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    emb = torch.cat((torch.outer(torch.arange(s, dtype=torch.float32), inv),) * 2, dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    x = g('model.embed_tokens.weight')[tokens]
+    for i in range(cfg['num_hidden_layers']):
+        p = 'model.layers.%d.' % i
+        y = rms(x, p + 'input_layernorm.weight')
+        q = (y @ g(p + 'self_attn.q_proj.weight').t()).view(s, heads, hd).transpose(0, 1)
+        k = (y @ g(p + 'self_attn.k_proj.weight').t()).view(s, groups, hd).transpose(0, 1)
+        v = (y @ g(p + 'self_attn.v_proj.weight').t()).view(s, groups, hd).transpose(0, 1)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(heads // groups, dim=0), v.repeat_interleave(heads // groups, dim=0)
+        a = causal_attention(q, k, v).transpose(0, 1).reshape(s, h)
+        x = x + a @ g(p + 'self_attn.o_proj.weight').t()
+        y = rms(x, p + 'post_attention_layernorm.weight')
+        y = F.silu(y @ g(p + 'mlp.gate_proj.weight').t()) * (y @ g(p + 'mlp.up_proj.weight').t())
+        x = x + y @ g(p + 'mlp.down_proj.weight').t()
+    x = rms(x, 'model.norm.weight')
+    head = 'model.embed_tokens.weight' if cfg.get('tie_word_embeddings', False) else 'lm_head.weight'
+    return x @ g(head).t()
+
+
 def check_logits(ckpt, export_dir, seed=7):
     """Problems (empty when the export computes the checkpoint's logits to
     1e-5 of their scale, on the true vocabulary)."""
@@ -1552,10 +1617,12 @@ def check_logits(ckpt, export_dir, seed=7):
         cfg, W = gguf_as_hf(*read_gguf(export_dir))
         cfg['activation_function'] = 'gelu_new' if args.openai_gelu else 'gelu'
     vocab = cfg['vocab_size']
-    tokens = torch.randint(0, vocab, (min(cfg['n_positions'], 24),), generator=torch.Generator().manual_seed(seed))
+    llama = cfg.get('model_type') == 'llama'
+    positions = cfg['max_position_embeddings'] if llama else cfg['n_positions']
+    tokens = torch.randint(0, vocab, (min(positions, 24),), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         want = megatron_logits(args, T, tokens)[:, :vocab]
-        got = hf_gpt2_logits(cfg, W, tokens)
+        got = (hf_llama_logits if llama else hf_gpt2_logits)(cfg, W, tokens)
     problems = []
     if got.shape != want.shape:
         return ['logits of shape %s, Megatron computes %s' % (tuple(got.shape), tuple(want.shape))]
