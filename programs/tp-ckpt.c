@@ -999,9 +999,11 @@ static int cmd_export(int argc, char **argv)
     ckpt_reader *r = formats_source_reader(source);
     /* A Megatron GPT (legacy or torch_dist): its config for the names and
      * shapes; another tool's checkpoint names its model only when it
-     * carries this toolkit's description (a DCP written by tp-reshard). */
+     * carries this toolkit's description (a DCP written by tp-reshard).
+     * HDF5 takes every tensor under its own name: no model needed. */
     const megatron_config *megatron = formats_source_megatron_config(source);
-    if (!megatron && ckpt_reader_is_foreign(r) && !strcmp(ckpt_reader_state(r)->model_json, "{}")) {
+    if (!megatron && options.format != EXPORT_HDF5 && ckpt_reader_is_foreign(r) &&
+        !strcmp(ckpt_reader_state(r)->model_json, "{}")) {
         code = fail("%s: a %s that names no model of this toolkit's: an export maps a GPT-2 or Llama of this toolkit "
                     "(a DCP checkpoint tp-reshard wrote from one names it) or of Megatron (export the Megatron checkpoint "
                     "itself)", argv[optind], source_format->title);
