@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
+#include "../formats/registry.h"
 #include "cli.h"
 
 /* The handler only writes the signal's number to a pipe (all a handler may
@@ -183,4 +184,35 @@ int64_t cli_peak_rss_bytes(void)
 void cli_source_layout_text(ckpt_reader *source, char out[RESHARD_LAYOUT_TEXT_MAX])
 {
     reshard_layout_text(ckpt_reader_saved_layout(source), out);
+}
+
+int cli_foreign_checkpoint(const char *dir, char *why, size_t size)
+{
+    why[0] = '\0';
+    const checkpoint_format *format;
+    TP_TRY(formats_detect(dir, &format));
+    int dist = !strcmp(format->name, "torch_dist"), dcp = !strcmp(format->name, "dcp");
+    int megatron = !strcmp(format->name, "megatron");
+    const char *base = strrchr(dir, '/');
+    base = base && base[1] ? base + 1 : dir;
+    int iteration = !strncmp(base, "iter_", 5) || !strcmp(base, "release");
+    if (dist)
+        snprintf(why, size, "--ckpt-dir %s is a Megatron-Core distributed checkpoint (metadata.json), not a tp-train "
+                 "run directory: to train from it, import it into a run directory (mkdir RUN; tp-ckpt import %s -o "
+                 "RUN/step_N --tp T --pp P, N its iteration), then give --ckpt-dir RUN --resume (docs/MEGATRON.md)",
+                 dir, dir);
+    else if (dcp)
+        snprintf(why, size, "--ckpt-dir %s is a PyTorch distributed checkpoint (.metadata), not a tp-train run "
+                 "directory: to train from it, convert it into a run directory (mkdir RUN; tp-reshard %s --to tpTppP "
+                 "--format tp -o RUN/step_N, N its step), then give --ckpt-dir RUN --resume (docs/DCP.md)", dir, dir);
+    else if (megatron)
+        snprintf(why, size, "--ckpt-dir %s is %s, not a tp-train run directory: to train from it, import it into a run "
+                 "directory (mkdir RUN; tp-ckpt import %s -o RUN/step_N --tp T --pp P, N its iteration), then give "
+                 "--ckpt-dir RUN --resume (docs/MEGATRON.md)", dir,
+                 iteration ? "an iteration of a Megatron-LM checkpoint (mp_rank_* rank files)"
+                           : "a Megatron-LM checkpoint (latest_checkpointed_iteration.txt)", dir);
+    else if (strcmp(format->name, "tp"))
+        snprintf(why, size, "--ckpt-dir %s is a %s checkpoint, not a tp-train run directory: convert it into one "
+                 "(tp-reshard %s --to tpTppP --format tp -o RUN/step_N)", dir, format->title, dir);
+    return TP_OK;
 }

@@ -194,6 +194,14 @@ int elastic_run_main(int argc, char **argv)
     } else {
         cli_usage_error(PROGRAM, "--launcher takes auto, mpirun or srun, not '%s'", launcher);
     }
+    /* Another tool's checkpoint is no run directory: said once, not
+     * relaunched (the trainer refuses it, and that refusal was retried). */
+    char foreign[2 * 4096 + 512] = "";
+    if (cli_foreign_checkpoint(o.run_dir, foreign, sizeof foreign)) return cli_error(PROGRAM, "%s", tp_errmsg());
+    if (foreign[0]) {
+        cli_error(PROGRAM, "%s", foreign);
+        return 2; /* as tp-train's refusal */
+    }
     printer p = {isatty(2), 0};
     o.event = on_event;
     o.progress = on_progress;

@@ -499,43 +499,6 @@ static void print_summary(const train_outcome *out, const reporter *p, int64_t g
     printf("\n");
 }
 
-/* Whether --ckpt-dir is another tool's checkpoint: then *why says what it
- * is and the command that converts it, else it is left empty. tp-train
- * neither resumes from one nor writes its run beside one: --resume found no
- * step_* there, started afresh and wrote step_* beside the tracker. Asked
- * as every program asks (formats/registry.h). */
-static int foreign_checkpoint(const char *dir, char *why, size_t size)
-{
-    why[0] = '\0';
-    const checkpoint_format *format;
-    TP_TRY(formats_detect(dir, &format));
-    int dist = !strcmp(format->name, "torch_dist"), dcp = !strcmp(format->name, "dcp");
-    int megatron = !strcmp(format->name, "megatron");
-    const char *base = strrchr(dir, '/');
-    base = base && base[1] ? base + 1 : dir;
-    int iteration = !strncmp(base, "iter_", 5) || !strcmp(base, "release");
-    if (dist)
-        snprintf(why, size, "--ckpt-dir %s is a Megatron-Core distributed checkpoint (metadata.json), not a tp-train "
-                 "run directory: to train from it, convert it to Megatron-LM's legacy format (tp-reshard %s --to tp1 "
-                 "--format megatron --weights-only -o LEGACY), import that into a run directory (mkdir RUN; tp-ckpt "
-                 "import LEGACY -o RUN/step_N --tp T --pp P, N its iteration), then give --ckpt-dir RUN --resume "
-                 "(docs/MEGATRON.md)", dir, dir);
-    else if (dcp)
-        snprintf(why, size, "--ckpt-dir %s is a PyTorch distributed checkpoint (.metadata), not a tp-train run "
-                 "directory: to train from it, convert it into a run directory (mkdir RUN; tp-reshard %s --to tpTppP "
-                 "--format tp -o RUN/step_N, N its step), then give --ckpt-dir RUN --resume (docs/DCP.md)", dir, dir);
-    else if (megatron)
-        snprintf(why, size, "--ckpt-dir %s is %s, not a tp-train run directory: to train from it, import it into a run "
-                 "directory (mkdir RUN; tp-ckpt import %s -o RUN/step_N --tp T --pp P, N its iteration), then give "
-                 "--ckpt-dir RUN --resume (docs/MEGATRON.md)", dir,
-                 iteration ? "an iteration of a Megatron-LM checkpoint (mp_rank_* rank files)"
-                           : "a Megatron-LM checkpoint (latest_checkpointed_iteration.txt)", dir);
-    else if (strcmp(format->name, "tp"))
-        snprintf(why, size, "--ckpt-dir %s is a %s checkpoint, not a tp-train run directory: convert it into one "
-                 "(tp-reshard %s --to tpTppP --format tp -o RUN/step_N)", dir, format->title, dir);
-    return TP_OK;
-}
-
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
@@ -701,7 +664,7 @@ int main(int argc, char **argv)
      * failed. */
     char foreign[2 * CKPT_PATH_MAX + 512] = "";
     int verdict = 0;
-    if (o.ckpt_dir && cm->rank == 0 && foreign_checkpoint(o.ckpt_dir, foreign, sizeof foreign)) verdict = 2;
+    if (o.ckpt_dir && cm->rank == 0 && cli_foreign_checkpoint(o.ckpt_dir, foreign, sizeof foreign)) verdict = 2;
     else if (foreign[0]) verdict = 1;
     if (o.ckpt_dir && comm_broadcast(cm, &verdict, sizeof verdict, 0, COMM_HOST)) verdict = 2;
     if (verdict) {

@@ -113,8 +113,14 @@ check_all "--resume over a Megatron-LM iteration under mpirun: exit 2, rank 0 al
     '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: --ckpt-dir" "$WORK/.err")" -eq 1 ] && grep -Eq \
     -- "--ckpt-dir .*/meg/iter_0000010 is an iteration of a Megatron-LM checkpoint \(mp_rank_\* rank files\)" "$WORK/.err"'
 expect_error "--resume over a torch_dist checkpoint" 2 "--ckpt-dir .*/dist is a Megatron-Core distributed checkpoint \
-\(metadata.json\), .*--format megatron --weights-only -o LEGACY.*tp-ckpt import LEGACY" \
+\(metadata.json\), not a tp-train run directory: .*tp-ckpt import .*/dist -o RUN/step_N --tp T --pp P" \
     "$TRAIN" $TINY --steps 12 --ckpt-dir "$WORK/dist" --resume
+# tp-elastic run says it once, before launching: it relaunched the
+# trainer's refusal as a failure to retry.
+expect_error "tp-elastic run over a Megatron-LM checkpoint: refused before any launch" 2 \
+    "^tp-elastic run: error: --ckpt-dir .*/meg is a Megatron-LM checkpoint .*tp-ckpt import" "$BIN/tp-elastic" run --ckpt-dir "$WORK/meg" \
+    --world 2 -- "$TRAIN" $TINY --steps 12 --global-batch 4
+check "and launched nothing" sh -c '! grep -q "launch\|attempt" "$1"' sh "$WORK/.err"
 check "nothing was written into them" [ "$(listing)" = "$before" ]
 mkdir "$WORK/run-dcp" "$WORK/run-meg"
 expect_ok "the DCP converted as the refusal says" "$BIN/tp-reshard" "$WORK/dcp" --to tp1pp1 --format tp \
