@@ -13,9 +13,6 @@
 #include <time.h>
 
 #include "../common/clock.h"
-#include "../formats/dcp.h"
-#include "../formats/megatron.h"
-#include "../formats/registry.h"
 #include "../kernels/kernels.h"
 #include "../trainer/comm_mpi.h"
 #include "../trainer/data.h"
