@@ -144,6 +144,8 @@ typedef struct {
     /* A DCP source whose other entries (bytes, tensors of other dtypes)
      * the output carries byte for byte; NULL: none. */
     const dcp_checkpoint *others_from;
+    /* What a format built on DCP changes (dcp_internal.h; formats/ only); NULL: plain DCP. */
+    const struct dcp_write_hooks *hooks;
     void (*on_bytes)(void *ctx, int64_t bytes); /* progress: tensor bytes written, from worker threads */
     void *progress_ctx;
 } dcp_write_options;

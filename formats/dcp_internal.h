@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "dcp.h"
 
@@ -88,5 +89,42 @@ void dcp_file_list_free(dcp_file_list *list);
  * where names it in messages. */
 int dcp_box_boxes(const char *where, const ckpt_tensor_desc *t, int file, int64_t data_offset, const int64_t *offsets,
                   const int64_t *sizes, ckpt_foreign_box *boxes, int64_t *n);
+
+/* ------------------------------------------------------------ writing */
+
+/* What a format built on DCP (Megatron-Core's torch_dist,
+ * megatron_dist_write.c) changes in how dcp_write_into lays a checkpoint
+ * out (dcp_write_options.hooks; NULL: plain DCP). */
+struct dcp_write_hooks {
+    void *ctx;
+    /* The entry source tensor `tensor` is written under: its key, and
+     * where its box lies along a leading axis the entry stacks its tensors
+     * on (*index of *stack; *stack 0: not stacked, the entry is the
+     * tensor alone). *skip: not written. NULL: dcp_key_of, unstacked. */
+    int (*key_of)(void *ctx, int tensor, char *key, size_t size, int64_t *index, int64_t *stack, int *skip);
+    /* Tensors split on rows with vocabulary padding are written at their
+     * padded shape, each piece one chunk with its padding rows, which
+     * fill_padding (may be NULL: left as the source's read gives them)
+     * fills in rows [row0, row0 + count) of piece at degree tp. */
+    int padded;
+    int (*fill_padding)(void *ctx, int tensor, int tp, int piece, int64_t row0, int64_t count, void *rows);
+    /* Whether a tensor's piece is read whole and given to transform
+     * (scratch as large) before it is written: a fused QKV regrouped. */
+    int (*whole_piece)(void *ctx, int tensor);
+    int (*transform)(void *ctx, int tensor, int tp, void *piece, void *scratch, int64_t bytes);
+    int no_description;   /* leave out DCP_INDEX_KEY */
+    /* Which other entries of options->others_from go along (NULL: all). */
+    int (*carry)(void *ctx, const dcp_entry *entry);
+    /* Bytes entries of the caller's, appended to rank 0's data file after
+     * the carried ones: write_object writes item i (a torch.save of the
+     * object) at the file's position. */
+    int num_objects;
+    const char *(*object_key)(void *ctx, int object);
+    int (*write_object)(void *ctx, int object, FILE *file, const char *path);
+};
+
+/* dcp_write without staging: into dir, an empty directory the caller made
+ * (and publishes). plan (may be NULL) receives what was done. */
+int dcp_write_into(ckpt_reader *source, const dcp_write_options *options, const char *dir, dcp_write_plan *plan);
 
 #endif

@@ -36,7 +36,9 @@ int dcp_torch_version_parse(const char *text, dcp_torch_version *out)
 /* One box written: a chunk of a tensor of the source. */
 typedef struct {
     int tensor;                 /* the source's */
+    int k;                      /* among the tensors written */
     int piece;                  /* at the target tp */
+    int padded;                 /* a whole piece at the padded shape, padding rows included (hooks->padded) */
     int axis;                   /* the piece is cut along it (0 for a whole piece) */
     int64_t local_start;        /* where the box starts along axis, in the piece */
     int64_t row0, rows;         /* the rows of the piece it takes (axis 0) */
@@ -58,9 +60,49 @@ typedef struct {
     int64_t *by_file;           /* chunk indices ordered by file */
     int64_t *file_first;        /* per file: its first in by_file; one more entry at the end */
     int64_t largest_row;        /* bytes of the longest piece row */
+    int64_t largest_whole;      /* bytes of the largest piece read whole (hooks->whole_piece) */
     int dp;                     /* data-parallel ranks each box is cut over along dimension 0 */
-    const char *root;           /* the staging directory */
+    const char *root;           /* the directory written into */
+    const struct dcp_write_hooks *hooks; /* NULL: plain DCP */
+    /* The entries: the keys written, each one tensor or a stack of them
+     * along a leading axis (hooks->key_of), in order of first appearance. */
+    char (*keys)[CKPT_NAME_MAX + 1]; /* per tensor written: its entry's key */
+    int64_t *stack_index;       /* per tensor written: its place along its entry's leading axis, or -1 */
+    int64_t *stack_size;        /* per tensor written: the size of that axis, or 0 */
+    int *entry_of;              /* per tensor written: its entry */
+    int num_entries;
+    int *entry_tensor;          /* per entry: its first tensor (index among those written) */
+    int *members;               /* tensors written, entry by entry, each entry's in order */
+    int *member_first;          /* per entry: its first in members; one more entry at the end */
 } writer;
+
+/* The entry's shape of a tensor: its global shape, padded where the
+ * hooks write the padding, after the stacking axis where there is one. */
+static int entry_shape(const writer *w, int k, int64_t *shape)
+{
+    const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, w->tensors[k]);
+    int lead = w->stack_index[k] >= 0;
+    if (lead) shape[0] = w->stack_size[k];
+    if (w->hooks && w->hooks->padded) ckpt_padded_shape(t, w->to.tp, shape + lead);
+    else memcpy(shape + lead, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    return t->ndim + lead;
+}
+
+static void writer_free(writer *w)
+{
+    free(w->tensors);
+    free(w->tensor_first);
+    free(w->chunks);
+    free(w->by_file);
+    free(w->file_first);
+    free(w->keys);
+    free(w->stack_index);
+    free(w->stack_size);
+    free(w->entry_of);
+    free(w->entry_tensor);
+    free(w->members);
+    free(w->member_first);
+}
 
 static int64_t chunk_bytes(const writer *w, const out_chunk *c)
 {
@@ -114,15 +156,30 @@ static int plan_chunks(writer *w, dcp_write_plan *plan)
 {
     ckpt_reader *source = w->source;
     int n = ckpt_reader_num_tensors(source);
+    const struct dcp_write_hooks *hooks = w->hooks;
     w->tensors = calloc((size_t)n + 1, sizeof *w->tensors);
     w->tensor_first = calloc((size_t)n + 2, sizeof *w->tensor_first);
-    if (!w->tensors || !w->tensor_first) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    w->keys = calloc((size_t)n + 1, sizeof *w->keys);
+    w->stack_index = calloc((size_t)n + 1, sizeof *w->stack_index);
+    w->stack_size = calloc((size_t)n + 1, sizeof *w->stack_size);
+    if (!w->tensors || !w->tensor_first || !w->keys || !w->stack_index || !w->stack_size)
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
     int64_t capacity = 0;
     for (int i = 0; i < n; i++) {
         const ckpt_tensor_desc *t = ckpt_reader_tensor(source, i);
         if (w->options->weights_only && t->role && strcmp(t->role, "param")) continue;
+        int k = w->num_tensors, skip = 0;
+        int64_t index = -1, stack = 0;
+        if (hooks && hooks->key_of) TP_TRY(hooks->key_of(hooks->ctx, i, w->keys[k], sizeof w->keys[k], &index, &stack, &skip));
+        else dcp_key_of(t->name, w->keys[k], sizeof w->keys[k]);
+        if (skip) continue;
+        if (stack > 0 && (index < 0 || index >= stack))
+            return tp_fail(TP_ERR_STATE, "tensor %s: place %lld along the leading axis of %s, of %lld", t->name,
+                           (long long)index, w->keys[k], (long long)stack);
+        w->stack_index[k] = stack > 0 ? index : -1;
+        w->stack_size[k] = stack > 0 ? stack : 0;
         TP_TRY(ckpt_tensor_check(t, w->to.tp));
-        int k = w->num_tensors++;
+        w->num_tensors++;
         w->tensors[k] = i;
         w->tensor_first[k] = w->num_chunks;
         int stage = ckpt_tensor_stage(t, &w->to);
@@ -130,10 +187,30 @@ static int plan_chunks(writer *w, dcp_write_plan *plan)
         ckpt_piece_shape(t, w->to.tp, shape);
         for (int d = 1; d < t->ndim; d++) row *= shape[d];
         if (row > w->largest_row) w->largest_row = row;
-        out_chunk whole = {.tensor = i, .piece = 0, .axis = 0, .local_start = 0, .row0 = 0, .rows = t->shape[0]};
+        if (hooks && hooks->whole_piece && hooks->whole_piece(hooks->ctx, i) && row * shape[0] > w->largest_whole)
+            w->largest_whole = row * shape[0];
+        out_chunk whole = {.tensor = i, .k = k, .piece = 0, .axis = 0, .local_start = 0, .row0 = 0, .rows = t->shape[0]};
         for (int d = 0; d < t->ndim; d++) whole.sizes[d] = t->shape[d];
         if (t->partition.kind != CKPT_SPLIT) { /* written once, by tensor rank 0 of its stage */
             TP_TRY(add_chunk(w, &capacity, whole, stage, 0, &plan->bytes));
+            continue;
+        }
+        int64_t padded[CKPT_MAX_DIMS];
+        ckpt_padded_shape(t, w->to.tp, padded);
+        if (hooks && hooks->padded && padded[t->partition.axis] != t->shape[t->partition.axis]) {
+            /* Each piece whole, its padding rows included, at its place in the padded tensor. */
+            if (t->partition.axis != 0 || w->dp > 1)
+                return tp_fail(TP_ERR_LAYOUT, "tensor %s: padding along dimension %d is written on rows only", t->name,
+                               t->partition.axis);
+            for (int p = 0; p < w->to.tp; p++) {
+                out_chunk c = whole;
+                c.piece = p;
+                c.padded = 1;
+                c.rows = shape[0];
+                for (int d = 0; d < t->ndim; d++) c.sizes[d] = shape[d];
+                c.offsets[0] = p * shape[0];
+                TP_TRY(add_chunk(w, &capacity, c, stage, p, &plan->bytes));
+            }
             continue;
         }
         ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
@@ -174,74 +251,176 @@ static int plan_chunks(writer *w, dcp_write_plan *plan)
     return TP_OK;
 }
 
-static int compare_strings(const void *a, const void *b)
+/* A tensor written as qsort orders them: by key, then by its place along
+ * the leading axis, then as written. */
+typedef struct {
+    const char *key;
+    int64_t index;
+    int k;
+} keyed;
+
+static int compare_keyed(const void *a, const void *b)
 {
-    return strcmp(*(char *const *)a, *(char *const *)b);
+    const keyed *x = a, *y = b;
+    int c = strcmp(x->key, y->key);
+    if (c) return c;
+    if (x->index != y->index) return x->index < y->index ? -1 : 1;
+    return x->k < y->k ? -1 : x->k > y->k;
 }
 
-/* The keys written are distinct, and none is the description's or an other entry's. */
-static int check_keys(const writer *w)
+/* Whether key is taken by an entry that is not a tensor written: the
+ * description, another entry carried, an object of the hooks'. */
+static int key_taken(const writer *w, const char *key)
 {
-    char **keys = calloc((size_t)w->num_tensors + 1, sizeof *keys);
-    if (!keys) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    const struct dcp_write_hooks *hooks = w->hooks;
     const dcp_checkpoint *others = w->options->others_from;
-    int status = TP_OK;
-    for (int k = 0; k < w->num_tensors && !status; k++) {
-        const char *name = ckpt_reader_tensor(w->source, w->tensors[k])->name;
-        char key[CKPT_NAME_MAX + 1];
-        dcp_key_of(name, key, sizeof key);
-        int other = others ? dcp_find(others, key) : -1;
-        if (!(keys[k] = strdup(key))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-        else if (!strcmp(key, DCP_INDEX_KEY) || (other >= 0 && is_other(dcp_entry_at(others, other))))
-            status = tp_fail(TP_ERR_LAYOUT, "tensor %s: its key %s is another entry's", name, key);
+    if (!(hooks && hooks->no_description) && !strcmp(key, DCP_INDEX_KEY)) return 1;
+    int other = others ? dcp_find(others, key) : -1;
+    if (other >= 0 && is_other(dcp_entry_at(others, other)) &&
+        !(hooks && hooks->carry && !hooks->carry(hooks->ctx, dcp_entry_at(others, other))))
+        return 1;
+    for (int o = 0; hooks && o < hooks->num_objects; o++)
+        if (!strcmp(key, hooks->object_key(hooks->ctx, o))) return 1;
+    return 0;
+}
+
+/* The entries: tensors under the same key make one, stacked along its
+ * leading axis, each place of it taken once and every member of the same
+ * shape and dtype; an entry alone under its key otherwise. Entries are
+ * numbered in order of first appearance. */
+static int build_entries(writer *w)
+{
+    int n = w->num_tensors;
+    keyed *sorted = calloc((size_t)n + 1, sizeof *sorted);
+    int *order = calloc((size_t)n + 1, sizeof *order);
+    w->entry_of = calloc((size_t)n + 1, sizeof *w->entry_of);
+    w->entry_tensor = calloc((size_t)n + 1, sizeof *w->entry_tensor);
+    w->members = calloc((size_t)n + 1, sizeof *w->members);
+    w->member_first = calloc((size_t)n + 2, sizeof *w->member_first);
+    if (!sorted || !order || !w->entry_of || !w->entry_tensor || !w->members || !w->member_first) {
+        free(sorted);
+        free(order);
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
     }
-    if (!status) qsort(keys, (size_t)w->num_tensors, sizeof *keys, compare_strings);
-    for (int k = 1; k < w->num_tensors && !status; k++)
-        if (!strcmp(keys[k], keys[k - 1]))
-            status = tp_fail(TP_ERR_LAYOUT, "two tensors are written under the key %s ('/' and '.' both become '.')", keys[k]);
-    for (int k = 0; k < w->num_tensors; k++) free(keys[k]);
-    free(keys);
+    for (int k = 0; k < n; k++) sorted[k] = (keyed){w->keys[k], w->stack_index[k], k};
+    qsort(sorted, (size_t)n, sizeof *sorted, compare_keyed);
+    for (int k = 0; k < n; k++) order[k] = sorted[k].k;
+    free(sorted);
+    int status = TP_OK;
+    /* Groups of one key: the first member (smallest k) names the group. */
+    for (int g = 0; g < n && !status; ) {
+        int h = g, first = order[g];
+        while (h < n && !strcmp(w->keys[order[h]], w->keys[order[g]])) {
+            if (order[h] < first) first = order[h];
+            h++;
+        }
+        const ckpt_tensor_desc *a = ckpt_reader_tensor(w->source, w->tensors[order[g]]);
+        if (key_taken(w, w->keys[order[g]]))
+            status = tp_fail(TP_ERR_LAYOUT, "tensor %s: its key %s is another entry's", a->name, w->keys[order[g]]);
+        for (int m = g; m < h && !status; m++) {
+            int k = order[m];
+            const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, w->tensors[k]);
+            int64_t sa[CKPT_MAX_DIMS + 1], st[CKPT_MAX_DIMS + 1];
+            int na = entry_shape(w, order[g], sa), nt = entry_shape(w, k, st);
+            int same = na == nt && t->dtype == a->dtype && !memcmp(sa, st, sizeof(int64_t) * (size_t)na);
+            if (h - g > 1 && w->stack_index[k] < 0)
+                status = tp_fail(TP_ERR_LAYOUT, "two tensors are written under the key %s (%s and %s; '/' and '.' both "
+                                 "become '.')", w->keys[k], a->name, t->name);
+            else if (!same)
+                status = tp_fail(TP_ERR_LAYOUT, "tensors %s and %s, stacked under %s, differ in shape or dtype", a->name,
+                                 t->name, w->keys[k]);
+            else if (m > g && w->stack_index[k] == w->stack_index[order[m - 1]])
+                status = tp_fail(TP_ERR_LAYOUT, "tensors %s and %s both take place %lld of %s", a->name, t->name,
+                                 (long long)w->stack_index[k], w->keys[k]);
+        }
+        if (!status && w->stack_index[order[g]] >= 0 && h - g != w->stack_size[order[g]])
+            status = tp_fail(TP_ERR_LAYOUT, "%s stacks %d tensors along an axis of %lld (the first %s)", w->keys[order[g]],
+                             h - g, (long long)w->stack_size[order[g]], a->name);
+        for (int m = g; m < h; m++) w->entry_of[order[m]] = first; /* numbered below */
+        g = h;
+    }
+    /* Entries numbered in order of first appearance; members in key order. */
+    int *number = calloc((size_t)n + 1, sizeof *number);
+    if (!status && !number) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int k = 0; !status && k < n; k++) number[k] = -1;
+    for (int k = 0; !status && k < n; k++)
+        if (w->entry_of[k] == k) {
+            number[k] = w->num_entries;
+            w->entry_tensor[w->num_entries++] = k;
+        }
+    for (int k = 0; !status && k < n; k++) {
+        w->entry_of[k] = number[w->entry_of[k]];
+        w->member_first[w->entry_of[k] + 1]++;
+    }
+    for (int e = 0; !status && e < w->num_entries; e++) w->member_first[e + 1] += w->member_first[e];
+    int *next = status ? NULL : calloc((size_t)w->num_entries + 1, sizeof *next);
+    if (!status && !next) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status) memcpy(next, w->member_first, sizeof *next * (size_t)w->num_entries);
+    for (int m = 0; !status && m < n; m++) w->members[next[w->entry_of[order[m]]]++] = order[m];
+    free(next);
+    free(number);
+    free(order);
     return status;
+}
+
+/* Whether other entry e of the DCP source goes along. */
+static int carried_along(const writer *w, const dcp_entry *e)
+{
+    return is_other(e) && !(w->hooks && w->hooks->carry && !w->hooks->carry(w->hooks->ctx, e));
+}
+
+/* The layout, the chunks and the entries of a write; w->source and
+ * w->options set. */
+static int writer_plan(writer *w, dcp_write_plan *plan)
+{
+    const dcp_write_options *options = w->options;
+    w->to = *ckpt_reader_layout(w->source);
+    w->dp = options->dp > 0 ? options->dp : 1;
+    w->hooks = options->hooks;
+    if (options->tp) w->to.tp = options->tp;
+    if (options->pp) w->to.pp = options->pp;
+    w->to.dp = 1;
+    w->to.virtual_stages = 1; /* a rank file per stage, its layers consecutive: DCP records no interleaving */
+    int status = ckpt_layout_check(&w->to);
+    if (status) return tp_fail(TP_ERR_LAYOUT, "%lld layers do not divide over pp %d", (long long)w->to.num_layers, w->to.pp);
+    if (w->dp > 4096 || (int64_t)w->to.tp * w->to.pp * w->dp > 1 << 20)
+        return tp_fail(TP_ERR_ARG, "%d data-parallel ranks of %d x %d: more than the 2^20 data files written", w->dp,
+                       w->to.tp, w->to.pp);
+    TP_TRY(plan_chunks(w, plan));
+    return build_entries(w);
+}
+
+/* A thread holds a block of rows, a block gathered from it, and the
+ * staging reshard_read_piece_rows may use: three blocks; and a piece read
+ * whole with its scratch where the hooks transform one. */
+static int64_t block_bytes(const writer *w)
+{
+    return w->largest_row > BLOCK_BYTES ? w->largest_row : BLOCK_BYTES;
 }
 
 int dcp_write_plan_create(ckpt_reader *source, const dcp_write_options *options, dcp_write_plan *plan)
 {
     memset(plan, 0, sizeof *plan);
-    writer w = {.source = source, .options = options, .to = *ckpt_reader_layout(source), .dp = options->dp > 0 ? options->dp : 1};
-    if (options->tp) w.to.tp = options->tp;
-    if (options->pp) w.to.pp = options->pp;
-    w.to.dp = 1;
-    w.to.virtual_stages = 1; /* a rank file per stage, its layers consecutive: DCP records no interleaving */
-    int status = ckpt_layout_check(&w.to);
-    if (!status && (w.dp > 4096 || (int64_t)w.to.tp * w.to.pp * w.dp > 1 << 20))
-        status = tp_fail(TP_ERR_ARG, "%d data-parallel ranks of %d x %d: more than the 2^20 data files written", w.dp,
-                         w.to.tp, w.to.pp);
-    if (status) status = tp_fail(TP_ERR_LAYOUT, "%lld layers do not divide over pp %d", (long long)w.to.num_layers, w.to.pp);
-    if (!status) status = plan_chunks(&w, plan);
-    if (!status) status = check_keys(&w);
+    writer w = {.source = source, .options = options};
+    int status = writer_plan(&w, plan);
     plan->tp = w.to.tp;
     plan->pp = w.to.pp;
     plan->dp = w.dp;
     plan->files = w.to.tp * w.to.pp * w.dp;
     for (int i = 0; !status && options->others_from && i < dcp_num_entries(options->others_from); i++)
-        plan->others += is_other(dcp_entry_at(options->others_from, i));
-    /* A thread holds a block of rows, a block gathered from it, and the
-     * staging reshard_read_piece_rows may use: three blocks. */
-    int64_t block = w.largest_row > BLOCK_BYTES ? w.largest_row : BLOCK_BYTES, per_thread = 3 * block;
+        plan->others += carried_along(&w, dcp_entry_at(options->others_from, i));
+    int64_t per_thread = 3 * block_bytes(&w) + 2 * w.largest_whole;
     int64_t limit = options->memory_limit > 0 ? options->memory_limit : RESHARD_DEFAULT_MEMORY;
     if (!status && per_thread > limit)
-        status = tp_fail(TP_ERR_NOMEM, "a row of %lld bytes needs %lld bytes of buffers, over the memory limit of %lld",
-                         (long long)w.largest_row, (long long)per_thread, (long long)limit);
+        status = tp_fail(TP_ERR_NOMEM, "a row of %lld bytes (a piece of %lld read whole) needs %lld bytes of buffers, "
+                         "over the memory limit of %lld", (long long)w.largest_row, (long long)w.largest_whole,
+                         (long long)per_thread, (long long)limit);
     int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
     if (threads > plan->files) threads = plan->files;
-    if (threads > limit / per_thread) threads = (int)(limit / per_thread);
+    if (per_thread > 0 && threads > limit / per_thread) threads = (int)(limit / per_thread);
     plan->threads = threads > 0 ? threads : 1;
     plan->buffer_memory = plan->threads * per_thread;
-    free(w.tensors);
-    free(w.tensor_first);
-    free(w.chunks);
-    free(w.by_file);
-    free(w.file_first);
+    writer_free(&w);
     return status;
 }
 
@@ -276,11 +455,14 @@ typedef struct {
     writer *w;
     char *block, *gathered;     /* BLOCK_BYTES or a row each, per thread */
     size_t block_size;
+    char *piece, *scratch;      /* a piece read whole, and its scratch (hooks->whole_piece); NULL: none */
 } rank_buffers;
 
-/* Streams chunk c into file as one torch.save archive of its box. */
+/* Streams chunk c into file as one torch.save archive of its box (with a
+ * leading axis of 1 where its entry stacks tensors). */
 static int write_chunk(writer *w, rank_buffers *rb, out_chunk *c, FILE *file, const char *path)
 {
+    const struct dcp_write_hooks *hooks = w->hooks;
     const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, c->tensor);
     int ndim = t->ndim;
     size_t es = tp_dtype_size(t->dtype);
@@ -294,18 +476,33 @@ static int write_chunk(writer *w, rank_buffers *rb, out_chunk *c, FILE *file, co
     for (int d = 1; d < ndim; d++) row_bytes *= piece[d];
     int64_t rows = c->rows, per_block = (int64_t)rb->block_size / row_bytes;
     if (per_block < 1) per_block = 1;
+    int read_whole = hooks && hooks->whole_piece && hooks->whole_piece(hooks->ctx, c->tensor);
     off_t at = ftello(file);
     if (at < 0) return tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
     c->item_offset = (int64_t)at;
+    int status = TP_OK;
+    if (read_whole) { /* the piece read whole and transformed (a QKV regrouped), then cut as any other */
+        int64_t bytes = row_bytes * piece[0];
+        if (!rb->piece) return tp_fail(TP_ERR_STATE, "tensor %s: no buffer for a piece read whole", t->name);
+        status = reshard_read_piece(w->source, c->tensor, t, w->to.tp, c->piece, rb->piece, (size_t)bytes);
+        if (!status) status = hooks->transform(hooks->ctx, c->tensor, w->to.tp, rb->piece, rb->scratch, bytes);
+        if (status) return tp_fail_context(status, "%s: tensor %s", path, t->name);
+    }
+    int64_t sizes[CKPT_MAX_DIMS + 1] = {1};
+    int lead = w->stack_index[c->k] >= 0; /* the entry's leading axis, of 1 in the box */
+    memcpy(sizes + lead, c->sizes, sizeof(int64_t) * (size_t)ndim);
     torch_writer *tw;
     TP_TRY(torch_writer_open_in(file, path, ARCHIVE_NAME, &tw));
-    int status = torch_writer_tensor(tw, torch_dtype_from_tp(t->dtype), ndim, c->sizes);
+    status = torch_writer_tensor(tw, torch_dtype_from_tp(t->dtype), ndim + lead, sizes);
     if (!status) status = torch_writer_begin_storages(tw);
     c->digest = 0;
     for (int64_t r = 0; r < rows && !status; r += per_block) {
         int64_t n = per_block < rows - r ? per_block : rows - r;
-        status = reshard_read_piece_rows(w->source, c->tensor, t, w->to.tp, c->piece, first_row + r, n, rb->block,
-                                         rb->block_size);
+        if (read_whole) memcpy(rb->block, rb->piece + (first_row + r) * row_bytes, (size_t)(n * row_bytes));
+        else status = reshard_read_piece_rows(w->source, c->tensor, t, w->to.tp, c->piece, first_row + r, n, rb->block,
+                                              rb->block_size);
+        if (!status && c->padded && hooks->fill_padding)
+            status = hooks->fill_padding(hooks->ctx, c->tensor, w->to.tp, c->piece, first_row + r, n, rb->block);
         if (status) break;
         const char *data = rb->block;
         int64_t bytes = n * row_bytes;
@@ -316,12 +513,13 @@ static int write_chunk(writer *w, rank_buffers *rb, out_chunk *c, FILE *file, co
             data = rb->gathered;
             bytes = n * outer * run;
         }
-        int64_t offsets[CKPT_MAX_DIMS], sizes[CKPT_MAX_DIMS];
+        int64_t offsets[CKPT_MAX_DIMS], box[CKPT_MAX_DIMS];
         memcpy(offsets, c->offsets, sizeof offsets);
-        memcpy(sizes, c->sizes, sizeof sizes);
+        memcpy(box, c->sizes, sizeof box);
         offsets[0] += r;
-        sizes[0] = n;
-        c->digest += box_digest(t, offsets, sizes, data);
+        box[0] = n;
+        /* The logical digest, of a box of the logical tensor (a padded piece is not one: no description goes with it). */
+        if (!c->padded) c->digest += box_digest(t, offsets, box, data);
         status = torch_writer_storage_part(tw, data, bytes);
         if (!status && w->options->on_bytes) w->options->on_bytes(w->options->progress_ctx, bytes);
     }
@@ -489,11 +687,29 @@ static void pk_storage_item(byte_buffer *b, const dialect *d, const char *key, c
     pk_build(b);
 }
 
-/* Where the other entries and the description went (file 0). */
+/* Where the other entries, the description and the hooks' objects went (file 0). */
 typedef struct {
-    int entry;                   /* in the DCP source; -1: the description */
+    int entry;                   /* in the DCP source; -1: the description, or object */
+    int object;                  /* the hooks' object; -1: none */
     int64_t *item_offset, *item_bytes; /* per chunk of the entry */
 } carried;
+
+static const char *carried_key(const writer *w, const carried *x)
+{
+    if (x->object >= 0) return w->hooks->object_key(w->hooks->ctx, x->object);
+    return x->entry < 0 ? DCP_INDEX_KEY : dcp_entry_at(w->options->others_from, x->entry)->key;
+}
+
+/* A chunk's offsets in its entry: after the stacking axis where there is one. */
+static void entry_offsets(const writer *w, const out_chunk *c, int64_t *offsets, int64_t *sizes)
+{
+    int lead = w->stack_index[c->k] >= 0;
+    offsets[0] = lead ? w->stack_index[c->k] : 0;
+    sizes[0] = 1;
+    int ndim = ckpt_reader_tensor(w->source, c->tensor)->ndim;
+    memcpy(offsets + lead, c->offsets, sizeof(int64_t) * (size_t)ndim);
+    memcpy(sizes + lead, c->sizes, sizeof(int64_t) * (size_t)ndim);
+}
 
 static int write_metadata(const writer *w, const carried *extra, int num_extra, const char *path)
 {
@@ -505,24 +721,27 @@ static int write_metadata(const writer *w, const carried *extra, int num_extra, 
     pk_dict_begin(&b);
     pk_string(&b, "state_dict_metadata");
     pk_dict_begin(&b);
-    char key[CKPT_NAME_MAX + 1];
-    for (int k = 0; k < w->num_tensors; k++) {
-        const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, w->tensors[k]);
-        dcp_key_of(t->name, key, sizeof key);
-        pk_string(&b, key);
-        pk_tensor_metadata_begin(&b, d, torch_dtype_from_tp(t->dtype), t->shape, t->ndim);
-        for (int64_t c = w->tensor_first[k]; c < w->tensor_first[k + 1]; c++)
-            pk_chunk(&b, d, w->chunks[c].offsets, w->chunks[c].sizes, t->ndim);
+    int64_t offsets[CKPT_MAX_DIMS + 1], sizes[CKPT_MAX_DIMS + 1], shape[CKPT_MAX_DIMS + 1];
+    for (int e = 0; e < w->num_entries; e++) {
+        int first = w->entry_tensor[e];
+        const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, w->tensors[first]);
+        int ndim = entry_shape(w, first, shape);
+        pk_string(&b, w->keys[first]);
+        pk_tensor_metadata_begin(&b, d, torch_dtype_from_tp(t->dtype), shape, ndim);
+        for (int m = w->member_first[e]; m < w->member_first[e + 1]; m++)
+            for (int64_t c = w->tensor_first[w->members[m]]; c < w->tensor_first[w->members[m] + 1]; c++) {
+                entry_offsets(w, &w->chunks[c], offsets, sizes);
+                pk_chunk(&b, d, offsets, sizes, ndim);
+            }
         pk_tensor_metadata_end(&b);
     }
     for (int x = 0; x < num_extra; x++) {
+        pk_string(&b, carried_key(w, &extra[x]));
         if (extra[x].entry < 0) {
-            pk_string(&b, DCP_INDEX_KEY);
             pk_bytes_metadata(&b, d);
             continue;
         }
         const dcp_entry *e = dcp_entry_at(others, extra[x].entry);
-        pk_string(&b, e->key);
         if (e->kind == DCP_BYTES) {
             pk_bytes_metadata(&b, d);
             continue;
@@ -535,15 +754,8 @@ static int write_metadata(const writer *w, const carried *extra, int num_extra, 
     pk_string(&b, "planner_data");
     if (d->planner_data) { /* the key of each flat entry maps to the path (key,) */
         pk_dict_begin(&b);
-        for (int k = 0; k < w->num_tensors; k++) {
-            dcp_key_of(ckpt_reader_tensor(w->source, w->tensors[k])->name, key, sizeof key);
-            pk_string(&b, key);
-            pk_mark(&b);
-            pk_string(&b, key);
-            pk_tuple_end(&b);
-        }
-        for (int x = 0; x < num_extra; x++) {
-            const char *k = extra[x].entry < 0 ? DCP_INDEX_KEY : dcp_entry_at(others, extra[x].entry)->key;
+        for (int e = 0; e < w->num_entries + num_extra; e++) {
+            const char *k = e < w->num_entries ? w->keys[w->entry_tensor[e]] : carried_key(w, &extra[e - w->num_entries]);
             pk_string(&b, k);
             pk_mark(&b);
             pk_string(&b, k);
@@ -555,18 +767,19 @@ static int write_metadata(const writer *w, const carried *extra, int num_extra, 
     }
     pk_string(&b, "storage_data");
     pk_dict_begin(&b);
-    for (int k = 0; k < w->num_tensors; k++) {
-        const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, w->tensors[k]);
-        dcp_key_of(t->name, key, sizeof key);
-        for (int64_t c = w->tensor_first[k]; c < w->tensor_first[k + 1]; c++) {
-            const out_chunk *oc = &w->chunks[c];
-            pk_storage_item(&b, d, key, oc->offsets, t->ndim, (int)(c - w->tensor_first[k]), oc->file, oc->item_offset,
-                            oc->item_bytes);
-        }
+    for (int e = 0; e < w->num_entries; e++) {
+        int index = 0, first = w->entry_tensor[e];
+        int ndim = entry_shape(w, first, shape);
+        for (int m = w->member_first[e]; m < w->member_first[e + 1]; m++)
+            for (int64_t c = w->tensor_first[w->members[m]]; c < w->tensor_first[w->members[m] + 1]; c++) {
+                const out_chunk *oc = &w->chunks[c];
+                entry_offsets(w, oc, offsets, sizes);
+                pk_storage_item(&b, d, w->keys[first], offsets, ndim, index++, oc->file, oc->item_offset, oc->item_bytes);
+            }
     }
     for (int x = 0; x < num_extra; x++) {
         if (extra[x].entry < 0) {
-            pk_storage_item(&b, d, DCP_INDEX_KEY, NULL, 0, 0, 0, extra[x].item_offset[0], extra[x].item_bytes[0]);
+            pk_storage_item(&b, d, carried_key(w, &extra[x]), NULL, 0, 0, 0, extra[x].item_offset[0], extra[x].item_bytes[0]);
             continue;
         }
         const dcp_entry *e = dcp_entry_at(others, extra[x].entry);
@@ -655,9 +868,11 @@ static int write_description(const writer *w, FILE *file, const char *path, int6
 static int write_rest(writer *w)
 {
     const dcp_checkpoint *others = w->options->others_from;
-    int num_extra = 1;
-    for (int i = 0; others && i < dcp_num_entries(others); i++) num_extra += is_other(dcp_entry_at(others, i));
-    carried *extra = calloc((size_t)num_extra, sizeof *extra);
+    const struct dcp_write_hooks *hooks = w->hooks;
+    int describe = !(hooks && hooks->no_description), objects = hooks ? hooks->num_objects : 0;
+    int num_extra = describe + objects;
+    for (int i = 0; others && i < dcp_num_entries(others); i++) num_extra += carried_along(w, dcp_entry_at(others, i));
+    carried *extra = calloc((size_t)num_extra + 1, sizeof *extra);
     if (!extra) return tp_fail(TP_ERR_NOMEM, "out of memory");
     char name[64], path[CKPT_PATH_MAX + 80];
     data_file_name(0, name, sizeof name);
@@ -668,15 +883,17 @@ static int write_rest(writer *w)
     char *buf = status ? NULL : alloc_pages((size_t)BLOCK_BYTES);
     if (!status && !buf) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     int x = 0;
-    extra[x].entry = -1;
-    extra[x].item_offset = calloc(1, sizeof(int64_t));
-    extra[x].item_bytes = calloc(1, sizeof(int64_t));
-    if (!status && (!extra[x].item_offset || !extra[x].item_bytes)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!status) status = write_description(w, file, path, extra[x].item_offset, extra[x].item_bytes);
-    x++;
+    for (int i = 0; i < num_extra; i++) extra[i].object = extra[i].entry = -1;
+    if (describe) {
+        extra[x].item_offset = calloc(1, sizeof(int64_t));
+        extra[x].item_bytes = calloc(1, sizeof(int64_t));
+        if (!status && (!extra[x].item_offset || !extra[x].item_bytes)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+        if (!status) status = write_description(w, file, path, extra[x].item_offset, extra[x].item_bytes);
+        x++;
+    }
     for (int i = 0; !status && others && i < dcp_num_entries(others); i++) {
         const dcp_entry *e = dcp_entry_at(others, i);
-        if (!is_other(e)) continue;
+        if (!carried_along(w, e)) continue;
         extra[x].entry = i;
         extra[x].item_offset = calloc((size_t)e->num_chunks + 1, sizeof(int64_t));
         extra[x].item_bytes = calloc((size_t)e->num_chunks + 1, sizeof(int64_t));
@@ -691,6 +908,23 @@ static int write_rest(writer *w)
             extra[x - 1].item_bytes[c] = e->chunks[c].item_bytes;
             if (status) status = tp_fail_context(status, "%s", e->key);
         }
+    }
+    for (int o = 0; !status && o < objects; o++) {
+        carried *c = &extra[x++];
+        c->object = o;
+        c->item_offset = calloc(1, sizeof(int64_t));
+        c->item_bytes = calloc(1, sizeof(int64_t));
+        if (!c->item_offset || !c->item_bytes) {
+            status = tp_fail(TP_ERR_NOMEM, "out of memory");
+            break;
+        }
+        off_t at = ftello(file);
+        if (at < 0) status = tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
+        if (!status) status = hooks->write_object(hooks->ctx, o, file, path);
+        off_t end = status ? 0 : ftello(file);
+        if (!status && end < 0) status = tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
+        c->item_offset[0] = (int64_t)at;
+        c->item_bytes[0] = (int64_t)(end - at);
     }
     if (file) {
         if (!status && (fflush(file) != 0 || fsync(fileno(file)) != 0))
@@ -741,28 +975,23 @@ int dcp_may_replace(const store_ops *storage, const char *path, void *ctx)
     return status;
 }
 
-int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char *out, dcp_write_plan *result)
+int dcp_write_into(ckpt_reader *source, const dcp_write_options *options, const char *dir, dcp_write_plan *result)
 {
     dcp_write_plan plan;
     TP_TRY(dcp_write_plan_create(source, options, &plan));
     if (result) *result = plan;
-    writer w = {.source = source, .options = options, .to = *ckpt_reader_layout(source), .dp = plan.dp};
-    w.to.tp = plan.tp;
-    w.to.pp = plan.pp;
-    w.to.dp = 1;
+    writer w = {.source = source, .options = options, .root = dir};
     dcp_write_plan unused;
     memset(&unused, 0, sizeof unused);
-    int status = plan_chunks(&w, &unused);
-    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = dcp_may_replace};
-    store_staged *staged = NULL;
-    if (!status) status = store_stage(NULL, out, &stage, &staged);
-    if (!status) w.root = store_staged_path(staged);
-    int64_t block = w.largest_row > BLOCK_BYTES ? w.largest_row : BLOCK_BYTES;
+    int status = writer_plan(&w, &unused);
+    int64_t block = block_bytes(&w), whole = w.largest_whole;
     rank_buffers *buffers = calloc((size_t)plan.threads, sizeof *buffers);
     if (!status && !buffers) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; !status && i < plan.threads; i++) {
-        buffers[i] = (rank_buffers){&w, alloc_pages((size_t)block), alloc_pages((size_t)block), (size_t)block};
-        if (!buffers[i].block || !buffers[i].gathered) status = tp_fail(TP_ERR_NOMEM, "out of memory for buffers");
+        buffers[i] = (rank_buffers){&w, alloc_pages((size_t)block), alloc_pages((size_t)block), (size_t)block,
+                                    whole ? alloc_pages((size_t)whole) : NULL, whole ? alloc_pages((size_t)whole) : NULL};
+        if (!buffers[i].block || !buffers[i].gathered || (whole && (!buffers[i].piece || !buffers[i].scratch)))
+            status = tp_fail(TP_ERR_NOMEM, "out of memory for buffers");
     }
     rank_job job = {&w, buffers};
     if (!status) status = parallel_for(plan.files, plan.threads, write_rank_task, &job);
@@ -770,14 +999,22 @@ int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char 
     for (int i = 0; buffers && i < plan.threads; i++) {
         free(buffers[i].block);
         free(buffers[i].gathered);
+        free(buffers[i].piece);
+        free(buffers[i].scratch);
     }
     free(buffers);
-    free(w.tensors);
-    free(w.tensor_first);
-    free(w.chunks);
-    free(w.by_file);
-    free(w.file_first);
-    if (!staged) return status;
+    writer_free(&w);
+    return status;
+}
+
+int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char *out, dcp_write_plan *result)
+{
+    dcp_write_plan plan;
+    TP_TRY(dcp_write_plan_create(source, options, &plan)); /* refused before anything is staged */
+    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = dcp_may_replace};
+    store_staged *staged = NULL;
+    TP_TRY(store_stage(NULL, out, &stage, &staged));
+    int status = dcp_write_into(source, options, store_staged_path(staged), result);
     /* What a foreign source records of what was read, whole, before the output appears. */
     if (!status) status = ckpt_reader_finish_checks(source, NULL);
     if (status) {
