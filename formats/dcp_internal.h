@@ -123,6 +123,9 @@ struct dcp_write_hooks {
     int (*write_object)(void *ctx, int object, FILE *file, const char *path);
 };
 
+/* Whether name is a data file as the writer names them: __<rank>_0.distcp. */
+int dcp_is_data_file_name(const char *name);
+
 /* dcp_write without staging: into dir, an empty directory the caller made
  * (and publishes). plan (may be NULL) receives what was done. */
 int dcp_write_into(ckpt_reader *source, const dcp_write_options *options, const char *dir, dcp_write_plan *plan);

@@ -942,8 +942,7 @@ static int write_rest(writer *w)
     return status;
 }
 
-/* Whether name is a data file as the writer names them: __<rank>_0.distcp. */
-static int is_data_file_name(const char *name)
+int dcp_is_data_file_name(const char *name)
 {
     const char *c = name;
     if (strncmp(c, "__", 2)) return 0;
@@ -954,7 +953,7 @@ static int is_data_file_name(const char *name)
 static int visit_output_entry(void *ctx, const char *name)
 {
     char *stray = ctx;
-    if (!strcmp(name, DCP_METADATA_NAME) || is_data_file_name(name)) return TP_OK;
+    if (!strcmp(name, DCP_METADATA_NAME) || dcp_is_data_file_name(name)) return TP_OK;
     snprintf(stray, 256, "%s", name);
     return TP_ERR_EXISTS;
 }

@@ -182,6 +182,9 @@ typedef struct megatron_source_names {
     int (*find)(void *ctx, const char *canonical);
     void (*qkv_to_megatron)(void *ctx, int tp, const void *piece, void *out, size_t block_bytes);
     void *ctx;
+    /* The canonical name of the source's tensor index, or NULL (not one of
+     * Megatron's): what the torch_dist writer keys tensors by. */
+    const char *(*canonical)(void *ctx, int index);
 } megatron_source_names;
 
 /* What a write does, decided before anything is written. */
@@ -284,5 +287,82 @@ const char *megatron_dist_common_source(const megatron_dist *checkpoint);
  * every chunk's item located (threads at once; 0: all cores); digests
  * computed with compute_digests. */
 int megatron_dist_reader_open(const megatron_dist *checkpoint, int compute_digests, int threads, ckpt_reader **out);
+
+/* ------------------------------------ Megatron-Core torch_dist written */
+
+/* Where the output keeps its common state, as the Megatron-Core release
+ * that will load it does (megatron/core/dist_checkpointing/serialization.py,
+ * changed by 40b1fd37c1 "deprecate common strategy", 2026-07-08, first
+ * released in core_v0.19.0). */
+typedef enum {
+    MEGATRON_CORE_COMMON_ENTRY = 0, /* 0.19 and later: the bytes entry common_state/shard_0_1 (the default) */
+    MEGATRON_CORE_COMMON_FILE,      /* up to 0.18: common.pt beside .metadata */
+} megatron_core_common;
+/* A release "0.N" (or "0.N.M"): 0.18 and earlier keep common.pt, 0.19 and later the entry. */
+int megatron_core_release_parse(const char *text, megatron_core_common *out);
+
+typedef struct {
+    int tp, pp;                   /* the output's layout; 0: the model's */
+    megatron_core_common common;
+    dcp_torch_version torch_version; /* the class paths of .metadata: 2 for Megatron-Core (the default) */
+    int overwrite, threads;
+    int weights_only;             /* leave the optimizer state out */
+    int64_t memory_limit;         /* buffers of all threads; 0: RESHARD_DEFAULT_MEMORY */
+    /* The model (required): its args are written from the template's or from it. */
+    const megatron_config *model;
+    /* A torch_dist source: its common state carried (args with the
+     * output's layout, the optimizer's param groups and step, the
+     * schedule), its _extra_state objects, and its RNG states where the
+     * layout is its own. */
+    const megatron_dist *dist;
+    /* A legacy source: its args, and with the optimizer its first rank
+     * file's param groups, step, loss scaler and schedule. */
+    const megatron_checkpoint *legacy;
+    /* A source under other names than Megatron's (this toolkit's GPT; its
+     * canonical() required); NULL: the source's names are canonical. */
+    const megatron_source_names *names;
+    void (*on_bytes)(void *ctx, int64_t bytes); /* progress: tensor bytes written, from worker threads */
+    void *progress_ctx;
+} megatron_dist_write_options;
+
+typedef struct {
+    int tp, pp;
+    megatron_naming naming;       /* the output's keys: core (Transformer Engine's fused norms) or core-local */
+    int files;                    /* data files __R_0.distcp, one per rank */
+    int tensors, chunks;          /* the source's tensors written (optimizer state included), their chunks */
+    int entries;                  /* the keys of the checkpoint's tensors (layers stacked) */
+    int objects;                  /* bytes entries: carried from a torch_dist source, or written (common_state, _extra_state) */
+    int left_out;                 /* bytes entries of a torch_dist source left out (its RNG states on a change of layout) */
+    int64_t bytes;                /* tensor data written */
+    int threads;
+    int64_t buffer_memory;
+    int optimizer;                /* the optimizer state is written */
+    int rng;                      /* the ranks' RNG states are carried (args.no_save_rng otherwise) */
+} megatron_dist_write_plan;
+
+/* The plan of megatron_dist_write, and every refusal it would make,
+ * without writing anything. */
+int megatron_dist_write_plan_create(ckpt_reader *source, const megatron_dist_write_options *options,
+                                    megatron_dist_write_plan *plan);
+
+/* Writes source (tensors under Megatron's canonical names, or options->
+ * names) as a Megatron-Core torch_dist checkpoint at out, as Megatron-Core's
+ * dist_checkpointing.save writes one (docs/MEGATRON.md "Writing"):
+ * latest_checkpointed_iteration.txt and the iteration's directory of
+ * metadata.json, the PyTorch distributed checkpoint (a data file per
+ * rank; layers stacked along a leading axis, each chunk one layer of one
+ * rank's piece; the vocabulary padded for the target tp) and the common
+ * state (common.pt or the common_state entry); the Adam state in the
+ * model's space (optimizer.state.exp_avg|exp_avg_sq|fp32_param.KEY) where
+ * the source has it; args.no_save_optim and no_save_rng say what is left
+ * out, for Megatron's loader. Staged: it appears whole or not at all. */
+int megatron_dist_write(ckpt_reader *source, const megatron_dist_write_options *options, const char *out,
+                        megatron_dist_write_plan *plan);
+
+/* What --force may replace with a torch_dist output (a store_replace_check):
+ * nothing that is a run directory of the toolkit, and only a directory
+ * holding what the writer writes (the tracker and one iteration directory
+ * of metadata.json, common.pt, .metadata and __R_0.distcp files). */
+int megatron_dist_may_replace(const store_ops *storage, const char *path, void *ctx);
 
 #endif

@@ -19,14 +19,12 @@
 #include "dcp_internal.h"
 #include "megatron_internal.h"
 
-#define CONFIG_NAME "metadata.json"
-#define COMMON_NAME "common.pt"
+#define CONFIG_NAME MEGATRON_DIST_CONFIG
+#define COMMON_NAME MEGATRON_DIST_COMMON_FILE
 /* Since Megatron-Core 0.19 the common state is a ShardedObject of the
- * checkpoint itself (dist_checkpointing/serialization.py save():
- * ShardedObject("common_state", state, (1,), (0,)), its unique key
- * KEY/shard_OFFSETS_SHAPE), a bytes item holding a torch.save of [state]:
+ * checkpoint itself, a bytes item holding a torch.save of [state]:
  * load_common_state_dict takes loaded[0]. */
-#define COMMON_STATE_KEY "common_state/shard_0_1"
+#define COMMON_STATE_KEY MEGATRON_DIST_COMMON_KEY
 #define COMMON_STATE_MAX ((int64_t)64 << 20)
 #define LAYERS_PREFIX "decoder.layers."
 #define OPTIMIZER_PREFIX "optimizer.state."
@@ -55,6 +53,9 @@ struct megatron_dist {
     dist_tensors tensors;      /* what the reader presents */
     char optimizer_refusal[1024];
     int common_entry;          /* the common state is the common_state entry (0.19+), not common.pt */
+    torch_archive *common;     /* the archive holding it, kept for a writer to carry it */
+    void *common_data;         /* the entry's bytes, which common reads (0.19+) */
+    char common_where[CKPT_PATH_MAX + 64];
 };
 
 /* Whether dir holds metadata.json naming the torch_dist backend; *other
@@ -118,30 +119,36 @@ static int read_common(megatron_dist *m)
     int status = torch_archive_open(path, NULL, &archive);
     if (status != TP_ERR_NOT_FOUND) {
         if (!status) status = megatron_config_read(archive, &m->config);
-        torch_archive_close(archive);
+        m->common = archive;
         m->common_entry = 0;
+        snprintf(m->common_where, sizeof m->common_where, "%s", path);
         return status;
     }
     int entry = dcp_find(m->dcp, COMMON_STATE_KEY);
     if (entry < 0 || dcp_entry_at(m->dcp, entry)->kind != DCP_BYTES)
         return tp_fail(TP_ERR_FORMAT, "%s: neither " COMMON_NAME " nor a bytes entry " COMMON_STATE_KEY
                        ": the model's args are not known without Megatron-Core's common state", m->path);
-    char where[CKPT_PATH_MAX + 64];
-    snprintf(where, sizeof where, "%s: " COMMON_STATE_KEY, m->path);
-    void *data = NULL;
+    snprintf(m->common_where, sizeof m->common_where, "%s: " COMMON_STATE_KEY, m->path);
     int64_t size = 0;
-    TP_TRY(dcp_read_bytes(m->dcp, entry, COMMON_STATE_MAX, &data, &size));
-    status = torch_archive_open_memory(where, data, size, NULL, &archive);
+    TP_TRY(dcp_read_bytes(m->dcp, entry, COMMON_STATE_MAX, &m->common_data, &size));
+    status = torch_archive_open_memory(m->common_where, m->common_data, size, NULL, &archive);
+    m->common = archive;
+    m->common_entry = 1;
     const pickle_value *root = status ? NULL : torch_archive_root(archive);
     if (!status && !((root->kind == PICKLE_LIST || root->kind == PICKLE_TUPLE) && root->items.count >= 1 &&
                      root->items.items[0]->kind == PICKLE_DICT))
-        status = tp_fail(TP_ERR_FORMAT, "%s: holds a %s, not a list whose first item is the common state (a dict)", where,
-                         pickle_kind_name(root->kind));
-    if (!status) status = megatron_config_from(where, root->items.items[0], &m->config);
-    torch_archive_close(archive);
-    free(data);
-    m->common_entry = 1;
+        status = tp_fail(TP_ERR_FORMAT, "%s: holds a %s, not a list whose first item is the common state (a dict)",
+                         m->common_where, pickle_kind_name(root->kind));
+    if (!status) status = megatron_config_from(m->common_where, root->items.items[0], &m->config);
     return status;
+}
+
+const pickle_value *megatron_dist_common_state(const megatron_dist *m, const torch_archive **archive, const char **where)
+{
+    *archive = m->common;
+    *where = m->common_where;
+    const pickle_value *root = torch_archive_root(m->common);
+    return m->common_entry ? root->items.items[0] : root;
 }
 
 int megatron_dist_open(const char *path, megatron_dist **out)
@@ -176,6 +183,8 @@ void megatron_dist_close(megatron_dist *m)
 {
     if (!m) return;
     dcp_close(m->dcp);
+    torch_archive_close(m->common);
+    free(m->common_data);
     free(m->tensors.items);
     store_hold_release(m->hold);
     free(m);

@@ -5,6 +5,14 @@
 
 #include "megatron.h"
 
+/* Megatron-Core's torch_dist checkpoints: the backend's description, the
+ * common state's file (up to 0.18) and its bytes entry (0.19+:
+ * dist_checkpointing/serialization.py save(): ShardedObject("common_state",
+ * state, (1,), (0,)), its unique key KEY/shard_OFFSETS_SHAPE). */
+#define MEGATRON_DIST_CONFIG "metadata.json"
+#define MEGATRON_DIST_COMMON_FILE "common.pt"
+#define MEGATRON_DIST_COMMON_KEY "common_state/shard_0_1"
+
 /* The file of each rank's state in an iteration's mp_rank_* directory. */
 #define MEGATRON_RANK_FILE "model_optim_rng.pt"
 
@@ -57,5 +65,60 @@ int megatron_canonical_name(const megatron_config *config, const char *path, int
 /* The logical shape, partition and anchor of a canonical name (d->name is
  * name, its dtype the model's). */
 void megatron_describe(const megatron_config *config, const char *name, ckpt_tensor_desc *d);
+
+/* A torch_dist checkpoint's common state as read (a dict: args,
+ * checkpoint_version, iteration, the optimizer's param groups and step,
+ * the schedule...), the archive holding it (for its tensors) and where it
+ * was read (named in messages). */
+const pickle_value *megatron_dist_common_state(const megatron_dist *checkpoint, const torch_archive **archive,
+                                               const char **where);
+
+/* ---------------------------------------------- what the writers share */
+
+#include "torch_write.h"
+
+/* The args a writer writes (megatron_args_write): the template's, carried
+ * as data and known classes only (torch_write.h pk_value), with the
+ * output's layout and the model family its names say; or, without a
+ * template, written from the model. */
+typedef struct {
+    const megatron_config *model;
+    megatron_naming naming;       /* the output's names */
+    int tp, pp;                   /* the output's layout */
+    const pickle_value *args;     /* the template's args (an argparse.Namespace), or NULL */
+    const char *file;             /* where they were read, named in refusals */
+    const char *ckpt_format;      /* "torch_dist": written as args.ckpt_format; NULL: the template's ("torch" without one) */
+    /* args.no_save_optim and no_save_rng set to 0 or 1 (what the
+     * checkpoint holds, which Megatron's loader reads); -1: the template's
+     * (absent without one) */
+    int no_optimizer, no_rng;
+    /* The template's model family (use_legacy_models, use_mcore_models,
+     * transformer_impl) kept: the output's names are its own (Transformer
+     * Engine's names are also those of local modules with fused norms). */
+    int keep_family;
+} megatron_args_spec;
+int megatron_args_write(byte_buffer *b, pk_memo *memo, const megatron_args_spec *spec);
+
+/* A target layout, checked against the model as Megatron would: layers
+ * over pp, heads, query groups and ffn over tp, and a padded vocabulary
+ * that is Megatron's for the target tp (unless the true size is known). */
+int megatron_check_layout(const megatron_config *config, const ckpt_layout *to, megatron_naming naming);
+
+/* Megatron-Core's key of a canonical tensor, a layer's in the form stacked
+ * along a leading axis (decoder.layers.MODULE.LEAF, *layer its place; -1
+ * for a tensor outside the layers), under naming's module names. */
+int megatron_core_key(megatron_naming naming, const char *canonical, char *key, size_t size, int64_t *layer);
+/* The i-th module of a layer with an _extra_state under naming
+ * ("self_attention.linear_qkv"), or NULL past the last. */
+const char *megatron_layer_extra_module(megatron_naming naming, int i);
+
+/* The vocabulary's padding rows among rows [row0, row0 + count) of piece
+ * piece at degree tp of source's tensor index, as Megatron's saver re-pads
+ * a table (docs/MEGATRON.md section 9): the source's stored rows where it
+ * has them (a larger table is cut), its last stored row repeated beyond (a
+ * smaller one is extended); nothing for this format's sources (their
+ * padding is zero) and tensors without padding. buf holds those rows. */
+int megatron_fill_vocabulary_padding(ckpt_reader *source, int index, int tp, int piece, int64_t row0, int64_t count,
+                                     void *buf);
 
 #endif

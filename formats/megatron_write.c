@@ -181,32 +181,32 @@ static int emit_tensor(rank_writer *r, int index, int qkv)
     return torch_writer_tensor(r->w, torch_dtype_from_tp(t->dtype), t->ndim, shape);
 }
 
-/* The vocabulary's padding rows among rows [row0, row0 + count) of this
- * target piece, as Megatron's saver re-pads a table (docs/MEGATRON.md
- * section 9): the source's stored rows where it has them (a larger table is
- * cut), its last stored row repeated beyond (a smaller one is extended).
- * Tensors with padding are split on rows (the word embeddings, the output
- * layer and their optimizer state). buf holds those rows. */
-static int fill_vocabulary_padding(rank_writer *r, int index, int piece, int64_t row0, int64_t count, void *buf)
+int megatron_fill_vocabulary_padding(ckpt_reader *source, int index, int tp, int piece, int64_t row0, int64_t count,
+                                     void *buf)
 {
-    const ckpt_tensor_desc *t = ckpt_reader_tensor(r->source, index);
+    const ckpt_tensor_desc *t = ckpt_reader_tensor(source, index);
     /* This format's padding is zero, as reshard_read_piece leaves it. */
-    if (!ckpt_reader_is_foreign(r->source) || t->partition.kind != CKPT_SPLIT || t->partition.pad_multiple <= 0 ||
+    if (!ckpt_reader_is_foreign(source) || t->partition.kind != CKPT_SPLIT || t->partition.pad_multiple <= 0 ||
         t->partition.axis != 0)
         return TP_OK;
-    int source_tp = ckpt_reader_layout(r->source)->tp;
+    int source_tp = ckpt_reader_layout(source)->tp;
     int64_t source_rows[CKPT_MAX_DIMS], target_rows[CKPT_MAX_DIMS];
     ckpt_padded_shape(t, source_tp, source_rows);
-    ckpt_padded_shape(t, r->to.tp, target_rows);
-    int64_t source_piece_rows = source_rows[0] / source_tp, first = piece * (target_rows[0] / r->to.tp) + row0;
+    ckpt_padded_shape(t, tp, target_rows);
+    int64_t source_piece_rows = source_rows[0] / source_tp, first = piece * (target_rows[0] / tp) + row0;
     size_t row_bytes = tp_dtype_size(t->dtype);
     for (int d = 1; d < t->ndim; d++) row_bytes *= (size_t)t->shape[d];
     for (int64_t row = first < t->shape[0] ? t->shape[0] : first; row < first + count; row++) { /* past the tokens' rows */
         int64_t from = row < source_rows[0] ? row : source_rows[0] - 1;
-        TP_TRY(ckpt_reader_read_rows(r->source, index, (int)(from / source_piece_rows), from % source_piece_rows, 1,
+        TP_TRY(ckpt_reader_read_rows(source, index, (int)(from / source_piece_rows), from % source_piece_rows, 1,
                                      (char *)buf + (size_t)(row - first) * row_bytes, row_bytes));
     }
     return TP_OK;
+}
+
+static int fill_vocabulary_padding(rank_writer *r, int index, int piece, int64_t row0, int64_t count, void *buf)
+{
+    return megatron_fill_vocabulary_padding(r->source, index, r->to.tp, piece, row0, count, buf);
 }
 
 /* Room for bytes in r->piece (and in r->scratch with it when scratch). */
@@ -353,6 +353,42 @@ static const layer_module *layer_table(megatron_naming naming)
     }
 }
 
+int megatron_core_key(megatron_naming naming, const char *canonical, char *key, size_t size, int64_t *layer)
+{
+    static const char *const outside[][2] = {
+        {"embedding.word_embeddings.weight", "embedding.word_embeddings.weight"},
+        {"embedding.position_embeddings.weight", "embedding.position_embeddings.weight"},
+        {"final_norm.weight", "decoder.final_layernorm.weight"},
+        {"final_norm.bias", "decoder.final_layernorm.bias"},
+        {"output_layer.weight", "output_layer.weight"},
+    };
+    *layer = -1;
+    for (size_t i = 0; i < sizeof outside / sizeof *outside; i++)
+        if (!strcmp(canonical, outside[i][0])) {
+            snprintf(key, size, "%s", outside[i][1]);
+            return TP_OK;
+        }
+    long long n;
+    int used = 0;
+    if (sscanf(canonical, "layers.%lld.%n", &n, &used) == 1 && used > 0 && n >= 0)
+        for (const layer_module *m = layer_table(naming); m->module; m++)
+            for (int k = 0; k < 4 && m->leaves[k]; k++)
+                if (!strcmp(canonical + used, m->canonical[k])) {
+                    *layer = n;
+                    snprintf(key, size, "decoder.layers.%s.%s", m->module, m->leaves[k]);
+                    return TP_OK;
+                }
+    return tp_fail(TP_ERR_NOT_FOUND, "%s: not a tensor of Megatron-Core's GPT (%s names)", canonical,
+                   megatron_naming_name(naming));
+}
+
+const char *megatron_layer_extra_module(megatron_naming naming, int i)
+{
+    for (const layer_module *m = layer_table(naming); m->module; m++)
+        if (m->extra != NO_EXTRA && i-- == 0) return m->module;
+    return NULL;
+}
+
 /* Module state dicts are OrderedDicts, the containers Megatron's legacy
  * model builds around them plain dicts: both as torch.save writes them. */
 
@@ -477,11 +513,10 @@ static void arg_string(byte_buffer *b, const char *key, const char *value)
  * this toolkit trains: GPT-2 (learned positions, LayerNorm, biases, GELU's
  * tanh form, tied embeddings) or Llama (rotary positions, RMSNorm, no
  * biases, SwiGLU, tied or untied embeddings). */
-static void emit_model_args(rank_writer *r)
+static void emit_model_args(byte_buffer *b, const megatron_args_spec *a)
 {
-    const megatron_config *c = r->c;
-    byte_buffer *b = r->b;
-    int64_t multiple = c->vocab_divisible_by * r->to.tp;
+    const megatron_config *c = a->model;
+    int64_t multiple = c->vocab_divisible_by * a->tp;
     arg_int(b, "num_layers", c->num_layers);
     arg_int(b, "hidden_size", c->hidden);
     arg_int(b, "ffn_hidden_size", c->ffn);
@@ -520,8 +555,8 @@ static void emit_model_args(rank_writer *r)
     else pk_none(b);
     arg_int(b, "make_vocab_size_divisible_by", c->vocab_divisible_by);
     arg_int(b, "padded_vocab_size", c->true_vocab > 0 ? (c->true_vocab + multiple - 1) / multiple * multiple : c->padded_vocab);
-    arg_int(b, "tensor_model_parallel_size", r->to.tp);
-    arg_int(b, "pipeline_model_parallel_size", r->to.pp);
+    arg_int(b, "tensor_model_parallel_size", a->tp);
+    arg_int(b, "pipeline_model_parallel_size", a->pp);
     pk_string(b, "virtual_pipeline_model_parallel_size");
     pk_none(b);
     pk_string(b, "params_dtype");
@@ -530,60 +565,79 @@ static void emit_model_args(rank_writer *r)
     arg_bool(b, "bf16", c->dtype == TP_BF16);
     arg_int(b, "iteration", c->stored_iteration);
     arg_int(b, "consumed_train_samples", c->consumed_samples);
-    arg_string(b, "ckpt_format", "torch");
-    arg_bool(b, "use_legacy_models", r->naming < MEGATRON_NAMES_CORE);
-    arg_bool(b, "use_mcore_models", r->naming >= MEGATRON_NAMES_CORE);
-    if (r->naming >= MEGATRON_NAMES_CORE)
-        arg_string(b, "transformer_impl", r->naming == MEGATRON_NAMES_CORE ? "transformer_engine" : "local");
+    arg_string(b, "ckpt_format", a->ckpt_format ? a->ckpt_format : "torch");
+    arg_bool(b, "use_legacy_models", a->naming < MEGATRON_NAMES_CORE);
+    arg_bool(b, "use_mcore_models", a->naming >= MEGATRON_NAMES_CORE);
+    if (a->naming >= MEGATRON_NAMES_CORE)
+        arg_string(b, "transformer_impl", a->naming == MEGATRON_NAMES_CORE ? "transformer_engine" : "local");
     arg_bool(b, "bert_binary_head", 0);
+    if (a->no_optimizer >= 0) arg_bool(b, "no_save_optim", a->no_optimizer);
+    if (a->no_rng >= 0) arg_bool(b, "no_save_rng", a->no_rng);
+}
+
+int megatron_args_write(byte_buffer *b, pk_memo *memo, const megatron_args_spec *a)
+{
+    pk_global(b, "argparse", "Namespace");
+    buffer_put(b, ")\x81", 2); /* Namespace.__new__(Namespace): EMPTY_TUPLE, NEWOBJ */
+    pk_dict_begin(b);
+    if (!a->args) {
+        emit_model_args(b, a);
+        pk_dict_end(b);
+        buffer_put(b, "b", 1); /* BUILD */
+        return TP_OK;
+    }
+    int core = a->naming >= MEGATRON_NAMES_CORE;
+    const pickle_value *state = a->args->object.state;
+    int format_seen = 0, optim_seen = 0, rng_seen = 0;
+    for (int64_t i = 0; state && state->kind == PICKLE_DICT && i < state->dict.keys.count; i++) {
+        const pickle_value *k = state->dict.keys.items[i];
+        char path[512], part[256];
+        snprintf(path, sizeof path, "args{key %lld}", (long long)i);
+        pk_origin key_origin = {.file = a->file, .path = path};
+        TP_TRY(pk_value(b, memo, k, &key_origin));
+        if (pickle_is_string(k, "tensor_model_parallel_size")) pk_int(b, a->tp);
+        else if (pickle_is_string(k, "pipeline_model_parallel_size") ||
+                 pickle_is_string(k, "transformer_pipeline_model_parallel_size"))
+            pk_int(b, a->pp);
+        else if (pickle_is_string(k, "padded_vocab_size") && a->model->true_vocab > 0) {
+            int64_t multiple = a->model->vocab_divisible_by * a->tp; /* Megatron's _vocab_size_with_padding */
+            pk_int(b, (a->model->true_vocab + multiple - 1) / multiple * multiple);
+        } else if (pickle_is_string(k, "virtual_pipeline_model_parallel_size") ||
+                 pickle_is_string(k, "num_layers_per_virtual_pipeline_stage"))
+            pk_none(b);
+        /* The model family and its modules, as the names say (Megatron
+         * builds the model these args describe, then loads the names). */
+        else if (pickle_is_string(k, "use_legacy_models") && !a->keep_family) pk_bool(b, !core);
+        else if (pickle_is_string(k, "use_mcore_models") && !a->keep_family) pk_bool(b, core);
+        else if (pickle_is_string(k, "transformer_impl") && core && !a->keep_family)
+            pk_string(b, a->naming == MEGATRON_NAMES_CORE ? "transformer_engine" : "local");
+        /* What the checkpoint holds, where the writer says. */
+        else if (pickle_is_string(k, "ckpt_format") && a->ckpt_format && (format_seen = 1)) pk_string(b, a->ckpt_format);
+        else if (pickle_is_string(k, "no_save_optim") && a->no_optimizer >= 0 && (optim_seen = 1)) pk_bool(b, a->no_optimizer);
+        else if (pickle_is_string(k, "no_save_rng") && a->no_rng >= 0 && (rng_seen = 1)) pk_bool(b, a->no_rng);
+        else {
+            snprintf(path, sizeof path, "args%s", key_part(k, i, part, sizeof part));
+            pk_origin origin = {.file = a->file, .path = path};
+            TP_TRY(pk_value(b, memo, state->dict.values.items[i], &origin));
+        }
+    }
+    if (a->ckpt_format && !format_seen) arg_string(b, "ckpt_format", a->ckpt_format);
+    if (a->no_optimizer >= 0 && !optim_seen) arg_bool(b, "no_save_optim", a->no_optimizer);
+    if (a->no_rng >= 0 && !rng_seen) arg_bool(b, "no_save_rng", a->no_rng);
+    pk_dict_end(b);
+    buffer_put(b, "b", 1); /* BUILD */
+    return TP_OK;
 }
 
 /* The template's args with the parallel sizes of the output, or the
  * model's own. */
 static int emit_args(rank_writer *r)
 {
-    byte_buffer *b = r->b;
-    if (!r->template) {
-        pk_global(b, "argparse", "Namespace");
-        buffer_put(b, ")\x81", 2); /* Namespace.__new__(Namespace): EMPTY_TUPLE, NEWOBJ */
-        pk_dict_begin(b);
-        emit_model_args(r);
-        pk_dict_end(b);
-        buffer_put(b, "b", 1); /* BUILD */
-        return TP_OK;
-    }
-    const pickle_value *args = megatron_args(r->template);
-    int core = r->naming >= MEGATRON_NAMES_CORE;
-    pk_global(b, "argparse", "Namespace");
-    buffer_put(b, ")\x81", 2); /* Namespace.__new__(Namespace): EMPTY_TUPLE, NEWOBJ */
-    pk_dict_begin(b);
-    const pickle_value *state = args->object.state;
-    template_value first_rank = {r, {0, 0}};
-    for (int64_t i = 0; state && state->kind == PICKLE_DICT && i < state->dict.keys.count; i++) {
-        const pickle_value *k = state->dict.keys.items[i];
-        char part[256];
-        TP_TRY(carry(r, k, &first_rank, NO_TENSORS, "args{key %lld}", (long long)i));
-        if (pickle_is_string(k, "tensor_model_parallel_size")) pk_int(b, r->to.tp);
-        else if (pickle_is_string(k, "pipeline_model_parallel_size") ||
-                 pickle_is_string(k, "transformer_pipeline_model_parallel_size"))
-            pk_int(b, r->to.pp);
-        else if (pickle_is_string(k, "padded_vocab_size") && r->c->true_vocab > 0) {
-            int64_t multiple = r->c->vocab_divisible_by * r->to.tp; /* Megatron's _vocab_size_with_padding */
-            pk_int(b, (r->c->true_vocab + multiple - 1) / multiple * multiple);
-        } else if (pickle_is_string(k, "virtual_pipeline_model_parallel_size") ||
-                 pickle_is_string(k, "num_layers_per_virtual_pipeline_stage"))
-            pk_none(b);
-        /* The model family and its modules, as the names say (Megatron
-         * builds the model these args describe, then loads the names). */
-        else if (pickle_is_string(k, "use_legacy_models")) pk_bool(b, !core);
-        else if (pickle_is_string(k, "use_mcore_models")) pk_bool(b, core);
-        else if (pickle_is_string(k, "transformer_impl") && core)
-            pk_string(b, r->naming == MEGATRON_NAMES_CORE ? "transformer_engine" : "local");
-        else TP_TRY(carry(r, state->dict.values.items[i], &first_rank, NO_TENSORS, "args%s", key_part(k, i, part, sizeof part)));
-    }
-    pk_dict_end(b);
-    buffer_put(b, "b", 1); /* BUILD */
-    return TP_OK;
+    megatron_args_spec spec = {.model = r->c, .naming = r->naming, .tp = r->to.tp, .pp = r->to.pp,
+                               .args = r->template ? megatron_args(r->template) : NULL,
+                               .file = r->template ? megatron_rank_path(r->template, 0, 0) : NULL,
+                               .no_optimizer = -1, .no_rng = -1};
+    return megatron_args_write(r->b, r->memo, &spec);
 }
 
 /* ------------------------------------------------------- optimizer state */
@@ -912,8 +966,7 @@ int megatron_may_replace(const store_ops *storage, const char *path, void *ctx)
     return status;
 }
 
-/* The target layout, checked against the model as Megatron would. */
-static int check_layout(const megatron_config *c, const ckpt_layout *to, megatron_naming naming)
+int megatron_check_layout(const megatron_config *c, const ckpt_layout *to, megatron_naming naming)
 {
     if (c->num_layers % to->pp)
         return tp_fail(TP_ERR_LAYOUT, "%lld layers do not divide over pp %d", (long long)c->num_layers, to->pp);
@@ -997,7 +1050,7 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
                        "yet; --format tp keeps it, --weights-only converts the weights alone", name);
     plan->rank_state_dropped = template && !(to.tp == c->tp && to.pp == c->pp) && megatron_rank_value(template, 0, 0, "rng_state");
     megatron_naming naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
-    TP_TRY(check_layout(c, &to, naming));
+    TP_TRY(megatron_check_layout(c, &to, naming));
     if (template) TP_TRY(check_carried(template, plan->optimizer, to.tp == c->tp && to.pp == c->pp));
     const char *largest = "";
     for (int i = 0; i < ckpt_reader_num_tensors(source); i++) {

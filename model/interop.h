@@ -155,6 +155,14 @@ void gpt_megatron_import_close(gpt_megatron_import *job);
  * groups are its run's). With out NULL, plan only (--dry-run). */
 int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *options, const char *out,
                        megatron_write_plan *plan);
+/* The same written as a Megatron-Core torch_dist checkpoint
+ * (formats/megatron.h megatron_dist_write): Megatron-Core's keys
+ * (Transformer Engine's fused norms), each QKV piece regrouped, the
+ * vocabulary padded for the target tp, _extra_state objects of None, the
+ * common state written from the model; weights only (args.no_save_optim,
+ * no_save_rng). With out NULL, plan only (--dry-run). */
+int gpt_megatron_dist_write(ckpt_reader *source, const megatron_dist_write_options *options, const char *out,
+                            megatron_dist_write_plan *plan);
 
 /* ----------------------------------------------------------------- import */
 

@@ -244,20 +244,29 @@ static int find_canonical(void *ctx, const char *canonical)
     return -1;
 }
 
+static const char *canonical_of(void *ctx, int index)
+{
+    const source_names *n = ctx;
+    return index >= 0 && index < n->count && n->canonical[index][0] ? n->canonical[index] : NULL;
+}
+
 static void qkv_to_megatron(void *ctx, int tp, const void *piece, void *out, size_t block_bytes)
 {
     const source_names *n = ctx;
     regroup_qkv(n->config.heads, n->config.kv_heads, tp, piece, out, block_bytes, 1);
 }
 
-int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *options, const char *out, megatron_write_plan *plan)
+/* The model of a checkpoint of this model as Megatron describes it, and
+ * the canonical name of each of its parameters (names->canonical, freed
+ * by the caller). */
+static int source_model(ckpt_reader *source, source_names *names, megatron_config *model)
 {
     const ckpt_train_state *state = ckpt_reader_state(source);
     const ckpt_layout *layout = ckpt_reader_layout(source);
-    source_names names = {.source = source, .count = ckpt_reader_num_tensors(source)};
-    int status = gpt_config_from_json(state->model_json, &names.config);
+    *names = (source_names){.source = source, .count = ckpt_reader_num_tensors(source)};
+    int status = gpt_config_from_json(state->model_json, &names->config);
     if (status) return tp_fail_context(status, "%s", ckpt_reader_path(source));
-    const gpt_config *g = &names.config;
+    const gpt_config *g = &names->config;
     int llama = g->arch == GPT_ARCH_LLAMA;
     /* Megatron's Llama 3 scaling has a factor of its own; its other values are fixed. */
     if (llama && g->rope_scaling_factor > 0 &&
@@ -269,7 +278,7 @@ int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *option
                        (long long)g->rope_original_seq);
     /* The model as Megatron describes it: GPT-2's GELU is the tanh form;
      * Llama's rotary embeddings turn half-heads (not interleaved pairs). */
-    megatron_config model = {
+    *model = (megatron_config){
         .iteration = state->step, .stored_iteration = state->step, .consumed_samples = state->consumed_samples,
         .checkpoint_version = 3.0, .tp = layout->tp, .pp = layout->pp, .vpp = 1, .naming = MEGATRON_NAMES_LEGACY,
         .num_layers = g->layers, .hidden = g->dim, .ffn = g->ffn, .heads = g->heads, .query_groups = g->kv_heads,
@@ -278,14 +287,23 @@ int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *option
         .untied = g->untied_embeddings, .rmsnorm = llama, .dtype = g->dtype, .openai_gelu = !llama,
         .norm_epsilon = llama ? g->norm_eps : 1e-5, .rotary_base = g->rope_theta, .rotary_percent = 1,
         .rope_scaling_factor = g->rope_scaling_factor};
-    int64_t multiple = model.vocab_divisible_by * model.tp;
-    model.padded_vocab = (model.true_vocab + multiple - 1) / multiple * multiple;
-    if (!(names.canonical = calloc((size_t)names.count + 1, sizeof *names.canonical))) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < names.count && !status; i++) {
+    int64_t multiple = model->vocab_divisible_by * model->tp;
+    model->padded_vocab = (model->true_vocab + multiple - 1) / multiple * multiple;
+    if (!(names->canonical = calloc((size_t)names->count + 1, sizeof *names->canonical)))
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < names->count && !status; i++) {
         const ckpt_tensor_desc *t = ckpt_reader_tensor(source, i);
-        if (!strcmp(t->role, "param")) status = gpt_megatron_name(t->name, names.canonical[i], sizeof *names.canonical);
+        if (!strcmp(t->role, "param")) status = gpt_megatron_name(t->name, names->canonical[i], sizeof *names->canonical);
     }
-    megatron_source_names adapter = {find_canonical, qkv_to_megatron, &names};
+    return status;
+}
+
+int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *options, const char *out, megatron_write_plan *plan)
+{
+    source_names names;
+    megatron_config model;
+    int status = source_model(source, &names, &model);
+    megatron_source_names adapter = {find_canonical, qkv_to_megatron, &names, canonical_of};
     megatron_write_options o = *options;
     o.model = &model;
     o.names = &adapter;
@@ -295,3 +313,21 @@ int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *option
     return status;
 }
 
+int gpt_megatron_dist_write(ckpt_reader *source, const megatron_dist_write_options *options, const char *out,
+                            megatron_dist_write_plan *plan)
+{
+    source_names names;
+    megatron_config model;
+    int status = source_model(source, &names, &model);
+    megatron_source_names adapter = {find_canonical, qkv_to_megatron, &names, canonical_of};
+    megatron_dist_write_options o = *options;
+    o.model = &model;
+    o.names = &adapter;
+    o.dist = NULL;
+    o.legacy = NULL;
+    o.weights_only = 1; /* the optimizer's param groups are Megatron's run's, not recorded here */
+    if (!status)
+        status = out ? megatron_dist_write(source, &o, out, plan) : megatron_dist_write_plan_create(source, &o, plan);
+    free(names.canonical);
+    return status;
+}

@@ -27,9 +27,12 @@ static const char *usage_text =
     "  --to LAYOUT              target degrees: tp4, pp2 or tp4pp2 (a degree not named is kept); tp4pp2v2:\n"
     "                           2 chunks of layers per stage, interleaved (pp named without v: one chunk)\n"
     "  --from LAYOUT            the source's degrees, checked against its metadata\n"
-    "  --format tp|megatron|dcp the output's format (default: the source's): this toolkit's, Megatron-LM's\n"
-    "                           (from a Megatron-LM source or this toolkit's GPT), or a PyTorch\n"
-    "                           distributed checkpoint (docs/DCP.md)\n"
+    "  --format tp|megatron|dcp|torch_dist  the output's format (default: the source's): this toolkit's,\n"
+    "                           Megatron-LM's (from a Megatron-LM source or this toolkit's GPT), a PyTorch\n"
+    "                           distributed checkpoint (docs/DCP.md), or Megatron-Core's torch_dist (from a\n"
+    "                           Megatron-LM source or this toolkit's GPT; docs/MEGATRON.md)\n"
+    "  --megatron-core RELEASE  the Megatron-Core that will load a torch_dist output: 0.18 or older keeps\n"
+    "                           the common state in common.pt, 0.19 and later in the checkpoint (default)\n"
     "  --dcp-torch 2|1.13       the PyTorch that will load a DCP output (its class paths; default: a DCP\n"
     "                           source's, else 2)\n"
     "  --dcp-dp N               a DCP output's pieces cut again along dimension 0 over N data-parallel\n"
@@ -53,7 +56,7 @@ static const char *usage_text =
     "  --progress               show progress even when stderr is not a terminal\n"
     "\n"
     "CKPT is a checkpoint directory, or a run directory (its latest checkpoint), a Megatron-LM\n"
-    "legacy or Megatron-Core torch_dist checkpoint (docs/MEGATRON.md; torch_dist needs --format) or a\n"
+    "legacy or Megatron-Core torch_dist checkpoint (docs/MEGATRON.md) or a\n"
     "PyTorch distributed checkpoint (docs/DCP.md), read without executing anything.\n";
 
 #define die_usage(...) cli_usage_error("tp-reshard", __VA_ARGS__)
@@ -404,6 +407,103 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
     return code;
 }
 
+typedef struct {
+    ckpt_reader *source;
+    const megatron_dist_write_options *options;
+    megatron_dist_write_plan *plan;
+} torch_dist_job;
+
+/* A Megatron source's own model, or this toolkit's GPT (model/interop.h). */
+static int run_torch_dist_write(void *ctx, const char *path)
+{
+    torch_dist_job *j = ctx;
+    return j->options->model ? megatron_dist_write(j->source, j->options, path, j->plan)
+                             : gpt_megatron_dist_write(j->source, j->options, path, j->plan);
+}
+
+static cJSON *torch_dist_json(const megatron_dist_write_plan *p, const ckpt_layout *from, const char *source, const char *out)
+{
+    cJSON *o = dcp_json(&(dcp_write_plan){.tp = p->tp, .pp = p->pp, .files = p->files, .tensors = p->tensors,
+                                          .chunks = p->chunks, .others = p->objects, .bytes = p->bytes,
+                                          .threads = p->threads, .buffer_memory = p->buffer_memory},
+                        from, source, out);
+    cJSON_ReplaceItemInObject(o, "format", cJSON_CreateString("megatron-torch-dist"));
+    cJSON_AddStringToObject(o, "names", megatron_naming_name(p->naming));
+    cJSON_AddBoolToObject(o, "optimizer", p->optimizer);
+    cJSON_AddBoolToObject(o, "rng_state", p->rng);
+    return o;
+}
+
+/* Any source with a Megatron model (a Megatron-LM legacy or torch_dist
+ * checkpoint, this toolkit's GPT) written as a Megatron-Core torch_dist
+ * checkpoint at the target layout, planned first (--dry-run stops there),
+ * verified by digests when asked (read back with the torch_dist reader). */
+static int write_torch_dist(ckpt_reader *source, megatron_dist_write_options *wo, const char *source_path, const char *out,
+                            int verify, int dry_run, int json, int force_progress)
+{
+    const ckpt_layout *from = ckpt_reader_layout(source);
+    char from_text[RESHARD_LAYOUT_TEXT_MAX];
+    cli_source_layout_text(source, from_text);
+    const char *source_name = ckpt_reader_path(source);
+    if (verify && !wo->model)
+        return fail("--verify compares logical digests, and a GPT written as Megatron's regroups its QKV: read it back "
+                    "(--format tp) and compare its weights instead");
+    megatron_dist_write_plan plan;
+    if (wo->model ? megatron_dist_write_plan_create(source, wo, &plan) : gpt_megatron_dist_write(source, wo, NULL, &plan))
+        return fail("%s", tp_errmsg());
+    char default_out[4200];
+    out = output_path(out, source_path, &(ckpt_layout){.tp = plan.tp, .pp = plan.pp}, default_out, sizeof default_out);
+    char written[32], buffers[32];
+    format_bytes((double)plan.bytes, written, sizeof written);
+    format_bytes((double)plan.buffer_memory, buffers, sizeof buffers);
+    const char *common = wo->common == MEGATRON_CORE_COMMON_FILE ? "common.pt: Megatron-Core up to 0.18"
+                                                                 : "the common_state entry: Megatron-Core 0.19+";
+    if (dry_run) {
+        if (json) {
+            print_json(torch_dist_json(&plan, from, source_name, out));
+            return 0;
+        }
+        printf("plan: %s (%s) -> %s (Megatron-Core torch_dist tp%dpp%d, %s names, %s)\n", source_name, from_text, out,
+               plan.tp, plan.pp, megatron_naming_name(plan.naming), common);
+        printf("  files      %d data files __R_0.distcp, .metadata, metadata.json\n", plan.files);
+        printf("  tensors    %d in %d chunks, %s\n", plan.tensors, plan.chunks,
+               plan.optimizer ? "weights and optimizer state" : "weights only");
+        printf("  objects    %d bytes entries%s\n", plan.objects,
+               plan.rng ? ", the ranks' RNG states among them" : "; no RNG state (args.no_save_rng)");
+        printf("  write      %s\n", written);
+        printf("  work       %d rank files at once\n", plan.threads);
+        printf("  memory     %s of buffers\n", buffers);
+        return 0;
+    }
+    progress bar;
+    wo->on_bytes = on_bytes;
+    wo->progress_ctx = &bar;
+    progress_start(&bar, "reshard", plan.bytes, force_progress);
+    torch_dist_job job = {source, wo, &plan};
+    int status = cli_write_output(out, wo->overwrite, megatron_dist_may_replace, NULL, wo->threads, 0,
+                                  run_torch_dist_write, &job);
+    double seconds = progress_finish(&bar);
+    if (status) return fail("%s", tp_errmsg());
+    if (plan.left_out)
+        fprintf(stderr, "tp-reshard: warning: %d bytes entries of the source were left out (the ranks' RNG states: "
+                        "they belong to the layout %s; Megatron drops them on a change of layout too)\n",
+                plan.left_out, from_text);
+    if (!json)
+        printf("resharded %s (%s) -> %s (Megatron-Core torch_dist tp%dpp%d, %s names, %s): %d tensors in %d chunks, %s, "
+               "%s written in %.2f s\n", source_name, from_text, out, plan.tp, plan.pp, megatron_naming_name(plan.naming),
+               common, plan.tensors, plan.chunks, plan.optimizer ? "weights and optimizer state" : "weights only",
+               written, seconds);
+    megatron_dist *written_checkpoint = NULL;
+    ckpt_reader *output = NULL;
+    int opened = verify && !megatron_dist_open(out, &written_checkpoint) &&
+                 !megatron_dist_reader_open(written_checkpoint, 1, wo->threads, &output);
+    int code = finish_foreign(source, output, opened, wo->threads, verify,
+                              json ? torch_dist_json(&plan, from, source_name, out) : NULL, seconds);
+    ckpt_reader_close(output);
+    megatron_dist_close(written_checkpoint);
+    return code;
+}
+
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
@@ -415,10 +515,12 @@ int main(int argc, char **argv)
     int naming = -1;
     int64_t true_vocab = 0;
     dcp_torch_version dcp_torch = DCP_TORCH_2;
+    megatron_core_common mcore_common = MEGATRON_CORE_COMMON_ENTRY;
+    int mcore_given = 0;
     int dcp_torch_given = 0, dcp_dp = 1;
     int dry_run = 0, verify = 0, json = 0, force_progress = 0;
     enum { O_TO = 256, O_FROM, O_THREADS, O_MEMORY, O_DEVICE, O_DTYPE, O_COMPRESS, O_NO_OPTIM, O_DRY, O_VERIFY,
-           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES, O_TRUE_VOCAB, O_DCP_TORCH, O_DCP_DP };
+           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES, O_TRUE_VOCAB, O_DCP_TORCH, O_DCP_DP, O_MCORE };
     static const struct option long_options[] = {
         {"to", required_argument, 0, O_TO}, {"from", required_argument, 0, O_FROM},
         {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, O_THREADS},
@@ -429,6 +531,7 @@ int main(int argc, char **argv)
         {"progress", no_argument, 0, O_PROGRESS}, {"format", required_argument, 0, O_FORMAT},
         {"megatron-names", required_argument, 0, O_NAMES}, {"true-vocab-size", required_argument, 0, O_TRUE_VOCAB},
         {"dcp-torch", required_argument, 0, O_DCP_TORCH}, {"dcp-dp", required_argument, 0, O_DCP_DP},
+        {"megatron-core", required_argument, 0, O_MCORE},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
@@ -437,13 +540,17 @@ int main(int argc, char **argv)
         case O_TO: to = optarg; break;
         case O_FROM: from = optarg; break;
         case O_FORMAT:
-            if (strcmp(optarg, "tp") && strcmp(optarg, "megatron") && strcmp(optarg, "dcp"))
-                die_usage("--format expects tp, megatron or dcp, got '%s'", optarg);
+            if (strcmp(optarg, "tp") && strcmp(optarg, "megatron") && strcmp(optarg, "dcp") && strcmp(optarg, "torch_dist"))
+                die_usage("--format expects tp, megatron, dcp or torch_dist, got '%s'", optarg);
             output_format = optarg;
             break;
         case O_DCP_TORCH:
             if (dcp_torch_version_parse(optarg, &dcp_torch)) die_usage("--dcp-torch: %s", tp_errmsg());
             dcp_torch_given = 1;
+            break;
+        case O_MCORE:
+            if (megatron_core_release_parse(optarg, &mcore_common)) die_usage("--megatron-core: %s", tp_errmsg());
+            mcore_given = 1;
             break;
         case O_DCP_DP: dcp_dp = (int)cli_int("tp-reshard", "--dcp-dp", optarg, 1, 4096); break;
         case O_TRUE_VOCAB: true_vocab = cli_int("tp-reshard", "--true-vocab-size", optarg, 1, (int64_t)1 << 40); break;
@@ -494,9 +601,6 @@ int main(int argc, char **argv)
     const checkpoint_format *format;
     if (formats_detect(argv[optind], &format)) return fail("%s", tp_errmsg());
     if (true_vocab && strcmp(format->name, "megatron")) die_usage("--true-vocab-size applies to a Megatron-LM legacy source");
-    if (!strcmp(format->name, "torch_dist") && !output_format)
-        die_usage("a Megatron-Core torch_dist source needs --format tp, megatron or dcp (writing torch_dist is not "
-                  "implemented yet)");
     ckpt_read_options read;
     ckpt_read_options_init(&read);
     read.through_index = 1;
@@ -520,7 +624,9 @@ int main(int argc, char **argv)
     int dcp_out = output_format ? !strcmp(output_format, "dcp") : dcp != NULL;
     if (dcp_dp > 1 && !dcp_out) die_usage("--dcp-dp applies to a DCP output (--format dcp)");
     int megatron_out = output_format ? !strcmp(output_format, "megatron") : megatron != NULL;
-    if (options.virtual_stages > 1 && (dcp_out || megatron_out)) {
+    int torch_dist_out = output_format ? !strcmp(output_format, "torch_dist") : dist != NULL;
+    if (mcore_given && !torch_dist_out) die_usage("--megatron-core applies to a torch_dist output (--format torch_dist)");
+    if (options.virtual_stages > 1 && (dcp_out || megatron_out || torch_dist_out)) {
         int code = fail("--to %s: chunks of layers interleaved over the stages are written in this toolkit's format "
                         "only (--format tp)", to);
         formats_source_close(opened);
@@ -529,6 +635,16 @@ int main(int argc, char **argv)
     if (dcp_out) {
         if (dcp && !dcp_torch_given) dcp_torch = dcp_torch_version_of(dcp);
         int code = write_dcp(source, dcp, &options, dcp_torch, dcp_dp, argv[optind], out, verify, dry_run, json, force_progress);
+        formats_source_close(opened);
+        return code;
+    }
+    if (torch_dist_out) {
+        megatron_dist_write_options wo = {.tp = options.tp, .pp = options.pp, .common = mcore_common,
+                                          .torch_version = dcp_torch, .overwrite = options.overwrite,
+                                          .threads = options.threads, .weights_only = options.drop_optimizer,
+                                          .memory_limit = options.memory_limit, .dist = dist, .legacy = megatron,
+                                          .model = dist ? megatron_dist_config(dist) : megatron ? megatron_config_of(megatron) : NULL};
+        int code = write_torch_dist(source, &wo, argv[optind], out, verify, dry_run, json, force_progress);
         formats_source_close(opened);
         return code;
     }
