@@ -55,7 +55,8 @@ check_all "info --json: format, names, 108 tensors (27 parameters, each with 3 s
 expect_ok "verify: every item's CRC-32s, every tensor read" "$CK" verify "$WORK/gpt.dist"
 
 # --------------------------------------------------------------- conversions
-expect_error "a torch_dist source needs --format" 2 "needs --format tp, megatron or dcp" "$RS" "$WORK/gpt.dist" --to tp4
+expect_error "a torch_dist source is written as torch_dist by default; at tp4 its vocabulary padded for tp2 is refused" 1 \
+    "padded vocabulary of 224 rows is not a multiple of 16 x tp 4" "$RS" "$WORK/gpt.dist" --to tp4 -o "$WORK/x"
 expect_ok "torch_dist -> this toolkit's format tp4pp2, Adam state included, verified" "$RS" "$WORK/gpt.dist" \
     --format tp --to tp4pp2 -o "$WORK/gpt.tp" --verify
 check "verified 208 tensors" grep -q "^verified: 208 tensors equal to the source" "$WORK/.out"
