@@ -602,6 +602,11 @@ int megatron_args_write(byte_buffer *b, pk_memo *memo, const megatron_args_spec 
         else if (pickle_is_string(k, "padded_vocab_size") && a->model->true_vocab > 0) {
             int64_t multiple = a->model->vocab_divisible_by * a->tp; /* Megatron's _vocab_size_with_padding */
             pk_int(b, (a->model->true_vocab + multiple - 1) / multiple * multiple);
+        } else if (pickle_is_string(k, "world_size") && state->dict.values.items[i]->kind == PICKLE_INT &&
+                   a->model->tp * a->model->pp > 0 &&
+                   state->dict.values.items[i]->integer % (a->model->tp * a->model->pp) == 0) {
+            /* The same data-parallel size over the output's model-parallel ranks. */
+            pk_int(b, state->dict.values.items[i]->integer / (a->model->tp * a->model->pp) * a->tp * a->pp);
         } else if (pickle_is_string(k, "virtual_pipeline_model_parallel_size") ||
                  pickle_is_string(k, "num_layers_per_virtual_pipeline_stage"))
             pk_none(b);

@@ -10,15 +10,17 @@ they are given: every object is its class name and state.
   mcore_metadata.py entries ITER_DIR
       Prints one line per entry: a tensor's key, dtype, global shape and its
       chunks (offsets and sizes), or a bytes entry's key.
-  mcore_metadata.py compare REF OURS [--leave-out PREFIX]...
+  mcore_metadata.py compare REF OURS [--leave-out PREFIX]... [--ignore PATH]...
       Requires the two iteration directories' .metadata to describe the same
       entries: the same tensor keys with the same dtype, global shape and
-      set of chunks (offsets, sizes), and the same bytes entries, but for
-      those whose key starts with a PREFIX left out; then the same
+      set of chunks (offsets, sizes), and the same bytes entries holding the
+      same values (each a torch.save of [data]: _extra_state, rng_state),
+      but for those whose key starts with a PREFIX left out; then the same
       metadata.json, and the same common state (common.pt, or the
       common_state entry's torch.save of [state]): every value equal, its
-      tensors by dtype, shape and bytes. Exit 0 when equal, 1 with one line
-      per difference.
+      tensors by dtype, shape and bytes, but at the paths ignored
+      ("common.args.save"). Exit 0 when equal, 1 with one line per
+      difference.
   mcore_metadata.py common ITER_DIR
       Prints the common state, tensors as (dtype, shape, sha256).
 """
@@ -53,8 +55,14 @@ class Recorded:
         return isinstance(other, Recorded) and (self.cls, self.args, self.state) == (other.cls, other.args, other.state)
 
 
+RECORDED = {}
+
+
 def recorded_class(module, name):
-    return type(name, (Recorded,), {"cls": f"{module}.{name}"})
+    """One class per name, so that two reads of the same value compare equal."""
+    if (module, name) not in RECORDED:
+        RECORDED[module, name] = type(name, (Recorded,), {"cls": f"{module}.{name}"})
+    return RECORDED[module, name]
 
 
 class Tensor:
@@ -184,7 +192,7 @@ def differences(a, b, path, out):
         out.append(f"{path}: {a!r} and {b!r}")
 
 
-def compare(ref, ours, leave_out):
+def compare(ref, ours, leave_out, ignore):
     problems = []
     left = lambda k: any(k.startswith(p) for p in leave_out)  # noqa: E731
     a = {k: v for k, v in entries(ref).items() if not left(k)}
@@ -199,6 +207,9 @@ def compare(ref, ours, leave_out):
         elif a[k][0] == "tensor" and a[k][3] != b[k][3]:
             problems.append(f"{k}: chunks {sorted(a[k][3] - b[k][3])} in the reference only, "
                             f"{sorted(b[k][3] - a[k][3])} in ours only")
+    for k in sorted(a.keys() & b.keys()):
+        if a[k][0] == "bytes" and b[k][0] == "bytes" and k != "common_state/shard_0_1":
+            differences(torch_load(bytes_item(ref, k)), torch_load(bytes_item(ours, k)), k, problems)
     tensors = sum(1 for v in a.values() if v[0] == "tensor")
     objects = len(a) - tensors
     with open(os.path.join(ref, "metadata.json")) as f:
@@ -212,6 +223,7 @@ def compare(ref, ours, leave_out):
     if where_a != where_b:
         problems.append(f"the common state: in {where_a} and in {where_b}")
     differences(common_a, common_b, "common", problems)
+    problems = [p for p in problems if p.split(":")[0] not in ignore]
     for p in problems:
         print(p)
     if not problems:
@@ -232,7 +244,8 @@ def main(argv):
         return 0
     if len(argv) >= 3 and argv[0] == "compare":
         leave_out = [argv[i + 1] for i in range(3, len(argv) - 1) if argv[i] == "--leave-out"]
-        return compare(argv[1], argv[2], leave_out)
+        ignore = [argv[i + 1] for i in range(3, len(argv) - 1) if argv[i] == "--ignore"]
+        return compare(argv[1], argv[2], leave_out, ignore)
     print(__doc__, file=sys.stderr)
     return 2
 
