@@ -108,10 +108,12 @@ struct dcp_write_hooks {
      * fills in rows [row0, row0 + count) of piece at degree tp. */
     int padded;
     int (*fill_padding)(void *ctx, int tensor, int tp, int piece, int64_t row0, int64_t count, void *rows);
-    /* Whether a tensor's piece is read whole and given to transform
-     * (scratch as large) before it is written: a fused QKV regrouped. */
+    /* Whether a tensor is read whole (as its one piece at tp 1) and given
+     * to transform (scratch as large), which lays its rows out in the
+     * output's order: a fused QKV regrouped into Megatron-Core's order,
+     * whose rank r then holds rows [r rows/tp, (r + 1) rows/tp) of it. */
     int (*whole_piece)(void *ctx, int tensor);
-    int (*transform)(void *ctx, int tensor, int tp, void *piece, void *scratch, int64_t bytes);
+    int (*transform)(void *ctx, int tensor, void *whole, void *scratch, int64_t bytes);
     int no_description;   /* leave out DCP_INDEX_KEY */
     /* Which other entries of options->others_from go along (NULL: all). */
     int (*carry)(void *ctx, const dcp_entry *entry);

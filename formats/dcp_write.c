@@ -38,7 +38,8 @@ typedef struct {
     int tensor;                 /* the source's */
     int k;                      /* among the tensors written */
     int piece;                  /* at the target tp */
-    int padded;                 /* a whole piece at the padded shape, padding rows included (hooks->padded) */
+    int padded;                 /* a whole piece at its place in the padded shape, padding rows included
+                                   (hooks->padded, or a piece transformed) */
     int axis;                   /* the piece is cut along it (0 for a whole piece) */
     int64_t local_start;        /* where the box starts along axis, in the piece */
     int64_t row0, rows;         /* the rows of the piece it takes (axis 0) */
@@ -83,7 +84,9 @@ static int entry_shape(const writer *w, int k, int64_t *shape)
     const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, w->tensors[k]);
     int lead = w->stack_index[k] >= 0;
     if (lead) shape[0] = w->stack_size[k];
-    if (w->hooks && w->hooks->padded) ckpt_padded_shape(t, w->to.tp, shape + lead);
+    const struct dcp_write_hooks *hooks = w->hooks;
+    int read_whole = hooks && hooks->whole_piece && hooks->whole_piece(hooks->ctx, w->tensors[k]);
+    if (hooks && hooks->padded && !read_whole) ckpt_padded_shape(t, w->to.tp, shape + lead);
     else memcpy(shape + lead, t->shape, sizeof(int64_t) * (size_t)t->ndim);
     return t->ndim + lead;
 }
@@ -187,8 +190,8 @@ static int plan_chunks(writer *w, dcp_write_plan *plan)
         ckpt_piece_shape(t, w->to.tp, shape);
         for (int d = 1; d < t->ndim; d++) row *= shape[d];
         if (row > w->largest_row) w->largest_row = row;
-        if (hooks && hooks->whole_piece && hooks->whole_piece(hooks->ctx, i) && row * shape[0] > w->largest_whole)
-            w->largest_whole = row * shape[0];
+        if (hooks && hooks->whole_piece && hooks->whole_piece(hooks->ctx, i) && row * t->shape[0] > w->largest_whole)
+            w->largest_whole = row * t->shape[0]; /* the whole tensor */
         out_chunk whole = {.tensor = i, .k = k, .piece = 0, .axis = 0, .local_start = 0, .row0 = 0, .rows = t->shape[0]};
         for (int d = 0; d < t->ndim; d++) whole.sizes[d] = t->shape[d];
         if (t->partition.kind != CKPT_SPLIT) { /* written once, by tensor rank 0 of its stage */
@@ -197,11 +200,16 @@ static int plan_chunks(writer *w, dcp_write_plan *plan)
         }
         int64_t padded[CKPT_MAX_DIMS];
         ckpt_padded_shape(t, w->to.tp, padded);
-        if (hooks && hooks->padded && padded[t->partition.axis] != t->shape[t->partition.axis]) {
-            /* Each piece whole, its padding rows included, at its place in the padded tensor. */
-            if (t->partition.axis != 0 || w->dp > 1)
-                return tp_fail(TP_ERR_LAYOUT, "tensor %s: padding along dimension %d is written on rows only", t->name,
-                               t->partition.axis);
+        int read_whole = hooks && hooks->whole_piece && hooks->whole_piece(hooks->ctx, i);
+        if (read_whole || (hooks && hooks->padded && padded[t->partition.axis] != t->shape[t->partition.axis])) {
+            /* Each piece whole at its place in the padded tensor, its padding rows included; a tensor
+             * transformed (a QKV regrouped) is laid out in the target's order of rows, each piece a run
+             * of them, not as the source's segments say. */
+            if (t->partition.axis != 0 || w->dp > 1 || (read_whole && t->shape[0] % w->to.tp))
+                return tp_fail(TP_ERR_LAYOUT, "tensor %s: %s along dimension %d is written on rows only%s", t->name,
+                               read_whole ? "a tensor transformed" : "padding", t->partition.axis,
+                               read_whole ? ", tp dividing them" : "");
+            if (read_whole) shape[0] = t->shape[0] / w->to.tp;
             for (int p = 0; p < w->to.tp; p++) {
                 out_chunk c = whole;
                 c.piece = p;
@@ -481,12 +489,13 @@ static int write_chunk(writer *w, rank_buffers *rb, out_chunk *c, FILE *file, co
     if (at < 0) return tp_fail(TP_ERR_IO, "%s: cannot tell the position: %s", path, strerror(errno));
     c->item_offset = (int64_t)at;
     int status = TP_OK;
-    if (read_whole) { /* the piece read whole and transformed (a QKV regrouped), then cut as any other */
-        int64_t bytes = row_bytes * piece[0];
-        if (!rb->piece) return tp_fail(TP_ERR_STATE, "tensor %s: no buffer for a piece read whole", t->name);
-        status = reshard_read_piece(w->source, c->tensor, t, w->to.tp, c->piece, rb->piece, (size_t)bytes);
-        if (!status) status = hooks->transform(hooks->ctx, c->tensor, w->to.tp, rb->piece, rb->scratch, bytes);
+    if (read_whole) { /* the tensor read whole and transformed (a QKV regrouped); the piece a run of its rows */
+        int64_t bytes = row_bytes * t->shape[0];
+        if (!rb->piece) return tp_fail(TP_ERR_STATE, "tensor %s: no buffer for a tensor read whole", t->name);
+        status = reshard_read_piece(w->source, c->tensor, t, 1, 0, rb->piece, (size_t)bytes);
+        if (!status) status = hooks->transform(hooks->ctx, c->tensor, rb->piece, rb->scratch, bytes);
         if (status) return tp_fail_context(status, "%s: tensor %s", path, t->name);
+        first_row = c->offsets[0];
     }
     int64_t sizes[CKPT_MAX_DIMS + 1] = {1};
     int lead = w->stack_index[c->k] >= 0; /* the entry's leading axis, of 1 in the box */

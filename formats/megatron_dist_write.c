@@ -108,8 +108,10 @@ static int key_of(void *ctx, int tensor, char *key, size_t size, int64_t *index,
     return TP_OK;
 }
 
-/* A source under its own names lays out a fused QKV its own way: its pieces
- * are read whole and regrouped into Megatron's per-group order. */
+/* A source under its own names lays out a fused QKV its own way ([q; k;
+ * v]): it is read whole and regrouped into Megatron's per-group order,
+ * which Megatron-Core cuts into tp runs of rows (a group cut between ranks
+ * where tp exceeds the query groups). */
 static int whole_piece(void *ctx, int tensor)
 {
     dist_writer *w = ctx;
@@ -118,15 +120,14 @@ static int whole_piece(void *ctx, int tensor)
     return canonical && strstr(canonical, ".attention.qkv.") != NULL;
 }
 
-static int regroup_qkv(void *ctx, int tensor, int tp, void *piece, void *scratch, int64_t bytes)
+static int regroup_qkv(void *ctx, int tensor, void *whole, void *scratch, int64_t bytes)
 {
     dist_writer *w = ctx;
     const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, tensor);
-    int64_t shape[CKPT_MAX_DIMS], row = (int64_t)tp_dtype_size(t->dtype);
-    ckpt_piece_shape(t, tp, shape);
-    for (int d = 1; d < t->ndim; d++) row *= shape[d];
-    memcpy(scratch, piece, (size_t)bytes);
-    w->o->names->qkv_to_megatron(w->o->names->ctx, tp, scratch, piece, (size_t)(row * w->c->kv_channels));
+    int64_t row = (int64_t)tp_dtype_size(t->dtype);
+    for (int d = 1; d < t->ndim; d++) row *= t->shape[d];
+    memcpy(scratch, whole, (size_t)bytes);
+    w->o->names->qkv_to_megatron(w->o->names->ctx, 1, scratch, whole, (size_t)(row * w->c->kv_channels));
     return TP_OK;
 }
 

@@ -618,6 +618,7 @@ int megatron_args_write(byte_buffer *b, pk_memo *memo, const megatron_args_spec 
             pk_string(b, a->naming == MEGATRON_NAMES_CORE ? "transformer_engine" : "local");
         /* What the checkpoint holds, where the writer says. */
         else if (pickle_is_string(k, "ckpt_format") && a->ckpt_format && (format_seen = 1)) pk_string(b, a->ckpt_format);
+        else if (pickle_is_string(k, "use_dist_ckpt") && a->ckpt_format) pk_bool(b, !strcmp(a->ckpt_format, "torch_dist"));
         else if (pickle_is_string(k, "no_save_optim") && a->no_optimizer >= 0 && (optim_seen = 1)) pk_bool(b, a->no_optimizer);
         else if (pickle_is_string(k, "no_save_rng") && a->no_rng >= 0 && (rng_seen = 1)) pk_bool(b, a->no_rng);
         else {
