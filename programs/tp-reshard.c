@@ -446,8 +446,12 @@ static int write_torch_dist(ckpt_reader *source, megatron_dist_write_options *wo
     cli_source_layout_text(source, from_text);
     const char *source_name = ckpt_reader_path(source);
     if (verify && !wo->model)
-        return fail("--verify compares logical digests, and a GPT written as Megatron's regroups its QKV: read it back "
-                    "(--format tp) and compare its weights instead");
+        return fail("--verify compares logical digests, and a GPT written as Megatron's regroups its QKV: import it back "
+                    "(tp-ckpt import) and diff instead");
+    if (verify && wo->model->true_vocab > 0)
+        return fail("--verify compares logical tensors, and a torch_dist checkpoint is read with its tables as stored, "
+                    "padded for its tp (its reader is not told the true vocabulary): convert it back to Megatron-LM's "
+                    "format at the same tp and compare that instead");
     megatron_dist_write_plan plan;
     if (wo->model ? megatron_dist_write_plan_create(source, wo, &plan) : gpt_megatron_dist_write(source, wo, NULL, &plan))
         return fail("%s", tp_errmsg());
