@@ -10,7 +10,7 @@ they are given: every object is its class name and state.
   mcore_metadata.py entries ITER_DIR
       Prints one line per entry: a tensor's key, dtype, global shape and its
       chunks (offsets and sizes), or a bytes entry's key.
-  mcore_metadata.py compare REF OURS [--leave-out PREFIX]... [--ignore PATH]...
+  mcore_metadata.py compare REF OURS [--leave-out PREFIX]... [--ignore PATH]... [--tensors-only]
       Requires the two iteration directories' .metadata to describe the same
       entries: the same tensor keys with the same dtype, global shape and
       set of chunks (offsets, sizes), and the same bytes entries holding the
@@ -19,8 +19,8 @@ they are given: every object is its class name and state.
       metadata.json, and the same common state (common.pt, or the
       common_state entry's torch.save of [state]): every value equal, its
       tensors by dtype, shape and bytes, but at the paths ignored
-      ("common.args.save"). Exit 0 when equal, 1 with one line per
-      difference.
+      ("common.args.save"); with --tensors-only, the tensor entries alone.
+      Exit 0 when equal, 1 with one line per difference.
   mcore_metadata.py common ITER_DIR
       Prints the common state, tensors as (dtype, shape, sha256).
 """
@@ -192,11 +192,11 @@ def differences(a, b, path, out):
         out.append(f"{path}: {a!r} and {b!r}")
 
 
-def compare(ref, ours, leave_out, ignore):
+def compare(ref, ours, leave_out, ignore, tensors_only):
     problems = []
-    left = lambda k: any(k.startswith(p) for p in leave_out)  # noqa: E731
-    a = {k: v for k, v in entries(ref).items() if not left(k)}
-    b = {k: v for k, v in entries(ours).items() if not left(k)}
+    left = lambda k, v: any(k.startswith(p) for p in leave_out) or (tensors_only and v[0] != "tensor")  # noqa: E731
+    a = {k: v for k, v in entries(ref).items() if not left(k, v)}
+    b = {k: v for k, v in entries(ours).items() if not left(k, v)}
     for k in sorted(a.keys() - b.keys()):
         problems.append(f"{k}: in the reference only")
     for k in sorted(b.keys() - a.keys()):
@@ -212,6 +212,12 @@ def compare(ref, ours, leave_out, ignore):
             differences(torch_load(bytes_item(ref, k)), torch_load(bytes_item(ours, k)), k, problems)
     tensors = sum(1 for v in a.values() if v[0] == "tensor")
     objects = len(a) - tensors
+    if tensors_only:
+        for p in problems:
+            print(p)
+        if not problems:
+            print(f"mcore_metadata: the same {tensors} tensor entries (dtype, shape, chunks)")
+        return 1 if problems else 0
     with open(os.path.join(ref, "metadata.json")) as f:
         ref_config = f.read()
     with open(os.path.join(ours, "metadata.json")) as f:
@@ -245,7 +251,7 @@ def main(argv):
     if len(argv) >= 3 and argv[0] == "compare":
         leave_out = [argv[i + 1] for i in range(3, len(argv) - 1) if argv[i] == "--leave-out"]
         ignore = [argv[i + 1] for i in range(3, len(argv) - 1) if argv[i] == "--ignore"]
-        return compare(argv[1], argv[2], leave_out, ignore)
+        return compare(argv[1], argv[2], leave_out, ignore, "--tensors-only" in argv[3:])
     print(__doc__, file=sys.stderr)
     return 2
 
