@@ -264,6 +264,12 @@ static int source_model(ckpt_reader *source, source_names *names, megatron_confi
     const ckpt_train_state *state = ckpt_reader_state(source);
     const ckpt_layout *layout = ckpt_reader_layout(source);
     *names = (source_names){.source = source, .count = ckpt_reader_num_tensors(source)};
+    /* Another tool's checkpoint names its model only when it carries this
+     * toolkit's description (a DCP checkpoint tp-reshard wrote from one). */
+    if (!state->model_json || !strcmp(state->model_json, "{}"))
+        return tp_fail(TP_ERR_FORMAT, "%s names no model of this toolkit's or of Megatron: Megatron's args are written "
+                       "from a Megatron-LM checkpoint or this toolkit's GPT or Llama (a DCP checkpoint tp-reshard wrote "
+                       "from one names it)", ckpt_reader_path(source));
     int status = gpt_config_from_json(state->model_json, &names->config);
     if (status) return tp_fail_context(status, "%s", ckpt_reader_path(source));
     const gpt_config *g = &names->config;

@@ -155,6 +155,9 @@ expect_error "--megatron-core with another output" 2 "--megatron-core applies to
     "$WORK/mcore-0.20/ckpt/gpt_tp2pp1" --format tp --to tp2 --megatron-core 0.18 -o "$WORK/never"
 expect_error "an interleaved pipeline" 1 "written in this toolkit's format only" "$RS" "$WORK/mcore-0.20/ckpt/gpt_tp2pp1" \
     --to tp1pp2v2 -o "$WORK/never"
+expect_error "a DCP checkpoint that names no model: refused, saying what is needed" 1 \
+    "grid4 names no model of this toolkit's or of Megatron: Megatron's args are written from" "$RS" \
+    "$ROOT/tests/data/dcp/grid4" --format torch_dist --to tp1 -o "$WORK/never"
 expect_ok "an output in the way" mkdir -p "$WORK/taken/stray"
 expect_error "--force does not replace what the writer does not write" 1 "holds 'stray'" "$RS" \
     "$WORK/mcore-0.20/ckpt/gpt_tp2pp1" --to tp1pp2 -o "$WORK/taken" --force
