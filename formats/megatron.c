@@ -324,6 +324,7 @@ int megatron_canonical_name(const megatron_config *c, const char *path, int64_t 
                           char *out, size_t size, int *kind)
 {
     *kind = MEGATRON_NAME_TENSOR;
+    if (size) out[0] = '\0'; /* no name for what is skipped or a copy: callers may look at it */
     if (has_suffix(path, "_extra_state")) { /* Transformer Engine's FP8 metadata, empty without FP8 */
         *kind = MEGATRON_NAME_SKIP;
         return TP_OK;
