@@ -6,9 +6,11 @@
  * on a machine without Open MPI those are absent. Both take the places from
  * the environment instead (OPAL_* and PMIX_* installation directories), and
  * the ranks mpirun starts inherit it. This launcher sets them to the pack's
- * copies, puts the pack's libraries first on the library path (mpirun and
- * orted are the system's binaries, without a run path of their own), then
- * runs the pack's mpirun with the arguments given. A program and not a
+ * copies, then runs the pack's mpirun with the arguments given. The library
+ * path it leaves alone: mpirun, orted, the plugins and the libraries find
+ * the pack's libraries through their run paths (set by the pack), and the
+ * pack's libraries first on LD_LIBRARY_PATH would come before the machine's
+ * own for every program the ranks start. A program and not a
  * script: it runs in a root that holds the pack and glibc only, where there
  * is no shell (tests/gpu/test_gpu_pack.sh).
  *
@@ -73,11 +75,6 @@ int main(int argc, char **argv)
     set_to("PMIX_DATADIR", build, "mpi/share");
     set_to("PMIX_PKGDATADIR", build, "mpi/share/pmix");
     set_to("PMIX_SYSCONFDIR", build, "mpi/etc");
-
-    const char *old = getenv("LD_LIBRARY_PATH");
-    char path[2 * PATH_MAX];
-    snprintf(path, sizeof path, "%s/lib%s%s", build, old && old[0] ? ":" : "", old && old[0] ? old : "");
-    setenv("LD_LIBRARY_PATH", path, 1);
 
     argv[0] = mpirun;
     execv(mpirun, argv);

@@ -11,10 +11,12 @@
 #       ($ORIGIN/../lib, $ORIGIN/../../lib: see the Makefile)
 #   build/bin/tp-mpirun   Open MPI's mpirun from the pack (programs/tp-mpirun.c)
 #   build/lib             every shared library the binaries and Open MPI's
-#       runtime load, except glibc's (the libc6 package's) and the driver's
+#       runtime load, except glibc's (the libc6 package's) and the driver's;
+#       each with the run path $ORIGIN (DT_RPATH), so that it finds the
+#       others beside it whoever loads it (patchelf)
 #   build/mpi             mpirun, orted, the Open MPI and PMIx plugins whose
 #       libraries are all in the pack (a single-node run needs no more),
-#       their help texts and settings
+#       their help texts and settings; their run paths lead to build/lib
 #   PACK-INFO             the revision, build settings and library list
 #
 #   BUILD (default build): the build, made with CUDA=1
@@ -35,8 +37,8 @@ fail() {
 }
 grep -q '^CUDA=1 ' "$BUILD/config" 2>/dev/null ||
     fail "$BUILD is not a CUDA build (its config: $(head -c 60 "$BUILD/config" 2>/dev/null || echo none)); make gpu-pack builds one"
-for tool in ldd ompi_info orterun orted dpkg xz strip; do
-    command -v $tool >/dev/null || fail "$tool is missing (make deps)"
+for tool in ldd ompi_info orterun orted dpkg xz strip patchelf; do
+    command -v $tool >/dev/null || fail "$tool is missing (make deps; patchelf is Debian's package patchelf)"
 done
 
 STAGE="$BUILD/gpu-pack.d"
@@ -109,6 +111,30 @@ while read -r name path; do
     cp -L "$path" "$ROOT_DIR/build/lib/$name"
 done <"$STAGE/loaded"
 LIBS=$(awk '{print $1}' "$STAGE/libraries")
+
+# Run paths of the pack's own. Debian builds Open MPI's libraries, plugins,
+# mpirun and orted with DT_RUNPATH /usr/lib/x86_64-linux-gnu/openmpi/lib; a
+# library's DT_RUNPATH replaces, for its own dependencies, the DT_RPATH of
+# the program that loads it, so tp-train found libmpi.so.40 in build/lib and
+# then not libopen-rte.so.40 beside it (it ran only under tp-mpirun, which set
+# LD_LIBRARY_PATH). Every bundled library, plugin, mpirun and orted gets a
+# run path relative to itself that reaches build/lib, the libraries that had
+# none too (each then loads whoever loads it, or on its own). DT_RPATH, as
+# the programs have (the Makefile): searched before LD_LIBRARY_PATH, so that
+# a machine's own Open MPI on it (NVIDIA's containers put HPC-X's there,
+# with the same sonames) does not replace a bundled library's siblings.
+# set_run_path RUNPATH DIR: every ELF file in DIR (not below) gets RUNPATH.
+set_run_path() {
+    find "$2" -maxdepth 1 -type f -exec patchelf --force-rpath --set-rpath "$1" {} + ||
+        fail "patchelf could not set the run path $1 of the files in $2"
+}
+# shellcheck disable=SC2016 # $ORIGIN is the loader's, not the shell's
+{
+    set_run_path '$ORIGIN' "$ROOT_DIR/build/lib"
+    set_run_path '$ORIGIN/../../../lib' "$ROOT_DIR/build/mpi/lib/openmpi"
+    set_run_path '$ORIGIN/../../../lib' "$ROOT_DIR/build/mpi/lib/pmix"
+    set_run_path '$ORIGIN/../../lib' "$ROOT_DIR/build/mpi/bin"
+}
 
 CUDA_VERSION=$(sed -n 's/.*NVCC=\([^ ]*\).*/\1/p' "$BUILD/config" | xargs -I{} sh -c '{} --version' 2>/dev/null |
     sed -n 's/.*release \([0-9.]*\).*/\1/p')

@@ -3,7 +3,10 @@
 # empty root that holds only glibc (the libc6 package's libraries and its
 # loader) and the kernel's /proc, /dev and /sys, its programs run: tp-ckpt
 # synth, tp-reshard --verify, tp-train --device cpu at tp2 under the pack's
-# launcher (tp-mpirun), and its unit tests. Also: the archive stays under
+# launcher (tp-mpirun), and its unit tests; every program run directly (no
+# tp-mpirun, no LD_LIBRARY_PATH), and with LD_LIBRARY_PATH naming a decoy of
+# every bundled library; and every ELF file of the pack (programs, libraries,
+# plugins) resolves all it needs in the root. Also: the archive stays under
 # its size limit, and the CUDA library search names where it looked when
 # neither cuBLAS nor NCCL is there. Needs a CUDA build, dpkg, and the right
 # to make a mount namespace and change root (root, or an unprivileged user
@@ -48,9 +51,17 @@ dpkg -L libc6 | while read -r f; do
 done
 check "the root holds the loader" [ -f "$R/lib64/ld-linux-x86-64.so.2" ]
 check "the root has no shell" [ ! -e "$R/bin/sh" ]
+# Decoys: a file named as each bundled library, which no loader can load (it
+# stops at the first it opens), in a directory for LD_LIBRARY_PATH: a GPU
+# machine's LD_LIBRARY_PATH may name another Open MPI (NVIDIA's containers
+# name HPC-X's, libmpi.so.40 too), and the bundled libraries must find their
+# siblings before it.
+mkdir -p "$R/decoy"
+for lib in "$R$P"/build/lib/*; do echo "not a library" >"$R/decoy/${lib##*/}"; done
 
-# in_root NAME CMD...: CMD in the root, from the pack's top directory, with
-# the environment given; its output and exit status land in $R/out/NAME.*.
+# in_root NAME [VAR=VALUE...] CMD...: CMD in the root, from the pack's top
+# directory, with the environment given and the variables named; its output
+# and exit status land in $R/out/NAME.*.
 # Every step runs in one namespace (the mounts are made once).
 STEPS="$WORK/steps"
 : >"$STEPS"
@@ -65,6 +76,35 @@ in_root train $P/build/bin/tp-mpirun -np 2 $P/build/bin/tp-train --model tiny --
     --device cpu --ckpt-dir /tmp/run --ckpt-every 3 --log /tmp/train.jsonl --quiet
 in_root verify $P/build/bin/tp-ckpt verify /tmp/run/step_00000003
 in_root cuda $P/build/bin/tp-train --model tiny --steps 1 --device cuda --quiet
+# Every program run directly, as a user runs it: no tp-mpirun, and no
+# LD_LIBRARY_PATH (the environment below has none). The bundled libraries
+# find each other through run paths of their own: Debian's libmpi.so.40
+# carries DT_RUNPATH /usr/lib/x86_64-linux-gnu/openmpi/lib, which hid the
+# programs' run path for libmpi's own dependencies (issue 53).
+for prog in tp-train tp-ckpt tp-reshard tp-elastic tp-mpirun; do
+    in_root "help-$prog" $P/build/bin/$prog --help
+done
+in_root direct-train $P/build/bin/tp-train --layers 2 --dim 64 --heads 4 --vocab 256 --seq 32 --steps 3 \
+    --device cpu --ckpt-dir /tmp/direct --ckpt-every 3 --quiet
+in_root direct-verify $P/build/bin/tp-ckpt verify /tmp/direct/step_00000003
+in_root direct-plan $P/build/bin/tp-elastic plan --world 2 --model tiny --global-batch 8
+in_root decoy-train LD_LIBRARY_PATH=/decoy $P/build/bin/tp-train --layers 2 --dim 64 --heads 4 --vocab 256 \
+    --seq 32 --steps 1 --device cpu --quiet
+in_root decoy-mpirun LD_LIBRARY_PATH=/decoy $P/build/bin/tp-mpirun -np 2 $P/build/bin/tp-train --model tiny --tp 2 \
+    --micro-batch 2 --steps 1 --device cpu --quiet
+# What the loader makes of every ELF file of the pack (the programs, unit
+# tests, benchmarks, bundled libraries, Open MPI's and PMIx's plugins,
+# mpirun and orted), each on its own: a library or plugin as the first
+# object loaded, so that only its own run path serves its dependencies.
+(cd "$R$P" && find build -type f \( -perm -u+x -o -name '*.so*' \) | sort) | while read -r f; do
+    [ "$(head -c 4 "$R$P/$f" | od -An -c | tr -d ' ')" = "177ELF" ] || continue
+    echo "$f"
+done >"$WORK/elf"
+n=0
+while read -r f; do
+    n=$((n + 1))
+    in_root "list-$n" /lib64/ld-linux-x86-64.so.2 --list "$P/$f"
+done <"$WORK/elf"
 # The unit tests, but two that start programs through a shell, which this
 # root lacks and a GPU machine has: test_layers (mpirun) and test_elastic
 # (the orchestrator's process handling); and but the longest numerical
@@ -88,7 +128,14 @@ R=$1 STEPS=$2
 mount -t proc proc "$R/proc" && mount --rbind /dev "$R/dev" && mount --rbind /sys "$R/sys" || exit 1
 while read -r name cmd; do
     # shellcheck disable=SC2086
-    unshare --root="$R" --wd=/tp-gpu-pack $cmd >"$R/out/$name.out" 2>"$R/out/$name.err" </dev/null
+    set -- $cmd
+    vars=
+    while [ $# -gt 0 ] && [ "${1%%=*}" != "$1" ]; do
+        vars="$vars $1"
+        shift
+    done
+    # shellcheck disable=SC2086
+    env $vars unshare --root="$R" --wd=/tp-gpu-pack "$@" >"$R/out/$name.out" 2>"$R/out/$name.err" </dev/null
     echo $? >"$R/out/$name.rc"
 done <"$STEPS"' sh "$R" "$STEPS"
 check "the root was entered, its file systems mounted (exit $RC)" [ "$RC" -eq 0 ]
@@ -110,6 +157,29 @@ step_ok verify "tp-ckpt verify of the trained checkpoint"
 check "in the root: 3 steps logged" [ "$(grep -c '"step"' "$R/tmp/train.jsonl" 2>/dev/null)" -ge 3 ]
 check_all "in the root: tp-train --device cuda fails (no GPU), in one line" \
     '[ "$(cat "$R/out/cuda.rc")" != 0 ] && [ "$(wc -l <"$R/out/cuda.err")" -eq 1 ]'
+for prog in tp-train tp-ckpt tp-reshard tp-elastic tp-mpirun; do
+    step_ok "help-$prog" "$prog --help, run directly"
+done
+step_ok direct-train "tp-train --device cpu, run directly (no tp-mpirun, no LD_LIBRARY_PATH)"
+step_ok direct-verify "tp-ckpt verify of the directly trained checkpoint"
+step_ok direct-plan "tp-elastic plan, run directly"
+step_ok decoy-train "tp-train run directly, LD_LIBRARY_PATH naming a decoy of every bundled library"
+step_ok decoy-mpirun "tp-train at tp2 under tp-mpirun, LD_LIBRARY_PATH naming the decoys"
+check_all "in the root: the pack's ELF files found ($(wc -l <"$WORK/elf"): programs, libraries, plugins)" \
+    '[ "$(grep -c "^build/lib/lib" "$WORK/elf")" -ge 10 ] && grep -q "^build/mpi/lib/openmpi/mca_" "$WORK/elf" &&
+     grep -q "^build/mpi/bin/orted$" "$WORK/elf" && grep -q "^build/bin/tp-train$" "$WORK/elf"'
+# Each resolves every dependency in the root, in the pack or glibc: the
+# loader's error names the first library it could not find.
+n=0
+while read -r f; do
+    n=$((n + 1))
+    if [ "$(cat "$R/out/list-$n.rc" 2>/dev/null)" != 0 ] || grep -q "not found" "$R/out/list-$n.out"; then
+        echo "$f ($(sed -n 's/.*error while loading shared libraries: \([^:]*\):.*/\1/p' "$R/out/list-$n.err" |
+            head -n 1)$(grep "not found" "$R/out/list-$n.out" | awk '{printf " %s", $1}'))"
+    fi
+done <"$WORK/elf" >"$WORK/unresolved"
+check_all "in the root: every ELF file of the pack loads all it needs ($(wc -l <"$WORK/unresolved") do not, \
+first: $(head -n 3 "$WORK/unresolved" | tr '\n' ' '))" '[ ! -s "$WORK/unresolved" ]'
 for rc in "$R"/out/unit-*.rc; do
     step=$(basename "$rc" .rc)
     step_ok "$step" "${step#unit-}"
