@@ -42,7 +42,8 @@ case_pair local --names core-local --tp 4 --numbered --dtype fp32 --optimizer
 
 expect_ok "info" "$CK" info "$WORK/gpt.dist"
 check "info names the format, the iteration and the saved layout" \
-    grep -q "^checkpoint .*(Megatron-Core torch_dist, checkpoint_version 3.0, core names)" "$WORK/.out"
+    grep -q "^checkpoint .*(Megatron-Core torch_dist, checkpoint_version 3.0, core names, common state in common.pt: up to 0.18)" \
+    "$WORK/.out"
 check_all "info: iteration, saved layout, the optimizer read" \
     'grep -q "^iteration    1000" "$WORK/.out" && grep -q "^saved at     tp=2 pp=2 " "$WORK/.out" &&
      grep -q "^optimizer    Adam state in the model.s space, read" "$WORK/.out"'
@@ -88,8 +89,8 @@ printf '{"sharded_backend": "zarr", "sharded_backend_version": 1}' >"$WORK/zarr/
 expect_error "another backend" 1 "zarr backend is not read" "$CK" info "$WORK/zarr"
 cp -r "$WORK/w.dist" "$WORK/nocommon"
 rm "$WORK/nocommon/iter_0001000/common.pt"
-expect_error "no common.pt" 1 "no common.pt: the model's args are not known" "$RS" "$WORK/nocommon" --format tp --to tp1 \
-    -o "$WORK/x"
+expect_error "no common.pt" 1 "neither common.pt nor a bytes entry common_state/shard_0_1: the model's args are not known" \
+    "$RS" "$WORK/nocommon" --format tp --to tp1 -o "$WORK/x"
 # A model whose args say another size than the tensors.
 expect_ok "fixture with 96 hidden" "$PY" "$DIST" "$WORK/h96.dist" --layers 4 --hidden 96 --heads 8 --ffn 128 --vocab 200 \
     --make-vocab-size-divisible-by 16 --names core --tp 2
