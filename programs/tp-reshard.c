@@ -573,6 +573,15 @@ int main(int argc, char **argv)
         dcp_close(dcp);
         return code;
     }
+    if (dist && megatron_dist_optimizer_refusal(dist) && !options.drop_optimizer) { /* not left out unsaid */
+        int code = fail("%s: the optimizer's state is not read: %s; --weights-only converts the weights alone", argv[optind],
+                        megatron_dist_optimizer_refusal(dist));
+        ckpt_reader_close(source);
+        megatron_dist_close(dist);
+        dcp_close(dcp);
+        megatron_close(megatron);
+        return code;
+    }
     if (dcp_out) {
         if (dcp && !dcp_torch_given) dcp_torch = dcp_torch_version_of(dcp);
         int code = write_dcp(source, dcp, &options, dcp_torch, dcp_dp, argv[optind], out, verify, dry_run, json, force_progress);
