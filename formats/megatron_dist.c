@@ -661,10 +661,11 @@ static int collect_buckets(megatron_dist *m, dist_tensors *list, bucket_key *key
             if (!status && !taken) status = tp_fail(TP_ERR_NOMEM, "out of memory");
             for (int first = 0; !status && first < count; first++) {
                 if (taken[first]) continue;
-                tp_dtype dtype = list->items[params[first] == MEGATRON_HEAD_COPY ? (word >= 0 ? word : 0) : params[first]].desc.dtype;
+                int head = word >= 0 ? word : 0; /* the copy has the embeddings' dtype */
+                tp_dtype dtype = list->items[params[first] == MEGATRON_HEAD_COPY ? head : params[first]].desc.dtype;
                 int size = 0;
                 for (int k = first; k < count; k++) {
-                    int index_k = params[k] == MEGATRON_HEAD_COPY ? (word >= 0 ? word : 0) : params[k];
+                    int index_k = params[k] == MEGATRON_HEAD_COPY ? head : params[k];
                     if (taken[k] || list->items[index_k].desc.dtype != dtype) continue;
                     taken[k] = 1;
                     buffer[size++] = params[k];
@@ -679,7 +680,8 @@ static int collect_buckets(megatron_dist *m, dist_tensors *list, bucket_key *key
                 for (int k = at; !status && k < end; k++)
                     if (keys[k].bucket > keys[end - 1].bucket || (k > at && keys[k].bucket > keys[k - 1].bucket + 1) ||
                         (k == at && keys[k].bucket != 0))
-                        status = tp_fail(TP_ERR_FORMAT, "%s: buckets not numbered 0, 1, ...: bucket_idx_%d", where, keys[k].bucket);
+                        status = tp_fail(TP_ERR_FORMAT, "%s: buckets not numbered 0, 1, ...: bucket_idx_%d", where,
+                                         keys[k].bucket);
                 for (int k = at; !status && k < end; k++)
                     if (torch_dtype_from_tp(dtype) != keys[k].param_dtype)
                         status = tp_fail(TP_ERR_FORMAT, "%s: %s names parameters of %s, the model's are %s", where,
@@ -770,14 +772,16 @@ static int collect_optimizer(megatron_dist *m, dist_tensors *list)
         if (!keys) return tp_fail(TP_ERR_NOMEM, "out of memory");
         int n = 0;
         for (int i = 0; i < dcp_num_entries(dcp) && n < buckets; i++)
-            if (dcp_entry_is_tensor(dcp_entry_at(dcp, i)) && parse_bucket_key(dcp_entry_at(dcp, i)->key, &keys[n])) keys[n++].entry = i;
+            if (dcp_entry_is_tensor(dcp_entry_at(dcp, i)) && parse_bucket_key(dcp_entry_at(dcp, i)->key, &keys[n]))
+                keys[n++].entry = i;
         status = collect_buckets(m, list, keys, n);
         free(keys);
         m->optimizer_layout = "dp_reshardable";
     } else {
         for (int i = 0; i < dcp_num_entries(dcp) && !status; i++) {
             int model;
-            const char *role = dcp_entry_is_tensor(dcp_entry_at(dcp, i)) ? state_entry(dcp, dcp_entry_at(dcp, i)->key, &model) : NULL;
+            const dcp_entry *e = dcp_entry_at(dcp, i);
+            const char *role = dcp_entry_is_tensor(e) ? state_entry(dcp, e->key, &model) : NULL;
             if (role) status = add_state(m, i, model, role, list, &cells);
         }
         m->optimizer_layout = cells ? "fully_sharded_model_space" : fully ? "fully_reshardable" : "model space";
@@ -1011,13 +1015,13 @@ static int boxes_from_buckets(const megatron_dist *m, const dist_tensor *dt, con
 }
 
 /* Reads elements [start, start + n) of a 1-D fp32 bucket entry from the
- * chunks that hold them. */
+ * chunks that hold them (one read a chunk). */
 static int read_bucket_elements(const megatron_dist *m, const chunk_places *at, int entry, int64_t start, int64_t n,
                                 float *out)
 {
     const dcp_entry *e = dcp_entry_at(m->dcp, entry);
     const int64_t *sorted = at->sorted + e->chunk_index;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = 0; i < n;) {
         int64_t x = start + i;
         int lo = 0, hi = e->num_chunks;
         while (lo < hi) {
@@ -1029,13 +1033,16 @@ static int read_bucket_elements(const megatron_dist *m, const chunk_places *at, 
         const dcp_chunk *ch = lo < e->num_chunks ? &e->chunks[sorted[lo] - e->chunk_index] : NULL;
         if (!ch || ch->offsets[0] > x || at->located_at[sorted[lo]] < 0)
             return tp_fail(TP_ERR_FORMAT, "%s: %s: no chunk holds element %lld", m->path, e->key, (long long)x);
+        int64_t take = ch->offsets[0] + ch->sizes[0] - x;
+        if (take > n - i) take = n - i;
         const store_ops *store;
         store_file *file;
         TP_TRY(dcp_open_item_file(m->dcp, ch, &store, &file));
-        int status = store->read_at(file, &out[i], sizeof *out,
+        int status = store->read_at(file, &out[i], (size_t)take * sizeof *out,
                                     at->data_offset[at->located_at[sorted[lo]]] + (x - ch->offsets[0]) * (int64_t)sizeof *out);
         dcp_close_item_file(m->dcp, ch, store, file);
         TP_TRY(status);
+        i += take;
     }
     return TP_OK;
 }
@@ -1075,10 +1082,11 @@ static int check_main_copies(const megatron_dist *m, const chunk_places *at, ckp
         unsigned char weight[8 * sizeof(float)], rounded[8 * sizeof(float)];
         TP_TRY(ckpt_reader_read_region(reader, p, start, count, weight, sizeof weight));
         TP_TRY(read_bucket_elements(m, at, copy->entry, copy->start, n, main));
-        convert_from_f32(main, rounded, t->dtype, n);
+        /* convert_numbers, not convert_from_f32: its target clones do not link under clang's sanitizers */
+        convert_numbers(main, TP_FP32, rounded, t->dtype, n);
         if (memcmp(weight, rounded, (size_t)n * tp_dtype_size(t->dtype))) {
             float w[8];
-            convert_to_f32(weight, t->dtype, w, n);
+            convert_numbers(weight, t->dtype, w, TP_FP32, n);
             int i = 0;
             while (i < n - 1 && !memcmp(weight + i * tp_dtype_size(t->dtype), rounded + i * tp_dtype_size(t->dtype),
                                         tp_dtype_size(t->dtype)))
@@ -1192,7 +1200,7 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
     if (!status && !files.count) status = tp_fail(TP_ERR_FORMAT, "%s: no data files", m->path);
     if (!status) {
         ckpt_foreign source = {.path = m->path,
-                               .layout = {1, 1, 1, c->num_layers},
+                               .layout = {.tp = 1, .pp = 1, .dp = 1, .num_layers = c->num_layers},
                                .state = {.step = c->iteration > 0 ? c->iteration : 0,
                                          .consumed_samples = c->consumed_samples,
                                          .user_json = user},

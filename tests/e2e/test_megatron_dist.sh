@@ -147,6 +147,9 @@ for layout in dp_reshardable fully_reshardable fully_sharded_model_space; do
     check "info names the distributed optimizer's layout ($layout)" \
         grep -q "^optimizer    Adam state of the distributed optimizer, $layout, read" "$WORK/.out"
 done
+expect_ok "info --json" "$CK" info "$WORK/do.dp_reshardable" --json
+check_all "info --json: the layout read, 208 tensors" \
+    '"$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); assert d[\"optimizer_layout\"]==\"dp_reshardable\" and len(d[\"tensors\"])==208, d.get(\"optimizer_layout\")" "$WORK/.out"'
 expect_ok "legacy fixture with the distributed optimizer (distrib_optim.pt)" "$PY" "$LEGACY" "$WORK/gpt.legacy_do" $SHAPE \
     --names core --tp 2 --pp 2 --dtype bf16 --dist-opt
 expect_ok "dp_reshardable equals the legacy distributed optimizer's state too" "$CK" diff "$WORK/gpt.legacy_do" \

@@ -146,7 +146,7 @@ Test(megatron_dist, dp_reshardable_main_copies_round_to_the_weights)
         cr_assert(weight && rounded && main);
         cr_assert_eq(ckpt_reader_read_piece(r, i, 0, weight, bytes), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(ckpt_reader_read_piece(r, k, 0, main, (size_t)n * sizeof *main), TP_OK, "%s", tp_errmsg());
-        convert_from_f32(main, rounded, t->dtype, n);
+        convert_numbers(main, TP_FP32, rounded, t->dtype, n);
         cr_assert_eq(memcmp(weight, rounded, bytes), 0, "%s is not its main copy rounded", t->name);
         free(weight);
         free(rounded);
