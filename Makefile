@@ -307,7 +307,7 @@ soak: deps
 # inputs go to build-fuzz/corpus, crashes to build-fuzz/crashes. Not part of
 # `make test`, which replays the corpus (tests/ckpt/test_hostile.c).
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := index safetensors partition pickle torch megatron megatron_write dcp
+FUZZ_TARGETS := index safetensors partition pickle torch megatron megatron_write dcp megatron_dist
 FUZZ_SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz needs clang (apt-get install clang)" >&2; exit 1; }

@@ -249,6 +249,11 @@ int megatron_config_from(const char *file, const pickle_value *root, megatron_co
         TP_TRY(arg_number(args, file, "rotary_scaling_factor", c->rope_scaling_factor, &c->rope_scaling_factor));
     }
     c->qk_layernorm = arg_flag(args, "qk_layernorm");
+    const pickle_value *impl = pickle_get(args, "transformer_impl"), *spec = pickle_get(args, "spec");
+    c->impl = spec && spec->kind != PICKLE_NONE              ? MEGATRON_IMPL_OTHER
+              : !impl || pickle_is_string(impl, "transformer_engine") ? MEGATRON_IMPL_TRANSFORMER_ENGINE
+              : pickle_is_string(impl, "local")                 ? MEGATRON_IMPL_LOCAL
+                                                                : MEGATRON_IMPL_OTHER;
     /* Every size is a divisor or a dimension somewhere: named when out of range. */
     const struct {
         const char *name;

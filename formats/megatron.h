@@ -54,6 +54,15 @@ typedef enum {
 const char *megatron_naming_name(megatron_naming naming);
 int megatron_naming_parse(const char *text, megatron_naming *out);
 
+/* The modules a Megatron-Core model is built of (args.transformer_impl;
+ * Megatron-LM's default is Transformer Engine's): their parameters'
+ * registration order is the order of the distributed optimizer's buffers. */
+typedef enum {
+    MEGATRON_IMPL_TRANSFORMER_ENGINE, /* "transformer_engine": linear_proj, then linear_qkv with its fused norm, ... */
+    MEGATRON_IMPL_LOCAL,              /* "local": input_layernorm, linear_proj, linear_qkv, pre_mlp_layernorm, ... */
+    MEGATRON_IMPL_OTHER,              /* another one, or a layer spec of its own (args.spec) */
+} megatron_impl;
+
 typedef struct {
     int64_t iteration;           /* -1 for a release checkpoint */
     double checkpoint_version;
@@ -81,6 +90,7 @@ typedef struct {
     int has_optimizer;           /* an `optimizer` entry is in the rank files */
     int optimizer_read;          /* and its state was read: tensors optim/ROLE/NAME (megatron_optimizer_refusal says why not) */
     int distributed_optimizer;   /* read from the distributed optimizer's distrib_optim.pt files */
+    megatron_impl impl;          /* args.transformer_impl (and args.spec) */
 } megatron_config;
 
 typedef struct megatron_checkpoint megatron_checkpoint;
@@ -280,6 +290,11 @@ const char *megatron_dist_path(const megatron_dist *checkpoint);
 const dcp_checkpoint *megatron_dist_dcp(const megatron_dist *checkpoint);
 /* Why the optimizer's state is not read (another layout), or NULL. */
 const char *megatron_dist_optimizer_refusal(const megatron_dist *checkpoint);
+/* The layout the optimizer's state was read from, or NULL (none, or not
+ * read): "model space" (the non-distributed optimizer's), or the
+ * distributed optimizer's "fully_reshardable", "fully_sharded_model_space"
+ * or "dp_reshardable". */
+const char *megatron_dist_optimizer_layout(const megatron_dist *checkpoint);
 /* Where the common state was read: "common.pt" (up to 0.18) or
  * "common_state" (the entry, 0.19+). */
 const char *megatron_dist_common_source(const megatron_dist *checkpoint);

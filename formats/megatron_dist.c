@@ -7,6 +7,7 @@
  * layer becomes a tensor of its own whose boxes are its slices of the
  * stacked chunks, so that any layer, tensor-parallel and data-parallel
  * chunking reads by boxes. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,8 @@
 
 #include "../common/error.h"
 #include "../common/json.h"
+#include "../common/memory.h"
+#include "../kernels/kernels.h"
 #include "../common/parallel.h"
 #include "dcp_internal.h"
 #include "megatron_internal.h"
@@ -29,14 +32,35 @@
 #define LAYERS_PREFIX "decoder.layers."
 #define OPTIMIZER_PREFIX "optimizer.state."
 
+/* Where a tensor's elements lie in the checkpoint. */
+typedef enum {
+    FROM_CHUNKS,  /* the entry's chunks are boxes of it (their slices of its layer, stacked) */
+    FROM_CELLS,   /* fully_sharded_model_space: the entry [fragments..., n] holds flattened ranges of the
+                     tensor-parallel pieces ("cells") of model_entry, whose shape they cut */
+    FROM_BUCKETS, /* dp_reshardable: each tensor-parallel piece a run of a bucket (pieces) */
+} dist_source;
+
+/* A tensor-parallel piece of a tensor in a dp_reshardable bucket: the
+ * elements [start, start + the piece's) of the 1-D bucket entry, the
+ * piece flattened. */
+typedef struct {
+    int tensor; /* its tensor in megatron_dist.tensors */
+    int entry;
+    int tp_rank;
+    int64_t start;
+} bucket_piece;
+
 /* One tensor of the reader: a canonical name, and where it comes from: a
  * DCP entry, one layer of it when stacked. */
 typedef struct {
     char name[CKPT_NAME_MAX + 1];
     char param[CKPT_NAME_MAX + 1];
     const char *role;
-    int entry;
+    dist_source source;
+    int entry;       /* FROM_CHUNKS, FROM_CELLS */
+    int model_entry; /* FROM_CELLS */
     int64_t layer;   /* the slice of a stacked entry's leading axis, or -1 */
+    int first_piece, num_pieces; /* FROM_BUCKETS: of megatron_dist.pieces */
     ckpt_tensor_desc desc;
 } dist_tensor;
 
@@ -51,7 +75,16 @@ struct megatron_dist {
     dcp_checkpoint *dcp;
     store_hold *hold;          /* a shared lock on the save directory opened, while it is read */
     dist_tensors tensors;      /* what the reader presents */
+    bucket_piece *pieces;      /* of the FROM_BUCKETS tensors */
+    int num_pieces, pieces_capacity;
+    /* dp_reshardable: per parameter (the first num_params tensors), where
+     * tensor-parallel rank 0's bucket holds its main copy (entry -1: none),
+     * to check against the weights (check_main_copies). */
+    bucket_piece *main_copies;
+    int num_params;
     char optimizer_refusal[1024];
+    const char *optimizer_layout; /* the optimizer's layout read (a static string), or NULL */
+    char recorded_layout[64];  /* the distributed optimizer's layout as the common state records it, or "" */
     int common_entry;          /* the common state is the common_state entry (0.19+), not common.pt */
     torch_archive *common;     /* the archive holding it, kept for a writer to carry it */
     void *common_data;         /* the entry's bytes, which common reads (0.19+) */
@@ -108,6 +141,18 @@ static megatron_naming naming_of(const dcp_checkpoint *dcp)
 
 static int collect(megatron_dist *m, dist_tensors *list);
 
+/* The distributed optimizer's layout as Megatron-LM's save records it in
+ * the common state: content_metadata.distrib_optim_sharding_type (since
+ * 2b11af0a10, 2025-06-16), or the optimizer's param_state_sharding_type
+ * (DistributedOptimizer.sharded_state_dict). */
+static void read_recorded_layout(const pickle_value *root, char *out, size_t size)
+{
+    const pickle_value *v = pickle_get(pickle_get(root, "content_metadata"), "distrib_optim_sharding_type");
+    if (!v || v->kind != PICKLE_STRING) v = pickle_get(pickle_get(root, "optimizer"), "param_state_sharding_type");
+    out[0] = '\0';
+    if (v && v->kind == PICKLE_STRING && v->text.size < (int64_t)size) snprintf(out, size, "%s", v->text.data);
+}
+
 /* The common state (args, checkpoint_version, iteration, the scheduler):
  * common.pt beside .metadata where there is one (up to 0.18; 0.19+ still
  * reads it first), else the common_state entry. */
@@ -120,6 +165,7 @@ static int read_common(megatron_dist *m)
     if (status != TP_ERR_NOT_FOUND) {
         if (!status) status = megatron_config_read(archive, &m->config);
         m->common = archive;
+        if (!status) read_recorded_layout(torch_archive_root(archive), m->recorded_layout, sizeof m->recorded_layout);
         m->common_entry = 0;
         snprintf(m->common_where, sizeof m->common_where, "%s", path);
         return status;
@@ -140,6 +186,7 @@ static int read_common(megatron_dist *m)
         status = tp_fail(TP_ERR_FORMAT, "%s: holds a %s, not a list whose first item is the common state (a dict)",
                          m->common_where, pickle_kind_name(root->kind));
     if (!status) status = megatron_config_from(m->common_where, root->items.items[0], &m->config);
+    if (!status) read_recorded_layout(root->items.items[0], m->recorded_layout, sizeof m->recorded_layout);
     return status;
 }
 
@@ -186,6 +233,8 @@ void megatron_dist_close(megatron_dist *m)
     torch_archive_close(m->common);
     free(m->common_data);
     free(m->tensors.items);
+    free(m->pieces);
+    free(m->main_copies);
     store_hold_release(m->hold);
     free(m);
 }
@@ -215,6 +264,11 @@ const char *megatron_dist_optimizer_refusal(const megatron_dist *m)
     return m->optimizer_refusal[0] ? m->optimizer_refusal : NULL;
 }
 
+const char *megatron_dist_optimizer_layout(const megatron_dist *m)
+{
+    return m->config.optimizer_read ? m->optimizer_layout : NULL;
+}
+
 /* ------------------------------------------------------------ tensors */
 
 static int push(dist_tensors *list, const dist_tensor *t)
@@ -238,21 +292,29 @@ static void shape_text(const int64_t *shape, int ndim, char *out, size_t size)
     if (n < (int)size) snprintf(out + n, size - (size_t)n, "]");
 }
 
-/* Megatron-Core's names of the optimizer's states, ours. */
-static const char *role_of(const char *state)
+/* Megatron-Core's names of the optimizer's states, ours: the main (fp32)
+ * copy of a parameter is fp32_param in the model's space of the
+ * non-distributed optimizer and fully_sharded_model_space, param in
+ * fully_reshardable's and dp_reshardable's. */
+static const char *role_of(const char *state, size_t length)
 {
-    if (!strcmp(state, "exp_avg")) return "exp_avg";
-    if (!strcmp(state, "exp_avg_sq")) return "exp_avg_sq";
-    if (!strcmp(state, "fp32_param")) return "master";
+    static const struct {
+        const char *state, *role;
+    } roles[] = {{"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}, {"fp32_param", "master"}, {"param", "master"}};
+    for (size_t i = 0; i < sizeof roles / sizeof *roles; i++)
+        if (strlen(roles[i].state) == length && !strncmp(state, roles[i].state, length)) return roles[i].role;
     return NULL;
 }
 
 /* Adds the tensor(s) of a model key (the part after optimizer.state.STATE.
- * for the optimizer's, with role): one, or one per layer when stacked. */
-static int add_key(const megatron_dist *m, int entry, const char *key, const char *role, dist_tensors *list)
+ * for the optimizer's, with role): one, or one per layer when stacked.
+ * Their shape is shape_entry's (the entry's, or the model's when the
+ * entry's cells cut it). */
+static int add_key(const megatron_dist *m, int entry, int shape_entry, dist_source source, const char *key, const char *role,
+                   dist_tensors *list)
 {
     const megatron_config *c = &m->config;
-    const dcp_entry *e = dcp_entry_at(m->dcp, entry);
+    const dcp_entry *e = dcp_entry_at(m->dcp, shape_entry);
     int stacked = !strncmp(key, LAYERS_PREFIX, strlen(LAYERS_PREFIX)) &&
                   !(key[strlen(LAYERS_PREFIX)] >= '0' && key[strlen(LAYERS_PREFIX)] <= '9');
     if (stacked && (e->ndim < 2 || e->shape[0] != c->num_layers))
@@ -265,16 +327,18 @@ static int add_key(const megatron_dist *m, int entry, const char *key, const cha
         else snprintf(path, sizeof path, "%s", key);
         int kind;
         int status = megatron_canonical_name(c, path, 0, c->num_layers, canonical, sizeof canonical, &kind);
-        if (status) return tp_fail_context(status, "%s: key %s", m->path, e->key);
+        if (status) return tp_fail_context(status, "%s: key %s", m->path, dcp_entry_at(m->dcp, entry)->key);
         if (kind != MEGATRON_NAME_TENSOR) return TP_OK; /* the tied head's copy; extra state */
-        dist_tensor t = {.entry = entry, .layer = stacked ? l : -1, .role = role ? role : "param"};
+        dist_tensor t = {.entry = entry, .model_entry = shape_entry, .source = source, .layer = stacked ? l : -1,
+                         .role = role ? role : "param"};
         snprintf(t.param, sizeof t.param, "%s", canonical);
         int length = role ? snprintf(t.name, sizeof t.name, "optim/%.16s/%.200s", role, canonical)
                           : snprintf(t.name, sizeof t.name, "%.255s", canonical);
         if (length >= (int)sizeof t.name || strlen(canonical) > 200)
             return tp_fail(TP_ERR_FORMAT, "%s: key %s: a name too long", m->path, e->key);
         megatron_describe(c, t.param, &t.desc);
-        torch_dtype_to_tp(e->dtype, &t.desc.dtype); /* a tensor entry: one of ours */
+        /* A tensor entry: one of ours (the data's dtype: the entry's). */
+        torch_dtype_to_tp(dcp_entry_at(m->dcp, entry)->dtype, &t.desc.dtype);
         /* The logical shape: the entry's, without the layer axis. */
         int ndim = e->ndim - (stacked ? 1 : 0);
         int same = ndim == t.desc.ndim;
@@ -291,45 +355,769 @@ static int add_key(const megatron_dist *m, int entry, const char *key, const cha
     return TP_OK;
 }
 
-/* Every tensor: the model's, and the optimizer's where it is stored in the
- * model's space (optimizer.state.STATE.KEY, shaped as its parameter); any
- * other optimizer layout leaves the optimizer out, said. */
+/* Whether key is an optimizer's: optimizer.…, or chained_N.optimizer.…
+ * (ChainedOptimizer's prefix of each of several optimizers). */
+static int optimizer_key(const char *key, int *chained)
+{
+    *chained = 0;
+    if (!strncmp(key, "optimizer.", strlen("optimizer."))) return 1;
+    if (strncmp(key, "chained_", strlen("chained_"))) return 0;
+    const char *p = key + strlen("chained_");
+    while (*p >= '0' && *p <= '9') p++;
+    *chained = p > key + strlen("chained_") && !strncmp(p, ".optimizer.", strlen(".optimizer."));
+    return *chained;
+}
+
+/* An entry optimizer.state.STATE.KEY of the model's space: the role, and
+ * KEY's entry (a parameter's), or NULL. */
+static const char *state_entry(const dcp_checkpoint *dcp, const char *key, int *model_entry)
+{
+    *model_entry = -1;
+    if (strncmp(key, OPTIMIZER_PREFIX, strlen(OPTIMIZER_PREFIX))) return NULL;
+    const char *state = key + strlen(OPTIMIZER_PREFIX), *dot = strchr(state, '.');
+    const char *role = dot ? role_of(state, (size_t)(dot - state)) : NULL;
+    int found = role ? dcp_find(dcp, dot + 1) : -1;
+    int chained;
+    if (found < 0 || !dcp_entry_is_tensor(dcp_entry_at(dcp, found)) || optimizer_key(dot + 1, &chained)) return NULL;
+    *model_entry = found;
+    return role;
+}
+
+/* A state of the model's space: as its parameter is chunked (the
+ * non-distributed optimizer, fully_reshardable, and a 1-D parameter of
+ * fully_sharded_model_space before 244ec97009), or in
+ * fully_sharded_model_space's cells. The main copy of an fp32 parameter
+ * is the parameter itself (Megatron's optimizers keep no other) and is
+ * not a tensor of its own. */
+static int add_state(megatron_dist *m, int entry, int model_entry, const char *role, dist_tensors *list, int *cells)
+{
+    const dcp_entry *e = dcp_entry_at(m->dcp, entry), *p = dcp_entry_at(m->dcp, model_entry);
+    if (!strcmp(role, "master") && p->dtype == TORCH_FLOAT32) return TP_OK;
+    int same = e->ndim == p->ndim;
+    for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == p->shape[d];
+    if (same) return add_key(m, entry, model_entry, FROM_CHUNKS, p->key, role, list);
+    /* fully_sharded_model_space, saved as Megatron-Core up to 0.15 saves a
+     * flattened ShardedTensor (dist_checkpointing/strategies/torch.py
+     * sharded_tensor_to_torch_sharded_tensor and resharding.py
+     * nd_flattened_tensor_reformulated_global_shape, at core_v0.15.0): a
+     * parameter [X, Y] cut into pieces [x, y] as [X / x, Y / y, x y], the
+     * chunk of a flattened range [a, b) of piece (i, j) at (i, j, a). */
+    int64_t piece = 1;
+    int cut = e->ndim == p->ndim + 1;
+    for (int d = 0; cut && d < p->ndim; d++) {
+        cut = e->shape[d] >= 1 && p->shape[d] % e->shape[d] == 0;
+        if (cut) piece *= p->shape[d] / e->shape[d];
+    }
+    if (!cut || piece != e->shape[e->ndim - 1]) {
+        char got[160], want[160];
+        shape_text(e->shape, e->ndim, got, sizeof got);
+        shape_text(p->shape, p->ndim, want, sizeof want);
+        return tp_fail(TP_ERR_FORMAT, "%s: %s is %s: neither its parameter's shape %s nor that cut into flattened pieces "
+                       "[pieces along each dimension..., elements of a piece]", m->path, e->key, got, want);
+    }
+    *cells = 1;
+    return add_key(m, entry, model_entry, FROM_CELLS, p->key, role, list);
+}
+
+/* ------------------------------------------------------ dp_reshardable */
+
+/* A bucket's state: optimizer.distributed.dp_group_idx_G.gbuf_idx_B.
+ * dtype_(PARAM_DTYPE, GRAD_DTYPE).bucket_idx_K.STATE (distrib_optimizer.py
+ * sharded_param_state_dp_reshardable, Megatron-LM d98e8a64dd). */
+typedef struct {
+    int group, gbuf, bucket;
+    const char *role;
+    torch_dtype param_dtype;
+    int entry;
+} bucket_key;
+
+#define BUCKET_PREFIX "optimizer.distributed.dp_group_idx_"
+#define BUCKET_INDEX_MAX 100000000 /* a group, buffer or bucket number, at most */
+
+static const char *parse_number(const char *p, int *out)
+{
+    int64_t v = 0;
+    const char *start = p;
+    while (*p >= '0' && *p <= '9' && v <= BUCKET_INDEX_MAX) v = v * 10 + (*p++ - '0');
+    if (p == start || v > BUCKET_INDEX_MAX) return NULL;
+    *out = (int)v;
+    return p;
+}
+
+static const char *expect(const char *p, const char *text)
+{
+    return p && !strncmp(p, text, strlen(text)) ? p + strlen(text) : NULL;
+}
+
+static int parse_bucket_key(const char *key, bucket_key *out)
+{
+    const char *p = expect(key, BUCKET_PREFIX);
+    if (p) p = parse_number(p, &out->group);
+    p = expect(p, ".gbuf_idx_");
+    if (p) p = parse_number(p, &out->gbuf);
+    p = expect(p, ".dtype_(torch.");
+    if (!p) return 0;
+    /* The dtypes' text (a tuple's str) has dots of its own: the bucket is after the last ".bucket_idx_". */
+    const char *bucket = NULL;
+    for (const char *q = strstr(p, ".bucket_idx_"); q; q = strstr(q + 1, ".bucket_idx_")) bucket = q;
+    if (!bucket) return 0;
+    static const struct {
+        const char *name;
+        torch_dtype dtype;
+    } dtypes[] = {{"float32, ", TORCH_FLOAT32}, {"bfloat16, ", TORCH_BFLOAT16}, {"float16, ", TORCH_FLOAT16}};
+    int known = 0;
+    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes && !known; i++)
+        if (!strncmp(p, dtypes[i].name, strlen(dtypes[i].name))) {
+            out->param_dtype = dtypes[i].dtype;
+            known = 1;
+        }
+    p = parse_number(bucket + strlen(".bucket_idx_"), &out->bucket);
+    p = expect(p, ".");
+    out->role = p ? role_of(p, strlen(p)) : NULL;
+    return known && out->role && strcmp(p, "fp32_param") != 0;
+}
+
+static int compare_bucket_keys(const void *a, const void *b)
+{
+    const bucket_key *x = a, *y = b;
+    if (x->group != y->group) return x->group < y->group ? -1 : 1;
+    if (x->gbuf != y->gbuf) return x->gbuf < y->gbuf ? -1 : 1;
+    if (x->bucket != y->bucket) return x->bucket < y->bucket ? -1 : 1;
+    return strcmp(x->role, y->role);
+}
+
+/* The model's parameters by name, for the chunks' walks. */
+typedef struct {
+    const char *name;
+    int index;
+} named;
+
+typedef struct {
+    named *by_name; /* sorted */
+    int count;
+} param_index;
+
+static int compare_named(const void *a, const void *b)
+{
+    return strcmp(((const named *)a)->name, ((const named *)b)->name);
+}
+
+static int find_param(void *ctx, const char *canonical)
+{
+    const param_index *index = ctx;
+    named key = {canonical, 0}, *found = bsearch(&key, index->by_name, (size_t)index->count, sizeof key, compare_named);
+    return found ? found->index : -1;
+}
+
+static int push_piece(megatron_dist *m, bucket_piece piece)
+{
+    TP_TRY(array_reserve((void **)&m->pieces, &m->pieces_capacity, m->num_pieces + 1, sizeof *m->pieces));
+    m->pieces[m->num_pieces++] = piece;
+    return TP_OK;
+}
+
+static const char *const bucket_roles[3] = {"master", "exp_avg", "exp_avg_sq"};
+
+/* The tensor of a parameter's state of role r (0 master, 1 exp_avg, 2
+ * exp_avg_sq): state_of[param * 3 + r], created at its first piece. */
+static int state_tensor(megatron_dist *m, dist_tensors *list, int param, int r, int entry, int *state_of)
+{
+    int *slot = &state_of[param * 3 + r];
+    tp_dtype dtype;
+    torch_dtype_to_tp(dcp_entry_at(m->dcp, entry)->dtype, &dtype);
+    if (*slot >= 0) {
+        if (dtype != list->items[*slot].desc.dtype)
+            return tp_fail(TP_ERR_FORMAT, "%s: %s of %s is %s in %s, %s in another bucket", m->path, bucket_roles[r],
+                           list->items[param].name, tp_dtype_name(dtype), dcp_entry_at(m->dcp, entry)->key,
+                           tp_dtype_name(list->items[*slot].desc.dtype));
+        return TP_OK;
+    }
+    dist_tensor t = list->items[param];
+    t.source = FROM_BUCKETS;
+    t.entry = t.model_entry = -1;
+    t.layer = -1;
+    t.role = bucket_roles[r];
+    t.desc.dtype = dtype;
+    snprintf(t.name, sizeof t.name, "optim/%s/%.200s", bucket_roles[r], list->items[param].name);
+    snprintf(t.param, sizeof t.param, "%s", list->items[param].name);
+    *slot = list->count;
+    return push(list, &t);
+}
+
+/* The buffer of tensor-parallel rank tp_rank's data-parallel group
+ * numbered gbuf: the parameters of one dtype of one model chunk (params,
+ * in named_parameters() order; MEGATRON_HEAD_COPY the tied embeddings'
+ * copy), its buckets' states the keys [0, n) (sorted). Each parameter's
+ * states become pieces of its optimizer tensors. */
+static int read_buffer(megatron_dist *m, dist_tensors *list, int tp_rank, int word, const int *params, int num_params,
+                       const bucket_key *keys, int n, int *state_of, const char *where)
+{
+    const megatron_config *c = &m->config;
+    int num_buckets = n ? keys[n - 1].bucket + 1 : 0;
+    int64_t *bucket_numel = calloc((size_t)num_buckets + 1, sizeof *bucket_numel);
+    int(*entry_of)[3] = calloc((size_t)num_buckets + 1, sizeof *entry_of);
+    megatron_buffer_param *layout = calloc((size_t)num_params + 1, sizeof *layout);
+    int status = bucket_numel && entry_of && layout ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int b = 0; !status && b < num_buckets; b++)
+        for (int r = 0; r < 3; r++) entry_of[b][r] = -1;
+    for (int k = 0; !status && k < n; k++) {
+        const dcp_entry *e = dcp_entry_at(m->dcp, keys[k].entry);
+        int r = 0, b = keys[k].bucket;
+        while (strcmp(bucket_roles[r], keys[k].role)) r++;
+        if (e->ndim != 1 || entry_of[b][r] >= 0)
+            status = tp_fail(TP_ERR_FORMAT, "%s: %s: %s", m->path, e->key,
+                             e->ndim != 1 ? "not one-dimensional (a bucket's flat state)" : "a bucket's state twice");
+        else if (bucket_numel[b] && bucket_numel[b] != e->shape[0])
+            status = tp_fail(TP_ERR_FORMAT, "%s: %s has %lld elements, its bucket's other states %lld", m->path, e->key,
+                             (long long)e->shape[0], (long long)bucket_numel[b]);
+        entry_of[b][r] = keys[k].entry;
+        bucket_numel[b] = e->shape[0];
+    }
+    /* Every bucket has the states the first has; Adam's moments always. */
+    for (int b = 0; !status && b < num_buckets; b++)
+        for (int r = 0; r < 3 && !status; r++)
+            if (entry_of[b][r] < 0 && (r > 0 || entry_of[0][0] >= 0))
+                status = tp_fail(TP_ERR_FORMAT, "%s: no %s state of bucket_idx_%d", where, r ? bucket_roles[r] : "param", b);
+    /* Each parameter's tensor-parallel piece, where Megatron's layout puts it. */
+    for (int k = 0; !status && k < num_params; k++) {
+        int index = params[k] == MEGATRON_HEAD_COPY ? word : params[k];
+        if (index < 0) {
+            status = tp_fail(TP_ERR_FORMAT, "%s: a copy of the tied word embeddings, which the checkpoint lacks", where);
+            break;
+        }
+        const ckpt_tensor_desc *d = &list->items[index].desc;
+        int64_t shape[CKPT_MAX_DIMS], numel = 1;
+        ckpt_piece_shape(d, c->tp, shape);
+        for (int x = 0; x < d->ndim; x++) numel *= shape[x];
+        layout[k].numel = numel;
+        layout[k].shared = c->pp > 1 && !c->untied && index == word;
+    }
+    if (!status) status = megatron_buffer_layout(layout, num_params, bucket_numel, num_buckets, where);
+    for (int k = 0; !status && k < num_params; k++) {
+        if (params[k] == MEGATRON_HEAD_COPY) continue; /* the embeddings' state again: its place is checked */
+        if (tp_rank == 0 && entry_of[layout[k].bucket][0] >= 0)
+            m->main_copies[params[k]] = (bucket_piece){.tensor = params[k], .entry = entry_of[layout[k].bucket][0],
+                                                       .start = layout[k].start};
+        /* A replicated parameter's pieces are alike: tensor-parallel rank 0's is read. */
+        if (ckpt_piece_count(&list->items[params[k]].desc, c->tp) == 1 && tp_rank > 0) continue;
+        tp_dtype param_dtype = list->items[params[k]].desc.dtype; /* list grows below */
+        for (int r = 0; r < 3 && !status; r++) {
+            int entry = entry_of[layout[k].bucket][r];
+            if (entry < 0 || (r == 0 && param_dtype == TP_FP32)) continue; /* an fp32 parameter is its own main copy */
+            status = state_tensor(m, list, params[k], r, entry, state_of);
+            if (!status)
+                status = push_piece(m, (bucket_piece){.tensor = state_of[params[k] * 3 + r], .entry = entry, .tp_rank = tp_rank,
+                                                      .start = layout[k].start});
+        }
+    }
+    free(bucket_numel);
+    free(entry_of);
+    free(layout);
+    return status;
+}
+
+static int compare_pieces(const void *a, const void *b)
+{
+    const bucket_piece *x = a, *y = b;
+    if (x->tensor != y->tensor) return x->tensor < y->tensor ? -1 : 1;
+    return x->tp_rank < y->tp_rank ? -1 : x->tp_rank > y->tp_rank;
+}
+
+/* dp_reshardable: keys[0..n) the buckets' states. Data-parallel group G
+ * is the model-parallel rank tp_rank + tp pp_rank (optimizer/__init__.py
+ * get_megatron_optimizer: data_parallel_group_idx = the rank in mp_group,
+ * whose ranks parallel_state.py orders tensor-parallel first); its buffers
+ * gbuf_idx 0, 1, ... are its model chunks' in order, in each a buffer per
+ * parameter dtype in the order of their first parameters
+ * (group_params_for_buffers). */
+static int collect_buckets(megatron_dist *m, dist_tensors *list, bucket_key *keys, int n)
+{
+    const megatron_config *c = &m->config;
+    qsort(keys, (size_t)n, sizeof *keys, compare_bucket_keys);
+    int num_params = list->count, groups = c->tp * c->pp;
+    /* A chunk's parameters are the model's (and the tied copy): the walk of
+     * a chunk of more layers than the model has tensors is refused first. */
+    int64_t chunk_layers = c->num_layers / ((int64_t)c->pp * c->vpp);
+    int max = num_params + 2;
+    if (chunk_layers > num_params)
+        return tp_fail(TP_ERR_FORMAT, "%s: args say %lld layers a model chunk, the checkpoint has %d tensors", m->path,
+                       (long long)chunk_layers, num_params);
+    named *by_name = calloc((size_t)num_params + 1, sizeof *by_name);
+    int *state_of = malloc(((size_t)num_params * 3 + 1) * sizeof *state_of);
+    int *params = calloc((size_t)max, sizeof *params), *buffer = calloc((size_t)max, sizeof *buffer);
+    int status = by_name && state_of && params && buffer ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int k = 0; !status && k < num_params; k++) by_name[k] = (named){list->items[k].name, k};
+    for (int k = 0; !status && k < num_params * 3; k++) state_of[k] = -1;
+    free(m->main_copies);
+    m->num_params = num_params;
+    m->main_copies = status ? NULL : calloc((size_t)num_params + 1, sizeof *m->main_copies);
+    if (!status && !m->main_copies) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int k = 0; !status && k < num_params; k++) m->main_copies[k].entry = -1;
+    if (!status) qsort(by_name, (size_t)num_params, sizeof *by_name, compare_named);
+    param_index index = {.by_name = by_name, .count = num_params};
+    int word = status ? -1 : find_param(&index, "embedding.word_embeddings.weight");
+    if (!status && n && keys[n - 1].group >= groups)
+        status = tp_fail(TP_ERR_FORMAT, "%s: %s: data-parallel group %d of a model of tp %d x pp %d", m->path,
+                         dcp_entry_at(m->dcp, keys[n - 1].entry)->key, keys[n - 1].group, c->tp, c->pp);
+    int at = 0; /* the first key of the group's next buffer */
+    for (int g = 0; !status && g < groups; g++) {
+        int pp_rank = g / c->tp, tp_rank = g % c->tp, gbuf = 0;
+        for (int v = 0; !status && v < c->vpp; v++) {
+            int count = 0;
+            status = megatron_core_chunk_params(c, pp_rank, v, find_param, &index, params, max, &count);
+            /* One buffer per dtype, in the order of their first parameters. */
+            char *taken = status ? NULL : calloc((size_t)count + 1, 1);
+            if (!status && !taken) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+            for (int first = 0; !status && first < count; first++) {
+                if (taken[first]) continue;
+                int head = word >= 0 ? word : 0; /* the copy has the embeddings' dtype */
+                tp_dtype dtype = list->items[params[first] == MEGATRON_HEAD_COPY ? head : params[first]].desc.dtype;
+                int size = 0;
+                for (int k = first; k < count; k++) {
+                    int index_k = params[k] == MEGATRON_HEAD_COPY ? head : params[k];
+                    if (taken[k] || list->items[index_k].desc.dtype != dtype) continue;
+                    taken[k] = 1;
+                    buffer[size++] = params[k];
+                }
+                int end = at;
+                while (end < n && keys[end].group == g && keys[end].gbuf == gbuf) end++;
+                char where[CKPT_PATH_MAX + 200];
+                snprintf(where, sizeof where, "%s: " BUCKET_PREFIX "%d.gbuf_idx_%d (tp rank %d, pp rank %d, model chunk %d)",
+                         m->path, g, gbuf, tp_rank, pp_rank, v);
+                if (end == at || keys[at].group != g)
+                    status = tp_fail(TP_ERR_FORMAT, "%s: no buckets: not in the checkpoint", where);
+                for (int k = at; !status && k < end; k++)
+                    if (keys[k].bucket > keys[end - 1].bucket || (k > at && keys[k].bucket > keys[k - 1].bucket + 1) ||
+                        (k == at && keys[k].bucket != 0))
+                        status = tp_fail(TP_ERR_FORMAT, "%s: buckets not numbered 0, 1, ...: bucket_idx_%d", where,
+                                         keys[k].bucket);
+                for (int k = at; !status && k < end; k++)
+                    if (torch_dtype_from_tp(dtype) != keys[k].param_dtype)
+                        status = tp_fail(TP_ERR_FORMAT, "%s: %s names parameters of %s, the model's are %s", where,
+                                         dcp_entry_at(m->dcp, keys[k].entry)->key, torch_dtype_name(keys[k].param_dtype),
+                                         tp_dtype_name(dtype));
+                if (!status) status = read_buffer(m, list, tp_rank, word, buffer, size, keys + at, end - at, state_of, where);
+                at = end;
+                gbuf++;
+            }
+            free(taken);
+        }
+        if (!status && at < n && keys[at].group == g)
+            status = tp_fail(TP_ERR_FORMAT, "%s: %s: a buffer the model does not have (its %d model chunks hold %d)", m->path,
+                             dcp_entry_at(m->dcp, keys[at].entry)->key, c->vpp, gbuf);
+    }
+    /* Each tensor's pieces together, by tensor-parallel rank: all of them. */
+    if (!status) qsort(m->pieces, (size_t)m->num_pieces, sizeof *m->pieces, compare_pieces);
+    for (int k = 0; !status && k < m->num_pieces;) {
+        dist_tensor *t = &list->items[m->pieces[k].tensor];
+        t->first_piece = k;
+        while (k < m->num_pieces && m->pieces[k].tensor == m->pieces[t->first_piece].tensor) k++;
+        t->num_pieces = k - t->first_piece;
+        int want = ckpt_piece_count(&t->desc, c->tp);
+        for (int p = 0; p < t->num_pieces && p < want && !status; p++)
+            if (m->pieces[t->first_piece + p].tp_rank != p || t->num_pieces != want)
+                status = tp_fail(TP_ERR_FORMAT, "%s: %s: %d tensor-parallel pieces in the buckets, %d expected", m->path, t->name,
+                                 t->num_pieces, want);
+    }
+    /* Every parameter's moments. */
+    for (int k = 0; !status && k < num_params; k++)
+        if (state_of[k * 3 + 1] < 0 || state_of[k * 3 + 2] < 0)
+            status = tp_fail(TP_ERR_FORMAT, "%s: %s has no state in the distributed optimizer's buckets", m->path,
+                             list->items[k].name);
+    free(by_name);
+    free(state_of);
+    free(params);
+    free(buffer);
+    return status;
+}
+
+/* Every tensor: the model's, and the optimizer's where it is read (the
+ * model's space, fully_sharded_model_space's cells, dp_reshardable's
+ * buckets); another optimizer layout leaves the optimizer out, said. */
+static int collect_optimizer(megatron_dist *m, dist_tensors *list)
+{
+    const dcp_checkpoint *dcp = m->dcp;
+    int states = 0, buckets = 0, cells = 0, fully = 0, entries = 0;
+    const char *other = NULL, *why = NULL;
+    for (int i = 0; i < dcp_num_entries(dcp); i++) {
+        const dcp_entry *e = dcp_entry_at(dcp, i);
+        int chained, model;
+        bucket_key key;
+        if (!optimizer_key(e->key, &chained)) continue;
+        if (!dcp_entry_is_tensor(e)) {
+            /* dp_zero_gather_scatter: a pickled distrib_optim.pt per group (sharded_param_state_dp_zero). */
+            if (!strncmp(e->key, BUCKET_PREFIX, strlen(BUCKET_PREFIX)) && strstr(e->key, ".param_state/") && !other) {
+                other = e->key;
+                why = "the distributed optimizer's dp_zero_gather_scatter layout (each group's state a pickle) is not read";
+            }
+            continue;
+        }
+        entries++;
+        const char *role = state_entry(dcp, e->key, &model);
+        if (role) {
+            states++;
+            fully += !strncmp(e->key, OPTIMIZER_PREFIX "param.", strlen(OPTIMIZER_PREFIX "param."));
+        } else if (parse_bucket_key(e->key, &key)) {
+            buckets++;
+        } else if (!other) {
+            other = e->key;
+            why = chained ? "several optimizers chained (ChainedOptimizer's chained_N. keys) are not read"
+                          : "an optimizer entry of a layout not known";
+        }
+    }
+    m->config.has_optimizer = entries > 0 || other;
+    if (!other && states && buckets) {
+        other = "optimizer.state.* and optimizer.distributed.*";
+        why = "two layouts of the optimizer at once";
+    }
+    if (other) {
+        snprintf(m->optimizer_refusal, sizeof m->optimizer_refusal, "%s: %s", other, why);
+        return TP_OK;
+    }
+    if (!entries) return TP_OK;
+    int params = list->count, status = TP_OK;
+    if (buckets) {
+        bucket_key *keys = calloc((size_t)buckets, sizeof *keys);
+        if (!keys) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        int n = 0;
+        for (int i = 0; i < dcp_num_entries(dcp) && n < buckets; i++)
+            if (dcp_entry_is_tensor(dcp_entry_at(dcp, i)) && parse_bucket_key(dcp_entry_at(dcp, i)->key, &keys[n]))
+                keys[n++].entry = i;
+        status = collect_buckets(m, list, keys, n);
+        free(keys);
+        m->optimizer_layout = "dp_reshardable";
+    } else {
+        for (int i = 0; i < dcp_num_entries(dcp) && !status; i++) {
+            int model;
+            const dcp_entry *e = dcp_entry_at(dcp, i);
+            const char *role = dcp_entry_is_tensor(e) ? state_entry(dcp, e->key, &model) : NULL;
+            if (role) status = add_state(m, i, model, role, list, &cells);
+        }
+        m->optimizer_layout = cells ? "fully_sharded_model_space" : fully ? "fully_reshardable" : "model space";
+    }
+    /* What the common state records, where it does. */
+    if (!status && m->recorded_layout[0] && strcmp(m->optimizer_layout, "model space") &&
+        strcmp(m->recorded_layout, m->optimizer_layout))
+        status = tp_fail(TP_ERR_FORMAT, "%s: the optimizer's state is laid out as %s, the common state records %s", m->path,
+                         m->optimizer_layout, m->recorded_layout);
+    /* Modules whose order is not known: the optimizer left out, said; the weights are read. */
+    if (status == TP_ERR_LAYOUT) {
+        snprintf(m->optimizer_refusal, sizeof m->optimizer_refusal, "%s", tp_errmsg());
+        list->count = params;
+        m->num_pieces = 0;
+        m->num_params = 0;
+        m->optimizer_layout = NULL;
+        return TP_OK;
+    }
+    if (!status) m->config.optimizer_read = 1;
+    return status;
+}
+
 static int collect(megatron_dist *m, dist_tensors *list)
 {
     const dcp_checkpoint *dcp = m->dcp;
-    int optimizer_entries = 0, model_space = 1;
     for (int i = 0; i < dcp_num_entries(dcp); i++) {
         const dcp_entry *e = dcp_entry_at(dcp, i);
-        if (strncmp(e->key, "optimizer.", strlen("optimizer."))) continue;
-        if (!dcp_entry_is_tensor(e)) continue;
-        optimizer_entries++;
-        const char *state = e->key + strlen(OPTIMIZER_PREFIX), *dot = strchr(state, '.');
-        char name[64] = "";
-        if (!strncmp(e->key, OPTIMIZER_PREFIX, strlen(OPTIMIZER_PREFIX)) && dot && dot - state < (int)sizeof name)
-            snprintf(name, sizeof name, "%.*s", (int)(dot - state), state);
-        if (!role_of(name) || dcp_find(dcp, dot + 1) < 0) {
-            model_space = 0;
-            snprintf(m->optimizer_refusal, sizeof m->optimizer_refusal,
-                     "the optimizer's state is not stored in the model's space (%s: the distributed optimizer's "
-                     "dp_reshardable layout, or another); the weights are read", e->key);
-            break;
-        }
+        int chained;
+        if (dcp_entry_is_tensor(e) && !optimizer_key(e->key, &chained)) /* not _extra_state and other objects */
+            TP_TRY(add_key(m, i, i, FROM_CHUNKS, e->key, NULL, list));
     }
-    m->config.has_optimizer = optimizer_entries > 0;
-    m->config.optimizer_read = optimizer_entries > 0 && model_space;
-    for (int i = 0; i < dcp_num_entries(dcp); i++) {
-        const dcp_entry *e = dcp_entry_at(dcp, i);
-        if (!dcp_entry_is_tensor(e)) continue; /* _extra_state and other objects */
-        if (strncmp(e->key, "optimizer.", strlen("optimizer."))) {
-            TP_TRY(add_key(m, i, e->key, NULL, list));
-        } else if (m->config.optimizer_read) {
-            const char *state = e->key + strlen(OPTIMIZER_PREFIX), *dot = strchr(state, '.');
-            char name[64];
-            snprintf(name, sizeof name, "%.*s", (int)(dot - state), state);
-            TP_TRY(add_key(m, i, dot + 1, role_of(name), list));
+    return collect_optimizer(m, list);
+}
+
+/* ------------------------------------------------------------- boxes */
+
+/* The boxes of the reader being made, grown as tensors add theirs. */
+typedef struct {
+    ckpt_foreign_box *items;
+    int count, capacity;
+} box_list;
+
+/* Adds a box [offsets, offsets + sizes) of t, in its logical coordinates,
+ * stored row-major at offset of file. */
+static int add_box(box_list *boxes, const char *where, const ckpt_tensor_desc *t, int file, int64_t offset,
+                   const int64_t *offsets, const int64_t *sizes)
+{
+    if (boxes->count > INT32_MAX - 2 * CKPT_MAX_SEGMENTS) return tp_fail(TP_ERR_FORMAT, "%s: too many chunks", where);
+    TP_TRY(array_reserve((void **)&boxes->items, &boxes->capacity, boxes->count + CKPT_MAX_SEGMENTS, sizeof *boxes->items));
+    int64_t n;
+    TP_TRY(dcp_box_boxes(where, t, file, offset, offsets, sizes, boxes->items + boxes->count, &n));
+    boxes->count += (int)n;
+    return TP_OK;
+}
+
+/* A box of consecutive elements of a row-major block: [start, start +
+ * count), its first element the block's element first. */
+typedef struct {
+    int64_t start[CKPT_MAX_DIMS], count[CKPT_MAX_DIMS], first;
+} flat_box;
+
+/* Cuts the elements [a, b) of a row-major block of shape (ndim dims,
+ * none 0) into boxes of consecutive elements: the rest of a row, whole
+ * rows, the rest of a plane, ..., at most 2 ndim - 1 of them. */
+static int flat_boxes(const int64_t *shape, int ndim, int64_t a, int64_t b, flat_box *out)
+{
+    int64_t stride[CKPT_MAX_DIMS];
+    stride[ndim - 1] = 1;
+    for (int d = ndim - 2; d >= 0; d--) stride[d] = stride[d + 1] * shape[d + 1];
+    int n = 0;
+    while (a < b) {
+        /* The outermost dimension one step of which starts at a and fits. */
+        int d = 0;
+        while (d < ndim - 1 && (a % stride[d] || stride[d] > b - a)) d++;
+        int64_t at = a / stride[d] % shape[d], steps = (b - a) / stride[d];
+        if (steps > shape[d] - at) steps = shape[d] - at;
+        flat_box *box = &out[n++];
+        for (int k = 0; k < ndim; k++) {
+            box->start[k] = a / stride[k] % shape[k];
+            box->count[k] = k < d ? 1 : k == d ? steps : shape[k];
+        }
+        box->first = a;
+        a += steps * stride[d];
+    }
+    return n;
+}
+
+/* Adds a box of tensor-parallel rank rank's piece of t at degree tp (in
+ * the piece's coordinates, stored row-major at offset of file): in t's
+ * logical coordinates, the piece's padding and replicated rows left out
+ * (the first rank that holds them is read). */
+static int add_piece_box(box_list *boxes, const char *where, const ckpt_tensor_desc *t, int tp, int rank, const flat_box *box,
+                         int file, int64_t offset, int64_t elem)
+{
+    if (t->partition.kind != CKPT_SPLIT) return add_box(boxes, where, t, file, offset, box->start, box->count);
+    ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
+    int64_t n = ckpt_piece_runs(t, tp, rank, runs, 2 * CKPT_MAX_SEGMENTS);
+    if (n < 0) return tp_fail(TP_ERR_FORMAT, "%s: tensor-parallel piece %d of %s at tp %d", where, rank, t->name, tp);
+    int axis = t->partition.axis, leading = 1;
+    int64_t inner = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (d < axis) leading &= box->count[d] == 1;
+        if (d > axis) inner *= box->count[d];
+    }
+    int64_t lo0 = box->start[axis], hi0 = lo0 + box->count[axis];
+    for (int64_t r = 0; r < n; r++) {
+        const ckpt_run *run = &runs[r];
+        int64_t lo = lo0 > run->local_start ? lo0 : run->local_start;
+        int64_t hi = hi0 < run->local_start + run->length ? hi0 : run->local_start + run->length;
+        if (run->logical_start < 0 || run->replica || lo >= hi) continue;
+        if (!leading && (lo != lo0 || hi != hi0)) /* its part of the run would not be consecutive in the file */
+            return tp_fail(TP_ERR_LAYOUT, "%s: %s: a flat range across a cut of dimension %d is not read", where, t->name, axis);
+        int64_t start[CKPT_MAX_DIMS], count[CKPT_MAX_DIMS];
+        memcpy(start, box->start, sizeof start);
+        memcpy(count, box->count, sizeof count);
+        start[axis] = run->logical_start + lo - run->local_start;
+        count[axis] = hi - lo;
+        TP_TRY(add_box(boxes, where, t, file, offset + (lo - lo0) * inner * elem, start, count));
+    }
+    return TP_OK;
+}
+
+/* Where the located chunks' data lie. */
+typedef struct {
+    const int64_t *located_at;  /* by chunk: its place in data_offset, or -1 */
+    const int64_t *data_offset;
+    const int64_t *sorted;      /* a bucket entry's chunks by offset, from its chunk_index */
+} chunk_places;
+
+/* The chunks of a stacked or plain entry, each a box of the tensor (its
+ * layer's slice). */
+static int boxes_from_chunks(const megatron_dist *m, const dist_tensor *dt, const ckpt_tensor_desc *desc,
+                             const chunk_places *at, box_list *boxes)
+{
+    const dcp_entry *e = dcp_entry_at(m->dcp, dt->entry);
+    int skip = dt->layer >= 0; /* the leading layer axis */
+    int64_t elem = (int64_t)torch_dtype_size(e->dtype);
+    char where[CKPT_PATH_MAX + 600];
+    snprintf(where, sizeof where, "%s: %s", m->path, e->key);
+    for (int k = 0; k < e->num_chunks; k++) {
+        const dcp_chunk *ch = &e->chunks[k];
+        if (at->located_at[e->chunk_index + k] < 0) continue;
+        if (skip && (dt->layer < ch->offsets[0] || dt->layer >= ch->offsets[0] + ch->sizes[0])) continue;
+        int64_t slice = elem; /* bytes of one layer of the chunk */
+        for (int d = 1; d < e->ndim; d++) slice *= ch->sizes[d];
+        int64_t offset = at->data_offset[at->located_at[e->chunk_index + k]] + (skip ? (dt->layer - ch->offsets[0]) * slice : 0);
+        TP_TRY(add_box(boxes, where, desc, ch->file, offset, ch->offsets + skip, ch->sizes + skip));
+    }
+    return TP_OK;
+}
+
+/* fully_sharded_model_space: each chunk (piece index..., a) of [pieces
+ * along each dimension..., n] the elements [a, a + size) of that piece of
+ * the parameter's entry, flattened. */
+static int boxes_from_cells(const megatron_dist *m, const dist_tensor *dt, const ckpt_tensor_desc *desc,
+                            const chunk_places *at, box_list *boxes)
+{
+    const dcp_entry *e = dcp_entry_at(m->dcp, dt->entry), *p = dcp_entry_at(m->dcp, dt->model_entry);
+    int ndim = p->ndim, skip = dt->layer >= 0;
+    int64_t elem = (int64_t)torch_dtype_size(e->dtype), piece[CKPT_MAX_DIMS];
+    char where[CKPT_PATH_MAX + 600];
+    snprintf(where, sizeof where, "%s: %s", m->path, e->key);
+    for (int d = 0; d < ndim; d++) piece[d] = p->shape[d] / e->shape[d];
+    if (skip && piece[0] != 1)
+        return tp_fail(TP_ERR_FORMAT, "%s: pieces of %lld layers of the stacked %s", where, (long long)piece[0], p->key);
+    for (int k = 0; k < e->num_chunks; k++) {
+        const dcp_chunk *ch = &e->chunks[k];
+        if (at->located_at[e->chunk_index + k] < 0) continue;
+        for (int d = 0; d < ndim; d++)
+            if (ch->sizes[d] != 1)
+                return tp_fail(TP_ERR_FORMAT, "%s: chunk %d spans %lld pieces along dimension %d (one holds part of one piece)",
+                               where, k, (long long)ch->sizes[d], d);
+        if (skip && ch->offsets[0] != dt->layer) continue;
+        int64_t a = ch->offsets[ndim], offset = at->data_offset[at->located_at[e->chunk_index + k]];
+        flat_box cut[2 * CKPT_MAX_DIMS];
+        int n = flat_boxes(piece, ndim, a, a + ch->sizes[ndim], cut);
+        for (int b = 0; b < n; b++) {
+            for (int d = 0; d < ndim; d++) cut[b].start[d] += ch->offsets[d] * piece[d];
+            TP_TRY(add_box(boxes, where, desc, ch->file, offset + (cut[b].first - a) * elem, cut[b].start + skip,
+                           cut[b].count + skip));
         }
     }
     return TP_OK;
+}
+
+/* dp_reshardable: each tensor-parallel piece the elements [start, start +
+ * its size) of a bucket, in whichever of the bucket's chunks (each
+ * data-parallel rank's part of each parameter, and of the padding between
+ * them) hold them. */
+static int boxes_from_buckets(const megatron_dist *m, const dist_tensor *dt, const ckpt_tensor_desc *desc,
+                              const chunk_places *at, box_list *boxes)
+{
+    int tp = m->config.tp;
+    int64_t piece[CKPT_MAX_DIMS], numel = 1;
+    ckpt_piece_shape(desc, tp, piece);
+    for (int d = 0; d < desc->ndim; d++) numel *= piece[d];
+    for (int i = 0; i < dt->num_pieces; i++) {
+        const bucket_piece *bp = &m->pieces[dt->first_piece + i];
+        const dcp_entry *e = dcp_entry_at(m->dcp, bp->entry);
+        int64_t elem = (int64_t)torch_dtype_size(e->dtype), begin = bp->start, end = bp->start + numel;
+        char where[CKPT_PATH_MAX + 600];
+        snprintf(where, sizeof where, "%s: %s", m->path, e->key);
+        if (end > e->shape[0])
+            return tp_fail(TP_ERR_FORMAT, "%s: %s's elements [%lld, %lld) lie outside its %lld", where, dt->name,
+                           (long long)begin, (long long)end, (long long)e->shape[0]);
+        /* The first chunk that ends after begin, by binary search of the chunks sorted by offset. */
+        const int64_t *sorted = at->sorted + e->chunk_index;
+        int lo = 0, hi = e->num_chunks;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            const dcp_chunk *ch = &e->chunks[sorted[mid] - e->chunk_index];
+            if (ch->offsets[0] + ch->sizes[0] <= begin) lo = mid + 1;
+            else hi = mid;
+        }
+        for (int j = lo; j < e->num_chunks; j++) {
+            const dcp_chunk *ch = &e->chunks[sorted[j] - e->chunk_index];
+            if (ch->offsets[0] >= end) break;
+            if (at->located_at[sorted[j]] < 0) continue;
+            int64_t x = ch->offsets[0] > begin ? ch->offsets[0] : begin;
+            int64_t y = ch->offsets[0] + ch->sizes[0] < end ? ch->offsets[0] + ch->sizes[0] : end;
+            if (x >= y) continue;
+            int64_t offset = at->data_offset[at->located_at[sorted[j]]];
+            flat_box cut[2 * CKPT_MAX_DIMS];
+            int n = flat_boxes(piece, desc->ndim, x - begin, y - begin, cut);
+            for (int b = 0; b < n; b++)
+                TP_TRY(add_piece_box(boxes, where, desc, tp, bp->tp_rank, &cut[b], ch->file,
+                                     offset + (cut[b].first + begin - ch->offsets[0]) * elem, elem));
+        }
+    }
+    return TP_OK;
+}
+
+/* Reads elements [start, start + n) of a 1-D fp32 bucket entry from the
+ * chunks that hold them (one read a chunk). */
+static int read_bucket_elements(const megatron_dist *m, const chunk_places *at, int entry, int64_t start, int64_t n,
+                                float *out)
+{
+    const dcp_entry *e = dcp_entry_at(m->dcp, entry);
+    const int64_t *sorted = at->sorted + e->chunk_index;
+    for (int64_t i = 0; i < n;) {
+        int64_t x = start + i;
+        int lo = 0, hi = e->num_chunks;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            const dcp_chunk *ch = &e->chunks[sorted[mid] - e->chunk_index];
+            if (ch->offsets[0] + ch->sizes[0] <= x) lo = mid + 1;
+            else hi = mid;
+        }
+        const dcp_chunk *ch = lo < e->num_chunks ? &e->chunks[sorted[lo] - e->chunk_index] : NULL;
+        if (!ch || ch->offsets[0] > x || at->located_at[sorted[lo]] < 0)
+            return tp_fail(TP_ERR_FORMAT, "%s: %s: no chunk holds element %lld", m->path, e->key, (long long)x);
+        int64_t take = ch->offsets[0] + ch->sizes[0] - x;
+        if (take > n - i) take = n - i;
+        const store_ops *store;
+        store_file *file;
+        TP_TRY(dcp_open_item_file(m->dcp, ch, &store, &file));
+        int status = store->read_at(file, &out[i], (size_t)take * sizeof *out,
+                                    at->data_offset[at->located_at[sorted[lo]]] + (x - ch->offsets[0]) * (int64_t)sizeof *out);
+        dcp_close_item_file(m->dcp, ch, store, file);
+        TP_TRY(status);
+        i += take;
+    }
+    return TP_OK;
+}
+
+/* Megatron keeps a 16-bit parameter as its fp32 main copy rounded, and an
+ * fp32 one as that copy itself (DistributedOptimizer.
+ * _copy_main_params_to_model_params). Nothing in a dp_reshardable
+ * checkpoint records the order of its buffers' parameters, which is taken
+ * from the modules args name (megatron_core_chunk_params), and bucket sizes
+ * rarely tell a wrong one: the main copies found where that order puts
+ * them must round to the weights. Checked on the first elements of the
+ * parameters outside the layers and of each model chunk's first layer. */
+static int check_main_copies(const megatron_dist *m, const chunk_places *at, ckpt_reader *reader)
+{
+    const megatron_config *c = &m->config;
+    int64_t chunk_layers = c->num_layers / ((int64_t)c->pp * c->vpp);
+    for (int p = 0; p < m->num_params; p++) {
+        const bucket_piece *copy = &m->main_copies[p];
+        const ckpt_tensor_desc *t = &m->tensors.items[p].desc;
+        if (copy->entry < 0 || dcp_entry_at(m->dcp, copy->entry)->dtype != TORCH_FLOAT32) continue;
+        if (t->anchor == CKPT_ANCHOR_LAYER && t->layer % chunk_layers) continue;
+        /* Tensor-parallel rank 0's first elements (at most 8 of a row). */
+        int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS], piece[CKPT_MAX_DIMS];
+        int last = t->ndim - 1;
+        ckpt_piece_shape(t, c->tp, piece);
+        for (int d = 0; d < t->ndim; d++) count[d] = 1;
+        int64_t n = piece[last] < 8 ? piece[last] : 8;
+        if (t->partition.kind == CKPT_SPLIT) {
+            ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
+            if (ckpt_piece_runs(t, c->tp, 0, runs, 2 * CKPT_MAX_SEGMENTS) < 1 || runs[0].logical_start < 0 || runs[0].local_start)
+                continue;
+            start[t->partition.axis] = runs[0].logical_start;
+            if (t->partition.axis == last && runs[0].length < n) n = runs[0].length;
+        }
+        count[last] = n;
+        float main[8];
+        unsigned char weight[8 * sizeof(float)], rounded[8 * sizeof(float)];
+        TP_TRY(ckpt_reader_read_region(reader, p, start, count, weight, sizeof weight));
+        TP_TRY(read_bucket_elements(m, at, copy->entry, copy->start, n, main));
+        /* convert_numbers, not convert_from_f32: its target clones do not link under clang's sanitizers */
+        convert_numbers(main, TP_FP32, rounded, t->dtype, n);
+        if (memcmp(weight, rounded, (size_t)n * tp_dtype_size(t->dtype))) {
+            float w[8];
+            convert_numbers(weight, t->dtype, w, TP_FP32, n);
+            int i = 0;
+            while (i < n - 1 && !memcmp(weight + i * tp_dtype_size(t->dtype), rounded + i * tp_dtype_size(t->dtype),
+                                        tp_dtype_size(t->dtype)))
+                i++;
+            return tp_fail(TP_ERR_FORMAT, "%s: the main copy of %s where the order of %s modules (args.transformer_impl) "
+                           "puts it in %s is not its weight (element %d: %g, the weight %g): the buffers hold the "
+                           "parameters in another order, of other modules than args say", m->path, t->name,
+                           c->impl == MEGATRON_IMPL_LOCAL ? "Megatron-Core's local" : "Transformer Engine's",
+                           dcp_entry_at(m->dcp, copy->entry)->key, i, (double)main[i], (double)w[i]);
+        }
+    }
+    return TP_OK;
+}
+
+typedef struct {
+    int64_t offset, chunk;
+} chunk_order;
+
+static int compare_chunk_order(const void *a, const void *b)
+{
+    const chunk_order *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
 int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int threads, ckpt_reader **out)
@@ -344,13 +1132,20 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
     for (int i = 0; i < dcp_num_entries(dcp); i++) total += dcp_entry_at(dcp, i)->num_chunks;
     int64_t *chunk = calloc((size_t)total + 1, sizeof *chunk), *data_offset = calloc((size_t)total + 1, sizeof *data_offset);
     int64_t *located_at = calloc((size_t)total + 1, sizeof *located_at); /* by chunk: its place in chunk[], or -1 */
+    int64_t *sorted = calloc((size_t)total + 1, sizeof *sorted);
     int *chunk_entry = calloc((size_t)total + 1, sizeof *chunk_entry);
-    char *used = calloc((size_t)dcp_num_entries(dcp) + 1, 1);
+    char *used = calloc((size_t)dcp_num_entries(dcp) + 1, 1); /* 1: read; 2: a bucket, its chunks sorted */
     int64_t located = 0;
-    if (!status && (!chunk || !data_offset || !located_at || !chunk_entry || !used))
+    if (!status && (!chunk || !data_offset || !located_at || !sorted || !chunk_entry || !used))
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int64_t k = 0; !status && k < total; k++) located_at[k] = -1;
-    for (int t = 0; !status && t < tensors->count; t++) used[tensors->items[t].entry] = 1;
+    for (int t = 0; !status && t < tensors->count; t++) {
+        const dist_tensor *dt = &tensors->items[t];
+        if (dt->source != FROM_BUCKETS) used[dt->entry] = 1;
+        for (int i = 0; dt->source == FROM_BUCKETS && i < dt->num_pieces; i++) used[m->pieces[dt->first_piece + i].entry] = 2;
+    }
+    for (int p = 0; !status && p < m->num_params; p++) /* the main copies checked (fp32 parameters' too) */
+        if (m->main_copies[p].entry >= 0) used[m->main_copies[p].entry] = 2;
     for (int i = 0; !status && i < dcp_num_entries(dcp); i++) {
         const dcp_entry *e = dcp_entry_at(dcp, i);
         for (int k = 0; used[i] && k < e->num_chunks; k++) {
@@ -361,44 +1156,40 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
             chunk[located] = e->chunk_index + k;
             chunk_entry[located++] = i;
         }
+        if (used[i] == 2 && e->num_chunks) {
+            chunk_order *order = malloc((size_t)e->num_chunks * sizeof *order);
+            if (!order) {
+                status = tp_fail(TP_ERR_NOMEM, "out of memory");
+                break;
+            }
+            for (int k = 0; k < e->num_chunks; k++) order[k] = (chunk_order){e->chunks[k].offsets[0], e->chunk_index + k};
+            qsort(order, (size_t)e->num_chunks, sizeof *order, compare_chunk_order);
+            for (int k = 0; k < e->num_chunks; k++) sorted[e->chunk_index + k] = order[k].chunk;
+            free(order);
+        }
     }
     ckpt_foreign_check *checks = status ? NULL : calloc((size_t)located + 1, sizeof *checks);
     if (!status && !checks) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     if (!status) status = dcp_locate(dcp, located, chunk, chunk_entry, threads, data_offset, checks);
     int num_checks = status ? 0 : dcp_compact_checks(checks, located);
-    /* The boxes of each tensor: the chunks of its entry, or their slices of its layer. */
-    int64_t capacity = 0, num_boxes = 0;
-    for (int t = 0; t < tensors->count; t++) capacity += dcp_entry_at(dcp, tensors->items[t].entry)->num_chunks;
-    capacity = capacity * CKPT_MAX_SEGMENTS + 1;
-    ckpt_foreign_box *boxes = status ? NULL : calloc((size_t)capacity, sizeof *boxes);
+    /* The boxes of each tensor. */
+    box_list boxes = {0};
     int64_t *box_first = status ? NULL : calloc((size_t)tensors->count + 1, sizeof *box_first);
     ckpt_tensor_desc *descs = status ? NULL : calloc((size_t)tensors->count + 1, sizeof *descs);
-    if (!status && (!boxes || !box_first || !descs)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status && (!box_first || !descs)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    chunk_places at = {.located_at = located_at, .data_offset = data_offset, .sorted = sorted};
     for (int t = 0; !status && t < tensors->count; t++) {
         const dist_tensor *dt = &tensors->items[t];
         descs[t] = dt->desc;
         descs[t].name = dt->name;
         descs[t].param = dt->param;
         descs[t].role = dt->role;
-        box_first[t] = num_boxes;
-        const dcp_entry *e = dcp_entry_at(dcp, dt->entry);
-        int skip = dt->layer >= 0; /* the leading layer axis */
-        int64_t elem = (int64_t)torch_dtype_size(e->dtype);
-        for (int k = 0; k < e->num_chunks && !status; k++) {
-            const dcp_chunk *ch = &e->chunks[k];
-            if (located_at[e->chunk_index + k] < 0) continue;
-            if (skip && (dt->layer < ch->offsets[0] || dt->layer >= ch->offsets[0] + ch->sizes[0])) continue;
-            int64_t slice = elem; /* bytes of one layer of the chunk */
-            for (int d = 1; d < e->ndim; d++) slice *= ch->sizes[d];
-            int64_t offset = data_offset[located_at[e->chunk_index + k]] + (skip ? (dt->layer - ch->offsets[0]) * slice : 0);
-            char where[CKPT_PATH_MAX + 600];
-            snprintf(where, sizeof where, "%s: %s", m->path, e->key);
-            int64_t n;
-            status = dcp_box_boxes(where, &descs[t], ch->file, offset, ch->offsets + skip, ch->sizes + skip, boxes + num_boxes, &n);
-            num_boxes += n;
-        }
+        box_first[t] = boxes.count;
+        status = dt->source == FROM_CHUNKS  ? boxes_from_chunks(m, dt, &descs[t], &at, &boxes)
+                 : dt->source == FROM_CELLS ? boxes_from_cells(m, dt, &descs[t], &at, &boxes)
+                                            : boxes_from_buckets(m, dt, &descs[t], &at, &boxes);
     }
-    if (!status) box_first[tensors->count] = num_boxes;
+    if (!status) box_first[tensors->count] = boxes.count;
     /* The files: the DCP checkpoint's data files. */
     dcp_file_list files = {0};
     if (!status) status = dcp_file_list_make(dcp, &files);
@@ -407,6 +1198,7 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
     cJSON_AddNumberToObject(origin, "checkpoint_version", c->checkpoint_version);
     cJSON_AddStringToObject(origin, "names", megatron_naming_name(c->naming));
     cJSON_AddStringToObject(origin, "optimizer", c->optimizer_read ? "read" : m->optimizer_refusal[0] ? "not read" : "none");
+    if (c->optimizer_read) cJSON_AddStringToObject(origin, "optimizer_layout", m->optimizer_layout);
     if (m->optimizer_refusal[0]) cJSON_AddStringToObject(origin, "optimizer_refusal", m->optimizer_refusal);
     /* The layout it was saved at (it is read as whole tensors: tp1pp1). */
     cJSON_AddNumberToObject(origin, "saved_tp", c->tp);
@@ -417,7 +1209,7 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
     if (!status && !files.count) status = tp_fail(TP_ERR_FORMAT, "%s: no data files", m->path);
     if (!status) {
         ckpt_foreign source = {.path = m->path,
-                               .layout = {1, 1, 1, c->num_layers},
+                               .layout = {.tp = 1, .pp = 1, .dp = 1, .num_layers = c->num_layers},
                                .saved = {c->tp, c->pp, 1, c->num_layers, c->vpp > 1 ? c->vpp : 0},
                                .state = {.step = c->iteration > 0 ? c->iteration : 0,
                                          .consumed_samples = c->consumed_samples,
@@ -428,21 +1220,27 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
                                .files = files.paths,
                                .file_bytes = files.bytes,
                                .versions = files.versions,
-                               .boxes = boxes,
+                               .boxes = boxes.items,
                                .box_first = box_first,
                                .checks = checks,
                                .num_checks = num_checks};
         status = ckpt_reader_open_foreign(out, &source, compute_digests);
+        if (!status && m->num_params) status = check_main_copies(m, &at, *out);
+        if (status) {
+            ckpt_reader_close(*out);
+            *out = NULL;
+        }
     }
     cJSON_free(user);
     dcp_file_list_free(&files);
-    free(boxes);
+    free(boxes.items);
     free(box_first);
     free(descs);
     free(chunk);
     free(data_offset);
     free(checks);
     free(located_at);
+    free(sorted);
     free(chunk_entry);
     free(used);
     return status;

@@ -121,4 +121,55 @@ const char *megatron_layer_extra_module(megatron_naming naming, int i);
 int megatron_fill_vocabulary_padding(ckpt_reader *source, int index, int tp, int piece, int64_t row0, int64_t count,
                                      void *buf);
 
+/* ------------------------------------------------- modules and buffers
+ * (megatron_modules.c) */
+
+/* A module of a transformer layer, as Megatron builds it: its parameters
+ * in the order it registers them (named_parameters()'s), their canonical
+ * names after layers.N., and its _extra_state. */
+enum { MEGATRON_NO_EXTRA, MEGATRON_EXTRA_NONE, MEGATRON_EXTRA_TE }; /* none, None, Transformer Engine's */
+typedef struct {
+    const char *module;       /* under layers.N. */
+    const char *leaves[4];    /* its parameters, NULL-terminated */
+    const char *canonical[4]; /* their canonical names after layers.N. */
+    int extra;
+} megatron_layer_module;
+
+/* A layer's modules in registration order, NULL-terminated (module NULL):
+ * of the legacy model, of Transformer Engine's modules (MEGATRON_NAMES_CORE)
+ * or of Megatron-Core's local ones (MEGATRON_NAMES_CORE_LOCAL). */
+const megatron_layer_module *megatron_layer_modules(megatron_naming naming);
+
+/* The parameters of model chunk vp_rank of pipeline stage pp_rank of a
+ * Megatron-Core GPT (c->impl's modules) in named_parameters() order: the
+ * embeddings, the layers' parameters, the final norm, the output layer.
+ * find(ctx, canonical) gives a parameter's index, or -1 where the model
+ * has none (no biases, rotary positions); the tied embeddings' copy on the
+ * last stage (pp > 1) is MEGATRON_HEAD_COPY. out has room for max;
+ * *count receives how many. TP_ERR_LAYOUT for modules whose order is not
+ * known (c->impl MEGATRON_IMPL_OTHER). */
+#define MEGATRON_HEAD_COPY (-2)
+int megatron_core_chunk_params(const megatron_config *c, int pp_rank, int vp_rank, int (*find)(void *ctx, const char *canonical),
+                               void *ctx, int *out, int max, int *count);
+
+/* A parameter of a distributed optimizer's buffer. */
+typedef struct {
+    int64_t numel; /* of its tensor-parallel piece */
+    int shared;    /* Megatron's shared_embedding (tied embeddings with pp > 1): a bucket of its own */
+    int bucket;    /* out: its bucket */
+    int64_t start; /* out: its first element in the bucket */
+} megatron_buffer_param;
+
+/* Places a buffer's parameters (params, in named_parameters() order) in
+ * its buckets as Megatron's distributed optimizer does (docs/MEGATRON.md
+ * section 8): in reverse order, each start padded to 64 elements, a
+ * shared embedding in a bucket of its own. Where else a bucket ends (at
+ * --ddp-bucket-size elements) is taken from bucket_numel, the unpadded
+ * size of each of num_buckets buckets as the checkpoint records them,
+ * which must match: TP_ERR_FORMAT naming where, the bucket and both
+ * sizes. Positions are bucket-relative, so the data-parallel size (which
+ * pads buckets' ends) does not enter. */
+int megatron_buffer_layout(megatron_buffer_param *params, int n, const int64_t *bucket_numel, int num_buckets,
+                           const char *where);
+
 #endif

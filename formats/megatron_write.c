@@ -33,60 +33,6 @@
  * parameters. A step takes a hundred bytes. */
 #define COPY_BUDGET ((int64_t)1 << 20)
 
-enum { NO_EXTRA, EXTRA_NONE, EXTRA_TE }; /* a module's _extra_state: none, None, Transformer Engine's */
-
-typedef struct {
-    const char *module;         /* under layers.N. */
-    const char *leaves[4];      /* its parameters, NULL-terminated */
-    const char *canonical[4];   /* their canonical names after layers.N. */
-    int extra;
-} layer_module;
-
-#define NORM(m, c) {m, {"weight", "bias"}, {c ".weight", c ".bias"}, NO_EXTRA}
-#define LINEAR(m, c, e) {m, {"weight", "bias"}, {c ".weight", c ".bias"}, e}
-
-static const layer_module legacy_layer[] = {
-    NORM("input_norm", "input_norm"),
-    LINEAR("self_attention.query_key_value", "attention.qkv", EXTRA_NONE),
-    LINEAR("self_attention.dense", "attention.dense", EXTRA_NONE),
-    NORM("post_attention_norm", "post_norm"),
-    LINEAR("mlp.dense_h_to_4h", "mlp.fc1", EXTRA_NONE),
-    LINEAR("mlp.dense_4h_to_h", "mlp.fc2", EXTRA_NONE),
-    {NULL, {NULL}, {NULL}, 0},
-};
-static const layer_module legacy_layernorm_layer[] = {
-    NORM("input_layernorm", "input_norm"),
-    LINEAR("self_attention.query_key_value", "attention.qkv", NO_EXTRA),
-    LINEAR("self_attention.dense", "attention.dense", NO_EXTRA),
-    NORM("post_attention_layernorm", "post_norm"),
-    LINEAR("mlp.dense_h_to_4h", "mlp.fc1", NO_EXTRA),
-    LINEAR("mlp.dense_4h_to_h", "mlp.fc2", NO_EXTRA),
-    {NULL, {NULL}, {NULL}, 0},
-};
-static const layer_module core_layer[] = {
-    {"self_attention.core_attention", {NULL}, {NULL}, EXTRA_TE},
-    LINEAR("self_attention.linear_proj", "attention.dense", EXTRA_TE),
-    {"self_attention.linear_qkv",
-     {"layer_norm_weight", "layer_norm_bias", "weight", "bias"},
-     {"input_norm.weight", "input_norm.bias", "attention.qkv.weight", "attention.qkv.bias"},
-     EXTRA_TE},
-    {"mlp.linear_fc1",
-     {"layer_norm_weight", "layer_norm_bias", "weight", "bias"},
-     {"post_norm.weight", "post_norm.bias", "mlp.fc1.weight", "mlp.fc1.bias"},
-     EXTRA_TE},
-    LINEAR("mlp.linear_fc2", "mlp.fc2", EXTRA_TE),
-    {NULL, {NULL}, {NULL}, 0},
-};
-static const layer_module core_local_layer[] = {
-    NORM("input_layernorm", "input_norm"),
-    LINEAR("self_attention.linear_proj", "attention.dense", EXTRA_NONE),
-    LINEAR("self_attention.linear_qkv", "attention.qkv", EXTRA_NONE),
-    NORM("pre_mlp_layernorm", "post_norm"),
-    LINEAR("mlp.linear_fc1", "mlp.fc1", EXTRA_NONE),
-    LINEAR("mlp.linear_fc2", "mlp.fc2", EXTRA_NONE),
-    {NULL, {NULL}, {NULL}, 0},
-};
-
 typedef struct {
     ckpt_reader *source;
     const megatron_checkpoint *template; /* NULL: a model written from its config alone */
@@ -322,9 +268,9 @@ static int check_extra_bytes(const char *file, const char *key, const pickle_val
  * holds it (an empty uint8 tensor since TE 2.0, a BytesIO before). */
 static int emit_extra(rank_writer *r, const char *key, int extra, const char *template_key)
 {
-    if (extra == NO_EXTRA) return TP_OK;
+    if (extra == MEGATRON_NO_EXTRA) return TP_OK;
     pk_string(r->b, key);
-    if (extra == EXTRA_NONE) {
+    if (extra == MEGATRON_EXTRA_NONE) {
         pk_none(r->b);
         return TP_OK;
     }
@@ -341,16 +287,6 @@ static int emit_extra(rank_writer *r, const char *key, int extra, const char *te
     int64_t empty = 0;
     TP_TRY(add_pending(r, (struct pending){.index = -1}));
     return torch_writer_tensor(r->w, TORCH_UINT8, 1, &empty);
-}
-
-static const layer_module *layer_table(megatron_naming naming)
-{
-    switch (naming) {
-    case MEGATRON_NAMES_LEGACY_LAYERNORM: return legacy_layernorm_layer;
-    case MEGATRON_NAMES_CORE: return core_layer;
-    case MEGATRON_NAMES_CORE_LOCAL: return core_local_layer;
-    default: return legacy_layer;
-    }
 }
 
 int megatron_core_key(megatron_naming naming, const char *canonical, char *key, size_t size, int64_t *layer)
@@ -371,7 +307,7 @@ int megatron_core_key(megatron_naming naming, const char *canonical, char *key, 
     long long n;
     int used = 0;
     if (sscanf(canonical, "layers.%lld.%n", &n, &used) == 1 && used > 0 && n >= 0)
-        for (const layer_module *m = layer_table(naming); m->module; m++)
+        for (const megatron_layer_module *m = megatron_layer_modules(naming); m->module; m++)
             for (int k = 0; k < 4 && m->leaves[k]; k++)
                 if (!strcmp(canonical + used, m->canonical[k])) {
                     *layer = n;
@@ -384,8 +320,8 @@ int megatron_core_key(megatron_naming naming, const char *canonical, char *key, 
 
 const char *megatron_layer_extra_module(megatron_naming naming, int i)
 {
-    for (const layer_module *m = layer_table(naming); m->module; m++)
-        if (m->extra != NO_EXTRA && i-- == 0) return m->module;
+    for (const megatron_layer_module *m = megatron_layer_modules(naming); m->module; m++)
+        if (m->extra != MEGATRON_NO_EXTRA && i-- == 0) return m->module;
     return NULL;
 }
 
@@ -399,7 +335,7 @@ static int emit_layers(rank_writer *r, const char *prefix)
     int64_t per_stage = r->c->num_layers / r->to.pp;
     for (int64_t j = 0; j < per_stage; j++) {
         int64_t layer = r->pp_rank * per_stage + j;
-        for (const layer_module *m = layer_table(r->naming); m->module; m++) {
+        for (const megatron_layer_module *m = megatron_layer_modules(r->naming); m->module; m++) {
             char key[512], canonical[256], template_key[512];
             for (int k = 0; k < 4 && m->leaves[k]; k++) {
                 snprintf(key, sizeof key, "%s%lld.%s.%s", prefix, (long long)j, m->module, m->leaves[k]);
@@ -452,7 +388,7 @@ static int emit_model_legacy(rank_writer *r)
         pk_string(b, "output_layer");
         pk_ordered_dict_begin(b);
         TP_TRY(entry(r, "weight", "output_layer.weight"));
-        TP_TRY(emit_extra(r, "_extra_state", r->naming == MEGATRON_NAMES_LEGACY ? EXTRA_NONE : NO_EXTRA, NULL));
+        TP_TRY(emit_extra(r, "_extra_state", r->naming == MEGATRON_NAMES_LEGACY ? MEGATRON_EXTRA_NONE : MEGATRON_NO_EXTRA, NULL));
         pk_dict_end(b);
     }
     pk_dict_end(b); /* language_model */
@@ -484,7 +420,7 @@ static int emit_model_core(rank_writer *r)
         } else if (!first) { /* the tied embeddings' copy */
             TP_TRY(entry(r, "output_layer.weight", "embedding.word_embeddings.weight"));
         }
-        TP_TRY(emit_extra(r, "output_layer._extra_state", EXTRA_NONE, NULL));
+        TP_TRY(emit_extra(r, "output_layer._extra_state", MEGATRON_EXTRA_NONE, NULL));
     }
     pk_dict_end(b);
     return TP_OK;

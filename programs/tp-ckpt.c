@@ -422,6 +422,7 @@ static int info_megatron_dist(const char *path, int json)
             cJSON_AddNumberToObject(root, "saved_tp", c->tp);
             cJSON_AddNumberToObject(root, "saved_pp", c->pp);
             cJSON_AddBoolToObject(root, "optimizer_read", c->optimizer_read);
+            if (c->optimizer_read) cJSON_AddStringToObject(root, "optimizer_layout", megatron_dist_optimizer_layout(m));
             if (refusal) cJSON_AddStringToObject(root, "optimizer_refusal", refusal);
             cJSON_AddNumberToObject(root, "total_bytes", (double)dcp_bytes(d));
             print_object(root);
@@ -443,7 +444,11 @@ static int info_megatron_dist(const char *path, int json)
                (long long)c->ffn, c->swiglu ? " (SwiGLU)" : "", (long long)c->padded_vocab,
                c->learned_positions ? "learned positions" : "no position embeddings", c->has_bias ? "biases" : "no biases",
                c->untied ? "untied" : "tied", tp_dtype_name(c->dtype));
-        if (c->optimizer_read) printf("optimizer    Adam state in the model's space, read: optim/ROLE/NAME\n");
+        const char *layout = megatron_dist_optimizer_layout(m);
+        if (c->optimizer_read && !strcmp(layout, "model space"))
+            printf("optimizer    Adam state in the model's space, read: optim/ROLE/NAME\n");
+        else if (c->optimizer_read)
+            printf("optimizer    Adam state of the distributed optimizer, %s, read: optim/ROLE/NAME\n", layout);
         else if (refusal) printf("optimizer    not read: %s\n", refusal);
         printf("tensors      %d\n\n", ckpt_reader_num_tensors(r));
         info_table(r);

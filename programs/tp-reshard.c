@@ -636,6 +636,12 @@ int main(int argc, char **argv)
         formats_source_close(opened);
         return code;
     }
+    if (dist && megatron_dist_optimizer_refusal(dist) && !options.drop_optimizer) { /* not left out unsaid */
+        int code = fail("%s: the optimizer's state is not read: %s; --weights-only converts the weights alone", argv[optind],
+                        megatron_dist_optimizer_refusal(dist));
+        formats_source_close(opened);
+        return code;
+    }
     if (dcp_out) {
         if (dcp && !dcp_torch_given) dcp_torch = dcp_torch_version_of(dcp);
         int code = write_dcp(source, dcp, &options, dcp_torch, dcp_dp, argv[optind], out, verify, dry_run, json, force_progress);

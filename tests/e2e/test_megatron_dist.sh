@@ -8,7 +8,10 @@
 # untied embeddings, data-parallel cuts, Transformer Engine and local names;
 # converted to a legacy Megatron checkpoint that megatron_fixture.py's own
 # merge finds equal to the model's unsharded reference, to this toolkit's
-# format and to DCP; wrong inputs refused in one line. Skipped without
+# format and to DCP; wrong inputs refused in one line. The distributed
+# optimizer's torch_dist layouts (dp_reshardable, fully_reshardable,
+# fully_sharded_model_space) written as Megatron-Core's code writes them,
+# judged the same way and resharded across TP, PP and DP. Skipped without
 # python3-torch.
 # tier: full
 . "$(dirname "$0")/lib.sh"
@@ -90,8 +93,8 @@ printf '{"sharded_backend": "zarr", "sharded_backend_version": 1}' >"$WORK/zarr/
 expect_error "another backend" 1 "zarr backend is not read" "$CK" info "$WORK/zarr"
 cp -r "$WORK/w.dist" "$WORK/nocommon"
 rm "$WORK/nocommon/iter_0001000/common.pt"
-expect_error "no common.pt and no common_state entry" 1 "neither common.pt nor a bytes entry common_state/shard_0_1: the model's args are not known" "$RS" "$WORK/nocommon" --format tp --to tp1 \
-    -o "$WORK/x"
+expect_error "no common.pt and no common_state entry" 1 "neither common.pt nor a bytes entry common_state/shard_0_1: the model's args are not known" \
+    "$RS" "$WORK/nocommon" --format tp --to tp1 -o "$WORK/x"
 # A model whose args say another size than the tensors.
 expect_ok "fixture with 96 hidden" "$PY" "$DIST" "$WORK/h96.dist" --layers 4 --hidden 96 --heads 8 --ffn 128 --vocab 200 \
     --make-vocab-size-divisible-by 16 --names core --tp 2
@@ -127,4 +130,143 @@ expect_error "a flipped bit: tp-reshard --format tp names the entry and both CRC
 expect_error "a flipped bit: tp-reshard --format megatron too" 1 "distcp: entry [^:]+: its [0-9]+ bytes have CRC-32" \
     "$RS" "$WORK/flip" --format megatron --to tp1 -o "$WORK/flip.meg"
 check_all "a flipped bit: nothing written" '[ ! -e "$WORK/flip.tp" ] && [ ! -e "$WORK/flip.meg" ]'
+
+# ---------------------------------------------------- the distributed optimizer
+# Megatron-Core's DistributedOptimizer.sharded_state_dict layouts, written by
+# megatron_dist_fixture.py as Megatron-Core's code makes them (our reading of
+# Megatron-LM d98e8a64dd; docs/MEGATRON.md): each judged by the legacy
+# checkpoint of the same model (megatron_fixture.py's non-distributed and
+# distributed optimizers) or by the model-space form; every tensor bit for bit.
+for layout in dp_reshardable fully_reshardable fully_sharded_model_space; do
+    expect_ok "torch_dist fixture, the distributed optimizer's $layout over 3 data-parallel ranks" "$PY" "$DIST" \
+        "$WORK/do.$layout" $SHAPE --names core --tp 2 --pp 2 --dtype bf16 --distributed-optimizer $layout --optimizer-dp 3
+    expect_ok "$layout: every tensor equals the legacy checkpoint's (non-distributed optimizer), bit for bit" \
+        "$CK" diff "$WORK/gpt.legacy" "$WORK/do.$layout"
+    check "$layout: 208 tensors compared, the Adam state and the fp32 masters included" \
+        grep -q "^equal: 208 tensors" "$WORK/.out"
+    expect_ok "info $layout" "$CK" info "$WORK/do.$layout"
+    check "info names the distributed optimizer's layout ($layout)" \
+        grep -q "^optimizer    Adam state of the distributed optimizer, $layout, read" "$WORK/.out"
+done
+expect_ok "info --json" "$CK" info "$WORK/do.dp_reshardable" --json
+check_all "info --json: the layout read, 208 tensors" \
+    '"$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); assert d[\"optimizer_layout\"]==\"dp_reshardable\" and len(d[\"tensors\"])==208, d.get(\"optimizer_layout\")" "$WORK/.out"'
+expect_ok "legacy fixture with the distributed optimizer (distrib_optim.pt)" "$PY" "$LEGACY" "$WORK/gpt.legacy_do" $SHAPE \
+    --names core --tp 2 --pp 2 --dtype bf16 --dist-opt
+expect_ok "dp_reshardable equals the legacy distributed optimizer's state too" "$CK" diff "$WORK/gpt.legacy_do" \
+    "$WORK/do.dp_reshardable"
+# The flat layouts do not depend on the data-parallel size: 1 and 3 ranks read alike.
+expect_ok "dp_reshardable over 1 data-parallel rank" "$PY" "$DIST" "$WORK/do.dp1" $SHAPE --names core --tp 2 --pp 2 \
+    --dtype bf16 --distributed-optimizer dp_reshardable
+expect_ok "dp_reshardable over 1 and over 3 data-parallel ranks: equal" "$CK" diff "$WORK/do.dp1" "$WORK/do.dp_reshardable"
+
+# do_case NAME "MODEL OPTIONS" "DISTRIBUTED OPTIONS": each layout of one model against its legacy checkpoint.
+do_case() {
+    name=$1 model=$2 extra=$3
+    expect_ok "legacy fixture $name" "$PY" "$LEGACY" "$WORK/$name.legacy" $SHAPE $model --optimizer
+    for layout in dp_reshardable fully_reshardable fully_sharded_model_space; do
+        expect_ok "$name: torch_dist fixture, $layout $extra" "$PY" "$DIST" "$WORK/$name.$layout" $SHAPE $model $extra \
+            --distributed-optimizer $layout
+        expect_ok "$name: $layout equals the legacy checkpoint, bit for bit" "$CK" diff "$WORK/$name.legacy" \
+            "$WORK/$name.$layout"
+    done
+}
+# SwiGLU, grouped queries, untied, RMSNorm, no biases; buckets cut at 5000 elements (--overlap-grad-reduce).
+do_case dollama "--names core --tp 2 --swiglu --query-groups 2 --untied --rope --rmsnorm --no-bias --dtype bf16" \
+    "--optimizer-dp 4 --bucket-size 5000"
+# Megatron-Core's local modules (their parameters in another order) under Transformer Engine's keys, as
+# Megatron-Core saves them; two model chunks per stage, fp16.
+do_case dolocal "--names core --tp 2 --pp 2 --vpp 2 --untied --dtype fp16" "--optimizer-dp 2 --transformer-impl local"
+# Numbered layers, fp32 (the main copies are the parameters), tp 4 with two query groups (replicated key/value rows).
+do_case donum "--names core-local --tp 4 --query-groups 2 --dtype fp32" "--numbered --optimizer-dp 2"
+# bf16 weights with fp32 norms: a buffer per dtype; judged by the model-space form of the same model.
+expect_ok "mixed dtypes: the non-distributed optimizer's model space" "$PY" "$DIST" "$WORK/mixed.model" $SHAPE --names core \
+    --tp 2 --pp 2 --dtype bf16 --fp32-norms --optimizer
+for layout in dp_reshardable fully_sharded_model_space; do
+    expect_ok "mixed dtypes: $layout, local modules, buckets of 4000" "$PY" "$DIST" "$WORK/mixed.$layout" $SHAPE --names core \
+        --tp 2 --pp 2 --dtype bf16 --fp32-norms --distributed-optimizer $layout --optimizer-dp 2 --transformer-impl local \
+        --bucket-size 4000
+    expect_ok "mixed dtypes: $layout equals the model-space form, bit for bit" "$CK" diff "$WORK/mixed.model" \
+        "$WORK/mixed.$layout"
+done
+check "mixed dtypes: a buffer of fp32 norms beside the bf16 one" \
+    grep -aq "gbuf_idx_1.dtype_(torch.float32, torch.float32)" "$WORK/mixed.dp_reshardable/iter_0001000/.metadata"
+
+# Resharded at another TP, PP and DP, the optimizer's state carried.
+expect_ok "dp_reshardable -> this toolkit's format tp4pp1, verified" "$RS" "$WORK/do.dp_reshardable" --format tp --to tp4pp1 \
+    -o "$WORK/do.tp" --verify
+check "verified 208 tensors" grep -q "^verified: 208 tensors equal to the source" "$WORK/.out"
+expect_ok "its output equals the legacy checkpoint" "$CK" diff "$WORK/gpt.legacy" "$WORK/do.tp"
+DIALECT=$("$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null && echo 2 || echo 1.13)
+expect_ok "fully_sharded_model_space -> DCP tp1pp4 over 3 data-parallel ranks, verified" "$RS" \
+    "$WORK/do.fully_sharded_model_space" --format dcp --dcp-torch "$DIALECT" --to tp1pp4 --dcp-dp 3 -o "$WORK/do.dcp" --verify
+expect_ok "its output equals the legacy checkpoint" "$CK" diff "$WORK/gpt.legacy" "$WORK/do.dcp"
+expect_ok "PyTorch's DCP loads it as this toolkit reads the tp4pp1 output" "$PY" "$ROOT/tests/formats/dcp_torch.py" \
+    compare-ckpt "$WORK/do.dcp" "$WORK/do.tp"
+expect_ok "dollama dp_reshardable -> DCP tp1pp2, verified" "$RS" "$WORK/dollama.dp_reshardable" --format dcp --to tp1pp2 \
+    -o "$WORK/dollama.dcp" --verify
+expect_ok "its output equals the legacy checkpoint" "$CK" diff "$WORK/dollama.legacy" "$WORK/dollama.dcp"
+expect_ok "dolocal dp_reshardable -> this toolkit's format tp1pp4" "$RS" "$WORK/dolocal.dp_reshardable" --format tp \
+    --to tp1pp4 -o "$WORK/dolocal.tp" --verify
+expect_ok "its output equals the legacy checkpoint" "$CK" diff "$WORK/dolocal.legacy" "$WORK/dolocal.tp"
+expect_ok "dp_reshardable -> legacy Megatron tp1pp4, the weights" "$RS" "$WORK/do.dp_reshardable" --format megatron \
+    --weights-only --to tp1pp4 -o "$WORK/do.meg" --verify
+expect_error "dp_reshardable -> legacy Megatron with the optimizer: refused, saying why" 1 \
+    "not written as a legacy Megatron optimizer.*--weights-only" "$RS" "$WORK/do.dp_reshardable" --format megatron --to tp2 \
+    -o "$WORK/x"
+
+# What is not read is said, and not dropped unsaid.
+expect_ok "the deprecated dp_zero_gather_scatter layout" "$PY" "$DIST" "$WORK/do.zero" $SHAPE --names core --tp 2 --pp 2 \
+    --dtype bf16 --distributed-optimizer dp_zero_gather_scatter --optimizer-dp 2
+expect_ok "info on it" "$CK" info "$WORK/do.zero"
+check "info says its optimizer is not read, naming the layout" \
+    grep -q "^optimizer    not read: .*param_state/shard_0_1: the distributed optimizer's dp_zero_gather_scatter layout" \
+    "$WORK/.out"
+expect_error "tp-reshard does not leave an optimizer out unsaid" 1 \
+    "the optimizer's state is not read: .*dp_zero_gather_scatter.*--weights-only converts the weights alone" \
+    "$RS" "$WORK/do.zero" --format dcp --to tp1 -o "$WORK/x"
+expect_ok "--weights-only converts its weights" "$RS" "$WORK/do.zero" --format tp --weights-only --to tp1 -o "$WORK/zero.tp"
+expect_ok "equal to the legacy checkpoint's weights" "$CK" diff "$WORK/gpt.legacy" "$WORK/zero.tp" --weights-only
+# Args naming other modules than those whose order the buffers follow: the layout does not fit, said.
+cp -r "$WORK/mixed.dp_reshardable" "$WORK/do.swapped"
+"$PY" - "$WORK/do.swapped/iter_0001000/common.pt" "$ROOT/tests/support" <<'PYEOF'
+import sys
+sys.path.insert(0, sys.argv[2])
+import megatron_fixture as mf
+import torch
+mf.install_megatron_stubs()
+state = torch.load(sys.argv[1])
+state['args'].transformer_impl = 'transformer_engine'
+torch.save(state, sys.argv[1])
+PYEOF
+expect_error "modules in another order than the buffers': refused, naming the buffer" 1 \
+    "dp_group_idx_2.gbuf_idx_0 \(tp rank 0, pp rank 1, model chunk 0\): .* names parameters of float32, the model's are bf16" \
+    "$CK" info "$WORK/do.swapped"
+cp -r "$WORK/do.dp_reshardable" "$WORK/do.bucket"
+"$PY" - "$WORK/do.bucket/iter_0001000/common.pt" "$ROOT/tests/support" <<'PYEOF'
+import sys
+sys.path.insert(0, sys.argv[2])
+import megatron_fixture as mf
+import torch
+mf.install_megatron_stubs()
+state = torch.load(sys.argv[1])
+state['args'].transformer_impl = 'local'
+torch.save(state, sys.argv[1])
+PYEOF
+expect_error "the local modules' order over Transformer Engine's buffers (the same bucket sizes): the main copies found are not the weights, said" 1 \
+    "the main copy of .* where the order of Megatron-Core's local modules \(args.transformer_impl\) puts it .* is not its weight" \
+    "$CK" info "$WORK/do.bucket"
+cp -r "$WORK/do.fully_reshardable" "$WORK/do.recorded"
+"$PY" - "$WORK/do.recorded/iter_0001000/common.pt" "$ROOT/tests/support" <<'PYEOF'
+import sys
+sys.path.insert(0, sys.argv[2])
+import megatron_fixture as mf
+import torch
+mf.install_megatron_stubs()
+state = torch.load(sys.argv[1])
+state['content_metadata']['distrib_optim_sharding_type'] = 'dp_reshardable'
+torch.save(state, sys.argv[1])
+PYEOF
+expect_error "a layout other than the common state records: refused" 1 \
+    "laid out as fully_reshardable, the common state records dp_reshardable" "$CK" info "$WORK/do.recorded"
 finish
