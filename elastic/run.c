@@ -703,6 +703,12 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
             int world = 0;
             if (capacity_changed(s, w->layout, &world)) {
                 asked_scale = 1;
+                /* The step the change came after: the log as it is now (a
+                 * step logged between the read above and the capacity's
+                 * change is one the run made before it; the event said the
+                 * step before, and bench-elastic's node-down run, which
+                 * downs a node once step 5 is logged, saw step 4). */
+                elastic_log_read(&follower, on_log_line, w);
                 cJSON *e = cJSON_CreateObject();
                 cJSON_AddNumberToObject(e, "from_world", w->world);
                 cJSON_AddNumberToObject(e, "to_world", world);
