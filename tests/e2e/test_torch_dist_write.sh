@@ -184,6 +184,20 @@ if "$PY" -c 'import torch' 2>/dev/null; then
         'grep -q "pipeline_model_parallel_size.: 1," "$WORK/.out" && grep -q "ckpt_format.: .torch_dist." "$WORK/.out" &&
          grep -q "no_save_rng.: True" "$WORK/.out" && grep -q "param_groups.: \[{.wd_mult.: 1.0" "$WORK/.out" &&
          ! grep -q "params.:" "$WORK/.out" && grep -q "opt_param_scheduler" "$WORK/.out"'
+    # Local modules' names (input_layernorm, pre_mlp_layernorm) in the legacy
+    # rank files: torch_dist keys the norms as Transformer Engine's fused
+    # modules, as the local specification saves them (the real fixtures'
+    # README); they were written under the local names, which Megatron-Core's
+    # load would miss.
+    expect_ok "a legacy checkpoint under Megatron-Core's local names" "$PY" "$LEGACY" "$WORK/local" $SHAPE \
+        --names core-local --tp 2 --pp 1 --dtype bf16
+    expect_ok "-> torch_dist" "$RS" "$WORK/local" --format torch_dist --to tp2pp1 -o "$WORK/local.td"
+    expect_ok "its entries" "$PY" "$META" entries "$WORK/local.td/iter_0001000"
+    check_all "the norms keyed as Megatron-Core saves them, none under the local names" \
+        'grep -q "^decoder.layers.self_attention.linear_qkv.layer_norm_weight " "$WORK/.out" &&
+         grep -q "^decoder.layers.mlp.linear_fc1.layer_norm_weight " "$WORK/.out" &&
+         ! grep -q "input_layernorm\|pre_mlp_layernorm" "$WORK/.out"'
+    expect_ok "and read back bit for bit" "$CK" diff "$WORK/local" "$WORK/local.td"
     # The vocabulary padded again for the target tp, as Megatron's saver pads
     # it: megatron_fixture.py's merge checks the padding rows.
     expect_ok "a legacy checkpoint padded for tp2, weights only" "$PY" "$LEGACY" "$WORK/v" --tp 2 --pp 2 --layers 2 \
