@@ -482,6 +482,18 @@ static int writer_init(dist_writer *w, ckpt_reader *source, const megatron_dist_
         return tp_fail(TP_ERR_ARG, "%s: a source under its own names needs their canonical names", name);
     /* Megatron-Core's names: Transformer Engine's fused norms unless the source's are the local modules'. */
     w->naming = c->naming == MEGATRON_NAMES_CORE_LOCAL ? MEGATRON_NAMES_CORE_LOCAL : MEGATRON_NAMES_CORE;
+    /* A torch_dist source whose layers are keyed one by one (a model whose
+     * layers are not all alike): its tensors would be written stacked
+     * beside its _extra_state objects keyed by number, which no model
+     * loads whole. */
+    const dcp_checkpoint *dcp = o->dist ? megatron_dist_dcp(o->dist) : NULL;
+    for (int i = 0; dcp && i < dcp_num_entries(dcp); i++) {
+        const char *key = dcp_entry_at(dcp, i)->key;
+        if (is_prefix(key, "decoder.layers.") && key[15] >= '0' && key[15] <= '9')
+            return tp_fail(TP_ERR_LAYOUT, "%s: its layers are keyed one by one (%s: a model whose layers are not all "
+                           "alike), which is not written as torch_dist yet (--format tp, dcp or megatron converts it)",
+                           name, key);
+    }
     w->to = (ckpt_layout){.tp = o->tp ? o->tp : c->tp, .pp = o->pp ? o->pp : c->pp, .dp = 1, .num_layers = c->num_layers};
     TP_TRY(megatron_check_layout(c, &w->to, w->naming));
     int has_state = 0;

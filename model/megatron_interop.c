@@ -330,8 +330,7 @@ int gpt_megatron_dist_write(ckpt_reader *source, const megatron_dist_write_optio
     o.model = &model;
     o.names = &adapter;
     o.dist = NULL;
-    o.legacy = NULL;
-    o.weights_only = 1; /* the optimizer's param groups are Megatron's run's, not recorded here */
+    o.legacy = NULL; /* so an optimizer state is refused (its param groups are a Megatron run's) unless --weights-only */
     if (!status)
         status = out ? megatron_dist_write(source, &o, out, plan) : megatron_dist_write_plan_create(source, &o, plan);
     free(names.canonical);

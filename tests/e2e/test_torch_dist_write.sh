@@ -198,6 +198,15 @@ if "$PY" -c 'import torch' 2>/dev/null; then
          grep -q "^decoder.layers.mlp.linear_fc1.layer_norm_weight " "$WORK/.out" &&
          ! grep -q "input_layernorm\|pre_mlp_layernorm" "$WORK/.out"'
     expect_ok "and read back bit for bit" "$CK" diff "$WORK/local" "$WORK/local.td"
+    # A torch_dist source whose layers are keyed one by one: its tensors
+    # would be stacked beside _extra_state objects keyed by number, which no
+    # model loads whole: refused (it was written so).
+    expect_ok "a torch_dist fixture with layer-numbered keys" "$PY" "$DIST" "$WORK/numbered" $SHAPE --names core \
+        --tp 2 --numbered
+    expect_error "-> torch_dist: refused, naming a numbered key" 1 \
+        "its layers are keyed one by one \\(decoder.layers.0.*: a model whose layers are not all alike\\)" \
+        "$RS" "$WORK/numbered" --format torch_dist --to tp2pp1 -o "$WORK/never"
+    check "nothing written" test ! -e "$WORK/never"
     # The vocabulary padded again for the target tp, as Megatron's saver pads
     # it: megatron_fixture.py's merge checks the padding rows.
     expect_ok "a legacy checkpoint padded for tp2, weights only" "$PY" "$LEGACY" "$WORK/v" --tp 2 --pp 2 --layers 2 \
@@ -221,14 +230,21 @@ for case in "tiny fp32 tp4pp2" "llama-tiny bf16 tp4pp2" "llama-tiny fp32 tp1pp2"
     set -- $case
     expect_ok "synth $1 ($2) with its optimizer" "$CK" synth -o "$WORK/$1.$2" --tp 2 --pp 1 --model "$1" --dtype "$2" \
         --vocab 256 --vocab-pad-multiple 16 --optim
-    expect_ok "$1 -> torch_dist $3" "$RS" "$WORK/$1.$2" --format torch_dist --to "$3" -o "$WORK/$1.$2.td"
-    check "weights only (the optimizer's groups are Megatron's run's)" grep -q "weights only" "$WORK/.out"
+    # Its Adam state has no Megatron param groups or step to go with it:
+    # refused unless left out, said (it was dropped silently).
+    expect_error "$1 -> torch_dist $3 with its optimizer: refused, saying why" 1 \
+        "the optimizer's param groups and step are not known without a Megatron-LM source; --weights-only" \
+        "$RS" "$WORK/$1.$2" --format torch_dist --to "$3" -o "$WORK/$1.$2.td"
+    expect_ok "$1 -> torch_dist $3, --weights-only" "$RS" "$WORK/$1.$2" --format torch_dist --to "$3" --weights-only \
+        -o "$WORK/$1.$2.td"
+    check "weights only" grep -q "weights only" "$WORK/.out"
     expect_ok "$1 at $3: imported back" "$CK" import "$WORK/$1.$2.td" -o "$WORK/$1.$2.back" --tp 1 --pp 2
     expect_ok "$1 at $3: bit for bit the source's weights" "$CK" diff --weights-only "$WORK/$1.$2" "$WORK/$1.$2.back"
 done
 expect_error "--verify of a GPT: refused, saying what to do" 1 "import it back" "$RS" "$WORK/tiny.fp32" --format torch_dist \
     --to tp2 -o "$WORK/never" --verify
 expect_ok "a DCP of the Llama" "$RS" "$WORK/llama-tiny.bf16" --format dcp --to tp2 -o "$WORK/llama.dcp"
-expect_ok "DCP -> torch_dist" "$RS" "$WORK/llama.dcp" --format torch_dist --to tp2pp2 -o "$WORK/llama.dcp.td"
+expect_ok "DCP -> torch_dist, weights only" "$RS" "$WORK/llama.dcp" --format torch_dist --to tp2pp2 --weights-only \
+    -o "$WORK/llama.dcp.td"
 expect_ok "the same checkpoint as from the Llama itself" "$CK" diff "$WORK/llama-tiny.bf16.td" "$WORK/llama.dcp.td"
 finish
