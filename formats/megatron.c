@@ -67,7 +67,7 @@ static void rank_file(const megatron_checkpoint *m, int pp_rank, int tp_rank, in
 int megatron_iteration_dir(const char *path, char *out, size_t size)
 {
     char tracker[4200], *text = NULL;
-    snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", path);
+    snprintf(tracker, sizeof tracker, "%s/" MEGATRON_TRACKER_NAME, path);
     int status = store_read_text_file(tracker, 64, &text, NULL);
     if (status == TP_ERR_NOT_FOUND) { /* no tracker: path is the iteration's directory */
         snprintf(out, size, "%s", path);
@@ -110,7 +110,7 @@ int megatron_detect(const char *path, int *found)
      * look for it (a round trip in an object store), and the rank files
      * only under a directory named as Megatron names an iteration's; a
      * failing store is an error, not a "no". */
-    snprintf(file, sizeof file, "%s/latest_checkpointed_iteration.txt", path);
+    snprintf(file, sizeof file, "%s/" MEGATRON_TRACKER_NAME, path);
     TP_TRY(stat_path(file, &st));
     if (st.exists || !megatron_iteration_dir_name(path)) {
         *found = st.exists;

@@ -25,7 +25,6 @@
 #include "megatron_internal.h"
 #include "torch_write.h"
 
-#define TRACKER_NAME "latest_checkpointed_iteration.txt"
 #define ARCHIVE_NAME "archive" /* torch.save's folder name when it writes to a stream, as DCP's writer does */
 /* The values carried into the common state may share what they copy at
  * most this much beyond the source's size (torch_write.h pk_memo_create). */
@@ -569,17 +568,6 @@ int megatron_dist_write_plan_create(ckpt_reader *source, const megatron_dist_wri
 /* -------------------------------------------------------------- the files */
 
 /* A small file written whole and synced: metadata.json, the tracker. */
-static int write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "wx");
-    if (!f) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    int status = TP_OK;
-    if (fputs(text, f) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0)
-        status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
-    if (fclose(f) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
-    return status;
-}
-
 int megatron_dist_write(ckpt_reader *source, const megatron_dist_write_options *options, const char *out,
                         megatron_dist_write_plan *result)
 {
@@ -601,12 +589,8 @@ int megatron_dist_write(ckpt_reader *source, const megatron_dist_write_options *
     }
     const char *root = store_staged_path(staged);
     const megatron_config *c = w.c;
-    char dir[CKPT_PATH_MAX + 32], path[CKPT_PATH_MAX + 64], iteration[32];
-    if (c->iteration < 0) snprintf(iteration, sizeof iteration, "release");
-    else snprintf(iteration, sizeof iteration, "%lld", (long long)c->iteration);
-    if (c->iteration < 0) snprintf(dir, sizeof dir, "%s/release", root);
-    else snprintf(dir, sizeof dir, "%s/iter_%07lld", root, (long long)c->iteration);
-    if (mkdir(dir, 0755) != 0) status = tp_fail(TP_ERR_IO, "%s: cannot create: %s", dir, strerror(errno));
+    char dir[CKPT_PATH_MAX + 32], path[CKPT_PATH_MAX + 64];
+    status = megatron_save_iteration_dir(root, c->iteration, dir, sizeof dir);
     if (!status) status = dcp_write_into(source, &w.dcp, dir, NULL);
     if (!status && options->common == MEGATRON_CORE_COMMON_FILE) { /* up to 0.18: torch.save(common_state_dict, path) */
         snprintf(path, sizeof path, "%s/" MEGATRON_DIST_COMMON_FILE, dir);
@@ -617,12 +601,11 @@ int megatron_dist_write(ckpt_reader *source, const megatron_dist_write_options *
     /* metadata.json last, as Megatron-Core's save_config writes it (json.dump of CheckpointingConfig). */
     snprintf(path, sizeof path, "%s/" MEGATRON_DIST_CONFIG, dir);
     if (!status)
-        status = write_text(path, options->common == MEGATRON_CORE_COMMON_FILE
+        status = megatron_save_text(path, options->common == MEGATRON_CORE_COMMON_FILE
                                       ? "{\"sharded_backend\": \"torch_dist\", \"sharded_backend_version\": 1, "
                                         "\"common_backend\": \"torch\", \"common_backend_version\": 1}"
                                       : "{\"sharded_backend\": \"torch_dist\", \"sharded_backend_version\": 1}");
-    snprintf(path, sizeof path, "%s/" TRACKER_NAME, root);
-    if (!status) status = write_text(path, iteration);
+    if (!status) status = megatron_save_tracker(root, c->iteration);
     writer_free(&w);
     /* What a foreign source records of what was read, whole, before the output appears. */
     if (!status) status = ckpt_reader_finish_checks(source, NULL);
@@ -635,47 +618,17 @@ int megatron_dist_write(ckpt_reader *source, const megatron_dist_write_options *
 
 /* ------------------------------------------------ what --force replaces */
 
-typedef struct {
-    int level;                   /* 0: the save directory, 1: the iteration's */
-    int iterations;
-    char iteration[256], stray[256];
-} output_scan;
-
-static int visit_output_entry(void *ctx, const char *name)
+/* A torch_dist save's entries: in the iteration's directory, the files
+ * dist_checkpointing.save writes; no directories within. */
+static int dist_entry(int level, const char *name)
 {
-    output_scan *scan = ctx;
-    int ours = scan->level == 0 ? !strcmp(name, TRACKER_NAME) || megatron_iteration_dir_name(name)
-                                : !strcmp(name, MEGATRON_DIST_CONFIG) || !strcmp(name, MEGATRON_DIST_COMMON_FILE) ||
-                                      !strcmp(name, DCP_METADATA_NAME) || dcp_is_data_file_name(name);
-    if (ours && scan->level == 0 && strcmp(name, TRACKER_NAME)) {
-        if (scan->iterations++) ours = 0; /* a second iteration: a run's history */
-        else snprintf(scan->iteration, sizeof scan->iteration, "%s", name);
-    }
-    if (ours) return TP_OK;
-    snprintf(scan->stray, sizeof scan->stray, "%s", name);
-    return TP_ERR_EXISTS;
+    return level == 1 && (!strcmp(name, MEGATRON_DIST_CONFIG) || !strcmp(name, MEGATRON_DIST_COMMON_FILE) ||
+                          !strcmp(name, DCP_METADATA_NAME) || dcp_is_data_file_name(name));
 }
 
 int megatron_dist_may_replace(const store_ops *storage, const char *path, void *ctx)
 {
     (void)ctx;
-    TP_TRY(ckpt_refuse_run_directory(storage, path));
-    store_stat st;
-    TP_TRY(storage->stat(storage, path, &st));
-    if (!st.exists) return TP_OK;
-    const char *refusal = "--force replaces only a torch_dist checkpoint the toolkit could have written (the tracker "
-                          "and one iteration of metadata.json, common.pt, .metadata and __R_0.distcp files, nothing "
-                          "else): choose another output, or remove it yourself";
-    if (!st.is_dir) return tp_fail(TP_ERR_EXISTS, "%s is a file, not a Megatron-Core save directory; %s", path, refusal);
-    output_scan root = {0}, iteration = {.level = 1};
-    int status = storage->list(storage, path, visit_output_entry, &root);
-    if (status == TP_ERR_EXISTS) return tp_fail(TP_ERR_EXISTS, "%s holds '%s'; %s", path, root.stray, refusal);
-    TP_TRY(status);
-    if (!root.iterations) return TP_OK; /* an empty directory, or a tracker alone */
-    char dir[CKPT_PATH_MAX];
-    TP_TRY(tp_path_join(dir, path, root.iteration));
-    status = storage->list(storage, dir, visit_output_entry, &iteration);
-    if (status == TP_ERR_EXISTS)
-        return tp_fail(TP_ERR_EXISTS, "%s holds '%s/%s'; %s", path, root.iteration, iteration.stray, refusal);
-    return status;
+    return megatron_save_may_replace(storage, path, "torch_dist", "metadata.json, common.pt, .metadata and __R_0.distcp files",
+                                     dist_entry);
 }

@@ -75,6 +75,23 @@ const pickle_value *megatron_dist_common_state(const megatron_dist *checkpoint, 
 
 /* ---------------------------------------------- what the writers share */
 
+/* A save directory (both formats): the tracker file, the iteration's
+ * directory (iter_NNNNNNN, or release for iteration -1) created under root
+ * (its path in out), a small text file written whole and synced. */
+#define MEGATRON_TRACKER_NAME "latest_checkpointed_iteration.txt"
+int megatron_save_iteration_dir(const char *root, int64_t iteration, char *out, size_t size);
+int megatron_save_tracker(const char *root, int64_t iteration);
+int megatron_save_text(const char *path, const char *text);
+/* Whether an entry of a save's iteration (level 1: in the iteration's
+ * directory; 2: in a directory of it; -1: whether a level-1 entry is a
+ * directory to look into) is one its writer writes. */
+typedef int (*megatron_entry_is_ours)(int level, const char *name);
+/* What --force may replace: nothing, or a save directory holding the
+ * tracker and one iteration of only what ours accepts (kind and writes
+ * name them in the refusal, which names the first stray entry). */
+int megatron_save_may_replace(const store_ops *storage, const char *path, const char *kind, const char *writes,
+                              megatron_entry_is_ours ours);
+
 #include "torch_write.h"
 
 /* The args a writer writes (megatron_args_write): the template's, carried

@@ -813,42 +813,57 @@ static int write_rank_task(void *ctx, int64_t f, int thread)
     return write_rank(r, job->iteration_dir);
 }
 
-/* ------------------------------------------------ what --force replaces */
+/* ------------------------------------------------ the save directory */
 
-#define TRACKER_NAME "latest_checkpointed_iteration.txt"
+int megatron_save_iteration_dir(const char *root, int64_t iteration, char *out, size_t size)
+{
+    if (iteration < 0) snprintf(out, size, "%s/release", root);
+    else snprintf(out, size, "%s/iter_%07lld", root, (long long)iteration);
+    return mkdir(out, 0755) ? tp_fail(TP_ERR_IO, "%s: cannot create: %s", out, strerror(errno)) : TP_OK;
+}
 
-/* What one directory of a Megatron output holds, against what the writer
- * writes there: the first entry it does not (stray), and the iteration
- * directories seen (at the root). */
+int megatron_save_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wx");
+    if (!f) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    int status = TP_OK;
+    if (fputs(text, f) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0)
+        status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    if (fclose(f) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    return status;
+}
+
+int megatron_save_tracker(const char *root, int64_t iteration)
+{
+    char path[CKPT_PATH_MAX + 64], text[32];
+    snprintf(path, sizeof path, "%s/" MEGATRON_TRACKER_NAME, root);
+    if (iteration < 0) snprintf(text, sizeof text, "release");
+    else snprintf(text, sizeof text, "%lld", (long long)iteration);
+    return megatron_save_text(path, text);
+}
+
+/* What one directory of a save directory holds, against what a writer
+ * writes there (ours): the first entry it does not (stray), and the
+ * iteration directories seen (at the root). */
 typedef struct {
     const store_ops *storage;
     const char *dir;
-    int level; /* 0: the save directory, 1: an iteration's, 2: a rank's */
+    int level; /* 0: the save directory, 1: an iteration's, 2: a directory in it (a rank's) */
+    megatron_entry_is_ours ours;
     int iterations;
     char iteration[256], stray[520]; /* stray: a rank directory/its entry at most */
 } output_scan;
 
-static int is_rank_dir_name(const char *name)
-{
-    /* mp_rank_TT or mp_rank_TT_PPP */
-    size_t n = strlen(name);
-    if (strncmp(name, "mp_rank_", 8) || (n != 10 && n != 14) || (n == 14 && name[10] != '_')) return 0;
-    for (size_t i = 8; i < n; i++)
-        if (i != 10 && (name[i] < '0' || name[i] > '9')) return 0;
-    return 1;
-}
-
 static int visit_output_entry(void *ctx, const char *name)
 {
     output_scan *scan = ctx;
-    int ours = scan->level == 0 ? !strcmp(name, TRACKER_NAME) || megatron_iteration_dir_name(name)
-             : scan->level == 1 ? is_rank_dir_name(name)
-                                : !strcmp(name, MEGATRON_RANK_FILE);
+    int ours = scan->level == 0 ? !strcmp(name, MEGATRON_TRACKER_NAME) || megatron_iteration_dir_name(name)
+                                : scan->ours(scan->level, name);
     if (!ours) {
         snprintf(scan->stray, sizeof scan->stray, "%s", name);
         return TP_ERR_EXISTS;
     }
-    if (scan->level == 0 && strcmp(name, TRACKER_NAME)) {
+    if (scan->level == 0 && strcmp(name, MEGATRON_TRACKER_NAME)) {
         if (scan->iterations++) { /* a second iteration: a run's history */
             snprintf(scan->stray, sizeof scan->stray, "%s", name);
             return TP_ERR_EXISTS;
@@ -859,53 +874,77 @@ static int visit_output_entry(void *ctx, const char *name)
 }
 
 /* The stray entry of dir (level as in output_scan) and of what it holds, if any. */
-static int scan_output_dir(const store_ops *storage, const char *dir, int level, output_scan *scan);
+static int scan_output_dir(const store_ops *storage, const char *dir, int level, megatron_entry_is_ours ours,
+                           output_scan *scan);
 
-static int visit_rank_dir(void *ctx, const char *name)
+static int visit_inner_dir(void *ctx, const char *name)
 {
     output_scan *parent = ctx;
+    if (!parent->ours(-1, name)) return TP_OK; /* not a directory of the writer's: a file, scanned already */
     char path[CKPT_PATH_MAX];
     TP_TRY(tp_path_join(path, parent->dir, name));
-    output_scan scan = {0};
-    int status = scan_output_dir(parent->storage, path, 2, &scan);
+    output_scan scan;
+    int status = scan_output_dir(parent->storage, path, 2, parent->ours, &scan);
     if (status == TP_ERR_EXISTS) snprintf(parent->stray, sizeof parent->stray, "%.255s/%.255s", name, scan.stray);
     return status;
 }
 
-static int scan_output_dir(const store_ops *storage, const char *dir, int level, output_scan *scan)
+static int scan_output_dir(const store_ops *storage, const char *dir, int level, megatron_entry_is_ours ours,
+                           output_scan *scan)
 {
-    *scan = (output_scan){.storage = storage, .dir = dir, .level = level};
+    *scan = (output_scan){.storage = storage, .dir = dir, .level = level, .ours = ours};
     TP_TRY(storage->list(storage, dir, visit_output_entry, scan));
-    return level == 1 ? storage->list(storage, dir, visit_rank_dir, scan) : TP_OK;
+    return level == 1 ? storage->list(storage, dir, visit_inner_dir, scan) : TP_OK;
 }
 
-int megatron_may_replace(const store_ops *storage, const char *path, void *ctx)
+int megatron_save_may_replace(const store_ops *storage, const char *path, const char *kind, const char *writes,
+                              megatron_entry_is_ours ours)
 {
-    (void)ctx;
     TP_TRY(ckpt_refuse_run_directory(storage, path));
     store_stat st;
     TP_TRY(storage->stat(storage, path, &st));
     if (!st.exists) return TP_OK;
-    const char *refusal = "--force replaces only a Megatron-LM checkpoint the toolkit could have written (the tracker "
-                          "and one iteration of rank files, nothing else): choose another output, or remove it yourself";
-    if (!st.is_dir) return tp_fail(TP_ERR_EXISTS, "%s is a file, not a Megatron-LM save directory; %s", path, refusal);
+    char refusal[512];
+    snprintf(refusal, sizeof refusal,
+             "--force replaces only a %s checkpoint the toolkit could have written (the tracker and one iteration of "
+             "%s, nothing else): choose another output, or remove it yourself", kind, writes);
+    if (!st.is_dir) return tp_fail(TP_ERR_EXISTS, "%s is a file, not a %s save directory; %s", path, kind, refusal);
     output_scan root, iteration;
-    int status = scan_output_dir(storage, path, 0, &root);
+    int status = scan_output_dir(storage, path, 0, ours, &root);
     if (status == TP_ERR_EXISTS && root.iterations > 1)
         return tp_fail(TP_ERR_EXISTS, "%s holds more than one iteration (%s, %s): a run's history; %s", path,
                        root.iteration, root.stray, refusal);
-    if (status == TP_ERR_EXISTS && is_rank_dir_name(root.stray))
-        return tp_fail(TP_ERR_EXISTS, "%s holds %s: it is one iteration of a Megatron-LM checkpoint, not a save directory; %s",
-                       path, root.stray, refusal);
+    if (status == TP_ERR_EXISTS && ours(1, root.stray))
+        return tp_fail(TP_ERR_EXISTS, "%s holds %s: it is one iteration of a %s checkpoint, not a save directory; %s",
+                       path, root.stray, kind, refusal);
     if (status == TP_ERR_EXISTS) return tp_fail(TP_ERR_EXISTS, "%s holds '%s'; %s", path, root.stray, refusal);
     TP_TRY(status);
     if (!root.iterations) return TP_OK; /* an empty directory, or a tracker alone */
     char dir[CKPT_PATH_MAX];
     TP_TRY(tp_path_join(dir, path, root.iteration));
-    status = scan_output_dir(storage, dir, 1, &iteration);
+    status = scan_output_dir(storage, dir, 1, ours, &iteration);
     if (status == TP_ERR_EXISTS)
         return tp_fail(TP_ERR_EXISTS, "%s holds '%s/%s'; %s", path, root.iteration, iteration.stray, refusal);
     return status;
+}
+
+/* A legacy save's entries: rank directories in the iteration's (mp_rank_TT
+ * or mp_rank_TT_PPP), each holding its rank file; level -1 asks which are
+ * directories to look into. */
+static int legacy_entry(int level, const char *name)
+{
+    if (level == 2) return !strcmp(name, MEGATRON_RANK_FILE);
+    size_t n = strlen(name);
+    if (strncmp(name, "mp_rank_", 8) || (n != 10 && n != 14) || (n == 14 && name[10] != '_')) return 0;
+    for (size_t i = 8; i < n; i++)
+        if (i != 10 && (name[i] < '0' || name[i] > '9')) return 0;
+    return 1;
+}
+
+int megatron_may_replace(const store_ops *storage, const char *path, void *ctx)
+{
+    (void)ctx;
+    return megatron_save_may_replace(storage, path, "Megatron-LM", "rank files", legacy_entry);
 }
 
 int megatron_check_layout(const megatron_config *c, const ckpt_layout *to, megatron_naming naming)
@@ -1050,11 +1089,8 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
     store_staged *staged;
     TP_TRY(store_stage(NULL, out, &stage, &staged));
     const char *root = store_staged_path(staged);
-    char iteration_dir[4200], tracker[4300];
-    if (c->iteration < 0) snprintf(iteration_dir, sizeof iteration_dir, "%s/release", root);
-    else snprintf(iteration_dir, sizeof iteration_dir, "%s/iter_%07lld", root, (long long)c->iteration);
-    int status = mkdir(iteration_dir, 0755) ? tp_fail(TP_ERR_IO, "%s: cannot create: %s", iteration_dir, strerror(errno))
-                                            : TP_OK;
+    char iteration_dir[CKPT_PATH_MAX + 32];
+    int status = megatron_save_iteration_dir(root, c->iteration, iteration_dir, sizeof iteration_dir);
     /* The rank files are written in parallel, a thread each at a time. */
     int threads = plan.threads;
     rank_writer *writers = calloc((size_t)threads, sizeof *writers);
@@ -1069,15 +1105,7 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
         free(writers[i].scratch);
     }
     free(writers);
-    snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", root);
-    FILE *f = status ? NULL : fopen(tracker, "w");
-    if (!status && !f) status = tp_fail(TP_ERR_IO, "%s: cannot create: %s", tracker, strerror(errno));
-    if (f) {
-        if (c->iteration < 0) fputs("release", f);
-        else fprintf(f, "%lld", (long long)c->iteration);
-        if (fflush(f) != 0 || fsync(fileno(f)) != 0) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", tracker, strerror(errno));
-        if (fclose(f) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", tracker, strerror(errno));
-    }
+    if (!status) status = megatron_save_tracker(root, c->iteration);
     /* What a foreign source records of what was read, whole, before the output appears. */
     if (!status) status = ckpt_reader_finish_checks(source, NULL);
     if (status) {
