@@ -146,6 +146,12 @@ refused extra_state "$WORK/c" "a BytesIO extra state whose torch.save holds buil
 expect_error "at another layout too" 1 'args\.data_path\[3\] is a call of builtins\.exec' "$RS" "$WORK/args" --to tp1 \
     -o "$WORK/args_tp1"
 check "nothing written" test ! -e "$WORK/args_tp1"
+# The torch_dist writer carries the same state into its common state: the
+# same allow-list.
+expect_error "written as torch_dist: refused the same" 1 'args\.data_path\[3\] is a call of builtins\.exec' "$RS" \
+    "$WORK/args" --format torch_dist --to tp2 --weights-only -o "$WORK/args_td"
+check "nothing written" test ! -e "$WORK/args_td"
+check "nothing ran" test ! -e "$MARKER"
 # The RNG states belong to a rank: at another layout they are left out, as
 # Megatron leaves them (with a warning), and so is what they hold.
 expect_ok "rng_state at another layout: left out" "$RS" "$WORK/rng_state" --to tp1 -o "$WORK/rng_state_tp1"

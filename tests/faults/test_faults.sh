@@ -112,14 +112,15 @@ kills_checked() {
 }
 
 mkdir -p "$WORK/k"
-# Other tools' formats too: a Megatron-LM output, and a DCP output read from
-# a Megatron-LM source (a foreign read and a foreign write).
+# Other tools' formats too: a Megatron-LM output, and DCP and torch_dist
+# outputs read from a Megatron-LM source (a foreign read and a foreign write).
 expect_ok "a Megatron-LM checkpoint to read from" "$RS" "$WORK/src" --format megatron --to tp2 -o "$WORK/meg-src"
 SYNTH="$CK synth -o $WORK/k-synth/synth --tp 2 --pp 1 $MODEL --optim --force"
 RESHARD="$RS $WORK/src --to tp4 -o $WORK/k-rs/rs --force"
 EXPORT="$CK export $WORK/src --format safetensors -o $WORK/k-st/st --force"
 MEGATRON="$RS $WORK/src --format megatron --to tp4 -o $WORK/k-meg/meg --force"
 DCP="$RS $WORK/meg-src --format dcp --to tp1 -o $WORK/k-dcp/dcp --force"
+TORCH_DIST="$RS $WORK/meg-src --format torch_dist --to tp1 -o $WORK/k-td/td --force"
 kill_trials "synth" "$WORK/k-synth/synth" intact $SYNTH &
 p1=$!
 kill_trials "reshard" "$WORK/k-rs/rs" intact $RESHARD &
@@ -130,12 +131,15 @@ kill_trials "reshard to Megatron-LM" "$WORK/k-meg/meg" intact $MEGATRON &
 p4=$!
 kill_trials "reshard Megatron-LM to DCP" "$WORK/k-dcp/dcp" intact $DCP &
 p5=$!
-wait $p1 $p2 $p3 $p4 $p5
+kill_trials "reshard Megatron-LM to torch_dist" "$WORK/k-td/td" intact $TORCH_DIST &
+p6=$!
+wait $p1 $p2 $p3 $p4 $p5 $p6
 kills_checked "synth" "$WORK/k-synth/synth" $SYNTH
 kills_checked "reshard" "$WORK/k-rs/rs" $RESHARD
 kills_checked "export" "$WORK/k-st/st" $EXPORT
 kills_checked "reshard to Megatron-LM" "$WORK/k-meg/meg" $MEGATRON
 kills_checked "reshard Megatron-LM to DCP" "$WORK/k-dcp/dcp" $DCP
+kills_checked "reshard Megatron-LM to torch_dist" "$WORK/k-td/td" $TORCH_DIST
 
 # Training saves: a checkpoint at every step, killed at random instants; every
 # committed checkpoint verifies, `latest` names one, and a resumed run cleans

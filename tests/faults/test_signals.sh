@@ -1,7 +1,7 @@
 #!/bin/sh
 # Signals (docs/RELIABILITY.md): SIGTERM and SIGINT at random instants of
-# every writer (synth, reshard, import, exports in each format, Megatron-LM
-# and DCP outputs, a Megatron-LM source read), spread over
+# every writer (synth, reshard, import, exports in each format, Megatron-LM,
+# DCP and torch_dist outputs, a Megatron-LM source read), spread over
 # the whole of an uninterrupted run; and a signal inside the window where a
 # staging entry is born, struck on purpose (TP_CKPT_FAULT=POINT:SIG), for
 # every writer and for training saves. After each: the writer died of the
@@ -109,8 +109,12 @@ p7=$!
 signal_trials "reshard Megatron-LM to DCP" "$WORK/s-dcp/dcp" intact "$RS" "$WORK/meg-src" --format dcp --to tp1 \
     -o "$WORK/s-dcp/dcp" &
 p8=$!
-wait $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8
-for label in synth reshard import export "export gguf" "export hdf5" "reshard to Megatron-LM" "reshard Megatron-LM to DCP"; do
+signal_trials "reshard Megatron-LM to torch_dist" "$WORK/s-td/td" intact "$RS" "$WORK/meg-src" --format torch_dist \
+    --to tp1 -o "$WORK/s-td/td" &
+p9=$!
+wait $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8 $p9
+for label in synth reshard import export "export gguf" "export hdf5" "reshard to Megatron-LM" "reshard Megatron-LM to DCP" \
+    "reshard Megatron-LM to torch_dist"; do
     signals_checked "$label"
 done
 
@@ -124,7 +128,7 @@ done
 mkdir -p "$WORK/w"
 bad=0 n=0
 for point in staging-claimed staging-renamed; do
-    for writer in synth reshard import export-st export-gguf export-hdf5 megatron dcp; do
+    for writer in synth reshard import export-st export-gguf export-hdf5 megatron dcp torch_dist; do
         case $n in 0) sig=TERM code=143 ;; 1) sig=INT code=130 ;; *) sig=HUP code=129 ;; esac
         n=$(((n + 1) % 3))
         case $writer in
@@ -136,6 +140,7 @@ for point in staging-claimed staging-renamed; do
         export-hdf5) set -- "$CK" export "$WORK/src" --format hdf5 -o "$WORK/w/out" ;;
         megatron) set -- "$RS" "$WORK/src" --format megatron --to tp4 -o "$WORK/w/out" ;;
         dcp) set -- "$RS" "$WORK/meg-src" --format dcp --to tp1 -o "$WORK/w/out" ;;
+        torch_dist) set -- "$RS" "$WORK/meg-src" --format torch_dist --to tp1 -o "$WORK/w/out" ;;
         esac
         run with_fault $point:$sig "$@"
         left=$(ls -A "$WORK/w")
@@ -146,7 +151,7 @@ for point in staging-claimed staging-renamed; do
         rm -rf "$WORK/w"/* "$WORK/w"/.[!.]*
     done
 done
-check "a signal as the staging entry is born: 16 writers died of it, nothing left" [ "$bad" -eq 0 ]
+check "a signal as the staging entry is born: 18 writers died of it, nothing left" [ "$bad" -eq 0 ]
 
 # A signal ignored when the program starts (nohup; a background job of a
 # script) stays ignored: the writer is not stopped by it and publishes a whole
