@@ -630,6 +630,9 @@ int main(int argc, char **argv)
     int megatron_out = output_format ? !strcmp(output_format, "megatron") : megatron != NULL;
     int torch_dist_out = output_format ? !strcmp(output_format, "torch_dist") : dist != NULL;
     if (mcore_given && !torch_dist_out) die_usage("--megatron-core applies to a torch_dist output (--format torch_dist)");
+    /* torch_dist keys are Megatron-Core's whatever the modules: no names to choose (they were ignored). */
+    if (naming >= 0 && !megatron_out)
+        die_usage("--megatron-names applies to a Megatron-LM legacy output (--format megatron)");
     if (options.virtual_stages > 1 && (dcp_out || megatron_out || torch_dist_out)) {
         int code = fail("--to %s: chunks of layers interleaved over the stages are written in this toolkit's format "
                         "only (--format tp)", to);

@@ -198,6 +198,9 @@ if "$PY" -c 'import torch' 2>/dev/null; then
          grep -q "^decoder.layers.mlp.linear_fc1.layer_norm_weight " "$WORK/.out" &&
          ! grep -q "input_layernorm\|pre_mlp_layernorm" "$WORK/.out"'
     expect_ok "and read back bit for bit" "$CK" diff "$WORK/local" "$WORK/local.td"
+    expect_error "--megatron-names with a torch_dist output: a usage error (it was ignored)" 2 \
+        "--megatron-names applies to a Megatron-LM legacy output" "$RS" "$WORK/local" --format torch_dist --to tp2pp1 \
+        --megatron-names core-local -o "$WORK/never"
     # A torch_dist source whose layers are keyed one by one: its tensors
     # would be stacked beside _extra_state objects keyed by number, which no
     # model loads whole: refused (it was written so).
