@@ -148,15 +148,23 @@ static void print_verified(const reshard_verify_result *checked, double seconds)
 /* The end of a conversion to a foreign format: the output (NULL where
  * verify is 0 or opening it failed, then opened says so) checked against
  * the source, and the summary printed (JSON: summary, which this takes). */
-static int finish_foreign(ckpt_reader *source, ckpt_reader *output, int opened, int threads, int verify,
-                          cJSON *summary, double seconds)
+/* After another format's write: with verify, the output reopened through
+ * the registry as that format (its digests computed where it records none
+ * of its own) and compared with the source; the summary printed as JSON, or
+ * the verification said. true_vocab: a Megatron output's, as the source's. */
+static int finish_foreign(ckpt_reader *source, const char *out, const char *format, int64_t true_vocab, int threads,
+                          int verify, cJSON *summary, double seconds)
 {
     reshard_verify_result checked = {0, 0, ""};
     double verify_seconds = 0;
     int code = 0;
-    if (verify && !opened) code = fail("%s", tp_errmsg());
-    else if (verify && !(code = verify_output(source, output, threads, &checked, &verify_seconds)) && !summary)
+    formats_source *output = NULL;
+    formats_source_options reopen = {.compute_digests = 1, .threads = threads, .true_vocab = true_vocab};
+    if (verify && formats_source_open(out, formats_find(format), &reopen, &output)) code = fail("%s", tp_errmsg());
+    else if (verify && !(code = verify_output(source, formats_source_reader(output), threads, &checked, &verify_seconds)) &&
+             !summary)
         print_verified(&checked, verify_seconds);
+    formats_source_close(output);
     if (!code && summary) {
         cJSON_AddNumberToObject(summary, "seconds", seconds);
         cJSON_AddNumberToObject(summary, "peak_rss_bytes", (double)cli_peak_rss_bytes());
@@ -304,17 +312,9 @@ static int write_megatron(ckpt_reader *source, const megatron_checkpoint *megatr
         printf("resharded %s (%s%s) -> %s (Megatron-LM tp%dpp%d, %s names): %d tensors, %s, %s written "
                "in %.2f s\n", source_name, source_format, from_text, out, plan.tp, plan.pp, megatron_naming_name(names),
                plan.tensors, plan.optimizer ? "weights and optimizer state" : "weights only", written, seconds);
-    megatron_checkpoint *written_checkpoint = NULL;
-    ckpt_reader *output = NULL;
     /* The output's vocabulary padded for its TP: described by the true size as the source is. */
-    int opened = verify && !megatron_open(out, &written_checkpoint) &&
-                 !(c && c->true_vocab && megatron_set_true_vocab(written_checkpoint, c->true_vocab)) &&
-                 !megatron_reader_open(written_checkpoint, 1, &output);
-    int code = finish_foreign(source, output, opened, options->threads, verify,
-                              json ? megatron_json(&plan, from, source_name, out, names) : NULL, seconds);
-    ckpt_reader_close(output);
-    megatron_close(written_checkpoint);
-    return code;
+    return finish_foreign(source, out, "megatron", c ? c->true_vocab : 0, options->threads, verify,
+                          json ? megatron_json(&plan, from, source_name, out, names) : NULL, seconds);
 }
 
 typedef struct {
@@ -397,14 +397,8 @@ static int write_dcp(ckpt_reader *source, const dcp_checkpoint *dcp, const resha
         printf("resharded %s (%s) -> %s (PyTorch distributed checkpoint, tp%dpp%d): %d tensors in %d chunks, %s "
                "written in %.2f s\n", source_name, from_text, out, plan.tp, plan.pp, plan.tensors, plan.chunks,
                written, seconds);
-    dcp_checkpoint *written_dcp = NULL;
-    ckpt_reader *output = NULL;
-    int opened = verify && !dcp_open(out, &written_dcp) && !dcp_reader_open(written_dcp, 0, options->threads, &output);
-    int code = finish_foreign(source, output, opened, options->threads, verify,
-                              json ? dcp_json(&plan, from, source_name, out) : NULL, seconds);
-    ckpt_reader_close(output);
-    dcp_close(written_dcp);
-    return code;
+    return finish_foreign(source, out, "dcp", 0, options->threads, verify,
+                          json ? dcp_json(&plan, from, source_name, out) : NULL, seconds);
 }
 
 typedef struct {
@@ -497,15 +491,8 @@ static int write_torch_dist(ckpt_reader *source, megatron_dist_write_options *wo
                "%s written in %.2f s\n", source_name, from_text, out, plan.tp, plan.pp, megatron_naming_name(plan.naming),
                common, plan.tensors, plan.chunks, plan.optimizer ? "weights and optimizer state" : "weights only",
                written, seconds);
-    megatron_dist *written_checkpoint = NULL;
-    ckpt_reader *output = NULL;
-    int opened = verify && !megatron_dist_open(out, &written_checkpoint) &&
-                 !megatron_dist_reader_open(written_checkpoint, 1, wo->threads, &output);
-    int code = finish_foreign(source, output, opened, wo->threads, verify,
-                              json ? torch_dist_json(&plan, from, source_name, out) : NULL, seconds);
-    ckpt_reader_close(output);
-    megatron_dist_close(written_checkpoint);
-    return code;
+    return finish_foreign(source, out, "torch_dist", 0, wo->threads, verify,
+                          json ? torch_dist_json(&plan, from, source_name, out) : NULL, seconds);
 }
 
 int main(int argc, char **argv)
