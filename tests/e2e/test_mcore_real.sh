@@ -12,24 +12,9 @@
 . "$(dirname "$0")/lib.sh"
 CK="$BIN/tp-ckpt"
 RS="$BIN/tp-reshard"
-DATA="$ROOT/tests/data/megatron-core"
 JUDGE="$ROOT/tests/support/mcore_reference.py"
 
-if ! "$PY" -c 'import h5py, numpy, xxhash, zstandard' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-h5py, -numpy, -xxhash or -zstandard is not installed"
-    finish
-fi
-expect_ok "the real checkpoints unpacked" "$PY" -c '
-import sys, tarfile, zstandard
-with open(sys.argv[1], "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as r:
-    tarfile.open(fileobj=r, mode="r|").extractall(sys.argv[2])' "$DATA/checkpoints.tar.zst" "$WORK"
-# The DCP outputs in the dialect of the PyTorch at hand (1.13's
-# torch.distributed._shard.checkpoint, or 2.x's), for its load to judge.
-TORCH=0 DIALECT=2
-if "$PY" -c 'import torch' 2>/dev/null; then
-    TORCH=1
-    "$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null || DIALECT=1.13
-fi
+. "$ROOT/tests/support/mcore_fixtures.sh"
 
 # judge WHICH CKPT WHAT: every tensor of CKPT bit-identical to Megatron-Core's own.
 judge() {

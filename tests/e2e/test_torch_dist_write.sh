@@ -22,29 +22,14 @@
 . "$(dirname "$0")/lib.sh"
 CK="$BIN/tp-ckpt"
 RS="$BIN/tp-reshard"
-DATA="$ROOT/tests/data/megatron-core"
-REFERENCE="$DATA/reference.json"
 META="$ROOT/tests/support/mcore_metadata.py"
 JUDGE="$ROOT/tests/support/mcore_reference.py"
 DCP_JUDGE="$ROOT/tests/support/mcore_dcp_judge.py"
 LEGACY="$ROOT/tests/support/megatron_fixture.py"
 DIST="$ROOT/tests/support/megatron_dist_fixture.py"
 
-if ! "$PY" -c 'import h5py, numpy, xxhash, zstandard' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-h5py, -numpy, -xxhash or -zstandard is not installed"
-    finish
-fi
-expect_ok "the real checkpoints unpacked" "$PY" -c '
-import sys, tarfile, zstandard
-with open(sys.argv[1], "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as r:
-    tarfile.open(fileobj=r, mode="r|").extractall(sys.argv[2])' "$DATA/checkpoints.tar.zst" "$WORK"
-# PyTorch's DCP as a judge where python3-torch is installed: its 1.13 reads
-# the dialect of torch.distributed._shard.checkpoint (--dcp-torch 1.13).
-TORCH=0 DIALECT=2
-if "$PY" -c 'import torch' 2>/dev/null; then
-    TORCH=1
-    "$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null || DIALECT=1.13
-fi
+. "$ROOT/tests/support/mcore_fixtures.sh"
+REFERENCE="$DATA/reference.json"
 real() { echo "$WORK/$1/ckpt/$2/iter_0000010"; }
 
 # ------------------------------------------- the real ones, at their layout
