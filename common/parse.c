@@ -1,7 +1,8 @@
-/* parse.c: numbers and sizes from text. */
+/* parse.c: numbers and sizes from text, and sizes as text. */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -67,4 +68,15 @@ int parse_size(const char *text, int64_t *out)
     if (bytes > 9.0e18) return -1;
     *out = (int64_t)bytes;
     return 0;
+}
+
+void format_bytes(double bytes, char *out, int out_size)
+{
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 4) {
+        bytes /= 1024;
+        u++;
+    }
+    snprintf(out, (size_t)out_size, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
 }

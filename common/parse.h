@@ -1,4 +1,5 @@
-/* parse.h: numbers and sizes from text, for command lines and model options. */
+/* parse.h: numbers and sizes from text, for command lines and model options,
+ * and sizes as text, for what tools print. */
 #ifndef TP_PARSE_H
 #define TP_PARSE_H
 
@@ -16,6 +17,9 @@ int parse_int_in_file(const char *text, int64_t min, int64_t max, int64_t *out);
 
 /* A size with an optional binary suffix: "512", "64K", "1.5G", "2GiB"; -1 when not one. */
 int parse_size(const char *text, int64_t *out);
+
+/* bytes as "512 B", "1.50 KiB", "2.00 GiB": binary units, two decimals. */
+void format_bytes(double bytes, char *out, int out_size);
 
 /* A finite floating-point number; -1 when the text is not one. */
 int parse_double(const char *text, double *out);

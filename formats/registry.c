@@ -7,6 +7,7 @@
 
 #include "../common/error.h"
 #include "registry.h"
+#include "registry_write.h"
 
 struct formats_source {
     const checkpoint_format *format;
@@ -17,6 +18,7 @@ struct formats_source {
     dcp_checkpoint *dcp;
     void *handle;
     void (*close_handle)(void *handle);
+    char *name; /* formats_source_name */
 };
 
 static int open_megatron(const char *path, const formats_source_options *o, formats_source *s)
@@ -48,10 +50,10 @@ static int open_own(const char *path, const formats_source_options *o, formats_s
 }
 
 static const checkpoint_format builtin[] = {
-    {"torch_dist", "Megatron-Core torch_dist", megatron_dist_detect, open_megatron_dist},
-    {"dcp", "PyTorch distributed checkpoint", dcp_detect, open_dcp},
-    {"megatron", "Megatron-LM legacy", megatron_detect, open_megatron},
-    {"tp", "tp-toolkit", NULL, open_own}, /* the fallback: asked last */
+    {"torch_dist", "Megatron-Core torch_dist", megatron_dist_detect, open_megatron_dist, &formats_torch_dist_writer},
+    {"dcp", "PyTorch distributed checkpoint", dcp_detect, open_dcp, &formats_dcp_writer},
+    {"megatron", "Megatron-LM legacy", megatron_detect, open_megatron, &formats_megatron_writer},
+    {"tp", "tp-toolkit", NULL, open_own, &formats_own_writer}, /* the fallback: asked last */
 };
 #define NUM_BUILTIN ((int)(sizeof builtin / sizeof builtin[0]))
 
@@ -64,6 +66,10 @@ int formats_register(const checkpoint_format *format)
 {
     if (!format->name || !format->detect || !format->open)
         return tp_fail(TP_ERR_ARG, "a format needs a name, a detect and an open");
+    const formats_writer *w = format->writer;
+    if (w && (!w->plan || !w->write || !w->free_plan || !w->may_replace))
+        return tp_fail(TP_ERR_ARG, "the format %s: a writer needs a plan, a write, a free_plan and a may_replace",
+                       format->name);
     if (formats_find(format->name)) return tp_fail(TP_ERR_EXISTS, "a format named %s exists already", format->name);
     pthread_mutex_lock(&registered_lock);
     int status = num_registered < REGISTERED_MAX
@@ -118,6 +124,9 @@ int formats_source_open(const char *path, const checkpoint_format *format, const
     if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory");
     s->format = format;
     int status = format->open(path, options, s);
+    /* This toolkit's run directory names its latest step; another tool's is named as given. */
+    if (!status && !(s->name = strdup(format->detect || !s->reader ? path : ckpt_reader_path(s->reader))))
+        status = tp_fail(TP_ERR_NOMEM, "out of memory");
     if (status) {
         formats_source_close(s);
         return status;
@@ -163,9 +172,15 @@ const megatron_config *formats_source_megatron_config(const formats_source *s)
     return s->megatron ? megatron_config_of(s->megatron) : s->dist ? megatron_dist_config(s->dist) : NULL;
 }
 
+const char *formats_source_name(const formats_source *s)
+{
+    return s->name;
+}
+
 void formats_source_close(formats_source *s)
 {
     if (!s) return;
+    free(s->name);
     ckpt_reader_close(s->reader);
     megatron_close(s->megatron);
     megatron_dist_close(s->dist);

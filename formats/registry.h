@@ -1,9 +1,11 @@
-/* registry.h: every checkpoint format the toolkit reads, in one place: what
- * each is called, how a path is recognized as one, and how it is opened as
- * a source of tensors (a ckpt_reader; another tool's at tp 1 pp 1, its own
- * layout kept in its description). Programs ask the registry and never
- * chain the formats' detections themselves: a format added here (or with
- * formats_register) is read by every program.
+/* registry.h: every checkpoint format the toolkit reads and writes, in one
+ * place: what each is called, how a path is recognized as one, how it is
+ * opened as a source of tensors (a ckpt_reader; another tool's at tp 1 pp 1,
+ * its own layout kept in its description), and how any source is written
+ * as one at a layout (planned first, then written). Programs ask the
+ * registry and never chain the formats' detections or writers themselves:
+ * a format added here (or with formats_register) is read, and where it has
+ * a writer written, by every program.
  *
  * Detection asks the registered formats in order and takes the first that
  * recognizes the path (Megatron-Core's torch_dist before DCP, since it is a
@@ -14,11 +16,16 @@
 
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "../ckpt/ckpt.h"
+#include "../reshard/reshard.h"
 #include "dcp.h"
 #include "megatron.h"
 
 typedef struct formats_source formats_source;
+typedef struct formats_write_options formats_write_options;
+typedef struct formats_write_summary formats_write_summary;
 
 typedef struct {
     const ckpt_read_options *read; /* this toolkit's format (NULL: ckpt_read_options_init's) */
@@ -27,6 +34,19 @@ typedef struct {
     int threads;                   /* opening another tool's (0: all cores) */
     int64_t true_vocab;            /* a Megatron-LM legacy source's true vocabulary size (0: not given) */
 } formats_source_options;
+
+/* How a format is written. plan checks that source can be written with
+ * options, fills summary and keeps what write needs in *state (released by
+ * free_plan, also after a failed plan); write writes it at path (a local
+ * directory: a remote output is staged by the caller), whole or not at
+ * all. may_replace: what --force may replace with it. */
+typedef struct formats_writer {
+    int (*plan)(formats_source *source, const formats_write_options *options, formats_write_summary *summary,
+                void **state);
+    int (*write)(void *state, const char *path);
+    void (*free_plan)(void *state);
+    store_replace_check may_replace;
+} formats_writer;
 
 typedef struct checkpoint_format {
     const char *name;  /* "tp", "megatron", "torch_dist", "dcp": as --format and JSON say it */
@@ -37,6 +57,7 @@ typedef struct checkpoint_format {
     /* Opens path into source (formats_source_attach gives it its handle and
      * reader). */
     int (*open)(const char *path, const formats_source_options *options, formats_source *source);
+    const struct formats_writer *writer; /* NULL: the format is read, not written */
 } checkpoint_format;
 
 /* Adds a format, asked before the built-in ones (a test's, a new one). */
@@ -60,10 +81,75 @@ const megatron_dist *formats_source_megatron_dist(const formats_source *source);
 const dcp_checkpoint *formats_source_dcp(const formats_source *source);
 /* The Megatron model of a Megatron-LM or torch_dist source, else NULL. */
 const megatron_config *formats_source_megatron_config(const formats_source *source);
+/* What names the checkpoint read (a default output is named after it):
+ * this toolkit's, the step directory (a run directory's latest); another
+ * tool's, the path given. */
+const char *formats_source_name(const formats_source *source);
 void formats_source_close(formats_source *source);
 
 /* For a registered format's open: what the source holds (handle: the
  * format's own, closed by close after the reader; may be NULL). */
 void formats_source_attach(formats_source *source, void *handle, void (*close)(void *handle), ckpt_reader *reader);
+
+/* How a source under another model's names is seen as a Megatron model, so
+ * that the Megatron writers can write it (this toolkit's GPT:
+ * gpt_megatron_view, model/interop.h, a layer above). open fills model and
+ * names (their context in *state, released by close). */
+typedef struct {
+    int (*open)(ckpt_reader *source, megatron_config *model, megatron_source_names *names, void **state);
+    void (*close)(void *state);
+} formats_megatron_view;
+
+struct formats_write_options {
+    /* The layout (tp, pp; virtual_stages in this toolkit's format only),
+     * threads, memory limit, overwrite, drop_optimizer, progress; dtype,
+     * compression and device of this toolkit's format (reshard.h). */
+    reshard_options reshard;
+    int dp;                          /* dcp: each piece cut again over dp data-parallel ranks (0, 1: not) */
+    int naming;                      /* megatron: a megatron_naming; -1: the source's */
+    int torch_version;               /* dcp, torch_dist: a dcp_torch_version; -1: a DCP source's, else 2 */
+    megatron_core_common common;     /* torch_dist: where its common state goes */
+    int verify;                      /* the output is to be proven equal by logical digests: refused where a
+                                        format regroups tensors so that they cannot be */
+    const formats_megatron_view *megatron_view; /* NULL: a source without a Megatron model is not written as one */
+};
+
+void formats_write_options_init(formats_write_options *options);
+
+#define FORMATS_WRITE_DETAILS 8
+
+/* What a write will do, decided before anything is written, in the words
+ * a program prints: "plan: SOURCE (FROM) -> OUT (target)", then each
+ * detail; after it, "resharded SOURCE (FROM) -> OUT (target): contents, N
+ * written in ...". */
+struct formats_write_summary {
+    ckpt_layout to;                  /* the output's layout (a default output is named after it) */
+    char target[256];                /* "Megatron-LM tp2pp1, legacy names" */
+    char contents[256];              /* "12 tensors in 24 chunks, weights only" */
+    int64_t bytes_written;           /* tensor data */
+    int threads;
+    char device[160];                /* where conversions run ("cpu", "cuda: why"); "": the CPU, said nowhere */
+    int keeps_latest;                /* written in a run directory, the output becomes its `latest` */
+    int details;
+    struct {
+        char label[12];              /* "files", "tensors", "memory" */
+        char text[256];
+    } detail[FORMATS_WRITE_DETAILS];
+    char warning[512];               /* said after the write, or "": what a change of layout leaves out */
+    int64_t true_vocab;              /* the output reopened for --verify with this vocabulary (Megatron-LM's) */
+    cJSON *json;                     /* the format's keys of --json ("format", "files", ...); owned by the plan */
+};
+
+typedef struct formats_write_plan formats_write_plan;
+
+/* Plans writing source as format (one with a writer) with options: fails,
+ * naming the source and why, where the format cannot hold it (an
+ * optimizer state not read is refused unless options drop it). */
+int formats_write_plan_create(formats_source *source, const checkpoint_format *format,
+                              const formats_write_options *options, formats_write_plan **out);
+const formats_write_summary *formats_write_plan_summary(const formats_write_plan *plan);
+/* Writes the plan's output at path (a local directory), whole or not at all. */
+int formats_write(formats_write_plan *plan, const char *path);
+void formats_write_plan_free(formats_write_plan *plan);
 
 #endif

@@ -12,6 +12,7 @@
 
 #include "../formats/formats.h"
 #include "../formats/megatron.h"
+#include "../formats/registry.h"
 #include "gpt.h"
 
 /* ------------------------------------------------------------------ names */
@@ -145,24 +146,16 @@ int gpt_megatron_import_rounded(const gpt_megatron_import *job);
 int gpt_megatron_import_run(gpt_megatron_import *job, const import_options *options, const char *out);
 void gpt_megatron_import_close(gpt_megatron_import *job);
 
-/* A checkpoint of this model (source) written as a Megatron-LM legacy
- * checkpoint (formats/megatron.h megatron_write) at options' layout and
- * naming: args written from the model (learned positions, LayerNorm,
- * biases, GELU's tanh form: openai_gelu, tied embeddings), each fused QKV
- * regrouped into Megatron's per-group order, the vocabulary padded as
- * Megatron pads it (its pad multiple as make_vocab_size_divisible_by),
- * the step as the iteration; weights only (a Megatron optimizer's param
- * groups are its run's). With out NULL, plan only (--dry-run). */
-int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *options, const char *out,
-                       megatron_write_plan *plan);
-/* The same written as a Megatron-Core torch_dist checkpoint
- * (formats/megatron.h megatron_dist_write): Megatron-Core's keys
- * (Transformer Engine's fused norms), each QKV piece regrouped, the
- * vocabulary padded for the target tp, _extra_state objects of None, the
- * common state written from the model; weights only (args.no_save_optim,
- * no_save_rng). With out NULL, plan only (--dry-run). */
-int gpt_megatron_dist_write(ckpt_reader *source, const megatron_dist_write_options *options, const char *out,
-                            megatron_dist_write_plan *plan);
+/* A checkpoint of this model seen as a Megatron model, for the registry's
+ * Megatron writers (formats/registry.h): args from the model (learned
+ * positions, LayerNorm, biases, GELU's tanh form: openai_gelu, tied
+ * embeddings; Llama's RMSNorm, SwiGLU, rotary half-heads), the vocabulary
+ * padded as Megatron pads it (its pad multiple as
+ * make_vocab_size_divisible_by), the step as the iteration, each fused QKV
+ * regrouped into Megatron's per-group order; weights only (a Megatron
+ * optimizer's param groups are its run's: the legacy writer leaves it out,
+ * torch_dist's refuses it unless left out). */
+extern const formats_megatron_view gpt_megatron_view;
 
 /* ----------------------------------------------------------------- import */
 

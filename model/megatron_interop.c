@@ -304,35 +304,27 @@ static int source_model(ckpt_reader *source, source_names *names, megatron_confi
     return status;
 }
 
-int gpt_megatron_write(ckpt_reader *source, const megatron_write_options *options, const char *out, megatron_write_plan *plan)
+/* The view's state: the source's names and their canonical ones. */
+static int view_open(ckpt_reader *source, megatron_config *model, megatron_source_names *adapter, void **state)
 {
-    source_names names;
-    megatron_config model;
-    int status = source_model(source, &names, &model);
-    megatron_source_names adapter = {find_canonical, qkv_to_megatron, &names, canonical_of};
-    megatron_write_options o = *options;
-    o.model = &model;
-    o.names = &adapter;
-    o.weights_only = 1; /* the optimizer's layout is Megatron's run's, not recorded here */
-    if (!status) status = out ? megatron_write(source, NULL, &o, out, plan) : megatron_write_plan_create(source, NULL, &o, plan);
-    free(names.canonical);
-    return status;
+    source_names *names = calloc(1, sizeof *names);
+    if (!names) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = source_model(source, names, model);
+    if (status) {
+        free(names->canonical);
+        free(names);
+        return status;
+    }
+    *adapter = (megatron_source_names){find_canonical, qkv_to_megatron, names, canonical_of};
+    *state = names;
+    return TP_OK;
 }
 
-int gpt_megatron_dist_write(ckpt_reader *source, const megatron_dist_write_options *options, const char *out,
-                            megatron_dist_write_plan *plan)
+static void view_close(void *state)
 {
-    source_names names;
-    megatron_config model;
-    int status = source_model(source, &names, &model);
-    megatron_source_names adapter = {find_canonical, qkv_to_megatron, &names, canonical_of};
-    megatron_dist_write_options o = *options;
-    o.model = &model;
-    o.names = &adapter;
-    o.dist = NULL;
-    o.legacy = NULL; /* so an optimizer state is refused (its param groups are a Megatron run's) unless --weights-only */
-    if (!status)
-        status = out ? megatron_dist_write(source, &o, out, plan) : megatron_dist_write_plan_create(source, &o, plan);
-    free(names.canonical);
-    return status;
+    source_names *names = state;
+    if (names) free(names->canonical);
+    free(names);
 }
+
+const formats_megatron_view gpt_megatron_view = {view_open, view_close};

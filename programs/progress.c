@@ -5,17 +5,6 @@
 
 #include "progress.h"
 
-void format_bytes(double bytes, char *out, int out_size)
-{
-    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (bytes >= 1024 && u < 4) {
-        bytes /= 1024;
-        u++;
-    }
-    snprintf(out, (size_t)out_size, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
-}
-
 void progress_start(progress *p, const char *label, int64_t total_bytes, int force)
 {
     p->label = label;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "../common/clock.h"
+#include "../common/parse.h" /* format_bytes, for what the programs print beside it */
 
 typedef struct {
     const char *label;
@@ -23,8 +24,5 @@ void progress_start(progress *p, const char *label, int64_t total_bytes, int for
 void progress_add(progress *p, int64_t bytes);
 /* Clears the bar. Returns the elapsed seconds. */
 double progress_finish(progress *p);
-
-/* "1.50 GiB" */
-void format_bytes(double bytes, char *out, int out_size);
 
 #endif

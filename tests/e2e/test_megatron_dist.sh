@@ -225,6 +225,11 @@ check "info says its optimizer is not read, naming the layout" \
 expect_error "tp-reshard does not leave an optimizer out unsaid" 1 \
     "the optimizer's state is not read: .*dp_zero_gather_scatter.*--weights-only converts the weights alone" \
     "$RS" "$WORK/do.zero" --format dcp --to tp1 -o "$WORK/x"
+for format in tp torch_dist; do # refused once for every output (formats/registry_write.c)
+    expect_error "nor as $format" 1 "the optimizer's state is not read: .*dp_zero_gather_scatter" \
+        "$RS" "$WORK/do.zero" --format $format --to tp1 -o "$WORK/x"
+done
+check "nothing written by the refusals" [ ! -e "$WORK/x" ]
 expect_ok "--weights-only converts its weights" "$RS" "$WORK/do.zero" --format tp --weights-only --to tp1 -o "$WORK/zero.tp"
 expect_ok "equal to the legacy checkpoint's weights" "$CK" diff "$WORK/gpt.legacy" "$WORK/zero.tp" --weights-only
 # Args naming other modules than those whose order the buffers follow: the layout does not fit, said.

@@ -2,10 +2,14 @@
  * formats by name, the detection order (Megatron-Core's torch_dist before
  * the DCP it is made of, this toolkit's own as the fallback), a registered
  * format asked first and opened through formats_source_open, its refusals
- * passed on, and a source of each kind giving its own handle only. Run from
- * the repository root (the DCP fixture of tests/data). */
+ * passed on, and a source of each kind giving its own handle only; writing
+ * through the registry: each built-in format's writer planned, written and
+ * read back, a registered format's writer used, a read-only format and a
+ * writer missing a part refused. Run from the repository root (the DCP
+ * fixture of tests/data). */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -24,6 +28,8 @@ Test(registry, builtin_formats_by_name)
         cr_assert_str_eq(f->name, names[i]);
         cr_assert(f->title && *f->title);
         cr_assert(f->open);
+        cr_assert(f->writer && f->writer->plan && f->writer->write && f->writer->free_plan && f->writer->may_replace,
+                  "%s is written as well as read", names[i]);
     }
     cr_assert_null(formats_find("zarr"));
     cr_assert_null(formats_find("tp")->detect, "this toolkit's format is the fallback");
@@ -94,7 +100,7 @@ static int marked_open(const char *path, const formats_source_options *options, 
 
 Test(registry, a_registered_format_is_asked_first)
 {
-    static const checkpoint_format marked = {"marked", "a test's format", marked_detect, marked_open};
+    static const checkpoint_format marked = {"marked", "a test's format", marked_detect, marked_open, NULL};
     cr_assert_eq(formats_register(&marked), TP_OK, "%s", tp_errmsg());
     cr_assert_neq(formats_register(&marked), TP_OK, "the same name twice");
     cr_assert(strstr(tp_errmsg(), "marked exists already"), "%s", tp_errmsg());
@@ -133,4 +139,163 @@ Test(registry, a_registered_format_is_asked_first)
     /* Anything else is still asked of the built-ins. */
     cr_assert_eq(formats_detect("tests/data/dcp/cols2", &found), TP_OK);
     cr_assert_str_eq(found->name, "dcp");
+}
+
+/* The DCP fixture written through the registry as format at tp, then
+ * reopened as that format: every tensor's values equal (logical digests). */
+static void write_and_read_back(const char *format_name, int tp, const char *target_words)
+{
+    formats_source *source = NULL;
+    cr_assert_eq(formats_source_open("tests/data/dcp/cols2", NULL, &(formats_source_options){.compute_digests = 1},
+                                     &source), TP_OK, "%s", tp_errmsg());
+    const checkpoint_format *format = formats_find(format_name);
+    formats_write_options options;
+    formats_write_options_init(&options);
+    options.reshard.tp = tp;
+    options.reshard.pp = 1;
+    options.reshard.threads = 1;
+    formats_write_plan *plan = NULL;
+    cr_assert_eq(formats_write_plan_create(source, format, &options, &plan), TP_OK, "%s", tp_errmsg());
+    const formats_write_summary *s = formats_write_plan_summary(plan);
+    cr_assert_eq(s->to.tp, tp);
+    cr_assert(strstr(s->target, target_words), "%s: %s", format_name, s->target);
+    cr_assert(s->bytes_written > 0);
+    cr_assert(s->details >= 4, "the plan says files, tensors, bytes and memory: %d lines", s->details);
+    cr_assert(cJSON_GetObjectItemCaseSensitive(s->json, "format"), "the JSON names the format");
+    char out[600];
+    snprintf(out, sizeof out, "%s/%s", dir, format_name);
+    cr_assert_eq(formats_write(plan, out), TP_OK, "%s", tp_errmsg());
+    formats_write_plan_free(plan);
+
+    formats_source *back = NULL;
+    cr_assert_eq(formats_source_open(out, format, &(formats_source_options){.compute_digests = 1}, &back), TP_OK, "%s",
+                 tp_errmsg());
+    cr_assert_eq(ckpt_reader_layout(formats_source_reader(back))->tp == tp ||
+                     ckpt_reader_saved_layout(formats_source_reader(back))->tp == tp,
+                 1, "%s read back at tp%d", format_name, tp);
+    reshard_verify_result checked;
+    cr_assert_eq(reshard_verify(formats_source_reader(source), formats_source_reader(back), 1, &checked), TP_OK, "%s",
+                 tp_errmsg());
+    cr_assert_eq(checked.mismatches, 0, "%s: %s", format_name, checked.first_mismatch);
+    cr_assert_eq(checked.tensors, ckpt_reader_num_tensors(formats_source_reader(source)));
+    formats_source_close(back);
+    formats_source_close(source);
+}
+
+Test(registry, this_toolkits_format_written_through_the_registry)
+{
+    write_and_read_back("tp", 1, "tp1pp1");
+}
+
+Test(registry, a_dcp_written_through_the_registry)
+{
+    write_and_read_back("dcp", 1, "PyTorch distributed checkpoint, tp1pp1");
+}
+
+Test(registry, a_source_of_no_megatron_model_is_not_written_as_megatrons)
+{
+    formats_source *source = NULL;
+    cr_assert_eq(formats_source_open("tests/data/dcp/cols2", NULL, NULL, &source), TP_OK, "%s", tp_errmsg());
+    formats_write_options options;
+    formats_write_options_init(&options);
+    formats_write_plan *plan = NULL;
+    const char *formats[] = {"megatron", "torch_dist"};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_neq(formats_write_plan_create(source, formats_find(formats[i]), &options, &plan), TP_OK, "%s",
+                      formats[i]);
+        cr_assert_null(plan);
+        cr_assert(strstr(tp_errmsg(), "not a Megatron model") && strstr(tp_errmsg(), "cols2"), "%s", tp_errmsg());
+    }
+    options.reshard.virtual_stages = 2;
+    options.reshard.pp = 2;
+    cr_assert_neq(formats_write_plan_create(source, formats_find("dcp"), &options, &plan), TP_OK);
+    cr_assert(strstr(tp_errmsg(), "--to tp1pp2v2: chunks of layers interleaved over the stages"), "%s", tp_errmsg());
+    formats_source_close(source);
+}
+
+/* A writer of a test: its plan counts the source's tensors; its write
+ * leaves a file holding that count. */
+static int marked_plan(formats_source *source, const formats_write_options *options, formats_write_summary *s,
+                       void **state)
+{
+    (void)options;
+    int *count = malloc(sizeof *count);
+    cr_assert(count);
+    *count = ckpt_reader_num_tensors(formats_source_reader(source));
+    *state = count;
+    snprintf(s->target, sizeof s->target, "marked, %d tensors", *count);
+    return TP_OK;
+}
+
+static int marked_write(void *state, const char *path)
+{
+    if (mkdir(path, 0755)) return tp_fail(TP_ERR_IO, "%s: cannot make it", path);
+    char file[700];
+    snprintf(file, sizeof file, "%s/marked", path);
+    FILE *f = fopen(file, "w");
+    if (!f) return tp_fail(TP_ERR_IO, "%s: cannot write", file);
+    fprintf(f, "%d\n", *(int *)state);
+    fclose(f);
+    return TP_OK;
+}
+
+static int freed;
+
+static void marked_free(void *state)
+{
+    freed++;
+    free(state);
+}
+
+static int marked_may_replace(const store_ops *storage, const char *path, void *ctx)
+{
+    (void)storage, (void)path, (void)ctx;
+    return TP_OK;
+}
+
+Test(registry, a_registered_format_is_written_by_its_writer)
+{
+    static const formats_writer half = {marked_plan, NULL, marked_free, marked_may_replace};
+    static const checkpoint_format broken = {"broken", "a test's format", marked_detect, marked_open, &half};
+    cr_assert_neq(formats_register(&broken), TP_OK, "a writer without a write");
+    cr_assert(strstr(tp_errmsg(), "a writer needs"), "%s", tp_errmsg());
+    cr_assert_null(formats_find("broken"));
+
+    static const formats_writer writer = {marked_plan, marked_write, marked_free, marked_may_replace};
+    static const checkpoint_format marked = {"marked", "a test's format", marked_detect, marked_open, &writer};
+    cr_assert_eq(formats_register(&marked), TP_OK, "%s", tp_errmsg());
+    formats_source *source = NULL;
+    cr_assert_eq(formats_source_open("tests/data/dcp/cols2", NULL, NULL, &source), TP_OK, "%s", tp_errmsg());
+    int tensors = ckpt_reader_num_tensors(formats_source_reader(source));
+    formats_write_options options;
+    formats_write_options_init(&options);
+    formats_write_plan *plan = NULL;
+    cr_assert_eq(formats_write_plan_create(source, &marked, &options, &plan), TP_OK, "%s", tp_errmsg());
+    char expected[64];
+    snprintf(expected, sizeof expected, "marked, %d tensors", tensors);
+    cr_assert_str_eq(formats_write_plan_summary(plan)->target, expected);
+    char out[600];
+    snprintf(out, sizeof out, "%s/out", dir);
+    cr_assert_eq(formats_write(plan, out), TP_OK, "%s", tp_errmsg());
+    formats_write_plan_free(plan);
+    cr_assert_eq(freed, 1, "its plan's state freed once");
+
+    /* Read back as the registered format (the mark is there), and the count written. */
+    const checkpoint_format *found = NULL;
+    cr_assert_eq(formats_detect(out, &found), TP_OK);
+    cr_assert_eq(found, &marked);
+    char file[700];
+    snprintf(file, sizeof file, "%s/marked", out);
+    FILE *f = fopen(file, "r");
+    int written = -1;
+    cr_assert(f && fscanf(f, "%d", &written) == 1);
+    fclose(f);
+    cr_assert_eq(written, tensors);
+
+    /* A format without a writer is read, not written. */
+    static const checkpoint_format read_only = {"read-only", "read-only test", marked_detect, marked_open, NULL};
+    cr_assert_neq(formats_write_plan_create(source, &read_only, &options, &plan), TP_OK);
+    cr_assert_null(plan);
+    cr_assert(strstr(tp_errmsg(), "read-only test checkpoints are read, not written"), "%s", tp_errmsg());
+    formats_source_close(source);
 }
