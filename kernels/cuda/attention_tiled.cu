@@ -2,15 +2,15 @@
  * CUDA cores, for head sizes of 32, 64, 128 and 256.
  *
  * Why: the profile of a GPT-2 124M step on an H200 (docs/BENCHMARKS.md) put
- * 94% of the GPU's time in backend.cu's attention, which gives each row a
- * warp and sums every score across the warp with five shuffles. Here a row
+ * 94% of the GPU's time in the rows attention (attention.cu), which gives
+ * each row a warp and sums every score across the warp with five shuffles. Here a row
  * has hd / 32 threads, each holding 32 of its dimensions in registers; a
  * block of 64 rows reads the rows it meets (keys and values, or queries and
  * output gradients) a tile at a time from shared memory, every thread of
  * the block reading the same shared row at once (a broadcast). A score is
  * each thread's 32 products then log2(hd / 32) shuffles.
  *
- * Three kernels, as backend.cu's, with the same arithmetic per pair of rows
+ * Three kernels, as attention.cu's, with the same arithmetic per pair of rows
  * (the same results within rounding: sums run in another order):
  *   forward:  per query row i, over keys j <= i, an online softmax: a
  *             running maximum and sum, the accumulator rescaled when the

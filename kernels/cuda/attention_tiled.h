@@ -1,11 +1,11 @@
 /* attention_tiled.h: causal attention on the GPU in tiles (attention_tiled.cu),
- * the alternative to backend.cu's kernels of a warp per row, and its
+ * the alternative to attention.cu's kernels of a warp per row, and its
  * emulation on the CPU.
  *
  * Shapes as kernels.h's attention_forward and attention_backward:
  * qkv[B, T, (Hq + 2 Hkv) hd], out and d_out [B, T, Hq hd], lse and delta
  * [B, Hq, T]. Tiled kernels take head sizes of 32, 64, 128 and 256, and 1
- * to 65535 batches and query heads (cuda_attention_tiled_fits); backend.cu
+ * to 65535 batches and query heads (cuda_attention_tiled_fits); attention.cu
  * keeps its own kernels for the others. */
 #ifndef TP_KERNELS_CUDA_ATTENTION_TILED_H
 #define TP_KERNELS_CUDA_ATTENTION_TILED_H

@@ -20,4 +20,61 @@ int cuda_attention_tiled_backward(float *d_qkv, float *delta, const float *d_out
                                   cudaStream_t stream);
 int cuda_attention_tiled_chosen(void);
 
+/* The operations of the table (kernels.h, kernel_backend), one file each. */
+/* linear.cu */
+int cuda_matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
+                        int64_t OC);
+int cuda_matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
+                             int64_t OC);
+int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                         const float *weight, int64_t N, int64_t C, int64_t OC);
+int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                              const float *weight, int64_t N, int64_t C, int64_t OC);
+int cuda_residual_forward(float *out, const float *a, const float *b, int64_t n);
+int cuda_bias_residual_forward(float *out, const float *x, const float *partial, const float *bias, int64_t N,
+                               int64_t C);
+int cuda_add_inplace(float *acc, const float *x, int64_t n);
+int cuda_scale_inplace(float *x, float scale, int64_t n);
+/* norm.cu */
+int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
+                           const float *bias, int64_t N, int64_t C);
+int cuda_layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                            const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C);
+int cuda_gelu_forward(float *out, const float *in, int64_t n);
+int cuda_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n);
+int cuda_rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                         float eps);
+int cuda_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight,
+                          const float *rstd, int64_t N, int64_t C);
+int cuda_swiglu_forward(float *out, const float *in, int64_t N, int64_t F);
+int cuda_swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F);
+/* rope.cu */
+int cuda_rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+int cuda_rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+/* attention.cu */
+int cuda_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                           int64_t Hkv, int64_t hd);
+int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+/* embedding.cu */
+int cuda_embedding_forward(float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first,
+                           int64_t rows);
+int cuda_embedding_backward(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C, int64_t first,
+                            int64_t rows);
+int cuda_crossentropy_row_max(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab);
+int cuda_crossentropy_row_sumexp(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
+                                 int64_t first, int64_t vocab);
+int cuda_crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
+                                   int64_t first);
+int cuda_crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
+                               const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
+/* adamw.cu */
+int cuda_adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
+                      float beta2, float eps, float weight_decay, int64_t step);
+int cuda_sum_of_squares(double *out, const float *const *spans, const int64_t *lengths, int count);
+/* linear.cu: loads cuBLAS and makes its handle on cuda_state.stream (plain
+ * fp32 math); stop releases it (also after a failed start). */
+int cuda_blas_start(void);
+void cuda_blas_stop(void);
+
 #endif

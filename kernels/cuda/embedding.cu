@@ -1,0 +1,170 @@
+/* embedding.cu: the token embedding and the classifier's cross-entropy on
+ * the GPU, the twins of cpu/embedding.c. */
+#include <math.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../kernels.h"
+}
+#include "internal.h"
+#include "launch.h"
+
+/* ============================================== embedding and cross-entropy */
+
+/* out[n,c] = table[token - first, c] for tokens held here, else 0. */
+static __global__ void embedding_forward_kernel(float *out, const int *tokens, const float *table, int64_t N, int64_t C,
+                                                int64_t first, int64_t rows)
+{
+    GRID_STRIDE(i, N * C) {
+        int64_t n = i / C, c = i % C, row = (int64_t)tokens[n] - first;
+        out[i] = row >= 0 && row < rows ? table[row * C + c] : 0.0f;
+    }
+}
+
+/* d_table[token - first, c] += d_out[n,c]. A token may come several times
+ * in the batch, so threads of different n add to the same element: atomics
+ * (their order, hence the last bits of a repeated token's row, varies from
+ * run to run). */
+static __global__ void embedding_backward_kernel(float *d_table, const int *tokens, const float *d_out, int64_t N,
+                                                 int64_t C, int64_t first, int64_t rows)
+{
+    GRID_STRIDE(i, N * C) {
+        int64_t n = i / C, c = i % C, row = (int64_t)tokens[n] - first;
+        if (row >= 0 && row < rows) atomicAdd(&d_table[row * C + c], d_out[i]);
+    }
+}
+
+int cuda_embedding_forward(float *out, const int *tokens, const float *table, int64_t N, int64_t C,
+                           int64_t first, int64_t rows)
+{
+    ENTER();
+    if (N <= 0 || C <= 0) return TP_OK;
+    embedding_forward_kernel<<<blocks_for(N * C, THREADS), THREADS, 0, cuda_state.stream>>>(out, tokens, table, N, C,
+                                                                                        first, rows);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_embedding_backward(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C,
+                            int64_t first, int64_t rows)
+{
+    ENTER();
+    if (N <= 0 || C <= 0) return TP_OK;
+    embedding_backward_kernel<<<blocks_for(N * C, THREADS), THREADS, 0, cuda_state.stream>>>(d_table, tokens, d_out, N, C,
+                                                                                         first, rows);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* Columns of this rank that are real vocabulary (not padding), as embedding.c. */
+static int64_t valid_columns(int64_t V, int64_t first, int64_t vocab)
+{
+    int64_t valid = vocab - first;
+    return valid < 0 ? 0 : valid > V ? V : valid;
+}
+
+/* A block per row; -infinity for a row without valid columns, as the CPU. */
+static __global__ void row_max_kernel(float *row_max, const float *logits, int64_t N, int64_t V, int64_t valid)
+{
+    ROWS_OF_BLOCK(n, N) {
+        float max = -INFINITY;
+        COLUMNS_OF_THREAD(v, valid) max = fmaxf(max, logits[n * V + v]);
+        max = block_max(max);
+        if (threadIdx.x == 0) row_max[n] = max;
+    }
+}
+
+static __global__ void row_sumexp_kernel(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
+                                         int64_t valid)
+{
+    ROWS_OF_BLOCK(n, N) {
+        float s = 0;
+        COLUMNS_OF_THREAD(v, valid) s += expf(logits[n * V + v] - row_max[n]);
+        s = block_sum(s);
+        if (threadIdx.x == 0) sum[n] = s;
+    }
+}
+
+/* The target's logit when its column is held here (any of the V columns, as
+ * the CPU: targets are real tokens, never padding), else 0. */
+static __global__ void target_logit_kernel(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
+                                           int64_t first)
+{
+    GRID_STRIDE(n, N) {
+        int64_t column = (int64_t)targets[n] - first;
+        target[n] = column >= 0 && column < V ? logits[n * V + column] : 0.0f;
+    }
+}
+
+/* d = scale softmax - scale at the target's column; zero in padding columns. */
+static __global__ void crossentropy_backward_kernel(float *d_logits, const float *logits, const float *row_max,
+                                                    const float *sum, const int *targets, int64_t N, int64_t V,
+                                                    int64_t first, int64_t valid, float scale)
+{
+    GRID_STRIDE(i, N * V) {
+        int64_t n = i / V, v = i % V;
+        float d = 0.0f;
+        if (v < valid) {
+            d = scale * expf(logits[i] - row_max[n]) / sum[n];
+            if (v == (int64_t)targets[n] - first) d -= scale;
+        }
+        d_logits[i] = d;
+    }
+}
+
+int cuda_crossentropy_row_max(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first,
+                              int64_t vocab)
+{
+    int64_t valid = valid_columns(V, first, vocab);
+    ENTER();
+    if (N <= 0) return TP_OK;
+    row_max_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(row_max, logits, N, V, valid);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_crossentropy_row_sumexp(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
+                                 int64_t first, int64_t vocab)
+{
+    int64_t valid = valid_columns(V, first, vocab);
+    ENTER();
+    if (N <= 0) return TP_OK;
+    row_sumexp_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(sum, logits, row_max, N, V, valid);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N,
+                                   int64_t V, int64_t first)
+{
+    ENTER();
+    if (N <= 0) return TP_OK;
+    target_logit_kernel<<<blocks_for(N, THREADS), THREADS, 0, cuda_state.stream>>>(target, logits, targets, N, V, first);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
+                               const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab,
+                               float scale)
+{
+    int64_t valid = valid_columns(V, first, vocab);
+    ENTER();
+    if (N <= 0 || V <= 0) return TP_OK;
+    crossentropy_backward_kernel<<<blocks_for(N * V, THREADS), THREADS, 0, cuda_state.stream>>>(
+        d_logits, logits, row_max, sum, targets, N, V, first, valid, scale);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}

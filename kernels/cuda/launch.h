@@ -1,0 +1,97 @@
+/* launch.h: what the CUDA op files (the .cu files of kernels/cuda) share: the
+ * backend's state (backend.cu makes it), entering an operation, launch
+ * shapes and checks, and block reductions. CUDA C++, included by .cu files
+ * only. */
+#ifndef TP_KERNELS_CUDA_LAUNCH_H
+#define TP_KERNELS_CUDA_LAUNCH_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "check.h"
+
+/* A kernel launch fails at once (a bad configuration) or later, at the next
+ * synchronizing call, for errors while it runs. */
+#define LAUNCH_CHECK() CUDA_TRY(cudaGetLastError())
+
+#define THREADS 256        /* per block, elementwise and row kernels (a multiple of 32: block_reduce) */
+#define MAX_BLOCKS 65535   /* within every device generation's grid limits; grid-stride loops do the rest */
+#define COL_TILE 32        /* columns per block in column sums */
+#define COL_ROWS 16        /* thread rows per block in column sums */
+#define SUM_BLOCKS 1024    /* sum_of_squares' first-pass blocks (partials) */
+
+/* One state per process (backend.cu): the device, the stream every
+ * operation queues on, a side stream for copies beside the computation. */
+typedef struct {
+    int ready, device;
+    cudaStream_t stream;
+    cudaStream_t side; /* copies beside the computation (to_host_background) */
+    double *sums;      /* device [SUM_BLOCKS + 1]: sum_of_squares' block partials, then its result */
+} cuda_backend_state;
+extern cuda_backend_state cuda_state;
+
+/* Every operation first makes the backend's device current in the calling
+ * thread (the trainer may call from threads other than the one that created
+ * the backend; cudaSetDevice is per thread and cheap) and drops the error a
+ * failed runtime call may have left behind, so that LAUNCH_CHECK reports
+ * this operation's launches only. Errors of running kernels are sticky and
+ * still come back from the next call. */
+#define ENTER()                                                                                                        \
+    do {                                                                                                               \
+        (void)cudaGetLastError();                                                                                      \
+        CUDA_TRY(cudaSetDevice(cuda_state.device));                                                                    \
+    } while (0)
+
+/* Blocks for `work` items at `per_block` each, at least 1 (callers skip
+ * empty work: a grid of 0 blocks is a launch error) and at most MAX_BLOCKS. */
+static inline unsigned blocks_for(int64_t work, int64_t per_block)
+{
+    int64_t blocks = (work + per_block - 1) / per_block;
+    return (unsigned)(blocks < 1 ? 1 : blocks > MAX_BLOCKS ? MAX_BLOCKS : blocks);
+}
+
+#define GRID_STRIDE(i, n)                                                                                              \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+#define ROWS_OF_BLOCK(row, rows) for (int64_t row = blockIdx.x; row < (rows); row += gridDim.x)
+#define COLUMNS_OF_THREAD(c, count) for (int64_t c = threadIdx.x; c < (count); c += blockDim.x)
+
+/* ========================================================== block reductions
+ * The value of every thread of the block combined, returned to every thread
+ * (bitwise the same in each: the butterfly pairs combine commutatively and
+ * every thread adds the warps' partials in the same order). Every thread of
+ * the block must call it; blockDim.x a multiple of 32, blockDim.y 1. */
+
+struct Sum {
+    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename T, typename Op> __device__ T block_reduce(T value, Op op)
+{
+    __shared__ T partial[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    for (int offset = 16; offset > 0; offset >>= 1) value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
+    __syncthreads(); /* every thread has read the partials of an earlier call */
+    if (lane == 0) partial[warp] = value;
+    __syncthreads();
+    T total = partial[0];
+    for (int w = 1; w < warps; w++) total = op(total, partial[w]);
+    return total;
+}
+
+static __device__ inline float block_sum(float value)
+{
+    return block_reduce(value, Sum());
+}
+static __device__ inline double block_sum_double(double value)
+{
+    return block_reduce(value, Sum());
+}
+static __device__ inline float block_max(float value)
+{
+    return block_reduce(value, Max());
+}
+
+#endif

@@ -1,0 +1,448 @@
+/* linear.cu: matrix products through cuBLAS (fp32, and bf16 operands summed
+ * in fp32) and the elementwise operations of cpu/linear.c (bias, residual,
+ * add, scale) on the GPU. cuBLAS is loaded here, and its handle made on the
+ * backend's stream (cuda_blas_start). */
+#include <cublas_v2.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "../kernels.h"
+}
+#include "../convert_bits.h"
+#include "internal.h"
+#include "launch.h"
+#include "libraries.h"
+
+#define TP_STRINGIFY_(x) #x
+#define TP_STRINGIFY(x) TP_STRINGIFY_(x)
+
+/* cublasGemmEx's C declaration (cublas_api.h). In C++ the header adds an
+ * inline overload taking a cudaDataType compute type, so &cublasGemmEx
+ * alone is ambiguous: the static_cast picks the exported function, and
+ * fails to compile if the header's declaration differs from this type. */
+typedef cublasStatus_t (*gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                     const void *, const void *, cudaDataType, int, const void *, cudaDataType, int,
+                                     const void *, void *, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+
+/* cuBLAS, loaded when the backend is created (dlopen), not linked: its
+ * libraries are over 500 MB, and a program linked with them pays about
+ * 0.6 s and 200 MB at every start, on the CPU too. The functions used,
+ * typed as cublas_v2.h declares them. */
+static struct {
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSetMathMode) set_math_mode;
+    decltype(&cublasSgemm_v2) sgemm;
+    decltype(static_cast<gemm_ex_fn>(&cublasGemmEx)) gemm_ex; /* the bf16 products */
+    decltype(&cublasGetStatusName) status_name;
+    decltype(&cublasGetStatusString) status_string;
+} blas;
+
+/* Loads cuBLAS once; fails naming what is missing. */
+static int load_cublas(void)
+{
+    static const char *const names[] = {"libcublas.so." TP_STRINGIFY(CUBLAS_VER_MAJOR), "libcublas.so"};
+    if (blas.sgemm) return TP_OK;
+    void *library = NULL;
+    TP_TRY(cuda_library_open("cuBLAS", names, sizeof names / sizeof names[0], &library, NULL, 0));
+#define LOAD(field, symbol)                                                                                            \
+    if (!(*(void **)&blas.field = dlsym(library, #symbol)))                                                           \
+        return tp_fail(TP_ERR_DEVICE, "cuBLAS (%s) has no %s", names[0], #symbol);
+    LOAD(create, cublasCreate_v2)
+    LOAD(destroy, cublasDestroy_v2)
+    LOAD(set_stream, cublasSetStream_v2)
+    LOAD(set_math_mode, cublasSetMathMode)
+    LOAD(status_name, cublasGetStatusName)
+    LOAD(status_string, cublasGetStatusString)
+    LOAD(gemm_ex, cublasGemmEx)
+    LOAD(sgemm, cublasSgemm_v2) /* last: it says that all are loaded */
+#undef LOAD
+    return TP_OK;
+}
+
+/* cuBLAS calls in the convention of CUDA_TRY (check.h): "file:line: call:
+ * STATUS_NAME (cuBLAS's description)" as a TP_ERR_DEVICE failure, then the
+ * function's `fail` label. */
+#define CUBLAS_TRY(call)                                                                                               \
+    do {                                                                                                               \
+        cublasStatus_t cublas_try_status_ = (call);                                                                    \
+        if (cublas_try_status_ != CUBLAS_STATUS_SUCCESS) {                                                             \
+            tp_fail(TP_ERR_DEVICE, "%s:%d: %s: %s (%s)", __FILE__, __LINE__, #call,                                    \
+                    blas.status_name(cublas_try_status_), blas.status_string(cublas_try_status_));                     \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+
+static cublasHandle_t blas_handle; /* on cuda_state.stream (cuda_blas_start) */
+
+int cuda_blas_start(void)
+{
+    TP_TRY(load_cublas());
+    CUBLAS_TRY(blas.create(&blas_handle));
+    CUBLAS_TRY(blas.set_stream(blas_handle, cuda_state.stream));
+    /* Plain fp32 products: no TF32 tensor cores, so that results stay within
+     * fp32 rounding of the CPU's (atomics stay off, cuBLAS's default). */
+    CUBLAS_TRY(blas.set_math_mode(blas_handle, CUBLAS_DEFAULT_MATH));
+    return TP_OK;
+fail:
+    cuda_blas_stop();
+    return TP_ERR_DEVICE;
+}
+
+void cuda_blas_stop(void)
+{
+    if (blas_handle) blas.destroy(blas_handle);
+    blas_handle = NULL;
+}
+
+/* ========================================================= matrix products
+ * cuBLAS is column-major: a row-major [R, K] array with row stride K is, read
+ * column-major, its transpose, a K x R matrix with leading dimension K. So
+ * each row-major product of linear.c is computed as its transpose:
+ *
+ *   forward   out[N,OC] = in[N,C] @ W[OC,C]^T
+ *             column-major: out^T (OC x N, ld OC) = W^T^T (OC x C) . in^T (C x N)
+ *             where W read column-major is W^T (C x OC, ld C), so op(A) = T,
+ *             and in read column-major is in^T (C x N, ld C), op(B) = N:
+ *             Sgemm(T, N, m=OC, n=N, k=C, A=W lda=C, B=in ldb=C, C=out ldc=OC)
+ *   d_in      d_in[N,C] = d_out[N,OC] @ W[OC,C]
+ *             column-major: d_in^T (C x N, ld C) = W^T (C x OC, ld C) . d_out^T (OC x N, ld OC):
+ *             Sgemm(N, N, m=C, n=N, k=OC, A=W lda=C, B=d_out ldb=OC, beta 0, C=d_in ldc=C)
+ *   d_weight  d_weight[OC,C] += d_out^T[OC,N] @ in[N,C]
+ *             column-major: d_weight^T (C x OC, ld C) += in^T (C x N, ld C) . (d_out^T)^T (N x OC):
+ *             Sgemm(N, T, m=C, n=OC, k=N, A=in lda=C, B=d_out ldb=OC, beta 1, C=d_weight ldc=C)
+ *
+ * Dimensions are int in cuBLAS's API: larger ones are refused. A product
+ * with an empty inner dimension is a fill with zeros, done here (leading
+ * dimensions of 0 are invalid in cuBLAS). */
+
+static int fits_int(int64_t n)
+{
+    return n >= 0 && n <= INT32_MAX;
+}
+
+/* out[N,OC] += bias[OC] on every row. */
+static __global__ void add_bias_kernel(float *out, const float *bias, int64_t N, int64_t OC)
+{
+    GRID_STRIDE(i, N * OC) out[i] += bias[i % OC];
+}
+
+/* sums[c] += sum over n of x[n*C + c]: a block takes COL_TILE columns, its
+ * thread rows take every COL_ROWS-th row, and thread row 0 adds their sums in
+ * order (deterministic: no atomics). */
+static __global__ void column_sums_kernel(float *sums, const float *x, int64_t N, int64_t C)
+{
+    __shared__ float part[COL_ROWS][COL_TILE + 1];
+    for (int64_t tile = blockIdx.x; tile * COL_TILE < C; tile += gridDim.x) {
+        int64_t c = tile * COL_TILE + threadIdx.x;
+        float s = 0;
+        if (c < C)
+            for (int64_t n = threadIdx.y; n < N; n += COL_ROWS) s += x[n * C + c];
+        part[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < C) {
+            float total = 0;
+            for (int r = 0; r < COL_ROWS; r++) total += part[r][threadIdx.x];
+            sums[c] += total;
+        }
+        __syncthreads(); /* part is reused by the next tile */
+    }
+}
+
+/* ===================================================== bf16 matrix products
+ * The bf16 twins (matmul_forward_bf16, matmul_backward_bf16; linear.c) are
+ * the same products with each operand rounded to bf16 by round_bf16_kernel,
+ * with bits_f32_to_bf16 (convert_bits.h), so to nearest, ties to even,
+ * exactly as the CPU rounds; then cublasGemmEx with bf16 A and B, fp32 C and
+ * CUBLAS_COMPUTE_32F: the products of bf16 values are exact in fp32 and are
+ * summed in fp32 (tensor cores where cuBLAS picks them; not TF32, which
+ * concerns fp32 operands only). The bias and d_bias stay fp32
+ * (add_bias_kernel, column_sums_kernel on the unrounded d_out). One
+ * function per direction serves both precisions (matmul_forward_in,
+ * matmul_backward_in): only the operands (operands_begin) and the product
+ * call (gemm) differ.
+ *
+ * The rounded operands (2 bytes a value) go to one device scratch buffer in
+ * this file (scratch), grown when a product needs more and kept for the life of the
+ * process, like cuda_state.sums; bf16_lock is held from the rounding of a
+ * product's operands until its last product is queued, so that another
+ * thread cannot overwrite them in between (on the one stream, work queued
+ * later runs later, so once queued they are safe). Chosen over per-call
+ * cudaMallocAsync: no dependence on the device's memory pool and its
+ * release threshold (the default pool gives memory back at every
+ * synchronization, so each step would map it again), no allocation per
+ * product, and failures to get memory only while the buffer grows (the
+ * trainer's products have the same shapes every step: after the first
+ * step it no longer grows). The lock covers only the queueing, which is
+ * short: threads sharing the GPU are not held up by each other's products. */
+
+/* The rounded operands' scratch (bf16 bits), grown as needed; bf16_lock
+ * is held from the rounding of a product's operands to its last product. */
+static struct {
+    uint16_t *values;
+    size_t size; /* capacity in values */
+} scratch;
+static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define BF16_ALIGN 128 /* values: each part of the scratch starts 256-byte aligned */
+#define MAX_OPERANDS 3
+
+/* out[i] = the bf16 bits of in[i], rounded as the CPU rounds. */
+static __global__ void round_bf16_kernel(uint16_t *out, const float *in, int64_t n)
+{
+    GRID_STRIDE(i, n) out[i] = bits_f32_to_bf16(__float_as_uint(in[i]));
+}
+
+/* Scratch for `count` rounded operands of sizes[i] values: parts[i]. Call
+ * with bf16_lock held. Growing is stream-ordered (cudaFreeAsync and
+ * cudaMallocAsync on the compute stream, which runs every product): the
+ * products queued earlier still read the old buffer, and nothing waits for
+ * the device. A cudaFree would, and could deadlock a pipeline: it waits for
+ * a pending NCCL send whose receiver may wait for this rank. Out of device
+ * memory: TP_ERR_NOMEM (kernels.h), another CUDA error: TP_ERR_DEVICE. */
+static int bf16_scratch(uint16_t **parts, const int64_t *sizes, int count)
+{
+    size_t total = 0, offsets[MAX_OPERANDS];
+    cudaError_t error;
+    for (int i = 0; i < count; i++) { /* each size at most INT32_MAX^2 < 2^62: the sum fits */
+        offsets[i] = total;
+        total += ((size_t)sizes[i] + BF16_ALIGN - 1) / BF16_ALIGN * BF16_ALIGN;
+    }
+    if (total > SIZE_MAX / sizeof(uint16_t))
+        return tp_fail(TP_ERR_NOMEM, "bf16 scratch of %zu values is beyond addressable memory", total);
+    if (total > scratch.size) {
+        if (scratch.values) {
+            CUDA_TRY(cudaFreeAsync(scratch.values, cuda_state.stream));
+            scratch.values = NULL;
+            scratch.size = 0;
+        }
+        error = cudaMallocAsync((void **)&scratch.values, total * sizeof(uint16_t), cuda_state.stream);
+        if (error != cudaSuccess) {
+            (void)cudaGetLastError();
+            scratch.values = NULL;
+            return tp_fail(error == cudaErrorMemoryAllocation ? TP_ERR_NOMEM : TP_ERR_DEVICE,
+                           "cannot allocate %zu bytes of bf16 scratch on CUDA device %d: %s",
+                           total * sizeof(uint16_t), cuda_state.device, cudaGetErrorString(error));
+        }
+        scratch.size = total;
+    }
+    for (int i = 0; i < count; i++) parts[i] = scratch.values + offsets[i];
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* The operands of one call's products as the products read them: the fp32
+ * arrays themselves, or (bf16) their roundings in the scratch, with
+ * bf16_lock held until operands_end. An operand of size 0 is not used. */
+typedef struct {
+    int bf16;
+    const void *of[MAX_OPERANDS];
+} operands;
+
+static int operands_begin(operands *o, int bf16, const float *const *arrays, const int64_t *sizes, int count)
+{
+    uint16_t *parts[MAX_OPERANDS] = {NULL};
+    o->bf16 = bf16;
+    for (int i = 0; i < count; i++) o->of[i] = arrays[i];
+    if (!bf16) return TP_OK;
+    pthread_mutex_lock(&bf16_lock);
+    TP_TRY(bf16_scratch(parts, sizes, count));
+    for (int i = 0; i < count; i++) {
+        o->of[i] = parts[i];
+        if (sizes[i] == 0) continue;
+        round_bf16_kernel<<<blocks_for(sizes[i], THREADS), THREADS, 0, cuda_state.stream>>>(parts[i], arrays[i], sizes[i]);
+        LAUNCH_CHECK();
+    }
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static void operands_end(const operands *o)
+{
+    if (o->bf16) pthread_mutex_unlock(&bf16_lock);
+}
+
+/* C (m x n, ld ldc, fp32) = op(A) . op(B) + beta C, column-major, A and B
+ * from o (fp32, or bf16 summed in fp32); dimensions checked by the caller
+ * (int, nonzero). */
+static int gemm(const operands *o, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
+                const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    const float one = 1.0f;
+    if (o->bf16)
+        CUBLAS_TRY(blas.gemm_ex(blas_handle, op_a, op_b, (int)m, (int)n, (int)k, &one, A, CUDA_R_16BF, (int)lda, B,
+                                CUDA_R_16BF, (int)ldb, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+    else
+        CUBLAS_TRY(blas.sgemm(blas_handle, op_a, op_b, (int)m, (int)n, (int)k, &one, (const float *)A, (int)lda,
+                              (const float *)B, (int)ldb, &beta, C, (int)ldc));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int dimensions_ok(const char *what, int bf16, int64_t N, int64_t C, int64_t OC)
+{
+    if (!fits_int(N) || !fits_int(C) || !fits_int(OC))
+        return tp_fail(TP_ERR_ARG, "CUDA %s%s: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions", what,
+                       bf16 ? "_bf16" : "", (long long)N, (long long)C, (long long)OC);
+    return TP_OK;
+}
+
+/* out = in . W^T (+ bias): operands in, W. */
+static int matmul_forward_in(int bf16, float *out, const float *in, const float *weight, const float *bias, int64_t N,
+                             int64_t C, int64_t OC)
+{
+    TP_TRY(dimensions_ok("matmul_forward", bf16, N, C, OC));
+    ENTER();
+    if (N == 0 || OC == 0) return TP_OK;
+    if (C == 0) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * OC) * sizeof(float), cuda_state.stream));
+    else {
+        const float *arrays[2] = {in, weight};
+        const int64_t sizes[2] = {N * C, OC * C};
+        operands o;
+        int status = operands_begin(&o, bf16, arrays, sizes, 2);
+        if (!status) status = gemm(&o, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, o.of[1], C, o.of[0], C, 0.0f, out, OC);
+        operands_end(&o);
+        if (status) return status;
+    }
+    if (bias) {
+        add_bias_kernel<<<blocks_for(N * OC, THREADS), THREADS, 0, cuda_state.stream>>>(out, bias, N, OC);
+        LAUNCH_CHECK();
+    }
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* Operands d_out, then W when d_in is asked for and in when d_weight is
+ * (size 0 otherwise: not rounded). */
+static int matmul_backward_in(int bf16, float *d_in, float *d_weight, float *d_bias, const float *d_out,
+                              const float *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    TP_TRY(dimensions_ok("matmul_backward", bf16, N, C, OC));
+    ENTER();
+    if (N == 0) return TP_OK;
+    if (d_in && C > 0 && OC == 0) CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * sizeof(float), cuda_state.stream));
+    if ((d_in || d_weight) && C > 0 && OC > 0) {
+        const float *arrays[3] = {d_out, weight, in};
+        const int64_t sizes[3] = {N * OC, d_in ? OC * C : 0, d_weight ? N * C : 0};
+        operands o;
+        int status = operands_begin(&o, bf16, arrays, sizes, 3);
+        if (!status && d_in) /* d_in = d_out @ W, overwritten */
+            status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, o.of[1], C, o.of[0], OC, 0.0f, d_in, C);
+        if (!status && d_weight) /* d_weight += d_out^T @ in */
+            status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, o.of[2], C, o.of[0], OC, 1.0f, d_weight, C);
+        operands_end(&o);
+        if (status) return status;
+    }
+    if (d_bias && OC > 0) { /* d_bias += column sums of the fp32 d_out */
+        dim3 block(COL_TILE, COL_ROWS);
+        column_sums_kernel<<<blocks_for(OC, COL_TILE), block, 0, cuda_state.stream>>>(d_bias, d_out, N, OC);
+        LAUNCH_CHECK();
+    }
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N,
+                        int64_t C, int64_t OC)
+{
+    return matmul_forward_in(0, out, in, weight, bias, N, C, OC);
+}
+
+int cuda_matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N,
+                             int64_t C, int64_t OC)
+{
+    return matmul_forward_in(1, out, in, weight, bias, N, C, OC);
+}
+
+int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                         const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    return matmul_backward_in(0, d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+}
+
+int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                              const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    return matmul_backward_in(1, d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+}
+
+/* ============================================================ elementwise
+ * Each element read and written by one thread: out may be any of the inputs
+ * (the trainer computes residual_forward(x, x, ...) and
+ * bias_residual_forward(p, x, p, ...)). */
+
+static __global__ void residual_kernel(float *out, const float *a, const float *b, int64_t n)
+{
+    GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+static __global__ void bias_residual_kernel(float *out, const float *x, const float *partial, const float *bias,
+                                            int64_t N, int64_t C)
+{
+    GRID_STRIDE(i, N * C) out[i] = x[i] + (partial[i] + bias[i % C]);
+}
+
+static __global__ void add_kernel(float *acc, const float *x, int64_t n)
+{
+    GRID_STRIDE(i, n) acc[i] += x[i];
+}
+
+static __global__ void scale_kernel(float *x, float scale, int64_t n)
+{
+    GRID_STRIDE(i, n) x[i] *= scale;
+}
+
+int cuda_residual_forward(float *out, const float *a, const float *b, int64_t n)
+{
+    ENTER();
+    if (n <= 0) return TP_OK;
+    residual_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(out, a, b, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_bias_residual_forward(float *out, const float *x, const float *partial, const float *bias, int64_t N,
+                               int64_t C)
+{
+    ENTER();
+    if (N <= 0 || C <= 0) return TP_OK;
+    bias_residual_kernel<<<blocks_for(N * C, THREADS), THREADS, 0, cuda_state.stream>>>(out, x, partial, bias, N, C);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_add_inplace(float *acc, const float *x, int64_t n)
+{
+    ENTER();
+    if (n <= 0) return TP_OK;
+    add_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(acc, x, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_scale_inplace(float *x, float scale, int64_t n)
+{
+    ENTER();
+    if (n <= 0) return TP_OK;
+    scale_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(x, scale, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}

@@ -1,0 +1,308 @@
+/* norm.cu: layer norm, GELU, RMSNorm and SwiGLU on the GPU, the twins of
+ * cpu/norm.c (tests/kernels/test_cuda_backend.c). Row kernels give a row to a
+ * block (block_sum); the weight and bias gradients are column sums of
+ * COL_TILE columns a block, summed in a fixed order. */
+#include <math.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../kernels.h"
+}
+#include "internal.h"
+#include "launch.h"
+
+#define LAYERNORM_EPS 1e-5f
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+
+/* ============================================================== layer norm */
+
+/* A block per row, in the CPU's order of operations: mean, then the variance
+ * about it (two passes), rstd = 1 / sqrt(var + eps). */
+static __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *in,
+                                                const float *weight, const float *bias, int64_t N, int64_t C)
+{
+    ROWS_OF_BLOCK(n, N) {
+        const float *x = in + n * C;
+        float *y = out + n * C;
+        float s = 0;
+        COLUMNS_OF_THREAD(c, C) s += x[c];
+        float m = block_sum(s) / (float)C;
+        float q = 0;
+        COLUMNS_OF_THREAD(c, C) q += (x[c] - m) * (x[c] - m);
+        float var = block_sum(q) / (float)C;
+        float r = 1.0f / sqrtf(var + LAYERNORM_EPS);
+        COLUMNS_OF_THREAD(c, C) y[c] = (x[c] - m) * r * weight[c] + bias[c];
+        if (threadIdx.x == 0) {
+            mean[n] = m;
+            rstd[n] = r;
+        }
+    }
+}
+
+/* d_in's rows (a block per row), accumulated as norm.c does:
+ * dx += (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) rstd, dxhat = dy w. */
+static __global__ void layernorm_backward_rows_kernel(float *d_in, const float *d_out, const float *in,
+                                                      const float *weight, const float *mean, const float *rstd,
+                                                      int64_t N, int64_t C)
+{
+    ROWS_OF_BLOCK(n, N) {
+        const float *x = in + n * C, *dy = d_out + n * C;
+        float *dx = d_in + n * C;
+        float m = mean[n], s = rstd[n];
+        float a = 0, b = 0;
+        COLUMNS_OF_THREAD(c, C) {
+            float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
+            a += dxhat;
+            b += dxhat * xhat;
+        }
+        float mean_dxhat = block_sum(a) / (float)C;
+        float mean_dxhat_xhat = block_sum(b) / (float)C;
+        COLUMNS_OF_THREAD(c, C) {
+            float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
+            dx[c] += (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
+        }
+    }
+}
+
+/* d_bias[c] += sum of dy over rows, d_weight[c] += sum of xhat dy: column
+ * sums as in column_sums_kernel. */
+static __global__ void layernorm_backward_columns_kernel(float *d_weight, float *d_bias, const float *d_out,
+                                                         const float *in, const float *mean, const float *rstd,
+                                                         int64_t N, int64_t C)
+{
+    __shared__ float part_w[COL_ROWS][COL_TILE + 1], part_b[COL_ROWS][COL_TILE + 1];
+    for (int64_t tile = blockIdx.x; tile * COL_TILE < C; tile += gridDim.x) {
+        int64_t c = tile * COL_TILE + threadIdx.x;
+        float sw = 0, sb = 0;
+        if (c < C)
+            for (int64_t n = threadIdx.y; n < N; n += COL_ROWS) {
+                float dy = d_out[n * C + c], xhat = (in[n * C + c] - mean[n]) * rstd[n];
+                sb += dy;
+                sw += xhat * dy;
+            }
+        part_w[threadIdx.y][threadIdx.x] = sw;
+        part_b[threadIdx.y][threadIdx.x] = sb;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < C) {
+            float tw = 0, tb = 0;
+            for (int r = 0; r < COL_ROWS; r++) {
+                tw += part_w[r][threadIdx.x];
+                tb += part_b[r][threadIdx.x];
+            }
+            d_weight[c] += tw;
+            d_bias[c] += tb;
+        }
+        __syncthreads();
+    }
+}
+
+int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
+                           const float *bias, int64_t N, int64_t C)
+{
+    ENTER();
+    if (N <= 0) return TP_OK;
+    layernorm_forward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, mean, rstd, in, weight, bias, N, C);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+                            const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
+{
+    dim3 column_block(COL_TILE, COL_ROWS);
+    ENTER();
+    if (N <= 0 || C <= 0) return TP_OK;
+    layernorm_backward_rows_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(d_in, d_out, in, weight, mean,
+                                                                                    rstd, N, C);
+    LAUNCH_CHECK();
+    layernorm_backward_columns_kernel<<<blocks_for(C, COL_TILE), column_block, 0, cuda_state.stream>>>(
+        d_weight, d_bias, d_out, in, mean, rstd, N, C);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* =================================================================== GELU
+ * As norm.c: x s with s = 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)); the CPU
+ * takes exp from fast_exp.h (within 2 ulp of expf), the GPU its own expf
+ * (also within 2 ulp): the two agree to a few ulp, not bit for bit. */
+
+static __device__ float gelu_gate(float x)
+{
+    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    return 1.0f / (1.0f + expf(-2.0f * u));
+}
+
+static __global__ void gelu_forward_kernel(float *out, const float *in, int64_t n)
+{
+    GRID_STRIDE(i, n) out[i] = in[i] * gelu_gate(in[i]);
+}
+
+/* d/dx [x s] = s + x * 2 s (1 - s) * du/dx. */
+static __global__ void gelu_backward_kernel(float *d_in, const float *in, const float *d_out, int64_t n)
+{
+    GRID_STRIDE(i, n) {
+        float x = in[i], s = gelu_gate(x);
+        float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        d_in[i] = (s + 2.0f * x * s * (1.0f - s) * du) * d_out[i];
+    }
+}
+
+int cuda_gelu_forward(float *out, const float *in, int64_t n)
+{
+    ENTER();
+    if (n <= 0) return TP_OK;
+    gelu_forward_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(out, in, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
+{
+    ENTER();
+    if (n <= 0) return TP_OK;
+    gelu_backward_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(d_in, in, d_out, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ================================================================ RMSNorm
+ * As norm.c: a block per row for the forward and for d_in, rstd =
+ * 1 / sqrt(mean(x^2) + eps), y = x rstd w; d_weight by column sums in a
+ * fixed order as layernorm_backward_columns_kernel (no atomics). */
+
+static __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *in, const float *weight,
+                                              int64_t N, int64_t C, float eps)
+{
+    ROWS_OF_BLOCK(n, N) {
+        const float *x = in + n * C;
+        float *y = out + n * C;
+        float q = 0;
+        COLUMNS_OF_THREAD(c, C) q += x[c] * x[c];
+        float r = 1.0f / sqrtf(block_sum(q) / (float)C + eps);
+        COLUMNS_OF_THREAD(c, C) y[c] = x[c] * r * weight[c];
+        if (threadIdx.x == 0) rstd[n] = r;
+    }
+}
+
+/* dx += (dxhat - xhat mean(dxhat xhat)) rstd, xhat = x rstd, dxhat = dy w. */
+static __global__ void rmsnorm_backward_rows_kernel(float *d_in, const float *d_out, const float *in,
+                                                    const float *weight, const float *rstd, int64_t N, int64_t C)
+{
+    ROWS_OF_BLOCK(n, N) {
+        const float *x = in + n * C, *dy = d_out + n * C;
+        float *dx = d_in + n * C;
+        float s = rstd[n], b = 0;
+        COLUMNS_OF_THREAD(c, C) b += dy[c] * weight[c] * (x[c] * s);
+        float mean_dxhat_xhat = block_sum(b) / (float)C;
+        COLUMNS_OF_THREAD(c, C) {
+            float xhat = x[c] * s, dxhat = dy[c] * weight[c];
+            dx[c] += (dxhat - xhat * mean_dxhat_xhat) * s;
+        }
+    }
+}
+
+/* d_weight[c] += sum over rows of x rstd dy. */
+static __global__ void rmsnorm_backward_columns_kernel(float *d_weight, const float *d_out, const float *in,
+                                                       const float *rstd, int64_t N, int64_t C)
+{
+    __shared__ float part[COL_ROWS][COL_TILE + 1];
+    for (int64_t tile = blockIdx.x; tile * COL_TILE < C; tile += gridDim.x) {
+        int64_t c = tile * COL_TILE + threadIdx.x;
+        float sw = 0;
+        if (c < C)
+            for (int64_t n = threadIdx.y; n < N; n += COL_ROWS) sw += in[n * C + c] * rstd[n] * d_out[n * C + c];
+        part[threadIdx.y][threadIdx.x] = sw;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < C) {
+            float total = 0;
+            for (int r = 0; r < COL_ROWS; r++) total += part[r][threadIdx.x];
+            d_weight[c] += total;
+        }
+        __syncthreads();
+    }
+}
+
+int cuda_rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                         float eps)
+{
+    ENTER();
+    if (N <= 0) return TP_OK;
+    rmsnorm_forward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, rstd, in, weight, N, C, eps);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in,
+                          const float *weight, const float *rstd, int64_t N, int64_t C)
+{
+    dim3 column_block(COL_TILE, COL_ROWS);
+    ENTER();
+    if (N <= 0 || C <= 0) return TP_OK;
+    rmsnorm_backward_rows_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(d_in, d_out, in, weight, rstd, N,
+                                                                                  C);
+    LAUNCH_CHECK();
+    rmsnorm_backward_columns_kernel<<<blocks_for(C, COL_TILE), column_block, 0, cuda_state.stream>>>(d_weight, d_out, in,
+                                                                                                 rstd, N, C);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ================================================================= SwiGLU
+ * As norm.c: in[N,2F] = [gate | up] per row, out[N,F] = g / (1 + exp(-g)) up;
+ * the GPU's expf for the CPU's fast_expf (each within 2 ulp). An element of
+ * out (and its two of d_in) per thread. */
+
+static __global__ void swiglu_forward_kernel(float *out, const float *in, int64_t N, int64_t F)
+{
+    GRID_STRIDE(i, N * F) {
+        int64_t n = i / F, f = i - n * F;
+        float g = in[n * 2 * F + f];
+        out[i] = g / (1.0f + expf(-g)) * in[n * 2 * F + F + f];
+    }
+}
+
+/* d up = dy g s, d gate = dy up s (1 + g (1 - s)), s = sigmoid(g). */
+static __global__ void swiglu_backward_kernel(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
+{
+    GRID_STRIDE(i, N * F) {
+        int64_t n = i / F, f = i - n * F;
+        float g = in[n * 2 * F + f], up = in[n * 2 * F + F + f], dy = d_out[i];
+        float s = 1.0f / (1.0f + expf(-g));
+        d_in[n * 2 * F + F + f] = dy * (g * s);
+        d_in[n * 2 * F + f] = dy * up * (s * (1.0f + g * (1.0f - s)));
+    }
+}
+
+int cuda_swiglu_forward(float *out, const float *in, int64_t N, int64_t F)
+{
+    ENTER();
+    if (N <= 0 || F <= 0) return TP_OK;
+    swiglu_forward_kernel<<<blocks_for(N * F, THREADS), THREADS, 0, cuda_state.stream>>>(out, in, N, F);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
+{
+    ENTER();
+    if (N <= 0 || F <= 0) return TP_OK;
+    swiglu_backward_kernel<<<blocks_for(N * F, THREADS), THREADS, 0, cuda_state.stream>>>(d_in, in, d_out, N, F);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}

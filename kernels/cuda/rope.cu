@@ -1,0 +1,54 @@
+/* rope.cu: rotary position embeddings on the GPU, the twin of cpu/rope.c. */
+#include <math.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../kernels.h"
+}
+#include "internal.h"
+#include "launch.h"
+
+/* ======================================================= rotary embeddings
+ * As rope.c: in each of the first H = Hq + Hkv heads of every row of
+ * qkv[B,T,(Hq+2Hkv)*hd], element j < hd/2 and j + hd/2 turn by the angle
+ * whose (cos, sin) is cos_sin[t, j]; sign +1 forward, -1 backward (the
+ * transpose). A pair per thread, in place: no two threads share an element. */
+
+static __global__ void rope_kernel(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t H, int64_t stride,
+                                   int64_t hd, float sign)
+{
+    int64_t half = hd / 2;
+    GRID_STRIDE(i, B * T * H * half) {
+        int64_t j = i % half, head = i / half, h = head % H, row = head / H, t = row % T;
+        float *x = qkv + row * stride + h * hd;
+        float c = cos_sin[(t * half + j) * 2], s = sign * cos_sin[(t * half + j) * 2 + 1];
+        float lo = x[j], hi = x[j + half];
+        x[j] = lo * c - hi * s;
+        x[j + half] = hi * c + lo * s;
+    }
+}
+
+static int rope_turn(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
+                     float sign)
+{
+    ENTER();
+    if (B <= 0 || T <= 0 || Hq + Hkv <= 0 || hd / 2 <= 0) return TP_OK;
+    rope_kernel<<<blocks_for(B * T * (Hq + Hkv) * (hd / 2), THREADS), THREADS, 0, cuda_state.stream>>>(
+        qkv, cos_sin, B, T, Hq + Hkv, (Hq + 2 * Hkv) * hd, hd, sign);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                      int64_t hd)
+{
+    return rope_turn(qkv, cos_sin, B, T, Hq, Hkv, hd, 1.0f);
+}
+
+int cuda_rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                       int64_t hd)
+{
+    return rope_turn(d_qkv, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
+}
