@@ -68,7 +68,7 @@ NVCCFLAGS ?= -O2 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 # declares the order and checks the include graph against it (make test).
 COMMON_SRC := $(wildcard common/*.c)
 # The search for the CUDA libraries is plain C, built and tested without CUDA too.
-KERNELS_SRC := $(wildcard kernels/cpu/*.c) kernels/cuda/libraries.c
+KERNELS_SRC := $(wildcard kernels/cpu/*.c) kernels/timed.c kernels/cuda/libraries.c
 STORE_SRC := $(wildcard store/*.c)
 CKPT_SRC := $(wildcard ckpt/*.c)
 RESHARD_SRC := $(wildcard reshard/*.c)

@@ -315,6 +315,28 @@ typedef struct kernel_backend {
 /* The CPU backend: the functions above on host memory. */
 const kernel_backend *kernels_cpu(void);
 
+/* Time spent in one operation of a timed backend (kernels_timed). */
+typedef struct {
+    const char *name;    /* the operation's field, "matmul_forward_bf16" */
+    int64_t calls;
+    double issue_seconds; /* on the host, in the call (a GPU's returns once its work is queued, unless it waits) */
+    double wait_seconds;  /* in the synchronize that follows each call: that call's device work still running */
+} kernel_op_time;
+
+/* inner with every operation timed (timed.c): each call, then a
+ * synchronize after it, so that a step's time splits into each
+ * operation's issue and device tail, and the host's own time around them.
+ * Slower than inner (no overlap of host and device): for finding where
+ * the time goes, not for measuring speed. One per process (the same inner
+ * again gives the same table; another is TP_ERR_STATE); NULL with the
+ * reason in tp_errmsg(). */
+const kernel_backend *kernels_timed(const kernel_backend *inner);
+/* Forgets the times so far (the first step's warm-up, say). */
+void kernels_timed_reset(void);
+/* The operations called since the start or the last reset, slowest (issue
+ * and wait together) first: at most max into out; returns how many. */
+int kernels_timed_read(kernel_op_time *out, int max);
+
 /* The CUDA backend on device `device` (cudaSetDevice; a cuBLAS handle and a
  * stream of this process); NULL with the reason in tp_errmsg() when this
  * build has no CUDA or the device cannot be used. Matrix products through

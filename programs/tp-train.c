@@ -63,6 +63,9 @@ static const char *usage_text =
     "device:    --device cpu|cuda|auto (auto: GPUs when this build has CUDA and every rank has its own\n"
     "           GPU, else the CPU for all ranks; one process per GPU, local rank i on GPU i)\n"
     "other:     --threads N (compute threads per rank, 1)\n"
+    "           --kernel-times: where the steps' time goes, operation by operation (rank 0, the steps after the\n"
+    "           first): each kernel call timed on the host, then a wait for the device's share of it; the step\n"
+    "           is slower so (no overlap of host and device): a table at the end, and a kernel_times line in --log\n"
     "testing aid (recovery tests): --fault die|hang|fail|slow --fault-step S [--fault-rank R (0)] [--fault-once FILE]:\n"
     "           after step S, rank R kills itself (SIGKILL), stops progressing (SIGTERM or SIGKILL ends it),\n"
     "           exits 1, or pauses 3 s and goes on (a straggler); with --fault-once only while FILE does not\n"
@@ -251,6 +254,9 @@ typedef struct {
     char device[160];         /* "cpu", or "cuda:I NAME" */
     double flops_per_token;   /* training FLOPs (gpt_training_flops_per_token) */
     double peak_flops;        /* of the whole job, dense bf16; 0 when unknown (the CPU) */
+    int kernel_times;         /* --kernel-times: the backend is kernels_timed's */
+    int64_t timed_steps;      /* steps since its times were reset (after the first step) */
+    double timed_seconds;     /* their time */
 } reporter;
 
 /* Model FLOPs utilization of a rate of tokens per second, or -1 when the
@@ -444,6 +450,13 @@ static void on_report(void *ctx, const train_report *r)
             fflush(p->log);
         }
         fflush(stdout);
+        /* The first step's warm-up (allocations, cuBLAS's first choices) is left out of the kernel times. */
+        if (p->kernel_times && p->timed_steps++ == 0) {
+            kernels_timed_reset();
+            p->timed_seconds = 0;
+        } else if (p->kernel_times) {
+            p->timed_seconds += r->seconds;
+        }
         maybe_fault(0, r->step, p->log);
         break;
     case TRAIN_REPORT_SAVED:
@@ -480,6 +493,44 @@ static void on_report(void *ctx, const train_report *r)
     fflush(stdout);
 }
 
+/* --kernel-times: per step, each operation's calls, issue and wait, then
+ * the trainer's own time around them; in the log as one kernel_times line. */
+static void report_kernel_times(reporter *p)
+{
+    kernel_op_time times[64];
+    int n = kernels_timed_read(times, 64);
+    int64_t steps = p->timed_steps - 1;
+    if (steps <= 0) {
+        if (!p->quiet) printf("kernel times: one step only (the first is warm-up and left out): nothing to show\n");
+        return;
+    }
+    double in_ops = 0;
+    for (int i = 0; i < n; i++) in_ops += times[i].issue_seconds + times[i].wait_seconds;
+    double outside = p->timed_seconds - in_ops;
+    if (!p->quiet) {
+        printf("kernel times on %s, per step (steps after the first: %lld; each call then a wait for the device):\n",
+               p->device, (long long)steps);
+        printf("  %-26s %8s %10s %10s %7s\n", "operation", "calls", "issue ms", "wait ms", "share");
+        for (int i = 0; i < n; i++)
+            printf("  %-26s %8.1f %10.3f %10.3f %6.1f%%\n", times[i].name, (double)times[i].calls / (double)steps,
+                   times[i].issue_seconds * 1e3 / (double)steps, times[i].wait_seconds * 1e3 / (double)steps,
+                   100 * (times[i].issue_seconds + times[i].wait_seconds) / p->timed_seconds);
+        printf("  %-26s %8s %10.3f %10s %6.1f%%\n", "(the trainer, outside)", "", outside * 1e3 / (double)steps, "",
+               100 * outside / p->timed_seconds);
+        printf("  %-26s %8s %10.3f\n", "step", "", p->timed_seconds * 1e3 / (double)steps);
+    }
+    if (p->log) {
+        fprintf(p->log, "{\"event\":\"kernel_times\",\"steps\":%lld,\"step_ms\":%.3f,\"outside_ms\":%.3f,\"ops\":[",
+                (long long)steps, p->timed_seconds * 1e3 / (double)steps, outside * 1e3 / (double)steps);
+        for (int i = 0; i < n; i++)
+            fprintf(p->log, "%s{\"op\":\"%s\",\"calls\":%.3f,\"issue_ms\":%.4f,\"wait_ms\":%.4f}", i ? "," : "",
+                    times[i].name, (double)times[i].calls / (double)steps, times[i].issue_seconds * 1e3 / (double)steps,
+                    times[i].wait_seconds * 1e3 / (double)steps);
+        fprintf(p->log, "],\"time\":%.6f}\n", unix_seconds());
+        fflush(p->log);
+    }
+}
+
 static void print_summary(const train_outcome *out, const reporter *p, int64_t global_batch)
 {
     const train_options *o = p->o;
@@ -508,7 +559,7 @@ int main(int argc, char **argv)
     train_options_init(&o);
     gpt_options model = {0};
     const char *log_path = NULL;
-    int quiet = 0;
+    int quiet = 0, kernel_times = 0;
     int64_t tp = 1, pp = 1, dp = 0, global_batch = 0;
     int accum_given = 0;
     double started = now_seconds();
@@ -562,6 +613,7 @@ int main(int argc, char **argv)
         case CLI_TRAIN_THREADS: o.threads = (int)cli_int("tp-train", "--threads", optarg, 1, 1024); break;
         case CLI_TRAIN_DUMP: o.dump_dir = optarg; break;
         case CLI_TRAIN_QUIET: quiet = 1; break;
+        case CLI_TRAIN_KERNEL_TIMES: kernel_times = 1; break;
         case CLI_TRAIN_STOP_AT: o.stop_at = cli_int("tp-train", "--stop-at", optarg, 1, (int64_t)1 << 40); break;
         case CLI_TRAIN_SEQUENCE_PARALLEL: o.sequence_parallel = 1; break;
         case CLI_TRAIN_ZERO:
@@ -696,8 +748,14 @@ int main(int argc, char **argv)
         comm_free(cm);
         return 1;
     }
+    if (kernel_times && !(kernels = kernels_timed(kernels))) { /* one process, one backend: cannot fail but so said */
+        fprintf(stderr, "tp-train: error: --kernel-times: %s\n", tp_errmsg());
+        comm_free(cm);
+        return 1;
+    }
     o.kernels = kernels;
-    reporter rep = {.c = cm, .o = &o, .quiet = quiet, .log_path = log_path, .started = started};
+    reporter rep = {.c = cm, .o = &o, .quiet = quiet, .log_path = log_path, .started = started,
+                    .kernel_times = kernel_times};
     if (kernels->on_device) {
         char name[128];
         cuda_device_name(local_rank, name, sizeof name);
@@ -737,6 +795,7 @@ int main(int argc, char **argv)
      * succeeded (one that failed alone ends the job below). */
     double *peak_rss = NULL;
     if (!status && rep.log_path) peak_rss = gather_peak_rss(cm);
+    if (!status && kernel_times && cm->rank == 0) report_kernel_times(&rep);
     /* The stop line first: a failure only this rank knows ends the job. A
      * failure before training began (no start line) is logged too. */
     if (cm->rank == 0 && log_path && !rep.log && status) rep.log = open_log(log_path, o.resume);

@@ -15,7 +15,9 @@
 #            the checkpoint stall, asynchronous against synchronous
 #   reshard  scripts/bench-reshard.sh at 1B parameters, once: tp-reshard on
 #            the GPU beside the CPU, cp and the h5py baseline
-#   profile  one GPT-2 124M bf16 training step under Nsight Compute (ncu):
+#   profile  GPT-2 124M bf16 steps with tp-train --kernel-times (each
+#            operation's host and device time, and the trainer's own:
+#            times.log), then one training step under Nsight Compute (ncu):
 #            per kernel, time, DRAM bytes, FP32 operations, throughput
 #            against the GPU's peaks: what to speed up first
 #   all      the four phases above in turn (where a command may run long enough)
@@ -37,10 +39,10 @@
 # seconds each phase may take before it is stopped, so that its logs and the
 # summary are still written.
 #
-# OUTDIR receives at most eight files: info.txt (GPU, driver, CUDA,
+# OUTDIR receives at most nine files: info.txt (GPU, driver, CUDA,
 # PyTorch, the pack), one log per phase run (PHASE.log), benchmarks.md (the
-# docs/BENCHMARKS.md sections the benchmarks wrote), profile.csv and
-# profile.md, and summary.txt, whose table is also printed last; the dcp
+# docs/BENCHMARKS.md sections the benchmarks wrote), times.log, profile.csv
+# and profile.md, and summary.txt, whose table is also printed last; the dcp
 # phase, run on its own, dcp.log and dcp-fixtures.tar.gz; the judges phase
 # judges.log.
 set -u
@@ -187,6 +189,13 @@ phase_reshard() {
 }
 
 phase_profile() {
+    # First, without a profiler: where a step's time goes, operation by
+    # operation (tp-train --kernel-times: each call's issue on the host, its
+    # device tail, and the trainer's own time around them), in times.log.
+    in_pack times.log build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 4 --device cuda \
+        --dtype bf16 --kernel-times
+    say "profile: kernel times, exit $?"
+    sed -n '/^kernel times on/,/^  step /p' "$OUTDIR/times.log" | tee -a "$SUMMARY"
     NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
     if [ -z "$NCU" ]; then
         say "profile: no Nsight Compute (ncu) on this machine: nothing profiled"

@@ -56,6 +56,35 @@ check "bf16: within 1e-2 of fp32's losses" losses_match "$WORK/bf16-tp1.jsonl" "
 check_all "bf16: not fp32's losses (the rounding is there)" \
     '! losses_match "$WORK/bf16-tp1.jsonl" "$WORK/fp32-tp1.jsonl" 1e-7 2>/dev/null'
 
+# --- --kernel-times: where a step's time goes, operation by operation (the
+# steps after the first): the tiny model's calls per step as its shape says
+# (2 layers: 4 products each and the head's, in the forward and the backward),
+# the bf16 products under bf16, the times adding up to the step's, the losses
+# those of a plain run (the wrapper computes what the backend computes).
+expect_ok "--kernel-times, bf16" "$BIN/tp-train" --model tiny --micro-batch 2 --steps 4 --dtype bf16 --kernel-times \
+    --log "$WORK/kt.jsonl"
+check "the table: the bf16 products, 9 calls a step each way" sh -c \
+    'grep -Eq "^  matmul_forward_bf16 +9\.0 " "$1" && grep -Eq "^  matmul_backward_bf16 +9\.0 " "$1" &&
+     grep -q "^kernel times on cpu, per step (steps after the first: 3" "$1" && grep -q "^  (the trainer, outside)" "$1" &&
+     ! grep -Eq "^  matmul_forward " "$1"' sh "$WORK/.out"
+check "the log's kernel_times line: its parts add up to the mean of steps 2-4's time" "$PY" - "$WORK/kt.jsonl" <<'PYEOF'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+kt = [l for l in lines if l.get("event") == "kernel_times"]
+assert len(kt) == 1 and lines[-1]["event"] == "stop" and lines[-2] is kt[0], "one kernel_times line, just before the stop line"
+kt = kt[0]
+steps = [l for l in lines if "step" in l and "event" not in l]
+mean = sum(l["ms"] for l in steps[1:]) / len(steps[1:])
+assert kt["steps"] == 3, kt["steps"]
+assert abs(kt["step_ms"] - mean) <= 0.01 * mean, (kt["step_ms"], mean)
+parts = sum(o["issue_ms"] + o["wait_ms"] for o in kt["ops"]) + kt["outside_ms"]
+assert abs(parts - kt["step_ms"]) <= 1e-3 * kt["step_ms"] + 0.01, (parts, kt["step_ms"])
+ops = {o["op"]: o for o in kt["ops"]}
+assert ops["attention_forward"]["calls"] == 2 and ops["sum_of_squares"]["calls"] == 1, ops
+PYEOF
+expect_ok "the same run without it" "$TRAIN" $TINY --steps 4 --dtype bf16 --log "$WORK/kt-plain.jsonl"
+check "its losses are the plain run's, bit for bit" losses_match "$WORK/kt.jsonl" "$WORK/kt-plain.jsonl" 0
+
 # --- Layout invariance: the same 20 losses at five layouts of 4-sequence batches.
 # Fields: ranks tp pp dp micro-batch grad-accum (global batch 4 sequences).
 for layout in "1 1 1 1 4 1" "4 2 2 1 2 2" "4 4 1 1 4 1" "4 1 1 4 1 1" "4 2 1 2 2 1"; do

@@ -1,0 +1,100 @@
+/* kernels_timed (kernels/timed.c): a backend whose every operation is
+ * counted and timed, issue and wait apart. Its results are the inner
+ * backend's; the wait is the inner synchronize's time (a backend whose
+ * synchronize sleeps shows it); reset forgets; one inner per process. */
+#include <criterion/criterion.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../common/error.h"
+#include "../../kernels/kernels.h"
+
+/* The CPU backend with a synchronize that takes 2 ms: the device's tail, as the timing sees it. */
+static kernel_backend slow;
+
+static int slow_synchronize(void)
+{
+    struct timespec pause = {0, 2000000};
+    nanosleep(&pause, NULL);
+    return TP_OK;
+}
+
+static const kernel_op_time *find(const kernel_op_time *times, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(times[i].name, name)) return &times[i];
+    return NULL;
+}
+
+Test(timed, counts_times_and_keeps_the_results)
+{
+    slow = *kernels_cpu();
+    slow.synchronize = slow_synchronize;
+    const kernel_backend *k = kernels_timed(&slow);
+    cr_assert(k, "%s", tp_errmsg());
+    cr_assert_str_eq(k->name, "cpu");
+    cr_assert_eq(k->on_device, 0);
+    cr_assert_eq(kernels_timed(&slow), k, "the same inner again: the same table");
+    kernel_backend other = *kernels_cpu();
+    cr_assert_null(kernels_timed(&other), "another inner in the same process");
+    cr_assert(strstr(tp_errmsg(), "one per process"), "%s", tp_errmsg());
+
+    /* out[2,3] = in[2,4] . W[3,4]^T + b: the inner's results through the wrapper. */
+    float in[8] = {1, 2, 3, 4, -1, 0.5f, 2, -3}, w[12], b[3] = {0.5f, -1, 2}, out[6], want[6];
+    for (int i = 0; i < 12; i++) w[i] = 0.25f * (float)(i - 5);
+    cr_assert_eq(kernels_cpu()->matmul_forward(want, in, w, b, 2, 4, 3), TP_OK);
+    for (int r = 0; r < 3; r++) cr_assert_eq(k->matmul_forward(out, in, w, b, 2, 4, 3), TP_OK);
+    cr_assert_eq(memcmp(out, want, sizeof out), 0, "the wrapper computes what the inner computes");
+    cr_assert_eq(k->scale_inplace(out, 2.0f, 6), TP_OK);
+    cr_assert_eq(k->synchronize(), TP_OK);
+
+    kernel_op_time times[64];
+    int n = kernels_timed_read(times, 64);
+    cr_assert_eq(n, 3, "matmul_forward, scale_inplace, synchronize: %d", n);
+    const kernel_op_time *mm = find(times, n, "matmul_forward"), *scale = find(times, n, "scale_inplace"),
+                         *sync = find(times, n, "synchronize");
+    cr_assert(mm && scale && sync);
+    cr_assert_eq(mm->calls, 3);
+    cr_assert_eq(scale->calls, 1);
+    cr_assert_eq(sync->calls, 1);
+    /* Each call waits once for the 2 ms synchronize; synchronize itself is all wait. */
+    cr_assert(mm->wait_seconds >= 3 * 0.002 && mm->wait_seconds < 3 * 0.002 + 0.5, "%g", mm->wait_seconds);
+    cr_assert(scale->wait_seconds >= 0.002, "%g", scale->wait_seconds);
+    cr_assert(sync->wait_seconds >= 0.002 && sync->issue_seconds == 0, "%g %g", sync->wait_seconds, sync->issue_seconds);
+    cr_assert(mm->issue_seconds >= 0 && mm->issue_seconds < mm->wait_seconds, "issue %g, wait %g", mm->issue_seconds,
+              mm->wait_seconds);
+    /* Slowest first. */
+    cr_assert_str_eq(times[0].name, "matmul_forward");
+    for (int i = 1; i < n; i++)
+        cr_assert(times[i - 1].issue_seconds + times[i - 1].wait_seconds >= times[i].issue_seconds + times[i].wait_seconds);
+    cr_assert_eq(kernels_timed_read(times, 1), 1, "at most max");
+
+    kernels_timed_reset();
+    cr_assert_eq(kernels_timed_read(times, 64), 0, "reset forgets every call");
+    cr_assert_eq(k->add_inplace(out, want, 6), TP_OK);
+    n = kernels_timed_read(times, 64);
+    cr_assert_eq(n, 1);
+    cr_assert_str_eq(times[0].name, "add_inplace");
+}
+
+/* A failing call is passed on, its wait not taken. */
+static int failing_zero(void *memory, size_t bytes)
+{
+    (void)memory, (void)bytes;
+    return tp_fail(TP_ERR_DEVICE, "the test's zero fails");
+}
+
+Test(timed, a_failure_is_passed_on)
+{
+    slow = *kernels_cpu();
+    slow.zero = failing_zero;
+    const kernel_backend *k = kernels_timed(&slow);
+    cr_assert(k);
+    char buffer[8];
+    cr_assert_eq(k->zero(buffer, sizeof buffer), TP_ERR_DEVICE);
+    cr_assert(strstr(tp_errmsg(), "the test's zero fails"), "%s", tp_errmsg());
+    kernel_op_time times[4];
+    cr_assert_eq(kernels_timed_read(times, 4), 1);
+    cr_assert_eq(times[0].calls, 1);
+    cr_assert(times[0].wait_seconds < 0.001, "no wait after a failure: %g", times[0].wait_seconds);
+}
