@@ -163,6 +163,100 @@ else
     expect_error "bench-gpu without a GPU: exit 1, saying so" 1 "no GPU" "$ROOT/scripts/bench-gpu.sh"
     echo "[$NAME] SKIP: bench-gpu: no GPU"
 fi
+
+# bench-gpu's PyTorch loop (bench/train_torch_loop.py) at the tiny shape on
+# this machine's CPU, so that it cannot rot where there is no GPU: its rows
+# have a rate, their labels say what ran (Debian's torch 1.13: the attention
+# written out, not SDPA; AdamW not fused; no torch.compile), and their MFU is
+# the project's count (6N + 12 L d T, N from a tp-train checkpoint of the same
+# shape) over the given peak. Then bench/mfu.py, the count and peak table
+# the GPU table uses: the peaks are kernels/cpu/device.c's, the count at
+# GPT-2's sizes Hugging Face's (gpt2: 124,439,808; gpt2-medium: 354,823,168).
+if "$PY" -c 'import torch' 2>/dev/null; then
+    start=$(date +%s)
+    TINY="--layers 2 --dim 64 --heads 4 --vocab 256 --seq 32 --device cpu --threads 1 --steps 2 --warmup-steps 1"
+    expect_ok "train_torch_loop: the tiny GPT-2 on the CPU, bf16 and fp32, micro-batches 1 and 2" \
+        "$PY" "$ROOT/bench/train_torch_loop.py" $TINY --batch 1 2 --dtype bf16 fp32 --peak-tflops 2
+    cp "$WORK/.out" "$WORK/loop.jsonl"
+    expect_ok "train_torch_loop --mode compile: a row whatever this PyTorch has" \
+        "$PY" "$ROOT/bench/train_torch_loop.py" $TINY --batch 1 --mode compile --compile-limit 60
+    cp "$WORK/.out" "$WORK/loop-compile.jsonl"
+    expect_ok "tp-train --model tiny: a checkpoint whose parameters are N" \
+        "$BIN/tp-train" --model tiny --steps 1 --quiet --device cpu --ckpt-dir "$WORK/tiny-ckpt"
+    "$BIN/tp-ckpt" info "$WORK/tiny-ckpt" --json >"$WORK/tiny-info.json"
+    echo "[$NAME] train_torch_loop: $(($(date +%s) - start)) s"
+    loop_rows() {
+        "$PY" - "$WORK/loop.jsonl" "$WORK/loop-compile.jsonl" "$WORK/tiny-info.json" <<'PYEOF'
+import inspect, json, math, sys
+import torch
+import torch.nn.functional as F
+eager, compiled, info = sys.argv[1:4]
+rows = [json.loads(line) for line in open(eager) if line.startswith("{")]
+got = [(r["dtype"], r["micro_batch"]) for r in rows]
+if got != [("bf16", 1), ("bf16", 2), ("fp32", 1), ("fp32", 2)]:
+    sys.exit(f"rows {got}")
+n = sum(math.prod(t["shape"]) for t in json.load(open(info))["tensors"] if t["role"] == "param")
+flops = 6 * n + 12 * 2 * 64 * 32  # 6N + 12 L d T
+has_sdpa = hasattr(F, "scaled_dot_product_attention")
+has_fused = "fused" in inspect.signature(torch.optim.AdamW).parameters
+for r in rows:
+    where = f"{r['dtype']}, micro-batch {r['micro_batch']}"
+    if not (isinstance(r["tokens_per_s"], float) and r["tokens_per_s"] > 0 and r["ms"] > 0):
+        sys.exit(f"{where}: tokens/s {r['tokens_per_s']}")
+    if r["count_parameters"] != n or r["parameters"] != n or r["flops_per_token"] != flops:
+        sys.exit(f"{where}: N {r['count_parameters']} ({r['parameters']} trained), {r['flops_per_token']} "
+                 f"FLOPs per token; tp-train's N {n}, so {flops}")
+    if r["peak_from"] != "--peak-tflops" or not math.isclose(r["mfu"], r["tokens_per_s"] * flops / 2e12, rel_tol=1e-12):
+        sys.exit(f"{where}: MFU {r['mfu']} of {r['peak_from']}, expected {r['tokens_per_s'] * flops / 2e12}")
+    # The labels: what ran, never a piece this PyTorch lacks.
+    if r["attention"].startswith("sdpa") != has_sdpa or (not has_sdpa and not r["attention"].startswith("math")):
+        sys.exit(f"{where}: attention {r['attention']!r} with SDPA {'in' if has_sdpa else 'not in'} torch {torch.__version__}")
+    if r["optimizer"] == "AdamW(fused=True)" and not has_fused:
+        sys.exit(f"{where}: optimizer {r['optimizer']!r} where torch {torch.__version__} has no fused AdamW")
+    if not r["optimizer"].startswith("AdamW"):
+        sys.exit(f"{where}: optimizer {r['optimizer']!r}")
+    amp = "bf16 autocast" if r["dtype"] == "bf16" else "fp32 (TF32 off)"
+    for part in (amp, r["attention"], r["optimizer"], "eager"):
+        if part not in r["label"]:
+            sys.exit(f"{where}: label {r['label']!r} lacks {part!r}")
+c = [json.loads(line) for line in open(compiled) if line.startswith("{")]
+if len(c) != 1 or c[0]["mode"] != "compile" or "torch.compile" not in c[0]["label"]:
+    sys.exit(f"compile: {c}")
+c = c[0]
+if not hasattr(torch, "compile"):
+    if c["compiled"] is not False or c["tokens_per_s"] is not None or "no torch.compile" not in c["note"]:
+        sys.exit(f"compile without torch.compile: {c}")
+elif not (c["compiled"] is True and c["tokens_per_s"] > 0 or c["compiled"] is False and c["note"].startswith("not compiled in")):
+    sys.exit(f"compile: {c}")
+PYEOF
+    }
+    check "train_torch_loop: rates, labels of what ran, MFU by the project's count" loop_rows
+else
+    echo "[$NAME] SKIP: train_torch_loop: python3-torch is not installed"
+fi
+mfu_count() {
+    "$PY" - "$ROOT/bench" "$ROOT/kernels/cpu/device.c" <<'PYEOF'
+import re, sys
+sys.path.insert(0, sys.argv[1])
+import mfu
+source = open(sys.argv[2]).read()
+table = source[source.index("table[] = {"):]
+table = [(m, float(t)) for m, t in re.findall(r'\{"([^"]+)", *([0-9.]+)\}', table[:table.index("};")])]
+if table != list(mfu.PEAK_BF16_TFLOPS):
+    sys.exit(f"bench/mfu.py's peaks {list(mfu.PEAK_BF16_TFLOPS)}, kernels/cpu/device.c's {table}")
+for name, peak in (("NVIDIA H100 80GB HBM3", 989.4e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA L40S", 362.05e12),
+                   ("NVIDIA L4", 121e12), ("Some Other GPU", 0)):
+    if mfu.peak_bf16_flops(name) != peak:
+        sys.exit(f"peak of {name}: {mfu.peak_bf16_flops(name)}, expected {peak}")
+for shape, n in (((12, 768, 50257, 1024), 124439808), ((24, 1024, 50257, 1024), 354823168)):
+    if mfu.gpt2_parameters(*shape) != n:
+        sys.exit(f"parameters of {shape}: {mfu.gpt2_parameters(*shape)}, expected {n}")
+    layers, dim, _, seq = shape
+    if mfu.gpt2_flops_per_token(*shape) != 6 * n + 12 * layers * dim * seq:
+        sys.exit(f"FLOPs per token of {shape}: {mfu.gpt2_flops_per_token(*shape)}")
+PYEOF
+}
+check "bench/mfu.py: kernels/cpu/device.c's peaks, GPT-2's parameters" mfu_count
 echo "[$NAME] all: $(($(date +%s) - total)) s"
 
 # Nothing the benchmarks started is left running: no process whose
