@@ -50,7 +50,7 @@ PHASE=tests
 PACK=build/gpu-pack.tar.xz
 LIMIT=
 usage() {
-    sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'
     exit "$1"
 }
 while [ $# -gt 0 ]; do
