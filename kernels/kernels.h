@@ -376,11 +376,19 @@ int cuda_group_wait_sends(cuda_group *group, int64_t sends);
 void cuda_group_free(cuda_group *group);
 
 /* The backend for a device asked for by name: "cpu"; "cuda" (the GPU
- * local_rank of this machine: it must exist); "auto" (cuda when this build
- * has CUDA and the machine a GPU for local_rank, else cpu). Fails naming
- * what is missing (no CUDA in this build, no GPU, fewer GPUs than ranks on
- * the machine, a CUDA error). */
-int kernels_choose(const char *device, int local_rank, const kernel_backend **out);
+ * local_rank of this machine: it must exist; with share_gpus, the GPU
+ * kernels_gpu_index gives, shared with other processes); "auto" (cuda when
+ * this build has CUDA and the machine a GPU for local_rank, else cpu; never
+ * shared). Fails naming what is missing (no CUDA in this build, no GPU,
+ * fewer GPUs than ranks on the machine, a CUDA error). */
+int kernels_choose(const char *device, int local_rank, int share_gpus, const kernel_backend **out);
+
+/* The GPU a process of local rank local_rank computes on, of the machine's
+ * gpus: its own, local_rank (TP_ERR_DEVICE when the machine has fewer); or,
+ * with share_gpus, local_rank modulo gpus: several processes on one GPU
+ * (each its own context and stream; their collectives cannot be NCCL's,
+ * which refuses two ranks on one GPU: they go through the host). */
+int kernels_gpu_index(int local_rank, int gpus, int share_gpus, int *index);
 
 /* What "auto" asks of this process: whether this build has CUDA and the
  * machine a GPU for local_rank (a job on several ranks agrees on it before

@@ -37,7 +37,7 @@ enum {
     CLI_TRAIN_DATA, CLI_TRAIN_CKPT_DIR, CLI_TRAIN_CKPT_EVERY, CLI_TRAIN_RESUME, CLI_TRAIN_SYNC_SAVE, CLI_TRAIN_LOG,
     CLI_TRAIN_THREADS, CLI_TRAIN_DUMP, CLI_TRAIN_QUIET, CLI_TRAIN_STOP_AT, CLI_TRAIN_FAULT, CLI_TRAIN_FAULT_STEP,
     CLI_TRAIN_FAULT_RANK, CLI_TRAIN_FAULT_ONCE, CLI_TRAIN_DEVICE, CLI_TRAIN_CKPT_CACHE, CLI_TRAIN_KERNEL_TIMES,
-    CLI_TRAIN_LAST = CLI_TRAIN_KERNEL_TIMES
+    CLI_TRAIN_SHARE_GPUS, CLI_TRAIN_LAST = CLI_TRAIN_SHARE_GPUS
 };
 #define CLI_TRAIN_LONG_OPTIONS                                                                                        \
     {"tp", required_argument, 0, CLI_TRAIN_TP}, {"pp", required_argument, 0, CLI_TRAIN_PP},                         \
@@ -60,7 +60,7 @@ enum {
         {"fault-rank", required_argument, 0, CLI_TRAIN_FAULT_RANK},                                                 \
         {"fault-once", required_argument, 0, CLI_TRAIN_FAULT_ONCE},                                                 \
         {"device", required_argument, 0, CLI_TRAIN_DEVICE}, {"ckpt-cache", required_argument, 0, CLI_TRAIN_CKPT_CACHE}, \
-        {"kernel-times", no_argument, 0, CLI_TRAIN_KERNEL_TIMES}
+        {"kernel-times", no_argument, 0, CLI_TRAIN_KERNEL_TIMES}, {"share-gpus", no_argument, 0, CLI_TRAIN_SHARE_GPUS}
 
 /* How the model options read in --help. */
 #define CLI_MODEL_USAGE                                                                                                \

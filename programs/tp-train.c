@@ -62,6 +62,8 @@ static const char *usage_text =
     "           appended to with --resume, so that one log holds a run across restarts) --quiet\n"
     "device:    --device cpu|cuda|auto (auto: GPUs when this build has CUDA and every rank has its own\n"
     "           GPU, else the CPU for all ranks; one process per GPU, local rank i on GPU i)\n"
+    "           --share-gpus (with --device cuda): more ranks than GPUs, local rank i on GPU i mod G, their\n"
+    "           messages through host copies instead of NCCL: every layout on one GPU, for tests\n"
     "other:     --threads N (compute threads per rank, 1)\n"
     "           --kernel-times: where the steps' time goes, operation by operation (rank 0, the steps after the\n"
     "           first): each kernel call timed on the host, then a wait for the device's share of it; the step\n"
@@ -559,7 +561,7 @@ int main(int argc, char **argv)
     train_options_init(&o);
     gpt_options model = {0};
     const char *log_path = NULL;
-    int quiet = 0, kernel_times = 0;
+    int quiet = 0, kernel_times = 0, share_gpus = 0;
     int64_t tp = 1, pp = 1, dp = 0, global_batch = 0;
     int accum_given = 0;
     double started = now_seconds();
@@ -614,6 +616,7 @@ int main(int argc, char **argv)
         case CLI_TRAIN_DUMP: o.dump_dir = optarg; break;
         case CLI_TRAIN_QUIET: quiet = 1; break;
         case CLI_TRAIN_KERNEL_TIMES: kernel_times = 1; break;
+        case CLI_TRAIN_SHARE_GPUS: share_gpus = 1; break;
         case CLI_TRAIN_STOP_AT: o.stop_at = cli_int("tp-train", "--stop-at", optarg, 1, (int64_t)1 << 40); break;
         case CLI_TRAIN_SEQUENCE_PARALLEL: o.sequence_parallel = 1; break;
         case CLI_TRAIN_ZERO:
@@ -633,6 +636,8 @@ int main(int argc, char **argv)
         }
     }
     if (optind != argc) die_usage("unexpected argument '%s'", argv[optind]);
+    if (share_gpus && strcmp(device, "cuda"))
+        die_usage("--share-gpus applies to --device cuda (auto gives each rank a GPU of its own, or none)");
     if (gpt_options_finish(&model, &o.config)) die_usage("%s", tp_errmsg());
     /* --dtype bf16: mixed precision; the weights (and checkpoints) stay fp32. */
     if (o.config.dtype == TP_BF16) {
@@ -740,7 +745,7 @@ int main(int argc, char **argv)
         }
         device = any_lacks ? "cpu" : "cuda";
     }
-    int chosen = kernels_choose(device, local_rank, &kernels), rank0_failed = chosen != TP_OK;
+    int chosen = kernels_choose(device, local_rank, share_gpus, &kernels), rank0_failed = chosen != TP_OK;
     if (comm_broadcast(cm, &rank0_failed, sizeof rank0_failed, 0, COMM_HOST)) rank0_failed = 1;
     if (chosen && cm->rank == 0) fprintf(stderr, "tp-train: error: %s\n", tp_errmsg());
     else if (chosen && !rank0_failed) fprintf(stderr, "tp-train: error (rank %d): %s\n", cm->rank, tp_errmsg());
@@ -758,9 +763,14 @@ int main(int argc, char **argv)
                     .kernel_times = kernel_times};
     if (kernels->on_device) {
         char name[128];
-        cuda_device_name(local_rank, name, sizeof name);
-        snprintf(rep.device, sizeof rep.device, "cuda:%d %s", local_rank, name);
-        rep.peak_flops = gpu_peak_bf16_flops(name) * cm->world;
+        int gpus = cuda_device_count(), gpu = local_rank;
+        if (share_gpus) kernels_gpu_index(local_rank, gpus, 1, &gpu); /* chosen so above: cannot fail */
+        cuda_device_name(gpu, name, sizeof name);
+        /* Shared, the job's peak is that of the GPUs it has (one machine's), not of its ranks. */
+        int used = share_gpus && cm->world > gpus ? gpus : cm->world;
+        snprintf(rep.device, sizeof rep.device, "cuda:%d %s%s", gpu, name,
+                 used < cm->world ? " (shared by the ranks)" : "");
+        rep.peak_flops = gpu_peak_bf16_flops(name) * used;
     } else {
         snprintf(rep.device, sizeof rep.device, "cpu");
     }
@@ -780,7 +790,7 @@ int main(int argc, char **argv)
     o.report_ctx = &rep;
     /* Ranks on GPUs sum device data with NCCL; one rank alone needs no communicator on the device. */
     comm *device_comm = NULL;
-    if (kernels->on_device && cm->world > 1) {
+    if (kernels->on_device && cm->world > 1 && !share_gpus) { /* shared GPUs: through the host (train_run) */
         int made = comm_nccl_create(&device_comm, cm, kernels);
         if (made) {
             if (cm->rank == 0) fprintf(stderr, "tp-train: error: %s\n", tp_errmsg());

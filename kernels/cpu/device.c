@@ -11,7 +11,25 @@ int kernels_gpu_for(int local_rank)
     return cuda_built() && cuda_device_count() > local_rank;
 }
 
-int kernels_choose(const char *device, int local_rank, const kernel_backend **out)
+int kernels_gpu_index(int local_rank, int gpus, int share_gpus, int *index)
+{
+    *index = -1;
+    if (gpus <= 0) return tp_fail(TP_ERR_DEVICE, "--device cuda: no CUDA device on this machine");
+    if (local_rank < 0) return tp_fail(TP_ERR_ARG, "local rank %d: not a rank", local_rank);
+    if (share_gpus) {
+        *index = local_rank % gpus;
+        return TP_OK;
+    }
+    if (local_rank >= gpus)
+        return tp_fail(TP_ERR_DEVICE,
+                       "--device cuda: local rank %d needs GPU %d, but this machine has %d (one process per GPU; "
+                       "--share-gpus puts several on one)",
+                       local_rank, local_rank, gpus);
+    *index = local_rank;
+    return TP_OK;
+}
+
+int kernels_choose(const char *device, int local_rank, int share_gpus, const kernel_backend **out)
 {
     *out = NULL;
     int want_cuda = strcmp(device, "cuda") == 0, automatic = strcmp(device, "auto") == 0;
@@ -22,13 +40,9 @@ int kernels_choose(const char *device, int local_rank, const kernel_backend **ou
     if (!want_cuda && !automatic)
         return tp_fail(TP_ERR_ARG, "--device takes cpu, cuda or auto, not '%s'", device);
     if (!cuda_built()) return tp_fail(TP_ERR_DEVICE, "--device cuda: this build has no CUDA support (rebuild with nvcc)");
-    int count = cuda_device_count();
-    if (count == 0) return tp_fail(TP_ERR_DEVICE, "--device cuda: no CUDA device on this machine");
-    if (local_rank >= count)
-        return tp_fail(TP_ERR_DEVICE,
-                       "--device cuda: local rank %d needs GPU %d, but this machine has %d (one process per GPU)",
-                       local_rank, local_rank, count);
-    *out = kernels_cuda(local_rank);
+    int index;
+    TP_TRY(kernels_gpu_index(local_rank, cuda_device_count(), want_cuda && share_gpus, &index));
+    *out = kernels_cuda(index);
     return *out ? TP_OK : TP_ERR_DEVICE; /* kernels_cuda said why */
 }
 

@@ -561,11 +561,17 @@ else
     check "--device auto without a GPU: the CPU" [ "$(events "$WORK/auto.jsonl" start device)" = "cpu " ]
     expect_error "--device cuda without a GPU: refused, saying why" 1 \
         "^tp-train: error: --device cuda: (this build has no CUDA support|no CUDA device)" "$TRAIN" $TINY --device cuda
+    expect_error "--device cuda --share-gpus without a GPU: refused the same" 1 \
+        "^tp-train: error: --device cuda: (this build has no CUDA support|no CUDA device)" "$TRAIN" $TINY --device cuda \
+        --share-gpus
     run mpi_train 2 $TINY --tp 2 --device cuda
     check_all "--device cuda under mpirun: exit 1, rank 0 says why, once" \
         '[ "$RC" -ne 0 ] && [ "$(grep -c "^tp-train: error" "$WORK/.err")" -eq 1 ]'
 fi
 expect_error "--device gpu: not a device" 2 "--device takes cpu, cuda or auto, not 'gpu'" "$TRAIN" $TINY --device gpu
+expect_error "--share-gpus without --device cuda" 2 "--share-gpus applies to --device cuda" "$TRAIN" $TINY --share-gpus
+expect_error "--share-gpus with --device auto" 2 "--share-gpus applies to --device cuda" "$TRAIN" $TINY --share-gpus \
+    --device auto
 expect_error "--resume without --ckpt-dir" 2 "resume.*ckpt-dir" "$TRAIN" $TINY --resume
 run "$TRAIN" $TINY --dim 128 --steps 22 --ckpt-dir "$WORK/run" --resume
 check_all "resume with another model shape: refused, both shapes named" '[ "$RC" -eq 1 ] &&

@@ -1,8 +1,10 @@
 #!/bin/sh
 # End-to-end tests of tp-train on GPUs (--device cuda): against the PyTorch
 # GPT-2 and Llama in fp32 (logits, loss, every gradient, 10 AdamW steps),
-# against the CPU trainer, layout invariance for the layouts the GPUs present can hold
-# (one process per GPU), and checkpoints moving between GPU and CPU. Without
+# against the CPU trainer, layout invariance at every layout (one process per
+# GPU where there are enough, else --share-gpus: several on one GPU, their
+# messages through host copies), resumes at another layout, and checkpoints
+# moving between GPU and CPU. Without
 # a GPU (nvidia-smi finds none) or a CUDA build, every test here reports
 # itself skipped: `make test` runs this file so that the skip shows;
 # `make test-gpu` sets GPU_REQUIRED=1, and then a missing GPU is a failure.
@@ -26,11 +28,14 @@ if [ "$gpus" -eq 0 ] || ! "$TRAIN" $TINY --steps 1 --device cuda >/dev/null 2>&1
 fi
 echo "[$NAME] $gpus GPU(s): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)"
 
-# gpu_train RANKS ARGS...: tp-train on RANKS GPUs, one process each.
+# gpu_train RANKS ARGS...: tp-train on RANKS ranks, one GPU each, or where
+# the machine has fewer, sharing them (--share-gpus: NCCL is then not used).
 gpu_train() {
     ranks=$1
     shift
-    mpirun --oversubscribe -np "$ranks" "$TRAIN" --device cuda "$@" </dev/null
+    share=""
+    [ "$ranks" -gt "$gpus" ] && share=--share-gpus
+    mpirun --oversubscribe -np "$ranks" "$TRAIN" --device cuda $share "$@" </dev/null
 }
 
 # --- Against PyTorch (tests/trainer/check_torch.py), as test_train.sh and
@@ -42,10 +47,6 @@ for layout in "tp1 1 tiny --tp 1" "tp2 2 tiny --tp 2" "tp2pp2 4 tiny --tp 2 --pp
     set -- $layout
     name=$1 ranks=$2 model=$3
     shift 3
-    if [ "$ranks" -gt "$gpus" ]; then
-        echo "[$NAME] SKIP PyTorch check at $name: $ranks ranks, $gpus GPU(s)"
-        continue
-    fi
     dir="$WORK/torch-$name"
     opts="--micro-batch 2 --grad-accum 2 --steps 10 --lr 1e-3 --warmup 2"
     # shellcheck disable=SC2086
@@ -84,19 +85,46 @@ expect_ok "llama-tiny on a GPU" gpu_train 1 --model llama-tiny --micro-batch 2 -
     --log "$WORK/llama-gpu.jsonl"
 check "llama-tiny: the GPU's losses are the CPU's (1e-4)" losses_match "$WORK/llama-gpu.jsonl" "$WORK/llama-cpu.jsonl" 1e-4
 
-# --- Layout invariance on as many GPUs as there are (global batch 4).
-expect_ok "20 steps at tp1 on a GPU" gpu_train 1 $TINY --steps 20 --log "$WORK/gpu-tp1.jsonl"
-for layout in "2 2 1 1 2 1" "2 1 2 1 2 2" "2 1 1 2 2 1" "4 2 2 1 2 2" "4 4 1 1 4 1"; do
+# --- Layout invariance on as many GPUs as there are, or shared (global batch
+# 4 sequences everywhere: the reference at tp1 too, which had 2 while no
+# machine had the GPUs for the other layouts).
+expect_ok "20 steps at tp1 on a GPU" gpu_train 1 $TINY --micro-batch 4 --steps 20 --log "$WORK/gpu-tp1.jsonl"
+# Fields: ranks tp pp dp micro-batch grad-accum, then options (_ for none).
+for layout in "2 2 1 1 4 1 _" "2 1 2 1 2 2 _" "2 1 1 2 2 1 _" "4 2 2 1 2 2 _" "4 4 1 1 4 1 _" \
+    "2 2 1 1 4 1 --sequence-parallel" "4 2 2 1 2 2 --sequence-parallel" \
+    "2 1 1 2 2 1 --zero=1" "4 2 1 2 2 1 --zero=1" "2 1 1 2 2 1 --zero=3" "4 2 1 2 2 1 --zero=3"; do
     set -- $layout
-    name="tp$2pp$3dp$4"
-    if [ "$1" -gt "$gpus" ]; then
-        echo "[$NAME] SKIP $name: $1 ranks, $gpus GPU(s)"
-        continue
-    fi
+    extra=$7
+    [ "$extra" = _ ] && extra=""
+    name="tp$2pp$3dp$4$(echo "$extra" | sed 's/[-=]//g')"
+    # shellcheck disable=SC2086
     expect_ok "20 steps at $name on GPUs" gpu_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" --micro-batch "$5" \
-        --grad-accum "$6" --steps 20 --log "$WORK/gpu-$name.jsonl"
+        --grad-accum "$6" --steps 20 $extra --log "$WORK/gpu-$name.jsonl"
     check "$name on GPUs has the losses of tp1 (1e-4)" losses_match "$WORK/gpu-$name.jsonl" "$WORK/gpu-tp1.jsonl" 1e-4
 done
+if [ "$gpus" -lt 4 ]; then
+    check "ranks sharing a GPU: the start line says so" grep -q '"device":"cuda:0 .*(shared by the ranks)' \
+        "$WORK/gpu-tp2pp2dp1.jsonl"
+fi
+# The interleaved schedule: 8 layers, 8 micro-batches of 2 sequences, on one
+# rank and at pp 2 with 2 chunks a stage (and with ZeRO-1 over 2 replicas).
+IL="$TINY --layers 8 --grad-accum 8 --steps 10"
+expect_ok "8 layers on one GPU" gpu_train 1 $IL --log "$WORK/gpu-il-one.jsonl"
+expect_ok "8 layers at pp2 V2 on GPUs" gpu_train 2 $IL --pp 2 --virtual-stages 2 --log "$WORK/gpu-il-pp2v2.jsonl"
+check "pp2 V2 on GPUs has the losses of one rank (1e-4)" losses_match "$WORK/gpu-il-pp2v2.jsonl" \
+    "$WORK/gpu-il-one.jsonl" 1e-4
+expect_ok "8 layers at pp2 V2 dp2 with ZeRO-1 on GPUs" gpu_train 4 $TINY --layers 8 --grad-accum 4 --steps 10 \
+    --pp 2 --dp 2 --virtual-stages 2 --zero 1 --log "$WORK/gpu-il-pp2v2dp2.jsonl"
+check "pp2 V2 dp2 ZeRO-1 on GPUs has the losses of one rank (1e-4)" losses_match "$WORK/gpu-il-pp2v2dp2.jsonl" \
+    "$WORK/gpu-il-one.jsonl" 1e-4
+# Resumed at another layout on the GPU(s): 10 steps at tp2pp2, 10 at tp1 dp2
+# with ZeRO-1 (resharded at load), against 20 straight at tp1.
+expect_ok "tp2pp2 on GPUs, stopped at step 10" gpu_train 4 $TINY --tp 2 --pp 2 --micro-batch 2 --grad-accum 2 \
+    --steps 20 --stop-at 10 --ckpt-dir "$WORK/gpu-move" --log "$WORK/gpu-move.jsonl"
+expect_ok "resumed at tp1dp2 with ZeRO-1 on GPUs" gpu_train 2 $TINY --tp 1 --dp 2 --micro-batch 2 --zero 1 \
+    --steps 20 --ckpt-dir "$WORK/gpu-move" --resume --log "$WORK/gpu-move.jsonl"
+check "the resumed run has the losses of 20 straight steps at tp1 (1e-4)" losses_match "$WORK/gpu-move.jsonl" \
+    "$WORK/gpu-tp1.jsonl" 1e-4
 
 # --- --device auto is one verdict for the job: GPUs when every rank has its
 # own, else the CPU for all (more ranks than GPUs once hung: rank 0 alone

@@ -636,7 +636,7 @@ Test(transformer, elementwise_sums_scales_and_squares)
 Test(transformer, the_cpu_backend_is_the_cpu_functions)
 {
     const kernel_backend *cpu = NULL;
-    cr_assert_eq(kernels_choose("cpu", 0, &cpu), TP_OK);
+    cr_assert_eq(kernels_choose("cpu", 0, 0, &cpu), TP_OK);
     cr_assert_eq(cpu, kernels_cpu());
     cr_assert_eq(cpu->on_device, 0);
     float *in = random_floats(12), out_backend[12], out_direct[12];
@@ -677,7 +677,7 @@ Test(transformer, the_cpu_backend_is_the_cpu_functions)
     cr_assert_eq(memcmp(out_backend, out_direct, sizeof out_direct), 0, "rope_backward");
     free(in), free(w), free(dout);
     const kernel_backend *none = cpu;
-    cr_assert_eq(kernels_choose("gpu", 0, &none), TP_ERR_ARG);
+    cr_assert_eq(kernels_choose("gpu", 0, 0, &none), TP_ERR_ARG);
     cr_assert_null(none);
     cr_assert(strstr(tp_errmsg(), "cpu, cuda or auto"), "%s", tp_errmsg());
 }
@@ -686,10 +686,34 @@ Test(transformer, auto_and_cuda_without_a_gpu)
 {
     if (cuda_device_count() > 0) cr_skip_test("this machine has a GPU (tests/kernels/test_cuda_backend.c covers it)");
     const kernel_backend *chosen = NULL;
-    cr_assert_eq(kernels_choose("auto", 0, &chosen), TP_OK);
+    cr_assert_eq(kernels_choose("auto", 0, 0, &chosen), TP_OK);
     cr_assert_eq(chosen, kernels_cpu(), "auto without a GPU is the CPU");
-    cr_assert_eq(kernels_choose("cuda", 0, &chosen), TP_ERR_DEVICE);
+    cr_assert_eq(kernels_choose("cuda", 0, 0, &chosen), TP_ERR_DEVICE);
     cr_assert(strstr(tp_errmsg(), "no CUDA support") || strstr(tp_errmsg(), "no CUDA device"), "%s", tp_errmsg());
+    cr_assert_eq(kernels_choose("cuda", 3, 1, &chosen), TP_ERR_DEVICE, "shared or not, no GPU is no GPU");
+    cr_assert(strstr(tp_errmsg(), "no CUDA support") || strstr(tp_errmsg(), "no CUDA device"), "%s", tp_errmsg());
+}
+
+/* Which GPU a local rank computes on: its own, or with sharing, its rank modulo the GPUs. */
+Test(transformer, gpus_for_local_ranks)
+{
+    int index = 7;
+    for (int rank = 0; rank < 4; rank++) {
+        cr_assert_eq(kernels_gpu_index(rank, 4, 0, &index), TP_OK);
+        cr_assert_eq(index, rank);
+    }
+    cr_assert_eq(kernels_gpu_index(2, 2, 0, &index), TP_ERR_DEVICE, "a third rank on two GPUs, not shared");
+    cr_assert_eq(index, -1);
+    cr_assert(strstr(tp_errmsg(), "local rank 2 needs GPU 2, but this machine has 2") &&
+                  strstr(tp_errmsg(), "--share-gpus"),
+              "%s", tp_errmsg());
+    const int ranks = 5, gpus = 2, want[] = {0, 1, 0, 1, 0};
+    for (int rank = 0; rank < ranks; rank++) {
+        cr_assert_eq(kernels_gpu_index(rank, gpus, 1, &index), TP_OK);
+        cr_assert_eq(index, want[rank], "rank %d shares GPU %d", rank, want[rank]);
+    }
+    cr_assert_eq(kernels_gpu_index(0, 0, 1, &index), TP_ERR_DEVICE, "sharing no GPU");
+    cr_assert(strstr(tp_errmsg(), "no CUDA device"), "%s", tp_errmsg());
 }
 
 Test(transformer, gpu_peaks_for_model_flops_utilization)
