@@ -39,27 +39,35 @@ gpu_train() {
 }
 
 # --- Against PyTorch (tests/trainer/check_torch.py), as test_train.sh and
-# test_train_llama.sh do on the CPU, at each layout with no more ranks than
-# GPUs: GPT-2 (tiny) and Llama (llama-tiny: RMSNorm, rotary embeddings,
-# SwiGLU, 2 KV heads, replicated at tp4).
-for layout in "tp1 1 tiny --tp 1" "tp2 2 tiny --tp 2" "tp2pp2 4 tiny --tp 2 --pp 2" "llama-tp1 1 llama-tiny --tp 1" \
-    "llama-tp2 2 llama-tiny --tp 2" "llama-tp4 4 llama-tiny --tp 4" "tp2-sp 2 tiny --tp 2 --sequence-parallel"; do
-    set -- $layout
-    name=$1 ranks=$2 model=$3
-    shift 3
-    dir="$WORK/torch-$name"
-    opts="--micro-batch 2 --grad-accum 2 --steps 10 --lr 1e-3 --warmup 2"
-    # shellcheck disable=SC2086
-    expect_ok "GPU $name with --dump" gpu_train "$ranks" --model "$model" --vocab 250 "$@" $opts --dump "$dir" \
-        --log "$dir.jsonl" --quiet
-    # shellcheck disable=SC2086
-    run "$PY" "$ROOT/tests/trainer/check_torch.py" "$dir" "$dir.jsonl" $opts
-    # Five checks, four where this Python lacks xxhash (the initial values' check is then said to be skipped).
-    checks=5
-    grep -q "initial values: skipped" "$WORK/.out" && checks=4
-    if [ "$RC" -eq 0 ] && [ "$(grep -c ' ok$' "$WORK/.out")" -eq $checks ]; then pass
-    else failed "GPU $name against PyTorch (exit $RC)"; fi
-done
+# test_train_llama.sh do on the CPU, at each layout: GPT-2 (tiny) and Llama
+# (llama-tiny: RMSNorm, rotary embeddings, SwiGLU, 2 KV heads, replicated at
+# tp4). Those with no more ranks than GPUs here; the others, sharing GPUs,
+# at the end (torch_layouts shared), with the rest of what shares them.
+TORCH_LAYOUTS="tp1:1:tiny:--tp=1 tp2:2:tiny:--tp=2 tp2pp2:4:tiny:--tp=2,--pp=2 llama-tp1:1:llama-tiny:--tp=1
+    llama-tp2:2:llama-tiny:--tp=2 llama-tp4:4:llama-tiny:--tp=4 tp2-sp:2:tiny:--tp=2,--sequence-parallel"
+# torch_layouts own|shared: the layouts of TORCH_LAYOUTS whose ranks fit the GPUs (own) or not (shared).
+torch_layouts() {
+    for layout in $TORCH_LAYOUTS; do
+        name=${layout%%:*} rest=${layout#*:}
+        ranks=${rest%%:*} rest=${rest#*:}
+        model=${rest%%:*} flags=$(echo "${rest#*:}" | tr ',' ' ')
+        if [ "$ranks" -gt "$gpus" ] && [ "$1" = own ]; then continue; fi
+        if [ "$ranks" -le "$gpus" ] && [ "$1" = shared ]; then continue; fi
+        dir="$WORK/torch-$name"
+        opts="--micro-batch 2 --grad-accum 2 --steps 10 --lr 1e-3 --warmup 2"
+        # shellcheck disable=SC2086
+        expect_ok "GPU $name with --dump" gpu_train "$ranks" --model "$model" --vocab 250 $flags $opts --dump "$dir" \
+            --log "$dir.jsonl" --quiet
+        # shellcheck disable=SC2086
+        run "$PY" "$ROOT/tests/trainer/check_torch.py" "$dir" "$dir.jsonl" $opts
+        # Five checks, four where this Python lacks xxhash (the initial values' check is then said to be skipped).
+        checks=5
+        grep -q "initial values: skipped" "$WORK/.out" && checks=4
+        if [ "$RC" -eq 0 ] && [ "$(grep -c ' ok$' "$WORK/.out")" -eq $checks ]; then pass
+        else failed "GPU $name against PyTorch (exit $RC)"; fi
+    done
+}
+torch_layouts own
 
 # --- The GPU trainer against the CPU trainer: 20 steps of the small model
 # (cuBLAS and OpenBLAS sum in other orders: 1e-4 relative).
@@ -84,47 +92,6 @@ expect_ok "llama-tiny on the CPU" "$TRAIN" --model llama-tiny --micro-batch 2 --
 expect_ok "llama-tiny on a GPU" gpu_train 1 --model llama-tiny --micro-batch 2 --quiet --steps 20 \
     --log "$WORK/llama-gpu.jsonl"
 check "llama-tiny: the GPU's losses are the CPU's (1e-4)" losses_match "$WORK/llama-gpu.jsonl" "$WORK/llama-cpu.jsonl" 1e-4
-
-# --- Layout invariance on as many GPUs as there are, or shared (global batch
-# 4 sequences everywhere: the reference at tp1 too, which had 2 while no
-# machine had the GPUs for the other layouts).
-expect_ok "20 steps at tp1 on a GPU" gpu_train 1 $TINY --micro-batch 4 --steps 20 --log "$WORK/gpu-tp1.jsonl"
-# Fields: ranks tp pp dp micro-batch grad-accum, then options (_ for none).
-for layout in "2 2 1 1 4 1 _" "2 1 2 1 2 2 _" "2 1 1 2 2 1 _" "4 2 2 1 2 2 _" "4 4 1 1 4 1 _" \
-    "2 2 1 1 4 1 --sequence-parallel" "4 2 2 1 2 2 --sequence-parallel" \
-    "2 1 1 2 2 1 --zero=1" "4 2 1 2 2 1 --zero=1" "2 1 1 2 2 1 --zero=3" "4 2 1 2 2 1 --zero=3"; do
-    set -- $layout
-    extra=$7
-    [ "$extra" = _ ] && extra=""
-    name="tp$2pp$3dp$4$(echo "$extra" | sed 's/[-=]//g')"
-    # shellcheck disable=SC2086
-    expect_ok "20 steps at $name on GPUs" gpu_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" --micro-batch "$5" \
-        --grad-accum "$6" --steps 20 $extra --log "$WORK/gpu-$name.jsonl"
-    check "$name on GPUs has the losses of tp1 (1e-4)" losses_match "$WORK/gpu-$name.jsonl" "$WORK/gpu-tp1.jsonl" 1e-4
-done
-if [ "$gpus" -lt 4 ]; then
-    check "ranks sharing a GPU: the start line says so" grep -q '"device":"cuda:0 .*(shared by the ranks)' \
-        "$WORK/gpu-tp2pp2dp1.jsonl"
-fi
-# The interleaved schedule: 8 layers, 8 micro-batches of 2 sequences, on one
-# rank and at pp 2 with 2 chunks a stage (and with ZeRO-1 over 2 replicas).
-IL="$TINY --layers 8 --grad-accum 8 --steps 10"
-expect_ok "8 layers on one GPU" gpu_train 1 $IL --log "$WORK/gpu-il-one.jsonl"
-expect_ok "8 layers at pp2 V2 on GPUs" gpu_train 2 $IL --pp 2 --virtual-stages 2 --log "$WORK/gpu-il-pp2v2.jsonl"
-check "pp2 V2 on GPUs has the losses of one rank (1e-4)" losses_match "$WORK/gpu-il-pp2v2.jsonl" \
-    "$WORK/gpu-il-one.jsonl" 1e-4
-expect_ok "8 layers at pp2 V2 dp2 with ZeRO-1 on GPUs" gpu_train 4 $TINY --layers 8 --grad-accum 4 --steps 10 \
-    --pp 2 --dp 2 --virtual-stages 2 --zero 1 --log "$WORK/gpu-il-pp2v2dp2.jsonl"
-check "pp2 V2 dp2 ZeRO-1 on GPUs has the losses of one rank (1e-4)" losses_match "$WORK/gpu-il-pp2v2dp2.jsonl" \
-    "$WORK/gpu-il-one.jsonl" 1e-4
-# Resumed at another layout on the GPU(s): 10 steps at tp2pp2, 10 at tp1 dp2
-# with ZeRO-1 (resharded at load), against 20 straight at tp1.
-expect_ok "tp2pp2 on GPUs, stopped at step 10" gpu_train 4 $TINY --tp 2 --pp 2 --micro-batch 2 --grad-accum 2 \
-    --steps 20 --stop-at 10 --ckpt-dir "$WORK/gpu-move" --log "$WORK/gpu-move.jsonl"
-expect_ok "resumed at tp1dp2 with ZeRO-1 on GPUs" gpu_train 2 $TINY --tp 1 --dp 2 --micro-batch 2 --zero 1 \
-    --steps 20 --ckpt-dir "$WORK/gpu-move" --resume --log "$WORK/gpu-move.jsonl"
-check "the resumed run has the losses of 20 straight steps at tp1 (1e-4)" losses_match "$WORK/gpu-move.jsonl" \
-    "$WORK/gpu-tp1.jsonl" 1e-4
 
 # --- --device auto is one verdict for the job: GPUs when every rank has its
 # own, else the CPU for all (more ranks than GPUs once hung: rank 0 alone
@@ -178,4 +145,51 @@ for t in "$ROOT/${BUILD:-build}"/tests/*/test_*; do
     check_all "$(basename "$t"): passed, no GPU case skipped" \
         '[ "$RC" -eq 0 ] && ! grep -q "^\[SKIP\].*CUDA" "$WORK/.err" "$WORK/.out"'
 done
+
+# --- Last, the slowest part: what needs more ranks than GPUs where there
+# are fewer (--share-gpus: several ranks on a GPU, their messages through
+# host copies), so that a phase stopped at its time limit has run the rest.
+torch_layouts shared
+
+# --- Layout invariance on as many GPUs as there are, or shared (global batch
+# 4 sequences everywhere: the reference at tp1 too, which had 2 while no
+# machine had the GPUs for the other layouts).
+expect_ok "20 steps at tp1 on a GPU" gpu_train 1 $TINY --micro-batch 4 --steps 20 --log "$WORK/gpu-tp1.jsonl"
+# Fields: ranks tp pp dp micro-batch grad-accum, then options (_ for none).
+for layout in "2 2 1 1 4 1 _" "2 1 2 1 2 2 _" "2 1 1 2 2 1 _" "4 2 2 1 2 2 _" "4 4 1 1 4 1 _" \
+    "2 2 1 1 4 1 --sequence-parallel" "4 2 2 1 2 2 --sequence-parallel" \
+    "2 1 1 2 2 1 --zero=1" "4 2 1 2 2 1 --zero=1" "2 1 1 2 2 1 --zero=3" "4 2 1 2 2 1 --zero=3"; do
+    set -- $layout
+    extra=$7
+    [ "$extra" = _ ] && extra=""
+    name="tp$2pp$3dp$4$(echo "$extra" | sed 's/[-=]//g')"
+    # shellcheck disable=SC2086
+    expect_ok "20 steps at $name on GPUs" gpu_train "$1" $TINY --tp "$2" --pp "$3" --dp "$4" --micro-batch "$5" \
+        --grad-accum "$6" --steps 20 $extra --log "$WORK/gpu-$name.jsonl"
+    check "$name on GPUs has the losses of tp1 (1e-4)" losses_match "$WORK/gpu-$name.jsonl" "$WORK/gpu-tp1.jsonl" 1e-4
+done
+if [ "$gpus" -lt 4 ]; then
+    check "ranks sharing a GPU: the start line says so" grep -q '"device":"cuda:0 .*(shared by the ranks)' \
+        "$WORK/gpu-tp2pp2dp1.jsonl"
+fi
+# The interleaved schedule: 8 layers, 8 micro-batches of 2 sequences, on one
+# rank and at pp 2 with 2 chunks a stage (and with ZeRO-1 over 2 replicas).
+IL="$TINY --layers 8 --grad-accum 8 --steps 10"
+expect_ok "8 layers on one GPU" gpu_train 1 $IL --log "$WORK/gpu-il-one.jsonl"
+expect_ok "8 layers at pp2 V2 on GPUs" gpu_train 2 $IL --pp 2 --virtual-stages 2 --log "$WORK/gpu-il-pp2v2.jsonl"
+check "pp2 V2 on GPUs has the losses of one rank (1e-4)" losses_match "$WORK/gpu-il-pp2v2.jsonl" \
+    "$WORK/gpu-il-one.jsonl" 1e-4
+expect_ok "8 layers at pp2 V2 dp2 with ZeRO-1 on GPUs" gpu_train 4 $TINY --layers 8 --grad-accum 4 --steps 10 \
+    --pp 2 --dp 2 --virtual-stages 2 --zero 1 --log "$WORK/gpu-il-pp2v2dp2.jsonl"
+check "pp2 V2 dp2 ZeRO-1 on GPUs has the losses of one rank (1e-4)" losses_match "$WORK/gpu-il-pp2v2dp2.jsonl" \
+    "$WORK/gpu-il-one.jsonl" 1e-4
+# Resumed at another layout on the GPU(s): 10 steps at tp2pp2, 10 at tp1 dp2
+# with ZeRO-1 (resharded at load), against 20 straight at tp1.
+expect_ok "tp2pp2 on GPUs, stopped at step 10" gpu_train 4 $TINY --tp 2 --pp 2 --micro-batch 2 --grad-accum 2 \
+    --steps 20 --stop-at 10 --ckpt-dir "$WORK/gpu-move" --log "$WORK/gpu-move.jsonl"
+expect_ok "resumed at tp1dp2 with ZeRO-1 on GPUs" gpu_train 2 $TINY --tp 1 --dp 2 --micro-batch 2 --zero 1 \
+    --steps 20 --ckpt-dir "$WORK/gpu-move" --resume --log "$WORK/gpu-move.jsonl"
+check "the resumed run has the losses of 20 straight steps at tp1 (1e-4)" losses_match "$WORK/gpu-move.jsonl" \
+    "$WORK/gpu-tp1.jsonl" 1e-4
+
 finish
