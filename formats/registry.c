@@ -1,6 +1,7 @@
 /* registry.c: the checkpoint formats, in one place (registry.h). Each
  * built-in format is a detect and an open over its reader (megatron.h,
- * dcp.h, ckpt.h); formats_register adds others before them. */
+ * dcp.h, ckpt.h) and a writer (registry_write.c); formats_register adds
+ * others before them. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,7 +125,8 @@ int formats_source_open(const char *path, const checkpoint_format *format, const
     if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory");
     s->format = format;
     int status = format->open(path, options, s);
-    /* This toolkit's run directory names its latest step; another tool's is named as given. */
+    /* This toolkit's (the fallback, the one format without a detect) is named by
+     * the step it read, a run directory's latest; another tool's as given. */
     if (!status && !(s->name = strdup(format->detect || !s->reader ? path : ckpt_reader_path(s->reader))))
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
     if (status) {

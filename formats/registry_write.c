@@ -54,6 +54,23 @@ static void detail_work(formats_write_summary *s, int64_t bytes, int rank_files,
     detail(s, "memory", "%s of %s", text, of);
 }
 
+/* What every foreign writer's summary holds: its layout, bytes and threads,
+ * and the JSON keys they share (the format's own are added after). */
+static void summarize(formats_write_summary *s, const char *format, int tp, int pp, int files, int tensors,
+                      int64_t bytes, int threads, int64_t buffer_memory)
+{
+    s->to = (ckpt_layout){.tp = tp, .pp = pp};
+    s->bytes_written = bytes;
+    s->threads = threads;
+    cJSON *j = s->json;
+    cJSON_AddStringToObject(j, "format", format);
+    cJSON_AddNumberToObject(j, "files", files);
+    cJSON_AddNumberToObject(j, "tensors", tensors);
+    cJSON_AddNumberToObject(j, "bytes_written", (double)bytes);
+    cJSON_AddNumberToObject(j, "threads", threads);
+    cJSON_AddNumberToObject(j, "buffer_memory", (double)buffer_memory);
+}
+
 static const char *optimizer_text(int optimizer)
 {
     return optimizer ? "weights and optimizer state" : "weights only";
@@ -208,11 +225,9 @@ static int plan_megatron(formats_source *source, const formats_write_options *o,
     megatron_naming names = o->naming >= 0 ? (megatron_naming)o->naming
                             : w->model.view ? MEGATRON_NAMES_LEGACY
                                             : w->model.model->naming;
-    s->to = (ckpt_layout){.tp = p->tp, .pp = p->pp};
+    summarize(s, "megatron-legacy", p->tp, p->pp, p->files, p->tensors, p->bytes, p->threads, p->buffer_memory);
     snprintf(s->target, sizeof s->target, "Megatron-LM tp%dpp%d, %s names", p->tp, p->pp, megatron_naming_name(names));
     snprintf(s->contents, sizeof s->contents, "%d tensors, %s", p->tensors, optimizer_text(p->optimizer));
-    s->bytes_written = p->bytes;
-    s->threads = p->threads;
     /* The output's vocabulary padded for its TP: described by the true size, as the source is. */
     s->true_vocab = w->model.view ? 0 : w->model.model->true_vocab;
     detail(s, "files", "%d rank files model_optim_rng.pt", p->files);
@@ -225,15 +240,8 @@ static int plan_megatron(formats_source *source, const formats_write_options *o,
         snprintf(s->warning, sizeof s->warning, "the ranks' RNG states were left out: they belong to the layout %s "
                                                 "(Megatron drops them on a change of layout too)", from);
     }
-    cJSON *j = s->json;
-    cJSON_AddStringToObject(j, "format", "megatron-legacy");
-    cJSON_AddStringToObject(j, "names", megatron_naming_name(names));
-    cJSON_AddNumberToObject(j, "files", p->files);
-    cJSON_AddNumberToObject(j, "tensors", p->tensors);
-    cJSON_AddBoolToObject(j, "optimizer", p->optimizer);
-    cJSON_AddNumberToObject(j, "bytes_written", (double)p->bytes);
-    cJSON_AddNumberToObject(j, "threads", p->threads);
-    cJSON_AddNumberToObject(j, "buffer_memory", (double)p->buffer_memory);
+    cJSON_AddStringToObject(s->json, "names", megatron_naming_name(names));
+    cJSON_AddBoolToObject(s->json, "optimizer", p->optimizer);
     return TP_OK;
 }
 
@@ -287,13 +295,11 @@ static int plan_torch_dist(formats_source *source, const formats_write_options *
     const megatron_dist_write_plan *p = &w->plan;
     const char *common = o->common == MEGATRON_CORE_COMMON_FILE ? "common.pt: Megatron-Core up to 0.18"
                                                                 : "the common_state entry: Megatron-Core 0.19+";
-    s->to = (ckpt_layout){.tp = p->tp, .pp = p->pp};
+    summarize(s, "megatron-torch-dist", p->tp, p->pp, p->files, p->tensors, p->bytes, p->threads, p->buffer_memory);
     snprintf(s->target, sizeof s->target, "Megatron-Core torch_dist tp%dpp%d, %s names, %s", p->tp, p->pp,
              megatron_naming_name(p->naming), common);
     snprintf(s->contents, sizeof s->contents, "%d tensors in %d chunks, %s", p->tensors, p->chunks,
              optimizer_text(p->optimizer));
-    s->bytes_written = p->bytes;
-    s->threads = p->threads;
     detail(s, "files", "%d data files __R_0.distcp, .metadata, metadata.json", p->files);
     detail(s, "tensors", "%d in %d chunks, %s", p->tensors, p->chunks, optimizer_text(p->optimizer));
     detail(s, "objects", "%d bytes entries%s", p->objects,
@@ -306,17 +312,11 @@ static int plan_torch_dist(formats_source *source, const formats_write_options *
                  "they belong to the layout %s; Megatron drops them on a change of layout too)", p->left_out, from);
     }
     cJSON *j = s->json;
-    cJSON_AddStringToObject(j, "format", "megatron-torch-dist");
     cJSON_AddStringToObject(j, "names", megatron_naming_name(p->naming));
-    cJSON_AddNumberToObject(j, "files", p->files);
-    cJSON_AddNumberToObject(j, "tensors", p->tensors);
     cJSON_AddNumberToObject(j, "chunks", p->chunks);
     cJSON_AddNumberToObject(j, "others", p->objects);
     cJSON_AddBoolToObject(j, "optimizer", p->optimizer);
     cJSON_AddBoolToObject(j, "rng_state", p->rng);
-    cJSON_AddNumberToObject(j, "bytes_written", (double)p->bytes);
-    cJSON_AddNumberToObject(j, "threads", p->threads);
-    cJSON_AddNumberToObject(j, "buffer_memory", (double)p->buffer_memory);
     return TP_OK;
 }
 
@@ -354,27 +354,18 @@ static int plan_dcp(formats_source *source, const formats_write_options *o, form
         .progress_ctx = o->reshard.progress_ctx};
     TP_TRY(dcp_write_plan_create(reader, &w->options, &w->plan));
     const dcp_write_plan *p = &w->plan;
-    s->to = (ckpt_layout){.tp = p->tp, .pp = p->pp};
+    summarize(s, "dcp", p->tp, p->pp, p->files, p->tensors, p->bytes, p->threads, p->buffer_memory);
     snprintf(s->target, sizeof s->target, "PyTorch distributed checkpoint, tp%dpp%d%s", p->tp, p->pp,
              p->dp > 1 ? ", pieces cut over data-parallel ranks" : "");
     snprintf(s->contents, sizeof s->contents, "%d tensors in %d chunks", p->tensors, p->chunks);
-    s->bytes_written = p->bytes;
-    s->threads = p->threads;
     if (p->dp > 1) detail(s, "dp", "%d data-parallel ranks each hold a part of every piece", p->dp);
     detail(s, "files", "%d data files __R_0.distcp and .metadata", p->files);
     detail(s, "tensors", "%d in %d chunks%s", p->tensors, p->chunks,
            o->reshard.drop_optimizer ? ", optimizer state left out" : "");
     if (p->others) detail(s, "others", "%d entries carried as they are", p->others);
     detail_work(s, p->bytes, p->threads, p->buffer_memory, "buffers");
-    cJSON *j = s->json;
-    cJSON_AddStringToObject(j, "format", "dcp");
-    cJSON_AddNumberToObject(j, "files", p->files);
-    cJSON_AddNumberToObject(j, "tensors", p->tensors);
-    cJSON_AddNumberToObject(j, "chunks", p->chunks);
-    cJSON_AddNumberToObject(j, "others", p->others);
-    cJSON_AddNumberToObject(j, "bytes_written", (double)p->bytes);
-    cJSON_AddNumberToObject(j, "threads", p->threads);
-    cJSON_AddNumberToObject(j, "buffer_memory", (double)p->buffer_memory);
+    cJSON_AddNumberToObject(s->json, "chunks", p->chunks);
+    cJSON_AddNumberToObject(s->json, "others", p->others);
     return TP_OK;
 }
 
