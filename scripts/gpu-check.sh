@@ -12,7 +12,8 @@
 #            CPU, tp-reshard on the GPU against the CPU
 #   bench    scripts/bench-gpu.sh: tokens/s and MFU of GPT-2 124M and 350M,
 #            micro-batch 4 and 16, against PyTorch's loop (SDPA, fused AdamW,
-#            torch.compile in time) on the same GPU; the checkpoint stall
+#            torch.compile in time) on the same GPU; the checkpoint stall;
+#            then tp-train --kernel-times (times.log, as profile)
 #   reshard  scripts/bench-reshard.sh at 1B parameters, once: tp-reshard on
 #            the GPU beside the CPU, cp and the h5py baseline
 #   profile  GPT-2 124M bf16 steps with tp-train --kernel-times (each
@@ -50,7 +51,7 @@ PHASE=tests
 PACK=build/gpu-pack.tar.xz
 LIMIT=
 usage() {
-    sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" # the header, however long
     exit "$1"
 }
 while [ $# -gt 0 ]; do
@@ -167,16 +168,29 @@ open(out, "w").write(have)
 EOF
 }
 
+# Where a step's time goes without a profiler: GPT-2 124M bf16 steps with
+# tp-train --kernel-times (each operation's host issue and device tail, and
+# the trainer's own time around them), in times.log, its table in the
+# summary. About 15 s: the bench phase ends with it, the profile phase
+# starts with it.
+kernel_times() {
+    in_pack times.log build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 4 --device cuda \
+        --dtype bf16 --kernel-times
+    say "kernel times: exit $?"
+    sed -n '/^kernel times on/,/^  step /p' "$OUTDIR/times.log" | tee -a "$SUMMARY"
+}
+
 phase_bench() {
-    # The bench's own budget within the phase's limit: it then ends in time
-    # with every row it had time for (a compilation that would not fit is
-    # not started).
-    in_pack bench.log env BUILD=build BENCH_GPU_RESHARD=0 BENCH_BUDGET="${BENCH_BUDGET:-$((LIMIT - 10))}" \
+    # The bench's own budget within the phase's limit, less the kernel
+    # times after it: it then ends in time with every row it had time for
+    # (a compilation that would not fit is not started).
+    in_pack bench.log env BUILD=build BENCH_GPU_RESHARD=0 BENCH_BUDGET="${BENCH_BUDGET:-$((LIMIT - 30))}" \
         scripts/bench-gpu.sh
     rc=$?
     say "bench: exit $rc"
     sed -n '/^| model /,/^$/p; /^| saving /,/^$/p' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
     collect_sections bench-gpu
+    kernel_times
 }
 
 phase_reshard() {
@@ -193,13 +207,7 @@ phase_reshard() {
 }
 
 phase_profile() {
-    # First, without a profiler: where a step's time goes, operation by
-    # operation (tp-train --kernel-times: each call's issue on the host, its
-    # device tail, and the trainer's own time around them), in times.log.
-    in_pack times.log build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 4 --device cuda \
-        --dtype bf16 --kernel-times
-    say "profile: kernel times, exit $?"
-    sed -n '/^kernel times on/,/^  step /p' "$OUTDIR/times.log" | tee -a "$SUMMARY"
+    kernel_times
     NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
     if [ -z "$NCU" ]; then
         say "profile: no Nsight Compute (ncu) on this machine: nothing profiled"
