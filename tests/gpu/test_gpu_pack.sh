@@ -188,7 +188,8 @@ done
 none=$(for f in "$R"/out/unit-*.err; do grep -q "Synthesis: Tested: [1-9]" "$f" || basename "$f" .err; done)
 check_all "in the root: every unit test binary ran tests (none: ${none:-none})" '[ -z "$none" ]'
 # --- gpu-check.sh here, without a GPU: it unpacks the pack, reports the
-# machine, and every phase fails saying why; at most eight files.
+# machine, and every phase fails saying why; at most nine files (times.log
+# since the bench and profile phases run tp-train --kernel-times).
 C="$WORK/check"
 run "$ROOT/scripts/gpu-check.sh" --phase all --pack "$PACK" --limit 60 "$C"
 check "gpu-check without a GPU fails" [ "$RC" -ne 0 ]
@@ -197,7 +198,8 @@ check "gpu-check: the summary says there is no GPU" grep -q '^GPU: none' "$C/sum
 check "gpu-check: the summary names the failed phases" grep -qx 'failed phases: tests bench reshard profile' \
     "$C/summary.txt"
 check "gpu-check: the summary is printed last" [ "$(tail -n 1 "$WORK/.out")" = "$(tail -n 1 "$C/summary.txt")" ]
-check_all "gpu-check: at most 8 files ($(ls "$C" | wc -l))" '[ "$(ls "$C" | wc -l)" -le 8 ]'
+check_all "gpu-check: at most 9 files ($(ls "$C" | wc -l))" '[ "$(ls "$C" | wc -l)" -le 9 ]'
+check "gpu-check: the kernel times tried, and failed without a GPU" grep -q '^kernel times: exit [1-9]' "$C/summary.txt"
 expect_error "gpu-check: an unknown phase" 2 "unknown phase fast" "$ROOT/scripts/gpu-check.sh" --phase fast "$C"
 # The dcp phase needs no GPU: here with Debian's PyTorch (first on PATH, as
 # the GPU image's is there), PyTorch's fixtures kept for the repository.
