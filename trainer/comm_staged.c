@@ -3,7 +3,12 @@
  * to the host, runs the host communicator, and copies the result back.
  * Correct with any host backend (MPI, threads) and any kernel backend; the
  * price is two copies per message, which a device communicator (NCCL)
- * avoids. Operations on COMM_HOST data pass straight through. */
+ * avoids. Operations on COMM_DEVICE data over a group of one member (every
+ * tensor-parallel sum at tp 1) stay on the device: nothing to combine, at
+ * most a copy. Through the host they cost two copies of the whole and two
+ * waits for the device each: at tp 1 on one GPU, GPT-2 124M's 50 sums a
+ * step of 12.6 MB each moved 1.26 GB over PCIe a step. Operations on
+ * COMM_HOST data pass straight through. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,11 +35,24 @@ static int grow_buffer(staged *s, size_t bytes)
     return TP_OK;
 }
 
+/* A group of this rank alone: its sum is its own, its gather its own part. */
+static int alone(comm *c, comm_group group)
+{
+    return comm_group_size(c, group) == 1;
+}
+
+/* recv = send on the device (one member's all-gather or reduce-scatter). */
+static int copy_own(staged *s, void *recv, const void *send, size_t bytes)
+{
+    return recv == send ? TP_OK : s->kernels->copy(recv, send, bytes);
+}
+
 static int staged_all_reduce(comm *c, comm_group group, void *data, int64_t count, comm_type type, comm_reduction op,
                              comm_stream stream)
 {
     staged *s = c->impl;
     if (stream != COMM_DEVICE) return comm_all_reduce(s->host, group, data, count, type, op, stream);
+    if (alone(c, group)) return TP_OK;
     size_t bytes = (size_t)count * comm_type_size(type);
     TP_TRY(grow_buffer(s, bytes));
     TP_TRY(s->kernels->to_host(s->buffer, data, bytes));
@@ -47,6 +65,7 @@ static int staged_all_gather(comm *c, comm_group group, const void *send, void *
 {
     staged *s = c->impl;
     if (stream != COMM_DEVICE) return comm_all_gather(s->host, group, send, recv, count, type, stream);
+    if (alone(c, group)) return copy_own(s, recv, send, (size_t)count * comm_type_size(type));
     size_t bytes = (size_t)count * comm_type_size(type), members = (size_t)comm_group_size(c, group);
     TP_TRY(grow_buffer(s, bytes * (members + 1)));
     char *mine = (char *)s->buffer + bytes * members;
@@ -60,6 +79,7 @@ static int staged_reduce_scatter(comm *c, comm_group group, const void *send, vo
 {
     staged *s = c->impl;
     if (stream != COMM_DEVICE) return comm_reduce_scatter(s->host, group, send, recv, count, type, stream);
+    if (alone(c, group)) return copy_own(s, recv, send, (size_t)count * comm_type_size(type));
     size_t bytes = (size_t)count * comm_type_size(type), members = (size_t)comm_group_size(c, group);
     TP_TRY(grow_buffer(s, bytes * (members + 1)));
     char *mine = (char *)s->buffer + bytes * members;
@@ -114,6 +134,7 @@ static int staged_broadcast(comm *c, void *data, int64_t bytes, int root, comm_s
 {
     staged *s = c->impl;
     if (stream != COMM_DEVICE) return comm_broadcast(s->host, data, bytes, root, stream);
+    if (c->world == 1) return TP_OK; /* the root's data is every rank's */
     TP_TRY(grow_buffer(s, (size_t)bytes));
     TP_TRY(s->kernels->to_host(s->buffer, data, (size_t)bytes));
     TP_TRY(comm_broadcast(s->host, s->buffer, bytes, root, COMM_HOST));

@@ -815,3 +815,25 @@ Test(train, the_nccl_communicator_without_a_gpu_fails_on_every_rank, .timeout = 
     run_ranks(2, 2, 1, make_nccl, slots);
     for (int r = 0; r < 4; r++) cr_assert_neq(slots[r].status, TP_OK, "rank %d made an NCCL communicator", r);
 }
+
+/* A group of one member (every tensor-parallel sum at tp 1) keeps device
+ * data on the device: through the host, each of tiny's 2 x 5 + 1 sums a
+ * micro-batch's forward and backward would cost a copy to the host and one
+ * back. At tp1 the host sees only the loss: one read of [3, N] a
+ * micro-batch; the losses are the CPU's bit for bit. */
+Test(train, a_group_of_one_keeps_device_data_on_the_device, .timeout = 120)
+{
+    double cpu[8] = {0}, device[8] = {0};
+    train_layout(1, 1, 1, NULL, 3, NULL, 0, 0, cpu);
+    const kernel_backend *timed = kernels_timed(encoded_backend());
+    cr_assert(timed, "%s", tp_errmsg());
+    train_layout(1, 1, 1, timed, 3, NULL, 0, 0, device);
+    for (int s = 1; s <= 3; s++) cr_assert(device[s] == cpu[s], "step %d: %.9g, %.9g on the CPU", s, device[s], cpu[s]);
+    kernel_op_time times[64];
+    int n = kernels_timed_read(times, 64);
+    int64_t to_host = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(times[i].name, "to_host")) to_host = times[i].calls;
+    }
+    cr_assert_eq(to_host, 3 * 2, "3 steps of 2 micro-batches: the loss read alone, %lld reads", (long long)to_host);
+}
