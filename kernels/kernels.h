@@ -184,6 +184,21 @@ int attention_forward(float *out, float *lse, float *scratch, const float *qkv, 
  * forward's out and lse. */
 int attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
                        const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+/* bf16 mixed precision (tp-train --dtype bf16), the attention as cuDNN's
+ * flash attention computes it on a GPU: the operands it reads in bf16
+ * rounded to bf16 (to nearest, ties to even, convert_bits.h), everything
+ * else as attention_forward and attention_backward compute it, in fp32
+ * (scores, softmax, lse, sums). The forward rounds q, k and v (qkv); the
+ * backward rounds qkv, out and d_out, as cuDNN reads them, and takes lse as
+ * it is (fp32 in cuDNN too). Shapes, scratch and results (fp32) as the fp32
+ * functions; TP_ERR_NOMEM when the rounded copies cannot be had. A GPU's
+ * results differ from these by the order of its fp32 sums and, through
+ * cuDNN, by its bf16 outputs (out, d_qkv) and bf16 probabilities in the
+ * products with V and d_out (kernels/cuda/attention_cudnn.h). */
+int attention_forward_bf16(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+                           int64_t Hq, int64_t Hkv, int64_t hd);
+int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 /* Query rows the CPU attention computes at a time; the scratch it is given
  * is a [B,Hq,T] row vector. */
 #define ATTENTION_ROWS 64
@@ -294,6 +309,19 @@ typedef struct kernel_backend {
                              int64_t Hq, int64_t Hkv, int64_t hd);
     int (*attention_backward)(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
                               const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+    int (*attention_forward_bf16)(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+                                  int64_t Hq, int64_t Hkv, int64_t hd);
+    int (*attention_backward_bf16)(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
+                                   const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                   int64_t hd);
+    /* Which code computes the attention of this shape (bf16: the *_bf16
+     * operations, else the fp32 ones), and why, in a line for logs and the
+     * trainer's start line: on a GPU, cuDNN's flash attention or the CUDA
+     * kernels with the reason cuDNN is not used (its graphs for the shape
+     * are built here, so that the line says what the steps will run). The
+     * one home of that text (kernels/cpu/backend.c, kernels/cuda/attention.cu). */
+    void (*describe_attention)(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd, char *text,
+                               size_t size);
     int (*embedding_forward)(float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first,
                              int64_t rows);
     int (*embedding_backward)(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C,

@@ -431,6 +431,7 @@ static void on_report(void *ctx, const train_report *r)
                "batch %lld x %lld tokens\n",
                (long long)g->layers, g->arch == GPT_ARCH_LLAMA ? "Llama" : "GPT", (long long)g->dim, (long long)g->heads, (long long)g->vocab, (long long)o->seq,
                p->c->tp, p->c->pp, p->c->dp, p->device, (long long)r->global_batch, (long long)o->seq);
+        if (r->text) printf("attention: %s\n", r->text);
         if (r->loss_floor > 0) printf("synthetic data: the loss can fall to %.4f\n", r->loss_floor);
         break;
     case TRAIN_REPORT_STEP:

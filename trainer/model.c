@@ -632,6 +632,29 @@ static int linear_backward(const gpt_model *m, float *d_in, float *d_weight, flo
                                                                                        in, weight, N, C, OC);
 }
 
+/* The attention of this rank's heads, in fp32 or with bf16 operands as
+ * cuDNN's flash attention reads them (m->bf16, as the products). */
+static int attention_forward_in(const gpt_model *m, float *out, float *lse, float *scratch, const float *qkv)
+{
+    const kernel_backend *k = m->kernels;
+    return (m->bf16 ? k->attention_forward_bf16 : k->attention_forward)(out, lse, scratch, qkv, m->B, m->T,
+                                                                         m->heads_local, m->kv_local, m->hd);
+}
+
+static int attention_backward_in(const gpt_model *m, float *d_qkv, float *scratch, const float *d_out,
+                                 const float *qkv, const float *out, const float *lse)
+{
+    const kernel_backend *k = m->kernels;
+    return (m->bf16 ? k->attention_backward_bf16 : k->attention_backward)(d_qkv, scratch, d_out, qkv, out, lse, m->B,
+                                                                           m->T, m->heads_local, m->kv_local, m->hd);
+}
+
+void gpt_model_attention_path(const gpt_model *m, char *text, size_t size)
+{
+    if (!m->kernels->describe_attention) snprintf(text, size, "(the %s kernels do not say)", m->kernels->name);
+    else m->kernels->describe_attention(m->bf16, m->B, m->T, m->heads_local, m->kv_local, m->hd, text, size);
+}
+
 /* The norms, over this rank's rows: LayerNorm (GPT-2) or RMSNorm (Llama: no bias, mean unused). */
 static int norm_forward(const gpt_model *m, float *out, float *mean, float *rstd, const float *in, const float *weight,
                         const float *bias)
@@ -688,7 +711,7 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *
     TP_TRY(linear_forward(m, qkv, in, W(QKV_WEIGHT), W_OR_NULL(QKV_BIAS), N, D, m->qkv_local));
     if (m->llama) TP_TRY(k->rope_forward(qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd));
     /* The scratch is free during a forward: the attention's own is its start. */
-    TP_TRY(k->attention_forward(attn, lse, m->scratch, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd));
+    TP_TRY(attention_forward_in(m, attn, lse, m->scratch, qkv));
     TP_TRY(linear_forward(m, partial1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D)); /* this rank's heads' part */
     TP_TRY(sum_rows(m, partial1, res1));
     TP_TRY(residual_add(m, res1, x, res1, W_OR_NULL(PROJ_BIAS)));
@@ -872,8 +895,7 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     TP_TRY(all_rows_of_gradient(m, d_res1, &d_out));
     TP_TRY(linear_backward(m, d_attn, G(PROJ_WEIGHT), G_OR_NULL(PROJ_BIAS), d_out, attn, W(PROJ_WEIGHT), N,
                            m->attn_local, D));
-    TP_TRY(k->attention_backward(d_qkv, att_scratch, d_attn, qkv, attn, lse, m->B, m->T, m->heads_local, m->kv_local,
-                                 m->hd));
+    TP_TRY(attention_backward_in(m, d_qkv, att_scratch, d_attn, qkv, attn, lse));
     if (m->llama) TP_TRY(k->rope_backward(d_qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd));
     TP_TRY(full_rows(m, ln1, &in));
     TP_TRY(linear_backward(m, d_ln, G(QKV_WEIGHT), G_OR_NULL(QKV_BIAS), d_qkv, in, W(QKV_WEIGHT), N, D, m->qkv_local));

@@ -186,6 +186,11 @@ int64_t gpt_model_optimizer_bytes(const gpt_model *model);
  * with ZeRO-3 its shard of them and the work area they are gathered in. */
 int64_t gpt_model_parameter_bytes(const gpt_model *model);
 
+/* Which code computes this rank's attention and why (the kernels' own
+ * text, kernel_backend's describe_attention), for the start line. On a GPU
+ * in bf16 it builds cuDNN's graphs for the model's shape. */
+void gpt_model_attention_path(const gpt_model *model, char *text, size_t size);
+
 /* Zeroes every gradient (with ZeRO-3, this rank's shard of them). */
 int gpt_model_zero_grads(gpt_model *model);
 

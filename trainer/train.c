@@ -466,8 +466,9 @@ static int set_up(trainer *t)
     if (!status)
         status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots, buffers.heads,
                                   o->sequence_parallel, chunks, o->zero);
-    if (!status && o->bf16 && !t->model->kernels->matmul_forward_bf16)
-        status = tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend has no bf16 matrix products yet",
+    if (!status && o->bf16 && (!t->model->kernels->matmul_forward_bf16 || !t->model->kernels->attention_forward_bf16))
+        status = tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend has no bf16 matrix products or "
+                                     "attention yet",
                          t->model->kernels->name);
     if (!status) t->model->bf16 = o->bf16;
     if (!status) status = dataset_open(&t->data, o->data, o->config.vocab, o->seed);
@@ -731,7 +732,9 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     outcome->step = start_step;
     outcome->all_ranks_know = 1;
     if (!status) {
-        train_report r = {.kind = TRAIN_REPORT_START, .step = start_step + 1,
+        char attention[1024];
+        gpt_model_attention_path(t.model, attention, sizeof attention);
+        train_report r = {.kind = TRAIN_REPORT_START, .step = start_step + 1, .text = attention,
                           .loss_floor = dataset_loss_floor(t.data), .bytes = gpt_model_activation_bytes(t.model),
                           .optimizer_bytes = gpt_model_optimizer_bytes(t.model),
                           .parameter_bytes = gpt_model_parameter_bytes(t.model)};

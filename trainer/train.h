@@ -56,7 +56,8 @@ typedef struct {
     int64_t consumed_samples;   /* RESUMED: where the data continues */
     double loss_floor;          /* START: the synthetic data's entropy rate, or -1 */
     int optimizer_loaded;       /* RESUMED: 0 when the checkpoint held no optimizer state */
-    const char *text;           /* RESUMED, SAVED, UPLOADED: the checkpoint; WARNING: the message */
+    const char *text;           /* RESUMED, SAVED, UPLOADED: the checkpoint; WARNING: the message; START: which
+                                   code computes the attention (gpt_model_attention_path) */
     int64_t bytes;              /* UPLOADED; START: the activations this rank keeps for the backward (its
                                    micro-batches in flight, and sequence parallelism's two buffers); RESUMED:
                                    the host memory the reporting rank (0) held at once for a sharded

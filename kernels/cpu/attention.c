@@ -10,12 +10,14 @@
  * the block is skipped, within the block it is zeroed). */
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../common/error.h"
 #include "../../common/memory.h"
 #include "../fast_exp.h"
 #include "../kernels.h"
+#include "bf16_products.h"
 #include "vector_clones.h"
 #include "workers.h"
 
@@ -162,4 +164,45 @@ int attention_backward(float *d_qkv, float *scratch, const float *d_out, const f
     attention_job job = {.d_qkv = d_qkv, .delta = scratch, .qkv = qkv, .d_out = d_out, .fwd_out = out,
                          .fwd_lse = lse, .B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd};
     return workers_run(B * Hkv, backward_group, &job);
+}
+
+/* ======================================================== bf16 attention
+ * The operands cuDNN's flash attention reads in bf16, rounded as it reads
+ * them (rounded_to_bf16, the rounding of the bf16 products), then the fp32
+ * attention above: its twin on a GPU (kernels/cuda/attention.cu) gives
+ * cuDNN the same bf16 values, so that the two differ by the order of the
+ * fp32 sums and by cuDNN's own bf16 roundings (its outputs and the
+ * probabilities it multiplies by V and d_out), not by what they read. */
+
+static int no_rounded_copy(const char *what, int64_t B, int64_t T, int64_t width)
+{
+    return tp_fail(TP_ERR_NOMEM, "out of memory rounding the attention's %s [%lld, %lld, %lld] to bf16", what,
+                   (long long)B, (long long)T, (long long)width);
+}
+
+int attention_forward_bf16(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+                           int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    int64_t width = (Hq + 2 * Hkv) * hd;
+    float *rounded = rounded_to_bf16(qkv, B * T * width);
+    if (!rounded) return no_rounded_copy("qkv", B, T, width);
+    int status = attention_forward(out, lse, scratch, rounded, B, T, Hq, Hkv, hd);
+    free(rounded);
+    return status;
+}
+
+int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    int64_t width = (Hq + 2 * Hkv) * hd;
+    float *q = rounded_to_bf16(qkv, B * T * width), *o = rounded_to_bf16(out, B * T * Hq * hd);
+    float *g = rounded_to_bf16(d_out, B * T * Hq * hd);
+    int status = !q ? no_rounded_copy("qkv", B, T, width)
+                 : !o ? no_rounded_copy("out", B, T, Hq * hd)
+                 : !g ? no_rounded_copy("d_out", B, T, Hq * hd)
+                      : attention_backward(d_qkv, scratch, g, q, o, lse, B, T, Hq, Hkv, hd);
+    free(q);
+    free(o);
+    free(g);
+    return status;
 }

@@ -1,6 +1,7 @@
 /* backend.c: the CPU kernel backend: the functions of kernels.h on host
  * memory, in the table the trainer computes through. Nothing here fails
  * except allocation. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,6 +130,16 @@ static int cpu_sum_of_squares(double *out, const float *const *spans, const int6
     return TP_OK;
 }
 
+/* The CPU's attention (attention.c): sgemm on blocks of query rows, in
+ * fp32, on bf16-rounded operands for the bf16 operations. */
+static void cpu_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd, char *text,
+                                   size_t size)
+{
+    (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd;
+    snprintf(text, size, "CPU fp32 (sgemm on blocks of %d query rows)%s", ATTENTION_ROWS,
+             bf16 ? " on bf16-rounded q, k, v (and out, d_out in the backward)" : "");
+}
+
 static const kernel_backend cpu_backend = {
     .name = "cpu",
     .on_device = 0,
@@ -162,6 +173,9 @@ static const kernel_backend cpu_backend = {
     .scale_inplace = cpu_scale_inplace,
     .attention_forward = attention_forward, /* in the table's form: they can fail */
     .attention_backward = attention_backward,
+    .attention_forward_bf16 = attention_forward_bf16,
+    .attention_backward_bf16 = attention_backward_bf16,
+    .describe_attention = cpu_describe_attention,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .crossentropy_row_max = cpu_crossentropy_row_max,

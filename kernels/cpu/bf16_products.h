@@ -1,5 +1,6 @@
 /* bf16_products.h: bf16 matrix products on the CPU (oneDNN), for the CPU
- * backend's bf16 mixed precision (linear.c). */
+ * backend's bf16 mixed precision (linear.c), and the rounding of operands
+ * where they are emulated. */
 #ifndef TP_BF16_PRODUCTS_H
 #define TP_BF16_PRODUCTS_H
 
@@ -20,5 +21,11 @@ const char *onednn_isa_name(void);
  * or is not available. */
 int bf16_product(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
                  int accumulate);
+
+/* n values of x rounded to bf16 (bits_f32_to_bf16, convert_bits.h), kept as
+ * fp32, in a new buffer (NULL when out of memory); free() releases it. The
+ * operands of the products emulated by sgemm (linear.c) and of the bf16
+ * attention (attention.c). */
+float *rounded_to_bf16(const float *x, int64_t n);
 
 #endif

@@ -235,9 +235,7 @@ double sum_of_squares(const float *const *spans, const int64_t *lengths, int cou
     return sum;
 }
 
-/* n values of x rounded to bf16, kept as fp32, in a new buffer (NULL when
- * out of memory); free() releases it. */
-static float *rounded_to_bf16(const float *x, int64_t n)
+float *rounded_to_bf16(const float *x, int64_t n)
 {
     float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     for (int64_t i = 0; out && i < n; i++) {

@@ -1,15 +1,23 @@
-/* attention.cu: causal attention with a warp per row on the GPU, the twin
- * of cpu/attention.c; the tiled kernels (attention_tiled.cu) run instead
- * where they fit and are chosen. */
+/* attention.cu: the CUDA backend's attention operations. fp32: causal
+ * attention with a warp per row, the twin of cpu/attention.c, or the tiled
+ * kernels (attention_tiled.cu) where they fit and are chosen. bf16: cuDNN's
+ * flash attention (attention_cudnn.cu) on bf16-rounded operands, or the fp32
+ * kernels on the same rounded operands where cuDNN is not used. Which one
+ * runs: cuda_attention_variant (attention_tiled.h), and the start line's
+ * text, cuda_describe_attention. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 
 extern "C" {
 #include "../kernels.h"
 }
+#include "../convert_bits.h"
+#include "attention_cudnn.h"
+#include "attention_tiled.h"
 #include "internal.h"
 #include "launch.h"
-#include "attention_tiled.h"
 
 /* ============================================================== attention
  * qkv[B,T,(Hq+2Hkv)*hd]: at position t of batch b, query head h at
@@ -144,35 +152,32 @@ static int attention_shape_ok(const char *what, int64_t B, int64_t T, int64_t Hq
     return TP_OK;
 }
 
-/* The scratch: the forward needs none; the backward keeps delta[B,Hq,T] at
- * its start. */
-int cuda_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
-                           int64_t Hq, int64_t Hkv, int64_t hd)
+/* The fp32 attention on device memory: the tiled kernels where they fit
+ * and are not set aside (TP_CUDA_ATTENTION=rows), else the rows kernels.
+ * The caller checked the shape and entered (ENTER); nothing is empty. */
+static int tiled_runs(int64_t B, int64_t Hq, int64_t hd)
 {
-    float scale = 1.0f / sqrtf((float)hd);
-    (void)scratch;
-    TP_TRY(attention_shape_ok("attention_forward", B, T, Hq, Hkv, hd));
-    ENTER();
-    if (B == 0 || T == 0 || Hq == 0) return TP_OK;
-    if (cuda_attention_tiled_chosen() && cuda_attention_tiled_fits(B, Hq, hd))
-        return cuda_attention_tiled_forward(out, lse, qkv, B, T, Hq, Hkv, hd, cuda_state.stream);
-    attention_forward_kernel<<<blocks_for(B * Hq * T * 32, THREADS), THREADS, 0, cuda_state.stream>>>(out, lse, qkv, B, T,
-                                                                                                  Hq, Hkv, hd, scale);
+    return cuda_attention_chosen() != CUDA_ATTENTION_ROWS && cuda_attention_tiled_fits(B, Hq, hd);
+}
+
+static int forward_fp32(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                        int64_t hd)
+{
+    if (tiled_runs(B, Hq, hd)) return cuda_attention_tiled_forward(out, lse, qkv, B, T, Hq, Hkv, hd, cuda_state.stream);
+    attention_forward_kernel<<<blocks_for(B * Hq * T * 32, THREADS), THREADS, 0, cuda_state.stream>>>(
+        out, lse, qkv, B, T, Hq, Hkv, hd, 1.0f / sqrtf((float)hd));
     LAUNCH_CHECK();
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
 }
 
-int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
-                            const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                            int64_t hd)
+/* The scratch: delta[B,Hq,T] at its start. */
+static int backward_fp32(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+                         const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
     float scale = 1.0f / sqrtf((float)hd);
-    TP_TRY(attention_shape_ok("attention_backward", B, T, Hq, Hkv, hd));
-    ENTER();
-    if (B == 0 || T == 0) return TP_OK;
-    if (cuda_attention_tiled_chosen() && cuda_attention_tiled_fits(B, Hq, hd))
+    if (tiled_runs(B, Hq, hd))
         return cuda_attention_tiled_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd, cuda_state.stream);
     attention_backward_queries_kernel<<<blocks_for(B * Hq * T * 32, THREADS), THREADS, 0, cuda_state.stream>>>(
         d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd, scale);
@@ -183,4 +188,298 @@ int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_out, co
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
+}
+
+/* The scratch: the forward needs none; the backward keeps delta[B,Hq,T] at
+ * its start. */
+int cuda_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+                           int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    (void)scratch;
+    TP_TRY(attention_shape_ok("attention_forward", B, T, Hq, Hkv, hd));
+    ENTER();
+    if (B == 0 || T == 0 || Hq == 0) return TP_OK;
+    return forward_fp32(out, lse, qkv, B, T, Hq, Hkv, hd);
+fail:
+    return TP_ERR_DEVICE;
+}
+
+int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
+                            const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                            int64_t hd)
+{
+    TP_TRY(attention_shape_ok("attention_backward", B, T, Hq, Hkv, hd));
+    ENTER();
+    if (B == 0 || T == 0) return TP_OK;
+    return backward_fp32(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ========================================================= bf16 attention
+ * attention_forward_bf16 and attention_backward_bf16 (kernels.h): the
+ * operands cuDNN reads in bf16 (qkv; out and d_out in the backward) rounded
+ * by bits_f32_to_bf16 (convert_bits.h), as the CPU twin rounds them. With
+ * cuDNN (attention_cudnn.h) they go to it as bf16 and its bf16 results (O;
+ * dQ, dK, dV in d_qkv's packed layout) are widened to fp32; its fp32 Stats
+ * are lse. Without (TP_CUDA_ATTENTION=tiled or rows, or a shape cuDNN does
+ * not take under the default), the rounded values, kept as fp32, go to the
+ * fp32 kernels above: the CPU twin's arithmetic, on the GPU.
+ *
+ * The rounded copies and cuDNN's workspace live in one device buffer of
+ * this file, grown when a call needs more (stream-ordered, as linear.cu's
+ * bf16 scratch: cudaFreeAsync and cudaMallocAsync on the compute stream)
+ * and kept; bf16_lock is held from a call's first rounding until its last
+ * work is queued. Its parts start 256-byte aligned (cuDNN wants 16). */
+
+static struct {
+    char *memory;
+    size_t size;
+} bf16_scratch;
+static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define MAX_PARTS 8
+
+/* parts[i] of bytes[i] each, in the scratch. Call with bf16_lock held.
+ * Out of device memory: TP_ERR_NOMEM; another CUDA error: TP_ERR_DEVICE. */
+static int scratch_parts(void **parts, const size_t *bytes, int count)
+{
+    size_t total = 0, offsets[MAX_PARTS];
+    for (int i = 0; i < count; i++) {
+        offsets[i] = total;
+        total += (bytes[i] + 255) / 256 * 256;
+    }
+    if (total > bf16_scratch.size) {
+        if (bf16_scratch.memory) {
+            CUDA_TRY(cudaFreeAsync(bf16_scratch.memory, cuda_state.stream));
+            bf16_scratch.memory = NULL;
+            bf16_scratch.size = 0;
+        }
+        cudaError_t error = cudaMallocAsync((void **)&bf16_scratch.memory, total, cuda_state.stream);
+        if (error != cudaSuccess) {
+            (void)cudaGetLastError();
+            bf16_scratch.memory = NULL;
+            return tp_fail(error == cudaErrorMemoryAllocation ? TP_ERR_NOMEM : TP_ERR_DEVICE,
+                           "cannot allocate %zu bytes for the bf16 attention's operands on CUDA device %d: %s", total,
+                           cuda_state.device, cudaGetErrorString(error));
+        }
+        bf16_scratch.size = total;
+    }
+    for (int i = 0; i < count; i++) parts[i] = bf16_scratch.memory + offsets[i];
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* out[i] = the bf16 bits of in[i] (cuDNN's operands). */
+static __global__ void bf16_bits_kernel(uint16_t *out, const float *in, int64_t n)
+{
+    GRID_STRIDE(i, n) out[i] = bits_f32_to_bf16(__float_as_uint(in[i]));
+}
+
+/* out[i] = in[i] rounded to bf16, kept as fp32 (the fp32 kernels' operands). */
+static __global__ void bf16_rounded_kernel(float *out, const float *in, int64_t n)
+{
+    GRID_STRIDE(i, n) out[i] = __uint_as_float(bits_bf16_to_f32(bits_f32_to_bf16(__float_as_uint(in[i]))));
+}
+
+/* out[i] = the bf16 value in[i] as fp32 (exact). */
+static __global__ void bf16_widen_kernel(float *out, const uint16_t *in, int64_t n)
+{
+    GRID_STRIDE(i, n) out[i] = __uint_as_float(bits_bf16_to_f32(in[i]));
+}
+
+static int to_bf16_bits(void *out, const float *in, int64_t n)
+{
+    bf16_bits_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>((uint16_t *)out, in, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int to_bf16_rounded(void *out, const float *in, int64_t n)
+{
+    bf16_rounded_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>((float *)out, in, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int widen_bf16(float *out, const void *in, int64_t n)
+{
+    bf16_widen_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(out, (const uint16_t *)in, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int copy_floats(float *dst, const float *src, int64_t n)
+{
+    CUDA_TRY(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cuda_state.stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* The plan cuDNN runs for this direction and shape, or (TP_ERR_*) why it
+ * does not run: set aside (TP_CUDA_ATTENTION), a shape it does not take, a
+ * library, device or graph that fails (attention_cudnn.h says which). */
+static int cudnn_plan_for(int backward, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
+                          const cudnn_attention_plan **plan)
+{
+    *plan = NULL;
+    cuda_attention_choice choice = cuda_attention_chosen();
+    if (choice == CUDA_ATTENTION_TILED || choice == CUDA_ATTENTION_ROWS)
+        return tp_fail(TP_ERR_ARG, "TP_CUDA_ATTENTION=%s", choice == CUDA_ATTENTION_TILED ? "tiled" : "rows");
+    return cudnn_attention_prepare(backward, B, T, Hq, Hkv, hd, plan);
+}
+
+static int forward_cudnn(const cudnn_attention_plan *plan, float *out, float *lse, const float *qkv, int64_t n_qkv,
+                         int64_t n_out, int64_t n_lse)
+{
+    void *parts[4];
+    const size_t bytes[4] = {(size_t)n_qkv * 2, (size_t)n_out * 2, (size_t)n_lse * sizeof(float),
+                             cudnn_attention_workspace_bytes(plan)};
+    pthread_mutex_lock(&bf16_lock);
+    int status = scratch_parts(parts, bytes, 4);
+    cudnn_attention_tensors t = {parts[0], parts[1], parts[2], NULL, NULL, parts[3]};
+    if (!status) status = to_bf16_bits(t.qkv, qkv, n_qkv);
+    if (!status) status = cudnn_attention_run(plan, &t);
+    if (!status) status = widen_bf16(out, t.o, n_out);
+    /* Stats through the scratch: lse need not be 16-byte aligned. */
+    if (!status) status = copy_floats(lse, (const float *)t.stats, n_lse);
+    pthread_mutex_unlock(&bf16_lock);
+    return status;
+}
+
+static int forward_rounded(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                           int64_t hd)
+{
+    int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd;
+    void *rounded;
+    const size_t bytes = (size_t)n_qkv * sizeof(float);
+    pthread_mutex_lock(&bf16_lock);
+    int status = scratch_parts(&rounded, &bytes, 1);
+    if (!status) status = to_bf16_rounded(rounded, qkv, n_qkv);
+    if (!status) status = forward_fp32(out, lse, (const float *)rounded, B, T, Hq, Hkv, hd);
+    pthread_mutex_unlock(&bf16_lock);
+    return status;
+}
+
+int cuda_attention_forward_bf16(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+                                int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    (void)scratch;
+    TP_TRY(attention_shape_ok("attention_forward_bf16", B, T, Hq, Hkv, hd));
+    ENTER();
+    if (B == 0 || T == 0 || Hq == 0) return TP_OK;
+    {
+        const cudnn_attention_plan *plan;
+        int status = cudnn_plan_for(0, B, T, Hq, Hkv, hd, &plan);
+        if (!status)
+            return forward_cudnn(plan, out, lse, qkv, B * T * (Hq + 2 * Hkv) * hd, B * T * Hq * hd, B * Hq * T);
+        if (cuda_attention_chosen() == CUDA_ATTENTION_CUDNN) return status;
+        return forward_rounded(out, lse, qkv, B, T, Hq, Hkv, hd);
+    }
+fail:
+    return TP_ERR_DEVICE;
+}
+
+static int backward_cudnn(const cudnn_attention_plan *plan, float *d_qkv, const float *d_out, const float *qkv,
+                          const float *out, const float *lse, int64_t n_qkv, int64_t n_out, int64_t n_lse)
+{
+    void *parts[6];
+    const size_t bytes[6] = {(size_t)n_qkv * 2,        (size_t)n_out * 2, (size_t)n_out * 2, (size_t)n_qkv * 2,
+                             (size_t)n_lse * sizeof(float), cudnn_attention_workspace_bytes(plan)};
+    pthread_mutex_lock(&bf16_lock);
+    int status = scratch_parts(parts, bytes, 6);
+    cudnn_attention_tensors t = {parts[0], parts[1], parts[4], parts[2], parts[3], parts[5]};
+    if (!status) status = to_bf16_bits(t.qkv, qkv, n_qkv);
+    if (!status) status = to_bf16_bits(t.o, out, n_out);
+    if (!status) status = to_bf16_bits(t.d_o, d_out, n_out);
+    if (!status) status = copy_floats((float *)t.stats, lse, n_lse);
+    if (!status) status = cudnn_attention_run(plan, &t);
+    if (!status) status = widen_bf16(d_qkv, t.d_qkv, n_qkv);
+    pthread_mutex_unlock(&bf16_lock);
+    return status;
+}
+
+static int backward_rounded(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd;
+    void *parts[3];
+    const size_t bytes[3] = {(size_t)n_qkv * sizeof(float), (size_t)n_out * sizeof(float),
+                             (size_t)n_out * sizeof(float)};
+    pthread_mutex_lock(&bf16_lock);
+    int status = scratch_parts(parts, bytes, 3);
+    if (!status) status = to_bf16_rounded(parts[0], qkv, n_qkv);
+    if (!status) status = to_bf16_rounded(parts[1], out, n_out);
+    if (!status) status = to_bf16_rounded(parts[2], d_out, n_out);
+    if (!status)
+        status = backward_fp32(d_qkv, scratch, (const float *)parts[2], (const float *)parts[0],
+                               (const float *)parts[1], lse, B, T, Hq, Hkv, hd);
+    pthread_mutex_unlock(&bf16_lock);
+    return status;
+}
+
+int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
+                                 const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                 int64_t hd)
+{
+    TP_TRY(attention_shape_ok("attention_backward_bf16", B, T, Hq, Hkv, hd));
+    ENTER();
+    if (B == 0 || T == 0) return TP_OK;
+    if (Hq == 0) return backward_fp32(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
+    {
+        const cudnn_attention_plan *plan;
+        int status = cudnn_plan_for(1, B, T, Hq, Hkv, hd, &plan);
+        if (!status)
+            return backward_cudnn(plan, d_qkv, d_out, qkv, out, lse, B * T * (Hq + 2 * Hkv) * hd, B * T * Hq * hd,
+                                  B * Hq * T);
+        if (cuda_attention_chosen() == CUDA_ATTENTION_CUDNN) return status;
+        return backward_rounded(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
+    }
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* ========================================================== the start line
+ * Which attention runs, for kernel_backend's describe_attention: the one
+ * home of that text for the CUDA backend. For bf16 the graphs of both
+ * directions are built here (and kept), so that a failure shows before the
+ * first step, with cuDNN's reason. */
+void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd, char *text,
+                             size_t size)
+{
+    cuda_attention_choice choice = cuda_attention_chosen();
+    const char *kernels = tiled_runs(B, Hq, hd) ? "tiled" : "rows";
+    const char *why_rows = choice == CUDA_ATTENTION_ROWS ? " (TP_CUDA_ATTENTION=rows)"
+                           : tiled_runs(B, Hq, hd)        ? ""
+                                                          : " (the tiled kernels take head sizes 32, 64, 128, 256)";
+    if (!bf16) {
+        snprintf(text, size, "CUDA %s kernels, fp32%s", kernels, why_rows);
+        return;
+    }
+    const cudnn_attention_plan *forward = NULL, *backward = NULL;
+    char version[32] = "";
+    int status = cudaSetDevice(cuda_state.device) == cudaSuccess
+                     ? TP_OK
+                     : tp_fail(TP_ERR_DEVICE, "CUDA device %d cannot be made current", cuda_state.device);
+    if (!status) status = cudnn_plan_for(0, B, T, Hq, Hkv, hd, &forward);
+    if (!status) status = cudnn_plan_for(1, B, T, Hq, Hkv, hd, &backward);
+    if (!status) status = cudnn_attention_load(version, sizeof version);
+    if (!status) {
+        snprintf(text, size, "cuDNN %s flash attention, bf16 (engines %lld forward, %lld backward)", version,
+                 (long long)cudnn_attention_engine(forward), (long long)cudnn_attention_engine(backward));
+        return;
+    }
+    (void)cudaGetLastError();
+    snprintf(text, size, "CUDA %s kernels, fp32 on bf16-rounded operands%s; cuDNN %s: %s", kernels, why_rows,
+             choice == CUDA_ATTENTION_CUDNN ? "asked for (TP_CUDA_ATTENTION=cudnn), so the steps will fail"
+                                            : "not used",
+             tp_errmsg());
 }

@@ -446,19 +446,23 @@ __global__ void __launch_bounds__(tiling<HD>::threads)
 
 /* ================================================================ launches */
 
-static int tiled_chosen = 1; /* cuda_attention_variant */
+static cuda_attention_choice chosen = CUDA_ATTENTION_DEFAULT; /* cuda_attention_variant */
 
 extern "C" int cuda_attention_variant(const char *name)
 {
-    if (!name || strcmp(name, "tiled") == 0) tiled_chosen = 1;
-    else if (strcmp(name, "rows") == 0) tiled_chosen = 0;
-    else return tp_fail(TP_ERR_ARG, "TP_CUDA_ATTENTION: '%s' is not an attention variant (rows or tiled)", name);
+    if (!name || !name[0]) chosen = CUDA_ATTENTION_DEFAULT;
+    else if (strcmp(name, "cudnn") == 0) chosen = CUDA_ATTENTION_CUDNN;
+    else if (strcmp(name, "tiled") == 0) chosen = CUDA_ATTENTION_TILED;
+    else if (strcmp(name, "rows") == 0) chosen = CUDA_ATTENTION_ROWS;
+    else
+        return tp_fail(TP_ERR_ARG, "TP_CUDA_ATTENTION: '%s' is not an attention variant (cudnn, tiled or rows)",
+                       name);
     return TP_OK;
 }
 
-int cuda_attention_tiled_chosen(void)
+cuda_attention_choice cuda_attention_chosen(void)
 {
-    return tiled_chosen;
+    return chosen;
 }
 
 extern "C" int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd)

@@ -16,11 +16,15 @@
 extern "C" {
 #endif
 
-/* Which kernels the CUDA backend runs for attention: "tiled" (the default;
- * shapes they do not fit go to the rows kernels) or "rows" (a warp per row).
- * The backend reads TP_CUDA_ATTENTION when it
- * is made; this sets it for the process afterwards (tests). TP_ERR_ARG for
- * another name. */
+/* Which code the CUDA backend runs for attention: unset (NULL or ""), the
+ * default: cuDNN's flash attention for the bf16 operations where it takes
+ * the shape (attention_cudnn.h), the tiled kernels otherwise and for fp32;
+ * "cudnn": the same, but a shape cuDNN does not take (or a graph it does not
+ * build) is an error of the bf16 operations instead of a fall-back; "tiled":
+ * the tiled kernels (bf16: on rounded operands); "rows": a warp per row. The
+ * tiled kernels leave the shapes they do not fit to the rows kernels. The
+ * backend reads TP_CUDA_ATTENTION when it is made; this sets it for the
+ * process afterwards (tests). TP_ERR_ARG for another name. */
 int cuda_attention_variant(const char *name);
 
 /* Whether the tiled kernels take this shape. */

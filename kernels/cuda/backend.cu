@@ -207,6 +207,9 @@ static void fill_table(kernel_backend *t)
     t->scale_inplace = cuda_scale_inplace;
     t->attention_forward = cuda_attention_forward;
     t->attention_backward = cuda_attention_backward;
+    t->attention_forward_bf16 = cuda_attention_forward_bf16;
+    t->attention_backward_bf16 = cuda_attention_backward_bf16;
+    t->describe_attention = cuda_describe_attention;
     t->embedding_forward = cuda_embedding_forward;
     t->embedding_backward = cuda_embedding_backward;
     t->crossentropy_row_max = cuda_crossentropy_row_max;

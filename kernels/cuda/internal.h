@@ -11,14 +11,22 @@ extern "C" int cuda_backend_stream(cudaStream_t *stream, int *device);
 
 /* attention_tiled.cu: the tiled attention kernels launched on `stream`
  * (shapes: attention_tiled.h; delta is the backward's scratch, [B, Hq, T]);
- * TP_ERR_DEVICE with CUDA's reason when a launch fails. Whether the backend
- * runs them (cuda_attention_variant). */
+ * TP_ERR_DEVICE with CUDA's reason when a launch fails. */
 int cuda_attention_tiled_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq,
                                  int64_t Hkv, int64_t hd, cudaStream_t stream);
 int cuda_attention_tiled_backward(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
                                   const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
                                   cudaStream_t stream);
-int cuda_attention_tiled_chosen(void);
+/* Which attention the backend runs (cuda_attention_variant, TP_CUDA_ATTENTION):
+ * DEFAULT: the bf16 operations through cuDNN where it takes the shape
+ * (attention_cudnn.h), else the tiled kernels on bf16-rounded operands; the
+ * fp32 operations through the tiled kernels. CUDNN: the same, but a shape
+ * cuDNN does not take is an error of the bf16 operations. TILED: the tiled
+ * kernels for both (rounded operands for bf16). ROWS: the rows kernels
+ * (attention.cu) for both. The tiled kernels leave the shapes they do not
+ * fit to the rows kernels. */
+typedef enum { CUDA_ATTENTION_DEFAULT, CUDA_ATTENTION_CUDNN, CUDA_ATTENTION_TILED, CUDA_ATTENTION_ROWS } cuda_attention_choice;
+cuda_attention_choice cuda_attention_chosen(void);
 
 /* The operations of the table (kernels.h, kernel_backend), one file each. */
 /* linear.cu */
@@ -56,6 +64,12 @@ int cuda_attention_forward(float *out, float *lse, float *scratch, const float *
                            int64_t Hkv, int64_t hd);
 int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
                             const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+int cuda_attention_forward_bf16(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+                                int64_t Hq, int64_t Hkv, int64_t hd);
+int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+                                 const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd, char *text,
+                             size_t size);
 /* embedding.cu */
 int cuda_embedding_forward(float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first,
                            int64_t rows);

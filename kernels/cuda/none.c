@@ -2,6 +2,7 @@
  * is no device, and asking for one says why. */
 #include "../../common/error.h"
 #include "../kernels.h"
+#include "attention_cudnn.h"
 #include "attention_tiled.h"
 
 #define NO_CUDA "this build has no CUDA support (rebuild with nvcc available)"
@@ -149,5 +150,24 @@ int cuda_attention_tiled_emulate_backward(float *d_qkv, float *delta, const floa
 {
     (void)d_qkv, (void)delta, (void)d_out, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)Hq, (void)Hkv;
     (void)hd;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cudnn_attention_shape_ok(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cudnn_attention_load(char *version, size_t size)
+{
+    (void)version, (void)size;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cudnn_attention_check_graph(int backward, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
+                                cudnn_attention_check *check)
+{
+    (void)backward, (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd, (void)check;
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }

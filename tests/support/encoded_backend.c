@@ -282,6 +282,31 @@ static int enc_attention_backward(float *d_qkv, float *scratch, const float *d_o
     LEAVE_WITH(status);
 }
 
+static int enc_attention_forward_bf16(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+                                      int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    ENTER(S(out, B * T * Hq * hd), S(lse, B * Hq * T), S(scratch, attention_scratch_floats(B, T, Hq)),
+          S(qkv, B * T * (Hq + 2 * Hkv) * hd));
+    int status = attention_forward_bf16(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+    LEAVE_WITH(status);
+}
+
+static int enc_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
+                                       const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq,
+                                       int64_t Hkv, int64_t hd)
+{
+    ENTER(S(d_qkv, B * T * (Hq + 2 * Hkv) * hd), S(scratch, attention_scratch_floats(B, T, Hq)),
+          S(d_out, B * T * Hq * hd), S(qkv, B * T * (Hq + 2 * Hkv) * hd), S(out, B * T * Hq * hd), S(lse, B * Hq * T));
+    int status = attention_backward_bf16(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
+    LEAVE_WITH(status);
+}
+
+static void enc_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd, char *text,
+                                   size_t size)
+{
+    kernels_cpu()->describe_attention(bf16, B, T, Hq, Hkv, hd, text, size);
+}
+
 static int enc_embedding_forward(float *out, const int *tokens, const float *table, int64_t N, int64_t C,
                                  int64_t first, int64_t rows)
 {
@@ -386,6 +411,9 @@ static const kernel_backend backend = {
     .scale_inplace = enc_scale_inplace,
     .attention_forward = enc_attention_forward,
     .attention_backward = enc_attention_backward,
+    .attention_forward_bf16 = enc_attention_forward_bf16,
+    .attention_backward_bf16 = enc_attention_backward_bf16,
+    .describe_attention = enc_describe_attention,
     .embedding_forward = enc_embedding_forward,
     .embedding_backward = enc_embedding_backward,
     .crossentropy_row_max = enc_crossentropy_row_max,
