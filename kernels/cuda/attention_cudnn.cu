@@ -159,7 +159,9 @@ static int handle_locked(void)
  * plan. The first failing call is recorded and every later step is a no-op,
  * so that a graph reads as a list of steps. */
 
-#define MAX_DESCRIPTORS 192
+/* A backward graph holds about 90 descriptors; each heuristics mode adds up
+ * to 64 configurations, each tried with a plan and an engine. */
+#define MAX_DESCRIPTORS 640
 #define MAX_OPERATIONS 40
 #define MAX_ENGINE_CONFIGS 64
 

@@ -105,9 +105,17 @@ static inline cudnn_attention_layout cudnn_attention_layout_of(int64_t B, int64_
                                                                int64_t hd)
 {
     int64_t S = (Hq + 2 * Hkv) * hd, O = Hq * hd;
-    cudnn_attention_layout L = {B, T, Hq, Hkv, hd, cudnn_shape(B, Hq, T, hd, T * S, hd, S, 1),
-                                cudnn_shape(B, Hkv, T, hd, T * S, hd, S, 1), cudnn_shape(B, Hkv, T, hd, T * S, hd, S, 1),
-                                Hq * hd, (Hq + Hkv) * hd, cudnn_shape(B, Hq, T, hd, T * O, hd, O, 1),
+    cudnn_attention_layout L = {B,
+                                T,
+                                Hq,
+                                Hkv,
+                                hd,
+                                cudnn_shape(B, Hq, T, hd, T * S, hd, S, 1),
+                                cudnn_shape(B, Hkv, T, hd, T * S, hd, S, 1),
+                                cudnn_shape(B, Hkv, T, hd, T * S, hd, S, 1),
+                                Hq * hd,
+                                (Hq + Hkv) * hd,
+                                cudnn_shape(B, Hq, T, hd, T * O, hd, O, 1),
                                 cudnn_shape(B, Hq, T, 1, Hq * T, T, 1, 1)};
     return L;
 }

@@ -25,7 +25,12 @@ int cuda_attention_tiled_backward(float *d_qkv, float *delta, const float *d_out
  * kernels for both (rounded operands for bf16). ROWS: the rows kernels
  * (attention.cu) for both. The tiled kernels leave the shapes they do not
  * fit to the rows kernels. */
-typedef enum { CUDA_ATTENTION_DEFAULT, CUDA_ATTENTION_CUDNN, CUDA_ATTENTION_TILED, CUDA_ATTENTION_ROWS } cuda_attention_choice;
+typedef enum {
+    CUDA_ATTENTION_DEFAULT,
+    CUDA_ATTENTION_CUDNN,
+    CUDA_ATTENTION_TILED,
+    CUDA_ATTENTION_ROWS
+} cuda_attention_choice;
 cuda_attention_choice cuda_attention_chosen(void);
 
 /* The operations of the table (kernels.h, kernel_backend), one file each. */

@@ -7,11 +7,13 @@
  * Without a GPU these tests report themselves skipped, except the first,
  * which checks that asking for the backend then fails with its cause. */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../common/error.h"
+#include "../../kernels/cuda/attention_cudnn.h"
 #include "../../kernels/cuda/attention_tiled.h"
 #include "../../kernels/kernels.h"
 #include "../support/floats.h"
@@ -691,6 +693,248 @@ Test(cuda_backend, attention_refuses_bad_heads)
     cr_assert_eq(k->attention_forward(g, g, g, g, 1, 2, 2, 0, 4), TP_ERR_ARG, "no KV head");
     cr_assert_eq(k->attention_forward(g, g, g, g, 1, 2, 2, 2, 257), TP_ERR_ARG, "a head beyond 256 dimensions");
     k->release(g);
+}
+
+/* ---------------------------------------------------------- bf16 attention
+ * attention_forward_bf16 and attention_backward_bf16 on the GPU against
+ * their CPU twin (the fp32 attention of the bf16-rounded operands), through
+ * cuDNN (TP_CUDA_ATTENTION=cudnn: a cuDNN failure is the test's) and
+ * through the tiled kernels on rounded operands (tiled). Shapes: GPT-2's
+ * head size 64 and Llama's 128, grouped heads (Hq 4, Hkv 2 or 1) and one
+ * per query head, T not a multiple of 64 (100, 77, 33) nor 128 (130), and
+ * one that is (256, which any cuDNN 9 takes). Failures name the variant,
+ * the tensor (and the part of d_qkv), the shape, the largest error and
+ * where, and the root mean square error against that of the values. */
+
+static const int64_t bf16_attention_shapes[][5] = {{2, 100, 4, 2, 64}, {1, 130, 4, 2, 128}, {3, 77, 2, 2, 64},
+                                         {1, 256, 4, 2, 128}, {2, 33, 4, 1, 64}};
+#define BF16_ATTENTION_SHAPES (int)(sizeof bf16_attention_shapes / sizeof bf16_attention_shapes[0])
+static const char *const bf16_variants[] = {"cudnn", "tiled"};
+
+/* Elements [first, first + width) of each of `rows` rows of `stride`:
+ * |got - want| <= rel |want| + abs scale, scale the largest |want| of them
+ * (abs_scaled) or 1. Reports the worst element. */
+typedef struct {
+    const char *variant, *what;
+    const int64_t *shape;
+    double rel, abs;
+    int abs_scaled;
+} bf16_check;
+
+static void check_part(const bf16_check *c, const float *got, const float *want, int64_t rows, int64_t stride,
+                       int64_t first, int64_t width)
+{
+    double scale = 0, sum_error = 0, sum_value = 0, worst = -1, worst_error = 0, worst_bound = 0;
+    int64_t worst_at = 0, n = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = r * stride + first; i < r * stride + first + width; i++) scale = fmax(scale, fabs(want[i]));
+    if (!c->abs_scaled) scale = 1;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = r * stride + first; i < r * stride + first + width; i++) {
+            double error = fabs((double)got[i] - want[i]), bound = c->rel * fabs(want[i]) + c->abs * scale;
+            if (isnan(got[i]) != isnan(want[i])) error = INFINITY;
+            sum_error += error * error, sum_value += (double)want[i] * want[i], n++;
+            if (error - bound > worst) worst = error - bound, worst_at = i, worst_error = error, worst_bound = bound;
+        }
+    const int64_t *x = c->shape;
+    cr_assert(worst <= 0,
+              "%s (TP_CUDA_ATTENTION=%s) B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld: largest error %.3g at [%lld] "
+              "(GPU %.9g, CPU twin %.9g) beyond %.3g (%g relative + %g x %.3g); rms error %.3g of rms %.3g",
+              c->what, c->variant, (long long)x[0], (long long)x[1], (long long)x[2], (long long)x[3],
+              (long long)x[4], worst_error, (long long)worst_at, got[worst_at], want[worst_at], worst_bound, c->rel,
+              c->abs, scale, sqrt(sum_error / (double)(n ? n : 1)), sqrt(sum_value / (double)(n ? n : 1)));
+}
+
+/* Runs one variant on one shape, forward then backward, against the CPU
+ * twin. The backward gets the CPU twin's out and lse on both sides (each
+ * direction compared alone). Tolerances: the tiled kernels on rounded
+ * operands do the CPU's arithmetic in another order: 1e-4 relative + 1e-5
+ * (fp32's, as attention_forward's test). cuDNN rounds its outputs to bf16
+ * (2^-8 relative) and multiplies bf16 probabilities by V (each within
+ * 2^-8: at most 2^-8 max|v| in out): out within 2^-7 relative + 2^-7 of the
+ * largest |v| (twice those); lse is fp32 there too (1e-4 + 1e-4, its exp
+ * as exp2 of a scaled score); dQ, dK and dV are bf16 and their products take
+ * bf16 P and dS: each part within 2^-7 relative + 2^-5 of its largest
+ * value (the sums over T positions of terms rounded at 2^-8). */
+static void bf16_attention_case(const kernel_backend *k, const char *variant, const int64_t *shape)
+{
+    int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
+    int64_t S = (Hq + 2 * Hkv) * hd, n_qkv = B * T * S, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
+    int64_t n_scratch = attention_scratch_floats(B, T, Hq);
+    int cudnn = strcmp(variant, "cudnn") == 0;
+    cr_assert_eq(cuda_attention_variant(variant), TP_OK);
+    float *qkv = floats_random(n_qkv, 2.0f), *dout = floats_random(n_out, 1.0f);
+    float *out = malloc((size_t)n_out * sizeof(float)), *lse = malloc((size_t)n_lse * sizeof(float));
+    float *dqkv = malloc((size_t)n_qkv * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
+    float *garbage = floats_filled(n_qkv > n_scratch ? n_qkv : n_scratch, 7.0f);
+    cr_assert(out && lse && dqkv && scratch);
+    float *g_qkv = upload_floats(k, qkv, n_qkv), *g_out = upload_floats(k, garbage, n_out);
+    float *g_lse = upload_floats(k, garbage, n_lse), *g_scratch = upload_floats(k, garbage, n_scratch);
+    float *g_dout = upload_floats(k, dout, n_out), *g_dqkv = upload_floats(k, garbage, n_qkv);
+    cr_assert_eq(attention_forward_bf16(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+    int status = k->attention_forward_bf16(g_out, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd);
+    if (cudnn && status && strstr(tp_errmsg(), "not built here")) {
+        cr_log_warn("%s", tp_errmsg()); /* an older cuDNN and T not a multiple of 128: refused, as documented */
+        goto done;
+    }
+    cr_assert_eq(status, TP_OK, "attention_forward_bf16 (TP_CUDA_ATTENTION=%s): %s", variant, tp_errmsg());
+    {
+        double v_max = 0; /* the largest |v|: out's absolute scale for cuDNN */
+        for (int64_t r = 0; r < B * T; r++)
+            for (int64_t c = (Hq + Hkv) * hd; c < S; c++) v_max = fmax(v_max, fabs(qkv[r * S + c]));
+        float *got_out = download(k, g_out, n_out), *got_lse = download(k, g_lse, n_lse);
+        bf16_check o = {.variant = variant, .what = "out", .shape = shape, .rel = cudnn ? ldexp(1, -7) : 1e-4,
+                        .abs = cudnn ? ldexp(1, -7) * v_max : 1e-5};
+        check_part(&o, got_out, out, B * T, Hq * hd, 0, Hq * hd);
+        bf16_check l = {.variant = variant, .what = "lse", .shape = shape, .rel = 1e-4, .abs = cudnn ? 1e-4 : 1e-5};
+        check_part(&l, got_lse, lse, 1, n_lse, 0, n_lse);
+        free(got_out), free(got_lse);
+    }
+    cr_assert_eq(k->to_device(g_out, out, (size_t)n_out * sizeof(float)), TP_OK);
+    cr_assert_eq(k->to_device(g_lse, lse, (size_t)n_lse * sizeof(float)), TP_OK);
+    cr_assert_eq(attention_backward_bf16(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd), TP_OK, "%s",
+                 tp_errmsg());
+    cr_assert_eq(k->attention_backward_bf16(g_dqkv, g_scratch, g_dout, g_qkv, g_out, g_lse, B, T, Hq, Hkv, hd), TP_OK,
+                 "attention_backward_bf16 (TP_CUDA_ATTENTION=%s): %s", variant, tp_errmsg());
+    {
+        float *got = download(k, g_dqkv, n_qkv);
+        const char *parts[3] = {"d_qkv (dQ)", "d_qkv (dK)", "d_qkv (dV)"};
+        const int64_t first[3] = {0, Hq * hd, (Hq + Hkv) * hd}, width[3] = {Hq * hd, Hkv * hd, Hkv * hd};
+        for (int p = 0; p < 3; p++) {
+            bf16_check d = {.variant = variant, .what = parts[p], .shape = shape, .rel = cudnn ? ldexp(1, -7) : 1e-4,
+                            .abs = cudnn ? ldexp(1, -5) : 1e-5, .abs_scaled = cudnn};
+            check_part(&d, got, dqkv, B * T, S, first[p], width[p]);
+        }
+        free(got);
+    }
+done:
+    k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch), k->release(g_dout);
+    k->release(g_dqkv);
+    free(qkv), free(dout), free(out), free(lse), free(dqkv), free(scratch), free(garbage);
+}
+
+/* cuDNN where it is installed; a skip saying so where it is not (the
+ * default then runs the tiled kernels, as the next tests check). */
+static void need_cudnn_library(void)
+{
+    char version[32];
+    if (cudnn_attention_load(version, sizeof version) != TP_OK) {
+        if (strstr(tp_errmsg(), "not found")) cr_skip_test("%s", tp_errmsg());
+        cr_assert_fail("cuDNN: %s", tp_errmsg());
+    }
+    cr_log_info("cuDNN %s", version);
+}
+
+Test(cuda_backend, attention_bf16_through_cudnn)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    need_cudnn_library();
+    for (int s = 0; s < BF16_ATTENTION_SHAPES; s++) bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s]);
+}
+
+Test(cuda_backend, attention_bf16_through_tiled_kernels)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    for (int s = 0; s < BF16_ATTENTION_SHAPES; s++) bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[s]);
+    /* and the rows kernels where the tiled do not fit (head size 72) */
+    static const int64_t rows_shape[5] = {2, 50, 4, 2, 72};
+    bf16_attention_case(k, "rows", rows_shape);
+}
+
+/* The default (TP_CUDA_ATTENTION unset): cuDNN for the bf16 operations where
+ * it is installed, the same results as asking for it (bit for bit, the
+ * forward); the start line's text says so; the fp32 operations keep the
+ * tiled kernels. A head size cuDNN is not asked for (32) falls back to the
+ * tiled kernels on rounded operands under the default (the CPU twin's
+ * results within fp32's tolerance) and is an error when cuDNN is asked for. */
+Test(cuda_backend, attention_bf16_default_and_fallback)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    char text[2048];
+    cr_assert_eq(cuda_attention_variant(NULL), TP_OK);
+    k->describe_attention(0, 2, 100, 4, 2, 64, text, sizeof text);
+    cr_log_info("fp32: %s", text);
+    cr_assert(strstr(text, "tiled") && strstr(text, "fp32"), "fp32 attention: %s", text);
+    k->describe_attention(1, 2, 100, 4, 2, 32, text, sizeof text);
+    cr_log_info("bf16, head size 32: %s", text);
+    cr_assert(strstr(text, "tiled") && strstr(text, "not used") && strstr(text, "head size"), "%s", text);
+
+    const int64_t *shape = bf16_attention_shapes[0];
+    int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
+    int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
+    float *qkv = floats_random(n_qkv, 2.0f), *g_qkv = upload_floats(k, qkv, n_qkv);
+    float *g_out = NULL, *g_lse = NULL, *g_scratch = NULL;
+    cr_assert_eq(k->alloc((void **)&g_out, (size_t)n_out * sizeof(float)), TP_OK);
+    cr_assert_eq(k->alloc((void **)&g_lse, (size_t)n_lse * sizeof(float)), TP_OK);
+    cr_assert_eq(k->alloc((void **)&g_scratch, (size_t)attention_scratch_floats(B, T, Hq) * sizeof(float)), TP_OK);
+    char version[32];
+    if (cudnn_attention_load(version, sizeof version) == TP_OK) {
+        k->describe_attention(1, B, T, Hq, Hkv, hd, text, sizeof text);
+        cr_log_info("bf16, head size 64: %s", text);
+        cr_assert(strncmp(text, "cuDNN 9.", 8) == 0, "the default for bf16 should be cuDNN: %s", text);
+        cr_assert_eq(k->attention_forward_bf16(g_out, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
+                     tp_errmsg());
+        float *by_default = download(k, g_out, n_out);
+        cr_assert_eq(cuda_attention_variant("cudnn"), TP_OK);
+        cr_assert_eq(k->attention_forward_bf16(g_out, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
+                     tp_errmsg());
+        float *asked = download(k, g_out, n_out);
+        cr_assert(memcmp(by_default, asked, (size_t)n_out * sizeof(float)) == 0,
+                  "the default's out differs from TP_CUDA_ATTENTION=cudnn's");
+        free(by_default), free(asked);
+        /* asked for, a head size cuDNN is not asked for is an error naming it */
+        float *g_small = upload_floats(k, qkv, B * T * (Hq + 2 * Hkv) * 32);
+        cr_assert_eq(k->attention_forward_bf16(g_out, g_lse, g_scratch, g_small, B, T, Hq, Hkv, 32), TP_ERR_ARG,
+                     "head size 32 with TP_CUDA_ATTENTION=cudnn");
+        cr_assert(strstr(tp_errmsg(), "head size") != NULL, "%s", tp_errmsg());
+        k->release(g_small);
+    } else {
+        cr_log_warn("no cuDNN here (%s): the default's fallback only", tp_errmsg());
+    }
+    /* the fallback under the default: head size 32 */
+    cr_assert_eq(cuda_attention_variant(NULL), TP_OK);
+    static const int64_t small[5] = {2, 100, 4, 2, 32};
+    bf16_attention_case(k, "", small); /* "" is the default: fp32 tolerances, as the tiled kernels run */
+    k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch);
+    free(qkv);
+}
+
+/* The rounding is the CPU's: one position passes v through whole (out = v
+ * rounded), for special values (ties both ways, the largest float, NaN,
+ * infinities, subnormals), through the rows and the tiled kernels. */
+Test(cuda_backend, attention_bf16_rounds_as_the_cpu)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x3f804000u, 0x7f7fffffu,
+                                       0xff800000u, 0x7f800000u, 0x7fa00000u, 0x00000001u, 0x00408000u};
+    int64_t Hq = 2, Hkv = 2, hd = 32, S = (Hq + 2 * Hkv) * hd;
+    float qkv[(2 + 4) * 32], out[2 * 32], lse[2], scratch[2];
+    for (int64_t c = 0; c < S; c++) {
+        uint32_t bits = special[c % (sizeof special / sizeof special[0])];
+        memcpy(&qkv[c], &bits, sizeof bits);
+        if (c < (Hq + Hkv) * hd) qkv[c] = 0.25f; /* q and k: a finite score */
+    }
+    cr_assert_eq(attention_forward_bf16(out, lse, scratch, qkv, 1, 1, Hq, Hkv, hd), TP_OK);
+    const char *variants[] = {"rows", "tiled"};
+    for (int v = 0; v < 2; v++) {
+        cr_assert_eq(cuda_attention_variant(variants[v]), TP_OK);
+        float *g_qkv = upload_floats(k, qkv, S), *g_out = NULL, *g_lse = NULL, *g_scratch = NULL;
+        cr_assert_eq(k->alloc((void **)&g_out, sizeof out), TP_OK);
+        cr_assert_eq(k->alloc((void **)&g_lse, sizeof lse), TP_OK);
+        cr_assert_eq(k->alloc((void **)&g_scratch, sizeof scratch), TP_OK);
+        cr_assert_eq(k->attention_forward_bf16(g_out, g_lse, g_scratch, g_qkv, 1, 1, Hq, Hkv, hd), TP_OK, "%s",
+                     tp_errmsg());
+        float *got = download(k, g_out, Hq * hd);
+        for (int64_t i = 0; i < Hq * hd; i++)
+            cr_assert(got[i] == out[i] || (isnan(got[i]) && isnan(out[i])),
+                      "%s: out[%lld] %.9g, the CPU twin's %.9g", variants[v], (long long)i, got[i], out[i]);
+        free(got);
+        k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch);
+    }
 }
 
 /* --------------------------------------------------------------- embedding */

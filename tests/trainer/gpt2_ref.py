@@ -4,14 +4,15 @@ blocks (eps 1e-5), causal multi-head attention with biases and 1/sqrt(head_dim)
 scaling, an MLP of width ffn with GELU (tanh approximation), a final
 LayerNorm, and the output projection tied to the token embedding. Its
 products go through mixed_precision.linear (plain F.linear unless
-mixed_precision.bf16_operands() is on)."""
+mixed_precision.bf16_operands() is on), its attention through
+mixed_precision.attention (the plain one here unless that is on)."""
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mixed_precision import Linear, linear
+from mixed_precision import Linear, attention, linear
 
 
 class Block(nn.Module):
@@ -30,10 +31,14 @@ class Block(nn.Module):
         hd = D // self.heads
         q, k, v = self.qkv(x).split(D, dim=2)
         q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2) for t in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
-        y = F.softmax(scores, dim=-1) @ v
+
+        def plain(q, k, v):
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+            return F.softmax(scores, dim=-1) @ v
+
+        y = attention(q, k, v, 1.0 / math.sqrt(hd), plain)
         return self.proj(y.transpose(1, 2).contiguous().view(B, T, D))
 
     def forward(self, x):

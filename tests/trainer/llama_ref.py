@@ -22,14 +22,15 @@ expansion of the KV heads, known RMSNorm values and hand-computed Llama 3
 frequencies.
 
 Its products go through mixed_precision.linear (plain F.linear unless
-mixed_precision.bf16_operands() is on)."""
+mixed_precision.bf16_operands() is on), its attention through
+mixed_precision.attention (the plain one here unless that is on)."""
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mixed_precision import Linear, linear
+from mixed_precision import Linear, attention, linear
 
 
 class RMSNorm(nn.Module):
@@ -126,11 +127,15 @@ class Attention(nn.Module):
         v = v.view(B, T, K, hd).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         k, v = repeat_kv(k, H // K), repeat_kv(v, H // K)
-        scores = (q @ k.transpose(2, 3)) * (hd ** -0.5)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        y = probs @ v
+
+        def plain(q, k, v):
+            scores = (q @ k.transpose(2, 3)) * (hd ** -0.5)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            return probs @ v
+
+        y = attention(q, k, v, hd ** -0.5, plain)
         return self.proj(y.transpose(1, 2).reshape(B, T, H * hd))
 
 

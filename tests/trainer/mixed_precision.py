@@ -2,8 +2,11 @@
 documents it (docs/TOOLS.md, --dtype bf16), written from that description:
 every linear layer's product, forward and backward, takes its two operands
 rounded to bf16 (to nearest, ties to even) and sums in the model's own
-precision; everything else (norms, attention, activations, the loss, the
-bias gradients) stays in that precision.
+precision; the causal attention reads q, k and v rounded to bf16, and its
+backward the gradient of its output and that output rounded too (what
+cuDNN's flash attention reads in bf16; attention() below); everything else
+(norms, the softmax and its probabilities, activations, the loss, the bias
+gradients) stays in that precision.
 
 The reference models call linear() for every product with a weight. Outside
 bf16_operands() it is F.linear, so the models are plain PyTorch (and
@@ -52,6 +55,45 @@ class _Bf16OperandsLinear(torch.autograd.Function):
         dw = dy16.reshape(-1, dy.shape[-1]).T @ x16.reshape(-1, x16.shape[-1])  # [OC, C]
         db = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias else None
         return dx, dw, db
+
+
+class _Bf16OperandsAttention(torch.autograd.Function):
+    """Causal attention of q [B, H, T, hd] and k, v (their key/value heads
+    already repeated for their query heads) on bf16-rounded operands, the
+    backward from the saved probabilities: dV = P^T g, dP = g V^T, dS = P
+    (dP - rowsum(g out)) scale, dQ = dS K, dK = dS^T Q, with g and out
+    rounded (rowsum(g out) is the softmax backward's sum over keys of P dP,
+    taken from the output as FlashAttention and tp-train take it)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        q16, k16, v16 = round_bf16(q), round_bf16(k), round_bf16(v)
+        T = q.shape[-2]
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        scores = ((q16 @ k16.transpose(-2, -1)) * scale).masked_fill(~mask, float("-inf"))
+        p = F.softmax(scores, dim=-1)
+        out = p @ v16
+        ctx.save_for_backward(q16, k16, v16, p, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q16, k16, v16, p, out = ctx.saved_tensors
+        g16, o16 = round_bf16(d_out), round_bf16(out)
+        dv = p.transpose(-2, -1) @ g16
+        dp = g16 @ v16.transpose(-2, -1)
+        ds = p * (dp - (g16 * o16).sum(-1, keepdim=True)) * ctx.scale
+        return ds @ k16, ds.transpose(-2, -1) @ q16, dv, None
+
+
+def attention(q, k, v, scale, plain):
+    """The causal attention of q, k, v [B, H, T, hd] (scores scaled by
+    scale): plain(q, k, v), the model's own, or with bf16 operands inside
+    bf16_operands()."""
+    if _BF16_OPERANDS:
+        return _Bf16OperandsAttention.apply(q, k, v, scale)
+    return plain(q, k, v)
 
 
 def linear(x, weight, bias=None):
