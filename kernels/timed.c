@@ -23,7 +23,8 @@
     X(matmul_forward) X(matmul_backward) X(matmul_forward_bf16) X(matmul_backward_bf16) X(layernorm_forward)          \
     X(layernorm_backward) X(gelu_forward) X(gelu_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(swiglu_forward)   \
     X(swiglu_backward) X(rope_forward) X(rope_backward) X(residual_forward) X(bias_residual_forward) X(add_inplace)    \
-    X(scale_inplace) X(attention_forward) X(attention_backward) X(embedding_forward) X(embedding_backward)             \
+    X(scale_inplace) X(attention_forward) X(attention_backward) X(attention_forward_bf16) X(attention_backward_bf16)   \
+    X(embedding_forward) X(embedding_backward)                                                                         \
     X(crossentropy_row_max) X(crossentropy_row_sumexp) X(crossentropy_target_logit) X(crossentropy_backward)          \
     X(adamw_update) X(sum_of_squares)
 
@@ -113,6 +114,14 @@ WRAP(attention_forward,
       int64_t hd),
      (out, lse, scratch, qkv, B, T, Hq, Hkv, hd))
 WRAP(attention_backward,
+     (float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out, const float *lse, int64_t B,
+      int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
+     (d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd))
+WRAP(attention_forward_bf16,
+     (float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+      int64_t hd),
+     (out, lse, scratch, qkv, B, T, Hq, Hkv, hd))
+WRAP(attention_backward_bf16,
      (float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out, const float *lse, int64_t B,
       int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
      (d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd))

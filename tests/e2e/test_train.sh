@@ -59,7 +59,7 @@ check_all "bf16: not fp32's losses (the rounding is there)" \
 # --- --kernel-times: where a step's time goes, operation by operation (the
 # steps after the first): the tiny model's calls per step as its shape says
 # (2 layers: 4 products each and the head's, in the forward and the backward),
-# the bf16 products under bf16, the times adding up to the step's, the losses
+# the bf16 products and attention under bf16, the times adding up to the step's, the losses
 # those of a plain run (the wrapper computes what the backend computes).
 expect_ok "--kernel-times, bf16" "$BIN/tp-train" --model tiny --micro-batch 2 --steps 4 --dtype bf16 --kernel-times \
     --log "$WORK/kt.jsonl"
@@ -80,7 +80,7 @@ assert abs(kt["step_ms"] - mean) <= 0.01 * mean, (kt["step_ms"], mean)
 parts = sum(o["issue_ms"] + o["wait_ms"] for o in kt["ops"]) + kt["outside_ms"]
 assert abs(parts - kt["step_ms"]) <= 1e-3 * kt["step_ms"] + 0.01, (parts, kt["step_ms"])
 ops = {o["op"]: o for o in kt["ops"]}
-assert ops["attention_forward"]["calls"] == 2 and ops["sum_of_squares"]["calls"] == 1, ops
+assert ops["attention_forward_bf16"]["calls"] == 2 and ops["sum_of_squares"]["calls"] == 1, ops
 PYEOF
 expect_ok "the same run without it" "$TRAIN" $TINY --steps 4 --dtype bf16 --log "$WORK/kt-plain.jsonl"
 check "its losses are the plain run's, bit for bit" losses_match "$WORK/kt.jsonl" "$WORK/kt-plain.jsonl" 0
