@@ -352,18 +352,20 @@ static void json_string(const char *text, char *out, size_t size)
 static void log_start(reporter *p, const train_report *r)
 {
     const train_options *o = p->o;
-    char from[4300], device[400], cpu_kernels[400];
+    char from[4300], device[400], cpu_kernels[400], attention[2200];
     json_string(p->device, device, sizeof device);
     json_string(kernels_cpu_paths(), cpu_kernels, sizeof cpu_kernels);
+    json_string(r->text, attention, sizeof attention); /* which code computes the attention */
     const char *name = strrchr(p->resumed_from, '/');
     json_string(p->resumed ? (name ? name + 1 : p->resumed_from) : NULL, from, sizeof from);
     fprintf(p->log,
             "{\"event\":\"start\",\"step\":%lld,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"micro_batch\":%lld,"
-            "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"device\":%s,\"cpu_kernels\":%s,\"dtype\":\"%s\","
+            "\"grad_accum\":%lld,\"global_batch\":%lld,\"world\":%d,\"device\":%s,\"cpu_kernels\":%s,\"attention\":%s,"
+            "\"dtype\":\"%s\","
             "\"sequence_parallel\":%s,\"virtual_stages\":%d,\"zero\":%d,\"optimizer_bytes\":%lld,\"parameter_bytes\":%lld,\"activation_bytes\":%lld,\"resumed_from\":%s,"
             "\"load_seconds\":%.3f,\"startup_seconds\":%.3f,\"time\":%.6f}\n",
             (long long)r->step - 1, p->c->tp, p->c->pp, p->c->dp, (long long)o->micro_batch, (long long)o->grad_accum,
-            (long long)r->global_batch, p->c->world, device, cpu_kernels, o->bf16 ? "bf16" : "fp32",
+            (long long)r->global_batch, p->c->world, device, cpu_kernels, attention, o->bf16 ? "bf16" : "fp32",
             o->sequence_parallel ? "true" : "false", o->virtual_stages, o->zero, (long long)r->optimizer_bytes, (long long)r->parameter_bytes,
             (long long)r->bytes,
             from,

@@ -43,6 +43,10 @@ expect_ok "20 steps in bf16 at tp1" "$TRAIN" $TINY --steps 20 --dtype bf16 --log
 expect_ok "20 steps in bf16 at tp2pp2" mpi_train 4 $TINY --tp 2 --pp 2 --steps 20 --dtype bf16 --log "$WORK/bf16-tp2pp2.jsonl"
 expect_ok "20 steps in fp32 at tp1" "$TRAIN" $TINY --steps 20 --log "$WORK/fp32-tp1.jsonl"
 check "bf16: the start line says so" [ "$(events "$WORK/bf16-tp1.jsonl" start dtype)" = "bf16 " ]
+check "bf16: the start line names the attention's code, on bf16-rounded operands" \
+    sh -c 'grep "\"event\":\"start\"" "$1" | grep -q "\"attention\":\"CPU fp32 .*on bf16-rounded q, k, v" &&
+        grep "\"event\":\"start\"" "$2" | grep "\"attention\":\"CPU fp32" | grep -vq "bf16-rounded"' \
+    sh "$WORK/bf16-tp1.jsonl" "$WORK/fp32-tp1.jsonl"
 check "bf16: tp2pp2 has the losses of tp1 (1e-4)" losses_match "$WORK/bf16-tp2pp2.jsonl" "$WORK/bf16-tp1.jsonl" 1e-4
 expect_ok "20 steps in bf16 at tp2dp2 with ZeRO-1" mpi_train 4 $TINY --tp 2 --dp 2 --micro-batch 1 --steps 20 \
     --dtype bf16 --zero 1 --log "$WORK/bf16-tp2dp2-zero1.jsonl"
