@@ -226,55 +226,18 @@ fail:
  * not take under the default), the rounded values, kept as fp32, go to the
  * fp32 kernels above: the CPU twin's arithmetic, on the GPU.
  *
- * The rounded copies and cuDNN's workspace live in one device buffer of
- * this file, grown when a call needs more (stream-ordered, as linear.cu's
- * bf16 scratch: cudaFreeAsync and cudaMallocAsync on the compute stream)
- * and kept; bf16_lock is held from a call's first rounding until its last
- * work is queued. Its parts start 256-byte aligned (cuDNN wants 16). */
+ * The rounded copies and cuDNN's workspace live in a cuda_scratch of this
+ * file (launch.h: grown stream-ordered when a call needs more, and kept);
+ * bf16_lock is held from a call's first rounding until its last work is
+ * queued. Its parts start 256-byte aligned (cuDNN wants 16). */
 
-static struct {
-    char *memory;
-    size_t size;
-} bf16_scratch;
+static cuda_scratch bf16_scratch; /* launch.h */
 static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#define MAX_PARTS 8
-
-/* parts[i] of bytes[i] each, in the scratch. Call with bf16_lock held.
- * Out of device memory: TP_ERR_NOMEM; another CUDA error: TP_ERR_DEVICE. */
+/* parts[i] of bytes[i] each, in the scratch. Call with bf16_lock held. */
 static int scratch_parts(void **parts, const size_t *bytes, int count)
 {
-    size_t total = 0, offsets[MAX_PARTS];
-    for (int i = 0; i < count; i++) {
-        offsets[i] = total;
-        total += (bytes[i] + 255) / 256 * 256;
-    }
-    if (total > bf16_scratch.size) {
-        if (bf16_scratch.memory) {
-            CUDA_TRY(cudaFreeAsync(bf16_scratch.memory, cuda_state.stream));
-            bf16_scratch.memory = NULL;
-            bf16_scratch.size = 0;
-        }
-        cudaError_t error = cudaMallocAsync((void **)&bf16_scratch.memory, total, cuda_state.stream);
-        if (error != cudaSuccess) {
-            (void)cudaGetLastError();
-            bf16_scratch.memory = NULL;
-            return tp_fail(error == cudaErrorMemoryAllocation ? TP_ERR_NOMEM : TP_ERR_DEVICE,
-                           "cannot allocate %zu bytes for the bf16 attention's operands on CUDA device %d: %s", total,
-                           cuda_state.device, cudaGetErrorString(error));
-        }
-        bf16_scratch.size = total;
-    }
-    for (int i = 0; i < count; i++) parts[i] = bf16_scratch.memory + offsets[i];
-    return TP_OK;
-fail:
-    return TP_ERR_DEVICE;
-}
-
-/* out[i] = the bf16 bits of in[i] (cuDNN's operands). */
-static __global__ void bf16_bits_kernel(uint16_t *out, const float *in, int64_t n)
-{
-    GRID_STRIDE(i, n) out[i] = bits_f32_to_bf16(__float_as_uint(in[i]));
+    return cuda_scratch_parts(&bf16_scratch, "bf16 attention", parts, bytes, count);
 }
 
 /* out[i] = in[i] rounded to bf16, kept as fp32 (the fp32 kernels' operands). */
@@ -291,11 +254,7 @@ static __global__ void bf16_widen_kernel(float *out, const uint16_t *in, int64_t
 
 static int to_bf16_bits(void *out, const float *in, int64_t n)
 {
-    bf16_bits_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>((uint16_t *)out, in, n);
-    LAUNCH_CHECK();
-    return TP_OK;
-fail:
-    return TP_ERR_DEVICE;
+    return cuda_round_to_bf16((uint16_t *)out, in, n);
 }
 
 static int to_bf16_rounded(void *out, const float *in, int64_t n)

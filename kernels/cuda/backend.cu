@@ -71,6 +71,39 @@ fail:
     return TP_ERR_DEVICE;
 }
 
+int cuda_scratch_parts(cuda_scratch *scratch, const char *what, void **parts, const size_t *bytes, int count)
+{
+    size_t total = 0, offsets[CUDA_SCRATCH_PARTS];
+    if (count > CUDA_SCRATCH_PARTS)
+        return tp_fail(TP_ERR_ARG, "%d parts of %s scratch asked for (%d at most)", count, what, CUDA_SCRATCH_PARTS);
+    for (int i = 0; i < count; i++) {
+        if (bytes[i] > SIZE_MAX / 2 - total)
+            return tp_fail(TP_ERR_NOMEM, "%s scratch beyond addressable memory", what);
+        offsets[i] = total;
+        total += (bytes[i] + 255) / 256 * 256;
+    }
+    if (total > scratch->size) {
+        if (scratch->memory) {
+            CUDA_TRY(cudaFreeAsync(scratch->memory, cuda_state.stream));
+            scratch->memory = NULL;
+            scratch->size = 0;
+        }
+        cudaError_t error = cudaMallocAsync((void **)&scratch->memory, total, cuda_state.stream);
+        if (error != cudaSuccess) {
+            (void)cudaGetLastError();
+            scratch->memory = NULL;
+            return tp_fail(error == cudaErrorMemoryAllocation ? TP_ERR_NOMEM : TP_ERR_DEVICE,
+                           "cannot allocate %zu bytes of %s scratch on CUDA device %d: %s", total, what,
+                           cuda_state.device, cudaGetErrorString(error));
+        }
+        scratch->size = total;
+    }
+    for (int i = 0; i < count; i++) parts[i] = scratch->memory + offsets[i];
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
 /* Waits for the stream first: kernels queued on it may still use the memory. */
 static void cuda_release(void *memory)
 {

@@ -42,6 +42,33 @@ extern cuda_backend_state cuda_state;
         CUDA_TRY(cudaSetDevice(cuda_state.device));                                                                    \
     } while (0)
 
+/* A device buffer kept for the life of the process and grown when a call
+ * needs more (the bf16 products' rounded operands, the bf16 attention's).
+ * Growing is stream-ordered (cudaFreeAsync and cudaMallocAsync on
+ * cuda_state.stream, which runs every operation): work queued earlier still
+ * reads the old buffer, and nothing waits for the device. A cudaFree would,
+ * and could deadlock a pipeline: it waits for a pending NCCL send whose
+ * receiver may wait for this rank. Chosen over per-call cudaMallocAsync: no
+ * dependence on the memory pool's release threshold (the default pool gives
+ * memory back at every synchronization), and failures to get memory only
+ * while it grows (a step's shapes repeat: after the first it no longer
+ * does). Its user holds a lock from taking parts to queueing their last use. */
+typedef struct {
+    char *memory;
+    size_t size;
+} cuda_scratch;
+
+/* parts[i] of bytes[i] each (count at most CUDA_SCRATCH_PARTS), each
+ * starting 256-byte aligned, in scratch (backend.cu). what names its use in
+ * messages. Out of device memory: TP_ERR_NOMEM; another CUDA error:
+ * TP_ERR_DEVICE. */
+#define CUDA_SCRATCH_PARTS 8
+int cuda_scratch_parts(cuda_scratch *scratch, const char *what, void **parts, const size_t *bytes, int count);
+
+/* out[i] = the bf16 bits of in[i], rounded as the CPU rounds (convert_bits.h),
+ * queued on cuda_state.stream (linear.cu). */
+int cuda_round_to_bf16(uint16_t *out, const float *in, int64_t n);
+
 /* Blocks for `work` items at `per_block` each, at least 1 (callers skip
  * empty work: a grid of 0 blocks is a launch error) and at most MAX_BLOCKS. */
 static inline unsigned blocks_for(int64_t work, int64_t per_block)

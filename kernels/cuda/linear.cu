@@ -166,29 +166,16 @@ static __global__ void column_sums_kernel(float *sums, const float *x, int64_t N
  * matmul_backward_in): only the operands (operands_begin) and the product
  * call (gemm) differ.
  *
- * The rounded operands (2 bytes a value) go to one device scratch buffer in
- * this file (scratch), grown when a product needs more and kept for the life of the
- * process, like cuda_state.sums; bf16_lock is held from the rounding of a
- * product's operands until its last product is queued, so that another
- * thread cannot overwrite them in between (on the one stream, work queued
- * later runs later, so once queued they are safe). Chosen over per-call
- * cudaMallocAsync: no dependence on the device's memory pool and its
- * release threshold (the default pool gives memory back at every
- * synchronization, so each step would map it again), no allocation per
- * product, and failures to get memory only while the buffer grows (the
- * trainer's products have the same shapes every step: after the first
- * step it no longer grows). The lock covers only the queueing, which is
- * short: threads sharing the GPU are not held up by each other's products. */
+ * The rounded operands (2 bytes a value) go to a cuda_scratch (launch.h);
+ * bf16_lock is held from the rounding of a product's operands until its
+ * last product is queued, so that another thread cannot overwrite them in
+ * between (on the one stream, work queued later runs later, so once queued
+ * they are safe). The lock covers only the queueing, which is short:
+ * threads sharing the GPU are not held up by each other's products. */
 
-/* The rounded operands' scratch (bf16 bits), grown as needed; bf16_lock
- * is held from the rounding of a product's operands to its last product. */
-static struct {
-    uint16_t *values;
-    size_t size; /* capacity in values */
-} scratch;
+static cuda_scratch scratch; /* the rounded operands, bf16 bits */
 static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#define BF16_ALIGN 128 /* values: each part of the scratch starts 256-byte aligned */
 #define MAX_OPERANDS 3
 
 /* out[i] = the bf16 bits of in[i], rounded as the CPU rounds. */
@@ -197,40 +184,11 @@ static __global__ void round_bf16_kernel(uint16_t *out, const float *in, int64_t
     GRID_STRIDE(i, n) out[i] = bits_f32_to_bf16(__float_as_uint(in[i]));
 }
 
-/* Scratch for `count` rounded operands of sizes[i] values: parts[i]. Call
- * with bf16_lock held. Growing is stream-ordered (cudaFreeAsync and
- * cudaMallocAsync on the compute stream, which runs every product): the
- * products queued earlier still read the old buffer, and nothing waits for
- * the device. A cudaFree would, and could deadlock a pipeline: it waits for
- * a pending NCCL send whose receiver may wait for this rank. Out of device
- * memory: TP_ERR_NOMEM (kernels.h), another CUDA error: TP_ERR_DEVICE. */
-static int bf16_scratch(uint16_t **parts, const int64_t *sizes, int count)
+int cuda_round_to_bf16(uint16_t *out, const float *in, int64_t n)
 {
-    size_t total = 0, offsets[MAX_OPERANDS];
-    cudaError_t error;
-    for (int i = 0; i < count; i++) { /* each size at most INT32_MAX^2 < 2^62: the sum fits */
-        offsets[i] = total;
-        total += ((size_t)sizes[i] + BF16_ALIGN - 1) / BF16_ALIGN * BF16_ALIGN;
-    }
-    if (total > SIZE_MAX / sizeof(uint16_t))
-        return tp_fail(TP_ERR_NOMEM, "bf16 scratch of %zu values is beyond addressable memory", total);
-    if (total > scratch.size) {
-        if (scratch.values) {
-            CUDA_TRY(cudaFreeAsync(scratch.values, cuda_state.stream));
-            scratch.values = NULL;
-            scratch.size = 0;
-        }
-        error = cudaMallocAsync((void **)&scratch.values, total * sizeof(uint16_t), cuda_state.stream);
-        if (error != cudaSuccess) {
-            (void)cudaGetLastError();
-            scratch.values = NULL;
-            return tp_fail(error == cudaErrorMemoryAllocation ? TP_ERR_NOMEM : TP_ERR_DEVICE,
-                           "cannot allocate %zu bytes of bf16 scratch on CUDA device %d: %s",
-                           total * sizeof(uint16_t), cuda_state.device, cudaGetErrorString(error));
-        }
-        scratch.size = total;
-    }
-    for (int i = 0; i < count; i++) parts[i] = scratch.values + offsets[i];
+    if (n <= 0) return TP_OK;
+    round_bf16_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(out, in, n);
+    LAUNCH_CHECK();
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
@@ -246,21 +204,19 @@ typedef struct {
 
 static int operands_begin(operands *o, int bf16, const float *const *arrays, const int64_t *sizes, int count)
 {
-    uint16_t *parts[MAX_OPERANDS] = {NULL};
+    void *parts[MAX_OPERANDS] = {NULL};
+    size_t bytes[MAX_OPERANDS];
     o->bf16 = bf16;
     for (int i = 0; i < count; i++) o->of[i] = arrays[i];
     if (!bf16) return TP_OK;
     pthread_mutex_lock(&bf16_lock);
-    TP_TRY(bf16_scratch(parts, sizes, count));
+    for (int i = 0; i < count; i++) bytes[i] = (size_t)sizes[i] * sizeof(uint16_t); /* each under 2^62: int dims */
+    TP_TRY(cuda_scratch_parts(&scratch, "bf16 operand", parts, bytes, count));
     for (int i = 0; i < count; i++) {
         o->of[i] = parts[i];
-        if (sizes[i] == 0) continue;
-        round_bf16_kernel<<<blocks_for(sizes[i], THREADS), THREADS, 0, cuda_state.stream>>>(parts[i], arrays[i], sizes[i]);
-        LAUNCH_CHECK();
+        TP_TRY(cuda_round_to_bf16((uint16_t *)parts[i], arrays[i], sizes[i]));
     }
-    return TP_OK;
-fail:
-    return TP_ERR_DEVICE;
+    return TP_OK; /* bf16_lock stays held, also after a failure: operands_end releases it */
 }
 
 static void operands_end(const operands *o)
