@@ -43,7 +43,7 @@ check "log: a save line for each committed checkpoint (4 8 10 20)" [ "$(events "
 check "log: every line has a time; start, save, save_wait and stop lines have their fields" "$PY" -c '
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
-keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device", "cpu_kernels", "dtype",
+keys = {"start": {"event", "step", "tp", "pp", "dp", "micro_batch", "grad_accum", "global_batch", "world", "device", "cpu_kernels", "attention", "dtype",
                   "sequence_parallel", "virtual_stages", "zero", "optimizer_bytes", "parameter_bytes", "activation_bytes",
                   "resumed_from", "load_seconds", "startup_seconds", "time"},
         "save": {"event", "step", "seconds", "time"}, "stop": {"event", "step", "reason", "peak_rss_bytes", "time"},
@@ -55,6 +55,7 @@ ok = all(set(r) == keys[r.get("event")] for r in lines) and times == sorted(time
 starts = [r for r in lines if r.get("event") == "start"]
 ok = ok and [(r["tp"], r["dp"], r["world"], r["global_batch"]) for r in starts] == [(2, 1, 2, 2)] * 2
 ok = ok and starts[0]["load_seconds"] == 0 and starts[1]["load_seconds"] > 0
+ok = ok and all(r["attention"].startswith("CPU fp32") for r in starts)  # which code computes the attention
 ok = ok and all(r["sequence_parallel"] is False and r["virtual_stages"] == 1 and r["activation_bytes"] > 0
                and r["parameter_bytes"] == r["optimizer_bytes"] > 0  # without ZeRO: as many as the two moments
                for r in starts)
