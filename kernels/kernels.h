@@ -232,6 +232,24 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
 void adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t step);
 
+/* One tensor of an AdamW step over many (adamw_update_tensors): n values of
+ * param, grad and the moments m and v, with its own weight decay (0 for
+ * biases and norms). */
+typedef struct {
+    float *param, *m, *v;
+    const float *grad;
+    int64_t n;
+    float weight_decay;
+} adamw_tensor;
+
+/* adamw_update on each of count tensors, value for value the same
+ * arithmetic (the results equal one adamw_update per tensor to the bit), in
+ * one call for a whole model: a GPU launches once per few dozen tensors
+ * instead of once per tensor, and the CPU's workers share the model's
+ * values instead of each small tensor's. */
+void adamw_update_tensors(const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps,
+                          int64_t step);
+
 /* Sum of squares of the values of `count` spans (span s: lengths[s] values
  * from spans[s]), accumulated in double: the gradient norm of many tensors
  * in one call. The order of the sums is fixed by the lengths alone (chunks
@@ -334,8 +352,9 @@ typedef struct kernel_backend {
                                      int64_t first);
     int (*crossentropy_backward)(float *d_logits, const float *logits, const float *row_max, const float *sum,
                                  const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
-    int (*adamw_update)(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
-                        float beta2, float eps, float weight_decay, int64_t step);
+    /* tensors: a host array of the backend's pointers and counts. */
+    int (*adamw_update_tensors)(const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps,
+                                int64_t step);
     /* *out is host memory; spans and lengths are host arrays of device pointers and counts. */
     int (*sum_of_squares)(double *out, const float *const *spans, const int64_t *lengths, int count);
 } kernel_backend;

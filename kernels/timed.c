@@ -26,7 +26,7 @@
     X(scale_inplace) X(attention_forward) X(attention_backward) X(attention_forward_bf16) X(attention_backward_bf16)   \
     X(embedding_forward) X(embedding_backward)                                                                         \
     X(crossentropy_row_max) X(crossentropy_row_sumexp) X(crossentropy_target_logit) X(crossentropy_backward)          \
-    X(adamw_update) X(sum_of_squares)
+    X(adamw_update_tensors) X(sum_of_squares)
 
 #define OP_INDEX(op) OP_##op,
 enum { TIMED_OPS(OP_INDEX) NUM_TIMED_OPS };
@@ -143,10 +143,9 @@ WRAP(crossentropy_backward,
      (float *d_logits, const float *logits, const float *row_max, const float *sum, const int *targets, int64_t N,
       int64_t V, int64_t first, int64_t vocab, float scale),
      (d_logits, logits, row_max, sum, targets, N, V, first, vocab, scale))
-WRAP(adamw_update,
-     (float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
-      float weight_decay, int64_t step),
-     (param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step))
+WRAP(adamw_update_tensors,
+     (const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps, int64_t step),
+     (tensors, count, lr, beta1, beta2, eps, step))
 WRAP(sum_of_squares, (double *out, const float *const *spans, const int64_t *lengths, int count),
      (out, spans, lengths, count))
 

@@ -119,10 +119,9 @@ CPU_OP(crossentropy_backward,
        (float *d_logits, const float *logits, const float *row_max, const float *sum, const int *targets, int64_t N,
         int64_t V, int64_t first, int64_t vocab, float scale),
        (d_logits, logits, row_max, sum, targets, N, V, first, vocab, scale))
-CPU_OP(adamw_update,
-       (float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
-        float weight_decay, int64_t step),
-       (param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step))
+CPU_OP(adamw_update_tensors,
+       (const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps, int64_t step),
+       (tensors, count, lr, beta1, beta2, eps, step))
 
 static int cpu_sum_of_squares(double *out, const float *const *spans, const int64_t *lengths, int count)
 {
@@ -182,7 +181,7 @@ static const kernel_backend cpu_backend = {
     .crossentropy_row_sumexp = cpu_crossentropy_row_sumexp,
     .crossentropy_target_logit = cpu_crossentropy_target_logit,
     .crossentropy_backward = cpu_crossentropy_backward,
-    .adamw_update = cpu_adamw_update,
+    .adamw_update_tensors = cpu_adamw_update_tensors,
     .sum_of_squares = cpu_sum_of_squares,
 };
 

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 
 extern "C" {
 #include "../kernels.h"
@@ -16,11 +17,48 @@ static pthread_mutex_t sums_lock = PTHREAD_MUTEX_INITIALIZER; /* cuda_cuda_state
 
 /* adamw.c's step, operation for operation, with rounding intrinsics so that
  * no multiply-add is fused (the CPU build fuses none): the result is the
- * CPU's to the bit. */
-static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, int64_t n, float decay,
-                                    float step_size, float bias2_sqrt, float beta2, float eps, float keep1, float keep2)
+ * CPU's to the bit.
+ *
+ * Many tensors a launch (adamw_update_tensors): the launch's table of
+ * tensors travels in the kernel's parameters (__grid_constant__: read in
+ * place, not copied per thread), each tensor cut into blocks of
+ * ADAMW_BLOCK_VALUES values; a block finds its tensor by the first block
+ * of each. A model of 150 tensors is a handful of launches, not 150. */
+
+#define ADAMW_TENSORS_PER_LAUNCH 48 /* 48 bytes each: the table stays well within 4 KB of parameters */
+#define ADAMW_BLOCK_VALUES (THREADS * 8)
+
+typedef struct {
+    float *param, *m, *v;
+    const float *grad;
+    int64_t n;
+    float decay;          /* 1 - lr weight_decay, as adamw.c rounds it */
+    unsigned first_block; /* of this tensor in the launch's grid */
+} adamw_launch_tensor;
+
+typedef struct {
+    adamw_launch_tensor tensors[ADAMW_TENSORS_PER_LAUNCH];
+    int count;
+    float step_size, bias2_sqrt, beta2, eps, keep1, keep2;
+} adamw_launch;
+
+static __global__ void adamw_tensors_kernel(const __grid_constant__ adamw_launch launch)
 {
-    GRID_STRIDE(i, n) {
+    /* The last tensor whose first block is at or before this one. */
+    int lo = 0, hi = launch.count - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (launch.tensors[mid].first_block <= blockIdx.x) lo = mid;
+        else hi = mid - 1;
+    }
+    const adamw_launch_tensor *t = &launch.tensors[lo];
+    int64_t begin = (int64_t)(blockIdx.x - t->first_block) * ADAMW_BLOCK_VALUES;
+    int64_t end = begin + ADAMW_BLOCK_VALUES < t->n ? begin + ADAMW_BLOCK_VALUES : t->n;
+    float keep1 = launch.keep1, keep2 = launch.keep2, beta2 = launch.beta2, eps = launch.eps;
+    float step_size = launch.step_size, bias2_sqrt = launch.bias2_sqrt, decay = t->decay;
+    float *param = t->param, *m = t->m, *v = t->v;
+    const float *grad = t->grad;
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
         float p = __fmul_rn(param[i], decay), g = grad[i];
         float mi = __fadd_rn(m[i], __fmul_rn(keep1, __fsub_rn(g, m[i])));
         float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(keep2, g), g));
@@ -31,19 +69,51 @@ static __global__ void adamw_kernel(float *param, const float *grad, float *m, f
     }
 }
 
-int cuda_adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
-                      float beta2, float eps, float weight_decay, int64_t step)
+/* The grid's limit on blocks in x, and well within it: a launch ends
+ * before its blocks would pass it. */
+#define ADAMW_MAX_BLOCKS (1u << 30)
+
+int cuda_adamw_update_tensors(const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps,
+                              int64_t step)
 {
     /* The scalars on the host in double, exactly as adamw.c computes them. */
     double bias1 = 1.0 - pow((double)beta1, (double)step), bias2 = 1.0 - pow((double)beta2, (double)step);
-    float decay = (float)(1.0 - (double)lr * (double)weight_decay);
-    float step_size = (float)((double)lr / bias1), bias2_sqrt = (float)sqrt(bias2);
-    float keep1 = 1.0f - beta1, keep2 = 1.0f - beta2;
+    adamw_launch launch;
+    memset(&launch, 0, sizeof launch);
+    launch.step_size = (float)((double)lr / bias1);
+    launch.bias2_sqrt = (float)sqrt(bias2);
+    launch.beta2 = beta2;
+    launch.eps = eps;
+    launch.keep1 = 1.0f - beta1;
+    launch.keep2 = 1.0f - beta2;
+    unsigned blocks = 0;
     ENTER();
-    if (n <= 0) return TP_OK;
-    adamw_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(param, grad, m, v, n, decay, step_size,
-                                                                        bias2_sqrt, beta2, eps, keep1, keep2);
-    LAUNCH_CHECK();
+    for (int t = 0; t <= count; t++) {
+        int64_t n = t < count ? tensors[t].n : 0;
+        uint64_t needed = n > 0 ? (uint64_t)((n + ADAMW_BLOCK_VALUES - 1) / ADAMW_BLOCK_VALUES) : 0;
+        if (needed >= ADAMW_MAX_BLOCKS)
+            return tp_fail(TP_ERR_ARG, "CUDA adamw_update_tensors: tensor %d of %d has %lld values, beyond %llu", t,
+                           count, (long long)n, (unsigned long long)ADAMW_MAX_BLOCKS * ADAMW_BLOCK_VALUES);
+        /* Launch what the table holds when it is full, when this tensor's
+         * blocks would pass the limit, or after the last tensor. */
+        if (launch.count && (t == count || launch.count == ADAMW_TENSORS_PER_LAUNCH ||
+                             blocks + needed > ADAMW_MAX_BLOCKS)) {
+            adamw_tensors_kernel<<<blocks, THREADS, 0, cuda_state.stream>>>(launch);
+            LAUNCH_CHECK();
+            launch.count = 0;
+            blocks = 0;
+        }
+        if (t == count || needed == 0) continue;
+        adamw_launch_tensor *l = &launch.tensors[launch.count++];
+        l->param = tensors[t].param;
+        l->m = tensors[t].m;
+        l->v = tensors[t].v;
+        l->grad = tensors[t].grad;
+        l->n = n;
+        l->decay = (float)(1.0 - (double)lr * (double)tensors[t].weight_decay);
+        l->first_block = blocks;
+        blocks += (unsigned)needed;
+    }
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;

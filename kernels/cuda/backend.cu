@@ -249,7 +249,7 @@ static void fill_table(kernel_backend *t)
     t->crossentropy_row_sumexp = cuda_crossentropy_row_sumexp;
     t->crossentropy_target_logit = cuda_crossentropy_target_logit;
     t->crossentropy_backward = cuda_crossentropy_backward;
-    t->adamw_update = cuda_adamw_update;
+    t->adamw_update_tensors = cuda_adamw_update_tensors;
     t->sum_of_squares = cuda_sum_of_squares;
 }
 

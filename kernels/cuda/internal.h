@@ -88,8 +88,8 @@ int cuda_crossentropy_target_logit(float *target, const float *logits, const int
 int cuda_crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
                                const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
 /* adamw.cu */
-int cuda_adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
-                      float beta2, float eps, float weight_decay, int64_t step);
+int cuda_adamw_update_tensors(const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps,
+                              int64_t step);
 int cuda_sum_of_squares(double *out, const float *const *spans, const int64_t *lengths, int count);
 /* linear.cu: loads cuBLAS and makes its handle on cuda_state.stream (plain
  * fp32 math); stop releases it (also after a failed start). */

@@ -1030,29 +1030,46 @@ Test(cuda_backend, crossentropy)
 
 /* --------------------------------------------------------------- optimizer */
 
-/* Three steps from zero moments, new gradients each step. The same
- * operations in the same order with no fused multiply-add, so the two
- * should agree to the bit; tolerance 1e-6 relative + 1e-12 absolute. */
-Test(cuda_backend, adamw_update)
+/* Three steps from zero moments, new gradients each step, over many
+ * tensors in one call: more than one launch's table of 48, sizes of 0, 1,
+ * exactly a block of 2,048 values, across blocks, and 1037; weight decay on
+ * some. The same operations in the same order with no fused multiply-add as
+ * the CPU's adamw_update on each tensor alone, so the two should agree to
+ * the bit; tolerance 1e-6 relative + 1e-12 absolute. */
+Test(cuda_backend, adamw_update_tensors)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    int64_t n = 1037;
-    float *param = floats_random(n, 1.0f), *m = floats_filled(n, 0.0f), *v = floats_filled(n, 0.0f);
-    float *g_param = upload_floats(k, param, n), *g_m = upload_floats(k, m, n), *g_v = upload_floats(k, v, n);
-    for (int64_t step = 1; step <= 3; step++) {
-        float *grad = floats_random(n, 0.1f), *g_grad = upload_floats(k, grad, n);
-        adamw_update(param, grad, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
-        cr_assert_eq(k->adamw_update(g_param, g_grad, g_m, g_v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step), TP_OK, "%s",
-                     tp_errmsg());
-        k->release(g_grad);
-        free(grad);
+    enum { COUNT = 100 };
+    int64_t sizes[COUNT];
+    for (int t = 0; t < COUNT; t++) sizes[t] = t % 7 == 0 ? 0 : t % 7 == 1 ? 1 : 5 + 13 * t;
+    sizes[3] = 2048, sizes[10] = 2048 * 3 + 1, sizes[50] = 1037, sizes[99] = 70001;
+    float *param[COUNT], *m[COUNT], *v[COUNT], *g_param[COUNT], *g_m[COUNT], *g_v[COUNT];
+    adamw_tensor tensors[COUNT];
+    for (int t = 0; t < COUNT; t++) {
+        param[t] = floats_random(sizes[t], 1.0f), m[t] = floats_filled(sizes[t], 0.0f), v[t] = floats_filled(sizes[t], 0.0f);
+        g_param[t] = upload_floats(k, param[t], sizes[t]), g_m[t] = upload_floats(k, m[t], sizes[t]);
+        g_v[t] = upload_floats(k, v[t], sizes[t]);
     }
-    check_device(k, g_param, param, n, 1e-6, 1e-12, "param");
-    check_device(k, g_m, m, n, 1e-6, 1e-12, "m");
-    check_device(k, g_v, v, n, 1e-6, 1e-12, "v");
-    k->release(g_param), k->release(g_m), k->release(g_v);
-    free(param), free(m), free(v);
+    for (int64_t step = 1; step <= 3; step++) {
+        float *grad[COUNT], *g_grad[COUNT];
+        for (int t = 0; t < COUNT; t++) {
+            float decay = t % 2 ? 0.1f : 0.0f;
+            grad[t] = floats_random(sizes[t], 0.1f), g_grad[t] = upload_floats(k, grad[t], sizes[t]);
+            adamw_update(param[t], grad[t], m[t], v[t], sizes[t], 6e-4f, 0.9f, 0.95f, 1e-8f, decay, step);
+            tensors[t] = (adamw_tensor){g_param[t], g_m[t], g_v[t], g_grad[t], sizes[t], decay};
+        }
+        cr_assert_eq(k->adamw_update_tensors(tensors, COUNT, 6e-4f, 0.9f, 0.95f, 1e-8f, step), TP_OK, "%s",
+                     tp_errmsg());
+        for (int t = 0; t < COUNT; t++) k->release(g_grad[t]), free(grad[t]);
+    }
+    for (int t = 0; t < COUNT; t++) {
+        check_device(k, g_param[t], param[t], sizes[t], 1e-6, 1e-12, "param");
+        check_device(k, g_m[t], m[t], sizes[t], 1e-6, 1e-12, "m");
+        check_device(k, g_v[t], v[t], sizes[t], 1e-6, 1e-12, "v");
+        k->release(g_param[t]), k->release(g_m[t]), k->release(g_v[t]);
+        free(param[t]), free(m[t]), free(v[t]);
+    }
 }
 
 /* Squares of floats are exact in double; only the order of the additions

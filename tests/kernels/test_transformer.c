@@ -608,6 +608,43 @@ Test(transformer, adamw_step_formula)
     for (int i = 0; i < 3; i++) cr_assert(fabs(p[i] - P[i]) < 1e-6, "param %d: %g, want %g", i, p[i], P[i]);
 }
 
+/* One call over many tensors is one adamw_update per tensor, to the bit:
+ * sizes of 0 and 1 and tensors large enough that the workers' shares cut
+ * through them; weight decay on every other. */
+Test(transformer, adamw_update_tensors_equals_each_tensor_alone)
+{
+    enum { COUNT = 9 };
+    const int64_t sizes[COUNT] = {0, 1, 70001, 3, 0, 40000, 17, 100003, 5};
+    float *alone[COUNT][3], *together[COUNT][3], *grad[COUNT];
+    adamw_tensor tensors[COUNT];
+    for (int t = 0; t < COUNT; t++) {
+        for (int i = 0; i < 3; i++) {
+            alone[t][i] = random_floats(sizes[t] > 0 ? sizes[t] : 1);
+            together[t][i] = malloc((size_t)(sizes[t] > 0 ? sizes[t] : 1) * sizeof(float));
+            memcpy(together[t][i], alone[t][i], (size_t)sizes[t] * sizeof(float));
+        }
+        for (int64_t j = 0; j < sizes[t]; j++) alone[t][2][j] = together[t][2][j] = fabsf(alone[t][2][j]); /* v >= 0 */
+        tensors[t] = (adamw_tensor){together[t][0], together[t][1], together[t][2], NULL, sizes[t], t % 2 ? 0.1f : 0};
+    }
+    for (int64_t step = 1; step <= 3; step++) {
+        for (int t = 0; t < COUNT; t++) {
+            grad[t] = random_floats(sizes[t] > 0 ? sizes[t] : 1);
+            tensors[t].grad = grad[t];
+            adamw_update(alone[t][0], grad[t], alone[t][1], alone[t][2], sizes[t], 6e-4f, 0.9f, 0.95f, 1e-8f,
+                         tensors[t].weight_decay, step);
+        }
+        adamw_update_tensors(tensors, COUNT, 6e-4f, 0.9f, 0.95f, 1e-8f, step);
+        for (int t = 0; t < COUNT; t++) free(grad[t]);
+    }
+    for (int t = 0; t < COUNT; t++)
+        for (int i = 0; i < 3; i++) {
+            cr_assert(memcmp(alone[t][i], together[t][i], (size_t)sizes[t] * sizeof(float)) == 0,
+                      "tensor %d (%lld values): %s differs from adamw_update's", t, (long long)sizes[t],
+                      i == 0 ? "param" : i == 1 ? "m" : "v");
+            free(alone[t][i]), free(together[t][i]);
+        }
+}
+
 Test(transformer, elementwise_sums_scales_and_squares)
 {
     /* out[N,C] = x + (partial + bias[C]), in that order of additions. */

@@ -93,9 +93,11 @@ static void flip_spans(const span *spans, int count)
     int touched_count_ = (int)(sizeof touched_ / sizeof touched_[0]); \
     pthread_mutex_lock(&lock);                                        \
     flip_spans(touched_, touched_count_)
-#define LEAVE_WITH(status)                   \
-    flip_spans(touched_, touched_count_);    \
-    pthread_mutex_unlock(&lock);             \
+#define UNTOUCH()                         \
+    flip_spans(touched_, touched_count_); \
+    pthread_mutex_unlock(&lock)
+#define LEAVE_WITH(status) \
+    UNTOUCH();             \
     return (status)
 #define LEAVE() LEAVE_WITH(TP_OK)
 
@@ -356,12 +358,18 @@ static int enc_crossentropy_backward(float *d_logits, const float *logits, const
     LEAVE();
 }
 
-static int enc_adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
-                            float beta2, float eps, float weight_decay, int64_t step)
+/* A tensor at a time (each its four spans decoded), as adamw_update_tensors
+ * computes each value alone: the same results as one call. */
+static int enc_adamw_update_tensors(const adamw_tensor *tensors, int count, float lr, float beta1, float beta2,
+                                    float eps, int64_t step)
 {
-    ENTER(S(param, n), S(grad, n), S(m, n), S(v, n));
-    adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
-    LEAVE();
+    for (int t = 0; t < count; t++) {
+        const adamw_tensor *x = &tensors[t];
+        ENTER(S(x->param, x->n), S(x->grad, x->n), S(x->m, x->n), S(x->v, x->n));
+        adamw_update_tensors(x, 1, lr, beta1, beta2, eps, step);
+        UNTOUCH();
+    }
+    return TP_OK;
 }
 
 static int enc_sum_of_squares(double *out, const float *const *spans, const int64_t *lengths, int count)
@@ -420,7 +428,7 @@ static const kernel_backend backend = {
     .crossentropy_row_sumexp = enc_crossentropy_row_sumexp,
     .crossentropy_target_logit = enc_crossentropy_target_logit,
     .crossentropy_backward = enc_crossentropy_backward,
-    .adamw_update = enc_adamw_update,
+    .adamw_update_tensors = enc_adamw_update_tensors,
     .sum_of_squares = enc_sum_of_squares,
 };
 
