@@ -15,9 +15,10 @@ extern "C" {
 static __global__ void embedding_forward_kernel(float *out, const int *tokens, const float *table, int64_t N, int64_t C,
                                                 int64_t first, int64_t rows)
 {
-    GRID_STRIDE(i, N * C) {
-        int64_t n = i / C, c = i % C, row = (int64_t)tokens[n] - first;
-        out[i] = row >= 0 && row < rows ? table[row * C + c] : 0.0f;
+    ROWS_OF_BLOCK(n, N) {
+        int64_t row = (int64_t)tokens[n] - first;
+        int held = row >= 0 && row < rows;
+        COLUMNS_OF_THREAD(c, C) out[n * C + c] = held ? table[row * C + c] : 0.0f;
     }
 }
 
@@ -28,9 +29,10 @@ static __global__ void embedding_forward_kernel(float *out, const int *tokens, c
 static __global__ void embedding_backward_kernel(float *d_table, const int *tokens, const float *d_out, int64_t N,
                                                  int64_t C, int64_t first, int64_t rows)
 {
-    GRID_STRIDE(i, N * C) {
-        int64_t n = i / C, c = i % C, row = (int64_t)tokens[n] - first;
-        if (row >= 0 && row < rows) atomicAdd(&d_table[row * C + c], d_out[i]);
+    ROWS_OF_BLOCK(n, N) {
+        int64_t row = (int64_t)tokens[n] - first;
+        if (row < 0 || row >= rows) continue;
+        COLUMNS_OF_THREAD(c, C) atomicAdd(&d_table[row * C + c], d_out[n * C + c]);
     }
 }
 
@@ -39,8 +41,8 @@ int cuda_embedding_forward(float *out, const int *tokens, const float *table, in
 {
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
-    embedding_forward_kernel<<<blocks_for(N * C, THREADS), THREADS, 0, cuda_state.stream>>>(out, tokens, table, N, C,
-                                                                                        first, rows);
+    embedding_forward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, tokens, table, N, C, first,
+                                                                               rows);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -52,8 +54,8 @@ int cuda_embedding_backward(float *d_table, const int *tokens, const float *d_ou
 {
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
-    embedding_backward_kernel<<<blocks_for(N * C, THREADS), THREADS, 0, cuda_state.stream>>>(d_table, tokens, d_out, N, C,
-                                                                                         first, rows);
+    embedding_backward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(d_table, tokens, d_out, N, C, first,
+                                                                                rows);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -105,14 +107,18 @@ static __global__ void crossentropy_backward_kernel(float *d_logits, const float
                                                     const float *sum, const int *targets, int64_t N, int64_t V,
                                                     int64_t first, int64_t valid, float scale)
 {
-    GRID_STRIDE(i, N * V) {
-        int64_t n = i / V, v = i % V;
-        float d = 0.0f;
-        if (v < valid) {
-            d = scale * expf(logits[i] - row_max[n]) / sum[n];
-            if (v == (int64_t)targets[n] - first) d -= scale;
+    ROWS_OF_BLOCK(n, N) {
+        float max = row_max[n], total = sum[n];
+        int64_t target = (int64_t)targets[n] - first;
+        COLUMNS_OF_THREAD(v, V) {
+            int64_t i = n * V + v;
+            float d = 0.0f;
+            if (v < valid) {
+                d = scale * expf(logits[i] - max) / total;
+                if (v == target) d -= scale;
+            }
+            d_logits[i] = d;
         }
-        d_logits[i] = d;
     }
 }
 
@@ -161,7 +167,7 @@ int cuda_crossentropy_backward(float *d_logits, const float *logits, const float
     int64_t valid = valid_columns(V, first, vocab);
     ENTER();
     if (N <= 0 || V <= 0) return TP_OK;
-    crossentropy_backward_kernel<<<blocks_for(N * V, THREADS), THREADS, 0, cuda_state.stream>>>(
+    crossentropy_backward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
         d_logits, logits, row_max, sum, targets, N, V, first, valid, scale);
     LAUNCH_CHECK();
     return TP_OK;

@@ -5,6 +5,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+extern "C" {
+#include "../kernels.h" /* adamw_tensor */
+}
+
 /* The CUDA backend's stream and device (backend.cu); fails with
  * TP_ERR_STATE when kernels_cuda has not made the backend yet. */
 extern "C" int cuda_backend_stream(cudaStream_t *stream, int *device);

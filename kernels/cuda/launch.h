@@ -16,8 +16,6 @@
 
 #define THREADS 256        /* per block, elementwise and row kernels (a multiple of 32: block_reduce) */
 #define MAX_BLOCKS 65535   /* within every device generation's grid limits; grid-stride loops do the rest */
-#define COL_TILE 32        /* columns per block in column sums */
-#define COL_ROWS 16        /* thread rows per block in column sums */
 #define SUM_BLOCKS 1024    /* sum_of_squares' first-pass blocks (partials) */
 
 /* One state per process (backend.cu): the device, the stream every
@@ -81,6 +79,12 @@ static inline unsigned blocks_for(int64_t work, int64_t per_block)
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 #define ROWS_OF_BLOCK(row, rows) for (int64_t row = blockIdx.x; row < (rows); row += gridDim.x)
 #define COLUMNS_OF_THREAD(c, count) for (int64_t c = threadIdx.x; c < (count); c += blockDim.x)
+/* Elements (row, column) of a row-major [rows, columns] array: a block per
+ * row (blocks_for(rows, 1) of THREADS), its threads over the columns. Not
+ * GRID_STRIDE with i / columns and i % columns: a 64-bit division is
+ * emulated, dozens of instructions an element, about what the memory
+ * traffic of a simple element-wise kernel costs. */
+#define ROWS_AND_COLUMNS(row, column, rows, columns) ROWS_OF_BLOCK(row, rows) COLUMNS_OF_THREAD(column, columns)
 
 /* ========================================================== block reductions
  * The value of every thread of the block combined, returned to every thread

@@ -12,6 +12,7 @@ extern "C" {
 #include "../kernels.h"
 }
 #include "../convert_bits.h"
+#include "column_sums.h"
 #include "internal.h"
 #include "launch.h"
 #include "libraries.h"
@@ -128,30 +129,15 @@ static int fits_int(int64_t n)
 /* out[N,OC] += bias[OC] on every row. */
 static __global__ void add_bias_kernel(float *out, const float *bias, int64_t N, int64_t OC)
 {
-    GRID_STRIDE(i, N * OC) out[i] += bias[i % OC];
+    ROWS_AND_COLUMNS(n, c, N, OC) out[n * OC + c] += bias[c];
 }
 
-/* sums[c] += sum over n of x[n*C + c]: a block takes COL_TILE columns, its
- * thread rows take every COL_ROWS-th row, and thread row 0 adds their sums in
- * order (deterministic: no atomics). */
-static __global__ void column_sums_kernel(float *sums, const float *x, int64_t N, int64_t C)
-{
-    __shared__ float part[COL_ROWS][COL_TILE + 1];
-    for (int64_t tile = blockIdx.x; tile * COL_TILE < C; tile += gridDim.x) {
-        int64_t c = tile * COL_TILE + threadIdx.x;
-        float s = 0;
-        if (c < C)
-            for (int64_t n = threadIdx.y; n < N; n += COL_ROWS) s += x[n * C + c];
-        part[threadIdx.y][threadIdx.x] = s;
-        __syncthreads();
-        if (threadIdx.y == 0 && c < C) {
-            float total = 0;
-            for (int r = 0; r < COL_ROWS; r++) total += part[r][threadIdx.x];
-            sums[c] += total;
-        }
-        __syncthreads(); /* part is reused by the next tile */
-    }
-}
+/* Row n's value of column c of x [N, C]: column_sums of it are a bias's gradient. */
+struct column_of_values {
+    const float *x;
+    int64_t C;
+    __device__ void operator()(int64_t n, int64_t c, float *s) const { s[0] += x[n * C + c]; }
+};
 
 /* ===================================================== bf16 matrix products
  * The bf16 twins (matmul_forward_bf16, matmul_backward_bf16; linear.c) are
@@ -161,7 +147,7 @@ static __global__ void column_sums_kernel(float *sums, const float *x, int64_t N
  * CUBLAS_COMPUTE_32F: the products of bf16 values are exact in fp32 and are
  * summed in fp32 (tensor cores where cuBLAS picks them; not TF32, which
  * concerns fp32 operands only). The bias and d_bias stay fp32
- * (add_bias_kernel, column_sums_kernel on the unrounded d_out). One
+ * (add_bias_kernel, column_sums on the unrounded d_out). One
  * function per direction serves both precisions (matmul_forward_in,
  * matmul_backward_in): only the operands (operands_begin) and the product
  * call (gemm) differ.
@@ -269,7 +255,7 @@ static int matmul_forward_in(int bf16, float *out, const float *in, const float 
         if (status) return status;
     }
     if (bias) {
-        add_bias_kernel<<<blocks_for(N * OC, THREADS), THREADS, 0, cuda_state.stream>>>(out, bias, N, OC);
+        add_bias_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, bias, N, OC);
         LAUNCH_CHECK();
     }
     return TP_OK;
@@ -298,11 +284,7 @@ static int matmul_backward_in(int bf16, float *d_in, float *d_weight, float *d_b
         operands_end(&o);
         if (status) return status;
     }
-    if (d_bias && OC > 0) { /* d_bias += column sums of the fp32 d_out */
-        dim3 block(COL_TILE, COL_ROWS);
-        column_sums_kernel<<<blocks_for(OC, COL_TILE), block, 0, cuda_state.stream>>>(d_bias, d_out, N, OC);
-        LAUNCH_CHECK();
-    }
+    if (d_bias) TP_TRY(column_sums<1>(d_bias, NULL, column_of_values{d_out, OC}, N, OC)); /* of the fp32 d_out */
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
@@ -345,7 +327,10 @@ static __global__ void residual_kernel(float *out, const float *a, const float *
 static __global__ void bias_residual_kernel(float *out, const float *x, const float *partial, const float *bias,
                                             int64_t N, int64_t C)
 {
-    GRID_STRIDE(i, N * C) out[i] = x[i] + (partial[i] + bias[i % C]);
+    ROWS_AND_COLUMNS(n, c, N, C) {
+        int64_t i = n * C + c;
+        out[i] = x[i] + (partial[i] + bias[c]);
+    }
 }
 
 static __global__ void add_kernel(float *acc, const float *x, int64_t n)
@@ -374,7 +359,7 @@ int cuda_bias_residual_forward(float *out, const float *x, const float *partial,
 {
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
-    bias_residual_kernel<<<blocks_for(N * C, THREADS), THREADS, 0, cuda_state.stream>>>(out, x, partial, bias, N, C);
+    bias_residual_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, x, partial, bias, N, C);
     LAUNCH_CHECK();
     return TP_OK;
 fail:

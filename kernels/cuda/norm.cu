@@ -1,13 +1,14 @@
 /* norm.cu: layer norm, GELU, RMSNorm and SwiGLU on the GPU, the twins of
  * cpu/norm.c (tests/kernels/test_cuda_backend.c). Row kernels give a row to a
- * block (block_sum); the weight and bias gradients are column sums of
- * COL_TILE columns a block, summed in a fixed order. */
+ * block (block_sum); the weight and bias gradients are column sums in a fixed
+ * order (column_sums.h). */
 #include <math.h>
 #include <stdint.h>
 
 extern "C" {
 #include "../kernels.h"
 }
+#include "column_sums.h"
 #include "internal.h"
 #include "launch.h"
 
@@ -64,37 +65,18 @@ static __global__ void layernorm_backward_rows_kernel(float *d_in, const float *
     }
 }
 
-/* d_bias[c] += sum of dy over rows, d_weight[c] += sum of xhat dy: column
- * sums as in column_sums_kernel. */
-static __global__ void layernorm_backward_columns_kernel(float *d_weight, float *d_bias, const float *d_out,
-                                                         const float *in, const float *mean, const float *rstd,
-                                                         int64_t N, int64_t C)
-{
-    __shared__ float part_w[COL_ROWS][COL_TILE + 1], part_b[COL_ROWS][COL_TILE + 1];
-    for (int64_t tile = blockIdx.x; tile * COL_TILE < C; tile += gridDim.x) {
-        int64_t c = tile * COL_TILE + threadIdx.x;
-        float sw = 0, sb = 0;
-        if (c < C)
-            for (int64_t n = threadIdx.y; n < N; n += COL_ROWS) {
-                float dy = d_out[n * C + c], xhat = (in[n * C + c] - mean[n]) * rstd[n];
-                sb += dy;
-                sw += xhat * dy;
-            }
-        part_w[threadIdx.y][threadIdx.x] = sw;
-        part_b[threadIdx.y][threadIdx.x] = sb;
-        __syncthreads();
-        if (threadIdx.y == 0 && c < C) {
-            float tw = 0, tb = 0;
-            for (int r = 0; r < COL_ROWS; r++) {
-                tw += part_w[r][threadIdx.x];
-                tb += part_b[r][threadIdx.x];
-            }
-            d_weight[c] += tw;
-            d_bias[c] += tb;
-        }
-        __syncthreads();
+/* Row n's terms of column c of the gradients: d_weight's xhat dy, then
+ * d_bias's dy (column_sums). */
+struct layernorm_weight_bias_terms {
+    const float *d_out, *in, *mean, *rstd;
+    int64_t C;
+    __device__ void operator()(int64_t n, int64_t c, float *s) const
+    {
+        float dy = d_out[n * C + c], xhat = (in[n * C + c] - mean[n]) * rstd[n];
+        s[0] += xhat * dy;
+        s[1] += dy;
     }
-}
+};
 
 int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
                            const float *bias, int64_t N, int64_t C)
@@ -111,16 +93,12 @@ fail:
 int cuda_layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                             const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
 {
-    dim3 column_block(COL_TILE, COL_ROWS);
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
     layernorm_backward_rows_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(d_in, d_out, in, weight, mean,
                                                                                     rstd, N, C);
     LAUNCH_CHECK();
-    layernorm_backward_columns_kernel<<<blocks_for(C, COL_TILE), column_block, 0, cuda_state.stream>>>(
-        d_weight, d_bias, d_out, in, mean, rstd, N, C);
-    LAUNCH_CHECK();
-    return TP_OK;
+    return column_sums<2>(d_weight, d_bias, layernorm_weight_bias_terms{d_out, in, mean, rstd, C}, N, C);
 fail:
     return TP_ERR_DEVICE;
 }
@@ -176,7 +154,7 @@ fail:
 /* ================================================================ RMSNorm
  * As norm.c: a block per row for the forward and for d_in, rstd =
  * 1 / sqrt(mean(x^2) + eps), y = x rstd w; d_weight by column sums in a
- * fixed order as layernorm_backward_columns_kernel (no atomics). */
+ * fixed order (column_sums.h; no atomics). */
 
 static __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *in, const float *weight,
                                               int64_t N, int64_t C, float eps)
@@ -209,26 +187,12 @@ static __global__ void rmsnorm_backward_rows_kernel(float *d_in, const float *d_
     }
 }
 
-/* d_weight[c] += sum over rows of x rstd dy. */
-static __global__ void rmsnorm_backward_columns_kernel(float *d_weight, const float *d_out, const float *in,
-                                                       const float *rstd, int64_t N, int64_t C)
-{
-    __shared__ float part[COL_ROWS][COL_TILE + 1];
-    for (int64_t tile = blockIdx.x; tile * COL_TILE < C; tile += gridDim.x) {
-        int64_t c = tile * COL_TILE + threadIdx.x;
-        float sw = 0;
-        if (c < C)
-            for (int64_t n = threadIdx.y; n < N; n += COL_ROWS) sw += in[n * C + c] * rstd[n] * d_out[n * C + c];
-        part[threadIdx.y][threadIdx.x] = sw;
-        __syncthreads();
-        if (threadIdx.y == 0 && c < C) {
-            float total = 0;
-            for (int r = 0; r < COL_ROWS; r++) total += part[r][threadIdx.x];
-            d_weight[c] += total;
-        }
-        __syncthreads();
-    }
-}
+/* Row n's term of column c of d_weight: x rstd dy (column_sums). */
+struct rmsnorm_weight_terms {
+    const float *d_out, *in, *rstd;
+    int64_t C;
+    __device__ void operator()(int64_t n, int64_t c, float *s) const { s[0] += in[n * C + c] * rstd[n] * d_out[n * C + c]; }
+};
 
 int cuda_rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
                          float eps)
@@ -245,40 +209,34 @@ fail:
 int cuda_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in,
                           const float *weight, const float *rstd, int64_t N, int64_t C)
 {
-    dim3 column_block(COL_TILE, COL_ROWS);
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
     rmsnorm_backward_rows_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(d_in, d_out, in, weight, rstd, N,
                                                                                   C);
     LAUNCH_CHECK();
-    rmsnorm_backward_columns_kernel<<<blocks_for(C, COL_TILE), column_block, 0, cuda_state.stream>>>(d_weight, d_out, in,
-                                                                                                 rstd, N, C);
-    LAUNCH_CHECK();
-    return TP_OK;
+    return column_sums<1>(d_weight, NULL, rmsnorm_weight_terms{d_out, in, rstd, C}, N, C);
 fail:
     return TP_ERR_DEVICE;
 }
 
 /* ================================================================= SwiGLU
  * As norm.c: in[N,2F] = [gate | up] per row, out[N,F] = g / (1 + exp(-g)) up;
- * the GPU's expf for the CPU's fast_expf (each within 2 ulp). An element of
- * out (and its two of d_in) per thread. */
+ * the GPU's expf for the CPU's fast_expf (each within 2 ulp). A block per
+ * row, an element of out (and its two of d_in) per thread. */
 
 static __global__ void swiglu_forward_kernel(float *out, const float *in, int64_t N, int64_t F)
 {
-    GRID_STRIDE(i, N * F) {
-        int64_t n = i / F, f = i - n * F;
+    ROWS_AND_COLUMNS(n, f, N, F) {
         float g = in[n * 2 * F + f];
-        out[i] = g / (1.0f + expf(-g)) * in[n * 2 * F + F + f];
+        out[n * F + f] = g / (1.0f + expf(-g)) * in[n * 2 * F + F + f];
     }
 }
 
 /* d up = dy g s, d gate = dy up s (1 + g (1 - s)), s = sigmoid(g). */
 static __global__ void swiglu_backward_kernel(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
 {
-    GRID_STRIDE(i, N * F) {
-        int64_t n = i / F, f = i - n * F;
-        float g = in[n * 2 * F + f], up = in[n * 2 * F + F + f], dy = d_out[i];
+    ROWS_AND_COLUMNS(n, f, N, F) {
+        float g = in[n * 2 * F + f], up = in[n * 2 * F + F + f], dy = d_out[n * F + f];
         float s = 1.0f / (1.0f + expf(-g));
         d_in[n * 2 * F + F + f] = dy * (g * s);
         d_in[n * 2 * F + f] = dy * up * (s * (1.0f + g * (1.0f - s)));
@@ -289,7 +247,7 @@ int cuda_swiglu_forward(float *out, const float *in, int64_t N, int64_t F)
 {
     ENTER();
     if (N <= 0 || F <= 0) return TP_OK;
-    swiglu_forward_kernel<<<blocks_for(N * F, THREADS), THREADS, 0, cuda_state.stream>>>(out, in, N, F);
+    swiglu_forward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, in, N, F);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -300,7 +258,7 @@ int cuda_swiglu_backward(float *d_in, const float *in, const float *d_out, int64
 {
     ENTER();
     if (N <= 0 || F <= 0) return TP_OK;
-    swiglu_backward_kernel<<<blocks_for(N * F, THREADS), THREADS, 0, cuda_state.stream>>>(d_in, in, d_out, N, F);
+    swiglu_backward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(d_in, in, d_out, N, F);
     LAUNCH_CHECK();
     return TP_OK;
 fail:

@@ -12,19 +12,24 @@ extern "C" {
  * As rope.c: in each of the first H = Hq + Hkv heads of every row of
  * qkv[B,T,(Hq+2Hkv)*hd], element j < hd/2 and j + hd/2 turn by the angle
  * whose (cos, sin) is cos_sin[t, j]; sign +1 forward, -1 backward (the
- * transpose). A pair per thread, in place: no two threads share an element. */
+ * transpose). A block per row (one 64-bit division a row, not an element:
+ * ROWS_AND_COLUMNS in launch.h), a pair per thread, in place: no two threads
+ * share an element. */
 
 static __global__ void rope_kernel(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t H, int64_t stride,
                                    int64_t hd, float sign)
 {
-    int64_t half = hd / 2;
-    GRID_STRIDE(i, B * T * H * half) {
-        int64_t j = i % half, head = i / half, h = head % H, row = head / H, t = row % T;
-        float *x = qkv + row * stride + h * hd;
-        float c = cos_sin[(t * half + j) * 2], s = sign * cos_sin[(t * half + j) * 2 + 1];
-        float lo = x[j], hi = x[j + half];
-        x[j] = lo * c - hi * s;
-        x[j + half] = hi * c + lo * s;
+    int half = (int)(hd / 2), pairs = (int)(H * half); /* a row's, int: rope_turn checks */
+    ROWS_OF_BLOCK(row, B * T) {
+        int64_t t = row % T;
+        for (int k = threadIdx.x; k < pairs; k += blockDim.x) {
+            int h = k / half, j = k - h * half;
+            float *x = qkv + row * stride + (int64_t)h * hd;
+            float c = cos_sin[(t * half + j) * 2], s = sign * cos_sin[(t * half + j) * 2 + 1];
+            float lo = x[j], hi = x[j + half];
+            x[j] = lo * c - hi * s;
+            x[j + half] = hi * c + lo * s;
+        }
     }
 }
 
@@ -33,7 +38,10 @@ static int rope_turn(float *qkv, const float *cos_sin, int64_t B, int64_t T, int
 {
     ENTER();
     if (B <= 0 || T <= 0 || Hq + Hkv <= 0 || hd / 2 <= 0) return TP_OK;
-    rope_kernel<<<blocks_for(B * T * (Hq + Hkv) * (hd / 2), THREADS), THREADS, 0, cuda_state.stream>>>(
+    if ((Hq + Hkv) * (hd / 2) > INT32_MAX)
+        return tp_fail(TP_ERR_ARG, "CUDA rope: %lld heads of %lld values, beyond a row's int count of pairs",
+                       (long long)(Hq + Hkv), (long long)hd);
+    rope_kernel<<<blocks_for(B * T, 1), THREADS, 0, cuda_state.stream>>>(
         qkv, cos_sin, B, T, Hq + Hkv, (Hq + 2 * Hkv) * hd, hd, sign);
     LAUNCH_CHECK();
     return TP_OK;

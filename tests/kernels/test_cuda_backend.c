@@ -218,6 +218,33 @@ static void check_rounded(const kernel_backend *k, const float *device, const fl
 }
 
 /* out overwritten (starts from garbage), with and without bias. */
+/* d_bias alone (the others NULL) of tall and of wide d_out, which the
+ * column sums cut into many row chunks (column_sums.h): as the CPU's within
+ * 1e-4 relative + 1e-3 absolute (columns of up to 5,000 rows, summed in
+ * another order), and the same bits on a second run from the same start
+ * (a fixed order: no atomics). */
+Test(cuda_backend, bias_gradients_of_tall_arrays)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t shapes[][2] = {{5000, 77}, {300, 3000}, {1000, 1}};
+    for (int s = 0; s < 3; s++) {
+        int64_t N = shapes[s][0], OC = shapes[s][1];
+        float *dout = floats_random(N * OC, 1.0f), *db = floats_random(OC, 1.0f);
+        float *g_dout = upload_floats(k, dout, N * OC), *g_db = upload_floats(k, db, OC);
+        float *g_again = upload_floats(k, db, OC);
+        matmul_backward(NULL, NULL, db, dout, NULL, NULL, N, 8, OC);
+        cr_assert_eq(k->matmul_backward(NULL, NULL, g_db, g_dout, NULL, NULL, N, 8, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->matmul_backward(NULL, NULL, g_again, g_dout, NULL, NULL, N, 8, OC), TP_OK, "%s", tp_errmsg());
+        check_device(k, g_db, db, OC, 1e-4, 1e-3, "d_bias");
+        float *first = download(k, g_db, OC), *second = download(k, g_again, OC);
+        cr_assert(memcmp(first, second, (size_t)OC * sizeof(float)) == 0, "[%lld, %lld]: two runs differ",
+                  (long long)N, (long long)OC);
+        k->release(g_dout), k->release(g_db), k->release(g_again);
+        free(dout), free(db), free(first), free(second);
+    }
+}
+
 Test(cuda_backend, matmul_forward_bf16)
 {
     NEED_GPU();
@@ -385,13 +412,17 @@ Test(cuda_backend, layernorm_forward)
 
 /* All three gradients accumulate (norm.c): they start from random values.
  * Both sides get the CPU's mean and rstd. Tolerance 1e-4 relative + 1e-5
- * absolute (row and column reductions). */
+ * absolute (row and column reductions); the tall shape's column sums, of
+ * 3,000 rows cut into 23 chunks (column_sums.h), where the CPU sums each
+ * column in one run, 1e-3 absolute (sums of about 50: a few units in the
+ * last place of each partial sum). */
 Test(cuda_backend, layernorm_backward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    const int64_t shapes[][2] = {{37, 72}, {5, 1000}};
-    for (int s = 0; s < 2; s++) {
+    const int64_t shapes[][2] = {{37, 72}, {5, 1000}, {3000, 77}};
+    for (int s = 0; s < 3; s++) {
+        double column_abs = s == 2 ? 1e-3 : 1e-5; /* the tall shape's columns sum 3,000 rows */
         int64_t N = shapes[s][0], C = shapes[s][1];
         float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f), *b = floats_random(C, 1.0f);
         float *dout = floats_random(N * C, 1.0f), *dx = floats_random(N * C, 1.0f), *dw = floats_random(C, 1.0f);
@@ -405,8 +436,8 @@ Test(cuda_backend, layernorm_backward)
         cr_assert_eq(k->layernorm_backward(g_dx, g_dw, g_db, g_dout, g_x, g_w, g_mean, g_rstd, N, C), TP_OK, "%s",
                      tp_errmsg());
         check_device(k, g_dx, dx, N * C, 1e-4, 1e-5, "d_in");
-        check_device(k, g_dw, dw, C, 1e-4, 1e-5, "d_weight");
-        check_device(k, g_db, db, C, 1e-4, 1e-5, "d_bias");
+        check_device(k, g_dw, dw, C, 1e-4, column_abs, "d_weight");
+        check_device(k, g_db, db, C, 1e-4, column_abs, "d_bias");
         k->release(g_x), k->release(g_w), k->release(g_dout), k->release(g_dx), k->release(g_dw), k->release(g_db);
         k->release(g_mean), k->release(g_rstd);
         free(x), free(w), free(b), free(dout), free(dx), free(dw), free(db), free(out), free(mean), free(rstd);
@@ -468,13 +499,14 @@ Test(cuda_backend, rmsnorm_forward)
 }
 
 /* Both gradients accumulate: they start from random values. Both sides get
- * the CPU's rstd. Tolerance as layernorm_backward's. */
+ * the CPU's rstd. Shapes and tolerances as layernorm_backward's. */
 Test(cuda_backend, rmsnorm_backward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    const int64_t shapes[][2] = {{37, 72}, {5, 1000}};
-    for (int s = 0; s < 2; s++) {
+    const int64_t shapes[][2] = {{37, 72}, {5, 1000}, {3000, 77}};
+    for (int s = 0; s < 3; s++) {
+        double column_abs = s == 2 ? 1e-3 : 1e-5; /* the tall shape's columns sum 3,000 rows */
         int64_t N = shapes[s][0], C = shapes[s][1];
         float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f), *dout = floats_random(N * C, 1.0f);
         float *dx = floats_random(N * C, 1.0f), *dw = floats_random(C, 1.0f);
@@ -485,7 +517,7 @@ Test(cuda_backend, rmsnorm_backward)
         rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
         cr_assert_eq(k->rmsnorm_backward(g_dx, g_dw, g_dout, g_x, g_w, g_rstd, N, C), TP_OK, "%s", tp_errmsg());
         check_device(k, g_dx, dx, N * C, 1e-4, 1e-5, "d_in");
-        check_device(k, g_dw, dw, C, 1e-4, 1e-5, "d_weight");
+        check_device(k, g_dw, dw, C, 1e-4, column_abs, "d_weight");
         k->release(g_x), k->release(g_w), k->release(g_dout), k->release(g_dx), k->release(g_dw), k->release(g_rstd);
         free(x), free(w), free(dout), free(dx), free(dw), free(out), free(rstd);
     }
