@@ -299,6 +299,7 @@ extern "C" const kernel_backend *kernels_cuda(int device)
     CUDA_TRY(cudaStreamCreateWithFlags(&cuda_state.stream, cudaStreamNonBlocking));
     CUDA_TRY(cudaStreamCreateWithFlags(&cuda_state.side, cudaStreamNonBlocking));
     if (cuda_blas_start()) goto fail;
+    if (cuda_lt_start()) goto fail;
     CUDA_TRY(cudaMalloc(&cuda_state.sums, (SUM_BLOCKS + 1) * sizeof(double)));
     cuda_state.device = device;
     fill_table(&backend_table);
@@ -307,6 +308,7 @@ extern "C" const kernel_backend *kernels_cuda(int device)
     goto done;
 fail:
     if (cuda_state.sums) cudaFree(cuda_state.sums);
+    cuda_lt_stop();
     cuda_blas_stop();
     if (cuda_state.stream) cudaStreamDestroy(cuda_state.stream);
     if (cuda_state.side) cudaStreamDestroy(cuda_state.side);

@@ -99,5 +99,15 @@ int cuda_sum_of_squares(double *out, const float *const *spans, const int64_t *l
  * fp32 math); stop releases it (also after a failed start). */
 int cuda_blas_start(void);
 void cuda_blas_stop(void);
+/* products_lt.cu: cuBLASLt, loaded and given a handle and a workspace at
+ * start (stop releases them, also after a failed start); then
+ * out[N,OC] = in . W^T + bias with the bias in the product's epilogue, on
+ * cuda_state.stream, in and W as the product reads them (fp32, or bf16
+ * when bf16), out and bias fp32; *done 0 (and nothing queued) where
+ * cuBLASLt has no algorithm for the shape: the caller adds the bias itself. */
+int cuda_lt_start(void);
+void cuda_lt_stop(void);
+int cuda_lt_forward_bias(int bf16, float *out, const void *in, const void *weight, const float *bias, int64_t N,
+                         int64_t C, int64_t OC, int *done);
 
 #endif

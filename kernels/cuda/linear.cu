@@ -241,6 +241,7 @@ static int dimensions_ok(const char *what, int bf16, int64_t N, int64_t C, int64
 static int matmul_forward_in(int bf16, float *out, const float *in, const float *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC)
 {
+    int bias_added = 0;
     TP_TRY(dimensions_ok("matmul_forward", bf16, N, C, OC));
     ENTER();
     if (N == 0 || OC == 0) return TP_OK;
@@ -250,11 +251,14 @@ static int matmul_forward_in(int bf16, float *out, const float *in, const float 
         const int64_t sizes[2] = {N * C, OC * C};
         operands o;
         int status = operands_begin(&o, bf16, arrays, sizes, 2);
-        if (!status) status = gemm(&o, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, o.of[1], C, o.of[0], C, 0.0f, out, OC);
+        if (!status && bias) /* the bias in the product's epilogue where cuBLASLt has an algorithm for it */
+            status = cuda_lt_forward_bias(bf16, out, o.of[0], o.of[1], bias, N, C, OC, &bias_added);
+        if (!status && !bias_added)
+            status = gemm(&o, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, o.of[1], C, o.of[0], C, 0.0f, out, OC);
         operands_end(&o);
         if (status) return status;
     }
-    if (bias) {
+    if (bias && !bias_added) {
         add_bias_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, bias, N, OC);
         LAUNCH_CHECK();
     }

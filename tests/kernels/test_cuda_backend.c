@@ -217,7 +217,6 @@ static void check_rounded(const kernel_backend *k, const float *device, const fl
     free(got);
 }
 
-/* out overwritten (starts from garbage), with and without bias. */
 /* d_bias alone (the others NULL) of tall and of wide d_out, which the
  * column sums cut into many row chunks (column_sums.h): as the CPU's within
  * 1e-4 relative + 1e-3 absolute (columns of up to 5,000 rows, summed in
@@ -245,6 +244,51 @@ Test(cuda_backend, bias_gradients_of_tall_arrays)
     }
 }
 
+/* The products with a bias go through cuBLASLt's bias epilogue
+ * (products_lt.cu), whose algorithms assume 256-byte aligned arrays unless
+ * told otherwise; the trainer's arrays start at any float. Each of in, W,
+ * bias and out 4 bytes past an alignment, and all aligned again (another
+ * plan), in both precisions, against the CPU with matmul_forward's and
+ * matmul_forward_bf16's tolerances; then once more at the first alignment
+ * (the kept plan). */
+Test(cuda_backend, products_with_bias_at_any_alignment)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t N = 67, C = 72, OC = 150;
+    float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *bias = floats_random(OC, 1.0f);
+    float *want = malloc((size_t)(N * OC) * sizeof(float));
+    /* One float more than each array: the array at offset 1 or 0. */
+    float *g_in = NULL, *g_w = NULL, *g_bias = NULL, *g_out = NULL;
+    cr_assert_eq(k->alloc((void **)&g_in, (size_t)(N * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->alloc((void **)&g_w, (size_t)(OC * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->alloc((void **)&g_bias, (size_t)(OC + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->alloc((void **)&g_out, (size_t)(N * OC + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    const int offsets[] = {1, 0, 1};
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int o = 0; o < 3; o++) {
+            int at = offsets[o];
+            cr_assert_eq(k->to_device(g_in + at, in, (size_t)(N * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->to_device(g_w + at, w, (size_t)(OC * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->to_device(g_bias + at, bias, (size_t)OC * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            if (bf16) {
+                cr_assert_eq(matmul_forward_bf16(want, in, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+                cr_assert_eq(k->matmul_forward_bf16(g_out + at, g_in + at, g_w + at, g_bias + at, N, C, OC), TP_OK,
+                             "bf16, offset %d: %s", at, tp_errmsg());
+                check_bf16(k, g_out + at, want, N * OC, at ? "bf16 out, arrays 4 bytes past alignment" : "bf16 out");
+            } else {
+                matmul_forward(want, in, w, bias, N, C, OC);
+                cr_assert_eq(k->matmul_forward(g_out + at, g_in + at, g_w + at, g_bias + at, N, C, OC), TP_OK,
+                             "fp32, offset %d: %s", at, tp_errmsg());
+                check_device(k, g_out + at, want, N * OC, 1e-4, 1e-4,
+                             at ? "fp32 out, arrays 4 bytes past alignment" : "fp32 out");
+            }
+        }
+    k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out);
+    free(in), free(w), free(bias), free(want);
+}
+
+/* out overwritten (starts from garbage), with and without bias. */
 Test(cuda_backend, matmul_forward_bf16)
 {
     NEED_GPU();

@@ -1,0 +1,270 @@
+/* products_lt.cu: the forward product with its bias added in cuBLASLt's
+ * epilogue (CUBLASLT_EPILOGUE_BIAS), for matmul_forward and
+ * matmul_forward_bf16 (linear.cu).
+ *
+ * Why: out[N,OC] = in . W^T + bias as a product then add_bias_kernel
+ * writes out, then reads and writes it again: for GPT-2 124M at micro-batch
+ * 4 that second pass is about 2 GB a step (the qkv and fc products of 12
+ * layers). In the epilogue the bias is added to the fp32 sum before the one
+ * write, rounding once as add_bias_kernel's addition does; the sum itself
+ * may come from another algorithm than cublasGemmEx picks (another order of
+ * additions: last bits, as between any two of cuBLAS's algorithms).
+ *
+ * cuBLASLt comes with cuBLAS (libcublas.so needs libcublasLt.so) and is
+ * loaded the same way, when the backend starts. A plan (the descriptors
+ * and the algorithm cuBLASLt's heuristic picks) is made once per shape and
+ * per alignment of the pointers (cuBLASLt's algorithms assume 256-byte
+ * alignment unless told less; the trainer's arrays are carved from larger
+ * ones at float offsets), and kept for the process. Where cuBLASLt offers
+ * no algorithm for a shape, that is remembered too, and the caller does
+ * the product and the bias separately as before. */
+#include <cublasLt.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "../kernels.h"
+}
+#include "internal.h"
+#include "launch.h"
+#include "libraries.h"
+
+#define TP_STRINGIFY_(x) #x
+#define TP_STRINGIFY(x) TP_STRINGIFY_(x)
+
+#define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt's advice for Hopper: 32 MiB */
+#define LT_MAX_PLANS 64                        /* shapes x alignments; a model has a handful */
+
+static struct {
+    decltype(&cublasLtCreate) create;
+    decltype(&cublasLtDestroy) destroy;
+    decltype(&cublasLtMatmulDescCreate) desc_create;
+    decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+    decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+    decltype(&cublasLtMatrixLayoutCreate) layout_create;
+    decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+    decltype(&cublasLtMatmulPreferenceCreate) preference_create;
+    decltype(&cublasLtMatmulPreferenceDestroy) preference_destroy;
+    decltype(&cublasLtMatmulPreferenceSetAttribute) preference_set;
+    decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+    decltype(&cublasLtGetStatusName) status_name;
+    decltype(&cublasLtGetStatusString) status_string;
+    decltype(&cublasLtMatmul) matmul;
+} lt;
+
+static int load_cublas_lt(void)
+{
+    static const char *const names[] = {"libcublasLt.so." TP_STRINGIFY(CUBLAS_VER_MAJOR), "libcublasLt.so"};
+    if (lt.matmul) return TP_OK;
+    void *library = NULL;
+    TP_TRY(cuda_library_open("cuBLASLt", names, sizeof names / sizeof names[0], &library, NULL, 0));
+#define LOAD(field, symbol)                                                                                            \
+    if (!(*(void **)&lt.field = dlsym(library, #symbol)))                                                             \
+        return tp_fail(TP_ERR_DEVICE, "cuBLASLt (%s) has no %s", names[0], #symbol);
+    LOAD(create, cublasLtCreate)
+    LOAD(destroy, cublasLtDestroy)
+    LOAD(desc_create, cublasLtMatmulDescCreate)
+    LOAD(desc_destroy, cublasLtMatmulDescDestroy)
+    LOAD(desc_set, cublasLtMatmulDescSetAttribute)
+    LOAD(layout_create, cublasLtMatrixLayoutCreate)
+    LOAD(layout_destroy, cublasLtMatrixLayoutDestroy)
+    LOAD(preference_create, cublasLtMatmulPreferenceCreate)
+    LOAD(preference_destroy, cublasLtMatmulPreferenceDestroy)
+    LOAD(preference_set, cublasLtMatmulPreferenceSetAttribute)
+    LOAD(heuristic, cublasLtMatmulAlgoGetHeuristic)
+    LOAD(status_name, cublasLtGetStatusName)
+    LOAD(status_string, cublasLtGetStatusString)
+    LOAD(matmul, cublasLtMatmul) /* last: it says that all are loaded */
+#undef LOAD
+    return TP_OK;
+}
+
+/* cuBLASLt calls in the convention of CUDA_TRY (check.h). */
+#define LT_TRY(call)                                                                                                   \
+    do {                                                                                                               \
+        cublasStatus_t lt_try_status_ = (call);                                                                        \
+        if (lt_try_status_ != CUBLAS_STATUS_SUCCESS) {                                                                 \
+            tp_fail(TP_ERR_DEVICE, "%s:%d: %s: %s (%s)", __FILE__, __LINE__, #call, lt.status_name(lt_try_status_),   \
+                    lt.status_string(lt_try_status_));                                                                 \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+
+/* The key of a plan: precision, shape, and the alignment in bytes (a power
+ * of two, at most 256) of in, W, out and bias. */
+typedef struct {
+    int bf16;
+    int64_t N, C, OC;
+    unsigned align_in, align_weight, align_out, align_bias;
+} plan_key;
+
+typedef struct {
+    plan_key key;
+    int usable; /* 0: cuBLASLt offered no algorithm; the caller goes the separate way */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t layout_weight, layout_in, layout_out;
+    cublasLtMatmulAlgo_t algo;
+    size_t workspace_bytes;
+} plan;
+
+static struct {
+    cublasLtHandle_t handle;
+    void *workspace; /* device, LT_WORKSPACE_BYTES; in stream order, so one for every product */
+    plan plans[LT_MAX_PLANS];
+    int num_plans;
+} state;
+/* The plans, and each plan's bias pointer from setting it to queueing the
+ * product (the descriptor holds it). */
+static pthread_mutex_t plans_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int same_key(const plan_key *a, const plan_key *b)
+{
+    return a->bf16 == b->bf16 && a->N == b->N && a->C == b->C && a->OC == b->OC && a->align_in == b->align_in &&
+           a->align_weight == b->align_weight && a->align_out == b->align_out && a->align_bias == b->align_bias;
+}
+
+static unsigned alignment_of(const void *p)
+{
+    uintptr_t address = (uintptr_t)p;
+    unsigned alignment = 256;
+    while (alignment > 1 && address % alignment) alignment /= 2;
+    return alignment;
+}
+
+static void plan_release(plan *p)
+{
+    if (p->layout_out) lt.layout_destroy(p->layout_out);
+    if (p->layout_in) lt.layout_destroy(p->layout_in);
+    if (p->layout_weight) lt.layout_destroy(p->layout_weight);
+    if (p->desc) lt.desc_destroy(p->desc);
+    memset(p, 0, sizeof *p);
+}
+
+/* Builds the plan of p->key (column-major, as linear.cu's forward:
+ * out^T (OC x N, ld OC) = W^T^T (op T of W read as C x OC, ld C) . in^T
+ * (C x N, ld C), the bias a vector of OC, one per row of out^T). usable 0
+ * when the heuristic offers nothing; a failure of cuBLASLt otherwise. */
+static int plan_build(plan *p, const float *bias)
+{
+    const plan_key *k = &p->key;
+    cudaDataType operand = k->bf16 ? CUDA_R_16BF : CUDA_R_32F, result = CUDA_R_32F;
+    cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    int32_t bias_type = CUDA_R_32F;
+    uint64_t workspace_limit = LT_WORKSPACE_BYTES;
+    cublasLtMatmulPreference_t preference = NULL;
+    cublasLtMatmulHeuristicResult_t found;
+    int count = 0;
+    /* fp32 sums, fp32 alpha and beta: for fp32 operands plain fp32 (not
+     * TF32), as cuBLAS's products here. */
+    LT_TRY(lt.desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
+    LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep));
+    LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+    /* The heuristic reads the bias pointer's alignment from it. */
+    LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    LT_TRY(lt.layout_create(&p->layout_weight, operand, (uint64_t)k->C, (uint64_t)k->OC, k->C));
+    LT_TRY(lt.layout_create(&p->layout_in, operand, (uint64_t)k->C, (uint64_t)k->N, k->C));
+    LT_TRY(lt.layout_create(&p->layout_out, result, (uint64_t)k->OC, (uint64_t)k->N, k->OC));
+    LT_TRY(lt.preference_create(&preference));
+    LT_TRY(lt.preference_set(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_limit,
+                             sizeof workspace_limit));
+    LT_TRY(lt.preference_set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k->align_weight,
+                             sizeof k->align_weight));
+    LT_TRY(lt.preference_set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &k->align_in,
+                             sizeof k->align_in));
+    LT_TRY(lt.preference_set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &k->align_out,
+                             sizeof k->align_out));
+    LT_TRY(lt.preference_set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k->align_out,
+                             sizeof k->align_out));
+    {
+        cublasStatus_t status = lt.heuristic(state.handle, p->desc, p->layout_weight, p->layout_in, p->layout_out,
+                                             p->layout_out, preference, 1, &found, &count);
+        /* NOT_SUPPORTED: no algorithm for this configuration, as count 0 is. */
+        if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
+            LT_TRY(status);
+    }
+    lt.preference_destroy(preference);
+    preference = NULL;
+    if (count < 1 || found.state != CUBLAS_STATUS_SUCCESS || found.workspaceSize > LT_WORKSPACE_BYTES) {
+        plan_key key = p->key;
+        plan_release(p);
+        p->key = key; /* remembered as not usable */
+        return TP_OK;
+    }
+    p->algo = found.algo;
+    p->workspace_bytes = found.workspaceSize;
+    p->usable = 1;
+    return TP_OK;
+fail:
+    if (preference) lt.preference_destroy(preference);
+    plan_release(p);
+    return TP_ERR_DEVICE;
+}
+
+/* The plan for key, built when first asked for (plans_lock held); NULL
+ * with *status TP_OK when the table is full (the caller goes the separate
+ * way: a process with more shapes than LT_MAX_PLANS is not a model's). */
+static plan *plan_for(const plan_key *key, const float *bias, int *status)
+{
+    *status = TP_OK;
+    for (int i = 0; i < state.num_plans; i++)
+        if (same_key(&state.plans[i].key, key)) return &state.plans[i];
+    if (state.num_plans == LT_MAX_PLANS) return NULL;
+    plan *p = &state.plans[state.num_plans];
+    memset(p, 0, sizeof *p);
+    p->key = *key;
+    if ((*status = plan_build(p, bias))) return NULL;
+    state.num_plans++;
+    return p;
+}
+
+int cuda_lt_start(void)
+{
+    TP_TRY(load_cublas_lt());
+    LT_TRY(lt.create(&state.handle));
+    CUDA_TRY(cudaMalloc(&state.workspace, LT_WORKSPACE_BYTES));
+    return TP_OK;
+fail:
+    cuda_lt_stop();
+    return TP_ERR_DEVICE;
+}
+
+void cuda_lt_stop(void)
+{
+    pthread_mutex_lock(&plans_lock);
+    for (int i = 0; i < state.num_plans; i++) plan_release(&state.plans[i]);
+    state.num_plans = 0;
+    if (state.workspace) cudaFree(state.workspace);
+    state.workspace = NULL;
+    if (state.handle) lt.destroy(state.handle);
+    state.handle = NULL;
+    pthread_mutex_unlock(&plans_lock);
+}
+
+int cuda_lt_forward_bias(int bf16, float *out, const void *in, const void *weight, const float *bias, int64_t N,
+                         int64_t C, int64_t OC, int *done)
+{
+    const float one = 1.0f, zero = 0.0f;
+    plan_key key = {bf16, N, C, OC, alignment_of(in), alignment_of(weight), alignment_of(out), alignment_of(bias)};
+    *done = 0;
+    if (!state.handle) return TP_OK; /* not started: the separate way */
+    pthread_mutex_lock(&plans_lock);
+    int status = TP_OK;
+    plan *p = plan_for(&key, bias, &status);
+    if (!status && p && p->usable) {
+        LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        LT_TRY(lt.matmul(state.handle, p->desc, &one, weight, p->layout_weight, in, p->layout_in, &zero, out,
+                         p->layout_out, out, p->layout_out, &p->algo, state.workspace, p->workspace_bytes,
+                         cuda_state.stream));
+        *done = 1;
+    }
+    pthread_mutex_unlock(&plans_lock);
+    return status;
+fail:
+    pthread_mutex_unlock(&plans_lock);
+    return TP_ERR_DEVICE;
+}
