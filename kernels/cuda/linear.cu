@@ -170,11 +170,38 @@ static __global__ void round_bf16_kernel(uint16_t *out, const float *in, int64_t
     GRID_STRIDE(i, n) out[i] = bits_f32_to_bf16(__float_as_uint(in[i]));
 }
 
+/* The same four values a thread: one 16-byte load and one 8-byte store
+ * (in 16-byte aligned, out 8-byte aligned; n a multiple of 4). A value a
+ * thread, the kernel was bound by its instructions, not by memory (the
+ * H200's profile: 63% of the SMs' issue, 27% of memory throughput); it is
+ * on every operand of every bf16 product. */
+static __global__ void round_bf16_quads_kernel(ushort4 *out, const float4 *in, int64_t quads)
+{
+    GRID_STRIDE(q, quads) {
+        float4 v = in[q];
+        ushort4 r;
+        r.x = bits_f32_to_bf16(__float_as_uint(v.x));
+        r.y = bits_f32_to_bf16(__float_as_uint(v.y));
+        r.z = bits_f32_to_bf16(__float_as_uint(v.z));
+        r.w = bits_f32_to_bf16(__float_as_uint(v.w));
+        out[q] = r;
+    }
+}
+
 int cuda_round_to_bf16(uint16_t *out, const float *in, int64_t n)
 {
     if (n <= 0) return TP_OK;
-    round_bf16_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(out, in, n);
-    LAUNCH_CHECK();
+    int64_t quads = (uintptr_t)in % 16 == 0 && (uintptr_t)out % 8 == 0 ? n / 4 : 0, rest = n - 4 * quads;
+    if (quads) {
+        round_bf16_quads_kernel<<<blocks_for(quads, THREADS), THREADS, 0, cuda_state.stream>>>(
+            (ushort4 *)out, (const float4 *)in, quads);
+        LAUNCH_CHECK();
+    }
+    if (rest) { /* the last values, or all where in or out is not aligned for vectors */
+        round_bf16_kernel<<<blocks_for(rest, THREADS), THREADS, 0, cuda_state.stream>>>(out + 4 * quads,
+                                                                                     in + 4 * quads, rest);
+        LAUNCH_CHECK();
+    }
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
