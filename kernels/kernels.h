@@ -227,6 +227,18 @@ void crossentropy_target_logit(float *target, const float *logits, const int *ta
 void crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
                            const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
 
+/* The classifier's backward in bf16 mixed precision, in one operation:
+ * crossentropy_backward's d_logits [N,V] into scratch (N x V floats), then
+ * matmul_backward_bf16 without a bias: d_in[N,C] = d_logits @ weight[V,C]
+ * (overwritten), d_weight[V,C] += d_logits^T @ in[N,C]. One operation so
+ * that a GPU writes d_logits once, already rounded to bf16 as the product
+ * reads it (the same bits as rounding crossentropy_backward's), instead of
+ * an fp32 copy that the product then reads to round: the largest array of
+ * a step, [N, vocabulary]. */
+int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max,
+                             const float *sum, const int *targets, const float *in, const float *weight, int64_t N,
+                             int64_t C, int64_t V, int64_t first, int64_t vocab, float scale);
+
 /* One AdamW step exactly as torch.optim.AdamW computes it (decoupled decay
  * first, then the bias-corrected Adam update). step counts from 1. */
 void adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
@@ -352,6 +364,10 @@ typedef struct kernel_backend {
                                      int64_t first);
     int (*crossentropy_backward)(float *d_logits, const float *logits, const float *row_max, const float *sum,
                                  const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
+    int (*classifier_backward_bf16)(float *d_in, float *d_weight, float *scratch, const float *logits,
+                                    const float *row_max, const float *sum, const int *targets, const float *in,
+                                    const float *weight, int64_t N, int64_t C, int64_t V, int64_t first,
+                                    int64_t vocab, float scale);
     /* tensors: a host array of the backend's pointers and counts. */
     int (*adamw_update_tensors)(const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps,
                                 int64_t step);

@@ -26,7 +26,7 @@
     X(scale_inplace) X(attention_forward) X(attention_backward) X(attention_forward_bf16) X(attention_backward_bf16)   \
     X(embedding_forward) X(embedding_backward)                                                                         \
     X(crossentropy_row_max) X(crossentropy_row_sumexp) X(crossentropy_target_logit) X(crossentropy_backward)          \
-    X(adamw_update_tensors) X(sum_of_squares)
+    X(classifier_backward_bf16) X(adamw_update_tensors) X(sum_of_squares)
 
 #define OP_INDEX(op) OP_##op,
 enum { TIMED_OPS(OP_INDEX) NUM_TIMED_OPS };
@@ -143,6 +143,11 @@ WRAP(crossentropy_backward,
      (float *d_logits, const float *logits, const float *row_max, const float *sum, const int *targets, int64_t N,
       int64_t V, int64_t first, int64_t vocab, float scale),
      (d_logits, logits, row_max, sum, targets, N, V, first, vocab, scale))
+WRAP(classifier_backward_bf16,
+     (float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max, const float *sum,
+      const int *targets, const float *in, const float *weight, int64_t N, int64_t C, int64_t V, int64_t first,
+      int64_t vocab, float scale),
+     (d_in, d_weight, scratch, logits, row_max, sum, targets, in, weight, N, C, V, first, vocab, scale))
 WRAP(adamw_update_tensors,
      (const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps, int64_t step),
      (tensors, count, lr, beta1, beta2, eps, step))

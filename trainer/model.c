@@ -914,10 +914,16 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     param_view *wte = &m->params[m->wte_out];
     const kernel_backend *k = m->kernels;
     const gpt_head *h = s->head;
-    TP_TRY(k->crossentropy_backward(d_logits, h->logits, h->row_max, h->row_sum, s->kernel_targets, N, V,
-                                    m->vocab_first, m->config.vocab, loss_scale));
     TP_TRY(full_rows(m, h->lnf, &in));
-    TP_TRY(linear_backward(m, d_lnf, wte->grad, NULL, d_logits, in, wte->data, N, D, V));
+    if (m->bf16) /* d_logits straight into the products' bf16 operand (kernels.h) */
+        TP_TRY(k->classifier_backward_bf16(d_lnf, wte->grad, d_logits, h->logits, h->row_max, h->row_sum,
+                                           s->kernel_targets, in, wte->data, N, D, V, m->vocab_first,
+                                           m->config.vocab, loss_scale));
+    else {
+        TP_TRY(k->crossentropy_backward(d_logits, h->logits, h->row_max, h->row_sum, s->kernel_targets, N, V,
+                                        m->vocab_first, m->config.vocab, loss_scale));
+        TP_TRY(linear_backward(m, d_lnf, wte->grad, NULL, d_logits, in, wte->data, N, D, V));
+    }
     TP_TRY(sum_rows(m, d_lnf, d_lnf_rows)); /* logits were split by vocabulary */
     TP_TRY(k->zero(d_x, (size_t)(m->rows * D) * sizeof(float)));
     return norm_backward(m, d_x, m->params[m->lnf_w].grad, m->lnf_b < 0 ? NULL : m->params[m->lnf_b].grad, d_lnf_rows,

@@ -181,6 +181,7 @@ static const kernel_backend cpu_backend = {
     .crossentropy_row_sumexp = cpu_crossentropy_row_sumexp,
     .crossentropy_target_logit = cpu_crossentropy_target_logit,
     .crossentropy_backward = cpu_crossentropy_backward,
+    .classifier_backward_bf16 = classifier_backward_bf16, /* in the table's form: it can fail */
     .adamw_update_tensors = cpu_adamw_update_tensors,
     .sum_of_squares = cpu_sum_of_squares,
 };

@@ -87,13 +87,16 @@ int cuda_adamw_update_tensors(const adamw_tensor *tensors, int count, float lr, 
     launch.keep1 = 1.0f - beta1;
     launch.keep2 = 1.0f - beta2;
     unsigned blocks = 0;
+    /* Every size checked before anything is queued: a step applies whole or not at all. */
+    for (int t = 0; t < count; t++)
+        if (tensors[t].n > (int64_t)(ADAMW_MAX_BLOCKS - 1) * ADAMW_BLOCK_VALUES)
+            return tp_fail(TP_ERR_ARG, "CUDA adamw_update_tensors: tensor %d of %d has %lld values, beyond %llu", t,
+                           count, (long long)tensors[t].n,
+                           (unsigned long long)(ADAMW_MAX_BLOCKS - 1) * ADAMW_BLOCK_VALUES);
     ENTER();
     for (int t = 0; t <= count; t++) {
         int64_t n = t < count ? tensors[t].n : 0;
         uint64_t needed = n > 0 ? (uint64_t)((n + ADAMW_BLOCK_VALUES - 1) / ADAMW_BLOCK_VALUES) : 0;
-        if (needed >= ADAMW_MAX_BLOCKS)
-            return tp_fail(TP_ERR_ARG, "CUDA adamw_update_tensors: tensor %d of %d has %lld values, beyond %llu", t,
-                           count, (long long)n, (unsigned long long)ADAMW_MAX_BLOCKS * ADAMW_BLOCK_VALUES);
         /* Launch what the table holds when it is full, when this tensor's
          * blocks would pass the limit, or after the last tensor. */
         if (launch.count && (t == count || launch.count == ADAMW_TENSORS_PER_LAUNCH ||

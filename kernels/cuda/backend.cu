@@ -4,10 +4,11 @@
  * (tests/kernels/test_cuda_backend.c). This file holds the state, memory
  * and copies, and the table of operations; the operations are in one file
  * each, as in cpu/: linear.cu (products through cuBLAS, bias, residual,
- * add, scale), norm.cu (layer norm, GELU, RMSNorm, SwiGLU), rope.cu,
- * attention.cu (and attention_tiled.cu), embedding.cu (embedding,
- * cross-entropy), adamw.cu (AdamW, the gradients' sum of squares); what
- * they share is launch.h.
+ * add, scale; products_lt.cu the products whose bias cuBLASLt adds),
+ * norm.cu (layer norm, GELU, RMSNorm, SwiGLU), column_sums.cu (the
+ * gradients' column sums), rope.cu, attention.cu (and attention_tiled.cu,
+ * attention_cudnn.cu), embedding.cu (embedding, cross-entropy), adamw.cu
+ * (AdamW, the gradients' sum of squares); what they share is launch.h.
  *
  * One state per process: the device, a non-blocking stream and a cuBLAS
  * handle bound to it. Every kernel, product and copy goes to that stream in
@@ -18,15 +19,19 @@
  * Correct first, fast later: matrix products through cuBLAS in plain fp32
  * (TF32 off), or for bf16 mixed precision (the *_bf16 products) with both
  * operands rounded to bf16 by a kernel (convert_bits.h, as the CPU rounds)
- * and summed in fp32 by cublasGemmEx; the rest in simple kernels. Launch
- * shapes: elementwise kernels walk their elements in grid-stride loops (at
- * most MAX_BLOCKS blocks); row kernels (layer norm, RMSNorm, cross-entropy)
- * give a row to a block, also in a grid-stride loop over rows; attention gives a
- * row to a warp (memory-efficient: no [T, T] matrix);
- * column sums (bias and norm-weight gradients) give 32 columns to a block of
- * 32 x COL_ROWS threads, the rows split among the COL_ROWS thread rows and
- * summed in a fixed order. Only embedding_backward uses atomics (tokens
- * repeat), so it alone is not bit-reproducible from run to run. */
+ * and summed in fp32 by cublasGemmEx; a forward product with a bias through
+ * cuBLASLt, the bias in its epilogue (products_lt.cu); attention through
+ * cuDNN in bf16 where it can (attention.cu), else the tiled kernels; the
+ * rest in simple kernels. Launch shapes: element-wise kernels walk their
+ * elements in grid-stride loops (at most MAX_BLOCKS blocks), or, where an
+ * element needs its row or column, a block per row (ROWS_AND_COLUMNS, no
+ * 64-bit division per element); row kernels (layer norm, RMSNorm,
+ * cross-entropy) give a row to a block, also in a grid-stride loop over
+ * rows; column sums (bias and norm-weight gradients) cut the rows into
+ * chunks and sum each chunk's columns, then the chunks, in a fixed order
+ * (column_sums.h); AdamW takes a launch per 48 tensors. Only
+ * embedding_backward uses atomics (tokens repeat), so it alone is not
+ * bit-reproducible from run to run. */
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -249,6 +254,7 @@ static void fill_table(kernel_backend *t)
     t->crossentropy_row_sumexp = cuda_crossentropy_row_sumexp;
     t->crossentropy_target_logit = cuda_crossentropy_target_logit;
     t->crossentropy_backward = cuda_crossentropy_backward;
+    t->classifier_backward_bf16 = cuda_classifier_backward_bf16;
     t->adamw_update_tensors = cuda_adamw_update_tensors;
     t->sum_of_squares = cuda_sum_of_squares;
 }

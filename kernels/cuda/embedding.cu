@@ -6,6 +6,7 @@
 extern "C" {
 #include "../kernels.h"
 }
+#include "../convert_bits.h"
 #include "internal.h"
 #include "launch.h"
 
@@ -102,8 +103,20 @@ static __global__ void target_logit_kernel(float *target, const float *logits, c
     }
 }
 
+/* d_logits as the fp32 value, or as its bf16 bits rounded as the products
+ * round their operands (classifier_backward_bf16). */
+static __device__ inline void store_gradient(float *at, float d)
+{
+    *at = d;
+}
+static __device__ inline void store_gradient(uint16_t *at, float d)
+{
+    *at = bits_f32_to_bf16(__float_as_uint(d));
+}
+
 /* d = scale softmax - scale at the target's column; zero in padding columns. */
-static __global__ void crossentropy_backward_kernel(float *d_logits, const float *logits, const float *row_max,
+template <typename Out>
+static __global__ void crossentropy_backward_kernel(Out *d_logits, const float *logits, const float *row_max,
                                                     const float *sum, const int *targets, int64_t N, int64_t V,
                                                     int64_t first, int64_t valid, float scale)
 {
@@ -117,7 +130,7 @@ static __global__ void crossentropy_backward_kernel(float *d_logits, const float
                 d = scale * expf(logits[i] - max) / total;
                 if (v == target) d -= scale;
             }
-            d_logits[i] = d;
+            store_gradient(&d_logits[i], d);
         }
     }
 }
@@ -167,10 +180,31 @@ int cuda_crossentropy_backward(float *d_logits, const float *logits, const float
     int64_t valid = valid_columns(V, first, vocab);
     ENTER();
     if (N <= 0 || V <= 0) return TP_OK;
-    crossentropy_backward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
+    crossentropy_backward_kernel<float><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
         d_logits, logits, row_max, sum, targets, N, V, first, valid, scale);
     LAUNCH_CHECK();
     return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* d_logits written once, as bf16 bits into the first half of scratch, then
+ * the two products read them as they are (cuda_matmul_backward_bf16_bits):
+ * no fp32 d_logits written, read back and rounded. The same bits as
+ * rounding crossentropy_backward's values. */
+int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
+                                  const float *row_max, const float *sum, const int *targets, const float *in,
+                                  const float *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,
+                                  float scale)
+{
+    int64_t valid = valid_columns(V, first, vocab);
+    uint16_t *bits = (uint16_t *)scratch;
+    ENTER();
+    if (N <= 0 || V <= 0) return TP_OK;
+    crossentropy_backward_kernel<uint16_t><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
+        bits, logits, row_max, sum, targets, N, V, first, valid, scale);
+    LAUNCH_CHECK();
+    return cuda_matmul_backward_bf16_bits(d_in, d_weight, bits, in, weight, N, C, V);
 fail:
     return TP_ERR_DEVICE;
 }

@@ -89,6 +89,10 @@ int cuda_crossentropy_row_sumexp(float *sum, const float *logits, const float *r
                                  int64_t first, int64_t vocab);
 int cuda_crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
                                    int64_t first);
+int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
+                                  const float *row_max, const float *sum, const int *targets, const float *in,
+                                  const float *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,
+                                  float scale);
 int cuda_crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
                                const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
 /* adamw.cu */
@@ -99,6 +103,10 @@ int cuda_sum_of_squares(double *out, const float *const *spans, const int64_t *l
  * fp32 math); stop releases it (also after a failed start). */
 int cuda_blas_start(void);
 void cuda_blas_stop(void);
+/* linear.cu: matmul_backward_bf16 without a bias, of a d_out already
+ * rounded (bf16 bits, [N, OC]; the classifier's, embedding.cu). */
+int cuda_matmul_backward_bf16_bits(float *d_in, float *d_weight, const uint16_t *d_out_bits, const float *in,
+                                   const float *weight, int64_t N, int64_t C, int64_t OC);
 /* products_lt.cu: cuBLASLt, loaded and given a handle and a workspace at
  * start (stop releases them, also after a failed start); then
  * out[N,OC] = in . W^T + bias with the bias in the product's epilogue, on

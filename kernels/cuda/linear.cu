@@ -295,9 +295,11 @@ fail:
 }
 
 /* Operands d_out, then W when d_in is asked for and in when d_weight is
- * (size 0 otherwise: not rounded). */
+ * (size 0 otherwise: not rounded). d_out_bits: d_out already rounded
+ * (bf16, [N, OC]; then d_out and d_bias NULL), or NULL. */
 static int matmul_backward_in(int bf16, float *d_in, float *d_weight, float *d_bias, const float *d_out,
-                              const float *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+                              const uint16_t *d_out_bits, const float *in, const float *weight, int64_t N, int64_t C,
+                              int64_t OC)
 {
     TP_TRY(dimensions_ok("matmul_backward", bf16, N, C, OC));
     ENTER();
@@ -305,9 +307,10 @@ static int matmul_backward_in(int bf16, float *d_in, float *d_weight, float *d_b
     if (d_in && C > 0 && OC == 0) CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * sizeof(float), cuda_state.stream));
     if ((d_in || d_weight) && C > 0 && OC > 0) {
         const float *arrays[3] = {d_out, weight, in};
-        const int64_t sizes[3] = {N * OC, d_in ? OC * C : 0, d_weight ? N * C : 0};
+        const int64_t sizes[3] = {d_out_bits ? 0 : N * OC, d_in ? OC * C : 0, d_weight ? N * C : 0};
         operands o;
         int status = operands_begin(&o, bf16, arrays, sizes, 3);
+        if (d_out_bits) o.of[0] = d_out_bits;
         if (!status && d_in) /* d_in = d_out @ W, overwritten */
             status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, o.of[1], C, o.of[0], OC, 0.0f, d_in, C);
         if (!status && d_weight) /* d_weight += d_out^T @ in */
@@ -336,13 +339,19 @@ int cuda_matmul_forward_bf16(float *out, const float *in, const float *weight, c
 int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_backward_in(0, d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+    return matmul_backward_in(0, d_in, d_weight, d_bias, d_out, NULL, in, weight, N, C, OC);
 }
 
 int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                               const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_backward_in(1, d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+    return matmul_backward_in(1, d_in, d_weight, d_bias, d_out, NULL, in, weight, N, C, OC);
+}
+
+int cuda_matmul_backward_bf16_bits(float *d_in, float *d_weight, const uint16_t *d_out_bits, const float *in,
+                                   const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    return matmul_backward_in(1, d_in, d_weight, NULL, NULL, d_out_bits, in, weight, N, C, OC);
 }
 
 /* ============================================================ elementwise

@@ -4,6 +4,7 @@
 #include "../kernels.h"
 #include "attention_cudnn.h"
 #include "attention_tiled.h"
+#include "products_lt.h"
 
 #define NO_CUDA "this build has no CUDA support (rebuild with nvcc available)"
 
@@ -170,4 +171,9 @@ int cudnn_attention_check_graph(int backward, int64_t B, int64_t T, int64_t Hq, 
 {
     (void)backward, (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd, (void)check;
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int64_t cuda_lt_bias_epilogue_products(void)
+{
+    return 0;
 }

@@ -17,7 +17,11 @@
  * alignment unless told less; the trainer's arrays are carved from larger
  * ones at float offsets), and kept for the process. Where cuBLASLt offers
  * no algorithm for a shape, that is remembered too, and the caller does
- * the product and the bias separately as before. */
+ * the product and the bias separately as before; so too where the bias is
+ * not 16-byte aligned: cuBLASLt has no preference for the bias's alignment,
+ * and its epilogues have been seen to fault on a less aligned one
+ * ("misaligned address", which ends the CUDA context: PyTorch, Marian and
+ * llm.c met it). */
 #include <cublasLt.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -30,6 +34,7 @@ extern "C" {
 #include "internal.h"
 #include "launch.h"
 #include "libraries.h"
+#include "products_lt.h"
 
 #define TP_STRINGIFY_(x) #x
 #define TP_STRINGIFY(x) TP_STRINGIFY_(x)
@@ -114,6 +119,7 @@ static struct {
     void *workspace; /* device, LT_WORKSPACE_BYTES; in stream order, so one for every product */
     plan plans[LT_MAX_PLANS];
     int num_plans;
+    int64_t epilogue_products; /* cuda_lt_bias_epilogue_products */
 } state;
 /* The plans, and each plan's bias pointer from setting it to queueing the
  * product (the descriptor holds it). */
@@ -251,7 +257,7 @@ int cuda_lt_forward_bias(int bf16, float *out, const void *in, const void *weigh
     const float one = 1.0f, zero = 0.0f;
     plan_key key = {bf16, N, C, OC, alignment_of(in), alignment_of(weight), alignment_of(out), alignment_of(bias)};
     *done = 0;
-    if (!state.handle) return TP_OK; /* not started: the separate way */
+    if (!state.handle || key.align_bias < 16) return TP_OK; /* the separate way */
     pthread_mutex_lock(&plans_lock);
     int status = TP_OK;
     plan *p = plan_for(&key, bias, &status);
@@ -261,10 +267,19 @@ int cuda_lt_forward_bias(int bf16, float *out, const void *in, const void *weigh
                          p->layout_out, out, p->layout_out, &p->algo, state.workspace, p->workspace_bytes,
                          cuda_state.stream));
         *done = 1;
+        state.epilogue_products++;
     }
     pthread_mutex_unlock(&plans_lock);
     return status;
 fail:
     pthread_mutex_unlock(&plans_lock);
     return TP_ERR_DEVICE;
+}
+
+int64_t cuda_lt_bias_epilogue_products(void)
+{
+    pthread_mutex_lock(&plans_lock);
+    int64_t products = state.epilogue_products;
+    pthread_mutex_unlock(&plans_lock);
+    return products;
 }

@@ -38,7 +38,7 @@ static int rope_turn(float *qkv, const float *cos_sin, int64_t B, int64_t T, int
 {
     ENTER();
     if (B <= 0 || T <= 0 || Hq + Hkv <= 0 || hd / 2 <= 0) return TP_OK;
-    if ((Hq + Hkv) * (hd / 2) > INT32_MAX)
+    if ((Hq + Hkv) * (hd / 2) > INT32_MAX - THREADS) /* the thread's int counter passes the count by < THREADS */
         return tp_fail(TP_ERR_ARG, "CUDA rope: %lld heads of %lld values, beyond a row's int count of pairs",
                        (long long)(Hq + Hkv), (long long)hd);
     rope_kernel<<<blocks_for(B * T, 1), THREADS, 0, cuda_state.stream>>>(

@@ -13,8 +13,10 @@
 #include <string.h>
 
 #include "../../common/error.h"
+#include "../../kernels/convert_bits.h"
 #include "../../kernels/cuda/attention_cudnn.h"
 #include "../../kernels/cuda/attention_tiled.h"
+#include "../../kernels/cuda/products_lt.h"
 #include "../../kernels/kernels.h"
 #include "../support/floats.h"
 
@@ -246,11 +248,13 @@ Test(cuda_backend, bias_gradients_of_tall_arrays)
 
 /* The products with a bias go through cuBLASLt's bias epilogue
  * (products_lt.cu), whose algorithms assume 256-byte aligned arrays unless
- * told otherwise; the trainer's arrays start at any float. Each of in, W,
- * bias and out 4 bytes past an alignment, and all aligned again (another
- * plan), in both precisions, against the CPU with matmul_forward's and
- * matmul_forward_bf16's tolerances; then once more at the first alignment
- * (the kept plan). */
+ * told otherwise; the trainer's arrays start at any float. In both
+ * precisions, against the CPU with matmul_forward's and
+ * matmul_forward_bf16's tolerances: every array aligned (the epilogue runs:
+ * its count of products grows); in, W and out 4 bytes past an alignment
+ * (another plan, or the separate bias kernel where cuBLASLt has no
+ * algorithm for such arrays); the bias 4 bytes past (the separate kernel,
+ * always: the count stays); then aligned again (the kept plan). */
 Test(cuda_backend, products_with_bias_at_any_alignment)
 {
     NEED_GPU();
@@ -264,25 +268,36 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
     cr_assert_eq(k->alloc((void **)&g_w, (size_t)(OC * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_bias, (size_t)(OC + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_out, (size_t)(N * OC + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
-    const int offsets[] = {1, 0, 1};
+    /* The offsets of in, W and out, and of the bias; 1: the epilogue must run, 0: it must not, -1: either. */
+    const struct {
+        int arrays, bias, epilogue;
+        const char *what;
+    } cases[] = {{0, 0, 1, "all aligned"},
+                 {1, 0, -1, "in, W and out 4 bytes past alignment"},
+                 {0, 1, 0, "the bias 4 bytes past alignment"},
+                 {0, 0, 1, "all aligned, again"}};
     for (int bf16 = 0; bf16 < 2; bf16++)
-        for (int o = 0; o < 3; o++) {
-            int at = offsets[o];
+        for (int c = 0; c < 4; c++) {
+            int at = cases[c].arrays, bias_at = cases[c].bias;
             cr_assert_eq(k->to_device(g_in + at, in, (size_t)(N * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
             cr_assert_eq(k->to_device(g_w + at, w, (size_t)(OC * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
-            cr_assert_eq(k->to_device(g_bias + at, bias, (size_t)OC * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->to_device(g_bias + bias_at, bias, (size_t)OC * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            int64_t before = cuda_lt_bias_epilogue_products();
             if (bf16) {
                 cr_assert_eq(matmul_forward_bf16(want, in, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
-                cr_assert_eq(k->matmul_forward_bf16(g_out + at, g_in + at, g_w + at, g_bias + at, N, C, OC), TP_OK,
-                             "bf16, offset %d: %s", at, tp_errmsg());
-                check_bf16(k, g_out + at, want, N * OC, at ? "bf16 out, arrays 4 bytes past alignment" : "bf16 out");
+                cr_assert_eq(k->matmul_forward_bf16(g_out + at, g_in + at, g_w + at, g_bias + bias_at, N, C, OC), TP_OK,
+                             "bf16, %s: %s", cases[c].what, tp_errmsg());
+                check_bf16(k, g_out + at, want, N * OC, cases[c].what);
             } else {
                 matmul_forward(want, in, w, bias, N, C, OC);
-                cr_assert_eq(k->matmul_forward(g_out + at, g_in + at, g_w + at, g_bias + at, N, C, OC), TP_OK,
-                             "fp32, offset %d: %s", at, tp_errmsg());
-                check_device(k, g_out + at, want, N * OC, 1e-4, 1e-4,
-                             at ? "fp32 out, arrays 4 bytes past alignment" : "fp32 out");
+                cr_assert_eq(k->matmul_forward(g_out + at, g_in + at, g_w + at, g_bias + bias_at, N, C, OC), TP_OK,
+                             "fp32, %s: %s", cases[c].what, tp_errmsg());
+                check_device(k, g_out + at, want, N * OC, 1e-4, 1e-4, cases[c].what);
             }
+            int64_t epilogues = cuda_lt_bias_epilogue_products() - before;
+            if (cases[c].epilogue >= 0)
+                cr_assert_eq(epilogues, cases[c].epilogue, "%s, %s: %lld products in cuBLASLt's epilogue, want %d",
+                             bf16 ? "bf16" : "fp32", cases[c].what, (long long)epilogues, cases[c].epilogue);
         }
     k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out);
     free(in), free(w), free(bias), free(want);
@@ -1102,6 +1117,58 @@ Test(cuda_backend, crossentropy)
         k->release(g_dlogits);
         free(logits), free(row_max), free(sum), free(target), free(d_logits), free(garbage);
     }
+}
+
+/* classifier_backward_bf16 in two links, each exact where it can be: the
+ * d_logits it leaves in scratch are the bf16 bits of the GPU's own fp32
+ * crossentropy_backward (the same kernel, rounded on store: equal to the
+ * bit; the CPU's d_logits differ from the GPU's in the last bits of expf,
+ * checked above, so that a rounding could flip between them); its d_in and
+ * d_weight are the CPU's bf16 products of those very bits, within the bf16
+ * products' tolerance. With padding columns (vocab < first + V) and
+ * d_weight accumulated from random values. */
+Test(cuda_backend, classifier_backward_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t N = 37, C = 72, V = 150, first = 300, vocab = 420;
+    int targets[37];
+    for (int64_t n = 0; n < N; n++) /* a third on another rank's columns */
+        targets[n] = (int)(n % 3 == 0 ? n : first + (n * 7) % (vocab - first));
+    float *logits = floats_random(N * V, 4.0f), *in = floats_random(N * C, 1.0f), *w = floats_random(V * C, 1.0f);
+    float *row_max = malloc((size_t)N * sizeof(float)), *sum = malloc((size_t)N * sizeof(float));
+    float *d_weight = floats_random(V * C, 1.0f), *d_in = malloc((size_t)(N * C) * sizeof(float));
+    float *garbage = floats_filled(N * V, 7.0f);
+    crossentropy_row_max(row_max, logits, N, V, first, vocab);
+    crossentropy_row_sumexp(sum, logits, row_max, N, V, first, vocab);
+    int *g_targets = upload(k, targets, N, sizeof(int));
+    float *g_logits = upload_floats(k, logits, N * V), *g_max = upload_floats(k, row_max, N);
+    float *g_sum = upload_floats(k, sum, N), *g_in = upload_floats(k, in, N * C), *g_w = upload_floats(k, w, V * C);
+    float *g_dw = upload_floats(k, d_weight, V * C), *g_din = upload_floats(k, garbage, N * C);
+    float *g_scratch = upload_floats(k, garbage, N * V), *g_fp32 = upload_floats(k, garbage, N * V);
+    cr_assert_eq(k->classifier_backward_bf16(g_din, g_dw, g_scratch, g_logits, g_max, g_sum, g_targets, g_in, g_w, N,
+                                             C, V, first, vocab, 0.5f),
+                 TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->crossentropy_backward(g_fp32, g_logits, g_max, g_sum, g_targets, N, V, first, vocab, 0.5f), TP_OK,
+                 "%s", tp_errmsg());
+    uint16_t *bits = malloc((size_t)(N * V) * sizeof(uint16_t));
+    float *fp32 = download(k, g_fp32, N * V), *widened = malloc((size_t)(N * V) * sizeof(float));
+    cr_assert_eq(k->to_host(bits, g_scratch, (size_t)(N * V) * sizeof(uint16_t)), TP_OK, "%s", tp_errmsg());
+    for (int64_t i = 0; i < N * V; i++) {
+        uint32_t x;
+        memcpy(&x, &fp32[i], sizeof x);
+        cr_assert_eq(bits[i], bits_f32_to_bf16(x), "d_logits[%lld]: bf16 bits %#x, the GPU's fp32 %.9g rounds to %#x",
+                     (long long)i, bits[i], fp32[i], bits_f32_to_bf16(x));
+        uint32_t wide = bits_bf16_to_f32(bits[i]);
+        memcpy(&widened[i], &wide, sizeof wide);
+    }
+    cr_assert_eq(matmul_backward_bf16(d_in, d_weight, NULL, widened, in, w, N, C, V), TP_OK, "%s", tp_errmsg());
+    check_bf16(k, g_din, d_in, N * C, "d_in");
+    check_bf16(k, g_dw, d_weight, V * C, "d_weight (accumulated)");
+    k->release(g_targets), k->release(g_logits), k->release(g_max), k->release(g_sum), k->release(g_in);
+    k->release(g_w), k->release(g_dw), k->release(g_din), k->release(g_scratch), k->release(g_fp32);
+    free(logits), free(in), free(w), free(row_max), free(sum), free(d_weight), free(d_in), free(garbage);
+    free(bits), free(fp32), free(widened);
 }
 
 /* --------------------------------------------------------------- optimizer */

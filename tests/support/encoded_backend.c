@@ -358,6 +358,18 @@ static int enc_crossentropy_backward(float *d_logits, const float *logits, const
     LEAVE();
 }
 
+static int enc_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
+                                        const float *row_max, const float *sum, const int *targets, const float *in,
+                                        const float *weight, int64_t N, int64_t C, int64_t V, int64_t first,
+                                        int64_t vocab, float scale)
+{
+    ENTER(S(d_in, N * C), S(d_weight, V * C), S(scratch, N * V), S(logits, N * V), S(row_max, N), S(sum, N),
+          S(targets, N), S(in, N * C), S(weight, V * C));
+    int status = classifier_backward_bf16(d_in, d_weight, scratch, logits, row_max, sum, targets, in, weight, N, C, V,
+                                          first, vocab, scale);
+    LEAVE_WITH(status);
+}
+
 /* A tensor at a time (each its four spans decoded), as adamw_update_tensors
  * computes each value alone: the same results as one call. */
 static int enc_adamw_update_tensors(const adamw_tensor *tensors, int count, float lr, float beta1, float beta2,
@@ -428,6 +440,7 @@ static const kernel_backend backend = {
     .crossentropy_row_sumexp = enc_crossentropy_row_sumexp,
     .crossentropy_target_logit = enc_crossentropy_target_logit,
     .crossentropy_backward = enc_crossentropy_backward,
+    .classifier_backward_bf16 = enc_classifier_backward_bf16,
     .adamw_update_tensors = enc_adamw_update_tensors,
     .sum_of_squares = enc_sum_of_squares,
 };

@@ -1,0 +1,22 @@
+/* products_lt.h: what the tests see of products_lt.cu (the forward bias in
+ * cuBLASLt's epilogue); private to kernels/cuda and its tests. Plain C. */
+#ifndef TP_KERNELS_CUDA_PRODUCTS_LT_H
+#define TP_KERNELS_CUDA_PRODUCTS_LT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How many products this process has queued with the bias in cuBLASLt's
+ * epilogue (0 in a build without CUDA): the tests check that the epilogue
+ * runs, not only that the results are right (the separate bias kernel gives
+ * them too). */
+int64_t cuda_lt_bias_epilogue_products(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
