@@ -108,7 +108,8 @@ void cuda_blas_stop(void);
 int cuda_matmul_backward_bf16_bits(float *d_in, float *d_weight, const uint16_t *d_out_bits, const float *in,
                                    const float *weight, int64_t N, int64_t C, int64_t OC);
 /* products_lt.cu: cuBLASLt, loaded and given a handle and a workspace at
- * start (stop releases them, also after a failed start); then
+ * start (stop releases them, also after a failed start; with
+ * TP_CUDA_EPILOGUE=off, not loaded, and every product's bias separate); then
  * out[N,OC] = in . W^T + bias with the bias in the product's epilogue, on
  * cuda_state.stream, in and W as the product reads them (fp32, or bf16
  * when bf16), out and bias fp32; *done 0 (and nothing queued) where

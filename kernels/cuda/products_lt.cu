@@ -26,6 +26,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
@@ -230,6 +231,13 @@ static plan *plan_for(const plan_key *key, const float *bias, int *status)
 
 int cuda_lt_start(void)
 {
+    /* TP_CUDA_EPILOGUE=off sets the epilogue aside (the separate bias
+     * kernel for every product): a switch for a GPU session that finds it
+     * at fault, as TP_CUDA_ATTENTION is for attention. */
+    const char *choice = getenv("TP_CUDA_EPILOGUE");
+    if (choice && *choice && strcmp(choice, "on") && strcmp(choice, "off"))
+        return tp_fail(TP_ERR_ARG, "TP_CUDA_EPILOGUE: '%s' is neither on nor off", choice);
+    if (choice && !strcmp(choice, "off")) return TP_OK;
     TP_TRY(load_cublas_lt());
     LT_TRY(lt.create(&state.handle));
     CUDA_TRY(cudaMalloc(&state.workspace, LT_WORKSPACE_BYTES));
