@@ -216,11 +216,19 @@ void embedding_backward(float *d_table, const int *tokens, const float *d_out, i
 /* Vocabulary-parallel cross-entropy over local logits[N,V] whose columns are
  * global ids [first, first + V); ids >= vocab (padding) take no part. Steps
  * that need the other ranks' values are separated by the caller's reduction:
- * row_max (then MAX over ranks), row_sumexp given the global max (then SUM),
- * target_logit (then SUM). */
-void crossentropy_row_max(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab);
-void crossentropy_row_sumexp(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
-                             int64_t first, int64_t vocab);
+ * row_stats (then MAX of row_max over ranks, and each rank's sum made
+ * relative to it by rescale_sum, then SUM), target_logit (then SUM).
+ *
+ * row_stats: row_max[n], the largest of row n's valid logits (-infinity
+ * where it has none), and sum[n], the sum of exp(logit - row_max[n]) over
+ * them (0 where none), in one pass over the logits (each value read once:
+ * [N, V] is a step's largest array). */
+void crossentropy_row_stats(float *row_max, float *sum, const float *logits, int64_t N, int64_t V, int64_t first,
+                            int64_t vocab);
+/* sum[n] *= exp(local_max[n] - global_max[n]): a rank's sum relative to its
+ * own maximum made relative to the maximum over ranks (a rank without
+ * valid columns, local -infinity, keeps its 0). */
+void crossentropy_rescale_sum(float *sum, const float *local_max, const float *global_max, int64_t N);
 void crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
                                int64_t first);
 /* d_logits[N,V] = scale * (softmax - onehot(target)); zero in padding columns. */
@@ -234,7 +242,8 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
  * that a GPU writes d_logits once, already rounded to bf16 as the product
  * reads it (the same bits as rounding crossentropy_backward's), instead of
  * an fp32 copy that the product then reads to round: the largest array of
- * a step, [N, vocabulary]. */
+ * a step, [N, vocabulary]. What scratch holds afterwards is the backend's
+ * (fp32 d_logits on the CPU, their bf16 bits in its first half on a GPU). */
 int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max,
                              const float *sum, const int *targets, const float *in, const float *weight, int64_t N,
                              int64_t C, int64_t V, int64_t first, int64_t vocab, float scale);
@@ -356,10 +365,9 @@ typedef struct kernel_backend {
                              int64_t rows);
     int (*embedding_backward)(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C,
                               int64_t first, int64_t rows);
-    int (*crossentropy_row_max)(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first,
-                                int64_t vocab);
-    int (*crossentropy_row_sumexp)(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
-                                   int64_t first, int64_t vocab);
+    int (*crossentropy_row_stats)(float *row_max, float *sum, const float *logits, int64_t N, int64_t V,
+                                  int64_t first, int64_t vocab);
+    int (*crossentropy_rescale_sum)(float *sum, const float *local_max, const float *global_max, int64_t N);
     int (*crossentropy_target_logit)(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
                                      int64_t first);
     int (*crossentropy_backward)(float *d_logits, const float *logits, const float *row_max, const float *sum,

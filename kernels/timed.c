@@ -25,7 +25,7 @@
     X(swiglu_backward) X(rope_forward) X(rope_backward) X(residual_forward) X(bias_residual_forward) X(add_inplace)    \
     X(scale_inplace) X(attention_forward) X(attention_backward) X(attention_forward_bf16) X(attention_backward_bf16)   \
     X(embedding_forward) X(embedding_backward)                                                                         \
-    X(crossentropy_row_max) X(crossentropy_row_sumexp) X(crossentropy_target_logit) X(crossentropy_backward)          \
+    X(crossentropy_row_stats) X(crossentropy_rescale_sum) X(crossentropy_target_logit) X(crossentropy_backward)          \
     X(classifier_backward_bf16) X(adamw_update_tensors) X(sum_of_squares)
 
 #define OP_INDEX(op) OP_##op,
@@ -131,11 +131,11 @@ WRAP(embedding_forward,
 WRAP(embedding_backward,
      (float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C, int64_t first, int64_t rows),
      (d_table, tokens, d_out, N, C, first, rows))
-WRAP(crossentropy_row_max, (float *row_max, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab),
-     (row_max, logits, N, V, first, vocab))
-WRAP(crossentropy_row_sumexp,
-     (float *sum, const float *logits, const float *row_max, int64_t N, int64_t V, int64_t first, int64_t vocab),
-     (sum, logits, row_max, N, V, first, vocab))
+WRAP(crossentropy_row_stats,
+     (float *row_max, float *sum, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab),
+     (row_max, sum, logits, N, V, first, vocab))
+WRAP(crossentropy_rescale_sum, (float *sum, const float *local_max, const float *global_max, int64_t N),
+     (sum, local_max, global_max, N))
 WRAP(crossentropy_target_logit,
      (float *target, const float *logits, const int *targets, int64_t N, int64_t V, int64_t first),
      (target, logits, targets, N, V, first))

@@ -222,7 +222,7 @@ static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 /* floats of one gpt_head (last stage; model.h). */
 static int64_t head_floats(const gpt_model *m)
 {
-    return m->is_last ? m->rows * (m->D + 2) + m->B * m->T * (m->vocab_local + 3) : 0;
+    return m->is_last ? m->rows * (m->D + 2) + m->B * m->T * (m->vocab_local + 4) : 0;
 }
 
 /* Carves head `index`'s buffers out of the heads' allocation. */
@@ -239,6 +239,7 @@ static int head_init(gpt_model *m, int index)
     CARVE(row_max, N);
     CARVE(row_sum, N);
     CARVE(target_logit, N);
+    CARVE(local_max, N);
 #undef CARVE
     h->host_row_max = h->row_max;
     h->host_row_sum = h->row_sum;
@@ -736,9 +737,13 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
                         m->lnf_b < 0 ? NULL : m->params[m->lnf_b].data));
     TP_TRY(full_rows(m, h->lnf, &in));
     TP_TRY(linear_forward(m, h->logits, in, m->params[m->wte_out].data, NULL, N, D, V));
-    TP_TRY(k->crossentropy_row_max(h->row_max, h->logits, N, V, m->vocab_first, m->config.vocab));
+    /* One pass over the logits: this rank's maxima and its sums relative to
+     * them; then the maxima over ranks, each rank's sums made relative to
+     * them (at tp 1 a multiplication by exp(0) = 1, exact) and added. */
+    TP_TRY(k->crossentropy_row_stats(h->row_max, h->row_sum, h->logits, N, V, m->vocab_first, m->config.vocab));
+    TP_TRY(k->copy(h->local_max, h->row_max, (size_t)N * sizeof(float)));
     TP_TRY(comm_all_reduce(m->comm, GROUP_TP, h->row_max, N, COMM_FLOAT, COMM_MAX, m->stream));
-    TP_TRY(k->crossentropy_row_sumexp(h->row_sum, h->logits, h->row_max, N, V, m->vocab_first, m->config.vocab));
+    TP_TRY(k->crossentropy_rescale_sum(h->row_sum, h->local_max, h->row_max, N));
     TP_TRY(tp_sum(m, h->row_sum, N));
     TP_TRY(k->crossentropy_target_logit(h->target_logit, h->logits, s->kernel_targets, N, V, m->vocab_first));
     TP_TRY(tp_sum(m, h->target_logit, N));

@@ -49,10 +49,12 @@ typedef struct {
 /* The buffers of one micro-batch in flight through the head (last stage):
  * the final norm's output [rows, D] and statistics [rows], the logits
  * [B*T, vocab/tp], the cross-entropy's row max, sum and target logit [B*T]
- * each, and their host copies (the same on the CPU). Fewer are in flight
- * than slots with the interleaved schedule, so they are a pool of their own. */
+ * each, and their host copies (the same on the CPU), and this rank's own
+ * row max [B*T] (before the max over tensor-parallel ranks). Fewer are in
+ * flight than slots with the interleaved schedule, so they are a pool of
+ * their own. */
 typedef struct {
-    float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit;
+    float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit, *local_max;
     float *host_row_max, *host_row_sum, *host_target_logit;
 } gpt_head;
 

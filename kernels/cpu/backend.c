@@ -106,12 +106,11 @@ CPU_OP(embedding_forward,
 CPU_OP(embedding_backward,
        (float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C, int64_t first, int64_t rows),
        (d_table, tokens, d_out, N, C, first, rows))
-CPU_OP(crossentropy_row_max,
-       (float *row_max, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab),
-       (row_max, logits, N, V, first, vocab))
-CPU_OP(crossentropy_row_sumexp,
-       (float *sum, const float *logits, const float *row_max, int64_t N, int64_t V, int64_t first, int64_t vocab),
-       (sum, logits, row_max, N, V, first, vocab))
+CPU_OP(crossentropy_row_stats,
+       (float *row_max, float *sum, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab),
+       (row_max, sum, logits, N, V, first, vocab))
+CPU_OP(crossentropy_rescale_sum, (float *sum, const float *local_max, const float *global_max, int64_t N),
+       (sum, local_max, global_max, N))
 CPU_OP(crossentropy_target_logit,
        (float *target, const float *logits, const int *targets, int64_t N, int64_t V, int64_t first),
        (target, logits, targets, N, V, first))
@@ -177,8 +176,8 @@ static const kernel_backend cpu_backend = {
     .describe_attention = cpu_describe_attention,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
-    .crossentropy_row_max = cpu_crossentropy_row_max,
-    .crossentropy_row_sumexp = cpu_crossentropy_row_sumexp,
+    .crossentropy_row_stats = cpu_crossentropy_row_stats,
+    .crossentropy_rescale_sum = cpu_crossentropy_rescale_sum,
     .crossentropy_target_logit = cpu_crossentropy_target_logit,
     .crossentropy_backward = cpu_crossentropy_backward,
     .classifier_backward_bf16 = classifier_backward_bf16, /* in the table's form: it can fail */

@@ -8,7 +8,7 @@
 /* The arguments of an embedding or cross-entropy kernel, for its shares of
  * rows (or, for the table's gradient, of columns) on the pool. */
 typedef struct {
-    float *out;
+    float *out, *sum_out;
     const float *in, *row_max, *sum;
     const int *tokens;
     int64_t C, first, rows, valid;
@@ -59,37 +59,47 @@ static int64_t valid_columns(int64_t V, int64_t first, int64_t vocab)
 }
 
 /* For cross-entropy, in is logits[N,V] (C = V), valid its real columns. */
-static void row_max_rows(void *ctx, int64_t n0, int64_t n1)
+
+/* A row's maximum and sum of exponentials in one pass over its logits, in
+ * chunks of STATS_CHUNK columns (each still in cache when its sum is
+ * taken): the chunk's maximum, the chunk's sum relative to it, then the
+ * running sum made relative to the larger of the two maxima. */
+#define STATS_CHUNK 256
+
+static void row_stats_rows(void *ctx, int64_t n0, int64_t n1)
 {
     const vocab_job *j = ctx;
     for (int64_t n = n0; n < n1; n++) {
-        float max = -INFINITY;
-        for (int64_t v = 0; v < j->valid; v++) max = j->in[n * j->C + v] > max ? j->in[n * j->C + v] : max;
+        const float *x = j->in + n * j->C;
+        float max = -INFINITY, s = 0;
+        for (int64_t v0 = 0; v0 < j->valid; v0 += STATS_CHUNK) {
+            int64_t v1 = v0 + STATS_CHUNK < j->valid ? v0 + STATS_CHUNK : j->valid;
+            float chunk_max = -INFINITY, chunk_sum = 0;
+            for (int64_t v = v0; v < v1; v++) chunk_max = x[v] > chunk_max ? x[v] : chunk_max;
+            if (chunk_max == -INFINITY) continue; /* nothing to add (and -inf - -inf would be NaN) */
+            for (int64_t v = v0; v < v1; v++) chunk_sum += expf(x[v] - chunk_max);
+            if (chunk_max > max) {
+                s = s * expf(max - chunk_max) + chunk_sum;
+                max = chunk_max;
+            } else
+                s += chunk_sum * expf(chunk_max - max);
+        }
         j->out[n] = max;
+        j->sum_out[n] = s;
     }
 }
 
-void crossentropy_row_max(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab)
+void crossentropy_row_stats(float *row_max, float *sum, const float *logits, int64_t N, int64_t V, int64_t first,
+                            int64_t vocab)
 {
-    vocab_job job = {.out = row_max, .in = logits, .C = V, .valid = valid_columns(V, first, vocab)};
-    workers_for(N, V, row_max_rows, &job);
+    vocab_job job = {.out = row_max, .sum_out = sum, .in = logits, .C = V, .valid = valid_columns(V, first, vocab)};
+    workers_for(N, 8 * V, row_stats_rows, &job); /* an expf costs several elements' work */
 }
 
-static void row_sumexp_rows(void *ctx, int64_t n0, int64_t n1)
+void crossentropy_rescale_sum(float *sum, const float *local_max, const float *global_max, int64_t N)
 {
-    const vocab_job *j = ctx;
-    for (int64_t n = n0; n < n1; n++) {
-        float s = 0;
-        for (int64_t v = 0; v < j->valid; v++) s += expf(j->in[n * j->C + v] - j->row_max[n]);
-        j->out[n] = s;
-    }
-}
-
-void crossentropy_row_sumexp(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
-                             int64_t first, int64_t vocab)
-{
-    vocab_job job = {.out = sum, .in = logits, .row_max = row_max, .C = V, .valid = valid_columns(V, first, vocab)};
-    workers_for(N, 8 * V, row_sumexp_rows, &job); /* an expf costs several elements' work */
+    for (int64_t n = 0; n < N; n++)
+        if (local_max[n] != -INFINITY) sum[n] *= expf(local_max[n] - global_max[n]);
 }
 
 void crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N, int64_t V,

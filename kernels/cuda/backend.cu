@@ -250,8 +250,8 @@ static void fill_table(kernel_backend *t)
     t->describe_attention = cuda_describe_attention;
     t->embedding_forward = cuda_embedding_forward;
     t->embedding_backward = cuda_embedding_backward;
-    t->crossentropy_row_max = cuda_crossentropy_row_max;
-    t->crossentropy_row_sumexp = cuda_crossentropy_row_sumexp;
+    t->crossentropy_row_stats = cuda_crossentropy_row_stats;
+    t->crossentropy_rescale_sum = cuda_crossentropy_rescale_sum;
     t->crossentropy_target_logit = cuda_crossentropy_target_logit;
     t->crossentropy_backward = cuda_crossentropy_backward;
     t->classifier_backward_bf16 = cuda_classifier_backward_bf16;

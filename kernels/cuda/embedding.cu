@@ -70,26 +70,36 @@ static int64_t valid_columns(int64_t V, int64_t first, int64_t vocab)
     return valid < 0 ? 0 : valid > V ? V : valid;
 }
 
-/* A block per row; -infinity for a row without valid columns, as the CPU. */
-static __global__ void row_max_kernel(float *row_max, const float *logits, int64_t N, int64_t V, int64_t valid)
+/* A block per row, each logit read once: each thread keeps the maximum of
+ * its columns and its sum of exponentials relative to it (rescaled when the
+ * maximum grows); then the block's maximum, and the threads' sums made
+ * relative to it and added. -infinity and 0 for a row without valid
+ * columns, as the CPU. */
+static __global__ void row_stats_kernel(float *row_max, float *sum, const float *logits, int64_t N, int64_t V,
+                                        int64_t valid)
 {
     ROWS_OF_BLOCK(n, N) {
-        float max = -INFINITY;
-        COLUMNS_OF_THREAD(v, valid) max = fmaxf(max, logits[n * V + v]);
-        max = block_max(max);
-        if (threadIdx.x == 0) row_max[n] = max;
+        float m = -INFINITY, s = 0;
+        COLUMNS_OF_THREAD(v, valid) {
+            float x = logits[n * V + v];
+            if (x > m) {
+                s = s * expf(m - x) + 1.0f;
+                m = x;
+            } else if (m != -INFINITY) /* -inf - -inf would be NaN */
+                s += expf(x - m);
+        }
+        float max = block_max(m);
+        float total = block_sum(m == -INFINITY ? 0.0f : s * expf(m - max));
+        if (threadIdx.x == 0) {
+            row_max[n] = max;
+            sum[n] = total;
+        }
     }
 }
 
-static __global__ void row_sumexp_kernel(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
-                                         int64_t valid)
+static __global__ void rescale_sum_kernel(float *sum, const float *local_max, const float *global_max, int64_t N)
 {
-    ROWS_OF_BLOCK(n, N) {
-        float s = 0;
-        COLUMNS_OF_THREAD(v, valid) s += expf(logits[n * V + v] - row_max[n]);
-        s = block_sum(s);
-        if (threadIdx.x == 0) sum[n] = s;
-    }
+    GRID_STRIDE(n, N) if (local_max[n] != -INFINITY) sum[n] *= expf(local_max[n] - global_max[n]);
 }
 
 /* The target's logit when its column is held here (any of the V columns, as
@@ -135,26 +145,24 @@ static __global__ void crossentropy_backward_kernel(Out *d_logits, const float *
     }
 }
 
-int cuda_crossentropy_row_max(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first,
-                              int64_t vocab)
+int cuda_crossentropy_row_stats(float *row_max, float *sum, const float *logits, int64_t N, int64_t V, int64_t first,
+                                int64_t vocab)
 {
     int64_t valid = valid_columns(V, first, vocab);
     ENTER();
     if (N <= 0) return TP_OK;
-    row_max_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(row_max, logits, N, V, valid);
+    row_stats_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(row_max, sum, logits, N, V, valid);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
 }
 
-int cuda_crossentropy_row_sumexp(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
-                                 int64_t first, int64_t vocab)
+int cuda_crossentropy_rescale_sum(float *sum, const float *local_max, const float *global_max, int64_t N)
 {
-    int64_t valid = valid_columns(V, first, vocab);
     ENTER();
     if (N <= 0) return TP_OK;
-    row_sumexp_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(sum, logits, row_max, N, V, valid);
+    rescale_sum_kernel<<<blocks_for(N, THREADS), THREADS, 0, cuda_state.stream>>>(sum, local_max, global_max, N);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -200,10 +208,12 @@ int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, 
     int64_t valid = valid_columns(V, first, vocab);
     uint16_t *bits = (uint16_t *)scratch;
     ENTER();
-    if (N <= 0 || V <= 0) return TP_OK;
-    crossentropy_backward_kernel<uint16_t><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
-        bits, logits, row_max, sum, targets, N, V, first, valid, scale);
-    LAUNCH_CHECK();
+    if (N <= 0) return TP_OK;
+    if (V > 0) { /* without columns, the products below still zero d_in, as the CPU's */
+        crossentropy_backward_kernel<uint16_t><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
+            bits, logits, row_max, sum, targets, N, V, first, valid, scale);
+        LAUNCH_CHECK();
+    }
     return cuda_matmul_backward_bf16_bits(d_in, d_weight, bits, in, weight, N, C, V);
 fail:
     return TP_ERR_DEVICE;

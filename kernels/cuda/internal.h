@@ -84,9 +84,9 @@ int cuda_embedding_forward(float *out, const int *tokens, const float *table, in
                            int64_t rows);
 int cuda_embedding_backward(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C, int64_t first,
                             int64_t rows);
-int cuda_crossentropy_row_max(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab);
-int cuda_crossentropy_row_sumexp(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
-                                 int64_t first, int64_t vocab);
+int cuda_crossentropy_row_stats(float *row_max, float *sum, const float *logits, int64_t N, int64_t V, int64_t first,
+                                int64_t vocab);
+int cuda_crossentropy_rescale_sum(float *sum, const float *local_max, const float *global_max, int64_t N);
 int cuda_crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
                                    int64_t first);
 int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,

@@ -301,6 +301,8 @@ static int matmul_backward_in(int bf16, float *d_in, float *d_weight, float *d_b
                               const uint16_t *d_out_bits, const float *in, const float *weight, int64_t N, int64_t C,
                               int64_t OC)
 {
+    if (d_out_bits && (!bf16 || d_out || d_bias))
+        return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: a d_out of bf16 bits goes with bf16 products alone");
     TP_TRY(dimensions_ok("matmul_backward", bf16, N, C, OC));
     ENTER();
     if (N == 0) return TP_OK;

@@ -260,7 +260,7 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    int64_t N = 67, C = 72, OC = 150;
+    int64_t N = 67, C = 72, OC = 152; /* rows of 288 and 608 bytes: every row 16-byte aligned where the array is */
     float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *bias = floats_random(OC, 1.0f);
     float *want = malloc((size_t)(N * OC) * sizeof(float));
     /* One float more than each array: the array at offset 1 or 0. */
@@ -1069,8 +1069,8 @@ Test(cuda_backend, embedding_forward_and_backward)
  * (padding only: max -inf, sum 0, gradient 0). Each step gets the CPU's
  * results of the step before, so that each op is compared alone. Max and
  * target logit are exact (tolerance 0); the sum of exponentials is a
- * reduction (1e-4 relative); the gradient elementwise (1e-5 relative +
- * 1e-6 absolute). */
+ * reduction (1e-4 relative); its rescaling an expf and a product (1e-6
+ * relative); the gradient elementwise (1e-5 relative + 1e-6 absolute). */
 Test(cuda_backend, crossentropy)
 {
     NEED_GPU();
@@ -1095,16 +1095,22 @@ Test(cuda_backend, crossentropy)
         float *g_sum = upload_floats(k, garbage, N), *g_target = upload_floats(k, garbage, N);
         float *g_dlogits = upload_floats(k, garbage, N * V);
 
-        crossentropy_row_max(row_max, logits, N, V, first, vocab);
-        cr_assert_eq(k->crossentropy_row_max(g_max, g_logits, N, V, first, vocab), TP_OK, "%s", tp_errmsg());
-        check_device(k, g_max, row_max, N, 0, 0, "row_max");
-        cr_assert_eq(k->to_device(g_max, row_max, (size_t)N * sizeof(float)), TP_OK, "%s", tp_errmsg());
-
-        crossentropy_row_sumexp(sum, logits, row_max, N, V, first, vocab);
-        cr_assert_eq(k->crossentropy_row_sumexp(g_sum, g_logits, g_max, N, V, first, vocab), TP_OK, "%s",
-                     tp_errmsg());
-        check_device(k, g_sum, sum, N, 1e-4, 0, "row_sumexp");
+        crossentropy_row_stats(row_max, sum, logits, N, V, first, vocab);
+        cr_assert_eq(k->crossentropy_row_stats(g_max, g_sum, g_logits, N, V, first, vocab), TP_OK, "%s", tp_errmsg());
+        check_device(k, g_max, row_max, N, 0, 0, "row_stats' max");
+        check_device(k, g_sum, sum, N, 1e-4, 0, "row_stats' sum");
         cr_assert_eq(k->to_device(g_sum, sum, (size_t)N * sizeof(float)), TP_OK, "%s", tp_errmsg());
+
+        /* Each sum relative to a larger maximum (as over ranks): rows' maxima + 0.5, and row 0's unchanged. */
+        float *global = malloc((size_t)N * sizeof(float)), *scaled = malloc((size_t)N * sizeof(float));
+        for (int64_t n = 0; n < N; n++) global[n] = row_max[n] == -INFINITY ? 1.0f : row_max[n] + (n ? 0.5f : 0.0f);
+        float *g_global = upload_floats(k, global, N), *g_scaled = upload_floats(k, sum, N);
+        memcpy(scaled, sum, (size_t)N * sizeof(float));
+        crossentropy_rescale_sum(scaled, row_max, global, N);
+        cr_assert_eq(k->crossentropy_rescale_sum(g_scaled, g_max, g_global, N), TP_OK, "%s", tp_errmsg());
+        check_device(k, g_scaled, scaled, N, 1e-6, 0, "rescale_sum");
+        k->release(g_global), k->release(g_scaled);
+        free(global), free(scaled);
 
         crossentropy_target_logit(target, logits, targets, N, V, first);
         cr_assert_eq(k->crossentropy_target_logit(g_target, g_logits, g_targets, N, V, first), TP_OK, "%s",
@@ -1142,8 +1148,7 @@ Test(cuda_backend, classifier_backward_bf16)
     float *row_max = malloc((size_t)N * sizeof(float)), *sum = malloc((size_t)N * sizeof(float));
     float *d_weight = floats_random(V * C, 1.0f), *d_in = malloc((size_t)(N * C) * sizeof(float));
     float *garbage = floats_filled(N * V, 7.0f);
-    crossentropy_row_max(row_max, logits, N, V, first, vocab);
-    crossentropy_row_sumexp(sum, logits, row_max, N, V, first, vocab);
+    crossentropy_row_stats(row_max, sum, logits, N, V, first, vocab);
     int *g_targets = upload(k, targets, N, sizeof(int));
     float *g_logits = upload_floats(k, logits, N * V), *g_max = upload_floats(k, row_max, N);
     float *g_sum = upload_floats(k, sum, N), *g_in = upload_floats(k, in, N * C), *g_w = upload_floats(k, w, V * C);

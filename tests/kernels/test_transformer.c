@@ -555,17 +555,22 @@ Test(transformer, vocabulary_parallel_embedding_and_cross_entropy)
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++) cr_assert_eq(emb[n * C + c], table[tokens[n] * C + c]);
     /* logits = x @ table^T, per rank its columns */
-    float logits[3][5 * 4], max[5], sum[5] = {0}, target[5] = {0}, part_max[5], part_sum[5], part_target[5];
+    float logits[3][5 * 4], max[5], sum[5] = {0}, target[5] = {0}, part_max[3][5], part_sum[3][5], part_target[5];
     for (int64_t n = 0; n < N; n++) max[n] = -INFINITY;
-    for (int64_t r = 0; r < ranks; r++) {
+    for (int64_t r = 0; r < ranks; r++) { /* each rank's statistics, then the max over ranks */
         matmul_forward(logits[r], x, table + r * rows * C, NULL, N, C, rows);
-        crossentropy_row_max(part_max, logits[r], N, rows, r * rows, V);
-        for (int64_t n = 0; n < N; n++) max[n] = fmaxf(max[n], part_max[n]);
+        crossentropy_row_stats(part_max[r], part_sum[r], logits[r], N, rows, r * rows, V);
+        for (int64_t n = 0; n < N; n++) max[n] = fmaxf(max[n], part_max[r][n]);
     }
-    for (int64_t r = 0; r < ranks; r++) {
-        crossentropy_row_sumexp(part_sum, logits[r], max, N, rows, r * rows, V);
+    /* The last rank holds 2 real columns of 4: its padding takes no part. */
+    for (int64_t n = 0; n < N; n++) {
+        float want_max = fmaxf(logits[2][n * rows], logits[2][n * rows + 1]);
+        cr_assert_eq(part_max[2][n], want_max, "rank 2's row max of row %lld", (long long)n);
+    }
+    for (int64_t r = 0; r < ranks; r++) { /* each rank's sums made relative to the max over ranks, then added */
+        crossentropy_rescale_sum(part_sum[r], part_max[r], max, N);
         crossentropy_target_logit(part_target, logits[r], targets, N, rows, r * rows);
-        for (int64_t n = 0; n < N; n++) sum[n] += part_sum[n], target[n] += part_target[n];
+        for (int64_t n = 0; n < N; n++) sum[n] += part_sum[r][n], target[n] += part_target[n];
     }
     for (int64_t n = 0; n < N; n++) {
         double dense[10], m = -INFINITY, s = 0;
@@ -589,6 +594,47 @@ Test(transformer, vocabulary_parallel_embedding_and_cross_entropy)
         }
     }
     free(table), free(x);
+}
+
+/* Rows longer than the CPU's chunks of 256 columns, whose maximum comes in
+ * the first chunk, in the last, and in between; padding columns (vocab
+ * ends inside the rank's columns) left out; a rank without real columns:
+ * -infinity and 0. Against double sums: the max exact, the sum within
+ * 1e-5 relative; rescale_sum against exp of the difference. */
+Test(transformer, crossentropy_row_stats_in_one_pass)
+{
+    enum { N = 4, V = 1000 };
+    int64_t first = 2000, vocab = 2000 + 900; /* 900 real columns, 100 padding */
+    float *logits = malloc((size_t)N * V * sizeof(float)), row_max[N], sum[N];
+    for (int64_t i = 0; i < N * V; i++) logits[i] = 8.0f * uniform();
+    logits[0 * V + 3] = 30.0f;   /* row 0: the max in the first chunk */
+    logits[1 * V + 899] = 30.0f; /* row 1: in the last real column */
+    logits[1 * V + 950] = 99.0f; /* a padding column: not taken */
+    for (int64_t v = 0; v < V; v++) logits[2 * V + v] = (float)v / 50.0f; /* row 2: rising through every chunk */
+    logits[3 * V + 600] = -40.0f;                                        /* row 3: random, one far below */
+    crossentropy_row_stats(row_max, sum, logits, N, V, first, vocab);
+    for (int n = 0; n < N; n++) {
+        double max = -INFINITY, s = 0;
+        for (int64_t v = 0; v < 900; v++) max = fmax(max, logits[n * V + v]);
+        for (int64_t v = 0; v < 900; v++) s += exp((double)logits[n * V + v] - max);
+        cr_assert_eq(row_max[n], (float)max, "row %d: max %.9g, want %.9g", n, row_max[n], max);
+        cr_assert(fabs(sum[n] - s) <= 1e-5 * s, "row %d: sum %.9g, want %.9g", n, sum[n], s);
+    }
+    float none_max[N], none_sum[N];
+    crossentropy_row_stats(none_max, none_sum, logits, N, V, vocab, vocab); /* a rank past the vocabulary */
+    for (int n = 0; n < N; n++)
+        cr_assert(none_max[n] == -INFINITY && none_sum[n] == 0, "row %d without columns: %g, %g", n, none_max[n],
+                  none_sum[n]);
+    float global[N] = {31.0f, 31.0f, 30.0f, 20.0f}, scaled[N];
+    memcpy(scaled, sum, sizeof sum);
+    crossentropy_rescale_sum(scaled, row_max, global, N);
+    for (int n = 0; n < N; n++) {
+        double want = sum[n] * exp((double)row_max[n] - global[n]);
+        cr_assert(fabs(scaled[n] - want) <= 1e-6 * want, "row %d rescaled: %.9g, want %.9g", n, scaled[n], want);
+    }
+    crossentropy_rescale_sum(none_sum, none_max, global, N);
+    for (int n = 0; n < N; n++) cr_assert(none_sum[n] == 0, "row %d without columns rescaled: %g", n, none_sum[n]);
+    free(logits);
 }
 
 Test(transformer, adamw_step_formula)

@@ -251,8 +251,7 @@ static void run_kernels(float **out)
     embedding_backward(out[OUT_EMB_D], tokens, dx, N, C, 0, V);
     /* Inputs of their own, not the products' outputs (the products' bits may depend on the threads). */
     float *logits = random_floats(N * V, 9), *grad = random_floats(V * C, 10);
-    crossentropy_row_max(out[OUT_MAX], logits, N, V, 0, V - 20); /* the last 20 columns padding */
-    crossentropy_row_sumexp(out[OUT_SUM], logits, out[OUT_MAX], N, V, 0, V - 20);
+    crossentropy_row_stats(out[OUT_MAX], out[OUT_SUM], logits, N, V, 0, V - 20); /* the last 20 columns padding */
     crossentropy_backward(out[OUT_CE_D], logits, out[OUT_MAX], out[OUT_SUM], tokens, N, V, 0, V - 20, 0.01f);
     memcpy(out[OUT_ADAM_P], w, (size_t)V * C * sizeof(float));
     for (int step = 1; step <= 3; step++)

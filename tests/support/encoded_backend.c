@@ -325,19 +325,18 @@ static int enc_embedding_backward(float *d_table, const int *tokens, const float
     LEAVE();
 }
 
-static int enc_crossentropy_row_max(float *row_max, const float *logits, int64_t N, int64_t V, int64_t first,
-                                    int64_t vocab)
+static int enc_crossentropy_row_stats(float *row_max, float *sum, const float *logits, int64_t N, int64_t V,
+                                      int64_t first, int64_t vocab)
 {
-    ENTER(S(row_max, N), S(logits, N * V));
-    crossentropy_row_max(row_max, logits, N, V, first, vocab);
+    ENTER(S(row_max, N), S(sum, N), S(logits, N * V));
+    crossentropy_row_stats(row_max, sum, logits, N, V, first, vocab);
     LEAVE();
 }
 
-static int enc_crossentropy_row_sumexp(float *sum, const float *logits, const float *row_max, int64_t N, int64_t V,
-                                       int64_t first, int64_t vocab)
+static int enc_crossentropy_rescale_sum(float *sum, const float *local_max, const float *global_max, int64_t N)
 {
-    ENTER(S(sum, N), S(logits, N * V), S(row_max, N));
-    crossentropy_row_sumexp(sum, logits, row_max, N, V, first, vocab);
+    ENTER(S(sum, N), S(local_max, N), S(global_max, N));
+    crossentropy_rescale_sum(sum, local_max, global_max, N);
     LEAVE();
 }
 
@@ -436,8 +435,8 @@ static const kernel_backend backend = {
     .describe_attention = enc_describe_attention,
     .embedding_forward = enc_embedding_forward,
     .embedding_backward = enc_embedding_backward,
-    .crossentropy_row_max = enc_crossentropy_row_max,
-    .crossentropy_row_sumexp = enc_crossentropy_row_sumexp,
+    .crossentropy_row_stats = enc_crossentropy_row_stats,
+    .crossentropy_rescale_sum = enc_crossentropy_rescale_sum,
     .crossentropy_target_logit = enc_crossentropy_target_logit,
     .crossentropy_backward = enc_crossentropy_backward,
     .classifier_backward_bf16 = enc_classifier_backward_bf16,
