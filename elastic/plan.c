@@ -218,7 +218,8 @@ static int stage_shares(const catalogued_model *cm, int tp, int pp, int zero, in
  *   has in flight through it, trainer/model.h gpt_head)
  *              final norm                         [N, D]
  *              its mean and 1/std, the loss's
- *              row max, sum and target logit      5 x [N]
+ *              row max, sum and target logit, and
+ *              this rank's own row max            6 x [N]
  *              logits                             [N, Vp/tp] */
 /* Columns of a rank's QKV: its query heads and its key/value heads (one
  * shared head when there are fewer than tp). */
@@ -243,7 +244,7 @@ static int64_t micro_batch_floats(const gpt_config *m, int tp, int chunks, int64
 static int64_t head_floats(const gpt_config *m, int tp, int64_t b, int64_t vocab_local, int sequence_parallel)
 {
     int64_t N = b * m->seq, R = sequence_parallel ? N / tp : N;
-    return R * (m->dim + 2) + N * (3 + vocab_local);
+    return R * (m->dim + 2) + N * (4 + vocab_local);
 }
 
 /* fp32 elements of the backward pass's working memory, once per rank: the

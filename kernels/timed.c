@@ -19,13 +19,13 @@
 
 /* Every operation timed: its field in kernel_backend. */
 #define TIMED_OPS(X)                                                                                                   \
-    X(alloc) X(zero) X(to_device) X(to_host) X(copy) X(synchronize) X(host_alloc) X(to_host_background)               \
-    X(matmul_forward) X(matmul_backward) X(matmul_forward_bf16) X(matmul_backward_bf16) X(layernorm_forward)          \
-    X(layernorm_backward) X(gelu_forward) X(gelu_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(swiglu_forward)   \
+    X(alloc) X(zero) X(to_device) X(to_host) X(copy) X(synchronize) X(host_alloc) X(to_host_background)                \
+    X(matmul_forward) X(matmul_backward) X(matmul_forward_bf16) X(matmul_backward_bf16) X(layernorm_forward)           \
+    X(layernorm_backward) X(gelu_forward) X(gelu_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(swiglu_forward)    \
     X(swiglu_backward) X(rope_forward) X(rope_backward) X(residual_forward) X(bias_residual_forward) X(add_inplace)    \
     X(scale_inplace) X(attention_forward) X(attention_backward) X(attention_forward_bf16) X(attention_backward_bf16)   \
     X(embedding_forward) X(embedding_backward)                                                                         \
-    X(crossentropy_row_stats) X(crossentropy_rescale_sum) X(crossentropy_target_logit) X(crossentropy_backward)          \
+    X(crossentropy_row_stats) X(crossentropy_rescale_sum) X(crossentropy_target_logit) X(crossentropy_backward)        \
     X(classifier_backward_bf16) X(adamw_update_tensors) X(sum_of_squares)
 
 #define OP_INDEX(op) OP_##op,

@@ -225,7 +225,8 @@ static int64_t head_floats(const gpt_model *m)
     return m->is_last ? m->rows * (m->D + 2) + m->B * m->T * (m->vocab_local + 4) : 0;
 }
 
-/* Carves head `index`'s buffers out of the heads' allocation. */
+/* Carves head `index`'s buffers out of the heads' allocation (elastic/plan.c
+ * head_floats counts them as laid out here). */
 static int head_init(gpt_model *m, int index)
 {
     gpt_head *h = &m->heads[index];

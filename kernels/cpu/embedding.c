@@ -76,7 +76,11 @@ static void row_stats_rows(void *ctx, int64_t n0, int64_t n1)
             int64_t v1 = v0 + STATS_CHUNK < j->valid ? v0 + STATS_CHUNK : j->valid;
             float chunk_max = -INFINITY, chunk_sum = 0;
             for (int64_t v = v0; v < v1; v++) chunk_max = x[v] > chunk_max ? x[v] : chunk_max;
-            if (chunk_max == -INFINITY) continue; /* nothing to add (and -inf - -inf would be NaN) */
+            if (chunk_max == -INFINITY) { /* nothing to add (-inf - -inf would be NaN), but a NaN makes the sum NaN */
+                for (int64_t v = v0; v < v1; v++)
+                    if (isnan(x[v])) s = NAN;
+                continue;
+            }
             for (int64_t v = v0; v < v1; v++) chunk_sum += expf(x[v] - chunk_max);
             if (chunk_max > max) {
                 s = s * expf(max - chunk_max) + chunk_sum;

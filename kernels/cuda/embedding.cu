@@ -74,7 +74,10 @@ static int64_t valid_columns(int64_t V, int64_t first, int64_t vocab)
  * its columns and its sum of exponentials relative to it (rescaled when the
  * maximum grows); then the block's maximum, and the threads' sums made
  * relative to it and added. -infinity and 0 for a row without valid
- * columns, as the CPU. */
+ * columns, as the CPU; a NaN logit makes the sum NaN, as two passes did.
+ * One expf an element whichever way it goes (exp(-|x - m|) is exp(m - x)
+ * for a new maximum, else exp(x - m)): with a branch per case, the lanes of
+ * a warp disagree on a third or more of the elements and issue both. */
 static __global__ void row_stats_kernel(float *row_max, float *sum, const float *logits, int64_t N, int64_t V,
                                         int64_t valid)
 {
@@ -82,14 +85,13 @@ static __global__ void row_stats_kernel(float *row_max, float *sum, const float 
         float m = -INFINITY, s = 0;
         COLUMNS_OF_THREAD(v, valid) {
             float x = logits[n * V + v];
-            if (x > m) {
-                s = s * expf(m - x) + 1.0f;
-                m = x;
-            } else if (m != -INFINITY) /* -inf - -inf would be NaN */
-                s += expf(x - m);
+            float e = expf(-fabsf(x - m)); /* 0 while m is -inf; NaN for a NaN x */
+            int grows = x > m;
+            s = grows ? s * e + 1.0f : x == -INFINITY ? s : s + e; /* -inf adds nothing (-inf - -inf is NaN) */
+            m = grows ? x : m;
         }
         float max = block_max(m);
-        float total = block_sum(m == -INFINITY ? 0.0f : s * expf(m - max));
+        float total = block_sum(s == 0.0f ? 0.0f : s * expf(m - max)); /* s is 0 only without a finite column */
         if (threadIdx.x == 0) {
             row_max[n] = max;
             sum[n] = total;

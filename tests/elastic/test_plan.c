@@ -471,7 +471,7 @@ static int64_t head_floats_of(const gpt_model *m)
 {
     if (!m->is_last) return 0;
     const gpt_head *h = &m->heads[0];
-    return h->target_logit + m->B * m->T - h->lnf;
+    return h->local_max + m->B * m->T - h->lnf; /* local_max is carved last (trainer/model.c head_init) */
 }
 
 /* What rank (stage, tp rank 0) of (tp, pp) with V virtual stages and

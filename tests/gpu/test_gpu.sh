@@ -70,10 +70,13 @@ torch_layouts() {
 torch_layouts own
 
 # --- The GPU trainer against the CPU trainer: 20 steps of the small model
-# (cuBLAS and OpenBLAS sum in other orders: 1e-4 relative).
-expect_ok "small on the CPU" "$TRAIN" --model small --micro-batch 2 --quiet --steps 20 --device cpu \
+# (cuBLAS and OpenBLAS sum in other orders: 1e-4 relative), with a
+# vocabulary of 1000: rows of logits longer than a block of 256 threads, so
+# that the cross-entropy's one-pass statistics rescale each thread's sum.
+expect_ok "small on the CPU" "$TRAIN" --model small --vocab 1000 --micro-batch 2 --quiet --steps 20 --device cpu \
     --log "$WORK/small-cpu.jsonl"
-expect_ok "small on a GPU" gpu_train 1 --model small --micro-batch 2 --quiet --steps 20 --log "$WORK/small-gpu.jsonl"
+expect_ok "small on a GPU" gpu_train 1 --model small --vocab 1000 --micro-batch 2 --quiet --steps 20 \
+    --log "$WORK/small-gpu.jsonl"
 check "small: the GPU's losses are the CPU's (1e-4)" losses_match "$WORK/small-gpu.jsonl" "$WORK/small-cpu.jsonl" 1e-4
 check "small: the start line names the GPU" grep -q '"device":"cuda:0 ' "$WORK/small-gpu.jsonl"
 check "small: the step lines give the MFU" grep -q '"mfu":' "$WORK/small-gpu.jsonl"
@@ -81,8 +84,8 @@ check "small: the step lines give the MFU" grep -q '"mfu":' "$WORK/small-gpu.jso
 # kernels/cuda/attention_tiled.h, are the default; small's heads have 64
 # dimensions): the same losses.
 export TP_CUDA_ATTENTION=rows
-expect_ok "small on a GPU, attention by rows" gpu_train 1 --model small --micro-batch 2 --quiet --steps 20 \
-    --log "$WORK/small-gpu-rows.jsonl"
+expect_ok "small on a GPU, attention by rows" gpu_train 1 --model small --vocab 1000 --micro-batch 2 --quiet \
+    --steps 20 --log "$WORK/small-gpu-rows.jsonl"
 unset TP_CUDA_ATTENTION
 check "small, attention by rows: the CPU's losses (1e-4)" losses_match "$WORK/small-gpu-rows.jsonl" \
     "$WORK/small-cpu.jsonl" 1e-4

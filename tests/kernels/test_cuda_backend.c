@@ -1128,6 +1128,39 @@ Test(cuda_backend, crossentropy)
     }
 }
 
+/* Rows longer than a block (THREADS = 256; V = 150 above gives a thread one
+ * column at most): each thread's maximum grows and its sum is rescaled, or
+ * not; -infinity in threads' first columns and in whole first passes;
+ * padding left out; a NaN keeps the sum NaN. Against the CPU: the max exact,
+ * the sum within 1e-5 relative (sums of thousands of terms in other orders,
+ * each expf within 2 ulp: a few 1e-7 measured in an emulation of the
+ * kernel). */
+Test(cuda_backend, crossentropy_row_stats_wide_rows)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    enum { N = 7 };
+    int64_t V = 3000, first = 0, vocab = 2900; /* 100 padding columns */
+    float *logits = floats_random(N * V, 8.0f), row_max[N], sum[N];
+    logits[0 * V + 3] = 30.0f;                                              /* the max in a thread's first column */
+    logits[1 * V + 2899] = 30.0f;                                           /* in the last real column */
+    logits[1 * V + 2950] = 99.0f;                                           /* padding: not taken */
+    for (int64_t v = 0; v < V; v++) logits[2 * V + v] = (float)v / 100.0f;  /* every thread's max grows each time */
+    for (int64_t v = 0; v < V; v++) logits[3 * V + v] = -(float)v / 100.0f; /* never grows after the first */
+    for (int64_t v = 0; v < V; v += 2) logits[4 * V + v] = -INFINITY;       /* half -inf, threads' first included */
+    for (int64_t v = 0; v < 600; v++) logits[5 * V + v] = -INFINITY;        /* whole first passes -inf */
+    logits[6 * V + 5] = NAN;                                                /* a NaN among a thread's first */
+    crossentropy_row_stats(row_max, sum, logits, N, V, first, vocab);
+    cr_assert(isnan(sum[6]), "the CPU's sum of a row with a NaN: %g", sum[6]);
+    float *g_logits = upload_floats(k, logits, N * V), *g_max = upload_floats(k, logits, N);
+    float *g_sum = upload_floats(k, logits, N);
+    cr_assert_eq(k->crossentropy_row_stats(g_max, g_sum, g_logits, N, V, first, vocab), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_max, row_max, N, 0, 0, "wide rows' max");
+    check_device(k, g_sum, sum, N, 1e-5, 0, "wide rows' sum"); /* NaN on both sides passes check_close */
+    k->release(g_logits), k->release(g_max), k->release(g_sum);
+    free(logits);
+}
+
 /* classifier_backward_bf16 in two links, each exact where it can be: the
  * d_logits it leaves in scratch are the bf16 bits of the GPU's own fp32
  * crossentropy_backward (the same kernel, rounded on store: equal to the

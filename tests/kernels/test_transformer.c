@@ -603,7 +603,7 @@ Test(transformer, vocabulary_parallel_embedding_and_cross_entropy)
  * 1e-5 relative; rescale_sum against exp of the difference. */
 Test(transformer, crossentropy_row_stats_in_one_pass)
 {
-    enum { N = 4, V = 1000 };
+    enum { N = 6, V = 1000 };
     int64_t first = 2000, vocab = 2000 + 900; /* 900 real columns, 100 padding */
     float *logits = malloc((size_t)N * V * sizeof(float)), row_max[N], sum[N];
     for (int64_t i = 0; i < N * V; i++) logits[i] = 8.0f * uniform();
@@ -612,8 +612,11 @@ Test(transformer, crossentropy_row_stats_in_one_pass)
     logits[1 * V + 950] = 99.0f; /* a padding column: not taken */
     for (int64_t v = 0; v < V; v++) logits[2 * V + v] = (float)v / 50.0f; /* row 2: rising through every chunk */
     logits[3 * V + 600] = -40.0f;                                        /* row 3: random, one far below */
+    for (int64_t v = 0; v < 256; v++) logits[4 * V + v] = -INFINITY;    /* row 4: a first chunk of -inf */
+    for (int64_t v = 256; v < 512; v++) logits[5 * V + v] = NAN;        /* row 5: a chunk of NaN: the sum NaN */
     crossentropy_row_stats(row_max, sum, logits, N, V, first, vocab);
-    for (int n = 0; n < N; n++) {
+    cr_assert(isnan(sum[5]), "a row with a chunk of NaN: sum %g, want NaN", sum[5]);
+    for (int n = 0; n < N - 1; n++) {
         double max = -INFINITY, s = 0;
         for (int64_t v = 0; v < 900; v++) max = fmax(max, logits[n * V + v]);
         for (int64_t v = 0; v < 900; v++) s += exp((double)logits[n * V + v] - max);
@@ -625,10 +628,10 @@ Test(transformer, crossentropy_row_stats_in_one_pass)
     for (int n = 0; n < N; n++)
         cr_assert(none_max[n] == -INFINITY && none_sum[n] == 0, "row %d without columns: %g, %g", n, none_max[n],
                   none_sum[n]);
-    float global[N] = {31.0f, 31.0f, 30.0f, 20.0f}, scaled[N];
+    float global[N] = {31.0f, 31.0f, 30.0f, 20.0f, 20.0f, 20.0f}, scaled[N];
     memcpy(scaled, sum, sizeof sum);
     crossentropy_rescale_sum(scaled, row_max, global, N);
-    for (int n = 0; n < N; n++) {
+    for (int n = 0; n < N - 1; n++) {
         double want = sum[n] * exp((double)row_max[n] - global[n]);
         cr_assert(fabs(scaled[n] - want) <= 1e-6 * want, "row %d rescaled: %.9g, want %.9g", n, scaled[n], want);
     }
