@@ -265,42 +265,57 @@ static int enc_scale_inplace(float *x, float scale, int64_t n)
     LEAVE();
 }
 
-static int enc_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
-                                 int64_t Hq, int64_t Hkv, int64_t hd)
+/* The attention's arguments decoded around fn: the fp32 operation or its
+ * bf16 twin (the same extents). */
+typedef int (*attention_forward_fn)(float *, float *, float *, const float *, int64_t, int64_t, int64_t, int64_t,
+                                    int64_t);
+typedef int (*attention_backward_fn)(float *, float *, const float *, const float *, const float *, const float *,
+                                     int64_t, int64_t, int64_t, int64_t, int64_t);
+
+static int encoded_attention_forward(attention_forward_fn fn, float *out, float *lse, float *scratch,
+                                     const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
     ENTER(S(out, B * T * Hq * hd), S(lse, B * Hq * T), S(scratch, attention_scratch_floats(B, T, Hq)),
           S(qkv, B * T * (Hq + 2 * Hkv) * hd));
-    int status = attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+    int status = fn(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
     LEAVE_WITH(status);
+}
+
+static int encoded_attention_backward(attention_backward_fn fn, float *d_qkv, float *scratch, const float *d_out,
+                                      const float *qkv, const float *out, const float *lse, int64_t B, int64_t T,
+                                      int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    ENTER(S(d_qkv, B * T * (Hq + 2 * Hkv) * hd), S(scratch, attention_scratch_floats(B, T, Hq)),
+          S(d_out, B * T * Hq * hd), S(qkv, B * T * (Hq + 2 * Hkv) * hd), S(out, B * T * Hq * hd), S(lse, B * Hq * T));
+    int status = fn(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
+    LEAVE_WITH(status);
+}
+
+static int enc_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+                                 int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    return encoded_attention_forward(attention_forward, out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
 }
 
 static int enc_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
                                   const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                   int64_t hd)
 {
-    ENTER(S(d_qkv, B * T * (Hq + 2 * Hkv) * hd), S(scratch, attention_scratch_floats(B, T, Hq)),
-          S(d_out, B * T * Hq * hd), S(qkv, B * T * (Hq + 2 * Hkv) * hd), S(out, B * T * Hq * hd), S(lse, B * Hq * T));
-    int status = attention_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
-    LEAVE_WITH(status);
+    return encoded_attention_backward(attention_backward, d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
 }
 
 static int enc_attention_forward_bf16(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
                                       int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    ENTER(S(out, B * T * Hq * hd), S(lse, B * Hq * T), S(scratch, attention_scratch_floats(B, T, Hq)),
-          S(qkv, B * T * (Hq + 2 * Hkv) * hd));
-    int status = attention_forward_bf16(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
-    LEAVE_WITH(status);
+    return encoded_attention_forward(attention_forward_bf16, out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
 }
 
 static int enc_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
                                        const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq,
                                        int64_t Hkv, int64_t hd)
 {
-    ENTER(S(d_qkv, B * T * (Hq + 2 * Hkv) * hd), S(scratch, attention_scratch_floats(B, T, Hq)),
-          S(d_out, B * T * Hq * hd), S(qkv, B * T * (Hq + 2 * Hkv) * hd), S(out, B * T * Hq * hd), S(lse, B * Hq * T));
-    int status = attention_backward_bf16(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
-    LEAVE_WITH(status);
+    return encoded_attention_backward(attention_backward_bf16, d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv,
+                                      hd);
 }
 
 static void enc_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd, char *text,
