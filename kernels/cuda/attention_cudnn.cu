@@ -80,20 +80,23 @@ static int load_locked(void)
     void *library = NULL;
     int status = cuda_library_open("cuDNN", names, sizeof names / sizeof names[0], &library, lib.found_in,
                                    sizeof lib.found_in);
-#define LOAD(field, symbol)                                                                                            \
-    if (!status && !(*(void **)&dnn.field = dlsym(library, #symbol)))                                                 \
-        status = tp_fail(TP_ERR_DEVICE, "cuDNN (%s in %s) has no %s", names[0], lib.found_in, #symbol);
-    LOAD(get_version, cudnnGetVersion)
-    LOAD(error_string, cudnnGetErrorString)
-    LOAD(create, cudnnCreate)
-    LOAD(set_stream, cudnnSetStream)
-    LOAD(create_descriptor, cudnnBackendCreateDescriptor)
-    LOAD(destroy_descriptor, cudnnBackendDestroyDescriptor)
-    LOAD(set_attribute, cudnnBackendSetAttribute)
-    LOAD(get_attribute, cudnnBackendGetAttribute)
-    LOAD(finalize, cudnnBackendFinalize)
-    LOAD(execute, cudnnBackendExecute)
-#undef LOAD
+    if (!status) {
+        const cuda_library_symbol symbols[] = {
+            {"cudnnGetVersion", (void **)&dnn.get_version},
+            {"cudnnGetErrorString", (void **)&dnn.error_string},
+            {"cudnnCreate", (void **)&dnn.create},
+            {"cudnnSetStream", (void **)&dnn.set_stream},
+            {"cudnnBackendCreateDescriptor", (void **)&dnn.create_descriptor},
+            {"cudnnBackendDestroyDescriptor", (void **)&dnn.destroy_descriptor},
+            {"cudnnBackendSetAttribute", (void **)&dnn.set_attribute},
+            {"cudnnBackendGetAttribute", (void **)&dnn.get_attribute},
+            {"cudnnBackendFinalize", (void **)&dnn.finalize},
+            {"cudnnBackendExecute", (void **)&dnn.execute},
+        };
+        char where[600];
+        snprintf(where, sizeof where, "%s in %s", names[0], lib.found_in);
+        status = cuda_library_symbols(library, "cuDNN", where, symbols, sizeof symbols / sizeof symbols[0]);
+    }
     if (!status) {
         *(void **)&dnn.last_error = dlsym(library, "cudnnGetLastErrorString");
         lib.version = dnn.get_version();

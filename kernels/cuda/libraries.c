@@ -1,4 +1,4 @@
-/* libraries.c: finding cuBLAS and NCCL (libraries.h). */
+/* libraries.c: finding the CUDA libraries and their functions (libraries.h). */
 #include "libraries.h"
 
 #include <dlfcn.h>
@@ -181,4 +181,15 @@ int cuda_library_open(const char *what, const char *const *names, size_t name_co
     }
     free(s.looked.data);
     return status;
+}
+
+int cuda_library_symbols(void *library, const char *what, const char *where, const cuda_library_symbol *symbols,
+                         size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        void *address = dlsym(library, symbols[i].name);
+        if (!address) return tp_fail(TP_ERR_DEVICE, "%s (%s) has no %s", what, where, symbols[i].name);
+        *symbols[i].address = address;
+    }
+    return TP_OK;
 }

@@ -30,6 +30,21 @@ extern "C" {
 int cuda_library_open(const char *what, const char *const *names, size_t name_count, void **library,
                       char *found_in, size_t found_in_size);
 
+/* A function a loaded library must have: its name, and the function
+ * pointer that receives its address (the address of a field typed as the
+ * library's header declares the function). */
+typedef struct {
+    const char *name;
+    void **address;
+} cuda_library_symbol;
+
+/* Looks each of SYMBOLS up in LIBRARY (dlsym), in order, into its address;
+ * at the first missing one fails with TP_ERR_DEVICE, "WHAT (WHERE) has no
+ * NAME", leaving that address and the later ones as they were (a loader
+ * that keeps its last symbol for "all loaded" then finds it unset). */
+int cuda_library_symbols(void *library, const char *what, const char *where, const cuda_library_symbol *symbols,
+                         size_t count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,7 +3,6 @@
  * add, scale) on the GPU. cuBLAS is loaded here, and its handle made on the
  * backend's stream (cuda_blas_start). */
 #include <cublas_v2.h>
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -50,19 +49,17 @@ static int load_cublas(void)
     if (blas.sgemm) return TP_OK;
     void *library = NULL;
     TP_TRY(cuda_library_open("cuBLAS", names, sizeof names / sizeof names[0], &library, NULL, 0));
-#define LOAD(field, symbol)                                                                                            \
-    if (!(*(void **)&blas.field = dlsym(library, #symbol)))                                                           \
-        return tp_fail(TP_ERR_DEVICE, "cuBLAS (%s) has no %s", names[0], #symbol);
-    LOAD(create, cublasCreate_v2)
-    LOAD(destroy, cublasDestroy_v2)
-    LOAD(set_stream, cublasSetStream_v2)
-    LOAD(set_math_mode, cublasSetMathMode)
-    LOAD(status_name, cublasGetStatusName)
-    LOAD(status_string, cublasGetStatusString)
-    LOAD(gemm_ex, cublasGemmEx)
-    LOAD(sgemm, cublasSgemm_v2) /* last: it says that all are loaded */
-#undef LOAD
-    return TP_OK;
+    const cuda_library_symbol symbols[] = {
+        {"cublasCreate_v2", (void **)&blas.create},
+        {"cublasDestroy_v2", (void **)&blas.destroy},
+        {"cublasSetStream_v2", (void **)&blas.set_stream},
+        {"cublasSetMathMode", (void **)&blas.set_math_mode},
+        {"cublasGetStatusName", (void **)&blas.status_name},
+        {"cublasGetStatusString", (void **)&blas.status_string},
+        {"cublasGemmEx", (void **)&blas.gemm_ex},
+        {"cublasSgemm_v2", (void **)&blas.sgemm}, /* last: it says that all are loaded */
+    };
+    return cuda_library_symbols(library, "cuBLAS", names[0], symbols, sizeof symbols / sizeof symbols[0]);
 }
 
 /* cuBLAS calls in the convention of CUDA_TRY (check.h): "file:line: call:

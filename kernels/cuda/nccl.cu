@@ -4,7 +4,6 @@
  * it at start. Collectives and receives run on the CUDA backend's stream;
  * sends on a stream of the group's own, ordered after the backend's work
  * by an event, so that a send waiting for its peer holds up no kernel. */
-#include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -56,19 +55,19 @@ static int load_nccl(void)
     if (!nccl.all_reduce) {
         void *library = NULL;
         status = cuda_library_open("NCCL", names, sizeof names / sizeof names[0], &library, NULL, 0);
-        if (status == TP_OK &&
-            (!(*(void **)&nccl.get_unique_id = dlsym(library, "ncclGetUniqueId")) ||
-             !(*(void **)&nccl.init_rank = dlsym(library, "ncclCommInitRank")) ||
-             !(*(void **)&nccl.destroy = dlsym(library, "ncclCommDestroy")) ||
-             !(*(void **)&nccl.error_string = dlsym(library, "ncclGetErrorString")) ||
-             !(*(void **)&nccl.send = dlsym(library, "ncclSend")) ||
-             !(*(void **)&nccl.recv = dlsym(library, "ncclRecv")) ||
-             !(*(void **)&nccl.all_gather = dlsym(library, "ncclAllGather")) ||
-             !(*(void **)&nccl.reduce_scatter = dlsym(library, "ncclReduceScatter")) ||
-             !(*(void **)&nccl.all_reduce = dlsym(library, "ncclAllReduce")))) { /* last: all are loaded */
-            nccl.all_reduce = NULL;
-            status = tp_fail(TP_ERR_DEVICE, "NCCL (%s) lacks a function this build uses", names[0]);
-        }
+        const cuda_library_symbol symbols[] = {
+            {"ncclGetUniqueId", (void **)&nccl.get_unique_id},
+            {"ncclCommInitRank", (void **)&nccl.init_rank},
+            {"ncclCommDestroy", (void **)&nccl.destroy},
+            {"ncclGetErrorString", (void **)&nccl.error_string},
+            {"ncclSend", (void **)&nccl.send},
+            {"ncclRecv", (void **)&nccl.recv},
+            {"ncclAllGather", (void **)&nccl.all_gather},
+            {"ncclReduceScatter", (void **)&nccl.reduce_scatter},
+            {"ncclAllReduce", (void **)&nccl.all_reduce}, /* last: it says that all are loaded */
+        };
+        if (!status)
+            status = cuda_library_symbols(library, "NCCL", names[0], symbols, sizeof symbols / sizeof symbols[0]);
     }
     pthread_mutex_unlock(&load_lock);
     return status;

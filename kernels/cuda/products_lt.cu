@@ -23,7 +23,6 @@
  * ("misaligned address", which ends the CUDA context: PyTorch, Marian and
  * llm.c met it). */
 #include <cublasLt.h>
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -66,25 +65,23 @@ static int load_cublas_lt(void)
     if (lt.matmul) return TP_OK;
     void *library = NULL;
     TP_TRY(cuda_library_open("cuBLASLt", names, sizeof names / sizeof names[0], &library, NULL, 0));
-#define LOAD(field, symbol)                                                                                            \
-    if (!(*(void **)&lt.field = dlsym(library, #symbol)))                                                             \
-        return tp_fail(TP_ERR_DEVICE, "cuBLASLt (%s) has no %s", names[0], #symbol);
-    LOAD(create, cublasLtCreate)
-    LOAD(destroy, cublasLtDestroy)
-    LOAD(desc_create, cublasLtMatmulDescCreate)
-    LOAD(desc_destroy, cublasLtMatmulDescDestroy)
-    LOAD(desc_set, cublasLtMatmulDescSetAttribute)
-    LOAD(layout_create, cublasLtMatrixLayoutCreate)
-    LOAD(layout_destroy, cublasLtMatrixLayoutDestroy)
-    LOAD(preference_create, cublasLtMatmulPreferenceCreate)
-    LOAD(preference_destroy, cublasLtMatmulPreferenceDestroy)
-    LOAD(preference_set, cublasLtMatmulPreferenceSetAttribute)
-    LOAD(heuristic, cublasLtMatmulAlgoGetHeuristic)
-    LOAD(status_name, cublasLtGetStatusName)
-    LOAD(status_string, cublasLtGetStatusString)
-    LOAD(matmul, cublasLtMatmul) /* last: it says that all are loaded */
-#undef LOAD
-    return TP_OK;
+    const cuda_library_symbol symbols[] = {
+        {"cublasLtCreate", (void **)&lt.create},
+        {"cublasLtDestroy", (void **)&lt.destroy},
+        {"cublasLtMatmulDescCreate", (void **)&lt.desc_create},
+        {"cublasLtMatmulDescDestroy", (void **)&lt.desc_destroy},
+        {"cublasLtMatmulDescSetAttribute", (void **)&lt.desc_set},
+        {"cublasLtMatrixLayoutCreate", (void **)&lt.layout_create},
+        {"cublasLtMatrixLayoutDestroy", (void **)&lt.layout_destroy},
+        {"cublasLtMatmulPreferenceCreate", (void **)&lt.preference_create},
+        {"cublasLtMatmulPreferenceDestroy", (void **)&lt.preference_destroy},
+        {"cublasLtMatmulPreferenceSetAttribute", (void **)&lt.preference_set},
+        {"cublasLtMatmulAlgoGetHeuristic", (void **)&lt.heuristic},
+        {"cublasLtGetStatusName", (void **)&lt.status_name},
+        {"cublasLtGetStatusString", (void **)&lt.status_string},
+        {"cublasLtMatmul", (void **)&lt.matmul}, /* last: it says that all are loaded */
+    };
+    return cuda_library_symbols(library, "cuBLASLt", names[0], symbols, sizeof symbols / sizeof symbols[0]);
 }
 
 /* cuBLASLt calls in the convention of CUDA_TRY (check.h). */

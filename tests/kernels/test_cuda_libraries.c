@@ -163,3 +163,26 @@ Test(cuda_libraries, a_copy_that_does_not_load_is_named_with_the_reason)
     cr_assert(strstr(message, "Fake (libtpfake.so.7) was found but does not load"), "%s", message);
     cr_assert(strstr(message, "broken/libtpfake.so.7"), "%s", message);
 }
+
+/* The functions of a loaded library, into their fields in order; the first
+ * missing one named, with the library, and the fields from it on left as
+ * they were. */
+Test(cuda_libraries, symbols_each_found_or_the_first_missing_named)
+{
+    void *library = dlopen(NULL, RTLD_NOW); /* this program and what it loaded: libzstd among them */
+    cr_assert(library, "%s", dlerror());
+    void *version = NULL, *compress = NULL, *missing = (void *)&version, *after = (void *)&compress;
+    const cuda_library_symbol found[] = {{"ZSTD_versionNumber", &version}, {"ZSTD_compress", &compress}};
+    cr_assert_eq(cuda_library_symbols(library, "zstd", "this process", found, 2), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(version, dlsym(library, "ZSTD_versionNumber"));
+    cr_assert_eq(compress, dlsym(library, "ZSTD_compress"));
+    void *first = NULL;
+    const cuda_library_symbol some[] = {
+        {"ZSTD_versionNumber", &first}, {"tp_no_such_function", &missing}, {"ZSTD_compress", &after}};
+    cr_assert_eq(cuda_library_symbols(library, "zstd", "this process", some, 3), TP_ERR_DEVICE);
+    cr_assert_str_eq(tp_errmsg(), "zstd (this process) has no tp_no_such_function");
+    cr_assert_eq(first, version, "the one before the missing one is set");
+    cr_assert_eq(missing, (void *)&version, "the missing one's field is left as it was");
+    cr_assert_eq(after, (void *)&compress, "and so is the one after it");
+    dlclose(library);
+}
