@@ -28,6 +28,7 @@ void free_zeroed_pages(void *buffer);
 enum {
     SCRATCH_CHUNK, SCRATCH_BOUNCE, SCRATCH_VERIFY, SCRATCH_STAGING, /* the checkpoint reader's and the resharder's */
     SCRATCH_BF16_A, SCRATCH_BF16_B, SCRATCH_BF16_PAD,              /* bf16 products' operands and oneDNN's scratchpad */
+    SCRATCH_BF16_OUTPUT,                                           /* a bf16 activation's fp32 values before rounding */
     SCRATCH_ATTENTION,                                             /* the CPU attention's blocks of a thread */
     SCRATCH_SLOTS
 };

@@ -206,7 +206,10 @@ static int stage_shares(const catalogued_model *cm, int tp, int pp, int zero, in
 }
 
 /* fp32 elements one micro-batch keeps for its backward pass on one rank of
- * a stage (trainer/model.c slot_floats; column-parallel widths over tp):
+ * a stage (trainer/model.c slot_floats; column-parallel widths over tp).
+ * tp-train --dtype bf16 keeps ln1, ln2, the attention output, gelu and the
+ * final norm as bf16 (half of these counts): counted here as fp32, an
+ * upper bound for such runs:
  *   the stage's input                             [N, D]
  *   per layer  ln1, res1, ln2, res2               4 x [N, D]
  *              norm means and 1/std               4 x [N]

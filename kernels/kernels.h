@@ -96,13 +96,22 @@ void matmul_forward(float *out, const float *in, const float *weight, const floa
 void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                      const float *weight, int64_t N, int64_t C, int64_t OC);
 
-/* bf16 mixed precision (tp-train --dtype bf16): the same products with
- * both operands rounded to bf16 (to nearest, ties to even) and summed in
- * fp32, as tensor cores compute them; the bias and d_bias stay fp32. They
- * need scratch for the rounded operands: TP_ERR_NOMEM when it cannot be had. */
-int matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
+/* bf16 mixed precision (tp-train --dtype bf16). Activations that only bf16
+ * products and the bf16 attention read (the norms' outputs, the attention's
+ * output, the MLP's activation) are kept as bf16 bits (uint16_t: the top
+ * half of an fp32, rounded to nearest, ties to even, convert_bits.h), half
+ * the memory and traffic of fp32 and no rounding before each product that
+ * reads them. The *_bf16 operations below that write such an activation
+ * write those bits: the same bits as rounding the fp32 operation's output.
+ *
+ * The products with bf16 operands summed in fp32, as tensor cores compute
+ * them: in[N,C] is bf16 bits; weight and d_out are fp32, rounded to bf16
+ * on the way (the gradients stay fp32 for now); out, d_in, d_weight, the
+ * bias and d_bias fp32. They need scratch for the rounded operands:
+ * TP_ERR_NOMEM when it cannot be had. */
+int matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N, int64_t C,
                         int64_t OC);
-int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC);
 
 /* out[N,C] = (in - mean) * rstd * weight + bias over each row (eps 1e-5);
@@ -129,6 +138,17 @@ void rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const fl
  * silu(x) = x / (1 + exp(-x)). Backward overwrites d_in[N,2F]. */
 void swiglu_forward(float *out, const float *in, int64_t N, int64_t F);
 void swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F);
+
+/* The four above as bf16 activations (tp-train --dtype bf16): out as bf16
+ * bits, the same bits as rounding the fp32 operation's out; mean and rstd
+ * fp32 as there. On the CPU the fp32 result passes through a thread's
+ * scratch: TP_ERR_NOMEM when it cannot be had. */
+int layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *in, const float *weight,
+                           const float *bias, int64_t N, int64_t C);
+int rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                         float eps);
+int gelu_forward_bf16(uint16_t *out, const float *in, int64_t n);
+int swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F);
 
 /* Rotary position embeddings, Hugging Face's rotate-half convention: in
  * each head's hd values, element j < hd/2 pairs with j + hd/2 and both turn
@@ -188,16 +208,18 @@ int attention_backward(float *d_qkv, float *scratch, const float *d_out, const f
  * flash attention computes it on a GPU: the operands it reads in bf16
  * rounded to bf16 (to nearest, ties to even, convert_bits.h), everything
  * else as attention_forward and attention_backward compute it, in fp32
- * (scores, softmax, lse, sums). The forward rounds q, k and v (qkv); the
- * backward rounds qkv, out and d_out, as cuDNN reads them, and takes lse as
- * it is (fp32 in cuDNN too). Shapes, scratch and results (fp32) as the fp32
- * functions; TP_ERR_NOMEM when the rounded copies cannot be had. A GPU's
- * results differ from these by the order of its fp32 sums and, through
- * cuDNN, by its bf16 outputs (out, d_qkv) and bf16 probabilities in the
- * products with V and d_out (kernels/cuda/attention_cudnn.h). */
-int attention_forward_bf16(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+ * (scores, softmax, lse, sums). The forward rounds q, k and v (qkv) and
+ * writes out as bf16 bits (a bf16 activation, above: the same bits as
+ * rounding the fp32 attention's out of the rounded qkv); the backward
+ * rounds qkv and d_out, as cuDNN reads them, reads out as those bits, and
+ * takes lse as it is (fp32 in cuDNN too). Shapes and scratch as the fp32
+ * functions, lse and d_qkv fp32; TP_ERR_NOMEM when the rounded copies
+ * cannot be had. A GPU's results differ from these by the order of its
+ * fp32 sums and, through cuDNN, by its bf16 d_qkv and bf16 probabilities
+ * in the products with V and d_out (kernels/cuda/attention_cudnn.h). */
+int attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
                            int64_t Hq, int64_t Hkv, int64_t hd);
-int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const uint16_t *out,
                             const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 /* Query rows the CPU attention computes at a time; the scratch it is given
  * is a [B,Hq,T] row vector. */
@@ -238,14 +260,15 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
 /* The classifier's backward in bf16 mixed precision, in one operation:
  * crossentropy_backward's d_logits [N,V] into scratch (N x V floats), then
  * matmul_backward_bf16 without a bias: d_in[N,C] = d_logits @ weight[V,C]
- * (overwritten), d_weight[V,C] += d_logits^T @ in[N,C]. One operation so
+ * (overwritten), d_weight[V,C] += d_logits^T @ in[N,C] (in: bf16 bits, the
+ * final norm's bf16 activation). One operation so
  * that a GPU writes d_logits once, already rounded to bf16 as the product
  * reads it (the same bits as rounding crossentropy_backward's), instead of
  * an fp32 copy that the product then reads to round: the largest array of
  * a step, [N, vocabulary]. What scratch holds afterwards is the backend's
  * (fp32 d_logits on the CPU, their bf16 bits in its first half on a GPU). */
 int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max,
-                             const float *sum, const int *targets, const float *in, const float *weight, int64_t N,
+                             const float *sum, const int *targets, const uint16_t *in, const float *weight, int64_t N,
                              int64_t C, int64_t V, int64_t first, int64_t vocab, float scale);
 
 /* One AdamW step exactly as torch.optim.AdamW computes it (decoupled decay
@@ -320,9 +343,9 @@ typedef struct kernel_backend {
                           int64_t OC);
     int (*matmul_backward)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                            const float *weight, int64_t N, int64_t C, int64_t OC);
-    int (*matmul_forward_bf16)(float *out, const float *in, const float *weight, const float *bias, int64_t N,
+    int (*matmul_forward_bf16)(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
                                int64_t C, int64_t OC);
-    int (*matmul_backward_bf16)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+    int (*matmul_backward_bf16)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
                                 const float *weight, int64_t N, int64_t C, int64_t OC);
     int (*layernorm_forward)(float *out, float *mean, float *rstd, const float *in, const float *weight,
                              const float *bias, int64_t N, int64_t C);
@@ -336,6 +359,12 @@ typedef struct kernel_backend {
                             const float *rstd, int64_t N, int64_t C);
     int (*swiglu_forward)(float *out, const float *in, int64_t N, int64_t F);
     int (*swiglu_backward)(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F);
+    int (*layernorm_forward_bf16)(uint16_t *out, float *mean, float *rstd, const float *in, const float *weight,
+                                  const float *bias, int64_t N, int64_t C);
+    int (*rmsnorm_forward_bf16)(uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                                float eps);
+    int (*gelu_forward_bf16)(uint16_t *out, const float *in, int64_t n);
+    int (*swiglu_forward_bf16)(uint16_t *out, const float *in, int64_t N, int64_t F);
     int (*rope_forward)(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
     int (*rope_backward)(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                          int64_t hd);
@@ -348,10 +377,10 @@ typedef struct kernel_backend {
                              int64_t Hq, int64_t Hkv, int64_t hd);
     int (*attention_backward)(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
                               const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
-    int (*attention_forward_bf16)(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+    int (*attention_forward_bf16)(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
                                   int64_t Hq, int64_t Hkv, int64_t hd);
     int (*attention_backward_bf16)(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
-                                   const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                   const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                    int64_t hd);
     /* Which code computes the attention of this shape (bf16: the *_bf16
      * operations, else the fp32 ones), and why, in a line for logs and the
@@ -373,7 +402,7 @@ typedef struct kernel_backend {
     int (*crossentropy_backward)(float *d_logits, const float *logits, const float *row_max, const float *sum,
                                  const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
     int (*classifier_backward_bf16)(float *d_in, float *d_weight, float *scratch, const float *logits,
-                                    const float *row_max, const float *sum, const int *targets, const float *in,
+                                    const float *row_max, const float *sum, const int *targets, const uint16_t *in,
                                     const float *weight, int64_t N, int64_t C, int64_t V, int64_t first,
                                     int64_t vocab, float scale);
     /* tensors: a host array of the backend's pointers and counts. */
@@ -429,9 +458,10 @@ int cuda_group_create(cuda_group **out, const unsigned char id[CUDA_GROUP_ID_BYT
  * double; sum (is_max 0) or max. */
 int cuda_group_all_reduce(cuda_group *group, void *data, int64_t count, int is_double, int is_max);
 /* count values of send from every member, in member order, into recv
- * (members x count); the sum of every member's send (members x count),
- * member j keeping part j (count values) in recv. */
-int cuda_group_all_gather(cuda_group *group, const void *send, void *recv, int64_t count, int is_double);
+ * (members x count), values of value_bytes bytes (2: bf16 bits, 4: float,
+ * 8: double; a gather moves them as they are); the sum of every member's
+ * send (members x count), member j keeping part j (count values) in recv. */
+int cuda_group_all_gather(cuda_group *group, const void *send, void *recv, int64_t count, int value_bytes);
 int cuda_group_reduce_scatter(cuda_group *group, const void *send, void *recv, int64_t count, int is_double);
 /* Point to point with member `peer`, in the order issued (a pipeline link:
  * one group per direction, so that the messages of each go one way). A

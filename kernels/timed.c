@@ -22,7 +22,8 @@
     X(alloc) X(zero) X(to_device) X(to_host) X(copy) X(synchronize) X(host_alloc) X(to_host_background)                \
     X(matmul_forward) X(matmul_backward) X(matmul_forward_bf16) X(matmul_backward_bf16) X(layernorm_forward)           \
     X(layernorm_backward) X(gelu_forward) X(gelu_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(swiglu_forward)    \
-    X(swiglu_backward) X(rope_forward) X(rope_backward) X(residual_forward) X(bias_residual_forward) X(add_inplace)    \
+    X(swiglu_backward) X(layernorm_forward_bf16) X(rmsnorm_forward_bf16) X(gelu_forward_bf16) X(swiglu_forward_bf16)  \
+    X(rope_forward) X(rope_backward) X(residual_forward) X(bias_residual_forward) X(add_inplace)                       \
     X(scale_inplace) X(attention_forward) X(attention_backward) X(attention_forward_bf16) X(attention_backward_bf16)   \
     X(embedding_forward) X(embedding_backward)                                                                         \
     X(crossentropy_row_stats) X(crossentropy_rescale_sum) X(crossentropy_target_logit) X(crossentropy_backward)        \
@@ -76,10 +77,10 @@ WRAP(matmul_backward,
       int64_t C, int64_t OC),
      (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))
 WRAP(matmul_forward_bf16,
-     (float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C, int64_t OC),
+     (float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N, int64_t C, int64_t OC),
      (out, in, weight, bias, N, C, OC))
 WRAP(matmul_backward_bf16,
-     (float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in, const float *weight, int64_t N,
+     (float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in, const float *weight, int64_t N,
       int64_t C, int64_t OC),
      (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))
 WRAP(layernorm_forward,
@@ -100,6 +101,15 @@ WRAP(rmsnorm_backward,
      (d_in, d_weight, d_out, in, weight, rstd, N, C))
 WRAP(swiglu_forward, (float *out, const float *in, int64_t N, int64_t F), (out, in, N, F))
 WRAP(swiglu_backward, (float *d_in, const float *in, const float *d_out, int64_t N, int64_t F), (d_in, in, d_out, N, F))
+WRAP(layernorm_forward_bf16,
+     (uint16_t *out, float *mean, float *rstd, const float *in, const float *weight, const float *bias, int64_t N,
+      int64_t C),
+     (out, mean, rstd, in, weight, bias, N, C))
+WRAP(rmsnorm_forward_bf16,
+     (uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps),
+     (out, rstd, in, weight, N, C, eps))
+WRAP(gelu_forward_bf16, (uint16_t *out, const float *in, int64_t n), (out, in, n))
+WRAP(swiglu_forward_bf16, (uint16_t *out, const float *in, int64_t N, int64_t F), (out, in, N, F))
 WRAP(rope_forward, (float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
      (qkv, cos_sin, B, T, Hq, Hkv, hd))
 WRAP(rope_backward, (float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
@@ -118,11 +128,11 @@ WRAP(attention_backward,
       int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
      (d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd))
 WRAP(attention_forward_bf16,
-     (float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+     (uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
       int64_t hd),
      (out, lse, scratch, qkv, B, T, Hq, Hkv, hd))
 WRAP(attention_backward_bf16,
-     (float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out, const float *lse, int64_t B,
+     (float *d_qkv, float *scratch, const float *d_out, const float *qkv, const uint16_t *out, const float *lse, int64_t B,
       int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
      (d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd))
 WRAP(embedding_forward,
@@ -145,7 +155,7 @@ WRAP(crossentropy_backward,
      (d_logits, logits, row_max, sum, targets, N, V, first, vocab, scale))
 WRAP(classifier_backward_bf16,
      (float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max, const float *sum,
-      const int *targets, const float *in, const float *weight, int64_t N, int64_t C, int64_t V, int64_t first,
+      const int *targets, const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t V, int64_t first,
       int64_t vocab, float scale),
      (d_in, d_weight, scratch, logits, row_max, sum, targets, in, weight, N, C, V, first, vocab, scale))
 WRAP(adamw_update_tensors,

@@ -77,7 +77,13 @@ int comm_gather_texts(comm *c, const char *text, int root, char ***out)
 
 size_t comm_type_size(comm_type type)
 {
-    return type == COMM_DOUBLE ? sizeof(double) : type == COMM_INT ? sizeof(int) : sizeof(float);
+    switch (type) {
+    case COMM_DOUBLE: return sizeof(double);
+    case COMM_INT: return sizeof(int);
+    case COMM_BF16: return sizeof(uint16_t);
+    case COMM_FLOAT: break;
+    }
+    return sizeof(float);
 }
 
 int comm_group_size(const comm *c, comm_group group)

@@ -20,8 +20,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../common/error.h"
+
 typedef enum { GROUP_WORLD, GROUP_TP, GROUP_DP, GROUP_EMBED } comm_group;
-typedef enum { COMM_FLOAT, COMM_DOUBLE, COMM_INT } comm_type;
+/* COMM_BF16: bf16 bits (2 bytes, the trainer's bf16 activations), moved
+ * as they are by gathers and messages; no backend sums them (MPI has no
+ * bf16 type): all_reduce and reduce_scatter refuse them. */
+typedef enum { COMM_FLOAT, COMM_DOUBLE, COMM_INT, COMM_BF16 } comm_type;
 typedef enum { COMM_SUM, COMM_MAX } comm_reduction;
 /* Same TP rank and replica. The stages form a ring: the last stage's next
  * is the first (the interleaved schedule's chunks continue there). */
@@ -115,9 +120,17 @@ int comm_local_create(comm **out);
  * the shared state goes with the last. */
 int comm_threads_create(comm **out, int tp, int pp, int dp);
 
+/* Sums and maxima of bf16 bits are refused here, for every backend. */
+static inline int comm_no_bf16_sums(comm_type type, const char *what)
+{
+    if (type != COMM_BF16) return TP_OK;
+    return tp_fail(TP_ERR_ARG, "%s of bf16 values: the communicators move bf16 but do not sum it", what);
+}
+
 static inline int comm_all_reduce(comm *c, comm_group group, void *data, int64_t count, comm_type type,
                                   comm_reduction op, comm_stream stream)
 {
+    TP_TRY(comm_no_bf16_sums(type, "an all-reduce"));
     return c->ops->all_reduce(c, group, data, count, type, op, stream);
 }
 
@@ -156,6 +169,7 @@ static inline int comm_all_gather(comm *c, comm_group group, const void *send, v
 static inline int comm_reduce_scatter(comm *c, comm_group group, const void *send, void *recv, int64_t count,
                                       comm_type type, comm_stream stream)
 {
+    TP_TRY(comm_no_bf16_sums(type, "a reduce-scatter"));
     return c->ops->reduce_scatter(c, group, send, recv, count, type, stream);
 }
 

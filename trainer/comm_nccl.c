@@ -129,7 +129,7 @@ static int nccl_all_gather(comm *c, comm_group group, const void *send, void *re
     if (stream != COMM_DEVICE || type == COMM_INT)
         return comm_all_gather(n->staged, group, send, recv, count, type, stream);
     if (!n->groups[group]) return TP_OK;
-    return cuda_group_all_gather(n->groups[group], send, recv, count, type == COMM_DOUBLE);
+    return cuda_group_all_gather(n->groups[group], send, recv, count, (int)comm_type_size(type));
 }
 
 static int nccl_reduce_scatter(comm *c, comm_group group, const void *send, void *recv, int64_t count,
@@ -149,7 +149,7 @@ static int nccl_send(comm *c, comm_peer peer, const void *data, int64_t count, c
     nccl_comm *n = c->impl;
     int other;
     cuda_group *link = link_to(n, c, peer, 1, &other);
-    int staged = stream != COMM_DEVICE || type == COMM_INT || !link;
+    int staged = stream != COMM_DEVICE || (type != COMM_FLOAT && type != COMM_DOUBLE) || !link;
     if (n->num_sent == n->max_sent) {
         int64_t more = n->max_sent ? 2 * n->max_sent : 64;
         unsigned char *bigger = realloc(n->sent, (size_t)more);
@@ -168,7 +168,7 @@ static int nccl_recv(comm *c, comm_peer peer, void *data, int64_t count, comm_ty
     nccl_comm *n = c->impl;
     int other;
     cuda_group *link = link_to(n, c, peer, 0, &other);
-    if (stream != COMM_DEVICE || type == COMM_INT || !link)
+    if (stream != COMM_DEVICE || (type != COMM_FLOAT && type != COMM_DOUBLE) || !link)
         return comm_recv(n->staged, peer, data, count, type, tag, stream);
     return cuda_group_recv(link, other, data, count, type == COMM_DOUBLE);
 }

@@ -40,7 +40,7 @@ static int inference_model(gpt_config config, const char *resolved, comm *c, int
     if (*seq > config.seq)
         return tp_fail(TP_ERR_ARG, "--seq %lld exceeds the %lld positions of the model in %s", (long long)*seq,
                        (long long)config.seq, resolved);
-    int status = gpt_model_create(out, &config, c, NULL, micro_batch, *seq, 1, 1, 0, 1, 0);
+    int status = gpt_model_create(out, &config, c, NULL, micro_batch, *seq, 1, 1, 0, 1, 0, 0);
     return status ? tp_fail_context(status, "%s", resolved) : TP_OK;
 }
 

@@ -210,19 +210,36 @@ static int64_t block_work_floats(const gpt_model *m)
            attention_scratch_floats(m->B, m->T, m->heads_local);
 }
 
+/* floats that hold `count` values of an activation (fp32, or bf16 bits two to a float). */
+static int64_t activation_floats(const gpt_model *m, int64_t count)
+{
+    return m->bf16 ? (count + 1) / 2 : count;
+}
+
+/* The value `index` of an activation held at base (fp32 or bf16 bits). */
+static void *activation_at(const gpt_model *m, void *base, int64_t index)
+{
+    return (char *)base + (size_t)index * m->activation_bytes;
+}
+
+/* floats of one slot, as slot_init carves them: the input, then per
+ * region of the chunk's layers ln1, its mean and rstd, qkv, att_lse, attn,
+ * res1, ln2, its mean and rstd, fc, gelu, res2 (elastic/plan.c counts them
+ * in fp32). */
 static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 {
     int64_t N = m->B * m->T, R = m->rows, L = m->chunk_layers;
-    int64_t per_layer = R * (m->D * 4 + 4) + N * (m->qkv_local + m->attn_local + m->fc_local + m->ffn_local) +
-                        N * m->heads_local;
+    int64_t fp32 = R * m->D + L * (R * (2 * m->D + 4) + N * (m->qkv_local + m->fc_local + m->heads_local));
+    int64_t activations = 2 * activation_floats(m, L * R * m->D) + activation_floats(m, L * N * m->attn_local) +
+                          activation_floats(m, L * N * m->ffn_local);
     *ints = 2 * N;
-    return R * m->D + L * per_layer;
+    return fp32 + activations;
 }
 
-/* floats of one gpt_head (last stage; model.h). */
+/* floats of one gpt_head (last stage; model.h), as head_init carves them. */
 static int64_t head_floats(const gpt_model *m)
 {
-    return m->is_last ? m->rows * (m->D + 2) + m->B * m->T * (m->vocab_local + 4) : 0;
+    return m->is_last ? activation_floats(m, m->rows * m->D) + 2 * m->rows + m->B * m->T * (m->vocab_local + 4) : 0;
 }
 
 /* Carves head `index`'s buffers out of the heads' allocation (elastic/plan.c
@@ -233,7 +250,7 @@ static int head_init(gpt_model *m, int index)
     int64_t N = m->B * m->T, R = m->rows;
     float *p = m->head_memory + index * head_floats(m);
 #define CARVE(field, count) (h->field = p, p += (count))
-    CARVE(lnf, R * m->D);
+    CARVE(lnf, activation_floats(m, R * m->D));
     CARVE(lnf_mean, R);
     CARVE(lnf_rstd, R);
     CARVE(logits, N * m->vocab_local);
@@ -278,18 +295,18 @@ static int slot_init(gpt_model *m, gpt_slot *s)
     TP_TRY(k->alloc((void **)&s->input, (size_t)floats * sizeof(float)));
     float *p = s->input + R * m->D;
 #define CARVE(field, count) (s->field = p, p += (count))
-    CARVE(ln1, L * R * m->D);
+    CARVE(ln1, activation_floats(m, L * R * m->D));
     CARVE(ln1_mean, L * R);
     CARVE(ln1_rstd, L * R);
     CARVE(qkv, L * N * m->qkv_local);
     CARVE(att_lse, L * N * m->heads_local);
-    CARVE(attn, L * N * m->attn_local);
+    CARVE(attn, activation_floats(m, L * N * m->attn_local));
     CARVE(res1, L * R * m->D);
-    CARVE(ln2, L * R * m->D);
+    CARVE(ln2, activation_floats(m, L * R * m->D));
     CARVE(ln2_mean, L * R);
     CARVE(ln2_rstd, L * R);
     CARVE(fc, L * N * m->fc_local);
-    CARVE(gelu, L * N * m->ffn_local);
+    CARVE(gelu, activation_floats(m, L * N * m->ffn_local));
     CARVE(res2, L * R * m->D);
 #undef CARVE
     return TP_OK;
@@ -362,7 +379,7 @@ int gpt_model_init_values(gpt_model *m, uint64_t seed)
 
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
                      int64_t micro_batch, int64_t seq, int slots, int heads, int sequence_parallel, int virtual_stages,
-                     int zero)
+                     int zero, int bf16)
 {
     *out = NULL;
     TP_TRY(gpt_config_check(config, c->tp, c->pp));
@@ -386,6 +403,17 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     m->config = *config;
     m->comm = c;
     m->kernels = kernels ? kernels : kernels_cpu();
+    m->bf16 = bf16;
+    m->activation_bytes = bf16 ? sizeof(uint16_t) : sizeof(float);
+    const kernel_backend *k = m->kernels;
+    int has_norm = config->arch == GPT_ARCH_LLAMA ? k->rmsnorm_forward_bf16 != NULL : k->layernorm_forward_bf16 != NULL;
+    int has_activation = config->swiglu ? k->swiglu_forward_bf16 != NULL : k->gelu_forward_bf16 != NULL;
+    if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->attention_forward_bf16 ||
+                 !k->attention_backward_bf16 || !k->classifier_backward_bf16 || !has_norm || !has_activation)) {
+        free(m);
+        return tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend lacks bf16 operations this model needs "
+                       "(products, attention, classifier, norm or MLP activation)", k->name);
+    }
     m->stream = m->kernels->on_device ? COMM_DEVICE : COMM_HOST;
     m->B = micro_batch;
     m->T = seq;
@@ -562,11 +590,12 @@ static int tp_sum(gpt_model *m, float *data, int64_t n)
 }
 
 /* Sequence parallelism's two collectives over the tensor-parallel group:
- * every rank's [rows, D] into [B*T, D], and the sum of every rank's
- * [B*T, D] partial sums, each rank keeping its [rows, D]. */
-static int tp_gather_rows(gpt_model *m, const float *rows, float *all)
+ * every rank's [rows, D] into [B*T, D] (fp32, or a bf16 activation), and
+ * the sum of every rank's [B*T, D] partial sums, each rank keeping its
+ * [rows, D]. */
+static int tp_gather_rows(gpt_model *m, const void *rows, void *all, comm_type type)
 {
-    return comm_all_gather(m->comm, GROUP_TP, rows, all, m->rows * m->D, COMM_FLOAT, m->stream);
+    return comm_all_gather(m->comm, GROUP_TP, rows, all, m->rows * m->D, type, m->stream);
 }
 
 static int tp_sum_rows(gpt_model *m, const float *partial, float *rows)
@@ -574,14 +603,15 @@ static int tp_sum_rows(gpt_model *m, const float *partial, float *rows)
     return comm_reduce_scatter(m->comm, GROUP_TP, partial, rows, m->rows * m->D, COMM_FLOAT, m->stream);
 }
 
-/* A column-parallel linear's input: the norm's rows of this rank, gathered
- * from every rank with sequence parallelism (into m->gathered). */
-static int full_rows(gpt_model *m, const float *rows, const float **out)
+/* A column-parallel linear's input: the norm's rows of this rank (an
+ * activation: fp32 or bf16 bits), gathered from every rank with sequence
+ * parallelism (into m->gathered). */
+static int full_rows(gpt_model *m, const void *rows, const void **out)
 {
     *out = rows;
     if (!m->sequence_parallel) return TP_OK;
     *out = m->gathered;
-    return tp_gather_rows(m, rows, m->gathered);
+    return tp_gather_rows(m, rows, m->gathered, m->bf16 ? COMM_BF16 : COMM_FLOAT);
 }
 
 /* A row-parallel linear's output, partial sums of this rank's heads or
@@ -600,7 +630,7 @@ static int all_rows_of_gradient(gpt_model *m, const float *d_rows, const float *
     *out = d_rows;
     if (!m->sequence_parallel) return TP_OK;
     *out = m->partial;
-    return tp_gather_rows(m, d_rows, m->partial);
+    return tp_gather_rows(m, d_rows, m->partial, COMM_FLOAT);
 }
 
 /* Calls add(dst + i D, table + position D, n D) over this rank's rows
@@ -620,35 +650,52 @@ static int for_position_runs(gpt_model *m, float *rows, float *table, int to_tab
     return TP_OK;
 }
 
-/* The matrix products, in fp32 or with bf16 operands (m->bf16). */
-static int linear_forward(const gpt_model *m, float *out, const float *in, const float *weight, const float *bias,
+/* The matrix products, in fp32 or with bf16 operands (m->bf16); in is an
+ * activation (fp32, or bf16 bits). */
+static int linear_forward(const gpt_model *m, float *out, const void *in, const float *weight, const float *bias,
                           int64_t N, int64_t C, int64_t OC)
 {
-    return (m->bf16 ? m->kernels->matmul_forward_bf16 : m->kernels->matmul_forward)(out, in, weight, bias, N, C, OC);
+    if (m->bf16) return m->kernels->matmul_forward_bf16(out, in, weight, bias, N, C, OC);
+    return m->kernels->matmul_forward(out, in, weight, bias, N, C, OC);
 }
 
 static int linear_backward(const gpt_model *m, float *d_in, float *d_weight, float *d_bias, const float *d_out,
-                           const float *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+                           const void *in, const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return (m->bf16 ? m->kernels->matmul_backward_bf16 : m->kernels->matmul_backward)(d_in, d_weight, d_bias, d_out,
-                                                                                       in, weight, N, C, OC);
+    if (m->bf16) return m->kernels->matmul_backward_bf16(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+    return m->kernels->matmul_backward(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
 }
 
 /* The attention of this rank's heads, in fp32 or with bf16 operands as
- * cuDNN's flash attention reads them (m->bf16, as the products). */
-static int attention_forward_in(const gpt_model *m, float *out, float *lse, float *scratch, const float *qkv)
+ * cuDNN's flash attention reads them (m->bf16, as the products); out is
+ * an activation. */
+static int attention_forward_in(const gpt_model *m, void *out, float *lse, float *scratch, const float *qkv)
 {
     const kernel_backend *k = m->kernels;
-    return (m->bf16 ? k->attention_forward_bf16 : k->attention_forward)(out, lse, scratch, qkv, m->B, m->T,
-                                                                         m->heads_local, m->kv_local, m->hd);
+    if (m->bf16) return k->attention_forward_bf16(out, lse, scratch, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd);
+    return k->attention_forward(out, lse, scratch, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd);
 }
 
 static int attention_backward_in(const gpt_model *m, float *d_qkv, float *scratch, const float *d_out,
-                                 const float *qkv, const float *out, const float *lse)
+                                 const float *qkv, const void *out, const float *lse)
 {
     const kernel_backend *k = m->kernels;
-    return (m->bf16 ? k->attention_backward_bf16 : k->attention_backward)(d_qkv, scratch, d_out, qkv, out, lse, m->B,
-                                                                           m->T, m->heads_local, m->kv_local, m->hd);
+    if (m->bf16)
+        return k->attention_backward_bf16(d_qkv, scratch, d_out, qkv, out, lse, m->B, m->T, m->heads_local,
+                                          m->kv_local, m->hd);
+    return k->attention_backward(d_qkv, scratch, d_out, qkv, out, lse, m->B, m->T, m->heads_local, m->kv_local,
+                                 m->hd);
+}
+
+/* The MLP's activation of fc [N, fc_local] into gl [N, ffn_local] (an
+ * activation): GELU, or SwiGLU of fc's [gate | up]. */
+static int mlp_activation_forward(const gpt_model *m, void *gl, const float *fc)
+{
+    const kernel_backend *k = m->kernels;
+    int64_t N = m->B * m->T;
+    if (m->config.swiglu)
+        return m->bf16 ? k->swiglu_forward_bf16(gl, fc, N, m->ffn_local) : k->swiglu_forward(gl, fc, N, m->ffn_local);
+    return m->bf16 ? k->gelu_forward_bf16(gl, fc, N * m->ffn_local) : k->gelu_forward(gl, fc, N * m->ffn_local);
 }
 
 void gpt_model_attention_path(const gpt_model *m, char *text, size_t size)
@@ -657,13 +704,19 @@ void gpt_model_attention_path(const gpt_model *m, char *text, size_t size)
     else m->kernels->describe_attention(m->bf16, m->B, m->T, m->heads_local, m->kv_local, m->hd, text, size);
 }
 
-/* The norms, over this rank's rows: LayerNorm (GPT-2) or RMSNorm (Llama: no bias, mean unused). */
-static int norm_forward(const gpt_model *m, float *out, float *mean, float *rstd, const float *in, const float *weight,
+/* The norms, over this rank's rows: LayerNorm (GPT-2) or RMSNorm (Llama:
+ * no bias, mean unused); out is an activation. */
+static int norm_forward(const gpt_model *m, void *out, float *mean, float *rstd, const float *in, const float *weight,
                         const float *bias)
 {
+    const kernel_backend *k = m->kernels;
     int64_t N = m->rows;
-    if (m->llama) return m->kernels->rmsnorm_forward(out, rstd, in, weight, N, m->D, (float)m->config.norm_eps);
-    return m->kernels->layernorm_forward(out, mean, rstd, in, weight, bias, N, m->D);
+    float eps = (float)m->config.norm_eps;
+    if (m->llama)
+        return m->bf16 ? k->rmsnorm_forward_bf16(out, rstd, in, weight, N, m->D, eps)
+                       : k->rmsnorm_forward(out, rstd, in, weight, N, m->D, eps);
+    return m->bf16 ? k->layernorm_forward_bf16(out, mean, rstd, in, weight, bias, N, m->D)
+                   : k->layernorm_forward(out, mean, rstd, in, weight, bias, N, m->D);
 }
 
 /* d_in += the gradient through the norm; its parameters' gradients too. */
@@ -700,13 +753,13 @@ static int embed_forward(gpt_model *m, gpt_slot *s)
 static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *x)
 {
     int64_t N = m->B * m->T, R = m->rows, D = m->D;
-    float *ln1 = s->ln1 + l * R * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
-    float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * R * D;
-    float *ln2 = s->ln2 + l * R * D, *fc = s->fc + l * N * m->fc_local, *gl = s->gelu + l * N * m->ffn_local;
-    float *res2 = s->res2 + l * R * D;
+    void *ln1 = activation_at(m, s->ln1, l * R * D), *attn = activation_at(m, s->attn, l * N * m->attn_local);
+    void *ln2 = activation_at(m, s->ln2, l * R * D), *gl = activation_at(m, s->gelu, l * N * m->ffn_local);
+    float *qkv = s->qkv + l * N * m->qkv_local, *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * R * D;
+    float *fc = s->fc + l * N * m->fc_local, *res2 = s->res2 + l * R * D;
     /* The row-parallel linears' partial sums [N, D]: in place without sequence parallelism. */
     float *partial1 = m->sequence_parallel ? m->partial : res1, *partial2 = m->sequence_parallel ? m->partial : res2;
-    const float *in;
+    const void *in;
     const kernel_backend *k = m->kernels;
     TP_TRY(norm_forward(m, ln1, s->ln1_mean + l * R, s->ln1_rstd + l * R, x, W(LN1_WEIGHT), W_OR_NULL(LN1_BIAS)));
     TP_TRY(full_rows(m, ln1, &in));
@@ -720,8 +773,7 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *
     TP_TRY(norm_forward(m, ln2, s->ln2_mean + l * R, s->ln2_rstd + l * R, res1, W(LN2_WEIGHT), W_OR_NULL(LN2_BIAS)));
     TP_TRY(full_rows(m, ln2, &in));
     TP_TRY(linear_forward(m, fc, in, W(FC_WEIGHT), W_OR_NULL(FC_BIAS), N, D, m->fc_local));
-    if (m->config.swiglu) TP_TRY(k->swiglu_forward(gl, fc, N, m->ffn_local));
-    else TP_TRY(k->gelu_forward(gl, fc, N * m->ffn_local));
+    TP_TRY(mlp_activation_forward(m, gl, fc));
     TP_TRY(linear_forward(m, partial2, gl, W(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
     TP_TRY(sum_rows(m, partial2, res2));
     return residual_add(m, res2, res1, res2, W_OR_NULL(FCPROJ_BIAS));
@@ -733,7 +785,7 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
     gpt_head *h = s->head;
     int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
     const kernel_backend *k = m->kernels;
-    const float *in;
+    const void *in;
     TP_TRY(norm_forward(m, h->lnf, h->lnf_mean, h->lnf_rstd, x, m->params[m->lnf_w].data,
                         m->lnf_b < 0 ? NULL : m->params[m->lnf_b].data));
     TP_TRY(full_rows(m, h->lnf, &in));
@@ -873,14 +925,16 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s, int chunk)
 static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float *x, float *d_x, float *work)
 {
     int64_t N = m->B * m->T, R = m->rows, D = m->D;
-    const float *ln1 = s->ln1 + l * R * D, *qkv = s->qkv + l * N * m->qkv_local, *attn = s->attn + l * N * m->attn_local;
-    const float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * R * D;
-    const float *ln2 = s->ln2 + l * R * D, *fc = s->fc + l * N * m->fc_local, *gl = s->gelu + l * N * m->ffn_local;
+    const void *ln1 = activation_at(m, s->ln1, l * R * D), *attn = activation_at(m, s->attn, l * N * m->attn_local);
+    const void *ln2 = activation_at(m, s->ln2, l * R * D), *gl = activation_at(m, s->gelu, l * N * m->ffn_local);
+    const float *qkv = s->qkv + l * N * m->qkv_local, *lse = s->att_lse + l * N * m->heads_local;
+    const float *res1 = s->res1 + l * R * D, *fc = s->fc + l * N * m->fc_local;
     float *d_res1 = work, *d_ln = d_res1 + N * D, *d_qkv = d_ln + N * D, *d_attn = d_qkv + N * m->qkv_local;
     float *d_gelu = d_attn + N * m->attn_local, *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->fc_local;
     /* d_ln summed over TP: in place, or this rank's rows of it. */
     float *d_ln_rows = m->sequence_parallel ? m->gathered : d_ln;
-    const float *d_out, *in;
+    const float *d_out;
+    const void *in;
     const kernel_backend *k = m->kernels;
     size_t rows_bytes = (size_t)(R * D) * sizeof(float);
 
@@ -916,7 +970,7 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
     float *d_logits = work + block_work_floats(m) + N * D;
     float *d_lnf = work, *d_lnf_rows = m->sequence_parallel ? m->gathered : d_lnf;
-    const float *in;
+    const void *in;
     param_view *wte = &m->params[m->wte_out];
     const kernel_backend *k = m->kernels;
     const gpt_head *h = s->head;

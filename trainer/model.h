@@ -54,7 +54,8 @@ typedef struct {
  * flight than slots with the interleaved schedule, so they are a pool of
  * their own. */
 typedef struct {
-    float *lnf, *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit, *local_max;
+    void *lnf; /* an activation: fp32, or bf16 bits with bf16 (gpt_model.bf16) */
+    float *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit, *local_max;
     float *host_row_max, *host_row_sum, *host_target_logit;
 } gpt_head;
 
@@ -65,9 +66,12 @@ typedef struct {
     int *kernel_tokens, *kernel_targets; /* the same in the backend's memory (the same buffer on the CPU) */
     float *input;                /* [rows, D]: embeddings (first stage) or the previous stage's output */
     /* Per local layer, consecutive: the norms' and residuals' [rows, D] (and
-     * [rows] statistics), the others' [B*T, their width]. */
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att_lse, *attn, *res1;
-    float *ln2, *ln2_mean, *ln2_rstd, *fc, *gelu, *res2;
+     * [rows] statistics), the others' [B*T, their width]. The activations
+     * only products and the attention read (ln1, attn, ln2, gelu: void)
+     * are bf16 bits with bf16, else fp32 (gpt_model.bf16). */
+    void *ln1, *attn, *ln2, *gelu;
+    float *ln1_mean, *ln1_rstd, *qkv, *att_lse, *res1;
+    float *ln2_mean, *ln2_rstd, *fc, *res2;
     gpt_head *head;              /* last stage: the head's buffers bound to the slot (gpt_model_bind_head) */
     double loss_sum;             /* sum of token losses (last stage) */
 } gpt_slot;
@@ -77,8 +81,10 @@ typedef struct {
     comm *comm;
     const kernel_backend *kernels; /* where parameters and activations live and are computed */
     comm_stream stream;          /* COMM_HOST, or COMM_DEVICE for a backend on a device */
-    int bf16;                    /* matrix products with bf16 operands (mixed precision; set before the first
-                                    forward); everything else, and every parameter and gradient, in fp32 */
+    int bf16;                    /* mixed precision: matrix products and the attention with bf16 operands, the
+                                    activations only they read kept in bf16 (gpt_slot); everything else, and
+                                    every parameter and gradient, in fp32 */
+    size_t activation_bytes;     /* of a value of those activations: 2 (bf16) or 4 */
     int64_t B, T;                /* micro-batch and sequence length */
     /* Sequence parallelism (Korthikanti et al. 2022): the norm and residual
      * regions hold only rows [row_first, row_first + rows) of the B*T rows
@@ -157,12 +163,13 @@ int gpt_model_supported(const gpt_config *config);
  * layers); with zero 1, ZeRO-1: this rank keeps the Adam moments of its
  * 1/dp of the parameters only; with zero 3, ZeRO-3: its 1/dp of the
  * parameters, gradients and moments, each layer's gathered when used (the
- * fields above; nothing changes at dp 1).
+ * fields above; nothing changes at dp 1); with bf16, bf16 mixed precision
+ * (gpt_model.bf16: the kernels must have the *_bf16 operations).
  * Fails on a model gpt_model_supported refuses, or layers that do not
  * split into pp x virtual_stages chunks. */
 int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const kernel_backend *kernels,
                      int64_t micro_batch, int64_t seq, int slots, int heads, int sequence_parallel, int virtual_stages,
-                     int zero);
+                     int zero, int bf16);
 
 /* Binds head buffer `head` (0 .. heads - 1) to a slot before a forward
  * through the model's last chunk; slot k < heads starts bound to head k.

@@ -483,14 +483,7 @@ static int set_up(trainer *t)
     pipeline_buffers buffers = pipeline_buffers_used(t->ops, t->num_ops);
     if (!status)
         status = gpt_model_create(&t->model, &o->config, c, o->kernels, o->micro_batch, o->seq, slots, buffers.heads,
-                                  o->sequence_parallel, chunks, o->zero);
-    if (!status && o->bf16 &&
-        (!t->model->kernels->matmul_forward_bf16 || !t->model->kernels->attention_forward_bf16 ||
-         !t->model->kernels->classifier_backward_bf16))
-        status = tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend has no bf16 matrix products, "
-                                     "attention or classifier yet",
-                         t->model->kernels->name);
-    if (!status) t->model->bf16 = o->bf16;
+                                  o->sequence_parallel, chunks, o->zero, o->bf16);
     if (!status) status = dataset_open(&t->data, o->data, o->config.vocab, o->seed);
     if (!status && o->data && dataset_tokens(t->data) <= o->seq)
         status = tp_fail(TP_ERR_ARG, "%s: %lld tokens, fewer than a sequence of %lld", o->data,

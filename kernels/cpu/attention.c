@@ -168,11 +168,12 @@ int attention_backward(float *d_qkv, float *scratch, const float *d_out, const f
 
 /* ======================================================== bf16 attention
  * The operands cuDNN's flash attention reads in bf16, rounded as it reads
- * them (rounded_to_bf16, the rounding of the bf16 products), then the fp32
- * attention above: its twin on a GPU (kernels/cuda/attention.cu) gives
- * cuDNN the same bf16 values, so that the two differ by the order of the
- * fp32 sums and by cuDNN's own bf16 roundings (its outputs and the
- * probabilities it multiplies by V and d_out), not by what they read. */
+ * them (bf16_operand_as_f32, the rounding of the bf16 products; out is a
+ * bf16 activation, its bits as they are), then the fp32 attention above:
+ * its twin on a GPU (kernels/cuda/attention.cu) gives cuDNN the same bf16
+ * values, so that the two differ by the order of the fp32 sums and by
+ * cuDNN's own bf16 roundings (d_qkv and the probabilities it multiplies by
+ * V and d_out), not by what they read. */
 
 static int no_rounded_copy(const char *what, int64_t B, int64_t T, int64_t width)
 {
@@ -180,23 +181,27 @@ static int no_rounded_copy(const char *what, int64_t B, int64_t T, int64_t width
                    (long long)B, (long long)T, (long long)width);
 }
 
-int attention_forward_bf16(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+int attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
                            int64_t Hq, int64_t Hkv, int64_t hd)
 {
     int64_t width = (Hq + 2 * Hkv) * hd;
-    float *rounded = rounded_to_bf16(qkv, B * T * width);
+    float *y;
+    TP_TRY(bf16_output_scratch(&y, B * T * Hq * hd, "attention"));
+    float *rounded = bf16_operand_as_f32(bf16_of_values(qkv), B * T * width);
     if (!rounded) return no_rounded_copy("qkv", B, T, width);
-    int status = attention_forward(out, lse, scratch, rounded, B, T, Hq, Hkv, hd);
+    int status = attention_forward(y, lse, scratch, rounded, B, T, Hq, Hkv, hd);
     free(rounded);
+    if (!status) round_to_bf16_bits(out, y, B * T * Hq * hd);
     return status;
 }
 
-int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const uint16_t *out,
                             const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
     int64_t width = (Hq + 2 * Hkv) * hd;
-    float *q = rounded_to_bf16(qkv, B * T * width), *o = rounded_to_bf16(out, B * T * Hq * hd);
-    float *g = rounded_to_bf16(d_out, B * T * Hq * hd);
+    float *q = bf16_operand_as_f32(bf16_of_values(qkv), B * T * width);
+    float *o = bf16_operand_as_f32(bf16_of_bits(out), B * T * Hq * hd);
+    float *g = bf16_operand_as_f32(bf16_of_values(d_out), B * T * Hq * hd);
     int status = !q ? no_rounded_copy("qkv", B, T, width)
                  : !o ? no_rounded_copy("out", B, T, Hq * hd)
                  : !g ? no_rounded_copy("d_out", B, T, Hq * hd)

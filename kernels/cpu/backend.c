@@ -135,7 +135,7 @@ static void cpu_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, i
 {
     (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd;
     snprintf(text, size, "CPU fp32 (sgemm on blocks of %d query rows)%s", ATTENTION_ROWS,
-             bf16 ? " on bf16-rounded q, k, v (and out, d_out in the backward)" : "");
+             bf16 ? " on bf16-rounded q, k, v (and out, d_out in the backward), out written in bf16" : "");
 }
 
 static const kernel_backend cpu_backend = {
@@ -163,6 +163,10 @@ static const kernel_backend cpu_backend = {
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_backward = cpu_swiglu_backward,
+    .layernorm_forward_bf16 = layernorm_forward_bf16, /* in the table's form: they can fail */
+    .rmsnorm_forward_bf16 = rmsnorm_forward_bf16,
+    .gelu_forward_bf16 = gelu_forward_bf16,
+    .swiglu_forward_bf16 = swiglu_forward_bf16,
     .rope_forward = cpu_rope_forward,
     .rope_backward = cpu_rope_backward,
     .residual_forward = cpu_residual_forward,

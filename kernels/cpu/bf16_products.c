@@ -1,7 +1,8 @@
 /* bf16_products.c: bf16 matrix products on the CPU through oneDNN, where the
  * CPU multiplies bf16 itself (AVX512_BF16, AMX). Both operands are rounded
  * to bf16 (to nearest, ties to even) into per-thread scratch, multiplied
- * with fp32 sums, and the fp32 result written or added: the numbers of the
+ * with fp32 sums, and the fp32 result written or added (an operand held
+ * in bf16 already, a bf16 activation, is read as it is): the numbers of the
  * emulation in linear.c (operands rounded, products in fp32 by sgemm) up to
  * the order of the sums, at 3.5-4x its speed on one core here (oneDNN's
  * brgemm with AVX512_BF16 against OpenBLAS's Haswell sgemm; docs/BENCHMARKS.md).
@@ -166,12 +167,27 @@ static void round_span(void *ctx, int64_t i0, int64_t i1)
     convert_from_f32(j->x + i0, j->out + i0, TP_BF16, i1 - i0);
 }
 
-/* x rounded to bf16 into the calling thread's scratch slot, in shares on the pool. */
-static const uint16_t *to_bf16(int slot, const float *x, int64_t n)
+void round_to_bf16_bits(uint16_t *out, const float *x, int64_t n)
 {
-    uint16_t *out = scratch_buffer(slot, (size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
     rounding_job job = {x, out};
-    if (out) workers_for(n, 1, round_span, &job);
+    workers_for(n, 1, round_span, &job);
+}
+
+int bf16_output_scratch(float **out, int64_t n, const char *what)
+{
+    *out = scratch_buffer(SCRATCH_BF16_OUTPUT, (size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!*out) return tp_fail(TP_ERR_NOMEM, "out of memory for the %s's %lld values before rounding to bf16", what,
+                              (long long)n);
+    return TP_OK;
+}
+
+/* The operand's bits: its own, or its values rounded into the calling
+ * thread's scratch slot. */
+static const uint16_t *to_bf16(int slot, bf16_operand x, int64_t n)
+{
+    if (x.bits) return x.bits;
+    uint16_t *out = scratch_buffer(slot, (size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
+    if (out) round_to_bf16_bits(out, x.values, n);
     return out;
 }
 
@@ -238,7 +254,7 @@ static int block_task(void *ctx, int64_t k)
  * handing it to another thread. */
 #define MIN_BLOCK_ROWS 64
 
-int bf16_product(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
+int bf16_product(float *c, bf16_operand a, bf16_operand b, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
                  int accumulate)
 {
     if (!bf16_products_available()) return tp_fail(TP_ERR_STATE, "oneDNN's bf16 products are not available here");

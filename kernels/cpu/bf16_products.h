@@ -15,17 +15,47 @@ int bf16_products_available(void);
  * name for it ("avx2", "avx512_core_bf16", ...). */
 const char *onednn_isa_name(void);
 
+/* An operand of a bf16 product: fp32 values, rounded to bf16 on the way,
+ * or bf16 bits taken as they are (a bf16 activation, kernels.h); exactly
+ * one of the two is set. */
+typedef struct {
+    const float *values;
+    const uint16_t *bits;
+} bf16_operand;
+
+static inline bf16_operand bf16_of_values(const float *values)
+{
+    return (bf16_operand){values, NULL};
+}
+
+static inline bf16_operand bf16_of_bits(const uint16_t *bits)
+{
+    return (bf16_operand){NULL, bits};
+}
+
 /* c[M, N] = (or += with accumulate) bf16(a) @ bf16(b), summed in fp32, where
  * a is [M, K] row-major ([K, M] with trans_a) and b is [K, N] ([N, K] with
  * trans_b). TP_ERR_NOMEM without scratch; TP_ERR_DEVICE when oneDNN fails
  * or is not available. */
-int bf16_product(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
+int bf16_product(float *c, bf16_operand a, bf16_operand b, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
                  int accumulate);
 
-/* n values of x rounded to bf16 (bits_f32_to_bf16, convert_bits.h), kept as
- * fp32, in a new buffer (NULL when out of memory); free() releases it. The
+/* out[i] = the bf16 bits of x[i] (bits_f32_to_bf16), in shares on the CPU
+ * backend's pool (workers.h). */
+void round_to_bf16_bits(uint16_t *out, const float *x, int64_t n);
+
+/* Room for the fp32 output of an operation whose bf16 twin writes bf16
+ * bits (a bf16 activation, kernels.h): n floats of the calling thread's
+ * scratch, rounded afterwards by round_to_bf16_bits, so that the bits are
+ * those of the fp32 operation's output by construction. TP_ERR_NOMEM
+ * naming `what` and n when it cannot be had. */
+int bf16_output_scratch(float **out, int64_t n, const char *what);
+
+/* n values of an operand as fp32 in a new buffer (NULL when out of
+ * memory; free() releases it): the values rounded to bf16
+ * (bits_f32_to_bf16, convert_bits.h), or the bits widened (exact). The
  * operands of the products emulated by sgemm (linear.c) and of the bf16
  * attention (attention.c). */
-float *rounded_to_bf16(const float *x, int64_t n);
+float *bf16_operand_as_f32(bf16_operand x, int64_t n);
 
 #endif

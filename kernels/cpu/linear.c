@@ -235,28 +235,31 @@ double sum_of_squares(const float *const *spans, const int64_t *lengths, int cou
     return sum;
 }
 
-float *rounded_to_bf16(const float *x, int64_t n)
+float *bf16_operand_as_f32(bf16_operand x, int64_t n)
 {
     float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     for (int64_t i = 0; out && i < n; i++) {
         uint32_t bits;
-        memcpy(&bits, &x[i], sizeof bits);
-        bits = bits_bf16_to_f32(bits_f32_to_bf16(bits));
+        if (x.bits) bits = bits_bf16_to_f32(x.bits[i]);
+        else {
+            memcpy(&bits, &x.values[i], sizeof bits);
+            bits = bits_bf16_to_f32(bits_f32_to_bf16(bits));
+        }
         memcpy(&out[i], &bits, sizeof bits);
     }
     return out;
 }
 
-int matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
+int matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N, int64_t C,
                         int64_t OC)
 {
     if (bf16_products_available()) { /* out[N,OC] = in[N,C] @ weight[OC,C]^T */
-        TP_TRY(bf16_product(out, in, weight, N, OC, C, 0, 1, 0));
+        TP_TRY(bf16_product(out, bf16_of_bits(in), bf16_of_values(weight), N, OC, C, 0, 1, 0));
         elementwise_job job = {out, NULL, NULL, bias, 0, OC};
         if (bias) workers_for(N, OC, add_bias_rows, &job);
         return TP_OK;
     }
-    float *a = rounded_to_bf16(in, N * C), *w = rounded_to_bf16(weight, OC * C);
+    float *a = bf16_operand_as_f32(bf16_of_bits(in), N * C), *w = bf16_operand_as_f32(bf16_of_values(weight), OC * C);
     int status = a && w ? TP_OK
                         : tp_fail(TP_ERR_NOMEM, "out of memory rounding a [%lld, %lld] x [%lld, %lld] product to bf16",
                                   (long long)N, (long long)C, (long long)OC, (long long)C);
@@ -266,26 +269,28 @@ int matmul_forward_bf16(float *out, const float *in, const float *weight, const 
     return status;
 }
 
-int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    /* d_in = bf16(d_out) @ bf16(weight); d_weight += bf16(d_out)^T @ bf16(in); d_bias from d_out in fp32. */
+    /* d_in = bf16(d_out) @ bf16(weight); d_weight += bf16(d_out)^T @ in; d_bias from d_out in fp32. */
+    bf16_operand g = bf16_of_values(d_out);
     if (bf16_products_available()) {
-        if (d_in) TP_TRY(bf16_product(d_in, d_out, weight, N, C, OC, 0, 0, 0));         /* [N,OC] @ [OC,C] */
-        if (d_weight) TP_TRY(bf16_product(d_weight, d_out, in, OC, C, N, 1, 0, 1));    /* [OC,N] @ [N,C], added */
+        if (d_in) TP_TRY(bf16_product(d_in, g, bf16_of_values(weight), N, C, OC, 0, 0, 0)); /* [N,OC] @ [OC,C] */
+        if (d_weight) TP_TRY(bf16_product(d_weight, g, bf16_of_bits(in), OC, C, N, 1, 0, 1)); /* [OC,N] @ [N,C], added */
         if (d_bias) matmul_backward(NULL, NULL, d_bias, d_out, NULL, NULL, N, C, OC);
         return TP_OK;
     }
-    float *g = rounded_to_bf16(d_out, N * OC);
-    float *w = d_in ? rounded_to_bf16(weight, OC * C) : NULL, *a = d_weight ? rounded_to_bf16(in, N * C) : NULL;
-    int status = g && (w || !d_in) && (a || !d_weight)
+    float *g32 = bf16_operand_as_f32(g, N * OC);
+    float *w = d_in ? bf16_operand_as_f32(bf16_of_values(weight), OC * C) : NULL;
+    float *a = d_weight ? bf16_operand_as_f32(bf16_of_bits(in), N * C) : NULL;
+    int status = g32 && (w || !d_in) && (a || !d_weight)
                      ? TP_OK
                      : tp_fail(TP_ERR_NOMEM, "out of memory rounding a [%lld, %lld] x [%lld, %lld] product to bf16",
                                (long long)N, (long long)OC, (long long)OC, (long long)C);
-    if (!status && d_in) matmul_backward(d_in, NULL, NULL, g, NULL, w, N, C, OC);
-    if (!status && d_weight) matmul_backward(NULL, d_weight, NULL, g, a, NULL, N, C, OC);
+    if (!status && d_in) matmul_backward(d_in, NULL, NULL, g32, NULL, w, N, C, OC);
+    if (!status && d_weight) matmul_backward(NULL, d_weight, NULL, g32, a, NULL, N, C, OC);
     if (!status && d_bias) matmul_backward(NULL, NULL, d_bias, d_out, NULL, NULL, N, C, OC);
-    free(g);
+    free(g32);
     free(w);
     free(a);
     return status;

@@ -1,9 +1,12 @@
 /* norm.c: the normalizations and the MLP's activations: layer normalization
- * (eps 1e-5) and GELU (GPT-2), RMSNorm and SwiGLU (Llama). */
+ * (eps 1e-5) and GELU (GPT-2), RMSNorm and SwiGLU (Llama); their forwards'
+ * bf16 twins, which write bf16 activations. */
 #include <math.h>
 
+#include "../../common/error.h"
 #include "../fast_exp.h"
 #include "../kernels.h"
+#include "bf16_products.h"
 #include "vector_clones.h"
 #include "workers.h"
 
@@ -222,4 +225,46 @@ void swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N
 {
     norm_job job = {.out = d_in, .in = in, .d_out = d_out, .C = F};
     workers_for(N, 4 * F, swiglu_backward_rows, &job);
+}
+
+/* ========================================================= bf16 activations
+ * The fp32 operations above into the thread's scratch, then rounded: the
+ * bits of rounding their output by construction (kernels.h). */
+
+int layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *in, const float *weight,
+                           const float *bias, int64_t N, int64_t C)
+{
+    float *y;
+    TP_TRY(bf16_output_scratch(&y, N * C, "layer norm"));
+    layernorm_forward(y, mean, rstd, in, weight, bias, N, C);
+    round_to_bf16_bits(out, y, N * C);
+    return TP_OK;
+}
+
+int rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                         float eps)
+{
+    float *y;
+    TP_TRY(bf16_output_scratch(&y, N * C, "RMSNorm"));
+    rmsnorm_forward(y, rstd, in, weight, N, C, eps);
+    round_to_bf16_bits(out, y, N * C);
+    return TP_OK;
+}
+
+int gelu_forward_bf16(uint16_t *out, const float *in, int64_t n)
+{
+    float *y;
+    TP_TRY(bf16_output_scratch(&y, n, "GELU"));
+    gelu_forward(y, in, n);
+    round_to_bf16_bits(out, y, n);
+    return TP_OK;
+}
+
+int swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F)
+{
+    float *y;
+    TP_TRY(bf16_output_scratch(&y, N * F, "SwiGLU"));
+    swiglu_forward(y, in, N, F);
+    round_to_bf16_bits(out, y, N * F);
+    return TP_OK;
 }

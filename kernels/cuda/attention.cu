@@ -1,10 +1,10 @@
 /* attention.cu: the CUDA backend's attention operations. fp32: causal
  * attention with a warp per row, the twin of cpu/attention.c, or the tiled
- * kernels (attention_tiled.cu) where they fit and are chosen. bf16: cuDNN's
- * flash attention (attention_cudnn.cu) on bf16-rounded operands, or the fp32
- * kernels on the same rounded operands where cuDNN is not used. Which one
- * runs: cuda_attention_variant (attention_tiled.h), and the start line's
- * text, cuda_describe_attention. */
+ * kernels (attention_tiled.cu) where they fit and are chosen. bf16 (out as
+ * bf16 bits): cuDNN's flash attention (attention_cudnn.cu) on bf16-rounded
+ * operands, or the fp32 kernels on the same rounded operands where cuDNN is
+ * not used. Which one runs: cuda_attention_variant (attention_tiled.h), and
+ * the start line's text, cuda_describe_attention. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -218,18 +218,27 @@ fail:
 
 /* ========================================================= bf16 attention
  * attention_forward_bf16 and attention_backward_bf16 (kernels.h): the
- * operands cuDNN reads in bf16 (qkv; out and d_out in the backward) rounded
- * by bits_f32_to_bf16 (convert_bits.h), as the CPU twin rounds them. With
- * cuDNN (attention_cudnn.h) they go to it as bf16 and its bf16 results (O;
- * dQ, dK, dV in d_qkv's packed layout) are widened to fp32; its fp32 Stats
- * are lse. Without (TP_CUDA_ATTENTION=tiled or rows, or a shape cuDNN does
- * not take under the default), the rounded values, kept as fp32, go to the
- * fp32 kernels above: the CPU twin's arithmetic, on the GPU.
+ * operands cuDNN reads in bf16 (qkv; d_out in the backward) rounded by
+ * bits_f32_to_bf16 (convert_bits.h), as the CPU twin rounds them; out is a
+ * bf16 activation, bf16 bits [B, T, Hq hd] (the forward writes them, the
+ * backward reads them). With cuDNN (attention_cudnn.h) the operands go to it
+ * as bf16, its O is out itself (written by the forward, read by the
+ * backward: bf16 in the same [B, T, Hq hd] layout, attention_cudnn.h's O),
+ * its bf16 dQ, dK, dV (d_qkv's packed layout) are widened to fp32, and its
+ * fp32 Stats are lse. Without (TP_CUDA_ATTENTION=tiled or rows, or a shape
+ * cuDNN does not take under the default), the rounded values, kept as fp32,
+ * go to the fp32 kernels above: the CPU twin's arithmetic, on the GPU; the
+ * forward's fp32 out goes through the scratch and is rounded into out, the
+ * backward reads out widened to fp32 (exactly the rounded values it read
+ * when out was fp32).
  *
- * The rounded copies and cuDNN's workspace live in a cuda_scratch of this
- * file (launch.h: grown stream-ordered when a call needs more, and kept);
- * bf16_lock is held from a call's first rounding until its last work is
- * queued. Its parts start 256-byte aligned (cuDNN wants 16). */
+ * The rounded copies, the fp32 out and cuDNN's workspace live in a
+ * cuda_scratch of this file (launch.h: grown stream-ordered when a call
+ * needs more, and kept); bf16_lock is held from a call's first rounding
+ * until its last work is queued. Its parts start 256-byte aligned; cuDNN's
+ * tensors are declared 16-byte aligned (attention_cudnn.cu), so an out that
+ * is not (an activation carved at any bf16 offset) goes to cuDNN through
+ * the scratch, copied as it is. */
 
 static cuda_scratch bf16_scratch; /* launch.h */
 static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -275,12 +284,20 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-static int copy_floats(float *dst, const float *src, int64_t n)
+/* bytes from src to dst, both device memory, queued. */
+static int copy_bytes(void *dst, const void *src, size_t bytes)
 {
-    CUDA_TRY(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cuda_state.stream));
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_state.stream));
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
+}
+
+/* Whether cuDNN may read or write out where it is: its tensors are declared
+ * 16-byte aligned (attention_cudnn.cu, as the frontend declares them). */
+static int cudnn_aligned(const void *p)
+{
+    return (uintptr_t)p % 16 == 0;
 }
 
 /* The plan cuDNN runs for this direction and shape, or (TP_ERR_*) why it
@@ -296,39 +313,44 @@ static int cudnn_plan_for(int backward, int64_t B, int64_t T, int64_t Hq, int64_
     return cudnn_attention_prepare(backward, B, T, Hq, Hkv, hd, plan);
 }
 
-static int forward_cudnn(const cudnn_attention_plan *plan, float *out, float *lse, const float *qkv, int64_t n_qkv,
+/* Scratch: qkv's bits, O where out is not 16-byte aligned (else nothing:
+ * cuDNN writes out itself), Stats, cuDNN's workspace. */
+static int forward_cudnn(const cudnn_attention_plan *plan, uint16_t *out, float *lse, const float *qkv, int64_t n_qkv,
                          int64_t n_out, int64_t n_lse)
 {
     void *parts[4];
-    const size_t bytes[4] = {(size_t)n_qkv * 2, (size_t)n_out * 2, (size_t)n_lse * sizeof(float),
+    int direct = cudnn_aligned(out);
+    const size_t bytes[4] = {(size_t)n_qkv * 2, direct ? 0 : (size_t)n_out * 2, (size_t)n_lse * sizeof(float),
                              cudnn_attention_workspace_bytes(plan)};
     pthread_mutex_lock(&bf16_lock);
     int status = scratch_parts(parts, bytes, 4);
-    cudnn_attention_tensors t = {parts[0], parts[1], parts[2], NULL, NULL, parts[3]};
+    cudnn_attention_tensors t = {parts[0], direct ? (void *)out : parts[1], parts[2], NULL, NULL, parts[3]};
     if (!status) status = to_bf16_bits(t.qkv, qkv, n_qkv);
     if (!status) status = cudnn_attention_run(plan, &t);
-    if (!status) status = widen_bf16(out, t.o, n_out);
+    if (!status && !direct) status = copy_bytes(out, t.o, (size_t)n_out * 2);
     /* Stats through the scratch: lse need not be 16-byte aligned. */
-    if (!status) status = copy_floats(lse, (const float *)t.stats, n_lse);
+    if (!status) status = copy_bytes(lse, t.stats, (size_t)n_lse * sizeof(float));
     pthread_mutex_unlock(&bf16_lock);
     return status;
 }
 
-static int forward_rounded(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+/* Scratch: qkv rounded (fp32), the fp32 out, rounded into out at the end. */
+static int forward_rounded(uint16_t *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                            int64_t hd)
 {
-    int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd;
-    void *rounded;
-    const size_t bytes = (size_t)n_qkv * sizeof(float);
+    int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd;
+    void *parts[2];
+    const size_t bytes[2] = {(size_t)n_qkv * sizeof(float), (size_t)n_out * sizeof(float)};
     pthread_mutex_lock(&bf16_lock);
-    int status = scratch_parts(&rounded, &bytes, 1);
-    if (!status) status = to_bf16_rounded(rounded, qkv, n_qkv);
-    if (!status) status = forward_fp32(out, lse, (const float *)rounded, B, T, Hq, Hkv, hd);
+    int status = scratch_parts(parts, bytes, 2);
+    if (!status) status = to_bf16_rounded(parts[0], qkv, n_qkv);
+    if (!status) status = forward_fp32((float *)parts[1], lse, (const float *)parts[0], B, T, Hq, Hkv, hd);
+    if (!status) status = cuda_round_to_bf16(out, (const float *)parts[1], n_out);
     pthread_mutex_unlock(&bf16_lock);
     return status;
 }
 
-int cuda_attention_forward_bf16(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+int cuda_attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
                                 int64_t Hq, int64_t Hkv, int64_t hd)
 {
     (void)scratch;
@@ -347,26 +369,36 @@ fail:
     return TP_ERR_DEVICE;
 }
 
+/* Scratch: qkv's and d_out's bits, O where out is not 16-byte aligned (a
+ * copy of it; else nothing: cuDNN reads out itself), d_qkv's bits, Stats,
+ * cuDNN's workspace. */
 static int backward_cudnn(const cudnn_attention_plan *plan, float *d_qkv, const float *d_out, const float *qkv,
-                          const float *out, const float *lse, int64_t n_qkv, int64_t n_out, int64_t n_lse)
+                          const uint16_t *out, const float *lse, int64_t n_qkv, int64_t n_out, int64_t n_lse)
 {
     void *parts[6];
-    const size_t bytes[6] = {(size_t)n_qkv * 2,        (size_t)n_out * 2, (size_t)n_out * 2, (size_t)n_qkv * 2,
-                             (size_t)n_lse * sizeof(float), cudnn_attention_workspace_bytes(plan)};
+    int direct = cudnn_aligned(out);
+    const size_t bytes[6] = {(size_t)n_qkv * 2,
+                             direct ? 0 : (size_t)n_out * 2,
+                             (size_t)n_out * 2,
+                             (size_t)n_qkv * 2,
+                             (size_t)n_lse * sizeof(float),
+                             cudnn_attention_workspace_bytes(plan)};
     pthread_mutex_lock(&bf16_lock);
     int status = scratch_parts(parts, bytes, 6);
-    cudnn_attention_tensors t = {parts[0], parts[1], parts[4], parts[2], parts[3], parts[5]};
+    /* The backward reads O and never writes it: the const goes for cuDNN's variant pack alone. */
+    cudnn_attention_tensors t = {parts[0], direct ? (void *)out : parts[1], parts[4], parts[2], parts[3], parts[5]};
     if (!status) status = to_bf16_bits(t.qkv, qkv, n_qkv);
-    if (!status) status = to_bf16_bits(t.o, out, n_out);
+    if (!status && !direct) status = copy_bytes(t.o, out, (size_t)n_out * 2);
     if (!status) status = to_bf16_bits(t.d_o, d_out, n_out);
-    if (!status) status = copy_floats((float *)t.stats, lse, n_lse);
+    if (!status) status = copy_bytes(t.stats, lse, (size_t)n_lse * sizeof(float));
     if (!status) status = cudnn_attention_run(plan, &t);
     if (!status) status = widen_bf16(d_qkv, t.d_qkv, n_qkv);
     pthread_mutex_unlock(&bf16_lock);
     return status;
 }
 
-static int backward_rounded(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
+/* Scratch: qkv rounded, out widened and d_out rounded, all fp32. */
+static int backward_rounded(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const uint16_t *out,
                             const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
     int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd;
@@ -376,7 +408,7 @@ static int backward_rounded(float *d_qkv, float *scratch, const float *d_out, co
     pthread_mutex_lock(&bf16_lock);
     int status = scratch_parts(parts, bytes, 3);
     if (!status) status = to_bf16_rounded(parts[0], qkv, n_qkv);
-    if (!status) status = to_bf16_rounded(parts[1], out, n_out);
+    if (!status) status = widen_bf16((float *)parts[1], out, n_out);
     if (!status) status = to_bf16_rounded(parts[2], d_out, n_out);
     if (!status)
         status = backward_fp32(d_qkv, scratch, (const float *)parts[2], (const float *)parts[0],
@@ -386,13 +418,14 @@ static int backward_rounded(float *d_qkv, float *scratch, const float *d_out, co
 }
 
 int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
-                                 const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                 const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                  int64_t hd)
 {
     TP_TRY(attention_shape_ok("attention_backward_bf16", B, T, Hq, Hkv, hd));
     ENTER();
     if (B == 0 || T == 0) return TP_OK;
-    if (Hq == 0) return backward_fp32(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
+    /* No query heads: out, d_out and lse are empty (never read); dK and dV are zeros. */
+    if (Hq == 0) return backward_fp32(d_qkv, scratch, d_out, qkv, NULL, lse, B, T, Hq, Hkv, hd);
     {
         const cudnn_attention_plan *plan;
         int status = cudnn_plan_for(1, B, T, Hq, Hkv, hd, &plan);

@@ -230,8 +230,9 @@ static void finalize(builder *b, cudnnBackendDescriptor_t d, const char *what)
 }
 
 /* A tensor: uid 0 for a new virtual one. Every tensor 16-byte aligned, as
- * the frontend declares them (attention.cu's buffers are 256-byte aligned;
- * the K and V views start hd multiples of 8 bf16 values in). */
+ * the frontend declares them (attention.cu's scratch parts are 256-byte
+ * aligned, and O is the caller's out only where it is 16-byte aligned; the
+ * K and V views start hd multiples of 8 bf16 values in). */
 static cudnnBackendDescriptor_t tensor(builder *b, const char *what, cudnnDataType_t type, cudnn_tensor_shape shape,
                                        int64_t uid, int by_value)
 {

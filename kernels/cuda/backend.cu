@@ -17,9 +17,11 @@
  * soon as their work is queued, and synchronize() waits for all of it.
  *
  * Correct first, fast later: matrix products through cuBLAS in plain fp32
- * (TF32 off), or for bf16 mixed precision (the *_bf16 products) with both
- * operands rounded to bf16 by a kernel (convert_bits.h, as the CPU rounds)
- * and summed in fp32 by cublasGemmEx; a forward product with a bias through
+ * (TF32 off), or for bf16 mixed precision (the *_bf16 products) of bf16
+ * operands summed in fp32 by cublasGemmEx: the activation in as the bf16
+ * bits the norm, attention or MLP activation wrote (their *_bf16 forwards,
+ * the fp32 kernels rounding on store), the fp32 operands rounded by a kernel
+ * (convert_bits.h, as the CPU rounds); a forward product with a bias through
  * cuBLASLt, the bias in its epilogue (products_lt.cu); attention through
  * cuDNN in bf16 where it can (attention.cu), else the tiled kernels; the
  * rest in simple kernels. Launch shapes: element-wise kernels walk their
@@ -237,6 +239,10 @@ static void fill_table(kernel_backend *t)
     t->rmsnorm_backward = cuda_rmsnorm_backward;
     t->swiglu_forward = cuda_swiglu_forward;
     t->swiglu_backward = cuda_swiglu_backward;
+    t->layernorm_forward_bf16 = cuda_layernorm_forward_bf16;
+    t->rmsnorm_forward_bf16 = cuda_rmsnorm_forward_bf16;
+    t->gelu_forward_bf16 = cuda_gelu_forward_bf16;
+    t->swiglu_forward_bf16 = cuda_swiglu_forward_bf16;
     t->rope_forward = cuda_rope_forward;
     t->rope_backward = cuda_rope_backward;
     t->residual_forward = cuda_residual_forward;

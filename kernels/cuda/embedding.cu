@@ -6,7 +6,6 @@
 extern "C" {
 #include "../kernels.h"
 }
-#include "../convert_bits.h"
 #include "internal.h"
 #include "launch.h"
 
@@ -115,18 +114,9 @@ static __global__ void target_logit_kernel(float *target, const float *logits, c
     }
 }
 
-/* d_logits as the fp32 value, or as its bf16 bits rounded as the products
- * round their operands (classifier_backward_bf16). */
-static __device__ inline void store_gradient(float *at, float d)
-{
-    *at = d;
-}
-static __device__ inline void store_gradient(uint16_t *at, float d)
-{
-    *at = bits_f32_to_bf16(__float_as_uint(d));
-}
-
-/* d = scale softmax - scale at the target's column; zero in padding columns. */
+/* d = scale softmax - scale at the target's column; zero in padding columns.
+ * Out: float, or uint16_t for d_logits as bf16 bits rounded as the products
+ * round their operands (classifier_backward_bf16; store_value, launch.h). */
 template <typename Out>
 static __global__ void crossentropy_backward_kernel(Out *d_logits, const float *logits, const float *row_max,
                                                     const float *sum, const int *targets, int64_t N, int64_t V,
@@ -142,7 +132,7 @@ static __global__ void crossentropy_backward_kernel(Out *d_logits, const float *
                 d = scale * expf(logits[i] - max) / total;
                 if (v == target) d -= scale;
             }
-            store_gradient(&d_logits[i], d);
+            store_value(&d_logits[i], d);
         }
     }
 }
@@ -199,11 +189,12 @@ fail:
 }
 
 /* d_logits written once, as bf16 bits into the first half of scratch, then
- * the two products read them as they are (cuda_matmul_backward_bf16_bits):
- * no fp32 d_logits written, read back and rounded. The same bits as
- * rounding crossentropy_backward's values. */
+ * the two products read them as they are (cuda_matmul_backward_bf16_bits),
+ * as they read in (the final norm's bf16 bits): no fp32 d_logits written,
+ * read back and rounded. The same bits as rounding crossentropy_backward's
+ * values. */
 int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
-                                  const float *row_max, const float *sum, const int *targets, const float *in,
+                                  const float *row_max, const float *sum, const int *targets, const uint16_t *in,
                                   const float *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,
                                   float scale)
 {

@@ -41,11 +41,11 @@ cuda_attention_choice cuda_attention_chosen(void);
 /* linear.cu */
 int cuda_matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
                         int64_t OC);
-int cuda_matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
-                             int64_t OC);
+int cuda_matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
+                             int64_t C, int64_t OC);
 int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC);
-int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
                               const float *weight, int64_t N, int64_t C, int64_t OC);
 int cuda_residual_forward(float *out, const float *a, const float *b, int64_t n);
 int cuda_bias_residual_forward(float *out, const float *x, const float *partial, const float *bias, int64_t N,
@@ -65,6 +65,14 @@ int cuda_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, cons
                           const float *rstd, int64_t N, int64_t C);
 int cuda_swiglu_forward(float *out, const float *in, int64_t N, int64_t F);
 int cuda_swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F);
+/* norm.cu: the forwards above writing bf16 bits (kernels.h: the bits of
+ * rounding the fp32 forward's out, by the same kernels). */
+int cuda_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *in, const float *weight,
+                                const float *bias, int64_t N, int64_t C);
+int cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                              float eps);
+int cuda_gelu_forward_bf16(uint16_t *out, const float *in, int64_t n);
+int cuda_swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F);
 /* rope.cu */
 int cuda_rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 int cuda_rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
@@ -73,10 +81,11 @@ int cuda_attention_forward(float *out, float *lse, float *scratch, const float *
                            int64_t Hkv, int64_t hd);
 int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
                             const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
-int cuda_attention_forward_bf16(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+int cuda_attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
                                 int64_t Hq, int64_t Hkv, int64_t hd);
-int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
-                                 const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
+                                 const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                 int64_t hd);
 void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd, char *text,
                              size_t size);
 /* embedding.cu */
@@ -90,7 +99,7 @@ int cuda_crossentropy_rescale_sum(float *sum, const float *local_max, const floa
 int cuda_crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
                                    int64_t first);
 int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
-                                  const float *row_max, const float *sum, const int *targets, const float *in,
+                                  const float *row_max, const float *sum, const int *targets, const uint16_t *in,
                                   const float *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,
                                   float scale);
 int cuda_crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
@@ -104,16 +113,19 @@ int cuda_sum_of_squares(double *out, const float *const *spans, const int64_t *l
 int cuda_blas_start(void);
 void cuda_blas_stop(void);
 /* linear.cu: matmul_backward_bf16 without a bias, of a d_out already
- * rounded (bf16 bits, [N, OC]; the classifier's, embedding.cu). */
-int cuda_matmul_backward_bf16_bits(float *d_in, float *d_weight, const uint16_t *d_out_bits, const float *in,
+ * rounded (bf16 bits, [N, OC]; the classifier's, embedding.cu); in as
+ * matmul_backward_bf16's (bf16 bits, [N, C]). */
+int cuda_matmul_backward_bf16_bits(float *d_in, float *d_weight, const uint16_t *d_out_bits, const uint16_t *in,
                                    const float *weight, int64_t N, int64_t C, int64_t OC);
 /* products_lt.cu: cuBLASLt, loaded and given a handle and a workspace at
  * start (stop releases them, also after a failed start; with
  * TP_CUDA_EPILOGUE=off, not loaded, and every product's bias separate); then
  * out[N,OC] = in . W^T + bias with the bias in the product's epilogue, on
  * cuda_state.stream, in and W as the product reads them (fp32, or bf16
- * when bf16), out and bias fp32; *done 0 (and nothing queued) where
- * cuBLASLt has no algorithm for the shape: the caller adds the bias itself. */
+ * when bf16: in the caller's bf16 activation itself, at any even address,
+ * W rounded into scratch), out and bias fp32; *done 0 (and nothing queued)
+ * where cuBLASLt has no algorithm for the shape and alignments: the caller
+ * adds the bias itself. */
 int cuda_lt_start(void);
 void cuda_lt_stop(void);
 int cuda_lt_forward_bias(int bf16, float *out, const void *in, const void *weight, const float *bias, int64_t N,

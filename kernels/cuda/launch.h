@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "../convert_bits.h"
 #include "check.h"
 
 /* A kernel launch fails at once (a bad configuration) or later, at the next
@@ -66,6 +67,21 @@ int cuda_scratch_parts(cuda_scratch *scratch, const char *what, void **parts, co
 /* out[i] = the bf16 bits of in[i], rounded as the CPU rounds (convert_bits.h),
  * queued on cuda_state.stream (linear.cu). */
 int cuda_round_to_bf16(uint16_t *out, const float *in, int64_t n);
+
+/* An output element of a kernel that writes fp32 or, templated on its
+ * output type, bf16 bits (the bf16 activations and the classifier's
+ * d_logits, kernels.h): the fp32 value as computed, or the bits of rounding
+ * that very value (bits_f32_to_bf16, as the CPU rounds). The arithmetic
+ * before the store is one source for both, so the bits are exactly those
+ * of rounding what the fp32 kernel writes. */
+static __device__ inline void store_value(float *at, float value)
+{
+    *at = value;
+}
+static __device__ inline void store_value(uint16_t *at, float value)
+{
+    *at = bits_f32_to_bf16(__float_as_uint(value));
+}
 
 /* Blocks for `work` items at `per_block` each, at least 1 (callers skip
  * empty work: a grid of 0 blocks is a launch error) and at most MAX_BLOCKS. */

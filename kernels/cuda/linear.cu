@@ -138,13 +138,15 @@ struct column_of_values {
 
 /* ===================================================== bf16 matrix products
  * The bf16 twins (matmul_forward_bf16, matmul_backward_bf16; linear.c) are
- * the same products with each operand rounded to bf16 by round_bf16_kernel,
- * with bits_f32_to_bf16 (convert_bits.h), so to nearest, ties to even,
- * exactly as the CPU rounds; then cublasGemmEx with bf16 A and B, fp32 C and
- * CUBLAS_COMPUTE_32F: the products of bf16 values are exact in fp32 and are
- * summed in fp32 (tensor cores where cuBLAS picks them; not TF32, which
- * concerns fp32 operands only). The bias and d_bias stay fp32
- * (add_bias_kernel, column_sums on the unrounded d_out). One
+ * the same products of bf16 operands: in[N,C] comes as bf16 bits (a bf16
+ * activation, kernels.h, rounded by the operation that wrote it) and is read
+ * where it is; the fp32 operands (W, d_out) are rounded to bf16 by
+ * round_bf16_kernel, with bits_f32_to_bf16 (convert_bits.h), so to nearest,
+ * ties to even, exactly as the CPU rounds; then cublasGemmEx with bf16 A
+ * and B, fp32 C and CUBLAS_COMPUTE_32F: the products of bf16 values are
+ * exact in fp32 and are summed in fp32 (tensor cores where cuBLAS picks
+ * them; not TF32, which concerns fp32 operands only). The bias and d_bias
+ * stay fp32 (add_bias_kernel, column_sums on the unrounded d_out). One
  * function per direction serves both precisions (matmul_forward_in,
  * matmul_backward_in): only the operands (operands_begin) and the product
  * call (gemm) differ.
@@ -204,28 +206,41 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* The operands of one call's products as the products read them: the fp32
- * arrays themselves, or (bf16) their roundings in the scratch, with
- * bf16_lock held until operands_end. An operand of size 0 is not used. */
+/* One operand of a call's products as the caller gives it: size values
+ * (0: not used) of fp32, or of bf16 bits already (bits; bf16 products
+ * only: in, the classifier's d_out). */
+typedef struct {
+    const void *values;
+    int64_t size;
+    int bits;
+} operand;
+
+/* The operands of one call's products as the products read them: the
+ * arrays given, or (bf16) for an fp32 one its rounding in the scratch, with
+ * bf16_lock held until operands_end. Bits are read where they are: no part
+ * of the scratch, no copy (so a product may see them at any even address:
+ * gemm and cuda_lt_forward_bias take any). */
 typedef struct {
     int bf16;
     const void *of[MAX_OPERANDS];
 } operands;
 
-static int operands_begin(operands *o, int bf16, const float *const *arrays, const int64_t *sizes, int count)
+static int operands_begin(operands *o, int bf16, const operand *given, int count)
 {
     void *parts[MAX_OPERANDS] = {NULL};
     size_t bytes[MAX_OPERANDS];
     o->bf16 = bf16;
-    for (int i = 0; i < count; i++) o->of[i] = arrays[i];
+    for (int i = 0; i < count; i++) o->of[i] = given[i].values;
     if (!bf16) return TP_OK;
     pthread_mutex_lock(&bf16_lock);
-    for (int i = 0; i < count; i++) bytes[i] = (size_t)sizes[i] * sizeof(uint16_t); /* each under 2^62: int dims */
+    for (int i = 0; i < count; i++) /* each under 2^62: int dims */
+        bytes[i] = given[i].bits ? 0 : (size_t)given[i].size * sizeof(uint16_t);
     TP_TRY(cuda_scratch_parts(&scratch, "bf16 operand", parts, bytes, count));
-    for (int i = 0; i < count; i++) {
-        o->of[i] = parts[i];
-        TP_TRY(cuda_round_to_bf16((uint16_t *)parts[i], arrays[i], sizes[i]));
-    }
+    for (int i = 0; i < count; i++)
+        if (!given[i].bits) {
+            o->of[i] = parts[i];
+            TP_TRY(cuda_round_to_bf16((uint16_t *)parts[i], (const float *)given[i].values, given[i].size));
+        }
     return TP_OK; /* bf16_lock stays held, also after a failure: operands_end releases it */
 }
 
@@ -261,8 +276,8 @@ static int dimensions_ok(const char *what, int bf16, int64_t N, int64_t C, int64
     return TP_OK;
 }
 
-/* out = in . W^T (+ bias): operands in, W. */
-static int matmul_forward_in(int bf16, float *out, const float *in, const float *weight, const float *bias, int64_t N,
+/* out = in . W^T (+ bias): operands in (fp32, or bf16 bits when bf16), W. */
+static int matmul_forward_in(int bf16, float *out, const void *in, const float *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC)
 {
     int bias_added = 0;
@@ -271,10 +286,9 @@ static int matmul_forward_in(int bf16, float *out, const float *in, const float 
     if (N == 0 || OC == 0) return TP_OK;
     if (C == 0) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * OC) * sizeof(float), cuda_state.stream));
     else {
-        const float *arrays[2] = {in, weight};
-        const int64_t sizes[2] = {N * C, OC * C};
+        const operand given[2] = {{in, N * C, bf16}, {weight, OC * C, 0}};
         operands o;
-        int status = operands_begin(&o, bf16, arrays, sizes, 2);
+        int status = operands_begin(&o, bf16, given, 2);
         if (!status && bias) /* the bias in the product's epilogue where cuBLASLt has an algorithm for it */
             status = cuda_lt_forward_bias(bf16, out, o.of[0], o.of[1], bias, N, C, OC, &bias_added);
         if (!status && !bias_added)
@@ -293,9 +307,10 @@ fail:
 
 /* Operands d_out, then W when d_in is asked for and in when d_weight is
  * (size 0 otherwise: not rounded). d_out_bits: d_out already rounded
- * (bf16, [N, OC]; then d_out and d_bias NULL), or NULL. */
+ * (bf16, [N, OC]; then d_out and d_bias NULL), or NULL. in: fp32, or bf16
+ * bits when bf16. */
 static int matmul_backward_in(int bf16, float *d_in, float *d_weight, float *d_bias, const float *d_out,
-                              const uint16_t *d_out_bits, const float *in, const float *weight, int64_t N, int64_t C,
+                              const uint16_t *d_out_bits, const void *in, const float *weight, int64_t N, int64_t C,
                               int64_t OC)
 {
     if (d_out_bits && (!bf16 || d_out || d_bias))
@@ -305,11 +320,11 @@ static int matmul_backward_in(int bf16, float *d_in, float *d_weight, float *d_b
     if (N == 0) return TP_OK;
     if (d_in && C > 0 && OC == 0) CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * sizeof(float), cuda_state.stream));
     if ((d_in || d_weight) && C > 0 && OC > 0) {
-        const float *arrays[3] = {d_out, weight, in};
-        const int64_t sizes[3] = {d_out_bits ? 0 : N * OC, d_in ? OC * C : 0, d_weight ? N * C : 0};
+        const operand given[3] = {{d_out_bits ? (const void *)d_out_bits : d_out, N * OC, d_out_bits != NULL},
+                                  {weight, d_in ? OC * C : 0, 0},
+                                  {in, d_weight ? N * C : 0, bf16}};
         operands o;
-        int status = operands_begin(&o, bf16, arrays, sizes, 3);
-        if (d_out_bits) o.of[0] = d_out_bits;
+        int status = operands_begin(&o, bf16, given, 3);
         if (!status && d_in) /* d_in = d_out @ W, overwritten */
             status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, o.of[1], C, o.of[0], OC, 0.0f, d_in, C);
         if (!status && d_weight) /* d_weight += d_out^T @ in */
@@ -329,7 +344,7 @@ int cuda_matmul_forward(float *out, const float *in, const float *weight, const 
     return matmul_forward_in(0, out, in, weight, bias, N, C, OC);
 }
 
-int cuda_matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N,
+int cuda_matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC)
 {
     return matmul_forward_in(1, out, in, weight, bias, N, C, OC);
@@ -341,13 +356,13 @@ int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const floa
     return matmul_backward_in(0, d_in, d_weight, d_bias, d_out, NULL, in, weight, N, C, OC);
 }
 
-int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
+int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
                               const float *weight, int64_t N, int64_t C, int64_t OC)
 {
     return matmul_backward_in(1, d_in, d_weight, d_bias, d_out, NULL, in, weight, N, C, OC);
 }
 
-int cuda_matmul_backward_bf16_bits(float *d_in, float *d_weight, const uint16_t *d_out_bits, const float *in,
+int cuda_matmul_backward_bf16_bits(float *d_in, float *d_weight, const uint16_t *d_out_bits, const uint16_t *in,
                                    const float *weight, int64_t N, int64_t C, int64_t OC)
 {
     return matmul_backward_in(1, d_in, d_weight, NULL, NULL, d_out_bits, in, weight, N, C, OC);

@@ -6,6 +6,7 @@
  * by an event, so that a send waiting for its peer holds up no kernel. */
 #include <nccl.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,12 +132,19 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-extern "C" int cuda_group_all_gather(cuda_group *group, const void *send, void *recv, int64_t count, int is_double)
+/* A gather adds nothing up: it moves each member's values as they are, so
+ * it moves bytes (ncclUint8, count x value_bytes of them), whatever the
+ * values are: bf16 bits (2), float (4) or double (8). */
+extern "C" int cuda_group_all_gather(cuda_group *group, const void *send, void *recv, int64_t count, int value_bytes)
 {
+    if (value_bytes != 2 && value_bytes != 4 && value_bytes != 8)
+        return tp_fail(TP_ERR_ARG, "device group all_gather: values of %d bytes (want 2, 4 or 8)", value_bytes);
     if (count <= 0) return TP_OK;
+    if ((uint64_t)count > SIZE_MAX / (size_t)value_bytes)
+        return tp_fail(TP_ERR_ARG, "device group all_gather: %lld values of %d bytes beyond addressable memory",
+                       (long long)count, value_bytes);
     CUDA_TRY(cudaSetDevice(group->device));
-    NCCL_TRY(nccl.all_gather(send, recv, (size_t)count, is_double ? ncclFloat64 : ncclFloat32, group->comm,
-                             group->stream));
+    NCCL_TRY(nccl.all_gather(send, recv, (size_t)count * (size_t)value_bytes, ncclUint8, group->comm, group->stream));
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;

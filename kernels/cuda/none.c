@@ -91,9 +91,9 @@ int cuda_group_all_reduce(cuda_group *group, void *data, int64_t count, int is_d
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 
-int cuda_group_all_gather(cuda_group *group, const void *send, void *recv, int64_t count, int is_double)
+int cuda_group_all_gather(cuda_group *group, const void *send, void *recv, int64_t count, int value_bytes)
 {
-    (void)group, (void)send, (void)recv, (void)count, (void)is_double;
+    (void)group, (void)send, (void)recv, (void)count, (void)value_bytes;
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 

@@ -1,7 +1,11 @@
 /* norm.cu: layer norm, GELU, RMSNorm and SwiGLU on the GPU, the twins of
  * cpu/norm.c (tests/kernels/test_cuda_backend.c). Row kernels give a row to a
  * block (block_sum); the weight and bias gradients are column sums in a fixed
- * order (column_sums.h). */
+ * order (column_sums.h). Each forward kernel is a template on its output,
+ * float or uint16_t: the *_forward_bf16 operations (kernels.h, bf16
+ * activations) are the same kernel storing the bits of rounding each fp32
+ * value it computes (store_value, launch.h), so that their bits are those of
+ * rounding the fp32 operation's out, by construction. */
 #include <math.h>
 #include <stdint.h>
 
@@ -18,13 +22,15 @@ extern "C" {
 /* ============================================================== layer norm */
 
 /* A block per row, in the CPU's order of operations: mean, then the variance
- * about it (two passes), rstd = 1 / sqrt(var + eps). */
-static __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *in,
+ * about it (two passes), rstd = 1 / sqrt(var + eps). Out: float or
+ * uint16_t (bf16 bits). */
+template <typename Out>
+static __global__ void layernorm_forward_kernel(Out *out, float *mean, float *rstd, const float *in,
                                                 const float *weight, const float *bias, int64_t N, int64_t C)
 {
     ROWS_OF_BLOCK(n, N) {
         const float *x = in + n * C;
-        float *y = out + n * C;
+        Out *y = out + n * C;
         float s = 0;
         COLUMNS_OF_THREAD(c, C) s += x[c];
         float m = block_sum(s) / (float)C;
@@ -32,7 +38,7 @@ static __global__ void layernorm_forward_kernel(float *out, float *mean, float *
         COLUMNS_OF_THREAD(c, C) q += (x[c] - m) * (x[c] - m);
         float var = block_sum(q) / (float)C;
         float r = 1.0f / sqrtf(var + LAYERNORM_EPS);
-        COLUMNS_OF_THREAD(c, C) y[c] = (x[c] - m) * r * weight[c] + bias[c];
+        COLUMNS_OF_THREAD(c, C) store_value(&y[c], (x[c] - m) * r * weight[c] + bias[c]);
         if (threadIdx.x == 0) {
             mean[n] = m;
             rstd[n] = r;
@@ -78,8 +84,9 @@ struct layernorm_weight_bias_terms {
     }
 };
 
-int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
-                           const float *bias, int64_t N, int64_t C)
+template <typename Out>
+static int layernorm_forward_as(Out *out, float *mean, float *rstd, const float *in, const float *weight,
+                                const float *bias, int64_t N, int64_t C)
 {
     ENTER();
     if (N <= 0) return TP_OK;
@@ -88,6 +95,18 @@ int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *in
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
+}
+
+int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
+                           const float *bias, int64_t N, int64_t C)
+{
+    return layernorm_forward_as(out, mean, rstd, in, weight, bias, N, C);
+}
+
+int cuda_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *in, const float *weight,
+                                const float *bias, int64_t N, int64_t C)
+{
+    return layernorm_forward_as(out, mean, rstd, in, weight, bias, N, C);
 }
 
 int cuda_layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
@@ -114,9 +133,9 @@ static __device__ float gelu_gate(float x)
     return 1.0f / (1.0f + expf(-2.0f * u));
 }
 
-static __global__ void gelu_forward_kernel(float *out, const float *in, int64_t n)
+template <typename Out> static __global__ void gelu_forward_kernel(Out *out, const float *in, int64_t n)
 {
-    GRID_STRIDE(i, n) out[i] = in[i] * gelu_gate(in[i]);
+    GRID_STRIDE(i, n) store_value(&out[i], in[i] * gelu_gate(in[i]));
 }
 
 /* d/dx [x s] = s + x * 2 s (1 - s) * du/dx. */
@@ -129,7 +148,7 @@ static __global__ void gelu_backward_kernel(float *d_in, const float *in, const 
     }
 }
 
-int cuda_gelu_forward(float *out, const float *in, int64_t n)
+template <typename Out> static int gelu_forward_as(Out *out, const float *in, int64_t n)
 {
     ENTER();
     if (n <= 0) return TP_OK;
@@ -138,6 +157,16 @@ int cuda_gelu_forward(float *out, const float *in, int64_t n)
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
+}
+
+int cuda_gelu_forward(float *out, const float *in, int64_t n)
+{
+    return gelu_forward_as(out, in, n);
+}
+
+int cuda_gelu_forward_bf16(uint16_t *out, const float *in, int64_t n)
+{
+    return gelu_forward_as(out, in, n);
 }
 
 int cuda_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
@@ -156,16 +185,17 @@ fail:
  * 1 / sqrt(mean(x^2) + eps), y = x rstd w; d_weight by column sums in a
  * fixed order (column_sums.h; no atomics). */
 
-static __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *in, const float *weight,
-                                              int64_t N, int64_t C, float eps)
+template <typename Out>
+static __global__ void rmsnorm_forward_kernel(Out *out, float *rstd, const float *in, const float *weight, int64_t N,
+                                              int64_t C, float eps)
 {
     ROWS_OF_BLOCK(n, N) {
         const float *x = in + n * C;
-        float *y = out + n * C;
+        Out *y = out + n * C;
         float q = 0;
         COLUMNS_OF_THREAD(c, C) q += x[c] * x[c];
         float r = 1.0f / sqrtf(block_sum(q) / (float)C + eps);
-        COLUMNS_OF_THREAD(c, C) y[c] = x[c] * r * weight[c];
+        COLUMNS_OF_THREAD(c, C) store_value(&y[c], x[c] * r * weight[c]);
         if (threadIdx.x == 0) rstd[n] = r;
     }
 }
@@ -194,8 +224,9 @@ struct rmsnorm_weight_terms {
     __device__ void operator()(int64_t n, int64_t c, float *s) const { s[0] += in[n * C + c] * rstd[n] * d_out[n * C + c]; }
 };
 
-int cuda_rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
-                         float eps)
+template <typename Out>
+static int rmsnorm_forward_as(Out *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                              float eps)
 {
     ENTER();
     if (N <= 0) return TP_OK;
@@ -204,6 +235,18 @@ int cuda_rmsnorm_forward(float *out, float *rstd, const float *in, const float *
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
+}
+
+int cuda_rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                         float eps)
+{
+    return rmsnorm_forward_as(out, rstd, in, weight, N, C, eps);
+}
+
+int cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                              float eps)
+{
+    return rmsnorm_forward_as(out, rstd, in, weight, N, C, eps);
 }
 
 int cuda_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in,
@@ -224,11 +267,11 @@ fail:
  * the GPU's expf for the CPU's fast_expf (each within 2 ulp). A block per
  * row, an element of out (and its two of d_in) per thread. */
 
-static __global__ void swiglu_forward_kernel(float *out, const float *in, int64_t N, int64_t F)
+template <typename Out> static __global__ void swiglu_forward_kernel(Out *out, const float *in, int64_t N, int64_t F)
 {
     ROWS_AND_COLUMNS(n, f, N, F) {
         float g = in[n * 2 * F + f];
-        out[n * F + f] = g / (1.0f + expf(-g)) * in[n * 2 * F + F + f];
+        store_value(&out[n * F + f], g / (1.0f + expf(-g)) * in[n * 2 * F + F + f]);
     }
 }
 
@@ -243,7 +286,7 @@ static __global__ void swiglu_backward_kernel(float *d_in, const float *in, cons
     }
 }
 
-int cuda_swiglu_forward(float *out, const float *in, int64_t N, int64_t F)
+template <typename Out> static int swiglu_forward_as(Out *out, const float *in, int64_t N, int64_t F)
 {
     ENTER();
     if (N <= 0 || F <= 0) return TP_OK;
@@ -252,6 +295,16 @@ int cuda_swiglu_forward(float *out, const float *in, int64_t N, int64_t F)
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
+}
+
+int cuda_swiglu_forward(float *out, const float *in, int64_t N, int64_t F)
+{
+    return swiglu_forward_as(out, in, N, F);
+}
+
+int cuda_swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F)
+{
+    return swiglu_forward_as(out, in, N, F);
 }
 
 int cuda_swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)

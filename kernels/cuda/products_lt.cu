@@ -15,13 +15,14 @@
  * and the algorithm cuBLASLt's heuristic picks) is made once per shape and
  * per alignment of the pointers (cuBLASLt's algorithms assume 256-byte
  * alignment unless told less; the trainer's arrays are carved from larger
- * ones at float offsets), and kept for the process. Where cuBLASLt offers
- * no algorithm for a shape, that is remembered too, and the caller does
- * the product and the bias separately as before; so too where the bias is
- * not 16-byte aligned: cuBLASLt has no preference for the bias's alignment,
- * and its epilogues have been seen to fault on a less aligned one
- * ("misaligned address", which ends the CUDA context: PyTorch, Marian and
- * llm.c met it). */
+ * ones at float offsets, and the bf16 product's in, a bf16 activation read
+ * where it lies, may be only 2-byte aligned), and kept for the process.
+ * Where cuBLASLt offers no algorithm for a shape, that is remembered too,
+ * and the caller does the product and the bias separately as before; so
+ * too where the bias is not 16-byte aligned: cuBLASLt has no preference for
+ * the bias's alignment, and its epilogues have been seen to fault on a less
+ * aligned one ("misaligned address", which ends the CUDA context: PyTorch,
+ * Marian and llm.c met it). */
 #include <cublasLt.h>
 #include <pthread.h>
 #include <stdint.h>

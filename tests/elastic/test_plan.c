@@ -471,7 +471,7 @@ static int64_t head_floats_of(const gpt_model *m)
 {
     if (!m->is_last) return 0;
     const gpt_head *h = &m->heads[0];
-    return h->local_max + m->B * m->T - h->lnf; /* local_max is carved last (trainer/model.c head_init) */
+    return h->local_max + m->B * m->T - (const float *)h->lnf; /* local_max is carved last (trainer/model.c head_init) */
 }
 
 /* What rank (stage, tp rank 0) of (tp, pp) with V virtual stages and
@@ -490,7 +490,7 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     cr_assert_eq(pipeline_schedule(pp, stage, V, grad_accum, &ops, &count, &slots), TP_OK, "%s", tp_errmsg());
     pipeline_buffers buffers = pipeline_buffers_used(ops, count);
     free(ops);
-    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, buffers.heads, sp, V, zero),
+    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, buffers.heads, sp, V, zero, 0),
                  TP_OK, "%s", tp_errmsg());
     cr_assert_eq(m->num_heads, m->is_last ? buffers.heads : 0);
     elastic_memory out = {0};

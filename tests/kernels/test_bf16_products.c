@@ -24,6 +24,23 @@ static double bf16_of(float x)
     return out;
 }
 
+/* x rounded to bf16 bits, as a bf16 activation holds it. */
+static uint16_t *bits_of(const float *x, int64_t n)
+{
+    uint16_t *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
+    cr_assert(out);
+    convert_from_f32(x, out, TP_BF16, n);
+    return out;
+}
+
+/* An operand of bf16_product: the values, or (as_bits) their bf16 bits in
+ * *bits (freed by the caller). */
+static bf16_operand operand(const float *values, int64_t n, int as_bits, uint16_t **bits)
+{
+    *bits = as_bits ? bits_of(values, n) : NULL;
+    return as_bits ? bf16_of_bits(*bits) : bf16_of_values(values);
+}
+
 static float *random_matrix(int64_t n, unsigned seed)
 {
     float *x = malloc((size_t)n * sizeof(float));
@@ -50,19 +67,25 @@ static void reference(double *c, double *magnitude, const float *a, const float 
         }
 }
 
-static void check_product(int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int accumulate)
+/* as_bits: bit 0, a given as bf16 bits (a bf16 activation); bit 1, b. */
+static void check_product(int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int accumulate, int as_bits)
 {
     float *a = random_matrix(M * K, 1), *b = random_matrix(K * N, 2), *c = random_matrix(M * N, 3);
     float *before = accumulate ? random_matrix(M * N, 3) : NULL;
     double *want = malloc((size_t)(M * N) * sizeof(double)), *magnitude = malloc((size_t)(M * N) * sizeof(double));
     reference(want, magnitude, a, b, M, N, K, trans_a, trans_b, before);
-    cr_assert_eq(bf16_product(c, a, b, M, N, K, trans_a, trans_b, accumulate), TP_OK, "%s", tp_errmsg());
+    uint16_t *a_bits, *b_bits;
+    bf16_operand a_operand = operand(a, M * K, as_bits & 1, &a_bits), b_operand = operand(b, K * N, as_bits & 2, &b_bits);
+    cr_assert_eq(bf16_product(c, a_operand, b_operand, M, N, K, trans_a, trans_b, accumulate), TP_OK, "%s",
+                 tp_errmsg());
+    free(a_bits);
+    free(b_bits);
     double worst = 0;
     for (int64_t i = 0; i < M * N; i++) worst = fmax(worst, fabs(c[i] - want[i]) / magnitude[i]);
     /* fp32 sums: at most about K units of 2^-24 of the magnitude; bf16 operands not rounded would be ~2^-9. */
     cr_assert_lt(worst, 4.0 * (double)K * 0x1p-24 + 0x1p-20,
-                 "[%lld,%lld]x[%lld,%lld] trans %d%d accumulate %d: error %g of the sum of magnitudes", (long long)M,
-                 (long long)K, (long long)K, (long long)N, trans_a, trans_b, accumulate, worst);
+                 "[%lld,%lld]x[%lld,%lld] trans %d%d accumulate %d bits %d: error %g of the sum of magnitudes",
+                 (long long)M, (long long)K, (long long)K, (long long)N, trans_a, trans_b, accumulate, as_bits, worst);
     free(a);
     free(b);
     free(c);
@@ -79,36 +102,38 @@ static void skip_without_bf16(void)
 Test(bf16_products, forward_shapes) /* out = in @ weight^T */
 {
     skip_without_bf16();
-    check_product(3, 5, 7, 0, 1, 0);
-    check_product(64, 130, 300, 0, 1, 0);
+    check_product(3, 5, 7, 0, 1, 0, 0);
+    check_product(64, 130, 300, 0, 1, 0, 1); /* in as bits, as the trainer's bf16 activations */
 }
 
 Test(bf16_products, backward_shapes) /* d_in = d_out @ weight; d_weight += d_out^T @ in */
 {
     skip_without_bf16();
-    check_product(37, 150, 72, 0, 0, 0);
-    check_product(72, 150, 37, 1, 0, 1);
+    check_product(37, 150, 72, 0, 0, 0, 0);
+    check_product(72, 150, 37, 1, 0, 1, 2); /* d_weight's in as bits */
 }
 
 Test(bf16_products, empty_sums_give_zero_or_leave_c)
 {
     skip_without_bf16();
     float c[6] = {1, 2, 3, 4, 5, 6}, a[1] = {0}, b[1] = {0};
-    cr_assert_eq(bf16_product(c, a, b, 2, 3, 0, 0, 0, 1), TP_OK);
+    bf16_operand x = bf16_of_values(a), y = bf16_of_values(b);
+    cr_assert_eq(bf16_product(c, x, y, 2, 3, 0, 0, 0, 1), TP_OK);
     cr_assert_eq(c[5], 6.0f, "accumulating a sum of nothing changed c");
-    cr_assert_eq(bf16_product(c, a, b, 2, 3, 0, 0, 0, 0), TP_OK);
+    cr_assert_eq(bf16_product(c, x, y, 2, 3, 0, 0, 0, 0), TP_OK);
     for (int i = 0; i < 6; i++) cr_assert_eq(c[i], 0.0f, "c[%d] = %g, not the empty sum 0", i, c[i]);
-    cr_assert_eq(bf16_product(c, a, b, 0, 3, 4, 0, 0, 0), TP_OK);
+    cr_assert_eq(bf16_product(c, x, y, 0, 3, 4, 0, 0, 0), TP_OK);
 }
 
 Test(bf16_products, many_shapes_and_threads)
 {
     skip_without_bf16();
     kernels_set_threads(2);
-    for (int64_t s = 1; s <= 70; s += 3) check_product(s, s + 1, 2 * s + 1, s % 2, (s / 2) % 2, (s / 3) % 2);
+    for (int64_t s = 1; s <= 70; s += 3)
+        check_product(s, s + 1, 2 * s + 1, s % 2, (s / 2) % 2, (s / 3) % 2, (int)(s / 5) % 4);
     /* Rows cut into blocks, one per thread, the last one shorter: every layout. */
     kernels_set_threads(3);
-    for (int t = 0; t < 8; t++) check_product(200, 45, 70, t & 1, (t >> 1) & 1, (t >> 2) & 1);
+    for (int t = 0; t < 8; t++) check_product(200, 45, 70, t & 1, (t >> 1) & 1, (t >> 2) & 1, t % 4);
     kernels_set_threads(1);
 }
 
@@ -138,8 +163,10 @@ Test(bf16_products, linear_products_are_exact_sums_of_rounded_operands_on_every_
         memcpy(d_w_before, d_w, (size_t)(OC * C) * sizeof(float));
         size_t most = (size_t)(N * C > OC * C ? N * C : OC * C);
         double *want = malloc(most * sizeof(double)), *magnitude = malloc(most * sizeof(double));
-        cr_assert_eq(matmul_forward_bf16(out, in, w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(matmul_backward_bf16(d_in, d_w, NULL, d_out, in, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        uint16_t *in_bits = bits_of(in, N * C); /* a bf16 activation */
+        cr_assert_eq(matmul_forward_bf16(out, in_bits, w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(d_in, d_w, NULL, d_out, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        free(in_bits);
         struct { const float *got, *a, *b, *before; int64_t M, N, K; int ta, tb; const char *what; } p[] = {
             {out, in, w, NULL, N, OC, C, 0, 1, "out = in @ weight^T"},
             {d_in, d_out, w, NULL, N, C, OC, 0, 0, "d_in = d_out @ weight"},
@@ -168,9 +195,11 @@ Test(bf16_products, linear_layers_use_them)
     float *d_in = calloc((size_t)(N * C), sizeof(float)), *d_in32 = calloc((size_t)(N * C), sizeof(float));
     float *d_w = calloc((size_t)(OC * C), sizeof(float)), *d_w32 = calloc((size_t)(OC * C), sizeof(float));
     float *d_b = calloc((size_t)OC, sizeof(float)), *d_b32 = calloc((size_t)OC, sizeof(float));
-    cr_assert_eq(matmul_forward_bf16(out, in, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+    uint16_t *in_bits = bits_of(in, N * C);
+    cr_assert_eq(matmul_forward_bf16(out, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
     matmul_forward(out32, in, w, bias, N, C, OC);
-    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out, in, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+    free(in_bits);
     matmul_backward(d_in32, d_w32, d_b32, d_out, in, w, N, C, OC);
     struct { const float *got, *fp32; int64_t n; const char *what; } pairs[] = {
         {out, out32, N * OC, "out"}, {d_in, d_in32, N * C, "d_in"}, {d_w, d_w32, OC * C, "d_weight"}};

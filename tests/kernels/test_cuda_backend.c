@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,6 +74,53 @@ static void check_device(const kernel_backend *k, const float *device, const flo
     float *got = download(k, device, n);
     check_close(got, want, n, rel, abs, what);
     free(got);
+}
+
+/* bf16 activations (kernels.h): n floats as bf16 bits, rounded as the CPU
+ * rounds them (convert_from_f32), in new host memory. */
+static uint16_t *bf16_bits(const float *x, int64_t n)
+{
+    uint16_t *bits = malloc((size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
+    cr_assert(bits);
+    convert_from_f32(x, bits, TP_BF16, n);
+    return bits;
+}
+
+/* n bf16 values as floats (exact), in new host memory. */
+static float *floats_of_bits(const uint16_t *bits, int64_t n)
+{
+    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    cr_assert(x);
+    convert_to_f32(bits, TP_BF16, x, n);
+    return x;
+}
+
+static uint16_t *upload_bits(const kernel_backend *k, const uint16_t *host, int64_t n)
+{
+    return upload(k, host, n, sizeof(uint16_t));
+}
+
+/* A bf16 array of n values filled with 7 (0x40e0): garbage for outputs. */
+static uint16_t *bits_garbage(int64_t n)
+{
+    uint16_t *bits = malloc((size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
+    cr_assert(bits);
+    for (int64_t i = 0; i < n; i++) bits[i] = 0x40e0;
+    return bits;
+}
+
+static int bf16_is_nan(uint16_t bits)
+{
+    return (bits & 0x7fffu) > 0x7f80u;
+}
+
+/* The device's n bf16 values in new host memory (after the work queued before). */
+static uint16_t *download_bits(const kernel_backend *k, const uint16_t *device, int64_t n)
+{
+    uint16_t *host = malloc((size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
+    cr_assert(host);
+    cr_assert_eq(k->to_host(host, device, (size_t)n * sizeof(uint16_t)), TP_OK, "to_host: %s", tp_errmsg());
+    return host;
 }
 
 /* ---------------------------------------------------------------- creation */
@@ -248,24 +296,34 @@ Test(cuda_backend, bias_gradients_of_tall_arrays)
 
 /* The products with a bias go through cuBLASLt's bias epilogue
  * (products_lt.cu), whose algorithms assume 256-byte aligned arrays unless
- * told otherwise; the trainer's arrays start at any float. In both
- * precisions, against the CPU with matmul_forward's and
+ * told otherwise; the trainer's arrays start at any float, its bf16
+ * activations (the bf16 products' in, read where they are) at any bf16. In
+ * both precisions, against the CPU with matmul_forward's and
  * matmul_forward_bf16's tolerances: every array aligned (the epilogue runs:
- * its count of products grows); in, W and out 4 bytes past an alignment
- * (another plan, or the separate bias kernel where cuBLASLt has no
- * algorithm for such arrays); the bias 4 bytes past (the separate kernel,
- * always: the count stays); then aligned again (the kept plan). With
- * TP_CUDA_EPILOGUE=off, the separate kernel every time. */
+ * its count of products grows); in, W and out one value past an alignment
+ * (4 bytes; 2 for bf16 in: another plan, or the separate bias kernel where
+ * cuBLASLt has no algorithm for such arrays); the bias 4 bytes past (the
+ * separate kernel, always: the count stays); then aligned again (the kept
+ * plan). With TP_CUDA_EPILOGUE=off, the separate kernel every time. The
+ * bf16 backward (d_in and d_weight of in's bits) at the same offsets too,
+ * within matmul_backward_bf16's tolerance. */
 Test(cuda_backend, products_with_bias_at_any_alignment)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
     int64_t N = 67, C = 72, OC = 152; /* rows of 288 and 608 bytes: every row 16-byte aligned where the array is */
     float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *bias = floats_random(OC, 1.0f);
-    float *want = malloc((size_t)(N * OC) * sizeof(float));
-    /* One float more than each array: the array at offset 1 or 0. */
-    float *g_in = NULL, *g_w = NULL, *g_bias = NULL, *g_out = NULL;
+    float *dout = floats_random(N * OC, 1.0f), *dw = floats_random(OC * C, 1.0f);
+    float *din = malloc((size_t)(N * C) * sizeof(float)), *want = malloc((size_t)(N * OC) * sizeof(float));
+    uint16_t *in_bits = bf16_bits(in, N * C);
+    /* One value more than each array: the array at offset 1 or 0. */
+    float *g_in = NULL, *g_w = NULL, *g_bias = NULL, *g_out = NULL, *g_dout = upload_floats(k, dout, N * OC);
+    float *g_din = NULL, *g_dw = NULL;
+    uint16_t *g_bits = NULL;
     cr_assert_eq(k->alloc((void **)&g_in, (size_t)(N * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->alloc((void **)&g_bits, (size_t)(N * C + 1) * sizeof(uint16_t)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->alloc((void **)&g_din, (size_t)(N * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->alloc((void **)&g_dw, (size_t)(OC * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_w, (size_t)(OC * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_bias, (size_t)(OC + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_out, (size_t)(N * OC + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
@@ -274,20 +332,22 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
         int arrays, bias, epilogue;
         const char *what;
     } cases[] = {{0, 0, 1, "all aligned"},
-                 {1, 0, -1, "in, W and out 4 bytes past alignment"},
+                 {1, 0, -1, "in, W and out one value past alignment (4 bytes; bf16 in 2)"},
                  {0, 1, 0, "the bias 4 bytes past alignment"},
                  {0, 0, 1, "all aligned, again"}};
     for (int bf16 = 0; bf16 < 2; bf16++)
         for (int c = 0; c < 4; c++) {
             int at = cases[c].arrays, bias_at = cases[c].bias;
             cr_assert_eq(k->to_device(g_in + at, in, (size_t)(N * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->to_device(g_bits + at, in_bits, (size_t)(N * C) * sizeof(uint16_t)), TP_OK, "%s",
+                         tp_errmsg());
             cr_assert_eq(k->to_device(g_w + at, w, (size_t)(OC * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
             cr_assert_eq(k->to_device(g_bias + bias_at, bias, (size_t)OC * sizeof(float)), TP_OK, "%s", tp_errmsg());
             int64_t before = cuda_lt_bias_epilogue_products();
             if (bf16) {
-                cr_assert_eq(matmul_forward_bf16(want, in, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
-                cr_assert_eq(k->matmul_forward_bf16(g_out + at, g_in + at, g_w + at, g_bias + bias_at, N, C, OC), TP_OK,
-                             "bf16, %s: %s", cases[c].what, tp_errmsg());
+                cr_assert_eq(matmul_forward_bf16(want, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+                cr_assert_eq(k->matmul_forward_bf16(g_out + at, g_bits + at, g_w + at, g_bias + bias_at, N, C, OC),
+                             TP_OK, "bf16, %s: %s", cases[c].what, tp_errmsg());
                 check_bf16(k, g_out + at, want, N * OC, cases[c].what);
             } else {
                 matmul_forward(want, in, w, bias, N, C, OC);
@@ -301,12 +361,31 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
             if (expected >= 0)
                 cr_assert_eq(epilogues, expected, "%s, %s: %lld products in cuBLASLt's epilogue, want %d",
                              bf16 ? "bf16" : "fp32", cases[c].what, (long long)epilogues, expected);
+            if (bf16) { /* the backward of the same bits: d_in overwritten, d_weight accumulated */
+                float *dw_want = malloc((size_t)(OC * C) * sizeof(float));
+                cr_assert(dw_want);
+                memcpy(dw_want, dw, (size_t)(OC * C) * sizeof(float));
+                cr_assert_eq(k->to_device(g_dw + at, dw, (size_t)(OC * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+                cr_assert_eq(matmul_backward_bf16(din, dw_want, NULL, dout, in_bits, w, N, C, OC), TP_OK, "%s",
+                             tp_errmsg());
+                cr_assert_eq(k->matmul_backward_bf16(g_din + at, g_dw + at, NULL, g_dout, g_bits + at, g_w + at, N, C,
+                                                     OC),
+                             TP_OK, "bf16 backward, %s: %s", cases[c].what, tp_errmsg());
+                char what[160];
+                snprintf(what, sizeof what, "d_in of bf16 in, %s", cases[c].what);
+                check_bf16(k, g_din + at, din, N * C, what);
+                snprintf(what, sizeof what, "d_weight of bf16 in, %s", cases[c].what);
+                check_bf16(k, g_dw + at, dw_want, OC * C, what);
+                free(dw_want);
+            }
         }
-    k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out);
-    free(in), free(w), free(bias), free(want);
+    k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out), k->release(g_bits);
+    k->release(g_dout), k->release(g_din), k->release(g_dw);
+    free(in), free(w), free(bias), free(want), free(dout), free(dw), free(din), free(in_bits);
 }
 
-/* out overwritten (starts from garbage), with and without bias. */
+/* out overwritten (starts from garbage), with and without bias; in as bf16
+ * bits (the CPU's rounding of random values), on both sides. */
 Test(cuda_backend, matmul_forward_bf16)
 {
     NEED_GPU();
@@ -316,29 +395,30 @@ Test(cuda_backend, matmul_forward_bf16)
         float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *bias = floats_random(OC, 1.0f);
         float *want = malloc((size_t)(N * OC) * sizeof(float)), *fp32 = malloc((size_t)(N * OC) * sizeof(float));
         float *garbage = floats_filled(N * OC, 7.0f);
-        float *g_in = upload_floats(k, in, N * C), *g_w = upload_floats(k, w, OC * C);
+        uint16_t *in_bits = bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
+        float *g_w = upload_floats(k, w, OC * C);
         float *g_bias = upload_floats(k, bias, OC), *g_out = upload_floats(k, garbage, N * OC);
-        cr_assert_eq(matmul_forward_bf16(want, in, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_forward_bf16(want, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->matmul_forward_bf16(g_out, g_in, g_w, g_bias, N, C, OC), TP_OK, "%s", tp_errmsg());
         check_bf16(k, g_out, want, N * OC, "out (bias)");
         matmul_forward(fp32, in, w, bias, N, C, OC);
         check_rounded(k, g_out, fp32, N * OC, "out (bias)");
 
         cr_assert_eq(k->to_device(g_out, garbage, (size_t)(N * OC) * sizeof(float)), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(matmul_forward_bf16(want, in, w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_forward_bf16(want, in_bits, w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->matmul_forward_bf16(g_out, g_in, g_w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
         check_bf16(k, g_out, want, N * OC, "out (no bias)");
         matmul_forward(fp32, in, w, NULL, N, C, OC);
         check_rounded(k, g_out, fp32, N * OC, "out (no bias)");
         k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out);
-        free(in), free(w), free(bias), free(want), free(fp32), free(garbage);
+        free(in), free(in_bits), free(w), free(bias), free(want), free(fp32), free(garbage);
     }
 }
 
 /* d_in overwritten (starts from garbage), d_weight and d_bias accumulated
  * (start from random values); then d_weight alone a second time (d_in and
  * d_bias untouched), then d_in alone (d_weight untouched). d_bias is the
- * column sums of the fp32 d_out on both sides. */
+ * column sums of the fp32 d_out on both sides; in bf16 bits on both. */
 Test(cuda_backend, matmul_backward_bf16)
 {
     NEED_GPU();
@@ -349,10 +429,10 @@ Test(cuda_backend, matmul_backward_bf16)
         float *din = floats_filled(N * C, 7.0f), *dw = floats_random(OC * C, 1.0f), *db = floats_random(OC, 1.0f);
         float *din32 = malloc((size_t)(N * C) * sizeof(float)), *dw32 = malloc((size_t)(OC * C) * sizeof(float));
         memcpy(dw32, dw, (size_t)(OC * C) * sizeof(float));
-        float *g_in = upload_floats(k, in, N * C), *g_w = upload_floats(k, w, OC * C);
-        float *g_dout = upload_floats(k, dout, N * OC);
+        uint16_t *in_bits = bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
+        float *g_w = upload_floats(k, w, OC * C), *g_dout = upload_floats(k, dout, N * OC);
         float *g_din = upload_floats(k, din, N * C), *g_dw = upload_floats(k, dw, OC * C), *g_db = upload_floats(k, db, OC);
-        cr_assert_eq(matmul_backward_bf16(din, dw, db, dout, in, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(din, dw, db, dout, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->matmul_backward_bf16(g_din, g_dw, g_db, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
                      tp_errmsg());
         check_bf16(k, g_din, din, N * C, "d_in");
@@ -362,7 +442,7 @@ Test(cuda_backend, matmul_backward_bf16)
         check_rounded(k, g_din, din32, N * C, "d_in");
         check_rounded(k, g_dw, dw32, OC * C, "d_weight");
 
-        cr_assert_eq(matmul_backward_bf16(NULL, dw, NULL, dout, in, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(NULL, dw, NULL, dout, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->matmul_backward_bf16(NULL, g_dw, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
                      tp_errmsg());
         check_bf16(k, g_dw, dw, OC * C, "d_weight, twice");
@@ -371,19 +451,21 @@ Test(cuda_backend, matmul_backward_bf16)
 
         float *garbage = floats_filled(N * C, 7.0f);
         cr_assert_eq(k->to_device(g_din, garbage, (size_t)(N * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(matmul_backward_bf16(din, NULL, NULL, dout, in, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(din, NULL, NULL, dout, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->matmul_backward_bf16(g_din, NULL, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
                      tp_errmsg());
         check_bf16(k, g_din, din, N * C, "d_in alone");
         check_bf16(k, g_dw, dw, OC * C, "d_weight, untouched");
         k->release(g_in), k->release(g_w), k->release(g_dout), k->release(g_din), k->release(g_dw), k->release(g_db);
-        free(in), free(w), free(dout), free(din), free(dw), free(db), free(din32), free(dw32), free(garbage);
+        free(in), free(in_bits), free(w), free(dout), free(din), free(dw), free(db), free(din32), free(dw32);
+        free(garbage);
     }
 }
 
 /* Products with an inner dimension of 1 are single products of two bf16
  * values, exact in fp32: the device must equal the CPU to the bit, which it
- * does only if it rounds every operand as the CPU does. The operands include
+ * does only if it rounds every fp32 operand (W, d_out) as the CPU does; in
+ * comes as bits, the CPU's rounding on both sides. The operands include
  * halfway cases (ties to even, up and down, both signs) and values just past
  * them. Forward: C = 1; d_in: OC = 1 (d_weight not asked); d_weight: N = 1,
  * from zero. */
@@ -404,10 +486,12 @@ Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
     memcpy(a, special, (size_t)count * sizeof(float));
     memcpy(b + 20, special, (size_t)count * sizeof(float));
     float *g_a = upload_floats(k, a, N), *g_b = upload_floats(k, b, M), *g_out = upload_floats(k, garbage, N * M);
+    uint16_t *a_bits = bf16_bits(a, N), *b_bits = bf16_bits(b, M);
+    uint16_t *g_a_bits = upload_bits(k, a_bits, N), *g_b_bits = upload_bits(k, b_bits, M);
 
-    /* out[N,M] = bf16(a[N,1]) bf16(b[M,1])^T */
-    cr_assert_eq(matmul_forward_bf16(want, a, b, NULL, N, 1, M), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->matmul_forward_bf16(g_out, g_a, g_b, NULL, N, 1, M), TP_OK, "%s", tp_errmsg());
+    /* out[N,M] = bf16(a[N,1]) bf16(b[M,1])^T: a as in's bits, b as W, rounded on the device */
+    cr_assert_eq(matmul_forward_bf16(want, a_bits, b, NULL, N, 1, M), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_forward_bf16(g_out, g_a_bits, g_b, NULL, N, 1, M), TP_OK, "%s", tp_errmsg());
     check_device(k, g_out, want, N * M, 0, 0, "out, C = 1");
     matmul_forward(fp32, a, b, NULL, N, 1, M);
     check_rounded(k, g_out, fp32, N * M, "out, C = 1");
@@ -418,15 +502,15 @@ Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
     cr_assert_eq(k->matmul_backward_bf16(g_out, NULL, NULL, g_a, NULL, g_b, N, M, 1), TP_OK, "%s", tp_errmsg());
     check_device(k, g_out, want, N * M, 0, 0, "d_in, OC = 1");
 
-    /* d_weight[N,M] = 0 + bf16(d_out[1,N])^T bf16(in[1,M]) */
+    /* d_weight[N,M] = 0 + bf16(d_out[1,N])^T bf16(in[1,M]): a as d_out, rounded on the device, b as in's bits */
     float *g_dw = upload_floats(k, zeros, N * M);
     memcpy(want, zeros, (size_t)(N * M) * sizeof(float));
-    cr_assert_eq(matmul_backward_bf16(NULL, want, NULL, a, b, NULL, 1, M, N), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->matmul_backward_bf16(NULL, g_dw, NULL, g_a, g_b, NULL, 1, M, N), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(matmul_backward_bf16(NULL, want, NULL, a, b_bits, NULL, 1, M, N), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_backward_bf16(NULL, g_dw, NULL, g_a, g_b_bits, NULL, 1, M, N), TP_OK, "%s", tp_errmsg());
     check_device(k, g_dw, want, N * M, 0, 0, "d_weight, N = 1");
 
-    k->release(g_a), k->release(g_b), k->release(g_out), k->release(g_dw);
-    free(a), free(b), free(zeros), free(want), free(fp32), free(garbage);
+    k->release(g_a), k->release(g_b), k->release(g_out), k->release(g_dw), k->release(g_a_bits), k->release(g_b_bits);
+    free(a), free(b), free(zeros), free(want), free(fp32), free(garbage), free(a_bits), free(b_bits);
 }
 
 /* Dimensions beyond cuBLAS's int are refused, as by the fp32 products. */
@@ -437,9 +521,10 @@ Test(cuda_backend, matmul_bf16_refuses_huge_dimensions)
     float *g = NULL;
     int64_t huge = (int64_t)INT32_MAX + 1;
     cr_assert_eq(k->alloc((void **)&g, 4096), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->matmul_forward_bf16(g, g, g, NULL, huge, 1, 1), TP_ERR_ARG, "N beyond int");
-    cr_assert_eq(k->matmul_backward_bf16(g, g, g, g, g, g, 1, huge, 1), TP_ERR_ARG, "C beyond int");
-    cr_assert_eq(k->matmul_backward_bf16(g, g, g, g, g, g, 1, 1, huge), TP_ERR_ARG, "OC beyond int");
+    const uint16_t *bits = (const uint16_t *)g;
+    cr_assert_eq(k->matmul_forward_bf16(g, bits, g, NULL, huge, 1, 1), TP_ERR_ARG, "N beyond int");
+    cr_assert_eq(k->matmul_backward_bf16(g, g, g, g, bits, g, 1, huge, 1), TP_ERR_ARG, "C beyond int");
+    cr_assert_eq(k->matmul_backward_bf16(g, g, g, g, bits, g, 1, 1, huge), TP_ERR_ARG, "OC beyond int");
     k->release(g);
 }
 
@@ -614,6 +699,235 @@ Test(cuda_backend, swiglu_forward_and_backward)
     check_device(k, g_din, din, N * 2 * F, 1e-5, 1e-6, "d_in");
     k->release(g_in), k->release(g_dout), k->release(g_out), k->release(g_din);
     free(in), free(dout), free(out), free(din), free(garbage);
+}
+
+/* -------------------------------------------------------- bf16 activations
+ * layernorm_forward_bf16, rmsnorm_forward_bf16, gelu_forward_bf16 and
+ * swiglu_forward_bf16 write bf16 bits: on the GPU the very kernel of the
+ * fp32 operation, rounding each value as it stores it, so their bits must be
+ * those of rounding the GPU's own fp32 output on every element (exactly;
+ * the norms' mean and rstd too). Against the CPU twin, the fp32 case's
+ * tolerance translated to bf16: the same bits, or one bf16 ulp apart (the
+ * two fp32 results differ in their last bits, and a rounding boundary may
+ * lie between them), or within the fp32 case's absolute tolerance as values
+ * (near zero). Shapes as the fp32 cases' and a tall one (N >> C); values
+ * steered through each operation exactly where it lets them (out = bias
+ * where the weight is 0; a row that rstd scales by 2^-10; gates whose GELU
+ * or SiLU factor is exactly 1, 1/2 or 128): ties to even both ways and both
+ * signs, values just past and short of a tie, a bf16 value, large ties, the
+ * largest float's tie (up to infinity), subnormal ties. At those elements
+ * the bits are checked against the steered value's rounding (convert_bits.h)
+ * as well. */
+
+/* fp32 bit patterns of the outputs steered. */
+static const uint32_t steered[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0xbf818000u, 0x3f808001u,
+                                   0x3f807fffu, 0x3f800000u, 0x71498000u, 0xf1498000u, 0x7f7f8000u,
+                                   0x00008000u, 0x00018000u, 0x80018000u};
+#define STEERED (int64_t)(sizeof steered / sizeof steered[0])
+
+static float float_of(uint32_t bits)
+{
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+/* A bf16 value's place on the number line: neighbours differ by 1 (both zeros at 0). */
+static int32_t bf16_ordinal(uint16_t bits)
+{
+    return bits & 0x8000u ? -(int32_t)(bits & 0x7fffu) : (int32_t)bits;
+}
+
+/* The device's bf16 activation, n values: every element the bits of rounding
+ * the device's fp32 output of the same operation, and close to the CPU
+ * twin's bits (above); returns the device's bits (the caller frees them). */
+static uint16_t *check_activation(const kernel_backend *k, const uint16_t *device_bits, const float *device_fp32,
+                                  const uint16_t *cpu, int64_t n, double abs, const char *op, const char *shape)
+{
+    uint16_t *got = download_bits(k, device_bits, n);
+    float *fp32 = download(k, device_fp32, n);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t x;
+        memcpy(&x, &fp32[i], sizeof x);
+        cr_assert_eq(got[i], bits_f32_to_bf16(x),
+                     "%s %s: [%lld] bits %#06x, the GPU's fp32 operation wrote %.9g (%#010x), which rounds to %#06x",
+                     op, shape, (long long)i, got[i], fp32[i], x, bits_f32_to_bf16(x));
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (got[i] == cpu[i] || (bf16_is_nan(got[i]) && bf16_is_nan(cpu[i]))) continue;
+        int32_t apart = bf16_ordinal(got[i]) - bf16_ordinal(cpu[i]);
+        double g = float_of(bits_bf16_to_f32(got[i])), c = float_of(bits_bf16_to_f32(cpu[i]));
+        cr_assert((apart == 1 || apart == -1) || fabs(g - c) <= abs,
+                  "%s %s: [%lld] GPU %#06x (%.9g), CPU %#06x (%.9g): %d bf16 ulps apart (tolerance 1 ulp, or %g "
+                  "absolute)",
+                  op, shape, (long long)i, got[i], g, cpu[i], c, apart, abs);
+    }
+    free(fp32);
+    return got;
+}
+
+/* Element i was steered to the fp32 value of bits `value`: its bits are that value's rounding. */
+static void check_steered(const uint16_t *got, int64_t i, uint32_t value, const char *op, const char *shape)
+{
+    cr_assert_eq(got[i], bits_f32_to_bf16(value), "%s %s: [%lld] bits %#06x, steered to %.9g (%#010x), which rounds "
+                 "to %#06x",
+                 op, shape, (long long)i, got[i], float_of(value), value, bits_f32_to_bf16(value));
+}
+
+/* The device's n floats are bit for bit those at other (both device memory). */
+static void check_same_floats(const kernel_backend *k, const float *device, const float *other, int64_t n,
+                              const char *what, const char *shape)
+{
+    float *got = download(k, device, n), *want = download(k, other, n);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert(memcmp(&got[i], &want[i], sizeof(float)) == 0, "%s %s: [%lld] %.9g, the fp32 operation's %.9g",
+                  what, shape, (long long)i, got[i], want[i]);
+    free(got), free(want);
+}
+
+/* Columns c < STEERED have weight 0 and bias steered[c]: out = bias. The CPU
+ * tolerance: layernorm_forward's absolute 1e-5. */
+Test(cuda_backend, layernorm_forward_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t shapes[][2] = {{37, 72}, {5, 1000}, {3000, 77}};
+    for (int s = 0; s < 3; s++) {
+        int64_t N = shapes[s][0], C = shapes[s][1];
+        char shape[64];
+        snprintf(shape, sizeof shape, "N=%lld C=%lld", (long long)N, (long long)C);
+        float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f), *b = floats_random(C, 1.0f);
+        for (int64_t i = 0; i < N * C; i++) x[i] += 0.5f;
+        for (int64_t c = 0; c < STEERED; c++) w[c] = 0.0f, b[c] = float_of(steered[c]);
+        uint16_t *out = malloc((size_t)(N * C) * sizeof(uint16_t)), *garbage_bits = bits_garbage(N * C);
+        float *mean = malloc((size_t)N * sizeof(float)), *rstd = malloc((size_t)N * sizeof(float));
+        float *garbage = floats_filled(N * C, 7.0f);
+        cr_assert(out && mean && rstd);
+        float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C), *g_b = upload_floats(k, b, C);
+        float *g_mean = upload_floats(k, garbage, N), *g_rstd = upload_floats(k, garbage, N);
+        float *g_fp32 = upload_floats(k, garbage, N * C), *g_mean32 = upload_floats(k, garbage, N);
+        float *g_rstd32 = upload_floats(k, garbage, N);
+        uint16_t *g_out = upload_bits(k, garbage_bits, N * C);
+        cr_assert_eq(layernorm_forward_bf16(out, mean, rstd, x, w, b, N, C), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->layernorm_forward_bf16(g_out, g_mean, g_rstd, g_x, g_w, g_b, N, C), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->layernorm_forward(g_fp32, g_mean32, g_rstd32, g_x, g_w, g_b, N, C), TP_OK, "%s", tp_errmsg());
+        uint16_t *got = check_activation(k, g_out, g_fp32, out, N * C, 1e-5, "layernorm_forward_bf16", shape);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < STEERED; c++)
+                check_steered(got, n * C + c, steered[c], "layernorm_forward_bf16", shape);
+        check_same_floats(k, g_mean, g_mean32, N, "layernorm_forward_bf16 mean", shape);
+        check_same_floats(k, g_rstd, g_rstd32, N, "layernorm_forward_bf16 rstd", shape);
+        check_device(k, g_mean, mean, N, 1e-4, 1e-5, "mean");
+        check_device(k, g_rstd, rstd, N, 1e-4, 1e-5, "rstd");
+        k->release(g_x), k->release(g_w), k->release(g_b), k->release(g_mean), k->release(g_rstd);
+        k->release(g_fp32), k->release(g_mean32), k->release(g_rstd32), k->release(g_out);
+        free(x), free(w), free(b), free(out), free(garbage_bits), free(mean), free(rstd), free(garbage), free(got);
+    }
+}
+
+/* Row 0 is all 1024: its mean square 2^20 (exact, eps below its ulp), rstd
+ * 2^-10, x rstd 1, so out = weight, and weights c < STEERED are steered[c].
+ * eps 1e-5 and 1e-6 as rmsnorm_forward's case; the CPU tolerance its
+ * absolute 1e-5. */
+Test(cuda_backend, rmsnorm_forward_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t shapes[][2] = {{37, 72}, {5, 1000}, {3000, 77}};
+    const float eps[] = {1e-5f, 1e-6f, 1e-5f};
+    for (int s = 0; s < 3; s++) {
+        int64_t N = shapes[s][0], C = shapes[s][1];
+        char shape[64];
+        snprintf(shape, sizeof shape, "N=%lld C=%lld eps=%g", (long long)N, (long long)C, eps[s]);
+        float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f);
+        for (int64_t c = 0; c < C; c++) x[c] = 1024.0f;
+        for (int64_t c = 0; c < STEERED; c++) w[c] = float_of(steered[c]);
+        uint16_t *out = malloc((size_t)(N * C) * sizeof(uint16_t)), *garbage_bits = bits_garbage(N * C);
+        float *rstd = malloc((size_t)N * sizeof(float)), *garbage = floats_filled(N * C, 7.0f);
+        cr_assert(out && rstd);
+        float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C), *g_rstd = upload_floats(k, garbage, N);
+        float *g_fp32 = upload_floats(k, garbage, N * C), *g_rstd32 = upload_floats(k, garbage, N);
+        uint16_t *g_out = upload_bits(k, garbage_bits, N * C);
+        cr_assert_eq(rmsnorm_forward_bf16(out, rstd, x, w, N, C, eps[s]), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->rmsnorm_forward_bf16(g_out, g_rstd, g_x, g_w, N, C, eps[s]), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->rmsnorm_forward(g_fp32, g_rstd32, g_x, g_w, N, C, eps[s]), TP_OK, "%s", tp_errmsg());
+        uint16_t *got = check_activation(k, g_out, g_fp32, out, N * C, 1e-5, "rmsnorm_forward_bf16", shape);
+        for (int64_t c = 0; c < STEERED; c++) check_steered(got, c, steered[c], "rmsnorm_forward_bf16", shape);
+        check_same_floats(k, g_rstd, g_rstd32, N, "rmsnorm_forward_bf16 rstd", shape);
+        check_device(k, g_rstd, rstd, N, 1e-4, 1e-5, "rstd");
+        k->release(g_x), k->release(g_w), k->release(g_rstd), k->release(g_fp32), k->release(g_rstd32);
+        k->release(g_out);
+        free(x), free(w), free(out), free(garbage_bits), free(rstd), free(garbage), free(got);
+    }
+}
+
+/* Inputs as gelu_forward_and_backward's (n = 1037, not a multiple of 4), and
+ * steered from element 8 on: x >= 10, whose gate is exactly 1 (out = x), and
+ * |x| < 1e-7, whose gate is exactly 1/2 (out = x / 2). The CPU tolerance:
+ * gelu's absolute 1e-6. */
+Test(cuda_backend, gelu_forward_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t n = 1037;
+    static const uint32_t outs[] = {0x41208000u, 0x41218000u, 0x71498000u, 0x7f7f8000u, 0x1e808000u,
+                                    0x9e818000u, 0x00008000u, 0x00018000u, 0x80018000u};
+    const int64_t count = (int64_t)(sizeof outs / sizeof outs[0]);
+    const char *shape = "n=1037";
+    float *x = floats_random(n, 5.0f);
+    const float far[] = {0.0f, -0.0f, 10.0f, -10.0f, 30.0f, -30.0f, 1e-20f, -1e-20f};
+    memcpy(x, far, sizeof far);
+    for (int64_t i = 0; i < count; i++) {
+        float v = float_of(outs[i]);
+        x[8 + i] = fabsf(v) >= 10.0f ? v : 2.0f * v; /* twice a subnormal or tiny value: exact */
+    }
+    uint16_t *out = malloc((size_t)n * sizeof(uint16_t)), *garbage_bits = bits_garbage(n);
+    float *garbage = floats_filled(n, 7.0f);
+    cr_assert(out);
+    float *g_x = upload_floats(k, x, n), *g_fp32 = upload_floats(k, garbage, n);
+    uint16_t *g_out = upload_bits(k, garbage_bits, n);
+    cr_assert_eq(gelu_forward_bf16(out, x, n), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->gelu_forward_bf16(g_out, g_x, n), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->gelu_forward(g_fp32, g_x, n), TP_OK, "%s", tp_errmsg());
+    uint16_t *got = check_activation(k, g_out, g_fp32, out, n, 1e-6, "gelu_forward_bf16", shape);
+    for (int64_t i = 0; i < count; i++) check_steered(got, 8 + i, outs[i], "gelu_forward_bf16", shape);
+    k->release(g_x), k->release(g_fp32), k->release(g_out);
+    free(x), free(out), free(garbage_bits), free(garbage), free(got);
+}
+
+/* in[N,2F] = [gate | up] as swiglu_forward_and_backward's (F = 29: N F odd),
+ * rows wider than a block (F = 1000) and a tall shape; row 0's first gates
+ * 128, whose SiLU is exactly 128 (exp(-128) is 0 in fp32, or below 1's
+ * ulp), and ups steered[f] / 128 (exact): out = steered[f]. The CPU
+ * tolerance: swiglu's absolute 1e-6. */
+Test(cuda_backend, swiglu_forward_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t shapes[][2] = {{37, 29}, {5, 1000}, {3000, 29}};
+    for (int s = 0; s < 3; s++) {
+        int64_t N = shapes[s][0], F = shapes[s][1];
+        char shape[64];
+        snprintf(shape, sizeof shape, "N=%lld F=%lld", (long long)N, (long long)F);
+        float *in = floats_random(N * 2 * F, 1.0f);
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t f = 0; f < F; f++) in[r * 2 * F + f] *= 8.0f;
+        const float far[] = {0.0f, -0.0f, 20.0f, -20.0f, 100.0f, -100.0f, 1e-20f, -1e-20f};
+        memcpy(in + STEERED, far, sizeof far); /* after the steered gates, in row 0's gates (F >= 21) */
+        for (int64_t f = 0; f < STEERED; f++) in[f] = 128.0f, in[F + f] = ldexpf(float_of(steered[f]), -7);
+        uint16_t *out = malloc((size_t)(N * F) * sizeof(uint16_t)), *garbage_bits = bits_garbage(N * F);
+        float *garbage = floats_filled(N * F, 7.0f);
+        cr_assert(out);
+        float *g_in = upload_floats(k, in, N * 2 * F), *g_fp32 = upload_floats(k, garbage, N * F);
+        uint16_t *g_out = upload_bits(k, garbage_bits, N * F);
+        cr_assert_eq(swiglu_forward_bf16(out, in, N, F), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->swiglu_forward_bf16(g_out, g_in, N, F), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->swiglu_forward(g_fp32, g_in, N, F), TP_OK, "%s", tp_errmsg());
+        uint16_t *got = check_activation(k, g_out, g_fp32, out, N * F, 1e-6, "swiglu_forward_bf16", shape);
+        for (int64_t f = 0; f < STEERED; f++) check_steered(got, f, steered[f], "swiglu_forward_bf16", shape);
+        k->release(g_in), k->release(g_fp32), k->release(g_out);
+        free(in), free(out), free(garbage_bits), free(garbage), free(got);
+    }
 }
 
 /* ------------------------------------------------------- rotary embeddings */
@@ -840,17 +1154,29 @@ static void check_part(const bf16_check *c, const float *got, const float *want,
 }
 
 /* Runs one variant on one shape, forward then backward, against the CPU
- * twin. The backward gets the CPU twin's out and lse on both sides (each
- * direction compared alone). Tolerances: the tiled kernels on rounded
- * operands do the CPU's arithmetic in another order: 1e-4 relative + 1e-5
+ * twin, with out (bf16 bits) out_at values past an allocation's start (1:
+ * 2 bytes, which cuDNN reaches through the scratch; 8: 16 bytes, which it
+ * writes and reads where it is). The backward gets the CPU twin's out and
+ * lse on both sides (each direction compared alone). Tolerances: the tiled
+ * kernels on rounded operands do the CPU's arithmetic in another order,
+ * then both sides round out to bf16: out within one bf16 ulp (2^-7 of the
+ * value at most: the fp32 results, within fp32's 1e-4 of each other, may
+ * straddle a rounding boundary) + 1e-5, lse and d_qkv 1e-4 relative + 1e-5
  * (fp32's, as attention_forward's test). cuDNN rounds its outputs to bf16
- * (2^-8 relative) and multiplies bf16 probabilities by V (each within
- * 2^-8: at most 2^-8 max|v| in out): out within 2^-7 relative + 2^-7 of the
- * largest |v| (twice those); lse is fp32 there too (1e-4 + 1e-4, its exp
- * as exp2 of a scaled score); dQ, dK and dV are bf16 and their products take
- * bf16 P and dS: each part within 2^-7 relative + 2^-5 of its largest
- * value (the sums over T positions of terms rounded at 2^-8). */
-static void bf16_attention_case(const kernel_backend *k, const char *variant, const int64_t *shape)
+ * (2^-8 relative, as the CPU twin rounds its out) and multiplies bf16
+ * probabilities by V (each within 2^-8: at most 2^-8 max|v| in out): out
+ * within 2^-7 relative + 2^-7 of the largest |v| (the sum of those); lse is
+ * fp32 there too (1e-4 + 1e-4, its exp as exp2 of a scaled score); dQ, dK
+ * and dV are bf16 and their products take bf16 P and dS: each part within
+ * 2^-7 relative + 2^-5 of its largest value (the sums over T positions of
+ * terms rounded at 2^-8).
+ *
+ * Exact where it can be: the kernels' bf16 forward writes the bits of
+ * rounding the GPU's own fp32 forward of the rounded qkv, and their bf16
+ * backward is the GPU's own fp32 backward of the rounded qkv and d_out and
+ * of out widened, to the bit (the same kernels, no atomics); cuDNN writes
+ * the same out wherever it lies. */
+static void bf16_attention_case(const kernel_backend *k, const char *variant, const int64_t *shape, int64_t out_at)
 {
     int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
     int64_t S = (Hq + 2 * Hkv) * hd, n_qkv = B * T * S, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
@@ -858,38 +1184,77 @@ static void bf16_attention_case(const kernel_backend *k, const char *variant, co
     int cudnn = strcmp(variant, "cudnn") == 0;
     cr_assert_eq(cuda_attention_variant(variant), TP_OK);
     float *qkv = floats_random(n_qkv, 2.0f), *dout = floats_random(n_out, 1.0f);
-    float *out = malloc((size_t)n_out * sizeof(float)), *lse = malloc((size_t)n_lse * sizeof(float));
+    uint16_t *out = malloc((size_t)n_out * sizeof(uint16_t)), *out_garbage = bits_garbage(n_out + out_at);
+    float *lse = malloc((size_t)n_lse * sizeof(float));
     float *dqkv = malloc((size_t)n_qkv * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
     float *garbage = floats_filled(n_qkv > n_scratch ? n_qkv : n_scratch, 7.0f);
     cr_assert(out && lse && dqkv && scratch);
-    float *g_qkv = upload_floats(k, qkv, n_qkv), *g_out = upload_floats(k, garbage, n_out);
-    float *g_lse = upload_floats(k, garbage, n_lse), *g_scratch = upload_floats(k, garbage, n_scratch);
+    float *g_qkv = upload_floats(k, qkv, n_qkv), *g_lse = upload_floats(k, garbage, n_lse);
+    float *g_scratch = upload_floats(k, garbage, n_scratch);
     float *g_dout = upload_floats(k, dout, n_out), *g_dqkv = upload_floats(k, garbage, n_qkv);
+    uint16_t *g_out_memory = upload_bits(k, out_garbage, n_out + out_at), *g_out = g_out_memory + out_at;
     cr_assert_eq(attention_forward_bf16(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
     int status = k->attention_forward_bf16(g_out, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd);
     if (cudnn && status && strstr(tp_errmsg(), "not built here")) {
         cr_log_warn("%s", tp_errmsg()); /* an older cuDNN and T not a multiple of 128: refused, as documented */
         goto done;
     }
-    cr_assert_eq(status, TP_OK, "attention_forward_bf16 (TP_CUDA_ATTENTION=%s): %s", variant, tp_errmsg());
+    cr_assert_eq(status, TP_OK, "attention_forward_bf16 (TP_CUDA_ATTENTION=%s, out %lld values in): %s", variant,
+                 (long long)out_at, tp_errmsg());
     {
         double v_max = 0; /* the largest |v|: out's absolute scale for cuDNN */
         for (int64_t r = 0; r < B * T; r++)
             for (int64_t c = (Hq + Hkv) * hd; c < S; c++) v_max = fmax(v_max, fabs(qkv[r * S + c]));
-        float *got_out = download(k, g_out, n_out), *got_lse = download(k, g_lse, n_lse);
-        bf16_check o = {.variant = variant, .what = "out", .shape = shape, .rel = cudnn ? ldexp(1, -7) : 1e-4,
+        uint16_t *got_bits = download_bits(k, g_out, n_out);
+        float *got_out = floats_of_bits(got_bits, n_out), *want_out = floats_of_bits(out, n_out);
+        float *got_lse = download(k, g_lse, n_lse);
+        bf16_check o = {.variant = variant, .what = "out", .shape = shape, .rel = ldexp(1, -7),
                         .abs = cudnn ? ldexp(1, -7) * v_max : 1e-5};
-        check_part(&o, got_out, out, B * T, Hq * hd, 0, Hq * hd);
+        check_part(&o, got_out, want_out, B * T, Hq * hd, 0, Hq * hd);
         bf16_check l = {.variant = variant, .what = "lse", .shape = shape, .rel = 1e-4, .abs = cudnn ? 1e-4 : 1e-5};
         check_part(&l, got_lse, lse, 1, n_lse, 0, n_lse);
-        free(got_out), free(got_lse);
+        if (cudnn && out_at % 8 != 0) { /* through the scratch: the same bits as cuDNN writes at an aligned out */
+            uint16_t *g_aligned = upload_bits(k, out_garbage, n_out), *aligned;
+            cr_assert_eq(k->attention_forward_bf16(g_aligned, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd), TP_OK,
+                         "%s", tp_errmsg());
+            aligned = download_bits(k, g_aligned, n_out);
+            for (int64_t i = 0; i < n_out; i++)
+                cr_assert_eq(got_bits[i], aligned[i],
+                             "attention_forward_bf16 (cuDNN) B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld: out[%lld] %#06x "
+                             "with out %lld values in, %#06x with out aligned",
+                             (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd, (long long)i,
+                             got_bits[i], aligned[i], (long long)out_at);
+            k->release(g_aligned);
+            free(aligned);
+        }
+        if (!cudnn) { /* the bits of rounding the GPU's own fp32 forward of the rounded qkv */
+            uint16_t *qkv_bits = bf16_bits(qkv, n_qkv);
+            float *rounded = floats_of_bits(qkv_bits, n_qkv), *g_rounded = upload_floats(k, rounded, n_qkv);
+            float *g_fp32 = upload_floats(k, garbage, n_out), *fp32;
+            cr_assert_eq(k->attention_forward(g_fp32, g_lse, g_scratch, g_rounded, B, T, Hq, Hkv, hd), TP_OK, "%s",
+                         tp_errmsg());
+            fp32 = download(k, g_fp32, n_out);
+            for (int64_t i = 0; i < n_out; i++) {
+                uint32_t x;
+                memcpy(&x, &fp32[i], sizeof x);
+                cr_assert_eq(got_bits[i], bits_f32_to_bf16(x),
+                             "attention_forward_bf16 (TP_CUDA_ATTENTION=%s) B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld: "
+                             "out[%lld] %#06x, the GPU's fp32 attention of the rounded qkv %.9g rounds to %#06x",
+                             variant, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd,
+                             (long long)i, got_bits[i], fp32[i], bits_f32_to_bf16(x));
+            }
+            k->release(g_rounded), k->release(g_fp32);
+            free(qkv_bits), free(rounded), free(fp32);
+        }
+        free(got_bits), free(got_out), free(want_out), free(got_lse);
     }
-    cr_assert_eq(k->to_device(g_out, out, (size_t)n_out * sizeof(float)), TP_OK);
+    cr_assert_eq(k->to_device(g_out, out, (size_t)n_out * sizeof(uint16_t)), TP_OK);
     cr_assert_eq(k->to_device(g_lse, lse, (size_t)n_lse * sizeof(float)), TP_OK);
     cr_assert_eq(attention_backward_bf16(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd), TP_OK, "%s",
                  tp_errmsg());
     cr_assert_eq(k->attention_backward_bf16(g_dqkv, g_scratch, g_dout, g_qkv, g_out, g_lse, B, T, Hq, Hkv, hd), TP_OK,
-                 "attention_backward_bf16 (TP_CUDA_ATTENTION=%s): %s", variant, tp_errmsg());
+                 "attention_backward_bf16 (TP_CUDA_ATTENTION=%s, out %lld values in): %s", variant, (long long)out_at,
+                 tp_errmsg());
     {
         float *got = download(k, g_dqkv, n_qkv);
         const char *parts[3] = {"d_qkv (dQ)", "d_qkv (dK)", "d_qkv (dV)"};
@@ -899,12 +1264,32 @@ static void bf16_attention_case(const kernel_backend *k, const char *variant, co
                             .abs = cudnn ? ldexp(1, -5) : 1e-5, .abs_scaled = cudnn};
             check_part(&d, got, dqkv, B * T, S, first[p], width[p]);
         }
+        if (!cudnn) { /* the GPU's own fp32 backward of the rounded qkv and d_out and of out widened, to the bit */
+            uint16_t *qkv_bits = bf16_bits(qkv, n_qkv), *dout_bits = bf16_bits(dout, n_out);
+            float *rounded = floats_of_bits(qkv_bits, n_qkv), *dout_rounded = floats_of_bits(dout_bits, n_out);
+            float *out_wide = floats_of_bits(out, n_out), *fp32;
+            float *g_rounded = upload_floats(k, rounded, n_qkv);
+            float *g_dout_rounded = upload_floats(k, dout_rounded, n_out);
+            float *g_out_wide = upload_floats(k, out_wide, n_out), *g_fp32 = upload_floats(k, garbage, n_qkv);
+            cr_assert_eq(k->attention_backward(g_fp32, g_scratch, g_dout_rounded, g_rounded, g_out_wide, g_lse, B, T,
+                                               Hq, Hkv, hd),
+                         TP_OK, "%s", tp_errmsg());
+            fp32 = download(k, g_fp32, n_qkv);
+            for (int64_t i = 0; i < n_qkv; i++)
+                cr_assert(memcmp(&got[i], &fp32[i], sizeof(float)) == 0,
+                          "attention_backward_bf16 (TP_CUDA_ATTENTION=%s) B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld: "
+                          "d_qkv[%lld] %.9g, the GPU's fp32 backward of the rounded operands %.9g",
+                          variant, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd,
+                          (long long)i, got[i], fp32[i]);
+            k->release(g_rounded), k->release(g_dout_rounded), k->release(g_out_wide), k->release(g_fp32);
+            free(qkv_bits), free(dout_bits), free(rounded), free(dout_rounded), free(out_wide), free(fp32);
+        }
         free(got);
     }
 done:
-    k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch), k->release(g_dout);
+    k->release(g_qkv), k->release(g_out_memory), k->release(g_lse), k->release(g_scratch), k->release(g_dout);
     k->release(g_dqkv);
-    free(qkv), free(dout), free(out), free(lse), free(dqkv), free(scratch), free(garbage);
+    free(qkv), free(dout), free(out), free(out_garbage), free(lse), free(dqkv), free(scratch), free(garbage);
 }
 
 /* cuDNN where it is installed; a skip saying so where it is not (the
@@ -919,22 +1304,33 @@ static void need_cudnn_library(void)
     cr_log_info("cuDNN %s", version);
 }
 
+/* Every shape with out aligned; the first two also with out 2 bytes past
+ * (through the scratch) and 16 bytes past (where it is, not 256-aligned). */
 Test(cuda_backend, attention_bf16_through_cudnn)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
     need_cudnn_library();
-    for (int s = 0; s < BF16_ATTENTION_SHAPES; s++) bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s]);
+    for (int s = 0; s < BF16_ATTENTION_SHAPES; s++)
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 0);
+    for (int s = 0; s < 2; s++) {
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 1);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 8);
+    }
 }
 
+/* Every shape with out aligned, one with out 2 bytes past (the rounding
+ * into out value by value, not four at a time). */
 Test(cuda_backend, attention_bf16_through_tiled_kernels)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    for (int s = 0; s < BF16_ATTENTION_SHAPES; s++) bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[s]);
+    for (int s = 0; s < BF16_ATTENTION_SHAPES; s++)
+        bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[s], 0);
+    bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[2], 1);
     /* and the rows kernels where the tiled do not fit (head size 72) */
     static const int64_t rows_shape[5] = {2, 50, 4, 2, 72};
-    bf16_attention_case(k, "rows", rows_shape);
+    bf16_attention_case(k, "rows", rows_shape, 0);
 }
 
 /* The default (TP_CUDA_ATTENTION unset): cuDNN for the bf16 operations where
@@ -960,8 +1356,9 @@ Test(cuda_backend, attention_bf16_default_and_fallback)
     int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
     int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
     float *qkv = floats_random(n_qkv, 2.0f), *g_qkv = upload_floats(k, qkv, n_qkv);
-    float *g_out = NULL, *g_lse = NULL, *g_scratch = NULL;
-    cr_assert_eq(k->alloc((void **)&g_out, (size_t)n_out * sizeof(float)), TP_OK);
+    float *g_lse = NULL, *g_scratch = NULL;
+    uint16_t *g_out = NULL;
+    cr_assert_eq(k->alloc((void **)&g_out, (size_t)n_out * sizeof(uint16_t)), TP_OK);
     cr_assert_eq(k->alloc((void **)&g_lse, (size_t)n_lse * sizeof(float)), TP_OK);
     cr_assert_eq(k->alloc((void **)&g_scratch, (size_t)attention_scratch_floats(B, T, Hq) * sizeof(float)), TP_OK);
     char version[32];
@@ -971,12 +1368,12 @@ Test(cuda_backend, attention_bf16_default_and_fallback)
         cr_assert(strncmp(text, "cuDNN 9.", 8) == 0, "the default for bf16 should be cuDNN: %s", text);
         cr_assert_eq(k->attention_forward_bf16(g_out, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
                      tp_errmsg());
-        float *by_default = download(k, g_out, n_out);
+        uint16_t *by_default = download_bits(k, g_out, n_out);
         cr_assert_eq(cuda_attention_variant("cudnn"), TP_OK);
         cr_assert_eq(k->attention_forward_bf16(g_out, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
                      tp_errmsg());
-        float *asked = download(k, g_out, n_out);
-        cr_assert(memcmp(by_default, asked, (size_t)n_out * sizeof(float)) == 0,
+        uint16_t *asked = download_bits(k, g_out, n_out);
+        cr_assert(memcmp(by_default, asked, (size_t)n_out * sizeof(uint16_t)) == 0,
                   "the default's out differs from TP_CUDA_ATTENTION=cudnn's");
         free(by_default), free(asked);
         /* asked for, a head size cuDNN is not asked for is an error naming it */
@@ -991,14 +1388,16 @@ Test(cuda_backend, attention_bf16_default_and_fallback)
     /* the fallback under the default: head size 32 */
     cr_assert_eq(cuda_attention_variant(NULL), TP_OK);
     static const int64_t small[5] = {2, 100, 4, 2, 32};
-    bf16_attention_case(k, "", small); /* "" is the default: fp32 tolerances, as the tiled kernels run */
+    bf16_attention_case(k, "", small, 0); /* "" is the default: the tiled kernels' tolerances, as they run */
     k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch);
     free(qkv);
 }
 
 /* The rounding is the CPU's: one position passes v through whole (out = v
- * rounded), for special values (ties both ways, the largest float, NaN,
- * infinities, subnormals), through the rows and the tiled kernels. */
+ * rounded, whose bits out keeps), for special values (ties both ways, the
+ * largest float, NaN, infinities, subnormals), through the rows and the
+ * tiled kernels, out's bits equal to the CPU twin's (a NaN's payload aside:
+ * the GPU's arithmetic gives its canonical NaN). */
 Test(cuda_backend, attention_bf16_rounds_as_the_cpu)
 {
     NEED_GPU();
@@ -1006,7 +1405,8 @@ Test(cuda_backend, attention_bf16_rounds_as_the_cpu)
     static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x3f804000u, 0x7f7fffffu,
                                        0xff800000u, 0x7f800000u, 0x7fa00000u, 0x00000001u, 0x00408000u};
     int64_t Hq = 2, Hkv = 2, hd = 32, S = (Hq + 2 * Hkv) * hd;
-    float qkv[(2 + 4) * 32], out[2 * 32], lse[2], scratch[2];
+    float qkv[(2 + 4) * 32], lse[2], scratch[2];
+    uint16_t out[2 * 32];
     for (int64_t c = 0; c < S; c++) {
         uint32_t bits = special[c % (sizeof special / sizeof special[0])];
         memcpy(&qkv[c], &bits, sizeof bits);
@@ -1016,16 +1416,19 @@ Test(cuda_backend, attention_bf16_rounds_as_the_cpu)
     const char *variants[] = {"rows", "tiled"};
     for (int v = 0; v < 2; v++) {
         cr_assert_eq(cuda_attention_variant(variants[v]), TP_OK);
-        float *g_qkv = upload_floats(k, qkv, S), *g_out = NULL, *g_lse = NULL, *g_scratch = NULL;
+        float *g_qkv = upload_floats(k, qkv, S), *g_lse = NULL, *g_scratch = NULL;
+        uint16_t *g_out = NULL;
         cr_assert_eq(k->alloc((void **)&g_out, sizeof out), TP_OK);
         cr_assert_eq(k->alloc((void **)&g_lse, sizeof lse), TP_OK);
         cr_assert_eq(k->alloc((void **)&g_scratch, sizeof scratch), TP_OK);
         cr_assert_eq(k->attention_forward_bf16(g_out, g_lse, g_scratch, g_qkv, 1, 1, Hq, Hkv, hd), TP_OK, "%s",
                      tp_errmsg());
-        float *got = download(k, g_out, Hq * hd);
+        uint16_t *got = download_bits(k, g_out, Hq * hd);
         for (int64_t i = 0; i < Hq * hd; i++)
-            cr_assert(got[i] == out[i] || (isnan(got[i]) && isnan(out[i])),
-                      "%s: out[%lld] %.9g, the CPU twin's %.9g", variants[v], (long long)i, got[i], out[i]);
+            cr_assert(got[i] == out[i] || (bf16_is_nan(got[i]) && bf16_is_nan(out[i])),
+                      "attention_forward_bf16 (%s) B=1 T=1 Hq=%lld Hkv=%lld hd=%lld: out[%lld] %#06x, the CPU "
+                      "twin's %#06x",
+                      variants[v], (long long)Hq, (long long)Hkv, (long long)hd, (long long)i, got[i], out[i]);
         free(got);
         k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch);
     }
@@ -1168,7 +1571,8 @@ Test(cuda_backend, crossentropy_row_stats_wide_rows)
  * checked above, so that a rounding could flip between them); its d_in and
  * d_weight are the CPU's bf16 products of those very bits, within the bf16
  * products' tolerance. With padding columns (vocab < first + V) and
- * d_weight accumulated from random values. */
+ * d_weight accumulated from random values; in as bf16 bits (the final
+ * norm's activation) on both sides. */
 Test(cuda_backend, classifier_backward_bf16)
 {
     NEED_GPU();
@@ -1184,7 +1588,8 @@ Test(cuda_backend, classifier_backward_bf16)
     crossentropy_row_stats(row_max, sum, logits, N, V, first, vocab);
     int *g_targets = upload(k, targets, N, sizeof(int));
     float *g_logits = upload_floats(k, logits, N * V), *g_max = upload_floats(k, row_max, N);
-    float *g_sum = upload_floats(k, sum, N), *g_in = upload_floats(k, in, N * C), *g_w = upload_floats(k, w, V * C);
+    uint16_t *in_bits = bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
+    float *g_sum = upload_floats(k, sum, N), *g_w = upload_floats(k, w, V * C);
     float *g_dw = upload_floats(k, d_weight, V * C), *g_din = upload_floats(k, garbage, N * C);
     float *g_scratch = upload_floats(k, garbage, N * V), *g_fp32 = upload_floats(k, garbage, N * V);
     cr_assert_eq(k->classifier_backward_bf16(g_din, g_dw, g_scratch, g_logits, g_max, g_sum, g_targets, g_in, g_w, N,
@@ -1203,13 +1608,13 @@ Test(cuda_backend, classifier_backward_bf16)
         uint32_t wide = bits_bf16_to_f32(bits[i]);
         memcpy(&widened[i], &wide, sizeof wide);
     }
-    cr_assert_eq(matmul_backward_bf16(d_in, d_weight, NULL, widened, in, w, N, C, V), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(matmul_backward_bf16(d_in, d_weight, NULL, widened, in_bits, w, N, C, V), TP_OK, "%s", tp_errmsg());
     check_bf16(k, g_din, d_in, N * C, "d_in");
     check_bf16(k, g_dw, d_weight, V * C, "d_weight (accumulated)");
     k->release(g_targets), k->release(g_logits), k->release(g_max), k->release(g_sum), k->release(g_in);
     k->release(g_w), k->release(g_dw), k->release(g_din), k->release(g_scratch), k->release(g_fp32);
     free(logits), free(in), free(w), free(row_max), free(sum), free(d_weight), free(d_in), free(garbage);
-    free(bits), free(fp32), free(widened);
+    free(bits), free(fp32), free(widened), free(in_bits);
 }
 
 /* --------------------------------------------------------------- optimizer */

@@ -836,7 +836,9 @@ Test(transformer, bf16_products_round_their_operands)
     for (int64_t i = 0; i < N * C; i++) in16[i] = bf16_of(in[i]);
     for (int64_t i = 0; i < OC * C; i++) w16[i] = bf16_of(w[i]);
     float got[15], want[15], fp32[15];
-    cr_assert_eq(matmul_forward_bf16(got, in, w, bias, N, C, OC), TP_OK);
+    uint16_t in_bits[35]; /* in as a bf16 activation holds it */
+    convert_from_f32(in, in_bits, TP_BF16, N * C);
+    cr_assert_eq(matmul_forward_bf16(got, in_bits, w, bias, N, C, OC), TP_OK);
     matmul_forward(want, in16, w16, bias, N, C, OC);
     matmul_forward(fp32, in, w, bias, N, C, OC);
     cr_assert_eq(memcmp(got, want, sizeof got), 0, "the product of the rounded operands, summed in fp32");
@@ -847,11 +849,69 @@ Test(transformer, bf16_products_round_their_operands)
     float d_in[35], d_in_want[35], d_w[21], d_w_want[21], d_b[3], d_b_want[3];
     for (int i = 0; i < 21; i++) d_w[i] = d_w_want[i] = 0.25f;
     for (int i = 0; i < 3; i++) d_b[i] = d_b_want[i] = -0.5f;
-    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out, in, w, N, C, OC), TP_OK);
+    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out, in_bits, w, N, C, OC), TP_OK);
     matmul_backward(d_in_want, d_w_want, NULL, d_out16, in16, w16, N, C, OC);
     matmul_backward(NULL, NULL, d_b_want, d_out, NULL, NULL, N, C, OC);
     cr_assert_eq(memcmp(d_in, d_in_want, sizeof d_in), 0);
     cr_assert_eq(memcmp(d_w, d_w_want, sizeof d_w), 0);
     cr_assert_eq(memcmp(d_b, d_b_want, sizeof d_b), 0);
     free(in), free(w), free(bias), free(in16), free(w16), free(d_out), free(d_out16);
+}
+
+/* bf16 activations: each *_forward_bf16 writes the bits of rounding its
+ * fp32 operation's output (kernels.h), at one thread and at several (the
+ * rows in shares), on tall and wide shapes, and with values the rounding
+ * must carry: ties (an fp32 whose low half is 0x8000) from the norms'
+ * bias, large and tiny magnitudes from the inputs' scale. */
+static void assert_rounded(const uint16_t *got, const float *fp32, int64_t n, const char *what)
+{
+    uint16_t *want = malloc((size_t)n * sizeof *want);
+    convert_from_f32(fp32, want, TP_BF16, n);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_eq(got[i], want[i], "%s[%lld]: bits 0x%04x, want 0x%04x (the fp32 output %.9g rounded)", what,
+                     (long long)i, got[i], want[i], fp32[i]);
+    free(want);
+}
+
+Test(transformer, bf16_activations_are_the_rounded_fp32_outputs)
+{
+    const int64_t shapes[][2] = {{3, 5}, {257, 16}, {4, 1000}, {64, 130}};
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        for (int s = 0; s < 4; s++) {
+            int64_t N = shapes[s][0], C = shapes[s][1], n = N * C;
+            float *x = random_floats(2 * n), *w = random_floats(C), *b = random_floats(C), *y = malloc(2 * n * 4);
+            uint16_t *bits = malloc(2 * n * sizeof *bits);
+            float mean[1000], rstd[1000], mean16[1000], rstd16[1000];
+            for (int64_t i = 0; i < 2 * n; i++) x[i] *= i % 3 == 0 ? 1e4f : i % 3 == 1 ? 1e-3f : 1.0f;
+            for (int64_t c = 0; c < C; c += 2) w[c] = 0.0f, b[c] = 1.00390625f; /* 1 + 2^-8: a tie, to even */
+            layernorm_forward(y, mean, rstd, x, w, b, N, C);
+            cr_assert_eq(layernorm_forward_bf16(bits, mean16, rstd16, x, w, b, N, C), TP_OK, "%s", tp_errmsg());
+            assert_rounded(bits, y, n, "layernorm");
+            cr_assert_eq(memcmp(mean, mean16, (size_t)N * 4), 0, "layernorm's mean");
+            cr_assert_eq(memcmp(rstd, rstd16, (size_t)N * 4), 0, "layernorm's rstd");
+            rmsnorm_forward(y, rstd, x, w, N, C, 1e-6f);
+            cr_assert_eq(rmsnorm_forward_bf16(bits, rstd16, x, w, N, C, 1e-6f), TP_OK, "%s", tp_errmsg());
+            assert_rounded(bits, y, n, "rmsnorm");
+            cr_assert_eq(memcmp(rstd, rstd16, (size_t)N * 4), 0, "rmsnorm's rstd");
+            gelu_forward(y, x, n);
+            cr_assert_eq(gelu_forward_bf16(bits, x, n), TP_OK, "%s", tp_errmsg());
+            assert_rounded(bits, y, n, "gelu");
+            swiglu_forward(y, x, N, C); /* x as [N, 2C] */
+            cr_assert_eq(swiglu_forward_bf16(bits, x, N, C), TP_OK, "%s", tp_errmsg());
+            assert_rounded(bits, y, n, "swiglu");
+            free(x), free(w), free(b), free(y), free(bits);
+        }
+    }
+    kernels_set_threads(1);
+    /* The tie above rounds to even: 1 + 2^-8 to 1 (0x3f80), not up. */
+    float tie = 1.00390625f, x = 0.0f, w = 0.0f;
+    uint16_t bits;
+    float m, r;
+    cr_assert_eq(layernorm_forward_bf16(&bits, &m, &r, &x, &w, &tie, 1, 1), TP_OK);
+    cr_assert_eq(bits, 0x3f80, "a tie rounded to 0x%04x, not to even (0x3f80)", bits);
+    /* The CPU table gives them. */
+    const kernel_backend *k = kernels_cpu();
+    cr_assert(k->layernorm_forward_bf16 == layernorm_forward_bf16 && k->rmsnorm_forward_bf16 == rmsnorm_forward_bf16 &&
+              k->gelu_forward_bf16 == gelu_forward_bf16 && k->swiglu_forward_bf16 == swiglu_forward_bf16);
 }

@@ -264,8 +264,12 @@ static void run_kernels(float **out)
     memcpy(out[OUT_SCALE], x, (size_t)N * C * sizeof(float));
     scale_inplace(out[OUT_SCALE], 0.37f, N * C);
     if (bf16_products_available()) {
-        cr_assert_eq(matmul_forward_bf16(out[OUT_BF16], x, w, bias, N, C, V), TP_OK);
-        cr_assert_eq(matmul_backward_bf16(NULL, out[OUT_BF16_DW], NULL, dy, x, w, N, C, V), TP_OK);
+        uint16_t *x_bits = malloc((size_t)(N * C) * sizeof *x_bits); /* x as a bf16 activation */
+        cr_assert(x_bits);
+        convert_from_f32(x, x_bits, TP_BF16, N * C);
+        cr_assert_eq(matmul_forward_bf16(out[OUT_BF16], x_bits, w, bias, N, C, V), TP_OK);
+        cr_assert_eq(matmul_backward_bf16(NULL, out[OUT_BF16_DW], NULL, dy, x_bits, w, N, C, V), TP_OK);
+        free(x_bits);
     }
     free(x), free(w), free(bias), free(dy), free(dx), free(x2), free(qkv), free(d_att), free(table), free(scratch);
     free(logits), free(grad);

@@ -190,7 +190,7 @@ static int enc_matmul_backward(float *d_in, float *d_weight, float *d_bias, cons
     LEAVE();
 }
 
-static int enc_matmul_forward_bf16(float *out, const float *in, const float *weight, const float *bias, int64_t N,
+static int enc_matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
                                    int64_t C, int64_t OC)
 {
     ENTER(S(out, N * OC), S(in, N * C), S(weight, OC * C), S(bias, OC));
@@ -198,8 +198,8 @@ static int enc_matmul_forward_bf16(float *out, const float *in, const float *wei
     LEAVE_WITH(status);
 }
 
-static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
-                                    const float *weight, int64_t N, int64_t C, int64_t OC)
+static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out,
+                                    const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC)
 {
     ENTER(S(d_in, N * C), S(d_weight, OC * C), S(d_bias, OC), S(d_out, N * OC), S(in, N * C), S(weight, OC * C));
     int status = matmul_backward_bf16(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
@@ -227,6 +227,21 @@ static int enc_gelu_forward(float *out, const float *in, int64_t n)
     ENTER(S(out, n), S(in, n));
     gelu_forward(out, in, n);
     LEAVE();
+}
+
+static int enc_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *in, const float *weight,
+                                      const float *bias, int64_t N, int64_t C)
+{
+    ENTER(S(out, N * C), S(mean, N), S(rstd, N), S(in, N * C), S(weight, C), S(bias, C));
+    int status = layernorm_forward_bf16(out, mean, rstd, in, weight, bias, N, C);
+    LEAVE_WITH(status);
+}
+
+static int enc_gelu_forward_bf16(uint16_t *out, const float *in, int64_t n)
+{
+    ENTER(S(out, n), S(in, n));
+    int status = gelu_forward_bf16(out, in, n);
+    LEAVE_WITH(status);
 }
 
 static int enc_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
@@ -265,57 +280,47 @@ static int enc_scale_inplace(float *x, float scale, int64_t n)
     LEAVE();
 }
 
-/* The attention's arguments decoded around fn: the fp32 operation or its
- * bf16 twin (the same extents). */
-typedef int (*attention_forward_fn)(float *, float *, float *, const float *, int64_t, int64_t, int64_t, int64_t,
-                                    int64_t);
-typedef int (*attention_backward_fn)(float *, float *, const float *, const float *, const float *, const float *,
-                                     int64_t, int64_t, int64_t, int64_t, int64_t);
-
-static int encoded_attention_forward(attention_forward_fn fn, float *out, float *lse, float *scratch,
-                                     const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
-{
-    ENTER(S(out, B * T * Hq * hd), S(lse, B * Hq * T), S(scratch, attention_scratch_floats(B, T, Hq)),
-          S(qkv, B * T * (Hq + 2 * Hkv) * hd));
-    int status = fn(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
-    LEAVE_WITH(status);
-}
-
-static int encoded_attention_backward(attention_backward_fn fn, float *d_qkv, float *scratch, const float *d_out,
-                                      const float *qkv, const float *out, const float *lse, int64_t B, int64_t T,
-                                      int64_t Hq, int64_t Hkv, int64_t hd)
-{
-    ENTER(S(d_qkv, B * T * (Hq + 2 * Hkv) * hd), S(scratch, attention_scratch_floats(B, T, Hq)),
-          S(d_out, B * T * Hq * hd), S(qkv, B * T * (Hq + 2 * Hkv) * hd), S(out, B * T * Hq * hd), S(lse, B * Hq * T));
-    int status = fn(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
-    LEAVE_WITH(status);
-}
+/* The attention's arguments (the fp32 operations' and their bf16 twins':
+ * the same extents, S sizing out by its type). */
+#define ATTENTION_FORWARD_SPANS                                                                                        \
+    S(out, B * T * Hq * hd), S(lse, B * Hq * T), S(scratch, attention_scratch_floats(B, T, Hq)),                       \
+        S(qkv, B * T * (Hq + 2 * Hkv) * hd)
+#define ATTENTION_BACKWARD_SPANS                                                                                       \
+    S(d_qkv, B * T * (Hq + 2 * Hkv) * hd), S(scratch, attention_scratch_floats(B, T, Hq)), S(d_out, B * T * Hq * hd), \
+        S(qkv, B * T * (Hq + 2 * Hkv) * hd), S(out, B * T * Hq * hd), S(lse, B * Hq * T)
 
 static int enc_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
                                  int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    return encoded_attention_forward(attention_forward, out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+    ENTER(ATTENTION_FORWARD_SPANS);
+    int status = attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+    LEAVE_WITH(status);
 }
 
 static int enc_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
                                   const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                   int64_t hd)
 {
-    return encoded_attention_backward(attention_backward, d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
+    ENTER(ATTENTION_BACKWARD_SPANS);
+    int status = attention_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
+    LEAVE_WITH(status);
 }
 
-static int enc_attention_forward_bf16(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
-                                      int64_t Hq, int64_t Hkv, int64_t hd)
+static int enc_attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B,
+                                      int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    return encoded_attention_forward(attention_forward_bf16, out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+    ENTER(ATTENTION_FORWARD_SPANS);
+    int status = attention_forward_bf16(out, lse, scratch, qkv, B, T, Hq, Hkv, hd);
+    LEAVE_WITH(status);
 }
 
 static int enc_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
-                                       const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq,
+                                       const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq,
                                        int64_t Hkv, int64_t hd)
 {
-    return encoded_attention_backward(attention_backward_bf16, d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv,
-                                      hd);
+    ENTER(ATTENTION_BACKWARD_SPANS);
+    int status = attention_backward_bf16(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
+    LEAVE_WITH(status);
 }
 
 static void enc_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd, char *text,
@@ -373,9 +378,9 @@ static int enc_crossentropy_backward(float *d_logits, const float *logits, const
 }
 
 static int enc_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
-                                        const float *row_max, const float *sum, const int *targets, const float *in,
-                                        const float *weight, int64_t N, int64_t C, int64_t V, int64_t first,
-                                        int64_t vocab, float scale)
+                                        const float *row_max, const float *sum, const int *targets,
+                                        const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t V,
+                                        int64_t first, int64_t vocab, float scale)
 {
     ENTER(S(d_in, N * C), S(d_weight, V * C), S(scratch, N * V), S(logits, N * V), S(row_max, N), S(sum, N),
           S(targets, N), S(in, N * C), S(weight, V * C));
@@ -439,6 +444,8 @@ static const kernel_backend backend = {
     .layernorm_backward = enc_layernorm_backward,
     .gelu_forward = enc_gelu_forward,
     .gelu_backward = enc_gelu_backward,
+    .layernorm_forward_bf16 = enc_layernorm_forward_bf16,
+    .gelu_forward_bf16 = enc_gelu_forward_bf16,
     .residual_forward = enc_residual_forward,
     .bias_residual_forward = enc_bias_residual_forward,
     .add_inplace = enc_add_inplace,

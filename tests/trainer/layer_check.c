@@ -84,8 +84,8 @@ int main(int argc, char **argv)
     gpt_config config = {.layers = 2, .dim = 32, .heads = 4, .vocab = 250, .seq = 8, .dtype = TP_FP32};
     gpt_config_defaults(&config);
     gpt_model *tp = NULL, *dense = NULL;
-    if (gpt_model_create(&tp, &config, c, NULL, 2, 8, 1, 1, 0, 1, 0) ||
-        gpt_model_create(&dense, &config, alone, NULL, 2, 8, 1, 1, 0, 1, 0) ||
+    if (gpt_model_create(&tp, &config, c, NULL, 2, 8, 1, 1, 0, 1, 0, 0) ||
+        gpt_model_create(&dense, &config, alone, NULL, 2, 8, 1, 1, 0, 1, 0, 0) ||
         gpt_model_init_values(tp, 99) || gpt_model_init_values(dense, 99)) {
         fprintf(stderr, "layer_check: %s\n", tp_errmsg());
         return 1;

@@ -399,8 +399,8 @@ Test(train, a_claimed_run_directory_is_refused_alike_on_every_rank, .timeout = 1
 /* The model of these runs: tiny's, with `layers` layers (0: tiny's 2), and
  * virtual_stages chunks of them per stage; with micro-batches of one
  * sequence (the same global batch) when one_sequence is set; ZeRO-1 when
- * run_zero is set. */
-static int run_layers, run_virtual_stages, run_one_sequence, run_zero;
+ * run_zero is set; bf16 mixed precision when run_bf16 is set. */
+static int run_layers, run_virtual_stages, run_one_sequence, run_zero, run_bf16;
 static recorder run_rank0; /* what rank 0 was told in the last run of train_layout_sp */
 
 static void train_layout_sp(int tp, int pp, int dp, const kernel_backend *kernels, int64_t steps, const char *ckpt_dir,
@@ -426,6 +426,7 @@ static void train_layout_sp(int tp, int pp, int dp, const kernel_backend *kernel
         runs[r].options.resume = resume;
         runs[r].options.sequence_parallel = sequence_parallel;
         runs[r].options.zero = run_zero;
+        runs[r].options.bf16 = run_bf16;
         slots[r].arg = &runs[r];
     }
     run_ranks(tp, pp, dp, train_rank, slots);
@@ -443,6 +444,33 @@ static void train_layout(int tp, int pp, int dp, const kernel_backend *kernels, 
                          int64_t stop_at, int resume, double *losses)
 {
     train_layout_sp(tp, pp, dp, kernels, steps, ckpt_dir, stop_at, resume, 0, losses);
+}
+
+/* bf16 mixed precision keeps the activations only products and the
+ * attention read as bf16 bits (trainer/model.h): through the device seam
+ * (each operation reading and writing no more than its bf16 extents) the
+ * CPU's losses to the bit, with sequence parallelism too (the bf16 rows
+ * gathered through the staged all-gather); close to, and not, fp32's. */
+Test(train, bf16_activations_through_the_device_seam, .timeout = 300)
+{
+    const int layouts[3][4] = {{1, 1, 1, 0}, {2, 1, 1, 1}, {2, 2, 1, 0}}; /* tp, pp, dp, sequence parallelism */
+    for (int i = 0; i < 3; i++) {
+        const int *l = layouts[i];
+        double fp32[8] = {0}, cpu[8] = {0}, device[8] = {0};
+        train_layout_sp(l[0], l[1], l[2], NULL, 5, NULL, 0, 0, l[3], fp32);
+        run_bf16 = 1;
+        train_layout_sp(l[0], l[1], l[2], NULL, 5, NULL, 0, 0, l[3], cpu);
+        train_layout_sp(l[0], l[1], l[2], encoded_backend(), 5, NULL, 0, 0, l[3], device);
+        run_bf16 = 0;
+        for (int s = 1; s <= 5; s++) {
+            cr_assert(device[s] == cpu[s], "tp%d pp%d sp%d step %d: bf16 loss %.9g through the device seam, %.9g on "
+                      "the CPU", l[0], l[1], l[3], s, device[s], cpu[s]);
+            cr_assert(cpu[s] != fp32[s] && fabs(cpu[s] - fp32[s]) <= 1e-2 * fp32[s],
+                      "tp%d pp%d sp%d step %d: bf16 loss %.9g, fp32 %.9g: not within 1e-2, or equal (no rounding)",
+                      l[0], l[1], l[3], s, cpu[s], fp32[s]);
+        }
+    }
+    cr_assert_eq(encoded_backend_live_bytes(), 0);
 }
 
 /* Sequence parallelism changes where the norms' and residuals' rows live,
