@@ -207,19 +207,18 @@ static int stage_shares(const catalogued_model *cm, int tp, int pp, int zero, in
 
 /* fp32 elements one micro-batch keeps for its backward pass on one rank of
  * a stage (trainer/model.c slot_floats; column-parallel widths over tp).
- * tp-train --dtype bf16 keeps ln1, ln2, the attention output, gelu and the
- * final norm as bf16 (half of these counts): counted here as fp32, an
- * upper bound for such runs:
+ * With bf16 (tp-train --dtype bf16) the activations marked * are bf16, two
+ * to an fp32 element (bf16_activation_floats):
  *   the stage's input                             [N, D]
- *   per layer  ln1, res1, ln2, res2               4 x [N, D]
+ *   per layer  ln1*, res1, ln2*, res2             4 x [N, D]
  *              norm means and 1/std               4 x [N]
- *              qkv                                [N, (H/tp + 2 KVl) * hd], KVl = KV/tp or 1 (K < TP)
+ *              qkv*                               [N, (H/tp + 2 KVl) * hd], KVl = KV/tp or 1 (K < TP)
  *              attention row log-sum-exps         [N, H/tp]
- *              attention output                   [N, H/tp * hd]
- *              fc (pre-activation), gelu          [N, F/tp] x 2 (fc [N, 2F/tp] with SwiGLU)
+ *              attention output*                  [N, H/tp * hd]
+ *              fc (pre-activation), gelu*         [N, F/tp] x 2 (fc [N, 2F/tp] with SwiGLU)
  *   a head, on the last stage (a pool of its own: as many as its schedule
  *   has in flight through it, trainer/model.h gpt_head)
- *              final norm                         [N, D]
+ *              final norm*                        [N, D]
  *              its mean and 1/std, the loss's
  *              row max, sum and target logit, and
  *              this rank's own row max            6 x [N]
@@ -232,22 +231,32 @@ static int64_t qkv_local(const gpt_config *m, int tp)
     return (m->heads / tp + 2 * kv_local) * (m->dim / m->heads);
 }
 
+/* fp32 elements that hold `count` values of an activation marked * above:
+ * fp32, or with bf16 two to an element, each region (a chunk's layers of
+ * one) rounded up as trainer/model.c carves it. */
+static int64_t bf16_activation_floats(const gpt_config *m, int64_t count)
+{
+    return m->dtype == TP_BF16 ? (count + 1) / 2 : count;
+}
+
 /* With sequence parallelism the rows of the stage's input, the norms,
  * their statistics and the residuals are N / tp (R below). A slot: the
- * input and the layers of a chunk (layers / chunks of them). */
+ * input and the layers of a chunk (L = layers / chunks of them). */
 static int64_t micro_batch_floats(const gpt_config *m, int tp, int chunks, int64_t b, int sequence_parallel)
 {
     int64_t s = m->seq, N = b * s, R = sequence_parallel ? N / tp : N, D = m->dim, hd = m->dim / m->heads;
-    int64_t heads = m->heads / tp, qkv = qkv_local(m, tp), attn = heads * hd, f = m->ffn / tp;
-    int64_t per_layer = R * (4 * D + 4) + N * (qkv + attn + (m->swiglu ? 2 : 1) * f + f) + N * heads;
-    return R * D + (m->layers / chunks) * per_layer;
+    int64_t heads = m->heads / tp, qkv = qkv_local(m, tp), attn = heads * hd, f = m->ffn / tp, L = m->layers / chunks;
+    int64_t fp32 = L * (R * (2 * D + 4) + N * ((m->swiglu ? 2 : 1) * f + heads));
+    int64_t activations = 2 * bf16_activation_floats(m, L * R * D) + bf16_activation_floats(m, L * N * qkv) +
+                          bf16_activation_floats(m, L * N * attn) + bf16_activation_floats(m, L * N * f);
+    return R * D + fp32 + activations;
 }
 
 /* A head's buffers on the last stage (trainer/model.h gpt_head). */
 static int64_t head_floats(const gpt_config *m, int tp, int64_t b, int64_t vocab_local, int sequence_parallel)
 {
     int64_t N = b * m->seq, R = sequence_parallel ? N / tp : N;
-    return R * (m->dim + 2) + N * (4 + vocab_local);
+    return bf16_activation_floats(m, R * m->dim) + 2 * R + N * (4 + vocab_local);
 }
 
 /* fp32 elements of the backward pass's working memory, once per rank: the

@@ -113,6 +113,11 @@ int matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, con
                         int64_t OC);
 int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC);
+/* matmul_forward_bf16 written as a bf16 activation: out[N,OC] as bf16
+ * bits, the bits of rounding matmul_forward_bf16's fp32 out (the bias
+ * added in fp32 first). GPT-2's qkv, which only the attention reads. */
+int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
+                             int64_t C, int64_t OC);
 
 /* out[N,C] = (in - mean) * rstd * weight + bias over each row (eps 1e-5);
  * mean[N], rstd[N] kept for backward. */
@@ -160,6 +165,12 @@ int swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F);
  * K, in place in d_qkv, back by the same angles (the transpose). */
 void rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 void rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+/* rope_forward as a bf16 activation (Llama's qkv, which only the attention
+ * reads): qkv (fp32) left as it is, out[B,T,(Hq+2Hkv)*hd] the bf16 bits of
+ * rounding what rope_forward would leave in qkv (V rounded as it is).
+ * TP_ERR_NOMEM when the CPU's scratch cannot be had. */
+int rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq,
+                      int64_t Hkv, int64_t hd);
 
 /* The frequencies of rotary embeddings: freq[j] = theta^(-2j/hd) for j < hd/2,
  * computed as Hugging Face computes them (fp32), then, with
@@ -208,19 +219,20 @@ int attention_backward(float *d_qkv, float *scratch, const float *d_out, const f
  * flash attention computes it on a GPU: the operands it reads in bf16
  * rounded to bf16 (to nearest, ties to even, convert_bits.h), everything
  * else as attention_forward and attention_backward compute it, in fp32
- * (scores, softmax, lse, sums). The forward rounds q, k and v (qkv) and
- * writes out as bf16 bits (a bf16 activation, above: the same bits as
- * rounding the fp32 attention's out of the rounded qkv); the backward
- * rounds qkv and d_out, as cuDNN reads them, reads out as those bits, and
- * takes lse as it is (fp32 in cuDNN too). Shapes and scratch as the fp32
- * functions, lse and d_qkv fp32; TP_ERR_NOMEM when the rounded copies
- * cannot be had. A GPU's results differ from these by the order of its
+ * (scores, softmax, lse, sums). q, k and v (qkv) come as bf16 bits (a
+ * bf16 activation: the qkv product's, or RoPE's, output rounded); the
+ * forward writes out as bf16 bits (the same bits as rounding the fp32
+ * attention's out); the backward reads qkv and out as those bits, rounds
+ * d_out, as cuDNN reads it, and takes lse as it is (fp32 in cuDNN too).
+ * Shapes and scratch as the fp32 functions, lse and d_qkv fp32;
+ * TP_ERR_NOMEM when the rounded copies cannot be had. A GPU's results differ from these by the order of its
  * fp32 sums and, through cuDNN, by its bf16 d_qkv and bf16 probabilities
  * in the products with V and d_out (kernels/cuda/attention_cudnn.h). */
-int attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+int attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B, int64_t T,
                            int64_t Hq, int64_t Hkv, int64_t hd);
-int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const uint16_t *out,
-                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
+                            const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                            int64_t hd);
 /* Query rows the CPU attention computes at a time; the scratch it is given
  * is a [B,Hq,T] row vector. */
 #define ATTENTION_ROWS 64
@@ -347,6 +359,8 @@ typedef struct kernel_backend {
                                int64_t C, int64_t OC);
     int (*matmul_backward_bf16)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
                                 const float *weight, int64_t N, int64_t C, int64_t OC);
+    int (*matmul_forward_bf16_bits)(uint16_t *out, const uint16_t *in, const float *weight, const float *bias,
+                                    int64_t N, int64_t C, int64_t OC);
     int (*layernorm_forward)(float *out, float *mean, float *rstd, const float *in, const float *weight,
                              const float *bias, int64_t N, int64_t C);
     int (*layernorm_backward)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
@@ -368,6 +382,8 @@ typedef struct kernel_backend {
     int (*rope_forward)(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
     int (*rope_backward)(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                          int64_t hd);
+    int (*rope_forward_bf16)(uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq,
+                             int64_t Hkv, int64_t hd);
     int (*residual_forward)(float *out, const float *a, const float *b, int64_t n);
     int (*bias_residual_forward)(float *out, const float *x, const float *partial, const float *bias, int64_t N,
                                  int64_t C);
@@ -377,9 +393,9 @@ typedef struct kernel_backend {
                              int64_t Hq, int64_t Hkv, int64_t hd);
     int (*attention_backward)(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
                               const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
-    int (*attention_forward_bf16)(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
-                                  int64_t Hq, int64_t Hkv, int64_t hd);
-    int (*attention_backward_bf16)(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
+    int (*attention_forward_bf16)(uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B,
+                                  int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+    int (*attention_backward_bf16)(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
                                    const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                    int64_t hd);
     /* Which code computes the attention of this shape (bf16: the *_bf16
@@ -459,9 +475,10 @@ int cuda_group_create(cuda_group **out, const unsigned char id[CUDA_GROUP_ID_BYT
 int cuda_group_all_reduce(cuda_group *group, void *data, int64_t count, int is_double, int is_max);
 /* count values of send from every member, in member order, into recv
  * (members x count), values of value_bytes bytes (2: bf16 bits, 4: float,
- * 8: double; a gather moves them as they are); the sum of every member's
- * send (members x count), member j keeping part j (count values) in recv. */
+ * 8: double; a gather moves them as they are). */
 int cuda_group_all_gather(cuda_group *group, const void *send, void *recv, int64_t count, int value_bytes);
+/* The sum of every member's send (members x count), member j keeping part
+ * j (count values) in recv. */
 int cuda_group_reduce_scatter(cuda_group *group, const void *send, void *recv, int64_t count, int is_double);
 /* Point to point with member `peer`, in the order issued (a pipeline link:
  * one group per direction, so that the messages of each go one way). A

@@ -20,12 +20,12 @@
 /* Every operation timed: its field in kernel_backend. */
 #define TIMED_OPS(X)                                                                                                   \
     X(alloc) X(zero) X(to_device) X(to_host) X(copy) X(synchronize) X(host_alloc) X(to_host_background)                \
-    X(matmul_forward) X(matmul_backward) X(matmul_forward_bf16) X(matmul_backward_bf16) X(layernorm_forward)           \
-    X(layernorm_backward) X(gelu_forward) X(gelu_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(swiglu_forward)    \
-    X(swiglu_backward) X(layernorm_forward_bf16) X(rmsnorm_forward_bf16) X(gelu_forward_bf16) X(swiglu_forward_bf16)  \
-    X(rope_forward) X(rope_backward) X(residual_forward) X(bias_residual_forward) X(add_inplace)                       \
-    X(scale_inplace) X(attention_forward) X(attention_backward) X(attention_forward_bf16) X(attention_backward_bf16)   \
-    X(embedding_forward) X(embedding_backward)                                                                         \
+    X(matmul_forward) X(matmul_backward) X(matmul_forward_bf16) X(matmul_backward_bf16) X(matmul_forward_bf16_bits)    \
+    X(layernorm_forward) X(layernorm_backward) X(gelu_forward) X(gelu_backward) X(rmsnorm_forward) X(rmsnorm_backward) \
+    X(swiglu_forward) X(swiglu_backward) X(layernorm_forward_bf16) X(rmsnorm_forward_bf16) X(gelu_forward_bf16)        \
+    X(swiglu_forward_bf16) X(rope_forward) X(rope_backward) X(rope_forward_bf16) X(residual_forward)                   \
+    X(bias_residual_forward) X(add_inplace) X(scale_inplace) X(attention_forward) X(attention_backward)                \
+    X(attention_forward_bf16) X(attention_backward_bf16) X(embedding_forward) X(embedding_backward)                    \
     X(crossentropy_row_stats) X(crossentropy_rescale_sum) X(crossentropy_target_logit) X(crossentropy_backward)        \
     X(classifier_backward_bf16) X(adamw_update_tensors) X(sum_of_squares)
 
@@ -83,6 +83,9 @@ WRAP(matmul_backward_bf16,
      (float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in, const float *weight, int64_t N,
       int64_t C, int64_t OC),
      (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))
+WRAP(matmul_forward_bf16_bits,
+     (uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N, int64_t C, int64_t OC),
+     (out, in, weight, bias, N, C, OC))
 WRAP(layernorm_forward,
      (float *out, float *mean, float *rstd, const float *in, const float *weight, const float *bias, int64_t N,
       int64_t C),
@@ -114,6 +117,10 @@ WRAP(rope_forward, (float *qkv, const float *cos_sin, int64_t B, int64_t T, int6
      (qkv, cos_sin, B, T, Hq, Hkv, hd))
 WRAP(rope_backward, (float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
      (d_qkv, cos_sin, B, T, Hq, Hkv, hd))
+WRAP(rope_forward_bf16,
+     (uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+      int64_t hd),
+     (out, qkv, cos_sin, B, T, Hq, Hkv, hd))
 WRAP(residual_forward, (float *out, const float *a, const float *b, int64_t n), (out, a, b, n))
 WRAP(bias_residual_forward, (float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C),
      (out, x, partial, bias, N, C))
@@ -128,12 +135,12 @@ WRAP(attention_backward,
       int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
      (d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd))
 WRAP(attention_forward_bf16,
-     (uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+     (uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
       int64_t hd),
      (out, lse, scratch, qkv, B, T, Hq, Hkv, hd))
 WRAP(attention_backward_bf16,
-     (float *d_qkv, float *scratch, const float *d_out, const float *qkv, const uint16_t *out, const float *lse, int64_t B,
-      int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
+     (float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv, const uint16_t *out, const float *lse,
+      int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
      (d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd))
 WRAP(embedding_forward,
      (float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first, int64_t rows),
@@ -192,7 +199,7 @@ const kernel_backend *kernels_timed(const kernel_backend *inner)
     timed.inner = inner;
     timed.table = *inner; /* operations not timed (release, host_release, and any added later) are the inner ones */
     for (int i = 0; i < NUM_TIMED_OPS; i++) timed.times[i].name = op_names[i];
-#define INSTALL(op) timed.table.op = timed_##op;
+#define INSTALL(op) if (inner->op) timed.table.op = timed_##op; /* an operation the backend lacks stays NULL */
     TIMED_OPS(INSTALL)
 #undef INSTALL
     return &timed.table;

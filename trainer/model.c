@@ -229,9 +229,9 @@ static void *activation_at(const gpt_model *m, void *base, int64_t index)
 static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 {
     int64_t N = m->B * m->T, R = m->rows, L = m->chunk_layers;
-    int64_t fp32 = R * m->D + L * (R * (2 * m->D + 4) + N * (m->qkv_local + m->fc_local + m->heads_local));
-    int64_t activations = 2 * activation_floats(m, L * R * m->D) + activation_floats(m, L * N * m->attn_local) +
-                          activation_floats(m, L * N * m->ffn_local);
+    int64_t fp32 = R * m->D + L * (R * (2 * m->D + 4) + N * (m->fc_local + m->heads_local));
+    int64_t activations = 2 * activation_floats(m, L * R * m->D) + activation_floats(m, L * N * m->qkv_local) +
+                          activation_floats(m, L * N * m->attn_local) + activation_floats(m, L * N * m->ffn_local);
     *ints = 2 * N;
     return fp32 + activations;
 }
@@ -298,7 +298,7 @@ static int slot_init(gpt_model *m, gpt_slot *s)
     CARVE(ln1, activation_floats(m, L * R * m->D));
     CARVE(ln1_mean, L * R);
     CARVE(ln1_rstd, L * R);
-    CARVE(qkv, L * N * m->qkv_local);
+    CARVE(qkv, activation_floats(m, L * N * m->qkv_local));
     CARVE(att_lse, L * N * m->heads_local);
     CARVE(attn, activation_floats(m, L * N * m->attn_local));
     CARVE(res1, L * R * m->D);
@@ -408,11 +408,13 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     const kernel_backend *k = m->kernels;
     int has_norm = config->arch == GPT_ARCH_LLAMA ? k->rmsnorm_forward_bf16 != NULL : k->layernorm_forward_bf16 != NULL;
     int has_activation = config->swiglu ? k->swiglu_forward_bf16 != NULL : k->gelu_forward_bf16 != NULL;
+    int has_qkv = config->arch == GPT_ARCH_LLAMA ? k->rope_forward_bf16 != NULL : k->matmul_forward_bf16_bits != NULL;
     if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->attention_forward_bf16 ||
-                 !k->attention_backward_bf16 || !k->classifier_backward_bf16 || !has_norm || !has_activation)) {
+                 !k->attention_backward_bf16 || !k->classifier_backward_bf16 || !has_norm || !has_activation ||
+                 !has_qkv)) {
         free(m);
         return tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend lacks bf16 operations this model needs "
-                       "(products, attention, classifier, norm or MLP activation)", k->name);
+                       "(products, attention, classifier, norm, MLP activation or qkv)", k->name);
     }
     m->stream = m->kernels->on_device ? COMM_DEVICE : COMM_HOST;
     m->B = micro_batch;
@@ -666,18 +668,39 @@ static int linear_backward(const gpt_model *m, float *d_in, float *d_weight, flo
     return m->kernels->matmul_backward(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
 }
 
-/* The attention of this rank's heads, in fp32 or with bf16 operands as
- * cuDNN's flash attention reads them (m->bf16, as the products); out is
- * an activation. */
-static int attention_forward_in(const gpt_model *m, void *out, float *lse, float *scratch, const float *qkv)
+/* qkv [N, qkv_local] (an activation) = in @ Wqkv^T + bqkv, its Q and K
+ * heads then turned by RoPE (Llama). In bf16 the product is written as bf16
+ * bits, or for Llama first in fp32 into the scratch's d_qkv region (free
+ * during a forward: the attention's own scratch, [B, Hq, T] at the
+ * scratch's start, lies before it), then turned and rounded into qkv. */
+static int qkv_forward(const gpt_model *m, void *qkv, const void *in, const float *weight, const float *bias)
 {
     const kernel_backend *k = m->kernels;
-    if (m->bf16) return k->attention_forward_bf16(out, lse, scratch, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd);
+    int64_t N = m->B * m->T;
+    if (!m->bf16) {
+        TP_TRY(k->matmul_forward(qkv, in, weight, bias, N, m->D, m->qkv_local));
+        if (!m->llama) return TP_OK;
+        return k->rope_forward(qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd);
+    }
+    if (!m->llama) return k->matmul_forward_bf16_bits(qkv, in, weight, bias, N, m->D, m->qkv_local);
+    float *unturned = m->scratch + 2 * N * m->D; /* block_work_floats: after d_res1 and d_ln */
+    TP_TRY(k->matmul_forward_bf16(unturned, in, weight, bias, N, m->D, m->qkv_local));
+    return k->rope_forward_bf16(qkv, unturned, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd);
+}
+
+/* The attention of this rank's heads, in fp32 or with bf16 operands as
+ * cuDNN's flash attention reads them (m->bf16, as the products); qkv and
+ * out are activations. */
+static int attention_forward_in(const gpt_model *m, void *out, float *lse, float *scratch, const void *qkv)
+{
+    const kernel_backend *k = m->kernels;
+    if (m->bf16)
+        return k->attention_forward_bf16(out, lse, scratch, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd);
     return k->attention_forward(out, lse, scratch, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd);
 }
 
 static int attention_backward_in(const gpt_model *m, float *d_qkv, float *scratch, const float *d_out,
-                                 const float *qkv, const void *out, const float *lse)
+                                 const void *qkv, const void *out, const float *lse)
 {
     const kernel_backend *k = m->kernels;
     if (m->bf16)
@@ -755,16 +778,15 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *
     int64_t N = m->B * m->T, R = m->rows, D = m->D;
     void *ln1 = activation_at(m, s->ln1, l * R * D), *attn = activation_at(m, s->attn, l * N * m->attn_local);
     void *ln2 = activation_at(m, s->ln2, l * R * D), *gl = activation_at(m, s->gelu, l * N * m->ffn_local);
-    float *qkv = s->qkv + l * N * m->qkv_local, *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * R * D;
+    void *qkv = activation_at(m, s->qkv, l * N * m->qkv_local);
+    float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * R * D;
     float *fc = s->fc + l * N * m->fc_local, *res2 = s->res2 + l * R * D;
     /* The row-parallel linears' partial sums [N, D]: in place without sequence parallelism. */
     float *partial1 = m->sequence_parallel ? m->partial : res1, *partial2 = m->sequence_parallel ? m->partial : res2;
     const void *in;
-    const kernel_backend *k = m->kernels;
     TP_TRY(norm_forward(m, ln1, s->ln1_mean + l * R, s->ln1_rstd + l * R, x, W(LN1_WEIGHT), W_OR_NULL(LN1_BIAS)));
     TP_TRY(full_rows(m, ln1, &in));
-    TP_TRY(linear_forward(m, qkv, in, W(QKV_WEIGHT), W_OR_NULL(QKV_BIAS), N, D, m->qkv_local));
-    if (m->llama) TP_TRY(k->rope_forward(qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd));
+    TP_TRY(qkv_forward(m, qkv, in, W(QKV_WEIGHT), W_OR_NULL(QKV_BIAS)));
     /* The scratch is free during a forward: the attention's own is its start. */
     TP_TRY(attention_forward_in(m, attn, lse, m->scratch, qkv));
     TP_TRY(linear_forward(m, partial1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D)); /* this rank's heads' part */
@@ -927,7 +949,8 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     int64_t N = m->B * m->T, R = m->rows, D = m->D;
     const void *ln1 = activation_at(m, s->ln1, l * R * D), *attn = activation_at(m, s->attn, l * N * m->attn_local);
     const void *ln2 = activation_at(m, s->ln2, l * R * D), *gl = activation_at(m, s->gelu, l * N * m->ffn_local);
-    const float *qkv = s->qkv + l * N * m->qkv_local, *lse = s->att_lse + l * N * m->heads_local;
+    const void *qkv = activation_at(m, s->qkv, l * N * m->qkv_local);
+    const float *lse = s->att_lse + l * N * m->heads_local;
     const float *res1 = s->res1 + l * R * D, *fc = s->fc + l * N * m->fc_local;
     float *d_res1 = work, *d_ln = d_res1 + N * D, *d_qkv = d_ln + N * D, *d_attn = d_qkv + N * m->qkv_local;
     float *d_gelu = d_attn + N * m->attn_local, *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->fc_local;

@@ -67,10 +67,10 @@ typedef struct {
     float *input;                /* [rows, D]: embeddings (first stage) or the previous stage's output */
     /* Per local layer, consecutive: the norms' and residuals' [rows, D] (and
      * [rows] statistics), the others' [B*T, their width]. The activations
-     * only products and the attention read (ln1, attn, ln2, gelu: void)
-     * are bf16 bits with bf16, else fp32 (gpt_model.bf16). */
-    void *ln1, *attn, *ln2, *gelu;
-    float *ln1_mean, *ln1_rstd, *qkv, *att_lse, *res1;
+     * only products and the attention read (ln1, qkv, attn, ln2, gelu:
+     * void) are bf16 bits with bf16, else fp32 (gpt_model.bf16). */
+    void *ln1, *qkv, *attn, *ln2, *gelu;
+    float *ln1_mean, *ln1_rstd, *att_lse, *res1;
     float *ln2_mean, *ln2_rstd, *fc, *res2;
     gpt_head *head;              /* last stage: the head's buffers bound to the slot (gpt_model_bind_head) */
     double loss_sum;             /* sum of token losses (last stage) */

@@ -168,8 +168,8 @@ int attention_backward(float *d_qkv, float *scratch, const float *d_out, const f
 
 /* ======================================================== bf16 attention
  * The operands cuDNN's flash attention reads in bf16, rounded as it reads
- * them (bf16_operand_as_f32, the rounding of the bf16 products; out is a
- * bf16 activation, its bits as they are), then the fp32 attention above:
+ * them (bf16_operand_as_f32, the rounding of the bf16 products; qkv and out
+ * are bf16 activations, their bits as they are), then the fp32 attention above:
  * its twin on a GPU (kernels/cuda/attention.cu) gives cuDNN the same bf16
  * values, so that the two differ by the order of the fp32 sums and by
  * cuDNN's own bf16 roundings (d_qkv and the probabilities it multiplies by
@@ -181,13 +181,13 @@ static int no_rounded_copy(const char *what, int64_t B, int64_t T, int64_t width
                    (long long)B, (long long)T, (long long)width);
 }
 
-int attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+int attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B, int64_t T,
                            int64_t Hq, int64_t Hkv, int64_t hd)
 {
     int64_t width = (Hq + 2 * Hkv) * hd;
     float *y;
     TP_TRY(bf16_output_scratch(&y, B * T * Hq * hd, "attention"));
-    float *rounded = bf16_operand_as_f32(bf16_of_values(qkv), B * T * width);
+    float *rounded = bf16_operand_as_f32(bf16_of_bits(qkv), B * T * width);
     if (!rounded) return no_rounded_copy("qkv", B, T, width);
     int status = attention_forward(y, lse, scratch, rounded, B, T, Hq, Hkv, hd);
     free(rounded);
@@ -195,11 +195,12 @@ int attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const floa
     return status;
 }
 
-int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const uint16_t *out,
-                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
+                            const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                            int64_t hd)
 {
     int64_t width = (Hq + 2 * Hkv) * hd;
-    float *q = bf16_operand_as_f32(bf16_of_values(qkv), B * T * width);
+    float *q = bf16_operand_as_f32(bf16_of_bits(qkv), B * T * width);
     float *o = bf16_operand_as_f32(bf16_of_bits(out), B * T * Hq * hd);
     float *g = bf16_operand_as_f32(bf16_of_values(d_out), B * T * Hq * hd);
     int status = !q ? no_rounded_copy("qkv", B, T, width)

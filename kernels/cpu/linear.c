@@ -269,6 +269,16 @@ int matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, con
     return status;
 }
 
+int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
+                             int64_t C, int64_t OC)
+{
+    float *y;
+    TP_TRY(bf16_output_scratch(&y, N * OC, "product"));
+    TP_TRY(matmul_forward_bf16(y, in, weight, bias, N, C, OC));
+    round_to_bf16_bits(out, y, N * OC);
+    return TP_OK;
+}
+
 int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC)
 {
@@ -276,7 +286,8 @@ int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const floa
     bf16_operand g = bf16_of_values(d_out);
     if (bf16_products_available()) {
         if (d_in) TP_TRY(bf16_product(d_in, g, bf16_of_values(weight), N, C, OC, 0, 0, 0)); /* [N,OC] @ [OC,C] */
-        if (d_weight) TP_TRY(bf16_product(d_weight, g, bf16_of_bits(in), OC, C, N, 1, 0, 1)); /* [OC,N] @ [N,C], added */
+        if (d_weight) /* [OC,N] @ [N,C], added */
+            TP_TRY(bf16_product(d_weight, g, bf16_of_bits(in), OC, C, N, 1, 0, 1));
         if (d_bias) matmul_backward(NULL, NULL, d_bias, d_out, NULL, NULL, N, C, OC);
         return TP_OK;
     }

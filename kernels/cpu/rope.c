@@ -1,12 +1,16 @@
 /* rope.c: rotary position embeddings (Llama), Hugging Face's conventions
  * (transformers' modeling_llama.py and modeling_rope_utils.py): the
  * frequencies with Llama 3's scaling, the table of their cos and sin, and
- * the rotation of the Q and K heads in place. The frequencies and the table
+ * the rotation of the Q and K heads in place (or, for bf16 activations,
+ * rounded into bf16 bits). The frequencies and the table
  * are rounded step by step as PyTorch rounds them (fp32), so that a model
  * trained here and one run by transformers see the same angles. */
 #include <math.h>
+#include <string.h>
 
+#include "../../common/error.h"
 #include "../kernels.h"
+#include "bf16_products.h"
 #include "workers.h"
 
 /* freq[hd/2]. HF: inv_freq = 1.0 / (base ** (arange(0, hd, 2).float() / hd)),
@@ -122,4 +126,16 @@ void rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_
 void rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
     rotate(d_qkv, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
+}
+
+int rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq,
+                      int64_t Hkv, int64_t hd)
+{
+    int64_t n = B * T * (Hq + 2 * Hkv) * hd;
+    float *rotated;
+    TP_TRY(bf16_output_scratch(&rotated, n, "rotary embedding"));
+    memcpy(rotated, qkv, (size_t)n * sizeof(float));
+    rotate(rotated, cos_sin, B, T, Hq, Hkv, hd, 1.0f);
+    round_to_bf16_bits(out, rotated, n);
+    return TP_OK;
 }

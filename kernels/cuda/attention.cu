@@ -1,9 +1,9 @@
 /* attention.cu: the CUDA backend's attention operations. fp32: causal
  * attention with a warp per row, the twin of cpu/attention.c, or the tiled
- * kernels (attention_tiled.cu) where they fit and are chosen. bf16 (out as
- * bf16 bits): cuDNN's flash attention (attention_cudnn.cu) on bf16-rounded
- * operands, or the fp32 kernels on the same rounded operands where cuDNN is
- * not used. Which one runs: cuda_attention_variant (attention_tiled.h), and
+ * kernels (attention_tiled.cu) where they fit and are chosen. bf16 (qkv
+ * and out as bf16 bits): cuDNN's flash attention (attention_cudnn.cu) on
+ * bf16 operands, or the fp32 kernels on the same values where cuDNN is not
+ * used. Which one runs: cuda_attention_variant (attention_tiled.h), and
  * the start line's text, cuda_describe_attention. */
 #include <math.h>
 #include <pthread.h>
@@ -217,28 +217,31 @@ fail:
 }
 
 /* ========================================================= bf16 attention
- * attention_forward_bf16 and attention_backward_bf16 (kernels.h): the
- * operands cuDNN reads in bf16 (qkv; d_out in the backward) rounded by
- * bits_f32_to_bf16 (convert_bits.h), as the CPU twin rounds them; out is a
- * bf16 activation, bf16 bits [B, T, Hq hd] (the forward writes them, the
- * backward reads them). With cuDNN (attention_cudnn.h) the operands go to it
- * as bf16, its O is out itself (written by the forward, read by the
- * backward: bf16 in the same [B, T, Hq hd] layout, attention_cudnn.h's O),
- * its bf16 dQ, dK, dV (d_qkv's packed layout) are widened to fp32, and its
- * fp32 Stats are lse. Without (TP_CUDA_ATTENTION=tiled or rows, or a shape
- * cuDNN does not take under the default), the rounded values, kept as fp32,
- * go to the fp32 kernels above: the CPU twin's arithmetic, on the GPU; the
- * forward's fp32 out goes through the scratch and is rounded into out, the
- * backward reads out widened to fp32 (exactly the rounded values it read
- * when out was fp32).
+ * attention_forward_bf16 and attention_backward_bf16 (kernels.h): qkv and
+ * out are bf16 activations, bf16 bits (qkv [B, T, (Hq + 2 Hkv) hd], written
+ * by the qkv product or RoPE's bf16 forward; out [B, T, Hq hd], written by
+ * the forward, read by the backward); d_out, which cuDNN reads in bf16 too,
+ * is rounded by bits_f32_to_bf16 (convert_bits.h), as the CPU twin rounds
+ * it. With cuDNN (attention_cudnn.h) Q, K and V are views of qkv's bits
+ * where they lie, and its O is out itself (bf16 in the same layouts,
+ * attention_cudnn.h's); its bf16 dQ, dK, dV (d_qkv's packed layout) are
+ * widened to fp32, and its fp32 Stats are lse. Without (TP_CUDA_ATTENTION=
+ * tiled or rows, or a shape cuDNN does not take under the default), qkv's
+ * and out's bits widened to fp32 (exactly the rounded values they read when
+ * they were fp32) and d_out rounded, kept as fp32, go to the fp32 kernels
+ * above: the CPU twin's arithmetic, on the GPU; the forward's fp32 out goes
+ * through the scratch and is rounded into out.
  *
- * The rounded copies, the fp32 out and cuDNN's workspace live in a
- * cuda_scratch of this file (launch.h: grown stream-ordered when a call
- * needs more, and kept); bf16_lock is held from a call's first rounding
- * until its last work is queued. Its parts start 256-byte aligned; cuDNN's
- * tensors are declared 16-byte aligned (attention_cudnn.cu), so an out that
- * is not (an activation carved at any bf16 offset) goes to cuDNN through
- * the scratch, copied as it is. */
+ * The copies, the fp32 out and cuDNN's workspace live in a cuda_scratch of
+ * this file (launch.h: grown stream-ordered when a call needs more, and
+ * kept); bf16_lock is held from a call's first copy until its last work is
+ * queued. Its parts start 256-byte aligned; cuDNN's tensors are declared
+ * 16-byte aligned (attention_cudnn.cu), so a qkv or out that is not (an
+ * activation carved at any bf16 offset) goes to cuDNN through the scratch,
+ * copied as it is. Where qkv is, so are the K and V views: they start
+ * Hq hd and (Hq + Hkv) hd values in, and their rows (Hq + 2 Hkv) hd values
+ * apart, multiples of 8 values (16 bytes), as cuDNN's head sizes are
+ * (cudnn_attention_shape_ok). */
 
 static cuda_scratch bf16_scratch; /* launch.h */
 static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -249,7 +252,7 @@ static int scratch_parts(void **parts, const size_t *bytes, int count)
     return cuda_scratch_parts(&bf16_scratch, "bf16 attention", parts, bytes, count);
 }
 
-/* out[i] = in[i] rounded to bf16, kept as fp32 (the fp32 kernels' operands). */
+/* out[i] = in[i] rounded to bf16, kept as fp32 (the fp32 kernels' d_out). */
 static __global__ void bf16_rounded_kernel(float *out, const float *in, int64_t n)
 {
     GRID_STRIDE(i, n) out[i] = __uint_as_float(bits_bf16_to_f32(bits_f32_to_bf16(__float_as_uint(in[i]))));
@@ -293,8 +296,9 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* Whether cuDNN may read or write out where it is: its tensors are declared
- * 16-byte aligned (attention_cudnn.cu, as the frontend declares them). */
+/* Whether cuDNN may read or write a tensor (qkv, out) where it is: its
+ * tensors are declared 16-byte aligned (attention_cudnn.cu, as the frontend
+ * declares them). */
 static int cudnn_aligned(const void *p)
 {
     return (uintptr_t)p % 16 == 0;
@@ -313,19 +317,22 @@ static int cudnn_plan_for(int backward, int64_t B, int64_t T, int64_t Hq, int64_
     return cudnn_attention_prepare(backward, B, T, Hq, Hkv, hd, plan);
 }
 
-/* Scratch: qkv's bits, O where out is not 16-byte aligned (else nothing:
- * cuDNN writes out itself), Stats, cuDNN's workspace. */
-static int forward_cudnn(const cudnn_attention_plan *plan, uint16_t *out, float *lse, const float *qkv, int64_t n_qkv,
-                         int64_t n_out, int64_t n_lse)
+/* Scratch: a copy of qkv where it is not 16-byte aligned (else nothing:
+ * cuDNN reads qkv itself), O where out is not (else nothing: cuDNN writes
+ * out itself), Stats, cuDNN's workspace. */
+static int forward_cudnn(const cudnn_attention_plan *plan, uint16_t *out, float *lse, const uint16_t *qkv,
+                         int64_t n_qkv, int64_t n_out, int64_t n_lse)
 {
     void *parts[4];
-    int direct = cudnn_aligned(out);
-    const size_t bytes[4] = {(size_t)n_qkv * 2, direct ? 0 : (size_t)n_out * 2, (size_t)n_lse * sizeof(float),
-                             cudnn_attention_workspace_bytes(plan)};
+    int qkv_direct = cudnn_aligned(qkv), direct = cudnn_aligned(out);
+    const size_t bytes[4] = {qkv_direct ? 0 : (size_t)n_qkv * 2, direct ? 0 : (size_t)n_out * 2,
+                             (size_t)n_lse * sizeof(float), cudnn_attention_workspace_bytes(plan)};
     pthread_mutex_lock(&bf16_lock);
     int status = scratch_parts(parts, bytes, 4);
-    cudnn_attention_tensors t = {parts[0], direct ? (void *)out : parts[1], parts[2], NULL, NULL, parts[3]};
-    if (!status) status = to_bf16_bits(t.qkv, qkv, n_qkv);
+    /* The forward reads qkv and never writes it: the const goes for cuDNN's variant pack alone. */
+    cudnn_attention_tensors t = {qkv_direct ? (void *)qkv : parts[0], direct ? (void *)out : parts[1], parts[2], NULL,
+                                 NULL, parts[3]};
+    if (!status && !qkv_direct) status = copy_bytes(t.qkv, qkv, (size_t)n_qkv * 2);
     if (!status) status = cudnn_attention_run(plan, &t);
     if (!status && !direct) status = copy_bytes(out, t.o, (size_t)n_out * 2);
     /* Stats through the scratch: lse need not be 16-byte aligned. */
@@ -334,23 +341,23 @@ static int forward_cudnn(const cudnn_attention_plan *plan, uint16_t *out, float 
     return status;
 }
 
-/* Scratch: qkv rounded (fp32), the fp32 out, rounded into out at the end. */
-static int forward_rounded(uint16_t *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                           int64_t hd)
+/* Scratch: qkv widened (fp32), the fp32 out, rounded into out at the end. */
+static int forward_rounded(uint16_t *out, float *lse, const uint16_t *qkv, int64_t B, int64_t T, int64_t Hq,
+                           int64_t Hkv, int64_t hd)
 {
     int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd;
     void *parts[2];
     const size_t bytes[2] = {(size_t)n_qkv * sizeof(float), (size_t)n_out * sizeof(float)};
     pthread_mutex_lock(&bf16_lock);
     int status = scratch_parts(parts, bytes, 2);
-    if (!status) status = to_bf16_rounded(parts[0], qkv, n_qkv);
+    if (!status) status = widen_bf16((float *)parts[0], qkv, n_qkv);
     if (!status) status = forward_fp32((float *)parts[1], lse, (const float *)parts[0], B, T, Hq, Hkv, hd);
     if (!status) status = cuda_round_to_bf16(out, (const float *)parts[1], n_out);
     pthread_mutex_unlock(&bf16_lock);
     return status;
 }
 
-int cuda_attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+int cuda_attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B, int64_t T,
                                 int64_t Hq, int64_t Hkv, int64_t hd)
 {
     (void)scratch;
@@ -369,15 +376,15 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* Scratch: qkv's and d_out's bits, O where out is not 16-byte aligned (a
- * copy of it; else nothing: cuDNN reads out itself), d_qkv's bits, Stats,
- * cuDNN's workspace. */
-static int backward_cudnn(const cudnn_attention_plan *plan, float *d_qkv, const float *d_out, const float *qkv,
+/* Scratch: copies of qkv and out where they are not 16-byte aligned (else
+ * nothing: cuDNN reads them where they are), d_out's bits, d_qkv's bits,
+ * Stats, cuDNN's workspace. */
+static int backward_cudnn(const cudnn_attention_plan *plan, float *d_qkv, const float *d_out, const uint16_t *qkv,
                           const uint16_t *out, const float *lse, int64_t n_qkv, int64_t n_out, int64_t n_lse)
 {
     void *parts[6];
-    int direct = cudnn_aligned(out);
-    const size_t bytes[6] = {(size_t)n_qkv * 2,
+    int qkv_direct = cudnn_aligned(qkv), direct = cudnn_aligned(out);
+    const size_t bytes[6] = {qkv_direct ? 0 : (size_t)n_qkv * 2,
                              direct ? 0 : (size_t)n_out * 2,
                              (size_t)n_out * 2,
                              (size_t)n_qkv * 2,
@@ -385,9 +392,10 @@ static int backward_cudnn(const cudnn_attention_plan *plan, float *d_qkv, const 
                              cudnn_attention_workspace_bytes(plan)};
     pthread_mutex_lock(&bf16_lock);
     int status = scratch_parts(parts, bytes, 6);
-    /* The backward reads O and never writes it: the const goes for cuDNN's variant pack alone. */
-    cudnn_attention_tensors t = {parts[0], direct ? (void *)out : parts[1], parts[4], parts[2], parts[3], parts[5]};
-    if (!status) status = to_bf16_bits(t.qkv, qkv, n_qkv);
+    /* The backward reads qkv and O and never writes them: the const goes for cuDNN's variant pack alone. */
+    cudnn_attention_tensors t = {qkv_direct ? (void *)qkv : parts[0], direct ? (void *)out : parts[1], parts[4],
+                                 parts[2], parts[3], parts[5]};
+    if (!status && !qkv_direct) status = copy_bytes(t.qkv, qkv, (size_t)n_qkv * 2);
     if (!status && !direct) status = copy_bytes(t.o, out, (size_t)n_out * 2);
     if (!status) status = to_bf16_bits(t.d_o, d_out, n_out);
     if (!status) status = copy_bytes(t.stats, lse, (size_t)n_lse * sizeof(float));
@@ -397,9 +405,10 @@ static int backward_cudnn(const cudnn_attention_plan *plan, float *d_qkv, const 
     return status;
 }
 
-/* Scratch: qkv rounded, out widened and d_out rounded, all fp32. */
-static int backward_rounded(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const uint16_t *out,
-                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+/* Scratch: qkv and out widened and d_out rounded, all fp32. */
+static int backward_rounded(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
+                            const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                            int64_t hd)
 {
     int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd;
     void *parts[3];
@@ -407,7 +416,7 @@ static int backward_rounded(float *d_qkv, float *scratch, const float *d_out, co
                              (size_t)n_out * sizeof(float)};
     pthread_mutex_lock(&bf16_lock);
     int status = scratch_parts(parts, bytes, 3);
-    if (!status) status = to_bf16_rounded(parts[0], qkv, n_qkv);
+    if (!status) status = widen_bf16((float *)parts[0], qkv, n_qkv);
     if (!status) status = widen_bf16((float *)parts[1], out, n_out);
     if (!status) status = to_bf16_rounded(parts[2], d_out, n_out);
     if (!status)
@@ -417,15 +426,19 @@ static int backward_rounded(float *d_qkv, float *scratch, const float *d_out, co
     return status;
 }
 
-int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
+int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
                                  const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                  int64_t hd)
 {
     TP_TRY(attention_shape_ok("attention_backward_bf16", B, T, Hq, Hkv, hd));
     ENTER();
     if (B == 0 || T == 0) return TP_OK;
-    /* No query heads: out, d_out and lse are empty (never read); dK and dV are zeros. */
-    if (Hq == 0) return backward_fp32(d_qkv, scratch, d_out, qkv, NULL, lse, B, T, Hq, Hkv, hd);
+    /* No query heads: out, d_out and lse are empty and no key is seen; dK and dV are zeros (+0, as the fp32
+     * kernels' empty sums), all of d_qkv, without reading qkv. */
+    if (Hq == 0) {
+        CUDA_TRY(cudaMemsetAsync(d_qkv, 0, (size_t)(B * T * 2 * Hkv * hd) * sizeof(float), cuda_state.stream));
+        return TP_OK;
+    }
     {
         const cudnn_attention_plan *plan;
         int status = cudnn_plan_for(1, B, T, Hq, Hkv, hd, &plan);

@@ -1,7 +1,8 @@
 /* attention_cudnn.cu: cuDNN's flash attention through its backend (graph)
  * API, loaded with dlopen: the graphs, their plans and their runs
- * (attention_cudnn.h). attention.cu rounds the operands to bf16 and widens
- * the results; this file sees bf16 and fp32 device tensors only.
+ * (attention_cudnn.h). attention.cu gives it qkv and out as the bf16
+ * activations they are, rounds d_out to bf16 and widens dQ, dK, dV; this
+ * file sees bf16 and fp32 device tensors only.
  *
  * Each cuDNN call is checked; the first that fails ends the build of a
  * graph with a message naming the call, the descriptor (the tensor or
@@ -231,8 +232,9 @@ static void finalize(builder *b, cudnnBackendDescriptor_t d, const char *what)
 
 /* A tensor: uid 0 for a new virtual one. Every tensor 16-byte aligned, as
  * the frontend declares them (attention.cu's scratch parts are 256-byte
- * aligned, and O is the caller's out only where it is 16-byte aligned; the
- * K and V views start hd multiples of 8 bf16 values in). */
+ * aligned, and qkv and O are the caller's qkv and out only where they are
+ * 16-byte aligned; the K and V views start hd multiples of 8 bf16 values
+ * in, and their rows are (Hq + 2 Hkv) hd values apart: 16-byte multiples). */
 static cudnnBackendDescriptor_t tensor(builder *b, const char *what, cudnnDataType_t type, cudnn_tensor_shape shape,
                                        int64_t uid, int by_value)
 {

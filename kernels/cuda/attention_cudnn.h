@@ -37,8 +37,9 @@
  * cuDNN 9, not 9.10.0 or 9.10.1 (their SDPA has known bugs, as the frontend
  * says), and from 9.15.1 on where T is not a multiple of 128 (before, the
  * frontend works around a backward bug with a padding mask, not built here).
- * cuDNN writes O, dQ, dK and dV in bf16 (O is out itself, a bf16
- * activation: kernels.h) and multiplies bf16 probabilities by V (and dO):
+ * cuDNN reads Q, K, V as views of qkv's bits (a bf16 activation: kernels.h)
+ * and writes O, dQ, dK and dV in bf16 (O is out itself, a bf16
+ * activation too) and multiplies bf16 probabilities by V (and dO):
  * its results differ from the CPU twin (attention_forward_bf16, whose out is
  * its fp32 result rounded once) by those roundings, within bf16's
  * precision. */

@@ -21,7 +21,9 @@
  * operands summed in fp32 by cublasGemmEx: the activation in as the bf16
  * bits the norm, attention or MLP activation wrote (their *_bf16 forwards,
  * the fp32 kernels rounding on store), the fp32 operands rounded by a kernel
- * (convert_bits.h, as the CPU rounds); a forward product with a bias through
+ * (convert_bits.h, as the CPU rounds); the qkv product (and RoPE) written
+ * as bf16 bits too, which only the attention reads (matmul_forward_bf16_bits:
+ * a bf16 C; rope_forward_bf16); a forward product with a bias through
  * cuBLASLt, the bias in its epilogue (products_lt.cu); attention through
  * cuDNN in bf16 where it can (attention.cu), else the tiled kernels; the
  * rest in simple kernels. Launch shapes: element-wise kernels walk their
@@ -231,6 +233,7 @@ static void fill_table(kernel_backend *t)
     t->matmul_backward = cuda_matmul_backward;
     t->matmul_forward_bf16 = cuda_matmul_forward_bf16;
     t->matmul_backward_bf16 = cuda_matmul_backward_bf16;
+    t->matmul_forward_bf16_bits = cuda_matmul_forward_bf16_bits;
     t->layernorm_forward = cuda_layernorm_forward;
     t->layernorm_backward = cuda_layernorm_backward;
     t->gelu_forward = cuda_gelu_forward;
@@ -245,6 +248,7 @@ static void fill_table(kernel_backend *t)
     t->swiglu_forward_bf16 = cuda_swiglu_forward_bf16;
     t->rope_forward = cuda_rope_forward;
     t->rope_backward = cuda_rope_backward;
+    t->rope_forward_bf16 = cuda_rope_forward_bf16;
     t->residual_forward = cuda_residual_forward;
     t->bias_residual_forward = cuda_bias_residual_forward;
     t->add_inplace = cuda_add_inplace;

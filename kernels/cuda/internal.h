@@ -47,6 +47,10 @@ int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const floa
                          const float *weight, int64_t N, int64_t C, int64_t OC);
 int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
                               const float *weight, int64_t N, int64_t C, int64_t OC);
+/* linear.cu: matmul_forward_bf16 written as bf16 bits (kernels.h: the bits
+ * of rounding its fp32 out, the bias added in fp32 first). */
+int cuda_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
+                                  int64_t C, int64_t OC);
 int cuda_residual_forward(float *out, const float *a, const float *b, int64_t n);
 int cuda_bias_residual_forward(float *out, const float *x, const float *partial, const float *bias, int64_t N,
                                int64_t C);
@@ -76,14 +80,18 @@ int cuda_swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t 
 /* rope.cu */
 int cuda_rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 int cuda_rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
+/* rope.cu: rope_forward into bf16 bits (kernels.h: qkv left as it is, out
+ * the bits of rounding what rope_forward leaves in it, by the same kernel). */
+int cuda_rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq,
+                           int64_t Hkv, int64_t hd);
 /* attention.cu */
 int cuda_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq,
                            int64_t Hkv, int64_t hd);
 int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
                             const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
-int cuda_attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
+int cuda_attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B, int64_t T,
                                 int64_t Hq, int64_t Hkv, int64_t hd);
-int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
+int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
                                  const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                  int64_t hd);
 void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd, char *text,
@@ -123,12 +131,14 @@ int cuda_matmul_backward_bf16_bits(float *d_in, float *d_weight, const uint16_t 
  * out[N,OC] = in . W^T + bias with the bias in the product's epilogue, on
  * cuda_state.stream, in and W as the product reads them (fp32, or bf16
  * when bf16: in the caller's bf16 activation itself, at any even address,
- * W rounded into scratch), out and bias fp32; *done 0 (and nothing queued)
- * where cuBLASLt has no algorithm for the shape and alignments: the caller
- * adds the bias itself. */
+ * W rounded into scratch), the bias fp32, out fp32 or (out_bits, bf16
+ * products alone) bf16 bits, at any even address: the epilogue's fp32
+ * result rounded to bf16; *done 0 (and nothing queued) where cuBLASLt has
+ * no algorithm for the shape, types and alignments: the caller adds the
+ * bias itself. */
 int cuda_lt_start(void);
 void cuda_lt_stop(void);
-int cuda_lt_forward_bias(int bf16, float *out, const void *in, const void *weight, const float *bias, int64_t N,
-                         int64_t C, int64_t OC, int *done);
+int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, const void *weight, const float *bias,
+                         int64_t N, int64_t C, int64_t OC, int *done);
 
 #endif

@@ -151,6 +151,23 @@ struct column_of_values {
  * matmul_backward_in): only the operands (operands_begin) and the product
  * call (gemm) differ.
  *
+ * matmul_forward_bf16_bits (kernels.h) is the forward bf16 product written
+ * as a bf16 activation: out as the bits of rounding matmul_forward_bf16's
+ * fp32 out, the bias added in fp32 first. matmul_forward_in writes it (its
+ * out_bits): without a bias, cublasGemmEx with a bf16 C (CUDA_R_16BF; the
+ * fp32 sum rounded to nearest, ties to even, as it is stored); with one,
+ * cuBLASLt's bias epilogue with a bf16 D (products_lt.cu: the fp32 sum plus
+ * the fp32 bias, then rounded) where it has an algorithm; elsewhere the
+ * plain product cannot add the bias to bits (a bf16 C with beta 1 would add
+ * it to a rounded sum), so matmul_forward_bf16's own fp32 route
+ * (product_with_bias: its epilogue, or the product and add_bias_kernel)
+ * writes the fp32 out to a second scratch (out_scratch, taken only there,
+ * 256-byte aligned), and cuda_round_to_bf16 rounds it into out: the bits of
+ * rounding what matmul_forward_bf16 writes to an aligned out, by
+ * construction. (A bf16 C or D holds the rounding of the same fp32 sums
+ * where cuBLAS runs the same algorithm as for an fp32 one: the tests check
+ * that it does, bit for bit.)
+ *
  * The rounded operands (2 bytes a value) go to a cuda_scratch (launch.h);
  * bf16_lock is held from the rounding of a product's operands until its
  * last product is queued, so that another thread cannot overwrite them in
@@ -158,7 +175,8 @@ struct column_of_values {
  * they are safe). The lock covers only the queueing, which is short:
  * threads sharing the GPU are not held up by each other's products. */
 
-static cuda_scratch scratch; /* the rounded operands, bf16 bits */
+static cuda_scratch scratch;     /* the rounded operands, bf16 bits */
+static cuda_scratch out_scratch; /* a bits product's fp32 out, where no epilogue adds its bias to a bf16 D */
 static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define MAX_OPERANDS 3
@@ -249,58 +267,101 @@ static void operands_end(const operands *o)
     if (o->bf16) pthread_mutex_unlock(&bf16_lock);
 }
 
-/* C (m x n, ld ldc, fp32) = op(A) . op(B) + beta C, column-major, A and B
- * from o (fp32, or bf16 summed in fp32); dimensions checked by the caller
- * (int, nonzero). */
+/* C (m x n, ld ldc) = op(A) . op(B) + beta C, column-major, A and B from o
+ * (fp32, or bf16 summed in fp32); C fp32, or bf16 bits (c_bits: bf16
+ * products alone, beta 0: the fp32 sum rounded as it is stored); dimensions
+ * checked by the caller (int, nonzero). */
 static int gemm(const operands *o, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
-                const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc)
+                const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int c_bits, int64_t ldc)
 {
     const float one = 1.0f;
+    if (c_bits && (!o->bf16 || beta != 0.0f))
+        return tp_fail(TP_ERR_ARG, "CUDA product: a bf16 C goes with bf16 operands and beta 0 alone");
     if (o->bf16)
         CUBLAS_TRY(blas.gemm_ex(blas_handle, op_a, op_b, (int)m, (int)n, (int)k, &one, A, CUDA_R_16BF, (int)lda, B,
-                                CUDA_R_16BF, (int)ldb, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT));
+                                CUDA_R_16BF, (int)ldb, &beta, C, c_bits ? CUDA_R_16BF : CUDA_R_32F, (int)ldc,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     else
         CUBLAS_TRY(blas.sgemm(blas_handle, op_a, op_b, (int)m, (int)n, (int)k, &one, (const float *)A, (int)lda,
-                              (const float *)B, (int)ldb, &beta, C, (int)ldc));
+                              (const float *)B, (int)ldb, &beta, (float *)C, (int)ldc));
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
 }
 
-static int dimensions_ok(const char *what, int bf16, int64_t N, int64_t C, int64_t OC)
+/* what: the operation's name in messages, its precision's suffix apart. */
+static int dimensions_ok(const char *what, const char *suffix, int64_t N, int64_t C, int64_t OC)
 {
     if (!fits_int(N) || !fits_int(C) || !fits_int(OC))
-        return tp_fail(TP_ERR_ARG, "CUDA %s%s: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions", what,
-                       bf16 ? "_bf16" : "", (long long)N, (long long)C, (long long)OC);
+        return tp_fail(TP_ERR_ARG, "CUDA %s%s: N=%lld C=%lld OC=%lld beyond cuBLAS's int dimensions", what, suffix,
+                       (long long)N, (long long)C, (long long)OC);
     return TP_OK;
 }
 
-/* out = in . W^T (+ bias): operands in (fp32, or bf16 bits when bf16), W. */
-static int matmul_forward_in(int bf16, float *out, const void *in, const float *weight, const float *bias, int64_t N,
-                             int64_t C, int64_t OC)
+/* out = in . W^T with no bias, as the product writes it (fp32, or bf16
+ * bits: out_bits): zeros where C is 0 (cuBLAS takes no empty inner
+ * dimension). */
+static int product(const operands *o, void *out, int out_bits, int64_t N, int64_t C, int64_t OC)
+{
+    if (C == 0) {
+        CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * OC) * (out_bits ? sizeof(uint16_t) : sizeof(float)),
+                                 cuda_state.stream));
+        return TP_OK;
+    }
+    return gemm(o, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, o->of[1], C, o->of[0], C, 0.0f, out, out_bits, OC);
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* out (fp32) = in . W^T + bias (bias not NULL): the bias in cuBLASLt's
+ * epilogue where it has an algorithm for it, else the product, then the
+ * bias added where it lies. */
+static int product_with_bias(const operands *o, float *out, const float *bias, int64_t N, int64_t C, int64_t OC)
 {
     int bias_added = 0;
-    TP_TRY(dimensions_ok("matmul_forward", bf16, N, C, OC));
+    if (C > 0) TP_TRY(cuda_lt_forward_bias(o->bf16, 0, out, o->of[0], o->of[1], bias, N, C, OC, &bias_added));
+    if (bias_added) return TP_OK;
+    TP_TRY(product(o, out, 0, N, C, OC));
+    add_bias_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, bias, N, OC);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* out = in . W^T (+ bias): operands in (fp32, or bf16 bits when bf16), W;
+ * out fp32, or bf16 bits (out_bits, bf16 alone: matmul_forward_bf16_bits,
+ * the bits of rounding the fp32 out this writes without out_bits). */
+static int matmul_forward_in(int bf16, void *out, int out_bits, const void *in, const float *weight, const float *bias,
+                             int64_t N, int64_t C, int64_t OC)
+{
+    if (out_bits && !bf16)
+        return tp_fail(TP_ERR_ARG, "CUDA matmul_forward: an out of bf16 bits goes with bf16 products alone");
+    TP_TRY(dimensions_ok("matmul_forward", out_bits ? "_bf16_bits" : bf16 ? "_bf16" : "", N, C, OC));
     ENTER();
     if (N == 0 || OC == 0) return TP_OK;
-    if (C == 0) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * OC) * sizeof(float), cuda_state.stream));
-    else {
+    {
         const operand given[2] = {{in, N * C, bf16}, {weight, OC * C, 0}};
         operands o;
         int status = operands_begin(&o, bf16, given, 2);
-        if (!status && bias) /* the bias in the product's epilogue where cuBLASLt has an algorithm for it */
-            status = cuda_lt_forward_bias(bf16, out, o.of[0], o.of[1], bias, N, C, OC, &bias_added);
-        if (!status && !bias_added)
-            status = gemm(&o, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, o.of[1], C, o.of[0], C, 0.0f, out, OC);
+        if (!status && !bias) /* fp32, or rounded as cuBLAS stores it (bf16 C) */
+            status = product(&o, out, out_bits, N, C, OC);
+        else if (!status && !out_bits)
+            status = product_with_bias(&o, (float *)out, bias, N, C, OC);
+        else if (!status) { /* cuBLASLt's epilogue with a bf16 D, else the fp32 out in out_scratch, rounded */
+            int bias_added = 0;
+            if (C > 0) status = cuda_lt_forward_bias(1, 1, out, o.of[0], o.of[1], bias, N, C, OC, &bias_added);
+            if (!status && !bias_added) {
+                void *wide = NULL;
+                const size_t bytes = (size_t)(N * OC) * sizeof(float);
+                status = cuda_scratch_parts(&out_scratch, "bf16 product's fp32 out", &wide, &bytes, 1);
+                if (!status) status = product_with_bias(&o, (float *)wide, bias, N, C, OC);
+                if (!status) status = cuda_round_to_bf16((uint16_t *)out, (const float *)wide, N * OC);
+            }
+        }
         operands_end(&o);
-        if (status) return status;
+        return status;
     }
-    if (bias && !bias_added) {
-        add_bias_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, bias, N, OC);
-        LAUNCH_CHECK();
-    }
-    return TP_OK;
 fail:
     return TP_ERR_DEVICE;
 }
@@ -315,7 +376,7 @@ static int matmul_backward_in(int bf16, float *d_in, float *d_weight, float *d_b
 {
     if (d_out_bits && (!bf16 || d_out || d_bias))
         return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: a d_out of bf16 bits goes with bf16 products alone");
-    TP_TRY(dimensions_ok("matmul_backward", bf16, N, C, OC));
+    TP_TRY(dimensions_ok("matmul_backward", bf16 ? "_bf16" : "", N, C, OC));
     ENTER();
     if (N == 0) return TP_OK;
     if (d_in && C > 0 && OC == 0) CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * sizeof(float), cuda_state.stream));
@@ -326,9 +387,9 @@ static int matmul_backward_in(int bf16, float *d_in, float *d_weight, float *d_b
         operands o;
         int status = operands_begin(&o, bf16, given, 3);
         if (!status && d_in) /* d_in = d_out @ W, overwritten */
-            status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, o.of[1], C, o.of[0], OC, 0.0f, d_in, C);
+            status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, o.of[1], C, o.of[0], OC, 0.0f, d_in, 0, C);
         if (!status && d_weight) /* d_weight += d_out^T @ in */
-            status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, o.of[2], C, o.of[0], OC, 1.0f, d_weight, C);
+            status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, o.of[2], C, o.of[0], OC, 1.0f, d_weight, 0, C);
         operands_end(&o);
         if (status) return status;
     }
@@ -341,13 +402,19 @@ fail:
 int cuda_matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N,
                         int64_t C, int64_t OC)
 {
-    return matmul_forward_in(0, out, in, weight, bias, N, C, OC);
+    return matmul_forward_in(0, out, 0, in, weight, bias, N, C, OC);
 }
 
 int cuda_matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC)
 {
-    return matmul_forward_in(1, out, in, weight, bias, N, C, OC);
+    return matmul_forward_in(1, out, 0, in, weight, bias, N, C, OC);
+}
+
+int cuda_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
+                                  int64_t C, int64_t OC)
+{
+    return matmul_forward_in(1, out, 1, in, weight, bias, N, C, OC);
 }
 
 int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,

@@ -177,3 +177,8 @@ int64_t cuda_lt_bias_epilogue_products(void)
 {
     return 0;
 }
+
+int64_t cuda_lt_bias_epilogue_bits_products(void)
+{
+    return 0;
+}

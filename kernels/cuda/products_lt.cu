@@ -1,6 +1,6 @@
 /* products_lt.cu: the forward product with its bias added in cuBLASLt's
- * epilogue (CUBLASLT_EPILOGUE_BIAS), for matmul_forward and
- * matmul_forward_bf16 (linear.cu).
+ * epilogue (CUBLASLT_EPILOGUE_BIAS), for matmul_forward,
+ * matmul_forward_bf16 and matmul_forward_bf16_bits (linear.cu).
  *
  * Why: out[N,OC] = in . W^T + bias as a product then add_bias_kernel
  * writes out, then reads and writes it again: for GPT-2 124M at micro-batch
@@ -8,7 +8,11 @@
  * layers). In the epilogue the bias is added to the fp32 sum before the one
  * write, rounding once as add_bias_kernel's addition does; the sum itself
  * may come from another algorithm than cublasGemmEx picks (another order of
- * additions: last bits, as between any two of cuBLAS's algorithms).
+ * additions: last bits, as between any two of cuBLAS's algorithms). With a
+ * bf16 D (matmul_forward_bf16_bits' out, bf16 bits) the epilogue's math is
+ * the same, in fp32 (the bias stays fp32), and its result is rounded to
+ * bf16 as it is stored: the bits of rounding the fp32 D that the same
+ * algorithm writes. The plans are kept per type of D as well.
  *
  * cuBLASLt comes with cuBLAS (libcublas.so needs libcublasLt.so) and is
  * loaded the same way, when the backend starts. A plan (the descriptors
@@ -96,10 +100,11 @@ static int load_cublas_lt(void)
         }                                                                                                              \
     } while (0)
 
-/* The key of a plan: precision, shape, and the alignment in bytes (a power
- * of two, at most 256) of in, W, out and bias. */
+/* The key of a plan: precision, out's type (fp32, or bf16 bits: out_bits),
+ * shape, and the alignment in bytes (a power of two, at most 256) of in, W,
+ * out and bias. */
 typedef struct {
-    int bf16;
+    int bf16, out_bits;
     int64_t N, C, OC;
     unsigned align_in, align_weight, align_out, align_bias;
 } plan_key;
@@ -118,7 +123,8 @@ static struct {
     void *workspace; /* device, LT_WORKSPACE_BYTES; in stream order, so one for every product */
     plan plans[LT_MAX_PLANS];
     int num_plans;
-    int64_t epilogue_products; /* cuda_lt_bias_epilogue_products */
+    int64_t epilogue_products;      /* cuda_lt_bias_epilogue_products */
+    int64_t epilogue_bits_products; /* cuda_lt_bias_epilogue_bits_products: those with a bf16 D */
 } state;
 /* The plans, and each plan's bias pointer from setting it to queueing the
  * product (the descriptor holds it). */
@@ -126,8 +132,9 @@ static pthread_mutex_t plans_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int same_key(const plan_key *a, const plan_key *b)
 {
-    return a->bf16 == b->bf16 && a->N == b->N && a->C == b->C && a->OC == b->OC && a->align_in == b->align_in &&
-           a->align_weight == b->align_weight && a->align_out == b->align_out && a->align_bias == b->align_bias;
+    return a->bf16 == b->bf16 && a->out_bits == b->out_bits && a->N == b->N && a->C == b->C && a->OC == b->OC &&
+           a->align_in == b->align_in && a->align_weight == b->align_weight && a->align_out == b->align_out &&
+           a->align_bias == b->align_bias;
 }
 
 static unsigned alignment_of(const void *p)
@@ -149,12 +156,14 @@ static void plan_release(plan *p)
 
 /* Builds the plan of p->key (column-major, as linear.cu's forward:
  * out^T (OC x N, ld OC) = W^T^T (op T of W read as C x OC, ld C) . in^T
- * (C x N, ld C), the bias a vector of OC, one per row of out^T). usable 0
- * when the heuristic offers nothing; a failure of cuBLASLt otherwise. */
+ * (C x N, ld C), the bias a vector of OC, one per row of out^T; C and D are
+ * out, fp32 or bf16). usable 0 when the heuristic offers nothing (also for
+ * an fp32 bias with a bf16 D, should this cuBLASLt not take one); a failure
+ * of cuBLASLt otherwise. */
 static int plan_build(plan *p, const float *bias)
 {
     const plan_key *k = &p->key;
-    cudaDataType operand = k->bf16 ? CUDA_R_16BF : CUDA_R_32F, result = CUDA_R_32F;
+    cudaDataType operand = k->bf16 ? CUDA_R_16BF : CUDA_R_32F, result = k->out_bits ? CUDA_R_16BF : CUDA_R_32F;
     cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
     uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     int32_t bias_type = CUDA_R_32F;
@@ -257,11 +266,12 @@ void cuda_lt_stop(void)
     pthread_mutex_unlock(&plans_lock);
 }
 
-int cuda_lt_forward_bias(int bf16, float *out, const void *in, const void *weight, const float *bias, int64_t N,
-                         int64_t C, int64_t OC, int *done)
+int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, const void *weight, const float *bias,
+                         int64_t N, int64_t C, int64_t OC, int *done)
 {
     const float one = 1.0f, zero = 0.0f;
-    plan_key key = {bf16, N, C, OC, alignment_of(in), alignment_of(weight), alignment_of(out), alignment_of(bias)};
+    plan_key key = {bf16, out_bits, N, C, OC, alignment_of(in), alignment_of(weight), alignment_of(out),
+                    alignment_of(bias)};
     *done = 0;
     if (!state.handle || key.align_bias < 16) return TP_OK; /* the separate way */
     pthread_mutex_lock(&plans_lock);
@@ -269,11 +279,17 @@ int cuda_lt_forward_bias(int bf16, float *out, const void *in, const void *weigh
     plan *p = plan_for(&key, bias, &status);
     if (!status && p && p->usable) {
         LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-        LT_TRY(lt.matmul(state.handle, p->desc, &one, weight, p->layout_weight, in, p->layout_in, &zero, out,
-                         p->layout_out, out, p->layout_out, &p->algo, state.workspace, p->workspace_bytes,
-                         cuda_state.stream));
-        *done = 1;
-        state.epilogue_products++;
+        cublasStatus_t ran = lt.matmul(state.handle, p->desc, &one, weight, p->layout_weight, in, p->layout_in, &zero,
+                                       out, p->layout_out, out, p->layout_out, &p->algo, state.workspace,
+                                       p->workspace_bytes, cuda_state.stream);
+        /* NOT_SUPPORTED at the call (an fp32 bias with a bf16 D, which
+         * cublasLt.h's bias type rule may refuse only here): nothing was
+         * queued; the plan is set aside and the caller's own way runs. */
+        if (ran == CUBLAS_STATUS_NOT_SUPPORTED) p->usable = 0;
+        else LT_TRY(ran);
+        *done = p->usable;
+        if (p->usable) state.epilogue_products++;
+        if (p->usable && out_bits) state.epilogue_bits_products++;
     }
     pthread_mutex_unlock(&plans_lock);
     return status;
@@ -286,6 +302,14 @@ int64_t cuda_lt_bias_epilogue_products(void)
 {
     pthread_mutex_lock(&plans_lock);
     int64_t products = state.epilogue_products;
+    pthread_mutex_unlock(&plans_lock);
+    return products;
+}
+
+int64_t cuda_lt_bias_epilogue_bits_products(void)
+{
+    pthread_mutex_lock(&plans_lock);
+    int64_t products = state.epilogue_bits_products;
     pthread_mutex_unlock(&plans_lock);
     return products;
 }

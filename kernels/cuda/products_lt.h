@@ -14,6 +14,9 @@ extern "C" {
  * runs, not only that the results are right (the separate bias kernel gives
  * them too). */
 int64_t cuda_lt_bias_epilogue_products(void);
+/* Of those, how many wrote a bf16 D (matmul_forward_bf16_bits' out; the
+ * rest wrote fp32, also where the bits product's fp32 route ran). */
+int64_t cuda_lt_bias_epilogue_bits_products(void);
 
 #ifdef __cplusplus
 }

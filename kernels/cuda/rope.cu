@@ -1,4 +1,5 @@
-/* rope.cu: rotary position embeddings on the GPU, the twin of cpu/rope.c. */
+/* rope.cu: rotary position embeddings on the GPU, the twin of cpu/rope.c
+ * (in place in fp32, or into bf16 bits: rope_forward_bf16). */
 #include <math.h>
 #include <stdint.h>
 
@@ -13,36 +14,67 @@ extern "C" {
  * qkv[B,T,(Hq+2Hkv)*hd], element j < hd/2 and j + hd/2 turn by the angle
  * whose (cos, sin) is cos_sin[t, j]; sign +1 forward, -1 backward (the
  * transpose). A block per row (one 64-bit division a row, not an element:
- * ROWS_AND_COLUMNS in launch.h), a pair per thread, in place: no two threads
- * share an element. */
+ * ROWS_AND_COLUMNS in launch.h), a pair per thread: no two threads share an
+ * element.
+ *
+ * One kernel, templated on its output (store_value, launch.h): float, in
+ * place (out is qkv: rope_forward, rope_backward), or uint16_t, the bf16
+ * bits of each value it would leave in qkv, written to out and qkv left as
+ * it is (rope_forward_bf16: a bf16 activation, kernels.h). The arithmetic is
+ * one source for both, so the bits are those of rounding what the fp32
+ * kernel writes, by construction. Out of place, the values no pair turns
+ * (the V heads; with an odd hd the last value of each Q and K head) are
+ * rounded into out too (keep_unturned): every element of out is written. */
 
-static __global__ void rope_kernel(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t H, int64_t stride,
-                                   int64_t hd, float sign)
+/* In place: the values no pair turns stay where they are. */
+static __device__ inline void keep_unturned(float *out, const float *qkv, int64_t H, int64_t width, int64_t hd)
+{
+    (void)out, (void)qkv, (void)H, (void)width, (void)hd;
+}
+
+/* Out of place: a row's values that no pair turns, rounded into out's row
+ * (out, qkv: the row's start; width: the row's values). */
+static __device__ inline void keep_unturned(uint16_t *out, const float *qkv, int64_t H, int64_t width, int64_t hd)
+{
+    for (int64_t i = H * hd + threadIdx.x; i < width; i += blockDim.x) store_value(&out[i], qkv[i]); /* V */
+    if (hd % 2) /* the last value of each Q and K head */
+        for (int64_t h = threadIdx.x; h < H; h += blockDim.x) store_value(&out[h * hd + hd - 1], qkv[h * hd + hd - 1]);
+}
+
+template <typename Out>
+static __global__ void rope_kernel(Out *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t H,
+                                   int64_t stride, int64_t hd, float sign)
 {
     int half = (int)(hd / 2), pairs = (int)(H * half); /* a row's, int: rope_turn checks */
     ROWS_OF_BLOCK(row, B * T) {
         int64_t t = row % T;
         for (int k = threadIdx.x; k < pairs; k += blockDim.x) {
             int h = k / half, j = k - h * half;
-            float *x = qkv + row * stride + (int64_t)h * hd;
+            const float *x = qkv + row * stride + (int64_t)h * hd;
+            Out *y = out + row * stride + (int64_t)h * hd;
             float c = cos_sin[(t * half + j) * 2], s = sign * cos_sin[(t * half + j) * 2 + 1];
             float lo = x[j], hi = x[j + half];
-            x[j] = lo * c - hi * s;
-            x[j + half] = hi * c + lo * s;
+            store_value(&y[j], lo * c - hi * s);
+            store_value(&y[j + half], hi * c + lo * s);
         }
+        keep_unturned(out + row * stride, qkv + row * stride, H, stride, hd);
     }
 }
 
-static int rope_turn(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
-                     float sign)
+/* out: qkv itself (float, in place) or bf16 bits of its shape. */
+template <typename Out>
+static int rope_turn(Out *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                     int64_t hd, float sign)
 {
     ENTER();
-    if (B <= 0 || T <= 0 || Hq + Hkv <= 0 || hd / 2 <= 0) return TP_OK;
+    /* In place, nothing to do without a pair to turn; out of place, every value is written */
+    if (B <= 0 || T <= 0 || Hq + 2 * Hkv <= 0 || hd <= 0) return TP_OK;
+    if ((void *)out == (const void *)qkv && (Hq + Hkv <= 0 || hd / 2 <= 0)) return TP_OK;
     if ((Hq + Hkv) * (hd / 2) > INT32_MAX - THREADS) /* the thread's int counter passes the count by < THREADS */
         return tp_fail(TP_ERR_ARG, "CUDA rope: %lld heads of %lld values, beyond a row's int count of pairs",
                        (long long)(Hq + Hkv), (long long)hd);
-    rope_kernel<<<blocks_for(B * T, 1), THREADS, 0, cuda_state.stream>>>(
-        qkv, cos_sin, B, T, Hq + Hkv, (Hq + 2 * Hkv) * hd, hd, sign);
+    rope_kernel<<<blocks_for(B * T, 1), THREADS, 0, cuda_state.stream>>>(out, qkv, cos_sin, B, T, Hq + Hkv,
+                                                                         (Hq + 2 * Hkv) * hd, hd, sign);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -52,11 +84,17 @@ fail:
 int cuda_rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                       int64_t hd)
 {
-    return rope_turn(qkv, cos_sin, B, T, Hq, Hkv, hd, 1.0f);
+    return rope_turn(qkv, qkv, cos_sin, B, T, Hq, Hkv, hd, 1.0f);
 }
 
 int cuda_rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                        int64_t hd)
 {
-    return rope_turn(d_qkv, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
+    return rope_turn(d_qkv, d_qkv, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
+}
+
+int cuda_rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq,
+                           int64_t Hkv, int64_t hd)
+{
+    return rope_turn(out, qkv, cos_sin, B, T, Hq, Hkv, hd, 1.0f);
 }

@@ -474,6 +474,9 @@ static int64_t head_floats_of(const gpt_model *m)
     return h->local_max + m->B * m->T - (const float *)h->lnf; /* local_max is carved last (trainer/model.c head_init) */
 }
 
+/* Whether trainer_memory's trainer runs bf16 mixed precision. */
+static int trainer_bf16;
+
 /* What rank (stage, tp rank 0) of (tp, pp) with V virtual stages and
  * grad_accum micro-batches a step allocates, built by the trainer with the
  * slots its schedule needs. */
@@ -490,7 +493,8 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     cr_assert_eq(pipeline_schedule(pp, stage, V, grad_accum, &ops, &count, &slots), TP_OK, "%s", tp_errmsg());
     pipeline_buffers buffers = pipeline_buffers_used(ops, count);
     free(ops);
-    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, buffers.heads, sp, V, zero, 0),
+    cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, buffers.heads, sp, V, zero,
+                                  trainer_bf16),
                  TP_OK, "%s", tp_errmsg());
     cr_assert_eq(m->num_heads, m->is_last ? buffers.heads : 0);
     elastic_memory out = {0};
@@ -525,6 +529,45 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     gpt_model_free(m);
     comm_free(c);
     return out;
+}
+
+/* tp-train --dtype bf16 (mixed precision: the model's dtype bf16 to the
+ * planner, fp32 weights and bf16 activations to the trainer): the
+ * activations the trainer allocates, its bf16 regions at two values an
+ * element, odd counts rounded up (seq 9 at micro-batch 1). The weights are
+ * the planner's bound (bf16 and an fp32 master), not compared. */
+Test(plan, bf16_activations_are_what_the_trainer_allocates)
+{
+    const char *names[] = {"tiny", "llama-tiny"};
+    for (int n = 0; n < 2; n++)
+        for (int tp = 1; tp <= 2; tp++)
+            for (int pp = 1; pp <= 2; pp++)
+                for (int sp = 0; sp <= (tp > 1); sp++)
+                    for (int64_t seq = 8; seq <= 9; seq++) {
+                        gpt_config config = preset(names[n]);
+                        config.seq = seq;
+                        if (gpt_config_check(&config, tp, pp) != TP_OK || (sp && seq % tp)) continue;
+                        /* The planner reports its largest stage, its weights 6 bytes a value (bf16 and the
+                         * master) where the trainer's are 4: the stage of the largest total + weights / 2. */
+                        int64_t largest = -1, most = 0;
+                        trainer_bf16 = 1;
+                        for (int stage = 0; stage < pp; stage++) {
+                            elastic_memory m = trainer_memory(&config, tp, pp, 1, pp, stage, 1, sp, 0, 1);
+                            if (m.total + m.weights / 2 > largest) largest = m.total + m.weights / 2, most = m.activations;
+                        }
+                        trainer_bf16 = 0;
+                        gpt_config planned = config;
+                        planned.dtype = TP_BF16;
+                        elastic_memory estimate;
+                        cr_assert_eq(elastic_memory_estimate(&planned, tp, pp, 1, sp, 0, 1, &estimate), TP_OK);
+                        elastic_memory fp32;
+                        cr_assert_eq(elastic_memory_estimate(&config, tp, pp, 1, sp, 0, 1, &fp32), TP_OK);
+                        cr_assert_eq(estimate.activations, most,
+                                     "%s tp%d pp%d sp%d seq %lld: bf16 activations planned %lld, trainer %lld",
+                                     names[n], tp, pp, sp, (long long)seq, (long long)estimate.activations,
+                                     (long long)most);
+                        cr_assert_lt(estimate.activations, fp32.activations, "bf16 activations take less than fp32");
+                    }
 }
 
 /* With ZeRO-1 over 3 ranks too: the parameters padded to 3 equal shards,

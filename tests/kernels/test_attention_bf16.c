@@ -1,8 +1,9 @@
 /* The bf16 attention of the CPU (attention_forward_bf16,
  * attention_backward_bf16; kernels/cpu/attention.c), the twin of cuDNN's
  * flash attention on a GPU: it is the fp32 attention of the operands cuDNN
- * reads in bf16, rounded as convert_bits.h rounds, its out written as bf16
- * bits (a bf16 activation) and read so by the backward. So: bit for bit
+ * reads in bf16, rounded as convert_bits.h rounds: qkv arrives as bf16
+ * bits (a bf16 activation), out is written as bf16 bits and read so by the
+ * backward. So: bit for bit
  * the fp32 attention where those operands are already bf16 values (out the
  * bits of rounding its out); on any operands, bit for bit the fp32
  * attention of their roundings (special values included), and within the
@@ -35,15 +36,6 @@ static float *rounded_copy(const float *x, int64_t n)
     return out;
 }
 
-/* x rounded to bf16 bits (the fp32 operation's out as a bf16 activation). */
-static uint16_t *bits_of(const float *x, int64_t n)
-{
-    uint16_t *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
-    cr_assert(out);
-    convert_from_f32(x, out, TP_BF16, n);
-    return out;
-}
-
 /* bf16 bits widened to fp32 (exact). */
 static float *floats_of(const uint16_t *bits, int64_t n)
 {
@@ -58,16 +50,6 @@ static uint16_t *alloc_bits(int64_t n)
     uint16_t *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
     cr_assert(p);
     return p;
-}
-
-/* The bf16 out against the bits of rounding the fp32 attention's out. */
-static void assert_rounded_bits(const uint16_t *got, const float *fp32_out, int64_t n)
-{
-    uint16_t *want = bits_of(fp32_out, n);
-    for (int64_t i = 0; i < n; i++)
-        cr_assert_eq(got[i], want[i], "out[%lld]: bf16 bits 0x%04x, want 0x%04x (the fp32 out %.9g rounded)",
-                     (long long)i, got[i], want[i], fp32_out[i]);
-    free(want);
 }
 
 static void assert_same_bits(const float *got, const float *want, int64_t n, const char *what)
@@ -109,23 +91,25 @@ Test(attention_bf16, is_the_fp32_attention_on_bf16_values)
     for (int s = 0; s < SHAPES; s++) {
         shape x = shape_of(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4]);
         float *raw = floats_random(x.n_qkv, 2.0f), *qkv = rounded_copy(raw, x.n_qkv);
+        uint16_t *qkv_bits = floats_bf16_bits(qkv, x.n_qkv);
         float *raw_g = floats_random(x.n_out, 1.0f), *d_out = rounded_copy(raw_g, x.n_out);
         uint16_t *out = alloc_bits(x.n_out);
         float *lse = alloc_floats(x.n_lse), *want_out = alloc_floats(x.n_out);
         float *want_lse = alloc_floats(x.n_lse), *scratch = alloc_floats(x.n_scratch);
         float *dqkv = alloc_floats(x.n_qkv), *want_dqkv = alloc_floats(x.n_qkv);
         cr_assert_eq(attention_forward(want_out, want_lse, scratch, qkv, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK);
-        cr_assert_eq(attention_forward_bf16(out, lse, scratch, qkv, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK, "%s",
+        cr_assert_eq(attention_forward_bf16(out, lse, scratch, qkv_bits, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK, "%s",
                      tp_errmsg());
-        assert_rounded_bits(out, want_out, x.n_out);
+        floats_assert_rounded(out, want_out, x.n_out, "out");
         assert_same_bits(lse, want_lse, x.n_lse, "lse");
         float *o = floats_of(out, x.n_out); /* the bf16 out, as the backward reads it */
         cr_assert_eq(attention_backward(want_dqkv, scratch, d_out, qkv, o, want_lse, x.B, x.T, x.Hq, x.Hkv, x.hd),
                      TP_OK);
-        cr_assert_eq(attention_backward_bf16(dqkv, scratch, d_out, qkv, out, want_lse, x.B, x.T, x.Hq, x.Hkv, x.hd),
+        cr_assert_eq(attention_backward_bf16(dqkv, scratch, d_out, qkv_bits, out, want_lse, x.B, x.T, x.Hq, x.Hkv,
+                                             x.hd),
                      TP_OK, "%s", tp_errmsg());
         assert_same_bits(dqkv, want_dqkv, x.n_qkv, "d_qkv");
-        free(raw), free(qkv), free(raw_g), free(d_out), free(out), free(lse), free(want_out), free(want_lse);
+        free(raw), free(qkv), free(qkv_bits), free(raw_g), free(d_out), free(out), free(lse), free(want_out), free(want_lse);
         free(scratch), free(dqkv), free(want_dqkv), free(o);
     }
 }
@@ -138,21 +122,22 @@ Test(attention_bf16, rounds_as_convert_bits)
         shape x = shape_of(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4]);
         float *qkv = floats_random(x.n_qkv, 2.0f), *d_out = floats_random(x.n_out, 1.0f);
         float *fwd_out = floats_random(x.n_out, 1.0f); /* any out, as bf16 bits */
-        uint16_t *fwd_bits = bits_of(fwd_out, x.n_out);
+        uint16_t *fwd_bits = floats_bf16_bits(fwd_out, x.n_out), *qkv_bits = floats_bf16_bits(qkv, x.n_qkv);
         float *q = rounded_copy(qkv, x.n_qkv), *g = rounded_copy(d_out, x.n_out), *o = rounded_copy(fwd_out, x.n_out);
         uint16_t *out = alloc_bits(x.n_out);
         float *lse = alloc_floats(x.n_lse), *want_out = alloc_floats(x.n_out);
         float *want_lse = alloc_floats(x.n_lse), *scratch = alloc_floats(x.n_scratch);
         float *dqkv = alloc_floats(x.n_qkv), *want_dqkv = alloc_floats(x.n_qkv);
         cr_assert_eq(attention_forward(want_out, want_lse, scratch, q, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK);
-        cr_assert_eq(attention_forward_bf16(out, lse, scratch, qkv, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK);
-        assert_rounded_bits(out, want_out, x.n_out);
+        cr_assert_eq(attention_forward_bf16(out, lse, scratch, qkv_bits, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK);
+        floats_assert_rounded(out, want_out, x.n_out, "out");
         assert_same_bits(lse, want_lse, x.n_lse, "lse");
         cr_assert_eq(attention_backward(want_dqkv, scratch, g, q, o, lse, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK);
-        cr_assert_eq(attention_backward_bf16(dqkv, scratch, d_out, qkv, fwd_bits, lse, x.B, x.T, x.Hq, x.Hkv, x.hd),
+        cr_assert_eq(attention_backward_bf16(dqkv, scratch, d_out, qkv_bits, fwd_bits, lse, x.B, x.T, x.Hq, x.Hkv,
+                                             x.hd),
                      TP_OK);
         assert_same_bits(dqkv, want_dqkv, x.n_qkv, "d_qkv");
-        free(qkv), free(d_out), free(fwd_out), free(fwd_bits), free(q), free(g), free(o), free(out), free(lse);
+        free(qkv), free(qkv_bits), free(d_out), free(fwd_out), free(fwd_bits), free(q), free(g), free(o), free(out), free(lse);
         free(want_out), free(want_lse), free(scratch), free(dqkv), free(want_dqkv);
     }
 }
@@ -184,14 +169,15 @@ Test(attention_bf16, one_position_shows_the_rounding)
     memcpy(value, special, sizeof value);
     /* B=1, T=1, H heads of one dimension, a key/value head each: a row is [q0..q9 | k0..k9 | v0..v9]. */
     float qkv[3 * H], out[H], lse[H], scratch[H], d_out[H], dqkv[3 * H], fwd_out[H];
-    uint16_t out_bits[H], fwd_bits[H];
+    uint16_t out_bits[H], fwd_bits[H], qkv_bits[3 * H];
     for (int h = 0; h < H; h++) {
         qkv[h] = isfinite(round_bf16(value[h])) ? value[h] : 1.0f; /* q: finite once rounded (an infinite score
                                                                        has no softmax) */
         qkv[H + h] = 1.0f;                             /* k */
         qkv[2 * H + h] = value[h];                     /* v */
     }
-    cr_assert_eq(attention_forward_bf16(out_bits, lse, scratch, qkv, 1, 1, H, H, 1), TP_OK);
+    convert_from_f32(qkv, qkv_bits, TP_BF16, 3 * H); /* the rounding under test */
+    cr_assert_eq(attention_forward_bf16(out_bits, lse, scratch, qkv_bits, 1, 1, H, H, 1), TP_OK);
     convert_to_f32(out_bits, TP_BF16, out, H);
     for (int h = 0; h < H; h++) {
         float v = round_bf16(value[h]), q = round_bf16(qkv[h]);
@@ -205,14 +191,15 @@ Test(attention_bf16, one_position_shows_the_rounding)
         fwd_out[h] = isfinite(value[h]) ? value[h] : 0.5f;
     }
     convert_from_f32(fwd_out, fwd_bits, TP_BF16, H);
-    cr_assert_eq(attention_backward_bf16(dqkv, scratch, d_out, qkv, fwd_bits, lse, 1, 1, H, H, 1), TP_OK);
+    convert_from_f32(qkv, qkv_bits, TP_BF16, 3 * H);
+    cr_assert_eq(attention_backward_bf16(dqkv, scratch, d_out, qkv_bits, fwd_bits, lse, 1, 1, H, H, 1), TP_OK);
     for (int h = 0; h < H; h++) {
         float o = round_bf16(fwd_out[h]);
         if (isfinite(o)) cr_assert(dqkv[h] == -o, "dQ[%d] %.9g, want -bf16(out) %.9g", h, dqkv[h], -o);
         cr_assert(dqkv[2 * H + h] == 1.0f, "dV[%d] %.9g, want d_out", h, dqkv[2 * H + h]);
     }
     for (int h = 0; h < H; h++) d_out[h] = value[h], fwd_bits[h] = 0;
-    cr_assert_eq(attention_backward_bf16(dqkv, scratch, d_out, qkv, fwd_bits, lse, 1, 1, H, H, 1), TP_OK);
+    cr_assert_eq(attention_backward_bf16(dqkv, scratch, d_out, qkv_bits, fwd_bits, lse, 1, 1, H, H, 1), TP_OK);
     for (int h = 0; h < H; h++) {
         float g = round_bf16(value[h]);
         cr_assert(dqkv[2 * H + h] == g || (isnan(g) && isnan(dqkv[2 * H + h])), "dV[%d] %.9g, want bf16(d_out) %.9g",
@@ -241,12 +228,12 @@ Test(attention_bf16, within_the_rounding_of_its_operands)
         shape x = shape_of(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4]);
         int64_t S = (x.Hq + 2 * x.Hkv) * x.hd, group = x.Hq / x.Hkv;
         float *qkv = floats_random(x.n_qkv, 1.0f), *d_out = floats_random(x.n_out, 1.0f);
-        uint16_t *out_bits = alloc_bits(x.n_out);
+        uint16_t *out_bits = alloc_bits(x.n_out), *qkv_bits = floats_bf16_bits(qkv, x.n_qkv);
         float *lse = alloc_floats(x.n_lse), *want_out = alloc_floats(x.n_out);
         float *want_lse = alloc_floats(x.n_lse), *scratch = alloc_floats(x.n_scratch);
         float *dqkv = alloc_floats(x.n_qkv), *want_dqkv = alloc_floats(x.n_qkv);
         cr_assert_eq(attention_forward(want_out, want_lse, scratch, qkv, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK);
-        cr_assert_eq(attention_forward_bf16(out_bits, lse, scratch, qkv, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK);
+        cr_assert_eq(attention_forward_bf16(out_bits, lse, scratch, qkv_bits, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK);
         float *out = floats_of(out_bits, x.n_out);
         double scale = 1.0 / sqrt((double)x.hd), u = ldexp(1.0, -8);
         for (int64_t b = 0; b < x.B; b++)
@@ -282,8 +269,8 @@ Test(attention_bf16, within_the_rounding_of_its_operands)
         cr_assert_eq(attention_backward(want_dqkv, scratch, d_out, qkv, want_out, want_lse, x.B, x.T, x.Hq, x.Hkv,
                                         x.hd),
                      TP_OK);
-        uint16_t *want_out_bits = bits_of(want_out, x.n_out);
-        cr_assert_eq(attention_backward_bf16(dqkv, scratch, d_out, qkv, want_out_bits, want_lse, x.B, x.T, x.Hq,
+        uint16_t *want_out_bits = floats_bf16_bits(want_out, x.n_out);
+        cr_assert_eq(attention_backward_bf16(dqkv, scratch, d_out, qkv_bits, want_out_bits, want_lse, x.B, x.T, x.Hq,
                                              x.Hkv, x.hd),
                      TP_OK);
         free(want_out_bits);
@@ -305,7 +292,7 @@ Test(attention_bf16, within_the_rounding_of_its_operands)
                       "value %.3g",
                       names[part], s, worst, (long long)worst_at, dqkv[worst_at], want_dqkv[worst_at], largest);
         }
-        free(qkv), free(d_out), free(out), free(out_bits), free(lse), free(want_out), free(want_lse), free(scratch);
+        free(qkv), free(qkv_bits), free(d_out), free(out), free(out_bits), free(lse), free(want_out), free(want_lse), free(scratch);
         free(dqkv), free(want_dqkv);
     }
 }

@@ -11,6 +11,7 @@
 #include "../../common/error.h"
 #include "../../kernels/cpu/bf16_products.h"
 #include "../../kernels/kernels.h"
+#include "../support/floats.h"
 
 /* bf16 of x by truncation plus the rounding of the dropped half (no NaNs here). */
 static double bf16_of(float x)
@@ -24,20 +25,11 @@ static double bf16_of(float x)
     return out;
 }
 
-/* x rounded to bf16 bits, as a bf16 activation holds it. */
-static uint16_t *bits_of(const float *x, int64_t n)
-{
-    uint16_t *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
-    cr_assert(out);
-    convert_from_f32(x, out, TP_BF16, n);
-    return out;
-}
-
 /* An operand of bf16_product: the values, or (as_bits) their bf16 bits in
  * *bits (freed by the caller). */
 static bf16_operand operand(const float *values, int64_t n, int as_bits, uint16_t **bits)
 {
-    *bits = as_bits ? bits_of(values, n) : NULL;
+    *bits = as_bits ? floats_bf16_bits(values, n) : NULL;
     return as_bits ? bf16_of_bits(*bits) : bf16_of_values(values);
 }
 
@@ -75,7 +67,8 @@ static void check_product(int64_t M, int64_t N, int64_t K, int trans_a, int tran
     double *want = malloc((size_t)(M * N) * sizeof(double)), *magnitude = malloc((size_t)(M * N) * sizeof(double));
     reference(want, magnitude, a, b, M, N, K, trans_a, trans_b, before);
     uint16_t *a_bits, *b_bits;
-    bf16_operand a_operand = operand(a, M * K, as_bits & 1, &a_bits), b_operand = operand(b, K * N, as_bits & 2, &b_bits);
+    bf16_operand a_operand = operand(a, M * K, as_bits & 1, &a_bits);
+    bf16_operand b_operand = operand(b, K * N, as_bits & 2, &b_bits);
     cr_assert_eq(bf16_product(c, a_operand, b_operand, M, N, K, trans_a, trans_b, accumulate), TP_OK, "%s",
                  tp_errmsg());
     free(a_bits);
@@ -163,7 +156,7 @@ Test(bf16_products, linear_products_are_exact_sums_of_rounded_operands_on_every_
         memcpy(d_w_before, d_w, (size_t)(OC * C) * sizeof(float));
         size_t most = (size_t)(N * C > OC * C ? N * C : OC * C);
         double *want = malloc(most * sizeof(double)), *magnitude = malloc(most * sizeof(double));
-        uint16_t *in_bits = bits_of(in, N * C); /* a bf16 activation */
+        uint16_t *in_bits = floats_bf16_bits(in, N * C); /* a bf16 activation */
         cr_assert_eq(matmul_forward_bf16(out, in_bits, w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(matmul_backward_bf16(d_in, d_w, NULL, d_out, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
         free(in_bits);
@@ -195,7 +188,7 @@ Test(bf16_products, linear_layers_use_them)
     float *d_in = calloc((size_t)(N * C), sizeof(float)), *d_in32 = calloc((size_t)(N * C), sizeof(float));
     float *d_w = calloc((size_t)(OC * C), sizeof(float)), *d_w32 = calloc((size_t)(OC * C), sizeof(float));
     float *d_b = calloc((size_t)OC, sizeof(float)), *d_b32 = calloc((size_t)OC, sizeof(float));
-    uint16_t *in_bits = bits_of(in, N * C);
+    uint16_t *in_bits = floats_bf16_bits(in, N * C);
     cr_assert_eq(matmul_forward_bf16(out, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
     matmul_forward(out32, in, w, bias, N, C, OC);
     cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());

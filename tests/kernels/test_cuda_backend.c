@@ -123,6 +123,13 @@ static uint16_t *download_bits(const kernel_backend *k, const uint16_t *device, 
     return host;
 }
 
+/* Checks of bf16 bits against the fp32 values they round, and against the
+ * CPU twin's bits (defined with the bf16 activations' tests, below). */
+static void check_rounding(const uint16_t *got, const float *fp32, int64_t n, double near_tie, const char *op,
+                           const char *shape);
+static void check_near_cpu(const uint16_t *got, const uint16_t *cpu, int64_t n, double abs, const char *op,
+                           const char *shape);
+
 /* ---------------------------------------------------------------- creation */
 
 /* Runs with and without a GPU: without one (or without CUDA in the build)
@@ -297,16 +304,21 @@ Test(cuda_backend, bias_gradients_of_tall_arrays)
 /* The products with a bias go through cuBLASLt's bias epilogue
  * (products_lt.cu), whose algorithms assume 256-byte aligned arrays unless
  * told otherwise; the trainer's arrays start at any float, its bf16
- * activations (the bf16 products' in, read where they are) at any bf16. In
- * both precisions, against the CPU with matmul_forward's and
- * matmul_forward_bf16's tolerances: every array aligned (the epilogue runs:
- * its count of products grows); in, W and out one value past an alignment
- * (4 bytes; 2 for bf16 in: another plan, or the separate bias kernel where
- * cuBLASLt has no algorithm for such arrays); the bias 4 bytes past (the
- * separate kernel, always: the count stays); then aligned again (the kept
- * plan). With TP_CUDA_EPILOGUE=off, the separate kernel every time. The
- * bf16 backward (d_in and d_weight of in's bits) at the same offsets too,
- * within matmul_backward_bf16's tolerance. */
+ * activations (the bf16 products' in, read where they are, and the bits
+ * product's out) at any bf16. In three precisions, fp32, bf16 and bf16
+ * written as bits (matmul_forward_bf16_bits), against the CPU with
+ * matmul_forward's and matmul_forward_bf16's tolerances (the bits: the same
+ * as the CPU's, or one bf16 ulp apart, or within that tolerance): every
+ * array aligned (the epilogue runs: its count of products grows; for the
+ * bits, with a bf16 D); in, W and out one value past an alignment (4 bytes;
+ * 2 for bf16 in and bits out: another plan, or the separate bias kernel
+ * where cuBLASLt has no algorithm for such arrays); the bias 4 bytes past
+ * (the separate kernel, always: the count stays); then aligned again (the
+ * kept plan). With TP_CUDA_EPILOGUE=off, the separate kernel every time.
+ * The bits are those of rounding what matmul_forward_bf16 writes from the
+ * same in, W and bias to an aligned out, every one. The bf16 backward (d_in
+ * and d_weight of in's bits) at the same offsets too, within
+ * matmul_backward_bf16's tolerance. */
 Test(cuda_backend, products_with_bias_at_any_alignment)
 {
     NEED_GPU();
@@ -315,11 +327,13 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
     float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *bias = floats_random(OC, 1.0f);
     float *dout = floats_random(N * OC, 1.0f), *dw = floats_random(OC * C, 1.0f);
     float *din = malloc((size_t)(N * C) * sizeof(float)), *want = malloc((size_t)(N * OC) * sizeof(float));
-    uint16_t *in_bits = bf16_bits(in, N * C);
+    uint16_t *in_bits = bf16_bits(in, N * C), *want_bits = malloc((size_t)(N * OC) * sizeof(uint16_t));
+    uint16_t *out_garbage = bits_garbage(N * OC + 1);
+    cr_assert(din && want && want_bits);
     /* One value more than each array: the array at offset 1 or 0. */
     float *g_in = NULL, *g_w = NULL, *g_bias = NULL, *g_out = NULL, *g_dout = upload_floats(k, dout, N * OC);
-    float *g_din = NULL, *g_dw = NULL;
-    uint16_t *g_bits = NULL;
+    float *g_din = NULL, *g_dw = NULL, *g_fp32 = NULL;
+    uint16_t *g_bits = NULL, *g_out_bits = upload_bits(k, out_garbage, N * OC + 1);
     cr_assert_eq(k->alloc((void **)&g_in, (size_t)(N * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_bits, (size_t)(N * C + 1) * sizeof(uint16_t)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_din, (size_t)(N * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
@@ -327,24 +341,54 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
     cr_assert_eq(k->alloc((void **)&g_w, (size_t)(OC * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_bias, (size_t)(OC + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_out, (size_t)(N * OC + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->alloc((void **)&g_fp32, (size_t)(N * OC) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     /* The offsets of in, W and out, and of the bias; 1: the epilogue must run, 0: it must not, -1: either. */
     const struct {
         int arrays, bias, epilogue;
         const char *what;
     } cases[] = {{0, 0, 1, "all aligned"},
-                 {1, 0, -1, "in, W and out one value past alignment (4 bytes; bf16 in 2)"},
+                 {1, 0, -1, "in, W and out one value past alignment (4 bytes; bf16 in and bits out 2)"},
                  {0, 1, 0, "the bias 4 bytes past alignment"},
                  {0, 0, 1, "all aligned, again"}};
-    for (int bf16 = 0; bf16 < 2; bf16++)
+    static const char *const precisions[] = {"fp32", "bf16", "bf16 bits"};
+    for (int precision = 0; precision < 3; precision++)
         for (int c = 0; c < 4; c++) {
-            int at = cases[c].arrays, bias_at = cases[c].bias;
+            int at = cases[c].arrays, bias_at = cases[c].bias, bf16 = precision > 0;
             cr_assert_eq(k->to_device(g_in + at, in, (size_t)(N * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
             cr_assert_eq(k->to_device(g_bits + at, in_bits, (size_t)(N * C) * sizeof(uint16_t)), TP_OK, "%s",
                          tp_errmsg());
             cr_assert_eq(k->to_device(g_w + at, w, (size_t)(OC * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
             cr_assert_eq(k->to_device(g_bias + bias_at, bias, (size_t)OC * sizeof(float)), TP_OK, "%s", tp_errmsg());
-            int64_t before = cuda_lt_bias_epilogue_products();
-            if (bf16) {
+            int64_t before = cuda_lt_bias_epilogue_products(), bits_before = cuda_lt_bias_epilogue_bits_products();
+            int64_t epilogues = 0, bits_epilogues = 0; /* the counts' growth for this product */
+            if (precision == 2) {
+                char shape[192];
+                snprintf(shape, sizeof shape, "N=%lld C=%lld OC=%lld, %s", (long long)N, (long long)C, (long long)OC,
+                         cases[c].what);
+                cr_assert_eq(k->to_device(g_out_bits, out_garbage, (size_t)(N * OC + 1) * sizeof(uint16_t)), TP_OK);
+                cr_assert_eq(matmul_forward_bf16(want, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+                cr_assert_eq(matmul_forward_bf16_bits(want_bits, in_bits, w, bias, N, C, OC), TP_OK, "%s",
+                             tp_errmsg());
+                cr_assert_eq(k->matmul_forward_bf16_bits(g_out_bits + at, g_bits + at, g_w + at, g_bias + bias_at, N,
+                                                         C, OC),
+                             TP_OK, "bf16 bits, %s: %s", cases[c].what, tp_errmsg());
+                epilogues = cuda_lt_bias_epilogue_products() - before;
+                bits_epilogues = cuda_lt_bias_epilogue_bits_products() - bits_before;
+                /* the fp32 twin from the same in, W and bias, to an aligned out (its epilogue not counted) */
+                cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_bits + at, g_w + at, g_bias + bias_at, N, C, OC), TP_OK,
+                             "%s", tp_errmsg());
+                uint16_t *got = download_bits(k, g_out_bits + at, N * OC);
+                float *fp32 = download(k, g_fp32, N * OC);
+                /* cuBLASLt's bf16 D rounds its own sums (near_tie, check_rounding); the fp32 route is exact */
+                check_rounding(got, fp32, N * OC, 1e-4 * max_magnitude(want, N * OC), "matmul_forward_bf16_bits",
+                               shape);
+                check_near_cpu(got, want_bits, N * OC, 1e-5 * max_magnitude(want, N * OC), "matmul_forward_bf16_bits",
+                               shape);
+                uint16_t *after = download_bits(k, g_out_bits, N * OC + 1);
+                cr_assert(at == 0 || after[0] == 0x40e0u, "matmul_forward_bf16_bits %s: wrote before out", shape);
+                cr_assert(at == 1 || after[N * OC] == 0x40e0u, "matmul_forward_bf16_bits %s: wrote past out", shape);
+                free(got), free(fp32), free(after);
+            } else if (bf16) {
                 cr_assert_eq(matmul_forward_bf16(want, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
                 cr_assert_eq(k->matmul_forward_bf16(g_out + at, g_bits + at, g_w + at, g_bias + bias_at, N, C, OC),
                              TP_OK, "bf16, %s: %s", cases[c].what, tp_errmsg());
@@ -355,13 +399,23 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
                              "fp32, %s: %s", cases[c].what, tp_errmsg());
                 check_device(k, g_out + at, want, N * OC, 1e-4, 1e-4, cases[c].what);
             }
-            int64_t epilogues = cuda_lt_bias_epilogue_products() - before;
+            if (precision < 2) {
+                epilogues = cuda_lt_bias_epilogue_products() - before;
+                bits_epilogues = cuda_lt_bias_epilogue_bits_products() - bits_before;
+            }
             const char *choice = getenv("TP_CUDA_EPILOGUE");
             int expected = choice && !strcmp(choice, "off") ? 0 : cases[c].epilogue;
             if (expected >= 0)
                 cr_assert_eq(epilogues, expected, "%s, %s: %lld products in cuBLASLt's epilogue, want %d",
-                             bf16 ? "bf16" : "fp32", cases[c].what, (long long)epilogues, expected);
-            if (bf16) { /* the backward of the same bits: d_in overwritten, d_weight accumulated */
+                             precisions[precision], cases[c].what, (long long)epilogues, expected);
+            if (precision == 2) /* in the epilogue with a bf16 D, or (cuBLASLt refusing an fp32 bias with a bf16 D,
+                                   as cublasLt.h's bias type rule allows) with an fp32 D, rounded after */
+                cr_assert(bits_epilogues <= epilogues, "bf16 bits, %s: %lld products with a bf16 D of %lld in the "
+                          "epilogue", cases[c].what, (long long)bits_epilogues, (long long)epilogues);
+            else
+                cr_assert(precision == 2 || bits_epilogues == 0, "%s, %s: %lld products with a bf16 D",
+                          precisions[precision], cases[c].what, (long long)bits_epilogues);
+            if (precision == 1) { /* the backward of the same bits: d_in overwritten, d_weight accumulated */
                 float *dw_want = malloc((size_t)(OC * C) * sizeof(float));
                 cr_assert(dw_want);
                 memcpy(dw_want, dw, (size_t)(OC * C) * sizeof(float));
@@ -380,8 +434,9 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
             }
         }
     k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out), k->release(g_bits);
-    k->release(g_dout), k->release(g_din), k->release(g_dw);
-    free(in), free(w), free(bias), free(want), free(dout), free(dw), free(din), free(in_bits);
+    k->release(g_dout), k->release(g_din), k->release(g_dw), k->release(g_fp32), k->release(g_out_bits);
+    free(in), free(w), free(bias), free(want), free(dout), free(dw), free(din), free(in_bits), free(want_bits);
+    free(out_garbage);
 }
 
 /* out overwritten (starts from garbage), with and without bias; in as bf16
@@ -525,6 +580,9 @@ Test(cuda_backend, matmul_bf16_refuses_huge_dimensions)
     cr_assert_eq(k->matmul_forward_bf16(g, bits, g, NULL, huge, 1, 1), TP_ERR_ARG, "N beyond int");
     cr_assert_eq(k->matmul_backward_bf16(g, g, g, g, bits, g, 1, huge, 1), TP_ERR_ARG, "C beyond int");
     cr_assert_eq(k->matmul_backward_bf16(g, g, g, g, bits, g, 1, 1, huge), TP_ERR_ARG, "OC beyond int");
+    cr_assert_eq(k->matmul_forward_bf16_bits((uint16_t *)g, bits, g, NULL, 1, huge, 1), TP_ERR_ARG,
+                 "bits: C beyond int");
+    cr_assert(strstr(tp_errmsg(), "matmul_forward_bf16_bits") != NULL, "%s", tp_errmsg());
     k->release(g);
 }
 
@@ -738,21 +796,49 @@ static int32_t bf16_ordinal(uint16_t bits)
     return bits & 0x8000u ? -(int32_t)(bits & 0x7fffu) : (int32_t)bits;
 }
 
-/* The device's bf16 activation, n values: every element the bits of rounding
- * the device's fp32 output of the same operation, and close to the CPU
- * twin's bits (above); returns the device's bits (the caller frees them). */
-static uint16_t *check_activation(const kernel_backend *k, const uint16_t *device_bits, const float *device_fp32,
-                                  const uint16_t *cpu, int64_t n, double abs, const char *op, const char *shape)
+/* Every one of n bf16 values `got` is the bits of rounding the fp32 value
+ * at the same index of fp32 (convert_bits.h); a failure names the first
+ * element that is not, and how many are not and how far (in bf16 ulps): a
+ * few one ulp apart is another fp32 value on the device's side (a sum in
+ * another order, where a rounding boundary lies between the two); many (a
+ * truncation: about half) or farther is a rounding gone wrong. near_tie 0:
+ * every element exactly (our kernels round what they computed); above 0,
+ * for cuBLAS's own rounding of its fp32 sums (a bf16 C or D: its algorithm
+ * may sum in another order than the fp32 product compared with), one ulp
+ * apart where the fp32 value lies within near_tie of the midpoint between
+ * the two, the one place another order can move a rounding. */
+static void check_rounding(const uint16_t *got, const float *fp32, int64_t n, double near_tie, const char *op,
+                           const char *shape)
 {
-    uint16_t *got = download_bits(k, device_bits, n);
-    float *fp32 = download(k, device_fp32, n);
+    int64_t wrong = 0, first = -1;
+    int32_t farthest = 0;
     for (int64_t i = 0; i < n; i++) {
         uint32_t x;
         memcpy(&x, &fp32[i], sizeof x);
-        cr_assert_eq(got[i], bits_f32_to_bf16(x),
-                     "%s %s: [%lld] bits %#06x, the GPU's fp32 operation wrote %.9g (%#010x), which rounds to %#06x",
-                     op, shape, (long long)i, got[i], fp32[i], x, bits_f32_to_bf16(x));
+        uint16_t want = bits_f32_to_bf16(x);
+        if (got[i] == want || (bf16_is_nan(got[i]) && bf16_is_nan(want))) continue;
+        int32_t apart = abs(bf16_ordinal(got[i]) - bf16_ordinal(want));
+        double midpoint = ((double)float_of(bits_bf16_to_f32(got[i])) + float_of(bits_bf16_to_f32(want))) / 2;
+        if (near_tie > 0 && apart == 1 && fabs((double)fp32[i] - midpoint) <= near_tie) continue;
+        if (first < 0) first = i;
+        wrong++, farthest = apart > farthest ? apart : farthest;
     }
+    if (first >= 0) {
+        uint32_t x;
+        memcpy(&x, &fp32[first], sizeof x);
+        cr_assert_fail("%s %s: [%lld] bits %#06x, the GPU's fp32 operation wrote %.9g (%#010x), which rounds to "
+                       "%#06x (%lld of %lld elements differ, by up to %d bf16 ulps)",
+                       op, shape, (long long)first, got[first], fp32[first], x, bits_f32_to_bf16(x), (long long)wrong,
+                       (long long)n, farthest);
+    }
+}
+
+/* The device's bits against the CPU twin's: the same, or one bf16 ulp apart
+ * (the two fp32 results differ in their last bits, and a rounding boundary
+ * may lie between them), or within abs as values (near zero). */
+static void check_near_cpu(const uint16_t *got, const uint16_t *cpu, int64_t n, double abs, const char *op,
+                           const char *shape)
+{
     for (int64_t i = 0; i < n; i++) {
         if (got[i] == cpu[i] || (bf16_is_nan(got[i]) && bf16_is_nan(cpu[i]))) continue;
         int32_t apart = bf16_ordinal(got[i]) - bf16_ordinal(cpu[i]);
@@ -762,6 +848,19 @@ static uint16_t *check_activation(const kernel_backend *k, const uint16_t *devic
                   "absolute)",
                   op, shape, (long long)i, got[i], g, cpu[i], c, apart, abs);
     }
+}
+
+/* The device's bf16 activation, n values: every element the bits of rounding
+ * the device's fp32 output of the same operation, and close to the CPU
+ * twin's bits (above); returns the device's bits (the caller frees them). */
+static uint16_t *check_activation(const kernel_backend *k, const uint16_t *device_bits, const float *device_fp32,
+                                  const uint16_t *cpu, int64_t n, double abs, double near_tie, const char *op,
+                                  const char *shape)
+{
+    uint16_t *got = download_bits(k, device_bits, n);
+    float *fp32 = download(k, device_fp32, n);
+    check_rounding(got, fp32, n, near_tie, op, shape);
+    check_near_cpu(got, cpu, n, abs, op, shape);
     free(fp32);
     return got;
 }
@@ -811,7 +910,7 @@ Test(cuda_backend, layernorm_forward_bf16)
         cr_assert_eq(layernorm_forward_bf16(out, mean, rstd, x, w, b, N, C), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->layernorm_forward_bf16(g_out, g_mean, g_rstd, g_x, g_w, g_b, N, C), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->layernorm_forward(g_fp32, g_mean32, g_rstd32, g_x, g_w, g_b, N, C), TP_OK, "%s", tp_errmsg());
-        uint16_t *got = check_activation(k, g_out, g_fp32, out, N * C, 1e-5, "layernorm_forward_bf16", shape);
+        uint16_t *got = check_activation(k, g_out, g_fp32, out, N * C, 1e-5, 0, "layernorm_forward_bf16", shape);
         for (int64_t n = 0; n < N; n++)
             for (int64_t c = 0; c < STEERED; c++)
                 check_steered(got, n * C + c, steered[c], "layernorm_forward_bf16", shape);
@@ -851,7 +950,7 @@ Test(cuda_backend, rmsnorm_forward_bf16)
         cr_assert_eq(rmsnorm_forward_bf16(out, rstd, x, w, N, C, eps[s]), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->rmsnorm_forward_bf16(g_out, g_rstd, g_x, g_w, N, C, eps[s]), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->rmsnorm_forward(g_fp32, g_rstd32, g_x, g_w, N, C, eps[s]), TP_OK, "%s", tp_errmsg());
-        uint16_t *got = check_activation(k, g_out, g_fp32, out, N * C, 1e-5, "rmsnorm_forward_bf16", shape);
+        uint16_t *got = check_activation(k, g_out, g_fp32, out, N * C, 1e-5, 0, "rmsnorm_forward_bf16", shape);
         for (int64_t c = 0; c < STEERED; c++) check_steered(got, c, steered[c], "rmsnorm_forward_bf16", shape);
         check_same_floats(k, g_rstd, g_rstd32, N, "rmsnorm_forward_bf16 rstd", shape);
         check_device(k, g_rstd, rstd, N, 1e-4, 1e-5, "rstd");
@@ -889,7 +988,7 @@ Test(cuda_backend, gelu_forward_bf16)
     cr_assert_eq(gelu_forward_bf16(out, x, n), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->gelu_forward_bf16(g_out, g_x, n), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->gelu_forward(g_fp32, g_x, n), TP_OK, "%s", tp_errmsg());
-    uint16_t *got = check_activation(k, g_out, g_fp32, out, n, 1e-6, "gelu_forward_bf16", shape);
+    uint16_t *got = check_activation(k, g_out, g_fp32, out, n, 1e-6, 0, "gelu_forward_bf16", shape);
     for (int64_t i = 0; i < count; i++) check_steered(got, 8 + i, outs[i], "gelu_forward_bf16", shape);
     k->release(g_x), k->release(g_fp32), k->release(g_out);
     free(x), free(out), free(garbage_bits), free(garbage), free(got);
@@ -923,11 +1022,172 @@ Test(cuda_backend, swiglu_forward_bf16)
         cr_assert_eq(swiglu_forward_bf16(out, in, N, F), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->swiglu_forward_bf16(g_out, g_in, N, F), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->swiglu_forward(g_fp32, g_in, N, F), TP_OK, "%s", tp_errmsg());
-        uint16_t *got = check_activation(k, g_out, g_fp32, out, N * F, 1e-6, "swiglu_forward_bf16", shape);
+        uint16_t *got = check_activation(k, g_out, g_fp32, out, N * F, 1e-6, 0, "swiglu_forward_bf16", shape);
         for (int64_t f = 0; f < STEERED; f++) check_steered(got, f, steered[f], "swiglu_forward_bf16", shape);
         k->release(g_in), k->release(g_fp32), k->release(g_out);
         free(in), free(out), free(garbage_bits), free(garbage), free(got);
     }
+}
+
+/* ---------------------------------------------- bf16 products written as bits
+ * matmul_forward_bf16_bits writes the bf16 product as a bf16 activation: its
+ * bits must be those of rounding what the GPU's own matmul_forward_bf16
+ * writes from the same operands (to an aligned out), on every element
+ * (cuBLAS rounding its fp32 sums into a bf16 C or D, or the fp32 out
+ * rounded after), and close to the CPU twin's bits (check_near_cpu, with
+ * matmul_forward_bf16's tolerance, 1e-5 of the largest |out|). */
+
+/* Shapes as matmul_forward_bf16's (odd dimensions: rows of bf16 out at
+ * 2-byte offsets), with a bias and without, out from garbage; then an empty
+ * inner dimension (C = 0: out is the bias rounded, or zeros), which no
+ * product computes. */
+Test(cuda_backend, matmul_forward_bf16_bits)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    for (int s = 0; s < 2; s++)
+        for (int with_bias = 1; with_bias >= 0; with_bias--) {
+            int64_t N = bf16_shapes[s][0], C = bf16_shapes[s][1], OC = bf16_shapes[s][2];
+            char shape[96];
+            snprintf(shape, sizeof shape, "N=%lld C=%lld OC=%lld, %s", (long long)N, (long long)C, (long long)OC,
+                     with_bias ? "bias" : "no bias");
+            float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *bias = floats_random(OC, 1.0f);
+            float *want = malloc((size_t)(N * OC) * sizeof(float)), *garbage = floats_filled(N * OC, 7.0f);
+            uint16_t *want_bits = malloc((size_t)(N * OC) * sizeof(uint16_t)), *garbage_bits = bits_garbage(N * OC);
+            cr_assert(want && want_bits);
+            uint16_t *in_bits = bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
+            uint16_t *g_out = upload_bits(k, garbage_bits, N * OC);
+            float *g_w = upload_floats(k, w, OC * C), *g_bias = upload_floats(k, bias, OC);
+            float *g_fp32 = upload_floats(k, garbage, N * OC);
+            const float *b = with_bias ? bias : NULL, *g_b = with_bias ? g_bias : NULL;
+            cr_assert_eq(matmul_forward_bf16(want, in_bits, w, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(matmul_forward_bf16_bits(want_bits, in_bits, w, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->matmul_forward_bf16_bits(g_out, g_in, g_w, g_b, N, C, OC), TP_OK, "%s %s: %s",
+                         "matmul_forward_bf16_bits", shape, tp_errmsg());
+            cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_w, g_b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            double scale = max_magnitude(want, N * OC); /* cuBLAS rounds its own sums: near_tie (check_rounding) */
+            uint16_t *got = check_activation(k, g_out, g_fp32, want_bits, N * OC, 1e-5 * scale, 1e-4 * scale,
+                                             "matmul_forward_bf16_bits", shape);
+            k->release(g_in), k->release(g_out), k->release(g_w), k->release(g_bias), k->release(g_fp32);
+            free(in), free(w), free(bias), free(want), free(garbage), free(want_bits), free(garbage_bits);
+            free(in_bits), free(got);
+        }
+    {
+        int64_t N = 3, OC = 13; /* C = 0 */
+        float *bias = floats_random(OC, 1.0f), *garbage = floats_filled(N * OC, 7.0f);
+        bias[0] = -0.0f;                   /* 0 + -0 is +0 */
+        bias[1] = float_of(0x3f808000u); /* a tie: rounds to even, 1 */
+        uint16_t *garbage_bits = bits_garbage(N * OC), *g_out = upload_bits(k, garbage_bits, N * OC);
+        float *g_bias = upload_floats(k, bias, OC), *g_fp32 = upload_floats(k, garbage, N * OC);
+        uint16_t *g_in = upload_bits(k, garbage_bits, 1); /* never read */
+        for (int with_bias = 1; with_bias >= 0; with_bias--) {
+            const char *shape = with_bias ? "N=3 C=0 OC=13, bias" : "N=3 C=0 OC=13, no bias";
+            const float *g_b = with_bias ? g_bias : NULL;
+            cr_assert_eq(k->to_device(g_out, garbage_bits, (size_t)(N * OC) * sizeof(uint16_t)), TP_OK);
+            cr_assert_eq(k->matmul_forward_bf16_bits(g_out, g_in, g_bias, g_b, N, 0, OC), TP_OK, "%s: %s", shape,
+                         tp_errmsg());
+            cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_bias, g_b, N, 0, OC), TP_OK, "%s", tp_errmsg());
+            uint16_t *got = download_bits(k, g_out, N * OC);
+            float *fp32 = download(k, g_fp32, N * OC);
+            check_rounding(got, fp32, N * OC, 0, "matmul_forward_bf16_bits", shape); /* C = 0: nothing summed */
+            for (int64_t i = 0; i < N * OC; i++) {
+                float value = with_bias ? 0.0f + bias[i % OC] : 0.0f;
+                uint32_t x;
+                memcpy(&x, &value, sizeof x);
+                cr_assert_eq(got[i], bits_f32_to_bf16(x),
+                             "matmul_forward_bf16_bits %s: [%lld] bits %#06x, want %#06x (%.9g rounded)", shape,
+                             (long long)i, got[i], bits_f32_to_bf16(x), value);
+            }
+            free(got), free(fp32);
+        }
+        k->release(g_out), k->release(g_bias), k->release(g_fp32), k->release(g_in);
+        free(bias), free(garbage), free(garbage_bits);
+    }
+}
+
+/* The rounding is the CPU's, in each way the bits are written: sums of bf16
+ * terms (in = 1, W a row of terms: products exact, every partial sum exact
+ * in fp32) steered onto ties (to even, up and down, both signs, large
+ * values, the largest float's tie, which rounds to infinity) and just past
+ * and short of one; without a bias (a bf16 C), with a zero bias aligned
+ * (cuBLASLt's epilogue with a bf16 D, where it has one) and 4 bytes past
+ * alignment (the fp32 route, rounded after). First the fp32 product itself
+ * must be the exact sum (else the device's fp32 sums are not exact, and the
+ * failure says so); then the bits are those of its rounding, and the CPU's. */
+Test(cuda_backend, matmul_forward_bf16_bits_rounds_as_the_cpu)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    /* target (fp32 bits) = a + b + c, each a bf16 value */
+    static const struct {
+        uint32_t target;
+        float a, b, c;
+    } sums[] = {
+        {0x3f808000u, 1.0f, 0x1p-8f, 0.0f},           /* 1 + 2^-8: a tie, down to even 1 */
+        {0x3f818000u, 1.0f, 0x3p-8f, 0.0f},           /* 1 + 3 2^-8: a tie, up to even 1 + 2^-6 */
+        {0xbf808000u, -1.0f, -0x1p-8f, 0.0f},         /* and negative */
+        {0xbf818000u, -1.0f, -0x3p-8f, 0.0f},
+        {0x3f808001u, 1.0f, 0x1p-8f, 0x1p-23f},       /* just past a tie: up */
+        {0x3f807fffu, 1.0f, 0x1p-8f, -0x1p-23f},      /* just short: down */
+        {0x71498000u, 0x1.92p+99f, 0x1p+91f, 0.0f},   /* a large tie, up to even */
+        {0xf1498000u, -0x1.92p+99f, -0x1p+91f, 0.0f},
+        {0x7f7f8000u, 0x1.fep+127f, 0x1p+119f, 0.0f}, /* the largest float's tie: to infinity */
+        {0x3f800000u, 0.5f, 0.25f, 0.25f},            /* exact: 1 */
+    };
+    enum { COUNT = sizeof sums / sizeof sums[0] };
+    int64_t N = 5, C = 3, OC = COUNT;
+    float w[COUNT * 3], zeros[COUNT + 1] = {0};
+    uint16_t in[5 * 3], want_cpu[5 * COUNT];
+    for (int64_t i = 0; i < N * C; i++) in[i] = 0x3f80u; /* 1 */
+    for (int o = 0; o < COUNT; o++) {
+        w[o * 3] = sums[o].a, w[o * 3 + 1] = sums[o].b, w[o * 3 + 2] = sums[o].c;
+        float sum = sums[o].a + sums[o].b + sums[o].c; /* exact on the host too: no partial sum rounds */
+        uint32_t x;
+        memcpy(&x, &sum, sizeof x);
+        cr_assert_eq(x, sums[o].target, "the test's sum %d: %#010x, want %#010x", o, x, sums[o].target);
+        for (int t = 0; t < 3; t++) {
+            uint32_t term;
+            memcpy(&term, &w[o * 3 + t], sizeof term);
+            cr_assert_eq(term & 0xffffu, 0u, "the test's term %d of sum %d is not a bf16 value", t, o);
+        }
+    }
+    uint16_t *garbage_bits = bits_garbage(N * OC);
+    uint16_t *g_in = upload_bits(k, in, N * C), *g_out = upload_bits(k, garbage_bits, N * OC);
+    float *g_w = upload_floats(k, w, OC * C), *g_zeros = upload_floats(k, zeros, OC + 1), *g_fp32 = NULL;
+    cr_assert_eq(k->alloc((void **)&g_fp32, (size_t)(N * OC) * sizeof(float)), TP_OK);
+    cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
+    float *fp32 = download(k, g_fp32, N * OC);
+    for (int64_t i = 0; i < N * OC; i++) {
+        uint32_t x;
+        memcpy(&x, &fp32[i], sizeof x);
+        cr_assert_eq(x, sums[i % OC].target,
+                     "matmul_forward_bf16 N=5 C=3 OC=%d: [%lld] %#010x (%.9g), the exact sum %#010x: the device's "
+                     "fp32 sum of exact terms is not exact",
+                     COUNT, (long long)i, x, fp32[i], sums[i % OC].target);
+    }
+    const char *ways[] = {"no bias (a bf16 C)", "a zero bias (the epilogue, bf16 D)",
+                          "a zero bias 4 bytes past alignment (fp32, rounded after)"};
+    const float *biases[] = {NULL, zeros, zeros + 1}, *g_biases[] = {NULL, g_zeros, g_zeros + 1};
+    for (int way = 0; way < 3; way++) {
+        char shape[128];
+        snprintf(shape, sizeof shape, "N=5 C=3 OC=%d, %s", COUNT, ways[way]);
+        cr_assert_eq(k->to_device(g_out, garbage_bits, (size_t)(N * OC) * sizeof(uint16_t)), TP_OK);
+        cr_assert_eq(matmul_forward_bf16_bits(want_cpu, in, w, biases[way], N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->matmul_forward_bf16_bits(g_out, g_in, g_w, g_biases[way], N, C, OC), TP_OK, "%s: %s", shape,
+                     tp_errmsg());
+        uint16_t *got = download_bits(k, g_out, N * OC);
+        for (int64_t i = 0; i < N * OC; i++) {
+            uint16_t want = bits_f32_to_bf16(sums[i % OC].target);
+            cr_assert_eq(got[i], want,
+                         "matmul_forward_bf16_bits %s: [%lld] bits %#06x, the sum %.9g (%#010x) rounds to %#06x", shape,
+                         (long long)i, got[i], float_of(sums[i % OC].target), sums[i % OC].target, want);
+            cr_assert_eq(want_cpu[i], want, "the CPU's matmul_forward_bf16_bits %s: [%lld] bits %#06x, want %#06x",
+                         shape, (long long)i, want_cpu[i], want);
+        }
+        free(got);
+    }
+    k->release(g_in), k->release(g_out), k->release(g_w), k->release(g_zeros), k->release(g_fp32);
+    free(garbage_bits), free(fp32);
 }
 
 /* ------------------------------------------------------- rotary embeddings */
@@ -968,6 +1228,61 @@ Test(cuda_backend, rope_forward_and_backward)
                          0, "V of row %lld changed", (long long)r);
         k->release(g_qkv), k->release(g_grad), k->release(g_cos_sin);
         free(freq), free(cos_sin), free(qkv), free(grad), free(v), free(got);
+    }
+}
+
+/* rope_forward_bf16: qkv left as it is, bit for bit; out's bits those of
+ * rounding what the GPU's own rope_forward leaves in qkv, every element (V,
+ * rounded as it is, included), and close to the CPU twin's (rope's
+ * absolute 1e-6). Shapes as rope_forward_and_backward's (Hkv < Hq and
+ * Hkv == Hq, T not a power of two) and an odd head size (9: each Q and K
+ * head's last value turns with nothing, rounded as it is). At t = 0 the
+ * angle is 0 (cos 1, sin 0): there the first Q head's values and V's are
+ * steered (steered[], the bf16 activations' ties and their neighbours) and
+ * come out rounded as themselves. */
+static const int64_t rope_bf16_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 97, 3, 1, 24}, {2, 5, 2, 2, 8},
+                                              {1, 130, 4, 4, 64}, {2, 7, 2, 1, 9}};
+
+Test(cuda_backend, rope_forward_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    for (size_t s = 0; s < sizeof rope_bf16_shapes / sizeof rope_bf16_shapes[0]; s++) {
+        int64_t B = rope_bf16_shapes[s][0], T = rope_bf16_shapes[s][1], Hq = rope_bf16_shapes[s][2];
+        int64_t Hkv = rope_bf16_shapes[s][3], hd = rope_bf16_shapes[s][4], stride = (Hq + 2 * Hkv) * hd;
+        int64_t n = B * T * stride;
+        char shape[96];
+        snprintf(shape, sizeof shape, "B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld", (long long)B, (long long)T,
+                 (long long)Hq, (long long)Hkv, (long long)hd);
+        rope_scaling llama3 = {32, 1, 4, 8192};
+        float *freq = malloc((size_t)(hd / 2 > 0 ? hd / 2 : 1) * sizeof(float));
+        float *cos_sin = malloc((size_t)(T * (hd / 2) * 2 > 0 ? T * (hd / 2) * 2 : 1) * sizeof(float));
+        cr_assert(freq && cos_sin);
+        rope_frequencies(freq, hd, hd == 64 ? 500000.0 : 10000.0, hd == 64 ? &llama3 : NULL);
+        rope_table(cos_sin, freq, T, hd);
+        float *qkv = floats_random(n, 1.0f);
+        int64_t steered_q = STEERED < hd ? STEERED : hd, steered_v = STEERED < Hkv * hd ? STEERED : Hkv * hd;
+        for (int64_t i = 0; i < steered_q; i++) qkv[i] = float_of(steered[i]); /* row 0 (b 0, t 0), Q head 0 */
+        for (int64_t i = 0; i < steered_v; i++) qkv[stride - Hkv * hd + i] = float_of(steered[i]); /* its V */
+        uint16_t *want = malloc((size_t)n * sizeof(uint16_t)), *garbage_bits = bits_garbage(n);
+        cr_assert(want);
+        float *g_qkv = upload_floats(k, qkv, n), *g_turned = upload_floats(k, qkv, n);
+        float *g_cos_sin = upload_floats(k, cos_sin, T * (hd / 2) * 2 > 0 ? T * (hd / 2) * 2 : 1);
+        uint16_t *g_out = upload_bits(k, garbage_bits, n);
+        cr_assert_eq(rope_forward_bf16(want, qkv, cos_sin, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->rope_forward_bf16(g_out, g_qkv, g_cos_sin, B, T, Hq, Hkv, hd), TP_OK,
+                     "rope_forward_bf16 %s: %s", shape, tp_errmsg());
+        cr_assert_eq(k->rope_forward(g_turned, g_cos_sin, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+        float *left = download(k, g_qkv, n);
+        for (int64_t i = 0; i < n; i++)
+            cr_assert(memcmp(&left[i], &qkv[i], sizeof(float)) == 0,
+                      "rope_forward_bf16 %s: qkv[%lld] changed, %.9g to %.9g", shape, (long long)i, qkv[i], left[i]);
+        uint16_t *got = check_activation(k, g_out, g_turned, want, n, 1e-6, 0, "rope_forward_bf16", shape);
+        for (int64_t i = 0; i < steered_q; i++) check_steered(got, i, steered[i], "rope_forward_bf16 (Q)", shape);
+        for (int64_t i = 0; i < steered_v; i++)
+            check_steered(got, stride - Hkv * hd + i, steered[i], "rope_forward_bf16 (V)", shape);
+        k->release(g_qkv), k->release(g_turned), k->release(g_cos_sin), k->release(g_out);
+        free(freq), free(cos_sin), free(qkv), free(want), free(garbage_bits), free(left), free(got);
     }
 }
 
@@ -1105,14 +1420,16 @@ Test(cuda_backend, attention_refuses_bad_heads)
 
 /* ---------------------------------------------------------- bf16 attention
  * attention_forward_bf16 and attention_backward_bf16 on the GPU against
- * their CPU twin (the fp32 attention of the bf16-rounded operands), through
- * cuDNN (TP_CUDA_ATTENTION=cudnn: a cuDNN failure is the test's) and
- * through the tiled kernels on rounded operands (tiled). Shapes: GPT-2's
- * head size 64 and Llama's 128, grouped heads (Hq 4, Hkv 2 or 1) and one
- * per query head, T not a multiple of 64 (100, 77, 33) nor 128 (130), and
- * one that is (256, which any cuDNN 9 takes). Failures name the variant,
- * the tensor (and the part of d_qkv), the shape, the largest error and
- * where, and the root mean square error against that of the values. */
+ * their CPU twin (the fp32 attention of the bf16 operands), through cuDNN
+ * (TP_CUDA_ATTENTION=cudnn: a cuDNN failure is the test's) and through the
+ * tiled kernels on the same values as fp32 (tiled). qkv comes as bf16 bits
+ * (a bf16 activation: random values rounded on the host, convert_from_f32,
+ * the same bits on both sides). Shapes: GPT-2's head size 64 and Llama's
+ * 128, grouped heads (Hq 4, Hkv 2 or 1) and one per query head, T not a
+ * multiple of 64 (100, 77, 33) nor 128 (130), and one that is (256, which
+ * any cuDNN 9 takes). Failures name the variant, the tensor (and the part
+ * of d_qkv), the shape, the largest error and where, and the root mean
+ * square error against that of the values. */
 
 static const int64_t bf16_attention_shapes[][5] = {{2, 100, 4, 2, 64}, {1, 130, 4, 2, 128}, {3, 77, 2, 2, 64},
                                          {1, 256, 4, 2, 128}, {2, 33, 4, 1, 64}};
@@ -1153,17 +1470,30 @@ static void check_part(const bf16_check *c, const float *got, const float *want,
               c->abs, scale, sqrt(sum_error / (double)(n ? n : 1)), sqrt(sum_value / (double)(n ? n : 1)));
 }
 
+/* n bf16 values `at` values past the start of a new device allocation
+ * (garbage before them): a bf16 activation carved at any bf16 offset. The
+ * allocation is *memory (release it); returns the values' address. */
+static uint16_t *upload_bits_at(const kernel_backend *k, const uint16_t *host, int64_t n, int64_t at, uint16_t **memory)
+{
+    uint16_t *shifted = bits_garbage(n + at);
+    memcpy(shifted + at, host, (size_t)n * sizeof(uint16_t));
+    *memory = upload_bits(k, shifted, n + at);
+    free(shifted);
+    return *memory + at;
+}
+
 /* Runs one variant on one shape, forward then backward, against the CPU
- * twin, with out (bf16 bits) out_at values past an allocation's start (1:
- * 2 bytes, which cuDNN reaches through the scratch; 8: 16 bytes, which it
- * writes and reads where it is). The backward gets the CPU twin's out and
- * lse on both sides (each direction compared alone). Tolerances: the tiled
- * kernels on rounded operands do the CPU's arithmetic in another order,
- * then both sides round out to bf16: out within one bf16 ulp (2^-7 of the
- * value at most: the fp32 results, within fp32's 1e-4 of each other, may
- * straddle a rounding boundary) + 1e-5, lse and d_qkv 1e-4 relative + 1e-5
- * (fp32's, as attention_forward's test). cuDNN rounds its outputs to bf16
- * (2^-8 relative, as the CPU twin rounds its out) and multiplies bf16
+ * twin, with out (bf16 bits) out_at values and qkv (bf16 bits) qkv_at
+ * values past an allocation's start (1: 2 bytes, which cuDNN reaches
+ * through the scratch; 8: 16 bytes, which it reads or writes where it is).
+ * The backward gets the CPU twin's out and lse on both sides (each
+ * direction compared alone). Tolerances: the tiled kernels on the widened
+ * bits do the CPU's arithmetic in another order, then both sides round out
+ * to bf16: out within one bf16 ulp (2^-7 of the value at most: the fp32
+ * results, within fp32's 1e-4 of each other, may straddle a rounding
+ * boundary) + 1e-5, lse and d_qkv 1e-4 relative + 1e-5 (fp32's, as
+ * attention_forward's test). cuDNN rounds its outputs to bf16 (2^-8
+ * relative, as the CPU twin rounds its out) and multiplies bf16
  * probabilities by V (each within 2^-8: at most 2^-8 max|v| in out): out
  * within 2^-7 relative + 2^-7 of the largest |v| (the sum of those); lse is
  * fp32 there too (1e-4 + 1e-4, its exp as exp2 of a scaled score); dQ, dK
@@ -1172,25 +1502,27 @@ static void check_part(const bf16_check *c, const float *got, const float *want,
  * terms rounded at 2^-8).
  *
  * Exact where it can be: the kernels' bf16 forward writes the bits of
- * rounding the GPU's own fp32 forward of the rounded qkv, and their bf16
- * backward is the GPU's own fp32 backward of the rounded qkv and d_out and
- * of out widened, to the bit (the same kernels, no atomics); cuDNN writes
- * the same out wherever it lies. */
-static void bf16_attention_case(const kernel_backend *k, const char *variant, const int64_t *shape, int64_t out_at)
+ * rounding the GPU's own fp32 forward of qkv widened, and their bf16
+ * backward is the GPU's own fp32 backward of qkv and out widened and d_out
+ * rounded, to the bit (the same kernels, no atomics); cuDNN's forward
+ * writes the same out wherever qkv and out lie. */
+static void bf16_attention_case(const kernel_backend *k, const char *variant, const int64_t *shape, int64_t out_at,
+                                int64_t qkv_at)
 {
     int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
     int64_t S = (Hq + 2 * Hkv) * hd, n_qkv = B * T * S, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
     int64_t n_scratch = attention_scratch_floats(B, T, Hq);
     int cudnn = strcmp(variant, "cudnn") == 0;
     cr_assert_eq(cuda_attention_variant(variant), TP_OK);
-    float *qkv = floats_random(n_qkv, 2.0f), *dout = floats_random(n_out, 1.0f);
+    float *qkv_values = floats_random(n_qkv, 2.0f), *dout = floats_random(n_out, 1.0f);
+    uint16_t *qkv = bf16_bits(qkv_values, n_qkv); /* the activation, on both sides */
     uint16_t *out = malloc((size_t)n_out * sizeof(uint16_t)), *out_garbage = bits_garbage(n_out + out_at);
     float *lse = malloc((size_t)n_lse * sizeof(float));
     float *dqkv = malloc((size_t)n_qkv * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
     float *garbage = floats_filled(n_qkv > n_scratch ? n_qkv : n_scratch, 7.0f);
     cr_assert(out && lse && dqkv && scratch);
-    float *g_qkv = upload_floats(k, qkv, n_qkv), *g_lse = upload_floats(k, garbage, n_lse);
-    float *g_scratch = upload_floats(k, garbage, n_scratch);
+    uint16_t *g_qkv_memory, *g_qkv = upload_bits_at(k, qkv, n_qkv, qkv_at, &g_qkv_memory);
+    float *g_lse = upload_floats(k, garbage, n_lse), *g_scratch = upload_floats(k, garbage, n_scratch);
     float *g_dout = upload_floats(k, dout, n_out), *g_dqkv = upload_floats(k, garbage, n_qkv);
     uint16_t *g_out_memory = upload_bits(k, out_garbage, n_out + out_at), *g_out = g_out_memory + out_at;
     cr_assert_eq(attention_forward_bf16(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
@@ -1199,12 +1531,14 @@ static void bf16_attention_case(const kernel_backend *k, const char *variant, co
         cr_log_warn("%s", tp_errmsg()); /* an older cuDNN and T not a multiple of 128: refused, as documented */
         goto done;
     }
-    cr_assert_eq(status, TP_OK, "attention_forward_bf16 (TP_CUDA_ATTENTION=%s, out %lld values in): %s", variant,
-                 (long long)out_at, tp_errmsg());
+    cr_assert_eq(status, TP_OK,
+                 "attention_forward_bf16 (TP_CUDA_ATTENTION=%s, out %lld values in, qkv %lld values in): %s", variant,
+                 (long long)out_at, (long long)qkv_at, tp_errmsg());
     {
         double v_max = 0; /* the largest |v|: out's absolute scale for cuDNN */
+        float *qkv_wide = floats_of_bits(qkv, n_qkv);
         for (int64_t r = 0; r < B * T; r++)
-            for (int64_t c = (Hq + Hkv) * hd; c < S; c++) v_max = fmax(v_max, fabs(qkv[r * S + c]));
+            for (int64_t c = (Hq + Hkv) * hd; c < S; c++) v_max = fmax(v_max, fabs(qkv_wide[r * S + c]));
         uint16_t *got_bits = download_bits(k, g_out, n_out);
         float *got_out = floats_of_bits(got_bits, n_out), *want_out = floats_of_bits(out, n_out);
         float *got_lse = download(k, g_lse, n_lse);
@@ -1213,25 +1547,25 @@ static void bf16_attention_case(const kernel_backend *k, const char *variant, co
         check_part(&o, got_out, want_out, B * T, Hq * hd, 0, Hq * hd);
         bf16_check l = {.variant = variant, .what = "lse", .shape = shape, .rel = 1e-4, .abs = cudnn ? 1e-4 : 1e-5};
         check_part(&l, got_lse, lse, 1, n_lse, 0, n_lse);
-        if (cudnn && out_at % 8 != 0) { /* through the scratch: the same bits as cuDNN writes at an aligned out */
-            uint16_t *g_aligned = upload_bits(k, out_garbage, n_out), *aligned;
-            cr_assert_eq(k->attention_forward_bf16(g_aligned, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd), TP_OK,
-                         "%s", tp_errmsg());
+        if (cudnn && (out_at % 8 != 0 || qkv_at % 8 != 0)) {
+            /* through the scratch: the same bits as cuDNN writes with qkv and out 256-byte aligned */
+            uint16_t *g_aligned = upload_bits(k, out_garbage, n_out), *g_qkv_aligned = upload_bits(k, qkv, n_qkv);
+            uint16_t *aligned;
+            cr_assert_eq(k->attention_forward_bf16(g_aligned, g_lse, g_scratch, g_qkv_aligned, B, T, Hq, Hkv, hd),
+                         TP_OK, "%s", tp_errmsg());
             aligned = download_bits(k, g_aligned, n_out);
             for (int64_t i = 0; i < n_out; i++)
                 cr_assert_eq(got_bits[i], aligned[i],
                              "attention_forward_bf16 (cuDNN) B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld: out[%lld] %#06x "
-                             "with out %lld values in, %#06x with out aligned",
+                             "with out %lld and qkv %lld values in, %#06x with both aligned",
                              (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd, (long long)i,
-                             got_bits[i], aligned[i], (long long)out_at);
-            k->release(g_aligned);
+                             got_bits[i], (long long)out_at, (long long)qkv_at, aligned[i]);
+            k->release(g_aligned), k->release(g_qkv_aligned);
             free(aligned);
         }
-        if (!cudnn) { /* the bits of rounding the GPU's own fp32 forward of the rounded qkv */
-            uint16_t *qkv_bits = bf16_bits(qkv, n_qkv);
-            float *rounded = floats_of_bits(qkv_bits, n_qkv), *g_rounded = upload_floats(k, rounded, n_qkv);
-            float *g_fp32 = upload_floats(k, garbage, n_out), *fp32;
-            cr_assert_eq(k->attention_forward(g_fp32, g_lse, g_scratch, g_rounded, B, T, Hq, Hkv, hd), TP_OK, "%s",
+        if (!cudnn) { /* the bits of rounding the GPU's own fp32 forward of qkv widened */
+            float *g_wide = upload_floats(k, qkv_wide, n_qkv), *g_fp32 = upload_floats(k, garbage, n_out), *fp32;
+            cr_assert_eq(k->attention_forward(g_fp32, g_lse, g_scratch, g_wide, B, T, Hq, Hkv, hd), TP_OK, "%s",
                          tp_errmsg());
             fp32 = download(k, g_fp32, n_out);
             for (int64_t i = 0; i < n_out; i++) {
@@ -1239,22 +1573,22 @@ static void bf16_attention_case(const kernel_backend *k, const char *variant, co
                 memcpy(&x, &fp32[i], sizeof x);
                 cr_assert_eq(got_bits[i], bits_f32_to_bf16(x),
                              "attention_forward_bf16 (TP_CUDA_ATTENTION=%s) B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld: "
-                             "out[%lld] %#06x, the GPU's fp32 attention of the rounded qkv %.9g rounds to %#06x",
+                             "out[%lld] %#06x, the GPU's fp32 attention of qkv widened %.9g rounds to %#06x",
                              variant, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd,
                              (long long)i, got_bits[i], fp32[i], bits_f32_to_bf16(x));
             }
-            k->release(g_rounded), k->release(g_fp32);
-            free(qkv_bits), free(rounded), free(fp32);
+            k->release(g_wide), k->release(g_fp32);
+            free(fp32);
         }
-        free(got_bits), free(got_out), free(want_out), free(got_lse);
+        free(qkv_wide), free(got_bits), free(got_out), free(want_out), free(got_lse);
     }
     cr_assert_eq(k->to_device(g_out, out, (size_t)n_out * sizeof(uint16_t)), TP_OK);
     cr_assert_eq(k->to_device(g_lse, lse, (size_t)n_lse * sizeof(float)), TP_OK);
     cr_assert_eq(attention_backward_bf16(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd), TP_OK, "%s",
                  tp_errmsg());
     cr_assert_eq(k->attention_backward_bf16(g_dqkv, g_scratch, g_dout, g_qkv, g_out, g_lse, B, T, Hq, Hkv, hd), TP_OK,
-                 "attention_backward_bf16 (TP_CUDA_ATTENTION=%s, out %lld values in): %s", variant, (long long)out_at,
-                 tp_errmsg());
+                 "attention_backward_bf16 (TP_CUDA_ATTENTION=%s, out %lld values in, qkv %lld values in): %s", variant,
+                 (long long)out_at, (long long)qkv_at, tp_errmsg());
     {
         float *got = download(k, g_dqkv, n_qkv);
         const char *parts[3] = {"d_qkv (dQ)", "d_qkv (dK)", "d_qkv (dV)"};
@@ -1264,32 +1598,33 @@ static void bf16_attention_case(const kernel_backend *k, const char *variant, co
                             .abs = cudnn ? ldexp(1, -5) : 1e-5, .abs_scaled = cudnn};
             check_part(&d, got, dqkv, B * T, S, first[p], width[p]);
         }
-        if (!cudnn) { /* the GPU's own fp32 backward of the rounded qkv and d_out and of out widened, to the bit */
-            uint16_t *qkv_bits = bf16_bits(qkv, n_qkv), *dout_bits = bf16_bits(dout, n_out);
-            float *rounded = floats_of_bits(qkv_bits, n_qkv), *dout_rounded = floats_of_bits(dout_bits, n_out);
+        if (!cudnn) { /* the GPU's own fp32 backward of qkv and out widened and d_out rounded, to the bit */
+            uint16_t *dout_bits = bf16_bits(dout, n_out);
+            float *wide = floats_of_bits(qkv, n_qkv), *dout_rounded = floats_of_bits(dout_bits, n_out);
             float *out_wide = floats_of_bits(out, n_out), *fp32;
-            float *g_rounded = upload_floats(k, rounded, n_qkv);
+            float *g_wide = upload_floats(k, wide, n_qkv);
             float *g_dout_rounded = upload_floats(k, dout_rounded, n_out);
             float *g_out_wide = upload_floats(k, out_wide, n_out), *g_fp32 = upload_floats(k, garbage, n_qkv);
-            cr_assert_eq(k->attention_backward(g_fp32, g_scratch, g_dout_rounded, g_rounded, g_out_wide, g_lse, B, T,
-                                               Hq, Hkv, hd),
+            cr_assert_eq(k->attention_backward(g_fp32, g_scratch, g_dout_rounded, g_wide, g_out_wide, g_lse, B, T, Hq,
+                                               Hkv, hd),
                          TP_OK, "%s", tp_errmsg());
             fp32 = download(k, g_fp32, n_qkv);
             for (int64_t i = 0; i < n_qkv; i++)
                 cr_assert(memcmp(&got[i], &fp32[i], sizeof(float)) == 0,
                           "attention_backward_bf16 (TP_CUDA_ATTENTION=%s) B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld: "
-                          "d_qkv[%lld] %.9g, the GPU's fp32 backward of the rounded operands %.9g",
+                          "d_qkv[%lld] %.9g, the GPU's fp32 backward of the same values %.9g",
                           variant, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd,
                           (long long)i, got[i], fp32[i]);
-            k->release(g_rounded), k->release(g_dout_rounded), k->release(g_out_wide), k->release(g_fp32);
-            free(qkv_bits), free(dout_bits), free(rounded), free(dout_rounded), free(out_wide), free(fp32);
+            k->release(g_wide), k->release(g_dout_rounded), k->release(g_out_wide), k->release(g_fp32);
+            free(dout_bits), free(wide), free(dout_rounded), free(out_wide), free(fp32);
         }
         free(got);
     }
 done:
-    k->release(g_qkv), k->release(g_out_memory), k->release(g_lse), k->release(g_scratch), k->release(g_dout);
+    k->release(g_qkv_memory), k->release(g_out_memory), k->release(g_lse), k->release(g_scratch), k->release(g_dout);
     k->release(g_dqkv);
-    free(qkv), free(dout), free(out), free(out_garbage), free(lse), free(dqkv), free(scratch), free(garbage);
+    free(qkv_values), free(qkv), free(dout), free(out), free(out_garbage), free(lse), free(dqkv), free(scratch);
+    free(garbage);
 }
 
 /* cuDNN where it is installed; a skip saying so where it is not (the
@@ -1304,41 +1639,45 @@ static void need_cudnn_library(void)
     cr_log_info("cuDNN %s", version);
 }
 
-/* Every shape with out aligned; the first two also with out 2 bytes past
- * (through the scratch) and 16 bytes past (where it is, not 256-aligned). */
+/* Every shape with qkv and out aligned; the first two also with out, then
+ * qkv, then both 2 bytes past (through the scratch), and 16 bytes past
+ * (where they are, not 256-aligned: the K and V views 16-byte aligned
+ * still). */
 Test(cuda_backend, attention_bf16_through_cudnn)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
     need_cudnn_library();
     for (int s = 0; s < BF16_ATTENTION_SHAPES; s++)
-        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 0);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 0, 0);
     for (int s = 0; s < 2; s++) {
-        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 1);
-        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 8);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 1, 0);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 0, 1);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 1, 1);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 8, 8);
     }
 }
 
-/* Every shape with out aligned, one with out 2 bytes past (the rounding
- * into out value by value, not four at a time). */
+/* Every shape with qkv and out aligned, one with both 2 bytes past (out
+ * rounded value by value, not four at a time; qkv widened where it is). */
 Test(cuda_backend, attention_bf16_through_tiled_kernels)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
     for (int s = 0; s < BF16_ATTENTION_SHAPES; s++)
-        bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[s], 0);
-    bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[2], 1);
+        bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[s], 0, 0);
+    bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[2], 1, 1);
     /* and the rows kernels where the tiled do not fit (head size 72) */
     static const int64_t rows_shape[5] = {2, 50, 4, 2, 72};
-    bf16_attention_case(k, "rows", rows_shape, 0);
+    bf16_attention_case(k, "rows", rows_shape, 0, 0);
 }
 
 /* The default (TP_CUDA_ATTENTION unset): cuDNN for the bf16 operations where
  * it is installed, the same results as asking for it (bit for bit, the
  * forward); the start line's text says so; the fp32 operations keep the
  * tiled kernels. A head size cuDNN is not asked for (32) falls back to the
- * tiled kernels on rounded operands under the default (the CPU twin's
- * results within fp32's tolerance) and is an error when cuDNN is asked for. */
+ * tiled kernels under the default (the CPU twin's results within fp32's
+ * tolerance) and is an error when cuDNN is asked for. */
 Test(cuda_backend, attention_bf16_default_and_fallback)
 {
     NEED_GPU();
@@ -1355,7 +1694,8 @@ Test(cuda_backend, attention_bf16_default_and_fallback)
     const int64_t *shape = bf16_attention_shapes[0];
     int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
     int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
-    float *qkv = floats_random(n_qkv, 2.0f), *g_qkv = upload_floats(k, qkv, n_qkv);
+    float *qkv = floats_random(n_qkv, 2.0f);
+    uint16_t *qkv_bits = bf16_bits(qkv, n_qkv), *g_qkv = upload_bits(k, qkv_bits, n_qkv);
     float *g_lse = NULL, *g_scratch = NULL;
     uint16_t *g_out = NULL;
     cr_assert_eq(k->alloc((void **)&g_out, (size_t)n_out * sizeof(uint16_t)), TP_OK);
@@ -1377,7 +1717,7 @@ Test(cuda_backend, attention_bf16_default_and_fallback)
                   "the default's out differs from TP_CUDA_ATTENTION=cudnn's");
         free(by_default), free(asked);
         /* asked for, a head size cuDNN is not asked for is an error naming it */
-        float *g_small = upload_floats(k, qkv, B * T * (Hq + 2 * Hkv) * 32);
+        uint16_t *g_small = upload_bits(k, qkv_bits, B * T * (Hq + 2 * Hkv) * 32);
         cr_assert_eq(k->attention_forward_bf16(g_out, g_lse, g_scratch, g_small, B, T, Hq, Hkv, 32), TP_ERR_ARG,
                      "head size 32 with TP_CUDA_ATTENTION=cudnn");
         cr_assert(strstr(tp_errmsg(), "head size") != NULL, "%s", tp_errmsg());
@@ -1388,47 +1728,52 @@ Test(cuda_backend, attention_bf16_default_and_fallback)
     /* the fallback under the default: head size 32 */
     cr_assert_eq(cuda_attention_variant(NULL), TP_OK);
     static const int64_t small[5] = {2, 100, 4, 2, 32};
-    bf16_attention_case(k, "", small, 0); /* "" is the default: the tiled kernels' tolerances, as they run */
+    bf16_attention_case(k, "", small, 0, 0); /* "" is the default: the tiled kernels' tolerances, as they run */
     k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch);
-    free(qkv);
+    free(qkv), free(qkv_bits);
 }
 
-/* The rounding is the CPU's: one position passes v through whole (out = v
- * rounded, whose bits out keeps), for special values (ties both ways, the
- * largest float, NaN, infinities, subnormals), through the rows and the
- * tiled kernels, out's bits equal to the CPU twin's (a NaN's payload aside:
- * the GPU's arithmetic gives its canonical NaN). */
-Test(cuda_backend, attention_bf16_rounds_as_the_cpu)
+/* qkv's bits are taken as they are: one position passes v through whole
+ * (T = 1: out = v, widened and rounded back), for special bf16 values
+ * (the largest, infinities, NaN, subnormals, both signs), through the rows
+ * and the tiled kernels, out's bits equal to v's and to the CPU twin's (a
+ * NaN's payload aside: the GPU's arithmetic gives its canonical NaN). The
+ * rounding of fp32 values into such bits is the operations' that write qkv
+ * (matmul_forward_bf16_bits, rope_forward_bf16: their tests below). */
+Test(cuda_backend, attention_bf16_keeps_the_bits_of_qkv)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x3f804000u, 0x7f7fffffu,
-                                       0xff800000u, 0x7f800000u, 0x7fa00000u, 0x00000001u, 0x00408000u};
+    static const uint16_t special[] = {0x3f80u, 0x3f81u, 0xbf81u, 0x7f7fu, 0xff7fu, 0xff80u,
+                                       0x7f80u, 0x7fc1u, 0x0001u, 0x8001u, 0x0040u, 0x0080u};
+    const int64_t count = (int64_t)(sizeof special / sizeof special[0]);
     int64_t Hq = 2, Hkv = 2, hd = 32, S = (Hq + 2 * Hkv) * hd;
-    float qkv[(2 + 4) * 32], lse[2], scratch[2];
-    uint16_t out[2 * 32];
-    for (int64_t c = 0; c < S; c++) {
-        uint32_t bits = special[c % (sizeof special / sizeof special[0])];
-        memcpy(&qkv[c], &bits, sizeof bits);
-        if (c < (Hq + Hkv) * hd) qkv[c] = 0.25f; /* q and k: a finite score */
-    }
+    float lse[2], scratch[2];
+    uint16_t qkv[(2 + 4) * 32], out[2 * 32];
+    for (int64_t c = 0; c < S; c++) /* q and k: 0.25, a finite score; v: the special values */
+        qkv[c] = c < (Hq + Hkv) * hd ? 0x3e80u : special[c % count];
     cr_assert_eq(attention_forward_bf16(out, lse, scratch, qkv, 1, 1, Hq, Hkv, hd), TP_OK);
     const char *variants[] = {"rows", "tiled"};
     for (int v = 0; v < 2; v++) {
         cr_assert_eq(cuda_attention_variant(variants[v]), TP_OK);
-        float *g_qkv = upload_floats(k, qkv, S), *g_lse = NULL, *g_scratch = NULL;
-        uint16_t *g_out = NULL;
+        uint16_t *g_qkv = upload_bits(k, qkv, S), *g_out = NULL;
+        float *g_lse = NULL, *g_scratch = NULL;
         cr_assert_eq(k->alloc((void **)&g_out, sizeof out), TP_OK);
         cr_assert_eq(k->alloc((void **)&g_lse, sizeof lse), TP_OK);
         cr_assert_eq(k->alloc((void **)&g_scratch, sizeof scratch), TP_OK);
         cr_assert_eq(k->attention_forward_bf16(g_out, g_lse, g_scratch, g_qkv, 1, 1, Hq, Hkv, hd), TP_OK, "%s",
                      tp_errmsg());
         uint16_t *got = download_bits(k, g_out, Hq * hd);
-        for (int64_t i = 0; i < Hq * hd; i++)
+        for (int64_t i = 0; i < Hq * hd; i++) {
+            uint16_t v_bits = qkv[(Hq + Hkv) * hd + i]; /* Hq == Hkv: query head h reads value head h */
             cr_assert(got[i] == out[i] || (bf16_is_nan(got[i]) && bf16_is_nan(out[i])),
                       "attention_forward_bf16 (%s) B=1 T=1 Hq=%lld Hkv=%lld hd=%lld: out[%lld] %#06x, the CPU "
                       "twin's %#06x",
                       variants[v], (long long)Hq, (long long)Hkv, (long long)hd, (long long)i, got[i], out[i]);
+            cr_assert(got[i] == v_bits || (bf16_is_nan(got[i]) && bf16_is_nan(v_bits)),
+                      "attention_forward_bf16 (%s) B=1 T=1 Hq=%lld Hkv=%lld hd=%lld: out[%lld] %#06x, v's bits %#06x",
+                      variants[v], (long long)Hq, (long long)Hkv, (long long)hd, (long long)i, got[i], v_bits);
+        }
         free(got);
         k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch);
     }

@@ -98,3 +98,21 @@ Test(timed, a_failure_is_passed_on)
     cr_assert_eq(times[0].calls, 1);
     cr_assert(times[0].wait_seconds < 0.001, "no wait after a failure: %g", times[0].wait_seconds);
 }
+
+/* An operation the inner backend lacks stays missing in the timed table
+ * (NULL, as tp-train's check of a backend's bf16 operations expects), not a
+ * wrapper that would call NULL. */
+static kernel_backend lacking;
+
+Test(timed, lacks_what_the_inner_backend_lacks)
+{
+    lacking = *kernels_cpu();
+    lacking.rope_forward_bf16 = NULL;
+    lacking.swiglu_forward_bf16 = NULL;
+    const kernel_backend *k = kernels_timed(&lacking);
+    cr_assert(k, "%s", tp_errmsg());
+    cr_assert_null(k->rope_forward_bf16);
+    cr_assert_null(k->swiglu_forward_bf16);
+    cr_assert_not_null(k->gelu_forward_bf16);
+    cr_assert_neq(k->gelu_forward_bf16, lacking.gelu_forward_bf16, "the operations it has are timed");
+}

@@ -11,6 +11,7 @@
 #include "../../common/error.h"
 #include "../../kernels/fast_exp.h"
 #include "../../kernels/kernels.h"
+#include "../support/floats.h"
 
 static uint64_t rng_state = 0x853C49E6748FEA9Bull;
 static float uniform(void) /* [-1, 1) */
@@ -863,16 +864,6 @@ Test(transformer, bf16_products_round_their_operands)
  * rows in shares), on tall and wide shapes, and with values the rounding
  * must carry: ties (an fp32 whose low half is 0x8000) from the norms'
  * bias, large and tiny magnitudes from the inputs' scale. */
-static void assert_rounded(const uint16_t *got, const float *fp32, int64_t n, const char *what)
-{
-    uint16_t *want = malloc((size_t)n * sizeof *want);
-    convert_from_f32(fp32, want, TP_BF16, n);
-    for (int64_t i = 0; i < n; i++)
-        cr_assert_eq(got[i], want[i], "%s[%lld]: bits 0x%04x, want 0x%04x (the fp32 output %.9g rounded)", what,
-                     (long long)i, got[i], want[i], fp32[i]);
-    free(want);
-}
-
 Test(transformer, bf16_activations_are_the_rounded_fp32_outputs)
 {
     const int64_t shapes[][2] = {{3, 5}, {257, 16}, {4, 1000}, {64, 130}};
@@ -887,19 +878,19 @@ Test(transformer, bf16_activations_are_the_rounded_fp32_outputs)
             for (int64_t c = 0; c < C; c += 2) w[c] = 0.0f, b[c] = 1.00390625f; /* 1 + 2^-8: a tie, to even */
             layernorm_forward(y, mean, rstd, x, w, b, N, C);
             cr_assert_eq(layernorm_forward_bf16(bits, mean16, rstd16, x, w, b, N, C), TP_OK, "%s", tp_errmsg());
-            assert_rounded(bits, y, n, "layernorm");
+            floats_assert_rounded(bits, y, n, "layernorm");
             cr_assert_eq(memcmp(mean, mean16, (size_t)N * 4), 0, "layernorm's mean");
             cr_assert_eq(memcmp(rstd, rstd16, (size_t)N * 4), 0, "layernorm's rstd");
             rmsnorm_forward(y, rstd, x, w, N, C, 1e-6f);
             cr_assert_eq(rmsnorm_forward_bf16(bits, rstd16, x, w, N, C, 1e-6f), TP_OK, "%s", tp_errmsg());
-            assert_rounded(bits, y, n, "rmsnorm");
+            floats_assert_rounded(bits, y, n, "rmsnorm");
             cr_assert_eq(memcmp(rstd, rstd16, (size_t)N * 4), 0, "rmsnorm's rstd");
             gelu_forward(y, x, n);
             cr_assert_eq(gelu_forward_bf16(bits, x, n), TP_OK, "%s", tp_errmsg());
-            assert_rounded(bits, y, n, "gelu");
+            floats_assert_rounded(bits, y, n, "gelu");
             swiglu_forward(y, x, N, C); /* x as [N, 2C] */
             cr_assert_eq(swiglu_forward_bf16(bits, x, N, C), TP_OK, "%s", tp_errmsg());
-            assert_rounded(bits, y, n, "swiglu");
+            floats_assert_rounded(bits, y, n, "swiglu");
             free(x), free(w), free(b), free(y), free(bits);
         }
     }
@@ -914,4 +905,46 @@ Test(transformer, bf16_activations_are_the_rounded_fp32_outputs)
     const kernel_backend *k = kernels_cpu();
     cr_assert(k->layernorm_forward_bf16 == layernorm_forward_bf16 && k->rmsnorm_forward_bf16 == rmsnorm_forward_bf16 &&
               k->gelu_forward_bf16 == gelu_forward_bf16 && k->swiglu_forward_bf16 == swiglu_forward_bf16);
+}
+
+/* The qkv activation in bf16: GPT-2's product written as bits is the
+ * rounding of matmul_forward_bf16's out (the bias added first), Llama's
+ * rotation into bits the rounding of what rope_forward leaves (V rounded
+ * as it is), its fp32 input left alone. */
+Test(transformer, bf16_qkv_is_the_rounded_product_or_rotation)
+{
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        const int64_t N = 70, C = 48, OC = 3 * 48;
+        float *in = random_floats(N * C), *w = random_floats(OC * C), *bias = random_floats(OC);
+        float *out = malloc(N * OC * 4);
+        uint16_t *in_bits = malloc(N * C * 2), *bits = malloc(N * OC * 2);
+        convert_from_f32(in, in_bits, TP_BF16, N * C);
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            const float *b = with_bias ? bias : NULL;
+            cr_assert_eq(matmul_forward_bf16(out, in_bits, w, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(matmul_forward_bf16_bits(bits, in_bits, w, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            floats_assert_rounded(bits, out, N * OC, with_bias ? "qkv product with a bias" : "qkv product");
+        }
+        free(in), free(w), free(bias), free(out), free(in_bits), free(bits);
+
+        const int64_t heads[][2] = {{4, 2}, {3, 3}}; /* grouped, and a key/value head a query head */
+        for (int h = 0; h < 2; h++) {
+            int64_t B = 2, T = 7, Hq = heads[h][0], Hkv = heads[h][1], hd = 8, n = B * T * (Hq + 2 * Hkv) * hd;
+            float freq[4], cos_sin[7 * 8], *qkv = random_floats(n), *turned = malloc(n * 4), *kept = malloc(n * 4);
+            uint16_t *turned_bits = malloc(n * 2);
+            rope_frequencies(freq, hd, 10000.0, NULL);
+            rope_table(cos_sin, freq, T, hd);
+            memcpy(turned, qkv, n * 4);
+            memcpy(kept, qkv, n * 4);
+            rope_forward(turned, cos_sin, B, T, Hq, Hkv, hd);
+            cr_assert_eq(rope_forward_bf16(turned_bits, qkv, cos_sin, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+            floats_assert_rounded(turned_bits, turned, n, "rope");
+            cr_assert_eq(memcmp(qkv, kept, n * 4), 0, "rope_forward_bf16 changed its fp32 input");
+            free(qkv), free(turned), free(kept), free(turned_bits);
+        }
+    }
+    kernels_set_threads(1);
+    const kernel_backend *k = kernels_cpu();
+    cr_assert(k->matmul_forward_bf16_bits == matmul_forward_bf16_bits && k->rope_forward_bf16 == rope_forward_bf16);
 }

@@ -206,6 +206,14 @@ static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias,
     LEAVE_WITH(status);
 }
 
+static int enc_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias,
+                                        int64_t N, int64_t C, int64_t OC)
+{
+    ENTER(S(out, N * OC), S(in, N * C), S(weight, OC * C), S(bias, OC));
+    int status = matmul_forward_bf16_bits(out, in, weight, bias, N, C, OC);
+    LEAVE_WITH(status);
+}
+
 static int enc_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
                                  const float *bias, int64_t N, int64_t C)
 {
@@ -281,7 +289,7 @@ static int enc_scale_inplace(float *x, float scale, int64_t n)
 }
 
 /* The attention's arguments (the fp32 operations' and their bf16 twins':
- * the same extents, S sizing out by its type). */
+ * the same extents, S sizing out and qkv by their type). */
 #define ATTENTION_FORWARD_SPANS                                                                                        \
     S(out, B * T * Hq * hd), S(lse, B * Hq * T), S(scratch, attention_scratch_floats(B, T, Hq)),                       \
         S(qkv, B * T * (Hq + 2 * Hkv) * hd)
@@ -306,7 +314,7 @@ static int enc_attention_backward(float *d_qkv, float *scratch, const float *d_o
     LEAVE_WITH(status);
 }
 
-static int enc_attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const float *qkv, int64_t B,
+static int enc_attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B,
                                       int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
     ENTER(ATTENTION_FORWARD_SPANS);
@@ -314,7 +322,7 @@ static int enc_attention_forward_bf16(uint16_t *out, float *lse, float *scratch,
     LEAVE_WITH(status);
 }
 
-static int enc_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const float *qkv,
+static int enc_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
                                        const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq,
                                        int64_t Hkv, int64_t hd)
 {
@@ -440,6 +448,7 @@ static const kernel_backend backend = {
     .matmul_backward = enc_matmul_backward,
     .matmul_forward_bf16 = enc_matmul_forward_bf16,
     .matmul_backward_bf16 = enc_matmul_backward_bf16,
+    .matmul_forward_bf16_bits = enc_matmul_forward_bf16_bits,
     .layernorm_forward = enc_layernorm_forward,
     .layernorm_backward = enc_layernorm_backward,
     .gelu_forward = enc_gelu_forward,

@@ -172,6 +172,15 @@ int main(int argc, char **argv)
         for (int j = 0; j < c->tp; j++)
             for (int i = 0; i < PART; i++) failures += all[j * PART + i] != (float)(j * 1000 + i);
         if (failures > in_place) fprintf(stderr, "layer_check rank %d: in place, all-gather or reduce-scatter wrong\n", rank);
+        /* bf16 bits (the sequence-parallel gather of bf16 activations): MPI's 16-bit values, in units too. */
+        uint16_t bits[PART], *all_bits = calloc((size_t)c->tp * PART, sizeof *all_bits);
+        for (int i = 0; i < PART; i++) bits[i] = (uint16_t)(0x3f80 + 0x100 * c->tp_rank + i);
+        int before = failures;
+        if (!all_bits || comm_all_gather(c, GROUP_TP, bits, all_bits, PART, COMM_BF16, COMM_HOST)) failures++;
+        for (int j = 0; all_bits && j < c->tp; j++)
+            for (int i = 0; i < PART; i++) failures += all_bits[j * PART + i] != (uint16_t)(0x3f80 + 0x100 * j + i);
+        if (failures > before) fprintf(stderr, "layer_check rank %d: the bf16 all-gather wrong\n", rank);
+        free(all_bits);
     }
     free(all);
     free(full);

@@ -134,6 +134,14 @@ static void *collectives(void *arg)
     bad |= comm_all_gather(c, GROUP_TP, all + 3 * c->tp_rank, all, 3, COMM_FLOAT, COMM_HOST) != TP_OK;
     for (int j = 0; j < 2; j++)
         for (int i = 0; i < 3; i++) bad |= all[j * 3 + i] != (float)(10 * j + i);
+    /* bf16 bits (2 bytes each, an odd count) gathered as they are, never summed. */
+    uint16_t bits[3], all_bits[3 * 2];
+    for (int i = 0; i < 3; i++) bits[i] = (uint16_t)(0x3f80 + 0x100 * c->tp_rank + i);
+    bad |= comm_all_gather(c, GROUP_TP, bits, all_bits, 3, COMM_BF16, COMM_HOST) != TP_OK;
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 3; i++) bad |= all_bits[j * 3 + i] != (uint16_t)(0x3f80 + 0x100 * j + i);
+    bad |= comm_all_reduce(c, GROUP_TP, bits, 3, COMM_BF16, COMM_SUM, COMM_HOST) != TP_ERR_ARG;
+    bad |= comm_reduce_scatter(c, GROUP_TP, all_bits, bits, 3, COMM_BF16, COMM_HOST) != TP_ERR_ARG;
     /* A device stream is refused by a host communicator. */
     bad |= comm_all_gather(c, GROUP_TP, part, all, 3, COMM_FLOAT, (comm_stream)x) != TP_ERR_COMM;
     bad |= comm_reduce_scatter(c, GROUP_TP, full, kept, 3, COMM_FLOAT, (comm_stream)x) != TP_ERR_COMM;
@@ -450,9 +458,21 @@ static void train_layout(int tp, int pp, int dp, const kernel_backend *kernels, 
  * attention read as bf16 bits (trainer/model.h): through the device seam
  * (each operation reading and writing no more than its bf16 extents) the
  * CPU's losses to the bit, with sequence parallelism too (the bf16 rows
- * gathered through the staged all-gather); close to, and not, fp32's. */
+ * gathered through the staged all-gather); close to, and not, fp32's. And
+ * a stage of both layers the losses of two stages of one layer each, to the
+ * bit: there each layer's activations sit at offset 0 of their slot, so a
+ * wrong stride or offset of the bf16 regions (which the seam, decoding
+ * within the slot's one allocation, cannot see) shows. */
 Test(train, bf16_activations_through_the_device_seam, .timeout = 300)
 {
+    double one_stage[8] = {0}, two_stages[8] = {0};
+    run_bf16 = 1;
+    train_layout(1, 1, 1, NULL, 5, NULL, 0, 0, one_stage);
+    train_layout(1, 2, 1, NULL, 5, NULL, 0, 0, two_stages);
+    run_bf16 = 0;
+    for (int s = 1; s <= 5; s++)
+        cr_assert(one_stage[s] == two_stages[s], "step %d: bf16 loss %.9g with both layers on a stage, %.9g on two", s,
+                  one_stage[s], two_stages[s]);
     const int layouts[3][4] = {{1, 1, 1, 0}, {2, 1, 1, 1}, {2, 2, 1, 0}}; /* tp, pp, dp, sequence parallelism */
     for (int i = 0; i < 3; i++) {
         const int *l = layouts[i];
