@@ -115,7 +115,10 @@ int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const floa
                          const float *weight, int64_t N, int64_t C, int64_t OC);
 /* matmul_forward_bf16 written as a bf16 activation: out[N,OC] as bf16
  * bits, the bits of rounding matmul_forward_bf16's fp32 out (the bias
- * added in fp32 first). GPT-2's qkv, which only the attention reads. */
+ * added in fp32 first). GPT-2's qkv, which only the attention reads. A GPU
+ * may have cuBLAS round its own fp32 sums, in another order than its fp32
+ * product's: one ulp apart where a sum lies near a tie. TP_ERR_NOMEM when
+ * the CPU's scratch cannot be had. */
 int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC);
 

@@ -202,12 +202,21 @@ static int lay_out_memory(gpt_model *m, int zero)
 /* The backward scratch (m->scratch), in order: one block's buffers
  * (block_backward: d_res1 and d_ln [N, D], d_qkv [N, qkv], d_attn [N, attn],
  * d_gelu [N, ffn], d_fc [N, fc], the attention's scratch), then d_x [N, D], then
- * on the last stage d_logits [N, vocab]. The floats before d_x: */
+ * on the last stage d_logits [N, vocab]. A forward borrows it too: the
+ * attention's scratch at its start ([B, Hq, T], Hq <= D: within d_res1), and
+ * in bf16 Llama's qkv before its rotation in d_qkv's place (qkv_forward).
+ * The floats before d_x: */
 static int64_t block_work_floats(const gpt_model *m)
 {
     int64_t N = m->B * m->T;
     return N * (2 * m->D + m->qkv_local + m->attn_local + m->ffn_local + m->fc_local) +
            attention_scratch_floats(m->B, m->T, m->heads_local);
+}
+
+/* d_qkv's place in a block's backward scratch (block_work_floats), [N, qkv]. */
+static float *block_d_qkv(const gpt_model *m, float *work)
+{
+    return work + 2 * m->B * m->T * m->D;
 }
 
 /* floats that hold `count` values of an activation (fp32, or bf16 bits two to a float). */
@@ -224,8 +233,8 @@ static void *activation_at(const gpt_model *m, void *base, int64_t index)
 
 /* floats of one slot, as slot_init carves them: the input, then per
  * region of the chunk's layers ln1, its mean and rstd, qkv, att_lse, attn,
- * res1, ln2, its mean and rstd, fc, gelu, res2 (elastic/plan.c counts them
- * in fp32). */
+ * res1, ln2, its mean and rstd, fc, gelu, res2 (elastic/plan.c
+ * micro_batch_floats counts them alike). */
 static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 {
     int64_t N = m->B * m->T, R = m->rows, L = m->chunk_layers;
@@ -670,9 +679,9 @@ static int linear_backward(const gpt_model *m, float *d_in, float *d_weight, flo
 
 /* qkv [N, qkv_local] (an activation) = in @ Wqkv^T + bqkv, its Q and K
  * heads then turned by RoPE (Llama). In bf16 the product is written as bf16
- * bits, or for Llama first in fp32 into the scratch's d_qkv region (free
- * during a forward: the attention's own scratch, [B, Hq, T] at the
- * scratch's start, lies before it), then turned and rounded into qkv. */
+ * bits, or for Llama first in fp32 into the backward scratch's d_qkv place
+ * (free during a forward: block_work_floats), then turned and rounded into
+ * qkv. */
 static int qkv_forward(const gpt_model *m, void *qkv, const void *in, const float *weight, const float *bias)
 {
     const kernel_backend *k = m->kernels;
@@ -683,7 +692,7 @@ static int qkv_forward(const gpt_model *m, void *qkv, const void *in, const floa
         return k->rope_forward(qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd);
     }
     if (!m->llama) return k->matmul_forward_bf16_bits(qkv, in, weight, bias, N, m->D, m->qkv_local);
-    float *unturned = m->scratch + 2 * N * m->D; /* block_work_floats: after d_res1 and d_ln */
+    float *unturned = block_d_qkv(m, m->scratch);
     TP_TRY(k->matmul_forward_bf16(unturned, in, weight, bias, N, m->D, m->qkv_local));
     return k->rope_forward_bf16(qkv, unturned, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd);
 }
@@ -952,7 +961,7 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     const void *qkv = activation_at(m, s->qkv, l * N * m->qkv_local);
     const float *lse = s->att_lse + l * N * m->heads_local;
     const float *res1 = s->res1 + l * R * D, *fc = s->fc + l * N * m->fc_local;
-    float *d_res1 = work, *d_ln = d_res1 + N * D, *d_qkv = d_ln + N * D, *d_attn = d_qkv + N * m->qkv_local;
+    float *d_res1 = work, *d_ln = d_res1 + N * D, *d_qkv = block_d_qkv(m, work), *d_attn = d_qkv + N * m->qkv_local;
     float *d_gelu = d_attn + N * m->attn_local, *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->fc_local;
     /* d_ln summed over TP: in place, or this rank's rows of it. */
     float *d_ln_rows = m->sequence_parallel ? m->gathered : d_ln;

@@ -17,6 +17,7 @@
 #include "../../common/memory.h"
 #include "../fast_exp.h"
 #include "../kernels.h"
+#include "bf16_outputs.h"
 #include "bf16_products.h"
 #include "vector_clones.h"
 #include "workers.h"

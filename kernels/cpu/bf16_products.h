@@ -40,17 +40,6 @@ static inline bf16_operand bf16_of_bits(const uint16_t *bits)
 int bf16_product(float *c, bf16_operand a, bf16_operand b, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
                  int accumulate);
 
-/* out[i] = the bf16 bits of x[i] (bits_f32_to_bf16), in shares on the CPU
- * backend's pool (workers.h). */
-void round_to_bf16_bits(uint16_t *out, const float *x, int64_t n);
-
-/* Room for the fp32 output of an operation whose bf16 twin writes bf16
- * bits (a bf16 activation, kernels.h): n floats of the calling thread's
- * scratch, rounded afterwards by round_to_bf16_bits, so that the bits are
- * those of the fp32 operation's output by construction. TP_ERR_NOMEM
- * naming `what` and n when it cannot be had. */
-int bf16_output_scratch(float **out, int64_t n, const char *what);
-
 /* n values of an operand as fp32 in a new buffer (NULL when out of
  * memory; free() releases it): the values rounded to bf16
  * (bits_f32_to_bf16, convert_bits.h), or the bits widened (exact). The

@@ -8,6 +8,7 @@
 #include "../../common/error.h"
 #include "../convert_bits.h"
 #include "../kernels.h"
+#include "bf16_outputs.h"
 #include "bf16_products.h"
 #include "vector_clones.h"
 #include "workers.h"

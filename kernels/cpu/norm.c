@@ -6,7 +6,7 @@
 #include "../../common/error.h"
 #include "../fast_exp.h"
 #include "../kernels.h"
-#include "bf16_products.h"
+#include "bf16_outputs.h"
 #include "vector_clones.h"
 #include "workers.h"
 

@@ -10,7 +10,7 @@
 
 #include "../../common/error.h"
 #include "../kernels.h"
-#include "bf16_products.h"
+#include "bf16_outputs.h"
 #include "workers.h"
 
 /* freq[hd/2]. HF: inv_freq = 1.0 / (base ** (arange(0, hd, 2).float() / hd)),

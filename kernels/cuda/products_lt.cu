@@ -145,6 +145,15 @@ static unsigned alignment_of(const void *p)
     return alignment;
 }
 
+/* Whether cuBLASLt's status refuses a configuration (no algorithm for it),
+ * not a failure: NOT_SUPPORTED, and for a bf16 D (out_bits) INVALID_VALUE
+ * too, which an fp32 bias with it may give (cublasLt.h: a bias is D's type
+ * but for a few exceptions). The caller then takes its own way. */
+static int refused(cublasStatus_t status, int out_bits)
+{
+    return status == CUBLAS_STATUS_NOT_SUPPORTED || (out_bits && status == CUBLAS_STATUS_INVALID_VALUE);
+}
+
 static void plan_release(plan *p)
 {
     if (p->layout_out) lt.layout_destroy(p->layout_out);
@@ -197,9 +206,10 @@ static int plan_build(plan *p, const float *bias)
     {
         cublasStatus_t status = lt.heuristic(state.handle, p->desc, p->layout_weight, p->layout_in, p->layout_out,
                                              p->layout_out, preference, 1, &found, &count);
-        /* NOT_SUPPORTED: no algorithm for this configuration, as count 0 is. */
-        if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
-            LT_TRY(status);
+        /* NOT_SUPPORTED: no algorithm for this configuration, as count 0 is;
+         * for a bf16 D, INVALID_VALUE too (an fp32 bias with it, which
+         * cublasLt.h's bias type rule may reject so). */
+        if (status != CUBLAS_STATUS_SUCCESS && !refused(status, k->out_bits)) LT_TRY(status);
     }
     lt.preference_destroy(preference);
     preference = NULL;
@@ -282,10 +292,10 @@ int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, cons
         cublasStatus_t ran = lt.matmul(state.handle, p->desc, &one, weight, p->layout_weight, in, p->layout_in, &zero,
                                        out, p->layout_out, out, p->layout_out, &p->algo, state.workspace,
                                        p->workspace_bytes, cuda_state.stream);
-        /* NOT_SUPPORTED at the call (an fp32 bias with a bf16 D, which
+        /* Refused at the call (an fp32 bias with a bf16 D, which
          * cublasLt.h's bias type rule may refuse only here): nothing was
          * queued; the plan is set aside and the caller's own way runs. */
-        if (ran == CUBLAS_STATUS_NOT_SUPPORTED) p->usable = 0;
+        if (refused(ran, out_bits)) p->usable = 0;
         else LT_TRY(ran);
         *done = p->usable;
         if (p->usable) state.epilogue_products++;

@@ -538,14 +538,15 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
  * the planner's bound (bf16 and an fp32 master), not compared. */
 Test(plan, bf16_activations_are_what_the_trainer_allocates)
 {
-    const char *names[] = {"tiny", "llama-tiny"};
-    for (int n = 0; n < 2; n++)
+    const char *names[] = {"tiny", "llama-tiny", "tiny"}; /* the third with odd widths: dim 27, 3 heads of 9 */
+    for (int n = 0; n < 3; n++)
         for (int tp = 1; tp <= 2; tp++)
             for (int pp = 1; pp <= 2; pp++)
                 for (int sp = 0; sp <= (tp > 1); sp++)
                     for (int64_t seq = 8; seq <= 9; seq++) {
                         gpt_config config = preset(names[n]);
                         config.seq = seq;
+                        if (n == 2) config.dim = 27, config.heads = config.kv_heads = 3, config.ffn = 4 * 27;
                         if (gpt_config_check(&config, tp, pp) != TP_OK || (sp && seq % tp)) continue;
                         /* The planner reports its largest stage, its weights 6 bytes a value (bf16 and the
                          * master) where the trainer's are 4: the stage of the largest total + weights / 2. */

@@ -408,13 +408,14 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
             if (expected >= 0)
                 cr_assert_eq(epilogues, expected, "%s, %s: %lld products in cuBLASLt's epilogue, want %d",
                              precisions[precision], cases[c].what, (long long)epilogues, expected);
-            if (precision == 2) /* in the epilogue with a bf16 D, or (cuBLASLt refusing an fp32 bias with a bf16 D,
-                                   as cublasLt.h's bias type rule allows) with an fp32 D, rounded after */
-                cr_assert(bits_epilogues <= epilogues, "bf16 bits, %s: %lld products with a bf16 D of %lld in the "
-                          "epilogue", cases[c].what, (long long)bits_epilogues, (long long)epilogues);
-            else
-                cr_assert(precision == 2 || bits_epilogues == 0, "%s, %s: %lld products with a bf16 D",
-                          precisions[precision], cases[c].what, (long long)bits_epilogues);
+            if (precision == 2 && epilogues) /* with a bf16 D, or (cuBLASLt refusing an fp32 bias with a bf16 D,
+                                                 as cublasLt.h's bias type rule allows) an fp32 D, rounded after:
+                                                 which way, for the record of the first GPU runs (docs/GPU.md) */
+                cr_log_info("bf16 qkv product, %s: cuBLASLt's epilogue with a%s D", cases[c].what,
+                            bits_epilogues ? " bf16" : "n fp32 (rounded after)");
+            if (precision < 2)
+                cr_assert_eq(bits_epilogues, 0, "%s, %s: %lld products with a bf16 D", precisions[precision],
+                             cases[c].what, (long long)bits_epilogues);
             if (precision == 1) { /* the backward of the same bits: d_in overwritten, d_weight accumulated */
                 float *dw_want = malloc((size_t)(OC * C) * sizeof(float));
                 cr_assert(dw_want);
