@@ -239,13 +239,11 @@ double sum_of_squares(const float *const *spans, const int64_t *lengths, int cou
 float *bf16_operand_as_f32(bf16_operand x, int64_t n)
 {
     float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    for (int64_t i = 0; out && i < n; i++) {
+    if (out && x.bits) convert_to_f32(x.bits, TP_BF16, out, n);
+    for (int64_t i = 0; out && !x.bits && i < n; i++) {
         uint32_t bits;
-        if (x.bits) bits = bits_bf16_to_f32(x.bits[i]);
-        else {
-            memcpy(&bits, &x.values[i], sizeof bits);
-            bits = bits_bf16_to_f32(bits_f32_to_bf16(bits));
-        }
+        memcpy(&bits, &x.values[i], sizeof bits);
+        bits = bits_bf16_to_f32(bits_f32_to_bf16(bits));
         memcpy(&out[i], &bits, sizeof bits);
     }
     return out;

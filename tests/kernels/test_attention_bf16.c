@@ -36,15 +36,6 @@ static float *rounded_copy(const float *x, int64_t n)
     return out;
 }
 
-/* bf16 bits widened to fp32 (exact). */
-static float *floats_of(const uint16_t *bits, int64_t n)
-{
-    float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
-    cr_assert(out);
-    convert_to_f32(bits, TP_BF16, out, n);
-    return out;
-}
-
 static uint16_t *alloc_bits(int64_t n)
 {
     uint16_t *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
@@ -102,7 +93,7 @@ Test(attention_bf16, is_the_fp32_attention_on_bf16_values)
                      tp_errmsg());
         floats_assert_rounded(out, want_out, x.n_out, "out");
         assert_same_bits(lse, want_lse, x.n_lse, "lse");
-        float *o = floats_of(out, x.n_out); /* the bf16 out, as the backward reads it */
+        float *o = floats_of_bf16_bits(out, x.n_out); /* the bf16 out, as the backward reads it */
         cr_assert_eq(attention_backward(want_dqkv, scratch, d_out, qkv, o, want_lse, x.B, x.T, x.Hq, x.Hkv, x.hd),
                      TP_OK);
         cr_assert_eq(attention_backward_bf16(dqkv, scratch, d_out, qkv_bits, out, want_lse, x.B, x.T, x.Hq, x.Hkv,
@@ -234,7 +225,7 @@ Test(attention_bf16, within_the_rounding_of_its_operands)
         float *dqkv = alloc_floats(x.n_qkv), *want_dqkv = alloc_floats(x.n_qkv);
         cr_assert_eq(attention_forward(want_out, want_lse, scratch, qkv, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK);
         cr_assert_eq(attention_forward_bf16(out_bits, lse, scratch, qkv_bits, x.B, x.T, x.Hq, x.Hkv, x.hd), TP_OK);
-        float *out = floats_of(out_bits, x.n_out);
+        float *out = floats_of_bf16_bits(out_bits, x.n_out);
         double scale = 1.0 / sqrt((double)x.hd), u = ldexp(1.0, -8);
         for (int64_t b = 0; b < x.B; b++)
             for (int64_t h = 0; h < x.Hq; h++) {

@@ -76,25 +76,6 @@ static void check_device(const kernel_backend *k, const float *device, const flo
     free(got);
 }
 
-/* bf16 activations (kernels.h): n floats as bf16 bits, rounded as the CPU
- * rounds them (convert_from_f32), in new host memory. */
-static uint16_t *bf16_bits(const float *x, int64_t n)
-{
-    uint16_t *bits = malloc((size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
-    cr_assert(bits);
-    convert_from_f32(x, bits, TP_BF16, n);
-    return bits;
-}
-
-/* n bf16 values as floats (exact), in new host memory. */
-static float *floats_of_bits(const uint16_t *bits, int64_t n)
-{
-    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    cr_assert(x);
-    convert_to_f32(bits, TP_BF16, x, n);
-    return x;
-}
-
 static uint16_t *upload_bits(const kernel_backend *k, const uint16_t *host, int64_t n)
 {
     return upload(k, host, n, sizeof(uint16_t));
@@ -327,7 +308,7 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
     float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *bias = floats_random(OC, 1.0f);
     float *dout = floats_random(N * OC, 1.0f), *dw = floats_random(OC * C, 1.0f);
     float *din = malloc((size_t)(N * C) * sizeof(float)), *want = malloc((size_t)(N * OC) * sizeof(float));
-    uint16_t *in_bits = bf16_bits(in, N * C), *want_bits = malloc((size_t)(N * OC) * sizeof(uint16_t));
+    uint16_t *in_bits = floats_bf16_bits(in, N * C), *want_bits = malloc((size_t)(N * OC) * sizeof(uint16_t));
     uint16_t *out_garbage = bits_garbage(N * OC + 1);
     cr_assert(din && want && want_bits);
     /* One value more than each array: the array at offset 1 or 0. */
@@ -451,7 +432,7 @@ Test(cuda_backend, matmul_forward_bf16)
         float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *bias = floats_random(OC, 1.0f);
         float *want = malloc((size_t)(N * OC) * sizeof(float)), *fp32 = malloc((size_t)(N * OC) * sizeof(float));
         float *garbage = floats_filled(N * OC, 7.0f);
-        uint16_t *in_bits = bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
+        uint16_t *in_bits = floats_bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
         float *g_w = upload_floats(k, w, OC * C);
         float *g_bias = upload_floats(k, bias, OC), *g_out = upload_floats(k, garbage, N * OC);
         cr_assert_eq(matmul_forward_bf16(want, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
@@ -485,7 +466,7 @@ Test(cuda_backend, matmul_backward_bf16)
         float *din = floats_filled(N * C, 7.0f), *dw = floats_random(OC * C, 1.0f), *db = floats_random(OC, 1.0f);
         float *din32 = malloc((size_t)(N * C) * sizeof(float)), *dw32 = malloc((size_t)(OC * C) * sizeof(float));
         memcpy(dw32, dw, (size_t)(OC * C) * sizeof(float));
-        uint16_t *in_bits = bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
+        uint16_t *in_bits = floats_bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
         float *g_w = upload_floats(k, w, OC * C), *g_dout = upload_floats(k, dout, N * OC);
         float *g_din = upload_floats(k, din, N * C), *g_dw = upload_floats(k, dw, OC * C), *g_db = upload_floats(k, db, OC);
         cr_assert_eq(matmul_backward_bf16(din, dw, db, dout, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
@@ -542,7 +523,7 @@ Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
     memcpy(a, special, (size_t)count * sizeof(float));
     memcpy(b + 20, special, (size_t)count * sizeof(float));
     float *g_a = upload_floats(k, a, N), *g_b = upload_floats(k, b, M), *g_out = upload_floats(k, garbage, N * M);
-    uint16_t *a_bits = bf16_bits(a, N), *b_bits = bf16_bits(b, M);
+    uint16_t *a_bits = floats_bf16_bits(a, N), *b_bits = floats_bf16_bits(b, M);
     uint16_t *g_a_bits = upload_bits(k, a_bits, N), *g_b_bits = upload_bits(k, b_bits, M);
 
     /* out[N,M] = bf16(a[N,1]) bf16(b[M,1])^T: a as in's bits, b as W, rounded on the device */
@@ -1056,7 +1037,7 @@ Test(cuda_backend, matmul_forward_bf16_bits)
             float *want = malloc((size_t)(N * OC) * sizeof(float)), *garbage = floats_filled(N * OC, 7.0f);
             uint16_t *want_bits = malloc((size_t)(N * OC) * sizeof(uint16_t)), *garbage_bits = bits_garbage(N * OC);
             cr_assert(want && want_bits);
-            uint16_t *in_bits = bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
+            uint16_t *in_bits = floats_bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
             uint16_t *g_out = upload_bits(k, garbage_bits, N * OC);
             float *g_w = upload_floats(k, w, OC * C), *g_bias = upload_floats(k, bias, OC);
             float *g_fp32 = upload_floats(k, garbage, N * OC);
@@ -1516,7 +1497,7 @@ static void bf16_attention_case(const kernel_backend *k, const char *variant, co
     int cudnn = strcmp(variant, "cudnn") == 0;
     cr_assert_eq(cuda_attention_variant(variant), TP_OK);
     float *qkv_values = floats_random(n_qkv, 2.0f), *dout = floats_random(n_out, 1.0f);
-    uint16_t *qkv = bf16_bits(qkv_values, n_qkv); /* the activation, on both sides */
+    uint16_t *qkv = floats_bf16_bits(qkv_values, n_qkv); /* the activation, on both sides */
     uint16_t *out = malloc((size_t)n_out * sizeof(uint16_t)), *out_garbage = bits_garbage(n_out + out_at);
     float *lse = malloc((size_t)n_lse * sizeof(float));
     float *dqkv = malloc((size_t)n_qkv * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
@@ -1537,11 +1518,11 @@ static void bf16_attention_case(const kernel_backend *k, const char *variant, co
                  (long long)out_at, (long long)qkv_at, tp_errmsg());
     {
         double v_max = 0; /* the largest |v|: out's absolute scale for cuDNN */
-        float *qkv_wide = floats_of_bits(qkv, n_qkv);
+        float *qkv_wide = floats_of_bf16_bits(qkv, n_qkv);
         for (int64_t r = 0; r < B * T; r++)
             for (int64_t c = (Hq + Hkv) * hd; c < S; c++) v_max = fmax(v_max, fabs(qkv_wide[r * S + c]));
         uint16_t *got_bits = download_bits(k, g_out, n_out);
-        float *got_out = floats_of_bits(got_bits, n_out), *want_out = floats_of_bits(out, n_out);
+        float *got_out = floats_of_bf16_bits(got_bits, n_out), *want_out = floats_of_bf16_bits(out, n_out);
         float *got_lse = download(k, g_lse, n_lse);
         bf16_check o = {.variant = variant, .what = "out", .shape = shape, .rel = ldexp(1, -7),
                         .abs = cudnn ? ldexp(1, -7) * v_max : 1e-5};
@@ -1600,9 +1581,9 @@ static void bf16_attention_case(const kernel_backend *k, const char *variant, co
             check_part(&d, got, dqkv, B * T, S, first[p], width[p]);
         }
         if (!cudnn) { /* the GPU's own fp32 backward of qkv and out widened and d_out rounded, to the bit */
-            uint16_t *dout_bits = bf16_bits(dout, n_out);
-            float *wide = floats_of_bits(qkv, n_qkv), *dout_rounded = floats_of_bits(dout_bits, n_out);
-            float *out_wide = floats_of_bits(out, n_out), *fp32;
+            uint16_t *dout_bits = floats_bf16_bits(dout, n_out);
+            float *wide = floats_of_bf16_bits(qkv, n_qkv), *dout_rounded = floats_of_bf16_bits(dout_bits, n_out);
+            float *out_wide = floats_of_bf16_bits(out, n_out), *fp32;
             float *g_wide = upload_floats(k, wide, n_qkv);
             float *g_dout_rounded = upload_floats(k, dout_rounded, n_out);
             float *g_out_wide = upload_floats(k, out_wide, n_out), *g_fp32 = upload_floats(k, garbage, n_qkv);
@@ -1696,7 +1677,7 @@ Test(cuda_backend, attention_bf16_default_and_fallback)
     int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
     int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
     float *qkv = floats_random(n_qkv, 2.0f);
-    uint16_t *qkv_bits = bf16_bits(qkv, n_qkv), *g_qkv = upload_bits(k, qkv_bits, n_qkv);
+    uint16_t *qkv_bits = floats_bf16_bits(qkv, n_qkv), *g_qkv = upload_bits(k, qkv_bits, n_qkv);
     float *g_lse = NULL, *g_scratch = NULL;
     uint16_t *g_out = NULL;
     cr_assert_eq(k->alloc((void **)&g_out, (size_t)n_out * sizeof(uint16_t)), TP_OK);
@@ -1934,7 +1915,7 @@ Test(cuda_backend, classifier_backward_bf16)
     crossentropy_row_stats(row_max, sum, logits, N, V, first, vocab);
     int *g_targets = upload(k, targets, N, sizeof(int));
     float *g_logits = upload_floats(k, logits, N * V), *g_max = upload_floats(k, row_max, N);
-    uint16_t *in_bits = bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
+    uint16_t *in_bits = floats_bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
     float *g_sum = upload_floats(k, sum, N), *g_w = upload_floats(k, w, V * C);
     float *g_dw = upload_floats(k, d_weight, V * C), *g_din = upload_floats(k, garbage, N * C);
     float *g_scratch = upload_floats(k, garbage, N * V), *g_fp32 = upload_floats(k, garbage, N * V);

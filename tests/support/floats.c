@@ -53,6 +53,13 @@ uint16_t *floats_bf16_bits(const float *x, int64_t n)
     return bits;
 }
 
+float *floats_of_bf16_bits(const uint16_t *bits, int64_t n)
+{
+    float *x = floats(n);
+    convert_to_f32(bits, TP_BF16, x, n);
+    return x;
+}
+
 void floats_assert_rounded(const uint16_t *got, const float *fp32, int64_t n, const char *what)
 {
     uint16_t *want = floats_bf16_bits(fp32, n);

@@ -14,6 +14,7 @@ float *floats_filled(int64_t n, float value); /* malloc'ed (one element at least
  * got[i] is the bits of rounding fp32[i], naming `what`, the index, both
  * bits and the fp32 value. */
 uint16_t *floats_bf16_bits(const float *x, int64_t n);
+float *floats_of_bf16_bits(const uint16_t *bits, int64_t n); /* widened (exact), malloc'ed */
 void floats_assert_rounded(const uint16_t *got, const float *fp32, int64_t n, const char *what);
 
 #endif
