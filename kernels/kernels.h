@@ -103,16 +103,33 @@ void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d
  * the memory and traffic of fp32 and no rounding before each product that
  * reads them. The *_bf16 operations below that write such an activation
  * write those bits: the same bits as rounding the fp32 operation's output.
+ * Their gradients inside a layer are bf16 bits as well (the attention's
+ * output's, q, k and v's, the MLP's activation's and its input's: what a
+ * product or the attention reads next); the residual stream's gradients,
+ * and the norms' input gradients summed over tensor-parallel ranks, stay
+ * fp32.
  *
  * The products with bf16 operands summed in fp32, as tensor cores compute
- * them: in[N,C] is bf16 bits; weight and d_out are fp32, rounded to bf16
- * on the way (the gradients stay fp32 for now); out, d_in, d_weight, the
- * bias and d_bias fp32. They need scratch for the rounded operands:
- * TP_ERR_NOMEM when it cannot be had. */
+ * them. Forward: in[N,C] is bf16 bits, weight fp32 rounded to bf16 on the
+ * way; out, the bias fp32. Backward: d_out is bf16 bits, in bf16 bits,
+ * weight rounded on the way; d_in, d_weight fp32, and d_bias += the column
+ * sums of d_out's bf16 values (summed in fp32: the gradient the product
+ * reads, as autocast's bf16 linear sums its bf16 gradient). They need
+ * scratch for the rounded operands: TP_ERR_NOMEM when it cannot be had. */
 int matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N, int64_t C,
                         int64_t OC);
-int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
+int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC);
+/* The backward of a product whose output joins the residual stream (the
+ * attention's and the MLP's output projections): d_out[N,OC] fp32, rounded
+ * to bf16 on the way; d_in[N,C] written as bf16 bits (the gradient of the
+ * attention's output or of the MLP's activation), the bits of rounding the
+ * fp32 d_in that matmul_backward_bf16 computes from the rounded d_out;
+ * d_weight and d_bias as there (d_bias from the rounded d_out). A GPU may
+ * have cuBLAS round its own fp32 sums, in another order: one ulp apart where
+ * a sum lies near a tie. TP_ERR_NOMEM when scratch cannot be had. */
+int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
+                              const float *weight, int64_t N, int64_t C, int64_t OC);
 /* matmul_forward_bf16 written as a bf16 activation: out[N,OC] as bf16
  * bits, the bits of rounding matmul_forward_bf16's fp32 out (the bias
  * added in fp32 first). GPT-2's qkv, which only the attention reads. A GPU
@@ -157,6 +174,14 @@ int rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const floa
                          float eps);
 int gelu_forward_bf16(uint16_t *out, const float *in, int64_t n);
 int swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F);
+/* Their backward with bf16 gradients: d_out is bf16 bits (the gradient of
+ * the MLP's activation, matmul_backward_bf16_bits's d_in), in fp32 (the
+ * MLP's input, kept fp32); d_in written as bf16 bits, the bits of rounding
+ * what gelu_backward or swiglu_backward compute from d_out's values (the
+ * gradient the MLP's input product reads). TP_ERR_NOMEM when the CPU's
+ * scratch cannot be had. */
+int gelu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n);
+int swiglu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F);
 
 /* Rotary position embeddings, Hugging Face's rotate-half convention: in
  * each head's hd values, element j < hd/2 pairs with j + hd/2 and both turn
@@ -174,6 +199,14 @@ void rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int
  * TP_ERR_NOMEM when the CPU's scratch cannot be had. */
 int rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq,
                       int64_t Hkv, int64_t hd);
+/* rope_backward on a bf16 gradient, in place: d_qkv[B,T,(Hq+2Hkv)*hd] bf16
+ * bits (the attention's bf16 d_qkv) turned back as rope_backward turns
+ * their values, then rounded; V's values stay as they are (the CPU widens
+ * and rounds them back, exact but for a signalling NaN, which comes back
+ * quiet; a GPU leaves their bits alone). TP_ERR_NOMEM when the CPU's
+ * scratch cannot be had. */
+int rope_backward_bf16(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                       int64_t hd);
 
 /* The frequencies of rotary embeddings: freq[j] = theta^(-2j/hd) for j < hd/2,
  * computed as Hugging Face computes them (fp32), then, with
@@ -225,15 +258,17 @@ int attention_backward(float *d_qkv, float *scratch, const float *d_out, const f
  * (scores, softmax, lse, sums). q, k and v (qkv) come as bf16 bits (a
  * bf16 activation: the qkv product's, or RoPE's, output rounded); the
  * forward writes out as bf16 bits (the same bits as rounding the fp32
- * attention's out); the backward reads qkv and out as those bits, rounds
- * d_out, as cuDNN reads it, and takes lse as it is (fp32 in cuDNN too).
- * Shapes and scratch as the fp32 functions, lse and d_qkv fp32;
- * TP_ERR_NOMEM when the rounded copies cannot be had. A GPU's results differ from these by the order of its
- * fp32 sums and, through cuDNN, by its bf16 d_qkv and bf16 probabilities
- * in the products with V and d_out (kernels/cuda/attention_cudnn.h). */
+ * attention's out); the backward reads qkv, out and d_out as bf16 bits (as
+ * cuDNN reads them), takes lse as it is (fp32 in cuDNN too) and writes
+ * d_qkv as bf16 bits (as cuDNN writes dQ, dK, dV: the fp32 gradient, its
+ * sums over a shared key/value head's query heads included, rounded once).
+ * Shapes and scratch as the fp32 functions, lse fp32; TP_ERR_NOMEM when the
+ * widened copies cannot be had. A GPU's results differ from these by the
+ * order of its fp32 sums and, through cuDNN, by its bf16 probabilities in
+ * the products with V and d_out (kernels/cuda/attention_cudnn.h). */
 int attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B, int64_t T,
                            int64_t Hq, int64_t Hkv, int64_t hd);
-int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
+int attention_backward_bf16(uint16_t *d_qkv, float *scratch, const uint16_t *d_out, const uint16_t *qkv,
                             const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                             int64_t hd);
 /* Query rows the CPU attention computes at a time; the scratch it is given
@@ -274,9 +309,10 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
 
 /* The classifier's backward in bf16 mixed precision, in one operation:
  * crossentropy_backward's d_logits [N,V] into scratch (N x V floats), then
- * matmul_backward_bf16 without a bias: d_in[N,C] = d_logits @ weight[V,C]
- * (overwritten), d_weight[V,C] += d_logits^T @ in[N,C] (in: bf16 bits, the
- * final norm's bf16 activation). One operation so
+ * matmul_backward_bf16 of their bf16 values without a bias: d_in[N,C] =
+ * d_logits @ weight[V,C] (overwritten, fp32: the final norm's gradient),
+ * d_weight[V,C] += d_logits^T @ in[N,C] (in: bf16 bits, the final norm's
+ * bf16 activation). One operation so
  * that a GPU writes d_logits once, already rounded to bf16 as the product
  * reads it (the same bits as rounding crossentropy_backward's), instead of
  * an fp32 copy that the product then reads to round: the largest array of
@@ -360,8 +396,10 @@ typedef struct kernel_backend {
                            const float *weight, int64_t N, int64_t C, int64_t OC);
     int (*matmul_forward_bf16)(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
                                int64_t C, int64_t OC);
-    int (*matmul_backward_bf16)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
-                                const float *weight, int64_t N, int64_t C, int64_t OC);
+    int (*matmul_backward_bf16)(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out,
+                                const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC);
+    int (*matmul_backward_bf16_bits)(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
+                                     const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC);
     int (*matmul_forward_bf16_bits)(uint16_t *out, const uint16_t *in, const float *weight, const float *bias,
                                     int64_t N, int64_t C, int64_t OC);
     int (*layernorm_forward)(float *out, float *mean, float *rstd, const float *in, const float *weight,
@@ -382,11 +420,15 @@ typedef struct kernel_backend {
                                 float eps);
     int (*gelu_forward_bf16)(uint16_t *out, const float *in, int64_t n);
     int (*swiglu_forward_bf16)(uint16_t *out, const float *in, int64_t N, int64_t F);
+    int (*gelu_backward_bf16)(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n);
+    int (*swiglu_backward_bf16)(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F);
     int (*rope_forward)(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
     int (*rope_backward)(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                          int64_t hd);
     int (*rope_forward_bf16)(uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq,
                              int64_t Hkv, int64_t hd);
+    int (*rope_backward_bf16)(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                              int64_t hd);
     int (*residual_forward)(float *out, const float *a, const float *b, int64_t n);
     int (*bias_residual_forward)(float *out, const float *x, const float *partial, const float *bias, int64_t N,
                                  int64_t C);
@@ -398,7 +440,7 @@ typedef struct kernel_backend {
                               const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
     int (*attention_forward_bf16)(uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B,
                                   int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
-    int (*attention_backward_bf16)(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
+    int (*attention_backward_bf16)(uint16_t *d_qkv, float *scratch, const uint16_t *d_out, const uint16_t *qkv,
                                    const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                    int64_t hd);
     /* Which code computes the attention of this shape (bf16: the *_bf16

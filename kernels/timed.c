@@ -21,6 +21,7 @@
 #define TIMED_OPS(X)                                                                                                   \
     X(alloc) X(zero) X(to_device) X(to_host) X(copy) X(synchronize) X(host_alloc) X(to_host_background)                \
     X(matmul_forward) X(matmul_backward) X(matmul_forward_bf16) X(matmul_backward_bf16) X(matmul_forward_bf16_bits)    \
+    X(matmul_backward_bf16_bits) X(gelu_backward_bf16) X(swiglu_backward_bf16) X(rope_backward_bf16)                   \
     X(layernorm_forward) X(layernorm_backward) X(gelu_forward) X(gelu_backward) X(rmsnorm_forward) X(rmsnorm_backward) \
     X(swiglu_forward) X(swiglu_backward) X(layernorm_forward_bf16) X(rmsnorm_forward_bf16) X(gelu_forward_bf16)        \
     X(swiglu_forward_bf16) X(rope_forward) X(rope_backward) X(rope_forward_bf16) X(residual_forward)                   \
@@ -80,8 +81,12 @@ WRAP(matmul_forward_bf16,
      (float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N, int64_t C, int64_t OC),
      (out, in, weight, bias, N, C, OC))
 WRAP(matmul_backward_bf16,
-     (float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in, const float *weight, int64_t N,
-      int64_t C, int64_t OC),
+     (float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in, const float *weight,
+      int64_t N, int64_t C, int64_t OC),
+     (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))
+WRAP(matmul_backward_bf16_bits,
+     (uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in, const float *weight,
+      int64_t N, int64_t C, int64_t OC),
      (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))
 WRAP(matmul_forward_bf16_bits,
      (uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N, int64_t C, int64_t OC),
@@ -113,6 +118,9 @@ WRAP(rmsnorm_forward_bf16,
      (out, rstd, in, weight, N, C, eps))
 WRAP(gelu_forward_bf16, (uint16_t *out, const float *in, int64_t n), (out, in, n))
 WRAP(swiglu_forward_bf16, (uint16_t *out, const float *in, int64_t N, int64_t F), (out, in, N, F))
+WRAP(gelu_backward_bf16, (uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n), (d_in, in, d_out, n))
+WRAP(swiglu_backward_bf16, (uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F),
+     (d_in, in, d_out, N, F))
 WRAP(rope_forward, (float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
      (qkv, cos_sin, B, T, Hq, Hkv, hd))
 WRAP(rope_backward, (float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
@@ -121,6 +129,9 @@ WRAP(rope_forward_bf16,
      (uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
       int64_t hd),
      (out, qkv, cos_sin, B, T, Hq, Hkv, hd))
+WRAP(rope_backward_bf16,
+     (uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
+     (d_qkv, cos_sin, B, T, Hq, Hkv, hd))
 WRAP(residual_forward, (float *out, const float *a, const float *b, int64_t n), (out, a, b, n))
 WRAP(bias_residual_forward, (float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C),
      (out, x, partial, bias, N, C))
@@ -139,8 +150,8 @@ WRAP(attention_forward_bf16,
       int64_t hd),
      (out, lse, scratch, qkv, B, T, Hq, Hkv, hd))
 WRAP(attention_backward_bf16,
-     (float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv, const uint16_t *out, const float *lse,
-      int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
+     (uint16_t *d_qkv, float *scratch, const uint16_t *d_out, const uint16_t *qkv, const uint16_t *out,
+      const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
      (d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd))
 WRAP(embedding_forward,
      (float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first, int64_t rows),

@@ -202,7 +202,10 @@ static int lay_out_memory(gpt_model *m, int zero)
 /* The backward scratch (m->scratch), in order: one block's buffers
  * (block_backward: d_res1 and d_ln [N, D], d_qkv [N, qkv], d_attn [N, attn],
  * d_gelu [N, ffn], d_fc [N, fc], the attention's scratch), then d_x [N, D], then
- * on the last stage d_logits [N, vocab]. A forward borrows it too: the
+ * on the last stage d_logits [N, vocab]. In bf16, d_qkv, d_attn, d_gelu and
+ * d_fc hold bf16 bits (kernels.h), in places sized for fp32 all the same
+ * (the planner's count, elastic/plan.c, stays one for both; a forward
+ * borrows d_qkv's for fp32). A forward borrows it too: the
  * attention's scratch at its start ([B, Hq, T], Hq <= D: within d_res1), and
  * in bf16 Llama's qkv before its rotation in d_qkv's place (qkv_forward).
  * The floats before d_x: */
@@ -416,11 +419,13 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     m->activation_bytes = bf16 ? sizeof(uint16_t) : sizeof(float);
     const kernel_backend *k = m->kernels;
     int has_norm = config->arch == GPT_ARCH_LLAMA ? k->rmsnorm_forward_bf16 != NULL : k->layernorm_forward_bf16 != NULL;
-    int has_activation = config->swiglu ? k->swiglu_forward_bf16 != NULL : k->gelu_forward_bf16 != NULL;
-    int has_qkv = config->arch == GPT_ARCH_LLAMA ? k->rope_forward_bf16 != NULL : k->matmul_forward_bf16_bits != NULL;
-    if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->attention_forward_bf16 ||
-                 !k->attention_backward_bf16 || !k->classifier_backward_bf16 || !has_norm || !has_activation ||
-                 !has_qkv)) {
+    int has_activation = config->swiglu ? k->swiglu_forward_bf16 && k->swiglu_backward_bf16
+                                        : k->gelu_forward_bf16 && k->gelu_backward_bf16;
+    int has_qkv = config->arch == GPT_ARCH_LLAMA ? k->rope_forward_bf16 && k->rope_backward_bf16
+                                                 : k->matmul_forward_bf16_bits != NULL;
+    if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->matmul_backward_bf16_bits ||
+                 !k->attention_forward_bf16 || !k->attention_backward_bf16 || !k->classifier_backward_bf16 ||
+                 !has_norm || !has_activation || !has_qkv)) {
         free(m);
         return tp_fail(TP_ERR_ARG, "bf16 mixed precision: the %s kernel backend lacks bf16 operations this model needs "
                        "(products, attention, classifier, norm, MLP activation or qkv)", k->name);
@@ -670,10 +675,25 @@ static int linear_forward(const gpt_model *m, float *out, const void *in, const 
     return m->kernels->matmul_forward(out, in, weight, bias, N, C, OC);
 }
 
-static int linear_backward(const gpt_model *m, float *d_in, float *d_weight, float *d_bias, const float *d_out,
-                           const void *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+/* The backward of a product that reads a norm's output (the qkv and fc
+ * products, the classifier in fp32): d_out is an activation's gradient
+ * (fp32, or bf16 bits: kernels.h), d_in the norm output's gradient, fp32 (it
+ * is summed over tensor-parallel ranks). */
+static int input_product_backward(const gpt_model *m, float *d_in, float *d_weight, float *d_bias, const void *d_out,
+                                  const void *in, const float *weight, int64_t N, int64_t C, int64_t OC)
 {
     if (m->bf16) return m->kernels->matmul_backward_bf16(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+    return m->kernels->matmul_backward(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+}
+
+/* The backward of a product whose output joins the residual stream (the
+ * attention's and the MLP's output projections): d_out is the residual
+ * stream's gradient, fp32; d_in an activation's gradient (fp32, or bf16
+ * bits), which the attention or the MLP's activation reads next. */
+static int output_product_backward(const gpt_model *m, void *d_in, float *d_weight, float *d_bias, const float *d_out,
+                                   const void *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    if (m->bf16) return m->kernels->matmul_backward_bf16_bits(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
     return m->kernels->matmul_backward(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
 }
 
@@ -708,8 +728,9 @@ static int attention_forward_in(const gpt_model *m, void *out, float *lse, float
     return k->attention_forward(out, lse, scratch, qkv, m->B, m->T, m->heads_local, m->kv_local, m->hd);
 }
 
-static int attention_backward_in(const gpt_model *m, float *d_qkv, float *scratch, const float *d_out,
-                                 const void *qkv, const void *out, const float *lse)
+/* d_qkv and d_out are activations' gradients (fp32, or bf16 bits). */
+static int attention_backward_in(const gpt_model *m, void *d_qkv, float *scratch, const void *d_out, const void *qkv,
+                                 const void *out, const float *lse)
 {
     const kernel_backend *k = m->kernels;
     if (m->bf16)
@@ -728,6 +749,27 @@ static int mlp_activation_forward(const gpt_model *m, void *gl, const float *fc)
     if (m->config.swiglu)
         return m->bf16 ? k->swiglu_forward_bf16(gl, fc, N, m->ffn_local) : k->swiglu_forward(gl, fc, N, m->ffn_local);
     return m->bf16 ? k->gelu_forward_bf16(gl, fc, N * m->ffn_local) : k->gelu_forward(gl, fc, N * m->ffn_local);
+}
+
+/* Its backward: d_fc [N, fc_local] from d_gl [N, ffn_local] and fc, the
+ * gradients fp32 or bf16 bits. */
+static int mlp_activation_backward(const gpt_model *m, void *d_fc, const float *fc, const void *d_gl)
+{
+    const kernel_backend *k = m->kernels;
+    int64_t N = m->B * m->T;
+    if (m->config.swiglu)
+        return m->bf16 ? k->swiglu_backward_bf16(d_fc, fc, d_gl, N, m->ffn_local)
+                       : k->swiglu_backward(d_fc, fc, d_gl, N, m->ffn_local);
+    return m->bf16 ? k->gelu_backward_bf16(d_fc, fc, d_gl, N * m->ffn_local)
+                   : k->gelu_backward(d_fc, fc, d_gl, N * m->ffn_local);
+}
+
+/* RoPE's backward on the attention's d_qkv (fp32, or bf16 bits), in place. */
+static int rope_backward_in(const gpt_model *m, void *d_qkv)
+{
+    const kernel_backend *k = m->kernels;
+    if (m->bf16) return k->rope_backward_bf16(d_qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd);
+    return k->rope_backward(d_qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd);
 }
 
 void gpt_model_attention_path(const gpt_model *m, char *text, size_t size)
@@ -961,8 +1003,10 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     const void *qkv = activation_at(m, s->qkv, l * N * m->qkv_local);
     const float *lse = s->att_lse + l * N * m->heads_local;
     const float *res1 = s->res1 + l * R * D, *fc = s->fc + l * N * m->fc_local;
-    float *d_res1 = work, *d_ln = d_res1 + N * D, *d_qkv = block_d_qkv(m, work), *d_attn = d_qkv + N * m->qkv_local;
-    float *d_gelu = d_attn + N * m->attn_local, *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->fc_local;
+    float *d_res1 = work, *d_ln = d_res1 + N * D;
+    /* The activations' gradients (fp32, or bf16 bits), each in an fp32-sized place. */
+    float *d_qkv = block_d_qkv(m, work), *d_attn = d_qkv + N * m->qkv_local, *d_gelu = d_attn + N * m->attn_local;
+    float *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->fc_local;
     /* d_ln summed over TP: in place, or this rank's rows of it. */
     float *d_ln_rows = m->sequence_parallel ? m->gathered : d_ln;
     const float *d_out;
@@ -973,24 +1017,25 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     /* MLP: o = allreduce(g Wfcproj^T) + b: the gradient of o is d_x on every rank. */
     TP_TRY(k->copy(d_res1, d_x, rows_bytes));
     TP_TRY(all_rows_of_gradient(m, d_x, &d_out));
-    TP_TRY(linear_backward(m, d_gelu, G(FCPROJ_WEIGHT), G_OR_NULL(FCPROJ_BIAS), d_out, gl, W(FCPROJ_WEIGHT), N,
-                           m->ffn_local, D));
-    if (m->config.swiglu) TP_TRY(k->swiglu_backward(d_fc, fc, d_gelu, N, m->ffn_local));
-    else TP_TRY(k->gelu_backward(d_fc, fc, d_gelu, N * m->ffn_local));
+    TP_TRY(output_product_backward(m, d_gelu, G(FCPROJ_WEIGHT), G_OR_NULL(FCPROJ_BIAS), d_out, gl, W(FCPROJ_WEIGHT),
+                                   N, m->ffn_local, D));
+    TP_TRY(mlp_activation_backward(m, d_fc, fc, d_gelu));
     TP_TRY(full_rows(m, ln2, &in));
-    TP_TRY(linear_backward(m, d_ln, G(FC_WEIGHT), G_OR_NULL(FC_BIAS), d_fc, in, W(FC_WEIGHT), N, D, m->fc_local));
+    TP_TRY(input_product_backward(m, d_ln, G(FC_WEIGHT), G_OR_NULL(FC_BIAS), d_fc, in, W(FC_WEIGHT), N, D,
+                                  m->fc_local));
     TP_TRY(sum_rows(m, d_ln, d_ln_rows)); /* column-parallel input: partial per rank */
     TP_TRY(norm_backward(m, d_res1, G(LN2_WEIGHT), G_OR_NULL(LN2_BIAS), d_ln_rows, res1, W(LN2_WEIGHT),
                          s->ln2_mean + l * R, s->ln2_rstd + l * R));
 
     /* Attention: p = allreduce(a Wproj^T) + b. */
     TP_TRY(all_rows_of_gradient(m, d_res1, &d_out));
-    TP_TRY(linear_backward(m, d_attn, G(PROJ_WEIGHT), G_OR_NULL(PROJ_BIAS), d_out, attn, W(PROJ_WEIGHT), N,
-                           m->attn_local, D));
+    TP_TRY(output_product_backward(m, d_attn, G(PROJ_WEIGHT), G_OR_NULL(PROJ_BIAS), d_out, attn, W(PROJ_WEIGHT), N,
+                                   m->attn_local, D));
     TP_TRY(attention_backward_in(m, d_qkv, att_scratch, d_attn, qkv, attn, lse));
-    if (m->llama) TP_TRY(k->rope_backward(d_qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd));
+    if (m->llama) TP_TRY(rope_backward_in(m, d_qkv));
     TP_TRY(full_rows(m, ln1, &in));
-    TP_TRY(linear_backward(m, d_ln, G(QKV_WEIGHT), G_OR_NULL(QKV_BIAS), d_qkv, in, W(QKV_WEIGHT), N, D, m->qkv_local));
+    TP_TRY(input_product_backward(m, d_ln, G(QKV_WEIGHT), G_OR_NULL(QKV_BIAS), d_qkv, in, W(QKV_WEIGHT), N, D,
+                                  m->qkv_local));
     TP_TRY(sum_rows(m, d_ln, d_ln_rows));
     TP_TRY(k->copy(d_x, d_res1, rows_bytes));
     return norm_backward(m, d_x, G(LN1_WEIGHT), G_OR_NULL(LN1_BIAS), d_ln_rows, x, W(LN1_WEIGHT), s->ln1_mean + l * R,
@@ -1014,7 +1059,7 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     else {
         TP_TRY(k->crossentropy_backward(d_logits, h->logits, h->row_max, h->row_sum, s->kernel_targets, N, V,
                                         m->vocab_first, m->config.vocab, loss_scale));
-        TP_TRY(linear_backward(m, d_lnf, wte->grad, NULL, d_logits, in, wte->data, N, D, V));
+        TP_TRY(input_product_backward(m, d_lnf, wte->grad, NULL, d_logits, in, wte->data, N, D, V));
     }
     TP_TRY(sum_rows(m, d_lnf, d_lnf_rows)); /* logits were split by vocabulary */
     TP_TRY(k->zero(d_x, (size_t)(m->rows * D) * sizeof(float)));

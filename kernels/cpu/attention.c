@@ -168,13 +168,13 @@ int attention_backward(float *d_qkv, float *scratch, const float *d_out, const f
 }
 
 /* ======================================================== bf16 attention
- * The operands cuDNN's flash attention reads in bf16, rounded as it reads
- * them (bf16_operand_as_f32, the rounding of the bf16 products; qkv and out
- * are bf16 activations, their bits as they are), then the fp32 attention above:
+ * The operands cuDNN's flash attention reads in bf16 (qkv, out and d_out:
+ * bf16 activations and gradients, their bits as they are) widened, then the
+ * fp32 attention above, its out and d_qkv rounded as cuDNN writes them:
  * its twin on a GPU (kernels/cuda/attention.cu) gives cuDNN the same bf16
  * values, so that the two differ by the order of the fp32 sums and by
- * cuDNN's own bf16 roundings (d_qkv and the probabilities it multiplies by
- * V and d_out), not by what they read. */
+ * cuDNN's own bf16 roundings (the probabilities it multiplies by V and
+ * d_out), not by what they read. */
 
 static int no_rounded_copy(const char *what, int64_t B, int64_t T, int64_t width)
 {
@@ -196,20 +196,23 @@ int attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const uint
     return status;
 }
 
-int attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
+int attention_backward_bf16(uint16_t *d_qkv, float *scratch, const uint16_t *d_out, const uint16_t *qkv,
                             const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                             int64_t hd)
 {
     int64_t width = (Hq + 2 * Hkv) * hd;
+    float *d_qkv32; /* the fp32 gradient, then rounded once, as cuDNN writes its bf16 dQ, dK, dV */
+    TP_TRY(bf16_output_scratch(&d_qkv32, B * T * width, "attention's gradient"));
     float *q = bf16_operand_as_f32(bf16_of_bits(qkv), B * T * width);
     float *o = bf16_operand_as_f32(bf16_of_bits(out), B * T * Hq * hd);
-    float *g = bf16_operand_as_f32(bf16_of_values(d_out), B * T * Hq * hd);
+    float *g = bf16_operand_as_f32(bf16_of_bits(d_out), B * T * Hq * hd);
     int status = !q ? no_rounded_copy("qkv", B, T, width)
                  : !o ? no_rounded_copy("out", B, T, Hq * hd)
                  : !g ? no_rounded_copy("d_out", B, T, Hq * hd)
-                      : attention_backward(d_qkv, scratch, g, q, o, lse, B, T, Hq, Hkv, hd);
+                      : attention_backward(d_qkv32, scratch, g, q, o, lse, B, T, Hq, Hkv, hd);
     free(q);
     free(o);
     free(g);
+    if (!status) round_to_bf16_bits(d_qkv, d_qkv32, B * T * width);
     return status;
 }

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../kernels.h"
+#include "bf16_products.h"
 #include "workers.h"
 
 /* The arguments of an embedding or cross-entropy kernel, for its shares of
@@ -141,5 +142,5 @@ int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const
                              int64_t C, int64_t V, int64_t first, int64_t vocab, float scale)
 {
     crossentropy_backward(scratch, logits, row_max, sum, targets, N, V, first, vocab, scale);
-    return matmul_backward_bf16(d_in, d_weight, NULL, scratch, in, weight, N, C, V);
+    return bf16_product_backward(d_in, d_weight, NULL, bf16_of_values(scratch), in, weight, N, C, V);
 }

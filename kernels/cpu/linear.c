@@ -278,19 +278,49 @@ int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *wei
     return TP_OK;
 }
 
-int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
-                         const float *weight, int64_t N, int64_t C, int64_t OC)
+/* d_bias[OC] += the column sums of the bf16 values of d_out[N, OC] (bits
+ * widened, or fp32 values rounded): the gradient the bf16 product reads,
+ * summed row by row in fp32 as column_sums sums. */
+typedef struct {
+    float *d_bias;
+    bf16_operand d_out;
+    int64_t N, OC;
+} bf16_column_sums_job;
+
+static VECTOR_CLONES void bf16_column_sums(void *ctx, int64_t o0, int64_t o1)
 {
-    /* d_in = bf16(d_out) @ bf16(weight); d_weight += bf16(d_out)^T @ in; d_bias from d_out in fp32. */
-    bf16_operand g = bf16_of_values(d_out);
+    const bf16_column_sums_job *j = ctx;
+    for (int64_t n = 0; n < j->N; n++) {
+        for (int64_t o = o0; o < o1; o++) {
+            uint32_t bits;
+            if (j->d_out.bits) bits = bits_bf16_to_f32(j->d_out.bits[n * j->OC + o]);
+            else {
+                memcpy(&bits, &j->d_out.values[n * j->OC + o], sizeof bits);
+                bits = bits_bf16_to_f32(bits_f32_to_bf16(bits));
+            }
+            float value;
+            memcpy(&value, &bits, sizeof value);
+            j->d_bias[o] += value;
+        }
+    }
+}
+
+int bf16_product_backward(float *d_in, float *d_weight, float *d_bias, bf16_operand d_out, const uint16_t *in,
+                          const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    /* d_in = bf16(d_out) @ bf16(weight); d_weight += bf16(d_out)^T @ in; d_bias += column sums of bf16(d_out). */
+    if (d_bias) {
+        bf16_column_sums_job job = {d_bias, d_out, N, OC};
+        workers_for(OC, N, bf16_column_sums, &job);
+    }
     if (bf16_products_available()) {
-        if (d_in) TP_TRY(bf16_product(d_in, g, bf16_of_values(weight), N, C, OC, 0, 0, 0)); /* [N,OC] @ [OC,C] */
+        if (d_in) TP_TRY(bf16_product(d_in, d_out, bf16_of_values(weight), N, C, OC, 0, 0, 0)); /* [N,OC] @ [OC,C] */
         if (d_weight) /* [OC,N] @ [N,C], added */
-            TP_TRY(bf16_product(d_weight, g, bf16_of_bits(in), OC, C, N, 1, 0, 1));
-        if (d_bias) matmul_backward(NULL, NULL, d_bias, d_out, NULL, NULL, N, C, OC);
+            TP_TRY(bf16_product(d_weight, d_out, bf16_of_bits(in), OC, C, N, 1, 0, 1));
         return TP_OK;
     }
-    float *g32 = bf16_operand_as_f32(g, N * OC);
+    if (!d_in && !d_weight) return TP_OK;
+    float *g32 = bf16_operand_as_f32(d_out, N * OC);
     float *w = d_in ? bf16_operand_as_f32(bf16_of_values(weight), OC * C) : NULL;
     float *a = d_weight ? bf16_operand_as_f32(bf16_of_bits(in), N * C) : NULL;
     int status = g32 && (w || !d_in) && (a || !d_weight)
@@ -299,9 +329,24 @@ int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const floa
                                (long long)N, (long long)OC, (long long)OC, (long long)C);
     if (!status && d_in) matmul_backward(d_in, NULL, NULL, g32, NULL, w, N, C, OC);
     if (!status && d_weight) matmul_backward(NULL, d_weight, NULL, g32, a, NULL, N, C, OC);
-    if (!status && d_bias) matmul_backward(NULL, NULL, d_bias, d_out, NULL, NULL, N, C, OC);
     free(g32);
     free(w);
     free(a);
     return status;
+}
+
+int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
+                         const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    return bf16_product_backward(d_in, d_weight, d_bias, bf16_of_bits(d_out), in, weight, N, C, OC);
+}
+
+int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
+                              const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    float *d_in32 = NULL; /* d_in in fp32, then rounded: the bits of rounding it by construction */
+    if (d_in) TP_TRY(bf16_output_scratch(&d_in32, N * C, "product's input gradient"));
+    TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, bf16_of_values(d_out), in, weight, N, C, OC));
+    if (d_in) round_to_bf16_bits(d_in, d_in32, N * C);
+    return TP_OK;
 }

@@ -1,6 +1,7 @@
 /* norm.c: the normalizations and the MLP's activations: layer normalization
  * (eps 1e-5) and GELU (GPT-2), RMSNorm and SwiGLU (Llama); their forwards'
- * bf16 twins, which write bf16 activations. */
+ * bf16 twins, which write bf16 activations, and the activations' backwards
+ * with bf16 gradients. */
 #include <math.h>
 
 #include "../../common/error.h"
@@ -266,5 +267,41 @@ int swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F)
     TP_TRY(bf16_output_scratch(&y, N * F, "SwiGLU"));
     swiglu_forward(y, in, N, F);
     round_to_bf16_bits(out, y, N * F);
+    return TP_OK;
+}
+
+/* The backwards with bf16 gradients (kernels.h): a chunk of d_out's bits
+ * widened and the fp32 backward's d_in of it in the thread's scratch,
+ * [d_out | d_in], then d_in rounded. Element by element, so chunks change
+ * nothing but the scratch: BF16_BACKWARD_CHUNK values of d_out at a time
+ * (whole rows for SwiGLU), a few MiB whatever the layer's size. */
+#define BF16_BACKWARD_CHUNK ((int64_t)1 << 20)
+
+int gelu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n)
+{
+    int64_t chunk = n < BF16_BACKWARD_CHUNK ? n : BF16_BACKWARD_CHUNK;
+    float *g;
+    TP_TRY(bf16_output_scratch(&g, 2 * chunk, "GELU's gradient"));
+    for (int64_t i = 0; i < n; i += chunk) {
+        int64_t count = n - i < chunk ? n - i : chunk;
+        convert_to_f32(d_out + i, TP_BF16, g, count);
+        gelu_backward(g + count, in + i, g, count);
+        round_to_bf16_bits(d_in + i, g + count, count);
+    }
+    return TP_OK;
+}
+
+int swiglu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F)
+{
+    int64_t rows = F > 0 && BF16_BACKWARD_CHUNK / F > 1 ? BF16_BACKWARD_CHUNK / F : 1;
+    if (rows > N) rows = N;
+    float *g;
+    TP_TRY(bf16_output_scratch(&g, 3 * rows * F, "SwiGLU's gradient"));
+    for (int64_t n = 0; n < N; n += rows) {
+        int64_t count = N - n < rows ? N - n : rows;
+        convert_to_f32(d_out + n * F, TP_BF16, g, count * F);
+        swiglu_backward(g + count * F, in + n * 2 * F, g, count, F);
+        round_to_bf16_bits(d_in + n * 2 * F, g + count * F, 2 * count * F);
+    }
     return TP_OK;
 }

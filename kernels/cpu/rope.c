@@ -139,3 +139,15 @@ int rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin, int
     round_to_bf16_bits(out, rotated, n);
     return TP_OK;
 }
+
+int rope_backward_bf16(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                       int64_t hd)
+{
+    int64_t n = B * T * (Hq + 2 * Hkv) * hd;
+    float *turned;
+    TP_TRY(bf16_output_scratch(&turned, n, "rotary embedding's gradient"));
+    convert_to_f32(d_qkv, TP_BF16, turned, n);
+    rotate(turned, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
+    round_to_bf16_bits(d_qkv, turned, n);
+    return TP_OK;
+}

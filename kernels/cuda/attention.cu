@@ -1,10 +1,10 @@
 /* attention.cu: the CUDA backend's attention operations. fp32: causal
  * attention with a warp per row, the twin of cpu/attention.c, or the tiled
- * kernels (attention_tiled.cu) where they fit and are chosen. bf16 (qkv
- * and out as bf16 bits): cuDNN's flash attention (attention_cudnn.cu) on
- * bf16 operands, or the fp32 kernels on the same values where cuDNN is not
- * used. Which one runs: cuda_attention_variant (attention_tiled.h), and
- * the start line's text, cuda_describe_attention. */
+ * kernels (attention_tiled.cu) where they fit and are chosen. bf16 (qkv, out,
+ * d_out and d_qkv as bf16 bits): cuDNN's flash attention (attention_cudnn.cu)
+ * on those bits as they are, or the fp32 kernels on the same values widened
+ * where cuDNN is not used. Which one runs: cuda_attention_variant
+ * (attention_tiled.h), and the start line's text, cuda_describe_attention. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -220,28 +220,33 @@ fail:
  * attention_forward_bf16 and attention_backward_bf16 (kernels.h): qkv and
  * out are bf16 activations, bf16 bits (qkv [B, T, (Hq + 2 Hkv) hd], written
  * by the qkv product or RoPE's bf16 forward; out [B, T, Hq hd], written by
- * the forward, read by the backward); d_out, which cuDNN reads in bf16 too,
- * is rounded by bits_f32_to_bf16 (convert_bits.h), as the CPU twin rounds
- * it. With cuDNN (attention_cudnn.h) Q, K and V are views of qkv's bits
- * where they lie, and its O is out itself (bf16 in the same layouts,
- * attention_cudnn.h's); its bf16 dQ, dK, dV (d_qkv's packed layout) are
- * widened to fp32, and its fp32 Stats are lse. Without (TP_CUDA_ATTENTION=
- * tiled or rows, or a shape cuDNN does not take under the default), qkv's
- * and out's bits widened to fp32 (exactly the rounded values they read when
- * they were fp32) and d_out rounded, kept as fp32, go to the fp32 kernels
- * above: the CPU twin's arithmetic, on the GPU; the forward's fp32 out goes
- * through the scratch and is rounded into out.
+ * the forward, read by the backward); d_out [B, T, Hq hd] and d_qkv [B, T,
+ * (Hq + 2 Hkv) hd] are bf16 gradients, bf16 bits too (d_out written by the
+ * output projection's matmul_backward_bf16_bits, d_qkv read by RoPE's bf16
+ * backward or the qkv product's matmul_backward_bf16). With cuDNN
+ * (attention_cudnn.h) Q, K and V are views of qkv's bits where they lie, O
+ * is out itself and dO is d_out itself (bf16 in the same layouts,
+ * attention_cudnn.h's), and cuDNN writes its bf16 dQ, dK, dV into d_qkv
+ * itself (the same packed layout, every element written); its fp32 Stats
+ * are lse: no rounding or widening kernel on either side. Without
+ * (TP_CUDA_ATTENTION=tiled or rows, or a shape cuDNN does not take under the
+ * default), qkv's, out's and d_out's bits widened to fp32 (exactly the
+ * values the CPU twin widens) go to the fp32 kernels above: the CPU twin's
+ * arithmetic, on the GPU; the forward's fp32 out and the backward's fp32
+ * d_qkv go through the scratch and are rounded into out and d_qkv
+ * (bits_f32_to_bf16, as the CPU twin rounds them).
  *
- * The copies, the fp32 out and cuDNN's workspace live in a cuda_scratch of
- * this file (launch.h: grown stream-ordered when a call needs more, and
+ * The copies, the fp32 results and cuDNN's workspace live in a cuda_scratch
+ * of this file (launch.h: grown stream-ordered when a call needs more, and
  * kept); bf16_lock is held from a call's first copy until its last work is
  * queued. Its parts start 256-byte aligned; cuDNN's tensors are declared
- * 16-byte aligned (attention_cudnn.cu), so a qkv or out that is not (an
- * activation carved at any bf16 offset) goes to cuDNN through the scratch,
- * copied as it is. Where qkv is, so are the K and V views: they start
- * Hq hd and (Hq + Hkv) hd values in, and their rows (Hq + 2 Hkv) hd values
- * apart, multiples of 8 values (16 bytes), as cuDNN's head sizes are
- * (cudnn_attention_shape_ok). */
+ * 16-byte aligned (attention_cudnn.cu), so a qkv, out, d_out or d_qkv that
+ * is not (an activation or gradient carved at any bf16 offset) goes to cuDNN
+ * through the scratch, copied as it is (d_qkv copied back after the run).
+ * Where qkv is, so are the K and V views (and where d_qkv is, the dK and dV
+ * views): they start Hq hd and (Hq + Hkv) hd values in, and their rows
+ * (Hq + 2 Hkv) hd values apart, multiples of 8 values (16 bytes), as
+ * cuDNN's head sizes are (cudnn_attention_shape_ok). */
 
 static cuda_scratch bf16_scratch; /* launch.h */
 static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -252,30 +257,10 @@ static int scratch_parts(void **parts, const size_t *bytes, int count)
     return cuda_scratch_parts(&bf16_scratch, "bf16 attention", parts, bytes, count);
 }
 
-/* out[i] = in[i] rounded to bf16, kept as fp32 (the fp32 kernels' d_out). */
-static __global__ void bf16_rounded_kernel(float *out, const float *in, int64_t n)
-{
-    GRID_STRIDE(i, n) out[i] = __uint_as_float(bits_bf16_to_f32(bits_f32_to_bf16(__float_as_uint(in[i]))));
-}
-
 /* out[i] = the bf16 value in[i] as fp32 (exact). */
 static __global__ void bf16_widen_kernel(float *out, const uint16_t *in, int64_t n)
 {
-    GRID_STRIDE(i, n) out[i] = __uint_as_float(bits_bf16_to_f32(in[i]));
-}
-
-static int to_bf16_bits(void *out, const float *in, int64_t n)
-{
-    return cuda_round_to_bf16((uint16_t *)out, in, n);
-}
-
-static int to_bf16_rounded(void *out, const float *in, int64_t n)
-{
-    bf16_rounded_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>((float *)out, in, n);
-    LAUNCH_CHECK();
-    return TP_OK;
-fail:
-    return TP_ERR_DEVICE;
+    GRID_STRIDE(i, n) out[i] = load_value(&in[i]);
 }
 
 static int widen_bf16(float *out, const void *in, int64_t n)
@@ -296,9 +281,9 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* Whether cuDNN may read or write a tensor (qkv, out) where it is: its
- * tensors are declared 16-byte aligned (attention_cudnn.cu, as the frontend
- * declares them). */
+/* Whether cuDNN may read or write a tensor (qkv, out, d_out, d_qkv) where
+ * it is: its tensors are declared 16-byte aligned (attention_cudnn.cu, as
+ * the frontend declares them). */
 static int cudnn_aligned(const void *p)
 {
     return (uintptr_t)p % 16 == 0;
@@ -376,57 +361,66 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* Scratch: copies of qkv and out where they are not 16-byte aligned (else
- * nothing: cuDNN reads them where they are), d_out's bits, d_qkv's bits,
- * Stats, cuDNN's workspace. */
-static int backward_cudnn(const cudnn_attention_plan *plan, float *d_qkv, const float *d_out, const uint16_t *qkv,
-                          const uint16_t *out, const float *lse, int64_t n_qkv, int64_t n_out, int64_t n_lse)
+/* Scratch: copies of qkv, out and d_out where they are not 16-byte aligned
+ * (else nothing: cuDNN reads them where they are), dQ, dK, dV where d_qkv
+ * is not (else nothing: cuDNN writes d_qkv itself), Stats, cuDNN's
+ * workspace. */
+static int backward_cudnn(const cudnn_attention_plan *plan, uint16_t *d_qkv, const uint16_t *d_out,
+                          const uint16_t *qkv, const uint16_t *out, const float *lse, int64_t n_qkv, int64_t n_out,
+                          int64_t n_lse)
 {
     void *parts[6];
     int qkv_direct = cudnn_aligned(qkv), direct = cudnn_aligned(out);
+    int d_out_direct = cudnn_aligned(d_out), d_qkv_direct = cudnn_aligned(d_qkv);
     const size_t bytes[6] = {qkv_direct ? 0 : (size_t)n_qkv * 2,
                              direct ? 0 : (size_t)n_out * 2,
-                             (size_t)n_out * 2,
-                             (size_t)n_qkv * 2,
+                             d_out_direct ? 0 : (size_t)n_out * 2,
+                             d_qkv_direct ? 0 : (size_t)n_qkv * 2,
                              (size_t)n_lse * sizeof(float),
                              cudnn_attention_workspace_bytes(plan)};
     pthread_mutex_lock(&bf16_lock);
     int status = scratch_parts(parts, bytes, 6);
-    /* The backward reads qkv and O and never writes them: the const goes for cuDNN's variant pack alone. */
-    cudnn_attention_tensors t = {qkv_direct ? (void *)qkv : parts[0], direct ? (void *)out : parts[1], parts[4],
-                                 parts[2], parts[3], parts[5]};
+    /* The backward reads qkv, O and dO and never writes them: the const goes for cuDNN's variant pack alone. */
+    cudnn_attention_tensors t = {qkv_direct ? (void *)qkv : parts[0],
+                                 direct ? (void *)out : parts[1],
+                                 parts[4],
+                                 d_out_direct ? (void *)d_out : parts[2],
+                                 d_qkv_direct ? (void *)d_qkv : parts[3],
+                                 parts[5]};
     if (!status && !qkv_direct) status = copy_bytes(t.qkv, qkv, (size_t)n_qkv * 2);
     if (!status && !direct) status = copy_bytes(t.o, out, (size_t)n_out * 2);
-    if (!status) status = to_bf16_bits(t.d_o, d_out, n_out);
+    if (!status && !d_out_direct) status = copy_bytes(t.d_o, d_out, (size_t)n_out * 2);
     if (!status) status = copy_bytes(t.stats, lse, (size_t)n_lse * sizeof(float));
     if (!status) status = cudnn_attention_run(plan, &t);
-    if (!status) status = widen_bf16(d_qkv, t.d_qkv, n_qkv);
+    if (!status && !d_qkv_direct) status = copy_bytes(d_qkv, t.d_qkv, (size_t)n_qkv * 2);
     pthread_mutex_unlock(&bf16_lock);
     return status;
 }
 
-/* Scratch: qkv and out widened and d_out rounded, all fp32. */
-static int backward_rounded(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
+/* Scratch: qkv, out and d_out widened, the fp32 d_qkv, rounded into d_qkv
+ * at the end (the caller's scratch keeps delta, as the fp32 backward's). */
+static int backward_widened(uint16_t *d_qkv, float *scratch, const uint16_t *d_out, const uint16_t *qkv,
                             const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                             int64_t hd)
 {
     int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd;
-    void *parts[3];
-    const size_t bytes[3] = {(size_t)n_qkv * sizeof(float), (size_t)n_out * sizeof(float),
-                             (size_t)n_out * sizeof(float)};
+    void *parts[4];
+    const size_t bytes[4] = {(size_t)n_qkv * sizeof(float), (size_t)n_out * sizeof(float),
+                             (size_t)n_out * sizeof(float), (size_t)n_qkv * sizeof(float)};
     pthread_mutex_lock(&bf16_lock);
-    int status = scratch_parts(parts, bytes, 3);
+    int status = scratch_parts(parts, bytes, 4);
     if (!status) status = widen_bf16((float *)parts[0], qkv, n_qkv);
     if (!status) status = widen_bf16((float *)parts[1], out, n_out);
-    if (!status) status = to_bf16_rounded(parts[2], d_out, n_out);
+    if (!status) status = widen_bf16((float *)parts[2], d_out, n_out);
     if (!status)
-        status = backward_fp32(d_qkv, scratch, (const float *)parts[2], (const float *)parts[0],
+        status = backward_fp32((float *)parts[3], scratch, (const float *)parts[2], (const float *)parts[0],
                                (const float *)parts[1], lse, B, T, Hq, Hkv, hd);
+    if (!status) status = cuda_round_to_bf16(d_qkv, (const float *)parts[3], n_qkv);
     pthread_mutex_unlock(&bf16_lock);
     return status;
 }
 
-int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
+int cuda_attention_backward_bf16(uint16_t *d_qkv, float *scratch, const uint16_t *d_out, const uint16_t *qkv,
                                  const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                  int64_t hd)
 {
@@ -434,9 +428,9 @@ int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_ou
     ENTER();
     if (B == 0 || T == 0) return TP_OK;
     /* No query heads: out, d_out and lse are empty and no key is seen; dK and dV are zeros (+0, as the fp32
-     * kernels' empty sums), all of d_qkv, without reading qkv. */
+     * kernels' empty sums, whose bf16 bits are 0), all of d_qkv, without reading qkv. */
     if (Hq == 0) {
-        CUDA_TRY(cudaMemsetAsync(d_qkv, 0, (size_t)(B * T * 2 * Hkv * hd) * sizeof(float), cuda_state.stream));
+        CUDA_TRY(cudaMemsetAsync(d_qkv, 0, (size_t)(B * T * 2 * Hkv * hd) * sizeof(uint16_t), cuda_state.stream));
         return TP_OK;
     }
     {
@@ -446,7 +440,7 @@ int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_ou
             return backward_cudnn(plan, d_qkv, d_out, qkv, out, lse, B * T * (Hq + 2 * Hkv) * hd, B * T * Hq * hd,
                                   B * Hq * T);
         if (cuda_attention_chosen() == CUDA_ATTENTION_CUDNN) return status;
-        return backward_rounded(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
+        return backward_widened(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd);
     }
 fail:
     return TP_ERR_DEVICE;

@@ -1,7 +1,8 @@
 /* attention_cudnn.cu: cuDNN's flash attention through its backend (graph)
  * API, loaded with dlopen: the graphs, their plans and their runs
  * (attention_cudnn.h). attention.cu gives it qkv and out as the bf16
- * activations they are, rounds d_out to bf16 and widens dQ, dK, dV; this
+ * activations they are, and d_out and d_qkv as the bf16 gradients they are
+ * (dO read and dQ, dK, dV written in place: no rounding or widening); this
  * file sees bf16 and fp32 device tensors only.
  *
  * Each cuDNN call is checked; the first that fails ends the build of a
@@ -232,9 +233,10 @@ static void finalize(builder *b, cudnnBackendDescriptor_t d, const char *what)
 
 /* A tensor: uid 0 for a new virtual one. Every tensor 16-byte aligned, as
  * the frontend declares them (attention.cu's scratch parts are 256-byte
- * aligned, and qkv and O are the caller's qkv and out only where they are
- * 16-byte aligned; the K and V views start hd multiples of 8 bf16 values
- * in, and their rows are (Hq + 2 Hkv) hd values apart: 16-byte multiples). */
+ * aligned, and qkv, O, dO and dQKV are the caller's qkv, out, d_out and
+ * d_qkv only where they are 16-byte aligned; the K and V views (and dK, dV)
+ * start hd multiples of 8 bf16 values in, and their rows are (Hq + 2 Hkv) hd
+ * values apart: 16-byte multiples). */
 static cudnnBackendDescriptor_t tensor(builder *b, const char *what, cudnnDataType_t type, cudnn_tensor_shape shape,
                                        int64_t uid, int by_value)
 {

@@ -38,11 +38,12 @@
  * says), and from 9.15.1 on where T is not a multiple of 128 (before, the
  * frontend works around a backward bug with a padding mask, not built here).
  * cuDNN reads Q, K, V as views of qkv's bits (a bf16 activation: kernels.h)
- * and writes O, dQ, dK and dV in bf16 (O is out itself, a bf16
- * activation too) and multiplies bf16 probabilities by V (and dO):
- * its results differ from the CPU twin (attention_forward_bf16, whose out is
- * its fp32 result rounded once) by those roundings, within bf16's
- * precision. */
+ * and dO as d_out's (a bf16 gradient), writes O, dQ, dK and dV in bf16 (O
+ * is out itself, a bf16 activation too; dQ, dK, dV views of d_qkv, a bf16
+ * gradient) and multiplies bf16 probabilities by V (and dO): its results
+ * differ from the CPU twin (attention_forward_bf16 and
+ * attention_backward_bf16, whose out and d_qkv are their fp32 results
+ * rounded once) by those roundings, within bf16's precision. */
 #ifndef TP_KERNELS_CUDA_ATTENTION_CUDNN_H
 #define TP_KERNELS_CUDA_ATTENTION_CUDNN_H
 

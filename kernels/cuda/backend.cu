@@ -18,21 +18,27 @@
  *
  * Correct first, fast later: matrix products through cuBLAS in plain fp32
  * (TF32 off), or for bf16 mixed precision (the *_bf16 products) of bf16
- * operands summed in fp32 by cublasGemmEx: the activation in as the bf16
- * bits the norm, attention or MLP activation wrote (their *_bf16 forwards,
- * the fp32 kernels rounding on store), the fp32 operands rounded by a kernel
- * (convert_bits.h, as the CPU rounds); the qkv product (and RoPE) written
- * as bf16 bits too, which only the attention reads (matmul_forward_bf16_bits:
- * a bf16 C; rope_forward_bf16); a forward product with a bias through
- * cuBLASLt, the bias in its epilogue (products_lt.cu); attention through
- * cuDNN in bf16 where it can (attention.cu), else the tiled kernels; the
- * rest in simple kernels. Launch shapes: element-wise kernels walk their
- * elements in grid-stride loops (at most MAX_BLOCKS blocks), or, where an
- * element needs its row or column, a block per row (ROWS_AND_COLUMNS, no
- * 64-bit division per element); row kernels (layer norm, RMSNorm,
- * cross-entropy) give a row to a block, also in a grid-stride loop over
- * rows; column sums (bias and norm-weight gradients) cut the rows into
- * chunks and sum each chunk's columns, then the chunks, in a fixed order
+ * operands summed in fp32 by cublasGemmEx: the activation in as the bf16 bits
+ * the norm, attention or MLP activation wrote (their *_bf16 forwards, the
+ * fp32 kernels rounding on store), and a layer's gradients as bf16 bits as
+ * well (matmul_backward_bf16's d_out: the bits gelu_backward_bf16,
+ * swiglu_backward_bf16, rope_backward_bf16 and attention_backward_bf16 wrote,
+ * the fp32 kernels widening on load and rounding on store; the output
+ * projections' d_in, written by matmul_backward_bf16_bits: a bf16 C), the
+ * fp32 operands (the weights, the residual stream's gradient) rounded by a
+ * kernel (convert_bits.h, as the CPU rounds); the qkv product (and RoPE)
+ * written as bf16 bits too, which only the attention reads
+ * (matmul_forward_bf16_bits: a bf16 C; rope_forward_bf16); a forward product
+ * with a bias through cuBLASLt, the bias in its epilogue (products_lt.cu);
+ * attention through cuDNN in bf16 where it can (attention.cu: qkv, out, d_out
+ * and d_qkv bound as the bits they are), else the tiled kernels on the
+ * widened values; the rest in simple kernels. Launch shapes: element-wise
+ * kernels walk their elements in grid-stride loops (at most MAX_BLOCKS
+ * blocks), or, where an element needs its row or column, a block per row
+ * (ROWS_AND_COLUMNS, no 64-bit division per element); row kernels (layer
+ * norm, RMSNorm, cross-entropy) give a row to a block, also in a grid-stride
+ * loop over rows; column sums (bias and norm-weight gradients) cut the rows
+ * into chunks and sum each chunk's columns, then the chunks, in a fixed order
  * (column_sums.h); AdamW takes a launch per 48 tensors. Only
  * embedding_backward uses atomics (tokens repeat), so it alone is not
  * bit-reproducible from run to run. */
@@ -233,6 +239,7 @@ static void fill_table(kernel_backend *t)
     t->matmul_backward = cuda_matmul_backward;
     t->matmul_forward_bf16 = cuda_matmul_forward_bf16;
     t->matmul_backward_bf16 = cuda_matmul_backward_bf16;
+    t->matmul_backward_bf16_bits = cuda_matmul_backward_bf16_bits;
     t->matmul_forward_bf16_bits = cuda_matmul_forward_bf16_bits;
     t->layernorm_forward = cuda_layernorm_forward;
     t->layernorm_backward = cuda_layernorm_backward;
@@ -246,9 +253,12 @@ static void fill_table(kernel_backend *t)
     t->rmsnorm_forward_bf16 = cuda_rmsnorm_forward_bf16;
     t->gelu_forward_bf16 = cuda_gelu_forward_bf16;
     t->swiglu_forward_bf16 = cuda_swiglu_forward_bf16;
+    t->gelu_backward_bf16 = cuda_gelu_backward_bf16;
+    t->swiglu_backward_bf16 = cuda_swiglu_backward_bf16;
     t->rope_forward = cuda_rope_forward;
     t->rope_backward = cuda_rope_backward;
     t->rope_forward_bf16 = cuda_rope_forward_bf16;
+    t->rope_backward_bf16 = cuda_rope_backward_bf16;
     t->residual_forward = cuda_residual_forward;
     t->bias_residual_forward = cuda_bias_residual_forward;
     t->add_inplace = cuda_add_inplace;

@@ -189,10 +189,10 @@ fail:
 }
 
 /* d_logits written once, as bf16 bits into the first half of scratch, then
- * the two products read them as they are (cuda_matmul_backward_bf16_bits),
- * as they read in (the final norm's bf16 bits): no fp32 d_logits written,
- * read back and rounded. The same bits as rounding crossentropy_backward's
- * values. */
+ * the two products read them as they are (cuda_matmul_backward_bf16: a
+ * d_out of bf16 bits, as every bf16 gradient a product reads), as they read
+ * in (the final norm's bf16 bits): no fp32 d_logits written, read back and
+ * rounded. The same bits as rounding crossentropy_backward's values. */
 int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
                                   const float *row_max, const float *sum, const int *targets, const uint16_t *in,
                                   const float *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,
@@ -207,7 +207,7 @@ int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, 
             bits, logits, row_max, sum, targets, N, V, first, valid, scale);
         LAUNCH_CHECK();
     }
-    return cuda_matmul_backward_bf16_bits(d_in, d_weight, bits, in, weight, N, C, V);
+    return cuda_matmul_backward_bf16(d_in, d_weight, NULL, bits, in, weight, N, C, V);
 fail:
     return TP_ERR_DEVICE;
 }

@@ -45,8 +45,13 @@ int cuda_matmul_forward_bf16(float *out, const uint16_t *in, const float *weight
                              int64_t C, int64_t OC);
 int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC);
-int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
+int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
                               const float *weight, int64_t N, int64_t C, int64_t OC);
+/* linear.cu: the backward of a product whose d_out is fp32 (rounded on the
+ * way) and whose d_in is written as bf16 bits (kernels.h: cuBLAS's fp32 sums
+ * rounded as stored; d_bias from the rounded d_out). */
+int cuda_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
+                                   const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC);
 /* linear.cu: matmul_forward_bf16 written as bf16 bits (kernels.h: the bits
  * of rounding its fp32 out, the bias added in fp32 first). */
 int cuda_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
@@ -77,6 +82,11 @@ int cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const
                               float eps);
 int cuda_gelu_forward_bf16(uint16_t *out, const float *in, int64_t n);
 int cuda_swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F);
+/* norm.cu: gelu_backward and swiglu_backward of a bf16 d_out, writing d_in
+ * as bf16 bits (kernels.h: the bits of rounding what the fp32 backward
+ * computes from d_out widened, by the same kernels). */
+int cuda_gelu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n);
+int cuda_swiglu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F);
 /* rope.cu */
 int cuda_rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 int cuda_rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
@@ -84,6 +94,10 @@ int cuda_rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T,
  * the bits of rounding what rope_forward leaves in it, by the same kernel). */
 int cuda_rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq,
                            int64_t Hkv, int64_t hd);
+/* rope.cu: rope_backward in place on bf16 bits (kernels.h: each turned value
+ * widened, turned back by the same kernel, rounded; the rest untouched). */
+int cuda_rope_backward_bf16(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                            int64_t hd);
 /* attention.cu */
 int cuda_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq,
                            int64_t Hkv, int64_t hd);
@@ -91,7 +105,7 @@ int cuda_attention_backward(float *d_qkv, float *scratch, const float *d_out, co
                             const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 int cuda_attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B, int64_t T,
                                 int64_t Hq, int64_t Hkv, int64_t hd);
-int cuda_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
+int cuda_attention_backward_bf16(uint16_t *d_qkv, float *scratch, const uint16_t *d_out, const uint16_t *qkv,
                                  const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                  int64_t hd);
 void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd, char *text,
@@ -120,11 +134,6 @@ int cuda_sum_of_squares(double *out, const float *const *spans, const int64_t *l
  * fp32 math); stop releases it (also after a failed start). */
 int cuda_blas_start(void);
 void cuda_blas_stop(void);
-/* linear.cu: matmul_backward_bf16 without a bias, of a d_out already
- * rounded (bf16 bits, [N, OC]; the classifier's, embedding.cu); in as
- * matmul_backward_bf16's (bf16 bits, [N, C]). */
-int cuda_matmul_backward_bf16_bits(float *d_in, float *d_weight, const uint16_t *d_out_bits, const uint16_t *in,
-                                   const float *weight, int64_t N, int64_t C, int64_t OC);
 /* products_lt.cu: cuBLASLt, loaded and given a handle and a workspace at
  * start (stop releases them, also after a failed start; with
  * TP_CUDA_EPILOGUE=off, not loaded, and every product's bias separate); then

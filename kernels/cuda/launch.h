@@ -69,8 +69,8 @@ int cuda_scratch_parts(cuda_scratch *scratch, const char *what, void **parts, co
 int cuda_round_to_bf16(uint16_t *out, const float *in, int64_t n);
 
 /* An output element of a kernel that writes fp32 or, templated on its
- * output type, bf16 bits (the bf16 activations and the classifier's
- * d_logits, kernels.h): the fp32 value as computed, or the bits of rounding
+ * output type, bf16 bits (the bf16 activations and gradients, and the
+ * classifier's d_logits, kernels.h): the fp32 value as computed, or the bits of rounding
  * that very value (bits_f32_to_bf16, as the CPU rounds). The arithmetic
  * before the store is one source for both, so the bits are exactly those
  * of rounding what the fp32 kernel writes. */
@@ -81,6 +81,19 @@ static __device__ inline void store_value(float *at, float value)
 static __device__ inline void store_value(uint16_t *at, float value)
 {
     *at = bits_f32_to_bf16(__float_as_uint(value));
+}
+
+/* An input element of a kernel that reads fp32 or, templated on its input
+ * type, bf16 bits (the bf16 gradients, kernels.h): the fp32 value, or the
+ * bf16 value widened (exact). With store_value, the kernels of the bf16
+ * backward are the fp32 kernels' arithmetic on the widened values. */
+static __device__ inline float load_value(const float *at)
+{
+    return *at;
+}
+static __device__ inline float load_value(const uint16_t *at)
+{
+    return __uint_as_float(bits_bf16_to_f32(*at));
 }
 
 /* Blocks for `work` items at `per_block` each, at least 1 (callers skip

@@ -129,27 +129,42 @@ static __global__ void add_bias_kernel(float *out, const float *bias, int64_t N,
     ROWS_AND_COLUMNS(n, c, N, OC) out[n * OC + c] += bias[c];
 }
 
-/* Row n's value of column c of x [N, C]: column_sums of it are a bias's gradient. */
-struct column_of_values {
-    const float *x;
+/* Row n's value of column c of x [N, C], fp32 or bf16 bits (widened:
+ * load_value): column_sums of it are a bias's gradient. */
+template <typename In> struct column_of_values {
+    const In *x;
     int64_t C;
-    __device__ void operator()(int64_t n, int64_t c, float *s) const { s[0] += x[n * C + c]; }
+    __device__ void operator()(int64_t n, int64_t c, float *s) const { s[0] += load_value(&x[n * C + c]); }
 };
 
 /* ===================================================== bf16 matrix products
- * The bf16 twins (matmul_forward_bf16, matmul_backward_bf16; linear.c) are
- * the same products of bf16 operands: in[N,C] comes as bf16 bits (a bf16
- * activation, kernels.h, rounded by the operation that wrote it) and is read
- * where it is; the fp32 operands (W, d_out) are rounded to bf16 by
- * round_bf16_kernel, with bits_f32_to_bf16 (convert_bits.h), so to nearest,
- * ties to even, exactly as the CPU rounds; then cublasGemmEx with bf16 A
- * and B, fp32 C and CUBLAS_COMPUTE_32F: the products of bf16 values are
- * exact in fp32 and are summed in fp32 (tensor cores where cuBLAS picks
- * them; not TF32, which concerns fp32 operands only). The bias and d_bias
- * stay fp32 (add_bias_kernel, column_sums on the unrounded d_out). One
- * function per direction serves both precisions (matmul_forward_in,
- * matmul_backward_in): only the operands (operands_begin) and the product
- * call (gemm) differ.
+ * The bf16 twins (matmul_forward_bf16, matmul_backward_bf16,
+ * matmul_backward_bf16_bits; linear.c) are the same products of bf16
+ * operands. Those that come as bf16 bits are read where they are, at any even
+ * address: in[N,C] (a bf16 activation, kernels.h, rounded by the operation
+ * that wrote it) and matmul_backward_bf16's d_out[N,OC] (a bf16 gradient:
+ * gelu's or swiglu's bf16 d_in, the attention's or RoPE's bf16 d_qkv, the
+ * classifier's d_logits). The fp32 operands (W, and
+ * matmul_backward_bf16_bits' d_out[N,OC], a residual stream's gradient) are
+ * rounded to bf16 by round_bf16_kernel, with bits_f32_to_bf16
+ * (convert_bits.h), so to nearest, ties to even, exactly as the CPU rounds;
+ * then cublasGemmEx with bf16 A and B, fp32 C and CUBLAS_COMPUTE_32F: the
+ * products of bf16 values are exact in fp32 and are summed in fp32 (tensor
+ * cores where cuBLAS picks them; not TF32, which concerns fp32 operands
+ * only). The bias stays fp32 (add_bias_kernel). d_bias is the fp32 column
+ * sums of the bf16 d_out the products read (column_of_values<uint16_t>,
+ * widened): the caller's bits, or the rounded operand in the scratch (also
+ * where no product runs: d_in and d_weight NULL); the fp32 products' d_bias
+ * sums the fp32 d_out. One function per direction serves every precision
+ * (matmul_forward_in, matmul_backward_in): only the operands
+ * (operands_begin), the product call (gemm) and the output's type differ.
+ *
+ * matmul_backward_bf16_bits (kernels.h) writes d_in[N,C] as bf16 bits (the
+ * gradient of the attention's or the MLP's activation, which the next bf16
+ * operation reads as it is): cublasGemmEx with a bf16 C (CUDA_R_16BF) and
+ * beta 0, at any even address, as matmul_forward_bf16_bits without a bias:
+ * cuBLAS's fp32 sum rounded to nearest, ties to even, as it is stored. No
+ * bias enters d_in, so there is no second route.
  *
  * matmul_forward_bf16_bits (kernels.h) is the forward bf16 product written
  * as a bf16 activation: out as the bits of rounding matmul_forward_bf16's
@@ -367,33 +382,52 @@ fail:
 }
 
 /* Operands d_out, then W when d_in is asked for and in when d_weight is
- * (size 0 otherwise: not rounded). d_out_bits: d_out already rounded
- * (bf16, [N, OC]; then d_out and d_bias NULL), or NULL. in: fp32, or bf16
+ * (size 0 otherwise: not rounded). d_out: fp32, or bf16 bits (d_out_bits,
+ * bf16 alone: matmul_backward_bf16); d_in: fp32, or bf16 bits (d_in_bits,
+ * bf16 alone: matmul_backward_bf16_bits, d_out then fp32); in: fp32, or bf16
  * bits when bf16. */
-static int matmul_backward_in(int bf16, float *d_in, float *d_weight, float *d_bias, const float *d_out,
-                              const uint16_t *d_out_bits, const void *in, const float *weight, int64_t N, int64_t C,
-                              int64_t OC)
+static int matmul_backward_in(int bf16, void *d_in, int d_in_bits, float *d_weight, float *d_bias, const void *d_out,
+                              int d_out_bits, const void *in, const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    if (d_out_bits && (!bf16 || d_out || d_bias))
-        return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: a d_out of bf16 bits goes with bf16 products alone");
-    TP_TRY(dimensions_ok("matmul_backward", bf16 ? "_bf16" : "", N, C, OC));
+    if ((d_in_bits || d_out_bits) && !bf16)
+        return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: a d_in or d_out of bf16 bits goes with bf16 products alone");
+    TP_TRY(dimensions_ok("matmul_backward", d_in_bits ? "_bf16_bits" : bf16 ? "_bf16" : "", N, C, OC));
     ENTER();
     if (N == 0) return TP_OK;
-    if (d_in && C > 0 && OC == 0) CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * sizeof(float), cuda_state.stream));
-    if ((d_in || d_weight) && C > 0 && OC > 0) {
-        const operand given[3] = {{d_out_bits ? (const void *)d_out_bits : d_out, N * OC, d_out_bits != NULL},
-                                  {weight, d_in ? OC * C : 0, 0},
-                                  {in, d_weight ? N * C : 0, bf16}};
-        operands o;
-        int status = operands_begin(&o, bf16, given, 3);
-        if (!status && d_in) /* d_in = d_out @ W, overwritten */
-            status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, o.of[1], C, o.of[0], OC, 0.0f, d_in, 0, C);
-        if (!status && d_weight) /* d_weight += d_out^T @ in */
-            status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, o.of[2], C, o.of[0], OC, 1.0f, d_weight, 0, C);
-        operands_end(&o);
-        if (status) return status;
+    if (d_in && C > 0 && OC == 0) /* an empty sum: +0, whose bf16 bits are 0 too */
+        CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * (d_in_bits ? sizeof(uint16_t) : sizeof(float)),
+                                 cuda_state.stream));
+    {
+        int products = (d_in || d_weight) && C > 0 && OC > 0;
+        /* d_out rounded here (bf16, fp32 d_out): d_bias sums the rounded operand, product or not */
+        int bias_of_operand = d_bias && bf16 && !d_out_bits && OC > 0;
+        if (products || bias_of_operand) {
+            const operand given[3] = {{d_out, N * OC, d_out_bits},
+                                      {weight, products && d_in ? OC * C : 0, 0},
+                                      {in, products && d_weight ? N * C : 0, bf16}};
+            operands o;
+            int status = operands_begin(&o, bf16, given, 3);
+            if (!status && products && d_in) /* d_in = d_out @ W, overwritten (fp32, or rounded as stored) */
+                status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, o.of[1], C, o.of[0], OC, 0.0f, d_in, d_in_bits,
+                              C);
+            if (!status && products && d_weight) /* d_weight += d_out^T @ in */
+                status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, o.of[2], C, o.of[0], OC, 1.0f, d_weight, 0, C);
+            /* queued before operands_end: another thread's operands may overwrite the scratch after it */
+            if (!status && bias_of_operand) {
+                const column_of_values<uint16_t> rounded = {(const uint16_t *)o.of[0], OC};
+                status = column_sums<1>(d_bias, NULL, rounded, N, OC);
+            }
+            operands_end(&o);
+            if (status) return status;
+        }
+        if (d_bias && !bias_of_operand && d_out_bits) { /* the bf16 gradient as given, widened */
+            const column_of_values<uint16_t> bits = {(const uint16_t *)d_out, OC};
+            TP_TRY(column_sums<1>(d_bias, NULL, bits, N, OC));
+        } else if (d_bias && !bias_of_operand) { /* the fp32 products' fp32 d_out */
+            const column_of_values<float> values = {(const float *)d_out, OC};
+            TP_TRY(column_sums<1>(d_bias, NULL, values, N, OC));
+        }
     }
-    if (d_bias) TP_TRY(column_sums<1>(d_bias, NULL, column_of_values{d_out, OC}, N, OC)); /* of the fp32 d_out */
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
@@ -420,19 +454,19 @@ int cuda_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float
 int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_backward_in(0, d_in, d_weight, d_bias, d_out, NULL, in, weight, N, C, OC);
+    return matmul_backward_in(0, d_in, 0, d_weight, d_bias, d_out, 0, in, weight, N, C, OC);
 }
 
-int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
+int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
                               const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_backward_in(1, d_in, d_weight, d_bias, d_out, NULL, in, weight, N, C, OC);
+    return matmul_backward_in(1, d_in, 0, d_weight, d_bias, d_out, 1, in, weight, N, C, OC);
 }
 
-int cuda_matmul_backward_bf16_bits(float *d_in, float *d_weight, const uint16_t *d_out_bits, const uint16_t *in,
-                                   const float *weight, int64_t N, int64_t C, int64_t OC)
+int cuda_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
+                                   const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_backward_in(1, d_in, d_weight, NULL, NULL, d_out_bits, in, weight, N, C, OC);
+    return matmul_backward_in(1, d_in, 1, d_weight, d_bias, d_out, 0, in, weight, N, C, OC);
 }
 
 /* ============================================================ elementwise

@@ -5,7 +5,11 @@
  * float or uint16_t: the *_forward_bf16 operations (kernels.h, bf16
  * activations) are the same kernel storing the bits of rounding each fp32
  * value it computes (store_value, launch.h), so that their bits are those of
- * rounding the fp32 operation's out, by construction. */
+ * rounding the fp32 operation's out, by construction. The GELU and SwiGLU
+ * backward kernels are templates on d_in's and d_out's types alike:
+ * gelu_backward_bf16 and swiglu_backward_bf16 (bf16 gradients) read d_out's
+ * bits widened (load_value) and store d_in's bits rounded, the fp32
+ * kernels' arithmetic in between. */
 #include <math.h>
 #include <stdint.h>
 
@@ -138,13 +142,15 @@ template <typename Out> static __global__ void gelu_forward_kernel(Out *out, con
     GRID_STRIDE(i, n) store_value(&out[i], in[i] * gelu_gate(in[i]));
 }
 
-/* d/dx [x s] = s + x * 2 s (1 - s) * du/dx. */
-static __global__ void gelu_backward_kernel(float *d_in, const float *in, const float *d_out, int64_t n)
+/* d/dx [x s] = s + x * 2 s (1 - s) * du/dx. DIn, DOut: float, or uint16_t
+ * (bf16 bits: gelu_backward_bf16). */
+template <typename DIn, typename DOut>
+static __global__ void gelu_backward_kernel(DIn *d_in, const float *in, const DOut *d_out, int64_t n)
 {
     GRID_STRIDE(i, n) {
         float x = in[i], s = gelu_gate(x);
         float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        d_in[i] = (s + 2.0f * x * s * (1.0f - s) * du) * d_out[i];
+        store_value(&d_in[i], (s + 2.0f * x * s * (1.0f - s) * du) * load_value(&d_out[i]));
     }
 }
 
@@ -169,7 +175,8 @@ int cuda_gelu_forward_bf16(uint16_t *out, const float *in, int64_t n)
     return gelu_forward_as(out, in, n);
 }
 
-int cuda_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
+template <typename DIn, typename DOut>
+static int gelu_backward_as(DIn *d_in, const float *in, const DOut *d_out, int64_t n)
 {
     ENTER();
     if (n <= 0) return TP_OK;
@@ -178,6 +185,16 @@ int cuda_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
+}
+
+int cuda_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
+{
+    return gelu_backward_as(d_in, in, d_out, n);
+}
+
+int cuda_gelu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n)
+{
+    return gelu_backward_as(d_in, in, d_out, n);
 }
 
 /* ================================================================ RMSNorm
@@ -275,14 +292,16 @@ template <typename Out> static __global__ void swiglu_forward_kernel(Out *out, c
     }
 }
 
-/* d up = dy g s, d gate = dy up s (1 + g (1 - s)), s = sigmoid(g). */
-static __global__ void swiglu_backward_kernel(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
+/* d up = dy g s, d gate = dy up s (1 + g (1 - s)), s = sigmoid(g). DIn,
+ * DOut: float, or uint16_t (bf16 bits: swiglu_backward_bf16). */
+template <typename DIn, typename DOut>
+static __global__ void swiglu_backward_kernel(DIn *d_in, const float *in, const DOut *d_out, int64_t N, int64_t F)
 {
     ROWS_AND_COLUMNS(n, f, N, F) {
-        float g = in[n * 2 * F + f], up = in[n * 2 * F + F + f], dy = d_out[n * F + f];
+        float g = in[n * 2 * F + f], up = in[n * 2 * F + F + f], dy = load_value(&d_out[n * F + f]);
         float s = 1.0f / (1.0f + expf(-g));
-        d_in[n * 2 * F + F + f] = dy * (g * s);
-        d_in[n * 2 * F + f] = dy * up * (s * (1.0f + g * (1.0f - s)));
+        store_value(&d_in[n * 2 * F + F + f], dy * (g * s));
+        store_value(&d_in[n * 2 * F + f], dy * up * (s * (1.0f + g * (1.0f - s))));
     }
 }
 
@@ -307,7 +326,8 @@ int cuda_swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t 
     return swiglu_forward_as(out, in, N, F);
 }
 
-int cuda_swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
+template <typename DIn, typename DOut>
+static int swiglu_backward_as(DIn *d_in, const float *in, const DOut *d_out, int64_t N, int64_t F)
 {
     ENTER();
     if (N <= 0 || F <= 0) return TP_OK;
@@ -316,4 +336,14 @@ int cuda_swiglu_backward(float *d_in, const float *in, const float *d_out, int64
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
+}
+
+int cuda_swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
+{
+    return swiglu_backward_as(d_in, in, d_out, N, F);
+}
+
+int cuda_swiglu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F)
+{
+    return swiglu_backward_as(d_in, in, d_out, N, F);
 }

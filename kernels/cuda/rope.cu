@@ -1,5 +1,6 @@
 /* rope.cu: rotary position embeddings on the GPU, the twin of cpu/rope.c
- * (in place in fp32, or into bf16 bits: rope_forward_bf16). */
+ * (in place in fp32, into bf16 bits: rope_forward_bf16, or in place in bf16
+ * bits: rope_backward_bf16). */
 #include <math.h>
 #include <stdint.h>
 
@@ -17,17 +18,22 @@ extern "C" {
  * ROWS_AND_COLUMNS in launch.h), a pair per thread: no two threads share an
  * element.
  *
- * One kernel, templated on its output (store_value, launch.h): float, in
- * place (out is qkv: rope_forward, rope_backward), or uint16_t, the bf16
- * bits of each value it would leave in qkv, written to out and qkv left as
- * it is (rope_forward_bf16: a bf16 activation, kernels.h). The arithmetic is
- * one source for both, so the bits are those of rounding what the fp32
- * kernel writes, by construction. Out of place, the values no pair turns
- * (the V heads; with an odd hd the last value of each Q and K head) are
- * rounded into out too (keep_unturned): every element of out is written. */
+ * One kernel, templated on its output (store_value, launch.h) and its input
+ * (load_value): float in place (out is qkv: rope_forward, rope_backward);
+ * float in, uint16_t out, the bf16 bits of each value it would leave in
+ * qkv, written to out and qkv left as it is (rope_forward_bf16: a bf16
+ * activation, kernels.h); or uint16_t in place (rope_backward_bf16: the
+ * attention's bf16 d_qkv), each value widened, turned and rounded. The
+ * arithmetic is one source for all, so the bits are those of rounding what
+ * the fp32 kernel writes from the same values, by construction. Out of
+ * place, the values no pair turns (the V heads; with an odd hd the last
+ * value of each Q and K head) are rounded into out too (keep_unturned):
+ * every element of out is written; in place they stay as they are (bits
+ * too: not widened and rounded back, which would quiet a signaling NaN). */
 
-/* In place: the values no pair turns stay where they are. */
-static __device__ inline void keep_unturned(float *out, const float *qkv, int64_t H, int64_t width, int64_t hd)
+/* In place (fp32, or bf16 bits): the values no pair turns stay where they are. */
+template <typename T>
+static __device__ inline void keep_unturned(T *out, const T *qkv, int64_t H, int64_t width, int64_t hd)
 {
     (void)out, (void)qkv, (void)H, (void)width, (void)hd;
 }
@@ -41,8 +47,8 @@ static __device__ inline void keep_unturned(uint16_t *out, const float *qkv, int
         for (int64_t h = threadIdx.x; h < H; h += blockDim.x) store_value(&out[h * hd + hd - 1], qkv[h * hd + hd - 1]);
 }
 
-template <typename Out>
-static __global__ void rope_kernel(Out *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t H,
+template <typename Out, typename In>
+static __global__ void rope_kernel(Out *out, const In *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t H,
                                    int64_t stride, int64_t hd, float sign)
 {
     int half = (int)(hd / 2), pairs = (int)(H * half); /* a row's, int: rope_turn checks */
@@ -50,10 +56,10 @@ static __global__ void rope_kernel(Out *out, const float *qkv, const float *cos_
         int64_t t = row % T;
         for (int k = threadIdx.x; k < pairs; k += blockDim.x) {
             int h = k / half, j = k - h * half;
-            const float *x = qkv + row * stride + (int64_t)h * hd;
+            const In *x = qkv + row * stride + (int64_t)h * hd;
             Out *y = out + row * stride + (int64_t)h * hd;
             float c = cos_sin[(t * half + j) * 2], s = sign * cos_sin[(t * half + j) * 2 + 1];
-            float lo = x[j], hi = x[j + half];
+            float lo = load_value(&x[j]), hi = load_value(&x[j + half]); /* both read before either is written */
             store_value(&y[j], lo * c - hi * s);
             store_value(&y[j + half], hi * c + lo * s);
         }
@@ -61,9 +67,9 @@ static __global__ void rope_kernel(Out *out, const float *qkv, const float *cos_
     }
 }
 
-/* out: qkv itself (float, in place) or bf16 bits of its shape. */
-template <typename Out>
-static int rope_turn(Out *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+/* out: qkv itself (float or bf16 bits, in place) or bf16 bits of its shape. */
+template <typename Out, typename In>
+static int rope_turn(Out *out, const In *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                      int64_t hd, float sign)
 {
     ENTER();
@@ -97,4 +103,10 @@ int cuda_rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin
                            int64_t Hkv, int64_t hd)
 {
     return rope_turn(out, qkv, cos_sin, B, T, Hq, Hkv, hd, 1.0f);
+}
+
+int cuda_rope_backward_bf16(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                            int64_t hd)
+{
+    return rope_turn(d_qkv, d_qkv, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
 }

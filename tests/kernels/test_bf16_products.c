@@ -144,6 +144,16 @@ static double worst_of_magnitude(const float *got, const double *want, const dou
     return worst;
 }
 
+/* sums[o] += the column sums of the values of bits[N, OC] (bf16, widened),
+ * summed in fp32 row by row onto sums[o], as kernels.h has d_bias summed. */
+static void add_column_sums_of_bits(float *sums, const uint16_t *bits, int64_t N, int64_t OC)
+{
+    float *values = floats_of_bf16_bits(bits, N * OC);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < OC; o++) sums[o] += values[n * OC + o];
+    free(values);
+}
+
 Test(bf16_products, linear_products_are_exact_sums_of_rounded_operands_on_every_path)
 {
     kernels_set_threads(2);
@@ -157,9 +167,12 @@ Test(bf16_products, linear_products_are_exact_sums_of_rounded_operands_on_every_
         size_t most = (size_t)(N * C > OC * C ? N * C : OC * C);
         double *want = malloc(most * sizeof(double)), *magnitude = malloc(most * sizeof(double));
         uint16_t *in_bits = floats_bf16_bits(in, N * C); /* a bf16 activation */
+        uint16_t *d_out_bits = floats_bf16_bits(d_out, N * OC); /* a bf16 gradient */
         cr_assert_eq(matmul_forward_bf16(out, in_bits, w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(matmul_backward_bf16(d_in, d_w, NULL, d_out, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(d_in, d_w, NULL, d_out_bits, in_bits, w, N, C, OC), TP_OK, "%s",
+                     tp_errmsg());
         free(in_bits);
+        free(d_out_bits);
         struct { const float *got, *a, *b, *before; int64_t M, N, K; int ta, tb; const char *what; } p[] = {
             {out, in, w, NULL, N, OC, C, 0, 1, "out = in @ weight^T"},
             {d_in, d_out, w, NULL, N, C, OC, 0, 0, "d_in = d_out @ weight"},
@@ -178,7 +191,9 @@ Test(bf16_products, linear_products_are_exact_sums_of_rounded_operands_on_every_
 }
 
 /* The products of linear.c's bf16 entry points land where the fp32 ones do
- * (their layouts) and differ from them by bf16's rounding, not more. */
+ * (their layouts) and differ from them by bf16's rounding, not more; d_bias
+ * is the column sums of d_out's bf16 values, not of the fp32 d_out it was
+ * rounded from. */
 Test(bf16_products, linear_layers_use_them)
 {
     int64_t N = 33, C = 48, OC = 20;
@@ -188,10 +203,10 @@ Test(bf16_products, linear_layers_use_them)
     float *d_in = calloc((size_t)(N * C), sizeof(float)), *d_in32 = calloc((size_t)(N * C), sizeof(float));
     float *d_w = calloc((size_t)(OC * C), sizeof(float)), *d_w32 = calloc((size_t)(OC * C), sizeof(float));
     float *d_b = calloc((size_t)OC, sizeof(float)), *d_b32 = calloc((size_t)OC, sizeof(float));
-    uint16_t *in_bits = floats_bf16_bits(in, N * C);
+    uint16_t *in_bits = floats_bf16_bits(in, N * C), *d_out_bits = floats_bf16_bits(d_out, N * OC);
     cr_assert_eq(matmul_forward_bf16(out, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
     matmul_forward(out32, in, w, bias, N, C, OC);
-    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out_bits, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
     free(in_bits);
     matmul_backward(d_in32, d_w32, d_b32, d_out, in, w, N, C, OC);
     struct { const float *got, *fp32; int64_t n; const char *what; } pairs[] = {
@@ -206,7 +221,190 @@ Test(bf16_products, linear_layers_use_them)
         cr_assert_gt(worst, 1e-5 * largest, "%s: %g from fp32: the operands were not rounded to bf16", pairs[p].what,
                      worst);
     }
-    for (int64_t o = 0; o < OC; o++) cr_assert_eq(d_b[o], d_b32[o], "d_bias stays fp32");
-    free(in), free(w), free(bias), free(d_out), free(out), free(out32), free(d_in), free(d_in32), free(d_w),
-        free(d_w32), free(d_b), free(d_b32);
+    float *d_b16 = calloc((size_t)OC, sizeof(float));
+    add_column_sums_of_bits(d_b16, d_out_bits, N, OC);
+    cr_assert_eq(memcmp(d_b, d_b16, (size_t)OC * sizeof(float)), 0, "d_bias: the column sums of d_out's bf16 values");
+    cr_assert_neq(memcmp(d_b, d_b32, (size_t)OC * sizeof(float)), 0, "d_bias: the sums of the fp32 d_out, not rounded");
+    free(in), free(w), free(bias), free(d_out), free(d_out_bits), free(out), free(out32), free(d_in), free(d_in32),
+        free(d_w), free(d_w32), free(d_b), free(d_b32), free(d_b16);
+}
+
+/* ------------------------------------------------- the bf16 gradients
+ * matmul_backward_bf16 reads d_out as bf16 bits (a gradient inside a
+ * layer); matmul_backward_bf16_bits rounds an fp32 d_out (the residual
+ * stream's) on the way and writes d_in as bf16 bits (kernels.h). */
+
+static float *copy_of(const float *x, int64_t n)
+{
+    float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    cr_assert(out);
+    memcpy(out, x, (size_t)n * sizeof(float));
+    return out;
+}
+
+static void assert_same_floats(const float *got, const float *want, int64_t n, const char *what)
+{
+    for (int64_t i = 0; i < n; i++)
+        cr_assert(memcmp(&got[i], &want[i], sizeof got[i]) == 0, "%s[%lld]: %.9g, want %.9g (bit for bit, %s)", what,
+                  (long long)i, got[i], want[i], kernels_cpu_paths());
+}
+
+/* A product of the bf16 backward, got, against want, the fp32 backward of
+ * its operands' bf16 values: bit for bit where the CPU computes bf16
+ * products as sgemm on rounded operands (the same sgemm of the same
+ * values); where oneDNN's bf16 instructions compute them, its sums in
+ * another order, within check_product's bound of the double sums of the
+ * operands a and b rounded (before: what was added to, or NULL). */
+static void assert_bf16_backward_product(const float *got, const float *want, const float *a, const float *b,
+                                         int64_t M, int64_t N, int64_t K, int trans_a, const float *before,
+                                         const char *what)
+{
+    if (!bf16_products_available()) {
+        assert_same_floats(got, want, M * N, what);
+        return;
+    }
+    double *sums = malloc((size_t)(M * N) * sizeof(double)), *magnitude = malloc((size_t)(M * N) * sizeof(double));
+    cr_assert(sums && magnitude);
+    reference(sums, magnitude, a, b, M, N, K, trans_a, 0, before);
+    double worst = worst_of_magnitude(got, sums, magnitude, M * N);
+    cr_assert_lt(worst, 4.0 * (double)K * 0x1p-24 + 0x1p-20, "%s (%s): error %g of the sum of magnitudes", what,
+                 kernels_cpu_paths(), worst);
+    free(sums);
+    free(magnitude);
+}
+
+/* N, C, OC: tiny, a block per thread and a short one, sums over a few hundred. */
+static const int64_t backward_shapes[][3] = {{5, 7, 3}, {33, 48, 20}, {70, 130, 64}};
+#define BACKWARD_SHAPES (int)(sizeof backward_shapes / sizeof backward_shapes[0])
+
+/* matmul_backward_bf16 is matmul_backward of its operands' bf16 values (d_out's
+ * bits widened, in's, weight rounded): d_in overwritten, d_weight added to
+ * (see assert_bf16_backward_product), and d_bias += the column sums of
+ * d_out's values summed row by row in fp32, bit for bit on every path. Any
+ * of the three may be NULL: the others are then what the full call gives,
+ * bit for bit. At 1 and 3 threads. */
+Test(bf16_products, backward_is_the_fp32_backward_of_the_bf16_values)
+{
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        for (int s = 0; s < BACKWARD_SHAPES; s++) {
+            int64_t N = backward_shapes[s][0], C = backward_shapes[s][1], OC = backward_shapes[s][2];
+            float *in = random_matrix(N * C, 21), *w = random_matrix(OC * C, 22), *d_out = random_matrix(N * OC, 23);
+            float *w_before = random_matrix(OC * C, 24), *b_before = random_matrix(OC, 25);
+            uint16_t *in_bits = floats_bf16_bits(in, N * C), *d_out_bits = floats_bf16_bits(d_out, N * OC);
+            uint16_t *w_bits = floats_bf16_bits(w, OC * C);
+            float *a = floats_of_bf16_bits(in_bits, N * C), *g = floats_of_bf16_bits(d_out_bits, N * OC);
+            float *w16 = floats_of_bf16_bits(w_bits, OC * C);
+            float *want_in = floats_filled(N * C, 0.0f), *want_w = copy_of(w_before, OC * C);
+            float *want_b = copy_of(b_before, OC);
+            matmul_backward(want_in, want_w, NULL, g, a, w16, N, C, OC);
+            add_column_sums_of_bits(want_b, d_out_bits, N, OC);
+
+            float *in_before = floats_filled(N * C, 7.0f); /* d_in is overwritten */
+            float *d_in = copy_of(in_before, N * C), *d_w = copy_of(w_before, OC * C), *d_b = copy_of(b_before, OC);
+            cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out_bits, in_bits, w, N, C, OC), TP_OK, "%s",
+                         tp_errmsg());
+            assert_bf16_backward_product(d_in, want_in, d_out, w, N, C, OC, 0, NULL, "d_in");
+            assert_bf16_backward_product(d_w, want_w, d_out, in, OC, C, N, 1, w_before, "d_weight");
+            assert_same_floats(d_b, want_b, OC, "d_bias");
+
+            for (int mask = 0; mask < 7; mask++) { /* bit 0: d_in given, 1: d_weight, 2: d_bias */
+                float *p_in = copy_of(in_before, N * C), *p_w = copy_of(w_before, OC * C), *p_b = copy_of(b_before, OC);
+                cr_assert_eq(matmul_backward_bf16(mask & 1 ? p_in : NULL, mask & 2 ? p_w : NULL, mask & 4 ? p_b : NULL,
+                                                  d_out_bits, in_bits, w, N, C, OC),
+                             TP_OK, "%s", tp_errmsg());
+                assert_same_floats(p_in, mask & 1 ? d_in : in_before, N * C, "d_in, some NULL");
+                assert_same_floats(p_w, mask & 2 ? d_w : w_before, OC * C, "d_weight, some NULL");
+                assert_same_floats(p_b, mask & 4 ? d_b : b_before, OC, "d_bias, some NULL");
+                free(p_in), free(p_w), free(p_b);
+            }
+            free(in), free(w), free(d_out), free(w_before), free(b_before), free(in_bits), free(d_out_bits);
+            free(w_bits), free(a), free(g), free(w16), free(want_in), free(want_w), free(want_b), free(d_in);
+            free(in_before), free(d_w), free(d_b);
+        }
+    }
+    kernels_set_threads(1);
+}
+
+/* matmul_backward_bf16_bits is matmul_backward_bf16 of d_out's bf16 bits:
+ * d_in the bits of rounding its fp32 d_in, d_weight and d_bias its own,
+ * bit for bit (d_in NULL too), on d_out with values at ties (an fp32 whose
+ * low half is 0x8000) among random ones. At 1 and 3 threads. */
+Test(bf16_products, backward_to_bits_rounds_the_fp32_d_in_of_the_rounded_gradient)
+{
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        for (int s = 0; s < BACKWARD_SHAPES; s++) {
+            int64_t N = backward_shapes[s][0], C = backward_shapes[s][1], OC = backward_shapes[s][2];
+            float *in = random_matrix(N * C, 31), *w = random_matrix(OC * C, 32), *d_out = random_matrix(N * OC, 33);
+            float *w_before = random_matrix(OC * C, 34), *b_before = random_matrix(OC, 35);
+            for (int64_t i = 0; i < N * OC; i += 3) /* +-(1 + 2^-8) and +-(1 + 3 2^-8), scaled by 2^-2 .. 2^2 */
+                d_out[i] = ldexpf(i % 2 ? -1.0f : 1.0f, (int)(i % 5) - 2) * (i % 4 ? 1.00390625f : 1.01171875f);
+            uint16_t *in_bits = floats_bf16_bits(in, N * C), *d_out_bits = floats_bf16_bits(d_out, N * OC);
+            float *want_in = floats_filled(N * C, 0.0f), *want_w = copy_of(w_before, OC * C);
+            float *want_b = copy_of(b_before, OC);
+            cr_assert_eq(matmul_backward_bf16(want_in, want_w, want_b, d_out_bits, in_bits, w, N, C, OC), TP_OK, "%s",
+                         tp_errmsg());
+
+            uint16_t *d_in = malloc((size_t)(N * C) * sizeof *d_in);
+            float *d_w = copy_of(w_before, OC * C), *d_b = copy_of(b_before, OC);
+            cr_assert(d_in);
+            cr_assert_eq(matmul_backward_bf16_bits(d_in, d_w, d_b, d_out, in_bits, w, N, C, OC), TP_OK, "%s",
+                         tp_errmsg());
+            floats_assert_rounded(d_in, want_in, N * C, "d_in");
+            assert_same_floats(d_w, want_w, OC * C, "d_weight");
+            assert_same_floats(d_b, want_b, OC, "d_bias");
+
+            memcpy(d_w, w_before, (size_t)(OC * C) * sizeof(float));
+            memcpy(d_b, b_before, (size_t)OC * sizeof(float));
+            cr_assert_eq(matmul_backward_bf16_bits(NULL, d_w, d_b, d_out, in_bits, w, N, C, OC), TP_OK, "%s",
+                         tp_errmsg());
+            assert_same_floats(d_w, want_w, OC * C, "d_weight without d_in");
+            assert_same_floats(d_b, want_b, OC, "d_bias without d_in");
+            free(in), free(w), free(d_out), free(w_before), free(b_before), free(in_bits), free(d_out_bits);
+            free(want_in), free(want_w), free(want_b), free(d_in), free(d_w), free(d_b);
+        }
+    }
+    kernels_set_threads(1);
+}
+
+/* d_out is rounded to nearest, ties to even, before the product, not
+ * after it: a = 1 + 2^-8 lies halfway between 1 and 1 + 2^-7 and rounds to
+ * 1 (even); b = 1 + 3 2^-8 halfway between 1 + 2^-7 and 1 + 2^-6, and
+ * rounds to 1 + 2^-6. With d_out's rows a a a, a a a and b b b, in and
+ * weight all ones (N = 3, C = 1, OC = 3), every sum is exact:
+ *   d_in = the row sums 3, 3 and 3 + 3 2^-6 (bf16 0x4040, 0x4040, 0x4043),
+ *   d_weight = d_bias = the column sums 1 + 1 + (1 + 2^-6) = 3.015625.
+ * The unrounded d_out's row sums round to 0x4041 and 0x4042, its column
+ * sums are 3.01953125; truncating b (1 + 2^-7) gives its row 0x4042,
+ * rounding a's tie up (1 + 2^-7) gives a's rows 0x4042. */
+Test(bf16_products, backward_to_bits_rounds_ties_to_even_before_the_product)
+{
+    const float a = 1.00390625f, b = 1.01171875f;
+    const float d_out[9] = {a, a, a, a, a, a, b, b, b}, weight[3] = {1.0f, 1.0f, 1.0f};
+    const uint16_t in[3] = {0x3f80, 0x3f80, 0x3f80}, want_in[3] = {0x4040, 0x4040, 0x4043}; /* 1; 3, 3.046875 */
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        uint16_t d_in[3];
+        float d_weight[3] = {0}, d_bias[3] = {0};
+        cr_assert_eq(matmul_backward_bf16_bits(d_in, d_weight, d_bias, d_out, in, weight, 3, 1, 3), TP_OK, "%s",
+                     tp_errmsg());
+        for (int n = 0; n < 3; n++)
+            cr_assert_eq(d_in[n], want_in[n], "%d threads: d_in[%d] bits 0x%04x, want 0x%04x", threads, n, d_in[n],
+                         want_in[n]);
+        for (int o = 0; o < 3; o++) {
+            cr_assert_eq(d_weight[o], 3.015625f, "%d threads: d_weight[%d] %.9g, want 3.015625", threads, o,
+                         d_weight[o]);
+            cr_assert_eq(d_bias[o], 3.015625f, "%d threads: d_bias[%d] %.9g, want 3.015625", threads, o, d_bias[o]);
+        }
+    }
+    kernels_set_threads(1);
+}
+
+/* The CPU backend's table gives the backward to bits. */
+Test(bf16_products, backward_to_bits_in_the_cpu_table)
+{
+    const kernel_backend *k = kernels_cpu();
+    cr_assert_eq(k->matmul_backward_bf16, matmul_backward_bf16);
+    cr_assert_eq(k->matmul_backward_bf16_bits, matmul_backward_bf16_bits);
 }

@@ -298,8 +298,8 @@ Test(cuda_backend, bias_gradients_of_tall_arrays)
  * kept plan). With TP_CUDA_EPILOGUE=off, the separate kernel every time.
  * The bits are those of rounding what matmul_forward_bf16 writes from the
  * same in, W and bias to an aligned out, every one. The bf16 backward (d_in
- * and d_weight of in's bits) at the same offsets too, within
- * matmul_backward_bf16's tolerance. */
+ * and d_weight of in's and d_out's bits, both read where they lie) at the
+ * same offsets too, within matmul_backward_bf16's tolerance. */
 Test(cuda_backend, products_with_bias_at_any_alignment)
 {
     NEED_GPU();
@@ -309,13 +309,14 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
     float *dout = floats_random(N * OC, 1.0f), *dw = floats_random(OC * C, 1.0f);
     float *din = malloc((size_t)(N * C) * sizeof(float)), *want = malloc((size_t)(N * OC) * sizeof(float));
     uint16_t *in_bits = floats_bf16_bits(in, N * C), *want_bits = malloc((size_t)(N * OC) * sizeof(uint16_t));
-    uint16_t *out_garbage = bits_garbage(N * OC + 1);
+    uint16_t *dout_bits = floats_bf16_bits(dout, N * OC), *out_garbage = bits_garbage(N * OC + 1);
     cr_assert(din && want && want_bits);
     /* One value more than each array: the array at offset 1 or 0. */
-    float *g_in = NULL, *g_w = NULL, *g_bias = NULL, *g_out = NULL, *g_dout = upload_floats(k, dout, N * OC);
+    float *g_in = NULL, *g_w = NULL, *g_bias = NULL, *g_out = NULL;
     float *g_din = NULL, *g_dw = NULL, *g_fp32 = NULL;
-    uint16_t *g_bits = NULL, *g_out_bits = upload_bits(k, out_garbage, N * OC + 1);
+    uint16_t *g_bits = NULL, *g_dout_bits = NULL, *g_out_bits = upload_bits(k, out_garbage, N * OC + 1);
     cr_assert_eq(k->alloc((void **)&g_in, (size_t)(N * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->alloc((void **)&g_dout_bits, (size_t)(N * OC + 1) * sizeof(uint16_t)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_bits, (size_t)(N * C + 1) * sizeof(uint16_t)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_din, (size_t)(N * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_dw, (size_t)(OC * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
@@ -402,10 +403,12 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
                 cr_assert(dw_want);
                 memcpy(dw_want, dw, (size_t)(OC * C) * sizeof(float));
                 cr_assert_eq(k->to_device(g_dw + at, dw, (size_t)(OC * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
-                cr_assert_eq(matmul_backward_bf16(din, dw_want, NULL, dout, in_bits, w, N, C, OC), TP_OK, "%s",
+                cr_assert_eq(k->to_device(g_dout_bits + at, dout_bits, (size_t)(N * OC) * sizeof(uint16_t)), TP_OK,
+                             "%s", tp_errmsg());
+                cr_assert_eq(matmul_backward_bf16(din, dw_want, NULL, dout_bits, in_bits, w, N, C, OC), TP_OK, "%s",
                              tp_errmsg());
-                cr_assert_eq(k->matmul_backward_bf16(g_din + at, g_dw + at, NULL, g_dout, g_bits + at, g_w + at, N, C,
-                                                     OC),
+                cr_assert_eq(k->matmul_backward_bf16(g_din + at, g_dw + at, NULL, g_dout_bits + at, g_bits + at,
+                                                     g_w + at, N, C, OC),
                              TP_OK, "bf16 backward, %s: %s", cases[c].what, tp_errmsg());
                 char what[160];
                 snprintf(what, sizeof what, "d_in of bf16 in, %s", cases[c].what);
@@ -416,9 +419,9 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
             }
         }
     k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out), k->release(g_bits);
-    k->release(g_dout), k->release(g_din), k->release(g_dw), k->release(g_fp32), k->release(g_out_bits);
+    k->release(g_dout_bits), k->release(g_din), k->release(g_dw), k->release(g_fp32), k->release(g_out_bits);
     free(in), free(w), free(bias), free(want), free(dout), free(dw), free(din), free(in_bits), free(want_bits);
-    free(out_garbage);
+    free(dout_bits), free(out_garbage);
 }
 
 /* out overwritten (starts from garbage), with and without bias; in as bf16
@@ -454,8 +457,12 @@ Test(cuda_backend, matmul_forward_bf16)
 
 /* d_in overwritten (starts from garbage), d_weight and d_bias accumulated
  * (start from random values); then d_weight alone a second time (d_in and
- * d_bias untouched), then d_in alone (d_weight untouched). d_bias is the
- * column sums of the fp32 d_out on both sides; in bf16 bits on both. */
+ * d_bias untouched), then d_in alone (d_weight untouched). d_out and in are
+ * bf16 bits (the CPU's rounding of random values) on both sides. d_bias is
+ * the column sums of d_out's bf16 values: as the CPU twin's (check_bf16),
+ * and as the host's fp32 column sums of the widened bits within
+ * matmul_backward's fp32 tolerance (1e-4 relative + 1e-4 absolute: the same
+ * values summed in another order). */
 Test(cuda_backend, matmul_backward_bf16)
 {
     NEED_GPU();
@@ -465,21 +472,27 @@ Test(cuda_backend, matmul_backward_bf16)
         float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *dout = floats_random(N * OC, 1.0f);
         float *din = floats_filled(N * C, 7.0f), *dw = floats_random(OC * C, 1.0f), *db = floats_random(OC, 1.0f);
         float *din32 = malloc((size_t)(N * C) * sizeof(float)), *dw32 = malloc((size_t)(OC * C) * sizeof(float));
+        float *db_sums = malloc((size_t)OC * sizeof(float));
+        cr_assert(din32 && dw32 && db_sums);
         memcpy(dw32, dw, (size_t)(OC * C) * sizeof(float));
+        memcpy(db_sums, db, (size_t)OC * sizeof(float));
         uint16_t *in_bits = floats_bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
-        float *g_w = upload_floats(k, w, OC * C), *g_dout = upload_floats(k, dout, N * OC);
+        uint16_t *dout_bits = floats_bf16_bits(dout, N * OC), *g_dout = upload_bits(k, dout_bits, N * OC);
+        float *dout_wide = floats_of_bf16_bits(dout_bits, N * OC), *g_w = upload_floats(k, w, OC * C);
         float *g_din = upload_floats(k, din, N * C), *g_dw = upload_floats(k, dw, OC * C), *g_db = upload_floats(k, db, OC);
-        cr_assert_eq(matmul_backward_bf16(din, dw, db, dout, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(din, dw, db, dout_bits, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->matmul_backward_bf16(g_din, g_dw, g_db, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
                      tp_errmsg());
         check_bf16(k, g_din, din, N * C, "d_in");
         check_bf16(k, g_dw, dw, OC * C, "d_weight");
         check_bf16(k, g_db, db, OC, "d_bias");
+        matmul_backward(NULL, NULL, db_sums, dout_wide, NULL, NULL, N, C, OC);
+        check_device(k, g_db, db_sums, OC, 1e-4, 1e-4, "d_bias, the column sums of d_out's bf16 values");
         matmul_backward(din32, dw32, NULL, dout, in, w, N, C, OC);
         check_rounded(k, g_din, din32, N * C, "d_in");
         check_rounded(k, g_dw, dw32, OC * C, "d_weight");
 
-        cr_assert_eq(matmul_backward_bf16(NULL, dw, NULL, dout, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(NULL, dw, NULL, dout_bits, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->matmul_backward_bf16(NULL, g_dw, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
                      tp_errmsg());
         check_bf16(k, g_dw, dw, OC * C, "d_weight, twice");
@@ -488,24 +501,30 @@ Test(cuda_backend, matmul_backward_bf16)
 
         float *garbage = floats_filled(N * C, 7.0f);
         cr_assert_eq(k->to_device(g_din, garbage, (size_t)(N * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(matmul_backward_bf16(din, NULL, NULL, dout, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(din, NULL, NULL, dout_bits, in_bits, w, N, C, OC), TP_OK, "%s",
+                     tp_errmsg());
         cr_assert_eq(k->matmul_backward_bf16(g_din, NULL, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
                      tp_errmsg());
         check_bf16(k, g_din, din, N * C, "d_in alone");
         check_bf16(k, g_dw, dw, OC * C, "d_weight, untouched");
         k->release(g_in), k->release(g_w), k->release(g_dout), k->release(g_din), k->release(g_dw), k->release(g_db);
         free(in), free(in_bits), free(w), free(dout), free(din), free(dw), free(db), free(din32), free(dw32);
-        free(garbage);
+        free(db_sums), free(dout_bits), free(dout_wide), free(garbage);
     }
 }
 
 /* Products with an inner dimension of 1 are single products of two bf16
  * values, exact in fp32: the device must equal the CPU to the bit, which it
- * does only if it rounds every fp32 operand (W, d_out) as the CPU does; in
- * comes as bits, the CPU's rounding on both sides. The operands include
- * halfway cases (ties to even, up and down, both signs) and values just past
- * them. Forward: C = 1; d_in: OC = 1 (d_weight not asked); d_weight: N = 1,
- * from zero. */
+ * does only if it rounds every fp32 operand (W, and matmul_backward_bf16_bits'
+ * d_out) as the CPU does; in, and matmul_backward_bf16's d_out, come as bits,
+ * the CPU's rounding on both sides. The operands include halfway cases (ties
+ * to even, up and down, both signs) and values just past them. Forward:
+ * C = 1; d_in: OC = 1 (d_weight not asked), also written as bits by
+ * matmul_backward_bf16_bits (the exact product rounded as cuBLAS stores it
+ * into a bf16 C: to nearest, ties to even, the products' own ties included);
+ * d_weight: N = 1, from zero, of d_out's bits and of the fp32 d_out rounded
+ * on the device, whose d_bias, one row's sum from zero, is then d_out's
+ * rounded values themselves. */
 Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
 {
     NEED_GPU();
@@ -533,21 +552,56 @@ Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
     matmul_forward(fp32, a, b, NULL, N, 1, M);
     check_rounded(k, g_out, fp32, N * M, "out, C = 1");
 
-    /* d_in[N,M] = bf16(d_out[N,1]) bf16(weight[1,M]) */
+    /* d_in[N,M] = bf16(d_out[N,1]) bf16(weight[1,M]): a as d_out's bits, b as W, rounded on the device */
     cr_assert_eq(k->to_device(g_out, garbage, (size_t)(N * M) * sizeof(float)), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(matmul_backward_bf16(want, NULL, NULL, a, NULL, b, N, M, 1), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->matmul_backward_bf16(g_out, NULL, NULL, g_a, NULL, g_b, N, M, 1), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(matmul_backward_bf16(want, NULL, NULL, a_bits, NULL, b, N, M, 1), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_backward_bf16(g_out, NULL, NULL, g_a_bits, NULL, g_b, N, M, 1), TP_OK, "%s",
+                 tp_errmsg());
     check_device(k, g_out, want, N * M, 0, 0, "d_in, OC = 1");
 
-    /* d_weight[N,M] = 0 + bf16(d_out[1,N])^T bf16(in[1,M]): a as d_out, rounded on the device, b as in's bits */
+    /* the same d_in written as bits, a as the fp32 d_out, rounded on the device: the exact product rounded */
+    uint16_t *garbage_bits = bits_garbage(N * M), *g_in_bits = upload_bits(k, garbage_bits, N * M);
+    uint16_t *want_bits = malloc((size_t)(N * M) * sizeof(uint16_t));
+    float *a_rounded = floats_of_bf16_bits(a_bits, N), *b_rounded = floats_of_bf16_bits(b_bits, M);
+    cr_assert(want_bits);
+    cr_assert_eq(matmul_backward_bf16_bits(want_bits, NULL, NULL, a, NULL, b, N, M, 1), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_backward_bf16_bits(g_in_bits, NULL, NULL, g_a, NULL, g_b, N, M, 1), TP_OK, "%s",
+                 tp_errmsg());
+    uint16_t *got_bits = download_bits(k, g_in_bits, N * M);
+    for (int64_t i = 0; i < N * M; i++) {
+        float product = a_rounded[i / M] * b_rounded[i % M]; /* exact: 8 significant bits times 8 */
+        uint32_t x;
+        memcpy(&x, &product, sizeof x);
+        cr_assert_eq(got_bits[i], bits_f32_to_bf16(x),
+                     "matmul_backward_bf16_bits d_in, OC = 1: [%lld] bits %#06x, the exact product %.9g rounds to "
+                     "%#06x",
+                     (long long)i, got_bits[i], product, bits_f32_to_bf16(x));
+        cr_assert_eq(got_bits[i], want_bits[i], "matmul_backward_bf16_bits d_in, OC = 1: [%lld] bits %#06x, CPU %#06x",
+                     (long long)i, got_bits[i], want_bits[i]);
+    }
+
+    /* d_weight[N,M] = 0 + bf16(d_out[1,N])^T bf16(in[1,M]): a as d_out's bits, b as in's bits */
     float *g_dw = upload_floats(k, zeros, N * M);
     memcpy(want, zeros, (size_t)(N * M) * sizeof(float));
-    cr_assert_eq(matmul_backward_bf16(NULL, want, NULL, a, b_bits, NULL, 1, M, N), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->matmul_backward_bf16(NULL, g_dw, NULL, g_a, g_b_bits, NULL, 1, M, N), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(matmul_backward_bf16(NULL, want, NULL, a_bits, b_bits, NULL, 1, M, N), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_backward_bf16(NULL, g_dw, NULL, g_a_bits, g_b_bits, NULL, 1, M, N), TP_OK, "%s",
+                 tp_errmsg());
     check_device(k, g_dw, want, N * M, 0, 0, "d_weight, N = 1");
 
+    /* the same, a as the fp32 d_out, rounded on the device; d_bias[N] = 0 + bf16(d_out[1,N]) */
+    float *g_db = upload_floats(k, zeros, N);
+    cr_assert_eq(k->to_device(g_dw, zeros, (size_t)(N * M) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    memcpy(want, zeros, (size_t)(N * M) * sizeof(float));
+    cr_assert_eq(matmul_backward_bf16_bits(NULL, want, NULL, a, b_bits, NULL, 1, M, N), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_backward_bf16_bits(NULL, g_dw, g_db, g_a, g_b_bits, NULL, 1, M, N), TP_OK, "%s",
+                 tp_errmsg());
+    check_device(k, g_dw, want, N * M, 0, 0, "matmul_backward_bf16_bits d_weight, N = 1");
+    check_device(k, g_db, a_rounded, N, 0, 0, "matmul_backward_bf16_bits d_bias, N = 1 (d_out rounded)");
+
     k->release(g_a), k->release(g_b), k->release(g_out), k->release(g_dw), k->release(g_a_bits), k->release(g_b_bits);
+    k->release(g_in_bits), k->release(g_db);
     free(a), free(b), free(zeros), free(want), free(fp32), free(garbage), free(a_bits), free(b_bits);
+    free(garbage_bits), free(want_bits), free(got_bits), free(a_rounded), free(b_rounded);
 }
 
 /* Dimensions beyond cuBLAS's int are refused, as by the fp32 products. */
@@ -560,8 +614,11 @@ Test(cuda_backend, matmul_bf16_refuses_huge_dimensions)
     cr_assert_eq(k->alloc((void **)&g, 4096), TP_OK, "%s", tp_errmsg());
     const uint16_t *bits = (const uint16_t *)g;
     cr_assert_eq(k->matmul_forward_bf16(g, bits, g, NULL, huge, 1, 1), TP_ERR_ARG, "N beyond int");
-    cr_assert_eq(k->matmul_backward_bf16(g, g, g, g, bits, g, 1, huge, 1), TP_ERR_ARG, "C beyond int");
-    cr_assert_eq(k->matmul_backward_bf16(g, g, g, g, bits, g, 1, 1, huge), TP_ERR_ARG, "OC beyond int");
+    cr_assert_eq(k->matmul_backward_bf16(g, g, g, bits, bits, g, 1, huge, 1), TP_ERR_ARG, "C beyond int");
+    cr_assert_eq(k->matmul_backward_bf16(g, g, g, bits, bits, g, 1, 1, huge), TP_ERR_ARG, "OC beyond int");
+    cr_assert_eq(k->matmul_backward_bf16_bits((uint16_t *)g, g, g, g, bits, g, huge, 1, 1), TP_ERR_ARG,
+                 "backward bits: N beyond int");
+    cr_assert(strstr(tp_errmsg(), "matmul_backward_bf16_bits") != NULL, "%s", tp_errmsg());
     cr_assert_eq(k->matmul_forward_bf16_bits((uint16_t *)g, bits, g, NULL, 1, huge, 1), TP_ERR_ARG,
                  "bits: C beyond int");
     cr_assert(strstr(tp_errmsg(), "matmul_forward_bf16_bits") != NULL, "%s", tp_errmsg());
@@ -1011,6 +1068,111 @@ Test(cuda_backend, swiglu_forward_bf16)
     }
 }
 
+/* ------------------------------------------------------------ bf16 gradients
+ * gelu_backward_bf16 and swiglu_backward_bf16 read d_out as bf16 bits and
+ * write d_in as bf16 bits: on the GPU the very kernel of the fp32 backward,
+ * widening each d_out value as it loads it and rounding each d_in value as
+ * it stores it, so their bits must be those of rounding the GPU's own fp32
+ * backward of d_out widened, on every element (exactly), and close to the
+ * CPU twin's (check_near_cpu, with the fp32 case's absolute tolerance).
+ * in stays fp32. Values steered where the operation lets them through
+ * exactly, as the bf16 activations' tests do: ties to even both ways and
+ * both signs, values just past and short of a tie, large ties, the largest
+ * float's tie, subnormal ties; at those elements the bits are checked
+ * against the steered value's rounding as well. */
+
+/* Inputs as gelu_forward_bf16's (n = 1037, odd; d_out random values rounded
+ * on the host), steered from element 8 on: x >= 10, whose derivative is
+ * exactly 1 (gate 1, 1 - gate 0), so d_in is d_out's value itself, and x
+ * of 0 or +-1e-20, whose derivative is exactly 1/2, so d_in is d_out's
+ * value halved: exact, or for a subnormal bf16 a tie (0x0001 / 2 to even
+ * 0, 0x0003 / 2 and 0x0005 / 2 to even 0x0002, and negative), rounded to
+ * even. d_out there takes special bits (largest, subnormal, signed, a tie's
+ * neighbours). The CPU tolerance: gelu's absolute 1e-6. */
+Test(cuda_backend, gelu_backward_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t n = 1037;
+    const char *shape = "n=1037";
+    static const struct {
+        float x;
+        uint16_t d_out;
+    } steered_backward[] = {
+        {10.0f, 0x3f81u},  {30.0f, 0xbf81u},    {100.0f, 0x7f7fu},   {10.0f, 0x0001u},  {30.0f, 0x8001u},
+        {0.0f, 0x0001u},   {1e-20f, 0x0003u},   {-1e-20f, 0x8003u},  {0.0f, 0x0005u},   {1e-20f, 0x3f81u},
+        {-1e-20f, 0xc2f7u}, {0.0f, 0x0080u},
+    };
+    const int64_t count = (int64_t)(sizeof steered_backward / sizeof steered_backward[0]);
+    float *x = floats_random(n, 5.0f), *dout = floats_random(n, 1.0f);
+    const float far[] = {0.0f, -0.0f, 10.0f, -10.0f, 30.0f, -30.0f, 1e-20f, -1e-20f};
+    memcpy(x, far, sizeof far);
+    uint16_t *dout_bits = floats_bf16_bits(dout, n);
+    for (int64_t i = 0; i < count; i++) x[8 + i] = steered_backward[i].x, dout_bits[8 + i] = steered_backward[i].d_out;
+    float *dout_wide = floats_of_bf16_bits(dout_bits, n), *garbage = floats_filled(n, 7.0f);
+    uint16_t *din = malloc((size_t)n * sizeof(uint16_t)), *garbage_bits = bits_garbage(n);
+    cr_assert(din);
+    float *g_x = upload_floats(k, x, n), *g_dout_wide = upload_floats(k, dout_wide, n);
+    float *g_fp32 = upload_floats(k, garbage, n);
+    uint16_t *g_dout = upload_bits(k, dout_bits, n), *g_din = upload_bits(k, garbage_bits, n);
+    cr_assert_eq(gelu_backward_bf16(din, x, dout_bits, n), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->gelu_backward_bf16(g_din, g_x, g_dout, n), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->gelu_backward(g_fp32, g_x, g_dout_wide, n), TP_OK, "%s", tp_errmsg());
+    uint16_t *got = check_activation(k, g_din, g_fp32, din, n, 1e-6, 0, "gelu_backward_bf16", shape);
+    for (int64_t i = 0; i < count; i++) {
+        float value = dout_wide[8 + i] * (fabsf(steered_backward[i].x) >= 10.0f ? 1.0f : 0.5f); /* exact */
+        uint32_t bits;
+        memcpy(&bits, &value, sizeof bits);
+        check_steered(got, 8 + i, bits, "gelu_backward_bf16", shape);
+    }
+    k->release(g_x), k->release(g_dout_wide), k->release(g_fp32), k->release(g_dout), k->release(g_din);
+    free(x), free(dout), free(dout_bits), free(dout_wide), free(garbage), free(din), free(garbage_bits), free(got);
+}
+
+/* in[N,2F] = [gate | up] as swiglu_forward_bf16's (F = 29: N F odd; rows
+ * wider than a block; a tall shape), d_out random values rounded on the
+ * host. Row 0's first gates 128, whose SiLU is exactly 128 and sigmoid
+ * exactly 1 (exp(-128) is 0 in fp32), with d_out 1 and ups steered[f]:
+ * d gate = 1 up 1 (1 + 128 0) = steered[f] itself, rounded (ties, the
+ * largest float's tie to infinity, subnormal ties), and d up = 1 128 =
+ * 128, exact. The CPU tolerance: swiglu's absolute 1e-6. */
+Test(cuda_backend, swiglu_backward_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t shapes[][2] = {{37, 29}, {5, 1000}, {3000, 29}};
+    for (int s = 0; s < 3; s++) {
+        int64_t N = shapes[s][0], F = shapes[s][1];
+        char shape[64];
+        snprintf(shape, sizeof shape, "N=%lld F=%lld", (long long)N, (long long)F);
+        float *in = floats_random(N * 2 * F, 1.0f), *dout = floats_random(N * F, 1.0f);
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t f = 0; f < F; f++) in[r * 2 * F + f] *= 8.0f;
+        const float far[] = {0.0f, -0.0f, 20.0f, -20.0f, 100.0f, -100.0f, 1e-20f, -1e-20f};
+        memcpy(in + STEERED, far, sizeof far); /* after the steered gates, in row 0's gates (F >= 21) */
+        for (int64_t f = 0; f < STEERED; f++) in[f] = 128.0f, in[F + f] = float_of(steered[f]);
+        uint16_t *dout_bits = floats_bf16_bits(dout, N * F);
+        for (int64_t f = 0; f < STEERED; f++) dout_bits[f] = 0x3f80u; /* 1 */
+        float *dout_wide = floats_of_bf16_bits(dout_bits, N * F), *garbage = floats_filled(N * 2 * F, 7.0f);
+        uint16_t *din = malloc((size_t)(N * 2 * F) * sizeof(uint16_t)), *garbage_bits = bits_garbage(N * 2 * F);
+        cr_assert(din);
+        float *g_in = upload_floats(k, in, N * 2 * F), *g_dout_wide = upload_floats(k, dout_wide, N * F);
+        float *g_fp32 = upload_floats(k, garbage, N * 2 * F);
+        uint16_t *g_dout = upload_bits(k, dout_bits, N * F), *g_din = upload_bits(k, garbage_bits, N * 2 * F);
+        cr_assert_eq(swiglu_backward_bf16(din, in, dout_bits, N, F), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->swiglu_backward_bf16(g_din, g_in, g_dout, N, F), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->swiglu_backward(g_fp32, g_in, g_dout_wide, N, F), TP_OK, "%s", tp_errmsg());
+        uint16_t *got = check_activation(k, g_din, g_fp32, din, N * 2 * F, 1e-6, 0, "swiglu_backward_bf16", shape);
+        for (int64_t f = 0; f < STEERED; f++) {
+            check_steered(got, f, steered[f], "swiglu_backward_bf16 (d gate)", shape);
+            check_steered(got, F + f, 0x43000000u, "swiglu_backward_bf16 (d up)", shape); /* 128 */
+        }
+        k->release(g_in), k->release(g_dout_wide), k->release(g_fp32), k->release(g_dout), k->release(g_din);
+        free(in), free(dout), free(dout_bits), free(dout_wide), free(garbage), free(din), free(garbage_bits);
+        free(got);
+    }
+}
+
 /* ---------------------------------------------- bf16 products written as bits
  * matmul_forward_bf16_bits writes the bf16 product as a bf16 activation: its
  * bits must be those of rounding what the GPU's own matmul_forward_bf16
@@ -1172,6 +1334,127 @@ Test(cuda_backend, matmul_forward_bf16_bits_rounds_as_the_cpu)
     free(garbage_bits), free(fp32);
 }
 
+/* matmul_backward_bf16_bits: d_out fp32, rounded on the way; d_in written
+ * as bf16 bits. Against the GPU's own matmul_backward_bf16 given d_out's
+ * bits rounded on the host (convert_bits.h, as the device rounds): d_in's
+ * bits those of rounding its fp32 d_in (check_rounding: one ulp apart only
+ * near a tie, cuBLAS rounding its own sums into a bf16 C), d_weight and
+ * d_bias the same floats (the same products, and the same column sums, of
+ * the same bf16 values). And against the CPU twin (check_near_cpu and
+ * check_bf16, matmul_backward_bf16's tolerance); d_bias the host's column
+ * sums of d_out's rounded values (matmul_backward's fp32 tolerance), not of
+ * its fp32 values (check_rounded). Shapes as matmul_backward_bf16's, d_in
+ * and d_out aligned, then each one value past an allocation's start (d_in
+ * 2 bytes, d_out 4: cuBLAS writes and rounding reads them where they are;
+ * nothing written before or after d_in); d_in from garbage, d_weight and
+ * d_bias accumulated from random values. Then each alone (the others NULL
+ * and untouched): d_in; d_weight; d_bias, which no product reads (the
+ * rounded d_out summed all the same). Then an empty inner dimension (OC =
+ * 0): d_in zeros. */
+Test(cuda_backend, matmul_backward_bf16_bits)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    for (int s = 0; s < 2; s++)
+        for (int at = 0; at <= 1; at++) {
+            int64_t N = bf16_shapes[s][0], C = bf16_shapes[s][1], OC = bf16_shapes[s][2];
+            char shape[128];
+            snprintf(shape, sizeof shape, "N=%lld C=%lld OC=%lld, d_in and d_out %s", (long long)N, (long long)C,
+                     (long long)OC, at ? "one value past alignment" : "aligned");
+            float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f);
+            float *dout = floats_random(N * OC, 1.0f), *dw = floats_random(OC * C, 1.0f), *db = floats_random(OC, 1.0f);
+            float *dw_cpu = malloc((size_t)(OC * C) * sizeof(float)), *db_cpu = malloc((size_t)OC * sizeof(float));
+            float *db_sums = malloc((size_t)OC * sizeof(float)), *db_fp32 = malloc((size_t)OC * sizeof(float));
+            uint16_t *din_cpu = malloc((size_t)(N * C) * sizeof(uint16_t));
+            cr_assert(dw_cpu && db_cpu && db_sums && db_fp32 && din_cpu);
+            memcpy(dw_cpu, dw, (size_t)(OC * C) * sizeof(float));
+            memcpy(db_cpu, db, (size_t)OC * sizeof(float));
+            memcpy(db_sums, db, (size_t)OC * sizeof(float));
+            memcpy(db_fp32, db, (size_t)OC * sizeof(float));
+            uint16_t *in_bits = floats_bf16_bits(in, N * C), *dout_bits = floats_bf16_bits(dout, N * OC);
+            float *dout_wide = floats_of_bf16_bits(dout_bits, N * OC), *garbage = floats_filled(N * C, 7.0f);
+            uint16_t *garbage_bits = bits_garbage(N * C + 2);
+            uint16_t *g_in = upload_bits(k, in_bits, N * C), *g_dout_bits = upload_bits(k, dout_bits, N * OC);
+            /* d_in at `at` values in, with garbage before and one value after; d_out at `at` values in */
+            uint16_t *g_din_memory = upload_bits(k, garbage_bits, N * C + 2), *g_din = g_din_memory + at;
+            float *g_dout_memory = NULL, *g_dout;
+            cr_assert_eq(k->alloc((void **)&g_dout_memory, (size_t)(N * OC + 1) * sizeof(float)), TP_OK, "%s",
+                         tp_errmsg());
+            g_dout = g_dout_memory + at;
+            cr_assert_eq(k->to_device(g_dout, dout, (size_t)(N * OC) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            float *g_w = upload_floats(k, w, OC * C), *g_dw = upload_floats(k, dw, OC * C);
+            float *g_db = upload_floats(k, db, OC), *g_din32 = upload_floats(k, garbage, N * C);
+            float *g_dw32 = upload_floats(k, dw, OC * C), *g_db32 = upload_floats(k, db, OC);
+
+            cr_assert_eq(matmul_backward_bf16_bits(din_cpu, dw_cpu, db_cpu, dout, in_bits, w, N, C, OC), TP_OK, "%s",
+                         tp_errmsg());
+            cr_assert_eq(k->matmul_backward_bf16_bits(g_din, g_dw, g_db, g_dout, g_in, g_w, N, C, OC), TP_OK,
+                         "matmul_backward_bf16_bits %s: %s", shape, tp_errmsg());
+            cr_assert_eq(k->matmul_backward_bf16(g_din32, g_dw32, g_db32, g_dout_bits, g_in, g_w, N, C, OC), TP_OK,
+                         "%s", tp_errmsg());
+            uint16_t *got = download_bits(k, g_din, N * C), *around = download_bits(k, g_din_memory, N * C + 2);
+            float *fp32 = download(k, g_din32, N * C);
+            double scale = max_magnitude(fp32, N * C);
+            check_rounding(got, fp32, N * C, 1e-4 * scale, "matmul_backward_bf16_bits d_in", shape);
+            check_near_cpu(got, din_cpu, N * C, 1e-5 * scale, "matmul_backward_bf16_bits d_in", shape);
+            cr_assert(at == 0 || around[0] == 0x40e0u, "matmul_backward_bf16_bits %s: wrote before d_in", shape);
+            cr_assert(around[at + N * C] == 0x40e0u, "matmul_backward_bf16_bits %s: wrote past d_in", shape);
+            check_same_floats(k, g_dw, g_dw32, OC * C, "matmul_backward_bf16_bits d_weight", shape);
+            check_same_floats(k, g_db, g_db32, OC, "matmul_backward_bf16_bits d_bias", shape);
+            check_bf16(k, g_dw, dw_cpu, OC * C, "matmul_backward_bf16_bits d_weight");
+            check_bf16(k, g_db, db_cpu, OC, "matmul_backward_bf16_bits d_bias");
+            matmul_backward(NULL, NULL, db_sums, dout_wide, NULL, NULL, N, C, OC);
+            matmul_backward(NULL, NULL, db_fp32, dout, NULL, NULL, N, C, OC);
+            check_device(k, g_db, db_sums, OC, 1e-4, 1e-4, "matmul_backward_bf16_bits d_bias (d_out rounded)");
+            check_rounded(k, g_db, db_fp32, OC, "matmul_backward_bf16_bits d_bias (not the fp32 d_out's)");
+
+            /* d_in alone, from garbage again: the same bits; d_weight and d_bias untouched */
+            cr_assert_eq(k->to_device(g_din_memory, garbage_bits, (size_t)(N * C + 2) * sizeof(uint16_t)), TP_OK);
+            cr_assert_eq(k->matmul_backward_bf16_bits(g_din, NULL, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK,
+                         "matmul_backward_bf16_bits %s, d_in alone: %s", shape, tp_errmsg());
+            uint16_t *alone = download_bits(k, g_din, N * C);
+            cr_assert(memcmp(alone, got, (size_t)(N * C) * sizeof(uint16_t)) == 0,
+                      "matmul_backward_bf16_bits %s: d_in alone differs from d_in with the others", shape);
+            /* d_weight alone, then d_bias alone, beside matmul_backward_bf16's; d_in untouched */
+            cr_assert_eq(k->matmul_backward_bf16_bits(NULL, g_dw, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK,
+                         "matmul_backward_bf16_bits %s, d_weight alone: %s", shape, tp_errmsg());
+            cr_assert_eq(k->matmul_backward_bf16(NULL, g_dw32, NULL, g_dout_bits, g_in, g_w, N, C, OC), TP_OK, "%s",
+                         tp_errmsg());
+            check_same_floats(k, g_dw, g_dw32, OC * C, "matmul_backward_bf16_bits d_weight alone", shape);
+            check_same_floats(k, g_db, g_db32, OC, "matmul_backward_bf16_bits d_bias, untouched", shape);
+            cr_assert_eq(k->matmul_backward_bf16_bits(NULL, NULL, g_db, g_dout, g_in, g_w, N, C, OC), TP_OK,
+                         "matmul_backward_bf16_bits %s, d_bias alone: %s", shape, tp_errmsg());
+            cr_assert_eq(k->matmul_backward_bf16(NULL, NULL, g_db32, g_dout_bits, g_in, g_w, N, C, OC), TP_OK, "%s",
+                         tp_errmsg());
+            check_same_floats(k, g_db, g_db32, OC, "matmul_backward_bf16_bits d_bias alone", shape);
+            check_same_floats(k, g_dw, g_dw32, OC * C, "matmul_backward_bf16_bits d_weight, untouched", shape);
+            uint16_t *after = download_bits(k, g_din, N * C);
+            cr_assert(memcmp(after, got, (size_t)(N * C) * sizeof(uint16_t)) == 0,
+                      "matmul_backward_bf16_bits %s: d_in changed by calls without it", shape);
+
+            k->release(g_in), k->release(g_dout_bits), k->release(g_din_memory), k->release(g_dout_memory);
+            k->release(g_w), k->release(g_dw), k->release(g_db), k->release(g_din32), k->release(g_dw32);
+            k->release(g_db32);
+            free(in), free(w), free(dout), free(dw), free(db), free(dw_cpu), free(db_cpu), free(db_sums);
+            free(db_fp32), free(din_cpu), free(in_bits), free(dout_bits), free(dout_wide), free(garbage);
+            free(garbage_bits), free(got), free(around), free(fp32), free(alone), free(after);
+        }
+    {
+        int64_t N = 3, C = 13; /* OC = 0: d_in is an empty sum, +0 */
+        uint16_t *garbage_bits = bits_garbage(N * C), *g_din = upload_bits(k, garbage_bits, N * C);
+        float *g_any = upload_floats(k, (const float[]){1.0f}, 1); /* d_out and W: never read */
+        uint16_t *g_in = upload_bits(k, garbage_bits, N * C);
+        cr_assert_eq(k->matmul_backward_bf16_bits(g_din, NULL, NULL, g_any, g_in, g_any, N, C, 0), TP_OK, "%s",
+                     tp_errmsg());
+        uint16_t *got = download_bits(k, g_din, N * C);
+        for (int64_t i = 0; i < N * C; i++)
+            cr_assert_eq(got[i], 0u, "matmul_backward_bf16_bits N=3 C=13 OC=0: d_in[%lld] bits %#06x, want +0",
+                         (long long)i, got[i]);
+        k->release(g_din), k->release(g_any), k->release(g_in);
+        free(garbage_bits), free(got);
+    }
+}
+
 /* ------------------------------------------------------- rotary embeddings */
 
 /* Shapes {B, T, Hq, Hkv, hd}: grouped heads, one KV head, Hq == Hkv, and
@@ -1265,6 +1548,93 @@ Test(cuda_backend, rope_forward_bf16)
             check_steered(got, stride - Hkv * hd + i, steered[i], "rope_forward_bf16 (V)", shape);
         k->release(g_qkv), k->release(g_turned), k->release(g_cos_sin), k->release(g_out);
         free(freq), free(cos_sin), free(qkv), free(want), free(garbage_bits), free(left), free(got);
+    }
+}
+
+/* rope_backward_bf16, in place on bf16 bits (the attention's d_qkv): every
+ * element's bits those of rounding what the GPU's own rope_backward leaves
+ * in an fp32 copy of the bits widened (exactly), and close to the CPU
+ * twin's (rope's absolute 1e-6); V's bits, and with an odd head size each Q
+ * and K head's last value, exactly as they were, a signaling NaN among them
+ * (0x7f81, 0xff81: not quieted, as widening and rounding would). Shapes as
+ * rope_forward_bf16's. Ties: the table's position 1 holds, for every
+ * frequency, cos 1 and sin 2^-8 (no angle's pair, but the kernels take any
+ * table), so that the backward computes a + b 2^-8 and b - a 2^-8 from each
+ * pair (a, b) = (x[j], x[j + hd/2]), exactly in fp32; the first Q head of
+ * the first batch's position 1 takes pairs whose results are ties (to even,
+ * down and up, both signs), just past and short of one, exact, and the
+ * largest bf16's, which rounds up to infinity; their bits are checked
+ * against those exact results' rounding too. */
+static const uint16_t rope_tie_pairs[][2] = {
+    {0x3f80u, 0x3f80u}, /* 1 + 2^-8: a tie, down to 1; 1 - 2^-8 exact */
+    {0x3f80u, 0x4040u}, /* 1 + 3 2^-8: a tie, up to 1 + 2^-6; 3 - 2^-8 to 3 */
+    {0xbf80u, 0xbf80u}, /* negative */
+    {0x3f80u, 0x3f81u}, /* 1 + 2^-8 + 2^-15: just past, up; 1 + 2^-7 - 2^-8: a tie, down to 1 */
+    {0xbf80u, 0xc040u}, /* negative */
+    {0x3f80u, 0x3f7fu}, /* 1 + 2^-8 - 2^-16: just short, down; 1 - 2^-7 exact */
+    {0x4000u, 0x3f80u}, /* 2 + 2^-8 to 2; 1 - 2^-7 exact */
+    {0x7f7fu, 0x7f7fu}, /* the largest bf16 (1 + 2^-8): beyond the largest bf16's tie, to infinity */
+};
+
+Test(cuda_backend, rope_backward_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t count = (int64_t)(sizeof rope_tie_pairs / sizeof rope_tie_pairs[0]);
+    for (size_t s = 0; s < sizeof rope_bf16_shapes / sizeof rope_bf16_shapes[0]; s++) {
+        int64_t B = rope_bf16_shapes[s][0], T = rope_bf16_shapes[s][1], Hq = rope_bf16_shapes[s][2];
+        int64_t Hkv = rope_bf16_shapes[s][3], hd = rope_bf16_shapes[s][4], stride = (Hq + 2 * Hkv) * hd;
+        int64_t n = B * T * stride, half = hd / 2, ties = count < half ? count : half;
+        char shape[96];
+        snprintf(shape, sizeof shape, "B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld", (long long)B, (long long)T,
+                 (long long)Hq, (long long)Hkv, (long long)hd);
+        rope_scaling llama3 = {32, 1, 4, 8192};
+        int64_t table = T * half * 2 > 0 ? T * half * 2 : 1;
+        float *freq = malloc((size_t)(half > 0 ? half : 1) * sizeof(float));
+        float *cos_sin = malloc((size_t)table * sizeof(float));
+        cr_assert(freq && cos_sin);
+        rope_frequencies(freq, hd, hd == 64 ? 500000.0 : 10000.0, hd == 64 ? &llama3 : NULL);
+        rope_table(cos_sin, freq, T, hd);
+        for (int64_t j = 0; j < half; j++) cos_sin[(half + j) * 2] = 1.0f, cos_sin[(half + j) * 2 + 1] = 0x1p-8f;
+        float *values = floats_random(n, 1.0f);
+        uint16_t *bits = floats_bf16_bits(values, n); /* the gradient as it comes */
+        for (int64_t i = 0; i < ties; i++)              /* position 1 (row 1), Q head 0 */
+            bits[stride + i] = rope_tie_pairs[i][0], bits[stride + i + half] = rope_tie_pairs[i][1];
+        bits[stride - Hkv * hd] = 0x7f81u; /* row 0's first V value: a signaling NaN */
+        if (hd % 2) bits[hd - 1] = 0xff81u; /* row 0's first Q head's last value, which no pair turns */
+        uint16_t *want = malloc((size_t)n * sizeof(uint16_t));
+        cr_assert(want);
+        memcpy(want, bits, (size_t)n * sizeof(uint16_t));
+        float *wide = floats_of_bf16_bits(bits, n);
+        float *g_wide = upload_floats(k, wide, n), *g_cos_sin = upload_floats(k, cos_sin, table);
+        uint16_t *g_bits = upload_bits(k, bits, n);
+        cr_assert_eq(rope_backward_bf16(want, cos_sin, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->rope_backward_bf16(g_bits, g_cos_sin, B, T, Hq, Hkv, hd), TP_OK, "rope_backward_bf16 %s: %s",
+                     shape, tp_errmsg());
+        cr_assert_eq(k->rope_backward(g_wide, g_cos_sin, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+        uint16_t *got = check_activation(k, g_bits, g_wide, want, n, 1e-6, 0, "rope_backward_bf16", shape);
+        for (int64_t i = 0; i < ties; i++) {
+            float a = float_of(bits_bf16_to_f32(rope_tie_pairs[i][0]));
+            float b = float_of(bits_bf16_to_f32(rope_tie_pairs[i][1]));
+            float turned[2] = {a + b * 0x1p-8f, b - a * 0x1p-8f}; /* exact: 8 significant bits and 8 more */
+            uint32_t x[2];
+            memcpy(x, turned, sizeof x);
+            check_steered(got, stride + i, x[0], "rope_backward_bf16 (tie)", shape);
+            check_steered(got, stride + i + half, x[1], "rope_backward_bf16 (tie)", shape);
+        }
+        for (int64_t r = 0; r < B * T; r++) {
+            for (int64_t c = (Hq + Hkv) * hd; c < stride; c++)
+                cr_assert_eq(got[r * stride + c], bits[r * stride + c],
+                             "rope_backward_bf16 %s: V's [%lld] bits %#06x, were %#06x", shape,
+                             (long long)(r * stride + c), got[r * stride + c], bits[r * stride + c]);
+            for (int64_t h = 0; hd % 2 && h < Hq + Hkv; h++) {
+                int64_t i = r * stride + h * hd + hd - 1;
+                cr_assert_eq(got[i], bits[i], "rope_backward_bf16 %s: [%lld], no pair's, bits %#06x, were %#06x",
+                             shape, (long long)i, got[i], bits[i]);
+            }
+        }
+        k->release(g_wide), k->release(g_cos_sin), k->release(g_bits);
+        free(freq), free(cos_sin), free(values), free(bits), free(want), free(wide), free(got);
     }
 }
 
@@ -1404,9 +1774,10 @@ Test(cuda_backend, attention_refuses_bad_heads)
  * attention_forward_bf16 and attention_backward_bf16 on the GPU against
  * their CPU twin (the fp32 attention of the bf16 operands), through cuDNN
  * (TP_CUDA_ATTENTION=cudnn: a cuDNN failure is the test's) and through the
- * tiled kernels on the same values as fp32 (tiled). qkv comes as bf16 bits
- * (a bf16 activation: random values rounded on the host, convert_from_f32,
- * the same bits on both sides). Shapes: GPT-2's head size 64 and Llama's
+ * tiled kernels on the same values as fp32 (tiled). qkv and d_out come as
+ * bf16 bits (a bf16 activation and a bf16 gradient: random values rounded
+ * on the host, convert_from_f32, the same bits on both sides); out and
+ * d_qkv are written as bf16 bits on both sides. Shapes: GPT-2's head size 64 and Llama's
  * 128, grouped heads (Hq 4, Hkv 2 or 1) and one per query head, T not a
  * multiple of 64 (100, 77, 33) nor 128 (130), and one that is (256, which
  * any cuDNN 9 takes). Failures name the variant, the tensor (and the part
@@ -1465,17 +1836,19 @@ static uint16_t *upload_bits_at(const kernel_backend *k, const uint16_t *host, i
 }
 
 /* Runs one variant on one shape, forward then backward, against the CPU
- * twin, with out (bf16 bits) out_at values and qkv (bf16 bits) qkv_at
- * values past an allocation's start (1: 2 bytes, which cuDNN reaches
- * through the scratch; 8: 16 bytes, which it reads or writes where it is).
- * The backward gets the CPU twin's out and lse on both sides (each
- * direction compared alone). Tolerances: the tiled kernels on the widened
- * bits do the CPU's arithmetic in another order, then both sides round out
- * to bf16: out within one bf16 ulp (2^-7 of the value at most: the fp32
- * results, within fp32's 1e-4 of each other, may straddle a rounding
- * boundary) + 1e-5, lse and d_qkv 1e-4 relative + 1e-5 (fp32's, as
- * attention_forward's test). cuDNN rounds its outputs to bf16 (2^-8
- * relative, as the CPU twin rounds its out) and multiplies bf16
+ * twin, with out, qkv, d_out and d_qkv (all bf16 bits) out_at, qkv_at,
+ * d_out_at and d_qkv_at values past an allocation's start (1: 2 bytes,
+ * which cuDNN reaches through the scratch; 8: 16 bytes, which it reads or
+ * writes where it is); nothing is written before or after d_qkv. The
+ * backward gets the CPU twin's out and lse on both sides (each direction
+ * compared alone), and d_out as bits (random values rounded on the host,
+ * the same bits on both sides). Tolerances: the tiled kernels on the
+ * widened bits do the CPU's arithmetic in another order, then both sides
+ * round out and d_qkv to bf16: each within one bf16 ulp (2^-7 of the value
+ * at most: the fp32 results, within fp32's 1e-4 of each other, may
+ * straddle a rounding boundary) + 1e-5; lse 1e-4 relative + 1e-5 (fp32's,
+ * as attention_forward's test). cuDNN rounds its outputs to bf16 (2^-8
+ * relative, as the CPU twin rounds its out and d_qkv) and multiplies bf16
  * probabilities by V (each within 2^-8: at most 2^-8 max|v| in out): out
  * within 2^-7 relative + 2^-7 of the largest |v| (the sum of those); lse is
  * fp32 there too (1e-4 + 1e-4, its exp as exp2 of a scaled score); dQ, dK
@@ -1485,27 +1858,30 @@ static uint16_t *upload_bits_at(const kernel_backend *k, const uint16_t *host, i
  *
  * Exact where it can be: the kernels' bf16 forward writes the bits of
  * rounding the GPU's own fp32 forward of qkv widened, and their bf16
- * backward is the GPU's own fp32 backward of qkv and out widened and d_out
- * rounded, to the bit (the same kernels, no atomics); cuDNN's forward
- * writes the same out wherever qkv and out lie. */
+ * backward the bits of rounding the GPU's own fp32 backward of qkv, out and
+ * d_out widened, every element (the same kernels, no atomics); cuDNN's
+ * forward writes the same out wherever qkv and out lie. */
 static void bf16_attention_case(const kernel_backend *k, const char *variant, const int64_t *shape, int64_t out_at,
-                                int64_t qkv_at)
+                                int64_t qkv_at, int64_t d_out_at, int64_t d_qkv_at)
 {
     int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
     int64_t S = (Hq + 2 * Hkv) * hd, n_qkv = B * T * S, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
     int64_t n_scratch = attention_scratch_floats(B, T, Hq);
     int cudnn = strcmp(variant, "cudnn") == 0;
     cr_assert_eq(cuda_attention_variant(variant), TP_OK);
-    float *qkv_values = floats_random(n_qkv, 2.0f), *dout = floats_random(n_out, 1.0f);
+    float *qkv_values = floats_random(n_qkv, 2.0f), *dout_values = floats_random(n_out, 1.0f);
     uint16_t *qkv = floats_bf16_bits(qkv_values, n_qkv); /* the activation, on both sides */
+    uint16_t *dout = floats_bf16_bits(dout_values, n_out); /* the gradient, on both sides */
     uint16_t *out = malloc((size_t)n_out * sizeof(uint16_t)), *out_garbage = bits_garbage(n_out + out_at);
-    float *lse = malloc((size_t)n_lse * sizeof(float));
-    float *dqkv = malloc((size_t)n_qkv * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
+    uint16_t *dqkv = malloc((size_t)n_qkv * sizeof(uint16_t)), *dqkv_garbage = bits_garbage(n_qkv + d_qkv_at + 1);
+    float *lse = malloc((size_t)n_lse * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
     float *garbage = floats_filled(n_qkv > n_scratch ? n_qkv : n_scratch, 7.0f);
     cr_assert(out && lse && dqkv && scratch);
     uint16_t *g_qkv_memory, *g_qkv = upload_bits_at(k, qkv, n_qkv, qkv_at, &g_qkv_memory);
+    uint16_t *g_dout_memory, *g_dout = upload_bits_at(k, dout, n_out, d_out_at, &g_dout_memory);
     float *g_lse = upload_floats(k, garbage, n_lse), *g_scratch = upload_floats(k, garbage, n_scratch);
-    float *g_dout = upload_floats(k, dout, n_out), *g_dqkv = upload_floats(k, garbage, n_qkv);
+    /* d_qkv from garbage, one value more after it: nothing may be written before or after */
+    uint16_t *g_dqkv_memory = upload_bits(k, dqkv_garbage, n_qkv + d_qkv_at + 1), *g_dqkv = g_dqkv_memory + d_qkv_at;
     uint16_t *g_out_memory = upload_bits(k, out_garbage, n_out + out_at), *g_out = g_out_memory + out_at;
     cr_assert_eq(attention_forward_bf16(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
     int status = k->attention_forward_bf16(g_out, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd);
@@ -1569,44 +1945,49 @@ static void bf16_attention_case(const kernel_backend *k, const char *variant, co
     cr_assert_eq(attention_backward_bf16(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd), TP_OK, "%s",
                  tp_errmsg());
     cr_assert_eq(k->attention_backward_bf16(g_dqkv, g_scratch, g_dout, g_qkv, g_out, g_lse, B, T, Hq, Hkv, hd), TP_OK,
-                 "attention_backward_bf16 (TP_CUDA_ATTENTION=%s, out %lld values in, qkv %lld values in): %s", variant,
-                 (long long)out_at, (long long)qkv_at, tp_errmsg());
+                 "attention_backward_bf16 (TP_CUDA_ATTENTION=%s, out %lld, qkv %lld, d_out %lld, d_qkv %lld values "
+                 "in): %s",
+                 variant, (long long)out_at, (long long)qkv_at, (long long)d_out_at, (long long)d_qkv_at, tp_errmsg());
     {
-        float *got = download(k, g_dqkv, n_qkv);
+        char what[256];
+        snprintf(what, sizeof what,
+                 "attention_backward_bf16 (TP_CUDA_ATTENTION=%s, out %lld, qkv %lld, d_out %lld, d_qkv %lld values in)",
+                 variant, (long long)out_at, (long long)qkv_at, (long long)d_out_at, (long long)d_qkv_at);
+        char dims[96];
+        snprintf(dims, sizeof dims, "B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld", (long long)B, (long long)T,
+                 (long long)Hq, (long long)Hkv, (long long)hd);
+        uint16_t *got_bits = download_bits(k, g_dqkv, n_qkv);
+        uint16_t *around = download_bits(k, g_dqkv_memory, n_qkv + d_qkv_at + 1);
+        cr_assert(d_qkv_at == 0 || around[0] == 0x40e0u, "%s %s: wrote before d_qkv", what, dims);
+        cr_assert(around[d_qkv_at + n_qkv] == 0x40e0u, "%s %s: wrote past d_qkv", what, dims);
+        float *got = floats_of_bf16_bits(got_bits, n_qkv), *want = floats_of_bf16_bits(dqkv, n_qkv);
         const char *parts[3] = {"d_qkv (dQ)", "d_qkv (dK)", "d_qkv (dV)"};
         const int64_t first[3] = {0, Hq * hd, (Hq + Hkv) * hd}, width[3] = {Hq * hd, Hkv * hd, Hkv * hd};
         for (int p = 0; p < 3; p++) {
-            bf16_check d = {.variant = variant, .what = parts[p], .shape = shape, .rel = cudnn ? ldexp(1, -7) : 1e-4,
+            bf16_check d = {.variant = variant, .what = parts[p], .shape = shape, .rel = ldexp(1, -7),
                             .abs = cudnn ? ldexp(1, -5) : 1e-5, .abs_scaled = cudnn};
-            check_part(&d, got, dqkv, B * T, S, first[p], width[p]);
+            check_part(&d, got, want, B * T, S, first[p], width[p]);
         }
-        if (!cudnn) { /* the GPU's own fp32 backward of qkv and out widened and d_out rounded, to the bit */
-            uint16_t *dout_bits = floats_bf16_bits(dout, n_out);
-            float *wide = floats_of_bf16_bits(qkv, n_qkv), *dout_rounded = floats_of_bf16_bits(dout_bits, n_out);
+        if (!cudnn) { /* the bits of rounding the GPU's own fp32 backward of qkv, out and d_out widened */
+            float *wide = floats_of_bf16_bits(qkv, n_qkv), *dout_wide = floats_of_bf16_bits(dout, n_out);
             float *out_wide = floats_of_bf16_bits(out, n_out), *fp32;
-            float *g_wide = upload_floats(k, wide, n_qkv);
-            float *g_dout_rounded = upload_floats(k, dout_rounded, n_out);
+            float *g_wide = upload_floats(k, wide, n_qkv), *g_dout_wide = upload_floats(k, dout_wide, n_out);
             float *g_out_wide = upload_floats(k, out_wide, n_out), *g_fp32 = upload_floats(k, garbage, n_qkv);
-            cr_assert_eq(k->attention_backward(g_fp32, g_scratch, g_dout_rounded, g_wide, g_out_wide, g_lse, B, T, Hq,
+            cr_assert_eq(k->attention_backward(g_fp32, g_scratch, g_dout_wide, g_wide, g_out_wide, g_lse, B, T, Hq,
                                                Hkv, hd),
                          TP_OK, "%s", tp_errmsg());
             fp32 = download(k, g_fp32, n_qkv);
-            for (int64_t i = 0; i < n_qkv; i++)
-                cr_assert(memcmp(&got[i], &fp32[i], sizeof(float)) == 0,
-                          "attention_backward_bf16 (TP_CUDA_ATTENTION=%s) B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld: "
-                          "d_qkv[%lld] %.9g, the GPU's fp32 backward of the same values %.9g",
-                          variant, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd,
-                          (long long)i, got[i], fp32[i]);
-            k->release(g_wide), k->release(g_dout_rounded), k->release(g_out_wide), k->release(g_fp32);
-            free(dout_bits), free(wide), free(dout_rounded), free(out_wide), free(fp32);
+            check_rounding(got_bits, fp32, n_qkv, 0, what, dims);
+            k->release(g_wide), k->release(g_dout_wide), k->release(g_out_wide), k->release(g_fp32);
+            free(wide), free(dout_wide), free(out_wide), free(fp32);
         }
-        free(got);
+        free(got_bits), free(around), free(got), free(want);
     }
 done:
-    k->release(g_qkv_memory), k->release(g_out_memory), k->release(g_lse), k->release(g_scratch), k->release(g_dout);
-    k->release(g_dqkv);
-    free(qkv_values), free(qkv), free(dout), free(out), free(out_garbage), free(lse), free(dqkv), free(scratch);
-    free(garbage);
+    k->release(g_qkv_memory), k->release(g_out_memory), k->release(g_lse), k->release(g_scratch);
+    k->release(g_dout_memory), k->release(g_dqkv_memory);
+    free(qkv_values), free(qkv), free(dout_values), free(dout), free(out), free(out_garbage), free(lse), free(dqkv);
+    free(dqkv_garbage), free(scratch), free(garbage);
 }
 
 /* cuDNN where it is installed; a skip saying so where it is not (the
@@ -1621,37 +2002,42 @@ static void need_cudnn_library(void)
     cr_log_info("cuDNN %s", version);
 }
 
-/* Every shape with qkv and out aligned; the first two also with out, then
- * qkv, then both 2 bytes past (through the scratch), and 16 bytes past
- * (where they are, not 256-aligned: the K and V views 16-byte aligned
- * still). */
+/* Every shape with qkv, out, d_out and d_qkv aligned; the first two also
+ * with out, then qkv, then d_out, then d_qkv, then all four 2 bytes past
+ * (through the scratch: d_qkv copied back after cuDNN writes it), and 16
+ * bytes past (where they are, not 256-aligned: the K and V views, and dK
+ * and dV, 16-byte aligned still). */
 Test(cuda_backend, attention_bf16_through_cudnn)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
     need_cudnn_library();
     for (int s = 0; s < BF16_ATTENTION_SHAPES; s++)
-        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 0, 0);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 0, 0, 0, 0);
     for (int s = 0; s < 2; s++) {
-        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 1, 0);
-        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 0, 1);
-        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 1, 1);
-        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 8, 8);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 1, 0, 0, 0);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 0, 1, 0, 0);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 0, 0, 1, 0);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 0, 0, 0, 1);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 1, 1, 1, 1);
+        bf16_attention_case(k, bf16_variants[0], bf16_attention_shapes[s], 8, 8, 8, 8);
     }
 }
 
-/* Every shape with qkv and out aligned, one with both 2 bytes past (out
- * rounded value by value, not four at a time; qkv widened where it is). */
+/* Every shape with qkv, out, d_out and d_qkv aligned, one with all four 2
+ * bytes past (out and d_qkv rounded value by value, not four at a time;
+ * qkv and d_out widened where they are); the rows kernels likewise. */
 Test(cuda_backend, attention_bf16_through_tiled_kernels)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
     for (int s = 0; s < BF16_ATTENTION_SHAPES; s++)
-        bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[s], 0, 0);
-    bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[2], 1, 1);
+        bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[s], 0, 0, 0, 0);
+    bf16_attention_case(k, bf16_variants[1], bf16_attention_shapes[2], 1, 1, 1, 1);
     /* and the rows kernels where the tiled do not fit (head size 72) */
     static const int64_t rows_shape[5] = {2, 50, 4, 2, 72};
-    bf16_attention_case(k, "rows", rows_shape, 0, 0);
+    bf16_attention_case(k, "rows", rows_shape, 0, 0, 0, 0);
+    bf16_attention_case(k, "rows", rows_shape, 1, 1, 1, 1);
 }
 
 /* The default (TP_CUDA_ATTENTION unset): cuDNN for the bf16 operations where
@@ -1710,7 +2096,7 @@ Test(cuda_backend, attention_bf16_default_and_fallback)
     /* the fallback under the default: head size 32 */
     cr_assert_eq(cuda_attention_variant(NULL), TP_OK);
     static const int64_t small[5] = {2, 100, 4, 2, 32};
-    bf16_attention_case(k, "", small, 0, 0); /* "" is the default: the tiled kernels' tolerances, as they run */
+    bf16_attention_case(k, "", small, 0, 0, 0, 0); /* "" is the default: the tiled kernels' tolerances, as they run */
     k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch);
     free(qkv), free(qkv_bits);
 }
@@ -1896,8 +2282,8 @@ Test(cuda_backend, crossentropy_row_stats_wide_rows)
  * crossentropy_backward (the same kernel, rounded on store: equal to the
  * bit; the CPU's d_logits differ from the GPU's in the last bits of expf,
  * checked above, so that a rounding could flip between them); its d_in and
- * d_weight are the CPU's bf16 products of those very bits, within the bf16
- * products' tolerance. With padding columns (vocab < first + V) and
+ * d_weight are the CPU's bf16 products of those very bits (matmul_backward_bf16
+ * with them as its d_out), within the bf16 products' tolerance. With padding columns (vocab < first + V) and
  * d_weight accumulated from random values; in as bf16 bits (the final
  * norm's activation) on both sides. */
 Test(cuda_backend, classifier_backward_bf16)
@@ -1925,23 +2311,17 @@ Test(cuda_backend, classifier_backward_bf16)
     cr_assert_eq(k->crossentropy_backward(g_fp32, g_logits, g_max, g_sum, g_targets, N, V, first, vocab, 0.5f), TP_OK,
                  "%s", tp_errmsg());
     uint16_t *bits = malloc((size_t)(N * V) * sizeof(uint16_t));
-    float *fp32 = download(k, g_fp32, N * V), *widened = malloc((size_t)(N * V) * sizeof(float));
+    float *fp32 = download(k, g_fp32, N * V);
+    cr_assert(bits);
     cr_assert_eq(k->to_host(bits, g_scratch, (size_t)(N * V) * sizeof(uint16_t)), TP_OK, "%s", tp_errmsg());
-    for (int64_t i = 0; i < N * V; i++) {
-        uint32_t x;
-        memcpy(&x, &fp32[i], sizeof x);
-        cr_assert_eq(bits[i], bits_f32_to_bf16(x), "d_logits[%lld]: bf16 bits %#x, the GPU's fp32 %.9g rounds to %#x",
-                     (long long)i, bits[i], fp32[i], bits_f32_to_bf16(x));
-        uint32_t wide = bits_bf16_to_f32(bits[i]);
-        memcpy(&widened[i], &wide, sizeof wide);
-    }
-    cr_assert_eq(matmul_backward_bf16(d_in, d_weight, NULL, widened, in_bits, w, N, C, V), TP_OK, "%s", tp_errmsg());
+    floats_assert_rounded(bits, fp32, N * V, "d_logits (the GPU's fp32 crossentropy_backward rounded)");
+    cr_assert_eq(matmul_backward_bf16(d_in, d_weight, NULL, bits, in_bits, w, N, C, V), TP_OK, "%s", tp_errmsg());
     check_bf16(k, g_din, d_in, N * C, "d_in");
     check_bf16(k, g_dw, d_weight, V * C, "d_weight (accumulated)");
     k->release(g_targets), k->release(g_logits), k->release(g_max), k->release(g_sum), k->release(g_in);
     k->release(g_w), k->release(g_dw), k->release(g_din), k->release(g_scratch), k->release(g_fp32);
     free(logits), free(in), free(w), free(row_max), free(sum), free(d_weight), free(d_in), free(garbage);
-    free(bits), free(fp32), free(widened), free(in_bits);
+    free(bits), free(fp32), free(in_bits);
 }
 
 /* --------------------------------------------------------------- optimizer */

@@ -3,11 +3,13 @@
  * backend's; the wait is the inner synchronize's time (a backend whose
  * synchronize sleeps shows it); reset forgets; one inner per process. */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "../../common/error.h"
 #include "../../kernels/kernels.h"
+#include "../support/floats.h"
 
 /* The CPU backend with a synchronize that takes 2 ms: the device's tail, as the timing sees it. */
 static kernel_backend slow;
@@ -109,10 +111,90 @@ Test(timed, lacks_what_the_inner_backend_lacks)
     lacking = *kernels_cpu();
     lacking.rope_forward_bf16 = NULL;
     lacking.swiglu_forward_bf16 = NULL;
+    lacking.rope_backward_bf16 = NULL;
+    lacking.matmul_backward_bf16_bits = NULL;
     const kernel_backend *k = kernels_timed(&lacking);
     cr_assert(k, "%s", tp_errmsg());
     cr_assert_null(k->rope_forward_bf16);
     cr_assert_null(k->swiglu_forward_bf16);
+    cr_assert_null(k->rope_backward_bf16);
+    cr_assert_null(k->matmul_backward_bf16_bits);
     cr_assert_not_null(k->gelu_forward_bf16);
     cr_assert_neq(k->gelu_forward_bf16, lacking.gelu_forward_bf16, "the operations it has are timed");
+    cr_assert_not_null(k->gelu_backward_bf16);
+    cr_assert_neq(k->gelu_backward_bf16, lacking.gelu_backward_bf16, "the operations it has are timed");
+}
+
+/* The bf16 gradients' operations through the timed table: each computes
+ * what the inner one computes, bit for bit (its arguments passed on as
+ * they came), and is counted under its own name. */
+static uint16_t *bits_of(int64_t n, float scale)
+{
+    float *x = floats_random(n, scale);
+    uint16_t *bits = floats_bf16_bits(x, n);
+    free(x);
+    return bits;
+}
+
+Test(timed, bf16_gradients_are_the_inner_ones)
+{
+    const kernel_backend *inner = kernels_cpu(), *k = kernels_timed(inner);
+    cr_assert(k, "%s", tp_errmsg());
+    enum { N = 6, C = 8, OC = 5, B = 1, T = 3, HQ = 2, HKV = 1, HD = 4, QKV = (HQ + 2 * HKV) * HD };
+    float *in32 = floats_random(N * 2 * C, 1.0f), *w = floats_random(OC * C, 1.0f);
+    float *d_out32 = floats_random(N * OC, 1.0f);
+    uint16_t *in = bits_of(N * C, 1.0f), *d_out = bits_of(N * OC, 1.0f), *g = bits_of(N * C, 1.0f);
+    float got[OC * C], want[OC * C], got_b[OC], want_b[OC], got_in[N * C], want_in[N * C];
+    uint16_t got_bits[N * 2 * C], want_bits[N * 2 * C];
+
+    memset(got, 0, sizeof got), memset(want, 0, sizeof want);
+    memset(got_b, 0, sizeof got_b), memset(want_b, 0, sizeof want_b);
+    cr_assert_eq(k->matmul_backward_bf16(got_in, got, got_b, d_out, in, w, N, C, OC), TP_OK);
+    cr_assert_eq(inner->matmul_backward_bf16(want_in, want, want_b, d_out, in, w, N, C, OC), TP_OK);
+    cr_assert(!memcmp(got_in, want_in, sizeof got_in) && !memcmp(got, want, sizeof got) &&
+              !memcmp(got_b, want_b, sizeof got_b), "matmul_backward_bf16");
+
+    memset(got, 0, sizeof got), memset(want, 0, sizeof want);
+    memset(got_b, 0, sizeof got_b), memset(want_b, 0, sizeof want_b);
+    cr_assert_eq(k->matmul_backward_bf16_bits(got_bits, got, got_b, d_out32, in, w, N, C, OC), TP_OK);
+    cr_assert_eq(inner->matmul_backward_bf16_bits(want_bits, want, want_b, d_out32, in, w, N, C, OC), TP_OK);
+    cr_assert(!memcmp(got_bits, want_bits, N * C * sizeof *got_bits) && !memcmp(got, want, sizeof got) &&
+              !memcmp(got_b, want_b, sizeof got_b), "matmul_backward_bf16_bits");
+
+    cr_assert_eq(k->gelu_backward_bf16(got_bits, in32, g, N * C), TP_OK);
+    cr_assert_eq(inner->gelu_backward_bf16(want_bits, in32, g, N * C), TP_OK);
+    cr_assert(!memcmp(got_bits, want_bits, N * C * sizeof *got_bits), "gelu_backward_bf16");
+
+    cr_assert_eq(k->swiglu_backward_bf16(got_bits, in32, g, N, C), TP_OK);
+    cr_assert_eq(inner->swiglu_backward_bf16(want_bits, in32, g, N, C), TP_OK);
+    cr_assert(!memcmp(got_bits, want_bits, sizeof got_bits), "swiglu_backward_bf16");
+
+    float freq[HD / 2], cos_sin[T * HD];
+    rope_frequencies(freq, HD, 10000.0, NULL);
+    rope_table(cos_sin, freq, T, HD);
+    uint16_t *qkv = bits_of(B * T * QKV, 1.0f), *d_qkv = bits_of(B * T * QKV, 1.0f);
+    uint16_t *d_att = bits_of(B * T * HQ * HD, 1.0f), out[B * T * HQ * HD], got_qkv[B * T * QKV], want_qkv[B * T * QKV];
+    memcpy(got_qkv, d_qkv, sizeof got_qkv), memcpy(want_qkv, d_qkv, sizeof want_qkv);
+    cr_assert_eq(k->rope_backward_bf16(got_qkv, cos_sin, B, T, HQ, HKV, HD), TP_OK);
+    cr_assert_eq(inner->rope_backward_bf16(want_qkv, cos_sin, B, T, HQ, HKV, HD), TP_OK);
+    cr_assert(!memcmp(got_qkv, want_qkv, sizeof got_qkv), "rope_backward_bf16");
+
+    float lse[B * HQ * T], *scratch = malloc((size_t)attention_scratch_floats(B, T, HQ) * sizeof(float));
+    cr_assert(scratch);
+    cr_assert_eq(inner->attention_forward_bf16(out, lse, scratch, qkv, B, T, HQ, HKV, HD), TP_OK); /* not timed */
+    cr_assert_eq(k->attention_backward_bf16(got_qkv, scratch, d_att, qkv, out, lse, B, T, HQ, HKV, HD), TP_OK);
+    cr_assert_eq(inner->attention_backward_bf16(want_qkv, scratch, d_att, qkv, out, lse, B, T, HQ, HKV, HD), TP_OK);
+    cr_assert(!memcmp(got_qkv, want_qkv, sizeof got_qkv), "attention_backward_bf16");
+
+    kernel_op_time times[64];
+    int n = kernels_timed_read(times, 64);
+    const char *names[] = {"matmul_backward_bf16", "matmul_backward_bf16_bits", "gelu_backward_bf16",
+                           "swiglu_backward_bf16", "rope_backward_bf16", "attention_backward_bf16"};
+    cr_assert_eq(n, 6, "%d operations counted", n);
+    for (int i = 0; i < 6; i++) {
+        const kernel_op_time *t = find(times, n, names[i]);
+        cr_assert(t && t->calls == 1, "%s: %s", names[i], t ? "not called once" : "not counted");
+    }
+    free(in32), free(w), free(d_out32), free(in), free(d_out), free(g), free(qkv), free(d_qkv), free(d_att);
+    free(scratch);
 }

@@ -5,6 +5,7 @@
  * checked against central finite differences of the naive forward. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -844,18 +845,22 @@ Test(transformer, bf16_products_round_their_operands)
     matmul_forward(fp32, in, w, bias, N, C, OC);
     cr_assert_eq(memcmp(got, want, sizeof got), 0, "the product of the rounded operands, summed in fp32");
     cr_assert_neq(memcmp(got, fp32, sizeof got), 0, "not the fp32 product");
-    /* Backward: d_in and d_weight from rounded operands (d_weight and d_bias accumulate), d_bias from fp32 d_out. */
+    /* Backward: d_out comes as bf16 bits (a gradient inside a layer); d_in and d_weight from the rounded
+     * operands, d_bias the sums of d_out's bf16 values (d_weight and d_bias accumulate). */
     float *d_out = random_floats(N * OC), *d_out16 = malloc(N * OC * sizeof(float));
     for (int64_t i = 0; i < N * OC; i++) d_out16[i] = bf16_of(d_out[i]);
-    float d_in[35], d_in_want[35], d_w[21], d_w_want[21], d_b[3], d_b_want[3];
+    uint16_t d_out_bits[15];
+    convert_from_f32(d_out, d_out_bits, TP_BF16, N * OC);
+    float d_in[35], d_in_want[35], d_w[21], d_w_want[21], d_b[3], d_b_want[3], d_b_fp32[3];
     for (int i = 0; i < 21; i++) d_w[i] = d_w_want[i] = 0.25f;
-    for (int i = 0; i < 3; i++) d_b[i] = d_b_want[i] = -0.5f;
-    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out, in_bits, w, N, C, OC), TP_OK);
-    matmul_backward(d_in_want, d_w_want, NULL, d_out16, in16, w16, N, C, OC);
-    matmul_backward(NULL, NULL, d_b_want, d_out, NULL, NULL, N, C, OC);
+    for (int i = 0; i < 3; i++) d_b[i] = d_b_want[i] = d_b_fp32[i] = -0.5f;
+    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out_bits, in_bits, w, N, C, OC), TP_OK);
+    matmul_backward(d_in_want, d_w_want, d_b_want, d_out16, in16, w16, N, C, OC);
+    matmul_backward(NULL, NULL, d_b_fp32, d_out, NULL, NULL, N, C, OC);
     cr_assert_eq(memcmp(d_in, d_in_want, sizeof d_in), 0);
     cr_assert_eq(memcmp(d_w, d_w_want, sizeof d_w), 0);
-    cr_assert_eq(memcmp(d_b, d_b_want, sizeof d_b), 0);
+    cr_assert_eq(memcmp(d_b, d_b_want, sizeof d_b), 0, "d_bias: the sums of d_out's bf16 values");
+    cr_assert_neq(memcmp(d_b, d_b_fp32, sizeof d_b), 0, "d_bias: the sums of the fp32 d_out, not rounded");
     free(in), free(w), free(bias), free(in16), free(w16), free(d_out), free(d_out16);
 }
 
@@ -947,4 +952,86 @@ Test(transformer, bf16_qkv_is_the_rounded_product_or_rotation)
     kernels_set_threads(1);
     const kernel_backend *k = kernels_cpu();
     cr_assert(k->matmul_forward_bf16_bits == matmul_forward_bf16_bits && k->rope_forward_bf16 == rope_forward_bf16);
+}
+
+/* The MLP's bf16 gradients: d_out comes as bf16 bits (the gradient of the
+ * MLP's activation) and gelu_backward_bf16, swiglu_backward_bf16 write the
+ * bits of rounding what gelu_backward, swiglu_backward compute from
+ * d_out's values, at one thread and at several, on odd sizes (one element,
+ * fewer than a vector's lanes, a thousand and three), tall and wide shapes
+ * and past the CPU's chunks of 2^20 values (norm.c: a short last chunk,
+ * SwiGLU's rows cut, a row longer than a chunk), with inputs and gradients
+ * of large and tiny magnitudes. */
+Test(transformer, bf16_mlp_gradients_are_the_rounded_fp32_gradients)
+{
+    enum { SIZES = 4, SHAPES = 7 };
+    const int64_t sizes[SIZES] = {1, 7, 1003, (1 << 20) + 3};
+    const int64_t shapes[SHAPES][2] = {{1, 1}, {3, 5}, {257, 16}, {4, 1000}, {1, 1003}, {1049, 1000},
+                                       {2, (1 << 20) + 1}}; /* N, F */
+    char what[96];
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        for (int s = 0; s < SIZES + SHAPES; s++) {
+            int gelu = s < SIZES;
+            int64_t N = gelu ? 1 : shapes[s - SIZES][0], F = gelu ? sizes[s] : shapes[s - SIZES][1];
+            int64_t n_in = gelu ? F : 2 * N * F, n_out = N * F; /* SwiGLU's in is [N, 2F]: gate | up */
+            float *x = random_floats(n_in), *g = random_floats(n_out), *want = malloc(n_in * sizeof(float));
+            for (int64_t i = 0; i < n_in; i++) x[i] *= i % 3 == 0 ? 8.0f : i % 3 == 1 ? 1e-3f : 1.0f;
+            for (int64_t i = 0; i < n_out; i++) g[i] *= i % 2 ? 1e4f : 1e-4f;
+            uint16_t *g_bits = floats_bf16_bits(g, n_out), *bits = malloc(n_in * sizeof *bits);
+            float *g16 = floats_of_bf16_bits(g_bits, n_out);
+            if (gelu) {
+                gelu_backward(want, x, g16, F);
+                cr_assert_eq(gelu_backward_bf16(bits, x, g_bits, F), TP_OK, "%s", tp_errmsg());
+            } else {
+                swiglu_backward(want, x, g16, N, F);
+                cr_assert_eq(swiglu_backward_bf16(bits, x, g_bits, N, F), TP_OK, "%s", tp_errmsg());
+            }
+            snprintf(what, sizeof what, "%s's d_in [%lld, %lld] at %d threads", gelu ? "GELU" : "SwiGLU",
+                     (long long)N, (long long)(n_in / N), threads);
+            floats_assert_rounded(bits, want, n_in, what);
+            free(x), free(g), free(want), free(g_bits), free(bits), free(g16);
+        }
+    }
+    kernels_set_threads(1);
+    const kernel_backend *k = kernels_cpu();
+    cr_assert(k->gelu_backward_bf16 == gelu_backward_bf16 && k->swiglu_backward_bf16 == swiglu_backward_bf16);
+}
+
+/* RoPE's bf16 gradient, in place on the attention's bf16 d_qkv: the bits
+ * of rounding what rope_backward leaves of their values, and V's bits as
+ * they were, special values among them (infinities, -0, a bf16 subnormal,
+ * a quiet NaN with a payload), on grouped heads and on a key/value head
+ * per query head, at 1 and 3 threads. */
+Test(transformer, bf16_rope_gradient_is_the_rounded_fp32_rotation)
+{
+    static const uint16_t special[] = {0x7f80, 0xff80, 0x8000, 0x0001, 0x7fc1, 0x4049};
+    const int64_t heads[][2] = {{4, 2}, {3, 3}};
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        for (int h = 0; h < 2; h++) {
+            int64_t B = 2, T = 7, Hq = heads[h][0], Hkv = heads[h][1], hd = 8, width = (Hq + 2 * Hkv) * hd;
+            int64_t n = B * T * width, v0 = (Hq + Hkv) * hd; /* V's first column */
+            float freq[4], cos_sin[7 * 8], *d = random_floats(n);
+            rope_frequencies(freq, hd, 10000.0, NULL);
+            rope_table(cos_sin, freq, T, hd);
+            uint16_t *bits = floats_bf16_bits(d, n), *before = malloc(n * sizeof *before);
+            for (int64_t r = 0; r < B * T; r++)
+                for (int64_t i = 0; i < 6; i++) bits[r * width + v0 + (r + 3 * i) % (Hkv * hd)] = special[i];
+            memcpy(before, bits, n * sizeof *before);
+            float *want = floats_of_bf16_bits(bits, n);
+            rope_backward(want, cos_sin, B, T, Hq, Hkv, hd);
+            cr_assert_eq(rope_backward_bf16(bits, cos_sin, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+            floats_assert_rounded(bits, want, n, Hq == Hkv ? "RoPE's d_qkv" : "RoPE's grouped d_qkv");
+            for (int64_t r = 0; r < B * T; r++)
+                for (int64_t c = v0; c < width; c++)
+                    cr_assert_eq(bits[r * width + c], before[r * width + c],
+                                 "%d threads, Hq %lld, Hkv %lld: V's bits at [%lld, %lld] 0x%04x, were 0x%04x", threads,
+                                 (long long)Hq, (long long)Hkv, (long long)r, (long long)c, bits[r * width + c],
+                                 before[r * width + c]);
+            free(d), free(bits), free(before), free(want);
+        }
+    }
+    kernels_set_threads(1);
+    cr_assert(kernels_cpu()->rope_backward_bf16 == rope_backward_bf16);
 }

@@ -3,7 +3,8 @@
  * calls from tasks, from several threads at once and after fork; and every
  * threaded CPU kernel giving at 2, 3 and 7 threads the very bits it gives
  * on one (each output element is computed by one thread in the same order
- * at any thread count), the matrix products to fp32's rounding. */
+ * at any thread count; the bf16 ones' bits too), the matrix products to
+ * fp32's rounding. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -20,6 +21,7 @@
 #include "../../kernels/cpu/bf16_products.h"
 #include "../../kernels/cpu/workers.h"
 #include "../../kernels/kernels.h"
+#include "../support/floats.h"
 
 typedef struct {
     atomic_int *runs;
@@ -208,7 +210,8 @@ static float *random_floats(int64_t n, unsigned seed)
 enum { OUT_FWD, OUT_D_IN, OUT_D_W, OUT_D_B, OUT_LN, OUT_MEAN, OUT_RSTD, OUT_LN_DIN, OUT_LN_DW, OUT_LN_DB, OUT_GELU,
        OUT_GELU_D, OUT_RMS, OUT_RMS_RSTD, OUT_RMS_DIN, OUT_RMS_DW, OUT_SWI, OUT_SWI_D, OUT_ROPE, OUT_ATT, OUT_LSE,
        OUT_ATT_D, OUT_EMB, OUT_EMB_D, OUT_MAX, OUT_SUM, OUT_CE_D, OUT_ADAM_P, OUT_ADAM_M, OUT_ADAM_V, OUT_RES,
-       OUT_BRES, OUT_ADD, OUT_SCALE, OUT_BF16, OUT_BF16_DW, OUTPUTS };
+       OUT_BRES, OUT_ADD, OUT_SCALE, OUT_BF16, OUT_BF16_DW, OUT_BF16_DB, OUT_GELU_D16, OUT_SWI_D16, OUT_ROPE_D16,
+       OUT_ATT16, OUT_LSE16, OUT_ATT_D16, OUTPUTS };
 
 static const int64_t out_size[OUTPUTS] = {
     [OUT_FWD] = N * V, [OUT_D_IN] = N * C, [OUT_D_W] = V * C, [OUT_D_B] = V, [OUT_LN] = N * C, [OUT_MEAN] = N,
@@ -217,7 +220,9 @@ static const int64_t out_size[OUTPUTS] = {
     [OUT_SWI_D] = N * 2 * C, [OUT_ROPE] = N * QKV, [OUT_ATT] = N * C, [OUT_LSE] = B * HQ * T, [OUT_ATT_D] = N * QKV,
     [OUT_EMB] = N * C, [OUT_EMB_D] = V * C, [OUT_MAX] = N, [OUT_SUM] = N, [OUT_CE_D] = N * V, [OUT_ADAM_P] = V * C,
     [OUT_ADAM_M] = V * C, [OUT_ADAM_V] = V * C, [OUT_RES] = N * C, [OUT_BRES] = N * C, [OUT_ADD] = N * C,
-    [OUT_SCALE] = N * C, [OUT_BF16] = N * V, [OUT_BF16_DW] = V * C};
+    [OUT_SCALE] = N * C, [OUT_BF16] = N * V, [OUT_BF16_DW] = V * C, [OUT_BF16_DB] = V, [OUT_GELU_D16] = N * C,
+    [OUT_SWI_D16] = N * 2 * C, [OUT_ROPE_D16] = N * QKV, [OUT_ATT16] = N * C, [OUT_LSE16] = B * HQ * T,
+    [OUT_ATT_D16] = N * QKV};
 
 static void run_kernels(float **out)
 {
@@ -263,14 +268,31 @@ static void run_kernels(float **out)
     add_inplace(out[OUT_ADD], dx, N * C);
     memcpy(out[OUT_SCALE], x, (size_t)N * C * sizeof(float));
     scale_inplace(out[OUT_SCALE], 0.37f, N * C);
+    /* bf16 mixed precision: activations and gradients as bf16 bits, widened (exactly) into the outputs. */
+    uint16_t *x_bits = floats_bf16_bits(x, N * C), *dy_bits = floats_bf16_bits(dy, N * V);
+    uint16_t *dx_bits = floats_bf16_bits(dx, N * C), *qkv_bits = floats_bf16_bits(qkv, N * QKV);
+    uint16_t *d_att_bits = floats_bf16_bits(d_att, N * C);
+    uint16_t *bits = malloc((size_t)(N * QKV) * sizeof *bits), *att_bits = malloc((size_t)(N * C) * sizeof *att_bits);
+    cr_assert(bits && att_bits);
     if (bf16_products_available()) {
-        uint16_t *x_bits = malloc((size_t)(N * C) * sizeof *x_bits); /* x as a bf16 activation */
-        cr_assert(x_bits);
-        convert_from_f32(x, x_bits, TP_BF16, N * C);
         cr_assert_eq(matmul_forward_bf16(out[OUT_BF16], x_bits, w, bias, N, C, V), TP_OK);
-        cr_assert_eq(matmul_backward_bf16(NULL, out[OUT_BF16_DW], NULL, dy, x_bits, w, N, C, V), TP_OK);
-        free(x_bits);
+        cr_assert_eq(matmul_backward_bf16(NULL, out[OUT_BF16_DW], NULL, dy_bits, x_bits, w, N, C, V), TP_OK);
     }
+    cr_assert_eq(matmul_backward_bf16(NULL, NULL, out[OUT_BF16_DB], dy_bits, x_bits, w, N, C, V), TP_OK);
+    cr_assert_eq(gelu_backward_bf16(bits, x, dx_bits, N * C), TP_OK);
+    convert_to_f32(bits, TP_BF16, out[OUT_GELU_D16], N * C);
+    cr_assert_eq(swiglu_backward_bf16(bits, x2, dx_bits, N, C), TP_OK);
+    convert_to_f32(bits, TP_BF16, out[OUT_SWI_D16], N * 2 * C);
+    memcpy(bits, qkv_bits, (size_t)(N * QKV) * sizeof *bits);
+    cr_assert_eq(rope_backward_bf16(bits, table, B, T, HQ, HKV, HD), TP_OK);
+    convert_to_f32(bits, TP_BF16, out[OUT_ROPE_D16], N * QKV);
+    cr_assert_eq(attention_forward_bf16(att_bits, out[OUT_LSE16], scratch, qkv_bits, B, T, HQ, HKV, HD), TP_OK);
+    convert_to_f32(att_bits, TP_BF16, out[OUT_ATT16], N * C);
+    cr_assert_eq(attention_backward_bf16(bits, scratch, d_att_bits, qkv_bits, att_bits, out[OUT_LSE16], B, T, HQ, HKV,
+                                         HD),
+                 TP_OK);
+    convert_to_f32(bits, TP_BF16, out[OUT_ATT_D16], N * QKV);
+    free(x_bits), free(dy_bits), free(dx_bits), free(qkv_bits), free(d_att_bits), free(bits), free(att_bits);
     free(x), free(w), free(bias), free(dy), free(dx), free(x2), free(qkv), free(d_att), free(table), free(scratch);
     free(logits), free(grad);
 }

@@ -198,11 +198,19 @@ static int enc_matmul_forward_bf16(float *out, const uint16_t *in, const float *
     LEAVE_WITH(status);
 }
 
-static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const float *d_out,
+static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out,
                                     const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC)
 {
     ENTER(S(d_in, N * C), S(d_weight, OC * C), S(d_bias, OC), S(d_out, N * OC), S(in, N * C), S(weight, OC * C));
     int status = matmul_backward_bf16(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+    LEAVE_WITH(status);
+}
+
+static int enc_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
+                                         const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+{
+    ENTER(S(d_in, N * C), S(d_weight, OC * C), S(d_bias, OC), S(d_out, N * OC), S(in, N * C), S(weight, OC * C));
+    int status = matmul_backward_bf16_bits(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
     LEAVE_WITH(status);
 }
 
@@ -257,6 +265,13 @@ static int enc_gelu_backward(float *d_in, const float *in, const float *d_out, i
     ENTER(S(d_in, n), S(in, n), S(d_out, n));
     gelu_backward(d_in, in, d_out, n);
     LEAVE();
+}
+
+static int enc_gelu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n)
+{
+    ENTER(S(d_in, n), S(in, n), S(d_out, n));
+    int status = gelu_backward_bf16(d_in, in, d_out, n);
+    LEAVE_WITH(status);
 }
 
 static int enc_residual_forward(float *out, const float *a, const float *b, int64_t n)
@@ -322,7 +337,7 @@ static int enc_attention_forward_bf16(uint16_t *out, float *lse, float *scratch,
     LEAVE_WITH(status);
 }
 
-static int enc_attention_backward_bf16(float *d_qkv, float *scratch, const float *d_out, const uint16_t *qkv,
+static int enc_attention_backward_bf16(uint16_t *d_qkv, float *scratch, const uint16_t *d_out, const uint16_t *qkv,
                                        const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq,
                                        int64_t Hkv, int64_t hd)
 {
@@ -448,6 +463,7 @@ static const kernel_backend backend = {
     .matmul_backward = enc_matmul_backward,
     .matmul_forward_bf16 = enc_matmul_forward_bf16,
     .matmul_backward_bf16 = enc_matmul_backward_bf16,
+    .matmul_backward_bf16_bits = enc_matmul_backward_bf16_bits,
     .matmul_forward_bf16_bits = enc_matmul_forward_bf16_bits,
     .layernorm_forward = enc_layernorm_forward,
     .layernorm_backward = enc_layernorm_backward,
@@ -455,6 +471,7 @@ static const kernel_backend backend = {
     .gelu_backward = enc_gelu_backward,
     .layernorm_forward_bf16 = enc_layernorm_forward_bf16,
     .gelu_forward_bf16 = enc_gelu_forward_bf16,
+    .gelu_backward_bf16 = enc_gelu_backward_bf16,
     .residual_forward = enc_residual_forward,
     .bias_residual_forward = enc_bias_residual_forward,
     .add_inplace = enc_add_inplace,

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mixed_precision import Linear, attention, linear
+from mixed_precision import Linear, attention, bf16_gradient, linear
 
 
 class Block(nn.Module):
@@ -30,7 +30,7 @@ class Block(nn.Module):
         B, T, D = x.shape
         hd = D // self.heads
         q, k, v = self.qkv(x).split(D, dim=2)
-        q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (bf16_gradient(t.view(B, T, self.heads, hd).transpose(1, 2)) for t in (q, k, v))
 
         def plain(q, k, v):
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
@@ -43,7 +43,7 @@ class Block(nn.Module):
 
     def forward(self, x):
         x = x + self.attention(self.ln1(x))
-        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        return x + self.fc_proj(bf16_gradient(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
 
 
 class GPT2(nn.Module):

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mixed_precision import Linear, attention, linear
+from mixed_precision import Linear, attention, bf16_gradient, linear
 
 
 class RMSNorm(nn.Module):
@@ -126,6 +126,7 @@ class Attention(nn.Module):
         k = k.view(B, T, K, hd).transpose(1, 2)
         v = v.view(B, T, K, hd).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q, k, v = bf16_gradient(q), bf16_gradient(k), bf16_gradient(v)  # before the key/value heads' sum
         k, v = repeat_kv(k, H // K), repeat_kv(v, H // K)
 
         def plain(q, k, v):
@@ -149,7 +150,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         gate, up = self.fc(x).chunk(2, dim=-1)
-        return self.proj(F.silu(gate) * up)
+        return self.proj(bf16_gradient(F.silu(gate) * up))
 
 
 class Block(nn.Module):

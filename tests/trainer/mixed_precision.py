@@ -4,9 +4,13 @@ every linear layer's product, forward and backward, takes its two operands
 rounded to bf16 (to nearest, ties to even) and sums in the model's own
 precision; the causal attention reads q, k and v rounded to bf16, and its
 backward the gradient of its output and that output rounded too (what
-cuDNN's flash attention reads in bf16; attention() below); everything else
-(norms, the softmax and its probabilities, activations, the loss, the bias
-gradients) stays in that precision.
+cuDNN's flash attention reads in bf16; attention() below); the gradients
+tp-train keeps in bf16 inside a layer are rounded where it rounds them
+(bf16_gradient() below: the MLP's activation's, and q, k and v's after
+RoPE, once summed over the query heads that share a key/value head, as
+cuDNN writes them); everything else (norms, the softmax and its
+probabilities, activations, the loss, the residual stream's gradients)
+stays in that precision.
 
 The reference models call linear() for every product with a weight. Outside
 bf16_operands() it is F.linear, so the models are plain PyTorch (and
@@ -14,7 +18,7 @@ autocast, which the benchmarks use, applies as usual). Inside it:
   forward   y = bf16(x) @ bf16(W)^T + b
   backward  dx = bf16(dy) @ bf16(W)
             dW = bf16(dy)^T @ bf16(x), summed over every row
-            db = dy summed over every row (not rounded)
+            db = bf16(dy) summed over every row (the gradient the product reads)
 In an fp32 model the sums are fp32, which every CPU's BLAS gives exactly
 enough; in an fp64 model they are exact to fp64's precision (the values
 rounded first to fp32, then to bf16, as tp-train rounds fp32 values).
@@ -53,7 +57,7 @@ class _Bf16OperandsLinear(torch.autograd.Function):
         dy16 = round_bf16(dy)
         dx = dy16 @ w16  # [..., C]
         dw = dy16.reshape(-1, dy.shape[-1]).T @ x16.reshape(-1, x16.shape[-1])  # [OC, C]
-        db = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias else None
+        db = dy16.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias else None
         return dx, dw, db
 
 
@@ -94,6 +98,26 @@ def attention(q, k, v, scale, plain):
     if _BF16_OPERANDS:
         return _Bf16OperandsAttention.apply(q, k, v, scale)
     return plain(q, k, v)
+
+
+class _Bf16Gradient(torch.autograd.Function):
+    """x itself; its gradient rounded to bf16 on the way back."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dx):
+        return round_bf16(dx)
+
+
+def bf16_gradient(x):
+    """x, whose gradient tp-train keeps as bf16 (kernels.h): rounded inside
+    bf16_operands(), untouched outside."""
+    if _BF16_OPERANDS:
+        return _Bf16Gradient.apply(x)
+    return x
 
 
 def linear(x, weight, bias=None):
