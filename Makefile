@@ -44,7 +44,7 @@ SUBMAKE = $(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j$(J
 # OPTFLAGS and SANITIZE select the build flavour; CFLAGS/LDFLAGS add to them.
 OPTFLAGS ?= -O2 -g
 SANITIZE ?=
-ALL_CFLAGS = $(OPTFLAGS) -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -MMD -MP $(PKG_CFLAGS) \
+ALL_CFLAGS = $(OPTFLAGS) -std=c11 -Wall -Wextra -Wpointer-arith -Werror -D_GNU_SOURCE -pthread -MMD -MP $(PKG_CFLAGS) \
 	$(SANITIZE) $(CFLAGS)
 # A run path relative to each binary (bin/ and tests/DIR/ beside lib/), as
 # DT_RPATH so that it also serves the libraries' own dependencies: the GPU

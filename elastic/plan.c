@@ -215,7 +215,7 @@ static int stage_shares(const catalogued_model *cm, int tp, int pp, int zero, in
  *              qkv*                               [N, (H/tp + 2 KVl) * hd], KVl = KV/tp or 1 (K < TP)
  *              attention row log-sum-exps         [N, H/tp]
  *              attention output*                  [N, H/tp * hd]
- *              fc (pre-activation), gelu*         [N, F/tp] x 2 (fc [N, 2F/tp] with SwiGLU)
+ *              fc* (pre-activation), gelu*        [N, F/tp] x 2 (fc [N, 2F/tp] with SwiGLU)
  *   a head, on the last stage (a pool of its own: as many as its schedule
  *   has in flight through it, trainer/model.h gpt_head)
  *              final norm*                        [N, D]
@@ -246,9 +246,11 @@ static int64_t micro_batch_floats(const gpt_config *m, int tp, int chunks, int64
 {
     int64_t s = m->seq, N = b * s, R = sequence_parallel ? N / tp : N, D = m->dim, hd = m->dim / m->heads;
     int64_t heads = m->heads / tp, qkv = qkv_local(m, tp), attn = heads * hd, f = m->ffn / tp, L = m->layers / chunks;
-    int64_t fp32 = L * (R * (2 * D + 4) + N * ((m->swiglu ? 2 : 1) * f + heads));
+    int64_t fp32 = L * (R * (2 * D + 4) + N * heads);
     int64_t activations = 2 * bf16_activation_floats(m, L * R * D) + bf16_activation_floats(m, L * N * qkv) +
-                          bf16_activation_floats(m, L * N * attn) + bf16_activation_floats(m, L * N * f);
+                          bf16_activation_floats(m, L * N * attn) +
+                          bf16_activation_floats(m, L * N * (m->swiglu ? 2 : 1) * f) +
+                          bf16_activation_floats(m, L * N * f);
     return R * D + fp32 + activations;
 }
 

@@ -97,8 +97,9 @@ void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d
                      const float *weight, int64_t N, int64_t C, int64_t OC);
 
 /* bf16 mixed precision (tp-train --dtype bf16). Activations that only bf16
- * products and the bf16 attention read (the norms' outputs, the attention's
- * output, the MLP's activation) are kept as bf16 bits (uint16_t: the top
+ * products, the bf16 attention and the MLP's activation read (the norms'
+ * outputs, q, k and v, the attention's output, the MLP's input and its
+ * activation) are kept as bf16 bits (uint16_t: the top
  * half of an fp32, rounded to nearest, ties to even, convert_bits.h), half
  * the memory and traffic of fp32 and no rounding before each product that
  * reads them. The *_bf16 operations below that write such an activation
@@ -132,10 +133,11 @@ int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, co
                               const float *weight, int64_t N, int64_t C, int64_t OC);
 /* matmul_forward_bf16 written as a bf16 activation: out[N,OC] as bf16
  * bits, the bits of rounding matmul_forward_bf16's fp32 out (the bias
- * added in fp32 first). GPT-2's qkv, which only the attention reads. A GPU
- * may have cuBLAS round its own fp32 sums, in another order than its fp32
- * product's: one ulp apart where a sum lies near a tie. TP_ERR_NOMEM when
- * the CPU's scratch cannot be had. */
+ * added in fp32 first). GPT-2's qkv, which only the attention reads, and
+ * the MLP's input (fc), which only its activation reads. A GPU may have
+ * cuBLAS round its own fp32 sums, in another order than its fp32 product's:
+ * one ulp apart where a sum lies near a tie. TP_ERR_NOMEM when the CPU's
+ * scratch cannot be had. */
 int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC);
 
@@ -166,22 +168,25 @@ void swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N
 
 /* The four above as bf16 activations (tp-train --dtype bf16): out as bf16
  * bits, the same bits as rounding the fp32 operation's out; mean and rstd
- * fp32 as there. On the CPU the fp32 result passes through a thread's
- * scratch: TP_ERR_NOMEM when it cannot be had. */
+ * fp32 as there. The norms read the residual stream (fp32); GELU and
+ * SwiGLU read the MLP's input, itself a bf16 activation (the fc product's
+ * output, matmul_forward_bf16_bits), as bits: out is then the rounding of
+ * the fp32 operation on in's values. On the CPU the fp32 values pass
+ * through a thread's scratch: TP_ERR_NOMEM when it cannot be had. */
 int layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *in, const float *weight,
                            const float *bias, int64_t N, int64_t C);
 int rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
                          float eps);
-int gelu_forward_bf16(uint16_t *out, const float *in, int64_t n);
-int swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F);
+int gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n);
+int swiglu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t N, int64_t F);
 /* Their backward with bf16 gradients: d_out is bf16 bits (the gradient of
- * the MLP's activation, matmul_backward_bf16_bits's d_in), in fp32 (the
- * MLP's input, kept fp32); d_in written as bf16 bits, the bits of rounding
- * what gelu_backward or swiglu_backward compute from d_out's values (the
- * gradient the MLP's input product reads). TP_ERR_NOMEM when the CPU's
- * scratch cannot be had. */
-int gelu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n);
-int swiglu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F);
+ * the MLP's activation, matmul_backward_bf16_bits's d_in), in the MLP's
+ * input as the forward read it (bf16 bits); d_in written as bf16 bits, the
+ * bits of rounding what gelu_backward or swiglu_backward compute from in's
+ * and d_out's values (the gradient the MLP's input product reads).
+ * TP_ERR_NOMEM when the CPU's scratch cannot be had. */
+int gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n);
+int swiglu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t N, int64_t F);
 
 /* Rotary position embeddings, Hugging Face's rotate-half convention: in
  * each head's hd values, element j < hd/2 pairs with j + hd/2 and both turn
@@ -418,10 +423,10 @@ typedef struct kernel_backend {
                                   const float *bias, int64_t N, int64_t C);
     int (*rmsnorm_forward_bf16)(uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
                                 float eps);
-    int (*gelu_forward_bf16)(uint16_t *out, const float *in, int64_t n);
-    int (*swiglu_forward_bf16)(uint16_t *out, const float *in, int64_t N, int64_t F);
-    int (*gelu_backward_bf16)(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n);
-    int (*swiglu_backward_bf16)(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F);
+    int (*gelu_forward_bf16)(uint16_t *out, const uint16_t *in, int64_t n);
+    int (*swiglu_forward_bf16)(uint16_t *out, const uint16_t *in, int64_t N, int64_t F);
+    int (*gelu_backward_bf16)(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n);
+    int (*swiglu_backward_bf16)(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t N, int64_t F);
     int (*rope_forward)(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
     int (*rope_backward)(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                          int64_t hd);

@@ -116,10 +116,10 @@ WRAP(layernorm_forward_bf16,
 WRAP(rmsnorm_forward_bf16,
      (uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps),
      (out, rstd, in, weight, N, C, eps))
-WRAP(gelu_forward_bf16, (uint16_t *out, const float *in, int64_t n), (out, in, n))
-WRAP(swiglu_forward_bf16, (uint16_t *out, const float *in, int64_t N, int64_t F), (out, in, N, F))
-WRAP(gelu_backward_bf16, (uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n), (d_in, in, d_out, n))
-WRAP(swiglu_backward_bf16, (uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F),
+WRAP(gelu_forward_bf16, (uint16_t *out, const uint16_t *in, int64_t n), (out, in, n))
+WRAP(swiglu_forward_bf16, (uint16_t *out, const uint16_t *in, int64_t N, int64_t F), (out, in, N, F))
+WRAP(gelu_backward_bf16, (uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n), (d_in, in, d_out, n))
+WRAP(swiglu_backward_bf16, (uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t N, int64_t F),
      (d_in, in, d_out, N, F))
 WRAP(rope_forward, (float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
      (qkv, cos_sin, B, T, Hq, Hkv, hd))

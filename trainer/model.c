@@ -241,9 +241,10 @@ static void *activation_at(const gpt_model *m, void *base, int64_t index)
 static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 {
     int64_t N = m->B * m->T, R = m->rows, L = m->chunk_layers;
-    int64_t fp32 = R * m->D + L * (R * (2 * m->D + 4) + N * (m->fc_local + m->heads_local));
+    int64_t fp32 = R * m->D + L * (R * (2 * m->D + 4) + N * m->heads_local);
     int64_t activations = 2 * activation_floats(m, L * R * m->D) + activation_floats(m, L * N * m->qkv_local) +
-                          activation_floats(m, L * N * m->attn_local) + activation_floats(m, L * N * m->ffn_local);
+                          activation_floats(m, L * N * m->attn_local) + activation_floats(m, L * N * m->fc_local) +
+                          activation_floats(m, L * N * m->ffn_local);
     *ints = 2 * N;
     return fp32 + activations;
 }
@@ -317,7 +318,7 @@ static int slot_init(gpt_model *m, gpt_slot *s)
     CARVE(ln2, activation_floats(m, L * R * m->D));
     CARVE(ln2_mean, L * R);
     CARVE(ln2_rstd, L * R);
-    CARVE(fc, L * N * m->fc_local);
+    CARVE(fc, activation_floats(m, L * N * m->fc_local));
     CARVE(gelu, activation_floats(m, L * N * m->ffn_local));
     CARVE(res2, L * R * m->D);
 #undef CARVE
@@ -740,9 +741,18 @@ static int attention_backward_in(const gpt_model *m, void *d_qkv, float *scratch
                                  m->hd);
 }
 
-/* The MLP's activation of fc [N, fc_local] into gl [N, ffn_local] (an
- * activation): GELU, or SwiGLU of fc's [gate | up]. */
-static int mlp_activation_forward(const gpt_model *m, void *gl, const float *fc)
+/* The MLP's input fc [N, fc_local] (an activation) = in @ Wfc^T + bfc: in
+ * bf16 the product written as bf16 bits (only the MLP's activation reads it). */
+static int fc_forward(const gpt_model *m, void *fc, const void *in, const float *weight, const float *bias)
+{
+    int64_t N = m->B * m->T;
+    if (m->bf16) return m->kernels->matmul_forward_bf16_bits(fc, in, weight, bias, N, m->D, m->fc_local);
+    return m->kernels->matmul_forward(fc, in, weight, bias, N, m->D, m->fc_local);
+}
+
+/* The MLP's activation of fc [N, fc_local] into gl [N, ffn_local] (both
+ * activations): GELU, or SwiGLU of fc's [gate | up]. */
+static int mlp_activation_forward(const gpt_model *m, void *gl, const void *fc)
 {
     const kernel_backend *k = m->kernels;
     int64_t N = m->B * m->T;
@@ -753,7 +763,7 @@ static int mlp_activation_forward(const gpt_model *m, void *gl, const float *fc)
 
 /* Its backward: d_fc [N, fc_local] from d_gl [N, ffn_local] and fc, the
  * gradients fp32 or bf16 bits. */
-static int mlp_activation_backward(const gpt_model *m, void *d_fc, const float *fc, const void *d_gl)
+static int mlp_activation_backward(const gpt_model *m, void *d_fc, const void *fc, const void *d_gl)
 {
     const kernel_backend *k = m->kernels;
     int64_t N = m->B * m->T;
@@ -831,7 +841,8 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *
     void *ln2 = activation_at(m, s->ln2, l * R * D), *gl = activation_at(m, s->gelu, l * N * m->ffn_local);
     void *qkv = activation_at(m, s->qkv, l * N * m->qkv_local);
     float *lse = s->att_lse + l * N * m->heads_local, *res1 = s->res1 + l * R * D;
-    float *fc = s->fc + l * N * m->fc_local, *res2 = s->res2 + l * R * D;
+    void *fc = activation_at(m, s->fc, l * N * m->fc_local);
+    float *res2 = s->res2 + l * R * D;
     /* The row-parallel linears' partial sums [N, D]: in place without sequence parallelism. */
     float *partial1 = m->sequence_parallel ? m->partial : res1, *partial2 = m->sequence_parallel ? m->partial : res2;
     const void *in;
@@ -845,7 +856,7 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *
     TP_TRY(residual_add(m, res1, x, res1, W_OR_NULL(PROJ_BIAS)));
     TP_TRY(norm_forward(m, ln2, s->ln2_mean + l * R, s->ln2_rstd + l * R, res1, W(LN2_WEIGHT), W_OR_NULL(LN2_BIAS)));
     TP_TRY(full_rows(m, ln2, &in));
-    TP_TRY(linear_forward(m, fc, in, W(FC_WEIGHT), W_OR_NULL(FC_BIAS), N, D, m->fc_local));
+    TP_TRY(fc_forward(m, fc, in, W(FC_WEIGHT), W_OR_NULL(FC_BIAS)));
     TP_TRY(mlp_activation_forward(m, gl, fc));
     TP_TRY(linear_forward(m, partial2, gl, W(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
     TP_TRY(sum_rows(m, partial2, res2));
@@ -1002,7 +1013,8 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     const void *ln2 = activation_at(m, s->ln2, l * R * D), *gl = activation_at(m, s->gelu, l * N * m->ffn_local);
     const void *qkv = activation_at(m, s->qkv, l * N * m->qkv_local);
     const float *lse = s->att_lse + l * N * m->heads_local;
-    const float *res1 = s->res1 + l * R * D, *fc = s->fc + l * N * m->fc_local;
+    const float *res1 = s->res1 + l * R * D;
+    const void *fc = activation_at(m, s->fc, l * N * m->fc_local);
     float *d_res1 = work, *d_ln = d_res1 + N * D;
     /* The activations' gradients (fp32, or bf16 bits), each in an fp32-sized place. */
     float *d_qkv = block_d_qkv(m, work), *d_attn = d_qkv + N * m->qkv_local, *d_gelu = d_attn + N * m->attn_local;

@@ -67,11 +67,12 @@ typedef struct {
     float *input;                /* [rows, D]: embeddings (first stage) or the previous stage's output */
     /* Per local layer, consecutive: the norms' and residuals' [rows, D] (and
      * [rows] statistics), the others' [B*T, their width]. The activations
-     * only products and the attention read (ln1, qkv, attn, ln2, gelu:
-     * void) are bf16 bits with bf16, else fp32 (gpt_model.bf16). */
-    void *ln1, *qkv, *attn, *ln2, *gelu;
+     * only products, the attention and the MLP's activation read (ln1, qkv,
+     * attn, ln2, fc, gelu: void) are bf16 bits with bf16, else fp32
+     * (gpt_model.bf16). */
+    void *ln1, *qkv, *attn, *ln2, *fc, *gelu;
     float *ln1_mean, *ln1_rstd, *att_lse, *res1;
-    float *ln2_mean, *ln2_rstd, *fc, *res2;
+    float *ln2_mean, *ln2_rstd, *res2;
     gpt_head *head;              /* last stage: the head's buffers bound to the slot (gpt_model_bind_head) */
     double loss_sum;             /* sum of token losses (last stage) */
 } gpt_slot;

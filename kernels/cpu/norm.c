@@ -252,56 +252,76 @@ int rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const floa
     return TP_OK;
 }
 
-int gelu_forward_bf16(uint16_t *out, const float *in, int64_t n)
+/* The MLP's activation in bf16 (kernels.h): its input (fc) and gradient
+ * come as bf16 bits. A chunk of them is widened into the thread's scratch,
+ * the fp32 operation runs there, its result is rounded. Element by element
+ * (row by row for SwiGLU), so chunks change nothing but the scratch:
+ * BF16_MLP_CHUNK values of the activation at a time, a few MiB whatever
+ * the layer's size. */
+#define BF16_MLP_CHUNK ((int64_t)1 << 20)
+
+/* Rows of SwiGLU's [N, 2F] input in a chunk (at least one). */
+static int64_t swiglu_chunk_rows(int64_t N, int64_t F)
 {
-    float *y;
-    TP_TRY(bf16_output_scratch(&y, n, "GELU"));
-    gelu_forward(y, in, n);
-    round_to_bf16_bits(out, y, n);
-    return TP_OK;
+    int64_t rows = F > 0 && BF16_MLP_CHUNK / F > 1 ? BF16_MLP_CHUNK / F : 1;
+    return rows < N ? rows : N;
 }
 
-int swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F)
+int gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n)
 {
-    float *y;
-    TP_TRY(bf16_output_scratch(&y, N * F, "SwiGLU"));
-    swiglu_forward(y, in, N, F);
-    round_to_bf16_bits(out, y, N * F);
-    return TP_OK;
-}
-
-/* The backwards with bf16 gradients (kernels.h): a chunk of d_out's bits
- * widened and the fp32 backward's d_in of it in the thread's scratch,
- * [d_out | d_in], then d_in rounded. Element by element, so chunks change
- * nothing but the scratch: BF16_BACKWARD_CHUNK values of d_out at a time
- * (whole rows for SwiGLU), a few MiB whatever the layer's size. */
-#define BF16_BACKWARD_CHUNK ((int64_t)1 << 20)
-
-int gelu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n)
-{
-    int64_t chunk = n < BF16_BACKWARD_CHUNK ? n : BF16_BACKWARD_CHUNK;
-    float *g;
-    TP_TRY(bf16_output_scratch(&g, 2 * chunk, "GELU's gradient"));
+    int64_t chunk = n < BF16_MLP_CHUNK ? n : BF16_MLP_CHUNK;
+    float *x; /* [in | out] of a chunk */
+    TP_TRY(bf16_output_scratch(&x, 2 * chunk, "GELU"));
     for (int64_t i = 0; i < n; i += chunk) {
         int64_t count = n - i < chunk ? n - i : chunk;
-        convert_to_f32(d_out + i, TP_BF16, g, count);
-        gelu_backward(g + count, in + i, g, count);
-        round_to_bf16_bits(d_in + i, g + count, count);
+        convert_to_f32(in + i, TP_BF16, x, count);
+        gelu_forward(x + count, x, count);
+        round_to_bf16_bits(out + i, x + count, count);
     }
     return TP_OK;
 }
 
-int swiglu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F)
+int swiglu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t N, int64_t F)
 {
-    int64_t rows = F > 0 && BF16_BACKWARD_CHUNK / F > 1 ? BF16_BACKWARD_CHUNK / F : 1;
-    if (rows > N) rows = N;
-    float *g;
-    TP_TRY(bf16_output_scratch(&g, 3 * rows * F, "SwiGLU's gradient"));
+    int64_t rows = swiglu_chunk_rows(N, F);
+    float *x; /* [in (rows x 2F) | out (rows x F)] */
+    TP_TRY(bf16_output_scratch(&x, 3 * rows * F, "SwiGLU"));
     for (int64_t n = 0; n < N; n += rows) {
         int64_t count = N - n < rows ? N - n : rows;
-        convert_to_f32(d_out + n * F, TP_BF16, g, count * F);
-        swiglu_backward(g + count * F, in + n * 2 * F, g, count, F);
-        round_to_bf16_bits(d_in + n * 2 * F, g + count * F, 2 * count * F);
+        convert_to_f32(in + n * 2 * F, TP_BF16, x, 2 * count * F);
+        swiglu_forward(x + 2 * count * F, x, count, F);
+        round_to_bf16_bits(out + n * F, x + 2 * count * F, count * F);
+    }
+    return TP_OK;
+}
+
+int gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n)
+{
+    int64_t chunk = n < BF16_MLP_CHUNK ? n : BF16_MLP_CHUNK;
+    float *x; /* [in | d_out | d_in] of a chunk */
+    TP_TRY(bf16_output_scratch(&x, 3 * chunk, "GELU's gradient"));
+    for (int64_t i = 0; i < n; i += chunk) {
+        int64_t count = n - i < chunk ? n - i : chunk;
+        convert_to_f32(in + i, TP_BF16, x, count);
+        convert_to_f32(d_out + i, TP_BF16, x + count, count);
+        gelu_backward(x + 2 * count, x, x + count, count);
+        round_to_bf16_bits(d_in + i, x + 2 * count, count);
+    }
+    return TP_OK;
+}
+
+int swiglu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t N, int64_t F)
+{
+    int64_t rows = swiglu_chunk_rows(N, F);
+    float *x; /* [in (rows x 2F) | d_out (rows x F) | d_in (rows x 2F)] */
+    TP_TRY(bf16_output_scratch(&x, 5 * rows * F, "SwiGLU's gradient"));
+    for (int64_t n = 0; n < N; n += rows) {
+        int64_t count = N - n < rows ? N - n : rows;
+        float *x_in = x, *x_d_out = x + 2 * count * F, *x_d_in = x + 3 * count * F;
+        convert_to_f32(in + n * 2 * F, TP_BF16, x_in, 2 * count * F);
+        convert_to_f32(d_out + n * F, TP_BF16, x_d_out, count * F);
+        swiglu_backward(x_d_in, x_in, x_d_out, count, F);
+        round_to_bf16_bits(d_in + n * 2 * F, x_d_in, 2 * count * F);
     }
     return TP_OK;
 }

@@ -27,9 +27,11 @@
  * projections' d_in, written by matmul_backward_bf16_bits: a bf16 C), the
  * fp32 operands (the weights, the residual stream's gradient) rounded by a
  * kernel (convert_bits.h, as the CPU rounds); the qkv product (and RoPE)
- * written as bf16 bits too, which only the attention reads
- * (matmul_forward_bf16_bits: a bf16 C; rope_forward_bf16); a forward product
- * with a bias through cuBLASLt, the bias in its epilogue (products_lt.cu);
+ * written as bf16 bits too, which only the attention reads, and the MLP's
+ * fc product, which only GELU or SwiGLU reads (matmul_forward_bf16_bits: a
+ * bf16 C; rope_forward_bf16; gelu_forward_bf16 and swiglu_forward_bf16, and
+ * their backward, widening it on load); a forward product with a bias
+ * through cuBLASLt, the bias in its epilogue (products_lt.cu);
  * attention through cuDNN in bf16 where it can (attention.cu: qkv, out, d_out
  * and d_qkv bound as the bits they are), else the tiled kernels on the
  * widened values; the rest in simple kernels. Launch shapes: element-wise

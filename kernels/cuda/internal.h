@@ -75,18 +75,19 @@ int cuda_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, cons
 int cuda_swiglu_forward(float *out, const float *in, int64_t N, int64_t F);
 int cuda_swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F);
 /* norm.cu: the forwards above writing bf16 bits (kernels.h: the bits of
- * rounding the fp32 forward's out, by the same kernels). */
+ * rounding the fp32 forward's out, by the same kernels); GELU and SwiGLU
+ * read in, the MLP's input, as bf16 bits too (widened by the same kernels). */
 int cuda_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *in, const float *weight,
                                 const float *bias, int64_t N, int64_t C);
 int cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
                               float eps);
-int cuda_gelu_forward_bf16(uint16_t *out, const float *in, int64_t n);
-int cuda_swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F);
-/* norm.cu: gelu_backward and swiglu_backward of a bf16 d_out, writing d_in
- * as bf16 bits (kernels.h: the bits of rounding what the fp32 backward
- * computes from d_out widened, by the same kernels). */
-int cuda_gelu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n);
-int cuda_swiglu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F);
+int cuda_gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n);
+int cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t N, int64_t F);
+/* norm.cu: gelu_backward and swiglu_backward of a bf16 in and d_out,
+ * writing d_in as bf16 bits (kernels.h: the bits of rounding what the fp32
+ * backward computes from in and d_out widened, by the same kernels). */
+int cuda_gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n);
+int cuda_swiglu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t N, int64_t F);
 /* rope.cu */
 int cuda_rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 int cuda_rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);

@@ -6,10 +6,15 @@
  * activations) are the same kernel storing the bits of rounding each fp32
  * value it computes (store_value, launch.h), so that their bits are those of
  * rounding the fp32 operation's out, by construction. The GELU and SwiGLU
- * backward kernels are templates on d_in's and d_out's types alike:
- * gelu_backward_bf16 and swiglu_backward_bf16 (bf16 gradients) read d_out's
- * bits widened (load_value) and store d_in's bits rounded, the fp32
- * kernels' arithmetic in between. */
+ * kernels are templates on their input's type as well: in bf16 mixed
+ * precision the MLP's input (the fc product's output) is a bf16 activation,
+ * which gelu_forward_bf16 and swiglu_forward_bf16 read as bits widened
+ * (load_value, exact). Their backward kernels are templates on d_in's, in's
+ * and d_out's types alike: gelu_backward_bf16 and swiglu_backward_bf16 (bf16
+ * gradients) read in's and d_out's bits widened and store d_in's bits
+ * rounded. One source of fp32 arithmetic serves both precisions: the bf16
+ * operations' bits are those of rounding what the fp32 kernels compute from
+ * the widened values. The norms read the residual stream, fp32 in both. */
 #include <math.h>
 #include <stdint.h>
 
@@ -137,24 +142,28 @@ static __device__ float gelu_gate(float x)
     return 1.0f / (1.0f + expf(-2.0f * u));
 }
 
-template <typename Out> static __global__ void gelu_forward_kernel(Out *out, const float *in, int64_t n)
-{
-    GRID_STRIDE(i, n) store_value(&out[i], in[i] * gelu_gate(in[i]));
-}
-
-/* d/dx [x s] = s + x * 2 s (1 - s) * du/dx. DIn, DOut: float, or uint16_t
- * (bf16 bits: gelu_backward_bf16). */
-template <typename DIn, typename DOut>
-static __global__ void gelu_backward_kernel(DIn *d_in, const float *in, const DOut *d_out, int64_t n)
+/* Out, In: float, or uint16_t (bf16 bits: gelu_forward_bf16). */
+template <typename Out, typename In> static __global__ void gelu_forward_kernel(Out *out, const In *in, int64_t n)
 {
     GRID_STRIDE(i, n) {
-        float x = in[i], s = gelu_gate(x);
+        float x = load_value(&in[i]);
+        store_value(&out[i], x * gelu_gate(x));
+    }
+}
+
+/* d/dx [x s] = s + x * 2 s (1 - s) * du/dx. DIn, In, DOut: float, or
+ * uint16_t (bf16 bits: gelu_backward_bf16). */
+template <typename DIn, typename In, typename DOut>
+static __global__ void gelu_backward_kernel(DIn *d_in, const In *in, const DOut *d_out, int64_t n)
+{
+    GRID_STRIDE(i, n) {
+        float x = load_value(&in[i]), s = gelu_gate(x);
         float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         store_value(&d_in[i], (s + 2.0f * x * s * (1.0f - s) * du) * load_value(&d_out[i]));
     }
 }
 
-template <typename Out> static int gelu_forward_as(Out *out, const float *in, int64_t n)
+template <typename Out, typename In> static int gelu_forward_as(Out *out, const In *in, int64_t n)
 {
     ENTER();
     if (n <= 0) return TP_OK;
@@ -170,13 +179,13 @@ int cuda_gelu_forward(float *out, const float *in, int64_t n)
     return gelu_forward_as(out, in, n);
 }
 
-int cuda_gelu_forward_bf16(uint16_t *out, const float *in, int64_t n)
+int cuda_gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n)
 {
     return gelu_forward_as(out, in, n);
 }
 
-template <typename DIn, typename DOut>
-static int gelu_backward_as(DIn *d_in, const float *in, const DOut *d_out, int64_t n)
+template <typename DIn, typename In, typename DOut>
+static int gelu_backward_as(DIn *d_in, const In *in, const DOut *d_out, int64_t n)
 {
     ENTER();
     if (n <= 0) return TP_OK;
@@ -192,7 +201,7 @@ int cuda_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t
     return gelu_backward_as(d_in, in, d_out, n);
 }
 
-int cuda_gelu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n)
+int cuda_gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n)
 {
     return gelu_backward_as(d_in, in, d_out, n);
 }
@@ -284,28 +293,31 @@ fail:
  * the GPU's expf for the CPU's fast_expf (each within 2 ulp). A block per
  * row, an element of out (and its two of d_in) per thread. */
 
-template <typename Out> static __global__ void swiglu_forward_kernel(Out *out, const float *in, int64_t N, int64_t F)
+/* Out, In: float, or uint16_t (bf16 bits: swiglu_forward_bf16). */
+template <typename Out, typename In>
+static __global__ void swiglu_forward_kernel(Out *out, const In *in, int64_t N, int64_t F)
 {
     ROWS_AND_COLUMNS(n, f, N, F) {
-        float g = in[n * 2 * F + f];
-        store_value(&out[n * F + f], g / (1.0f + expf(-g)) * in[n * 2 * F + F + f]);
+        float g = load_value(&in[n * 2 * F + f]), up = load_value(&in[n * 2 * F + F + f]);
+        store_value(&out[n * F + f], g / (1.0f + expf(-g)) * up);
     }
 }
 
 /* d up = dy g s, d gate = dy up s (1 + g (1 - s)), s = sigmoid(g). DIn,
- * DOut: float, or uint16_t (bf16 bits: swiglu_backward_bf16). */
-template <typename DIn, typename DOut>
-static __global__ void swiglu_backward_kernel(DIn *d_in, const float *in, const DOut *d_out, int64_t N, int64_t F)
+ * In, DOut: float, or uint16_t (bf16 bits: swiglu_backward_bf16). */
+template <typename DIn, typename In, typename DOut>
+static __global__ void swiglu_backward_kernel(DIn *d_in, const In *in, const DOut *d_out, int64_t N, int64_t F)
 {
     ROWS_AND_COLUMNS(n, f, N, F) {
-        float g = in[n * 2 * F + f], up = in[n * 2 * F + F + f], dy = load_value(&d_out[n * F + f]);
+        float g = load_value(&in[n * 2 * F + f]), up = load_value(&in[n * 2 * F + F + f]);
+        float dy = load_value(&d_out[n * F + f]);
         float s = 1.0f / (1.0f + expf(-g));
         store_value(&d_in[n * 2 * F + F + f], dy * (g * s));
         store_value(&d_in[n * 2 * F + f], dy * up * (s * (1.0f + g * (1.0f - s))));
     }
 }
 
-template <typename Out> static int swiglu_forward_as(Out *out, const float *in, int64_t N, int64_t F)
+template <typename Out, typename In> static int swiglu_forward_as(Out *out, const In *in, int64_t N, int64_t F)
 {
     ENTER();
     if (N <= 0 || F <= 0) return TP_OK;
@@ -321,13 +333,13 @@ int cuda_swiglu_forward(float *out, const float *in, int64_t N, int64_t F)
     return swiglu_forward_as(out, in, N, F);
 }
 
-int cuda_swiglu_forward_bf16(uint16_t *out, const float *in, int64_t N, int64_t F)
+int cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t N, int64_t F)
 {
     return swiglu_forward_as(out, in, N, F);
 }
 
-template <typename DIn, typename DOut>
-static int swiglu_backward_as(DIn *d_in, const float *in, const DOut *d_out, int64_t N, int64_t F)
+template <typename DIn, typename In, typename DOut>
+static int swiglu_backward_as(DIn *d_in, const In *in, const DOut *d_out, int64_t N, int64_t F)
 {
     ENTER();
     if (N <= 0 || F <= 0) return TP_OK;
@@ -343,7 +355,7 @@ int cuda_swiglu_backward(float *d_in, const float *in, const float *d_out, int64
     return swiglu_backward_as(d_in, in, d_out, N, F);
 }
 
-int cuda_swiglu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t N, int64_t F)
+int cuda_swiglu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t N, int64_t F)
 {
     return swiglu_backward_as(d_in, in, d_out, N, F);
 }

@@ -810,13 +810,17 @@ Test(cuda_backend, swiglu_forward_and_backward)
  * (near zero). Shapes as the fp32 cases' and a tall one (N >> C); values
  * steered through each operation exactly where it lets them (out = bias
  * where the weight is 0; a row that rstd scales by 2^-10; gates whose GELU
- * or SiLU factor is exactly 1, 1/2 or 128): ties to even both ways and both
- * signs, values just past and short of a tie, a bf16 value, large ties, the
- * largest float's tie (up to infinity), subnormal ties. At those elements
- * the bits are checked against the steered value's rounding (convert_bits.h)
- * as well. */
+ * factor is exactly 1 or 1/2, or whose SiLU is the gate itself): ties to
+ * even both ways and both signs, values just past and short of a tie, a
+ * bf16 value, large ties, the largest float's tie (up to infinity),
+ * subnormal ties. At those elements the bits are checked against the
+ * steered value's rounding (convert_bits.h) as well. GELU and SwiGLU read
+ * the MLP's input as bf16 bits (a bf16 activation itself): their inputs
+ * are rounded on the host, the device's fp32 operation compared with is
+ * given the same values widened (floats_of_bf16_bits) and the CPU twin the
+ * same bits, and only what bf16 inputs reach exactly is steered (below). */
 
-/* fp32 bit patterns of the outputs steered. */
+/* fp32 bit patterns of the outputs steered (the norms, RoPE). */
 static const uint32_t steered[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0xbf818000u, 0x3f808001u,
                                    0x3f807fffu, 0x3f800000u, 0x71498000u, 0xf1498000u, 0x7f7f8000u,
                                    0x00008000u, 0x00018000u, 0x80018000u};
@@ -827,6 +831,13 @@ static float float_of(uint32_t bits)
     float x;
     memcpy(&x, &bits, sizeof x);
     return x;
+}
+
+static uint32_t bits_of(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits;
 }
 
 /* A bf16 value's place on the number line: neighbours differ by 1 (both zeros at 0). */
@@ -999,45 +1010,81 @@ Test(cuda_backend, rmsnorm_forward_bf16)
     }
 }
 
-/* Inputs as gelu_forward_and_backward's (n = 1037, not a multiple of 4), and
- * steered from element 8 on: x >= 10, whose gate is exactly 1 (out = x), and
- * |x| < 1e-7, whose gate is exactly 1/2 (out = x / 2). The CPU tolerance:
- * gelu's absolute 1e-6. */
+/* Inputs as gelu_forward_and_backward's (n = 1037, not a multiple of 4),
+ * rounded to bf16 (the MLP's input is a bf16 activation), and steered from
+ * element 8 on: x >= 10, whose gate is exactly 1 (out = x, a bf16 value
+ * kept as it is, up to the largest), and tiny x, whose gate is exactly 1/2
+ * (out = x / 2, exact in fp32). Halving a bf16 value makes a bf16 tie only
+ * where the half falls between bf16's subnormals (2^-133 apart): 2^-133 and
+ * 3 2^-133, and the normals just above 2^-126 with an odd last bit, give
+ * ties to even both ways and both signs. The CPU tolerance: gelu's absolute
+ * 1e-6. */
 Test(cuda_backend, gelu_forward_bf16)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
     int64_t n = 1037;
-    static const uint32_t outs[] = {0x41208000u, 0x41218000u, 0x71498000u, 0x7f7f8000u, 0x1e808000u,
-                                    0x9e818000u, 0x00008000u, 0x00018000u, 0x80018000u};
-    const int64_t count = (int64_t)(sizeof outs / sizeof outs[0]);
+    static const float steered_in[] = {
+        10.0f, 0x1.92p99f, 0x1.fep127f,           /* gate 1: out = x (bf16 0x4120, 0x7149, the largest) */
+        0x1p-133f, -0x1p-133f,                    /* out 0.5 2^-133: ties, down to even 0 (both signs) */
+        0x1.8p-132f, -0x1.8p-132f,                /* out 1.5 2^-133: ties, up to even 2 2^-133 */
+        0x1.02p-126f, 0x1.06p-126f, -0x1.06p-126f, /* out 64.5, 65.5 2^-133: down to 64, up to 66 */
+    };
+    const int64_t count = (int64_t)(sizeof steered_in / sizeof steered_in[0]);
     const char *shape = "n=1037";
     float *x = floats_random(n, 5.0f);
     const float far[] = {0.0f, -0.0f, 10.0f, -10.0f, 30.0f, -30.0f, 1e-20f, -1e-20f};
     memcpy(x, far, sizeof far);
-    for (int64_t i = 0; i < count; i++) {
-        float v = float_of(outs[i]);
-        x[8 + i] = fabsf(v) >= 10.0f ? v : 2.0f * v; /* twice a subnormal or tiny value: exact */
-    }
+    memcpy(x + 8, steered_in, sizeof steered_in);
+    uint16_t *x_bits = floats_bf16_bits(x, n); /* the activation, on both sides (the steered values exact) */
+    float *x_wide = floats_of_bf16_bits(x_bits, n), *garbage = floats_filled(n, 7.0f);
     uint16_t *out = malloc((size_t)n * sizeof(uint16_t)), *garbage_bits = bits_garbage(n);
-    float *garbage = floats_filled(n, 7.0f);
     cr_assert(out);
-    float *g_x = upload_floats(k, x, n), *g_fp32 = upload_floats(k, garbage, n);
-    uint16_t *g_out = upload_bits(k, garbage_bits, n);
-    cr_assert_eq(gelu_forward_bf16(out, x, n), TP_OK, "%s", tp_errmsg());
+    float *g_x_wide = upload_floats(k, x_wide, n), *g_fp32 = upload_floats(k, garbage, n);
+    uint16_t *g_x = upload_bits(k, x_bits, n), *g_out = upload_bits(k, garbage_bits, n);
+    cr_assert_eq(gelu_forward_bf16(out, x_bits, n), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->gelu_forward_bf16(g_out, g_x, n), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->gelu_forward(g_fp32, g_x, n), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->gelu_forward(g_fp32, g_x_wide, n), TP_OK, "%s", tp_errmsg());
     uint16_t *got = check_activation(k, g_out, g_fp32, out, n, 1e-6, 0, "gelu_forward_bf16", shape);
-    for (int64_t i = 0; i < count; i++) check_steered(got, 8 + i, outs[i], "gelu_forward_bf16", shape);
-    k->release(g_x), k->release(g_fp32), k->release(g_out);
-    free(x), free(out), free(garbage_bits), free(garbage), free(got);
+    for (int64_t i = 0; i < count; i++) {
+        float v = x_wide[8 + i];
+        check_steered(got, 8 + i, bits_of(fabsf(v) >= 10.0f ? v : 0.5f * v), "gelu_forward_bf16", shape); /* exact */
+    }
+    k->release(g_x_wide), k->release(g_fp32), k->release(g_x), k->release(g_out);
+    free(x), free(x_bits), free(x_wide), free(garbage), free(out), free(garbage_bits), free(got);
 }
 
+/* SwiGLU's steered values (row 0's first elements): bf16 ties, and a bf16
+ * value, as exact products of two bf16 values a and b. A tie's significand
+ * has 9 bits, the last one 1; it is reached where it factors into two of at
+ * most 8 bits (just above 1, 257 is prime: 259 = 7 x 37 and 261 = 9 x 29
+ * instead), and the product is exact in fp32 (16 significant bits at most,
+ * or a multiple of its smallest subnormal). Values just past or short of a
+ * tie need more bits than two bf16 values multiply to. Every a is at least
+ * 17: exp(-a) < 2^-24, so 1 + exp(-a) rounds to 1 and SiLU(a) is a,
+ * sigmoid(a) 1, exactly. */
+static const struct {
+    float a, b;
+    uint32_t product; /* a b, fp32 bits */
+} swiglu_steered[] = {
+    {37.0f, 0x1.cp-6f, 0x3f818000u},  /* 259 2^-8: a tie, up to even */
+    {29.0f, 0x1.2p-5f, 0x3f828000u},  /* 261 2^-8: a tie, down to even */
+    {37.0f, -0x1.cp-6f, 0xbf818000u}, /* and negative */
+    {29.0f, -0x1.2p-5f, 0xbf828000u},
+    {32.0f, 0x1p-5f, 0x3f800000u},    /* 1: a bf16 value */
+    {31.0f, 0x1.ap94f, 0x71498000u},  /* 403 2^91: a large tie, up */
+    {31.0f, -0x1.ap94f, 0xf1498000u},
+    {73.0f, 0x1.cp121f, 0x7f7f8000u}, /* 511 2^119: the largest float's tie, up to infinity */
+    {17.5f, 0x1p-133f, 0x00118000u},  /* 17.5 2^-133: a subnormal tie, up to even 18 2^-133 */
+    {18.5f, 0x1p-133f, 0x00128000u},  /* 18.5 2^-133: down to even 18 2^-133 */
+    {18.5f, -0x1p-133f, 0x80128000u},
+};
+#define SWIGLU_STEERED (int64_t)(sizeof swiglu_steered / sizeof swiglu_steered[0])
+
 /* in[N,2F] = [gate | up] as swiglu_forward_and_backward's (F = 29: N F odd),
- * rows wider than a block (F = 1000) and a tall shape; row 0's first gates
- * 128, whose SiLU is exactly 128 (exp(-128) is 0 in fp32, or below 1's
- * ulp), and ups steered[f] / 128 (exact): out = steered[f]. The CPU
- * tolerance: swiglu's absolute 1e-6. */
+ * rows wider than a block (F = 1000) and a tall shape, rounded to bf16 (the
+ * MLP's input is a bf16 activation); row 0's first gates a and ups b
+ * (swiglu_steered): out = a b. The CPU tolerance: swiglu's absolute 1e-6. */
 Test(cuda_backend, swiglu_forward_bf16)
 {
     NEED_GPU();
@@ -1051,44 +1098,47 @@ Test(cuda_backend, swiglu_forward_bf16)
         for (int64_t r = 0; r < N; r++)
             for (int64_t f = 0; f < F; f++) in[r * 2 * F + f] *= 8.0f;
         const float far[] = {0.0f, -0.0f, 20.0f, -20.0f, 100.0f, -100.0f, 1e-20f, -1e-20f};
-        memcpy(in + STEERED, far, sizeof far); /* after the steered gates, in row 0's gates (F >= 21) */
-        for (int64_t f = 0; f < STEERED; f++) in[f] = 128.0f, in[F + f] = ldexpf(float_of(steered[f]), -7);
+        memcpy(in + SWIGLU_STEERED, far, sizeof far); /* after the steered gates, in row 0's gates (F >= 19) */
+        for (int64_t f = 0; f < SWIGLU_STEERED; f++) in[f] = swiglu_steered[f].a, in[F + f] = swiglu_steered[f].b;
+        uint16_t *in_bits = floats_bf16_bits(in, N * 2 * F); /* the activation, on both sides */
+        float *in_wide = floats_of_bf16_bits(in_bits, N * 2 * F), *garbage = floats_filled(N * F, 7.0f);
         uint16_t *out = malloc((size_t)(N * F) * sizeof(uint16_t)), *garbage_bits = bits_garbage(N * F);
-        float *garbage = floats_filled(N * F, 7.0f);
         cr_assert(out);
-        float *g_in = upload_floats(k, in, N * 2 * F), *g_fp32 = upload_floats(k, garbage, N * F);
-        uint16_t *g_out = upload_bits(k, garbage_bits, N * F);
-        cr_assert_eq(swiglu_forward_bf16(out, in, N, F), TP_OK, "%s", tp_errmsg());
+        float *g_in_wide = upload_floats(k, in_wide, N * 2 * F), *g_fp32 = upload_floats(k, garbage, N * F);
+        uint16_t *g_in = upload_bits(k, in_bits, N * 2 * F), *g_out = upload_bits(k, garbage_bits, N * F);
+        cr_assert_eq(swiglu_forward_bf16(out, in_bits, N, F), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->swiglu_forward_bf16(g_out, g_in, N, F), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(k->swiglu_forward(g_fp32, g_in, N, F), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->swiglu_forward(g_fp32, g_in_wide, N, F), TP_OK, "%s", tp_errmsg());
         uint16_t *got = check_activation(k, g_out, g_fp32, out, N * F, 1e-6, 0, "swiglu_forward_bf16", shape);
-        for (int64_t f = 0; f < STEERED; f++) check_steered(got, f, steered[f], "swiglu_forward_bf16", shape);
-        k->release(g_in), k->release(g_fp32), k->release(g_out);
-        free(in), free(out), free(garbage_bits), free(garbage), free(got);
+        for (int64_t f = 0; f < SWIGLU_STEERED; f++)
+            check_steered(got, f, swiglu_steered[f].product, "swiglu_forward_bf16", shape);
+        k->release(g_in_wide), k->release(g_fp32), k->release(g_in), k->release(g_out);
+        free(in), free(in_bits), free(in_wide), free(garbage), free(out), free(garbage_bits), free(got);
     }
 }
 
 /* ------------------------------------------------------------ bf16 gradients
- * gelu_backward_bf16 and swiglu_backward_bf16 read d_out as bf16 bits and
- * write d_in as bf16 bits: on the GPU the very kernel of the fp32 backward,
- * widening each d_out value as it loads it and rounding each d_in value as
- * it stores it, so their bits must be those of rounding the GPU's own fp32
- * backward of d_out widened, on every element (exactly), and close to the
- * CPU twin's (check_near_cpu, with the fp32 case's absolute tolerance).
- * in stays fp32. Values steered where the operation lets them through
- * exactly, as the bf16 activations' tests do: ties to even both ways and
- * both signs, values just past and short of a tie, large ties, the largest
- * float's tie, subnormal ties; at those elements the bits are checked
- * against the steered value's rounding as well. */
+ * gelu_backward_bf16 and swiglu_backward_bf16 read in (the MLP's input, as
+ * the forward read it) and d_out as bf16 bits and write d_in as bf16 bits:
+ * on the GPU the very kernel of the fp32 backward, widening each in and
+ * d_out value as it loads it and rounding each d_in value as it stores it,
+ * so their bits must be those of rounding the GPU's own fp32 backward of in
+ * and d_out widened, on every element (exactly), and close to the CPU
+ * twin's (check_near_cpu, with the fp32 case's absolute tolerance). Values
+ * steered where the operation lets them through exactly from bf16 inputs,
+ * as the bf16 activations' tests do: ties to even both ways and both signs,
+ * large ties, the largest float's tie, subnormal ties; at those elements
+ * the bits are checked against the steered value's rounding as well. */
 
-/* Inputs as gelu_forward_bf16's (n = 1037, odd; d_out random values rounded
- * on the host), steered from element 8 on: x >= 10, whose derivative is
- * exactly 1 (gate 1, 1 - gate 0), so d_in is d_out's value itself, and x
- * of 0 or +-1e-20, whose derivative is exactly 1/2, so d_in is d_out's
- * value halved: exact, or for a subnormal bf16 a tie (0x0001 / 2 to even
- * 0, 0x0003 / 2 and 0x0005 / 2 to even 0x0002, and negative), rounded to
- * even. d_out there takes special bits (largest, subnormal, signed, a tie's
- * neighbours). The CPU tolerance: gelu's absolute 1e-6. */
+/* Inputs as gelu_forward_bf16's (n = 1037, odd; x and d_out random values
+ * rounded on the host), steered from element 8 on: x >= 10, whose
+ * derivative is exactly 1 (gate 1, 1 - gate 0), so d_in is d_out's value
+ * itself, and x of 0 or +-2^-66 (a bf16 value near 1e-20), whose
+ * derivative is exactly 1/2, so d_in is d_out's value halved: exact, or for
+ * a subnormal bf16 a tie (0x0001 / 2 to even 0, 0x0003 / 2 and 0x0005 / 2
+ * to even 0x0002, and negative), rounded to even. d_out there takes special
+ * bits (largest, subnormal, signed, a tie's neighbours). The CPU tolerance:
+ * gelu's absolute 1e-6. */
 Test(cuda_backend, gelu_backward_bf16)
 {
     NEED_GPU();
@@ -1096,46 +1146,49 @@ Test(cuda_backend, gelu_backward_bf16)
     int64_t n = 1037;
     const char *shape = "n=1037";
     static const struct {
-        float x;
+        float x; /* a bf16 value */
         uint16_t d_out;
     } steered_backward[] = {
-        {10.0f, 0x3f81u},  {30.0f, 0xbf81u},    {100.0f, 0x7f7fu},   {10.0f, 0x0001u},  {30.0f, 0x8001u},
-        {0.0f, 0x0001u},   {1e-20f, 0x0003u},   {-1e-20f, 0x8003u},  {0.0f, 0x0005u},   {1e-20f, 0x3f81u},
-        {-1e-20f, 0xc2f7u}, {0.0f, 0x0080u},
+        {10.0f, 0x3f81u},   {30.0f, 0xbf81u},     {100.0f, 0x7f7fu},    {10.0f, 0x0001u},
+        {30.0f, 0x8001u},   {0.0f, 0x0001u},      {0x1p-66f, 0x0003u},  {-0x1p-66f, 0x8003u},
+        {0.0f, 0x0005u},    {0x1p-66f, 0x3f81u},  {-0x1p-66f, 0xc2f7u}, {0.0f, 0x0080u},
     };
     const int64_t count = (int64_t)(sizeof steered_backward / sizeof steered_backward[0]);
     float *x = floats_random(n, 5.0f), *dout = floats_random(n, 1.0f);
     const float far[] = {0.0f, -0.0f, 10.0f, -10.0f, 30.0f, -30.0f, 1e-20f, -1e-20f};
     memcpy(x, far, sizeof far);
-    uint16_t *dout_bits = floats_bf16_bits(dout, n);
-    for (int64_t i = 0; i < count; i++) x[8 + i] = steered_backward[i].x, dout_bits[8 + i] = steered_backward[i].d_out;
-    float *dout_wide = floats_of_bf16_bits(dout_bits, n), *garbage = floats_filled(n, 7.0f);
+    for (int64_t i = 0; i < count; i++) x[8 + i] = steered_backward[i].x;
+    uint16_t *x_bits = floats_bf16_bits(x, n), *dout_bits = floats_bf16_bits(dout, n);
+    for (int64_t i = 0; i < count; i++) dout_bits[8 + i] = steered_backward[i].d_out;
+    float *x_wide = floats_of_bf16_bits(x_bits, n), *dout_wide = floats_of_bf16_bits(dout_bits, n);
+    float *garbage = floats_filled(n, 7.0f);
     uint16_t *din = malloc((size_t)n * sizeof(uint16_t)), *garbage_bits = bits_garbage(n);
     cr_assert(din);
-    float *g_x = upload_floats(k, x, n), *g_dout_wide = upload_floats(k, dout_wide, n);
+    float *g_x_wide = upload_floats(k, x_wide, n), *g_dout_wide = upload_floats(k, dout_wide, n);
     float *g_fp32 = upload_floats(k, garbage, n);
-    uint16_t *g_dout = upload_bits(k, dout_bits, n), *g_din = upload_bits(k, garbage_bits, n);
-    cr_assert_eq(gelu_backward_bf16(din, x, dout_bits, n), TP_OK, "%s", tp_errmsg());
+    uint16_t *g_x = upload_bits(k, x_bits, n), *g_dout = upload_bits(k, dout_bits, n);
+    uint16_t *g_din = upload_bits(k, garbage_bits, n);
+    cr_assert_eq(gelu_backward_bf16(din, x_bits, dout_bits, n), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->gelu_backward_bf16(g_din, g_x, g_dout, n), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->gelu_backward(g_fp32, g_x, g_dout_wide, n), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->gelu_backward(g_fp32, g_x_wide, g_dout_wide, n), TP_OK, "%s", tp_errmsg());
     uint16_t *got = check_activation(k, g_din, g_fp32, din, n, 1e-6, 0, "gelu_backward_bf16", shape);
     for (int64_t i = 0; i < count; i++) {
-        float value = dout_wide[8 + i] * (fabsf(steered_backward[i].x) >= 10.0f ? 1.0f : 0.5f); /* exact */
-        uint32_t bits;
-        memcpy(&bits, &value, sizeof bits);
-        check_steered(got, 8 + i, bits, "gelu_backward_bf16", shape);
+        float factor = fabsf(x_wide[8 + i]) >= 10.0f ? 1.0f : 0.5f;
+        check_steered(got, 8 + i, bits_of(dout_wide[8 + i] * factor), "gelu_backward_bf16", shape); /* exact */
     }
-    k->release(g_x), k->release(g_dout_wide), k->release(g_fp32), k->release(g_dout), k->release(g_din);
-    free(x), free(dout), free(dout_bits), free(dout_wide), free(garbage), free(din), free(garbage_bits), free(got);
+    k->release(g_x_wide), k->release(g_dout_wide), k->release(g_fp32), k->release(g_x), k->release(g_dout);
+    k->release(g_din);
+    free(x), free(dout), free(x_bits), free(dout_bits), free(x_wide), free(dout_wide), free(garbage), free(din);
+    free(garbage_bits), free(got);
 }
 
 /* in[N,2F] = [gate | up] as swiglu_forward_bf16's (F = 29: N F odd; rows
- * wider than a block; a tall shape), d_out random values rounded on the
+ * wider than a block; a tall shape) and d_out random values, rounded on the
  * host. Row 0's first gates 128, whose SiLU is exactly 128 and sigmoid
- * exactly 1 (exp(-128) is 0 in fp32), with d_out 1 and ups steered[f]:
- * d gate = 1 up 1 (1 + 128 0) = steered[f] itself, rounded (ties, the
- * largest float's tie to infinity, subnormal ties), and d up = 1 128 =
- * 128, exact. The CPU tolerance: swiglu's absolute 1e-6. */
+ * exactly 1 (exp(-128) is 0 in fp32), with ups b and d_out a
+ * (swiglu_steered): d gate = a b 1 (1 + 128 0) = a b (ties, the largest
+ * float's tie to infinity, subnormal ties), and d up = a 128, exact. The
+ * CPU tolerance: swiglu's absolute 1e-6. */
 Test(cuda_backend, swiglu_backward_bf16)
 {
     NEED_GPU();
@@ -1149,27 +1202,30 @@ Test(cuda_backend, swiglu_backward_bf16)
         for (int64_t r = 0; r < N; r++)
             for (int64_t f = 0; f < F; f++) in[r * 2 * F + f] *= 8.0f;
         const float far[] = {0.0f, -0.0f, 20.0f, -20.0f, 100.0f, -100.0f, 1e-20f, -1e-20f};
-        memcpy(in + STEERED, far, sizeof far); /* after the steered gates, in row 0's gates (F >= 21) */
-        for (int64_t f = 0; f < STEERED; f++) in[f] = 128.0f, in[F + f] = float_of(steered[f]);
-        uint16_t *dout_bits = floats_bf16_bits(dout, N * F);
-        for (int64_t f = 0; f < STEERED; f++) dout_bits[f] = 0x3f80u; /* 1 */
-        float *dout_wide = floats_of_bf16_bits(dout_bits, N * F), *garbage = floats_filled(N * 2 * F, 7.0f);
+        memcpy(in + SWIGLU_STEERED, far, sizeof far); /* after the steered gates, in row 0's gates (F >= 19) */
+        for (int64_t f = 0; f < SWIGLU_STEERED; f++)
+            in[f] = 128.0f, in[F + f] = swiglu_steered[f].b, dout[f] = swiglu_steered[f].a;
+        uint16_t *in_bits = floats_bf16_bits(in, N * 2 * F), *dout_bits = floats_bf16_bits(dout, N * F);
+        float *in_wide = floats_of_bf16_bits(in_bits, N * 2 * F), *dout_wide = floats_of_bf16_bits(dout_bits, N * F);
+        float *garbage = floats_filled(N * 2 * F, 7.0f);
         uint16_t *din = malloc((size_t)(N * 2 * F) * sizeof(uint16_t)), *garbage_bits = bits_garbage(N * 2 * F);
         cr_assert(din);
-        float *g_in = upload_floats(k, in, N * 2 * F), *g_dout_wide = upload_floats(k, dout_wide, N * F);
+        float *g_in_wide = upload_floats(k, in_wide, N * 2 * F), *g_dout_wide = upload_floats(k, dout_wide, N * F);
         float *g_fp32 = upload_floats(k, garbage, N * 2 * F);
-        uint16_t *g_dout = upload_bits(k, dout_bits, N * F), *g_din = upload_bits(k, garbage_bits, N * 2 * F);
-        cr_assert_eq(swiglu_backward_bf16(din, in, dout_bits, N, F), TP_OK, "%s", tp_errmsg());
+        uint16_t *g_in = upload_bits(k, in_bits, N * 2 * F), *g_dout = upload_bits(k, dout_bits, N * F);
+        uint16_t *g_din = upload_bits(k, garbage_bits, N * 2 * F);
+        cr_assert_eq(swiglu_backward_bf16(din, in_bits, dout_bits, N, F), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->swiglu_backward_bf16(g_din, g_in, g_dout, N, F), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(k->swiglu_backward(g_fp32, g_in, g_dout_wide, N, F), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->swiglu_backward(g_fp32, g_in_wide, g_dout_wide, N, F), TP_OK, "%s", tp_errmsg());
         uint16_t *got = check_activation(k, g_din, g_fp32, din, N * 2 * F, 1e-6, 0, "swiglu_backward_bf16", shape);
-        for (int64_t f = 0; f < STEERED; f++) {
-            check_steered(got, f, steered[f], "swiglu_backward_bf16 (d gate)", shape);
-            check_steered(got, F + f, 0x43000000u, "swiglu_backward_bf16 (d up)", shape); /* 128 */
+        for (int64_t f = 0; f < SWIGLU_STEERED; f++) {
+            check_steered(got, f, swiglu_steered[f].product, "swiglu_backward_bf16 (d gate)", shape);
+            check_steered(got, F + f, bits_of(swiglu_steered[f].a * 128.0f), "swiglu_backward_bf16 (d up)", shape);
         }
-        k->release(g_in), k->release(g_dout_wide), k->release(g_fp32), k->release(g_dout), k->release(g_din);
-        free(in), free(dout), free(dout_bits), free(dout_wide), free(garbage), free(din), free(garbage_bits);
-        free(got);
+        k->release(g_in_wide), k->release(g_dout_wide), k->release(g_fp32), k->release(g_in), k->release(g_dout);
+        k->release(g_din);
+        free(in), free(dout), free(in_bits), free(dout_bits), free(in_wide), free(dout_wide), free(garbage);
+        free(din), free(garbage_bits), free(got);
     }
 }
 

@@ -141,9 +141,8 @@ Test(timed, bf16_gradients_are_the_inner_ones)
     const kernel_backend *inner = kernels_cpu(), *k = kernels_timed(inner);
     cr_assert(k, "%s", tp_errmsg());
     enum { N = 6, C = 8, OC = 5, B = 1, T = 3, HQ = 2, HKV = 1, HD = 4, QKV = (HQ + 2 * HKV) * HD };
-    float *in32 = floats_random(N * 2 * C, 1.0f), *w = floats_random(OC * C, 1.0f);
-    float *d_out32 = floats_random(N * OC, 1.0f);
-    uint16_t *in = bits_of(N * C, 1.0f), *d_out = bits_of(N * OC, 1.0f), *g = bits_of(N * C, 1.0f);
+    float *w = floats_random(OC * C, 1.0f), *d_out32 = floats_random(N * OC, 1.0f);
+    uint16_t *fc = bits_of(N * 2 * C, 1.0f), *in = bits_of(N * C, 1.0f), *d_out = bits_of(N * OC, 1.0f), *g = bits_of(N * C, 1.0f);
     float got[OC * C], want[OC * C], got_b[OC], want_b[OC], got_in[N * C], want_in[N * C];
     uint16_t got_bits[N * 2 * C], want_bits[N * 2 * C];
 
@@ -161,12 +160,12 @@ Test(timed, bf16_gradients_are_the_inner_ones)
     cr_assert(!memcmp(got_bits, want_bits, N * C * sizeof *got_bits) && !memcmp(got, want, sizeof got) &&
               !memcmp(got_b, want_b, sizeof got_b), "matmul_backward_bf16_bits");
 
-    cr_assert_eq(k->gelu_backward_bf16(got_bits, in32, g, N * C), TP_OK);
-    cr_assert_eq(inner->gelu_backward_bf16(want_bits, in32, g, N * C), TP_OK);
+    cr_assert_eq(k->gelu_backward_bf16(got_bits, fc, g, N * C), TP_OK);
+    cr_assert_eq(inner->gelu_backward_bf16(want_bits, fc, g, N * C), TP_OK);
     cr_assert(!memcmp(got_bits, want_bits, N * C * sizeof *got_bits), "gelu_backward_bf16");
 
-    cr_assert_eq(k->swiglu_backward_bf16(got_bits, in32, g, N, C), TP_OK);
-    cr_assert_eq(inner->swiglu_backward_bf16(want_bits, in32, g, N, C), TP_OK);
+    cr_assert_eq(k->swiglu_backward_bf16(got_bits, fc, g, N, C), TP_OK);
+    cr_assert_eq(inner->swiglu_backward_bf16(want_bits, fc, g, N, C), TP_OK);
     cr_assert(!memcmp(got_bits, want_bits, sizeof got_bits), "swiglu_backward_bf16");
 
     float freq[HD / 2], cos_sin[T * HD];
@@ -195,6 +194,6 @@ Test(timed, bf16_gradients_are_the_inner_ones)
         const kernel_op_time *t = find(times, n, names[i]);
         cr_assert(t && t->calls == 1, "%s: %s", names[i], t ? "not called once" : "not counted");
     }
-    free(in32), free(w), free(d_out32), free(in), free(d_out), free(g), free(qkv), free(d_qkv), free(d_att);
+    free(fc), free(w), free(d_out32), free(in), free(d_out), free(g), free(qkv), free(d_qkv), free(d_att);
     free(scratch);
 }

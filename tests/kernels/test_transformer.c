@@ -864,8 +864,8 @@ Test(transformer, bf16_products_round_their_operands)
     free(in), free(w), free(bias), free(in16), free(w16), free(d_out), free(d_out16);
 }
 
-/* bf16 activations: each *_forward_bf16 writes the bits of rounding its
- * fp32 operation's output (kernels.h), at one thread and at several (the
+/* bf16 activations: each norm's *_forward_bf16 writes the bits of rounding
+ * its fp32 operation's output (kernels.h), at one thread and at several (the
  * rows in shares), on tall and wide shapes, and with values the rounding
  * must carry: ties (an fp32 whose low half is 0x8000) from the norms'
  * bias, large and tiny magnitudes from the inputs' scale. */
@@ -890,12 +890,6 @@ Test(transformer, bf16_activations_are_the_rounded_fp32_outputs)
             cr_assert_eq(rmsnorm_forward_bf16(bits, rstd16, x, w, N, C, 1e-6f), TP_OK, "%s", tp_errmsg());
             floats_assert_rounded(bits, y, n, "rmsnorm");
             cr_assert_eq(memcmp(rstd, rstd16, (size_t)N * 4), 0, "rmsnorm's rstd");
-            gelu_forward(y, x, n);
-            cr_assert_eq(gelu_forward_bf16(bits, x, n), TP_OK, "%s", tp_errmsg());
-            floats_assert_rounded(bits, y, n, "gelu");
-            swiglu_forward(y, x, N, C); /* x as [N, 2C] */
-            cr_assert_eq(swiglu_forward_bf16(bits, x, N, C), TP_OK, "%s", tp_errmsg());
-            floats_assert_rounded(bits, y, n, "swiglu");
             free(x), free(w), free(b), free(y), free(bits);
         }
     }
@@ -908,8 +902,7 @@ Test(transformer, bf16_activations_are_the_rounded_fp32_outputs)
     cr_assert_eq(bits, 0x3f80, "a tie rounded to 0x%04x, not to even (0x3f80)", bits);
     /* The CPU table gives them. */
     const kernel_backend *k = kernels_cpu();
-    cr_assert(k->layernorm_forward_bf16 == layernorm_forward_bf16 && k->rmsnorm_forward_bf16 == rmsnorm_forward_bf16 &&
-              k->gelu_forward_bf16 == gelu_forward_bf16 && k->swiglu_forward_bf16 == swiglu_forward_bf16);
+    cr_assert(k->layernorm_forward_bf16 == layernorm_forward_bf16 && k->rmsnorm_forward_bf16 == rmsnorm_forward_bf16);
 }
 
 /* The qkv activation in bf16: GPT-2's product written as bits is the
@@ -954,15 +947,18 @@ Test(transformer, bf16_qkv_is_the_rounded_product_or_rotation)
     cr_assert(k->matmul_forward_bf16_bits == matmul_forward_bf16_bits && k->rope_forward_bf16 == rope_forward_bf16);
 }
 
-/* The MLP's bf16 gradients: d_out comes as bf16 bits (the gradient of the
- * MLP's activation) and gelu_backward_bf16, swiglu_backward_bf16 write the
- * bits of rounding what gelu_backward, swiglu_backward compute from
- * d_out's values, at one thread and at several, on odd sizes (one element,
- * fewer than a vector's lanes, a thousand and three), tall and wide shapes
- * and past the CPU's chunks of 2^20 values (norm.c: a short last chunk,
- * SwiGLU's rows cut, a row longer than a chunk), with inputs and gradients
- * of large and tiny magnitudes. */
-Test(transformer, bf16_mlp_gradients_are_the_rounded_fp32_gradients)
+/* The MLP's activation in bf16: its input (fc) comes as bf16 bits, and so
+ * does the backward's d_out (the gradient of the MLP's activation);
+ * gelu_forward_bf16, swiglu_forward_bf16 write the bits of rounding what
+ * gelu_forward, swiglu_forward compute from the input's values, and
+ * gelu_backward_bf16, swiglu_backward_bf16 those of rounding what
+ * gelu_backward, swiglu_backward compute from the input's and d_out's,
+ * at one thread and at several, on odd sizes (one element, fewer than a
+ * vector's lanes, a thousand and three), tall and wide shapes and past the
+ * CPU's chunks of 2^20 values (norm.c: a short last chunk, SwiGLU's rows
+ * cut, a row longer than a chunk), with inputs and gradients of large and
+ * tiny magnitudes. */
+Test(transformer, bf16_mlp_is_the_rounded_fp32_mlp)
 {
     enum { SIZES = 4, SHAPES = 7 };
     const int64_t sizes[SIZES] = {1, 7, 1003, (1 << 20) + 3};
@@ -978,24 +974,37 @@ Test(transformer, bf16_mlp_gradients_are_the_rounded_fp32_gradients)
             float *x = random_floats(n_in), *g = random_floats(n_out), *want = malloc(n_in * sizeof(float));
             for (int64_t i = 0; i < n_in; i++) x[i] *= i % 3 == 0 ? 8.0f : i % 3 == 1 ? 1e-3f : 1.0f;
             for (int64_t i = 0; i < n_out; i++) g[i] *= i % 2 ? 1e4f : 1e-4f;
-            uint16_t *g_bits = floats_bf16_bits(g, n_out), *bits = malloc(n_in * sizeof *bits);
-            float *g16 = floats_of_bf16_bits(g_bits, n_out);
+            uint16_t *x_bits = floats_bf16_bits(x, n_in), *g_bits = floats_bf16_bits(g, n_out);
+            uint16_t *bits = malloc(n_in * sizeof *bits);
+            float *x16 = floats_of_bf16_bits(x_bits, n_in), *g16 = floats_of_bf16_bits(g_bits, n_out);
+            const char *name = gelu ? "GELU" : "SwiGLU";
             if (gelu) {
-                gelu_backward(want, x, g16, F);
-                cr_assert_eq(gelu_backward_bf16(bits, x, g_bits, F), TP_OK, "%s", tp_errmsg());
+                gelu_forward(want, x16, F);
+                cr_assert_eq(gelu_forward_bf16(bits, x_bits, F), TP_OK, "%s", tp_errmsg());
             } else {
-                swiglu_backward(want, x, g16, N, F);
-                cr_assert_eq(swiglu_backward_bf16(bits, x, g_bits, N, F), TP_OK, "%s", tp_errmsg());
+                swiglu_forward(want, x16, N, F);
+                cr_assert_eq(swiglu_forward_bf16(bits, x_bits, N, F), TP_OK, "%s", tp_errmsg());
             }
-            snprintf(what, sizeof what, "%s's d_in [%lld, %lld] at %d threads", gelu ? "GELU" : "SwiGLU",
-                     (long long)N, (long long)(n_in / N), threads);
+            snprintf(what, sizeof what, "%s's out [%lld, %lld] at %d threads", name, (long long)N, (long long)F,
+                     threads);
+            floats_assert_rounded(bits, want, n_out, what);
+            if (gelu) {
+                gelu_backward(want, x16, g16, F);
+                cr_assert_eq(gelu_backward_bf16(bits, x_bits, g_bits, F), TP_OK, "%s", tp_errmsg());
+            } else {
+                swiglu_backward(want, x16, g16, N, F);
+                cr_assert_eq(swiglu_backward_bf16(bits, x_bits, g_bits, N, F), TP_OK, "%s", tp_errmsg());
+            }
+            snprintf(what, sizeof what, "%s's d_in [%lld, %lld] at %d threads", name, (long long)N,
+                     (long long)(n_in / N), threads);
             floats_assert_rounded(bits, want, n_in, what);
-            free(x), free(g), free(want), free(g_bits), free(bits), free(g16);
+            free(x), free(g), free(want), free(x_bits), free(g_bits), free(bits), free(x16), free(g16);
         }
     }
     kernels_set_threads(1);
     const kernel_backend *k = kernels_cpu();
-    cr_assert(k->gelu_backward_bf16 == gelu_backward_bf16 && k->swiglu_backward_bf16 == swiglu_backward_bf16);
+    cr_assert(k->gelu_forward_bf16 == gelu_forward_bf16 && k->swiglu_forward_bf16 == swiglu_forward_bf16 &&
+              k->gelu_backward_bf16 == gelu_backward_bf16 && k->swiglu_backward_bf16 == swiglu_backward_bf16);
 }
 
 /* RoPE's bf16 gradient, in place on the attention's bf16 d_qkv: the bits

@@ -253,7 +253,7 @@ static int enc_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, c
     LEAVE_WITH(status);
 }
 
-static int enc_gelu_forward_bf16(uint16_t *out, const float *in, int64_t n)
+static int enc_gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n)
 {
     ENTER(S(out, n), S(in, n));
     int status = gelu_forward_bf16(out, in, n);
@@ -267,7 +267,7 @@ static int enc_gelu_backward(float *d_in, const float *in, const float *d_out, i
     LEAVE();
 }
 
-static int enc_gelu_backward_bf16(uint16_t *d_in, const float *in, const uint16_t *d_out, int64_t n)
+static int enc_gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n)
 {
     ENTER(S(d_in, n), S(in, n), S(d_out, n));
     int status = gelu_backward_bf16(d_in, in, d_out, n);

@@ -106,13 +106,15 @@ int main(int argc, char **argv)
         const ckpt_tensor_desc *qkv_bias = &tp->params[tp->layer[l][GPT_QKV_BIAS - GPT_FIRST_LAYER_KIND]].spec->desc;
         const ckpt_tensor_desc *fc_bias = &tp->params[tp->layer[l][GPT_FC_BIAS - GPT_FIRST_LAYER_KIND]].spec->desc;
         snprintf(what, sizeof what, "layer %d qkv (column-parallel)", l);
-        compare_columns(what, a->qkv + l * N * tp->qkv_local, tp->qkv_local, b->qkv + l * N * dense->qkv_local,
-                        dense->qkv_local, N, qkv_bias, c->tp, piece, rank);
+        compare_columns(what, (const float *)a->qkv + l * N * tp->qkv_local, tp->qkv_local,
+                        (const float *)b->qkv + l * N * dense->qkv_local, dense->qkv_local, N, qkv_bias, c->tp,
+                        piece, rank);
         snprintf(what, sizeof what, "layer %d attention output + projection (row-parallel)", l);
         compare(what, a->res1 + l * N * D, b->res1 + l * N * D, N * D, rank);
         snprintf(what, sizeof what, "layer %d mlp.fc (column-parallel)", l);
-        compare_columns(what, a->fc + l * N * tp->ffn_local, tp->ffn_local, b->fc + l * N * dense->ffn_local,
-                        dense->ffn_local, N, fc_bias, c->tp, piece, rank);
+        compare_columns(what, (const float *)a->fc + l * N * tp->ffn_local, tp->ffn_local,
+                        (const float *)b->fc + l * N * dense->ffn_local, dense->ffn_local, N, fc_bias, c->tp,
+                        piece, rank);
         snprintf(what, sizeof what, "layer %d mlp.proj (row-parallel)", l);
         compare(what, a->res2 + l * N * D, b->res2 + l * N * D, N * D, rank);
     }

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mixed_precision import Linear, attention, bf16_gradient, linear
+from mixed_precision import Linear, attention, bf16_gradient, bf16_value, linear
 
 
 class RMSNorm(nn.Module):
@@ -149,7 +149,7 @@ class MLP(nn.Module):
         self.proj = Linear(ffn, dim, bias=False)
 
     def forward(self, x):
-        gate, up = self.fc(x).chunk(2, dim=-1)
+        gate, up = bf16_value(self.fc(x)).chunk(2, dim=-1)
         return self.proj(bf16_gradient(F.silu(gate) * up))
 
 

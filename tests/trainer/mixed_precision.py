@@ -4,7 +4,9 @@ every linear layer's product, forward and backward, takes its two operands
 rounded to bf16 (to nearest, ties to even) and sums in the model's own
 precision; the causal attention reads q, k and v rounded to bf16, and its
 backward the gradient of its output and that output rounded too (what
-cuDNN's flash attention reads in bf16; attention() below); the gradients
+cuDNN's flash attention reads in bf16; attention() below); the MLP's
+input, the fc product's output, is rounded as tp-train keeps it, in bf16
+(bf16_value() below: GELU and SwiGLU read it so); the gradients
 tp-train keeps in bf16 inside a layer are rounded where it rounds them
 (bf16_gradient() below: the MLP's activation's, and q, k and v's after
 RoPE, once summed over the query heads that share a key/value head, as
@@ -110,6 +112,26 @@ class _Bf16Gradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dx):
         return round_bf16(dx)
+
+
+class _Bf16Value(torch.autograd.Function):
+    """x rounded to bf16; its gradient passed on as it comes (a cast's)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return round_bf16(x)
+
+    @staticmethod
+    def backward(ctx, dx):
+        return dx
+
+
+def bf16_value(x):
+    """x, which tp-train keeps as bf16 (kernels.h): rounded inside
+    bf16_operands(), untouched outside."""
+    if _BF16_OPERANDS:
+        return _Bf16Value.apply(x)
+    return x
 
 
 def bf16_gradient(x):
