@@ -37,9 +37,10 @@ static double sgemm_rate(int n, const float *a, const float *b, float *c)
 
 /* GFLOP/s of oneDNN's bf16 matmul with fp32 sums as the CPU backend runs
  * it (kernels/cpu/bf16_products.c: rows in blocks on its pool of threads;
- * a as the trainer's bf16 activations hold it, b rounded on the way), or 0
- * where the CPU has no bf16 instructions. */
-static double bf16_rate(int n, const uint16_t *a, const float *b, float *c)
+ * a as the trainer's bf16 activations hold it, b as its bf16 copy of the
+ * weights, both bits rounded once before: the product alone is timed), or
+ * 0 where the CPU has no bf16 instructions. */
+static double bf16_rate(int n, const uint16_t *a, const uint16_t *b, float *c)
 {
     if (!bf16_products_available()) return 0;
     double best = 0;
@@ -64,18 +65,19 @@ int main(int argc, char **argv)
     }
     kernels_set_threads(threads); /* the bf16 products' pool; it sets OpenBLAS to one thread */
     float *a = malloc((size_t)n * n * 4), *b = malloc((size_t)n * n * 4), *c = malloc((size_t)n * n * 4);
-    uint16_t *a_bits = malloc((size_t)n * n * sizeof *a_bits);
-    if (!a || !b || !c || !a_bits) {
+    uint16_t *a_bits = malloc((size_t)n * n * sizeof *a_bits), *b_bits = malloc((size_t)n * n * sizeof *b_bits);
+    if (!a || !b || !c || !a_bits || !b_bits) {
         fprintf(stderr, "product_peak: out of memory for %d x %d products\n", n, n);
         return 1;
     }
     for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (float)(i % 7) * 0.125f;
     convert_from_f32(a, a_bits, TP_BF16, (int64_t)n * n);
-    double bf16 = bf16_rate(n, a_bits, b, c);
+    round_to_bf16(b_bits, b, (int64_t)n * n); /* as the trainer rounds its weights, once, outside the timing */
+    double bf16 = bf16_rate(n, a_bits, b_bits, c);
     openblas_set_num_threads(threads);
     double sgemm = sgemm_rate(n, a, b, c);
     printf("{\"threads\": %d, \"size\": %d, \"openblas_core\": \"%s\", \"sgemm_gflops\": %.1f, \"bf16_gflops\": %.1f}\n",
            threads, n, openblas_get_corename(), sgemm, bf16);
-    free(a), free(b), free(c), free(a_bits);
+    free(a), free(b), free(c), free(a_bits), free(b_bits);
     return 0;
 }

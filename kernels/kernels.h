@@ -111,16 +111,17 @@ void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d
  * fp32.
  *
  * The products with bf16 operands summed in fp32, as tensor cores compute
- * them. Forward: in[N,C] is bf16 bits, weight fp32 rounded to bf16 on the
- * way; out, the bias fp32. Backward: d_out is bf16 bits, in bf16 bits,
- * weight rounded on the way; d_in, d_weight fp32, and d_bias += the column
- * sums of d_out's bf16 values (summed in fp32: the gradient the product
- * reads, as autocast's bf16 linear sums its bf16 gradient). They need
- * scratch for the rounded operands: TP_ERR_NOMEM when it cannot be had. */
-int matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N, int64_t C,
+ * them. The weight[OC,C] comes as bf16 bits too: the trainer's bf16 copy
+ * of its fp32 weights, rounded once after they change rather than at every
+ * product. Forward: in[N,C] is bf16 bits; out, the bias fp32. Backward:
+ * d_out is bf16 bits, in bf16 bits; d_in, d_weight fp32, and d_bias += the
+ * column sums of d_out's bf16 values (summed in fp32: the gradient the
+ * product reads, as autocast's bf16 linear sums its bf16 gradient). They
+ * may need scratch: TP_ERR_NOMEM when it cannot be had. */
+int matmul_forward_bf16(float *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N, int64_t C,
                         int64_t OC);
 int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
-                         const float *weight, int64_t N, int64_t C, int64_t OC);
+                         const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
 /* The backward of a product whose output joins the residual stream (the
  * attention's and the MLP's output projections): d_out[N,OC] fp32, rounded
  * to bf16 on the way; d_in[N,C] written as bf16 bits (the gradient of the
@@ -130,7 +131,7 @@ int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint
  * have cuBLAS round its own fp32 sums, in another order: one ulp apart where
  * a sum lies near a tie. TP_ERR_NOMEM when scratch cannot be had. */
 int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
-                              const float *weight, int64_t N, int64_t C, int64_t OC);
+                              const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
 /* matmul_forward_bf16 written as a bf16 activation: out[N,OC] as bf16
  * bits, the bits of rounding matmul_forward_bf16's fp32 out (the bias
  * added in fp32 first). GPT-2's qkv, which only the attention reads, and
@@ -138,8 +139,11 @@ int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, co
  * cuBLAS round its own fp32 sums, in another order than its fp32 product's:
  * one ulp apart where a sum lies near a tie. TP_ERR_NOMEM when the CPU's
  * scratch cannot be had. */
-int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
+int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC);
+/* out[i] = the bf16 bits of x[i] (to nearest, ties to even, convert_bits.h),
+ * in shares over the CPU's threads: the trainer's bf16 copy of its weights. */
+void round_to_bf16(uint16_t *out, const float *x, int64_t n);
 
 /* out[N,C] = (in - mean) * rstd * weight + bias over each row (eps 1e-5);
  * mean[N], rstd[N] kept for backward. */
@@ -324,8 +328,8 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
  * a step, [N, vocabulary]. What scratch holds afterwards is the backend's
  * (fp32 d_logits on the CPU, their bf16 bits in its first half on a GPU). */
 int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max,
-                             const float *sum, const int *targets, const uint16_t *in, const float *weight, int64_t N,
-                             int64_t C, int64_t V, int64_t first, int64_t vocab, float scale);
+                             const float *sum, const int *targets, const uint16_t *in, const uint16_t *weight,
+                             int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab, float scale);
 
 /* One AdamW step exactly as torch.optim.AdamW computes it (decoupled decay
  * first, then the bias-corrected Adam update). step counts from 1. */
@@ -399,14 +403,15 @@ typedef struct kernel_backend {
                           int64_t OC);
     int (*matmul_backward)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                            const float *weight, int64_t N, int64_t C, int64_t OC);
-    int (*matmul_forward_bf16)(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
+    int (*matmul_forward_bf16)(float *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
                                int64_t C, int64_t OC);
     int (*matmul_backward_bf16)(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out,
-                                const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC);
+                                const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
     int (*matmul_backward_bf16_bits)(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
-                                     const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC);
-    int (*matmul_forward_bf16_bits)(uint16_t *out, const uint16_t *in, const float *weight, const float *bias,
+                                     const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
+    int (*matmul_forward_bf16_bits)(uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias,
                                     int64_t N, int64_t C, int64_t OC);
+    int (*round_to_bf16)(uint16_t *out, const float *x, int64_t n);
     int (*layernorm_forward)(float *out, float *mean, float *rstd, const float *in, const float *weight,
                              const float *bias, int64_t N, int64_t C);
     int (*layernorm_backward)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
@@ -469,7 +474,7 @@ typedef struct kernel_backend {
                                  const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
     int (*classifier_backward_bf16)(float *d_in, float *d_weight, float *scratch, const float *logits,
                                     const float *row_max, const float *sum, const int *targets, const uint16_t *in,
-                                    const float *weight, int64_t N, int64_t C, int64_t V, int64_t first,
+                                    const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first,
                                     int64_t vocab, float scale);
     /* tensors: a host array of the backend's pointers and counts. */
     int (*adamw_update_tensors)(const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps,

@@ -21,6 +21,7 @@
 #define TIMED_OPS(X)                                                                                                   \
     X(alloc) X(zero) X(to_device) X(to_host) X(copy) X(synchronize) X(host_alloc) X(to_host_background)                \
     X(matmul_forward) X(matmul_backward) X(matmul_forward_bf16) X(matmul_backward_bf16) X(matmul_forward_bf16_bits)    \
+    X(round_to_bf16)                                                                                                   \
     X(matmul_backward_bf16_bits) X(gelu_backward_bf16) X(swiglu_backward_bf16) X(rope_backward_bf16)                   \
     X(layernorm_forward) X(layernorm_backward) X(gelu_forward) X(gelu_backward) X(rmsnorm_forward) X(rmsnorm_backward) \
     X(swiglu_forward) X(swiglu_backward) X(layernorm_forward_bf16) X(rmsnorm_forward_bf16) X(gelu_forward_bf16)        \
@@ -78,19 +79,20 @@ WRAP(matmul_backward,
       int64_t C, int64_t OC),
      (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))
 WRAP(matmul_forward_bf16,
-     (float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N, int64_t C, int64_t OC),
+     (float *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N, int64_t C, int64_t OC),
      (out, in, weight, bias, N, C, OC))
 WRAP(matmul_backward_bf16,
-     (float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in, const float *weight,
+     (float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in, const uint16_t *weight,
       int64_t N, int64_t C, int64_t OC),
      (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))
 WRAP(matmul_backward_bf16_bits,
-     (uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in, const float *weight,
+     (uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in, const uint16_t *weight,
       int64_t N, int64_t C, int64_t OC),
      (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))
 WRAP(matmul_forward_bf16_bits,
-     (uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N, int64_t C, int64_t OC),
+     (uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N, int64_t C, int64_t OC),
      (out, in, weight, bias, N, C, OC))
+WRAP(round_to_bf16, (uint16_t *out, const float *x, int64_t n), (out, x, n))
 WRAP(layernorm_forward,
      (float *out, float *mean, float *rstd, const float *in, const float *weight, const float *bias, int64_t N,
       int64_t C),
@@ -173,7 +175,7 @@ WRAP(crossentropy_backward,
      (d_logits, logits, row_max, sum, targets, N, V, first, vocab, scale))
 WRAP(classifier_backward_bf16,
      (float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max, const float *sum,
-      const int *targets, const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t V, int64_t first,
+      const int *targets, const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first,
       int64_t vocab, float scale),
      (d_in, d_weight, scratch, logits, row_max, sum, targets, in, weight, N, C, V, first, vocab, scale))
 WRAP(adamw_update_tensors,

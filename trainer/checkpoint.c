@@ -868,6 +868,7 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         }
     }
     zero_scatter_end(m, &b.scatter);
+    gpt_model_weights_changed(m); /* loaded or partly overwritten: their bf16 copy is made anew */
     free(list);
     free(b.moments);
     free(b.unit_state);

@@ -151,6 +151,8 @@ void gpt_model_free(gpt_model *m)
     k->release(m->scratch);
     k->release(m->gathered);
     k->release(m->memory);
+    k->release(m->weights16);
+    free(m->weights16_made);
     free(m->units);
     free(m->layer);
     free(m->catalog);
@@ -220,6 +222,13 @@ static int64_t block_work_floats(const gpt_model *m)
 static float *block_d_qkv(const gpt_model *m, float *work)
 {
     return work + 2 * m->B * m->T * m->D;
+}
+
+/* Values of the bf16 copy of the weights (gpt_model.weights16): one for
+ * each float of the parameters, or with ZeRO-3 of the work area. */
+static int64_t weights16_count(const gpt_model *m)
+{
+    return m->zero == 3 ? m->work_floats : m->total;
 }
 
 /* floats that hold `count` values of an activation (fp32, or bf16 bits two to a float). */
@@ -379,6 +388,7 @@ static int init_shards(gpt_model *m, uint64_t seed)
 
 int gpt_model_init_values(gpt_model *m, uint64_t seed)
 {
+    gpt_model_weights_changed(m);
     if (m->zero == 3) return init_shards(m, seed);
     /* Computed on the host, in place on the CPU. */
     float *initial = m->kernels->on_device ? alloc_pages((size_t)m->total * sizeof(float)) : m->memory;
@@ -541,6 +551,12 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
         size_t bytes = (size_t)(2 * config->kv_heads * m->hd * m->D) * sizeof(float);
         if ((status = m->kernels->alloc((void **)&m->kv_grads, bytes))) goto fail;
     }
+    if (bf16) { /* the bf16 copy of the weights, made before each use's first product (use_weights16) */
+        if ((status = m->kernels->alloc((void **)&m->weights16, (size_t)weights16_count(m) * sizeof(uint16_t))))
+            goto fail;
+        if (!(m->weights16_made = calloc((size_t)m->num_layers + 2, sizeof *m->weights16_made))) goto nomem;
+        m->weights_generation = 1; /* none made yet */
+    }
     int64_t N = m->B * m->T;
     m->scratch_size = block_work_floats(m) + N * m->D + (m->is_last ? N * m->vocab_local : 0);
     if ((status = m->kernels->alloc((void **)&m->scratch, (size_t)m->scratch_size * sizeof(float)))) goto fail;
@@ -572,7 +588,12 @@ int64_t gpt_model_optimizer_bytes(const gpt_model *m)
 int64_t gpt_model_parameter_bytes(const gpt_model *m)
 {
     int64_t floats = m->zero == 3 ? 2 * m->shard_len + 2 * m->work_floats : 2 * m->total;
-    return floats * (int64_t)sizeof(float);
+    return floats * (int64_t)sizeof(float) + (m->bf16 ? weights16_count(m) * (int64_t)sizeof(uint16_t) : 0);
+}
+
+void gpt_model_weights_changed(gpt_model *m)
+{
+    m->weights_generation++;
 }
 
 int gpt_model_zero_grads(gpt_model *m)
@@ -595,6 +616,8 @@ int gpt_model_from_host(const gpt_model *m, float *values, const float *host, in
 
 /* Parameter and gradient of a kind of local layer pl's tensors. */
 #define W(kind) (m->params[m->layer[pl][GPT_##kind - GPT_FIRST_LAYER_KIND]].data)
+/* The view of such a tensor: a product's weight (its fp32 values, or in bf16 their bf16 copy: weight_of). */
+#define VIEW(kind) (&m->params[m->layer[pl][GPT_##kind - GPT_FIRST_LAYER_KIND]])
 #define G(kind) (m->params[m->layer[pl][GPT_##kind - GPT_FIRST_LAYER_KIND]].grad)
 /* A kind the architecture may lack (biases): NULL then. */
 #define W_OR_NULL(kind) (m->layer[pl][GPT_##kind - GPT_FIRST_LAYER_KIND] < 0 ? NULL : W(kind))
@@ -667,13 +690,46 @@ static int for_position_runs(gpt_model *m, float *rows, float *table, int to_tab
     return TP_OK;
 }
 
+/* A product's weight operand, view w's values: fp32, or in bf16 their bf16
+ * copy (m->weights16, made current for the use by use_weights16). */
+static const void *weight_of(const gpt_model *m, const param_view *w)
+{
+    if (!m->bf16) return w->data;
+    const float *base = m->zero == 3 ? m->work_params : m->memory;
+    return m->weights16 + (w->data - base);
+}
+
+/* In bf16, the bf16 copy of the weights a use's products read (a layer's
+ * four, the head's output projection; the embedding has none) made
+ * current: rounded from the fp32 weights when they changed since it was
+ * made (gpt_model_weights_changed), and with ZeRO-3 at every gather (the
+ * work area holds another use's between). Once a use per optimizer step
+ * and pipeline stage, instead of once per product and micro-batch. */
+static int use_weights16(gpt_model *m, int use)
+{
+    if (!m->bf16 || use == ZERO_USE_EMBEDDING) return TP_OK;
+    int64_t *made = &m->weights16_made[use - ZERO_USE_HEAD];
+    if (m->zero != 3 && *made == m->weights_generation) return TP_OK;
+    int views[4] = {m->wte_out}, n = 1;
+    if (use >= 0) {
+        const int kinds[4] = {GPT_QKV_WEIGHT, GPT_PROJ_WEIGHT, GPT_FC_WEIGHT, GPT_FCPROJ_WEIGHT};
+        for (n = 0; n < 4; n++) views[n] = m->layer[use][kinds[n] - GPT_FIRST_LAYER_KIND];
+    }
+    for (int j = 0; j < n; j++) {
+        const param_view *w = &m->params[views[j]];
+        TP_TRY(m->kernels->round_to_bf16((uint16_t *)weight_of(m, w), w->data, w->numel));
+    }
+    *made = m->weights_generation;
+    return TP_OK;
+}
+
 /* The matrix products, in fp32 or with bf16 operands (m->bf16); in is an
- * activation (fp32, or bf16 bits). */
-static int linear_forward(const gpt_model *m, float *out, const void *in, const float *weight, const float *bias,
+ * activation (fp32, or bf16 bits), w the weight's view (weight_of). */
+static int linear_forward(const gpt_model *m, float *out, const void *in, const param_view *w, const float *bias,
                           int64_t N, int64_t C, int64_t OC)
 {
-    if (m->bf16) return m->kernels->matmul_forward_bf16(out, in, weight, bias, N, C, OC);
-    return m->kernels->matmul_forward(out, in, weight, bias, N, C, OC);
+    if (m->bf16) return m->kernels->matmul_forward_bf16(out, in, weight_of(m, w), bias, N, C, OC);
+    return m->kernels->matmul_forward(out, in, w->data, bias, N, C, OC);
 }
 
 /* The backward of a product that reads a norm's output (the qkv and fc
@@ -681,10 +737,11 @@ static int linear_forward(const gpt_model *m, float *out, const void *in, const 
  * (fp32, or bf16 bits: kernels.h), d_in the norm output's gradient, fp32 (it
  * is summed over tensor-parallel ranks). */
 static int input_product_backward(const gpt_model *m, float *d_in, float *d_weight, float *d_bias, const void *d_out,
-                                  const void *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+                                  const void *in, const param_view *w, int64_t N, int64_t C, int64_t OC)
 {
-    if (m->bf16) return m->kernels->matmul_backward_bf16(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
-    return m->kernels->matmul_backward(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+    if (m->bf16)
+        return m->kernels->matmul_backward_bf16(d_in, d_weight, d_bias, d_out, in, weight_of(m, w), N, C, OC);
+    return m->kernels->matmul_backward(d_in, d_weight, d_bias, d_out, in, w->data, N, C, OC);
 }
 
 /* The backward of a product whose output joins the residual stream (the
@@ -692,10 +749,11 @@ static int input_product_backward(const gpt_model *m, float *d_in, float *d_weig
  * stream's gradient, fp32; d_in an activation's gradient (fp32, or bf16
  * bits), which the attention or the MLP's activation reads next. */
 static int output_product_backward(const gpt_model *m, void *d_in, float *d_weight, float *d_bias, const float *d_out,
-                                   const void *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+                                   const void *in, const param_view *w, int64_t N, int64_t C, int64_t OC)
 {
-    if (m->bf16) return m->kernels->matmul_backward_bf16_bits(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
-    return m->kernels->matmul_backward(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
+    if (m->bf16)
+        return m->kernels->matmul_backward_bf16_bits(d_in, d_weight, d_bias, d_out, in, weight_of(m, w), N, C, OC);
+    return m->kernels->matmul_backward(d_in, d_weight, d_bias, d_out, in, w->data, N, C, OC);
 }
 
 /* qkv [N, qkv_local] (an activation) = in @ Wqkv^T + bqkv, its Q and K
@@ -703,10 +761,11 @@ static int output_product_backward(const gpt_model *m, void *d_in, float *d_weig
  * bits, or for Llama first in fp32 into the backward scratch's d_qkv place
  * (free during a forward: block_work_floats), then turned and rounded into
  * qkv. */
-static int qkv_forward(const gpt_model *m, void *qkv, const void *in, const float *weight, const float *bias)
+static int qkv_forward(const gpt_model *m, void *qkv, const void *in, const param_view *w, const float *bias)
 {
     const kernel_backend *k = m->kernels;
     int64_t N = m->B * m->T;
+    const void *weight = weight_of(m, w);
     if (!m->bf16) {
         TP_TRY(k->matmul_forward(qkv, in, weight, bias, N, m->D, m->qkv_local));
         if (!m->llama) return TP_OK;
@@ -743,11 +802,11 @@ static int attention_backward_in(const gpt_model *m, void *d_qkv, float *scratch
 
 /* The MLP's input fc [N, fc_local] (an activation) = in @ Wfc^T + bfc: in
  * bf16 the product written as bf16 bits (only the MLP's activation reads it). */
-static int fc_forward(const gpt_model *m, void *fc, const void *in, const float *weight, const float *bias)
+static int fc_forward(const gpt_model *m, void *fc, const void *in, const param_view *w, const float *bias)
 {
     int64_t N = m->B * m->T;
-    if (m->bf16) return m->kernels->matmul_forward_bf16_bits(fc, in, weight, bias, N, m->D, m->fc_local);
-    return m->kernels->matmul_forward(fc, in, weight, bias, N, m->D, m->fc_local);
+    if (m->bf16) return m->kernels->matmul_forward_bf16_bits(fc, in, weight_of(m, w), bias, N, m->D, m->fc_local);
+    return m->kernels->matmul_forward(fc, in, w->data, bias, N, m->D, m->fc_local);
 }
 
 /* The MLP's activation of fc [N, fc_local] into gl [N, ffn_local] (both
@@ -848,17 +907,18 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *
     const void *in;
     TP_TRY(norm_forward(m, ln1, s->ln1_mean + l * R, s->ln1_rstd + l * R, x, W(LN1_WEIGHT), W_OR_NULL(LN1_BIAS)));
     TP_TRY(full_rows(m, ln1, &in));
-    TP_TRY(qkv_forward(m, qkv, in, W(QKV_WEIGHT), W_OR_NULL(QKV_BIAS)));
+    TP_TRY(qkv_forward(m, qkv, in, VIEW(QKV_WEIGHT), W_OR_NULL(QKV_BIAS)));
     /* The scratch is free during a forward: the attention's own is its start. */
     TP_TRY(attention_forward_in(m, attn, lse, m->scratch, qkv));
-    TP_TRY(linear_forward(m, partial1, attn, W(PROJ_WEIGHT), NULL, N, m->attn_local, D)); /* this rank's heads' part */
+    /* this rank's heads' part */
+    TP_TRY(linear_forward(m, partial1, attn, VIEW(PROJ_WEIGHT), NULL, N, m->attn_local, D));
     TP_TRY(sum_rows(m, partial1, res1));
     TP_TRY(residual_add(m, res1, x, res1, W_OR_NULL(PROJ_BIAS)));
     TP_TRY(norm_forward(m, ln2, s->ln2_mean + l * R, s->ln2_rstd + l * R, res1, W(LN2_WEIGHT), W_OR_NULL(LN2_BIAS)));
     TP_TRY(full_rows(m, ln2, &in));
-    TP_TRY(fc_forward(m, fc, in, W(FC_WEIGHT), W_OR_NULL(FC_BIAS)));
+    TP_TRY(fc_forward(m, fc, in, VIEW(FC_WEIGHT), W_OR_NULL(FC_BIAS)));
     TP_TRY(mlp_activation_forward(m, gl, fc));
-    TP_TRY(linear_forward(m, partial2, gl, W(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
+    TP_TRY(linear_forward(m, partial2, gl, VIEW(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
     TP_TRY(sum_rows(m, partial2, res2));
     return residual_add(m, res2, res1, res2, W_OR_NULL(FCPROJ_BIAS));
 }
@@ -873,7 +933,7 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
     TP_TRY(norm_forward(m, h->lnf, h->lnf_mean, h->lnf_rstd, x, m->params[m->lnf_w].data,
                         m->lnf_b < 0 ? NULL : m->params[m->lnf_b].data));
     TP_TRY(full_rows(m, h->lnf, &in));
-    TP_TRY(linear_forward(m, h->logits, in, m->params[m->wte_out].data, NULL, N, D, V));
+    TP_TRY(linear_forward(m, h->logits, in, &m->params[m->wte_out], NULL, N, D, V));
     /* One pass over the logits: this rank's maxima and its sums relative to
      * them; then the maxima over ranks, each rank's sums made relative to
      * them (at tp 1 a multiplication by exp(0) = 1, exact) and added. */
@@ -986,6 +1046,7 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s, int chunk)
     for (int l = 0; l < m->chunk_layers; l++) {
         int pl = chunk * m->chunk_layers + l;
         TP_TRY(zero_gather_use(m, pl, ZERO_PARAMS));
+        TP_TRY(use_weights16(m, pl));
         TP_TRY(block_forward(m, s, l, pl, x));
         TP_TRY(zero_release_use(m));
         x = s->res2 + l * m->rows * m->D;
@@ -993,6 +1054,7 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s, int chunk)
     if (gpt_model_chunk_is_last(m, chunk)) {
         if (!s->head) return tp_fail(TP_ERR_ARG, "a forward through the head on a slot without head buffers bound");
         TP_TRY(zero_gather_use(m, ZERO_USE_HEAD, ZERO_PARAMS));
+        TP_TRY(use_weights16(m, ZERO_USE_HEAD));
         TP_TRY(head_forward(m, s, x));
         TP_TRY(zero_release_use(m));
     }
@@ -1029,11 +1091,11 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     /* MLP: o = allreduce(g Wfcproj^T) + b: the gradient of o is d_x on every rank. */
     TP_TRY(k->copy(d_res1, d_x, rows_bytes));
     TP_TRY(all_rows_of_gradient(m, d_x, &d_out));
-    TP_TRY(output_product_backward(m, d_gelu, G(FCPROJ_WEIGHT), G_OR_NULL(FCPROJ_BIAS), d_out, gl, W(FCPROJ_WEIGHT),
-                                   N, m->ffn_local, D));
+    TP_TRY(output_product_backward(m, d_gelu, G(FCPROJ_WEIGHT), G_OR_NULL(FCPROJ_BIAS), d_out, gl,
+                                   VIEW(FCPROJ_WEIGHT), N, m->ffn_local, D));
     TP_TRY(mlp_activation_backward(m, d_fc, fc, d_gelu));
     TP_TRY(full_rows(m, ln2, &in));
-    TP_TRY(input_product_backward(m, d_ln, G(FC_WEIGHT), G_OR_NULL(FC_BIAS), d_fc, in, W(FC_WEIGHT), N, D,
+    TP_TRY(input_product_backward(m, d_ln, G(FC_WEIGHT), G_OR_NULL(FC_BIAS), d_fc, in, VIEW(FC_WEIGHT), N, D,
                                   m->fc_local));
     TP_TRY(sum_rows(m, d_ln, d_ln_rows)); /* column-parallel input: partial per rank */
     TP_TRY(norm_backward(m, d_res1, G(LN2_WEIGHT), G_OR_NULL(LN2_BIAS), d_ln_rows, res1, W(LN2_WEIGHT),
@@ -1041,12 +1103,12 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
 
     /* Attention: p = allreduce(a Wproj^T) + b. */
     TP_TRY(all_rows_of_gradient(m, d_res1, &d_out));
-    TP_TRY(output_product_backward(m, d_attn, G(PROJ_WEIGHT), G_OR_NULL(PROJ_BIAS), d_out, attn, W(PROJ_WEIGHT), N,
+    TP_TRY(output_product_backward(m, d_attn, G(PROJ_WEIGHT), G_OR_NULL(PROJ_BIAS), d_out, attn, VIEW(PROJ_WEIGHT), N,
                                    m->attn_local, D));
     TP_TRY(attention_backward_in(m, d_qkv, att_scratch, d_attn, qkv, attn, lse));
     if (m->llama) TP_TRY(rope_backward_in(m, d_qkv));
     TP_TRY(full_rows(m, ln1, &in));
-    TP_TRY(input_product_backward(m, d_ln, G(QKV_WEIGHT), G_OR_NULL(QKV_BIAS), d_qkv, in, W(QKV_WEIGHT), N, D,
+    TP_TRY(input_product_backward(m, d_ln, G(QKV_WEIGHT), G_OR_NULL(QKV_BIAS), d_qkv, in, VIEW(QKV_WEIGHT), N, D,
                                   m->qkv_local));
     TP_TRY(sum_rows(m, d_ln, d_ln_rows));
     TP_TRY(k->copy(d_x, d_res1, rows_bytes));
@@ -1066,12 +1128,12 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     TP_TRY(full_rows(m, h->lnf, &in));
     if (m->bf16) /* d_logits straight into the products' bf16 operand (kernels.h) */
         TP_TRY(k->classifier_backward_bf16(d_lnf, wte->grad, d_logits, h->logits, h->row_max, h->row_sum,
-                                           s->kernel_targets, in, wte->data, N, D, V, m->vocab_first,
+                                           s->kernel_targets, in, weight_of(m, wte), N, D, V, m->vocab_first,
                                            m->config.vocab, loss_scale));
     else {
         TP_TRY(k->crossentropy_backward(d_logits, h->logits, h->row_max, h->row_sum, s->kernel_targets, N, V,
                                         m->vocab_first, m->config.vocab, loss_scale));
-        TP_TRY(input_product_backward(m, d_lnf, wte->grad, NULL, d_logits, in, wte->data, N, D, V));
+        TP_TRY(input_product_backward(m, d_lnf, wte->grad, NULL, d_logits, in, wte, N, D, V));
     }
     TP_TRY(sum_rows(m, d_lnf, d_lnf_rows)); /* logits were split by vocabulary */
     TP_TRY(k->zero(d_x, (size_t)(m->rows * D) * sizeof(float)));
@@ -1090,6 +1152,7 @@ int gpt_model_backward(gpt_model *m, gpt_slot *s, int chunk, const float *d_outp
         return tp_fail(TP_ERR_ARG, "chunk %d of a stage of %d", chunk, m->virtual_stages);
     if (gpt_model_chunk_is_last(m, chunk)) {
         TP_TRY(zero_gather_use(m, ZERO_USE_HEAD, ZERO_PARAMS | ZERO_GRADS));
+        TP_TRY(use_weights16(m, ZERO_USE_HEAD));
         TP_TRY(head_backward(m, s, top, d_x, work, loss_scale));
         TP_TRY(release_use_gradients(m, ZERO_USE_HEAD));
     } else {
@@ -1099,6 +1162,7 @@ int gpt_model_backward(gpt_model *m, gpt_slot *s, int chunk, const float *d_outp
         const float *x = l ? s->res2 + (l - 1) * R * D : s->input;
         int pl = chunk * m->chunk_layers + l;
         TP_TRY(zero_gather_use(m, pl, ZERO_PARAMS | ZERO_GRADS));
+        TP_TRY(use_weights16(m, pl));
         TP_TRY(block_backward(m, s, l, pl, x, d_x, work));
         TP_TRY(release_use_gradients(m, pl));
     }

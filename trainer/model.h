@@ -149,6 +149,15 @@ typedef struct {
     float *head_memory;
     float *scratch;              /* backward buffers and the attention's, shared by all slots */
     int64_t scratch_size;
+    /* bf16: the bf16 copy of the weights the products read (weights16, a
+     * uint16_t for each float of the parameters: of memory's first total,
+     * or with ZeRO-3 of the work area), rounded from the fp32 weights once
+     * a use (a layer, the head) after they change, not at every product.
+     * gpt_model_weights_changed counts the changes (weights_generation);
+     * weights16_made[use - ZERO_USE_HEAD] is the count a use's copy was
+     * made at (with ZeRO-3 it is made at every gather). */
+    uint16_t *weights16;
+    int64_t weights_generation, *weights16_made;
 } gpt_model;
 
 /* Whether this trainer computes the model: GPT-2 (GELU MLP, as many
@@ -208,6 +217,11 @@ int gpt_model_zero_grads(gpt_model *model);
  * grad, m or v: the backend's memory) and host memory. */
 int gpt_model_to_host(const gpt_model *model, float *host, const float *values, int64_t count);
 int gpt_model_from_host(const gpt_model *model, float *values, const float *host, int64_t count);
+
+/* Says the weights changed (initial values, a checkpoint loaded, an
+ * optimizer step): with bf16 their bf16 copy is made anew before each
+ * use's next product. Whatever writes parameters calls it. */
+void gpt_model_weights_changed(gpt_model *model);
 
 /* Forward of chunk `chunk` of this stage's layers (0 with one chunk) on a
  * slot whose tokens/targets (first/last chunk of the model) and input

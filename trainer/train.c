@@ -334,6 +334,7 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
      * (ZeRO-3 gathers them when it uses them). */
     if (m->zero == 1)
         TP_TRY(comm_all_gather(c, GROUP_DP, m->shard_params, m->memory, m->shard_len, COMM_FLOAT, m->stream));
+    gpt_model_weights_changed(m);
     *norm_out = norm;
     *lr_out = lr;
     return TP_OK;

@@ -192,7 +192,7 @@ int attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const uint
     if (!rounded) return no_rounded_copy("qkv", B, T, width);
     int status = attention_forward(y, lse, scratch, rounded, B, T, Hq, Hkv, hd);
     free(rounded);
-    if (!status) round_to_bf16_bits(out, y, B * T * Hq * hd);
+    if (!status) round_to_bf16(out, y, B * T * Hq * hd);
     return status;
 }
 
@@ -213,6 +213,6 @@ int attention_backward_bf16(uint16_t *d_qkv, float *scratch, const uint16_t *d_o
     free(q);
     free(o);
     free(g);
-    if (!status) round_to_bf16_bits(d_qkv, d_qkv32, B * T * width);
+    if (!status) round_to_bf16(d_qkv, d_qkv32, B * T * width);
     return status;
 }

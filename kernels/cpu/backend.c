@@ -94,6 +94,7 @@ CPU_OP(rope_forward, (float *qkv, const float *cos_sin, int64_t B, int64_t T, in
 CPU_OP(rope_backward,
        (float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),
        (d_qkv, cos_sin, B, T, Hq, Hkv, hd))
+CPU_OP(round_to_bf16, (uint16_t *out, const float *x, int64_t n), (out, x, n))
 CPU_OP(residual_forward, (float *out, const float *a, const float *b, int64_t n), (out, a, b, n))
 CPU_OP(bias_residual_forward,
        (float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C),
@@ -157,6 +158,7 @@ static const kernel_backend cpu_backend = {
     .matmul_backward_bf16 = matmul_backward_bf16,
     .matmul_backward_bf16_bits = matmul_backward_bf16_bits,
     .matmul_forward_bf16_bits = matmul_forward_bf16_bits,
+    .round_to_bf16 = cpu_round_to_bf16,
     .layernorm_forward = cpu_layernorm_forward,
     .layernorm_backward = cpu_layernorm_backward,
     .gelu_forward = cpu_gelu_forward,

@@ -18,7 +18,7 @@ static void round_span(void *ctx, int64_t i0, int64_t i1)
     convert_from_f32(j->x + i0, j->out + i0, TP_BF16, i1 - i0);
 }
 
-void round_to_bf16_bits(uint16_t *out, const float *x, int64_t n)
+void round_to_bf16(uint16_t *out, const float *x, int64_t n)
 {
     rounding_job job = {x, out};
     workers_for(n, 1, round_span, &job);

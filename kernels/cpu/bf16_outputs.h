@@ -8,13 +8,9 @@
 
 #include <stdint.h>
 
-/* out[i] = the bf16 bits of x[i] (bits_f32_to_bf16, convert_bits.h), in
- * shares on the CPU backend's pool (workers.h). */
-void round_to_bf16_bits(uint16_t *out, const float *x, int64_t n);
-
 /* Room for the fp32 output of an operation whose bf16 twin writes bf16
  * bits: n floats of the calling thread's scratch (SCRATCH_BF16_OUTPUT),
- * rounded afterwards by round_to_bf16_bits, so that the bits are those of
+ * rounded afterwards by round_to_bf16, so that the bits are those of
  * the fp32 operation's output by construction. TP_ERR_NOMEM naming `what`
  * and n when it cannot be had. */
 int bf16_output_scratch(float **out, int64_t n, const char *what);

@@ -163,7 +163,7 @@ static const uint16_t *to_bf16(int slot, bf16_operand x, int64_t n)
 {
     if (x.bits) return x.bits;
     uint16_t *out = scratch_buffer(slot, (size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
-    if (out) round_to_bf16_bits(out, x.values, n);
+    if (out) round_to_bf16(out, x.values, n);
     return out;
 }
 

@@ -138,8 +138,8 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
 }
 
 int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max,
-                             const float *sum, const int *targets, const uint16_t *in, const float *weight, int64_t N,
-                             int64_t C, int64_t V, int64_t first, int64_t vocab, float scale)
+                             const float *sum, const int *targets, const uint16_t *in, const uint16_t *weight,
+                             int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab, float scale)
 {
     crossentropy_backward(scratch, logits, row_max, sum, targets, N, V, first, vocab, scale);
     return bf16_product_backward(d_in, d_weight, NULL, bf16_of_values(scratch), in, weight, N, C, V);

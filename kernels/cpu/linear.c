@@ -249,18 +249,18 @@ float *bf16_operand_as_f32(bf16_operand x, int64_t n)
     return out;
 }
 
-int matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N, int64_t C,
-                        int64_t OC)
+int matmul_forward_bf16(float *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
+                        int64_t C, int64_t OC)
 {
     if (bf16_products_available()) { /* out[N,OC] = in[N,C] @ weight[OC,C]^T */
-        TP_TRY(bf16_product(out, bf16_of_bits(in), bf16_of_values(weight), N, OC, C, 0, 1, 0));
+        TP_TRY(bf16_product(out, bf16_of_bits(in), bf16_of_bits(weight), N, OC, C, 0, 1, 0));
         elementwise_job job = {out, NULL, NULL, bias, 0, OC};
         if (bias) workers_for(N, OC, add_bias_rows, &job);
         return TP_OK;
     }
-    float *a = bf16_operand_as_f32(bf16_of_bits(in), N * C), *w = bf16_operand_as_f32(bf16_of_values(weight), OC * C);
+    float *a = bf16_operand_as_f32(bf16_of_bits(in), N * C), *w = bf16_operand_as_f32(bf16_of_bits(weight), OC * C);
     int status = a && w ? TP_OK
-                        : tp_fail(TP_ERR_NOMEM, "out of memory rounding a [%lld, %lld] x [%lld, %lld] product to bf16",
+                        : tp_fail(TP_ERR_NOMEM, "out of memory widening a [%lld, %lld] x [%lld, %lld] bf16 product",
                                   (long long)N, (long long)C, (long long)OC, (long long)C);
     if (!status) matmul_forward(out, a, w, bias, N, C, OC);
     free(a);
@@ -268,13 +268,13 @@ int matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, con
     return status;
 }
 
-int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
+int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC)
 {
     float *y;
     TP_TRY(bf16_output_scratch(&y, N * OC, "product"));
     TP_TRY(matmul_forward_bf16(y, in, weight, bias, N, C, OC));
-    round_to_bf16_bits(out, y, N * OC);
+    round_to_bf16(out, y, N * OC);
     return TP_OK;
 }
 
@@ -306,22 +306,22 @@ static VECTOR_CLONES void bf16_column_sums(void *ctx, int64_t o0, int64_t o1)
 }
 
 int bf16_product_backward(float *d_in, float *d_weight, float *d_bias, bf16_operand d_out, const uint16_t *in,
-                          const float *weight, int64_t N, int64_t C, int64_t OC)
+                          const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
-    /* d_in = bf16(d_out) @ bf16(weight); d_weight += bf16(d_out)^T @ in; d_bias += column sums of bf16(d_out). */
+    /* d_in = bf16(d_out) @ weight; d_weight += bf16(d_out)^T @ in; d_bias += column sums of bf16(d_out). */
     if (d_bias) {
         bf16_column_sums_job job = {d_bias, d_out, N, OC};
         workers_for(OC, N, bf16_column_sums, &job);
     }
     if (bf16_products_available()) {
-        if (d_in) TP_TRY(bf16_product(d_in, d_out, bf16_of_values(weight), N, C, OC, 0, 0, 0)); /* [N,OC] @ [OC,C] */
+        if (d_in) TP_TRY(bf16_product(d_in, d_out, bf16_of_bits(weight), N, C, OC, 0, 0, 0)); /* [N,OC] @ [OC,C] */
         if (d_weight) /* [OC,N] @ [N,C], added */
             TP_TRY(bf16_product(d_weight, d_out, bf16_of_bits(in), OC, C, N, 1, 0, 1));
         return TP_OK;
     }
     if (!d_in && !d_weight) return TP_OK;
     float *g32 = bf16_operand_as_f32(d_out, N * OC);
-    float *w = d_in ? bf16_operand_as_f32(bf16_of_values(weight), OC * C) : NULL;
+    float *w = d_in ? bf16_operand_as_f32(bf16_of_bits(weight), OC * C) : NULL;
     float *a = d_weight ? bf16_operand_as_f32(bf16_of_bits(in), N * C) : NULL;
     int status = g32 && (w || !d_in) && (a || !d_weight)
                      ? TP_OK
@@ -336,17 +336,17 @@ int bf16_product_backward(float *d_in, float *d_weight, float *d_bias, bf16_oper
 }
 
 int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
-                         const float *weight, int64_t N, int64_t C, int64_t OC)
+                         const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
     return bf16_product_backward(d_in, d_weight, d_bias, bf16_of_bits(d_out), in, weight, N, C, OC);
 }
 
 int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
-                              const float *weight, int64_t N, int64_t C, int64_t OC)
+                              const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
     float *d_in32 = NULL; /* d_in in fp32, then rounded: the bits of rounding it by construction */
     if (d_in) TP_TRY(bf16_output_scratch(&d_in32, N * C, "product's input gradient"));
     TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, bf16_of_values(d_out), in, weight, N, C, OC));
-    if (d_in) round_to_bf16_bits(d_in, d_in32, N * C);
+    if (d_in) round_to_bf16(d_in, d_in32, N * C);
     return TP_OK;
 }

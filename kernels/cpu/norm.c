@@ -238,7 +238,7 @@ int layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float 
     float *y;
     TP_TRY(bf16_output_scratch(&y, N * C, "layer norm"));
     layernorm_forward(y, mean, rstd, in, weight, bias, N, C);
-    round_to_bf16_bits(out, y, N * C);
+    round_to_bf16(out, y, N * C);
     return TP_OK;
 }
 
@@ -248,7 +248,7 @@ int rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const floa
     float *y;
     TP_TRY(bf16_output_scratch(&y, N * C, "RMSNorm"));
     rmsnorm_forward(y, rstd, in, weight, N, C, eps);
-    round_to_bf16_bits(out, y, N * C);
+    round_to_bf16(out, y, N * C);
     return TP_OK;
 }
 
@@ -276,7 +276,7 @@ int gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n)
         int64_t count = n - i < chunk ? n - i : chunk;
         convert_to_f32(in + i, TP_BF16, x, count);
         gelu_forward(x + count, x, count);
-        round_to_bf16_bits(out + i, x + count, count);
+        round_to_bf16(out + i, x + count, count);
     }
     return TP_OK;
 }
@@ -290,7 +290,7 @@ int swiglu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t N, int64_t F)
         int64_t count = N - n < rows ? N - n : rows;
         convert_to_f32(in + n * 2 * F, TP_BF16, x, 2 * count * F);
         swiglu_forward(x + 2 * count * F, x, count, F);
-        round_to_bf16_bits(out + n * F, x + 2 * count * F, count * F);
+        round_to_bf16(out + n * F, x + 2 * count * F, count * F);
     }
     return TP_OK;
 }
@@ -305,7 +305,7 @@ int gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out
         convert_to_f32(in + i, TP_BF16, x, count);
         convert_to_f32(d_out + i, TP_BF16, x + count, count);
         gelu_backward(x + 2 * count, x, x + count, count);
-        round_to_bf16_bits(d_in + i, x + 2 * count, count);
+        round_to_bf16(d_in + i, x + 2 * count, count);
     }
     return TP_OK;
 }
@@ -321,7 +321,7 @@ int swiglu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_o
         convert_to_f32(in + n * 2 * F, TP_BF16, x_in, 2 * count * F);
         convert_to_f32(d_out + n * F, TP_BF16, x_d_out, count * F);
         swiglu_backward(x_d_in, x_in, x_d_out, count, F);
-        round_to_bf16_bits(d_in + n * 2 * F, x_d_in, 2 * count * F);
+        round_to_bf16(d_in + n * 2 * F, x_d_in, 2 * count * F);
     }
     return TP_OK;
 }

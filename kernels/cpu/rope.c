@@ -136,7 +136,7 @@ int rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin, int
     TP_TRY(bf16_output_scratch(&rotated, n, "rotary embedding"));
     memcpy(rotated, qkv, (size_t)n * sizeof(float));
     rotate(rotated, cos_sin, B, T, Hq, Hkv, hd, 1.0f);
-    round_to_bf16_bits(out, rotated, n);
+    round_to_bf16(out, rotated, n);
     return TP_OK;
 }
 
@@ -148,6 +148,6 @@ int rope_backward_bf16(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t
     TP_TRY(bf16_output_scratch(&turned, n, "rotary embedding's gradient"));
     convert_to_f32(d_qkv, TP_BF16, turned, n);
     rotate(turned, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
-    round_to_bf16_bits(d_qkv, turned, n);
+    round_to_bf16(d_qkv, turned, n);
     return TP_OK;
 }

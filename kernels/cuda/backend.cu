@@ -25,8 +25,11 @@
  * swiglu_backward_bf16, rope_backward_bf16 and attention_backward_bf16 wrote,
  * the fp32 kernels widening on load and rounding on store; the output
  * projections' d_in, written by matmul_backward_bf16_bits: a bf16 C), the
- * fp32 operands (the weights, the residual stream's gradient) rounded by a
- * kernel (convert_bits.h, as the CPU rounds); the qkv product (and RoPE)
+ * weights as the trainer's bf16 copy of them (the bits round_to_bf16
+ * writes once after they change: convert_bits.h's rounding, the CPU's),
+ * the one fp32 operand (the residual stream's gradient,
+ * matmul_backward_bf16_bits' d_out) rounded on the way by the same code
+ * (cuda_round_to_bf16, linear.cu); the qkv product (and RoPE)
  * written as bf16 bits too, which only the attention reads, and the MLP's
  * fc product, which only GELU or SwiGLU reads (matmul_forward_bf16_bits: a
  * bf16 C; rope_forward_bf16; gelu_forward_bf16 and swiglu_forward_bf16, and
@@ -243,6 +246,7 @@ static void fill_table(kernel_backend *t)
     t->matmul_backward_bf16 = cuda_matmul_backward_bf16;
     t->matmul_backward_bf16_bits = cuda_matmul_backward_bf16_bits;
     t->matmul_forward_bf16_bits = cuda_matmul_forward_bf16_bits;
+    t->round_to_bf16 = cuda_round_to_bf16;
     t->layernorm_forward = cuda_layernorm_forward;
     t->layernorm_backward = cuda_layernorm_backward;
     t->gelu_forward = cuda_gelu_forward;

@@ -191,12 +191,13 @@ fail:
 /* d_logits written once, as bf16 bits into the first half of scratch, then
  * the two products read them as they are (cuda_matmul_backward_bf16: a
  * d_out of bf16 bits, as every bf16 gradient a product reads), as they read
- * in (the final norm's bf16 bits): no fp32 d_logits written, read back and
- * rounded. The same bits as rounding crossentropy_backward's values. */
+ * in (the final norm's bf16 bits) and the weight (the table's bf16 copy,
+ * weight[V,C] bits): no fp32 d_logits written, read back and rounded. The
+ * same bits as rounding crossentropy_backward's values. */
 int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
                                   const float *row_max, const float *sum, const int *targets, const uint16_t *in,
-                                  const float *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,
-                                  float scale)
+                                  const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first,
+                                  int64_t vocab, float scale)
 {
     int64_t valid = valid_columns(V, first, vocab);
     uint16_t *bits = (uint16_t *)scratch;

@@ -41,26 +41,30 @@ cuda_attention_choice cuda_attention_chosen(void);
 /* linear.cu */
 int cuda_matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
                         int64_t OC);
-int cuda_matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
+/* linear.cu: the bf16 products read in, W and a bf16 d_out as the bits
+ * given, where they lie (kernels.h: W the trainer's bf16 copy of its fp32
+ * weights). */
+int cuda_matmul_forward_bf16(float *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC);
 int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC);
 int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
-                              const float *weight, int64_t N, int64_t C, int64_t OC);
+                              const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
 /* linear.cu: the backward of a product whose d_out is fp32 (rounded on the
  * way) and whose d_in is written as bf16 bits (kernels.h: cuBLAS's fp32 sums
  * rounded as stored; d_bias from the rounded d_out). */
 int cuda_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
-                                   const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC);
+                                   const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
 /* linear.cu: matmul_forward_bf16 written as bf16 bits (kernels.h: the bits
  * of rounding its fp32 out, the bias added in fp32 first). */
-int cuda_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
-                                  int64_t C, int64_t OC);
+int cuda_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias,
+                                  int64_t N, int64_t C, int64_t OC);
 int cuda_residual_forward(float *out, const float *a, const float *b, int64_t n);
 int cuda_bias_residual_forward(float *out, const float *x, const float *partial, const float *bias, int64_t N,
                                int64_t C);
 int cuda_add_inplace(float *acc, const float *x, int64_t n);
 int cuda_scale_inplace(float *x, float scale, int64_t n);
+/* linear.cu: the table's round_to_bf16 is cuda_round_to_bf16 (launch.h: the op files round with it too). */
 /* norm.cu */
 int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
                            const float *bias, int64_t N, int64_t C);
@@ -123,8 +127,8 @@ int cuda_crossentropy_target_logit(float *target, const float *logits, const int
                                    int64_t first);
 int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
                                   const float *row_max, const float *sum, const int *targets, const uint16_t *in,
-                                  const float *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,
-                                  float scale);
+                                  const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first,
+                                  int64_t vocab, float scale);
 int cuda_crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
                                const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
 /* adamw.cu */
@@ -140,8 +144,8 @@ void cuda_blas_stop(void);
  * TP_CUDA_EPILOGUE=off, not loaded, and every product's bias separate); then
  * out[N,OC] = in . W^T + bias with the bias in the product's epilogue, on
  * cuda_state.stream, in and W as the product reads them (fp32, or bf16
- * when bf16: in the caller's bf16 activation itself, at any even address,
- * W rounded into scratch), the bias fp32, out fp32 or (out_bits, bf16
+ * when bf16: the caller's bf16 activation and bf16 weight bits themselves,
+ * each at any even address), the bias fp32, out fp32 or (out_bits, bf16
  * products alone) bf16 bits, at any even address: the epilogue's fp32
  * result rounded to bf16; *done 0 (and nothing queued) where cuBLASLt has
  * no algorithm for the shape, types and alignments: the caller adds the

@@ -65,7 +65,9 @@ typedef struct {
 int cuda_scratch_parts(cuda_scratch *scratch, const char *what, void **parts, const size_t *bytes, int count);
 
 /* out[i] = the bf16 bits of in[i], rounded as the CPU rounds (convert_bits.h),
- * queued on cuda_state.stream (linear.cu). */
+ * queued on cuda_state.stream (linear.cu); in and out at any address of
+ * their types. Also the table's round_to_bf16 (backend.cu): it enters as
+ * an operation does (ENTER). */
 int cuda_round_to_bf16(uint16_t *out, const float *in, int64_t n);
 
 /* An output element of a kernel that writes fp32 or, templated on its

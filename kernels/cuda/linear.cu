@@ -1,6 +1,8 @@
 /* linear.cu: matrix products through cuBLAS (fp32, and bf16 operands summed
- * in fp32) and the elementwise operations of cpu/linear.c (bias, residual,
- * add, scale) on the GPU. cuBLAS is loaded here, and its handle made on the
+ * in fp32), the rounding of fp32 values to bf16 bits (round_to_bf16: the
+ * bf16 copy of the weights, and every rounding of the CUDA files) and the
+ * elementwise operations of cpu/linear.c (bias, residual, add, scale) on
+ * the GPU. cuBLAS is loaded here, and its handle made on the
  * backend's stream (cuda_blas_start). */
 #include <cublas_v2.h>
 #include <pthread.h>
@@ -142,22 +144,24 @@ template <typename In> struct column_of_values {
  * matmul_backward_bf16_bits; linear.c) are the same products of bf16
  * operands. Those that come as bf16 bits are read where they are, at any even
  * address: in[N,C] (a bf16 activation, kernels.h, rounded by the operation
- * that wrote it) and matmul_backward_bf16's d_out[N,OC] (a bf16 gradient:
- * gelu's or swiglu's bf16 d_in, the attention's or RoPE's bf16 d_qkv, the
- * classifier's d_logits). The fp32 operands (W, and
- * matmul_backward_bf16_bits' d_out[N,OC], a residual stream's gradient) are
- * rounded to bf16 by round_bf16_kernel, with bits_f32_to_bf16
- * (convert_bits.h), so to nearest, ties to even, exactly as the CPU rounds;
- * then cublasGemmEx with bf16 A and B, fp32 C and CUBLAS_COMPUTE_32F: the
- * products of bf16 values are exact in fp32 and are summed in fp32 (tensor
- * cores where cuBLAS picks them; not TF32, which concerns fp32 operands
- * only). The bias stays fp32 (add_bias_kernel). d_bias is the fp32 column
- * sums of the bf16 d_out the products read (column_of_values<uint16_t>,
- * widened): the caller's bits, or the rounded operand in the scratch (also
- * where no product runs: d_in and d_weight NULL); the fp32 products' d_bias
- * sums the fp32 d_out. One function per direction serves every precision
- * (matmul_forward_in, matmul_backward_in): only the operands
- * (operands_begin), the product call (gemm) and the output's type differ.
+ * that wrote it), W[OC,C] (the trainer's bf16 copy of its fp32 weights,
+ * rounded once after they change: the table's round_to_bf16, below) and
+ * matmul_backward_bf16's d_out[N,OC] (a bf16 gradient: gelu's or swiglu's
+ * bf16 d_in, the attention's or RoPE's bf16 d_qkv, the classifier's
+ * d_logits). The one fp32 operand, matmul_backward_bf16_bits' d_out[N,OC] (a
+ * residual stream's gradient), is rounded to bf16 into the scratch by
+ * cuda_round_to_bf16, with bits_f32_to_bf16 (convert_bits.h), so to
+ * nearest, ties to even, exactly as the CPU rounds; then cublasGemmEx with
+ * bf16 A and B, fp32 C and CUBLAS_COMPUTE_32F: the products of bf16 values
+ * are exact in fp32 and are summed in fp32 (tensor cores where cuBLAS picks
+ * them; not TF32, which concerns fp32 operands only). The bias stays fp32
+ * (add_bias_kernel). d_bias is the fp32 column sums of the bf16 d_out the
+ * products read (column_of_values<uint16_t>, widened): the caller's bits, or
+ * the rounded operand in the scratch (also where no product runs: d_in and
+ * d_weight NULL); the fp32 products' d_bias sums the fp32 d_out. One
+ * function per direction serves every precision (matmul_forward_in,
+ * matmul_backward_in): only the operands (operands_begin), the product call
+ * (gemm) and the output's type differ.
  *
  * matmul_backward_bf16_bits (kernels.h) writes d_in[N,C] as bf16 bits (the
  * gradient of the attention's or the MLP's activation, which the next bf16
@@ -183,14 +187,17 @@ template <typename In> struct column_of_values {
  * where cuBLAS runs the same algorithm as for an fp32 one: the tests check
  * that it does, bit for bit.)
  *
- * The rounded operands (2 bytes a value) go to a cuda_scratch (launch.h);
+ * The rounded d_out (2 bytes a value) goes to a cuda_scratch (launch.h);
  * bf16_lock is held from the rounding of a product's operands until its
  * last product is queued, so that another thread cannot overwrite them in
  * between (on the one stream, work queued later runs later, so once queued
- * they are safe). The lock covers only the queueing, which is short:
+ * they are safe); so too out_scratch, from its taking to the rounding
+ * that reads it. A bf16 call holds it also where its operands are all bits
+ * and nothing is rounded (every call but matmul_backward_bf16_bits'): one
+ * path for every call. The lock covers only the queueing, which is short:
  * threads sharing the GPU are not held up by each other's products. */
 
-static cuda_scratch scratch;     /* the rounded operands, bf16 bits */
+static cuda_scratch scratch;     /* the rounded operand (an fp32 d_out), bf16 bits */
 static cuda_scratch out_scratch; /* a bits product's fp32 out, where no epilogue adds its bias to a bf16 D */
 static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -205,8 +212,11 @@ static __global__ void round_bf16_kernel(uint16_t *out, const float *in, int64_t
 /* The same four values a thread: one 16-byte load and one 8-byte store
  * (in 16-byte aligned, out 8-byte aligned; n a multiple of 4). A value a
  * thread, the kernel was bound by its instructions, not by memory (the
- * H200's profile: 63% of the SMs' issue, 27% of memory throughput); it is
- * on every operand of every bf16 product. */
+ * H200's profile: 63% of the SMs' issue, 27% of memory throughput); it
+ * rounds every weight of the model after each step (the table's
+ * round_to_bf16), the residual stream's gradients the output projections'
+ * products read, and the fp32 outputs rounded after (the attention's, a
+ * bits product's without an epilogue). */
 static __global__ void round_bf16_quads_kernel(ushort4 *out, const float4 *in, int64_t quads)
 {
     GRID_STRIDE(q, quads) {
@@ -220,19 +230,38 @@ static __global__ void round_bf16_quads_kernel(ushort4 *out, const float4 *in, i
     }
 }
 
+/* The table's round_to_bf16 too (backend.cu), so an operation: ENTER.
+ * Vectors (round_bf16_quads_kernel) from the first value where in is
+ * 16-byte aligned, if out is 8-byte aligned there too, as where a bf16 copy
+ * lies at the same value offset as its fp32 original in arrays that start
+ * aligned (the few head values before, at most 3, and the tail after, a
+ * value a thread); where the two do not meet so (out at any other even
+ * address), or fewer than four values would be left, a value a thread
+ * throughout. */
 int cuda_round_to_bf16(uint16_t *out, const float *in, int64_t n)
 {
+    ENTER();
     if (n <= 0) return TP_OK;
-    int64_t quads = (uintptr_t)in % 16 == 0 && (uintptr_t)out % 8 == 0 ? n / 4 : 0, rest = n - 4 * quads;
-    if (quads) {
-        round_bf16_quads_kernel<<<blocks_for(quads, THREADS), THREADS, 0, cuda_state.stream>>>(
-            (ushort4 *)out, (const float4 *)in, quads);
-        LAUNCH_CHECK();
-    }
-    if (rest) { /* the last values, or all where in or out is not aligned for vectors */
-        round_bf16_kernel<<<blocks_for(rest, THREADS), THREADS, 0, cuda_state.stream>>>(out + 4 * quads,
-                                                                                     in + 4 * quads, rest);
-        LAUNCH_CHECK();
+    {
+        int64_t head = (int64_t)((16 - (uintptr_t)in % 16) % 16 / sizeof(float)), quads = 0;
+        if (head + 4 <= n && (uintptr_t)(in + head) % 16 == 0 && (uintptr_t)(out + head) % 8 == 0)
+            quads = (n - head) / 4;
+        else head = n; /* no vectors: every value a thread */
+        int64_t tail = n - head - 4 * quads;
+        if (head) {
+            round_bf16_kernel<<<blocks_for(head, THREADS), THREADS, 0, cuda_state.stream>>>(out, in, head);
+            LAUNCH_CHECK();
+        }
+        if (quads) {
+            round_bf16_quads_kernel<<<blocks_for(quads, THREADS), THREADS, 0, cuda_state.stream>>>(
+                (ushort4 *)(out + head), (const float4 *)(in + head), quads);
+            LAUNCH_CHECK();
+        }
+        if (tail) {
+            round_bf16_kernel<<<blocks_for(tail, THREADS), THREADS, 0, cuda_state.stream>>>(
+                out + head + 4 * quads, in + head + 4 * quads, tail);
+            LAUNCH_CHECK();
+        }
     }
     return TP_OK;
 fail:
@@ -241,7 +270,7 @@ fail:
 
 /* One operand of a call's products as the caller gives it: size values
  * (0: not used) of fp32, or of bf16 bits already (bits; bf16 products
- * only: in, the classifier's d_out). */
+ * only: in, W, a bf16 gradient d_out). */
 typedef struct {
     const void *values;
     int64_t size;
@@ -344,10 +373,11 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* out = in . W^T (+ bias): operands in (fp32, or bf16 bits when bf16), W;
- * out fp32, or bf16 bits (out_bits, bf16 alone: matmul_forward_bf16_bits,
- * the bits of rounding the fp32 out this writes without out_bits). */
-static int matmul_forward_in(int bf16, void *out, int out_bits, const void *in, const float *weight, const float *bias,
+/* out = in . W^T (+ bias): operands in and W (fp32, or bf16 bits when
+ * bf16); out fp32, or bf16 bits (out_bits, bf16 alone:
+ * matmul_forward_bf16_bits, the bits of rounding the fp32 out this writes
+ * without out_bits). */
+static int matmul_forward_in(int bf16, void *out, int out_bits, const void *in, const void *weight, const float *bias,
                              int64_t N, int64_t C, int64_t OC)
 {
     if (out_bits && !bf16)
@@ -356,7 +386,7 @@ static int matmul_forward_in(int bf16, void *out, int out_bits, const void *in, 
     ENTER();
     if (N == 0 || OC == 0) return TP_OK;
     {
-        const operand given[2] = {{in, N * C, bf16}, {weight, OC * C, 0}};
+        const operand given[2] = {{in, N * C, bf16}, {weight, OC * C, bf16}};
         operands o;
         int status = operands_begin(&o, bf16, given, 2);
         if (!status && !bias) /* fp32, or rounded as cuBLAS stores it (bf16 C) */
@@ -382,12 +412,12 @@ fail:
 }
 
 /* Operands d_out, then W when d_in is asked for and in when d_weight is
- * (size 0 otherwise: not rounded). d_out: fp32, or bf16 bits (d_out_bits,
+ * (size 0 otherwise: not read). d_out: fp32, or bf16 bits (d_out_bits,
  * bf16 alone: matmul_backward_bf16); d_in: fp32, or bf16 bits (d_in_bits,
- * bf16 alone: matmul_backward_bf16_bits, d_out then fp32); in: fp32, or bf16
- * bits when bf16. */
+ * bf16 alone: matmul_backward_bf16_bits, d_out then fp32, rounded into the
+ * scratch); in and W: fp32, or bf16 bits when bf16. */
 static int matmul_backward_in(int bf16, void *d_in, int d_in_bits, float *d_weight, float *d_bias, const void *d_out,
-                              int d_out_bits, const void *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+                              int d_out_bits, const void *in, const void *weight, int64_t N, int64_t C, int64_t OC)
 {
     if ((d_in_bits || d_out_bits) && !bf16)
         return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: a d_in or d_out of bf16 bits goes with bf16 products alone");
@@ -403,7 +433,7 @@ static int matmul_backward_in(int bf16, void *d_in, int d_in_bits, float *d_weig
         int bias_of_operand = d_bias && bf16 && !d_out_bits && OC > 0;
         if (products || bias_of_operand) {
             const operand given[3] = {{d_out, N * OC, d_out_bits},
-                                      {weight, products && d_in ? OC * C : 0, 0},
+                                      {weight, products && d_in ? OC * C : 0, bf16},
                                       {in, products && d_weight ? N * C : 0, bf16}};
             operands o;
             int status = operands_begin(&o, bf16, given, 3);
@@ -439,14 +469,14 @@ int cuda_matmul_forward(float *out, const float *in, const float *weight, const 
     return matmul_forward_in(0, out, 0, in, weight, bias, N, C, OC);
 }
 
-int cuda_matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
+int cuda_matmul_forward_bf16(float *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC)
 {
     return matmul_forward_in(1, out, 0, in, weight, bias, N, C, OC);
 }
 
-int cuda_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
-                                  int64_t C, int64_t OC)
+int cuda_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias,
+                                  int64_t N, int64_t C, int64_t OC)
 {
     return matmul_forward_in(1, out, 1, in, weight, bias, N, C, OC);
 }
@@ -458,13 +488,13 @@ int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const floa
 }
 
 int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
-                              const float *weight, int64_t N, int64_t C, int64_t OC)
+                              const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
     return matmul_backward_in(1, d_in, 0, d_weight, d_bias, d_out, 1, in, weight, N, C, OC);
 }
 
 int cuda_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
-                                   const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+                                   const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
     return matmul_backward_in(1, d_in, 1, d_weight, d_bias, d_out, 0, in, weight, N, C, OC);
 }

@@ -17,10 +17,11 @@
  * cuBLASLt comes with cuBLAS (libcublas.so needs libcublasLt.so) and is
  * loaded the same way, when the backend starts. A plan (the descriptors
  * and the algorithm cuBLASLt's heuristic picks) is made once per shape and
- * per alignment of the pointers (cuBLASLt's algorithms assume 256-byte
+ * per alignment of each pointer (cuBLASLt's algorithms assume 256-byte
  * alignment unless told less; the trainer's arrays are carved from larger
- * ones at float offsets, and the bf16 product's in, a bf16 activation read
- * where it lies, may be only 2-byte aligned), and kept for the process.
+ * ones at float offsets, and the bf16 product's in and W, a bf16 activation
+ * and the trainer's bf16 copy of a weight, both read where they lie, may be
+ * only 2-byte aligned, each on its own), and kept for the process.
  * Where cuBLASLt offers no algorithm for a shape, that is remembered too,
  * and the caller does the product and the bias separately as before; so
  * too where the bias is not 16-byte aligned: cuBLASLt has no preference for
@@ -102,7 +103,8 @@ static int load_cublas_lt(void)
 
 /* The key of a plan: precision, out's type (fp32, or bf16 bits: out_bits),
  * shape, and the alignment in bytes (a power of two, at most 256) of in, W,
- * out and bias. */
+ * out and bias, each its own (the preference's minimum alignment of A is
+ * W's, of B in's, of C and D out's). */
 typedef struct {
     int bf16, out_bits;
     int64_t N, C, OC;

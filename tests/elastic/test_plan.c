@@ -507,7 +507,9 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     /* model.h: params | grads | m | v, or with ZeRO-1 params | grads | a shard's m and v, or with ZeRO-3 a
      * shard of each, then the work area: params | grads of one use */
     int64_t W = m->work_floats;
+    /* + with bf16 the products' bf16 copy of the weights (of the work area with ZeRO-3) */
     out.weights = 4 * (m->zero == 3 ? m->shard_len + W : m->total);
+    if (m->bf16) out.weights += 2 * (m->zero == 3 ? W : m->total);
     out.gradients = 4 * (m->zero == 3 ? m->shard_len + W : m->total);
     out.optimizer = 8 * (m->zero ? m->shard_len : m->total);
     cr_assert_eq(out.weights + out.gradients, gpt_model_parameter_bytes(m));
@@ -534,8 +536,8 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
 /* tp-train --dtype bf16 (mixed precision: the model's dtype bf16 to the
  * planner, fp32 weights and bf16 activations to the trainer): the
  * activations the trainer allocates, its bf16 regions at two values an
- * element, odd counts rounded up (seq 9 at micro-batch 1). The weights are
- * the planner's bound (bf16 and an fp32 master), not compared. */
+ * element, odd counts rounded up (seq 9 at micro-batch 1); and its weights,
+ * 6 bytes a value: the fp32 master and the products' bf16 copy. */
 Test(plan, bf16_activations_are_what_the_trainer_allocates)
 {
     const char *names[] = {"tiny", "llama-tiny", "tiny"}; /* the third with odd widths: dim 27, 3 heads of 9 */
@@ -548,13 +550,12 @@ Test(plan, bf16_activations_are_what_the_trainer_allocates)
                         config.seq = seq;
                         if (n == 2) config.dim = 27, config.heads = config.kv_heads = 3, config.ffn = 4 * 27;
                         if (gpt_config_check(&config, tp, pp) != TP_OK || (sp && seq % tp)) continue;
-                        /* The planner reports its largest stage, its weights 6 bytes a value (bf16 and the
-                         * master) where the trainer's are 4: the stage of the largest total + weights / 2. */
-                        int64_t largest = -1, most = 0;
+                        /* The planner reports its largest stage. */
+                        int64_t largest = -1, most = 0, weights = 0;
                         trainer_bf16 = 1;
                         for (int stage = 0; stage < pp; stage++) {
                             elastic_memory m = trainer_memory(&config, tp, pp, 1, pp, stage, 1, sp, 0, 1);
-                            if (m.total + m.weights / 2 > largest) largest = m.total + m.weights / 2, most = m.activations;
+                            if (m.total > largest) largest = m.total, most = m.activations, weights = m.weights;
                         }
                         trainer_bf16 = 0;
                         gpt_config planned = config;
@@ -568,6 +569,8 @@ Test(plan, bf16_activations_are_what_the_trainer_allocates)
                                      names[n], tp, pp, sp, (long long)seq, (long long)estimate.activations,
                                      (long long)most);
                         cr_assert_lt(estimate.activations, fp32.activations, "bf16 activations take less than fp32");
+                        cr_assert_eq(estimate.weights, weights, "%s tp%d pp%d: bf16 weights planned %lld, trainer %lld",
+                                     names[n], tp, pp, (long long)estimate.weights, (long long)weights);
                     }
 }
 

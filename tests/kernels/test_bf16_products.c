@@ -5,6 +5,7 @@
  * unrounded operands differs by bf16's (2^-9), which the tests tell apart. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -168,11 +169,13 @@ Test(bf16_products, linear_products_are_exact_sums_of_rounded_operands_on_every_
         double *want = malloc(most * sizeof(double)), *magnitude = malloc(most * sizeof(double));
         uint16_t *in_bits = floats_bf16_bits(in, N * C); /* a bf16 activation */
         uint16_t *d_out_bits = floats_bf16_bits(d_out, N * OC); /* a bf16 gradient */
-        cr_assert_eq(matmul_forward_bf16(out, in_bits, w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(matmul_backward_bf16(d_in, d_w, NULL, d_out_bits, in_bits, w, N, C, OC), TP_OK, "%s",
+        uint16_t *w_bits = floats_bf16_bits(w, OC * C);         /* the trainer's bf16 copy of its weights */
+        cr_assert_eq(matmul_forward_bf16(out, in_bits, w_bits, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(d_in, d_w, NULL, d_out_bits, in_bits, w_bits, N, C, OC), TP_OK, "%s",
                      tp_errmsg());
         free(in_bits);
         free(d_out_bits);
+        free(w_bits);
         struct { const float *got, *a, *b, *before; int64_t M, N, K; int ta, tb; const char *what; } p[] = {
             {out, in, w, NULL, N, OC, C, 0, 1, "out = in @ weight^T"},
             {d_in, d_out, w, NULL, N, C, OC, 0, 0, "d_in = d_out @ weight"},
@@ -204,10 +207,13 @@ Test(bf16_products, linear_layers_use_them)
     float *d_w = calloc((size_t)(OC * C), sizeof(float)), *d_w32 = calloc((size_t)(OC * C), sizeof(float));
     float *d_b = calloc((size_t)OC, sizeof(float)), *d_b32 = calloc((size_t)OC, sizeof(float));
     uint16_t *in_bits = floats_bf16_bits(in, N * C), *d_out_bits = floats_bf16_bits(d_out, N * OC);
-    cr_assert_eq(matmul_forward_bf16(out, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+    uint16_t *w_bits = floats_bf16_bits(w, OC * C);
+    cr_assert_eq(matmul_forward_bf16(out, in_bits, w_bits, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
     matmul_forward(out32, in, w, bias, N, C, OC);
-    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out_bits, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out_bits, in_bits, w_bits, N, C, OC), TP_OK, "%s",
+                 tp_errmsg());
     free(in_bits);
+    free(w_bits);
     matmul_backward(d_in32, d_w32, d_b32, d_out, in, w, N, C, OC);
     struct { const float *got, *fp32; int64_t n; const char *what; } pairs[] = {
         {out, out32, N * OC, "out"}, {d_in, d_in32, N * C, "d_in"}, {d_w, d_w32, OC * C, "d_weight"}};
@@ -249,15 +255,15 @@ static void assert_same_floats(const float *got, const float *want, int64_t n, c
                   (long long)i, got[i], want[i], kernels_cpu_paths());
 }
 
-/* A product of the bf16 backward, got, against want, the fp32 backward of
- * its operands' bf16 values: bit for bit where the CPU computes bf16
- * products as sgemm on rounded operands (the same sgemm of the same
- * values); where oneDNN's bf16 instructions compute them, its sums in
- * another order, within check_product's bound of the double sums of the
- * operands a and b rounded (before: what was added to, or NULL). */
-static void assert_bf16_backward_product(const float *got, const float *want, const float *a, const float *b,
-                                         int64_t M, int64_t N, int64_t K, int trans_a, const float *before,
-                                         const char *what)
+/* A product of the bf16 forward or backward, got, against want, the fp32
+ * forward or backward of its operands' bf16 values: bit for bit where the
+ * CPU computes bf16 products as sgemm on rounded operands (the same sgemm
+ * of the same values); where oneDNN's bf16 instructions compute them, its
+ * sums in another order, within check_product's bound of the double sums
+ * of the operands a and b rounded (before: what was added to, or NULL). */
+static void assert_bf16_product_of_values(const float *got, const float *want, const float *a, const float *b,
+                                          int64_t M, int64_t N, int64_t K, int trans_a, int trans_b,
+                                          const float *before, const char *what)
 {
     if (!bf16_products_available()) {
         assert_same_floats(got, want, M * N, what);
@@ -265,7 +271,7 @@ static void assert_bf16_backward_product(const float *got, const float *want, co
     }
     double *sums = malloc((size_t)(M * N) * sizeof(double)), *magnitude = malloc((size_t)(M * N) * sizeof(double));
     cr_assert(sums && magnitude);
-    reference(sums, magnitude, a, b, M, N, K, trans_a, 0, before);
+    reference(sums, magnitude, a, b, M, N, K, trans_a, trans_b, before);
     double worst = worst_of_magnitude(got, sums, magnitude, M * N);
     cr_assert_lt(worst, 4.0 * (double)K * 0x1p-24 + 0x1p-20, "%s (%s): error %g of the sum of magnitudes", what,
                  kernels_cpu_paths(), worst);
@@ -274,12 +280,12 @@ static void assert_bf16_backward_product(const float *got, const float *want, co
 }
 
 /* N, C, OC: tiny, a block per thread and a short one, sums over a few hundred. */
-static const int64_t backward_shapes[][3] = {{5, 7, 3}, {33, 48, 20}, {70, 130, 64}};
-#define BACKWARD_SHAPES (int)(sizeof backward_shapes / sizeof backward_shapes[0])
+static const int64_t product_shapes[][3] = {{5, 7, 3}, {33, 48, 20}, {70, 130, 64}};
+#define PRODUCT_SHAPES (int)(sizeof product_shapes / sizeof product_shapes[0])
 
-/* matmul_backward_bf16 is matmul_backward of its operands' bf16 values (d_out's
- * bits widened, in's, weight rounded): d_in overwritten, d_weight added to
- * (see assert_bf16_backward_product), and d_bias += the column sums of
+/* matmul_backward_bf16 is matmul_backward of its operands' bf16 values (d_out's,
+ * in's and weight's bits widened): d_in overwritten, d_weight added to
+ * (see assert_bf16_product_of_values), and d_bias += the column sums of
  * d_out's values summed row by row in fp32, bit for bit on every path. Any
  * of the three may be NULL: the others are then what the full call gives,
  * bit for bit. At 1 and 3 threads. */
@@ -287,8 +293,8 @@ Test(bf16_products, backward_is_the_fp32_backward_of_the_bf16_values)
 {
     for (int threads = 1; threads <= 3; threads += 2) {
         kernels_set_threads(threads);
-        for (int s = 0; s < BACKWARD_SHAPES; s++) {
-            int64_t N = backward_shapes[s][0], C = backward_shapes[s][1], OC = backward_shapes[s][2];
+        for (int s = 0; s < PRODUCT_SHAPES; s++) {
+            int64_t N = product_shapes[s][0], C = product_shapes[s][1], OC = product_shapes[s][2];
             float *in = random_matrix(N * C, 21), *w = random_matrix(OC * C, 22), *d_out = random_matrix(N * OC, 23);
             float *w_before = random_matrix(OC * C, 24), *b_before = random_matrix(OC, 25);
             uint16_t *in_bits = floats_bf16_bits(in, N * C), *d_out_bits = floats_bf16_bits(d_out, N * OC);
@@ -302,16 +308,16 @@ Test(bf16_products, backward_is_the_fp32_backward_of_the_bf16_values)
 
             float *in_before = floats_filled(N * C, 7.0f); /* d_in is overwritten */
             float *d_in = copy_of(in_before, N * C), *d_w = copy_of(w_before, OC * C), *d_b = copy_of(b_before, OC);
-            cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out_bits, in_bits, w, N, C, OC), TP_OK, "%s",
+            cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out_bits, in_bits, w_bits, N, C, OC), TP_OK, "%s",
                          tp_errmsg());
-            assert_bf16_backward_product(d_in, want_in, d_out, w, N, C, OC, 0, NULL, "d_in");
-            assert_bf16_backward_product(d_w, want_w, d_out, in, OC, C, N, 1, w_before, "d_weight");
+            assert_bf16_product_of_values(d_in, want_in, d_out, w, N, C, OC, 0, 0, NULL, "d_in");
+            assert_bf16_product_of_values(d_w, want_w, d_out, in, OC, C, N, 1, 0, w_before, "d_weight");
             assert_same_floats(d_b, want_b, OC, "d_bias");
 
             for (int mask = 0; mask < 7; mask++) { /* bit 0: d_in given, 1: d_weight, 2: d_bias */
                 float *p_in = copy_of(in_before, N * C), *p_w = copy_of(w_before, OC * C), *p_b = copy_of(b_before, OC);
                 cr_assert_eq(matmul_backward_bf16(mask & 1 ? p_in : NULL, mask & 2 ? p_w : NULL, mask & 4 ? p_b : NULL,
-                                                  d_out_bits, in_bits, w, N, C, OC),
+                                                  d_out_bits, in_bits, w_bits, N, C, OC),
                              TP_OK, "%s", tp_errmsg());
                 assert_same_floats(p_in, mask & 1 ? d_in : in_before, N * C, "d_in, some NULL");
                 assert_same_floats(p_w, mask & 2 ? d_w : w_before, OC * C, "d_weight, some NULL");
@@ -326,6 +332,59 @@ Test(bf16_products, backward_is_the_fp32_backward_of_the_bf16_values)
     kernels_set_threads(1);
 }
 
+/* The weight comes as bf16 bits, the trainer's bf16 copy of its fp32
+ * weights (kernels.h); given w's bits floats_bf16_bits(w), the forward
+ * computes exactly what it computed from the fp32 w rounded on the way.
+ * Those bits widened are the weights the sgemm route rounded on the way
+ * (bf16_operand_as_f32 of w's values), bit for bit, ties among them (w's
+ * low half 0x8000, rounded down and up to even), so out is matmul_forward
+ * of in's and w's widened bits, bit for bit there (see
+ * assert_bf16_product_of_values); where oneDNN computes the products, out
+ * is its product of w's values rounded on the way, bias added after as
+ * linear.c adds it, bit for bit. With and without a bias, at 1 and 3
+ * threads. */
+Test(bf16_products, forward_of_weight_bits_is_the_product_of_weights_rounded_on_the_way)
+{
+    char what[96], onednn[160];
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        for (int s = 0; s < PRODUCT_SHAPES; s++) {
+            int64_t N = product_shapes[s][0], C = product_shapes[s][1], OC = product_shapes[s][2];
+            float *in = random_matrix(N * C, 41), *w = random_matrix(OC * C, 42), *bias = random_matrix(OC, 43);
+            for (int64_t i = 0; i < OC * C; i += 3) /* +-(1 + 2^-8) and +-(1 + 3 2^-8), scaled by 2^-2 .. 2^2 */
+                w[i] = ldexpf(i % 2 ? -1.0f : 1.0f, (int)(i % 5) - 2) * (i % 4 ? 1.00390625f : 1.01171875f);
+            uint16_t *in_bits = floats_bf16_bits(in, N * C), *w_bits = floats_bf16_bits(w, OC * C);
+            float *a = floats_of_bf16_bits(in_bits, N * C), *w16 = floats_of_bf16_bits(w_bits, OC * C);
+            float *on_the_way = bf16_operand_as_f32(bf16_of_values(w), OC * C);
+            cr_assert(on_the_way);
+            assert_same_floats(w16, on_the_way, OC * C, "the weight's bits widened against its values rounded");
+            float *out = floats_filled(N * OC, 7.0f), *want = floats_filled(N * OC, 0.0f);
+            float *bias_rows = floats_filled(N * OC, 0.0f); /* what the products are added to */
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                const float *b = with_bias ? bias : NULL;
+                for (int64_t i = 0; i < N * OC; i++) bias_rows[i] = b ? b[i % OC] : 0.0f;
+                snprintf(what, sizeof what, "out [%lld, %lld]%s at %d threads", (long long)N, (long long)OC,
+                         b ? " with a bias" : "", threads);
+                cr_assert_eq(matmul_forward_bf16(out, in_bits, w_bits, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+                matmul_forward(want, a, w16, b, N, C, OC);
+                assert_bf16_product_of_values(out, want, in, w, N, OC, C, 0, 1, bias_rows, what);
+                if (bf16_products_available()) {
+                    float *rounded = floats_filled(N * OC, 0.0f);
+                    cr_assert_eq(bf16_product(rounded, bf16_of_bits(in_bits), bf16_of_values(w), N, OC, C, 0, 1, 0),
+                                 TP_OK, "%s", tp_errmsg());
+                    for (int64_t i = 0; b && i < N * OC; i++) rounded[i] += b[i % OC];
+                    snprintf(onednn, sizeof onednn, "%s, against the product of w's values rounded on the way", what);
+                    assert_same_floats(out, rounded, N * OC, onednn);
+                    free(rounded);
+                }
+            }
+            free(in), free(w), free(bias), free(in_bits), free(w_bits), free(a), free(w16), free(on_the_way);
+            free(out), free(want), free(bias_rows);
+        }
+    }
+    kernels_set_threads(1);
+}
+
 /* matmul_backward_bf16_bits is matmul_backward_bf16 of d_out's bf16 bits:
  * d_in the bits of rounding its fp32 d_in, d_weight and d_bias its own,
  * bit for bit (d_in NULL too), on d_out with values at ties (an fp32 whose
@@ -334,22 +393,23 @@ Test(bf16_products, backward_to_bits_rounds_the_fp32_d_in_of_the_rounded_gradien
 {
     for (int threads = 1; threads <= 3; threads += 2) {
         kernels_set_threads(threads);
-        for (int s = 0; s < BACKWARD_SHAPES; s++) {
-            int64_t N = backward_shapes[s][0], C = backward_shapes[s][1], OC = backward_shapes[s][2];
+        for (int s = 0; s < PRODUCT_SHAPES; s++) {
+            int64_t N = product_shapes[s][0], C = product_shapes[s][1], OC = product_shapes[s][2];
             float *in = random_matrix(N * C, 31), *w = random_matrix(OC * C, 32), *d_out = random_matrix(N * OC, 33);
             float *w_before = random_matrix(OC * C, 34), *b_before = random_matrix(OC, 35);
             for (int64_t i = 0; i < N * OC; i += 3) /* +-(1 + 2^-8) and +-(1 + 3 2^-8), scaled by 2^-2 .. 2^2 */
                 d_out[i] = ldexpf(i % 2 ? -1.0f : 1.0f, (int)(i % 5) - 2) * (i % 4 ? 1.00390625f : 1.01171875f);
             uint16_t *in_bits = floats_bf16_bits(in, N * C), *d_out_bits = floats_bf16_bits(d_out, N * OC);
+            uint16_t *w_bits = floats_bf16_bits(w, OC * C);
             float *want_in = floats_filled(N * C, 0.0f), *want_w = copy_of(w_before, OC * C);
             float *want_b = copy_of(b_before, OC);
-            cr_assert_eq(matmul_backward_bf16(want_in, want_w, want_b, d_out_bits, in_bits, w, N, C, OC), TP_OK, "%s",
-                         tp_errmsg());
+            cr_assert_eq(matmul_backward_bf16(want_in, want_w, want_b, d_out_bits, in_bits, w_bits, N, C, OC), TP_OK,
+                         "%s", tp_errmsg());
 
             uint16_t *d_in = malloc((size_t)(N * C) * sizeof *d_in);
             float *d_w = copy_of(w_before, OC * C), *d_b = copy_of(b_before, OC);
             cr_assert(d_in);
-            cr_assert_eq(matmul_backward_bf16_bits(d_in, d_w, d_b, d_out, in_bits, w, N, C, OC), TP_OK, "%s",
+            cr_assert_eq(matmul_backward_bf16_bits(d_in, d_w, d_b, d_out, in_bits, w_bits, N, C, OC), TP_OK, "%s",
                          tp_errmsg());
             floats_assert_rounded(d_in, want_in, N * C, "d_in");
             assert_same_floats(d_w, want_w, OC * C, "d_weight");
@@ -357,12 +417,12 @@ Test(bf16_products, backward_to_bits_rounds_the_fp32_d_in_of_the_rounded_gradien
 
             memcpy(d_w, w_before, (size_t)(OC * C) * sizeof(float));
             memcpy(d_b, b_before, (size_t)OC * sizeof(float));
-            cr_assert_eq(matmul_backward_bf16_bits(NULL, d_w, d_b, d_out, in_bits, w, N, C, OC), TP_OK, "%s",
+            cr_assert_eq(matmul_backward_bf16_bits(NULL, d_w, d_b, d_out, in_bits, w_bits, N, C, OC), TP_OK, "%s",
                          tp_errmsg());
             assert_same_floats(d_w, want_w, OC * C, "d_weight without d_in");
             assert_same_floats(d_b, want_b, OC, "d_bias without d_in");
             free(in), free(w), free(d_out), free(w_before), free(b_before), free(in_bits), free(d_out_bits);
-            free(want_in), free(want_w), free(want_b), free(d_in), free(d_w), free(d_b);
+            free(w_bits), free(want_in), free(want_w), free(want_b), free(d_in), free(d_w), free(d_b);
         }
     }
     kernels_set_threads(1);
@@ -372,7 +432,7 @@ Test(bf16_products, backward_to_bits_rounds_the_fp32_d_in_of_the_rounded_gradien
  * after it: a = 1 + 2^-8 lies halfway between 1 and 1 + 2^-7 and rounds to
  * 1 (even); b = 1 + 3 2^-8 halfway between 1 + 2^-7 and 1 + 2^-6, and
  * rounds to 1 + 2^-6. With d_out's rows a a a, a a a and b b b, in and
- * weight all ones (N = 3, C = 1, OC = 3), every sum is exact:
+ * weight all ones (bf16 0x3f80; N = 3, C = 1, OC = 3), every sum is exact:
  *   d_in = the row sums 3, 3 and 3 + 3 2^-6 (bf16 0x4040, 0x4040, 0x4043),
  *   d_weight = d_bias = the column sums 1 + 1 + (1 + 2^-6) = 3.015625.
  * The unrounded d_out's row sums round to 0x4041 and 0x4042, its column
@@ -381,7 +441,8 @@ Test(bf16_products, backward_to_bits_rounds_the_fp32_d_in_of_the_rounded_gradien
 Test(bf16_products, backward_to_bits_rounds_ties_to_even_before_the_product)
 {
     const float a = 1.00390625f, b = 1.01171875f;
-    const float d_out[9] = {a, a, a, a, a, a, b, b, b}, weight[3] = {1.0f, 1.0f, 1.0f};
+    const float d_out[9] = {a, a, a, a, a, a, b, b, b};
+    const uint16_t weight[3] = {0x3f80, 0x3f80, 0x3f80};
     const uint16_t in[3] = {0x3f80, 0x3f80, 0x3f80}, want_in[3] = {0x4040, 0x4040, 0x4043}; /* 1; 3, 3.046875 */
     for (int threads = 1; threads <= 3; threads += 2) {
         kernels_set_threads(threads);
@@ -407,4 +468,80 @@ Test(bf16_products, backward_to_bits_in_the_cpu_table)
     const kernel_backend *k = kernels_cpu();
     cr_assert_eq(k->matmul_backward_bf16, matmul_backward_bf16);
     cr_assert_eq(k->matmul_backward_bf16_bits, matmul_backward_bf16_bits);
+}
+
+/* ------------------------------------------------- round_to_bf16
+ * The trainer's bf16 copy of its weights (kernels.h): to nearest, ties to
+ * even, NaNs made quiet (bits_f32_to_bf16, convert_bits.h). These values,
+ * planted among random ones, and what each must give. */
+static const struct {
+    uint32_t fp32;
+    uint16_t bf16;
+} rounding_cases[] = {
+    {0x3f808000u, 0x3f80}, /* 1 + 2^-8, a tie: down to even 1 */
+    {0x3f818000u, 0x3f82}, /* 1 + 3 2^-8, a tie: up to even 1 + 2^-6 */
+    {0xbf808000u, 0xbf80}, /* -(1 + 2^-8): down to even, the sign kept */
+    {0xbf818000u, 0xbf82}, /* -(1 + 3 2^-8): up to even */
+    {0x3f808001u, 0x3f81}, /* just above a tie: up */
+    {0x3f817fffu, 0x3f81}, /* just below a tie: down */
+    {0x00018000u, 0x0002}, /* a tie between subnormals: up to even */
+    {0x80000000u, 0x8000}, /* -0 */
+    {0x7f800000u, 0x7f80}, /* +infinity kept */
+    {0xff800000u, 0xff80}, /* -infinity kept */
+    {0x7f7fffffu, 0x7f80}, /* the largest fp32: past bf16's largest, to infinity */
+    {0x7f800001u, 0x7fc0}, /* a signalling NaN, its payload in the low half: quiet, not infinity */
+    {0xffa00000u, 0xffe0}, /* a negative signalling NaN: quiet, sign and payload kept */
+};
+#define ROUNDING_CASES (int64_t)(sizeof rounding_cases / sizeof rounding_cases[0])
+
+/* Which case lies at x[i] of n (every fifth, and the last), or -1. */
+static int64_t rounding_case_at(int64_t i, int64_t n)
+{
+    return i == n - 1 ? ROUNDING_CASES - 1 : i % 5 == 0 ? i / 5 % ROUNDING_CASES : -1;
+}
+
+/* round_to_bf16 writes every element as floats_bf16_bits rounds it (the
+ * reference), the cases above their own bits, and nothing past n; at 1 and
+ * 3 threads (the elements in shares, the last one shorter), on odd sizes
+ * (none, one, fewer than a vector's lanes, a thousand and three, past 2^20),
+ * among values of large, small and subnormal magnitudes. The CPU table's
+ * round_to_bf16 gives the same bits. */
+Test(bf16_products, round_to_bf16_is_the_reference_rounding)
+{
+    const int64_t sizes[] = {0, 1, 7, 1003, (1 << 20) + 3};
+    const uint16_t unwritten = 0x5555; /* about 1.5e13: none of the values here rounds to it */
+    const kernel_backend *k = kernels_cpu();
+    cr_assert_not_null(k->round_to_bf16, "the CPU table has no round_to_bf16");
+    char what[96];
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        for (int s = 0; s < (int)(sizeof sizes / sizeof sizes[0]); s++) {
+            int64_t n = sizes[s];
+            float *x = floats_random(n, 1.0f);
+            for (int64_t i = 0; i < n; i++) {
+                x[i] *= i % 4 == 0 ? 1.0f : i % 4 == 1 ? 1e4f : i % 4 == 2 ? 1e-3f : 1e-40f;
+                int64_t c = rounding_case_at(i, n);
+                if (c >= 0) memcpy(&x[i], &rounding_cases[c].fp32, sizeof x[i]);
+            }
+            uint16_t *out = malloc((size_t)(n + 1) * sizeof *out), *table = malloc((size_t)(n + 1) * sizeof *table);
+            cr_assert(out && table);
+            for (int64_t i = 0; i <= n; i++) out[i] = table[i] = unwritten;
+            round_to_bf16(out, x, n);
+            snprintf(what, sizeof what, "round_to_bf16 of %lld at %d threads", (long long)n, threads);
+            floats_assert_rounded(out, x, n, what);
+            for (int64_t i = 0; i < n; i++) {
+                int64_t c = rounding_case_at(i, n);
+                if (c >= 0)
+                    cr_assert_eq(out[i], rounding_cases[c].bf16, "%s: [%lld], fp32 bits 0x%08x, gave 0x%04x, want "
+                                 "0x%04x", what, (long long)i, (unsigned)rounding_cases[c].fp32, out[i],
+                                 rounding_cases[c].bf16);
+            }
+            cr_assert_eq(out[n], unwritten, "%s: wrote past n (0x%04x)", what, out[n]);
+            cr_assert_eq(k->round_to_bf16(table, x, n), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(memcmp(table, out, (size_t)(n + 1) * sizeof *out), 0, "%s: the CPU table's bits differ",
+                         what);
+            free(x), free(out), free(table);
+        }
+    }
+    kernels_set_threads(1);
 }

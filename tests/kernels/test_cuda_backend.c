@@ -217,8 +217,9 @@ Test(cuda_backend, matmul_backward)
     free(in), free(w), free(dout), free(din), free(dw), free(db);
 }
 
-/* bf16 mixed precision: the products of operands rounded to bf16, summed in
- * fp32. Shapes N, C, OC: the fp32 tests' and a larger one with odd
+/* bf16 mixed precision: the products of bf16 operands (bf16 bits: in, W and
+ * a bf16 d_out rounded on the host, as the CPU twin is given them; an fp32
+ * d_out rounded on the device), summed in fp32. Shapes N, C, OC: the fp32 tests' and a larger one with odd
  * dimensions (unaligned rows of bf16), run in that order so that the
  * backend's scratch grows between them. Tolerance 1e-5 of the largest
  * magnitude of each output: the CPU sums the rounded operands in fp32 with
@@ -286,20 +287,22 @@ Test(cuda_backend, bias_gradients_of_tall_arrays)
  * (products_lt.cu), whose algorithms assume 256-byte aligned arrays unless
  * told otherwise; the trainer's arrays start at any float, its bf16
  * activations (the bf16 products' in, read where they are, and the bits
- * product's out) at any bf16. In three precisions, fp32, bf16 and bf16
- * written as bits (matmul_forward_bf16_bits), against the CPU with
+ * product's out) and its bf16 copy of the weights (the bf16 products' W,
+ * read where it is) at any bf16. In three precisions, fp32, bf16 and bf16
+ * written as bits (matmul_forward_bf16_bits), the bf16 ones given W's bits
+ * rounded on the host, against the CPU twin given the same bits, with
  * matmul_forward's and matmul_forward_bf16's tolerances (the bits: the same
  * as the CPU's, or one bf16 ulp apart, or within that tolerance): every
  * array aligned (the epilogue runs: its count of products grows; for the
  * bits, with a bf16 D); in, W and out one value past an alignment (4 bytes;
- * 2 for bf16 in and bits out: another plan, or the separate bias kernel
- * where cuBLASLt has no algorithm for such arrays); the bias 4 bytes past
- * (the separate kernel, always: the count stays); then aligned again (the
- * kept plan). With TP_CUDA_EPILOGUE=off, the separate kernel every time.
- * The bits are those of rounding what matmul_forward_bf16 writes from the
- * same in, W and bias to an aligned out, every one. The bf16 backward (d_in
- * and d_weight of in's and d_out's bits, both read where they lie) at the
- * same offsets too, within matmul_backward_bf16's tolerance. */
+ * 2 for bf16 in, bf16 W and bits out: another plan, or the separate bias
+ * kernel where cuBLASLt has no algorithm for such arrays); the bias 4 bytes
+ * past (the separate kernel, always: the count stays); then aligned again
+ * (the kept plan). With TP_CUDA_EPILOGUE=off, the separate kernel every
+ * time. The bits are those of rounding what matmul_forward_bf16 writes from
+ * the same in, W and bias to an aligned out, every one. The bf16 backward
+ * (d_in and d_weight of in's, W's and d_out's bits, all read where they
+ * lie) at the same offsets too, within matmul_backward_bf16's tolerance. */
 Test(cuda_backend, products_with_bias_at_any_alignment)
 {
     NEED_GPU();
@@ -310,17 +313,20 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
     float *din = malloc((size_t)(N * C) * sizeof(float)), *want = malloc((size_t)(N * OC) * sizeof(float));
     uint16_t *in_bits = floats_bf16_bits(in, N * C), *want_bits = malloc((size_t)(N * OC) * sizeof(uint16_t));
     uint16_t *dout_bits = floats_bf16_bits(dout, N * OC), *out_garbage = bits_garbage(N * OC + 1);
+    uint16_t *w_bits = floats_bf16_bits(w, OC * C);
     cr_assert(din && want && want_bits);
     /* One value more than each array: the array at offset 1 or 0. */
     float *g_in = NULL, *g_w = NULL, *g_bias = NULL, *g_out = NULL;
     float *g_din = NULL, *g_dw = NULL, *g_fp32 = NULL;
-    uint16_t *g_bits = NULL, *g_dout_bits = NULL, *g_out_bits = upload_bits(k, out_garbage, N * OC + 1);
+    uint16_t *g_bits = NULL, *g_w_bits = NULL, *g_dout_bits = NULL;
+    uint16_t *g_out_bits = upload_bits(k, out_garbage, N * OC + 1);
     cr_assert_eq(k->alloc((void **)&g_in, (size_t)(N * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_dout_bits, (size_t)(N * OC + 1) * sizeof(uint16_t)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_bits, (size_t)(N * C + 1) * sizeof(uint16_t)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_din, (size_t)(N * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_dw, (size_t)(OC * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_w, (size_t)(OC * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->alloc((void **)&g_w_bits, (size_t)(OC * C + 1) * sizeof(uint16_t)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_bias, (size_t)(OC + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_out, (size_t)(N * OC + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->alloc((void **)&g_fp32, (size_t)(N * OC) * sizeof(float)), TP_OK, "%s", tp_errmsg());
@@ -329,7 +335,7 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
         int arrays, bias, epilogue;
         const char *what;
     } cases[] = {{0, 0, 1, "all aligned"},
-                 {1, 0, -1, "in, W and out one value past alignment (4 bytes; bf16 in and bits out 2)"},
+                 {1, 0, -1, "in, W and out one value past alignment (4 bytes; bf16 in, W and bits out 2)"},
                  {0, 1, 0, "the bias 4 bytes past alignment"},
                  {0, 0, 1, "all aligned, again"}};
     static const char *const precisions[] = {"fp32", "bf16", "bf16 bits"};
@@ -340,6 +346,8 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
             cr_assert_eq(k->to_device(g_bits + at, in_bits, (size_t)(N * C) * sizeof(uint16_t)), TP_OK, "%s",
                          tp_errmsg());
             cr_assert_eq(k->to_device(g_w + at, w, (size_t)(OC * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->to_device(g_w_bits + at, w_bits, (size_t)(OC * C) * sizeof(uint16_t)), TP_OK, "%s",
+                         tp_errmsg());
             cr_assert_eq(k->to_device(g_bias + bias_at, bias, (size_t)OC * sizeof(float)), TP_OK, "%s", tp_errmsg());
             int64_t before = cuda_lt_bias_epilogue_products(), bits_before = cuda_lt_bias_epilogue_bits_products();
             int64_t epilogues = 0, bits_epilogues = 0; /* the counts' growth for this product */
@@ -348,17 +356,17 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
                 snprintf(shape, sizeof shape, "N=%lld C=%lld OC=%lld, %s", (long long)N, (long long)C, (long long)OC,
                          cases[c].what);
                 cr_assert_eq(k->to_device(g_out_bits, out_garbage, (size_t)(N * OC + 1) * sizeof(uint16_t)), TP_OK);
-                cr_assert_eq(matmul_forward_bf16(want, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
-                cr_assert_eq(matmul_forward_bf16_bits(want_bits, in_bits, w, bias, N, C, OC), TP_OK, "%s",
+                cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+                cr_assert_eq(matmul_forward_bf16_bits(want_bits, in_bits, w_bits, bias, N, C, OC), TP_OK, "%s",
                              tp_errmsg());
-                cr_assert_eq(k->matmul_forward_bf16_bits(g_out_bits + at, g_bits + at, g_w + at, g_bias + bias_at, N,
-                                                         C, OC),
+                cr_assert_eq(k->matmul_forward_bf16_bits(g_out_bits + at, g_bits + at, g_w_bits + at, g_bias + bias_at,
+                                                         N, C, OC),
                              TP_OK, "bf16 bits, %s: %s", cases[c].what, tp_errmsg());
                 epilogues = cuda_lt_bias_epilogue_products() - before;
                 bits_epilogues = cuda_lt_bias_epilogue_bits_products() - bits_before;
                 /* the fp32 twin from the same in, W and bias, to an aligned out (its epilogue not counted) */
-                cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_bits + at, g_w + at, g_bias + bias_at, N, C, OC), TP_OK,
-                             "%s", tp_errmsg());
+                cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_bits + at, g_w_bits + at, g_bias + bias_at, N, C, OC),
+                             TP_OK, "%s", tp_errmsg());
                 uint16_t *got = download_bits(k, g_out_bits + at, N * OC);
                 float *fp32 = download(k, g_fp32, N * OC);
                 /* cuBLASLt's bf16 D rounds its own sums (near_tie, check_rounding); the fp32 route is exact */
@@ -371,8 +379,9 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
                 cr_assert(at == 1 || after[N * OC] == 0x40e0u, "matmul_forward_bf16_bits %s: wrote past out", shape);
                 free(got), free(fp32), free(after);
             } else if (bf16) {
-                cr_assert_eq(matmul_forward_bf16(want, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
-                cr_assert_eq(k->matmul_forward_bf16(g_out + at, g_bits + at, g_w + at, g_bias + bias_at, N, C, OC),
+                cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+                cr_assert_eq(k->matmul_forward_bf16(g_out + at, g_bits + at, g_w_bits + at, g_bias + bias_at, N, C,
+                                                    OC),
                              TP_OK, "bf16, %s: %s", cases[c].what, tp_errmsg());
                 check_bf16(k, g_out + at, want, N * OC, cases[c].what);
             } else {
@@ -405,10 +414,10 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
                 cr_assert_eq(k->to_device(g_dw + at, dw, (size_t)(OC * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
                 cr_assert_eq(k->to_device(g_dout_bits + at, dout_bits, (size_t)(N * OC) * sizeof(uint16_t)), TP_OK,
                              "%s", tp_errmsg());
-                cr_assert_eq(matmul_backward_bf16(din, dw_want, NULL, dout_bits, in_bits, w, N, C, OC), TP_OK, "%s",
-                             tp_errmsg());
+                cr_assert_eq(matmul_backward_bf16(din, dw_want, NULL, dout_bits, in_bits, w_bits, N, C, OC), TP_OK,
+                             "%s", tp_errmsg());
                 cr_assert_eq(k->matmul_backward_bf16(g_din + at, g_dw + at, NULL, g_dout_bits + at, g_bits + at,
-                                                     g_w + at, N, C, OC),
+                                                     g_w_bits + at, N, C, OC),
                              TP_OK, "bf16 backward, %s: %s", cases[c].what, tp_errmsg());
                 char what[160];
                 snprintf(what, sizeof what, "d_in of bf16 in, %s", cases[c].what);
@@ -420,12 +429,13 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
         }
     k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out), k->release(g_bits);
     k->release(g_dout_bits), k->release(g_din), k->release(g_dw), k->release(g_fp32), k->release(g_out_bits);
+    k->release(g_w_bits);
     free(in), free(w), free(bias), free(want), free(dout), free(dw), free(din), free(in_bits), free(want_bits);
-    free(dout_bits), free(out_garbage);
+    free(dout_bits), free(out_garbage), free(w_bits);
 }
 
-/* out overwritten (starts from garbage), with and without bias; in as bf16
- * bits (the CPU's rounding of random values), on both sides. */
+/* out overwritten (starts from garbage), with and without bias; in and W
+ * as bf16 bits (the CPU's rounding of random values), on both sides. */
 Test(cuda_backend, matmul_forward_bf16)
 {
     NEED_GPU();
@@ -436,29 +446,29 @@ Test(cuda_backend, matmul_forward_bf16)
         float *want = malloc((size_t)(N * OC) * sizeof(float)), *fp32 = malloc((size_t)(N * OC) * sizeof(float));
         float *garbage = floats_filled(N * OC, 7.0f);
         uint16_t *in_bits = floats_bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
-        float *g_w = upload_floats(k, w, OC * C);
+        uint16_t *w_bits = floats_bf16_bits(w, OC * C), *g_w = upload_bits(k, w_bits, OC * C);
         float *g_bias = upload_floats(k, bias, OC), *g_out = upload_floats(k, garbage, N * OC);
-        cr_assert_eq(matmul_forward_bf16(want, in_bits, w, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->matmul_forward_bf16(g_out, g_in, g_w, g_bias, N, C, OC), TP_OK, "%s", tp_errmsg());
         check_bf16(k, g_out, want, N * OC, "out (bias)");
         matmul_forward(fp32, in, w, bias, N, C, OC);
         check_rounded(k, g_out, fp32, N * OC, "out (bias)");
 
         cr_assert_eq(k->to_device(g_out, garbage, (size_t)(N * OC) * sizeof(float)), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(matmul_forward_bf16(want, in_bits, w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->matmul_forward_bf16(g_out, g_in, g_w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
         check_bf16(k, g_out, want, N * OC, "out (no bias)");
         matmul_forward(fp32, in, w, NULL, N, C, OC);
         check_rounded(k, g_out, fp32, N * OC, "out (no bias)");
         k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out);
-        free(in), free(in_bits), free(w), free(bias), free(want), free(fp32), free(garbage);
+        free(in), free(in_bits), free(w), free(w_bits), free(bias), free(want), free(fp32), free(garbage);
     }
 }
 
 /* d_in overwritten (starts from garbage), d_weight and d_bias accumulated
  * (start from random values); then d_weight alone a second time (d_in and
- * d_bias untouched), then d_in alone (d_weight untouched). d_out and in are
- * bf16 bits (the CPU's rounding of random values) on both sides. d_bias is
+ * d_bias untouched), then d_in alone (d_weight untouched). d_out, in and W
+ * are bf16 bits (the CPU's rounding of random values) on both sides. d_bias is
  * the column sums of d_out's bf16 values: as the CPU twin's (check_bf16),
  * and as the host's fp32 column sums of the widened bits within
  * matmul_backward's fp32 tolerance (1e-4 relative + 1e-4 absolute: the same
@@ -478,9 +488,11 @@ Test(cuda_backend, matmul_backward_bf16)
         memcpy(db_sums, db, (size_t)OC * sizeof(float));
         uint16_t *in_bits = floats_bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
         uint16_t *dout_bits = floats_bf16_bits(dout, N * OC), *g_dout = upload_bits(k, dout_bits, N * OC);
-        float *dout_wide = floats_of_bf16_bits(dout_bits, N * OC), *g_w = upload_floats(k, w, OC * C);
+        uint16_t *w_bits = floats_bf16_bits(w, OC * C), *g_w = upload_bits(k, w_bits, OC * C);
+        float *dout_wide = floats_of_bf16_bits(dout_bits, N * OC);
         float *g_din = upload_floats(k, din, N * C), *g_dw = upload_floats(k, dw, OC * C), *g_db = upload_floats(k, db, OC);
-        cr_assert_eq(matmul_backward_bf16(din, dw, db, dout_bits, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(din, dw, db, dout_bits, in_bits, w_bits, N, C, OC), TP_OK, "%s",
+                     tp_errmsg());
         cr_assert_eq(k->matmul_backward_bf16(g_din, g_dw, g_db, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
                      tp_errmsg());
         check_bf16(k, g_din, din, N * C, "d_in");
@@ -492,7 +504,8 @@ Test(cuda_backend, matmul_backward_bf16)
         check_rounded(k, g_din, din32, N * C, "d_in");
         check_rounded(k, g_dw, dw32, OC * C, "d_weight");
 
-        cr_assert_eq(matmul_backward_bf16(NULL, dw, NULL, dout_bits, in_bits, w, N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_backward_bf16(NULL, dw, NULL, dout_bits, in_bits, w_bits, N, C, OC), TP_OK, "%s",
+                     tp_errmsg());
         cr_assert_eq(k->matmul_backward_bf16(NULL, g_dw, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
                      tp_errmsg());
         check_bf16(k, g_dw, dw, OC * C, "d_weight, twice");
@@ -501,24 +514,27 @@ Test(cuda_backend, matmul_backward_bf16)
 
         float *garbage = floats_filled(N * C, 7.0f);
         cr_assert_eq(k->to_device(g_din, garbage, (size_t)(N * C) * sizeof(float)), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(matmul_backward_bf16(din, NULL, NULL, dout_bits, in_bits, w, N, C, OC), TP_OK, "%s",
+        cr_assert_eq(matmul_backward_bf16(din, NULL, NULL, dout_bits, in_bits, w_bits, N, C, OC), TP_OK, "%s",
                      tp_errmsg());
         cr_assert_eq(k->matmul_backward_bf16(g_din, NULL, NULL, g_dout, g_in, g_w, N, C, OC), TP_OK, "%s",
                      tp_errmsg());
         check_bf16(k, g_din, din, N * C, "d_in alone");
         check_bf16(k, g_dw, dw, OC * C, "d_weight, untouched");
         k->release(g_in), k->release(g_w), k->release(g_dout), k->release(g_din), k->release(g_dw), k->release(g_db);
-        free(in), free(in_bits), free(w), free(dout), free(din), free(dw), free(db), free(din32), free(dw32);
-        free(db_sums), free(dout_bits), free(dout_wide), free(garbage);
+        free(in), free(in_bits), free(w), free(w_bits), free(dout), free(din), free(dw), free(db), free(din32);
+        free(dw32), free(db_sums), free(dout_bits), free(dout_wide), free(garbage);
     }
 }
 
 /* Products with an inner dimension of 1 are single products of two bf16
  * values, exact in fp32: the device must equal the CPU to the bit, which it
- * does only if it rounds every fp32 operand (W, and matmul_backward_bf16_bits'
- * d_out) as the CPU does; in, and matmul_backward_bf16's d_out, come as bits,
- * the CPU's rounding on both sides. The operands include halfway cases (ties
- * to even, up and down, both signs) and values just past them. Forward:
+ * does only if every operand it reads holds the CPU's bits: W as the
+ * trainer makes it, the device's round_to_bf16 of the fp32 weights (first
+ * checked equal to the host's rounding, which the CPU twin is given), and
+ * matmul_backward_bf16_bits' fp32 d_out rounded on the way as the CPU
+ * rounds it; in, and matmul_backward_bf16's d_out, come as bits, the CPU's
+ * rounding on both sides. The operands include halfway cases (ties to
+ * even, up and down, both signs) and values just past them. Forward:
  * C = 1; d_in: OC = 1 (d_weight not asked), also written as bits by
  * matmul_backward_bf16_bits (the exact product rounded as cuBLAS stores it
  * into a bf16 C: to nearest, ties to even, the products' own ties included);
@@ -545,17 +561,25 @@ Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
     uint16_t *a_bits = floats_bf16_bits(a, N), *b_bits = floats_bf16_bits(b, M);
     uint16_t *g_a_bits = upload_bits(k, a_bits, N), *g_b_bits = upload_bits(k, b_bits, M);
 
-    /* out[N,M] = bf16(a[N,1]) bf16(b[M,1])^T: a as in's bits, b as W, rounded on the device */
-    cr_assert_eq(matmul_forward_bf16(want, a_bits, b, NULL, N, 1, M), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->matmul_forward_bf16(g_out, g_a_bits, g_b, NULL, N, 1, M), TP_OK, "%s", tp_errmsg());
+    /* W's bits: b rounded on the device (the table's round_to_bf16), the host's bits */
+    uint16_t *w_garbage = bits_garbage(M), *g_w_bits = upload_bits(k, w_garbage, M);
+    cr_assert_eq(k->round_to_bf16(g_w_bits, g_b, M), TP_OK, "%s", tp_errmsg());
+    uint16_t *w_bits = download_bits(k, g_w_bits, M);
+    for (int64_t i = 0; i < M; i++)
+        cr_assert_eq(w_bits[i], b_bits[i], "W rounded on the device: [%lld] bits %#06x, the host's %#06x (%.9g)",
+                     (long long)i, w_bits[i], b_bits[i], b[i]);
+
+    /* out[N,M] = bf16(a[N,1]) bf16(b[M,1])^T: a as in's bits, b as W's bits */
+    cr_assert_eq(matmul_forward_bf16(want, a_bits, b_bits, NULL, N, 1, M), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_forward_bf16(g_out, g_a_bits, g_w_bits, NULL, N, 1, M), TP_OK, "%s", tp_errmsg());
     check_device(k, g_out, want, N * M, 0, 0, "out, C = 1");
     matmul_forward(fp32, a, b, NULL, N, 1, M);
     check_rounded(k, g_out, fp32, N * M, "out, C = 1");
 
-    /* d_in[N,M] = bf16(d_out[N,1]) bf16(weight[1,M]): a as d_out's bits, b as W, rounded on the device */
+    /* d_in[N,M] = bf16(d_out[N,1]) bf16(weight[1,M]): a as d_out's bits, b as W's bits */
     cr_assert_eq(k->to_device(g_out, garbage, (size_t)(N * M) * sizeof(float)), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(matmul_backward_bf16(want, NULL, NULL, a_bits, NULL, b, N, M, 1), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->matmul_backward_bf16(g_out, NULL, NULL, g_a_bits, NULL, g_b, N, M, 1), TP_OK, "%s",
+    cr_assert_eq(matmul_backward_bf16(want, NULL, NULL, a_bits, NULL, b_bits, N, M, 1), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->matmul_backward_bf16(g_out, NULL, NULL, g_a_bits, NULL, g_w_bits, N, M, 1), TP_OK, "%s",
                  tp_errmsg());
     check_device(k, g_out, want, N * M, 0, 0, "d_in, OC = 1");
 
@@ -564,8 +588,9 @@ Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
     uint16_t *want_bits = malloc((size_t)(N * M) * sizeof(uint16_t));
     float *a_rounded = floats_of_bf16_bits(a_bits, N), *b_rounded = floats_of_bf16_bits(b_bits, M);
     cr_assert(want_bits);
-    cr_assert_eq(matmul_backward_bf16_bits(want_bits, NULL, NULL, a, NULL, b, N, M, 1), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->matmul_backward_bf16_bits(g_in_bits, NULL, NULL, g_a, NULL, g_b, N, M, 1), TP_OK, "%s",
+    cr_assert_eq(matmul_backward_bf16_bits(want_bits, NULL, NULL, a, NULL, b_bits, N, M, 1), TP_OK, "%s",
+                 tp_errmsg());
+    cr_assert_eq(k->matmul_backward_bf16_bits(g_in_bits, NULL, NULL, g_a, NULL, g_w_bits, N, M, 1), TP_OK, "%s",
                  tp_errmsg());
     uint16_t *got_bits = download_bits(k, g_in_bits, N * M);
     for (int64_t i = 0; i < N * M; i++) {
@@ -599,9 +624,10 @@ Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
     check_device(k, g_db, a_rounded, N, 0, 0, "matmul_backward_bf16_bits d_bias, N = 1 (d_out rounded)");
 
     k->release(g_a), k->release(g_b), k->release(g_out), k->release(g_dw), k->release(g_a_bits), k->release(g_b_bits);
-    k->release(g_in_bits), k->release(g_db);
+    k->release(g_in_bits), k->release(g_db), k->release(g_w_bits);
     free(a), free(b), free(zeros), free(want), free(fp32), free(garbage), free(a_bits), free(b_bits);
-    free(garbage_bits), free(want_bits), free(got_bits), free(a_rounded), free(b_rounded);
+    free(garbage_bits), free(want_bits), free(got_bits), free(a_rounded), free(b_rounded), free(w_garbage);
+    free(w_bits);
 }
 
 /* Dimensions beyond cuBLAS's int are refused, as by the fp32 products. */
@@ -613,13 +639,13 @@ Test(cuda_backend, matmul_bf16_refuses_huge_dimensions)
     int64_t huge = (int64_t)INT32_MAX + 1;
     cr_assert_eq(k->alloc((void **)&g, 4096), TP_OK, "%s", tp_errmsg());
     const uint16_t *bits = (const uint16_t *)g;
-    cr_assert_eq(k->matmul_forward_bf16(g, bits, g, NULL, huge, 1, 1), TP_ERR_ARG, "N beyond int");
-    cr_assert_eq(k->matmul_backward_bf16(g, g, g, bits, bits, g, 1, huge, 1), TP_ERR_ARG, "C beyond int");
-    cr_assert_eq(k->matmul_backward_bf16(g, g, g, bits, bits, g, 1, 1, huge), TP_ERR_ARG, "OC beyond int");
-    cr_assert_eq(k->matmul_backward_bf16_bits((uint16_t *)g, g, g, g, bits, g, huge, 1, 1), TP_ERR_ARG,
+    cr_assert_eq(k->matmul_forward_bf16(g, bits, bits, NULL, huge, 1, 1), TP_ERR_ARG, "N beyond int");
+    cr_assert_eq(k->matmul_backward_bf16(g, g, g, bits, bits, bits, 1, huge, 1), TP_ERR_ARG, "C beyond int");
+    cr_assert_eq(k->matmul_backward_bf16(g, g, g, bits, bits, bits, 1, 1, huge), TP_ERR_ARG, "OC beyond int");
+    cr_assert_eq(k->matmul_backward_bf16_bits((uint16_t *)g, g, g, g, bits, bits, huge, 1, 1), TP_ERR_ARG,
                  "backward bits: N beyond int");
     cr_assert(strstr(tp_errmsg(), "matmul_backward_bf16_bits") != NULL, "%s", tp_errmsg());
-    cr_assert_eq(k->matmul_forward_bf16_bits((uint16_t *)g, bits, g, NULL, 1, huge, 1), TP_ERR_ARG,
+    cr_assert_eq(k->matmul_forward_bf16_bits((uint16_t *)g, bits, bits, NULL, 1, huge, 1), TP_ERR_ARG,
                  "bits: C beyond int");
     cr_assert(strstr(tp_errmsg(), "matmul_forward_bf16_bits") != NULL, "%s", tp_errmsg());
     k->release(g);
@@ -1229,13 +1255,114 @@ Test(cuda_backend, swiglu_backward_bf16)
     }
 }
 
+/* ------------------------------------------ the bf16 copy of the weights
+ * round_to_bf16 makes the trainer's bf16 copy of its fp32 weights, the W
+ * every bf16 product reads: bit for bit the CPU's round_to_bf16 (kernels.h)
+ * on every element, and for special values the bits convert_bits.h gives
+ * (bits_f32_to_bf16): ties to even, down and up, both signs, subnormal and
+ * the largest float's (to infinity); just past and short of a tie;
+ * infinities; NaNs quieted with their payload's top bits kept, a signalling
+ * NaN whose truncation would be infinity and one whose rounding carry would
+ * reach the sign among them. n of 1, 3 and 1037 (odd: a vector's remainder)
+ * with the special values at the start, in the middle and at the end, and
+ * random values between; x and out aligned, or 4 and 2 bytes past (every
+ * way of being, or not being, able to take four values at a time); nothing
+ * written before or after out. n = 0 writes nothing. */
+
+/* Which of count special values x[i] of n holds: the first count values,
+ * count from the middle on, the last count (those of the start where they
+ * overlap); -1 for the random ones between. */
+static int64_t special_at(int64_t i, int64_t n, int64_t count)
+{
+    if (i < count) return i;
+    if (i >= n / 2 && i - n / 2 < count) return i - n / 2;
+    if (i >= n - count) return i - (n - count);
+    return -1;
+}
+
+Test(cuda_backend, round_to_bf16)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    static const struct {
+        uint32_t x;
+        uint16_t bits;
+    } special[] = {
+        {0x3f808000u, 0x3f80u}, /* 1 + 2^-8: a tie, down to even */
+        {0x3f818000u, 0x3f82u}, /* 1 + 3 2^-8: a tie, up to even */
+        {0xbf808000u, 0xbf80u}, {0xbf818000u, 0xbf82u},
+        {0x3f808001u, 0x3f81u}, /* just past a tie: up */
+        {0x3f807fffu, 0x3f80u}, /* just short: down */
+        {0x00008000u, 0x0000u}, /* a subnormal tie, down to +0 */
+        {0x00018000u, 0x0002u}, /* and up */
+        {0x80000000u, 0x8000u}, /* -0 */
+        {0x7f7f7fffu, 0x7f7fu}, /* just short of the largest float's tie */
+        {0x7f7f8000u, 0x7f80u}, /* the largest float's tie: to infinity */
+        {0xff7fffffu, 0xff80u}, /* the largest float, negative: to -infinity */
+        {0x7f800000u, 0x7f80u}, /* infinities */
+        {0xff800000u, 0xff80u},
+        {0x7fc00000u, 0x7fc0u}, /* a quiet NaN */
+        {0x7f800001u, 0x7fc0u}, /* a signalling NaN: quieted, not truncated to infinity */
+        {0xff812345u, 0xffc1u}, /* signalling, negative, with a payload: its top bits kept */
+        {0x7fffffffu, 0x7fffu}, /* a NaN whose rounding carry would reach the sign */
+    };
+    enum { SPECIAL = sizeof special / sizeof special[0] };
+    const int64_t sizes[] = {1, 3, 1037};
+    for (int s = 0; s < 3; s++)
+        for (int way = 0; way < 4; way++) {
+            int64_t n = sizes[s], x_at = way / 2, out_at = way % 2; /* in values: x 4 bytes past, out 2 */
+            char shape[96];
+            snprintf(shape, sizeof shape, "n=%lld, x %s, out %s", (long long)n, x_at ? "4 bytes past" : "aligned",
+                     out_at ? "2 bytes past" : "aligned");
+            float *x = floats_random(n, 4.0f);
+            for (int64_t i = 0; i < n; i++)
+                if (special_at(i, n, SPECIAL) >= 0) x[i] = float_of(special[special_at(i, n, SPECIAL)].x);
+            uint16_t *want = malloc((size_t)n * sizeof(uint16_t)), *garbage_bits = bits_garbage(n + 2);
+            cr_assert(want);
+            round_to_bf16(want, x, n);
+            float *g_x_memory = NULL;
+            cr_assert_eq(k->alloc((void **)&g_x_memory, (size_t)(n + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->to_device(g_x_memory + x_at, x, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            uint16_t *g_out_memory = upload_bits(k, garbage_bits, n + 2);
+            cr_assert_eq(k->round_to_bf16(g_out_memory + out_at, g_x_memory + x_at, n), TP_OK, "round_to_bf16 %s: %s",
+                         shape, tp_errmsg());
+            uint16_t *around = download_bits(k, g_out_memory, n + 2), *got = around + out_at;
+            for (int64_t i = 0, j; i < n; i++) /* the special values: the CPU's bits, then the GPU's */
+                if ((j = special_at(i, n, SPECIAL)) >= 0) {
+                    cr_assert_eq(want[i], special[j].bits, "the CPU's round_to_bf16: [%lld] bits %#06x, %#010x "
+                                 "rounds to %#06x",
+                                 (long long)i, want[i], special[j].x, special[j].bits);
+                    cr_assert_eq(got[i], special[j].bits, "round_to_bf16 %s: [%lld] bits %#06x, %#010x rounds to %#06x",
+                                 shape, (long long)i, got[i], special[j].x, special[j].bits);
+                }
+            for (int64_t i = 0; i < n; i++)
+                cr_assert_eq(got[i], want[i], "round_to_bf16 %s: [%lld] bits %#06x, the CPU's %#06x (%#010x)", shape,
+                             (long long)i, got[i], want[i], bits_of(x[i]));
+            cr_assert(out_at == 0 || around[0] == 0x40e0u, "round_to_bf16 %s: wrote before out", shape);
+            cr_assert(around[out_at + n] == 0x40e0u, "round_to_bf16 %s: wrote past out", shape);
+            k->release(g_x_memory), k->release(g_out_memory);
+            free(x), free(want), free(garbage_bits), free(around);
+        }
+    /* n = 0: nothing written */
+    uint16_t *garbage_bits = bits_garbage(4), *g_out = upload_bits(k, garbage_bits, 4);
+    float *g_x = upload_floats(k, (const float[]){1.0f, 2.0f, 3.0f, 4.0f}, 4);
+    cr_assert_eq(k->round_to_bf16(g_out, g_x, 0), TP_OK, "round_to_bf16 n=0: %s", tp_errmsg());
+    cr_assert_eq(k->round_to_bf16(g_out + 1, g_x + 1, 0), TP_OK, "round_to_bf16 n=0, 2 bytes past: %s", tp_errmsg());
+    uint16_t *got = download_bits(k, g_out, 4);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(got[i], 0x40e0u, "round_to_bf16 n=0: [%d] bits %#06x, written", i, got[i]);
+    k->release(g_out), k->release(g_x);
+    free(garbage_bits), free(got);
+}
+
 /* ---------------------------------------------- bf16 products written as bits
  * matmul_forward_bf16_bits writes the bf16 product as a bf16 activation: its
  * bits must be those of rounding what the GPU's own matmul_forward_bf16
  * writes from the same operands (to an aligned out), on every element
  * (cuBLAS rounding its fp32 sums into a bf16 C or D, or the fp32 out
- * rounded after), and close to the CPU twin's bits (check_near_cpu, with
- * matmul_forward_bf16's tolerance, 1e-5 of the largest |out|). */
+ * rounded after), and close to the CPU twin's bits given the same in and W
+ * bits (check_near_cpu, with matmul_forward_bf16's tolerance, 1e-5 of the
+ * largest |out|). */
 
 /* Shapes as matmul_forward_bf16's (odd dimensions: rows of bf16 out at
  * 2-byte offsets), with a bias and without, out from garbage; then an empty
@@ -1256,12 +1383,13 @@ Test(cuda_backend, matmul_forward_bf16_bits)
             uint16_t *want_bits = malloc((size_t)(N * OC) * sizeof(uint16_t)), *garbage_bits = bits_garbage(N * OC);
             cr_assert(want && want_bits);
             uint16_t *in_bits = floats_bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
+            uint16_t *w_bits = floats_bf16_bits(w, OC * C), *g_w = upload_bits(k, w_bits, OC * C);
             uint16_t *g_out = upload_bits(k, garbage_bits, N * OC);
-            float *g_w = upload_floats(k, w, OC * C), *g_bias = upload_floats(k, bias, OC);
-            float *g_fp32 = upload_floats(k, garbage, N * OC);
+            float *g_bias = upload_floats(k, bias, OC), *g_fp32 = upload_floats(k, garbage, N * OC);
             const float *b = with_bias ? bias : NULL, *g_b = with_bias ? g_bias : NULL;
-            cr_assert_eq(matmul_forward_bf16(want, in_bits, w, b, N, C, OC), TP_OK, "%s", tp_errmsg());
-            cr_assert_eq(matmul_forward_bf16_bits(want_bits, in_bits, w, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(matmul_forward_bf16_bits(want_bits, in_bits, w_bits, b, N, C, OC), TP_OK, "%s",
+                         tp_errmsg());
             cr_assert_eq(k->matmul_forward_bf16_bits(g_out, g_in, g_w, g_b, N, C, OC), TP_OK, "%s %s: %s",
                          "matmul_forward_bf16_bits", shape, tp_errmsg());
             cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_w, g_b, N, C, OC), TP_OK, "%s", tp_errmsg());
@@ -1270,7 +1398,7 @@ Test(cuda_backend, matmul_forward_bf16_bits)
                                              "matmul_forward_bf16_bits", shape);
             k->release(g_in), k->release(g_out), k->release(g_w), k->release(g_bias), k->release(g_fp32);
             free(in), free(w), free(bias), free(want), free(garbage), free(want_bits), free(garbage_bits);
-            free(in_bits), free(got);
+            free(in_bits), free(w_bits), free(got);
         }
     {
         int64_t N = 3, OC = 13; /* C = 0 */
@@ -1279,14 +1407,14 @@ Test(cuda_backend, matmul_forward_bf16_bits)
         bias[1] = float_of(0x3f808000u); /* a tie: rounds to even, 1 */
         uint16_t *garbage_bits = bits_garbage(N * OC), *g_out = upload_bits(k, garbage_bits, N * OC);
         float *g_bias = upload_floats(k, bias, OC), *g_fp32 = upload_floats(k, garbage, N * OC);
-        uint16_t *g_in = upload_bits(k, garbage_bits, 1); /* never read */
+        uint16_t *g_in = upload_bits(k, garbage_bits, 1); /* in and W: never read */
         for (int with_bias = 1; with_bias >= 0; with_bias--) {
             const char *shape = with_bias ? "N=3 C=0 OC=13, bias" : "N=3 C=0 OC=13, no bias";
             const float *g_b = with_bias ? g_bias : NULL;
             cr_assert_eq(k->to_device(g_out, garbage_bits, (size_t)(N * OC) * sizeof(uint16_t)), TP_OK);
-            cr_assert_eq(k->matmul_forward_bf16_bits(g_out, g_in, g_bias, g_b, N, 0, OC), TP_OK, "%s: %s", shape,
+            cr_assert_eq(k->matmul_forward_bf16_bits(g_out, g_in, g_in, g_b, N, 0, OC), TP_OK, "%s: %s", shape,
                          tp_errmsg());
-            cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_bias, g_b, N, 0, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_in, g_b, N, 0, OC), TP_OK, "%s", tp_errmsg());
             uint16_t *got = download_bits(k, g_out, N * OC);
             float *fp32 = download(k, g_fp32, N * OC);
             check_rounding(got, fp32, N * OC, 0, "matmul_forward_bf16_bits", shape); /* C = 0: nothing summed */
@@ -1311,8 +1439,9 @@ Test(cuda_backend, matmul_forward_bf16_bits)
  * values, the largest float's tie, which rounds to infinity) and just past
  * and short of one; without a bias (a bf16 C), with a zero bias aligned
  * (cuBLASLt's epilogue with a bf16 D, where it has one) and 4 bytes past
- * alignment (the fp32 route, rounded after). First the fp32 product itself
- * must be the exact sum (else the device's fp32 sums are not exact, and the
+ * alignment (the fp32 route, rounded after). W's bits are its terms' own
+ * (bf16 values: rounding leaves them). First the fp32 product itself must
+ * be the exact sum (else the device's fp32 sums are not exact, and the
  * failure says so); then the bits are those of its rounding, and the CPU's. */
 Test(cuda_backend, matmul_forward_bf16_bits_rounds_as_the_cpu)
 {
@@ -1351,9 +1480,10 @@ Test(cuda_backend, matmul_forward_bf16_bits_rounds_as_the_cpu)
             cr_assert_eq(term & 0xffffu, 0u, "the test's term %d of sum %d is not a bf16 value", t, o);
         }
     }
-    uint16_t *garbage_bits = bits_garbage(N * OC);
+    uint16_t *garbage_bits = bits_garbage(N * OC), *w_bits = floats_bf16_bits(w, OC * C);
     uint16_t *g_in = upload_bits(k, in, N * C), *g_out = upload_bits(k, garbage_bits, N * OC);
-    float *g_w = upload_floats(k, w, OC * C), *g_zeros = upload_floats(k, zeros, OC + 1), *g_fp32 = NULL;
+    uint16_t *g_w = upload_bits(k, w_bits, OC * C);
+    float *g_zeros = upload_floats(k, zeros, OC + 1), *g_fp32 = NULL;
     cr_assert_eq(k->alloc((void **)&g_fp32, (size_t)(N * OC) * sizeof(float)), TP_OK);
     cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_w, NULL, N, C, OC), TP_OK, "%s", tp_errmsg());
     float *fp32 = download(k, g_fp32, N * OC);
@@ -1372,7 +1502,8 @@ Test(cuda_backend, matmul_forward_bf16_bits_rounds_as_the_cpu)
         char shape[128];
         snprintf(shape, sizeof shape, "N=5 C=3 OC=%d, %s", COUNT, ways[way]);
         cr_assert_eq(k->to_device(g_out, garbage_bits, (size_t)(N * OC) * sizeof(uint16_t)), TP_OK);
-        cr_assert_eq(matmul_forward_bf16_bits(want_cpu, in, w, biases[way], N, C, OC), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(matmul_forward_bf16_bits(want_cpu, in, w_bits, biases[way], N, C, OC), TP_OK, "%s",
+                     tp_errmsg());
         cr_assert_eq(k->matmul_forward_bf16_bits(g_out, g_in, g_w, g_biases[way], N, C, OC), TP_OK, "%s: %s", shape,
                      tp_errmsg());
         uint16_t *got = download_bits(k, g_out, N * OC);
@@ -1387,26 +1518,27 @@ Test(cuda_backend, matmul_forward_bf16_bits_rounds_as_the_cpu)
         free(got);
     }
     k->release(g_in), k->release(g_out), k->release(g_w), k->release(g_zeros), k->release(g_fp32);
-    free(garbage_bits), free(fp32);
+    free(garbage_bits), free(w_bits), free(fp32);
 }
 
 /* matmul_backward_bf16_bits: d_out fp32, rounded on the way; d_in written
  * as bf16 bits. Against the GPU's own matmul_backward_bf16 given d_out's
- * bits rounded on the host (convert_bits.h, as the device rounds): d_in's
- * bits those of rounding its fp32 d_in (check_rounding: one ulp apart only
- * near a tie, cuBLAS rounding its own sums into a bf16 C), d_weight and
- * d_bias the same floats (the same products, and the same column sums, of
- * the same bf16 values). And against the CPU twin (check_near_cpu and
+ * bits rounded on the host (convert_bits.h, as the device rounds) and the
+ * same in and W bits: d_in's bits those of rounding its fp32 d_in
+ * (check_rounding: one ulp apart only near a tie, cuBLAS rounding its own
+ * sums into a bf16 C), d_weight and d_bias the same floats (the same
+ * products, and the same column sums, of the same bf16 values). And
+ * against the CPU twin given the same in and W bits (check_near_cpu and
  * check_bf16, matmul_backward_bf16's tolerance); d_bias the host's column
  * sums of d_out's rounded values (matmul_backward's fp32 tolerance), not of
- * its fp32 values (check_rounded). Shapes as matmul_backward_bf16's, d_in
- * and d_out aligned, then each one value past an allocation's start (d_in
- * 2 bytes, d_out 4: cuBLAS writes and rounding reads them where they are;
- * nothing written before or after d_in); d_in from garbage, d_weight and
- * d_bias accumulated from random values. Then each alone (the others NULL
- * and untouched): d_in; d_weight; d_bias, which no product reads (the
- * rounded d_out summed all the same). Then an empty inner dimension (OC =
- * 0): d_in zeros. */
+ * its fp32 values (check_rounded). Shapes as matmul_backward_bf16's, d_in,
+ * d_out and W aligned, then each one value past an allocation's start (d_in
+ * and W 2 bytes, d_out 4: cuBLAS writes and reads them, and rounding reads
+ * d_out, where they are; nothing written before or after d_in); d_in from
+ * garbage, d_weight and d_bias accumulated from random values. Then each
+ * alone (the others NULL and untouched): d_in; d_weight; d_bias, which no
+ * product reads (the rounded d_out summed all the same). Then an empty
+ * inner dimension (OC = 0): d_in zeros. */
 Test(cuda_backend, matmul_backward_bf16_bits)
 {
     NEED_GPU();
@@ -1415,7 +1547,7 @@ Test(cuda_backend, matmul_backward_bf16_bits)
         for (int at = 0; at <= 1; at++) {
             int64_t N = bf16_shapes[s][0], C = bf16_shapes[s][1], OC = bf16_shapes[s][2];
             char shape[128];
-            snprintf(shape, sizeof shape, "N=%lld C=%lld OC=%lld, d_in and d_out %s", (long long)N, (long long)C,
+            snprintf(shape, sizeof shape, "N=%lld C=%lld OC=%lld, d_in, d_out and W %s", (long long)N, (long long)C,
                      (long long)OC, at ? "one value past alignment" : "aligned");
             float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f);
             float *dout = floats_random(N * OC, 1.0f), *dw = floats_random(OC * C, 1.0f), *db = floats_random(OC, 1.0f);
@@ -1428,22 +1560,28 @@ Test(cuda_backend, matmul_backward_bf16_bits)
             memcpy(db_sums, db, (size_t)OC * sizeof(float));
             memcpy(db_fp32, db, (size_t)OC * sizeof(float));
             uint16_t *in_bits = floats_bf16_bits(in, N * C), *dout_bits = floats_bf16_bits(dout, N * OC);
+            uint16_t *w_bits = floats_bf16_bits(w, OC * C);
             float *dout_wide = floats_of_bf16_bits(dout_bits, N * OC), *garbage = floats_filled(N * C, 7.0f);
             uint16_t *garbage_bits = bits_garbage(N * C + 2);
             uint16_t *g_in = upload_bits(k, in_bits, N * C), *g_dout_bits = upload_bits(k, dout_bits, N * OC);
-            /* d_in at `at` values in, with garbage before and one value after; d_out at `at` values in */
+            /* d_in at `at` values in, with garbage before and one value after; d_out and W at `at` values in */
             uint16_t *g_din_memory = upload_bits(k, garbage_bits, N * C + 2), *g_din = g_din_memory + at;
             float *g_dout_memory = NULL, *g_dout;
             cr_assert_eq(k->alloc((void **)&g_dout_memory, (size_t)(N * OC + 1) * sizeof(float)), TP_OK, "%s",
                          tp_errmsg());
             g_dout = g_dout_memory + at;
             cr_assert_eq(k->to_device(g_dout, dout, (size_t)(N * OC) * sizeof(float)), TP_OK, "%s", tp_errmsg());
-            float *g_w = upload_floats(k, w, OC * C), *g_dw = upload_floats(k, dw, OC * C);
+            uint16_t *g_w_memory = NULL, *g_w;
+            cr_assert_eq(k->alloc((void **)&g_w_memory, (size_t)(OC * C + 1) * sizeof(uint16_t)), TP_OK, "%s",
+                         tp_errmsg());
+            g_w = g_w_memory + at;
+            cr_assert_eq(k->to_device(g_w, w_bits, (size_t)(OC * C) * sizeof(uint16_t)), TP_OK, "%s", tp_errmsg());
+            float *g_dw = upload_floats(k, dw, OC * C);
             float *g_db = upload_floats(k, db, OC), *g_din32 = upload_floats(k, garbage, N * C);
             float *g_dw32 = upload_floats(k, dw, OC * C), *g_db32 = upload_floats(k, db, OC);
 
-            cr_assert_eq(matmul_backward_bf16_bits(din_cpu, dw_cpu, db_cpu, dout, in_bits, w, N, C, OC), TP_OK, "%s",
-                         tp_errmsg());
+            cr_assert_eq(matmul_backward_bf16_bits(din_cpu, dw_cpu, db_cpu, dout, in_bits, w_bits, N, C, OC), TP_OK,
+                         "%s", tp_errmsg());
             cr_assert_eq(k->matmul_backward_bf16_bits(g_din, g_dw, g_db, g_dout, g_in, g_w, N, C, OC), TP_OK,
                          "matmul_backward_bf16_bits %s: %s", shape, tp_errmsg());
             cr_assert_eq(k->matmul_backward_bf16(g_din32, g_dw32, g_db32, g_dout_bits, g_in, g_w, N, C, OC), TP_OK,
@@ -1489,18 +1627,18 @@ Test(cuda_backend, matmul_backward_bf16_bits)
                       "matmul_backward_bf16_bits %s: d_in changed by calls without it", shape);
 
             k->release(g_in), k->release(g_dout_bits), k->release(g_din_memory), k->release(g_dout_memory);
-            k->release(g_w), k->release(g_dw), k->release(g_db), k->release(g_din32), k->release(g_dw32);
+            k->release(g_w_memory), k->release(g_dw), k->release(g_db), k->release(g_din32), k->release(g_dw32);
             k->release(g_db32);
             free(in), free(w), free(dout), free(dw), free(db), free(dw_cpu), free(db_cpu), free(db_sums);
-            free(db_fp32), free(din_cpu), free(in_bits), free(dout_bits), free(dout_wide), free(garbage);
+            free(db_fp32), free(din_cpu), free(in_bits), free(w_bits), free(dout_bits), free(dout_wide), free(garbage);
             free(garbage_bits), free(got), free(around), free(fp32), free(alone), free(after);
         }
     {
         int64_t N = 3, C = 13; /* OC = 0: d_in is an empty sum, +0 */
         uint16_t *garbage_bits = bits_garbage(N * C), *g_din = upload_bits(k, garbage_bits, N * C);
-        float *g_any = upload_floats(k, (const float[]){1.0f}, 1); /* d_out and W: never read */
-        uint16_t *g_in = upload_bits(k, garbage_bits, N * C);
-        cr_assert_eq(k->matmul_backward_bf16_bits(g_din, NULL, NULL, g_any, g_in, g_any, N, C, 0), TP_OK, "%s",
+        float *g_any = upload_floats(k, (const float[]){1.0f}, 1); /* d_out: never read */
+        uint16_t *g_in = upload_bits(k, garbage_bits, N * C);         /* in, and as W: never read */
+        cr_assert_eq(k->matmul_backward_bf16_bits(g_din, NULL, NULL, g_any, g_in, g_in, N, C, 0), TP_OK, "%s",
                      tp_errmsg());
         uint16_t *got = download_bits(k, g_din, N * C);
         for (int64_t i = 0; i < N * C; i++)
@@ -2340,8 +2478,9 @@ Test(cuda_backend, crossentropy_row_stats_wide_rows)
  * checked above, so that a rounding could flip between them); its d_in and
  * d_weight are the CPU's bf16 products of those very bits (matmul_backward_bf16
  * with them as its d_out), within the bf16 products' tolerance. With padding columns (vocab < first + V) and
- * d_weight accumulated from random values; in as bf16 bits (the final
- * norm's activation) on both sides. */
+ * d_weight accumulated from random values; in (the final norm's
+ * activation) and the weight (the table's bf16 copy) as bf16 bits, the
+ * same on both sides. */
 Test(cuda_backend, classifier_backward_bf16)
 {
     NEED_GPU();
@@ -2358,7 +2497,8 @@ Test(cuda_backend, classifier_backward_bf16)
     int *g_targets = upload(k, targets, N, sizeof(int));
     float *g_logits = upload_floats(k, logits, N * V), *g_max = upload_floats(k, row_max, N);
     uint16_t *in_bits = floats_bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
-    float *g_sum = upload_floats(k, sum, N), *g_w = upload_floats(k, w, V * C);
+    uint16_t *w_bits = floats_bf16_bits(w, V * C), *g_w = upload_bits(k, w_bits, V * C);
+    float *g_sum = upload_floats(k, sum, N);
     float *g_dw = upload_floats(k, d_weight, V * C), *g_din = upload_floats(k, garbage, N * C);
     float *g_scratch = upload_floats(k, garbage, N * V), *g_fp32 = upload_floats(k, garbage, N * V);
     cr_assert_eq(k->classifier_backward_bf16(g_din, g_dw, g_scratch, g_logits, g_max, g_sum, g_targets, g_in, g_w, N,
@@ -2371,13 +2511,14 @@ Test(cuda_backend, classifier_backward_bf16)
     cr_assert(bits);
     cr_assert_eq(k->to_host(bits, g_scratch, (size_t)(N * V) * sizeof(uint16_t)), TP_OK, "%s", tp_errmsg());
     floats_assert_rounded(bits, fp32, N * V, "d_logits (the GPU's fp32 crossentropy_backward rounded)");
-    cr_assert_eq(matmul_backward_bf16(d_in, d_weight, NULL, bits, in_bits, w, N, C, V), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(matmul_backward_bf16(d_in, d_weight, NULL, bits, in_bits, w_bits, N, C, V), TP_OK, "%s",
+                 tp_errmsg());
     check_bf16(k, g_din, d_in, N * C, "d_in");
     check_bf16(k, g_dw, d_weight, V * C, "d_weight (accumulated)");
     k->release(g_targets), k->release(g_logits), k->release(g_max), k->release(g_sum), k->release(g_in);
     k->release(g_w), k->release(g_dw), k->release(g_din), k->release(g_scratch), k->release(g_fp32);
     free(logits), free(in), free(w), free(row_max), free(sum), free(d_weight), free(d_in), free(garbage);
-    free(bits), free(fp32), free(in_bits);
+    free(bits), free(fp32), free(in_bits), free(w_bits);
 }
 
 /* --------------------------------------------------------------- optimizer */

@@ -113,21 +113,24 @@ Test(timed, lacks_what_the_inner_backend_lacks)
     lacking.swiglu_forward_bf16 = NULL;
     lacking.rope_backward_bf16 = NULL;
     lacking.matmul_backward_bf16_bits = NULL;
+    lacking.round_to_bf16 = NULL;
     const kernel_backend *k = kernels_timed(&lacking);
     cr_assert(k, "%s", tp_errmsg());
     cr_assert_null(k->rope_forward_bf16);
     cr_assert_null(k->swiglu_forward_bf16);
     cr_assert_null(k->rope_backward_bf16);
     cr_assert_null(k->matmul_backward_bf16_bits);
+    cr_assert_null(k->round_to_bf16);
     cr_assert_not_null(k->gelu_forward_bf16);
     cr_assert_neq(k->gelu_forward_bf16, lacking.gelu_forward_bf16, "the operations it has are timed");
     cr_assert_not_null(k->gelu_backward_bf16);
     cr_assert_neq(k->gelu_backward_bf16, lacking.gelu_backward_bf16, "the operations it has are timed");
 }
 
-/* The bf16 gradients' operations through the timed table: each computes
- * what the inner one computes, bit for bit (its arguments passed on as
- * they came), and is counted under its own name. */
+/* The bf16 gradients' operations, and round_to_bf16 (the trainer's bf16
+ * copy of its weights, which the products read), through the timed table:
+ * each computes what the inner one computes, bit for bit (its arguments
+ * passed on as they came), and is counted under its own name. */
 static uint16_t *bits_of(int64_t n, float scale)
 {
     float *x = floats_random(n, scale);
@@ -136,7 +139,7 @@ static uint16_t *bits_of(int64_t n, float scale)
     return bits;
 }
 
-Test(timed, bf16_gradients_are_the_inner_ones)
+Test(timed, bf16_gradients_and_rounding_are_the_inner_ones)
 {
     const kernel_backend *inner = kernels_cpu(), *k = kernels_timed(inner);
     cr_assert(k, "%s", tp_errmsg());
@@ -144,19 +147,26 @@ Test(timed, bf16_gradients_are_the_inner_ones)
     float *w = floats_random(OC * C, 1.0f), *d_out32 = floats_random(N * OC, 1.0f);
     uint16_t *fc = bits_of(N * 2 * C, 1.0f), *in = bits_of(N * C, 1.0f), *d_out = bits_of(N * OC, 1.0f), *g = bits_of(N * C, 1.0f);
     float got[OC * C], want[OC * C], got_b[OC], want_b[OC], got_in[N * C], want_in[N * C];
-    uint16_t got_bits[N * 2 * C], want_bits[N * 2 * C];
+    uint16_t got_bits[N * 2 * C], want_bits[N * 2 * C], w_bits[OC * C];
+
+    /* The weights' bf16 bits through the table, then the products read them. */
+    memset(got_bits, 0, sizeof got_bits), memset(want_bits, 0xff, sizeof want_bits);
+    cr_assert_eq(k->round_to_bf16(got_bits, w, OC * C), TP_OK);
+    cr_assert_eq(inner->round_to_bf16(want_bits, w, OC * C), TP_OK);
+    cr_assert(!memcmp(got_bits, want_bits, OC * C * sizeof *got_bits), "round_to_bf16");
+    memcpy(w_bits, got_bits, sizeof w_bits);
 
     memset(got, 0, sizeof got), memset(want, 0, sizeof want);
     memset(got_b, 0, sizeof got_b), memset(want_b, 0, sizeof want_b);
-    cr_assert_eq(k->matmul_backward_bf16(got_in, got, got_b, d_out, in, w, N, C, OC), TP_OK);
-    cr_assert_eq(inner->matmul_backward_bf16(want_in, want, want_b, d_out, in, w, N, C, OC), TP_OK);
+    cr_assert_eq(k->matmul_backward_bf16(got_in, got, got_b, d_out, in, w_bits, N, C, OC), TP_OK);
+    cr_assert_eq(inner->matmul_backward_bf16(want_in, want, want_b, d_out, in, w_bits, N, C, OC), TP_OK);
     cr_assert(!memcmp(got_in, want_in, sizeof got_in) && !memcmp(got, want, sizeof got) &&
               !memcmp(got_b, want_b, sizeof got_b), "matmul_backward_bf16");
 
     memset(got, 0, sizeof got), memset(want, 0, sizeof want);
     memset(got_b, 0, sizeof got_b), memset(want_b, 0, sizeof want_b);
-    cr_assert_eq(k->matmul_backward_bf16_bits(got_bits, got, got_b, d_out32, in, w, N, C, OC), TP_OK);
-    cr_assert_eq(inner->matmul_backward_bf16_bits(want_bits, want, want_b, d_out32, in, w, N, C, OC), TP_OK);
+    cr_assert_eq(k->matmul_backward_bf16_bits(got_bits, got, got_b, d_out32, in, w_bits, N, C, OC), TP_OK);
+    cr_assert_eq(inner->matmul_backward_bf16_bits(want_bits, want, want_b, d_out32, in, w_bits, N, C, OC), TP_OK);
     cr_assert(!memcmp(got_bits, want_bits, N * C * sizeof *got_bits) && !memcmp(got, want, sizeof got) &&
               !memcmp(got_b, want_b, sizeof got_b), "matmul_backward_bf16_bits");
 
@@ -187,10 +197,11 @@ Test(timed, bf16_gradients_are_the_inner_ones)
 
     kernel_op_time times[64];
     int n = kernels_timed_read(times, 64);
-    const char *names[] = {"matmul_backward_bf16", "matmul_backward_bf16_bits", "gelu_backward_bf16",
-                           "swiglu_backward_bf16", "rope_backward_bf16", "attention_backward_bf16"};
-    cr_assert_eq(n, 6, "%d operations counted", n);
-    for (int i = 0; i < 6; i++) {
+    const char *names[] = {"round_to_bf16",      "matmul_backward_bf16", "matmul_backward_bf16_bits",
+                           "gelu_backward_bf16", "swiglu_backward_bf16", "rope_backward_bf16",
+                           "attention_backward_bf16"};
+    cr_assert_eq(n, 7, "%d operations counted", n);
+    for (int i = 0; i < 7; i++) {
         const kernel_op_time *t = find(times, n, names[i]);
         cr_assert(t && t->calls == 1, "%s: %s", names[i], t ? "not called once" : "not counted");
     }

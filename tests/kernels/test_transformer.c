@@ -840,7 +840,8 @@ Test(transformer, bf16_products_round_their_operands)
     float got[15], want[15], fp32[15];
     uint16_t in_bits[35]; /* in as a bf16 activation holds it */
     convert_from_f32(in, in_bits, TP_BF16, N * C);
-    cr_assert_eq(matmul_forward_bf16(got, in_bits, w, bias, N, C, OC), TP_OK);
+    uint16_t *w_bits = floats_bf16_bits(w, OC * C); /* the trainer's bf16 copy of its weights */
+    cr_assert_eq(matmul_forward_bf16(got, in_bits, w_bits, bias, N, C, OC), TP_OK);
     matmul_forward(want, in16, w16, bias, N, C, OC);
     matmul_forward(fp32, in, w, bias, N, C, OC);
     cr_assert_eq(memcmp(got, want, sizeof got), 0, "the product of the rounded operands, summed in fp32");
@@ -854,14 +855,14 @@ Test(transformer, bf16_products_round_their_operands)
     float d_in[35], d_in_want[35], d_w[21], d_w_want[21], d_b[3], d_b_want[3], d_b_fp32[3];
     for (int i = 0; i < 21; i++) d_w[i] = d_w_want[i] = 0.25f;
     for (int i = 0; i < 3; i++) d_b[i] = d_b_want[i] = d_b_fp32[i] = -0.5f;
-    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out_bits, in_bits, w, N, C, OC), TP_OK);
+    cr_assert_eq(matmul_backward_bf16(d_in, d_w, d_b, d_out_bits, in_bits, w_bits, N, C, OC), TP_OK);
     matmul_backward(d_in_want, d_w_want, d_b_want, d_out16, in16, w16, N, C, OC);
     matmul_backward(NULL, NULL, d_b_fp32, d_out, NULL, NULL, N, C, OC);
     cr_assert_eq(memcmp(d_in, d_in_want, sizeof d_in), 0);
     cr_assert_eq(memcmp(d_w, d_w_want, sizeof d_w), 0);
     cr_assert_eq(memcmp(d_b, d_b_want, sizeof d_b), 0, "d_bias: the sums of d_out's bf16 values");
     cr_assert_neq(memcmp(d_b, d_b_fp32, sizeof d_b), 0, "d_bias: the sums of the fp32 d_out, not rounded");
-    free(in), free(w), free(bias), free(in16), free(w16), free(d_out), free(d_out16);
+    free(in), free(w), free(w_bits), free(bias), free(in16), free(w16), free(d_out), free(d_out16);
 }
 
 /* bf16 activations: each norm's *_forward_bf16 writes the bits of rounding
@@ -916,15 +917,15 @@ Test(transformer, bf16_qkv_is_the_rounded_product_or_rotation)
         const int64_t N = 70, C = 48, OC = 3 * 48;
         float *in = random_floats(N * C), *w = random_floats(OC * C), *bias = random_floats(OC);
         float *out = malloc(N * OC * 4);
-        uint16_t *in_bits = malloc(N * C * 2), *bits = malloc(N * OC * 2);
+        uint16_t *in_bits = malloc(N * C * 2), *bits = malloc(N * OC * 2), *w_bits = floats_bf16_bits(w, OC * C);
         convert_from_f32(in, in_bits, TP_BF16, N * C);
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             const float *b = with_bias ? bias : NULL;
-            cr_assert_eq(matmul_forward_bf16(out, in_bits, w, b, N, C, OC), TP_OK, "%s", tp_errmsg());
-            cr_assert_eq(matmul_forward_bf16_bits(bits, in_bits, w, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(matmul_forward_bf16(out, in_bits, w_bits, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(matmul_forward_bf16_bits(bits, in_bits, w_bits, b, N, C, OC), TP_OK, "%s", tp_errmsg());
             floats_assert_rounded(bits, out, N * OC, with_bias ? "qkv product with a bias" : "qkv product");
         }
-        free(in), free(w), free(bias), free(out), free(in_bits), free(bits);
+        free(in), free(w), free(w_bits), free(bias), free(out), free(in_bits), free(bits);
 
         const int64_t heads[][2] = {{4, 2}, {3, 3}}; /* grouped, and a key/value head a query head */
         for (int h = 0; h < 2; h++) {

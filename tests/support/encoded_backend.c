@@ -190,7 +190,7 @@ static int enc_matmul_backward(float *d_in, float *d_weight, float *d_bias, cons
     LEAVE();
 }
 
-static int enc_matmul_forward_bf16(float *out, const uint16_t *in, const float *weight, const float *bias, int64_t N,
+static int enc_matmul_forward_bf16(float *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
                                    int64_t C, int64_t OC)
 {
     ENTER(S(out, N * OC), S(in, N * C), S(weight, OC * C), S(bias, OC));
@@ -199,7 +199,7 @@ static int enc_matmul_forward_bf16(float *out, const uint16_t *in, const float *
 }
 
 static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out,
-                                    const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+                                    const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
     ENTER(S(d_in, N * C), S(d_weight, OC * C), S(d_bias, OC), S(d_out, N * OC), S(in, N * C), S(weight, OC * C));
     int status = matmul_backward_bf16(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
@@ -207,14 +207,14 @@ static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias,
 }
 
 static int enc_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
-                                         const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t OC)
+                                         const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
     ENTER(S(d_in, N * C), S(d_weight, OC * C), S(d_bias, OC), S(d_out, N * OC), S(in, N * C), S(weight, OC * C));
     int status = matmul_backward_bf16_bits(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
     LEAVE_WITH(status);
 }
 
-static int enc_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const float *weight, const float *bias,
+static int enc_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias,
                                         int64_t N, int64_t C, int64_t OC)
 {
     ENTER(S(out, N * OC), S(in, N * C), S(weight, OC * C), S(bias, OC));
@@ -251,6 +251,13 @@ static int enc_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, c
     ENTER(S(out, N * C), S(mean, N), S(rstd, N), S(in, N * C), S(weight, C), S(bias, C));
     int status = layernorm_forward_bf16(out, mean, rstd, in, weight, bias, N, C);
     LEAVE_WITH(status);
+}
+
+static int enc_round_to_bf16(uint16_t *out, const float *x, int64_t n)
+{
+    ENTER(S(out, n), S(x, n));
+    round_to_bf16(out, x, n);
+    LEAVE();
 }
 
 static int enc_gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n)
@@ -402,7 +409,7 @@ static int enc_crossentropy_backward(float *d_logits, const float *logits, const
 
 static int enc_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
                                         const float *row_max, const float *sum, const int *targets,
-                                        const uint16_t *in, const float *weight, int64_t N, int64_t C, int64_t V,
+                                        const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t V,
                                         int64_t first, int64_t vocab, float scale)
 {
     ENTER(S(d_in, N * C), S(d_weight, V * C), S(scratch, N * V), S(logits, N * V), S(row_max, N), S(sum, N),
@@ -465,6 +472,7 @@ static const kernel_backend backend = {
     .matmul_backward_bf16 = enc_matmul_backward_bf16,
     .matmul_backward_bf16_bits = enc_matmul_backward_bf16_bits,
     .matmul_forward_bf16_bits = enc_matmul_forward_bf16_bits,
+    .round_to_bf16 = enc_round_to_bf16,
     .layernorm_forward = enc_layernorm_forward,
     .layernorm_backward = enc_layernorm_backward,
     .gelu_forward = enc_gelu_forward,

@@ -506,6 +506,36 @@ Test(train, bf16_activations_through_the_device_seam, .timeout = 300)
     cr_assert_eq(encoded_backend_live_bytes(), 0);
 }
 
+/* bf16 products read a bf16 copy of the weights, made again after every
+ * change (gpt_model_weights_changed): a run saved after step 3 and resumed
+ * (its copy made from the loaded weights) has the losses of a straight
+ * run (its copy made again after each optimizer step) to the bit, without
+ * a sharded optimizer, with ZeRO-1 (the copy after the all-gather of the
+ * updated shards) and with ZeRO-3 (made at every gather). A copy left as
+ * it was after a step changes them from step 4 (checked by breaking it). */
+Test(train, bf16_weights_copy_follows_every_change, .timeout = 300)
+{
+    const int zero_of[3] = {0, 1, 3}, dp_of[3] = {1, 2, 2};
+    run_bf16 = 1;
+    for (int i = 0; i < 3; i++) {
+        char run_dir[700];
+        snprintf(run_dir, sizeof run_dir, "%s/bf16-weights-zero%d", dir, zero_of[i]);
+        double straight[8] = {0}, first[8] = {0}, rest[8] = {0};
+        run_zero = zero_of[i];
+        train_layout(1, 1, dp_of[i], NULL, 6, NULL, 0, 0, straight);
+        train_layout(1, 1, dp_of[i], NULL, 6, run_dir, 3, 0, first);
+        train_layout(1, 1, dp_of[i], NULL, 6, run_dir, 0, 1, rest);
+        for (int s = 1; s <= 6; s++) {
+            double got = s <= 3 ? first[s] : rest[s];
+            cr_assert(straight[s] > 0 && got == straight[s],
+                      "zero %d step %d: bf16 loss %.9g saved after step 3 and resumed, %.9g straight", zero_of[i], s,
+                      got, straight[s]);
+        }
+    }
+    run_zero = 0;
+    run_bf16 = 0;
+}
+
 /* Sequence parallelism changes where the norms' and residuals' rows live,
  * not what is computed: the losses of the same layout without it (1e-5),
  * on the CPU and through the device seam (the staged all-gather and
