@@ -732,6 +732,17 @@ static int linear_forward(const gpt_model *m, float *out, const void *in, const 
     return m->kernels->matmul_forward(out, in, w->data, bias, N, C, OC);
 }
 
+/* A product [B*T, OC] written as an activation (fp32, or in bf16 its bf16
+ * bits), which only the next operation reads: GPT-2's qkv (the attention),
+ * the MLP's input fc (its activation). */
+static int activation_product(const gpt_model *m, void *out, const void *in, const param_view *w, const float *bias,
+                              int64_t C, int64_t OC)
+{
+    int64_t N = m->B * m->T;
+    if (m->bf16) return m->kernels->matmul_forward_bf16_bits(out, in, weight_of(m, w), bias, N, C, OC);
+    return m->kernels->matmul_forward(out, in, w->data, bias, N, C, OC);
+}
+
 /* The backward of a product that reads a norm's output (the qkv and fc
  * products, the classifier in fp32): d_out is an activation's gradient
  * (fp32, or bf16 bits: kernels.h), d_in the norm output's gradient, fp32 (it
@@ -766,12 +777,11 @@ static int qkv_forward(const gpt_model *m, void *qkv, const void *in, const para
     const kernel_backend *k = m->kernels;
     int64_t N = m->B * m->T;
     const void *weight = weight_of(m, w);
+    if (!m->llama) return activation_product(m, qkv, in, w, bias, m->D, m->qkv_local);
     if (!m->bf16) {
         TP_TRY(k->matmul_forward(qkv, in, weight, bias, N, m->D, m->qkv_local));
-        if (!m->llama) return TP_OK;
         return k->rope_forward(qkv, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd);
     }
-    if (!m->llama) return k->matmul_forward_bf16_bits(qkv, in, weight, bias, N, m->D, m->qkv_local);
     float *unturned = block_d_qkv(m, m->scratch);
     TP_TRY(k->matmul_forward_bf16(unturned, in, weight, bias, N, m->D, m->qkv_local));
     return k->rope_forward_bf16(qkv, unturned, m->rope_cos_sin, m->B, m->T, m->heads_local, m->kv_local, m->hd);
@@ -798,15 +808,6 @@ static int attention_backward_in(const gpt_model *m, void *d_qkv, float *scratch
                                           m->kv_local, m->hd);
     return k->attention_backward(d_qkv, scratch, d_out, qkv, out, lse, m->B, m->T, m->heads_local, m->kv_local,
                                  m->hd);
-}
-
-/* The MLP's input fc [N, fc_local] (an activation) = in @ Wfc^T + bfc: in
- * bf16 the product written as bf16 bits (only the MLP's activation reads it). */
-static int fc_forward(const gpt_model *m, void *fc, const void *in, const param_view *w, const float *bias)
-{
-    int64_t N = m->B * m->T;
-    if (m->bf16) return m->kernels->matmul_forward_bf16_bits(fc, in, weight_of(m, w), bias, N, m->D, m->fc_local);
-    return m->kernels->matmul_forward(fc, in, w->data, bias, N, m->D, m->fc_local);
 }
 
 /* The MLP's activation of fc [N, fc_local] into gl [N, ffn_local] (both
@@ -916,7 +917,7 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *
     TP_TRY(residual_add(m, res1, x, res1, W_OR_NULL(PROJ_BIAS)));
     TP_TRY(norm_forward(m, ln2, s->ln2_mean + l * R, s->ln2_rstd + l * R, res1, W(LN2_WEIGHT), W_OR_NULL(LN2_BIAS)));
     TP_TRY(full_rows(m, ln2, &in));
-    TP_TRY(fc_forward(m, fc, in, VIEW(FC_WEIGHT), W_OR_NULL(FC_BIAS)));
+    TP_TRY(activation_product(m, fc, in, VIEW(FC_WEIGHT), W_OR_NULL(FC_BIAS), D, m->fc_local)); /* the MLP's input */
     TP_TRY(mlp_activation_forward(m, gl, fc));
     TP_TRY(linear_forward(m, partial2, gl, VIEW(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
     TP_TRY(sum_rows(m, partial2, res2));

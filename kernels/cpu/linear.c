@@ -236,16 +236,26 @@ double sum_of_squares(const float *const *spans, const int64_t *lengths, int cou
     return sum;
 }
 
+/* Value i of a bf16 operand as fp32: its bits widened, or its fp32 value
+ * rounded to bf16 (bits_f32_to_bf16, convert_bits.h). */
+static inline float bf16_value_of(bf16_operand x, int64_t i)
+{
+    uint32_t bits;
+    if (x.bits) bits = bits_bf16_to_f32(x.bits[i]);
+    else {
+        memcpy(&bits, &x.values[i], sizeof bits);
+        bits = bits_bf16_to_f32(bits_f32_to_bf16(bits));
+    }
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
 float *bf16_operand_as_f32(bf16_operand x, int64_t n)
 {
     float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     if (out && x.bits) convert_to_f32(x.bits, TP_BF16, out, n);
-    for (int64_t i = 0; out && !x.bits && i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, &x.values[i], sizeof bits);
-        bits = bits_bf16_to_f32(bits_f32_to_bf16(bits));
-        memcpy(&out[i], &bits, sizeof bits);
-    }
+    for (int64_t i = 0; out && !x.bits && i < n; i++) out[i] = bf16_value_of(x, i);
     return out;
 }
 
@@ -290,19 +300,8 @@ typedef struct {
 static VECTOR_CLONES void bf16_column_sums(void *ctx, int64_t o0, int64_t o1)
 {
     const bf16_column_sums_job *j = ctx;
-    for (int64_t n = 0; n < j->N; n++) {
-        for (int64_t o = o0; o < o1; o++) {
-            uint32_t bits;
-            if (j->d_out.bits) bits = bits_bf16_to_f32(j->d_out.bits[n * j->OC + o]);
-            else {
-                memcpy(&bits, &j->d_out.values[n * j->OC + o], sizeof bits);
-                bits = bits_bf16_to_f32(bits_f32_to_bf16(bits));
-            }
-            float value;
-            memcpy(&value, &bits, sizeof value);
-            j->d_bias[o] += value;
-        }
-    }
+    for (int64_t n = 0; n < j->N; n++)
+        for (int64_t o = o0; o < o1; o++) j->d_bias[o] += bf16_value_of(j->d_out, n * j->OC + o);
 }
 
 int bf16_product_backward(float *d_in, float *d_weight, float *d_bias, bf16_operand d_out, const uint16_t *in,
