@@ -366,6 +366,157 @@ double sum_of_squares(const float *const *spans, const int64_t *lengths, int cou
  * layout, cut of the run and machine. */
 void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_t n, float *out);
 
+/* The operations of a kernel backend that compute, in one list: each as
+ * X(name, (parameters), (the arguments that pass them on)), so that the
+ * table below, the timed backend (timed.c) and the CUDA backend's
+ * declarations (cuda/internal.h) cannot disagree. Shapes and semantics:
+ * the CPU functions of the same name above. */
+#define KERNEL_OPERATIONS(X)                                                                                           \
+    X(matmul_forward,                                                                                                  \
+      (float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C, int64_t OC),         \
+      (out, in, weight, bias, N, C, OC))                                                                               \
+    X(matmul_backward,                                                                                                 \
+      (float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in, const float *weight,          \
+       int64_t N, int64_t C, int64_t OC),                                                                              \
+      (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))                                                           \
+    X(matmul_forward_bf16,                                                                                             \
+      (float *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N, int64_t C, int64_t OC),   \
+      (out, in, weight, bias, N, C, OC))                                                                               \
+    X(matmul_backward_bf16,                                                                                            \
+      (float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in, const uint16_t *weight, \
+       int64_t N, int64_t C, int64_t OC),                                                                              \
+      (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))                                                           \
+    X(matmul_backward_bf16_bits,                                                                                       \
+      (uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in, const uint16_t *weight, \
+       int64_t N, int64_t C, int64_t OC),                                                                              \
+      (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))                                                           \
+    X(matmul_forward_bf16_bits,                                                                                        \
+      (uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N, int64_t C,             \
+       int64_t OC),                                                                                                    \
+      (out, in, weight, bias, N, C, OC))                                                                               \
+    X(round_to_bf16,                                                                                                   \
+      (uint16_t *out, const float *x, int64_t n),                                                                      \
+      (out, x, n))                                                                                                     \
+    X(layernorm_forward,                                                                                               \
+      (float *out, float *mean, float *rstd, const float *in, const float *weight, const float *bias, int64_t N,       \
+       int64_t C),                                                                                                     \
+      (out, mean, rstd, in, weight, bias, N, C))                                                                       \
+    X(layernorm_backward,                                                                                              \
+      (float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in, const float *weight,          \
+       const float *mean, const float *rstd, int64_t N, int64_t C),                                                    \
+      (d_in, d_weight, d_bias, d_out, in, weight, mean, rstd, N, C))                                                   \
+    X(gelu_forward,                                                                                                    \
+      (float *out, const float *in, int64_t n),                                                                        \
+      (out, in, n))                                                                                                    \
+    X(gelu_backward,                                                                                                   \
+      (float *d_in, const float *in, const float *d_out, int64_t n),                                                   \
+      (d_in, in, d_out, n))                                                                                            \
+    X(rmsnorm_forward,                                                                                                 \
+      (float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps),                \
+      (out, rstd, in, weight, N, C, eps))                                                                              \
+    X(rmsnorm_backward,                                                                                                \
+      (float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight, const float *rstd,      \
+       int64_t N, int64_t C),                                                                                          \
+      (d_in, d_weight, d_out, in, weight, rstd, N, C))                                                                 \
+    X(swiglu_forward,                                                                                                  \
+      (float *out, const float *in, int64_t N, int64_t F),                                                             \
+      (out, in, N, F))                                                                                                 \
+    X(swiglu_backward,                                                                                                 \
+      (float *d_in, const float *in, const float *d_out, int64_t N, int64_t F),                                        \
+      (d_in, in, d_out, N, F))                                                                                         \
+    X(layernorm_forward_bf16,                                                                                          \
+      (uint16_t *out, float *mean, float *rstd, const float *in, const float *weight, const float *bias, int64_t N,    \
+       int64_t C),                                                                                                     \
+      (out, mean, rstd, in, weight, bias, N, C))                                                                       \
+    X(rmsnorm_forward_bf16,                                                                                            \
+      (uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps),             \
+      (out, rstd, in, weight, N, C, eps))                                                                              \
+    X(gelu_forward_bf16,                                                                                               \
+      (uint16_t *out, const uint16_t *in, int64_t n),                                                                  \
+      (out, in, n))                                                                                                    \
+    X(swiglu_forward_bf16,                                                                                             \
+      (uint16_t *out, const uint16_t *in, int64_t N, int64_t F),                                                       \
+      (out, in, N, F))                                                                                                 \
+    X(gelu_backward_bf16,                                                                                              \
+      (uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n),                                          \
+      (d_in, in, d_out, n))                                                                                            \
+    X(swiglu_backward_bf16,                                                                                            \
+      (uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t N, int64_t F),                               \
+      (d_in, in, d_out, N, F))                                                                                         \
+    X(rope_forward,                                                                                                    \
+      (float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),                   \
+      (qkv, cos_sin, B, T, Hq, Hkv, hd))                                                                               \
+    X(rope_backward,                                                                                                   \
+      (float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),                 \
+      (d_qkv, cos_sin, B, T, Hq, Hkv, hd))                                                                             \
+    X(rope_forward_bf16,                                                                                               \
+      (uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,           \
+       int64_t hd),                                                                                                    \
+      (out, qkv, cos_sin, B, T, Hq, Hkv, hd))                                                                          \
+    X(rope_backward_bf16,                                                                                              \
+      (uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),              \
+      (d_qkv, cos_sin, B, T, Hq, Hkv, hd))                                                                             \
+    X(residual_forward,                                                                                                \
+      (float *out, const float *a, const float *b, int64_t n),                                                         \
+      (out, a, b, n))                                                                                                  \
+    X(bias_residual_forward,                                                                                           \
+      (float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C),                     \
+      (out, x, partial, bias, N, C))                                                                                   \
+    X(add_inplace,                                                                                                     \
+      (float *acc, const float *x, int64_t n),                                                                         \
+      (acc, x, n))                                                                                                     \
+    X(scale_inplace,                                                                                                   \
+      (float *x, float scale, int64_t n),                                                                              \
+      (x, scale, n))                                                                                                   \
+    X(attention_forward,                                                                                               \
+      (float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,        \
+       int64_t hd),                                                                                                    \
+      (out, lse, scratch, qkv, B, T, Hq, Hkv, hd))                                                                     \
+    X(attention_backward,                                                                                              \
+      (float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out, const float *lse,         \
+       int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),                                                     \
+      (d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd))                                                       \
+    X(attention_forward_bf16,                                                                                          \
+      (uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,  \
+       int64_t hd),                                                                                                    \
+      (out, lse, scratch, qkv, B, T, Hq, Hkv, hd))                                                                     \
+    X(attention_backward_bf16,                                                                                         \
+      (uint16_t *d_qkv, float *scratch, const uint16_t *d_out, const uint16_t *qkv, const uint16_t *out,               \
+       const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd),                                   \
+      (d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd))                                                       \
+    X(embedding_forward,                                                                                               \
+      (float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first, int64_t rows),          \
+      (out, tokens, table, N, C, first, rows))                                                                         \
+    X(embedding_backward,                                                                                              \
+      (float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C, int64_t first, int64_t rows),      \
+      (d_table, tokens, d_out, N, C, first, rows))                                                                     \
+    X(crossentropy_row_stats,                                                                                          \
+      (float *row_max, float *sum, const float *logits, int64_t N, int64_t V, int64_t first, int64_t vocab),           \
+      (row_max, sum, logits, N, V, first, vocab))                                                                      \
+    X(crossentropy_rescale_sum,                                                                                        \
+      (float *sum, const float *local_max, const float *global_max, int64_t N),                                        \
+      (sum, local_max, global_max, N))                                                                                 \
+    X(crossentropy_target_logit,                                                                                       \
+      (float *target, const float *logits, const int *targets, int64_t N, int64_t V, int64_t first),                   \
+      (target, logits, targets, N, V, first))                                                                          \
+    X(crossentropy_backward,                                                                                           \
+      (float *d_logits, const float *logits, const float *row_max, const float *sum, const int *targets, int64_t N,    \
+       int64_t V, int64_t first, int64_t vocab, float scale),                                                          \
+      (d_logits, logits, row_max, sum, targets, N, V, first, vocab, scale))                                            \
+    X(classifier_backward_bf16,                                                                                        \
+      (float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max, const float *sum,      \
+       const int *targets, const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first, \
+       int64_t vocab, float scale),                                                                                    \
+      (d_in, d_weight, scratch, logits, row_max, sum, targets, in, weight, N, C, V, first, vocab, scale))              \
+    /* tensors: a host array of the backend's pointers and counts. */                                                  \
+    X(adamw_update_tensors,                                                                                            \
+      (const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps, int64_t step),           \
+      (tensors, count, lr, beta1, beta2, eps, step))                                                                   \
+    /* *out is host memory; spans and lengths are host arrays of device pointers and counts. */                        \
+    X(sum_of_squares,                                                                                                  \
+      (double *out, const float *const *spans, const int64_t *lengths, int count),                                     \
+      (out, spans, lengths, count))
+
 /* ========================================================= kernel backends
  * The transformer arithmetic above, on a device: the trainer computes
  * through one of these tables, so that the same model code runs on the CPU
@@ -399,60 +550,10 @@ typedef struct kernel_backend {
      * snapshots taken while the next step runs. */
     int (*to_host_background)(void *host_dst, const void *device_src, size_t bytes);
 
-    int (*matmul_forward)(float *out, const float *in, const float *weight, const float *bias, int64_t N, int64_t C,
-                          int64_t OC);
-    int (*matmul_backward)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
-                           const float *weight, int64_t N, int64_t C, int64_t OC);
-    int (*matmul_forward_bf16)(float *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
-                               int64_t C, int64_t OC);
-    int (*matmul_backward_bf16)(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out,
-                                const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
-    int (*matmul_backward_bf16_bits)(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
-                                     const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
-    int (*matmul_forward_bf16_bits)(uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias,
-                                    int64_t N, int64_t C, int64_t OC);
-    int (*round_to_bf16)(uint16_t *out, const float *x, int64_t n);
-    int (*layernorm_forward)(float *out, float *mean, float *rstd, const float *in, const float *weight,
-                             const float *bias, int64_t N, int64_t C);
-    int (*layernorm_backward)(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
-                              const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C);
-    int (*gelu_forward)(float *out, const float *in, int64_t n);
-    int (*gelu_backward)(float *d_in, const float *in, const float *d_out, int64_t n);
-    int (*rmsnorm_forward)(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
-                           float eps);
-    int (*rmsnorm_backward)(float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight,
-                            const float *rstd, int64_t N, int64_t C);
-    int (*swiglu_forward)(float *out, const float *in, int64_t N, int64_t F);
-    int (*swiglu_backward)(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F);
-    int (*layernorm_forward_bf16)(uint16_t *out, float *mean, float *rstd, const float *in, const float *weight,
-                                  const float *bias, int64_t N, int64_t C);
-    int (*rmsnorm_forward_bf16)(uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
-                                float eps);
-    int (*gelu_forward_bf16)(uint16_t *out, const uint16_t *in, int64_t n);
-    int (*swiglu_forward_bf16)(uint16_t *out, const uint16_t *in, int64_t N, int64_t F);
-    int (*gelu_backward_bf16)(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n);
-    int (*swiglu_backward_bf16)(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t N, int64_t F);
-    int (*rope_forward)(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
-    int (*rope_backward)(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                         int64_t hd);
-    int (*rope_forward_bf16)(uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq,
-                             int64_t Hkv, int64_t hd);
-    int (*rope_backward_bf16)(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                              int64_t hd);
-    int (*residual_forward)(float *out, const float *a, const float *b, int64_t n);
-    int (*bias_residual_forward)(float *out, const float *x, const float *partial, const float *bias, int64_t N,
-                                 int64_t C);
-    int (*add_inplace)(float *acc, const float *x, int64_t n);
-    int (*scale_inplace)(float *x, float scale, int64_t n);
-    int (*attention_forward)(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T,
-                             int64_t Hq, int64_t Hkv, int64_t hd);
-    int (*attention_backward)(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
-                              const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
-    int (*attention_forward_bf16)(uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B,
-                                  int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
-    int (*attention_backward_bf16)(uint16_t *d_qkv, float *scratch, const uint16_t *d_out, const uint16_t *qkv,
-                                   const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                                   int64_t hd);
+    /* The operations that compute (KERNEL_OPERATIONS): each returns a tp_status. */
+#define KERNEL_OPERATION_FIELD(op, PARAMS, ARGS) int (*op) PARAMS;
+    KERNEL_OPERATIONS(KERNEL_OPERATION_FIELD)
+#undef KERNEL_OPERATION_FIELD
     /* Which code computes the attention of this shape (bf16: the *_bf16
      * operations, else the fp32 ones), and why, in a line for logs and the
      * trainer's start line: on a GPU, cuDNN's flash attention or the CUDA
@@ -461,26 +562,6 @@ typedef struct kernel_backend {
      * one home of that text (kernels/cpu/backend.c, kernels/cuda/attention.cu). */
     void (*describe_attention)(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd, char *text,
                                size_t size);
-    int (*embedding_forward)(float *out, const int *tokens, const float *table, int64_t N, int64_t C, int64_t first,
-                             int64_t rows);
-    int (*embedding_backward)(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C,
-                              int64_t first, int64_t rows);
-    int (*crossentropy_row_stats)(float *row_max, float *sum, const float *logits, int64_t N, int64_t V,
-                                  int64_t first, int64_t vocab);
-    int (*crossentropy_rescale_sum)(float *sum, const float *local_max, const float *global_max, int64_t N);
-    int (*crossentropy_target_logit)(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
-                                     int64_t first);
-    int (*crossentropy_backward)(float *d_logits, const float *logits, const float *row_max, const float *sum,
-                                 const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
-    int (*classifier_backward_bf16)(float *d_in, float *d_weight, float *scratch, const float *logits,
-                                    const float *row_max, const float *sum, const int *targets, const uint16_t *in,
-                                    const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first,
-                                    int64_t vocab, float scale);
-    /* tensors: a host array of the backend's pointers and counts. */
-    int (*adamw_update_tensors)(const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps,
-                                int64_t step);
-    /* *out is host memory; spans and lengths are host arrays of device pointers and counts. */
-    int (*sum_of_squares)(double *out, const float *const *spans, const int64_t *lengths, int count);
 } kernel_backend;
 
 /* The CPU backend: the functions above on host memory. */

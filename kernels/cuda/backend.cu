@@ -240,49 +240,10 @@ static void fill_table(kernel_backend *t)
     t->host_alloc = cuda_host_alloc;
     t->host_release = cuda_host_release;
     t->to_host_background = cuda_to_host_background;
-    t->matmul_forward = cuda_matmul_forward;
-    t->matmul_backward = cuda_matmul_backward;
-    t->matmul_forward_bf16 = cuda_matmul_forward_bf16;
-    t->matmul_backward_bf16 = cuda_matmul_backward_bf16;
-    t->matmul_backward_bf16_bits = cuda_matmul_backward_bf16_bits;
-    t->matmul_forward_bf16_bits = cuda_matmul_forward_bf16_bits;
-    t->round_to_bf16 = cuda_round_to_bf16;
-    t->layernorm_forward = cuda_layernorm_forward;
-    t->layernorm_backward = cuda_layernorm_backward;
-    t->gelu_forward = cuda_gelu_forward;
-    t->gelu_backward = cuda_gelu_backward;
-    t->rmsnorm_forward = cuda_rmsnorm_forward;
-    t->rmsnorm_backward = cuda_rmsnorm_backward;
-    t->swiglu_forward = cuda_swiglu_forward;
-    t->swiglu_backward = cuda_swiglu_backward;
-    t->layernorm_forward_bf16 = cuda_layernorm_forward_bf16;
-    t->rmsnorm_forward_bf16 = cuda_rmsnorm_forward_bf16;
-    t->gelu_forward_bf16 = cuda_gelu_forward_bf16;
-    t->swiglu_forward_bf16 = cuda_swiglu_forward_bf16;
-    t->gelu_backward_bf16 = cuda_gelu_backward_bf16;
-    t->swiglu_backward_bf16 = cuda_swiglu_backward_bf16;
-    t->rope_forward = cuda_rope_forward;
-    t->rope_backward = cuda_rope_backward;
-    t->rope_forward_bf16 = cuda_rope_forward_bf16;
-    t->rope_backward_bf16 = cuda_rope_backward_bf16;
-    t->residual_forward = cuda_residual_forward;
-    t->bias_residual_forward = cuda_bias_residual_forward;
-    t->add_inplace = cuda_add_inplace;
-    t->scale_inplace = cuda_scale_inplace;
-    t->attention_forward = cuda_attention_forward;
-    t->attention_backward = cuda_attention_backward;
-    t->attention_forward_bf16 = cuda_attention_forward_bf16;
-    t->attention_backward_bf16 = cuda_attention_backward_bf16;
+#define INSTALL(op, PARAMS, ARGS) t->op = cuda_##op;
+    KERNEL_OPERATIONS(INSTALL)
+#undef INSTALL
     t->describe_attention = cuda_describe_attention;
-    t->embedding_forward = cuda_embedding_forward;
-    t->embedding_backward = cuda_embedding_backward;
-    t->crossentropy_row_stats = cuda_crossentropy_row_stats;
-    t->crossentropy_rescale_sum = cuda_crossentropy_rescale_sum;
-    t->crossentropy_target_logit = cuda_crossentropy_target_logit;
-    t->crossentropy_backward = cuda_crossentropy_backward;
-    t->classifier_backward_bf16 = cuda_classifier_backward_bf16;
-    t->adamw_update_tensors = cuda_adamw_update_tensors;
-    t->sum_of_squares = cuda_sum_of_squares;
 }
 
 extern "C" int cuda_backend_stream(cudaStream_t *stream, int *device)
