@@ -210,10 +210,9 @@ int rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin, int
                       int64_t Hkv, int64_t hd);
 /* rope_backward on a bf16 gradient, in place: d_qkv[B,T,(Hq+2Hkv)*hd] bf16
  * bits (the attention's bf16 d_qkv) turned back as rope_backward turns
- * their values, then rounded; V's values stay as they are (the CPU widens
- * and rounds them back, exact but for a signalling NaN, which comes back
- * quiet; a GPU leaves their bits alone). TP_ERR_NOMEM when the CPU's
- * scratch cannot be had. */
+ * their values, then rounded; the bits of V, and of a head's unpaired last
+ * value (hd odd), stay as they are. TP_ERR_NOMEM when the CPU's scratch
+ * cannot be had. */
 int rope_backward_bf16(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                        int64_t hd);
 
@@ -253,7 +252,9 @@ void scale_inplace(float *x, float scale, int64_t n);
  * qkv, which recomputes the probabilities from them. scratch holds
  * attention_scratch_floats(B, T, Hq) floats (forward and backward). On the
  * CPU each thread works on its own [ATTENTION_ROWS, T] blocks (scratch_buffer):
- * TP_ERR_NOMEM when they cannot be had. */
+ * TP_ERR_NOMEM when they cannot be had. TP_ERR_ARG unless Hq is a multiple
+ * of Hkv > 0 and hd > 0 (the four attention operations; a GPU's also
+ * refuses hd beyond what its kernels hold). */
 int attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq,
                       int64_t Hkv, int64_t hd);
 /* d_qkv[B,T,(Hq+2Hkv)*hd] = gradient from d_out[B,T,Hq*hd], given the
@@ -536,7 +537,7 @@ typedef struct kernel_backend {
     int (*zero)(void *memory, size_t bytes);
     int (*to_device)(void *device_dst, const void *host_src, size_t bytes);
     int (*to_host)(void *host_dst, const void *device_src, size_t bytes);
-    int (*copy)(void *dst, const void *src, size_t bytes); /* both the backend's memory; not overlapping */
+    int (*copy)(void *dst, const void *src, size_t bytes); /* both the backend's memory; overlapping: TP_ERR_ARG */
     int (*synchronize)(void);                               /* waits for all work issued */
     /* Host memory for snapshots of device memory, resident when returned
      * (the first snapshot takes no page faults while training waits for it):

@@ -102,9 +102,20 @@ static VECTOR_CLONES int forward_group(void *ctx, int64_t task)
     return TP_OK;
 }
 
+/* Query heads grouped over key/value heads (group = Hq / Hkv) need Hq a
+ * multiple of Hkv > 0: another shape would read the wrong heads. */
+static int shape_ok(const char *what, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    if (B < 0 || T < 0 || Hq < 0 || hd <= 0 || Hkv <= 0 || Hq % Hkv != 0)
+        return tp_fail(TP_ERR_ARG, "%s: B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld (want hd > 0 and Hq a multiple of Hkv > 0)",
+                       what, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd);
+    return TP_OK;
+}
+
 int attention_forward(float *out, float *lse, float *scratch, const float *qkv, int64_t B, int64_t T, int64_t Hq,
                       int64_t Hkv, int64_t hd)
 {
+    TP_TRY(shape_ok("attention_forward", B, T, Hq, Hkv, hd));
     (void)scratch; /* the forward needs none besides its blocks */
     attention_job job = {.out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd};
     return workers_run(B * Hkv, forward_group, &job);
@@ -161,6 +172,7 @@ static VECTOR_CLONES int backward_group(void *ctx, int64_t task)
 int attention_backward(float *d_qkv, float *scratch, const float *d_out, const float *qkv, const float *out,
                        const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
+    TP_TRY(shape_ok("attention_backward", B, T, Hq, Hkv, hd));
     memset(d_qkv, 0, (size_t)(B * T * (Hq + 2 * Hkv) * hd) * sizeof(float));
     attention_job job = {.d_qkv = d_qkv, .delta = scratch, .qkv = qkv, .d_out = d_out, .fwd_out = out,
                          .fwd_lse = lse, .B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd};
@@ -185,6 +197,7 @@ static int no_rounded_copy(const char *what, int64_t B, int64_t T, int64_t width
 int attention_forward_bf16(uint16_t *out, float *lse, float *scratch, const uint16_t *qkv, int64_t B, int64_t T,
                            int64_t Hq, int64_t Hkv, int64_t hd)
 {
+    TP_TRY(shape_ok("attention_forward_bf16", B, T, Hq, Hkv, hd));
     int64_t width = (Hq + 2 * Hkv) * hd;
     float *y;
     TP_TRY(bf16_output_scratch(&y, B * T * Hq * hd, "attention"));
@@ -200,6 +213,7 @@ int attention_backward_bf16(uint16_t *d_qkv, float *scratch, const uint16_t *d_o
                             const uint16_t *out, const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                             int64_t hd)
 {
+    TP_TRY(shape_ok("attention_backward_bf16", B, T, Hq, Hkv, hd));
     int64_t width = (Hq + 2 * Hkv) * hd;
     float *d_qkv32; /* the fp32 gradient, then rounded once, as cuDNN writes its bf16 dQ, dK, dV */
     TP_TRY(bf16_output_scratch(&d_qkv32, B * T * width, "attention's gradient"));

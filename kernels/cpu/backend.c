@@ -36,6 +36,16 @@ static int cpu_copy(void *dst, const void *src, size_t bytes)
     return TP_OK;
 }
 
+/* The table's copy: ranges that overlap are refused, as on a GPU (kernels.h),
+ * so that code relying on them fails here first. */
+static int cpu_copy_apart(void *dst, const void *src, size_t bytes)
+{
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    if (dst != src && bytes && d < s + bytes && s < d + bytes)
+        return tp_fail(TP_ERR_ARG, "copy of %zu bytes between overlapping ranges (%p to %p)", bytes, src, dst);
+    return cpu_copy(dst, src, bytes);
+}
+
 static int cpu_synchronize(void)
 {
     return TP_OK;
@@ -147,7 +157,7 @@ static const kernel_backend cpu_backend = {
     .zero = cpu_zero,
     .to_device = cpu_copy,
     .to_host = cpu_copy,
-    .copy = cpu_copy,
+    .copy = cpu_copy_apart,
     .synchronize = cpu_synchronize,
     .host_alloc = cpu_host_alloc,
     .host_release = cpu_host_release,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../../common/error.h"
+#include "../convert_bits.h"
 #include "../kernels.h"
 #include "bf16_outputs.h"
 #include "workers.h"
@@ -148,6 +149,16 @@ int rope_backward_bf16(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t
     TP_TRY(bf16_output_scratch(&turned, n, "rotary embedding's gradient"));
     convert_to_f32(d_qkv, TP_BF16, turned, n);
     rotate(turned, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
-    round_to_bf16(d_qkv, turned, n);
+    /* The turned values rounded back: the pairs of each Q and K head. V's
+     * bits, and a head's last value when hd is odd (no pair), stay as they
+     * are, as on a GPU (widening and rounding would quiet a signalling NaN). */
+    int64_t width = (Hq + 2 * Hkv) * hd, paired = hd / 2 * 2;
+    for (int64_t row = 0; row < B * T; row++)
+        for (int64_t head = 0; head < Hq + Hkv; head++)
+            for (int64_t i = row * width + head * hd, end = i + paired; i < end; i++) {
+                uint32_t bits;
+                memcpy(&bits, &turned[i], sizeof bits);
+                d_qkv[i] = bits_f32_to_bf16(bits);
+            }
     return TP_OK;
 }

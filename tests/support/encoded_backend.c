@@ -159,6 +159,9 @@ static int enc_to_host(void *host_dst, const void *device_src, size_t bytes)
 
 static int enc_copy(void *dst, const void *src, size_t bytes)
 {
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    if (dst != src && bytes && d < s + bytes && s < d + bytes) /* refused as by every backend (kernels.h) */
+        return tp_fail(TP_ERR_ARG, "copy of %zu bytes between overlapping ranges (%p to %p)", bytes, src, dst);
     memmove(dst, src, bytes); /* encoded to encoded */
     return TP_OK;
 }
@@ -278,6 +281,92 @@ static int enc_gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint
 {
     ENTER(S(d_in, n), S(in, n), S(d_out, n));
     int status = gelu_backward_bf16(d_in, in, d_out, n);
+    LEAVE_WITH(status);
+}
+
+/* Llama's operations: RMSNorm, SwiGLU (in [N, 2F]: gate and up), RoPE on
+ * qkv [B*T, (Hq + 2 Hkv) hd] with cos_sin [T, hd/2, 2]. */
+static int enc_rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
+                               float eps)
+{
+    ENTER(S(out, N * C), S(rstd, N), S(in, N * C), S(weight, C));
+    rmsnorm_forward(out, rstd, in, weight, N, C, eps);
+    LEAVE();
+}
+
+static int enc_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in,
+                                const float *weight, const float *rstd, int64_t N, int64_t C)
+{
+    ENTER(S(d_in, N * C), S(d_weight, C), S(d_out, N * C), S(in, N * C), S(weight, C), S(rstd, N));
+    rmsnorm_backward(d_in, d_weight, d_out, in, weight, rstd, N, C);
+    LEAVE();
+}
+
+static int enc_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N,
+                                    int64_t C, float eps)
+{
+    ENTER(S(out, N * C), S(rstd, N), S(in, N * C), S(weight, C));
+    int status = rmsnorm_forward_bf16(out, rstd, in, weight, N, C, eps);
+    LEAVE_WITH(status);
+}
+
+static int enc_swiglu_forward(float *out, const float *in, int64_t N, int64_t F)
+{
+    ENTER(S(out, N * F), S(in, N * 2 * F));
+    swiglu_forward(out, in, N, F);
+    LEAVE();
+}
+
+static int enc_swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F)
+{
+    ENTER(S(d_in, N * 2 * F), S(in, N * 2 * F), S(d_out, N * F));
+    swiglu_backward(d_in, in, d_out, N, F);
+    LEAVE();
+}
+
+static int enc_swiglu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t N, int64_t F)
+{
+    ENTER(S(out, N * F), S(in, N * 2 * F));
+    int status = swiglu_forward_bf16(out, in, N, F);
+    LEAVE_WITH(status);
+}
+
+static int enc_swiglu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t N, int64_t F)
+{
+    ENTER(S(d_in, N * 2 * F), S(in, N * 2 * F), S(d_out, N * F));
+    int status = swiglu_backward_bf16(d_in, in, d_out, N, F);
+    LEAVE_WITH(status);
+}
+
+static int enc_rope_forward(float *qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                            int64_t hd)
+{
+    ENTER(S(qkv, B * T * (Hq + 2 * Hkv) * hd), S(cos_sin, T * hd));
+    rope_forward(qkv, cos_sin, B, T, Hq, Hkv, hd);
+    LEAVE();
+}
+
+static int enc_rope_backward(float *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                             int64_t hd)
+{
+    ENTER(S(d_qkv, B * T * (Hq + 2 * Hkv) * hd), S(cos_sin, T * hd));
+    rope_backward(d_qkv, cos_sin, B, T, Hq, Hkv, hd);
+    LEAVE();
+}
+
+static int enc_rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin, int64_t B, int64_t T,
+                                 int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    ENTER(S(out, B * T * (Hq + 2 * Hkv) * hd), S(qkv, B * T * (Hq + 2 * Hkv) * hd), S(cos_sin, T * hd));
+    int status = rope_forward_bf16(out, qkv, cos_sin, B, T, Hq, Hkv, hd);
+    LEAVE_WITH(status);
+}
+
+static int enc_rope_backward_bf16(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq,
+                                  int64_t Hkv, int64_t hd)
+{
+    ENTER(S(d_qkv, B * T * (Hq + 2 * Hkv) * hd), S(cos_sin, T * hd));
+    int status = rope_backward_bf16(d_qkv, cos_sin, B, T, Hq, Hkv, hd);
     LEAVE_WITH(status);
 }
 
@@ -480,6 +569,17 @@ static const kernel_backend backend = {
     .layernorm_forward_bf16 = enc_layernorm_forward_bf16,
     .gelu_forward_bf16 = enc_gelu_forward_bf16,
     .gelu_backward_bf16 = enc_gelu_backward_bf16,
+    .rmsnorm_forward = enc_rmsnorm_forward,
+    .rmsnorm_backward = enc_rmsnorm_backward,
+    .rmsnorm_forward_bf16 = enc_rmsnorm_forward_bf16,
+    .swiglu_forward = enc_swiglu_forward,
+    .swiglu_backward = enc_swiglu_backward,
+    .swiglu_forward_bf16 = enc_swiglu_forward_bf16,
+    .swiglu_backward_bf16 = enc_swiglu_backward_bf16,
+    .rope_forward = enc_rope_forward,
+    .rope_backward = enc_rope_backward,
+    .rope_forward_bf16 = enc_rope_forward_bf16,
+    .rope_backward_bf16 = enc_rope_backward_bf16,
     .residual_forward = enc_residual_forward,
     .bias_residual_forward = enc_bias_residual_forward,
     .add_inplace = enc_add_inplace,
