@@ -149,7 +149,7 @@ void round_to_bf16(uint16_t *out, const float *x, int64_t n);
  * mean[N], rstd[N] kept for backward. */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
                        const float *bias, int64_t N, int64_t C);
-/* d_in[N,C] += ..., d_weight[C] += ..., d_bias[C] += ... */
+/* d_in[N,C] += ..., d_weight[C] += ..., d_bias[C] += ... (d_bias NULL: not summed) */
 void layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                         const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C);
 

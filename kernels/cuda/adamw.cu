@@ -41,6 +41,8 @@ typedef struct {
     int count;
     float step_size, bias2_sqrt, beta2, eps, keep1, keep2;
 } adamw_launch;
+/* A kernel's parameters hold 4 KiB on every GPU this builds for. */
+static_assert(sizeof(adamw_launch) <= 4096, "adamw_launch passed by value must fit a kernel's 4 KiB of parameters");
 
 static __global__ void adamw_tensors_kernel(const __grid_constant__ adamw_launch launch)
 {

@@ -58,6 +58,7 @@ static struct {
     decltype(&cudnnBackendSetAttribute) set_attribute;
     decltype(&cudnnBackendGetAttribute) get_attribute;
     decltype(&cudnnBackendFinalize) finalize;
+    decltype(&cudnnDestroy) destroy;
     decltype(&cudnnBackendExecute) execute;
 } dnn;
 
@@ -74,11 +75,28 @@ static struct {
 } lib;
 static pthread_mutex_t dnn_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* cuDNN compiles some of its engines at run time with NVRTC, which it
+ * loads by name when first needed. From PyTorch's wheels (nvidia/cudnn/lib
+ * beside nvidia/cuda_nvrtc/lib) its own search would not find it unless the
+ * toolkit's is on the loader's path: loaded here first, from where the CUDA
+ * libraries are looked for, so that cuDNN's request finds it by its soname.
+ * Where there is none, nothing is lost: cuDNN's engines say so. */
+static void preload_nvrtc(void)
+{
+    char name[32], found_in[512];
+    snprintf(name, sizeof name, "libnvrtc.so.%d", CUDART_VERSION / 1000);
+    const char *const names[] = {name};
+    void *library = NULL;
+    if (cuda_library_open("NVRTC", names, 1, &library, found_in, sizeof found_in) != TP_OK)
+        return; /* none found: not an error of cuDNN's load (the engines that need it say so) */
+}
+
 static int load_locked(void)
 {
     static const char *const names[] = {"libcudnn.so." TP_CUDNN_STR(CUDNN_MAJOR), "libcudnn.so"};
     if (lib.tried) return lib.status ? tp_fail(lib.status, "%s", lib.why) : TP_OK;
     lib.tried = 1;
+    preload_nvrtc();
     void *library = NULL;
     int status = cuda_library_open("cuDNN", names, sizeof names / sizeof names[0], &library, lib.found_in,
                                    sizeof lib.found_in);
@@ -87,6 +105,7 @@ static int load_locked(void)
             {"cudnnGetVersion", (void **)&dnn.get_version},
             {"cudnnGetErrorString", (void **)&dnn.error_string},
             {"cudnnCreate", (void **)&dnn.create},
+            {"cudnnDestroy", (void **)&dnn.destroy},
             {"cudnnSetStream", (void **)&dnn.set_stream},
             {"cudnnBackendCreateDescriptor", (void **)&dnn.create_descriptor},
             {"cudnnBackendDestroyDescriptor", (void **)&dnn.destroy_descriptor},
@@ -149,9 +168,12 @@ static int handle_locked(void)
         char message[512];
         cudnnStatus_t s = dnn.create(&lib.handle);
         if (s == CUDNN_STATUS_SUCCESS) s = dnn.set_stream(lib.handle, cuda_state.stream);
-        if (s != CUDNN_STATUS_SUCCESS)
+        if (s != CUDNN_STATUS_SUCCESS) {
             status = tp_fail(TP_ERR_DEVICE, "cuDNN (%s): cudnnCreate/cudnnSetStream: %s (%s)", lib.found_in,
                              dnn.error_string(s), last_error(message, sizeof message));
+            if (lib.handle) dnn.destroy(lib.handle);
+            lib.handle = NULL;
+        }
     }
     lib.handle_status = status;
     if (status) snprintf(lib.handle_why, sizeof lib.handle_why, "%s", tp_errmsg());
@@ -329,10 +351,12 @@ static void reduction(builder *b, const char *what, cudnnReduceTensorOp_t mode, 
     cudnnDataType_t compute = CUDNN_DATA_FLOAT;
     SET(b, rd, what, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
     SET(b, rd, what, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
+#if CUDNN_VERSION >= 91100 /* headers before 9.11 lack the attribute; the library's own version decides too */
     if (lib.version >= 91100) { /* the attribute's first version; the frontend sets it false */
         bool deterministic = false;
         SET(b, rd, what, CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic);
     }
+#endif
     finalize(b, rd, what);
     cudnnBackendDescriptor_t op = MAKE(b, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, what);
     SET(b, op, what, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd);

@@ -67,7 +67,8 @@ __global__ void column_partials_kernel(float *partials, Term term, int64_t N, in
     }
 }
 
-/* Pass 2: out0[c] (and out1[c] when OUTS is 2) += the chunks' partials. */
+/* Pass 2: out0[c] (and out1[c] when OUTS is 2 and out1 is not NULL: a
+ * norm without a bias) += the chunks' partials. */
 template <int OUTS>
 __global__ void column_totals_kernel(float *out0, float *out1, const float *partials, int64_t chunks, int64_t C)
 {
@@ -75,7 +76,8 @@ __global__ void column_totals_kernel(float *out0, float *out1, const float *part
         for (int o = 0; o < OUTS; o++) {
             float total = 0;
             for (int64_t chunk = 0; chunk < chunks; chunk++) total += partials[(chunk * OUTS + o) * C + c];
-            (o == 0 ? out0 : out1)[c] += total;
+            float *out = o == 0 ? out0 : out1;
+            if (out) out[c] += total;
         }
     }
 }

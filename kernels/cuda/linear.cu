@@ -85,8 +85,12 @@ int cuda_blas_start(void)
     CUBLAS_TRY(blas.create(&blas_handle));
     CUBLAS_TRY(blas.set_stream(blas_handle, cuda_state.stream));
     /* Plain fp32 products: no TF32 tensor cores, so that results stay within
-     * fp32 rounding of the CPU's (atomics stay off, cuBLAS's default). */
-    CUBLAS_TRY(blas.set_math_mode(blas_handle, CUBLAS_DEFAULT_MATH));
+     * fp32 rounding of the CPU's (atomics stay off, cuBLAS's default). And a
+     * bf16 C is the fp32 sum rounded once: split-K's partial sums are not
+     * added in bf16 (cuBLAS's default allows it for reduced-precision
+     * outputs, which would round each part and their sum). */
+    CUBLAS_TRY(blas.set_math_mode(blas_handle,
+                                  (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     return TP_OK;
 fail:
     cuda_blas_stop();

@@ -182,3 +182,8 @@ int64_t cuda_lt_bias_epilogue_bits_products(void)
 {
     return 0;
 }
+
+const char *cuda_lt_last_refusal(void)
+{
+    return "none (" NO_CUDA ")";
+}

@@ -11,8 +11,10 @@
  * additions: last bits, as between any two of cuBLAS's algorithms). With a
  * bf16 D (matmul_forward_bf16_bits' out, bf16 bits) the epilogue's math is
  * the same, in fp32 (the bias stays fp32), and its result is rounded to
- * bf16 as it is stored: the bits of rounding the fp32 D that the same
- * algorithm writes. The plans are kept per type of D as well.
+ * bf16 as it is stored, once: split-K's partial sums are kept to algorithms
+ * that add them in fp32 (not in D's type). Its plan is its own (the
+ * heuristic may pick another algorithm than for an fp32 D: the same sum in
+ * another order). The plans are kept per type of D as well.
  *
  * cuBLASLt comes with cuBLAS (libcublas.so needs libcublasLt.so) and is
  * loaded the same way, when the backend starts. A plan (the descriptors
@@ -127,6 +129,7 @@ static struct {
     int num_plans;
     int64_t epilogue_products;      /* cuda_lt_bias_epilogue_products */
     int64_t epilogue_bits_products; /* cuda_lt_bias_epilogue_bits_products: those with a bf16 D */
+    char refusal[320];              /* cuda_lt_last_refusal */
 } state;
 /* The plans, and each plan's bias pointer from setting it to queueing the
  * product (the descriptor holds it). */
@@ -169,8 +172,21 @@ static void plan_release(plan *p)
  * out^T (OC x N, ld OC) = W^T^T (op T of W read as C x OC, ld C) . in^T
  * (C x N, ld C), the bias a vector of OC, one per row of out^T; C and D are
  * out, fp32 or bf16). usable 0 when the heuristic offers nothing (also for
- * an fp32 bias with a bf16 D, should this cuBLASLt not take one); a failure
- * of cuBLASLt otherwise. */
+ * an fp32 bias with a bf16 D, should this cuBLASLt not take one), and when
+ * cuBLASLt refuses a descriptor or the heuristic fails: the product is then
+ * computed without the epilogue, as where it offers nothing, and the reason
+ * kept for cuda_lt_last_refusal (a slower way, not a wrong one: the tests
+ * count the epilogue's products and say why it did not run). */
+static void refuse_plan(plan *p, const char *why)
+{
+    plan_key key = p->key;
+    plan_release(p);
+    p->key = key; /* remembered as not usable */
+    snprintf(state.refusal, sizeof state.refusal, "cuBLASLt bias epilogue, %s N=%lld C=%lld OC=%lld%s: %s",
+             key.bf16 ? "bf16" : "fp32", (long long)key.N, (long long)key.C, (long long)key.OC,
+             key.out_bits ? " (bf16 D)" : "", why);
+}
+
 static int plan_build(plan *p, const float *bias)
 {
     const plan_key *k = &p->key;
@@ -181,6 +197,7 @@ static int plan_build(plan *p, const float *bias)
     uint64_t workspace_limit = LT_WORKSPACE_BYTES;
     cublasLtMatmulPreference_t preference = NULL;
     cublasLtMatmulHeuristicResult_t found;
+    cublasStatus_t heuristic = CUBLAS_STATUS_SUCCESS;
     int count = 0;
     /* fp32 sums, fp32 alpha and beta: for fp32 operands plain fp32 (not
      * TF32), as cuBLAS's products here. */
@@ -205,20 +222,25 @@ static int plan_build(plan *p, const float *bias)
                              sizeof k->align_out));
     LT_TRY(lt.preference_set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k->align_out,
                              sizeof k->align_out));
-    {
-        cublasStatus_t status = lt.heuristic(state.handle, p->desc, p->layout_weight, p->layout_in, p->layout_out,
-                                             p->layout_out, preference, 1, &found, &count);
-        /* NOT_SUPPORTED: no algorithm for this configuration, as count 0 is;
-         * for a bf16 D, INVALID_VALUE too (an fp32 bias with it, which
-         * cublasLt.h's bias type rule may reject so). */
-        if (status != CUBLAS_STATUS_SUCCESS && !refused(status, k->out_bits)) LT_TRY(status);
+    if (k->out_bits) { /* a bf16 D is the fp32 sum rounded once: split-K's parts summed in fp32, not in D's type */
+        uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        LT_TRY(lt.preference_set(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
     }
+    heuristic = lt.heuristic(state.handle, p->desc, p->layout_weight, p->layout_in, p->layout_out, p->layout_out,
+                             preference, 1, &found, &count);
+    /* NOT_SUPPORTED: no algorithm for this configuration, as count 0 is;
+     * for a bf16 D, INVALID_VALUE too (an fp32 bias with it, which
+     * cublasLt.h's bias type rule may reject so). */
+    if (heuristic != CUBLAS_STATUS_SUCCESS && !refused(heuristic, k->out_bits)) LT_TRY(heuristic);
     lt.preference_destroy(preference);
     preference = NULL;
-    if (count < 1 || found.state != CUBLAS_STATUS_SUCCESS || found.workspaceSize > LT_WORKSPACE_BYTES) {
-        plan_key key = p->key;
-        plan_release(p);
-        p->key = key; /* remembered as not usable */
+    if (heuristic != CUBLAS_STATUS_SUCCESS || count < 1 || found.state != CUBLAS_STATUS_SUCCESS ||
+        found.workspaceSize > LT_WORKSPACE_BYTES) {
+        char why[160];
+        snprintf(why, sizeof why, "no algorithm (heuristic %s, %d found, state %s, workspace %zu of %zu bytes)",
+                 lt.status_name(heuristic), count, count > 0 ? lt.status_name(found.state) : "-",
+                 count > 0 ? found.workspaceSize : (size_t)0, LT_WORKSPACE_BYTES);
+        refuse_plan(p, why);
         return TP_OK;
     }
     p->algo = found.algo;
@@ -227,8 +249,8 @@ static int plan_build(plan *p, const float *bias)
     return TP_OK;
 fail:
     if (preference) lt.preference_destroy(preference);
-    plan_release(p);
-    return TP_ERR_DEVICE;
+    refuse_plan(p, tp_errmsg());
+    return TP_OK;
 }
 
 /* The plan for key, built when first asked for (plans_lock held); NULL
@@ -324,4 +346,13 @@ int64_t cuda_lt_bias_epilogue_bits_products(void)
     int64_t products = state.epilogue_bits_products;
     pthread_mutex_unlock(&plans_lock);
     return products;
+}
+
+const char *cuda_lt_last_refusal(void)
+{
+    pthread_mutex_lock(&plans_lock);
+    static char copy[sizeof state.refusal];
+    snprintf(copy, sizeof copy, "%s", state.refusal[0] ? state.refusal : "none");
+    pthread_mutex_unlock(&plans_lock);
+    return copy;
 }

@@ -17,6 +17,10 @@ int64_t cuda_lt_bias_epilogue_products(void);
 /* Of those, how many wrote a bf16 D (matmul_forward_bf16_bits' out; the
  * rest wrote fp32, also where the bits product's fp32 route ran). */
 int64_t cuda_lt_bias_epilogue_bits_products(void);
+/* Why the last product cuBLASLt's epilogue did not take went the separate
+ * way (its shape, and the heuristic's answer or cuBLASLt's error), or
+ * "none": for a test's message. */
+const char *cuda_lt_last_refusal(void);
 
 #ifdef __cplusplus
 }
