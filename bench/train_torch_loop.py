@@ -301,9 +301,17 @@ def main():
                                       note="not tried: an earlier compilation passed the limit")), flush=True)
             end_children()
             os._exit(0)  # the compiler's state is left mid-way: no clean-up that waits for its workers
-        except RuntimeError as e:
+        except Exception as e:  # out of memory; or under torch.compile, a compiler that cannot run here
             if "out of memory" not in str(e):
-                raise
+                if a.mode != "compile":
+                    raise
+                row["note"] = "not compiled: %s: %s" % (type(e).__name__, (str(e).strip().splitlines() or [""])[0][:160])
+                print(json.dumps(row), flush=True)
+                for dtype_left, batch_left in configs[i + 1:]:
+                    print(json.dumps(dict(row, dtype=dtype_left, micro_batch=batch_left,
+                                          note="not tried: an earlier compilation failed")), flush=True)
+                end_children()
+                os._exit(0)  # as after a timeout: the compiler's state is left mid-way
             row["error"] = "out of memory"
             print(json.dumps(row), flush=True)
             if device.type == "cuda":

@@ -181,6 +181,39 @@ if "$PY" -c 'import torch' 2>/dev/null; then
     expect_ok "train_torch_loop --mode compile: a row whatever this PyTorch has" \
         "$PY" "$ROOT/bench/train_torch_loop.py" $TINY --batch 1 --mode compile --compile-limit 60
     cp "$WORK/.out" "$WORK/loop-compile.jsonl"
+    # A compiler that cannot run here (a GPU machine without a C compiler for
+    # Triton, say): torch.compile stood in for by one that fails when the
+    # model is first called; the first row says why, the next were not tried.
+    failing_compiler() {
+        "$PY" - "$ROOT/bench/train_torch_loop.py" $TINY --batch 1 2 --mode compile --compile-limit 60 <<'PYEOF'
+import runpy, sys
+import torch
+def compile_that_fails(model, *args, **kwargs):
+    def step(*a, **k):
+        raise RuntimeError("backend compiler failed\nno C compiler here (the test's stand-in)")
+    return step
+torch.compile = compile_that_fails
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+PYEOF
+    }
+    expect_ok "train_torch_loop --mode compile with a compiler that fails: exit 0" failing_compiler
+    compile_failure_rows() {
+        "$PY" - "$WORK/.out" <<'PYEOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
+if [r["micro_batch"] for r in rows] != [1, 2]:
+    sys.exit(f"rows {rows}")
+if rows[0]["note"] != "not compiled: RuntimeError: backend compiler failed":
+    sys.exit(f"first row's note: {rows[0]}")
+if rows[1]["note"] != "not tried: an earlier compilation failed":
+    sys.exit(f"second row's note: {rows[1]}")
+if not all(r["compiled"] is False and r["tokens_per_s"] is None for r in rows):
+    sys.exit(f"a rate claimed: {rows}")
+PYEOF
+    }
+    check "train_torch_loop --mode compile with a compiler that fails: the first row says why, the next not tried" \
+        compile_failure_rows
     expect_ok "tp-train --model tiny: a checkpoint whose parameters are N" \
         "$BIN/tp-train" --model tiny --steps 1 --quiet --device cpu --ckpt-dir "$WORK/tiny-ckpt"
     "$BIN/tp-ckpt" info "$WORK/tiny-ckpt" --json >"$WORK/tiny-info.json"
