@@ -518,6 +518,14 @@ void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_
       (double *out, const float *const *spans, const int64_t *lengths, int count),                                     \
       (out, spans, lengths, count))
 
+/* A copy of `bytes` from a backend's memory to the host
+ * (kernel_backend's to_host_background). */
+typedef struct {
+    void *host_dst;
+    const void *device_src;
+    size_t bytes;
+} host_copy;
+
 /* ========================================================= kernel backends
  * The transformer arithmetic above, on a device: the trainer computes
  * through one of these tables, so that the same model code runs on the CPU
@@ -545,11 +553,17 @@ typedef struct kernel_backend {
      * the computation; on the CPU alloc's populated huge pages. */
     int (*host_alloc)(void **out, size_t bytes);
     void (*host_release)(void *memory);
-    /* To the host beside the computation (a side stream on a GPU): the copy
-     * waits for the work issued so far, by any thread, but not for work
-     * issued after it; returns when the copy is complete. Checkpoint
-     * snapshots taken while the next step runs. */
-    int (*to_host_background)(void *host_dst, const void *device_src, size_t bytes);
+    /* Snapshots beside the computation (a checkpoint's, taken while the next
+     * step runs): mark_work records a point in the work issued so far (on
+     * a GPU an event on the stream; nothing on the CPU, where *mark is
+     * NULL); then any thread may copy to the host after that point
+     * (to_host_background: on a side stream on a GPU), waiting for the work
+     * issued before the mark alone, not for what was issued since (mark
+     * NULL: for all the work issued so far); it returns when every copy is
+     * complete. release_mark frees a mark (NULL too). */
+    int (*mark_work)(void **mark);
+    int (*to_host_background)(const void *mark, const host_copy *copies, int count);
+    void (*release_mark)(void *mark);
 
     /* The operations that compute (KERNEL_OPERATIONS): each returns a tp_status. */
 #define KERNEL_OPERATION_FIELD(op, PARAMS, ARGS) int (*op) PARAMS;

@@ -18,15 +18,16 @@
 #include "kernels.h"
 
 /* The memory operations timed, as KERNEL_OPERATIONS lists the computing ones
- * (kernels.h): X(field, (parameters), (arguments)). */
+ * (kernels.h): X(field, (parameters), (arguments)). Not the snapshots'
+ * (mark_work, to_host_background): they run beside the step, on another
+ * thread, and a wait after them would stop the step's own work. */
 #define MEMORY_OPS(X)                                                                                                  \
     X(alloc, (void **out, size_t bytes), (out, bytes))                                                                 \
     X(zero, (void *memory, size_t bytes), (memory, bytes))                                                             \
     X(to_device, (void *device_dst, const void *host_src, size_t bytes), (device_dst, host_src, bytes))                \
     X(to_host, (void *host_dst, const void *device_src, size_t bytes), (host_dst, device_src, bytes))                  \
     X(copy, (void *dst, const void *src, size_t bytes), (dst, src, bytes))                                             \
-    X(host_alloc, (void **out, size_t bytes), (out, bytes))                                                            \
-    X(to_host_background, (void *host_dst, const void *device_src, size_t bytes), (host_dst, device_src, bytes))
+    X(host_alloc, (void **out, size_t bytes), (out, bytes))
 /* Every operation timed: its field in kernel_backend (synchronize is timed as
  * a wait of its own, timed_synchronize). */
 #define TIMED_OPS(X) MEMORY_OPS(X) KERNEL_OPERATIONS(X) X(synchronize, (void), ())

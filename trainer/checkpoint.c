@@ -85,6 +85,7 @@ struct saver {
     char commit_message[1024];
     char *model_json, *rng;
     atomic_int snapshot_taken; /* parameters and moments may change again */
+    void *mark;                /* the step's end in the device's work (mark_work): the snapshot copies after it */
     char path[4096];
     char owner[STORE_OWNER_MAX]; /* of the shared staging directories: rank 0's */
     /* A save to an object store (saver_start's url): each writing rank
@@ -215,6 +216,7 @@ void saver_free(saver *s)
     cJSON_free(s->model_json);
     cJSON_free(s->rng);
     if (s->snapshot) s->model->kernels->host_release(s->snapshot);
+    s->model->kernels->release_mark(s->mark);
     free(s->param_at);
     free(s->moment_at);
     free(s->here);
@@ -232,21 +234,28 @@ double saver_take_stall_seconds(saver *s)
 }
 
 /* Parameters and moments (or gradients) this rank writes into the
- * snapshot (host memory). */
+ * snapshot (host memory), in one call: on a GPU the copies wait for the
+ * saved step's work alone (s->mark), not for the next step's that the
+ * training thread has issued since, so that they run beside it. */
 static int take_snapshot(saver *s)
 {
     const gpt_model *m = s->model;
+    host_copy *copies = malloc((size_t)(3 * m->num_params + 1) * sizeof *copies);
+    if (!copies) return tp_fail(TP_ERR_NOMEM, "out of memory for the checkpoint snapshot's list of copies");
+    int count = 0;
     for (int i = 0; i < m->num_params; i++) {
         const param_view *v = &m->params[i];
         size_t bytes = (size_t)v->numel * sizeof(float);
         /* A sharded optimizer's state: saver_start placed it (zero_gather_state). */
         if (s->param_at[i] >= 0 && m->zero != 3)
-            TP_TRY(m->kernels->to_host_background(s->snapshot + s->param_at[i], s->dump_grads ? v->grad : v->data, bytes));
+            copies[count++] = (host_copy){s->snapshot + s->param_at[i], s->dump_grads ? v->grad : v->data, bytes};
         if (s->moment_at[i] < 0 || !v->m) continue;
-        TP_TRY(m->kernels->to_host_background(s->snapshot + s->moment_at[i], v->m, bytes));
-        TP_TRY(m->kernels->to_host_background(s->snapshot + s->moment_at[i] + v->numel, v->v, bytes));
+        copies[count++] = (host_copy){s->snapshot + s->moment_at[i], v->m, bytes};
+        copies[count++] = (host_copy){s->snapshot + s->moment_at[i] + v->numel, v->v, bytes};
     }
-    return TP_OK;
+    int status = m->kernels->to_host_background(s->mark, copies, count);
+    free(copies);
+    return status;
 }
 
 /* Background: the snapshot, then this rank's shard from it. The snapshot is
@@ -257,6 +266,8 @@ static void *write_shard(void *arg)
 {
     saver *s = arg;
     int snapshot_status = take_snapshot(s);
+    s->model->kernels->release_mark(s->mark);
+    s->mark = NULL;
     atomic_store(&s->snapshot_taken, 1);
     /* Then training has the processor first: the shard is written in its gaps
      * (on Linux, nice applies to the calling thread; failure only costs speed). */
@@ -535,9 +546,13 @@ int saver_start(saver *s, const char *path, const char *url, const save_state *s
     atomic_store(&s->done, 1);
     atomic_store(&s->snapshot_taken, 1);
     if (s->snapshot_floats) {
+        /* The saved step's end in the device's work: issued before this call */
+        TP_TRY(m->kernels->mark_work(&s->mark));
         atomic_store(&s->done, 0);
         atomic_store(&s->snapshot_taken, 0);
         if (pthread_create(&s->thread, NULL, write_shard, s) != 0) {
+            m->kernels->release_mark(s->mark);
+            s->mark = NULL;
             s->status = TP_ERR_STATE;
             snprintf(s->message, sizeof s->message, "cannot start the checkpoint writer thread");
             atomic_store(&s->done, 1);

@@ -36,6 +36,25 @@ static int cpu_copy(void *dst, const void *src, size_t bytes)
     return TP_OK;
 }
 
+/* Everything is done when issued: no mark, and the copies made at once. */
+static int cpu_mark_work(void **mark)
+{
+    *mark = NULL;
+    return TP_OK;
+}
+
+static int cpu_to_host_background(const void *mark, const host_copy *copies, int count)
+{
+    (void)mark;
+    for (int i = 0; i < count; i++) cpu_copy(copies[i].host_dst, copies[i].device_src, copies[i].bytes);
+    return TP_OK;
+}
+
+static void cpu_release_mark(void *mark)
+{
+    (void)mark;
+}
+
 /* The table's copy: ranges that overlap are refused, as on a GPU (kernels.h),
  * so that code relying on them fails here first. */
 static int cpu_copy_apart(void *dst, const void *src, size_t bytes)
@@ -161,7 +180,9 @@ static const kernel_backend cpu_backend = {
     .synchronize = cpu_synchronize,
     .host_alloc = cpu_host_alloc,
     .host_release = cpu_host_release,
-    .to_host_background = cpu_copy,
+    .mark_work = cpu_mark_work,
+    .to_host_background = cpu_to_host_background,
+    .release_mark = cpu_release_mark,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
     .matmul_forward_bf16 = matmul_forward_bf16, /* already in the table's form: they can fail */

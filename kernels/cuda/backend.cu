@@ -205,21 +205,45 @@ static void cuda_host_release(void *memory)
     if (memory) cudaFreeHost(memory);
 }
 
-/* On the side stream, after an event that marks the work issued so far on
- * the computing stream: the copy overlaps what is issued after it. */
-static int cuda_to_host_background(void *host_dst, const void *device_src, size_t bytes)
+/* A mark: an event recorded on the computing stream now. */
+static int cuda_mark_work(void **mark)
 {
     cudaEvent_t issued = NULL;
+    *mark = NULL;
     ENTER();
     CUDA_TRY(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
     CUDA_TRY(cudaEventRecord(issued, cuda_state.stream));
-    CUDA_TRY(cudaStreamWaitEvent(cuda_state.side, issued, 0));
-    if (bytes) CUDA_TRY(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, cuda_state.side));
-    CUDA_TRY(cudaStreamSynchronize(cuda_state.side));
-    CUDA_TRY(cudaEventDestroy(issued));
+    *mark = (void *)issued;
     return TP_OK;
 fail:
     if (issued) cudaEventDestroy(issued);
+    return TP_ERR_DEVICE;
+}
+
+static void cuda_release_mark(void *mark)
+{
+    if (mark) cudaEventDestroy((cudaEvent_t)mark);
+}
+
+/* On the side stream, after the mark (or a mark made now): the copies
+ * overlap what was issued on the computing stream after it, and the one
+ * wait is for them alone. */
+static int cuda_to_host_background(const void *mark, const host_copy *copies, int count)
+{
+    void *made = NULL;
+    int status = mark ? TP_OK : cuda_mark_work(&made);
+    if (status) return status;
+    ENTER();
+    CUDA_TRY(cudaStreamWaitEvent(cuda_state.side, (cudaEvent_t)(mark ? mark : made), 0));
+    for (int i = 0; i < count; i++)
+        if (copies[i].bytes)
+            CUDA_TRY(cudaMemcpyAsync(copies[i].host_dst, copies[i].device_src, copies[i].bytes, cudaMemcpyDeviceToHost,
+                                     cuda_state.side));
+    CUDA_TRY(cudaStreamSynchronize(cuda_state.side));
+    cuda_release_mark(made);
+    return TP_OK;
+fail:
+    cuda_release_mark(made);
     return TP_ERR_DEVICE;
 }
 
@@ -239,7 +263,9 @@ static void fill_table(kernel_backend *t)
     t->synchronize = cuda_synchronize;
     t->host_alloc = cuda_host_alloc;
     t->host_release = cuda_host_release;
+    t->mark_work = cuda_mark_work;
     t->to_host_background = cuda_to_host_background;
+    t->release_mark = cuda_release_mark;
 #define INSTALL(op, PARAMS, ARGS) t->op = cuda_##op;
     KERNEL_OPERATIONS(INSTALL)
 #undef INSTALL

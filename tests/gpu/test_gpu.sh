@@ -120,6 +120,21 @@ for way in "cuda cpu" "cpu cuda"; do
     check "$1 to $2: the losses of 20 straight steps (1e-4)" losses_match "$dir.jsonl" "$WORK/straight.jsonl" 1e-4
 done
 expect_ok "a GPU checkpoint verifies" "$BIN/tp-ckpt" verify "$WORK/cuda-to-cpu"
+# Asynchronous snapshots (copied on a side stream after the saved step's
+# mark, beside the next step) hold what a synchronous save writes, in bf16
+# too (the weights' bf16 copy is remade after the step they save).
+for dtype in fp32 bf16; do
+    for mode in async sync; do
+        flag=""
+        [ $mode = sync ] && flag=--sync-save
+        expect_ok "$dtype, a checkpoint every 2 steps, $mode" gpu_train 1 $TINY --dtype $dtype --steps 6 \
+            --ckpt-every 2 $flag --ckpt-dir "$WORK/snapshots-$dtype-$mode"
+    done
+    for step in 2 4 6; do
+        expect_ok "$dtype, step $step: the asynchronous save equals the synchronous one" "$BIN/tp-ckpt" diff \
+            "$WORK/snapshots-$dtype-async/step_0000000$step" "$WORK/snapshots-$dtype-sync/step_0000000$step"
+    done
+done
 
 # --- tp-reshard --device auto: the GPU for a plan that converts dtypes, the
 # CPU for plain copies (a GPU would only add copies to and from it).

@@ -140,15 +140,22 @@ size_t encoded_backend_live_bytes(void)
 
 static int enc_zero(void *memory, size_t bytes)
 {
+    pthread_mutex_lock(&lock);
     memset(memory, KEY, bytes);
+    pthread_mutex_unlock(&lock);
     return TP_OK;
 }
 
+/* The copies and zeroing under the lock too: an operation on another thread
+ * decodes its arguments in place meanwhile (a checkpoint's snapshot is
+ * copied while the next step computes). */
 static int enc_to_device(void *device_dst, const void *host_src, size_t bytes)
 {
     unsigned char *d = device_dst;
     const unsigned char *h = host_src;
+    pthread_mutex_lock(&lock);
     for (size_t i = 0; i < bytes; i++) d[i] = h[i] ^ KEY;
+    pthread_mutex_unlock(&lock);
     return TP_OK;
 }
 
@@ -157,12 +164,33 @@ static int enc_to_host(void *host_dst, const void *device_src, size_t bytes)
     return enc_to_device(host_dst, device_src, bytes); /* XOR both ways */
 }
 
+/* Every operation is done when it returns: no mark. */
+static int enc_mark_work(void **mark)
+{
+    *mark = NULL;
+    return TP_OK;
+}
+
+static int enc_to_host_background(const void *mark, const host_copy *copies, int count)
+{
+    (void)mark;
+    for (int i = 0; i < count; i++) enc_to_host(copies[i].host_dst, copies[i].device_src, copies[i].bytes);
+    return TP_OK;
+}
+
+static void enc_release_mark(void *mark)
+{
+    (void)mark;
+}
+
 static int enc_copy(void *dst, const void *src, size_t bytes)
 {
     uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
     if (dst != src && bytes && d < s + bytes && s < d + bytes) /* refused as by every backend (kernels.h) */
         return tp_fail(TP_ERR_ARG, "copy of %zu bytes between overlapping ranges (%p to %p)", bytes, src, dst);
+    pthread_mutex_lock(&lock);
     memmove(dst, src, bytes); /* encoded to encoded */
+    pthread_mutex_unlock(&lock);
     return TP_OK;
 }
 
@@ -554,7 +582,9 @@ static const kernel_backend backend = {
     .synchronize = enc_synchronize,
     .host_alloc = enc_host_alloc,
     .host_release = free,
-    .to_host_background = enc_to_host,
+    .mark_work = enc_mark_work,
+    .to_host_background = enc_to_host_background,
+    .release_mark = enc_release_mark,
     .matmul_forward = enc_matmul_forward,
     .matmul_backward = enc_matmul_backward,
     .matmul_forward_bf16 = enc_matmul_forward_bf16,

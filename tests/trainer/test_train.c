@@ -409,7 +409,7 @@ Test(train, a_claimed_run_directory_is_refused_alike_on_every_rank, .timeout = 1
  * micro-batches of one sequence (the same global batch) when one_sequence
  * is set; ZeRO-1 when run_zero is set; bf16 mixed precision when run_bf16
  * is set. */
-static int run_layers, run_virtual_stages, run_one_sequence, run_zero, run_bf16;
+static int run_layers, run_virtual_stages, run_one_sequence, run_zero, run_bf16, run_ckpt_every;
 static const char *run_preset;
 static recorder run_rank0; /* what rank 0 was told in the last run of train_layout_sp */
 
@@ -441,6 +441,7 @@ static void train_layout_sp(int tp, int pp, int dp, const kernel_backend *kernel
         runs[r].options.sequence_parallel = sequence_parallel;
         runs[r].options.zero = run_zero;
         runs[r].options.bf16 = run_bf16;
+        runs[r].options.ckpt_every = run_ckpt_every;
         slots[r].arg = &runs[r];
     }
     run_ranks(tp, pp, dp, train_rank, slots);
@@ -503,6 +504,52 @@ Test(train, bf16_activations_through_the_device_seam, .timeout = 300)
                       l[0], l[1], l[3], s, cpu[s], fp32[s]);
         }
     }
+    cr_assert_eq(encoded_backend_live_bytes(), 0);
+}
+
+/* A checkpoint every step, each snapshot copied by the writer's thread
+ * while the next step computes (to_host_background after the saved step's
+ * mark): through the device seam, every tensor of every step's checkpoint
+ * has the digest of the CPU's, at tp1 and at tp2 dp2 with ZeRO-1. A
+ * snapshot that read what the next step wrote, or read the seam's memory
+ * while an operation had it decoded, would differ. */
+Test(train, asynchronous_snapshots_through_the_device_seam, .timeout = 300)
+{
+    const int layouts[2][4] = {{1, 1, 1, 0}, {2, 1, 2, 1}}; /* tp, pp, dp, ZeRO */
+    run_ckpt_every = 1;
+    for (int i = 0; i < 2; i++) {
+        const int *l = layouts[i];
+        char cpu_dir[700], device_dir[700];
+        snprintf(cpu_dir, sizeof cpu_dir, "%s/snapshots-cpu%d", dir, i);
+        snprintf(device_dir, sizeof device_dir, "%s/snapshots-device%d", dir, i);
+        double cpu[8] = {0}, device[8] = {0};
+        run_zero = l[3];
+        train_layout(l[0], l[1], l[2], NULL, 4, cpu_dir, 0, 0, cpu);
+        train_layout(l[0], l[1], l[2], encoded_backend(), 4, device_dir, 0, 0, device);
+        run_zero = 0;
+        for (int step = 1; step <= 4; step++) {
+            char a_path[800], b_path[800];
+            snprintf(a_path, sizeof a_path, "%s/step_%08d", cpu_dir, step);
+            snprintf(b_path, sizeof b_path, "%s/step_%08d", device_dir, step);
+            ckpt_reader *a = NULL, *b = NULL;
+            cr_assert_eq(ckpt_reader_open(&a, a_path, NULL), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(ckpt_reader_open(&b, b_path, NULL), TP_OK, "%s", tp_errmsg());
+            int tensors = ckpt_reader_num_tensors(a);
+            cr_assert_eq(ckpt_reader_num_tensors(b), tensors);
+            for (int t = 0; t < tensors; t++) {
+                const char *name = ckpt_reader_tensor(a, t)->name;
+                int j = ckpt_reader_find(b, name);
+                cr_assert(j >= 0, "%s: missing in %s", name, b_path);
+                cr_assert_eq(ckpt_reader_digest(a, t), ckpt_reader_digest(b, j),
+                             "tp%d dp%d ZeRO-%d, step %d: %s differs between the CPU's snapshot and the device seam's",
+                             l[0], l[2], l[3], step, name);
+            }
+            ckpt_reader_close(a);
+            ckpt_reader_close(b);
+        }
+        for (int s = 1; s <= 4; s++) cr_assert(device[s] == cpu[s], "step %d: %.9g, %.9g", s, device[s], cpu[s]);
+    }
+    run_ckpt_every = 0;
     cr_assert_eq(encoded_backend_live_bytes(), 0);
 }
 
