@@ -39,7 +39,8 @@
 #   BENCH_BUDGET (default 230): the seconds this script may run; a
 #     compilation gets at most what is left less 15 s, and none under 20 s;
 #     a row not started before the budget is spent says so (gpu-check's
-#     bench phase gives its --limit less 10 s). Stopped by a signal (TERM,
+#     bench phase gives what its --limit leaves after the kernel times,
+#     less 30 s). Stopped by a signal (TERM,
 #     INT), it writes the rows it has.
 #   (a tiny run: BENCH_MODELS=tiny BENCH_SEQ=32 BENCH_STEPS=3
 #   BENCH_MICRO_BATCH=1, and bench-reshard's tiny settings)
@@ -103,8 +104,10 @@ RESULTS="$DIR/results.txt"
 # Seconds of BENCH_BUDGET left.
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 
-# row MODEL MB KEY JSON: a row of the table.
-row() { echo "train $1 $2 $3 $4" >>"$RESULTS"; }
+# row MODEL MB KEY JSON: a row of the table, also on the standard output (a
+# caller's log then keeps every row measured, should this script be killed
+# before it writes the table).
+row() { echo "train $1 $2 $3 $4" | tee -a "$RESULTS"; }
 
 # failed STATUS ERRFILE: the JSON of a run that failed: its exit status and
 # the last line of its standard error.
@@ -341,8 +344,12 @@ if [ $TORCH_CUDA = yes ]; then
             row "$name" "$mb" compile-bf16 "{\"error\": \"not tried: $(left) s of BENCH_BUDGET=$BUDGET s left\"}"
             continue
         fi
-        # timeout: a compilation the script's own timer cannot interrupt.
-        if timeout --kill-after=5 $((limit + 60)) $PY bench/train_torch_loop.py --layers "$1" --dim "$2" --heads "$3" \
+        # timeout: a compilation the script's own timer cannot interrupt; at
+        # most 10 s past the budget (the command runs in a process group of
+        # its own: a caller's signal to this script waits for it).
+        stop=$((limit + 60))
+        [ "$stop" -gt $(($(left) + 10)) ] && stop=$(($(left) + 10))
+        if timeout --kill-after=5 "$stop" $PY bench/train_torch_loop.py --layers "$1" --dim "$2" --heads "$3" \
             --vocab "$4" --vocab-pad-multiple "$5" --seq "$SEQ" --batch "$mb" --dtype bf16 --mode compile \
             --compile-limit "$limit" --steps "$TORCH_STEPS" --warmup-steps 3 --device cuda >"$DIR/out.txt" 2>"$DIR/err.txt"; then
             torch_rows "$DIR/out.txt" "$name" compile

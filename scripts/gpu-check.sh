@@ -10,28 +10,30 @@
 #            case may skip), tp-train --device cuda against PyTorch in fp32,
 #            against the CPU, layouts on the GPUs there are, resume GPU <->
 #            CPU, tp-reshard on the GPU against the CPU
-#   bench    scripts/bench-gpu.sh: tokens/s and MFU of GPT-2 124M and 350M,
-#            micro-batch 4 and 16, against PyTorch's loop (SDPA, fused AdamW,
-#            torch.compile in time) on the same GPU; the checkpoint stall;
-#            then tp-train --kernel-times (times.log, as profile)
+#   bench    tp-train --kernel-times first (at most 60 s; its table in
+#            bench.log), then scripts/bench-gpu.sh in what is left: tokens/s
+#            and MFU of GPT-2 124M and 350M, micro-batch 4 and 16, against
+#            PyTorch's loop (SDPA, fused AdamW, torch.compile in time) on the
+#            same GPU; the checkpoint stall
 #   reshard  scripts/bench-reshard.sh at 1B parameters, once: tp-reshard on
 #            the GPU beside the CPU, cp and the h5py baseline
 #   profile  GPT-2 124M bf16 steps with tp-train --kernel-times (each
-#            operation's host and device time, and the trainer's own:
-#            times.log), then one training step under Nsight Compute (ncu):
-#            per kernel, time, DRAM bytes, FP32 operations, throughput
-#            against the GPU's peaks: what to speed up first
+#            operation's host and device time, and the trainer's own; at
+#            most 60 s: times.log), then in what is left of the limit
+#            training steps under Nsight Compute (ncu): per kernel, time,
+#            DRAM bytes, FP32 operations, throughput against the GPU's
+#            peaks: what to speed up first
 #   all      the four phases above in turn (where a command may run long enough)
 #   lease    what one short lease should run, in under 9 minutes: tests, then
 #            bench, with dcp and judges beside them on the CPU (limits: 240 s
-#            for each of tests and bench, 420 s for the others; --limit L
-#            gives L and 7 L / 4); its eight files are those of the four
+#            for each of tests and bench, 420 s for the others, which see
+#            no GPU; --limit L gives L and 7 L / 4); at most eight files
 #   dcp      PyTorch distributed checkpoints judged by this machine's PyTorch
 #            (2.x; Debian's 1.13 judges them elsewhere): fixtures it writes
 #            (kept as dcp-fixtures.tar.gz, for tests/data/dcp-torch2), then
 #            tests/e2e/test_dcp.sh with its torch, judging those fixtures
 #            among the rest (DCP_FIXTURES_ONLY=1: those alone; docs/DCP.md);
-#            CPU only
+#            CPU only; the fixtures are kept when the phase runs alone
 #   judges   the outside judges this machine's Python has and Debian's lacks:
 #            tests/e2e/test_export.sh and test_llama_export.sh with its
 #            transformers (our GPT-2 and Llama exports loaded by
@@ -40,12 +42,14 @@
 # seconds each phase may take before it is stopped, so that its logs and the
 # summary are still written.
 #
-# OUTDIR receives at most nine files: info.txt (GPU, driver, CUDA,
-# PyTorch, the pack), one log per phase run (PHASE.log), benchmarks.md (the
-# docs/BENCHMARKS.md sections the benchmarks wrote), times.log, profile.csv
-# and profile.md, and summary.txt, whose table is also printed last; the dcp
-# phase, run on its own, dcp.log and dcp-fixtures.tar.gz; the judges phase
-# judges.log.
+# OUTDIR receives at most eight files (what the device tool brings back):
+# info.txt (GPU, driver, CUDA, PyTorch, the pack, whether the pack is this
+# repository's, the attention a bf16 step runs), one log per phase run
+# (PHASE.log), benchmarks.md (the docs/BENCHMARKS.md sections the
+# benchmarks rewrote), times.log (profile), profile.csv and profile.md, and
+# summary.txt, whose table is also printed last; the dcp phase, run on its
+# own, dcp.log and dcp-fixtures.tar.gz; the judges phase judges.log. (all:
+# nine.)
 set -u
 PHASE=tests
 PACK=build/gpu-pack.tar.xz
@@ -91,6 +95,20 @@ PYTHON=$(command -v python3)
 export TP_PYTHON="$PYTHON" PATH="$P/build/bin:$PATH"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
+# Whether the pack was made from this repository as it is: its tracked
+# files' checksums (PACK-MANIFEST, gpu-pack.sh) against the files here. The
+# phases run the pack's scripts and programs, not these.
+# GPU_CHECK_REPO: the repository to compare with (this script's).
+REPO=${GPU_CHECK_REPO:-$(cd "$(dirname "$0")/.." && pwd)}
+if [ -f "$P/PACK-MANIFEST" ]; then
+    DIFFERING=$(cd "$REPO" && sha256sum -c "$P/PACK-MANIFEST" 2>/dev/null | grep -v ': OK$' | sed 's/: .*//')
+    if [ -z "$DIFFERING" ]; then STALE="the same files"
+    else STALE="STALE PACK: $(echo "$DIFFERING" | wc -l) files differ (first: $(echo "$DIFFERING" | head -n 3 | tr '\n' ' ')); make gpu-pack"
+    fi
+else
+    STALE="unknown (a pack without PACK-MANIFEST)"
+fi
+
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 {
@@ -101,16 +119,21 @@ GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
     fi
     echo "CUDA toolkit: $("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
     echo "CUDA driver API: $(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1)"
-    echo "PyTorch: $("$PYTHON" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "available:", torch.cuda.is_available())' 2>&1 | tail -n 1)"
+    echo "PyTorch: $(timeout -k 5 60 "$PYTHON" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "available:", torch.cuda.is_available())' 2>&1 | tail -n 1)"
     echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; $(uname -sr)"
     sed -n '1,3p' "$P/PACK-INFO" | sed 's/^/pack /'
-    # Where the CUDA libraries were found, or why not (a one-step run).
-    echo "tp-train --device cuda, one tiny step: $(timeout 120 "$P/build/bin/tp-train" --model tiny --steps 1 --device cuda 2>&1 | tail -n 1 || true)"
+    echo "pack against this repository: $STALE"
+    # Where the CUDA libraries were found, or why not (a one-step run); and
+    # which attention a bf16 step of GPT-2's shape runs (cuDNN, or why not).
+    echo "tp-train --device cuda, one tiny step: $(timeout -k 5 60 "$P/build/bin/tp-train" --model tiny --steps 1 --device cuda 2>&1 | tail -n 1 || true)"
+    echo "tp-train --device cuda --dtype bf16, GPT-2 124M at sequence 256, one step: $(timeout -k 5 60 "$P/build/bin/tp-train" \
+        --model gpt2-124m --seq 256 --micro-batch 1 --steps 1 --device cuda --dtype bf16 2>&1 | grep -m1 -E '^attention:|rror' || true)"
 } >"$OUTDIR/info.txt" 2>&1
 cat "$OUTDIR/info.txt"
 {
     echo "== gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ), phases: $PHASES${BESIDE:+ (beside: $BESIDE)}"
     sed -n '1,3p' "$OUTDIR/info.txt"
+    grep -E '^pack against|^tp-train --device cuda --dtype bf16' "$OUTDIR/info.txt"
 } >>"$SUMMARY"
 
 # in_pack LOG CMD...: CMD from the pack's top directory within the time
@@ -142,15 +165,18 @@ in_pack() {
 
 FAILED_PHASES=""
 phase_tests() {
-    in_pack tests.log env BUILD=build GPU_REQUIRED=1 sh tests/gpu/test_gpu.sh
+    in_pack tests.log env BUILD=build GPU_REQUIRED=1 TEST_JOBS="${TEST_JOBS:-8}" sh tests/gpu/test_gpu.sh
     rc=$?
     say "tests: exit $rc; $(grep -E '^\[test_gpu\] [0-9]+ passed' "$OUTDIR/tests.log" | tail -n 1)"
     grep -E '^FAIL|SKIP' "$OUTDIR/tests.log" | head -n 20 | sed 's/^/  /' | tee -a "$SUMMARY"
 }
 
 # The benchmarks write their sections into the pack's docs/BENCHMARKS.md;
-# benchmarks.md collects those sections.
+# benchmarks.md collects those sections, when the file changed since
+# `before` (its checksum before the benchmark): else the sections are the
+# repository's old figures, not this run's.
 collect_sections() {
+    [ "$(cksum <"$P/docs/BENCHMARKS.md")" != "$before" ] || { say "   (no section rewritten: nothing collected)"; return; }
     "$PYTHON" - "$P/docs/BENCHMARKS.md" "$OUTDIR/benchmarks.md" "$@" <<'EOF'
 import os, sys
 doc, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -170,27 +196,32 @@ EOF
 
 # Where a step's time goes without a profiler: GPT-2 124M bf16 steps with
 # tp-train --kernel-times (each operation's host issue and device tail, and
-# the trainer's own time around them), in times.log, its table in the
-# summary. About 15 s: the bench phase ends with it, the profile phase
-# starts with it.
+# the trainer's own time around them), into LOG, its table in the summary.
+# About 15 s, at most 60: first in the bench and profile phases.
 kernel_times() {
-    in_pack times.log build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 4 --device cuda \
-        --dtype bf16 --kernel-times
+    (LIMIT=60 && in_pack "$1" build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 4 --device cuda \
+        --dtype bf16 --kernel-times)
     say "kernel times: exit $?"
-    sed -n '/^kernel times on/,/^  step /p' "$OUTDIR/times.log" | tee -a "$SUMMARY"
+    sed -n '/^kernel times on/,/^  step /p' "$OUTDIR/$1" | tee -a "$SUMMARY"
 }
 
 phase_bench() {
-    # The bench's own budget within the phase's limit, less the kernel
-    # times after it: it then ends in time with every row it had time for
-    # (a compilation that would not fit is not started).
-    in_pack bench.log env BUILD=build BENCH_GPU_RESHARD=0 BENCH_BUDGET="${BENCH_BUDGET:-$((LIMIT - 30))}" \
+    # The kernel times first (the measurement a first run needs most), into
+    # bench.log's start; then the bench with what the phase's limit leaves,
+    # less 30 s: it ends in time with every row it had time for (a
+    # compilation that would not fit is not started).
+    started=$(date +%s)
+    kernel_times times.tmp
+    mv "$OUTDIR/times.tmp" "$DEST/times.log"
+    before=$(cksum <"$P/docs/BENCHMARKS.md")
+    budget=$((LIMIT - ($(date +%s) - started) - 30))
+    in_pack bench.log env BUILD=build BENCH_GPU_RESHARD=0 BENCH_BUDGET="${BENCH_BUDGET:-$budget}" \
         scripts/bench-gpu.sh
     rc=$?
+    { echo "== tp-train --kernel-times, before the bench"; cat "$DEST/times.log"; } >>"$OUTDIR/bench.log"
     say "bench: exit $rc"
     sed -n '/^| model /,/^$/p; /^| saving /,/^$/p' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
     collect_sections bench-gpu
-    kernel_times
 }
 
 phase_reshard() {
@@ -199,6 +230,7 @@ phase_reshard() {
         rc=1
         return
     fi
+    before=$(cksum <"$P/docs/BENCHMARKS.md")
     in_pack reshard.log env BUILD=build BENCH_REPS=1 scripts/bench-reshard.sh
     rc=$?
     say "reshard: exit $rc"
@@ -207,7 +239,8 @@ phase_reshard() {
 }
 
 phase_profile() {
-    kernel_times
+    started=$(date +%s)
+    kernel_times times.log
     NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
     if [ -z "$NCU" ]; then
         say "profile: no Nsight Compute (ncu) on this machine: nothing profiled"
@@ -235,6 +268,7 @@ phase_profile() {
     # profile.csv also holds ncu's and the program's own lines, which
     # gpu-profile.py skips.
     # PROFILE_KERNELS: a regular expression of the kernels to profile (all by default).
+    LIMIT=$((LIMIT - ($(date +%s) - started))) # what the kernel times left
     in_pack profile.csv "$NCU" --csv --page raw --clock-control none --metrics "$METRICS" \
         ${PROFILE_KERNELS:+--kernel-name "regex:$PROFILE_KERNELS"} \
         build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps "${PROFILE_STEPS:-2}" --device cuda --dtype bf16 --quiet
@@ -245,11 +279,14 @@ phase_profile() {
 }
 
 phase_dcp() {
-    rm -rf "$OUTDIR/fx"
-    in_pack dcp.log sh -c "\"$PYTHON\" tests/formats/dcp_torch.py fixtures \"$OUTDIR/fx\" &&
-        env BUILD=build DCP_FIXTURES=\"$OUTDIR/fx\" sh tests/e2e/test_dcp.sh"
+    rm -rf "$DEST/fx"
+    in_pack dcp.log sh -c "\"$PYTHON\" tests/formats/dcp_torch.py fixtures \"$DEST/fx\" &&
+        env BUILD=build DCP_FIXTURES=\"$DEST/fx\" sh tests/e2e/test_dcp.sh"
     rc=$?
-    [ -d "$OUTDIR/fx" ] && tar -C "$OUTDIR/fx" -czf "$OUTDIR/dcp-fixtures.tar.gz" . && rm -rf "$OUTDIR/fx"
+    # The fixtures come back when the phase ran alone (tests/data/dcp-torch2
+    # holds a machine's already; a lease has no file to spare for them).
+    [ "$PHASE" = dcp ] && [ -d "$DEST/fx" ] && tar -C "$DEST/fx" -czf "$OUTDIR/dcp-fixtures.tar.gz" .
+    rm -rf "$DEST/fx"
     say "dcp: exit $rc; $(grep -E '^\[test_dcp\] [0-9]+ passed' "$OUTDIR/dcp.log" | tail -n 1)"
     grep -E '^FAIL|SKIP|Error' "$OUTDIR/dcp.log" | head -n 20 | sed 's/^/  /' | tee -a "$SUMMARY"
 }
@@ -277,8 +314,8 @@ run_phase() {
 
 # Phases beside the others (lease): CPU work, each in a subshell with its
 # own limit.
-for phase in $BESIDE; do
-    (LIMIT=$BESIDE_LIMIT && run_phase "$phase" beside) &
+for phase in $BESIDE; do # CPU phases: no GPU for them, so that they never hold the measured one
+    (LIMIT=$BESIDE_LIMIT && export CUDA_VISIBLE_DEVICES= && run_phase "$phase" beside) &
 done
 for phase in $PHASES; do
     run_phase "$phase" || FAILED_PHASES="$FAILED_PHASES $phase"

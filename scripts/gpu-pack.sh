@@ -18,6 +18,7 @@
 #       libraries are all in the pack (a single-node run needs no more),
 #       their help texts and settings; their run paths lead to build/lib
 #   PACK-INFO             the revision, build settings and library list
+#   PACK-MANIFEST         the tracked files' SHA-256 (sha256sum -c's input)
 #
 #   BUILD (default build): the build, made with CUDA=1
 #   PACK (default $BUILD/gpu-pack.tar.xz): the archive to write
@@ -47,8 +48,11 @@ rm -rf "$STAGE"
 mkdir -p "$ROOT_DIR/build/lib" "$ROOT_DIR/build/mpi/bin" "$ROOT_DIR/build/mpi/lib/openmpi" \
     "$ROOT_DIR/build/mpi/lib/pmix" "$ROOT_DIR/build/mpi/share" "$ROOT_DIR/build/mpi/etc"
 
-# The repository's tracked files, as they are in this tree.
+# The repository's tracked files, as they are in this tree; and their
+# checksums, by which gpu-check.sh tells a pack made from another state of
+# the repository than the one beside it.
 git ls-files -z | tar --null -T - -cf - | tar -C "$ROOT_DIR" -xf -
+git ls-files -z | xargs -0 sha256sum >"$ROOT_DIR/PACK-MANIFEST"
 
 # This build's binaries, without their debug information (symbols stay, for
 # backtraces).

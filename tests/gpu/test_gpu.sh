@@ -28,6 +28,16 @@ if [ "$gpus" -eq 0 ] || ! "$TRAIN" $TINY --steps 1 --device cuda >/dev/null 2>&1
 fi
 echo "[$NAME] $gpus GPU(s): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)"
 
+# section NAME: a line where each part starts, and, should a time limit stop
+# this script (TERM: its children end first, then this trap runs), the part
+# it was in and the counts so far.
+SECTION="the start"
+section() {
+    SECTION=$1
+    echo "[$NAME] -- $1 ($PASSED passed, $FAILED failed so far)"
+}
+trap 'echo "[$NAME] stopped (a time limit?) during: $SECTION; $PASSED passed, $FAILED failed"; exit 143' TERM
+
 # gpu_train RANKS ARGS...: tp-train on RANKS ranks, one GPU each, or where
 # the machine has fewer, sharing them (--share-gpus: NCCL is then not used).
 gpu_train() {
@@ -43,6 +53,7 @@ gpu_train() {
 # (llama-tiny: RMSNorm, rotary embeddings, SwiGLU, 2 KV heads, replicated at
 # tp4). Those with no more ranks than GPUs here; the others, sharing GPUs,
 # at the end (torch_layouts shared), with the rest of what shares them.
+section "against PyTorch"
 TORCH_LAYOUTS="tp1:1:tiny:--tp=1 tp2:2:tiny:--tp=2 tp2pp2:4:tiny:--tp=2,--pp=2 llama-tp1:1:llama-tiny:--tp=1
     llama-tp2:2:llama-tiny:--tp=2 llama-tp4:4:llama-tiny:--tp=4 tp2-sp:2:tiny:--tp=2,--sequence-parallel"
 # torch_layouts own|shared: the layouts of TORCH_LAYOUTS whose ranks fit the GPUs (own) or not (shared).
@@ -73,6 +84,7 @@ torch_layouts own
 # (cuBLAS and OpenBLAS sum in other orders: 1e-4 relative), with a
 # vocabulary of 1000: rows of logits longer than a block of 256 threads, so
 # that the cross-entropy's one-pass statistics rescale each thread's sum.
+section "the GPU trainer against the CPU trainer"
 expect_ok "small on the CPU" "$TRAIN" --model small --vocab 1000 --micro-batch 2 --quiet --steps 20 --device cpu \
     --log "$WORK/small-cpu.jsonl"
 expect_ok "small on a GPU" gpu_train 1 --model small --vocab 1000 --micro-batch 2 --quiet --steps 20 \
@@ -99,6 +111,7 @@ check "llama-tiny: the GPU's losses are the CPU's (1e-4)" losses_match "$WORK/ll
 # --- --device auto is one verdict for the job: GPUs when every rank has its
 # own, else the CPU for all (more ranks than GPUs once hung: rank 0 alone
 # took the GPU and waited in NCCL's setup for ranks that never came).
+section "--device auto"
 expect_ok "auto, one rank per GPU" mpirun --oversubscribe -np "$gpus" "$TRAIN" $TINY --steps 2 \
     --log "$WORK/auto-fits.jsonl" </dev/null
 check "auto, one rank per GPU: every rank on a GPU" grep -q '"device":"cuda:0 ' "$WORK/auto-fits.jsonl"
@@ -109,6 +122,7 @@ check "auto, $over ranks on $gpus GPU(s): all on the CPU" grep -q '"device":"cpu
 
 # --- Checkpoints between GPU and CPU: 10 steps on one, 10 resumed on the
 # other, against 20 straight on the first (1e-4).
+section "checkpoints between GPU and CPU"
 expect_ok "20 straight steps on the CPU" "$TRAIN" $TINY --steps 20 --device cpu --log "$WORK/straight.jsonl"
 for way in "cuda cpu" "cpu cuda"; do
     set -- $way
@@ -139,6 +153,7 @@ done
 # --- tp-reshard --device auto: the GPU for a plan that converts dtypes, the
 # CPU for plain copies (a GPU would only add copies to and from it).
 # device_is DEVICE REASON: the --json plan in .out chose DEVICE for REASON.
+section "tp-reshard on the GPU"
 device_is() {
     "$PY" -c 'import json, sys
 plan = json.load(open(sys.argv[1]))
@@ -157,8 +172,11 @@ expect_ok "GPU and CPU outputs equal bit for bit" "$BIN/tp-ckpt" diff "$WORK/rs-
 # one (the CUDA kernels against the CPU, the trainer on the GPU at tp1,
 # tp2pp2 and pp2dp2 on threads sharing it, checkpoints both ways). TEST_JOBS
 # (default 2): each binary's tests run at once, more on a GPU machine's cores.
+section "the unit tests"
 for t in "$ROOT/${BUILD:-build}"/tests/*/test_*; do
     [ -x "$t" ] || continue
+    # The GPU tests rehearsed on the CPU (make test runs it): its skips of what needs CUDA are its own.
+    case $t in */test_cuda_rehearsal) continue ;; esac
     run "$t" --verbose --jobs "${TEST_JOBS:-2}"
     check_all "$(basename "$t"): passed, no GPU case skipped" \
         '[ "$RC" -eq 0 ] && ! grep -q "^\[SKIP\].*CUDA" "$WORK/.err" "$WORK/.out"'
@@ -167,11 +185,13 @@ done
 # --- Last, the slowest part: what needs more ranks than GPUs where there
 # are fewer (--share-gpus: several ranks on a GPU, their messages through
 # host copies), so that a phase stopped at its time limit has run the rest.
+section "against PyTorch, layouts sharing GPUs"
 torch_layouts shared
 
 # --- Layout invariance on as many GPUs as there are, or shared (global batch
 # 4 sequences everywhere: the reference at tp1 too, which had 2 while no
 # machine had the GPUs for the other layouts).
+section "layout invariance"
 expect_ok "20 steps at tp1 on a GPU" gpu_train 1 $TINY --micro-batch 4 --steps 20 --log "$WORK/gpu-tp1.jsonl"
 # Fields: ranks tp pp dp micro-batch grad-accum, then options (_ for none).
 for layout in "2 2 1 1 4 1 _" "2 1 2 1 2 2 _" "2 1 1 2 2 1 _" "4 2 2 1 2 2 _" "4 4 1 1 4 1 _" \

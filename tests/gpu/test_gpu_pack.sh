@@ -188,8 +188,9 @@ done
 none=$(for f in "$R"/out/unit-*.err; do grep -q "Synthesis: Tested: [1-9]" "$f" || basename "$f" .err; done)
 check_all "in the root: every unit test binary ran tests (none: ${none:-none})" '[ -z "$none" ]'
 # --- gpu-check.sh here, without a GPU: it unpacks the pack, reports the
-# machine, and every phase fails saying why; at most nine files (times.log
-# since the bench and profile phases run tp-train --kernel-times).
+# machine and whether the pack is this repository's, and every phase fails
+# saying why; at most nine files (--phase all: times.log since the profile
+# phase runs tp-train --kernel-times).
 C="$WORK/check"
 run "$ROOT/scripts/gpu-check.sh" --phase all --pack "$PACK" --limit 60 "$C"
 check "gpu-check without a GPU fails" [ "$RC" -ne 0 ]
@@ -200,6 +201,18 @@ check "gpu-check: the summary names the failed phases" grep -qx 'failed phases: 
 check "gpu-check: the summary is printed last" [ "$(tail -n 1 "$WORK/.out")" = "$(tail -n 1 "$C/summary.txt")" ]
 check_all "gpu-check: at most 9 files ($(ls "$C" | wc -l))" '[ "$(ls "$C" | wc -l)" -le 9 ]'
 check "gpu-check: the kernel times tried, and failed without a GPU" grep -q '^kernel times: exit [1-9]' "$C/summary.txt"
+check "gpu-check: the pack is this repository's" grep -qx 'pack against this repository: the same files' "$C/info.txt"
+check "gpu-check: no benchmark section collected where none was rewritten" [ ! -e "$C/benchmarks.md" ]
+# A lease brings back at most the 8 files the device tool returns (dcp's
+# fixtures stay behind); compared with another tree (here an empty one), the
+# pack is said to be stale, naming files.
+L="$WORK/check-lease"
+mkdir -p "$WORK/empty-repo"
+run env GPU_CHECK_REPO="$WORK/empty-repo" "$ROOT/scripts/gpu-check.sh" --phase lease --pack "$PACK" --limit 8 "$L"
+check "gpu-check --phase lease without a GPU fails" [ "$RC" -ne 0 ]
+check_all "gpu-check --phase lease: at most 8 files ($(ls "$L" | tr '\n' ' '))" '[ "$(ls "$L" | wc -l)" -le 8 ]'
+check "gpu-check --phase lease: no DCP fixtures" [ ! -e "$L/dcp-fixtures.tar.gz" ]
+check "gpu-check: a pack from another tree is stale, in the summary" grep -q '^pack against this repository: STALE PACK: [0-9]* files differ (first: [^)]' "$L/summary.txt"
 expect_error "gpu-check: an unknown phase" 2 "unknown phase fast" "$ROOT/scripts/gpu-check.sh" --phase fast "$C"
 # The dcp phase needs no GPU: here with Debian's PyTorch (first on PATH, as
 # the GPU image's is there), PyTorch's fixtures kept for the repository.
