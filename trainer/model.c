@@ -390,13 +390,15 @@ int gpt_model_init_values(gpt_model *m, uint64_t seed)
 {
     gpt_model_weights_changed(m);
     if (m->zero == 3) return init_shards(m, seed);
-    /* Computed on the host, in place on the CPU. */
-    float *initial = m->kernels->on_device ? alloc_pages((size_t)m->total * sizeof(float)) : m->memory;
+    /* Computed on the host, in place on the CPU; zeroed first, as the
+     * backend's memory is, so that what no view covers (ZeRO-1's padding)
+     * is zero on every rank on a device too. */
+    float *initial = m->kernels->on_device ? alloc_zeroed_pages((size_t)m->total * sizeof(float)) : m->memory;
     if (!initial) return tp_fail(TP_ERR_NOMEM, "out of memory for the initial values");
     int status = init_values(m, initial, seed, 0, m->num_params, 0);
     if (!status && initial != m->memory)
         status = m->kernels->to_device(m->memory, initial, (size_t)m->total * sizeof(float));
-    if (initial != m->memory) free(initial);
+    if (initial != m->memory) free_zeroed_pages(initial);
     return status;
 }
 
