@@ -86,6 +86,10 @@ static int init_share(void *ctx, int64_t k, int thread)
 /* Rows per share of the initial values: about a million elements, so that
  * the largest tensor (the token table) spreads over every thread. */
 #define INIT_SHARE_ELEMENTS (1 << 20)
+/* Micro-batches whose loss statistics a device keeps before they are read
+ * (gpt_model_take_losses): a step's at any usual accumulation (64 x 3 x
+ * 16,384 floats at micro-batch 16 of 1,024: 12.6 MB); beyond, read when full. */
+#define LOSS_STATS_HELD 64
 
 /* The initial values of views [first, first + views), into `initial` at
  * their flat places less `base`, on all of the machine's threads: a
@@ -141,8 +145,6 @@ void gpt_model_free(gpt_model *m)
         free(slot->tokens);
         k->release(slot->input);
     }
-    for (int h = 0; m->heads && h < m->num_heads; h++)
-        if (m->heads[h].host_row_max != m->heads[h].row_max) free(m->heads[h].host_row_max);
     free(m->slots);
     free(m->heads);
     k->release(m->head_memory);
@@ -153,6 +155,8 @@ void gpt_model_free(gpt_model *m)
     k->release(m->memory);
     k->release(m->weights16);
     free(m->weights16_made);
+    k->release(m->loss_stats);
+    free(m->host_loss_stats);
     free(m->units);
     free(m->layer);
     free(m->catalog);
@@ -281,15 +285,12 @@ static int head_init(gpt_model *m, int index)
     CARVE(target_logit, N);
     CARVE(local_max, N);
 #undef CARVE
-    h->host_row_max = h->row_max;
-    h->host_row_sum = h->row_sum;
-    h->host_target_logit = h->target_logit;
-    if (m->kernels->on_device) {
-        if (!(h->host_row_max = malloc((size_t)(3 * N) * sizeof(float))))
-            return tp_fail(TP_ERR_NOMEM, "out of memory for a micro-batch's losses");
-        h->host_row_sum = h->host_row_max + N;
-        h->host_target_logit = h->host_row_sum + N;
-    }
+    /* The statistics as the host reads them: in place on the CPU; on a
+     * device none (gpt_model_take_losses reads them). */
+    int host = !m->kernels->on_device;
+    h->host_row_max = host ? h->row_max : NULL;
+    h->host_row_sum = host ? h->row_sum : NULL;
+    h->host_target_logit = host ? h->target_logit : NULL;
     return TP_OK;
 }
 
@@ -543,6 +544,11 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
         for (int h = 0; h < heads && !status; h++) status = head_init(m, h);
         for (int s = 0; s < slots && s < heads && !status; s++) status = gpt_model_bind_head(m, &m->slots[s], s);
         if (status) goto fail;
+        if (m->kernels->on_device) { /* the step's loss statistics, read once (gpt_model_take_losses) */
+            size_t bytes = (size_t)(LOSS_STATS_HELD * 3 * m->B * m->T) * sizeof(float);
+            if ((status = m->kernels->alloc((void **)&m->loss_stats, bytes))) goto fail;
+            if (!(m->host_loss_stats = malloc(bytes))) goto nomem;
+        }
     }
     if (m->llama && (status = rope_create(m))) goto fail;
     if (m->kv_sharers > 1) {
@@ -926,6 +932,31 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *
     return residual_add(m, res2, res1, res2, W_OR_NULL(FCPROJ_BIAS));
 }
 
+/* The token losses of rows [0, rows): log of the sum of exponentials
+ * relative to the row's maximum, plus the maximum, less the target's
+ * logit. */
+static double rows_loss(const float *row_max, const float *row_sum, const float *target_logit, int64_t rows)
+{
+    double loss = 0;
+    for (int64_t n = 0; n < rows; n++) loss += (double)(logf(row_sum[n]) + row_max[n] - target_logit[n]);
+    return loss;
+}
+
+/* On a device: the statistics of the forwards kept so far, read at once
+ * (one wait), their losses added to losses_taken. */
+static int read_loss_stats(gpt_model *m)
+{
+    int64_t N = m->B * m->T;
+    TP_TRY(m->kernels->to_host(m->host_loss_stats, m->loss_stats,
+                               (size_t)(m->losses_pending * 3 * N) * sizeof(float)));
+    for (int j = 0; j < m->losses_pending; j++) {
+        const float *stats = m->host_loss_stats + j * 3 * N;
+        m->losses_taken += rows_loss(stats, stats + N, stats + 2 * N, N);
+    }
+    m->losses_pending = 0;
+    return TP_OK;
+}
+
 /* Final norm, vocabulary-parallel logits and cross-entropy. */
 static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
 {
@@ -947,9 +978,18 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
     TP_TRY(tp_sum(m, h->row_sum, N));
     TP_TRY(k->crossentropy_target_logit(h->target_logit, h->logits, s->kernel_targets, N, V, m->vocab_first));
     TP_TRY(tp_sum(m, h->target_logit, N));
-    if (k->on_device) /* row_max, row_sum and target_logit are consecutive [N] each */
-        TP_TRY(k->to_host(h->host_row_max, h->row_max, (size_t)(3 * N) * sizeof(float)));
-    s->loss_sum = gpt_slot_loss(s, N);
+    if (!k->on_device) {
+        s->loss_sum = gpt_slot_loss(s, N);
+        m->losses_taken += s->loss_sum;
+        return TP_OK;
+    }
+    /* On a device: kept there, read with the step's others (row_max,
+     * row_sum and target_logit are consecutive [N] each). */
+    s->loss_sum = NAN;
+    if (m->losses_pending == LOSS_STATS_HELD) TP_TRY(read_loss_stats(m)); /* more micro-batches than it holds */
+    size_t bytes = (size_t)(3 * N) * sizeof(float);
+    TP_TRY(k->copy(m->loss_stats + m->losses_pending * 3 * N, h->row_max, bytes));
+    m->losses_pending++;
     return TP_OK;
 }
 
@@ -1011,10 +1051,16 @@ int gpt_model_reduce_shared_kv(gpt_model *m)
 
 double gpt_slot_loss(const gpt_slot *s, int64_t rows)
 {
-    double loss = 0;
-    for (int64_t n = 0; n < rows; n++)
-        loss += (double)(logf(s->head->host_row_sum[n]) + s->head->host_row_max[n] - s->head->host_target_logit[n]);
-    return loss;
+    const gpt_head *h = s->head;
+    return h->host_row_max ? rows_loss(h->host_row_max, h->host_row_sum, h->host_target_logit, rows) : NAN;
+}
+
+int gpt_model_take_losses(gpt_model *m, double *loss_sum)
+{
+    if (m->losses_pending) TP_TRY(read_loss_stats(m));
+    *loss_sum = m->losses_taken;
+    m->losses_taken = 0;
+    return TP_OK;
 }
 
 const float *gpt_model_output(const gpt_model *m, const gpt_slot *s)

@@ -74,7 +74,7 @@ typedef struct {
     float *ln1_mean, *ln1_rstd, *att_lse, *res1;
     float *ln2_mean, *ln2_rstd, *res2;
     gpt_head *head;              /* last stage: the head's buffers bound to the slot (gpt_model_bind_head) */
-    double loss_sum;             /* sum of token losses (last stage) */
+    double loss_sum;             /* sum of token losses (last stage), on the CPU; on a device: gpt_model_take_losses */
 } gpt_slot;
 
 typedef struct {
@@ -158,6 +158,14 @@ typedef struct {
      * made at (with ZeRO-3 it is made at every gather). */
     uint16_t *weights16;
     int64_t weights_generation, *weights16_made;
+    /* The step's losses (last stage): on the CPU their sum (losses_taken,
+     * added at each forward); on a device each forward's row statistics
+     * [3, B*T] (row max, sum, target logit) copied into loss_stats, on the
+     * device, until gpt_model_take_losses reads them all at once (a full
+     * loss_stats is read then: losses_taken keeps their sum). */
+    double losses_taken;
+    float *loss_stats, *host_loss_stats; /* LOSS_STATS_HELD micro-batches of [3, B*T] each */
+    int losses_pending;
 } gpt_model;
 
 /* Whether this trainer computes the model: GPT-2 (GELU MLP, as many
@@ -256,8 +264,16 @@ int gpt_model_reduce_shared_kv(gpt_model *model);
 int gpt_model_reduce_sequence_parallel(gpt_model *model);
 
 /* Sum of the token losses (nats) of rows [0, rows) of a slot after its
- * forward on the last stage; the forward's loss_sum is that of all rows. */
+ * forward on the last stage; the forward's loss_sum is that of all rows.
+ * On the CPU backend (on a device the row statistics stay there:
+ * gpt_model_take_losses); NAN on a device. */
 double gpt_slot_loss(const gpt_slot *slot, int64_t rows);
+
+/* The sum of the token losses of the forwards through the head since the
+ * last call (last stage), and forgets them. On a device the statistics of
+ * every forward are read at once here: one read a step, not one a
+ * micro-batch, which would wait for each forward to end. */
+int gpt_model_take_losses(gpt_model *model, double *loss_sum);
 
 /* Index into params of the view of catalogue entry `entry` (not the tied
  * copy), or -1 when this stage does not hold it. */

@@ -136,7 +136,7 @@ static int timed_recv(trainer *t, comm_peer peer, float *data, int64_t n, int ta
     return status;
 }
 
-static int forward_op(trainer *t, const pipeline_op *op, double *loss_sum)
+static int forward_op(trainer *t, const pipeline_op *op)
 {
     gpt_model *m = t->model;
     comm *c = t->c;
@@ -153,7 +153,6 @@ static int forward_op(trainer *t, const pipeline_op *op, double *loss_sum)
         TP_TRY(timed_recv(t, COMM_PREV_STAGE, s->input, n, pipeline_tag(op->micro, sender_chunk_before(c, op->chunk), V, 0)));
     TP_TRY(gpt_model_forward(m, s, op->chunk));
     if (gpt_model_chunk_is_last(m, op->chunk)) {
-        *loss_sum += s->loss_sum;
         t->head_slot = op->slot;
     } else {
         TP_TRY(comm_send(c, COMM_NEXT_STAGE, gpt_model_output(m, s), n, COMM_FLOAT, pipeline_tag(op->micro, op->chunk, V, 0),
@@ -181,15 +180,14 @@ static int backward_op(trainer *t, const pipeline_op *op)
 }
 
 /* The step's micro-batches through this stage in the order of its
- * schedule (schedule.h: 1F1B, or interleaved with virtual stages).
- * Returns the loss sum of this stage. */
-static int run_pipeline(trainer *t, double *loss_sum)
+ * schedule (schedule.h: 1F1B, or interleaved with virtual stages); their
+ * losses then come from gpt_model_take_losses. */
+static int run_pipeline(trainer *t)
 {
     double start = now_seconds();
-    *loss_sum = 0;
     t->pipeline_wait = 0;
     for (int64_t i = 0; i < t->num_ops; i++)
-        TP_TRY(t->ops[i].backward ? backward_op(t, &t->ops[i]) : forward_op(t, &t->ops[i], loss_sum));
+        TP_TRY(t->ops[i].backward ? backward_op(t, &t->ops[i]) : forward_op(t, &t->ops[i]));
     TP_TRY(comm_wait_sends(t->c, t->model->stream));
     t->pipeline_span = now_seconds() - start;
     return TP_OK;
@@ -578,7 +576,7 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
     double loss_sum = 0;
     if (o->dump_dir) TP_TRY(dump_batch(t));
     TP_TRY(gpt_model_zero_grads(t->model));
-    TP_TRY(run_pipeline(t, &loss_sum));
+    TP_TRY(run_pipeline(t));
     double idle;
     TP_TRY(pipeline_idle(t, &idle, &r->pipeline_seconds));
     TP_TRY(reduce_gradients(t));
@@ -594,6 +592,9 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
     }
     saver_before_update(t->saver);
     TP_TRY(optimizer_step(t, step, &r->grad_norm, &r->lr));
+    /* The losses of the step's forwards: on a device read now, once (the
+     * gradient norm's read has waited for the backward already). */
+    if (t->model->is_last) TP_TRY(gpt_model_take_losses(t->model, &loss_sum));
     /* The loss of the step: last stage, first TP rank of each replica. */
     /* With it, the ranks' mean idle time in the pipeline. */
     double sums[2] = {t->model->is_last && c->tp_rank == 0 ? loss_sum : 0, idle};

@@ -154,9 +154,26 @@ fail:
     return TP_ERR_DEVICE;
 }
 
+/* From pageable memory (the trainer's tokens, a loaded checkpoint's
+ * buffer) the driver has copied the source out (staged it) when
+ * cudaMemcpyAsync returns (CUDA's "API synchronization behavior"): the
+ * caller may reuse its buffer, and nothing waits for the work queued
+ * before (a micro-batch's tokens wait no longer for the previous one's
+ * backward). From pinned memory the copy may still be pending on return:
+ * then waited for. */
 static int cuda_to_device(void *device_dst, const void *host_src, size_t bytes)
 {
-    return copy_and_wait(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
+    cudaPointerAttributes where;
+    ENTER(); /* this thread on the backend's device before asking about the pointer */
+    if (cudaPointerGetAttributes(&where, host_src) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not known to CUDA: pageable */
+        where.type = cudaMemoryTypeUnregistered;
+    }
+    if (where.type != cudaMemoryTypeUnregistered) return copy_and_wait(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
+    if (bytes) CUDA_TRY(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, cuda_state.stream));
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
 }
 
 static int cuda_to_host(void *host_dst, const void *device_src, size_t bytes)

@@ -187,6 +187,24 @@ Test(cuda_backend, memory_alloc_zero_copy)
     for (int i = 5; i < 105; i++) host[i] = 0;
     check_device(k, b, host, n, 0, 0, "zero of a range");
     cr_assert_eq(k->synchronize(), TP_OK, "%s", tp_errmsg());
+    /* to_device returns once its source may be reused, from pageable and
+     * from pinned memory (host_alloc): overwritten at once, after a long
+     * queue (1,000 zeroings), the device still gets what was given. */
+    float *given = floats_random(n, 1.0f), *pinned = NULL;
+    cr_assert_eq(k->host_alloc((void **)&pinned, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    for (int source = 0; source < 2; source++) {
+        float *from = source ? pinned : malloc((size_t)n * sizeof(float));
+        cr_assert(from);
+        memcpy(from, given, (size_t)n * sizeof(float));
+        for (int i = 0; i < 1000; i++) cr_assert_eq(k->zero(b, (size_t)n * sizeof(float)), TP_OK);
+        cr_assert_eq(k->to_device(b, from, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
+        for (int64_t i = 0; i < n; i++) from[i] = -1.0f;
+        check_device(k, b, given, n, 0, 0, source ? "to_device from pinned memory reused at once" :
+                                                    "to_device from pageable memory reused at once");
+        if (!source) free(from);
+    }
+    k->host_release(pinned);
+    free(given);
     void *empty = NULL;
     cr_assert_eq(k->alloc(&empty, 0), TP_OK, "alloc of 0 bytes: %s", tp_errmsg());
     cr_assert_not_null(empty);

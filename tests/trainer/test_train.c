@@ -409,7 +409,7 @@ Test(train, a_claimed_run_directory_is_refused_alike_on_every_rank, .timeout = 1
  * micro-batches of one sequence (the same global batch) when one_sequence
  * is set; ZeRO-1 when run_zero is set; bf16 mixed precision when run_bf16
  * is set. */
-static int run_layers, run_virtual_stages, run_one_sequence, run_zero, run_bf16, run_ckpt_every;
+static int run_layers, run_virtual_stages, run_one_sequence, run_zero, run_bf16, run_ckpt_every, run_accumulate;
 static const char *run_preset;
 static recorder run_rank0; /* what rank 0 was told in the last run of train_layout_sp */
 
@@ -442,6 +442,10 @@ static void train_layout_sp(int tp, int pp, int dp, const kernel_backend *kernel
         runs[r].options.zero = run_zero;
         runs[r].options.bf16 = run_bf16;
         runs[r].options.ckpt_every = run_ckpt_every;
+        if (run_accumulate) { /* micro-batches of one sequence, run_accumulate of them a step */
+            runs[r].options.micro_batch = 1;
+            runs[r].options.grad_accum = run_accumulate;
+        }
         slots[r].arg = &runs[r];
     }
     run_ranks(tp, pp, dp, train_rank, slots);
@@ -957,8 +961,9 @@ Test(train, the_nccl_communicator_without_a_gpu_fails_on_every_rank, .timeout = 
 /* A group of one member (every tensor-parallel sum at tp 1) keeps device
  * data on the device: through the host, each of tiny's 2 x 5 + 1 sums a
  * micro-batch's forward and backward would cost a copy to the host and one
- * back. At tp1 the host sees only the loss: one read of [3, N] a
- * micro-batch; the losses are the CPU's bit for bit. */
+ * back. At tp1 the host sees only the loss: one read a step, of [3, N] for
+ * each of its micro-batches (not one a micro-batch, which waits for each
+ * forward to end); the losses are the CPU's bit for bit. */
 Test(train, a_group_of_one_keeps_device_data_on_the_device, .timeout = 120)
 {
     double cpu[8] = {0}, device[8] = {0};
@@ -973,5 +978,15 @@ Test(train, a_group_of_one_keeps_device_data_on_the_device, .timeout = 120)
     for (int i = 0; i < n; i++) {
         if (!strcmp(times[i].name, "to_host")) to_host = times[i].calls;
     }
-    cr_assert_eq(to_host, 3 * 2, "3 steps of 2 micro-batches: the loss read alone, %lld reads", (long long)to_host);
+    cr_assert_eq(to_host, 3, "3 steps of 2 micro-batches: the losses read once a step, %lld reads", (long long)to_host);
+    /* More micro-batches a step than the device keeps statistics of (64):
+     * read when full, the step's loss still the CPU's. */
+    run_accumulate = 70;
+    double many_cpu[4] = {0}, many_device[4] = {0};
+    train_layout(1, 1, 1, NULL, 2, NULL, 0, 0, many_cpu);
+    train_layout(1, 1, 1, encoded_backend(), 2, NULL, 0, 0, many_device);
+    run_accumulate = 0;
+    for (int s = 1; s <= 2; s++)
+        cr_assert(many_device[s] == many_cpu[s] && many_cpu[s] > 0, "70 micro-batches, step %d: %.9g, %.9g on the CPU", s,
+                  many_device[s], many_cpu[s]);
 }
