@@ -68,6 +68,7 @@ static struct {
     int tried, status;
     char why[1536];
     size_t version;
+    char version_text[24]; /* "9.19.0" */
     char found_in[512];
     int handle_tried, handle_status;
     char handle_why[1024];
@@ -121,9 +122,11 @@ static int load_locked(void)
     if (!status) {
         *(void **)&dnn.last_error = dlsym(library, "cudnnGetLastErrorString");
         lib.version = dnn.get_version();
+        snprintf(lib.version_text, sizeof lib.version_text, "%zu.%zu.%zu", lib.version / 10000,
+                 lib.version / 100 % 100, lib.version % 100);
         if (lib.version / 10000 != CUDNN_MAJOR)
-            status = tp_fail(TP_ERR_DEVICE, "cuDNN in %s is version %zu; this build takes cuDNN %d", lib.found_in,
-                             lib.version, CUDNN_MAJOR);
+            status = tp_fail(TP_ERR_DEVICE, "cuDNN in %s is version %s; this build takes cuDNN %d", lib.found_in,
+                             lib.version_text, CUDNN_MAJOR);
     }
     lib.status = status;
     if (status) snprintf(lib.why, sizeof lib.why, "%s", tp_errmsg());
@@ -135,7 +138,7 @@ extern "C" int cudnn_attention_load(char *version, size_t size)
     pthread_mutex_lock(&dnn_lock);
     int status = load_locked();
     if (!status && size)
-        snprintf(version, size, "%zu.%zu.%zu", lib.version / 10000, lib.version / 100 % 100, lib.version % 100);
+        snprintf(version, size, "%s", lib.version_text);
     pthread_mutex_unlock(&dnn_lock);
     return status;
 }
@@ -536,8 +539,8 @@ static void build_backward(builder *b, const cudnn_attention_layout *L)
 static void build(builder *b, int backward, const cudnn_attention_layout *L)
 {
     b->next_uid = CUDNN_UID_VIRTUAL;
-    snprintf(b->context, sizeof b->context, "cuDNN %zu attention %s (B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld)",
-             lib.version, backward ? "backward" : "forward", (long long)L->B, (long long)L->T, (long long)L->Hq,
+    snprintf(b->context, sizeof b->context, "cuDNN %s attention %s (B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld)",
+             lib.version_text, backward ? "backward" : "forward", (long long)L->B, (long long)L->T, (long long)L->Hq,
              (long long)L->Hkv, (long long)L->hd);
     if (backward) build_backward(b, L);
     else build_forward(b, L);
@@ -672,8 +675,8 @@ static int prepare_locked(int backward, int64_t B, int64_t T, int64_t Hq, int64_
     TP_TRY(load_locked());
     const char *refused = version_refuses(T);
     if (refused)
-        return tp_fail(TP_ERR_ARG, "cuDNN attention (T=%lld): %s; this is cuDNN %zu", (long long)T, refused,
-                       lib.version);
+        return tp_fail(TP_ERR_ARG, "cuDNN attention (T=%lld): %s; this is cuDNN %s", (long long)T, refused,
+                       lib.version_text);
     for (int i = 0; i < plan_count; i++) {
         cudnn_attention_plan *p = &plans[i];
         if (p->backward == backward && p->B == B && p->T == T && p->Hq == Hq && p->Hkv == Hkv && p->hd == hd) {
@@ -773,8 +776,8 @@ extern "C" int cudnn_attention_run(const cudnn_attention_plan *p, const cudnn_at
         }
     }
     builder b = {};
-    snprintf(b.context, sizeof b.context, "cuDNN %zu attention %s run (B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld)",
-             lib.version, p->backward ? "backward" : "forward", (long long)p->B, (long long)p->T, (long long)p->Hq,
+    snprintf(b.context, sizeof b.context, "cuDNN %s attention %s run (B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld)",
+             lib.version_text, p->backward ? "backward" : "forward", (long long)p->B, (long long)p->T, (long long)p->Hq,
              (long long)p->Hkv, (long long)p->hd);
     b.failed = status;
     cudnnBackendDescriptor_t pack = MAKE(&b, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
