@@ -592,13 +592,23 @@ static int choose_engine(cudnn_attention_plan *p)
         SET(b, heur, "engine heuristics", CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
             &graph);
         SET(b, heur, "engine heuristics", CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m]);
-        finalize(b, heur, "engine heuristics");
         if (b->failed) return b->failed;
+        /* A mode whose heuristics fail is one that lists nothing: the next is
+         * tried, the failure reported with the engines' if none finalizes. */
         int64_t count = 0;
-        cudnnStatus_t s = dnn.get_attribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                            &count, NULL);
-        if (s != CUDNN_STATUS_SUCCESS)
-            return builder_fail(b, "cudnnBackendGetAttribute", "engine heuristics", "CUDNN_ATTR_ENGINEHEUR_RESULTS", s);
+        cudnnStatus_t s = dnn.finalize(heur);
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = dnn.get_attribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, NULL);
+        if (s != CUDNN_STATUS_SUCCESS) {
+            if (used < sizeof tried) {
+                char message[256];
+                int wrote = snprintf(tried + used, sizeof tried - used, "%sheuristics %s: %s%s%s", used ? "; " : "",
+                                     mode_names[m], dnn.error_string(s), dnn.last_error ? " " : "",
+                                     last_error(message, sizeof message));
+                used += wrote > 0 ? (size_t)wrote : 0;
+            }
+            continue;
+        }
         if (count > MAX_ENGINE_CONFIGS) count = MAX_ENGINE_CONFIGS;
         cudnnBackendDescriptor_t configs[MAX_ENGINE_CONFIGS];
         for (int64_t i = 0; i < count; i++)
@@ -650,8 +660,8 @@ static int choose_engine(cudnn_attention_plan *p)
     }
     if (!configs_seen)
         return b->failed = tp_fail(TP_ERR_DEVICE, "%s: cuDNN's heuristics (modes A and fallback) list no engine for "
-                                                  "the graph",
-                                   b->context);
+                                                  "the graph%s%s",
+                                   b->context, used ? ": " : "", tried);
     return b->failed = tp_fail(TP_ERR_DEVICE, "%s: none of the %d engines cuDNN's heuristics list finalized its "
                                               "execution plan (the first: %s)",
                                b->context, configs_seen, tried);
