@@ -477,8 +477,17 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
         return;
     }
     (void)cudaGetLastError();
-    snprintf(text, size, "CUDA %s kernels, fp32 on bf16-rounded operands%s; cuDNN %s: %s", kernels, why_rows,
-             choice == CUDA_ATTENTION_CUDNN ? "asked for (TP_CUDA_ATTENTION=cudnn), so the steps will fail"
-                                            : "not used",
+    const char *refusal = choice == CUDA_ATTENTION_CUDNN ? "asked for (TP_CUDA_ATTENTION=cudnn), so the steps will fail"
+                                                         : "not used";
+    if (forward && !backward) { /* the forward's graph built, the backward's did not: each runs its own way */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", tp_errmsg());
+        if (cudnn_attention_load(version, sizeof version)) snprintf(version, sizeof version, "9");
+        snprintf(text, size, "cuDNN %s flash attention forward, bf16 (engine %lld); backward: CUDA %s kernels, fp32 "
+                 "on bf16-rounded operands%s; cuDNN's backward %s: %s", version,
+                 (long long)cudnn_attention_engine(forward), kernels, why_rows, refusal, why);
+        return;
+    }
+    snprintf(text, size, "CUDA %s kernels, fp32 on bf16-rounded operands%s; cuDNN %s: %s", kernels, why_rows, refusal,
              tp_errmsg());
 }
