@@ -543,9 +543,9 @@ typedef struct kernel_backend {
     int (*alloc)(void **out, size_t bytes);
     void (*release)(void *memory);
     int (*zero)(void *memory, size_t bytes);
-    /* to_device returns once host_src may be reused (the copy itself may
-     * still be queued: later work sees its result); to_host once the copy,
-     * and the work queued before it, is done. */
+    /* to_device returns once host_src may be reused (on a GPU a small copy
+     * may still be queued: later work sees its result); to_host once the
+     * copy, and the work queued before it, is done. */
     int (*to_device)(void *device_dst, const void *host_src, size_t bytes);
     int (*to_host)(void *host_dst, const void *device_src, size_t bytes);
     int (*copy)(void *dst, const void *src, size_t bytes); /* both the backend's memory; overlapping: TP_ERR_ARG */

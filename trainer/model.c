@@ -87,9 +87,11 @@ static int init_share(void *ctx, int64_t k, int thread)
  * the largest tensor (the token table) spreads over every thread. */
 #define INIT_SHARE_ELEMENTS (1 << 20)
 /* Micro-batches whose loss statistics a device keeps before they are read
- * (gpt_model_take_losses): a step's at any usual accumulation (64 x 3 x
- * 16,384 floats at micro-batch 16 of 1,024: 12.6 MB); beyond, read when full. */
-#define LOSS_STATS_HELD 64
+ * (gpt_model_take_losses): a step's at any usual accumulation, within 16 MiB
+ * (64 at micro-batch 16 of 1,024: 12.6 MB; fewer at larger micro-batches);
+ * beyond, read when full. */
+#define LOSS_STATS_MOST 64
+#define LOSS_STATS_BYTES ((int64_t)16 << 20)
 
 /* The initial values of views [first, first + views), into `initial` at
  * their flat places less `base`, on all of the machine's threads: a
@@ -544,8 +546,10 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
         for (int h = 0; h < heads && !status; h++) status = head_init(m, h);
         for (int s = 0; s < slots && s < heads && !status; s++) status = gpt_model_bind_head(m, &m->slots[s], s);
         if (status) goto fail;
-        if (m->kernels->on_device) { /* the step's loss statistics, read once (gpt_model_take_losses) */
-            size_t bytes = (size_t)(LOSS_STATS_HELD * 3 * m->B * m->T) * sizeof(float);
+        if (m->kernels->on_device && c->tp_rank == 0) { /* the step's loss statistics, read once */
+            int64_t one = 3 * m->B * m->T * (int64_t)sizeof(float), held = LOSS_STATS_BYTES / one;
+            m->losses_held = held < 1 ? 1 : held > LOSS_STATS_MOST ? LOSS_STATS_MOST : (int)held;
+            size_t bytes = (size_t)(m->losses_held * one);
             if ((status = m->kernels->alloc((void **)&m->loss_stats, bytes))) goto fail;
             if (!(m->host_loss_stats = malloc(bytes))) goto nomem;
         }
@@ -984,9 +988,11 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
         return TP_OK;
     }
     /* On a device: kept there, read with the step's others (row_max,
-     * row_sum and target_logit are consecutive [N] each). */
+     * row_sum and target_logit are consecutive [N] each); by the first
+     * tensor-parallel rank alone, whose loss the step reports. */
     s->loss_sum = NAN;
-    if (m->losses_pending == LOSS_STATS_HELD) TP_TRY(read_loss_stats(m)); /* more micro-batches than it holds */
+    if (!m->loss_stats) return TP_OK;
+    if (m->losses_pending == m->losses_held) TP_TRY(read_loss_stats(m)); /* more micro-batches than it holds */
     size_t bytes = (size_t)(3 * N) * sizeof(float);
     TP_TRY(k->copy(m->loss_stats + m->losses_pending * 3 * N, h->row_max, bytes));
     m->losses_pending++;

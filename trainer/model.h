@@ -162,10 +162,12 @@ typedef struct {
      * added at each forward); on a device each forward's row statistics
      * [3, B*T] (row max, sum, target logit) copied into loss_stats, on the
      * device, until gpt_model_take_losses reads them all at once (a full
-     * loss_stats is read then: losses_taken keeps their sum). */
+     * loss_stats is read then: losses_taken keeps their sum); on a device
+     * only the first tensor-parallel rank keeps them (the step reports its
+     * loss). */
     double losses_taken;
-    float *loss_stats, *host_loss_stats; /* LOSS_STATS_HELD micro-batches of [3, B*T] each */
-    int losses_pending;
+    float *loss_stats, *host_loss_stats; /* losses_held micro-batches of [3, B*T] each */
+    int losses_pending, losses_held;
 } gpt_model;
 
 /* Whether this trainer computes the model: GPT-2 (GELU MLP, as many
@@ -270,9 +272,10 @@ int gpt_model_reduce_sequence_parallel(gpt_model *model);
 double gpt_slot_loss(const gpt_slot *slot, int64_t rows);
 
 /* The sum of the token losses of the forwards through the head since the
- * last call (last stage), and forgets them. On a device the statistics of
- * every forward are read at once here: one read a step, not one a
- * micro-batch, which would wait for each forward to end. */
+ * last call (last stage; on a device the first tensor-parallel rank's, 0
+ * elsewhere), and forgets them. On a device the statistics of every
+ * forward are read at once here: one read a step, not one a micro-batch,
+ * which would wait for each forward to end. */
 int gpt_model_take_losses(gpt_model *model, double *loss_sum);
 
 /* Index into params of the view of catalogue entry `entry` (not the tied

@@ -590,11 +590,13 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
         TP_TRY(dump_gradients(t));
         TP_TRY(dump_logits(t));
     }
+    /* The losses of the step's forwards: on a device read now, once, before
+     * the update is queued (the read waits for the backward, as the
+     * gradient norm's does next; after the update it would wait for that
+     * too, and the next step would start on an idle GPU). */
+    if (t->model->is_last) TP_TRY(gpt_model_take_losses(t->model, &loss_sum));
     saver_before_update(t->saver);
     TP_TRY(optimizer_step(t, step, &r->grad_norm, &r->lr));
-    /* The losses of the step's forwards: on a device read now, once (the
-     * gradient norm's read has waited for the backward already). */
-    if (t->model->is_last) TP_TRY(gpt_model_take_losses(t->model, &loss_sum));
     /* The loss of the step: last stage, first TP rank of each replica. */
     /* With it, the ranks' mean idle time in the pipeline. */
     double sums[2] = {t->model->is_last && c->tp_rank == 0 ? loss_sum : 0, idle};

@@ -79,13 +79,19 @@ static pthread_mutex_t dnn_lock = PTHREAD_MUTEX_INITIALIZER;
 /* cuDNN compiles some of its engines at run time with NVRTC, which it
  * loads by name when first needed. From PyTorch's wheels (nvidia/cudnn/lib
  * beside nvidia/cuda_nvrtc/lib) its own search would not find it unless the
- * toolkit's is on the loader's path: loaded here first, from where the CUDA
- * libraries are looked for, so that cuDNN's request finds it by its soname.
- * Where there is none, nothing is lost: cuDNN's engines say so. */
-static void preload_nvrtc(void)
+ * toolkit's is on the loader's path: loaded here once cuDNN is (before any
+ * engine is built), from where the CUDA libraries are looked for, so that
+ * cuDNN's request finds it by its soname. Where there is none, nothing is
+ * lost: cuDNN's engines say so. */
+static void preload_nvrtc(void *cudnn)
 {
+    /* NVRTC of cuDNN's own CUDA major (a cuDNN of PyTorch's cu12 wheels asks
+     * for libnvrtc.so.12 whatever this build's CUDA), else of this build's. */
+    size_t (*cudart_version)(void) = NULL;
+    *(void **)&cudart_version = dlsym(cudnn, "cudnnGetCudartVersion");
+    size_t major = cudart_version ? cudart_version() / 1000 : CUDART_VERSION / 1000;
     char name[32], found_in[512];
-    snprintf(name, sizeof name, "libnvrtc.so.%d", CUDART_VERSION / 1000);
+    snprintf(name, sizeof name, "libnvrtc.so.%zu", major);
     const char *const names[] = {name};
     void *library = NULL;
     if (cuda_library_open("NVRTC", names, 1, &library, found_in, sizeof found_in) != TP_OK)
@@ -97,7 +103,6 @@ static int load_locked(void)
     static const char *const names[] = {"libcudnn.so." TP_CUDNN_STR(CUDNN_MAJOR), "libcudnn.so"};
     if (lib.tried) return lib.status ? tp_fail(lib.status, "%s", lib.why) : TP_OK;
     lib.tried = 1;
-    preload_nvrtc();
     void *library = NULL;
     int status = cuda_library_open("cuDNN", names, sizeof names / sizeof names[0], &library, lib.found_in,
                                    sizeof lib.found_in);
@@ -120,6 +125,7 @@ static int load_locked(void)
         status = cuda_library_symbols(library, "cuDNN", where, symbols, sizeof symbols / sizeof symbols[0]);
     }
     if (!status) {
+        preload_nvrtc(library);
         *(void **)&dnn.last_error = dlsym(library, "cudnnGetLastErrorString");
         lib.version = dnn.get_version();
         snprintf(lib.version_text, sizeof lib.version_text, "%zu.%zu.%zu", lib.version / 10000,

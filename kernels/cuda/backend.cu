@@ -12,9 +12,11 @@
  *
  * One state per process: the device, a non-blocking stream and a cuBLAS
  * handle bound to it. Every kernel, product and copy goes to that stream in
- * the order issued; to_device, to_host and sum_of_squares wait for it (the
- * caller reuses its host memory at once), the other operations return as
- * soon as their work is queued, and synchronize() waits for all of it.
+ * the order issued; to_host and sum_of_squares wait for it, as to_device
+ * does for a large copy (the caller reuses its host memory at once: a small
+ * one goes through pinned staging and is queued), the other operations
+ * return as soon as their work is queued, and synchronize() waits for all
+ * of it.
  *
  * Correct first, fast later: matrix products through cuBLAS in plain fp32
  * (TF32 off), or for bf16 mixed precision (the *_bf16 products) of bf16
@@ -154,26 +156,45 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* From pageable memory (the trainer's tokens, a loaded checkpoint's
- * buffer) the driver has copied the source out (staged it) when
- * cudaMemcpyAsync returns (CUDA's "API synchronization behavior"): the
- * caller may reuse its buffer, and nothing waits for the work queued
- * before (a micro-batch's tokens wait no longer for the previous one's
- * backward). From pinned memory the copy may still be pending on return:
- * then waited for. */
+/* Host to device. A small copy (a micro-batch's tokens, a staged
+ * message's piece) goes through a slot of a ring of pinned buffers: the
+ * source is copied into the slot at once (the caller may reuse it), the
+ * slot's copy to the device is queued without waiting for the work before
+ * it, and an event says when the slot may be filled again. A larger one (a
+ * checkpoint's tensor) waits, as before. Without the ring, each
+ * micro-batch's tokens waited for the previous micro-batch's backward.
+ * (cudaMemcpyAsync from pageable memory is documented only as possibly
+ * synchronous: the ring does not rely on how it stages.) */
+#define STAGING_SLOTS 8
+#define STAGING_BYTES ((size_t)1 << 20)
+static struct {
+    void *buffer[STAGING_SLOTS];  /* pinned, STAGING_BYTES each, made at the first small copy */
+    cudaEvent_t done[STAGING_SLOTS]; /* recorded after the slot's last copy */
+    int next;
+} staging;
+static pthread_mutex_t staging_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static int cuda_to_device(void *device_dst, const void *host_src, size_t bytes)
 {
-    cudaPointerAttributes where;
-    ENTER(); /* this thread on the backend's device before asking about the pointer */
-    if (cudaPointerGetAttributes(&where, host_src) != cudaSuccess) {
-        (void)cudaGetLastError(); /* not known to CUDA: pageable */
-        where.type = cudaMemoryTypeUnregistered;
+    if (bytes > STAGING_BYTES) return copy_and_wait(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
+    if (!bytes) return TP_OK;
+    int status = TP_ERR_DEVICE;
+    pthread_mutex_lock(&staging_lock);
+    ENTER();
+    {
+        int slot = staging.next;
+        if (!staging.buffer[slot]) CUDA_TRY(cudaMallocHost(&staging.buffer[slot], STAGING_BYTES));
+        if (!staging.done[slot]) CUDA_TRY(cudaEventCreateWithFlags(&staging.done[slot], cudaEventDisableTiming));
+        CUDA_TRY(cudaEventSynchronize(staging.done[slot])); /* its last copy has run (at once: long before) */
+        memcpy(staging.buffer[slot], host_src, bytes);
+        CUDA_TRY(cudaMemcpyAsync(device_dst, staging.buffer[slot], bytes, cudaMemcpyHostToDevice, cuda_state.stream));
+        CUDA_TRY(cudaEventRecord(staging.done[slot], cuda_state.stream));
+        staging.next = (slot + 1) % STAGING_SLOTS;
+        status = TP_OK;
     }
-    if (where.type != cudaMemoryTypeUnregistered) return copy_and_wait(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
-    if (bytes) CUDA_TRY(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, cuda_state.stream));
-    return TP_OK;
 fail:
-    return TP_ERR_DEVICE;
+    pthread_mutex_unlock(&staging_lock);
+    return status;
 }
 
 static int cuda_to_host(void *host_dst, const void *device_src, size_t bytes)
@@ -260,6 +281,8 @@ static int cuda_to_host_background(const void *mark, const host_copy *copies, in
     cuda_release_mark(made);
     return TP_OK;
 fail:
+    (void)cudaStreamSynchronize(cuda_state.side); /* the copies queued before the failure write no more */
+    (void)cudaGetLastError();
     cuda_release_mark(made);
     return TP_ERR_DEVICE;
 }

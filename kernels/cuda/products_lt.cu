@@ -307,7 +307,14 @@ int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, cons
     plan_key key = {bf16, out_bits, N, C, OC, alignment_of(in), alignment_of(weight), alignment_of(out),
                     alignment_of(bias)};
     *done = 0;
-    if (!state.handle || key.align_bias < 16) return TP_OK; /* the separate way */
+    if (!state.handle) return TP_OK; /* the separate way */
+    if (key.align_bias < 16) {
+        pthread_mutex_lock(&plans_lock);
+        snprintf(state.refusal, sizeof state.refusal, "cuBLASLt bias epilogue: the bias %zu-byte aligned (16 needed)",
+                 (size_t)key.align_bias);
+        pthread_mutex_unlock(&plans_lock);
+        return TP_OK;
+    }
     pthread_mutex_lock(&plans_lock);
     int status = TP_OK;
     plan *p = plan_for(&key, bias, &status);
@@ -319,8 +326,13 @@ int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, cons
         /* Refused at the call (an fp32 bias with a bf16 D, which
          * cublasLt.h's bias type rule may refuse only here): nothing was
          * queued; the plan is set aside and the caller's own way runs. */
-        if (refused(ran, out_bits)) p->usable = 0;
-        else LT_TRY(ran);
+        if (refused(ran, out_bits)) {
+            p->usable = 0;
+            snprintf(state.refusal, sizeof state.refusal, "cuBLASLt bias epilogue, N=%lld C=%lld OC=%lld%s: %s at the call",
+                     (long long)N, (long long)C, (long long)OC, out_bits ? " (bf16 D)" : "", lt.status_name(ran));
+        } else {
+            LT_TRY(ran);
+        }
         *done = p->usable;
         if (p->usable) state.epilogue_products++;
         if (p->usable && out_bits) state.epilogue_bits_products++;

@@ -188,23 +188,40 @@ Test(cuda_backend, memory_alloc_zero_copy)
     check_device(k, b, host, n, 0, 0, "zero of a range");
     cr_assert_eq(k->synchronize(), TP_OK, "%s", tp_errmsg());
     /* to_device returns once its source may be reused, from pageable and
-     * from pinned memory (host_alloc): overwritten at once, after a long
-     * queue (1,000 zeroings), the device still gets what was given. */
-    float *given = floats_random(n, 1.0f), *pinned = NULL;
-    cr_assert_eq(k->host_alloc((void **)&pinned, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
+     * from pinned memory (host_alloc), behind a long queue (1,000
+     * zeroings): 12 small copies in a row from one buffer rewritten after
+     * each (through the GPU's ring of 8 staging slots, wrapping it), then a
+     * copy of 1.6 MB (past a slot: waited for); the device has what each
+     * was given. */
+    int64_t big = 400000, rounds = 12;
+    float *given = floats_random(big, 1.0f), *expected = malloc((size_t)(rounds * n) * sizeof(float));
+    float *pinned = NULL, *g_many = NULL;
+    cr_assert(expected);
+    cr_assert_eq(k->host_alloc((void **)&pinned, (size_t)big * sizeof(float)), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->alloc((void **)&g_many, (size_t)(rounds * n > big ? rounds * n : big) * sizeof(float)), TP_OK);
     for (int source = 0; source < 2; source++) {
-        float *from = source ? pinned : malloc((size_t)n * sizeof(float));
+        float *from = source ? pinned : malloc((size_t)big * sizeof(float));
+        const char *kind = source ? "pinned" : "pageable";
         cr_assert(from);
-        memcpy(from, given, (size_t)n * sizeof(float));
         for (int i = 0; i < 1000; i++) cr_assert_eq(k->zero(b, (size_t)n * sizeof(float)), TP_OK);
-        cr_assert_eq(k->to_device(b, from, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
-        for (int64_t i = 0; i < n; i++) from[i] = -1.0f;
-        check_device(k, b, given, n, 0, 0, source ? "to_device from pinned memory reused at once" :
-                                                    "to_device from pageable memory reused at once");
+        for (int64_t r = 0; r < rounds; r++) {
+            for (int64_t i = 0; i < n; i++) from[i] = expected[r * n + i] = given[i] + (float)r;
+            cr_assert_eq(k->to_device(g_many + r * n, from, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            for (int64_t i = 0; i < n; i++) from[i] = -1.0f;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "12 small to_device from %s memory, each source rewritten at once", kind);
+        check_device(k, g_many, expected, rounds * n, 0, 0, what);
+        memcpy(from, given, (size_t)big * sizeof(float));
+        cr_assert_eq(k->to_device(g_many, from, (size_t)big * sizeof(float)), TP_OK, "%s", tp_errmsg());
+        for (int64_t i = 0; i < big; i++) from[i] = -1.0f;
+        snprintf(what, sizeof what, "a 1.6 MB to_device from %s memory, its source rewritten at once", kind);
+        check_device(k, g_many, given, big, 0, 0, what);
         if (!source) free(from);
     }
     k->host_release(pinned);
-    free(given);
+    k->release(g_many);
+    free(given), free(expected);
     void *empty = NULL;
     cr_assert_eq(k->alloc(&empty, 0), TP_OK, "alloc of 0 bytes: %s", tp_errmsg());
     cr_assert_not_null(empty);
