@@ -141,6 +141,29 @@ int rope_forward_bf16(uint16_t *out, const float *qkv, const float *cos_sin, int
     return TP_OK;
 }
 
+/* The turned values of rows r0..r1 rounded back: the pairs of each Q and K
+ * head. V's bits, and a head's last value when hd is odd (no pair), stay as
+ * they are, as on a GPU (widening and rounding would quiet a signalling
+ * NaN). */
+typedef struct {
+    uint16_t *bits;
+    const float *turned;
+    int64_t width, turned_heads, hd;
+} round_back_job;
+
+static void round_back_rows(void *ctx, int64_t r0, int64_t r1)
+{
+    const round_back_job *j = ctx;
+    int64_t paired = j->hd / 2 * 2;
+    for (int64_t row = r0; row < r1; row++)
+        for (int64_t head = 0; head < j->turned_heads; head++)
+            for (int64_t i = row * j->width + head * j->hd, end = i + paired; i < end; i++) {
+                uint32_t bits;
+                memcpy(&bits, &j->turned[i], sizeof bits);
+                j->bits[i] = bits_f32_to_bf16(bits);
+            }
+}
+
 int rope_backward_bf16(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                        int64_t hd)
 {
@@ -149,16 +172,7 @@ int rope_backward_bf16(uint16_t *d_qkv, const float *cos_sin, int64_t B, int64_t
     TP_TRY(bf16_output_scratch(&turned, n, "rotary embedding's gradient"));
     convert_to_f32(d_qkv, TP_BF16, turned, n);
     rotate(turned, cos_sin, B, T, Hq, Hkv, hd, -1.0f);
-    /* The turned values rounded back: the pairs of each Q and K head. V's
-     * bits, and a head's last value when hd is odd (no pair), stay as they
-     * are, as on a GPU (widening and rounding would quiet a signalling NaN). */
-    int64_t width = (Hq + 2 * Hkv) * hd, paired = hd / 2 * 2;
-    for (int64_t row = 0; row < B * T; row++)
-        for (int64_t head = 0; head < Hq + Hkv; head++)
-            for (int64_t i = row * width + head * hd, end = i + paired; i < end; i++) {
-                uint32_t bits;
-                memcpy(&bits, &turned[i], sizeof bits);
-                d_qkv[i] = bits_f32_to_bf16(bits);
-            }
+    round_back_job job = {d_qkv, turned, (Hq + 2 * Hkv) * hd, Hq + Hkv, hd};
+    workers_for(B * T, (Hq + Hkv) * hd, round_back_rows, &job);
     return TP_OK;
 }
