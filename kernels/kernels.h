@@ -518,6 +518,15 @@ void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_
       (double *out, const float *const *spans, const int64_t *lengths, int count),                                     \
       (out, spans, lengths, count))
 
+/* Whether a backend's copy of `bytes` from src to dst would read what it
+ * writes: distinct ranges that overlap, which every backend's copy refuses
+ * (TP_ERR_ARG; dst == src is a no-op). */
+static inline int copy_ranges_overlap(const void *dst, const void *src, size_t bytes)
+{
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    return dst != src && bytes && d < s + bytes && s < d + bytes;
+}
+
 /* A copy of `bytes` from a backend's memory to the host
  * (kernel_backend's to_host_background). */
 typedef struct {

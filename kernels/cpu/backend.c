@@ -59,8 +59,7 @@ static void cpu_release_mark(void *mark)
  * so that code relying on them fails here first. */
 static int cpu_copy_apart(void *dst, const void *src, size_t bytes)
 {
-    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
-    if (dst != src && bytes && d < s + bytes && s < d + bytes)
+    if (copy_ranges_overlap(dst, src, bytes))
         return tp_fail(TP_ERR_ARG, "copy of %zu bytes between overlapping ranges (%p to %p)", bytes, src, dst);
     return cpu_copy(dst, src, bytes);
 }

@@ -207,9 +207,8 @@ static int cuda_to_host(void *host_dst, const void *device_src, size_t bytes)
  * as on the CPU). */
 static int cuda_copy(void *dst, const void *src, size_t bytes)
 {
-    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
     if (dst == src || bytes == 0) return TP_OK;
-    if (d < s + bytes && s < d + bytes)
+    if (copy_ranges_overlap(dst, src, bytes))
         return tp_fail(TP_ERR_ARG, "CUDA copy of %zu bytes between overlapping ranges (%p to %p)", bytes, src, dst);
     ENTER();
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_state.stream));

@@ -185,8 +185,7 @@ static void enc_release_mark(void *mark)
 
 static int enc_copy(void *dst, const void *src, size_t bytes)
 {
-    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
-    if (dst != src && bytes && d < s + bytes && s < d + bytes) /* refused as by every backend (kernels.h) */
+    if (copy_ranges_overlap(dst, src, bytes)) /* refused as by every backend (kernels.h) */
         return tp_fail(TP_ERR_ARG, "copy of %zu bytes between overlapping ranges (%p to %p)", bytes, src, dst);
     pthread_mutex_lock(&lock);
     memmove(dst, src, bytes); /* encoded to encoded */
