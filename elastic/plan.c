@@ -262,7 +262,7 @@ static int64_t head_floats(const gpt_config *m, int tp, int64_t b, int64_t vocab
 }
 
 /* fp32 elements of the backward pass's working memory, once per rank: the
- * scratch (trainer/model.c: [N, 3 D + qkv + attn + F/tp + fc], fc being F/tp
+ * scratch (trainer/model.c: [N, 2 D + qkv + attn + F/tp + fc], fc being F/tp
  * or 2 F/tp with SwiGLU, attention's (kernels.h attention_scratch_floats),
  * and [N, Vp/tp] on the last stage), the gradients that cross stages
  * (trainer/train.c: d_output [R, D] and, where the stage sends gradients
@@ -275,7 +275,7 @@ static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last,
 {
     int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads;
     int64_t qkv = qkv_local(m, tp), attn = m->heads / tp * hd, f = m->ffn / tp, fc = m->swiglu ? 2 * f : f;
-    int64_t scratch = N * (3 * D + qkv + attn + f + fc) + attention_scratch_floats(b, s, m->heads / tp) +
+    int64_t scratch = N * (2 * D + qkv + attn + f + fc) + attention_scratch_floats(b, s, m->heads / tp) +
                       (last ? N * vocab_local : 0);
     int64_t llama = m->arch == GPT_ARCH_LLAMA ? s * hd + (m->kv_heads < tp ? 2 * m->kv_heads * hd * D : 0) : 0;
     int64_t gathering = sequence_parallel ? 2 * N * D : 0; /* sequence parallelism's two [N, D] buffers */

@@ -208,26 +208,26 @@ static int lay_out_memory(gpt_model *m, int zero)
 }
 
 /* The backward scratch (m->scratch), in order: one block's buffers
- * (block_backward: d_res1 and d_ln [N, D], d_qkv [N, qkv], d_attn [N, attn],
+ * (block_backward: d_ln [N, D], d_qkv [N, qkv], d_attn [N, attn],
  * d_gelu [N, ffn], d_fc [N, fc], the attention's scratch), then d_x [N, D], then
  * on the last stage d_logits [N, vocab]. In bf16, d_qkv, d_attn, d_gelu and
  * d_fc hold bf16 bits (kernels.h), in places sized for fp32 all the same
  * (the planner's count, elastic/plan.c, stays one for both; a forward
  * borrows d_qkv's for fp32). A forward borrows it too: the
- * attention's scratch at its start ([B, Hq, T], Hq <= D: within d_res1), and
+ * attention's scratch at its start ([B, Hq, T], Hq <= D: within d_ln), and
  * in bf16 Llama's qkv before its rotation in d_qkv's place (qkv_forward).
  * The floats before d_x: */
 static int64_t block_work_floats(const gpt_model *m)
 {
     int64_t N = m->B * m->T;
-    return N * (2 * m->D + m->qkv_local + m->attn_local + m->ffn_local + m->fc_local) +
+    return N * (m->D + m->qkv_local + m->attn_local + m->ffn_local + m->fc_local) +
            attention_scratch_floats(m->B, m->T, m->heads_local);
 }
 
 /* d_qkv's place in a block's backward scratch (block_work_floats), [N, qkv]. */
 static float *block_d_qkv(const gpt_model *m, float *work)
 {
-    return work + 2 * m->B * m->T * m->D;
+    return work + m->B * m->T * m->D;
 }
 
 /* Values of the bf16 copy of the weights (gpt_model.weights16): one for
@@ -1119,10 +1119,13 @@ int gpt_model_forward(gpt_model *m, gpt_slot *s, int chunk)
 /* ----------------------------------------------------------------- backward */
 
 /* d_x: in, the gradient of the block's output r2 [rows, D]; out, that of
- * its input x. With sequence parallelism a row-parallel linear's output
- * gradient is every rank's rows gathered, and a column-parallel linear's
- * input gradient (partial per rank) is reduce-scattered to the rows; the
- * norms' outputs are gathered again rather than kept whole. */
+ * its input x, in place: the residual stream's gradient passes through
+ * each residual add unchanged, so each norm's backward adds its part to d_x
+ * once the products have read it (no copy of the stream's gradient). With
+ * sequence parallelism a row-parallel linear's output gradient is every
+ * rank's rows gathered, and a column-parallel linear's input gradient
+ * (partial per rank) is reduce-scattered to the rows; the norms' outputs
+ * are gathered again rather than kept whole. */
 static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float *x, float *d_x, float *work)
 {
     int64_t N = m->B * m->T, R = m->rows, D = m->D;
@@ -1132,7 +1135,7 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     const float *lse = s->att_lse + l * N * m->heads_local;
     const float *res1 = s->res1 + l * R * D;
     const void *fc = activation_at(m, s->fc, l * N * m->fc_local);
-    float *d_res1 = work, *d_ln = d_res1 + N * D;
+    float *d_ln = work;
     /* The activations' gradients (fp32, or bf16 bits), each in an fp32-sized place. */
     float *d_qkv = block_d_qkv(m, work), *d_attn = d_qkv + N * m->qkv_local, *d_gelu = d_attn + N * m->attn_local;
     float *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->fc_local;
@@ -1140,11 +1143,8 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     float *d_ln_rows = m->sequence_parallel ? m->gathered : d_ln;
     const float *d_out;
     const void *in;
-    const kernel_backend *k = m->kernels;
-    size_t rows_bytes = (size_t)(R * D) * sizeof(float);
 
     /* MLP: o = allreduce(g Wfcproj^T) + b: the gradient of o is d_x on every rank. */
-    TP_TRY(k->copy(d_res1, d_x, rows_bytes));
     TP_TRY(all_rows_of_gradient(m, d_x, &d_out));
     TP_TRY(output_product_backward(m, d_gelu, G(FCPROJ_WEIGHT), G_OR_NULL(FCPROJ_BIAS), d_out, gl,
                                    VIEW(FCPROJ_WEIGHT), N, m->ffn_local, D));
@@ -1153,11 +1153,12 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     TP_TRY(input_product_backward(m, d_ln, G(FC_WEIGHT), G_OR_NULL(FC_BIAS), d_fc, in, VIEW(FC_WEIGHT), N, D,
                                   m->fc_local));
     TP_TRY(sum_rows(m, d_ln, d_ln_rows)); /* column-parallel input: partial per rank */
-    TP_TRY(norm_backward(m, d_res1, G(LN2_WEIGHT), G_OR_NULL(LN2_BIAS), d_ln_rows, res1, W(LN2_WEIGHT),
+    /* d_x becomes the gradient of res1 = x + p: r2's plus ln2's part. */
+    TP_TRY(norm_backward(m, d_x, G(LN2_WEIGHT), G_OR_NULL(LN2_BIAS), d_ln_rows, res1, W(LN2_WEIGHT),
                          s->ln2_mean + l * R, s->ln2_rstd + l * R));
 
     /* Attention: p = allreduce(a Wproj^T) + b. */
-    TP_TRY(all_rows_of_gradient(m, d_res1, &d_out));
+    TP_TRY(all_rows_of_gradient(m, d_x, &d_out));
     TP_TRY(output_product_backward(m, d_attn, G(PROJ_WEIGHT), G_OR_NULL(PROJ_BIAS), d_out, attn, VIEW(PROJ_WEIGHT), N,
                                    m->attn_local, D));
     TP_TRY(attention_backward_in(m, d_qkv, att_scratch, d_attn, qkv, attn, lse));
@@ -1166,7 +1167,6 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     TP_TRY(input_product_backward(m, d_ln, G(QKV_WEIGHT), G_OR_NULL(QKV_BIAS), d_qkv, in, VIEW(QKV_WEIGHT), N, D,
                                   m->qkv_local));
     TP_TRY(sum_rows(m, d_ln, d_ln_rows));
-    TP_TRY(k->copy(d_x, d_res1, rows_bytes));
     return norm_backward(m, d_x, G(LN1_WEIGHT), G_OR_NULL(LN1_BIAS), d_ln_rows, x, W(LN1_WEIGHT), s->ln1_mean + l * R,
                          s->ln1_rstd + l * R);
 }
