@@ -238,6 +238,25 @@ void residual_forward(float *out, const float *a, const float *b, int64_t n);
  * summed output, its bias and the residual (out may be partial). */
 void bias_residual_forward(float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C);
 
+/* A residual add and the norm that reads it, in one pass (a block's
+ * res1 = x + (p + b) and ln2 of it: one read of the stream fewer, one launch
+ * fewer on a GPU): sum[N,C] = x + (partial + residual_bias), or x + partial
+ * when residual_bias is NULL, as bias_residual_forward (residual_forward)
+ * computes it; then the norm of sum into out (fp32, or bf16 bits for the
+ * _bf16 ones), mean and rstd, as layernorm_forward, rmsnorm_forward and
+ * their bf16 twins compute it: the same bits as the two operations in turn.
+ * sum may be x or partial (each element is read, then written, once). */
+void residual_layernorm_forward(float *out, float *mean, float *rstd, float *sum, const float *x, const float *partial,
+                                const float *residual_bias, const float *weight, const float *bias, int64_t N,
+                                int64_t C);
+void residual_rmsnorm_forward(float *out, float *rstd, float *sum, const float *x, const float *partial,
+                              const float *residual_bias, const float *weight, int64_t N, int64_t C, float eps);
+int residual_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, float *sum, const float *x,
+                                    const float *partial, const float *residual_bias, const float *weight,
+                                    const float *bias, int64_t N, int64_t C);
+int residual_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *sum, const float *x, const float *partial,
+                                  const float *residual_bias, const float *weight, int64_t N, int64_t C, float eps);
+
 /* acc[n] += x[n] */
 void add_inplace(float *acc, const float *x, int64_t n);
 
@@ -463,6 +482,22 @@ void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_
     X(bias_residual_forward,                                                                                           \
       (float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C),                     \
       (out, x, partial, bias, N, C))                                                                                   \
+    X(residual_layernorm_forward,                                                                                      \
+      (float *out, float *mean, float *rstd, float *sum, const float *x, const float *partial,                         \
+       const float *residual_bias, const float *weight, const float *bias, int64_t N, int64_t C),                      \
+      (out, mean, rstd, sum, x, partial, residual_bias, weight, bias, N, C))                                           \
+    X(residual_rmsnorm_forward,                                                                                        \
+      (float *out, float *rstd, float *sum, const float *x, const float *partial, const float *residual_bias,          \
+       const float *weight, int64_t N, int64_t C, float eps),                                                          \
+      (out, rstd, sum, x, partial, residual_bias, weight, N, C, eps))                                                  \
+    X(residual_layernorm_forward_bf16,                                                                                 \
+      (uint16_t *out, float *mean, float *rstd, float *sum, const float *x, const float *partial,                      \
+       const float *residual_bias, const float *weight, const float *bias, int64_t N, int64_t C),                      \
+      (out, mean, rstd, sum, x, partial, residual_bias, weight, bias, N, C))                                           \
+    X(residual_rmsnorm_forward_bf16,                                                                                   \
+      (uint16_t *out, float *rstd, float *sum, const float *x, const float *partial, const float *residual_bias,       \
+       const float *weight, int64_t N, int64_t C, float eps),                                                          \
+      (out, rstd, sum, x, partial, residual_bias, weight, N, C, eps))                                                  \
     X(add_inplace,                                                                                                     \
       (float *acc, const float *x, int64_t n),                                                                         \
       (acc, x, n))                                                                                                     \

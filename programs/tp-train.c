@@ -513,16 +513,20 @@ static void report_kernel_times(reporter *p)
     for (int i = 0; i < n; i++) in_ops += times[i].issue_seconds + times[i].wait_seconds;
     double outside = p->timed_seconds - in_ops;
     if (!p->quiet) {
+        int width = 26; /* the longest operation's name */
+        for (int i = 0; i < n; i++)
+            if ((int)strlen(times[i].name) > width) width = (int)strlen(times[i].name);
         printf("kernel times on %s, per step (steps after the first: %lld; each call then a wait for the device):\n",
                p->device, (long long)steps);
-        printf("  %-26s %8s %10s %10s %7s\n", "operation", "calls", "issue ms", "wait ms", "share");
+        printf("  %-*s %8s %10s %10s %7s\n", width, "operation", "calls", "issue ms", "wait ms", "share");
         for (int i = 0; i < n; i++)
-            printf("  %-26s %8.1f %10.3f %10.3f %6.1f%%\n", times[i].name, (double)times[i].calls / (double)steps,
-                   times[i].issue_seconds * 1e3 / (double)steps, times[i].wait_seconds * 1e3 / (double)steps,
+            printf("  %-*s %8.1f %10.3f %10.3f %6.1f%%\n", width, times[i].name,
+                   (double)times[i].calls / (double)steps, times[i].issue_seconds * 1e3 / (double)steps,
+                   times[i].wait_seconds * 1e3 / (double)steps,
                    100 * (times[i].issue_seconds + times[i].wait_seconds) / p->timed_seconds);
-        printf("  %-26s %8s %10.3f %10s %6.1f%%\n", "(the trainer, outside)", "", outside * 1e3 / (double)steps, "",
-               100 * outside / p->timed_seconds);
-        printf("  %-26s %8s %10.3f\n", "step", "", p->timed_seconds * 1e3 / (double)steps);
+        printf("  %-*s %8s %10.3f %10s %6.1f%%\n", width, "(the trainer, outside)", "",
+               outside * 1e3 / (double)steps, "", 100 * outside / p->timed_seconds);
+        printf("  %-*s %8s %10.3f\n", width, "step", "", p->timed_seconds * 1e3 / (double)steps);
     }
     if (p->log) {
         fprintf(p->log, "{\"event\":\"kernel_times\",\"steps\":%lld,\"step_ms\":%.3f,\"outside_ms\":%.3f,\"ops\":[",

@@ -875,6 +875,24 @@ static int norm_forward(const gpt_model *m, void *out, float *mean, float *rstd,
                    : k->layernorm_forward(out, mean, rstd, in, weight, bias, N, m->D);
 }
 
+/* sum = x + summed (+ residual_bias), then its norm as norm_forward's: one
+ * operation, one pass over the rows on a GPU (kernels.h
+ * residual_layernorm_forward). sum may be summed. */
+static int residual_norm_forward(const gpt_model *m, void *out, float *mean, float *rstd, float *sum, const float *x,
+                                 const float *summed, const float *residual_bias, const float *weight,
+                                 const float *bias)
+{
+    const kernel_backend *k = m->kernels;
+    int64_t N = m->rows, D = m->D;
+    float eps = (float)m->config.norm_eps;
+    if (m->llama)
+        return m->bf16 ? k->residual_rmsnorm_forward_bf16(out, rstd, sum, x, summed, residual_bias, weight, N, D, eps)
+                       : k->residual_rmsnorm_forward(out, rstd, sum, x, summed, residual_bias, weight, N, D, eps);
+    if (m->bf16)
+        return k->residual_layernorm_forward_bf16(out, mean, rstd, sum, x, summed, residual_bias, weight, bias, N, D);
+    return k->residual_layernorm_forward(out, mean, rstd, sum, x, summed, residual_bias, weight, bias, N, D);
+}
+
 /* d_in += the gradient through the norm; its parameters' gradients too. */
 static int norm_backward(const gpt_model *m, float *d_in, float *d_weight, float *d_bias, const float *d_out,
                          const float *in, const float *weight, const float *mean, const float *rstd)
@@ -926,8 +944,9 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *
     /* this rank's heads' part */
     TP_TRY(linear_forward(m, partial1, attn, VIEW(PROJ_WEIGHT), NULL, N, m->attn_local, D));
     TP_TRY(sum_rows(m, partial1, res1));
-    TP_TRY(residual_add(m, res1, x, res1, W_OR_NULL(PROJ_BIAS)));
-    TP_TRY(norm_forward(m, ln2, s->ln2_mean + l * R, s->ln2_rstd + l * R, res1, W(LN2_WEIGHT), W_OR_NULL(LN2_BIAS)));
+    /* res1 = x + p (+ bias), and ln2 of it */
+    TP_TRY(residual_norm_forward(m, ln2, s->ln2_mean + l * R, s->ln2_rstd + l * R, res1, x, res1, W_OR_NULL(PROJ_BIAS),
+                                 W(LN2_WEIGHT), W_OR_NULL(LN2_BIAS)));
     TP_TRY(full_rows(m, ln2, &in));
     TP_TRY(activation_product(m, fc, in, VIEW(FC_WEIGHT), W_OR_NULL(FC_BIAS), D, m->fc_local)); /* the MLP's input */
     TP_TRY(mlp_activation_forward(m, gl, fc));

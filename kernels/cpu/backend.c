@@ -127,6 +127,14 @@ CPU_OP(residual_forward, (float *out, const float *a, const float *b, int64_t n)
 CPU_OP(bias_residual_forward,
        (float *out, const float *x, const float *partial, const float *bias, int64_t N, int64_t C),
        (out, x, partial, bias, N, C))
+CPU_OP(residual_layernorm_forward,
+       (float *out, float *mean, float *rstd, float *sum, const float *x, const float *partial,
+        const float *residual_bias, const float *weight, const float *bias, int64_t N, int64_t C),
+       (out, mean, rstd, sum, x, partial, residual_bias, weight, bias, N, C))
+CPU_OP(residual_rmsnorm_forward,
+       (float *out, float *rstd, float *sum, const float *x, const float *partial, const float *residual_bias,
+        const float *weight, int64_t N, int64_t C, float eps),
+       (out, rstd, sum, x, partial, residual_bias, weight, N, C, eps))
 CPU_OP(add_inplace, (float *acc, const float *x, int64_t n), (acc, x, n))
 CPU_OP(scale_inplace, (float *x, float scale, int64_t n), (x, scale, n))
 CPU_OP(embedding_forward,
@@ -209,6 +217,10 @@ static const kernel_backend cpu_backend = {
     .rope_backward_bf16 = rope_backward_bf16,
     .residual_forward = cpu_residual_forward,
     .bias_residual_forward = cpu_bias_residual_forward,
+    .residual_layernorm_forward = cpu_residual_layernorm_forward,
+    .residual_rmsnorm_forward = cpu_residual_rmsnorm_forward,
+    .residual_layernorm_forward_bf16 = residual_layernorm_forward_bf16, /* in the table's form: they can fail */
+    .residual_rmsnorm_forward_bf16 = residual_rmsnorm_forward_bf16,
     .add_inplace = cpu_add_inplace,
     .scale_inplace = cpu_scale_inplace,
     .attention_forward = attention_forward, /* in the table's form: they can fail */

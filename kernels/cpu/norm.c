@@ -252,6 +252,47 @@ int rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const floa
     return TP_OK;
 }
 
+/* The residual add before a norm (kernels.h residual_layernorm_forward):
+ * linear.c's own operations, so that sum's bits are theirs, then the norm.
+ * The CPU keeps the two passes: the fusion pays on a GPU, where it saves a
+ * read of the stream from memory and a launch. */
+static void residual_sum(float *sum, const float *x, const float *partial, const float *residual_bias, int64_t N,
+                         int64_t C)
+{
+    if (residual_bias) bias_residual_forward(sum, x, partial, residual_bias, N, C);
+    else residual_forward(sum, x, partial, N * C);
+}
+
+void residual_layernorm_forward(float *out, float *mean, float *rstd, float *sum, const float *x, const float *partial,
+                                const float *residual_bias, const float *weight, const float *bias, int64_t N,
+                                int64_t C)
+{
+    residual_sum(sum, x, partial, residual_bias, N, C);
+    layernorm_forward(out, mean, rstd, sum, weight, bias, N, C);
+}
+
+void residual_rmsnorm_forward(float *out, float *rstd, float *sum, const float *x, const float *partial,
+                              const float *residual_bias, const float *weight, int64_t N, int64_t C, float eps)
+{
+    residual_sum(sum, x, partial, residual_bias, N, C);
+    rmsnorm_forward(out, rstd, sum, weight, N, C, eps);
+}
+
+int residual_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, float *sum, const float *x,
+                                    const float *partial, const float *residual_bias, const float *weight,
+                                    const float *bias, int64_t N, int64_t C)
+{
+    residual_sum(sum, x, partial, residual_bias, N, C);
+    return layernorm_forward_bf16(out, mean, rstd, sum, weight, bias, N, C);
+}
+
+int residual_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *sum, const float *x, const float *partial,
+                                  const float *residual_bias, const float *weight, int64_t N, int64_t C, float eps)
+{
+    residual_sum(sum, x, partial, residual_bias, N, C);
+    return rmsnorm_forward_bf16(out, rstd, sum, weight, N, C, eps);
+}
+
 /* The MLP's activation in bf16 (kernels.h): its input (fc) and gradient
  * come as bf16 bits. A chunk of them is widened into the thread's scratch,
  * the fp32 operation runs there, its result is rounded. Element by element

@@ -14,7 +14,10 @@
  * gradients) read in's and d_out's bits widened and store d_in's bits
  * rounded. One source of fp32 arithmetic serves both precisions: the bf16
  * operations' bits are those of rounding what the fp32 kernels compute from
- * the widened values. The norms read the residual stream, fp32 in both. */
+ * the widened values. The norms read the residual stream, fp32 in both.
+ * Their forward kernels may begin with the residual add that makes the
+ * row they normalize (residual_terms: the residual_*norm_forward
+ * operations), the sum written and summed in the same pass. */
 #include <math.h>
 #include <stdint.h>
 
@@ -28,6 +31,43 @@ extern "C" {
 #define LAYERNORM_EPS 1e-5f
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 
+/* The residual add a norm's forward may begin with (kernels.h
+ * residual_layernorm_forward): sum = x + (partial + bias), or x + partial
+ * without a bias, each element as linear.cu's bias_residual_kernel and
+ * residual_kernel compute it; sum NULL: none, the norm reads its input. */
+struct residual_terms {
+    float *sum;
+    const float *x, *partial, *bias;
+};
+
+/* Row n of the norm's input, made first when r has a sum: each thread
+ * writes its columns of the sum and adds them (or their squares, Squares)
+ * to the partial it returns, the first pass of the norm's statistics in
+ * the CPU's order. The thread reads those columns again afterwards (its own
+ * writes: no barrier needed); sum may be x or partial, each element read
+ * before it is written by the same thread. */
+template <bool Squares>
+static __device__ const float *norm_input_row(const residual_terms &r, const float *in, int64_t n, int64_t C,
+                                              float *partial_sum)
+{
+    float s = 0;
+    if (!r.sum) {
+        const float *x = in + n * C;
+        COLUMNS_OF_THREAD(c, C) s += Squares ? x[c] * x[c] : x[c];
+        *partial_sum = s;
+        return x;
+    }
+    float *row = r.sum + n * C;
+    const float *a = r.x + n * C, *p = r.partial + n * C;
+    COLUMNS_OF_THREAD(c, C) {
+        float v = r.bias ? a[c] + (p[c] + r.bias[c]) : a[c] + p[c];
+        row[c] = v;
+        s += Squares ? v * v : v;
+    }
+    *partial_sum = s;
+    return row;
+}
+
 /* ============================================================== layer norm */
 
 /* A block per row, in the CPU's order of operations: mean, then the variance
@@ -35,13 +75,13 @@ extern "C" {
  * uint16_t (bf16 bits). */
 template <typename Out>
 static __global__ void layernorm_forward_kernel(Out *out, float *mean, float *rstd, const float *in,
-                                                const float *weight, const float *bias, int64_t N, int64_t C)
+                                                const float *weight, const float *bias, int64_t N, int64_t C,
+                                                residual_terms r)
 {
     ROWS_OF_BLOCK(n, N) {
-        const float *x = in + n * C;
+        float s;
+        const float *x = norm_input_row<false>(r, in, n, C, &s);
         Out *y = out + n * C;
-        float s = 0;
-        COLUMNS_OF_THREAD(c, C) s += x[c];
         float m = block_sum(s) / (float)C;
         float q = 0;
         COLUMNS_OF_THREAD(c, C) q += (x[c] - m) * (x[c] - m);
@@ -95,11 +135,12 @@ struct layernorm_weight_bias_terms {
 
 template <typename Out>
 static int layernorm_forward_as(Out *out, float *mean, float *rstd, const float *in, const float *weight,
-                                const float *bias, int64_t N, int64_t C)
+                                const float *bias, int64_t N, int64_t C, residual_terms r = {})
 {
     ENTER();
     if (N <= 0) return TP_OK;
-    layernorm_forward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, mean, rstd, in, weight, bias, N, C);
+    layernorm_forward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, mean, rstd, in, weight, bias, N,
+                                                                                  C, r);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -116,6 +157,22 @@ int cuda_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const f
                                 const float *bias, int64_t N, int64_t C)
 {
     return layernorm_forward_as(out, mean, rstd, in, weight, bias, N, C);
+}
+
+int cuda_residual_layernorm_forward(float *out, float *mean, float *rstd, float *sum, const float *x,
+                                    const float *partial, const float *residual_bias, const float *weight,
+                                    const float *bias, int64_t N, int64_t C)
+{
+    residual_terms r = {sum, x, partial, residual_bias};
+    return layernorm_forward_as(out, mean, rstd, sum, weight, bias, N, C, r);
+}
+
+int cuda_residual_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, float *sum, const float *x,
+                                         const float *partial, const float *residual_bias, const float *weight,
+                                         const float *bias, int64_t N, int64_t C)
+{
+    residual_terms r = {sum, x, partial, residual_bias};
+    return layernorm_forward_as(out, mean, rstd, sum, weight, bias, N, C, r);
 }
 
 int cuda_layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
@@ -213,13 +270,12 @@ int cuda_gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *
 
 template <typename Out>
 static __global__ void rmsnorm_forward_kernel(Out *out, float *rstd, const float *in, const float *weight, int64_t N,
-                                              int64_t C, float eps)
+                                              int64_t C, float eps, residual_terms residual)
 {
     ROWS_OF_BLOCK(n, N) {
-        const float *x = in + n * C;
+        float q;
+        const float *x = norm_input_row<true>(residual, in, n, C, &q);
         Out *y = out + n * C;
-        float q = 0;
-        COLUMNS_OF_THREAD(c, C) q += x[c] * x[c];
         float r = 1.0f / sqrtf(block_sum(q) / (float)C + eps);
         COLUMNS_OF_THREAD(c, C) store_value(&y[c], x[c] * r * weight[c]);
         if (threadIdx.x == 0) rstd[n] = r;
@@ -252,11 +308,12 @@ struct rmsnorm_weight_terms {
 
 template <typename Out>
 static int rmsnorm_forward_as(Out *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
-                              float eps)
+                              float eps, residual_terms r = {})
 {
     ENTER();
     if (N <= 0) return TP_OK;
-    rmsnorm_forward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, rstd, in, weight, N, C, eps);
+    rmsnorm_forward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, rstd, in, weight, N, C, eps,
+                                                                                r);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -273,6 +330,21 @@ int cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const
                               float eps)
 {
     return rmsnorm_forward_as(out, rstd, in, weight, N, C, eps);
+}
+
+int cuda_residual_rmsnorm_forward(float *out, float *rstd, float *sum, const float *x, const float *partial,
+                                  const float *residual_bias, const float *weight, int64_t N, int64_t C, float eps)
+{
+    residual_terms r = {sum, x, partial, residual_bias};
+    return rmsnorm_forward_as(out, rstd, sum, weight, N, C, eps, r);
+}
+
+int cuda_residual_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *sum, const float *x, const float *partial,
+                                       const float *residual_bias, const float *weight, int64_t N, int64_t C,
+                                       float eps)
+{
+    residual_terms r = {sum, x, partial, residual_bias};
+    return rmsnorm_forward_as(out, rstd, sum, weight, N, C, eps, r);
 }
 
 int cuda_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in,

@@ -1129,6 +1129,117 @@ Test(cuda_backend, rmsnorm_forward_bf16)
     }
 }
 
+/* One of the residual norms (kernels.h residual_layernorm_forward) of
+ * variant v (bit 0: RMSNorm, bit 1: bf16 out) on the device; out is fp32
+ * or bf16 bits by v. */
+static int residual_norm_on(const kernel_backend *k, int v, void *out, float *mean, float *rstd, float *sum,
+                            const float *x, const float *partial, const float *residual_bias, const float *w,
+                            const float *b, int64_t N, int64_t C)
+{
+    switch (v) {
+    case 0: return k->residual_layernorm_forward(out, mean, rstd, sum, x, partial, residual_bias, w, b, N, C);
+    case 1: return k->residual_rmsnorm_forward(out, rstd, sum, x, partial, residual_bias, w, N, C, 1e-6f);
+    case 2: return k->residual_layernorm_forward_bf16(out, mean, rstd, sum, x, partial, residual_bias, w, b, N, C);
+    default: return k->residual_rmsnorm_forward_bf16(out, rstd, sum, x, partial, residual_bias, w, N, C, 1e-6f);
+    }
+}
+
+/* The same norm alone, of in. */
+static int norm_alone_on(const kernel_backend *k, int v, void *out, float *mean, float *rstd, const float *in,
+                         const float *w, const float *b, int64_t N, int64_t C)
+{
+    switch (v) {
+    case 0: return k->layernorm_forward(out, mean, rstd, in, w, b, N, C);
+    case 1: return k->rmsnorm_forward(out, rstd, in, w, N, C, 1e-6f);
+    case 2: return k->layernorm_forward_bf16(out, mean, rstd, in, w, b, N, C);
+    default: return k->rmsnorm_forward_bf16(out, rstd, in, w, N, C, 1e-6f);
+    }
+}
+
+/* The residual add and the norm in one kernel (a block's res1 and ln2):
+ * bit for bit the device's residual operation, then its norm of the sum
+ * (the sum, out, mean and rstd), for both norms, fp32 and bf16 out, with
+ * and without the residual's bias, the sum written over partial (as the
+ * trainer does) or apart; the sum bit for bit the CPU's (two additions,
+ * no product to contract), out near the CPU's. Shapes as the norms' cases,
+ * and more rows than a grid's 65,535 blocks. */
+Test(cuda_backend, residual_norms_in_one_pass)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const int64_t shapes[][2] = {{37, 72}, {5, 1000}, {3000, 77}, {65600, 8}};
+    const char *const names[] = {"residual_layernorm_forward", "residual_rmsnorm_forward",
+                                 "residual_layernorm_forward_bf16", "residual_rmsnorm_forward_bf16"};
+    for (int s = 0; s < 4; s++) {
+        int64_t N = shapes[s][0], C = shapes[s][1], n = N * C;
+        float *x = floats_random(n, 2.0f), *partial = floats_random(n, 2.0f), *rbias = floats_random(C, 1.0f);
+        float *w = floats_random(C, 1.0f), *b = floats_random(C, 1.0f), *garbage = floats_filled(n, 7.0f);
+        float *cpu_sum = malloc((size_t)n * sizeof(float)), *cpu_out = malloc((size_t)n * sizeof(float));
+        uint16_t *cpu_bits = malloc((size_t)n * sizeof(uint16_t));
+        float *cpu_mean = malloc((size_t)N * sizeof(float)), *cpu_rstd = malloc((size_t)N * sizeof(float));
+        cr_assert(cpu_sum && cpu_out && cpu_bits && cpu_mean && cpu_rstd);
+        float *g_x = upload_floats(k, x, n), *g_partial = upload_floats(k, partial, n);
+        float *g_rbias = upload_floats(k, rbias, C), *g_w = upload_floats(k, w, C), *g_b = upload_floats(k, b, C);
+        float *g_sum = upload_floats(k, garbage, n), *g_alone_sum = upload_floats(k, garbage, n);
+        float *g_out = upload_floats(k, garbage, n), *g_alone_out = upload_floats(k, garbage, n);
+        float *g_mean = upload_floats(k, garbage, N), *g_rstd = upload_floats(k, garbage, N);
+        float *g_alone_mean = upload_floats(k, garbage, N), *g_alone_rstd = upload_floats(k, garbage, N);
+        for (int v = 0; v < 4; v++)
+            for (int with_bias = 0; with_bias < 2; with_bias++)
+                for (int over_partial = 0; over_partial < 2; over_partial++) {
+                    char shape[96];
+                    snprintf(shape, sizeof shape, "N=%lld C=%lld, bias %d, sum over partial %d", (long long)N,
+                             (long long)C, with_bias, over_partial);
+                    const float *bias_arg = with_bias ? g_rbias : NULL;
+                    /* the device's two operations in turn */
+                    if (with_bias)
+                        cr_assert_eq(k->bias_residual_forward(g_alone_sum, g_x, g_partial, g_rbias, N, C), TP_OK);
+                    else cr_assert_eq(k->residual_forward(g_alone_sum, g_x, g_partial, n), TP_OK);
+                    cr_assert_eq(norm_alone_on(k, v, g_alone_out, g_alone_mean, g_alone_rstd, g_alone_sum, g_w, g_b,
+                                               N, C),
+                                 TP_OK, "%s", tp_errmsg());
+                    /* the fused one, its sum over a copy of partial or apart */
+                    float *target = g_sum;
+                    if (over_partial)
+                        cr_assert_eq(k->copy(g_sum, g_partial, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
+                    cr_assert_eq(residual_norm_on(k, v, g_out, g_mean, g_rstd, target, g_x, over_partial ? g_sum
+                                                  : g_partial, bias_arg, g_w, g_b, N, C),
+                                 TP_OK, "%s %s: %s", names[v], shape, tp_errmsg());
+                    check_same_floats(k, g_sum, g_alone_sum, n, names[v], shape);
+                    check_same_floats(k, g_rstd, g_alone_rstd, N, "rstd", shape);
+                    if (!(v & 1)) check_same_floats(k, g_mean, g_alone_mean, N, "mean", shape);
+                    /* out: n floats, or n bf16 values in the first half of its floats */
+                    int64_t out_floats = v & 2 ? (n + 1) / 2 : n;
+                    check_same_floats(k, g_out, g_alone_out, out_floats, names[v], shape);
+                    /* the CPU's */
+                    if (with_bias) bias_residual_forward(cpu_sum, x, partial, rbias, N, C);
+                    else residual_forward(cpu_sum, x, partial, n);
+                    float *got_sum = download(k, g_sum, n);
+                    cr_assert_eq(memcmp(got_sum, cpu_sum, (size_t)n * sizeof(float)), 0, "%s %s: the sum, CPU's",
+                                 names[v], shape);
+                    free(got_sum);
+                    if (v & 2) {
+                        int status = v & 1 ? rmsnorm_forward_bf16(cpu_bits, cpu_rstd, cpu_sum, w, N, C, 1e-6f)
+                                           : layernorm_forward_bf16(cpu_bits, cpu_mean, cpu_rstd, cpu_sum, w, b, N, C);
+                        cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+                        uint16_t *got = download_bits(k, (const uint16_t *)g_out, n);
+                        check_near_cpu(got, cpu_bits, n, 1e-5, names[v], shape);
+                        free(got);
+                    } else {
+                        if (v & 1) rmsnorm_forward(cpu_out, cpu_rstd, cpu_sum, w, N, C, 1e-6f);
+                        else layernorm_forward(cpu_out, cpu_mean, cpu_rstd, cpu_sum, w, b, N, C);
+                        check_device(k, g_out, cpu_out, n, 1e-4, 1e-5, names[v]);
+                    }
+                    check_device(k, g_rstd, cpu_rstd, N, 1e-4, 1e-5, "rstd");
+                }
+        k->release(g_x), k->release(g_partial), k->release(g_rbias), k->release(g_w), k->release(g_b);
+        k->release(g_sum), k->release(g_alone_sum), k->release(g_out), k->release(g_alone_out);
+        k->release(g_mean), k->release(g_rstd), k->release(g_alone_mean), k->release(g_alone_rstd);
+        free(x), free(partial), free(rbias), free(w), free(b), free(garbage), free(cpu_sum), free(cpu_out);
+        free(cpu_bits), free(cpu_mean), free(cpu_rstd);
+    }
+}
+
 /* Inputs as gelu_forward_and_backward's (n = 1037, not a multiple of 4),
  * rounded to bf16 (the MLP's input is a bf16 activation), and steered from
  * element 8 on: x >= 10, whose gate is exactly 1 (out = x, a bf16 value

@@ -906,6 +906,61 @@ Test(transformer, bf16_activations_are_the_rounded_fp32_outputs)
     cr_assert(k->layernorm_forward_bf16 == layernorm_forward_bf16 && k->rmsnorm_forward_bf16 == rmsnorm_forward_bf16);
 }
 
+/* The residual add and the norm in one operation (a block's res1 and ln2)
+ * give the bits of the two operations in turn, for both norms, fp32 and
+ * bf16 outputs, with and without the residual's bias, the sum written over
+ * partial (as the trainer does), over x, or apart; through the CPU table. */
+Test(transformer, residual_norms_are_the_add_then_the_norm)
+{
+    const kernel_backend *k = kernels_cpu();
+    const int64_t N = 37, C = 130, n = N * C;
+    float *x = random_floats(n), *partial = random_floats(n), *rbias = random_floats(C), *w = random_floats(C);
+    float *b = random_floats(C), *sum = malloc(n * 4), *want_sum = malloc(n * 4), *out = malloc(n * 4);
+    float *want_out = malloc(n * 4), *x_in = malloc(n * 4), *partial_in = malloc(n * 4);
+    uint16_t *bits = malloc(n * 2), *want_bits = malloc(n * 2);
+    float mean[37], rstd[37], want_mean[37], want_rstd[37];
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int rms = 0; rms < 2; rms++)
+            for (int with_bias = 0; with_bias < 2; with_bias++)
+                for (int place = 0; place < 3; place++) { /* sum over partial, over x, apart */
+                    const float *bias_arg = with_bias ? rbias : NULL;
+                    /* the two operations in turn */
+                    if (with_bias) bias_residual_forward(want_sum, x, partial, rbias, N, C);
+                    else residual_forward(want_sum, x, partial, n);
+                    if (rms && bf16) rmsnorm_forward_bf16(want_bits, want_rstd, want_sum, w, N, C, 1e-6f);
+                    if (rms && !bf16) rmsnorm_forward(want_out, want_rstd, want_sum, w, N, C, 1e-6f);
+                    if (!rms && bf16) layernorm_forward_bf16(want_bits, want_mean, want_rstd, want_sum, w, b, N, C);
+                    if (!rms && !bf16) layernorm_forward(want_out, want_mean, want_rstd, want_sum, w, b, N, C);
+                    /* the fused one */
+                    memcpy(x_in, x, n * 4);
+                    memcpy(partial_in, partial, n * 4);
+                    float *target = place == 0 ? partial_in : place == 1 ? x_in : sum;
+                    int status;
+                    if (rms && bf16)
+                        status = k->residual_rmsnorm_forward_bf16(bits, rstd, target, x_in, partial_in, bias_arg, w, N,
+                                                                  C, 1e-6f);
+                    else if (rms)
+                        status = k->residual_rmsnorm_forward(out, rstd, target, x_in, partial_in, bias_arg, w, N, C,
+                                                             1e-6f);
+                    else if (bf16)
+                        status = k->residual_layernorm_forward_bf16(bits, mean, rstd, target, x_in, partial_in,
+                                                                    bias_arg, w, b, N, C);
+                    else
+                        status = k->residual_layernorm_forward(out, mean, rstd, target, x_in, partial_in, bias_arg, w,
+                                                               b, N, C);
+                    const char *what = rms ? "rmsnorm" : "layernorm";
+                    cr_assert_eq(status, TP_OK, "%s bf16 %d: %s", what, bf16, tp_errmsg());
+                    cr_assert_eq(memcmp(target, want_sum, n * 4), 0, "%s bf16 %d bias %d place %d: the sum", what,
+                                 bf16, with_bias, place);
+                    if (bf16) cr_assert_eq(memcmp(bits, want_bits, n * 2), 0, "%s: the bf16 output", what);
+                    else cr_assert_eq(memcmp(out, want_out, n * 4), 0, "%s: the output", what);
+                    cr_assert_eq(memcmp(rstd, want_rstd, sizeof rstd), 0, "%s: rstd", what);
+                    if (!rms) cr_assert_eq(memcmp(mean, want_mean, sizeof mean), 0, "%s: mean", what);
+                }
+    free(x), free(partial), free(rbias), free(w), free(b), free(sum), free(want_sum), free(out), free(want_out);
+    free(x_in), free(partial_in), free(bits), free(want_bits);
+}
+
 /* The qkv activation in bf16: GPT-2's product written as bits is the
  * rounding of matmul_forward_bf16's out (the bias added first), Llama's
  * rotation into bits the rounding of what rope_forward leaves (V rounded

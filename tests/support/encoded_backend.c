@@ -412,6 +412,46 @@ static int enc_bias_residual_forward(float *out, const float *x, const float *pa
     LEAVE();
 }
 
+static int enc_residual_layernorm_forward(float *out, float *mean, float *rstd, float *sum, const float *x,
+                                          const float *partial, const float *residual_bias, const float *weight,
+                                          const float *bias, int64_t N, int64_t C)
+{
+    ENTER(S(out, N * C), S(mean, N), S(rstd, N), S(sum, N * C), S(x, N * C), S(partial, N * C), S(residual_bias, C),
+          S(weight, C), S(bias, C));
+    residual_layernorm_forward(out, mean, rstd, sum, x, partial, residual_bias, weight, bias, N, C);
+    LEAVE();
+}
+
+static int enc_residual_rmsnorm_forward(float *out, float *rstd, float *sum, const float *x, const float *partial,
+                                        const float *residual_bias, const float *weight, int64_t N, int64_t C,
+                                        float eps)
+{
+    ENTER(S(out, N * C), S(rstd, N), S(sum, N * C), S(x, N * C), S(partial, N * C), S(residual_bias, C),
+          S(weight, C));
+    residual_rmsnorm_forward(out, rstd, sum, x, partial, residual_bias, weight, N, C, eps);
+    LEAVE();
+}
+
+static int enc_residual_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, float *sum, const float *x,
+                                               const float *partial, const float *residual_bias,
+                                               const float *weight, const float *bias, int64_t N, int64_t C)
+{
+    ENTER(S(out, N * C), S(mean, N), S(rstd, N), S(sum, N * C), S(x, N * C), S(partial, N * C), S(residual_bias, C),
+          S(weight, C), S(bias, C));
+    int status = residual_layernorm_forward_bf16(out, mean, rstd, sum, x, partial, residual_bias, weight, bias, N, C);
+    LEAVE_WITH(status);
+}
+
+static int enc_residual_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *sum, const float *x,
+                                             const float *partial, const float *residual_bias, const float *weight,
+                                             int64_t N, int64_t C, float eps)
+{
+    ENTER(S(out, N * C), S(rstd, N), S(sum, N * C), S(x, N * C), S(partial, N * C), S(residual_bias, C),
+          S(weight, C));
+    int status = residual_rmsnorm_forward_bf16(out, rstd, sum, x, partial, residual_bias, weight, N, C, eps);
+    LEAVE_WITH(status);
+}
+
 static int enc_add_inplace(float *acc, const float *x, int64_t n)
 {
     ENTER(S(acc, n), S(x, n));
@@ -611,6 +651,10 @@ static const kernel_backend backend = {
     .rope_backward_bf16 = enc_rope_backward_bf16,
     .residual_forward = enc_residual_forward,
     .bias_residual_forward = enc_bias_residual_forward,
+    .residual_layernorm_forward = enc_residual_layernorm_forward,
+    .residual_rmsnorm_forward = enc_residual_rmsnorm_forward,
+    .residual_layernorm_forward_bf16 = enc_residual_layernorm_forward_bf16,
+    .residual_rmsnorm_forward_bf16 = enc_residual_rmsnorm_forward_bf16,
     .add_inplace = enc_add_inplace,
     .scale_inplace = enc_scale_inplace,
     .attention_forward = enc_attention_forward,
