@@ -168,6 +168,14 @@ static void plan_release(plan *p)
     memset(p, 0, sizeof *p);
 }
 
+/* Why the epilogue was not taken for `key`'s shape (cuda_lt_last_refusal). */
+static void note_refusal(const plan_key *key, const char *why)
+{
+    snprintf(state.refusal, sizeof state.refusal, "cuBLASLt bias epilogue, %s N=%lld C=%lld OC=%lld%s: %s",
+             key->bf16 ? "bf16" : "fp32", (long long)key->N, (long long)key->C, (long long)key->OC,
+             key->out_bits ? " (bf16 D)" : "", why);
+}
+
 /* Builds the plan of p->key (column-major, as linear.cu's forward:
  * out^T (OC x N, ld OC) = W^T^T (op T of W read as C x OC, ld C) . in^T
  * (C x N, ld C), the bias a vector of OC, one per row of out^T; C and D are
@@ -182,9 +190,7 @@ static void refuse_plan(plan *p, const char *why)
     plan_key key = p->key;
     plan_release(p);
     p->key = key; /* remembered as not usable */
-    snprintf(state.refusal, sizeof state.refusal, "cuBLASLt bias epilogue, %s N=%lld C=%lld OC=%lld%s: %s",
-             key.bf16 ? "bf16" : "fp32", (long long)key.N, (long long)key.C, (long long)key.OC,
-             key.out_bits ? " (bf16 D)" : "", why);
+    note_refusal(&key, why);
 }
 
 static int plan_build(plan *p, const float *bias)
@@ -327,9 +333,10 @@ int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, cons
          * cublasLt.h's bias type rule may refuse only here): nothing was
          * queued; the plan is set aside and the caller's own way runs. */
         if (refused(ran, out_bits)) {
+            char why[96];
             p->usable = 0;
-            snprintf(state.refusal, sizeof state.refusal, "cuBLASLt bias epilogue, N=%lld C=%lld OC=%lld%s: %s at the call",
-                     (long long)N, (long long)C, (long long)OC, out_bits ? " (bf16 D)" : "", lt.status_name(ran));
+            snprintf(why, sizeof why, "%s at the call", lt.status_name(ran));
+            note_refusal(&p->key, why);
         } else {
             LT_TRY(ran);
         }
