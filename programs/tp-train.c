@@ -513,7 +513,7 @@ static void report_kernel_times(reporter *p)
     for (int i = 0; i < n; i++) in_ops += times[i].issue_seconds + times[i].wait_seconds;
     double outside = p->timed_seconds - in_ops;
     if (!p->quiet) {
-        int width = 26; /* the longest operation's name */
+        int width = 26; /* at least; wider for a longer operation's name */
         for (int i = 0; i < n; i++)
             if ((int)strlen(times[i].name) > width) width = (int)strlen(times[i].name);
         printf("kernel times on %s, per step (steps after the first: %lld; each call then a wait for the device):\n",

@@ -76,11 +76,11 @@ static __device__ const float *norm_input_row(const residual_terms &r, const flo
 template <typename Out>
 static __global__ void layernorm_forward_kernel(Out *out, float *mean, float *rstd, const float *in,
                                                 const float *weight, const float *bias, int64_t N, int64_t C,
-                                                residual_terms r)
+                                                residual_terms residual)
 {
     ROWS_OF_BLOCK(n, N) {
         float s;
-        const float *x = norm_input_row<false>(r, in, n, C, &s);
+        const float *x = norm_input_row<false>(residual, in, n, C, &s);
         Out *y = out + n * C;
         float m = block_sum(s) / (float)C;
         float q = 0;

@@ -1160,9 +1160,9 @@ static int norm_alone_on(const kernel_backend *k, int v, void *out, float *mean,
  * bit for bit the device's residual operation, then its norm of the sum
  * (the sum, out, mean and rstd), for both norms, fp32 and bf16 out, with
  * and without the residual's bias, the sum written over partial (as the
- * trainer does) or apart; the sum bit for bit the CPU's (two additions,
- * no product to contract), out near the CPU's. Shapes as the norms' cases,
- * and more rows than a grid's 65,535 blocks. */
+ * trainer does), over x or apart; the sum bit for bit the CPU's (two
+ * additions, no product to contract), out, mean and rstd near the CPU's.
+ * Shapes as the norms' cases, and more rows than a grid's 65,535 blocks. */
 Test(cuda_backend, residual_norms_in_one_pass)
 {
     NEED_GPU();
@@ -1186,10 +1186,11 @@ Test(cuda_backend, residual_norms_in_one_pass)
         float *g_alone_mean = upload_floats(k, garbage, N), *g_alone_rstd = upload_floats(k, garbage, N);
         for (int v = 0; v < 4; v++)
             for (int with_bias = 0; with_bias < 2; with_bias++)
-                for (int over_partial = 0; over_partial < 2; over_partial++) {
+                for (int place = 0; place < 3; place++) { /* the sum over partial, over x, apart */
+                    static const char *const places[] = {"over partial", "over x", "apart"};
                     char shape[96];
-                    snprintf(shape, sizeof shape, "N=%lld C=%lld, bias %d, sum over partial %d", (long long)N,
-                             (long long)C, with_bias, over_partial);
+                    snprintf(shape, sizeof shape, "N=%lld C=%lld, bias %d, the sum %s", (long long)N, (long long)C,
+                             with_bias, places[place]);
                     const float *bias_arg = with_bias ? g_rbias : NULL;
                     /* the device's two operations in turn */
                     if (with_bias)
@@ -1198,12 +1199,13 @@ Test(cuda_backend, residual_norms_in_one_pass)
                     cr_assert_eq(norm_alone_on(k, v, g_alone_out, g_alone_mean, g_alone_rstd, g_alone_sum, g_w, g_b,
                                                N, C),
                                  TP_OK, "%s", tp_errmsg());
-                    /* the fused one, its sum over a copy of partial or apart */
-                    float *target = g_sum;
-                    if (over_partial)
-                        cr_assert_eq(k->copy(g_sum, g_partial, (size_t)n * sizeof(float)), TP_OK, "%s", tp_errmsg());
-                    cr_assert_eq(residual_norm_on(k, v, g_out, g_mean, g_rstd, target, g_x, over_partial ? g_sum
-                                                  : g_partial, bias_arg, g_w, g_b, N, C),
+                    /* the fused one, its sum over a copy of partial or of x (g_sum), or apart */
+                    const float *x_arg = place == 1 ? g_sum : g_x, *partial_arg = place == 0 ? g_sum : g_partial;
+                    if (place < 2)
+                        cr_assert_eq(k->copy(g_sum, place == 0 ? g_partial : g_x, (size_t)n * sizeof(float)),
+                                     TP_OK, "%s", tp_errmsg());
+                    cr_assert_eq(residual_norm_on(k, v, g_out, g_mean, g_rstd, g_sum, x_arg, partial_arg, bias_arg,
+                                                  g_w, g_b, N, C),
                                  TP_OK, "%s %s: %s", names[v], shape, tp_errmsg());
                     check_same_floats(k, g_sum, g_alone_sum, n, names[v], shape);
                     check_same_floats(k, g_rstd, g_alone_rstd, N, "rstd", shape);
@@ -1231,6 +1233,7 @@ Test(cuda_backend, residual_norms_in_one_pass)
                         check_device(k, g_out, cpu_out, n, 1e-4, 1e-5, names[v]);
                     }
                     check_device(k, g_rstd, cpu_rstd, N, 1e-4, 1e-5, "rstd");
+                    if (!(v & 1)) check_device(k, g_mean, cpu_mean, N, 1e-4, 1e-5, "mean");
                 }
         k->release(g_x), k->release(g_partial), k->release(g_rbias), k->release(g_w), k->release(g_b);
         k->release(g_sum), k->release(g_alone_sum), k->release(g_out), k->release(g_alone_out);

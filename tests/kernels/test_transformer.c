@@ -915,9 +915,11 @@ Test(transformer, residual_norms_are_the_add_then_the_norm)
     const kernel_backend *k = kernels_cpu();
     const int64_t N = 37, C = 130, n = N * C;
     float *x = random_floats(n), *partial = random_floats(n), *rbias = random_floats(C), *w = random_floats(C);
-    float *b = random_floats(C), *sum = malloc(n * 4), *want_sum = malloc(n * 4), *out = malloc(n * 4);
-    float *want_out = malloc(n * 4), *x_in = malloc(n * 4), *partial_in = malloc(n * 4);
-    uint16_t *bits = malloc(n * 2), *want_bits = malloc(n * 2);
+    size_t floats = (size_t)n * sizeof(float), halves = (size_t)n * sizeof(uint16_t);
+    float *b = random_floats(C), *sum = malloc(floats), *want_sum = malloc(floats), *out = malloc(floats);
+    float *want_out = malloc(floats), *x_in = malloc(floats), *partial_in = malloc(floats);
+    uint16_t *bits = malloc(halves), *want_bits = malloc(halves);
+    cr_assert(sum && want_sum && out && want_out && x_in && partial_in && bits && want_bits);
     float mean[37], rstd[37], want_mean[37], want_rstd[37];
     for (int bf16 = 0; bf16 < 2; bf16++)
         for (int rms = 0; rms < 2; rms++)
@@ -932,8 +934,8 @@ Test(transformer, residual_norms_are_the_add_then_the_norm)
                     if (!rms && bf16) layernorm_forward_bf16(want_bits, want_mean, want_rstd, want_sum, w, b, N, C);
                     if (!rms && !bf16) layernorm_forward(want_out, want_mean, want_rstd, want_sum, w, b, N, C);
                     /* the fused one */
-                    memcpy(x_in, x, n * 4);
-                    memcpy(partial_in, partial, n * 4);
+                    memcpy(x_in, x, floats);
+                    memcpy(partial_in, partial, floats);
                     float *target = place == 0 ? partial_in : place == 1 ? x_in : sum;
                     int status;
                     if (rms && bf16)
@@ -950,10 +952,10 @@ Test(transformer, residual_norms_are_the_add_then_the_norm)
                                                                b, N, C);
                     const char *what = rms ? "rmsnorm" : "layernorm";
                     cr_assert_eq(status, TP_OK, "%s bf16 %d: %s", what, bf16, tp_errmsg());
-                    cr_assert_eq(memcmp(target, want_sum, n * 4), 0, "%s bf16 %d bias %d place %d: the sum", what,
+                    cr_assert_eq(memcmp(target, want_sum, floats), 0, "%s bf16 %d bias %d place %d: the sum", what,
                                  bf16, with_bias, place);
-                    if (bf16) cr_assert_eq(memcmp(bits, want_bits, n * 2), 0, "%s: the bf16 output", what);
-                    else cr_assert_eq(memcmp(out, want_out, n * 4), 0, "%s: the output", what);
+                    if (bf16) cr_assert_eq(memcmp(bits, want_bits, halves), 0, "%s: the bf16 output", what);
+                    else cr_assert_eq(memcmp(out, want_out, floats), 0, "%s: the output", what);
                     cr_assert_eq(memcmp(rstd, want_rstd, sizeof rstd), 0, "%s: rstd", what);
                     if (!rms) cr_assert_eq(memcmp(mean, want_mean, sizeof mean), 0, "%s: mean", what);
                 }
