@@ -315,9 +315,10 @@ int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, cons
     *done = 0;
     if (!state.handle) return TP_OK; /* the separate way */
     if (key.align_bias < 16) {
+        char why[64];
+        snprintf(why, sizeof why, "the bias %zu-byte aligned (16 needed)", (size_t)key.align_bias);
         pthread_mutex_lock(&plans_lock);
-        snprintf(state.refusal, sizeof state.refusal, "cuBLASLt bias epilogue: the bias %zu-byte aligned (16 needed)",
-                 (size_t)key.align_bias);
+        note_refusal(&key, why);
         pthread_mutex_unlock(&plans_lock);
         return TP_OK;
     }
