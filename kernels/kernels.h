@@ -141,6 +141,28 @@ int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, co
  * scratch cannot be had. */
 int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC);
+/* GPT-2's MLP input and its GELU in one operation (a GPU's cuBLASLt
+ * computes GELU in the product's epilogue, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+ * and writes both): pre[N,OC] = in . W^T + bias as bf16 bits (those of
+ * matmul_forward_bf16_bits), and out[N,OC] the bits of rounding gelu_forward
+ * of the fp32 sum before its rounding (not of pre's value: the epilogue has
+ * the fp32 sum). pre is what the backward reads (matmul_backward_gelu_bf16),
+ * out what the MLP's output projection reads. A GPU's sums may come in
+ * another order, and its GELU from its own tanh: one ulp apart here and
+ * there. TP_ERR_NOMEM when the CPU's scratch cannot be had. */
+int matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight,
+                             const float *bias, int64_t N, int64_t C, int64_t OC);
+/* The backward of the MLP's output projection and of the GELU before it in
+ * one operation (on a GPU the product's epilogue, CUBLASLT_EPILOGUE_DGELU):
+ * d_out[N,OC] fp32 (the residual stream's gradient, rounded to bf16 on the
+ * way, as matmul_backward_bf16_bits); in[N,C] the GELU's output (bf16
+ * bits), pre[N,C] its input (bf16 bits, matmul_forward_gelu_bf16's pre);
+ * d_pre[N,C] written as bf16 bits: the rounding of gelu_backward of pre's
+ * values and the fp32 d_in that matmul_backward_bf16 computes from the
+ * rounded d_out (that d_in is not rounded first); d_weight and d_bias as
+ * matmul_backward_bf16_bits. TP_ERR_NOMEM when scratch cannot be had. */
+int matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
+                              const uint16_t *weight, const uint16_t *pre, int64_t N, int64_t C, int64_t OC);
 /* out[i] = the bf16 bits of x[i] (to nearest, ties to even, convert_bits.h),
  * in shares over the CPU's threads: the trainer's bf16 copy of its weights. */
 void round_to_bf16(uint16_t *out, const float *x, int64_t n);
@@ -414,6 +436,14 @@ void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_
       (uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N, int64_t C,             \
        int64_t OC),                                                                                                    \
       (out, in, weight, bias, N, C, OC))                                                                               \
+    X(matmul_forward_gelu_bf16,                                                                                        \
+      (uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,         \
+       int64_t C, int64_t OC),                                                                                         \
+      (out, pre, in, weight, bias, N, C, OC))                                                                          \
+    X(matmul_backward_gelu_bf16,                                                                                       \
+      (uint16_t *d_pre, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,                        \
+       const uint16_t *weight, const uint16_t *pre, int64_t N, int64_t C, int64_t OC),                                 \
+      (d_pre, d_weight, d_bias, d_out, in, weight, pre, N, C, OC))                                                     \
     X(round_to_bf16,                                                                                                   \
       (uint16_t *out, const float *x, int64_t n),                                                                      \
       (out, x, n))                                                                                                     \

@@ -436,7 +436,7 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     const kernel_backend *k = m->kernels;
     int has_norm = config->arch == GPT_ARCH_LLAMA ? k->rmsnorm_forward_bf16 != NULL : k->layernorm_forward_bf16 != NULL;
     int has_activation = config->swiglu ? k->swiglu_forward_bf16 && k->swiglu_backward_bf16
-                                        : k->gelu_forward_bf16 && k->gelu_backward_bf16;
+                                        : k->matmul_forward_gelu_bf16 && k->matmul_backward_gelu_bf16;
     int has_qkv = config->arch == GPT_ARCH_LLAMA ? k->rope_forward_bf16 && k->rope_backward_bf16
                                                  : k->matmul_forward_bf16_bits != NULL;
     if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->matmul_backward_bf16_bits ||
@@ -822,28 +822,47 @@ static int attention_backward_in(const gpt_model *m, void *d_qkv, float *scratch
                                  m->hd);
 }
 
-/* The MLP's activation of fc [N, fc_local] into gl [N, ffn_local] (both
- * activations): GELU, or SwiGLU of fc's [gate | up]. */
-static int mlp_activation_forward(const gpt_model *m, void *gl, const void *fc)
+/* Whether the MLP's input product and its GELU are one operation each way
+ * (matmul_forward_gelu_bf16, matmul_backward_gelu_bf16: GPT-2 in bf16, on
+ * a GPU cuBLASLt's GELU epilogues), rather than a product and an
+ * activation's operation. */
+static int gelu_in_products(const gpt_model *m)
 {
-    const kernel_backend *k = m->kernels;
-    int64_t N = m->B * m->T;
-    if (m->config.swiglu)
-        return m->bf16 ? k->swiglu_forward_bf16(gl, fc, N, m->ffn_local) : k->swiglu_forward(gl, fc, N, m->ffn_local);
-    return m->bf16 ? k->gelu_forward_bf16(gl, fc, N * m->ffn_local) : k->gelu_forward(gl, fc, N * m->ffn_local);
+    return m->bf16 && !m->config.swiglu;
 }
 
-/* Its backward: d_fc [N, fc_local] from d_gl [N, ffn_local] and fc, the
- * gradients fp32 or bf16 bits. */
-static int mlp_activation_backward(const gpt_model *m, void *d_fc, const void *fc, const void *d_gl)
+/* The MLP's input fc [N, fc_local] = in @ Wfc^T + bfc and its activation gl
+ * [N, ffn_local] (both activations): GELU, or SwiGLU of fc's [gate | up]. */
+static int mlp_forward_in(const gpt_model *m, void *gl, void *fc, const void *in, const param_view *w,
+                          const float *bias)
 {
     const kernel_backend *k = m->kernels;
     int64_t N = m->B * m->T;
+    if (gelu_in_products(m)) return k->matmul_forward_gelu_bf16(gl, fc, in, weight_of(m, w), bias, N, m->D, m->fc_local);
+    TP_TRY(activation_product(m, fc, in, w, bias, m->D, m->fc_local));
+    if (m->config.swiglu)
+        return m->bf16 ? k->swiglu_forward_bf16(gl, fc, N, m->ffn_local) : k->swiglu_forward(gl, fc, N, m->ffn_local);
+    return k->gelu_forward(gl, fc, N * m->ffn_local);
+}
+
+/* The backward of the MLP's output projection (d_out: the residual
+ * stream's gradient) and of its activation: d_fc [N, fc_local], the
+ * gradient the fc product reads (fp32, or bf16 bits), through d_gl [N,
+ * ffn_local], the activation's gradient (not written where GELU is in the
+ * product). */
+static int mlp_output_backward(const gpt_model *m, void *d_fc, void *d_gl, float *d_weight, float *d_bias,
+                               const float *d_out, const void *gl, const void *fc, const param_view *w)
+{
+    const kernel_backend *k = m->kernels;
+    int64_t N = m->B * m->T;
+    if (gelu_in_products(m))
+        return k->matmul_backward_gelu_bf16(d_fc, d_weight, d_bias, d_out, gl, weight_of(m, w), fc, N, m->ffn_local,
+                                            m->D);
+    TP_TRY(output_product_backward(m, d_gl, d_weight, d_bias, d_out, gl, w, N, m->ffn_local, m->D));
     if (m->config.swiglu)
         return m->bf16 ? k->swiglu_backward_bf16(d_fc, fc, d_gl, N, m->ffn_local)
                        : k->swiglu_backward(d_fc, fc, d_gl, N, m->ffn_local);
-    return m->bf16 ? k->gelu_backward_bf16(d_fc, fc, d_gl, N * m->ffn_local)
-                   : k->gelu_backward(d_fc, fc, d_gl, N * m->ffn_local);
+    return k->gelu_backward(d_fc, fc, d_gl, N * m->ffn_local);
 }
 
 /* RoPE's backward on the attention's d_qkv (fp32, or bf16 bits), in place. */
@@ -948,8 +967,7 @@ static int block_forward(gpt_model *m, gpt_slot *s, int l, int pl, const float *
     TP_TRY(residual_norm_forward(m, ln2, s->ln2_mean + l * R, s->ln2_rstd + l * R, res1, x, res1, W_OR_NULL(PROJ_BIAS),
                                  W(LN2_WEIGHT), W_OR_NULL(LN2_BIAS)));
     TP_TRY(full_rows(m, ln2, &in));
-    TP_TRY(activation_product(m, fc, in, VIEW(FC_WEIGHT), W_OR_NULL(FC_BIAS), D, m->fc_local)); /* the MLP's input */
-    TP_TRY(mlp_activation_forward(m, gl, fc));
+    TP_TRY(mlp_forward_in(m, gl, fc, in, VIEW(FC_WEIGHT), W_OR_NULL(FC_BIAS)));
     TP_TRY(linear_forward(m, partial2, gl, VIEW(FCPROJ_WEIGHT), NULL, N, m->ffn_local, D));
     TP_TRY(sum_rows(m, partial2, res2));
     return residual_add(m, res2, res1, res2, W_OR_NULL(FCPROJ_BIAS));
@@ -1165,9 +1183,8 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
 
     /* MLP: o = allreduce(g Wfcproj^T) + b: the gradient of o is d_x on every rank. */
     TP_TRY(all_rows_of_gradient(m, d_x, &d_out));
-    TP_TRY(output_product_backward(m, d_gelu, G(FCPROJ_WEIGHT), G_OR_NULL(FCPROJ_BIAS), d_out, gl,
-                                   VIEW(FCPROJ_WEIGHT), N, m->ffn_local, D));
-    TP_TRY(mlp_activation_backward(m, d_fc, fc, d_gelu));
+    TP_TRY(mlp_output_backward(m, d_fc, d_gelu, G(FCPROJ_WEIGHT), G_OR_NULL(FCPROJ_BIAS), d_out, gl, fc,
+                               VIEW(FCPROJ_WEIGHT)));
     TP_TRY(full_rows(m, ln2, &in));
     TP_TRY(input_product_backward(m, d_ln, G(FC_WEIGHT), G_OR_NULL(FC_BIAS), d_fc, in, VIEW(FC_WEIGHT), N, D,
                                   m->fc_local));

@@ -288,6 +288,20 @@ int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *
     return TP_OK;
 }
 
+/* The fp32 sum in the scratch: pre is its rounding, out the rounding of
+ * its GELU, computed in place once pre has been taken. */
+int matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight,
+                             const float *bias, int64_t N, int64_t C, int64_t OC)
+{
+    float *y;
+    TP_TRY(bf16_output_scratch(&y, N * OC, "product and GELU"));
+    TP_TRY(matmul_forward_bf16(y, in, weight, bias, N, C, OC));
+    round_to_bf16(pre, y, N * OC);
+    gelu_forward(y, y, N * OC);
+    round_to_bf16(out, y, N * OC);
+    return TP_OK;
+}
+
 /* d_bias[OC] += the column sums of the bf16 values of d_out[N, OC] (bits
  * widened, or fp32 values rounded): the gradient the bf16 product reads,
  * summed row by row in fp32 as column_sums sums. */
@@ -347,5 +361,28 @@ int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, co
     if (d_in) TP_TRY(bf16_output_scratch(&d_in32, N * C, "product's input gradient"));
     TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, bf16_of_values(d_out), in, weight, N, C, OC));
     if (d_in) round_to_bf16(d_in, d_in32, N * C);
+    return TP_OK;
+}
+
+/* GELU's input is widened a chunk at a time (a few MiB of scratch beside
+ * the fp32 d_in, whatever the layer's size); the gradient is formed in
+ * place in the fp32 d_in, element by element, then rounded. */
+#define GELU_PRE_CHUNK ((int64_t)1 << 20)
+
+int matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
+                              const uint16_t *weight, const uint16_t *pre, int64_t N, int64_t C, int64_t OC)
+{
+    int64_t n = N * C, chunk = n < GELU_PRE_CHUNK ? n : GELU_PRE_CHUNK;
+    float *d_in32 = NULL; /* [fp32 d_in (n) | a chunk of pre's values] */
+    if (d_pre) TP_TRY(bf16_output_scratch(&d_in32, n + chunk, "product's input gradient and GELU's"));
+    TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, bf16_of_values(d_out), in, weight, N, C, OC));
+    if (!d_pre) return TP_OK;
+    float *x = d_in32 + n;
+    for (int64_t i = 0; i < n; i += chunk) {
+        int64_t count = n - i < chunk ? n - i : chunk;
+        convert_to_f32(pre + i, TP_BF16, x, count);
+        gelu_backward(d_in32 + i, x, d_in32 + i, count);
+        round_to_bf16(d_pre + i, d_in32 + i, count);
+    }
     return TP_OK;
 }

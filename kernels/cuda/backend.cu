@@ -4,7 +4,8 @@
  * (tests/kernels/test_cuda_backend.c). This file holds the state, memory
  * and copies, and the table of operations; the operations are in one file
  * each, as in cpu/: linear.cu (products through cuBLAS, bias, residual,
- * add, scale; products_lt.cu the products whose bias cuBLASLt adds),
+ * add, scale, and the MLP's products with GELU; products_lt.cu the
+ * products whose bias or GELU cuBLASLt's epilogue adds),
  * norm.cu (layer norm, GELU, RMSNorm, SwiGLU), column_sums.cu (the
  * gradients' column sums), rope.cu, attention.cu (and attention_tiled.cu,
  * attention_cudnn.cu), embedding.cu (embedding, cross-entropy), adamw.cu
@@ -36,7 +37,10 @@
  * fc product, which only GELU or SwiGLU reads (matmul_forward_bf16_bits: a
  * bf16 C; rope_forward_bf16; gelu_forward_bf16 and swiglu_forward_bf16, and
  * their backward, widening it on load); a forward product with a bias
- * through cuBLASLt, the bias in its epilogue (products_lt.cu);
+ * through cuBLASLt, the bias in its epilogue (products_lt.cu), and GPT-2's
+ * MLP products with GELU in it (matmul_forward_gelu_bf16: GELU_AUX_BIAS;
+ * matmul_backward_gelu_bf16's d_in product: DGELU), each where cuBLASLt
+ * takes the shape, else the product and a separate kernel;
  * attention through cuDNN in bf16 where it can (attention.cu: qkv, out, d_out
  * and d_qkv bound as the bits they are), else the tiled kernels on the
  * widened values; the rest in simple kernels. Launch shapes: element-wise

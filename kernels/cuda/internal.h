@@ -54,7 +54,8 @@ int cuda_blas_start(void);
 void cuda_blas_stop(void);
 /* products_lt.cu: cuBLASLt, loaded and given a handle and a workspace at
  * start (stop releases them, also after a failed start; with
- * TP_CUDA_EPILOGUE=off, not loaded, and every product's bias separate); then
+ * TP_CUDA_EPILOGUE=off, not loaded, and every product's bias separate, and
+ * GELU's kernels beside the MLP's products); then
  * out[N,OC] = in . W^T + bias with the bias in the product's epilogue, on
  * cuda_state.stream, in and W as the product reads them (fp32, or bf16
  * when bf16: the caller's bf16 activation and bf16 weight bits themselves,
@@ -67,5 +68,24 @@ int cuda_lt_start(void);
 void cuda_lt_stop(void);
 int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, const void *weight, const float *bias,
                          int64_t N, int64_t C, int64_t OC, int *done);
+
+/* Also through cuBLASLt's epilogues: GPT-2's MLP products with GELU. All
+ * bf16 bits at any even address, on cuda_state.stream; *done 0 and nothing
+ * queued where the epilogue is not taken (the reason kept for
+ * cuda_lt_last_refusal): the caller goes the separate way.
+ *
+ * cuda_lt_forward_gelu: matmul_forward_gelu_bf16 in one product, in[N,C]
+ * and W[OC,C] as the product reads them, bias[OC] fp32 or NULL:
+ * pre[N,OC] = bf16(in . W^T + bias), out[N,OC] = bf16(gelu(the same fp32
+ * sum)).
+ *
+ * cuda_lt_backward_dgelu: matmul_backward_gelu_bf16's d_in product,
+ * d_out[N,OC] the bf16 operand the products read (the fp32 d_out rounded
+ * into linear.cu's scratch), W[OC,C], pre[N,C] GELU's input:
+ * d_pre[N,C] = bf16(gelu'(pre) * (d_out . W), the product's fp32 sum). */
+int cuda_lt_forward_gelu(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight, const float *bias,
+                         int64_t N, int64_t C, int64_t OC, int *done);
+int cuda_lt_backward_dgelu(uint16_t *d_pre, const uint16_t *d_out, const uint16_t *weight, const uint16_t *pre,
+                           int64_t N, int64_t C, int64_t OC, int *done);
 
 #endif

@@ -1,9 +1,11 @@
 /* linear.cu: matrix products through cuBLAS (fp32, and bf16 operands summed
- * in fp32), the rounding of fp32 values to bf16 bits (round_to_bf16: the
- * bf16 copy of the weights, and every rounding of the CUDA files) and the
- * elementwise operations of cpu/linear.c (bias, residual, add, scale) on
- * the GPU. cuBLAS is loaded here, and its handle made on the
- * backend's stream (cuda_blas_start). */
+ * in fp32), the MLP's products with GELU (matmul_forward_gelu_bf16,
+ * matmul_backward_gelu_bf16: GELU in cuBLASLt's epilogue, products_lt.cu,
+ * where it takes the shape), the rounding of fp32 values to bf16 bits
+ * (round_to_bf16: the bf16 copy of the weights, and every rounding of the
+ * CUDA files) and the elementwise operations of cpu/linear.c (bias,
+ * residual, add, scale) on the GPU. cuBLAS is loaded here, and its handle
+ * made on the backend's stream (cuda_blas_start). */
 #include <cublas_v2.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -415,17 +417,69 @@ fail:
     return TP_ERR_DEVICE;
 }
 
+/* GPT-2's MLP product with its GELU (kernels.h matmul_forward_gelu_bf16,
+ * matmul_backward_gelu_bf16): GELU, or its gradient, in cuBLASLt's epilogue
+ * of the product (products_lt.cu: GELU_AUX_BIAS or GELU_AUX forward, DGELU
+ * on the backward's d_in product; what that saves is said there) where it
+ * takes the shape; elsewhere (TP_CUDA_EPILOGUE=off, GELU's input not
+ * 16-byte aligned, a leading dimension not a multiple of 8, no algorithm)
+ * the separate way: the product's fp32 sums (the forward's out, or the
+ * backward's d_in) into gelu_scratch, exactly what matmul_forward_bf16 and
+ * matmul_backward_bf16 write, then one kernel forms GELU's value or
+ * gradient from them and rounds it (and the forward's pre is their
+ * rounding). The backward's d_in product reads the rounded d_out from the
+ * operands' scratch: it is queued, either way, in matmul_backward_in
+ * between operands_begin and operands_end (product_through_gelu_backward),
+ * beside d_weight's product and d_bias's sums of the same operand as
+ * matmul_backward_bf16_bits queues them. gelu_lock is held from taking
+ * gelu_scratch until the last kernel reading it is queued; it is taken
+ * before bf16_lock (the forward's separate way and the backward both), never
+ * after it. */
+static cuda_scratch gelu_scratch;
+static pthread_mutex_t gelu_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* d_pre[N,C] = bf16(gelu'(pre) * d_in), d_in[N,C] = d_out . W the fp32
+ * product of o's operands (d_out's bf16 operand o->of[0], W o->of[1]; not
+ * read where OC is 0: d_in is then an empty sum, +0, and d_pre gelu'(pre)
+ * times it, a signed zero as the CPU's): cuBLASLt's DGELU epilogue, else d_in
+ * into gelu_scratch and GELU's backward kernel. gelu_lock held by the caller
+ * (and bf16_lock, where o is given). */
+static int product_through_gelu_backward(const operands *o, uint16_t *d_pre, const uint16_t *pre, int64_t N, int64_t C,
+                                         int64_t OC)
+{
+    int fused = 0;
+    void *sums = NULL;
+    const size_t bytes = (size_t)(N * C) * sizeof(float);
+    if (OC > 0)
+        TP_TRY(cuda_lt_backward_dgelu(d_pre, (const uint16_t *)o->of[0], (const uint16_t *)o->of[1], pre, N, C, OC,
+                                      &fused));
+    if (fused) return TP_OK;
+    TP_TRY(cuda_scratch_parts(&gelu_scratch, "the MLP product's fp32 input gradient", &sums, &bytes, 1));
+    if (OC > 0) TP_TRY(gemm(o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, o->of[1], C, o->of[0], OC, 0.0f, sums, 0, C));
+    else CUDA_TRY(cudaMemsetAsync(sums, 0, bytes, cuda_state.stream));
+    return cuda_gelu_backward_of_sums(d_pre, pre, (const float *)sums, N * C);
+fail:
+    return TP_ERR_DEVICE;
+}
+
 /* Operands d_out, then W when d_in is asked for and in when d_weight is
  * (size 0 otherwise: not read). d_out: fp32, or bf16 bits (d_out_bits,
  * bf16 alone: matmul_backward_bf16); d_in: fp32, or bf16 bits (d_in_bits,
  * bf16 alone: matmul_backward_bf16_bits, d_out then fp32, rounded into the
- * scratch); in and W: fp32, or bf16 bits when bf16. */
-static int matmul_backward_in(int bf16, void *d_in, int d_in_bits, float *d_weight, float *d_bias, const void *d_out,
-                              int d_out_bits, const void *in, const void *weight, int64_t N, int64_t C, int64_t OC)
+ * scratch), or with gelu_pre (bf16 bits of GELU's input [N,C], d_in_bits
+ * too: matmul_backward_gelu_bf16, OC > 0) d_pre, the bits of gelu'(pre)
+ * times the fp32 d_in (product_through_gelu_backward, gelu_lock held by the
+ * caller); in and W: fp32, or bf16 bits when bf16. */
+static int matmul_backward_in(int bf16, void *d_in, int d_in_bits, const uint16_t *gelu_pre, float *d_weight,
+                              float *d_bias, const void *d_out, int d_out_bits, const void *in, const void *weight,
+                              int64_t N, int64_t C, int64_t OC)
 {
     if ((d_in_bits || d_out_bits) && !bf16)
         return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: a d_in or d_out of bf16 bits goes with bf16 products alone");
-    TP_TRY(dimensions_ok("matmul_backward", d_in_bits ? "_bf16_bits" : bf16 ? "_bf16" : "", N, C, OC));
+    if (gelu_pre && (!d_in_bits || OC == 0))
+        return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: GELU's gradient goes with a bf16 d_in and OC > 0 alone");
+    TP_TRY(dimensions_ok("matmul_backward", gelu_pre ? "_gelu_bf16" : d_in_bits ? "_bf16_bits" : bf16 ? "_bf16" : "",
+                         N, C, OC));
     ENTER();
     if (N == 0) return TP_OK;
     if (d_in && C > 0 && OC == 0) /* an empty sum: +0, whose bf16 bits are 0 too */
@@ -441,7 +495,9 @@ static int matmul_backward_in(int bf16, void *d_in, int d_in_bits, float *d_weig
                                       {in, products && d_weight ? N * C : 0, bf16}};
             operands o;
             int status = operands_begin(&o, bf16, given, 3);
-            if (!status && products && d_in) /* d_in = d_out @ W, overwritten (fp32, or rounded as stored) */
+            if (!status && products && d_in && gelu_pre) /* d_pre = gelu'(pre) * (d_out @ W), overwritten */
+                status = product_through_gelu_backward(&o, (uint16_t *)d_in, gelu_pre, N, C, OC);
+            else if (!status && products && d_in) /* d_in = d_out @ W, overwritten (fp32, or rounded as stored) */
                 status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, o.of[1], C, o.of[0], OC, 0.0f, d_in, d_in_bits,
                               C);
             if (!status && products && d_weight) /* d_weight += d_out^T @ in */
@@ -488,19 +544,68 @@ int cuda_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint1
 int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_backward_in(0, d_in, 0, d_weight, d_bias, d_out, 0, in, weight, N, C, OC);
+    return matmul_backward_in(0, d_in, 0, NULL, d_weight, d_bias, d_out, 0, in, weight, N, C, OC);
 }
 
 int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
                               const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_backward_in(1, d_in, 0, d_weight, d_bias, d_out, 1, in, weight, N, C, OC);
+    return matmul_backward_in(1, d_in, 0, NULL, d_weight, d_bias, d_out, 1, in, weight, N, C, OC);
 }
 
 int cuda_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
                                    const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_backward_in(1, d_in, 1, d_weight, d_bias, d_out, 0, in, weight, N, C, OC);
+    return matmul_backward_in(1, d_in, 1, NULL, d_weight, d_bias, d_out, 0, in, weight, N, C, OC);
+}
+
+/* The fused way where cuBLASLt takes it (in and W read where they lie:
+ * bits, nothing rounded, so no operands' scratch and no lock), else the
+ * separate way (above). */
+int cuda_matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight,
+                                  const float *bias, int64_t N, int64_t C, int64_t OC)
+{
+    TP_TRY(dimensions_ok("matmul_forward", "_gelu_bf16", N, C, OC));
+    ENTER();
+    if (N == 0 || OC == 0) return TP_OK;
+    {
+        int fused = 0;
+        if (C > 0) TP_TRY(cuda_lt_forward_gelu(out, pre, in, weight, bias, N, C, OC, &fused));
+        if (fused) return TP_OK;
+        void *sums = NULL;
+        const size_t bytes = (size_t)(N * OC) * sizeof(float);
+        pthread_mutex_lock(&gelu_lock);
+        int status = cuda_scratch_parts(&gelu_scratch, "the MLP product's fp32 sums", &sums, &bytes, 1);
+        if (!status) status = matmul_forward_in(1, sums, 0, in, weight, bias, N, C, OC);
+        if (!status) status = cuda_round_to_bf16(pre, (const float *)sums, N * OC);
+        if (!status) status = cuda_gelu_forward_of_sums(out, (const float *)sums, N * OC);
+        pthread_mutex_unlock(&gelu_lock);
+        return status;
+    }
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* d_pre through matmul_backward_in (product_through_gelu_backward, with the
+ * rounded d_out), d_weight and d_bias as matmul_backward_bf16_bits; OC = 0
+ * (no product, an empty d_in) the separate way alone. */
+int cuda_matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const float *d_out,
+                                   const uint16_t *in, const uint16_t *weight, const uint16_t *pre, int64_t N,
+                                   int64_t C, int64_t OC)
+{
+    TP_TRY(dimensions_ok("matmul_backward", "_gelu_bf16", N, C, OC));
+    if (!d_pre || N == 0 || C == 0)
+        return matmul_backward_in(1, NULL, 0, NULL, d_weight, d_bias, d_out, 0, in, weight, N, C, OC);
+    ENTER();
+    {
+        pthread_mutex_lock(&gelu_lock);
+        int status = OC > 0 ? matmul_backward_in(1, d_pre, 1, pre, d_weight, d_bias, d_out, 0, in, weight, N, C, OC)
+                            : product_through_gelu_backward(NULL, d_pre, pre, N, C, 0);
+        pthread_mutex_unlock(&gelu_lock);
+        return status;
+    }
+fail:
+    return TP_ERR_DEVICE;
 }
 
 /* ============================================================ elementwise

@@ -183,6 +183,16 @@ int64_t cuda_lt_bias_epilogue_bits_products(void)
     return 0;
 }
 
+int64_t cuda_lt_gelu_epilogue_products(void)
+{
+    return 0;
+}
+
+int64_t cuda_lt_dgelu_epilogue_products(void)
+{
+    return 0;
+}
+
 const char *cuda_lt_last_refusal(void)
 {
     return "none (" NO_CUDA ")";

@@ -241,6 +241,11 @@ int cuda_gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n)
     return gelu_forward_as(out, in, n);
 }
 
+int cuda_gelu_forward_of_sums(uint16_t *out, const float *in, int64_t n)
+{
+    return gelu_forward_as(out, in, n);
+}
+
 template <typename DIn, typename In, typename DOut>
 static int gelu_backward_as(DIn *d_in, const In *in, const DOut *d_out, int64_t n)
 {
@@ -259,6 +264,11 @@ int cuda_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t
 }
 
 int cuda_gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n)
+{
+    return gelu_backward_as(d_in, in, d_out, n);
+}
+
+int cuda_gelu_backward_of_sums(uint16_t *d_in, const uint16_t *in, const float *d_out, int64_t n)
 {
     return gelu_backward_as(d_in, in, d_out, n);
 }

@@ -1,6 +1,9 @@
-/* products_lt.cu: the forward product with its bias added in cuBLASLt's
- * epilogue (CUBLASLT_EPILOGUE_BIAS), for matmul_forward,
- * matmul_forward_bf16 and matmul_forward_bf16_bits (linear.cu).
+/* products_lt.cu: products with work in cuBLASLt's epilogue, where it
+ * saves a pass over an activation:
+ *
+ * BIAS: the forward product with its bias added (CUBLASLT_EPILOGUE_BIAS),
+ * for matmul_forward, matmul_forward_bf16 and matmul_forward_bf16_bits
+ * (linear.cu).
  *
  * Why: out[N,OC] = in . W^T + bias as a product then add_bias_kernel
  * writes out, then reads and writes it again: for GPT-2 124M at micro-batch
@@ -16,6 +19,55 @@
  * heuristic may pick another algorithm than for an fp32 D: the same sum in
  * another order). The plans are kept per type of D as well.
  *
+ * GELU: GPT-2's MLP fc product and its GELU (matmul_forward_gelu_bf16,
+ * kernels.h), CUBLASLT_EPILOGUE_GELU_AUX_BIAS (GELU_AUX without a bias):
+ * the fp32 sum plus the fp32 bias is GELU's input; the epilogue stores it
+ * rounded to bf16 in the aux matrix (pre[N,OC], what the backward reads)
+ * and GELU of it, in fp32 and rounded once, in D (out[N,OC], what the
+ * output projection reads). Layouts as BIAS's, D bf16 (so split-K's sums in
+ * fp32 as there), the aux matrix OC x N with ld OC. cuBLASLt's GELU is the
+ * tanh form that gelu_forward computes (PyTorch's _addmm_activation, which
+ * calls this epilogue, matches its gelu "tanh" by it), its tanh perhaps the
+ * hardware's approximation: a bf16 ulp apart here and there, as kernels.h
+ * allows (the tests say how far).
+ *
+ * DGELU: the backward of the MLP's output projection and of GELU
+ * (matmul_backward_gelu_bf16), CUBLASLT_EPILOGUE_DGELU on its d_in product:
+ * d_in^T (C x N, ld C) = W (op N: C x OC, ld C) . d_out^T (OC x N, ld OC),
+ * d_out the bf16 operand (the fp32 d_out rounded into linear.cu's scratch),
+ * the aux matrix pre (GELU's input, bf16, C x N, ld C): D = d_pre (bf16, ld
+ * C) = gelu'(pre) times the fp32 sum, rounded once (split-K's parts summed
+ * in fp32 before the epilogue multiplies: an algorithm that rounded them to
+ * D's type first would round twice). d_weight and d_bias stay linear.cu's
+ * (the bias gradient's column sums of the rounded d_out; not a BGRAD
+ * epilogue, whose sums would be cuBLASLt's, in another order than the
+ * other products' d_bias).
+ *
+ * Why the GELU ones: per GPT-2 124M layer at micro-batch 4 (N = 4096 rows,
+ * fc width 3072, bf16: 25 MB an activation), against the unfused
+ * operations (matmul_forward_bf16_bits then gelu_forward_bf16;
+ * matmul_backward_bf16_bits then gelu_backward_bf16) the forward saves
+ * GELU's separate read of pre (25 MB) and a launch, the backward the
+ * writing and reading of the bf16 gradient of GELU's output (50 MB) and a
+ * launch: about 75 MB a layer, 0.9 GB a step of 12 layers, about 0.3-0.4 ms
+ * a step on an H100 (predicted from its memory bandwidth, not measured: no
+ * GPU yet). Against linear.cu's separate way (the fp32 sums through a
+ * scratch, 50 MB written and read again) about 250 MB a layer.
+ *
+ * The aux matrix (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+ * _AUX_LD, _AUX_DATA_TYPE): its pointer "requires setting
+ * CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD", and the heuristic "depend[s] on its
+ * value to determine expected pointer alignment" (so its alignment is part
+ * of a plan's key, as the bias's); the GELU input's leading dimension "must
+ * be divisible by 8 and be no less than the number of rows in the output
+ * matrix" (ld = those rows here: OC forward, C backward; refused otherwise);
+ * its type, unset, "defaults to the type of elements of the output matrix"
+ * (bf16, D's: pre's type; AUX_DATA_TYPE is left unset, since setting it
+ * for a combination cuBLASLt does not take makes cublasLtMatmul return
+ * INVALID_VALUE). The aux pointer is also refused below 16-byte alignment,
+ * as the bias is (below), and d_pre in place of pre (cublasLt.h does not
+ * say that D may be the aux input).
+ *
  * cuBLASLt comes with cuBLAS (libcublas.so needs libcublasLt.so) and is
  * loaded the same way, when the backend starts. A plan (the descriptors
  * and the algorithm cuBLASLt's heuristic picks) is made once per shape and
@@ -24,9 +76,10 @@
  * ones at float offsets, and the bf16 product's in and W, a bf16 activation
  * and the trainer's bf16 copy of a weight, both read where they lie, may be
  * only 2-byte aligned, each on its own), and kept for the process.
- * Where cuBLASLt offers no algorithm for a shape, that is remembered too,
- * and the caller does the product and the bias separately as before; so
- * too where the bias is not 16-byte aligned: cuBLASLt has no preference for
+ * Where cuBLASLt offers no algorithm for a shape, that is remembered too
+ * (with the reason: note_refusal), and the caller goes the separate way
+ * (the product, then the bias kernel, or GELU's); so too where the bias is
+ * not 16-byte aligned: cuBLASLt has no preference for
  * the bias's alignment, and its epilogues have been seen to fault on a less
  * aligned one ("misaligned address", which ends the CUDA context: PyTorch,
  * Marian and llm.c met it). */
@@ -48,7 +101,9 @@ extern "C" {
 #define TP_STRINGIFY(x) TP_STRINGIFY_(x)
 
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt's advice for Hopper: 32 MiB */
-#define LT_MAX_PLANS 64                        /* shapes x alignments; a model has a handful */
+#define LT_MAX_PLANS 64                        /* epilogues x shapes x alignments; a model has a handful */
+#define LT_MIN_ALIGNMENT 16                    /* of the bias and of the aux matrix, in bytes (above) */
+#define LT_AUX_LD_MULTIPLE 8                   /* cublasLt.h, EPILOGUE_AUX_LD: "divisible by 8" */
 
 static struct {
     decltype(&cublasLtCreate) create;
@@ -103,14 +158,23 @@ static int load_cublas_lt(void)
         }                                                                                                              \
     } while (0)
 
-/* The key of a plan: precision, out's type (fp32, or bf16 bits: out_bits),
- * shape, and the alignment in bytes (a power of two, at most 256) of in, W,
- * out and bias, each its own (the preference's minimum alignment of A is
- * W's, of B in's, of C and D out's). */
+/* Which epilogue a plan's product runs (the top of this file): the
+ * forward bias; the forward GELU, its input kept in the aux matrix (with
+ * the bias, GELU_AUX_BIAS, or without, GELU_AUX); GELU's gradient on the
+ * backward's d_in product (DGELU). */
+typedef enum { EPILOGUE_BIAS, EPILOGUE_GELU, EPILOGUE_DGELU } epilogue_kind;
+
+/* The key of a plan: the epilogue (kind, and whether it adds a bias),
+ * precision, D's type (fp32, or bf16 bits: out_bits), the operation's shape
+ * N, C, OC, and the alignment in bytes (a power of two, at most 256) of
+ * each array, each its own, 0 where there is none: in (B: the forward's in,
+ * DGELU's d_out operand), W (A), out (C and D: out, or d_pre), bias and aux
+ * (pre). */
 typedef struct {
-    int bf16, out_bits;
+    epilogue_kind kind;
+    int has_bias, bf16, out_bits;
     int64_t N, C, OC;
-    unsigned align_in, align_weight, align_out, align_bias;
+    unsigned align_in, align_weight, align_out, align_bias, align_aux;
 } plan_key;
 
 typedef struct {
@@ -129,31 +193,76 @@ static struct {
     int num_plans;
     int64_t epilogue_products;      /* cuda_lt_bias_epilogue_products */
     int64_t epilogue_bits_products; /* cuda_lt_bias_epilogue_bits_products: those with a bf16 D */
+    int64_t gelu_products;          /* cuda_lt_gelu_epilogue_products */
+    int64_t dgelu_products;         /* cuda_lt_dgelu_epilogue_products */
     char refusal[320];              /* cuda_lt_last_refusal */
 } state;
-/* The plans, and each plan's bias pointer from setting it to queueing the
- * product (the descriptor holds it). */
+/* The plans, and each plan's bias and aux pointers from setting them to
+ * queueing the product (the descriptor holds them). */
 static pthread_mutex_t plans_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int same_key(const plan_key *a, const plan_key *b)
 {
-    return a->bf16 == b->bf16 && a->out_bits == b->out_bits && a->N == b->N && a->C == b->C && a->OC == b->OC &&
-           a->align_in == b->align_in && a->align_weight == b->align_weight && a->align_out == b->align_out &&
-           a->align_bias == b->align_bias;
+    return a->kind == b->kind && a->has_bias == b->has_bias && a->bf16 == b->bf16 && a->out_bits == b->out_bits &&
+           a->N == b->N && a->C == b->C && a->OC == b->OC && a->align_in == b->align_in &&
+           a->align_weight == b->align_weight && a->align_out == b->align_out && a->align_bias == b->align_bias &&
+           a->align_aux == b->align_aux;
 }
 
+/* 0 for NULL: no such array. */
 static unsigned alignment_of(const void *p)
 {
     uintptr_t address = (uintptr_t)p;
     unsigned alignment = 256;
+    if (!p) return 0;
     while (alignment > 1 && address % alignment) alignment /= 2;
     return alignment;
 }
 
+/* The rows of B (the product's inner dimension) and of D (and of the aux
+ * matrix, whose leading dimension is this): the forward's C and OC, the
+ * backward's OC and C. */
+static int64_t inner_of(const plan_key *k)
+{
+    return k->kind == EPILOGUE_DGELU ? k->OC : k->C;
+}
+
+static int64_t rows_of(const plan_key *k)
+{
+    return k->kind == EPILOGUE_DGELU ? k->C : k->OC;
+}
+
+static cublasLtEpilogue_t epilogue_of(const plan_key *k)
+{
+    switch (k->kind) {
+    case EPILOGUE_GELU:
+        return k->has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    case EPILOGUE_DGELU:
+        return CUBLASLT_EPILOGUE_DGELU;
+    default:
+        return CUBLASLT_EPILOGUE_BIAS;
+    }
+}
+
+static const char *epilogue_name(const plan_key *k)
+{
+    switch (k->kind) {
+    case EPILOGUE_GELU:
+        return k->has_bias ? "GELU_AUX_BIAS" : "GELU_AUX";
+    case EPILOGUE_DGELU:
+        return "DGELU";
+    default:
+        return "bias";
+    }
+}
+
 /* Whether cuBLASLt's status refuses a configuration (no algorithm for it),
- * not a failure: NOT_SUPPORTED, and for a bf16 D (out_bits) INVALID_VALUE
- * too, which an fp32 bias with it may give (cublasLt.h: a bias is D's type
- * but for a few exceptions). The caller then takes its own way. */
+ * not a failure: NOT_SUPPORTED, and for a bf16 D (out_bits: every GELU
+ * product, and the bits product's bias) INVALID_VALUE too, which an fp32
+ * bias with it may give (cublasLt.h: a bias is D's type but for a few
+ * exceptions), or an aux matrix of D's type that this cuBLASLt does not
+ * take (cublasLt.h, EPILOGUE_AUX_DATA_TYPE: "calling cublasLtMatmul() will
+ * return CUBLAS_INVALID_VALUE"). The caller then takes its own way. */
 static int refused(cublasStatus_t status, int out_bits)
 {
     return status == CUBLAS_STATUS_NOT_SUPPORTED || (out_bits && status == CUBLAS_STATUS_INVALID_VALUE);
@@ -168,23 +277,28 @@ static void plan_release(plan *p)
     memset(p, 0, sizeof *p);
 }
 
-/* Why the epilogue was not taken for `key`'s shape (cuda_lt_last_refusal). */
+/* Why the epilogue was not taken for `key`'s product (cuda_lt_last_refusal). */
 static void note_refusal(const plan_key *key, const char *why)
 {
-    snprintf(state.refusal, sizeof state.refusal, "cuBLASLt bias epilogue, %s N=%lld C=%lld OC=%lld%s: %s",
-             key->bf16 ? "bf16" : "fp32", (long long)key->N, (long long)key->C, (long long)key->OC,
-             key->out_bits ? " (bf16 D)" : "", why);
+    snprintf(state.refusal, sizeof state.refusal, "cuBLASLt %s epilogue, %s N=%lld C=%lld OC=%lld%s: %s",
+             epilogue_name(key), key->bf16 ? "bf16" : "fp32", (long long)key->N, (long long)key->C,
+             (long long)key->OC, key->out_bits ? " (bf16 D)" : "", why);
 }
 
-/* Builds the plan of p->key (column-major, as linear.cu's forward:
- * out^T (OC x N, ld OC) = W^T^T (op T of W read as C x OC, ld C) . in^T
- * (C x N, ld C), the bias a vector of OC, one per row of out^T; C and D are
- * out, fp32 or bf16). usable 0 when the heuristic offers nothing (also for
- * an fp32 bias with a bf16 D, should this cuBLASLt not take one), and when
- * cuBLASLt refuses a descriptor or the heuristic fails: the product is then
- * computed without the epilogue, as where it offers nothing, and the reason
- * kept for cuda_lt_last_refusal (a slower way, not a wrong one: the tests
- * count the epilogue's products and say why it did not run). */
+/* Builds the plan of p->key, column-major as linear.cu's products:
+ *   forward (BIAS, GELU): out^T (OC x N, ld OC) = W^T^T (op T of W read as
+ *     C x OC, ld C) . in^T (C x N, ld C), the bias a vector of OC, one per
+ *     row of out^T; the aux matrix (GELU) pre^T, OC x N, ld OC;
+ *   backward (DGELU): d_pre^T (C x N, ld C) = W (op N, C x OC, ld C) .
+ *     d_out^T (OC x N, ld OC); the aux matrix pre^T, C x N, ld C.
+ * C and D are out, fp32 or bf16. usable 0 when the heuristic offers nothing
+ * (also for an fp32 bias with a bf16 D, should this cuBLASLt not take one),
+ * and when cuBLASLt refuses a descriptor or the heuristic fails: the
+ * product is then computed without the epilogue, as where it offers
+ * nothing, and the reason kept for cuda_lt_last_refusal (a slower way, not
+ * a wrong one: the tests count the epilogue's products and say why it did
+ * not run). bias and aux are the call's (NULL where the key has none): the
+ * heuristic reads their alignment from them. */
 static void refuse_plan(plan *p, const char *why)
 {
     plan_key key = p->key;
@@ -193,13 +307,14 @@ static void refuse_plan(plan *p, const char *why)
     note_refusal(&key, why);
 }
 
-static int plan_build(plan *p, const float *bias)
+static int plan_build(plan *p, const float *bias, const void *aux)
 {
     const plan_key *k = &p->key;
     cudaDataType operand = k->bf16 ? CUDA_R_16BF : CUDA_R_32F, result = k->out_bits ? CUDA_R_16BF : CUDA_R_32F;
-    cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-    uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    cublasOperation_t op_weight = k->kind == EPILOGUE_DGELU ? CUBLAS_OP_N : CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    uint32_t epilogue = epilogue_of(k);
     int32_t bias_type = CUDA_R_32F;
+    int64_t inner = inner_of(k), rows = rows_of(k);
     uint64_t workspace_limit = LT_WORKSPACE_BYTES;
     cublasLtMatmulPreference_t preference = NULL;
     cublasLtMatmulHeuristicResult_t found;
@@ -208,15 +323,21 @@ static int plan_build(plan *p, const float *bias)
     /* fp32 sums, fp32 alpha and beta: for fp32 operands plain fp32 (not
      * TF32), as cuBLAS's products here. */
     LT_TRY(lt.desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
+    LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_weight, sizeof op_weight));
     LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep));
     LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
-    /* The heuristic reads the bias pointer's alignment from it. */
-    LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (k->has_bias) {
+        LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+        /* The heuristic reads the bias pointer's alignment from it. */
+        LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    if (aux) { /* GELU's input: bf16 as D (the type left unset), ld the rows of D (the top of this file) */
+        LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &rows, sizeof rows));
+    }
     LT_TRY(lt.layout_create(&p->layout_weight, operand, (uint64_t)k->C, (uint64_t)k->OC, k->C));
-    LT_TRY(lt.layout_create(&p->layout_in, operand, (uint64_t)k->C, (uint64_t)k->N, k->C));
-    LT_TRY(lt.layout_create(&p->layout_out, result, (uint64_t)k->OC, (uint64_t)k->N, k->OC));
+    LT_TRY(lt.layout_create(&p->layout_in, operand, (uint64_t)inner, (uint64_t)k->N, inner));
+    LT_TRY(lt.layout_create(&p->layout_out, result, (uint64_t)rows, (uint64_t)k->N, rows));
     LT_TRY(lt.preference_create(&preference));
     LT_TRY(lt.preference_set(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_limit,
                              sizeof workspace_limit));
@@ -235,8 +356,7 @@ static int plan_build(plan *p, const float *bias)
     heuristic = lt.heuristic(state.handle, p->desc, p->layout_weight, p->layout_in, p->layout_out, p->layout_out,
                              preference, 1, &found, &count);
     /* NOT_SUPPORTED: no algorithm for this configuration, as count 0 is;
-     * for a bf16 D, INVALID_VALUE too (an fp32 bias with it, which
-     * cublasLt.h's bias type rule may reject so). */
+     * for a bf16 D, INVALID_VALUE too (refused, above). */
     if (heuristic != CUBLAS_STATUS_SUCCESS && !refused(heuristic, k->out_bits)) LT_TRY(heuristic);
     lt.preference_destroy(preference);
     preference = NULL;
@@ -262,7 +382,7 @@ fail:
 /* The plan for key, built when first asked for (plans_lock held); NULL
  * with *status TP_OK when the table is full (the caller goes the separate
  * way: a process with more shapes than LT_MAX_PLANS is not a model's). */
-static plan *plan_for(const plan_key *key, const float *bias, int *status)
+static plan *plan_for(const plan_key *key, const float *bias, const void *aux, int *status)
 {
     *status = TP_OK;
     for (int i = 0; i < state.num_plans; i++)
@@ -271,16 +391,17 @@ static plan *plan_for(const plan_key *key, const float *bias, int *status)
     plan *p = &state.plans[state.num_plans];
     memset(p, 0, sizeof *p);
     p->key = *key;
-    if ((*status = plan_build(p, bias))) return NULL;
+    if ((*status = plan_build(p, bias, aux))) return NULL;
     state.num_plans++;
     return p;
 }
 
 int cuda_lt_start(void)
 {
-    /* TP_CUDA_EPILOGUE=off sets the epilogue aside (the separate bias
-     * kernel for every product): a switch for a GPU session that finds it
-     * at fault, as TP_CUDA_ATTENTION is for attention. */
+    /* TP_CUDA_EPILOGUE=off sets every epilogue aside (the separate bias
+     * kernel for every product, and GELU's kernels beside the MLP's
+     * products): a switch for a GPU session that finds one at fault, as
+     * TP_CUDA_ATTENTION is for attention. */
     const char *choice = getenv("TP_CUDA_EPILOGUE");
     if (choice && *choice && strcmp(choice, "on") && strcmp(choice, "off"))
         return tp_fail(TP_ERR_ARG, "TP_CUDA_EPILOGUE: '%s' is neither on nor off", choice);
@@ -306,44 +427,65 @@ void cuda_lt_stop(void)
     pthread_mutex_unlock(&plans_lock);
 }
 
-int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, const void *weight, const float *bias,
-                         int64_t N, int64_t C, int64_t OC, int *done)
+/* Why key's arrays are refused before any plan (the top of this file), in
+ * why; "" where they are not. */
+static void refusal_of_arrays(const plan_key *key, const void *out, const void *aux, char *why, size_t size)
+{
+    why[0] = '\0';
+    if (key->has_bias && key->align_bias < LT_MIN_ALIGNMENT)
+        snprintf(why, size, "the bias %u-byte aligned (%d needed)", key->align_bias, LT_MIN_ALIGNMENT);
+    else if (aux && key->align_aux < LT_MIN_ALIGNMENT)
+        snprintf(why, size, "GELU's input (the aux matrix) %u-byte aligned (%d needed)", key->align_aux,
+                 LT_MIN_ALIGNMENT);
+    else if (aux && rows_of(key) % LT_AUX_LD_MULTIPLE)
+        snprintf(why, size, "GELU's input's leading dimension %lld not a multiple of %d (cublasLt.h, EPILOGUE_AUX_LD)",
+                 (long long)rows_of(key), LT_AUX_LD_MULTIPLE);
+    else if (aux && aux == out)
+        snprintf(why, size, "D in place of its aux input (cublasLt.h does not say that it may be)");
+}
+
+/* Queues key's product with its epilogue: out = op(weight) . in, with the
+ * bias (NULL where the key has none) and the aux matrix (NULL for BIAS);
+ * *done 1 where queued, else 0 with nothing queued and the reason noted. */
+static int lt_product(const plan_key *key, void *out, const void *in, const void *weight, const float *bias,
+                      const void *aux, int *done)
 {
     const float one = 1.0f, zero = 0.0f;
-    plan_key key = {bf16, out_bits, N, C, OC, alignment_of(in), alignment_of(weight), alignment_of(out),
-                    alignment_of(bias)};
+    char why[160];
     *done = 0;
-    if (!state.handle) return TP_OK; /* the separate way */
-    if (key.align_bias < 16) {
-        char why[64];
-        snprintf(why, sizeof why, "the bias %zu-byte aligned (16 needed)", (size_t)key.align_bias);
+    if (!state.handle) return TP_OK; /* TP_CUDA_EPILOGUE=off: the separate way */
+    refusal_of_arrays(key, out, aux, why, sizeof why);
+    if (why[0]) {
         pthread_mutex_lock(&plans_lock);
-        note_refusal(&key, why);
+        note_refusal(key, why);
         pthread_mutex_unlock(&plans_lock);
         return TP_OK;
     }
     pthread_mutex_lock(&plans_lock);
     int status = TP_OK;
-    plan *p = plan_for(&key, bias, &status);
+    plan *p = plan_for(key, bias, aux, &status);
     if (!status && p && p->usable) {
-        LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        if (bias) LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        if (aux) LT_TRY(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
         cublasStatus_t ran = lt.matmul(state.handle, p->desc, &one, weight, p->layout_weight, in, p->layout_in, &zero,
                                        out, p->layout_out, out, p->layout_out, &p->algo, state.workspace,
                                        p->workspace_bytes, cuda_state.stream);
-        /* Refused at the call (an fp32 bias with a bf16 D, which
-         * cublasLt.h's bias type rule may refuse only here): nothing was
+        /* Refused at the call (an fp32 bias with a bf16 D, or an aux type,
+         * which cublasLt.h's type rules may refuse only here): nothing was
          * queued; the plan is set aside and the caller's own way runs. */
-        if (refused(ran, out_bits)) {
-            char why[96];
+        if (refused(ran, key->out_bits)) {
+            char at_call[96];
             p->usable = 0;
-            snprintf(why, sizeof why, "%s at the call", lt.status_name(ran));
-            note_refusal(&p->key, why);
+            snprintf(at_call, sizeof at_call, "%s at the call", lt.status_name(ran));
+            note_refusal(&p->key, at_call);
         } else {
             LT_TRY(ran);
         }
         *done = p->usable;
-        if (p->usable) state.epilogue_products++;
-        if (p->usable && out_bits) state.epilogue_bits_products++;
+        if (p->usable && key->kind == EPILOGUE_BIAS) state.epilogue_products++;
+        if (p->usable && key->kind == EPILOGUE_BIAS && key->out_bits) state.epilogue_bits_products++;
+        if (p->usable && key->kind == EPILOGUE_GELU) state.gelu_products++;
+        if (p->usable && key->kind == EPILOGUE_DGELU) state.dgelu_products++;
     }
     pthread_mutex_unlock(&plans_lock);
     return status;
@@ -352,20 +494,74 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-int64_t cuda_lt_bias_epilogue_products(void)
+/* The key of a product: kind, precision, D's type, shape, and each array's
+ * alignment (0 for those it has not: NULL). */
+static plan_key key_of(epilogue_kind kind, int bf16, int out_bits, int64_t N, int64_t C, int64_t OC, const void *in,
+                       const void *weight, const void *out, const float *bias, const void *aux)
+{
+    plan_key key = {kind,
+                    bias != NULL,
+                    bf16,
+                    out_bits,
+                    N,
+                    C,
+                    OC,
+                    alignment_of(in),
+                    alignment_of(weight),
+                    alignment_of(out),
+                    alignment_of(bias),
+                    alignment_of(aux)};
+    return key;
+}
+
+int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, const void *weight, const float *bias,
+                         int64_t N, int64_t C, int64_t OC, int *done)
+{
+    const plan_key key = key_of(EPILOGUE_BIAS, bf16, out_bits, N, C, OC, in, weight, out, bias, NULL);
+    return lt_product(&key, out, in, weight, bias, NULL, done);
+}
+
+int cuda_lt_forward_gelu(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight, const float *bias,
+                         int64_t N, int64_t C, int64_t OC, int *done)
+{
+    const plan_key key = key_of(EPILOGUE_GELU, 1, 1, N, C, OC, in, weight, out, bias, pre);
+    return lt_product(&key, out, in, weight, bias, pre, done);
+}
+
+int cuda_lt_backward_dgelu(uint16_t *d_pre, const uint16_t *d_out, const uint16_t *weight, const uint16_t *pre,
+                           int64_t N, int64_t C, int64_t OC, int *done)
+{
+    const plan_key key = key_of(EPILOGUE_DGELU, 1, 1, N, C, OC, d_out, weight, d_pre, NULL, pre);
+    return lt_product(&key, d_pre, d_out, weight, NULL, pre, done);
+}
+
+/* A counter, read under the lock that its products are counted under. */
+static int64_t counted(const int64_t *counter)
 {
     pthread_mutex_lock(&plans_lock);
-    int64_t products = state.epilogue_products;
+    int64_t products = *counter;
     pthread_mutex_unlock(&plans_lock);
     return products;
 }
 
+int64_t cuda_lt_bias_epilogue_products(void)
+{
+    return counted(&state.epilogue_products);
+}
+
 int64_t cuda_lt_bias_epilogue_bits_products(void)
 {
-    pthread_mutex_lock(&plans_lock);
-    int64_t products = state.epilogue_bits_products;
-    pthread_mutex_unlock(&plans_lock);
-    return products;
+    return counted(&state.epilogue_bits_products);
+}
+
+int64_t cuda_lt_gelu_epilogue_products(void)
+{
+    return counted(&state.gelu_products);
+}
+
+int64_t cuda_lt_dgelu_epilogue_products(void)
+{
+    return counted(&state.dgelu_products);
 }
 
 const char *cuda_lt_last_refusal(void)

@@ -470,6 +470,131 @@ Test(bf16_products, backward_to_bits_in_the_cpu_table)
     cr_assert_eq(k->matmul_backward_bf16_bits, matmul_backward_bf16_bits);
 }
 
+/* ------------------------------------------------- the MLP's product with GELU
+ * GPT-2's fc product and its GELU in one operation, each way (kernels.h
+ * matmul_forward_gelu_bf16, matmul_backward_gelu_bf16; on a GPU cuBLASLt's
+ * GELU epilogues): GELU reads the product's fp32 sums, not their rounding,
+ * and GELU's gradient the backward product's fp32 d_in, not its rounding.
+ * Each is checked bit for bit against the operations it stands for, and
+ * also against the rounding it leaves out, which must change some bits
+ * (else these tests could not tell the two apart). Shapes: those above,
+ * and one over the backward's chunk of 2^20 values (1100 x 1000). */
+static const int64_t gelu_shapes[][3] = {{5, 7, 3}, {33, 48, 20}, {70, 130, 64}, {1100, 4, 1000}};
+#define GELU_SHAPES (int)(sizeof gelu_shapes / sizeof gelu_shapes[0])
+
+static int64_t bits_differing(const uint16_t *a, const uint16_t *b, int64_t n)
+{
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; i++) count += a[i] != b[i];
+    return count;
+}
+
+static void assert_same_bits(const uint16_t *got, const uint16_t *want, int64_t n, const char *what, int64_t N,
+                             int64_t C, int64_t OC, int threads)
+{
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_eq(got[i], want[i], "%s[%lld] of N=%lld C=%lld OC=%lld, %d threads: bits 0x%04x, want 0x%04x (%s)",
+                     what, (long long)i, (long long)N, (long long)C, (long long)OC, threads, got[i], want[i],
+                     kernels_cpu_paths());
+}
+
+/* Forward [N, C] x [OC, C]^T: pre the rounding of matmul_forward_bf16's fp32
+ * out, out the rounding of gelu_forward of that fp32 out, with and without
+ * a bias, at 1 and 3 threads. */
+Test(bf16_products, product_with_gelu_is_gelu_of_the_unrounded_sums)
+{
+    int64_t apart = 0; /* outputs where GELU of the rounded sums differs */
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        for (int s = 0; s < GELU_SHAPES; s++)
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                int64_t N = gelu_shapes[s][0], C = gelu_shapes[s][1], OC = gelu_shapes[s][2], n = N * OC;
+                float *in = random_matrix(N * C, 41), *w = random_matrix(OC * C, 42), *bias = random_matrix(OC, 43);
+                uint16_t *in_bits = floats_bf16_bits(in, N * C), *w_bits = floats_bf16_bits(w, OC * C);
+                const float *b = with_bias ? bias : NULL;
+                float *sums = floats_filled(n, 0.0f), *gelu = floats_filled(n, 0.0f);
+                cr_assert_eq(matmul_forward_bf16(sums, in_bits, w_bits, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+                gelu_forward(gelu, sums, n);
+                uint16_t *want_pre = floats_bf16_bits(sums, n), *want_out = floats_bf16_bits(gelu, n);
+                float *pre_values = floats_of_bf16_bits(want_pre, n), *gelu_of_rounded = floats_filled(n, 0.0f);
+                gelu_forward(gelu_of_rounded, pre_values, n);
+                uint16_t *rounded_way = floats_bf16_bits(gelu_of_rounded, n);
+                apart += bits_differing(rounded_way, want_out, n);
+
+                uint16_t *out = malloc((size_t)n * sizeof *out), *pre = malloc((size_t)n * sizeof *pre);
+                cr_assert(out && pre);
+                cr_assert_eq(matmul_forward_gelu_bf16(out, pre, in_bits, w_bits, b, N, C, OC), TP_OK, "%s",
+                             tp_errmsg());
+                assert_same_bits(pre, want_pre, n, "pre", N, C, OC, threads);
+                assert_same_bits(out, want_out, n, "out", N, C, OC, threads);
+                free(in), free(w), free(bias), free(in_bits), free(w_bits), free(sums), free(gelu), free(want_pre);
+                free(want_out), free(pre_values), free(gelu_of_rounded), free(rounded_way), free(out), free(pre);
+            }
+    }
+    kernels_set_threads(1);
+    cr_assert_gt(apart, 0, "GELU of the rounded sums gave every output's bits: the test cannot tell the two apart");
+}
+
+/* Backward: d_out [N, OC] fp32 (rounded on the way), in [N, C] GELU's
+ * output and pre [N, C] its input as bits; d_pre the rounding of
+ * gelu_backward of pre's values and matmul_backward_bf16's fp32 d_in of the
+ * rounded d_out; d_weight and d_bias added to as matmul_backward_bf16_bits
+ * adds, also without d_pre. At 1 and 3 threads. */
+Test(bf16_products, backward_with_gelu_is_gelu_backward_of_the_unrounded_d_in)
+{
+    int64_t apart = 0; /* gradients where GELU's backward of the rounded d_in differs */
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        for (int s = 0; s < GELU_SHAPES; s++) {
+            /* the forward's N, C, OC: here d_pre is [N, OC] and the projection's input is OC wide */
+            int64_t N = gelu_shapes[s][0], C = gelu_shapes[s][2], OC = gelu_shapes[s][1], n = N * C;
+            float *gl = random_matrix(n, 51), *w = random_matrix(OC * C, 52), *d_out = random_matrix(N * OC, 53);
+            float *pre = random_matrix(n, 54), *w_before = random_matrix(OC * C, 55), *b_before = random_matrix(OC, 56);
+            for (int64_t i = 0; i < n; i++) pre[i] *= 4.0f; /* GELU's bend and both tails */
+            uint16_t *gl_bits = floats_bf16_bits(gl, n), *w_bits = floats_bf16_bits(w, OC * C);
+            uint16_t *pre_bits = floats_bf16_bits(pre, n), *d_out_bits = floats_bf16_bits(d_out, N * OC);
+            float *d_in = floats_filled(n, 0.0f), *want_w = copy_of(w_before, OC * C), *want_b = copy_of(b_before, OC);
+            cr_assert_eq(matmul_backward_bf16(d_in, want_w, want_b, d_out_bits, gl_bits, w_bits, N, C, OC), TP_OK,
+                         "%s", tp_errmsg());
+            float *pre_values = floats_of_bf16_bits(pre_bits, n), *d_gelu = floats_filled(n, 0.0f);
+            gelu_backward(d_gelu, pre_values, d_in, n);
+            uint16_t *want_pre = floats_bf16_bits(d_gelu, n), *d_in_bits = floats_bf16_bits(d_in, n);
+            float *d_in_rounded = floats_of_bf16_bits(d_in_bits, n);
+            gelu_backward(d_gelu, pre_values, d_in_rounded, n);
+            uint16_t *rounded_way = floats_bf16_bits(d_gelu, n);
+            apart += bits_differing(rounded_way, want_pre, n);
+
+            uint16_t *d_pre = malloc((size_t)n * sizeof *d_pre);
+            float *d_w = copy_of(w_before, OC * C), *d_b = copy_of(b_before, OC);
+            cr_assert(d_pre);
+            cr_assert_eq(matmul_backward_gelu_bf16(d_pre, d_w, d_b, d_out, gl_bits, w_bits, pre_bits, N, C, OC), TP_OK,
+                         "%s", tp_errmsg());
+            assert_same_bits(d_pre, want_pre, n, "d_pre", N, C, OC, threads);
+            assert_same_floats(d_w, want_w, OC * C, "d_weight");
+            assert_same_floats(d_b, want_b, OC, "d_bias");
+            memcpy(d_w, w_before, (size_t)(OC * C) * sizeof(float));
+            memcpy(d_b, b_before, (size_t)OC * sizeof(float));
+            cr_assert_eq(matmul_backward_gelu_bf16(NULL, d_w, d_b, d_out, gl_bits, w_bits, pre_bits, N, C, OC), TP_OK,
+                         "%s", tp_errmsg());
+            assert_same_floats(d_w, want_w, OC * C, "d_weight without d_pre");
+            assert_same_floats(d_b, want_b, OC, "d_bias without d_pre");
+            free(gl), free(w), free(d_out), free(pre), free(w_before), free(b_before), free(gl_bits), free(w_bits);
+            free(pre_bits), free(d_out_bits), free(d_in), free(want_w), free(want_b), free(pre_values), free(d_gelu);
+            free(want_pre), free(d_in_bits), free(d_in_rounded), free(rounded_way), free(d_pre), free(d_w), free(d_b);
+        }
+    }
+    kernels_set_threads(1);
+    cr_assert_gt(apart, 0, "GELU's backward of the rounded d_in gave every bit: the test cannot tell the two apart");
+}
+
+/* The CPU backend's table gives both. */
+Test(bf16_products, product_with_gelu_in_the_cpu_table)
+{
+    const kernel_backend *k = kernels_cpu();
+    cr_assert_eq(k->matmul_forward_gelu_bf16, matmul_forward_gelu_bf16);
+    cr_assert_eq(k->matmul_backward_gelu_bf16, matmul_backward_gelu_bf16);
+}
+
 /* ------------------------------------------------- round_to_bf16
  * The trainer's bf16 copy of its weights (kernels.h): to nearest, ties to
  * even, NaNs made quiet (bits_f32_to_bf16, convert_bits.h). These values,

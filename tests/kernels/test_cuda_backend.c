@@ -1856,6 +1856,236 @@ Test(cuda_backend, matmul_backward_bf16_bits)
     }
 }
 
+/* ------------------------------------------------ the MLP's products with GELU
+ * matmul_forward_gelu_bf16 and matmul_backward_gelu_bf16 (kernels.h): on the
+ * GPU GELU, or its gradient, in cuBLASLt's epilogue of the product
+ * (products_lt.cu: GELU_AUX_BIAS or GELU_AUX, DGELU) where it takes the
+ * shape, else the product's fp32 sums and a separate kernel (linear.cu). */
+
+/* n bf16 values `at` values past the start of a new device allocation
+ * (garbage before them): a bf16 activation carved at any bf16 offset. The
+ * allocation is *memory (release it); returns the values' address. */
+static uint16_t *upload_bits_at(const kernel_backend *k, const uint16_t *host, int64_t n, int64_t at, uint16_t **memory)
+{
+    uint16_t *shifted = bits_garbage(n + at);
+    memcpy(shifted + at, host, (size_t)n * sizeof(uint16_t));
+    *memory = upload_bits(k, shifted, n + at);
+    free(shifted);
+    return *memory + at;
+}
+
+/* Nothing written before or after an output of n bf16 values `at` values
+ * into memory, an array of n + 2 that held garbage (0x40e0). */
+static void check_untouched_around(const kernel_backend *k, const uint16_t *memory, int64_t n, int at, const char *op,
+                                   const char *shape)
+{
+    uint16_t *around = download_bits(k, memory, n + 2);
+    cr_assert(at == 0 || around[0] == 0x40e0u, "%s %s: wrote before its output", op, shape);
+    cr_assert(around[at + n] == 0x40e0u, "%s %s: wrote past its output", op, shape);
+    free(around);
+}
+
+/* The epilogue's count grew by `fused` for one call: as `expected` (1 the
+ * epilogue must run, 0 it must not), 0 with TP_CUDA_EPILOGUE=off and in the
+ * rehearsal (the encoded backend has no cuBLASLt), cuBLASLt's reason in the
+ * message. */
+static void check_fused(int64_t fused, int expected, const char *op, const char *shape)
+{
+    const char *choice = getenv("TP_CUDA_EPILOGUE");
+    if ((choice && !strcmp(choice, "off")) || REHEARSAL) expected = 0;
+    cr_assert_eq(fused, expected, "%s %s: %lld products with GELU in cuBLASLt's epilogue, want %d (%s)", op, shape,
+                 (long long)fused, expected, cuda_lt_last_refusal());
+}
+
+/* Shapes {N, C, OC}: leading dimensions multiples of 8 with every array
+ * aligned (GELU's epilogues must run: their counts grow); the same with
+ * GELU's input and output 2 bytes past alignment (pre, out, d_pre: the
+ * separate way, cuBLASLt's aux matrix below 16-byte alignment); leading
+ * dimensions not multiples of 8 (OC = 100 forward, C = 97 backward: the
+ * separate way); each with a bias (and d_bias) and without. W is scaled to
+ * put GELU's inputs around [-3, 3], where its curve bends.
+ *
+ * Forward, against the GPU's own matmul_forward_bf16 of the same in, W and
+ * bias (fp32 sums) and its gelu_forward of them: pre's and out's bits are
+ * those of rounding them (check_rounding: the separate way exactly; where
+ * the epilogue ran within near_tie, as for cuBLAS's own bf16 D, its sums in
+ * another order and its GELU its own), pre's within one ulp of the GPU's
+ * matmul_forward_bf16_bits (its sums perhaps in another order too); both
+ * near the CPU twin's bits (check_near_cpu: 1e-5 of the largest |pre| for
+ * pre; 1.5e-5 for out, GELU's slope, at most 1.13, times the sums'
+ * difference; 1e-4 for out where the epilogue ran: cuBLASLt's GELU may take
+ * its tanh from the hardware's approximation, MUFU.TANH, relative error up
+ * to 2^-11, one bf16 ulp at most where GELU's value and slope are not near
+ * zero, and up to about 4e-5 of d_in in the backward's d_pre near the
+ * slope's zero at x = -0.75).
+ *
+ * Backward: in[N,C] GELU's output and pre[N,C] its input (bf16 bits,
+ * random: only their values matter here), d_out fp32, rounded on the way;
+ * d_pre from garbage against the GPU's gelu_backward of pre's values and
+ * of its matmul_backward_bf16 d_in from d_out's bits rounded on the host
+ * (as the device rounds): exactly its rounding the separate way, within
+ * near_tie in the epilogue; near the CPU twin's bits (1.5e-5 of the largest
+ * |d_in|, or 1e-4 where the epilogue ran, as above). d_weight and d_bias,
+ * accumulated from random values, are the floats the GPU's
+ * matmul_backward_bf16_bits adds from the same start (the same products and
+ * column sums of the same rounded d_out). Then d_pre NULL: d_weight and
+ * d_bias accumulate alone, as there, d_pre untouched. Last an empty inner
+ * dimension (OC = 0): d_pre is gelu'(pre) times an empty sum, zeros
+ * (check_near_cpu with 0: either sign). */
+Test(cuda_backend, mlp_product_and_gelu_in_one)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    const struct {
+        int64_t N, C, OC;
+        int at, epilogue;
+        const char *what;
+    } cases[] = {
+        {64, 96, 128, 0, 1, "aligned"},
+        {64, 96, 128, 1, 0, "pre, out and d_pre 2 bytes past alignment"},
+        {37, 97, 100, 0, 0, "leading dimensions not multiples of 8"},
+    };
+    for (int c = 0; c < 3; c++)
+        for (int with_bias = 1; with_bias >= 0; with_bias--) {
+            int64_t N = cases[c].N, C = cases[c].C, OC = cases[c].OC;
+            int at = cases[c].at;
+            char shape[160];
+            snprintf(shape, sizeof shape, "N=%lld C=%lld OC=%lld, %s, %s", (long long)N, (long long)C, (long long)OC,
+                     cases[c].what, with_bias ? "bias" : "no bias");
+            float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 3.0f / sqrtf((float)C));
+            float *bias = floats_random(OC, 0.5f), *garbage = floats_filled(N * (C > OC ? C : OC), 7.0f);
+            uint16_t *garbage_bits = bits_garbage(N * (C > OC ? C : OC) + 2);
+            float *want = malloc((size_t)(N * OC) * sizeof(float));
+            uint16_t *out_cpu = malloc((size_t)(N * OC) * sizeof(uint16_t));
+            uint16_t *pre_cpu = malloc((size_t)(N * OC) * sizeof(uint16_t));
+            cr_assert(want && out_cpu && pre_cpu);
+            uint16_t *in_bits = floats_bf16_bits(in, N * C), *w_bits = floats_bf16_bits(w, OC * C);
+            uint16_t *g_in = upload_bits(k, in_bits, N * C), *g_w = upload_bits(k, w_bits, OC * C);
+            float *g_bias = upload_floats(k, bias, OC);
+            const float *b = with_bias ? bias : NULL, *g_b = with_bias ? g_bias : NULL;
+
+            /* forward */
+            uint16_t *g_out_memory = upload_bits(k, garbage_bits, N * OC + 2), *g_out = g_out_memory + at;
+            uint16_t *g_pre_memory = upload_bits(k, garbage_bits, N * OC + 2), *g_pre = g_pre_memory + at;
+            uint16_t *g_bits = upload_bits(k, garbage_bits, N * OC);
+            float *g_fp32 = upload_floats(k, garbage, N * OC), *g_gelu32 = upload_floats(k, garbage, N * OC);
+            cr_assert_eq(matmul_forward_gelu_bf16(out_cpu, pre_cpu, in_bits, w_bits, b, N, C, OC), TP_OK, "%s",
+                         tp_errmsg());
+            cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            int64_t before = cuda_lt_gelu_epilogue_products();
+            cr_assert_eq(k->matmul_forward_gelu_bf16(g_out, g_pre, g_in, g_w, g_b, N, C, OC), TP_OK,
+                         "matmul_forward_gelu_bf16 %s: %s", shape, tp_errmsg());
+            int64_t fused = cuda_lt_gelu_epilogue_products() - before;
+            check_fused(fused, cases[c].epilogue, "matmul_forward_gelu_bf16", shape);
+            cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_w, g_b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->gelu_forward(g_gelu32, g_fp32, N * OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->matmul_forward_bf16_bits(g_bits, g_in, g_w, g_b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            double scale = max_magnitude(want, N * OC), near_tie = fused ? 1e-4 * scale : 0;
+            uint16_t *got_pre = check_activation(k, g_pre, g_fp32, pre_cpu, N * OC, 1e-5 * scale, near_tie,
+                                                 "matmul_forward_gelu_bf16 pre", shape);
+            uint16_t *got_out = check_activation(k, g_out, g_gelu32, out_cpu, N * OC, (fused ? 1e-4 : 1.5e-5) * scale,
+                                                 near_tie, "matmul_forward_gelu_bf16 out", shape);
+            uint16_t *bits = download_bits(k, g_bits, N * OC);
+            check_near_cpu(got_pre, bits, N * OC, 1e-5 * scale, "matmul_forward_gelu_bf16 pre (against the GPU's "
+                           "matmul_forward_bf16_bits)", shape);
+            check_untouched_around(k, g_pre_memory, N * OC, at, "matmul_forward_gelu_bf16 pre", shape);
+            check_untouched_around(k, g_out_memory, N * OC, at, "matmul_forward_gelu_bf16 out", shape);
+
+            /* backward: GELU's input and output [N, C] */
+            float *act = floats_random(N * C, 1.0f), *pre = floats_random(N * C, 3.0f);
+            float *dout = floats_random(N * OC, 1.0f), *dw = floats_random(OC * C, 1.0f), *db = floats_random(OC, 1.0f);
+            float *dw_cpu = malloc((size_t)(OC * C) * sizeof(float)), *db_cpu = malloc((size_t)OC * sizeof(float));
+            float *din_cpu = malloc((size_t)(N * C) * sizeof(float));
+            uint16_t *dpre_cpu = malloc((size_t)(N * C) * sizeof(uint16_t));
+            cr_assert(dw_cpu && db_cpu && din_cpu && dpre_cpu);
+            memcpy(dw_cpu, dw, (size_t)(OC * C) * sizeof(float));
+            memcpy(db_cpu, db, (size_t)OC * sizeof(float));
+            uint16_t *act_bits = floats_bf16_bits(act, N * C), *pre_bits = floats_bf16_bits(pre, N * C);
+            uint16_t *dout_bits = floats_bf16_bits(dout, N * OC);
+            float *pre_wide = floats_of_bf16_bits(pre_bits, N * C);
+            uint16_t *g_act = upload_bits(k, act_bits, N * C), *g_dout_bits = upload_bits(k, dout_bits, N * OC);
+            uint16_t *g_pre_in_memory, *g_pre_in = upload_bits_at(k, pre_bits, N * C, at, &g_pre_in_memory);
+            uint16_t *g_dpre_memory = upload_bits(k, garbage_bits, N * C + 2), *g_dpre = g_dpre_memory + at;
+            uint16_t *g_din_bits = upload_bits(k, garbage_bits, N * C);
+            float *g_dout = upload_floats(k, dout, N * OC), *g_pre_wide = upload_floats(k, pre_wide, N * C);
+            float *g_din32 = upload_floats(k, garbage, N * C), *g_dgelu32 = upload_floats(k, garbage, N * C);
+            float *g_dw = upload_floats(k, dw, OC * C), *g_db = upload_floats(k, db, OC);
+            float *g_dw_bits = upload_floats(k, dw, OC * C), *g_db_bits = upload_floats(k, db, OC);
+            float *db_c = with_bias ? db_cpu : NULL, *g_db_c = with_bias ? g_db : NULL;
+            float *g_db_bits_c = with_bias ? g_db_bits : NULL;
+            cr_assert_eq(matmul_backward_gelu_bf16(dpre_cpu, dw_cpu, db_c, dout, act_bits, w_bits, pre_bits, N, C, OC),
+                         TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(matmul_backward_bf16(din_cpu, NULL, NULL, dout_bits, act_bits, w_bits, N, C, OC), TP_OK, "%s",
+                         tp_errmsg());
+            before = cuda_lt_dgelu_epilogue_products();
+            cr_assert_eq(
+                k->matmul_backward_gelu_bf16(g_dpre, g_dw, g_db_c, g_dout, g_act, g_w, g_pre_in, N, C, OC), TP_OK,
+                "matmul_backward_gelu_bf16 %s: %s", shape, tp_errmsg());
+            fused = cuda_lt_dgelu_epilogue_products() - before;
+            check_fused(fused, cases[c].epilogue, "matmul_backward_gelu_bf16", shape);
+            cr_assert_eq(k->matmul_backward_bf16_bits(g_din_bits, g_dw_bits, g_db_bits_c, g_dout, g_act, g_w, N, C, OC),
+                         TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->matmul_backward_bf16(g_din32, NULL, NULL, g_dout_bits, g_act, g_w, N, C, OC), TP_OK, "%s",
+                         tp_errmsg());
+            cr_assert_eq(k->gelu_backward(g_dgelu32, g_pre_wide, g_din32, N * C), TP_OK, "%s", tp_errmsg());
+            double d_scale = max_magnitude(din_cpu, N * C), d_near_tie = fused ? 1e-4 * d_scale : 0;
+            double d_abs = (fused ? 1e-4 : 1.5e-5) * d_scale;
+            uint16_t *got_dpre = check_activation(k, g_dpre, g_dgelu32, dpre_cpu, N * C, d_abs, d_near_tie,
+                                                  "matmul_backward_gelu_bf16 d_pre", shape);
+            check_untouched_around(k, g_dpre_memory, N * C, at, "matmul_backward_gelu_bf16 d_pre", shape);
+            check_same_floats(k, g_dw, g_dw_bits, OC * C, "matmul_backward_gelu_bf16 d_weight", shape);
+            check_bf16(k, g_dw, dw_cpu, OC * C, "matmul_backward_gelu_bf16 d_weight");
+            if (with_bias) {
+                check_same_floats(k, g_db, g_db_bits, OC, "matmul_backward_gelu_bf16 d_bias", shape);
+                check_bf16(k, g_db, db_cpu, OC, "matmul_backward_gelu_bf16 d_bias");
+            } else {
+                check_device(k, g_db, db, OC, 0, 0, "matmul_backward_gelu_bf16 d_bias NULL: untouched");
+            }
+            /* d_pre NULL: d_weight and d_bias alone, again; d_pre untouched */
+            cr_assert_eq(k->matmul_backward_gelu_bf16(NULL, g_dw, g_db_c, g_dout, g_act, g_w, g_pre_in, N, C, OC),
+                         TP_OK, "matmul_backward_gelu_bf16 %s, d_pre NULL: %s", shape, tp_errmsg());
+            cr_assert_eq(k->matmul_backward_bf16_bits(NULL, g_dw_bits, g_db_bits_c, g_dout, g_act, g_w, N, C, OC),
+                         TP_OK, "%s", tp_errmsg());
+            check_same_floats(k, g_dw, g_dw_bits, OC * C, "matmul_backward_gelu_bf16 d_weight, d_pre NULL", shape);
+            if (with_bias)
+                check_same_floats(k, g_db, g_db_bits, OC, "matmul_backward_gelu_bf16 d_bias, d_pre NULL", shape);
+            uint16_t *dpre_after = download_bits(k, g_dpre, N * C);
+            cr_assert(memcmp(dpre_after, got_dpre, (size_t)(N * C) * sizeof(uint16_t)) == 0,
+                      "matmul_backward_gelu_bf16 %s: d_pre changed by a call without it", shape);
+
+            k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out_memory);
+            k->release(g_pre_memory), k->release(g_fp32), k->release(g_gelu32), k->release(g_bits);
+            k->release(g_act), k->release(g_dout_bits), k->release(g_pre_in_memory), k->release(g_dpre_memory);
+            k->release(g_din_bits), k->release(g_dout), k->release(g_pre_wide), k->release(g_din32);
+            k->release(g_dgelu32), k->release(g_dw), k->release(g_db), k->release(g_dw_bits), k->release(g_db_bits);
+            free(in), free(w), free(bias), free(garbage), free(garbage_bits), free(want), free(out_cpu), free(pre_cpu);
+            free(in_bits);
+            free(w_bits), free(got_pre), free(got_out), free(bits), free(act), free(pre), free(dout), free(dw);
+            free(db), free(dw_cpu), free(db_cpu), free(din_cpu), free(dpre_cpu), free(act_bits), free(pre_bits);
+            free(dout_bits), free(pre_wide), free(got_dpre), free(dpre_after);
+        }
+    {
+        int64_t N = 3, C = 13; /* OC = 0: d_pre = gelu'(pre) times an empty sum */
+        float *pre = floats_random(N * C, 3.0f);
+        uint16_t *pre_bits = floats_bf16_bits(pre, N * C), *garbage_bits = bits_garbage(N * C);
+        uint16_t *dpre_cpu = malloc((size_t)(N * C) * sizeof(uint16_t));
+        cr_assert(dpre_cpu);
+        uint16_t *g_pre = upload_bits(k, pre_bits, N * C), *g_dpre = upload_bits(k, garbage_bits, N * C);
+        float *g_any = upload_floats(k, (const float[]){1.0f}, 1); /* d_out, W, in: never read */
+        cr_assert_eq(matmul_backward_gelu_bf16(dpre_cpu, NULL, NULL, pre, pre_bits, pre_bits, pre_bits, N, C, 0),
+                     TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(k->matmul_backward_gelu_bf16(g_dpre, NULL, NULL, g_any, g_pre, g_pre, g_pre, N, C, 0), TP_OK,
+                     "matmul_backward_gelu_bf16 N=3 C=13 OC=0: %s", tp_errmsg());
+        uint16_t *got = download_bits(k, g_dpre, N * C);
+        check_near_cpu(got, dpre_cpu, N * C, 0, "matmul_backward_gelu_bf16 d_pre", "N=3 C=13 OC=0");
+        for (int64_t i = 0; i < N * C; i++)
+            cr_assert_eq(got[i] & 0x7fffu, 0u, "matmul_backward_gelu_bf16 N=3 C=13 OC=0: d_pre[%lld] bits %#06x, "
+                         "want a zero", (long long)i, got[i]);
+        k->release(g_pre), k->release(g_dpre), k->release(g_any);
+        free(pre), free(pre_bits), free(garbage_bits), free(dpre_cpu), free(got);
+    }
+}
+
 /* ------------------------------------------------------- rotary embeddings */
 
 /* Shapes {B, T, Hq, Hkv, hd}: grouped heads, one KV head, Hq == Hkv, and
@@ -2223,18 +2453,6 @@ static void check_part(const bf16_check *c, const float *got, const float *want,
               c->what, c->variant, (long long)x[0], (long long)x[1], (long long)x[2], (long long)x[3],
               (long long)x[4], worst_error, (long long)worst_at, got[worst_at], want[worst_at], worst_bound, c->rel,
               c->abs, scale, sqrt(sum_error / (double)(n ? n : 1)), sqrt(sum_value / (double)(n ? n : 1)));
-}
-
-/* n bf16 values `at` values past the start of a new device allocation
- * (garbage before them): a bf16 activation carved at any bf16 offset. The
- * allocation is *memory (release it); returns the values' address. */
-static uint16_t *upload_bits_at(const kernel_backend *k, const uint16_t *host, int64_t n, int64_t at, uint16_t **memory)
-{
-    uint16_t *shifted = bits_garbage(n + at);
-    memcpy(shifted + at, host, (size_t)n * sizeof(uint16_t));
-    *memory = upload_bits(k, shifted, n + at);
-    free(shifted);
-    return *memory + at;
 }
 
 /* Runs one variant on one shape, forward then backward, against the CPU

@@ -252,6 +252,24 @@ static int enc_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const
     LEAVE_WITH(status);
 }
 
+static int enc_matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight,
+                                        const float *bias, int64_t N, int64_t C, int64_t OC)
+{
+    ENTER(S(out, N * OC), S(pre, N * OC), S(in, N * C), S(weight, OC * C), S(bias, OC));
+    int status = matmul_forward_gelu_bf16(out, pre, in, weight, bias, N, C, OC);
+    LEAVE_WITH(status);
+}
+
+static int enc_matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const float *d_out,
+                                         const uint16_t *in, const uint16_t *weight, const uint16_t *pre, int64_t N,
+                                         int64_t C, int64_t OC)
+{
+    ENTER(S(d_pre, N * C), S(d_weight, OC * C), S(d_bias, OC), S(d_out, N * OC), S(in, N * C), S(weight, OC * C),
+          S(pre, N * C));
+    int status = matmul_backward_gelu_bf16(d_pre, d_weight, d_bias, d_out, in, weight, pre, N, C, OC);
+    LEAVE_WITH(status);
+}
+
 static int enc_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
                                  const float *bias, int64_t N, int64_t C)
 {
@@ -630,6 +648,8 @@ static const kernel_backend backend = {
     .matmul_backward_bf16 = enc_matmul_backward_bf16,
     .matmul_backward_bf16_bits = enc_matmul_backward_bf16_bits,
     .matmul_forward_bf16_bits = enc_matmul_forward_bf16_bits,
+    .matmul_forward_gelu_bf16 = enc_matmul_forward_gelu_bf16,
+    .matmul_backward_gelu_bf16 = enc_matmul_backward_gelu_bf16,
     .round_to_bf16 = enc_round_to_bf16,
     .layernorm_forward = enc_layernorm_forward,
     .layernorm_backward = enc_layernorm_backward,

@@ -6,9 +6,12 @@ precision; the causal attention reads q, k and v rounded to bf16, and its
 backward the gradient of its output and that output rounded too (what
 cuDNN's flash attention reads in bf16; attention() below); the MLP's
 input, the fc product's output, is rounded as tp-train keeps it, in bf16
-(bf16_value() below: GELU and SwiGLU read it so); the gradients
+(bf16_value() below: SwiGLU reads it so), but for GPT-2's GELU, which is
+computed from the product's fp32 sums as cuBLASLt's epilogue computes it,
+and whose backward reads the rounded input and the projection's gradient
+unrounded (gelu_of_sums() below); the gradients
 tp-train keeps in bf16 inside a layer are rounded where it rounds them
-(bf16_gradient() below: the MLP's activation's, and q, k and v's after
+(bf16_gradient() below: SwiGLU's output's, and q, k and v's after
 RoPE, once summed over the query heads that share a key/value head, as
 cuDNN writes them); everything else (norms, the softmax and its
 probabilities, activations, the loss, the residual stream's gradients)
@@ -140,6 +143,35 @@ def bf16_gradient(x):
     if _BF16_OPERANDS:
         return _Bf16Gradient.apply(x)
     return x
+
+
+class _GeluOfSums(torch.autograd.Function):
+    """GELU (tanh) of the fp32 sums h of the product before it, h kept
+    rounded to bf16 for the backward: its gradient is GELU's derivative at
+    the rounded h times the gradient as it comes, unrounded (tp-train's
+    matmul_forward_gelu_bf16 and matmul_backward_gelu_bf16: cuBLASLt's GELU
+    epilogues)."""
+
+    @staticmethod
+    def forward(ctx, h):
+        ctx.save_for_backward(round_bf16(h))
+        return F.gelu(h, approximate="tanh")
+
+    @staticmethod
+    def backward(ctx, dg):
+        (h16,) = ctx.saved_tensors
+        with torch.enable_grad():
+            h16 = h16.detach().requires_grad_()
+            (dh,) = torch.autograd.grad(F.gelu(h16, approximate="tanh"), h16, dg)
+        return dh
+
+
+def gelu_of_sums(h):
+    """GELU (tanh approximation) of the MLP's input h, as GPT-2's bf16 MLP
+    computes it inside bf16_operands() (_GeluOfSums), F.gelu outside."""
+    if _BF16_OPERANDS:
+        return _GeluOfSums.apply(h)
+    return F.gelu(h, approximate="tanh")
 
 
 def linear(x, weight, bias=None):
