@@ -192,26 +192,25 @@ void rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const fl
 void swiglu_forward(float *out, const float *in, int64_t N, int64_t F);
 void swiglu_backward(float *d_in, const float *in, const float *d_out, int64_t N, int64_t F);
 
-/* The four above as bf16 activations (tp-train --dtype bf16): out as bf16
- * bits, the same bits as rounding the fp32 operation's out; mean and rstd
- * fp32 as there. The norms read the residual stream (fp32); GELU and
- * SwiGLU read the MLP's input, itself a bf16 activation (the fc product's
- * output, matmul_forward_bf16_bits), as bits: out is then the rounding of
- * the fp32 operation on in's values. On the CPU the fp32 values pass
- * through a thread's scratch: TP_ERR_NOMEM when it cannot be had. */
+/* The norms and SwiGLU as bf16 activations (tp-train --dtype bf16): out as
+ * bf16 bits, the same bits as rounding the fp32 operation's out; mean and
+ * rstd fp32 as there. The norms read the residual stream (fp32); SwiGLU
+ * reads the MLP's input, itself a bf16 activation (the fc product's output,
+ * matmul_forward_bf16_bits), as bits: out is then the rounding of the fp32
+ * operation on in's values. (GELU in bf16 is computed with its product:
+ * matmul_forward_gelu_bf16.) On the CPU the fp32 values pass through a
+ * thread's scratch: TP_ERR_NOMEM when it cannot be had. */
 int layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *in, const float *weight,
                            const float *bias, int64_t N, int64_t C);
 int rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C,
                          float eps);
-int gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n);
 int swiglu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t N, int64_t F);
-/* Their backward with bf16 gradients: d_out is bf16 bits (the gradient of
- * the MLP's activation, matmul_backward_bf16_bits's d_in), in the MLP's
+/* SwiGLU's backward with bf16 gradients: d_out is bf16 bits (the gradient
+ * of the MLP's activation, matmul_backward_bf16_bits's d_in), in the MLP's
  * input as the forward read it (bf16 bits); d_in written as bf16 bits, the
- * bits of rounding what gelu_backward or swiglu_backward compute from in's
- * and d_out's values (the gradient the MLP's input product reads).
- * TP_ERR_NOMEM when the CPU's scratch cannot be had. */
-int gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n);
+ * bits of rounding what swiglu_backward computes from in's and d_out's
+ * values (the gradient the MLP's input product reads). TP_ERR_NOMEM when the
+ * CPU's scratch cannot be had. */
 int swiglu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t N, int64_t F);
 
 /* Rotary position embeddings, Hugging Face's rotate-half convention: in
@@ -481,15 +480,9 @@ void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_
     X(rmsnorm_forward_bf16,                                                                                            \
       (uint16_t *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps),             \
       (out, rstd, in, weight, N, C, eps))                                                                              \
-    X(gelu_forward_bf16,                                                                                               \
-      (uint16_t *out, const uint16_t *in, int64_t n),                                                                  \
-      (out, in, n))                                                                                                    \
     X(swiglu_forward_bf16,                                                                                             \
       (uint16_t *out, const uint16_t *in, int64_t N, int64_t F),                                                       \
       (out, in, N, F))                                                                                                 \
-    X(gelu_backward_bf16,                                                                                              \
-      (uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n),                                          \
-      (d_in, in, d_out, n))                                                                                            \
     X(swiglu_backward_bf16,                                                                                            \
       (uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t N, int64_t F),                               \
       (d_in, in, d_out, N, F))                                                                                         \

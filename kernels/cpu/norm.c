@@ -293,12 +293,11 @@ int residual_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *sum, const 
     return rmsnorm_forward_bf16(out, rstd, sum, weight, N, C, eps);
 }
 
-/* The MLP's activation in bf16 (kernels.h): its input (fc) and gradient
- * come as bf16 bits. A chunk of them is widened into the thread's scratch,
- * the fp32 operation runs there, its result is rounded. Element by element
- * (row by row for SwiGLU), so chunks change nothing but the scratch:
- * BF16_MLP_CHUNK values of the activation at a time, a few MiB whatever
- * the layer's size. */
+/* SwiGLU in bf16 (kernels.h): its input (fc) and gradient come as bf16
+ * bits. A chunk of rows is widened into the thread's scratch, the fp32
+ * operation runs there, its result is rounded. Row by row, so chunks change
+ * nothing but the scratch: about BF16_MLP_CHUNK values of the activation at
+ * a time, a few MiB whatever the layer's size. */
 #define BF16_MLP_CHUNK ((int64_t)1 << 20)
 
 /* Rows of SwiGLU's [N, 2F] input in a chunk (at least one). */
@@ -306,20 +305,6 @@ static int64_t swiglu_chunk_rows(int64_t N, int64_t F)
 {
     int64_t rows = F > 0 && BF16_MLP_CHUNK / F > 1 ? BF16_MLP_CHUNK / F : 1;
     return rows < N ? rows : N;
-}
-
-int gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n)
-{
-    int64_t chunk = n < BF16_MLP_CHUNK ? n : BF16_MLP_CHUNK;
-    float *x; /* [in | out] of a chunk */
-    TP_TRY(bf16_output_scratch(&x, 2 * chunk, "GELU"));
-    for (int64_t i = 0; i < n; i += chunk) {
-        int64_t count = n - i < chunk ? n - i : chunk;
-        convert_to_f32(in + i, TP_BF16, x, count);
-        gelu_forward(x + count, x, count);
-        round_to_bf16(out + i, x + count, count);
-    }
-    return TP_OK;
 }
 
 int swiglu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t N, int64_t F)
@@ -332,21 +317,6 @@ int swiglu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t N, int64_t F)
         convert_to_f32(in + n * 2 * F, TP_BF16, x, 2 * count * F);
         swiglu_forward(x + 2 * count * F, x, count, F);
         round_to_bf16(out + n * F, x + 2 * count * F, count * F);
-    }
-    return TP_OK;
-}
-
-int gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n)
-{
-    int64_t chunk = n < BF16_MLP_CHUNK ? n : BF16_MLP_CHUNK;
-    float *x; /* [in | d_out | d_in] of a chunk */
-    TP_TRY(bf16_output_scratch(&x, 3 * chunk, "GELU's gradient"));
-    for (int64_t i = 0; i < n; i += chunk) {
-        int64_t count = n - i < chunk ? n - i : chunk;
-        convert_to_f32(in + i, TP_BF16, x, count);
-        convert_to_f32(d_out + i, TP_BF16, x + count, count);
-        gelu_backward(x + 2 * count, x, x + count, count);
-        round_to_bf16(d_in + i, x + 2 * count, count);
     }
     return TP_OK;
 }

@@ -24,7 +24,7 @@
  * operands summed in fp32 by cublasGemmEx: the activation in as the bf16 bits
  * the norm, attention or MLP activation wrote (their *_bf16 forwards, the
  * fp32 kernels rounding on store), and a layer's gradients as bf16 bits as
- * well (matmul_backward_bf16's d_out: the bits gelu_backward_bf16,
+ * well (matmul_backward_bf16's d_out: the bits matmul_backward_gelu_bf16,
  * swiglu_backward_bf16, rope_backward_bf16 and attention_backward_bf16 wrote,
  * the fp32 kernels widening on load and rounding on store; the output
  * projections' d_in, written by matmul_backward_bf16_bits: a bf16 C), the
@@ -34,9 +34,9 @@
  * matmul_backward_bf16_bits' d_out) rounded on the way by the same code
  * (cuda_round_to_bf16, linear.cu); the qkv product (and RoPE)
  * written as bf16 bits too, which only the attention reads, and the MLP's
- * fc product, which only GELU or SwiGLU reads (matmul_forward_bf16_bits: a
- * bf16 C; rope_forward_bf16; gelu_forward_bf16 and swiglu_forward_bf16, and
- * their backward, widening it on load); a forward product with a bias
+ * fc product, which only SwiGLU or GELU's backward reads
+ * (matmul_forward_bf16_bits: a bf16 C; rope_forward_bf16; swiglu_forward_bf16
+ * and its backward, widening it on load); a forward product with a bias
  * through cuBLASLt, the bias in its epilogue (products_lt.cu), and GPT-2's
  * MLP products with GELU in it (matmul_forward_gelu_bf16: GELU_AUX_BIAS;
  * matmul_backward_gelu_bf16's d_in product: DGELU), each where cuBLASLt

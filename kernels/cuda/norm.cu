@@ -8,11 +8,13 @@
  * rounding the fp32 operation's out, by construction. The GELU and SwiGLU
  * kernels are templates on their input's type as well: in bf16 mixed
  * precision the MLP's input (the fc product's output) is a bf16 activation,
- * which gelu_forward_bf16 and swiglu_forward_bf16 read as bits widened
- * (load_value, exact). Their backward kernels are templates on d_in's, in's
- * and d_out's types alike: gelu_backward_bf16 and swiglu_backward_bf16 (bf16
- * gradients) read in's and d_out's bits widened and store d_in's bits
- * rounded. One source of fp32 arithmetic serves both precisions: the bf16
+ * which swiglu_forward_bf16 reads as bits widened (load_value, exact); GELU's
+ * bf16 forward reads the product's fp32 sums (cuda_gelu_forward_of_sums,
+ * matmul_forward_gelu_bf16's separate way). Their backward kernels are
+ * templates on d_in's, in's and d_out's types alike: swiglu_backward_bf16
+ * (bf16 gradients) reads in's and d_out's bits widened and stores d_in's
+ * bits rounded, cuda_gelu_backward_of_sums reads in's bits and an fp32
+ * d_out. One source of fp32 arithmetic serves both precisions: the bf16
  * operations' bits are those of rounding what the fp32 kernels compute from
  * the widened values. The norms read the residual stream, fp32 in both.
  * Their forward kernels may begin with the residual add that makes the
@@ -199,7 +201,7 @@ static __device__ float gelu_gate(float x)
     return 1.0f / (1.0f + expf(-2.0f * u));
 }
 
-/* Out, In: float, or uint16_t (bf16 bits: gelu_forward_bf16). */
+/* Out: float, or uint16_t (bf16 bits: cuda_gelu_forward_of_sums); In: float. */
 template <typename Out, typename In> static __global__ void gelu_forward_kernel(Out *out, const In *in, int64_t n)
 {
     GRID_STRIDE(i, n) {
@@ -209,7 +211,7 @@ template <typename Out, typename In> static __global__ void gelu_forward_kernel(
 }
 
 /* d/dx [x s] = s + x * 2 s (1 - s) * du/dx. DIn, In, DOut: float, or
- * uint16_t (bf16 bits: gelu_backward_bf16). */
+ * uint16_t (bf16 bits: cuda_gelu_backward_of_sums's d_in and in). */
 template <typename DIn, typename In, typename DOut>
 static __global__ void gelu_backward_kernel(DIn *d_in, const In *in, const DOut *d_out, int64_t n)
 {
@@ -236,11 +238,6 @@ int cuda_gelu_forward(float *out, const float *in, int64_t n)
     return gelu_forward_as(out, in, n);
 }
 
-int cuda_gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n)
-{
-    return gelu_forward_as(out, in, n);
-}
-
 int cuda_gelu_forward_of_sums(uint16_t *out, const float *in, int64_t n)
 {
     return gelu_forward_as(out, in, n);
@@ -259,11 +256,6 @@ fail:
 }
 
 int cuda_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
-{
-    return gelu_backward_as(d_in, in, d_out, n);
-}
-
-int cuda_gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n)
 {
     return gelu_backward_as(d_in, in, d_out, n);
 }

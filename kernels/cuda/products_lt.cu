@@ -44,9 +44,9 @@
  * other products' d_bias).
  *
  * Why the GELU ones: per GPT-2 124M layer at micro-batch 4 (N = 4096 rows,
- * fc width 3072, bf16: 25 MB an activation), against the unfused
- * operations (matmul_forward_bf16_bits then gelu_forward_bf16;
- * matmul_backward_bf16_bits then gelu_backward_bf16) the forward saves
+ * fc width 3072, bf16: 25 MB an activation), against the operations the
+ * trainer ran before (matmul_forward_bf16_bits then a bf16 GELU's kernel;
+ * matmul_backward_bf16_bits then GELU's backward kernel) the forward saves
  * GELU's separate read of pre (25 MB) and a launch, the backward the
  * writing and reading of the bf16 gradient of GELU's output (50 MB) and a
  * launch: about 75 MB a layer, 0.9 GB a step of 12 layers, about 0.3-0.4 ms

@@ -896,9 +896,10 @@ Test(cuda_backend, swiglu_forward_and_backward)
 }
 
 /* -------------------------------------------------------- bf16 activations
- * layernorm_forward_bf16, rmsnorm_forward_bf16, gelu_forward_bf16 and
- * swiglu_forward_bf16 write bf16 bits: on the GPU the very kernel of the
- * fp32 operation, rounding each value as it stores it, so their bits must be
+ * layernorm_forward_bf16, rmsnorm_forward_bf16 and swiglu_forward_bf16
+ * write bf16 bits (GELU's bf16 forward: mlp_product_and_gelu_in_one, below):
+ * on the GPU the very kernel of the fp32 operation, rounding each value as
+ * it stores it, so their bits must be
  * those of rounding the GPU's own fp32 output on every element (exactly;
  * the norms' mean and rstd too). Against the CPU twin, the fp32 case's
  * tolerance translated to bf16: the same bits, or one bf16 ulp apart (the
@@ -906,8 +907,8 @@ Test(cuda_backend, swiglu_forward_and_backward)
  * lie between them), or within the fp32 case's absolute tolerance as values
  * (near zero). Shapes as the fp32 cases' and a tall one (N >> C); values
  * steered through each operation exactly where it lets them (out = bias
- * where the weight is 0; a row that rstd scales by 2^-10; gates whose GELU
- * factor is exactly 1 or 1/2, or whose SiLU is the gate itself): ties to
+ * where the weight is 0; a row that rstd scales by 2^-10; gates whose SiLU
+ * is the gate itself): ties to
  * even both ways and both signs, values just past and short of a tie, a
  * bf16 value, large ties, the largest float's tie (up to infinity),
  * subnormal ties. At those elements the bits are checked against the
@@ -1243,50 +1244,6 @@ Test(cuda_backend, residual_norms_in_one_pass)
     }
 }
 
-/* Inputs as gelu_forward_and_backward's (n = 1037, not a multiple of 4),
- * rounded to bf16 (the MLP's input is a bf16 activation), and steered from
- * element 8 on: x >= 10, whose gate is exactly 1 (out = x, a bf16 value
- * kept as it is, up to the largest), and tiny x, whose gate is exactly 1/2
- * (out = x / 2, exact in fp32). Halving a bf16 value makes a bf16 tie only
- * where the half falls between bf16's subnormals (2^-133 apart): 2^-133 and
- * 3 2^-133, and the normals just above 2^-126 with an odd last bit, give
- * ties to even both ways and both signs. The CPU tolerance: gelu's absolute
- * 1e-6. */
-Test(cuda_backend, gelu_forward_bf16)
-{
-    NEED_GPU();
-    const kernel_backend *k = gpu();
-    int64_t n = 1037;
-    static const float steered_in[] = {
-        10.0f, 0x1.92p99f, 0x1.fep127f,           /* gate 1: out = x (bf16 0x4120, 0x7149, the largest) */
-        0x1p-133f, -0x1p-133f,                    /* out 0.5 2^-133: ties, down to even 0 (both signs) */
-        0x1.8p-132f, -0x1.8p-132f,                /* out 1.5 2^-133: ties, up to even 2 2^-133 */
-        0x1.02p-126f, 0x1.06p-126f, -0x1.06p-126f, /* out 64.5, 65.5 2^-133: down to 64, up to 66 */
-    };
-    const int64_t count = (int64_t)(sizeof steered_in / sizeof steered_in[0]);
-    const char *shape = "n=1037";
-    float *x = floats_random(n, 5.0f);
-    const float far[] = {0.0f, -0.0f, 10.0f, -10.0f, 30.0f, -30.0f, 1e-20f, -1e-20f};
-    memcpy(x, far, sizeof far);
-    memcpy(x + 8, steered_in, sizeof steered_in);
-    uint16_t *x_bits = floats_bf16_bits(x, n); /* the activation, on both sides (the steered values exact) */
-    float *x_wide = floats_of_bf16_bits(x_bits, n), *garbage = floats_filled(n, 7.0f);
-    uint16_t *out = malloc((size_t)n * sizeof(uint16_t)), *garbage_bits = bits_garbage(n);
-    cr_assert(out);
-    float *g_x_wide = upload_floats(k, x_wide, n), *g_fp32 = upload_floats(k, garbage, n);
-    uint16_t *g_x = upload_bits(k, x_bits, n), *g_out = upload_bits(k, garbage_bits, n);
-    cr_assert_eq(gelu_forward_bf16(out, x_bits, n), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->gelu_forward_bf16(g_out, g_x, n), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->gelu_forward(g_fp32, g_x_wide, n), TP_OK, "%s", tp_errmsg());
-    uint16_t *got = check_activation(k, g_out, g_fp32, out, n, 1e-6, 0, "gelu_forward_bf16", shape);
-    for (int64_t i = 0; i < count; i++) {
-        float v = x_wide[8 + i];
-        check_steered(got, 8 + i, bits_of(fabsf(v) >= 10.0f ? v : 0.5f * v), "gelu_forward_bf16", shape); /* exact */
-    }
-    k->release(g_x_wide), k->release(g_fp32), k->release(g_x), k->release(g_out);
-    free(x), free(x_bits), free(x_wide), free(garbage), free(out), free(garbage_bits), free(got);
-}
-
 /* SwiGLU's steered values (row 0's first elements): bf16 ties, and a bf16
  * value, as exact products of two bf16 values a and b. A tie's significand
  * has 9 bits, the last one 1; it is reached where it factors into two of at
@@ -1351,8 +1308,9 @@ Test(cuda_backend, swiglu_forward_bf16)
 }
 
 /* ------------------------------------------------------------ bf16 gradients
- * gelu_backward_bf16 and swiglu_backward_bf16 read in (the MLP's input, as
- * the forward read it) and d_out as bf16 bits and write d_in as bf16 bits:
+ * swiglu_backward_bf16 reads in (the MLP's input, as the forward read it)
+ * and d_out as bf16 bits and writes d_in as bf16 bits (GELU's bf16
+ * backward: mlp_product_and_gelu_in_one, below):
  * on the GPU the very kernel of the fp32 backward, widening each in and
  * d_out value as it loads it and rounding each d_in value as it stores it,
  * so their bits must be those of rounding the GPU's own fp32 backward of in
@@ -1362,58 +1320,6 @@ Test(cuda_backend, swiglu_forward_bf16)
  * as the bf16 activations' tests do: ties to even both ways and both signs,
  * large ties, the largest float's tie, subnormal ties; at those elements
  * the bits are checked against the steered value's rounding as well. */
-
-/* Inputs as gelu_forward_bf16's (n = 1037, odd; x and d_out random values
- * rounded on the host), steered from element 8 on: x >= 10, whose
- * derivative is exactly 1 (gate 1, 1 - gate 0), so d_in is d_out's value
- * itself, and x of 0 or +-2^-66 (a bf16 value near 1e-20), whose
- * derivative is exactly 1/2, so d_in is d_out's value halved: exact, or for
- * a subnormal bf16 a tie (0x0001 / 2 to even 0, 0x0003 / 2 and 0x0005 / 2
- * to even 0x0002, and negative), rounded to even. d_out there takes special
- * bits (largest, subnormal, signed, a tie's neighbours). The CPU tolerance:
- * gelu's absolute 1e-6. */
-Test(cuda_backend, gelu_backward_bf16)
-{
-    NEED_GPU();
-    const kernel_backend *k = gpu();
-    int64_t n = 1037;
-    const char *shape = "n=1037";
-    static const struct {
-        float x; /* a bf16 value */
-        uint16_t d_out;
-    } steered_backward[] = {
-        {10.0f, 0x3f81u},   {30.0f, 0xbf81u},     {100.0f, 0x7f7fu},    {10.0f, 0x0001u},
-        {30.0f, 0x8001u},   {0.0f, 0x0001u},      {0x1p-66f, 0x0003u},  {-0x1p-66f, 0x8003u},
-        {0.0f, 0x0005u},    {0x1p-66f, 0x3f81u},  {-0x1p-66f, 0xc2f7u}, {0.0f, 0x0080u},
-    };
-    const int64_t count = (int64_t)(sizeof steered_backward / sizeof steered_backward[0]);
-    float *x = floats_random(n, 5.0f), *dout = floats_random(n, 1.0f);
-    const float far[] = {0.0f, -0.0f, 10.0f, -10.0f, 30.0f, -30.0f, 1e-20f, -1e-20f};
-    memcpy(x, far, sizeof far);
-    for (int64_t i = 0; i < count; i++) x[8 + i] = steered_backward[i].x;
-    uint16_t *x_bits = floats_bf16_bits(x, n), *dout_bits = floats_bf16_bits(dout, n);
-    for (int64_t i = 0; i < count; i++) dout_bits[8 + i] = steered_backward[i].d_out;
-    float *x_wide = floats_of_bf16_bits(x_bits, n), *dout_wide = floats_of_bf16_bits(dout_bits, n);
-    float *garbage = floats_filled(n, 7.0f);
-    uint16_t *din = malloc((size_t)n * sizeof(uint16_t)), *garbage_bits = bits_garbage(n);
-    cr_assert(din);
-    float *g_x_wide = upload_floats(k, x_wide, n), *g_dout_wide = upload_floats(k, dout_wide, n);
-    float *g_fp32 = upload_floats(k, garbage, n);
-    uint16_t *g_x = upload_bits(k, x_bits, n), *g_dout = upload_bits(k, dout_bits, n);
-    uint16_t *g_din = upload_bits(k, garbage_bits, n);
-    cr_assert_eq(gelu_backward_bf16(din, x_bits, dout_bits, n), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->gelu_backward_bf16(g_din, g_x, g_dout, n), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->gelu_backward(g_fp32, g_x_wide, g_dout_wide, n), TP_OK, "%s", tp_errmsg());
-    uint16_t *got = check_activation(k, g_din, g_fp32, din, n, 1e-6, 0, "gelu_backward_bf16", shape);
-    for (int64_t i = 0; i < count; i++) {
-        float factor = fabsf(x_wide[8 + i]) >= 10.0f ? 1.0f : 0.5f;
-        check_steered(got, 8 + i, bits_of(dout_wide[8 + i] * factor), "gelu_backward_bf16", shape); /* exact */
-    }
-    k->release(g_x_wide), k->release(g_dout_wide), k->release(g_fp32), k->release(g_x), k->release(g_dout);
-    k->release(g_din);
-    free(x), free(dout), free(x_bits), free(dout_bits), free(x_wide), free(dout_wide), free(garbage), free(din);
-    free(garbage_bits), free(got);
-}
 
 /* in[N,2F] = [gate | up] as swiglu_forward_bf16's (F = 29: N F odd; rows
  * wider than a block; a tall shape) and d_out random values, rounded on the

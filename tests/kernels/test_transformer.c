@@ -1005,64 +1005,49 @@ Test(transformer, bf16_qkv_is_the_rounded_product_or_rotation)
     cr_assert(k->matmul_forward_bf16_bits == matmul_forward_bf16_bits && k->rope_forward_bf16 == rope_forward_bf16);
 }
 
-/* The MLP's activation in bf16: its input (fc) comes as bf16 bits, and so
- * does the backward's d_out (the gradient of the MLP's activation);
- * gelu_forward_bf16, swiglu_forward_bf16 write the bits of rounding what
- * gelu_forward, swiglu_forward compute from the input's values, and
- * gelu_backward_bf16, swiglu_backward_bf16 those of rounding what
- * gelu_backward, swiglu_backward compute from the input's and d_out's,
- * at one thread and at several, on odd sizes (one element, fewer than a
- * vector's lanes, a thousand and three), tall and wide shapes and past the
- * CPU's chunks of 2^20 values (norm.c: a short last chunk, SwiGLU's rows
- * cut, a row longer than a chunk), with inputs and gradients of large and
- * tiny magnitudes. */
-Test(transformer, bf16_mlp_is_the_rounded_fp32_mlp)
+/* SwiGLU in bf16: its input (fc) comes as bf16 bits, and so does the
+ * backward's d_out (the gradient of the MLP's activation);
+ * swiglu_forward_bf16 writes the bits of rounding what swiglu_forward
+ * computes from the input's values, and swiglu_backward_bf16 those of
+ * rounding what swiglu_backward computes from the input's and d_out's, at
+ * one thread and at several, on odd sizes (one element, a thousand and
+ * three columns), tall and wide shapes and past the CPU's chunks of 2^20
+ * values (norm.c: SwiGLU's rows cut, a row longer than a chunk), with inputs
+ * and gradients of large and tiny magnitudes. (GELU in bf16 is one
+ * operation with its product: test_bf16_products.) */
+Test(transformer, bf16_swiglu_is_the_rounded_fp32_swiglu)
 {
-    enum { SIZES = 4, SHAPES = 7 };
-    const int64_t sizes[SIZES] = {1, 7, 1003, (1 << 20) + 3};
+    enum { SHAPES = 7 };
     const int64_t shapes[SHAPES][2] = {{1, 1}, {3, 5}, {257, 16}, {4, 1000}, {1, 1003}, {1049, 1000},
                                        {2, (1 << 20) + 1}}; /* N, F */
     char what[96];
     for (int threads = 1; threads <= 3; threads += 2) {
         kernels_set_threads(threads);
-        for (int s = 0; s < SIZES + SHAPES; s++) {
-            int gelu = s < SIZES;
-            int64_t N = gelu ? 1 : shapes[s - SIZES][0], F = gelu ? sizes[s] : shapes[s - SIZES][1];
-            int64_t n_in = gelu ? F : 2 * N * F, n_out = N * F; /* SwiGLU's in is [N, 2F]: gate | up */
+        for (int s = 0; s < SHAPES; s++) {
+            int64_t N = shapes[s][0], F = shapes[s][1];
+            int64_t n_in = 2 * N * F, n_out = N * F; /* SwiGLU's in is [N, 2F]: gate | up */
             float *x = random_floats(n_in), *g = random_floats(n_out), *want = malloc(n_in * sizeof(float));
             for (int64_t i = 0; i < n_in; i++) x[i] *= i % 3 == 0 ? 8.0f : i % 3 == 1 ? 1e-3f : 1.0f;
             for (int64_t i = 0; i < n_out; i++) g[i] *= i % 2 ? 1e4f : 1e-4f;
             uint16_t *x_bits = floats_bf16_bits(x, n_in), *g_bits = floats_bf16_bits(g, n_out);
             uint16_t *bits = malloc(n_in * sizeof *bits);
             float *x16 = floats_of_bf16_bits(x_bits, n_in), *g16 = floats_of_bf16_bits(g_bits, n_out);
-            const char *name = gelu ? "GELU" : "SwiGLU";
-            if (gelu) {
-                gelu_forward(want, x16, F);
-                cr_assert_eq(gelu_forward_bf16(bits, x_bits, F), TP_OK, "%s", tp_errmsg());
-            } else {
-                swiglu_forward(want, x16, N, F);
-                cr_assert_eq(swiglu_forward_bf16(bits, x_bits, N, F), TP_OK, "%s", tp_errmsg());
-            }
-            snprintf(what, sizeof what, "%s's out [%lld, %lld] at %d threads", name, (long long)N, (long long)F,
+            swiglu_forward(want, x16, N, F);
+            cr_assert_eq(swiglu_forward_bf16(bits, x_bits, N, F), TP_OK, "%s", tp_errmsg());
+            snprintf(what, sizeof what, "SwiGLU's out [%lld, %lld] at %d threads", (long long)N, (long long)F,
                      threads);
             floats_assert_rounded(bits, want, n_out, what);
-            if (gelu) {
-                gelu_backward(want, x16, g16, F);
-                cr_assert_eq(gelu_backward_bf16(bits, x_bits, g_bits, F), TP_OK, "%s", tp_errmsg());
-            } else {
-                swiglu_backward(want, x16, g16, N, F);
-                cr_assert_eq(swiglu_backward_bf16(bits, x_bits, g_bits, N, F), TP_OK, "%s", tp_errmsg());
-            }
-            snprintf(what, sizeof what, "%s's d_in [%lld, %lld] at %d threads", name, (long long)N,
-                     (long long)(n_in / N), threads);
+            swiglu_backward(want, x16, g16, N, F);
+            cr_assert_eq(swiglu_backward_bf16(bits, x_bits, g_bits, N, F), TP_OK, "%s", tp_errmsg());
+            snprintf(what, sizeof what, "SwiGLU's d_in [%lld, %lld] at %d threads", (long long)N, (long long)(2 * F),
+                     threads);
             floats_assert_rounded(bits, want, n_in, what);
             free(x), free(g), free(want), free(x_bits), free(g_bits), free(bits), free(x16), free(g16);
         }
     }
     kernels_set_threads(1);
     const kernel_backend *k = kernels_cpu();
-    cr_assert(k->gelu_forward_bf16 == gelu_forward_bf16 && k->swiglu_forward_bf16 == swiglu_forward_bf16 &&
-              k->gelu_backward_bf16 == gelu_backward_bf16 && k->swiglu_backward_bf16 == swiglu_backward_bf16);
+    cr_assert(k->swiglu_forward_bf16 == swiglu_forward_bf16 && k->swiglu_backward_bf16 == swiglu_backward_bf16);
 }
 
 /* RoPE's bf16 gradient, in place on the attention's bf16 d_qkv: the bits

@@ -278,10 +278,11 @@ static void run_kernels(float **out)
     if (bf16_products_available()) {
         cr_assert_eq(matmul_forward_bf16(out[OUT_BF16], x_bits, w_bits, bias, N, C, V), TP_OK);
         cr_assert_eq(matmul_backward_bf16(NULL, out[OUT_BF16_DW], NULL, dy_bits, x_bits, w_bits, N, C, V), TP_OK);
+        /* GELU's gradient through the product's d_in: dx's bits as GELU's input */
+        cr_assert_eq(matmul_backward_gelu_bf16(bits, NULL, NULL, dy, x_bits, w_bits, dx_bits, N, C, V), TP_OK);
+        convert_to_f32(bits, TP_BF16, out[OUT_GELU_D16], N * C);
     }
     cr_assert_eq(matmul_backward_bf16(NULL, NULL, out[OUT_BF16_DB], dy_bits, x_bits, w_bits, N, C, V), TP_OK);
-    cr_assert_eq(gelu_backward_bf16(bits, x_bits, dx_bits, N * C), TP_OK);
-    convert_to_f32(bits, TP_BF16, out[OUT_GELU_D16], N * C);
     cr_assert_eq(swiglu_backward_bf16(bits, x2_bits, dx_bits, N, C), TP_OK);
     convert_to_f32(bits, TP_BF16, out[OUT_SWI_D16], N * 2 * C);
     memcpy(bits, qkv_bits, (size_t)(N * QKV) * sizeof *bits);

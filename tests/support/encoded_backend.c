@@ -308,25 +308,11 @@ static int enc_round_to_bf16(uint16_t *out, const float *x, int64_t n)
     LEAVE();
 }
 
-static int enc_gelu_forward_bf16(uint16_t *out, const uint16_t *in, int64_t n)
-{
-    ENTER(S(out, n), S(in, n));
-    int status = gelu_forward_bf16(out, in, n);
-    LEAVE_WITH(status);
-}
-
 static int enc_gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n)
 {
     ENTER(S(d_in, n), S(in, n), S(d_out, n));
     gelu_backward(d_in, in, d_out, n);
     LEAVE();
-}
-
-static int enc_gelu_backward_bf16(uint16_t *d_in, const uint16_t *in, const uint16_t *d_out, int64_t n)
-{
-    ENTER(S(d_in, n), S(in, n), S(d_out, n));
-    int status = gelu_backward_bf16(d_in, in, d_out, n);
-    LEAVE_WITH(status);
 }
 
 /* Llama's operations: RMSNorm, SwiGLU (in [N, 2F]: gate and up), RoPE on
@@ -656,8 +642,6 @@ static const kernel_backend backend = {
     .gelu_forward = enc_gelu_forward,
     .gelu_backward = enc_gelu_backward,
     .layernorm_forward_bf16 = enc_layernorm_forward_bf16,
-    .gelu_forward_bf16 = enc_gelu_forward_bf16,
-    .gelu_backward_bf16 = enc_gelu_backward_bf16,
     .rmsnorm_forward = enc_rmsnorm_forward,
     .rmsnorm_backward = enc_rmsnorm_backward,
     .rmsnorm_forward_bf16 = enc_rmsnorm_forward_bf16,
