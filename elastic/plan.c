@@ -263,7 +263,8 @@ static int64_t head_floats(const gpt_config *m, int tp, int64_t b, int64_t vocab
 
 /* fp32 elements of the backward pass's working memory, once per rank: the
  * scratch (trainer/model.c: [N, 2 D + qkv + attn + F/tp + fc], fc being F/tp
- * or 2 F/tp with SwiGLU, attention's (kernels.h attention_scratch_floats),
+ * or 2 F/tp with SwiGLU, and no F/tp (GELU's output's gradient) for a GELU
+ * MLP in bf16, attention's (kernels.h attention_scratch_floats),
  * and [N, Vp/tp] on the last stage), the gradients that cross stages
  * (trainer/train.c: d_output [R, D] and, where the stage sends gradients
  * back, PIPELINE_GRAD_BUFFERS d_input [R, D], R the rows a rank keeps: N,
@@ -275,7 +276,8 @@ static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last,
 {
     int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads;
     int64_t qkv = qkv_local(m, tp), attn = m->heads / tp * hd, f = m->ffn / tp, fc = m->swiglu ? 2 * f : f;
-    int64_t scratch = N * (2 * D + qkv + attn + f + fc) + attention_scratch_floats(b, s, m->heads / tp) +
+    int64_t d_gelu = m->dtype == TP_BF16 && !m->swiglu ? 0 : f; /* GPT-2's bf16 GELU is in its products */
+    int64_t scratch = N * (2 * D + qkv + attn + d_gelu + fc) + attention_scratch_floats(b, s, m->heads / tp) +
                       (last ? N * vocab_local : 0);
     int64_t llama = m->arch == GPT_ARCH_LLAMA ? s * hd + (m->kv_heads < tp ? 2 * m->kv_heads * hd * D : 0) : 0;
     int64_t gathering = sequence_parallel ? 2 * N * D : 0; /* sequence parallelism's two [N, D] buffers */

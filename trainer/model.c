@@ -207,9 +207,20 @@ static int lay_out_memory(gpt_model *m, int zero)
     return TP_OK;
 }
 
+/* Whether the MLP's input product and its GELU are one operation each way
+ * (matmul_forward_gelu_bf16, matmul_backward_gelu_bf16: GPT-2 in bf16, on
+ * a GPU cuBLASLt's GELU epilogues), rather than a product and an
+ * activation's operation: the backward then has no gradient of GELU's
+ * output to keep. */
+static int gelu_in_products(const gpt_model *m)
+{
+    return m->bf16 && !m->config.swiglu;
+}
+
 /* The backward scratch (m->scratch), in order: one block's buffers
  * (block_backward: d_ln [N, D], d_qkv [N, qkv], d_attn [N, attn],
- * d_gelu [N, ffn], d_fc [N, fc], the attention's scratch), then d_x [N, D], then
+ * d_gelu [N, ffn] (none where GELU is in the products: gelu_in_products),
+ * d_fc [N, fc], the attention's scratch), then d_x [N, D], then
  * on the last stage d_logits [N, vocab]. In bf16, d_qkv, d_attn, d_gelu and
  * d_fc hold bf16 bits (kernels.h), in places sized for fp32 all the same
  * (the planner's count, elastic/plan.c, stays one for both; a forward
@@ -219,8 +230,8 @@ static int lay_out_memory(gpt_model *m, int zero)
  * The floats before d_x: */
 static int64_t block_work_floats(const gpt_model *m)
 {
-    int64_t N = m->B * m->T;
-    return N * (m->D + m->qkv_local + m->attn_local + m->ffn_local + m->fc_local) +
+    int64_t N = m->B * m->T, d_gelu = gelu_in_products(m) ? 0 : m->ffn_local;
+    return N * (m->D + m->qkv_local + m->attn_local + d_gelu + m->fc_local) +
            attention_scratch_floats(m->B, m->T, m->heads_local);
 }
 
@@ -822,15 +833,6 @@ static int attention_backward_in(const gpt_model *m, void *d_qkv, float *scratch
                                  m->hd);
 }
 
-/* Whether the MLP's input product and its GELU are one operation each way
- * (matmul_forward_gelu_bf16, matmul_backward_gelu_bf16: GPT-2 in bf16, on
- * a GPU cuBLASLt's GELU epilogues), rather than a product and an
- * activation's operation. */
-static int gelu_in_products(const gpt_model *m)
-{
-    return m->bf16 && !m->config.swiglu;
-}
-
 /* The MLP's input fc [N, fc_local] = in @ Wfc^T + bfc and its activation gl
  * [N, ffn_local] (both activations): GELU, or SwiGLU of fc's [gate | up]. */
 static int mlp_forward_in(const gpt_model *m, void *gl, void *fc, const void *in, const param_view *w,
@@ -1174,8 +1176,9 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     const void *fc = activation_at(m, s->fc, l * N * m->fc_local);
     float *d_ln = work;
     /* The activations' gradients (fp32, or bf16 bits), each in an fp32-sized place. */
-    float *d_qkv = block_d_qkv(m, work), *d_attn = d_qkv + N * m->qkv_local, *d_gelu = d_attn + N * m->attn_local;
-    float *d_fc = d_gelu + N * m->ffn_local, *att_scratch = d_fc + N * m->fc_local;
+    float *d_qkv = block_d_qkv(m, work), *d_attn = d_qkv + N * m->qkv_local;
+    float *d_gelu = gelu_in_products(m) ? NULL : d_attn + N * m->attn_local; /* GELU's output's, where kept */
+    float *d_fc = d_attn + N * m->attn_local + (d_gelu ? N * m->ffn_local : 0), *att_scratch = d_fc + N * m->fc_local;
     /* d_ln summed over TP: in place, or this rank's rows of it. */
     float *d_ln_rows = m->sequence_parallel ? m->gathered : d_ln;
     const float *d_out;
