@@ -70,12 +70,12 @@ int cuda_scratch_parts(cuda_scratch *scratch, const char *what, void **parts, co
  * an operation does (ENTER). */
 int cuda_round_to_bf16(uint16_t *out, const float *in, int64_t n);
 
-/* GELU of fp32 values written as bf16 bits, and GELU's gradient from bf16
- * bits of its input and an fp32 d_out written as bf16 bits (norm.cu): the
- * fused product and GELU's separate way (linear.cu
- * matmul_forward_gelu_bf16, matmul_backward_gelu_bf16), where cuBLASLt's
- * epilogue does not run. */
-int cuda_gelu_forward_of_sums(uint16_t *out, const float *in, int64_t n);
+/* fp32 values (a product's sums) written as bf16 bits (pre) and their GELU
+ * as bf16 bits (out), and GELU's gradient from bf16 bits of its input and an
+ * fp32 d_out written as bf16 bits (norm.cu): the fused product and GELU's
+ * separate way (linear.cu matmul_forward_gelu_bf16,
+ * matmul_backward_gelu_bf16), where cuBLASLt's epilogue does not run. */
+int cuda_gelu_forward_of_sums(uint16_t *out, uint16_t *pre, const float *in, int64_t n);
 int cuda_gelu_backward_of_sums(uint16_t *d_in, const uint16_t *in, const float *d_out, int64_t n);
 
 /* An output element of a kernel that writes fp32 or, templated on its

@@ -577,8 +577,7 @@ int cuda_matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *
         pthread_mutex_lock(&gelu_lock);
         int status = cuda_scratch_parts(&gelu_scratch, "the MLP product's fp32 sums", &sums, &bytes, 1);
         if (!status) status = matmul_forward_in(1, sums, 0, in, weight, bias, N, C, OC);
-        if (!status) status = cuda_round_to_bf16(pre, (const float *)sums, N * OC);
-        if (!status) status = cuda_gelu_forward_of_sums(out, (const float *)sums, N * OC);
+        if (!status) status = cuda_gelu_forward_of_sums(out, pre, (const float *)sums, N * OC);
         pthread_mutex_unlock(&gelu_lock);
         return status;
     }

@@ -201,7 +201,7 @@ static __device__ float gelu_gate(float x)
     return 1.0f / (1.0f + expf(-2.0f * u));
 }
 
-/* Out: float, or uint16_t (bf16 bits: cuda_gelu_forward_of_sums); In: float. */
+/* Out, In: float (gelu_forward). */
 template <typename Out, typename In> static __global__ void gelu_forward_kernel(Out *out, const In *in, int64_t n)
 {
     GRID_STRIDE(i, n) {
@@ -238,9 +238,25 @@ int cuda_gelu_forward(float *out, const float *in, int64_t n)
     return gelu_forward_as(out, in, n);
 }
 
-int cuda_gelu_forward_of_sums(uint16_t *out, const float *in, int64_t n)
+/* pre[i] = the bf16 bits of in[i], out[i] those of its GELU: the sums read once. */
+static __global__ void gelu_forward_of_sums_kernel(uint16_t *out, uint16_t *pre, const float *in, int64_t n)
 {
-    return gelu_forward_as(out, in, n);
+    GRID_STRIDE(i, n) {
+        float x = in[i];
+        store_value(&pre[i], x);
+        store_value(&out[i], x * gelu_gate(x));
+    }
+}
+
+int cuda_gelu_forward_of_sums(uint16_t *out, uint16_t *pre, const float *in, int64_t n)
+{
+    ENTER();
+    if (n <= 0) return TP_OK;
+    gelu_forward_of_sums_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(out, pre, in, n);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
 }
 
 template <typename DIn, typename In, typename DOut>
