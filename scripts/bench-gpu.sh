@@ -30,8 +30,10 @@
 #     (tp-train --model tiny's shape); the checkpoint stall is measured on
 #     the first, at the first micro-batch
 #   BENCH_SEQ (default 1024): sequence length
-#   BENCH_ATTENTION (default: none, tp-train's own choice): TP_CUDA_ATTENTION
-#     values (rows, tiled), a tp-train row of each
+#   BENCH_VARIANTS (default "TP_CUDA_EPILOGUE=off TP_CUDA_ATTENTION=tiled"):
+#     settings of tp-train's environment, each a bf16 row of its own at the
+#     first model and micro-batch: what the code each one sets aside bought,
+#     measured in the same run (empty: none)
 #   BENCH_REFERENCE_DTYPES (default bf16): the reference's dtypes (fp32 bf16)
 #   BENCH_COMPILE (default "124M:16 124M:4 350M:16 350M:4"): the
 #     model:micro-batch rows tried under torch.compile, in this order
@@ -55,12 +57,13 @@
 # each PyTorch process:
 #   tp-train, 6 steps: 124M bf16 mb 4 4 s, mb 16 7 s, fp32 mb 4 4.5 s;
 #     350M 7.5 s, 15 s, 8.5 s                                      47 s
+#   the variants, 124M bf16 mb 4: epilogues off 4 s, tiled 5 s       9 s
 #   reference bf16, 10 steps: 124M 5.5 s, 6.5 s; 350M 6 s, 9 s     27 s
 #   loop, one process a model, 11 steps a row: 124M 7 s, 350M 11 s 18 s
 #   checkpoint stall, 124M mb 4, 12 steps, async and sync          25 s
 #   the GPU and PyTorch checks at the start                         5 s
-#   without compiling                                           about 122 s
-# which leaves about 108 s of BENCH_BUDGET's 230 for torch.compile: 124M at
+#   without compiling                                           about 131 s
+# which leaves about 99 s of BENCH_BUDGET's 230 for torch.compile: 124M at
 # micro-batch 16 gets its 90 s; what is left goes to the next. Under
 # gpu-check --phase lease (bench's limit 240 s) the whole phase stays under
 # 240 s; a slower machine loses compile rows first, then the last rows.
@@ -75,7 +78,7 @@ MBS=${BENCH_MICRO_BATCH:-4 16}
 FP32_MBS=${BENCH_FP32_MICRO_BATCH-4}
 MODELS=${BENCH_MODELS:-124M 350M}
 SEQ=${BENCH_SEQ:-1024}
-ATTENTION=${BENCH_ATTENTION:-}
+VARIANTS=${BENCH_VARIANTS-TP_CUDA_EPILOGUE=off TP_CUDA_ATTENTION=tiled}
 REFERENCE_DTYPES=${BENCH_REFERENCE_DTYPES-bf16}
 COMPILE=${BENCH_COMPILE-124M:16 124M:4 350M:16 350M:4}
 COMPILE_LIMIT=${BENCH_COMPILE_LIMIT:-90}
@@ -181,7 +184,7 @@ def trainer(key, m):
     dtype = key.rsplit("-", 1)[1]
     if key.startswith("tp-train"):
         variant = key[len("tp-train-"):-len(dtype) - 1]
-        return "tp-train %s%s" % (dtype, " (TP_CUDA_ATTENTION=%s)" % variant if variant else "")
+        return "tp-train %s%s" % (dtype, " (%s)" % variant if variant else "")
     if key.startswith("reference"):
         return "PyTorch reference %s (tests' GPT-2: attention materialized, AdamW unfused)" % dtype
     what = "%s, %s" % (m.get("attention", "?"), m.get("optimizer", "?"))
@@ -247,7 +250,7 @@ $TABLE
 
 Command: \`make bench-gpu\` (BENCH_STEPS=$STEPS, BENCH_TORCH_STEPS=$TORCH_STEPS, BENCH_MICRO_BATCH="$MBS",
 BENCH_FP32_MICRO_BATCH="$FP32_MBS", BENCH_MODELS="$MODELS", BENCH_SEQ=$SEQ, BENCH_COMPILE="$COMPILE",
-BENCH_COMPILE_LIMIT=$COMPILE_LIMIT, BENCH_BUDGET=$BUDGET).
+BENCH_COMPILE_LIMIT=$COMPILE_LIMIT, BENCH_BUDGET=$BUDGET, BENCH_VARIANTS="$VARIANTS").
 EOF
 }
 set -- $MODELS
@@ -270,11 +273,13 @@ for name in $MODELS; do
         dtypes=bf16
         case " $FP32_MBS " in *" $mb "*) dtypes="bf16 fp32" ;; esac
         for dtype in $dtypes; do
-            for variant in ${ATTENTION:-""}; do
+            variants=""
+            [ "$name" = "$CKPT_NAME" ] && [ "$mb" = "${MBS%% *}" ] && [ "$dtype" = bf16 ] && variants=$VARIANTS
+            for variant in "" $variants; do
                 key=tp-train-${variant:+$variant-}$dtype
                 log="$DIR/$name-$mb-$key.jsonl"
                 if [ "$(left)" -le 0 ]; then row "$name" "$mb" "$key" "$(not_run)"; continue; fi
-                if env ${variant:+TP_CUDA_ATTENTION=$variant} "$BUILD/bin/tp-train" $args --seq "$SEQ" \
+                if env $variant "$BUILD/bin/tp-train" $args --seq "$SEQ" \
                     --micro-batch "$mb" --steps "$STEPS" --device cuda --dtype "$dtype" --quiet --log "$log" \
                     2>"$DIR/err.txt"; then
                     row "$name" "$mb" "$key" "$(log_rates "$log")"
