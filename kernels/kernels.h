@@ -105,7 +105,7 @@ void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d
  * reads them. The *_bf16 operations below that write such an activation
  * write those bits: the same bits as rounding the fp32 operation's output.
  * Their gradients inside a layer are bf16 bits as well (the attention's
- * output's, q, k and v's, the MLP's activation's and its input's: what a
+ * output's, q, k and v's, SwiGLU's output's and the MLP's input's: what a
  * product or the attention reads next); the residual stream's gradients,
  * and the norms' input gradients summed over tensor-parallel ranks, stay
  * fp32.
@@ -135,7 +135,8 @@ int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, co
 /* matmul_forward_bf16 written as a bf16 activation: out[N,OC] as bf16
  * bits, the bits of rounding matmul_forward_bf16's fp32 out (the bias
  * added in fp32 first). GPT-2's qkv, which only the attention reads, and
- * the MLP's input (fc), which only its activation reads. A GPU may have
+ * Llama's MLP input (fc), which only SwiGLU reads (GPT-2's fc comes with
+ * its GELU: matmul_forward_gelu_bf16). A GPU may have
  * cuBLAS round its own fp32 sums, in another order than its fp32 product's:
  * one ulp apart where a sum lies near a tie. TP_ERR_NOMEM when the CPU's
  * scratch cannot be had. */
@@ -160,7 +161,9 @@ int matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *in, c
  * d_pre[N,C] written as bf16 bits: the rounding of gelu_backward of pre's
  * values and the fp32 d_in that matmul_backward_bf16 computes from the
  * rounded d_out (that d_in is not rounded first); d_weight and d_bias as
- * matmul_backward_bf16_bits. TP_ERR_NOMEM when scratch cannot be had. */
+ * matmul_backward_bf16_bits. A GPU's sums may come in another order, and
+ * GELU's derivative from its own tanh: one ulp apart here and there.
+ * TP_ERR_NOMEM when scratch cannot be had. */
 int matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
                               const uint16_t *weight, const uint16_t *pre, int64_t N, int64_t C, int64_t OC);
 /* out[i] = the bf16 bits of x[i] (to nearest, ties to even, convert_bits.h),

@@ -79,6 +79,12 @@ FP32_MBS=${BENCH_FP32_MICRO_BATCH-4}
 MODELS=${BENCH_MODELS:-124M 350M}
 SEQ=${BENCH_SEQ:-1024}
 VARIANTS=${BENCH_VARIANTS-TP_CUDA_EPILOGUE=off TP_CUDA_ATTENTION=tiled}
+for variant in $VARIANTS; do
+    case $variant in
+    [A-Za-z_]*=*) ;;
+    *) echo "bench-gpu: BENCH_VARIANTS: '$variant' is not NAME=VALUE" >&2; exit 2 ;;
+    esac
+done
 REFERENCE_DTYPES=${BENCH_REFERENCE_DTYPES-bf16}
 COMPILE=${BENCH_COMPILE-124M:16 124M:4 350M:16 350M:4}
 COMPILE_LIMIT=${BENCH_COMPILE_LIMIT:-90}
@@ -277,7 +283,7 @@ for name in $MODELS; do
             [ "$name" = "$CKPT_NAME" ] && [ "$mb" = "${MBS%% *}" ] && [ "$dtype" = bf16 ] && variants=$VARIANTS
             for variant in "" $variants; do
                 key=tp-train-${variant:+$variant-}$dtype
-                log="$DIR/$name-$mb-$key.jsonl"
+                log="$DIR/$name-$mb-$(printf %s "$key" | tr -c 'A-Za-z0-9_=.-' _).jsonl"
                 if [ "$(left)" -le 0 ]; then row "$name" "$mb" "$key" "$(not_run)"; continue; fi
                 if env $variant "$BUILD/bin/tp-train" $args --seq "$SEQ" \
                     --micro-batch "$mb" --steps "$STEPS" --device cuda --dtype "$dtype" --quiet --log "$log" \

@@ -221,7 +221,7 @@ static int gelu_in_products(const gpt_model *m)
  * (block_backward: d_ln [N, D], d_qkv [N, qkv], d_attn [N, attn],
  * d_gelu [N, ffn] (none where GELU is in the products: gelu_in_products),
  * d_fc [N, fc], the attention's scratch), then d_x [N, D], then
- * on the last stage d_logits [N, vocab]. In bf16, d_qkv, d_attn, d_gelu and
+ * on the last stage d_logits [N, vocab]. In bf16, d_qkv, d_attn, d_gelu (SwiGLU's) and
  * d_fc hold bf16 bits (kernels.h), in places sized for fp32 all the same
  * (the planner's count, elastic/plan.c, stays one for both; a forward
  * borrows d_qkv's for fp32). A forward borrows it too: the
@@ -757,7 +757,8 @@ static int linear_forward(const gpt_model *m, float *out, const void *in, const 
 
 /* A product [B*T, OC] written as an activation (fp32, or in bf16 its bf16
  * bits), which only the next operation reads: GPT-2's qkv (the attention),
- * the MLP's input fc (its activation). */
+ * the MLP's input fc (its activation; GPT-2's in bf16 comes with its GELU:
+ * mlp_forward_in). */
 static int activation_product(const gpt_model *m, void *out, const void *in, const param_view *w, const float *bias,
                               int64_t C, int64_t OC)
 {

@@ -170,7 +170,7 @@ template <typename In> struct column_of_values {
  * (gemm) and the output's type differ.
  *
  * matmul_backward_bf16_bits (kernels.h) writes d_in[N,C] as bf16 bits (the
- * gradient of the attention's or the MLP's activation, which the next bf16
+ * gradient of the attention's output or of SwiGLU's, which the next bf16
  * operation reads as it is): cublasGemmEx with a bf16 C (CUDA_R_16BF) and
  * beta 0, at any even address, as matmul_forward_bf16_bits without a bias:
  * cuBLAS's fp32 sum rounded to nearest, ties to even, as it is stored. No

@@ -912,8 +912,8 @@ Test(cuda_backend, swiglu_forward_and_backward)
  * even both ways and both signs, values just past and short of a tie, a
  * bf16 value, large ties, the largest float's tie (up to infinity),
  * subnormal ties. At those elements the bits are checked against the
- * steered value's rounding (convert_bits.h) as well. GELU and SwiGLU read
- * the MLP's input as bf16 bits (a bf16 activation itself): their inputs
+ * steered value's rounding (convert_bits.h) as well. SwiGLU reads the
+ * MLP's input as bf16 bits (a bf16 activation itself): its inputs
  * are rounded on the host, the device's fp32 operation compared with is
  * given the same values widened (floats_of_bf16_bits) and the CPU twin the
  * same bits, and only what bf16 inputs reach exactly is steered (below). */
