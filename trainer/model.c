@@ -841,7 +841,8 @@ static int mlp_forward_in(const gpt_model *m, void *gl, void *fc, const void *in
 {
     const kernel_backend *k = m->kernels;
     int64_t N = m->B * m->T;
-    if (gelu_in_products(m)) return k->matmul_forward_gelu_bf16(gl, fc, in, weight_of(m, w), bias, N, m->D, m->fc_local);
+    if (gelu_in_products(m))
+        return k->matmul_forward_gelu_bf16(gl, fc, in, weight_of(m, w), bias, N, m->D, m->fc_local);
     TP_TRY(activation_product(m, fc, in, w, bias, m->D, m->fc_local));
     if (m->config.swiglu)
         return m->bf16 ? k->swiglu_forward_bf16(gl, fc, N, m->ffn_local) : k->swiglu_forward(gl, fc, N, m->ffn_local);
