@@ -304,7 +304,10 @@ static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, c
      * own place), ZeRO-3 its shard of them and the work area of one use
      * (its parameters and their gradients). */
     int64_t p = zero == 3 ? share->shard + share->work : share->params;
-    out.weights = p * (int64_t)tp_dtype_size(m->dtype) + (m->dtype == TP_FP32 ? 0 : p * FP32); /* + fp32 master */
+    /* fp32 masters, and below fp32 the products' copy of them: of the work
+     * area alone with ZeRO-3 (rounded at each gather, trainer/zero.c) */
+    int64_t copy = zero == 3 ? share->work : p;
+    out.weights = p * FP32 + (m->dtype == TP_FP32 ? 0 : copy * (int64_t)tp_dtype_size(m->dtype));
     out.gradients = p * FP32;
     out.optimizer = (zero ? share->shard : share->params) * 2 * FP32; /* AdamW: two fp32 moments */
     /* trainer/checkpoint.c: what replica 0 writes, weights and moments */

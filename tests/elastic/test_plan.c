@@ -546,33 +546,37 @@ Test(plan, bf16_activations_are_what_the_trainer_allocates)
         for (int tp = 1; tp <= 2; tp++)
             for (int pp = 1; pp <= 2; pp++)
                 for (int sp = 0; sp <= (tp > 1); sp++)
-                    for (int64_t seq = 8; seq <= 9; seq++) {
-                        gpt_config config = preset(names[n]);
-                        config.seq = seq;
-                        if (n == 2) config.dim = 27, config.heads = config.kv_heads = 3, config.ffn = 4 * 27;
-                        if (gpt_config_check(&config, tp, pp) != TP_OK || (sp && seq % tp)) continue;
-                        /* The planner reports its largest stage. */
-                        int64_t largest = -1, most = 0, weights = 0;
-                        trainer_bf16 = 1;
-                        for (int stage = 0; stage < pp; stage++) {
-                            elastic_memory m = trainer_memory(&config, tp, pp, 1, pp, stage, 1, sp, 0, 1);
-                            if (m.total > largest) largest = m.total, most = m.activations, weights = m.weights;
+                    for (int64_t seq = 8; seq <= 9; seq++)
+                        for (int z = 0; z < 2; z++) { /* micro-batch 1 alone; micro-batch 2 with ZeRO-3 over 2 */
+                            int64_t micro = z ? 2 : 1;
+                            int zero = z ? 3 : 0, dp = z ? 2 : 1;
+                            gpt_config config = preset(names[n]);
+                            config.seq = seq;
+                            if (n == 2) config.dim = 27, config.heads = config.kv_heads = 3, config.ffn = 4 * 27;
+                            if (gpt_config_check(&config, tp, pp) != TP_OK || (sp && seq % tp)) continue;
+                            /* The planner reports its largest stage. */
+                            int64_t largest = -1, most = 0, weights = 0;
+                            trainer_bf16 = 1;
+                            for (int stage = 0; stage < pp; stage++) {
+                                elastic_memory m = trainer_memory(&config, tp, pp, 1, pp, stage, micro, sp, zero, dp);
+                                if (m.total > largest) largest = m.total, most = m.activations, weights = m.weights;
+                            }
+                            trainer_bf16 = 0;
+                            gpt_config planned = config;
+                            planned.dtype = TP_BF16;
+                            elastic_memory estimate;
+                            cr_assert_eq(elastic_memory_estimate(&planned, tp, pp, micro, sp, zero, dp, &estimate), TP_OK);
+                            elastic_memory fp32;
+                            cr_assert_eq(elastic_memory_estimate(&config, tp, pp, micro, sp, zero, dp, &fp32), TP_OK);
+                            cr_assert_eq(estimate.activations, most,
+                                         "%s tp%d pp%d sp%d seq %lld micro %lld zero %d: bf16 activations planned %lld, "
+                                         "trainer %lld",
+                                         names[n], tp, pp, sp, (long long)seq, (long long)micro, zero,
+                                         (long long)estimate.activations, (long long)most);
+                            cr_assert_lt(estimate.activations, fp32.activations, "bf16 activations take less than fp32");
+                            cr_assert_eq(estimate.weights, weights, "%s tp%d pp%d: bf16 weights planned %lld, trainer %lld",
+                                         names[n], tp, pp, (long long)estimate.weights, (long long)weights);
                         }
-                        trainer_bf16 = 0;
-                        gpt_config planned = config;
-                        planned.dtype = TP_BF16;
-                        elastic_memory estimate;
-                        cr_assert_eq(elastic_memory_estimate(&planned, tp, pp, 1, sp, 0, 1, &estimate), TP_OK);
-                        elastic_memory fp32;
-                        cr_assert_eq(elastic_memory_estimate(&config, tp, pp, 1, sp, 0, 1, &fp32), TP_OK);
-                        cr_assert_eq(estimate.activations, most,
-                                     "%s tp%d pp%d sp%d seq %lld: bf16 activations planned %lld, trainer %lld",
-                                     names[n], tp, pp, sp, (long long)seq, (long long)estimate.activations,
-                                     (long long)most);
-                        cr_assert_lt(estimate.activations, fp32.activations, "bf16 activations take less than fp32");
-                        cr_assert_eq(estimate.weights, weights, "%s tp%d pp%d: bf16 weights planned %lld, trainer %lld",
-                                     names[n], tp, pp, (long long)estimate.weights, (long long)weights);
-                    }
 }
 
 /* With ZeRO-1 over 3 ranks too: the parameters padded to 3 equal shards,
