@@ -5,12 +5,12 @@
  * float or uint16_t: the *_forward_bf16 operations (kernels.h, bf16
  * activations) are the same kernel storing the bits of rounding each fp32
  * value it computes (store_value, launch.h), so that their bits are those of
- * rounding the fp32 operation's out, by construction. The GELU and SwiGLU
- * kernels are templates on their input's type as well: in bf16 mixed
- * precision the MLP's input (the fc product's output) is a bf16 activation,
- * which swiglu_forward_bf16 reads as bits widened (load_value, exact); GELU's
+ * rounding the fp32 operation's out, by construction. The SwiGLU kernels
+ * are templates on their input's type as well: in bf16 mixed precision the
+ * MLP's input (the fc product's output) is a bf16 activation, which
+ * swiglu_forward_bf16 reads as bits widened (load_value, exact); GELU's
  * bf16 forward reads the product's fp32 sums (cuda_gelu_forward_of_sums,
- * matmul_forward_gelu_bf16's separate way). Their backward kernels are
+ * matmul_forward_gelu_bf16's separate way). The backward kernels are
  * templates on d_in's, in's and d_out's types alike: swiglu_backward_bf16
  * (bf16 gradients) reads in's and d_out's bits widened and stores d_in's
  * bits rounded, cuda_gelu_backward_of_sums reads in's bits and an fp32
@@ -201,17 +201,18 @@ static __device__ float gelu_gate(float x)
     return 1.0f / (1.0f + expf(-2.0f * u));
 }
 
-/* Out, In: float (gelu_forward). */
-template <typename Out, typename In> static __global__ void gelu_forward_kernel(Out *out, const In *in, int64_t n)
+/* out[i] = GELU of the fp32 in[i]; Out: float (gelu_forward), or uint16_t
+ * (bf16 bits: cuda_gelu_forward_of_sums, whose pre, where given, gets the
+ * bits of in[i] itself: the sums read once for both). */
+template <typename Out> static __global__ void gelu_forward_kernel(Out *out, uint16_t *pre, const float *in, int64_t n)
 {
     GRID_STRIDE(i, n) {
-        float x = load_value(&in[i]);
+        float x = in[i];
+        if (pre) store_value(&pre[i], x);
         store_value(&out[i], x * gelu_gate(x));
     }
 }
 
-/* d/dx [x s] = s + x * 2 s (1 - s) * du/dx. DIn, In, DOut: float, or
- * uint16_t (bf16 bits: cuda_gelu_backward_of_sums's d_in and in). */
 template <typename DIn, typename In, typename DOut>
 static __global__ void gelu_backward_kernel(DIn *d_in, const In *in, const DOut *d_out, int64_t n)
 {
@@ -222,11 +223,11 @@ static __global__ void gelu_backward_kernel(DIn *d_in, const In *in, const DOut 
     }
 }
 
-template <typename Out, typename In> static int gelu_forward_as(Out *out, const In *in, int64_t n)
+template <typename Out> static int gelu_forward_as(Out *out, uint16_t *pre, const float *in, int64_t n)
 {
     ENTER();
     if (n <= 0) return TP_OK;
-    gelu_forward_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(out, in, n);
+    gelu_forward_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(out, pre, in, n);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -235,28 +236,12 @@ fail:
 
 int cuda_gelu_forward(float *out, const float *in, int64_t n)
 {
-    return gelu_forward_as(out, in, n);
-}
-
-/* pre[i] = the bf16 bits of in[i], out[i] those of its GELU: the sums read once. */
-static __global__ void gelu_forward_of_sums_kernel(uint16_t *out, uint16_t *pre, const float *in, int64_t n)
-{
-    GRID_STRIDE(i, n) {
-        float x = in[i];
-        store_value(&pre[i], x);
-        store_value(&out[i], x * gelu_gate(x));
-    }
+    return gelu_forward_as(out, (uint16_t *)NULL, in, n);
 }
 
 int cuda_gelu_forward_of_sums(uint16_t *out, uint16_t *pre, const float *in, int64_t n)
 {
-    ENTER();
-    if (n <= 0) return TP_OK;
-    gelu_forward_of_sums_kernel<<<blocks_for(n, THREADS), THREADS, 0, cuda_state.stream>>>(out, pre, in, n);
-    LAUNCH_CHECK();
-    return TP_OK;
-fail:
-    return TP_ERR_DEVICE;
+    return gelu_forward_as(out, pre, in, n);
 }
 
 template <typename DIn, typename In, typename DOut>
