@@ -789,6 +789,23 @@ Test(plan, virtual_stages_when_the_bubble_is_large)
     }
     cr_assert(memcmp(&l.memory, &most, sizeof most) == 0, "estimate %lld, trainer %lld", (long long)l.memory.total,
               (long long)most.total);
+    /* The same in bf16: the planner's bf16 activations and weights at V 4 are the trainer's too. */
+    elastic_plan_request r16 = r;
+    r16.model.dtype = TP_BF16;
+    elastic_layout l16 = chosen_of(&r16, why, sizeof why);
+    cr_assert(l16.pp == 2 && l16.virtual_stages == 4, "bf16: pp%d V%d: %s", l16.pp, l16.virtual_stages, why);
+    elastic_memory most16 = {0};
+    trainer_bf16 = 1;
+    for (int stage = 0; stage < 2; stage++) {
+        elastic_memory m = trainer_memory(&model, 1, 2, 4, 8, stage, 1, 0, 0, 1);
+        if (m.total > most16.total) most16 = m;
+    }
+    trainer_bf16 = 0;
+    cr_assert_eq(l16.memory.activations, most16.activations, "bf16 at V 4: activations planned %lld, trainer %lld",
+                 (long long)l16.memory.activations, (long long)most16.activations);
+    cr_assert(memcmp(&l16.memory, &most16, sizeof most16) == 0, "bf16 at V 4: estimate %lld, trainer %lld",
+              (long long)l16.memory.total, (long long)most16.total);
+    cr_assert_lt(l16.memory.activations, l.memory.activations, "bf16 activations take less than fp32");
     /* V 2 keeps more than V 4 here (5 slots of 2 layers on stage 0 against 9 of one) and more than 1F1B (2 of
      * 4): under V 4's memory, 1F1B, with fewer pipeline messages (V each way per micro-batch), and why says so. */
     elastic_memory v2 = {0};
