@@ -213,6 +213,9 @@ template <typename Out> static __global__ void gelu_forward_kernel(Out *out, uin
     }
 }
 
+/* d/dx [x s] = s + x * 2 s (1 - s) * du/dx. DIn, In, DOut: float
+ * (gelu_backward), or d_in and in bf16 bits with an fp32 d_out
+ * (cuda_gelu_backward_of_sums). */
 template <typename DIn, typename In, typename DOut>
 static __global__ void gelu_backward_kernel(DIn *d_in, const In *in, const DOut *d_out, int64_t n)
 {

@@ -475,14 +475,11 @@ static int64_t head_floats_of(const gpt_model *m)
     return h->local_max + m->B * m->T - (const float *)h->lnf; /* local_max is carved last (trainer/model.c head_init) */
 }
 
-/* Whether trainer_memory's trainer runs bf16 mixed precision. */
-static int trainer_bf16;
-
 /* What rank (stage, tp rank 0) of (tp, pp) with V virtual stages and
  * grad_accum micro-batches a step allocates, built by the trainer with the
- * slots its schedule needs. */
-static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, int V, int64_t grad_accum, int stage,
-                                     int64_t micro_batch, int sp, int zero, int dp)
+ * slots its schedule needs; with bf16, the trainer of bf16 mixed precision. */
+static elastic_memory stage_allocation(const gpt_config *config, int tp, int pp, int V, int64_t grad_accum, int stage,
+                                       int64_t micro_batch, int sp, int zero, int dp, int bf16)
 {
     comm *c = NULL;
     cr_assert_eq(comm_local_create(&c), TP_OK);
@@ -495,7 +492,7 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     pipeline_buffers buffers = pipeline_buffers_used(ops, count);
     free(ops);
     cr_assert_eq(gpt_model_create(&m, config, c, NULL, micro_batch, config->seq, slots, buffers.heads, sp, V, zero,
-                                  trainer_bf16),
+                                  bf16),
                  TP_OK, "%s", tp_errmsg());
     cr_assert_eq(m->num_heads, m->is_last ? buffers.heads : 0);
     elastic_memory out = {0};
@@ -534,6 +531,18 @@ static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, i
     return out;
 }
 
+/* What the planner reports of (tp, pp): the stage whose allocation is the largest (the first of equals). */
+static elastic_memory trainer_memory(const gpt_config *config, int tp, int pp, int V, int64_t grad_accum,
+                                     int64_t micro_batch, int sp, int zero, int dp, int bf16)
+{
+    elastic_memory most = {0};
+    for (int stage = 0; stage < pp; stage++) {
+        elastic_memory m = stage_allocation(config, tp, pp, V, grad_accum, stage, micro_batch, sp, zero, dp, bf16);
+        if (m.total > most.total) most = m;
+    }
+    return most;
+}
+
 /* tp-train --dtype bf16 (mixed precision: the model's dtype bf16 to the
  * planner, fp32 weights and bf16 activations to the trainer): the
  * activations the trainer allocates, its bf16 regions at two values an
@@ -554,14 +563,8 @@ Test(plan, bf16_activations_are_what_the_trainer_allocates)
                             config.seq = seq;
                             if (n == 2) config.dim = 27, config.heads = config.kv_heads = 3, config.ffn = 4 * 27;
                             if (gpt_config_check(&config, tp, pp) != TP_OK || (sp && seq % tp)) continue;
-                            /* The planner reports its largest stage. */
-                            int64_t largest = -1, most = 0, weights = 0;
-                            trainer_bf16 = 1;
-                            for (int stage = 0; stage < pp; stage++) {
-                                elastic_memory m = trainer_memory(&config, tp, pp, 1, pp, stage, micro, sp, zero, dp);
-                                if (m.total > largest) largest = m.total, most = m.activations, weights = m.weights;
-                            }
-                            trainer_bf16 = 0;
+                            elastic_memory trainer = trainer_memory(&config, tp, pp, 1, pp, micro, sp, zero, dp, 1);
+                            int64_t most = trainer.activations, weights = trainer.weights;
                             gpt_config planned = config;
                             planned.dtype = TP_BF16;
                             elastic_memory estimate;
@@ -595,12 +598,8 @@ Test(plan, memory_estimate_is_what_the_trainer_allocates)
                     gpt_config config = preset(names[n]);
                     config.vocab = 250; /* padding: 250 rows at tp 4 are 252 */
                     if (gpt_config_check(&config, tps[t], pps[p]) != TP_OK) continue;
-                    elastic_memory most = {0}, estimate;
-                    for (int stage = 0; stage < pps[p]; stage++) {
-                        elastic_memory m = trainer_memory(&config, tps[t], pps[p], 1, pps[p], stage, micro, sp,
-                                                          zeros[z], dps[z]);
-                        if (m.total > most.total) most = m;
-                    }
+                    elastic_memory estimate,
+                        most = trainer_memory(&config, tps[t], pps[p], 1, pps[p], micro, sp, zeros[z], dps[z], 0);
                     cr_assert_eq(elastic_memory_estimate(&config, tps[t], pps[p], micro, sp, zeros[z], dps[z], &estimate),
                                  TP_OK);
                     cr_assert(memcmp(&estimate, &most, sizeof most) == 0,
@@ -782,11 +781,7 @@ Test(plan, virtual_stages_when_the_bubble_is_large)
     cr_assert(strstr(why, "interleaved over 4 virtual stages: an ideal bubble of 3.1% of the step instead of 12.5%"),
               "%s", why);
     /* Its memory: what the trainer allocates with V 4 at 8 micro-batches, on its largest stage. */
-    elastic_memory most = {0};
-    for (int stage = 0; stage < 2; stage++) {
-        elastic_memory m = trainer_memory(&model, 1, 2, 4, 8, stage, 1, 0, 0, 1);
-        if (m.total > most.total) most = m;
-    }
+    elastic_memory most = trainer_memory(&model, 1, 2, 4, 8, 1, 0, 0, 1, 0);
     cr_assert(memcmp(&l.memory, &most, sizeof most) == 0, "estimate %lld, trainer %lld", (long long)l.memory.total,
               (long long)most.total);
     /* The same in bf16: the planner's bf16 activations and weights at V 4 are the trainer's too. */
@@ -794,13 +789,7 @@ Test(plan, virtual_stages_when_the_bubble_is_large)
     r16.model.dtype = TP_BF16;
     elastic_layout l16 = chosen_of(&r16, why, sizeof why);
     cr_assert(l16.pp == 2 && l16.virtual_stages == 4, "bf16: pp%d V%d: %s", l16.pp, l16.virtual_stages, why);
-    elastic_memory most16 = {0};
-    trainer_bf16 = 1;
-    for (int stage = 0; stage < 2; stage++) {
-        elastic_memory m = trainer_memory(&model, 1, 2, 4, 8, stage, 1, 0, 0, 1);
-        if (m.total > most16.total) most16 = m;
-    }
-    trainer_bf16 = 0;
+    elastic_memory most16 = trainer_memory(&model, 1, 2, 4, 8, 1, 0, 0, 1, 1);
     cr_assert_eq(l16.memory.activations, most16.activations, "bf16 at V 4: activations planned %lld, trainer %lld",
                  (long long)l16.memory.activations, (long long)most16.activations);
     cr_assert(memcmp(&l16.memory, &most16, sizeof most16) == 0, "bf16 at V 4: estimate %lld, trainer %lld",
@@ -808,11 +797,7 @@ Test(plan, virtual_stages_when_the_bubble_is_large)
     cr_assert_lt(l16.memory.activations, l.memory.activations, "bf16 activations take less than fp32");
     /* V 2 keeps more than V 4 here (5 slots of 2 layers on stage 0 against 9 of one) and more than 1F1B (2 of
      * 4): under V 4's memory, 1F1B, with fewer pipeline messages (V each way per micro-batch), and why says so. */
-    elastic_memory v2 = {0};
-    for (int stage = 0; stage < 2; stage++) {
-        elastic_memory m = trainer_memory(&model, 1, 2, 2, 8, stage, 1, 0, 0, 1);
-        if (m.total > v2.total) v2 = m;
-    }
+    elastic_memory v2 = trainer_memory(&model, 1, 2, 2, 8, 1, 0, 0, 1, 0);
     cr_assert_gt(v2.total, l.memory.total);
     r.memory_per_rank = l.memory.total - 1;
     elastic_layout tight = chosen_of(&r, why, sizeof why);
