@@ -314,7 +314,7 @@ def main():
                 # whose allocations start a full collection would otherwise
                 # write to every object's header, copying most of the
                 # server's pages (PyTorch's among them) into the child, each
-                # copy a page fault (test_dcp: 10% of its processor time).
+                # copy a page fault (test_dcp: an eighth of its processor time).
                 gc.freeze()
                 pid = os.fork()
                 if pid == 0:
