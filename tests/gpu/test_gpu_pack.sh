@@ -33,11 +33,20 @@ PACK="$WORK/gpu-pack.tar.xz"
 # run on the machine shares: two suites side by side would remove each
 # other's unpacked pack mid-run.
 export GPU_CHECK_DIR="$WORK/gpu-check"
-# xz's fastest preset: a test's pack is larger than make gpu-pack's (-6),
-# so under the limit it bounds that one too.
-expect_ok "make the pack" env BUILD="${BUILD:-build}" PACK="$PACK" PACK_XZ=-1 "$ROOT/scripts/gpu-pack.sh"
+# xz's fastest preset, and gpu-pack's own bound lifted to the device's 64
+# MiB: the size bound is checked here. The pack at -1 is larger than make
+# gpu-pack's (-6: 33 MiB where -1 gave 47): under the bound it bounds that
+# one too; over it, the same archive compressed at -6 is what must fit.
+LIMIT_BYTES=$((48 * 1048576))
+expect_ok "make the pack" env BUILD="${BUILD:-build}" PACK="$PACK" PACK_XZ=-1 PACK_LIMIT_MIB=64 "$ROOT/scripts/gpu-pack.sh"
 size=$(stat -c %s "$PACK" 2>/dev/null || echo 0)
-check_all "the pack (xz -1) is at most 48 MiB ($size bytes)" '[ "$size" -gt 0 ] && [ "$size" -le $((48 * 1048576)) ]'
+preset=-1
+if [ "$size" -gt "$LIMIT_BYTES" ]; then
+    preset=-6
+    size=$(xz -dc "$PACK" | xz -6 -T0 | wc -c)
+fi
+check_all "the pack (xz $preset, as make gpu-pack compresses it) is at most 48 MiB ($size bytes)" \
+    '[ "$size" -gt 0 ] && [ "$size" -le "$LIMIT_BYTES" ]'
 
 # The root: the pack, glibc, and mount points.
 R="$WORK/root"
@@ -208,7 +217,9 @@ check "gpu-check: no benchmark section collected where none was rewritten" [ ! -
 # pack is said to be stale, naming files.
 L="$WORK/check-lease"
 mkdir -p "$WORK/empty-repo"
-run env GPU_CHECK_REPO="$WORK/empty-repo" "$ROOT/scripts/gpu-check.sh" --phase lease --pack "$PACK" --limit 8 "$L"
+# A limit of 2 s (3 s for the phases beside): what is checked here is the
+# files, and dcp and judges would otherwise run their 14 s for nothing.
+run env GPU_CHECK_REPO="$WORK/empty-repo" "$ROOT/scripts/gpu-check.sh" --phase lease --pack "$PACK" --limit 2 "$L"
 check "gpu-check --phase lease without a GPU fails" [ "$RC" -ne 0 ]
 check_all "gpu-check --phase lease: at most 8 files ($(ls "$L" | tr '\n' ' '))" '[ "$(ls "$L" | wc -l)" -le 8 ]'
 check "gpu-check --phase lease: no DCP fixtures" [ ! -e "$L/dcp-fixtures.tar.gz" ]
