@@ -23,11 +23,17 @@
 #            training steps under Nsight Compute (ncu): per kernel, time,
 #            DRAM bytes, FP32 operations, throughput against the GPU's
 #            peaks: what to speed up first
-#   all      the four phases above in turn (where a command may run long enough)
-#   lease    what one short lease should run, in under 9 minutes: tests, then
-#            bench, with dcp and judges beside them on the CPU (limits: 240 s
-#            for each of tests and bench, 420 s for the others, which see
-#            no GPU; --limit L gives L and 7 L / 4); at most eight files
+#   sanitize compute-sanitizer over a few steps of small models, each
+#            path of a step once (cuDNN's attention and cuBLASLt's epilogues,
+#            a checkpoint saved and resumed, Llama, unaligned widths):
+#            memcheck, then initcheck, racecheck and synccheck, in what the
+#            limit leaves; sanitize.log
+#   all      the four phases tests to profile in turn (where a command may run long enough)
+#   lease    what one short lease should run, in under 9 minutes: tests,
+#            sanitize, then bench, with dcp and judges beside them on the CPU
+#            (limits: 225 s for each of tests and bench, 56 s for sanitize,
+#            393 s for the others, which see no GPU; --limit L gives L, L / 4
+#            and 7 L / 4); at most eight files
 #   dcp      PyTorch distributed checkpoints judged by this machine's PyTorch
 #            (2.x; Debian's 1.13 judges them elsewhere): fixtures it writes
 #            (kept as dcp-fixtures.tar.gz, for tests/data/dcp-torch2), then
@@ -38,7 +44,7 @@
 #            tests/e2e/test_export.sh and test_llama_export.sh with its
 #            transformers (our GPT-2 and Llama exports loaded by
 #            from_pretrained, their loss against tp-train eval); CPU only
-# --pack FILE (default build/gpu-pack.tar.xz); --limit (default 560, lease 240): the
+# --pack FILE (default build/gpu-pack.tar.xz); --limit (default 560, lease 225): the
 # seconds each phase may take before it is stopped, so that its logs and the
 # summary are still written.
 #
@@ -72,10 +78,10 @@ done
 OUTDIR=$1
 BESIDE=""
 case $PHASE in
-tests | bench | reshard | profile | dcp | judges) PHASES=$PHASE ;;
+tests | bench | reshard | profile | sanitize | dcp | judges) PHASES=$PHASE ;;
 all) PHASES="tests bench reshard profile" ;;
-lease) PHASES="tests bench" BESIDE="dcp judges" LIMIT=${LIMIT:-240} ;;
-*) echo "gpu-check: unknown phase $PHASE (tests, bench, reshard, profile, all, dcp, judges, lease)" >&2; exit 2 ;;
+lease) PHASES="tests sanitize bench" BESIDE="dcp judges" LIMIT=${LIMIT:-225} ;;
+*) echo "gpu-check: unknown phase $PHASE (tests, bench, reshard, profile, sanitize, all, dcp, judges, lease)" >&2; exit 2 ;;
 esac
 LIMIT=${LIMIT:-560}
 BESIDE_LIMIT=$((LIMIT * 7 / 4))
@@ -278,6 +284,75 @@ phase_profile() {
     head -n 16 "$OUTDIR/profile.md" | tee -a "$SUMMARY"
 }
 
+# compute-sanitizer over a few steps of tp-train on the GPU: out-of-bounds
+# and misaligned accesses (memcheck), reads of memory never written
+# (initcheck), shared-memory races (racecheck) and barrier misuse
+# (synccheck) in every kernel a step runs, ours and the libraries'. Small
+# shapes chosen for their paths: head size 64 (cuDNN's attention) with
+# widths a multiple of 8 (cuBLASLt's epilogues), a checkpoint saved and
+# resumed; Llama with a shared key/value head; and widths of no alignment
+# (the tiled attention, GELU apart from the product, an odd vocabulary). In
+# order of worth, each in what the limit leaves; one not started for want
+# of time says so. SANITIZER: the program (else compute-sanitizer on PATH or
+# in the CUDA toolkit).
+SANITIZE_GPT="--layers 2 --dim 128 --heads 2 --vocab 256 --seq 128 --micro-batch 2"
+SANITIZE_LLAMA="--arch llama --layers 2 --dim 128 --heads 2 --kv-heads 1 --vocab 256 --seq 128 --micro-batch 2"
+SANITIZE_ODD="--layers 2 --dim 72 --heads 3 --ffn 100 --vocab 250 --seq 40 --micro-batch 3"
+phase_sanitize() {
+    started=$(date +%s)
+    : >"$OUTDIR/sanitize.log"
+    SANITIZER=${SANITIZER:-$(command -v compute-sanitizer ||
+        ls "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" /usr/local/cuda/bin/compute-sanitizer 2>/dev/null |
+        head -n 1)}
+    if [ -z "$SANITIZER" ]; then
+        say "sanitize: no compute-sanitizer on this machine (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin): nothing checked"
+        rc=1
+        return
+    fi
+    ckpt="$DEST/sanitize-ckpt"
+    rm -rf "$ckpt"
+    rc=0
+    # NAME TOOL tp-train's arguments (split into words as they are)
+    while read -r name tool args; do
+        left=$((LIMIT - ($(date +%s) - started)))
+        [ "$left" -gt 0 ] || left=0
+        if [ "$left" -lt 10 ]; then
+            say "sanitize: $name: not started, $left s of the limit left"
+            rc=1
+            continue
+        fi
+        echo "== $name: $SANITIZER --tool $tool tp-train $args (at most $left s)" >>"$OUTDIR/sanitize.log"
+        run_start=$(date +%s)
+        # shellcheck disable=SC2086
+        (cd "$P" && timeout --kill-after=10 "$left" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+            build/bin/tp-train --device cuda $args) >"$DEST/sanitize.run" 2>&1 </dev/null
+        status=$?
+        cat "$DEST/sanitize.run" >>"$OUTDIR/sanitize.log"
+        verdict=$(grep -E '^========= [A-Z]+ SUMMARY:' "$DEST/sanitize.run" | tail -n 1 | sed 's/^========= //')
+        case $status in
+        0) ;;
+        99) rc=1 ;;
+        124 | 137) rc=1 verdict="stopped at the limit${verdict:+; $verdict}" ;;
+        *) rc=1 verdict="exit $status${verdict:+; $verdict}: $(grep -v '^=========' "$DEST/sanitize.run" | tail -n 1)" ;;
+        esac
+        say "sanitize: $name ($tool, $(($(date +%s) - run_start)) s): ${verdict:-no summary line}"
+        # The first report: what, then where (the kernel, or the call).
+        grep -m 1 -A 2 -E '^========= (Invalid|Misaligned|Uninitialized|Program hit|Error|Race|Barrier|Warning|Potential|Out-of-range|Malloc|Cuda API)' \
+            "$DEST/sanitize.run" | sed 's/^/  /' | tee -a "$SUMMARY"
+    done <<RUNS
+memcheck-gpt-bf16 memcheck $SANITIZE_GPT --dtype bf16 --steps 2 --ckpt-dir $ckpt --ckpt-every 2
+memcheck-gpt-bf16-resumed memcheck $SANITIZE_GPT --dtype bf16 --steps 3 --ckpt-dir $ckpt --resume
+memcheck-llama-bf16 memcheck $SANITIZE_LLAMA --dtype bf16 --steps 2
+memcheck-odd-bf16 memcheck $SANITIZE_ODD --dtype bf16 --steps 2
+memcheck-odd-fp32 memcheck $SANITIZE_ODD --steps 2
+initcheck-gpt-bf16 initcheck $SANITIZE_GPT --dtype bf16 --steps 1
+racecheck-odd-bf16 racecheck $SANITIZE_ODD --dtype bf16 --steps 1
+racecheck-gpt-fp32 racecheck $SANITIZE_GPT --steps 1
+synccheck-odd-bf16 synccheck $SANITIZE_ODD --dtype bf16 --steps 1
+RUNS
+    rm -rf "$ckpt" "$DEST/sanitize.run"
+}
+
 phase_dcp() {
     rm -rf "$DEST/fx"
     in_pack dcp.log sh -c "\"$PYTHON\" tests/formats/dcp_torch.py fixtures \"$DEST/fx\" &&
@@ -318,7 +393,11 @@ for phase in $BESIDE; do # CPU phases: no GPU for them, so that they never hold 
     (LIMIT=$BESIDE_LIMIT && export CUDA_VISIBLE_DEVICES= && run_phase "$phase" beside) &
 done
 for phase in $PHASES; do
-    run_phase "$phase" || FAILED_PHASES="$FAILED_PHASES $phase"
+    if [ "$PHASE" = lease ] && [ "$phase" = sanitize ]; then # a quarter of the limit: its first runs
+        (LIMIT=$((LIMIT / 4)) && run_phase "$phase") || FAILED_PHASES="$FAILED_PHASES $phase"
+    else
+        run_phase "$phase" || FAILED_PHASES="$FAILED_PHASES $phase"
+    fi
 done
 wait
 for phase in $BESIDE; do

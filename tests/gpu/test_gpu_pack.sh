@@ -217,14 +217,63 @@ check "gpu-check: no benchmark section collected where none was rewritten" [ ! -
 # pack is said to be stale, naming files.
 L="$WORK/check-lease"
 mkdir -p "$WORK/empty-repo"
-# A limit of 2 s (3 s for the phases beside): what is checked here is the
-# files, and dcp and judges would otherwise run their 14 s for nothing.
-run env GPU_CHECK_REPO="$WORK/empty-repo" "$ROOT/scripts/gpu-check.sh" --phase lease --pack "$PACK" --limit 2 "$L"
+# compute-sanitizer's stand-in (the CUDA toolkit here has none, and no GPU
+# would run under it): it logs what it was asked to run, which must be the
+# pack's tp-train, and answers as compute-sanitizer does: no error, a race
+# check's summary, or for Llama an invalid read in a kernel (exit with the
+# code asked for).
+cat >"$WORK/fake-sanitizer" <<'EOF'
+#!/bin/sh
+[ "$1" = --tool ] && [ "$3" = --error-exitcode ] || { echo "unexpected: $*"; exit 2; }
+tool=$2 code=$4
+shift 4
+echo "$tool $*" >>"$FAKE_SANITIZER_LOG"
+[ -x "$1" ] || { echo "no program $1 in $(pwd)"; exit 1; }
+case "$tool $*" in
+*"--arch llama"*)
+    printf '%s\n' "========= Invalid __global__ read of size 4 bytes" "=========     at rope_forward_kernel+0x90" \
+        "=========     by thread (3,0,0) in block (1,0,0)" "=========" "========= ERROR SUMMARY: 1 error"
+    exit "$code" ;;
+racecheck*) echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" ;;
+*) echo "========= ERROR SUMMARY: 0 errors" ;;
+esac
+EOF
+chmod +x "$WORK/fake-sanitizer"
+export FAKE_SANITIZER_LOG="$WORK/fake-sanitizer.log"
+# A limit of 2 s (3 s for the phases beside, none for sanitize): what is
+# checked here is the files and the order, and dcp and judges would
+# otherwise run their 14 s for nothing.
+run env GPU_CHECK_REPO="$WORK/empty-repo" SANITIZER="$WORK/fake-sanitizer" "$ROOT/scripts/gpu-check.sh" \
+    --phase lease --pack "$PACK" --limit 2 "$L"
+check_all "gpu-check --phase lease: tests, sanitize, then bench" \
+    '[ "$(grep -E -o "^(tests|sanitize|bench): " "$L/summary.txt" | uniq | tr -d "\n")" = "tests: sanitize: bench: " ]'
+check_all "gpu-check --phase lease: sanitize has a quarter of the limit (none of 2 s: no run started)" \
+    'grep -qx "sanitize: memcheck-gpt-bf16: not started, 0 s of the limit left" "$L/summary.txt" &&
+     grep -qx "sanitize: synccheck-odd-bf16: not started, 0 s of the limit left" "$L/summary.txt" &&
+     [ ! -e "$FAKE_SANITIZER_LOG" ]'
 check "gpu-check --phase lease without a GPU fails" [ "$RC" -ne 0 ]
 check_all "gpu-check --phase lease: at most 8 files ($(ls "$L" | tr '\n' ' '))" '[ "$(ls "$L" | wc -l)" -le 8 ]'
 check "gpu-check --phase lease: no DCP fixtures" [ ! -e "$L/dcp-fixtures.tar.gz" ]
 check "gpu-check: a pack from another tree is stale, in the summary" grep -q '^pack against this repository: STALE PACK: [0-9]* files differ (first: [^)]' "$L/summary.txt"
 expect_error "gpu-check: an unknown phase" 2 "unknown phase fast" "$ROOT/scripts/gpu-check.sh" --phase fast "$C"
+# The sanitize phase, through the stand-in: every run, in order, on the
+# pack's tp-train; each run's verdict, and the first report's what and where.
+S="$WORK/check-sanitize"
+run env SANITIZER="$WORK/fake-sanitizer" "$ROOT/scripts/gpu-check.sh" --phase sanitize --pack "$PACK" --limit 120 "$S"
+check "gpu-check --phase sanitize: an error found fails the phase" [ "$RC" -ne 0 ]
+check_all "gpu-check --phase sanitize: nine runs, in order ($(awk '{print $1}' "$FAKE_SANITIZER_LOG" 2>/dev/null | tr '\n' ' '))" \
+    '[ "$(awk "{print \$1}" "$FAKE_SANITIZER_LOG" | tr "\n" " ")" = "memcheck memcheck memcheck memcheck memcheck initcheck racecheck racecheck synccheck " ]'
+check_all "gpu-check --phase sanitize: a bf16 step on the GPU saving a checkpoint, then resuming it" \
+    'sed -n 1p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck build/bin/tp-train --device cuda .* --dtype bf16 --steps 2 --ckpt-dir .* --ckpt-every 2$" &&
+     sed -n 2p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck build/bin/tp-train --device cuda .* --dtype bf16 --steps 3 --ckpt-dir .* --resume$"'
+check "gpu-check --phase sanitize: a clean run's verdict" \
+    grep -Eq '^sanitize: memcheck-gpt-bf16 \(memcheck, [0-9]+ s\): ERROR SUMMARY: 0 errors$' "$S/summary.txt"
+check "gpu-check --phase sanitize: a race check's verdict" \
+    grep -Eq '^sanitize: racecheck-gpt-fp32 \(racecheck, [0-9]+ s\): RACECHECK SUMMARY: 0 hazards' "$S/summary.txt"
+check_all "gpu-check --phase sanitize: the error, what and where" \
+    'grep -A 2 -E "^sanitize: memcheck-llama-bf16 \(memcheck, [0-9]+ s\): ERROR SUMMARY: 1 error$" "$S/summary.txt" |
+     tr "\n" "|" | grep -q "|  ========= Invalid __global__ read of size 4 bytes|  =========     at rope_forward_kernel"'
+check "gpu-check --phase sanitize: the tools' output in sanitize.log" grep -q 'at rope_forward_kernel' "$S/sanitize.log"
 # The dcp phase needs no GPU: here with Debian's PyTorch (first on PATH, as
 # the GPU image's is there), PyTorch's fixtures kept for the repository.
 if "$PY" -c 'import torch, h5py' 2>/dev/null; then
