@@ -339,6 +339,12 @@ phase_sanitize() {
         # The first report: what, then where (the kernel, or the call).
         grep -m 1 -A 2 -E '^========= (Invalid|Misaligned|Uninitialized|Program hit|Error|Race|Barrier|Warning|Potential|Out-of-range|Malloc|Cuda API)' \
             "$DEST/sanitize.run" | sed 's/^/  /' | tee -a "$SUMMARY"
+        # A machine where the tool cannot attach (gVisor: "Device not
+        # supported", KINDS.md) fails every run alike: the rest not tried.
+        if grep -q 'Device not supported' "$DEST/sanitize.run"; then
+            say "sanitize: compute-sanitizer does not support this device here: the other runs not tried"
+            break
+        fi
     done <<RUNS
 memcheck-gpt-bf16 memcheck $SANITIZE_GPT --dtype bf16 --steps 2 --ckpt-dir $ckpt --ckpt-every 2
 memcheck-gpt-bf16-resumed memcheck $SANITIZE_GPT --dtype bf16 --steps 3 --ckpt-dir $ckpt --resume

@@ -274,6 +274,20 @@ check_all "gpu-check --phase sanitize: the error, what and where" \
     'grep -A 2 -E "^sanitize: memcheck-llama-bf16 \(memcheck, [0-9]+ s\): ERROR SUMMARY: 1 error$" "$S/summary.txt" |
      tr "\n" "|" | grep -q "|  ========= Invalid __global__ read of size 4 bytes|  =========     at rope_forward_kernel"'
 check "gpu-check --phase sanitize: the tools' output in sanitize.log" grep -q 'at rope_forward_kernel' "$S/sanitize.log"
+# A device the tool cannot attach to: the first run says so, no other is tried.
+: >"$FAKE_SANITIZER_LOG"
+cat >"$WORK/unsupported-sanitizer" <<'EOF'
+#!/bin/sh
+echo "$2" >>"$FAKE_SANITIZER_LOG"
+printf '%s\n' "========= Error: Device not supported" "========= ERROR SUMMARY: 0 errors"
+exit 1
+EOF
+chmod +x "$WORK/unsupported-sanitizer"
+run env SANITIZER="$WORK/unsupported-sanitizer" "$ROOT/scripts/gpu-check.sh" --phase sanitize --pack "$PACK" --limit 120 \
+    "$WORK/check-unsupported"
+check_all "gpu-check --phase sanitize: a device the tool does not support stops the phase at its first run" \
+    '[ "$RC" -ne 0 ] && [ "$(wc -l <"$FAKE_SANITIZER_LOG")" -eq 1 ] &&
+     grep -q "^sanitize: compute-sanitizer does not support this device here" "$WORK/check-unsupported/summary.txt"'
 # The dcp phase needs no GPU: here with Debian's PyTorch (first on PATH, as
 # the GPU image's is there), PyTorch's fixtures kept for the repository.
 if "$PY" -c 'import torch, h5py' 2>/dev/null; then
