@@ -65,8 +65,8 @@
 #   without compiling                                           about 131 s
 # which leaves about 99 s of BENCH_BUDGET's 230 for torch.compile: 124M at
 # micro-batch 16 gets its 90 s; what is left goes to the next. Under
-# gpu-check --phase lease (bench's limit 225 s) the whole phase stays under
-# 225 s; a slower machine loses compile rows first, then the last rows.
+# gpu-check --phase lease (bench's limit 220 s) the whole phase stays under
+# 220 s; a slower machine loses compile rows first, then the last rows.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}

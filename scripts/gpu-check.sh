@@ -31,8 +31,8 @@
 #   all      the four phases tests to profile in turn (where a command may run long enough)
 #   lease    what one short lease should run, in under 9 minutes: tests,
 #            sanitize, then bench, with dcp and judges beside them on the CPU
-#            (limits: 225 s for each of tests and bench, 56 s for sanitize,
-#            393 s for the others, which see no GPU; --limit L gives L, L / 4
+#            (limits: 220 s for each of tests and bench, 55 s for sanitize,
+#            385 s for the others, which see no GPU; --limit L gives L, L / 4
 #            and 7 L / 4); at most eight files
 #   dcp      PyTorch distributed checkpoints judged by this machine's PyTorch
 #            (2.x; Debian's 1.13 judges them elsewhere): fixtures it writes
@@ -44,7 +44,7 @@
 #            tests/e2e/test_export.sh and test_llama_export.sh with its
 #            transformers (our GPT-2 and Llama exports loaded by
 #            from_pretrained, their loss against tp-train eval); CPU only
-# --pack FILE (default build/gpu-pack.tar.xz); --limit (default 560, lease 225): the
+# --pack FILE (default build/gpu-pack.tar.xz); --limit (default 560, lease 220): the
 # seconds each phase may take before it is stopped, so that its logs and the
 # summary are still written.
 #
@@ -80,7 +80,7 @@ BESIDE=""
 case $PHASE in
 tests | bench | reshard | profile | sanitize | dcp | judges) PHASES=$PHASE ;;
 all) PHASES="tests bench reshard profile" ;;
-lease) PHASES="tests sanitize bench" BESIDE="dcp judges" LIMIT=${LIMIT:-225} ;;
+lease) PHASES="tests sanitize bench" BESIDE="dcp judges" LIMIT=${LIMIT:-220} ;;
 *) echo "gpu-check: unknown phase $PHASE (tests, bench, reshard, profile, sanitize, all, dcp, judges, lease)" >&2; exit 2 ;;
 esac
 LIMIT=${LIMIT:-560}
