@@ -323,10 +323,13 @@ phase_sanitize() {
         fi
         echo "== $name: $SANITIZER --tool $tool tp-train $args (at most $left s)" >>"$OUTDIR/sanitize.log"
         run_start=$(date +%s)
+        # Into OUTDIR/sanitize.run, moved to DEST once appended to the log;
+        # stdin from /dev/null: the runs' list is this loop's.
         # shellcheck disable=SC2086
-        (cd "$P" && timeout --kill-after=10 "$left" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
-            build/bin/tp-train --device cuda $args) >"$DEST/sanitize.run" 2>&1 </dev/null
+        (LIMIT=$left && in_pack sanitize.run "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+            build/bin/tp-train --device cuda $args) </dev/null
         status=$?
+        mv "$OUTDIR/sanitize.run" "$DEST/sanitize.run"
         cat "$DEST/sanitize.run" >>"$OUTDIR/sanitize.log"
         verdict=$(grep -E '^========= [A-Z]+ SUMMARY:' "$DEST/sanitize.run" | tail -n 1 | sed 's/^========= //')
         case $status in
