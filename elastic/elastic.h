@@ -118,6 +118,7 @@ typedef struct {
     int64_t step;
     double loss;
     double seconds; /* start: load_seconds, the trainer's time to its first step's start */
+    double time;    /* the trainer's clock when it wrote the line (Unix seconds; 0: not given) */
     char reason[64];
 } elastic_log_line;
 
@@ -162,7 +163,8 @@ typedef struct {
     double capacity_wait_seconds;  /* how long to wait below min_world before giving up */
     int max_restarts;              /* failures relaunched; scale changes do not count */
     double backoff_seconds;        /* the first restart's delay, doubled each failure (capped at 60 s) */
-    double heartbeat_seconds;      /* no step for this long: a hang */
+    double heartbeat_seconds;      /* no step for this long: a hang (elastic_hang_allowance) */
+    double heartbeat_multiple;     /* every allowance is at least this many times the slowest step seen */
     double start_seconds;          /* allowance for the first step of a launch (load, reshard) */
     double save_seconds;           /* allowance while a checkpoint is saved */
     double grace_seconds;          /* SIGTERM to SIGKILL */
@@ -185,6 +187,20 @@ typedef struct {
 } elastic_run_options;
 
 void elastic_run_options_init(elastic_run_options *options);
+
+/* What a launch is silent in: loading to its first step, a step, or a save
+ * (a stop request, the last step's checkpoint, a logged save_wait). */
+typedef enum { ELASTIC_SILENT_START, ELASTIC_SILENT_STEP, ELASTIC_SILENT_SAVE } elastic_silence;
+
+/* How long a launch may be silent before it is a hang: start_seconds,
+ * heartbeat_seconds or save_seconds, and never less than
+ * heartbeat_multiple times the slowest step the run has taken
+ * (slowest_step_seconds: the longest time between the trainer's start or
+ * step line and its next step line, a save waited for excepted). A model
+ * whose steps outlast the heartbeat is then not taken for hung, and a hang
+ * of a fast one is still found at the heartbeat. */
+double elastic_hang_allowance(const elastic_run_options *options, elastic_silence silence,
+                              double slowest_step_seconds);
 
 typedef struct {
     int finished;            /* the last step was reached */

@@ -31,10 +31,11 @@ static void parse_line(const char *text, void (*visit)(void *, const elastic_log
         cJSON_Delete(o);
         return;
     }
-    elastic_log_line line = {ELASTIC_LOG_OTHER, -1, 0, 0, ""};
+    elastic_log_line line = {ELASTIC_LOG_OTHER, -1, 0, 0, 0, ""};
     line.step = (int64_t)number(o, "step", -1);
     line.loss = number(o, "loss", 0);
     line.seconds = number(o, "load_seconds", 0); /* start lines */
+    line.time = number(o, "time", 0);
     const cJSON *event = cJSON_GetObjectItemCaseSensitive(o, "event");
     const cJSON *reason = cJSON_GetObjectItemCaseSensitive(o, "reason");
     if (cJSON_IsString(reason)) snprintf(line.reason, sizeof line.reason, "%s", reason->valuestring);

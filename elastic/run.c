@@ -54,6 +54,7 @@ void elastic_run_options_init(elastic_run_options *o)
     o->max_restarts = 10;
     o->backoff_seconds = 1;
     o->heartbeat_seconds = 60;
+    o->heartbeat_multiple = 5; /* as NVIDIA's fault tolerance sizes its timeouts from observed intervals */
     o->start_seconds = 300;
     o->save_seconds = 600;
     o->grace_seconds = 10;
@@ -61,6 +62,15 @@ void elastic_run_options_init(elastic_run_options *o)
     o->repeat_limit = 3;
     o->verify_threads = 2;
     o->steps = 100;
+}
+
+double elastic_hang_allowance(const elastic_run_options *o, elastic_silence silence, double slowest_step_seconds)
+{
+    double base = silence == ELASTIC_SILENT_SAVE    ? o->save_seconds
+                  : silence == ELASTIC_SILENT_START ? o->start_seconds
+                                                    : o->heartbeat_seconds;
+    double steps = o->heartbeat_multiple * slowest_step_seconds;
+    return steps > base ? steps : base;
 }
 
 /* ------------------------------------------------------------- the state */
@@ -77,6 +87,7 @@ typedef struct {
     uint64_t launch_start; /* when it started (elastic_process_start), 0 when unknown */
     int64_t last_failure_step, steps_recomputed, last_step;
     double lost[5], wall_before;
+    double slowest_step;    /* seconds: the slowest step of any launch (elastic_hang_allowance) */
     /* this orchestrator's */
     double started;
     double step_seconds_sum;
@@ -131,6 +142,7 @@ static int save_state(run_state *s)
     cJSON_AddNumberToObject(o, "last_step", (double)s->last_step);
     cJSON_AddNumberToObject(o, "steps_recomputed", (double)s->steps_recomputed);
     cJSON_AddNumberToObject(o, "wall_seconds", s->wall_before + now_seconds() - s->started);
+    cJSON_AddNumberToObject(o, "slowest_step_seconds", s->slowest_step);
     cJSON *lost = cJSON_AddObjectToObject(o, "lost_seconds");
     for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(lost, elastic_lost_names[i], s->lost[i]);
     char *text = cJSON_Print(o);
@@ -195,7 +207,7 @@ static int load_state(run_state *s)
         cJSON_Delete(o);
         return tp_fail(TP_ERR_FORMAT, "%s: expected a JSON object", s->state_path);
     }
-    double v[14] = {0};
+    double v[15] = {0};
     const struct {
         const char *name;
         double min, max;
@@ -208,6 +220,7 @@ static int load_state(run_state *s)
         {"launch_pid", 0, PID_LIMIT, 1, 0},    {"launch_start", 0, EXACT_LIMIT, 1, 0},
         {"last_failure_step", -1, EXACT_LIMIT, 1, -1}, {"last_step", 0, EXACT_LIMIT, 1, 0},
         {"steps_recomputed", 0, EXACT_LIMIT, 1, 0},    {"wall_seconds", 0, 1e12, 0, 0},
+        {"slowest_step_seconds", 0, 1e9, 0, 0},
     };
     for (size_t i = 0; !status && i < sizeof fields / sizeof *fields; i++)
         status = state_number(s, o, fields[i].name, fields[i].min, fields[i].max, fields[i].integral,
@@ -231,6 +244,7 @@ static int load_state(run_state *s)
     s->last_step = (int64_t)v[9];
     s->steps_recomputed = (int64_t)v[10];
     s->wall_before = v[11];
+    s->slowest_step = v[12];
     return TP_OK;
 }
 
@@ -392,6 +406,7 @@ typedef struct {
     double launched, last_progress, first_step_time, load_seconds;
     int stop_line_finished;
     int save_wait;          /* a save_wait line came after the last step line */
+    double step_began;      /* the trainer's time of its last start or step line; 0: none yet */
     /* what the first step of the launch reports */
     int have_checkpoint, reshard;
     int64_t resumed;
@@ -443,8 +458,16 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
         w->started = 1;
         w->load_seconds = line->seconds;
         w->last_progress = now;
+        w->step_began = line->time;
         break;
     case ELASTIC_LOG_STEP:
+        /* How long the step took, by the trainer's clock (lines read
+         * together after a pause of this process would look instant): a
+         * step that waited for a save is not a measure of a step. */
+        if (w->step_began > 0 && line->time > w->step_began && !w->save_wait &&
+            line->time - w->step_began > w->s->slowest_step)
+            w->s->slowest_step = line->time - w->step_began;
+        w->step_began = line->time;
         if (w->first_step < 0) {
             w->first_step = line->step;
             w->first_step_time = now;
@@ -690,9 +713,11 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
          * launch loads and may reshard; a save may take long). */
         int saving = asked_stop || asked_scale || w->last_step >= o->steps /* the last checkpoint is written */
                      || w->save_wait; /* the trainer waits for a checkpoint to be written */
-        double allowance = saving ? o->save_seconds
-                           : w->first_step < 0         ? o->start_seconds
-                                                       : o->heartbeat_seconds;
+        double allowance = elastic_hang_allowance(o,
+                                                  saving              ? ELASTIC_SILENT_SAVE
+                                                  : w->first_step < 0 ? ELASTIC_SILENT_START
+                                                                      : ELASTIC_SILENT_STEP,
+                                                  s->slowest_step);
         if (now - w->last_progress > allowance) {
             *detection = allowance;
             elastic_stop_group(pid, o->grace_seconds, status_out);
@@ -943,6 +968,10 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     cJSON_AddStringToObject(e, "kind", end == END_HUNG ? "hang" : "exit");
     cJSON_AddStringToObject(e, "status", exit_text);
     cJSON_AddNumberToObject(e, "step", (double)w.last_step);
+    if (end == END_HUNG) { /* silent for this long; the slowest step is why when it is over the heartbeat */
+        cJSON_AddNumberToObject(e, "allowance_seconds", detection);
+        cJSON_AddNumberToObject(e, "slowest_step_seconds", s->slowest_step);
+    }
     cJSON_AddStringToObject(e, "output", output);
     emit(s, end == END_HUNG ? "hang" : "failure", e);
     int progressed = w.last_step > s->last_failure_step;

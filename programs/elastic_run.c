@@ -32,6 +32,8 @@ static const char run_usage[] =
     "           one step without progress before giving up)\n"
     "hangs:     --heartbeat-timeout S (60: no step for this long) --start-timeout S (300: to the first step)\n"
     "           --save-timeout S (600: to exit after a stop request) --grace S (10: SIGTERM to SIGKILL)\n"
+    "           --heartbeat-multiple M (5): each of these is at least M times the slowest step seen, so that\n"
+    "           steps longer than the heartbeat are not hangs (0: the timeouts alone)\n"
     "planner:   --memory-per-rank SIZE --allow-batch-change\n"
     "record:    --events FILE (STATE/events.jsonl); state and trainer output in --state-dir STATE (DIR/elastic;\n"
     "           for a DIR in an object store, http(s):// or s3:// (docs/STORES.md): $TMPDIR/tp-elastic-HASH)\n"
@@ -114,7 +116,8 @@ static void read_train_args(char **args, elastic_run_options *o)
 int elastic_run_main(int argc, char **argv)
 {
     enum { O_CKPT = 1, O_LAUNCHER, O_WORLD, O_WORLD_FILE, O_HOSTFILE, O_MIN, O_RESTARTS, O_HEARTBEAT, O_START, O_SAVE,
-           O_GRACE, O_BACKOFF, O_REPEAT, O_EVENTS, O_RPN, O_MEMORY, O_ALLOW, O_WAIT, O_KEEP, O_HELP, O_STATE };
+           O_GRACE, O_BACKOFF, O_REPEAT, O_EVENTS, O_RPN, O_MEMORY, O_ALLOW, O_WAIT, O_KEEP, O_HELP, O_STATE,
+           O_MULTIPLE };
     static const struct option options[] = {
         {"ckpt-dir", required_argument, 0, O_CKPT}, {"launcher", required_argument, 0, O_LAUNCHER},
         {"world", required_argument, 0, O_WORLD}, {"world-file", required_argument, 0, O_WORLD_FILE},
@@ -126,6 +129,7 @@ int elastic_run_main(int argc, char **argv)
         {"ranks-per-node", required_argument, 0, O_RPN}, {"memory-per-rank", required_argument, 0, O_MEMORY},
         {"allow-batch-change", no_argument, 0, O_ALLOW}, {"capacity-wait", required_argument, 0, O_WAIT},
         {"keep", required_argument, 0, O_KEEP}, {"state-dir", required_argument, 0, O_STATE},
+        {"heartbeat-multiple", required_argument, 0, O_MULTIPLE},
         {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     elastic_run_options o;
     elastic_run_options_init(&o);
@@ -154,6 +158,7 @@ int elastic_run_main(int argc, char **argv)
         case O_MIN: o.min_world = (int)cli_int(PROGRAM, "--min-world", optarg, 1, 1 << 20); break;
         case O_RESTARTS: o.max_restarts = (int)cli_int(PROGRAM, "--max-restarts", optarg, 0, 1 << 20); break;
         case O_HEARTBEAT: o.heartbeat_seconds = cli_number(PROGRAM, "--heartbeat-timeout", optarg); break;
+        case O_MULTIPLE: o.heartbeat_multiple = cli_number(PROGRAM, "--heartbeat-multiple", optarg); break;
         case O_START: o.start_seconds = cli_number(PROGRAM, "--start-timeout", optarg); break;
         case O_SAVE: o.save_seconds = cli_number(PROGRAM, "--save-timeout", optarg); break;
         case O_GRACE: o.grace_seconds = cli_number(PROGRAM, "--grace", optarg); break;

@@ -72,6 +72,8 @@ static const char *usage_text =
     "           after step S, rank R kills itself (SIGKILL), stops progressing (SIGTERM or SIGKILL ends it),\n"
     "           exits 1, or pauses 3 s and goes on (a straggler); with --fault-once only while FILE does not\n"
     "           exist (created as the fault fires).\n"
+    "           --fault slow-steps --fault-step S [--fault-rank R]: from step S on, every step of rank R takes 2 s\n"
+    "           longer (before its line; a model whose steps outlast a short heartbeat)\n"
     "           --fault fail-at-start: exit 1 at once, before training\n"
     "Run `tp-train eval --help` or `tp-train generate --help` for theirs.\n";
 
@@ -270,11 +272,14 @@ static double mfu(const reporter *p, double tokens_per_second)
 
 /* Fault injection for tests of recovery (tp-elastic): the program, which
  * owns the process, does it; the trainer library never exits or raises. */
-typedef enum { FAULT_NONE, FAULT_DIE, FAULT_HANG, FAULT_FAIL, FAULT_SLOW, FAULT_FAIL_AT_START } fault_kind;
+typedef enum { FAULT_NONE, FAULT_DIE, FAULT_HANG, FAULT_FAIL, FAULT_SLOW, FAULT_SLOW_STEPS, FAULT_FAIL_AT_START } fault_kind;
 
 /* How long --fault slow pauses: longer than tp-elastic's once-a-second look at
  * capacity, shorter than any heartbeat timeout a test sets. */
 static const double fault_slow_seconds = 3.0;
+/* How much longer each step of --fault slow-steps takes: a model whose steps
+ * outlast a short heartbeat (tp-elastic's allowance grows with them). */
+static const double fault_slow_steps_seconds = 2.0;
 
 typedef struct {
     fault_kind kind;
@@ -288,11 +293,28 @@ static fault_plan fault;
 static void log_stop(FILE *log, int64_t step, const char *reason, const char *error, const double *peak_rss,
                      int world);
 
+/* The whole pause even when a signal (a stop asked for) interrupts it: a
+ * straggler does not hurry because it is asked to stop. */
+static void pause_whole(double seconds)
+{
+    struct timespec left = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {}
+}
+
+/* Step `step` on rank `rank` is done, its line not yet written: with --fault
+ * slow-steps, from step S on, it takes longer (every time: no --fault-once). */
+static void maybe_slow_step(int rank, int64_t step)
+{
+    if (fault.kind == FAULT_SLOW_STEPS && step >= fault.step && rank == fault.rank)
+        pause_whole(fault_slow_steps_seconds);
+}
+
 /* After step `step` on rank `rank`: the injected fault, when it is due (the
  * step's log line is written). */
 static void maybe_fault(int rank, int64_t step, FILE *log)
 {
-    if (fault.kind == FAULT_NONE || fault.kind == FAULT_FAIL_AT_START || step != fault.step || rank != fault.rank)
+    if (fault.kind == FAULT_NONE || fault.kind == FAULT_FAIL_AT_START || fault.kind == FAULT_SLOW_STEPS ||
+        step != fault.step || rank != fault.rank)
         return;
     if (fault.once) {
         FILE *marker = fopen(fault.once, "wx"); /* exclusive: fails when it exists */
@@ -314,13 +336,7 @@ static void maybe_fault(int rank, int64_t step, FILE *log)
         if (log) log_stop(log, step, "failed", why, NULL, 0);
         fprintf(stderr, "tp-train: error (rank %d): %s\n", rank, why);
         _exit(1);
-    case FAULT_SLOW: {
-        /* The whole pause even when a signal (a stop asked for) interrupts
-         * it: a straggler does not hurry because it is asked to stop. */
-        struct timespec left = {(time_t)fault_slow_seconds, 0};
-        while (nanosleep(&left, &left) != 0 && errno == EINTR) {}
-        break;
-    }
+    case FAULT_SLOW: pause_whole(fault_slow_seconds); break;
     default: break;
     }
 }
@@ -407,6 +423,7 @@ static void on_report(void *ctx, const train_report *r)
 {
     reporter *p = ctx;
     const train_options *o = p->o;
+    if (r->kind == TRAIN_REPORT_STEP) maybe_slow_step(p->c->rank, r->step);
     if (p->c->rank != 0) {
         if (r->kind == TRAIN_REPORT_STEP) maybe_fault(p->c->rank, r->step, NULL);
         return;
@@ -597,8 +614,9 @@ int main(int argc, char **argv)
             else if (strcmp(optarg, "hang") == 0) fault.kind = FAULT_HANG;
             else if (strcmp(optarg, "fail") == 0) fault.kind = FAULT_FAIL;
             else if (strcmp(optarg, "slow") == 0) fault.kind = FAULT_SLOW;
+            else if (strcmp(optarg, "slow-steps") == 0) fault.kind = FAULT_SLOW_STEPS;
             else if (strcmp(optarg, "fail-at-start") == 0) fault.kind = FAULT_FAIL_AT_START;
-            else die_usage("--fault takes die, hang, fail, slow or fail-at-start, not '%s'", optarg);
+            else die_usage("--fault takes die, hang, fail, slow, slow-steps or fail-at-start, not '%s'", optarg);
             break;
         case CLI_TRAIN_FAULT_STEP: fault.step = cli_int("tp-train", "--fault-step", optarg, 1, (int64_t)1 << 40); break;
         case CLI_TRAIN_FAULT_RANK: fault.rank = (int)cli_int("tp-train", "--fault-rank", optarg, 0, 1 << 20); break;
@@ -670,6 +688,7 @@ int main(int argc, char **argv)
         die_usage("--fault %s needs --fault-step S", fault.kind == FAULT_DIE    ? "die"
                                                       : fault.kind == FAULT_HANG ? "hang"
                                                       : fault.kind == FAULT_SLOW ? "slow"
+                                                      : fault.kind == FAULT_SLOW_STEPS ? "slow-steps"
                                                                                  : "fail");
 
     int world = comm_mpi_world_size(&argc, &argv);

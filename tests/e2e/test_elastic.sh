@@ -38,6 +38,48 @@ check_all "slow commit: no hang, no failure, one launch" \
     '[ "$(events "$R" hang)" -eq 0 ] && [ "$(events "$R" failure)" -eq 0 ] && [ "$(events "$R" launch)" -eq 1 ]'
 check "slow commit: the last checkpoint committed" [ -d "$R/step_00000020" ]
 
+# ------------------------------------------ steps longer than the heartbeat
+# Every step takes 2 s more than it computes (--fault slow-steps), under a
+# 1 s heartbeat: the steps are not hangs, since every allowance is at least
+# 5 times the slowest step seen (--heartbeat-multiple). Once step 3 is
+# logged, the trainer is stopped (SIGSTOP): that hang is still found, in 5
+# slowest steps (not in the 1 s heartbeat), and the run finishes after one
+# relaunch from the newest checkpoint. (With --heartbeat-multiple 0, each
+# launch's step 2 was a hang, and tp-elastic gave up at step 1.)
+R="$WORK/slowsteps"
+SLOW_ARGS="--model tiny --quiet --global-batch 4 --steps 5 --ckpt-every 3 --fault slow-steps --fault-step 1"
+mkdir -p "$R/elastic"
+(
+    while ! grep -q '"step":3,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
+    pkill -STOP -f -- "^$TRAIN .*--ckpt-dir $R "
+) &
+watcher=$!
+expect_ok "steps of 2 s under a 1 s heartbeat, one stopped: the run finishes" "$ELASTIC" run --ckpt-dir "$R" \
+    --world 1 --backoff 0.2 --heartbeat-timeout 1 --start-timeout 60 --grace 2 -- "$TRAIN" $SLOW_ARGS
+wait $watcher
+check_all "slow steps: the stopped trainer, and nothing else, was a hang; one relaunch" \
+    '[ "$(events "$R" hang)" -eq 1 ] && [ "$(events "$R" launch)" -eq 2 ] && [ "$(events "$R" failure)" -eq 0 ]'
+check "slow steps: the hang was judged after 5 slowest steps of 2 s or more, silent that long since step 3" "$PY" -c '
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1] + "/elastic/events.jsonl")]
+hang = [e for e in lines if e["event"] == "hang"][0]
+step3 = [json.loads(l) for l in open(sys.argv[1] + "/elastic/train.jsonl") if l.startswith("{\"step\":3,")][0]
+ok = (hang["step"] == 3 and hang["slowest_step_seconds"] >= 2 and
+      abs(hang["allowance_seconds"] - 5 * hang["slowest_step_seconds"]) < 1e-6 and
+      hang["time"] - step3["time"] >= hang["allowance_seconds"])
+sys.exit(not ok and "hang: %s, step 3 logged at %s" % (hang, step3["time"]))' "$R"
+check "slow steps: every step logged, each over 1 s after the last (past the heartbeat); the state keeps the slowest" \
+    "$PY" -c '
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1] + "/elastic/train.jsonl")]
+steps = [r for r in lines if "event" not in r]
+gaps = [b["time"] - a["time"] for a, b in zip(steps, steps[1:]) if b["step"] == a["step"] + 1]
+state = json.load(open(sys.argv[1] + "/elastic/state.json"))
+ok = ({r["step"] for r in steps} == set(range(1, 6)) and len(gaps) >= 3 and min(gaps) > 1 and
+      state["slowest_step_seconds"] >= 2)
+sys.exit(not ok and "steps %s, gaps %s, state %s" % ([r["step"] for r in steps], gaps, state))' "$R"
+check "slow steps: no trainer left running" nothing_left "$R"
+
 # ------------------------------ a memory limit met by sequence parallelism
 # 2.25 MB per rank: every layout of the tiny model needs more at micro-batch 2
 # but tp2 with sequence parallelism (tp-elastic plan; test_elastic_plan.sh):
@@ -169,19 +211,22 @@ check_all "always fails: gave up after 3 launches" '[ "$(events "$R" launch)" -e
 
 # ------------------------------------------------ the orchestrator restarted
 # tp-elastic killed with SIGKILL mid-run takes its trainer with it; started
-# again, it continues from the newest checkpoint and its recorded state.
+# again, it continues from the newest checkpoint and its recorded state. The
+# trainer, told to stop by its launcher, goes on for the steps until the
+# signal reaches it (75-80 tiny steps past step 60 here; 150 steps left it
+# finishing the run before it stopped, and the restart had nothing to launch).
 R="$WORK/requeue"
 mkdir -p "$R/elastic"
-"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 150 >/dev/null 2>&1 &
+"$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 400 >/dev/null 2>&1 &
 orchestrator=$!
 while ! grep -q '"step":60,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
 kill -9 $orchestrator
 wait $orchestrator 2>/dev/null
 check "killed orchestrator: its trainer went with it" nothing_left "$R"
 expect_ok "restarted orchestrator: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
-    -- "$TRAIN" $TRAIN_ARGS --steps 150
+    -- "$TRAIN" $TRAIN_ARGS --steps 400
 check "restarted orchestrator: it counted the earlier launch" [ "$(summary_field "$R" launches)" -ge 2 ]
-check "restarted orchestrator: step 150 reached" [ "$(summary_field "$R" step)" -eq 150 ]
+check "restarted orchestrator: step 400 reached" [ "$(summary_field "$R" step)" -eq 400 ]
 
 # -------------------------------------------------- a stop asked by SIGTERM
 # SIGTERM to tp-elastic: the trainer finishes its step, checkpoints and exits;

@@ -561,7 +561,7 @@ t = {l["step"]: l["time"] for l in map(json.loads, open(sys.argv[1])) if "event"
 sys.exit(not (t[3] - t[2] >= 2.9 and t[2] - t[1] < 2 and t[4] - t[3] < 2))' "$WORK/slow.jsonl"
 mpi_error "fail-at-start: exit 1 before training" "^tp-train: error: injected failure at start" 2 $FAULT --fault fail-at-start
 check "fail-at-start: exit 1" [ "$RC" -eq 1 ]
-expect_error "--fault of an unknown kind" 2 "fault takes die, hang, fail, slow or fail-at-start, not 'bogus'" "$TRAIN" $TINY --fault bogus
+expect_error "--fault of an unknown kind" 2 "fault takes die, hang, fail, slow, slow-steps or fail-at-start, not 'bogus'" "$TRAIN" $TINY --fault bogus
 expect_error "--fault die without --fault-step" 2 "fault die needs --fault-step" "$TRAIN" $TINY --fault die
 expect_error "--fault-rank beyond the ranks" 2 "fault-rank 1, but there are 1 ranks" "$TRAIN" $TINY --fault die --fault-step 1 --fault-rank 1
 

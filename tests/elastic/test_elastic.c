@@ -404,7 +404,7 @@ Test(elastic, stop_group_never_signals_init_or_its_own)
 typedef struct {
     int steps, starts, others, stops, save_waits;
     int64_t last_step;
-    double last_loss;
+    double last_loss, last_time;
 } log_count;
 
 static void count_line(void *ctx, const elastic_log_line *line)
@@ -419,6 +419,7 @@ static void count_line(void *ctx, const elastic_log_line *line)
     if (line->kind == ELASTIC_LOG_STEP) {
         c->last_step = line->step;
         c->last_loss = line->loss;
+        c->last_time = line->time;
     }
 }
 
@@ -445,11 +446,14 @@ Test(elastic, log_is_followed_line_by_line_as_it_grows)
     log_count c = {0};
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK, "a log not there yet is no error");
     FILE *out = fopen(path, "w");
-    fputs("{\"event\":\"start\",\"step\":0,\"load_seconds\":0.5}\n{\"step\":1,\"loss\":5.5}\n{\"step\":2,\"lo", out);
+    fputs("{\"event\":\"start\",\"step\":0,\"load_seconds\":0.5}\n{\"step\":1,\"loss\":5.5,\"time\":1700000000.25}\n"
+          "{\"step\":2,\"lo",
+          out);
     fflush(out);
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
     cr_assert_eq(c.starts, 1);
     cr_assert_eq(c.steps, 1, "the line being written waits for its end");
+    cr_assert_float_eq(c.last_time, 1700000000.25, 1e-6, "the trainer's clock, by which steps are timed");
     fputs("ss\":5.25}\nnot json\n{\"event\":\"note\",\"step\":2}\n{\"event\":\"save_wait\",\"step\":1}\n"
           "{\"event\":\"stop\",\"step\":2,\"reason\":\"finished\"}\n",
           out);
@@ -458,11 +462,40 @@ Test(elastic, log_is_followed_line_by_line_as_it_grows)
     cr_assert_eq(c.steps, 2);
     cr_assert_eq(c.last_step, 2);
     cr_assert_float_eq(c.last_loss, 5.25, 1e-12);
+    cr_assert_eq(c.last_time, 0, "a line without a time has none");
     cr_assert_eq(c.others, 1, "an event of another kind is passed on as such");
     cr_assert_eq(c.stops, 1);
     cr_assert_eq(c.save_waits, 1, "a wait for a save is told apart");
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
     cr_assert_eq(c.steps, 2, "nothing read twice");
+}
+
+/* ----------------------------------------------------------------- hangs */
+
+/* The allowance of each silence is its timeout, and never less than
+ * heartbeat_multiple times the slowest step: steps of 100 s under a 60 s
+ * heartbeat are not hangs, a stop after such a step gets the step and its
+ * save, and a multiple of 0 leaves the timeouts alone. */
+Test(elastic, hang_allowance_grows_with_the_slowest_step)
+{
+    elastic_run_options o;
+    elastic_run_options_init(&o);
+    cr_assert_float_eq(o.heartbeat_multiple, 5, 0, "the default multiple");
+    const elastic_silence kinds[3] = {ELASTIC_SILENT_START, ELASTIC_SILENT_STEP, ELASTIC_SILENT_SAVE};
+    const double timeouts[3] = {300, 60, 600};
+    for (int k = 0; k < 3; k++) {
+        cr_assert_float_eq(elastic_hang_allowance(&o, kinds[k], 0), timeouts[k], 0, "no step seen: the timeout");
+        cr_assert_float_eq(elastic_hang_allowance(&o, kinds[k], 0.5), timeouts[k], 0, "fast steps: the timeout");
+        cr_assert_float_eq(elastic_hang_allowance(&o, kinds[k], 100), timeouts[k] > 500 ? timeouts[k] : 500, 1e-9,
+                           "steps of 100 s: at least 500 s (silence %d)", k);
+        cr_assert_float_eq(elastic_hang_allowance(&o, kinds[k], 1000), 5000, 1e-9, "steps of 1000 s (silence %d)", k);
+    }
+    o.heartbeat_multiple = 0;
+    for (int k = 0; k < 3; k++)
+        cr_assert_float_eq(elastic_hang_allowance(&o, kinds[k], 1000), timeouts[k], 0, "multiple 0: the timeout");
+    o.heartbeat_multiple = 2;
+    o.heartbeat_seconds = 1;
+    cr_assert_float_eq(elastic_hang_allowance(&o, ELASTIC_SILENT_STEP, 2.5), 5, 1e-12);
 }
 
 /* ----------------------------------------------------------- checkpoints */

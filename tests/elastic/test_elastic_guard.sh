@@ -170,6 +170,7 @@ bad_state tp -3 "an integer from 0 to 1048576" -3
 bad_state restarts 2.5 "an integer from 0 to 2147483647" 2.5
 bad_state last_step '"ten"' "an integer from 0 to 9007199254740992" '"ten"'
 bad_state wall_seconds -1 "a number from 0 to 1000000000000" -1
+bad_state slowest_step_seconds 1e300 "a number from 0 to 1000000000" "1e\\+300"
 # ------------------------------------------------------------ a full disk
 # A trainer that fails at once, every time, saying the disk is full (as a
 # checkpoint write does): the give-up says so, naming the run directory's
