@@ -196,7 +196,8 @@ typedef enum { ELASTIC_SILENT_START, ELASTIC_SILENT_STEP, ELASTIC_SILENT_SAVE } 
  * heartbeat_seconds or save_seconds, and never less than
  * heartbeat_multiple times the slowest step the run has taken
  * (slowest_step_seconds: the longest time between the trainer's start or
- * step line and its next step line, a save waited for excepted). A model
+ * step line and its next step line, by its clock but no longer than seen
+ * here, a save waited for excepted). A model
  * whose steps outlast the heartbeat is then not taken for hung, and a hang
  * of a fast one is still found at the heartbeat. */
 double elastic_hang_allowance(const elastic_run_options *options, elastic_silence silence,

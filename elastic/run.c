@@ -407,6 +407,7 @@ typedef struct {
     int stop_line_finished;
     int save_wait;          /* a save_wait line came after the last step line */
     double step_began;      /* the trainer's time of its last start or step line; 0: none yet */
+    double step_began_read; /* now_seconds() when that line was read */
     /* what the first step of the launch reports */
     int have_checkpoint, reshard;
     int64_t resumed;
@@ -459,15 +460,19 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
         w->load_seconds = line->seconds;
         w->last_progress = now;
         w->step_began = line->time;
+        w->step_began_read = now;
         break;
-    case ELASTIC_LOG_STEP:
-        /* How long the step took, by the trainer's clock (lines read
-         * together after a pause of this process would look instant): a
-         * step that waited for a save is not a measure of a step. */
-        if (w->step_began > 0 && line->time > w->step_began && !w->save_wait &&
-            line->time - w->step_began > w->s->slowest_step)
-            w->s->slowest_step = line->time - w->step_began;
+    case ELASTIC_LOG_STEP: {
+        /* How long the step took, by the trainer's clock: lines read
+         * together after a pause of this process would look instant. That
+         * clock is the wall's, which can be set forward: never more than
+         * passed here between reading the two lines, and a poll. A step
+         * that waited for a save is not a measure of a step. */
+        double took = line->time - w->step_began, passed = now - w->step_began_read + w->s->o->poll_seconds;
+        if (took > passed) took = passed;
+        if (w->step_began > 0 && took > w->s->slowest_step && !w->save_wait) w->s->slowest_step = took;
         w->step_began = line->time;
+        w->step_began_read = now;
         if (w->first_step < 0) {
             w->first_step = line->step;
             w->first_step_time = now;
@@ -488,6 +493,7 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
             w->s->o->progress(w->s->o->ctx, line->step, w->s->o->steps, line->loss, w->layout, w->world,
                               w->s->restarts);
         break;
+    }
     case ELASTIC_LOG_STOP: w->stop_line_finished = strcmp(line->reason, "finished") == 0; break;
     case ELASTIC_LOG_SAVE_WAIT: /* until its next step, the trainer has a save's allowance */
         w->save_wait = 1;

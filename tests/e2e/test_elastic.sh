@@ -45,9 +45,13 @@ check "slow commit: the last checkpoint committed" [ -d "$R/step_00000020" ]
 # logged, the trainer is stopped (SIGSTOP): that hang is still found, in 5
 # slowest steps (not in the 1 s heartbeat), and the run finishes after one
 # relaunch from the newest checkpoint. (With --heartbeat-multiple 0, each
-# launch's step 2 was a hang, and tp-elastic gave up at step 1.)
+# launch's step 2 was a hang, and tp-elastic gave up at step 1.) 8 steps:
+# mpirun, told to end the launch, sends the stopped trainer SIGCONT before
+# SIGTERM, and the trainer finishes the step it is in; within the two
+# graces (4 s) it did steps 4 and 5, and with 5 steps it once finished the
+# run there, leaving no relaunch.
 R="$WORK/slowsteps"
-SLOW_ARGS="--model tiny --quiet --global-batch 4 --steps 5 --ckpt-every 3 --fault slow-steps --fault-step 1"
+SLOW_ARGS="--model tiny --quiet --global-batch 4 --steps 8 --ckpt-every 3 --fault slow-steps --fault-step 1"
 mkdir -p "$R/elastic"
 (
     while ! grep -q '"step":3,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
@@ -59,12 +63,15 @@ expect_ok "steps of 2 s under a 1 s heartbeat, one stopped: the run finishes" "$
 wait $watcher
 check_all "slow steps: the stopped trainer, and nothing else, was a hang; one relaunch" \
     '[ "$(events "$R" hang)" -eq 1 ] && [ "$(events "$R" launch)" -eq 2 ] && [ "$(events "$R" failure)" -eq 0 ]'
-check "slow steps: the hang was judged after 5 slowest steps of 2 s or more, silent that long since step 3" "$PY" -c '
+# (A step is timed by the trainer's clock, but never longer than tp-elastic
+# saw between reading its lines, and a poll: a line read late under load
+# times the step after it shorter. Hence 1.5 s, not 2.)
+check "slow steps: the hang was judged after 5 slowest steps (1.5 s or more), silent that long since step 3" "$PY" -c '
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1] + "/elastic/events.jsonl")]
 hang = [e for e in lines if e["event"] == "hang"][0]
 step3 = [json.loads(l) for l in open(sys.argv[1] + "/elastic/train.jsonl") if l.startswith("{\"step\":3,")][0]
-ok = (hang["step"] == 3 and hang["slowest_step_seconds"] >= 2 and
+ok = (hang["step"] == 3 and hang["slowest_step_seconds"] >= 1.5 and
       abs(hang["allowance_seconds"] - 5 * hang["slowest_step_seconds"]) < 1e-6 and
       hang["time"] - step3["time"] >= hang["allowance_seconds"])
 sys.exit(not ok and "hang: %s, step 3 logged at %s" % (hang, step3["time"]))' "$R"
@@ -75,8 +82,8 @@ lines = [json.loads(l) for l in open(sys.argv[1] + "/elastic/train.jsonl")]
 steps = [r for r in lines if "event" not in r]
 gaps = [b["time"] - a["time"] for a, b in zip(steps, steps[1:]) if b["step"] == a["step"] + 1]
 state = json.load(open(sys.argv[1] + "/elastic/state.json"))
-ok = ({r["step"] for r in steps} == set(range(1, 6)) and len(gaps) >= 3 and min(gaps) > 1 and
-      state["slowest_step_seconds"] >= 2)
+ok = ({r["step"] for r in steps} == set(range(1, 9)) and len(gaps) >= 3 and min(gaps) > 1 and
+      state["slowest_step_seconds"] >= 1.5)
 sys.exit(not ok and "steps %s, gaps %s, state %s" % ([r["step"] for r in steps], gaps, state))' "$R"
 check "slow steps: no trainer left running" nothing_left "$R"
 

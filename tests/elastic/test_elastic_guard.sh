@@ -9,6 +9,7 @@
 # A FIFO at any file tp-elastic opens is refused by name at once (the FIFO's
 # other end is never opened: before, the open blocked for good). Numbers out
 # of range in state.json are refused by name, expected against found. A
+# trainer's clock set forward does not stretch the hang allowance. A
 # trainer that fails on a full disk is not called a bug.
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
@@ -171,6 +172,30 @@ bad_state restarts 2.5 "an integer from 0 to 2147483647" 2.5
 bad_state last_step '"ten"' "an integer from 0 to 9007199254740992" '"ten"'
 bad_state wall_seconds -1 "a number from 0 to 1000000000000" -1
 bad_state slowest_step_seconds 1e300 "a number from 0 to 1000000000" "1e\\+300"
+# ------------------------------------------------ a clock set forward
+# A trainer whose clock jumps 10^5 s between its first two steps, then goes
+# silent: the step is timed no longer than tp-elastic saw it take (the
+# trainer's times are the wall clock's), so the hang is found at the
+# heartbeat, not in 5 x 10^5 s; with --max-restarts 0 the run gives up.
+cat >"$WORK/clock-jump.sh" <<'EOF'
+while [ $# -gt 0 ]; do [ "$1" = --log ] && log=$2; shift; done
+now=$(date +%s)
+echo "{\"event\":\"start\",\"step\":0,\"load_seconds\":0,\"time\":$now}" >>"$log"
+echo "{\"step\":1,\"loss\":5,\"time\":$((now + 1))}" >>"$log"
+echo "{\"step\":2,\"loss\":5,\"time\":$((now + 100001))}" >>"$log"
+exec sleep 600
+EOF
+R="$WORK/clock"
+mkdir -p "$R/elastic"
+run timeout -k 5 $RUN_LIMIT "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST --max-restarts 0 -- sh "$WORK/clock-jump.sh" \
+    $ARGS --steps 20
+check "a trainer's clock set forward: the run gives up on its hang (exit $RC, not 124)" [ "$RC" -eq 1 ]
+check "a trainer's clock set forward: the hang's allowance is the heartbeat, its slowest step what was seen" "$PY" -c '
+import json, sys
+hangs = [e for e in map(json.loads, open(sys.argv[1])) if e["event"] == "hang"]
+sys.exit(not (len(hangs) == 1 and hangs[0]["allowance_seconds"] == float(sys.argv[2]) and
+              hangs[0]["slowest_step_seconds"] < 30) and hangs)' "$R/elastic/events.jsonl" "$HEARTBEAT"
+
 # ------------------------------------------------------------ a full disk
 # A trainer that fails at once, every time, saying the disk is full (as a
 # checkpoint write does): the give-up says so, naming the run directory's
