@@ -407,7 +407,6 @@ typedef struct {
     int stop_line_finished;
     int save_wait;          /* a save_wait line came after the last step line */
     double step_began;      /* the trainer's time of its last start or step line; 0: none yet */
-    double step_began_read; /* now_seconds() when that line was read */
     /* what the first step of the launch reports */
     int have_checkpoint, reshard;
     int64_t resumed;
@@ -460,19 +459,19 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
         w->load_seconds = line->seconds;
         w->last_progress = now;
         w->step_began = line->time;
-        w->step_began_read = now;
         break;
     case ELASTIC_LOG_STEP: {
         /* How long the step took, by the trainer's clock: lines read
          * together after a pause of this process would look instant. That
          * clock is the wall's, which can be set forward: never more than
-         * passed here between reading the two lines, and a poll. A step
-         * that waited for a save is not a measure of a step. */
-        double took = line->time - w->step_began, passed = now - w->step_began_read + w->s->o->poll_seconds;
+         * passed here between reading the two lines (last_progress: no
+         * save_wait line came between them, or the step is not counted),
+         * and a poll. A step that waited for a save is not a measure of a
+         * step. */
+        double took = line->time - w->step_began, passed = now - w->last_progress + w->s->o->poll_seconds;
         if (took > passed) took = passed;
         if (w->step_began > 0 && took > w->s->slowest_step && !w->save_wait) w->s->slowest_step = took;
         w->step_began = line->time;
-        w->step_began_read = now;
         if (w->first_step < 0) {
             w->first_step = line->step;
             w->first_step_time = now;

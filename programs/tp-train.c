@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "../common/clock.h"
+#include "../common/fault.h"
 #include "../kernels/kernels.h"
 #include "../trainer/comm_mpi.h"
 #include "../trainer/data.h"
@@ -293,20 +294,12 @@ static fault_plan fault;
 static void log_stop(FILE *log, int64_t step, const char *reason, const char *error, const double *peak_rss,
                      int world);
 
-/* The whole pause even when a signal (a stop asked for) interrupts it: a
- * straggler does not hurry because it is asked to stop. */
-static void pause_whole(double seconds)
-{
-    struct timespec left = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (nanosleep(&left, &left) != 0 && errno == EINTR) {}
-}
-
 /* Step `step` on rank `rank` is done, its line not yet written: with --fault
  * slow-steps, from step S on, it takes longer (every time: no --fault-once). */
 static void maybe_slow_step(int rank, int64_t step)
 {
     if (fault.kind == FAULT_SLOW_STEPS && step >= fault.step && rank == fault.rank)
-        pause_whole(fault_slow_steps_seconds);
+        tp_fault_hold(fault_slow_steps_seconds);
 }
 
 /* After step `step` on rank `rank`: the injected fault, when it is due (the
@@ -336,7 +329,7 @@ static void maybe_fault(int rank, int64_t step, FILE *log)
         if (log) log_stop(log, step, "failed", why, NULL, 0);
         fprintf(stderr, "tp-train: error (rank %d): %s\n", rank, why);
         _exit(1);
-    case FAULT_SLOW: pause_whole(fault_slow_seconds); break;
+    case FAULT_SLOW: tp_fault_hold(fault_slow_seconds); break;
     default: break;
     }
 }
