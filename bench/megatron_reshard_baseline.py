@@ -126,7 +126,7 @@ def main(src, dst, tp):
     with open(os.path.join(src, "latest_checkpointed_iteration.txt")) as f:
         tag = f.read().strip()
     sub = "release" if tag == "release" else "iter_%07d" % int(tag)
-    first = torch.load(os.path.join(src, sub, "mp_rank_00", "model_optim_rng.pt"), map_location="cpu")
+    first = torch.load(os.path.join(src, sub, "mp_rank_00", "model_optim_rng.pt"), map_location="cpu", weights_only=False)
     args = first["args"]
     old = args.tensor_model_parallel_size
     assert args.pipeline_model_parallel_size == 1 and old % tp == 0
@@ -135,7 +135,7 @@ def main(src, dst, tp):
         # The source ranks whose shards make target rank r.
         sds = [first if r * group + k == 0 else
                torch.load(os.path.join(src, sub, "mp_rank_%02d" % (r * group + k), "model_optim_rng.pt"),
-                          map_location="cpu") for k in range(group)]
+                          map_location="cpu", weights_only=False) for k in range(group)]
         model = walk([sd["model"] for sd in sds], "", args.swiglu, 1)[0]
         out_args = type(args)(**vars(args))
         out_args.tensor_model_parallel_size = tp

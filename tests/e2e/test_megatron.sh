@@ -30,7 +30,7 @@ judge() {
     "$PY" - "$1" "$2" <<'PYEOF'
 import json, sys, torch
 info = json.load(open(sys.argv[1]))
-full = torch.load(sys.argv[2])
+full = torch.load(sys.argv[2], weights_only=False)
 cfg, tensors = full["config"], full["tensors"]
 assert info["format"] == "megatron-legacy", info["format"]
 assert (info["tp"], info["pp"], info["vpp"], info["num_layers"]) == (cfg["tp"], cfg["pp"], cfg["vp"], cfg["layers"]), info
@@ -114,7 +114,7 @@ import sys, numpy as np, torch
 sys.path.insert(0, sys.argv[1])
 import check_h5py as h
 ckpt, index = h.load_index(sys.argv[2])
-full = torch.load(sys.argv[3])
+full = torch.load(sys.argv[3], weights_only=False)
 reference = dict(full["tensors"])
 # Optimizer state under this toolkit's names (docs/FORMAT.md), where the
 # output has it: the moments, and the fp32 masters where the parameters
@@ -225,8 +225,8 @@ sys.path.insert(0, "$6")
 import megatron_fixture
 megatron_fixture.install_megatron_stubs()
 for rank in ("mp_rank_00", "mp_rank_01"):
-    a = torch.load(sys.argv[1] + "/iter_0001000/" + rank + "/model_optim_rng.pt", map_location="cpu")
-    b = torch.load(sys.argv[2] + "/iter_0001000/" + rank + "/model_optim_rng.pt", map_location="cpu")
+    a = torch.load(sys.argv[1] + "/iter_0001000/" + rank + "/model_optim_rng.pt", map_location="cpu", weights_only=False)
+    b = torch.load(sys.argv[2] + "/iter_0001000/" + rank + "/model_optim_rng.pt", map_location="cpu", weights_only=False)
     ra, rb = a["rng_state"][0], b["rng_state"][0]
     assert torch.equal(ra["torch_rng_state"], rb["torch_rng_state"]) and (ra["np_rng_state"][1] == rb["np_rng_state"][1]).all()
     assert ra["random_rng_state"] == rb["random_rng_state"] and a["opt_param_scheduler"] == b["opt_param_scheduler"]
@@ -529,7 +529,7 @@ sys.path.insert(0, sys.argv[1])
 import megatron_fixture
 megatron_fixture.install_megatron_stubs()
 for path in sys.argv[2:]:
-    sd = torch.load(path, map_location="cpu")
+    sd = torch.load(path, map_location="cpu", weights_only=False)
     inner = sd["optimizer"]
     sd["optimizer"] = {"optimizer": inner, "grad_scaler": None,
                        "fp32_from_fp16_params": [[] for _ in inner["param_groups"]]}
@@ -542,7 +542,7 @@ import sys, torch
 sys.path.insert(0, sys.argv[1])
 import megatron_fixture
 megatron_fixture.install_megatron_stubs()
-opt = torch.load(sys.argv[2], map_location="cpu")["optimizer"]
+opt = torch.load(sys.argv[2], map_location="cpu", weights_only=False)["optimizer"]
 assert opt["fp32_from_fp16_params"] == [[], []], opt["fp32_from_fp16_params"]
 assert len(opt["optimizer"]["state"]) > 0
 PYEOF
@@ -558,7 +558,7 @@ sys.path.insert(0, sys.argv[4])
 import megatron_fixture
 megatron_fixture.install_megatron_stubs()
 path, key, value = sys.argv[1:4]
-sd = torch.load(path, map_location="cpu")
+sd = torch.load(path, map_location="cpu", weights_only=False)
 value = eval(value, {"nan": float("nan")})
 if key.startswith("args."):
     setattr(sd["args"], key[5:], value)

@@ -42,7 +42,7 @@ class Call:
 run_exec = Call(exec, "open(%r, 'w').write('ran')" % marker)
 run_system = Call(os.system, "touch '%s'" % marker)
 for path in sorted(glob.glob(os.path.join(dst, "iter_*", "mp_rank_*", "model_optim_rng.pt"))):
-    sd = torch.load(path, map_location="cpu")
+    sd = torch.load(path, map_location="cpu", weights_only=False)
     optimizer = sd["optimizer"].get("optimizer", sd["optimizer"])
     if variant == "args":
         sd["args"].data_path = ["a", "b", "c", run_exec]
@@ -93,7 +93,7 @@ for out in sys.argv[2:]:
             if op.name == "GLOBAL" and arg not in allowed and not (arg.startswith("torch ") and
                                                                     (arg.endswith("Storage") or "." not in arg)):
                 sys.exit("%s names %s" % (path, arg))
-        torch.load(path, map_location="cpu")
+        torch.load(path, map_location="cpu", weights_only=False)
         files += 1
 if not files:
     sys.exit("no rank files")
@@ -119,8 +119,8 @@ import sys, torch
 sys.path.insert(0, sys.argv[1])
 import megatron_fixture
 megatron_fixture.install_megatron_stubs()
-a = torch.load(sys.argv[2] + "/iter_0001000/mp_rank_01/model_optim_rng.pt", map_location="cpu")
-b = torch.load(sys.argv[3] + "/iter_0001000/mp_rank_01/model_optim_rng.pt", map_location="cpu")
+a = torch.load(sys.argv[2] + "/iter_0001000/mp_rank_01/model_optim_rng.pt", map_location="cpu", weights_only=False)
+b = torch.load(sys.argv[3] + "/iter_0001000/mp_rank_01/model_optim_rng.pt", map_location="cpu", weights_only=False)
 assert (a["rng_state"][0]["np_rng_state"][1] == b["rng_state"][0]["np_rng_state"][1]).all()
 assert a["args"].model_type == b["args"].model_type and a["rerun_state_machine"] == b["rerun_state_machine"]
 ' "$ROOT/tests/support" "$WORK/m" "$WORK/m_tp2"
@@ -184,7 +184,7 @@ import megatron_fixture
 megatron_fixture.install_megatron_stubs()
 for out in sys.argv[2:]:
     for path in glob.glob(out + "/iter_*/mp_rank_*/model_optim_rng.pt"):
-        x = torch.load(path, map_location="cpu")["args"].data_path
+        x = torch.load(path, map_location="cpu", weights_only=False)["args"].data_path
         for level in range(30):
             assert isinstance(x, list) and len(x) == 2 and x[0] is x[1], (path, level)
             x = x[0]

@@ -240,7 +240,7 @@ sys.path.insert(0, sys.argv[2])
 import megatron_fixture as mf
 import torch
 mf.install_megatron_stubs()
-state = torch.load(sys.argv[1])
+state = torch.load(sys.argv[1], weights_only=False)
 state['args'].transformer_impl = 'transformer_engine'
 torch.save(state, sys.argv[1])
 PYEOF
@@ -254,7 +254,7 @@ sys.path.insert(0, sys.argv[2])
 import megatron_fixture as mf
 import torch
 mf.install_megatron_stubs()
-state = torch.load(sys.argv[1])
+state = torch.load(sys.argv[1], weights_only=False)
 state['args'].transformer_impl = 'local'
 torch.save(state, sys.argv[1])
 PYEOF
@@ -268,7 +268,7 @@ sys.path.insert(0, sys.argv[2])
 import megatron_fixture as mf
 import torch
 mf.install_megatron_stubs()
-state = torch.load(sys.argv[1])
+state = torch.load(sys.argv[1], weights_only=False)
 state['content_metadata']['distrib_optim_sharding_type'] = 'dp_reshardable'
 torch.save(state, sys.argv[1])
 PYEOF

@@ -363,7 +363,7 @@ Test(megatron, optimizer_state_not_read_is_said)
     snprintf(command, sizeof command,
              "%s -c 'import sys, torch\n"
                     "def edit(f, change):\n"
-                    "    sd = torch.load(f, map_location=\"cpu\"); change(sd); torch.save(sd, f)\n"
+                    "    sd = torch.load(f, map_location=\"cpu\", weights_only=False); change(sd); torch.save(sd, f)\n"
                     "edit(sys.argv[1], lambda sd: sd.pop(\"buckets_coalesced\"))\n"
                     "edit(sys.argv[2], lambda sd: sd[\"optimizer\"][\"state\"][3].update(exp_avg=torch.zeros(7)))\n"
                     "def cut(sd):\n"

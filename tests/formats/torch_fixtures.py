@@ -99,7 +99,7 @@ def main():
             with dst.open(info.filename, "w", force_zip64=True) as f:
                 f.write(src.read(info.filename))
 
-    loaded = torch.load(os.path.join(out, "state.pt"))
+    loaded = torch.load(os.path.join(out, "state.pt"), weights_only=False)
     with zipfile.ZipFile(os.path.join(out, "zip64.pt")) as z:
         assert z.testzip() is None
     zipfile.ZIP64_LIMIT = 1 << 31

@@ -1060,7 +1060,7 @@ def read_checkpoint(root):
     sub = 'release' if tag == 'release' else 'iter_%07d' % int(tag)
     subdirs = sorted(os.listdir(os.path.join(root, sub)))
     first = os.path.join(root, sub, subdirs[0], 'model_optim_rng.pt')
-    args = torch.load(first, map_location='cpu')['args']
+    args = torch.load(first, map_location='cpu', weights_only=False)['args']
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     assert subdirs == sorted(rank_dir(pp, t, p) for t in range(tp) for p in range(pp)), subdirs
     parts = collections.defaultdict(lambda: [None] * tp)     # canonical -> per rank
@@ -1070,7 +1070,7 @@ def read_checkpoint(root):
         for tp_rank in range(tp):
             files.append(os.path.join(root, sub, rank_dir(pp, tp_rank, pp_rank),
                                       'model_optim_rng.pt'))
-            sd = torch.load(files[-1], map_location='cpu')
+            sd = torch.load(files[-1], map_location='cpu', weights_only=False)
             assert list(sd)[:3] == ['args', 'checkpoint_version', 'iteration']
             assert sd['checkpoint_version'] == 3.0
             chunks = rank_params(sd, pp_rank)
@@ -1117,7 +1117,7 @@ def read_optimizer(sd, chunks, tp_rank, pp_rank, rank_file, out):
     o = sd['optimizer']
     if args.use_distributed_optimizer:
         dist = torch.load(os.path.join(os.path.dirname(rank_file), 'distrib_optim.pt'),
-                          map_location='cpu')
+                          map_location='cpu', weights_only=False)
         assert dist['buckets_coalesced'] is True
         chunks = [[(key, canon, t) for key, canon, t, _ in c] for c in chunks]
         for gbuf_idx, chunk in enumerate(chunks):
@@ -1185,7 +1185,7 @@ def repadded_equal(got, ref):
 def verify(ckpt, ref_path, quiet=False):
     """Merge ckpt and compare with a --full reference; returns problems."""
     install_megatron_stubs()
-    ref = torch.load(ref_path, map_location='cpu')
+    ref = torch.load(ref_path, map_location='cpu', weights_only=False)
     try:
         args, merged, opt, files = read_checkpoint(ckpt)
     except (AssertionError, KeyError, ValueError) as e:
@@ -1245,7 +1245,7 @@ def verify(ckpt, ref_path, quiet=False):
 
 
 def check_rank_file(path, cfg):
-    sd = torch.load(path, map_location='cpu')
+    sd = torch.load(path, map_location='cpu', weights_only=False)
     rng = sd['rng_state']
     assert isinstance(rng, list) and len(rng) == 1
     r = rng[0]
@@ -1309,7 +1309,7 @@ def self_check(parser, extra_argv):
             # Determinism: a second run gives the same tensors.
             o2 = parser.parse_args([out + 'b', '--full', ref + 'b'] + argv)
             generate(o2)
-            a, b = torch.load(ref), torch.load(ref + 'b')
+            a, b = torch.load(ref, weights_only=False), torch.load(ref + 'b', weights_only=False)
             if any(not torch.equal(a['tensors'][k], b['tensors'][k]) for k in a['tensors']):
                 problems.append('not deterministic')
             print('%-4s %-95s %s' % ('ok' if not problems else 'FAIL', ' '.join(argv),
