@@ -43,9 +43,13 @@ failed() {
     FAILED=$((FAILED + 1))
     echo "FAIL [$NAME] $1" >&2
     [ -s "$WORK/.out" ] && sed 's/^/    out: /' "$WORK/.out" | head -20 >&2
-    # The first lines and the last (where a traceback names its exception).
-    [ -s "$WORK/.err" ] && awk -v n="$(wc -l <"$WORK/.err")" \
-        'NR <= 6 || NR > n - 16 { print "    err: " $0 } NR == 7 && n > 22 { print "    err: ..." }' "$WORK/.err" >&2
+    # The first lines and the last (where a traceback names its exception),
+    # and between them, up to 80, Criterion's failure reports (its "[----]"
+    # assertion lines and "[FAIL]" lines), which a parallel run scatters.
+    [ -s "$WORK/.err" ] && awk -v n="$(wc -l <"$WORK/.err")" '
+        NR <= 6 || NR > n - 16 { print "    err: " $0; next }
+        /^\[----\]|\[FAIL\]/ && kept++ < 80 { print "    err: " $0; next }
+        !cut++ { print "    err: ..." }' "$WORK/.err" >&2
     return 0
 }
 
