@@ -22,7 +22,8 @@
 #            most 60 s: times.log), then in what is left of the limit
 #            training steps under Nsight Compute (ncu): per kernel, time,
 #            DRAM bytes, FP32 operations, throughput against the GPU's
-#            peaks: what to speed up first
+#            peaks: what to speed up first (PROFILE_LAUNCHES="SKIP
+#            COUNT": a window of launches; PROFILE_KERNELS: a regex)
 #   sanitize compute-sanitizer over a few steps of small models, each
 #            path of a step once (cuDNN's attention and cuBLASLt's epilogues,
 #            a checkpoint saved and resumed, Llama, unaligned widths):
@@ -274,9 +275,13 @@ phase_profile() {
     # profile.csv also holds ncu's and the program's own lines, which
     # gpu-profile.py skips.
     # PROFILE_KERNELS: a regular expression of the kernels to profile (all by default).
+    # PROFILE_LAUNCHES="SKIP COUNT": only COUNT launches after the first SKIP
+    # (a whole step did not finish within 130 s on the H200, 2026-11-28;
+    # "600 80" then "680 200" of 3 steps ran in 30 and 69 s).
     LIMIT=$((LIMIT - ($(date +%s) - started))) # what the kernel times left
     in_pack profile.csv "$NCU" --csv --page raw --clock-control none --metrics "$METRICS" \
         ${PROFILE_KERNELS:+--kernel-name "regex:$PROFILE_KERNELS"} \
+        ${PROFILE_LAUNCHES:+--launch-skip "${PROFILE_LAUNCHES% *}" --launch-count "${PROFILE_LAUNCHES#* }"} \
         build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps "${PROFILE_STEPS:-2}" --device cuda --dtype bf16 --quiet
     rc=$?
     say "profile: exit $rc"
