@@ -113,7 +113,8 @@ void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d
  * The products with bf16 operands summed in fp32, as tensor cores compute
  * them. The weight[OC,C] comes as bf16 bits too: the trainer's bf16 copy
  * of its fp32 weights, rounded once after they change rather than at every
- * product. Forward: in[N,C] is bf16 bits; out, the bias fp32. Backward:
+ * product. Forward: in[N,C] is bf16 bits; out, the bias fp32 (added as it is:
+ * a product written in bf16 rounds it, below). Backward:
  * d_out is bf16 bits, in bf16 bits; d_in, d_weight fp32, and d_bias += the
  * column sums of d_out's bf16 values (summed in fp32: the gradient the
  * product reads, as autocast's bf16 linear sums its bf16 gradient). They
@@ -133,8 +134,11 @@ int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint
 int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
                               const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
 /* matmul_forward_bf16 written as a bf16 activation: out[N,OC] as bf16
- * bits, the bits of rounding matmul_forward_bf16's fp32 out (the bias
- * added in fp32 first). GPT-2's qkv, which only the attention reads, and
+ * bits, the bits of rounding matmul_forward_bf16's fp32 out with the bias
+ * rounded to bf16 first (a product written in bf16 adds its bias in bf16,
+ * the activation's type: as cuBLASLt's epilogue takes a bias with a bf16
+ * D, and as PyTorch's autocast rounds a linear layer's bias; added to the
+ * fp32 sums, the result rounded once). GPT-2's qkv, which only the attention reads, and
  * Llama's MLP input (fc), which only SwiGLU reads (GPT-2's fc comes with
  * its GELU: matmul_forward_gelu_bf16). A GPU may have
  * cuBLAS round its own fp32 sums, in another order than its fp32 product's:
@@ -145,7 +149,7 @@ int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *
 /* GPT-2's MLP input and its GELU in one operation (a GPU's cuBLASLt
  * computes GELU in the product's epilogue, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
  * and writes both): pre[N,OC] = in . W^T + bias as bf16 bits (those of
- * matmul_forward_bf16_bits), and out[N,OC] the bits of rounding gelu_forward
+ * matmul_forward_bf16_bits, the bias rounded to bf16 as there), and out[N,OC] the bits of rounding gelu_forward
  * of the fp32 sum before its rounding (not of pre's value: the epilogue has
  * the fp32 sum). pre is what the backward reads (matmul_backward_gelu_bf16),
  * out what the MLP's output projection reads. A GPU's sums may come in

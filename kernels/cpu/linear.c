@@ -278,12 +278,28 @@ int matmul_forward_bf16(float *out, const uint16_t *in, const uint16_t *weight, 
     return status;
 }
 
+/* The bias[OC] of a product written in bf16 (kernels.h) rounded to bf16,
+ * as fp32 values, into *rounded (allocated; NULL where bias is). */
+static int bias_rounded_to_bf16(float **rounded, const float *bias, int64_t OC)
+{
+    *rounded = NULL;
+    if (!bias) return TP_OK;
+    *rounded = malloc((size_t)(OC > 0 ? OC : 1) * sizeof(float));
+    if (!*rounded)
+        return tp_fail(TP_ERR_NOMEM, "out of memory for a bf16 product's bias of %lld values, rounded", (long long)OC);
+    for (int64_t o = 0; o < OC; o++) (*rounded)[o] = bf16_value_of(bf16_of_values(bias), o);
+    return TP_OK;
+}
+
 int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC)
 {
-    float *y;
+    float *y, *rounded_bias;
     TP_TRY(bf16_output_scratch(&y, N * OC, "product"));
-    TP_TRY(matmul_forward_bf16(y, in, weight, bias, N, C, OC));
+    TP_TRY(bias_rounded_to_bf16(&rounded_bias, bias, OC));
+    int status = matmul_forward_bf16(y, in, weight, rounded_bias, N, C, OC);
+    free(rounded_bias);
+    TP_TRY(status);
     round_to_bf16(out, y, N * OC);
     return TP_OK;
 }
@@ -293,9 +309,12 @@ int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *
 int matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight,
                              const float *bias, int64_t N, int64_t C, int64_t OC)
 {
-    float *y;
+    float *y, *rounded_bias;
     TP_TRY(bf16_output_scratch(&y, N * OC, "product and GELU"));
-    TP_TRY(matmul_forward_bf16(y, in, weight, bias, N, C, OC));
+    TP_TRY(bias_rounded_to_bf16(&rounded_bias, bias, OC));
+    int status = matmul_forward_bf16(y, in, weight, rounded_bias, N, C, OC);
+    free(rounded_bias);
+    TP_TRY(status);
     round_to_bf16(pre, y, N * OC);
     gelu_forward(y, y, N * OC);
     round_to_bf16(out, y, N * OC);

@@ -59,14 +59,16 @@ void cuda_blas_stop(void);
  * out[N,OC] = in . W^T + bias with the bias in the product's epilogue, on
  * cuda_state.stream, in and W as the product reads them (fp32, or bf16
  * when bf16: the caller's bf16 activation and bf16 weight bits themselves,
- * each at any even address), the bias fp32, out fp32 or (out_bits, bf16
- * products alone) bf16 bits, at any even address: the epilogue's fp32
- * result rounded to bf16; *done 0 (and nothing queued) where cuBLASLt has
+ * each at any even address), out fp32 or (out_bits, bf16 products
+ * alone) bf16 bits, at any even address: the epilogue's fp32 result
+ * rounded to bf16; the bias in out's type (fp32, or bf16 bits: cuBLASLt
+ * refuses an fp32 bias with a bf16 D, "heuristic INVALID_VALUE" on the H200,
+ * 2026-11-28); *done 0 (and nothing queued) where cuBLASLt has
  * no algorithm for the shape, types and alignments: the caller adds the
  * bias itself. */
 int cuda_lt_start(void);
 void cuda_lt_stop(void);
-int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, const void *weight, const float *bias,
+int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, const void *weight, const void *bias,
                          int64_t N, int64_t C, int64_t OC, int *done);
 
 /* Also through cuBLASLt's epilogues: GPT-2's MLP products with GELU. All
@@ -75,7 +77,7 @@ int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, cons
  * cuda_lt_last_refusal): the caller goes the separate way.
  *
  * cuda_lt_forward_gelu: matmul_forward_gelu_bf16 in one product, in[N,C]
- * and W[OC,C] as the product reads them, bias[OC] fp32 or NULL:
+ * and W[OC,C] as the product reads them, bias[OC] bf16 bits or NULL:
  * pre[N,OC] = bf16(in . W^T + bias), out[N,OC] = bf16(gelu(the same fp32
  * sum)).
  *
@@ -83,8 +85,8 @@ int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, cons
  * d_out[N,OC] the bf16 operand the products read (the fp32 d_out rounded
  * into linear.cu's scratch), W[OC,C], pre[N,C] GELU's input:
  * d_pre[N,C] = bf16(gelu'(pre) * (d_out . W), the product's fp32 sum). */
-int cuda_lt_forward_gelu(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight, const float *bias,
-                         int64_t N, int64_t C, int64_t OC, int *done);
+int cuda_lt_forward_gelu(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight,
+                         const uint16_t *bias, int64_t N, int64_t C, int64_t OC, int *done);
 int cuda_lt_backward_dgelu(uint16_t *d_pre, const uint16_t *d_out, const uint16_t *weight, const uint16_t *pre,
                            int64_t N, int64_t C, int64_t OC, int *done);
 

@@ -178,18 +178,19 @@ template <typename In> struct column_of_values {
  *
  * matmul_forward_bf16_bits (kernels.h) is the forward bf16 product written
  * as a bf16 activation: out as the bits of rounding matmul_forward_bf16's
- * fp32 out, the bias added in fp32 first. matmul_forward_in writes it (its
- * out_bits): without a bias, cublasGemmEx with a bf16 C (CUDA_R_16BF; the
- * fp32 sum rounded to nearest, ties to even, as it is stored); with one,
- * cuBLASLt's bias epilogue with a bf16 D (products_lt.cu: the fp32 sum plus
- * the fp32 bias, then rounded) where it has an algorithm; elsewhere the
- * plain product cannot add the bias to bits (a bf16 C with beta 1 would add
- * it to a rounded sum), so matmul_forward_bf16's own fp32 route
- * (product_with_bias: its epilogue, or the product and add_bias_kernel)
- * writes the fp32 out to a second scratch (out_scratch, taken only there,
- * 256-byte aligned), and cuda_round_to_bf16 rounds it into out: the bits of
- * rounding what matmul_forward_bf16 writes to an aligned out, by
- * construction. (A bf16 C or D holds the rounding of the same fp32 sums
+ * fp32 out with the bias rounded to bf16 (round_bias), added in fp32.
+ * matmul_forward_in writes it (its out_bits): without a bias, cublasGemmEx
+ * with a bf16 C (CUDA_R_16BF; the fp32 sum rounded to nearest, ties to
+ * even, as it is stored); with one, cuBLASLt's bias epilogue with a bf16 D
+ * and the bias's bf16 bits (products_lt.cu: the fp32 sum plus the bias,
+ * then rounded) where it has an algorithm; elsewhere the plain product
+ * cannot add the bias to bits (a bf16 C with beta 1 would add it to a
+ * rounded sum), so matmul_forward_bf16's own fp32 route (product_with_bias:
+ * its epilogue, or the product and add_bias_kernel, with the bias's rounded
+ * values) writes the fp32 out to a second scratch (out_scratch, taken only
+ * there, 256-byte aligned), and cuda_round_to_bf16 rounds it into out: the
+ * bits of rounding what matmul_forward_bf16 writes to an aligned out given
+ * the rounded bias, by construction. (A bf16 C or D holds the rounding of the same fp32 sums
  * where cuBLAS runs the same algorithm as for an fp32 one: the tests check
  * that it does, bit for bit.)
  *
@@ -206,6 +207,42 @@ template <typename In> struct column_of_values {
 static cuda_scratch scratch;     /* the rounded operand (an fp32 d_out), bf16 bits */
 static cuda_scratch out_scratch; /* a bits product's fp32 out, where no epilogue adds its bias to a bf16 D */
 static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The bias of a product written in bf16, which adds it rounded to bf16
+ * (kernels.h), in bias_scratch: as bf16 bits, what cuBLASLt's epilogue
+ * with a bf16 D takes (a bias of D's type: it refused an fp32 one on the
+ * H200, 2026-11-28), and as the fp32 values of those bits, what the
+ * separate ways add to fp32 sums (add_bias_kernel; GELU's fp32 sums). bias[OC]
+ * is small (a layer's width): one launch. bias_lock is held by the caller
+ * from the rounding until the last product reading them is queued; it is
+ * taken before gelu_lock and bf16_lock, never after them. */
+static cuda_scratch bias_scratch;
+static pthread_mutex_t bias_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static __global__ void round_bias_kernel(uint16_t *bits, float *values, const float *bias, int64_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        const uint16_t rounded = bits_f32_to_bf16(__float_as_uint(bias[i]));
+        bits[i] = rounded;
+        values[i] = __uint_as_float(bits_bf16_to_f32(rounded));
+    }
+}
+
+/* bias[OC] rounded into bias_scratch: *bits and *values (above); bias_lock held. */
+static int round_bias(const float *bias, int64_t OC, uint16_t **bits, float **values)
+{
+    void *parts[2];
+    const size_t bytes[2] = {(size_t)OC * sizeof(uint16_t), (size_t)OC * sizeof(float)};
+    TP_TRY(cuda_scratch_parts(&bias_scratch, "a bf16 product's bias, rounded to bf16", parts, bytes, 2));
+    *bits = (uint16_t *)parts[0];
+    *values = (float *)parts[1];
+    round_bias_kernel<<<blocks_for(OC, THREADS), THREADS, 0, cuda_state.stream>>>(*bits, *values, bias, OC);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
 
 #define MAX_OPERANDS 3
 
@@ -382,9 +419,11 @@ fail:
 /* out = in . W^T (+ bias): operands in and W (fp32, or bf16 bits when
  * bf16); out fp32, or bf16 bits (out_bits, bf16 alone:
  * matmul_forward_bf16_bits, the bits of rounding the fp32 out this writes
- * without out_bits). */
+ * without out_bits). With out_bits, bias holds the bias's rounding to bf16
+ * as fp32 values and bias_bits the same as bf16 bits (round_bias), for
+ * cuBLASLt's epilogue with a bf16 D. */
 static int matmul_forward_in(int bf16, void *out, int out_bits, const void *in, const void *weight, const float *bias,
-                             int64_t N, int64_t C, int64_t OC)
+                             const uint16_t *bias_bits, int64_t N, int64_t C, int64_t OC)
 {
     if (out_bits && !bf16)
         return tp_fail(TP_ERR_ARG, "CUDA matmul_forward: an out of bf16 bits goes with bf16 products alone");
@@ -401,7 +440,7 @@ static int matmul_forward_in(int bf16, void *out, int out_bits, const void *in, 
             status = product_with_bias(&o, (float *)out, bias, N, C, OC);
         else if (!status) { /* cuBLASLt's epilogue with a bf16 D, else the fp32 out in out_scratch, rounded */
             int bias_added = 0;
-            if (C > 0) status = cuda_lt_forward_bias(1, 1, out, o.of[0], o.of[1], bias, N, C, OC, &bias_added);
+            if (C > 0) status = cuda_lt_forward_bias(1, 1, out, o.of[0], o.of[1], bias_bits, N, C, OC, &bias_added);
             if (!status && !bias_added) {
                 void *wide = NULL;
                 const size_t bytes = (size_t)(N * OC) * sizeof(float);
@@ -526,19 +565,33 @@ fail:
 int cuda_matmul_forward(float *out, const float *in, const float *weight, const float *bias, int64_t N,
                         int64_t C, int64_t OC)
 {
-    return matmul_forward_in(0, out, 0, in, weight, bias, N, C, OC);
+    return matmul_forward_in(0, out, 0, in, weight, bias, NULL, N, C, OC);
 }
 
 int cuda_matmul_forward_bf16(float *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC)
 {
-    return matmul_forward_in(1, out, 0, in, weight, bias, N, C, OC);
+    return matmul_forward_in(1, out, 0, in, weight, bias, NULL, N, C, OC);
 }
 
+/* The bias rounded to bf16 first (round_bias), under bias_lock. */
 int cuda_matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias,
                                   int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_forward_in(1, out, 1, in, weight, bias, N, C, OC);
+    if (!bias || N == 0 || OC == 0) return matmul_forward_in(1, out, 1, in, weight, NULL, NULL, N, C, OC);
+    TP_TRY(dimensions_ok("matmul_forward", "_bf16_bits", N, C, OC));
+    ENTER();
+    {
+        uint16_t *bias_bits = NULL;
+        float *bias_values = NULL;
+        pthread_mutex_lock(&bias_lock);
+        int status = round_bias(bias, OC, &bias_bits, &bias_values);
+        if (!status) status = matmul_forward_in(1, out, 1, in, weight, bias_values, bias_bits, N, C, OC);
+        pthread_mutex_unlock(&bias_lock);
+        return status;
+    }
+fail:
+    return TP_ERR_DEVICE;
 }
 
 int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
@@ -569,16 +622,24 @@ int cuda_matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *
     ENTER();
     if (N == 0 || OC == 0) return TP_OK;
     {
-        int fused = 0;
-        if (C > 0) TP_TRY(cuda_lt_forward_gelu(out, pre, in, weight, bias, N, C, OC, &fused));
-        if (fused) return TP_OK;
-        void *sums = NULL;
-        const size_t bytes = (size_t)(N * OC) * sizeof(float);
-        pthread_mutex_lock(&gelu_lock);
-        int status = cuda_scratch_parts(&gelu_scratch, "the MLP product's fp32 sums", &sums, &bytes, 1);
-        if (!status) status = matmul_forward_in(1, sums, 0, in, weight, bias, N, C, OC);
-        if (!status) status = cuda_gelu_forward_of_sums(out, pre, (const float *)sums, N * OC);
-        pthread_mutex_unlock(&gelu_lock);
+        int fused = 0, status = TP_OK;
+        uint16_t *bias_bits = NULL;
+        float *bias_values = NULL; /* the bias rounded to bf16 (round_bias), under bias_lock */
+        if (bias) {
+            pthread_mutex_lock(&bias_lock);
+            status = round_bias(bias, OC, &bias_bits, &bias_values);
+        }
+        if (!status && C > 0) status = cuda_lt_forward_gelu(out, pre, in, weight, bias_bits, N, C, OC, &fused);
+        if (!status && !fused) {
+            void *sums = NULL;
+            const size_t bytes = (size_t)(N * OC) * sizeof(float);
+            pthread_mutex_lock(&gelu_lock);
+            status = cuda_scratch_parts(&gelu_scratch, "the MLP product's fp32 sums", &sums, &bytes, 1);
+            if (!status) status = matmul_forward_in(1, sums, 0, in, weight, bias_values, NULL, N, C, OC);
+            if (!status) status = cuda_gelu_forward_of_sums(out, pre, (const float *)sums, N * OC);
+            pthread_mutex_unlock(&gelu_lock);
+        }
+        if (bias) pthread_mutex_unlock(&bias_lock);
         return status;
     }
 fail:

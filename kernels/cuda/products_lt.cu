@@ -13,15 +13,18 @@
  * may come from another algorithm than cublasGemmEx picks (another order of
  * additions: last bits, as between any two of cuBLAS's algorithms). With a
  * bf16 D (matmul_forward_bf16_bits' out, bf16 bits) the epilogue's math is
- * the same, in fp32 (the bias stays fp32), and its result is rounded to
- * bf16 as it is stored, once: split-K's partial sums are kept to algorithms
+ * the same, in fp32, with a bf16 bias (D's type: cuBLASLt refused an fp32
+ * bias with a bf16 D on the H200, "heuristic INVALID_VALUE", 2026-11-28;
+ * linear.cu rounds the bias, as kernels.h has a product written in bf16
+ * add it), and its result is rounded to bf16 as it is stored, once: split-K's partial sums are kept to algorithms
  * that add them in fp32 (not in D's type). Its plan is its own (the
  * heuristic may pick another algorithm than for an fp32 D: the same sum in
  * another order). The plans are kept per type of D as well.
  *
  * GELU: GPT-2's MLP fc product and its GELU (matmul_forward_gelu_bf16,
  * kernels.h), CUBLASLT_EPILOGUE_GELU_AUX_BIAS (GELU_AUX without a bias):
- * the fp32 sum plus the fp32 bias is GELU's input; the epilogue stores it
+ * the fp32 sum plus the bias (bf16, D's type, as BIAS's with a bf16 D) is
+ * GELU's input; the epilogue stores it
  * rounded to bf16 in the aux matrix (pre[N,OC], what the backward reads)
  * and GELU of it, in fp32 and rounded once, in D (out[N,OC], what the
  * output projection reads). Layouts as BIAS's, D bf16 (so split-K's sums in
@@ -259,10 +262,11 @@ static const char *epilogue_name(const plan_key *k)
 /* Whether cuBLASLt's status refuses a configuration (no algorithm for it),
  * not a failure: NOT_SUPPORTED, and for a bf16 D (out_bits: every GELU
  * product, and the bits product's bias) INVALID_VALUE too, which an fp32
- * bias with it may give (cublasLt.h: a bias is D's type but for a few
- * exceptions), or an aux matrix of D's type that this cuBLASLt does not
- * take (cublasLt.h, EPILOGUE_AUX_DATA_TYPE: "calling cublasLtMatmul() will
- * return CUBLAS_INVALID_VALUE"). The caller then takes its own way. */
+ * bias with it gave (cublasLt.h: a bias is D's type but for a few
+ * exceptions; the bias is bf16 with a bf16 D now), or an aux matrix of
+ * D's type that this cuBLASLt does not take (cublasLt.h,
+ * EPILOGUE_AUX_DATA_TYPE: "calling cublasLtMatmul() will return
+ * CUBLAS_INVALID_VALUE"). The caller then takes its own way. */
 static int refused(cublasStatus_t status, int out_bits)
 {
     return status == CUBLAS_STATUS_NOT_SUPPORTED || (out_bits && status == CUBLAS_STATUS_INVALID_VALUE);
@@ -307,13 +311,13 @@ static void refuse_plan(plan *p, const char *why)
     note_refusal(&key, why);
 }
 
-static int plan_build(plan *p, const float *bias, const void *aux)
+static int plan_build(plan *p, const void *bias, const void *aux)
 {
     const plan_key *k = &p->key;
     cudaDataType operand = k->bf16 ? CUDA_R_16BF : CUDA_R_32F, result = k->out_bits ? CUDA_R_16BF : CUDA_R_32F;
     cublasOperation_t op_weight = k->kind == EPILOGUE_DGELU ? CUBLAS_OP_N : CUBLAS_OP_T, keep = CUBLAS_OP_N;
     uint32_t epilogue = epilogue_of(k);
-    int32_t bias_type = CUDA_R_32F;
+    int32_t bias_type = result; /* D's type: a bf16 D's bias is bf16 (the caller's rounding of its fp32 bias) */
     int64_t inner = inner_of(k), rows = rows_of(k);
     uint64_t workspace_limit = LT_WORKSPACE_BYTES;
     cublasLtMatmulPreference_t preference = NULL;
@@ -382,7 +386,7 @@ fail:
 /* The plan for key, built when first asked for (plans_lock held); NULL
  * with *status TP_OK when the table is full (the caller goes the separate
  * way: a process with more shapes than LT_MAX_PLANS is not a model's). */
-static plan *plan_for(const plan_key *key, const float *bias, const void *aux, int *status)
+static plan *plan_for(const plan_key *key, const void *bias, const void *aux, int *status)
 {
     *status = TP_OK;
     for (int i = 0; i < state.num_plans; i++)
@@ -455,7 +459,7 @@ static void refusal_of_arrays(const plan_key *key, const void *out, const void *
 /* Queues key's product with its epilogue: out = op(weight) . in, with the
  * bias (NULL where the key has none) and the aux matrix (NULL for BIAS);
  * *done 1 where queued, else 0 with nothing queued and the reason noted. */
-static int lt_product(const plan_key *key, void *out, const void *in, const void *weight, const float *bias,
+static int lt_product(const plan_key *key, void *out, const void *in, const void *weight, const void *bias,
                       const void *aux, int *done)
 {
     const float one = 1.0f, zero = 0.0f;
@@ -505,7 +509,7 @@ fail:
 /* The key of a product: kind, precision, D's type, shape, and each array's
  * alignment (0 for those it has not: NULL). */
 static plan_key key_of(epilogue_kind kind, int bf16, int out_bits, int64_t N, int64_t C, int64_t OC, const void *in,
-                       const void *weight, const void *out, const float *bias, const void *aux)
+                       const void *weight, const void *out, const void *bias, const void *aux)
 {
     plan_key key = {kind,
                     bias != NULL,
@@ -522,15 +526,15 @@ static plan_key key_of(epilogue_kind kind, int bf16, int out_bits, int64_t N, in
     return key;
 }
 
-int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, const void *weight, const float *bias,
+int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, const void *weight, const void *bias,
                          int64_t N, int64_t C, int64_t OC, int *done)
 {
     const plan_key key = key_of(EPILOGUE_BIAS, bf16, out_bits, N, C, OC, in, weight, out, bias, NULL);
     return lt_product(&key, out, in, weight, bias, NULL, done);
 }
 
-int cuda_lt_forward_gelu(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight, const float *bias,
-                         int64_t N, int64_t C, int64_t OC, int *done)
+int cuda_lt_forward_gelu(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight,
+                         const uint16_t *bias, int64_t N, int64_t C, int64_t OC, int *done)
 {
     const plan_key key = key_of(EPILOGUE_GELU, 1, 1, N, C, OC, in, weight, out, bias, pre);
     return lt_product(&key, out, in, weight, bias, pre, done);

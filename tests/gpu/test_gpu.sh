@@ -181,6 +181,12 @@ for t in "$ROOT/${BUILD:-build}"/tests/*/test_*; do
     check_all "$(basename "$t"): passed, no GPU case skipped" \
         '[ "$RC" -eq 0 ] && ! grep -q "^\[SKIP\].*CUDA" "$WORK/.err" "$WORK/.out"'
 done
+# The kernels again with cuBLASLt's epilogues set aside: the separate ways
+# (the bias kernel, GELU's kernels, the bits product's fp32 route rounded
+# after), which run on their own only where cuBLASLt refuses a product.
+run env TP_CUDA_EPILOGUE=off "$ROOT/${BUILD:-build}/tests/kernels/test_cuda_backend" --verbose --jobs "${TEST_JOBS:-2}"
+check_all "test_cuda_backend with TP_CUDA_EPILOGUE=off: passed, no GPU case skipped" \
+    '[ "$RC" -eq 0 ] && ! grep -q "^\[SKIP\].*CUDA" "$WORK/.err" "$WORK/.out"'
 
 # --- Last, the slowest part: what needs more ranks than GPUs where there
 # are fewer (--share-gpus: several ranks on a GPU, their messages through

@@ -499,9 +499,34 @@ static void assert_rounded_at(const uint16_t *got, const float *fp32, int64_t n,
     floats_assert_rounded(got, fp32, n, named);
 }
 
+/* A product written in bf16 adds its bias rounded to bf16 (kernels.h: the
+ * activation's type, as cuBLASLt's epilogue with a bf16 D takes it), one
+ * written in fp32 adds it as it is. in = W = 1 (one column), bias 2^-8 +
+ * 2^-17, which rounds to 2^-8: 1 + 2^-8 is the tie between 1 and 1 + 2^-7
+ * and rounds to 1 (even), while 1 + 2^-8 + 2^-17 rounds up: the two ways
+ * give other bits. */
+Test(bf16_products, a_product_written_in_bf16_adds_its_bias_in_bf16)
+{
+    const float bias = 0x1p-8f + 0x1p-17f;
+    const uint16_t one = 0x3f80, up = 0x3f81;
+    uint16_t bits, pre, out;
+    float sum;
+    cr_assert_eq(matmul_forward_bf16(&sum, &one, &one, &bias, 1, 1, 1), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(sum, 1.0f + bias, "the fp32 product adds its bias as it is: %.9g", sum);
+    cr_assert_eq(matmul_forward_bf16_bits(&bits, &one, &one, &bias, 1, 1, 1), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(bits, one, "the bits product: %#06x, want %#06x (the rounded bias; %#06x unrounded)", bits, one, up);
+    cr_assert_eq(matmul_forward_gelu_bf16(&out, &pre, &one, &one, &bias, 1, 1, 1), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(pre, one, "GELU's input: %#06x, want %#06x (%#06x unrounded)", pre, one, up);
+    float gelu, x = 1.0f + 0x1p-8f;
+    gelu_forward(&gelu, &x, 1);
+    uint16_t *want = floats_bf16_bits(&gelu, 1);
+    cr_assert_eq(out, want[0], "GELU: %#06x, want %#06x, the rounding of GELU(1 + 2^-8)", out, want[0]);
+    free(want);
+}
+
 /* Forward [N, C] x [OC, C]^T: pre the rounding of matmul_forward_bf16's fp32
- * out, out the rounding of gelu_forward of that fp32 out, with and without
- * a bias, at 1 and 3 threads. */
+ * out (with the bias rounded to bf16), out the rounding of gelu_forward of
+ * that fp32 out, with and without a bias, at 1 and 3 threads. */
 Test(bf16_products, product_with_gelu_is_gelu_of_the_unrounded_sums)
 {
     int64_t apart = 0; /* outputs where GELU of the rounded sums differs */
@@ -514,7 +539,10 @@ Test(bf16_products, product_with_gelu_is_gelu_of_the_unrounded_sums)
                 uint16_t *in_bits = floats_bf16_bits(in, N * C), *w_bits = floats_bf16_bits(w, OC * C);
                 const float *b = with_bias ? bias : NULL;
                 float *sums = floats_filled(n, 0.0f), *gelu = floats_filled(n, 0.0f);
-                cr_assert_eq(matmul_forward_bf16(sums, in_bits, w_bits, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+                float *rounded_bias = floats_rounded_to_bf16(b, OC); /* kernels.h: the bias in bf16 */
+                cr_assert_eq(matmul_forward_bf16(sums, in_bits, w_bits, rounded_bias, N, C, OC), TP_OK, "%s",
+                             tp_errmsg());
+                free(rounded_bias);
                 gelu_forward(gelu, sums, n);
                 uint16_t *want_pre = floats_bf16_bits(sums, n), *want_out = floats_bf16_bits(gelu, n);
                 float *pre_values = floats_of_bf16_bits(want_pre, n), *gelu_of_rounded = floats_filled(n, 0.0f);

@@ -363,8 +363,11 @@ Test(cuda_backend, bias_gradients_of_tall_arrays)
  * kernel where cuBLASLt has no algorithm for such arrays); the bias 4 bytes
  * past (the separate kernel, always: the count stays); then aligned again
  * (the kept plan). With TP_CUDA_EPILOGUE=off, the separate kernel every
- * time. The bits are those of rounding what matmul_forward_bf16 writes from
- * the same in, W and bias to an aligned out, every one. The bf16 backward
+ * time. The bits product adds its bias rounded to bf16 (kernels.h), from
+ * its own aligned copy: its epilogue runs with a bf16 D (a bf16 bias, D's
+ * type) wherever in, W and out are aligned, the caller's bias at any
+ * offset. The bits are those of rounding what matmul_forward_bf16 writes
+ * from the same in and W and the rounded bias to an aligned out, every one. The bf16 backward
  * (d_in and d_weight of in's, W's and d_out's bits, all read where they
  * lie) at the same offsets too, within matmul_backward_bf16's tolerance. */
 Test(cuda_backend, products_with_bias_at_any_alignment)
@@ -373,6 +376,7 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
     const kernel_backend *k = gpu();
     int64_t N = 67, C = 72, OC = 152; /* rows of 288 and 608 bytes: every row 16-byte aligned where the array is */
     float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 1.0f), *bias = floats_random(OC, 1.0f);
+    float *rounded_bias = floats_rounded_to_bf16(bias, OC); /* what the bits product adds */
     float *dout = floats_random(N * OC, 1.0f), *dw = floats_random(OC * C, 1.0f);
     float *din = malloc((size_t)(N * C) * sizeof(float)), *want = malloc((size_t)(N * OC) * sizeof(float));
     uint16_t *in_bits = floats_bf16_bits(in, N * C), *want_bits = malloc((size_t)(N * OC) * sizeof(uint16_t));
@@ -381,7 +385,7 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
     cr_assert(din && want && want_bits);
     /* One value more than each array: the array at offset 1 or 0. */
     float *g_in = NULL, *g_w = NULL, *g_bias = NULL, *g_out = NULL;
-    float *g_din = NULL, *g_dw = NULL, *g_fp32 = NULL;
+    float *g_din = NULL, *g_dw = NULL, *g_fp32 = NULL, *g_rounded_bias = upload_floats(k, rounded_bias, OC);
     uint16_t *g_bits = NULL, *g_w_bits = NULL, *g_dout_bits = NULL;
     uint16_t *g_out_bits = upload_bits(k, out_garbage, N * OC + 1);
     cr_assert_eq(k->alloc((void **)&g_in, (size_t)(N * C + 1) * sizeof(float)), TP_OK, "%s", tp_errmsg());
@@ -420,7 +424,8 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
                 snprintf(shape, sizeof shape, "N=%lld C=%lld OC=%lld, %s", (long long)N, (long long)C, (long long)OC,
                          cases[c].what);
                 cr_assert_eq(k->to_device(g_out_bits, out_garbage, (size_t)(N * OC + 1) * sizeof(uint16_t)), TP_OK);
-                cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, bias, N, C, OC), TP_OK, "%s", tp_errmsg());
+                cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, rounded_bias, N, C, OC), TP_OK, "%s",
+                             tp_errmsg());
                 cr_assert_eq(matmul_forward_bf16_bits(want_bits, in_bits, w_bits, bias, N, C, OC), TP_OK, "%s",
                              tp_errmsg());
                 cr_assert_eq(k->matmul_forward_bf16_bits(g_out_bits + at, g_bits + at, g_w_bits + at, g_bias + bias_at,
@@ -428,8 +433,9 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
                              TP_OK, "bf16 bits, %s: %s", cases[c].what, tp_errmsg());
                 epilogues = cuda_lt_bias_epilogue_products() - before;
                 bits_epilogues = cuda_lt_bias_epilogue_bits_products() - bits_before;
-                /* the fp32 twin from the same in, W and bias, to an aligned out (its epilogue not counted) */
-                cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_bits + at, g_w_bits + at, g_bias + bias_at, N, C, OC),
+                /* the fp32 twin from the same in and W and the rounded bias, to an aligned out (its epilogue
+                 * not counted) */
+                cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_bits + at, g_w_bits + at, g_rounded_bias, N, C, OC),
                              TP_OK, "%s", tp_errmsg());
                 uint16_t *got = download_bits(k, g_out_bits + at, N * OC);
                 float *fp32 = download(k, g_fp32, N * OC);
@@ -459,15 +465,18 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
                 bits_epilogues = cuda_lt_bias_epilogue_bits_products() - bits_before;
             }
             const char *choice = getenv("TP_CUDA_EPILOGUE");
-            int expected = choice && !strcmp(choice, "off") ? 0 : cases[c].epilogue;
-            if (REHEARSAL) expected = 0; /* the encoded backend has no cuBLASLt */
+            /* the bits product's bias is its aligned rounded copy: the caller's offset does not matter */
+            int expected = precision == 2 && bias_at && !at ? 1 : cases[c].epilogue;
+            if ((choice && !strcmp(choice, "off")) || REHEARSAL) expected = 0; /* the encoded backend: no cuBLASLt */
             if (expected >= 0)
                 cr_assert_eq(epilogues, expected, "%s, %s: %lld products in cuBLASLt's epilogue, want %d (%s)",
                              precisions[precision], cases[c].what, (long long)epilogues, expected,
                              cuda_lt_last_refusal());
-            if (precision == 2 && epilogues) /* with a bf16 D, or (cuBLASLt refusing an fp32 bias with a bf16 D,
-                                                 as cublasLt.h's bias type rule allows) an fp32 D, rounded after:
-                                                 which way, for the record of the first GPU runs (docs/GPU.md) */
+            if (precision == 2 && expected == 1) /* with a bf16 D and a bf16 bias (an fp32 one was refused on the
+                                                     H200: docs/GPU.md), not an fp32 D rounded after */
+                cr_assert_eq(bits_epilogues, 1, "bf16 bits, %s: the epilogue wrote an fp32 D, not the bf16 one (%s)",
+                             cases[c].what, cuda_lt_last_refusal());
+            if (precision == 2 && epilogues)
                 cr_log_info("bf16 qkv product, %s: cuBLASLt's epilogue with a%s D", cases[c].what,
                             bits_epilogues ? " bf16" : "n fp32 (rounded after)");
             if (precision < 2)
@@ -495,8 +504,9 @@ Test(cuda_backend, products_with_bias_at_any_alignment)
         }
     k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out), k->release(g_bits);
     k->release(g_dout_bits), k->release(g_din), k->release(g_dw), k->release(g_fp32), k->release(g_out_bits);
-    k->release(g_w_bits);
+    k->release(g_w_bits), k->release(g_rounded_bias);
     free(in), free(w), free(bias), free(want), free(dout), free(dw), free(din), free(in_bits), free(want_bits);
+    free(rounded_bias);
     free(dout_bits), free(out_garbage), free(w_bits);
 }
 
@@ -1471,7 +1481,8 @@ Test(cuda_backend, round_to_bf16)
 /* ---------------------------------------------- bf16 products written as bits
  * matmul_forward_bf16_bits writes the bf16 product as a bf16 activation: its
  * bits must be those of rounding what the GPU's own matmul_forward_bf16
- * writes from the same operands (to an aligned out), on every element
+ * writes from the same operands and the bias rounded to bf16 (kernels.h;
+ * to an aligned out), on every element
  * (cuBLAS rounding its fp32 sums into a bf16 C or D, or the fp32 out
  * rounded after), and close to the CPU twin's bits given the same in and W
  * bits (check_near_cpu, with matmul_forward_bf16's tolerance, 1e-5 of the
@@ -1498,20 +1509,25 @@ Test(cuda_backend, matmul_forward_bf16_bits)
             uint16_t *in_bits = floats_bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
             uint16_t *w_bits = floats_bf16_bits(w, OC * C), *g_w = upload_bits(k, w_bits, OC * C);
             uint16_t *g_out = upload_bits(k, garbage_bits, N * OC);
+            float *rounded_bias = floats_rounded_to_bf16(bias, OC);
             float *g_bias = upload_floats(k, bias, OC), *g_fp32 = upload_floats(k, garbage, N * OC);
+            float *g_rounded_bias = upload_floats(k, rounded_bias, OC);
             const float *b = with_bias ? bias : NULL, *g_b = with_bias ? g_bias : NULL;
-            cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, with_bias ? rounded_bias : NULL, N, C, OC), TP_OK,
+                         "%s", tp_errmsg());
             cr_assert_eq(matmul_forward_bf16_bits(want_bits, in_bits, w_bits, b, N, C, OC), TP_OK, "%s",
                          tp_errmsg());
             cr_assert_eq(k->matmul_forward_bf16_bits(g_out, g_in, g_w, g_b, N, C, OC), TP_OK, "%s %s: %s",
                          "matmul_forward_bf16_bits", shape, tp_errmsg());
-            cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_w, g_b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_w, with_bias ? g_rounded_bias : NULL, N, C, OC), TP_OK,
+                         "%s", tp_errmsg());
             double scale = max_magnitude(want, N * OC); /* cuBLAS rounds its own sums: near_tie (check_rounding) */
             uint16_t *got = check_activation(k, g_out, g_fp32, want_bits, N * OC, 1e-5 * scale, 1e-4 * scale,
                                              "matmul_forward_bf16_bits", shape);
             k->release(g_in), k->release(g_out), k->release(g_w), k->release(g_bias), k->release(g_fp32);
+            k->release(g_rounded_bias);
             free(in), free(w), free(bias), free(want), free(garbage), free(want_bits), free(garbage_bits);
-            free(in_bits), free(w_bits), free(got);
+            free(in_bits), free(w_bits), free(got), free(rounded_bias);
         }
     {
         int64_t N = 3, OC = 13; /* C = 0 */
@@ -1552,7 +1568,8 @@ Test(cuda_backend, matmul_forward_bf16_bits)
  * values, the largest float's tie, which rounds to infinity) and just past
  * and short of one; without a bias (a bf16 C), with a zero bias aligned
  * (cuBLASLt's epilogue with a bf16 D, where it has one) and 4 bytes past
- * alignment (the fp32 route, rounded after). W's bits are its terms' own
+ * alignment (the same: the product adds its aligned rounded copy; the fp32
+ * route, rounded after, runs under TP_CUDA_EPILOGUE=off). W's bits are its terms' own
  * (bf16 values: rounding leaves them). First the fp32 product itself must
  * be the exact sum (else the device's fp32 sums are not exact, and the
  * failure says so); then the bits are those of its rounding, and the CPU's. */
@@ -1609,7 +1626,7 @@ Test(cuda_backend, matmul_forward_bf16_bits_rounds_as_the_cpu)
                      COUNT, (long long)i, x, fp32[i], sums[i % OC].target);
     }
     const char *ways[] = {"no bias (a bf16 C)", "a zero bias (the epilogue, bf16 D)",
-                          "a zero bias 4 bytes past alignment (fp32, rounded after)"};
+                          "a zero bias 4 bytes past alignment (its rounded copy aligned: the epilogue)"};
     const float *biases[] = {NULL, zeros, zeros + 1}, *g_biases[] = {NULL, g_zeros, g_zeros + 1};
     for (int way = 0; way < 3; way++) {
         char shape[128];
@@ -1882,16 +1899,16 @@ Test(cuda_backend, mlp_product_and_gelu_in_one)
         for (int with_bias = 1; with_bias >= 0; with_bias--) {
             int64_t N = cases[c].N, C = cases[c].C, OC = cases[c].OC;
             int at_aux = cases[c].at_aux, at_out = cases[c].at_out;
-            /* cuBLASLt may refuse an fp32 bias with a bf16 D (cublasLt.h's bias type rule): GELU_AUX_BIAS is
-             * recorded, GELU_AUX (no bias) and DGELU must run where the arrays allow; the forward's D below
-             * 16-byte alignment is refused (products_lt.cu: its algorithm there is less exact) */
-            int forward_epilogue = cases[c].epilogue == 1 && with_bias ? -1 : cases[c].epilogue;
-            if (at_out) forward_epilogue = 0;
+            /* GELU_AUX_BIAS (a bf16 bias: the product's rounded copy of it), GELU_AUX and DGELU must run where
+             * the arrays allow; the forward's D below 16-byte alignment is refused (products_lt.cu: its
+             * algorithm there is less exact) */
+            int forward_epilogue = at_out ? 0 : cases[c].epilogue;
             char shape[160];
             snprintf(shape, sizeof shape, "N=%lld C=%lld OC=%lld, %s, %s", (long long)N, (long long)C, (long long)OC,
                      cases[c].what, with_bias ? "bias" : "no bias");
             float *in = floats_random(N * C, 1.0f), *w = floats_random(OC * C, 3.0f / sqrtf((float)C));
             float *bias = floats_random(OC, 0.5f), *garbage = floats_filled(N * (C > OC ? C : OC), 7.0f);
+            float *rounded_bias = floats_rounded_to_bf16(bias, OC); /* what the product adds (kernels.h) */
             uint16_t *garbage_bits = bits_garbage(N * (C > OC ? C : OC) + 2);
             float *want = malloc((size_t)(N * OC) * sizeof(float));
             uint16_t *out_cpu = malloc((size_t)(N * OC) * sizeof(uint16_t));
@@ -1899,8 +1916,9 @@ Test(cuda_backend, mlp_product_and_gelu_in_one)
             cr_assert(want && out_cpu && pre_cpu);
             uint16_t *in_bits = floats_bf16_bits(in, N * C), *w_bits = floats_bf16_bits(w, OC * C);
             uint16_t *g_in = upload_bits(k, in_bits, N * C), *g_w = upload_bits(k, w_bits, OC * C);
-            float *g_bias = upload_floats(k, bias, OC);
+            float *g_bias = upload_floats(k, bias, OC), *g_rounded_bias = upload_floats(k, rounded_bias, OC);
             const float *b = with_bias ? bias : NULL, *g_b = with_bias ? g_bias : NULL;
+            const float *rb = with_bias ? rounded_bias : NULL, *g_rb = with_bias ? g_rounded_bias : NULL;
 
             /* forward */
             uint16_t *g_out_memory = upload_bits(k, garbage_bits, N * OC + 2), *g_out = g_out_memory + at_out;
@@ -1909,13 +1927,13 @@ Test(cuda_backend, mlp_product_and_gelu_in_one)
             float *g_fp32 = upload_floats(k, garbage, N * OC), *g_gelu32 = upload_floats(k, garbage, N * OC);
             cr_assert_eq(matmul_forward_gelu_bf16(out_cpu, pre_cpu, in_bits, w_bits, b, N, C, OC), TP_OK, "%s",
                          tp_errmsg());
-            cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(matmul_forward_bf16(want, in_bits, w_bits, rb, N, C, OC), TP_OK, "%s", tp_errmsg());
             int64_t before = cuda_lt_gelu_epilogue_products();
             cr_assert_eq(k->matmul_forward_gelu_bf16(g_out, g_pre, g_in, g_w, g_b, N, C, OC), TP_OK,
                          "matmul_forward_gelu_bf16 %s: %s", shape, tp_errmsg());
             int64_t fused = cuda_lt_gelu_epilogue_products() - before;
             check_fused(fused, forward_epilogue, "matmul_forward_gelu_bf16", shape);
-            cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_w, g_b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->matmul_forward_bf16(g_fp32, g_in, g_w, g_rb, N, C, OC), TP_OK, "%s", tp_errmsg());
             cr_assert_eq(k->gelu_forward(g_gelu32, g_fp32, N * OC), TP_OK, "%s", tp_errmsg());
             cr_assert_eq(k->matmul_forward_bf16_bits(g_bits, g_in, g_w, g_b, N, C, OC), TP_OK, "%s", tp_errmsg());
             double scale = max_magnitude(want, N * OC), near_tie = fused ? 1e-4 * scale : 0;
@@ -1994,13 +2012,13 @@ Test(cuda_backend, mlp_product_and_gelu_in_one)
             cr_assert(memcmp(dpre_after, got_dpre, (size_t)(N * C) * sizeof(uint16_t)) == 0,
                       "matmul_backward_gelu_bf16 %s: d_pre changed by a call without it", shape);
 
-            k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_out_memory);
+            k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_rounded_bias), k->release(g_out_memory);
             k->release(g_pre_memory), k->release(g_fp32), k->release(g_gelu32), k->release(g_bits);
             k->release(g_act), k->release(g_dout_bits), k->release(g_pre_in_memory), k->release(g_dpre_memory);
             k->release(g_din_bits), k->release(g_dout), k->release(g_pre_wide), k->release(g_din32);
             k->release(g_dgelu32), k->release(g_dw), k->release(g_db), k->release(g_dw_bits), k->release(g_db_bits);
             free(in), free(w), free(bias), free(garbage), free(garbage_bits), free(want), free(out_cpu), free(pre_cpu);
-            free(in_bits);
+            free(in_bits), free(rounded_bias);
             free(w_bits), free(got_pre), free(got_out), free(bits), free(act), free(pre), free(dout), free(dw);
             free(db), free(dw_cpu), free(db_cpu), free(din_cpu), free(dpre_cpu), free(act_bits), free(pre_bits);
             free(dout_bits), free(pre_wide), free(got_dpre), free(dpre_after);

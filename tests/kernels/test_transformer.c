@@ -964,7 +964,8 @@ Test(transformer, residual_norms_are_the_add_then_the_norm)
 }
 
 /* The qkv activation in bf16: GPT-2's product written as bits is the
- * rounding of matmul_forward_bf16's out (the bias added first), Llama's
+ * rounding of matmul_forward_bf16's out with the bias rounded to bf16
+ * (added first), Llama's
  * rotation into bits the rounding of what rope_forward leaves (V rounded
  * as it is), its fp32 input left alone. */
 Test(transformer, bf16_qkv_is_the_rounded_product_or_rotation)
@@ -976,13 +977,15 @@ Test(transformer, bf16_qkv_is_the_rounded_product_or_rotation)
         float *out = malloc(N * OC * 4);
         uint16_t *in_bits = malloc(N * C * 2), *bits = malloc(N * OC * 2), *w_bits = floats_bf16_bits(w, OC * C);
         convert_from_f32(in, in_bits, TP_BF16, N * C);
+        float *rounded_bias = floats_rounded_to_bf16(bias, OC);
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             const float *b = with_bias ? bias : NULL;
-            cr_assert_eq(matmul_forward_bf16(out, in_bits, w_bits, b, N, C, OC), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(matmul_forward_bf16(out, in_bits, w_bits, with_bias ? rounded_bias : NULL, N, C, OC), TP_OK,
+                         "%s", tp_errmsg());
             cr_assert_eq(matmul_forward_bf16_bits(bits, in_bits, w_bits, b, N, C, OC), TP_OK, "%s", tp_errmsg());
             floats_assert_rounded(bits, out, N * OC, with_bias ? "qkv product with a bias" : "qkv product");
         }
-        free(in), free(w), free(w_bits), free(bias), free(out), free(in_bits), free(bits);
+        free(in), free(w), free(w_bits), free(bias), free(rounded_bias), free(out), free(in_bits), free(bits);
 
         const int64_t heads[][2] = {{4, 2}, {3, 3}}; /* grouped, and a key/value head a query head */
         for (int h = 0; h < 2; h++) {

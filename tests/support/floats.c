@@ -60,6 +60,15 @@ float *floats_of_bf16_bits(const uint16_t *bits, int64_t n)
     return x;
 }
 
+float *floats_rounded_to_bf16(const float *x, int64_t n)
+{
+    if (!x) return NULL;
+    uint16_t *bits = floats_bf16_bits(x, n);
+    float *rounded = floats_of_bf16_bits(bits, n);
+    free(bits);
+    return rounded;
+}
+
 void floats_assert_rounded(const uint16_t *got, const float *fp32, int64_t n, const char *what)
 {
     uint16_t *want = floats_bf16_bits(fp32, n);

@@ -15,6 +15,9 @@ float *floats_filled(int64_t n, float value); /* malloc'ed (one element at least
  * bits and the fp32 value. */
 uint16_t *floats_bf16_bits(const float *x, int64_t n);
 float *floats_of_bf16_bits(const uint16_t *bits, int64_t n); /* widened (exact), malloc'ed */
+/* x rounded to bf16, as fp32 values, malloc'ed; NULL for NULL (a bias a
+ * product written in bf16 rounds, kernels.h). */
+float *floats_rounded_to_bf16(const float *x, int64_t n);
 void floats_assert_rounded(const uint16_t *got, const float *fp32, int64_t n, const char *what);
 
 #endif

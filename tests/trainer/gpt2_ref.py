@@ -20,10 +20,10 @@ class Block(nn.Module):
         super().__init__()
         self.heads = heads
         self.ln1 = nn.LayerNorm(dim, eps=1e-5)
-        self.qkv = Linear(dim, 3 * dim)
+        self.qkv = Linear(dim, 3 * dim, bf16_output=True)
         self.proj = Linear(dim, dim)
         self.ln2 = nn.LayerNorm(dim, eps=1e-5)
-        self.fc = Linear(dim, ffn)
+        self.fc = Linear(dim, ffn, bf16_output=True)
         self.fc_proj = Linear(ffn, dim)
 
     def attention(self, x):

@@ -20,7 +20,9 @@ stays in that precision.
 The reference models call linear() for every product with a weight. Outside
 bf16_operands() it is F.linear, so the models are plain PyTorch (and
 autocast, which the benchmarks use, applies as usual). Inside it:
-  forward   y = bf16(x) @ bf16(W)^T + b
+  forward   y = bf16(x) @ bf16(W)^T + b, with b rounded to bf16 where
+            tp-train writes y in bf16 (GPT-2's qkv and fc: a bias in the
+            activation's type, as cuBLASLt takes it and autocast rounds it)
   backward  dx = bf16(dy) @ bf16(W)
             dW = bf16(dy)^T @ bf16(x), summed over every row
             db = bf16(dy) summed over every row (the gradient the product reads)
@@ -49,12 +51,14 @@ def round_bf16(t):
 
 class _Bf16OperandsLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x, weight, bias, bias_in_bf16):
         x16, w16 = round_bf16(x), round_bf16(weight)
         ctx.save_for_backward(x16, w16)
         ctx.has_bias = bias is not None
         y = x16 @ w16.T  # x [..., C], W [OC, C]: y [..., OC]
-        return y + bias if bias is not None else y
+        if bias is None:
+            return y
+        return y + (round_bf16(bias) if bias_in_bf16 else bias)
 
     @staticmethod
     def backward(ctx, dy):
@@ -63,7 +67,7 @@ class _Bf16OperandsLinear(torch.autograd.Function):
         dx = dy16 @ w16  # [..., C]
         dw = dy16.reshape(-1, dy.shape[-1]).T @ x16.reshape(-1, x16.shape[-1])  # [OC, C]
         db = dy16.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias else None
-        return dx, dw, db
+        return dx, dw, db, None
 
 
 class _Bf16OperandsAttention(torch.autograd.Function):
@@ -174,18 +178,25 @@ def gelu_of_sums(h):
     return F.gelu(h, approximate="tanh")
 
 
-def linear(x, weight, bias=None):
-    """x @ weight^T + bias: F.linear, or with bf16 operands inside bf16_operands()."""
+def linear(x, weight, bias=None, bf16_output=False):
+    """x @ weight^T + bias: F.linear, or with bf16 operands inside
+    bf16_operands(), where a product tp-train writes in bf16 (bf16_output)
+    adds its bias rounded to bf16 (its gradient passed on as a cast's)."""
     if _BF16_OPERANDS:
-        return _Bf16OperandsLinear.apply(x, weight, bias)
+        return _Bf16OperandsLinear.apply(x, weight, bias, bf16_output)
     return F.linear(x, weight, bias)
 
 
 class Linear(torch.nn.Linear):
-    """nn.Linear whose product is linear() above."""
+    """nn.Linear whose product is linear() above; bf16_output: tp-train
+    writes its output in bf16 (GPT-2's qkv and fc)."""
+
+    def __init__(self, *args, bf16_output=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bf16_output = bf16_output
 
     def forward(self, x):
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.bf16_output)
 
 
 @contextlib.contextmanager
