@@ -190,9 +190,9 @@ template <typename In> struct column_of_values {
  * values) writes the fp32 out to a second scratch (out_scratch, taken only
  * there, 256-byte aligned), and cuda_round_to_bf16 rounds it into out: the
  * bits of rounding what matmul_forward_bf16 writes to an aligned out given
- * the rounded bias, by construction. (A bf16 C or D holds the rounding of the same fp32 sums
- * where cuBLAS runs the same algorithm as for an fp32 one: the tests check
- * that it does, bit for bit.)
+ * the rounded bias, by construction. (A bf16 C or D holds the rounding of
+ * the same fp32 sums where cuBLAS runs the same algorithm as for an fp32
+ * one: the tests check that it does, bit for bit.)
  *
  * The rounded d_out (2 bytes a value) goes to a cuda_scratch (launch.h);
  * bf16_lock is held from the rounding of a product's operands until its
@@ -212,8 +212,8 @@ static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
  * (kernels.h), in bias_scratch: as bf16 bits, what cuBLASLt's epilogue
  * with a bf16 D takes (a bias of D's type: it refused an fp32 one on the
  * H200, 2026-11-28), and as the fp32 values of those bits, what the
- * separate ways add to fp32 sums (add_bias_kernel; GELU's fp32 sums). bias[OC]
- * is small (a layer's width): one launch. bias_lock is held by the caller
+ * separate ways add to fp32 sums (add_bias_kernel; GELU's fp32 sums).
+ * bias[OC] is small (a layer's width): one launch. bias_lock is held by the caller
  * from the rounding until the last product reading them is queued; it is
  * taken before gelu_lock and bf16_lock, never after them. */
 static cuda_scratch bias_scratch;
