@@ -11,7 +11,9 @@
 #            against the CPU, layouts on the GPUs there are, resume GPU <->
 #            CPU, tp-reshard on the GPU against the CPU
 #   bench    tp-train --kernel-times first (at most 60 s; its table in
-#            bench.log), then scripts/bench-gpu.sh in what is left: tokens/s
+#            bench.log), then whether bf16 training repeats (200 steps of
+#            124M twice, and in fp32: at most 60 s, the losses side by side
+#            in the summary), then scripts/bench-gpu.sh in what is left: tokens/s
 #            and MFU of GPT-2 124M and 350M, micro-batch 4 and 16, against
 #            PyTorch's loop (SDPA, fused AdamW, torch.compile in time) on the
 #            same GPU; the checkpoint stall
@@ -212,6 +214,38 @@ kernel_times() {
     sed -n '/^kernel times on/,/^  step /p' "$OUTDIR/$1" | tee -a "$SUMMARY"
 }
 
+# Whether bf16 training on the GPU repeats: GPT-2 124M, micro-batch 4, 200
+# steps twice with the same seed and data, then once in fp32 (TF32 off), the
+# loss and gradient norm every 25 steps side by side, into LOG and the
+# summary. On the H200 (2026-11-28) two bf16 runs differed from step 2 on
+# (cuDNN's attention backward and the products may sum in another order
+# each run), and two 200-step runs (one saving synchronously) ended at
+# losses 10.41 and 10.66, gradient norms 0.85 and 14.7: nondeterminism
+# amplified, or a defect? About 15 s, at most 60.
+repeatability() {
+    (LIMIT=60 && in_pack "$1" sh -c 'for run in bf16-a bf16-b fp32; do
+            dtype=bf16; [ $run = fp32 ] && dtype=fp32
+            build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 200 --device cuda \
+                --dtype $dtype --quiet --log "$0/$run.jsonl" || exit 1
+        done' "$DEST")
+    say "repeatability: exit $?"
+    "$PYTHON" - "$DEST" <<'EOF2' | tee -a "$OUTDIR/$1" "$SUMMARY"
+import json, os, sys
+runs = ["bf16-a", "bf16-b", "fp32"]
+steps = {}
+for run in runs:
+    path = os.path.join(sys.argv[1], run + ".jsonl")
+    if os.path.exists(path):
+        steps[run] = {x["step"]: x for x in map(json.loads, open(path)) if "event" not in x}
+print("  step | " + " | ".join("%s loss, norm" % r for r in runs))
+for step in (1, 2, 25, 50, 75, 100, 125, 150, 175, 200):
+    cells = ["%.6f, %.3f" % (steps[r][step]["loss"], steps[r][step]["grad_norm"]) if step in steps.get(r, {}) else "-"
+             for r in runs]
+    print("  %4d | %s" % (step, " | ".join(cells)))
+EOF2
+    rm -f "$DEST"/bf16-a.jsonl "$DEST"/bf16-b.jsonl "$DEST"/fp32.jsonl
+}
+
 phase_bench() {
     # The kernel times first (the measurement a first run needs most), into
     # bench.log's start; then the bench with what the phase's limit leaves,
@@ -220,12 +254,15 @@ phase_bench() {
     started=$(date +%s)
     kernel_times times.tmp
     mv "$OUTDIR/times.tmp" "$DEST/times.log"
+    repeatability repeat.tmp
+    mv "$OUTDIR/repeat.tmp" "$DEST/repeat.log"
     before=$(cksum <"$P/docs/BENCHMARKS.md")
     budget=$((LIMIT - ($(date +%s) - started) - 30))
     in_pack bench.log env BUILD=build BENCH_GPU_RESHARD=0 BENCH_BUDGET="${BENCH_BUDGET:-$budget}" \
         scripts/bench-gpu.sh
     rc=$?
-    { echo "== tp-train --kernel-times, before the bench"; cat "$DEST/times.log"; } >>"$OUTDIR/bench.log"
+    { echo "== tp-train --kernel-times, before the bench"; cat "$DEST/times.log"
+      echo "== repeatability, before the bench"; cat "$DEST/repeat.log"; } >>"$OUTDIR/bench.log"
     say "bench: exit $rc"
     sed -n '/^| model /,/^$/p; /^| saving /,/^$/p' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
     collect_sections bench-gpu
