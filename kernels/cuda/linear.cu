@@ -160,8 +160,9 @@ template <typename In> struct column_of_values {
  * nearest, ties to even, exactly as the CPU rounds; then cublasGemmEx with
  * bf16 A and B, fp32 C and CUBLAS_COMPUTE_32F: the products of bf16 values
  * are exact in fp32 and are summed in fp32 (tensor cores where cuBLAS picks
- * them; not TF32, which concerns fp32 operands only). The bias stays fp32
- * (add_bias_kernel). d_bias is the fp32 column sums of the bf16 d_out the
+ * them; not TF32, which concerns fp32 operands only). The bias of a product
+ * written in fp32 stays fp32 (add_bias_kernel; one written in bf16 adds it
+ * rounded, round_bias). d_bias is the fp32 column sums of the bf16 d_out the
  * products read (column_of_values<uint16_t>, widened): the caller's bits, or
  * the rounded operand in the scratch (also where no product runs: d_in and
  * d_weight NULL); the fp32 products' d_bias sums the fp32 d_out. One
@@ -427,6 +428,8 @@ static int matmul_forward_in(int bf16, void *out, int out_bits, const void *in, 
 {
     if (out_bits && !bf16)
         return tp_fail(TP_ERR_ARG, "CUDA matmul_forward: an out of bf16 bits goes with bf16 products alone");
+    if (out_bits && bias && !bias_bits)
+        return tp_fail(TP_ERR_ARG, "CUDA matmul_forward_bf16_bits: the bias's bf16 bits are missing (round_bias)");
     TP_TRY(dimensions_ok("matmul_forward", out_bits ? "_bf16_bits" : bf16 ? "_bf16" : "", N, C, OC));
     ENTER();
     if (N == 0 || OC == 0) return TP_OK;
@@ -463,8 +466,8 @@ fail:
  * takes the shape; elsewhere (TP_CUDA_EPILOGUE=off, GELU's input not
  * 16-byte aligned, a leading dimension not a multiple of 8, no algorithm)
  * the separate way: the product's fp32 sums (the forward's out, or the
- * backward's d_in) into gelu_scratch, exactly what matmul_forward_bf16 and
- * matmul_backward_bf16 write, then one kernel forms GELU's value or
+ * backward's d_in) into gelu_scratch, exactly what matmul_forward_bf16 (given
+ * the bias rounded to bf16, round_bias) and matmul_backward_bf16 write, then one kernel forms GELU's value or
  * gradient from them and rounds it (and the forward's pre is their
  * rounding). The backward's d_in product reads the rounded d_out from the
  * operands' scratch: it is queued, either way, in matmul_backward_in
@@ -613,8 +616,8 @@ int cuda_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bia
 }
 
 /* The fused way where cuBLASLt takes it (in and W read where they lie:
- * bits, nothing rounded, so no operands' scratch and no lock), else the
- * separate way (above). */
+ * bits, nothing rounded, so no operands' scratch and no bf16_lock; the bias
+ * rounded under bias_lock, round_bias), else the separate way (above). */
 int cuda_matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight,
                                   const float *bias, int64_t N, int64_t C, int64_t OC)
 {

@@ -295,9 +295,8 @@ static void note_refusal(const plan_key *key, const char *why)
  *     row of out^T; the aux matrix (GELU) pre^T, OC x N, ld OC;
  *   backward (DGELU): d_pre^T (C x N, ld C) = W (op N, C x OC, ld C) .
  *     d_out^T (OC x N, ld OC); the aux matrix pre^T, C x N, ld C.
- * C and D are out, fp32 or bf16. usable 0 when the heuristic offers nothing
- * (also for an fp32 bias with a bf16 D, should this cuBLASLt not take one),
- * and when cuBLASLt refuses a descriptor or the heuristic fails: the
+ * C and D are out, fp32 or bf16, and the bias D's type. usable 0 when the
+ * heuristic offers nothing, and when cuBLASLt refuses a descriptor or the heuristic fails: the
  * product is then computed without the epilogue, as where it offers
  * nothing, and the reason kept for cuda_lt_last_refusal (a slower way, not
  * a wrong one: the tests count the epilogue's products and say why it did
@@ -482,8 +481,8 @@ static int lt_product(const plan_key *key, void *out, const void *in, const void
         cublasStatus_t ran = lt.matmul(state.handle, p->desc, &one, weight, p->layout_weight, in, p->layout_in, &zero,
                                        out, p->layout_out, out, p->layout_out, &p->algo, state.workspace,
                                        p->workspace_bytes, cuda_state.stream);
-        /* Refused at the call (an fp32 bias with a bf16 D, or an aux type,
-         * which cublasLt.h's type rules may refuse only here): nothing was
+        /* Refused at the call (a bias or an aux type, which cublasLt.h's
+         * type rules may refuse only here): nothing was
          * queued; the plan is set aside and the caller's own way runs. */
         if (refused(ran, key->out_bits)) {
             char at_call[96];

@@ -361,7 +361,8 @@ Test(cuda_backend, bias_gradients_of_tall_arrays)
  * bits, with a bf16 D); in, W and out one value past an alignment (4 bytes;
  * 2 for bf16 in, bf16 W and bits out: another plan, or the separate bias
  * kernel where cuBLASLt has no algorithm for such arrays); the bias 4 bytes
- * past (the separate kernel, always: the count stays); then aligned again
+ * past (fp32 and bf16: the separate kernel, always, the count stays; the
+ * bits: below); then aligned again
  * (the kept plan). With TP_CUDA_EPILOGUE=off, the separate kernel every
  * time. The bits product adds its bias rounded to bf16 (kernels.h), from
  * its own aligned copy: its epilogue runs with a bf16 D (a bf16 bias, D's
@@ -1845,9 +1846,8 @@ static double gelu_epilogue_slack(const float *pre, int64_t n, double scale, int
 }
 
 /* Shapes {N, C, OC}: leading dimensions multiples of 8 with every array
- * aligned (GELU's epilogues must run, their counts grow: GELU_AUX without a
- * bias and DGELU; GELU_AUX_BIAS's way is recorded, as cuBLASLt may refuse an
- * fp32 bias with a bf16 D); the same with GELU's input and output 2 bytes
+ * aligned (GELU's epilogues must run, their counts grow: GELU_AUX_BIAS with
+ * the product's bf16 copy of the bias, GELU_AUX without one, and DGELU); the same with GELU's input and output 2 bytes
  * past alignment (pre, out, d_pre: the separate way, cuBLASLt's aux matrix
  * below 16-byte alignment); out and d_pre alone 2 bytes past (the
  * forward the separate way, products_lt.cu refusing GELU's output below
@@ -1857,8 +1857,9 @@ static double gelu_epilogue_slack(const float *pre, int64_t n, double scale, int
  * separate way); each with a bias (and d_bias) and without. W is scaled to
  * put GELU's inputs around [-3, 3], where its curve bends.
  *
- * Forward, against the GPU's own matmul_forward_bf16 of the same in, W and
- * bias (fp32 sums) and its gelu_forward of them: pre's and out's bits are
+ * Forward, against the GPU's own matmul_forward_bf16 of the same in and W
+ * and the bias rounded to bf16 (kernels.h; fp32 sums) and its gelu_forward
+ * of them: pre's and out's bits are
  * those of rounding them (check_rounding: the separate way exactly; where
  * the epilogue ran within near_tie, as for cuBLAS's own bf16 D, its sums in
  * another order and its GELU its own), pre's within one ulp of the GPU's
