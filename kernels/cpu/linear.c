@@ -278,28 +278,27 @@ int matmul_forward_bf16(float *out, const uint16_t *in, const uint16_t *weight, 
     return status;
 }
 
-/* The bias[OC] of a product written in bf16 (kernels.h) rounded to bf16,
- * as fp32 values, into *rounded (allocated; NULL where bias is). */
-static int bias_rounded_to_bf16(float **rounded, const float *bias, int64_t OC)
+/* *sums: the fp32 sums of a product written in bf16, in the scratch (what
+ * names it in messages), with its bias rounded to bf16 first (kernels.h;
+ * NULL: none). */
+static int sums_of_bf16_written_product(float **sums, const uint16_t *in, const uint16_t *weight, const float *bias,
+                                        int64_t N, int64_t C, int64_t OC, const char *what)
 {
-    *rounded = NULL;
-    if (!bias) return TP_OK;
-    *rounded = malloc((size_t)(OC > 0 ? OC : 1) * sizeof(float));
-    if (!*rounded)
-        return tp_fail(TP_ERR_NOMEM, "out of memory for a bf16 product's bias of %lld values, rounded", (long long)OC);
-    for (int64_t o = 0; o < OC; o++) (*rounded)[o] = bf16_value_of(bf16_of_values(bias), o);
-    return TP_OK;
+    TP_TRY(bf16_output_scratch(sums, N * OC, what));
+    float *rounded_bias = bias ? bf16_operand_as_f32(bf16_of_values(bias), OC) : NULL;
+    if (bias && !rounded_bias)
+        return tp_fail(TP_ERR_NOMEM, "out of memory for a bf16 %s's bias of %lld values, rounded", what,
+                       (long long)OC);
+    int status = matmul_forward_bf16(*sums, in, weight, rounded_bias, N, C, OC);
+    free(rounded_bias);
+    return status;
 }
 
 int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N,
                              int64_t C, int64_t OC)
 {
-    float *y, *rounded_bias;
-    TP_TRY(bf16_output_scratch(&y, N * OC, "product"));
-    TP_TRY(bias_rounded_to_bf16(&rounded_bias, bias, OC));
-    int status = matmul_forward_bf16(y, in, weight, rounded_bias, N, C, OC);
-    free(rounded_bias);
-    TP_TRY(status);
+    float *y;
+    TP_TRY(sums_of_bf16_written_product(&y, in, weight, bias, N, C, OC, "product"));
     round_to_bf16(out, y, N * OC);
     return TP_OK;
 }
@@ -309,12 +308,8 @@ int matmul_forward_bf16_bits(uint16_t *out, const uint16_t *in, const uint16_t *
 int matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight,
                              const float *bias, int64_t N, int64_t C, int64_t OC)
 {
-    float *y, *rounded_bias;
-    TP_TRY(bf16_output_scratch(&y, N * OC, "product and GELU"));
-    TP_TRY(bias_rounded_to_bf16(&rounded_bias, bias, OC));
-    int status = matmul_forward_bf16(y, in, weight, rounded_bias, N, C, OC);
-    free(rounded_bias);
-    TP_TRY(status);
+    float *y;
+    TP_TRY(sums_of_bf16_written_product(&y, in, weight, bias, N, C, OC, "product and GELU"));
     round_to_bf16(pre, y, N * OC);
     gelu_forward(y, y, N * OC);
     round_to_bf16(out, y, N * OC);
