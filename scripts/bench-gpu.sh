@@ -30,9 +30,10 @@
 #     (tp-train --model tiny's shape); the checkpoint stall is measured on
 #     the first, at the first micro-batch
 #   BENCH_SEQ (default 1024): sequence length
-#   BENCH_VARIANTS (default "TP_CUDA_EPILOGUE=off TP_CUDA_ATTENTION=tiled"):
-#     settings of tp-train's environment, each a bf16 row of its own at the
-#     first model and micro-batch: what the code each one sets aside bought,
+#   BENCH_VARIANTS (default "TP_CUDA_EPILOGUE=off TP_CUDA_ATTENTION=tiled
+#     TP_CUDA_DETERMINISTIC=1"): settings of tp-train's environment, each a
+#     bf16 row of its own at the first model and micro-batch: what the code
+#     each one sets aside bought, or what repeating bit for bit costs,
 #     measured in the same run (empty: none)
 #   BENCH_REFERENCE_DTYPES (default bf16): the reference's dtypes (fp32 bf16)
 #   BENCH_COMPILE (default "124M:16 124M:4 350M:16 350M:4"): the
@@ -57,14 +58,15 @@
 # each PyTorch process:
 #   tp-train, 6 steps: 124M bf16 mb 4 4 s, mb 16 7 s, fp32 mb 4 4.5 s;
 #     350M 7.5 s, 15 s, 8.5 s                                      47 s
-#   the variants, 124M bf16 mb 4: epilogues off 4 s, tiled 5 s       9 s
+#   the variants, 124M bf16 mb 4: epilogues off 4 s, tiled 5 s,
+#     deterministic 4 s                                               13 s
 #   reference bf16, 10 steps: 124M 5.5 s, 6.5 s; 350M 6 s, 9 s     27 s
 #   loop, one process a model, 11 steps a row: 124M 7 s, 350M 11 s 18 s
 #   checkpoint stall, 124M mb 4, 12 steps sync and async, then
 #     async spaced (3 saves, 1.5 sync saves apart: about 5 s more)   30 s
 #   the GPU and PyTorch checks at the start                         5 s
-#   without compiling                                           about 131 s
-# which leaves about 99 s of BENCH_BUDGET's 230 for torch.compile: 124M at
+#   without compiling                                           about 135 s
+# which leaves about 95 s of BENCH_BUDGET's 230 for torch.compile: 124M at
 # micro-batch 16 gets its 90 s; what is left goes to the next. Under
 # gpu-check --phase lease (bench's limit 220 s) the whole phase stays under
 # 220 s; a slower machine loses compile rows first, then the last rows.
@@ -79,7 +81,7 @@ MBS=${BENCH_MICRO_BATCH:-4 16}
 FP32_MBS=${BENCH_FP32_MICRO_BATCH-4}
 MODELS=${BENCH_MODELS:-124M 350M}
 SEQ=${BENCH_SEQ:-1024}
-VARIANTS=${BENCH_VARIANTS-TP_CUDA_EPILOGUE=off TP_CUDA_ATTENTION=tiled}
+VARIANTS=${BENCH_VARIANTS-TP_CUDA_EPILOGUE=off TP_CUDA_ATTENTION=tiled TP_CUDA_DETERMINISTIC=1}
 for variant in $VARIANTS; do
     case $variant in
     [A-Za-z_]*=*) ;;

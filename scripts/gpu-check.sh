@@ -223,27 +223,37 @@ kernel_times() {
 # losses 10.41 and 10.66, gradient norms 0.85 and 14.7: nondeterminism
 # amplified, or a defect? About 15 s, at most 60.
 repeatability() {
-    (LIMIT=60 && in_pack "$1" sh -c 'for run in bf16-a bf16-b fp32; do
+    # Two bf16 runs with TP_CUDA_DETERMINISTIC=1 (their every line must be
+    # the same: a difference is a defect), one with cuDNN's default backward
+    # (how far its run-to-run differences carry), one in fp32.
+    (LIMIT=80 && in_pack "$1" sh -c 'for run in bf16-a bf16-b bf16 fp32; do
             dtype=bf16; [ $run = fp32 ] && dtype=fp32
-            build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 200 --device cuda \
-                --dtype $dtype --quiet --log "$0/$run.jsonl" || exit 1
+            deterministic=0; [ $run = bf16-a ] || [ $run = bf16-b ] && deterministic=1
+            TP_CUDA_DETERMINISTIC=$deterministic build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 \
+                --steps 200 --device cuda --dtype $dtype --quiet --log "$0/$run.jsonl" || exit 1
         done' "$DEST")
     say "repeatability: exit $?"
     "$PYTHON" - "$DEST" <<'EOF2' | tee -a "$OUTDIR/$1" "$SUMMARY"
 import json, os, sys
-runs = ["bf16-a", "bf16-b", "fp32"]
+runs = ["bf16-a", "bf16-b", "bf16", "fp32"]
 steps = {}
 for run in runs:
     path = os.path.join(sys.argv[1], run + ".jsonl")
     if os.path.exists(path):
         steps[run] = {x["step"]: x for x in map(json.loads, open(path)) if "event" not in x}
+print("  bf16-a, bf16-b: TP_CUDA_DETERMINISTIC=1; bf16: cuDNN's default backward")
 print("  step | " + " | ".join("%s loss, norm" % r for r in runs))
 for step in (1, 2, 25, 50, 75, 100, 125, 150, 175, 200):
     cells = ["%.6f, %.3f" % (steps[r][step]["loss"], steps[r][step]["grad_norm"]) if step in steps.get(r, {}) else "-"
              for r in runs]
     print("  %4d | %s" % (step, " | ".join(cells)))
+a, b = steps.get("bf16-a", {}), steps.get("bf16-b", {})
+same = [s for s in a if s in b and (a[s]["loss"], a[s]["grad_norm"]) == (b[s]["loss"], b[s]["grad_norm"])]
+first = min((s for s in a if s in b and s not in same), default=None)
+print("  deterministic runs: %d of %d steps the same%s" % (len(same), len(a), "" if first is None else
+      ", the first difference at step %d" % first))
 EOF2
-    rm -f "$DEST"/bf16-a.jsonl "$DEST"/bf16-b.jsonl "$DEST"/fp32.jsonl
+    rm -f "$DEST"/bf16-a.jsonl "$DEST"/bf16-b.jsonl "$DEST"/bf16.jsonl "$DEST"/fp32.jsonl
 }
 
 phase_bench() {

@@ -289,9 +289,10 @@ static int cudnn_aligned(const void *p)
     return (uintptr_t)p % 16 == 0;
 }
 
-/* The plan cuDNN runs for this direction and shape, or (TP_ERR_*) why it
- * does not run: set aside (TP_CUDA_ATTENTION), a shape it does not take, a
- * library, device or graph that fails (attention_cudnn.h says which). */
+/* The plan cuDNN runs for this direction and shape (the deterministic
+ * backward's with TP_CUDA_DETERMINISTIC=1), or (TP_ERR_*) why it does not
+ * run: set aside (TP_CUDA_ATTENTION), a shape it does not take, a library,
+ * device or graph that fails (attention_cudnn.h says which). */
 static int cudnn_plan_for(int backward, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
                           const cudnn_attention_plan **plan)
 {
@@ -299,7 +300,10 @@ static int cudnn_plan_for(int backward, int64_t B, int64_t T, int64_t Hq, int64_
     cuda_attention_choice choice = cuda_attention_chosen();
     if (choice == CUDA_ATTENTION_TILED || choice == CUDA_ATTENTION_ROWS)
         return tp_fail(TP_ERR_ARG, "TP_CUDA_ATTENTION=%s", choice == CUDA_ATTENTION_TILED ? "tiled" : "rows");
-    return cudnn_attention_prepare(backward, B, T, Hq, Hkv, hd, plan);
+    cudnn_attention_graph graph = !backward                      ? CUDNN_ATTENTION_FORWARD
+                                  : cuda_deterministic_chosen() ? CUDNN_ATTENTION_BACKWARD_DETERMINISTIC
+                                                                : CUDNN_ATTENTION_BACKWARD;
+    return cudnn_attention_prepare(graph, B, T, Hq, Hkv, hd, plan);
 }
 
 /* Scratch: a copy of qkv where it is not 16-byte aligned (else nothing:
@@ -472,8 +476,9 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
     if (!status) status = cudnn_plan_for(1, B, T, Hq, Hkv, hd, &backward);
     if (!status) status = cudnn_attention_load(version, sizeof version);
     if (!status) {
-        snprintf(text, size, "cuDNN %s flash attention, bf16 (engines %lld forward, %lld backward)", version,
-                 (long long)cudnn_attention_engine(forward), (long long)cudnn_attention_engine(backward));
+        snprintf(text, size, "cuDNN %s flash attention, bf16 (engines %lld forward, %lld backward%s)", version,
+                 (long long)cudnn_attention_engine(forward), (long long)cudnn_attention_engine(backward),
+                 cuda_deterministic_chosen() ? ", deterministic: TP_CUDA_DETERMINISTIC=1" : "");
         return;
     }
     (void)cudaGetLastError();

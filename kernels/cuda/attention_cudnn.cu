@@ -473,8 +473,9 @@ static void grouped_product(builder *b, const cudnn_attention_layout *L, const c
 
 /* The backward (the frontend's CompositeSDPABackwardNode: causal mask,
  * attention scale, no dropout or bias; dQ through its fp32 accumulator, as
- * the frontend builds it from cuDNN 9.0 on without the dP workspace). */
-static void build_backward(builder *b, const cudnn_attention_layout *L)
+ * the frontend builds it from cuDNN 9.0 on without the dP workspace; or,
+ * deterministic, dQ written as dQ, as it builds it with the dP workspace). */
+static void build_backward(builder *b, const cudnn_attention_layout *L, int deterministic)
 {
     int64_t B = L->B, Hq = L->Hq, T = L->T, hd = L->hd;
     cudnn_tensor_shape s = scores_shape(L), r = rows_shape(L);
@@ -492,9 +493,6 @@ static void build_backward(builder *b, const cudnn_attention_layout *L)
     cudnnBackendDescriptor_t neg_inf = scalar(b, "negative_inf", CUDNN_UID_NEG_INF);
     cudnnBackendDescriptor_t one = scalar(b, "one", CUDNN_UID_ONE);
     cudnnBackendDescriptor_t softmax_sum = tensor(b, "softmax_sum", CUDNN_DATA_FLOAT, r, CUDNN_UID_SOFTMAX_SUM, 0);
-    cudnnBackendDescriptor_t dq_accum = tensor(b, "dQ_accum", CUDNN_DATA_FLOAT,
-                                               cudnn_shape(B, Hq, T, hd, Hq * T * hd, T * hd, hd, 1),
-                                               CUDNN_UID_DQ_ACCUM, 0);
 
     /* softmax_sum = rowsum(dO O) (times the dropout scale's inverse, 1) */
     cudnnBackendDescriptor_t d_o_o = virtual_tensor(b, "mul_dO_O::OUT_0", CUDNN_DATA_FLOAT,
@@ -535,28 +533,38 @@ static void build_backward(builder *b, const cudnn_attention_layout *L)
     reshape(b, "reshape_dS", ds, ds_t);
     grouped_product(b, L, "matmul_dST_Q", "matmul_dST_Q::C", "red_dK_head", ds_t, q, d_k);
 
-    /* dQ = dS K, in fp32, then to bf16 (identity) */
+    /* dQ = dS K: in fp32, then to bf16 (identity); deterministic, into dQ itself */
     cudnnBackendDescriptor_t k = virtual_tensor(b, "reshape_k::Y", CUDNN_DATA_FLOAT, L->k);
     reshape(b, "reshape_k", kt, k);
+    if (deterministic) {
+        matmul(b, "matmul_dS_K", ds, k, d_q);
+        return;
+    }
+    cudnnBackendDescriptor_t dq_accum = tensor(b, "dQ_accum", CUDNN_DATA_FLOAT,
+                                               cudnn_shape(B, Hq, T, hd, Hq * T * hd, T * hd, hd, 1),
+                                               CUDNN_UID_DQ_ACCUM, 0);
     matmul(b, "matmul_dS_K", ds, k, dq_accum);
     pointwise(b, "identity_dQ", CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dq_accum, NULL, NULL, d_q, -1);
 }
 
-static void build(builder *b, int backward, const cudnn_attention_layout *L)
+static const char *const graph_names[] = {"forward", "backward", "deterministic backward"};
+
+static void build(builder *b, cudnn_attention_graph graph, const cudnn_attention_layout *L)
 {
     b->next_uid = CUDNN_UID_VIRTUAL;
     snprintf(b->context, sizeof b->context, "cuDNN %s attention %s (B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld)",
-             lib.version_text, backward ? "backward" : "forward", (long long)L->B, (long long)L->T, (long long)L->Hq,
+             lib.version_text, graph_names[graph], (long long)L->B, (long long)L->T, (long long)L->Hq,
              (long long)L->Hkv, (long long)L->hd);
-    if (backward) build_backward(b, L);
-    else build_forward(b, L);
+    if (graph == CUDNN_ATTENTION_FORWARD) build_forward(b, L);
+    else build_backward(b, L, graph == CUDNN_ATTENTION_BACKWARD_DETERMINISTIC);
 }
 
 /* ================================================================== plans */
 
 struct cudnn_attention_plan {
     int64_t B, T, Hq, Hkv, hd;
-    int backward;
+    cudnn_attention_graph kind;
+    int backward, accumulates_dq;  /* kind is a backward; the one with dQ's accumulator */
     int status; /* TP_OK, or the failure kept with its message */
     char why[1536];
     builder graph;                 /* every descriptor, the plan last */
@@ -684,7 +692,7 @@ static const char *version_refuses(int64_t T)
     return NULL;
 }
 
-static int prepare_locked(int backward, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
+static int prepare_locked(cudnn_attention_graph graph, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
                           const cudnn_attention_plan **out)
 {
     TP_TRY(cudnn_attention_shape_ok(B, T, Hq, Hkv, hd));
@@ -695,7 +703,7 @@ static int prepare_locked(int backward, int64_t B, int64_t T, int64_t Hq, int64_
                        lib.version_text);
     for (int i = 0; i < plan_count; i++) {
         cudnn_attention_plan *p = &plans[i];
-        if (p->backward == backward && p->B == B && p->T == T && p->Hq == Hq && p->Hkv == Hkv && p->hd == hd) {
+        if (p->kind == graph && p->B == B && p->T == T && p->Hq == Hq && p->Hkv == Hkv && p->hd == hd) {
             *out = p;
             return p->status ? tp_fail(p->status, "%s", p->why) : TP_OK;
         }
@@ -709,12 +717,14 @@ static int prepare_locked(int backward, int64_t B, int64_t T, int64_t Hq, int64_
                        (long long)hd);
     cudnn_attention_plan *p = &plans[plan_count++];
     memset(p, 0, sizeof *p);
-    p->B = B, p->T = T, p->Hq = Hq, p->Hkv = Hkv, p->hd = hd, p->backward = backward;
+    p->B = B, p->T = T, p->Hq = Hq, p->Hkv = Hkv, p->hd = hd, p->kind = graph;
+    p->backward = graph != CUDNN_ATTENTION_FORWARD;
+    p->accumulates_dq = graph == CUDNN_ATTENTION_BACKWARD;
     p->scale = 1.0f / sqrtf((float)hd);
     p->neg_inf = lib.version < 91000 ? -FLT_MAX : -INFINITY; /* as the frontend: older cuDNN wants the lowest */
     p->one = 1.0f;
     cudnn_attention_layout L = cudnn_attention_layout_of(B, T, Hq, Hkv, hd);
-    build(&p->graph, backward, &L);
+    build(&p->graph, graph, &L);
     p->status = p->graph.failed ? p->graph.failed : choose_engine(p);
     if (p->status) {
         snprintf(p->why, sizeof p->why, "%s", tp_errmsg());
@@ -723,19 +733,19 @@ static int prepare_locked(int backward, int64_t B, int64_t T, int64_t Hq, int64_
     } else {
         size_t rows = (size_t)(B * Hq * T) * sizeof(float);
         p->softmax_sum_offset = aligned(p->cudnn_bytes);
-        p->dq_accum_offset = p->softmax_sum_offset + (backward ? aligned(rows) : 0);
-        p->workspace_bytes = p->dq_accum_offset + (backward ? aligned(rows * (size_t)hd) : 0);
+        p->dq_accum_offset = p->softmax_sum_offset + (p->backward ? aligned(rows) : 0);
+        p->workspace_bytes = p->dq_accum_offset + (p->accumulates_dq ? aligned(rows * (size_t)hd) : 0);
     }
     *out = p;
     return p->status ? tp_fail(p->status, "%s", p->why) : TP_OK;
 }
 
-extern "C" int cudnn_attention_prepare(int backward, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
-                                       const cudnn_attention_plan **plan)
+extern "C" int cudnn_attention_prepare(cudnn_attention_graph graph, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                       int64_t hd, const cudnn_attention_plan **plan)
 {
     *plan = NULL;
     pthread_mutex_lock(&dnn_lock);
-    int status = prepare_locked(backward, B, T, Hq, Hkv, hd, plan);
+    int status = prepare_locked(graph, B, T, Hq, Hkv, hd, plan);
     pthread_mutex_unlock(&dnn_lock);
     if (status) *plan = NULL;
     return status;
@@ -776,13 +786,13 @@ extern "C" int cudnn_attention_run(const cudnn_attention_plan *p, const cudnn_at
         BIND(CUDNN_UID_DV, d_qkv + v);
         BIND(CUDNN_UID_ONE, &p->one);
         BIND(CUDNN_UID_SOFTMAX_SUM, workspace + p->softmax_sum_offset);
-        BIND(CUDNN_UID_DQ_ACCUM, workspace + p->dq_accum_offset);
+        if (p->accumulates_dq) BIND(CUDNN_UID_DQ_ACCUM, workspace + p->dq_accum_offset);
     }
 #undef BIND
     int status = TP_OK;
     pthread_mutex_lock(&dnn_lock);
     /* Before cuDNN 9.6 the accumulator of dQ had to start at zero (the frontend clears it). */
-    if (p->backward && lib.version < 90600) {
+    if (p->accumulates_dq && lib.version < 90600) {
         cudaError_t error = cudaMemsetAsync(workspace + p->dq_accum_offset, 0,
                                             p->workspace_bytes - p->dq_accum_offset, cuda_state.stream);
         if (error != cudaSuccess) {
@@ -793,7 +803,7 @@ extern "C" int cudnn_attention_run(const cudnn_attention_plan *p, const cudnn_at
     }
     builder b = {};
     snprintf(b.context, sizeof b.context, "cuDNN %s attention %s run (B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld)",
-             lib.version_text, p->backward ? "backward" : "forward", (long long)p->B, (long long)p->T, (long long)p->Hq,
+             lib.version_text, graph_names[p->kind], (long long)p->B, (long long)p->T, (long long)p->Hq,
              (long long)p->Hkv, (long long)p->hd);
     b.failed = status;
     cudnnBackendDescriptor_t pack = MAKE(&b, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
@@ -819,8 +829,8 @@ static const char *type_name(cudnnDataType_t type)
     return type == CUDNN_DATA_BFLOAT16 ? "bf16" : type == CUDNN_DATA_FLOAT ? "fp32" : "other";
 }
 
-extern "C" int cudnn_attention_check_graph(int backward, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
-                                           cudnn_attention_check *check)
+extern "C" int cudnn_attention_check_graph(cudnn_attention_graph graph, int64_t B, int64_t T, int64_t Hq,
+                                           int64_t Hkv, int64_t hd, cudnn_attention_check *check)
 {
     memset(check, 0, sizeof *check);
     pthread_mutex_lock(&dnn_lock);
@@ -831,7 +841,7 @@ extern "C" int cudnn_attention_check_graph(int backward, int64_t B, int64_t T, i
     }
     builder b = {};
     cudnn_attention_layout L = cudnn_attention_layout_of(B, T, Hq, Hkv, hd);
-    build(&b, backward, &L);
+    build(&b, graph, &L);
     status = b.failed;
     check->operations = b.operation_count;
     /* The tensors that are not virtual, as cuDNN holds them. */
@@ -887,10 +897,10 @@ extern "C" int cudnn_attention_load(char *version, size_t size)
     return tp_fail(TP_ERR_DEVICE, NO_CUDNN);
 }
 
-extern "C" int cudnn_attention_prepare(int backward, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
-                                       const cudnn_attention_plan **plan)
+extern "C" int cudnn_attention_prepare(cudnn_attention_graph graph, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                       int64_t hd, const cudnn_attention_plan **plan)
 {
-    (void)backward, (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd;
+    (void)graph, (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd;
     *plan = NULL;
     return tp_fail(TP_ERR_DEVICE, NO_CUDNN);
 }
@@ -913,10 +923,10 @@ extern "C" int cudnn_attention_run(const cudnn_attention_plan *plan, const cudnn
     return tp_fail(TP_ERR_DEVICE, NO_CUDNN);
 }
 
-extern "C" int cudnn_attention_check_graph(int backward, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
-                                           cudnn_attention_check *check)
+extern "C" int cudnn_attention_check_graph(cudnn_attention_graph graph, int64_t B, int64_t T, int64_t Hq,
+                                           int64_t Hkv, int64_t hd, cudnn_attention_check *check)
 {
-    (void)backward, (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd;
+    (void)graph, (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd;
     memset(check, 0, sizeof *check);
     return tp_fail(TP_ERR_DEVICE, NO_CUDNN);
 }

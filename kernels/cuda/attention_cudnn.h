@@ -13,7 +13,8 @@
  * elsewhere), softmax with its statistics, then P V; the backward as the
  * frontend's CompositeSDPABackwardNode (dV = P^T dO, dP = dO V^T, dS = P (dP -
  * rowsum(dO O)) scale, dK = dS^T Q, dQ = dS K through an fp32 accumulator;
- * grouped heads reduced per key/value head). cuDNN's heuristics (mode A, then
+ * grouped heads reduced per key/value head), or, deterministic, with dQ = dS K
+ * written as dQ itself (below). cuDNN's heuristics (mode A, then
  * its fallback list) pick the engine; the first whose execution plan
  * finalizes is kept, with its workspace size, in a table of at most
  * CUDNN_ATTENTION_PLANS shapes (a shape beyond it is refused, said so).
@@ -78,6 +79,20 @@ enum {
     CUDNN_UID_VIRTUAL = 100
 };
 
+/* Which graph. The backward sums dQ over the key tiles in an fp32
+ * accumulator (CUDNN_UID_DQ_ACCUM) with atomics, in whatever order the
+ * tiles finish: dQ's last bits, and so a run's, vary from run to run. The
+ * deterministic backward is the frontend's "deterministic algorithm" on
+ * Hopper (its dP workspace implementation): no accumulator, dQ = dS K
+ * written as dQ, which cuDNN computes from dP kept in its workspace
+ * (B Hq T T bf16: about 100 MB for GPT-2 124M at micro-batch 4) in a fixed
+ * order. Blackwell's deterministic engines need knobs not set here. */
+typedef enum {
+    CUDNN_ATTENTION_FORWARD,
+    CUDNN_ATTENTION_BACKWARD,
+    CUDNN_ATTENTION_BACKWARD_DETERMINISTIC
+} cudnn_attention_graph;
+
 /* A tensor's dims and strides (elements) as cuDNN is told them. */
 typedef struct {
     int64_t dims[4], strides[4];
@@ -133,20 +148,21 @@ int cudnn_attention_shape_ok(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int6
  * what is missing. Needs no GPU. */
 int cudnn_attention_load(char *version, size_t size);
 
-/* The execution plan of one direction (backward 0 or 1) for a shape, built
+/* The execution plan of one graph for a shape, built
  * on the first call (the backend must be made: a cuDNN handle on its stream,
  * also made on the first call) and kept; a failure is kept too and reported
  * again. TP_ERR_DEVICE names the step that failed: the cuDNN call, the
  * descriptor and attribute, cuDNN's status and its last error message. */
 typedef struct cudnn_attention_plan cudnn_attention_plan;
-int cudnn_attention_prepare(int backward, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
+int cudnn_attention_prepare(cudnn_attention_graph graph, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
                             const cudnn_attention_plan **plan);
 
 /* For a start line: "engine N" of cuDNN's global engine list. */
 int64_t cudnn_attention_engine(const cudnn_attention_plan *plan);
 
 /* Device memory a run of the plan needs besides its tensors: cuDNN's
- * workspace, and the backward's fp32 rowsum(dO O) and dQ accumulator. */
+ * workspace, and the backward's fp32 rowsum(dO O) and dQ accumulator (not
+ * the deterministic backward's). */
 size_t cudnn_attention_workspace_bytes(const cudnn_attention_plan *plan);
 
 /* Device pointers of one run (16-byte aligned): qkv bf16 [B, T, (Hq + 2 Hkv)
@@ -164,7 +180,7 @@ int cudnn_attention_run(const cudnn_attention_plan *plan, const cudnn_attention_
 
 /* ----------------------------------------------------------------- tests
  * What can be checked without a GPU (tests/kernels/test_attention_cudnn.c):
- * every descriptor of a direction's graph built and finalized (the tensors,
+ * every descriptor of a graph built and finalized (the tensors,
  * the pointwise, matmul, reduction and reshape operations), the tensors that
  * are not virtual read back from cuDNN, and whether the operation graph
  * itself finalizes without a handle (cuDNN 9 may need a device for it). */
@@ -184,7 +200,7 @@ typedef struct {
 
 /* TP_OK with check filled when every descriptor finalized; else the failing
  * step's message (TP_ERR_DEVICE; or no cuDNN: TP_ERR_DEVICE from loading). */
-int cudnn_attention_check_graph(int backward, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
+int cudnn_attention_check_graph(cudnn_attention_graph graph, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
                                 cudnn_attention_check *check);
 
 #ifdef __cplusplus

@@ -465,6 +465,21 @@ cuda_attention_choice cuda_attention_chosen(void)
     return chosen;
 }
 
+static int deterministic; /* cuda_deterministic_variant */
+
+extern "C" int cuda_deterministic_variant(const char *value)
+{
+    if (!value || !value[0] || strcmp(value, "0") == 0) deterministic = 0;
+    else if (strcmp(value, "1") == 0) deterministic = 1;
+    else return tp_fail(TP_ERR_ARG, "TP_CUDA_DETERMINISTIC: '%s' is neither 1 nor 0", value);
+    return TP_OK;
+}
+
+int cuda_deterministic_chosen(void)
+{
+    return deterministic;
+}
+
 extern "C" int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd)
 {
     return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && B >= 1 && B <= MAX_GRID_YZ && Hq >= 1 &&

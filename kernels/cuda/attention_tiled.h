@@ -27,6 +27,17 @@ extern "C" {
  * process afterwards (tests). TP_ERR_ARG for another name. */
 int cuda_attention_variant(const char *name);
 
+/* Whether the bf16 attention's backward through cuDNN repeats bit for bit
+ * (TP_CUDA_DETERMINISTIC): "1", cuDNN's deterministic graph
+ * (attention_cudnn.h, CUDNN_ATTENTION_BACKWARD_DETERMINISTIC); unset, "" or
+ * "0", its default graph, whose dQ sums in an order that varies from run to
+ * run. Every other operation of the backend repeats bit for bit either way
+ * (the tiled and rows kernels have one writer an element; the embedding's
+ * gradient adds a token's rows in order; cuBLAS repeats on one GPU). The
+ * backend reads TP_CUDA_DETERMINISTIC when it is made; this sets it for the
+ * process afterwards (tests). TP_ERR_ARG for another value. */
+int cuda_deterministic_variant(const char *value);
+
 /* Whether the tiled kernels take this shape. */
 int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd);
 

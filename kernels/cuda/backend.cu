@@ -50,9 +50,12 @@
  * norm, RMSNorm, cross-entropy) give a row to a block, also in a grid-stride
  * loop over rows; column sums (bias and norm-weight gradients) cut the rows
  * into chunks and sum each chunk's columns, then the chunks, in a fixed order
- * (column_sums.h); AdamW takes a launch per 48 tensors. Only
- * embedding_backward uses atomics (tokens repeat), so it alone is not
- * bit-reproducible from run to run. */
+ * (column_sums.h); AdamW takes a launch per 48 tensors. No kernel here
+ * uses atomics (embedding_backward sorts the positions by token and adds a
+ * token's rows in order): every operation repeats bit for bit from run to
+ * run, but cuDNN's default attention backward, whose dQ sums in a varying
+ * order (TP_CUDA_DETERMINISTIC=1 takes its deterministic graph:
+ * attention_cudnn.h). */
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -357,6 +360,7 @@ extern "C" const kernel_backend *kernels_cuda(int device)
         goto done;
     }
     if (cuda_attention_variant(getenv("TP_CUDA_ATTENTION"))) goto done;
+    if (cuda_deterministic_variant(getenv("TP_CUDA_DETERMINISTIC"))) goto done;
     CUDA_TRY(cudaSetDevice(device));
     CUDA_TRY(cudaStreamCreateWithFlags(&cuda_state.stream, cudaStreamNonBlocking));
     CUDA_TRY(cudaStreamCreateWithFlags(&cuda_state.side, cudaStreamNonBlocking));

@@ -1,9 +1,13 @@
 /* embedding.cu: the token embedding and the classifier's cross-entropy on
  * the GPU, the twins of cpu/embedding.c. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 
+#include <cub/device/device_radix_sort.cuh>
+
 extern "C" {
+#include "../../common/error.h"
 #include "../kernels.h"
 }
 #include "internal.h"
@@ -22,18 +26,76 @@ static __global__ void embedding_forward_kernel(float *out, const int *tokens, c
     }
 }
 
-/* d_table[token - first, c] += d_out[n,c]. A token may come several times
- * in the batch, so threads of different n add to the same element: atomics
- * (their order, hence the last bits of a repeated token's row, varies from
- * run to run). */
-static __global__ void embedding_backward_kernel(float *d_table, const int *tokens, const float *d_out, int64_t N,
-                                                 int64_t C, int64_t first, int64_t rows)
+/* d_table[token - first, c] += d_out[n,c], the positions n of a token in
+ * ascending order, as the CPU adds them (embedding.c): the same bits, every
+ * run. A token may come several times in the batch; atomics would add its
+ * rows in whatever order the threads arrive (the last bits of a repeated
+ * token's row then varied from run to run). So the positions are first
+ * sorted by token (CUB's radix sort, stable: a token's positions stay
+ * ascending), and a block takes each run of one token: it reads the row once,
+ * adds the run's gradients in order and writes it once.
+ *
+ * sorted[N]: the tokens in order (as unsigned: a negative token, never held,
+ * sorts last), positions[N]: where each came from. */
+static __global__ void embedding_backward_runs_kernel(float *d_table, const unsigned *sorted, const int *positions,
+                                                      const float *d_out, int64_t N, int64_t C, int64_t first,
+                                                      int64_t rows)
 {
-    ROWS_OF_BLOCK(n, N) {
-        int64_t row = (int64_t)tokens[n] - first;
+    ROWS_OF_BLOCK(i, N) {
+        unsigned token = sorted[i];
+        if (i > 0 && sorted[i - 1] == token) continue; /* inside a run: its first position's block adds it */
+        int64_t row = (int64_t)(int)token - first;
         if (row < 0 || row >= rows) continue;
-        COLUMNS_OF_THREAD(c, C) atomicAdd(&d_table[row * C + c], d_out[n * C + c]);
+        int64_t end = i + 1;
+        while (end < N && sorted[end] == token) end++;
+        COLUMNS_OF_THREAD(c, C) {
+            float sum = d_table[row * C + c];
+#pragma unroll 4
+            for (int64_t j = i; j < end; j++) sum += d_out[(int64_t)positions[j] * C + c];
+            d_table[row * C + c] = sum;
+        }
     }
+}
+
+static __global__ void positions_kernel(int *positions, int64_t N)
+{
+    GRID_STRIDE(n, N) positions[n] = (int)n;
+}
+
+/* The sort's buffers (the sorted tokens, the positions before and after, and
+ * CUB's own), one for the process: embedding_lock is held from taking them
+ * to queueing their last use. */
+static cuda_scratch sort_scratch;
+static pthread_mutex_t embedding_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int embedding_backward_sorted(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C,
+                                     int64_t first, int64_t rows)
+{
+    if (N > INT32_MAX)
+        return tp_fail(TP_ERR_ARG, "embedding backward: %lld tokens (the sort takes at most %d)", (long long)N,
+                       INT32_MAX);
+    const unsigned *keys = (const unsigned *)tokens;
+    size_t cub_bytes = 0;
+    CUDA_TRY(cub::DeviceRadixSort::SortPairs(NULL, cub_bytes, keys, (unsigned *)NULL, (const int *)NULL, (int *)NULL,
+                                             (int)N, 0, 32, cuda_state.stream));
+    {
+        void *parts[4];
+        size_t bytes[4] = {(size_t)N * sizeof(unsigned), (size_t)N * sizeof(int), (size_t)N * sizeof(int),
+                           cub_bytes};
+        TP_TRY(cuda_scratch_parts(&sort_scratch, "the embedding gradient's sort", parts, bytes, 4));
+        unsigned *sorted = (unsigned *)parts[0];
+        int *unsorted_positions = (int *)parts[1], *positions = (int *)parts[2];
+        positions_kernel<<<blocks_for(N, THREADS), THREADS, 0, cuda_state.stream>>>(unsorted_positions, N);
+        LAUNCH_CHECK();
+        CUDA_TRY(cub::DeviceRadixSort::SortPairs(parts[3], cub_bytes, keys, sorted, unsorted_positions, positions,
+                                                 (int)N, 0, 32, cuda_state.stream));
+        embedding_backward_runs_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
+            d_table, sorted, positions, d_out, N, C, first, rows);
+        LAUNCH_CHECK();
+    }
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
 }
 
 int cuda_embedding_forward(float *out, const int *tokens, const float *table, int64_t N, int64_t C,
@@ -54,10 +116,12 @@ int cuda_embedding_backward(float *d_table, const int *tokens, const float *d_ou
 {
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
-    embedding_backward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(d_table, tokens, d_out, N, C, first,
-                                                                                rows);
-    LAUNCH_CHECK();
-    return TP_OK;
+    {
+        pthread_mutex_lock(&embedding_lock);
+        int status = embedding_backward_sorted(d_table, tokens, d_out, N, C, first, rows);
+        pthread_mutex_unlock(&embedding_lock);
+        return status;
+    }
 fail:
     return TP_ERR_DEVICE;
 }

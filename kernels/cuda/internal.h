@@ -36,6 +36,9 @@ typedef enum {
     CUDA_ATTENTION_ROWS
 } cuda_attention_choice;
 cuda_attention_choice cuda_attention_chosen(void);
+/* cuda_deterministic_variant's choice (attention_tiled.h): 1 for cuDNN's
+ * deterministic backward. */
+int cuda_deterministic_chosen(void);
 
 /* The computing operations of the table (kernels.h, KERNEL_OPERATIONS) as
  * cuda_<name>, by file: linear.cu the products (bf16 operands read where

@@ -168,7 +168,9 @@ static int minor_of(const char *version)
  * softmax's 7, bmm2); backward 22 with a key/value head per query head
  * (rowsum(dO O)'s 3, Q K^T, the scale, minus Stats, the mask's 4, exp, P^T,
  * dV, dO V^T, dS's 3, dS^T, dK, K, dQ and its conversion), 24 with grouped
- * heads (the reductions of dK and dV over a group). The operation graphs
+ * heads (the reductions of dK and dV over a group); the deterministic
+ * backward one fewer (dQ written as dQ: no conversion) and no accumulator
+ * among its tensors. The operation graphs
  * finalize too from cuDNN 9.8 on, which needs no handle for them (before,
  * their outcome is logged): cuDNN has checked how the operations connect. */
 Test(attention_cudnn, graphs_finalize_without_a_device)
@@ -183,7 +185,7 @@ Test(attention_cudnn, graphs_finalize_without_a_device)
         cudnn_tensor_shape accum = {{B, Hq, T, hd}, {Hq * T * hd, T * hd, hd, 1}};
         cudnn_attention_check c;
 
-        cr_assert_eq(cudnn_attention_check_graph(0, B, T, Hq, Hkv, hd, &c), TP_OK, "forward: %s", tp_errmsg());
+        cr_assert_eq(cudnn_attention_check_graph(CUDNN_ATTENTION_FORWARD, B, T, Hq, Hkv, hd, &c), TP_OK, "forward: %s", tp_errmsg());
         cr_assert_eq(c.operations, 14, "forward: %d operations", c.operations);
         expected_tensor forward[] = {
             {CUDNN_UID_Q, L.q, "bf16", 0},          {CUDNN_UID_K, cudnn_transposed(L.k), "bf16", 0},
@@ -198,7 +200,8 @@ Test(attention_cudnn, graphs_finalize_without_a_device)
                     c.graph_message);
         if (minor_of(version) >= 8) cr_assert(c.graph_finalized, "forward graph: %s", c.graph_message);
 
-        cr_assert_eq(cudnn_attention_check_graph(1, B, T, Hq, Hkv, hd, &c), TP_OK, "backward: %s", tp_errmsg());
+        cr_assert_eq(cudnn_attention_check_graph(CUDNN_ATTENTION_BACKWARD, B, T, Hq, Hkv, hd, &c), TP_OK,
+                     "backward: %s", tp_errmsg());
         cr_assert_eq(c.operations, Hq == Hkv ? 22 : 24, "backward: %d operations", c.operations);
         expected_tensor backward[] = {
             {CUDNN_UID_Q, L.q, "bf16", 0},
@@ -221,5 +224,14 @@ Test(attention_cudnn, graphs_finalize_without_a_device)
                     c.graph_finalized ? "finalized without a handle" : "did not finalize without a handle: ",
                     c.graph_message);
         if (minor_of(version) >= 8) cr_assert(c.graph_finalized, "backward graph: %s", c.graph_message);
+
+        cr_assert_eq(cudnn_attention_check_graph(CUDNN_ATTENTION_BACKWARD_DETERMINISTIC, B, T, Hq, Hkv, hd, &c),
+                     TP_OK, "deterministic backward: %s", tp_errmsg());
+        cr_assert_eq(c.operations, Hq == Hkv ? 21 : 23, "deterministic backward: %d operations", c.operations);
+        check_tensors(&c, backward, sizeof backward / sizeof backward[0] - 1, "deterministic backward");
+        cr_log_info("cuDNN %s, deterministic backward: the operation graph %s%s", version,
+                    c.graph_finalized ? "finalized without a handle" : "did not finalize without a handle: ",
+                    c.graph_message);
+        if (minor_of(version) >= 8) cr_assert(c.graph_finalized, "deterministic backward graph: %s", c.graph_message);
     }
 }

@@ -104,4 +104,9 @@ Test(attention_tiled, refuses_what_it_does_not_take)
     cr_assert(strstr(tp_errmsg(), "'flash'"), "%s", tp_errmsg());
     cr_assert_eq(cuda_attention_variant("rows"), TP_OK);
     cr_assert_eq(cuda_attention_variant(NULL), TP_OK, "unset: the tiled kernels");
+    cr_assert_eq(cuda_deterministic_variant("yes"), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "TP_CUDA_DETERMINISTIC: 'yes'"), "%s", tp_errmsg());
+    cr_assert_eq(cuda_deterministic_variant("1"), TP_OK);
+    cr_assert_eq(cuda_deterministic_variant("0"), TP_OK);
+    cr_assert_eq(cuda_deterministic_variant(NULL), TP_OK, "unset: cuDNN's default backward");
 }

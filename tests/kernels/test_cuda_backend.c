@@ -45,6 +45,7 @@ static const kernel_backend *gpu(void)
 /* The encoded backend has one attention, the CPU's: choosing among the
  * GPU's is a no-op (and cuDNN is not needed) there. */
 #define cuda_attention_variant(name) ((void)(name), TP_OK)
+#define cuda_deterministic_variant(value) ((void)(value), TP_OK)
 #else
 #define REHEARSAL 0
 #define NEED_GPU()                                                                                                     \
@@ -2605,6 +2606,73 @@ Test(cuda_backend, attention_bf16_through_cudnn)
     }
 }
 
+/* TP_CUDA_DETERMINISTIC=1: cuDNN's deterministic backward (dQ written as dQ,
+ * no accumulator: attention_cudnn.h) on every shape, aligned and 2 bytes
+ * past, against the CPU twin with the same tolerances; then, on each shape,
+ * the backward three times on the same inputs: the same bits each time
+ * (the default backward's dQ may differ in its last bits from run to run,
+ * which is why this graph exists); and the start line says which backward
+ * runs. */
+Test(cuda_backend, attention_bf16_deterministic_backward)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    need_cudnn_library();
+    cr_assert_eq(cuda_deterministic_variant("1"), TP_OK);
+    for (int s = 0; s < BF16_ATTENTION_SHAPES; s++) {
+        const int64_t *shape = bf16_attention_shapes[s];
+        bf16_attention_case(k, bf16_variants[0], shape, 0, 0, 0, 0);
+        bf16_attention_case(k, bf16_variants[0], shape, 1, 1, 1, 1);
+        int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
+        int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
+        int64_t n_scratch = attention_scratch_floats(B, T, Hq);
+        float *qkv_values = floats_random(n_qkv, 2.0f), *dout_values = floats_random(n_out, 1.0f);
+        uint16_t *qkv = floats_bf16_bits(qkv_values, n_qkv), *dout = floats_bf16_bits(dout_values, n_out);
+        uint16_t *out = malloc((size_t)n_out * sizeof(uint16_t));
+        float *lse = malloc((size_t)n_lse * sizeof(float)), *scratch = malloc((size_t)n_scratch * sizeof(float));
+        cr_assert(out && lse && scratch);
+        cr_assert_eq(attention_forward_bf16(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+        uint16_t *g_qkv = upload_bits(k, qkv, n_qkv), *g_dout = upload_bits(k, dout, n_out);
+        uint16_t *g_out = upload_bits(k, out, n_out), *g_dqkv = NULL;
+        float *g_lse = upload_floats(k, lse, n_lse), *g_scratch = upload_floats(k, scratch, n_scratch);
+        cr_assert_eq(k->alloc((void **)&g_dqkv, (size_t)n_qkv * sizeof(uint16_t)), TP_OK);
+        uint16_t *first = NULL;
+        for (int run = 0; run < 3; run++) {
+            cr_assert_eq(k->attention_backward_bf16(g_dqkv, g_scratch, g_dout, g_qkv, g_out, g_lse, B, T, Hq, Hkv,
+                                                    hd),
+                         TP_OK, "deterministic backward, run %d: %s", run + 1, tp_errmsg());
+            uint16_t *got = download_bits(k, g_dqkv, n_qkv);
+            if (!first) {
+                first = got;
+                continue;
+            }
+            for (int64_t i = 0; i < n_qkv; i++)
+                cr_assert_eq(got[i], first[i],
+                             "TP_CUDA_DETERMINISTIC=1, B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld: d_qkv[%lld] is %#06x in "
+                             "run %d, %#06x in the first",
+                             (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd, (long long)i,
+                             got[i], run + 1, first[i]);
+            free(got);
+        }
+        free(first);
+        k->release(g_qkv), k->release(g_dout), k->release(g_out), k->release(g_dqkv), k->release(g_lse);
+        k->release(g_scratch);
+        free(qkv_values), free(dout_values), free(qkv), free(dout), free(out), free(lse), free(scratch);
+    }
+    if (!REHEARSAL) {
+        char text[2048];
+        const int64_t *shape = bf16_attention_shapes[3];
+        k->describe_attention(1, shape[0], shape[1], shape[2], shape[3], shape[4], text, sizeof text);
+        cr_log_info("TP_CUDA_DETERMINISTIC=1: %s", text);
+        cr_assert(strstr(text, "deterministic") != NULL, "the start line should say so: %s", text);
+        cr_assert_eq(cuda_deterministic_variant("0"), TP_OK);
+        k->describe_attention(1, shape[0], shape[1], shape[2], shape[3], shape[4], text, sizeof text);
+        cr_assert(strstr(text, "deterministic") == NULL, "TP_CUDA_DETERMINISTIC=0: %s", text);
+        cr_assert_eq(cuda_deterministic_variant("yes"), TP_ERR_ARG, "a value neither 1 nor 0");
+    }
+    cr_assert_eq(cuda_deterministic_variant(NULL), TP_OK);
+}
+
 /* Every shape with qkv, out, d_out and d_qkv aligned, one with all four 2
  * bytes past (out and d_qkv rounded value by value, not four at a time;
  * qkv and d_out widened where they are); the rows kernels likewise. */
@@ -2733,8 +2801,10 @@ Test(cuda_backend, attention_bf16_keeps_the_bits_of_qkv)
 
 /* This rank holds rows [100, 250) of the table; tokens fall below, inside
  * (some repeated) and above. Forward: copies, exact (tolerance 0).
- * Backward: accumulates into a table of random values, repeated tokens by
- * atomics in any order: tolerance 1e-5 relative + 1e-6 absolute. */
+ * Backward: accumulates into a table of random values, a repeated token's
+ * gradients added in the order of their positions, as the CPU adds them:
+ * exact too (tolerance 0), at N = 37 and at N = 5000 with 20 tokens (runs of
+ * about 250), one of them all of the first 300 positions. */
 Test(cuda_backend, embedding_forward_and_backward)
 {
     NEED_GPU();
@@ -2755,9 +2825,24 @@ Test(cuda_backend, embedding_forward_and_backward)
     check_device(k, g_out, out, N * C, 0, 0, "out");
     embedding_backward(d_table, tokens, dout, N, C, first, rows);
     cr_assert_eq(k->embedding_backward(g_dtable, g_tokens, g_dout, N, C, first, rows), TP_OK, "%s", tp_errmsg());
-    check_device(k, g_dtable, d_table, rows * C, 1e-5, 1e-6, "d_table");
+    check_device(k, g_dtable, d_table, rows * C, 0, 0, "d_table");
     k->release(g_tokens), k->release(g_table), k->release(g_dout), k->release(g_dtable), k->release(g_out);
     free(table), free(dout), free(d_table), free(out), free(garbage);
+
+    int64_t many = 5000;
+    int *repeated = malloc((size_t)many * sizeof(int));
+    cr_assert(repeated);
+    for (int64_t n = 0; n < many; n++)
+        repeated[n] = n < 300 ? 140 : 120 + (int)((floats_uniform() + 1.0f) * 10.0f); /* [120, 140] */
+    float *big_dout = floats_random(many * C, 1.0f), *big_dtable = floats_random(rows * C, 1.0f);
+    int *g_repeated = upload(k, repeated, many, sizeof(int));
+    float *g_big_dout = upload_floats(k, big_dout, many * C), *g_big_dtable = upload_floats(k, big_dtable, rows * C);
+    embedding_backward(big_dtable, repeated, big_dout, many, C, first, rows);
+    cr_assert_eq(k->embedding_backward(g_big_dtable, g_repeated, g_big_dout, many, C, first, rows), TP_OK, "%s",
+                 tp_errmsg());
+    check_device(k, g_big_dtable, big_dtable, rows * C, 0, 0, "d_table, 5000 positions of 21 tokens");
+    k->release(g_repeated), k->release(g_big_dout), k->release(g_big_dtable);
+    free(repeated), free(big_dout), free(big_dtable);
 }
 
 /* ----------------------------------------------------------- cross-entropy */
