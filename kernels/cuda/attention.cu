@@ -44,12 +44,6 @@ extern "C" {
 #define LANE_DIMS(e, d, hd)                                                                                            \
     _Pragma("unroll") for (int e = 0, d = (int)(threadIdx.x & 31); e < HEAD_DIMS_PER_LANE && d < (hd); e++, d += 32)
 
-static __device__ float warp_sum(float value)
-{
-    for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
-    return value;
-}
-
 /* The warp's dot product of a row held in registers with the row at p. */
 static __device__ float warp_dot(const float *held, const float *p, int64_t hd)
 {

@@ -46,13 +46,15 @@
  * widened values; the rest in simple kernels. Launch shapes: element-wise
  * kernels walk their elements in grid-stride loops (at most MAX_BLOCKS
  * blocks), or, where an element needs its row or column, a block per row
- * (ROWS_AND_COLUMNS, no 64-bit division per element); row kernels (layer
- * norm, RMSNorm, cross-entropy) give a row to a block, also in a grid-stride
- * loop over rows; column sums (bias and norm-weight gradients) cut the rows
- * into chunks and sum each chunk's columns, then the chunks, in a fixed order
- * (column_sums.h); AdamW takes a launch per 48 tensors. No kernel here
- * uses atomics (embedding_backward sorts the positions by token and adds a
- * token's rows in order): every operation repeats bit for bit from run to
+ * (ROWS_AND_COLUMNS, no 64-bit division per element); row kernels give a
+ * row to a warp (the norms: ROWS_OF_WARP) or, for rows of thousands of
+ * columns, to a block (cross-entropy's), also in grid-stride loops over
+ * rows; column sums (bias and norm-weight gradients) cut the rows into
+ * chunks and sum each chunk's columns, then the chunks, in a fixed order
+ * (column_sums.h, one launch); AdamW takes a launch per 48 tensors. No
+ * kernel here adds values by atomics (the column sums count arrivals with
+ * one; embedding_backward sorts the positions by token and adds a token's
+ * rows in order): every operation repeats bit for bit from run to
  * run, but cuDNN's default attention backward, whose dQ sums in a varying
  * order (TP_CUDA_DETERMINISTIC=1 takes its deterministic graph:
  * attention_cudnn.h). */

@@ -124,6 +124,17 @@ static inline unsigned blocks_for(int64_t work, int64_t per_block)
  * emulated, dozens of instructions an element, about what the memory
  * traffic of a simple element-wise kernel costs. */
 #define ROWS_AND_COLUMNS(row, column, rows, columns) ROWS_OF_BLOCK(row, rows) COLUMNS_OF_THREAD(column, columns)
+/* A warp per row (blocks of THREADS, WARP_ROWS rows each: blocks_for(rows,
+ * WARP_ROWS)), its lanes over the columns, its sums by shuffles (warp_sum):
+ * the norms' rows, short (hundreds to thousands of columns), whose block
+ * per row spent its time in the block's barriers and left each thread 3
+ * elements (C = 768 on 256 threads). No barrier: the warps of a block go
+ * their own ways. */
+#define WARP_ROWS (THREADS / 32)
+#define ROWS_OF_WARP(row, rows)                                                                                        \
+    for (int64_t row = (int64_t)blockIdx.x * WARP_ROWS + (threadIdx.x >> 5); row < (rows);                             \
+         row += (int64_t)gridDim.x * WARP_ROWS)
+#define COLUMNS_OF_LANE(c, count) for (int64_t c = threadIdx.x & 31; c < (count); c += 32)
 
 /* ========================================================== block reductions
  * The value of every thread of the block combined, returned to every thread
@@ -138,11 +149,24 @@ struct Max {
     __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
+/* The value of every lane of the warp combined, returned to every lane
+ * (bitwise the same in each, as below). Every lane must call it. */
+template <typename T, typename Op> __device__ T warp_reduce(T value, Op op)
+{
+    for (int offset = 16; offset > 0; offset >>= 1) value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
+    return value;
+}
+
+static __device__ inline float warp_sum(float value)
+{
+    return warp_reduce(value, Sum());
+}
+
 template <typename T, typename Op> __device__ T block_reduce(T value, Op op)
 {
     __shared__ T partial[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-    for (int offset = 16; offset > 0; offset >>= 1) value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
+    value = warp_reduce(value, op);
     __syncthreads(); /* every thread has read the partials of an earlier call */
     if (lane == 0) partial[warp] = value;
     __syncthreads();

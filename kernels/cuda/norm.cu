@@ -1,7 +1,7 @@
 /* norm.cu: layer norm, GELU, RMSNorm and SwiGLU on the GPU, the twins of
  * cpu/norm.c (tests/kernels/test_cuda_backend.c). Row kernels give a row to a
- * block (block_sum); the weight and bias gradients are column sums in a fixed
- * order (column_sums.h). Each forward kernel is a template on its output,
+ * warp (ROWS_OF_WARP, warp_sum: launch.h); the weight and bias gradients are
+ * column sums in a fixed order (column_sums.h). Each forward kernel is a template on its output,
  * float or uint16_t: the *_forward_bf16 operations (kernels.h, bf16
  * activations) are the same kernel storing the bits of rounding each fp32
  * value it computes (store_value, launch.h), so that their bits are those of
@@ -42,12 +42,12 @@ struct residual_terms {
     const float *x, *partial, *bias;
 };
 
-/* Row n of the norm's input, made first when r has a sum: each thread
- * writes its columns of the sum and adds them (or their squares, Squares)
- * to the partial it returns, the first pass of the norm's statistics in
- * the CPU's order. The thread reads those columns again afterwards (its own
- * writes: no barrier needed); sum may be x or partial, each element read
- * before it is written by the same thread. */
+/* Row n of the norm's input, made first when r has a sum: each lane of the
+ * row's warp writes its columns of the sum and adds them (or their squares,
+ * Squares) to the partial it returns, the first pass of the norm's
+ * statistics in the CPU's order. The lane reads those columns again
+ * afterwards (its own writes: no barrier needed); sum may be x or partial,
+ * each element read before it is written by the same lane. */
 template <bool Squares>
 static __device__ const float *norm_input_row(const residual_terms &r, const float *in, int64_t n, int64_t C,
                                               float *partial_sum)
@@ -55,13 +55,13 @@ static __device__ const float *norm_input_row(const residual_terms &r, const flo
     float s = 0;
     if (!r.sum) {
         const float *x = in + n * C;
-        COLUMNS_OF_THREAD(c, C) s += Squares ? x[c] * x[c] : x[c];
+        COLUMNS_OF_LANE(c, C) s += Squares ? x[c] * x[c] : x[c];
         *partial_sum = s;
         return x;
     }
     float *row = r.sum + n * C;
     const float *a = r.x + n * C, *p = r.partial + n * C;
-    COLUMNS_OF_THREAD(c, C) {
+    COLUMNS_OF_LANE(c, C) {
         float v = r.bias ? a[c] + (p[c] + r.bias[c]) : a[c] + p[c];
         row[c] = v;
         s += Squares ? v * v : v;
@@ -72,7 +72,7 @@ static __device__ const float *norm_input_row(const residual_terms &r, const flo
 
 /* ============================================================== layer norm */
 
-/* A block per row, in the CPU's order of operations: mean, then the variance
+/* A warp per row, in the CPU's order of operations: mean, then the variance
  * about it (two passes), rstd = 1 / sqrt(var + eps). Out: float or
  * uint16_t (bf16 bits). */
 template <typename Out>
@@ -80,42 +80,42 @@ static __global__ void layernorm_forward_kernel(Out *out, float *mean, float *rs
                                                 const float *weight, const float *bias, int64_t N, int64_t C,
                                                 residual_terms residual)
 {
-    ROWS_OF_BLOCK(n, N) {
+    ROWS_OF_WARP(n, N) {
         float s;
         const float *x = norm_input_row<false>(residual, in, n, C, &s);
         Out *y = out + n * C;
-        float m = block_sum(s) / (float)C;
+        float m = warp_sum(s) / (float)C;
         float q = 0;
-        COLUMNS_OF_THREAD(c, C) q += (x[c] - m) * (x[c] - m);
-        float var = block_sum(q) / (float)C;
+        COLUMNS_OF_LANE(c, C) q += (x[c] - m) * (x[c] - m);
+        float var = warp_sum(q) / (float)C;
         float r = 1.0f / sqrtf(var + LAYERNORM_EPS);
-        COLUMNS_OF_THREAD(c, C) store_value(&y[c], (x[c] - m) * r * weight[c] + bias[c]);
-        if (threadIdx.x == 0) {
+        COLUMNS_OF_LANE(c, C) store_value(&y[c], (x[c] - m) * r * weight[c] + bias[c]);
+        if ((threadIdx.x & 31) == 0) {
             mean[n] = m;
             rstd[n] = r;
         }
     }
 }
 
-/* d_in's rows (a block per row), accumulated as norm.c does:
+/* d_in's rows (a warp per row), accumulated as norm.c does:
  * dx += (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) rstd, dxhat = dy w. */
 static __global__ void layernorm_backward_rows_kernel(float *d_in, const float *d_out, const float *in,
                                                       const float *weight, const float *mean, const float *rstd,
                                                       int64_t N, int64_t C)
 {
-    ROWS_OF_BLOCK(n, N) {
+    ROWS_OF_WARP(n, N) {
         const float *x = in + n * C, *dy = d_out + n * C;
         float *dx = d_in + n * C;
         float m = mean[n], s = rstd[n];
         float a = 0, b = 0;
-        COLUMNS_OF_THREAD(c, C) {
+        COLUMNS_OF_LANE(c, C) {
             float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
             a += dxhat;
             b += dxhat * xhat;
         }
-        float mean_dxhat = block_sum(a) / (float)C;
-        float mean_dxhat_xhat = block_sum(b) / (float)C;
-        COLUMNS_OF_THREAD(c, C) {
+        float mean_dxhat = warp_sum(a) / (float)C;
+        float mean_dxhat_xhat = warp_sum(b) / (float)C;
+        COLUMNS_OF_LANE(c, C) {
             float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
             dx[c] += (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
         }
@@ -141,8 +141,8 @@ static int layernorm_forward_as(Out *out, float *mean, float *rstd, const float 
 {
     ENTER();
     if (N <= 0) return TP_OK;
-    layernorm_forward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, mean, rstd, in, weight, bias, N,
-                                                                                  C, r);
+    layernorm_forward_kernel<<<blocks_for(N, WARP_ROWS), THREADS, 0, cuda_state.stream>>>(out, mean, rstd, in, weight,
+                                                                                          bias, N, C, r);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -182,8 +182,8 @@ int cuda_layernorm_backward(float *d_in, float *d_weight, float *d_bias, const f
 {
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
-    layernorm_backward_rows_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(d_in, d_out, in, weight, mean,
-                                                                                    rstd, N, C);
+    layernorm_backward_rows_kernel<<<blocks_for(N, WARP_ROWS), THREADS, 0, cuda_state.stream>>>(d_in, d_out, in, weight,
+                                                                                            mean, rstd, N, C);
     LAUNCH_CHECK();
     return column_sums<2>(d_weight, d_bias, layernorm_weight_bias_terms{d_out, in, mean, rstd, C}, N, C);
 fail:
@@ -270,7 +270,7 @@ int cuda_gelu_backward_of_sums(uint16_t *d_in, const uint16_t *in, const float *
 }
 
 /* ================================================================ RMSNorm
- * As norm.c: a block per row for the forward and for d_in, rstd =
+ * As norm.c: a warp per row for the forward and for d_in, rstd =
  * 1 / sqrt(mean(x^2) + eps), y = x rstd w; d_weight by column sums in a
  * fixed order (column_sums.h; no atomics). */
 
@@ -278,13 +278,13 @@ template <typename Out>
 static __global__ void rmsnorm_forward_kernel(Out *out, float *rstd, const float *in, const float *weight, int64_t N,
                                               int64_t C, float eps, residual_terms residual)
 {
-    ROWS_OF_BLOCK(n, N) {
+    ROWS_OF_WARP(n, N) {
         float q;
         const float *x = norm_input_row<true>(residual, in, n, C, &q);
         Out *y = out + n * C;
-        float r = 1.0f / sqrtf(block_sum(q) / (float)C + eps);
-        COLUMNS_OF_THREAD(c, C) store_value(&y[c], x[c] * r * weight[c]);
-        if (threadIdx.x == 0) rstd[n] = r;
+        float r = 1.0f / sqrtf(warp_sum(q) / (float)C + eps);
+        COLUMNS_OF_LANE(c, C) store_value(&y[c], x[c] * r * weight[c]);
+        if ((threadIdx.x & 31) == 0) rstd[n] = r;
     }
 }
 
@@ -292,13 +292,13 @@ static __global__ void rmsnorm_forward_kernel(Out *out, float *rstd, const float
 static __global__ void rmsnorm_backward_rows_kernel(float *d_in, const float *d_out, const float *in,
                                                     const float *weight, const float *rstd, int64_t N, int64_t C)
 {
-    ROWS_OF_BLOCK(n, N) {
+    ROWS_OF_WARP(n, N) {
         const float *x = in + n * C, *dy = d_out + n * C;
         float *dx = d_in + n * C;
         float s = rstd[n], b = 0;
-        COLUMNS_OF_THREAD(c, C) b += dy[c] * weight[c] * (x[c] * s);
-        float mean_dxhat_xhat = block_sum(b) / (float)C;
-        COLUMNS_OF_THREAD(c, C) {
+        COLUMNS_OF_LANE(c, C) b += dy[c] * weight[c] * (x[c] * s);
+        float mean_dxhat_xhat = warp_sum(b) / (float)C;
+        COLUMNS_OF_LANE(c, C) {
             float xhat = x[c] * s, dxhat = dy[c] * weight[c];
             dx[c] += (dxhat - xhat * mean_dxhat_xhat) * s;
         }
@@ -318,8 +318,8 @@ static int rmsnorm_forward_as(Out *out, float *rstd, const float *in, const floa
 {
     ENTER();
     if (N <= 0) return TP_OK;
-    rmsnorm_forward_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(out, rstd, in, weight, N, C, eps,
-                                                                                r);
+    rmsnorm_forward_kernel<<<blocks_for(N, WARP_ROWS), THREADS, 0, cuda_state.stream>>>(out, rstd, in, weight, N, C,
+                                                                                        eps, r);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -358,8 +358,8 @@ int cuda_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, cons
 {
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
-    rmsnorm_backward_rows_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(d_in, d_out, in, weight, rstd, N,
-                                                                                  C);
+    rmsnorm_backward_rows_kernel<<<blocks_for(N, WARP_ROWS), THREADS, 0, cuda_state.stream>>>(d_in, d_out, in, weight,
+                                                                                          rstd, N, C);
     LAUNCH_CHECK();
     return column_sums<1>(d_weight, NULL, rmsnorm_weight_terms{d_out, in, rstd, C}, N, C);
 fail:
