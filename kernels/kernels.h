@@ -363,9 +363,21 @@ void crossentropy_target_logit(float *target, const float *logits, const int *ta
 /* d_logits[N,V] = scale * (softmax - onehot(target)); zero in padding columns. */
 void crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
                            const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
+/* bf16 mixed precision: the logits as bf16 bits (the classifier's product
+ * written as a bf16 activation, matmul_forward_bf16_bits, as autocast
+ * writes it), each widened (exact) where the fp32 operations read a logit:
+ * the same results as those operations on the widened logits. The
+ * cross-entropy itself stays fp32 (maxima, exponentials, sums). Half the
+ * bytes of the step's largest array, [N, vocabulary], written once and read
+ * twice. */
+void crossentropy_row_stats_bf16(float *row_max, float *sum, const uint16_t *logits, int64_t N, int64_t V,
+                                 int64_t first, int64_t vocab);
+void crossentropy_target_logit_bf16(float *target, const uint16_t *logits, const int *targets, int64_t N, int64_t V,
+                                    int64_t first);
 
 /* The classifier's backward in bf16 mixed precision, in one operation:
- * crossentropy_backward's d_logits [N,V] into scratch (N x V floats), then
+ * crossentropy_backward's d_logits [N,V] of the bf16 logits (bits, as
+ * crossentropy_row_stats_bf16 reads them) into scratch (N x V floats), then
  * matmul_backward_bf16 of their bf16 values without a bias: d_in[N,C] =
  * d_logits @ weight[V,C] (overwritten, fp32: the final norm's gradient),
  * d_weight[V,C] += d_logits^T @ in[N,C] (in: bf16 bits, the final norm's
@@ -375,9 +387,10 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
  * an fp32 copy that the product then reads to round: the largest array of
  * a step, [N, vocabulary]. What scratch holds afterwards is the backend's
  * (fp32 d_logits on the CPU, their bf16 bits in its first half on a GPU). */
-int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max,
-                             const float *sum, const int *targets, const uint16_t *in, const uint16_t *weight,
-                             int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab, float scale);
+int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const uint16_t *logits,
+                             const float *row_max, const float *sum, const int *targets, const uint16_t *in,
+                             const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,
+                             float scale);
 
 /* One AdamW step exactly as torch.optim.AdamW computes it (decoupled decay
  * first, then the bias-corrected Adam update). step counts from 1. */
@@ -569,8 +582,14 @@ void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_
       (float *d_logits, const float *logits, const float *row_max, const float *sum, const int *targets, int64_t N,    \
        int64_t V, int64_t first, int64_t vocab, float scale),                                                          \
       (d_logits, logits, row_max, sum, targets, N, V, first, vocab, scale))                                            \
+    X(crossentropy_row_stats_bf16,                                                                                     \
+      (float *row_max, float *sum, const uint16_t *logits, int64_t N, int64_t V, int64_t first, int64_t vocab),        \
+      (row_max, sum, logits, N, V, first, vocab))                                                                      \
+    X(crossentropy_target_logit_bf16,                                                                                  \
+      (float *target, const uint16_t *logits, const int *targets, int64_t N, int64_t V, int64_t first),                \
+      (target, logits, targets, N, V, first))                                                                          \
     X(classifier_backward_bf16,                                                                                        \
-      (float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max, const float *sum,      \
+      (float *d_in, float *d_weight, float *scratch, const uint16_t *logits, const float *row_max, const float *sum,   \
        const int *targets, const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first, \
        int64_t vocab, float scale),                                                                                    \
       (d_in, d_weight, scratch, logits, row_max, sum, targets, in, weight, N, C, V, first, vocab, scale))              \

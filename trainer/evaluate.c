@@ -192,7 +192,8 @@ int generate_run(const generate_options *o, FILE *out)
         status = gpt_model_forward(m, s, 0);
         if (status) break;
         double u = (double)(splitmix64(o->seed ^ splitmix64((uint64_t)k)) >> 11) * 0x1.0p-53;
-        int token = sample_token(s->head->logits + (len - 1) * V, m->config.vocab, o->temperature, u);
+        const float *logits = s->head->logits; /* fp32: inference_model's models are */
+        int token = sample_token(logits + (len - 1) * V, m->config.vocab, o->temperature, u);
         write_token(out, token);
         if (len == T) {
             memmove(context, context + 1, (size_t)(T - 1) * sizeof *context);

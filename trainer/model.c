@@ -1012,16 +1012,30 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
     TP_TRY(norm_forward(m, h->lnf, h->lnf_mean, h->lnf_rstd, x, m->params[m->lnf_w].data,
                         m->lnf_b < 0 ? NULL : m->params[m->lnf_b].data));
     TP_TRY(full_rows(m, h->lnf, &in));
-    TP_TRY(linear_forward(m, h->logits, in, &m->params[m->wte_out], NULL, N, D, V));
+    /* In bf16 the logits are a bf16 activation (autocast's), their bits in
+     * the first half of h->logits: half the bytes of the step's largest
+     * array; the cross-entropy widens each (kernels.h). */
+    uint16_t *logit_bits = m->bf16 ? (uint16_t *)h->logits : NULL;
+    if (logit_bits)
+        TP_TRY(k->matmul_forward_bf16_bits(logit_bits, in, weight_of(m, &m->params[m->wte_out]), NULL, N, D, V));
+    else
+        TP_TRY(linear_forward(m, h->logits, in, &m->params[m->wte_out], NULL, N, D, V));
     /* One pass over the logits: this rank's maxima and its sums relative to
      * them; then the maxima over ranks, each rank's sums made relative to
      * them (at tp 1 a multiplication by exp(0) = 1, exact) and added. */
-    TP_TRY(k->crossentropy_row_stats(h->row_max, h->row_sum, h->logits, N, V, m->vocab_first, m->config.vocab));
+    if (logit_bits)
+        TP_TRY(k->crossentropy_row_stats_bf16(h->row_max, h->row_sum, logit_bits, N, V, m->vocab_first,
+                                              m->config.vocab));
+    else
+        TP_TRY(k->crossentropy_row_stats(h->row_max, h->row_sum, h->logits, N, V, m->vocab_first, m->config.vocab));
     TP_TRY(k->copy(h->local_max, h->row_max, (size_t)N * sizeof(float)));
     TP_TRY(comm_all_reduce(m->comm, GROUP_TP, h->row_max, N, COMM_FLOAT, COMM_MAX, m->stream));
     TP_TRY(k->crossentropy_rescale_sum(h->row_sum, h->local_max, h->row_max, N));
     TP_TRY(tp_sum(m, h->row_sum, N));
-    TP_TRY(k->crossentropy_target_logit(h->target_logit, h->logits, s->kernel_targets, N, V, m->vocab_first));
+    if (logit_bits)
+        TP_TRY(k->crossentropy_target_logit_bf16(h->target_logit, logit_bits, s->kernel_targets, N, V, m->vocab_first));
+    else
+        TP_TRY(k->crossentropy_target_logit(h->target_logit, h->logits, s->kernel_targets, N, V, m->vocab_first));
     TP_TRY(tp_sum(m, h->target_logit, N));
     if (!k->on_device) {
         s->loss_sum = gpt_slot_loss(s, N);
@@ -1223,7 +1237,7 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     const gpt_head *h = s->head;
     TP_TRY(full_rows(m, h->lnf, &in));
     if (m->bf16) /* d_logits straight into the products' bf16 operand (kernels.h) */
-        TP_TRY(k->classifier_backward_bf16(d_lnf, wte->grad, d_logits, h->logits, h->row_max, h->row_sum,
+        TP_TRY(k->classifier_backward_bf16(d_lnf, wte->grad, d_logits, (const uint16_t *)h->logits, h->row_max, h->row_sum,
                                            s->kernel_targets, in, weight_of(m, wte), N, D, V, m->vocab_first,
                                            m->config.vocab, loss_scale));
     else {

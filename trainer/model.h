@@ -48,14 +48,16 @@ typedef struct {
 
 /* The buffers of one micro-batch in flight through the head (last stage):
  * the final norm's output [rows, D] and statistics [rows], the logits
- * [B*T, vocab/tp], the cross-entropy's row max, sum and target logit [B*T]
+ * [B*T, vocab/tp] (an activation: fp32, or bf16 bits with bf16, in the
+ * first half of their floats), the cross-entropy's row max, sum and target logit [B*T]
  * each, and their host copies (the same on the CPU), and this rank's own
  * row max [B*T] (before the max over tensor-parallel ranks). Fewer are in
  * flight than slots with the interleaved schedule, so they are a pool of
  * their own. */
 typedef struct {
     void *lnf; /* an activation: fp32, or bf16 bits with bf16 (gpt_model.bf16) */
-    float *lnf_mean, *lnf_rstd, *logits, *row_max, *row_sum, *target_logit, *local_max;
+    void *logits;
+    float *lnf_mean, *lnf_rstd, *row_max, *row_sum, *target_logit, *local_max;
     float *host_row_max, *host_row_sum, *host_target_logit;
 } gpt_head;
 

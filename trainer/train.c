@@ -427,10 +427,19 @@ static int dump_logits(trainer *t)
         if (!status) status = ckpt_writer_add_tensor(w, &d, &id);
         const float *logits = m->is_last ? m->slots[t->head_slot].head->logits : NULL; /* the head's, last stage */
         float *host = NULL;
-        if (!status && m->is_last && m->kernels->on_device) {
+        /* On a device, or in bf16 (the logits' bits, widened: the values the cross-entropy read), a host copy. */
+        if (!status && m->is_last && (m->kernels->on_device || m->bf16)) {
             size_t count = (size_t)(N * m->vocab_local);
             host = malloc(count * sizeof(float));
-            status = host ? gpt_model_to_host(m, host, logits, (int64_t)count) : tp_fail(TP_ERR_NOMEM, "out of memory");
+            if (!host) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+            else if (!m->bf16) status = gpt_model_to_host(m, host, logits, (int64_t)count);
+            else {
+                uint16_t *bits = malloc(count * sizeof(uint16_t));
+                status = bits ? m->kernels->to_host(bits, logits, count * sizeof(uint16_t))
+                              : tp_fail(TP_ERR_NOMEM, "out of memory");
+                if (!status) convert_to_f32(bits, TP_BF16, host, (int64_t)count);
+                free(bits);
+            }
             logits = host;
         }
         if (!status && m->is_last) status = ckpt_writer_put_piece(w, id, c->tp_rank, logits);

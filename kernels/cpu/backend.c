@@ -155,6 +155,12 @@ CPU_OP(crossentropy_backward,
        (float *d_logits, const float *logits, const float *row_max, const float *sum, const int *targets, int64_t N,
         int64_t V, int64_t first, int64_t vocab, float scale),
        (d_logits, logits, row_max, sum, targets, N, V, first, vocab, scale))
+CPU_OP(crossentropy_row_stats_bf16,
+       (float *row_max, float *sum, const uint16_t *logits, int64_t N, int64_t V, int64_t first, int64_t vocab),
+       (row_max, sum, logits, N, V, first, vocab))
+CPU_OP(crossentropy_target_logit_bf16,
+       (float *target, const uint16_t *logits, const int *targets, int64_t N, int64_t V, int64_t first),
+       (target, logits, targets, N, V, first))
 CPU_OP(adamw_update_tensors,
        (const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps, int64_t step),
        (tensors, count, lr, beta1, beta2, eps, step))
@@ -234,6 +240,8 @@ static const kernel_backend cpu_backend = {
     .crossentropy_rescale_sum = cpu_crossentropy_rescale_sum,
     .crossentropy_target_logit = cpu_crossentropy_target_logit,
     .crossentropy_backward = cpu_crossentropy_backward,
+    .crossentropy_row_stats_bf16 = cpu_crossentropy_row_stats_bf16,
+    .crossentropy_target_logit_bf16 = cpu_crossentropy_target_logit_bf16,
     .classifier_backward_bf16 = classifier_backward_bf16, /* in the table's form: it can fail */
     .adamw_update_tensors = cpu_adamw_update_tensors,
     .sum_of_squares = cpu_sum_of_squares,

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../convert_bits.h"
 #include "../kernels.h"
 #include "bf16_products.h"
 #include "workers.h"
@@ -11,10 +12,21 @@
 typedef struct {
     float *out, *sum_out;
     const float *in, *row_max, *sum;
+    const uint16_t *in_bits; /* the cross-entropy's logits as bf16 bits, in place of in */
     const int *tokens;
     int64_t C, first, rows, valid;
     float scale;
 } vocab_job;
+
+/* Logit i of a cross-entropy job: fp32, or the bf16 bits widened (exact). */
+static inline float logit_of(const vocab_job *j, int64_t i)
+{
+    if (!j->in_bits) return j->in[i];
+    uint32_t bits = bits_bf16_to_f32(j->in_bits[i]);
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
 
 static void embedding_rows(void *ctx, int64_t n0, int64_t n1)
 {
@@ -70,19 +82,24 @@ static int64_t valid_columns(int64_t V, int64_t first, int64_t vocab)
 static void row_stats_rows(void *ctx, int64_t n0, int64_t n1)
 {
     const vocab_job *j = ctx;
+    float widened[STATS_CHUNK]; /* a chunk of bf16 logits widened */
     for (int64_t n = n0; n < n1; n++) {
-        const float *x = j->in + n * j->C;
         float max = -INFINITY, s = 0;
         for (int64_t v0 = 0; v0 < j->valid; v0 += STATS_CHUNK) {
-            int64_t v1 = v0 + STATS_CHUNK < j->valid ? v0 + STATS_CHUNK : j->valid;
+            int64_t width = v0 + STATS_CHUNK < j->valid ? STATS_CHUNK : j->valid - v0;
+            const float *x = widened; /* the chunk's logits, x[0..width) */
+            if (j->in_bits)
+                for (int64_t i = 0; i < width; i++) widened[i] = logit_of(j, n * j->C + v0 + i);
+            else
+                x = j->in + n * j->C + v0;
             float chunk_max = -INFINITY, chunk_sum = 0;
-            for (int64_t v = v0; v < v1; v++) chunk_max = x[v] > chunk_max ? x[v] : chunk_max;
+            for (int64_t i = 0; i < width; i++) chunk_max = x[i] > chunk_max ? x[i] : chunk_max;
             if (chunk_max == -INFINITY) { /* nothing to add (-inf - -inf would be NaN), but a NaN makes the sum NaN */
-                for (int64_t v = v0; v < v1; v++)
-                    if (isnan(x[v])) s = NAN;
+                for (int64_t i = 0; i < width; i++)
+                    if (isnan(x[i])) s = NAN;
                 continue;
             }
-            for (int64_t v = v0; v < v1; v++) chunk_sum += expf(x[v] - chunk_max);
+            for (int64_t i = 0; i < width; i++) chunk_sum += expf(x[i] - chunk_max);
             if (chunk_max > max) {
                 s = s * expf(max - chunk_max) + chunk_sum;
                 max = chunk_max;
@@ -101,19 +118,41 @@ void crossentropy_row_stats(float *row_max, float *sum, const float *logits, int
     workers_for(N, 8 * V, row_stats_rows, &job); /* an expf costs several elements' work */
 }
 
+void crossentropy_row_stats_bf16(float *row_max, float *sum, const uint16_t *logits, int64_t N, int64_t V,
+                                 int64_t first, int64_t vocab)
+{
+    vocab_job job = {.out = row_max, .sum_out = sum, .in_bits = logits, .C = V,
+                     .valid = valid_columns(V, first, vocab)};
+    workers_for(N, 8 * V, row_stats_rows, &job);
+}
+
 void crossentropy_rescale_sum(float *sum, const float *local_max, const float *global_max, int64_t N)
 {
     for (int64_t n = 0; n < N; n++)
         if (local_max[n] != -INFINITY) sum[n] *= expf(local_max[n] - global_max[n]);
 }
 
-void crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
-                               int64_t first)
+static void target_logit_of(float *target, const vocab_job *j, const int *targets, int64_t N, int64_t V,
+                            int64_t first)
 {
     for (int64_t n = 0; n < N; n++) {
         int64_t column = (int64_t)targets[n] - first;
-        target[n] = column >= 0 && column < V ? logits[n * V + column] : 0.0f;
+        target[n] = column >= 0 && column < V ? logit_of(j, n * V + column) : 0.0f;
     }
+}
+
+void crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
+                               int64_t first)
+{
+    vocab_job job = {.in = logits};
+    target_logit_of(target, &job, targets, N, V, first);
+}
+
+void crossentropy_target_logit_bf16(float *target, const uint16_t *logits, const int *targets, int64_t N, int64_t V,
+                                    int64_t first)
+{
+    vocab_job job = {.in_bits = logits};
+    target_logit_of(target, &job, targets, N, V, first);
 }
 
 static void crossentropy_backward_rows(void *ctx, int64_t n0, int64_t n1)
@@ -122,7 +161,7 @@ static void crossentropy_backward_rows(void *ctx, int64_t n0, int64_t n1)
     int64_t V = j->C;
     for (int64_t n = n0; n < n1; n++) {
         float *d = j->out + n * V;
-        for (int64_t v = 0; v < j->valid; v++) d[v] = j->scale * expf(j->in[n * V + v] - j->row_max[n]) / j->sum[n];
+        for (int64_t v = 0; v < j->valid; v++) d[v] = j->scale * expf(logit_of(j, n * V + v) - j->row_max[n]) / j->sum[n];
         for (int64_t v = j->valid; v < V; v++) d[v] = 0;
         int64_t column = (int64_t)j->tokens[n] - j->first;
         if (column >= 0 && column < j->valid) d[column] -= j->scale;
@@ -137,10 +176,13 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
     workers_for(N, 8 * V, crossentropy_backward_rows, &job);
 }
 
-int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits, const float *row_max,
-                             const float *sum, const int *targets, const uint16_t *in, const uint16_t *weight,
-                             int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab, float scale)
+int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const uint16_t *logits,
+                             const float *row_max, const float *sum, const int *targets, const uint16_t *in,
+                             const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,
+                             float scale)
 {
-    crossentropy_backward(scratch, logits, row_max, sum, targets, N, V, first, vocab, scale);
+    vocab_job job = {.out = scratch, .in_bits = logits, .row_max = row_max, .sum = sum, .tokens = targets, .C = V,
+                     .first = first, .valid = valid_columns(V, first, vocab), .scale = scale};
+    workers_for(N, 8 * V, crossentropy_backward_rows, &job);
     return bf16_product_backward(d_in, d_weight, NULL, bf16_of_values(scratch), in, weight, N, C, V);
 }

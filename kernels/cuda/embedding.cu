@@ -140,14 +140,16 @@ static int64_t valid_columns(int64_t V, int64_t first, int64_t vocab)
  * columns, as the CPU; a NaN logit makes the sum NaN, as two passes did.
  * One expf an element whichever way it goes (exp(-|x - m|) is exp(m - x)
  * for a new maximum, else exp(x - m)): with a branch per case, the lanes of
- * a warp disagree on a third or more of the elements and issue both. */
-static __global__ void row_stats_kernel(float *row_max, float *sum, const float *logits, int64_t N, int64_t V,
+ * a warp disagree on a third or more of the elements and issue both. In:
+ * float, or uint16_t for bf16 logits (load_value: widened, exact). */
+template <typename In>
+static __global__ void row_stats_kernel(float *row_max, float *sum, const In *logits, int64_t N, int64_t V,
                                         int64_t valid)
 {
     ROWS_OF_BLOCK(n, N) {
         float m = -INFINITY, s = 0;
         COLUMNS_OF_THREAD(v, valid) {
-            float x = logits[n * V + v];
+            float x = load_value(&logits[n * V + v]);
             float e = expf(-fabsf(x - m)); /* 0 while m is -inf; NaN for a NaN x */
             int grows = x > m;
             s = grows ? s * e + 1.0f : x == -INFINITY ? s : s + e; /* -inf adds nothing (-inf - -inf is NaN) */
@@ -169,20 +171,22 @@ static __global__ void rescale_sum_kernel(float *sum, const float *local_max, co
 
 /* The target's logit when its column is held here (any of the V columns, as
  * the CPU: targets are real tokens, never padding), else 0. */
-static __global__ void target_logit_kernel(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
+template <typename In>
+static __global__ void target_logit_kernel(float *target, const In *logits, const int *targets, int64_t N, int64_t V,
                                            int64_t first)
 {
     GRID_STRIDE(n, N) {
         int64_t column = (int64_t)targets[n] - first;
-        target[n] = column >= 0 && column < V ? logits[n * V + column] : 0.0f;
+        target[n] = column >= 0 && column < V ? load_value(&logits[n * V + column]) : 0.0f;
     }
 }
 
 /* d = scale softmax - scale at the target's column; zero in padding columns.
  * Out: float, or uint16_t for d_logits as bf16 bits rounded as the products
- * round their operands (classifier_backward_bf16; store_value, launch.h). */
-template <typename Out>
-static __global__ void crossentropy_backward_kernel(Out *d_logits, const float *logits, const float *row_max,
+ * round their operands (classifier_backward_bf16; store_value, launch.h);
+ * In: float, or uint16_t for bf16 logits. */
+template <typename Out, typename In>
+static __global__ void crossentropy_backward_kernel(Out *d_logits, const In *logits, const float *row_max,
                                                     const float *sum, const int *targets, int64_t N, int64_t V,
                                                     int64_t first, int64_t valid, float scale)
 {
@@ -193,7 +197,7 @@ static __global__ void crossentropy_backward_kernel(Out *d_logits, const float *
             int64_t i = n * V + v;
             float d = 0.0f;
             if (v < valid) {
-                d = scale * expf(logits[i] - max) / total;
+                d = scale * expf(load_value(&logits[i]) - max) / total;
                 if (v == target) d -= scale;
             }
             store_value(&d_logits[i], d);
@@ -201,8 +205,9 @@ static __global__ void crossentropy_backward_kernel(Out *d_logits, const float *
     }
 }
 
-int cuda_crossentropy_row_stats(float *row_max, float *sum, const float *logits, int64_t N, int64_t V, int64_t first,
-                                int64_t vocab)
+template <typename In>
+static int row_stats_as(float *row_max, float *sum, const In *logits, int64_t N, int64_t V, int64_t first,
+                        int64_t vocab)
 {
     int64_t valid = valid_columns(V, first, vocab);
     ENTER();
@@ -212,6 +217,18 @@ int cuda_crossentropy_row_stats(float *row_max, float *sum, const float *logits,
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
+}
+
+int cuda_crossentropy_row_stats(float *row_max, float *sum, const float *logits, int64_t N, int64_t V, int64_t first,
+                                int64_t vocab)
+{
+    return row_stats_as(row_max, sum, logits, N, V, first, vocab);
+}
+
+int cuda_crossentropy_row_stats_bf16(float *row_max, float *sum, const uint16_t *logits, int64_t N, int64_t V,
+                                     int64_t first, int64_t vocab)
+{
+    return row_stats_as(row_max, sum, logits, N, V, first, vocab);
 }
 
 int cuda_crossentropy_rescale_sum(float *sum, const float *local_max, const float *global_max, int64_t N)
@@ -225,8 +242,8 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-int cuda_crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N,
-                                   int64_t V, int64_t first)
+template <typename In>
+static int target_logit_as(float *target, const In *logits, const int *targets, int64_t N, int64_t V, int64_t first)
 {
     ENTER();
     if (N <= 0) return TP_OK;
@@ -237,6 +254,18 @@ fail:
     return TP_ERR_DEVICE;
 }
 
+int cuda_crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N,
+                                   int64_t V, int64_t first)
+{
+    return target_logit_as(target, logits, targets, N, V, first);
+}
+
+int cuda_crossentropy_target_logit_bf16(float *target, const uint16_t *logits, const int *targets, int64_t N,
+                                        int64_t V, int64_t first)
+{
+    return target_logit_as(target, logits, targets, N, V, first);
+}
+
 int cuda_crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
                                const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab,
                                float scale)
@@ -244,7 +273,7 @@ int cuda_crossentropy_backward(float *d_logits, const float *logits, const float
     int64_t valid = valid_columns(V, first, vocab);
     ENTER();
     if (N <= 0 || V <= 0) return TP_OK;
-    crossentropy_backward_kernel<float><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
+    crossentropy_backward_kernel<float, float><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
         d_logits, logits, row_max, sum, targets, N, V, first, valid, scale);
     LAUNCH_CHECK();
     return TP_OK;
@@ -258,7 +287,7 @@ fail:
  * in (the final norm's bf16 bits) and the weight (the table's bf16 copy,
  * weight[V,C] bits): no fp32 d_logits written, read back and rounded. The
  * same bits as rounding crossentropy_backward's values. */
-int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
+int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const uint16_t *logits,
                                   const float *row_max, const float *sum, const int *targets, const uint16_t *in,
                                   const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first,
                                   int64_t vocab, float scale)
@@ -268,7 +297,7 @@ int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, 
     ENTER();
     if (N <= 0) return TP_OK;
     if (V > 0) { /* without columns, the products below still zero d_in, as the CPU's */
-        crossentropy_backward_kernel<uint16_t><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
+        crossentropy_backward_kernel<uint16_t, uint16_t><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
             bits, logits, row_max, sum, targets, N, V, first, valid, scale);
         LAUNCH_CHECK();
     }

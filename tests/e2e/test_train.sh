@@ -62,8 +62,9 @@ check_all "bf16: not fp32's losses (the rounding is there)" \
 
 # --- --kernel-times: where a step's time goes, operation by operation (the
 # steps after the first): the tiny model's calls per step as its shape says
-# (2 layers: 4 products each and the head's in the forward, qkv's written
-# as a bf16 activation, fc's with its GELU in one operation writing both; in
+# (2 layers: 4 products each and the head's in the forward, qkv's and the
+# head's logits written as bf16 activations, the cross-entropy reading the
+# logits' bits, fc's with its GELU in one operation writing both; in
 # the backward the layers' 8, the attention's output projection writing its
 # input's gradient in bf16, the MLP's with GELU's backward in one operation,
 # and the head's in classifier_backward_bf16, the classifier's gradient and
@@ -76,8 +77,10 @@ check_all "bf16: not fp32's losses (the rounding is there)" \
 # (the wrapper computes what the backend computes).
 expect_ok "--kernel-times, bf16" "$BIN/tp-train" --model tiny --micro-batch 2 --steps 4 --dtype bf16 --kernel-times \
     --log "$WORK/kt.jsonl"
-check "the table: the bf16 products, 9 calls a step forward (2 into bf16, 2 with GELU), 8 (2 into bf16, 2 with GELU), the classifier's" sh -c \
-    'grep -Eq "^  matmul_forward_bf16 +5\.0 " "$1" && grep -Eq "^  matmul_forward_bf16_bits +2\.0 " "$1" &&
+check "the table: the bf16 products, 9 calls a step forward (3 into bf16, 2 with GELU), 8 (2 into bf16, 2 with GELU), the classifier's" sh -c \
+    'grep -Eq "^  matmul_forward_bf16 +4\.0 " "$1" && grep -Eq "^  matmul_forward_bf16_bits +3\.0 " "$1" &&
+     grep -Eq "^  crossentropy_row_stats_bf16 +1\.0 " "$1" && grep -Eq "^  crossentropy_target_logit_bf16 +1\.0 " "$1" &&
+     ! grep -Eq "^  crossentropy_(row_stats|target_logit) " "$1" &&
      grep -Eq "^  matmul_forward_gelu_bf16 +2\.0 " "$1" &&
      grep -Eq "^  layernorm_forward_bf16 +3\.0 " "$1" && grep -Eq "^  residual_layernorm_forward_bf16 +2\.0 " "$1" &&
      ! grep -Eq "^  gelu_(forward|backward)" "$1" && ! grep -Eq "^  (residual_layernorm|layernorm)_forward " "$1" &&

@@ -2944,9 +2944,72 @@ Test(cuda_backend, crossentropy_row_stats_wide_rows)
     free(logits);
 }
 
+/* The bf16 logits' row statistics and target logits (bits, as the
+ * classifier's bf16 product writes them): the fp32 operations' results on
+ * the widened logits, to the bit, on the GPU (the same kernels, each logit
+ * widened exactly) and on the CPU; the GPU's against the CPU's as the fp32
+ * test above (max and target exact, sum 1e-5). Rows of a vocabulary of
+ * 3,000 (threads' running maxima rescaled), one a NaN. */
+Test(cuda_backend, crossentropy_of_bf16_logits)
+{
+    NEED_GPU();
+    const kernel_backend *k = gpu();
+    int64_t N = 7, V = 3000, first = 0, vocab = 2990;
+    int targets[7] = {0, 5, 2999, 2989, 1500, 17, 2990}; /* the last two: a padding column, then held */
+    float *values = floats_random(N * V, 8.0f);
+    values[3 * V + 11] = NAN;
+    uint16_t *bits = floats_bf16_bits(values, N * V);
+    float *wide = floats_of_bf16_bits(bits, N * V);
+    float *row_max = malloc((size_t)N * sizeof(float)), *sum = malloc((size_t)N * sizeof(float));
+    float *target = malloc((size_t)N * sizeof(float)), *want_max = malloc((size_t)N * sizeof(float));
+    float *want_sum = malloc((size_t)N * sizeof(float)), *want_target = malloc((size_t)N * sizeof(float));
+    cr_assert(row_max && sum && target && want_max && want_sum && want_target);
+    crossentropy_row_stats(want_max, want_sum, wide, N, V, first, vocab);
+    crossentropy_target_logit(want_target, wide, targets, N, V, first);
+    crossentropy_row_stats_bf16(row_max, sum, bits, N, V, first, vocab);
+    crossentropy_target_logit_bf16(target, bits, targets, N, V, first);
+    for (int64_t n = 0; n < N; n++) {
+        cr_assert(memcmp(&row_max[n], &want_max[n], sizeof(float)) == 0, "CPU row %lld: max %a, of the widened %a",
+                  (long long)n, row_max[n], want_max[n]);
+        cr_assert(memcmp(&sum[n], &want_sum[n], sizeof(float)) == 0 || (isnan(sum[n]) && isnan(want_sum[n])),
+                  "CPU row %lld: sum %a, of the widened %a", (long long)n, sum[n], want_sum[n]);
+        cr_assert(memcmp(&target[n], &want_target[n], sizeof(float)) == 0, "CPU row %lld: target %a, of the widened %a",
+                  (long long)n, target[n], want_target[n]);
+    }
+    uint16_t *g_bits = upload_bits(k, bits, N * V);
+    int *g_targets = upload(k, targets, N, sizeof(int));
+    float *g_wide = upload_floats(k, wide, N * V), *g_max = upload_floats(k, values, N), *g_sum = upload_floats(k, values, N);
+    float *g_target = upload_floats(k, values, N), *g_wide_max = upload_floats(k, values, N);
+    float *g_wide_sum = upload_floats(k, values, N), *g_wide_target = upload_floats(k, values, N);
+    cr_assert_eq(k->crossentropy_row_stats_bf16(g_max, g_sum, g_bits, N, V, first, vocab), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(k->crossentropy_target_logit_bf16(g_target, g_bits, g_targets, N, V, first), TP_OK, "%s",
+                 tp_errmsg());
+    cr_assert_eq(k->crossentropy_row_stats(g_wide_max, g_wide_sum, g_wide, N, V, first, vocab), TP_OK, "%s",
+                 tp_errmsg());
+    cr_assert_eq(k->crossentropy_target_logit(g_wide_target, g_wide, g_targets, N, V, first), TP_OK, "%s",
+                 tp_errmsg());
+    float *got[3] = {download(k, g_max, N), download(k, g_sum, N), download(k, g_target, N)};
+    float *of_wide[3] = {download(k, g_wide_max, N), download(k, g_wide_sum, N), download(k, g_wide_target, N)};
+    const char *names[3] = {"max", "sum", "target"};
+    for (int i = 0; i < 3; i++)
+        for (int64_t n = 0; n < N; n++)
+            cr_assert(memcmp(&got[i][n], &of_wide[i][n], sizeof(float)) == 0 || (isnan(got[i][n]) && isnan(of_wide[i][n])),
+                      "device row %lld: %s %a from the bits, %a from the widened logits", (long long)n, names[i],
+                      got[i][n], of_wide[i][n]);
+    check_device(k, g_max, want_max, N, 0, 0, "bf16 logits' max");
+    check_device(k, g_sum, want_sum, N, 1e-5, 0, "bf16 logits' sum");
+    check_device(k, g_target, want_target, N, 0, 0, "bf16 logits' target");
+    for (int i = 0; i < 3; i++) free(got[i]), free(of_wide[i]);
+    k->release(g_bits), k->release(g_targets), k->release(g_wide), k->release(g_max), k->release(g_sum);
+    k->release(g_target), k->release(g_wide_max), k->release(g_wide_sum), k->release(g_wide_target);
+    free(values), free(bits), free(wide), free(row_max), free(sum), free(target), free(want_max), free(want_sum);
+    free(want_target);
+}
+
 /* classifier_backward_bf16 in two links, each exact where it can be: the
  * d_logits it leaves in scratch are the bf16 bits of the GPU's own fp32
- * crossentropy_backward (the same kernel, rounded on store: equal to the
+ * crossentropy_backward of the bf16 logits widened (the same kernel, each
+ * logit widened exactly, rounded on store: equal to the
  * bit; the CPU's d_logits differ from the GPU's in the last bits of expf,
  * checked above, so that a rounding could flip between them); its d_in and
  * d_weight are the CPU's bf16 products of those very bits (matmul_backward_bf16
@@ -2962,20 +3025,23 @@ Test(cuda_backend, classifier_backward_bf16)
     int targets[37];
     for (int64_t n = 0; n < N; n++) /* a third on another rank's columns */
         targets[n] = (int)(n % 3 == 0 ? n : first + (n * 7) % (vocab - first));
-    float *logits = floats_random(N * V, 4.0f), *in = floats_random(N * C, 1.0f), *w = floats_random(V * C, 1.0f);
+    float *values = floats_random(N * V, 4.0f), *in = floats_random(N * C, 1.0f), *w = floats_random(V * C, 1.0f);
+    uint16_t *logit_bits = floats_bf16_bits(values, N * V); /* the bf16 logits */
+    float *logits = floats_of_bf16_bits(logit_bits, N * V);   /* and their values */
     float *row_max = malloc((size_t)N * sizeof(float)), *sum = malloc((size_t)N * sizeof(float));
     float *d_weight = floats_random(V * C, 1.0f), *d_in = malloc((size_t)(N * C) * sizeof(float));
     float *garbage = floats_filled(N * V, 7.0f);
     crossentropy_row_stats(row_max, sum, logits, N, V, first, vocab);
     int *g_targets = upload(k, targets, N, sizeof(int));
+    uint16_t *g_logit_bits = upload_bits(k, logit_bits, N * V);
     float *g_logits = upload_floats(k, logits, N * V), *g_max = upload_floats(k, row_max, N);
     uint16_t *in_bits = floats_bf16_bits(in, N * C), *g_in = upload_bits(k, in_bits, N * C);
     uint16_t *w_bits = floats_bf16_bits(w, V * C), *g_w = upload_bits(k, w_bits, V * C);
     float *g_sum = upload_floats(k, sum, N);
     float *g_dw = upload_floats(k, d_weight, V * C), *g_din = upload_floats(k, garbage, N * C);
     float *g_scratch = upload_floats(k, garbage, N * V), *g_fp32 = upload_floats(k, garbage, N * V);
-    cr_assert_eq(k->classifier_backward_bf16(g_din, g_dw, g_scratch, g_logits, g_max, g_sum, g_targets, g_in, g_w, N,
-                                             C, V, first, vocab, 0.5f),
+    cr_assert_eq(k->classifier_backward_bf16(g_din, g_dw, g_scratch, g_logit_bits, g_max, g_sum, g_targets, g_in, g_w,
+                                             N, C, V, first, vocab, 0.5f),
                  TP_OK, "%s", tp_errmsg());
     cr_assert_eq(k->crossentropy_backward(g_fp32, g_logits, g_max, g_sum, g_targets, N, V, first, vocab, 0.5f), TP_OK,
                  "%s", tp_errmsg());
@@ -2996,8 +3062,9 @@ Test(cuda_backend, classifier_backward_bf16)
     check_bf16(k, g_dw, d_weight, V * C, "d_weight (accumulated)");
     k->release(g_targets), k->release(g_logits), k->release(g_max), k->release(g_sum), k->release(g_in);
     k->release(g_w), k->release(g_dw), k->release(g_din), k->release(g_scratch), k->release(g_fp32);
-    free(logits), free(in), free(w), free(row_max), free(sum), free(d_weight), free(d_in), free(garbage);
-    free(bits), free(fp32), free(in_bits), free(w_bits);
+    k->release(g_logit_bits);
+    free(values), free(logit_bits), free(logits), free(in), free(w), free(row_max), free(sum), free(d_weight);
+    free(d_in), free(garbage), free(bits), free(fp32), free(in_bits), free(w_bits);
 }
 
 /* --------------------------------------------------------------- optimizer */

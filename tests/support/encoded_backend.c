@@ -567,7 +567,23 @@ static int enc_crossentropy_backward(float *d_logits, const float *logits, const
     LEAVE();
 }
 
-static int enc_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const float *logits,
+static int enc_crossentropy_row_stats_bf16(float *row_max, float *sum, const uint16_t *logits, int64_t N, int64_t V,
+                                           int64_t first, int64_t vocab)
+{
+    ENTER(S(row_max, N), S(sum, N), S(logits, N * V));
+    crossentropy_row_stats_bf16(row_max, sum, logits, N, V, first, vocab);
+    LEAVE();
+}
+
+static int enc_crossentropy_target_logit_bf16(float *target, const uint16_t *logits, const int *targets, int64_t N,
+                                              int64_t V, int64_t first)
+{
+    ENTER(S(target, N), S(logits, N * V), S(targets, N));
+    crossentropy_target_logit_bf16(target, logits, targets, N, V, first);
+    LEAVE();
+}
+
+static int enc_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const uint16_t *logits,
                                         const float *row_max, const float *sum, const int *targets,
                                         const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t V,
                                         int64_t first, int64_t vocab, float scale)
@@ -672,6 +688,8 @@ static const kernel_backend backend = {
     .crossentropy_rescale_sum = enc_crossentropy_rescale_sum,
     .crossentropy_target_logit = enc_crossentropy_target_logit,
     .crossentropy_backward = enc_crossentropy_backward,
+    .crossentropy_row_stats_bf16 = enc_crossentropy_row_stats_bf16,
+    .crossentropy_target_logit_bf16 = enc_crossentropy_target_logit_bf16,
     .classifier_backward_bf16 = enc_classifier_backward_bf16,
     .adamw_update_tensors = enc_adamw_update_tensors,
     .sum_of_squares = enc_sum_of_squares,

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mixed_precision import Linear, attention, bf16_gradient, gelu_of_sums, linear
+from mixed_precision import Linear, attention, bf16_gradient, bf16_value, gelu_of_sums, linear
 
 
 class Block(nn.Module):
@@ -59,7 +59,8 @@ class GPT2(nn.Module):
         x = self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
         for block in self.blocks:
             x = block(x)
-        return linear(self.ln_f(x), self.wte.weight)  # tied output projection
+        # tied output projection; the logits a bf16 activation in bf16 (tp-train's)
+        return bf16_value(linear(self.ln_f(x), self.wte.weight))
 
     def load_named(self, tensors):
         """Sets every parameter from {tp-train global name: numpy array}."""

@@ -197,7 +197,8 @@ class Llama(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin)
         x = self.final_norm(x)
-        return linear(x, self.embed.weight) if self.tied else self.output(x)
+        # the logits a bf16 activation in bf16 (tp-train's)
+        return bf16_value(linear(x, self.embed.weight) if self.tied else self.output(x))
 
     def named_ours(self):
         """{tp-train global name: parameter}, every parameter once."""

@@ -6,7 +6,9 @@ precision; the causal attention reads q, k and v rounded to bf16, and its
 backward the gradient of its output and that output rounded too (what
 cuDNN's flash attention reads in bf16; attention() below); the MLP's
 input, the fc product's output, is rounded as tp-train keeps it, in bf16
-(bf16_value() below: SwiGLU reads it so), but for GPT-2's GELU, which is
+(bf16_value() below: SwiGLU reads it so), and so are the logits (the
+classifier's product, a bf16 activation as autocast writes it, from which
+the cross-entropy is taken in the model's precision), but for GPT-2's GELU, which is
 computed from the product's fp32 sums as cuBLASLt's epilogue computes it,
 and whose backward reads the rounded input and the projection's gradient
 unrounded (gelu_of_sums() below); the gradients
@@ -14,8 +16,8 @@ tp-train keeps in bf16 inside a layer are rounded where it rounds them
 (bf16_gradient() below: SwiGLU's output's, and q, k and v's after
 RoPE, once summed over the query heads that share a key/value head, as
 cuDNN writes them); everything else (norms, the softmax and its
-probabilities, activations, the loss, the residual stream's gradients)
-stays in that precision.
+probabilities, other activations, the loss, the residual stream's
+gradients) stays in that precision.
 
 The reference models call linear() for every product with a weight. Outside
 bf16_operands() it is F.linear, so the models are plain PyTorch (and
