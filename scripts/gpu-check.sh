@@ -203,15 +203,20 @@ open(out, "w").write(have)
 EOF
 }
 
-# Where a step's time goes without a profiler: GPT-2 124M bf16 steps with
+# Where a step's time goes without a profiler: GPT-2 124M steps with
 # tp-train --kernel-times (each operation's host issue and device tail, and
-# the trainer's own time around them), into LOG, its table in the summary.
-# About 15 s, at most 60: first in the bench and profile phases.
+# the trainer's own time around them), in bf16, then in fp32 (0.89x
+# PyTorch's fp32 on the H200, 2026-11-28, with no table of its own), into
+# LOG, the tables in the summary. About 25 s, at most 90: first in the bench
+# and profile phases.
 kernel_times() {
-    (LIMIT=60 && in_pack "$1" build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 4 --device cuda \
-        --dtype bf16 --kernel-times)
+    (LIMIT=90 && in_pack "$1" sh -c 'for dtype in bf16 fp32; do
+            echo "== --dtype $dtype"
+            build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 4 --device cuda --dtype $dtype \
+                --kernel-times || exit 1
+        done')
     say "kernel times: exit $?"
-    sed -n '/^kernel times on/,/^  step /p' "$OUTDIR/$1" | tee -a "$SUMMARY"
+    sed -n '/^== --dtype/p; /^kernel times on/,/^  step /p' "$OUTDIR/$1" | tee -a "$SUMMARY"
 }
 
 # Whether bf16 training on the GPU repeats: GPT-2 124M, micro-batch 4, 200
