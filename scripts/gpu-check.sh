@@ -220,17 +220,16 @@ kernel_times() {
 }
 
 # Whether bf16 training on the GPU repeats: GPT-2 124M, micro-batch 4, 200
-# steps twice with the same seed and data, then once in fp32 (TF32 off), the
-# loss and gradient norm every 25 steps side by side, into LOG and the
-# summary. On the H200 (2026-11-28) two bf16 runs differed from step 2 on
-# (cuDNN's attention backward and the products may sum in another order
-# each run), and two 200-step runs (one saving synchronously) ended at
-# losses 10.41 and 10.66, gradient norms 0.85 and 14.7: nondeterminism
-# amplified, or a defect? About 15 s, at most 60.
+# steps, the same seed and data: twice in bf16 with TP_CUDA_DETERMINISTIC=1
+# (every line must be the same: a difference is a defect), once with cuDNN's
+# default backward (how far its run-to-run differences carry), once in fp32
+# (TF32 off); the loss and gradient norm every 25 steps side by side, and
+# whether the deterministic runs agree at every step, into LOG and the
+# summary. On the H200 (2026-11-28) two bf16 runs differed from step 2 on,
+# and two 200-step runs (one saving synchronously) ended at losses 10.41
+# and 10.66, gradient norms 0.85 and 14.7: nondeterminism amplified, or a
+# defect? About 30 s, at most 80.
 repeatability() {
-    # Two bf16 runs with TP_CUDA_DETERMINISTIC=1 (their every line must be
-    # the same: a difference is a defect), one with cuDNN's default backward
-    # (how far its run-to-run differences carry), one in fp32.
     (LIMIT=80 && in_pack "$1" sh -c 'for run in bf16-a bf16-b bf16 fp32; do
             dtype=bf16; [ $run = fp32 ] && dtype=fp32
             deterministic=0; [ $run = bf16-a ] || [ $run = bf16-b ] && deterministic=1

@@ -1033,7 +1033,8 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
     TP_TRY(k->crossentropy_rescale_sum(h->row_sum, h->local_max, h->row_max, N));
     TP_TRY(tp_sum(m, h->row_sum, N));
     if (logit_bits)
-        TP_TRY(k->crossentropy_target_logit_bf16(h->target_logit, logit_bits, s->kernel_targets, N, V, m->vocab_first));
+        TP_TRY(k->crossentropy_target_logit_bf16(h->target_logit, logit_bits, s->kernel_targets, N, V,
+                                                 m->vocab_first));
     else
         TP_TRY(k->crossentropy_target_logit(h->target_logit, h->logits, s->kernel_targets, N, V, m->vocab_first));
     TP_TRY(tp_sum(m, h->target_logit, N));
@@ -1237,9 +1238,9 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     const gpt_head *h = s->head;
     TP_TRY(full_rows(m, h->lnf, &in));
     if (m->bf16) /* d_logits straight into the products' bf16 operand (kernels.h) */
-        TP_TRY(k->classifier_backward_bf16(d_lnf, wte->grad, d_logits, (const uint16_t *)h->logits, h->row_max, h->row_sum,
-                                           s->kernel_targets, in, weight_of(m, wte), N, D, V, m->vocab_first,
-                                           m->config.vocab, loss_scale));
+        TP_TRY(k->classifier_backward_bf16(d_lnf, wte->grad, d_logits, (const uint16_t *)h->logits, h->row_max,
+                                           h->row_sum, s->kernel_targets, in, weight_of(m, wte), N, D, V,
+                                           m->vocab_first, m->config.vocab, loss_scale));
     else {
         TP_TRY(k->crossentropy_backward(d_logits, h->logits, h->row_max, h->row_sum, s->kernel_targets, N, V,
                                         m->vocab_first, m->config.vocab, loss_scale));

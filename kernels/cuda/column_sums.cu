@@ -28,6 +28,11 @@ int cuda_column_partials_begin(float **partials, int64_t floats, unsigned **arri
             (void)cudaGetLastError();
             status = tp_fail(TP_ERR_DEVICE, "column sums: clearing %zu bytes of arrival counters: %s",
                              arrivals_scratch.size, cudaGetErrorString(error));
+            /* Not kept uncleared: the next call allocates and clears again. */
+            (void)cudaFreeAsync(arrivals_scratch.memory, cuda_state.stream);
+            (void)cudaGetLastError();
+            arrivals_scratch.memory = NULL;
+            arrivals_scratch.size = 0;
         }
     }
     if (status) pthread_mutex_unlock(&partials_lock);

@@ -32,28 +32,46 @@ static __global__ void embedding_forward_kernel(float *out, const int *tokens, c
  * rows in whatever order the threads arrive (the last bits of a repeated
  * token's row then varied from run to run). So the positions are first
  * sorted by token (CUB's radix sort, stable: a token's positions stay
- * ascending), and a block takes each run of one token: it reads the row once,
- * adds the run's gradients in order and writes it once.
+ * ascending), and the blocks of each run of one token (grid x: the sorted
+ * positions, the first of a run working; grid y: slices of EMBEDDING_COLUMNS
+ * columns, a thread a column) read the row's columns once, add the run's
+ * gradients in order and write them once. A frequent token (a comma: a few
+ * percent of text, hundreds of positions at micro-batch 16) is then C /
+ * EMBEDDING_COLUMNS blocks each walking its run, their loads in flight
+ * together (unrolled), not one block.
  *
  * sorted[N]: the tokens in order (as unsigned: a negative token, never held,
  * sorts last), positions[N]: where each came from. */
+#define EMBEDDING_COLUMNS 128
+
+/* The end of the run of sorted[i]: the first index past it (sorted ascends). */
+static __device__ int64_t run_end(const unsigned *sorted, int64_t i, int64_t N)
+{
+    unsigned token = sorted[i];
+    int64_t low = i + 1, high = N; /* the end is in [low, high] */
+    while (low < high) {
+        int64_t mid = low + (high - low) / 2;
+        if (sorted[mid] == token) low = mid + 1;
+        else high = mid;
+    }
+    return low;
+}
+
 static __global__ void embedding_backward_runs_kernel(float *d_table, const unsigned *sorted, const int *positions,
                                                       const float *d_out, int64_t N, int64_t C, int64_t first,
                                                       int64_t rows)
 {
+    int64_t c = (int64_t)blockIdx.y * EMBEDDING_COLUMNS + threadIdx.x;
     ROWS_OF_BLOCK(i, N) {
         unsigned token = sorted[i];
-        if (i > 0 && sorted[i - 1] == token) continue; /* inside a run: its first position's block adds it */
+        if (i > 0 && sorted[i - 1] == token) continue; /* inside a run: its first position's blocks add it */
         int64_t row = (int64_t)(int)token - first;
-        if (row < 0 || row >= rows) continue;
-        int64_t end = i + 1;
-        while (end < N && sorted[end] == token) end++;
-        COLUMNS_OF_THREAD(c, C) {
-            float sum = d_table[row * C + c];
-#pragma unroll 4
-            for (int64_t j = i; j < end; j++) sum += d_out[(int64_t)positions[j] * C + c];
-            d_table[row * C + c] = sum;
-        }
+        if (row < 0 || row >= rows || c >= C) continue;
+        int64_t end = run_end(sorted, i, N);
+        float sum = d_table[row * C + c];
+#pragma unroll 8
+        for (int64_t j = i; j < end; j++) sum += d_out[(int64_t)positions[j] * C + c];
+        d_table[row * C + c] = sum;
     }
 }
 
@@ -71,9 +89,9 @@ static pthread_mutex_t embedding_lock = PTHREAD_MUTEX_INITIALIZER;
 static int embedding_backward_sorted(float *d_table, const int *tokens, const float *d_out, int64_t N, int64_t C,
                                      int64_t first, int64_t rows)
 {
-    if (N > INT32_MAX)
-        return tp_fail(TP_ERR_ARG, "embedding backward: %lld tokens (the sort takes at most %d)", (long long)N,
-                       INT32_MAX);
+    if (N > INT32_MAX || (C + EMBEDDING_COLUMNS - 1) / EMBEDDING_COLUMNS > MAX_BLOCKS)
+        return tp_fail(TP_ERR_ARG, "embedding backward: %lld tokens of %lld columns (at most %d and %lld)",
+                       (long long)N, (long long)C, INT32_MAX, (long long)MAX_BLOCKS * EMBEDDING_COLUMNS);
     const unsigned *keys = (const unsigned *)tokens;
     size_t cub_bytes = 0;
     CUDA_TRY(cub::DeviceRadixSort::SortPairs(NULL, cub_bytes, keys, (unsigned *)NULL, (const int *)NULL, (int *)NULL,
@@ -89,8 +107,9 @@ static int embedding_backward_sorted(float *d_table, const int *tokens, const fl
         LAUNCH_CHECK();
         CUDA_TRY(cub::DeviceRadixSort::SortPairs(parts[3], cub_bytes, keys, sorted, unsorted_positions, positions,
                                                  (int)N, 0, 32, cuda_state.stream));
-        embedding_backward_runs_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
-            d_table, sorted, positions, d_out, N, C, first, rows);
+        dim3 grid(blocks_for(N, 1), (unsigned)((C + EMBEDDING_COLUMNS - 1) / EMBEDDING_COLUMNS));
+        embedding_backward_runs_kernel<<<grid, EMBEDDING_COLUMNS, 0, cuda_state.stream>>>(d_table, sorted, positions,
+                                                                                         d_out, N, C, first, rows);
         LAUNCH_CHECK();
     }
     return TP_OK;

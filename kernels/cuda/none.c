@@ -172,11 +172,31 @@ int cudnn_attention_load(char *version, size_t size)
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 
-int cudnn_attention_check_graph(int backward, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
-                                cudnn_attention_check *check)
+int cudnn_attention_check_graph(cudnn_attention_graph graph, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                int64_t hd, cudnn_attention_check *check)
 {
-    (void)backward, (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd, (void)check;
+    (void)graph, (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd, (void)check;
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cudnn_attention_prepare(cudnn_attention_graph graph, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
+                            const cudnn_attention_plan **plan)
+{
+    (void)graph, (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd;
+    *plan = NULL;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int64_t cudnn_attention_engine(const cudnn_attention_plan *plan)
+{
+    (void)plan;
+    return -1;
+}
+
+size_t cudnn_attention_workspace_bytes(const cudnn_attention_plan *plan)
+{
+    (void)plan;
+    return 0;
 }
 
 int64_t cuda_lt_bias_epilogue_products(void)

@@ -1,11 +1,12 @@
 /* norm.cu: layer norm, GELU, RMSNorm and SwiGLU on the GPU, the twins of
- * cpu/norm.c (tests/kernels/test_cuda_backend.c). Row kernels give a row to a
- * warp (ROWS_OF_WARP, warp_sum: launch.h); the weight and bias gradients are
- * column sums in a fixed order (column_sums.h). Each forward kernel is a template on its output,
- * float or uint16_t: the *_forward_bf16 operations (kernels.h, bf16
- * activations) are the same kernel storing the bits of rounding each fp32
- * value it computes (store_value, launch.h), so that their bits are those of
- * rounding the fp32 operation's out, by construction. The SwiGLU kernels
+ * cpu/norm.c (tests/kernels/test_cuda_backend.c). Row kernels give a row to
+ * a warp (ROWS_OF_WARP, warp_sum: launch.h); the weight and bias gradients
+ * are column sums in a fixed order (column_sums.h). Each forward kernel is a
+ * template on its output, float or uint16_t: the *_forward_bf16 operations
+ * (kernels.h, bf16 activations) are the same kernel storing the bits of
+ * rounding each fp32 value it computes (store_value, launch.h), so that
+ * their bits are those of rounding the fp32 operation's out, by
+ * construction. The SwiGLU kernels
  * are templates on their input's type as well: in bf16 mixed precision the
  * MLP's input (the fc product's output) is a bf16 activation, which
  * swiglu_forward_bf16 reads as bits widened (load_value, exact); GELU's
