@@ -756,9 +756,9 @@ static int linear_forward(const gpt_model *m, float *out, const void *in, const 
 }
 
 /* A product [B*T, OC] written as an activation (fp32, or in bf16 its bf16
- * bits), which only the next operation reads: GPT-2's qkv (the attention),
+ * bits), which only the next operations read: GPT-2's qkv (the attention),
  * the MLP's input fc (its activation; GPT-2's in bf16 comes with its GELU:
- * mlp_forward_in). */
+ * mlp_forward_in), the logits (the cross-entropy). */
 static int activation_product(const gpt_model *m, void *out, const void *in, const param_view *w, const float *bias,
                               int64_t C, int64_t OC)
 {
@@ -1016,10 +1016,7 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
      * the first half of h->logits: half the bytes of the step's largest
      * array; the cross-entropy widens each (kernels.h). */
     uint16_t *logit_bits = m->bf16 ? (uint16_t *)h->logits : NULL;
-    if (logit_bits)
-        TP_TRY(k->matmul_forward_bf16_bits(logit_bits, in, weight_of(m, &m->params[m->wte_out]), NULL, N, D, V));
-    else
-        TP_TRY(linear_forward(m, h->logits, in, &m->params[m->wte_out], NULL, N, D, V));
+    TP_TRY(activation_product(m, h->logits, in, &m->params[m->wte_out], NULL, D, V));
     /* One pass over the logits: this rank's maxima and its sums relative to
      * them; then the maxima over ranks, each rank's sums made relative to
      * them (at tp 1 a multiplication by exp(0) = 1, exact) and added. */
