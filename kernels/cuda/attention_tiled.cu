@@ -3,12 +3,23 @@
  *
  * Why: the profile of a GPT-2 124M step on an H200 (docs/BENCHMARKS.md) put
  * 94% of the GPU's time in the rows attention (attention.cu), which gives
- * each row a warp and sums every score across the warp with five shuffles. Here a row
- * has hd / 32 threads, each holding 32 of its dimensions in registers; a
- * block of 64 rows reads the rows it meets (keys and values, or queries and
- * output gradients) a tile at a time from shared memory, every thread of
- * the block reading the same shared row at once (a broadcast). A score is
- * each thread's 32 products then log2(hd / 32) shuffles.
+ * each row a warp and sums every score across the warp with five shuffles.
+ * Here a row has hd / 16 threads, each holding 16 of its dimensions in
+ * registers; a block of rows reads the rows it meets (keys and values, or
+ * queries and output gradients) a tile at a time from shared memory, every
+ * thread of a row's part reading the same shared part at once (a
+ * broadcast). A score is each thread's 16 products then log2(hd / 16)
+ * shuffles.
+ *
+ * Each thread holds the same part of several rows (ROWS_FORWARD in the
+ * forward, ROWS_BACKWARD in the backward's kernels): a part read from
+ * shared memory into registers once serves all of them. With one row a
+ * thread, the kernels made a 16-byte shared load for every 4
+ * multiply-adds (twice that in the backward, which read each part twice),
+ * and ran at about a fifth of the GPU's fp32 rate: the shared loads, not
+ * the arithmetic, set the pace. A warp's rows are consecutive, and a warp
+ * stops at its last row's keys (the causal mask's other side is not
+ * computed); the block's rows share the tiles.
  *
  * Three kernels, as attention.cu's, with the same arithmetic per pair of rows
  * (the same results within rounding: sums run in another order):
@@ -22,10 +33,12 @@
  *             its group and rows i >= j: dk_j += ds q_i, dv_j += p d_out_i.
  * Every element of d_qkv has one writer: no atomics, no zeroing.
  *
- * The per-thread work is written once, in __host__ __device__ functions;
- * the kernels and their CPU emulation (cuda_attention_tiled_emulate_*)
- * both call them, the emulation doing a row's cross-thread sums in the
- * shuffles' order. */
+ * The per-row work is written once, in __host__ __device__ functions on a
+ * row's part; the kernels and their CPU emulation
+ * (cuda_attention_tiled_emulate_*) both call them, the emulation doing a
+ * row's cross-thread sums in the shuffles' order. Which thread holds a row,
+ * and which keys a warp skips because the mask hides them, change no
+ * row's arithmetic: a row meets its keys in order either way. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,9 +49,12 @@ extern "C" {
 #include "attention_tiled.h"
 #include "internal.h"
 
-#define PART 32          /* head dimensions per thread */
-#define PART_STRIDE 36   /* floats of a part in shared memory: 4 of padding put a row's parts in other banks */
-#define TILE_FLOATS 4608 /* one shared tile: 128 parts of PART_STRIDE floats, 18 KiB */
+#define PART 16          /* head dimensions per thread */
+#define PART_STRIDE 20   /* floats of a part in shared memory: 4 of padding put a row's parts in other banks */
+#define TILE_FLOATS 5120 /* one shared tile: 256 parts of PART_STRIDE floats, 20 KiB */
+#define THREADS 128      /* a block's threads */
+#define ROWS_FORWARD 4   /* rows a thread holds in the forward (2 x 16 floats of state each) */
+#define ROWS_BACKWARD 2  /* and in the backward's kernels (3 and 4 x 16 floats each) */
 #define MAX_GRID_YZ 65535
 
 /* Loops of PART unrolled on the device, so that the parts stay in
@@ -50,16 +66,17 @@ extern "C" {
 #define UNROLL
 #endif
 
-/* The shape of the kernels for a head size HD: `rows` rows per block (query
- * rows in the forward and queries kernels, key rows in the keys kernel),
- * `split` threads per row, a shared tile of `tile_rows` rows (so that a tile
- * is TILE_FLOATS). 32 rows at 256 dimensions: 256 threads a block may use up
- * to 255 registers each, which the keys kernel's 128 floats of state need
- * (at 512 threads it spilled them all). */
-template <int HD> struct tiling {
+/* The shape of a kernel for a head size HD and R rows a thread: `split`
+ * threads a row, THREADS threads holding `rows` rows a block (query rows in
+ * the forward and queries kernels, key rows in the keys kernel), thread t
+ * the part t % split of rows (t / split) R to (t / split) R + R - 1 of the
+ * block, so that a warp holds `warp_rows` consecutive rows; a shared tile
+ * of `tile_rows` rows (so that a tile is TILE_FLOATS). */
+template <int HD, int R> struct tiling {
     static constexpr int split = HD / PART;
-    static constexpr int rows = HD >= 256 ? 32 : 64;
-    static constexpr int threads = rows * split;
+    static constexpr int threads = THREADS;
+    static constexpr int rows = THREADS / split * R;
+    static constexpr int warp_rows = 32 / split * R;
     static constexpr int row_floats = split * PART_STRIDE;
     static constexpr int tile_rows = TILE_FLOATS / row_floats;
 };
@@ -67,6 +84,11 @@ template <int HD> struct tiling {
 static __host__ __device__ inline int64_t min64(int64_t a, int64_t b)
 {
     return a < b ? a : b;
+}
+
+static __host__ __device__ inline int64_t max64(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
 }
 
 /* Element idx (< tile_rows HD) of a tile: row r = idx / HD of the matrix
@@ -78,55 +100,45 @@ static __host__ __device__ inline void tile_element(float *tile, const float *sr
 {
     int r = idx / HD, d = idx % HD;
     int64_t row = first + r;
-    tile[r * tiling<HD>::row_floats + (d / PART) * PART_STRIDE + d % PART] = row < limit ? src[row * stride + d] : 0.0f;
+    tile[r * (HD / PART) * PART_STRIDE + (d / PART) * PART_STRIDE + d % PART] =
+        row < limit ? src[row * stride + d] : 0.0f;
 }
 
 /* A row's part in shared memory. */
 template <int HD> static __host__ __device__ inline const float *tile_part(const float *tile, int row, int part)
 {
-    return tile + row * tiling<HD>::row_floats + part * PART_STRIDE;
+    return tile + row * (HD / PART) * PART_STRIDE + part * PART_STRIDE;
 }
 
-/* Four floats of a part in shared memory in one 16-byte load (parts and
- * rows start at multiples of 4 floats, tiles are aligned): a quarter of
- * the shared-memory loads per multiply-add. */
-static __host__ __device__ inline float4 quad(const float *part, int d)
+/* A part in shared memory into registers, four floats a load (parts and
+ * rows start at multiples of 4 floats, tiles are aligned). */
+static __host__ __device__ inline void read_part(float *mine, const float *shared_part)
 {
 #ifdef __CUDA_ARCH__
-    return *reinterpret_cast<const float4 *>(part + d);
+UNROLL
+    for (int d = 0; d < PART; d += 4) {
+        float4 t = *reinterpret_cast<const float4 *>(shared_part + d);
+        mine[d] = t.x, mine[d + 1] = t.y, mine[d + 2] = t.z, mine[d + 3] = t.w;
+    }
 #else
-    float4 t; /* the emulation: the same four values, without type punning */
-    memcpy(&t, part + d, sizeof t);
-    return t;
+    memcpy(mine, shared_part, PART * sizeof(float));
 #endif
 }
 
-/* mine . theirs, theirs a part in shared memory, summed in order of d. */
-static __host__ __device__ inline float part_dot(const float *mine, const float *theirs)
+/* a . b over a part, summed in order of d. */
+static __host__ __device__ inline float part_dot(const float *a, const float *b)
 {
     float sum = 0;
 UNROLL
-    for (int d = 0; d < PART; d += 4) {
-        float4 t = quad(theirs, d);
-        sum += mine[d] * t.x;
-        sum += mine[d + 1] * t.y;
-        sum += mine[d + 2] * t.z;
-        sum += mine[d + 3] * t.w;
-    }
+    for (int d = 0; d < PART; d++) sum += a[d] * b[d];
     return sum;
 }
 
-/* acc += a x, x a part in shared memory. */
+/* acc += a x over a part. */
 static __host__ __device__ inline void part_axpy(float *acc, float a, const float *x)
 {
 UNROLL
-    for (int d = 0; d < PART; d += 4) {
-        float4 t = quad(x, d);
-        acc[d] += a * t.x;
-        acc[d + 1] += a * t.y;
-        acc[d + 2] += a * t.z;
-        acc[d + 3] += a * t.w;
-    }
+    for (int d = 0; d < PART; d++) acc[d] += a * x[d];
 }
 
 /* PART values from global memory, or zeros for a row past the end. */
@@ -137,7 +149,7 @@ UNROLL
 }
 
 /* The sum of a row's SPLIT threads' values, on each of them: butterfly
- * pairs, offsets 1, 2, 4 (every thread of the warp takes part). */
+ * pairs, offsets 1, 2, 4... (every thread of the warp takes part). */
 template <int SPLIT> static __device__ inline float row_sum(float value)
 {
 UNROLL
@@ -153,6 +165,31 @@ template <int SPLIT> static void row_sum_emulated(float *values)
         for (int p = 0; p < SPLIT; p++) next[p] = values[p] + values[p ^ offset];
         memcpy(values, next, sizeof next);
     }
+}
+
+/* Thread t's rows: the first of the R it holds; and how many of a tile's
+ * rows its warp meets. A warp meets a row (a key in the forward and
+ * queries kernels, a query in the keys kernel) when the mask leaves it to
+ * one of the warp's rows at least: in the forward and queries kernels the
+ * keys up to the warp's last row (below T), an end; in the keys kernel the
+ * queries from the warp's first row, a start. Warp-uniform, as the shuffles
+ * need. */
+template <int HD, int R> static __host__ __device__ inline int64_t thread_first_row(int64_t block_first, int t)
+{
+    return block_first + (int64_t)(t / tiling<HD, R>::split) * R;
+}
+
+template <int HD, int R>
+static __host__ __device__ inline int warp_end(int64_t block_first, int t, int64_t T, int64_t k0, int n)
+{
+    int64_t warp_last = min64(T, block_first + (int64_t)(t / 32 + 1) * tiling<HD, R>::warp_rows) - 1;
+    return (int)max64(0, min64(n, warp_last - k0 + 1));
+}
+
+template <int HD, int R> static __host__ __device__ inline int warp_start(int64_t block_first, int t, int64_t q0, int n)
+{
+    int64_t warp_first = block_first + (int64_t)(t / 32) * tiling<HD, R>::warp_rows;
+    return (int)min64(n, max64(0, warp_first - q0));
 }
 
 /* ================================================================ forward */
@@ -194,8 +231,26 @@ UNROLL
     if (part == 0) *lse = st->max + logf(st->sum);
 }
 
-/* Where block (x, h, b)'s thread of part `part` in row `row` reads and
- * writes: the same for the kernel and the emulation. */
+/* A thread's R rows from i0: row r's query part at at->q + r stride, its
+ * output part at at->out + r out_stride, its lse at at->lse + r. */
+template <int R>
+static __host__ __device__ inline void forward_rows_begin(forward_part *st, const float *q, int64_t i0, int64_t stride,
+                                                          int64_t T)
+{
+UNROLL
+    for (int r = 0; r < R; r++) forward_begin(&st[r], q + r * stride, i0 + r < T);
+}
+
+template <int R>
+static __host__ __device__ inline void forward_rows_end(const forward_part *st, float *out, float *lse, int part,
+                                                        int64_t i0, int64_t out_stride, int64_t T)
+{
+UNROLL
+    for (int r = 0; r < R; r++) forward_end(&st[r], out + r * out_stride, lse + r, part, i0 + r < T);
+}
+
+/* Where part `part` of query row i of head h, batch b, reads and writes:
+ * the same for the kernel and the emulation. */
 struct row_places {
     const float *keys, *values; /* key/value head's column in qkv, batch b (row j at + j stride) */
     const float *q;             /* this row's query part */
@@ -217,34 +272,42 @@ static __host__ __device__ inline row_places forward_places(float *out, float *l
     return at;
 }
 
-/* Grid (ceil(T / rows), Hq, B); block tiling<HD>::threads. */
+/* Grid (ceil(T / rows), Hq, B); block THREADS. */
 template <int HD>
-__global__ void __launch_bounds__(tiling<HD>::threads)
+__global__ void __launch_bounds__(THREADS)
     attention_forward_tiled(float *out, float *lse, const float *qkv, int64_t T, int64_t Hq, int64_t Hkv, float scale)
 {
-    typedef tiling<HD> S;
+    typedef tiling<HD, ROWS_FORWARD> S;
     __shared__ __align__(16) float keys[TILE_FLOATS], values[TILE_FLOATS];
-    int part = threadIdx.x % S::split, row = threadIdx.x / S::split;
+    int part = threadIdx.x % S::split;
     /* The last rows meet the most keys: their blocks first, so that no long block starts last. */
-    int64_t b = blockIdx.z, h = blockIdx.y, first = (int64_t)(gridDim.x - 1 - blockIdx.x) * S::rows, i = first + row;
+    int64_t b = blockIdx.z, h = blockIdx.y, first = (int64_t)(gridDim.x - 1 - blockIdx.x) * S::rows;
+    int64_t i0 = thread_first_row<HD, ROWS_FORWARD>(first, threadIdx.x);
     int64_t stride = (Hq + 2 * Hkv) * HD, end = min64(T, first + S::rows);
-    row_places at = forward_places(out, lse, qkv, b, h, i, part, T, Hq, Hkv, HD);
-    forward_part st;
-    forward_begin(&st, at.q, i < T);
+    row_places at = forward_places(out, lse, qkv, b, h, i0, part, T, Hq, Hkv, HD);
+    forward_part st[ROWS_FORWARD];
+    forward_rows_begin<ROWS_FORWARD>(st, at.q, i0, stride, T);
     for (int64_t k0 = 0; k0 < end; k0 += S::tile_rows) {
         __syncthreads(); /* every thread is done with the last tile */
-        for (int idx = threadIdx.x; idx < S::tile_rows * HD; idx += S::threads) {
+        for (int idx = threadIdx.x; idx < S::tile_rows * HD; idx += THREADS) {
             tile_element<HD>(keys, at.keys, stride, k0, end, idx);
             tile_element<HD>(values, at.values, stride, k0, end, idx);
         }
         __syncthreads();
-        int n = (int)min64(S::tile_rows, end - k0);
+        int n = warp_end<HD, ROWS_FORWARD>(first, threadIdx.x, T, k0, (int)min64(S::tile_rows, end - k0));
         for (int j = 0; j < n; j++) {
-            float s = row_sum<S::split>(part_dot(st.q, tile_part<HD>(keys, j, part))) * scale;
-            forward_key(&st, s, k0 + j <= i && i < T, tile_part<HD>(values, j, part));
+            float part_of[PART], s[ROWS_FORWARD];
+            read_part(part_of, tile_part<HD>(keys, j, part));
+UNROLL
+            for (int r = 0; r < ROWS_FORWARD; r++) s[r] = part_dot(st[r].q, part_of);
+UNROLL
+            for (int r = 0; r < ROWS_FORWARD; r++) s[r] = row_sum<S::split>(s[r]) * scale;
+            read_part(part_of, tile_part<HD>(values, j, part));
+UNROLL
+            for (int r = 0; r < ROWS_FORWARD; r++) forward_key(&st[r], s[r], k0 + j <= i0 + r && i0 + r < T, part_of);
         }
     }
-    forward_end(&st, at.out, at.lse, part, i < T);
+    forward_rows_end<ROWS_FORWARD>(st, at.out, at.lse, part, i0, Hq * HD, T);
 }
 
 /* ======================================================== backward: queries */
@@ -285,6 +348,27 @@ UNROLL
     if (part == 0) *delta = st->delta;
 }
 
+/* A thread's R rows from i0 (their parts at r stride in qkv and d_qkv, r
+ * out_stride in d_out and out, r in lse and delta); partial[r] row r's
+ * share of delta. */
+template <int R>
+static __host__ __device__ inline void query_rows_begin(query_part *st, float *partial, const float *q, const float *g,
+                                                        const float *out, const float *lse, int64_t i0, int64_t stride,
+                                                        int64_t out_stride, int64_t T)
+{
+UNROLL
+    for (int r = 0; r < R; r++)
+        partial[r] = query_begin(&st[r], q + r * stride, g + r * out_stride, out + r * out_stride, lse + r, i0 + r < T);
+}
+
+template <int R>
+static __host__ __device__ inline void query_rows_end(const query_part *st, float *dq, float *delta, int part,
+                                                      int64_t i0, int64_t stride, int64_t T)
+{
+UNROLL
+    for (int r = 0; r < R; r++) query_end(&st[r], dq + r * stride, delta + r, part, i0 + r < T);
+}
+
 struct query_places {
     const float *keys, *values, *q, *g, *out, *lse;
     float *dq, *delta;
@@ -309,36 +393,48 @@ static __host__ __device__ inline query_places query_places_of(float *d_qkv, flo
     return at;
 }
 
-/* Grid (ceil(T / rows), Hq, B). */
+/* Grid (ceil(T / rows), Hq, B); block THREADS. */
 template <int HD>
-__global__ void __launch_bounds__(tiling<HD>::threads)
+__global__ void __launch_bounds__(THREADS)
     attention_queries_tiled(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
                             const float *lse, int64_t T, int64_t Hq, int64_t Hkv, float scale)
 {
-    typedef tiling<HD> S;
+    typedef tiling<HD, ROWS_BACKWARD> S;
     __shared__ __align__(16) float keys[TILE_FLOATS], values[TILE_FLOATS];
-    int part = threadIdx.x % S::split, row = threadIdx.x / S::split;
+    int part = threadIdx.x % S::split;
     /* The last rows meet the most keys: their blocks first, so that no long block starts last. */
-    int64_t b = blockIdx.z, h = blockIdx.y, first = (int64_t)(gridDim.x - 1 - blockIdx.x) * S::rows, i = first + row;
-    int64_t stride = (Hq + 2 * Hkv) * HD, end = min64(T, first + S::rows);
-    query_places at = query_places_of(d_qkv, delta, d_out, qkv, out, lse, b, h, i, part, T, Hq, Hkv, HD);
-    query_part st;
-    st.delta = row_sum<S::split>(query_begin(&st, at.q, at.g, at.out, at.lse, i < T));
+    int64_t b = blockIdx.z, h = blockIdx.y, first = (int64_t)(gridDim.x - 1 - blockIdx.x) * S::rows;
+    int64_t i0 = thread_first_row<HD, ROWS_BACKWARD>(first, threadIdx.x);
+    int64_t stride = (Hq + 2 * Hkv) * HD, end = min64(T, first + S::rows), out_stride = Hq * HD;
+    query_places at = query_places_of(d_qkv, delta, d_out, qkv, out, lse, b, h, i0, part, T, Hq, Hkv, HD);
+    query_part st[ROWS_BACKWARD];
+    float partial[ROWS_BACKWARD];
+    query_rows_begin<ROWS_BACKWARD>(st, partial, at.q, at.g, at.out, at.lse, i0, stride, out_stride, T);
+UNROLL
+    for (int r = 0; r < ROWS_BACKWARD; r++) st[r].delta = row_sum<S::split>(partial[r]);
     for (int64_t k0 = 0; k0 < end; k0 += S::tile_rows) {
         __syncthreads();
-        for (int idx = threadIdx.x; idx < S::tile_rows * HD; idx += S::threads) {
+        for (int idx = threadIdx.x; idx < S::tile_rows * HD; idx += THREADS) {
             tile_element<HD>(keys, at.keys, stride, k0, end, idx);
             tile_element<HD>(values, at.values, stride, k0, end, idx);
         }
         __syncthreads();
-        int n = (int)min64(S::tile_rows, end - k0);
+        int n = warp_end<HD, ROWS_BACKWARD>(first, threadIdx.x, T, k0, (int)min64(S::tile_rows, end - k0));
         for (int j = 0; j < n; j++) {
-            float s = row_sum<S::split>(part_dot(st.q, tile_part<HD>(keys, j, part))) * scale;
-            float dpv = row_sum<S::split>(part_dot(st.g, tile_part<HD>(values, j, part)));
-            query_key(&st, s, dpv, k0 + j <= i && i < T, tile_part<HD>(keys, j, part), scale);
+            float k[PART], v[PART], s[ROWS_BACKWARD], dpv[ROWS_BACKWARD];
+            read_part(k, tile_part<HD>(keys, j, part));
+            read_part(v, tile_part<HD>(values, j, part));
+UNROLL
+            for (int r = 0; r < ROWS_BACKWARD; r++) s[r] = part_dot(st[r].q, k), dpv[r] = part_dot(st[r].g, v);
+UNROLL
+            for (int r = 0; r < ROWS_BACKWARD; r++)
+                s[r] = row_sum<S::split>(s[r]) * scale, dpv[r] = row_sum<S::split>(dpv[r]);
+UNROLL
+            for (int r = 0; r < ROWS_BACKWARD; r++)
+                query_key(&st[r], s[r], dpv[r], k0 + j <= i0 + r && i0 + r < T, k, scale);
         }
     }
-    query_end(&st, at.dq, at.delta, part, i < T);
+    query_rows_end<ROWS_BACKWARD>(st, at.dq, at.delta, part, i0, stride, T);
 }
 
 /* =========================================================== backward: keys */
@@ -373,6 +469,23 @@ UNROLL
     for (int d = 0; d < PART; d++) dk[d] = st->dk[d], dv[d] = st->dv[d];
 }
 
+/* A thread's R key rows from j0 (their parts at r stride in qkv and d_qkv). */
+template <int R>
+static __host__ __device__ inline void key_rows_begin(key_part *st, const float *k, const float *v, int64_t j0,
+                                                      int64_t stride, int64_t T)
+{
+UNROLL
+    for (int r = 0; r < R; r++) key_begin(&st[r], k + r * stride, v + r * stride, j0 + r < T);
+}
+
+template <int R>
+static __host__ __device__ inline void key_rows_end(const key_part *st, float *dk, float *dv, int64_t j0, int64_t stride,
+                                                    int64_t T)
+{
+UNROLL
+    for (int r = 0; r < R; r++) key_end(&st[r], dk + r * stride, dv + r * stride, j0 + r < T);
+}
+
 /* Element idx (< tile_rows) of the lse and delta tiles: query rows from
  * q0 of head h. */
 static __host__ __device__ inline void row_stats_element(float *lse_tile, float *delta_tile, const float *lse,
@@ -384,7 +497,7 @@ static __host__ __device__ inline void row_stats_element(float *lse_tile, float 
     delta_tile[idx] = i < T ? delta[at] : 0.0f;
 }
 
-/* Where block (x, kh, b)'s thread of part `part` in key row j reads and
+/* Where part `part` of key row j of key/value head kh, batch b, reads and
  * writes: the same for the kernel and the emulation. Query row i of head h
  * is at queries + i stride + h hd, its output gradient at grads + i Hq hd +
  * h hd. */
@@ -408,40 +521,50 @@ static __host__ __device__ inline key_places key_places_of(float *d_qkv, const f
     return at;
 }
 
-/* Grid (ceil(T / rows), Hkv, B): after the queries kernel (delta). */
+/* Grid (ceil(T / rows), Hkv, B), block THREADS: after the queries kernel
+ * (delta). */
 template <int HD>
-__global__ void __launch_bounds__(tiling<HD>::threads)
+__global__ void __launch_bounds__(THREADS)
     attention_keys_tiled(float *d_qkv, const float *delta, const float *d_out, const float *qkv, const float *lse,
                          int64_t T, int64_t Hq, int64_t Hkv, float scale)
 {
-    typedef tiling<HD> S;
+    typedef tiling<HD, ROWS_BACKWARD> S;
     __shared__ __align__(16) float queries[TILE_FLOATS], grads[TILE_FLOATS];
     __shared__ float lse_tile[S::tile_rows], delta_tile[S::tile_rows];
-    int part = threadIdx.x % S::split, row = threadIdx.x / S::split;
-    int64_t b = blockIdx.z, kh = blockIdx.y, first = (int64_t)blockIdx.x * S::rows, j = first + row;
+    int part = threadIdx.x % S::split;
+    int64_t b = blockIdx.z, kh = blockIdx.y, first = (int64_t)blockIdx.x * S::rows;
+    int64_t j0 = thread_first_row<HD, ROWS_BACKWARD>(first, threadIdx.x);
     int64_t stride = (Hq + 2 * Hkv) * HD, group = Hq / Hkv;
-    key_places at = key_places_of(d_qkv, d_out, qkv, b, kh, j, part, T, Hq, Hkv, HD);
-    key_part st;
-    key_begin(&st, at.k, at.v, j < T);
+    key_places at = key_places_of(d_qkv, d_out, qkv, b, kh, j0, part, T, Hq, Hkv, HD);
+    key_part st[ROWS_BACKWARD];
+    key_rows_begin<ROWS_BACKWARD>(st, at.k, at.v, j0, stride, T);
     for (int64_t h = kh * group; h < (kh + 1) * group; h++)
         for (int64_t q0 = first; q0 < T; q0 += S::tile_rows) {
             __syncthreads();
-            for (int idx = threadIdx.x; idx < S::tile_rows * HD; idx += S::threads) {
+            for (int idx = threadIdx.x; idx < S::tile_rows * HD; idx += THREADS) {
                 tile_element<HD>(queries, at.queries + h * HD, stride, q0, T, idx);
                 tile_element<HD>(grads, at.grads + h * HD, Hq * HD, q0, T, idx);
             }
-            for (int idx = threadIdx.x; idx < S::tile_rows; idx += S::threads)
+            for (int idx = threadIdx.x; idx < S::tile_rows; idx += THREADS)
                 row_stats_element(lse_tile, delta_tile, lse, delta, b, h, q0, T, Hq, idx);
             __syncthreads();
             int n = (int)min64(S::tile_rows, T - q0);
-            for (int ii = 0; ii < n; ii++) {
-                float s = row_sum<S::split>(part_dot(st.k, tile_part<HD>(queries, ii, part))) * scale;
-                float dpv = row_sum<S::split>(part_dot(st.v, tile_part<HD>(grads, ii, part)));
-                key_query(&st, s, dpv, q0 + ii >= j && j < T, lse_tile[ii], delta_tile[ii],
-                          tile_part<HD>(queries, ii, part), tile_part<HD>(grads, ii, part), scale);
+            for (int ii = warp_start<HD, ROWS_BACKWARD>(first, threadIdx.x, q0, n); ii < n; ii++) {
+                float q[PART], g[PART], s[ROWS_BACKWARD], dpv[ROWS_BACKWARD];
+                read_part(q, tile_part<HD>(queries, ii, part));
+                read_part(g, tile_part<HD>(grads, ii, part));
+UNROLL
+                for (int r = 0; r < ROWS_BACKWARD; r++) s[r] = part_dot(st[r].k, q), dpv[r] = part_dot(st[r].v, g);
+UNROLL
+                for (int r = 0; r < ROWS_BACKWARD; r++)
+                    s[r] = row_sum<S::split>(s[r]) * scale, dpv[r] = row_sum<S::split>(dpv[r]);
+UNROLL
+                for (int r = 0; r < ROWS_BACKWARD; r++)
+                    key_query(&st[r], s[r], dpv[r], q0 + ii >= j0 + r && j0 + r < T, lse_tile[ii], delta_tile[ii], q,
+                              g, scale);
             }
         }
-    key_end(&st, at.dk, at.dv, j < T);
+    key_rows_end<ROWS_BACKWARD>(st, at.dk, at.dv, j0, stride, T);
 }
 
 /* ================================================================ launches */
@@ -496,8 +619,9 @@ template <int HD>
 static int forward_launch(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                           float scale, cudaStream_t stream)
 {
-    dim3 grid((unsigned)((T + tiling<HD>::rows - 1) / tiling<HD>::rows), (unsigned)Hq, (unsigned)B);
-    attention_forward_tiled<HD><<<grid, tiling<HD>::threads, 0, stream>>>(out, lse, qkv, T, Hq, Hkv, scale);
+    const int rows = tiling<HD, ROWS_FORWARD>::rows;
+    dim3 grid((unsigned)((T + rows - 1) / rows), (unsigned)Hq, (unsigned)B);
+    attention_forward_tiled<HD><<<grid, THREADS, 0, stream>>>(out, lse, qkv, T, Hq, Hkv, scale);
     return launch_failed("attention_forward_tiled");
 }
 
@@ -506,11 +630,12 @@ static int backward_launch(float *d_qkv, float *delta, const float *d_out, const
                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, float scale,
                            cudaStream_t stream)
 {
-    unsigned tiles = (unsigned)((T + tiling<HD>::rows - 1) / tiling<HD>::rows);
-    attention_queries_tiled<HD><<<dim3(tiles, (unsigned)Hq, (unsigned)B), tiling<HD>::threads, 0, stream>>>(
+    const int rows = tiling<HD, ROWS_BACKWARD>::rows;
+    unsigned tiles = (unsigned)((T + rows - 1) / rows);
+    attention_queries_tiled<HD><<<dim3(tiles, (unsigned)Hq, (unsigned)B), THREADS, 0, stream>>>(
         d_qkv, delta, d_out, qkv, out, lse, T, Hq, Hkv, scale);
     TP_TRY(launch_failed("attention_queries_tiled"));
-    attention_keys_tiled<HD><<<dim3(tiles, (unsigned)Hkv, (unsigned)B), tiling<HD>::threads, 0, stream>>>(
+    attention_keys_tiled<HD><<<dim3(tiles, (unsigned)Hkv, (unsigned)B), THREADS, 0, stream>>>(
         d_qkv, delta, d_out, qkv, lse, T, Hq, Hkv, scale);
     return launch_failed("attention_keys_tiled");
 }
@@ -543,156 +668,177 @@ int cuda_attention_tiled_backward(float *d_qkv, float *delta, const float *d_out
 }
 
 /* =========================================================== CPU emulation
- * Each block in turn; within it, each phase between two __syncthreads for
- * every thread (the tile loads element by element), and each key (or
- * query) step for every row, its threads' partials summed as row_sum does. */
+ * Each block in turn, its THREADS threads holding the kernel's rows; within
+ * the block, each phase between two __syncthreads for every thread (the
+ * tile loads element by element), and each key (or query) step for every
+ * group of a row's threads over the rows its warp meets, the group's
+ * partials summed as row_sum does. Blocks and groups are independent (one
+ * writer an element): their order is the emulation's. */
+
+/* The partials of a group's `split` threads for their R rows, summed
+ * across the threads as row_sum does: sums[p R + r] is thread p's. */
+template <int SPLIT, int R> static void group_sums_emulated(float *sums)
+{
+    for (int r = 0; r < R; r++) {
+        float values[SPLIT];
+        for (int p = 0; p < SPLIT; p++) values[p] = sums[p * R + r];
+        row_sum_emulated<SPLIT>(values);
+        for (int p = 0; p < SPLIT; p++) sums[p * R + r] = values[p];
+    }
+}
 
 template <int HD>
 static int emulate_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv)
 {
-    typedef tiling<HD> S;
+    typedef tiling<HD, ROWS_FORWARD> S;
+    const int R = ROWS_FORWARD, split = S::split;
     float scale = 1.0f / sqrtf((float)HD), *keys = (float *)malloc(TILE_FLOATS * sizeof(float));
     float *values = (float *)malloc(TILE_FLOATS * sizeof(float));
-    forward_part *st = (forward_part *)malloc(S::threads * sizeof *st);
-    row_places *at = (row_places *)malloc(S::threads * sizeof *at);
+    forward_part *st = (forward_part *)malloc(THREADS * R * sizeof *st); /* thread t's row r at t R + r */
+    row_places *at = (row_places *)malloc(THREADS * sizeof *at);
     int status = keys && values && st && at ? TP_OK : tp_fail(TP_ERR_NOMEM, "tiled attention emulation: no memory");
     int64_t stride = (Hq + 2 * Hkv) * HD;
     for (int64_t b = 0; !status && b < B; b++)
         for (int64_t h = 0; h < Hq; h++)
             for (int64_t first = 0; first < T; first += S::rows) {
                 int64_t end = min64(T, first + S::rows);
-                for (int t = 0; t < S::threads; t++) {
-                    int64_t i = first + t / S::split;
-                    at[t] = forward_places(out, lse, qkv, b, h, i, t % S::split, T, Hq, Hkv, HD);
-                    forward_begin(&st[t], at[t].q, i < T);
+                for (int t = 0; t < THREADS; t++) {
+                    int64_t i0 = thread_first_row<HD, R>(first, t);
+                    at[t] = forward_places(out, lse, qkv, b, h, i0, t % split, T, Hq, Hkv, HD);
+                    forward_rows_begin<R>(&st[t * R], at[t].q, i0, stride, T);
                 }
                 for (int64_t k0 = 0; k0 < end; k0 += S::tile_rows) {
                     for (int idx = 0; idx < S::tile_rows * HD; idx++) {
                         tile_element<HD>(keys, at[0].keys, stride, k0, end, idx);
                         tile_element<HD>(values, at[0].values, stride, k0, end, idx);
                     }
-                    int n = (int)min64(S::tile_rows, end - k0);
-                    for (int j = 0; j < n; j++)
-                        for (int row = 0; row < S::rows; row++) {
-                            int64_t i = first + row;
-                            float s[S::split];
-                            for (int p = 0; p < S::split; p++)
-                                s[p] = part_dot(st[row * S::split + p].q, tile_part<HD>(keys, j, p));
-                            row_sum_emulated<S::split>(s);
-                            for (int p = 0; p < S::split; p++)
-                                forward_key(&st[row * S::split + p], s[p] * scale, k0 + j <= i && i < T,
-                                            tile_part<HD>(values, j, p));
+                    for (int t0 = 0; t0 < THREADS; t0 += split) { /* a group: one set of rows, its split parts */
+                        int64_t i0 = thread_first_row<HD, R>(first, t0);
+                        int n = warp_end<HD, R>(first, t0, T, k0, (int)min64(S::tile_rows, end - k0));
+                        for (int j = 0; j < n; j++) {
+                            float s[split * R];
+                            for (int p = 0; p < split; p++)
+                                for (int r = 0; r < R; r++)
+                                    s[p * R + r] = part_dot(st[(t0 + p) * R + r].q, tile_part<HD>(keys, j, p));
+                            group_sums_emulated<split, R>(s);
+                            for (int p = 0; p < split; p++)
+                                for (int r = 0; r < R; r++)
+                                    forward_key(&st[(t0 + p) * R + r], s[p * R + r] * scale,
+                                                k0 + j <= i0 + r && i0 + r < T, tile_part<HD>(values, j, p));
                         }
+                    }
                 }
-                for (int t = 0; t < S::threads; t++)
-                    forward_end(&st[t], at[t].out, at[t].lse, t % S::split, first + t / S::split < T);
+                for (int t = 0; t < THREADS; t++)
+                    forward_rows_end<R>(&st[t * R], at[t].out, at[t].lse, t % split,
+                                        thread_first_row<HD, R>(first, t), Hq * HD, T);
             }
     free(keys), free(values), free(st), free(at);
     return status;
-}
-
-/* A row's two sums in the backward kernels, emulated: s = a . tile_a's row
- * r and dpv = b . tile_b's row r, where a[p] and b[p] are the registers of
- * the row's thread p, each summed across the threads as row_sum does. */
-template <int HD>
-static void emulated_row_sums(const float *const *a, const float *const *b, const float *tile_a, const float *tile_b,
-                              int r, float *s, float *dpv)
-{
-    const int split = tiling<HD>::split;
-    for (int p = 0; p < split; p++) {
-        s[p] = part_dot(a[p], tile_part<HD>(tile_a, r, p));
-        dpv[p] = part_dot(b[p], tile_part<HD>(tile_b, r, p));
-    }
-    row_sum_emulated<split>(s);
-    row_sum_emulated<split>(dpv);
 }
 
 template <int HD>
 static int emulate_backward(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
                             const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv)
 {
-    typedef tiling<HD> S;
+    typedef tiling<HD, ROWS_BACKWARD> S;
+    const int R = ROWS_BACKWARD, split = S::split;
     float scale = 1.0f / sqrtf((float)HD), *tile_a = (float *)malloc(TILE_FLOATS * sizeof(float));
     float *tile_b = (float *)malloc(TILE_FLOATS * sizeof(float));
     float lse_tile[S::tile_rows], delta_tile[S::tile_rows];
-    query_part *qs = (query_part *)malloc(S::threads * sizeof *qs);
-    query_places *qat = (query_places *)malloc(S::threads * sizeof *qat);
-    key_part *ks = (key_part *)malloc(S::threads * sizeof *ks);
-    key_places *kat = (key_places *)malloc(S::threads * sizeof *kat);
+    query_part *qs = (query_part *)malloc(THREADS * R * sizeof *qs); /* thread t's row r at t R + r */
+    query_places *qat = (query_places *)malloc(THREADS * sizeof *qat);
+    key_part *ks = (key_part *)malloc(THREADS * R * sizeof *ks);
+    key_places *kat = (key_places *)malloc(THREADS * sizeof *kat);
     int status = tile_a && tile_b && qs && qat && ks && kat ? TP_OK
                                                      : tp_fail(TP_ERR_NOMEM, "tiled attention emulation: no memory");
-    int64_t stride = (Hq + 2 * Hkv) * HD, group = Hq / Hkv;
+    int64_t stride = (Hq + 2 * Hkv) * HD, out_stride = Hq * HD, group = Hq / Hkv;
     /* The queries kernel's blocks (delta first: the keys kernel reads it). */
     for (int64_t b = 0; !status && b < B; b++)
         for (int64_t h = 0; h < Hq; h++)
             for (int64_t first = 0; first < T; first += S::rows) {
                 int64_t end = min64(T, first + S::rows);
-                for (int row = 0; row < S::rows; row++) {
-                    int64_t i = first + row;
-                    float partial[S::split];
-                    for (int p = 0; p < S::split; p++) {
-                        int t = row * S::split + p;
-                        qat[t] = query_places_of(d_qkv, delta, d_out, qkv, out, lse, b, h, i, p, T, Hq, Hkv, HD);
-                        partial[p] = query_begin(&qs[t], qat[t].q, qat[t].g, qat[t].out, qat[t].lse, i < T);
+                for (int t0 = 0; t0 < THREADS; t0 += split) {
+                    int64_t i0 = thread_first_row<HD, R>(first, t0);
+                    float partial[split * R];
+                    for (int p = 0; p < split; p++) {
+                        int t = t0 + p;
+                        qat[t] = query_places_of(d_qkv, delta, d_out, qkv, out, lse, b, h, i0, p, T, Hq, Hkv, HD);
+                        query_rows_begin<R>(&qs[t * R], &partial[p * R], qat[t].q, qat[t].g, qat[t].out, qat[t].lse, i0,
+                                            stride, out_stride, T);
                     }
-                    row_sum_emulated<S::split>(partial);
-                    for (int p = 0; p < S::split; p++) qs[row * S::split + p].delta = partial[p];
+                    group_sums_emulated<split, R>(partial);
+                    for (int p = 0; p < split; p++)
+                        for (int r = 0; r < R; r++) qs[(t0 + p) * R + r].delta = partial[p * R + r];
                 }
                 for (int64_t k0 = 0; k0 < end; k0 += S::tile_rows) {
                     for (int idx = 0; idx < S::tile_rows * HD; idx++) {
                         tile_element<HD>(tile_a, qat[0].keys, stride, k0, end, idx);
                         tile_element<HD>(tile_b, qat[0].values, stride, k0, end, idx);
                     }
-                    int n = (int)min64(S::tile_rows, end - k0);
-                    for (int j = 0; j < n; j++)
-                        for (int row = 0; row < S::rows; row++) {
-                            int64_t i = first + row;
-                            float s[S::split], dpv[S::split];
-                            const float *q[S::split], *g[S::split];
-                            for (int p = 0; p < S::split; p++)
-                                q[p] = qs[row * S::split + p].q, g[p] = qs[row * S::split + p].g;
-                            emulated_row_sums<HD>(q, g, tile_a, tile_b, j, s, dpv);
-                            for (int p = 0; p < S::split; p++)
-                                query_key(&qs[row * S::split + p], s[p] * scale, dpv[p], k0 + j <= i && i < T,
-                                          tile_part<HD>(tile_a, j, p), scale);
+                    for (int t0 = 0; t0 < THREADS; t0 += split) {
+                        int64_t i0 = thread_first_row<HD, R>(first, t0);
+                        int n = warp_end<HD, R>(first, t0, T, k0, (int)min64(S::tile_rows, end - k0));
+                        for (int j = 0; j < n; j++) {
+                            float s[split * R], dpv[split * R];
+                            for (int p = 0; p < split; p++)
+                                for (int r = 0; r < R; r++) {
+                                    const query_part *row = &qs[(t0 + p) * R + r];
+                                    s[p * R + r] = part_dot(row->q, tile_part<HD>(tile_a, j, p));
+                                    dpv[p * R + r] = part_dot(row->g, tile_part<HD>(tile_b, j, p));
+                                }
+                            group_sums_emulated<split, R>(s);
+                            group_sums_emulated<split, R>(dpv);
+                            for (int p = 0; p < split; p++)
+                                for (int r = 0; r < R; r++)
+                                    query_key(&qs[(t0 + p) * R + r], s[p * R + r] * scale, dpv[p * R + r],
+                                              k0 + j <= i0 + r && i0 + r < T, tile_part<HD>(tile_a, j, p), scale);
                         }
+                    }
                 }
-                for (int t = 0; t < S::threads; t++)
-                    query_end(&qs[t], qat[t].dq, qat[t].delta, t % S::split, first + t / S::split < T);
+                for (int t = 0; t < THREADS; t++)
+                    query_rows_end<R>(&qs[t * R], qat[t].dq, qat[t].delta, t % split,
+                                      thread_first_row<HD, R>(first, t), stride, T);
             }
     /* The keys kernel's blocks. */
     for (int64_t b = 0; !status && b < B; b++)
         for (int64_t kh = 0; kh < Hkv; kh++)
             for (int64_t first = 0; first < T; first += S::rows) {
-                for (int t = 0; t < S::threads; t++) {
-                    int64_t j = first + t / S::split;
-                    kat[t] = key_places_of(d_qkv, d_out, qkv, b, kh, j, t % S::split, T, Hq, Hkv, HD);
-                    key_begin(&ks[t], kat[t].k, kat[t].v, j < T);
+                for (int t = 0; t < THREADS; t++) {
+                    int64_t j0 = thread_first_row<HD, R>(first, t);
+                    kat[t] = key_places_of(d_qkv, d_out, qkv, b, kh, j0, t % split, T, Hq, Hkv, HD);
+                    key_rows_begin<R>(&ks[t * R], kat[t].k, kat[t].v, j0, stride, T);
                 }
                 for (int64_t h = kh * group; h < (kh + 1) * group; h++)
                     for (int64_t q0 = first; q0 < T; q0 += S::tile_rows) {
                         for (int idx = 0; idx < S::tile_rows * HD; idx++) {
                             tile_element<HD>(tile_a, kat[0].queries + h * HD, stride, q0, T, idx);
-                            tile_element<HD>(tile_b, kat[0].grads + h * HD, Hq * HD, q0, T, idx);
+                            tile_element<HD>(tile_b, kat[0].grads + h * HD, out_stride, q0, T, idx);
                         }
                         for (int idx = 0; idx < S::tile_rows; idx++)
                             row_stats_element(lse_tile, delta_tile, lse, delta, b, h, q0, T, Hq, idx);
                         int n = (int)min64(S::tile_rows, T - q0);
-                        for (int ii = 0; ii < n; ii++)
-                            for (int row = 0; row < S::rows; row++) {
-                                int64_t j = first + row;
-                                float s[S::split], dpv[S::split];
-                                const float *k[S::split], *v[S::split];
-                                for (int p = 0; p < S::split; p++)
-                                    k[p] = ks[row * S::split + p].k, v[p] = ks[row * S::split + p].v;
-                                emulated_row_sums<HD>(k, v, tile_a, tile_b, ii, s, dpv);
-                                for (int p = 0; p < S::split; p++)
-                                    key_query(&ks[row * S::split + p], s[p] * scale, dpv[p], q0 + ii >= j && j < T,
-                                              lse_tile[ii], delta_tile[ii], tile_part<HD>(tile_a, ii, p),
-                                              tile_part<HD>(tile_b, ii, p), scale);
+                        for (int t0 = 0; t0 < THREADS; t0 += split) {
+                            int64_t j0 = thread_first_row<HD, R>(first, t0);
+                            for (int ii = warp_start<HD, R>(first, t0, q0, n); ii < n; ii++) {
+                                float s[split * R], dpv[split * R];
+                                for (int p = 0; p < split; p++)
+                                    for (int r = 0; r < R; r++) {
+                                        const key_part *row = &ks[(t0 + p) * R + r];
+                                        s[p * R + r] = part_dot(row->k, tile_part<HD>(tile_a, ii, p));
+                                        dpv[p * R + r] = part_dot(row->v, tile_part<HD>(tile_b, ii, p));
+                                    }
+                                group_sums_emulated<split, R>(s);
+                                group_sums_emulated<split, R>(dpv);
+                                for (int p = 0; p < split; p++)
+                                    for (int r = 0; r < R; r++)
+                                        key_query(&ks[(t0 + p) * R + r], s[p * R + r] * scale, dpv[p * R + r],
+                                                  q0 + ii >= j0 + r && j0 + r < T, lse_tile[ii], delta_tile[ii],
+                                                  tile_part<HD>(tile_a, ii, p), tile_part<HD>(tile_b, ii, p), scale);
                             }
+                        }
                     }
-                for (int t = 0; t < S::threads; t++) key_end(&ks[t], kat[t].dk, kat[t].dv, first + t / S::split < T);
+                for (int t = 0; t < THREADS; t++)
+                    key_rows_end<R>(&ks[t * R], kat[t].dk, kat[t].dv, thread_first_row<HD, R>(first, t), stride, T);
             }
     free(tile_a), free(tile_b), free(qs), free(qat), free(ks), free(kat);
     return status;
