@@ -182,7 +182,9 @@ template <int HD, int R> static __host__ __device__ inline int64_t thread_first_
 template <int HD, int R>
 static __host__ __device__ inline int warp_end(int64_t block_first, int t, int64_t T, int64_t k0, int n)
 {
-    int64_t warp_last = min64(T, block_first + (int64_t)(t / 32 + 1) * tiling<HD, R>::warp_rows) - 1;
+    int64_t warp_first = block_first + (int64_t)(t / 32) * tiling<HD, R>::warp_rows;
+    if (warp_first >= T) return 0; /* the last block's warps past the sequence */
+    int64_t warp_last = min64(T, warp_first + tiling<HD, R>::warp_rows) - 1;
     return (int)max64(0, min64(n, warp_last - k0 + 1));
 }
 
