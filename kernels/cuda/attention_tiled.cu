@@ -689,6 +689,24 @@ template <int SPLIT, int R> static void group_sums_emulated(float *sums)
     }
 }
 
+/* A group's two sums for each of its rows at a tile's row `row`: s = a .
+ * tile_a's row and dpv = b . tile_b's, where a[p R + r] and b[p R + r] are
+ * the registers of thread p's row r, each summed across the group's threads
+ * as row_sum does (the backward kernels' two scores). */
+template <int HD, int R>
+static void group_dots_emulated(const float *const *a, const float *const *b, const float *tile_a, const float *tile_b,
+                                int row, float *s, float *dpv)
+{
+    const int split = HD / PART;
+    for (int p = 0; p < split; p++)
+        for (int r = 0; r < R; r++) {
+            s[p * R + r] = part_dot(a[p * R + r], tile_part<HD>(tile_a, row, p));
+            dpv[p * R + r] = part_dot(b[p * R + r], tile_part<HD>(tile_b, row, p));
+        }
+    group_sums_emulated<split, R>(s);
+    group_sums_emulated<split, R>(dpv);
+}
+
 template <int HD>
 static int emulate_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv)
 {
@@ -780,16 +798,11 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
                     for (int t0 = 0; t0 < THREADS; t0 += split) {
                         int64_t i0 = thread_first_row<HD, R>(first, t0);
                         int n = warp_end<HD, R>(first, t0, T, k0, (int)min64(S::tile_rows, end - k0));
+                        const float *q[split * R], *g[split * R];
+                        for (int x = 0; x < split * R; x++) q[x] = qs[t0 * R + x].q, g[x] = qs[t0 * R + x].g;
                         for (int j = 0; j < n; j++) {
                             float s[split * R], dpv[split * R];
-                            for (int p = 0; p < split; p++)
-                                for (int r = 0; r < R; r++) {
-                                    const query_part *row = &qs[(t0 + p) * R + r];
-                                    s[p * R + r] = part_dot(row->q, tile_part<HD>(tile_a, j, p));
-                                    dpv[p * R + r] = part_dot(row->g, tile_part<HD>(tile_b, j, p));
-                                }
-                            group_sums_emulated<split, R>(s);
-                            group_sums_emulated<split, R>(dpv);
+                            group_dots_emulated<HD, R>(q, g, tile_a, tile_b, j, s, dpv);
                             for (int p = 0; p < split; p++)
                                 for (int r = 0; r < R; r++)
                                     query_key(&qs[(t0 + p) * R + r], s[p * R + r] * scale, dpv[p * R + r],
@@ -821,16 +834,11 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
                         int n = (int)min64(S::tile_rows, T - q0);
                         for (int t0 = 0; t0 < THREADS; t0 += split) {
                             int64_t j0 = thread_first_row<HD, R>(first, t0);
+                            const float *k[split * R], *v[split * R];
+                            for (int x = 0; x < split * R; x++) k[x] = ks[t0 * R + x].k, v[x] = ks[t0 * R + x].v;
                             for (int ii = warp_start<HD, R>(first, t0, q0, n); ii < n; ii++) {
                                 float s[split * R], dpv[split * R];
-                                for (int p = 0; p < split; p++)
-                                    for (int r = 0; r < R; r++) {
-                                        const key_part *row = &ks[(t0 + p) * R + r];
-                                        s[p * R + r] = part_dot(row->k, tile_part<HD>(tile_a, ii, p));
-                                        dpv[p * R + r] = part_dot(row->v, tile_part<HD>(tile_b, ii, p));
-                                    }
-                                group_sums_emulated<split, R>(s);
-                                group_sums_emulated<split, R>(dpv);
+                                group_dots_emulated<HD, R>(k, v, tile_a, tile_b, ii, s, dpv);
                                 for (int p = 0; p < split; p++)
                                     for (int r = 0; r < R; r++)
                                         key_query(&ks[(t0 + p) * R + r], s[p * R + r] * scale, dpv[p * R + r],
