@@ -346,8 +346,11 @@ phase_profile() {
 # (synccheck) in every kernel a step runs, ours and the libraries'. Small
 # shapes chosen for their paths: head size 64 (cuDNN's attention) with
 # widths a multiple of 8 (cuBLASLt's epilogues), a checkpoint saved and
-# resumed; Llama with a shared key/value head; and widths of no alignment
-# (the tiled attention, GELU apart from the product, an odd vocabulary). In
+# resumed; Llama with a shared key/value head; widths of no alignment
+# (head size 24: the rows attention; GELU apart from the product, an odd
+# vocabulary); and fp32's tiled attention at head size 64 over 100
+# positions, whose last block's rows and warps lie partly past the
+# sequence (the kernels' bounds; 128 positions fill their blocks). In
 # order of worth, each in what the limit leaves; one not started for want
 # of time says so. SANITIZER: the program (else compute-sanitizer on PATH or
 # in the CUDA toolkit). initcheck runs in fp32: in bf16 it reports every
@@ -358,6 +361,7 @@ phase_profile() {
 SANITIZE_GPT="--layers 2 --dim 128 --heads 2 --vocab 256 --seq 128 --micro-batch 2"
 SANITIZE_LLAMA="--arch llama --layers 2 --dim 128 --heads 2 --kv-heads 1 --vocab 256 --seq 128 --micro-batch 2"
 SANITIZE_ODD="--layers 2 --dim 72 --heads 3 --ffn 100 --vocab 250 --seq 40 --micro-batch 3"
+SANITIZE_TILED="--layers 1 --dim 128 --heads 2 --vocab 256 --seq 100 --micro-batch 2"
 phase_sanitize() {
     started=$(date +%s)
     : >"$OUTDIR/sanitize.log"
@@ -414,6 +418,7 @@ memcheck-gpt-bf16-resumed memcheck $SANITIZE_GPT --dtype bf16 --steps 3 --ckpt-d
 memcheck-llama-bf16 memcheck $SANITIZE_LLAMA --dtype bf16 --steps 2
 memcheck-odd-bf16 memcheck $SANITIZE_ODD --dtype bf16 --steps 2
 memcheck-odd-fp32 memcheck $SANITIZE_ODD --steps 2
+memcheck-tiled-fp32 memcheck $SANITIZE_TILED --steps 1
 initcheck-gpt-fp32 initcheck $SANITIZE_GPT --steps 1
 racecheck-odd-bf16 racecheck $SANITIZE_ODD --dtype bf16 --steps 1
 racecheck-gpt-fp32 racecheck $SANITIZE_GPT --steps 1
