@@ -351,8 +351,9 @@ phase_profile() {
 # vocabulary); and fp32's tiled attention at head size 64 over 100
 # positions, whose last block's rows and warps lie partly past the
 # sequence (the kernels' bounds; 128 positions fill their blocks). In
-# order of worth, each in what the limit leaves; one not started for want
-# of time says so. SANITIZER: the program (else compute-sanitizer on PATH or
+# order of worth (what changed since the last GPU run first: a lease gives
+# the phase 55 s, and the H200's did not reach synccheck), each in what the
+# limit leaves; one not started for want of time says so. SANITIZER: the program (else compute-sanitizer on PATH or
 # in the CUDA toolkit). initcheck runs in fp32: in bf16 it reports every
 # read of what cuBLAS's and cuBLASLt's bf16 kernels (nvjet, bulk tensor
 # stores) wrote as never written (H200, 2026-11-28: 311,296 reports in one
@@ -414,14 +415,14 @@ phase_sanitize() {
         fi
     done <<RUNS
 memcheck-gpt-bf16 memcheck $SANITIZE_GPT --dtype bf16 --steps 2 --ckpt-dir $ckpt --ckpt-every 2
-memcheck-gpt-bf16-resumed memcheck $SANITIZE_GPT --dtype bf16 --steps 3 --ckpt-dir $ckpt --resume
-memcheck-llama-bf16 memcheck $SANITIZE_LLAMA --dtype bf16 --steps 2
-memcheck-odd-bf16 memcheck $SANITIZE_ODD --dtype bf16 --steps 2
-memcheck-odd-fp32 memcheck $SANITIZE_ODD --steps 2
 memcheck-tiled-fp32 memcheck $SANITIZE_TILED --steps 1
+memcheck-odd-bf16 memcheck $SANITIZE_ODD --dtype bf16 --steps 2
+memcheck-llama-bf16 memcheck $SANITIZE_LLAMA --dtype bf16 --steps 2
+memcheck-gpt-bf16-resumed memcheck $SANITIZE_GPT --dtype bf16 --steps 3 --ckpt-dir $ckpt --resume
+memcheck-odd-fp32 memcheck $SANITIZE_ODD --steps 2
 initcheck-gpt-fp32 initcheck $SANITIZE_GPT --steps 1
-racecheck-odd-bf16 racecheck $SANITIZE_ODD --dtype bf16 --steps 1
 racecheck-gpt-fp32 racecheck $SANITIZE_GPT --steps 1
+racecheck-odd-bf16 racecheck $SANITIZE_ODD --dtype bf16 --steps 1
 synccheck-odd-bf16 synccheck $SANITIZE_ODD --dtype bf16 --steps 1
 RUNS
     rm -rf "$ckpt" "$DEST/sanitize.run"

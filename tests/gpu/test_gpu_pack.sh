@@ -268,9 +268,9 @@ check_all "gpu-check --phase sanitize: ten runs, in order ($(awk '{print $1}' "$
     '[ "$(awk "{print \$1}" "$FAKE_SANITIZER_LOG" | tr "\n" " ")" = "memcheck memcheck memcheck memcheck memcheck memcheck initcheck racecheck racecheck synccheck " ]'
 check_all "gpu-check --phase sanitize: a bf16 step on the GPU saving a checkpoint, then resuming it" \
     'sed -n 1p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck build/bin/tp-train --device cuda .* --dtype bf16 --steps 2 --ckpt-dir .* --ckpt-every 2$" &&
-     sed -n 2p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck build/bin/tp-train --device cuda .* --dtype bf16 --steps 3 --ckpt-dir .* --resume$"'
+     sed -n 5p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck build/bin/tp-train --device cuda .* --dtype bf16 --steps 3 --ckpt-dir .* --resume$"'
 check_all "gpu-check --phase sanitize: fp32's tiled attention over 100 positions (blocks partly past them)" \
-    'sed -n 6p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck build/bin/tp-train --device cuda --layers 1 --dim 128 --heads 2 .*--seq 100 "'
+    'sed -n 2p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck build/bin/tp-train --device cuda --layers 1 --dim 128 --heads 2 .*--seq 100 "'
 check "gpu-check --phase sanitize: a clean run's verdict" \
     grep -Eq '^sanitize: memcheck-gpt-bf16 \(memcheck, [0-9]+ s\): ERROR SUMMARY: 0 errors$' "$S/summary.txt"
 check "gpu-check --phase sanitize: a race check's verdict" \
