@@ -28,7 +28,8 @@
 #            COUNT": a window of launches; PROFILE_KERNELS: a regex)
 #   sanitize compute-sanitizer over a few steps of small models, each
 #            path of a step once (cuDNN's attention and cuBLASLt's epilogues,
-#            a checkpoint saved and resumed, Llama, unaligned widths):
+#            a checkpoint saved and resumed, Llama, unaligned widths, fp32's
+#            tiled attention past its last block's sequence):
 #            memcheck, then initcheck, racecheck and synccheck, in what the
 #            limit leaves; sanitize.log
 #   all      the four phases tests to profile in turn (where a command may run long enough)
@@ -353,12 +354,13 @@ phase_profile() {
 # sequence (the kernels' bounds; 128 positions fill their blocks). In
 # order of worth (what changed since the last GPU run first: a lease gives
 # the phase 55 s, and the H200's did not reach synccheck), each in what the
-# limit leaves; one not started for want of time says so. SANITIZER: the program (else compute-sanitizer on PATH or
-# in the CUDA toolkit). initcheck runs in fp32: in bf16 it reports every
-# read of what cuBLAS's and cuBLASLt's bf16 kernels (nvjet, bulk tensor
-# stores) wrote as never written (H200, 2026-11-28: 311,296 reports in one
-# step, all reads of products' outputs that the tests check value by value;
-# with the epilogues off too; fp32, whose kernels store plainly: none).
+# limit leaves; one not started for want of time says so. SANITIZER: the
+# program (else compute-sanitizer on PATH or in the CUDA toolkit).
+# initcheck runs in fp32: in bf16 it reports every read of what cuBLAS's
+# and cuBLASLt's bf16 kernels (nvjet, bulk tensor stores) wrote as never
+# written (H200, 2026-11-28: 311,296 reports in one step, all reads of
+# products' outputs that the tests check value by value; with the
+# epilogues off too; fp32, whose kernels store plainly: none).
 SANITIZE_GPT="--layers 2 --dim 128 --heads 2 --vocab 256 --seq 128 --micro-batch 2"
 SANITIZE_LLAMA="--arch llama --layers 2 --dim 128 --heads 2 --kv-heads 1 --vocab 256 --seq 128 --micro-batch 2"
 SANITIZE_ODD="--layers 2 --dim 72 --heads 3 --ffn 100 --vocab 250 --seq 40 --micro-batch 3"
