@@ -66,19 +66,23 @@ extern "C" {
 #define UNROLL
 #endif
 
-/* The shape of a kernel for a head size HD and R rows a thread: `split`
- * threads a row, THREADS threads holding `rows` rows a block (query rows in
- * the forward and queries kernels, key rows in the keys kernel), thread t
- * the part t % split of rows (t / split) R to (t / split) R + R - 1 of the
- * block, so that a warp holds `warp_rows` consecutive rows; a shared tile
- * of `tile_rows` rows (so that a tile is TILE_FLOATS). */
-template <int HD, int R> struct tiling {
+/* The shared tiles for a head size HD: a row's `split` parts, each of
+ * PART_STRIDE floats, `row_floats` a row; `tile_rows` rows a tile (so that
+ * a tile is TILE_FLOATS). */
+template <int HD> struct tile_layout {
     static constexpr int split = HD / PART;
-    static constexpr int threads = THREADS;
-    static constexpr int rows = THREADS / split * R;
-    static constexpr int warp_rows = 32 / split * R;
     static constexpr int row_floats = split * PART_STRIDE;
     static constexpr int tile_rows = TILE_FLOATS / row_floats;
+};
+
+/* The shape of a kernel for a head size HD and R rows a thread: a row's
+ * `split` threads, THREADS threads holding `rows` rows a block (query rows
+ * in the forward and queries kernels, key rows in the keys kernel), thread
+ * t the part t % split of rows (t / split) R to (t / split) R + R - 1 of
+ * the block, so that a warp holds `warp_rows` consecutive rows. */
+template <int HD, int R> struct tiling : tile_layout<HD> {
+    static constexpr int rows = THREADS / tile_layout<HD>::split * R;
+    static constexpr int warp_rows = 32 / tile_layout<HD>::split * R;
 };
 
 static __host__ __device__ inline int64_t min64(int64_t a, int64_t b)
@@ -100,14 +104,14 @@ static __host__ __device__ inline void tile_element(float *tile, const float *sr
 {
     int r = idx / HD, d = idx % HD;
     int64_t row = first + r;
-    tile[r * (HD / PART) * PART_STRIDE + (d / PART) * PART_STRIDE + d % PART] =
+    tile[r * tile_layout<HD>::row_floats + (d / PART) * PART_STRIDE + d % PART] =
         row < limit ? src[row * stride + d] : 0.0f;
 }
 
 /* A row's part in shared memory. */
 template <int HD> static __host__ __device__ inline const float *tile_part(const float *tile, int row, int part)
 {
-    return tile + row * (HD / PART) * PART_STRIDE + part * PART_STRIDE;
+    return tile + row * tile_layout<HD>::row_floats + part * PART_STRIDE;
 }
 
 /* A part in shared memory into registers, four floats a load (parts and
