@@ -35,6 +35,10 @@
 #     bf16 row of its own at the first model and micro-batch: what the code
 #     each one sets aside bought, or what repeating bit for bit costs,
 #     measured in the same run (empty: none)
+#   BENCH_FP32_VARIANTS (default "TP_CUDA_TILED_FORWARD_ROWS=2
+#     TP_CUDA_TILED_FORWARD_ROWS=3"): the same for fp32 rows (where the
+#     first micro-batch has them): which of the tiled forward's shapes runs
+#     fastest (empty: none)
 #   BENCH_REFERENCE_DTYPES (default bf16): the reference's dtypes (fp32 bf16)
 #   BENCH_COMPILE (default "124M:16 124M:4 350M:16 350M:4"): the
 #     model:micro-batch rows tried under torch.compile, in this order
@@ -59,14 +63,15 @@
 #   tp-train, 6 steps: 124M bf16 mb 4 4 s, mb 16 7 s, fp32 mb 4 4.5 s;
 #     350M 7.5 s, 15 s, 8.5 s                                      47 s
 #   the variants, 124M bf16 mb 4: epilogues off 4 s, tiled 5 s,
-#     deterministic 4 s                                               13 s
+#     deterministic 4 s; 124M fp32 mb 4: the tiled forward's 2 and 3
+#     rows a thread, 4.5 s each                                       22 s
 #   reference bf16, 10 steps: 124M 5.5 s, 6.5 s; 350M 6 s, 9 s     27 s
 #   loop, one process a model, 11 steps a row: 124M 7 s, 350M 11 s 18 s
 #   checkpoint stall, 124M mb 4, 12 steps sync and async, then
 #     async spaced (3 saves, 1.5 sync saves apart: about 5 s more)   30 s
 #   the GPU and PyTorch checks at the start                         5 s
-#   without compiling                                           about 135 s
-# which leaves about 95 s of BENCH_BUDGET's 230 for torch.compile: 124M at
+#   without compiling                                           about 144 s
+# which leaves about 86 s of BENCH_BUDGET's 230 for torch.compile: 124M at
 # micro-batch 16 gets its 90 s; what is left goes to the next. Under
 # gpu-check --phase lease (bench's limit 220 s) the whole phase stays under
 # 220 s; a slower machine loses compile rows first, then the last rows.
@@ -82,7 +87,8 @@ FP32_MBS=${BENCH_FP32_MICRO_BATCH-4}
 MODELS=${BENCH_MODELS:-124M 350M}
 SEQ=${BENCH_SEQ:-1024}
 VARIANTS=${BENCH_VARIANTS-TP_CUDA_EPILOGUE=off TP_CUDA_ATTENTION=tiled TP_CUDA_DETERMINISTIC=1}
-for variant in $VARIANTS; do
+FP32_VARIANTS=${BENCH_FP32_VARIANTS-TP_CUDA_TILED_FORWARD_ROWS=2 TP_CUDA_TILED_FORWARD_ROWS=3}
+for variant in $VARIANTS $FP32_VARIANTS; do
     case $variant in
     [A-Za-z_]*=*) ;;
     *) echo "bench-gpu: BENCH_VARIANTS: '$variant' is not NAME=VALUE" >&2; exit 2 ;;
@@ -264,7 +270,8 @@ $TABLE
 
 Command: \`make bench-gpu\` (BENCH_STEPS=$STEPS, BENCH_TORCH_STEPS=$TORCH_STEPS, BENCH_MICRO_BATCH="$MBS",
 BENCH_FP32_MICRO_BATCH="$FP32_MBS", BENCH_MODELS="$MODELS", BENCH_SEQ=$SEQ, BENCH_COMPILE="$COMPILE",
-BENCH_COMPILE_LIMIT=$COMPILE_LIMIT, BENCH_BUDGET=$BUDGET, BENCH_VARIANTS="$VARIANTS").
+BENCH_COMPILE_LIMIT=$COMPILE_LIMIT, BENCH_BUDGET=$BUDGET, BENCH_VARIANTS="$VARIANTS",
+BENCH_FP32_VARIANTS="$FP32_VARIANTS").
 EOF
 }
 set -- $MODELS
@@ -288,7 +295,9 @@ for name in $MODELS; do
         case " $FP32_MBS " in *" $mb "*) dtypes="bf16 fp32" ;; esac
         for dtype in $dtypes; do
             variants=""
-            [ "$name" = "$CKPT_NAME" ] && [ "$mb" = "${MBS%% *}" ] && [ "$dtype" = bf16 ] && variants=$VARIANTS
+            if [ "$name" = "$CKPT_NAME" ] && [ "$mb" = "${MBS%% *}" ]; then
+                if [ "$dtype" = bf16 ]; then variants=$VARIANTS; else variants=$FP32_VARIANTS; fi
+            fi
             for variant in "" $variants; do
                 key=tp-train-${variant:+$variant-}$dtype
                 log="$DIR/$name-$mb-$(printf %s "$key" | tr -c 'A-Za-z0-9_=.-' _).jsonl"

@@ -453,7 +453,11 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
                              size_t size)
 {
     cuda_attention_choice choice = cuda_attention_chosen();
-    const char *kernels = tiled_runs(B, Hq, hd) ? "tiled" : "rows";
+    char kernels[96] = "rows";
+    if (tiled_runs(B, Hq, hd))
+        snprintf(kernels, sizeof kernels, cuda_tiled_forward_rows() == 4 ? "tiled"
+                                          : "tiled (forward: %d rows a thread, TP_CUDA_TILED_FORWARD_ROWS)",
+                 cuda_tiled_forward_rows());
     const char *why_rows = choice == CUDA_ATTENTION_ROWS ? " (TP_CUDA_ATTENTION=rows)"
                            : tiled_runs(B, Hq, hd)        ? ""
                                                           : " (the tiled kernels take head sizes 32, 64, 128, 256)";

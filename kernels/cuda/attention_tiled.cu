@@ -13,7 +13,10 @@
  *
  * Each thread holds the same part of several rows (ROWS_FORWARD in the
  * forward, ROWS_BACKWARD in the backward's kernels): a part read from
- * shared memory into registers once serves all of them. With one row a
+ * shared memory into registers once serves all of them. The forward's rows
+ * may be chosen (TP_CUDA_TILED_FORWARD_ROWS: 2, 3 or 4): 4 rows take about
+ * 226 registers, 2 blocks an SM; 3 about 168 (3 blocks), 2 about 127 (4
+ * blocks), none spilling; which is fastest is the GPU's to say. With one row a
  * thread, the kernels made a 16-byte shared load for every 4
  * multiply-adds (twice that in the backward, which read each part twice),
  * and ran at about a fifth of the GPU's fp32 rate: the shared loads, not
@@ -53,7 +56,7 @@ extern "C" {
 #define PART_STRIDE 20   /* floats of a part in shared memory: 4 of padding put a row's parts in other banks */
 #define TILE_FLOATS 5120 /* one shared tile: 256 parts of PART_STRIDE floats, 20 KiB */
 #define THREADS 128      /* a block's threads */
-#define ROWS_FORWARD 4   /* rows a thread holds in the forward (2 x 16 floats of state each) */
+#define ROWS_FORWARD 4   /* rows a thread holds in the forward (2 x 16 floats of state each), unless chosen */
 #define ROWS_BACKWARD 2  /* and in the backward's kernels (3 and 4 x 16 floats each) */
 #define MAX_GRID_YZ 65535
 
@@ -279,20 +282,20 @@ static __host__ __device__ inline row_places forward_places(float *out, float *l
 }
 
 /* Grid (ceil(T / rows), Hq, B); block THREADS. */
-template <int HD>
+template <int HD, int R>
 __global__ void __launch_bounds__(THREADS)
     attention_forward_tiled(float *out, float *lse, const float *qkv, int64_t T, int64_t Hq, int64_t Hkv, float scale)
 {
-    typedef tiling<HD, ROWS_FORWARD> S;
+    typedef tiling<HD, R> S;
     __shared__ __align__(16) float keys[TILE_FLOATS], values[TILE_FLOATS];
     int part = threadIdx.x % S::split;
     /* The last rows meet the most keys: their blocks first, so that no long block starts last. */
     int64_t b = blockIdx.z, h = blockIdx.y, first = (int64_t)(gridDim.x - 1 - blockIdx.x) * S::rows;
-    int64_t i0 = thread_first_row<HD, ROWS_FORWARD>(first, threadIdx.x);
+    int64_t i0 = thread_first_row<HD, R>(first, threadIdx.x);
     int64_t stride = (Hq + 2 * Hkv) * HD, end = min64(T, first + S::rows);
     row_places at = forward_places(out, lse, qkv, b, h, i0, part, T, Hq, Hkv, HD);
-    forward_part st[ROWS_FORWARD];
-    forward_rows_begin<ROWS_FORWARD>(st, at.q, i0, stride, T);
+    forward_part st[R];
+    forward_rows_begin<R>(st, at.q, i0, stride, T);
     for (int64_t k0 = 0; k0 < end; k0 += S::tile_rows) {
         __syncthreads(); /* every thread is done with the last tile */
         for (int idx = threadIdx.x; idx < S::tile_rows * HD; idx += THREADS) {
@@ -300,20 +303,20 @@ __global__ void __launch_bounds__(THREADS)
             tile_element<HD>(values, at.values, stride, k0, end, idx);
         }
         __syncthreads();
-        int n = warp_end<HD, ROWS_FORWARD>(first, threadIdx.x, T, k0, (int)min64(S::tile_rows, end - k0));
+        int n = warp_end<HD, R>(first, threadIdx.x, T, k0, (int)min64(S::tile_rows, end - k0));
         for (int j = 0; j < n; j++) {
-            float part_of[PART], s[ROWS_FORWARD];
+            float part_of[PART], s[R];
             read_part(part_of, tile_part<HD>(keys, j, part));
 UNROLL
-            for (int r = 0; r < ROWS_FORWARD; r++) s[r] = part_dot(st[r].q, part_of);
+            for (int r = 0; r < R; r++) s[r] = part_dot(st[r].q, part_of);
 UNROLL
-            for (int r = 0; r < ROWS_FORWARD; r++) s[r] = row_sum<S::split>(s[r]) * scale;
+            for (int r = 0; r < R; r++) s[r] = row_sum<S::split>(s[r]) * scale;
             read_part(part_of, tile_part<HD>(values, j, part));
 UNROLL
-            for (int r = 0; r < ROWS_FORWARD; r++) forward_key(&st[r], s[r], k0 + j <= i0 + r && i0 + r < T, part_of);
+            for (int r = 0; r < R; r++) forward_key(&st[r], s[r], k0 + j <= i0 + r && i0 + r < T, part_of);
         }
     }
-    forward_rows_end<ROWS_FORWARD>(st, at.out, at.lse, part, i0, Hq * HD, T);
+    forward_rows_end<R>(st, at.out, at.lse, part, i0, Hq * HD, T);
 }
 
 /* ======================================================== backward: queries */
@@ -609,6 +612,21 @@ int cuda_deterministic_chosen(void)
     return deterministic;
 }
 
+static int forward_rows = ROWS_FORWARD; /* cuda_tiled_forward_rows_variant */
+
+extern "C" int cuda_tiled_forward_rows_variant(const char *value)
+{
+    if (!value || !value[0]) forward_rows = ROWS_FORWARD;
+    else if (strcmp(value, "2") == 0 || strcmp(value, "3") == 0 || strcmp(value, "4") == 0) forward_rows = value[0] - '0';
+    else return tp_fail(TP_ERR_ARG, "TP_CUDA_TILED_FORWARD_ROWS: '%s' is not 2, 3 or 4", value);
+    return TP_OK;
+}
+
+int cuda_tiled_forward_rows(void)
+{
+    return forward_rows;
+}
+
 extern "C" int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd)
 {
     return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && B >= 1 && B <= MAX_GRID_YZ && Hq >= 1 &&
@@ -621,14 +639,25 @@ static int launch_failed(const char *what)
     return error == cudaSuccess ? TP_OK : tp_fail(TP_ERR_DEVICE, "CUDA %s: %s", what, cudaGetErrorString(error));
 }
 
+template <int HD, int R>
+static int forward_launch_rows(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                               int64_t Hkv, float scale, cudaStream_t stream)
+{
+    const int rows = tiling<HD, R>::rows;
+    dim3 grid((unsigned)((T + rows - 1) / rows), (unsigned)Hq, (unsigned)B);
+    attention_forward_tiled<HD, R><<<grid, THREADS, 0, stream>>>(out, lse, qkv, T, Hq, Hkv, scale);
+    return launch_failed("attention_forward_tiled");
+}
+
 template <int HD>
 static int forward_launch(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                           float scale, cudaStream_t stream)
 {
-    const int rows = tiling<HD, ROWS_FORWARD>::rows;
-    dim3 grid((unsigned)((T + rows - 1) / rows), (unsigned)Hq, (unsigned)B);
-    attention_forward_tiled<HD><<<grid, THREADS, 0, stream>>>(out, lse, qkv, T, Hq, Hkv, scale);
-    return launch_failed("attention_forward_tiled");
+    switch (forward_rows) {
+    case 2: return forward_launch_rows<HD, 2>(out, lse, qkv, B, T, Hq, Hkv, scale, stream);
+    case 3: return forward_launch_rows<HD, 3>(out, lse, qkv, B, T, Hq, Hkv, scale, stream);
+    default: return forward_launch_rows<HD, 4>(out, lse, qkv, B, T, Hq, Hkv, scale, stream);
+    }
 }
 
 template <int HD>
@@ -711,11 +740,12 @@ static void group_dots_emulated(const float *const *a, const float *const *b, co
     group_sums_emulated<split, R>(dpv);
 }
 
-template <int HD>
-static int emulate_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv)
+template <int HD, int R>
+static int emulate_forward_rows(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                                int64_t Hkv)
 {
-    typedef tiling<HD, ROWS_FORWARD> S;
-    const int R = ROWS_FORWARD, split = S::split;
+    typedef tiling<HD, R> S;
+    const int split = S::split;
     float scale = 1.0f / sqrtf((float)HD), *keys = (float *)malloc(TILE_FLOATS * sizeof(float));
     float *values = (float *)malloc(TILE_FLOATS * sizeof(float));
     forward_part *st = (forward_part *)malloc(THREADS * R * sizeof *st); /* thread t's row r at t R + r */
@@ -758,6 +788,16 @@ static int emulate_forward(float *out, float *lse, const float *qkv, int64_t B, 
             }
     free(keys), free(values), free(st), free(at);
     return status;
+}
+
+template <int HD>
+static int emulate_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv)
+{
+    switch (forward_rows) {
+    case 2: return emulate_forward_rows<HD, 2>(out, lse, qkv, B, T, Hq, Hkv);
+    case 3: return emulate_forward_rows<HD, 3>(out, lse, qkv, B, T, Hq, Hkv);
+    default: return emulate_forward_rows<HD, 4>(out, lse, qkv, B, T, Hq, Hkv);
+    }
 }
 
 template <int HD>

@@ -38,6 +38,14 @@ int cuda_attention_variant(const char *name);
  * process afterwards (tests). TP_ERR_ARG for another value. */
 int cuda_deterministic_variant(const char *value);
 
+/* The rows a thread of the tiled forward holds (TP_CUDA_TILED_FORWARD_ROWS):
+ * "2", "3" or "4"; unset or "", 4. More rows read each shared part for more
+ * of them, fewer leave room for more blocks an SM (attention_tiled.cu).
+ * The emulation takes the same choice. The backend reads the variable when
+ * it is made; this sets it for the process afterwards (tests). TP_ERR_ARG
+ * for another value. */
+int cuda_tiled_forward_rows_variant(const char *value);
+
 /* Whether the tiled kernels take this shape. */
 int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd);
 

@@ -7,6 +7,7 @@
  * Skipped in a build without CUDA (there is nothing to emulate). */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,21 +40,30 @@ static int emulation_built(void)
     return cuda_attention_tiled_emulate_forward(&x, &x, &x, 1, 0, 1, 1, 64) != TP_ERR_DEVICE;
 }
 
+/* At each choice of the forward's rows a thread (TP_CUDA_TILED_FORWARD_ROWS),
+ * the default last. */
 Test(attention_tiled, forward_equals_the_cpu)
 {
     if (!emulation_built()) cr_skip("a build without CUDA: %s", tp_errmsg());
-    for (int s = 0; s < SHAPES; s++) {
-        int64_t B = shapes[s][0], T = shapes[s][1], Hq = shapes[s][2], Hkv = shapes[s][3], hd = shapes[s][4];
-        int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
-        float *qkv = floats_random(n_qkv, 2.0f), *out = floats_filled(n_out, 7), *lse = floats_filled(n_lse, 7);
-        float *scratch = floats_filled(attention_scratch_floats(B, T, Hq), 0);
-        float *got_out = floats_filled(n_out, 7), *got_lse = floats_filled(n_lse, 7);
-        cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(cuda_attention_tiled_emulate_forward(got_out, got_lse, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
-                     tp_errmsg());
-        check_close(got_lse, lse, n_lse, "lse", shapes[s]);
-        check_close(got_out, out, n_out, "out", shapes[s]);
-        free(qkv), free(out), free(lse), free(scratch), free(got_out), free(got_lse);
+    const char *rows_choices[] = {"2", "3", NULL};
+    for (int c = 0; c < 3; c++) {
+        cr_assert_eq(cuda_tiled_forward_rows_variant(rows_choices[c]), TP_OK, "%s", tp_errmsg());
+        for (int s = 0; s < SHAPES; s++) {
+            int64_t B = shapes[s][0], T = shapes[s][1], Hq = shapes[s][2], Hkv = shapes[s][3], hd = shapes[s][4];
+            int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
+            float *qkv = floats_random(n_qkv, 2.0f), *out = floats_filled(n_out, 7), *lse = floats_filled(n_lse, 7);
+            float *scratch = floats_filled(attention_scratch_floats(B, T, Hq), 0);
+            float *got_out = floats_filled(n_out, 7), *got_lse = floats_filled(n_lse, 7);
+            cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(cuda_attention_tiled_emulate_forward(got_out, got_lse, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
+                         tp_errmsg());
+            char what[48];
+            snprintf(what, sizeof what, "lse (%s rows a thread)", rows_choices[c] ? rows_choices[c] : "4");
+            check_close(got_lse, lse, n_lse, what, shapes[s]);
+            snprintf(what, sizeof what, "out (%s rows a thread)", rows_choices[c] ? rows_choices[c] : "4");
+            check_close(got_out, out, n_out, what, shapes[s]);
+            free(qkv), free(out), free(lse), free(scratch), free(got_out), free(got_lse);
+        }
     }
 }
 
@@ -109,4 +119,9 @@ Test(attention_tiled, refuses_what_it_does_not_take)
     cr_assert_eq(cuda_deterministic_variant("1"), TP_OK);
     cr_assert_eq(cuda_deterministic_variant("0"), TP_OK);
     cr_assert_eq(cuda_deterministic_variant(NULL), TP_OK, "unset: cuDNN's default backward");
+    cr_assert_eq(cuda_tiled_forward_rows_variant("5"), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "TP_CUDA_TILED_FORWARD_ROWS: '5'"), "%s", tp_errmsg());
+    cr_assert_eq(cuda_tiled_forward_rows_variant("22"), TP_ERR_ARG);
+    cr_assert_eq(cuda_tiled_forward_rows_variant("3"), TP_OK);
+    cr_assert_eq(cuda_tiled_forward_rows_variant(""), TP_OK, "unset: 4 rows");
 }

@@ -46,6 +46,7 @@ static const kernel_backend *gpu(void)
  * GPU's is a no-op (and cuDNN is not needed) there. */
 #define cuda_attention_variant(name) ((void)(name), TP_OK)
 #define cuda_deterministic_variant(value) ((void)(value), TP_OK)
+#define cuda_tiled_forward_rows_variant(value) ((void)(value), TP_OK)
 #else
 #define REHEARSAL 0
 #define NEED_GPU()                                                                                                     \
@@ -2291,6 +2292,14 @@ static const int64_t attention_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 97, 3, 1, 2
  * rows kernels the others. */
 static const char *const attention_variants[] = {"rows", "tiled"};
 
+/* The forward's ways: both variants, and the tiled forward at each of its
+ * rows a thread (TP_CUDA_TILED_FORWARD_ROWS; unset: 4). */
+static const struct {
+    const char *variant, *forward_rows, *name;
+} attention_forward_ways[] = {
+    {"rows", NULL, "rows"}, {"tiled", NULL, "tiled"}, {"tiled", "2", "tiled, 2 rows"}, {"tiled", "3", "tiled, 3 rows"}};
+#define ATTENTION_FORWARD_WAYS (int)(sizeof attention_forward_ways / sizeof attention_forward_ways[0])
+
 /* out and lse, the device's from garbage. Tolerance 1e-4 relative + 1e-5
  * absolute: the device sums scores over keys in another order (online
  * softmax) than the CPU's sgemm. */
@@ -2298,8 +2307,10 @@ Test(cuda_backend, attention_forward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    for (int s = 0; s < 2 * ATTENTION_SHAPES; s++) {
-        cr_assert_eq(cuda_attention_variant(attention_variants[s / ATTENTION_SHAPES]), TP_OK);
+    for (int s = 0; s < ATTENTION_FORWARD_WAYS * ATTENTION_SHAPES; s++) {
+        int way = s / ATTENTION_SHAPES;
+        cr_assert_eq(cuda_attention_variant(attention_forward_ways[way].variant), TP_OK);
+        cr_assert_eq(cuda_tiled_forward_rows_variant(attention_forward_ways[way].forward_rows), TP_OK);
         const int64_t *shape = attention_shapes[s % ATTENTION_SHAPES];
         int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
         int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
@@ -2312,11 +2323,15 @@ Test(cuda_backend, attention_forward)
         cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->attention_forward(g_out, g_lse, g_scratch, g_qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
                      tp_errmsg());
-        check_device(k, g_lse, lse, n_lse, 1e-4, 1e-5, s < ATTENTION_SHAPES ? "lse (rows)" : "lse (tiled)");
-        check_device(k, g_out, out, n_out, 1e-4, 1e-5, s < ATTENTION_SHAPES ? "out (rows)" : "out (tiled)");
+        char what[48];
+        snprintf(what, sizeof what, "lse (%s)", attention_forward_ways[way].name);
+        check_device(k, g_lse, lse, n_lse, 1e-4, 1e-5, what);
+        snprintf(what, sizeof what, "out (%s)", attention_forward_ways[way].name);
+        check_device(k, g_out, out, n_out, 1e-4, 1e-5, what);
         k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_scratch);
         free(qkv), free(out), free(lse), free(scratch), free(garbage);
     }
+    cr_assert_eq(cuda_tiled_forward_rows_variant(NULL), TP_OK);
 }
 
 /* d_qkv is overwritten (the device's starts from garbage, as does its
