@@ -152,28 +152,51 @@ static int64_t valid_columns(int64_t V, int64_t first, int64_t vocab)
     return valid < 0 ? 0 : valid > V ? V : valid;
 }
 
+/* Values x[0..count) into a thread's running maximum m and its sum s of
+ * exp(x - m): the new maximum first (fmaxf passes a NaN by), the sum
+ * rescaled once when it grows, then count independent exponentials. A
+ * -infinity adds nothing (exp(-inf - -inf) would be NaN); a NaN makes the
+ * sum NaN, as the CPU's. */
+static __device__ inline void softmax_sums_add(float *m, float *s, const float *x, int count)
+{
+    float grown = *m;
+#pragma unroll
+    for (int i = 0; i < CHUNK; i++)
+        if (i < count) grown = fmaxf(grown, x[i]);
+    if (grown > *m) {
+        *s *= expf(*m - grown); /* 0 from -inf: s was 0 (or NaN, kept) */
+        *m = grown;
+    }
+#pragma unroll
+    for (int i = 0; i < CHUNK; i++)
+        if (i < count) *s += x[i] == -INFINITY ? 0.0f : expf(x[i] - *m);
+}
+
 /* A block per row, each logit read once: each thread keeps the maximum of
- * its columns and its sum of exponentials relative to it (rescaled when the
- * maximum grows); then the block's maximum, and the threads' sums made
- * relative to it and added. -infinity and 0 for a row without valid
- * columns, as the CPU; a NaN logit makes the sum NaN, as two passes did.
- * One expf an element whichever way it goes (exp(-|x - m|) is exp(m - x)
- * for a new maximum, else exp(x - m)): with a branch per case, the lanes of
- * a warp disagree on a third or more of the elements and issue both. In:
- * float, or uint16_t for bf16 logits (load_value: widened, exact). */
-template <typename In>
+ * its columns and its sum of exponentials relative to it; then the block's
+ * maximum, and the threads' sums made relative to it and added.
+ * -infinity and 0 for a row without valid columns, as the CPU; a NaN logit
+ * makes the sum NaN. CHUNKED (chunks_fit: the rows in 16-byte pieces):
+ * each thread takes CHUNK columns at a time, one or two 16-byte loads;
+ * else a column at a time. In: float, or uint16_t for bf16 logits
+ * (widened, exact): the same thread's columns in the same order, so the
+ * same bits, for the bf16 logits as for their widened values. */
+template <typename In, bool CHUNKED>
 static __global__ void row_stats_kernel(float *row_max, float *sum, const In *logits, int64_t N, int64_t V,
                                         int64_t valid)
 {
     ROWS_OF_BLOCK(n, N) {
-        float m = -INFINITY, s = 0;
-        COLUMNS_OF_THREAD(v, valid) {
-            float x = load_value(&logits[n * V + v]);
-            float e = expf(-fabsf(x - m)); /* 0 while m is -inf; NaN for a NaN x */
-            int grows = x > m;
-            s = grows ? s * e + 1.0f : x == -INFINITY ? s : s + e; /* -inf adds nothing (-inf - -inf is NaN) */
-            m = grows ? x : m;
-        }
+        float m = -INFINITY, s = 0, x[CHUNK];
+        if (CHUNKED)
+            for (int64_t c = threadIdx.x * (int64_t)CHUNK; c < valid; c += (int64_t)blockDim.x * CHUNK) {
+                load_chunk(x, &logits[n * V + c]); /* within the row: c < valid <= V, V a multiple of CHUNK */
+                softmax_sums_add(&m, &s, x, (int)(valid - c < CHUNK ? valid - c : CHUNK));
+            }
+        else
+            COLUMNS_OF_THREAD(v, valid) {
+                x[0] = load_value(&logits[n * V + v]);
+                softmax_sums_add(&m, &s, x, 1);
+            }
         float max = block_max(m);
         float total = block_sum(s == 0.0f ? 0.0f : s * expf(m - max)); /* s is 0 only without a finite column */
         if (threadIdx.x == 0) {
@@ -203,8 +226,16 @@ static __global__ void target_logit_kernel(float *target, const In *logits, cons
 /* d = scale softmax - scale at the target's column; zero in padding columns.
  * Out: float, or uint16_t for d_logits as bf16 bits rounded as the products
  * round their operands (classifier_backward_bf16; store_value, launch.h);
- * In: float, or uint16_t for bf16 logits. */
-template <typename Out, typename In>
+ * In: float, or uint16_t for bf16 logits. CHUNKED (chunks_fit, both
+ * arrays): CHUNK columns a thread at a time, in 16-byte pieces; each
+ * value's arithmetic the same either way. */
+static __device__ inline float softmax_gradient(float logit, float max, float total, float scale, int is_target)
+{
+    float d = scale * expf(logit - max) / total;
+    return is_target ? d - scale : d;
+}
+
+template <typename Out, typename In, bool CHUNKED>
 static __global__ void crossentropy_backward_kernel(Out *d_logits, const In *logits, const float *row_max,
                                                     const float *sum, const int *targets, int64_t N, int64_t V,
                                                     int64_t first, int64_t valid, float scale)
@@ -212,15 +243,22 @@ static __global__ void crossentropy_backward_kernel(Out *d_logits, const In *log
     ROWS_OF_BLOCK(n, N) {
         float max = row_max[n], total = sum[n];
         int64_t target = (int64_t)targets[n] - first;
-        COLUMNS_OF_THREAD(v, V) {
-            int64_t i = n * V + v;
-            float d = 0.0f;
-            if (v < valid) {
-                d = scale * expf(load_value(&logits[i]) - max) / total;
-                if (v == target) d -= scale;
+        if (CHUNKED)
+            for (int64_t c = threadIdx.x * (int64_t)CHUNK; c < V; c += (int64_t)blockDim.x * CHUNK) {
+                float x[CHUNK] = {0};
+                if (c < valid) load_chunk(x, &logits[n * V + c]);
+#pragma unroll
+                for (int i = 0; i < CHUNK; i++)
+                    x[i] = c + i < valid ? softmax_gradient(x[i], max, total, scale, c + i == target) : 0.0f;
+                store_chunk(&d_logits[n * V + c], x);
             }
-            store_value(&d_logits[i], d);
-        }
+        else
+            COLUMNS_OF_THREAD(v, V) {
+                int64_t i = n * V + v;
+                store_value(&d_logits[i], v < valid ? softmax_gradient(load_value(&logits[i]), max, total, scale,
+                                                                       v == target)
+                                                    : 0.0f);
+            }
     }
 }
 
@@ -231,7 +269,12 @@ static int row_stats_as(float *row_max, float *sum, const In *logits, int64_t N,
     int64_t valid = valid_columns(V, first, vocab);
     ENTER();
     if (N <= 0) return TP_OK;
-    row_stats_kernel<<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(row_max, sum, logits, N, V, valid);
+    if (chunks_fit(logits, V))
+        row_stats_kernel<In, true><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(row_max, sum, logits, N, V,
+                                                                                      valid);
+    else
+        row_stats_kernel<In, false><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(row_max, sum, logits, N, V,
+                                                                                       valid);
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -285,6 +328,23 @@ int cuda_crossentropy_target_logit_bf16(float *target, const uint16_t *logits, c
     return target_logit_as(target, logits, targets, N, V, first);
 }
 
+/* The backward's kernel, chunked where both arrays' rows split into chunks. */
+template <typename Out, typename In>
+static int crossentropy_backward_as(Out *d_logits, const In *logits, const float *row_max, const float *sum,
+                                    const int *targets, int64_t N, int64_t V, int64_t first, int64_t valid, float scale)
+{
+    if (chunks_fit(logits, V) && chunks_fit(d_logits, V))
+        crossentropy_backward_kernel<Out, In, true><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
+            d_logits, logits, row_max, sum, targets, N, V, first, valid, scale);
+    else
+        crossentropy_backward_kernel<Out, In, false><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
+            d_logits, logits, row_max, sum, targets, N, V, first, valid, scale);
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
 int cuda_crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
                                const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab,
                                float scale)
@@ -292,9 +352,7 @@ int cuda_crossentropy_backward(float *d_logits, const float *logits, const float
     int64_t valid = valid_columns(V, first, vocab);
     ENTER();
     if (N <= 0 || V <= 0) return TP_OK;
-    crossentropy_backward_kernel<float, float><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
-        d_logits, logits, row_max, sum, targets, N, V, first, valid, scale);
-    LAUNCH_CHECK();
+    TP_TRY(crossentropy_backward_as(d_logits, logits, row_max, sum, targets, N, V, first, valid, scale));
     return TP_OK;
 fail:
     return TP_ERR_DEVICE;
@@ -316,9 +374,7 @@ int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, 
     ENTER();
     if (N <= 0) return TP_OK;
     if (V > 0) { /* without columns, the products below still zero d_in, as the CPU's */
-        crossentropy_backward_kernel<uint16_t, uint16_t><<<blocks_for(N, 1), THREADS, 0, cuda_state.stream>>>(
-            bits, logits, row_max, sum, targets, N, V, first, valid, scale);
-        LAUNCH_CHECK();
+        TP_TRY(crossentropy_backward_as(bits, logits, row_max, sum, targets, N, V, first, valid, scale));
     }
     return cuda_matmul_backward_bf16(d_in, d_weight, NULL, bits, in, weight, N, C, V);
 fail:

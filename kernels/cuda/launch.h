@@ -106,6 +106,49 @@ static __device__ inline float load_value(const uint16_t *at)
     return __uint_as_float(bits_bf16_to_f32(*at));
 }
 
+/* CHUNK consecutive values of a row in 16-byte pieces (one of bf16 bits,
+ * two of fp32): a 2-byte load a thread keeps too few bytes in flight to
+ * fill the memory's bandwidth, as a row kernel over the [N, vocabulary]
+ * logits must. Each value as load_value and store_value have it. at: a
+ * multiple of 16 bytes (chunks_fit). */
+#define CHUNK 8
+static __device__ inline void load_chunk(float *x, const float *at)
+{
+    float4 a = reinterpret_cast<const float4 *>(at)[0], b = reinterpret_cast<const float4 *>(at)[1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+static __device__ inline void load_chunk(float *x, const uint16_t *at)
+{
+    uint4 u = *reinterpret_cast<const uint4 *>(at);
+    unsigned words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) { /* little-endian: the lower half is the first value */
+        x[2 * i] = __uint_as_float(bits_bf16_to_f32((uint16_t)(words[i] & 0xffffu)));
+        x[2 * i + 1] = __uint_as_float(bits_bf16_to_f32((uint16_t)(words[i] >> 16)));
+    }
+}
+static __device__ inline void store_chunk(float *at, const float *x)
+{
+    reinterpret_cast<float4 *>(at)[0] = make_float4(x[0], x[1], x[2], x[3]);
+    reinterpret_cast<float4 *>(at)[1] = make_float4(x[4], x[5], x[6], x[7]);
+}
+static __device__ inline void store_chunk(uint16_t *at, const float *x)
+{
+    unsigned words[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        words[i] = (unsigned)bits_f32_to_bf16(__float_as_uint(x[2 * i])) |
+                   (unsigned)bits_f32_to_bf16(__float_as_uint(x[2 * i + 1])) << 16;
+    *reinterpret_cast<uint4 *>(at) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+/* Whether the rows of `columns` values at `at` split into chunks: every
+ * row starts at a multiple of 16 bytes. */
+static inline int chunks_fit(const void *at, int64_t columns)
+{
+    return (uintptr_t)at % 16 == 0 && columns % CHUNK == 0;
+}
+
 /* Blocks for `work` items at `per_block` each, at least 1 (callers skip
  * empty work: a grid of 0 blocks is a launch error) and at most MAX_BLOCKS. */
 static inline unsigned blocks_for(int64_t work, int64_t per_block)

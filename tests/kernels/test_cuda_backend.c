@@ -2910,10 +2910,14 @@ Test(cuda_backend, crossentropy)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    const int64_t cases[][2] = {{300, 420}, {0, 1000}, {450, 420}}; /* first, vocab */
-    int64_t N = 37, V = 150;
-    for (int s = 0; s < 3; s++) {
-        int64_t first = cases[s][0], vocab = cases[s][1];
+    /* V, first, vocab: 150 columns a row (a column a thread at a time), 152
+     * (rows in 16-byte chunks, CHUNK columns at a time; the last real
+     * column inside a chunk at vocab 425). */
+    const int64_t cases[][3] = {{150, 300, 420}, {150, 0, 1000}, {150, 450, 420},
+                                {152, 300, 420}, {152, 0, 1000}, {152, 450, 420}, {152, 300, 425}};
+    int64_t N = 37;
+    for (int s = 0; s < (int)(sizeof cases / sizeof cases[0]); s++) {
+        int64_t V = cases[s][0], first = cases[s][1], vocab = cases[s][2];
         int targets[37];
         for (int64_t n = 0; n < N; n++) {
             /* Every other target in this rank's columns where it has real ones, the rest anywhere. */
@@ -2970,12 +2974,11 @@ Test(cuda_backend, crossentropy)
  * the sum within 1e-5 relative (sums of thousands of terms in other orders,
  * each expf within 2 ulp: a few 1e-7 measured in an emulation of the
  * kernel). */
-Test(cuda_backend, crossentropy_row_stats_wide_rows)
+static void row_stats_of_wide_rows(int64_t V)
 {
-    NEED_GPU();
     const kernel_backend *k = gpu();
     enum { N = 7 };
-    int64_t V = 3000, first = 0, vocab = 2900; /* 100 padding columns */
+    int64_t first = 0, vocab = 2900; /* padding columns */
     float *logits = floats_random(N * V, 8.0f), row_max[N], sum[N];
     logits[0 * V + 3] = 30.0f;                                              /* the max in a thread's first column */
     logits[1 * V + 2899] = 30.0f;                                           /* in the last real column */
@@ -2983,7 +2986,7 @@ Test(cuda_backend, crossentropy_row_stats_wide_rows)
     for (int64_t v = 0; v < V; v++) logits[2 * V + v] = (float)v / 100.0f;  /* every thread's max grows each time */
     for (int64_t v = 0; v < V; v++) logits[3 * V + v] = -(float)v / 100.0f; /* never grows after the first */
     for (int64_t v = 0; v < V; v += 2) logits[4 * V + v] = -INFINITY;       /* half -inf, threads' first included */
-    for (int64_t v = 0; v < 600; v++) logits[5 * V + v] = -INFINITY;        /* whole first passes -inf */
+    for (int64_t v = 0; v < 2100; v++) logits[5 * V + v] = -INFINITY; /* whole first passes -inf (2,048 columns chunked) */
     logits[6 * V + 5] = NAN;                                                /* a NaN among a thread's first */
     crossentropy_row_stats(row_max, sum, logits, N, V, first, vocab);
     cr_assert(isnan(sum[6]), "the CPU's sum of a row with a NaN: %g", sum[6]);
@@ -2994,6 +2997,13 @@ Test(cuda_backend, crossentropy_row_stats_wide_rows)
     check_device(k, g_sum, sum, N, 1e-5, 0, "wide rows' sum"); /* NaN on both sides passes check_close */
     k->release(g_logits), k->release(g_max), k->release(g_sum);
     free(logits);
+}
+
+Test(cuda_backend, crossentropy_row_stats_wide_rows)
+{
+    NEED_GPU();
+    for (int64_t V = 3000; V >= 2999; V--) /* in 16-byte chunks (launch.h); a column a thread at a time */
+        row_stats_of_wide_rows(V);
 }
 
 /* The bf16 logits' row statistics and target logits (bits, as the
@@ -3069,11 +3079,10 @@ Test(cuda_backend, crossentropy_of_bf16_logits)
  * d_weight accumulated from random values; in (the final norm's
  * activation) and the weight (the table's bf16 copy) as bf16 bits, the
  * same on both sides. */
-Test(cuda_backend, classifier_backward_bf16)
+static void classifier_backward_bf16_of(int64_t V)
 {
-    NEED_GPU();
     const kernel_backend *k = gpu();
-    int64_t N = 37, C = 72, V = 150, first = 300, vocab = 420;
+    int64_t N = 37, C = 72, first = 300, vocab = 425;
     int targets[37];
     for (int64_t n = 0; n < N; n++) /* a third on another rank's columns */
         targets[n] = (int)(n % 3 == 0 ? n : first + (n * 7) % (vocab - first));
@@ -3117,6 +3126,13 @@ Test(cuda_backend, classifier_backward_bf16)
     k->release(g_logit_bits);
     free(values), free(logit_bits), free(logits), free(in), free(w), free(row_max), free(sum), free(d_weight);
     free(d_in), free(garbage), free(bits), free(fp32), free(in_bits), free(w_bits);
+}
+
+Test(cuda_backend, classifier_backward_bf16)
+{
+    NEED_GPU();
+    for (int64_t V = 150; V <= 152; V += 2) /* a column a thread at a time; in 16-byte chunks (launch.h) */
+        classifier_backward_bf16_of(V);
 }
 
 /* --------------------------------------------------------------- optimizer */
