@@ -399,12 +399,16 @@ void adamw_update(float *param, const float *grad, float *m, float *v, int64_t n
 
 /* One tensor of an AdamW step over many (adamw_update_tensors): n values of
  * param, grad and the moments m and v, with its own weight decay (0 for
- * biases and norms). */
+ * biases and norms). param_bits, where not NULL: n values that get the bf16
+ * bits of the updated param, rounded as round_to_bf16 rounds (the bf16
+ * copy the products read, written in the update's pass instead of a pass
+ * of its own that reads the weights again). */
 typedef struct {
     float *param, *m, *v;
     const float *grad;
     int64_t n;
     float weight_decay;
+    uint16_t *param_bits;
 } adamw_tensor;
 
 /* adamw_update on each of count tensors, value for value the same

@@ -619,6 +619,7 @@ void gpt_model_weights_changed(gpt_model *m)
     m->weights_generation++;
 }
 
+
 int gpt_model_zero_grads(gpt_model *m)
 {
     if (m->zero == 3) return m->kernels->zero(m->shard_grads, (size_t)m->shard_len * sizeof(float));
@@ -713,6 +714,19 @@ static int for_position_runs(gpt_model *m, float *rows, float *table, int to_tab
     return TP_OK;
 }
 
+/* The uses' (layers', the head's) weights with a bf16 copy: the views
+ * use_weights16 rounds. */
+static int use_weight_views(const gpt_model *m, int use, int views[4])
+{
+    if (use == ZERO_USE_HEAD) {
+        views[0] = m->wte_out;
+        return 1;
+    }
+    const int kinds[4] = {GPT_QKV_WEIGHT, GPT_PROJ_WEIGHT, GPT_FC_WEIGHT, GPT_FCPROJ_WEIGHT};
+    for (int n = 0; n < 4; n++) views[n] = m->layer[use][kinds[n] - GPT_FIRST_LAYER_KIND];
+    return 4;
+}
+
 /* A product's weight operand, view w's values: fp32, or in bf16 their bf16
  * copy (m->weights16, made current for the use by use_weights16). */
 static const void *weight_of(const gpt_model *m, const param_view *w)
@@ -733,17 +747,33 @@ static int use_weights16(gpt_model *m, int use)
     if (!m->bf16 || use == ZERO_USE_EMBEDDING) return TP_OK;
     int64_t *made = &m->weights16_made[use - ZERO_USE_HEAD];
     if (m->zero != 3 && *made == m->weights_generation) return TP_OK;
-    int views[4] = {m->wte_out}, n = 1;
-    if (use >= 0) {
-        const int kinds[4] = {GPT_QKV_WEIGHT, GPT_PROJ_WEIGHT, GPT_FC_WEIGHT, GPT_FCPROJ_WEIGHT};
-        for (n = 0; n < 4; n++) views[n] = m->layer[use][kinds[n] - GPT_FIRST_LAYER_KIND];
-    }
+    int views[4], n = use_weight_views(m, use, views);
     for (int j = 0; j < n; j++) {
         const param_view *w = &m->params[views[j]];
         TP_TRY(m->kernels->round_to_bf16((uint16_t *)weight_of(m, w), w->data, w->numel));
     }
     *made = m->weights_generation;
     return TP_OK;
+}
+
+uint16_t *gpt_model_update_bits(gpt_model *m, int index)
+{
+    if (!m->bf16 || m->zero) return NULL;
+    for (int use = ZERO_USE_HEAD; use < m->num_layers; use++) {
+        if (use == ZERO_USE_EMBEDDING) continue; /* the table is read as it is */
+        int views[4], n = use_weight_views(m, use, views);
+        for (int j = 0; j < n; j++)
+            if (views[j] == index) return (uint16_t *)weight_of(m, &m->params[index]);
+    }
+    return NULL;
+}
+
+void gpt_model_weights_updated(gpt_model *m, int copies_written)
+{
+    gpt_model_weights_changed(m);
+    if (!copies_written || !m->bf16 || m->zero) return;
+    for (int use = ZERO_USE_HEAD; use < m->num_layers; use++)
+        if (use != ZERO_USE_EMBEDDING) m->weights16_made[use - ZERO_USE_HEAD] = m->weights_generation;
 }
 
 /* The matrix products, in fp32 or with bf16 operands (m->bf16); in is an

@@ -235,6 +235,17 @@ int gpt_model_from_host(const gpt_model *model, float *values, const float *host
  * use's next product. Whatever writes parameters calls it. */
 void gpt_model_weights_changed(gpt_model *model);
 
+/* Where an optimizer step may write param view `index`'s bf16 copy as it
+ * updates the view (adamw_tensor.param_bits): in bf16 without ZeRO, the
+ * copy of each weight the products read (a layer's four, the head's output
+ * projection); NULL for the others, and with ZeRO (ZeRO-1 gathers the
+ * updated weights after the step, ZeRO-3 gathers at each use). A step that
+ * wrote them all calls gpt_model_weights_updated(model, 1) instead of
+ * gpt_model_weights_changed: the copies are current, no pass rounds them
+ * again before the products. */
+uint16_t *gpt_model_update_bits(gpt_model *model, int index);
+void gpt_model_weights_updated(gpt_model *model, int copies_written);
+
 /* Forward of chunk `chunk` of this stage's layers (0 with one chunk) on a
  * slot whose tokens/targets (first/last chunk of the model) and input
  * (other chunks) are set. The model's last chunk adds the token losses,

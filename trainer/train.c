@@ -283,7 +283,10 @@ static int owned_sum_of_squares(const gpt_model *m, double *sumsq)
 
 /* AdamW on the pieces this rank updates (with a sharded optimizer, those
  * of its shard), in one call to the backend: one launch per few dozen
- * tensors on a GPU instead of one per tensor. */
+ * tensors on a GPU instead of one per tensor. In bf16 without ZeRO the
+ * update writes the weights' bf16 copy too (gpt_model_update_bits): the
+ * products' copy made in the update's pass, not in a pass of 49 launches
+ * (GPT-2 124M) that reads the weights again. */
 static int adamw_step(gpt_model *m, const train_options *o, double lr, int64_t step)
 {
     adamw_tensor *tensors = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *tensors);
@@ -301,6 +304,7 @@ static int adamw_step(gpt_model *m, const train_options *o, double lr, int64_t s
             .grad = m->zero ? m->shard_grads + in_shard : v->grad + first,
             .n = n,
             .weight_decay = v->spec->weight_decay ? (float)o->weight_decay : 0.0f,
+            .param_bits = gpt_model_update_bits(m, i),
         };
     }
     int status = m->kernels->adamw_update_tensors(tensors, count, (float)lr, (float)o->beta1, (float)o->beta2,
@@ -332,7 +336,7 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
      * (ZeRO-3 gathers them when it uses them). */
     if (m->zero == 1)
         TP_TRY(comm_all_gather(c, GROUP_DP, m->shard_params, m->memory, m->shard_len, COMM_FLOAT, m->stream));
-    gpt_model_weights_changed(m);
+    gpt_model_weights_updated(m, 1); /* with their bf16 copies where gpt_model_update_bits named them */
     *norm_out = norm;
     *lr_out = lr;
     return TP_OK;

@@ -47,6 +47,7 @@ static void adamw_span(void *ctx, int64_t i0, int64_t i1)
         /* Python's 1 - lr * weight_decay, in double, then fp32. */
         float decay = (float)(1.0 - (double)j->lr * (double)x->weight_decay);
         adamw_values(&j->scalars, decay, x->param + lo, x->grad + lo, x->m + lo, x->v + lo, hi - lo);
+        if (x->param_bits) convert_from_f32(x->param + lo, x->param_bits + lo, TP_BF16, hi - lo); /* round_to_bf16's */
     }
 }
 
@@ -65,6 +66,6 @@ void adamw_update_tensors(const adamw_tensor *tensors, int count, float lr, floa
 void adamw_update(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t step)
 {
-    adamw_tensor tensor = {param, m, v, grad, n, weight_decay};
+    adamw_tensor tensor = {param, m, v, grad, n, weight_decay, NULL};
     adamw_update_tensors(&tensor, 1, lr, beta1, beta2, eps, step);
 }

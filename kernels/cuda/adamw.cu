@@ -25,12 +25,13 @@ static pthread_mutex_t sums_lock = PTHREAD_MUTEX_INITIALIZER; /* cuda_cuda_state
  * ADAMW_BLOCK_VALUES values; a block finds its tensor by the first block
  * of each. A model of 150 tensors is a handful of launches, not 150. */
 
-#define ADAMW_TENSORS_PER_LAUNCH 48 /* 48 bytes each: the table stays well within 4 KB of parameters */
+#define ADAMW_TENSORS_PER_LAUNCH 48 /* 56 bytes each: the table stays within 4 KB of parameters */
 #define ADAMW_BLOCK_VALUES (THREADS * 8)
 
 typedef struct {
     float *param, *m, *v;
     const float *grad;
+    uint16_t *param_bits; /* or NULL: the updated param's bf16 bits (adamw_tensor) */
     int64_t n;
     float decay;          /* 1 - lr weight_decay, as adamw.c rounds it */
     unsigned first_block; /* of this tensor in the launch's grid */
@@ -60,12 +61,15 @@ static __global__ void adamw_tensors_kernel(const __grid_constant__ adamw_launch
     float step_size = launch.step_size, bias2_sqrt = launch.bias2_sqrt, decay = t->decay;
     float *param = t->param, *m = t->m, *v = t->v;
     const float *grad = t->grad;
+    uint16_t *param_bits = t->param_bits;
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
         float p = __fmul_rn(param[i], decay), g = grad[i];
         float mi = __fadd_rn(m[i], __fmul_rn(keep1, __fsub_rn(g, m[i])));
         float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(keep2, g), g));
         float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bias2_sqrt), eps);
-        param[i] = __fadd_rn(p, __fdiv_rn(__fmul_rn(-step_size, mi), denom));
+        float updated = __fadd_rn(p, __fdiv_rn(__fmul_rn(-step_size, mi), denom));
+        param[i] = updated;
+        if (param_bits) param_bits[i] = bits_f32_to_bf16(__float_as_uint(updated)); /* as round_to_bf16 */
         m[i] = mi;
         v[i] = vi;
     }
@@ -114,6 +118,7 @@ int cuda_adamw_update_tensors(const adamw_tensor *tensors, int count, float lr, 
         l->m = tensors[t].m;
         l->v = tensors[t].v;
         l->grad = tensors[t].grad;
+        l->param_bits = tensors[t].param_bits;
         l->n = n;
         l->decay = (float)(1.0 - (double)lr * (double)tensors[t].weight_decay);
         l->first_block = blocks;

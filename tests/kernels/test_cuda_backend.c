@@ -3142,7 +3142,10 @@ Test(cuda_backend, classifier_backward_bf16)
  * exactly a block of 2,048 values, across blocks, and 1037; weight decay on
  * some. The same operations in the same order with no fused multiply-add as
  * the CPU's adamw_update on each tensor alone, so the two should agree to
- * the bit; tolerance 1e-6 relative + 1e-12 absolute. */
+ * the bit; tolerance 1e-6 relative + 1e-12 absolute. Every third tensor
+ * has its bf16 copy written in the update (param_bits, from garbage): the
+ * bits of rounding the device's updated values, exactly; the others' copy
+ * areas untouched. */
 Test(cuda_backend, adamw_update_tensors)
 {
     NEED_GPU();
@@ -3152,11 +3155,16 @@ Test(cuda_backend, adamw_update_tensors)
     for (int t = 0; t < COUNT; t++) sizes[t] = t % 7 == 0 ? 0 : t % 7 == 1 ? 1 : 5 + 13 * t;
     sizes[3] = 2048, sizes[10] = 2048 * 3 + 1, sizes[50] = 1037, sizes[99] = 70001;
     float *param[COUNT], *m[COUNT], *v[COUNT], *g_param[COUNT], *g_m[COUNT], *g_v[COUNT];
+    uint16_t *g_bits[COUNT], *garbage_bits[COUNT];
     adamw_tensor tensors[COUNT];
     for (int t = 0; t < COUNT; t++) {
         param[t] = floats_random(sizes[t], 1.0f), m[t] = floats_filled(sizes[t], 0.0f), v[t] = floats_filled(sizes[t], 0.0f);
         g_param[t] = upload_floats(k, param[t], sizes[t]), g_m[t] = upload_floats(k, m[t], sizes[t]);
         g_v[t] = upload_floats(k, v[t], sizes[t]);
+        garbage_bits[t] = malloc((size_t)(sizes[t] + 1) * sizeof(uint16_t));
+        cr_assert(garbage_bits[t]);
+        for (int64_t i = 0; i <= sizes[t]; i++) garbage_bits[t][i] = 0x7777;
+        g_bits[t] = upload_bits(k, garbage_bits[t], sizes[t] + 1);
     }
     for (int64_t step = 1; step <= 3; step++) {
         float *grad[COUNT], *g_grad[COUNT];
@@ -3164,7 +3172,8 @@ Test(cuda_backend, adamw_update_tensors)
             float decay = t % 2 ? 0.1f : 0.0f;
             grad[t] = floats_random(sizes[t], 0.1f), g_grad[t] = upload_floats(k, grad[t], sizes[t]);
             adamw_update(param[t], grad[t], m[t], v[t], sizes[t], 6e-4f, 0.9f, 0.95f, 1e-8f, decay, step);
-            tensors[t] = (adamw_tensor){g_param[t], g_m[t], g_v[t], g_grad[t], sizes[t], decay};
+            tensors[t] = (adamw_tensor){g_param[t], g_m[t], g_v[t], g_grad[t], sizes[t], decay,
+                                        t % 3 == 0 ? g_bits[t] : NULL};
         }
         cr_assert_eq(k->adamw_update_tensors(tensors, COUNT, 6e-4f, 0.9f, 0.95f, 1e-8f, step), TP_OK, "%s",
                      tp_errmsg());
@@ -3174,8 +3183,15 @@ Test(cuda_backend, adamw_update_tensors)
         check_device(k, g_param[t], param[t], sizes[t], 1e-6, 1e-12, "param");
         check_device(k, g_m[t], m[t], sizes[t], 1e-6, 1e-12, "m");
         check_device(k, g_v[t], v[t], sizes[t], 1e-6, 1e-12, "v");
-        k->release(g_param[t]), k->release(g_m[t]), k->release(g_v[t]);
-        free(param[t]), free(m[t]), free(v[t]);
+        float *updated = download(k, g_param[t], sizes[t]);
+        uint16_t *bits = download_bits(k, g_bits[t], sizes[t] + 1);
+        if (t % 3 == 0)
+            floats_assert_rounded(bits, updated, sizes[t], "param_bits (the updated values rounded)");
+        for (int64_t i = t % 3 == 0 ? sizes[t] : 0; i <= sizes[t]; i++)
+            cr_assert_eq(bits[i], 0x7777, "tensor %d: bf16 copy value %lld of %lld written (%s)", t, (long long)i,
+                         (long long)sizes[t], t % 3 == 0 ? "past the tensor" : "no param_bits given");
+        k->release(g_param[t]), k->release(g_m[t]), k->release(g_v[t]), k->release(g_bits[t]);
+        free(param[t]), free(m[t]), free(v[t]), free(updated), free(bits), free(garbage_bits[t]);
     }
 }
 

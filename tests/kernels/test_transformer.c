@@ -661,12 +661,15 @@ Test(transformer, adamw_step_formula)
 
 /* One call over many tensors is one adamw_update per tensor, to the bit:
  * sizes of 0 and 1 and tensors large enough that the workers' shares cut
- * through them; weight decay on every other. */
+ * through them; weight decay on every other. Every third writes its bf16
+ * copy in the update (param_bits): round_to_bf16 of the updated values,
+ * exactly, and nothing past them. */
 Test(transformer, adamw_update_tensors_equals_each_tensor_alone)
 {
     enum { COUNT = 9 };
     const int64_t sizes[COUNT] = {0, 1, 70001, 3, 0, 40000, 17, 100003, 5};
     float *alone[COUNT][3], *together[COUNT][3], *grad[COUNT];
+    uint16_t *bits[COUNT];
     adamw_tensor tensors[COUNT];
     for (int t = 0; t < COUNT; t++) {
         for (int i = 0; i < 3; i++) {
@@ -675,7 +678,11 @@ Test(transformer, adamw_update_tensors_equals_each_tensor_alone)
             memcpy(together[t][i], alone[t][i], (size_t)sizes[t] * sizeof(float));
         }
         for (int64_t j = 0; j < sizes[t]; j++) alone[t][2][j] = together[t][2][j] = fabsf(alone[t][2][j]); /* v >= 0 */
-        tensors[t] = (adamw_tensor){together[t][0], together[t][1], together[t][2], NULL, sizes[t], t % 2 ? 0.1f : 0};
+        bits[t] = malloc((size_t)(sizes[t] + 1) * sizeof(uint16_t));
+        cr_assert(bits[t]);
+        for (int64_t j = 0; j <= sizes[t]; j++) bits[t][j] = 0x7777;
+        tensors[t] = (adamw_tensor){together[t][0], together[t][1], together[t][2], NULL,
+                                    sizes[t],       t % 2 ? 0.1f : 0, t % 3 == 0 ? bits[t] : NULL};
     }
     for (int64_t step = 1; step <= 3; step++) {
         for (int t = 0; t < COUNT; t++) {
@@ -692,8 +699,20 @@ Test(transformer, adamw_update_tensors_equals_each_tensor_alone)
             cr_assert(memcmp(alone[t][i], together[t][i], (size_t)sizes[t] * sizeof(float)) == 0,
                       "tensor %d (%lld values): %s differs from adamw_update's", t, (long long)sizes[t],
                       i == 0 ? "param" : i == 1 ? "m" : "v");
-            free(alone[t][i]), free(together[t][i]);
+            free(alone[t][i]);
         }
+    for (int t = 0; t < COUNT; t++) {
+        uint16_t *want = malloc((size_t)(sizes[t] + 1) * sizeof(uint16_t));
+        cr_assert(want);
+        round_to_bf16(want, together[t][0], sizes[t]);
+        if (t % 3 == 0)
+            cr_assert(memcmp(bits[t], want, (size_t)sizes[t] * sizeof(uint16_t)) == 0,
+                      "tensor %d: param_bits are not round_to_bf16 of the updated values", t);
+        for (int64_t j = t % 3 == 0 ? sizes[t] : 0; j <= sizes[t]; j++)
+            cr_assert_eq(bits[t][j], 0x7777, "tensor %d: value %lld of the bf16 copy written", t, (long long)j);
+        for (int i = 0; i < 3; i++) free(together[t][i]);
+        free(bits[t]), free(want);
+    }
 }
 
 Test(transformer, elementwise_sums_scales_and_squares)

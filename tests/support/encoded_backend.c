@@ -595,14 +595,15 @@ static int enc_classifier_backward_bf16(float *d_in, float *d_weight, float *scr
     LEAVE_WITH(status);
 }
 
-/* A tensor at a time (each its four spans decoded), as adamw_update_tensors
+/* A tensor at a time (each its spans decoded, four or five), as adamw_update_tensors
  * computes each value alone: the same results as one call. */
 static int enc_adamw_update_tensors(const adamw_tensor *tensors, int count, float lr, float beta1, float beta2,
                                     float eps, int64_t step)
 {
     for (int t = 0; t < count; t++) {
         const adamw_tensor *x = &tensors[t];
-        ENTER(S(x->param, x->n), S(x->grad, x->n), S(x->m, x->n), S(x->v, x->n));
+        ENTER(S(x->param, x->n), S(x->grad, x->n), S(x->m, x->n), S(x->v, x->n),
+              S(x->param_bits, x->param_bits ? x->n : 0));
         adamw_update_tensors(x, 1, lr, beta1, beta2, eps, step);
         UNTOUCH();
     }

@@ -560,10 +560,12 @@ Test(train, asynchronous_snapshots_through_the_device_seam, .timeout = 300)
 /* bf16 products read a bf16 copy of the weights, made again after every
  * change (gpt_model_weights_changed): a run saved after step 3 and resumed
  * (its copy made from the loaded weights) has the losses of a straight
- * run (its copy made again after each optimizer step) to the bit, without
- * a sharded optimizer, with ZeRO-1 (the copy after the all-gather of the
- * updated shards) and with ZeRO-3 (made at every gather). A copy left as
- * it was after a step changes them from step 4 (checked by breaking it). */
+ * run (its copy written by each optimizer step, gpt_model_update_bits) to
+ * the bit, without a sharded optimizer, with ZeRO-1 (the copy after the
+ * all-gather of the updated shards) and with ZeRO-3 (made at every gather).
+ * A copy left as it was after a step changes them from step 4 (checked by
+ * breaking it: no bits given to the update, the copy still taken as
+ * current). */
 Test(train, bf16_weights_copy_follows_every_change, .timeout = 300)
 {
     const int zero_of[3] = {0, 1, 3}, dp_of[3] = {1, 2, 2};
