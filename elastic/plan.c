@@ -222,7 +222,7 @@ static int stage_shares(const catalogued_model *cm, int tp, int pp, int zero, in
  *              its mean and 1/std, the loss's
  *              row max, sum and target logit, and
  *              this rank's own row max            6 x [N]
- *              logits                             [N, Vp/tp] */
+ *              logits*                            [N, Vp/tp] */
 /* Columns of a rank's QKV: its query heads and its key/value heads (one
  * shared head when there are fewer than tp). */
 static int64_t qkv_local(const gpt_config *m, int tp)
@@ -258,7 +258,7 @@ static int64_t micro_batch_floats(const gpt_config *m, int tp, int chunks, int64
 static int64_t head_floats(const gpt_config *m, int tp, int64_t b, int64_t vocab_local, int sequence_parallel)
 {
     int64_t N = b * m->seq, R = sequence_parallel ? N / tp : N;
-    return bf16_activation_floats(m, R * m->dim) + 2 * R + N * (4 + vocab_local);
+    return bf16_activation_floats(m, R * m->dim) + 2 * R + bf16_activation_floats(m, N * vocab_local) + 4 * N;
 }
 
 /* fp32 elements of the backward pass's working memory, once per rank: the

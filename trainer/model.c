@@ -278,7 +278,10 @@ static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 /* floats of one gpt_head (last stage; model.h), as head_init carves them. */
 static int64_t head_floats(const gpt_model *m)
 {
-    return m->is_last ? activation_floats(m, m->rows * m->D) + 2 * m->rows + m->B * m->T * (m->vocab_local + 4) : 0;
+    int64_t N = m->B * m->T;
+    return m->is_last ? activation_floats(m, m->rows * m->D) + 2 * m->rows + activation_floats(m, N * m->vocab_local) +
+                            4 * N
+                      : 0;
 }
 
 /* Carves head `index`'s buffers out of the heads' allocation (elastic/plan.c
@@ -292,7 +295,7 @@ static int head_init(gpt_model *m, int index)
     CARVE(lnf, activation_floats(m, R * m->D));
     CARVE(lnf_mean, R);
     CARVE(lnf_rstd, R);
-    CARVE(logits, N * m->vocab_local);
+    CARVE(logits, activation_floats(m, N * m->vocab_local)); /* bf16: the logits' bits (forward_head) */
     CARVE(row_max, N);
     CARVE(row_sum, N);
     CARVE(target_logit, N);
@@ -1043,8 +1046,8 @@ static int head_forward(gpt_model *m, gpt_slot *s, const float *x)
                         m->lnf_b < 0 ? NULL : m->params[m->lnf_b].data));
     TP_TRY(full_rows(m, h->lnf, &in));
     /* In bf16 the logits are a bf16 activation (autocast's), their bits in
-     * the first half of h->logits: half the bytes of the step's largest
-     * array; the cross-entropy widens each (kernels.h). */
+     * h->logits (sized so): half the bytes of the step's largest array; the
+     * cross-entropy widens each (kernels.h). */
     uint16_t *logit_bits = m->bf16 ? (uint16_t *)h->logits : NULL;
     TP_TRY(activation_product(m, h->logits, in, &m->params[m->wte_out], NULL, D, V));
     /* One pass over the logits: this rank's maxima and its sums relative to
