@@ -622,7 +622,6 @@ void gpt_model_weights_changed(gpt_model *m)
     m->weights_generation++;
 }
 
-
 int gpt_model_zero_grads(gpt_model *m)
 {
     if (m->zero == 3) return m->kernels->zero(m->shard_grads, (size_t)m->shard_len * sizeof(float));
@@ -771,10 +770,10 @@ uint16_t *gpt_model_update_bits(gpt_model *m, int index)
     return NULL;
 }
 
-void gpt_model_weights_updated(gpt_model *m, int copies_written)
+void gpt_model_weights_updated(gpt_model *m)
 {
     gpt_model_weights_changed(m);
-    if (!copies_written || !m->bf16 || m->zero) return;
+    if (!m->bf16 || m->zero) return; /* no copy was written (gpt_model_update_bits) */
     for (int use = ZERO_USE_HEAD; use < m->num_layers; use++)
         if (use != ZERO_USE_EMBEDDING) m->weights16_made[use - ZERO_USE_HEAD] = m->weights_generation;
 }

@@ -49,8 +49,8 @@ typedef struct {
 /* The buffers of one micro-batch in flight through the head (last stage):
  * the final norm's output [rows, D] and statistics [rows], the logits
  * [B*T, vocab/tp] (an activation: fp32, or bf16 bits with bf16, two to a
- * float: 1.6 GB less for GPT-2 at micro-batch 16), the cross-entropy's row max, sum and target logit [B*T]
- * each, and their host copies (the same on the CPU), and this rank's own
+ * float: 1.6 GB less for GPT-2 at micro-batch 16), the cross-entropy's row
+ * max, sum and target logit [B*T] each, and their host copies (the same on the CPU), and this rank's own
  * row max [B*T] (before the max over tensor-parallel ranks). Fewer are in
  * flight than slots with the interleaved schedule, so they are a pool of
  * their own. */
@@ -235,16 +235,16 @@ int gpt_model_from_host(const gpt_model *model, float *values, const float *host
  * use's next product. Whatever writes parameters calls it. */
 void gpt_model_weights_changed(gpt_model *model);
 
-/* Where an optimizer step may write param view `index`'s bf16 copy as it
+/* Where an optimizer step writes param view `index`'s bf16 copy as it
  * updates the view (adamw_tensor.param_bits): in bf16 without ZeRO, the
  * copy of each weight the products read (a layer's four, the head's output
  * projection); NULL for the others, and with ZeRO (ZeRO-1 gathers the
- * updated weights after the step, ZeRO-3 gathers at each use). A step that
- * wrote them all calls gpt_model_weights_updated(model, 1) instead of
- * gpt_model_weights_changed: the copies are current, no pass rounds them
- * again before the products. */
+ * updated weights after the step, ZeRO-3 gathers at each use). The step
+ * then calls gpt_model_weights_updated instead of gpt_model_weights_changed:
+ * the copies it wrote are current, no pass rounds them again before the
+ * products. */
 uint16_t *gpt_model_update_bits(gpt_model *model, int index);
-void gpt_model_weights_updated(gpt_model *model, int copies_written);
+void gpt_model_weights_updated(gpt_model *model);
 
 /* Forward of chunk `chunk` of this stage's layers (0 with one chunk) on a
  * slot whose tokens/targets (first/last chunk of the model) and input

@@ -336,7 +336,7 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
      * (ZeRO-3 gathers them when it uses them). */
     if (m->zero == 1)
         TP_TRY(comm_all_gather(c, GROUP_DP, m->shard_params, m->memory, m->shard_len, COMM_FLOAT, m->stream));
-    gpt_model_weights_updated(m, 1); /* with their bf16 copies where gpt_model_update_bits named them */
+    gpt_model_weights_updated(m); /* with their bf16 copies where gpt_model_update_bits named them */
     *norm_out = norm;
     *lr_out = lr;
     return TP_OK;
