@@ -453,16 +453,16 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
                              size_t size)
 {
     cuda_attention_choice choice = cuda_attention_chosen();
-    char kernels[96] = "rows";
-    if (tiled_runs(B, Hq, hd))
-        snprintf(kernels, sizeof kernels, cuda_tiled_forward_rows() == 4 ? "tiled"
-                                          : "tiled (forward: %d rows a thread, TP_CUDA_TILED_FORWARD_ROWS)",
-                 cuda_tiled_forward_rows());
+    const char *kernels = tiled_runs(B, Hq, hd) ? "tiled" : "rows";
+    char rows_note[96] = ""; /* the tiled forward's rows a thread, where chosen */
+    if (tiled_runs(B, Hq, hd) && cuda_tiled_forward_rows() != 4)
+        snprintf(rows_note, sizeof rows_note, " (forward: %d rows a thread, TP_CUDA_TILED_FORWARD_ROWS=%d)",
+                 cuda_tiled_forward_rows(), cuda_tiled_forward_rows());
     const char *why_rows = choice == CUDA_ATTENTION_ROWS ? " (TP_CUDA_ATTENTION=rows)"
                            : tiled_runs(B, Hq, hd)        ? ""
                                                           : " (the tiled kernels take head sizes 32, 64, 128, 256)";
     if (!bf16) {
-        snprintf(text, size, "CUDA %s kernels, fp32%s", kernels, why_rows);
+        snprintf(text, size, "CUDA %s kernels%s, fp32%s", kernels, rows_note, why_rows);
         return;
     }
     const cudnn_attention_plan *forward = NULL, *backward = NULL;
@@ -488,9 +488,9 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
         if (cudnn_attention_load(version, sizeof version)) snprintf(version, sizeof version, "9");
         snprintf(text, size, "cuDNN %s flash attention forward, bf16 (engine %lld); backward: CUDA %s kernels, fp32 "
                  "on bf16-rounded operands%s; cuDNN's backward %s: %s", version,
-                 (long long)cudnn_attention_engine(forward), kernels, why_rows, refusal, why);
+                 (long long)cudnn_attention_engine(forward), kernels, why_rows, refusal, why); /* no tiled forward here */
         return;
     }
-    snprintf(text, size, "CUDA %s kernels, fp32 on bf16-rounded operands%s; cuDNN %s: %s", kernels, why_rows, refusal,
-             tp_errmsg());
+    snprintf(text, size, "CUDA %s kernels%s, fp32 on bf16-rounded operands%s; cuDNN %s: %s", kernels, rows_note, why_rows,
+             refusal, tp_errmsg());
 }

@@ -101,6 +101,17 @@ expect_ok "small on a GPU, attention by rows" gpu_train 1 --model small --vocab 
 unset TP_CUDA_ATTENTION
 check "small, attention by rows: the CPU's losses (1e-4)" losses_match "$WORK/small-gpu-rows.jsonl" \
     "$WORK/small-cpu.jsonl" 1e-4
+# The tiled forward at 2 rows a thread (TP_CUDA_TILED_FORWARD_ROWS; 4 by
+# default, 3 the other choice): the same losses, and the start line says so.
+export TP_CUDA_TILED_FORWARD_ROWS=2
+expect_ok "small on a GPU, the tiled forward at 2 rows a thread" gpu_train 1 --model small --vocab 1000 \
+    --micro-batch 2 --quiet --steps 20 --log "$WORK/small-gpu-rows2.jsonl"
+unset TP_CUDA_TILED_FORWARD_ROWS
+check "small, the tiled forward at 2 rows a thread: the CPU's losses (1e-4)" losses_match \
+    "$WORK/small-gpu-rows2.jsonl" "$WORK/small-cpu.jsonl" 1e-4
+check "small, the tiled forward at 2 rows a thread: the start line says so" \
+    grep -q '"attention":"CUDA tiled kernels (forward: 2 rows a thread, TP_CUDA_TILED_FORWARD_ROWS=2), fp32' \
+    "$WORK/small-gpu-rows2.jsonl"
 
 expect_ok "llama-tiny on the CPU" "$TRAIN" --model llama-tiny --micro-batch 2 --quiet --steps 20 --device cpu \
     --log "$WORK/llama-cpu.jsonl"
