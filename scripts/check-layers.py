@@ -9,7 +9,10 @@ library's, libcurl and OpenSSL the store library's, MPI the MPI
 communicator's, the CUDA runtime the CUDA kernels', oneDNN and OpenMP the
 CPU's bf16 products'.
 Tests and benchmarks may include anything. A few calls are kept out of the
-sources altogether (FORBIDDEN_CALLS, each with its reason).
+sources altogether (FORBIDDEN_CALLS, each with its reason). A build without
+CUDA (make CUDA=0) links kernels/cuda/none.c in place of the .cu files: it
+defines every function the headers it includes declare (NO_CUDA_STAND_IN),
+or that build fails to link where `make test`'s, with CUDA, does not.
 
 Usage: check-layers.py [ROOT]   exit 0 when the graph follows the rules,
 1 with one line per violation otherwise.
@@ -118,6 +121,31 @@ def check_file(root, path):
                 " ".join(p for p in PUBLIC_HEADERS if module_of(p) == other))
 
 
+# The stand-in for the CUDA entry points and the headers that declare them.
+NO_CUDA_STAND_IN = "kernels/cuda/none.c"
+
+
+def no_cuda_gaps(root):
+    """Functions declared by the headers the stand-in includes (from the
+    CUDA folder) that it does not define."""
+    path = os.path.join(root, NO_CUDA_STAND_IN)
+    if not os.path.isfile(path):
+        return []
+    stand_in = re.sub(r"/\*.*?\*/", "", open(path, errors="replace").read(), flags=re.S)
+    defined = set(re.findall(r"\b(\w+)\s*\([^;{]*\)\s*\{", stand_in))
+    gaps = []
+    for name in re.findall(r'#include\s+"([^"]+\.h)"', stand_in):
+        header = os.path.normpath(os.path.join(os.path.dirname(NO_CUDA_STAND_IN), name))
+        if module_of(header) != "kernels" or not header.startswith("kernels/cuda/"):
+            continue
+        text = re.sub(r"/\*.*?\*/", "", open(os.path.join(root, header), errors="replace").read(), flags=re.S)
+        for declared in re.findall(r"^[A-Za-z_][\w \*]*?\b(\w+)\s*\([^;{]*\)\s*;", text, re.M):
+            if declared not in defined:
+                gaps.append("%s: declares %s, which %s does not define (a build without CUDA fails to link)" % (
+                    header, declared, NO_CUDA_STAND_IN))
+    return gaps
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
     root = os.path.abspath(root)
@@ -125,7 +153,7 @@ def main():
         if not os.path.isdir(os.path.join(root, top)):
             print("check-layers: %s has no %s/ folder" % (root, top), file=sys.stderr)
             return 1
-    violations = [v for path in sources(root) for v in check_file(root, path)]
+    violations = [v for path in sources(root) for v in check_file(root, path)] + no_cuda_gaps(root)
     for v in violations:
         print("check-layers: " + v, file=sys.stderr)
     if violations:

@@ -205,6 +205,12 @@ size_t cudnn_attention_workspace_bytes(const cudnn_attention_plan *plan)
     return 0;
 }
 
+int cudnn_attention_run(const cudnn_attention_plan *plan, const cudnn_attention_tensors *tensors)
+{
+    (void)plan, (void)tensors;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
 int64_t cuda_lt_bias_epilogue_products(void)
 {
     return 0;

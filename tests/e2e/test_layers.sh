@@ -1,7 +1,8 @@
 #!/bin/sh
 # The include graph follows the declared layering (scripts/check-layers.py),
 # and the check fails, naming the file and the rule, on each kind of wrong
-# include planted in a copy of the sources.
+# include planted in a copy of the sources, and on a CUDA entry point that
+# the build without CUDA does not stand in for.
 # tier: check
 . "$(dirname "$0")/lib.sh"
 
@@ -51,6 +52,9 @@ refused "a program including a private header" programs/tp-ckpt.c '#include "../
 refused "a call to asprintf (its leaks are suppressed under the sanitizers)" formats/export.c \
     'static void f(char **s) { if (asprintf(s, "%d", 1) < 0) *s = 0; }' \
     'formats/export.c:1: calls asprintf, which the toolkit does not: .*tests/lsan.supp'
+refused "a CUDA entry point that the build without CUDA lacks (kernels/cuda/none.c)" kernels/cuda/attention_tiled.h \
+    'int cuda_planted_entry(const char *value);' \
+    'kernels/cuda/attention_tiled.h: declares cuda_planted_entry, which kernels/cuda/none.c does not define'
 
 # What the copy holds without a planted line passes: the failures above come from the plants.
 plant common/error.c '/* nothing */'
