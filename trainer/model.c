@@ -716,6 +716,11 @@ static int for_position_runs(gpt_model *m, float *rows, float *table, int to_tab
     return TP_OK;
 }
 
+/* The kinds of a layer's weights that have a bf16 copy (the products'),
+ * besides the head's output projection (m->wte_out). */
+static const gpt_tensor_kind layer_copy_kinds[4] = {GPT_QKV_WEIGHT, GPT_PROJ_WEIGHT, GPT_FC_WEIGHT,
+                                                    GPT_FCPROJ_WEIGHT};
+
 /* The uses' (layers', the head's) weights with a bf16 copy: the views
  * use_weights16 rounds. */
 static int use_weight_views(const gpt_model *m, int use, int views[4])
@@ -724,8 +729,7 @@ static int use_weight_views(const gpt_model *m, int use, int views[4])
         views[0] = m->wte_out;
         return 1;
     }
-    const int kinds[4] = {GPT_QKV_WEIGHT, GPT_PROJ_WEIGHT, GPT_FC_WEIGHT, GPT_FCPROJ_WEIGHT};
-    for (int n = 0; n < 4; n++) views[n] = m->layer[use][kinds[n] - GPT_FIRST_LAYER_KIND];
+    for (int n = 0; n < 4; n++) views[n] = m->layer[use][layer_copy_kinds[n] - GPT_FIRST_LAYER_KIND];
     return 4;
 }
 
@@ -761,13 +765,10 @@ static int use_weights16(gpt_model *m, int use)
 uint16_t *gpt_model_update_bits(gpt_model *m, int index)
 {
     if (!m->bf16 || m->zero) return NULL;
-    for (int use = ZERO_USE_HEAD; use < m->num_layers; use++) {
-        if (use == ZERO_USE_EMBEDDING) continue; /* the table is read as it is */
-        int views[4], n = use_weight_views(m, use, views);
-        for (int j = 0; j < n; j++)
-            if (views[j] == index) return (uint16_t *)weight_of(m, &m->params[index]);
-    }
-    return NULL;
+    const param_view *v = &m->params[index];
+    int has_copy = index == m->wte_out;
+    for (int n = 0; n < 4 && !has_copy; n++) has_copy = v->spec->kind == layer_copy_kinds[n];
+    return has_copy ? (uint16_t *)weight_of(m, v) : NULL;
 }
 
 void gpt_model_weights_updated(gpt_model *m)
