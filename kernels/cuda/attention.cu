@@ -455,9 +455,10 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
     cuda_attention_choice choice = cuda_attention_chosen();
     const char *kernels = tiled_runs(B, Hq, hd) ? "tiled" : "rows";
     char rows_note[96] = ""; /* the tiled forward's rows a thread, where chosen */
-    if (tiled_runs(B, Hq, hd) && cuda_tiled_forward_rows() != 4)
-        snprintf(rows_note, sizeof rows_note, " (forward: %d rows a thread, TP_CUDA_TILED_FORWARD_ROWS=%d)",
-                 cuda_tiled_forward_rows(), cuda_tiled_forward_rows());
+    int rows = cuda_tiled_forward_rows_chosen();
+    if (tiled_runs(B, Hq, hd) && rows)
+        snprintf(rows_note, sizeof rows_note, " (forward: %d rows a thread, TP_CUDA_TILED_FORWARD_ROWS=%d)", rows,
+                 rows);
     const char *why_rows = choice == CUDA_ATTENTION_ROWS ? " (TP_CUDA_ATTENTION=rows)"
                            : tiled_runs(B, Hq, hd)        ? ""
                                                           : " (the tiled kernels take head sizes 32, 64, 128, 256)";

@@ -612,19 +612,25 @@ int cuda_deterministic_chosen(void)
     return deterministic;
 }
 
-static int forward_rows = ROWS_FORWARD; /* cuda_tiled_forward_rows_variant */
+static int chosen_rows; /* cuda_tiled_forward_rows_variant: 2, 3 or 4, or 0 when unset */
 
 extern "C" int cuda_tiled_forward_rows_variant(const char *value)
 {
-    if (!value || !value[0]) forward_rows = ROWS_FORWARD;
-    else if (strcmp(value, "2") == 0 || strcmp(value, "3") == 0 || strcmp(value, "4") == 0) forward_rows = value[0] - '0';
+    if (!value || !value[0]) chosen_rows = 0;
+    else if (strcmp(value, "2") == 0 || strcmp(value, "3") == 0 || strcmp(value, "4") == 0) chosen_rows = value[0] - '0';
     else return tp_fail(TP_ERR_ARG, "TP_CUDA_TILED_FORWARD_ROWS: '%s' is not 2, 3 or 4", value);
     return TP_OK;
 }
 
-int cuda_tiled_forward_rows(void)
+int cuda_tiled_forward_rows_chosen(void)
 {
-    return forward_rows;
+    return chosen_rows;
+}
+
+/* The forward's rows a thread: the chosen, else ROWS_FORWARD. */
+static int forward_rows(void)
+{
+    return chosen_rows ? chosen_rows : ROWS_FORWARD;
 }
 
 extern "C" int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd)
@@ -653,7 +659,7 @@ template <int HD>
 static int forward_launch(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                           float scale, cudaStream_t stream)
 {
-    switch (forward_rows) {
+    switch (forward_rows()) {
     case 2: return forward_launch_rows<HD, 2>(out, lse, qkv, B, T, Hq, Hkv, scale, stream);
     case 3: return forward_launch_rows<HD, 3>(out, lse, qkv, B, T, Hq, Hkv, scale, stream);
     default: return forward_launch_rows<HD, 4>(out, lse, qkv, B, T, Hq, Hkv, scale, stream);
@@ -793,7 +799,7 @@ static int emulate_forward_rows(float *out, float *lse, const float *qkv, int64_
 template <int HD>
 static int emulate_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv)
 {
-    switch (forward_rows) {
+    switch (forward_rows()) {
     case 2: return emulate_forward_rows<HD, 2>(out, lse, qkv, B, T, Hq, Hkv);
     case 3: return emulate_forward_rows<HD, 3>(out, lse, qkv, B, T, Hq, Hkv);
     default: return emulate_forward_rows<HD, 4>(out, lse, qkv, B, T, Hq, Hkv);

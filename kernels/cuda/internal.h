@@ -39,8 +39,9 @@ cuda_attention_choice cuda_attention_chosen(void);
 /* cuda_deterministic_variant's choice (attention_tiled.h): 1 for cuDNN's
  * deterministic backward. */
 int cuda_deterministic_chosen(void);
-/* cuda_tiled_forward_rows_variant's choice (attention_tiled.h): 2, 3 or 4. */
-int cuda_tiled_forward_rows(void);
+/* cuda_tiled_forward_rows_variant's choice (attention_tiled.h): 2, 3 or 4,
+ * or 0 when unset (the default, ROWS_FORWARD in attention_tiled.cu). */
+int cuda_tiled_forward_rows_chosen(void);
 
 /* The computing operations of the table (kernels.h, KERNEL_OPERATIONS) as
  * cuda_<name>, by file: linear.cu the products (bf16 operands read where
