@@ -91,7 +91,7 @@ FP32_VARIANTS=${BENCH_FP32_VARIANTS-TP_CUDA_TILED_FORWARD_ROWS=2 TP_CUDA_TILED_F
 for variant in $VARIANTS $FP32_VARIANTS; do
     case $variant in
     [A-Za-z_]*=*) ;;
-    *) echo "bench-gpu: BENCH_VARIANTS: '$variant' is not NAME=VALUE" >&2; exit 2 ;;
+    *) echo "bench-gpu: BENCH_VARIANTS or BENCH_FP32_VARIANTS: '$variant' is not NAME=VALUE" >&2; exit 2 ;;
     esac
 done
 REFERENCE_DTYPES=${BENCH_REFERENCE_DTYPES-bf16}

@@ -617,7 +617,8 @@ static int chosen_rows; /* cuda_tiled_forward_rows_variant: 2, 3 or 4, or 0 when
 extern "C" int cuda_tiled_forward_rows_variant(const char *value)
 {
     if (!value || !value[0]) chosen_rows = 0;
-    else if (strcmp(value, "2") == 0 || strcmp(value, "3") == 0 || strcmp(value, "4") == 0) chosen_rows = value[0] - '0';
+    else if (strcmp(value, "2") == 0 || strcmp(value, "3") == 0 || strcmp(value, "4") == 0)
+        chosen_rows = value[0] - '0';
     else return tp_fail(TP_ERR_ARG, "TP_CUDA_TILED_FORWARD_ROWS: '%s' is not 2, 3 or 4", value);
     return TP_OK;
 }

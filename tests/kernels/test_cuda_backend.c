@@ -767,20 +767,22 @@ Test(cuda_backend, layernorm_forward)
  * absolute (row and column reductions); the tall shape's column sums, of
  * 3,000 rows cut into 23 chunks (column_sums.h), where the CPU sums each
  * column in one run, 1e-3 absolute (sums of about 50: a few units in the
- * last place of each partial sum). The last shape has more rows than a
- * grid's 65,535 blocks of WARP_ROWS (8) warps hold (a warp takes a second
- * row, ROWS_OF_WARP) and no bias (d_bias NULL: not summed), its columns
- * 524,317 rows: 0.25 absolute (the CPU adds them one by one in fp32: its
- * running sums reach hundreds, each addition off by up to 2^-24 of them,
- * about 0.02 over the column as a random walk; the GPU's chunks of 512
- * rows err far less). The rows loop it is there for shows in d_in. */
+ * last place of each partial sum). The fourth has no bias (d_bias NULL:
+ * not summed), its columns 65,572 rows: 1e-2 absolute. The last has more
+ * rows than a grid's 65,535 blocks of WARP_ROWS (8) warps hold (a warp
+ * takes a second row, ROWS_OF_WARP), its columns 524,317 rows: 0.25
+ * absolute (the CPU adds them one by one in fp32: its running sums reach
+ * hundreds, each addition off by up to 2^-24 of them, about 0.02 over the
+ * column as a random walk; the GPU's chunks of 512 rows err far less). The
+ * rows loop it is there for shows in d_in. */
 Test(cuda_backend, layernorm_backward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    const int64_t shapes[][2] = {{37, 72}, {5, 1000}, {3000, 77}, {8 * 65535 + 37, 8}};
-    for (int s = 0; s < 4; s++) {
-        double column_abs = s == 3 ? 0.25 : s == 2 ? 1e-3 : 1e-5; /* the tall shapes' columns sum many rows */
+    const int64_t shapes[][2] = {{37, 72}, {5, 1000}, {3000, 77}, {65535 + 37, 40}, {8 * 65535 + 37, 8}};
+    for (int s = 0; s < 5; s++) {
+        /* the tall shapes' columns sum many rows */
+        double column_abs = s == 4 ? 0.25 : s == 3 ? 1e-2 : s == 2 ? 1e-3 : 1e-5;
         int no_bias = s == 3;
         int64_t N = shapes[s][0], C = shapes[s][1];
         float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f), *b = floats_random(C, 1.0f);
@@ -2690,7 +2692,8 @@ Test(cuda_backend, attention_bf16_deterministic_backward)
     static const int64_t long_shapes[2][5] = {{1, 1024, 4, 2, 64}, {1, 1024, 4, 4, 64}};
     char unrepeated[512] = "";
     for (int s = 0; s < BF16_ATTENTION_SHAPES + 2; s++) {
-        const int64_t *shape = s < BF16_ATTENTION_SHAPES ? bf16_attention_shapes[s] : long_shapes[s - BF16_ATTENTION_SHAPES];
+        const int64_t *shape =
+            s < BF16_ATTENTION_SHAPES ? bf16_attention_shapes[s] : long_shapes[s - BF16_ATTENTION_SHAPES];
         cr_assert_eq(cuda_deterministic_variant("1"), TP_OK);
         bf16_attention_case(k, bf16_variants[0], shape, 0, 0, 0, 0);
         if (s < BF16_ATTENTION_SHAPES) bf16_attention_case(k, bf16_variants[0], shape, 1, 1, 1, 1);
@@ -3005,7 +3008,8 @@ static void row_stats_of_wide_rows(int64_t V)
     for (int64_t v = 0; v < V; v++) logits[2 * V + v] = (float)v / 100.0f;  /* every thread's max grows each time */
     for (int64_t v = 0; v < V; v++) logits[3 * V + v] = -(float)v / 100.0f; /* never grows after the first */
     for (int64_t v = 0; v < V; v += 2) logits[4 * V + v] = -INFINITY;       /* half -inf, threads' first included */
-    for (int64_t v = 0; v < 2100; v++) logits[5 * V + v] = -INFINITY; /* whole first passes -inf (2,048 columns chunked) */
+    /* whole first passes -inf (2,048 columns a pass chunked) */
+    for (int64_t v = 0; v < 2100; v++) logits[5 * V + v] = -INFINITY;
     logits[6 * V + 5] = NAN;                                                /* a NaN among a thread's first */
     crossentropy_row_stats(row_max, sum, logits, N, V, first, vocab);
     cr_assert(isnan(sum[6]), "the CPU's sum of a row with a NaN: %g", sum[6]);
