@@ -137,14 +137,6 @@ static __global__ void add_bias_kernel(float *out, const float *bias, int64_t N,
     ROWS_AND_COLUMNS(n, c, N, OC) out[n * OC + c] += bias[c];
 }
 
-/* Row n's value of column c of x [N, C], fp32 or bf16 bits (widened:
- * load_value): column_sums of it are a bias's gradient. */
-template <typename In> struct column_of_values {
-    const In *x;
-    int64_t C;
-    __device__ void operator()(int64_t n, int64_t c, float *s) const { s[0] += load_value(&x[n * C + c]); }
-};
-
 /* ===================================================== bf16 matrix products
  * The bf16 twins (matmul_forward_bf16, matmul_backward_bf16,
  * matmul_backward_bf16_bits; linear.c) are the same products of bf16

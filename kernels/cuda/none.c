@@ -4,6 +4,7 @@
 #include "../kernels.h"
 #include "attention_cudnn.h"
 #include "attention_tiled.h"
+#include "column_sums_emulation.h"
 #include "products_lt.h"
 
 #define NO_CUDA "this build has no CUDA support (rebuild with nvcc available)"
@@ -163,6 +164,12 @@ int cuda_attention_tiled_emulate_backward(float *d_qkv, float *delta, const floa
 {
     (void)d_qkv, (void)delta, (void)d_out, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)Hq, (void)Hkv;
     (void)hd;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cuda_column_sums_emulate(float *sums, const void *values, int values_bf16, int64_t N, int64_t C, int chunked)
+{
+    (void)sums, (void)values, (void)values_bf16, (void)N, (void)C, (void)chunked;
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 

@@ -123,16 +123,21 @@ static __global__ void layernorm_backward_rows_kernel(float *d_in, const float *
     }
 }
 
-/* Row n's terms of column c of the gradients: d_weight's xhat dy, then
- * d_bias's dy (column_sums). */
+/* Row n's terms of columns c.. c + VEC of the gradients: d_weight's
+ * xhat dy, then d_bias's dy (column_sums). */
 struct layernorm_weight_bias_terms {
     const float *d_out, *in, *mean, *rstd;
     int64_t C;
-    __device__ void operator()(int64_t n, int64_t c, float *s) const
+    int chunks_fit() const { return ::chunks_fit(d_out, C) && ::chunks_fit(in, C); }
+    template <int VEC> __host__ __device__ void add(int64_t n, int64_t c, float *s) const
     {
-        float dy = d_out[n * C + c], xhat = (in[n * C + c] - mean[n]) * rstd[n];
-        s[0] += xhat * dy;
-        s[1] += dy;
+        float dy[VEC], x[VEC], m = mean[n], r = rstd[n];
+        column_load<VEC>(dy, &d_out[n * C + c]);
+        column_load<VEC>(x, &in[n * C + c]);
+        for (int v = 0; v < VEC; v++) {
+            s[v] += (x[v] - m) * r * dy[v];
+            s[VEC + v] += dy[v];
+        }
     }
 };
 
@@ -306,11 +311,19 @@ static __global__ void rmsnorm_backward_rows_kernel(float *d_in, const float *d_
     }
 }
 
-/* Row n's term of column c of d_weight: x rstd dy (column_sums). */
+/* Row n's terms of columns c.. c + VEC of d_weight: x rstd dy
+ * (column_sums). */
 struct rmsnorm_weight_terms {
     const float *d_out, *in, *rstd;
     int64_t C;
-    __device__ void operator()(int64_t n, int64_t c, float *s) const { s[0] += in[n * C + c] * rstd[n] * d_out[n * C + c]; }
+    int chunks_fit() const { return ::chunks_fit(d_out, C) && ::chunks_fit(in, C); }
+    template <int VEC> __host__ __device__ void add(int64_t n, int64_t c, float *s) const
+    {
+        float dy[VEC], x[VEC], r = rstd[n];
+        column_load<VEC>(dy, &d_out[n * C + c]);
+        column_load<VEC>(x, &in[n * C + c]);
+        for (int v = 0; v < VEC; v++) s[v] += x[v] * r * dy[v];
+    }
 };
 
 template <typename Out>

@@ -765,7 +765,7 @@ Test(cuda_backend, layernorm_forward)
 /* All three gradients accumulate (norm.c): they start from random values.
  * Both sides get the CPU's mean and rstd. Tolerance 1e-4 relative + 1e-5
  * absolute (row and column reductions); the tall shape's column sums, of
- * 3,000 rows cut into 23 chunks (column_sums.h), where the CPU sums each
+ * 3,000 rows cut into 187 chunks (column_sums.h), where the CPU sums each
  * column in one run, 1e-3 absolute (sums of about 50: a few units in the
  * last place of each partial sum). The fourth has no bias (d_bias NULL:
  * not summed), its columns 65,572 rows: 1e-2 absolute. The last has more
@@ -773,7 +773,7 @@ Test(cuda_backend, layernorm_forward)
  * takes a second row, ROWS_OF_WARP), its columns 524,317 rows: 0.25
  * absolute (the CPU adds them one by one in fp32: its running sums reach
  * hundreds, each addition off by up to 2^-24 of them, about 0.02 over the
- * column as a random walk; the GPU's chunks of 512 rows err far less). The
+ * column as a random walk; the GPU's 512 chunks of 1,025 rows err far less). The
  * rows loop it is there for shows in d_in. */
 Test(cuda_backend, layernorm_backward)
 {
