@@ -36,9 +36,10 @@
 #     each one sets aside bought, or what repeating bit for bit costs,
 #     measured in the same run (empty: none)
 #   BENCH_FP32_VARIANTS (default "TP_CUDA_TILED_FORWARD_ROWS=2
-#     TP_CUDA_TILED_FORWARD_ROWS=3"): the same for fp32 rows (where the
-#     first micro-batch has them): which of the tiled forward's shapes runs
-#     fastest (empty: none)
+#     TP_CUDA_TILED_FORWARD_ROWS=3 TP_CUDA_TILED_BACKWARD_ROWS=1"): the same
+#     for fp32 rows (where the first micro-batch has them): which of the
+#     tiled forward's shapes, and of the backward's, runs fastest (the two
+#     are separate kernels: the best of each go together) (empty: none)
 #   BENCH_REFERENCE_DTYPES (default bf16): the reference's dtypes (fp32 bf16)
 #   BENCH_COMPILE (default "124M:16 124M:4 350M:16 350M:4"): the
 #     model:micro-batch rows tried under torch.compile, in this order
@@ -87,7 +88,7 @@ FP32_MBS=${BENCH_FP32_MICRO_BATCH-4}
 MODELS=${BENCH_MODELS:-124M 350M}
 SEQ=${BENCH_SEQ:-1024}
 VARIANTS=${BENCH_VARIANTS-TP_CUDA_EPILOGUE=off TP_CUDA_ATTENTION=tiled TP_CUDA_DETERMINISTIC=1}
-FP32_VARIANTS=${BENCH_FP32_VARIANTS-TP_CUDA_TILED_FORWARD_ROWS=2 TP_CUDA_TILED_FORWARD_ROWS=3}
+FP32_VARIANTS=${BENCH_FP32_VARIANTS-TP_CUDA_TILED_FORWARD_ROWS=2 TP_CUDA_TILED_FORWARD_ROWS=3 TP_CUDA_TILED_BACKWARD_ROWS=1}
 for variant in $VARIANTS $FP32_VARIANTS; do
     case $variant in
     [A-Za-z_]*=*) ;;

@@ -454,11 +454,18 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
 {
     cuda_attention_choice choice = cuda_attention_chosen();
     const char *kernels = tiled_runs(B, Hq, hd) ? "tiled" : "rows";
-    char rows_note[96] = ""; /* the tiled forward's rows a thread, where chosen */
-    int rows = cuda_tiled_forward_rows_chosen();
-    if (tiled_runs(B, Hq, hd) && rows)
-        snprintf(rows_note, sizeof rows_note, " (forward: %d rows a thread, TP_CUDA_TILED_FORWARD_ROWS=%d)", rows,
-                 rows);
+    char rows_note[160] = ""; /* the tiled kernels' rows a thread, where chosen */
+    int rows = cuda_tiled_forward_rows_chosen(), backward_rows = cuda_tiled_backward_rows_chosen();
+    if (tiled_runs(B, Hq, hd) && (rows || backward_rows)) {
+        char forward_note[64] = "", backward_note[64] = "";
+        if (rows) snprintf(forward_note, sizeof forward_note, "forward: %d rows a thread, TP_CUDA_TILED_FORWARD_ROWS=%d",
+                           rows, rows);
+        if (backward_rows)
+            snprintf(backward_note, sizeof backward_note, "backward: %d row%s a thread, TP_CUDA_TILED_BACKWARD_ROWS=%d",
+                     backward_rows, backward_rows == 1 ? "" : "s", backward_rows);
+        snprintf(rows_note, sizeof rows_note, " (%s%s%s)", forward_note, rows && backward_rows ? "; " : "",
+                 backward_note);
+    }
     const char *why_rows = choice == CUDA_ATTENTION_ROWS ? " (TP_CUDA_ATTENTION=rows)"
                            : tiled_runs(B, Hq, hd)        ? ""
                                                           : " (the tiled kernels take head sizes 32, 64, 128, 256)";

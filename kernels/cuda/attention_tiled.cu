@@ -16,7 +16,9 @@
  * shared memory into registers once serves all of them. The forward's rows
  * may be chosen (TP_CUDA_TILED_FORWARD_ROWS: 2, 3 or 4): 4 rows take about
  * 226 registers, 2 blocks an SM; 3 about 168 (3 blocks), 2 about 127 (4
- * blocks), none spilling; which is fastest is the GPU's to say. With one row a
+ * blocks), none spilling; and the backward's (TP_CUDA_TILED_BACKWARD_ROWS:
+ * 1 or 2; at 2 the keys kernel takes about 216 registers, 2 blocks); which
+ * is fastest is the GPU's to say. With one row a
  * thread, the kernels made a 16-byte shared load for every 4
  * multiply-adds (twice that in the backward, which read each part twice),
  * and ran at about a fifth of the GPU's fp32 rate: the shared loads, not
@@ -57,7 +59,7 @@ extern "C" {
 #define TILE_FLOATS 5120 /* one shared tile: 256 parts of PART_STRIDE floats, 20 KiB */
 #define THREADS 128      /* a block's threads */
 #define ROWS_FORWARD 4   /* rows a thread holds in the forward (2 x 16 floats of state each), unless chosen */
-#define ROWS_BACKWARD 2  /* and in the backward's kernels (3 and 4 x 16 floats each) */
+#define ROWS_BACKWARD 2  /* and in the backward's kernels (3 and 4 x 16 floats each), unless chosen */
 #define MAX_GRID_YZ 65535
 
 /* Loops of PART unrolled on the device, so that the parts stay in
@@ -403,24 +405,24 @@ static __host__ __device__ inline query_places query_places_of(float *d_qkv, flo
 }
 
 /* Grid (ceil(T / rows), Hq, B); block THREADS. */
-template <int HD>
+template <int HD, int R>
 __global__ void __launch_bounds__(THREADS)
     attention_queries_tiled(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
                             const float *lse, int64_t T, int64_t Hq, int64_t Hkv, float scale)
 {
-    typedef tiling<HD, ROWS_BACKWARD> S;
+    typedef tiling<HD, R> S;
     __shared__ __align__(16) float keys[TILE_FLOATS], values[TILE_FLOATS];
     int part = threadIdx.x % S::split;
     /* The last rows meet the most keys: their blocks first, so that no long block starts last. */
     int64_t b = blockIdx.z, h = blockIdx.y, first = (int64_t)(gridDim.x - 1 - blockIdx.x) * S::rows;
-    int64_t i0 = thread_first_row<HD, ROWS_BACKWARD>(first, threadIdx.x);
+    int64_t i0 = thread_first_row<HD, R>(first, threadIdx.x);
     int64_t stride = (Hq + 2 * Hkv) * HD, end = min64(T, first + S::rows), out_stride = Hq * HD;
     query_places at = query_places_of(d_qkv, delta, d_out, qkv, out, lse, b, h, i0, part, T, Hq, Hkv, HD);
-    query_part st[ROWS_BACKWARD];
-    float partial[ROWS_BACKWARD];
-    query_rows_begin<ROWS_BACKWARD>(st, partial, at.q, at.g, at.out, at.lse, i0, stride, out_stride, T);
+    query_part st[R];
+    float partial[R];
+    query_rows_begin<R>(st, partial, at.q, at.g, at.out, at.lse, i0, stride, out_stride, T);
 UNROLL
-    for (int r = 0; r < ROWS_BACKWARD; r++) st[r].delta = row_sum<S::split>(partial[r]);
+    for (int r = 0; r < R; r++) st[r].delta = row_sum<S::split>(partial[r]);
     for (int64_t k0 = 0; k0 < end; k0 += S::tile_rows) {
         __syncthreads();
         for (int idx = threadIdx.x; idx < S::tile_rows * HD; idx += THREADS) {
@@ -428,22 +430,22 @@ UNROLL
             tile_element<HD>(values, at.values, stride, k0, end, idx);
         }
         __syncthreads();
-        int n = warp_end<HD, ROWS_BACKWARD>(first, threadIdx.x, T, k0, (int)min64(S::tile_rows, end - k0));
+        int n = warp_end<HD, R>(first, threadIdx.x, T, k0, (int)min64(S::tile_rows, end - k0));
         for (int j = 0; j < n; j++) {
-            float k[PART], v[PART], s[ROWS_BACKWARD], dpv[ROWS_BACKWARD];
+            float k[PART], v[PART], s[R], dpv[R];
             read_part(k, tile_part<HD>(keys, j, part));
             read_part(v, tile_part<HD>(values, j, part));
 UNROLL
-            for (int r = 0; r < ROWS_BACKWARD; r++) s[r] = part_dot(st[r].q, k), dpv[r] = part_dot(st[r].g, v);
+            for (int r = 0; r < R; r++) s[r] = part_dot(st[r].q, k), dpv[r] = part_dot(st[r].g, v);
 UNROLL
-            for (int r = 0; r < ROWS_BACKWARD; r++)
+            for (int r = 0; r < R; r++)
                 s[r] = row_sum<S::split>(s[r]) * scale, dpv[r] = row_sum<S::split>(dpv[r]);
 UNROLL
-            for (int r = 0; r < ROWS_BACKWARD; r++)
+            for (int r = 0; r < R; r++)
                 query_key(&st[r], s[r], dpv[r], k0 + j <= i0 + r && i0 + r < T, k, scale);
         }
     }
-    query_rows_end<ROWS_BACKWARD>(st, at.dq, at.delta, part, i0, stride, T);
+    query_rows_end<R>(st, at.dq, at.delta, part, i0, stride, T);
 }
 
 /* =========================================================== backward: keys */
@@ -532,21 +534,21 @@ static __host__ __device__ inline key_places key_places_of(float *d_qkv, const f
 
 /* Grid (ceil(T / rows), Hkv, B), block THREADS: after the queries kernel
  * (delta). */
-template <int HD>
+template <int HD, int R>
 __global__ void __launch_bounds__(THREADS)
     attention_keys_tiled(float *d_qkv, const float *delta, const float *d_out, const float *qkv, const float *lse,
                          int64_t T, int64_t Hq, int64_t Hkv, float scale)
 {
-    typedef tiling<HD, ROWS_BACKWARD> S;
+    typedef tiling<HD, R> S;
     __shared__ __align__(16) float queries[TILE_FLOATS], grads[TILE_FLOATS];
     __shared__ float lse_tile[S::tile_rows], delta_tile[S::tile_rows];
     int part = threadIdx.x % S::split;
     int64_t b = blockIdx.z, kh = blockIdx.y, first = (int64_t)blockIdx.x * S::rows;
-    int64_t j0 = thread_first_row<HD, ROWS_BACKWARD>(first, threadIdx.x);
+    int64_t j0 = thread_first_row<HD, R>(first, threadIdx.x);
     int64_t stride = (Hq + 2 * Hkv) * HD, group = Hq / Hkv;
     key_places at = key_places_of(d_qkv, d_out, qkv, b, kh, j0, part, T, Hq, Hkv, HD);
-    key_part st[ROWS_BACKWARD];
-    key_rows_begin<ROWS_BACKWARD>(st, at.k, at.v, j0, stride, T);
+    key_part st[R];
+    key_rows_begin<R>(st, at.k, at.v, j0, stride, T);
     for (int64_t h = kh * group; h < (kh + 1) * group; h++)
         for (int64_t q0 = first; q0 < T; q0 += S::tile_rows) {
             __syncthreads();
@@ -558,22 +560,22 @@ __global__ void __launch_bounds__(THREADS)
                 row_stats_element(lse_tile, delta_tile, lse, delta, b, h, q0, T, Hq, idx);
             __syncthreads();
             int n = (int)min64(S::tile_rows, T - q0);
-            for (int ii = warp_start<HD, ROWS_BACKWARD>(first, threadIdx.x, q0, n); ii < n; ii++) {
-                float q[PART], g[PART], s[ROWS_BACKWARD], dpv[ROWS_BACKWARD];
+            for (int ii = warp_start<HD, R>(first, threadIdx.x, q0, n); ii < n; ii++) {
+                float q[PART], g[PART], s[R], dpv[R];
                 read_part(q, tile_part<HD>(queries, ii, part));
                 read_part(g, tile_part<HD>(grads, ii, part));
 UNROLL
-                for (int r = 0; r < ROWS_BACKWARD; r++) s[r] = part_dot(st[r].k, q), dpv[r] = part_dot(st[r].v, g);
+                for (int r = 0; r < R; r++) s[r] = part_dot(st[r].k, q), dpv[r] = part_dot(st[r].v, g);
 UNROLL
-                for (int r = 0; r < ROWS_BACKWARD; r++)
+                for (int r = 0; r < R; r++)
                     s[r] = row_sum<S::split>(s[r]) * scale, dpv[r] = row_sum<S::split>(dpv[r]);
 UNROLL
-                for (int r = 0; r < ROWS_BACKWARD; r++)
+                for (int r = 0; r < R; r++)
                     key_query(&st[r], s[r], dpv[r], q0 + ii >= j0 + r && j0 + r < T, lse_tile[ii], delta_tile[ii], q,
                               g, scale);
             }
         }
-    key_rows_end<ROWS_BACKWARD>(st, at.dk, at.dv, j0, stride, T);
+    key_rows_end<R>(st, at.dk, at.dv, j0, stride, T);
 }
 
 /* ================================================================ launches */
@@ -634,6 +636,27 @@ static int forward_rows(void)
     return chosen_rows ? chosen_rows : ROWS_FORWARD;
 }
 
+static int chosen_backward_rows; /* cuda_tiled_backward_rows_variant: 1 or 2, or 0 when unset */
+
+extern "C" int cuda_tiled_backward_rows_variant(const char *value)
+{
+    if (!value || !value[0]) chosen_backward_rows = 0;
+    else if (strcmp(value, "1") == 0 || strcmp(value, "2") == 0) chosen_backward_rows = value[0] - '0';
+    else return tp_fail(TP_ERR_ARG, "TP_CUDA_TILED_BACKWARD_ROWS: '%s' is not 1 or 2", value);
+    return TP_OK;
+}
+
+int cuda_tiled_backward_rows_chosen(void)
+{
+    return chosen_backward_rows;
+}
+
+/* The backward kernels' rows a thread: the chosen, else ROWS_BACKWARD. */
+static int backward_rows(void)
+{
+    return chosen_backward_rows ? chosen_backward_rows : ROWS_BACKWARD;
+}
+
 extern "C" int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd)
 {
     return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && B >= 1 && B <= MAX_GRID_YZ && Hq >= 1 &&
@@ -667,19 +690,29 @@ static int forward_launch(float *out, float *lse, const float *qkv, int64_t B, i
     }
 }
 
+template <int HD, int R>
+static int backward_launch_rows(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
+                                const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, float scale,
+                                cudaStream_t stream)
+{
+    const int rows = tiling<HD, R>::rows;
+    unsigned tiles = (unsigned)((T + rows - 1) / rows);
+    attention_queries_tiled<HD, R><<<dim3(tiles, (unsigned)Hq, (unsigned)B), THREADS, 0, stream>>>(
+        d_qkv, delta, d_out, qkv, out, lse, T, Hq, Hkv, scale);
+    TP_TRY(launch_failed("attention_queries_tiled"));
+    attention_keys_tiled<HD, R><<<dim3(tiles, (unsigned)Hkv, (unsigned)B), THREADS, 0, stream>>>(
+        d_qkv, delta, d_out, qkv, lse, T, Hq, Hkv, scale);
+    return launch_failed("attention_keys_tiled");
+}
+
 template <int HD>
 static int backward_launch(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, float scale,
                            cudaStream_t stream)
 {
-    const int rows = tiling<HD, ROWS_BACKWARD>::rows;
-    unsigned tiles = (unsigned)((T + rows - 1) / rows);
-    attention_queries_tiled<HD><<<dim3(tiles, (unsigned)Hq, (unsigned)B), THREADS, 0, stream>>>(
-        d_qkv, delta, d_out, qkv, out, lse, T, Hq, Hkv, scale);
-    TP_TRY(launch_failed("attention_queries_tiled"));
-    attention_keys_tiled<HD><<<dim3(tiles, (unsigned)Hkv, (unsigned)B), THREADS, 0, stream>>>(
-        d_qkv, delta, d_out, qkv, lse, T, Hq, Hkv, scale);
-    return launch_failed("attention_keys_tiled");
+    if (backward_rows() == 1)
+        return backward_launch_rows<HD, 1>(d_qkv, delta, d_out, qkv, out, lse, B, T, Hq, Hkv, scale, stream);
+    return backward_launch_rows<HD, 2>(d_qkv, delta, d_out, qkv, out, lse, B, T, Hq, Hkv, scale, stream);
 }
 
 int cuda_attention_tiled_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq,
@@ -807,12 +840,12 @@ static int emulate_forward(float *out, float *lse, const float *qkv, int64_t B, 
     }
 }
 
-template <int HD>
-static int emulate_backward(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
-                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv)
+template <int HD, int R>
+static int emulate_backward_rows(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
+                                 const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv)
 {
-    typedef tiling<HD, ROWS_BACKWARD> S;
-    const int R = ROWS_BACKWARD, split = S::split;
+    typedef tiling<HD, R> S;
+    const int split = S::split;
     float scale = 1.0f / sqrtf((float)HD), *tile_a = (float *)malloc(TILE_FLOATS * sizeof(float));
     float *tile_b = (float *)malloc(TILE_FLOATS * sizeof(float));
     float lse_tile[S::tile_rows], delta_tile[S::tile_rows];
@@ -903,6 +936,14 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
             }
     free(tile_a), free(tile_b), free(qs), free(qat), free(ks), free(kat);
     return status;
+}
+
+template <int HD>
+static int emulate_backward(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
+                            const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv)
+{
+    if (backward_rows() == 1) return emulate_backward_rows<HD, 1>(d_qkv, delta, d_out, qkv, out, lse, B, T, Hq, Hkv);
+    return emulate_backward_rows<HD, 2>(d_qkv, delta, d_out, qkv, out, lse, B, T, Hq, Hkv);
 }
 
 static int emulation_fits(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)

@@ -46,6 +46,15 @@ int cuda_deterministic_variant(const char *value);
  * for another value. */
 int cuda_tiled_forward_rows_variant(const char *value);
 
+/* The rows a thread of the tiled backward's kernels holds
+ * (TP_CUDA_TILED_BACKWARD_ROWS): "1" or "2"; unset or "", 2. Two rows read
+ * each shared part for both (the keys kernel takes about 216 registers, 2
+ * blocks an SM at head size 64); one leaves room for more blocks. As the
+ * forward's choice: the emulation takes it too, the backend reads the
+ * variable when it is made, this sets it for the process afterwards
+ * (tests); TP_ERR_ARG for another value. */
+int cuda_tiled_backward_rows_variant(const char *value);
+
 /* Whether the tiled kernels take this shape. */
 int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd);
 

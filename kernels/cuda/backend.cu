@@ -382,6 +382,7 @@ extern "C" const kernel_backend *kernels_cuda(int device)
     if (cuda_attention_variant(getenv("TP_CUDA_ATTENTION"))) goto done;
     if (cuda_deterministic_variant(getenv("TP_CUDA_DETERMINISTIC"))) goto done;
     if (cuda_tiled_forward_rows_variant(getenv("TP_CUDA_TILED_FORWARD_ROWS"))) goto done;
+    if (cuda_tiled_backward_rows_variant(getenv("TP_CUDA_TILED_BACKWARD_ROWS"))) goto done;
     CUDA_TRY(cudaSetDevice(device));
     CUDA_TRY(cudaStreamCreateWithFlags(&cuda_state.stream, cudaStreamNonBlocking));
     CUDA_TRY(cudaStreamCreateWithFlags(&cuda_state.side, cudaStreamNonBlocking));

@@ -42,6 +42,9 @@ int cuda_deterministic_chosen(void);
 /* cuda_tiled_forward_rows_variant's choice (attention_tiled.h): 2, 3 or 4,
  * or 0 when unset (the default, ROWS_FORWARD in attention_tiled.cu). */
 int cuda_tiled_forward_rows_chosen(void);
+/* cuda_tiled_backward_rows_variant's choice (attention_tiled.h): 1 or 2, or
+ * 0 when unset (the default, ROWS_BACKWARD in attention_tiled.cu). */
+int cuda_tiled_backward_rows_chosen(void);
 
 /* The computing operations of the table (kernels.h, KERNEL_OPERATIONS) as
  * cuda_<name>, by file: linear.cu the products (bf16 operands read where

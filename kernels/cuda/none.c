@@ -145,6 +145,12 @@ int cuda_tiled_forward_rows_variant(const char *value)
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 
+int cuda_tiled_backward_rows_variant(const char *value)
+{
+    (void)value;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
 int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd)
 {
     (void)B, (void)Hq, (void)hd;

@@ -112,6 +112,18 @@ check "small, the tiled forward at 2 rows a thread: the CPU's losses (1e-4)" los
 check "small, the tiled forward at 2 rows a thread: the start line says so" \
     grep -q '"attention":"CUDA tiled kernels (forward: 2 rows a thread, TP_CUDA_TILED_FORWARD_ROWS=2), fp32' \
     "$WORK/small-gpu-rows2.jsonl"
+# The tiled backward at 1 row a thread (TP_CUDA_TILED_BACKWARD_ROWS; 2 by
+# default), with the forward at 3: the same losses, and the start line names
+# both choices.
+export TP_CUDA_TILED_FORWARD_ROWS=3 TP_CUDA_TILED_BACKWARD_ROWS=1
+expect_ok "small on a GPU, the tiled backward at 1 row a thread" gpu_train 1 --model small --vocab 1000 \
+    --micro-batch 2 --quiet --steps 20 --log "$WORK/small-gpu-backward1.jsonl"
+unset TP_CUDA_TILED_FORWARD_ROWS TP_CUDA_TILED_BACKWARD_ROWS
+check "small, the tiled backward at 1 row a thread: the CPU's losses (1e-4)" losses_match \
+    "$WORK/small-gpu-backward1.jsonl" "$WORK/small-cpu.jsonl" 1e-4
+check "small, the tiled backward at 1 row a thread: the start line names both choices" grep -q \
+    '"attention":"CUDA tiled kernels (forward: 3 rows a thread, TP_CUDA_TILED_FORWARD_ROWS=3; backward: 1 row a thread, TP_CUDA_TILED_BACKWARD_ROWS=1), fp32' \
+    "$WORK/small-gpu-backward1.jsonl"
 
 expect_ok "llama-tiny on the CPU" "$TRAIN" --model llama-tiny --micro-batch 2 --quiet --steps 20 --device cpu \
     --log "$WORK/llama-cpu.jsonl"

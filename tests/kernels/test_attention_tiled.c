@@ -68,12 +68,18 @@ Test(attention_tiled, forward_equals_the_cpu)
 }
 
 /* d_qkv from garbage (every element has its writer); delta against
- * d_out . out computed here. */
+ * d_out . out computed here. At each choice of the backward's rows a
+ * thread (TP_CUDA_TILED_BACKWARD_ROWS), the default last. */
 Test(attention_tiled, backward_equals_the_cpu)
 {
     if (!emulation_built()) cr_skip("a build without CUDA: %s", tp_errmsg());
-    for (int s = 0; s < SHAPES; s++) {
-        int64_t B = shapes[s][0], T = shapes[s][1], Hq = shapes[s][2], Hkv = shapes[s][3], hd = shapes[s][4];
+    const char *rows_choices[] = {"1", NULL};
+    for (int s = 0; s < 2 * SHAPES; s++) {
+        if (s % SHAPES == 0)
+            cr_assert_eq(cuda_tiled_backward_rows_variant(rows_choices[s / SHAPES]), TP_OK, "%s", tp_errmsg());
+        const int64_t *shape = shapes[s % SHAPES];
+        const char *rows = rows_choices[s / SHAPES] ? "1 row a thread" : "2 rows a thread";
+        int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
         int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
         float *qkv = floats_random(n_qkv, 2.0f), *d_out = floats_random(n_out, 1.0f), *out = floats_filled(n_out, 0);
         float *lse = floats_filled(n_lse, 0), *scratch = floats_filled(attention_scratch_floats(B, T, Hq), 0);
@@ -92,8 +98,11 @@ Test(attention_tiled, backward_equals_the_cpu)
                     for (int64_t d = 0; d < hd; d++) sum += (double)g[d] * o[d];
                     want_delta[(b * Hq + h) * T + i] = (float)sum;
                 }
-        check_close(delta, want_delta, n_lse, "delta", shapes[s]);
-        check_close(got, d_qkv, n_qkv, "d_qkv", shapes[s]);
+        char what[48];
+        snprintf(what, sizeof what, "delta (%s)", rows);
+        check_close(delta, want_delta, n_lse, what, shape);
+        snprintf(what, sizeof what, "d_qkv (%s)", rows);
+        check_close(got, d_qkv, n_qkv, what, shape);
         free(qkv), free(d_out), free(out), free(lse), free(scratch), free(d_qkv), free(got), free(delta);
         free(want_delta);
     }
@@ -124,4 +133,9 @@ Test(attention_tiled, refuses_what_it_does_not_take)
     cr_assert_eq(cuda_tiled_forward_rows_variant("22"), TP_ERR_ARG);
     cr_assert_eq(cuda_tiled_forward_rows_variant("3"), TP_OK);
     cr_assert_eq(cuda_tiled_forward_rows_variant(""), TP_OK, "unset: 4 rows");
+    cr_assert_eq(cuda_tiled_backward_rows_variant("3"), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "TP_CUDA_TILED_BACKWARD_ROWS: '3'"), "%s", tp_errmsg());
+    cr_assert_eq(cuda_tiled_backward_rows_variant("12"), TP_ERR_ARG);
+    cr_assert_eq(cuda_tiled_backward_rows_variant("1"), TP_OK);
+    cr_assert_eq(cuda_tiled_backward_rows_variant(""), TP_OK, "unset: 2 rows");
 }

@@ -47,6 +47,7 @@ static const kernel_backend *gpu(void)
 #define cuda_attention_variant(name) ((void)(name), TP_OK)
 #define cuda_deterministic_variant(value) ((void)(value), TP_OK)
 #define cuda_tiled_forward_rows_variant(value) ((void)(value), TP_OK)
+#define cuda_tiled_backward_rows_variant(value) ((void)(value), TP_OK)
 #else
 #define REHEARSAL 0
 #define NEED_GPU()                                                                                                     \
@@ -2298,11 +2299,9 @@ static const int64_t attention_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 97, 3, 1, 2
 
 /* Each test runs both attention variants (kernels/cuda/attention_tiled.h):
  * the tiled kernels take the shapes of head size 32, 64, 128 and 256, the
- * rows kernels the others. */
-static const char *const attention_variants[] = {"rows", "tiled"};
-
-/* The forward's ways: both variants, and the tiled forward at each of its
- * rows a thread (TP_CUDA_TILED_FORWARD_ROWS; unset: 4). */
+ * rows kernels the others. The forward's ways: both variants, and the tiled
+ * forward at each of its rows a thread (TP_CUDA_TILED_FORWARD_ROWS; unset:
+ * 4). */
 static const struct {
     const char *variant, *forward_rows, *name;
 } attention_forward_ways[] = {
@@ -2343,6 +2342,13 @@ Test(cuda_backend, attention_forward)
     cr_assert_eq(cuda_tiled_forward_rows_variant(NULL), TP_OK);
 }
 
+/* The backward's ways: both variants, and the tiled backward at each of
+ * its rows a thread (TP_CUDA_TILED_BACKWARD_ROWS; unset: 2). */
+static const struct {
+    const char *variant, *backward_rows, *name;
+} attention_backward_ways[] = {{"rows", NULL, "rows"}, {"tiled", NULL, "tiled"}, {"tiled", "1", "tiled, 1 row"}};
+#define ATTENTION_BACKWARD_WAYS (int)(sizeof attention_backward_ways / sizeof attention_backward_ways[0])
+
 /* d_qkv is overwritten (the device's starts from garbage, as does its
  * scratch). Both sides get the CPU's out and lse. Tolerance 1e-4 relative +
  * 1e-5 absolute. */
@@ -2350,8 +2356,10 @@ Test(cuda_backend, attention_backward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    for (int s = 0; s < 2 * ATTENTION_SHAPES; s++) {
-        cr_assert_eq(cuda_attention_variant(attention_variants[s / ATTENTION_SHAPES]), TP_OK);
+    for (int s = 0; s < ATTENTION_BACKWARD_WAYS * ATTENTION_SHAPES; s++) {
+        int way = s / ATTENTION_SHAPES;
+        cr_assert_eq(cuda_attention_variant(attention_backward_ways[way].variant), TP_OK);
+        cr_assert_eq(cuda_tiled_backward_rows_variant(attention_backward_ways[way].backward_rows), TP_OK);
         const int64_t *shape = attention_shapes[s % ATTENTION_SHAPES];
         int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
         int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
@@ -2367,11 +2375,14 @@ Test(cuda_backend, attention_backward)
         cr_assert_eq(attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(k->attention_backward(g_dqkv, g_scratch, g_dout, g_qkv, g_out, g_lse, B, T, Hq, Hkv, hd), TP_OK,
                      "%s", tp_errmsg());
-        check_device(k, g_dqkv, dqkv, n_qkv, 1e-4, 1e-5, s < ATTENTION_SHAPES ? "d_qkv (rows)" : "d_qkv (tiled)");
+        char what[48];
+        snprintf(what, sizeof what, "d_qkv (%s)", attention_backward_ways[way].name);
+        check_device(k, g_dqkv, dqkv, n_qkv, 1e-4, 1e-5, what);
         k->release(g_qkv), k->release(g_out), k->release(g_lse), k->release(g_dout), k->release(g_dqkv);
         k->release(g_scratch);
         free(qkv), free(out), free(lse), free(dout), free(dqkv), free(scratch), free(garbage);
     }
+    cr_assert_eq(cuda_tiled_backward_rows_variant(NULL), TP_OK);
 }
 
 Test(cuda_backend, attention_refuses_bad_heads)
