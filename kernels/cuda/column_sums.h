@@ -17,7 +17,7 @@
  * VEC is CHUNK (launch.h: one 16-byte load of bf16, two of fp32, a warp
  * reading 4 rows of 128 bytes at a time) where every array the terms read
  * splits into chunks, else 1. A warp of a 2-byte load a thread (32 columns
- * of bf16 a row, as until 2026-11-30) kept too few bytes in flight: the
+ * of bf16 a row, as until 2026-11-29) kept too few bytes in flight: the
  * bias gradients' sums ran at 1,498 GB/s on an H200 (2026-11-28).
  *
  * The chunks give about COLUMN_TARGET_BLOCKS blocks, at least

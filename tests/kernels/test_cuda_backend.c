@@ -2889,7 +2889,8 @@ Test(cuda_backend, attention_bf16_keeps_the_bits_of_qkv)
  * Backward: accumulates into a table of random values, a repeated token's
  * gradients added in the order of their positions, as the CPU adds them:
  * exact too (tolerance 0), at N = 37 and at N = 5000 with 21 tokens (runs of
- * about 250), one of them all of the first 300 positions. */
+ * about 250), one of them all of the first 300 positions, and for a table
+ * of 300 columns (the kernel's column slices beyond the first). */
 Test(cuda_backend, embedding_forward_and_backward)
 {
     NEED_GPU();
@@ -2928,6 +2929,23 @@ Test(cuda_backend, embedding_forward_and_backward)
     check_device(k, g_big_dtable, big_dtable, rows * C, 0, 0, "d_table, 5000 positions of 21 tokens");
     k->release(g_repeated), k->release(g_big_dout), k->release(g_big_dtable);
     free(repeated), free(big_dout), free(big_dtable);
+
+    /* A wide table: 300 columns, three slices of EMBEDDING_COLUMNS (128; the
+     * last 44 wide), each block of a run adding its slice. */
+    int64_t wide = 300, positions = 64;
+    int *some = malloc((size_t)positions * sizeof(int));
+    cr_assert(some);
+    for (int64_t n = 0; n < positions; n++) some[n] = n % 3 == 0 ? 200 : 95 + (int)n * 2; /* 200 repeated; some not held */
+    float *wide_dout = floats_random(positions * wide, 1.0f), *wide_dtable = floats_random(rows * wide, 1.0f);
+    int *g_some = upload(k, some, positions, sizeof(int));
+    float *g_wide_dout = upload_floats(k, wide_dout, positions * wide);
+    float *g_wide_dtable = upload_floats(k, wide_dtable, rows * wide);
+    embedding_backward(wide_dtable, some, wide_dout, positions, wide, first, rows);
+    cr_assert_eq(k->embedding_backward(g_wide_dtable, g_some, g_wide_dout, positions, wide, first, rows), TP_OK, "%s",
+                 tp_errmsg());
+    check_device(k, g_wide_dtable, wide_dtable, rows * wide, 0, 0, "d_table, 300 columns (three slices)");
+    k->release(g_some), k->release(g_wide_dout), k->release(g_wide_dtable);
+    free(some), free(wide_dout), free(wide_dtable);
 }
 
 /* ----------------------------------------------------------- cross-entropy */
