@@ -454,18 +454,19 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
 {
     cuda_attention_choice choice = cuda_attention_chosen();
     const char *kernels = tiled_runs(B, Hq, hd) ? "tiled" : "rows";
-    char rows_note[160] = ""; /* the tiled kernels' rows a thread, where chosen */
+    /* The tiled kernels' rows a thread, where chosen: rows_note for both
+     * directions, backward_note for the backward alone. */
+    char rows_note[160] = "", forward_note[64] = "", backward_note[64] = "";
     int rows = cuda_tiled_forward_rows_chosen(), backward_rows = cuda_tiled_backward_rows_chosen();
-    if (tiled_runs(B, Hq, hd) && (rows || backward_rows)) {
-        char forward_note[64] = "", backward_note[64] = "";
-        if (rows) snprintf(forward_note, sizeof forward_note, "forward: %d rows a thread, TP_CUDA_TILED_FORWARD_ROWS=%d",
-                           rows, rows);
-        if (backward_rows)
-            snprintf(backward_note, sizeof backward_note, "backward: %d row%s a thread, TP_CUDA_TILED_BACKWARD_ROWS=%d",
-                     backward_rows, backward_rows == 1 ? "" : "s", backward_rows);
-        snprintf(rows_note, sizeof rows_note, " (%s%s%s)", forward_note, rows && backward_rows ? "; " : "",
+    if (tiled_runs(B, Hq, hd) && rows)
+        snprintf(forward_note, sizeof forward_note, "forward: %d rows a thread, TP_CUDA_TILED_FORWARD_ROWS=%d", rows,
+                 rows);
+    if (tiled_runs(B, Hq, hd) && backward_rows)
+        snprintf(backward_note, sizeof backward_note, "backward: %d row%s a thread, TP_CUDA_TILED_BACKWARD_ROWS=%d",
+                 backward_rows, backward_rows == 1 ? "" : "s", backward_rows);
+    if (forward_note[0] || backward_note[0])
+        snprintf(rows_note, sizeof rows_note, " (%s%s%s)", forward_note, forward_note[0] && backward_note[0] ? "; " : "",
                  backward_note);
-    }
     const char *why_rows = choice == CUDA_ATTENTION_ROWS ? " (TP_CUDA_ATTENTION=rows)"
                            : tiled_runs(B, Hq, hd)        ? ""
                                                           : " (the tiled kernels take head sizes 32, 64, 128, 256)";
@@ -494,9 +495,10 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
         char why[1024];
         snprintf(why, sizeof why, "%s", tp_errmsg());
         if (cudnn_attention_load(version, sizeof version)) snprintf(version, sizeof version, "9");
-        snprintf(text, size, "cuDNN %s flash attention forward, bf16 (engine %lld); backward: CUDA %s kernels, fp32 "
-                 "on bf16-rounded operands%s; cuDNN's backward %s: %s", version,
-                 (long long)cudnn_attention_engine(forward), kernels, why_rows, refusal, why); /* no tiled forward here */
+        snprintf(text, size, "cuDNN %s flash attention forward, bf16 (engine %lld); backward: CUDA %s kernels%s%s%s, "
+                 "fp32 on bf16-rounded operands%s; cuDNN's backward %s: %s", version,
+                 (long long)cudnn_attention_engine(forward), kernels, backward_note[0] ? " (" : "", backward_note,
+                 backward_note[0] ? ")" : "", why_rows, refusal, why); /* no tiled forward here */
         return;
     }
     snprintf(text, size, "CUDA %s kernels%s, fp32 on bf16-rounded operands%s; cuDNN %s: %s", kernels, rows_note, why_rows,

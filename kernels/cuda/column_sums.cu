@@ -56,7 +56,7 @@ template <int VEC, typename In> static int emulate(float *sums, const In *values
 {
     typedef column_layout<VEC> layout;
     const column_of_values<In> term = {values, C};
-    int64_t tiles = (C + COLUMN_TILE - 1) / COLUMN_TILE, chunks = column_chunks(N, tiles, layout::thread_rows);
+    int64_t tiles = (C + COLUMN_TILE - 1) / COLUMN_TILE, chunks = column_chunks(N, tiles);
     int64_t rows_per_chunk = (N + chunks - 1) / chunks;
     float *partials = (float *)malloc((size_t)(chunks * C) * sizeof(float));
     float *part = (float *)malloc(sizeof(float) * layout::thread_rows * (COLUMN_TILE + 1));

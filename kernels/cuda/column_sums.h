@@ -21,7 +21,7 @@
  * bias gradients' sums ran at 1,498 GB/s on an H200 (2026-11-28).
  *
  * The chunks give about COLUMN_TARGET_BLOCKS blocks, at least
- * COLUMN_MIN_ROWS rows a thread (per chunk). One block per tile of all N
+ * COLUMN_MIN_ROWS rows each. One block per tile of all N
  * rows (as at first) left most of a GPU idle; a second launch for the
  * chunks' totals (2026-11-28) cost a launch's latency each time, 40 of
  * them 0.23 ms of an H200's bf16 step.
@@ -40,8 +40,7 @@
 #define COLUMN_THREADS 256       /* a block's threads */
 #define COLUMN_TILE 64           /* a block's columns */
 #define COLUMN_TARGET_BLOCKS 512 /* about 4 per SM of an H100, 5 of an A100 */
-#define COLUMN_MIN_ROWS 4        /* rows a thread sums at least (per chunk) */
-#define COLUMN_MAX_CHUNKS 1024
+#define COLUMN_MIN_ROWS 128      /* rows a chunk at least: 4 a thread in chunks of columns, 32 a column a thread */
 
 /* Loops unrolled on the device (loads of several rows in flight); the
  * host's compiler, for the emulation, does not know the pragma. */
@@ -67,13 +66,12 @@ template <int VEC> struct column_layout {
 int cuda_column_partials_begin(float **partials, int64_t floats, unsigned **arrivals, int64_t tiles);
 void cuda_column_partials_end(void);
 
-/* Row chunks for N rows, `tiles` column tiles and thread_rows thread rows. */
-static inline int64_t column_chunks(int64_t N, int64_t tiles, int thread_rows)
+/* Row chunks for N rows and `tiles` column tiles: 1 to COLUMN_TARGET_BLOCKS. */
+static inline int64_t column_chunks(int64_t N, int64_t tiles)
 {
-    int64_t by_blocks = (COLUMN_TARGET_BLOCKS + tiles - 1) / tiles;
-    int64_t by_rows = N / ((int64_t)thread_rows * COLUMN_MIN_ROWS);
+    int64_t by_blocks = (COLUMN_TARGET_BLOCKS + tiles - 1) / tiles, by_rows = N / COLUMN_MIN_ROWS;
     int64_t chunks = by_blocks < by_rows ? by_blocks : by_rows;
-    return chunks < 1 ? 1 : chunks > COLUMN_MAX_CHUNKS ? COLUMN_MAX_CHUNKS : chunks;
+    return chunks < 1 ? 1 : chunks;
 }
 
 /* The value of x, fp32 or bf16 bits widened (exact), on the device and on
@@ -200,7 +198,7 @@ template <int OUTS, int VEC, typename Term>
 static int column_sums_launch(float *out0, float *out1, const Term &term, int64_t N, int64_t C)
 {
     int64_t tiles = (C + COLUMN_TILE - 1) / COLUMN_TILE;
-    int64_t chunks = column_chunks(N, tiles, column_layout<VEC>::thread_rows), rows_per_chunk = (N + chunks - 1) / chunks;
+    int64_t chunks = column_chunks(N, tiles), rows_per_chunk = (N + chunks - 1) / chunks;
     float *partials = NULL;
     unsigned *arrivals = NULL;
     int status = cuda_column_partials_begin(&partials, chunks * OUTS * C, &arrivals, tiles);

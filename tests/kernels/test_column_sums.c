@@ -23,9 +23,10 @@ static int emulation_built(void)
 
 /* N, C: one value; columns past the last whole tile of 64 (77, 136: a
  * third tile of one chunk of 8); fewer rows than a block's thread rows
- * (37); GPT-2's width at micro-batch 4 (4,096 rows of 768); row chunks
- * that do not divide the rows (20,011); more rows than the chunks' cap
- * takes at COLUMN_MIN_ROWS (140,000 rows: 1,024 chunks of 137). */
+ * (37); GPT-2's width at micro-batch 4 (4,096 rows of 768: 32 chunks of
+ * 128); row chunks that do not divide the rows (20,011: 156 chunks of 129,
+ * the last of 16; 3,000: 23 chunks of 131, the last of 118); the most
+ * chunks a tile (140,000 rows: 512 chunks of 274, the last empty). */
 static const int64_t shapes[][2] = {{1, 1},   {3000, 77},    {1000, 1},  {5000, 8},
                                     {37, 136}, {4096, 768},  {20011, 24}, {140000, 8}};
 #define SHAPES (int)(sizeof shapes / sizeof shapes[0])

@@ -766,7 +766,7 @@ Test(cuda_backend, layernorm_forward)
 /* All three gradients accumulate (norm.c): they start from random values.
  * Both sides get the CPU's mean and rstd. Tolerance 1e-4 relative + 1e-5
  * absolute (row and column reductions); the tall shape's column sums, of
- * 3,000 rows cut into 187 chunks (column_sums.h), where the CPU sums each
+ * 3,000 rows cut into 23 chunks (column_sums.h), where the CPU sums each
  * column in one run, 1e-3 absolute (sums of about 50: a few units in the
  * last place of each partial sum). The fourth has no bias (d_bias NULL:
  * not summed), its columns 65,572 rows: 1e-2 absolute. The last has more
