@@ -614,15 +614,27 @@ int cuda_deterministic_chosen(void)
     return deterministic;
 }
 
-static int chosen_rows; /* cuda_tiled_forward_rows_variant: 2, 3 or 4, or 0 when unset */
+/* A choice of rows a thread from `value` (variable's): unset or "" is 0
+ * (the default), else one digit from lowest to highest. */
+static int rows_choice(int *chosen, const char *value, const char *variable, int lowest, int highest)
+{
+    if (!value || !value[0]) *chosen = 0;
+    else if (!value[1] && value[0] >= '0' + lowest && value[0] <= '0' + highest) *chosen = value[0] - '0';
+    else return tp_fail(TP_ERR_ARG, "%s: '%s' is not a number of rows from %d to %d", variable, value, lowest, highest);
+    return TP_OK;
+}
+
+static int chosen_rows;          /* cuda_tiled_forward_rows_variant: 2, 3 or 4, or 0 when unset */
+static int chosen_backward_rows; /* cuda_tiled_backward_rows_variant: 1 or 2, or 0 when unset */
 
 extern "C" int cuda_tiled_forward_rows_variant(const char *value)
 {
-    if (!value || !value[0]) chosen_rows = 0;
-    else if (strcmp(value, "2") == 0 || strcmp(value, "3") == 0 || strcmp(value, "4") == 0)
-        chosen_rows = value[0] - '0';
-    else return tp_fail(TP_ERR_ARG, "TP_CUDA_TILED_FORWARD_ROWS: '%s' is not 2, 3 or 4", value);
-    return TP_OK;
+    return rows_choice(&chosen_rows, value, "TP_CUDA_TILED_FORWARD_ROWS", 2, 4);
+}
+
+extern "C" int cuda_tiled_backward_rows_variant(const char *value)
+{
+    return rows_choice(&chosen_backward_rows, value, "TP_CUDA_TILED_BACKWARD_ROWS", 1, 2);
 }
 
 int cuda_tiled_forward_rows_chosen(void)
@@ -630,28 +642,18 @@ int cuda_tiled_forward_rows_chosen(void)
     return chosen_rows;
 }
 
-/* The forward's rows a thread: the chosen, else ROWS_FORWARD. */
-static int forward_rows(void)
-{
-    return chosen_rows ? chosen_rows : ROWS_FORWARD;
-}
-
-static int chosen_backward_rows; /* cuda_tiled_backward_rows_variant: 1 or 2, or 0 when unset */
-
-extern "C" int cuda_tiled_backward_rows_variant(const char *value)
-{
-    if (!value || !value[0]) chosen_backward_rows = 0;
-    else if (strcmp(value, "1") == 0 || strcmp(value, "2") == 0) chosen_backward_rows = value[0] - '0';
-    else return tp_fail(TP_ERR_ARG, "TP_CUDA_TILED_BACKWARD_ROWS: '%s' is not 1 or 2", value);
-    return TP_OK;
-}
-
 int cuda_tiled_backward_rows_chosen(void)
 {
     return chosen_backward_rows;
 }
 
-/* The backward kernels' rows a thread: the chosen, else ROWS_BACKWARD. */
+/* The rows a thread of the forward and of the backward's kernels: the
+ * chosen, else ROWS_FORWARD and ROWS_BACKWARD. */
+static int forward_rows(void)
+{
+    return chosen_rows ? chosen_rows : ROWS_FORWARD;
+}
+
 static int backward_rows(void)
 {
     return chosen_backward_rows ? chosen_backward_rows : ROWS_BACKWARD;

@@ -2884,6 +2884,21 @@ Test(cuda_backend, attention_bf16_keeps_the_bits_of_qkv)
 
 /* --------------------------------------------------------------- embedding */
 
+/* The backward of N tokens' random gradients into a random table of
+ * `rows` rows of C from `first`: the device's as the CPU's, exactly. */
+static void check_embedding_backward(const kernel_backend *k, const int *tokens, int64_t N, int64_t C, int64_t first,
+                                     int64_t rows, const char *what)
+{
+    float *dout = floats_random(N * C, 1.0f), *d_table = floats_random(rows * C, 1.0f);
+    int *g_tokens = upload(k, tokens, N, sizeof(int));
+    float *g_dout = upload_floats(k, dout, N * C), *g_dtable = upload_floats(k, d_table, rows * C);
+    embedding_backward(d_table, tokens, dout, N, C, first, rows);
+    cr_assert_eq(k->embedding_backward(g_dtable, g_tokens, g_dout, N, C, first, rows), TP_OK, "%s", tp_errmsg());
+    check_device(k, g_dtable, d_table, rows * C, 0, 0, what);
+    k->release(g_tokens), k->release(g_dout), k->release(g_dtable);
+    free(dout), free(d_table);
+}
+
 /* This rank holds rows [100, 250) of the table; tokens fall below, inside
  * (some repeated) and above. Forward: copies, exact (tolerance 0).
  * Backward: accumulates into a table of random values, a repeated token's
@@ -2900,52 +2915,30 @@ Test(cuda_backend, embedding_forward_and_backward)
     for (int64_t n = 0; n < N; n++) tokens[n] = 80 + (int)((floats_uniform() + 1.0f) * 95.0f); /* [80, 270) */
     tokens[3] = 99, tokens[4] = 100, tokens[5] = 249, tokens[6] = 250;        /* the edges */
     tokens[10] = tokens[11] = tokens[20] = tokens[36] = 123;                  /* repeats */
-    float *table = floats_random(rows * C, 1.0f), *dout = floats_random(N * C, 1.0f);
-    float *d_table = floats_random(rows * C, 1.0f), *out = malloc((size_t)(N * C) * sizeof(float));
+    float *table = floats_random(rows * C, 1.0f), *out = malloc((size_t)(N * C) * sizeof(float));
     float *garbage = floats_filled(N * C, 7.0f);
     int *g_tokens = upload(k, tokens, N, sizeof(int));
-    float *g_table = upload_floats(k, table, rows * C), *g_dout = upload_floats(k, dout, N * C);
-    float *g_dtable = upload_floats(k, d_table, rows * C), *g_out = upload_floats(k, garbage, N * C);
+    float *g_table = upload_floats(k, table, rows * C), *g_out = upload_floats(k, garbage, N * C);
     embedding_forward(out, tokens, table, N, C, first, rows);
     cr_assert_eq(k->embedding_forward(g_out, g_tokens, g_table, N, C, first, rows), TP_OK, "%s", tp_errmsg());
     check_device(k, g_out, out, N * C, 0, 0, "out");
-    embedding_backward(d_table, tokens, dout, N, C, first, rows);
-    cr_assert_eq(k->embedding_backward(g_dtable, g_tokens, g_dout, N, C, first, rows), TP_OK, "%s", tp_errmsg());
-    check_device(k, g_dtable, d_table, rows * C, 0, 0, "d_table");
-    k->release(g_tokens), k->release(g_table), k->release(g_dout), k->release(g_dtable), k->release(g_out);
-    free(table), free(dout), free(d_table), free(out), free(garbage);
+    k->release(g_tokens), k->release(g_table), k->release(g_out);
+    free(table), free(out), free(garbage);
+    check_embedding_backward(k, tokens, N, C, first, rows, "d_table");
 
     int64_t many = 5000;
     int *repeated = malloc((size_t)many * sizeof(int));
     cr_assert(repeated);
     for (int64_t n = 0; n < many; n++)
         repeated[n] = n < 300 ? 140 : 120 + (int)((floats_uniform() + 1.0f) * 10.0f); /* [120, 140] */
-    float *big_dout = floats_random(many * C, 1.0f), *big_dtable = floats_random(rows * C, 1.0f);
-    int *g_repeated = upload(k, repeated, many, sizeof(int));
-    float *g_big_dout = upload_floats(k, big_dout, many * C), *g_big_dtable = upload_floats(k, big_dtable, rows * C);
-    embedding_backward(big_dtable, repeated, big_dout, many, C, first, rows);
-    cr_assert_eq(k->embedding_backward(g_big_dtable, g_repeated, g_big_dout, many, C, first, rows), TP_OK, "%s",
-                 tp_errmsg());
-    check_device(k, g_big_dtable, big_dtable, rows * C, 0, 0, "d_table, 5000 positions of 21 tokens");
-    k->release(g_repeated), k->release(g_big_dout), k->release(g_big_dtable);
-    free(repeated), free(big_dout), free(big_dtable);
+    check_embedding_backward(k, repeated, many, C, first, rows, "d_table, 5000 positions of 21 tokens");
+    free(repeated);
 
     /* A wide table: 300 columns, three slices of EMBEDDING_COLUMNS (128; the
      * last 44 wide), each block of a run adding its slice. */
-    int64_t wide = 300, positions = 64;
-    int *some = malloc((size_t)positions * sizeof(int));
-    cr_assert(some);
-    for (int64_t n = 0; n < positions; n++) some[n] = n % 3 == 0 ? 200 : 95 + (int)n * 2; /* 200 repeated; some not held */
-    float *wide_dout = floats_random(positions * wide, 1.0f), *wide_dtable = floats_random(rows * wide, 1.0f);
-    int *g_some = upload(k, some, positions, sizeof(int));
-    float *g_wide_dout = upload_floats(k, wide_dout, positions * wide);
-    float *g_wide_dtable = upload_floats(k, wide_dtable, rows * wide);
-    embedding_backward(wide_dtable, some, wide_dout, positions, wide, first, rows);
-    cr_assert_eq(k->embedding_backward(g_wide_dtable, g_some, g_wide_dout, positions, wide, first, rows), TP_OK, "%s",
-                 tp_errmsg());
-    check_device(k, g_wide_dtable, wide_dtable, rows * wide, 0, 0, "d_table, 300 columns (three slices)");
-    k->release(g_some), k->release(g_wide_dout), k->release(g_wide_dtable);
-    free(some), free(wide_dout), free(wide_dtable);
+    int some[64];
+    for (int n = 0; n < 64; n++) some[n] = n % 3 == 0 ? 200 : 95 + n * 2; /* 200 repeated; some not held */
+    check_embedding_backward(k, some, 64, 300, first, rows, "d_table, 300 columns (three slices)");
 }
 
 /* ----------------------------------------------------------- cross-entropy */
