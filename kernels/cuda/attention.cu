@@ -465,8 +465,8 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
         snprintf(backward_note, sizeof backward_note, "backward: %d row%s a thread, TP_CUDA_TILED_BACKWARD_ROWS=%d",
                  backward_rows, backward_rows == 1 ? "" : "s", backward_rows);
     if (forward_note[0] || backward_note[0])
-        snprintf(rows_note, sizeof rows_note, " (%s%s%s)", forward_note, forward_note[0] && backward_note[0] ? "; " : "",
-                 backward_note);
+        snprintf(rows_note, sizeof rows_note, " (%s%s%s)", forward_note,
+                 forward_note[0] && backward_note[0] ? "; " : "", backward_note);
     const char *why_rows = choice == CUDA_ATTENTION_ROWS ? " (TP_CUDA_ATTENTION=rows)"
                            : tiled_runs(B, Hq, hd)        ? ""
                                                           : " (the tiled kernels take head sizes 32, 64, 128, 256)";

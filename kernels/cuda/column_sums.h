@@ -14,17 +14,17 @@
  * chunk order to out[c] (+=), and sets the counter back to 0 for the next
  * call. Which block is last varies; the order of the sums does not.
  *
- * VEC is CHUNK (launch.h: one 16-byte load of bf16, two of fp32, a warp
- * reading 4 rows of 128 bytes at a time) where every array the terms read
+ * VEC is CHUNK (launch.h: one 16-byte load of bf16, two of fp32; a warp
+ * reads 4 rows' 64 columns at a time) where every array the terms read
  * splits into chunks, else 1. A warp of a 2-byte load a thread (32 columns
  * of bf16 a row, as until 2026-11-29) kept too few bytes in flight: the
  * bias gradients' sums ran at 1,498 GB/s on an H200 (2026-11-28).
  *
  * The chunks give about COLUMN_TARGET_BLOCKS blocks, at least
- * COLUMN_MIN_ROWS rows each. One block per tile of all N
- * rows (as at first) left most of a GPU idle; a second launch for the
- * chunks' totals (2026-11-28) cost a launch's latency each time, 40 of
- * them 0.23 ms of an H200's bf16 step.
+ * COLUMN_MIN_ROWS rows each. One block per tile of all N rows (as at
+ * first) left most of a GPU idle; a second launch for the chunks' totals
+ * (2026-11-28) cost a launch's latency each time, 40 of them 0.23 ms of an
+ * H200's bf16 step.
  *
  * A thread's work is written once, in __host__ __device__ functions: the
  * kernel and its CPU emulation (column_sums.cu, cuda_column_sums_emulate)
@@ -148,7 +148,8 @@ template <int OUTS> static __host__ __device__ inline float column_chunks_total(
                                                                                 int o, int64_t C, int64_t c)
 {
     float total = 0;
-    for (int64_t chunk = 0; chunk < chunks; chunk++) total += COLUMN_LOAD_PAST_L1(&partials[(chunk * OUTS + o) * C + c]);
+    for (int64_t chunk = 0; chunk < chunks; chunk++)
+        total += COLUMN_LOAD_PAST_L1(&partials[(chunk * OUTS + o) * C + c]);
     return total;
 }
 
@@ -217,7 +218,8 @@ fail:
 /* out0 (and out1) [C] += the column sums of term over N rows, queued on
  * cuda_state.stream; OUTS 1 or 2. term.chunks_fit(): whether every array
  * it reads splits into chunks (chunks_fit, launch.h). */
-template <int OUTS, typename Term> static int column_sums(float *out0, float *out1, const Term &term, int64_t N, int64_t C)
+template <int OUTS, typename Term>
+static int column_sums(float *out0, float *out1, const Term &term, int64_t N, int64_t C)
 {
     static_assert(OUTS == 1 || OUTS == 2, "one or two sums a column");
     if (N <= 0 || C <= 0) return TP_OK;
