@@ -65,17 +65,18 @@
 #     350M 7.5 s, 15 s, 8.5 s                                      47 s
 #   the variants, 124M bf16 mb 4: epilogues off 4 s, tiled 5 s,
 #     deterministic 4 s; 124M fp32 mb 4: the tiled forward's 2 and 3
-#     rows a thread, 4.5 s each                                       22 s
+#     rows a thread, the backward's 1, 4.5 s each                     27 s
 #   reference bf16, 10 steps: 124M 5.5 s, 6.5 s; 350M 6 s, 9 s     27 s
 #   loop, one process a model, 11 steps a row: 124M 7 s, 350M 11 s 18 s
 #   checkpoint stall, 124M mb 4, 12 steps sync and async, then
 #     async spaced (3 saves, 1.5 sync saves apart: about 5 s more)   30 s
 #   the GPU and PyTorch checks at the start                         5 s
-#   without compiling                                           about 144 s
-# which leaves about 86 s of BENCH_BUDGET's 230 for torch.compile: 124M at
-# micro-batch 16 gets its 90 s; what is left goes to the next. Under
-# gpu-check --phase lease (bench's limit 220 s) the whole phase stays under
-# 220 s; a slower machine loses compile rows first, then the last rows.
+#   without compiling                                           about 149 s
+# which leaves about 81 s of BENCH_BUDGET's 230 for torch.compile: 124M at
+# micro-batch 16 first (it compiled in 21 s on the H200); what is left goes
+# to the next. Under gpu-check --phase lease (bench's limit 220 s) the whole
+# phase stays under 220 s; a slower machine loses compile rows first, then
+# the last rows.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
