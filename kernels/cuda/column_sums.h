@@ -33,7 +33,6 @@
 #define TP_KERNELS_CUDA_COLUMN_SUMS_H
 
 #include <stdint.h>
-#include <string.h>
 
 #include "launch.h"
 
@@ -74,24 +73,6 @@ static inline int64_t column_chunks(int64_t N, int64_t tiles)
     return chunks < 1 ? 1 : chunks;
 }
 
-/* The value of x, fp32 or bf16 bits widened (exact), on the device and on
- * the host (the emulation). */
-static __host__ __device__ inline float column_value(float x)
-{
-    return x;
-}
-static __host__ __device__ inline float column_value(uint16_t bits)
-{
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(bits_bf16_to_f32(bits));
-#else
-    uint32_t wide = bits_bf16_to_f32(bits);
-    float value;
-    memcpy(&value, &wide, sizeof value);
-    return value;
-#endif
-}
-
 /* VEC consecutive values at `at` (a multiple of 16 bytes when VEC is
  * CHUNK): one or two 16-byte loads on the device (load_chunk), one by one
  * on the host; the same values either way. */
@@ -102,7 +83,7 @@ template <int VEC, typename T> static __host__ __device__ inline void column_loa
         load_chunk(x, at);
     else
 #endif
-        for (int v = 0; v < VEC; v++) x[v] = column_value(at[v]);
+        for (int v = 0; v < VEC; v++) x[v] = load_value(&at[v]);
 }
 
 /* Row n's value of columns c.. c + VEC of x [N, C], fp32 or bf16 bits:

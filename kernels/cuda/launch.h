@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../convert_bits.h"
 #include "check.h"
@@ -96,14 +97,22 @@ static __device__ inline void store_value(uint16_t *at, float value)
 /* An input element of a kernel that reads fp32 or, templated on its input
  * type, bf16 bits (the bf16 gradients, kernels.h): the fp32 value, or the
  * bf16 value widened (exact). With store_value, the kernels of the bf16
- * backward are the fp32 kernels' arithmetic on the widened values. */
-static __device__ inline float load_value(const float *at)
+ * backward are the fp32 kernels' arithmetic on the widened values. Also on
+ * the host, for the kernels' CPU emulations. */
+static __host__ __device__ inline float load_value(const float *at)
 {
     return *at;
 }
-static __device__ inline float load_value(const uint16_t *at)
+static __host__ __device__ inline float load_value(const uint16_t *at)
 {
+#ifdef __CUDA_ARCH__
     return __uint_as_float(bits_bf16_to_f32(*at));
+#else
+    uint32_t wide = bits_bf16_to_f32(*at);
+    float value;
+    memcpy(&value, &wide, sizeof value);
+    return value;
+#endif
 }
 
 /* CHUNK consecutive values of a row in 16-byte pieces (one of bf16 bits,
