@@ -774,8 +774,8 @@ Test(cuda_backend, layernorm_forward)
  * takes a second row, ROWS_OF_WARP), its columns 524,317 rows: 0.25
  * absolute (the CPU adds them one by one in fp32: its running sums reach
  * hundreds, each addition off by up to 2^-24 of them, about 0.02 over the
- * column as a random walk; the GPU's 512 chunks of 1,025 rows err far less). The
- * rows loop it is there for shows in d_in. */
+ * column as a random walk; the GPU's 512 chunks of 1,025 rows err far
+ * less). The rows loop it is there for shows in d_in. */
 Test(cuda_backend, layernorm_backward)
 {
     NEED_GPU();
