@@ -268,7 +268,8 @@ static int64_t head_floats(const gpt_config *m, int tp, int64_t b, int64_t vocab
  * and [N, Vp/tp] on the last stage), the gradients that cross stages
  * (trainer/train.c: d_output [R, D] and, where the stage sends gradients
  * back, PIPELINE_GRAD_BUFFERS d_input [R, D], R the rows a rank keeps: N,
- * or N / tp with sequence parallelism), and
+ * or N / tp with sequence parallelism), in bf16 the residual stream's
+ * gradient's bf16 bits [R, D] (model.h residual_bits), and
  * Llama's rotary table [S, hd] and, with K < TP, the key/value heads'
  * gradients summed over TP [KV, 2 hd, D]. */
 static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last, int64_t vocab_local,
@@ -282,7 +283,8 @@ static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last,
     int64_t llama = m->arch == GPT_ARCH_LLAMA ? s * hd + (m->kv_heads < tp ? 2 * m->kv_heads * hd * D : 0) : 0;
     int64_t gathering = sequence_parallel ? 2 * N * D : 0; /* sequence parallelism's two [N, D] buffers */
     int64_t R = sequence_parallel ? N / tp : N;
-    return scratch + (1 + grad_buffers) * R * D + llama + gathering;
+    int64_t residual_bits = m->dtype == TP_BF16 ? (R * D + 1) / 2 : 0;
+    return scratch + (1 + grad_buffers) * R * D + residual_bits + llama + gathering;
 }
 
 /* Memory of one rank of `stage` with V virtual stages. Its schedule

@@ -108,7 +108,8 @@ void matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d
  * output's, q, k and v's, SwiGLU's output's and the MLP's input's: what a
  * product or the attention reads next); the residual stream's gradients,
  * and the norms' input gradients summed over tensor-parallel ranks, stay
- * fp32.
+ * fp32, the residual stream's with a bf16 copy that the norms' backward
+ * writes beside it for the output projections' products.
  *
  * The products with bf16 operands summed in fp32, as tensor cores compute
  * them. The weight[OC,C] comes as bf16 bits too: the trainer's bf16 copy
@@ -124,15 +125,16 @@ int matmul_forward_bf16(float *out, const uint16_t *in, const uint16_t *weight, 
 int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
                          const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
 /* The backward of a product whose output joins the residual stream (the
- * attention's and the MLP's output projections): d_out[N,OC] fp32, rounded
- * to bf16 on the way; d_in[N,C] written as bf16 bits (the gradient of the
- * attention's output or of the MLP's activation), the bits of rounding the
- * fp32 d_in that matmul_backward_bf16 computes from the rounded d_out;
- * d_weight and d_bias as there (d_bias from the rounded d_out). A GPU may
- * have cuBLAS round its own fp32 sums, in another order: one ulp apart where
- * a sum lies near a tie. TP_ERR_NOMEM when scratch cannot be had. */
-int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
-                              const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
+ * attention's and the MLP's output projections): d_out[N,OC] the bf16 bits
+ * of the residual stream's fp32 gradient (the norms' backward writes them:
+ * layernorm_backward's d_in_bits); d_in[N,C] written as bf16 bits (the
+ * gradient of the attention's output or of the MLP's activation), the bits
+ * of rounding the fp32 d_in that matmul_backward_bf16 computes; d_weight and
+ * d_bias as there. A GPU may have cuBLAS round its own fp32 sums, in another
+ * order: one ulp apart where a sum lies near a tie. TP_ERR_NOMEM when
+ * scratch cannot be had. */
+int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const uint16_t *d_out,
+                              const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
 /* matmul_forward_bf16 written as a bf16 activation: out[N,OC] as bf16
  * bits, the bits of rounding matmul_forward_bf16's fp32 out with the bias
  * rounded to bf16 first (a product written in bf16 adds its bias in bf16,
@@ -159,17 +161,17 @@ int matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *in, c
                              const float *bias, int64_t N, int64_t C, int64_t OC);
 /* The backward of the MLP's output projection and of the GELU before it in
  * one operation (on a GPU the product's epilogue, CUBLASLT_EPILOGUE_DGELU):
- * d_out[N,OC] fp32 (the residual stream's gradient, rounded to bf16 on the
- * way, as matmul_backward_bf16_bits); in[N,C] the GELU's output (bf16
- * bits), pre[N,C] its input (bf16 bits, matmul_forward_gelu_bf16's pre);
- * d_pre[N,C] written as bf16 bits: the rounding of gelu_backward of pre's
- * values and the fp32 d_in that matmul_backward_bf16 computes from the
- * rounded d_out (that d_in is not rounded first); d_weight and d_bias as
- * matmul_backward_bf16_bits. A GPU's sums may come in another order, and
- * GELU's derivative from its own tanh: one ulp apart here and there.
- * TP_ERR_NOMEM when scratch cannot be had. */
-int matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
-                              const uint16_t *weight, const uint16_t *pre, int64_t N, int64_t C, int64_t OC);
+ * d_out[N,OC] the bf16 bits of the residual stream's gradient, as
+ * matmul_backward_bf16_bits'; in[N,C] the GELU's output (bf16 bits),
+ * pre[N,C] its input (bf16 bits, matmul_forward_gelu_bf16's pre); d_pre[N,C]
+ * written as bf16 bits: the rounding of gelu_backward of pre's values and
+ * the fp32 d_in that matmul_backward_bf16 computes (that d_in is not rounded
+ * first); d_weight and d_bias as matmul_backward_bf16_bits. A GPU's sums may
+ * come in another order, and GELU's derivative from its own tanh: one ulp
+ * apart here and there. TP_ERR_NOMEM when scratch cannot be had. */
+int matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const uint16_t *d_out,
+                              const uint16_t *in, const uint16_t *weight, const uint16_t *pre, int64_t N, int64_t C,
+                              int64_t OC);
 /* out[i] = the bf16 bits of x[i] (to nearest, ties to even, convert_bits.h),
  * in shares over the CPU's threads: the trainer's bf16 copy of its weights. */
 void round_to_bf16(uint16_t *out, const float *x, int64_t n);
@@ -178,9 +180,15 @@ void round_to_bf16(uint16_t *out, const float *x, int64_t n);
  * mean[N], rstd[N] kept for backward. */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *weight,
                        const float *bias, int64_t N, int64_t C);
-/* d_in[N,C] += ..., d_weight[C] += ..., d_bias[C] += ... (d_bias NULL: not summed) */
-void layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
-                        const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C);
+/* d_in[N,C] += ..., d_weight[C] += ..., d_bias[C] += ... (d_bias NULL: not summed).
+ * d_in_bits (NULL: none) receives the bf16 bits of the new d_in (to nearest,
+ * ties to even, as round_to_bf16): in bf16 mixed precision d_in is the
+ * residual stream's gradient, and the bits are what the output projections'
+ * backward reads next (matmul_backward_bf16_bits, matmul_backward_gelu_bf16),
+ * written as d_in is instead of rounded by a pass of their own. */
+void layernorm_backward(float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias, const float *d_out,
+                        const float *in, const float *weight, const float *mean, const float *rstd, int64_t N,
+                        int64_t C);
 
 /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 void gelu_forward(float *out, const float *in, int64_t n);
@@ -189,9 +197,9 @@ void gelu_backward(float *d_in, const float *in, const float *d_out, int64_t n);
 /* RMSNorm (Llama): out[N,C] = in * rstd * weight, rstd[N] = 1 / sqrt(mean(in^2)
  * + eps) over each row, kept for backward. */
 void rmsnorm_forward(float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps);
-/* d_in[N,C] += ..., d_weight[C] += ... */
-void rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight,
-                      const float *rstd, int64_t N, int64_t C);
+/* d_in[N,C] += ..., d_weight[C] += ...; d_in_bits as layernorm_backward's. */
+void rmsnorm_backward(float *d_in, uint16_t *d_in_bits, float *d_weight, const float *d_out, const float *in,
+                      const float *weight, const float *rstd, int64_t N, int64_t C);
 
 /* SwiGLU (Llama's MLP): in[N,2F] holds [gate | up] per row (the fused
  * column-parallel fc's two segments), out[N,F] = silu(gate) * up with
@@ -452,8 +460,8 @@ void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_
        int64_t N, int64_t C, int64_t OC),                                                                              \
       (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))                                                           \
     X(matmul_backward_bf16_bits,                                                                                       \
-      (uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in, const uint16_t *weight, \
-       int64_t N, int64_t C, int64_t OC),                                                                              \
+      (uint16_t *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,                      \
+       const uint16_t *weight, int64_t N, int64_t C, int64_t OC),                                                      \
       (d_in, d_weight, d_bias, d_out, in, weight, N, C, OC))                                                           \
     X(matmul_forward_bf16_bits,                                                                                        \
       (uint16_t *out, const uint16_t *in, const uint16_t *weight, const float *bias, int64_t N, int64_t C,             \
@@ -464,7 +472,7 @@ void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_
        int64_t C, int64_t OC),                                                                                         \
       (out, pre, in, weight, bias, N, C, OC))                                                                          \
     X(matmul_backward_gelu_bf16,                                                                                       \
-      (uint16_t *d_pre, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,                        \
+      (uint16_t *d_pre, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,                     \
        const uint16_t *weight, const uint16_t *pre, int64_t N, int64_t C, int64_t OC),                                 \
       (d_pre, d_weight, d_bias, d_out, in, weight, pre, N, C, OC))                                                     \
     X(round_to_bf16,                                                                                                   \
@@ -475,9 +483,9 @@ void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_
        int64_t C),                                                                                                     \
       (out, mean, rstd, in, weight, bias, N, C))                                                                       \
     X(layernorm_backward,                                                                                              \
-      (float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in, const float *weight,          \
-       const float *mean, const float *rstd, int64_t N, int64_t C),                                                    \
-      (d_in, d_weight, d_bias, d_out, in, weight, mean, rstd, N, C))                                                   \
+      (float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias, const float *d_out, const float *in,          \
+       const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C),                               \
+      (d_in, d_in_bits, d_weight, d_bias, d_out, in, weight, mean, rstd, N, C))                                        \
     X(gelu_forward,                                                                                                    \
       (float *out, const float *in, int64_t n),                                                                        \
       (out, in, n))                                                                                                    \
@@ -488,9 +496,9 @@ void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_
       (float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps),                \
       (out, rstd, in, weight, N, C, eps))                                                                              \
     X(rmsnorm_backward,                                                                                                \
-      (float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight, const float *rstd,      \
-       int64_t N, int64_t C),                                                                                          \
-      (d_in, d_weight, d_out, in, weight, rstd, N, C))                                                                 \
+      (float *d_in, uint16_t *d_in_bits, float *d_weight, const float *d_out, const float *in, const float *weight,    \
+       const float *rstd, int64_t N, int64_t C),                                                                       \
+      (d_in, d_in_bits, d_weight, d_out, in, weight, rstd, N, C))                                                      \
     X(swiglu_forward,                                                                                                  \
       (float *out, const float *in, int64_t N, int64_t F),                                                             \
       (out, in, N, F))                                                                                                 \

@@ -153,6 +153,7 @@ void gpt_model_free(gpt_model *m)
     k->release(m->rope_cos_sin);
     k->release(m->kv_grads);
     k->release(m->scratch);
+    k->release(m->residual_bits);
     k->release(m->gathered);
     k->release(m->memory);
     k->release(m->weights16);
@@ -586,6 +587,9 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
     int64_t N = m->B * m->T;
     m->scratch_size = block_work_floats(m) + N * m->D + (m->is_last ? N * m->vocab_local : 0);
     if ((status = m->kernels->alloc((void **)&m->scratch, (size_t)m->scratch_size * sizeof(float)))) goto fail;
+    if (bf16 && (status = m->kernels->alloc((void **)&m->residual_bits,
+                                            (size_t)(m->rows * m->D) * sizeof(uint16_t))))
+        goto fail;
     if (sequence_parallel) {
         if ((status = m->kernels->alloc((void **)&m->gathered, (size_t)(2 * N * m->D) * sizeof(float)))) goto fail;
         m->partial = m->gathered + N * m->D;
@@ -697,6 +701,21 @@ static int all_rows_of_gradient(gpt_model *m, const float *d_rows, const float *
     if (!m->sequence_parallel) return TP_OK;
     *out = m->partial;
     return tp_gather_rows(m, d_rows, m->partial, COMM_FLOAT);
+}
+
+/* The residual stream's gradient as an output projection's backward reads
+ * it, for every row: in fp32 d_x (all_rows_of_gradient); in bf16 its bits,
+ * m->residual_bits (written by the norm's backward that last changed d_x,
+ * or at a stage's boundary rounded from the gradient received:
+ * gpt_model_backward), or every rank's bits gathered into m->partial: half
+ * the bytes of gathering the fp32 rows, and the same bits. */
+static int residual_gradient_rows(gpt_model *m, const float *d_x, const void **out)
+{
+    if (!m->bf16) return all_rows_of_gradient(m, d_x, (const float **)out);
+    *out = m->residual_bits;
+    if (!m->sequence_parallel) return TP_OK;
+    *out = m->partial;
+    return tp_gather_rows(m, m->residual_bits, m->partial, COMM_BF16);
 }
 
 /* Calls add(dst + i D, table + position D, n D) over this rank's rows
@@ -814,9 +833,10 @@ static int input_product_backward(const gpt_model *m, float *d_in, float *d_weig
 
 /* The backward of a product whose output joins the residual stream (the
  * attention's and the MLP's output projections): d_out is the residual
- * stream's gradient, fp32; d_in an activation's gradient (fp32, or bf16
- * bits), which the attention or the MLP's activation reads next. */
-static int output_product_backward(const gpt_model *m, void *d_in, float *d_weight, float *d_bias, const float *d_out,
+ * stream's gradient (fp32, or its bf16 bits: residual_gradient_rows); d_in
+ * an activation's gradient (fp32, or bf16 bits), which the attention or the
+ * MLP's activation reads next. */
+static int output_product_backward(const gpt_model *m, void *d_in, float *d_weight, float *d_bias, const void *d_out,
                                    const void *in, const param_view *w, int64_t N, int64_t C, int64_t OC)
 {
     if (m->bf16)
@@ -888,7 +908,7 @@ static int mlp_forward_in(const gpt_model *m, void *gl, void *fc, const void *in
  * ffn_local], the activation's gradient (not written where GELU is in the
  * product). */
 static int mlp_output_backward(const gpt_model *m, void *d_fc, void *d_gl, float *d_weight, float *d_bias,
-                               const float *d_out, const void *gl, const void *fc, const param_view *w)
+                               const void *d_out, const void *gl, const void *fc, const param_view *w)
 {
     const kernel_backend *k = m->kernels;
     int64_t N = m->B * m->T;
@@ -949,13 +969,16 @@ static int residual_norm_forward(const gpt_model *m, void *out, float *mean, flo
     return k->residual_layernorm_forward(out, mean, rstd, sum, x, summed, residual_bias, weight, bias, N, D);
 }
 
-/* d_in += the gradient through the norm; its parameters' gradients too. */
+/* d_in += the gradient through the norm; its parameters' gradients too.
+ * d_in is the residual stream's gradient: in bf16 its bits go to
+ * m->residual_bits as it is written (residual_gradient_rows). */
 static int norm_backward(const gpt_model *m, float *d_in, float *d_weight, float *d_bias, const float *d_out,
                          const float *in, const float *weight, const float *mean, const float *rstd)
 {
     int64_t N = m->rows;
-    if (m->llama) return m->kernels->rmsnorm_backward(d_in, d_weight, d_out, in, weight, rstd, N, m->D);
-    return m->kernels->layernorm_backward(d_in, d_weight, d_bias, d_out, in, weight, mean, rstd, N, m->D);
+    uint16_t *bits = m->bf16 ? m->residual_bits : NULL;
+    if (m->llama) return m->kernels->rmsnorm_backward(d_in, bits, d_weight, d_out, in, weight, rstd, N, m->D);
+    return m->kernels->layernorm_backward(d_in, bits, d_weight, d_bias, d_out, in, weight, mean, rstd, N, m->D);
 }
 
 /* out[rows, D] = x + summed (+ bias, when the architecture has one). */
@@ -1228,11 +1251,10 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
     float *d_fc = d_attn + N * m->attn_local + (d_gelu ? N * m->ffn_local : 0), *att_scratch = d_fc + N * m->fc_local;
     /* d_ln summed over TP: in place, or this rank's rows of it. */
     float *d_ln_rows = m->sequence_parallel ? m->gathered : d_ln;
-    const float *d_out;
-    const void *in;
+    const void *d_out, *in;
 
     /* MLP: o = allreduce(g Wfcproj^T) + b: the gradient of o is d_x on every rank. */
-    TP_TRY(all_rows_of_gradient(m, d_x, &d_out));
+    TP_TRY(residual_gradient_rows(m, d_x, &d_out));
     TP_TRY(mlp_output_backward(m, d_fc, d_gelu, G(FCPROJ_WEIGHT), G_OR_NULL(FCPROJ_BIAS), d_out, gl, fc,
                                VIEW(FCPROJ_WEIGHT)));
     TP_TRY(full_rows(m, ln2, &in));
@@ -1244,7 +1266,7 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
                          s->ln2_mean + l * R, s->ln2_rstd + l * R));
 
     /* Attention: p = allreduce(a Wproj^T) + b. */
-    TP_TRY(all_rows_of_gradient(m, d_x, &d_out));
+    TP_TRY(residual_gradient_rows(m, d_x, &d_out));
     TP_TRY(output_product_backward(m, d_attn, G(PROJ_WEIGHT), G_OR_NULL(PROJ_BIAS), d_out, attn, VIEW(PROJ_WEIGHT), N,
                                    m->attn_local, D));
     TP_TRY(attention_backward_in(m, d_qkv, att_scratch, d_attn, qkv, attn, lse));
@@ -1298,6 +1320,7 @@ int gpt_model_backward(gpt_model *m, gpt_slot *s, int chunk, const float *d_outp
         TP_TRY(release_use_gradients(m, ZERO_USE_HEAD));
     } else {
         TP_TRY(k->copy(d_x, d_output, (size_t)(R * D) * sizeof(float)));
+        if (m->bf16) TP_TRY(k->round_to_bf16(m->residual_bits, d_x, R * D)); /* as a norm's backward writes them */
     }
     for (int l = m->chunk_layers - 1; l >= 0; l--) {
         const float *x = l ? s->res2 + (l - 1) * R * D : s->input;

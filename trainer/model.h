@@ -151,6 +151,8 @@ typedef struct {
     float *head_memory;
     float *scratch;              /* backward buffers and the attention's, shared by all slots */
     int64_t scratch_size;
+    uint16_t *residual_bits;     /* bf16: [rows, D], the bf16 bits of the residual stream's gradient, written
+                                    by the norms' backward beside it for the output projections' products */
     /* bf16: the bf16 copy of the weights the products read (weights16, a
      * uint16_t for each float of the parameters: of memory's first total,
      * or with ZeRO-3 of the work area), rounded from the fp32 weights once

@@ -102,18 +102,18 @@ CPU_OP(layernorm_forward,
         int64_t C),
        (out, mean, rstd, in, weight, bias, N, C))
 CPU_OP(layernorm_backward,
-       (float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in, const float *weight,
-        const float *mean, const float *rstd, int64_t N, int64_t C),
-       (d_in, d_weight, d_bias, d_out, in, weight, mean, rstd, N, C))
+       (float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias, const float *d_out, const float *in,
+        const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C),
+       (d_in, d_in_bits, d_weight, d_bias, d_out, in, weight, mean, rstd, N, C))
 CPU_OP(gelu_forward, (float *out, const float *in, int64_t n), (out, in, n))
 CPU_OP(gelu_backward, (float *d_in, const float *in, const float *d_out, int64_t n), (d_in, in, d_out, n))
 CPU_OP(rmsnorm_forward,
        (float *out, float *rstd, const float *in, const float *weight, int64_t N, int64_t C, float eps),
        (out, rstd, in, weight, N, C, eps))
 CPU_OP(rmsnorm_backward,
-       (float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight, const float *rstd,
-        int64_t N, int64_t C),
-       (d_in, d_weight, d_out, in, weight, rstd, N, C))
+       (float *d_in, uint16_t *d_in_bits, float *d_weight, const float *d_out, const float *in, const float *weight,
+        const float *rstd, int64_t N, int64_t C),
+       (d_in, d_in_bits, d_weight, d_out, in, weight, rstd, N, C))
 CPU_OP(swiglu_forward, (float *out, const float *in, int64_t N, int64_t F), (out, in, N, F))
 CPU_OP(swiglu_backward, (float *d_in, const float *in, const float *d_out, int64_t N, int64_t F),
        (d_in, in, d_out, N, F))

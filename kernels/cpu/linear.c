@@ -368,12 +368,12 @@ int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint
     return bf16_product_backward(d_in, d_weight, d_bias, bf16_of_bits(d_out), in, weight, N, C, OC);
 }
 
-int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
-                              const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
+int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const uint16_t *d_out,
+                              const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
     float *d_in32 = NULL; /* d_in in fp32, then rounded: the bits of rounding it by construction */
     if (d_in) TP_TRY(bf16_output_scratch(&d_in32, N * C, "product's input gradient"));
-    TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, bf16_of_values(d_out), in, weight, N, C, OC));
+    TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, bf16_of_bits(d_out), in, weight, N, C, OC));
     if (d_in) round_to_bf16(d_in, d_in32, N * C);
     return TP_OK;
 }
@@ -383,13 +383,14 @@ int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, co
  * place in the fp32 d_in, element by element, then rounded. */
 #define GELU_PRE_CHUNK ((int64_t)1 << 20)
 
-int matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const float *d_out, const uint16_t *in,
-                              const uint16_t *weight, const uint16_t *pre, int64_t N, int64_t C, int64_t OC)
+int matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const uint16_t *d_out,
+                              const uint16_t *in, const uint16_t *weight, const uint16_t *pre, int64_t N, int64_t C,
+                              int64_t OC)
 {
     int64_t n = N * C, chunk = n < GELU_PRE_CHUNK ? n : GELU_PRE_CHUNK;
     float *d_in32 = NULL; /* [fp32 d_in (n) | a chunk of pre's values] */
     if (d_pre) TP_TRY(bf16_output_scratch(&d_in32, n + chunk, "product's input gradient and GELU's"));
-    TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, bf16_of_values(d_out), in, weight, N, C, OC));
+    TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, bf16_of_bits(d_out), in, weight, N, C, OC));
     if (!d_pre) return TP_OK;
     float *x = d_in32 + n;
     for (int64_t i = 0; i < n; i += chunk) {

@@ -17,6 +17,7 @@
  * (or, for parameter gradients, of columns) on the pool. */
 typedef struct {
     float *out, *mean, *rstd, *d_weight, *d_bias;
+    uint16_t *out_bits; /* the backward's d_in_bits (NULL: none) */
     const float *in, *d_out, *weight, *bias, *mean_in, *rstd_in;
     int64_t C, rows;
     float eps;
@@ -74,6 +75,7 @@ static VECTOR_CLONES void norm_backward_rows(void *ctx, int64_t n0, int64_t n1)
             float xhat = (x[c] - m) * s, dxhat = dy[c] * j->weight[c];
             dx[c] += (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
         }
+        if (j->out_bits) convert_from_f32(dx, j->out_bits + n * C, TP_BF16, C); /* round_to_bf16's rounding */
     }
 }
 
@@ -92,10 +94,11 @@ static VECTOR_CLONES void layernorm_backward_columns(void *ctx, int64_t c0, int6
     }
 }
 
-void layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
-                        const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
+void layernorm_backward(float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias, const float *d_out,
+                        const float *in, const float *weight, const float *mean, const float *rstd, int64_t N,
+                        int64_t C)
 {
-    norm_job job = {.out = d_in, .d_weight = d_weight, .d_bias = d_bias, .in = in, .d_out = d_out,
+    norm_job job = {.out = d_in, .out_bits = d_in_bits, .d_weight = d_weight, .d_bias = d_bias, .in = in, .d_out = d_out,
                     .weight = weight, .mean_in = mean, .rstd_in = rstd, .C = C, .rows = N};
     workers_for(N, 3 * C, norm_backward_rows, &job);
     workers_for(C, N, layernorm_backward_columns, &job);
@@ -168,10 +171,10 @@ void rmsnorm_forward(float *out, float *rstd, const float *in, const float *weig
 /* With xhat = x s and s = (mean(x^2) + eps)^(-1/2): ds/dx_i = -s^3 x_i / C, so
  * dx = s (dxhat - xhat mean(dxhat xhat)), dxhat = dy w (norm_backward_rows
  * without a mean); d_weight += xhat dy (layernorm_backward_columns). */
-void rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in, const float *weight,
-                      const float *rstd, int64_t N, int64_t C)
+void rmsnorm_backward(float *d_in, uint16_t *d_in_bits, float *d_weight, const float *d_out, const float *in,
+                      const float *weight, const float *rstd, int64_t N, int64_t C)
 {
-    norm_job job = {.out = d_in, .d_weight = d_weight, .in = in, .d_out = d_out, .weight = weight,
+    norm_job job = {.out = d_in, .out_bits = d_in_bits, .d_weight = d_weight, .in = in, .d_out = d_out, .weight = weight,
                     .rstd_in = rstd, .C = C, .rows = N};
     workers_for(N, 3 * C, norm_backward_rows, &job);
     workers_for(C, N, layernorm_backward_columns, &job);

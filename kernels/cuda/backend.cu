@@ -30,9 +30,9 @@
  * projections' d_in, written by matmul_backward_bf16_bits: a bf16 C), the
  * weights as the trainer's bf16 copy of them (the bits round_to_bf16
  * writes once after they change: convert_bits.h's rounding, the CPU's),
- * the one fp32 operand (the residual stream's gradient,
- * matmul_backward_bf16_bits' d_out) rounded on the way by the same code
- * (cuda_round_to_bf16, linear.cu); the qkv product (and RoPE)
+ * the residual stream's gradient (matmul_backward_bf16_bits' and
+ * matmul_backward_gelu_bf16's d_out) as the bits the norms' backward writes
+ * beside its fp32 values (norm.cu, the same rounding); the qkv product (and RoPE)
  * written as bf16 bits too, which only the attention reads, and the MLP's
  * fc product, which only SwiGLU or GELU's backward reads
  * (matmul_forward_bf16_bits: a bf16 C; rope_forward_bf16; swiglu_forward_bf16

@@ -91,8 +91,8 @@ int cuda_lt_forward_bias(int bf16, int out_bits, void *out, const void *in, cons
  * sum)).
  *
  * cuda_lt_backward_dgelu: matmul_backward_gelu_bf16's d_in product,
- * d_out[N,OC] the bf16 operand the products read (the fp32 d_out rounded
- * into linear.cu's scratch), W[OC,C], pre[N,C] GELU's input:
+ * d_out[N,OC] the bf16 operand the products read (the residual stream's
+ * gradient's bits), W[OC,C], pre[N,C] GELU's input:
  * d_pre[N,C] = bf16(gelu'(pre) * (d_out . W), the product's fp32 sum). */
 int cuda_lt_forward_gelu(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight,
                          const uint16_t *bias, int64_t N, int64_t C, int64_t OC, int *done);

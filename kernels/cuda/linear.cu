@@ -140,27 +140,23 @@ static __global__ void add_bias_kernel(float *out, const float *bias, int64_t N,
 /* ===================================================== bf16 matrix products
  * The bf16 twins (matmul_forward_bf16, matmul_backward_bf16,
  * matmul_backward_bf16_bits; linear.c) are the same products of bf16
- * operands. Those that come as bf16 bits are read where they are, at any even
- * address: in[N,C] (a bf16 activation, kernels.h, rounded by the operation
- * that wrote it), W[OC,C] (the trainer's bf16 copy of its fp32 weights,
- * rounded once after they change: the table's round_to_bf16, below) and
- * matmul_backward_bf16's d_out[N,OC] (a bf16 gradient: gelu's or swiglu's
- * bf16 d_in, the attention's or RoPE's bf16 d_qkv, the classifier's
- * d_logits). The one fp32 operand, matmul_backward_bf16_bits' d_out[N,OC] (a
- * residual stream's gradient), is rounded to bf16 into the scratch by
- * cuda_round_to_bf16, with bits_f32_to_bf16 (convert_bits.h), so to
- * nearest, ties to even, exactly as the CPU rounds; then cublasGemmEx with
+ * operands, each of which comes as bf16 bits and is read where it is, at any
+ * even address: in[N,C] (a bf16 activation, kernels.h, rounded by the
+ * operation that wrote it), W[OC,C] (the trainer's bf16 copy of its fp32
+ * weights, rounded once after they change) and d_out[N,OC] (a bf16
+ * gradient: gelu's or swiglu's bf16 d_in, the attention's or RoPE's bf16
+ * d_qkv, the classifier's d_logits, and the residual stream's gradient as
+ * the norms' backward rounds it beside the fp32 one); then cublasGemmEx with
  * bf16 A and B, fp32 C and CUBLAS_COMPUTE_32F: the products of bf16 values
  * are exact in fp32 and are summed in fp32 (tensor cores where cuBLAS picks
- * them; not TF32, which concerns fp32 operands only). The bias of a product
- * written in fp32 stays fp32 (add_bias_kernel; one written in bf16 adds it
- * rounded, round_bias). d_bias is the fp32 column sums of the bf16 d_out the
- * products read (column_of_values<uint16_t>, widened): the caller's bits, or
- * the rounded operand in the scratch (also where no product runs: d_in and
- * d_weight NULL); the fp32 products' d_bias sums the fp32 d_out. One
- * function per direction serves every precision (matmul_forward_in,
- * matmul_backward_in): only the operands (operands_begin), the product call
- * (gemm) and the output's type differ.
+ * them; not TF32, which concerns fp32 operands only). Nothing is rounded
+ * here before a product. The bias of a product written in fp32 stays fp32
+ * (add_bias_kernel; one written in bf16 adds it rounded, round_bias). d_bias
+ * is the fp32 column sums of the bf16 d_out (column_of_values<uint16_t>,
+ * widened); the fp32 products' d_bias sums the fp32 d_out. One function per
+ * direction serves every precision (matmul_forward_in, matmul_backward_in):
+ * only the operands' type (operands), the product call (gemm) and the
+ * output's type differ.
  *
  * matmul_backward_bf16_bits (kernels.h) writes d_in[N,C] as bf16 bits (the
  * gradient of the attention's output or of SwiGLU's, which the next bf16
@@ -187,19 +183,15 @@ static __global__ void add_bias_kernel(float *out, const float *bias, int64_t N,
  * the same fp32 sums where cuBLAS runs the same algorithm as for an fp32
  * one: the tests check that it does, bit for bit.)
  *
- * The rounded d_out (2 bytes a value) goes to a cuda_scratch (launch.h);
- * bf16_lock is held from the rounding of a product's operands until its
- * last product is queued, so that another thread cannot overwrite them in
- * between (on the one stream, work queued later runs later, so once queued
- * they are safe); so too out_scratch, from its taking to the rounding
- * that reads it. A bf16 call holds it also where its operands are all bits
- * and nothing is rounded (every call but matmul_backward_bf16_bits'): one
- * path for every call. The lock covers only the queueing, which is short:
- * threads sharing the GPU are not held up by each other's products. */
+ * out_lock is held from the taking of out_scratch (a cuda_scratch,
+ * launch.h) until the rounding that reads it is queued, so that another
+ * thread cannot overwrite it in between (on the one stream, work queued
+ * later runs later, so once queued it is safe). The lock covers only the
+ * queueing, which is short: threads sharing the GPU are not held up by each
+ * other's products. */
 
-static cuda_scratch scratch;     /* the rounded operand (an fp32 d_out), bf16 bits */
 static cuda_scratch out_scratch; /* a bits product's fp32 out, where no epilogue adds its bias to a bf16 D */
-static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* The bias of a product written in bf16, which adds it rounded to bf16
  * (kernels.h), in bias_scratch: as bf16 bits, what cuBLASLt's epilogue
@@ -208,7 +200,7 @@ static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
  * separate ways add to fp32 sums (add_bias_kernel; GELU's fp32 sums).
  * bias[OC] is small (a layer's width): one launch. bias_lock is held by the caller
  * from the rounding until the last product reading them is queued; it is
- * taken before gelu_lock and bf16_lock, never after them. */
+ * taken before gelu_lock and out_lock, never after them. */
 static cuda_scratch bias_scratch;
 static pthread_mutex_t bias_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -236,8 +228,6 @@ static int round_bias(const float *bias, int64_t OC, uint16_t **bits, float **va
 fail:
     return TP_ERR_DEVICE;
 }
-
-#define MAX_OPERANDS 3
 
 /* out[i] = the bf16 bits of in[i], rounded as the CPU rounds. */
 static __global__ void round_bf16_kernel(uint16_t *out, const float *in, int64_t n)
@@ -304,48 +294,12 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* One operand of a call's products as the caller gives it: size values
- * (0: not used) of fp32, or of bf16 bits already (bits; bf16 products
- * only: in, W, a bf16 gradient d_out). */
-typedef struct {
-    const void *values;
-    int64_t size;
-    int bits;
-} operand;
-
-/* The operands of one call's products as the products read them: the
- * arrays given, or (bf16) for an fp32 one its rounding in the scratch, with
- * bf16_lock held until operands_end. Bits are read where they are: no part
- * of the scratch, no copy (so a product may see them at any even address:
- * gemm and cuda_lt_forward_bias take any). */
+/* The operands of one call's products, read where they lie: fp32, or bf16
+ * bits where bf16 (at any even address: gemm and cuda_lt_* take any). */
 typedef struct {
     int bf16;
-    const void *of[MAX_OPERANDS];
+    const void *of[3];
 } operands;
-
-static int operands_begin(operands *o, int bf16, const operand *given, int count)
-{
-    void *parts[MAX_OPERANDS] = {NULL};
-    size_t bytes[MAX_OPERANDS];
-    o->bf16 = bf16;
-    for (int i = 0; i < count; i++) o->of[i] = given[i].values;
-    if (!bf16) return TP_OK;
-    pthread_mutex_lock(&bf16_lock);
-    for (int i = 0; i < count; i++) /* each under 2^62: int dims */
-        bytes[i] = given[i].bits ? 0 : (size_t)given[i].size * sizeof(uint16_t);
-    TP_TRY(cuda_scratch_parts(&scratch, "bf16 operand", parts, bytes, count));
-    for (int i = 0; i < count; i++)
-        if (!given[i].bits) {
-            o->of[i] = parts[i];
-            TP_TRY(cuda_round_to_bf16((uint16_t *)parts[i], (const float *)given[i].values, given[i].size));
-        }
-    return TP_OK; /* bf16_lock stays held, also after a failure: operands_end releases it */
-}
-
-static void operands_end(const operands *o)
-{
-    if (o->bf16) pthread_mutex_unlock(&bf16_lock);
-}
 
 /* C (m x n, ld ldc) = op(A) . op(B) + beta C, column-major, A and B from o
  * (fp32, or bf16 summed in fp32); C fp32, or bf16 bits (c_bits: bf16
@@ -426,25 +380,20 @@ static int matmul_forward_in(int bf16, void *out, int out_bits, const void *in, 
     ENTER();
     if (N == 0 || OC == 0) return TP_OK;
     {
-        const operand given[2] = {{in, N * C, bf16}, {weight, OC * C, bf16}};
-        operands o;
-        int status = operands_begin(&o, bf16, given, 2);
-        if (!status && !bias) /* fp32, or rounded as cuBLAS stores it (bf16 C) */
-            status = product(&o, out, out_bits, N, C, OC);
-        else if (!status && !out_bits)
-            status = product_with_bias(&o, (float *)out, bias, N, C, OC);
-        else if (!status) { /* cuBLASLt's epilogue with a bf16 D, else the fp32 out in out_scratch, rounded */
-            int bias_added = 0;
-            if (C > 0) status = cuda_lt_forward_bias(1, 1, out, o.of[0], o.of[1], bias_bits, N, C, OC, &bias_added);
-            if (!status && !bias_added) {
-                void *wide = NULL;
-                const size_t bytes = (size_t)(N * OC) * sizeof(float);
-                status = cuda_scratch_parts(&out_scratch, "bf16 product's fp32 out", &wide, &bytes, 1);
-                if (!status) status = product_with_bias(&o, (float *)wide, bias, N, C, OC);
-                if (!status) status = cuda_round_to_bf16((uint16_t *)out, (const float *)wide, N * OC);
-            }
-        }
-        operands_end(&o);
+        const operands o = {bf16, {in, weight, NULL}};
+        if (!bias) return product(&o, out, out_bits, N, C, OC); /* fp32, or rounded as cuBLAS stores it (bf16 C) */
+        if (!out_bits) return product_with_bias(&o, (float *)out, bias, N, C, OC);
+        /* cuBLASLt's epilogue with a bf16 D, else the fp32 out in out_scratch, rounded */
+        int bias_added = 0, status = TP_OK;
+        if (C > 0) TP_TRY(cuda_lt_forward_bias(1, 1, out, in, weight, bias_bits, N, C, OC, &bias_added));
+        if (bias_added) return TP_OK;
+        void *wide = NULL;
+        const size_t bytes = (size_t)(N * OC) * sizeof(float);
+        pthread_mutex_lock(&out_lock);
+        status = cuda_scratch_parts(&out_scratch, "bf16 product's fp32 out", &wide, &bytes, 1);
+        if (!status) status = product_with_bias(&o, (float *)wide, bias, N, C, OC);
+        if (!status) status = cuda_round_to_bf16((uint16_t *)out, (const float *)wide, N * OC);
+        pthread_mutex_unlock(&out_lock);
         return status;
     }
 fail:
@@ -461,14 +410,11 @@ fail:
  * backward's d_in) into gelu_scratch, exactly what matmul_forward_bf16 (given
  * the bias rounded to bf16, round_bias) and matmul_backward_bf16 write, then one kernel forms GELU's value or
  * gradient from them and rounds it (and the forward's pre is their
- * rounding). The backward's d_in product reads the rounded d_out from the
- * operands' scratch: it is queued, either way, in matmul_backward_in
- * between operands_begin and operands_end (product_through_gelu_backward),
- * beside d_weight's product and d_bias's sums of the same operand as
- * matmul_backward_bf16_bits queues them. gelu_lock is held from taking
- * gelu_scratch until the last kernel reading it is queued; it is taken
- * before bf16_lock (the forward's separate way and the backward both), never
- * after it. */
+ * rounding). The backward's d_in product is queued, either way, in
+ * matmul_backward_in (product_through_gelu_backward), beside d_weight's
+ * product and d_bias's sums of the same d_out as matmul_backward_bf16_bits
+ * queues them. gelu_lock is held from taking gelu_scratch until the last
+ * kernel reading it is queued; it is taken before out_lock, never after it. */
 static cuda_scratch gelu_scratch;
 static pthread_mutex_t gelu_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -476,8 +422,7 @@ static pthread_mutex_t gelu_lock = PTHREAD_MUTEX_INITIALIZER;
  * product of o's operands (d_out's bf16 operand o->of[0], W o->of[1]; not
  * read where OC is 0: d_in is then an empty sum, +0, and d_pre gelu'(pre)
  * times it, a signed zero as the CPU's): cuBLASLt's DGELU epilogue, else d_in
- * into gelu_scratch and GELU's backward kernel. gelu_lock held by the caller
- * (and bf16_lock, where o is given). */
+ * into gelu_scratch and GELU's backward kernel. gelu_lock held by the caller. */
 static int product_through_gelu_backward(const operands *o, uint16_t *d_pre, const uint16_t *pre, int64_t N, int64_t C,
                                          int64_t OC)
 {
@@ -496,20 +441,18 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* Operands d_out, then W when d_in is asked for and in when d_weight is
- * (size 0 otherwise: not read). d_out: fp32, or bf16 bits (d_out_bits,
- * bf16 alone: matmul_backward_bf16); d_in: fp32, or bf16 bits (d_in_bits,
- * bf16 alone: matmul_backward_bf16_bits, d_out then fp32, rounded into the
- * scratch), or with gelu_pre (bf16 bits of GELU's input [N,C], d_in_bits
- * too: matmul_backward_gelu_bf16, OC > 0) d_pre, the bits of gelu'(pre)
- * times the fp32 d_in (product_through_gelu_backward, gelu_lock held by the
- * caller); in and W: fp32, or bf16 bits when bf16. */
+/* Operands d_out, W (read where d_in is asked for) and in (where d_weight
+ * is): fp32, or bf16 bits when bf16. d_in: fp32, or bf16 bits (d_in_bits,
+ * bf16 alone: matmul_backward_bf16_bits), or with gelu_pre (bf16 bits of
+ * GELU's input [N,C], d_in_bits too: matmul_backward_gelu_bf16, OC > 0)
+ * d_pre, the bits of gelu'(pre) times the fp32 d_in
+ * (product_through_gelu_backward, gelu_lock held by the caller). */
 static int matmul_backward_in(int bf16, void *d_in, int d_in_bits, const uint16_t *gelu_pre, float *d_weight,
-                              float *d_bias, const void *d_out, int d_out_bits, const void *in, const void *weight,
-                              int64_t N, int64_t C, int64_t OC)
+                              float *d_bias, const void *d_out, const void *in, const void *weight, int64_t N,
+                              int64_t C, int64_t OC)
 {
-    if ((d_in_bits || d_out_bits) && !bf16)
-        return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: a d_in or d_out of bf16 bits goes with bf16 products alone");
+    if (d_in_bits && !bf16)
+        return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: a d_in of bf16 bits goes with bf16 products alone");
     if (gelu_pre && (!d_in_bits || OC == 0))
         return tp_fail(TP_ERR_ARG, "CUDA matmul_backward: GELU's gradient goes with a bf16 d_in and OC > 0 alone");
     TP_TRY(dimensions_ok("matmul_backward", gelu_pre ? "_gelu_bf16" : d_in_bits ? "_bf16_bits" : bf16 ? "_bf16" : "",
@@ -520,34 +463,17 @@ static int matmul_backward_in(int bf16, void *d_in, int d_in_bits, const uint16_
         CUDA_TRY(cudaMemsetAsync(d_in, 0, (size_t)(N * C) * (d_in_bits ? sizeof(uint16_t) : sizeof(float)),
                                  cuda_state.stream));
     {
-        int products = (d_in || d_weight) && C > 0 && OC > 0;
-        /* d_out rounded here (bf16, fp32 d_out): d_bias sums the rounded operand, product or not */
-        int bias_of_operand = d_bias && bf16 && !d_out_bits && OC > 0;
-        if (products || bias_of_operand) {
-            const operand given[3] = {{d_out, N * OC, d_out_bits},
-                                      {weight, products && d_in ? OC * C : 0, bf16},
-                                      {in, products && d_weight ? N * C : 0, bf16}};
-            operands o;
-            int status = operands_begin(&o, bf16, given, 3);
-            if (!status && products && d_in && gelu_pre) /* d_pre = gelu'(pre) * (d_out @ W), overwritten */
-                status = product_through_gelu_backward(&o, (uint16_t *)d_in, gelu_pre, N, C, OC);
-            else if (!status && products && d_in) /* d_in = d_out @ W, overwritten (fp32, or rounded as stored) */
-                status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, o.of[1], C, o.of[0], OC, 0.0f, d_in, d_in_bits,
-                              C);
-            if (!status && products && d_weight) /* d_weight += d_out^T @ in */
-                status = gemm(&o, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, o.of[2], C, o.of[0], OC, 1.0f, d_weight, 0, C);
-            /* queued before operands_end: another thread's operands may overwrite the scratch after it */
-            if (!status && bias_of_operand) {
-                const column_of_values<uint16_t> rounded = {(const uint16_t *)o.of[0], OC};
-                status = column_sums<1>(d_bias, NULL, rounded, N, OC);
-            }
-            operands_end(&o);
-            if (status) return status;
-        }
-        if (d_bias && !bias_of_operand && d_out_bits) { /* the bf16 gradient as given, widened */
+        const operands o = {bf16, {d_out, weight, in}};
+        if (C > 0 && OC > 0 && d_in && gelu_pre) /* d_pre = gelu'(pre) * (d_out @ W), overwritten */
+            TP_TRY(product_through_gelu_backward(&o, (uint16_t *)d_in, gelu_pre, N, C, OC));
+        else if (C > 0 && OC > 0 && d_in) /* d_in = d_out @ W, overwritten (fp32, or rounded as stored) */
+            TP_TRY(gemm(&o, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, d_out, OC, 0.0f, d_in, d_in_bits, C));
+        if (C > 0 && OC > 0 && d_weight) /* d_weight += d_out^T @ in */
+            TP_TRY(gemm(&o, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, in, C, d_out, OC, 1.0f, d_weight, 0, C));
+        if (d_bias && bf16) { /* the bf16 gradient, widened */
             const column_of_values<uint16_t> bits = {(const uint16_t *)d_out, OC};
             TP_TRY(column_sums<1>(d_bias, NULL, bits, N, OC));
-        } else if (d_bias && !bias_of_operand) { /* the fp32 products' fp32 d_out */
+        } else if (d_bias) { /* the fp32 products' fp32 d_out */
             const column_of_values<float> values = {(const float *)d_out, OC};
             TP_TRY(column_sums<1>(d_bias, NULL, values, N, OC));
         }
@@ -592,23 +518,23 @@ fail:
 int cuda_matmul_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
                          const float *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_backward_in(0, d_in, 0, NULL, d_weight, d_bias, d_out, 0, in, weight, N, C, OC);
+    return matmul_backward_in(0, d_in, 0, NULL, d_weight, d_bias, d_out, in, weight, N, C, OC);
 }
 
 int cuda_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
                               const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_backward_in(1, d_in, 0, NULL, d_weight, d_bias, d_out, 1, in, weight, N, C, OC);
+    return matmul_backward_in(1, d_in, 0, NULL, d_weight, d_bias, d_out, in, weight, N, C, OC);
 }
 
-int cuda_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
+int cuda_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const uint16_t *d_out,
                                    const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return matmul_backward_in(1, d_in, 1, NULL, d_weight, d_bias, d_out, 0, in, weight, N, C, OC);
+    return matmul_backward_in(1, d_in, 1, NULL, d_weight, d_bias, d_out, in, weight, N, C, OC);
 }
 
 /* The fused way where cuBLASLt takes it (in and W read where they lie:
- * bits, nothing rounded, so no operands' scratch and no bf16_lock; the bias
+ * bits, nothing rounded; the bias
  * rounded under bias_lock, round_bias), else the separate way (above). */
 int cuda_matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *in, const uint16_t *weight,
                                   const float *bias, int64_t N, int64_t C, int64_t OC)
@@ -641,20 +567,20 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* d_pre through matmul_backward_in (product_through_gelu_backward, with the
- * rounded d_out), d_weight and d_bias as matmul_backward_bf16_bits; OC = 0
- * (no product, an empty d_in) the separate way alone. */
-int cuda_matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const float *d_out,
+/* d_pre through matmul_backward_in (product_through_gelu_backward),
+ * d_weight and d_bias as matmul_backward_bf16_bits; OC = 0 (no product, an
+ * empty d_in) the separate way alone. */
+int cuda_matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const uint16_t *d_out,
                                    const uint16_t *in, const uint16_t *weight, const uint16_t *pre, int64_t N,
                                    int64_t C, int64_t OC)
 {
     TP_TRY(dimensions_ok("matmul_backward", "_gelu_bf16", N, C, OC));
     if (!d_pre || N == 0 || C == 0)
-        return matmul_backward_in(1, NULL, 0, NULL, d_weight, d_bias, d_out, 0, in, weight, N, C, OC);
+        return matmul_backward_in(1, NULL, 0, NULL, d_weight, d_bias, d_out, in, weight, N, C, OC);
     ENTER();
     {
         pthread_mutex_lock(&gelu_lock);
-        int status = OC > 0 ? matmul_backward_in(1, d_pre, 1, pre, d_weight, d_bias, d_out, 0, in, weight, N, C, OC)
+        int status = OC > 0 ? matmul_backward_in(1, d_pre, 1, pre, d_weight, d_bias, d_out, in, weight, N, C, OC)
                             : product_through_gelu_backward(NULL, d_pre, pre, N, C, 0);
         pthread_mutex_unlock(&gelu_lock);
         return status;

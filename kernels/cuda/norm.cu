@@ -99,10 +99,12 @@ static __global__ void layernorm_forward_kernel(Out *out, float *mean, float *rs
 }
 
 /* d_in's rows (a warp per row), accumulated as norm.c does:
- * dx += (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) rstd, dxhat = dy w. */
-static __global__ void layernorm_backward_rows_kernel(float *d_in, const float *d_out, const float *in,
-                                                      const float *weight, const float *mean, const float *rstd,
-                                                      int64_t N, int64_t C)
+ * dx += (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) rstd, dxhat = dy w;
+ * d_in_bits (NULL: none) the bf16 bits of each new value, rounded as the
+ * CPU rounds (store_value). */
+static __global__ void layernorm_backward_rows_kernel(float *d_in, uint16_t *d_in_bits, const float *d_out,
+                                                      const float *in, const float *weight, const float *mean,
+                                                      const float *rstd, int64_t N, int64_t C)
 {
     ROWS_OF_WARP(n, N) {
         const float *x = in + n * C, *dy = d_out + n * C;
@@ -118,7 +120,9 @@ static __global__ void layernorm_backward_rows_kernel(float *d_in, const float *
         float mean_dxhat_xhat = warp_sum(b) / (float)C;
         COLUMNS_OF_LANE(c, C) {
             float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
-            dx[c] += (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
+            float sum = dx[c] + (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
+            dx[c] = sum;
+            if (d_in_bits) store_value(&d_in_bits[n * C + c], sum);
         }
     }
 }
@@ -183,13 +187,14 @@ int cuda_residual_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd
     return layernorm_forward_as(out, mean, rstd, sum, weight, bias, N, C, r);
 }
 
-int cuda_layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
-                            const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
+int cuda_layernorm_backward(float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias, const float *d_out,
+                            const float *in, const float *weight, const float *mean, const float *rstd, int64_t N,
+                            int64_t C)
 {
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
-    layernorm_backward_rows_kernel<<<blocks_for(N, WARP_ROWS), THREADS, 0, cuda_state.stream>>>(d_in, d_out, in, weight,
-                                                                                            mean, rstd, N, C);
+    layernorm_backward_rows_kernel<<<blocks_for(N, WARP_ROWS), THREADS, 0, cuda_state.stream>>>(
+        d_in, d_in_bits, d_out, in, weight, mean, rstd, N, C);
     LAUNCH_CHECK();
     return column_sums<2>(d_weight, d_bias, layernorm_weight_bias_terms{d_out, in, mean, rstd, C}, N, C);
 fail:
@@ -294,9 +299,11 @@ static __global__ void rmsnorm_forward_kernel(Out *out, float *rstd, const float
     }
 }
 
-/* dx += (dxhat - xhat mean(dxhat xhat)) rstd, xhat = x rstd, dxhat = dy w. */
-static __global__ void rmsnorm_backward_rows_kernel(float *d_in, const float *d_out, const float *in,
-                                                    const float *weight, const float *rstd, int64_t N, int64_t C)
+/* dx += (dxhat - xhat mean(dxhat xhat)) rstd, xhat = x rstd, dxhat = dy w;
+ * d_in_bits as layernorm_backward_rows_kernel's. */
+static __global__ void rmsnorm_backward_rows_kernel(float *d_in, uint16_t *d_in_bits, const float *d_out,
+                                                    const float *in, const float *weight, const float *rstd,
+                                                    int64_t N, int64_t C)
 {
     ROWS_OF_WARP(n, N) {
         const float *x = in + n * C, *dy = d_out + n * C;
@@ -306,7 +313,9 @@ static __global__ void rmsnorm_backward_rows_kernel(float *d_in, const float *d_
         float mean_dxhat_xhat = warp_sum(b) / (float)C;
         COLUMNS_OF_LANE(c, C) {
             float xhat = x[c] * s, dxhat = dy[c] * weight[c];
-            dx[c] += (dxhat - xhat * mean_dxhat_xhat) * s;
+            float sum = dx[c] + (dxhat - xhat * mean_dxhat_xhat) * s;
+            dx[c] = sum;
+            if (d_in_bits) store_value(&d_in_bits[n * C + c], sum);
         }
     }
 }
@@ -367,13 +376,13 @@ int cuda_residual_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *sum, c
     return rmsnorm_forward_as(out, rstd, sum, weight, N, C, eps, r);
 }
 
-int cuda_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in,
+int cuda_rmsnorm_backward(float *d_in, uint16_t *d_in_bits, float *d_weight, const float *d_out, const float *in,
                           const float *weight, const float *rstd, int64_t N, int64_t C)
 {
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
-    rmsnorm_backward_rows_kernel<<<blocks_for(N, WARP_ROWS), THREADS, 0, cuda_state.stream>>>(d_in, d_out, in, weight,
-                                                                                          rstd, N, C);
+    rmsnorm_backward_rows_kernel<<<blocks_for(N, WARP_ROWS), THREADS, 0, cuda_state.stream>>>(
+        d_in, d_in_bits, d_out, in, weight, rstd, N, C);
     LAUNCH_CHECK();
     return column_sums<1>(d_weight, NULL, rmsnorm_weight_terms{d_out, in, rstd, C}, N, C);
 fail:

@@ -37,12 +37,12 @@
  * DGELU: the backward of the MLP's output projection and of GELU
  * (matmul_backward_gelu_bf16), CUBLASLT_EPILOGUE_DGELU on its d_in product:
  * d_in^T (C x N, ld C) = W (op N: C x OC, ld C) . d_out^T (OC x N, ld OC),
- * d_out the bf16 operand (the fp32 d_out rounded into linear.cu's scratch),
+ * d_out the bf16 operand (the residual stream's gradient's bits),
  * the aux matrix pre (GELU's input, bf16, C x N, ld C): D = d_pre (bf16, ld
  * C) = gelu'(pre) times the fp32 sum, rounded once (split-K's parts summed
  * in fp32 before the epilogue multiplies: an algorithm that rounded them to
  * D's type first would round twice). d_weight and d_bias stay linear.cu's
- * (the bias gradient's column sums of the rounded d_out; not a BGRAD
+ * (the bias gradient's column sums of d_out's values; not a BGRAD
  * epilogue, whose sums would be cuBLASLt's, in another order than the
  * other products' d_bias).
  *

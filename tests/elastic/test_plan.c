@@ -519,12 +519,14 @@ static elastic_memory stage_allocation(const gpt_config *config, int tp, int pp,
     int64_t llama = (m->rope_cos_sin ? m->T * m->hd : 0) + (m->kv_grads ? 2 * config->kv_heads * m->hd * m->D : 0);
     /* + sequence parallelism's two [N, D] buffers to gather into */
     int64_t gathering = m->gathered ? 2 * N * m->D : 0;
+    /* + in bf16 the residual stream's gradient's bits [rows, D], two to a float */
+    int64_t residual_bits = m->residual_bits ? (m->rows * m->D + 1) / 2 : 0;
     /* The rule train.c's allocation follows, checked here on its own: gradients go back from every chunk but the
      * model's first. */
     int64_t grad_buffers = stage > 0 || V > 1 ? PIPELINE_GRAD_BUFFERS : 0;
     cr_assert_eq(buffers.grad_buffers, grad_buffers);
     out.activations = 4 * (slots * slot_floats_of(m) + m->num_heads * head_floats_of(m) + m->scratch_size + (1 + grad_buffers) * m->rows * m->D + llama +
-                           gathering);
+                           gathering + residual_bits);
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
     gpt_model_free(m);
     comm_free(c);

@@ -285,8 +285,8 @@ Test(cuda_backend, matmul_backward)
 }
 
 /* bf16 mixed precision: the products of bf16 operands (bf16 bits: in, W and
- * a bf16 d_out rounded on the host, as the CPU twin is given them; an fp32
- * d_out rounded on the device), summed in fp32. Shapes N, C, OC: the fp32 tests' and a larger one with odd
+ * d_out rounded on the host, as the CPU twin is given them), summed in
+ * fp32. Shapes N, C, OC: the fp32 tests' and a larger one with odd
  * dimensions (unaligned rows of bf16), run in that order so that the
  * backend's scratch grows between them. Tolerance 1e-5 of the largest
  * magnitude of each output: the CPU sums the rounded operands in fp32 with
@@ -610,17 +610,14 @@ Test(cuda_backend, matmul_backward_bf16)
  * values, exact in fp32: the device must equal the CPU to the bit, which it
  * does only if every operand it reads holds the CPU's bits: W as the
  * trainer makes it, the device's round_to_bf16 of the fp32 weights (first
- * checked equal to the host's rounding, which the CPU twin is given), and
- * matmul_backward_bf16_bits' fp32 d_out rounded on the way as the CPU
- * rounds it; in, and matmul_backward_bf16's d_out, come as bits, the CPU's
- * rounding on both sides. The operands include halfway cases (ties to
+ * checked equal to the host's rounding, which the CPU twin is given); in
+ * and d_out come as bits, the CPU's rounding on both sides. The operands include halfway cases (ties to
  * even, up and down, both signs) and values just past them. Forward:
  * C = 1; d_in: OC = 1 (d_weight not asked), also written as bits by
  * matmul_backward_bf16_bits (the exact product rounded as cuBLAS stores it
  * into a bf16 C: to nearest, ties to even, the products' own ties included);
- * d_weight: N = 1, from zero, of d_out's bits and of the fp32 d_out rounded
- * on the device, whose d_bias, one row's sum from zero, is then d_out's
- * rounded values themselves. */
+ * d_weight: N = 1, from zero, of d_out's bits through both products, whose
+ * d_bias, one row's sum from zero, is then d_out's values themselves. */
 Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
 {
     NEED_GPU();
@@ -663,15 +660,15 @@ Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
                  tp_errmsg());
     check_device(k, g_out, want, N * M, 0, 0, "d_in, OC = 1");
 
-    /* the same d_in written as bits, a as the fp32 d_out, rounded on the device: the exact product rounded */
+    /* the same d_in written as bits, a as d_out's bits: the exact product rounded */
     uint16_t *garbage_bits = bits_garbage(N * M), *g_in_bits = upload_bits(k, garbage_bits, N * M);
     uint16_t *want_bits = malloc((size_t)(N * M) * sizeof(uint16_t));
     float *a_rounded = floats_of_bf16_bits(a_bits, N), *b_rounded = floats_of_bf16_bits(b_bits, M);
     cr_assert(want_bits);
-    cr_assert_eq(matmul_backward_bf16_bits(want_bits, NULL, NULL, a, NULL, b_bits, N, M, 1), TP_OK, "%s",
+    cr_assert_eq(matmul_backward_bf16_bits(want_bits, NULL, NULL, a_bits, NULL, b_bits, N, M, 1), TP_OK, "%s",
                  tp_errmsg());
-    cr_assert_eq(k->matmul_backward_bf16_bits(g_in_bits, NULL, NULL, g_a, NULL, g_w_bits, N, M, 1), TP_OK, "%s",
-                 tp_errmsg());
+    cr_assert_eq(k->matmul_backward_bf16_bits(g_in_bits, NULL, NULL, g_a_bits, NULL, g_w_bits, N, M, 1), TP_OK,
+                 "%s", tp_errmsg());
     uint16_t *got_bits = download_bits(k, g_in_bits, N * M);
     for (int64_t i = 0; i < N * M; i++) {
         float product = a_rounded[i / M] * b_rounded[i % M]; /* exact: 8 significant bits times 8 */
@@ -693,15 +690,16 @@ Test(cuda_backend, matmul_bf16_rounds_as_the_cpu)
                  tp_errmsg());
     check_device(k, g_dw, want, N * M, 0, 0, "d_weight, N = 1");
 
-    /* the same, a as the fp32 d_out, rounded on the device; d_bias[N] = 0 + bf16(d_out[1,N]) */
+    /* the same through matmul_backward_bf16_bits; d_bias[N] = 0 + bf16(d_out[1,N]) */
     float *g_db = upload_floats(k, zeros, N);
     cr_assert_eq(k->to_device(g_dw, zeros, (size_t)(N * M) * sizeof(float)), TP_OK, "%s", tp_errmsg());
     memcpy(want, zeros, (size_t)(N * M) * sizeof(float));
-    cr_assert_eq(matmul_backward_bf16_bits(NULL, want, NULL, a, b_bits, NULL, 1, M, N), TP_OK, "%s", tp_errmsg());
-    cr_assert_eq(k->matmul_backward_bf16_bits(NULL, g_dw, g_db, g_a, g_b_bits, NULL, 1, M, N), TP_OK, "%s",
+    cr_assert_eq(matmul_backward_bf16_bits(NULL, want, NULL, a_bits, b_bits, NULL, 1, M, N), TP_OK, "%s",
+                 tp_errmsg());
+    cr_assert_eq(k->matmul_backward_bf16_bits(NULL, g_dw, g_db, g_a_bits, g_b_bits, NULL, 1, M, N), TP_OK, "%s",
                  tp_errmsg());
     check_device(k, g_dw, want, N * M, 0, 0, "matmul_backward_bf16_bits d_weight, N = 1");
-    check_device(k, g_db, a_rounded, N, 0, 0, "matmul_backward_bf16_bits d_bias, N = 1 (d_out rounded)");
+    check_device(k, g_db, a_rounded, N, 0, 0, "matmul_backward_bf16_bits d_bias, N = 1 (d_out's values)");
 
     k->release(g_a), k->release(g_b), k->release(g_out), k->release(g_dw), k->release(g_a_bits), k->release(g_b_bits);
     k->release(g_in_bits), k->release(g_db), k->release(g_w_bits);
@@ -723,7 +721,7 @@ Test(cuda_backend, matmul_bf16_refuses_huge_dimensions)
     cr_assert_eq(k->matmul_forward_bf16(g, bits, bits, NULL, huge, 1, 1), TP_ERR_ARG, "N beyond int");
     cr_assert_eq(k->matmul_backward_bf16(g, g, g, bits, bits, bits, 1, huge, 1), TP_ERR_ARG, "C beyond int");
     cr_assert_eq(k->matmul_backward_bf16(g, g, g, bits, bits, bits, 1, 1, huge), TP_ERR_ARG, "OC beyond int");
-    cr_assert_eq(k->matmul_backward_bf16_bits((uint16_t *)g, g, g, g, bits, bits, huge, 1, 1), TP_ERR_ARG,
+    cr_assert_eq(k->matmul_backward_bf16_bits((uint16_t *)g, g, g, bits, bits, bits, huge, 1, 1), TP_ERR_ARG,
                  "backward bits: N beyond int");
     cr_assert(strstr(tp_errmsg(), "matmul_backward_bf16_bits") != NULL, "%s", tp_errmsg());
     cr_assert_eq(k->matmul_forward_bf16_bits((uint16_t *)g, bits, bits, NULL, 1, huge, 1), TP_ERR_ARG,
@@ -763,6 +761,23 @@ Test(cuda_backend, layernorm_forward)
     }
 }
 
+/* The norms' backward with d_in_bits (g_bits, given garbage): the bits of
+ * rounding the device's own new d_in (g_dx), every one (the CPU's d_in is
+ * only close: its bits may differ near a tie). */
+static void check_bits_of_d_in(const kernel_backend *k, const uint16_t *g_bits, const float *g_dx, int64_t n,
+                               const char *what)
+{
+    float *dx = download(k, g_dx, n);
+    uint16_t *bits = download_bits(k, g_bits, n);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t x;
+        memcpy(&x, &dx[i], sizeof x);
+        cr_assert_eq(bits[i], bits_f32_to_bf16(x), "%s: d_in_bits[%lld] %#06x, the device's d_in %.9g rounds to %#06x",
+                     what, (long long)i, bits[i], dx[i], bits_f32_to_bf16(x));
+    }
+    free(dx), free(bits);
+}
+
 /* All three gradients accumulate (norm.c): they start from random values.
  * Both sides get the CPU's mean and rstd. Tolerance 1e-4 relative + 1e-5
  * absolute (row and column reductions); the tall shape's column sums, of
@@ -775,7 +790,8 @@ Test(cuda_backend, layernorm_forward)
  * absolute (the CPU adds them one by one in fp32: its running sums reach
  * hundreds, each addition off by up to 2^-24 of them, about 0.02 over the
  * column as a random walk; the GPU's 512 chunks of 1,025 rows err far
- * less). The rows loop it is there for shows in d_in. */
+ * less). The rows loop it is there for shows in d_in. Every shape but the
+ * second also writes d_in_bits (check_bits_of_d_in). */
 Test(cuda_backend, layernorm_backward)
 {
     NEED_GPU();
@@ -794,10 +810,14 @@ Test(cuda_backend, layernorm_backward)
         float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C), *g_dout = upload_floats(k, dout, N * C);
         float *g_dx = upload_floats(k, dx, N * C), *g_dw = upload_floats(k, dw, C), *g_db = upload_floats(k, db, C);
         float *g_mean = upload_floats(k, mean, N), *g_rstd = upload_floats(k, rstd, N);
-        layernorm_backward(dx, dw, no_bias ? NULL : db, dout, x, w, mean, rstd, N, C);
-        cr_assert_eq(k->layernorm_backward(g_dx, g_dw, no_bias ? NULL : g_db, g_dout, g_x, g_w, g_mean, g_rstd, N, C),
+        uint16_t *garbage_bits = bits_garbage(N * C), *g_bits = s == 1 ? NULL : upload_bits(k, garbage_bits, N * C);
+        layernorm_backward(dx, NULL, dw, no_bias ? NULL : db, dout, x, w, mean, rstd, N, C);
+        cr_assert_eq(k->layernorm_backward(g_dx, g_bits, g_dw, no_bias ? NULL : g_db, g_dout, g_x, g_w, g_mean, g_rstd,
+                                           N, C),
                      TP_OK, "%s", tp_errmsg());
         check_device(k, g_dx, dx, N * C, 1e-4, 1e-5, "d_in");
+        if (g_bits) check_bits_of_d_in(k, g_bits, g_dx, N * C, "layernorm_backward");
+        k->release(g_bits), free(garbage_bits);
         check_device(k, g_dw, dw, C, 1e-4, column_abs, "d_weight");
         check_device(k, g_db, db, C, 1e-4, column_abs, no_bias ? "d_bias (NULL given: untouched)" : "d_bias");
         k->release(g_x), k->release(g_w), k->release(g_dout), k->release(g_dx), k->release(g_dw), k->release(g_db);
@@ -861,7 +881,8 @@ Test(cuda_backend, rmsnorm_forward)
 }
 
 /* Both gradients accumulate: they start from random values. Both sides get
- * the CPU's rstd. Shapes and tolerances as layernorm_backward's. */
+ * the CPU's rstd. Shapes and tolerances as layernorm_backward's, d_in_bits
+ * likewise. */
 Test(cuda_backend, rmsnorm_backward)
 {
     NEED_GPU();
@@ -876,9 +897,13 @@ Test(cuda_backend, rmsnorm_backward)
         rmsnorm_forward(out, rstd, x, w, N, C, 1e-5f);
         float *g_x = upload_floats(k, x, N * C), *g_w = upload_floats(k, w, C), *g_dout = upload_floats(k, dout, N * C);
         float *g_dx = upload_floats(k, dx, N * C), *g_dw = upload_floats(k, dw, C), *g_rstd = upload_floats(k, rstd, N);
-        rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
-        cr_assert_eq(k->rmsnorm_backward(g_dx, g_dw, g_dout, g_x, g_w, g_rstd, N, C), TP_OK, "%s", tp_errmsg());
+        uint16_t *garbage_bits = bits_garbage(N * C), *g_bits = s == 1 ? NULL : upload_bits(k, garbage_bits, N * C);
+        rmsnorm_backward(dx, NULL, dw, dout, x, w, rstd, N, C);
+        cr_assert_eq(k->rmsnorm_backward(g_dx, g_bits, g_dw, g_dout, g_x, g_w, g_rstd, N, C), TP_OK, "%s",
+                     tp_errmsg());
         check_device(k, g_dx, dx, N * C, 1e-4, 1e-5, "d_in");
+        if (g_bits) check_bits_of_d_in(k, g_bits, g_dx, N * C, "rmsnorm_backward");
+        k->release(g_bits), free(garbage_bits);
         check_device(k, g_dw, dw, C, 1e-4, column_abs, "d_weight");
         k->release(g_x), k->release(g_w), k->release(g_dout), k->release(g_dx), k->release(g_dw), k->release(g_rstd);
         free(x), free(w), free(dout), free(dx), free(dw), free(out), free(rstd);
@@ -1664,24 +1689,23 @@ Test(cuda_backend, matmul_forward_bf16_bits_rounds_as_the_cpu)
     free(garbage_bits), free(w_bits), free(fp32);
 }
 
-/* matmul_backward_bf16_bits: d_out fp32, rounded on the way; d_in written
- * as bf16 bits. Against the GPU's own matmul_backward_bf16 given d_out's
- * bits rounded on the host (convert_bits.h, as the device rounds) and the
- * same in and W bits: d_in's bits those of rounding its fp32 d_in
- * (check_rounding: one ulp apart only near a tie, cuBLAS rounding its own
- * sums into a bf16 C), d_weight and d_bias the same floats (the same
- * products, and the same column sums, of the same bf16 values). And
- * against the CPU twin given the same in and W bits (check_near_cpu and
- * check_bf16, matmul_backward_bf16's tolerance); d_bias the host's column
- * sums of d_out's rounded values (matmul_backward's fp32 tolerance), not of
- * its fp32 values (check_rounded). Shapes as matmul_backward_bf16's, d_in,
- * d_out and W aligned, then each one value past an allocation's start (d_in
- * and W 2 bytes, d_out 4: cuBLAS writes and reads them, and rounding reads
- * d_out, where they are; nothing written before or after d_in); d_in from
- * garbage, d_weight and d_bias accumulated from random values. Then each
- * alone (the others NULL and untouched): d_in; d_weight; d_bias, which no
- * product reads (the rounded d_out summed all the same). Then an empty
- * inner dimension (OC = 0): d_in zeros. */
+/* matmul_backward_bf16_bits: d_out bf16 bits (the residual stream's
+ * gradient as the norms' backward rounds it); d_in written as bf16 bits.
+ * Against the GPU's own matmul_backward_bf16 given the same d_out, in and W
+ * bits: d_in's bits those of rounding its fp32 d_in (check_rounding: one
+ * ulp apart only near a tie, cuBLAS rounding its own sums into a bf16 C),
+ * d_weight and d_bias the same floats (the same products, and the same
+ * column sums, of the same bf16 values). And against the CPU twin given the
+ * same bits (check_near_cpu and check_bf16, matmul_backward_bf16's
+ * tolerance); d_bias the host's column sums of d_out's values
+ * (matmul_backward's fp32 tolerance), not of the fp32 values they were
+ * rounded from (check_rounded). Shapes as matmul_backward_bf16's, d_in,
+ * d_out and W aligned, then each one value (2 bytes) past an allocation's
+ * start (cuBLAS writes and reads them, and the column sums read d_out,
+ * where they are; nothing written before or after d_in); d_in from garbage,
+ * d_weight and d_bias accumulated from random values. Then each alone (the
+ * others NULL and untouched): d_in; d_weight; d_bias, which no product
+ * reads. Then an empty inner dimension (OC = 0): d_in zeros. */
 Test(cuda_backend, matmul_backward_bf16_bits)
 {
     NEED_GPU();
@@ -1709,11 +1733,12 @@ Test(cuda_backend, matmul_backward_bf16_bits)
             uint16_t *g_in = upload_bits(k, in_bits, N * C), *g_dout_bits = upload_bits(k, dout_bits, N * OC);
             /* d_in at `at` values in, with garbage before and one value after; d_out and W at `at` values in */
             uint16_t *g_din_memory = upload_bits(k, garbage_bits, N * C + 2), *g_din = g_din_memory + at;
-            float *g_dout_memory = NULL, *g_dout;
-            cr_assert_eq(k->alloc((void **)&g_dout_memory, (size_t)(N * OC + 1) * sizeof(float)), TP_OK, "%s",
+            uint16_t *g_dout_memory = NULL, *g_dout;
+            cr_assert_eq(k->alloc((void **)&g_dout_memory, (size_t)(N * OC + 1) * sizeof(uint16_t)), TP_OK, "%s",
                          tp_errmsg());
             g_dout = g_dout_memory + at;
-            cr_assert_eq(k->to_device(g_dout, dout, (size_t)(N * OC) * sizeof(float)), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(k->to_device(g_dout, dout_bits, (size_t)(N * OC) * sizeof(uint16_t)), TP_OK, "%s",
+                         tp_errmsg());
             uint16_t *g_w_memory = NULL, *g_w;
             cr_assert_eq(k->alloc((void **)&g_w_memory, (size_t)(OC * C + 1) * sizeof(uint16_t)), TP_OK, "%s",
                          tp_errmsg());
@@ -1723,8 +1748,8 @@ Test(cuda_backend, matmul_backward_bf16_bits)
             float *g_db = upload_floats(k, db, OC), *g_din32 = upload_floats(k, garbage, N * C);
             float *g_dw32 = upload_floats(k, dw, OC * C), *g_db32 = upload_floats(k, db, OC);
 
-            cr_assert_eq(matmul_backward_bf16_bits(din_cpu, dw_cpu, db_cpu, dout, in_bits, w_bits, N, C, OC), TP_OK,
-                         "%s", tp_errmsg());
+            cr_assert_eq(matmul_backward_bf16_bits(din_cpu, dw_cpu, db_cpu, dout_bits, in_bits, w_bits, N, C, OC),
+                         TP_OK, "%s", tp_errmsg());
             cr_assert_eq(k->matmul_backward_bf16_bits(g_din, g_dw, g_db, g_dout, g_in, g_w, N, C, OC), TP_OK,
                          "matmul_backward_bf16_bits %s: %s", shape, tp_errmsg());
             cr_assert_eq(k->matmul_backward_bf16(g_din32, g_dw32, g_db32, g_dout_bits, g_in, g_w, N, C, OC), TP_OK,
@@ -1742,7 +1767,7 @@ Test(cuda_backend, matmul_backward_bf16_bits)
             check_bf16(k, g_db, db_cpu, OC, "matmul_backward_bf16_bits d_bias");
             matmul_backward(NULL, NULL, db_sums, dout_wide, NULL, NULL, N, C, OC);
             matmul_backward(NULL, NULL, db_fp32, dout, NULL, NULL, N, C, OC);
-            check_device(k, g_db, db_sums, OC, 1e-4, 1e-4, "matmul_backward_bf16_bits d_bias (d_out rounded)");
+            check_device(k, g_db, db_sums, OC, 1e-4, 1e-4, "matmul_backward_bf16_bits d_bias (d_out's values)");
             check_rounded(k, g_db, db_fp32, OC, "matmul_backward_bf16_bits d_bias (not the fp32 d_out's)");
 
             /* d_in alone, from garbage again: the same bits; d_weight and d_bias untouched */
@@ -1779,15 +1804,14 @@ Test(cuda_backend, matmul_backward_bf16_bits)
     {
         int64_t N = 3, C = 13; /* OC = 0: d_in is an empty sum, +0 */
         uint16_t *garbage_bits = bits_garbage(N * C), *g_din = upload_bits(k, garbage_bits, N * C);
-        float *g_any = upload_floats(k, (const float[]){1.0f}, 1); /* d_out: never read */
-        uint16_t *g_in = upload_bits(k, garbage_bits, N * C);         /* in, and as W: never read */
-        cr_assert_eq(k->matmul_backward_bf16_bits(g_din, NULL, NULL, g_any, g_in, g_in, N, C, 0), TP_OK, "%s",
+        uint16_t *g_in = upload_bits(k, garbage_bits, N * C); /* d_out, in and W: never read */
+        cr_assert_eq(k->matmul_backward_bf16_bits(g_din, NULL, NULL, g_in, g_in, g_in, N, C, 0), TP_OK, "%s",
                      tp_errmsg());
         uint16_t *got = download_bits(k, g_din, N * C);
         for (int64_t i = 0; i < N * C; i++)
             cr_assert_eq(got[i], 0u, "matmul_backward_bf16_bits N=3 C=13 OC=0: d_in[%lld] bits %#06x, want +0",
                          (long long)i, got[i]);
-        k->release(g_din), k->release(g_any), k->release(g_in);
+        k->release(g_din), k->release(g_in);
         free(garbage_bits), free(got);
     }
 }
@@ -1882,15 +1906,15 @@ static double gelu_epilogue_slack(const float *pre, int64_t n, double scale, int
  * may take its tanh from the hardware's approximation).
  *
  * Backward: in[N,C] GELU's output and pre[N,C] its input (bf16 bits,
- * random: only their values matter here), d_out fp32, rounded on the way;
- * d_pre from garbage against the GPU's gelu_backward of pre's values and
- * of its matmul_backward_bf16 d_in from d_out's bits rounded on the host
- * (as the device rounds): exactly its rounding the separate way, within
+ * random: only their values matter here), d_out bf16 bits; d_pre from
+ * garbage against the GPU's gelu_backward of pre's values and of its
+ * matmul_backward_bf16 d_in from the same d_out: exactly its rounding the
+ * separate way, within
  * gelu_epilogue_slack in the epilogue; near the CPU twin's bits (1.5e-5 of
  * the largest |d_in|, or gelu_epilogue_slack where the epilogue ran). d_weight and d_bias,
  * accumulated from random values, are the floats the GPU's
  * matmul_backward_bf16_bits adds from the same start (the same products and
- * column sums of the same rounded d_out). Then d_pre NULL: d_weight and
+ * column sums of the same d_out). Then d_pre NULL: d_weight and
  * d_bias accumulate alone, as there, d_pre untouched. Last an empty inner
  * dimension (OC = 0): d_pre is gelu'(pre) times an empty sum, zeros
  * (check_near_cpu with 0: either sign). */
@@ -1978,24 +2002,26 @@ Test(cuda_backend, mlp_product_and_gelu_in_one)
             uint16_t *g_pre_in_memory, *g_pre_in = upload_bits_at(k, pre_bits, N * C, at_aux, &g_pre_in_memory);
             uint16_t *g_dpre_memory = upload_bits(k, garbage_bits, N * C + 2), *g_dpre = g_dpre_memory + at_out;
             uint16_t *g_din_bits = upload_bits(k, garbage_bits, N * C);
-            float *g_dout = upload_floats(k, dout, N * OC), *g_pre_wide = upload_floats(k, pre_wide, N * C);
+            float *g_pre_wide = upload_floats(k, pre_wide, N * C);
             float *g_din32 = upload_floats(k, garbage, N * C), *g_dgelu32 = upload_floats(k, garbage, N * C);
             float *g_dw = upload_floats(k, dw, OC * C), *g_db = upload_floats(k, db, OC);
             float *g_dw_bits = upload_floats(k, dw, OC * C), *g_db_bits = upload_floats(k, db, OC);
             float *db_c = with_bias ? db_cpu : NULL, *g_db_c = with_bias ? g_db : NULL;
             float *g_db_bits_c = with_bias ? g_db_bits : NULL;
-            cr_assert_eq(matmul_backward_gelu_bf16(dpre_cpu, dw_cpu, db_c, dout, act_bits, w_bits, pre_bits, N, C, OC),
-                         TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(
+                matmul_backward_gelu_bf16(dpre_cpu, dw_cpu, db_c, dout_bits, act_bits, w_bits, pre_bits, N, C, OC), TP_OK,
+                "%s", tp_errmsg());
             cr_assert_eq(matmul_backward_bf16(din_cpu, NULL, NULL, dout_bits, act_bits, w_bits, N, C, OC), TP_OK, "%s",
                          tp_errmsg());
             before = cuda_lt_dgelu_epilogue_products();
             cr_assert_eq(
-                k->matmul_backward_gelu_bf16(g_dpre, g_dw, g_db_c, g_dout, g_act, g_w, g_pre_in, N, C, OC), TP_OK,
+                k->matmul_backward_gelu_bf16(g_dpre, g_dw, g_db_c, g_dout_bits, g_act, g_w, g_pre_in, N, C, OC), TP_OK,
                 "matmul_backward_gelu_bf16 %s: %s", shape, tp_errmsg());
             fused = cuda_lt_dgelu_epilogue_products() - before;
             check_fused(fused, cases[c].epilogue, "matmul_backward_gelu_bf16", shape);
-            cr_assert_eq(k->matmul_backward_bf16_bits(g_din_bits, g_dw_bits, g_db_bits_c, g_dout, g_act, g_w, N, C, OC),
-                         TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(
+                k->matmul_backward_bf16_bits(g_din_bits, g_dw_bits, g_db_bits_c, g_dout_bits, g_act, g_w, N, C, OC),
+                TP_OK, "%s", tp_errmsg());
             cr_assert_eq(k->matmul_backward_bf16(g_din32, NULL, NULL, g_dout_bits, g_act, g_w, N, C, OC), TP_OK, "%s",
                          tp_errmsg());
             cr_assert_eq(k->gelu_backward(g_dgelu32, g_pre_wide, g_din32, N * C), TP_OK, "%s", tp_errmsg());
@@ -2014,9 +2040,10 @@ Test(cuda_backend, mlp_product_and_gelu_in_one)
                 check_device(k, g_db, db, OC, 0, 0, "matmul_backward_gelu_bf16 d_bias NULL: untouched");
             }
             /* d_pre NULL: d_weight and d_bias alone, again; d_pre untouched */
-            cr_assert_eq(k->matmul_backward_gelu_bf16(NULL, g_dw, g_db_c, g_dout, g_act, g_w, g_pre_in, N, C, OC),
-                         TP_OK, "matmul_backward_gelu_bf16 %s, d_pre NULL: %s", shape, tp_errmsg());
-            cr_assert_eq(k->matmul_backward_bf16_bits(NULL, g_dw_bits, g_db_bits_c, g_dout, g_act, g_w, N, C, OC),
+            cr_assert_eq(
+                k->matmul_backward_gelu_bf16(NULL, g_dw, g_db_c, g_dout_bits, g_act, g_w, g_pre_in, N, C, OC), TP_OK,
+                "matmul_backward_gelu_bf16 %s, d_pre NULL: %s", shape, tp_errmsg());
+            cr_assert_eq(k->matmul_backward_bf16_bits(NULL, g_dw_bits, g_db_bits_c, g_dout_bits, g_act, g_w, N, C, OC),
                          TP_OK, "%s", tp_errmsg());
             check_same_floats(k, g_dw, g_dw_bits, OC * C, "matmul_backward_gelu_bf16 d_weight, d_pre NULL", shape);
             if (with_bias)
@@ -2028,7 +2055,7 @@ Test(cuda_backend, mlp_product_and_gelu_in_one)
             k->release(g_in), k->release(g_w), k->release(g_bias), k->release(g_rounded_bias), k->release(g_out_memory);
             k->release(g_pre_memory), k->release(g_fp32), k->release(g_gelu32), k->release(g_bits);
             k->release(g_act), k->release(g_dout_bits), k->release(g_pre_in_memory), k->release(g_dpre_memory);
-            k->release(g_din_bits), k->release(g_dout), k->release(g_pre_wide), k->release(g_din32);
+            k->release(g_din_bits), k->release(g_pre_wide), k->release(g_din32);
             k->release(g_dgelu32), k->release(g_dw), k->release(g_db), k->release(g_dw_bits), k->release(g_db_bits);
             free(in), free(w), free(bias), free(garbage), free(garbage_bits), free(want), free(out_cpu), free(pre_cpu);
             free(in_bits), free(rounded_bias);
@@ -2043,17 +2070,17 @@ Test(cuda_backend, mlp_product_and_gelu_in_one)
         uint16_t *dpre_cpu = malloc((size_t)(N * C) * sizeof(uint16_t));
         cr_assert(dpre_cpu);
         uint16_t *g_pre = upload_bits(k, pre_bits, N * C), *g_dpre = upload_bits(k, garbage_bits, N * C);
-        float *g_any = upload_floats(k, (const float[]){1.0f}, 1); /* d_out, W, in: never read */
-        cr_assert_eq(matmul_backward_gelu_bf16(dpre_cpu, NULL, NULL, pre, pre_bits, pre_bits, pre_bits, N, C, 0),
+        /* d_out, W, in: never read */
+        cr_assert_eq(matmul_backward_gelu_bf16(dpre_cpu, NULL, NULL, pre_bits, pre_bits, pre_bits, pre_bits, N, C, 0),
                      TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(k->matmul_backward_gelu_bf16(g_dpre, NULL, NULL, g_any, g_pre, g_pre, g_pre, N, C, 0), TP_OK,
+        cr_assert_eq(k->matmul_backward_gelu_bf16(g_dpre, NULL, NULL, g_pre, g_pre, g_pre, g_pre, N, C, 0), TP_OK,
                      "matmul_backward_gelu_bf16 N=3 C=13 OC=0: %s", tp_errmsg());
         uint16_t *got = download_bits(k, g_dpre, N * C);
         check_near_cpu(got, dpre_cpu, N * C, 0, "matmul_backward_gelu_bf16 d_pre", "N=3 C=13 OC=0");
         for (int64_t i = 0; i < N * C; i++)
             cr_assert_eq(got[i] & 0x7fffu, 0u, "matmul_backward_gelu_bf16 N=3 C=13 OC=0: d_pre[%lld] bits %#06x, "
                          "want a zero", (long long)i, got[i]);
-        k->release(g_pre), k->release(g_dpre), k->release(g_any);
+        k->release(g_pre), k->release(g_dpre);
         free(pre), free(pre_bits), free(garbage_bits), free(dpre_cpu), free(got);
     }
 }

@@ -128,7 +128,7 @@ Test(transformer, layernorm_against_naive_and_finite_differences)
     double want[5 * 24];
     layernorm_naive(want, x, w, b, N, C);
     assert_close(out, want, N * C, 1e-5, "layernorm");
-    layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+    layernorm_backward(dx, NULL, dw, db, dout, x, w, mean, rstd, N, C);
     ln_ctx ctx = {x, w, b, N, C};
     double grads[5 * 24];
     for (int64_t i = 0; i < N * C; i++) grads[i] = numeric_grad(x, i, dout, N * C, ln_eval, &ctx);
@@ -205,7 +205,7 @@ Test(transformer, rmsnorm_against_naive_and_finite_differences)
         double r = 1 / sqrt(ms / (double)C + eps);
         cr_assert(fabs(rstd[n] - r) <= 1e-6 * r, "rstd[%lld]: %g, want %g", (long long)n, rstd[n], r);
     }
-    rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+    rmsnorm_backward(dx, NULL, dw, dout, x, w, rstd, N, C);
     for (int64_t i = 0; i < N * C; i++) dx[i] -= dx0[i];
     for (int64_t i = 0; i < C; i++) dw[i] -= dw0[i];
     rms_ctx ctx = {x, w, N, C, eps};
@@ -215,6 +215,67 @@ Test(transformer, rmsnorm_against_naive_and_finite_differences)
     for (int64_t i = 0; i < C; i++) grads[i] = numeric_grad(w, i, dout, N * C, rms_eval, &ctx);
     assert_close(dw, grads, C, 2e-3, "d_weight (added)");
     free(x), free(w), free(out), free(dout), free(dx), free(dw), free(dx0), free(dw0);
+}
+
+/* The norms' backward with d_in_bits: d_in, d_weight and d_bias bit for bit
+ * as without them, and d_in_bits the bits of rounding the new d_in (to
+ * nearest, ties to even: round_to_bf16), at 1 and 3 threads; rows of 77
+ * (odd) and 768 (GPT-2's) columns. d_in starts from values at ties (an fp32
+ * whose low half is 0x8000: 1 + 2^-8 rounds down to 1, 1 + 3 2^-8 up to
+ * 1 + 2^-6) in rows whose d_out is 0, so that those rows add +0 and keep
+ * them: rounding them another way, or truncating, fails. */
+Test(transformer, norms_backward_writes_the_bits_of_the_new_d_in)
+{
+    const int64_t widths[2] = {77, 768}, N = 6;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        kernels_set_threads(threads);
+        for (int wi = 0; wi < 2; wi++) {
+            int64_t C = widths[wi], n = N * C;
+            float *x = random_floats(n), *w = random_floats(C), *b = random_floats(C), *out = malloc(n * 4);
+            float *dout = random_floats(n), *dx0 = random_floats(n), mean[6], rstd[6];
+            for (int64_t i = 0; i < C; i++) { /* rows 0 and 1: ties, and nothing added */
+                dout[i] = dout[C + i] = 0.0f;
+                dx0[i] = i % 2 ? 1.00390625f : -1.01171875f;
+                dx0[C + i] = ldexpf(i % 2 ? 1.01171875f : -1.00390625f, (int)(i % 7) - 3);
+            }
+            layernorm_forward(out, mean, rstd, x, w, b, N, C);
+            for (int rms = 0; rms < 2; rms++) {
+                float *want_dx = malloc(n * 4), *got_dx = malloc(n * 4), *want_dw = calloc(C, 4), *got_dw = calloc(C, 4);
+                float *want_db = calloc(C, 4), *got_db = calloc(C, 4);
+                uint16_t *bits = malloc(n * sizeof *bits), *want_bits = malloc(n * sizeof *want_bits);
+                cr_assert(want_dx && got_dx && want_dw && got_dw && want_db && got_db && bits && want_bits);
+                memcpy(want_dx, dx0, n * 4);
+                memcpy(got_dx, dx0, n * 4);
+                if (rms) {
+                    rmsnorm_backward(want_dx, NULL, want_dw, dout, x, w, rstd, N, C);
+                    rmsnorm_backward(got_dx, bits, got_dw, dout, x, w, rstd, N, C);
+                } else {
+                    layernorm_backward(want_dx, NULL, want_dw, want_db, dout, x, w, mean, rstd, N, C);
+                    layernorm_backward(got_dx, bits, got_dw, got_db, dout, x, w, mean, rstd, N, C);
+                }
+                const char *name = rms ? "rmsnorm_backward" : "layernorm_backward";
+                cr_assert_eq(memcmp(got_dx, want_dx, n * 4), 0, "%s, C=%lld: d_in", name, (long long)C);
+                cr_assert_eq(memcmp(got_dw, want_dw, C * 4), 0, "%s, C=%lld: d_weight", name, (long long)C);
+                cr_assert_eq(memcmp(got_db, want_db, C * 4), 0, "%s, C=%lld: d_bias", name, (long long)C);
+                convert_from_f32(want_dx, want_bits, TP_BF16, n);
+                for (int64_t i = 0; i < n; i++)
+                    cr_assert_eq(bits[i], want_bits[i], "%s, C=%lld, %d threads: d_in_bits[%lld] 0x%04x, want 0x%04x",
+                                 name, (long long)C, threads, (long long)i, bits[i], want_bits[i]);
+                for (int64_t c = 0; c < C; c++) { /* the ties, kept: 1 and -(1 + 2^-6); 1 + 2^-6 and -1, scaled */
+                    uint16_t scaled = (uint16_t)(((int)(c % 7) - 3) * 0x80); /* 2^e: e added to the exponent */
+                    uint16_t row0 = c % 2 ? 0x3f80 : 0xbf82, row1 = (uint16_t)((c % 2 ? 0x3f82 : 0xbf80) + scaled);
+                    cr_assert_eq(bits[c], row0, "%s, C=%lld: the tie d_in[%lld] rounded to 0x%04x, want 0x%04x", name,
+                                 (long long)C, (long long)c, bits[c], row0);
+                    cr_assert_eq(bits[C + c], row1, "%s, C=%lld: the tie d_in[%lld] rounded to 0x%04x, want 0x%04x",
+                                 name, (long long)C, (long long)(C + c), bits[C + c], row1);
+                }
+                free(want_dx), free(got_dx), free(want_dw), free(got_dw), free(want_db), free(got_db), free(bits);
+                free(want_bits);
+            }
+            free(x), free(w), free(b), free(out), free(dout), free(dx0);
+        }
+    }
+    kernels_set_threads(1);
 }
 
 static double silu_exact(double g)
@@ -760,8 +821,8 @@ Test(transformer, the_cpu_backend_is_the_cpu_functions)
     float dw_backend[6] = {0}, dw_direct[6] = {0};
     memset(out_backend, 0, sizeof out_backend);
     memset(out_direct, 0, sizeof out_direct);
-    cr_assert_eq(cpu->rmsnorm_backward(out_backend, dw_backend, dout, in, w, rstd_direct, 2, 6), TP_OK);
-    rmsnorm_backward(out_direct, dw_direct, dout, in, w, rstd_direct, 2, 6);
+    cr_assert_eq(cpu->rmsnorm_backward(out_backend, NULL, dw_backend, dout, in, w, rstd_direct, 2, 6), TP_OK);
+    rmsnorm_backward(out_direct, NULL, dw_direct, dout, in, w, rstd_direct, 2, 6);
     cr_assert_eq(memcmp(out_backend, out_direct, sizeof out_direct), 0, "rmsnorm_backward's d_in");
     cr_assert_eq(memcmp(dw_backend, dw_direct, sizeof dw_direct), 0, "rmsnorm_backward's d_weight");
     cr_assert_eq(cpu->swiglu_forward(out_backend, in, 2, 3), TP_OK);

@@ -235,11 +235,11 @@ static void run_kernels(float **out)
     matmul_forward(out[OUT_FWD], x, w, bias, N, C, V);
     matmul_backward(out[OUT_D_IN], out[OUT_D_W], out[OUT_D_B], dy, x, w, N, C, V);
     layernorm_forward(out[OUT_LN], out[OUT_MEAN], out[OUT_RSTD], x, w, bias, N, C);
-    layernorm_backward(out[OUT_LN_DIN], out[OUT_LN_DW], out[OUT_LN_DB], dx, x, w, out[OUT_MEAN], out[OUT_RSTD], N, C);
+    layernorm_backward(out[OUT_LN_DIN], NULL, out[OUT_LN_DW], out[OUT_LN_DB], dx, x, w, out[OUT_MEAN], out[OUT_RSTD], N, C);
     gelu_forward(out[OUT_GELU], x, N * C);
     gelu_backward(out[OUT_GELU_D], x, dx, N * C);
     rmsnorm_forward(out[OUT_RMS], out[OUT_RMS_RSTD], x, w, N, C, 1e-6f);
-    rmsnorm_backward(out[OUT_RMS_DIN], out[OUT_RMS_DW], dx, x, w, out[OUT_RMS_RSTD], N, C);
+    rmsnorm_backward(out[OUT_RMS_DIN], NULL, out[OUT_RMS_DW], dx, x, w, out[OUT_RMS_RSTD], N, C);
     swiglu_forward(out[OUT_SWI], x2, N, C);
     swiglu_backward(out[OUT_SWI_D], x2, dx, N, C);
     float freq[HD / 2], *table = malloc((size_t)T * HD * sizeof(float));
@@ -279,7 +279,7 @@ static void run_kernels(float **out)
         cr_assert_eq(matmul_forward_bf16(out[OUT_BF16], x_bits, w_bits, bias, N, C, V), TP_OK);
         cr_assert_eq(matmul_backward_bf16(NULL, out[OUT_BF16_DW], NULL, dy_bits, x_bits, w_bits, N, C, V), TP_OK);
         /* GELU's gradient through the product's d_in: dx's bits as GELU's input */
-        cr_assert_eq(matmul_backward_gelu_bf16(bits, NULL, NULL, dy, x_bits, w_bits, dx_bits, N, C, V), TP_OK);
+        cr_assert_eq(matmul_backward_gelu_bf16(bits, NULL, NULL, dy_bits, x_bits, w_bits, dx_bits, N, C, V), TP_OK);
         convert_to_f32(bits, TP_BF16, out[OUT_GELU_D16], N * C);
     }
     cr_assert_eq(matmul_backward_bf16(NULL, NULL, out[OUT_BF16_DB], dy_bits, x_bits, w_bits, N, C, V), TP_OK);

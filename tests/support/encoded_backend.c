@@ -236,7 +236,7 @@ static int enc_matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias,
     LEAVE_WITH(status);
 }
 
-static int enc_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const float *d_out,
+static int enc_matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const uint16_t *d_out,
                                          const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
     ENTER(S(d_in, N * C), S(d_weight, OC * C), S(d_bias, OC), S(d_out, N * OC), S(in, N * C), S(weight, OC * C));
@@ -260,7 +260,7 @@ static int enc_matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint
     LEAVE_WITH(status);
 }
 
-static int enc_matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const float *d_out,
+static int enc_matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, const uint16_t *d_out,
                                          const uint16_t *in, const uint16_t *weight, const uint16_t *pre, int64_t N,
                                          int64_t C, int64_t OC)
 {
@@ -278,11 +278,13 @@ static int enc_layernorm_forward(float *out, float *mean, float *rstd, const flo
     LEAVE();
 }
 
-static int enc_layernorm_backward(float *d_in, float *d_weight, float *d_bias, const float *d_out, const float *in,
-                                  const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
+static int enc_layernorm_backward(float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias, const float *d_out,
+                                  const float *in, const float *weight, const float *mean, const float *rstd, int64_t N,
+                                  int64_t C)
 {
-    ENTER(S(d_in, N * C), S(d_weight, C), S(d_bias, C), S(d_out, N * C), S(in, N * C), S(weight, C), S(mean, N), S(rstd, N));
-    layernorm_backward(d_in, d_weight, d_bias, d_out, in, weight, mean, rstd, N, C);
+    ENTER(S(d_in, N * C), S(d_in_bits, N * C), S(d_weight, C), S(d_bias, C), S(d_out, N * C), S(in, N * C),
+          S(weight, C), S(mean, N), S(rstd, N));
+    layernorm_backward(d_in, d_in_bits, d_weight, d_bias, d_out, in, weight, mean, rstd, N, C);
     LEAVE();
 }
 
@@ -325,11 +327,12 @@ static int enc_rmsnorm_forward(float *out, float *rstd, const float *in, const f
     LEAVE();
 }
 
-static int enc_rmsnorm_backward(float *d_in, float *d_weight, const float *d_out, const float *in,
-                                const float *weight, const float *rstd, int64_t N, int64_t C)
+static int enc_rmsnorm_backward(float *d_in, uint16_t *d_in_bits, float *d_weight, const float *d_out,
+                                const float *in, const float *weight, const float *rstd, int64_t N, int64_t C)
 {
-    ENTER(S(d_in, N * C), S(d_weight, C), S(d_out, N * C), S(in, N * C), S(weight, C), S(rstd, N));
-    rmsnorm_backward(d_in, d_weight, d_out, in, weight, rstd, N, C);
+    ENTER(S(d_in, N * C), S(d_in_bits, N * C), S(d_weight, C), S(d_out, N * C), S(in, N * C), S(weight, C),
+          S(rstd, N));
+    rmsnorm_backward(d_in, d_in_bits, d_weight, d_out, in, weight, rstd, N, C);
     LEAVE();
 }
 
