@@ -22,6 +22,7 @@
  * row they normalize (residual_terms: the residual_*norm_forward
  * operations), the sum written and summed in the same pass. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 
 extern "C" {
@@ -98,7 +99,8 @@ static __global__ void layernorm_forward_kernel(Out *out, float *mean, float *rs
     }
 }
 
-/* d_in's rows (a warp per row), accumulated as norm.c does:
+/* d_in's rows wider than NORM_FUSED_COLUMNS (narrower ones:
+ * norm_backward_fused_kernel, below), a warp per row, accumulated as norm.c does:
  * dx += (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) rstd, dxhat = dy w;
  * d_in_bits (NULL: none) the bf16 bits of each new value, rounded as the
  * CPU rounds (store_value). */
@@ -187,12 +189,150 @@ int cuda_residual_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd
     return layernorm_forward_as(out, mean, rstd, sum, weight, bias, N, C, r);
 }
 
+/* ========================================== the norms' backward in one pass
+ * Where a row fits a warp's registers (C <= NORM_FUSED_COLUMNS: 32 columns
+ * a lane, j < COLS of columns lane + 32 j), each warp also sums its rows'
+ * terms of the weight's gradient (xhat dy) and of layer norm's bias's (dy)
+ * as it writes d_in, so that d_out and in are read from memory once: the
+ * rows kernel and column_sums read them twice, 8 bytes a value again (2.5
+ * GB a step of GPT-2 124M at micro-batch 16, more than an L2 holds). The
+ * block's warps then add theirs in warp order in shared memory, and the
+ * block writes one row of partials [blocks, OUTS, C]; column_sums adds
+ * those rows (a few MB) in row order. Each warp's rows are fixed by the
+ * grid (blocks_for(N, WARP_ROWS), at most NORM_FUSED_BLOCKS), so the order
+ * of every sum is too: the same bits every run. d_in, and its bits, are
+ * the rows kernels': the same arithmetic in the same order. */
+#define NORM_FUSED_COLUMNS 1024
+#define NORM_FUSED_BLOCKS 512 /* about 4 an SM of an H100 */
+
+template <int COLS, bool MEAN, int OUTS>
+static __global__ void __launch_bounds__(THREADS)
+    norm_backward_fused_kernel(float *d_in, uint16_t *d_in_bits, float *partials, const float *d_out, const float *in,
+                               const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
+{
+    static_assert(COLS * 32 <= NORM_FUSED_COLUMNS && OUTS == (MEAN ? 2 : 1), "a lane's columns; layer norm's two sums");
+    __shared__ float block_sums[OUTS][NORM_FUSED_COLUMNS];
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    float acc[OUTS][COLS];
+#pragma unroll
+    for (int o = 0; o < OUTS; o++)
+#pragma unroll
+        for (int j = 0; j < COLS; j++) acc[o][j] = 0.0f;
+    ROWS_OF_WARP(n, N) {
+        const float *x = in + n * C, *dy = d_out + n * C;
+        float *dx = d_in + n * C;
+        float m = MEAN ? mean[n] : 0.0f, s = rstd[n], a = 0, b = 0; /* x - 0 is x exactly (RMSNorm) */
+#pragma unroll
+        for (int j = 0; j < COLS; j++) {
+            int64_t c = lane + 32 * j;
+            if (c < C) {
+                float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
+                if (MEAN) a += dxhat;
+                b += dxhat * xhat;
+            }
+        }
+        float mean_dxhat = MEAN ? warp_sum(a) / (float)C : 0.0f;
+        float mean_dxhat_xhat = warp_sum(b) / (float)C;
+#pragma unroll
+        for (int j = 0; j < COLS; j++) {
+            int64_t c = lane + 32 * j;
+            if (c < C) {
+                float dyc = dy[c], xhat = (x[c] - m) * s, dxhat = dyc * weight[c];
+                float sum = MEAN ? dx[c] + (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s
+                                 : dx[c] + (dxhat - xhat * mean_dxhat_xhat) * s;
+                dx[c] = sum;
+                if (d_in_bits) store_value(&d_in_bits[n * C + c], sum);
+                acc[0][j] += xhat * dyc;
+                if (MEAN) acc[OUTS - 1][j] += dyc;
+            }
+        }
+    }
+    for (int w = 0; w < WARP_ROWS; w++) { /* the warps' sums in warp order */
+        if (warp == w)
+#pragma unroll
+            for (int o = 0; o < OUTS; o++)
+#pragma unroll
+                for (int j = 0; j < COLS; j++) {
+                    int c = lane + 32 * j;
+                    if (c < C) block_sums[o][c] = w == 0 ? acc[o][j] : block_sums[o][c] + acc[o][j];
+                }
+        __syncthreads();
+    }
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        for (int o = 0; o < OUTS; o++) partials[((int64_t)blockIdx.x * OUTS + o) * C + c] = block_sums[o][c];
+}
+
+/* Row n of the fused kernel's partials [blocks, OUTS, C], columns c.. c + VEC
+ * of each output (column_sums). */
+template <int OUTS> struct norm_partials_terms {
+    const float *partials;
+    int64_t C;
+    int chunks_fit() const { return ::chunks_fit(partials, C); } /* then partials + C too */
+    template <int VEC> __host__ __device__ void add(int64_t n, int64_t c, float *s) const
+    {
+        for (int o = 0; o < OUTS; o++) {
+            float v[VEC];
+            column_load<VEC>(v, &partials[(n * OUTS + o) * C + c]);
+            for (int i = 0; i < VEC; i++) s[o * VEC + i] += v[i];
+        }
+    }
+};
+
+/* The partials, held (fused_lock) from their taking until column_sums,
+ * which reads them, is queued. */
+static cuda_scratch fused_partials;
+static pthread_mutex_t fused_lock = PTHREAD_MUTEX_INITIALIZER;
+
+template <bool MEAN, int OUTS>
+static int norm_backward_fused_launch(unsigned blocks, float *d_in, uint16_t *d_in_bits, float *partials,
+                                      const float *d_out, const float *in, const float *weight, const float *mean,
+                                      const float *rstd, int64_t N, int64_t C)
+{
+#define NORM_FUSED(COLS)                                                                                               \
+    norm_backward_fused_kernel<COLS, MEAN, OUTS><<<blocks, THREADS, 0, cuda_state.stream>>>(                            \
+        d_in, d_in_bits, partials, d_out, in, weight, mean, rstd, N, C)
+    if (C <= 8 * 32) NORM_FUSED(8);
+    else if (C <= 16 * 32) NORM_FUSED(16);
+    else if (C <= 24 * 32) NORM_FUSED(24);
+    else NORM_FUSED(32);
+#undef NORM_FUSED
+    LAUNCH_CHECK();
+    return TP_OK;
+fail:
+    return TP_ERR_DEVICE;
+}
+
+/* The backward of layer norm (MEAN, OUTS 2: d_weight and d_bias, which may
+ * be NULL) or RMSNorm (OUTS 1) with C <= NORM_FUSED_COLUMNS, N, C > 0. */
+template <bool MEAN, int OUTS>
+static int norm_backward_fused(float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias, const float *d_out,
+                               const float *in, const float *weight, const float *mean, const float *rstd, int64_t N,
+                               int64_t C)
+{
+    unsigned blocks = blocks_for(N, WARP_ROWS);
+    if (blocks > NORM_FUSED_BLOCKS) blocks = NORM_FUSED_BLOCKS;
+    void *partials = NULL;
+    const size_t bytes = (size_t)blocks * OUTS * (size_t)C * sizeof(float);
+    pthread_mutex_lock(&fused_lock);
+    int status = cuda_scratch_parts(&fused_partials, "the norm backward's partial sums", &partials, &bytes, 1);
+    if (!status)
+        status = norm_backward_fused_launch<MEAN, OUTS>(blocks, d_in, d_in_bits, (float *)partials, d_out, in, weight,
+                                                        mean, rstd, N, C);
+    if (!status)
+        status = column_sums<OUTS>(d_weight, MEAN ? d_bias : NULL, norm_partials_terms<OUTS>{(float *)partials, C},
+                                   (int64_t)blocks, C);
+    pthread_mutex_unlock(&fused_lock);
+    return status;
+}
+
 int cuda_layernorm_backward(float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias, const float *d_out,
                             const float *in, const float *weight, const float *mean, const float *rstd, int64_t N,
                             int64_t C)
 {
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
+    if (C <= NORM_FUSED_COLUMNS)
+        return norm_backward_fused<true, 2>(d_in, d_in_bits, d_weight, d_bias, d_out, in, weight, mean, rstd, N, C);
     layernorm_backward_rows_kernel<<<blocks_for(N, WARP_ROWS), THREADS, 0, cuda_state.stream>>>(
         d_in, d_in_bits, d_out, in, weight, mean, rstd, N, C);
     LAUNCH_CHECK();
@@ -381,6 +521,8 @@ int cuda_rmsnorm_backward(float *d_in, uint16_t *d_in_bits, float *d_weight, con
 {
     ENTER();
     if (N <= 0 || C <= 0) return TP_OK;
+    if (C <= NORM_FUSED_COLUMNS)
+        return norm_backward_fused<false, 1>(d_in, d_in_bits, d_weight, NULL, d_out, in, weight, NULL, rstd, N, C);
     rmsnorm_backward_rows_kernel<<<blocks_for(N, WARP_ROWS), THREADS, 0, cuda_state.stream>>>(
         d_in, d_in_bits, d_out, in, weight, rstd, N, C);
     LAUNCH_CHECK();

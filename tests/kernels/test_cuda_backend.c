@@ -781,23 +781,28 @@ static void check_bits_of_d_in(const kernel_backend *k, const uint16_t *g_bits, 
 /* All three gradients accumulate (norm.c): they start from random values.
  * Both sides get the CPU's mean and rstd. Tolerance 1e-4 relative + 1e-5
  * absolute (row and column reductions); the tall shape's column sums, of
- * 3,000 rows cut into 23 chunks (column_sums.h), where the CPU sums each
- * column in one run, 1e-3 absolute (sums of about 50: a few units in the
- * last place of each partial sum). The fourth has no bias (d_bias NULL:
- * not summed), its columns 65,572 rows: 1e-2 absolute. The last has more
- * rows than a grid's 65,535 blocks of WARP_ROWS (8) warps hold (a warp
- * takes a second row, ROWS_OF_WARP), its columns 524,317 rows: 0.25
- * absolute (the CPU adds them one by one in fp32: its running sums reach
- * hundreds, each addition off by up to 2^-24 of them, about 0.02 over the
- * column as a random walk; the GPU's 512 chunks of 1,025 rows err far
- * less). The rows loop it is there for shows in d_in. Every shape but the
- * second also writes d_in_bits (check_bits_of_d_in). */
+ * 3,000 rows (each warp's, then a block's, then the blocks' partials
+ * through column_sums; norm.cu), where the CPU sums each column in one
+ * run, 1e-3 absolute (sums of about 50: a few units in the last place of
+ * each partial sum). The fourth has no bias (d_bias NULL: not summed), its
+ * columns 65,572 rows: 1e-2 absolute. The fifth has more rows than a grid's
+ * 65,535 blocks of WARP_ROWS (8) warps hold (a warp takes many rows,
+ * ROWS_OF_WARP: the fused kernel's grid stops at 512 blocks, the rows
+ * kernel's at 65,535), its columns 524,317 rows: 0.25 absolute (the CPU
+ * adds them one by one in fp32: its running sums reach hundreds, each
+ * addition off by up to 2^-24 of them, about 0.02 over the column as a
+ * random walk; the GPU's shorter sums err far less). The rows loop shows in
+ * d_in. Widths: 8 to 1024 through the fused kernel (a lane's 8, 16, 24 or
+ * 32 columns: 8, 40, 72 and 77; 300; 768, GPT-2's; 1000 and 1024), 1500
+ * through the rows kernel and column_sums. Every shape but the second also
+ * writes d_in_bits (check_bits_of_d_in). */
 Test(cuda_backend, layernorm_backward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    const int64_t shapes[][2] = {{37, 72}, {5, 1000}, {3000, 77}, {65535 + 37, 40}, {8 * 65535 + 37, 8}};
-    for (int s = 0; s < 5; s++) {
+    const int64_t shapes[][2] = {{37, 72},   {5, 1000},  {3000, 77},  {65535 + 37, 40}, {8 * 65535 + 37, 8},
+                                 {40, 300}, {33, 768}, {17, 1024}, {9, 1500}};
+    for (int s = 0; s < 9; s++) {
         /* the tall shapes' columns sum many rows */
         double column_abs = s == 4 ? 0.25 : s == 3 ? 1e-2 : s == 2 ? 1e-3 : 1e-5;
         int no_bias = s == 3;
@@ -881,14 +886,15 @@ Test(cuda_backend, rmsnorm_forward)
 }
 
 /* Both gradients accumulate: they start from random values. Both sides get
- * the CPU's rstd. Shapes and tolerances as layernorm_backward's, d_in_bits
- * likewise. */
+ * the CPU's rstd. Shapes and tolerances as layernorm_backward's (its first
+ * three, then widths through each of the fused kernel's lane sizes and one
+ * past them, 1500), d_in_bits likewise. */
 Test(cuda_backend, rmsnorm_backward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    const int64_t shapes[][2] = {{37, 72}, {5, 1000}, {3000, 77}};
-    for (int s = 0; s < 3; s++) {
+    const int64_t shapes[][2] = {{37, 72}, {5, 1000}, {3000, 77}, {40, 300}, {33, 768}, {17, 1024}, {9, 1500}};
+    for (int s = 0; s < 7; s++) {
         double column_abs = s == 2 ? 1e-3 : 1e-5; /* the tall shape's columns sum 3,000 rows */
         int64_t N = shapes[s][0], C = shapes[s][1];
         float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f), *dout = floats_random(N * C, 1.0f);
