@@ -264,22 +264,20 @@ static int64_t head_floats(const gpt_config *m, int tp, int64_t b, int64_t vocab
 /* fp32 elements of the backward pass's working memory, once per rank: the
  * scratch (trainer/model.c: [N, 2 D + qkv + attn + F/tp + fc], fc being F/tp
  * or 2 F/tp with SwiGLU, and no F/tp (GELU's output's gradient) for a GELU
- * MLP in bf16, attention's (kernels.h attention_scratch_floats),
- * and [N, Vp/tp] on the last stage), the gradients that cross stages
+ * MLP in bf16, and attention's, kernels.h attention_scratch_floats; the
+ * logits' gradient takes the logits' place), the gradients that cross stages
  * (trainer/train.c: d_output [R, D] and, where the stage sends gradients
  * back, PIPELINE_GRAD_BUFFERS d_input [R, D], R the rows a rank keeps: N,
  * or N / tp with sequence parallelism), in bf16 the residual stream's
  * gradient's bf16 bits [R, D] (model.h residual_bits), and
  * Llama's rotary table [S, hd] and, with K < TP, the key/value heads'
  * gradients summed over TP [KV, 2 hd, D]. */
-static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int last, int64_t vocab_local,
-                               int64_t grad_buffers, int sequence_parallel)
+static int64_t backward_floats(const gpt_config *m, int tp, int64_t b, int64_t grad_buffers, int sequence_parallel)
 {
     int64_t s = m->seq, N = b * s, D = m->dim, hd = m->dim / m->heads;
     int64_t qkv = qkv_local(m, tp), attn = m->heads / tp * hd, f = m->ffn / tp, fc = m->swiglu ? 2 * f : f;
     int64_t d_gelu = m->dtype == TP_BF16 && !m->swiglu ? 0 : f; /* GPT-2's bf16 GELU is in its products */
-    int64_t scratch = N * (2 * D + qkv + attn + d_gelu + fc) + attention_scratch_floats(b, s, m->heads / tp) +
-                      (last ? N * vocab_local : 0);
+    int64_t scratch = N * (2 * D + qkv + attn + d_gelu + fc) + attention_scratch_floats(b, s, m->heads / tp);
     int64_t llama = m->arch == GPT_ARCH_LLAMA ? s * hd + (m->kv_heads < tp ? 2 * m->kv_heads * hd * D : 0) : 0;
     int64_t gathering = sequence_parallel ? 2 * N * D : 0; /* sequence parallelism's two [N, D] buffers */
     int64_t R = sequence_parallel ? N / tp : N;
@@ -317,7 +315,7 @@ static int stage_memory(const gpt_config *m, int tp, int pp, int V, int stage, c
     /* A slot holds one chunk (of pp x V), a head the logits of one micro-batch in flight through it. */
     out.activations = FP32 * (slots * micro_batch_floats(m, tp, pp * V, micro_batch, sp) +
                               (last ? buffers.heads * head_floats(m, tp, micro_batch, share->vocab_local, sp) : 0) +
-                              backward_floats(m, tp, micro_batch, last, share->vocab_local, buffers.grad_buffers, sp));
+                              backward_floats(m, tp, micro_batch, buffers.grad_buffers, sp));
     out.total = out.weights + out.gradients + out.optimizer + out.snapshot + out.activations;
     *result = out;
     return TP_OK;

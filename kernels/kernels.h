@@ -368,7 +368,9 @@ void crossentropy_row_stats(float *row_max, float *sum, const float *logits, int
 void crossentropy_rescale_sum(float *sum, const float *local_max, const float *global_max, int64_t N);
 void crossentropy_target_logit(float *target, const float *logits, const int *targets, int64_t N, int64_t V,
                                int64_t first);
-/* d_logits[N,V] = scale * (softmax - onehot(target)); zero in padding columns. */
+/* d_logits[N,V] = scale * (softmax - onehot(target)); zero in padding columns.
+ * d_logits may be logits itself (in place, as the trainer writes it: no
+ * second array as large as the logits, the step's largest). */
 void crossentropy_backward(float *d_logits, const float *logits, const float *row_max, const float *sum,
                            const int *targets, int64_t N, int64_t V, int64_t first, int64_t vocab, float scale);
 /* bf16 mixed precision: the logits as bf16 bits (the classifier's product
@@ -385,20 +387,18 @@ void crossentropy_target_logit_bf16(float *target, const uint16_t *logits, const
 
 /* The classifier's backward in bf16 mixed precision, in one operation:
  * crossentropy_backward's d_logits [N,V] of the bf16 logits (bits, as
- * crossentropy_row_stats_bf16 reads them) into scratch (N x V floats), then
- * matmul_backward_bf16 of their bf16 values without a bias: d_in[N,C] =
- * d_logits @ weight[V,C] (overwritten, fp32: the final norm's gradient),
- * d_weight[V,C] += d_logits^T @ in[N,C] (in: bf16 bits, the final norm's
- * bf16 activation). One operation so
- * that a GPU writes d_logits once, already rounded to bf16 as the product
- * reads it (the same bits as rounding crossentropy_backward's), instead of
- * an fp32 copy that the product then reads to round: the largest array of
- * a step, [N, vocabulary]. What scratch holds afterwards is the backend's
- * (fp32 d_logits on the CPU, their bf16 bits in its first half on a GPU). */
-int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const uint16_t *logits,
-                             const float *row_max, const float *sum, const int *targets, const uint16_t *in,
-                             const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,
-                             float scale);
+ * crossentropy_row_stats_bf16 reads them), written over them as bf16 bits
+ * (the same bits as rounding crossentropy_backward's values; each logit
+ * read before its gradient replaces it), then matmul_backward_bf16 of those
+ * bits without a bias: d_in[N,C] = d_logits @ weight[V,C] (overwritten,
+ * fp32: the final norm's gradient), d_weight[V,C] += d_logits^T @ in[N,C]
+ * (in: bf16 bits, the final norm's bf16 activation). One operation so that
+ * d_logits is written once, already as the bits the products read, where
+ * the logits were: no second array of the step's largest shape, [N,
+ * vocabulary], in either precision. */
+int classifier_backward_bf16(float *d_in, float *d_weight, uint16_t *logits, const float *row_max, const float *sum,
+                             const int *targets, const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C,
+                             int64_t V, int64_t first, int64_t vocab, float scale);
 
 /* One AdamW step exactly as torch.optim.AdamW computes it (decoupled decay
  * first, then the bias-corrected Adam update). step counts from 1. */
@@ -601,10 +601,10 @@ void box_muller_normals(uint64_t seed, uint64_t name_hash, int64_t first, int64_
       (float *target, const uint16_t *logits, const int *targets, int64_t N, int64_t V, int64_t first),                \
       (target, logits, targets, N, V, first))                                                                          \
     X(classifier_backward_bf16,                                                                                        \
-      (float *d_in, float *d_weight, float *scratch, const uint16_t *logits, const float *row_max, const float *sum,   \
-       const int *targets, const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first, \
-       int64_t vocab, float scale),                                                                                    \
-      (d_in, d_weight, scratch, logits, row_max, sum, targets, in, weight, N, C, V, first, vocab, scale))              \
+      (float *d_in, float *d_weight, uint16_t *logits, const float *row_max, const float *sum, const int *targets,      \
+       const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,       \
+       float scale),                                                                                                   \
+      (d_in, d_weight, logits, row_max, sum, targets, in, weight, N, C, V, first, vocab, scale))                       \
     /* tensors: a host array of the backend's pointers and counts. */                                                  \
     X(adamw_update_tensors,                                                                                            \
       (const adamw_tensor *tensors, int count, float lr, float beta1, float beta2, float eps, int64_t step),           \

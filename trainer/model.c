@@ -221,8 +221,8 @@ static int gelu_in_products(const gpt_model *m)
 /* The backward scratch (m->scratch), in order: one block's buffers
  * (block_backward: d_ln [N, D], d_qkv [N, qkv], d_attn [N, attn],
  * d_gelu [N, ffn] (none where GELU is in the products: gelu_in_products),
- * d_fc [N, fc], the attention's scratch), then d_x [N, D], then
- * on the last stage d_logits [N, vocab]. In bf16, d_qkv, d_attn, d_gelu (SwiGLU's) and
+ * d_fc [N, fc], the attention's scratch), then d_x [N, D] (the
+ * logits' gradient takes their place: head_backward). In bf16, d_qkv, d_attn, d_gelu (SwiGLU's) and
  * d_fc hold bf16 bits (kernels.h), in places sized for fp32 all the same
  * (the planner's count, elastic/plan.c, stays one for both; a forward
  * borrows d_qkv's for fp32). A forward borrows it too: the
@@ -585,7 +585,7 @@ int gpt_model_create(gpt_model **out, const gpt_config *config, comm *c, const k
         m->weights_generation = 1; /* none made yet */
     }
     int64_t N = m->B * m->T;
-    m->scratch_size = block_work_floats(m) + N * m->D + (m->is_last ? N * m->vocab_local : 0);
+    m->scratch_size = block_work_floats(m) + N * m->D;
     if ((status = m->kernels->alloc((void **)&m->scratch, (size_t)m->scratch_size * sizeof(float)))) goto fail;
     if (bf16 && (status = m->kernels->alloc((void **)&m->residual_bits,
                                             (size_t)(m->rows * m->D) * sizeof(uint16_t))))
@@ -1279,10 +1279,11 @@ static int block_backward(gpt_model *m, gpt_slot *s, int l, int pl, const float 
                          s->ln1_rstd + l * R);
 }
 
+/* The logits' gradient is written over them (kernels.h: in place), the
+ * step's largest array [N, vocab_local]: no second one. */
 static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, float *work, float loss_scale)
 {
     int64_t N = m->B * m->T, D = m->D, V = m->vocab_local;
-    float *d_logits = work + block_work_floats(m) + N * D;
     float *d_lnf = work, *d_lnf_rows = m->sequence_parallel ? m->gathered : d_lnf;
     const void *in;
     param_view *wte = &m->params[m->wte_out];
@@ -1290,13 +1291,13 @@ static int head_backward(gpt_model *m, gpt_slot *s, const float *x, float *d_x, 
     const gpt_head *h = s->head;
     TP_TRY(full_rows(m, h->lnf, &in));
     if (m->bf16) /* d_logits straight into the products' bf16 operand (kernels.h) */
-        TP_TRY(k->classifier_backward_bf16(d_lnf, wte->grad, d_logits, (const uint16_t *)h->logits, h->row_max,
+        TP_TRY(k->classifier_backward_bf16(d_lnf, wte->grad, (uint16_t *)h->logits, h->row_max,
                                            h->row_sum, s->kernel_targets, in, weight_of(m, wte), N, D, V,
                                            m->vocab_first, m->config.vocab, loss_scale));
     else {
-        TP_TRY(k->crossentropy_backward(d_logits, h->logits, h->row_max, h->row_sum, s->kernel_targets, N, V,
+        TP_TRY(k->crossentropy_backward(h->logits, h->logits, h->row_max, h->row_sum, s->kernel_targets, N, V,
                                         m->vocab_first, m->config.vocab, loss_scale));
-        TP_TRY(input_product_backward(m, d_lnf, wte->grad, NULL, d_logits, in, wte, N, D, V));
+        TP_TRY(input_product_backward(m, d_lnf, wte->grad, NULL, h->logits, in, wte, N, D, V));
     }
     TP_TRY(sum_rows(m, d_lnf, d_lnf_rows)); /* logits were split by vocabulary */
     TP_TRY(k->zero(d_x, (size_t)(m->rows * D) * sizeof(float)));

@@ -72,7 +72,8 @@ typedef struct {
     int64_t num_ops;
     float *d_input[PIPELINE_GRAD_BUFFERS]; /* gradients sent to the previous stage, in turn (schedule.h) */
     float *d_output;  /* gradient received from the next stage */
-    int head_slot;    /* the slot of the last forward through the model's head (last stage) */
+    int dumping;         /* the test hook's step (dump_dir, the first): capture_logits */
+    float *dumped_logits; /* its last micro-batch's logits [B*T, vocab_local], fp32 on the host (last stage) */
     double pipeline_wait; /* seconds waited for pipeline messages this step */
     double pipeline_span; /* seconds from the step's start to the end of this rank's pipeline */
     int *sample;      /* seq + 1 tokens */
@@ -126,6 +127,25 @@ static int sender_chunk_after(const comm *c, int chunk)
     return c->pp_rank == c->pp - 1 ? chunk + 1 : chunk;
 }
 
+/* Test hook (dump_logits): the logits of the step's last micro-batch as its
+ * forward leaves them, copied to the host (fp32; in bf16 their bits
+ * widened: the values the cross-entropy read), before the backward writes
+ * their gradient over them (kernels.h: in place). */
+static int capture_logits(trainer *t, const gpt_slot *s)
+{
+    gpt_model *m = t->model;
+    size_t count = (size_t)(m->B * m->T * m->vocab_local);
+    if (!t->dumped_logits && !(t->dumped_logits = malloc(count * sizeof(float))))
+        return tp_fail(TP_ERR_NOMEM, "out of memory for the logits to dump (%zu values)", count);
+    if (!m->bf16) return gpt_model_to_host(m, t->dumped_logits, s->head->logits, (int64_t)count);
+    uint16_t *bits = malloc(count * sizeof(uint16_t));
+    int status = bits ? m->kernels->to_host(bits, s->head->logits, count * sizeof(uint16_t))
+                      : tp_fail(TP_ERR_NOMEM, "out of memory for the logits to dump (%zu values)", count);
+    if (!status) convert_to_f32(bits, TP_BF16, t->dumped_logits, (int64_t)count);
+    free(bits);
+    return status;
+}
+
 /* Seconds this rank waits for a pipeline message: the bubble, as the
  * trainer sees it (step report's pipeline_wait). */
 static int timed_recv(trainer *t, comm_peer peer, float *data, int64_t n, int tag)
@@ -153,7 +173,7 @@ static int forward_op(trainer *t, const pipeline_op *op)
         TP_TRY(timed_recv(t, COMM_PREV_STAGE, s->input, n, pipeline_tag(op->micro, sender_chunk_before(c, op->chunk), V, 0)));
     TP_TRY(gpt_model_forward(m, s, op->chunk));
     if (gpt_model_chunk_is_last(m, op->chunk)) {
-        t->head_slot = op->slot;
+        if (t->dumping && op->micro == t->o->grad_accum - 1) TP_TRY(capture_logits(t, s));
     } else {
         TP_TRY(comm_send(c, COMM_NEXT_STAGE, gpt_model_output(m, s), n, COMM_FLOAT, pipeline_tag(op->micro, op->chunk, V, 0),
                          m->stream));
@@ -429,25 +449,7 @@ static int dump_logits(trainer *t)
         int id;
         status = ckpt_writer_create(&w, path, &layout, &shard);
         if (!status) status = ckpt_writer_add_tensor(w, &d, &id);
-        const float *logits = m->is_last ? m->slots[t->head_slot].head->logits : NULL; /* the head's, last stage */
-        float *host = NULL;
-        /* On a device, or in bf16 (the logits' bits, widened: the values the cross-entropy read), a host copy. */
-        if (!status && m->is_last && (m->kernels->on_device || m->bf16)) {
-            size_t count = (size_t)(N * m->vocab_local);
-            host = malloc(count * sizeof(float));
-            if (!host) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-            else if (!m->bf16) status = gpt_model_to_host(m, host, logits, (int64_t)count);
-            else {
-                uint16_t *bits = malloc(count * sizeof(uint16_t));
-                status = bits ? m->kernels->to_host(bits, logits, count * sizeof(uint16_t))
-                              : tp_fail(TP_ERR_NOMEM, "out of memory");
-                if (!status) convert_to_f32(bits, TP_BF16, host, (int64_t)count);
-                free(bits);
-            }
-            logits = host;
-        }
-        if (!status && m->is_last) status = ckpt_writer_put_piece(w, id, c->tp_rank, logits);
-        free(host);
+        if (!status && m->is_last) status = ckpt_writer_put_piece(w, id, c->tp_rank, t->dumped_logits);
         if (w) status = status ? (ckpt_writer_abort(w), status) : ckpt_writer_finish(w);
     }
     status = comm_agree(c, status, path);
@@ -589,7 +591,9 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
     double loss_sum = 0;
     if (o->dump_dir) TP_TRY(dump_batch(t));
     TP_TRY(gpt_model_zero_grads(t->model));
+    t->dumping = o->dump_dir && first && t->model->is_last && c->dp_rank == 0; /* dump_logits' writers */
     TP_TRY(run_pipeline(t));
+    t->dumping = 0;
     double idle;
     TP_TRY(pipeline_idle(t, &idle, &r->pipeline_seconds));
     TP_TRY(reduce_gradients(t));
@@ -786,6 +790,7 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
     }
     free(t.ops);
     free(t.sample);
+    free(t.dumped_logits);
     saver_free(t.saver);
     ckpt_run_claim_release(t.claim); /* after the last save and upload ended */
     dataset_close(t.data);

@@ -13,6 +13,7 @@ typedef struct {
     float *out, *sum_out;
     const float *in, *row_max, *sum;
     const uint16_t *in_bits; /* the cross-entropy's logits as bf16 bits, in place of in */
+    uint16_t *out_bits;      /* its gradient as bf16 bits, in place of out (may be in_bits: in place) */
     const int *tokens;
     int64_t C, first, rows, valid;
     float scale;
@@ -155,15 +156,30 @@ void crossentropy_target_logit_bf16(float *target, const uint16_t *logits, const
     target_logit_of(target, &job, targets, N, V, first);
 }
 
+/* Each logit is read before its gradient is stored at its index: out (or
+ * out_bits) may be the logits themselves. With out_bits, each value as
+ * computed for out, then rounded (to nearest, ties to even). */
 static void crossentropy_backward_rows(void *ctx, int64_t n0, int64_t n1)
 {
     const vocab_job *j = ctx;
     int64_t V = j->C;
     for (int64_t n = n0; n < n1; n++) {
+        int64_t column = (int64_t)j->tokens[n] - j->first;
+        if (j->out_bits) {
+            uint16_t *d = j->out_bits + n * V;
+            for (int64_t v = 0; v < j->valid; v++) {
+                float x = j->scale * expf(logit_of(j, n * V + v) - j->row_max[n]) / j->sum[n];
+                if (v == column) x -= j->scale;
+                uint32_t bits;
+                memcpy(&bits, &x, sizeof bits);
+                d[v] = bits_f32_to_bf16(bits);
+            }
+            for (int64_t v = j->valid; v < V; v++) d[v] = 0; /* +0 */
+            continue;
+        }
         float *d = j->out + n * V;
         for (int64_t v = 0; v < j->valid; v++) d[v] = j->scale * expf(logit_of(j, n * V + v) - j->row_max[n]) / j->sum[n];
         for (int64_t v = j->valid; v < V; v++) d[v] = 0;
-        int64_t column = (int64_t)j->tokens[n] - j->first;
         if (column >= 0 && column < j->valid) d[column] -= j->scale;
     }
 }
@@ -176,13 +192,12 @@ void crossentropy_backward(float *d_logits, const float *logits, const float *ro
     workers_for(N, 8 * V, crossentropy_backward_rows, &job);
 }
 
-int classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const uint16_t *logits,
-                             const float *row_max, const float *sum, const int *targets, const uint16_t *in,
-                             const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab,
-                             float scale)
+int classifier_backward_bf16(float *d_in, float *d_weight, uint16_t *logits, const float *row_max, const float *sum,
+                             const int *targets, const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C,
+                             int64_t V, int64_t first, int64_t vocab, float scale)
 {
-    vocab_job job = {.out = scratch, .in_bits = logits, .row_max = row_max, .sum = sum, .tokens = targets, .C = V,
+    vocab_job job = {.out_bits = logits, .in_bits = logits, .row_max = row_max, .sum = sum, .tokens = targets, .C = V,
                      .first = first, .valid = valid_columns(V, first, vocab), .scale = scale};
     workers_for(N, 8 * V, crossentropy_backward_rows, &job);
-    return bf16_product_backward(d_in, d_weight, NULL, bf16_of_values(scratch), in, weight, N, C, V);
+    return bf16_product_backward(d_in, d_weight, NULL, bf16_of_bits(logits), in, weight, N, C, V);
 }

@@ -228,7 +228,8 @@ static __global__ void target_logit_kernel(float *target, const In *logits, cons
  * round their operands (classifier_backward_bf16; store_value, launch.h);
  * In: float, or uint16_t for bf16 logits. CHUNKED (chunks_fit, both
  * arrays): CHUNK columns a thread at a time, in 16-byte pieces; each
- * value's arithmetic the same either way. */
+ * value's arithmetic the same either way. d_logits may be logits (in
+ * place): a thread reads its columns before it stores their gradients. */
 static __device__ inline float softmax_gradient(float logit, float max, float total, float scale, int is_target)
 {
     float d = scale * expf(logit - max) / total;
@@ -358,25 +359,24 @@ fail:
     return TP_ERR_DEVICE;
 }
 
-/* d_logits written once, as bf16 bits into the first half of scratch, then
- * the two products read them as they are (cuda_matmul_backward_bf16: a
- * d_out of bf16 bits, as every bf16 gradient a product reads), as they read
- * in (the final norm's bf16 bits) and the weight (the table's bf16 copy,
- * weight[V,C] bits): no fp32 d_logits written, read back and rounded. The
- * same bits as rounding crossentropy_backward's values. */
-int cuda_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const uint16_t *logits,
-                                  const float *row_max, const float *sum, const int *targets, const uint16_t *in,
-                                  const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first,
-                                  int64_t vocab, float scale)
+/* d_logits written once, as bf16 bits over the logits (each thread reads
+ * its values before it stores their gradients there), then the two products
+ * read them as they are (cuda_matmul_backward_bf16: a d_out of bf16 bits,
+ * as every bf16 gradient a product reads), as they read in (the final
+ * norm's bf16 bits) and the weight (the table's bf16 copy, weight[V,C]
+ * bits): no second array of the logits' size. The same bits as rounding
+ * crossentropy_backward's values. */
+int cuda_classifier_backward_bf16(float *d_in, float *d_weight, uint16_t *logits, const float *row_max,
+                                  const float *sum, const int *targets, const uint16_t *in, const uint16_t *weight,
+                                  int64_t N, int64_t C, int64_t V, int64_t first, int64_t vocab, float scale)
 {
     int64_t valid = valid_columns(V, first, vocab);
-    uint16_t *bits = (uint16_t *)scratch;
     ENTER();
     if (N <= 0) return TP_OK;
     if (V > 0) { /* without columns, the products below still zero d_in, as the CPU's */
-        TP_TRY(crossentropy_backward_as(bits, logits, row_max, sum, targets, N, V, first, valid, scale));
+        TP_TRY(crossentropy_backward_as(logits, logits, row_max, sum, targets, N, V, first, valid, scale));
     }
-    return cuda_matmul_backward_bf16(d_in, d_weight, NULL, bits, in, weight, N, C, V);
+    return cuda_matmul_backward_bf16(d_in, d_weight, NULL, logits, in, weight, N, C, V);
 fail:
     return TP_ERR_DEVICE;
 }

@@ -586,15 +586,15 @@ static int enc_crossentropy_target_logit_bf16(float *target, const uint16_t *log
     LEAVE();
 }
 
-static int enc_classifier_backward_bf16(float *d_in, float *d_weight, float *scratch, const uint16_t *logits,
-                                        const float *row_max, const float *sum, const int *targets,
-                                        const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t V,
-                                        int64_t first, int64_t vocab, float scale)
+static int enc_classifier_backward_bf16(float *d_in, float *d_weight, uint16_t *logits, const float *row_max,
+                                        const float *sum, const int *targets, const uint16_t *in,
+                                        const uint16_t *weight, int64_t N, int64_t C, int64_t V, int64_t first,
+                                        int64_t vocab, float scale)
 {
-    ENTER(S(d_in, N * C), S(d_weight, V * C), S(scratch, N * V), S(logits, N * V), S(row_max, N), S(sum, N),
-          S(targets, N), S(in, N * C), S(weight, V * C));
-    int status = classifier_backward_bf16(d_in, d_weight, scratch, logits, row_max, sum, targets, in, weight, N, C, V,
-                                          first, vocab, scale);
+    ENTER(S(d_in, N * C), S(d_weight, V * C), S(logits, N * V), S(row_max, N), S(sum, N), S(targets, N),
+          S(in, N * C), S(weight, V * C));
+    int status = classifier_backward_bf16(d_in, d_weight, logits, row_max, sum, targets, in, weight, N, C, V, first,
+                                          vocab, scale);
     LEAVE_WITH(status);
 }
 
