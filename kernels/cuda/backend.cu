@@ -180,6 +180,7 @@ static struct {
     char *memory;                    /* pinned, STAGING_SLOTS * STAGING_BYTES, made at the first small copy */
     cudaEvent_t done[STAGING_SLOTS]; /* recorded after the slot's last copy */
     int next;
+    int refused; /* the ring could not be made (pinned memory refused): every copy waits, as a large one */
 } staging;
 static pthread_mutex_t staging_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -205,22 +206,32 @@ static int cuda_to_device(void *device_dst, const void *host_src, size_t bytes)
 {
     if (bytes > STAGING_BYTES) return copy_and_wait(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
     if (!bytes) return TP_OK;
-    int status = TP_ERR_DEVICE;
+    int status = TP_ERR_DEVICE, refused = 0;
     pthread_mutex_lock(&staging_lock);
     ENTER();
-    if (staging_ready()) goto fail;
+    if (!staging.refused && staging_ready()) {
+        staging.refused = 1;
+        (void)cudaGetLastError(); /* an allocation's failure, not the device's: not left for the next check */
+    }
+    refused = staging.refused;
+    if (refused) goto fail;
     {
         int slot = staging.next;
         char *buffer = staging.memory + (size_t)slot * STAGING_BYTES;
         CUDA_TRY(cudaEventSynchronize(staging.done[slot])); /* its last copy has run (at once: long before) */
         memcpy(buffer, host_src, bytes);
         CUDA_TRY(cudaMemcpyAsync(device_dst, buffer, bytes, cudaMemcpyHostToDevice, cuda_state.stream));
-        CUDA_TRY(cudaEventRecord(staging.done[slot], cuda_state.stream));
+        if (cudaEventRecord(staging.done[slot], cuda_state.stream) != cudaSuccess) {
+            /* the slot's event would not say when this copy is done: wait for it here */
+            (void)cudaStreamSynchronize(cuda_state.stream);
+            CUDA_TRY(cudaGetLastError());
+        }
         staging.next = (slot + 1) % STAGING_SLOTS;
         status = TP_OK;
     }
 fail:
     pthread_mutex_unlock(&staging_lock);
+    if (refused) return copy_and_wait(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
     return status;
 }
 
