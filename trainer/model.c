@@ -711,7 +711,12 @@ static int all_rows_of_gradient(gpt_model *m, const float *d_rows, const float *
  * the bytes of gathering the fp32 rows, and the same bits. */
 static int residual_gradient_rows(gpt_model *m, const float *d_x, const void **out)
 {
-    if (!m->bf16) return all_rows_of_gradient(m, d_x, (const float **)out);
+    if (!m->bf16) {
+        const float *rows;
+        int status = all_rows_of_gradient(m, d_x, &rows);
+        *out = rows;
+        return status;
+    }
     *out = m->residual_bits;
     if (!m->sequence_parallel) return TP_OK;
     *out = m->partial;

@@ -405,8 +405,8 @@ static int save(trainer *t, const char *path, const char *url, int64_t step, int
 }
 
 /* Test hook: the batches of every step, and at the first step the gradients
- * and the logits of the last micro-batch of replica 0 (the one the last
- * stage's slot still holds), as checkpoints an independent reader can merge
+ * and the logits of the last micro-batch of replica 0 (as its forward left
+ * them: capture_logits), as checkpoints an independent reader can merge
  * (tests/trainer/check_torch.py). */
 static int dump_batch(trainer *t)
 {

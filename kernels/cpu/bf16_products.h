@@ -41,12 +41,12 @@ int bf16_product(float *c, bf16_operand a, bf16_operand b, int64_t M, int64_t N,
                  int accumulate);
 
 /* The backward of a bf16 product (linear.c) from the gradient d_out[N, OC]
- * as an operand: bits (matmul_backward_bf16 and its _bits and _gelu
- * twins), or fp32 values rounded on the way (the classifier's d_logits). d_in[N,C]
- * = bf16(d_out) @ weight[OC,C] (bf16 bits); d_weight += bf16(d_out)^T @ in (bf16
- * bits [N,C]); d_bias += the column sums of bf16(d_out); any may be NULL.
- * TP_ERR_NOMEM without scratch; TP_ERR_DEVICE when oneDNN fails. */
-int bf16_product_backward(float *d_in, float *d_weight, float *d_bias, bf16_operand d_out, const uint16_t *in,
+ * as bf16 bits (matmul_backward_bf16 and its _bits and _gelu twins, the
+ * classifier's d_logits): d_in[N,C] = d_out @ weight[OC,C] (bf16 bits);
+ * d_weight += d_out^T @ in (bf16 bits [N,C]); d_bias += the column sums of
+ * d_out's values; any may be NULL. TP_ERR_NOMEM without scratch;
+ * TP_ERR_DEVICE when oneDNN fails. */
+int bf16_product_backward(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
                           const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
 
 /* n values of an operand as fp32 in a new buffer (NULL when out of

@@ -199,5 +199,5 @@ int classifier_backward_bf16(float *d_in, float *d_weight, uint16_t *logits, con
     vocab_job job = {.out_bits = logits, .in_bits = logits, .row_max = row_max, .sum = sum, .tokens = targets, .C = V,
                      .first = first, .valid = valid_columns(V, first, vocab), .scale = scale};
     workers_for(N, 8 * V, crossentropy_backward_rows, &job);
-    return bf16_product_backward(d_in, d_weight, NULL, bf16_of_bits(logits), in, weight, N, C, V);
+    return bf16_product_backward(d_in, d_weight, NULL, logits, in, weight, N, C, V);
 }

@@ -317,8 +317,8 @@ int matmul_forward_gelu_bf16(uint16_t *out, uint16_t *pre, const uint16_t *in, c
 }
 
 /* d_bias[OC] += the column sums of the bf16 values of d_out[N, OC] (bits
- * widened, or fp32 values rounded): the gradient the bf16 product reads,
- * summed row by row in fp32 as column_sums sums. */
+ * widened): the gradient the bf16 product reads, summed row by row in fp32
+ * as column_sums sums. */
 typedef struct {
     float *d_bias;
     bf16_operand d_out;
@@ -332,10 +332,11 @@ static VECTOR_CLONES void bf16_column_sums(void *ctx, int64_t o0, int64_t o1)
         for (int64_t o = o0; o < o1; o++) j->d_bias[o] += bf16_value_of(j->d_out, n * j->OC + o);
 }
 
-int bf16_product_backward(float *d_in, float *d_weight, float *d_bias, bf16_operand d_out, const uint16_t *in,
-                          const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
+int bf16_product_backward(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out_bits,
+                          const uint16_t *in, const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
-    /* d_in = bf16(d_out) @ weight; d_weight += bf16(d_out)^T @ in; d_bias += column sums of bf16(d_out). */
+    /* d_in = d_out @ weight; d_weight += d_out^T @ in; d_bias += column sums of d_out. */
+    const bf16_operand d_out = bf16_of_bits(d_out_bits);
     if (d_bias) {
         bf16_column_sums_job job = {d_bias, d_out, N, OC};
         workers_for(OC, N, bf16_column_sums, &job);
@@ -365,7 +366,7 @@ int bf16_product_backward(float *d_in, float *d_weight, float *d_bias, bf16_oper
 int matmul_backward_bf16(float *d_in, float *d_weight, float *d_bias, const uint16_t *d_out, const uint16_t *in,
                          const uint16_t *weight, int64_t N, int64_t C, int64_t OC)
 {
-    return bf16_product_backward(d_in, d_weight, d_bias, bf16_of_bits(d_out), in, weight, N, C, OC);
+    return bf16_product_backward(d_in, d_weight, d_bias, d_out, in, weight, N, C, OC);
 }
 
 int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, const uint16_t *d_out,
@@ -373,7 +374,7 @@ int matmul_backward_bf16_bits(uint16_t *d_in, float *d_weight, float *d_bias, co
 {
     float *d_in32 = NULL; /* d_in in fp32, then rounded: the bits of rounding it by construction */
     if (d_in) TP_TRY(bf16_output_scratch(&d_in32, N * C, "product's input gradient"));
-    TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, bf16_of_bits(d_out), in, weight, N, C, OC));
+    TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, d_out, in, weight, N, C, OC));
     if (d_in) round_to_bf16(d_in, d_in32, N * C);
     return TP_OK;
 }
@@ -390,7 +391,7 @@ int matmul_backward_gelu_bf16(uint16_t *d_pre, float *d_weight, float *d_bias, c
     int64_t n = N * C, chunk = n < GELU_PRE_CHUNK ? n : GELU_PRE_CHUNK;
     float *d_in32 = NULL; /* [fp32 d_in (n) | a chunk of pre's values] */
     if (d_pre) TP_TRY(bf16_output_scratch(&d_in32, n + chunk, "product's input gradient and GELU's"));
-    TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, bf16_of_bits(d_out), in, weight, N, C, OC));
+    TP_TRY(bf16_product_backward(d_in32, d_weight, d_bias, d_out, in, weight, N, C, OC));
     if (!d_pre) return TP_OK;
     float *x = d_in32 + n;
     for (int64_t i = 0; i < n; i += chunk) {

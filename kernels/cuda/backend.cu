@@ -221,10 +221,12 @@ static int cuda_to_device(void *device_dst, const void *host_src, size_t bytes)
         CUDA_TRY(cudaEventSynchronize(staging.done[slot])); /* its last copy has run (at once: long before) */
         memcpy(buffer, host_src, bytes);
         CUDA_TRY(cudaMemcpyAsync(device_dst, buffer, bytes, cudaMemcpyHostToDevice, cuda_state.stream));
-        if (cudaEventRecord(staging.done[slot], cuda_state.stream) != cudaSuccess) {
-            /* the slot's event would not say when this copy is done: wait for it here */
+        cudaError_t recorded = cudaEventRecord(staging.done[slot], cuda_state.stream);
+        if (recorded != cudaSuccess) { /* the slot's event would not say when this copy is done: wait for it here */
             (void)cudaStreamSynchronize(cuda_state.stream);
-            CUDA_TRY(cudaGetLastError());
+            (void)cudaGetLastError();
+            tp_fail(TP_ERR_DEVICE, "CUDA: recording the upload slot's event: %s", cudaGetErrorString(recorded));
+            goto fail;
         }
         staging.next = (slot + 1) % STAGING_SLOTS;
         status = TP_OK;

@@ -99,6 +99,16 @@ static __global__ void layernorm_forward_kernel(Out *out, float *mean, float *rs
     }
 }
 
+/* d_in[i] += value, as norm.c adds it, and where d_in_bits is not NULL the
+ * bf16 bits of the sum (store_value: rounded as the CPU rounds): the
+ * residual stream's gradient and the copy the products read (kernels.h). */
+static __device__ inline void add_to_d_in(float *d_in, uint16_t *d_in_bits, int64_t i, float value)
+{
+    float sum = d_in[i] + value;
+    d_in[i] = sum;
+    if (d_in_bits) store_value(&d_in_bits[i], sum);
+}
+
 /* d_in's rows wider than NORM_FUSED_COLUMNS (narrower ones:
  * norm_backward_fused_kernel, below), a warp per row, accumulated as norm.c does:
  * dx += (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) rstd, dxhat = dy w;
@@ -110,7 +120,6 @@ static __global__ void layernorm_backward_rows_kernel(float *d_in, uint16_t *d_i
 {
     ROWS_OF_WARP(n, N) {
         const float *x = in + n * C, *dy = d_out + n * C;
-        float *dx = d_in + n * C;
         float m = mean[n], s = rstd[n];
         float a = 0, b = 0;
         COLUMNS_OF_LANE(c, C) {
@@ -122,9 +131,7 @@ static __global__ void layernorm_backward_rows_kernel(float *d_in, uint16_t *d_i
         float mean_dxhat_xhat = warp_sum(b) / (float)C;
         COLUMNS_OF_LANE(c, C) {
             float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
-            float sum = dx[c] + (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
-            dx[c] = sum;
-            if (d_in_bits) store_value(&d_in_bits[n * C + c], sum);
+            add_to_d_in(d_in, d_in_bits, n * C + c, (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s);
         }
     }
 }
@@ -220,7 +227,6 @@ static __global__ void __launch_bounds__(THREADS)
         for (int j = 0; j < COLS; j++) acc[o][j] = 0.0f;
     ROWS_OF_WARP(n, N) {
         const float *x = in + n * C, *dy = d_out + n * C;
-        float *dx = d_in + n * C;
         float m = MEAN ? mean[n] : 0.0f, s = rstd[n], a = 0, b = 0; /* x - 0 is x exactly (RMSNorm) */
 #pragma unroll
         for (int j = 0; j < COLS; j++) {
@@ -238,10 +244,9 @@ static __global__ void __launch_bounds__(THREADS)
             int64_t c = lane + 32 * j;
             if (c < C) {
                 float dyc = dy[c], xhat = (x[c] - m) * s, dxhat = dyc * weight[c];
-                float sum = MEAN ? dx[c] + (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s
-                                 : dx[c] + (dxhat - xhat * mean_dxhat_xhat) * s;
-                dx[c] = sum;
-                if (d_in_bits) store_value(&d_in_bits[n * C + c], sum);
+                add_to_d_in(d_in, d_in_bits, n * C + c,
+                            MEAN ? (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s
+                                 : (dxhat - xhat * mean_dxhat_xhat) * s);
                 acc[0][j] += xhat * dyc;
                 if (MEAN) acc[OUTS - 1][j] += dyc;
             }
@@ -447,15 +452,12 @@ static __global__ void rmsnorm_backward_rows_kernel(float *d_in, uint16_t *d_in_
 {
     ROWS_OF_WARP(n, N) {
         const float *x = in + n * C, *dy = d_out + n * C;
-        float *dx = d_in + n * C;
         float s = rstd[n], b = 0;
         COLUMNS_OF_LANE(c, C) b += dy[c] * weight[c] * (x[c] * s);
         float mean_dxhat_xhat = warp_sum(b) / (float)C;
         COLUMNS_OF_LANE(c, C) {
             float xhat = x[c] * s, dxhat = dy[c] * weight[c];
-            float sum = dx[c] + (dxhat - xhat * mean_dxhat_xhat) * s;
-            dx[c] = sum;
-            if (d_in_bits) store_value(&d_in_bits[n * C + c], sum);
+            add_to_d_in(d_in, d_in_bits, n * C + c, (dxhat - xhat * mean_dxhat_xhat) * s);
         }
     }
 }

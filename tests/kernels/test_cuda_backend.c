@@ -793,18 +793,20 @@ static void check_bits_of_d_in(const kernel_backend *k, const uint16_t *g_bits, 
  * addition off by up to 2^-24 of them, about 0.02 over the column as a
  * random walk; the GPU's shorter sums err far less). The rows loop shows in
  * d_in. Widths: 8 to 1024 through the fused kernel (a lane's 8, 16, 24 or
- * 32 columns: 8, 40, 72 and 77; 300; 768, GPT-2's; 1000 and 1024), 1500
- * through the rows kernel and column_sums. Every shape but the second also
- * writes d_in_bits (check_bits_of_d_in). */
+ * 32 columns: 8, 40, 72 and 77; 300; 768, GPT-2's; 1000 and 1024), wider
+ * ones through the rows kernel and column_sums: 1500 (a column a thread
+ * there), 1032 and 2048 (Llama 3.2 1B's; in 16-byte chunks, 3,000 rows in
+ * many). Every shape but the second also writes d_in_bits
+ * (check_bits_of_d_in). */
 Test(cuda_backend, layernorm_backward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    const int64_t shapes[][2] = {{37, 72},   {5, 1000},  {3000, 77},  {65535 + 37, 40}, {8 * 65535 + 37, 8},
-                                 {40, 300}, {33, 768}, {17, 1024}, {9, 1500}};
-    for (int s = 0; s < 9; s++) {
+    const int64_t shapes[][2] = {{37, 72},  {5, 1000},  {3000, 77}, {65535 + 37, 40}, {8 * 65535 + 37, 8}, {40, 300},
+                                 {33, 768}, {17, 1024}, {9, 1500}, {3000, 1032},     {3000, 2048}};
+    for (int s = 0; s < 11; s++) {
         /* the tall shapes' columns sum many rows */
-        double column_abs = s == 4 ? 0.25 : s == 3 ? 1e-2 : s == 2 ? 1e-3 : 1e-5;
+        double column_abs = s == 4 ? 0.25 : s == 3 ? 1e-2 : s == 2 || s >= 9 ? 1e-3 : 1e-5;
         int no_bias = s == 3;
         int64_t N = shapes[s][0], C = shapes[s][1];
         float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f), *b = floats_random(C, 1.0f);
@@ -887,15 +889,16 @@ Test(cuda_backend, rmsnorm_forward)
 
 /* Both gradients accumulate: they start from random values. Both sides get
  * the CPU's rstd. Shapes and tolerances as layernorm_backward's (its first
- * three, then widths through each of the fused kernel's lane sizes and one
- * past them, 1500), d_in_bits likewise. */
+ * three, then widths through each of the fused kernel's lane sizes and
+ * past them: 1500, 1032, 2048), d_in_bits likewise. */
 Test(cuda_backend, rmsnorm_backward)
 {
     NEED_GPU();
     const kernel_backend *k = gpu();
-    const int64_t shapes[][2] = {{37, 72}, {5, 1000}, {3000, 77}, {40, 300}, {33, 768}, {17, 1024}, {9, 1500}};
-    for (int s = 0; s < 7; s++) {
-        double column_abs = s == 2 ? 1e-3 : 1e-5; /* the tall shape's columns sum 3,000 rows */
+    const int64_t shapes[][2] = {{37, 72},   {5, 1000},  {3000, 77},   {40, 300},
+                                 {33, 768},  {17, 1024}, {9, 1500},    {3000, 1032}, {3000, 2048}};
+    for (int s = 0; s < 9; s++) {
+        double column_abs = s == 2 || s >= 7 ? 1e-3 : 1e-5; /* the tall shapes' columns sum 3,000 rows */
         int64_t N = shapes[s][0], C = shapes[s][1];
         float *x = floats_random(N * C, 2.0f), *w = floats_random(C, 1.0f), *dout = floats_random(N * C, 1.0f);
         float *dx = floats_random(N * C, 1.0f), *dw = floats_random(C, 1.0f);
@@ -3037,6 +3040,13 @@ Test(cuda_backend, crossentropy)
         cr_assert_eq(k->crossentropy_backward(g_dlogits, g_logits, g_max, g_sum, g_targets, N, V, first, vocab, 0.5f),
                      TP_OK, "%s", tp_errmsg());
         check_device(k, g_dlogits, d_logits, N * V, 1e-5, 1e-6, "d_logits");
+        /* in place, as the trainer writes it (kernels.h): the same floats, bit for bit */
+        cr_assert_eq(k->crossentropy_backward(g_logits, g_logits, g_max, g_sum, g_targets, N, V, first, vocab, 0.5f),
+                     TP_OK, "%s", tp_errmsg());
+        float *got_apart = download(k, g_dlogits, N * V), *got_in_place = download(k, g_logits, N * V);
+        cr_assert(memcmp(got_in_place, got_apart, (size_t)(N * V) * sizeof(float)) == 0,
+                  "V=%lld: d_logits written over the logits differ from those written apart", (long long)V);
+        free(got_apart), free(got_in_place);
 
         k->release(g_targets), k->release(g_logits), k->release(g_max), k->release(g_sum), k->release(g_target);
         k->release(g_dlogits);

@@ -647,8 +647,11 @@ Test(transformer, vocabulary_parallel_embedding_and_cross_entropy)
         double got = log(sum[n]) + max[n] - target[n];
         cr_assert(fabs(got - loss) < 1e-5, "loss of row %lld: %g, want %g", (long long)n, got, loss);
         for (int64_t r = 0; r < ranks; r++) {
-            float d[5 * 4];
+            float d[5 * 4], in_place[5 * 4];
             crossentropy_backward(d, logits[r], max, sum, targets, N, rows, r * rows, V, 0.5f);
+            memcpy(in_place, logits[r], sizeof in_place); /* written over the logits, as the trainer does */
+            crossentropy_backward(in_place, in_place, max, sum, targets, N, rows, r * rows, V, 0.5f);
+            cr_assert_eq(memcmp(in_place, d, sizeof d), 0, "rank %lld: d_logits in place differ", (long long)r);
             for (int64_t k = 0; k < rows; k++) {
                 int64_t v = r * rows + k;
                 double want = v >= V ? 0 : 0.5 * (exp(dense[v] - m) / s - (v == targets[n]));
