@@ -156,31 +156,32 @@ void crossentropy_target_logit_bf16(float *target, const uint16_t *logits, const
     target_logit_of(target, &job, targets, N, V, first);
 }
 
+/* Gradient i of a cross-entropy job: fp32 (out), or its bits rounded to
+ * nearest, ties to even (out_bits). */
+static inline void store_gradient(const vocab_job *j, int64_t i, float x)
+{
+    if (!j->out_bits) {
+        j->out[i] = x;
+        return;
+    }
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    j->out_bits[i] = bits_f32_to_bf16(bits);
+}
+
 /* Each logit is read before its gradient is stored at its index: out (or
- * out_bits) may be the logits themselves. With out_bits, each value as
- * computed for out, then rounded (to nearest, ties to even). */
+ * out_bits) may be the logits themselves. */
 static void crossentropy_backward_rows(void *ctx, int64_t n0, int64_t n1)
 {
     const vocab_job *j = ctx;
     int64_t V = j->C;
     for (int64_t n = n0; n < n1; n++) {
         int64_t column = (int64_t)j->tokens[n] - j->first;
-        if (j->out_bits) {
-            uint16_t *d = j->out_bits + n * V;
-            for (int64_t v = 0; v < j->valid; v++) {
-                float x = j->scale * expf(logit_of(j, n * V + v) - j->row_max[n]) / j->sum[n];
-                if (v == column) x -= j->scale;
-                uint32_t bits;
-                memcpy(&bits, &x, sizeof bits);
-                d[v] = bits_f32_to_bf16(bits);
-            }
-            for (int64_t v = j->valid; v < V; v++) d[v] = 0; /* +0 */
-            continue;
+        for (int64_t v = 0; v < j->valid; v++) {
+            float x = j->scale * expf(logit_of(j, n * V + v) - j->row_max[n]) / j->sum[n];
+            store_gradient(j, n * V + v, v == column ? x - j->scale : x);
         }
-        float *d = j->out + n * V;
-        for (int64_t v = 0; v < j->valid; v++) d[v] = j->scale * expf(logit_of(j, n * V + v) - j->row_max[n]) / j->sum[n];
-        for (int64_t v = j->valid; v < V; v++) d[v] = 0;
-        if (column >= 0 && column < j->valid) d[column] -= j->scale;
+        for (int64_t v = j->valid; v < V; v++) store_gradient(j, n * V + v, 0.0f);
     }
 }
 

@@ -769,12 +769,7 @@ static void check_bits_of_d_in(const kernel_backend *k, const uint16_t *g_bits, 
 {
     float *dx = download(k, g_dx, n);
     uint16_t *bits = download_bits(k, g_bits, n);
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t x;
-        memcpy(&x, &dx[i], sizeof x);
-        cr_assert_eq(bits[i], bits_f32_to_bf16(x), "%s: d_in_bits[%lld] %#06x, the device's d_in %.9g rounds to %#06x",
-                     what, (long long)i, bits[i], dx[i], bits_f32_to_bf16(x));
-    }
+    floats_assert_rounded(bits, dx, n, what);
     free(dx), free(bits);
 }
 
