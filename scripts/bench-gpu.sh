@@ -36,10 +36,12 @@
 #     each one sets aside bought, or what repeating bit for bit costs,
 #     measured in the same run (empty: none)
 #   BENCH_FP32_VARIANTS (default "TP_CUDA_TILED_FORWARD_ROWS=2
-#     TP_CUDA_TILED_FORWARD_ROWS=3 TP_CUDA_TILED_BACKWARD_ROWS=1"): the same
-#     for fp32 rows (where the first micro-batch has them): which of the
-#     tiled forward's shapes, and of the backward's, runs fastest (the two
-#     are separate kernels: the best of each go together) (empty: none)
+#     TP_CUDA_TILED_FORWARD_ROWS=3 TP_CUDA_TILED_BACKWARD_ROWS=1
+#     TP_CUDA_ATTENTION=tf32x3"): the same for fp32 rows (where the first
+#     micro-batch has them): which of the tiled forward's shapes, and of the
+#     backward's, runs fastest (the two are separate kernels: the best of
+#     each go together), and the tensor cores' attention in 3xTF32 against
+#     them (empty: none)
 #   BENCH_REFERENCE_DTYPES (default bf16): the reference's dtypes (fp32 bf16)
 #   BENCH_COMPILE (default "124M:16 124M:4 350M:16 350M:4"): the
 #     model:micro-batch rows tried under torch.compile, in this order
@@ -65,14 +67,14 @@
 #     350M 7.5 s, 15 s, 8.5 s                                      47 s
 #   the variants, 124M bf16 mb 4: epilogues off 4 s, tiled 5 s,
 #     deterministic 4 s; 124M fp32 mb 4: the tiled forward's 2 and 3
-#     rows a thread, the backward's 1, 4.5 s each                     27 s
+#     rows a thread, the backward's 1, tf32x3's attention, 4.5 s each 31.5 s
 #   reference bf16, 10 steps: 124M 5.5 s, 6.5 s; 350M 6 s, 9 s     27 s
 #   loop, one process a model, 11 steps a row: 124M 7 s, 350M 11 s 18 s
 #   checkpoint stall, 124M mb 4, 12 steps sync and async, then
 #     async spaced (3 saves, 1.5 sync saves apart: about 5 s more)   30 s
 #   the GPU and PyTorch checks at the start                         5 s
-#   without compiling                                           about 149 s
-# which leaves about 81 s of BENCH_BUDGET's 230 for torch.compile: 124M at
+#   without compiling                                           about 154 s
+# which leaves about 76 s of BENCH_BUDGET's 230 for torch.compile: 124M at
 # micro-batch 16 first (it compiled in 21 s on the H200); what is left goes
 # to the next. Under gpu-check --phase lease (bench's limit 220 s) the whole
 # phase stays under 220 s; a slower machine loses compile rows first, then
@@ -90,7 +92,7 @@ MODELS=${BENCH_MODELS:-124M 350M}
 SEQ=${BENCH_SEQ:-1024}
 VARIANTS=${BENCH_VARIANTS-TP_CUDA_EPILOGUE=off TP_CUDA_ATTENTION=tiled TP_CUDA_DETERMINISTIC=1}
 TILED_ROWS_CHOICES="TP_CUDA_TILED_FORWARD_ROWS=2 TP_CUDA_TILED_FORWARD_ROWS=3 TP_CUDA_TILED_BACKWARD_ROWS=1"
-FP32_VARIANTS=${BENCH_FP32_VARIANTS-$TILED_ROWS_CHOICES}
+FP32_VARIANTS=${BENCH_FP32_VARIANTS-$TILED_ROWS_CHOICES TP_CUDA_ATTENTION=tf32x3}
 for variant in $VARIANTS $FP32_VARIANTS; do
     case $variant in
     [A-Za-z_]*=*) ;;

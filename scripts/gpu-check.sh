@@ -29,7 +29,8 @@
 #   sanitize compute-sanitizer over a few steps of small models, each
 #            path of a step once (cuDNN's attention and cuBLASLt's epilogues,
 #            a checkpoint saved and resumed, Llama, unaligned widths, fp32's
-#            tiled attention past its last block's sequence):
+#            tiled attention and the tensor cores' past their last block's
+#            sequence):
 #            memcheck, then initcheck, racecheck and synccheck, in what the
 #            limit leaves; sanitize.log
 #   all      the four phases tests to profile in turn (where a command may run long enough)
@@ -351,7 +352,11 @@ phase_profile() {
 # (head size 24: the rows attention; GELU apart from the product, an odd
 # vocabulary); and fp32's tiled attention at head size 64 over 100
 # positions, whose last block's rows and warps lie partly past the
-# sequence (the kernels' bounds; 128 positions fill their blocks). In
+# sequence (the kernels' bounds; 128 positions fill their blocks), and the
+# same through the tensor cores' attention (TP_CUDA_ATTENTION=tf32x3: its
+# blocks of 64 rows, the last past the sequence; racecheck for its shared
+# tiles). A run's arguments may start with VARIABLE=VALUE words: its
+# environment. In
 # order of worth (what changed since the last GPU run first: a lease gives
 # the phase 55 s, and the H200's did not reach synccheck), each in what the
 # limit leaves; one not started for want of time says so. SANITIZER: the
@@ -379,8 +384,15 @@ phase_sanitize() {
     ckpt="$DEST/sanitize-ckpt"
     rm -rf "$ckpt"
     rc=0
-    # NAME TOOL tp-train's arguments (split into words as they are)
+    # NAME TOOL [VARIABLE=VALUE...] tp-train's arguments (split into words as they are)
     while read -r name tool args; do
+        settings=""
+        while :; do
+            case $args in
+            [A-Z_]*=*" "*) settings="$settings ${args%% *}" args=${args#* } ;;
+            *) break ;;
+            esac
+        done
         left=$((LIMIT - ($(date +%s) - started)))
         [ "$left" -gt 0 ] || left=0
         if [ "$left" -lt 10 ]; then
@@ -388,12 +400,12 @@ phase_sanitize() {
             rc=1
             continue
         fi
-        echo "== $name: $SANITIZER --tool $tool tp-train $args (at most $left s)" >>"$OUTDIR/sanitize.log"
+        echo "== $name:$settings $SANITIZER --tool $tool tp-train $args (at most $left s)" >>"$OUTDIR/sanitize.log"
         run_start=$(date +%s)
         # Into OUTDIR/sanitize.run, moved to DEST once appended to the log;
         # stdin from /dev/null: the runs' list is this loop's.
         # shellcheck disable=SC2086
-        (LIMIT=$left && in_pack sanitize.run "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+        (LIMIT=$left && in_pack sanitize.run env $settings "$SANITIZER" --tool "$tool" --error-exitcode 99 \
             build/bin/tp-train --device cuda $args) </dev/null
         status=$?
         mv "$OUTDIR/sanitize.run" "$DEST/sanitize.run"
@@ -418,6 +430,8 @@ phase_sanitize() {
     done <<RUNS
 memcheck-gpt-bf16 memcheck $SANITIZE_GPT --dtype bf16 --steps 2 --ckpt-dir $ckpt --ckpt-every 2
 memcheck-tiled-fp32 memcheck $SANITIZE_TILED --steps 1
+memcheck-tf32x3-fp32 memcheck TP_CUDA_ATTENTION=tf32x3 $SANITIZE_TILED --steps 1
+racecheck-tf32x3-fp32 racecheck TP_CUDA_ATTENTION=tf32x3 $SANITIZE_TILED --steps 1
 memcheck-odd-bf16 memcheck $SANITIZE_ODD --dtype bf16 --steps 2
 memcheck-llama-bf16 memcheck $SANITIZE_LLAMA --dtype bf16 --steps 2
 memcheck-gpt-bf16-resumed memcheck $SANITIZE_GPT --dtype bf16 --steps 3 --ckpt-dir $ckpt --resume

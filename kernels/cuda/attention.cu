@@ -1,6 +1,7 @@
 /* attention.cu: the CUDA backend's attention operations. fp32: causal
  * attention with a warp per row, the twin of cpu/attention.c, or the tiled
- * kernels (attention_tiled.cu) where they fit and are chosen. bf16 (qkv, out,
+ * kernels (attention_tiled.cu) or the tensor cores' (attention_tf32x3.cu)
+ * where they fit and are chosen. bf16 (qkv, out,
  * d_out and d_qkv as bf16 bits): cuDNN's flash attention (attention_cudnn.cu)
  * on those bits as they are, or the fp32 kernels on the same values widened
  * where cuDNN is not used. Which one runs: cuda_attention_variant
@@ -15,6 +16,7 @@ extern "C" {
 }
 #include "../convert_bits.h"
 #include "attention_cudnn.h"
+#include "attention_tf32x3.h"
 #include "attention_tiled.h"
 #include "internal.h"
 #include "launch.h"
@@ -146,17 +148,27 @@ static int attention_shape_ok(const char *what, int64_t B, int64_t T, int64_t Hq
     return TP_OK;
 }
 
-/* The fp32 attention on device memory: the tiled kernels where they fit
- * and are not set aside (TP_CUDA_ATTENTION=rows), else the rows kernels.
- * The caller checked the shape and entered (ENTER); nothing is empty. */
+/* The fp32 attention on device memory: the tensor cores' kernels where
+ * chosen (TP_CUDA_ATTENTION=tf32x3) and they fit, else the tiled kernels
+ * where they fit and are not set aside (TP_CUDA_ATTENTION=rows), else the
+ * rows kernels. The caller checked the shape and entered (ENTER); nothing
+ * is empty. */
+static int tf32x3_runs(int64_t B, int64_t Hq, int64_t hd)
+{
+    return cuda_attention_chosen() == CUDA_ATTENTION_TF32X3 && cuda_attention_tf32x3_fits(B, Hq, hd);
+}
+
 static int tiled_runs(int64_t B, int64_t Hq, int64_t hd)
 {
-    return cuda_attention_chosen() != CUDA_ATTENTION_ROWS && cuda_attention_tiled_fits(B, Hq, hd);
+    return !tf32x3_runs(B, Hq, hd) && cuda_attention_chosen() != CUDA_ATTENTION_ROWS &&
+           cuda_attention_tiled_fits(B, Hq, hd);
 }
 
 static int forward_fp32(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                         int64_t hd)
 {
+    if (tf32x3_runs(B, Hq, hd))
+        return cuda_attention_tf32x3_forward(out, lse, qkv, B, T, Hq, Hkv, hd, cuda_state.stream);
     if (tiled_runs(B, Hq, hd)) return cuda_attention_tiled_forward(out, lse, qkv, B, T, Hq, Hkv, hd, cuda_state.stream);
     attention_forward_kernel<<<blocks_for(B * Hq * T * 32, THREADS), THREADS, 0, cuda_state.stream>>>(
         out, lse, qkv, B, T, Hq, Hkv, hd, 1.0f / sqrtf((float)hd));
@@ -171,6 +183,9 @@ static int backward_fp32(float *d_qkv, float *scratch, const float *d_out, const
                          const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
     float scale = 1.0f / sqrtf((float)hd);
+    if (tf32x3_runs(B, Hq, hd))
+        return cuda_attention_tf32x3_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd,
+                                              cuda_state.stream);
     if (tiled_runs(B, Hq, hd))
         return cuda_attention_tiled_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd, cuda_state.stream);
     attention_backward_queries_kernel<<<blocks_for(B * Hq * T * 32, THREADS), THREADS, 0, cuda_state.stream>>>(
@@ -453,7 +468,7 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
                              size_t size)
 {
     cuda_attention_choice choice = cuda_attention_chosen();
-    const char *kernels = tiled_runs(B, Hq, hd) ? "tiled" : "rows";
+    const char *kernels = tf32x3_runs(B, Hq, hd) ? "tensor cores' 3xTF32" : tiled_runs(B, Hq, hd) ? "tiled" : "rows";
     /* The tiled kernels' rows a thread, where chosen: rows_note for both
      * directions, backward_note for the backward alone. */
     char rows_note[160] = "", forward_note[64] = "", backward_note[64] = "";
@@ -468,8 +483,11 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
         snprintf(rows_note, sizeof rows_note, " (%s%s%s)", forward_note,
                  forward_note[0] && backward_note[0] ? "; " : "", backward_note);
     const char *why_rows = choice == CUDA_ATTENTION_ROWS ? " (TP_CUDA_ATTENTION=rows)"
-                           : tiled_runs(B, Hq, hd)        ? ""
-                                                          : " (the tiled kernels take head sizes 32, 64, 128, 256)";
+                           : tf32x3_runs(B, Hq, hd)       ? " (TP_CUDA_ATTENTION=tf32x3)"
+                           : choice == CUDA_ATTENTION_TF32X3
+                               ? " (the tensor cores' kernels take head sizes 32, 64, 128)"
+                           : tiled_runs(B, Hq, hd) ? ""
+                                                   : " (the tiled kernels take head sizes 32, 64, 128, 256)";
     if (!bf16) {
         snprintf(text, size, "CUDA %s kernels%s, fp32%s", kernels, rows_note, why_rows);
         return;

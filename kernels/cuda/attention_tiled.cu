@@ -588,9 +588,10 @@ extern "C" int cuda_attention_variant(const char *name)
     else if (strcmp(name, "cudnn") == 0) chosen = CUDA_ATTENTION_CUDNN;
     else if (strcmp(name, "tiled") == 0) chosen = CUDA_ATTENTION_TILED;
     else if (strcmp(name, "rows") == 0) chosen = CUDA_ATTENTION_ROWS;
+    else if (strcmp(name, "tf32x3") == 0) chosen = CUDA_ATTENTION_TF32X3;
     else
-        return tp_fail(TP_ERR_ARG, "TP_CUDA_ATTENTION: '%s' is not an attention variant (cudnn, tiled or rows)",
-                       name);
+        return tp_fail(TP_ERR_ARG,
+                       "TP_CUDA_ATTENTION: '%s' is not an attention variant (cudnn, tiled, rows or tf32x3)", name);
     return TP_OK;
 }
 

@@ -21,8 +21,10 @@ extern "C" {
  * the shape (attention_cudnn.h), the tiled kernels otherwise and for fp32;
  * "cudnn": the same, but a shape cuDNN does not take (or a graph it does not
  * build) is an error of the bf16 operations instead of a fall-back; "tiled":
- * the tiled kernels (bf16: on rounded operands); "rows": a warp per row. The
- * tiled kernels leave the shapes they do not fit to the rows kernels. The
+ * the tiled kernels (bf16: on rounded operands); "rows": a warp per row;
+ * "tf32x3": as the default, but the fp32 kernels are the tensor cores'
+ * (attention_tf32x3.h) where they fit. The tiled kernels leave the shapes
+ * they do not fit to the rows kernels, the tf32x3 kernels to the tiled. The
  * backend reads TP_CUDA_ATTENTION when it is made; this sets it for the
  * process afterwards (tests). TP_ERR_ARG for another name. */
 int cuda_attention_variant(const char *name);

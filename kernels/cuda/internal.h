@@ -21,19 +21,29 @@ int cuda_attention_tiled_forward(float *out, float *lse, const float *qkv, int64
 int cuda_attention_tiled_backward(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
                                   const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
                                   cudaStream_t stream);
+/* attention_tf32x3.cu: the tensor cores' kernels, the same way
+ * (attention_tf32x3.h). */
+int cuda_attention_tf32x3_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                                  int64_t Hkv, int64_t hd, cudaStream_t stream);
+int cuda_attention_tf32x3_backward(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
+                                   const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
+                                   cudaStream_t stream);
 /* Which attention the backend runs (cuda_attention_variant, TP_CUDA_ATTENTION):
  * DEFAULT: the bf16 operations through cuDNN where it takes the shape
  * (attention_cudnn.h), else the tiled kernels on bf16-rounded operands; the
  * fp32 operations through the tiled kernels. CUDNN: the same, but a shape
  * cuDNN does not take is an error of the bf16 operations. TILED: the tiled
  * kernels for both (rounded operands for bf16). ROWS: the rows kernels
- * (attention.cu) for both. The tiled kernels leave the shapes they do not
- * fit to the rows kernels. */
+ * (attention.cu) for both. TF32X3: as DEFAULT, but the fp32 kernels are the
+ * tensor cores' (attention_tf32x3.h) where they fit. The tiled kernels leave
+ * the shapes they do not fit to the rows kernels, the tf32x3 kernels to the
+ * tiled ones. */
 typedef enum {
     CUDA_ATTENTION_DEFAULT,
     CUDA_ATTENTION_CUDNN,
     CUDA_ATTENTION_TILED,
-    CUDA_ATTENTION_ROWS
+    CUDA_ATTENTION_ROWS,
+    CUDA_ATTENTION_TF32X3
 } cuda_attention_choice;
 cuda_attention_choice cuda_attention_chosen(void);
 /* cuda_deterministic_variant's choice (attention_tiled.h): 1 for cuDNN's

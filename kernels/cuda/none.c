@@ -3,6 +3,7 @@
 #include "../../common/error.h"
 #include "../kernels.h"
 #include "attention_cudnn.h"
+#include "attention_tf32x3.h"
 #include "attention_tiled.h"
 #include "column_sums_emulation.h"
 #include "products_lt.h"
@@ -247,4 +248,26 @@ int64_t cuda_lt_dgelu_epilogue_products(void)
 const char *cuda_lt_last_refusal(void)
 {
     return "none (" NO_CUDA ")";
+}
+
+int cuda_attention_tf32x3_fits(int64_t B, int64_t Hq, int64_t hd)
+{
+    (void)B, (void)Hq, (void)hd;
+    return 0;
+}
+
+int cuda_attention_tf32x3_emulate_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq,
+                                          int64_t Hkv, int64_t hd)
+{
+    (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)Hq, (void)Hkv, (void)hd;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cuda_attention_tf32x3_emulate_backward(float *d_qkv, float *delta, const float *d_out, const float *qkv,
+                                           const float *out, const float *lse, int64_t B, int64_t T, int64_t Hq,
+                                           int64_t Hkv, int64_t hd)
+{
+    (void)d_qkv, (void)delta, (void)d_out, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)Hq, (void)Hkv;
+    (void)hd;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }

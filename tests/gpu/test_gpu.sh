@@ -124,6 +124,17 @@ check "small, the tiled backward at 1 row a thread: the CPU's losses (1e-4)" los
 check "small, the tiled backward at 1 row a thread: the start line names both choices" grep -q \
     '"attention":"CUDA tiled kernels (forward: 3 rows a thread, TP_CUDA_TILED_FORWARD_ROWS=3; backward: 1 row a thread, TP_CUDA_TILED_BACKWARD_ROWS=1), fp32' \
     "$WORK/small-gpu-backward1.jsonl"
+# The tensor cores' attention in 3xTF32 (TP_CUDA_ATTENTION=tf32x3,
+# kernels/cuda/attention_tf32x3.h): fp32's losses within the same 1e-4,
+# and the start line names it.
+export TP_CUDA_ATTENTION=tf32x3
+expect_ok "small on a GPU, the tensor cores' attention" gpu_train 1 --model small --vocab 1000 --micro-batch 2 \
+    --quiet --steps 20 --log "$WORK/small-gpu-tf32x3.jsonl"
+unset TP_CUDA_ATTENTION
+check "small, the tensor cores' attention: the CPU's losses (1e-4)" losses_match "$WORK/small-gpu-tf32x3.jsonl" \
+    "$WORK/small-cpu.jsonl" 1e-4
+check "small, the tensor cores' attention: the start line says so" grep -q \
+    "\"attention\":\"CUDA tensor cores' 3xTF32 kernels, fp32 (TP_CUDA_ATTENTION=tf32x3)" "$WORK/small-gpu-tf32x3.jsonl"
 
 expect_ok "llama-tiny on the CPU" "$TRAIN" --model llama-tiny --micro-batch 2 --quiet --steps 20 --device cpu \
     --log "$WORK/llama-cpu.jsonl"

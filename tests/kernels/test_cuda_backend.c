@@ -2328,15 +2328,18 @@ static const int64_t attention_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 97, 3, 1, 2
                                               {1, 40, 2, 1, 256}};
 #define ATTENTION_SHAPES (int)(sizeof attention_shapes / sizeof attention_shapes[0])
 
-/* Each test runs both attention variants (kernels/cuda/attention_tiled.h):
- * the tiled kernels take the shapes of head size 32, 64, 128 and 256, the
- * rows kernels the others. The forward's ways: both variants, and the tiled
- * forward at each of its rows a thread (TP_CUDA_TILED_FORWARD_ROWS; unset:
- * 4). */
+/* Each test runs every attention variant of the fp32 operations
+ * (kernels/cuda/attention_tiled.h): the tiled kernels take the shapes of
+ * head size 32, 64, 128 and 256, the rows kernels the others; under tf32x3
+ * the tensor cores' kernels (attention_tf32x3.h) take 32, 64 and 128, the
+ * tiled 256, the rows the others. The forward's ways: each variant, and the
+ * tiled forward at each of its rows a thread (TP_CUDA_TILED_FORWARD_ROWS;
+ * unset: 4). */
 static const struct {
     const char *variant, *forward_rows, *name;
 } attention_forward_ways[] = {
-    {"rows", NULL, "rows"}, {"tiled", NULL, "tiled"}, {"tiled", "2", "tiled, 2 rows"}, {"tiled", "3", "tiled, 3 rows"}};
+    {"rows", NULL, "rows"},          {"tiled", NULL, "tiled"},   {"tiled", "2", "tiled, 2 rows"},
+    {"tiled", "3", "tiled, 3 rows"}, {"tf32x3", NULL, "tf32x3"}};
 #define ATTENTION_FORWARD_WAYS (int)(sizeof attention_forward_ways / sizeof attention_forward_ways[0])
 
 /* out and lse, the device's from garbage. Tolerance 1e-4 relative + 1e-5
@@ -2373,11 +2376,14 @@ Test(cuda_backend, attention_forward)
     cr_assert_eq(cuda_tiled_forward_rows_variant(NULL), TP_OK);
 }
 
-/* The backward's ways: both variants, and the tiled backward at each of
+/* The backward's ways: each variant, and the tiled backward at each of
  * its rows a thread (TP_CUDA_TILED_BACKWARD_ROWS; unset: 2). */
 static const struct {
     const char *variant, *backward_rows, *name;
-} attention_backward_ways[] = {{"rows", NULL, "rows"}, {"tiled", NULL, "tiled"}, {"tiled", "1", "tiled, 1 row"}};
+} attention_backward_ways[] = {{"rows", NULL, "rows"},
+                               {"tiled", NULL, "tiled"},
+                               {"tiled", "1", "tiled, 1 row"},
+                               {"tf32x3", NULL, "tf32x3"}};
 #define ATTENTION_BACKWARD_WAYS (int)(sizeof attention_backward_ways / sizeof attention_backward_ways[0])
 
 /* d_qkv is overwritten (the device's starts from garbage, as does its
