@@ -279,6 +279,70 @@ UNROLL
         for (int e = 0; e < 4; e++) c[f].x[e] = 0;
 }
 
+/* s[n] += rows . the tile's rows 8n to 8n + 7, for the groups n in [from,
+ * to): the scores of the warp's 16 rows (in shared memory, as they are)
+ * against the rows met (a tile, split). */
+template <int HD, int L>
+static __host__ __device__ inline void add_scores(c_fragment (*s)[L], const float *rows, const float *tile, int from,
+                                                  int to)
+{
+UNROLL
+    for (int k = 0; k < HD; k += 8) {
+        a_fragment a[L];
+        a_of_rows<L>(a, rows, HD + PAD, k);
+UNROLL
+        for (int n = 0; n < MET_GROUPS; n++)
+            if (n >= from && n < to) {
+                b_fragment b[L];
+                b_of_columns<HD, L>(b, tile, 8 * n, k);
+                mma3<L>(s[n], a, b);
+            }
+    }
+}
+
+/* acc[m] += scores . the tile's rows 8n to 8n + 7, dimensions 8m to 8m +
+ * 7, for every m: a group of 8 scores' columns times the rows met. */
+template <int HD, int L>
+static __host__ __device__ inline void add_scores_times_rows(c_fragment (*acc)[L], const c_fragment *scores,
+                                                             const float *tile, int n)
+{
+    a_fragment a[L];
+    a_of_scores<L>(a, scores);
+UNROLL
+    for (int m = 0; m < HD / 8; m++) {
+        b_fragment b[L];
+        b_of_rows<HD, L>(b, tile, 8 * n, 8 * m);
+        mma3<L>(acc[m], a, b);
+    }
+}
+
+/* The warp's 16 rows of acc (HD columns: 8 a fragment) from row0 to dst
+ * (row i at + i stride), those below T; each divided by its row's divisor
+ * (NULL: as they are). Then, where `each` is not NULL, row i's value of it
+ * to one[i]. */
+template <int HD, int L>
+static __host__ __device__ inline void store_rows(const c_fragment (*acc)[L], const float (*divisor)[L], float *dst,
+                                                  int64_t stride, const float (*each)[L], float *one, int64_t row0,
+                                                  int64_t T)
+{
+UNROLL
+    for (int l = 0; l < L; l++) {
+        int lane = lane_number<L>(l), g = lane >> 2, t = lane & 3;
+UNROLL
+        for (int r = 0; r < 2; r++) {
+            int64_t i = row0 + g + 8 * r;
+            if (i >= T) continue;
+UNROLL
+            for (int m = 0; m < HD / 8; m++)
+                for (int c = 0; c < 2; c++) {
+                    float v = acc[m][l].x[2 * r + c];
+                    dst[i * stride + 8 * m + 2 * t + c] = divisor ? v / divisor[r][l] : v;
+                }
+            if (each && t == 0) one[i] = each[r][l];
+        }
+    }
+}
+
 /* ================================================================= tiles */
 
 /* Element idx (< rows HD) of a tile of own rows: row r = idx / HD of src
@@ -344,18 +408,7 @@ static __host__ __device__ inline void forward_tile(forward_warp<HD, L> *w, cons
     if (groups == 0) return; /* warp-uniform */
     c_fragment s[MET_GROUPS][L];
     zero_fragments<L>(&s[0][0], MET_GROUPS);
-UNROLL
-    for (int k = 0; k < HD; k += 8) {
-        a_fragment a[L];
-        a_of_rows<L>(a, queries, HD + PAD, k);
-UNROLL
-        for (int n = 0; n < MET_GROUPS; n++)
-            if (n < groups) {
-                b_fragment b[L];
-                b_of_columns<HD, L>(b, keys, 8 * n, k);
-                mma3<L>(s[n], a, b);
-            }
-    }
+    add_scores<HD, L>(s, queries, keys, 0, groups);
     /* Scaled and masked (-inf past the diagonal or the sequence); each row's
      * new maximum. A row meets key 0 in its first tile, and its maximum
      * stays finite: no exp(-inf + inf). */
@@ -404,16 +457,7 @@ UNROLL
     /* acc += p v */
 UNROLL
     for (int n = 0; n < MET_GROUPS; n++)
-        if (n < groups) {
-            a_fragment a[L];
-            a_of_scores<L>(a, s[n]);
-UNROLL
-            for (int m = 0; m < HD / 8; m++) {
-                b_fragment b[L];
-                b_of_rows<HD, L>(b, values, 8 * n, 8 * m);
-                mma3<L>(w->acc[m], a, b);
-            }
-        }
+        if (n < groups) add_scores_times_rows<HD, L>(w->acc, s[n], values, n);
 }
 
 /* out: head h's column of batch b (row i at + i out_stride); lse: its row
@@ -424,20 +468,12 @@ static __host__ __device__ inline void forward_end(forward_warp<HD, L> *w, float
 {
     quad_sum<L>(w->sum[0]);
     quad_sum<L>(w->sum[1]);
+    float row_lse[2][L];
 UNROLL
-    for (int l = 0; l < L; l++) {
-        int lane = lane_number<L>(l), g = lane >> 2, t = lane & 3;
+    for (int r = 0; r < 2; r++)
 UNROLL
-        for (int r = 0; r < 2; r++) {
-            int64_t i = row0 + g + 8 * r;
-            if (i >= T) continue;
-UNROLL
-            for (int m = 0; m < HD / 8; m++)
-                for (int c = 0; c < 2; c++)
-                    out[i * out_stride + 8 * m + 2 * t + c] = w->acc[m][l].x[2 * r + c] / w->sum[r][l];
-            if (t == 0) lse[i] = w->max[r][l] + logf(w->sum[r][l]);
-        }
-    }
+        for (int l = 0; l < L; l++) row_lse[r][l] = w->max[r][l] + logf(w->sum[r][l]);
+    store_rows<HD, L>(w->acc, w->sum, out, out_stride, row_lse, lse, row0, T);
 }
 
 /* The forward's shared memory: the block's queries, then a tile of keys and
@@ -520,21 +556,8 @@ static __host__ __device__ inline void query_tile(query_warp<HD, L> *w, const fl
     c_fragment s[MET_GROUPS][L], dpv[MET_GROUPS][L];
     zero_fragments<L>(&s[0][0], MET_GROUPS);
     zero_fragments<L>(&dpv[0][0], MET_GROUPS);
-UNROLL
-    for (int k = 0; k < HD; k += 8) {
-        a_fragment q[L], g[L];
-        a_of_rows<L>(q, queries, HD + PAD, k);
-        a_of_rows<L>(g, grads, HD + PAD, k);
-UNROLL
-        for (int n = 0; n < MET_GROUPS; n++)
-            if (n < groups) {
-                b_fragment b[L];
-                b_of_columns<HD, L>(b, keys, 8 * n, k);
-                mma3<L>(s[n], q, b);
-                b_of_columns<HD, L>(b, values, 8 * n, k);
-                mma3<L>(dpv[n], g, b);
-            }
-    }
+    add_scores<HD, L>(s, queries, keys, 0, groups);
+    add_scores<HD, L>(dpv, grads, values, 0, groups);
 UNROLL
     for (int l = 0; l < L; l++) {
         int lane = lane_number<L>(l), g = lane >> 2, t = lane & 3;
@@ -559,16 +582,7 @@ UNROLL
     /* dq += ds k */
 UNROLL
     for (int n = 0; n < MET_GROUPS; n++)
-        if (n < groups) {
-            a_fragment a[L];
-            a_of_scores<L>(a, s[n]);
-UNROLL
-            for (int m = 0; m < HD / 8; m++) {
-                b_fragment b[L];
-                b_of_rows<HD, L>(b, keys, 8 * n, 8 * m);
-                mma3<L>(w->dq[m], a, b);
-            }
-        }
+        if (n < groups) add_scores_times_rows<HD, L>(w->dq, s[n], keys, n);
 }
 
 /* dq: head h's query column of d_qkv, batch b (row i at + i stride); delta:
@@ -577,19 +591,7 @@ template <int HD, int L>
 static __host__ __device__ inline void query_end(const query_warp<HD, L> *w, float *dq, int64_t stride, float *delta,
                                                  int64_t row0, int64_t T)
 {
-UNROLL
-    for (int l = 0; l < L; l++) {
-        int lane = lane_number<L>(l), g = lane >> 2, t = lane & 3;
-UNROLL
-        for (int r = 0; r < 2; r++) {
-            int64_t i = row0 + g + 8 * r;
-            if (i >= T) continue;
-UNROLL
-            for (int m = 0; m < HD / 8; m++)
-                for (int c = 0; c < 2; c++) dq[i * stride + 8 * m + 2 * t + c] = w->dq[m][l].x[2 * r + c];
-            if (t == 0) delta[i] = w->delta[r][l];
-        }
-    }
+    store_rows<HD, L>(w->dq, NULL, dq, stride, w->delta, delta, row0, T);
 }
 
 /* The backward kernels' shared memory: two tiles of own rows (queries and
@@ -655,21 +657,8 @@ static __host__ __device__ inline void key_tile(key_warp<HD, L> *w, const float 
     c_fragment s[MET_GROUPS][L], dpv[MET_GROUPS][L];
     zero_fragments<L>(&s[0][0], MET_GROUPS);
     zero_fragments<L>(&dpv[0][0], MET_GROUPS);
-UNROLL
-    for (int k = 0; k < HD; k += 8) {
-        a_fragment kf[L], vf[L];
-        a_of_rows<L>(kf, keys, HD + PAD, k);
-        a_of_rows<L>(vf, values, HD + PAD, k);
-UNROLL
-        for (int n = 0; n < MET_GROUPS; n++)
-            if (n >= from && n < to) {
-                b_fragment b[L];
-                b_of_columns<HD, L>(b, queries, 8 * n, k);
-                mma3<L>(s[n], kf, b);
-                b_of_columns<HD, L>(b, grads, 8 * n, k);
-                mma3<L>(dpv[n], vf, b);
-            }
-    }
+    add_scores<HD, L>(s, keys, queries, from, to);
+    add_scores<HD, L>(dpv, values, grads, from, to);
     /* s becomes p, dpv ds: rows keys j, columns queries i. */
 UNROLL
     for (int l = 0; l < L; l++) {
@@ -698,21 +687,8 @@ UNROLL
 UNROLL
     for (int n = 0; n < MET_GROUPS; n++)
         if (n >= from && n < to) {
-            a_fragment a[L];
-            a_of_scores<L>(a, s[n]);
-UNROLL
-            for (int m = 0; m < HD / 8; m++) {
-                b_fragment b[L];
-                b_of_rows<HD, L>(b, grads, 8 * n, 8 * m);
-                mma3<L>(w->dv[m], a, b);
-            }
-            a_of_scores<L>(a, dpv[n]);
-UNROLL
-            for (int m = 0; m < HD / 8; m++) {
-                b_fragment b[L];
-                b_of_rows<HD, L>(b, queries, 8 * n, 8 * m);
-                mma3<L>(w->dk[m], a, b);
-            }
+            add_scores_times_rows<HD, L>(w->dv, s[n], grads, n);
+            add_scores_times_rows<HD, L>(w->dk, dpv[n], queries, n);
         }
 }
 
@@ -722,21 +698,8 @@ template <int HD, int L>
 static __host__ __device__ inline void key_end(const key_warp<HD, L> *w, float *dk, float *dv, int64_t stride,
                                                int64_t row0, int64_t T)
 {
-UNROLL
-    for (int l = 0; l < L; l++) {
-        int lane = lane_number<L>(l), g = lane >> 2, t = lane & 3;
-UNROLL
-        for (int r = 0; r < 2; r++) {
-            int64_t j = row0 + g + 8 * r;
-            if (j >= T) continue;
-UNROLL
-            for (int m = 0; m < HD / 8; m++)
-                for (int c = 0; c < 2; c++) {
-                    dk[j * stride + 8 * m + 2 * t + c] = w->dk[m][l].x[2 * r + c];
-                    dv[j * stride + 8 * m + 2 * t + c] = w->dv[m][l].x[2 * r + c];
-                }
-        }
-    }
+    store_rows<HD, L>(w->dk, NULL, dk, stride, NULL, NULL, row0, T);
+    store_rows<HD, L>(w->dv, NULL, dv, stride, NULL, NULL, row0, T);
 }
 
 /* Element idx (< MET_ROWS) of the lse and delta tiles: query rows from q0

@@ -16,19 +16,7 @@
 #include "../../kernels/cuda/attention_tf32x3.h"
 #include "../../kernels/cuda/attention_tiled.h"
 #include "../../kernels/kernels.h"
-#include "../support/floats.h"
-
-/* As test_cuda_backend's tolerance for the GPU's attention: 1e-4 relative
- * plus 1e-5 absolute (the sums run in another order, and 3xTF32 leaves
- * out a_small b_small, below fp32's last bit). */
-static void check_close(const float *got, const float *want, int64_t n, const char *what, const int64_t *shape)
-{
-    for (int64_t i = 0; i < n; i++)
-        cr_assert(fabsf(got[i] - want[i]) <= 1e-4f * fabsf(want[i]) + 1e-5f,
-                  "%s[%lld] at B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld: %.9g, want %.9g", what, (long long)i,
-                  (long long)shape[0], (long long)shape[1], (long long)shape[2], (long long)shape[3],
-                  (long long)shape[4], got[i], want[i]);
-}
+#include "../support/attention_emulation.h"
 
 /* B, T, Hq, Hkv, hd: each head size; T of one row, of exactly one block
  * (64), within a warp's 16 and a tile's 32, and past several blocks with
@@ -47,52 +35,15 @@ static int emulation_built(void)
 Test(attention_tf32x3, forward_equals_the_cpu)
 {
     if (!emulation_built()) cr_skip("a build without CUDA: %s", tp_errmsg());
-    for (int s = 0; s < SHAPES; s++) {
-        int64_t B = shapes[s][0], T = shapes[s][1], Hq = shapes[s][2], Hkv = shapes[s][3], hd = shapes[s][4];
-        int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
-        float *qkv = floats_random(n_qkv, 2.0f), *out = floats_filled(n_out, 7), *lse = floats_filled(n_lse, 7);
-        float *scratch = floats_filled(attention_scratch_floats(B, T, Hq), 0);
-        float *got_out = floats_filled(n_out, 7), *got_lse = floats_filled(n_lse, 7);
-        cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(cuda_attention_tf32x3_emulate_forward(got_out, got_lse, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s",
-                     tp_errmsg());
-        check_close(got_lse, lse, n_lse, "lse", shapes[s]);
-        check_close(got_out, out, n_out, "out", shapes[s]);
-        free(qkv), free(out), free(lse), free(scratch), free(got_out), free(got_lse);
-    }
+    for (int s = 0; s < SHAPES; s++)
+        attention_emulation_check_forward(cuda_attention_tf32x3_emulate_forward, shapes[s], "tf32x3");
 }
 
-/* d_qkv from garbage (every element has its writer); delta against
- * d_out . out computed here. */
 Test(attention_tf32x3, backward_equals_the_cpu)
 {
     if (!emulation_built()) cr_skip("a build without CUDA: %s", tp_errmsg());
-    for (int s = 0; s < SHAPES; s++) {
-        const int64_t *shape = shapes[s];
-        int64_t B = shape[0], T = shape[1], Hq = shape[2], Hkv = shape[3], hd = shape[4];
-        int64_t n_qkv = B * T * (Hq + 2 * Hkv) * hd, n_out = B * T * Hq * hd, n_lse = B * Hq * T;
-        float *qkv = floats_random(n_qkv, 2.0f), *d_out = floats_random(n_out, 1.0f), *out = floats_filled(n_out, 0);
-        float *lse = floats_filled(n_lse, 0), *scratch = floats_filled(attention_scratch_floats(B, T, Hq), 0);
-        float *d_qkv = floats_filled(n_qkv, 7), *got = floats_filled(n_qkv, 7), *delta = floats_filled(n_lse, 7);
-        float *want_delta = floats_filled(n_lse, 0);
-        cr_assert_eq(attention_forward(out, lse, scratch, qkv, B, T, Hq, Hkv, hd), TP_OK, "%s", tp_errmsg());
-        cr_assert_eq(attention_backward(d_qkv, scratch, d_out, qkv, out, lse, B, T, Hq, Hkv, hd), TP_OK, "%s",
-                     tp_errmsg());
-        cr_assert_eq(cuda_attention_tf32x3_emulate_backward(got, delta, d_out, qkv, out, lse, B, T, Hq, Hkv, hd),
-                     TP_OK, "%s", tp_errmsg());
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t h = 0; h < Hq; h++)
-                for (int64_t i = 0; i < T; i++) {
-                    const float *g = d_out + (b * T + i) * Hq * hd + h * hd, *o = out + (b * T + i) * Hq * hd + h * hd;
-                    double sum = 0;
-                    for (int64_t d = 0; d < hd; d++) sum += (double)g[d] * o[d];
-                    want_delta[(b * Hq + h) * T + i] = (float)sum;
-                }
-        check_close(delta, want_delta, n_lse, "delta", shape);
-        check_close(got, d_qkv, n_qkv, "d_qkv", shape);
-        free(qkv), free(d_out), free(out), free(lse), free(scratch), free(d_qkv), free(got), free(delta);
-        free(want_delta);
-    }
+    for (int s = 0; s < SHAPES; s++)
+        attention_emulation_check_backward(cuda_attention_tf32x3_emulate_backward, shapes[s], "tf32x3");
 }
 
 /* 3xTF32, not TF32: operands whose low mantissa bits matter. Scores of
