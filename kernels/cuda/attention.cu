@@ -155,7 +155,8 @@ static int attention_shape_ok(const char *what, int64_t B, int64_t T, int64_t Hq
  * is empty. */
 static int tf32x3_runs(int64_t B, int64_t Hq, int64_t hd)
 {
-    return cuda_attention_chosen() == CUDA_ATTENTION_TF32X3 && cuda_attention_tf32x3_fits(B, Hq, hd);
+    return cuda_attention_chosen() == CUDA_ATTENTION_TF32X3 && cuda_attention_tf32x3_fits(B, Hq, hd) &&
+           cuda_attention_tf32x3_shared_fits(hd, cuda_state.device);
 }
 
 static int tiled_runs(int64_t B, int64_t Hq, int64_t hd)
@@ -484,6 +485,8 @@ void cuda_describe_attention(int bf16, int64_t B, int64_t T, int64_t Hq, int64_t
                  forward_note[0] && backward_note[0] ? "; " : "", backward_note);
     const char *why_rows = choice == CUDA_ATTENTION_ROWS ? " (TP_CUDA_ATTENTION=rows)"
                            : tf32x3_runs(B, Hq, hd)       ? " (TP_CUDA_ATTENTION=tf32x3)"
+                           : choice == CUDA_ATTENTION_TF32X3 && cuda_attention_tf32x3_fits(B, Hq, hd)
+                               ? " (the tensor cores' kernels want more shared memory than this GPU gives a block)"
                            : choice == CUDA_ATTENTION_TF32X3
                                ? " (the tensor cores' kernels take head sizes 32, 64, 128)"
                            : tiled_runs(B, Hq, hd) ? ""

@@ -38,7 +38,12 @@
  *             dq_i += ds k_j.
  *   keys:     per key row j of key/value head kh, over the query heads of its
  *             group and rows i >= j: dk_j += ds q_i, dv_j += p d_out_i.
- * Every element of d_qkv has one writer: no atomics, no zeroing.
+ * Every element of d_qkv has one writer: no atomics, no zeroing. The
+ * accumulators (out's, dq's, dk's and dv's) take every tile's products in
+ * the tensor cores, as CUTLASS's and PyTorch's 3xTF32 kernels do; tensor
+ * cores have been measured to round their fp32 sums toward zero (V100 to
+ * A100), a bias of about 2^-24 of the sum a product, so the error grows with
+ * T (test_cuda_backend checks T = 1024 against the CPU).
  *
  * The warp's work is written once, in __host__ __device__ functions over
  * the L lanes that the code holds: on the GPU a thread holds its own lane
@@ -757,6 +762,18 @@ __global__ void __launch_bounds__(BLOCK_THREADS)
 extern "C" int cuda_attention_tf32x3_fits(int64_t B, int64_t Hq, int64_t hd)
 {
     return (hd == 32 || hd == 64 || hd == 128) && B >= 1 && B <= MAX_GRID_YZ && Hq >= 1 && Hq <= MAX_GRID_YZ;
+}
+
+int cuda_attention_tf32x3_shared_fits(int64_t hd, int device)
+{
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no such device: nothing runs there, and the launch says why */
+        return 0;
+    }
+    size_t floats = hd == 32 ? backward_shared_floats<32>() : hd == 64 ? backward_shared_floats<64>()
+                                                                       : backward_shared_floats<128>();
+    return floats * sizeof(float) <= (size_t)optin;
 }
 
 static int launch_failed(const char *what)

@@ -28,6 +28,10 @@ int cuda_attention_tf32x3_forward(float *out, float *lse, const float *qkv, int6
 int cuda_attention_tf32x3_backward(float *d_qkv, float *delta, const float *d_out, const float *qkv, const float *out,
                                    const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd,
                                    cudaStream_t stream);
+/* Whether `device` gives a block the shared memory those kernels take at
+ * head size hd (32, 64 or 128): an H100's 227 KiB all, GPUs of 99 KiB
+ * (sm_86, sm_89) not the backward at 128. */
+int cuda_attention_tf32x3_shared_fits(int64_t hd, int device);
 /* Which attention the backend runs (cuda_attention_variant, TP_CUDA_ATTENTION):
  * DEFAULT: the bf16 operations through cuDNN where it takes the shape
  * (attention_cudnn.h), else the tiled kernels on bf16-rounded operands; the

@@ -2322,10 +2322,12 @@ Test(cuda_backend, elementwise)
 
 /* B, T, Hq, Hkv, hd: grouped KV heads (2 query heads per KV head), one KV
  * head for all with T beyond the CPU's ATTENTION_ROWS, as many KV heads as
- * query heads, and GPT-2's head size (64) over two CPU blocks. */
-static const int64_t attention_shapes[][5] = {{2, 33, 4, 2, 16}, {1, 97, 3, 1, 24}, {2, 5, 2, 2, 8},
-                                              {1, 130, 2, 2, 64}, {2, 70, 4, 2, 32}, {1, 150, 4, 2, 128},
-                                              {1, 40, 2, 1, 256}};
+ * query heads, GPT-2's head size (64) over two CPU blocks, and over GPT-2's
+ * sequence (1024: the error of sums over many keys, which tensor cores
+ * round toward zero, attention_tf32x3.cu). */
+static const int64_t attention_shapes[][5] = {{2, 33, 4, 2, 16},   {1, 97, 3, 1, 24},    {2, 5, 2, 2, 8},
+                                              {1, 130, 2, 2, 64},  {2, 70, 4, 2, 32},    {1, 150, 4, 2, 128},
+                                              {1, 40, 2, 1, 256},  {1, 1024, 2, 1, 64}};
 #define ATTENTION_SHAPES (int)(sizeof attention_shapes / sizeof attention_shapes[0])
 
 /* Each test runs every attention variant of the fp32 operations
