@@ -208,14 +208,17 @@ EOF
 # Where a step's time goes without a profiler: GPT-2 124M steps with
 # tp-train --kernel-times (each operation's host issue and device tail, and
 # the trainer's own time around them), in bf16, then in fp32 (0.89x
-# PyTorch's fp32 on the H200, 2026-11-28, with no table of its own), into
-# LOG, the tables in the summary. About 25 s, at most 90: first in the bench
-# and profile phases.
+# PyTorch's fp32 on the H200, 2026-11-28, with no table of its own), then
+# in fp32 with the tensor cores' attention (TP_CUDA_ATTENTION=tf32x3: its
+# kernels beside the tiled ones), into LOG, the tables in the summary. About
+# 35 s, at most 90: first in the bench and profile phases.
 kernel_times() {
-    (LIMIT=90 && in_pack "$1" sh -c 'for dtype in bf16 fp32; do
-            echo "== --dtype $dtype"
-            build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 4 --device cuda --dtype $dtype \
-                --kernel-times || exit 1
+    (LIMIT=90 && in_pack "$1" sh -c 'for run in bf16 fp32 fp32:tf32x3; do
+            dtype=${run%%:*} attention=${run#"$dtype"}
+            attention=${attention#:}
+            echo "== --dtype $dtype${attention:+ TP_CUDA_ATTENTION=$attention}"
+            TP_CUDA_ATTENTION=$attention build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 4 \
+                --device cuda --dtype $dtype --kernel-times || exit 1
         done')
     say "kernel times: exit $?"
     sed -n '/^== --dtype/p; /^kernel times on/,/^  step /p' "$OUTDIR/$1" | tee -a "$SUMMARY"
