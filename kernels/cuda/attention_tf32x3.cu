@@ -38,12 +38,14 @@
  *             dq_i += ds k_j.
  *   keys:     per key row j of key/value head kh, over the query heads of its
  *             group and rows i >= j: dk_j += ds q_i, dv_j += p d_out_i.
- * Every element of d_qkv has one writer: no atomics, no zeroing. The
- * accumulators (out's, dq's, dk's and dv's) take every tile's products in
- * the tensor cores, as CUTLASS's and PyTorch's 3xTF32 kernels do; tensor
+ * Every element of d_qkv has one writer: no atomics, no zeroing. Tensor
  * cores have been measured to round their fp32 sums toward zero (V100 to
- * A100), a bias of about 2^-24 of the sum a product, so the error grows with
- * T (test_cuda_backend checks T = 1024 against the CPU).
+ * A100), a bias of up to an ulp of the sum a product: the accumulators
+ * (out's, dq's, dk's and dv's) take each tile's products summed in the
+ * tensor cores from zero, then add them in fp32 to nearest
+ * (add_tile_products), so that the bias does not grow with T (the
+ * emulation rounds as those tensor cores do, and checks T = 1024 and 2048;
+ * test_cuda_backend T = 1024 on the GPU).
  *
  * The warp's work is written once, in __host__ __device__ functions over
  * the L lanes that the code holds: on the GPU a thread holds its own lane
@@ -137,8 +139,11 @@ struct c_fragment {
 };
 
 /* c += a b for the warp's L lanes held, in TF32 (a's and b's parts as
- * chosen). The emulation sums the 8 products in order and adds them to c;
- * the tensor cores sum in their own order. */
+ * chosen). The emulation adds the 8 products (exact, as TF32's are in
+ * fp32) and c in double, then rounds the sum toward zero: tensor cores have
+ * been measured to round their fp32 sums so (V100 to A100; Fasi, Higham,
+ * Mikaitis and Pranesh, 2021), a bias that the emulation then carries
+ * through every accumulator as the GPU does. */
 template <int L>
 static __host__ __device__ inline void mma(c_fragment *c, const a_fragment *a, bool a_small, const b_fragment *b,
                                            bool b_small)
@@ -162,9 +167,10 @@ static __host__ __device__ inline void mma(c_fragment *c, const a_fragment *a, b
         int g = l >> 2, t = l & 3;
         for (int e = 0; e < 4; e++) {
             int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
-            float sum = 0;
-            for (int k = 0; k < 8; k++) sum += A[row][k] * Bm[k][col];
-            c[l].x[e] += sum;
+            double sum = c[l].x[e];
+            for (int k = 0; k < 8; k++) sum += (double)A[row][k] * Bm[k][col];
+            float nearest = (float)sum;
+            c[l].x[e] = fabs((double)nearest) > fabs(sum) ? nextafterf(nearest, 0.0f) : nearest;
         }
     }
 #endif
@@ -305,19 +311,36 @@ UNROLL
     }
 }
 
-/* acc[m] += scores . the tile's rows 8n to 8n + 7, dimensions 8m to 8m +
- * 7, for every m: a group of 8 scores' columns times the rows met. */
+/* acc[m] += scores . the tile's rows, dimensions 8m to 8m + 7, for every
+ * m: the scores' groups n in [from, to) (columns 8n to 8n + 7) times the
+ * rows met 8n to 8n + 7. Each m's products of the tile are summed in the
+ * tensor cores from zero, then added to acc in fp32 (to nearest): tensor
+ * cores round their sums toward zero, and an accumulator taking every
+ * tile's products in them drifts with the tiles (dv over 1,024 queries
+ * 8e-4 off in the emulation test, which rounds so). */
 template <int HD, int L>
-static __host__ __device__ inline void add_scores_times_rows(c_fragment (*acc)[L], const c_fragment *scores,
-                                                             const float *tile, int n)
+static __host__ __device__ inline void add_tile_products(c_fragment (*acc)[L], const c_fragment (*scores)[L],
+                                                         const float *tile, int from, int to)
 {
-    a_fragment a[L];
-    a_of_scores<L>(a, scores);
+    a_fragment a[MET_GROUPS][L];
+UNROLL
+    for (int n = 0; n < MET_GROUPS; n++)
+        if (n >= from && n < to) a_of_scores<L>(a[n], scores[n]);
 UNROLL
     for (int m = 0; m < HD / 8; m++) {
-        b_fragment b[L];
-        b_of_rows<HD, L>(b, tile, 8 * n, 8 * m);
-        mma3<L>(acc[m], a, b);
+        c_fragment part[L];
+        zero_fragments<L>(part, 1);
+UNROLL
+        for (int n = 0; n < MET_GROUPS; n++)
+            if (n >= from && n < to) {
+                b_fragment b[L];
+                b_of_rows<HD, L>(b, tile, 8 * n, 8 * m);
+                mma3<L>(part, a[n], b);
+            }
+UNROLL
+        for (int l = 0; l < L; l++)
+UNROLL
+            for (int e = 0; e < 4; e++) acc[m][l].x[e] += part[l].x[e];
     }
 }
 
@@ -460,9 +483,7 @@ UNROLL
                     }
         }
     /* acc += p v */
-UNROLL
-    for (int n = 0; n < MET_GROUPS; n++)
-        if (n < groups) add_scores_times_rows<HD, L>(w->acc, s[n], values, n);
+    add_tile_products<HD, L>(w->acc, s, values, 0, groups);
 }
 
 /* out: head h's column of batch b (row i at + i out_stride); lse: its row
@@ -585,9 +606,7 @@ UNROLL
         }
     }
     /* dq += ds k */
-UNROLL
-    for (int n = 0; n < MET_GROUPS; n++)
-        if (n < groups) add_scores_times_rows<HD, L>(w->dq, s[n], keys, n);
+    add_tile_products<HD, L>(w->dq, s, keys, 0, groups);
 }
 
 /* dq: head h's query column of d_qkv, batch b (row i at + i stride); delta:
@@ -689,12 +708,8 @@ UNROLL
         }
     }
     /* dv += p d_out, dk += ds q */
-UNROLL
-    for (int n = 0; n < MET_GROUPS; n++)
-        if (n >= from && n < to) {
-            add_scores_times_rows<HD, L>(w->dv, s[n], grads, n);
-            add_scores_times_rows<HD, L>(w->dk, dpv[n], queries, n);
-        }
+    add_tile_products<HD, L>(w->dv, s, grads, from, to);
+    add_tile_products<HD, L>(w->dk, dpv, queries, from, to);
 }
 
 /* dk, dv: the key/value head's columns of d_qkv, batch b (row j at + j
