@@ -391,8 +391,10 @@ phase_sanitize() {
     while read -r name tool args; do
         settings=""
         while :; do
-            case $args in
-            [A-Z_]*=*" "*) settings="$settings ${args%% *}" args=${args#* } ;;
+            # the first word a setting, with more after it (the last is tp-train's)
+            case ${args%% *} in
+            "$args") break ;;
+            [A-Z_]*=*) settings="$settings ${args%% *}" args=${args#* } ;;
             *) break ;;
             esac
         done
@@ -407,8 +409,10 @@ phase_sanitize() {
         run_start=$(date +%s)
         # Into OUTDIR/sanitize.run, moved to DEST once appended to the log;
         # stdin from /dev/null: the runs' list is this loop's.
+        # TP_CUDA_ATTENTION only where the run sets it (not this shell's).
         # shellcheck disable=SC2086
-        (LIMIT=$left && in_pack sanitize.run env $settings "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+        (LIMIT=$left && in_pack sanitize.run env -u TP_CUDA_ATTENTION $settings "$SANITIZER" --tool "$tool" \
+            --error-exitcode 99 \
             build/bin/tp-train --device cuda $args) </dev/null
         status=$?
         mv "$OUTDIR/sanitize.run" "$DEST/sanitize.run"
@@ -434,10 +438,10 @@ phase_sanitize() {
 memcheck-gpt-bf16 memcheck $SANITIZE_GPT --dtype bf16 --steps 2 --ckpt-dir $ckpt --ckpt-every 2
 memcheck-tiled-fp32 memcheck $SANITIZE_TILED --steps 1
 memcheck-tf32x3-fp32 memcheck TP_CUDA_ATTENTION=tf32x3 $SANITIZE_TILED --steps 1
-racecheck-tf32x3-fp32 racecheck TP_CUDA_ATTENTION=tf32x3 $SANITIZE_TILED --steps 1
 memcheck-odd-bf16 memcheck $SANITIZE_ODD --dtype bf16 --steps 2
 memcheck-llama-bf16 memcheck $SANITIZE_LLAMA --dtype bf16 --steps 2
 memcheck-gpt-bf16-resumed memcheck $SANITIZE_GPT --dtype bf16 --steps 3 --ckpt-dir $ckpt --resume
+racecheck-tf32x3-fp32 racecheck TP_CUDA_ATTENTION=tf32x3 $SANITIZE_TILED --steps 1
 memcheck-odd-fp32 memcheck $SANITIZE_ODD --steps 2
 initcheck-gpt-fp32 initcheck $SANITIZE_GPT --steps 1
 racecheck-gpt-fp32 racecheck $SANITIZE_GPT --steps 1

@@ -44,7 +44,7 @@
  * (out's, dq's, dk's and dv's) take each tile's products summed in the
  * tensor cores from zero, then add them in fp32 to nearest
  * (add_tile_products), so that the bias does not grow with T (the
- * emulation rounds as those tensor cores do, and checks T = 1024 and 2048;
+ * emulation rounds as those tensor cores do, and checks T = 1024;
  * test_cuda_backend T = 1024 on the GPU).
  *
  * The warp's work is written once, in __host__ __device__ functions over
@@ -139,8 +139,9 @@ struct c_fragment {
 };
 
 /* c += a b for the warp's L lanes held, in TF32 (a's and b's parts as
- * chosen). The emulation adds the 8 products (exact, as TF32's are in
- * fp32) and c in double, then rounds the sum toward zero: tensor cores have
+ * chosen). The emulation adds the 8 products (each exact in fp32, as
+ * TF32's are) and c in double, then rounds the sum toward zero (of the
+ * double: nearly always the exact sum's rounding): tensor cores have
  * been measured to round their fp32 sums so (V100 to A100; Fasi, Higham,
  * Mikaitis and Pranesh, 2021), a bias that the emulation then carries
  * through every accumulator as the GPU does. */

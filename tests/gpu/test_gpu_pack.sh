@@ -263,19 +263,22 @@ expect_error "gpu-check: an unknown phase" 2 "unknown phase fast" "$ROOT/scripts
 # The sanitize phase, through the stand-in: every run, in order, on the
 # pack's tp-train; each run's verdict, and the first report's what and where.
 S="$WORK/check-sanitize"
-run env SANITIZER="$WORK/fake-sanitizer" "$ROOT/scripts/gpu-check.sh" --phase sanitize --pack "$PACK" --limit 120 "$S"
+run env SANITIZER="$WORK/fake-sanitizer" TP_CUDA_ATTENTION=rows "$ROOT/scripts/gpu-check.sh" --phase sanitize \
+    --pack "$PACK" --limit 120 "$S"
 check "gpu-check --phase sanitize: an error found fails the phase" [ "$RC" -ne 0 ]
 check_all "gpu-check --phase sanitize: twelve runs, in order ($(awk '{print $1}' "$FAKE_SANITIZER_LOG" 2>/dev/null | tr '\n' ' '))" \
-    '[ "$(awk "{print \$1}" "$FAKE_SANITIZER_LOG" | tr "\n" " ")" = "memcheck memcheck memcheck racecheck memcheck memcheck memcheck memcheck initcheck racecheck racecheck synccheck " ]'
+    '[ "$(awk "{print \$1}" "$FAKE_SANITIZER_LOG" | tr "\n" " ")" = "memcheck memcheck memcheck memcheck memcheck memcheck racecheck memcheck initcheck racecheck racecheck synccheck " ]'
 check_all "gpu-check --phase sanitize: a bf16 step on the GPU saving a checkpoint, then resuming it" \
     'sed -n 1p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck build/bin/tp-train --device cuda .* --dtype bf16 --steps 2 --ckpt-dir .* --ckpt-every 2$" &&
-     sed -n 7p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck build/bin/tp-train --device cuda .* --dtype bf16 --steps 3 --ckpt-dir .* --resume$"'
+     sed -n 6p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck build/bin/tp-train --device cuda .* --dtype bf16 --steps 3 --ckpt-dir .* --resume$"'
 check_all "gpu-check --phase sanitize: fp32's tiled attention over 100 positions (blocks partly past them)" \
     'sed -n 2p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck build/bin/tp-train --device cuda --layers 1 --dim 128 --heads 2 .*--seq 100 "'
 check_all "gpu-check --phase sanitize: the same through the tensor cores' attention, memcheck and racecheck" \
     'sed -n 3p "$FAKE_SANITIZER_LOG" | grep -q "^memcheck TP_CUDA_ATTENTION=tf32x3 build/bin/tp-train --device cuda --layers 1 --dim 128 --heads 2 .*--seq 100 " &&
-     sed -n 4p "$FAKE_SANITIZER_LOG" | grep -q "^racecheck TP_CUDA_ATTENTION=tf32x3 build/bin/tp-train --device cuda --layers 1 .*--seq 100 " &&
+     sed -n 7p "$FAKE_SANITIZER_LOG" | grep -q "^racecheck TP_CUDA_ATTENTION=tf32x3 build/bin/tp-train --device cuda --layers 1 .*--seq 100 " &&
      ! sed -n 2p "$FAKE_SANITIZER_LOG" | grep -q TP_CUDA_ATTENTION'
+check "gpu-check --phase sanitize: the other runs get no TP_CUDA_ATTENTION (this shell's rows set aside)" \
+    [ "$(grep -c TP_CUDA_ATTENTION "$FAKE_SANITIZER_LOG")" -eq 2 ]
 check "gpu-check --phase sanitize: a clean run's verdict" \
     grep -Eq '^sanitize: memcheck-gpt-bf16 \(memcheck, [0-9]+ s\): ERROR SUMMARY: 0 errors$' "$S/summary.txt"
 check "gpu-check --phase sanitize: a race check's verdict" \
