@@ -59,6 +59,7 @@
 extern "C" {
 #include "../../common/error.h"
 }
+#include "attention_kernels.h"
 #include "attention_tf32x3.h"
 #include "internal.h"
 
@@ -69,23 +70,6 @@ extern "C" {
 #define MET_ROWS 32                  /* the rows of a tile met */
 #define MET_GROUPS (MET_ROWS / 8)    /* its groups of 8 rows: the instruction's N (scores) or K (products) */
 #define PAD 4                        /* floats after each row in shared memory, for the banks */
-#define MAX_GRID_YZ 65535
-
-#ifdef __CUDA_ARCH__
-#define UNROLL _Pragma("unroll")
-#else
-#define UNROLL
-#endif
-
-static __host__ __device__ inline int64_t min64(int64_t a, int64_t b)
-{
-    return a < b ? a : b;
-}
-
-static __host__ __device__ inline int64_t max64(int64_t a, int64_t b)
-{
-    return a > b ? a : b;
-}
 
 /* The warp's lane number of the l-th lane this code holds: on the GPU the
  * thread's own (L = 1), in the emulation l (L = 32). */
@@ -777,7 +761,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS)
 
 extern "C" int cuda_attention_tf32x3_fits(int64_t B, int64_t Hq, int64_t hd)
 {
-    return (hd == 32 || hd == 64 || hd == 128) && B >= 1 && B <= MAX_GRID_YZ && Hq >= 1 && Hq <= MAX_GRID_YZ;
+    return (hd == 32 || hd == 64 || hd == 128) && attention_grid_fits(B, Hq);
 }
 
 int cuda_attention_tf32x3_shared_fits(int64_t hd, int device)
@@ -790,12 +774,6 @@ int cuda_attention_tf32x3_shared_fits(int64_t hd, int device)
     size_t floats = hd == 32 ? backward_shared_floats<32>() : hd == 64 ? backward_shared_floats<64>()
                                                                        : backward_shared_floats<128>();
     return floats * sizeof(float) <= (size_t)optin;
-}
-
-static int launch_failed(const char *what)
-{
-    cudaError_t error = cudaGetLastError();
-    return error == cudaSuccess ? TP_OK : tp_fail(TP_ERR_DEVICE, "CUDA %s: %s", what, cudaGetErrorString(error));
 }
 
 /* A kernel's shared memory beyond the 48 KiB every kernel may take. */
@@ -815,7 +793,7 @@ static int forward_launch(float *out, float *lse, const float *qkv, int64_t B, i
     TP_TRY(allow_shared((const void *)attention_forward_tf32x3<HD>, bytes, "attention_forward_tf32x3"));
     dim3 grid((unsigned)((T + OWN_ROWS - 1) / OWN_ROWS), (unsigned)Hq, (unsigned)B);
     attention_forward_tf32x3<HD><<<grid, BLOCK_THREADS, bytes, stream>>>(out, lse, qkv, T, Hq, Hkv, scale);
-    return launch_failed("attention_forward_tf32x3");
+    return attention_launch_status("attention_forward_tf32x3");
 }
 
 template <int HD>
@@ -829,10 +807,10 @@ static int backward_launch(float *d_qkv, float *delta, const float *d_out, const
     TP_TRY(allow_shared((const void *)attention_keys_tf32x3<HD>, bytes, "attention_keys_tf32x3"));
     attention_queries_tf32x3<HD><<<dim3(tiles, (unsigned)Hq, (unsigned)B), BLOCK_THREADS, bytes, stream>>>(
         d_qkv, delta, d_out, qkv, out, lse, T, Hq, Hkv, scale);
-    TP_TRY(launch_failed("attention_queries_tf32x3"));
+    TP_TRY(attention_launch_status("attention_queries_tf32x3"));
     attention_keys_tf32x3<HD><<<dim3(tiles, (unsigned)Hkv, (unsigned)B), BLOCK_THREADS, bytes, stream>>>(
         d_qkv, delta, d_out, qkv, lse, T, Hq, Hkv, scale);
-    return launch_failed("attention_keys_tf32x3");
+    return attention_launch_status("attention_keys_tf32x3");
 }
 
 int cuda_attention_tf32x3_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T, int64_t Hq,
@@ -985,18 +963,10 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
     return status;
 }
 
-static int emulation_fits(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
-{
-    if (!cuda_attention_tf32x3_fits(B, Hq, hd) || T < 0 || Hkv < 1 || Hq % Hkv != 0)
-        return tp_fail(TP_ERR_ARG, "tf32x3 attention: B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld do not fit",
-                       (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)hd);
-    return TP_OK;
-}
-
 extern "C" int cuda_attention_tf32x3_emulate_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T,
                                                      int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    TP_TRY(emulation_fits(B, T, Hq, Hkv, hd));
+    TP_TRY(attention_emulation_shape(cuda_attention_tf32x3_fits(B, Hq, hd), "tf32x3", B, T, Hq, Hkv, hd));
     switch (hd) {
     case 32: return emulate_forward<32>(out, lse, qkv, B, T, Hq, Hkv);
     case 64: return emulate_forward<64>(out, lse, qkv, B, T, Hq, Hkv);
@@ -1008,7 +978,7 @@ extern "C" int cuda_attention_tf32x3_emulate_backward(float *d_qkv, float *delta
                                                       const float *out, const float *lse, int64_t B, int64_t T,
                                                       int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    TP_TRY(emulation_fits(B, T, Hq, Hkv, hd));
+    TP_TRY(attention_emulation_shape(cuda_attention_tf32x3_fits(B, Hq, hd), "tf32x3", B, T, Hq, Hkv, hd));
     switch (hd) {
     case 32: return emulate_backward<32>(d_qkv, delta, d_out, qkv, out, lse, B, T, Hq, Hkv);
     case 64: return emulate_backward<64>(d_qkv, delta, d_out, qkv, out, lse, B, T, Hq, Hkv);

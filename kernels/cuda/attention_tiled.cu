@@ -51,6 +51,7 @@
 extern "C" {
 #include "../../common/error.h"
 }
+#include "attention_kernels.h"
 #include "attention_tiled.h"
 #include "internal.h"
 
@@ -60,16 +61,6 @@ extern "C" {
 #define THREADS 128      /* a block's threads */
 #define ROWS_FORWARD 4   /* rows a thread holds in the forward (2 x 16 floats of state each), unless chosen */
 #define ROWS_BACKWARD 2  /* and in the backward's kernels (3 and 4 x 16 floats each), unless chosen */
-#define MAX_GRID_YZ 65535
-
-/* Loops of PART unrolled on the device, so that the parts stay in
- * registers (the host's compiler, for the emulation, does not know the
- * pragma). */
-#ifdef __CUDA_ARCH__
-#define UNROLL _Pragma("unroll")
-#else
-#define UNROLL
-#endif
 
 /* The shared tiles for a head size HD: a row's `split` parts, each of
  * PART_STRIDE floats, `row_floats` a row; `tile_rows` rows a tile (so that
@@ -89,16 +80,6 @@ template <int HD, int R> struct tiling : tile_layout<HD> {
     static constexpr int rows = THREADS / tile_layout<HD>::split * R;
     static constexpr int warp_rows = 32 / tile_layout<HD>::split * R;
 };
-
-static __host__ __device__ inline int64_t min64(int64_t a, int64_t b)
-{
-    return a < b ? a : b;
-}
-
-static __host__ __device__ inline int64_t max64(int64_t a, int64_t b)
-{
-    return a > b ? a : b;
-}
 
 /* Element idx (< tile_rows HD) of a tile: row r = idx / HD of the matrix
  * src (row stride `stride`) counted from `first`, zero at or past `limit`,
@@ -662,14 +643,7 @@ static int backward_rows(void)
 
 extern "C" int cuda_attention_tiled_fits(int64_t B, int64_t Hq, int64_t hd)
 {
-    return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && B >= 1 && B <= MAX_GRID_YZ && Hq >= 1 &&
-           Hq <= MAX_GRID_YZ;
-}
-
-static int launch_failed(const char *what)
-{
-    cudaError_t error = cudaGetLastError();
-    return error == cudaSuccess ? TP_OK : tp_fail(TP_ERR_DEVICE, "CUDA %s: %s", what, cudaGetErrorString(error));
+    return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && attention_grid_fits(B, Hq);
 }
 
 template <int HD, int R>
@@ -679,7 +653,7 @@ static int forward_launch_rows(float *out, float *lse, const float *qkv, int64_t
     const int rows = tiling<HD, R>::rows;
     dim3 grid((unsigned)((T + rows - 1) / rows), (unsigned)Hq, (unsigned)B);
     attention_forward_tiled<HD, R><<<grid, THREADS, 0, stream>>>(out, lse, qkv, T, Hq, Hkv, scale);
-    return launch_failed("attention_forward_tiled");
+    return attention_launch_status("attention_forward_tiled");
 }
 
 template <int HD>
@@ -702,10 +676,10 @@ static int backward_launch_rows(float *d_qkv, float *delta, const float *d_out, 
     unsigned tiles = (unsigned)((T + rows - 1) / rows);
     attention_queries_tiled<HD, R><<<dim3(tiles, (unsigned)Hq, (unsigned)B), THREADS, 0, stream>>>(
         d_qkv, delta, d_out, qkv, out, lse, T, Hq, Hkv, scale);
-    TP_TRY(launch_failed("attention_queries_tiled"));
+    TP_TRY(attention_launch_status("attention_queries_tiled"));
     attention_keys_tiled<HD, R><<<dim3(tiles, (unsigned)Hkv, (unsigned)B), THREADS, 0, stream>>>(
         d_qkv, delta, d_out, qkv, lse, T, Hq, Hkv, scale);
-    return launch_failed("attention_keys_tiled");
+    return attention_launch_status("attention_keys_tiled");
 }
 
 template <int HD>
@@ -949,18 +923,10 @@ static int emulate_backward(float *d_qkv, float *delta, const float *d_out, cons
     return emulate_backward_rows<HD, 2>(d_qkv, delta, d_out, qkv, out, lse, B, T, Hq, Hkv);
 }
 
-static int emulation_fits(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
-{
-    if (!cuda_attention_tiled_fits(B, Hq, hd) || T < 0 || Hkv < 1 || Hq % Hkv != 0)
-        return tp_fail(TP_ERR_ARG, "tiled attention: B=%lld T=%lld Hq=%lld Hkv=%lld hd=%lld do not fit", (long long)B,
-                       (long long)T, (long long)Hq, (long long)Hkv, (long long)hd);
-    return TP_OK;
-}
-
 extern "C" int cuda_attention_tiled_emulate_forward(float *out, float *lse, const float *qkv, int64_t B, int64_t T,
                                                     int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    TP_TRY(emulation_fits(B, T, Hq, Hkv, hd));
+    TP_TRY(attention_emulation_shape(cuda_attention_tiled_fits(B, Hq, hd), "tiled", B, T, Hq, Hkv, hd));
     switch (hd) {
     case 32: return emulate_forward<32>(out, lse, qkv, B, T, Hq, Hkv);
     case 64: return emulate_forward<64>(out, lse, qkv, B, T, Hq, Hkv);
@@ -973,7 +939,7 @@ extern "C" int cuda_attention_tiled_emulate_backward(float *d_qkv, float *delta,
                                                      const float *out, const float *lse, int64_t B, int64_t T,
                                                      int64_t Hq, int64_t Hkv, int64_t hd)
 {
-    TP_TRY(emulation_fits(B, T, Hq, Hkv, hd));
+    TP_TRY(attention_emulation_shape(cuda_attention_tiled_fits(B, Hq, hd), "tiled", B, T, Hq, Hkv, hd));
     switch (hd) {
     case 32: return emulate_backward<32>(d_qkv, delta, d_out, qkv, out, lse, B, T, Hq, Hkv);
     case 64: return emulate_backward<64>(d_qkv, delta, d_out, qkv, out, lse, B, T, Hq, Hkv);
