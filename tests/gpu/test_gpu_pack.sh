@@ -255,6 +255,9 @@ check_all "gpu-check --phase lease: sanitize has a quarter of the limit (none of
     'grep -qx "sanitize: memcheck-gpt-bf16: not started, 0 s of the limit left" "$L/summary.txt" &&
      grep -qx "sanitize: synccheck-odd-bf16: not started, 0 s of the limit left" "$L/summary.txt" &&
      [ ! -e "$FAKE_SANITIZER_LOG" ]'
+check_all "gpu-check --phase lease: the tests' limit is the limit, the bench's the lease's 5 s less what went before, 2 at least" \
+    'grep -qx "   (tests: [0-9]* s of at most 2)" "$L/summary.txt" &&
+     grep -qx "   (bench: [0-9]* s of at most [2-5])" "$L/summary.txt"'
 check "gpu-check --phase lease without a GPU fails" [ "$RC" -ne 0 ]
 check_all "gpu-check --phase lease: at most 8 files ($(ls "$L" | tr '\n' ' '))" '[ "$(ls "$L" | wc -l)" -le 8 ]'
 check "gpu-check --phase lease: no DCP fixtures" [ ! -e "$L/dcp-fixtures.tar.gz" ]
