@@ -12,15 +12,7 @@
 extern "C" {
 #include "../../common/error.h"
 }
-
-/* Loops unrolled on the device, so that per-row or per-lane arrays stay in
- * registers (the host's compiler, for the emulations, does not know the
- * pragma). */
-#ifdef __CUDA_ARCH__
-#define UNROLL _Pragma("unroll")
-#else
-#define UNROLL
-#endif
+#include "lanes.h" /* UNROLL */
 
 static __host__ __device__ inline int64_t min64(int64_t a, int64_t b)
 {

@@ -62,6 +62,7 @@ extern "C" {
 #include "attention_kernels.h"
 #include "attention_tf32x3.h"
 #include "internal.h"
+#include "lanes.h" /* lane_number */
 
 #define WARPS 4
 #define BLOCK_THREADS (32 * WARPS)
@@ -70,18 +71,6 @@ extern "C" {
 #define MET_ROWS 32                  /* the rows of a tile met */
 #define MET_GROUPS (MET_ROWS / 8)    /* its groups of 8 rows: the instruction's N (scores) or K (products) */
 #define PAD 4                        /* floats after each row in shared memory, for the banks */
-
-/* The warp's lane number of the l-th lane this code holds: on the GPU the
- * thread's own (L = 1), in the emulation l (L = 32). */
-template <int L> static __host__ __device__ inline int lane_number(int l)
-{
-#ifdef __CUDA_ARCH__
-    (void)l;
-    return (int)(threadIdx.x & 31);
-#else
-    return l;
-#endif
-}
 
 /* ============================================================ TF32 parts */
 

@@ -4,7 +4,6 @@
  * emulation (column_sums_emulation.h). */
 #include <pthread.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 extern "C" {
 #include "../../common/error.h"
@@ -50,39 +49,9 @@ void cuda_column_partials_end(void)
     pthread_mutex_unlock(&partials_lock);
 }
 
-/* The kernel's blocks one after the other, each block's threads in turn,
- * with the kernel's own per-thread functions (column_sums.h). */
 template <int VEC, typename In> static int emulate(float *sums, const In *values, int64_t N, int64_t C)
 {
-    typedef column_layout<VEC> layout;
-    const column_of_values<In> term = {values, C};
-    int64_t tiles = (C + COLUMN_TILE - 1) / COLUMN_TILE, chunks = column_chunks(N, tiles);
-    int64_t rows_per_chunk = (N + chunks - 1) / chunks;
-    float *partials = (float *)malloc((size_t)(chunks * C) * sizeof(float));
-    float *part = (float *)malloc(sizeof(float) * layout::thread_rows * (COLUMN_TILE + 1));
-    if (!partials || !part) {
-        free(partials), free(part);
-        return tp_fail(TP_ERR_NOMEM, "column sums' emulation: %lld chunks of %lld columns", (long long)chunks,
-                       (long long)C);
-    }
-    for (int64_t tile = 0; tile < tiles; tile++) {
-        int64_t first = tile * COLUMN_TILE;
-        for (int64_t chunk = chunks - 1; chunk >= 0; chunk--) {
-            int64_t begin = chunk * rows_per_chunk, end = begin + rows_per_chunk < N ? begin + rows_per_chunk : N;
-            for (int t = 0; t < COLUMN_THREADS; t++) {
-                int lane = t % layout::lanes, row = t / layout::lanes;
-                float s[VEC];
-                column_thread_sums<1, VEC>(s, term, begin, end, row, lane, first, C);
-                for (int v = 0; v < VEC; v++) part[row * (COLUMN_TILE + 1) + lane * VEC + v] = s[v];
-            }
-            for (int t = 0; t < COLUMN_TILE && first + t < C; t++)
-                partials[chunk * C + first + t] = column_block_total<VEC>(part, t);
-        }
-        for (int t = 0; t < COLUMN_TILE && first + t < C; t++)
-            sums[first + t] += column_chunks_total<1>(partials, chunks, 0, C, first + t);
-    }
-    free(partials), free(part);
-    return TP_OK;
+    return column_sums_emulate<1, VEC>(sums, (float *)NULL, column_of_values<In>{values, C}, N, C);
 }
 
 extern "C" int cuda_column_sums_emulate(float *sums, const void *values, int values_bf16, int64_t N, int64_t C,

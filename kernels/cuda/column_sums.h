@@ -27,13 +27,18 @@
  * H200's bf16 step.
  *
  * A thread's work is written once, in __host__ __device__ functions: the
- * kernel and its CPU emulation (column_sums.cu, cuda_column_sums_emulate)
- * both call them, so tests without a GPU check the kernel's indexing. */
+ * kernel and its CPU emulation (column_sums_emulate, below) both call them,
+ * so tests without a GPU check the kernel's indexing (test_column_sums, and
+ * test_norm_backward through the norms' emulation). */
 #ifndef TP_KERNELS_CUDA_COLUMN_SUMS_H
 #define TP_KERNELS_CUDA_COLUMN_SUMS_H
 
 #include <stdint.h>
+#include <stdlib.h>
 
+extern "C" {
+#include "../../common/error.h"
+}
 #include "launch.h"
 
 #define COLUMN_THREADS 256       /* a block's threads */
@@ -194,6 +199,52 @@ static int column_sums_launch(float *out0, float *out1, const Term &term, int64_
 fail:
     cuda_column_partials_end();
     return TP_ERR_DEVICE;
+}
+
+/* column_sums_kernel<OUTS, VEC> worked on the CPU (host memory), for tests
+ * of its indexing without a GPU: its blocks one after the other, the
+ * chunks of a tile in reverse order (the last block adds the chunks in
+ * chunk order whichever it is), each block's threads in turn, with the
+ * kernel's own per-thread functions. out0 (and out1) += as the kernel adds. */
+template <int OUTS, int VEC, typename Term>
+static int column_sums_emulate(float *out0, float *out1, const Term &term, int64_t N, int64_t C)
+{
+    typedef column_layout<VEC> layout;
+    if (N <= 0 || C <= 0) return TP_OK;
+    int64_t tiles = (C + COLUMN_TILE - 1) / COLUMN_TILE, chunks = column_chunks(N, tiles);
+    int64_t rows_per_chunk = (N + chunks - 1) / chunks;
+    float *partials = (float *)malloc((size_t)(chunks * OUTS * C) * sizeof(float));
+    float *part = (float *)malloc(sizeof(float) * OUTS * layout::thread_rows * (COLUMN_TILE + 1));
+    if (!partials || !part) {
+        free(partials), free(part);
+        return tp_fail(TP_ERR_NOMEM, "column sums' emulation: %lld chunks of %lld columns", (long long)chunks,
+                       (long long)C);
+    }
+    for (int64_t tile = 0; tile < tiles; tile++) {
+        int64_t first = tile * COLUMN_TILE;
+        for (int64_t chunk = chunks - 1; chunk >= 0; chunk--) {
+            int64_t begin = chunk * rows_per_chunk, end = begin + rows_per_chunk < N ? begin + rows_per_chunk : N;
+            for (int t = 0; t < COLUMN_THREADS; t++) {
+                int lane = t % layout::lanes, row = t / layout::lanes;
+                float s[OUTS * VEC];
+                column_thread_sums<OUTS, VEC>(s, term, begin, end, row, lane, first, C);
+                for (int o = 0; o < OUTS; o++)
+                    for (int v = 0; v < VEC; v++)
+                        part[(o * layout::thread_rows + row) * (COLUMN_TILE + 1) + lane * VEC + v] = s[o * VEC + v];
+            }
+            for (int t = 0; t < COLUMN_TILE && first + t < C; t++)
+                for (int o = 0; o < OUTS; o++)
+                    partials[(chunk * OUTS + o) * C + first + t] =
+                        column_block_total<VEC>(&part[o * layout::thread_rows * (COLUMN_TILE + 1)], t);
+        }
+        for (int t = 0; t < COLUMN_TILE && first + t < C; t++)
+            for (int o = 0; o < OUTS; o++) {
+                float *out = o == 0 ? out0 : out1;
+                if (out) out[first + t] += column_chunks_total<OUTS>(partials, chunks, o, C, first + t);
+            }
+    }
+    free(partials), free(part);
+    return TP_OK;
 }
 
 /* out0 (and out1) [C] += the column sums of term over N rows, queued on

@@ -84,14 +84,21 @@ int cuda_gelu_backward_of_sums(uint16_t *d_in, const uint16_t *in, const float *
  * classifier's d_logits, kernels.h): the fp32 value as computed, or the bits of rounding
  * that very value (bits_f32_to_bf16, as the CPU rounds). The arithmetic
  * before the store is one source for both, so the bits are exactly those
- * of rounding what the fp32 kernel writes. */
-static __device__ inline void store_value(float *at, float value)
+ * of rounding what the fp32 kernel writes. Also on the host, for the
+ * kernels' CPU emulations. */
+static __host__ __device__ inline void store_value(float *at, float value)
 {
     *at = value;
 }
-static __device__ inline void store_value(uint16_t *at, float value)
+static __host__ __device__ inline void store_value(uint16_t *at, float value)
 {
+#ifdef __CUDA_ARCH__
     *at = bits_f32_to_bf16(__float_as_uint(value));
+#else
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    *at = bits_f32_to_bf16(bits);
+#endif
 }
 
 /* An input element of a kernel that reads fp32 or, templated on its input

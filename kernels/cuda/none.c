@@ -6,6 +6,7 @@
 #include "attention_tf32x3.h"
 #include "attention_tiled.h"
 #include "column_sums_emulation.h"
+#include "norm_emulation.h"
 #include "products_lt.h"
 
 #define NO_CUDA "this build has no CUDA support (rebuild with nvcc available)"
@@ -177,6 +178,22 @@ int cuda_attention_tiled_emulate_backward(float *d_qkv, float *delta, const floa
 int cuda_column_sums_emulate(float *sums, const void *values, int values_bf16, int64_t N, int64_t C, int chunked)
 {
     (void)sums, (void)values, (void)values_bf16, (void)N, (void)C, (void)chunked;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cuda_layernorm_backward_emulate(float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias,
+                                    const float *d_out, const float *in, const float *weight, const float *mean,
+                                    const float *rstd, int64_t N, int64_t C)
+{
+    (void)d_in, (void)d_in_bits, (void)d_weight, (void)d_bias, (void)d_out, (void)in, (void)weight, (void)mean;
+    (void)rstd, (void)N, (void)C;
+    return tp_fail(TP_ERR_DEVICE, NO_CUDA);
+}
+
+int cuda_rmsnorm_backward_emulate(float *d_in, uint16_t *d_in_bits, float *d_weight, const float *d_out,
+                                  const float *in, const float *weight, const float *rstd, int64_t N, int64_t C)
+{
+    (void)d_in, (void)d_in_bits, (void)d_weight, (void)d_out, (void)in, (void)weight, (void)rstd, (void)N, (void)C;
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 

@@ -24,13 +24,19 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <type_traits>
 
 extern "C" {
 #include "../kernels.h"
 }
 #include "column_sums.h"
 #include "internal.h"
+#include "lanes.h"
 #include "launch.h"
+#include "norm_emulation.h"
 
 #define LAYERNORM_EPS 1e-5f
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
@@ -102,7 +108,7 @@ static __global__ void layernorm_forward_kernel(Out *out, float *mean, float *rs
 /* d_in[i] += value, as norm.c adds it, and where d_in_bits is not NULL the
  * bf16 bits of the sum (store_value: rounded as the CPU rounds): the
  * residual stream's gradient and the copy the products read (kernels.h). */
-static __device__ inline void add_to_d_in(float *d_in, uint16_t *d_in_bits, int64_t i, float value)
+static __host__ __device__ inline void add_to_d_in(float *d_in, uint16_t *d_in_bits, int64_t i, float value)
 {
     float sum = d_in[i] + value;
     d_in[i] = sum;
@@ -208,38 +214,54 @@ int cuda_residual_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd
  * those rows (a few MB) in row order. Each warp's rows are fixed by the
  * grid (blocks_for(N, WARP_ROWS), at most NORM_FUSED_BLOCKS), so the order
  * of every sum is too: the same bits every run. d_in, and its bits, are
- * the rows kernels': the same arithmetic in the same order. */
+ * the rows kernels': the same arithmetic in the same order. A warp's work
+ * is written once over the lanes its caller holds (lanes.h), so that the
+ * CPU emulation (norm_emulation.h) runs the kernel's own code: tests
+ * without a GPU check its indexing (test_norm_backward). */
 #define NORM_FUSED_COLUMNS 1024
 #define NORM_FUSED_BLOCKS 512 /* about 4 an SM of an H100 */
 
-template <int COLS, bool MEAN, int OUTS>
-static __global__ void __launch_bounds__(THREADS)
-    norm_backward_fused_kernel(float *d_in, uint16_t *d_in_bits, float *partials, const float *d_out, const float *in,
-                               const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
+/* The fused kernel's blocks for N rows: a warp a row, at most
+ * NORM_FUSED_BLOCKS (a warp then takes every WARP_ROWS x blocks-th row). */
+static inline unsigned norm_fused_blocks(int64_t N)
 {
-    static_assert(COLS * 32 <= NORM_FUSED_COLUMNS && OUTS == (MEAN ? 2 : 1), "a lane's columns; layer norm's two sums");
-    __shared__ float block_sums[OUTS][NORM_FUSED_COLUMNS];
-    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    float acc[OUTS][COLS];
-#pragma unroll
-    for (int o = 0; o < OUTS; o++)
-#pragma unroll
-        for (int j = 0; j < COLS; j++) acc[o][j] = 0.0f;
-    ROWS_OF_WARP(n, N) {
-        const float *x = in + n * C, *dy = d_out + n * C;
-        float m = MEAN ? mean[n] : 0.0f, s = rstd[n], a = 0, b = 0; /* x - 0 is x exactly (RMSNorm) */
-#pragma unroll
+    unsigned blocks = blocks_for(N, WARP_ROWS);
+    return blocks > NORM_FUSED_BLOCKS ? NORM_FUSED_BLOCKS : blocks;
+}
+
+/* Row n of the fused backward by its warp, written once over the L lanes
+ * the caller holds (lanes.h: a GPU thread its own, the emulation all 32):
+ * d_in's row (+=, and its bits), and each lane's terms of the gradients'
+ * sums added to acc[l][o][j] for its columns c = lane + 32 j: the weight's
+ * (xhat dy) at o 0, layer norm's bias's (dy) at o 1. */
+template <int COLS, bool MEAN, int OUTS, int L>
+static __host__ __device__ inline void norm_fused_row(float (*acc)[OUTS][COLS], float *d_in, uint16_t *d_in_bits,
+                                                      const float *d_out, const float *in, const float *weight,
+                                                      const float *mean, const float *rstd, int64_t n, int64_t C)
+{
+    const float *x = in + n * C, *dy = d_out + n * C;
+    float m = MEAN ? mean[n] : 0.0f, s = rstd[n], a[L], b[L]; /* x - 0 is x exactly (RMSNorm) */
+UNROLL
+    for (int l = 0; l < L; l++) {
+        int lane = lane_number<L>(l);
+        a[l] = b[l] = 0;
+UNROLL
         for (int j = 0; j < COLS; j++) {
             int64_t c = lane + 32 * j;
             if (c < C) {
                 float xhat = (x[c] - m) * s, dxhat = dy[c] * weight[c];
-                if (MEAN) a += dxhat;
-                b += dxhat * xhat;
+                if (MEAN) a[l] += dxhat;
+                b[l] += dxhat * xhat;
             }
         }
-        float mean_dxhat = MEAN ? warp_sum(a) / (float)C : 0.0f;
-        float mean_dxhat_xhat = warp_sum(b) / (float)C;
-#pragma unroll
+    }
+    if (MEAN) lanes_sum<L>(a);
+    lanes_sum<L>(b);
+UNROLL
+    for (int l = 0; l < L; l++) {
+        int lane = lane_number<L>(l);
+        float mean_dxhat = MEAN ? a[l] / (float)C : 0.0f, mean_dxhat_xhat = b[l] / (float)C;
+UNROLL
         for (int j = 0; j < COLS; j++) {
             int64_t c = lane + 32 * j;
             if (c < C) {
@@ -247,24 +269,61 @@ static __global__ void __launch_bounds__(THREADS)
                 add_to_d_in(d_in, d_in_bits, n * C + c,
                             MEAN ? (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s
                                  : (dxhat - xhat * mean_dxhat_xhat) * s);
-                acc[0][j] += xhat * dyc;
-                if (MEAN) acc[OUTS - 1][j] += dyc;
+                acc[l][0][j] += xhat * dyc;
+                if (MEAN) acc[l][OUTS - 1][j] += dyc;
             }
         }
     }
+}
+
+/* Warp w's sums acc (lane `lane`'s) into the block's, block_sums [OUTS]
+ * [NORM_FUSED_COLUMNS]: warp 0's written, each later warp's added, the
+ * warps in order. */
+template <int COLS, int OUTS>
+static __host__ __device__ inline void norm_fused_block_add(float *block_sums, const float (*acc)[COLS], int w,
+                                                            int lane, int64_t C)
+{
+UNROLL
+    for (int o = 0; o < OUTS; o++)
+UNROLL
+        for (int j = 0; j < COLS; j++) {
+            int c = lane + 32 * j;
+            float *sum = &block_sums[o * NORM_FUSED_COLUMNS + c];
+            if (c < C) *sum = w == 0 ? acc[o][j] : *sum + acc[o][j];
+        }
+}
+
+/* Column c of the block's sums into its row of the partials [blocks, OUTS,
+ * C]. */
+template <int OUTS>
+static __host__ __device__ inline void norm_fused_partials(float *partials, const float *block_sums, int64_t block,
+                                                           int64_t c, int64_t C)
+{
+    for (int o = 0; o < OUTS; o++) partials[(block * OUTS + o) * C + c] = block_sums[o * NORM_FUSED_COLUMNS + c];
+}
+
+template <int COLS, bool MEAN, int OUTS>
+static __global__ void __launch_bounds__(THREADS)
+    norm_backward_fused_kernel(float *d_in, uint16_t *d_in_bits, float *partials, const float *d_out, const float *in,
+                               const float *weight, const float *mean, const float *rstd, int64_t N, int64_t C)
+{
+    static_assert(COLS * 32 <= NORM_FUSED_COLUMNS && OUTS == (MEAN ? 2 : 1), "a lane's columns; layer norm's two sums");
+    __shared__ float block_sums[OUTS * NORM_FUSED_COLUMNS];
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    float acc[1][OUTS][COLS];
+#pragma unroll
+    for (int o = 0; o < OUTS; o++)
+#pragma unroll
+        for (int j = 0; j < COLS; j++) acc[0][o][j] = 0.0f;
+    ROWS_OF_WARP(n, N) {
+        norm_fused_row<COLS, MEAN, OUTS, 1>(acc, d_in, d_in_bits, d_out, in, weight, mean, rstd, n, C);
+    }
     for (int w = 0; w < WARP_ROWS; w++) { /* the warps' sums in warp order */
-        if (warp == w)
-#pragma unroll
-            for (int o = 0; o < OUTS; o++)
-#pragma unroll
-                for (int j = 0; j < COLS; j++) {
-                    int c = lane + 32 * j;
-                    if (c < C) block_sums[o][c] = w == 0 ? acc[o][j] : block_sums[o][c] + acc[o][j];
-                }
+        if (warp == w) norm_fused_block_add<COLS, OUTS>(block_sums, acc[0], w, lane, C);
         __syncthreads();
     }
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        for (int o = 0; o < OUTS; o++) partials[((int64_t)blockIdx.x * OUTS + o) * C + c] = block_sums[o][c];
+        norm_fused_partials<OUTS>(partials, block_sums, blockIdx.x, c, C);
 }
 
 /* Row n of the fused kernel's partials [blocks, OUTS, C], columns c.. c + VEC
@@ -288,19 +347,26 @@ template <int OUTS> struct norm_partials_terms {
 static cuda_scratch fused_partials;
 static pthread_mutex_t fused_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* run(std::integral_constant<int, COLS>{}) at the fewest columns a lane,
+ * COLS of 8, 16, 24 and 32, that hold a row of C (C <= NORM_FUSED_COLUMNS). */
+template <typename Run> static int norm_fused_at_width(int64_t C, const Run &run)
+{
+    if (C <= 8 * 32) return run(std::integral_constant<int, 8>{});
+    if (C <= 16 * 32) return run(std::integral_constant<int, 16>{});
+    if (C <= 24 * 32) return run(std::integral_constant<int, 24>{});
+    return run(std::integral_constant<int, 32>{});
+}
+
 template <bool MEAN, int OUTS>
 static int norm_backward_fused_launch(unsigned blocks, float *d_in, uint16_t *d_in_bits, float *partials,
                                       const float *d_out, const float *in, const float *weight, const float *mean,
                                       const float *rstd, int64_t N, int64_t C)
 {
-#define NORM_FUSED(COLS)                                                                                               \
-    norm_backward_fused_kernel<COLS, MEAN, OUTS><<<blocks, THREADS, 0, cuda_state.stream>>>(                            \
-        d_in, d_in_bits, partials, d_out, in, weight, mean, rstd, N, C)
-    if (C <= 8 * 32) NORM_FUSED(8);
-    else if (C <= 16 * 32) NORM_FUSED(16);
-    else if (C <= 24 * 32) NORM_FUSED(24);
-    else NORM_FUSED(32);
-#undef NORM_FUSED
+    norm_fused_at_width(C, [&](auto cols) {
+        norm_backward_fused_kernel<decltype(cols)::value, MEAN, OUTS><<<blocks, THREADS, 0, cuda_state.stream>>>(
+            d_in, d_in_bits, partials, d_out, in, weight, mean, rstd, N, C);
+        return TP_OK;
+    });
     LAUNCH_CHECK();
     return TP_OK;
 fail:
@@ -314,8 +380,7 @@ static int norm_backward_fused(float *d_in, uint16_t *d_in_bits, float *d_weight
                                const float *in, const float *weight, const float *mean, const float *rstd, int64_t N,
                                int64_t C)
 {
-    unsigned blocks = blocks_for(N, WARP_ROWS);
-    if (blocks > NORM_FUSED_BLOCKS) blocks = NORM_FUSED_BLOCKS;
+    unsigned blocks = norm_fused_blocks(N);
     void *partials = NULL;
     const size_t bytes = (size_t)blocks * OUTS * (size_t)C * sizeof(float);
     pthread_mutex_lock(&fused_lock);
@@ -328,6 +393,79 @@ static int norm_backward_fused(float *d_in, uint16_t *d_in_bits, float *d_weight
                                    (int64_t)blocks, C);
     pthread_mutex_unlock(&fused_lock);
     return status;
+}
+
+/* norm_backward_fused worked on the CPU (host memory), for tests of its
+ * indexing without a GPU: the kernel's blocks one after the other, each
+ * block's warps in order (a warp's rows, then its sums into the block's),
+ * with the kernel's own per-warp functions over the warp's 32 lanes; then
+ * column_sums' emulation over the partials. */
+template <int COLS, bool MEAN, int OUTS>
+static int norm_backward_fused_emulate(float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias,
+                                       const float *d_out, const float *in, const float *weight, const float *mean,
+                                       const float *rstd, int64_t N, int64_t C)
+{
+    unsigned blocks = norm_fused_blocks(N);
+    float *partials = (float *)malloc((size_t)blocks * OUTS * (size_t)C * sizeof(float));
+    float *block_sums = (float *)malloc(sizeof(float) * OUTS * NORM_FUSED_COLUMNS);
+    float(*acc)[OUTS][COLS] = (float(*)[OUTS][COLS])malloc(sizeof(float) * 32 * OUTS * COLS);
+    int status = TP_OK;
+    if (!partials || !block_sums || !acc)
+        status = tp_fail(TP_ERR_NOMEM, "the norms' backward emulation: %u blocks of %lld columns", blocks,
+                         (long long)C);
+    for (unsigned block = 0; block < blocks && !status; block++) {
+        for (int w = 0; w < WARP_ROWS; w++) {
+            memset(acc, 0, sizeof(float) * 32 * OUTS * COLS);
+            for (int64_t n = (int64_t)block * WARP_ROWS + w; n < N; n += (int64_t)blocks * WARP_ROWS) /* ROWS_OF_WARP */
+                norm_fused_row<COLS, MEAN, OUTS, 32>(acc, d_in, d_in_bits, d_out, in, weight, mean, rstd, n, C);
+            for (int lane = 0; lane < 32; lane++) norm_fused_block_add<COLS, OUTS>(block_sums, acc[lane], w, lane, C);
+        }
+        for (int64_t c = 0; c < C; c++) norm_fused_partials<OUTS>(partials, block_sums, block, c, C);
+    }
+    if (!status) {
+        const norm_partials_terms<OUTS> terms = {partials, C};
+        float *d_bias_or_none = MEAN ? d_bias : NULL;
+        status = terms.chunks_fit() ? column_sums_emulate<OUTS, CHUNK>(d_weight, d_bias_or_none, terms, blocks, C)
+                                    : column_sums_emulate<OUTS, 1>(d_weight, d_bias_or_none, terms, blocks, C);
+    }
+    free(partials), free(block_sums), free(acc);
+    return status;
+}
+
+static int norm_emulation_shape(int64_t N, int64_t C)
+{
+    if (N < 0 || C < 0)
+        return tp_fail(TP_ERR_ARG, "the norms' backward emulation: a shape of [%lld, %lld]", (long long)N,
+                       (long long)C);
+    if (C > NORM_FUSED_COLUMNS)
+        return tp_fail(TP_ERR_ARG,
+                       "the norms' backward emulation: rows of %lld columns (the fused kernel takes %d at most)",
+                       (long long)C, NORM_FUSED_COLUMNS);
+    return TP_OK;
+}
+
+extern "C" int cuda_layernorm_backward_emulate(float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias,
+                                               const float *d_out, const float *in, const float *weight,
+                                               const float *mean, const float *rstd, int64_t N, int64_t C)
+{
+    TP_TRY(norm_emulation_shape(N, C));
+    if (N == 0 || C == 0) return TP_OK;
+    return norm_fused_at_width(C, [&](auto cols) {
+        return norm_backward_fused_emulate<decltype(cols)::value, true, 2>(d_in, d_in_bits, d_weight, d_bias, d_out,
+                                                                           in, weight, mean, rstd, N, C);
+    });
+}
+
+extern "C" int cuda_rmsnorm_backward_emulate(float *d_in, uint16_t *d_in_bits, float *d_weight, const float *d_out,
+                                             const float *in, const float *weight, const float *rstd, int64_t N,
+                                             int64_t C)
+{
+    TP_TRY(norm_emulation_shape(N, C));
+    if (N == 0 || C == 0) return TP_OK;
+    return norm_fused_at_width(C, [&](auto cols) {
+        return norm_backward_fused_emulate<decltype(cols)::value, false, 1>(d_in, d_in_bits, d_weight, NULL, d_out,
+                                                                            in, weight, NULL, rstd, N, C);
+    });
 }
 
 int cuda_layernorm_backward(float *d_in, uint16_t *d_in_bits, float *d_weight, float *d_bias, const float *d_out,
