@@ -820,7 +820,12 @@ static void on_rejected(void *ctx, const char *path, const char *why)
     emit(s, "checkpoint_rejected", e);
 }
 
-/* Waits until the capacity reaches min_world (or the wait's limit). */
+/* How a wait for capacity ended. */
+enum { CAPACITY_READY, CAPACITY_GAVE_UP, CAPACITY_STOPPED };
+
+/* Waits until the capacity reaches min_world (CAPACITY_READY), the wait's
+ * limit (CAPACITY_GAVE_UP, why says so) or a stop request
+ * (CAPACITY_STOPPED). */
 static int wait_for_capacity(run_state *s, elastic_capacity *capacity, char *why, size_t why_size)
 {
     const elastic_run_options *o = s->o;
@@ -828,7 +833,7 @@ static int wait_for_capacity(run_state *s, elastic_capacity *capacity, char *why
     int announced = 0;
     for (;;) {
         int status = elastic_capacity_read(&o->capacity, capacity);
-        if (!status && capacity->world >= o->min_world) return TP_OK;
+        if (!status && capacity->world >= o->min_world) return CAPACITY_READY;
         if (!announced) {
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "world", status ? -1 : capacity->world);
@@ -837,10 +842,11 @@ static int wait_for_capacity(run_state *s, elastic_capacity *capacity, char *why
             emit(s, "waiting_for_capacity", e);
             announced = 1;
         }
-        if (now_seconds() - start > o->capacity_wait_seconds || atomic_load(&stop_requested)) {
+        if (atomic_load(&stop_requested)) return CAPACITY_STOPPED;
+        if (now_seconds() - start > o->capacity_wait_seconds) {
             snprintf(why, why_size, "capacity stayed below --min-world %d for %.0f s (%s)", o->min_world,
                      now_seconds() - start, status ? tp_errmsg() : "too few ranks");
-            return TP_ERR_STATE;
+            return CAPACITY_GAVE_UP;
         }
         pause_seconds(o->poll_seconds > 0.5 ? o->poll_seconds : 0.5);
     }
@@ -859,6 +865,15 @@ static void fill_summary(run_state *s, elastic_summary *out, int finished)
     double lost = 0;
     for (int i = 0; i < 5; i++) lost += out->lost_seconds[i] = s->lost[i];
     out->training_seconds = out->wall_seconds - lost > 0 ? out->wall_seconds - lost : 0;
+}
+
+/* A stop asked for (SIGINT, SIGTERM, SIGHUP) while no trainer runs: the
+ * run ends, with nothing lost. Returns 1 (the run is over). */
+static int stopped_while_idle(run_state *s, elastic_summary *summary)
+{
+    fill_summary(s, summary, 0);
+    snprintf(summary->reason, sizeof summary->reason, "stopped on request");
+    return 1;
 }
 
 static int give_up(run_state *s, elastic_summary *summary, const char *why)
@@ -886,7 +901,9 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     char why[8192];
     elastic_capacity capacity;
     *status_out = TP_OK;
-    if (wait_for_capacity(s, &capacity, why, sizeof why)) return *status_out = give_up(s, summary, why), 1;
+    int waited = wait_for_capacity(s, &capacity, why, sizeof why);
+    if (waited == CAPACITY_STOPPED) return stopped_while_idle(s, summary);
+    if (waited == CAPACITY_GAVE_UP) return *status_out = give_up(s, summary, why), 1;
     elastic_layout layout;
     if (ranks_planned(s, &capacity, &layout) < 0) {
         snprintf(why, sizeof why, "no valid layout for %d ranks (tp-elastic plan --world %d says why)", capacity.world,
@@ -1012,9 +1029,7 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     double backoff = o->backoff_seconds * pow(2, s->repeats - 1);
     pause_seconds(backoff < 60 ? backoff : 60);
     s->lost[LOST_RELAUNCH] += now_seconds() - failed_at;
-    return atomic_load(&stop_requested) ? (fill_summary(s, summary, 0),
-                                           snprintf(summary->reason, sizeof summary->reason, "stopped on request"), 1)
-                                        : 0;
+    return atomic_load(&stop_requested) ? stopped_while_idle(s, summary) : 0;
 }
 
 int elastic_run(const elastic_run_options *o, elastic_summary *summary)

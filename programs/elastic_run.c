@@ -21,8 +21,9 @@ static const char run_usage[] =
     "Runs tp-train through a launcher and keeps it going: on a failure (a rank or node lost, a hang) it\n"
     "relaunches from the newest checkpoint that verifies, at the layout the planner picks for the ranks\n"
     "available, keeping the global batch; when capacity grows it asks the trainer to checkpoint and relaunches\n"
-    "larger. ARGS give the model, --global-batch B (sequences per step), --steps and the rest; tp-elastic adds\n"
-    "--tp/--pp/--dp, --micro-batch, --ckpt-dir, --resume and --log.\n"
+    "larger. ARGS give the model, --global-batch B (sequences per step), --steps and the rest (--micro-batch M:\n"
+    "the largest to use). tp-elastic sets --tp/--pp/--dp, --grad-accum, --sequence-parallel, --virtual-stages,\n"
+    "--zero, --ckpt-dir, --resume and --log itself and refuses them in ARGS, as any option tp-train lacks.\n"
     "\n"
     "capacity:  --world N | --world-file FILE (re-read when it changes) | --hostfile FILE (Open MPI's) |\n"
     "           inside a Slurm allocation, its nodes (asked of Slurm)\n"
@@ -84,30 +85,48 @@ static void on_progress(void *ctx, int64_t step, int64_t steps, double loss, con
 static const char *const owned[] = {"--tp", "--pp", "--dp", "--grad-accum", "--ckpt-dir", "--resume", "--log",
                                     "--sequence-parallel", "--virtual-stages", "--zero", NULL};
 
+/* tp-train's option named by `word` ("--name" or "--name=value"; the
+ * model's and the trainer's, as tp-train takes them), NULL when it has none
+ * of that name. */
+static const struct option *train_option(const char *word)
+{
+    static const struct option options[] = {CLI_MODEL_LONG_OPTIONS, CLI_TRAIN_LONG_OPTIONS, {0, 0, 0, 0}};
+    size_t length = strcspn(word + 2, "=");
+    for (int k = 0; options[k].name; k++)
+        if (strlen(options[k].name) == length && strncmp(word + 2, options[k].name, length) == 0) return &options[k];
+    return NULL;
+}
+
 /* Reads what the orchestrator needs from the trainer's arguments: the model,
- * the global batch, the micro-batch limit and the steps. */
+ * the global batch, the micro-batch limit and the steps. An option tp-train
+ * does not have is refused here, before any launch. */
 static void read_train_args(char **args, elastic_run_options *o)
 {
     gpt_options model = {0};
     int have_batch = 0;
     for (int i = 1; args[i]; i++) {
-        const char *a = args[i], *value = args[i + 1];
-        for (int k = 0; owned[k]; k++)
-            if (strcmp(a, owned[k]) == 0)
-                cli_usage_error(PROGRAM, "%s is tp-elastic's to set; leave it out of the trainer's arguments", a);
+        const char *a = args[i];
         if (strncmp(a, "--", 2) != 0) continue;
-        int is_model = 0;
-        for (int k = 0; gpt_option_names[k]; k++) is_model |= strcmp(a + 2, gpt_option_names[k]) == 0;
-        int flag = (is_model && gpt_option_is_flag(a + 2)) || strcmp(a, "--quiet") == 0 || strcmp(a, "--sync-save") == 0;
+        const struct option *known = train_option(a);
+        if (!known) cli_usage_error(PROGRAM, "tp-train has no option %s (tp-train --help lists them)", a);
+        for (int k = 0; owned[k]; k++)
+            if (strcmp(known->name, owned[k] + 2) == 0)
+                cli_usage_error(PROGRAM, "%s is tp-elastic's to set; leave it out of the trainer's arguments",
+                                owned[k]);
+        const char *equals = strchr(a, '='), *value = equals ? equals + 1 : args[i + 1];
+        int flag = known->has_arg == no_argument;
+        if (flag && equals) cli_usage_error(PROGRAM, "trainer option --%s takes no value", known->name);
         if (!flag && !value) cli_usage_error(PROGRAM, "trainer option %s needs a value", a);
-        if (is_model && gpt_options_set(&model, a + 2, value)) cli_usage_error(PROGRAM, "%s", tp_errmsg());
-        if (strcmp(a, "--global-batch") == 0) {
+        const char *name = known->name;
+        if (known->val == CLI_MODEL_OPTION && gpt_options_set(&model, name, flag ? "" : value))
+            cli_usage_error(PROGRAM, "%s", tp_errmsg());
+        if (strcmp(name, "global-batch") == 0) {
             o->global_batch = cli_int(PROGRAM, "--global-batch", value, 1, (int64_t)1 << 30);
             have_batch = 1;
         }
-        if (strcmp(a, "--micro-batch") == 0) o->micro_batch = cli_int(PROGRAM, "--micro-batch", value, 1, 1 << 20);
-        if (strcmp(a, "--steps") == 0) o->steps = cli_int(PROGRAM, "--steps", value, 1, (int64_t)1 << 40);
-        if (!flag) i++;
+        if (strcmp(name, "micro-batch") == 0) o->micro_batch = cli_int(PROGRAM, "--micro-batch", value, 1, 1 << 20);
+        if (strcmp(name, "steps") == 0) o->steps = cli_int(PROGRAM, "--steps", value, 1, (int64_t)1 << 40);
+        if (!flag && !equals) i++;
     }
     if (!have_batch) cli_usage_error(PROGRAM, "the trainer's arguments need --global-batch B (sequences per step)");
     if (gpt_options_finish(&model, &o->model)) cli_usage_error(PROGRAM, "the trainer's model: %s", tp_errmsg());
@@ -198,6 +217,14 @@ int elastic_run_main(int argc, char **argv)
         if (!capacity_given) cli_usage_error(PROGRAM, "mpirun needs the capacity: --world N, --world-file or --hostfile");
     } else {
         cli_usage_error(PROGRAM, "--launcher takes auto, mpirun or srun, not '%s'", launcher);
+    }
+    /* A capacity file is re-read as the run goes, and a moment unreadable
+     * there (being rewritten) is waited out; at the start, one missing or
+     * holding anything but its number is a mistake, refused at once rather
+     * than waited on for --capacity-wait. */
+    if (o.capacity.kind == ELASTIC_CAPACITY_WORLD_FILE || o.capacity.kind == ELASTIC_CAPACITY_HOSTFILE) {
+        elastic_capacity first;
+        if (elastic_capacity_read(&o.capacity, &first)) return cli_error(PROGRAM, "%s", tp_errmsg());
     }
     /* Another tool's checkpoint is no run directory: said once, not
      * relaunched (the trainer refuses it, and that refusal was retried). */

@@ -195,6 +195,29 @@ expect_error "capacity never reaches --min-world: gives up after --capacity-wait
     "$ELASTIC" run --ckpt-dir "$WORK/starved" --world-file "$WORK/world.one" --min-world 2 --capacity-wait 1 $FAST \
     -- "$TRAIN" $TRAIN_ARGS
 check "capacity never reaches --min-world: nothing launched" [ "$(events "$WORK/starved" launch)" -eq 0 ]
+# A stop asked while it waits for capacity is a stop, not a give-up: it says
+# so at once and launches nothing (it was reported as capacity staying low).
+echo 0 >"$WORK/world.none"
+R="$WORK/stop_waiting"
+"$ELASTIC" run --ckpt-dir "$R" --world-file "$WORK/world.none" --capacity-wait 60 $FAST -- "$TRAIN" $TRAIN_ARGS \
+    >"$WORK/stop_waiting.out" 2>"$WORK/stop_waiting.err" &
+orchestrator=$!
+while ! grep -q '"event":"waiting_for_capacity"' "$R/elastic/events.jsonl" 2>/dev/null; do sleep 0.05; done
+kill -TERM $orchestrator
+wait $orchestrator
+check "SIGTERM while waiting for capacity: exit 1" [ $? -eq 1 ]
+check "SIGTERM while waiting for capacity: it says it stopped on request" grep -q "stopped on request" \
+    "$WORK/stop_waiting.err"
+check "SIGTERM while waiting for capacity: no give-up" [ "$(events "$R" give_up)" -eq 0 ]
+check "SIGTERM while waiting for capacity: nothing launched" [ "$(events "$R" launch)" -eq 0 ]
+# A capacity file missing or holding anything but its number at the start is
+# a mistake, refused at once (it was waited on for --capacity-wait).
+expect_error "a missing --world-file: refused at once" 1 "world.missing: cannot open" \
+    timeout 20 "$ELASTIC" run --ckpt-dir "$WORK/nofile" --world-file "$WORK/world.missing" $FAST -- "$TRAIN" $TRAIN_ARGS
+printf '4x\n' >"$WORK/world.bad"
+expect_error "a malformed --world-file: refused at once, naming what it holds" 1 "world.bad: expected .* got '4x" \
+    timeout 20 "$ELASTIC" run --ckpt-dir "$WORK/badfile" --world-file "$WORK/world.bad" $FAST -- "$TRAIN" $TRAIN_ARGS
+check "a malformed --world-file: nothing written" [ ! -e "$WORK/badfile" ]
 
 # ------------------------------------------------------------- --hostfile
 # Capacity from an Open MPI host file (this machine, 3 slots): mpirun is
@@ -298,5 +321,16 @@ expect_error "no --ckpt-dir" 2 "ckpt-dir" "$ELASTIC" run --world 2 -- "$TRAIN" $
 expect_error "a layout option for the trainer" 2 "--tp is tp-elastic's" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2 \
     -- "$TRAIN" $TRAIN_ARGS --tp 2
 expect_error "no global batch" 2 "global-batch" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2 -- "$TRAIN" --model tiny
+# An option tp-train does not have is refused before any launch, last or
+# not (the last was told "needs a value"); --name=value forms are read.
+expect_error "an unknown trainer option, last" 2 "tp-train has no option --bogus" "$ELASTIC" run \
+    --ckpt-dir "$WORK/u" --world 2 -- "$TRAIN" $TRAIN_ARGS --bogus
+expect_error "an unknown trainer option with a value" 2 "tp-train has no option --bogus" "$ELASTIC" run \
+    --ckpt-dir "$WORK/u" --world 2 -- "$TRAIN" --bogus 3 $TRAIN_ARGS
+expect_error "a trainer flag given a value" 2 "--quiet takes no value" "$ELASTIC" run \
+    --ckpt-dir "$WORK/u" --world 2 -- "$TRAIN" $TRAIN_ARGS --quiet=1
+expect_error "a layout option as --name=value" 2 "--zero is tp-elastic's" "$ELASTIC" run \
+    --ckpt-dir "$WORK/u" --world 2 -- "$TRAIN" $TRAIN_ARGS --zero=1
+check "usage errors: nothing written" [ ! -e "$WORK/u" ]
 expect_error "no trainer" 2 "after '--'" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2
 finish
