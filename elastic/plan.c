@@ -540,7 +540,8 @@ static void split_batch(const elastic_plan_request *r, const catalogued_model *c
 }
 
 /* The interleaved schedule (tp-train --virtual-stages) where the pipeline's
- * bubble, (pp - 1) / m of the step for m micro-batches, is over
+ * bubble, (pp - 1) / m of the compute time for m micro-batches (the
+ * stages' idle time against their work), is over
  * PLAN_BUBBLE_TARGET: the fewest virtual stages V that bring (pp - 1) / (V m)
  * under it, or the most the layers allow (layers / pp chunks of one layer),
  * among those that fit the memory per rank. It needs m a multiple of pp; each
@@ -714,7 +715,8 @@ static void explain_chosen(const elastic_plan_request *r, elastic_plan *plan)
     why_append(plan, part);
     if (!is_current(r, c) && leaner) {
         char less[32];
-        snprintf(part, sizeof part, " (tp%d pp%d needs %s but idles in a pipeline bubble of %.1f%% of the step)",
+        snprintf(part, sizeof part,
+                 " (tp%d pp%d needs %s but idles in a pipeline bubble of %.1f%% of its compute time)",
                  leaner->tp, leaner->pp, format_bytes((double)leaner->memory.total, less, sizeof less),
                  100 * leaner->bubble);
         why_append(plan, part);
@@ -726,11 +728,11 @@ static void explain_chosen(const elastic_plan_request *r, elastic_plan *plan)
         why_append(plan, part);
     }
     if (c->virtual_stages > 1) {
-        snprintf(part, sizeof part, "; interleaved over %d virtual stages: an ideal bubble of %.1f%% of the step "
-                 "instead of %.1f%%", c->virtual_stages, 100 * c->bubble, 100 * c->bubble_one_chunk);
+        snprintf(part, sizeof part, "; interleaved over %d virtual stages: an ideal bubble of %.1f%% of the compute "
+                 "time instead of %.1f%%", c->virtual_stages, 100 * c->bubble, 100 * c->bubble_one_chunk);
         why_append(plan, part);
     } else if (c->pp > 1 && c->bubble > PLAN_BUBBLE_TARGET) {
-        snprintf(part, sizeof part, "; an ideal bubble of %.1f%% of the step (%s)", 100 * c->bubble,
+        snprintf(part, sizeof part, "; an ideal bubble of %.1f%% of the compute time (%s)", 100 * c->bubble,
                  c->grad_accum % c->pp ? "the accumulation is not a multiple of pp: no virtual stages"
                                        : "virtual stages would not fit or the layers allow none");
         why_append(plan, part);

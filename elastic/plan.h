@@ -23,7 +23,8 @@
 
 #include "../model/gpt.h"
 
-/* The pipeline bubble the planner lets be without interleaving: 5% of the step. */
+/* The pipeline bubble the planner lets be without interleaving: 5% of the
+ * compute time (idle time against work: (pp - 1) / m for m micro-batches). */
 #define PLAN_BUBBLE_TARGET 0.05
 
 typedef struct {
@@ -72,7 +73,7 @@ typedef struct {
     int virtual_stages;         /* tp-train --virtual-stages (1: 1F1B): chosen where the bubble is over
                                    PLAN_BUBBLE_TARGET, the fewest that bring it under (plan.c
                                    choose_virtual_stages) */
-    double bubble;              /* the ideal bubble, (pp - 1) / (V x grad_accum) of the step; 0 at pp 1 */
+    double bubble;              /* the ideal bubble, (pp - 1) / (V x grad_accum) of the compute time; 0 at pp 1 */
     double bubble_one_chunk;    /* the same at V = 1 */
     int valid;
     char reason[256];           /* why not valid: the first rule it breaks */

@@ -124,7 +124,7 @@ check "text: tp2 pp1 dp1 chosen with sequence parallelism, and why" \
 expect_ok "a bubble over 5%: interleaved" "$ELASTIC" plan --world 2 --layers 8 --dim 64 --heads 1 --vocab 256 \
     --seq 32 --global-batch 8 --micro-batch 1
 check "text: tp1 pp2 chosen with 4 virtual stages, and why" grep -Eq "^chosen: tp1 pp2 dp1 micro 1 accum 8 \
-virtual-stages 4 \(.*interleaved over 4 virtual stages: an ideal bubble of 3.1% of the step instead of 12.5%\)" \
+virtual-stages 4 \(.*interleaved over 4 virtual stages: an ideal bubble of 3.1% of the compute time instead of 12.5%\)" \
     "$WORK/.out"
 check "text: its row says v 4, bubble 3.1%" grep -Eq "^ +1 +2 +1 +1 +8 +2 .* - +4 +3.1% +<- chosen" "$WORK/.out"
 expect_ok "the same, JSON" "$ELASTIC" plan --world 2 --layers 8 --dim 64 --heads 1 --vocab 256 --seq 32 \
@@ -134,7 +134,7 @@ check "JSON: virtual_stages 4, bubble 1/32; pp 1 has none" "$PY" -c 'import json
 # tp2 pp2 idles each stage half the step; tp4 pp1 needs 72 KiB more per rank.
 expect_ok "llama-tiny, 4 ranks, batch 1" "$ELASTIC" plan --world 4 --model llama-tiny --global-batch 1
 check "text: tp4 pp1 chosen over the 100% bubble of tp2 pp2, and why" grep -Eq "^chosen: tp4 pp1 dp1 micro 1 accum 1 \
-\(.*per rank \(tp2 pp2 needs 913 KiB but idles in a pipeline bubble of 100.0% of the step\)\)" "$WORK/.out"
+\(.*per rank \(tp2 pp2 needs 913 KiB but idles in a pipeline bubble of 100.0% of its compute time\)\)" "$WORK/.out"
 expect_ok "--help" "$ELASTIC" plan --help
 check "--help: usage" grep -q "usage: tp-elastic plan --world N" "$WORK/.out"
 check "--help: a run's tp-train arguments may be pasted" grep -q "tp-train arguments may be pasted as they are" "$WORK/.out"

@@ -299,7 +299,7 @@ Test(plan, a_bubble_outweighs_memory_that_fits)
     cr_assert_float_eq(tp2pp2->bubble, 1.0, 1e-12);
     cr_assert(c->tp == 4 && c->pp == 1 && c->bubble == 0, "tp%d pp%d: %s", c->tp, c->pp, plan.why);
     cr_assert_lt(tp2pp2->memory.total, c->memory.total, "the case: tp2 pp2 needs less");
-    cr_assert(strstr(plan.why, "(tp2 pp2 needs 913 KiB but idles in a pipeline bubble of 100.0% of the step)"), "%s",
+    cr_assert(strstr(plan.why, "(tp2 pp2 needs 913 KiB but idles in a pipeline bubble of 100.0% of its compute time)"), "%s",
               plan.why);
     cr_assert_null(strstr(plan.why, "the least memory"), "%s", plan.why);
     elastic_plan_free(&plan);
@@ -780,7 +780,7 @@ Test(plan, virtual_stages_when_the_bubble_is_large)
     cr_assert_eq(l.virtual_stages, 4, "%d: %s", l.virtual_stages, why);
     cr_assert_float_eq(l.bubble, 1.0 / 32, 1e-12);
     cr_assert_float_eq(l.bubble_one_chunk, 1.0 / 8, 1e-12);
-    cr_assert(strstr(why, "interleaved over 4 virtual stages: an ideal bubble of 3.1% of the step instead of 12.5%"),
+    cr_assert(strstr(why, "interleaved over 4 virtual stages: an ideal bubble of 3.1% of the compute time instead of 12.5%"),
               "%s", why);
     /* Its memory: what the trainer allocates with V 4 at 8 micro-batches, on its largest stage. */
     elastic_memory most = trainer_memory(&model, 1, 2, 4, 8, 1, 0, 0, 1, 0);
@@ -804,7 +804,7 @@ Test(plan, virtual_stages_when_the_bubble_is_large)
     r.memory_per_rank = l.memory.total - 1;
     elastic_layout tight = chosen_of(&r, why, sizeof why);
     cr_assert(tight.pp == 2 && tight.virtual_stages == 1, "pp%d V%d: %s", tight.pp, tight.virtual_stages, why);
-    cr_assert(strstr(why, "12.5% of the step (virtual stages would not fit"), "%s", why);
+    cr_assert(strstr(why, "12.5% of the compute time (virtual stages would not fit"), "%s", why);
     cr_assert(tight.comm_bytes_per_step < l.comm_bytes_per_step, "%lld %lld", (long long)tight.comm_bytes_per_step,
               (long long)l.comm_bytes_per_step);
     /* Between V 4's and V 2's: V 4 (V 2 passed over). */
