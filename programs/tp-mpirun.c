@@ -26,6 +26,12 @@
 #include <string.h>
 #include <unistd.h>
 
+static const char usage[] =
+    "usage: tp-mpirun [mpirun's options] PROGRAM [ARGS...]\n"
+    "Open MPI's mpirun from inside a GPU pack (make gpu-pack, docs/GPU.md), wherever the pack was unpacked: it\n"
+    "points Open MPI and PMIx at the pack's plugins, help texts and settings, then runs the pack's mpirun with\n"
+    "the arguments given. Outside a pack, run the machine's mpirun instead.\n";
+
 static void set_to(const char *variable, const char *build, const char *relative)
 {
     char value[PATH_MAX + 64];
@@ -35,7 +41,12 @@ static void set_to(const char *variable, const char *build, const char *relative
 
 int main(int argc, char **argv)
 {
-    (void)argc;
+    /* --help: this program's usage, then (inside a pack) mpirun's own. */
+    int help = argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0);
+    if (help) {
+        fputs(usage, stdout);
+        fflush(stdout);
+    }
     char self[PATH_MAX];
     if (!realpath("/proc/self/exe", self)) {
         perror("tp-mpirun: /proc/self/exe");
@@ -54,6 +65,7 @@ int main(int argc, char **argv)
     char mpirun[PATH_MAX + 32];
     snprintf(mpirun, sizeof mpirun, "%s/mpi/bin/orterun", build);
     if (access(mpirun, X_OK) != 0) {
+        if (help) return 0;
         fprintf(stderr,
                 "tp-mpirun: %s: not found; tp-mpirun runs Open MPI from inside a GPU pack (make gpu-pack, "
                 "docs/GPU.md), where it is build/bin/tp-mpirun\n",

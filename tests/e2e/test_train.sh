@@ -571,6 +571,10 @@ expect_error "--fault-rank beyond the ranks" 2 "fault-rank 1, but there are 1 ra
 
 # --- Bad input: one clear line before any work.
 expect_ok "--help" "$TRAIN" --help
+# tp-mpirun (a GPU pack's launcher, also built here) says what it is, outside
+# a pack too (it said only that the pack's mpirun was not found, exit 127).
+expect_ok "tp-mpirun --help outside a pack" "$BIN/tp-mpirun" --help
+check "tp-mpirun --help: its usage" grep -q "^usage: tp-mpirun" "$WORK/.out"
 expect_error "unknown option" 2 "unknown option.*--bogus" "$TRAIN" --bogus
 
 # --- The device (--device cpu|cuda|auto). A machine without a GPU trains on
