@@ -28,7 +28,7 @@
 
 static const char *usage_text =
     "usage: mpirun -np N tp-train [options]      train (N = tp x pp x dp)\n"
-    "       tp-train prepare TEXT -o FILE        turn text into a token file (byte vocabulary, 256)\n"
+    "       tp-train prepare TEXT -o FILE [--force]   turn text into a token file (byte vocabulary, 256)\n"
     "       [mpirun -np N] tp-train eval --ckpt CKPT --data FILE [options]   loss on token windows\n"
     "       tp-train generate --ckpt CKPT --prompt TEXT [options]            sample text\n"
     "\n"
@@ -100,22 +100,40 @@ static void warn_on_rank0(void *ctx, const char *text)
     if (c->rank == 0) warn_always(NULL, text);
 }
 
+static const char *prepare_usage =
+    "usage: tp-train prepare TEXT -o FILE [--force]\n"
+    "Writes TEXT's bytes as tokens (vocabulary 256) in the llm.c token-file format (docs/DATA.md).\n"
+    "\n"
+    "  -o, --output FILE    the token file; it appears whole or not at all (written under a\n"
+    "                       staging name of its own beside it, synced, renamed into place; removed\n"
+    "                       on failure and on SIGINT, SIGTERM or SIGHUP)\n"
+    "  --force              replace an existing FILE; only a token file (an earlier output)\n"
+    "\n"
+    "An existing FILE is refused (exit 2) without --force, and anything but a token file even with\n"
+    "it; TEXT itself, by any path, is never replaced.\n";
+
 static int prepare(int argc, char **argv)
 {
     const char *out = NULL;
-    static const struct option options[] = {{"output", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int force = 0;
+    enum { O_FORCE = 256 };
+    static const struct option options[] = {{"output", required_argument, 0, 'o'}, {"force", no_argument, 0, O_FORCE},
+                                            {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
         if (c == 'o') out = optarg;
+        else if (c == O_FORCE) force = 1;
         else if (c == 'h') {
-            printf("usage: tp-train prepare TEXT -o FILE\nWrites TEXT's bytes as tokens (vocabulary 256) in the "
-                   "llm.c token-file format (docs/DATA.md).\n");
+            fputs(prepare_usage, stdout);
             return 0;
         } else die_usage("prepare: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 1 || !out) die_usage("prepare takes TEXT and -o FILE");
-    if (dataset_prepare(argv[optind], out)) return fail("%s", tp_errmsg());
-    return 0;
+    if (cli_clean_up_on_signals() != 0) return fail("cannot set up signal handling: %s", strerror(errno));
+    int status = dataset_prepare(argv[optind], out, force);
+    if (status) fail("%s", tp_errmsg());
+    /* A refused output: the command must change (--force, another FILE). */
+    return status == TP_ERR_EXISTS ? 2 : status ? 1 : 0;
 }
 
 static const char *eval_usage =

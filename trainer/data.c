@@ -1,6 +1,7 @@
 /* data.c: token files (llm.c's format: 256 int32 header with magic 20240520,
  * version 1 and the token count, then uint16 tokens), globs of them, and the
- * synthetic dataset. Files are mapped, not read. */
+ * synthetic dataset. Files are mapped, not read. prepare writes them from
+ * text, through the store's staging (store/staging.h) as every output is. */
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -15,9 +16,12 @@
 #include "../common/error.h"
 #include "../common/file.h"
 #include "../common/random.h"
+#include "../store/staging.h"
+#include "../store/store.h"
 #include "data.h"
 
 #define SYNTH_KEEP 0.75 /* probability that a token follows the rule */
+#define HEADER_BYTES ((int64_t)(DATA_HEADER_INTS * sizeof(int32_t))) /* where the tokens start */
 
 typedef struct {
     const uint16_t *tokens;
@@ -34,33 +38,45 @@ struct dataset {
     int64_t total;
 };
 
+/* The header of the token file open as fd (path names it in messages): its
+ * token count and the file's size, or TP_ERR_FORMAT saying what is wrong. */
+static int read_header(int fd, const char *path, int64_t *count_out, size_t *size_out)
+{
+    struct stat st;
+    int32_t header[DATA_HEADER_INTS];
+    if (fstat(fd, &st) != 0) return tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));
+    if (st.st_size < (off_t)sizeof header)
+        return tp_fail(TP_ERR_FORMAT, "%s: not a token file (%lld bytes, shorter than its %zu-byte header)", path,
+                       (long long)st.st_size, sizeof header);
+    if (pread(fd, header, sizeof header, 0) != (ssize_t)sizeof header)
+        return tp_fail(TP_ERR_IO, "%s: cannot read the header: %s", path, strerror(errno));
+    if (header[0] != DATA_MAGIC)
+        return tp_fail(TP_ERR_FORMAT, "%s: not a token file (magic %d, expected %d)", path, header[0], DATA_MAGIC);
+    if (header[1] != DATA_VERSION)
+        return tp_fail(TP_ERR_FORMAT, "%s: token file version %d, expected %d", path, header[1], DATA_VERSION);
+    int64_t count = header[2];
+    if (count < 2 || (int64_t)sizeof header + count * 2 > (int64_t)st.st_size)
+        return tp_fail(TP_ERR_FORMAT, "%s: header says %lld tokens, the file holds %lld (truncated?)", path,
+                       (long long)count, (long long)((st.st_size - (off_t)sizeof header) / 2));
+    *count_out = count;
+    *size_out = (size_t)st.st_size;
+    return TP_OK;
+}
+
 static int map_file(token_file *f, const char *path, int64_t vocab)
 {
     int fd;
     TP_TRY(tp_open_regular(path, &fd));
-    struct stat st;
-    int32_t header[DATA_HEADER_INTS];
-    int ok = fstat(fd, &st) == 0 && pread(fd, header, sizeof header, 0) == (ssize_t)sizeof header;
-    if (!ok || header[0] != DATA_MAGIC) {
+    int64_t count;
+    int status = read_header(fd, path, &count, &f->map_size);
+    if (status) {
         close(fd);
-        return tp_fail(TP_ERR_FORMAT, "%s: not a token file (magic %d, expected %d)", path, ok ? header[0] : -1,
-                        DATA_MAGIC);
+        return status;
     }
-    if (header[1] != DATA_VERSION) {
-        close(fd);
-        return tp_fail(TP_ERR_FORMAT, "%s: token file version %d, expected %d", path, header[1], DATA_VERSION);
-    }
-    int64_t count = header[2];
-    if (count < 2 || (int64_t)sizeof header + count * 2 > (int64_t)st.st_size) {
-        close(fd);
-        return tp_fail(TP_ERR_FORMAT, "%s: header says %lld tokens, the file holds %lld (truncated?)", path,
-                        (long long)count, (long long)((st.st_size - (off_t)sizeof header) / 2));
-    }
-    f->map_size = (size_t)st.st_size;
     f->map = mmap(NULL, f->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (f->map == MAP_FAILED) return tp_fail(TP_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
-    f->tokens = (const uint16_t *)((const char *)f->map + sizeof header);
+    f->tokens = (const uint16_t *)((const char *)f->map + HEADER_BYTES);
     f->count = count;
     for (int64_t i = 0; i < count; i++)
         if (f->tokens[i] >= vocab)
@@ -170,49 +186,96 @@ double dataset_loss_floor(const dataset *d)
     return -(hit * log(hit) + (V - 1) * miss * log(miss));
 }
 
-int dataset_prepare(const char *text_path, const char *out_path)
+/* ------------------------------------------------------------- prepare */
+
+/* What --force may replace with a token file (a store_replace_check): an
+ * earlier token file, whole (what --data reads); anything else is refused,
+ * saying what it is. */
+static int token_file_may_replace(const store_ops *storage, const char *path, void *ctx)
+{
+    (void)storage;
+    (void)ctx;
+    const char *only = "--force replaces only a token file (an earlier output of prepare, docs/DATA.md)";
+    struct stat st;
+    if (stat(path, &st) != 0) return TP_OK; /* gone meanwhile */
+    if (!S_ISREG(st.st_mode))
+        return tp_fail(TP_ERR_EXISTS, "%s is %s, not a token file; %s", path,
+                       S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket", only);
+    int fd;
+    int status = tp_open_regular(path, &fd);
+    if (!status) {
+        int64_t count;
+        size_t size;
+        status = read_header(fd, path, &count, &size);
+        close(fd);
+    }
+    if (!status) return TP_OK;
+    char what[512];
+    snprintf(what, sizeof what, "%s", tp_errmsg());
+    return tp_fail(TP_ERR_EXISTS, "%s; %s", what, only);
+}
+
+/* The input (open as in) is never replaced by its own tokens, whatever
+ * path names it for the output: another name, a symbolic or hard link. */
+static int refuse_input_as_output(FILE *in, const char *text_path, const char *out_path)
+{
+    struct stat from, to;
+    if (fstat(fileno(in), &from) != 0 || stat(out_path, &to) != 0) return TP_OK;
+    if (from.st_dev != to.st_dev || from.st_ino != to.st_ino) return TP_OK;
+    return tp_fail(TP_ERR_EXISTS, "%s is the input %s (the same file); prepare never replaces its input, even with --force",
+                   out_path, text_path);
+}
+
+/* Bytes read from the text at a time: their tokens, twice as many bytes,
+ * go out in writes large enough to start their writeback at once. */
+#define PREPARE_CHUNK ((size_t)1 << 19)
+
+/* Tokens of every byte of in, written to out after the header's place;
+ * *count_out: how many. */
+static int write_tokens(FILE *in, const char *text_path, const store_ops *s, store_file *out, int64_t *count_out)
+{
+    unsigned char *bytes = malloc(PREPARE_CHUNK);
+    uint16_t *tokens = malloc(PREPARE_CHUNK * sizeof *tokens);
+    int status = bytes && tokens ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    int64_t count = 0;
+    size_t got;
+    while (!status && (got = fread(bytes, 1, PREPARE_CHUNK, in)) > 0) {
+        for (size_t i = 0; i < got; i++) tokens[i] = bytes[i]; /* byte-level vocabulary: token = byte */
+        status = s->write_at(out, tokens, got * sizeof *tokens, HEADER_BYTES + count * (int64_t)sizeof *tokens);
+        count += (int64_t)got;
+    }
+    if (!status && ferror(in)) status = tp_fail(TP_ERR_IO, "%s: cannot read: %s", text_path, strerror(errno));
+    free(bytes);
+    free(tokens);
+    *count_out = count;
+    return status;
+}
+
+int dataset_prepare(const char *text_path, const char *out_path, int overwrite)
 {
     FILE *in = fopen(text_path, "rb");
     if (!in) return tp_fail(TP_ERR_IO, "%s: cannot open: %s", text_path, strerror(errno));
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
-    FILE *out = fopen(tmp, "wb");
-    if (!out) {
-        fclose(in);
-        return tp_fail(TP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    }
-    int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC, DATA_VERSION, 0};
-    fwrite(header, sizeof header, 1, out);
+    const store_ops *s = store_posix();
+    store_stage_options stage = {.overwrite = overwrite, .may_replace = token_file_may_replace};
+    store_staged *staged = NULL;
+    store_file *out = NULL;
     int64_t count = 0;
-    unsigned char bytes[1 << 16];
-    uint16_t tokens[1 << 16];
-    size_t got;
-    int write_ok = 1;
-    while ((got = fread(bytes, 1, sizeof bytes, in)) > 0) {
-        for (size_t i = 0; i < got; i++) tokens[i] = bytes[i]; /* byte-level vocabulary: token = byte */
-        write_ok = write_ok && fwrite(tokens, sizeof tokens[0], got, out) == got;
-        count += (int64_t)got;
-    }
-    int read_ok = !ferror(in);
+    int status = refuse_input_as_output(in, text_path, out_path);
+    if (!status) status = store_stage(s, out_path, &stage, &staged);
+    /* The staging file exists (store_stage made it): opened, never made
+     * again, so that a signal's clean-up that removed it stays done. */
+    if (!status) status = s->open(s, store_staged_path(staged), STORE_OPEN_WRITE, &out);
+    if (!status) status = write_tokens(in, text_path, s, out, &count);
     fclose(in);
-    if (!read_ok || !write_ok) {
-        fclose(out);
-        unlink(tmp);
-        return tp_fail(TP_ERR_IO, "%s: cannot %s: %s", read_ok ? tmp : text_path, read_ok ? "write" : "read",
-                        strerror(errno));
+    if (!status && (count > INT32_MAX || count < 2))
+        status = tp_fail(TP_ERR_FORMAT, "%s: %lld bytes: a token file holds 2 to %d tokens", text_path,
+                         (long long)count, INT32_MAX);
+    if (!status) {
+        int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC, DATA_VERSION, (int32_t)count};
+        status = s->write_at(out, header, sizeof header, 0);
     }
-    if (count > INT32_MAX || count < 2) {
-        fclose(out);
-        unlink(tmp);
-        return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes: a token file holds 2 to %d tokens", text_path,
-                        (long long)count, INT32_MAX);
-    }
-    header[2] = (int32_t)count;
-    int ok = fseek(out, 0, SEEK_SET) == 0 && fwrite(header, sizeof header, 1, out) == 1;
-    ok = fclose(out) == 0 && ok;
-    if (!ok || rename(tmp, out_path) != 0) {
-        unlink(tmp);
-        return tp_fail(TP_ERR_IO, "%s: cannot write: %s", out_path, strerror(errno));
-    }
-    return TP_OK;
+    if (out) s->close(out);
+    if (!status) return store_staged_publish(staged); /* synced, then renamed; removed on failure */
+    store_staged_discard(staged);
+    return status;
 }

@@ -34,8 +34,14 @@ int dataset_read_tokens(const dataset *d, int64_t first, int64_t count, int *tok
  * entropy rate; -1 for files. */
 double dataset_loss_floor(const dataset *d);
 
-/* Writes text as a token file with the byte-level vocabulary (256 tokens). */
-int dataset_prepare(const char *text_path, const char *out_path);
+/* Writes text as a token file with the byte-level vocabulary (256 tokens)
+ * at out_path, whole or not at all: under a staging name of its own beside
+ * it (store/staging.h), synced, then renamed into place; removed on failure
+ * and by the signal clean-up (store_discard_all_staged). An existing output
+ * is replaced only with overwrite, and only when it is a token file; the
+ * input itself (by any path) never is. Refusals are TP_ERR_EXISTS, naming
+ * what is there. */
+int dataset_prepare(const char *text_path, const char *out_path, int overwrite);
 
 #define DATA_MAGIC 20240520
 #define DATA_VERSION 1

@@ -493,6 +493,75 @@ expect_error "a file that is not a token file" 1 "bad.bin.*(magic|header)" "$TRA
 expect_error "no file matches --data" 1 "nothing.*bin" "$TRAIN" $TINY --data "$WORK/nothing*.bin"
 expect_error "token ids beyond the vocabulary" 1 "tokens_0.bin.*vocab" "$TRAIN" $TINY --vocab 64 --data "$WORK/tokens_0.bin"
 
+# --- prepare's output (docs/DATA.md "Writing a token file"): an existing one replaced only with --force and only
+# when it is a token file; the input never, by any path; written under a staging name of its own, nothing left
+# behind on a refusal or a signal (the fixed FILE.tmp it used was destroyed, shared and left by ^C).
+P="$WORK/prep"
+mkdir -p "$P"
+printf 'my precious corpus\n' >"$P/corpus.txt"
+cp "$P/corpus.txt" "$P/corpus.orig"
+ln -s corpus.txt "$P/link.txt"
+ln "$P/corpus.txt" "$P/hard.txt"
+printf 'not the token file\n' >"$P/tokens.bin.tmp" # at the name the old temporary took
+for out in corpus.txt link.txt hard.txt ../prep/./corpus.txt; do
+    for force in "" --force; do
+        expect_error "prepare: the input as -o $out $force: refused" 2 "$out is the input .*corpus.txt.*even with --force" \
+            "$TRAIN" prepare "$P/corpus.txt" -o "$P/$out" $force
+    done
+done
+expect_error "prepare: the input through a link, -o the file itself --force: refused" 2 "corpus.txt is the input .*link.txt" \
+    "$TRAIN" prepare "$P/link.txt" -o "$P/corpus.txt" --force
+check "prepare: the input is as it was" cmp -s "$P/corpus.txt" "$P/corpus.orig"
+expect_ok "prepare: a new output" "$TRAIN" prepare "$P/corpus.txt" -o "$P/tokens.bin"
+cp "$P/tokens.bin" "$P/tokens.first"
+head -c 3000 "$WORK/text.txt" >"$P/other.txt"
+expect_error "prepare: an existing output without --force: refused" 2 "tokens.bin already exists.*--force" \
+    "$TRAIN" prepare "$P/other.txt" -o "$P/tokens.bin"
+check "prepare: the refused output is as it was" cmp -s "$P/tokens.bin" "$P/tokens.first"
+expect_ok "prepare --force: an earlier output replaced" "$TRAIN" prepare "$P/other.txt" -o "$P/tokens.bin" --force
+expect_ok "prepare: the same text to a new output" "$TRAIN" prepare "$P/other.txt" -o "$P/other.bin"
+check "prepare --force: the replaced output holds the new text's tokens" cmp -s "$P/tokens.bin" "$P/other.bin"
+expect_error "prepare --force over a text file: refused, saying what it is" 2 \
+    "other.txt: not a token file.*--force replaces only a token file" "$TRAIN" prepare "$P/corpus.txt" -o "$P/other.txt" --force
+mkdir "$P/dir"
+expect_error "prepare --force over a directory: refused, saying what it is" 2 "dir is a directory, not a token file" \
+    "$TRAIN" prepare "$P/corpus.txt" -o "$P/dir" --force
+head -c 2000 "$P/other.bin" >"$P/cut.bin"
+expect_error "prepare --force over a truncated token file: refused" 2 "cut.bin: header says 3000 tokens.*truncated" \
+    "$TRAIN" prepare "$P/corpus.txt" -o "$P/cut.bin" --force
+check_all "prepare: the file at the old temporary name is as it was, and no temporary or staging is left" \
+    '[ "$(cat "$P/tokens.bin.tmp")" = "not the token file" ] &&
+    [ "$(ls -A "$P" | tr "\n" " ")" = "corpus.orig corpus.txt cut.bin dir hard.txt link.txt other.bin other.txt tokens.bin tokens.bin.tmp tokens.first " ]'
+# A signal part-way: the corpus comes through a FIFO, 4 MiB at once and the rest never, so that prepare is
+# certainly writing it (its staging file holding those tokens) when the signal comes, however fast the machine.
+# A script's background job starts with SIGINT ignored, which the program keeps (programs/cli.h
+# cli_catch_signal); `set -m` would undo that, but dash turns job control down without a terminal: env does it.
+mkfifo "$P/corpus.fifo"
+for sig in INT TERM HUP; do
+    case $sig in INT) code=130 ;; TERM) code=143 ;; HUP) code=129 ;; esac
+    { head -c 4194304 /dev/zero | tr '\0' a; exec sleep 300; } >"$P/corpus.fifo" &
+    writer=$!
+    env --default-signal=INT,TERM,HUP "$TRAIN" prepare "$P/corpus.fifo" -o "$P/big.bin" 2>"$WORK/.err" &
+    pid=$!
+    part_way=0 i=0
+    while [ $i -lt 600 ]; do # 60 s at most
+        staged=$(ls -A "$P" | grep '^\.big\.bin\..*\.staging$')
+        if [ -n "$staged" ] && [ "$(stat -c %s "$P/$staged" 2>/dev/null || echo 0)" -ge $((1024 + 2 * 4194304)) ]; then
+            part_way=1
+            break
+        fi
+        sleep 0.1
+        i=$((i + 1))
+    done
+    kill -$sig $pid
+    wait $pid 2>/dev/null
+    rc=$?
+    kill $writer 2>/dev/null
+    wait $writer 2>/dev/null
+    check_all "prepare: SIG$sig part-way (4 MiB written: $part_way): died of it (exit $rc), no output, no staging left" \
+        '[ $part_way = 1 ] && [ $rc -eq $code ] && [ ! -e "$P/big.bin" ] && [ -z "$(ls -A "$P" | grep -e staging -e big)" ]'
+done
+
 # --- Fault injection (a testing aid for tp-elastic): after step 3 on rank R,
 # die (SIGKILL), fail (exit 1) or hang; --fault-once fires only while its file
 # does not exist; fail-at-start fails every launch.

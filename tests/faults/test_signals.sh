@@ -4,9 +4,9 @@
 # DCP and torch_dist outputs, a Megatron-LM source read), spread over
 # the whole of an uninterrupted run; and a signal inside the window where a
 # staging entry is born, struck on purpose (TP_CKPT_FAULT=POINT:SIG), for
-# every writer and for training saves. After each: the writer died of the
-# signal (or finished first, with a whole output), no partial output, no
-# staging entry and no claim left.
+# every writer (tp-train prepare too) and for training saves. After each:
+# the writer died of the signal (or finished first, with a whole output), no
+# partial output, no staging entry and no claim left.
 # takes: about 65 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
@@ -126,9 +126,10 @@ done
 # clean-up runs while it is open. The writer dies of the signal and leaves
 # neither a claim nor a staging entry, for every writer.
 mkdir -p "$WORK/w"
+head -c 100000 /dev/urandom >"$WORK/corpus.txt" # tp-train prepare's text
 bad=0 n=0
 for point in staging-claimed staging-renamed; do
-    for writer in synth reshard import export-st export-gguf export-hdf5 megatron dcp torch_dist; do
+    for writer in synth reshard import export-st export-gguf export-hdf5 megatron dcp torch_dist prepare; do
         case $n in 0) sig=TERM code=143 ;; 1) sig=INT code=130 ;; *) sig=HUP code=129 ;; esac
         n=$(((n + 1) % 3))
         case $writer in
@@ -141,6 +142,7 @@ for point in staging-claimed staging-renamed; do
         megatron) set -- "$RS" "$WORK/src" --format megatron --to tp4 -o "$WORK/w/out" ;;
         dcp) set -- "$RS" "$WORK/meg-src" --format dcp --to tp1 -o "$WORK/w/out" ;;
         torch_dist) set -- "$RS" "$WORK/meg-src" --format torch_dist --to tp1 -o "$WORK/w/out" ;;
+        prepare) set -- "$TRAIN" prepare "$WORK/corpus.txt" -o "$WORK/w/out" ;;
         esac
         run with_fault $point:$sig "$@"
         left=$(ls -A "$WORK/w")
@@ -151,7 +153,7 @@ for point in staging-claimed staging-renamed; do
         rm -rf "$WORK/w"/* "$WORK/w"/.[!.]*
     done
 done
-check "a signal as the staging entry is born: 18 writers died of it, nothing left" [ "$bad" -eq 0 ]
+check "a signal as the staging entry is born: 20 writers died of it, nothing left" [ "$bad" -eq 0 ]
 
 # A signal ignored when the program starts (nohup; a background job of a
 # script) stays ignored: the writer is not stopped by it and publishes a whole
