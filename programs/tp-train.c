@@ -109,7 +109,7 @@ static const char *prepare_usage =
     "                       on failure and on SIGINT, SIGTERM or SIGHUP)\n"
     "  --force              replace an existing FILE; only a token file (an earlier output)\n"
     "\n"
-    "An existing FILE is refused (exit 2) without --force, and anything but a token file even with\n"
+    "An existing FILE is refused (exit 1) without --force, and anything but a token file even with\n"
     "it; TEXT itself, by any path, is never replaced.\n";
 
 static int prepare(int argc, char **argv)
@@ -131,9 +131,8 @@ static int prepare(int argc, char **argv)
     if (optind != argc - 1 || !out) die_usage("prepare takes TEXT and -o FILE");
     if (cli_clean_up_on_signals() != 0) return fail("cannot set up signal handling: %s", strerror(errno));
     int status = dataset_prepare(argv[optind], out, force);
-    if (status) fail("%s", tp_errmsg());
-    /* A refused output: the command must change (--force, another FILE). */
-    return status == TP_ERR_EXISTS ? 2 : status ? 1 : 0;
+    if (status) return fail("%s", tp_errmsg()); /* exit 1, a refused output too, as tp-ckpt's and tp-reshard's */
+    return 0;
 }
 
 static const char *eval_usage =

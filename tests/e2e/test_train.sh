@@ -505,29 +505,29 @@ ln "$P/corpus.txt" "$P/hard.txt"
 printf 'not the token file\n' >"$P/tokens.bin.tmp" # at the name the old temporary took
 for out in corpus.txt link.txt hard.txt ../prep/./corpus.txt; do
     for force in "" --force; do
-        expect_error "prepare: the input as -o $out $force: refused" 2 "$out is the input .*corpus.txt.*even with --force" \
+        expect_error "prepare: the input as -o $out $force: refused" 1 "$out is the input .*corpus.txt.*even with --force" \
             "$TRAIN" prepare "$P/corpus.txt" -o "$P/$out" $force
     done
 done
-expect_error "prepare: the input through a link, -o the file itself --force: refused" 2 "corpus.txt is the input .*link.txt" \
+expect_error "prepare: the input through a link, -o the file itself --force: refused" 1 "corpus.txt is the input .*link.txt" \
     "$TRAIN" prepare "$P/link.txt" -o "$P/corpus.txt" --force
 check "prepare: the input is as it was" cmp -s "$P/corpus.txt" "$P/corpus.orig"
 expect_ok "prepare: a new output" "$TRAIN" prepare "$P/corpus.txt" -o "$P/tokens.bin"
 cp "$P/tokens.bin" "$P/tokens.first"
 head -c 3000 "$WORK/text.txt" >"$P/other.txt"
-expect_error "prepare: an existing output without --force: refused" 2 "tokens.bin already exists.*--force" \
+expect_error "prepare: an existing output without --force: refused" 1 "tokens.bin already exists.*--force" \
     "$TRAIN" prepare "$P/other.txt" -o "$P/tokens.bin"
 check "prepare: the refused output is as it was" cmp -s "$P/tokens.bin" "$P/tokens.first"
 expect_ok "prepare --force: an earlier output replaced" "$TRAIN" prepare "$P/other.txt" -o "$P/tokens.bin" --force
 expect_ok "prepare: the same text to a new output" "$TRAIN" prepare "$P/other.txt" -o "$P/other.bin"
 check "prepare --force: the replaced output holds the new text's tokens" cmp -s "$P/tokens.bin" "$P/other.bin"
-expect_error "prepare --force over a text file: refused, saying what it is" 2 \
+expect_error "prepare --force over a text file: refused, saying what it is" 1 \
     "other.txt: not a token file.*--force replaces only a token file" "$TRAIN" prepare "$P/corpus.txt" -o "$P/other.txt" --force
 mkdir "$P/dir"
-expect_error "prepare --force over a directory: refused, saying what it is" 2 "dir is a directory, not a token file" \
+expect_error "prepare --force over a directory: refused, saying what it is" 1 "dir is a directory, not a token file" \
     "$TRAIN" prepare "$P/corpus.txt" -o "$P/dir" --force
 head -c 2000 "$P/other.bin" >"$P/cut.bin"
-expect_error "prepare --force over a truncated token file: refused" 2 "cut.bin: header says 3000 tokens.*truncated" \
+expect_error "prepare --force over a truncated token file: refused" 1 "cut.bin: header says 3000 tokens.*truncated" \
     "$TRAIN" prepare "$P/corpus.txt" -o "$P/cut.bin" --force
 check_all "prepare: the file at the old temporary name is as it was, and no temporary or staging is left" \
     '[ "$(cat "$P/tokens.bin.tmp")" = "not the token file" ] &&
