@@ -79,9 +79,7 @@ static int lies_within(const char *path, const char *outer)
     return strncmp(path, outer, n) == 0 && (path[n] == '\0' || path[n] == '/');
 }
 
-/* A URL as store_for tells one: a scheme (a letter, then letters, digits,
- * + - .) and "://". */
-static int is_url(const char *path)
+int tp_path_is_url(const char *path)
 {
     const char *end = strstr(path, "://");
     int url = end && end > path && isalpha((unsigned char)path[0]);
@@ -92,8 +90,8 @@ static int is_url(const char *path)
 int tp_path_within(const char *path, const char *outer, int *within)
 {
     *within = 0;
-    if (is_url(path) || is_url(outer)) {
-        *within = is_url(path) && is_url(outer) && lies_within(path, outer);
+    if (tp_path_is_url(path) || tp_path_is_url(outer)) {
+        *within = tp_path_is_url(path) && tp_path_is_url(outer) && lies_within(path, outer);
         return TP_OK;
     }
     char inner[2][TP_PATH_MAX], around[2][TP_PATH_MAX];

@@ -16,6 +16,11 @@ int tp_path_join(char *out, const char *dir, const char *name);
  * names no directory entry (empty, ".", "..") or a part does not fit. */
 int tp_split_path(const char *path, char *parent, size_t parent_size, char *base, size_t base_size);
 
+/* Whether path is a URL: a scheme (a letter, then letters, digits, + - .)
+ * and "://" (store_for finds its store; a local path may hold "://" past a
+ * '/'). */
+int tp_path_is_url(const char *path);
+
 /* Whether path lies within outer or is outer itself, as the system would
  * resolve both: symbolic links followed, "." and ".." taken. A path that
  * does not exist yet (an output) is placed by its parent: the parent
