@@ -718,6 +718,11 @@ int ckpt_flat_write(ckpt_flat_file *file, int64_t offset, const void *data, size
 int ckpt_flat_commit(ckpt_flat_file *file);
 /* Removes the temporary file; frees the handle. */
 void ckpt_flat_abort(ckpt_flat_file *file);
+/* The root string attribute `name` of the local HDF5 file at path, whoever
+ * wrote it, into out (size bytes): what an export's replacement asks of
+ * the file it would replace. TP_ERR_NOT_FOUND when the file has no such
+ * attribute; TP_ERR_HDF5 when HDF5 cannot open it. */
+int ckpt_flat_read_attribute(const char *path, const char *name, char *out, size_t size);
 
 /* ------------------------------------------------------ logical comparison */
 

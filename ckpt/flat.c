@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../common/file.h"
 #include "internal.h"
 
 struct ckpt_flat_file {
@@ -136,5 +137,22 @@ int ckpt_flat_commit(ckpt_flat_file *f)
     f->staged = NULL;
     f->storage->close(f->data);
     free(f);
+    return status;
+}
+
+int ckpt_flat_read_attribute(const char *path, const char *name, char *out, size_t size)
+{
+    out[0] = '\0';
+    TP_TRY(ckpt_library_init());
+    TP_TRY(tp_refuse_special(path)); /* HDF5 would block on a FIFO */
+    hid_t fapl = ckpt_h5_file_access();
+    hid_t file = fapl >= 0 ? H5Fopen(path, H5F_ACC_RDONLY, fapl) : -1;
+    if (fapl >= 0) H5Pclose(fapl);
+    if (file < 0) return ckpt_fail_hdf5("%s: cannot open as HDF5", path);
+    htri_t exists = H5Aexists(file, name);
+    int status = exists < 0  ? ckpt_fail_hdf5("%s: cannot read its attributes", path)
+                 : !exists   ? tp_fail(TP_ERR_NOT_FOUND, "%s: no root attribute %s", path, name)
+                             : ckpt_h5_read_string(file, name, out, size);
+    H5Fclose(file);
     return status;
 }

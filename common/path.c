@@ -1,5 +1,9 @@
 /* path.c: joining and splitting paths. */
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
@@ -38,5 +42,64 @@ int tp_split_path(const char *path, char *parent, size_t parent_size, char *base
     if (snprintf(parent, parent_size, "%s", dir) >= (int)parent_size ||
         snprintf(base, base_size, "%s", name) >= (int)base_size)
         return tp_fail(TP_ERR_ARG, "path '%s' is too long", path);
+    return TP_OK;
+}
+
+/* The places a path names: [0] its entry (its parent resolved, then its
+ * name; the whole path resolved when it names no entry, as "/" or ".."),
+ * [1] where it leads when it exists (links followed), else empty. */
+static int resolve_places(const char *path, char places[2][TP_PATH_MAX])
+{
+    places[0][0] = places[1][0] = '\0';
+    if (strlen(path) >= TP_PATH_MAX) return tp_fail(TP_ERR_ARG, "path '%s' is too long", path);
+    char full[PATH_MAX];
+    if (realpath(path, full)) snprintf(places[1], TP_PATH_MAX, "%s", full);
+    else if (errno != ENOENT) return tp_fail(TP_ERR_IO, "%s: cannot resolve: %s", path, strerror(errno));
+    char parent[TP_PATH_MAX], base[TP_PATH_MAX];
+    if (tp_split_path(path, parent, sizeof parent, base, sizeof base) != TP_OK) {
+        if (!places[1][0]) return tp_fail(TP_ERR_IO, "%s: cannot resolve: %s", path, strerror(ENOENT));
+        memcpy(places[0], places[1], TP_PATH_MAX);
+        return TP_OK;
+    }
+    if (!realpath(parent, full)) {
+        if (errno != ENOENT) return tp_fail(TP_ERR_IO, "%s: cannot resolve: %s", parent, strerror(errno));
+        /* Its parent does not exist either: placed by the nearest that does. */
+        char above[2][TP_PATH_MAX];
+        TP_TRY(resolve_places(parent, above));
+        snprintf(full, sizeof full, "%s", above[0]);
+    }
+    return tp_path_join(places[0], strcmp(full, "/") ? full : "", base);
+}
+
+static int lies_within(const char *path, const char *outer)
+{
+    size_t n = strlen(outer);
+    while (n > 1 && outer[n - 1] == '/') n--;
+    if (n == 1 && outer[0] == '/') return path[0] == '/';
+    return strncmp(path, outer, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+int tp_path_is_url(const char *path)
+{
+    const char *end = strstr(path, "://");
+    int url = end && end > path && isalpha((unsigned char)path[0]);
+    for (const char *c = path; url && c < end; c++) url = isalnum((unsigned char)*c) || strchr("+-.", *c);
+    return url;
+}
+
+int tp_path_within(const char *path, const char *outer, int *within)
+{
+    *within = 0;
+    if (tp_path_is_url(path) || tp_path_is_url(outer)) {
+        *within = tp_path_is_url(path) && tp_path_is_url(outer) && lies_within(path, outer);
+        return TP_OK;
+    }
+    char inner[2][TP_PATH_MAX], around[2][TP_PATH_MAX];
+    TP_TRY(resolve_places(path, inner));
+    TP_TRY(resolve_places(outer, around));
+    if (!around[1][0]) return TP_OK; /* outer does not exist: nothing lies in it */
+    for (int i = 0; i < 2; i++)
+        for (int o = 0; o < 2; o++)
+            if (inner[i][0] && around[o][0] && lies_within(inner[i], around[o])) *within = 1;
     return TP_OK;
 }

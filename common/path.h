@@ -16,4 +16,19 @@ int tp_path_join(char *out, const char *dir, const char *name);
  * names no directory entry (empty, ".", "..") or a part does not fit. */
 int tp_split_path(const char *path, char *parent, size_t parent_size, char *base, size_t base_size);
 
+/* Whether path is a URL: a scheme (a letter, then letters, digits, + - .)
+ * and "://" (store_for finds its store; a local path may hold "://" past a
+ * '/'). */
+int tp_path_is_url(const char *path);
+
+/* Whether path lies within outer or is outer itself, as the system would
+ * resolve both: symbolic links followed, "." and ".." taken. A path that
+ * does not exist yet (an output) is placed by its parent: the parent
+ * resolved, then its name. Both the entry and, when it is a link, where it
+ * points count: within if either lies in outer, resolved the same ways. A
+ * URL is compared as text with another URL (trailing '/' aside); a URL and a
+ * local path never overlap. *within is 0 when outer does not exist. TP_OK,
+ * or TP_ERR_ARG / TP_ERR_IO when a path cannot be resolved. */
+int tp_path_within(const char *path, const char *outer, int *within);
+
 #endif

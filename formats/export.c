@@ -312,9 +312,10 @@ static int layout_safetensors(exporter *x)
     for (int f = 0; f < files && !status; f++) {
         if (files == 1) snprintf(x->file_names[f], sizeof x->file_names[f], "model.safetensors");
         else snprintf(x->file_names[f], sizeof x->file_names[f], "model-%05d-of-%05d.safetensors", f + 1, files);
-        /* Header: __metadata__ (format, then the caller's), then the tensors in offset order. */
+        /* Header: __metadata__ (format, our mark, then the caller's), then the tensors in offset order. */
         cJSON *header = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(header, "__metadata__");
         cJSON_AddStringToObject(meta, "format", "pt");
+        cJSON_AddStringToObject(meta, EXPORT_MARK_KEY, EXPORT_MARK);
         for (int k = 0; o->metadata && o->metadata[k] && o->metadata[k + 1]; k += 2)
             cJSON_AddStringToObject(meta, o->metadata[k], o->metadata[k + 1]);
         int64_t data_bytes = 0;
@@ -434,7 +435,10 @@ static int layout_gguf(exporter *x)
     buffer_put(&b, "GGUF", 4);
     put_u32(&b, 3);
     put_u64(&b, (uint64_t)x->count);
-    put_u64(&b, (uint64_t)o->num_kvs + 1);
+    put_u64(&b, (uint64_t)o->num_kvs + 2);
+    /* Our mark first (what --force looks for), the caller's keys, then general.file_type. */
+    export_kv mark = {EXPORT_MARK_KEY, EXPORT_KV_STRING, 0, 0, EXPORT_MARK, NULL, NULL, 0};
+    put_kv(&b, &mark);
     for (int i = 0; i < o->num_kvs; i++) put_kv(&b, &o->kvs[i]);
     /* llama_ftype: the type of the matrices (ALL_F32 0, MOSTLY_F16 1, MOSTLY_BF16 32). */
     tp_dtype matrices = TP_FP32;
@@ -469,37 +473,64 @@ static int layout_gguf(exporter *x)
 
 /* --------------------------------------------------------------- replacing */
 
-/* Whether a file starts with the given bytes (a format's magic). */
-static int starts_with(const store_ops *s, const char *path, const void *magic, size_t size)
+/* What --force replaces is an export of ours, known by its mark
+ * (EXPORT_MARK_KEY, formats.h): a file that merely has the format's
+ * signature (a checkpoint's shard is an HDF5 file) is not one. Each check
+ * reads only the head of a file, through the store (a URL's too), and says
+ * in why what the file is when it is not ours. */
+
+/* Reads size bytes at offset 0 of a regular file, when it has them. */
+static int read_head(const store_ops *s, const char *path, void *head, size_t size)
 {
     store_stat st;
     if (s->stat(s, path, &st) != TP_OK || !st.exists || st.is_dir || st.size < (int64_t)size) return 0;
     store_file *file = NULL;
-    unsigned char head[16];
-    int ok = size <= sizeof head && s->open(s, path, STORE_OPEN_READ, &file) == TP_OK &&
-             s->read_at(file, head, size, 0) == TP_OK && memcmp(head, magic, size) == 0;
+    int ok = s->open(s, path, STORE_OPEN_READ, &file) == TP_OK && s->read_at(file, head, size, 0) == TP_OK;
     if (file) s->close(file);
     return ok;
 }
 
-/* A safetensors file: a little-endian header length, then a JSON object. */
-static int is_safetensors(const store_ops *s, const char *path)
+/* The largest safetensors header read to look for the mark (the format's own limit is 100 MB). */
+#define SAFETENSORS_HEADER_MAX ((uint64_t)100 << 20)
+
+/* A safetensors file of ours: __metadata__ holds the mark, or, written
+ * before there was one, this toolkit's provenance (tp_toolkit.source_layout). */
+static int marked_safetensors(const store_ops *s, const char *path, const char *name, char *why, size_t why_size)
 {
     store_stat st;
+    unsigned char head[8];
+    uint64_t n = 0; /* the header's length, little-endian */
+    int ok = s->stat(s, path, &st) == TP_OK && read_head(s, path, head, 8);
+    for (int i = 7; ok && i >= 0; i--) n = n << 8 | head[i];
+    if (!ok || n < 2 || n > SAFETENSORS_HEADER_MAX || n + 8 > (uint64_t)st.size) {
+        snprintf(why, why_size, "%s is not a safetensors file", name);
+        return 0;
+    }
+    char *text = malloc((size_t)n);
     store_file *file = NULL;
-    unsigned char head[9];
-    int ok = s->stat(s, path, &st) == TP_OK && st.exists && !st.is_dir && st.size >= 9 &&
-             s->open(s, path, STORE_OPEN_READ, &file) == TP_OK && s->read_at(file, head, 9, 0) == TP_OK;
+    ok = text && s->open(s, path, STORE_OPEN_READ, &file) == TP_OK && s->read_at(file, text, (size_t)n, 8) == TP_OK;
     if (file) s->close(file);
-    uint64_t header = 0;
-    for (int i = 7; ok && i >= 0; i--) header = header << 8 | head[i];
-    return ok && head[8] == '{' && header + 8 <= (uint64_t)st.size;
+    cJSON *header = ok && text[0] == '{' ? cJSON_ParseWithLength(text, (size_t)n) : NULL;
+    free(text);
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(header, "__metadata__");
+    const cJSON *mark = cJSON_GetObjectItemCaseSensitive(meta, EXPORT_MARK_KEY);
+    ok = (cJSON_IsString(mark) && strcmp(mark->valuestring, EXPORT_MARK) == 0) ||
+         cJSON_IsString(cJSON_GetObjectItemCaseSensitive(meta, "tp_toolkit.source_layout"));
+    int parsed = header != NULL;
+    cJSON_Delete(header);
+    if (!ok)
+        snprintf(why, why_size, "%s %s", name,
+                 parsed ? "is a safetensors file without this toolkit's mark, " EXPORT_MARK_KEY " in __metadata__"
+                        : "is not a safetensors file");
+    return ok;
 }
 
 typedef struct {
     const store_ops *storage;
     const char *dir;
-    char stray[256];
+    int entries;
+    int weights;    /* marked .safetensors files among them */
+    char why[400];
 } export_scan;
 
 static int visit_export_entry(void *ctx, const char *name)
@@ -508,36 +539,88 @@ static int visit_export_entry(void *ctx, const char *name)
     char path[CKPT_PATH_MAX + 256];
     size_t n = strlen(name), suffix = strlen(".safetensors");
     snprintf(path, sizeof path, "%s/%s", e->dir, name);
-    int ok = strcmp(name, "config.json") == 0 || strcmp(name, "model.safetensors.index.json") == 0 ||
-             (n > suffix && strcmp(name + n - suffix, ".safetensors") == 0 && is_safetensors(e->storage, path));
-    if (ok) return TP_OK;
-    snprintf(e->stray, sizeof e->stray, "%s", name);
+    e->entries++;
+    if (strcmp(name, "config.json") == 0 || strcmp(name, "model.safetensors.index.json") == 0) return TP_OK;
+    if (n > suffix && strcmp(name + n - suffix, ".safetensors") == 0) {
+        if (!marked_safetensors(e->storage, path, name, e->why, sizeof e->why)) return TP_ERR_EXISTS;
+        e->weights++;
+        return TP_OK;
+    }
+    snprintf(e->why, sizeof e->why, "it holds '%s'", name);
     return TP_ERR_EXISTS;
+}
+
+/* A safetensors export of ours: a directory of marked weights, config.json
+ * and the index, or an empty one. */
+static int marked_safetensors_directory(const store_ops *s, const char *path, const store_stat *st, char *why,
+                                        size_t why_size)
+{
+    if (!st->is_dir) return snprintf(why, why_size, "a file, not a directory"), 0;
+    export_scan e = {s, path, 0, 0, ""};
+    int status = s->list(s, path, visit_export_entry, &e);
+    if (status && !e.why[0]) snprintf(e.why, sizeof e.why, "its entries cannot be listed: %s", tp_errmsg());
+    /* Empty: nothing to lose; config.json or an index alone: someone else's. */
+    if (!status && e.entries > 0 && e.weights == 0)
+        snprintf(e.why, sizeof e.why, "it holds no safetensors file of this toolkit's");
+    snprintf(why, why_size, "%s", e.why);
+    return !status && !e.why[0];
+}
+
+/* A GGUF export of ours: the mark is its first key, a string. */
+static int marked_gguf(const store_ops *s, const char *path, const store_stat *st, char *why, size_t why_size)
+{
+    if (st->is_dir) return snprintf(why, why_size, "a directory"), 0;
+    byte_buffer want = {0};
+    put_string(&want, EXPORT_MARK_KEY);
+    put_u32(&want, GGUF_STRING);
+    put_string(&want, EXPORT_MARK);
+    size_t size = 24 + want.size; /* magic, version, tensor and key counts, the first key */
+    unsigned char *head = want.failed ? NULL : malloc(size);
+    int gguf = head && read_head(s, path, head, 4) && memcmp(head, "GGUF", 4) == 0;
+    int ok = gguf && read_head(s, path, head, size) && memcmp(head + 24, want.data, want.size) == 0;
+    free(head);
+    free(want.data);
+    if (!ok)
+        snprintf(why, why_size, "%s", gguf ? "a GGUF file whose first key is not " EXPORT_MARK_KEY ", this toolkit's mark"
+                                           : "not a GGUF file");
+    return ok;
+}
+
+/* An HDF5 export of ours: the root attribute `format` is the mark. Read by
+ * HDF5, so from a local file only. */
+static int marked_hdf5(const store_ops *s, const char *path, const store_stat *st, char *why, size_t why_size)
+{
+    static const unsigned char hdf5_magic[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    unsigned char head[8];
+    if (st->is_dir) return snprintf(why, why_size, "a directory"), 0;
+    if (!read_head(s, path, head, 8) || memcmp(head, hdf5_magic, 8) != 0)
+        return snprintf(why, why_size, "not an HDF5 file"), 0;
+    if (s != store_posix())
+        return snprintf(why, why_size, "an HDF5 file at a URL, whose root attributes cannot be read there to tell "
+                                       "whether it is an export of this toolkit's; remove it first"), 0;
+    char format[128];
+    int status = ckpt_flat_read_attribute(path, "format", format, sizeof format);
+    if (status == TP_OK && strcmp(format, EXPORT_MARK) == 0) return 1;
+    if (status == TP_OK) snprintf(why, why_size, "an HDF5 file whose root attribute format is '%s', not '%s'", format, EXPORT_MARK);
+    else snprintf(why, why_size, "an HDF5 file without the root attribute format = '%s'", EXPORT_MARK);
+    return 0;
 }
 
 int export_may_replace(const store_ops *s, const char *path, void *ctx)
 {
     TP_TRY(ckpt_refuse_run_directory(s, path));
     const export_options *o = ctx;
-    static const unsigned char hdf5_magic[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
     store_stat st;
     TP_TRY(s->stat(s, path, &st));
     if (!st.exists) return TP_OK;
-    const char *format = o->format == EXPORT_SAFETENSORS ? "safetensors" : o->format == EXPORT_GGUF ? "GGUF" : "HDF5";
-    int ok;
-    char stray[300] = "";
-    if (o->format == EXPORT_SAFETENSORS) {
-        export_scan e = {s, path, ""};
-        ok = st.is_dir && s->list(s, path, visit_export_entry, &e) == TP_OK;
-        if (!ok && e.stray[0]) snprintf(stray, sizeof stray, " (it holds '%s')", e.stray);
-    } else if (o->format == EXPORT_GGUF) {
-        ok = starts_with(s, path, "GGUF", 4);
-    } else {
-        ok = starts_with(s, path, hdf5_magic, sizeof hdf5_magic);
-    }
+    const char *format = o->format == EXPORT_SAFETENSORS ? "a safetensors" : o->format == EXPORT_GGUF ? "a GGUF" : "an HDF5";
+    char why[600] = "";
+    int ok = o->format == EXPORT_SAFETENSORS ? marked_safetensors_directory(s, path, &st, why, sizeof why)
+             : o->format == EXPORT_GGUF      ? marked_gguf(s, path, &st, why, sizeof why)
+                                             : marked_hdf5(s, path, &st, why, sizeof why);
     if (ok) return TP_OK;
-    return tp_fail(TP_ERR_EXISTS, "%s is not a %s export%s; --force replaces only an earlier export in that format",
-                   path, format, stray);
+    return tp_fail(TP_ERR_EXISTS, "%s is not %s export (%s); --force replaces only an earlier "
+                   "export in that format", path, format, why);
 }
 
 static int layout_hdf5(exporter *x, const char *out_path)
@@ -550,6 +633,7 @@ static int layout_hdf5(exporter *x, const char *out_path)
         t->file = 0;
         status = ckpt_flat_add(x->flat, t->spec->name, t->out, t->ndim, t->shape, &t->offset);
     }
+    if (!status) status = ckpt_flat_attribute(x->flat, "format", EXPORT_MARK); /* the mark, then the caller's */
     for (int k = 0; !status && x->o->metadata && x->o->metadata[k] && x->o->metadata[k + 1]; k += 2)
         status = ckpt_flat_attribute(x->flat, x->o->metadata[k], x->o->metadata[k + 1]);
     return status ? status : TP_OK;

@@ -21,6 +21,13 @@
 
 typedef enum { EXPORT_SAFETENSORS = 0, EXPORT_GGUF, EXPORT_HDF5 } export_format;
 
+/* The mark export_run writes into every output, by which --force knows an
+ * earlier export of ours (export_may_replace): safetensors `__metadata__`
+ * EXPORT_MARK_KEY; GGUF's first key, EXPORT_MARK_KEY, a string; HDF5's root
+ * attribute `format`. The value is EXPORT_MARK in each. */
+#define EXPORT_MARK_KEY "tp_toolkit.format"
+#define EXPORT_MARK "tp-toolkit merged weights"
+
 /* "safetensors", "gguf", "hdf5". */
 int export_format_parse(const char *text, export_format *out);
 
@@ -77,8 +84,9 @@ typedef struct {
     int threads;                /* 0: all cores */
     int overwrite;              /* replace an existing output */
     const char *const *metadata; /* key, value, key, value, ..., NULL: safetensors __metadata__
-                                    (after "format": "pt") or root attributes of the HDF5 file */
-    const export_kv *kvs;       /* GGUF metadata (general.file_type is added from the dtype) */
+                                    (after "format": "pt" and the mark) or root attributes of the
+                                    HDF5 file (after `format`, the mark) */
+    const export_kv *kvs;       /* GGUF metadata (after the mark; general.file_type is added from the dtype) */
     int num_kvs;
     const char *config_json;    /* safetensors: written as config.json beside the weights */
     void (*on_bytes)(void *ctx, int64_t bytes); /* progress, from worker threads */
@@ -109,9 +117,15 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
                const char *out_path, export_summary *summary);
 
 /* What --force may replace with an export (a store_replace_check; ctx: the
- * export_options): an earlier export in the same format and nothing else,
- * never a run directory. Asked of a local output when it is staged, and of
- * a URL before anything is written. */
+ * export_options): an earlier export of ours in the same format, known by
+ * its mark (a safetensors file written before the mark by its
+ * tp_toolkit.source_layout), and nothing else: never a run directory, nor
+ * a file that merely has the format's signature (a checkpoint's shard is
+ * an HDF5 file). A safetensors output is a directory holding marked
+ * weights, config.json and the index, or nothing; an HDF5 file is asked
+ * for its root attributes, which only a local one gives. Asked of a local
+ * output when it is staged, and of a URL before anything is written; the
+ * refusal says what the file is. */
 int export_may_replace(const store_ops *storage, const char *path, void *ctx);
 
 /* --------------------------------------------------------- any checkpoint */

@@ -154,8 +154,14 @@ static int parse_rope_scaling(const char *value, gpt_config *c)
     double f[4] = {0, 0, 0, 0};
     int n = 0;
     const char *p = value;
-    while (n < 4) {
+    /* Up to four numbers separated by commas, nothing after the last: a
+     * fifth value or trailing text is refused, not dropped. */
+    for (;;) {
         char *end;
+        if (n == 4) {
+            n = 5;
+            break;
+        }
         f[n++] = strtod(p, &end);
         if (end == p || (*end != ',' && *end != 0)) n = 5;
         if (*end != ',') break;

@@ -933,8 +933,8 @@ int gpt_export_create(gpt_export **out, ckpt_reader *r, const gpt_export_request
     int status = TP_OK;
     if (options->format == EXPORT_HDF5) {
         /* Every parameter under its own name: no model knowledge needed. */
-        const char *metadata[] = {"format", "tp-toolkit merged weights", "model", state->model_json, "step", x->step,
-                                  "source_layout", x->source_layout, NULL};
+        /* After `format`, the export's mark (formats.h). */
+        const char *metadata[] = {"model", state->model_json, "step", x->step, "source_layout", x->source_layout, NULL};
         memcpy(x->metadata, metadata, sizeof metadata);
         x->all = calloc((size_t)ckpt_reader_num_tensors(r) + 1, sizeof *x->all);
         if (!x->all) status = tp_fail(TP_ERR_NOMEM, "out of memory");

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
+#include "../common/path.h"
 #include "../formats/registry.h"
 #include "cli.h"
 
@@ -172,6 +173,21 @@ int cli_write_output(const char *target, int replace, store_replace_check may_re
     upload.threads = threads;
     int uploaded = ckpt_output_finish(target, local, status == TP_OK, &upload, update_latest);
     return status ? status : uploaded;
+}
+
+int cli_output_apart(const char *program, const char *input, const char *output)
+{
+    int output_in_input = 0, input_in_output = 0;
+    if (tp_path_within(output, input, &output_in_input) || tp_path_within(input, output, &input_in_output)) return 0;
+    if (output_in_input && input_in_output)
+        cli_error(program, "the output %s is the input %s itself: an output is written outside its input", output, input);
+    else if (output_in_input)
+        cli_error(program, "the output %s lies inside the input %s: an output is never written into its input; choose a path "
+                  "outside it", output, input);
+    else if (input_in_output)
+        cli_error(program, "the input %s lies inside the output %s, which --force would replace with the output; choose an "
+                  "output that does not hold the input", input, output);
+    return output_in_input || input_in_output ? 2 : 0;
 }
 
 int64_t cli_peak_rss_bytes(void)

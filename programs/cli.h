@@ -106,6 +106,15 @@ int cli_clean_up_on_signals(void);
 int cli_write_output(const char *target, int replace, store_replace_check may_replace, void *replace_ctx, int threads,
                      int update_latest, int (*write)(void *ctx, const char *path), void *ctx);
 
+/* Refuses an output that is its input, lies inside it (it would be written
+ * into the source: a stray entry in a checkpoint, or with --force one of
+ * its files replaced) or holds it (--force would replace the input with
+ * the output): one line on stderr naming both, and 2, the exit status of
+ * a usage error, before anything is read or written. 0 when they are apart
+ * (tp_path_within); a path that cannot be resolved is left for the command
+ * itself to report. */
+int cli_output_apart(const char *program, const char *input, const char *output);
+
 /* The source's layout for a summary: the one it was saved at
  * (ckpt_reader_saved_layout: a torch_dist checkpoint, or a DCP one with
  * this toolkit's description, is read as whole tensors at tp 1 pp 1). */

@@ -1001,6 +1001,10 @@ static int cmd_export(int argc, char **argv)
     formats_source_options source_options = {.read = &read, .true_vocab = true_vocab, .threads = options.threads};
     formats_source *source = NULL;
     if (formats_source_open(argv[optind], source_format, &source_options, &source)) return fail("%s", tp_errmsg());
+    if ((code = cli_output_apart("tp-ckpt", argv[optind], out))) {
+        formats_source_close(source);
+        return code;
+    }
     ckpt_reader *r = formats_source_reader(source);
     /* A Megatron GPT (legacy or torch_dist): its config for the names and
      * shapes; another tool's checkpoint names its model only when it
@@ -1183,6 +1187,7 @@ static int cmd_import(int argc, char **argv)
     int code = 0;
     const checkpoint_format *format = detect_or_fail(dir, &code);
     if (!format) return code;
+    if ((code = cli_output_apart("tp-ckpt", dir, out))) return code;
     int megatron = !strcmp(format->name, "megatron") || !strcmp(format->name, "torch_dist");
     if (megatron && shape_given)
         die_usage("--dtype and --vocab-pad-multiple apply to a Hugging Face directory (a Megatron checkpoint keeps "
@@ -1259,6 +1264,8 @@ static int cmd_copy(int argc, char **argv)
     const char *source = argv[optind], *target = argv[optind + 1];
     if (!ckpt_is_remote(source) && !ckpt_is_remote(target))
         die_usage("copy moves checkpoints to or from an object store; both %s and %s are local", source, target);
+    int apart = cli_output_apart("tp-ckpt", source, target);
+    if (apart) return apart;
     ckpt_reader *r = NULL;
     if (ckpt_reader_open(&r, source, NULL)) return fail("%s", tp_errmsg());
     char resolved[CKPT_PATH_MAX];

@@ -349,6 +349,11 @@ int main(int argc, char **argv)
         .read = &read, .compute_digests = verify, .threads = options.threads, .true_vocab = true_vocab};
     formats_source *opened;
     if (formats_source_open(argv[optind], format, &source_options, &opened)) return fail("%s", tp_errmsg());
+    int apart = out ? cli_output_apart("tp-reshard", argv[optind], out) : 0;
+    if (apart) {
+        formats_source_close(opened);
+        return apart;
+    }
     const ckpt_layout *layout = ckpt_reader_layout(formats_source_reader(opened));
     if ((from_tp && from_tp != layout->tp) || (from_pp && from_pp != layout->pp) ||
         (from_chunks && from_chunks != ckpt_layout_chunks(layout))) {

@@ -2,11 +2,11 @@
  * store serves is registered here with its prefix; a path without a scheme
  * is a local one. The built-in schemes come first; store_register adds
  * others (a test's store, a new protocol) without this file knowing them. */
-#include <ctype.h>
 #include <pthread.h>
 #include <string.h>
 
 #include "../common/error.h"
+#include "../common/path.h"
 #include "store.h"
 
 #define SCHEMES_MAX 16
@@ -60,10 +60,8 @@ int store_is_remote(const char *path)
 
 int store_for(const char *path, const store_ops **out)
 {
-    /* A URL starts with a scheme: a letter, then letters, digits, + - . */
     const char *end = strstr(path, "://");
-    int url = end && end > path && isalpha((unsigned char)path[0]);
-    for (const char *c = path; url && c < end; c++) url = isalnum((unsigned char)*c) || strchr("+-.", *c);
+    int url = tp_path_is_url(path);
     if (url && (*out = registered(path)) != NULL) return TP_OK;
     if (url)
         return tp_fail(TP_ERR_ARG, "%s: checkpoints live in local paths, http(s):// or s3:// locations, not in %.*s://",

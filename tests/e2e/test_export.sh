@@ -266,6 +266,62 @@ expect_error "export over an existing output" 1 "already exists" "$CKPT" export 
 expect_ok "export over it with --force" "$CKPT" export "$SRC" --format gguf -o "$WORK/tp2pp2.gguf" --force
 check "no staging leftovers" [ -z "$(find "$WORK" -maxdepth 1 -name '.*staging*')" ]
 
+# --force replaces only an earlier export of ours, known by its mark (the
+# GGUF key and safetensors __metadata__ tp_toolkit.format, HDF5's root
+# attribute format), not any file with the format's signature; and no
+# output is written inside its input (exit 2, naming both).
+expect_ok "export hdf5 over an earlier one with --force" "$CKPT" export "$SRC" --format hdf5 -o "$WORK/tp2pp2.h5" --force
+expect_ok "export safetensors over an earlier one with --force" "$CKPT" export "$SRC" --format safetensors \
+    -o "$WORK/hf-tp2pp2" --force
+SHARD="$SRC/shard_pp00_tp00.h5"
+BEFORE=$(md5sum <"$SHARD")
+expect_error "--force onto a shard of the source checkpoint" 2 \
+    "the output .*step_00000120/shard_pp00_tp00.h5 lies inside the input .*/run" \
+    "$CKPT" export "$WORK/run" --format hdf5 -o "$SHARD" --force
+check "the shard is untouched" [ "$(md5sum <"$SHARD")" = "$BEFORE" ]
+expect_ok "and the checkpoint verifies" "$CKPT" verify "$WORK/run"
+expect_error "an export into the source checkpoint" 2 "the output .*step_00000120/m.gguf lies inside the input .*step_00000120" \
+    "$CKPT" export "$SRC" --format gguf -o "$SRC/m.gguf"
+check_all "nothing written into the source" '[ ! -e "$SRC/m.gguf" ] && [ -z "$(find "$SRC" -name ".*staging*")" ]'
+cp "$SHARD" "$WORK/shard-copy.h5"
+expect_error "--force onto an HDF5 file that is no export (a shard's copy)" 1 \
+    "shard-copy.h5 is not an HDF5 export \\(an HDF5 file whose root attribute format is 'tp-ckpt', not 'tp-toolkit merged weights'\\)" \
+    "$CKPT" export "$SRC" --format hdf5 -o "$WORK/shard-copy.h5" --force
+check "the HDF5 file is untouched" cmp -s "$SHARD" "$WORK/shard-copy.h5"
+# A GGUF file without the mark: an export of ours with its first key renamed.
+"$PY" - "$WORK/tp2pp2.gguf" "$WORK/other.gguf" <<'PYEOF'
+import sys
+raw = open(sys.argv[1], "rb").read()
+assert raw[32:49] == b"tp_toolkit.format", raw[24:64]
+open(sys.argv[2], "wb").write(raw[:32] + b"general.copyright" + raw[49:])
+PYEOF
+cp "$WORK/other.gguf" "$WORK/other.gguf.before"
+expect_error "--force onto a GGUF file without the mark" 1 "other.gguf is not a GGUF export \\(a GGUF file whose first key is not tp_toolkit.format" \
+    "$CKPT" export "$SRC" --format gguf -o "$WORK/other.gguf" --force
+check "the GGUF file is untouched" cmp -s "$WORK/other.gguf" "$WORK/other.gguf.before"
+# A safetensors directory of another writer: the same weights, __metadata__ {"format": "pt"}.
+mkdir "$WORK/hf-other"
+"$PY" - "$WORK/hf-tp2pp2/model.safetensors" "$WORK/hf-other/model.safetensors" <<'PYEOF'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+header = json.loads(raw[8:8 + n])
+header["__metadata__"] = {"format": "pt"}
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+PYEOF
+cp "$WORK/hf-tp2pp2/config.json" "$WORK/hf-other/"
+BEFORE=$(tree_digest "$WORK/hf-other")
+expect_error "--force onto safetensors weights without the mark" 1 \
+    "hf-other is not a safetensors export \\(model.safetensors is a safetensors file without this toolkit's mark" \
+    "$CKPT" export "$SRC" --format safetensors -o "$WORK/hf-other" --force
+check "the directory is untouched" [ "$(tree_digest "$WORK/hf-other")" = "$BEFORE" ]
+rm "$WORK/hf-other/model.safetensors"
+expect_error "--force onto a directory holding config.json alone" 1 "hf-other is not a safetensors export \\(it holds no safetensors file" \
+    "$CKPT" export "$SRC" --format safetensors -o "$WORK/hf-other" --force
+expect_ok "the marked export imports" "$CKPT" import "$WORK/hf-tp2pp2" -o "$WORK/reimported" --tp 1 --pp 1
+
 # Damaged Hugging Face directories, each made from a good one.
 damage() {
     "$PY" - "$WORK/hf-tp1pp1" "$WORK/dmg-$1" "$1" <<'PYEOF'

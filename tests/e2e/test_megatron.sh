@@ -256,10 +256,16 @@ echo x >"$WORK/hist/iter_0001000/mp_rank_01/eval.txt"
 expect_error "--force over a rank directory holding another file" 1 \
     "hist holds 'iter_0001000/mp_rank_01/eval.txt'; --force replaces only" "$RS" "$WORK/c" --to tp2 -o "$WORK/hist" --force
 rm "$WORK/hist/iter_0001000/mp_rank_01/eval.txt"
-expect_error "--force over one iteration's directory (of the source itself)" 1 \
-    "iter_0001000 holds mp_rank_0[01]: it is one iteration of a Megatron-LM checkpoint, not a save directory" \
+expect_error "--force over one iteration's directory (of the source itself)" 2 \
+    "the output .*/c/iter_0001000 lies inside the input .*/c: an output is never written into its input" \
     "$RS" "$WORK/c" --to tp2 -o "$WORK/c/iter_0001000" --force
 check "the source's iteration is left whole" test -s "$WORK/c/iter_0001000/mp_rank_00/model_optim_rng.pt"
+cp -r "$WORK/c" "$WORK/c.copy"
+expect_error "--force over one iteration's directory (of another checkpoint)" 1 \
+    "iter_0001000 holds mp_rank_0[01]: it is one iteration of a Megatron-LM checkpoint, not a save directory" \
+    "$RS" "$WORK/c" --to tp2 -o "$WORK/c.copy/iter_0001000" --force
+check "that iteration is left whole" test -s "$WORK/c.copy/iter_0001000/mp_rank_00/model_optim_rng.pt"
+rm -r "$WORK/c.copy"
 expect_ok "--force over the save directory holding only an earlier output" "$RS" "$WORK/c" --to tp2 -o "$WORK/hist" --force
 ln -s "$WORK/hist" "$WORK/hist.link"
 expect_error "--force over a symbolic link to an earlier output" 1 \

@@ -165,8 +165,16 @@ sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] =
     expect_error "export over an existing URL without --force" 1 "exists already.*--force" \
         "$CK" export "$U/run" --format gguf -o "$U/export.gguf"
     expect_error "export --force over a URL holding a GGUF export, as safetensors: refused before writing" 1 \
-        "export.gguf is not a safetensors export; --force replaces only an earlier export" \
+        "export.gguf is not a safetensors export \\(a file, not a directory\\); --force replaces only an earlier export" \
         "$CK" export "$U/cp" --format safetensors -o "$U/export.gguf" --force
+    for format in safetensors gguf; do # the mark read at the URL, through the store
+        expect_ok "export --force over a URL holding an earlier $format export" "$CK" export "$U/cp" --format $format \
+            -o "$U/export.$format" --force
+    done
+    expect_ok "export --format hdf5 to a URL" "$CK" export "$U/cp" --format hdf5 -o "$U/export.h5"
+    expect_error "export --force over an HDF5 file at a URL: its mark (a root attribute) is not read there" 1 \
+        "export.h5 is not an HDF5 export \\(an HDF5 file at a URL, whose root attributes cannot be read there" \
+        "$CK" export "$U/cp" --format hdf5 -o "$U/export.h5" --force
     mkdir -p "$DAV/notes"
     echo "keep me" >"$DAV/notes/todo.txt"
     expect_error "export --force over a URL holding other files: refused" 1 \

@@ -141,6 +141,28 @@ BEFORE=$(tree_digest "$WORK/tp4")
 expect_error "existing output without --force" 1 "already exists.*--force" "$RS" "$WORK/src" --to tp4 -o "$WORK/tp4"
 check "the existing output is untouched" [ "$(tree_digest "$WORK/tp4")" = "$BEFORE" ]
 expect_ok "--force replaces it" "$RS" "$WORK/src" --to tp4 -o "$WORK/tp4" --force
+# An output never lies inside its input, nor holds it (--force would replace
+# the input): refused at once, exit 2, naming both, nothing written.
+BEFORE=$(tree_digest "$WORK/tp4")
+expect_error "an output inside its input" 2 "the output .*/tp4/sub lies inside the input .*/tp4: an output is never written" \
+    "$RS" "$WORK/tp4" --to tp2 -o "$WORK/tp4/sub"
+expect_error "an output inside its input, with --force and a path through .." 2 "lies inside the input" \
+    "$RS" "$WORK/tp4" --to tp2 -o "$WORK/tp4/../tp4/sub" --force
+ln -s "$WORK/tp4" "$WORK/tp4.link"
+expect_error "an output inside its input, through a symbolic link" 2 "the output .*/tp4.link/sub lies inside the input .*/tp4" \
+    "$RS" "$WORK/tp4" --to tp2 -o "$WORK/tp4.link/sub"
+rm "$WORK/tp4.link"
+expect_error "the output is the input" 2 "the output .*/tp4 is the input .*/tp4 itself" \
+    "$RS" "$WORK/tp4" --to tp2 -o "$WORK/tp4" --force
+check_all "the source is left as it was, with no stray entry" \
+    '[ "$(tree_digest "$WORK/tp4")" = "$BEFORE" ] && [ -z "$(ls -A "$WORK/tp4" | grep -v "^index.json$\|^shard_")" ]'
+expect_ok "--force over the earlier output still works after these" "$RS" "$WORK/src" --to tp4 -o "$WORK/tp4" --force
+mkdir "$WORK/holder"
+expect_ok "an output in a directory" "$RS" "$WORK/src" --to tp2 -o "$WORK/holder/tp2"
+expect_error "an input inside the output --force would replace" 2 \
+    "the input .*/holder/tp2 lies inside the output .*/holder, which --force would replace" \
+    "$RS" "$WORK/holder/tp2" --to tp4 -o "$WORK/holder" --force
+check "the input is left" test -s "$WORK/holder/tp2/index.json"
 # A live writer holds a lock on its staging directory; a dead one's is free.
 mkdir -p "$WORK/.busy.hostA-1-00000001.staging" "$WORK/.gone.hostA-2-00000002.staging"
 flock "$WORK/.busy.hostA-1-00000001.staging" sleep 60 &

@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
 #include <stdatomic.h>
@@ -323,14 +324,16 @@ static void st_check_exported(const st_parsed *p, const char *name, const test_t
     free(want);
 }
 
-/* __metadata__ holds "format": "pt" and exactly the given pairs. */
+/* __metadata__ holds "format": "pt", our mark and exactly the given pairs. */
 static void st_check_metadata(const st_parsed *p, const char *const *pairs)
 {
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(p->header, "__metadata__");
     cr_assert(cJSON_IsObject(meta), "no __metadata__");
     const cJSON *format = cJSON_GetObjectItemCaseSensitive(meta, "format");
     cr_assert(cJSON_IsString(format) && !strcmp(format->valuestring, "pt"), "__metadata__ lacks \"format\": \"pt\"");
-    int expected = 1;
+    const cJSON *mark = cJSON_GetObjectItemCaseSensitive(meta, EXPORT_MARK_KEY);
+    cr_assert(cJSON_IsString(mark) && !strcmp(mark->valuestring, EXPORT_MARK), "__metadata__ lacks the mark");
+    int expected = 2;
     for (int k = 0; pairs && pairs[k]; k += 2, expected++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, pairs[k]);
         cr_assert(cJSON_IsString(v) && !strcmp(v->valuestring, pairs[k + 1]), "__metadata__ %s should be %s", pairs[k],
@@ -1035,8 +1038,10 @@ Test(export, gguf_random_tensors)
         cr_assert_eq(memcmp(magic, "GGUF", 4), 0, "magic");
         cr_assert_eq(take_u32(&c), 3, "version");
         cr_assert_eq(take_u64(&c), (uint64_t)n, "tensor count");
-        cr_assert_eq(take_u64(&c), (uint64_t)num_kvs + 1, "key-value count: the given ones and general.file_type");
-        /* As given, in order; general.file_type last. */
+        cr_assert_eq(take_u64(&c), (uint64_t)num_kvs + 2, "key-value count: the mark, the given ones and general.file_type");
+        /* The mark first, then as given, in order; general.file_type last. */
+        const export_kv mark = {EXPORT_MARK_KEY, EXPORT_KV_STRING, 0, 0, EXPORT_MARK, NULL, NULL, 0};
+        expect_kv(&c, -1, &mark);
         for (int k = 0; k < num_kvs; k++) expect_kv(&c, k, &kvs[k]);
         expect_string(&c, "general.file_type", "the last key");
         cr_assert_eq(take_u32(&c), GGUF_TYPE_UINT32, "general.file_type: u32 type");
@@ -1126,6 +1131,9 @@ Test(export, hdf5_random_tensors)
 
         hid_t file = H5Fopen(out, H5F_ACC_RDONLY, H5P_DEFAULT);
         cr_assert_geq(file, 0, "HDF5 opens %s", out);
+        char *mark = root_attribute(file, "format");
+        cr_assert_str_eq(mark, EXPORT_MARK, "the mark: the root attribute format");
+        free(mark);
         for (int k = 0; metadata[k]; k += 2) {
             char *value = root_attribute(file, metadata[k]);
             cr_assert_str_eq(value, metadata[k + 1], "attribute %s", metadata[k]);
@@ -1222,6 +1230,47 @@ static const refused_export refused_exports[] = {
     {"a damaged block", {{.source = "model/big", .name = "big", .transpose = 1}, {.source = "model/vec", .name = "vec", .transpose = 0}}, 2, 1, TP_ERR_CHECKSUM, "model/big"},
 };
 
+/* A file in the format, at out (safetensors: out/model.safetensors, out
+ * existing), with its signature but without our mark: an HDF5 file whose
+ * root attribute format is another's, a GGUF file whose first key is
+ * another, safetensors weights whose __metadata__ holds "format" alone.
+ * Its path goes to path; returns its bytes. */
+static blob unmarked_file(export_format format, const char *out, char *path, size_t size)
+{
+    if (format == EXPORT_HDF5) {
+        snprintf(path, size, "%s", out);
+        hid_t f = H5Fcreate(out, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+        cr_assert_geq(f, 0);
+        hid_t type = H5Tcopy(H5T_C_S1), space = H5Screate(H5S_SCALAR);
+        H5Tset_size(type, 8);
+        hid_t attr = H5Acreate2(f, "format", type, space, H5P_DEFAULT, H5P_DEFAULT);
+        cr_assert_geq(attr, 0);
+        cr_assert_geq(H5Awrite(attr, type, "tp-ckpt"), 0);
+        H5Aclose(attr);
+        H5Sclose(space);
+        H5Tclose(type);
+        H5Fclose(f);
+    } else if (format == EXPORT_GGUF) {
+        snprintf(path, size, "%s", out);
+        /* GGUF v3, no tensors, one key: general.name = "x". */
+        static const uint8_t gguf[] = {'G', 'G', 'U', 'F', 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+                                       12, 0, 0, 0, 0, 0, 0, 0, 'g', 'e', 'n', 'e', 'r', 'a', 'l', '.', 'n', 'a', 'm',
+                                       'e', 8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 'x'};
+        write_all(path, gguf, sizeof gguf);
+    } else {
+        snprintf(path, size, "%s/model.safetensors", out);
+        static const char header[] = "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+                                     "\"data_offsets\":[0,4]}}      "; /* padded to a multiple of 8 */
+        uint8_t bytes[8 + sizeof header - 1 + 4] = {0};
+        uint64_t n = sizeof header - 1;
+        memcpy(bytes, &n, 8);
+        memcpy(bytes + 8, header, n);
+        cr_assert(mkdir(out, 0755) == 0 || errno == EEXIST);
+        write_all(path, bytes, sizeof bytes);
+    }
+    return read_all(path);
+}
+
 Test(export, outputs_are_atomic)
 {
     seed_random(606);
@@ -1267,6 +1316,15 @@ Test(export, outputs_are_atomic)
         cr_assert(same_file(marker, &old), "%s: the unrelated output is untouched by --force", format->name);
         cr_assert_eq(count_entries(outdir, NULL), entries, "%s: no staging leftover after a refused --force",
                      format->name);
+
+        /* Nor a file of the format that is not ours: the signature without the mark. */
+        cr_assert_eq(unlink(marker), 0);
+        blob foreign = unmarked_file(format->id, out, marker, sizeof marker);
+        cr_assert_eq(export_run(r, good, 2, &options, out, NULL), TP_ERR_EXISTS, "%s: %s", format->name, tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), out) && strstr(tp_errmsg(), format->id == EXPORT_HDF5 ? "root attribute" : "mark"),
+                  "%s: the message says the mark is missing: %s", format->name, tp_errmsg());
+        cr_assert(same_file(marker, &foreign), "%s: the unmarked file is untouched by --force", format->name);
+        free(foreign.bytes);
 
         /* An earlier export survives a failing export with overwrite. */
         cr_assert_eq(unlink(marker), 0);

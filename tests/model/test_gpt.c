@@ -55,6 +55,10 @@ Test(options, the_same_bounds_for_every_program)
         {"norm-eps", "1", "--norm-eps expects a number in (0, 1)"},
         {"rope-theta", "0.5", "--rope-theta expects a number in (1, 1e12)"},
         {"rope-scaling", "8,1,4,x", "--rope-scaling expects FACTOR[,LOW,HIGH,ORIGINAL]"},
+        {"rope-scaling", "8,1,4,8192,extra", "got '8,1,4,8192,extra'"},
+        {"rope-scaling", "8,1,4,8192,16", "got '8,1,4,8192,16'"},
+        {"rope-scaling", "8,1,4,8192,", "got '8,1,4,8192,'"},
+        {"rope-scaling", "8,", "got '8,'"},
         {"depth", "3", "--depth is not a model option"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {

@@ -1,0 +1,93 @@
+/* tp_path_within (common/path.c), the rule behind "an output is never
+ * written inside its input": paths resolved as the system would (links
+ * followed, "." and ".."), an output that does not exist yet placed by its
+ * parent, a link counted both where it stands and where it leads, URLs
+ * compared as text, a sibling whose name merely starts the same not inside. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../common/error.h"
+#include "../../common/path.h"
+
+static char root[256];
+
+static void make_tree(void)
+{
+    snprintf(root, sizeof root, "/tmp/tp_path_XXXXXX");
+    cr_assert_not_null(mkdtemp(root));
+    char p[512];
+    snprintf(p, sizeof p, "%s/ckpt", root);
+    cr_assert_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/ckpt/shard.h5", root);
+    FILE *f = fopen(p, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/ckpt-other", root);
+    cr_assert_eq(mkdir(p, 0755), 0);
+    char target[512];
+    snprintf(target, sizeof target, "%s/ckpt", root);
+    snprintf(p, sizeof p, "%s/link", root);
+    cr_assert_eq(symlink(target, p), 0);
+    snprintf(target, sizeof target, "%s/ckpt/shard.h5", root);
+    snprintf(p, sizeof p, "%s/shard-link", root); /* outside, pointing in */
+    cr_assert_eq(symlink(target, p), 0);
+}
+
+static void remove_tree(void)
+{
+    char command[600];
+    snprintf(command, sizeof command, "rm -rf '%s'", root);
+    cr_assert_eq(system(command), 0);
+}
+
+/* Whether ROOT/path lies within ROOT/outer (either may be absolute when it starts with '/'). */
+static int within(const char *path, const char *outer)
+{
+    char a[512], b[512];
+    snprintf(a, sizeof a, path[0] == '/' || strstr(path, "://") ? "%.0s%s" : "%s/%s", root, path);
+    snprintf(b, sizeof b, outer[0] == '/' || strstr(outer, "://") ? "%.0s%s" : "%s/%s", root, outer);
+    int in = -1;
+    cr_assert_eq(tp_path_within(a, b, &in), TP_OK, "%s in %s: %s", a, b, tp_errmsg());
+    return in;
+}
+
+TestSuite(path, .init = make_tree, .fini = remove_tree);
+
+Test(path, an_entry_inside_existing_or_not)
+{
+    cr_assert_eq(within("ckpt/shard.h5", "ckpt"), 1);
+    cr_assert_eq(within("ckpt/not-yet", "ckpt"), 1, "an output that does not exist yet");
+    cr_assert_eq(within("ckpt/a/b/c", "ckpt"), 1, "nor its parents");
+    cr_assert_eq(within("ckpt", "ckpt"), 1, "a path is within itself");
+    cr_assert_eq(within("ckpt/", "ckpt"), 1, "a trailing slash");
+    cr_assert_eq(within("ckpt/../ckpt/x", "ckpt"), 1, "..");
+    cr_assert_eq(within("./ckpt/./x", "ckpt"), 1, ".");
+    cr_assert_eq(within("ckpt", "ckpt/shard.h5"), 0, "the reverse");
+    cr_assert_eq(within("ckpt-other/x", "ckpt"), 0, "a sibling whose name starts the same");
+    cr_assert_eq(within("ckpt-other", "ckpt"), 0);
+    cr_assert_eq(within("ckpt/x", "no-such"), 0, "nothing lies in what does not exist");
+    cr_assert_eq(within("ckpt/x", "/"), 1, "everything lies in /");
+}
+
+Test(path, links_followed)
+{
+    cr_assert_eq(within("link/x", "ckpt"), 1, "through a link to the directory");
+    cr_assert_eq(within("ckpt/x", "link"), 1, "the input given as a link");
+    cr_assert_eq(within("shard-link", "ckpt"), 1, "a link outside that points inside");
+    cr_assert_eq(within("link", "ckpt"), 1, "the link itself leads to the directory");
+    cr_assert_eq(within("ckpt-other/y", "link"), 0);
+}
+
+Test(path, urls_as_text)
+{
+    cr_assert_eq(within("s3://b/run/step_1/x", "s3://b/run"), 1);
+    cr_assert_eq(within("s3://b/run", "s3://b/run/"), 1);
+    cr_assert_eq(within("s3://b/run2", "s3://b/run"), 0);
+    cr_assert_eq(within("http://h/run/x", "s3://b/run"), 0, "another scheme");
+    cr_assert_eq(within("s3://b/run", "ckpt"), 0, "a URL and a local path never overlap");
+    cr_assert_eq(within("ckpt/x", "s3://b/run"), 0);
+}
