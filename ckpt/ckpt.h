@@ -577,6 +577,18 @@ typedef struct {
  * there is none. *out is malloc'ed. */
 int ckpt_candidates(const char *path, ckpt_candidate **out, int *count);
 
+/* What a directory (or URL) given to a trainer for its checkpoints holds
+ * (rundir.c): CKPT_DIR_FREE, no committed checkpoint (it does not exist, is
+ * empty, or holds only the leftovers of killed saves); CKPT_DIR_RUN, a run
+ * directory with committed checkpoints, *newest the one a resume tries
+ * first (`latest`, else the newest step_*); CKPT_DIR_CHECKPOINT, a committed
+ * checkpoint itself, *newest that checkpoint with the step of its index.
+ * A trainer writes into FREE, continues RUN only when asked to (its history
+ * is never replaced by another run's), and never writes inside a checkpoint.
+ * Fails when the directory cannot be listed. */
+typedef enum { CKPT_DIR_FREE, CKPT_DIR_RUN, CKPT_DIR_CHECKPOINT } ckpt_dir_kind;
+int ckpt_run_dir_kind(const char *path, ckpt_dir_kind *kind, ckpt_candidate *newest);
+
 /* One live run per run directory: a trainer claims its directory for its
  * whole life, and a second one is refused at start naming the first
  * ("tp-train (pid 41 on host n1, since ...)"). Local: an flock on

@@ -2,7 +2,8 @@
  * directories"), in one place for every reader, writer and resume: which
  * entries are checkpoints (step_<digits>, committed: index.json present),
  * what `latest` names, which checkpoint a path means, and the order in
- * which a resume tries them, and what --force may replace (never a run
+ * which a resume tries them, what a trainer may write its checkpoints into
+ * (ckpt_run_dir_kind), and what --force may replace (never a run
  * directory; a checkpoint by a checkpoint): the rules staged outputs are
  * given (store_stage_options.may_replace). */
 #include <cjson/cJSON.h>
@@ -208,6 +209,29 @@ static int64_t resolved_step(const store_ops *storage, const char *run_dir)
     int64_t value = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : -1;
     cJSON_Delete(root);
     return value;
+}
+
+int ckpt_run_dir_kind(const char *path, ckpt_dir_kind *kind, ckpt_candidate *newest)
+{
+    const store_ops *storage;
+    *kind = CKPT_DIR_FREE;
+    memset(newest, 0, sizeof *newest);
+    newest->step = -1;
+    TP_TRY(store_for(path, &storage));
+    ckpt_candidate *list = NULL;
+    int count = 0, status = ckpt_candidates_in(storage, path, &list, &count);
+    /* Nothing committed: absent (a store's missing prefix lists nothing), empty, or leftovers of killed saves. */
+    if (status == TP_ERR_NOT_FOUND) return TP_OK;
+    TP_TRY(status);
+    *newest = list[0]; /* what a resume tries first: `latest`, else the newest step_* */
+    free(list);
+    if (strcmp(newest->path, path) == 0) {
+        *kind = CKPT_DIR_CHECKPOINT;
+        newest->step = resolved_step(storage, path); /* its index's: a checkpoint may have any name */
+    } else {
+        *kind = CKPT_DIR_RUN;
+    }
+    return TP_OK;
 }
 
 /* Removes the temporary files of `latest` updates that died before their

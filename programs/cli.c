@@ -202,7 +202,7 @@ void cli_source_layout_text(ckpt_reader *source, char out[RESHARD_LAYOUT_TEXT_MA
     reshard_layout_text(ckpt_reader_saved_layout(source), out);
 }
 
-int cli_foreign_checkpoint(const char *dir, char *why, size_t size)
+int cli_ckpt_dir_refusal(const char *dir, int resume, char *why, size_t size)
 {
     why[0] = '\0';
     const checkpoint_format *format;
@@ -230,5 +230,24 @@ int cli_foreign_checkpoint(const char *dir, char *why, size_t size)
     else if (strcmp(format->name, "tp"))
         snprintf(why, size, "--ckpt-dir %s is a %s checkpoint, not a tp-train run directory: convert it into one "
                  "(tp-reshard %s --to tpTppP --format tp -o RUN/step_N)", dir, format->title, dir);
+    if (why[0]) return TP_OK;
+    /* This toolkit's: a run's history is continued only when asked, and no
+     * checkpoint is written inside another. */
+    ckpt_dir_kind kind;
+    ckpt_candidate newest;
+    TP_TRY(ckpt_run_dir_kind(dir, &kind, &newest));
+    if (kind == CKPT_DIR_RUN && !resume)
+        snprintf(why, size, "--ckpt-dir %s holds the checkpoints of a run (the newest: %s): pass --resume to continue "
+                 "it, or choose another directory for a new run", dir, newest.path);
+    if (kind != CKPT_DIR_CHECKPOINT) return TP_OK;
+    char parent[CKPT_PATH_MAX], name[CKPT_PATH_MAX], step[64] = "N";
+    if (newest.step >= 0) snprintf(step, sizeof step, "%08lld", (long long)newest.step);
+    int in_run = tp_split_path(dir, parent, sizeof parent, name, sizeof name) == TP_OK && ckpt_step_of_name(name) >= 0;
+    snprintf(why, size, "--ckpt-dir %s is a checkpoint, not a run directory, and no checkpoint is written inside "
+             "another: to train from it, give a run directory that holds it (mkdir RUN; %s %s RUN/step_%s), then "
+             "--ckpt-dir RUN --resume%s%s%s%s", dir, ckpt_is_remote(dir) ? "tp-ckpt copy" : "cp -r", dir, step,
+             in_run ? "; or --ckpt-dir " : "", in_run ? parent : "",
+             in_run ? " --resume to continue the run it belongs to (from that run's newest checkpoint)" : "",
+             resume ? "" : "; for a new run, choose another directory");
     return TP_OK;
 }

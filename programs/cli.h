@@ -120,13 +120,18 @@ int cli_output_apart(const char *program, const char *input, const char *output)
  * this toolkit's description, is read as whole tensors at tp 1 pp 1). */
 void cli_source_layout_text(ckpt_reader *source, char out[RESHARD_LAYOUT_TEXT_MAX]);
 
-/* Whether --ckpt-dir is another tool's checkpoint (formats/registry.h):
- * then *why says what it is and the command that converts it, else it is
- * left empty. tp-train neither resumes from one nor writes its run beside
- * one (--resume found no step_* there, started afresh and wrote step_*
- * beside the tracker); tp-elastic run refuses it before launching (it
- * relaunched the trainer's refusal). */
-int cli_foreign_checkpoint(const char *dir, char *why, size_t size);
+/* Whether a trainer refuses --ckpt-dir (resume: with --resume): then *why
+ * says why and what to do instead, else it is left empty. Refused: another
+ * tool's checkpoint (formats/registry.h; tp-train neither resumes from one
+ * nor writes its run beside one: --resume found no step_* there, started
+ * afresh and wrote step_* beside the tracker); a committed checkpoint of
+ * this toolkit (a source: new checkpoints inside it made a run directory of
+ * it, which a later --resume passed over); without resume, a run directory
+ * holding committed checkpoints (a new run replaced their step_N and left
+ * `latest` naming the old run's: ckpt_run_dir_kind). tp-elastic run, which
+ * always resumes, refuses the same before launching (it relaunched the
+ * trainer's refusal). Fails when the directory cannot be looked at. */
+int cli_ckpt_dir_refusal(const char *dir, int resume, char *why, size_t size);
 
 /* This process's peak resident memory so far, in bytes (getrusage). */
 int64_t cli_peak_rss_bytes(void);

@@ -226,12 +226,15 @@ int elastic_run_main(int argc, char **argv)
         elastic_capacity first;
         if (elastic_capacity_read(&o.capacity, &first)) return cli_error(PROGRAM, "%s", tp_errmsg());
     }
-    /* Another tool's checkpoint is no run directory: said once, not
-     * relaunched (the trainer refuses it, and that refusal was retried). */
-    char foreign[2 * 4096 + 512] = "";
-    if (cli_foreign_checkpoint(o.run_dir, foreign, sizeof foreign)) return cli_error(PROGRAM, "%s", tp_errmsg());
-    if (foreign[0]) {
-        cli_error(PROGRAM, "%s", foreign);
+    /* Another tool's checkpoint, or one of ours, is no run directory: said
+     * once, before the state directory is made in it, not relaunched (the
+     * trainer refuses it, and that refusal was retried). The trainer is
+     * launched with --resume: a run directory with checkpoints is
+     * continued. */
+    char refused[4 * 4096 + 512] = "";
+    if (cli_ckpt_dir_refusal(o.run_dir, 1, refused, sizeof refused)) return cli_error(PROGRAM, "%s", tp_errmsg());
+    if (refused[0]) {
+        cli_error(PROGRAM, "%s", refused);
         return 2; /* as tp-train's refusal */
     }
     printer p = {isatty(2), 0};

@@ -1,7 +1,7 @@
 /* tp-train: trains a GPT with tensor, pipeline and data parallelism, one
  * process per rank (mpirun -np N build/bin/tp-train ...). A thin layer over
  * train.h; see `tp-train --help`. Exit status: 0 success (also after a
- * checkpoint on SIGTERM/SIGUSR1), 1 failure, 2 usage. */
+ * checkpoint on SIGTERM, SIGUSR1 or a first SIGINT), 1 failure, 2 usage. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <getopt.h>
@@ -52,8 +52,12 @@ static const char *usage_text =
     "           each rank writes its part of checkpoints, which resume at any layout, with or without it\n"
     "data:      --data FILE|GLOB              token files (docs/DATA.md); default: synthetic data\n"
     "checkpoints: --ckpt-dir DIR|URL --ckpt-every N --resume [--sync-save] [--stop-at N] [--ckpt-cache DIR]\n"
-    "           written asynchronously; SIGTERM or SIGUSR1 (or --stop-at): finish the step,\n"
-    "           checkpoint, exit 0. --resume continues from the newest intact checkpoint, at any layout.\n"
+    "           written asynchronously; SIGTERM, SIGUSR1 or a first SIGINT (Ctrl-C), or --stop-at: finish the\n"
+    "           step, checkpoint, exit 0 (a second SIGINT ends it at once; a run resumed at or past --stop-at N\n"
+    "           stops before training). --resume continues from the newest intact checkpoint, at any layout;\n"
+    "           without it, a --ckpt-dir that holds committed checkpoints is refused (exit 2): a new run never\n"
+    "           replaces another's history. A checkpoint itself as --ckpt-dir is refused (exit 2): new\n"
+    "           checkpoints go into a run directory, never inside a checkpoint (mkdir RUN; cp -r CKPT RUN/step_N).\n"
     "           Another tool's checkpoint (Megatron-LM, Megatron-Core torch_dist, PyTorch DCP) as --ckpt-dir is\n"
     "           refused (exit 2), naming the command that converts it (tp-ckpt import, tp-reshard --format tp)\n"
     "           A URL (http(s)://, s3://bucket/prefix; docs/STORES.md): each rank writes its shard to\n"
@@ -66,6 +70,8 @@ static const char *usage_text =
     "           --share-gpus (with --device cuda): more ranks than GPUs, local rank i on GPU i mod G, their\n"
     "           messages through host copies instead of NCCL: every layout on one GPU, for tests\n"
     "other:     --threads N (compute threads per rank, 1)\n"
+    "           --dump DIR: a test hook (tests/trainer/check_torch.py): the initial weights, every step's batches,\n"
+    "           step 1's gradients and logits written into DIR for an independent model to check\n"
     "           --kernel-times: where the steps' time goes, operation by operation (rank 0, the steps after the\n"
     "           first): each kernel call timed on the host, then a wait for the device's share of it; the step\n"
     "           is slower so (no overlap of host and device): a table at the end, and a kernel_times line in --log\n"
@@ -254,11 +260,19 @@ static int generate_command(int argc, char **argv)
 
 static train_control control;
 
-/* SIGTERM and SIGUSR1 (a scheduler's preemption): finish the step,
- * checkpoint, exit 0. */
+/* SIGTERM and SIGUSR1 (a scheduler's preemption) and a first SIGINT
+ * (Ctrl-C): finish the step, checkpoint, exit 0. A second SIGINT ends the
+ * program at once: the first put back its default action (sigaction is
+ * async-signal-safe). */
 static void on_signal(int signal)
 {
-    (void)signal;
+    if (signal == SIGINT) {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        sigaction(SIGINT, &dfl, NULL);
+    }
     train_request_stop(&control);
 }
 
@@ -570,7 +584,10 @@ static void report_kernel_times(reporter *p)
 static void print_summary(const train_outcome *out, const reporter *p, int64_t global_batch)
 {
     const train_options *o = p->o;
-    if (out->end == TRAIN_STOPPED)
+    if (out->end == TRAIN_STOPPED && out->steps_run == 0)
+        printf("stopped at step %lld, where the run resumed: --stop-at %lld was reached before; no step trained, "
+               "no checkpoint written\n", (long long)out->step, (long long)o->stop_at);
+    else if (out->end == TRAIN_STOPPED)
         printf("stopped after step %lld%s\n", (long long)out->step, o->ckpt_dir ? "; checkpoint committed" : "");
     if (out->steps_run == 0) return;
     double tokens_per_second = (double)(out->steps_run * global_batch * o->seq) / out->seconds;
@@ -598,6 +615,7 @@ int main(int argc, char **argv)
     int quiet = 0, kernel_times = 0, share_gpus = 0;
     int64_t tp = 1, pp = 1, dp = 0, global_batch = 0;
     int accum_given = 0;
+    const char *fault_detail = NULL; /* the last of --fault-step, --fault-rank, --fault-once given */
     double started = now_seconds();
     static const struct option options[] = {
         CLI_MODEL_LONG_OPTIONS, CLI_TRAIN_LONG_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
@@ -628,9 +646,18 @@ int main(int argc, char **argv)
             else if (strcmp(optarg, "fail-at-start") == 0) fault.kind = FAULT_FAIL_AT_START;
             else die_usage("--fault takes die, hang, fail, slow, slow-steps or fail-at-start, not '%s'", optarg);
             break;
-        case CLI_TRAIN_FAULT_STEP: fault.step = cli_int("tp-train", "--fault-step", optarg, 1, (int64_t)1 << 40); break;
-        case CLI_TRAIN_FAULT_RANK: fault.rank = (int)cli_int("tp-train", "--fault-rank", optarg, 0, 1 << 20); break;
-        case CLI_TRAIN_FAULT_ONCE: fault.once = optarg; break;
+        case CLI_TRAIN_FAULT_STEP:
+            fault.step = cli_int("tp-train", "--fault-step", optarg, 1, (int64_t)1 << 40);
+            fault_detail = "--fault-step";
+            break;
+        case CLI_TRAIN_FAULT_RANK:
+            fault.rank = (int)cli_int("tp-train", "--fault-rank", optarg, 0, 1 << 20);
+            fault_detail = "--fault-rank";
+            break;
+        case CLI_TRAIN_FAULT_ONCE:
+            fault.once = optarg;
+            fault_detail = "--fault-once";
+            break;
         case CLI_TRAIN_STEPS: o.steps = cli_int("tp-train", "--steps", optarg, 1, (int64_t)1 << 40); break;
         case CLI_TRAIN_LR: o.lr = cli_number("tp-train", "--lr", optarg); break;
         case CLI_TRAIN_MIN_LR: o.min_lr = cli_number("tp-train", "--min-lr", optarg); break;
@@ -694,6 +721,13 @@ int main(int argc, char **argv)
         die_usage("--virtual-stages %d: %lld layers do not split into pp %lld x %d = %lld chunks of equal size",
                   o.virtual_stages, (long long)o.config.layers, (long long)pp, o.virtual_stages,
                   (long long)(pp * o.virtual_stages));
+    /* A detail of a fault without the fault would do nothing: said, not ignored. */
+    if (fault_detail && fault.kind == FAULT_NONE)
+        die_usage("%s details a fault injection: it needs --fault die|hang|fail|slow|slow-steps", fault_detail);
+    if (fault_detail && fault.kind == FAULT_FAIL_AT_START)
+        die_usage("--fault fail-at-start fails every rank before step 1: %s does not apply", fault_detail);
+    if (fault.once && fault.kind == FAULT_SLOW_STEPS)
+        die_usage("--fault-once does not apply to --fault slow-steps (every step from S on is slow, at every launch)");
     if (fault.kind != FAULT_NONE && fault.kind != FAULT_FAIL_AT_START && fault.step < 1)
         die_usage("--fault %s needs --fault-step S", fault.kind == FAULT_DIE    ? "die"
                                                       : fault.kind == FAULT_HANG ? "hang"
@@ -748,17 +782,18 @@ int main(int argc, char **argv)
         comm_mpi_finalize();
         return code;
     }
-    /* Another tool's checkpoint as --ckpt-dir is refused before anything is
-     * written there (the run's claim, a save). Rank 0 looks (a few requests to
-     * an object store) and every rank hears its verdict: 1 foreign, 2 the look
-     * failed. */
-    char foreign[2 * CKPT_PATH_MAX + 512] = "";
+    /* A --ckpt-dir refused (another tool's checkpoint, one of ours, or
+     * without --resume a run directory with checkpoints: cli.h) is refused
+     * before anything is written there (the run's claim, a save). Rank 0
+     * looks (a few requests to an object store) and every rank hears its
+     * verdict: 1 refused, 2 the look failed. */
+    char refused[4 * CKPT_PATH_MAX + 512] = "";
     int verdict = 0;
-    if (o.ckpt_dir && cm->rank == 0 && cli_foreign_checkpoint(o.ckpt_dir, foreign, sizeof foreign)) verdict = 2;
-    else if (foreign[0]) verdict = 1;
+    if (o.ckpt_dir && cm->rank == 0 && cli_ckpt_dir_refusal(o.ckpt_dir, o.resume, refused, sizeof refused)) verdict = 2;
+    else if (refused[0]) verdict = 1;
     if (o.ckpt_dir && comm_broadcast(cm, &verdict, sizeof verdict, 0, COMM_HOST)) verdict = 2;
     if (verdict) {
-        if (cm->rank == 0 && verdict == 1) fprintf(stderr, "tp-train: %s\n", foreign);
+        if (cm->rank == 0 && verdict == 1) fprintf(stderr, "tp-train: %s\n", refused);
         else if (cm->rank == 0) fail("--ckpt-dir %s: %s", o.ckpt_dir, tp_errmsg());
         comm_free(cm);
         return verdict == 1 ? 2 : 1;
@@ -814,11 +849,12 @@ int main(int argc, char **argv)
     train_control_init(&control);
     o.control = &control;
     int unhandled = TP_OK;
-    if (cli_catch_signal(SIGTERM, on_signal) || cli_catch_signal(SIGUSR1, on_signal)) {
-        unhandled = tp_fail(TP_ERR_IO, "cannot handle SIGTERM and SIGUSR1: %s", strerror(errno));
+    if (cli_catch_signal(SIGTERM, on_signal) || cli_catch_signal(SIGUSR1, on_signal) ||
+        cli_catch_signal(SIGINT, on_signal)) {
+        unhandled = tp_fail(TP_ERR_IO, "cannot handle SIGTERM, SIGUSR1 and SIGINT: %s", strerror(errno));
         fprintf(stderr, "tp-train: error (rank %d): %s\n", cm->rank, tp_errmsg());
     }
-    if (comm_agree(cm, unhandled, "handling SIGTERM and SIGUSR1")) {
+    if (comm_agree(cm, unhandled, "handling SIGTERM, SIGUSR1 and SIGINT")) {
         comm_free(cm);
         return 1;
     }

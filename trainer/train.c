@@ -692,6 +692,13 @@ static int train_steps(trainer *t, int64_t start_step)
     const train_options *o = t->o;
     comm *c = t->c;
     train_outcome *out = t->outcome;
+    /* --stop-at N, resumed at step N or past it: the checkpoint of that step
+     * (or of a later one) is there already; a stop before any step, with
+     * nothing trained and nothing saved. */
+    if (o->stop_at > 0 && start_step >= o->stop_at && start_step < o->steps) {
+        out->end = TRAIN_STOPPED;
+        return TP_OK;
+    }
     for (int64_t step = start_step + 1; step <= o->steps; step++) {
         train_report r = {.kind = TRAIN_REPORT_STEP, .step = step};
         double start = now_seconds();

@@ -84,7 +84,8 @@ typedef struct {
     int64_t ckpt_every;   /* 0: at the end and on a stop request only */
     int sync_save;        /* write checkpoints in the foreground (for comparison) */
     int resume;
-    int64_t stop_at;      /* > 0: checkpoint and stop after this step, as a stop request would */
+    int64_t stop_at;      /* > 0: checkpoint and stop after this step, as a stop request would; a run
+                             resumed at this step or past it stops before training (TRAIN_STOPPED) */
     int threads;
     const struct kernel_backend *kernels; /* where the model computes; NULL: the CPU */
     int bf16;             /* mixed precision: matrix products with bf16 operands, fp32 master weights and state */
@@ -111,7 +112,8 @@ double train_lr(const train_options *options, int64_t step);
 
 typedef enum {
     TRAIN_FINISHED, /* every step ran */
-    TRAIN_STOPPED,  /* stopped by request (or --stop-at) after `step`, checkpoint committed */
+    TRAIN_STOPPED,  /* stopped by request (or --stop-at) after `step`, checkpoint committed; or, with no step
+                       run (steps_run 0), resumed at or past stop_at: nothing trained, nothing saved */
     TRAIN_FAILED,   /* `reason` says why */
 } train_end;
 

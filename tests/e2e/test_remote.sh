@@ -195,6 +195,17 @@ sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] =
     check_all "the server holds steps 5, 10, 12, each with its index" \
         '[ -s "$DAV/trun/step_00000005/index.json" ] && [ -s "$DAV/trun/step_00000010/index.json" ] &&
         [ -s "$DAV/trun/step_00000012/index.json" ]'
+    # The run directory rules hold for a URL as for a directory: a new run
+    # into one with checkpoints, and a checkpoint's URL, refused before
+    # anything is uploaded (the listing a resume makes).
+    expect_error "a new run into a URL with checkpoints: refused" 2 "^tp-train: --ckpt-dir $U/trun holds the \
+checkpoints of a run \(the newest: $U/trun/step_00000012\): pass --resume" "$TRAIN" $TINY --ckpt-dir "$U/trun" \
+        --ckpt-cache "$WORK/cache2"
+    expect_error "a checkpoint's URL as --ckpt-dir: refused" 2 "^tp-train: --ckpt-dir $U/trun/step_00000010 is a \
+checkpoint, not a run directory, .*tp-ckpt copy $U/trun/step_00000010 RUN/step_00000010" "$TRAIN" $TINY \
+        --ckpt-dir "$U/trun/step_00000010" --ckpt-cache "$WORK/cache2" --resume
+    check_all "nothing uploaded: the server's latest names step 12, no step_* inside step 10" \
+        '[ "$(cat "$DAV/trun/latest")" = step_00000012 ] && [ -z "$(ls "$DAV/trun/step_00000010" | grep -v "^index.json$\|\.h5$")" ]'
     expect_ok "resume at tp1 from the URL with another cache" "$TRAIN" $TINY --ckpt-every 5 --ckpt-dir "$U/trun" \
         --ckpt-cache "$WORK/cache2" --resume --log "$WORK/trun.jsonl"
     check "resumed from step_00000012" [ "$(events "$WORK/trun.jsonl" start resumed_from)" = "null step_00000012 " ]

@@ -50,7 +50,7 @@ for trial in 1 2 3; do
     named_in "$D/.tp-run.lock" "pid $first " 20
     expect_error "trial $trial: a second trainer (another model) on a live run directory is refused" 1 \
         "$D is in use by tp-train \(pid $first $HOST_PATTERN, since .*\): one run per directory" \
-        "$TRAIN" --model small --micro-batch 2 --quiet --steps 3 --ckpt-every 1 --ckpt-dir "$D"
+        "$TRAIN" --model small --micro-batch 2 --quiet --steps 3 --ckpt-every 1 --ckpt-dir "$D" --resume
     release trial$trial
     wait $first
     rc=$?
@@ -59,12 +59,15 @@ for trial in 1 2 3; do
         '[ "$(ls "$D" | tr "\n" " ")" = "latest step_00000002 " ] && [ "$(model_of "$D/step_00000002")" = "2 64" ]'
 done
 
-# Under mpirun, the claim is rank 0's and its verdict every rank's.
+# Under mpirun, the claim is rank 0's and its verdict every rank's. (The
+# second trainers here pass --resume, as a job script does: without it, a
+# directory where the first has committed a checkpoint is refused for that,
+# before the claim is asked.)
 D="$WORK/mpi"
 TP_CKPT_FAULT=$(held mpi) "$TRAIN" $LONG --ckpt-dir "$D" >"$WORK/first.out" 2>&1 &
 first=$!
 wait_for "$D/.tp-run.lock" 20
-run mpirun --oversubscribe -np 2 "$TRAIN" --model tiny --tp 2 --steps 3 --ckpt-dir "$D" </dev/null
+run mpirun --oversubscribe -np 2 "$TRAIN" --model tiny --tp 2 --steps 3 --ckpt-dir "$D" --resume </dev/null
 check_all "tp2 under mpirun: refused, naming the holder (exit $RC)" \
     '[ $RC -ne 0 ] && grep -q "in use by tp-train (pid $first " "$WORK/.err"'
 # kill -9: the kernel frees the lock with the process; the next run takes
@@ -72,7 +75,7 @@ check_all "tp2 under mpirun: refused, naming the holder (exit $RC)" \
 kill -9 $first
 wait $first 2>/dev/null
 expect_ok "the directory of a kill -9'd trainer is taken at once" \
-    "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 4 --ckpt-every 2 --ckpt-dir "$D"
+    "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 4 --ckpt-every 2 --ckpt-dir "$D" --resume
 check "the lock names the last holder" grep -q "^tp-train (pid [0-9]* $HOST_PATTERN" "$D/.tp-run.lock"
 
 # What sits in the lock's place is refused by name, at once.
@@ -102,12 +105,12 @@ while ! lease_of r1 >/dev/null && [ $n -lt 200 ]; do sleep 0.1; n=$((n + 1)); do
 check "a trainer's lease names it" sh -c "curl -s -f '$U/r1/.tp-run.lease' | grep -q '\"pid\":$first'"
 expect_error "a second trainer (another cache) refused by the live lease" 1 \
     "$U/r1 is in use by tp-train \(pid $first $HOST_PATTERN.*its lease $U/r1/.tp-run.lease is renewed" \
-    "$TRAIN" --model small --quiet --steps 3 --ckpt-every 1 --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-b"
+    "$TRAIN" --model small --quiet --steps 3 --ckpt-every 1 --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-b" --resume
 check "the refused trainer uploaded nothing" [ ! -e "$WORK/dav/r1/step_00000001" ]
 kill -9 $first
 wait $first 2>/dev/null
 expect_ok "a kill -9'd trainer's lease (its pid gone here) taken at once" \
-    "$TRAIN" --model tiny --quiet --steps 2 --ckpt-every 2 --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-b"
+    "$TRAIN" --model tiny --quiet --steps 4 --ckpt-every 2 --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-b" --resume
 check "a finished run's lease is removed" sh -c "! curl -s -f '$U/r1/.tp-run.lease' >/dev/null"
 
 # Another machine's lease that is no longer renewed: waited out, then taken.

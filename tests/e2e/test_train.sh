@@ -1,7 +1,7 @@
 #!/bin/sh
 # End-to-end tests of tp-train: the PyTorch cross-check at three layouts,
 # bf16, layout invariance, the global batch kept across layouts, preemption
-# by signals, refusal of and fallback from a corrupted checkpoint, token
+# by signals (SIGTERM, SIGUSR1, a first SIGINT; a second SIGINT), refusal of and fallback from a corrupted checkpoint, token
 # files, and errors on bad input (exact resume and resume at a new layout:
 # test_train_resume.sh). Tiny models, so that it stays fast on two cores.
 # takes: about 110 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
@@ -390,9 +390,12 @@ check "ZeRO-1 at 16 ranks to ZeRO-3 at 8 to one rank: the straight run's losses 
 check "the three launches: zero 1 3 0, tp 2 4 1" \
     [ "$(events "$WORK/x-split.jsonl" start zero)|$(events "$WORK/x-split.jsonl" start tp)" = "1 3 0 |2 4 1 " ]
 
-# --- Preemption: SIGTERM (to the process, or to each rank under mpirun) or
-# SIGUSR1 (to mpirun, which forwards it) ends the step, commits a checkpoint,
-# exits 0; the resumed run continues exactly.
+# --- Preemption: SIGTERM (to the process, or to each rank under mpirun),
+# SIGUSR1 (to mpirun, which forwards it) or a first SIGINT (Ctrl-C) ends the
+# step, commits a checkpoint, exits 0; the resumed run continues exactly.
+# (SIGINT ended the trainer at once, exit 130, losing the steps since the
+# last save.) A background job starts with SIGINT ignored, which the trainer
+# keeps: env puts it back to its default.
 LONG="--model tiny --micro-batch 16 --quiet --steps 100000"
 # preempt NAME SIGNAL TARGET RANKS ARGS...: TARGET is self, ranks or mpirun.
 preempt() {
@@ -400,7 +403,7 @@ preempt() {
     shift 4
     dir="$WORK/pre-$name"
     if [ "$target" = self ]; then
-        "$TRAIN" $LONG "$@" --ckpt-dir "$dir" --log "$dir.jsonl" >"$WORK/.out" 2>"$WORK/.err" &
+        env --default-signal=INT "$TRAIN" $LONG "$@" --ckpt-dir "$dir" --log "$dir.jsonl" >"$WORK/.out" 2>"$WORK/.err" &
     else
         mpirun --oversubscribe -np "$ranks" "$TRAIN" $LONG "$@" --ckpt-dir "$dir" --log "$dir.jsonl" \
             </dev/null >"$WORK/.out" 2>"$WORK/.err" &
@@ -436,8 +439,29 @@ preempt() {
     check "$name: the resumed steps match a straight run (1e-4)" losses_match "$dir-resumed.jsonl" "$dir-tail.jsonl" 1e-4
 }
 preempt sigterm TERM self 1
+preempt sigint INT self 1
 preempt ranks-sigterm TERM ranks 2 --tp 2
 preempt mpirun-sigusr1 USR1 mpirun 2 --tp 2
+# A second SIGINT ends the trainer at once (SIGINT's default action): no
+# checkpoint of the step under way, which --fault slow holds 3 s after its
+# line, long enough for both signals.
+dir="$WORK/pre-sigint-twice"
+env --default-signal=INT "$TRAIN" $LONG --fault slow --fault-step 3 --ckpt-dir "$dir" --log "$dir.jsonl" \
+    >"$WORK/.out" 2>"$WORK/.err" &
+pid=$!
+waited=0
+while ! grep -q '"step":3,' "$dir.jsonl" 2>/dev/null && [ $waited -lt 300 ]; do
+    sleep 0.1
+    waited=$((waited + 1))
+done
+kill -INT "$pid"
+sleep 0.5
+kill -INT "$pid"
+wait "$pid"
+RC=$?
+check_all "a second SIGINT: the trainer dies of it (exit $RC), no checkpoint, no stop line" \
+    '[ "$RC" -eq 130 ] && [ ! -e "$dir/latest" ] && [ "$(last_step "$dir.jsonl")" = 3 ] &&
+    [ -z "$(events "$dir.jsonl" stop reason)" ]'
 
 # --- A corrupted checkpoint is refused by name; --resume falls back to the
 # newest intact one and says so. A tp2 run with checkpoints at steps 4, 8, 10
@@ -637,6 +661,17 @@ check "fail-at-start: exit 1" [ "$RC" -eq 1 ]
 expect_error "--fault of an unknown kind" 2 "fault takes die, hang, fail, slow, slow-steps or fail-at-start, not 'bogus'" "$TRAIN" $TINY --fault bogus
 expect_error "--fault die without --fault-step" 2 "fault die needs --fault-step" "$TRAIN" $TINY --fault die
 expect_error "--fault-rank beyond the ranks" 2 "fault-rank 1, but there are 1 ranks" "$TRAIN" $TINY --fault die --fault-step 1 --fault-rank 1
+# A detail of a fault without the fault did nothing and was accepted.
+expect_error "--fault-step without --fault" 2 "^tp-train: --fault-step details a fault injection: it needs --fault" \
+    "$TRAIN" $TINY --steps 2 --fault-step 1
+expect_error "--fault-once without --fault" 2 "^tp-train: --fault-once details a fault injection: it needs --fault" \
+    "$TRAIN" $TINY --steps 2 --fault-once "$WORK/never"
+expect_error "--fault-rank without --fault" 2 "--fault-rank details a fault injection" "$TRAIN" $TINY --fault-rank 0
+expect_error "--fault-once beside slow-steps" 2 "--fault-once does not apply to --fault slow-steps" "$TRAIN" $TINY \
+    --fault slow-steps --fault-step 1 --fault-once "$WORK/never"
+expect_error "--fault-step beside fail-at-start" 2 "fail-at-start .*--fault-step does not apply" "$TRAIN" $TINY \
+    --fault fail-at-start --fault-step 1
+check "and no marker was made" [ ! -e "$WORK/never" ]
 
 # --- Bad input: one clear line before any work.
 expect_ok "--help" "$TRAIN" --help

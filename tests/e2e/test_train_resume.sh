@@ -3,7 +3,10 @@
 # trainer: exact resume (stopped at step 10 with asynchronous saves, resumed,
 # the losses of a straight run bit for bit, from the last save and from an
 # asynchronous one), the run's JSON log across launches, resume at another
-# layout (tp4pp2 -> tp2pp1dp2) and from a checkpoint tp-reshard converted.
+# layout (tp4pp2 -> tp2pp1dp2) and from a checkpoint tp-reshard converted;
+# the run directory's rules (another tool's checkpoint, one of ours, and
+# without --resume a run with checkpoints refused before anything is
+# written) and --stop-at at or below the resumed step.
 # tier: check
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/train_lib.sh"
@@ -81,11 +84,13 @@ expect_ok "resume at tp2pp1dp2" mpi_train 4 $TINY --tp 2 --dp 2 --micro-batch 1 
     --resume --log "$WORK/relayout.jsonl"
 check "tp4pp2 -> tp2pp1dp2 has the straight tp2 losses (1e-4)" losses_match "$WORK/relayout.jsonl" "$WORK/straight.jsonl" 1e-4
 
-# A checkpoint converted by tp-reshard resumes as well.
-expect_ok "tp-reshard tp4pp2 -> tp1" "$BIN/tp-reshard" "$WORK/relayout/step_00000010" --to tp1pp1 -o "$WORK/tp1ckpt"
+# A checkpoint converted by tp-reshard resumes as well (written as a step of a run directory).
+mkdir "$WORK/tp1run"
+expect_ok "tp-reshard tp4pp2 -> tp1" "$BIN/tp-reshard" "$WORK/relayout/step_00000010" --to tp1pp1 \
+    -o "$WORK/tp1run/step_00000010"
 steps_from "$WORK/straight.jsonl" 11 >"$WORK/straight-tail.jsonl"
 expect_ok "resume at tp1 from the resharded checkpoint" "$TRAIN" $TINY --steps 20 \
-    --ckpt-dir "$WORK/tp1ckpt" --resume --log "$WORK/from-reshard.jsonl"
+    --ckpt-dir "$WORK/tp1run" --resume --log "$WORK/from-reshard.jsonl"
 check "resumed from tp-reshard output: the straight losses (1e-4)" \
     losses_match "$WORK/from-reshard.jsonl" "$WORK/straight-tail.jsonl" 1e-4
 
@@ -136,5 +141,67 @@ expect_ok "resumed from it" "$TRAIN" $TINY --steps 20 --stop-at 12 --ckpt-dir "$
     --log "$WORK/run-meg.jsonl"
 check "from the import: resumed at step 10 (weights only: the optimizer starts afresh)" \
     [ "$(events "$WORK/run-meg.jsonl" start resumed_from)" = "step_00000010 " ]
+
+# --- A new run never replaces another's history: without --resume, a run directory holding committed checkpoints
+# is refused (exit 2) before anything is written, in one line naming its newest. (The new run replaced step_N of the
+# old one as it reached them, and `latest` still named the old run's: one directory mixing two runs.)
+files() { (cd "$1" && find . -type f ! -name '.*' | sort | xargs md5sum); } # what a run holds, not its claim
+before=$(files "$WORK/run")
+expect_error "a new run into a run directory with checkpoints: refused" 2 "^tp-train: --ckpt-dir .*/run holds the \
+checkpoints of a run \(the newest: .*/run/step_00000020\): pass --resume to continue it, or choose another directory \
+for a new run$" "$TRAIN" $TINY --dim 128 --steps 3 --ckpt-every 3 --ckpt-dir "$WORK/run"
+run mpi_train 2 $TINY --tp 2 --steps 3 --ckpt-dir "$WORK/run"
+check_all "the same under mpirun: exit 2, rank 0 alone says it (exit $RC)" \
+    '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: --ckpt-dir .*holds the checkpoints of a run" "$WORK/.err")" -eq 1 ]'
+check "nothing in the run directory changed" [ "$(files "$WORK/run")" = "$before" ]
+# A new directory, an empty one, and one holding only what a killed save left (no committed checkpoint) are a new
+# run's.
+mkdir "$WORK/empty"
+expect_ok "a new run into an empty directory" "$TRAIN" $TINY --steps 2 --ckpt-dir "$WORK/empty"
+run env TP_CKPT_FAULT=before-index "$TRAIN" $TINY --steps 2 --ckpt-dir "$WORK/killed"
+check_all "a save killed before its index: no committed checkpoint (exit $RC)" \
+    '[ "$RC" -eq 137 ] && [ -n "$(ls -A "$WORK/killed")" ] && [ -z "$(ls "$WORK/killed")" ]'
+expect_ok "a new run into a killed save's leftovers" "$TRAIN" $TINY --steps 2 --ckpt-dir "$WORK/killed"
+check "its checkpoint committed" [ "$(cat "$WORK/killed/latest")" = step_00000002 ]
+
+# --- A checkpoint given as --ckpt-dir is a source, never written inside: refused (exit 2) with or without --resume,
+# saying how to train from it. (New checkpoints went inside it, ck/step_00000008, and a later --resume passed over
+# them, resuming from ck itself.) tp-elastic run refuses it before making its state directory there.
+cp -r "$WORK/run/step_00000020" "$WORK/ck"
+before=$(files "$WORK/ck")
+expect_error "--resume with a checkpoint as --ckpt-dir: refused" 2 "^tp-train: --ckpt-dir .*/ck is a checkpoint, not a \
+run directory, and no checkpoint is written inside another: to train from it, give a run directory that holds it \
+\(mkdir RUN; cp -r .*/ck RUN/step_00000020\), then --ckpt-dir RUN --resume$" \
+    "$TRAIN" $TINY --steps 22 --ckpt-dir "$WORK/ck" --resume
+expect_error "a new run with a checkpoint as --ckpt-dir: refused" 2 \
+    "^tp-train: --ckpt-dir .*/ck is a checkpoint, .*; for a new run, choose another directory$" \
+    "$TRAIN" $TINY --steps 22 --ckpt-dir "$WORK/ck"
+expect_error "a step of a run directory as --ckpt-dir: refused, naming the run" 2 "^tp-train: --ckpt-dir \
+.*/run/step_00000010 is a checkpoint, .*RUN/step_00000010\), then --ckpt-dir RUN --resume; or --ckpt-dir .*/run --resume \
+to continue the run it belongs to" "$TRAIN" $TINY --steps 22 --ckpt-dir "$WORK/run/step_00000010" --resume
+expect_error "tp-elastic run over a checkpoint: refused before any launch" 2 \
+    "^tp-elastic run: error: --ckpt-dir .*/ck is a checkpoint, not a run directory" "$BIN/tp-elastic" run \
+    --ckpt-dir "$WORK/ck" --world 2 -- "$TRAIN" $TINY --steps 22 --global-batch 4
+check_all "nothing written inside them" '[ "$(files "$WORK/ck")" = "$before" ] && [ ! -e "$WORK/ck/elastic" ] &&
+    [ "$(ls -A "$WORK/run/step_00000010" | grep -cv "^index.json$\|^shard_.*\.h5$")" -eq 0 ]'
+mkdir "$WORK/ck-run" && cp -r "$WORK/ck" "$WORK/ck-run/step_00000020"
+expect_ok "put in a run directory as the refusal says, it resumes" "$TRAIN" $TINY --steps 22 --ckpt-dir "$WORK/ck-run" \
+    --resume --log "$WORK/ck-run.jsonl"
+check "resumed from step 20" [ "$(events "$WORK/ck-run.jsonl" start resumed_from)" = "step_00000020 " ]
+
+# --- --stop-at N at or below the step a run resumes at: it stops at once, saying so, with nothing trained and no
+# checkpoint written (exit 0, a stop line). (The test was for step N itself: such a run trained on to --steps.)
+before=$(files "$WORK/run-meg")
+for at in 12 5; do
+    expect_ok "--stop-at $at, resumed at step 12" "$TRAIN" --model tiny --micro-batch 2 --steps 20 --stop-at $at \
+        --ckpt-dir "$WORK/run-meg" --resume --log "$WORK/run-meg.jsonl"
+    check "--stop-at $at: says so" grep -q "^stopped at step 12, where the run resumed: --stop-at $at was reached \
+before; no step trained, no checkpoint written$" "$WORK/.out"
+done
+check_all "no step trained: the log's last step 12, two more start and stop lines (stopped at 12)" \
+    '[ "$(last_step "$WORK/run-meg.jsonl")" = 12 ] && [ "$(events "$WORK/run-meg.jsonl" start step)" = "10 12 12 " ] &&
+    [ "$(events "$WORK/run-meg.jsonl" stop reason)|$(events "$WORK/run-meg.jsonl" stop step)" = \
+    "stopped stopped stopped |12 12 12 " ]'
+check "no checkpoint written" [ "$(files "$WORK/run-meg")" = "$before" ]
 
 finish
