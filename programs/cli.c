@@ -202,35 +202,44 @@ void cli_source_layout_text(ckpt_reader *source, char out[RESHARD_LAYOUT_TEXT_MA
     reshard_layout_text(ckpt_reader_saved_layout(source), out);
 }
 
+int cli_foreign_checkpoint(const char *path, const char *target, cli_foreign *out)
+{
+    memset(out, 0, sizeof *out);
+    const checkpoint_format *format;
+    TP_TRY(formats_detect(path, &format));
+    if (!strcmp(format->name, "tp")) return TP_OK;
+    const char *base = strrchr(path, '/');
+    base = base && base[1] ? base + 1 : path;
+    int megatron = !strcmp(format->name, "megatron"), dist = !strcmp(format->name, "torch_dist");
+    int dcp = !strcmp(format->name, "dcp");
+    if (dist) snprintf(out->what, sizeof out->what, "a Megatron-Core distributed checkpoint (metadata.json)");
+    else if (dcp) snprintf(out->what, sizeof out->what, "a PyTorch distributed checkpoint (.metadata)");
+    else if (megatron && (!strncmp(base, "iter_", 5) || !strcmp(base, "release")))
+        snprintf(out->what, sizeof out->what, "an iteration of a Megatron-LM checkpoint (mp_rank_* rank files)");
+    else if (megatron)
+        snprintf(out->what, sizeof out->what, "a Megatron-LM checkpoint (latest_checkpointed_iteration.txt)");
+    else snprintf(out->what, sizeof out->what, "a %s checkpoint", format->title);
+    /* Megatron's are imported (their model mapped to this toolkit's GPT);
+     * the others are resharded into this toolkit's format. */
+    if (megatron || dist)
+        snprintf(out->convert, sizeof out->convert, "tp-ckpt import %s -o %s --tp T --pp P", path, target);
+    else snprintf(out->convert, sizeof out->convert, "tp-reshard %s --to tpTppP --format tp -o %s", path, target);
+    out->step = megatron || dist ? "iteration" : "step";
+    out->doc = megatron || dist ? " (docs/MEGATRON.md)" : dcp ? " (docs/DCP.md)" : "";
+    return TP_OK;
+}
+
 int cli_ckpt_dir_refusal(const char *dir, int resume, char *why, size_t size)
 {
+    cli_foreign foreign;
+    TP_TRY(cli_foreign_checkpoint(dir, "RUN/step_N", &foreign));
     why[0] = '\0';
-    const checkpoint_format *format;
-    TP_TRY(formats_detect(dir, &format));
-    int dist = !strcmp(format->name, "torch_dist"), dcp = !strcmp(format->name, "dcp");
-    int megatron = !strcmp(format->name, "megatron");
-    const char *base = strrchr(dir, '/');
-    base = base && base[1] ? base + 1 : dir;
-    int iteration = !strncmp(base, "iter_", 5) || !strcmp(base, "release");
-    if (dist)
-        snprintf(why, size, "--ckpt-dir %s is a Megatron-Core distributed checkpoint (metadata.json), not a tp-train "
-                 "run directory: to train from it, import it into a run directory (mkdir RUN; tp-ckpt import %s -o "
-                 "RUN/step_N --tp T --pp P, N its iteration), then give --ckpt-dir RUN --resume (docs/MEGATRON.md)",
-                 dir, dir);
-    else if (dcp)
-        snprintf(why, size, "--ckpt-dir %s is a PyTorch distributed checkpoint (.metadata), not a tp-train run "
-                 "directory: to train from it, convert it into a run directory (mkdir RUN; tp-reshard %s --to tpTppP "
-                 "--format tp -o RUN/step_N, N its step), then give --ckpt-dir RUN --resume (docs/DCP.md)", dir, dir);
-    else if (megatron)
-        snprintf(why, size, "--ckpt-dir %s is %s, not a tp-train run directory: to train from it, import it into a run "
-                 "directory (mkdir RUN; tp-ckpt import %s -o RUN/step_N --tp T --pp P, N its iteration), then give "
-                 "--ckpt-dir RUN --resume (docs/MEGATRON.md)", dir,
-                 iteration ? "an iteration of a Megatron-LM checkpoint (mp_rank_* rank files)"
-                           : "a Megatron-LM checkpoint (latest_checkpointed_iteration.txt)", dir);
-    else if (strcmp(format->name, "tp"))
-        snprintf(why, size, "--ckpt-dir %s is a %s checkpoint, not a tp-train run directory: convert it into one "
-                 "(tp-reshard %s --to tpTppP --format tp -o RUN/step_N)", dir, format->title, dir);
-    if (why[0]) return TP_OK;
+    if (foreign.what[0]) {
+        snprintf(why, size, "--ckpt-dir %s is %s, not a tp-train run directory: to train from it, convert it into a run "
+                 "directory (mkdir RUN; %s, N its %s), then give --ckpt-dir RUN --resume%s", dir, foreign.what,
+                 foreign.convert, foreign.step, foreign.doc);
+        return TP_OK;
+    }
     /* This toolkit's: a run's history is continued only when asked, and no
      * checkpoint is written inside another. */
     ckpt_dir_kind kind;

@@ -120,6 +120,20 @@ int cli_output_apart(const char *program, const char *input, const char *output)
  * this toolkit's description, is read as whole tensors at tp 1 pp 1). */
 void cli_source_layout_text(ckpt_reader *source, char out[RESHARD_LAYOUT_TEXT_MAX]);
 
+/* Another tool's checkpoint (formats/registry.h), which the trainer reads
+ * only once converted into this toolkit's format. */
+typedef struct {
+    char what[160];                        /* "a PyTorch distributed checkpoint (.metadata)"; empty: ours */
+    char convert[2 * CKPT_PATH_MAX + 96]; /* the command that converts it into the target given */
+    const char *step;                     /* what its N is called: "iteration" (Megatron's) or "step" */
+    const char *doc;                      /* " (docs/DCP.md)", or "" */
+} cli_foreign;
+
+/* Whether path is another tool's checkpoint: then out says what it is and
+ * how to convert it into target, else out->what is empty. Fails when the
+ * path cannot be looked at. */
+int cli_foreign_checkpoint(const char *path, const char *target, cli_foreign *out);
+
 /* Whether a trainer refuses --ckpt-dir (resume: with --resume): then *why
  * says why and what to do instead, else it is left empty. Refused: another
  * tool's checkpoint (formats/registry.h; tp-train neither resumes from one

@@ -141,13 +141,30 @@ static int prepare(int argc, char **argv)
     return 0;
 }
 
+/* Another tool's checkpoint as --ckpt (eval and generate read this
+ * toolkit's, at any layout): named with the command that converts it, exit
+ * 2 as --ckpt-dir's refusal; 1 when it cannot be looked at. Each rank looks
+ * (the same answer), rank 0 speaks. */
+static int refuse_foreign_ckpt(const char *command, const char *ckpt)
+{
+    cli_foreign foreign;
+    int status = cli_foreign_checkpoint(ckpt, "CKPT", &foreign);
+    if (comm_mpi_rank() != 0) return status ? 1 : foreign.what[0] ? 2 : 0;
+    if (status) return fail("--ckpt %s: %s", ckpt, tp_errmsg());
+    if (!foreign.what[0]) return 0;
+    fprintf(stderr, "tp-train: --ckpt %s is %s, which tp-train %s reads once converted into this toolkit's format: %s, "
+            "then give --ckpt CKPT%s\n", ckpt, foreign.what, command, foreign.convert, foreign.doc);
+    return 2;
+}
+
 static const char *eval_usage =
     "usage: [mpirun -np N] tp-train eval --ckpt CKPT --data FILE [options]\n"
     "Mean cross-entropy of a checkpoint over the first N non-overlapping windows of the\n"
     "token files (read as one stream): window i has inputs tokens[i*T, i*T+T) and\n"
     "targets tokens[i*T+1, i*T+T+1). Any layout: N ranks = tp x pp x dp.\n"
     "\n"
-    "  --ckpt CKPT          checkpoint, or run directory (its newest intact checkpoint)\n"
+    "  --ckpt CKPT          checkpoint, or run directory (its newest intact checkpoint), of this toolkit's\n"
+    "                       format (another tool's is refused, naming the command that converts it)\n"
     "  --data FILE|GLOB     token files (docs/DATA.md)\n"
     "  --windows N          windows to evaluate (default: every whole window)\n"
     "  --seq T              window length (default: the model's context length)\n"
@@ -189,6 +206,11 @@ static int eval_command(int argc, char **argv)
     if (optind != argc) die_usage("eval: unexpected argument '%s'", argv[optind]);
     if (!o.ckpt || !o.data) die_usage("eval needs --ckpt CKPT and --data FILE");
     int world = comm_mpi_world_size(&argc, &argv);
+    int refused = refuse_foreign_ckpt("eval", o.ckpt);
+    if (refused) {
+        comm_mpi_finalize();
+        return refused;
+    }
     if (!dp) dp = world / (tp * pp) > 0 ? world / (tp * pp) : 1;
     comm *cm = NULL;
     if (comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp)) {
@@ -220,6 +242,8 @@ static const char *generate_usage =
     "usage: tp-train generate --ckpt CKPT --prompt TEXT [options]\n"
     "Continues TEXT with the model of a checkpoint (any layout; one process), using the\n"
     "byte-level vocabulary: each byte is a token. Tokens beyond the 256 bytes print as <|id|>.\n"
+    "CKPT: a checkpoint or run directory of this toolkit's format (another tool's is refused,\n"
+    "naming the command that converts it); TEXT: at least one byte.\n"
     "\n"
     "  --tokens N           tokens to generate (200)\n"
     "  --temperature X      sampling temperature; 0 picks the most likely token (0.8)\n"
@@ -251,6 +275,9 @@ static int generate_command(int argc, char **argv)
     }
     if (optind != argc) die_usage("generate: unexpected argument '%s'", argv[optind]);
     if (!o.ckpt || !o.prompt) die_usage("generate needs --ckpt CKPT and --prompt TEXT");
+    if (!o.prompt[0]) die_usage("generate: --prompt is empty: give at least one byte to continue");
+    int refused = refuse_foreign_ckpt("generate", o.ckpt);
+    if (refused) return refused;
     o.warn = warn_always;
     if (generate_run(&o, stdout)) return fail("%s", tp_errmsg());
     return 0;

@@ -121,6 +121,28 @@ check_all "--resume over a Megatron-LM iteration under mpirun: exit 2, rank 0 al
 expect_error "--resume over a torch_dist checkpoint" 2 "--ckpt-dir .*/dist is a Megatron-Core distributed checkpoint \
 \(metadata.json\), not a tp-train run directory: .*tp-ckpt import .*/dist -o RUN/step_N --tp T --pp P" \
     "$TRAIN" $TINY --steps 12 --ckpt-dir "$WORK/dist" --resume
+# eval and generate read this toolkit's checkpoints: another tool's is
+# named with the command that converts it (they said "not a checkpoint: no
+# index.json"), and the converted one is read.
+awk 'BEGIN { for (i = 0; i < 40; i++) print "the quick brown fox jumps over the lazy dog", i }' >"$WORK/text.txt"
+expect_ok "tokens for eval" "$TRAIN" prepare "$WORK/text.txt" -o "$WORK/tokens.bin"
+expect_error "eval of a DCP: what it is and how to convert it" 2 "^tp-train: --ckpt .*/dcp is a PyTorch distributed \
+checkpoint \(\.metadata\), which tp-train eval reads once converted into this toolkit's format: tp-reshard .*/dcp --to \
+tpTppP --format tp -o CKPT, then give --ckpt CKPT \(docs/DCP.md\)" "$TRAIN" eval --ckpt "$WORK/dcp" --data "$WORK/tokens.bin"
+expect_error "generate from a Megatron-LM checkpoint" 2 "^tp-train: --ckpt .*/meg is a Megatron-LM checkpoint \
+\(latest_checkpointed_iteration.txt\), which tp-train generate reads .*: tp-ckpt import .*/meg -o CKPT --tp T --pp P" \
+    "$TRAIN" generate --ckpt "$WORK/meg" --prompt hello
+run mpi_train 2 eval --ckpt "$WORK/dist" --data "$WORK/tokens.bin" --tp 2
+check_all "eval of a torch_dist checkpoint under mpirun: exit 2, rank 0 alone says it (exit $RC)" \
+    '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: --ckpt" "$WORK/.err")" -eq 1 ] && grep -Eq \
+    -- "--ckpt .*/dist is a Megatron-Core distributed checkpoint \(metadata.json\), .*tp-ckpt import .*/dist" "$WORK/.err"'
+expect_error "generate with an empty prompt: a usage error" 2 "--prompt is empty" \
+    "$TRAIN" generate --ckpt "$WORK/relayout/step_00000010" --prompt ""
+expect_ok "the DCP converted as the refusal says" "$BIN/tp-reshard" "$WORK/dcp" --to tp1pp1 --format tp -o "$WORK/dcp-tp"
+expect_ok "eval of the original" "$TRAIN" eval --ckpt "$WORK/relayout/step_00000010" --data "$WORK/tokens.bin" --json
+original_loss=$(sed 's/.*"loss": \([^,]*\),.*/\1/' "$WORK/.out")
+expect_ok "eval of the converted DCP" "$TRAIN" eval --ckpt "$WORK/dcp-tp" --data "$WORK/tokens.bin" --json
+check "the converted DCP's loss is the original's ($original_loss)" grep -q "\"loss\": $original_loss," "$WORK/.out"
 # tp-elastic run says it once, before launching: it relaunched the
 # trainer's refusal as a failure to retry.
 expect_error "tp-elastic run over a Megatron-LM checkpoint: refused before any launch" 2 \
