@@ -327,6 +327,11 @@ typedef struct {
      * own at open: for the many readers of one checkpoint at scale. A
      * damaged file then fails its pieces as they are read, not the open. */
     int sizes_on_read;
+    /* 1: a shard file found missing or of another size than the index
+     * records at open fails its own pieces as they are read (each with that
+     * message), not the open: verify reports every damaged file, not only
+     * the first. 0 (default): the open fails. */
+    int damaged_files_fail_pieces;
 } ckpt_read_options;
 
 void ckpt_read_options_init(ckpt_read_options *options);

@@ -173,6 +173,11 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
         else if (st.size != r->index.files[f].bytes)
             status = tp_fail(TP_ERR_FORMAT, "%s: %lld bytes, the index records %lld (truncated or replaced?)", fr->path,
                              (long long)st.size, (long long)r->index.files[f].bytes);
+        if (status && r->options.damaged_files_fail_pieces) { /* open_file fails its pieces with this */
+            fr->open_status = status;
+            fr->open_error = strdup(tp_errmsg());
+            status = fr->open_error ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+        }
     }
     for (int f = status ? r->index.num_files : 0; f < r->index.num_files; f++) r->files[f].file = -1;
     for (int i = 0; !status && i < r->index.num_tensors; i++) {

@@ -57,12 +57,14 @@ static const char *usage_text =
 #define fail(...) cli_error("tp-ckpt", __VA_ARGS__)
 
 /* A checkpoint of any format (formats/registry.h); with verify, this
- * toolkit's own read against its checksums. */
-static formats_source *open_or_die(const char *path, int verify, int *exit_code)
+ * toolkit's own read against its checksums; with every_damage, its missing
+ * or cut-short shard files failing their pieces, not the open. */
+static formats_source *open_or_die(const char *path, int verify, int every_damage, int *exit_code)
 {
     ckpt_read_options read;
     ckpt_read_options_init(&read);
     read.verify = verify;
+    read.damaged_files_fail_pieces = every_damage;
     formats_source_options options = {.read = &read};
     formats_source *source = NULL;
     if (formats_source_open(path, NULL, &options, &source) != TP_OK) {
@@ -483,7 +485,7 @@ static int cmd_info(int argc, char **argv)
     if (!strcmp(format->name, "torch_dist")) return info_megatron_dist(argv[optind], json);
     if (!strcmp(format->name, "dcp")) return info_dcp(argv[optind], json);
     if (!strcmp(format->name, "megatron")) return info_megatron(argv[optind], json);
-    formats_source *source = open_or_die(argv[optind], 0, &code);
+    formats_source *source = open_or_die(argv[optind], 0, 0, &code);
     if (!source) return code;
     ckpt_reader *r = formats_source_reader(source);
     if (json) code = info_json(r);
@@ -605,7 +607,8 @@ static int cmd_verify(int argc, char **argv)
         else if (c == 'h') {
             printf("usage: tp-ckpt verify CKPT [--threads N]\n"
                    "Checks that every shard is present with its recorded size, that every tensor\n"
-                   "matches its index entry, every block its checksum, and padding is zero.\n");
+                   "matches its index entry, every block its checksum, and padding is zero.\n"
+                   "Every damaged file and piece is reported; exit 1 if any.\n");
             return 0;
         } else die_usage("verify: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
@@ -617,7 +620,7 @@ static int cmd_verify(int argc, char **argv)
     if (!strcmp(format->name, "torch_dist") || !strcmp(format->name, "dcp"))
         return verify_dcp(argv[optind], format, (int)threads);
     if (!strcmp(format->name, "megatron")) return verify_megatron(argv[optind], (int)threads);
-    formats_source *source = open_or_die(argv[optind], 1, &code);
+    formats_source *source = open_or_die(argv[optind], 1, 1, &code); /* every damaged file reported */
     if (!source) return code;
     ckpt_reader *r = formats_source_reader(source);
     int64_t total = 0;
@@ -741,9 +744,9 @@ static int cmd_diff(int argc, char **argv)
     }
     if (optind != argc - 2) die_usage("diff takes two checkpoints");
     int code = 0;
-    formats_source *source_a = open_or_die(argv[optind], 1, &code);
+    formats_source *source_a = open_or_die(argv[optind], 1, 0, &code);
     if (!source_a) return code;
-    formats_source *source_b = open_or_die(argv[optind + 1], 1, &code);
+    formats_source *source_b = open_or_die(argv[optind + 1], 1, 0, &code);
     if (!source_b) {
         formats_source_close(source_a);
         return code;

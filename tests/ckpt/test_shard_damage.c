@@ -650,3 +650,40 @@ Test(shard_damage, a_dataset_of_another_type_than_its_dtype_is_refused_at_commit
               "%s", tp_errmsg());
     cr_assert_eq(access(path, F_OK), -1, "nothing published");
 }
+
+/* ckpt_read_options.damaged_files_fail_pieces: a missing and a cut-short
+ * file fail their own pieces, with the message the open gave before, and
+ * ckpt_verify reports both; the default still fails the open at the first. */
+Test(shard_damage, damaged_files_fail_their_pieces_when_asked)
+{
+    char path[600], missing[700], short_file[700];
+    snprintf(path, sizeof path, "%s/ck", dir);
+    small_checkpoint(path, 0);
+    snprintf(missing, sizeof missing, "%s/shard_pp00_tp00.h5", path);
+    snprintf(short_file, sizeof short_file, "%s/shard_pp00_tp01.h5", path);
+    cr_assert_eq(unlink(missing), 0);
+    cr_assert_eq(truncate(short_file, file_size(short_file) - 100), 0);
+
+    ckpt_reader *r = NULL;
+    cr_assert_eq(open_reader(&r, path, 0), TP_ERR_NOT_FOUND, "the default open fails at the first: %s", tp_errmsg());
+
+    ckpt_read_options options;
+    ckpt_read_options_init(&options);
+    options.damaged_files_fail_pieces = 1;
+    cr_assert_eq(ckpt_reader_open(&r, path, &options), TP_OK, "%s", tp_errmsg());
+    ckpt_verify_result result;
+    cr_assert_eq(ckpt_verify(r, NULL, &result), TP_OK, "%s", tp_errmsg());
+    /* The weight's two pieces, one a file, and the replicated bias's one,
+     * in tp rank 0's file: all three damaged. */
+    cr_assert_eq(result.pieces, 3);
+    cr_assert_eq(result.damaged, 3, "%lld damaged", (long long)result.damaged);
+    int said_missing = 0, said_short = 0;
+    for (int i = 0; i < result.damaged; i++) {
+        const char *m = result.damage[i].message;
+        if (strstr(m, "shard_pp00_tp00.h5: shard file missing")) said_missing++;
+        if (strstr(m, "shard_pp00_tp01.h5") && strstr(m, "the index records")) said_short++;
+    }
+    cr_assert(said_missing == 2 && said_short == 1, "missing %d of 2 pieces, cut short %d of 1", said_missing, said_short);
+    ckpt_verify_result_free(&result);
+    ckpt_reader_close(r);
+}

@@ -114,10 +114,28 @@ done
 
 # ------------------------------------------------------------ bad input
 cp -r "$WORK/a" "$WORK/missing" && rm "$WORK/missing/shard_pp00_tp01.h5"
-expect_error "missing shard" 1 "shard_pp00_tp01.h5: shard file missing" "$CK" verify "$WORK/missing"
+run "$CK" verify "$WORK/missing"
+check_all "missing shard: exit 1, the file named, its pieces counted (exit $RC)" '[ "$RC" -eq 1 ] &&
+    grep -q "^tp-ckpt: damaged: .*shard_pp00_tp01.h5: shard file missing" "$WORK/.err" &&
+    grep -Eq "^tp-ckpt: error: .*/missing: [0-9]+ of 231 pieces damaged" "$WORK/.err"'
 expect_error "info on a missing shard" 1 "shard_pp00_tp01.h5" "$CK" info "$WORK/missing"
 cp -r "$WORK/a" "$WORK/truncated" && truncate -s -100 "$WORK/truncated/shard_pp01_tp00.h5"
-expect_error "truncated shard" 1 "shard_pp01_tp00.h5: .*truncated" "$CK" verify "$WORK/truncated"
+run "$CK" verify "$WORK/truncated"
+check_all "truncated shard: exit 1, the file named (exit $RC)" '[ "$RC" -eq 1 ] &&
+    grep -q "^tp-ckpt: damaged: .*shard_pp01_tp00.h5: .*truncated" "$WORK/.err"'
+# Every damaged file reported, not the first alone: one missing, one cut
+# short, one with a flipped data byte (verify stopped at the missing one).
+cp -r "$WORK/a" "$WORK/several" && rm "$WORK/several/shard_pp00_tp01.h5" &&
+    truncate -s -100 "$WORK/several/shard_pp01_tp00.h5" &&
+    flip_byte "$WORK/several/shard_pp01_tp01.h5" $((OFFSET + 1000))
+run "$CK" verify "$WORK/several"
+check_all "verify of three damaged files reports the three, each once (exit $RC)" '[ "$RC" -eq 1 ] &&
+    [ "$(grep -c "shard_pp00_tp01.h5: shard file missing" "$WORK/.err")" -eq 1 ] &&
+    [ "$(grep -c "shard_pp01_tp00.h5: .*truncated" "$WORK/.err")" -eq 1 ] &&
+    [ "$(grep -c "shard_pp01_tp01.h5: tensor model/layers.3.mlp.fc.weight piece 1" "$WORK/.err")" -eq 1 ] &&
+    [ "$(grep -c "^tp-ckpt: damaged: " "$WORK/.err")" -eq 3 ]'
+expect_error "info still fails at the first missing file" 1 "shard_pp00_tp01.h5: shard file missing" \
+    "$CK" info "$WORK/several"
 cp -r "$WORK/a" "$WORK/future" && sed -i 's/"format_version":\t\[1, [0-9]*\]/"format_version":\t[7, 1]/' "$WORK/future/index.json"
 expect_error "future major version" 1 "version 7.1 is newer than this build reads" "$CK" info "$WORK/future"
 cp -r "$WORK/a" "$WORK/minor" && sed -i 's/"format_version":\t\[1, [0-9]*\]/"format_version":\t[1, 9]/' "$WORK/minor/index.json"
