@@ -687,7 +687,8 @@ static int cmd_verify(int argc, char **argv)
 
 typedef struct {
     int a, b;
-    int status;
+    int shapes_differ; /* a difference: message gives both shapes */
+    int status;        /* not a difference: a side could not be read (damage); message says why */
     char message[1024];
     ckpt_compare_result result;
 } tensor_diff;
@@ -703,6 +704,15 @@ static int diff_one(void *ctx, int64_t i, int thread)
     (void)thread;
     diff_job *job = ctx;
     tensor_diff *d = &job->diffs[i];
+    const ckpt_tensor_desc *ta = ckpt_reader_tensor(job->a, d->a), *tb = ckpt_reader_tensor(job->b, d->b);
+    if (ta->ndim != tb->ndim || memcmp(ta->shape, tb->shape, sizeof *ta->shape * (size_t)ta->ndim)) {
+        char shape_a[256], shape_b[256];
+        format_shape(ta->shape, ta->ndim, shape_a, sizeof shape_a);
+        format_shape(tb->shape, tb->ndim, shape_b, sizeof shape_b);
+        snprintf(d->message, sizeof d->message, "shape %s in A, %s in B", shape_a, shape_b);
+        d->shapes_differ = 1;
+        return 0;
+    }
     d->status = ckpt_compare_tensor(job->a, d->a, job->b, d->b, job->rtol, job->atol, 16 << 20, &d->result);
     if (d->status) snprintf(d->message, sizeof d->message, "%s", tp_errmsg());
     return 0;
@@ -711,7 +721,7 @@ static int diff_one(void *ctx, int64_t i, int thread)
 static int worse_first(const void *x, const void *y)
 {
     const tensor_diff *a = x, *b = y;
-    int fa = a->status || a->result.mismatches, fb = b->status || b->result.mismatches;
+    int fa = a->shapes_differ || a->result.mismatches, fb = b->shapes_differ || b->result.mismatches;
     if (fa != fb) return fb - fa;
     if (a->result.max_rel_diff != b->result.max_rel_diff)
         return a->result.max_rel_diff < b->result.max_rel_diff ? 1 : -1;
@@ -761,7 +771,7 @@ static int cmd_diff(int argc, char **argv)
             printf("only in A: %s\n", ckpt_reader_tensor(a, i)->name);
             only++;
         } else {
-            diffs[n++] = (tensor_diff){i, j, 0, "", {0}};
+            diffs[n++] = (tensor_diff){i, j, 0, 0, "", {0}};
         }
     }
     for (int j = 0; j < nb; j++)
@@ -776,27 +786,37 @@ static int cmd_diff(int argc, char **argv)
     diff_job job = {a, b, diffs, rtol, atol};
     parallel_for(n, (int)threads, diff_one, &job);
     qsort(diffs, (size_t)n, sizeof *diffs, worse_first);
-    int differing = 0;
+    int differing = 0, unreadable = 0;
     int64_t elements = 0;
     for (int i = 0; i < n; i++) {
         elements += diffs[i].result.elements;
-        if (diffs[i].status || diffs[i].result.mismatches) differing++;
+        differing += diffs[i].shapes_differ || diffs[i].result.mismatches;
+        unreadable += diffs[i].status != 0;
     }
     if (differing) {
         printf("%-44s %14s %14s %12s %12s\n", "tensor", "mismatches", "elements", "max abs", "max rel");
-        for (int i = 0; i < n && i < 10 && (diffs[i].status || diffs[i].result.mismatches); i++) {
+        for (int i = 0; i < n && i < 10 && (diffs[i].shapes_differ || diffs[i].result.mismatches); i++) {
             const tensor_diff *d = &diffs[i];
-            if (d->status) {
-                printf("%-44s error: %s\n", ckpt_reader_tensor(a, d->a)->name, d->message);
-                continue;
-            }
-            printf("%-44s %14lld %14lld %12.4g %12.4g\n", ckpt_reader_tensor(a, d->a)->name,
-                   (long long)d->result.mismatches, (long long)d->result.elements, d->result.max_abs_diff,
-                   d->result.max_rel_diff);
+            if (d->shapes_differ) printf("%-44s %s\n", ckpt_reader_tensor(a, d->a)->name, d->message);
+            else
+                printf("%-44s %14lld %14lld %12.4g %12.4g\n", ckpt_reader_tensor(a, d->a)->name,
+                       (long long)d->result.mismatches, (long long)d->result.elements, d->result.max_abs_diff,
+                       d->result.max_rel_diff);
         }
     }
+    /* A tensor that could not be read is neither equal nor different: the
+     * comparison failed (damage), said as an error, whatever else differs. */
+    for (int i = 0, said = 0; i < n && said < 10; i++)
+        if (diffs[i].status) {
+            fprintf(stderr, "tp-ckpt: error: %s not compared: %s\n", ckpt_reader_tensor(a, diffs[i].a)->name,
+                    diffs[i].message);
+            said++;
+        }
     int differ = differing || only;
-    if (differ)
+    if (unreadable)
+        fprintf(stderr, "tp-ckpt: error: %d of %d common tensors could not be read and were not compared%s\n",
+                unreadable, n, differ ? "; of the others, some differ" : "");
+    else if (differ)
         fprintf(stderr, "tp-ckpt: checkpoints differ: %d of %d common tensors differ, %d tensors in one only\n",
                 differing, n, only);
     else
@@ -805,7 +825,7 @@ static int cmd_diff(int argc, char **argv)
     free(diffs);
     formats_source_close(source_a);
     formats_source_close(source_b);
-    return differ ? 1 : 0;
+    return differ || unreadable ? 1 : 0;
 }
 
 /* ------------------------------------------------------------------ synth */

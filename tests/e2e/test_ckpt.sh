@@ -60,7 +60,21 @@ check "verify of a flipped byte exits 1" [ "$RC" -eq 1 ]
 check "verify names the damaged tensor and file" \
     grep -q "shard_pp01_tp01.h5: tensor model/layers.3.mlp.fc.weight piece 1" "$WORK/.err"
 check "verify reports only that piece" grep -q "1 of 231 pieces damaged" "$WORK/.err"
-expect_error "diff refuses damaged data" 1 "differ" "$CK" diff "$WORK/a" "$WORK/damaged"
+# Damage is an error, not a difference: two copies damaged alike were
+# "checkpoints differ".
+run "$CK" diff "$WORK/a" "$WORK/damaged"
+check_all "diff of damaged data: exit 1, the tensor not compared and why, no difference claimed (exit $RC)" \
+    '[ "$RC" -eq 1 ] && grep -q "^tp-ckpt: error: model/layers.3.mlp.fc.weight not compared: .*checksum" "$WORK/.err" &&
+    grep -q "^tp-ckpt: error: 1 of [0-9]* common tensors could not be read" "$WORK/.err" &&
+    ! grep -q "differ" "$WORK/.err"'
+cp -r "$WORK/damaged" "$WORK/damaged2"
+run "$CK" diff "$WORK/damaged" "$WORK/damaged2"
+check_all "diff of two copies damaged alike: an error, not a difference (exit $RC)" '[ "$RC" -eq 1 ] &&
+    grep -q "could not be read" "$WORK/.err" && ! grep -q "differ" "$WORK/.err"'
+expect_ok "synth a wider model" "$CK" synth -o "$WORK/wide" --tp 2 --pp 2 --layers 4 --dim 128 --heads 4 --vocab 1000 \
+    --seq 32 --optim --step 7 --seed 11
+expect_error "diff of other shapes: a difference" 1 "checkpoints differ" "$CK" diff "$WORK/a" "$WORK/wide"
+check "diff gives both shapes" grep -Eq "^model/tok_embed.weight +shape \[1000, 64\] in A, \[1000, 128\] in B" "$WORK/.out"
 
 # Random flips anywhere (data, HDF5 metadata, index): a clean verdict, never a crash.
 i=0
