@@ -23,7 +23,7 @@ static const char *usage_text =
     "\n"
     "commands:\n"
     "  info CKPT [--json]           layout, step, model and the tensor table (also of a\n"
-    "                               Megatron-LM legacy or a PyTorch distributed checkpoint)\n"
+    "                               Megatron checkpoint or a PyTorch distributed checkpoint)\n"
     "  verify CKPT [--threads N]    check completeness and every checksum (exit 1 if damaged)\n"
     "  diff A B [--tol X] [--atol X] [--threads N] [--weights-only]\n"
     "                               compare the merged tensors of two checkpoints, any layouts\n"
@@ -41,16 +41,17 @@ static const char *usage_text =
     "                               directory, a llama.cpp GGUF file, or one HDF5 file\n"
     "  import DIR -o CKPT --tp T --pp P [--dtype fp32|bf16|fp16] [--vocab-pad-multiple N]\n"
     "        [--threads N] [--compress zstd[:LEVEL]|none] [--force] [--progress]\n"
-    "                               a Hugging Face GPT-2 (config.json + safetensors) as a\n"
-    "                               sharded checkpoint, to train from\n"
+    "                               a Hugging Face GPT-2 or Llama (config.json + safetensors),\n"
+    "                               or a Megatron GPT-2 or Llama, as a sharded checkpoint, to\n"
+    "                               train from\n"
     "  copy SRC DST [--threads N] [--force] [--progress]\n"
     "                               upload a checkpoint to, or download it from, an object store\n"
     "                               (http(s)://, s3://bucket/prefix: docs/STORES.md); SRC may be a\n"
     "                               run directory (its newest checkpoint)\n"
     "\n"
     "CKPT is a checkpoint directory, or a run directory (its `latest` checkpoint); info, verify,\n"
-    "diff and export also read Megatron-LM legacy checkpoints and PyTorch distributed checkpoints\n"
-    "(DCP, docs/DCP.md).\n"
+    "diff and export also read Megatron-LM legacy and Megatron-Core torch_dist checkpoints\n"
+    "(docs/MEGATRON.md) and PyTorch distributed checkpoints (DCP, docs/DCP.md).\n"
     "Run `tp-ckpt <command> --help` for a command's options.\n";
 
 #define die_usage(...) cli_usage_error("tp-ckpt", __VA_ARGS__)
@@ -1095,7 +1096,8 @@ static const char *import_usage =
     "Every tensor is checked (presence, dtype, shape, the file's own rules) before\n"
     "anything is written; nothing appears at CKPT unless the import completes.\n"
     "\n"
-    "DIR may be a Megatron-LM GPT-2 trained with the tanh GELU (--openai-gelu): its weights and\n"
+    "DIR may be a Megatron checkpoint (Megatron-LM legacy or Megatron-Core torch_dist) of a GPT-2\n"
+    "trained with the tanh GELU (--openai-gelu) or of a Llama (docs/MEGATRON.md): its weights and\n"
     "optimizer state, in its dtype, at its iteration (name it RUN/step_NNNNNNNN to resume it):\n"
     "  --true-vocab-size N      its vocabulary without Megatron's padding (default: the padded table)\n";
 
