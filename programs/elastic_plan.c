@@ -7,6 +7,8 @@
 
 #include "../common/error.h"
 #include "../elastic/plan.h"
+#include "../formats/registry.h"
+#include "../model/interop.h"
 #include "cli.h"
 #include "elastic_commands.h"
 
@@ -18,6 +20,7 @@ static const char plan_usage[] =
     "memory per rank and bytes sent per step, or why it is not valid; then the layout it picks and why.\n"
     "\n" CLI_MODEL_USAGE
     "           --ckpt DIR: the model (and the current layout) of a checkpoint or run directory instead\n"
+    "           (this toolkit's, a Megatron checkpoint, or a DCP checkpoint naming this toolkit's model)\n"
     "options:   --micro-batch M (8: the largest to use) --ranks-per-node G (TP stays within a node)\n"
     "           --memory-per-rank SIZE (512M, 80G) --current tpTppP (prefer it) --allow-batch-change --json\n"
     "A run's tp-train arguments may be pasted as they are: --tp T --pp P say the current layout (as --current);\n"
@@ -35,20 +38,30 @@ static void parse_layout(const char *text, int *tp, int *pp)
 }
 
 /* The model and layout of a checkpoint (a run directory resolves to its
- * newest committed one). */
+ * newest committed one), of any format: a Megatron GPT's model as this
+ * toolkit's (gpt_megatron_model), another's from the configuration it
+ * records; the layout it was saved at. */
 static int from_checkpoint(const char *path, elastic_plan_request *r)
 {
-    ckpt_reader *reader = NULL;
-    TP_TRY(ckpt_reader_open(&reader, path, NULL));
+    formats_source *source = NULL;
+    TP_TRY(formats_source_open(path, NULL, NULL, &source));
+    ckpt_reader *reader = formats_source_reader(source);
+    const megatron_config *megatron = formats_source_megatron_config(source);
+    const char *unfit = megatron ? gpt_megatron_unfit(megatron) : NULL;
     const char *model_json = ckpt_reader_state(reader)->model_json;
-    int status = model_json ? gpt_config_from_json(model_json, &r->model)
-                            : tp_fail(TP_ERR_ARG, "it records no model configuration");
-    if (status) tp_fail_context(status, "%s: its model", ckpt_reader_path(reader));
-    if (!r->current_tp) {
-        r->current_tp = ckpt_reader_layout(reader)->tp;
-        r->current_pp = ckpt_reader_layout(reader)->pp;
+    int status = TP_OK;
+    if (unfit) status = tp_fail(TP_ERR_ARG, "a Megatron GPT with %s, which this trainer does not compute", unfit);
+    else if (megatron) r->model = gpt_megatron_model(megatron);
+    else if (!model_json || !strcmp(model_json, "{}"))
+        status = tp_fail(TP_ERR_ARG, "a %s that records no model of this toolkit's: give the model flags instead",
+                         formats_source_format(source)->title);
+    else status = gpt_config_from_json(model_json, &r->model);
+    if (status) tp_fail_context(status, "%s: its model", path);
+    if (!status && !r->current_tp) {
+        r->current_tp = ckpt_reader_saved_layout(reader)->tp;
+        r->current_pp = ckpt_reader_saved_layout(reader)->pp;
     }
-    ckpt_reader_close(reader);
+    formats_source_close(source);
     return status;
 }
 

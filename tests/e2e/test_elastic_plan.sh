@@ -177,6 +177,24 @@ check "--ckpt of a run: its newest checkpoint's tp2 pp1 kept" \
 expect_ok "--current overrides the checkpoint's" "$ELASTIC" plan --world 4 --ckpt "$WORK/run" --global-batch 12 \
     --current tp1pp2
 check "--current: tp1 pp2 kept" grep -Eq "^chosen: tp1 pp2 dp2 .*keeps the current tp1 pp2" "$WORK/.out"
+# Another tool's checkpoint (it was "not a checkpoint: no index.json"): a
+# Megatron GPT's model read as this toolkit's, the layout it was saved at
+# the current one; a DCP that names no model of this toolkit's refused.
+expect_ok "the tp2pp2 checkpoint as Megatron-LM's" "$BIN/tp-reshard" "$WORK/ck" --to tp2pp2 --format megatron \
+    -o "$WORK/meg"
+expect_ok "and as Megatron-Core's torch_dist at tp2pp1" "$BIN/tp-reshard" "$WORK/ck" --to tp2pp1 --format torch_dist \
+    -o "$WORK/dist"
+for c in meg:2:2 dist:2:1; do
+    name=${c%%:*} layout=${c#*:}
+    expect_ok "--ckpt of the $name checkpoint" "$ELASTIC" plan --world 8 --ckpt "$WORK/$name" --global-batch 16 --json
+    check "--ckpt of the $name checkpoint: its model and saved layout" "$PY" -c 'import json,sys
+p = json.load(open(sys.argv[1])); r = p["request"]; m = r["model"]
+assert (m["layers"], m["dim"], m["heads"], m["seq"]) == (4, 64, 4, 32), m
+assert (r["current_tp"], r["current_pp"]) == tuple(int(x) for x in sys.argv[2].split(":")), r' "$WORK/.out" "$layout"
+done
+expect_error "--ckpt of a DCP without this toolkit's model: refused, naming the remedy" 1 \
+    "cols2: its model: a PyTorch distributed checkpoint that records no model of this toolkit's: give the model flags" \
+    "$ELASTIC" plan --world 2 --ckpt "$ROOT/tests/data/dcp/cols2" --global-batch 8
 
 # --------------------------------------------------- impossible requests
 expect_error "nothing fits in 1 MiB" 1 "no layout is valid for 4 ranks: tp1 pp1: needs .* 1.0 MiB given" \
