@@ -2,9 +2,12 @@
  * tree of about 40 bytes of memory per byte of input for an array of small
  * numbers; files are limited in size by their readers, and parsing may
  * allocate at most TP_JSON_MEMORY_PER_BYTE bytes per byte of text (plus a
- * MiB), so a crafted file costs memory in proportion to a real one. */
+ * MiB), so a crafted file costs memory in proportion to a real one. Numbers
+ * printed into JSON by hand are null when not finite. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,4 +114,17 @@ int tp_json_parse(const char *text, size_t length, const char *what, struct cJSO
     }
     *out = value;
     return TP_OK;
+}
+
+const char *tp_json_number(char out[TP_JSON_NUMBER_MAX], const char *format, double value)
+{
+    if (!isfinite(value)) {
+        snprintf(out, TP_JSON_NUMBER_MAX, "null");
+        return out;
+    }
+    /* A fixed-point format of a huge number (%.3f of 1e300) would not fit:
+     * cut short it would be no number; nine digits of it are. */
+    if (snprintf(out, TP_JSON_NUMBER_MAX, format, value) >= TP_JSON_NUMBER_MAX)
+        snprintf(out, TP_JSON_NUMBER_MAX, "%.9g", value);
+    return out;
 }

@@ -1,5 +1,5 @@
 /* json.h: JSON that comes from files (objects, all of them), parsed within
- * bounds: parsing may allocate at most TP_JSON_MEMORY_PER_BYTE bytes per
+ * bounds, and numbers written as JSON by hand (printf'ed lines): parsing may allocate at most TP_JSON_MEMORY_PER_BYTE bytes per
  * byte of text, plus a MiB (a real file needs a few; cJSON takes 40 for an
  * array of small numbers), and only white space may follow the value.
  * Every library that reads JSON from a file parses it here. */
@@ -16,5 +16,17 @@ struct cJSON;
  * tp_status, errors naming `what` (a NUL inside, too much memory, not one
  * JSON value, text after it). */
 int tp_json_parse(const char *text, size_t length, const char *what, struct cJSON **out);
+
+/* Bytes tp_json_number may write, its NUL included. */
+#define TP_JSON_NUMBER_MAX 64
+
+/* value as a JSON number printed with format (a printf conversion of one
+ * double, e.g. "%.9g"), or null when it is not finite. JSON has no NaN or
+ * infinity: a line holding `nan` is no JSON at all (cJSON, jq and Python's
+ * json refuse it), so a diverged run's log went unread; cJSON writes null
+ * for them too. A finite number that format would print longer than the
+ * buffer (%.3f of 1e300) is printed with %.9g. Every number a program
+ * prints into JSON by hand goes through here. Returns out, to print with %s. */
+const char *tp_json_number(char out[TP_JSON_NUMBER_MAX], const char *format, double value);
 
 #endif

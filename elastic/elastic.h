@@ -116,7 +116,7 @@ typedef enum {
 typedef struct {
     elastic_log_kind kind;
     int64_t step;
-    double loss;
+    double loss;    /* step: NaN when the log says null (the loss went non-finite) */
     double seconds; /* start: load_seconds, the trainer's time to its first step's start */
     double time;    /* the trainer's clock when it wrote the line (Unix seconds; 0: not given) */
     char reason[64];

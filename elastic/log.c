@@ -1,8 +1,9 @@
 /* log.c: following the trainer's --log as it grows (elastic.h). Lines are
- * JSON objects: steps {"step":N,"loss":X,...}, and events {"event":"start" |
+ * JSON objects: steps {"step":N,"loss":X,...} (X null when not finite), and events {"event":"start" |
  * "stop" | "save_wait", "step":N, ...} (docs/TOOLS.md). */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,7 +34,9 @@ static void parse_line(const char *text, void (*visit)(void *, const elastic_log
     }
     elastic_log_line line = {ELASTIC_LOG_OTHER, -1, 0, 0, 0, ""};
     line.step = (int64_t)number(o, "step", -1);
-    line.loss = number(o, "loss", 0);
+    /* A diverged step's loss is null in the log (JSON has no NaN): still a
+     * step, a heartbeat like any other, its loss NaN for the progress line. */
+    line.loss = cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, "loss")) ? NAN : number(o, "loss", 0);
     line.seconds = number(o, "load_seconds", 0); /* start lines */
     line.time = number(o, "time", 0);
     const cJSON *event = cJSON_GetObjectItemCaseSensitive(o, "event");

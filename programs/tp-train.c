@@ -14,6 +14,7 @@
 
 #include "../common/clock.h"
 #include "../common/fault.h"
+#include "../common/json.h"
 #include "../kernels/kernels.h"
 #include "../trainer/comm_mpi.h"
 #include "../trainer/data.h"
@@ -225,9 +226,10 @@ static int eval_command(int argc, char **argv)
     if (status && !result.all_ranks_know) end_job(cm, tp_errmsg());
     else if (status && cm->rank == 0) fail("%s", tp_errmsg());
     else if (cm->rank == 0) {
+        char loss[TP_JSON_NUMBER_MAX];
         if (json)
-            printf("{\"loss\": %.9g, \"windows\": %lld, \"tokens\": %lld, \"seq\": %lld, \"step\": %lld}\n",
-                   result.loss, (long long)result.windows, (long long)result.tokens, (long long)result.seq,
+            printf("{\"loss\": %s, \"windows\": %lld, \"tokens\": %lld, \"seq\": %lld, \"step\": %lld}\n",
+                   tp_json_number(loss, "%.9g", result.loss), (long long)result.windows, (long long)result.tokens, (long long)result.seq,
                    (long long)result.step);
         else
             printf("loss %.6f (%.4f bits per token) over %lld windows of %lld tokens: %s, step %lld, tp=%d pp=%d dp=%d\n",
@@ -513,12 +515,18 @@ static void on_report(void *ctx, const train_report *r)
             printf("\n");
         }
         if (p->log) {
+            /* A diverged step's loss and norm are NaN: null, so that the line stays JSON (tp_json_number). */
+            char n[9][TP_JSON_NUMBER_MAX];
             fprintf(p->log,
-                    "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"ms\":%.3f,"
-                    "\"ckpt_stall_ms\":%.3f,\"pipeline_ms\":%.3f,\"pipeline_wait_ms\":%.3f,",
-                    (long long)r->step, r->loss, r->lr, r->grad_norm, r->tokens_per_second, r->seconds * 1e3,
-                    r->checkpoint_stall * 1e3, r->pipeline_seconds * 1e3, r->pipeline_wait * 1e3);
-            if (mfu(p, r->tokens_per_second) >= 0) fprintf(p->log, "\"mfu\":%.4f,", mfu(p, r->tokens_per_second));
+                    "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"tokens_per_s\":%s,\"ms\":%s,"
+                    "\"ckpt_stall_ms\":%s,\"pipeline_ms\":%s,\"pipeline_wait_ms\":%s,",
+                    (long long)r->step, tp_json_number(n[0], "%.9g", r->loss), tp_json_number(n[1], "%.9g", r->lr),
+                    tp_json_number(n[2], "%.9g", r->grad_norm), tp_json_number(n[3], "%.1f", r->tokens_per_second),
+                    tp_json_number(n[4], "%.3f", r->seconds * 1e3), tp_json_number(n[5], "%.3f", r->checkpoint_stall * 1e3),
+                    tp_json_number(n[6], "%.3f", r->pipeline_seconds * 1e3),
+                    tp_json_number(n[7], "%.3f", r->pipeline_wait * 1e3));
+            if (mfu(p, r->tokens_per_second) >= 0)
+                fprintf(p->log, "\"mfu\":%s,", tp_json_number(n[8], "%.4f", mfu(p, r->tokens_per_second)));
             fprintf(p->log, "\"time\":%.6f}\n", unix_seconds());
             fflush(p->log);
         }

@@ -22,6 +22,10 @@ def main():
     missing = [s for s in range(1, steps + 1) if s not in got]
     if missing:
         sys.exit("steps missing: %s" % missing[:10])
+    # A diverged step's loss is null in the log (JSON has no NaN).
+    nonfinite = [s for s in range(1, steps + 1) if got[s] is None or ref[s] is None]
+    if nonfinite:
+        sys.exit("losses non-finite (null) at steps %s" % nonfinite[:10])
     worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in range(1, steps + 1))
     if worst > 1e-4:
         sys.exit("losses differ from the uninterrupted run by %.3e relative" % worst)

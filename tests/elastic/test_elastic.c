@@ -3,6 +3,7 @@
  * that end whole, the trainer's log followed as it grows, and the choice of
  * the newest checkpoint that verifies. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -468,6 +469,26 @@ Test(elastic, log_is_followed_line_by_line_as_it_grows)
     cr_assert_eq(c.save_waits, 1, "a wait for a save is told apart");
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
     cr_assert_eq(c.steps, 2, "nothing read twice");
+}
+
+/* A diverged step's loss, written null (JSON has no NaN), is a step all the
+ * same (a heartbeat: a run is not taken for hung when its loss goes NaN),
+ * its loss NaN. A line holding a bare nan, as the trainer once wrote, is no
+ * JSON and was dropped. */
+Test(elastic, a_null_loss_is_a_step_with_a_nan_loss)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/train.jsonl", dir);
+    FILE *out = fopen(path, "w");
+    fputs("{\"step\":1,\"loss\":5.5}\n{\"step\":2,\"loss\":null,\"grad_norm\":null}\n", out);
+    fclose(out);
+    elastic_log_follower f;
+    elastic_log_follow(&f, path, 0);
+    log_count c = {0};
+    cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
+    cr_assert_eq(c.steps, 2);
+    cr_assert_eq(c.last_step, 2);
+    cr_assert(isnan(c.last_loss), "a null loss reads as NaN, not %g", c.last_loss);
 }
 
 /* ----------------------------------------------------------------- hangs */
