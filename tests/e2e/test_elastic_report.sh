@@ -1,0 +1,135 @@
+#!/bin/sh
+# tp-elastic report end to end: its picture is an output as every other
+# (docs/TOOLS.md): an existing file refused without --force, and with it
+# anything but an earlier report (known by its mark, checked here by an
+# independent reader); never written inside a checkpoint; whole or not at
+# all. And a diverged run: tp-train's log stays JSON (null for NaN, read by
+# Python's json), and the report says where the loss went non-finite
+# instead of drawing a point and keeping quiet, or, when no loss is finite,
+# says there is nothing to plot instead of blaming gnuplot. No MPI: fast.
+# tier: check
+. "$(dirname "$0")/lib.sh"
+ELASTIC="$BIN/tp-elastic"
+TRAIN="$BIN/tp-train"
+
+head -c 20000 "$ROOT/docs/TOOLS.md" >"$WORK/text.txt"
+expect_ok "prepare a token file" "$TRAIN" prepare "$WORK/text.txt" -o "$WORK/tokens.bin"
+
+# ------------------------------------------------------------ a diverged run
+R="$WORK/run"
+mkdir -p "$R/elastic"
+: >"$R/elastic/events.jsonl"
+expect_ok "a run with --lr 1e30 diverges, and ends" "$TRAIN" --layers 2 --dim 64 --heads 4 --vocab 256 --seq 32 \
+    --steps 6 --warmup 0 --lr 1e30 --data "$WORK/tokens.bin" --log "$R/elastic/train.jsonl" --quiet
+# Strict JSON: NaN and Infinity, which Python would take, are refused too.
+check "the diverged log: every line is JSON, a NaN loss null" "$PY" -c '
+import json, sys
+def refuse(word): raise ValueError("not JSON: " + word)
+steps = [r for r in (json.loads(l, parse_constant=refuse) for l in open(sys.argv[1])) if "event" not in r]
+assert len(steps) == 6, steps
+assert steps[0]["loss"] > 0, steps[0]
+assert any(r["loss"] is None for r in steps), steps
+assert all(r["loss"] is None or r["loss"] == r["loss"] for r in steps)' "$R/elastic/train.jsonl"
+check "tests/elastic/check_losses.py says a null loss is non-finite (no traceback)" sh -c \
+    "! '$PY' '$ROOT/tests/elastic/check_losses.py' '$R/elastic/train.jsonl' '$R/elastic/train.jsonl' 6 2>'$WORK/losses.err' &&
+     grep -q 'non-finite (null) at steps' '$WORK/losses.err'"
+
+expect_ok "report of a diverged run" "$ELASTIC" report "$R" -o "$WORK/nan.svg"
+check "report: says on stderr where the loss went non-finite" \
+    grep -Eq "warning: the loss went non-finite at step [2-6] \(launch 1\): [1-5] of 6 steps" "$WORK/.err"
+check "report: and marks it in the picture" grep -q "loss non-finite (launch 1)" "$WORK/nan.svg"
+
+# A log written before null: its nan lines are no JSON; left out, and said so.
+OLD="$WORK/old"
+mkdir -p "$OLD/elastic"
+: >"$OLD/elastic/events.jsonl"
+sed 's/"loss":null/"loss":nan/; s/"grad_norm":null/"grad_norm":-nan/' "$R/elastic/train.jsonl" >"$OLD/elastic/train.jsonl"
+expect_ok "report of a log with nan lines" "$ELASTIC" report "$OLD" -o "$WORK/old.svg"
+check "report: says its lines that are not JSON were left out"     grep -Eq "warning: .*old/elastic/train.jsonl: [1-5] lines are not JSON, left out" "$WORK/.err"
+
+A="$WORK/all-nan"
+mkdir -p "$A/elastic"
+: >"$A/elastic/events.jsonl"
+grep -v '"loss":[0-9]' "$R/elastic/train.jsonl" >"$A/elastic/train.jsonl"
+expect_error "report: no finite loss: nothing to plot, gnuplot not blamed" 1 \
+    "all-nan/elastic/train.jsonl: none of its [0-9]+ steps has a finite loss .*nothing finite to plot" \
+    "$ELASTIC" report "$A" -o "$WORK/all-nan.svg"
+check "report: nothing written" test ! -e "$WORK/all-nan.svg"
+N="$WORK/no-steps"
+mkdir -p "$N/elastic"
+: >"$N/elastic/events.jsonl"
+grep '"event"' "$R/elastic/train.jsonl" >"$N/elastic/train.jsonl"
+expect_error "report: a log without steps" 1 "no-steps/elastic/train.jsonl holds no steps" \
+    "$ELASTIC" report "$N" -o "$WORK/no-steps.svg"
+
+# ---------------------------------------------------------------- the output
+O="$WORK/out"
+mkdir -p "$O"
+echo precious >"$O/precious.svg"
+cp "$O/precious.svg" "$O/precious.orig"
+expect_error "report: an existing file refused without --force" 1 "precious.svg already exists; refusing to replace it without --force" \
+    "$ELASTIC" report "$R" -o "$O/precious.svg"
+expect_error "report: --force replaces no file but a report" 1 \
+    "precious.svg is not a report of tp-elastic report .*--force replaces only a report" \
+    "$ELASTIC" report "$R" -o "$O/precious.svg" --force
+check "report: the file is as it was" cmp -s "$O/precious.svg" "$O/precious.orig"
+mkdir "$O/dir.svg"
+expect_error "report: --force never replaces a directory" 1 "dir.svg is a directory; --force replaces only" \
+    "$ELASTIC" report "$R" -o "$O/dir.svg" --force
+check "report: the directory is still there" test -d "$O/dir.svg"
+
+expect_ok "report: a new SVG" "$ELASTIC" report "$R" -o "$O/r.svg"
+check "report: the SVG carries the mark after the XML declaration" sh -c \
+    "sed -n 2p '$O/r.svg' | grep -q '^<!-- tp-elastic report (tp-toolkit)' && grep -q '<svg' '$O/r.svg'"
+expect_error "report: an earlier report refused without --force" 1 "r.svg already exists" \
+    "$ELASTIC" report "$R" -o "$O/r.svg"
+ls -i "$O/r.svg" >"$WORK/inode.before"
+expect_ok "report: an earlier report replaced with --force" "$ELASTIC" report "$R" -o "$O/r.svg" --force
+check "report: replaced by a new file (staged, renamed)" sh -c "! ls -i '$O/r.svg' | cmp -s - '$WORK/inode.before'"
+
+expect_ok "report: a new PNG" "$ELASTIC" report "$R" -o "$O/r.png"
+# An independent reader of the mark: every chunk's CRC right, the tEXt
+# chunk right after IHDR. Then the same picture without it: not a report.
+check "report: the PNG is valid and marked" "$PY" -c '
+import struct, sys, zlib
+b = open(sys.argv[1], "rb").read()
+assert b[:8] == b"\x89PNG\r\n\x1a\n"
+i, chunks = 8, []
+while i < len(b):
+    n, = struct.unpack(">I", b[i:i + 4]); kind, data = b[i + 4:i + 8], b[i + 8:i + 8 + n]
+    assert zlib.crc32(kind + data) == struct.unpack(">I", b[i + 8 + n:i + 12 + n])[0], kind
+    chunks.append((kind, data)); i += 12 + n
+assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND", chunks[0][0]
+assert chunks[1] == (b"tEXt", b"Software\0tp-elastic report (tp-toolkit): the loss over steps of a run"), chunks[1]
+cut = 8 + 25 + 12 + len(chunks[1][1])
+open(sys.argv[2], "wb").write(b[:33] + b[cut:])' "$O/r.png" "$O/foreign.png"
+expect_ok "report: an earlier PNG report replaced with --force" "$ELASTIC" report "$R" -o "$O/r.png" --force
+cp "$O/foreign.png" "$O/foreign.orig"
+expect_error "report: a PNG without the mark is not replaced" 1 "foreign.png is not a report of tp-elastic report" \
+    "$ELASTIC" report "$R" -o "$O/foreign.png" --force
+check "report: the PNG is as it was" cmp -s "$O/foreign.png" "$O/foreign.orig"
+cp "$O/r.png" "$O/png-as.svg"
+expect_error "report: a PNG report at an .svg path is not an SVG report" 1 "png-as.svg is not a report .*SVG mark" \
+    "$ELASTIC" report "$R" -o "$O/png-as.svg" --force
+
+# Never inside a checkpoint: the run's step_N (committed or being written) or any committed one.
+mkdir -p "$R/step_00000004" "$WORK/ckpt"
+echo '{}' >"$R/step_00000004/index.json"
+echo '{}' >"$WORK/ckpt/index.json"
+for out in "$R/step_00000004/r.svg" "$R/step_00000004/../step_00000004/./r.png" "$WORK/ckpt/r.svg"; do
+    expect_error "report: -o $out, inside a checkpoint: refused" 2 "lies inside the checkpoint .*never written into a checkpoint" \
+        "$ELASTIC" report "$R" -o "$out" --force
+done
+check "report: nothing written into the checkpoints" sh -c \
+    "[ \$(ls -A '$R/step_00000004' | wc -l) -eq 1 ] && [ \$(ls -A '$WORK/ckpt' | wc -l) -eq 1 ]"
+expect_ok "report: beside the checkpoints, in the run directory, it is written" "$ELASTIC" report "$R" -o "$R/report.svg"
+
+# Whole or not at all: gnuplot missing, nothing appears and an earlier report stays whole.
+cp "$O/r.svg" "$O/r.svg.orig"
+expect_error "report: without gnuplot, one line saying so" 1 "gnuplot is not installed" \
+    env PATH=/nonexistent "$ELASTIC" report "$R" -o "$O/r.svg" --force
+check "report: the earlier report is as it was" cmp -s "$O/r.svg" "$O/r.svg.orig"
+expect_error "report: without gnuplot, a new output" 1 "gnuplot is not installed" \
+    env PATH=/nonexistent "$ELASTIC" report "$R" -o "$O/new.svg"
+check "report: no output, no staging file left" sh -c "[ ! -e '$O/new.svg' ] && ! ls -A '$O' | grep -q staging"
+finish
