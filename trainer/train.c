@@ -345,20 +345,23 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
     if (m->zero || c->dp_rank == 0) TP_TRY(owned_sum_of_squares(m, &sumsq));
     TP_TRY(comm_all_reduce(c, GROUP_WORLD, &sumsq, 1, COMM_DOUBLE, COMM_SUM, COMM_HOST));
     float norm = (float)sqrt(sumsq);
+    double lr = train_lr(o, step);
+    *norm_out = norm;
+    *lr_out = lr;
+    /* A gradient holding NaN or infinity (every rank has the same sum): no
+     * update, and the caller ends the run (train_steps). */
+    if (!isfinite(norm)) return TP_OK;
     /* As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1. */
     float coef = (float)o->clip / (norm + 1e-6f);
     if (o->clip > 0 && coef < 1.0f)
         TP_TRY(m->zero ? k->scale_inplace(m->shard_grads, coef, m->shard_len)
                        : k->scale_inplace(m->memory + m->total, coef, m->total));
-    double lr = train_lr(o, step);
     TP_TRY(adamw_step(m, o, lr, step));
     /* ZeRO-1: every replica gets the others' updated shards, in place
      * (ZeRO-3 gathers them when it uses them). */
     if (m->zero == 1)
         TP_TRY(comm_all_gather(c, GROUP_DP, m->shard_params, m->memory, m->shard_len, COMM_FLOAT, m->stream));
     gpt_model_weights_updated(m); /* with their bf16 copies where gpt_model_update_bits named them */
-    *norm_out = norm;
-    *lr_out = lr;
     return TP_OK;
 }
 
@@ -687,6 +690,28 @@ static int finish_uploads(trainer *t)
     return tp_fail(t->last_upload_status, "%s", t->last_upload_error);
 }
 
+/* A step whose gradient norm is not finite (the run diverged: a learning
+ * rate too high, bad data, a kernel gone wrong): its line is logged, its
+ * update was not applied, the saves already under way are committed, and
+ * the run ends, as Megatron's check for NaN in the loss and gradients ends
+ * one. Training on would write checkpoints of NaN weights after the last
+ * good ones (and tp-elastic --keep would prune those). Every rank holds the
+ * same norm, so all end here together. */
+static int end_diverged(trainer *t, int64_t step)
+{
+    train_outcome *out = t->outcome;
+    if (t->o->ckpt_dir) {
+        TP_TRY(saver_poll(t->saver, 1));
+        TP_TRY(report_saves(t));
+        TP_TRY(finish_uploads(t));
+    }
+    out->all_ranks_know = 1;
+    return tp_fail(TP_ERR_STATE, "step %lld: the gradient norm is not finite (the run diverged: a learning rate too "
+                   "high, or bad data): the step's update was not applied and no checkpoint of it written; %s",
+                   (long long)step, t->o->ckpt_dir ? "the newest checkpoint holds the last finite weights: resume "
+                   "from it with a lower --lr" : "train again with a lower --lr");
+}
+
 static int train_steps(trainer *t, int64_t start_step)
 {
     const train_options *o = t->o;
@@ -703,6 +728,13 @@ static int train_steps(trainer *t, int64_t start_step)
         train_report r = {.kind = TRAIN_REPORT_STEP, .step = step};
         double start = now_seconds();
         TP_TRY(train_step(t, step, step == start_step + 1, &r));
+        if (!isfinite(r.grad_norm)) {
+            r.seconds = now_seconds() - start;
+            r.tokens_per_second = (double)(t->global_batch * t->model->T) / r.seconds;
+            report(t, &r);
+            out->step = step - 1;
+            return end_diverged(t, step);
+        }
         int stop;
         int asked = (o->control && atomic_load(&o->control->stop)) || (o->stop_at > 0 && step == o->stop_at);
         TP_TRY(comm_any(c, asked, &stop));

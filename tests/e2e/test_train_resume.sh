@@ -143,6 +143,35 @@ expect_ok "eval of the original" "$TRAIN" eval --ckpt "$WORK/relayout/step_00000
 original_loss=$(sed 's/.*"loss": \([^,]*\),.*/\1/' "$WORK/.out")
 expect_ok "eval of the converted DCP" "$TRAIN" eval --ckpt "$WORK/dcp-tp" --data "$WORK/tokens.bin" --json
 check "the converted DCP's loss is the original's ($original_loss)" grep -q "\"loss\": $original_loss," "$WORK/.out"
+# A run that diverges ends at its first non-finite gradient norm (it went on
+# training NaN weights, exit 0, and would have saved them after the good
+# checkpoints): the step logged with a null loss, its update not applied,
+# the saves under way committed, every rank ending together (rank 0 says
+# it, no abort), the newest checkpoint the last finite one.
+run mpi_train 4 $TINY --tp 2 --pp 2 --steps 6 --warmup 0 --lr 1e30 --ckpt-dir "$WORK/diverged" --ckpt-every 1 \
+    --log "$WORK/diverged.jsonl"
+check_all "a diverged run: exit 1, one line from rank 0 naming the step (exit $RC)" '[ "$RC" -eq 1 ] &&
+    [ "$(grep -c "^tp-train: error: step [0-9]*: the gradient norm is not finite" "$WORK/.err")" -eq 1 ] &&
+    ! grep -q "rank [1-9]" "$WORK/.err"'
+check "a diverged run: its log is JSON, the last step null, a failed stop after it" "$PY" -c '
+import json, sys
+lines = [json.loads(l, parse_constant=lambda w: sys.exit("not JSON: " + w)) for l in open(sys.argv[1])]
+steps = [l for l in lines if "event" not in l]
+assert steps[-1]["grad_norm"] is None and all(s["grad_norm"] is not None for s in steps[:-1]), steps
+stop = [l for l in lines if l.get("event") == "stop"][-1]
+assert stop["reason"] == "failed" and stop["step"] == steps[-1]["step"] - 1, stop
+assert "not finite" in stop["error"], stop' "$WORK/diverged.jsonl"
+check "a diverged run: latest names the step before the diverged one" "$PY" -c '
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1]) if "event" not in l][-1]["step"]
+assert open(sys.argv[2]).read().strip() == "step_%08d" % (last - 1)' "$WORK/diverged.jsonl" "$WORK/diverged/latest"
+expect_ok "a diverged run: its newest checkpoint verifies" "$BIN/tp-ckpt" verify "$WORK/diverged"
+expect_ok "exported whole" "$BIN/tp-ckpt" export "$WORK/diverged" --format hdf5 -o "$WORK/diverged.h5"
+check "and its weights are finite (h5py)" "$PY" -c '
+import h5py, numpy, sys
+f = h5py.File(sys.argv[1], "r"); names = []
+f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+assert names and all(numpy.isfinite(f[n][()].astype(numpy.float64)).all() for n in names), names' "$WORK/diverged.h5"
 # tp-elastic run says it once, before launching: it relaunched the
 # trainer's refusal as a failure to retry.
 expect_error "tp-elastic run over a Megatron-LM checkpoint: refused before any launch" 2 \
