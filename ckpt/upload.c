@@ -75,9 +75,98 @@ void ckpt_upload_options_init(ckpt_upload_options *options)
     memset(options, 0, sizeof *options);
 }
 
+/* The rule of every remote output, asked before any work: nothing may be
+ * at target unless replace, and then only what may_replace (the writer's
+ * own check of a local target; NULL accepts nothing) accepts. */
+static int remote_target_check(const store_ops *store, const char *target, int replace,
+                               store_replace_check may_replace, void *ctx)
+{
+    store_stat st;
+    TP_TRY(store->stat(store, target, &st));
+    if (!st.exists) return TP_OK;
+    if (!replace) return tp_fail(TP_ERR_EXISTS, "%s exists already (--force replaces it)", target);
+    /* What --force replaces there is what it replaces on a disk: asked
+     * now, before hours of writing, of what the upload will remove. */
+    if (!may_replace) return tp_fail(TP_ERR_EXISTS, "%s exists already; nothing there is replaced", target);
+    return may_replace(store, target, ctx);
+}
+
+/* An upload that failed before its index (or its files naming the others)
+ * went up leaves nothing at url: what it sent, and with replace what was
+ * there (its index went first: no reader could use it any more), is
+ * removed, so that the location reads as before the command, empty, and a
+ * retry needs no --force. status and its message are kept; a removal that
+ * fails too is added to the message. (A writer killed midway still leaves
+ * its objects: invisible without an index, docs/STORES.md.) */
+static int discard_upload(const char *url, int status)
+{
+    char message[2048];
+    snprintf(message, sizeof message, "%s", tp_errmsg());
+    const store_ops *store;
+    int removed = store_for(url, &store);
+    if (!removed) removed = store->remove_tree(store, url);
+    if (removed)
+        return tp_fail(status, "%s (and what was uploaded stays under %s: %s)", message, url, tp_errmsg());
+    return tp_fail(status, "%s", message);
+}
+
+/* After a replacement is committed (its index up), the old checkpoint's
+ * files that the new one does not have: removed, so that the location
+ * holds the new checkpoint alone, as a local --force leaves its directory.
+ * A reader of the new checkpoint never opens them (its index names none);
+ * one still reading the old checkpoint already met its replaced index and
+ * shards (a missing or changed object, docs/STORES.md "Reading"). */
+typedef struct {
+    const ckpt_index *index;
+    char (*stale)[CKPT_NAME_MAX + 1];
+    int count, capacity;
+} stale_scan;
+
+static int collect_stale(void *ctx, const char *name)
+{
+    stale_scan *s = ctx;
+    if (!strcmp(name, CKPT_INDEX_NAME)) return TP_OK;
+    for (int f = 0; f < s->index->num_files; f++)
+        if (!strcmp(name, s->index->files[f].name)) return TP_OK;
+    if (s->count == s->capacity) {
+        int capacity = s->capacity ? 2 * s->capacity : 16;
+        void *grown = realloc(s->stale, (size_t)capacity * sizeof *s->stale);
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        s->stale = grown;
+        s->capacity = capacity;
+    }
+    snprintf(s->stale[s->count++], sizeof *s->stale, "%s", name);
+    return TP_OK;
+}
+
+static int remove_stale(const char *url, const ckpt_index *index)
+{
+    const store_ops *store;
+    TP_TRY(store_for(url, &store));
+    stale_scan scan = {index, NULL, 0, 0};
+    int status = store->list(store, url, collect_stale, &scan);
+    for (int i = 0; !status && i < scan.count; i++) {
+        char path[CKPT_PATH_MAX];
+        status = tp_path_join(path, url, scan.stale[i]);
+        if (!status) status = store->remove_tree(store, path);
+    }
+    free(scan.stale);
+    if (status)
+        return tp_fail_context(status, "%s: replaced, but a file of the checkpoint it replaced could not be removed",
+                               url);
+    return TP_OK;
+}
+
 int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_options *options)
 {
     if (!ckpt_is_remote(url)) return tp_fail(TP_ERR_ARG, "%s: not an http(s):// or s3:// location", url);
+    int replace = options && options->replace;
+    const store_ops *store;
+    TP_TRY(store_for(url, &store));
+    /* The output rule, as for every tool's remote output: a location that
+     * holds anything (a run directory, another tool's files) is refused
+     * without --force, and with it replaced only when it is a checkpoint. */
+    TP_TRY(remote_target_check(store, url, replace, ckpt_may_replace_checkpoint, NULL));
     char local_index[CKPT_PATH_MAX], remote_index[CKPT_PATH_MAX];
     TP_TRY(tp_path_join(local_index, local_dir, CKPT_INDEX_NAME));
     TP_TRY(tp_path_join(remote_index, url, CKPT_INDEX_NAME));
@@ -90,13 +179,16 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
     ckpt_index index;
     memset(&index, 0, sizeof index);
     int status = ckpt_index_parse(text, local_index, &index);
-    if (!status) status = ckpt_upload_begin(url, options && options->replace);
+    if (!status) status = ckpt_upload_begin(url, replace);
+    int begun = !status;
     upload_job job = {local_dir, url, &index, transfer_threads(options), options};
     if (!status && index.num_files > 0)
         status = parallel_for(index.num_files, index.num_files < job.threads ? index.num_files : job.threads,
                               upload_shard, &job);
     tp_fault_point("upload-before-index");
     if (!status) status = store_put_data(remote_index, text, (size_t)text_size);
+    if (status && begun) status = discard_upload(url, status);
+    if (!status && replace) status = remove_stale(url, &index);
     ckpt_index_free(&index);
     free(text);
     return status;
@@ -275,10 +367,14 @@ int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_opti
     int first_index = names.count;
     while (first_index > 0 && names_an_index(names.names[first_index - 1])) first_index--;
     files_job job = {local, url, names.names, options};
+    int begun = !status;
     if (!status && first_index > 0)
         status = parallel_for(first_index, first_index < threads ? first_index : threads, upload_named, &job);
     if (!status && first_index < names.count) tp_fault_point("upload-before-index");
     for (int i = first_index; !status && i < names.count; i++) status = upload_named(&job, i, 0);
+    /* Nothing half-sent stays (discard_upload): whatever was at url was
+     * removed first, or there was nothing (ckpt_output_begin). */
+    if (status && begun) status = discard_upload(url, status);
     free(names.names);
     return status;
 }
@@ -308,14 +404,8 @@ int ckpt_output_begin(const char *target, int replace, store_replace_check may_r
         return TP_OK;
     }
     const store_ops *store;
-    store_stat st;
     TP_TRY(store_for(target, &store));
-    TP_TRY(store->stat(store, target, &st));
-    if (st.exists && !replace) return tp_fail(TP_ERR_EXISTS, "%s exists already (--force replaces it)", target);
-    /* What --force replaces there is what it replaces on a disk: asked
-     * now, before hours of writing, of what the upload will remove. */
-    if (st.exists && !may_replace) return tp_fail(TP_ERR_EXISTS, "%s exists already; nothing there is replaced", target);
-    if (st.exists) TP_TRY(may_replace(store, target, ctx));
+    TP_TRY(remote_target_check(store, target, replace, may_replace, ctx));
     /* Written here first, committed, then uploaded: a private directory. */
     char owner[128], dir[CKPT_PATH_MAX];
     TP_TRY(store_staging_owner(owner, sizeof owner));
@@ -324,8 +414,9 @@ int ckpt_output_begin(const char *target, int replace, store_replace_check may_r
     const store_ops *posix = store_posix();
     int status = posix->make_dir(posix, dir);
     if (status && status != TP_ERR_EXISTS) return tp_fail_context(status, "a local copy for the upload to %s", target);
-    const char *base = strrchr(target, '/');
-    base = base && base[1] ? base + 1 : "checkpoint";
+    /* Named as the target is ("URL/step_3/" as "URL/step_3"). */
+    char parent[CKPT_PATH_MAX], base[CKPT_NAME_MAX + 1];
+    if (tp_split_path(target, parent, sizeof parent, base, sizeof base)) snprintf(base, sizeof base, "checkpoint");
     if ((size_t)snprintf(local, local_size, "%s/%s", dir, base) >= local_size)
         return tp_fail(TP_ERR_ARG, "path too long: %s", target);
     return TP_OK;
@@ -389,37 +480,157 @@ static int download_part(void *ctx, int64_t task, int thread)
  * other than asked): each from the start. */
 #define DOWNLOAD_ATTEMPTS 3
 
-static int download_once(const char *url, const char *local_dir, const ckpt_upload_options *options);
+/* What one attempt read of the source, to tell when it fails a source that
+ * changed under it (another attempt may find it whole) from a damaged one
+ * (another attempt reads the same bytes). */
+typedef struct {
+    char resolved[CKPT_PATH_MAX]; /* the checkpoint (a run directory's newest) */
+    char *index_text;             /* its index as read; NULL: not read */
+    int num_files;
+    char (*names)[CKPT_NAME_MAX + 1];
+    int64_t *bytes;
+    char (*versions)[128]; /* each file's version (ETag) its reads were pinned to; "": none came */
+} download_seen;
+
+static void download_seen_free(download_seen *seen)
+{
+    free(seen->index_text);
+    free(seen->names);
+    free(seen->bytes);
+    free(seen->versions);
+    memset(seen, 0, sizeof *seen);
+}
+
+/* Whether the source is still what the attempt read: the same checkpoint,
+ * the same index, and every file at the version its reads were pinned to
+ * (a fresh one-byte read of each tells its version now). 0 when anything
+ * differs or cannot be told (a file none of whose reads came back, a store
+ * without versions, a request failing): another attempt is then worth it. */
+static int source_unchanged(const char *url, const download_seen *seen)
+{
+    const store_ops *store;
+    char resolved[CKPT_PATH_MAX], path[CKPT_PATH_MAX];
+    char *text = NULL;
+    if (!seen->index_text || store_for(url, &store) || ckpt_resolve_in(store, url, resolved) ||
+        strcmp(resolved, seen->resolved) || tp_path_join(path, resolved, CKPT_INDEX_NAME) ||
+        store_read_text(store, path, CKPT_INDEX_MAX_BYTES, &text, NULL)) {
+        free(text);
+        return 0;
+    }
+    int same = !strcmp(text, seen->index_text);
+    free(text);
+    for (int f = 0; same && f < seen->num_files; f++) {
+        if (seen->bytes[f] == 0) continue; /* nothing read, nothing to be damaged */
+        if (!seen->versions[f][0]) return 0;
+        store_file *file = NULL;
+        char byte, now[128] = "";
+        same = !tp_path_join(path, resolved, seen->names[f]) && !store->open(store, path, STORE_OPEN_READ, &file) &&
+               !store->read_at(file, &byte, 1, 0);
+        if (file) {
+            store_file_version(store, file, now, sizeof now);
+            store->close(file);
+        }
+        same = same && !strcmp(now, seen->versions[f]);
+    }
+    return same;
+}
+
+static int download_once(const char *url, const char *local_dir, const ckpt_upload_options *options,
+                         download_seen *seen);
 
 int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_options *options)
 {
     for (int attempt = 1;; attempt++) {
-        int status = download_once(url, local_dir, options);
+        download_seen seen;
+        memset(&seen, 0, sizeof seen);
+        int status = download_once(url, local_dir, options, &seen);
         /* A checksum or format failure is what a change mid-download looks
-         * like (a new ETag, a block that fails its checksum); nothing was
-         * published. Anything else (the network after its retries, a local
-         * disk) is not made better by starting again. */
-        if (status != TP_ERR_CHECKSUM && status != TP_ERR_FORMAT) return status;
-        if (attempt == DOWNLOAD_ATTEMPTS)
-            return tp_fail_context(status, "%s: no whole version of it could be downloaded in %d attempts, each from "
-                                   "the start", url, DOWNLOAD_ATTEMPTS);
+         * like (a new ETag, a block that fails its checksum), and what a
+         * damaged stored checkpoint looks like: told apart by whether the
+         * source is still what was read. Nothing was published. Anything
+         * else (the network after its retries, a local disk) is not made
+         * better by starting again. */
+        int again = 0;
+        if (status == TP_ERR_CHECKSUM || status == TP_ERR_FORMAT) {
+            char message[2048];
+            snprintf(message, sizeof message, "%s", tp_errmsg());
+            if (source_unchanged(url, &seen))
+                status = tp_fail(status, "%s: the stored checkpoint is damaged: its index and every file kept their "
+                                 "versions (ETags) through the download, so another download would read the same "
+                                 "bytes: %s", seen.resolved, message);
+            else if (attempt == DOWNLOAD_ATTEMPTS)
+                status = tp_fail(status, "%s: no whole version of it could be downloaded in %d attempts, each from "
+                                 "the start (it changed between them): %s", url, DOWNLOAD_ATTEMPTS, message);
+            else
+                again = 1;
+        }
+        download_seen_free(&seen);
+        if (!again) return status;
     }
 }
 
-static int download_once(const char *url, const char *local_dir, const ckpt_upload_options *options)
+/* The downloaded copy at dir (staged, ours) verified: every block against
+ * its checksum, the index against the files. A damaged piece is named by
+ * the file it came from in the store (the staging copy goes with the
+ * failure). */
+static int verify_download(const char *dir, const char *resolved, int threads)
+{
+    ckpt_read_options ours;
+    ckpt_read_options_init(&ours);
+    ours.holder = 1; /* the staging entry is ours, locked */
+    ckpt_reader *r = NULL;
+    int status = ckpt_reader_open(&r, dir, &ours);
+    if (status) return tp_fail_context(status, "%s: its download", resolved);
+    ckpt_verify_options verify = {.threads = threads};
+    ckpt_verify_result result;
+    status = ckpt_verify(r, &verify, &result);
+    if (!status && result.damaged) {
+        const ckpt_damage *first = &result.damage[0];
+        ckpt_piece_info info;
+        ckpt_reader_piece_info(r, first->tensor, first->piece, &info);
+        /* The piece's message names the staging copy of the file: the store's is named instead. */
+        char local[CKPT_PATH_MAX + 2];
+        const char *what = first->message;
+        if (!tp_path_join(local, dir, info.file) && strlen(local) + 2 < sizeof local) {
+            strcat(local, ": ");
+            if (!strncmp(what, local, strlen(local))) what += strlen(local);
+        }
+        status = tp_fail(first->status, "%s/%s as downloaded: %lld of %lld pieces damaged, the first: %s", resolved,
+                         info.file, (long long)result.damaged, (long long)result.pieces, what);
+    }
+    ckpt_verify_result_free(&result);
+    ckpt_reader_close(r);
+    return status;
+}
+
+static int download_once(const char *url, const char *local_dir, const ckpt_upload_options *options,
+                         download_seen *seen)
 {
     if (!ckpt_is_remote(url)) return tp_fail(TP_ERR_ARG, "%s: not an http(s):// or s3:// location", url);
     const store_ops *store, *posix = store_posix();
     TP_TRY(store_for(url, &store));
     char resolved[CKPT_PATH_MAX], remote_index[CKPT_PATH_MAX];
     TP_TRY(ckpt_resolve_in(store, url, resolved));
+    snprintf(seen->resolved, sizeof seen->resolved, "%s", resolved);
     TP_TRY(tp_path_join(remote_index, resolved, CKPT_INDEX_NAME));
     char *text = NULL;
     int64_t text_size = 0;
     TP_TRY(store_read_text(store, remote_index, CKPT_INDEX_MAX_BYTES, &text, &text_size));
     ckpt_index index;
     memset(&index, 0, sizeof index);
-    int status = ckpt_index_parse(text, remote_index, &index);
+    int status = (seen->index_text = strdup(text)) ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status) status = ckpt_index_parse(text, remote_index, &index);
+    if (!status && index.num_files > 0) {
+        seen->names = calloc((size_t)index.num_files, sizeof *seen->names);
+        seen->bytes = calloc((size_t)index.num_files, sizeof *seen->bytes);
+        seen->versions = calloc((size_t)index.num_files, sizeof *seen->versions);
+        if (!seen->names || !seen->bytes || !seen->versions) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+        for (int f = 0; !status && f < index.num_files; f++) {
+            snprintf(seen->names[f], sizeof seen->names[f], "%s", index.files[f].name);
+            seen->bytes[f] = index.files[f].bytes;
+        }
+        if (!status) seen->num_files = index.num_files;
+    }
     store_stage_options stage = {.directory = 1, .overwrite = options && options->replace,
                                  .may_replace = ckpt_may_replace_checkpoint};
     store_staged *staged = NULL;
@@ -458,19 +669,16 @@ static int download_once(const char *url, const char *local_dir, const ckpt_uplo
     if (!status) status = store_write_file_atomic(posix, dir, CKPT_INDEX_NAME, text, (size_t)text_size);
     /* Trusted only once checked: the copy is verified (every block against
      * its checksum, the index against the files) before it is visible. */
-    ckpt_read_options ours;
-    ckpt_read_options_init(&ours);
-    ours.holder = 1; /* the staging entry is ours, locked */
-    if (!status) {
-        status = ckpt_verify_checkpoint(dir, threads, &ours);
-        if (status) status = tp_fail_context(status, "%s: its download", resolved);
-    }
+    if (!status) status = verify_download(dir, resolved, threads);
     if (staged) {
         if (status) store_staged_discard(staged);
         else status = store_staged_publish(staged);
     }
-    for (int f = 0; job.remote && f < index.num_files; f++)
-        if (job.remote[f]) store->close(job.remote[f]);
+    for (int f = 0; job.remote && f < index.num_files; f++) {
+        if (!job.remote[f]) continue;
+        if (f < seen->num_files) store_file_version(store, job.remote[f], seen->versions[f], sizeof seen->versions[f]);
+        store->close(job.remote[f]);
+    }
     free(job.remote);
     for (int t = 0; job.buffers && t < threads; t++) free(job.buffers[t]);
     free(job.buffers);

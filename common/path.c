@@ -11,12 +11,33 @@
 
 int tp_path_join(char *out, const char *dir, const char *name)
 {
+    /* A directory named with trailing slashes ("run/", a URL pasted with
+     * one) is the same directory: joined with one separator, never
+     * "run//name", which an object store takes for another key. The "//"
+     * of a scheme stays. */
     size_t a = strlen(dir), b = strlen(name);
+    while (a > 0 && dir[a - 1] == '/' && !(a >= 3 && dir[a - 2] == '/' && dir[a - 3] == ':')) a--;
     if (a + 1 + b + 1 > TP_PATH_MAX)
-        return tp_fail(TP_ERR_ARG, "path %s/%s is longer than %d bytes", dir, name, TP_PATH_MAX);
+        return tp_fail(TP_ERR_ARG, "path %.*s/%s is longer than %d bytes", (int)a, dir, name, TP_PATH_MAX);
     memcpy(out, dir, a);
     out[a] = '/';
     memcpy(out + a + 1, name, b + 1);
+    return TP_OK;
+}
+
+int tp_path_canonical(const char *path, char *out, size_t size)
+{
+    const char *scheme = tp_path_is_url(path) ? strstr(path, "://") + 3 : path;
+    size_t n = 0, kept = (size_t)(scheme - path);
+    if (kept >= size) return tp_fail(TP_ERR_ARG, "path '%s' is too long", path);
+    memcpy(out, path, kept);
+    n = kept;
+    for (const char *c = scheme; *c; c++) {
+        if (*c == '/' && n > kept && out[n - 1] == '/') continue;
+        if (n + 1 >= size) return tp_fail(TP_ERR_ARG, "path '%s' is too long", path);
+        out[n++] = *c;
+    }
+    out[n] = '\0';
     return TP_OK;
 }
 

@@ -8,8 +8,17 @@
 
 #define TP_PATH_MAX 4096 /* bytes of a path, its NUL included */
 
-/* out (TP_PATH_MAX bytes) = dir + "/" + name; TP_ERR_ARG when longer. */
+/* out (TP_PATH_MAX bytes) = dir + "/" + name, dir's trailing slashes
+ * dropped (a scheme's "//" kept); TP_ERR_ARG when longer. */
 int tp_path_join(char *out, const char *dir, const char *name);
+
+/* path with every run of '/' after a URL's scheme ("s3://", "http://")
+ * made one, into out (size bytes): "s3://b/run//step/" -> "s3://b/run/step/".
+ * A trailing slash is kept (a WebDAV collection is named with one). The
+ * object stores send requests for this form, so that a location given with
+ * trailing slashes, and what callers join to it, name the same objects as
+ * without. TP_ERR_ARG when it does not fit. */
+int tp_path_canonical(const char *path, char *out, size_t size);
 
 /* Splits a path into its parent directory ("." for a bare name, "/" at the
  * root) and base name, trailing slashes dropped; TP_ERR_ARG when the path

@@ -92,8 +92,8 @@ int megatron_iteration_dir(const char *path, char *out, size_t size)
 
 int megatron_iteration_dir_name(const char *path)
 {
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
+    char parent[4300], base[256]; /* "iter_0000010/" is iter_0000010 */
+    if (tp_split_path(path, parent, sizeof parent, base, sizeof base)) return 0;
     if (!strcmp(base, "release")) return 1;
     if (strncmp(base, "iter_", 5) || strlen(base) < 12) return 0;
     for (const char *c = base + 5; *c; c++)
@@ -1012,8 +1012,8 @@ int megatron_open(const char *path, megatron_checkpoint **out)
     if (!status) status = megatron_config_read(first, &m->config);
     /* A release checkpoint is loaded as iteration 0 whatever it records;
      * iter_NNNNNNN holds iteration N. */
-    const char *base = strrchr(m->path, '/');
-    base = base ? base + 1 : m->path;
+    char parent[4300], base[256] = ""; /* "iter_0000010/" is iter_0000010 */
+    if (!status) status = tp_split_path(m->path, parent, sizeof parent, base, sizeof base);
     if (!status && !strcmp(base, "release")) m->config.iteration = -1;
     else if (!status && megatron_iteration_dir_name(base) && m->config.stored_iteration >= 0 &&
              strtoll(base + 5, NULL, 10) != m->config.stored_iteration)

@@ -102,10 +102,20 @@ const checkpoint_format *formats_find(const char *name)
 
 int formats_detect(const char *path, const checkpoint_format **out)
 {
+    /* A location no store serves is refused first, naming its scheme, not
+     * the first file a format's detect would look for there. */
+    const store_ops *store;
+    TP_TRY(store_for(path, &store));
     const checkpoint_format *f;
     for (int i = 0; (f = format_at(i)) != NULL; i++) {
         int found = 1;
-        if (f->detect) TP_TRY(f->detect(path, &found));
+        /* A detect looks for a file of its format (Megatron's tracker first):
+         * its failure (a store that cannot be reached) names the location
+         * given, then the file. */
+        if (f->detect) {
+            int status = f->detect(path, &found);
+            if (status) return tp_fail_context(status, "%s: cannot tell its checkpoint format", path);
+        }
         if (found) {
             *out = f;
             return TP_OK;

@@ -208,8 +208,8 @@ int cli_foreign_checkpoint(const char *path, const char *target, cli_foreign *ou
     const checkpoint_format *format;
     TP_TRY(formats_detect(path, &format));
     if (!strcmp(format->name, "tp")) return TP_OK;
-    const char *base = strrchr(path, '/');
-    base = base && base[1] ? base + 1 : path;
+    char above[CKPT_PATH_MAX], base[CKPT_NAME_MAX + 1] = ""; /* "iter_0000010/" is iter_0000010 */
+    tp_split_path(path, above, sizeof above, base, sizeof base);
     int megatron = !strcmp(format->name, "megatron"), dist = !strcmp(format->name, "torch_dist");
     int dcp = !strcmp(format->name, "dcp");
     if (dist) snprintf(out->what, sizeof out->what, "a Megatron-Core distributed checkpoint (metadata.json)");

@@ -840,8 +840,8 @@ static void synth_progress(void *ctx, int64_t bytes)
  * then follows it. */
 static int output_in_run_directory(const char *out)
 {
-    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
-    return ckpt_step_of_name(base) >= 0;
+    char parent[CKPT_PATH_MAX], base[CKPT_NAME_MAX + 1]; /* "RUN/step_3/" is step_3 */
+    return tp_split_path(out, parent, sizeof parent, base, sizeof base) == TP_OK && ckpt_step_of_name(base) >= 0;
 }
 
 typedef struct {

@@ -190,8 +190,9 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
 {
     ckpt_reader *source = formats_source_reader(opened);
     /* An output named step_N in a run directory becomes its `latest` (a remote one's after the upload). */
-    const char *base = out && strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
-    int in_run_directory = out && ckpt_step_of_name(base) >= 0;
+    char parent[CKPT_PATH_MAX], base[CKPT_NAME_MAX + 1]; /* "RUN/step_3/" is step_3 */
+    int in_run_directory = out && tp_split_path(out, parent, sizeof parent, base, sizeof base) == TP_OK &&
+                           ckpt_step_of_name(base) >= 0;
     options->reshard.update_latest = in_run_directory && !ckpt_is_remote(out);
     progress bar;
     options->reshard.on_bytes = on_bytes;

@@ -344,6 +344,16 @@ void store_set_notice(store_notice_fn fn, void *ctx)
     pthread_mutex_unlock(&throttle_lock);
 }
 
+/* Tells the program text (store_set_notice), outside the lock. */
+static void notify(const char *text)
+{
+    pthread_mutex_lock(&throttle_lock);
+    store_notice_fn fn = notice_fn;
+    void *ctx = notice_ctx;
+    pthread_mutex_unlock(&throttle_lock);
+    if (fn) fn(ctx, text);
+}
+
 /* The answer that made a request throttled, for notices and errors. */
 static void throttle_reason(const http_response *r, char *out, size_t size)
 {
@@ -533,7 +543,16 @@ int http_perform(const http_request *q, http_response *r)
             return tp_fail(TP_ERR_IO, "%s %s: %s (after %d attempts)", q->method, q->url, why, attempt + 1);
         }
         counted++;
-        sleep_ms(backoff_ms(attempt));
+        /* Said as it happens: a store that cannot be reached otherwise held
+         * a command silent for minutes (7 attempts of TP_REMOTE_TIMEOUT
+         * each) before its one error. */
+        long ms = backoff_ms(attempt);
+        char text[1024], answer[32];
+        snprintf(answer, sizeof answer, "HTTP %ld", r->code);
+        snprintf(text, sizeof text, "%s %s: %s; retry %d of %d in %.1f s (TP_REMOTE_RETRIES)", q->method, q->url,
+                 code != CURLE_OK ? why : answer, counted, policy.retries, (double)ms / 1000);
+        notify(text);
+        sleep_ms(ms);
     }
 }
 

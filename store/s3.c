@@ -146,7 +146,10 @@ static int resolve(const char *path, const sigv4_pair *query, int num_query, tar
     byte_buffer b = {0};
     pthread_once(&s3_once, s3_configure);
     if (s3.status) return tp_fail(s3.status, "%s: %s", path, s3.error);
-    const char *bucket = path + 5, *slash = strchr(bucket, '/');
+    /* The key of the canonical URL: "run//x" is "run/x" (tp_path_canonical). */
+    char canonical[TP_PATH_MAX];
+    if (tp_path_canonical(path, canonical, sizeof canonical)) return tp_fail(TP_ERR_ARG, "%s: URL too long", path);
+    const char *bucket = canonical + 5, *slash = strchr(bucket, '/');
     size_t bucket_len = slash ? (size_t)(slash - bucket) : strlen(bucket);
     const char *key = slash ? slash + 1 : "";
     if (bucket_len == 0 || bucket_len > 63) return tp_fail(TP_ERR_ARG, "%s: no bucket name in this URL", path);
@@ -279,7 +282,9 @@ typedef struct {
 static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit *v)
 {
     /* s3://bucket/dir -> bucket URL s3://bucket, prefix "dir/" */
-    const char *bucket = dir_url + 5, *slash = strchr(bucket, '/');
+    char canonical[TP_PATH_MAX]; /* "run//step" lists "run/step/" (tp_path_canonical) */
+    if (tp_path_canonical(dir_url, canonical, sizeof canonical)) return tp_fail(TP_ERR_ARG, "%s: URL too long", dir_url);
+    const char *bucket = canonical + 5, *slash = strchr(bucket, '/');
     char bucket_url[512], prefix[TP_PATH_MAX], token[1024] = "", max[16];
     snprintf(bucket_url, sizeof bucket_url, "s3://%.*s", (int)(slash ? slash - bucket : (long)strlen(bucket)), bucket);
     snprintf(prefix, sizeof prefix, "%s", slash ? slash + 1 : "");

@@ -12,17 +12,19 @@
 #include "object.h"
 #include "xml.h"
 
-/* Sends a request: the URL is the path itself, without query or fragment. */
+/* Sends a request: the URL is the path itself, without query or fragment,
+ * in its canonical form (tp_path_canonical: "run//x" is "run/x", as a
+ * directory given with a trailing slash and joined to reads). */
 static int webdav_send(const object_call *c, http_response *r)
 {
-    char host[512];
+    char host[512], url[TP_PATH_MAX + 2];
     const char *rest;
     TP_TRY(object_split_authority(c->path, host, sizeof host, &rest));
     if (strchr(rest, '?') || strchr(rest, '#') || c->num_query)
         return tp_fail(TP_ERR_ARG, "%s: a checkpoint URL takes no query or fragment", c->path);
-    if (strlen(c->path) >= TP_PATH_MAX + 1024) return tp_fail(TP_ERR_ARG, "%s: URL too long", c->path);
+    if (tp_path_canonical(c->path, url, sizeof url)) return tp_fail(TP_ERR_ARG, "%s: URL too long", c->path);
     http_request q = c->http;
-    q.url = c->path;
+    q.url = url;
     return http_perform(&q, r);
 }
 
@@ -40,7 +42,7 @@ static int dav_propfind(const char *path, int depth, dav_entry *self, int (*visi
     const char *headers[] = {depth_header, "Content-Type: application/xml", NULL};
     static const char body[] = "<?xml version=\"1.0\" encoding=\"utf-8\"?><D:propfind xmlns:D=\"DAV:\"><D:prop>"
                                "<D:resourcetype/><D:getcontentlength/></D:prop></D:propfind>";
-    snprintf(url, sizeof url, "%s", path);
+    if (tp_path_canonical(path, url, sizeof url)) return tp_fail(TP_ERR_ARG, "%s: URL too long", path);
     byte_buffer answer = {0};
     http_response r;
     memset(self, 0, sizeof *self);
@@ -70,7 +72,7 @@ static int dav_propfind(const char *path, int depth, dav_entry *self, int (*visi
     /* The request's own path, to tell itself from its entries. */
     char host[512], own[TP_PATH_MAX];
     const char *own_path = NULL;
-    if (!status) status = object_split_authority(path, host, sizeof host, &own_path);
+    if (!status) status = object_split_authority(url, host, sizeof host, &own_path);
     if (!status) {
         snprintf(own, sizeof own, "%s", own_path);
         http_decode(own);

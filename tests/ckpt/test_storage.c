@@ -352,6 +352,39 @@ Test(storage, an_unreachable_server_fails_after_bounded_retries)
     cr_assert(strstr(tp_errmsg(), "after 3 attempts"), "the first try and 2 retries: %s", tp_errmsg());
 }
 
+static char notices[4][1024];
+static int num_notices;
+
+static void keep_notice(void *ctx, const char *text)
+{
+    (void)ctx;
+    if (num_notices < 4) snprintf(notices[num_notices], sizeof notices[0], "%s", text);
+    num_notices++;
+}
+
+/* Each retry is told as it happens (store_set_notice, a line on stderr in
+ * the programs): a store that cannot be reached held `tp-ckpt info` silent
+ * for 7.4 s (refused) or 218 s (never answering) before its one error. */
+Test(storage, each_retry_is_a_notice)
+{
+    setenv("TP_REMOTE_RETRIES", "2", 1);
+    setenv("TP_REMOTE_BACKOFF_MS", "20", 1);
+    num_notices = 0;
+    store_set_notice(keep_notice, NULL);
+    const store_ops *s = store_webdav();
+    store_stat st;
+    cr_assert_eq(s->stat(s, "http://127.0.0.1:9/run", &st), TP_ERR_IO, "one request: %s", tp_errmsg());
+    store_set_notice(NULL, NULL);
+    cr_assert_eq(num_notices, 2, "one notice per retry, %d", num_notices);
+    for (int i = 0; i < 2; i++) {
+        char retry[32];
+        snprintf(retry, sizeof retry, "; retry %d of 2 in ", i + 1);
+        cr_assert(strstr(notices[i], "http://127.0.0.1:9/run") && strstr(notices[i], retry) &&
+                      strstr(notices[i], "(TP_REMOTE_RETRIES)"),
+                  "names the URL, the retry and the setting: %s", notices[i]);
+    }
+}
+
 /* The wrapper, but a store HDF5 cannot open (as an object store): the
  * reader must take every location from the index (format 1.2). */
 static const store_ops *index_only(void)

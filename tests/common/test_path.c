@@ -91,3 +91,45 @@ Test(path, urls_as_text)
     cr_assert_eq(within("s3://b/run", "ckpt"), 0, "a URL and a local path never overlap");
     cr_assert_eq(within("ckpt/x", "s3://b/run"), 0);
 }
+
+/* A directory given with trailing slashes ("run/", a URL pasted with one)
+ * is the same directory: joined with one separator, never "run//name",
+ * which an object store took for another key (`tp-ckpt info s3://b/run/`
+ * found no index; `copy` to "URL/step_3/" uploaded "step_3//shard..."). */
+Test(path, a_join_takes_one_separator)
+{
+    char out[TP_PATH_MAX];
+    const char *cases[][3] = {
+        {"run", "latest", "run/latest"},
+        {"run/", "latest", "run/latest"},
+        {"run///", "latest", "run/latest"},
+        {"/", "tmp", "/tmp"},
+        {"s3://bkt/run/", "index.json", "s3://bkt/run/index.json"},
+        {"http://127.0.0.1:8080/run//", "step_00000003", "http://127.0.0.1:8080/run/step_00000003"},
+        {"s3://bkt/", "run", "s3://bkt/run"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(tp_path_join(out, cases[i][0], cases[i][1]), TP_OK, "%s", tp_errmsg());
+        cr_assert_str_eq(out, cases[i][2], "%s + %s", cases[i][0], cases[i][1]);
+    }
+}
+
+/* The form the object stores send: runs of '/' after the scheme made one,
+ * a trailing one kept (a WebDAV collection's). */
+Test(path, canonical_urls)
+{
+    char out[TP_PATH_MAX];
+    const char *cases[][2] = {
+        {"s3://bkt/run//step_00000003//shard.h5", "s3://bkt/run/step_00000003/shard.h5"},
+        {"http://h:1/run//", "http://h:1/run/"},
+        {"http://h:1/run", "http://h:1/run"},
+        {"s3://bkt", "s3://bkt"},
+        {"local//dir/", "local/dir/"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(tp_path_canonical(cases[i][0], out, sizeof out), TP_OK, "%s", tp_errmsg());
+        cr_assert_str_eq(out, cases[i][1], "%s", cases[i][0]);
+    }
+    char small[8];
+    cr_assert_eq(tp_path_canonical("s3://bkt/run", small, sizeof small), TP_ERR_ARG, "too long for out");
+}

@@ -11,7 +11,12 @@
 #   writer killed between its shards and its index (TP_CKPT_FAULT), the server
 #   killed mid-upload and restarted on the same port, a stalled server
 #   (TP_REMOTE_TIMEOUT), a stopped one (TP_REMOTE_RETRIES), a flipped and a
-#   truncated shard on the server's disk, a missing checkpoint.
+#   truncated shard on the server's disk, a missing checkpoint. URLs with
+#   trailing slashes (info, verify, copy both ways, reshard; both stores);
+#   an upload refused at its index leaves nothing; copy up into a run
+#   directory refused; --force over more files leaves the new ones alone
+#   (both stores); a damaged stored shard fails after one download; each
+#   retry said on stderr; an ftp:// URL refused naming the scheme.
 #   S3: synth, verify, diff, a multipart upload (TP_REMOTE_PART_MB=5), a
 #   PyTorch distributed checkpoint written, read, verified and resharded there,
 #   interchange with s3cmd both ways, credentials refused (and the secret key
@@ -182,6 +187,68 @@ sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] =
         -o "$U/notes" --force
     check "the server's other files are left" test -s "$DAV/notes/todo.txt"
     check "exports leave no local copy in TMPDIR" sh -c "! ls '$TMPDIR' | grep -q tp-upload"
+
+    # --- 3c. A URL with trailing slashes names what it names without: a
+    # run directory, a checkpoint, an output (`info URL/` found no index,
+    # `copy DIR URL/step_3/` sent "step_3//shard..." and failed after
+    # uploading every shard).
+    mark=$(wc -l <"$WEBDAV_ACCESS_LOG")
+    expect_ok "info of a run directory's URL with a trailing slash" "$CK" info "$U/cp/"
+    check "info: its newest step" grep -Eq "^checkpoint +$U/cp/step_00000003 " "$WORK/.out"
+    expect_ok "copy up to a step's URL with two trailing slashes" "$CK" copy "$WORK/local10" "$U/slash/step_00000003//"
+    check_all "copy up with slashes: under the name, and latest names it" \
+        '[ -s "$DAV/slash/step_00000003/index.json" ] && [ "$(cat "$DAV/slash/latest")" = step_00000003 ]'
+    expect_ok "verify a run directory's URL with a trailing slash" "$CK" verify "$U/slash/"
+    expect_ok "copy down from a URL with a trailing slash" "$CK" copy "$U/slash/" "$WORK/slash-down"
+    expect_ok "reshard from a checkpoint's URL with a trailing slash" "$RS" "$U/slash/step_00000003/" --to tp1pp1 \
+        -o "$WORK/slash-rs"
+    check "no request named a path with '//'" sh -c "! tail -n +$((mark + 1)) '$WEBDAV_ACCESS_LOG' | grep -q '^[A-Z]* [^ ]*//'"
+
+    # A failing upload leaves nothing: a directory where its index goes makes
+    # the server refuse the index (409) once every shard is up (the shards
+    # stayed, and the name then refused a plain retry).
+    env TP_REMOTE_RETRIES=0 TP_CKPT_FAULT="upload-before-index:WAIT:$WORK/fail.go" "$CK" copy "$WORK/local10" \
+        "$U/fail" >"$WORK/.out" 2>"$WORK/.err" &
+    writer=$!
+    # shellcheck disable=SC2034
+    for i in $(seq 600); do [ -e "$WORK/fail.go.held" ] && break; sleep 0.05; done
+    mkdir -p "$DAV/fail/index.json"
+    touch "$WORK/fail.go"
+    wait $writer
+    RC=$?
+    check_all "an upload refused at its index (exit $RC): it says so, and nothing is left on the server" \
+        '[ "$RC" -eq 1 ] && grep -q "$U/fail/index.json: HTTP 409" "$WORK/.err" && [ ! -e "$DAV/fail" ]'
+
+    # Anything at the URL refuses an upload without --force, and --force
+    # replaces only a checkpoint (the copy went into a run directory).
+    before=$(tree_digest "$DAV")
+    expect_error "copy up into a run directory: refused" 1 "$U/cp exists already \(--force replaces it\)" \
+        "$CK" copy "$WORK/local10" "$U/cp"
+    expect_error "copy up into a run directory with --force: its history is never replaced" 1 "$U/cp is a run directory" \
+        "$CK" copy "$WORK/local10" "$U/cp" --force
+    check "the refused copies changed nothing on the server" [ "$(tree_digest "$DAV")" = "$before" ]
+
+    # --force over a checkpoint of more files: the new one's files alone stay.
+    expect_ok "local synth at tp1 pp1 (one shard)" "$CK" synth -o "$WORK/one" --model tiny --tp 1 --pp 1 --optim --step 10
+    expect_ok "copy up a checkpoint of four shards" "$CK" copy "$WORK/local10" "$U/re"
+    expect_ok "copy --force of a checkpoint of one shard over it" "$CK" copy "$WORK/one" "$U/re" --force
+    check "the server holds the new checkpoint's files alone" \
+        [ "$(ls "$DAV/re" | tr '\n' ' ')" = "index.json shard_pp00_tp00.h5 " ]
+    expect_ok "and it verifies" "$CK" verify "$U/re"
+
+    # A stored checkpoint damaged (a flipped byte, its ETag unchanged): one
+    # download, then an error naming the stored file and both checksums (it
+    # was downloaded three times, blamed on a change of the source).
+    expect_ok "copy up a checkpoint to damage" "$CK" copy "$WORK/local10" "$U/dmg"
+    DMG="$DAV/dmg/shard_pp00_tp00.h5"
+    flip_byte "$DMG" $(($(data_offset "$DMG" model/layers.0.mlp.fc.weight) + 100))
+    mark=$(wc -l <"$WEBDAV_ACCESS_LOG")
+    expect_error "copy down of a damaged stored checkpoint: damaged, naming the file and the checksums" 1 \
+        "$U/dmg: the stored checkpoint is damaged: .*$U/dmg/shard_pp00_tp00.h5 as downloaded: 1 of 123 pieces damaged, the first: tensor model/layers.0.mlp.fc.weight .*checksum [0-9a-f]+, expected [0-9a-f]+" \
+        "$CK" copy "$U/dmg" "$WORK/dmg-down"
+    whole="range=bytes=0-$(($(stat -c %s "$DMG") - 1))"
+    check "downloaded once, not three times; nothing published" sh -c "[ \$(tail -n +$((mark + 1)) '$WEBDAV_ACCESS_LOG' | \
+        grep -c '^GET /dmg/shard_pp00_tp00.h5 206 .* $whole\$') -eq 1 ] && [ ! -e '$WORK/dmg-down' ]"
 
     # --- 4. tp-train uploads in the background; resumed from the URL at
     # another layout with another cache, it has the uninterrupted losses.
@@ -474,10 +541,18 @@ sys.exit(not (sorted(puts) == sorted(want) and set(puts.values()) == {1}))' "$WE
     run env TP_REMOTE_RETRIES=2 TP_REMOTE_BACKOFF_MS=50 timeout -s KILL 20 "$CK" info "$U/run"
     took=$(ms_since "$start")
     check "server stopped: info exits 1" [ "$RC" -eq 1 ]
-    check "server stopped: one line naming the URL, after 3 attempts" \
-        sh -c "[ \$(wc -l <'$WORK/.err') -eq 1 ] && grep -q '$U/run.*connect.*after 3 attempts' '$WORK/.err'"
+    check "server stopped: the error names the URL given, then the file looked for, after 3 attempts" \
+        grep -q "^tp-ckpt: error: $U/run: .*$U/run/.*connect.*after 3 attempts" "$WORK/.err"
+    check "server stopped: each retry said as it happened, then the error (3 lines)" \
+        sh -c "[ \$(grep -c '^tp-ckpt: warning: [A-Z]* $U/run/.*connect.*; retry [12] of 2 in [0-9.]* s (TP_REMOTE_RETRIES)\$' \
+        '$WORK/.err') -eq 2 ] && [ \$(wc -l <'$WORK/.err') -eq 3 ]"
     check "server stopped: gave up within 10 s (took $took ms)" [ "$took" -lt 10000 ]
 fi
+
+# A scheme no store serves: refused at once, naming it (it named
+# ".../latest_checkpointed_iteration.txt", the file looked for first).
+expect_error "an ftp:// location: refused, naming the scheme" 1 \
+    "^tp-ckpt: error: ftp://127.0.0.1/run: checkpoints live in .*, not in ftp://$" "$CK" info ftp://127.0.0.1/run
 
 # ======================================================================= S3
 if ! s3_start "$WORK/s3" bkt 2>"$WORK/.err"; then
@@ -521,6 +596,23 @@ else
         '[ "$parts" -ge 2 ] && [ "$logged" -eq "$parts" ]'
     expect_ok "verify the multipart checkpoint" "$CK" verify s3://bkt/big1
     expect_ok "diff the multipart checkpoint against its source" "$CK" diff "$WORK/big" s3://bkt/big1
+
+    # --- 6a. Trailing slashes (3c): the same objects as without; --force
+    # over a checkpoint of more files leaves the new one's alone.
+    expect_ok "info of an s3:// run directory with a trailing slash" "$CK" info s3://bkt/run/
+    check "info: its newest step" grep -Eq "^checkpoint +s3://bkt/run/step_00000010 " "$WORK/.out"
+    expect_ok "copy up to an s3:// step with a trailing slash" "$CK" copy "$WORK/local10" s3://bkt/slash/step_00000003/
+    check_all "copy up with a slash: under the name, and latest names it" \
+        '[ -e "$S3D/slash/step_00000003/index.json._S3rver_object" ] &&
+        [ "$(cat "$S3D/slash/latest._S3rver_object")" = step_00000003 ]'
+    expect_ok "verify with a trailing slash" "$CK" verify s3://bkt/slash/
+    expect_ok "local synth at tp1 pp1 (one shard)" "$CK" synth -o "$WORK/one" --model tiny --tp 1 --pp 1 --optim \
+        --step 10 --force
+    expect_ok "copy up a checkpoint of four shards to s3://" "$CK" copy "$WORK/local10" s3://bkt/re
+    expect_ok "copy --force of a checkpoint of one shard over it" "$CK" copy "$WORK/one" s3://bkt/re --force
+    check "the bucket holds the new checkpoint's objects alone" \
+        [ "$(ls "$S3D/re" | grep '_S3rver_object$' | tr '\n' ' ')" = "index.json._S3rver_object shard_pp00_tp00.h5._S3rver_object " ]
+    expect_ok "and it verifies" "$CK" verify s3://bkt/re
 
     # --- 6b. A PyTorch distributed checkpoint in the bucket, .metadata last.
     expect_ok "reshard to a DCP checkpoint in s3://, verified from the bucket" "$RS" "$WORK/local10" --format dcp \

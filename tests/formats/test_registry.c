@@ -299,3 +299,19 @@ Test(registry, a_registered_format_is_written_by_its_writer)
     cr_assert(strstr(tp_errmsg(), "read-only test checkpoints are read, not written"), "%s", tp_errmsg());
     formats_source_close(source);
 }
+
+/* Detection fails naming the location given (the file a format looked for
+ * there may follow), and a scheme no store serves is refused naming the
+ * scheme, not ".../latest_checkpointed_iteration.txt", the file Megatron's
+ * detect looks for first. */
+Test(registry, a_failing_detect_names_the_location)
+{
+    setenv("TP_REMOTE_RETRIES", "0", 1);
+    const checkpoint_format *found = NULL;
+    cr_assert_eq(formats_detect("ftp://127.0.0.1/run", &found), TP_ERR_ARG);
+    cr_assert(!strncmp(tp_errmsg(), "ftp://127.0.0.1/run: ", 21) && strstr(tp_errmsg(), "not in ftp://") &&
+                  !strstr(tp_errmsg(), "latest_checkpointed_iteration"),
+              "%s", tp_errmsg());
+    cr_assert_eq(formats_detect("http://127.0.0.1:9/run", &found), TP_ERR_IO);
+    cr_assert(!strncmp(tp_errmsg(), "http://127.0.0.1:9/run: ", 24), "the location given first: %s", tp_errmsg());
+}
