@@ -492,8 +492,10 @@ static int write_chunk(writer *w, rank_buffers *rb, out_chunk *c, FILE *file, co
     if (read_whole) { /* the tensor read whole and transformed (a QKV regrouped); the piece a run of its rows */
         int64_t bytes = row_bytes * t->shape[0];
         if (!rb->piece) return tp_fail(TP_ERR_STATE, "tensor %s: no buffer for a tensor read whole", t->name);
-        status = reshard_read_piece(w->source, c->tensor, t, 1, 0, rb->piece, (size_t)bytes);
-        if (!status) status = hooks->transform(hooks->ctx, c->tensor, rb->piece, rb->scratch, bytes);
+        /* A failed read is the source's to name (its file, its entry): the
+         * item being written lies in a staging file the user never sees. */
+        TP_TRY(reshard_read_piece(w->source, c->tensor, t, 1, 0, rb->piece, (size_t)bytes));
+        status = hooks->transform(hooks->ctx, c->tensor, rb->piece, rb->scratch, bytes);
         if (status) return tp_fail_context(status, "%s: tensor %s", path, t->name);
         first_row = c->offsets[0];
     }
@@ -505,11 +507,13 @@ static int write_chunk(writer *w, rank_buffers *rb, out_chunk *c, FILE *file, co
     status = torch_writer_tensor(tw, torch_dtype_from_tp(t->dtype), ndim + lead, sizes);
     if (!status) status = torch_writer_begin_storages(tw);
     c->digest = 0;
+    int source_failed = 0; /* the source's read failed: its message names it, no context of the output's */
     for (int64_t r = 0; r < rows && !status; r += per_block) {
         int64_t n = per_block < rows - r ? per_block : rows - r;
         if (read_whole) memcpy(rb->block, rb->piece + (first_row + r) * row_bytes, (size_t)(n * row_bytes));
         else status = reshard_read_piece_rows(w->source, c->tensor, t, w->to.tp, c->piece, first_row + r, n, rb->block,
                                               rb->block_size);
+        source_failed = status != TP_OK;
         if (!status && c->padded && hooks->fill_padding)
             status = hooks->fill_padding(hooks->ctx, c->tensor, w->to.tp, c->piece, first_row + r, n, rb->block);
         if (status) break;
@@ -534,7 +538,7 @@ static int write_chunk(writer *w, rank_buffers *rb, out_chunk *c, FILE *file, co
     }
     if (status) {
         torch_writer_abort(tw);
-        return tp_fail_context(status, "%s: tensor %s", path, t->name);
+        return source_failed ? status : tp_fail_context(status, "%s: tensor %s", path, t->name);
     }
     TP_TRY(torch_writer_finish(tw));
     off_t end = ftello(file);

@@ -188,6 +188,7 @@ typedef struct {
     const megatron_checkpoint *legacy;  /* or a legacy source's first rank file */
     const pickle_value **tensors;
     int count, capacity;
+    int source_failed; /* reading one failed: the message names the source, no context of the output's */
 } carried_tensors;
 
 static int emit_carried_tensor(void *ctx, const pickle_value *t)
@@ -200,7 +201,7 @@ static int emit_carried_tensor(void *ctx, const pickle_value *t)
     return torch_writer_tensor(ct->tw, t->tensor.storage->storage.dtype, t->tensor.ndim, t->tensor.shape);
 }
 
-static int write_carried_tensors(const carried_tensors *ct)
+static int write_carried_tensors(carried_tensors *ct)
 {
     for (int i = 0; i < ct->count; i++) {
         const pickle_value *t = ct->tensors[i];
@@ -209,6 +210,7 @@ static int write_carried_tensors(const carried_tensors *ct)
         if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
         int status = ct->legacy ? megatron_rank_tensor_read(ct->legacy, 0, 0, t, buf, bytes)
                                 : torch_tensor_read(ct->archive, t, buf, 0, bytes);
+        ct->source_failed = status != TP_OK;
         if (!status) status = torch_writer_storage(ct->tw, buf, bytes);
         free(buf);
         TP_TRY(status);
@@ -393,8 +395,10 @@ static int emit_common(dist_writer *w, byte_buffer *b, pk_memo *memo, carried_te
 
 /* The common state as a torch.save archive into tw: the dict itself
  * (common.pt), or [dict] (the common_state entry, a ShardedObject's data
- * saved as a list of one). */
-static int write_common(dist_writer *w, torch_writer *tw, int as_list)
+ * saved as a list of one). A failure is put in the context of where (the
+ * file written, and its entry) unless it is a read of the source's, whose
+ * message names the source: where is a staging path the user never sees. */
+static int write_common(dist_writer *w, torch_writer *tw, int as_list, const char *where)
 {
     byte_buffer *b = torch_writer_pickle(tw);
     pk_memo *memo = NULL;
@@ -409,9 +413,10 @@ static int write_common(dist_writer *w, torch_writer *tw, int as_list)
     free(ct.tensors);
     if (status) {
         torch_writer_abort(tw);
-        return status;
+        return ct.source_failed ? status : tp_fail_context(status, "%s", where);
     }
-    return torch_writer_finish(tw);
+    status = torch_writer_finish(tw);
+    return status ? tp_fail_context(status, "%s", where) : TP_OK;
 }
 
 /* A bytes entry's item at the file's position: a torch.save of [data]. */
@@ -420,8 +425,11 @@ static int write_object(void *ctx, int object, FILE *file, const char *path)
     dist_writer *w = ctx;
     torch_writer *tw;
     TP_TRY(torch_writer_open_in(file, path, ARCHIVE_NAME, &tw));
-    if (w->objects[object].kind == OBJECT_COMMON) return tp_fail_context(write_common(w, tw, 1), "%s: %s", path,
-                                                                        w->objects[object].key);
+    if (w->objects[object].kind == OBJECT_COMMON) {
+        char where[CKPT_PATH_MAX + CKPT_NAME_MAX + 8];
+        snprintf(where, sizeof where, "%s: %s", path, w->objects[object].key);
+        return write_common(w, tw, 1, where);
+    }
     /* A module's extra state without Transformer Engine's FP8: None, as
      * Megatron-Core's local modules save it and TE's set_extra_state takes it. */
     byte_buffer *b = torch_writer_pickle(tw);
@@ -596,7 +604,7 @@ int megatron_dist_write(ckpt_reader *source, const megatron_dist_write_options *
         snprintf(path, sizeof path, "%s/" MEGATRON_DIST_COMMON_FILE, dir);
         torch_writer *tw;
         status = torch_writer_open(path, "common", &tw);
-        if (!status) status = tp_fail_context(write_common(&w, tw, 0), "%s", path);
+        if (!status) status = write_common(&w, tw, 0, path);
     }
     /* metadata.json last, as Megatron-Core's save_config writes it (json.dump of CheckpointingConfig). */
     snprintf(path, sizeof path, "%s/" MEGATRON_DIST_CONFIG, dir);

@@ -68,7 +68,17 @@ typedef struct {
     size_t piece_size;
     pk_memo *memo;        /* of the rank file's pickle: what is carried over from the template, written once */
     int64_t copy_budget;  /* bytes the copies of a per-parameter entry may take in a rank file */
+    int source_failed;    /* a read of the source failed: its message names the source, no output context */
 } rank_writer;
+
+/* status, of a read of the source: its failure is the source's to name (its
+ * file, its entry), so the rank file being written, a staging path the user
+ * never sees, is not put in front of it (write_rank). */
+static int source_read(rank_writer *r, int status)
+{
+    r->source_failed = status != TP_OK;
+    return status;
+}
 
 static int add_pending(rank_writer *r, struct pending p)
 {
@@ -183,7 +193,8 @@ static int stream_piece(rank_writer *r, const struct pending *p)
     const ckpt_tensor_desc *t = ckpt_reader_tensor(r->source, p->index);
     for (int64_t row0 = 0; row0 < p->rows; row0 += block) {
         int64_t count = p->rows - row0 < block ? p->rows - row0 : block;
-        TP_TRY(reshard_read_piece_rows(r->source, p->index, t, r->to.tp, p->piece, row0, count, r->piece, r->piece_size));
+        TP_TRY(source_read(r, reshard_read_piece_rows(r->source, p->index, t, r->to.tp, p->piece, row0, count, r->piece,
+                                                      r->piece_size)));
         TP_TRY(fill_vocabulary_padding(r, p->index, p->piece, row0, count, r->piece));
         TP_TRY(torch_writer_storage_part(r->w, r->piece, count * row_bytes));
         if (r->on_bytes) r->on_bytes(r->progress_ctx, count * row_bytes); /* the plan's bytes: tensors' */
@@ -205,14 +216,14 @@ static int write_pending(rank_writer *r)
         }
         TP_TRY(reserve_piece(r, p->bytes, reorder));
         if (reorder) {
-            TP_TRY(reshard_read_piece(r->source, p->index, ckpt_reader_tensor(r->source, p->index), r->to.tp, p->piece,
-                                      r->scratch, (size_t)p->bytes));
+            TP_TRY(source_read(r, reshard_read_piece(r->source, p->index, ckpt_reader_tensor(r->source, p->index), r->to.tp,
+                                                     p->piece, r->scratch, (size_t)p->bytes)));
             r->names->qkv_to_megatron(r->names->ctx, r->to.tp, r->scratch, r->piece,
                                       (size_t)(p->bytes / p->rows * r->c->kv_channels));
             TP_TRY(fill_vocabulary_padding(r, p->index, p->piece, 0, p->rows, r->piece));
         }
         else if (p->raw)
-            TP_TRY(megatron_rank_tensor_read(r->template, p->raw_pp, p->raw_tp, p->raw, r->piece, p->bytes));
+            TP_TRY(source_read(r, megatron_rank_tensor_read(r->template, p->raw_pp, p->raw_tp, p->raw, r->piece, p->bytes)));
         TP_TRY(torch_writer_storage(r->w, r->piece, p->bytes));
         if (r->on_bytes && p->index >= 0) r->on_bytes(r->progress_ctx, p->bytes);
     }
@@ -793,7 +804,7 @@ static int write_rank(rank_writer *r, const char *iteration_dir)
     if (!status) status = write_pending(r);
     if (status) {
         torch_writer_abort(r->w);
-        return tp_fail_context(status, "%s", file);
+        return r->source_failed ? status : tp_fail_context(status, "%s", file);
     }
     return torch_writer_finish(r->w);
 }

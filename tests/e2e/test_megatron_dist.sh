@@ -129,7 +129,16 @@ expect_error "a flipped bit: tp-reshard --format tp names the entry and both CRC
     "$RS" "$WORK/flip" --format tp --to tp1 -o "$WORK/flip.tp"
 expect_error "a flipped bit: tp-reshard --format megatron too" 1 "distcp: entry [^:]+: its [0-9]+ bytes have CRC-32" \
     "$RS" "$WORK/flip" --format megatron --to tp1 -o "$WORK/flip.meg"
-check_all "a flipped bit: nothing written" '[ ! -e "$WORK/flip.tp" ] && [ ! -e "$WORK/flip.meg" ]'
+# Every writer leaves a failed read of the source as the source's reader
+# words it: the source's file first, not the staging file being written.
+for f in megatron torch_dist dcp tp; do
+    expect_error "a flipped bit: --format $f names the source first" 1 \
+        "^tp-reshard: error: $WORK/flip/iter_0001000: tensor [^:]+ piece [0-9]+: $WORK/flip/iter_0001000/__[0-9]+_0.distcp: entry" \
+        "$RS" "$WORK/flip" --format $f --to tp1 -o "$WORK/flip.$f"
+    check "a flipped bit: --format $f: no staging path in the message" sh -c '! grep -q staging "$1"' sh "$WORK/.err"
+done
+check_all "a flipped bit: nothing written" '[ ! -e "$WORK/flip.tp" ] && [ ! -e "$WORK/flip.meg" ] &&
+    [ ! -e "$WORK/flip.megatron" ] && [ ! -e "$WORK/flip.torch_dist" ] && [ ! -e "$WORK/flip.dcp" ]'
 
 # ---------------------------------------------------- the distributed optimizer
 # Megatron-Core's DistributedOptimizer.sharded_state_dict layouts, written by
