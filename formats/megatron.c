@@ -1301,7 +1301,7 @@ const char *megatron_rank_path(const megatron_checkpoint *m, int pp_rank, int tp
 int megatron_rank_tensor_read(const megatron_checkpoint *m, int pp_rank, int tp_rank, const pickle_value *tensor, void *buf,
                               int64_t size)
 {
-    return torch_tensor_read(m->archives[pp_rank * m->config.tp + tp_rank], tensor, buf, 0, size);
+    return torch_tensor_read_checked(m->archives[pp_rank * m->config.tp + tp_rank], tensor, buf, size);
 }
 
 const pickle_value *megatron_model_value(const megatron_checkpoint *m, const char *key)

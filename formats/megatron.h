@@ -298,6 +298,11 @@ const char *megatron_dist_optimizer_layout(const megatron_dist *checkpoint);
 /* Where the common state was read: "common.pt" (up to 0.18) or
  * "common_state" (the entry, 0.19+). */
 const char *megatron_dist_common_source(const megatron_dist *checkpoint);
+/* Every zip entry of the common state's torch.save (common.pt, or the
+ * archive the common_state entry holds) read and compared with its CRC-32
+ * (torch_archive_check): common.pt is no item of dcp_verify's, and the
+ * common_state entry is a raw bytes item that records no CRC-32 of its own. */
+int megatron_dist_check_common(const megatron_dist *checkpoint, torch_archive_check_result *result);
 /* The checkpoint as a foreign reader at tp 1 pp 1 (its layers the model's):
  * every chunk's item located (threads at once; 0: all cores); digests
  * computed with compute_digests. */

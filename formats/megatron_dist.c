@@ -153,6 +153,11 @@ static void read_recorded_layout(const pickle_value *root, char *out, size_t siz
     if (v && v->kind == PICKLE_STRING && v->text.size < (int64_t)size) snprintf(out, size, "%s", v->text.data);
 }
 
+int megatron_dist_check_common(const megatron_dist *m, torch_archive_check_result *result)
+{
+    return torch_archive_check(m->common, result, NULL, NULL);
+}
+
 /* The common state (args, checkpoint_version, iteration, the scheduler):
  * common.pt beside .metadata where there is one (up to 0.18; 0.19+ still
  * reads it first), else the common_state entry. */

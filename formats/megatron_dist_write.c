@@ -209,7 +209,7 @@ static int write_carried_tensors(carried_tensors *ct)
         void *buf = malloc((size_t)bytes + 1);
         if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
         int status = ct->legacy ? megatron_rank_tensor_read(ct->legacy, 0, 0, t, buf, bytes)
-                                : torch_tensor_read(ct->archive, t, buf, 0, bytes);
+                                : torch_tensor_read_checked(ct->archive, t, buf, bytes);
         ct->source_failed = status != TP_OK;
         if (!status) status = torch_writer_storage(ct->tw, buf, bytes);
         free(buf);

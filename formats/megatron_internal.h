@@ -28,7 +28,9 @@ const pickle_value *megatron_model_value(const megatron_checkpoint *checkpoint, 
 const pickle_value *megatron_rank_value(const megatron_checkpoint *checkpoint, int pp_rank, int tp_rank, const char *key);
 /* The path of the rank file of (pp_rank, tp_rank), for messages. */
 const char *megatron_rank_path(const megatron_checkpoint *checkpoint, int pp_rank, int tp_rank);
-/* The bytes (size) of a tensor found in that rank file's values. */
+/* The bytes (size) of a tensor found in that rank file's values (state a
+ * writer carries over), its entry checked against its CRC-32
+ * (torch_tensor_read_checked). */
 int megatron_rank_tensor_read(const megatron_checkpoint *checkpoint, int pp_rank, int tp_rank, const pickle_value *tensor,
                               void *buf, int64_t size);
 

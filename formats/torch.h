@@ -164,8 +164,10 @@ typedef struct torch_archive torch_archive;
 
 /* Opens a torch.save file of any store (a local path or a URL, as
  * store/store.h says): reads the zip's central directory and data.pkl, checks
- * that every storage a tensor uses is an entry holding at least its bytes
- * and that every tensor lies inside its storage. The format before
+ * data.pkl, version and byteorder against the CRC-32s the zip records
+ * (TP_ERR_CHECKSUM naming the file, the entry and both values), that every
+ * storage a tensor uses is an entry holding at least its bytes and that
+ * every tensor lies inside its storage. The format before
  * PyTorch 1.6 (a bare pickle stream) is refused with a message. */
 int torch_archive_open(const char *path, const pickle_limits *limits, torch_archive **out);
 /* The same for an archive held in bytes [base, base + bytes) of a file
@@ -189,6 +191,13 @@ int64_t torch_archive_bytes(const torch_archive *archive);
  * "" on a local file system): a later reader of the same file pins its own
  * handle to it (ckpt_foreign.versions). */
 void torch_archive_version(const torch_archive *archive, char *out, size_t size);
+
+/* The whole of a contiguous tensor (size: its bytes) into buf, its
+ * storage's entry read whole and compared with the CRC-32 the archive
+ * records (TP_ERR_CHECKSUM naming the file, the entry and both values):
+ * for the small tensors a writer copies from a source (its RNG and common
+ * state), whose reads no check of the source's tensors covers. */
+int torch_tensor_read_checked(const torch_archive *archive, const pickle_value *tensor, void *buf, int64_t size);
 
 /* Every entry of the archive read and compared with the CRC-32 its zip
  * records: TP_ERR_CHECKSUM naming the file and entry at the first that

@@ -71,6 +71,7 @@ static int read_small(torch_archive *a, const char *name, char *out, int *found)
         return tp_fail(TP_ERR_FORMAT, "%s: %s holds %lld bytes (at most %d expected)", zip_path(a->zip), full, (long long)size,
                        SMALL_ENTRY_MAX);
     TP_TRY(zip_read(a->zip, out, size, offset));
+    TP_TRY(zip_entry_check_data(a->zip, entry, out));
     out[size] = 0;
     return TP_OK;
 }
@@ -135,6 +136,10 @@ static int read_archive(torch_archive *a, const char *path, const pickle_limits 
     unsigned char *pickle = status ? NULL : malloc((size_t)size + 1);
     if (!status && !pickle) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     if (!status) status = zip_read(a->zip, pickle, size, offset);
+    /* Checked against its CRC-32 before it is interpreted: a flipped byte
+     * in a string or an integer still makes a valid pickle (an activation
+     * 'gelu' read as another name), which no later check of the tree sees. */
+    if (!status) status = zip_entry_check_data(a->zip, entry, pickle);
     char name[4200];
     snprintf(name, sizeof name, "%s:%s", path, pkl_name);
     if (!status) status = pickle_load(pickle, (size_t)size, name, limits, &a->doc);
@@ -303,6 +308,25 @@ int torch_tensor_read(const torch_archive *archive, const pickle_value *tensor, 
         return tp_fail(TP_ERR_ARG, "%s: bytes [%lld, %lld) of a tensor of %lld bytes", zip_path(archive->zip), (long long)from,
                        (long long)(from + size), (long long)bytes);
     return zip_read(archive->zip, buf, size, offset + from);
+}
+
+int torch_tensor_read_checked(const torch_archive *archive, const pickle_value *tensor, void *buf, int64_t size)
+{
+    int64_t offset, bytes, data, stored;
+    int entry;
+    TP_TRY(tensor_range_in_archive(archive, tensor, &offset, &bytes));
+    if (size != bytes)
+        return tp_fail(TP_ERR_ARG, "%s: %lld bytes asked of a tensor of %lld", zip_path(archive->zip), (long long)size,
+                       (long long)bytes);
+    TP_TRY(storage_entry(archive, tensor->tensor.storage, &entry));
+    TP_TRY(zip_entry_range(archive->zip, entry, &data, &stored));
+    unsigned char *whole = malloc((size_t)stored + 1);
+    if (!whole) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = zip_read(archive->zip, whole, stored, data);
+    if (!status) status = zip_entry_check_data(archive->zip, entry, whole);
+    if (!status) memcpy(buf, whole + (offset - data), (size_t)size);
+    free(whole);
+    return status;
 }
 
 int torch_archive_check(torch_archive *archive, torch_archive_check_result *result,

@@ -354,6 +354,31 @@ uint32_t zip_entry_crc(const zip_archive *zip, int entry)
     return zip->entries[entry].crc;
 }
 
+/* Whether an entry records a CRC-32 to compare with: 0 for data that is not
+ * empty is torch.serialization.set_crc32_options(False)'s "none". */
+static int crc_recorded(const zip_entry *e)
+{
+    return e->crc != 0 || e->size == 0;
+}
+
+/* crc, taken over all of e's data, against the central directory's: the
+ * one message of a damaged entry, for a read in parts and a read whole. */
+static int compare_crc(const zip_archive *zip, const zip_entry *e, uint32_t crc)
+{
+    if (crc != e->crc)
+        return tp_fail(TP_ERR_CHECKSUM, "%s: entry %s: its %lld bytes have CRC-32 %08x, the archive records %08x (damaged)",
+                       zip->path, e->name, (long long)e->size, crc, e->crc);
+    return TP_OK;
+}
+
+int zip_entry_check_data(const zip_archive *zip, int entry, const void *data)
+{
+    if (entry < 0 || entry >= zip->count) return tp_fail(TP_ERR_ARG, "%s: no entry %d", zip->path, entry);
+    const zip_entry *e = &zip->entries[entry];
+    if (!crc_recorded(e)) return TP_OK;
+    return compare_crc(zip, e, e->size > 0 ? crc32_gzip_refl(0, data, (uint64_t)e->size) : 0);
+}
+
 int zip_entry_check(zip_archive *zip, int entry, void *buf, size_t buf_size, int *checked,
                     void (*on_bytes)(void *ctx, int64_t bytes), void *ctx)
 {
@@ -361,7 +386,7 @@ int zip_entry_check(zip_archive *zip, int entry, void *buf, size_t buf_size, int
     *checked = 0;
     TP_TRY(zip_entry_range(zip, entry, &offset, &size));
     const zip_entry *e = &zip->entries[entry];
-    if (e->crc == 0 && size > 0) return TP_OK; /* none recorded */
+    if (!crc_recorded(e)) return TP_OK;
     uint32_t crc = 0;
     for (int64_t at = 0; at < size;) {
         int64_t n = size - at < (int64_t)buf_size ? size - at : (int64_t)buf_size;
@@ -370,9 +395,7 @@ int zip_entry_check(zip_archive *zip, int entry, void *buf, size_t buf_size, int
         at += n;
         if (on_bytes) on_bytes(ctx, n);
     }
-    if (crc != e->crc)
-        return tp_fail(TP_ERR_CHECKSUM, "%s: entry %s: its %lld bytes have CRC-32 %08x, the archive records %08x (damaged)",
-                       zip->path, e->name, (long long)size, crc, e->crc);
+    TP_TRY(compare_crc(zip, e, crc));
     *checked = 1;
     return TP_OK;
 }

@@ -46,6 +46,11 @@ int zip_entry_range(zip_archive *zip, int entry, int64_t *offset, int64_t *size)
 int zip_entry_check(zip_archive *zip, int entry, void *buf, size_t buf_size, int *checked,
                     void (*on_bytes)(void *ctx, int64_t bytes), void *ctx);
 
+/* zip_entry_check of an entry the caller has read whole into data (its
+ * zip_entry_range size bytes): a data.pkl, read anyway, checked without a
+ * second read. TP_OK when the entry records no CRC-32. */
+int zip_entry_check_data(const zip_archive *zip, int entry, const void *data);
+
 /* The CRC-32 the central directory records for entry's data; 0 for data
  * that is not empty means none was recorded (set_crc32_options(False)). */
 uint32_t zip_entry_crc(const zip_archive *zip, int entry);

@@ -560,6 +560,10 @@ static int verify_dcp(const char *path, const checkpoint_format *format, int thr
     progress_start(&bar, "verify", total, 0);
     dcp_verify_result items;
     int status = dcp_verify(d, threads, verify_progress, &bar, &items);
+    /* Megatron-Core's common state is no item of the DCP's (common.pt) or a
+     * raw bytes one (common_state): its torch.save's entries checked apart. */
+    torch_archive_check_result common = {0, 0};
+    if (!status && m) status = megatron_dist_check_common(m, &common);
     ckpt_verify_options verify = {threads, NULL, NULL};
     ckpt_verify_result result = {0};
     if (!status) status = ckpt_verify(r, &verify, &result);
@@ -576,9 +580,9 @@ static int verify_dcp(const char *path, const checkpoint_format *format, int thr
                 "first: %s\n", dcp_path(d), result.damaged, ckpt_reader_num_tensors(r), result.damage[0].message);
         bad = 1;
     }
-    if (!status && !bad && items.unchecked)
+    if (!status && !bad && items.unchecked + common.unchecked)
         printf("note: %d items or zip entries record no CRC-32 (raw bytes entries, or torch.save with "
-               "set_crc32_options(False)): read, not checked\n", items.unchecked);
+               "set_crc32_options(False)): read, not checked\n", items.unchecked + common.unchecked);
     if (!status && !bad && items.outside_bytes > 0) {
         char outside[32];
         format_bytes((double)items.outside_bytes, outside, sizeof outside);
@@ -587,8 +591,9 @@ static int verify_dcp(const char *path, const checkpoint_format *format, int thr
     char size[32];
     format_bytes((double)items.item_bytes, size, sizeof size);
     if (!bad)
-        printf("ok: %s: %d items, %d zip entries (%s) match their CRC-32s; %d tensors read%s, in %.2f s\n", dcp_path(d),
-               items.items, items.entries - items.unchecked, size, ckpt_reader_num_tensors(r),
+        printf("ok: %s: %d items, %d zip entries (%s) match their CRC-32s%s%s%s; %d tensors read%s, in %.2f s\n",
+               dcp_path(d), items.items, items.entries - items.unchecked, size, m ? ", and the common state's (" : "",
+               m ? megatron_dist_common_source(m) : "", m ? ")" : "", ckpt_reader_num_tensors(r),
                dcp_has_description(d) ? ", each equal to the logical digest the description records"
                : m                    ? " under their canonical names (Megatron-Core torch_dist)"
                                       : " (the checkpoint records no digests of ours)", seconds);

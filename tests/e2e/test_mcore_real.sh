@@ -137,4 +137,56 @@ sed 's/common_state/commoX_state/g' "$WORK/mcore-0.20/ckpt/gpt_tp2pp1/iter_00000
     >"$WORK/nocommon/iter_0000010/.metadata"
 expect_error "neither common.pt nor a common_state entry: refused, naming both" 1 \
     "neither common.pt nor a bytes entry common_state/shard_0_1: the model's args are not known" "$CK" info "$WORK/nocommon"
+
+# common.pt (0.18) with one byte of its pickle changed where the pickle
+# stays valid ('openai_gelu': False read as another value): its CRC-32, as
+# zipfile's testzip computes it, no longer matches. verify names the file,
+# the entry and both CRC-32s; every reader refuses it rather than read the
+# altered model.
+cp -r "$WORK/mcore-0.18/ckpt/gpt_tp2pp1" "$WORK/badcommon"
+"$PY" - "$WORK/badcommon/iter_0000010/common.pt" <<'PYEOF'
+import sys, zipfile
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+data[data.find(b"openai_gelu") + 13] = 0x88
+open(path, "wb").write(data)
+assert zipfile.ZipFile(path).testzip() == "common/data.pkl", "zipfile does not see the damage"
+PYEOF
+BADCRC="badcommon/iter_0000010/common.pt: entry common/data.pkl: its [0-9]+ bytes have CRC-32 [0-9a-f]{8}, the archive records [0-9a-f]{8}"
+expect_error "a damaged common.pt: verify names it, the entry and both CRC-32s" 1 "$BADCRC" "$CK" verify "$WORK/badcommon"
+expect_error "a damaged common.pt: diff refuses it" 1 "$BADCRC" "$CK" diff "$WORK/mcore-0.18/ckpt/gpt_tp2pp1" \
+    "$WORK/badcommon"
+expect_error "a damaged common.pt: export refuses it" 1 "$BADCRC" "$CK" export "$WORK/badcommon" --format safetensors \
+    -o "$WORK/badcommon.st"
+expect_error "a damaged common.pt: import refuses it" 1 "$BADCRC" "$CK" import "$WORK/badcommon" --tp 1 --pp 1 \
+    -o "$WORK/badcommon.import"
+expect_error "a damaged common.pt: tp-reshard refuses it" 1 "$BADCRC" "$RS" "$WORK/badcommon" --to tp1 \
+    -o "$WORK/badcommon.td"
+check_all "a damaged common.pt: nothing written" '[ ! -e "$WORK/badcommon.st" ] && [ ! -e "$WORK/badcommon.import" ] &&
+    [ ! -e "$WORK/badcommon.td" ]'
+# A flipped bit in common.pt's one tensor, which the model does not read:
+# verify checks every entry of common.pt too, and a writer that carries the
+# tensor over refuses it, naming common.pt first.
+cp -r "$WORK/mcore-0.18/ckpt/gpt_tp2pp1" "$WORK/badtensor"
+"$PY" - "$WORK/badtensor/iter_0000010/common.pt" <<'PYEOF'
+import struct, sys, zipfile
+path = sys.argv[1]
+info = zipfile.ZipFile(path).getinfo("common/data/0")
+data = bytearray(open(path, "rb").read())
+name_size, extra_size = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+data[info.header_offset + 30 + name_size + extra_size] ^= 1
+open(path, "wb").write(data)
+assert zipfile.ZipFile(path).testzip() == "common/data/0", "zipfile does not see the damage"
+PYEOF
+expect_ok "verify of the undamaged 0.18 checkpoint says common.pt was checked" "$CK" verify \
+    "$WORK/mcore-0.18/ckpt/gpt_tp2pp1"
+check "it says so" grep -q "match their CRC-32s, and the common state's (common.pt);" "$WORK/.out"
+expect_error "a flipped bit in common.pt's tensor: verify names it" 1 \
+    "^tp-ckpt: error: $WORK/badtensor/iter_0000010/common.pt: entry common/data/0: its 4 bytes have CRC-32" \
+    "$CK" verify "$WORK/badtensor"
+expect_error "a flipped bit in common.pt's tensor: carrying it over refuses it, common.pt first" 1 \
+    "^tp-reshard: error: $WORK/badtensor/iter_0000010/common.pt: entry common/data/0: its 4 bytes have CRC-32" \
+    "$RS" "$WORK/badtensor" --to tp1 -o "$WORK/badtensor.td"
+check "nothing written" [ ! -e "$WORK/badtensor.td" ]
+
 finish

@@ -523,6 +523,32 @@ expect_error "a flipped bit: tp-ckpt export refuses it" 1 "$DAMAGED" "$CK" expor
 check_all "a flipped bit: no output written" \
     '[ ! -e "$WORK/flip1" ] && [ ! -e "$WORK/flip2" ] && [ ! -e "$WORK/flip3" ] && [ ! -e "$WORK/flip4" ] && [ ! -e "$WORK/flip5" ]'
 
+# One byte of a rank file's pickle changed where the pickle stays valid:
+# args.openai_gelu True read as False, another model. Its CRC-32 no longer
+# matches (zipfile's testzip, the judge, says so): every reader refuses
+# the file at open, naming the entry and both CRC-32s, rather than read it.
+rm -rf "$WORK/t.pkl" && cp -r "$WORK/t" "$WORK/t.pkl"
+"$PY" - "$WORK/t.pkl/iter_0001000/mp_rank_00_000/model_optim_rng.pt" <<'PYEOF'
+import sys, zipfile
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+at = data.find(b"openai_gelu") + len(b"openai_gelu")
+at += {ord("q"): 2, ord("r"): 5}.get(data[at], 0)  # the memo's BINPUT or LONG_BINPUT
+assert data[at] == 0x88, "openai_gelu is not True"
+data[at] = 0x89
+open(path, "wb").write(data)
+assert zipfile.ZipFile(path).testzip() == "model_optim_rng/data.pkl", "zipfile does not see the damage"
+PYEOF
+PKL="mp_rank_00_000/model_optim_rng.pt: entry model_optim_rng/data.pkl: its [0-9]+ bytes have CRC-32 [0-9a-f]{8}, the archive records [0-9a-f]{8}"
+expect_error "a changed pickle: verify names the entry" 1 "$PKL" "$CK" verify "$WORK/t.pkl"
+expect_error "a changed pickle: diff refuses it" 1 "$PKL" "$CK" diff "$WORK/t" "$WORK/t.pkl"
+expect_error "a changed pickle: tp-reshard refuses it" 1 "$PKL" "$RS" "$WORK/t.pkl" --to tp1 -o "$WORK/pkl1"
+expect_error "a changed pickle: tp-ckpt import refuses it" 1 "$PKL" "$CK" import "$WORK/t.pkl" --tp 1 --pp 2 \
+    --true-vocab-size 90 -o "$WORK/pkl2"
+expect_error "a changed pickle: tp-ckpt export refuses it" 1 "$PKL" "$CK" export "$WORK/t.pkl" --format safetensors \
+    --true-vocab-size 90 -o "$WORK/pkl3"
+check_all "a changed pickle: no output written" '[ ! -e "$WORK/pkl1" ] && [ ! -e "$WORK/pkl2" ] && [ ! -e "$WORK/pkl3" ]'
+
 # Megatron's Float16OptimizerWithFloat16Params over fp32 parameters: its
 # fp32_from_fp16_params lists are empty (fp32 parameters are their own
 # masters). Read, and written back the same way (the writer asked for

@@ -4,7 +4,8 @@
  * for byte; zip variants (Zip64, compressed, truncated, the pre-1.6
  * format); and hostile pickles made by hand: nesting bombs, huge memo
  * indices and lengths, cycles, tensors reaching past their storage, every
- * prefix of a valid stream. Then the fuzzing corpora replayed through the
+ * prefix of a valid stream; entries whose bytes differ from the CRC-32 the
+ * zip records. Then the fuzzing corpora replayed through the
  * fuzz targets. */
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -17,6 +18,7 @@
 
 #include "../../common/error.h"
 #include "../../formats/torch.h"
+#include "../../formats/torch_write.h"
 #include "../support/fixture.h"
 
 TestSuite(torch, .init = make_dir, .fini = remove_dir, .timeout = 60);
@@ -213,7 +215,7 @@ Test(torch, other_files_are_refused_saying_why)
 
 /* Every truncation of a real archive, and a flipped byte in each of its
  * structures, fails with an error naming the file (or, for a flip in
- * tensor data, opens: the zip has no checksum we check). */
+ * tensor data, opens: tensor data is checked by whoever reads it). */
 Test(torch, damaged_archives_fail_cleanly)
 {
     make_fixtures();
@@ -243,6 +245,97 @@ Test(torch, damaged_archives_fail_cleanly)
         data[at] ^= 0x5a;
     }
     cr_assert_gt(opened, 0);
+}
+
+/* ------------------------------------------------- entries' CRC-32s */
+
+/* {'activation': 'gelu', 'rng': tensor([1., 2., 3., 4.])} written by our
+ * writer, as common.pt holds args and a small tensor. */
+static void write_small_archive(const char *path)
+{
+    torch_writer *w;
+    cr_assert_eq(torch_writer_open(path, "common", &w), TP_OK, "%s", tp_errmsg());
+    byte_buffer *b = torch_writer_pickle(w);
+    pk_dict_begin(b);
+    pk_string(b, "activation");
+    pk_string(b, "gelu");
+    pk_string(b, "rng");
+    int64_t shape[1] = {4};
+    cr_assert_eq(torch_writer_tensor(w, TORCH_FLOAT32, 1, shape), TP_OK, "%s", tp_errmsg());
+    pk_dict_end(b);
+    cr_assert_eq(torch_writer_begin_storages(w), TP_OK, "%s", tp_errmsg());
+    float values[4] = {1, 2, 3, 4};
+    cr_assert_eq(torch_writer_storage(w, values, sizeof values), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(torch_writer_finish(w), TP_OK, "%s", tp_errmsg());
+}
+
+/* XORs the byte at the first occurrence of what (from its start + skip)
+ * in the file with flip. */
+static void flip_at(const char *path, const void *what, size_t n, size_t skip, unsigned char flip)
+{
+    static unsigned char data[1 << 16];
+    FILE *f = fopen(path, "rb");
+    cr_assert(f);
+    size_t size = fread(data, 1, sizeof data, f);
+    fclose(f);
+    unsigned char *at = memmem(data, size, what, n);
+    cr_assert(at, "not in %s", path);
+    at[skip] ^= flip;
+    f = fopen(path, "wb");
+    cr_assert_eq(fwrite(data, 1, size, f), size);
+    fclose(f);
+}
+
+static const pickle_value *only_tensor(const torch_archive *archive)
+{
+    const pickle_value *t = pickle_get(torch_archive_root(archive), "rng");
+    cr_assert(t && t->kind == PICKLE_TENSOR);
+    return t;
+}
+
+/* A flipped byte of data.pkl that leaves a valid pickle ('gelu' read as
+ * 'gelv') is refused at open by the entry's CRC-32, naming the file,
+ * the entry and both values: no reader takes the altered value. */
+Test(torch, a_pickle_that_differs_from_its_crc_is_refused_at_open)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/common.pt", dir);
+    write_small_archive(path);
+    flip_at(path, "gelu", 4, 3, 0x03);
+    torch_archive *archive = NULL;
+    int status = torch_archive_open(path, NULL, &archive);
+    torch_archive_close(archive);
+    cr_assert_eq(status, TP_ERR_CHECKSUM, "opened: %s", status ? tp_errmsg() : "ok");
+    cr_assert(strstr(tp_errmsg(), path) && strstr(tp_errmsg(), "entry common/data.pkl: its ") &&
+              strstr(tp_errmsg(), "have CRC-32 ") && strstr(tp_errmsg(), "the archive records "), "%s", tp_errmsg());
+}
+
+/* A flipped bit of a tensor's storage: the archive opens (its tensors are
+ * checked by whoever reads them), torch_tensor_read_checked and
+ * torch_archive_check refuse it, naming the entry; undamaged, both read. */
+Test(torch, a_storage_that_differs_from_its_crc_is_refused_by_checked_reads)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/common.pt", dir);
+    write_small_archive(path);
+    torch_archive *archive;
+    float got[4];
+    torch_archive_check_result result;
+    cr_assert_eq(torch_archive_open(path, NULL, &archive), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(torch_tensor_read_checked(archive, only_tensor(archive), got, sizeof got), TP_OK, "%s", tp_errmsg());
+    cr_assert(got[0] == 1 && got[3] == 4);
+    cr_assert_eq(torch_archive_check(archive, &result, NULL, NULL), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(result.unchecked, 0);
+    torch_archive_close(archive);
+
+    const float three = 3;
+    flip_at(path, &three, sizeof three, 3, 0x01);
+    cr_assert_eq(torch_archive_open(path, NULL, &archive), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(torch_tensor_read_checked(archive, only_tensor(archive), got, sizeof got), TP_ERR_CHECKSUM);
+    cr_assert(strstr(tp_errmsg(), "entry common/data/0: its 16 bytes have CRC-32 "), "%s", tp_errmsg());
+    cr_assert_eq(torch_archive_check(archive, &result, NULL, NULL), TP_ERR_CHECKSUM);
+    cr_assert(strstr(tp_errmsg(), "entry common/data/0"), "%s", tp_errmsg());
+    torch_archive_close(archive);
 }
 
 /* ------------------------------------------------------ hostile pickles */

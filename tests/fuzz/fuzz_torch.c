@@ -2,8 +2,10 @@
  * container (central directory, Zip64 records, local headers), data.pkl
  * and the tensors' byte ranges. The input is a whole file, opened from
  * memory (a memfd) as a path; every tensor found is read. It must open or
- * fail with an error, never crash, hang or read outside the file. `make
- * fuzz` runs it. */
+ * fail with an error, never crash, hang or read outside the file. A
+ * data.pkl whose bytes differ from its recorded CRC-32 is refused before it
+ * is interpreted (an input recording 0 has none and is interpreted):
+ * fuzz_pickle.c fuzzes the interpreter itself. `make fuzz` runs it. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
