@@ -259,7 +259,7 @@ int main(int argc, char **argv)
     dcp_torch_version dcp_torch = DCP_TORCH_2;
     megatron_core_common mcore_common = MEGATRON_CORE_COMMON_ENTRY;
     int mcore_given = 0;
-    int dcp_torch_given = 0, dcp_dp = 1;
+    int dcp_torch_given = 0, dcp_dp = 1, dcp_dp_given = 0;
     int dry_run = 0, verify = 0, json = 0, force_progress = 0;
     enum { O_TO = 256, O_FROM, O_THREADS, O_MEMORY, O_DEVICE, O_DTYPE, O_COMPRESS, O_NO_OPTIM, O_DRY, O_VERIFY,
            O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES, O_TRUE_VOCAB, O_DCP_TORCH, O_DCP_DP, O_MCORE };
@@ -294,7 +294,10 @@ int main(int argc, char **argv)
             if (megatron_core_release_parse(optarg, &mcore_common)) die_usage("--megatron-core: %s", tp_errmsg());
             mcore_given = 1;
             break;
-        case O_DCP_DP: dcp_dp = (int)cli_int("tp-reshard", "--dcp-dp", optarg, 1, 4096); break;
+        case O_DCP_DP:
+            dcp_dp = (int)cli_int("tp-reshard", "--dcp-dp", optarg, 1, 4096);
+            dcp_dp_given = 1;
+            break;
         case O_TRUE_VOCAB: true_vocab = cli_int("tp-reshard", "--true-vocab-size", optarg, 1, (int64_t)1 << 40); break;
         case O_NAMES: {
             megatron_naming parsed;
@@ -367,7 +370,11 @@ int main(int argc, char **argv)
     }
     /* The output's format (the source's by default) writes it (formats/registry.h). */
     const checkpoint_format *target = output_format ? formats_find(output_format) : format;
-    if (dcp_dp > 1 && strcmp(target->name, "dcp")) die_usage("--dcp-dp applies to a DCP output (--format dcp)");
+    /* An option of another output is an error whatever its value (--dcp-dp 1
+     * too): it was given for an output this is not, and would be ignored. */
+    if (dcp_dp_given && strcmp(target->name, "dcp")) die_usage("--dcp-dp applies to a DCP output (--format dcp)");
+    if (dcp_torch_given && strcmp(target->name, "dcp") && strcmp(target->name, "torch_dist"))
+        die_usage("--dcp-torch applies to a DCP or torch_dist output (--format dcp|torch_dist)");
     if (mcore_given && strcmp(target->name, "torch_dist"))
         die_usage("--megatron-core applies to a torch_dist output (--format torch_dist)");
     /* torch_dist keys are Megatron-Core's whatever the modules: no names to choose (they were ignored). */

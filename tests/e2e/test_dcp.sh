@@ -152,6 +152,12 @@ expect_ok "the FSDP x TP chunks back to tp4pp1, bit-exact" "$RS" "$WORK/gpt.fsdp
     -o "$WORK/gpt.fsdp.tp"
 expect_ok "diff" "$CK" diff "$WORK/gpt" "$WORK/gpt.fsdp.tp"
 expect_error "--dcp-dp without a DCP output" 2 "--dcp-dp applies to a DCP output" "$RS" "$WORK/gpt" --to tp1 --dcp-dp 2
+# An option of another output is refused whatever its value, not ignored.
+expect_error "--dcp-dp 1 without a DCP output" 2 "--dcp-dp applies to a DCP output" "$RS" "$WORK/gpt" --to tp1 --dcp-dp 1 \
+    -o "$WORK/gpt.dp1"
+expect_error "--dcp-torch without a DCP or torch_dist output" 2 "--dcp-torch applies to a DCP or torch_dist output" "$RS" \
+    "$WORK/gpt" --to tp1 --dcp-torch 1.13 -o "$WORK/gpt.torch113"
+check_all "nothing written for either" '[ ! -e "$WORK/gpt.dp1" ] && [ ! -e "$WORK/gpt.torch113" ]'
 expect_ok "--weights-only leaves the optimizer state out" "$RS" "$WORK/gpt" --format dcp --weights-only --to tp1 \
     -o "$WORK/gpt.w"
 check "52 tensors: the parameters" grep -q " 52 tensors in" "$WORK/.out"
