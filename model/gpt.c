@@ -568,6 +568,16 @@ int gpt_config_from_json(const char *json, gpt_config *out)
 {
     memset(out, 0, sizeof *out);
     cJSON *o = cJSON_Parse(json);
+    /* An empty configuration is no damaged one: a checkpoint that another
+     * tool's became under its own names (tp-reshard --format tp of a
+     * Megatron or DCP source) holds no model of this toolkit's, and its
+     * tensors are not this model's (names, a fused QKV's row order). */
+    if (cJSON_IsObject(o) && !o->child) {
+        cJSON_Delete(o);
+        return tp_fail(TP_ERR_FORMAT, "names no model (its model configuration is {}): a conversion of another tool's "
+                       "checkpoint that kept its tensor names (tp-reshard --format tp of a Megatron-LM, Megatron-Core "
+                       "or DCP one) is not this model's; tp-ckpt import converts a Megatron checkpoint into it");
+    }
     int status = TP_OK;
     struct {
         const char *key;

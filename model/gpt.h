@@ -67,7 +67,8 @@ int gpt_config_check(const gpt_config *config, int tp, int pp);
 struct cJSON;
 struct cJSON *gpt_rope_scaling_json(const gpt_config *config, struct cJSON *parent);
 
-/* The configuration as a JSON object (malloc'ed; NULL without memory), and back. */
+/* The configuration as a JSON object (malloc'ed; NULL without memory), and
+ * back: {} (a checkpoint that names no model) fails saying so. */
 char *gpt_config_to_json(const gpt_config *config);
 int gpt_config_from_json(const char *json, gpt_config *out);
 

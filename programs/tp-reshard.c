@@ -183,6 +183,19 @@ static int verify_written(ckpt_reader *source, const char *out, const checkpoint
     return code;
 }
 
+/* This toolkit's format written from a source that names no model of its
+ * own (another tool's, its tensors under that tool's names and layout):
+ * said, since the output looks like a checkpoint tp-train takes and is not
+ * one (tp-train refuses it: gpt_config_from_json). */
+static void print_no_model_note(formats_source *opened, const checkpoint_format *target, const char *out)
+{
+    const char *model = ckpt_reader_state(formats_source_reader(opened))->model_json;
+    if (strcmp(target->name, "tp") || (model && strcmp(model, "{}"))) return;
+    int megatron = formats_source_megatron(opened) || formats_source_megatron_dist(opened);
+    printf("note: %s names no model: its tensors keep the source's names and layout, so tp-train neither resumes nor "
+           "evaluates it%s\n", out, megatron ? "; tp-ckpt import converts a Megatron checkpoint for tp-train" : "");
+}
+
 /* Plans the output (--dry-run stops there), writes it (a URL locally, then
  * uploaded), verifies it when asked, and says what was done. */
 static int convert(formats_source *opened, const checkpoint_format *format, formats_write_options *options,
@@ -240,6 +253,7 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
                    ckpt_reader_path(source), from, out, s->target, s->contents, written, seconds, gbps,
                    s->device[0] ? ", " : "", s->device, peak);
             if (verify) print_verified(&checked, verify_seconds);
+            print_no_model_note(opened, format, out);
         }
     }
     formats_write_plan_free(plan);

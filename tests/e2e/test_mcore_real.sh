@@ -189,4 +189,21 @@ expect_error "a flipped bit in common.pt's tensor: carrying it over refuses it, 
     "$RS" "$WORK/badtensor" --to tp1 -o "$WORK/badtensor.td"
 check "nothing written" [ ! -e "$WORK/badtensor.td" ]
 
+# torch_dist written as this toolkit's format keeps Megatron's names and
+# its QKV's row order: no model of tp-train's. Said when written; tp-train
+# and export refuse it naming the reason and the conversion that makes one
+# (before: "model config: 'layers' missing").
+mkdir "$WORK/mrun"
+expect_ok "torch_dist -> this format in a run directory" "$RS" "$WORK/mcore-0.18/ckpt/gpt_tp2pp1" --format tp \
+    --to tp1pp1 -o "$WORK/mrun/step_00000010"
+check "it says the output names no model, and what converts one for tp-train" grep -q \
+    "^note: .*mrun/step_00000010 names no model: .*; tp-ckpt import converts a Megatron checkpoint for tp-train" \
+    "$WORK/.out"
+seq 1 400 | tr '\n' ' ' >"$WORK/text.txt"
+expect_ok "tokens to evaluate on" "$BIN/tp-train" prepare "$WORK/text.txt" -o "$WORK/tokens.bin"
+expect_error "tp-train eval refuses it, saying it names no model" 1 \
+    "mrun/step_00000010: names no model \(its model configuration is \{\}\).*tp-ckpt import converts" \
+    "$BIN/tp-train" eval --ckpt "$WORK/mrun" --data "$WORK/tokens.bin" --windows 2
+expect_error "tp-ckpt export too" 1 "mrun/step_00000010: names no model" "$CK" export "$WORK/mrun/step_00000010" \
+    --format safetensors -o "$WORK/mrun.st"
 finish

@@ -279,6 +279,11 @@ Test(options, llama_flags_and_json)
                                       &back),
                  TP_OK);
     cr_assert_eq(back.arch, GPT_ARCH_GPT);
+    /* A checkpoint that names no model ({}: another tool's, converted under
+     * its own names) is told as such, with the conversion that makes one. */
+    cr_assert_eq(gpt_config_from_json("{}", &back), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "names no model (its model configuration is {})") &&
+                  strstr(tp_errmsg(), "tp-ckpt import"), "%s", tp_errmsg());
     /* Refusals name what is wrong. */
     gpt_options o = {0};
     cr_assert_eq(gpt_options_set(&o, "model", "tiny"), TP_OK);
