@@ -280,11 +280,25 @@ static int generate_command(int argc, char **argv)
     if (optind != argc) die_usage("generate: unexpected argument '%s'", argv[optind]);
     if (!o.ckpt || !o.prompt) die_usage("generate needs --ckpt CKPT and --prompt TEXT");
     if (!o.prompt[0]) die_usage("generate: --prompt is empty: give at least one byte to continue");
+    /* One process writes the text: under mpirun every rank wrote its own
+     * into one stream, interleaved. */
+    int world = comm_mpi_world_size(&argc, &argv);
+    if (world > 1) {
+        if (comm_mpi_rank() == 0)
+            fprintf(stderr, "tp-train: generate runs as one process (it was started as %d ranks): start it without "
+                    "mpirun (see tp-train generate --help)\n", world);
+        comm_mpi_finalize();
+        return 2;
+    }
     int refused = refuse_foreign_ckpt("generate", o.ckpt);
-    if (refused) return refused;
+    if (refused) {
+        comm_mpi_finalize();
+        return refused;
+    }
     o.warn = warn_always;
-    if (generate_run(&o, stdout)) return fail("%s", tp_errmsg());
-    return 0;
+    int code = generate_run(&o, stdout) ? fail("%s", tp_errmsg()) : 0;
+    comm_mpi_finalize();
+    return code;
 }
 
 /* --------------------------------------------------------------- training */

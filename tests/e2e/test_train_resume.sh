@@ -136,6 +136,13 @@ run mpi_train 2 eval --ckpt "$WORK/dist" --data "$WORK/tokens.bin" --tp 2
 check_all "eval of a torch_dist checkpoint under mpirun: exit 2, rank 0 alone says it (exit $RC)" \
     '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: --ckpt" "$WORK/.err")" -eq 1 ] && grep -Eq \
     -- "--ckpt .*/dist is a Megatron-Core distributed checkpoint \(metadata.json\), .*tp-ckpt import .*/dist" "$WORK/.err"'
+run mpi_train 2 generate --ckpt "$WORK/relayout/step_00000010" --prompt hello --tokens 5
+check_all "generate under mpirun: refused by rank 0 alone, no text (each rank wrote its own, interleaved; exit $RC)" \
+    '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: generate runs as one process (it was started as 2 ranks)" \
+    "$WORK/.err")" -eq 1 ] && ! grep -q hello "$WORK/.out"'
+expect_ok "generate under mpirun with one rank" mpi_train 1 generate --ckpt "$WORK/relayout/step_00000010" \
+    --prompt hello --tokens 5
+check "writes the prompt and its continuation" grep -q "^hello" "$WORK/.out"
 expect_error "generate with an empty prompt: a usage error" 2 "--prompt is empty" \
     "$TRAIN" generate --ckpt "$WORK/relayout/step_00000010" --prompt ""
 expect_ok "the DCP converted as the refusal says" "$BIN/tp-reshard" "$WORK/dcp" --to tp1pp1 --format tp -o "$WORK/dcp-tp"
