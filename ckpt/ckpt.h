@@ -691,6 +691,12 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
                          const char *const *descriptions, int count, ckpt_run_claim *claim, int update_latest,
                          int64_t *bytes);
 
+/* Whether a tool's output may be written at target, local or remote, as
+ * its writing will decide: nothing there, or replace and may_replace (NULL
+ * accepts nothing) accepting what is there. For a plan that writes
+ * nothing (--dry-run), so that it fails as the real run would. */
+int ckpt_output_check(const char *target, int replace, store_replace_check may_replace, void *ctx);
+
 /* A tool's output at target: a local target is written where it is
  * (local = target; its writer stages it and asks its own replace check);
  * a remote one (refused at once when something is there and not replace,

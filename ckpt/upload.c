@@ -78,7 +78,7 @@ void ckpt_upload_options_init(ckpt_upload_options *options)
 /* The rule of every remote output, asked before any work: nothing may be
  * at target unless replace, and then only what may_replace (the writer's
  * own check of a local target; NULL accepts nothing) accepts. */
-static int remote_target_check(const store_ops *store, const char *target, int replace,
+static int output_target_check(const store_ops *store, const char *target, int replace,
                                store_replace_check may_replace, void *ctx)
 {
     store_stat st;
@@ -166,7 +166,7 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
     /* The output rule, as for every tool's remote output: a location that
      * holds anything (a run directory, another tool's files) is refused
      * without --force, and with it replaced only when it is a checkpoint. */
-    TP_TRY(remote_target_check(store, url, replace, ckpt_may_replace_checkpoint, NULL));
+    TP_TRY(output_target_check(store, url, replace, ckpt_may_replace_checkpoint, NULL));
     char local_index[CKPT_PATH_MAX], remote_index[CKPT_PATH_MAX];
     TP_TRY(tp_path_join(local_index, local_dir, CKPT_INDEX_NAME));
     TP_TRY(tp_path_join(remote_index, url, CKPT_INDEX_NAME));
@@ -395,6 +395,13 @@ int ckpt_local_dir_for(const char *url, const char *purpose, char *out, size_t o
     return TP_OK;
 }
 
+int ckpt_output_check(const char *target, int replace, store_replace_check may_replace, void *ctx)
+{
+    const store_ops *store;
+    TP_TRY(store_for(target, &store));
+    return output_target_check(store, target, replace, may_replace, ctx);
+}
+
 int ckpt_output_begin(const char *target, int replace, store_replace_check may_replace, void *ctx, char *local,
                       size_t local_size)
 {
@@ -405,7 +412,7 @@ int ckpt_output_begin(const char *target, int replace, store_replace_check may_r
     }
     const store_ops *store;
     TP_TRY(store_for(target, &store));
-    TP_TRY(remote_target_check(store, target, replace, may_replace, ctx));
+    TP_TRY(output_target_check(store, target, replace, may_replace, ctx));
     /* Written here first, committed, then uploaded: a private directory. */
     char owner[128], dir[CKPT_PATH_MAX];
     TP_TRY(store_staging_owner(owner, sizeof owner));

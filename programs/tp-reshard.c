@@ -216,6 +216,11 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
     char default_out[4200];
     out = output_path(out, formats_source_name(opened), &s->to, default_out, sizeof default_out);
     if (dry_run) {
+        /* The plan of a run that would be refused is refused as that run. */
+        if (ckpt_output_check(out, options->reshard.overwrite, format->writer->may_replace, NULL)) {
+            formats_write_plan_free(plan);
+            return fail("%s", tp_errmsg());
+        }
         if (json) print_json(plan_json(s, source, out));
         else print_plan(s, source, out);
         formats_write_plan_free(plan);

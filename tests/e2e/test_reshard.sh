@@ -99,6 +99,16 @@ check "dry run writes nothing" [ ! -e "$WORK/dry" ]
 check "dry run shows the plan" grep -q "read .* from the source" "$WORK/.out"
 expect_ok "--dry-run --json" "$RS" "$WORK/src" --to tp4pp1 -o "$WORK/dry" --dry-run --json
 check "plan as json" "$PY" -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["files"] == 4 and j["bytes_read"] > 0' "$WORK/.out"
+# A plan for an output the run would refuse is refused as the run (it
+# printed the plan, exit 0).
+mkdir "$WORK/occupied" && touch "$WORK/occupied/notes.txt"
+expect_error "--dry-run onto an existing output: refused as without it" 1 "occupied exists already \(--force" \
+    "$RS" "$WORK/src" --to tp4pp1 -o "$WORK/occupied" --dry-run
+expect_error "--dry-run --force onto a directory that is no checkpoint: refused" 1 \
+    "occupied holds 'notes.txt', which is not part of a checkpoint" \
+    "$RS" "$WORK/src" --to tp4pp1 -o "$WORK/occupied" --dry-run --force
+check "and nothing was touched" [ "$(ls "$WORK/occupied")" = notes.txt ]
+expect_ok "--dry-run --force onto a checkpoint: its plan" "$RS" "$WORK/src" --to tp4pp1 -o "$WORK/b16" --dry-run --force
 expect_ok "default output name" "$RS" "$WORK/src" --to tp2pp1
 check "output beside the input, named after the layout" [ -f "$WORK/src_tp2pp1/index.json" ]
 expect_ok "--progress draws a bar" "$RS" "$WORK/src" --to tp2pp2 -o "$WORK/p" --progress
