@@ -601,8 +601,10 @@ static int read_view(const gpt_model *m, ckpt_reader *r, const char *name, const
 }
 
 /* The checkpoint at path opened on the first replica (r), with the model
- * it holds checked against this run's. */
-static int open_for_load(const gpt_model *m, const char *path, const char *index_text, ckpt_reader **r)
+ * it holds checked against this run's (*other_model when it differs: the
+ * checkpoint is whole, the run's flags are not its model's). */
+static int open_for_load(const gpt_model *m, const char *path, const char *index_text, ckpt_reader **r,
+                         int *other_model)
 {
     ckpt_read_options options;
     ckpt_read_options_init(&options);
@@ -613,6 +615,7 @@ static int open_for_load(const gpt_model *m, const char *path, const char *index
     int status = gpt_config_from_json(ckpt_reader_state(*r)->model_json, &config);
     if (status) return tp_fail_context(status, "%s", path);
     if (same_model(&config, &m->config)) return TP_OK;
+    *other_model = 1;
     const gpt_config *ours = &m->config;
     return tp_fail(TP_ERR_ARG,
                    "%s holds another model: layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld, this run "
@@ -701,18 +704,20 @@ static int load_units(gpt_model *m, ckpt_reader *r, const char *path, const tens
  * b's buffers; with ZeRO-3 every rank of each group takes its shard unit by
  * unit (load_units). Returns a failure of the first replica's reading (the
  * others return TP_OK): the checkpoint is unusable. *handing_out is a
- * failure to hand ZeRO-3's units out, which no other checkpoint mends. */
+ * failure to hand ZeRO-3's units out, which no other checkpoint mends;
+ * *other_model says the checkpoint holds another model than the run's. */
 static int load_one(gpt_model *m, const char *path, const char *index_text, const tensor_map *map, load_buffers *b,
-                    load_result *out, int *handing_out)
+                    load_result *out, int *handing_out, int *other_model)
 {
     *handing_out = TP_OK;
+    *other_model = 0;
     /* Only the first data-parallel replica reads; the others get its values
      * over their group (a store sees each piece read once, not dp times:
      * docs/SCALE.md). */
     int root = m->comm->dp_rank == 0;
     if (!root && m->zero != 3) return TP_OK;
     ckpt_reader *r = NULL;
-    int status = root ? open_for_load(m, path, index_text, &r) : TP_OK, missing_optimizer = 0;
+    int status = root ? open_for_load(m, path, index_text, &r, other_model) : TP_OK, missing_optimizer = 0;
     if (m->zero == 3) *handing_out = load_units(m, r, path, map, b, &status, &missing_optimizer);
     for (int i = 0; i < m->num_params && m->zero != 3 && !status; i++) {
         param_view *v = &m->params[i];
@@ -854,8 +859,8 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         status = shared_index_text(c, list[k].path, &index_text, &failed);
         if (status) break;
         memset(out, 0, sizeof *out);
-        int handing_out = TP_OK, any_handing_out;
-        if (!failed) failed = load_one(m, list[k].path, index_text, &map, &b, out, &handing_out);
+        int handing_out = TP_OK, any_handing_out, other_model = 0, any_other_model;
+        if (!failed) failed = load_one(m, list[k].path, index_text, &map, &b, out, &handing_out, &other_model);
         free(index_text);
         if (failed) snprintf(message, sizeof message, "%s", tp_errmsg());
         int any_failed;
@@ -865,6 +870,12 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         if (!status && any_handing_out)
             status = handing_out ? handing_out
                                  : tp_fail(TP_ERR_COMM, "another rank failed to hand out %s's state", list[k].path);
+        /* Nor is another model: an older checkpoint of the run holds it too,
+         * or, worse, one that matches the flags by chance would be taken. */
+        if (!status) status = comm_any(c, other_model, &any_other_model);
+        if (!status && any_other_model)
+            status = tp_fail(TP_ERR_ARG, "%s: resume with the model flags it was trained with (tp-ckpt info %s "
+                             "shows them), or give another --ckpt-dir for a new model", message, list[k].path);
         if (!status && !any_failed) {
             status = share_over_replicas(m, with_optimizer, b.moments, out);
             int optimizer = out->optimizer_loaded ? 0 : 1, missing;

@@ -706,8 +706,10 @@ expect_error "--share-gpus with --device auto" 2 "--share-gpus applies to --devi
     --device auto
 expect_error "--resume without --ckpt-dir" 2 "resume.*ckpt-dir" "$TRAIN" $TINY --resume
 run "$TRAIN" $TINY --dim 128 --steps 22 --ckpt-dir "$WORK/run" --resume
-check_all "resume with another model shape: refused, both shapes named" '[ "$RC" -eq 1 ] &&
-    tail -n 1 "$WORK/.err" | grep -q "^tp-train: error: .*holds another model: .*dim 64 .*this run has .*dim 128"'
+check_all "resume with another model shape: refused at the newest checkpoint, both shapes named, no fallback" \
+    '[ "$RC" -eq 1 ] && [ "$(wc -l <"$WORK/.err")" -eq 1 ] &&
+    grep -q "^tp-train: error: .*holds another model: .*dim 64 .*this run has .*dim 128 .*: resume with the model flags" \
+    "$WORK/.err" && ! grep -q "unusable\|falling back\|no intact" "$WORK/.err"'
 mpi_error "ranks != tp x pp x dp" "tp 2 x --pp 2 x --dp 1 = 4 ranks, but 3" 3 $TINY --tp 2 --pp 2 --dp 1
 mpi_error "heads not divisible by tp" "heads 4 is not divisible by tp 3" 3 $TINY --tp 3
 mpi_error "layers not divisible by pp" "layers 3 is not divisible by pp 2" 2 $TINY --layers 3 --pp 2
