@@ -514,6 +514,17 @@ check "text: one rank -> dp2 has the straight losses (1e-4)" \
     losses_match "$WORK/text-split.jsonl" "$WORK/text-straight.jsonl" 1e-4
 printf 'not a token file, but long enough to have a header of 1024 bytes %01024d' 0 >"$WORK/bad.bin"
 expect_error "a file that is not a token file" 1 "bad.bin.*(magic|header)" "$TRAIN" $TINY --data "$WORK/bad.bin"
+# A token file holding no token, and one holding one: said so (it was "the
+# file holds 0 (truncated?)").
+for n in 0 1; do
+    "$PY" -c 'import struct, sys
+n = int(sys.argv[2]); header = [20240520, 1, n] + [0] * 253
+open(sys.argv[1], "wb").write(struct.pack("<256i", *header) + b"\x41\x00" * n)' "$WORK/short$n.bin" $n
+done
+expect_error "a token file of no token" 1 "short0.bin: holds 0 tokens; a token file needs at least 2" \
+    "$TRAIN" $TINY --data "$WORK/short0.bin"
+expect_error "a token file of one token" 1 "short1.bin: holds 1 token; a token file needs at least 2" \
+    "$TRAIN" $TINY --data "$WORK/short1.bin"
 expect_error "no file matches --data" 1 "nothing.*bin" "$TRAIN" $TINY --data "$WORK/nothing*.bin"
 expect_error "token ids beyond the vocabulary" 1 "tokens_0.bin.*vocab" "$TRAIN" $TINY --vocab 64 --data "$WORK/tokens_0.bin"
 
