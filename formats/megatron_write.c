@@ -962,14 +962,24 @@ int megatron_check_layout(const megatron_config *c, const ckpt_layout *to, megat
 {
     if (c->num_layers % to->pp)
         return tp_fail(TP_ERR_LAYOUT, "%lld layers do not divide over pp %d", (long long)c->num_layers, to->pp);
-    /* Megatron-Core also takes fewer query groups than ranks, a divisor. */
+    /* Megatron-Core also takes fewer query groups than ranks, a divisor:
+     * the tp/groups ranks sharing a group then cut its rows, its query
+     * heads and its key and value heads, evenly. */
+    int shared = naming >= MEGATRON_NAMES_CORE && to->tp % c->query_groups == 0 && c->heads % to->tp == 0;
     int groups_split = c->query_groups % to->tp == 0 ||
-                       (naming >= MEGATRON_NAMES_CORE && to->tp % c->query_groups == 0 && c->heads % to->tp == 0 &&
-                        (c->heads / c->query_groups + 2) % (to->tp / c->query_groups) == 0);
-    if (c->heads % to->tp || !groups_split || c->ffn % to->tp)
-        return tp_fail(TP_ERR_LAYOUT, "%lld heads in %lld query groups and ffn %lld do not divide over tp %d (Megatron's "
-                       "legacy model needs the query groups to, Megatron-Core the groups or tp to divide the other)",
-                       (long long)c->heads, (long long)c->query_groups, (long long)c->ffn, to->tp);
+                       (shared && (c->heads / c->query_groups + 2) % (to->tp / c->query_groups) == 0);
+    if (c->heads % to->tp || c->ffn % to->tp)
+        return tp_fail(TP_ERR_LAYOUT, "%lld heads and ffn %lld do not both divide over tp %d", (long long)c->heads,
+                       (long long)c->ffn, to->tp);
+    if (!groups_split && shared)
+        return tp_fail(TP_ERR_LAYOUT, "%lld query groups over tp %d: the %d ranks sharing a group cannot cut its %lld "
+                       "heads' rows (%lld query heads and its key and value) evenly", (long long)c->query_groups,
+                       to->tp, to->tp / (int)c->query_groups, (long long)(c->heads / c->query_groups + 2),
+                       (long long)(c->heads / c->query_groups));
+    if (!groups_split)
+        return tp_fail(TP_ERR_LAYOUT, "%lld query groups do not divide over tp %d (Megatron's legacy model needs the "
+                       "query groups to, Megatron-Core the groups or tp to divide the other)", (long long)c->query_groups,
+                       to->tp);
     if (!c->true_vocab && c->padded_vocab % (c->vocab_divisible_by * to->tp))
         return tp_fail(TP_ERR_LAYOUT, "the padded vocabulary of %lld rows is not a multiple of %lld x tp %d, as Megatron "
                        "pads for tp %d; --true-vocab-size N (the tokenizer's size) lets it be padded again",

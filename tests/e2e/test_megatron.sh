@@ -317,7 +317,7 @@ expect_ok "and back to tp4pp1" "$RS" "$WORK/q_tp2" --to tp4pp1 -o "$WORK/q_tp4" 
 expect_ok "torch.load: tp4 merges to PyTorch's" "$PY" "$FIXTURE" --verify "$WORK/q_tp4" --full "$WORK/q.full.pt"
 expect_error "the legacy names cannot hold fewer groups than ranks" 1 "Megatron-Core the groups or tp to divide" "$RS" \
     "$WORK/q" --to tp4 --megatron-names legacy -o "$WORK/never"
-expect_error "nor can Megatron-Core cut a group's rows in the middle of a head" 1 "do not divide over tp 8" "$RS" "$WORK/q" \
+expect_error "nor can Megatron-Core cut a group's rows in the middle of a head" 1 "2 query groups over tp 8: the 4 ranks sharing a group cannot cut its 6 heads' rows \(4 query heads and its key and value\) evenly" "$RS" "$WORK/q" \
     --to tp8 -o "$WORK/never"
 check "nothing was written for refused runs" test ! -e "$WORK/never"
 
