@@ -2,7 +2,8 @@
  * tree of about 40 bytes of memory per byte of input for an array of small
  * numbers; files are limited in size by their readers, and parsing may
  * allocate at most TP_JSON_MEMORY_PER_BYTE bytes per byte of text (plus a
- * MiB), so a crafted file costs memory in proportion to a real one. Numbers
+ * MiB), so a crafted file costs memory in proportion to a real one. A key
+ * twice in one object is refused: readers disagree on its value. Numbers
  * printed into JSON by hand are null when not finite. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -53,6 +54,51 @@ static int64_t first_nul(const char *text, size_t length)
         i++;
     }
     return -1;
+}
+
+static int by_string(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first key that an object under node holds twice, as its path
+ * ("rope_scaling.factor", "layers[2].name") into path; 1 when there is one,
+ * 0 when none, -1 out of memory. cJSON keeps both members and its lookups
+ * find the first, where Python's json (and so transformers) keeps the last:
+ * the same file would mean two things. Objects are checked by sorting their
+ * names (a safetensors header holds 100,000). */
+static int duplicate_key(const cJSON *node, char *path, size_t size, size_t at)
+{
+    if (!cJSON_IsObject(node) && !cJSON_IsArray(node)) return 0;
+    int n = cJSON_GetArraySize(node), found = 0;
+    if (cJSON_IsObject(node) && n > 1) {
+        const char **names = malloc((size_t)n * sizeof *names);
+        if (!names) return -1;
+        int k = 0;
+        const cJSON *child;
+        cJSON_ArrayForEach(child, node) names[k++] = child->string;
+        qsort(names, (size_t)n, sizeof *names, by_string);
+        for (int i = 1; i < n && !found; i++)
+            if (strcmp(names[i - 1], names[i]) == 0) {
+                snprintf(path + at, size - at, "%s%s", at ? "." : "", names[i]);
+                found = 1;
+            }
+        free(names);
+        if (found) return 1;
+    }
+    int index = 0;
+    const cJSON *child;
+    cJSON_ArrayForEach(child, node)
+    {
+        int written = cJSON_IsObject(node) ? snprintf(path + at, size - at, "%s%s", at ? "." : "", child->string)
+                                           : snprintf(path + at, size - at, "[%d]", index);
+        size_t next = written < 0 || (size_t)written >= size - at ? size - 1 : at + (size_t)written;
+        int deeper = duplicate_key(child, path, size, next);
+        if (deeper) return deeper;
+        index++;
+    }
+    path[at] = '\0';
+    return 0;
 }
 
 /* How many values cJSON would allocate a node of 64 bytes for, at most: one
@@ -111,6 +157,15 @@ int tp_json_parse(const char *text, size_t length, const char *what, struct cJSO
         cJSON_Delete(value);
         return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object%s (damaged or truncated?)", what,
                        value ? ": text follows it" : "");
+    }
+    char key[512] = "";
+    int twice = duplicate_key(value, key, sizeof key, 0);
+    if (twice) {
+        cJSON_Delete(value);
+        if (twice < 0) return tp_fail(TP_ERR_NOMEM, "%s: out of memory checking its JSON for duplicate keys", what);
+        return tp_fail(TP_ERR_FORMAT, "%s: key %s appears twice: JSON readers differ on which value counts "
+                       "(Python's json, so transformers, takes the last, this toolkit the first); remove one",
+                       what, key);
     }
     *out = value;
     return TP_OK;

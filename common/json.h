@@ -1,7 +1,8 @@
 /* json.h: JSON that comes from files (objects, all of them), parsed within
  * bounds, and numbers written as JSON by hand (printf'ed lines): parsing may allocate at most TP_JSON_MEMORY_PER_BYTE bytes per
  * byte of text, plus a MiB (a real file needs a few; cJSON takes 40 for an
- * array of small numbers), and only white space may follow the value.
+ * array of small numbers), only white space may follow the value, and no
+ * object holds a key twice.
  * Every library that reads JSON from a file parses it here. */
 #ifndef TP_JSON_H
 #define TP_JSON_H
@@ -14,7 +15,8 @@ struct cJSON;
 
 /* Parses length bytes of text into *out (cJSON_Delete frees it); a
  * tp_status, errors naming `what` (a NUL inside, too much memory, not one
- * JSON value, text after it). */
+ * JSON value, text after it, a key twice in one object: named by its path,
+ * since cJSON reads the first value and Python's json the last). */
 int tp_json_parse(const char *text, size_t length, const char *what, struct cJSON **out);
 
 /* Bytes tp_json_number may write, its NUL included. */

@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../common/error.h"
@@ -45,4 +46,51 @@ Test(json_number, a_line_of_them_parses)
     cr_assert(cJSON_IsNull(cJSON_GetObjectItem(o, "loss")));
     cr_assert_float_eq(cJSON_GetObjectItem(o, "grad_norm")->valuedouble, 2.5, 0);
     cJSON_Delete(o);
+}
+
+/* A key twice in one object is read as the first value by cJSON and as the
+ * last by Python's json (so by transformers): config.json's
+ * "rope_theta": 10000, "rope_theta": 500000 computed another model than the
+ * one imported. Refused at any depth, naming the key by its path; the same
+ * name in two objects is no duplicate. */
+Test(json_parse, a_key_twice_in_one_object_is_refused_naming_it)
+{
+    static const struct {
+        const char *text, *key;
+    } twice[] = {
+        {"{\"rope_theta\": 10000, \"n\": 1, \"rope_theta\": 500000}", "key rope_theta appears twice"},
+        {"{\"rope_scaling\": {\"factor\": 8, \"factor\": 32}}", "key rope_scaling.factor appears twice"},
+        {"{\"a\": [1, {\"x\": 1}, {\"y\": 2, \"y\": 3}]}", "key a[2].y appears twice"},
+        {"{\"__metadata__\": {\"format\": \"pt\", \"format\": \"tf\"}, \"t\": {}}", "key __metadata__.format appears twice"},
+    };
+    for (size_t i = 0; i < sizeof twice / sizeof twice[0]; i++) {
+        cJSON *o = NULL;
+        cr_assert_eq(tp_json_parse(twice[i].text, strlen(twice[i].text), "config.json", &o), TP_ERR_FORMAT, "%s",
+                     twice[i].text);
+        cr_assert_null(o);
+        cr_assert(strstr(tp_errmsg(), "config.json: ") && strstr(tp_errmsg(), twice[i].key), "%s: %s", twice[i].text,
+                  tp_errmsg());
+    }
+    const char *apart = "{\"a\": {\"x\": 1}, \"b\": {\"x\": 2}, \"c\": [{\"x\": 3}, {\"x\": 4}], \"x\": 5}";
+    cJSON *o = NULL;
+    cr_assert_eq(tp_json_parse(apart, strlen(apart), "apart", &o), TP_OK, "%s", tp_errmsg());
+    cJSON_Delete(o);
+}
+
+/* Many keys (a safetensors header holds 100,000 tensors): the duplicate is
+ * found wherever it is. */
+Test(json_parse, a_duplicate_among_many_keys_is_found)
+{
+    size_t size = 4000 * 16 + 64, at = 0;
+    char *text = malloc(size);
+    at += (size_t)snprintf(text + at, size - at, "{");
+    for (int k = 0; k < 4000; k++) at += (size_t)snprintf(text + at, size - at, "\"t%d\":%d,", k, k);
+    snprintf(text + at, size - at, "\"t1234\":0}");
+    cJSON *o = NULL;
+    cr_assert_eq(tp_json_parse(text, strlen(text), "header", &o), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "key t1234 appears twice"), "%s", tp_errmsg());
+    text[at - 1] = '}'; /* without the last member: 4000 distinct keys */
+    cr_assert_eq(tp_json_parse(text, at, "header", &o), TP_OK, "%s", tp_errmsg());
+    cJSON_Delete(o);
+    free(text);
 }
