@@ -310,6 +310,14 @@ static int config_int(const cJSON *o, const char *where, const char *key, int64_
     return TP_OK;
 }
 
+/* What a JSON value is, for a message saying it is not what was expected
+ * ("1e-5" in quotes read as NaN and was reported as a wrong number). */
+static const char *json_kind(const cJSON *v)
+{
+    return !v ? "missing" : cJSON_IsString(v) ? "a string" : cJSON_IsBool(v) ? "a boolean" : cJSON_IsNull(v) ? "null"
+         : cJSON_IsArray(v) ? "an array" : cJSON_IsObject(v) ? "an object" : "a number";
+}
+
 static int config_number(const cJSON *o, const char *where, const char *key, double fallback, double *out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -317,8 +325,10 @@ static int config_number(const cJSON *o, const char *where, const char *key, dou
         *out = fallback;
         return TP_OK;
     }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return tp_fail(TP_ERR_FORMAT, "%s: '%s' missing or not a number", where, key);
+    if (!cJSON_IsNumber(v))
+        return tp_fail(TP_ERR_FORMAT, "%s: '%s' is %s, not a number", where, key, json_kind(v));
+    if (!isfinite(v->valuedouble))
+        return tp_fail(TP_ERR_FORMAT, "%s: '%s' is not a finite number", where, key);
     *out = v->valuedouble;
     return TP_OK;
 }
@@ -366,6 +376,11 @@ static int llama_hf_config_parse(const cJSON *o, const char *where, gpt_config *
             return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling of type %s: Llama 3's (llama3) is computed", where,
                            cJSON_IsString(type) ? type->valuestring : "(none)");
         TP_TRY(config_number(r, where, "factor", 0, &c->rope_scaling_factor));
+        /* This toolkit's factor 0 means no scaling (gpt_config): a factor 0
+         * given was imported unscaled, where -2 was refused. */
+        if (!(c->rope_scaling_factor >= 1))
+            return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling factor %g: expected factor >= 1 (rope_scaling null for "
+                           "none)", where, c->rope_scaling_factor);
         TP_TRY(config_number(r, where, "low_freq_factor", 0, &c->rope_low_freq_factor));
         TP_TRY(config_number(r, where, "high_freq_factor", 0, &c->rope_high_freq_factor));
         TP_TRY(config_int(r, where, "original_max_position_embeddings", 0, &c->rope_original_seq));
@@ -423,9 +438,12 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c)
         status = tp_fail(TP_ERR_FORMAT, "%s: activation_function %s: tp-train computes GELU's tanh form (gelu_new) only",
                          where, cJSON_IsString(v) ? v->valuestring : "(not a string)");
     v = cJSON_GetObjectItemCaseSensitive(o, "layer_norm_epsilon");
-    if (!status && v && (!cJSON_IsNumber(v) || fabs(v->valuedouble - 1e-5) > 1e-12))
+    if (!status && v && !cJSON_IsNumber(v))
+        status = tp_fail(TP_ERR_FORMAT, "%s: layer_norm_epsilon is %s, not a number (tp-train's layer norm uses 1e-5)",
+                         where, json_kind(v));
+    else if (!status && v && fabs(v->valuedouble - 1e-5) > 1e-12)
         status = tp_fail(TP_ERR_FORMAT, "%s: layer_norm_epsilon %g: tp-train's layer norm uses 1e-5", where,
-                         cJSON_IsNumber(v) ? v->valuedouble : NAN);
+                         v->valuedouble);
     struct {
         const char *key;
         int required; /* the value tp-train's model has */

@@ -377,3 +377,49 @@ Test(interop, llama_config_json_both_ways)
                   TP_OK);
     cr_assert(strstr(tp_errmsg(), "c.json: mlp_bias must be false"), "%s", tp_errmsg());
 }
+
+#define LLAMA_KEYS                                                                                                    \
+    "\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, \"num_attention_heads\": 4, "         \
+    "\"intermediate_size\": 96, \"vocab_size\": 50, \"max_position_embeddings\": 16"
+
+/* A llama3 rope_scaling factor below 1 is refused, 0 as -2: this toolkit
+ * stores 0 for "no scaling", so a factor 0 was imported as an unscaled
+ * model. */
+Test(interop, llama3_rope_factor_below_one_is_refused)
+{
+    const char *factors[] = {"0", "-2", "0.5"};
+    for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++) {
+        char json[1024];
+        snprintf(json, sizeof json,
+                 "{" LLAMA_KEYS ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %s, \"low_freq_factor\": 1, "
+                 "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}}",
+                 factors[i]);
+        gpt_config c;
+        cr_assert_eq(gpt_hf_config_parse(json, "c.json", &c), TP_ERR_FORMAT, "factor %s: %s", factors[i], tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), "c.json: rope_scaling factor") && strstr(tp_errmsg(), "expected factor >= 1"),
+                  "factor %s: %s", factors[i], tp_errmsg());
+    }
+}
+
+/* A number given as a string is said to be one, not reported as nan. */
+Test(interop, a_number_given_as_a_string_is_named_a_string)
+{
+    gpt_config c;
+    const char *gpt2 = "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"vocab_size\": 50, "
+                       "\"n_positions\": 16, \"layer_norm_epsilon\": \"1e-5\"}";
+    cr_assert_eq(gpt_hf_config_parse(gpt2, "c.json", &c), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "c.json: layer_norm_epsilon is a string, not a number"), "%s", tp_errmsg());
+    cr_assert_eq(gpt_hf_config_parse("{" LLAMA_KEYS ", \"rms_norm_eps\": \"1e-5\"}", "c.json", &c), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "c.json: 'rms_norm_eps' is a string, not a number"), "%s", tp_errmsg());
+}
+
+/* "rope_theta": 10000, "rope_theta": 500000: cJSON read the first, Python's
+ * json (transformers) the last; refused, naming the key. */
+Test(interop, a_config_key_given_twice_is_refused)
+{
+    gpt_config c;
+    cr_assert_eq(gpt_hf_config_parse("{" LLAMA_KEYS ", \"rope_theta\": 10000, \"rope_theta\": 500000}", "c.json", &c),
+                 TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "c.json: key rope_theta appears twice"), "%s", tp_errmsg());
+}
+#undef LLAMA_KEYS
