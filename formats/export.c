@@ -490,9 +490,6 @@ static int read_head(const store_ops *s, const char *path, void *head, size_t si
     return ok;
 }
 
-/* The largest safetensors header read to look for the mark (the format's own limit is 100 MB). */
-#define SAFETENSORS_HEADER_MAX ((uint64_t)100 << 20)
-
 /* A safetensors file of ours: __metadata__ holds the mark, or, written
  * before there was one, this toolkit's provenance (tp_toolkit.source_layout). */
 static int marked_safetensors(const store_ops *s, const char *path, const char *name, char *why, size_t why_size)
@@ -502,7 +499,7 @@ static int marked_safetensors(const store_ops *s, const char *path, const char *
     uint64_t n = 0; /* the header's length, little-endian */
     int ok = s->stat(s, path, &st) == TP_OK && read_head(s, path, head, 8);
     for (int i = 7; ok && i >= 0; i--) n = n << 8 | head[i];
-    if (!ok || n < 2 || n > SAFETENSORS_HEADER_MAX || n + 8 > (uint64_t)st.size) {
+    if (!ok || n < 2 || n > SAFETENSORS_MAX_HEADER || n + 8 > (uint64_t)st.size) {
         snprintf(why, why_size, "%s is not a safetensors file", name);
         return 0;
     }

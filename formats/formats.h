@@ -138,8 +138,18 @@ int export_may_replace(const store_ops *storage, const char *path, void *ctx);
  * non-overlapping, start at 0 and cover the data exactly, no trailing bytes. */
 typedef struct safetensors_set safetensors_set;
 
+/* The largest header length a safetensors file may give, in bytes: the
+ * reference implementation's limit (safetensors' MAX_HEADER_SIZE,
+ * 100,000,000), so that every file it reads is read here, and what
+ * docs/EXPORT.md states. Real headers are a few MB (100,000 tensors at ~100
+ * bytes); tp_json_parse bounds the memory a header's parse takes. */
+#define SAFETENSORS_MAX_HEADER ((uint64_t)100000000)
+
 /* path: a .safetensors file, or a directory holding model.safetensors or
- * model.safetensors.index.json and the shards it names. */
+ * model.safetensors.index.json and the shards it names. A directory
+ * holding both is refused: transformers loads model.safetensors and
+ * ignores the index, so one of them is stale and this reader would take
+ * the other model. */
 int safetensors_open(safetensors_set **out, const char *path);
 void safetensors_close(safetensors_set *set);
 

@@ -25,9 +25,6 @@
 #include "formats.h"
 #include "../kernels/kernels.h"
 
-/* The largest real headers are a few MB (100,000 tensors at ~100 bytes); the
- * reference implementation allows 100 MB, which cJSON would turn into gigabytes. */
-#define SAFETENSORS_MAX_HEADER (32 << 20)
 #define SLAB_TARGET_BYTES ((int64_t)8 << 20)
 
 typedef struct {
@@ -162,8 +159,8 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
                               f->path, (long long)st.st_size);
     else if (pread(fd, &length, 8, 0) != 8) status = tp_fail(TP_ERR_IO, "%s: cannot read: %s", f->path, strerror(errno));
     else if (length > SAFETENSORS_MAX_HEADER)
-        status = tp_fail(TP_ERR_FORMAT, "%s: header length %llu exceeds the limit of %d bytes (not a safetensors file?)",
-                              f->path, (unsigned long long)length, SAFETENSORS_MAX_HEADER);
+        status = tp_fail(TP_ERR_FORMAT, "%s: header length %llu exceeds the format's limit of %llu bytes (not a safetensors file?)",
+                              f->path, (unsigned long long)length, (unsigned long long)SAFETENSORS_MAX_HEADER);
     else if ((int64_t)length > st.st_size - 8)
         status = tp_fail(TP_ERR_FORMAT, "%s: header length %llu runs past the end of the %lld-byte file (truncated?)",
                               f->path, (unsigned long long)length, (long long)st.st_size);
@@ -373,11 +370,22 @@ int safetensors_open(safetensors_set **out, const char *path)
     }
     cJSON *index = NULL, *shard_names = cJSON_CreateArray();
     int status = TP_OK;
-    char index_path[4200];
+    char index_path[4200], single[4200];
     snprintf(index_path, sizeof index_path, "%s/model.safetensors.index.json", path);
-    if (!S_ISDIR(st.st_mode)) {
+    snprintf(single, sizeof single, "%s/model.safetensors", path);
+    int directory = S_ISDIR(st.st_mode), has_index = directory && stat(index_path, &st) == 0;
+    int has_single = directory && stat(single, &st) == 0;
+    if (!directory) {
         cJSON_AddItemToArray(shard_names, cJSON_CreateString(path));
-    } else if (stat(index_path, &st) == 0) {
+    } else if (has_index && has_single) {
+        /* transformers' from_pretrained looks for model.safetensors first
+         * and then never reads the index: the two may be different models
+         * (a download copied over an older one of the other kind), and which one is
+         * current only the user knows. */
+        status = tp_fail(TP_ERR_FORMAT, "%s holds both model.safetensors and model.safetensors.index.json (with its "
+                         "shards): transformers loads model.safetensors and ignores the index, so one of them is "
+                         "stale; remove the one that is not the model", path);
+    } else if (has_index) {
         /* Sharded: every file the weight map names, once, in order of appearance. */
         status = read_index(index_path, &index);
         const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map");
@@ -385,9 +393,7 @@ int safetensors_open(safetensors_set **out, const char *path)
             status = tp_fail(TP_ERR_FORMAT, "%s: no \"weight_map\" object (not a safetensors index?)", index_path);
         if (!status) status = add_shard_names(path, index_path, map, shard_names);
     } else {
-        char single[4200];
-        snprintf(single, sizeof single, "%s/model.safetensors", path);
-        if (stat(single, &st) != 0)
+        if (!has_single)
             status = tp_fail(TP_ERR_NOT_FOUND, "%s holds neither model.safetensors nor model.safetensors.index.json",
                                   path);
         cJSON_AddItemToArray(shard_names, cJSON_CreateString(single));

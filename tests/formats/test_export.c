@@ -1667,6 +1667,46 @@ Test(export, safetensors_open_rejects_trailing_garbage_in_header)
     cr_assert_eq(status, TP_ERR_FORMAT, "a header with trailing garbage: got %s", tp_status_name(status));
 }
 
+/* The header limit is the reference implementation's, 100,000,000 bytes
+ * (docs/EXPORT.md): a length between 32 MiB (this reader's old limit) and
+ * it is within the limit (here it runs past the end of the small file), one
+ * beyond it is refused naming the limit. */
+Test(export, safetensors_header_limit_is_the_reference_one)
+{
+    char path[800];
+    snprintf(path, sizeof path, "%s/long-header.safetensors", dir);
+    write_st(path, (int64_t)40 << 20, "{}", NULL, 0);
+    expect_open_fails(path, TP_ERR_FORMAT, "runs past the end");
+    write_st(path, 100000000, "{}", NULL, 0);
+    expect_open_fails(path, TP_ERR_FORMAT, "runs past the end");
+    write_st(path, 100000001, "{}", NULL, 0);
+    expect_open_fails(path, TP_ERR_FORMAT, "exceeds the format's limit of 100000000 bytes");
+}
+
+/* model.safetensors beside model.safetensors.index.json: transformers loads
+ * the single file and never reads the index, this reader took the index's
+ * shards; refused, naming both and which one transformers loads. */
+Test(export, safetensors_directory_with_both_single_file_and_index_is_refused)
+{
+    uint8_t data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    char path[800], file[900];
+    snprintf(path, sizeof path, "%s/both", dir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    snprintf(file, sizeof file, "%s/model-00001-of-00001.safetensors", path);
+    write_st(file, -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
+    snprintf(file, sizeof file, "%s/model.safetensors.index.json", path);
+    const char *index = "{\"weight_map\":{\"a\":\"model-00001-of-00001.safetensors\"}}";
+    write_all(file, index, strlen(index));
+    safetensors_set *set = NULL;
+    cr_assert_eq(safetensors_open(&set, path), TP_OK, "the sharded directory alone opens: %s", tp_errmsg());
+    safetensors_close(set);
+    snprintf(file, sizeof file, "%s/model.safetensors", path);
+    write_st(file, -1, "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8);
+    expect_open_fails(path, TP_ERR_FORMAT, "holds both model.safetensors and model.safetensors.index.json");
+    cr_assert(strstr(tp_errmsg(), path) && strstr(tp_errmsg(), "transformers loads model.safetensors"), "%s",
+              tp_errmsg());
+}
+
 /* A valid file whose header is not padded: data at odd offsets of the file. */
 Test(export, unpadded_header_imports)
 {
