@@ -338,8 +338,9 @@ int store_stage(const store_ops *storage, const char *path, const store_stage_op
     if (!storage) TP_TRY(store_for(path, &storage));
     store_stat st;
     TP_TRY(storage->stat(storage, parent, &st));
-    if (!st.exists || !st.is_dir)
+    if (!st.exists)
         return tp_fail(TP_ERR_NOT_FOUND, "%s: parent directory %s does not exist", path, parent);
+    if (!st.is_dir) return tp_fail(TP_ERR_NOT_FOUND, "%s: %s is a file, not a directory", path, parent);
     store_staged *s = calloc(1, sizeof *s);
     if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory");
     s->storage = storage;

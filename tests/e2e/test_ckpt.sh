@@ -199,6 +199,9 @@ expect_error "kv heads neither dividing nor divided by tp" 1 "kv_heads 4 over tp
     "$CK" synth -o "$WORK/bad3" --tp 6 --pp 1 --layers 2 --dim 96 --heads 12 --kv-heads 4 --ffn 12 --vocab 10 --seq 4
 expect_error "missing parent directory" 1 "parent directory .* does not exist" \
     "$CK" synth -o "$WORK/no/such/dir" --tp 1 --pp 1 $MODEL
+: >"$WORK/a-file"
+expect_error "a parent that is a file" 1 "a-file is a file, not a directory" \
+    "$CK" synth -o "$WORK/a-file/sub" --tp 1 --pp 1 $MODEL
 expect_error "unknown command" 2 "unknown command" "$CK" frobnicate
 expect_error "bad number" 2 "--tp expects an integer" "$CK" synth -o "$WORK/x" --tp two $MODEL
 expect_error "synth without a model shape" 2 "synth needs" "$CK" synth -o "$WORK/x"
