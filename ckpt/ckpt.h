@@ -594,6 +594,20 @@ int ckpt_candidates(const char *path, ckpt_candidate **out, int *count);
 typedef enum { CKPT_DIR_FREE, CKPT_DIR_RUN, CKPT_DIR_CHECKPOINT } ckpt_dir_kind;
 int ckpt_run_dir_kind(const char *path, ckpt_dir_kind *kind, ckpt_candidate *newest);
 
+/* Whether a program may write a checkpoint recording `step` at out (local
+ * or a URL), asked before anything is read or written (the rule of
+ * tp-ckpt synth and import and tp-reshard, in one place): an output named
+ * step_N is a checkpoint of a run directory, ordered there (and by
+ * `latest`, and a resume) by N, so it must record step N (import wrote step
+ * 0 as step_00000007); and with new_model (an import: weights that do not
+ * continue the run's), the run directory holds no committed checkpoint but
+ * out itself (one --force replaces): `latest` never moves backwards
+ * (ckpt_latest_update), so it stayed on the other model's newest and
+ * tp-train --resume continued that. Refused: *why says why and what to do
+ * instead, else it is left empty. An output not named step_N is anyone's.
+ * Fails when the run directory cannot be listed. */
+int ckpt_run_output_refusal(const char *out, int64_t step, int new_model, char *why, size_t size);
+
 /* One live run per run directory: a trainer claims its directory for its
  * whole life, and a second one is refused at start naming the first
  * ("tp-train (pid 41 on host n1, since ...)"). Local: an flock on

@@ -3,7 +3,9 @@
  * entries are checkpoints (step_<digits>, committed: index.json present),
  * what `latest` names, which checkpoint a path means, and the order in
  * which a resume tries them, what a trainer may write its checkpoints into
- * (ckpt_run_dir_kind), and what --force may replace (never a run
+ * (ckpt_run_dir_kind), what step a checkpoint named in one records and
+ * whether an import may join one (ckpt_run_output_refusal), and what
+ * --force may replace (never a run
  * directory; a checkpoint by a checkpoint): the rules staged outputs are
  * given (store_stage_options.may_replace). */
 #include <cjson/cJSON.h>
@@ -231,6 +233,48 @@ int ckpt_run_dir_kind(const char *path, ckpt_dir_kind *kind, ckpt_candidate *new
     } else {
         *kind = CKPT_DIR_RUN;
     }
+    return TP_OK;
+}
+
+int ckpt_run_output_refusal(const char *out, int64_t step, int new_model, char *why, size_t size)
+{
+    why[0] = '\0';
+    char run_dir[CKPT_PATH_MAX], name[CKPT_PATH_MAX]; /* "RUN/step_3/" is step_3 */
+    if (tp_split_path(out, run_dir, sizeof run_dir, name, sizeof name) != TP_OK) return TP_OK;
+    int64_t named = ckpt_step_of_name(name);
+    if (named < 0) return TP_OK;
+    if (named != step) {
+        snprintf(why, size, "the output %s is named for step %lld, but the checkpoint records step %lld: a run "
+                 "directory orders its checkpoints by the step in their names (so do `latest` and a resume); name it "
+                 "%s/" STEP_PREFIX "%08lld", out, (long long)named, (long long)step, run_dir, (long long)step);
+        return TP_OK;
+    }
+    if (!new_model) return TP_OK;
+    ckpt_dir_kind kind;
+    ckpt_candidate newest;
+    TP_TRY(ckpt_run_dir_kind(run_dir, &kind, &newest));
+    if (kind == CKPT_DIR_CHECKPOINT) {
+        snprintf(why, size, "%s is a checkpoint, not a run directory, and no checkpoint is written inside another: "
+                 "choose a new run directory (mkdir RUN; -o RUN/%s)", run_dir, name);
+        return TP_OK;
+    }
+    if (kind != CKPT_DIR_RUN) return TP_OK;
+    const store_ops *storage;
+    ckpt_candidate *list = NULL;
+    int count = 0;
+    TP_TRY(store_for(run_dir, &storage));
+    TP_TRY(ckpt_candidates_in(storage, run_dir, &list, &count));
+    const char *other = NULL;
+    for (int k = 0; k < count && !other; k++) {
+        char above[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
+        if (tp_split_path(list[k].path, above, sizeof above, base, sizeof base) != TP_OK || strcmp(base, name) != 0)
+            other = list[k].path;
+    }
+    if (other)
+        snprintf(why, size, "%s holds the checkpoints of a run (%s): a model written beside them would share their "
+                 "run directory, whose `latest` stays on the newest, so tp-train --resume would continue that run; "
+                 "choose a new run directory (mkdir RUN; -o RUN/%s)", run_dir, other, name);
+    free(list);
     return TP_OK;
 }
 

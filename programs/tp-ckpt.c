@@ -849,6 +849,18 @@ static int output_in_run_directory(const char *out)
     return tp_split_path(out, parent, sizeof parent, base, sizeof base) == TP_OK && ckpt_step_of_name(base) >= 0;
 }
 
+/* ckpt_run_output_refusal for a checkpoint recording step at out: 0 when it
+ * may be written there, else 2 (a usage error) after one line saying why,
+ * or 1 when the run directory cannot be looked at. */
+static int run_output_refused(const char *out, int64_t step, int new_model)
+{
+    char why[3 * CKPT_PATH_MAX + 512];
+    if (ckpt_run_output_refusal(out, step, new_model, why, sizeof why)) return fail("%s", tp_errmsg());
+    if (!why[0]) return 0;
+    cli_error("tp-ckpt", "%s", why);
+    return 2;
+}
+
 typedef struct {
     const gpt_config *config;
     const ckpt_layout *layout;
@@ -913,6 +925,8 @@ static int cmd_synth(int argc, char **argv)
     if (gpt_options_finish(&model, &config)) die_usage("synth needs a model: %s", tp_errmsg());
     if (gpt_config_check(&config, layout.tp, layout.pp)) return fail("%s", tp_errmsg());
     layout.num_layers = config.layers;
+    int refused = run_output_refused(out, step, 0);
+    if (refused) return refused;
     int update_latest = output_in_run_directory(out);
     write_options.update_latest = update_latest && !ckpt_is_remote(out); /* a remote one after the upload */
     progress bar;
@@ -1141,6 +1155,8 @@ static int import_megatron(const char *dir, const checkpoint_format *format, con
         code = fail("%s", tp_errmsg());
     ckpt_reader *r = source ? formats_source_reader(source) : NULL;
     const megatron_config *m = source ? formats_source_megatron_config(source) : NULL;
+    /* Megatron's iteration is the step it records; its weights are another model than a run's. */
+    if (!code) code = run_output_refused(out, ckpt_reader_state(r)->step, 1);
     if (!code) {
         int update_latest = output_in_run_directory(out);
         options->update_latest = update_latest && !ckpt_is_remote(out);
@@ -1224,6 +1240,7 @@ static int cmd_import(int argc, char **argv)
                   "its dtype and padding)");
     if (strcmp(format->name, "megatron") && true_vocab) die_usage("--true-vocab-size applies to a Megatron-LM checkpoint");
     if (megatron) return import_megatron(dir, format, out, request.tp, request.pp, true_vocab, &options, force_progress);
+    if ((code = run_output_refused(out, 0, 1))) return code; /* a Hugging Face model starts at step 0 */
     gpt_import *job = NULL;
     if (gpt_import_open(&job, dir, &request)) return fail("%s", tp_errmsg());
     int update_latest = output_in_run_directory(out);

@@ -226,6 +226,19 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
         formats_write_plan_free(plan);
         return 0;
     }
+    /* A reshard keeps the source's step: named step_N in a run directory, it must be N. */
+    if (in_run_directory && s->keeps_latest) {
+        char why[3 * CKPT_PATH_MAX + 512];
+        int refused = 0;
+        if (ckpt_run_output_refusal(out, ckpt_reader_state(source)->step, 0, why, sizeof why))
+            refused = fail("%s", tp_errmsg());
+        else if (why[0])
+            refused = (fail("%s", why), 2); /* a usage error, as tp-ckpt's */
+        if (refused) {
+            formats_write_plan_free(plan);
+            return refused;
+        }
+    }
     int threads = options->reshard.threads;
     progress_start(&bar, "reshard", s->bytes_written, force_progress);
     int code = cli_write_output(out, options->reshard.overwrite, format->writer->may_replace, NULL, threads,

@@ -83,7 +83,7 @@ replaced_under_reader "DCP data files" dcp "dcp/__[0-9_]*\.distcp"
 # A checkpoint whose shard takes several 8 MiB ranged GETs, and a run
 # directory of a small one.
 expect_ok "synth (one 42 MB shard)" "$CK" synth -o "$WORK/root/big" --tp 1 --pp 1 --model small
-expect_ok "synth (tiny, in a run directory)" "$CK" synth -o "$WORK/root/run/step_00000001" --tp 2 --pp 1 --model tiny
+expect_ok "synth (tiny, in a run directory)" "$CK" synth -o "$WORK/root/run/step_00000001" --tp 2 --pp 1 --model tiny --step 1
 rm "$WORK/root/run/latest" # the checkpoint is found by listing the run directory
 
 serve good

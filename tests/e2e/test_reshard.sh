@@ -114,10 +114,15 @@ check "output beside the input, named after the layout" [ -f "$WORK/src_tp2pp1/i
 expect_ok "--progress draws a bar" "$RS" "$WORK/src" --to tp2pp2 -o "$WORK/p" --progress
 check "progress bar on stderr" grep -q "reshard \[" "$WORK/.err"
 
-# A run directory keeps its latest pointer.
+# A run directory keeps its latest pointer. A reshard keeps its source's
+# step (0 here): named for another step, it is refused before it is written.
 mkdir -p "$WORK/run"
-expect_ok "reshard into a run directory" "$RS" "$WORK/src" --to tp4 -o "$WORK/run/step_00000100"
-check "latest points at it" [ "$(cat "$WORK/run/latest")" = "step_00000100" ]
+expect_error "reshard named for a step it does not record" 2 \
+    "step_00000100 is named for step 100, but the checkpoint records step 0: .*name it .*run/step_00000000" \
+    "$RS" "$WORK/src" --to tp4 -o "$WORK/run/step_00000100"
+check "nothing written for it" [ ! -e "$WORK/run/step_00000100" ]
+expect_ok "reshard into a run directory" "$RS" "$WORK/src" --to tp4 -o "$WORK/run/step_00000000"
+check "latest points at it" [ "$(cat "$WORK/run/latest")" = "step_00000000" ]
 
 # ------------------------------------------------------- memory bound
 expect_ok "a bigger checkpoint" "$CK" synth -o "$WORK/big" --tp 4 --pp 1 --layers 2 --dim 1024 --heads 8 --vocab 8000 \
