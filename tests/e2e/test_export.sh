@@ -393,6 +393,6 @@ check_all "eval at tp2 of a missing checkpoint: rank 0's reason, said once" \
     '[ "$RC" -eq 1 ] && [ "$(grep -c "^tp-train: error: .*no-such" "$WORK/.err")" -eq 1 ]'
 expect_error "generate: a prompt byte outside the vocabulary" 1 "prompt byte 255 at offset 1 is outside the model's vocabulary of 250" \
     "$TRAIN" generate --ckpt "$SRC" --prompt "$(printf 'a\377')"
-expect_error "generate: an empty prompt" 1 "the prompt is empty" "$TRAIN" generate --ckpt "$SRC" --prompt ""
+expect_error "generate: an empty prompt: a usage error" 2 "--prompt is empty" "$TRAIN" generate --ckpt "$SRC" --prompt ""
 
 finish
