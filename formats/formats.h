@@ -138,12 +138,13 @@ int export_may_replace(const store_ops *storage, const char *path, void *ctx);
  * non-overlapping, start at 0 and cover the data exactly, no trailing bytes. */
 typedef struct safetensors_set safetensors_set;
 
-/* The largest header length a safetensors file may give, in bytes: the
- * reference implementation's limit (safetensors' MAX_HEADER_SIZE,
- * 100,000,000), so that every file it reads is read here, and what
- * docs/EXPORT.md states. Real headers are a few MB (100,000 tensors at ~100
- * bytes); tp_json_parse bounds the memory a header's parse takes. */
-#define SAFETENSORS_MAX_HEADER ((uint64_t)100000000)
+/* The largest header length a safetensors file may give, in bytes, read
+ * or written: 32 MiB, below the reference implementation's 100,000,000
+ * (MAX_HEADER_SIZE) on purpose. Real headers are a few MB (100,000 tensors
+ * at ~100 bytes); a hostile one is parsed in up to 16 bytes of memory a byte
+ * (tp_json_parse's bound), so 32 MiB caps that at about 0.5 GB where the
+ * reference's limit allowed 1.6 GB (docs/RELIABILITY.md). */
+#define SAFETENSORS_MAX_HEADER ((uint64_t)32 << 20)
 
 /* path: a .safetensors file, or a directory holding model.safetensors or
  * model.safetensors.index.json and the shards it names. A directory
