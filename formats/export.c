@@ -10,6 +10,7 @@
  * (kernels.h), then written at its offset. Bands of all tensors run on
  * a pool of threads, each with buffers of its own. */
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,11 @@ typedef struct {
     store_file **files;
     int num_files;
     ckpt_flat_file *flat;
+    /* Per tensor: finite values its narrowing made infinite, summed over its
+     * bands (lock held to add; only bands with some take it); the export
+     * fails on them before anything is published. */
+    convert_overflow *overflow;
+    pthread_mutex_t overflow_lock;
 } exporter;
 
 static int64_t align_up(int64_t n, int64_t a)
@@ -665,7 +671,8 @@ static int read_rows(exporter *x, const out_tensor *t, const int64_t *start, con
 /* Output rows [row0, row1) of a transposed tensor: source columns, read in
  * blocks of source rows; block [r0, r0 + n) x columns lands as a run of n
  * elements in each output row. */
-static int transposed_band(exporter *x, const out_tensor *t, const band *b, unsigned char *memory)
+static int transposed_band(exporter *x, const out_tensor *t, const band *b, unsigned char *memory,
+                           convert_overflow *overflow)
 {
     unsigned char *staging = memory + t->staging_at;
     int64_t R = t->source_rows, columns = b->row1 - b->row0;
@@ -675,8 +682,8 @@ static int transposed_band(exporter *x, const out_tensor *t, const band *b, unsi
         int status = read_rows(x, t, start, count, staging, (size_t)t->staging_bytes);
         if (status) return tp_fail_context(status, "exporting %s", t->spec->source);
         /* staging [n, columns] -> output[i, r0 .. r0 + n) for each column i */
-        transpose_numbers(staging, t->in, n, columns, columns,
-                          memory + r0 * (int64_t)tp_dtype_size(t->out), t->out, R);
+        convert_overflow_add(overflow, transpose_numbers(staging, t->in, n, columns, columns,
+                                                         memory + r0 * (int64_t)tp_dtype_size(t->out), t->out, R));
     }
     return TP_OK;
 }
@@ -690,10 +697,11 @@ static int export_band(void *ctx, int64_t k, int thread)
     int64_t rows = b->row1 - b->row0, elements = rows * t->row_elements;
     size_t out_size = tp_dtype_size(t->out);
     int status = TP_OK;
+    convert_overflow overflow = {0, 0.0f};
     if (t->spec->values) {
         memcpy(output, t->spec->values + b->row0, (size_t)elements * sizeof(float));
     } else if (t->spec->transpose) {
-        status = transposed_band(x, t, b, output);
+        status = transposed_band(x, t, b, output, &overflow);
     } else {
         int converts = t->in != t->out;
         const ckpt_tensor_desc *d = ckpt_reader_tensor(x->source, t->source);
@@ -703,7 +711,12 @@ static int export_band(void *ctx, int64_t k, int thread)
         status = read_rows(x, t, start, count, converts ? staging : output,
                            converts ? (size_t)t->staging_bytes : (size_t)elements * out_size);
         if (status) status = tp_fail_context(status, "exporting %s", t->spec->source);
-        else if (converts) convert_numbers(staging, t->in, output, t->out, elements);
+        else if (converts) overflow = convert_numbers(staging, t->in, output, t->out, elements);
+    }
+    if (overflow.count) { /* said whole at the end; what is written meanwhile is never published */
+        pthread_mutex_lock(&x->overflow_lock);
+        convert_overflow_add(&x->overflow[b->tensor], overflow);
+        pthread_mutex_unlock(&x->overflow_lock);
     }
     if (!status)
         status = write_at(x, t->file, t->offset + b->row0 * t->row_elements * (int64_t)out_size, output,
@@ -712,15 +725,33 @@ static int export_band(void *ctx, int64_t k, int thread)
     return status;
 }
 
+/* The first tensor whose values overflowed its written dtype, with a count
+ * of the others. */
+static int overflow_status(const exporter *x)
+{
+    int first = -1, others = 0;
+    for (int i = 0; i < x->count; i++)
+        if (x->overflow[i].count) {
+            if (first < 0) first = i;
+            else others++;
+        }
+    if (first < 0) return TP_OK;
+    const out_tensor *t = &x->tensors[first];
+    return convert_overflow_check(x->overflow[first], t->out, t->spec->source, others);
+}
+
 static int stream_data(exporter *x)
 {
     x->buffers = calloc((size_t)x->threads, sizeof *x->buffers);
-    if (!x->buffers) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    x->overflow = calloc((size_t)x->count + 1, sizeof *x->overflow);
+    if (!x->buffers || !x->overflow) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&x->overflow_lock, NULL);
     for (int i = 0; i < x->threads; i++)
         if (!(x->buffers[i].memory = alloc_pages((size_t)x->buffer_bytes)))
             return tp_fail(TP_ERR_NOMEM, "out of memory for %lld bytes of export buffers",
                                 (long long)x->buffer_bytes);
-    return parallel_for(x->num_bands, x->threads, export_band, x);
+    TP_TRY(parallel_for(x->num_bands, x->threads, export_band, x));
+    return overflow_status(x);
 }
 
 /* ----------------------------------------------------------------- commit */
@@ -741,6 +772,7 @@ static void free_exporter(exporter *x)
 {
     for (int i = 0; x->buffers && i < x->threads; i++) free(x->buffers[i].memory);
     free(x->buffers);
+    free(x->overflow);
     free(x->files);
     free(x->file_names);
     free(x->bands);

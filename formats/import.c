@@ -516,6 +516,7 @@ typedef struct {
     size_t out_size;
     int transpose;
     int64_t rows, cols;         /* the target's logical [rows, cols] (transposed sources: [cols, rows]) */
+    convert_overflow overflow;  /* finite values made infinite, over the whole tensor */
 } fill_ctx;
 
 /* Elements of the slab at offset come from logical elements [first, first + n)
@@ -533,7 +534,8 @@ static int fill_run(void *ctx, int64_t offset, int64_t first, int64_t n)
             int64_t begin = p ? c->part_end[p - 1] : 0;
             if (first >= c->part_end[p]) continue;
             int64_t m = c->part_end[p] - first < n ? c->part_end[p] - first : n;
-            convert_numbers(c->src[p] + (size_t)(first - begin) * tp_dtype_size(c->in), c->in, dst, c->out, m);
+            convert_overflow_add(&c->overflow, convert_numbers(c->src[p] + (size_t)(first - begin) * tp_dtype_size(c->in),
+                                                               c->in, dst, c->out, m));
             dst += (size_t)m * c->out_size;
             first += m;
             n -= m;
@@ -546,7 +548,7 @@ static int fill_run(void *ctx, int64_t offset, int64_t first, int64_t n)
         int64_t r = (first + done) / c->cols, k = (first + done) % c->cols, m = c->cols - k;
         if (m > n - done) m = n - done;
         strided_move move = {k * c->rows + r, c->rows, done, 1, 1, m};
-        moves_apply(c->src[0], c->in, dst, c->out, &move, 1);
+        convert_overflow_add(&c->overflow, moves_apply(c->src[0], c->in, dst, c->out, &move, 1));
         done += m;
     }
     return 0;
@@ -562,7 +564,7 @@ static int import_tensor(void *ctx, int64_t task, int thread)
     void *aligned[IMPORT_MAX_PARTS] = {NULL};
     int status = TP_OK;
     fill_ctx fill = {{NULL}, {0}, parts, im->sources[i][0]->info.dtype, d->dtype, im->slabs[thread],
-                     tp_dtype_size(d->dtype), im->map[i].transpose, d->shape[0], 1};
+                     tp_dtype_size(d->dtype), im->map[i].transpose, d->shape[0], 1, {0, 0.0f}};
     for (int k = 1; k < d->ndim; k++) fill.cols *= d->shape[k];
     for (int p = 0; p < parts && !status; p++) {
         const st_tensor *s = im->sources[i][p];
@@ -589,6 +591,8 @@ static int import_tensor(void *ctx, int64_t task, int thread)
             else if (im->o->on_bytes) im->o->on_bytes(im->o->progress_ctx, n * row_elements * (int64_t)fill.out_size);
         }
     }
+    /* The whole tensor's count; the writer commits nothing of a failed import. */
+    if (!status) status = convert_overflow_check(fill.overflow, d->dtype, d->name, 0);
     /* Done with this tensor: its pages leave this process's memory. */
     for (int p = 0; p < parts; p++) {
         const st_tensor *s = im->sources[i][p];

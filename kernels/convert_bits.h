@@ -67,4 +67,26 @@ BITS_FN uint16_t bits_f32_to_f16(uint32_t x)
     return (uint16_t)h;
 }
 
+/* Whether a finite x becomes an infinity in fp16: |x| >= 65520, halfway
+ * between fp16's largest (65504, 0x477fe000 as fp32) and 65536, where the
+ * tie rounds to even, up (65504's last mantissa bit is odd). Infinities and
+ * NaNs are not overflows: they stay what they were. 1 or 0, branch-free, so
+ * that a loop counting them still vectorizes. */
+#define BITS_F32_OVERFLOWS_F16 0x477ff000u /* the smallest fp32 magnitude that does */
+BITS_FN uint32_t bits_f32_overflows_f16(uint32_t x)
+{
+    uint32_t magnitude = x & 0x7fffffffu;
+    return (uint32_t)(magnitude >= BITS_F32_OVERFLOWS_F16) & (uint32_t)(magnitude < 0x7f800000u);
+}
+
+/* The same for bf16, whose range is fp32's but for the top half ulp: |x| >=
+ * 0x7f7f8000 (~3.3961e38), halfway between bf16's largest (0x7f7f0000,
+ * ~3.3895e38, odd) and 2^128. */
+#define BITS_F32_OVERFLOWS_BF16 0x7f7f8000u
+BITS_FN uint32_t bits_f32_overflows_bf16(uint32_t x)
+{
+    uint32_t magnitude = x & 0x7fffffffu;
+    return (uint32_t)(magnitude >= BITS_F32_OVERFLOWS_BF16) & (uint32_t)(magnitude < 0x7f800000u);
+}
+
 #endif

@@ -20,13 +20,37 @@
 
 /* ============================================================ data movement */
 
+/* What a narrowing did to finite values beyond the target's range: count
+ * of them written as infinities, and the largest magnitude among them (0
+ * when none). The conversions return it from the pass that converts, so a
+ * caller that must not write infinities (reshard, export, import) learns of
+ * them without reading the data again; convert_overflow_check makes it an
+ * error. Infinities and NaNs in the input are not counted. */
+typedef struct {
+    int64_t count;
+    float largest;
+} convert_overflow;
+
+static inline void convert_overflow_add(convert_overflow *sum, convert_overflow part)
+{
+    sum->count += part.count;
+    if (part.largest > sum->largest) sum->largest = part.largest;
+}
+
+/* TP_OK when o counts nothing; else TP_ERR_ARG naming what (a tensor) and
+ * how many values would have become infinite in format, the largest of
+ * them, and the dtypes that hold them; `more` other tensors that overflowed
+ * as well are said after (0: none). */
+int convert_overflow_check(convert_overflow o, tp_dtype format, const char *what, int more);
+
 /* Converts n values; out may not overlap in. Narrowing rounds to nearest,
- * ties to even; overflow gives infinity; NaN stays NaN (quiet). */
+ * ties to even; overflow gives infinity, counted in the result; NaN stays
+ * NaN (quiet). */
 void convert_to_f32(const void *in, tp_dtype in_format, float *out, int64_t n);
-void convert_from_f32(const float *in, void *out, tp_dtype out_format, int64_t n);
+convert_overflow convert_from_f32(const float *in, void *out, tp_dtype out_format, int64_t n);
 /* Any format to any format (through fp32, which is exact for widening). */
-void convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format,
-                     int64_t n);
+convert_overflow convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format,
+                                 int64_t n);
 
 /* A strided move: `repeat` times, copy `len` elements from src to dst, then
  * advance src by src_stride and dst by dst_stride (all in elements). A
@@ -38,15 +62,16 @@ typedef struct {
 } strided_move;
 
 /* Applies moves from src (in src_format) to dst (in dst_format), converting
- * as convert_numbers does. Moves must not overlap in dst. */
-void moves_apply(const void *src, tp_dtype src_format, void *dst, tp_dtype dst_format,
+ * as convert_numbers does (its overflows summed). Moves must not overlap in
+ * dst. */
+convert_overflow moves_apply(const void *src, tp_dtype src_format, void *dst, tp_dtype dst_format,
                  const strided_move *moves, int64_t count);
 
 /* out[c * out_stride + r] = in[r * in_stride + c] for r < rows, c < cols,
  * converted as convert_numbers does; in tiles, so that both sides stay in
  * cache (strides in elements). CPU only: export's transposition. */
-void transpose_numbers(const void *in, tp_dtype in_format, int64_t rows, int64_t cols, int64_t in_stride,
-                       void *out, tp_dtype out_format, int64_t out_stride);
+convert_overflow transpose_numbers(const void *in, tp_dtype in_format, int64_t rows, int64_t cols,
+                                   int64_t in_stride, void *out, tp_dtype out_format, int64_t out_stride);
 
 /* =================================================================== CUDA */
 
@@ -56,9 +81,11 @@ int cuda_device_count(void);
 /* Whether this build includes the CUDA kernels. */
 int cuda_built(void);
 
-/* GPU twin of convert_numbers on host buffers. Fails with TP_ERR_DEVICE
- * (no GPU, a build without CUDA, a CUDA error). */
-int cuda_convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format, int64_t n);
+/* GPU twin of convert_numbers on host buffers; *overflow (when not NULL)
+ * as convert_numbers returns it. Fails with TP_ERR_DEVICE (no GPU, a build
+ * without CUDA, a CUDA error). */
+int cuda_convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format, int64_t n,
+                         convert_overflow *overflow);
 
 /* A GPU mover: pinned host buffers, device buffers and a stream of its own,
  * for one worker thread. The caller fills staging (host), run() copies it to
@@ -68,8 +95,9 @@ typedef struct cuda_mover cuda_mover;
 int cuda_mover_create(cuda_mover **out, size_t staging_bytes, size_t output_bytes, int64_t max_moves);
 void *cuda_mover_staging(cuda_mover *mover); /* pinned, staging_bytes */
 void *cuda_mover_output(cuda_mover *mover);  /* pinned, output_bytes */
+/* *overflow (when not NULL): as moves_apply returns it. */
 int cuda_mover_run(cuda_mover *mover, size_t staging_used, tp_dtype src_format, size_t output_used,
-                   tp_dtype dst_format, const strided_move *moves, int64_t count);
+                   tp_dtype dst_format, const strided_move *moves, int64_t count, convert_overflow *overflow);
 void cuda_mover_free(cuda_mover *mover);
 
 /* ================================================= transformer arithmetic

@@ -7,6 +7,7 @@
  * CUDA executor runs every slab's moves on the GPU from pinned buffers. */
 #include <cjson/cJSON.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,11 @@ typedef struct {
     char **output;
     cuda_mover **movers;  /* per thread, CUDA executor */
     slab_ops *ops;        /* per thread */
+    /* Per plan tensor: finite values its narrowing made infinite, summed
+     * over its slabs (lock held to add; only slabs with some take it). The
+     * run fails on them before the commit: an infinity is no resharding. */
+    convert_overflow *overflow;
+    pthread_mutex_t overflow_lock;
 } exec_job;
 
 /* HDF5 allocates and frees many small objects while opening datasets; the
@@ -57,16 +63,22 @@ static int run_slab(void *ctx, int64_t k, int thread)
                                        target + offset, target_size - offset);
         if (status) return status;
     }
+    convert_overflow overflow = {0, 0.0f};
     if (cuda) {
         status = cuda_mover_run(job->movers[thread], (size_t)ops->staging_elements * src_size, src->dtype,
-                                (size_t)ops->output_elements * out_size, t->out.desc.dtype, ops->moves, ops->num_moves);
+                                (size_t)ops->output_elements * out_size, t->out.desc.dtype, ops->moves, ops->num_moves,
+                                &overflow);
         if (status) return tp_fail_context(status, "tensor %s: GPU", t->out.name);
     } else if (target == output) {
         for (int64_t m = 0; m < ops->num_moves; m++) /* only the zero fills remain */
             if (ops->moves[m].src < 0) moves_apply(NULL, TP_FP32, output, t->out.desc.dtype, &ops->moves[m], 1);
     } else {
-        moves_apply(staging, src->dtype, output, t->out.desc.dtype, ops->moves,
-                    ops->num_moves);
+        overflow = moves_apply(staging, src->dtype, output, t->out.desc.dtype, ops->moves, ops->num_moves);
+    }
+    if (overflow.count) { /* the whole tensor's count is said at the end; writing on costs nothing committed */
+        pthread_mutex_lock(&job->overflow_lock);
+        convert_overflow_add(&job->overflow[s->tensor], overflow);
+        pthread_mutex_unlock(&job->overflow_lock);
     }
     int64_t rows = s->row1 - s->row0;
     int first = s->piece >= 0 ? s->piece : 0, last = s->piece >= 0 ? s->piece : plan->to.tp - 1;
@@ -78,6 +90,21 @@ static int run_slab(void *ctx, int64_t k, int thread)
     if (plan->options.on_bytes)
         plan->options.on_bytes(plan->options.progress_ctx, ops->output_elements * (int64_t)out_size);
     return TP_OK;
+}
+
+/* The first tensor (in plan order) whose values overflowed its output
+ * dtype, with a count of the others. */
+static int overflow_status(const reshard_plan *plan, const convert_overflow *overflow)
+{
+    int first = -1, others = 0;
+    for (int i = 0; i < plan->num_tensors; i++)
+        if (overflow[i].count) {
+            if (first < 0) first = i;
+            else others++;
+        }
+    if (first < 0) return TP_OK;
+    const tensor_plan *t = &plan->tensors[first];
+    return convert_overflow_check(overflow[first], t->out.desc.dtype, t->out.name, others);
 }
 
 /* The source's training state, with the model's dtype updated when the
@@ -126,8 +153,9 @@ int reshard_execute(reshard_plan *plan, const char *out_path)
 
     exec_job job = {plan, writer, calloc((size_t)plan->num_tensors + 1, sizeof(int)),
                     calloc((size_t)threads, sizeof(char *)), calloc((size_t)threads, sizeof(char *)),
-                    calloc((size_t)threads, sizeof(cuda_mover *)), calloc((size_t)threads, sizeof(slab_ops))};
-    if (!job.ids || !job.staging || !job.output || !job.movers || !job.ops)
+                    calloc((size_t)threads, sizeof(cuda_mover *)), calloc((size_t)threads, sizeof(slab_ops)),
+                    calloc((size_t)plan->num_tensors + 1, sizeof(convert_overflow)), PTHREAD_MUTEX_INITIALIZER};
+    if (!job.ids || !job.staging || !job.output || !job.movers || !job.ops || !job.overflow)
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < plan->num_tensors && !status; i++) {
         status = ckpt_writer_add_tensor(writer, &plan->tensors[i].out.desc, &job.ids[i]);
@@ -148,6 +176,7 @@ int reshard_execute(reshard_plan *plan, const char *out_path)
         }
     }
     if (!status) status = parallel_for(plan->num_slabs, threads, run_slab, &job);
+    status = status ? status : overflow_status(plan, job.overflow);
     for (int t = 0; t < threads && job.ops; t++) {
         if (job.staging) free(job.staging[t]);
         if (job.output) free(job.output[t]);
@@ -159,6 +188,7 @@ int reshard_execute(reshard_plan *plan, const char *out_path)
     free(job.movers);
     free(job.ops);
     free(job.ids);
+    free(job.overflow);
     if (status) {
         ckpt_writer_abort(writer);
         return status;

@@ -83,10 +83,12 @@ int reshard_read_piece_rows(ckpt_reader *source, int index, const ckpt_tensor_de
                                        target_size - offset);
     }
     if (!status) {
+        convert_overflow overflow = {0, 0.0f};
         for (int64_t k = 0; k < ops.num_moves; k++) {
             if (direct && ops.moves[k].src >= 0) continue; /* identities: already in place */
-            moves_apply(staging, src->dtype, out, t.out.desc.dtype, &ops.moves[k], 1);
+            convert_overflow_add(&overflow, moves_apply(staging, src->dtype, out, t.out.desc.dtype, &ops.moves[k], 1));
         }
+        status = convert_overflow_check(overflow, t.out.desc.dtype, src->name, 0);
     }
     if (!scratch) free(staging);
     reshard_slab_ops_free(&ops);

@@ -42,7 +42,11 @@ static int converted_digest(ckpt_reader *source, int index, tp_dtype dtype, uint
             status = status;
             break;
         }
-        convert_numbers(raw, t->dtype, converted, dtype, count[0] * row);
+        /* A source value beyond dtype's range has no equal in the output: the
+         * digest of its infinity would vouch for what reshard refuses. */
+        status = convert_overflow_check(convert_numbers(raw, t->dtype, converted, dtype, count[0] * row), dtype,
+                                        t->name, 0);
+        if (status) break;
         digest += ckpt_digest_run(converted, tp_dtype_size(dtype), r * row, count[0] * row);
     }
     free(raw);

@@ -1,6 +1,8 @@
 /* convert.c: CPU conversions between fp32, bf16 and fp16. */
+#include <stdio.h>
 #include <string.h>
 
+#include "../../common/error.h"
 #include "../convert_bits.h"
 #include "../kernels.h"
 #include "vector_clones.h"
@@ -20,43 +22,72 @@ VECTOR_CLONES void convert_to_f32(const void *in, tp_dtype in_format, float *out
     }
 }
 
-VECTOR_CLONES void convert_from_f32(const float *in, void *out, tp_dtype out_format, int64_t n)
+/* Narrowing counts its overflows in the loop that converts, behind a
+ * branch taken only by magnitudes from the first that overflows up
+ * (infinities and NaNs with them, sorted out inside): one AND and one
+ * compare per element. These loops run scalar at -O2: a branch-free count
+ * and max slowed them by 40-120%; this by 7% (bf16) and 13% (fp16) of the
+ * loop alone, 16 MB of fp32 converted, and within the noise of a whole
+ * tp-reshard --dtype fp16 (124M parameters: 2.08 s before, 2.14 s after). */
+#define NARROW_COUNTING(narrow, threshold, overflows)                                    \
+    for (int64_t i = 0; i < n; i++) {                                                    \
+        uint32_t x = bits[i], magnitude = x & 0x7fffffffu;                               \
+        h[i] = narrow(x);                                                                \
+        if (__builtin_expect(magnitude >= (threshold), 0) && overflows(x)) {             \
+            count++;                                                                     \
+            largest = magnitude > largest ? magnitude : largest;                         \
+        }                                                                                \
+    }
+
+VECTOR_CLONES convert_overflow convert_from_f32(const float *in, void *out, tp_dtype out_format, int64_t n)
 {
     const uint32_t *bits = (const uint32_t *)in;
     uint16_t *h = out;
+    int64_t count = 0;
+    uint32_t largest = 0; /* bits of the largest magnitude that overflowed */
     switch (out_format) {
     case TP_FP32: memcpy(out, in, (size_t)n * 4); break;
-    case TP_BF16:
-        for (int64_t i = 0; i < n; i++) h[i] = bits_f32_to_bf16(bits[i]);
-        break;
-    case TP_FP16:
-        for (int64_t i = 0; i < n; i++) h[i] = bits_f32_to_f16(bits[i]);
-        break;
+    case TP_BF16: NARROW_COUNTING(bits_f32_to_bf16, BITS_F32_OVERFLOWS_BF16, bits_f32_overflows_bf16) break;
+    case TP_FP16: NARROW_COUNTING(bits_f32_to_f16, BITS_F32_OVERFLOWS_F16, bits_f32_overflows_f16) break;
     }
+    convert_overflow result = {count, 0.0f};
+    memcpy(&result.largest, &largest, 4);
+    return result;
 }
 
-void convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format,
-                     int64_t n)
+convert_overflow convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format,
+                                 int64_t n)
 {
+    convert_overflow none = {0, 0.0f};
     if (in_format == out_format) {
         memcpy(out, in, (size_t)n * tp_dtype_size(in_format));
-        return;
+        return none;
     }
-    if (in_format == TP_FP32) {
-        convert_from_f32(in, out, out_format, n);
-        return;
-    }
+    if (in_format == TP_FP32) return convert_from_f32(in, out, out_format, n);
     if (out_format == TP_FP32) {
         convert_to_f32(in, in_format, out, n);
-        return;
+        return none;
     }
-    /* bf16 <-> fp16: widen a tile to fp32, then narrow. */
+    /* bf16 <-> fp16: widen a tile to fp32, then narrow (bf16 -> fp16 can overflow). */
     float tile[1024];
     const uint16_t *src = in;
     uint16_t *dst = out;
+    convert_overflow sum = none;
     for (int64_t i = 0; i < n; i += 1024) {
         int64_t m = n - i < 1024 ? n - i : 1024;
         convert_to_f32(src + i, in_format, tile, m);
-        convert_from_f32(tile, dst + i, out_format, m);
+        convert_overflow_add(&sum, convert_from_f32(tile, dst + i, out_format, m));
     }
+    return sum;
+}
+
+int convert_overflow_check(convert_overflow o, tp_dtype format, const char *what, int more)
+{
+    if (o.count == 0) return TP_OK;
+    char others[64] = "";
+    if (more) snprintf(others, sizeof others, "; %d more tensor%s as well", more, more == 1 ? "" : "s");
+    return tp_fail(TP_ERR_ARG,
+                   "%s: %lld value%s beyond %s's range (largest |x| %g) would become infinite: keep %s (--dtype)%s",
+                   what, (long long)o.count, o.count == 1 ? "" : "s", tp_dtype_name(format), (double)o.largest,
+                   format == TP_FP16 ? "fp32 or bf16" : "fp32", others);
 }

@@ -4,9 +4,43 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 extern "C" {
 #include "../kernels.h" /* adamw_tensor */
+}
+
+/* convert.cu, moves.cu: a narrowing's overflows (kernels.h convert_overflow,
+ * judged by convert_bits.h as on the CPU) counted on the device. Each thread
+ * counts its own in registers and adds them to the tally once, at its end,
+ * and only when it has some: a conversion without overflows costs no
+ * atomics. The largest magnitude kept as its bits, which order as the
+ * magnitudes do. */
+struct overflow_tally {
+    unsigned long long count;
+    unsigned int largest;
+};
+
+__device__ static inline void overflow_note(uint32_t over, uint32_t bits, unsigned long long *count,
+                                            unsigned int *largest)
+{
+    uint32_t magnitude = (bits & 0x7fffffffu) & (0u - over);
+    *count += over;
+    *largest = magnitude > *largest ? magnitude : *largest;
+}
+
+__device__ static inline void overflow_flush(overflow_tally *tally, unsigned long long count, unsigned int largest)
+{
+    if (!count) return;
+    atomicAdd(&tally->count, count);
+    atomicMax(&tally->largest, largest);
+}
+
+static inline convert_overflow overflow_result(const overflow_tally *tally)
+{
+    convert_overflow result = {(int64_t)tally->count, 0.0f};
+    memcpy(&result.largest, &tally->largest, 4);
+    return result;
 }
 
 /* The CUDA backend's stream and device (backend.cu); fails with

@@ -21,9 +21,10 @@ int cuda_built(void)
     return 0;
 }
 
-int cuda_convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format, int64_t n)
+int cuda_convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format, int64_t n,
+                         convert_overflow *overflow)
 {
-    (void)in, (void)in_format, (void)out, (void)out_format, (void)n;
+    (void)in, (void)in_format, (void)out, (void)out_format, (void)n, (void)overflow;
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 
@@ -51,9 +52,10 @@ void *cuda_mover_output(cuda_mover *mover)
 }
 
 int cuda_mover_run(cuda_mover *mover, size_t staging_used, tp_dtype src_format, size_t output_used,
-                   tp_dtype dst_format, const strided_move *moves, int64_t count)
+                   tp_dtype dst_format, const strided_move *moves, int64_t count, convert_overflow *overflow)
 {
-    (void)mover, (void)staging_used, (void)src_format, (void)output_used, (void)dst_format, (void)moves, (void)count;
+    (void)mover, (void)staging_used, (void)src_format, (void)output_used, (void)dst_format, (void)moves, (void)count,
+        (void)overflow;
     return tp_fail(TP_ERR_DEVICE, NO_CUDA);
 }
 

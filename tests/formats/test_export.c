@@ -131,7 +131,7 @@ static void fixed_tensor(test_tensor *t, const char *name, tp_dtype dtype, int n
     t->desc.layer = layer;
     size_t bytes = (size_t)elements_of(shape, ndim) * tp_dtype_size(dtype);
     t->logical = malloc(bytes);
-    for (size_t b = 0; b < bytes; b++) t->logical[b] = (uint8_t)next_random();
+    random_numbers(t->logical, bytes, dtype);
 }
 
 static void free_tensors(test_tensor *t, int n)

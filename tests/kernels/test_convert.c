@@ -134,12 +134,84 @@ Test(convert, cuda_twin_is_bit_identical)
     float *cpu_wide = malloc(N * 4), *gpu_wide = malloc(N * 4);
     for (int i = 0; i < N; i++) in[i] = from_bits(i < (int)(sizeof specials / 4) ? specials[i] : next_bits());
     for (tp_dtype f = TP_BF16; f <= TP_FP16; f++) {
-        convert_from_f32(in, cpu, f, N);
-        cr_assert_eq(cuda_convert_numbers(in, TP_FP32, gpu, f, N), TP_OK, "%s", tp_errmsg());
+        convert_overflow cpu_overflow = convert_from_f32(in, cpu, f, N), gpu_overflow;
+        cr_assert_eq(cuda_convert_numbers(in, TP_FP32, gpu, f, N, &gpu_overflow), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(memcmp(cpu, gpu, N * 2), 0, "narrowing to format %d", f);
+        cr_assert_eq(gpu_overflow.count, cpu_overflow.count, "format %d: %lld overflows, the CPU %lld", f,
+                     (long long)gpu_overflow.count, (long long)cpu_overflow.count);
+        cr_assert_eq(gpu_overflow.largest, cpu_overflow.largest, "format %d: largest %g, the CPU %g", f,
+                     gpu_overflow.largest, cpu_overflow.largest);
         convert_to_f32(cpu, f, cpu_wide, N);
-        cr_assert_eq(cuda_convert_numbers(cpu, f, gpu_wide, TP_FP32, N), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(cuda_convert_numbers(cpu, f, gpu_wide, TP_FP32, N, NULL), TP_OK, "%s", tp_errmsg());
         cr_assert_eq(memcmp(cpu_wide, gpu_wide, N * 4), 0, "widening from format %d", f);
     }
     free(in), free(cpu), free(gpu), free(cpu_wide), free(gpu_wide);
+}
+
+/* The overflows a narrowing reports, judged from its own output: a finite
+ * input whose result is an infinity. Every fp32 around each target's
+ * largest value, both signs, with infinities and NaNs among them (which
+ * stay what they are and are no overflow). */
+static void check_overflows(tp_dtype format, uint32_t first, uint32_t last)
+{
+    int64_t n = (int64_t)(last - first) + 1;
+    float *in = malloc((size_t)(2 * n + 4) * 4);
+    uint16_t *out = malloc((size_t)(2 * n + 4) * 2);
+    cr_assert(in && out);
+    int64_t m = 0;
+    for (uint32_t b = first;; b++) {
+        in[m++] = from_bits(b);
+        in[m++] = from_bits(b | 0x80000000u);
+        if (b == last) break;
+    }
+    const uint32_t non_finite[] = {0x7f800000, 0xff800000, 0x7fc00000, 0xff812345};
+    for (int k = 0; k < 4; k++) in[m++] = from_bits(non_finite[k]);
+    convert_overflow got = convert_from_f32(in, out, format, m);
+    uint16_t infinity = format == TP_FP16 ? 0x7c00 : 0x7f80;
+    int64_t count = 0;
+    float largest = 0;
+    for (int64_t i = 0; i < m; i++)
+        if (isfinite(in[i]) && (out[i] & 0x7fff) == infinity) {
+            count++;
+            if (fabsf(in[i]) > largest) largest = fabsf(in[i]);
+        }
+    cr_assert_gt(count, 0, "format %d: the range tried has overflows", format);
+    cr_assert_eq(got.count, count, "format %d: %lld overflows counted, %lld in the output", format,
+                 (long long)got.count, (long long)count);
+    cr_assert_eq(got.largest, largest, "format %d: largest %g, the output says %g", format, got.largest, largest);
+    free(in);
+    free(out);
+}
+
+Test(convert, narrowing_counts_its_overflows)
+{
+    check_overflows(TP_FP16, 0x477f0000u, 0x47ffffffu); /* 65280 .. 131072 */
+    check_overflows(TP_BF16, 0x7f7e0000u, 0x7f7fffffu); /* the top of fp32 */
+    /* In range, and the largest that stays finite: none. */
+    float fine[] = {65504.0f, -65519.99f, 1.0f, 0.0f, INFINITY, NAN};
+    uint16_t h[6];
+    cr_assert_eq(convert_from_f32(fine, h, TP_FP16, 6).count, 0);
+    float top[] = {from_bits(0x7f7f7fffu), -3e38f, INFINITY};
+    cr_assert_eq(convert_from_f32(top, h, TP_BF16, 3).count, 0, "bf16 holds fp32 up to 0x7f7f7fff");
+    /* bf16 -> fp16 goes through fp32 and counts as well: 65536 and -1e6, not inf. */
+    uint16_t bf[4] = {0x4780, 0xc974, 0x7f80, 0x3f80}, half[4];
+    convert_overflow o = convert_numbers(bf, TP_BF16, half, TP_FP16, 4);
+    cr_assert_eq(o.count, 2);
+    cr_assert_eq(o.largest, from_bits(0x49740000u));
+    /* Widening and equal formats never overflow. */
+    cr_assert_eq(convert_numbers(half, TP_FP16, bf, TP_BF16, 4).count, 0);
+    cr_assert_eq(convert_numbers(top, TP_FP32, top, TP_FP32, 0).count, 0);
+}
+
+Test(convert, overflow_check_names_the_tensor)
+{
+    convert_overflow none = {0, 0.0f}, three = {3, 1e6f};
+    cr_assert_eq(convert_overflow_check(none, TP_FP16, "w", 0), TP_OK);
+    cr_assert_eq(convert_overflow_check(three, TP_FP16, "model/layers.0.attn.qkv.weight", 0), TP_ERR_ARG);
+    cr_assert_str_eq(tp_errmsg(), "model/layers.0.attn.qkv.weight: 3 values beyond fp16's range (largest |x| 1e+06) "
+                                  "would become infinite: keep fp32 or bf16 (--dtype)");
+    convert_overflow one = {1, 3.4e38f};
+    cr_assert_eq(convert_overflow_check(one, TP_BF16, "w", 2), TP_ERR_ARG);
+    cr_assert_str_eq(tp_errmsg(), "w: 1 value beyond bf16's range (largest |x| 3.4e+38) would become infinite: "
+                                  "keep fp32 (--dtype); 2 more tensors as well");
 }

@@ -2,6 +2,7 @@
  * reference, and the CUDA twin against the CPU bit for bit (skipped without a
  * GPU). */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,10 +111,15 @@ Test(moves, cuda_twin_is_bit_identical)
             size_t bytes = (size_t)ROWS * COLS * tp_dtype_size((tp_dtype)df);
             memset(cpu, 0, bytes);
             memset(cuda_mover_output(mover), 0, bytes);
-            moves_apply(src, (tp_dtype)sf, cpu, (tp_dtype)df, moves, n);
+            convert_overflow cpu_overflow = moves_apply(src, (tp_dtype)sf, cpu, (tp_dtype)df, moves, n), gpu_overflow;
             cr_assert_eq(cuda_mover_run(mover, SRC * tp_dtype_size((tp_dtype)sf), (tp_dtype)sf, bytes,
-                                        (tp_dtype)df, moves, n),
+                                        (tp_dtype)df, moves, n, &gpu_overflow),
                          TP_OK, "%s", tp_errmsg());
+            /* Random bits overflow often when narrowing: the GPU counts them as the CPU does. */
+            cr_assert_eq(gpu_overflow.count, cpu_overflow.count, "formats %d -> %d: %lld overflows, the CPU %lld", sf,
+                         df, (long long)gpu_overflow.count, (long long)cpu_overflow.count);
+            cr_assert_eq(gpu_overflow.largest, cpu_overflow.largest, "formats %d -> %d: largest %g, the CPU %g", sf,
+                         df, gpu_overflow.largest, cpu_overflow.largest);
             /* Elements no move writes are undefined on the device: compare the written ones. */
             size_t ds = tp_dtype_size((tp_dtype)df);
             const uint8_t *gpu = cuda_mover_output(mover);
@@ -127,4 +133,25 @@ Test(moves, cuda_twin_is_bit_identical)
     }
     free(cpu);
     cuda_mover_free(mover);
+}
+
+/* Moves and transposition report the overflows of what they convert, and
+ * only of that: an element left behind is not counted. */
+Test(moves, overflows_counted)
+{
+    float src[8] = {1e6f, 2.0f, -7e4f, 65504.0f, 3e38f, INFINITY, NAN, -2e9f};
+    uint16_t dst[8];
+    strided_move some = {0, 4, 0, 2, 3, 2}; /* [0, 3) and [4, 7) */
+    convert_overflow o = moves_apply(src, TP_FP32, dst, TP_FP16, &some, 1);
+    cr_assert_eq(o.count, 3, "1e6, -7e4 and 3e38 (not inf, NaN nor 65504): %lld", (long long)o.count);
+    cr_assert_eq(o.largest, 3e38f);
+    o = moves_apply(src, TP_FP32, dst, TP_BF16, &some, 1);
+    cr_assert_eq(o.count, 0, "bf16 holds them all");
+    /* [2, 4] -> [4, 2]: 1e6, 2, -7e4, 65504 and 3e38, inf, NaN, -2e9 */
+    o = transpose_numbers(src, TP_FP32, 2, 4, 4, dst, TP_FP16, 2);
+    cr_assert_eq(o.count, 4);
+    cr_assert_eq(o.largest, 3e38f);
+    o = transpose_numbers(src, TP_FP32, 1, 2, 4, dst, TP_FP16, 1);
+    cr_assert_eq(o.count, 1);
+    cr_assert_eq(o.largest, 1e6f);
 }

@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "fixture.h"
+#include "../../kernels/convert_bits.h"
 
 char dir[512];
 
@@ -49,6 +50,18 @@ uint64_t next_random(void)
     rng_state ^= rng_state << 17;
     return rng_state;
 }
+void random_numbers(uint8_t *data, size_t bytes, tp_dtype dtype)
+{
+    for (size_t b = 0; b < bytes; b++) data[b] = (uint8_t)next_random();
+    size_t size = tp_dtype_size(dtype);
+    for (size_t at = 0; at + size <= bytes; at += size) {
+        uint32_t x = 0;
+        if (dtype == TP_FP32) memcpy(&x, data + at, 4);
+        else x = (uint32_t)(data[at] | data[at + 1] << 8) << (dtype == TP_BF16 ? 16 : 0);
+        if (dtype != TP_FP16 && bits_f32_overflows_f16(x)) data[at + size - 1] &= 0xbf; /* 2^(e-128) */
+    }
+}
+
 int64_t rnd(int64_t lo, int64_t hi) { return lo + (int64_t)(next_random() % (uint64_t)(hi - lo + 1)); }
 
 int64_t elements_of(const int64_t *shape, int ndim)
@@ -142,7 +155,7 @@ int random_tensors(test_tensor *out, int max, const int *tps, int num_tps, int64
         }
         size_t bytes = (size_t)elements_of(t->desc.shape, t->desc.ndim) * tp_dtype_size(t->desc.dtype);
         t->logical = malloc(bytes);
-        for (size_t b = 0; b < bytes; b++) t->logical[b] = (uint8_t)next_random();
+        random_numbers(t->logical, bytes, t->desc.dtype);
         for (int k = 0; k < num_tps; k++)
             cr_assert_eq(ckpt_tensor_check(&t->desc, tps[k]), TP_OK, "%s", tp_errmsg());
     }

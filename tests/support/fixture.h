@@ -19,6 +19,13 @@ int64_t rnd(int64_t lo, int64_t hi); /* inclusive */
 
 int64_t elements_of(const int64_t *shape, int ndim);
 
+/* bytes of random numbers in dtype: random bits (infinities, NaNs,
+ * subnormals among them), but for finite magnitudes beyond fp16's range,
+ * folded into it (exponent's top bit cleared), so that a conversion to
+ * any dtype holds them: one that would overflow fails (kernels.h
+ * convert_overflow). */
+void random_numbers(uint8_t *data, size_t bytes, tp_dtype dtype);
+
 typedef struct {
     ckpt_tensor_desc desc;
     char name[64];
