@@ -161,7 +161,12 @@ bad_state() {
     BAD=$((BAD + 1))
     R="$WORK/bad-$BAD"
     mkdir -p "$R/elastic"
-    printf '{"%s":%s,"launches":1,"tp":1,"pp":1}\n' "$1" "$2" >"$R/elastic/state.json"
+    # FIELD's value in place of the default's, never beside it: a key given
+    # twice is refused before any value is read.
+    "$PY" -c 'import json, sys
+state = {"launches": 1, "tp": 1, "pp": 1}
+state[sys.argv[1]] = json.loads(sys.argv[2])
+print(json.dumps(state, separators=(",", ":")))' "$1" "$2" >"$R/elastic/state.json"
     expect_error "state.json $1 $2: refused by name" 1 "state.json: \"$1\": expected $3, got $4" \
         timeout -k 5 20 "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $ARGS --steps 20
 }
