@@ -16,6 +16,7 @@ static inline float fast_expf(float x)
      * precision, and exp(r) by its Taylor series to r^7 (error < 6e-9). */
     const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
     float clamped = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+    clamped = x == x ? clamped : 0.0f; /* NaN: computed as 0, returned as NaN (a NaN to int is undefined) */
     float k = floorf(clamped * log2e + 0.5f);
     float r = (clamped - k * ln2_hi) - k * ln2_lo;
     float p = 1.0f / 5040;
@@ -26,7 +27,7 @@ static inline float fast_expf(float x)
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t bits = ((int32_t)k + 127) << 23; /* 2^k, k in [-126, 127] */
+    uint32_t bits = (uint32_t)((int32_t)k + 127) << 23; /* 2^k, k in [-126, 127] */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return x != x ? x : p * scale;
