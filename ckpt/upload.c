@@ -110,6 +110,20 @@ static int discard_upload(const char *url, int status)
     return tp_fail(status, "%s", message);
 }
 
+/* Appends name to a growing array of names (*names, *count of *capacity). */
+static int append_name(char (**names)[CKPT_NAME_MAX + 1], int *count, int *capacity, const char *name)
+{
+    if (*count == *capacity) {
+        int grown_capacity = *capacity ? 2 * *capacity : 16;
+        void *grown = realloc(*names, (size_t)grown_capacity * sizeof **names);
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        *names = grown;
+        *capacity = grown_capacity;
+    }
+    snprintf((*names)[(*count)++], sizeof **names, "%s", name);
+    return TP_OK;
+}
+
 /* After a replacement is committed (its index up), the old checkpoint's
  * files that the new one does not have: removed, so that the location
  * holds the new checkpoint alone, as a local --force leaves its directory.
@@ -128,15 +142,7 @@ static int collect_stale(void *ctx, const char *name)
     if (!strcmp(name, CKPT_INDEX_NAME)) return TP_OK;
     for (int f = 0; f < s->index->num_files; f++)
         if (!strcmp(name, s->index->files[f].name)) return TP_OK;
-    if (s->count == s->capacity) {
-        int capacity = s->capacity ? 2 * s->capacity : 16;
-        void *grown = realloc(s->stale, (size_t)capacity * sizeof *s->stale);
-        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        s->stale = grown;
-        s->capacity = capacity;
-    }
-    snprintf(s->stale[s->count++], sizeof *s->stale, "%s", name);
-    return TP_OK;
+    return append_name(&s->stale, &s->count, &s->capacity, name);
 }
 
 static int remove_stale(const char *url, const ckpt_index *index)
@@ -313,15 +319,7 @@ static int collect_name(void *ctx, const char *name)
         snprintf(l->prefix, sizeof l->prefix, "%s", saved);
         return status;
     }
-    if (l->count == l->capacity) {
-        int capacity = l->capacity ? 2 * l->capacity : 16;
-        void *grown = realloc(l->names, (size_t)capacity * sizeof *l->names);
-        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        l->names = grown;
-        l->capacity = capacity;
-    }
-    snprintf(l->names[l->count++], sizeof *l->names, "%s", relative);
-    return TP_OK;
+    return append_name(&l->names, &l->count, &l->capacity, relative);
 }
 
 /* Files that name the others go last: an index.json, a Megatron-LM
