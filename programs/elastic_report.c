@@ -259,27 +259,6 @@ static int report_is_marked(report_kind kind, const unsigned char *head, size_t 
     return at != SIZE_MAX && n >= at && n - at >= length && memcmp(head + at, mark, length) == 0;
 }
 
-/* Reads up to size bytes from the start of a regular file; *got how many. */
-static int read_head(const char *path, unsigned char *buf, size_t size, size_t *got)
-{
-    int fd;
-    TP_TRY(tp_open_regular(path, &fd));
-    *got = 0;
-    while (*got < size) {
-        ssize_t n = read(fd, buf + *got, size - *got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            int saved = errno;
-            close(fd);
-            return tp_fail(TP_ERR_IO, "%s: cannot read: %s", path, strerror(saved));
-        }
-        if (n == 0) break;
-        *got += (size_t)n;
-    }
-    close(fd);
-    return TP_OK;
-}
-
 /* The store_replace_check of reports (ctx: the report_kind of the output):
  * not a run directory, and a file carrying the mark of its kind. */
 static int report_may_replace(const store_ops *storage, const char *path, void *ctx)
@@ -291,9 +270,15 @@ static int report_may_replace(const store_ops *storage, const char *path, void *
     TP_TRY(storage->stat(storage, path, &st));
     if (!st.exists) return TP_OK; /* gone meanwhile */
     if (st.is_dir) return tp_fail(TP_ERR_EXISTS, "%s is a directory; %s", path, only);
+    /* Its head, read through the store as every replace check reads (its
+     * open refuses a FIFO or device). */
     unsigned char head[REPORT_HEAD_BYTES];
-    size_t n;
-    if (read_head(path, head, sizeof head, &n)) {
+    size_t n = st.size < (int64_t)sizeof head ? (size_t)st.size : sizeof head;
+    store_file *file = NULL;
+    int read = storage->open(storage, path, STORE_OPEN_READ, &file);
+    if (!read) read = storage->read_at(file, head, n, 0);
+    if (file) storage->close(file);
+    if (read) {
         char why[1024];
         snprintf(why, sizeof why, "%s", tp_errmsg());
         return tp_fail(TP_ERR_EXISTS, "%s; %s", why, only);
