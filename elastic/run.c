@@ -405,6 +405,7 @@ typedef struct {
     int64_t first_step, last_step;
     double launched, last_progress, first_step_time, load_seconds;
     int stop_line_finished;
+    int stop_line_diverged; /* the trainer ended at a non-finite gradient norm: a relaunch would again */
     int save_wait;          /* a save_wait line came after the last step line */
     double step_began;      /* the trainer's time of its last start or step line; 0: none yet */
     /* what the first step of the launch reports */
@@ -493,7 +494,10 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
                               w->s->restarts);
         break;
     }
-    case ELASTIC_LOG_STOP: w->stop_line_finished = strcmp(line->reason, "finished") == 0; break;
+    case ELASTIC_LOG_STOP:
+        w->stop_line_finished = strcmp(line->reason, "finished") == 0;
+        w->stop_line_diverged = strcmp(line->reason, "diverged") == 0;
+        break;
     case ELASTIC_LOG_SAVE_WAIT: /* until its next step, the trainer has a save's allowance */
         w->save_wait = 1;
         w->last_progress = now;
@@ -1001,6 +1005,18 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     s->last_failure_step = w.last_step;
     s->restarts++;
     if ((*status_out = save_state(s))) return 1;
+    /* A diverged trainer would diverge again at the same step from the
+     * same checkpoint: nothing to retry, as the trainer's error says. */
+    if (end == END_FAILED && w.stop_line_diverged) {
+        char tail[600];
+        int no_space = 0;
+        output_tail(output, tail, sizeof tail, &no_space);
+        snprintf(why, sizeof why,
+                 "the trainer diverged at step %lld (its gradient norm not finite), which a relaunch from the same "
+                 "checkpoint would repeat; its error (%s): %s",
+                 (long long)w.last_step, output, tail);
+        return *status_out = give_up(s, summary, why), 1;
+    }
     if (s->repeats >= o->repeat_limit) {
         char tail[600];
         int no_space = 0;

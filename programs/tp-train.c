@@ -936,7 +936,8 @@ int main(int argc, char **argv)
         log_stop(rep.log, outcome.step,
                  outcome.end == TRAIN_FINISHED  ? "finished"
                  : outcome.end == TRAIN_STOPPED ? "stopped"
-                                                : "failed",
+                 : outcome.end == TRAIN_DIVERGED ? "diverged"
+                                                 : "failed",
                  status ? outcome.reason : NULL, peak_rss, cm->world);
         fclose(rep.log);
         rep.log = NULL;

@@ -1,6 +1,10 @@
 /* data.c: token files (llm.c's format: 256 int32 header with magic 20240520,
  * version 1 and the token count, then uint16 tokens), globs of them, and the
- * synthetic dataset. Files are mapped, not read. prepare writes them from
+ * synthetic dataset. Files stay open and each window is read with pread(2):
+ * a mapping would kill the trainer with SIGBUS, and no message, when a file
+ * is cut short under it, and would hand the embedding whatever a rewrite in
+ * place put there; a read fails with a message, and every token read is
+ * checked against the vocabulary again. prepare writes token files from
  * text, through the store's staging (store/staging.h) as every output is. */
 #include <errno.h>
 #include <fcntl.h>
@@ -9,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,12 +25,12 @@
 
 #define SYNTH_KEEP 0.75 /* probability that a token follows the rule */
 #define HEADER_BYTES ((int64_t)(DATA_HEADER_INTS * sizeof(int32_t))) /* where the tokens start */
+#define READ_TOKENS 16384 /* tokens per pread (32 KiB on the stack) */
 
 typedef struct {
-    const uint16_t *tokens;
+    char *path; /* for messages */
+    int fd;     /* -1 when not open */
     int64_t count;
-    void *map;
-    size_t map_size;
 } token_file;
 
 struct dataset {
@@ -39,8 +42,8 @@ struct dataset {
 };
 
 /* The header of the token file open as fd (path names it in messages): its
- * token count and the file's size, or TP_ERR_FORMAT saying what is wrong. */
-static int read_header(int fd, const char *path, int64_t *count_out, size_t *size_out)
+ * token count, or TP_ERR_FORMAT saying what is wrong. */
+static int read_header(int fd, const char *path, int64_t *count_out)
 {
     struct stat st;
     int32_t header[DATA_HEADER_INTS];
@@ -62,30 +65,52 @@ static int read_header(int fd, const char *path, int64_t *count_out, size_t *siz
         return tp_fail(TP_ERR_FORMAT, "%s: header says %lld tokens, the file holds %lld (truncated?)", path,
                        (long long)count, (long long)((st.st_size - (off_t)sizeof header) / 2));
     *count_out = count;
-    *size_out = (size_t)st.st_size;
     return TP_OK;
 }
 
-static int map_file(token_file *f, const char *path, int64_t vocab)
+/* Tokens [first, first + count) of f into tokens (NULL: only checked),
+ * each checked against the vocabulary: the file may have been cut short or
+ * rewritten since it was opened, whole and in range. */
+static int read_file_tokens(const token_file *f, int64_t first, int64_t count, int64_t vocab, int *tokens)
 {
-    int fd;
-    TP_TRY(tp_open_regular(path, &fd));
-    int64_t count;
-    int status = read_header(fd, path, &count, &f->map_size);
-    if (status) {
-        close(fd);
-        return status;
+    uint16_t chunk[READ_TOKENS];
+    for (int64_t done = 0; done < count;) {
+        int64_t want = count - done < READ_TOKENS ? count - done : READ_TOKENS, got = 0;
+        off_t at = (off_t)(HEADER_BYTES + (first + done) * (int64_t)sizeof *chunk);
+        while (got < want) {
+            ssize_t n = pread(f->fd, (char *)chunk + got * 2, (size_t)(want - got) * 2, at + (off_t)got * 2);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0)
+                return tp_fail(TP_ERR_IO, "%s: cannot read token %lld: %s", f->path, (long long)(first + done + got),
+                               strerror(errno));
+            if (n < 2) /* a regular file reads short only at its end; no token is split by a cut between reads */
+                return tp_fail(TP_ERR_FORMAT,
+                               "%s: ends before token %lld, though it held %lld tokens when opened (cut short while "
+                               "in use?)",
+                               f->path, (long long)(first + done + got), (long long)f->count);
+            got += n / 2;
+        }
+        for (int64_t i = 0; i < want; i++) {
+            if (chunk[i] >= vocab)
+                return tp_fail(TP_ERR_FORMAT, "%s: token %u at position %lld is outside the vocabulary of %lld",
+                               f->path, chunk[i], (long long)(first + done + i), (long long)vocab);
+            if (tokens) tokens[done + i] = chunk[i];
+        }
+        done += want;
     }
-    f->map = mmap(NULL, f->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (f->map == MAP_FAILED) return tp_fail(TP_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
-    f->tokens = (const uint16_t *)((const char *)f->map + HEADER_BYTES);
-    f->count = count;
-    for (int64_t i = 0; i < count; i++)
-        if (f->tokens[i] >= vocab)
-            return tp_fail(TP_ERR_FORMAT, "%s: token %u at position %lld is outside the vocabulary of %lld", path,
-                            f->tokens[i], (long long)i, (long long)vocab);
     return TP_OK;
+}
+
+/* Opens the token file at path into f (which dataset_close then closes,
+ * whole or not): its header and every token checked. */
+static int open_file(token_file *f, const char *path, int64_t vocab)
+{
+    f->fd = -1;
+    f->path = strdup(path);
+    if (!f->path) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    TP_TRY(tp_open_regular(path, &f->fd));
+    TP_TRY(read_header(f->fd, path, &f->count));
+    return read_file_tokens(f, 0, f->count, vocab, NULL);
 }
 
 int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t seed)
@@ -107,8 +132,9 @@ int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t see
     d->files = calloc(g.gl_pathc, sizeof *d->files);
     int status = d->files ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < g.gl_pathc && !status; i++) {
-        status = map_file(&d->files[d->num_files], g.gl_pathv[i], vocab);
-        if (!status) d->total += d->files[d->num_files++].count;
+        status = open_file(&d->files[d->num_files], g.gl_pathv[i], vocab);
+        if (d->files[d->num_files].path) d->num_files++; /* closed by dataset_close, whole or not */
+        if (!status) d->total += d->files[d->num_files - 1].count;
     }
     globfree(&g);
     if (status) {
@@ -122,8 +148,10 @@ int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t see
 void dataset_close(dataset *d)
 {
     if (!d) return;
-    for (int i = 0; i < d->num_files; i++)
-        if (d->files[i].map) munmap(d->files[i].map, d->files[i].map_size);
+    for (int i = 0; i < d->num_files; i++) {
+        if (d->files[i].fd >= 0) close(d->files[i].fd);
+        free(d->files[i].path);
+    }
     free(d->files);
     free(d);
 }
@@ -145,7 +173,7 @@ int dataset_read_tokens(const dataset *d, int64_t first, int64_t count, int *tok
             continue;
         }
         int64_t n = f->count - first < count ? f->count - first : count;
-        for (int64_t t = 0; t < n; t++) tokens[t] = f->tokens[first + t];
+        TP_TRY(read_file_tokens(f, first, n, d->vocab, tokens));
         tokens += n;
         count -= n;
         first = 0;
@@ -153,7 +181,7 @@ int dataset_read_tokens(const dataset *d, int64_t first, int64_t count, int *tok
     return TP_OK;
 }
 
-void dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens)
+int dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens)
 {
     uint64_t z = splitmix64(d->seed ^ splitmix64((uint64_t)index));
     if (!d->num_files) {
@@ -165,7 +193,7 @@ void dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens)
             tokens[t] = u < SYNTH_KEEP ? (int)((5 * (int64_t)tokens[t - 1] + 3) % d->vocab)
                                        : (int)(splitmix64(z ^ 0xA5A5A5A5ull) % (uint64_t)d->vocab);
         }
-        return;
+        return TP_OK;
     }
     /* A window of seq + 1 tokens inside one file. */
     int64_t windows = 0;
@@ -173,13 +201,11 @@ void dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens)
     int64_t w = windows > 0 ? (int64_t)(z % (uint64_t)windows) : 0;
     for (int i = 0; i < d->num_files; i++) {
         int64_t n = d->files[i].count > seq ? d->files[i].count - seq : 0;
-        if (w < n) {
-            for (int64_t t = 0; t <= seq; t++) tokens[t] = d->files[i].tokens[w + t];
-            return;
-        }
+        if (w < n) return read_file_tokens(&d->files[i], w, seq + 1, d->vocab, tokens);
         w -= n;
     }
-    memset(tokens, 0, (size_t)(seq + 1) * sizeof(int)); /* no file long enough (checked by callers) */
+    return tp_fail(TP_ERR_ARG, "%s: no token file holds a window of %lld tokens (sequence length %lld + 1)",
+                   d->files[0].path, (long long)(seq + 1), (long long)seq);
 }
 
 double dataset_loss_floor(const dataset *d)
@@ -208,8 +234,7 @@ static int token_file_may_replace(const store_ops *storage, const char *path, vo
     int status = tp_open_regular(path, &fd);
     if (!status) {
         int64_t count;
-        size_t size;
-        status = read_header(fd, path, &count, &size);
+        status = read_header(fd, path, &count);
         close(fd);
     }
     if (!status) return TP_OK;

@@ -19,8 +19,10 @@ typedef struct dataset dataset;
 int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t seed);
 void dataset_close(dataset *d);
 
-/* tokens[seq + 1] of sample index. */
-void dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens);
+/* tokens[seq + 1] of sample index. Fails (tp_status, naming the file)
+ * when a token file was cut short or rewritten with tokens outside the
+ * vocabulary since it was opened, or when none holds seq + 1 tokens. */
+int dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens);
 
 /* Tokens in the files (0 for the synthetic dataset). */
 int64_t dataset_tokens(const dataset *d);

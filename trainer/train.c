@@ -102,15 +102,16 @@ static void warn(void *ctx, const char *text)
 }
 
 /* Tokens and targets of micro-batch k of this replica. */
-static void load_micro_batch(trainer *t, gpt_slot *slot, int64_t k)
+static int load_micro_batch(trainer *t, gpt_slot *slot, int64_t k)
 {
     gpt_model *m = t->model;
     int64_t first = t->consumed + (int64_t)t->c->dp_rank * t->o->micro_batch * t->o->grad_accum + k * t->o->micro_batch;
     for (int64_t b = 0; b < m->B; b++) {
-        dataset_sample(t->data, first + b, m->T, t->sample);
+        TP_TRY(dataset_sample(t->data, first + b, m->T, t->sample));
         memcpy(slot->tokens + b * m->T, t->sample, (size_t)m->T * sizeof(int));
         memcpy(slot->targets + b * m->T, t->sample + 1, (size_t)m->T * sizeof(int));
     }
+    return TP_OK;
 }
 
 /* The stage that sends a chunk's input (or receives its output's
@@ -167,7 +168,7 @@ static int forward_op(trainer *t, const pipeline_op *op)
     if (op->sends_done) TP_TRY(comm_wait_first_sends(c, op->sends_done, m->stream));
     /* Tokens for the embedding, targets for the loss: the model's first and last chunks alone read them. */
     if (gpt_model_chunk_is_first(m, op->chunk) || gpt_model_chunk_is_last(m, op->chunk))
-        load_micro_batch(t, s, op->micro);
+        TP_TRY(load_micro_batch(t, s, op->micro));
     if (op->head >= 0) TP_TRY(gpt_model_bind_head(m, s, op->head));
     if (!gpt_model_chunk_is_first(m, op->chunk))
         TP_TRY(timed_recv(t, COMM_PREV_STAGE, s->input, n, pipeline_tag(op->micro, sender_chunk_before(c, op->chunk), V, 0)));
@@ -419,7 +420,11 @@ static int dump_batch(trainer *t)
     FILE *f = fopen(path, "ab");
     if (!f) return tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));
     for (int64_t i = 0; i < t->global_batch; i++) {
-        dataset_sample(t->data, t->consumed + i, t->model->T, t->sample);
+        int status = dataset_sample(t->data, t->consumed + i, t->model->T, t->sample);
+        if (status) {
+            fclose(f);
+            return status;
+        }
         fwrite(t->sample, sizeof(int), (size_t)t->model->T + 1, f);
     }
     return fclose(f) == 0 ? TP_OK : tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));
@@ -697,7 +702,7 @@ static int finish_uploads(trainer *t)
  * one. Training on would write checkpoints of NaN weights after the last
  * good ones (and tp-elastic --keep would prune those). Every rank holds the
  * same norm, so all end here together. */
-static int end_diverged(trainer *t, int64_t step)
+static int end_diverged(trainer *t, int64_t step, int64_t start_step)
 {
     train_outcome *out = t->outcome;
     if (t->o->ckpt_dir) {
@@ -706,10 +711,17 @@ static int end_diverged(trainer *t, int64_t step)
         TP_TRY(finish_uploads(t));
     }
     out->all_ranks_know = 1;
+    out->end = TRAIN_DIVERGED;
+    /* The run's newest checkpoint: one this launch wrote, or the one it resumed from. */
+    char newest[4300] = "";
+    if (out->checkpoints > 0) snprintf(newest, sizeof newest, "%s", out->last_checkpoint);
+    else if (start_step > 0)
+        snprintf(newest, sizeof newest, "the one of step %lld this run resumed from", (long long)start_step);
     return tp_fail(TP_ERR_STATE, "step %lld: the gradient norm is not finite (the run diverged: a learning rate too "
-                   "high, or bad data): the step's update was not applied and no checkpoint of it written; %s",
-                   (long long)step, t->o->ckpt_dir ? "the newest checkpoint holds the last finite weights: resume "
-                   "from it with a lower --lr" : "train again with a lower --lr");
+                   "high, or bad data): the step's update was not applied and no checkpoint of it written; %s%s%s",
+                   (long long)step, newest[0] ? "the newest checkpoint, " : "",
+                   newest[0] ? newest : "train again with a lower --lr",
+                   newest[0] ? ", holds the last finite weights: resume from it with a lower --lr" : "");
 }
 
 static int train_steps(trainer *t, int64_t start_step)
@@ -733,7 +745,7 @@ static int train_steps(trainer *t, int64_t start_step)
             r.tokens_per_second = (double)(t->global_batch * t->model->T) / r.seconds;
             report(t, &r);
             out->step = step - 1;
-            return end_diverged(t, step);
+            return end_diverged(t, step, start_step);
         }
         int stop;
         int asked = (o->control && atomic_load(&o->control->stop)) || (o->stop_at > 0 && step == o->stop_at);
@@ -819,7 +831,7 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
         status = train_steps(&t, start_step);
     }
     if (status) {
-        outcome->end = TRAIN_FAILED;
+        if (outcome->end != TRAIN_DIVERGED) outcome->end = TRAIN_FAILED;
         snprintf(outcome->reason, sizeof outcome->reason, "%s", tp_errmsg());
     }
     if (t.model) {

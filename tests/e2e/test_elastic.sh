@@ -1,6 +1,7 @@
 #!/bin/sh
 # End-to-end tests of `tp-elastic run` with mpirun (docs/ELASTIC.md): a hang,
 # a slow commit that is not one, capacity growing, capacity below --min-world, a trainer that always fails,
+# one that diverges,
 # the orchestrator itself killed and restarted, a damaged newest checkpoint
 # (a rank killed while capacity shrinks: test_elastic_recover.sh). In every
 # case the run reaches its last step, recomputes no more than the steps since
@@ -238,6 +239,16 @@ R="$WORK/bug"
 expect_error "a trainer that always fails: a diagnosis, exit 1" 1 "failed 3 times in a row at step 0 without progress" \
     "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --fault fail-at-start
 check_all "always fails: gave up after 3 launches" '[ "$(events "$R" launch)" -eq 3 ] && [ "$(events "$R" give_up)" -eq 1 ]'
+
+# ------------------------------------------------ a trainer that diverges
+# Its stop line says "diverged": a relaunch from the same checkpoint would
+# diverge at the same step again, so the run gives up after the first launch
+# (it relaunched until --repeat-limit), quoting the trainer's error.
+R="$WORK/diverged"
+expect_error "a diverged trainer: given up at once, the step and the trainer's error quoted, exit 1" 1 \
+    "diverged at step [0-9]+ .*would repeat; its error .*the gradient norm is not finite" \
+    "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --warmup 0 --lr 1e30
+check_all "diverged: one launch, one give-up" '[ "$(events "$R" launch)" -eq 1 ] && [ "$(events "$R" give_up)" -eq 1 ]'
 
 # ------------------------------------------------ the orchestrator restarted
 # tp-elastic killed with SIGKILL mid-run takes its trainer with it; started

@@ -20,8 +20,14 @@ R="$WORK/run"
 mkdir -p "$R/elastic"
 : >"$R/elastic/events.jsonl"
 expect_error "a run with --lr 1e30 diverges, and ends at the first non-finite gradient" 1 \
-    "step 2: the gradient norm is not finite" "$TRAIN" --layers 2 --dim 64 --heads 4 --vocab 256 --seq 32 \
+    "step 2: the gradient norm is not finite.*no checkpoint of it written; train again with a lower --lr$" "$TRAIN" --layers 2 --dim 64 --heads 4 --vocab 256 --seq 32 \
     --steps 6 --warmup 0 --lr 1e30 --data "$WORK/tokens.bin" --log "$R/elastic/train.jsonl" --quiet
+# With a checkpoint directory but no checkpoint yet, it names none (it said
+# "the newest checkpoint holds the last finite weights").
+expect_error "a run that diverges before its first checkpoint: told to train again" 1 \
+    "step 2: the gradient norm is not finite.*no checkpoint of it written; train again with a lower --lr$" "$TRAIN" \
+    --layers 2 --dim 64 --heads 4 --vocab 256 --seq 32 --steps 6 --warmup 0 --lr 1e30 --data "$WORK/tokens.bin" \
+    --ckpt-dir "$WORK/no-ckpt-yet" --ckpt-every 100 --quiet
 # Strict JSON: NaN and Infinity, which Python would take, are refused too.
 check "the diverged log: every line is JSON, a NaN loss null" "$PY" -c '
 import json, sys

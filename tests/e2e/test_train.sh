@@ -527,6 +527,40 @@ expect_error "a token file of one token" 1 "short1.bin: holds 1 token; a token f
     "$TRAIN" $TINY --data "$WORK/short1.bin"
 expect_error "no file matches --data" 1 "nothing.*bin" "$TRAIN" $TINY --data "$WORK/nothing*.bin"
 expect_error "token ids beyond the vocabulary" 1 "tokens_0.bin.*vocab" "$TRAIN" $TINY --vocab 64 --data "$WORK/tokens_0.bin"
+# A token file changed under a running trainer: cut short, it killed the
+# trainer with SIGBUS (exit 135, no message: the file was mapped); rewritten
+# in place with ids past the vocabulary, it fed them to the embedding. Each
+# window is now read, and checked: one error naming the file, exit 1.
+# change_under_training NAME CHANGE...: a long run on a copy of tokens_0.bin
+# (one rank), CHANGE run on the copy once step 2 is logged.
+change_under_training() {
+    name=$1
+    shift
+    cp "$WORK/tokens_0.bin" "$WORK/$name.bin"
+    rm -f "$WORK/$name.jsonl"
+    "$TRAIN" --model tiny --quiet --micro-batch 4 --steps 100000 --data "$WORK/$name.bin" --log "$WORK/$name.jsonl" \
+        </dev/null >"$WORK/.out" 2>"$WORK/.err" &
+    changing=$!
+    waited=0
+    while ! grep -q '^{"step":2,' "$WORK/$name.jsonl" 2>/dev/null && [ $waited -lt 600 ]; do
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    "$@" "$WORK/$name.bin"
+    wait "$changing"
+    RC=$?
+}
+change_under_training cut truncate -s 1100
+check_all "a token file cut short under training: exit 1, one line naming it" '[ "$RC" -eq 1 ] &&
+    [ "$(wc -l <"$WORK/.err")" -eq 1 ] && grep -Eq "cut.bin: ends before token [0-9]+, though it held [0-9]+ tokens when opened" "$WORK/.err"'
+# Every id 0xffff (a vocabulary of 256), the size unchanged.
+overwrite_tokens() {
+    "$PY" -c 'import os, sys; n = os.path.getsize(sys.argv[1]) - 1024
+f = open(sys.argv[1], "r+b"); f.seek(1024); f.write(b"\xff" * n)' "$1"
+}
+change_under_training rewritten overwrite_tokens
+check_all "a token file rewritten under training with ids past the vocabulary: exit 1, one line naming it" '[ "$RC" -eq 1 ] &&
+    [ "$(wc -l <"$WORK/.err")" -eq 1 ] && grep -Eq "rewritten.bin: token 65535 at position [0-9]+ is outside the vocabulary of 256" "$WORK/.err"'
 
 # --- prepare's output (docs/DATA.md "Writing a token file"): an existing one replaced only with --force and only
 # when it is a token file; the input never, by any path; written under a staging name of its own, nothing left
