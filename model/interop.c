@@ -614,6 +614,11 @@ static int load_hf_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t voca
                          "model.merges and added_tokens expected)", dir, cJSON_IsString(type) ? type->valuestring : "missing");
     size_t bytes = 0;
     const cJSON *entry;
+    if (status) { /* model.vocab may be a list (a Unigram model's), whose entries have no name */
+        cJSON_Delete(json);
+        cJSON_Delete(config);
+        return status;
+    }
     cJSON_ArrayForEach(entry, words) bytes += strlen(entry->string) + 1;
     cJSON_ArrayForEach(entry, added)
     {
@@ -636,6 +641,11 @@ static int load_hf_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t voca
             const cJSON *content = pass ? cJSON_GetObjectItemCaseSensitive(entry, "content") : NULL;
             const char *token = pass ? (cJSON_IsString(content) ? content->valuestring : NULL) : entry->string;
             double k = cJSON_IsNumber(id) ? id->valuedouble : -1;
+            if (!cJSON_IsNumber(id)) {
+                status = tp_fail(TP_ERR_FORMAT, "%s/tokenizer.json: token '%s' has no numeric id", dir,
+                                 token ? token : "(none)");
+                break;
+            }
             if (!token || k < 0 || k != floor(k) || k >= (double)vocab) {
                 status = tp_fail(TP_ERR_FORMAT, "%s/tokenizer.json: token '%s' has id %g, outside the model's vocabulary "
                                  "of %lld", dir, token ? token : "(none)", k, (long long)vocab);
@@ -767,7 +777,7 @@ static int load_tokenizer(gpt_gguf_metadata *m, const char *dir, int64_t vocab, 
     if (store_read_text_file(path, CKPT_INDEX_MAX_BYTES, &m->merge_text, &size))
         return tokenizer_missing();
     int64_t lines = 1;
-    for (int64_t i = 0; i < size; i++) lines += m->merge_text[i] == '\n';
+    for (int64_t i = 0; i < size; i++) lines += m->merge_text[i] == '\n' || m->merge_text[i] == '\r'; /* as strtok splits */
     m->merges = calloc((size_t)lines, sizeof *m->merges);
     if (!m->merges) return tp_fail(TP_ERR_NOMEM, "out of memory for %s", path);
     for (char *line = strtok(m->merge_text, "\r\n"); line; line = strtok(NULL, "\r\n")) {

@@ -130,6 +130,28 @@ PYEOF
 expect_ok "export gguf with a tokenizer" "$CKPT" export "$SRC" --format gguf --tokenizer "$WORK/tokenizer" -o "$WORK/tok.gguf"
 run "$PY" "$CHECK" gguf "$WORK/tok.gguf" "$SRC" --tokenizer "$WORK/tokenizer"
 check "gguf tokenizer matches vocab.json and merges.txt" [ "$RC" -eq 0 ]
+# merges.txt with lines ended by CR alone (old Mac line ends): the lines were
+# counted by LF and split at both, past the end of the list (heap corrupted,
+# exit 134 or 139). Python's splitlines, as the checker reads it, splits at both.
+mkdir "$WORK/tokenizer-cr"
+cp "$WORK/tokenizer/vocab.json" "$WORK/tokenizer-cr/"
+printf '#version: 0.2\rt 1\rt1 0\rt 2\rt 3\rt 4\rt 5\rt 6\rt 7\rt 8\r' >"$WORK/tokenizer-cr/merges.txt"
+expect_ok "export gguf with a tokenizer whose merges.txt ends lines with CR" "$CKPT" export "$SRC" --format gguf \
+    --tokenizer "$WORK/tokenizer-cr" -o "$WORK/tok-cr.gguf"
+run "$PY" "$CHECK" gguf "$WORK/tok-cr.gguf" "$SRC" --tokenizer "$WORK/tokenizer-cr"
+check "gguf tokenizer matches the CR-ended merges.txt" [ "$RC" -eq 0 ]
+# A tokenizer.json of a Unigram model (T5's): model.vocab a list of pairs,
+# which the byte count read as names (exit 139); refused, saying what it is.
+mkdir "$WORK/unigram"
+printf '{"model":{"type":"Unigram","vocab":[["<unk>",0.0],["a",-1.0]]}}' >"$WORK/unigram/tokenizer.json"
+expect_error "export with a Unigram tokenizer.json: refused" 1 "unigram/tokenizer.json: not a BPE tokenizer \(model.type Unigram" \
+    "$CKPT" export "$SRC" --format gguf --tokenizer "$WORK/unigram" -o "$WORK/unigram.gguf"
+printf '{"model":{"type":"BPE","vocab":[["a",1]],"merges":[]}}' >"$WORK/unigram/tokenizer.json"
+expect_error "export with a BPE tokenizer.json whose vocab is a list: refused" 1 "unigram/tokenizer.json: not a BPE tokenizer" \
+    "$CKPT" export "$SRC" --format gguf --tokenizer "$WORK/unigram" -o "$WORK/unigram.gguf"
+printf '{"model":{"type":"BPE","vocab":{"a":"0"},"merges":[]}}' >"$WORK/unigram/tokenizer.json"
+expect_error "export with a token id given as a string: said so" 1 "unigram/tokenizer.json: token 'a' has no numeric id" \
+    "$CKPT" export "$SRC" --format gguf --tokenizer "$WORK/unigram" -o "$WORK/unigram.gguf"
 
 # The vocabulary-250 exports above say no_vocab (the checker requires it);
 # a GGUF with a vocabulary is refused without the --tokenizer it came from.
