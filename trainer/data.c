@@ -64,6 +64,14 @@ static int read_header(int fd, const char *path, int64_t *count_out)
     if (count < 2 || (int64_t)sizeof header + count * 2 > (int64_t)st.st_size)
         return tp_fail(TP_ERR_FORMAT, "%s: header says %lld tokens, the file holds %lld (truncated?)", path,
                        (long long)count, (long long)((st.st_size - (off_t)sizeof header) / 2));
+    /* More than the header counts: tokens of another width (uint32 ids read
+     * as uint16 would train on every other one being 0), or a header
+     * written for a part of them. llm.c refuses such a file too. */
+    if ((int64_t)sizeof header + count * 2 < (int64_t)st.st_size)
+        return tp_fail(TP_ERR_FORMAT,
+                       "%s: header says %lld tokens (%lld bytes of uint16), the file holds %lld bytes after the header "
+                       "(tokens of another width, or a damaged header?)",
+                       path, (long long)count, (long long)count * 2, (long long)(st.st_size - (off_t)sizeof header));
     *count_out = count;
     return TP_OK;
 }
@@ -124,19 +132,32 @@ int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t see
         *out = d;
         return TP_OK;
     }
+    /* A path that exists is that file, even when it reads as a pattern
+     * (shard[1].bin); anything else is a glob. */
     glob_t g;
-    if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
-        free(d);
-        return tp_fail(TP_ERR_NOT_FOUND, "%s: no such token file", pattern);
+    char *literal[1] = {(char *)pattern};
+    char **paths = literal;
+    size_t num_paths = 1;
+    struct stat st;
+    int globbed = stat(pattern, &st) != 0;
+    if (globbed) {
+        int found = glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc > 0;
+        if (!found) {
+            globfree(&g);
+            free(d);
+            return tp_fail(TP_ERR_NOT_FOUND, "%s: no such token file", pattern);
+        }
+        paths = g.gl_pathv;
+        num_paths = g.gl_pathc;
     }
-    d->files = calloc(g.gl_pathc, sizeof *d->files);
+    d->files = calloc(num_paths, sizeof *d->files);
     int status = d->files ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; i < g.gl_pathc && !status; i++) {
-        status = open_file(&d->files[d->num_files], g.gl_pathv[i], vocab);
+    for (size_t i = 0; i < num_paths && !status; i++) {
+        status = open_file(&d->files[d->num_files], paths[i], vocab);
         if (d->files[d->num_files].path) d->num_files++; /* closed by dataset_close, whole or not */
         if (!status) d->total += d->files[d->num_files - 1].count;
     }
-    globfree(&g);
+    if (globbed) globfree(&g);
     if (status) {
         dataset_close(d);
         return status;
@@ -159,6 +180,14 @@ void dataset_close(dataset *d)
 int64_t dataset_tokens(const dataset *d)
 {
     return d->total;
+}
+
+int64_t dataset_longest_file(const dataset *d)
+{
+    int64_t longest = 0;
+    for (int i = 0; i < d->num_files; i++)
+        if (d->files[i].count > longest) longest = d->files[i].count;
+    return longest;
 }
 
 int dataset_read_tokens(const dataset *d, int64_t first, int64_t count, int *tokens)
@@ -268,6 +297,13 @@ static int write_tokens(FILE *in, const char *text_path, const store_ops *s, sto
     int64_t count = 0;
     size_t got;
     while (!status && (got = fread(bytes, 1, PREPARE_CHUNK, in)) > 0) {
+        /* The header counts in an int32: an endless input (/dev/zero) or a
+         * larger one stops here, not after writing all of it. */
+        if (count + (int64_t)got > INT32_MAX) {
+            status = tp_fail(TP_ERR_FORMAT, "%s: more than %d bytes: a token file holds 2 to %d tokens", text_path,
+                             INT32_MAX, INT32_MAX);
+            break;
+        }
         for (size_t i = 0; i < got; i++) tokens[i] = bytes[i]; /* byte-level vocabulary: token = byte */
         status = s->write_at(out, tokens, got * sizeof *tokens, HEADER_BYTES + count * (int64_t)sizeof *tokens);
         count += (int64_t)got;
@@ -289,13 +325,17 @@ int dataset_prepare(const char *text_path, const char *out_path, int overwrite)
     store_file *out = NULL;
     int64_t count = 0;
     int status = refuse_input_as_output(in, text_path, out_path);
+    struct stat st; /* a file known too large is refused before a byte is written */
+    if (!status && fstat(fileno(in), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > INT32_MAX)
+        status = tp_fail(TP_ERR_FORMAT, "%s: %lld bytes: a token file holds 2 to %d tokens", text_path,
+                         (long long)st.st_size, INT32_MAX);
     if (!status) status = store_stage(s, out_path, &stage, &staged);
     /* The staging file exists (store_stage made it): opened, never made
      * again, so that a signal's clean-up that removed it stays done. */
     if (!status) status = s->open(s, store_staged_path(staged), STORE_OPEN_WRITE, &out);
     if (!status) status = write_tokens(in, text_path, s, out, &count);
     fclose(in);
-    if (!status && (count > INT32_MAX || count < 2))
+    if (!status && count < 2)
         status = tp_fail(TP_ERR_FORMAT, "%s: %lld bytes: a token file holds 2 to %d tokens", text_path,
                          (long long)count, INT32_MAX);
     if (!status) {

@@ -27,6 +27,10 @@ int dataset_sample(const dataset *d, int64_t index, int64_t seq, int *tokens);
 /* Tokens in the files (0 for the synthetic dataset). */
 int64_t dataset_tokens(const dataset *d);
 
+/* Tokens in the longest file (0 for the synthetic dataset): a sample of
+ * seq + 1 tokens is a window inside one file. */
+int64_t dataset_longest_file(const dataset *d);
+
 /* Tokens [first, first + count) of the files read as one stream, in the
  * glob's order (for evaluation windows). Fails with TP_ERR_ARG when the
  * range is not inside the stream (or the dataset is synthetic). */

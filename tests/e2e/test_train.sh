@@ -526,6 +526,22 @@ expect_error "a token file of no token" 1 "short0.bin: holds 0 tokens; a token f
 expect_error "a token file of one token" 1 "short1.bin: holds 1 token; a token file needs at least 2" \
     "$TRAIN" $TINY --data "$WORK/short1.bin"
 expect_error "no file matches --data" 1 "nothing.*bin" "$TRAIN" $TINY --data "$WORK/nothing*.bin"
+# Three files of 20 tokens, 60 in all, seq 32: no file holds a window, and
+# every sample was 33 zeros (exit 0).
+for n in 1 2 3; do printf 'abcdefghijklmnopqrs%d' $n >"$WORK/few$n.txt"; "$TRAIN" prepare "$WORK/few$n.txt" -o "$WORK/few$n.bin"; done
+expect_error "files each shorter than a sequence: refused" 1 "few\*.bin: 20 tokens in its longest file, fewer than a sequence of 33" \
+    "$TRAIN" $TINY --data "$WORK/few*.bin"
+# A file whose name reads as a pattern is that file (it was globbed: "no such
+# token file", or another file matching the pattern).
+cp "$WORK/tokens_0.bin" "$WORK/shard[1].bin"
+cp "$WORK/bad.bin" "$WORK/shard1.bin" # what the pattern matches: not a token file
+expect_ok "--data names a file with brackets in its name: that file, not what it matches" "$TRAIN" $TINY --steps 2 \
+    --data "$WORK/shard[1].bin"
+# More bytes than the header counts: uint32 ids (every other token read as 0), or a damaged header.
+"$PY" -c 'import struct, sys
+open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, 100, *[0] * 253) + struct.pack("<100I", *range(100)))' "$WORK/wide.bin"
+expect_error "a token file of uint32 ids: refused" 1 "wide.bin: header says 100 tokens \(200 bytes of uint16\), the file holds 400 bytes" \
+    "$TRAIN" $TINY --data "$WORK/wide.bin"
 expect_error "token ids beyond the vocabulary" 1 "tokens_0.bin.*vocab" "$TRAIN" $TINY --vocab 64 --data "$WORK/tokens_0.bin"
 # A token file changed under a running trainer: cut short, it killed the
 # trainer with SIGBUS (exit 135, no message: the file was mapped); rewritten
@@ -581,6 +597,13 @@ done
 expect_error "prepare: the input through a link, -o the file itself --force: refused" 1 "corpus.txt is the input .*link.txt" \
     "$TRAIN" prepare "$P/link.txt" -o "$P/corpus.txt" --force
 check "prepare: the input is as it was" cmp -s "$P/corpus.txt" "$P/corpus.orig"
+# A text of more bytes than a token file counts (int32): refused before a
+# byte is written (it wrote all of it, 2 bytes a byte, then failed).
+truncate -s 3G "$P/huge.txt"
+expect_error "prepare: a text over 2^31 - 1 bytes: refused at once" 1 "huge.txt: 3221225472 bytes: a token file holds 2 to 2147483647 tokens" \
+    "$TRAIN" prepare "$P/huge.txt" -o "$P/huge.bin"
+check "prepare: nothing left of it" [ -z "$(ls -A "$P" | grep huge.bin)" ]
+rm -f "$P/huge.txt"
 expect_ok "prepare: a new output" "$TRAIN" prepare "$P/corpus.txt" -o "$P/tokens.bin"
 cp "$P/tokens.bin" "$P/tokens.first"
 head -c 3000 "$WORK/text.txt" >"$P/other.txt"
