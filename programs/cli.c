@@ -111,6 +111,29 @@ void cli_print_store_notices(const char *program)
     store_set_notice(print_store_notice, (void *)program);
 }
 
+static const char *stdout_program;
+
+/* on_exit's handler: a program that would exit 0 with its output lost (a
+ * full disk, a reader gone while SIGPIPE is ignored) exits 1 saying so. A
+ * failing exit has said why already. */
+static void check_stdout(int status, void *ctx)
+{
+    (void)ctx;
+    errno = 0;
+    int failed = ferror(stdout);
+    if (fflush(stdout) != 0) failed = 1;
+    if (!failed || status != 0) return;
+    fprintf(stderr, "%s: error: cannot write standard output: %s\n", stdout_program,
+            errno ? strerror(errno) : "a write failed");
+    _exit(1);
+}
+
+int cli_check_stdout_at_exit(const char *program)
+{
+    stdout_program = program;
+    return on_exit(check_stdout, NULL);
+}
+
 int cli_error(const char *program, const char *fmt, ...)
 {
     va_list args;

@@ -154,6 +154,12 @@ int64_t cli_peak_rss_bytes(void);
  * slow down, being waited out) as "PROGRAM: warning: TEXT" lines on stderr. */
 void cli_print_store_notices(const char *program);
 
+/* At an exit of status 0, standard output is flushed; when a write to it
+ * failed (a full disk: `> /dev/full`; a reader gone with SIGPIPE ignored),
+ * "PROGRAM: error: cannot write standard output: REASON" and exit 1, as
+ * coreutils do. Returns on_exit's result. */
+int cli_check_stdout_at_exit(const char *program);
+
 /* "PROGRAM: error: message" on stderr; returns 1, the failure exit status. */
 int cli_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -1356,6 +1356,7 @@ int main(int argc, char **argv)
     opterr = 0; /* rejected options are reported in one line */
     if (cli_clean_up_on_signals() != 0) return fail("cannot set up signal handling: %s", strerror(errno));
     cli_print_store_notices("tp-ckpt");
+    cli_check_stdout_at_exit("tp-ckpt");
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(usage_text, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -16,6 +16,7 @@ static const char usage[] =
 int main(int argc, char **argv)
 {
     cli_print_store_notices("tp-elastic");
+    cli_check_stdout_at_exit("tp-elastic");
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

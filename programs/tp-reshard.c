@@ -283,6 +283,7 @@ int main(int argc, char **argv)
     opterr = 0; /* rejected options are reported in one line */
     if (cli_clean_up_on_signals() != 0) return fail("cannot set up signal handling: %s", strerror(errno));
     cli_print_store_notices("tp-reshard");
+    cli_check_stdout_at_exit("tp-reshard");
     reshard_options options;
     reshard_options_init(&options);
     const char *to = NULL, *from = NULL, *out = NULL, *output_format = NULL;

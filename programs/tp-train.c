@@ -327,6 +327,7 @@ typedef struct {
     int quiet;
     const char *log_path;
     FILE *log;                /* rank 0, --log */
+    int log_failed;           /* a write to it failed (said once) */
     int resumed;
     int64_t resumed_step;
     char resumed_from[4200];  /* the checkpoint's path */
@@ -345,6 +346,22 @@ typedef struct {
 static double mfu(const reporter *p, double tokens_per_second)
 {
     return p->peak_flops > 0 ? tokens_per_second * p->flops_per_token / p->peak_flops : -1;
+}
+
+/* The log's line written out; a failed write (a full disk) is said once:
+ * tp-elastic, which reads the log for progress, would take the run for
+ * hung, and a silent log would hide why. */
+static void flush_log(reporter *p)
+{
+    if (fflush(p->log) == 0 && !ferror(p->log)) return;
+    if (!p->log_failed) {
+        char text[4400];
+        snprintf(text, sizeof text, "cannot write the log %s: %s; its lines are lost from here on", p->log_path,
+                 errno ? strerror(errno) : "a write failed");
+        fprintf(stderr, "tp-train: warning: %s\n", text);
+    }
+    p->log_failed = 1;
+    clearerr(p->log);
 }
 
 /* Fault injection for tests of recovery (tp-elastic): the program, which
@@ -456,7 +473,7 @@ static void log_start(reporter *p, const train_report *r)
             from,
             p->resumed ? p->load_seconds : 0.0,
             now_seconds() - p->started, unix_seconds());
-    fflush(p->log);
+    flush_log(p);
 }
 
 /* Every rank's peak resident memory in bytes, in world order (malloc'ed),
@@ -544,7 +561,7 @@ static void on_report(void *ctx, const train_report *r)
             if (mfu(p, r->tokens_per_second) >= 0)
                 fprintf(p->log, "\"mfu\":%s,", tp_json_number(n[8], "%.4f", mfu(p, r->tokens_per_second)));
             fprintf(p->log, "\"time\":%.6f}\n", unix_seconds());
-            fflush(p->log);
+            flush_log(p);
         }
         fflush(stdout);
         /* The first step's warm-up (allocations, cuBLAS's first choices) is left out of the kernel times. */
@@ -560,7 +577,7 @@ static void on_report(void *ctx, const train_report *r)
         if (p->log) {
             fprintf(p->log, "{\"event\":\"save\",\"step\":%lld,\"seconds\":%.3f,\"time\":%.6f}\n",
                     (long long)r->step, r->seconds, unix_seconds());
-            fflush(p->log);
+            flush_log(p);
         }
         break;
     case TRAIN_REPORT_SAVE_WAIT:
@@ -569,7 +586,7 @@ static void on_report(void *ctx, const train_report *r)
         if (p->log) {
             fprintf(p->log, "{\"event\":\"save_wait\",\"step\":%lld,\"time\":%.6f}\n", (long long)r->step,
                     unix_seconds());
-            fflush(p->log);
+            flush_log(p);
         }
         break;
     case TRAIN_REPORT_UPLOADED:
@@ -582,7 +599,7 @@ static void on_report(void *ctx, const train_report *r)
                     "\"upload_seconds\":%.3f,\"index_seconds\":%.3f,\"time\":%.6f}\n",
                     (long long)r->step, r->seconds, (long long)r->bytes, r->phases.write, r->phases.upload,
                     r->phases.index, unix_seconds());
-            fflush(p->log);
+            flush_log(p);
         }
         break;
     case TRAIN_REPORT_WARNING: warn_always(NULL, r->text); break;
@@ -628,7 +645,7 @@ static void report_kernel_times(reporter *p)
                     times[i].name, (double)times[i].calls / (double)steps, times[i].issue_seconds * 1e3 / (double)steps,
                     times[i].wait_seconds * 1e3 / (double)steps);
         fprintf(p->log, "],\"time\":%.6f}\n", unix_seconds());
-        fflush(p->log);
+        flush_log(p);
     }
 }
 
@@ -655,6 +672,7 @@ int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
     cli_print_store_notices("tp-train");
+    cli_check_stdout_at_exit("tp-train");
     if (argc > 1 && strcmp(argv[1], "prepare") == 0) return prepare(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_command(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "generate") == 0) return generate_command(argc - 1, argv + 1);
@@ -939,7 +957,9 @@ int main(int argc, char **argv)
                  : outcome.end == TRAIN_DIVERGED ? "diverged"
                                                  : "failed",
                  status ? outcome.reason : NULL, peak_rss, cm->world);
-        fclose(rep.log);
+        if (fclose(rep.log) != 0 && !rep.log_failed)
+            fprintf(stderr, "tp-train: warning: cannot write the log %s: %s; its stop line is lost\n", rep.log_path,
+                    strerror(errno));
         rep.log = NULL;
     }
     if (status && !outcome.all_ranks_know) end_job(cm, outcome.reason);

@@ -1,6 +1,7 @@
 /* evaluate.c: the loss of a checkpoint on token windows, and sampling text
  * from it. Forward passes only, through the same model code as training, so
  * `eval` at any layout computes what training would (to summation order). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,11 +149,16 @@ static int sample_token(const float *logits, int64_t vocab, double temperature, 
     return (int)best; /* rounding left target at the very end */
 }
 
-static void write_token(FILE *out, int token)
+/* A failed write (a full disk, a reader gone with SIGPIPE ignored) ends
+ * the generation: the rest would be computed for nobody. */
+static int write_token(FILE *out, int token)
 {
+    errno = 0;
     if (token < 256) fputc(token, out);
     else fprintf(out, "<|%d|>", token);
-    fflush(out);
+    if (fflush(out) != 0 || ferror(out))
+        return tp_fail(TP_ERR_IO, "cannot write the text: %s", errno ? strerror(errno) : "a write failed");
+    return TP_OK;
 }
 
 int generate_run(const generate_options *o, FILE *out)
@@ -194,14 +200,15 @@ int generate_run(const generate_options *o, FILE *out)
         double u = (double)(splitmix64(o->seed ^ splitmix64((uint64_t)k)) >> 11) * 0x1.0p-53;
         const float *logits = s->head->logits; /* fp32: inference_model's models are */
         int token = sample_token(logits + (len - 1) * V, m->config.vocab, o->temperature, u);
-        write_token(out, token);
+        status = write_token(out, token);
+        if (status) break;
         if (len == T) {
             memmove(context, context + 1, (size_t)(T - 1) * sizeof *context);
             len--;
         }
         context[len++] = token;
     }
-    fputc('\n', out);
+    if (!status) fputc('\n', out);
 done:
     free(context);
     gpt_model_free(m);

@@ -145,6 +145,21 @@ expect_ok "generate under mpirun with one rank" mpi_train 1 generate --ckpt "$WO
 check "writes the prompt and its continuation" grep -q "^hello" "$WORK/.out"
 expect_error "generate with an empty prompt: a usage error" 2 "--prompt is empty" \
     "$TRAIN" generate --ckpt "$WORK/relayout/step_00000010" --prompt ""
+# Output that cannot be written fails (exit 1, one line) instead of exit 0
+# with the text lost: a full disk, and a reader gone while SIGPIPE is
+# ignored (generate computed every token for nobody).
+expect_error "generate to a full disk: exit 1" 1 "^tp-train: error: cannot write the text: No space left on device" \
+    sh -c 'exec "$@" >/dev/full' sh "$TRAIN" generate --ckpt "$WORK/relayout/step_00000010" --prompt hello --tokens 5
+expect_error "eval to a full disk: exit 1" 1 "^tp-train: error: cannot write standard output: No space left on device" \
+    sh -c 'exec "$@" >/dev/full' sh "$TRAIN" eval --ckpt "$WORK/relayout/step_00000010" --data "$WORK/tokens.bin" --json
+expect_error "tp-ckpt info to a full disk: exit 1" 1 "^tp-ckpt: error: cannot write standard output: No space left on device" \
+    sh -c 'exec "$@" >/dev/full' sh "$BIN/tp-ckpt" info "$WORK/relayout/step_00000010"
+run bash -c 'trap "" PIPE; "$@" 2>"$0.generate-err" | head -c 1 >/dev/null; exit "${PIPESTATUS[0]}"' "$WORK/pipe" \
+    "$TRAIN" generate --ckpt "$WORK/relayout/step_00000010" --prompt hello --tokens 100000 --temperature 0
+check_all "generate to a reader that left, SIGPIPE ignored: stops, exit 1 (exit $RC)" '[ "$RC" -eq 1 ] &&
+    grep -q "^tp-train: error: cannot write the text: Broken pipe" "$WORK/pipe.generate-err"'
+expect_ok "a run whose log cannot be written" "$TRAIN" $TINY --steps 2 --log /dev/full
+check "says so once, on stderr" [ "$(grep -c "^tp-train: warning: cannot write the log /dev/full: No space left on device" "$WORK/.err")" -eq 1 ]
 expect_ok "the DCP converted as the refusal says" "$BIN/tp-reshard" "$WORK/dcp" --to tp1pp1 --format tp -o "$WORK/dcp-tp"
 expect_ok "eval of the original" "$TRAIN" eval --ckpt "$WORK/relayout/step_00000010" --data "$WORK/tokens.bin" --json
 original_loss=$(sed 's/.*"loss": \([^,]*\),.*/\1/' "$WORK/.out")
