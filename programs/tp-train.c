@@ -778,6 +778,9 @@ int main(int argc, char **argv)
     if (gpt_model_supported(&o.config)) die_usage("%s", tp_errmsg());
     o.seq = o.config.seq;
     if (o.resume && !o.ckpt_dir) die_usage("--resume needs --ckpt-dir");
+    /* The cosine decays from --lr to --min-lr: above it, the rate would grow all run long. */
+    if (o.min_lr > o.lr)
+        die_usage("--min-lr %g is above --lr %g: the schedule decays from --lr to --min-lr", o.min_lr, o.lr);
     if (o.sequence_parallel && tp < 2)
         die_usage("--sequence-parallel splits the rows of the norms and residuals over the tensor-parallel ranks: it "
                   "needs --tp 2 or more");

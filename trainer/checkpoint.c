@@ -312,6 +312,20 @@ static void *write_shard(void *arg)
     return NULL;
 }
 
+/* The seed of rng_json's first rank ("SEED:STEP", every rank's alike), as
+ * rng_json writes it: 1, or 0 for another writer's state (an import). */
+static int recorded_seed(const char *text, uint64_t *seed)
+{
+    cJSON *a = text ? cJSON_Parse(text) : NULL;
+    const cJSON *state = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(a, 0), "state");
+    unsigned long long value, step;
+    char end;
+    int found = cJSON_IsString(state) && sscanf(state->valuestring, "%16llx:%llu%c", &value, &step, &end) == 2;
+    if (found) *seed = value;
+    cJSON_Delete(a);
+    return found;
+}
+
 static char *rng_json(const comm *c, uint64_t seed, int64_t step)
 {
     /* The trainer draws its numbers from counters (seed, sample, element), so a
@@ -730,6 +744,7 @@ static int load_one(gpt_model *m, const char *path, const char *index_text, cons
         out->step = state->step;
         out->consumed_samples = state->consumed_samples;
         out->optimizer_loaded = !missing_optimizer;
+        out->seed_recorded = recorded_seed(state->rng_json, &out->seed);
         out->host_state_bytes = b->host_bytes;
         snprintf(out->path, sizeof out->path, "%s", ckpt_reader_path(r));
     }

@@ -93,6 +93,8 @@ typedef struct {
     int64_t consumed_samples;
     char path[4096];
     int optimizer_loaded;
+    int seed_recorded; /* the trainer's rng state names the seed of the run that wrote it: */
+    uint64_t seed;     /* that seed (which draws the samples) */
     int64_t host_state_bytes; /* this rank's: the host memory it held at once for a sharded optimizer's state it
                                  read, besides what it keeps and the staging of at most dp x 1M values on a
                                  device: on a first replica (dp rank 0) both moments whole with ZeRO-1, and one

@@ -579,6 +579,15 @@ static int resume(trainer *t, int64_t *start_step, int *loaded_one)
                       .optimizer_loaded = loaded.optimizer_loaded, .text = loaded.path,
                       .seconds = now_seconds() - start, .bytes = loaded.host_state_bytes};
     report(t, &r);
+    /* The seed draws the samples: another one changes the data order from
+     * here on (on purpose, to step past a bad batch; or a --seed forgotten). */
+    if (loaded.seed_recorded && loaded.seed != o->seed) {
+        char text[4400];
+        snprintf(text, sizeof text, "--seed %llu, but %s was trained with --seed %llu: the samples from here on are "
+                 "not the ones the run would have drawn", (unsigned long long)o->seed, loaded.path,
+                 (unsigned long long)loaded.seed);
+        warn(t, text);
+    }
     return TP_OK;
 }
 

@@ -525,6 +525,8 @@ expect_error "a token file of no token" 1 "short0.bin: holds 0 tokens; a token f
     "$TRAIN" $TINY --data "$WORK/short0.bin"
 expect_error "a token file of one token" 1 "short1.bin: holds 1 token; a token file needs at least 2" \
     "$TRAIN" $TINY --data "$WORK/short1.bin"
+expect_error "--min-lr above --lr: a usage error (the rate grew all run long)" 2 "--min-lr 1 is above --lr 0.001" \
+    "$TRAIN" $TINY --lr 0.001 --min-lr 1
 expect_error "no file matches --data" 1 "nothing.*bin" "$TRAIN" $TINY --data "$WORK/nothing*.bin"
 # Three files of 20 tokens, 60 in all, seq 32: no file holds a window, and
 # every sample was 33 zeros (exit 0).

@@ -158,6 +158,13 @@ run bash -c 'trap "" PIPE; "$@" 2>"$0.generate-err" | head -c 1 >/dev/null; exit
     "$TRAIN" generate --ckpt "$WORK/relayout/step_00000010" --prompt hello --tokens 100000 --temperature 0
 check_all "generate to a reader that left, SIGPIPE ignored: stops, exit 1 (exit $RC)" '[ "$RC" -eq 1 ] &&
     grep -q "^tp-train: error: cannot write the text: Broken pipe" "$WORK/pipe.generate-err"'
+# --resume with another --seed than the checkpoint's run: the samples from
+# there on differ (it went unsaid); a warning naming both, once.
+expect_ok "a run with --seed 7, stopped at step 3" "$TRAIN" $TINY --steps 6 --seed 7 --stop-at 3 --ckpt-dir "$WORK/seeded"
+expect_ok "resumed with the same seed" "$TRAIN" $TINY --steps 6 --seed 7 --stop-at 4 --ckpt-dir "$WORK/seeded" --resume
+check "no warning" [ ! -s "$WORK/.err" ]
+expect_ok "resumed at dp2 without --seed" mpi_train 2 $TINY --micro-batch 1 --dp 2 --steps 6 --ckpt-dir "$WORK/seeded" --resume
+check "a warning, once, naming both seeds" [ "$(grep -c "^tp-train: warning: --seed 1337, but .*seeded/step_00000004 was trained with --seed 7: the samples" "$WORK/.err")" -eq 1 ]
 expect_ok "a run whose log cannot be written" "$TRAIN" $TINY --steps 2 --log /dev/full
 check "says so once, on stderr" [ "$(grep -c "^tp-train: warning: cannot write the log /dev/full: No space left on device" "$WORK/.err")" -eq 1 ]
 expect_ok "the DCP converted as the refusal says" "$BIN/tp-reshard" "$WORK/dcp" --to tp1pp1 --format tp -o "$WORK/dcp-tp"
