@@ -334,6 +334,35 @@ static int adamw_step(gpt_model *m, const train_options *o, double lr, int64_t s
     return status;
 }
 
+/* Whether every weight is finite: a finite gradient norm times an absurd
+ * learning rate can still overflow them. A sum of squares of the pieces
+ * each rank updates (in double: weights up to 1e154 stay finite), over the
+ * world; asked before a save alone (a pass over the weights), so that no
+ * checkpoint holds them. Collective. */
+static int weights_finite(trainer *t, int *finite)
+{
+    gpt_model *m = t->model;
+    const float **spans = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *spans);
+    int64_t *lengths = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *lengths);
+    int count = 0, status = spans && lengths ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory for the weights' spans");
+    for (int i = 0; !status && i < m->num_params; i++) {
+        const param_view *v = &m->params[i];
+        int64_t first, n, in_shard;
+        shard_part(m, v, v->numel, &first, &n, &in_shard);
+        if (n == 0) continue;
+        spans[count] = m->zero ? m->shard_params + in_shard : v->data + first;
+        lengths[count++] = n;
+    }
+    double sumsq = 0;
+    if (!status) status = m->kernels->sum_of_squares(&sumsq, spans, lengths, count);
+    free(spans);
+    free(lengths);
+    TP_TRY(comm_agree(t->c, status, "checking the weights"));
+    TP_TRY(comm_all_reduce(t->c, GROUP_WORLD, &sumsq, 1, COMM_DOUBLE, COMM_SUM, COMM_HOST));
+    *finite = isfinite(sumsq);
+    return TP_OK;
+}
+
 /* Global norm (each stored piece counted once), clipping, AdamW. */
 static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr_out)
 {
@@ -644,14 +673,19 @@ static int train_step(trainer *t, int64_t step, int first, train_report *r)
     return TP_OK;
 }
 
+/* Whether a checkpoint is due after step: every --ckpt-every, the last step, a stop. */
+static int save_due(const train_options *o, int64_t step, int stop)
+{
+    return (o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == o->steps || stop;
+}
+
 /* Checkpoints after a step: finish a pending one, start one when due. */
 static int checkpoint_after(trainer *t, int64_t step, int stop)
 {
     const train_options *o = t->o;
     train_outcome *out = t->outcome;
     TP_TRY(saver_poll(t->saver, stop));
-    int due = (o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == o->steps || stop;
-    if (!due) return TP_OK;
+    if (!save_due(o, step, stop)) return TP_OK;
     int64_t pending = saver_pending_step(t->saver);
     if (pending >= 0) { /* the previous save is still being written: it must end first */
         train_report r = {.kind = TRAIN_REPORT_SAVE_WAIT, .step = pending};
@@ -713,8 +747,9 @@ static int finish_uploads(trainer *t)
  * the run ends, as Megatron's check for NaN in the loss and gradients ends
  * one. Training on would write checkpoints of NaN weights after the last
  * good ones (and tp-elastic --keep would prune those). Every rank holds the
- * same norm, so all end here together. */
-static int end_diverged(trainer *t, int64_t step, int64_t start_step)
+ * same norm, so all end here together. weights: the norm was finite but the
+ * update left weights that are not (weights_finite, asked before a save). */
+static int end_diverged(trainer *t, int64_t step, int64_t start_step, int weights)
 {
     train_outcome *out = t->outcome;
     if (t->o->ckpt_dir) {
@@ -729,9 +764,12 @@ static int end_diverged(trainer *t, int64_t step, int64_t start_step)
     if (out->checkpoints > 0) snprintf(newest, sizeof newest, "%s", out->last_checkpoint);
     else if (start_step > 0)
         snprintf(newest, sizeof newest, "the one of step %lld this run resumed from", (long long)start_step);
-    return tp_fail(TP_ERR_STATE, "step %lld: the gradient norm is not finite (the run diverged: a learning rate too "
-                   "high, or bad data): the step's update was not applied and no checkpoint of it written; %s%s%s",
-                   (long long)step, newest[0] ? "the newest checkpoint, " : "",
+    return tp_fail(TP_ERR_STATE, "step %lld: %s; %s%s%s", (long long)step,
+                   weights ? "the weights are not finite after its update (the run diverged: a learning rate too "
+                             "high): no checkpoint of them written"
+                           : "the gradient norm is not finite (the run diverged: a learning rate too high, or bad "
+                             "data): the step's update was not applied and no checkpoint of it written",
+                   newest[0] ? "the newest checkpoint, " : "",
                    newest[0] ? newest : "train again with a lower --lr",
                    newest[0] ? ", holds the last finite weights: resume from it with a lower --lr" : "");
 }
@@ -757,11 +795,20 @@ static int train_steps(trainer *t, int64_t start_step)
             r.tokens_per_second = (double)(t->global_batch * t->model->T) / r.seconds;
             report(t, &r);
             out->step = step - 1;
-            return end_diverged(t, step, start_step);
+            return end_diverged(t, step, start_step, 0);
         }
         int stop;
         int asked = (o->control && atomic_load(&o->control->stop)) || (o->stop_at > 0 && step == o->stop_at);
         TP_TRY(comm_any(c, asked, &stop));
+        int finite = 1;
+        if (o->ckpt_dir && save_due(o, step, stop)) TP_TRY(weights_finite(t, &finite));
+        if (!finite) {
+            r.seconds = now_seconds() - start;
+            r.tokens_per_second = (double)(t->global_batch * t->model->T) / r.seconds;
+            report(t, &r);
+            out->step = step - 1;
+            return end_diverged(t, step, start_step, 1);
+        }
         /* The checkpoint of a stop is written after the step's line: it is
          * synchronous, and a trainer killed once it is committed (a grace
          * period ending) must not leave a checkpoint of a step its log

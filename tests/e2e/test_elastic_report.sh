@@ -28,6 +28,15 @@ expect_error "a run that diverges before its first checkpoint: told to train aga
     "step 2: the gradient norm is not finite.*no checkpoint of it written; train again with a lower --lr$" "$TRAIN" \
     --layers 2 --dim 64 --heads 4 --vocab 256 --seq 32 --steps 6 --warmup 0 --lr 1e30 --data "$WORK/tokens.bin" \
     --ckpt-dir "$WORK/no-ckpt-yet" --ckpt-every 100 --quiet
+# A finite gradient norm times a learning rate past float's range: the
+# update overflows the weights (it wrote a checkpoint of them, exit 0, and
+# verify said ok). Checked before a save: none written, the stop diverged.
+expect_error "an update that overflows the weights: the run ends before saving them" 1 \
+    "step 1: the weights are not finite after its update .*no checkpoint of them written; train again with a lower --lr$" \
+    "$TRAIN" --layers 2 --dim 64 --heads 4 --vocab 256 --seq 32 --steps 3 --warmup 0 --lr 1e39 --data "$WORK/tokens.bin" \
+    --ckpt-dir "$WORK/overflow" --ckpt-every 1 --log "$WORK/overflow.jsonl" --quiet
+check "no checkpoint written, the stop line diverged" sh -c '[ -z "$(ls "$1" | grep step_)" ] && grep -q "\"reason\":\"diverged\"" "$2"' \
+    sh "$WORK/overflow" "$WORK/overflow.jsonl"
 # Strict JSON: NaN and Infinity, which Python would take, are refused too.
 check "the diverged log: every line is JSON, a NaN loss null" "$PY" -c '
 import json, sys
