@@ -59,6 +59,31 @@ for trial in 1 2 3; do
         '[ "$(ls "$D" | tr "\n" " ")" = "latest step_00000002 " ] && [ "$(model_of "$D/step_00000002")" = "2 64" ]'
 done
 
+# A checkpoint written by another program into a live run directory (an
+# output named step_N, which becomes the run's `latest`): refused, naming
+# the trainer. tp-reshard and synth took `latest` over (a newer step of
+# another model) and the trainer's stop checkpoint stayed behind it, so the
+# next --resume continued the other model.
+D="$WORK/writers"
+mkdir -p "$WORK/other"
+"$CK" synth -o "$WORK/other/step_00099999" --step 99999 --tp 1 --pp 1 --model tiny --seed 7 >/dev/null
+TP_CKPT_FAULT=$(held writers) "$TRAIN" $LONG --ckpt-dir "$D" >"$WORK/first.out" 2>&1 &
+first=$!
+wait_for "$D/.tp-run.lock" 20
+named_in "$D/.tp-run.lock" "pid $first " 20
+expect_error "tp-reshard -o a live run's step_N: refused, naming the trainer" 1 \
+    "$D is in use by tp-train \(pid $first $HOST_PATTERN" "$BIN/tp-reshard" "$WORK/other/step_00099999" --to tp1 -o "$D/step_00099999"
+expect_error "tp-ckpt synth -o a live run's step_N: refused, naming the trainer" 1 \
+    "$D is in use by tp-train \(pid $first $HOST_PATTERN" "$CK" synth -o "$D/step_00199999" --step 199999 --tp 1 --pp 1 --model tiny
+release writers
+wait $first
+rc=$?
+check_all "the trainer undisturbed (exit $rc), latest its own, no other checkpoint" \
+    '[ $rc -eq 0 ] && [ "$(cat "$D/latest")" = step_00000002 ] && [ "$(ls "$D" | tr "\n" " ")" = "latest step_00000002 " ]'
+expect_ok "with the trainer gone, synth writes a step of the run" "$CK" synth -o "$D/step_00000004" --step 4 --tp 1 --pp 1 \
+    --model tiny
+check "and the lock named it while it wrote" grep -q "^tp-ckpt (pid [0-9]* $HOST_PATTERN" "$D/.tp-run.lock"
+
 # Under mpirun, the claim is rank 0's and its verdict every rank's. (The
 # second trainers here pass --resume, as a job script does: without it, a
 # directory where the first has committed a checkpoint is refused for that,
