@@ -37,9 +37,12 @@ static int create_hdf5(void *ctx)
     hid_t fapl = ckpt_h5_file_access(), fcpl = H5Pcreate(H5P_FILE_CREATE);
     if (fapl >= 0 && fcpl >= 0 && H5Pset_obj_track_times(fcpl, 0) >= 0)
         f->file = H5Fcreate(f->temp, H5F_ACC_TRUNC, fcpl, fapl);
+    /* HDF5's error stack read before another call of its API clears it (a
+     * full disk was "no detail from HDF5"). */
+    int status = f->file < 0 ? ckpt_fail_hdf5("%s: cannot create", f->temp) : TP_OK;
     if (fapl >= 0) H5Pclose(fapl);
     if (fcpl >= 0) H5Pclose(fcpl);
-    return TP_OK;
+    return status;
 }
 
 int ckpt_flat_create(ckpt_flat_file **out, const char *path, const store_stage_options *options)
@@ -60,7 +63,6 @@ int ckpt_flat_create(ckpt_flat_file **out, const char *path, const store_stage_o
     snprintf(f->path, sizeof f->path, "%s", path);
     /* HDF5 makes the file by its name: not once a signal's clean-up ran. */
     status = store_staged_create(f->staged, create_hdf5, f);
-    if (!status && f->file < 0) status = ckpt_fail_hdf5("%s: cannot create", f->temp);
     if (!status) status = f->storage->open(f->storage, f->temp, STORE_OPEN_WRITE, &f->data);
     if (status) {
         ckpt_flat_abort(f);

@@ -94,8 +94,11 @@ static int open_shard(ckpt_writer *w, shard_file *s)
     hid_t fapl = ckpt_h5_file_access();
     if (fapl < 0) return ckpt_fail_hdf5("%s: cannot set up file access", s->path);
     s->file = H5Fcreate(s->path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    /* Read HDF5's error stack before another call of its API clears it (a
+     * full disk was "no detail from HDF5"). */
+    status = s->file < 0 ? ckpt_fail_hdf5("%s: cannot create shard file", s->path) : TP_OK;
     H5Pclose(fapl);
-    if (s->file < 0) return ckpt_fail_hdf5("%s: cannot create shard file", s->path);
+    if (status) return status;
     int64_t version[2] = {CKPT_FORMAT_MAJOR, CKPT_FORMAT_MINOR};
     int64_t coords[2] = {s->pp, s->tp};
     int64_t complete = 0;

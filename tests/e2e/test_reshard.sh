@@ -217,4 +217,17 @@ expect_error "bad memory limit" 2 "--memory-limit expects" "$RS" "$WORK/src" --t
 expect_error "memory limit too small" 1 "memory limit of .* is too small: tensor (model|optim)/[^ ?]+ needs at least" "$RS" "$WORK/src" --to tp2 -o "$WORK/x8" --memory-limit 1M
 expect_ok "--help" "$RS" --help
 
+# A file system that refuses the first byte (a full disk; here a file-size
+# limit of 0, its signal ignored): HDF5's own reason is reported, for a
+# shard file and for a whole-model HDF5 (it was "no detail from HDF5": the
+# error stack was read after another HDF5 call had cleared it).
+expect_ok "a checkpoint to write out" "$CK" synth -o "$WORK/full-src" --tp 1 --pp 1 --model tiny
+# The limit is the command's alone: its stderr goes through a pipe to the test's file.
+NO_FILE_BYTES='trap "" XFSZ; (ulimit -f 0; exec "$@") 2>&1 | cat >&2; exit "${PIPESTATUS[0]}"'
+expect_error "a shard file that cannot be written: HDF5's reason" 1 "shard_pp00_tp00.h5: cannot create shard file: file write failed: File too large" \
+    bash -c "$NO_FILE_BYTES" bash "$RS" "$WORK/full-src" --to tp1 -o "$WORK/full-out"
+expect_error "an HDF5 export that cannot be written: HDF5's reason" 1 "cannot create: file write failed: File too large" \
+    bash -c "$NO_FILE_BYTES" bash "$CK" export "$WORK/full-src" --format hdf5 -o "$WORK/full.h5"
+check "nothing left of either" [ -z "$(ls -A "$WORK" | grep full-out)$(ls -A "$WORK" | grep full.h5)" ]
+
 finish
