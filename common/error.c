@@ -51,7 +51,12 @@ int tp_fail_context(int status, const char *fmt, ...)
     va_end(args);
     memcpy(old, last_message, sizeof old);
     if (!prefix[0]) return status;
-    if (snprintf(last_message, sizeof last_message, "%s: %s", prefix, old) >= (int)sizeof last_message)
+    /* The message may name the context's file already ("P: cannot write"
+     * under "P: tensor T"): said once, "P: tensor T: cannot write". */
+    const char *rest = old;
+    size_t lead = strcspn(prefix, ":");
+    if (lead > 0 && strncmp(old, prefix, lead) == 0 && old[lead] == ':' && old[lead + 1] == ' ') rest = old + lead + 2;
+    if (snprintf(last_message, sizeof last_message, "%s: %s", prefix, rest) >= (int)sizeof last_message)
         strcpy(last_message + sizeof last_message - 4, "...");
     return status;
 }

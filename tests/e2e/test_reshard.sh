@@ -228,6 +228,12 @@ expect_error "a shard file that cannot be written: HDF5's reason" 1 "shard_pp00_
     bash -c "$NO_FILE_BYTES" bash "$RS" "$WORK/full-src" --to tp1 -o "$WORK/full-out"
 expect_error "an HDF5 export that cannot be written: HDF5's reason" 1 "cannot create: file write failed: File too large" \
     bash -c "$NO_FILE_BYTES" bash "$CK" export "$WORK/full-src" --format hdf5 -o "$WORK/full.h5"
+# The foreign writers name the file once (it was "F: tensor T: F: cannot write").
+for format in megatron dcp torch_dist; do
+    run bash -c "$NO_FILE_BYTES" bash "$RS" "$WORK/full-src" --to tp1 --format $format -o "$WORK/full-out"
+    check_all "--format $format to a file that cannot be written: exit 1, its file named once" '[ "$RC" -eq 1 ] &&
+        grep -Eq "^tp-reshard: error: [^ ]*(model_optim_rng.pt|__0_0.distcp): (tensor [^ ]*: )?cannot write: File too large$" "$WORK/.err"'
+done
 check "nothing left of either" [ -z "$(ls -A "$WORK" | grep full-out)$(ls -A "$WORK" | grep full.h5)" ]
 
 finish
