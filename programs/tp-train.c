@@ -1,7 +1,7 @@
 /* tp-train: trains a GPT with tensor, pipeline and data parallelism, one
  * process per rank (mpirun -np N build/bin/tp-train ...). A thin layer over
  * train.h; see `tp-train --help`. Exit status: 0 success (also after a
- * checkpoint on SIGTERM, SIGUSR1 or a first SIGINT), 1 failure, 2 usage. */
+ * checkpoint on SIGTERM, SIGUSR1, SIGHUP or a first SIGINT), 1 failure, 2 usage. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <getopt.h>
@@ -53,9 +53,9 @@ static const char *usage_text =
     "           each rank writes its part of checkpoints, which resume at any layout, with or without it\n"
     "data:      --data FILE|GLOB              token files (docs/DATA.md); default: synthetic data\n"
     "checkpoints: --ckpt-dir DIR|URL --ckpt-every N --resume [--sync-save] [--stop-at N] [--ckpt-cache DIR]\n"
-    "           written asynchronously; SIGTERM, SIGUSR1 or a first SIGINT (Ctrl-C), or --stop-at: finish the\n"
-    "           step, checkpoint, exit 0 (a second SIGINT ends it at once; a run resumed at or past --stop-at N\n"
-    "           stops before training). --resume continues from the newest intact checkpoint, at any layout;\n"
+    "           written asynchronously; SIGTERM, SIGUSR1, SIGHUP or a first SIGINT (Ctrl-C), or --stop-at: finish\n"
+    "           the step, checkpoint, exit 0 (a second SIGINT ends it at once; a run resumed at or past\n"
+    "           --stop-at N stops before training). --resume continues from the newest intact checkpoint, at any layout;\n"
     "           without it, a --ckpt-dir that holds committed checkpoints is refused (exit 2): a new run never\n"
     "           replaces another's history. A checkpoint itself as --ckpt-dir is refused (exit 2): new\n"
     "           checkpoints go into a run directory, never inside a checkpoint (mkdir RUN; cp -r CKPT RUN/step_N).\n"
@@ -305,8 +305,9 @@ static int generate_command(int argc, char **argv)
 
 static train_control control;
 
-/* SIGTERM and SIGUSR1 (a scheduler's preemption) and a first SIGINT
- * (Ctrl-C): finish the step, checkpoint, exit 0. A second SIGINT ends the
+/* SIGTERM and SIGUSR1 (a scheduler's preemption), SIGHUP (the terminal
+ * gone) and a first SIGINT (Ctrl-C): finish the step, checkpoint, exit 0
+ * (SIGHUP's default killed the run with no checkpoint of its last steps). A second SIGINT ends the
  * program at once: the first put back its default action (sigaction is
  * async-signal-safe). */
 static void on_signal(int signal)
@@ -922,11 +923,11 @@ int main(int argc, char **argv)
     o.control = &control;
     int unhandled = TP_OK;
     if (cli_catch_signal(SIGTERM, on_signal) || cli_catch_signal(SIGUSR1, on_signal) ||
-        cli_catch_signal(SIGINT, on_signal)) {
-        unhandled = tp_fail(TP_ERR_IO, "cannot handle SIGTERM, SIGUSR1 and SIGINT: %s", strerror(errno));
+        cli_catch_signal(SIGHUP, on_signal) || cli_catch_signal(SIGINT, on_signal)) {
+        unhandled = tp_fail(TP_ERR_IO, "cannot handle SIGTERM, SIGUSR1, SIGHUP and SIGINT: %s", strerror(errno));
         fprintf(stderr, "tp-train: error (rank %d): %s\n", cm->rank, tp_errmsg());
     }
-    if (comm_agree(cm, unhandled, "handling SIGTERM, SIGUSR1 and SIGINT")) {
+    if (comm_agree(cm, unhandled, "handling SIGTERM, SIGUSR1, SIGHUP and SIGINT")) {
         comm_free(cm);
         return 1;
     }

@@ -1,7 +1,7 @@
 #!/bin/sh
 # End-to-end tests of tp-train: the PyTorch cross-check at three layouts,
 # bf16, layout invariance, the global batch kept across layouts, preemption
-# by signals (SIGTERM, SIGUSR1, a first SIGINT; a second SIGINT), refusal of and fallback from a corrupted checkpoint, token
+# by signals (SIGTERM, SIGUSR1, SIGHUP, a first SIGINT; a second SIGINT), refusal of and fallback from a corrupted checkpoint, token
 # files, and errors on bad input (exact resume and resume at a new layout:
 # test_train_resume.sh). Tiny models, so that it stays fast on two cores.
 # takes: about 110 s beside two other tests on 2 cores (scripts/run-tests.py orders by it)
@@ -440,6 +440,8 @@ preempt() {
 }
 preempt sigterm TERM self 1
 preempt sigint INT self 1
+# SIGHUP (a terminal or session gone) killed the run with no checkpoint of its last steps.
+preempt sighup HUP self 1
 preempt ranks-sigterm TERM ranks 2 --tp 2
 preempt mpirun-sigusr1 USR1 mpirun 2 --tp 2
 # A second SIGINT ends the trainer at once (SIGINT's default action): no
