@@ -2,9 +2,12 @@
  * built-in format is a detect and an open over its reader (megatron.h,
  * dcp.h, ckpt.h) and a writer (registry_write.c); formats_register adds
  * others before them. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../common/error.h"
 #include "registry.h"
@@ -106,6 +109,11 @@ int formats_detect(const char *path, const checkpoint_format **out)
      * the first file a format's detect would look for there. */
     const store_ops *store;
     TP_TRY(store_for(path, &store));
+    /* A directory this process may not read is said to be that, not a
+     * missing file of the first format asked (Megatron's tracker). */
+    struct stat st;
+    if (!store_is_remote(path) && stat(path, &st) == 0 && S_ISDIR(st.st_mode) && access(path, R_OK | X_OK) != 0)
+        return tp_fail(TP_ERR_IO, "%s: cannot read the directory: %s", path, strerror(errno));
     const checkpoint_format *f;
     for (int i = 0; (f = format_at(i)) != NULL; i++) {
         int found = 1;

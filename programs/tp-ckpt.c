@@ -647,18 +647,26 @@ static int cmd_verify(int argc, char **argv)
         formats_source_close(source);
         return code;
     }
+    /* A piece the system would not read (a permission, a disk's I/O error)
+     * is said to be unreadable: nothing in the checkpoint is known wrong. */
     const char *previous = "";
+    int unreadable = 0;
     for (int i = 0; i < result.damaged; i++) {
+        int io = result.damage[i].status == TP_ERR_IO;
+        unreadable += io;
         /* A damaged file fails each of its pieces with one message: once. */
         if (strcmp(result.damage[i].message, previous) != 0)
-            fprintf(stderr, "tp-ckpt: damaged: %s\n", result.damage[i].message);
+            fprintf(stderr, "tp-ckpt: %s: %s\n", io ? "unreadable" : "damaged", result.damage[i].message);
         previous = result.damage[i].message;
     }
     char size[32];
     format_bytes((double)result.bytes, size, sizeof size);
-    if (result.damaged)
-        fprintf(stderr, "tp-ckpt: error: %s: %d of %lld pieces damaged\n", ckpt_reader_path(r), result.damaged,
-                (long long)result.pieces);
+    if (result.damaged > unreadable)
+        fprintf(stderr, "tp-ckpt: error: %s: %d of %lld pieces damaged\n", ckpt_reader_path(r),
+                result.damaged - unreadable, (long long)result.pieces);
+    if (unreadable)
+        fprintf(stderr, "tp-ckpt: error: %s: %d of %lld pieces could not be read (not known damaged)\n",
+                ckpt_reader_path(r), unreadable, (long long)result.pieces);
     int bad = result.damaged;
     if (!bad && ckpt_reader_is_foreign(r)) {
         /* The optimizer state the reader could not take: damaged fails, a

@@ -207,4 +207,26 @@ expect_error "bad number" 2 "--tp expects an integer" "$CK" synth -o "$WORK/x" -
 expect_error "synth without a model shape" 2 "synth needs" "$CK" synth -o "$WORK/x"
 expect_error "bad compression" 2 "--compress expects" "$CK" synth -o "$WORK/x" $MODEL --compress lz4
 
+# What the system will not let this process read is said to be that, not
+# damage nor a missing Megatron tracker: verify said "damaged ... N pieces
+# damaged" of a shard it had no permission to open, and a directory it could
+# not list was "cannot tell its checkpoint format: DIR/latest_checkpointed_iteration.txt".
+# As another user (root reads anything): needs root and setpriv.
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+    expect_ok "a checkpoint to hide" "$CK" synth -o "$WORK/hidden" --tp 2 --pp 1 $MODEL
+    chmod 755 "$WORK"
+    chmod 000 "$WORK/hidden/shard_pp00_tp00.h5"
+    run setpriv --reuid=65534 --regid=65534 --clear-groups "$CK" verify "$WORK/hidden"
+    check_all "verify of a shard it may not open: unreadable, not damaged (exit $RC)" '[ "$RC" -eq 1 ] &&
+        grep -q "^tp-ckpt: unreadable: .*shard_pp00_tp00.h5: cannot open: Permission denied" "$WORK/.err" &&
+        grep -q "pieces could not be read (not known damaged)" "$WORK/.err" && ! grep -q "pieces damaged\|^tp-ckpt: damaged" "$WORK/.err"'
+    chmod 644 "$WORK/hidden/shard_pp00_tp00.h5"
+    chmod 000 "$WORK/hidden"
+    expect_error "verify of a directory it may not read: said so" 1 "hidden: cannot read the directory: Permission denied" \
+        setpriv --reuid=65534 --regid=65534 --clear-groups "$CK" verify "$WORK/hidden"
+    chmod 755 "$WORK/hidden"
+else
+    echo "[SKIP] [$NAME] unreadable files: needs root and setpriv to read as another user"
+fi
+
 finish
