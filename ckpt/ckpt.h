@@ -235,6 +235,9 @@ typedef struct {
      * (store_staging_owner of the process that prepares and commits); NULL
      * (default): this process's own. */
     const char *staging_owner;
+    /* With overwrite: seconds a commit waits for the readers of the
+     * checkpoint it replaces to finish (0, the default: refused at once). */
+    double wait_for_readers;
 } ckpt_write_options;
 
 void ckpt_write_options_init(ckpt_write_options *options);

@@ -155,7 +155,8 @@ static int stage_checkpoint(const ckpt_write_options *options, const char *path,
     const store_ops *storage;
     TP_TRY(storage_of(options, path, &storage));
     store_stage_options stage = {.directory = 1, .overwrite = options->overwrite,
-                                 .may_replace = ckpt_may_replace_checkpoint, .owner = owner};
+                                 .may_replace = ckpt_may_replace_checkpoint, .owner = owner,
+                                 .wait_for_readers = options->wait_for_readers};
     return store_stage(storage, path, &stage, out);
 }
 

@@ -37,6 +37,7 @@ struct store_staged {
     char path[TP_PATH_MAX];    /* the final name */
     char staging[TP_PATH_MAX]; /* where it is written */
     int directory, overwrite;
+    double wait_for_readers;
     store_replace_check may_replace;
     void *ctx;
     store_file *lock; /* held while the entry lives */
@@ -347,6 +348,7 @@ int store_stage(const store_ops *storage, const char *path, const store_stage_op
     strcpy(s->path, path);
     s->directory = options->directory;
     s->overwrite = options->overwrite;
+    s->wait_for_readers = options->wait_for_readers;
     s->may_replace = options->may_replace;
     s->ctx = options->ctx;
     int live = 0;
@@ -378,6 +380,31 @@ const char *store_staged_target(const store_staged *staged)
     return staged->path;
 }
 
+/* The lock on what is at st's path, taken as its readers let go, within
+ * st->wait_for_readers seconds (outside the registry's lock, which a
+ * signal's clean-up takes); *held NULL when nothing is there, or when the
+ * wait ran out (then the publish refuses as it does at once). A stop by a
+ * signal ends the wait. */
+static int wait_for_readers(store_staged *st, store_file **held)
+{
+    const store_ops *s = st->storage;
+    *held = NULL;
+    double waited = 0, pause = 0.05;
+    for (;;) {
+        pthread_mutex_lock(&registry_lock);
+        int stopping = cancelled;
+        pthread_mutex_unlock(&registry_lock);
+        if (stopping || !store_exists(s, st->path)) return TP_OK;
+        int status = s->lock(s, st->path, 0, held);
+        if (status != TP_ERR_EXISTS) return status;
+        if (waited >= st->wait_for_readers) return TP_OK;
+        struct timespec t = {0, (long)(pause * 1e9)};
+        nanosleep(&t, NULL);
+        waited += pause;
+        if (pause < 0.5) pause *= 2;
+    }
+}
+
 int store_staged_publish(store_staged *st)
 {
     const store_ops *s = st->storage;
@@ -398,6 +425,7 @@ int store_staged_publish(store_staged *st)
     /* The rename under the registry's lock: a signal's clean-up either finds
      * the output published or stops it from being published. */
     store_file *replaced = NULL; /* the lock on what is replaced */
+    if (!status && st->overwrite && st->wait_for_readers > 0) status = wait_for_readers(st, &replaced);
     pthread_mutex_lock(&registry_lock);
     if (!status && cancelled)
         status = tp_fail(TP_ERR_STATE, "%s: not published: the process is being stopped by a signal", st->path);
@@ -407,7 +435,7 @@ int store_staged_publish(store_staged *st)
             tp_fail(TP_ERR_EXISTS, "%s appeared while this output was written (another writer?); not replaced%s",
                     st->path, st->overwrite ? "" : " without --force");
         if (!status) status = s->sync_dir(s, parent);
-    } else if (!status) {
+    } else if (!status && !replaced) {
         /* Not while a reader holds what is there (ckpt_reader_open locks a
          * checkpoint shared): it would mix the two. */
         status = s->lock(s, st->path, 0, &replaced);

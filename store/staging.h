@@ -34,6 +34,10 @@ typedef struct {
     store_replace_check may_replace; /* asked before anything is replaced; NULL: nothing is */
     void *ctx;
     const char *owner; /* owner part of the staging name; NULL: a fresh one, this writer's alone */
+    /* With overwrite: how long publishing waits for the readers of what is
+     * there to finish (0: refused at once, as a user's --force is; a
+     * trainer saving a step again waits rather than fail the run). */
+    double wait_for_readers;
 } store_stage_options;
 
 /* Checks that path may be written (its parent exists; what is there only
@@ -49,7 +53,7 @@ const char *store_staged_target(const store_staged *staged);
 /* Syncs the staging entry (files inside are the caller's to sync) and renames
  * it to its path: without overwrite never over something published there
  * meanwhile; with it, by atomic exchange, and not while a reader holds what
- * is there (a shared lock). Frees staged whatever the outcome; on failure
+ * is there (a shared lock; waited for up to wait_for_readers seconds). Frees staged whatever the outcome; on failure
  * the staging entry is removed. */
 int store_staged_publish(store_staged *staged);
 /* Removes the staging entry; frees staged. */

@@ -16,6 +16,11 @@
 #include "checkpoint.h"
 #include "zero.h"
 
+/* A step saved again (a run resumed before it) replaces the checkpoint of
+ * that step, not while a reader (an eval, a conversion) holds it: the save
+ * waits this long for it to finish, rather than end the run. */
+#define SAVE_WAITS_FOR_READERS 600.0
+
 /* Catalogue entries a model view is saved as and loaded from: the parameter
  * and its two moments. */
 typedef struct {
@@ -189,6 +194,7 @@ static void shard_options(const saver *s, ckpt_write_options *options)
     const comm *c = s->model->comm;
     ckpt_write_options_init(options);
     options->overwrite = 1;
+    options->wait_for_readers = SAVE_WAITS_FOR_READERS;
     options->shard_pp = c->pp_rank;
     options->shard_tp = c->tp_rank;
     options->shard_dp = c->dp_rank; /* the first rank: the shard's file; the others (ZeRO-1) their own */
@@ -357,6 +363,7 @@ static void *commit_checkpoint(void *arg)
     ckpt_write_options options;
     ckpt_write_options_init(&options);
     options.overwrite = 1;
+    options.wait_for_readers = SAVE_WAITS_FOR_READERS;
     options.update_latest = 1;
     options.staging_owner = s->owner;
     double start = now_seconds();

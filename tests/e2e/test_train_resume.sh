@@ -165,6 +165,30 @@ expect_ok "resumed with the same seed" "$TRAIN" $TINY --steps 6 --seed 7 --stop-
 check "no warning" [ ! -s "$WORK/.err" ]
 expect_ok "resumed at dp2 without --seed" mpi_train 2 $TINY --micro-batch 1 --dp 2 --steps 6 --ckpt-dir "$WORK/seeded" --resume
 check "a warning, once, naming both seeds" [ "$(grep -c "^tp-train: warning: --seed 1337, but .*seeded/step_00000004 was trained with --seed 7: the samples" "$WORK/.err")" -eq 1 ]
+# A step saved again (a run resumed before it, `latest` behind a committed
+# step) while a reader holds that step's checkpoint: the save waits for the
+# reader to finish (the run failed at its last save, "being read ... not
+# replaced", its steps lost). The reader, a reshard, is held at its commit
+# until the trainer has logged its last step.
+D="$WORK/reread"
+expect_ok "a run of 10 steps" "$TRAIN" $TINY --steps 10 --ckpt-every 5 --ckpt-dir "$D"
+echo step_00000005 >"$D/latest"
+TP_CKPT_FAULT="before-rename:WAIT:$WORK/reread.release" "$BIN/tp-reshard" "$D/step_00000010" --to tp1 \
+    -o "$WORK/reread-out" >/dev/null 2>&1 &
+reader=$!
+wait_for "$WORK/reread.release.held" 60
+"$TRAIN" $TINY --steps 10 --ckpt-every 5 --ckpt-dir "$D" --resume --log "$WORK/reread.jsonl" >"$WORK/.out" 2>"$WORK/.err" &
+trainer=$!
+waited=0
+while ! grep -q '^{"step":10,' "$WORK/reread.jsonl" 2>/dev/null && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
+sleep 1
+check "the trainer waits for the reader of step 10" kill -0 "$trainer"
+: >"$WORK/reread.release"
+wait "$reader"
+wait "$trainer"
+RC=$?
+check_all "then saves it: exit 0, latest step 10 (exit $RC)" '[ "$RC" -eq 0 ] && [ "$(cat "$D/latest")" = step_00000010 ]'
+expect_ok "and it verifies" "$BIN/tp-ckpt" verify "$D/step_00000010"
 expect_ok "a run whose log cannot be written" "$TRAIN" $TINY --steps 2 --log /dev/full
 check "says so once, on stderr" [ "$(grep -c "^tp-train: warning: cannot write the log /dev/full: No space left on device" "$WORK/.err")" -eq 1 ]
 expect_ok "the DCP converted as the refusal says" "$BIN/tp-reshard" "$WORK/dcp" --to tp1pp1 --format tp -o "$WORK/dcp-tp"
