@@ -124,3 +124,9 @@ int tp_path_within(const char *path, const char *outer, int *within)
             if (inner[i][0] && around[o][0] && lies_within(inner[i], around[o])) *within = 1;
     return TP_OK;
 }
+
+const char *tp_temporary_dir(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    return tmp && *tmp ? tmp : "/tmp";
+}

@@ -40,4 +40,7 @@ int tp_path_is_url(const char *path);
  * or TP_ERR_ARG / TP_ERR_IO when a path cannot be resolved. */
 int tp_path_within(const char *path, const char *outer, int *within);
 
+/* Where temporary files go: $TMPDIR when set and not empty, else /tmp. */
+const char *tp_temporary_dir(void);
+
 #endif

@@ -415,10 +415,13 @@ int elastic_report_main(int argc, char **argv)
     if (!status && unreadable)
         fprintf(stderr, "%s: warning: %s: %d lines are not JSON, left out (a line being written; or NaN losses "
                 "written as nan by an older tp-train)\n", PROGRAM, log_path, unreadable);
-    char dir[] = "/tmp/tp-elastic-report-XXXXXX", data[64], script[64], picture[64];
+    /* In $TMPDIR, as the other tools' temporary files (it drew in /tmp whatever TMPDIR said). */
+    char dir[4096], data[4200], script[4200], picture[4200];
     int made_dir = 0;
+    if (snprintf(dir, sizeof dir, "%s/tp-elastic-report-XXXXXX", tp_temporary_dir()) >= (int)sizeof dir)
+        status = status ? status : tp_fail(TP_ERR_ARG, "TMPDIR is too long");
     if (!status && mkdtemp(dir)) made_dir = 1;
-    else if (!status) status = tp_fail(TP_ERR_IO, "cannot make a temporary directory: %s", strerror(errno));
+    else if (!status) status = tp_fail(TP_ERR_IO, "%s: cannot make a temporary directory: %s", dir, strerror(errno));
     snprintf(data, sizeof data, "%s/loss.dat", dir);
     snprintf(script, sizeof script, "%s/plot.gp", dir);
     snprintf(picture, sizeof picture, "%s/plot.%s", dir, svg ? "svg" : "png");

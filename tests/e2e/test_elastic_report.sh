@@ -50,6 +50,12 @@ check "tests/elastic/check_losses.py says a null loss is non-finite (no tracebac
     "! '$PY' '$ROOT/tests/elastic/check_losses.py' '$R/elastic/train.jsonl' '$R/elastic/train.jsonl' 2 2>'$WORK/losses.err' &&
      grep -q 'non-finite (null) at steps' '$WORK/losses.err'"
 
+# gnuplot draws in $TMPDIR, as the other tools' temporary files go (it drew
+# in /tmp whatever TMPDIR said): one that does not exist is named.
+expect_error "report with TMPDIR missing: its temporary directory named" 1 \
+    "$WORK/no-tmp/tp-elastic-report-.*: cannot make a temporary directory: No such file or directory" \
+    env TMPDIR="$WORK/no-tmp" "$ELASTIC" report "$R" -o "$WORK/tmpdir.svg"
+check "nothing written" test ! -e "$WORK/tmpdir.svg"
 expect_ok "report of a diverged run" "$ELASTIC" report "$R" -o "$WORK/nan.svg"
 check "report: says on stderr where the loss went non-finite" \
     grep -Eq "warning: the loss went non-finite at step 2 \(launch 1\): 1 of 2 steps" "$WORK/.err"
