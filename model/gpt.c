@@ -154,18 +154,20 @@ static int parse_rope_scaling(const char *value, gpt_config *c)
     double f[4] = {0, 0, 0, 0};
     int n = 0;
     const char *p = value;
-    /* Up to four numbers separated by commas, nothing after the last: a
-     * fifth value or trailing text is refused, not dropped. */
+    /* Up to four numbers (parse_double's) separated by commas, nothing
+     * after the last: a fifth value or trailing text is refused, not dropped. */
     for (;;) {
-        char *end;
-        if (n == 4) {
+        size_t len = strcspn(p, ",");
+        char number[64];
+        if (n == 4 || len >= sizeof number) {
             n = 5;
             break;
         }
-        f[n++] = strtod(p, &end);
-        if (end == p || (*end != ',' && *end != 0)) n = 5;
-        if (*end != ',') break;
-        p = end + 1;
+        memcpy(number, p, len);
+        number[len] = '\0';
+        if (parse_double(number, &f[n++])) n = 5;
+        if (n > 4 || p[len] != ',') break;
+        p += len + 1;
     }
     if (n > 4 || !(f[0] >= 1) || f[3] != floor(f[3]) || f[3] < 0 || f[3] > (double)GPT_MAX_SIZE)
         return tp_fail(TP_ERR_ARG,
@@ -203,10 +205,9 @@ int gpt_options_set(gpt_options *o, const char *name, const char *value)
     }
     if (strcmp(name, "rope-scaling") == 0) return parse_rope_scaling(value, c);
     if (strcmp(name, "norm-eps") == 0 || strcmp(name, "rope-theta") == 0) {
-        char *end;
-        double v = strtod(value, &end);
+        double v = 0;
         int eps = name[0] == 'n';
-        if (end == value || *end || !(eps ? v > 0 && v < 1 : v > 1 && v < 1e12))
+        if (parse_double(value, &v) || !(eps ? v > 0 && v < 1 : v > 1 && v < 1e12))
             return tp_fail(TP_ERR_ARG, "--%s expects a number in %s, got '%s'", name, eps ? "(0, 1)" : "(1, 1e12)",
                            value);
         *(eps ? &c->norm_eps : &c->rope_theta) = v;

@@ -1,8 +1,10 @@
 /* cli.c: one-line errors of the command-line programs, and their clean-up
  * on signals. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -162,16 +164,32 @@ int64_t cli_int(const char *program, const char *option, const char *text, int64
 double cli_number(const char *program, const char *option, const char *text)
 {
     double value;
-    if (parse_double(text, &value) || value < 0)
-        cli_usage_error(program, "%s expects a non-negative number, got '%s'", option, text);
+    int status = parse_double(text, &value);
+    if (status == PARSE_RANGE)
+        cli_usage_error(program, "%s %s is %s", option, text,
+                        isinf(strtod(text, NULL)) ? "beyond the largest number a double holds (about 1.8e308)"
+                                                  : "below the smallest number a double holds (about 4.9e-324): it "
+                                                    "would be 0");
+    if (status || value < 0)
+        cli_usage_error(program, "%s expects a non-negative decimal number such as 0.5 or 3e-4, got '%s'", option, text);
     return value;
 }
 
 int64_t cli_size(const char *program, const char *option, const char *text)
 {
-    int64_t value;
-    if (parse_size(text, &value) || value < 1)
-        cli_usage_error(program, "%s expects a size such as 512M or 4G, got '%s'", option, text);
+    int64_t value = 0;
+    int status = parse_size(text, &value);
+    if (status == PARSE_FRACTION)
+        cli_usage_error(program, "%s %s is not a whole number of bytes (1.5K is 1536 bytes; 1.5 is not a size)", option,
+                        text);
+    if (status == PARSE_RANGE)
+        cli_usage_error(program, "%s %s is more than the largest size, 2^63 - 1 bytes", option, text);
+    if (status && isdigit((unsigned char)text[0]) && text[strlen(text) - 1] == 'b') /* 1Gb, 64Kb */
+        cli_usage_error(program, "%s %s: b is bits; a size is in bytes, B (1GB or 1GiB: 2^30 bytes)", option, text);
+    if (status)
+        cli_usage_error(program, "%s expects a size such as 4096, 512M, 1.5G or 4GiB (a decimal number of bytes, or of "
+                        "binary units K, M, G or T), got '%s'", option, text);
+    if (value < 1) cli_usage_error(program, "%s expects a size of at least 1 byte, got '%s'", option, text);
     return value;
 }
 

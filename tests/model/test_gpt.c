@@ -59,6 +59,14 @@ Test(options, the_same_bounds_for_every_program)
         {"rope-scaling", "8,1,4,8192,16", "got '8,1,4,8192,16'"},
         {"rope-scaling", "8,1,4,8192,", "got '8,1,4,8192,'"},
         {"rope-scaling", "8,", "got '8,'"},
+        /* One rule for numbers (common/parse.h): strtod took blanks, '+' and hexadecimal here. */
+        {"layers", " 2", "--layers expects an integer in 1..100000, got ' 2'"},
+        {"layers", "+2", "--layers expects an integer in 1..100000, got '+2'"},
+        {"norm-eps", " 1e-5", "--norm-eps expects a number in (0, 1), got ' 1e-5'"},
+        {"norm-eps", "0x1p-17", "--norm-eps expects a number in (0, 1), got '0x1p-17'"},
+        {"rope-theta", "+500000", "--rope-theta expects a number in (1, 1e12), got '+500000'"},
+        {"rope-scaling", "0x20", "got '0x20'"},
+        {"rope-scaling", "8, 1,4,8192", "got '8, 1,4,8192'"},
         {"depth", "3", "--depth is not a model option"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {

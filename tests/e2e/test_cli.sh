@@ -1,0 +1,89 @@
+#!/bin/sh
+# The command-line rules the programs share (docs/TOOLS.md "Numbers and
+# sizes", programs/cli.c, common/parse.h), through the real programs:
+#   - numbers are decimal: no blanks, no '+', no hexadecimal, inf or nan; a
+#     subnormal number is taken, one out of a double's range is said to be;
+#   - a SIZE is whole bytes, or of binary units K, M, G, T (then i, B): no
+#     exponent, hexadecimal, sign, blanks or bits (1Gb).
+# tier: check
+. "$(dirname "$0")/lib.sh"
+CK="$BIN/tp-ckpt"
+RS="$BIN/tp-reshard"
+TRAIN="$BIN/tp-train"
+
+expect_ok "a tiny checkpoint" "$CK" synth -o "$WORK/ck" --tp 1 --pp 1 --model tiny
+
+# ------------------------------------------------------------ numbers
+# Each was taken before: strtoll and strtod skip blanks and take '+' (and
+# strtod hexadecimal, inf and nan).
+expect_error "an integer with a leading blank" 2 "^tp-train: --steps expects an integer in 1\.\.[0-9]+, got ' 7'" \
+    "$TRAIN" --model tiny --steps " 7"
+expect_error "an integer with a trailing blank" 2 "--steps expects an integer .*, got '7 '" \
+    "$TRAIN" --model tiny --steps "7 "
+expect_error "an integer with a '+'" 2 "^tp-train: --tokens expects an integer in 0\.\.[0-9]+, got '\+5'" \
+    "$TRAIN" generate --ckpt "$WORK/ck" --prompt ab --tokens +5
+expect_error "an integer with a '+' (synth)" 2 "^tp-ckpt: --tp expects an integer in 1\.\.4096, got '\+1'" \
+    "$CK" synth -o "$WORK/x" --tp +1 --pp 1 --model tiny
+expect_error "a model size with a blank" 2 "--layers expects an integer in 1\.\.100000, got ' 2'" \
+    "$CK" synth -o "$WORK/x" --tp 1 --pp 1 --model tiny --layers " 2"
+# A value as a regular expression that matches it alone.
+literal() { printf '%s' "$1" | sed 's/[][\.*^$+?(){}|]/\\&/g'; }
+for v in "+0.1" " 0.1" "0x1p-3" "inf" "nan"; do
+    expect_error "--lr '$v'" 2 "^tp-train: --lr expects a non-negative decimal number such as 0\.5 or 3e-4, got '$(literal "$v")'" \
+        "$TRAIN" --model tiny --lr "$v"
+done
+check "no output was written by a refused command" [ ! -e "$WORK/x" ]
+# A subnormal number is a number (strtod's ERANGE refused it as "expects a
+# non-negative number"); one beyond a double's range is said to be.
+expect_ok "--lr 1e-320 (subnormal) trains" "$TRAIN" --model tiny --steps 1 --lr 1e-320 --quiet
+expect_ok "--temperature 1e-320 (subnormal) samples" "$TRAIN" generate --ckpt "$WORK/ck" --prompt ab --tokens 3 \
+    --temperature 1e-320
+expect_ok "--tol 1e-320 (subnormal) compares" "$CK" diff "$WORK/ck" "$WORK/ck" --tol 1e-320
+expect_error "--lr 1e-400: it would be 0" 2 "^tp-train: --lr 1e-400 is below the smallest number a double holds .*would be 0" \
+    "$TRAIN" --model tiny --lr 1e-400
+expect_error "--temperature 1e999: beyond a double" 2 "^tp-train: --temperature 1e999 is beyond the largest number a double holds" \
+    "$TRAIN" generate --ckpt "$WORK/ck" --prompt ab --temperature 1e999
+expect_error "--norm-eps in hexadecimal" 2 "--norm-eps expects a number in \(0, 1\), got '0x1p-17'" \
+    "$CK" synth -o "$WORK/x" --tp 1 --pp 1 --model llama-tiny --norm-eps 0x1p-17
+
+# -------------------------------------------------------------- sizes
+# What a size reads as: tp-reshard --dry-run --json says its memory limit.
+for pair in 1.5G:1610612736 2GiB:2147483648 4GB:4294967296 1g:1073741824 1536M:1610612736 \
+    1073741824:1073741824 1073741824B:1073741824 0.5G:536870912; do
+    text=${pair%%:*} bytes=${pair#*:}
+    expect_ok "--memory-limit $text" "$RS" "$WORK/ck" --to tp1 -o "$WORK/never" --dry-run --json --memory-limit "$text"
+    check "--memory-limit $text is $bytes bytes" grep -q "\"memory_limit\":[[:space:]]*$bytes," "$WORK/.out"
+done
+# Taken before: 1e3 as 1000 bytes, 0x10 as 16, 0x1p30 as 2^30, 1Gb as 1 GiB,
+# "1 G" as 1 GiB, 1.5 as 1 byte, 0.1K as 102 bytes.
+for v in 1e3 1e9 0x10 0x1p30 "1 G" " 1G" +1G; do
+    expect_error "--memory-limit '$v'" 2 \
+        "^tp-reshard: --memory-limit expects a size such as 4096, 512M, 1\.5G or 4GiB .*got '$(literal "$v")'" \
+        "$RS" "$WORK/ck" --to tp1 -o "$WORK/x" --memory-limit "$v"
+done
+expect_error "--memory-limit 1Gb: bits" 2 "^tp-reshard: --memory-limit 1Gb: b is bits" \
+    "$RS" "$WORK/ck" --to tp1 -o "$WORK/x" --memory-limit 1Gb
+expect_error "--max-shard-size 1.5: a fraction of a byte" 2 "^tp-ckpt: --max-shard-size 1\.5 is not a whole number of bytes" \
+    "$CK" export "$WORK/ck" --format safetensors -o "$WORK/x" --max-shard-size 1.5
+expect_error "--max-shard-size 0.1K: 102.4 bytes" 2 "^tp-ckpt: --max-shard-size 0\.1K is not a whole number of bytes" \
+    "$CK" export "$WORK/ck" --format safetensors -o "$WORK/x" --max-shard-size 0.1K
+expect_error "--memory-per-rank past 2^63 bytes" 2 "--memory-per-rank 9000000T is more than the largest size" \
+    "$BIN/tp-elastic" plan --world 2 --model tiny --global-batch 8 --memory-per-rank 9000000T
+expect_error "a negative size (kept)" 2 "--memory-limit expects a size .*got '-1M'" \
+    "$RS" "$WORK/ck" --to tp1 -o "$WORK/x" --memory-limit -1M
+expect_error "a size of 0 bytes" 2 "--max-shard-size expects a size of at least 1 byte, got '0'" \
+    "$CK" export "$WORK/ck" --format safetensors -o "$WORK/x" --max-shard-size 0
+expect_ok "--max-shard-size 0.75K: 768 bytes" "$CK" export "$WORK/ck" --format safetensors -o "$WORK/hf" \
+    --max-shard-size 0.75K
+check "a shard of 768 bytes holds three 1-D tensors of 64 fp32 values (attn.c_proj.bias, ln_2.bias, ln_2.weight)" \
+    "$PY" -c '
+import json, sys
+index = json.load(open(sys.argv[1] + "/model.safetensors.index.json"))
+files = {}
+for name, f in index["weight_map"].items():
+    files.setdefault(f, []).append(name)
+assert max(len(v) for v in files.values()) == 3, files
+' "$WORK/hf"
+check "no output was written by a refused command" [ ! -e "$WORK/x" ]
+
+finish
