@@ -972,12 +972,13 @@ static const char *export_usage =
     "  --tokenizer DIR          gguf: a Hugging Face tokenizer.json (BPE), or a GPT-2 tokenizer\n"
     "                           (vocab.json, merges.txt); default no_vocab (bytes for 256 tokens)\n"
     "  --name NAME              gguf: general.name (default \"GPT-2 (tp-toolkit)\", \"Llama (tp-toolkit)\")\n"
-    "  --true-vocab-size N      a Megatron-LM GPT's vocabulary without Megatron's padding\n"
+    "  --true-vocab-size N      a Megatron-LM legacy GPT's vocabulary without Megatron's padding\n"
     "                           (default: the padded table, as stored)\n"
     "  --threads N              worker threads (default: all cores)\n"
     "  --memory-limit SIZE      bound on buffers (default 1G)\n"
     "  --force                  replace an existing output\n"
     "  --progress               show progress even when stderr is not a terminal\n"
+    "An option of another format than --format's (--name with safetensors) is refused (exit 2).\n"
     "Nothing appears at OUT unless the export completes.\n";
 
 static void count_bytes(void *ctx, int64_t bytes)
@@ -1041,12 +1042,26 @@ static int cmd_export(int argc, char **argv)
     if (optind != argc - 1) die_usage("export takes one checkpoint");
     if (!format || !out) die_usage("export needs --format and -o OUT");
     if (export_format_parse(format, &options.format)) die_usage("--format: %s", tp_errmsg());
-    if (request.tokenizer_dir && options.format != EXPORT_GGUF) die_usage("--tokenizer applies to --format gguf only");
+    /* An option that would be ignored is refused (as tp-reshard's): these apply to one format each. */
+    static const char *const format_names[] = {"safetensors", "gguf", "hdf5"};
+    const struct {
+        const char *option;
+        int given;
+        export_format format;
+        const char *what;
+    } one_format[] = {{"--max-shard-size", options.max_shard_bytes > 0, EXPORT_SAFETENSORS, "the bytes per safetensors file"},
+                      {"--tokenizer", request.tokenizer_dir != NULL, EXPORT_GGUF, "the vocabulary GGUF carries"},
+                      {"--name", request.name != NULL, EXPORT_GGUF, "GGUF's general.name"}};
+    for (size_t i = 0; i < sizeof one_format / sizeof one_format[0]; i++)
+        if (one_format[i].given && options.format != one_format[i].format)
+            die_usage("%s (%s) applies to --format %s only, not %s", one_format[i].option, one_format[i].what,
+                      format_names[one_format[i].format], format_names[options.format]);
     int code = 0;
     const checkpoint_format *source_format = detect_or_fail(argv[optind], &code);
     if (!source_format) return code;
     if (true_vocab && strcmp(source_format->name, "megatron"))
-        die_usage("--true-vocab-size applies to a Megatron-LM checkpoint");
+        die_usage("--true-vocab-size applies to a Megatron-LM legacy checkpoint, not to %s (%s)", argv[optind],
+                  source_format->title);
     ckpt_read_options read;
     ckpt_read_options_init(&read);
     read.verify = 1;
@@ -1127,7 +1142,8 @@ static const char *import_usage =
     "DIR may be a Megatron checkpoint (Megatron-LM legacy or Megatron-Core torch_dist) of a GPT-2\n"
     "trained with the tanh GELU (--openai-gelu) or of a Llama (docs/MEGATRON.md): its weights and\n"
     "optimizer state, in its dtype, at its iteration (name it RUN/step_NNNNNNNN to resume it):\n"
-    "  --true-vocab-size N      its vocabulary without Megatron's padding (default: the padded table)\n";
+    "  --true-vocab-size N      a legacy one's vocabulary without Megatron's padding (default: the\n"
+    "                           padded table)\n";
 
 typedef struct {
     gpt_import *job;
@@ -1247,7 +1263,9 @@ static int cmd_import(int argc, char **argv)
     if (megatron && shape_given)
         die_usage("--dtype and --vocab-pad-multiple apply to a Hugging Face directory (a Megatron checkpoint keeps "
                   "its dtype and padding)");
-    if (strcmp(format->name, "megatron") && true_vocab) die_usage("--true-vocab-size applies to a Megatron-LM checkpoint");
+    if (strcmp(format->name, "megatron") && true_vocab)
+        die_usage("--true-vocab-size applies to a Megatron-LM legacy checkpoint, not to %s (%s)", dir,
+                  strcmp(format->name, "tp") ? format->title : "a Hugging Face directory");
     if (megatron) return import_megatron(dir, format, out, request.tp, request.pp, true_vocab, &options, force_progress);
     if ((code = run_output_refused(out, 0, 1))) return code; /* a Hugging Face model starts at step 0 */
     gpt_import *job = NULL;

@@ -4,7 +4,10 @@
 #   - numbers are decimal: no blanks, no '+', no hexadecimal, inf or nan; a
 #     subnormal number is taken, one out of a double's range is said to be;
 #   - a SIZE is whole bytes, or of binary units K, M, G, T (then i, B): no
-#     exponent, hexadecimal, sign, blanks or bits (1Gb).
+#     exponent, hexadecimal, sign, blanks or bits (1Gb);
+#   - tp-ckpt export refuses an option of another format than --format's,
+#     import and export --true-vocab-size for a source not Megatron-LM's
+#     legacy (exit 2, naming the option and what it applies to).
 # tier: check
 . "$(dirname "$0")/lib.sh"
 CK="$BIN/tp-ckpt"
@@ -85,5 +88,27 @@ for name, f in index["weight_map"].items():
 assert max(len(v) for v in files.values()) == 3, files
 ' "$WORK/hf"
 check "no output was written by a refused command" [ ! -e "$WORK/x" ]
+
+# ---------------------------------------- options that would be ignored
+# Each was ignored with exit 0 (but --tokenizer).
+for format in safetensors gguf hdf5; do
+    [ $format = gguf ] || for option in "--name my-model" "--tokenizer $WORK/hf"; do
+        expect_error "export --format $format ${option%% *}" 2 \
+            "^tp-ckpt: ${option%% *} \(.*\) applies to --format gguf only, not $format \(see tp-ckpt --help\)$" \
+            "$CK" export "$WORK/ck" --format $format -o "$WORK/x" $option
+    done
+    [ $format = safetensors ] || expect_error "export --format $format --max-shard-size" 2 \
+        "^tp-ckpt: --max-shard-size \(.*\) applies to --format safetensors only, not $format \(see tp-ckpt --help\)$" \
+        "$CK" export "$WORK/ck" --format $format -o "$WORK/x" --max-shard-size 1G
+    expect_error "export --format $format --true-vocab-size of this toolkit's checkpoint" 2 \
+        "^tp-ckpt: --true-vocab-size applies to a Megatron-LM legacy checkpoint, not to .*ck \(tp-toolkit\)" \
+        "$CK" export "$WORK/ck" --format $format -o "$WORK/x" --true-vocab-size 200
+done
+check "no output was written by a refused export" [ ! -e "$WORK/x" ]
+expect_ok "export --format gguf --name" "$CK" export "$WORK/ck" --format gguf -o "$WORK/m.gguf" --name my-model
+check "the name is in the file" grep -q "my-model" "$WORK/m.gguf"
+expect_error "import --true-vocab-size of a Hugging Face directory" 2 \
+    "^tp-ckpt: --true-vocab-size applies to a Megatron-LM legacy checkpoint, not to .*hf \(a Hugging Face directory\)" \
+    "$CK" import "$WORK/hf" -o "$WORK/x" --tp 1 --pp 1 --true-vocab-size 200
 
 finish
