@@ -193,6 +193,12 @@ int64_t cli_size(const char *program, const char *option, const char *text)
     return value;
 }
 
+const char *cli_path(const char *program, const char *what, const char *text)
+{
+    if (!text[0]) cli_usage_error(program, "%s is empty: give a path", what);
+    return text;
+}
+
 int cli_compress(const char *program, const char *text)
 {
     int64_t level;

@@ -83,6 +83,10 @@ int64_t cli_int(const char *program, const char *option, const char *text, int64
 double cli_number(const char *program, const char *option, const char *text); /* >= 0 */
 int64_t cli_size(const char *program, const char *option, const char *text);  /* bytes, >= 1: 512M, 4G */
 int cli_compress(const char *program, const char *text); /* zstd level of zstd[:L] (3 for zstd), 0 for none */
+/* A path given on the command line (-o OUT, copy's SRC and DST): text, or,
+ * when empty, a usage error naming what it is for ("-o is empty: ..."),
+ * never a path the system is asked to create (exit 1, "path '' is empty"). */
+const char *cli_path(const char *program, const char *what, const char *text);
 
 /* Installs handler for sig (SA_RESTART), unless sig was ignored when the
  * program started: a program run under nohup, or as a background job of a

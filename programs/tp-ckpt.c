@@ -907,7 +907,7 @@ static int cmd_synth(int argc, char **argv)
         case CLI_MODEL_OPTION:
             if (gpt_options_set(&model, options[index].name, optarg)) die_usage("%s", tp_errmsg());
             break;
-        case 'o': out = optarg; break;
+        case 'o': out = cli_path("tp-ckpt", "-o", optarg); break;
         case O_TP: layout.tp = (int)cli_int("tp-ckpt", "--tp", optarg, 1, 4096); break;
         case O_PP: layout.pp = (int)cli_int("tp-ckpt", "--pp", optarg, 1, 4096); break;
         case O_OPTIM: optim = 1; break;
@@ -1021,7 +1021,7 @@ static int cmd_export(int argc, char **argv)
     tp_dtype dtype;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
         switch (c) {
-        case 'o': out = optarg; break;
+        case 'o': out = cli_path("tp-ckpt", "-o", optarg); break;
         case O_FORMAT: format = optarg; break;
         case O_DTYPE:
             if (tp_dtype_parse(optarg, &dtype)) die_usage("--dtype: %s", tp_errmsg());
@@ -1231,7 +1231,7 @@ static int cmd_import(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
         switch (c) {
-        case 'o': out = optarg; break;
+        case 'o': out = cli_path("tp-ckpt", "-o", optarg); break;
         case O_TP: request.tp = (int)cli_int("tp-ckpt", "--tp", optarg, 1, 4096); break;
         case O_PP: request.pp = (int)cli_int("tp-ckpt", "--pp", optarg, 1, 4096); break;
         case O_DTYPE:
@@ -1335,7 +1335,8 @@ static int cmd_copy(int argc, char **argv)
         }
     }
     if (optind != argc - 2) die_usage("copy takes SRC and DST");
-    const char *source = argv[optind], *target = argv[optind + 1];
+    const char *source = cli_path("tp-ckpt", "copy's SRC", argv[optind]);
+    const char *target = cli_path("tp-ckpt", "copy's DST", argv[optind + 1]);
     if (!ckpt_is_remote(source) && !ckpt_is_remote(target))
         die_usage("copy moves checkpoints to or from an object store; both %s and %s are local", source, target);
     int apart = cli_output_apart("tp-ckpt", source, target);

@@ -311,7 +311,7 @@ int main(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
         switch (c) {
-        case 'o': out = optarg; break;
+        case 'o': out = cli_path("tp-reshard", "-o", optarg); break;
         case O_TO: to = optarg; break;
         case O_FROM: from = optarg; break;
         case O_FORMAT:

@@ -130,7 +130,7 @@ static int prepare(int argc, char **argv)
                                             {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
-        if (c == 'o') out = optarg;
+        if (c == 'o') out = cli_path("tp-train", "-o", optarg);
         else if (c == O_FORCE) force = 1;
         else if (c == 'h') {
             fputs(prepare_usage, stdout);

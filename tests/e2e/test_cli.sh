@@ -7,7 +7,8 @@
 #     exponent, hexadecimal, sign, blanks or bits (1Gb);
 #   - tp-ckpt export refuses an option of another format than --format's,
 #     import and export --true-vocab-size for a source not Megatron-LM's
-#     legacy (exit 2, naming the option and what it applies to).
+#     legacy (exit 2, naming the option and what it applies to);
+#   - an empty -o (and copy's SRC or DST) is a usage error in every program.
 # tier: check
 . "$(dirname "$0")/lib.sh"
 CK="$BIN/tp-ckpt"
@@ -110,5 +111,17 @@ check "the name is in the file" grep -q "my-model" "$WORK/m.gguf"
 expect_error "import --true-vocab-size of a Hugging Face directory" 2 \
     "^tp-ckpt: --true-vocab-size applies to a Megatron-LM legacy checkpoint, not to .*hf \(a Hugging Face directory\)" \
     "$CK" import "$WORK/hf" -o "$WORK/x" --tp 1 --pp 1 --true-vocab-size 200
+
+# ---------------------------------------------------------- empty paths
+# Each exited 1 ("path '' is empty or too long", or a missing file).
+expect_error "synth -o ''" 2 "^tp-ckpt: -o is empty: give a path" "$CK" synth -o '' --tp 1 --pp 1 --model tiny
+expect_error "export -o ''" 2 "^tp-ckpt: -o is empty: give a path" "$CK" export "$WORK/ck" --format gguf -o ''
+expect_error "export --output=" 2 "^tp-ckpt: -o is empty: give a path" "$CK" export "$WORK/ck" --format gguf --output=
+expect_error "import -o ''" 2 "^tp-ckpt: -o is empty: give a path" "$CK" import "$WORK/hf" -o '' --tp 1 --pp 1
+expect_error "copy to ''" 2 "^tp-ckpt: copy's DST is empty: give a path" "$CK" copy "$WORK/ck" ''
+expect_error "copy from ''" 2 "^tp-ckpt: copy's SRC is empty: give a path" "$CK" copy '' s3://bucket/ck
+expect_error "tp-reshard -o ''" 2 "^tp-reshard: -o is empty: give a path" "$RS" "$WORK/ck" --to tp1 -o ''
+printf 'some text\n' >"$WORK/text"
+expect_error "tp-train prepare -o ''" 2 "^tp-train: -o is empty: give a path" "$TRAIN" prepare "$WORK/text" -o ''
 
 finish
