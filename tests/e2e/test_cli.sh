@@ -8,7 +8,10 @@
 #   - tp-ckpt export refuses an option of another format than --format's,
 #     import and export --true-vocab-size for a source not Megatron-LM's
 #     legacy (exit 2, naming the option and what it applies to);
-#   - an empty -o (and copy's SRC or DST) is a usage error in every program.
+#   - an empty -o (and copy's SRC or DST) is a usage error in every program;
+#   - every long option of every command is in its --help and its synopsis
+#     in docs/TOOLS.md, and every option a synopsis names is taken
+#     (tests/support/documented_options.py).
 # tier: check
 . "$(dirname "$0")/lib.sh"
 CK="$BIN/tp-ckpt"
@@ -123,5 +126,9 @@ expect_error "copy from ''" 2 "^tp-ckpt: copy's SRC is empty: give a path" "$CK"
 expect_error "tp-reshard -o ''" 2 "^tp-reshard: -o is empty: give a path" "$RS" "$WORK/ck" --to tp1 -o ''
 printf 'some text\n' >"$WORK/text"
 expect_error "tp-train prepare -o ''" 2 "^tp-train: -o is empty: give a path" "$TRAIN" prepare "$WORK/text" -o ''
+
+# ------------------------------------------------- documented options
+expect_ok "every option in --help and docs/TOOLS.md, and no other" \
+    "$PY_INTERPRETER" "$ROOT/tests/support/documented_options.py" "$ROOT" "$BIN"
 
 finish
