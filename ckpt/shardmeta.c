@@ -5,6 +5,7 @@
  * reader finds damaged metadata before libhdf5 parses any of it: libhdf5
  * itself crashed on fuzzed files (issue 11). The data is covered by the
  * pieces' block checksums. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -50,9 +51,13 @@ int ckpt_shard_meta_checksum(const store_ops *storage, const char *path, const c
     int64_t size = index->files[f].bytes;
     store_stat info;
     if (!status) status = storage->stat(storage, path, &info);
-    if (!status && (!info.exists || info.size != size))
+    /* A file gone (removed under a reader that opened the checkpoint before)
+     * is missing, as ckpt_reader_open says, not damaged. */
+    if (!status && !info.exists)
+        status = tp_fail(TP_ERR_NOT_FOUND, "%s: shard file missing: %s", path, strerror(ENOENT));
+    else if (!status && info.size != size)
         status = tp_fail(TP_ERR_CHECKSUM, "%s: metadata damaged (size %lld bytes, index says %lld)", path,
-                         (long long)(info.exists ? info.size : -1), (long long)size);
+                         (long long)info.size, (long long)size);
     int64_t pos = 0;
     for (int64_t k = 0; !status && k < n; k++) {
         if (extents[k].offset < pos || extents[k].length > size - extents[k].offset)

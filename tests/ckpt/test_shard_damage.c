@@ -235,6 +235,30 @@ Test(shard_damage, metadata_damage_detected_before_hdf5)
 
 /* Data damage is outside the metadata checksum: still reported per block
  * with tensor and rows, the other piece of the file intact. */
+/* A shard file removed after the reader opened the checkpoint (a --keep
+ * pruning it under the reader did): reported missing, as ckpt_reader_open
+ * reports one missing at open, not "metadata damaged (size -1 bytes, ...)". */
+Test(shard_damage, a_shard_file_gone_after_open_is_missing_not_damaged)
+{
+    for (int through_index = 0; through_index < 2; through_index++) {
+        char path[600], shard[700];
+        snprintf(path, sizeof path, "%s/ck%d", dir, through_index);
+        small_checkpoint(path, 0);
+        snprintf(shard, sizeof shard, "%s/shard_pp00_tp01.h5", path);
+        ckpt_reader *r;
+        cr_assert_eq(open_reader(&r, path, through_index), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(unlink(shard), 0);
+        int status = TP_OK;
+        for (int i = 0; !status && i < ckpt_reader_num_tensors(r); i++)
+            for (int p = 0; !status && p < ckpt_piece_count(ckpt_reader_tensor(r, i), 2); p++)
+                status = ckpt_reader_verify_piece(r, i, p);
+        cr_assert_eq(status, TP_ERR_NOT_FOUND, "through_index %d: %d: %s", through_index, status, tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), "shard_pp00_tp01.h5: shard file missing") && !strstr(tp_errmsg(), "damaged"),
+                  "through_index %d: %s", through_index, tp_errmsg());
+        ckpt_reader_close(r);
+    }
+}
+
 Test(shard_damage, data_damage_is_not_metadata_damage)
 {
     char path[600], shard[700];
