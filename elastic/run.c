@@ -93,6 +93,8 @@ typedef struct {
     double step_seconds_sum;
     int64_t step_count;
     double last_prune;      /* now_seconds() of the last --keep pass */
+    char **kept;            /* checkpoints --keep left to their readers, each said once */
+    int kept_count;
 } run_state;
 
 /* Appends the event (the object is consumed) and hands it to the caller. */
@@ -785,9 +787,39 @@ static int ranks_planned(run_state *s, const elastic_capacity *capacity, elastic
 
 /* ------------------------------------------------------------------ run */
 
+/* Whether the checkpoint at path was said to be kept for its reader already
+ * (it is then not said again at every pass); remembered when not, and
+ * forgotten (forget) once it is removed: a relaunch may write that step
+ * again, and that one's reader is news. */
+static int kept_already(run_state *s, const char *path, int forget)
+{
+    for (int i = 0; i < s->kept_count; i++)
+        if (strcmp(s->kept[i], path) == 0) {
+            if (forget) {
+                free(s->kept[i]);
+                s->kept[i] = s->kept[--s->kept_count];
+            }
+            return 1;
+        }
+    if (forget) return 0;
+    char *copy = strdup(path);
+    char **grown = copy ? realloc(s->kept, (size_t)(s->kept_count + 1) * sizeof *grown) : NULL;
+    if (!grown) { /* said again next time: no harm */
+        free(copy);
+        return 0;
+    }
+    s->kept = grown;
+    s->kept[s->kept_count++] = copy;
+    return 0;
+}
+
 /* --keep K: removes committed checkpoints older than the K newest, never
  * the one resumed from (it is among the newest: older ones failed to
- * verify or are older still). Nothing is removed without --keep. */
+ * verify or are older still). Nothing is removed without --keep. One that
+ * another process is reading (tp-reshard, an export, an eval: it holds the
+ * checkpoint's read lock) is kept, and tried again at the next pass: removed
+ * under it, the reader failed calling the vanished files damaged. An event
+ * says so once per checkpoint. */
 static void prune_checkpoints(run_state *s, int64_t resumed_step)
 {
     const elastic_run_options *o = s->o;
@@ -806,10 +838,18 @@ static void prune_checkpoints(run_state *s, int64_t resumed_step)
     for (int i = o->keep; i < n; i++) {
         if (list[i].step < 0 || list[i].step >= resumed_step) continue;
         if (!storage && store_for(list[i].path, &storage) != TP_OK) break;
+        int removed = store_remove_unless_read(storage, list[i].path);
+        if (removed == TP_ERR_EXISTS && kept_already(s, list[i].path, 0)) continue;
+        if (removed == TP_OK) kept_already(s, list[i].path, 1);
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "path", list[i].path);
         cJSON_AddNumberToObject(e, "keep", o->keep);
-        if (storage->remove_tree(storage, list[i].path) != TP_OK) cJSON_AddStringToObject(e, "error", tp_errmsg());
+        if (removed == TP_ERR_EXISTS) {
+            cJSON_AddStringToObject(e, "why", tp_errmsg());
+            emit(s, "checkpoint_kept", e);
+            continue;
+        }
+        if (removed) cJSON_AddStringToObject(e, "error", tp_errmsg());
         emit(s, "checkpoint_removed", e);
     }
     free(list);
@@ -1088,5 +1128,7 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
     }
     fclose(s.events);
     store_posix()->close(s.lock); /* the next orchestrator may start */
+    for (int i = 0; i < s.kept_count; i++) free(s.kept[i]);
+    free(s.kept);
     return status;
 }

@@ -107,6 +107,19 @@ void store_hold_release(store_hold *h)
     free(h);
 }
 
+int store_remove_unless_read(const store_ops *storage, const char *path)
+{
+    store_file *lock = NULL;
+    int status = storage->lock(storage, path, 0, &lock);
+    if (status == TP_ERR_NOT_FOUND) return TP_OK; /* removed already */
+    if (status == TP_ERR_EXISTS)
+        return tp_fail(TP_ERR_EXISTS, "%s is being read (by another process, or by this one); not removed (try again "
+                       "when it is done)", path);
+    if (!status) status = storage->remove_tree(storage, path);
+    if (lock) storage->close(lock); /* after the removal: a reader waiting for it finds nothing */
+    return status;
+}
+
 void store_file_version(const store_ops *storage, store_file *file, char *out, size_t size)
 {
     if (size) out[0] = '\0';

@@ -180,4 +180,14 @@ typedef struct store_hold store_hold;
 int store_hold_shared(const char *path, store_hold **out);
 void store_hold_release(store_hold *hold);
 
+/* Removes the file or directory at path (remove_tree) unless it is being
+ * read: under the exclusive lock a replacement takes (store_staged_publish),
+ * tried without waiting, so that what a reader holds shared
+ * (ckpt_reader_open, store_hold_shared) is never removed from under it (it
+ * then failed mid-read, taking the vanished files for damaged ones). A
+ * reader that comes while it is removed waits, then finds nothing there.
+ * TP_ERR_EXISTS, saying it is being read, when a reader holds it; nothing at
+ * path is TP_OK. (An object store has no locks: there, removed as it is.) */
+int store_remove_unless_read(const store_ops *storage, const char *path);
+
 #endif

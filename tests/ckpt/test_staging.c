@@ -217,6 +217,30 @@ Test(staging, a_checkpoint_being_read_is_not_replaced)
     cr_assert_eq(count_prefixed(dir, ".ck."), 0);
 }
 
+/* A checkpoint removed (tp-elastic --keep) while a reader holds it: kept,
+ * saying it is being read; removed once the reader is done. */
+Test(staging, a_checkpoint_being_read_is_not_removed)
+{
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    int status;
+    small_checkpoint(ck, 1, 0, &status);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    ckpt_reader *r = NULL;
+    cr_assert_eq(ckpt_reader_open(&r, ck, NULL), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(store_remove_unless_read(store_posix(), ck), TP_ERR_EXISTS, "removed under its reader");
+    cr_assert(strstr(tp_errmsg(), "ck is being read") && strstr(tp_errmsg(), "not removed"), "%s", tp_errmsg());
+    float back[64];
+    cr_assert_eq(ckpt_reader_read_piece(r, ckpt_reader_find(r, "w"), 0, back, sizeof back), TP_OK, "%s",
+                 tp_errmsg());
+    cr_assert_eq(back[5], 105.0f, "the reader still reads the checkpoint it opened");
+    ckpt_reader_close(r);
+    cr_assert_eq(store_remove_unless_read(store_posix(), ck), TP_OK, "removed once the reader is done: %s",
+                 tp_errmsg());
+    cr_assert(!exists(ck));
+    cr_assert_eq(store_remove_unless_read(store_posix(), ck), TP_OK, "nothing there is fine: %s", tp_errmsg());
+}
+
 Test(staging, latest_ignores_names_that_are_not_steps)
 {
     char run[700], step[800], other[800], latest[800];

@@ -10,6 +10,7 @@
 # other end is never opened: before, the open blocked for good). Numbers out
 # of range in state.json are refused by name, expected against found. A
 # trainer's clock set forward does not stretch the hang allowance. A
+# checkpoint another process reads is kept by --keep until it is done. A
 # trainer that fails on a full disk is not called a bug.
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
@@ -200,6 +201,38 @@ import json, sys
 hangs = [e for e in map(json.loads, open(sys.argv[1])) if e["event"] == "hang"]
 sys.exit(not (len(hangs) == 1 and hangs[0]["allowance_seconds"] == float(sys.argv[2]) and
               hangs[0]["slowest_step_seconds"] < 30) and hangs)' "$R/elastic/events.jsonl" "$HEARTBEAT"
+
+# ------------------------------------------------- --keep beside a reader
+# A checkpoint --keep would remove while another process reads it (a
+# tp-reshard held at its output's commit, the source's read lock still
+# held): kept, one event saying it is being read, and removed by a later
+# pass once the reader is done. Before, it was removed under the reader,
+# which then failed calling the vanished shards damaged ("metadata damaged
+# (size -1 bytes, ...)").
+R="$WORK/keepread"
+expect_ok "--keep beside a reader: a run with checkpoints at steps 10 and 20" timeout -k 5 $RUN_LIMIT "$TRAIN" $ARGS \
+    --steps 20 --ckpt-dir "$R"
+TP_CKPT_FAULT="before-index:WAIT:$WORK/keepread.release" "$BIN/tp-reshard" "$R/step_00000010" --to tp1 \
+    -o "$WORK/keepread.out" >"$WORK/reader.out" 2>&1 &
+reader=$!
+check "--keep beside a reader: the reader holds step 10 (at its output's commit)" wait_for "$WORK/keepread.release.held" 60
+expect_ok "--keep 1 beside a reader: the run finishes" timeout -k 5 $RUN_LIMIT "$ELASTIC" run --ckpt-dir "$R" --world 1 \
+    --keep 1 $FAST -- "$TRAIN" $ARGS --steps 40
+check_all "--keep 1 beside a reader: step 10 kept for its reader, steps 20 and 30 removed" \
+    '[ "$(ls "$R" | grep step_ | tr "\n" " ")" = "step_00000010 step_00000040 " ]'
+check_all "--keep 1 beside a reader: said once, as an event, that step 10 is being read" \
+    '[ "$(events "$R" checkpoint_kept)" -eq 1 ] && grep -q "step_00000010 is being read.*\"event\":\"checkpoint_kept\"" "$WORK/.out"'
+: >"$WORK/keepread.release"
+wait $reader
+rc=$?
+check "--keep beside a reader: the reader finished undisturbed (exit $rc)" [ $rc -eq 0 ]
+expect_ok "--keep beside a reader: what it wrote equals its source" "$BIN/tp-ckpt" diff "$WORK/keepread.out" \
+    "$R/step_00000010"
+expect_ok "--keep beside a reader: the finished run again" timeout -k 5 $RUN_LIMIT "$ELASTIC" run --ckpt-dir "$R" \
+    --world 1 --keep 1 $FAST -- "$TRAIN" $ARGS --steps 40
+check_all "--keep beside a reader: its reader done, step 10 is removed by the next pass" \
+    '[ "$(ls "$R" | grep step_ | tr "\n" " ")" = "step_00000040 " ] &&
+     grep -q "step_00000010\",\"keep\":1,\"event\":\"checkpoint_removed\"" "$WORK/.out"'
 
 # ------------------------------------------------------------ a full disk
 # A trainer that fails at once, every time, saying the disk is full (as a
