@@ -622,6 +622,15 @@ int ckpt_run_output_refusal(const char *out, int64_t step, int new_model, char *
  * local cache, locked too (NULL: run_dir). */
 typedef struct ckpt_run_claim ckpt_run_claim;
 int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *program, ckpt_run_claim **out);
+/* Whether a live run holds run_dir now, without claiming it: TP_OK when
+ * none does, else TP_ERR_EXISTS naming the holder as ckpt_run_claim_take's
+ * refusal does, for a caller that must not start what would be refused (or
+ * count as its own what the holder writes there: tp-elastic before a
+ * launch). Local directories only (the lock, tried shared for a moment: a
+ * claimant starting at that moment is refused as beside any other); for an
+ * object store TP_OK: a lease is live or dead only by waiting for it, which
+ * ckpt_run_claim_take does. */
+int ckpt_run_claim_free(const char *run_dir);
 /* TP_OK while the claim holds; an error naming the new holder once a lease
  * was taken over (this run's renewals held up for a period). */
 int ckpt_run_claim_check(ckpt_run_claim *claim);

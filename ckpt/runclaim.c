@@ -80,6 +80,19 @@ static void describe_holder(const char *program, char *out, size_t out_size)
 
 /* ------------------------------------------------------------------ local */
 
+/* The refusal of a directory whose lock (at path, open as fd, which is
+ * closed) is held: its holder, as the holder wrote itself there. */
+static int refuse_local(const char *dir, const char *path, int fd)
+{
+    char seen[HOLDER_MAX] = "";
+    ssize_t n = pread(fd, seen, sizeof seen - 1, 0);
+    seen[n > 0 ? n : 0] = '\0';
+    seen[strcspn(seen, "\n")] = '\0';
+    close(fd);
+    return tp_fail(TP_ERR_EXISTS, "%s is in use by %s: one run per directory (its lock %s is held)", dir,
+                   seen[0] ? seen : "another process", path);
+}
+
 static int lock_local(const char *dir, const char *holder, store_file **out)
 {
     const store_ops *posix = store_posix();
@@ -88,15 +101,7 @@ static int lock_local(const char *dir, const char *holder, store_file **out)
     int fd = -1; /* a FIFO or a link put there is refused, never waited on or followed */
     TP_TRY(tp_open_regular_flags(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0644, &fd));
     int status = posix->lock(posix, path, 0, out);
-    if (status == TP_ERR_EXISTS) {
-        char seen[HOLDER_MAX] = "";
-        ssize_t n = pread(fd, seen, sizeof seen - 1, 0);
-        seen[n > 0 ? n : 0] = '\0';
-        seen[strcspn(seen, "\n")] = '\0';
-        close(fd);
-        return tp_fail(TP_ERR_EXISTS, "%s is in use by %s: one run per directory (its lock %s is held)", dir,
-                       seen[0] ? seen : "another process", path);
-    }
+    if (status == TP_ERR_EXISTS) return refuse_local(dir, path, fd);
     if (status == TP_OK) {
         size_t length = strlen(holder);
         if (ftruncate(fd, 0) != 0 || pwrite(fd, holder, length, 0) != (ssize_t)length ||
@@ -300,6 +305,25 @@ int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *
     }
     *out = claim;
     return TP_OK;
+}
+
+int ckpt_run_claim_free(const char *run_dir)
+{
+    if (store_is_remote(run_dir)) return TP_OK; /* a lease is judged by waiting for it: the claimant's */
+    char path[CKPT_PATH_MAX];
+    TP_TRY(tp_path_join(path, run_dir, LOCK_NAME));
+    int fd = -1; /* nothing made: a directory never claimed stays as it is */
+    int status = tp_open_regular_flags(path, O_RDONLY | O_NOFOLLOW, 0, &fd);
+    if (status == TP_ERR_NOT_FOUND) return TP_OK; /* never claimed (or no directory yet) */
+    TP_TRY(status);
+    /* Shared, for a moment: a holder's exclusive lock refuses it. */
+    const store_ops *posix = store_posix();
+    store_file *probe = NULL;
+    status = posix->lock(posix, path, STORE_LOCK_SHARED, &probe);
+    if (status == TP_ERR_EXISTS) return refuse_local(run_dir, path, fd);
+    close(fd);
+    if (probe) posix->close(probe);
+    return status == TP_ERR_NOT_FOUND ? TP_OK : status; /* removed meanwhile: no claim there either */
 }
 
 int ckpt_run_claim_check(ckpt_run_claim *claim)

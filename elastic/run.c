@@ -408,6 +408,7 @@ typedef struct {
     double launched, last_progress, first_step_time, load_seconds;
     int stop_line_finished;
     int stop_line_diverged; /* the trainer ended at a non-finite gradient norm: a relaunch would again */
+    int stop_line_in_use;   /* the trainer was refused: another live run holds the run directory */
     int save_wait;          /* a save_wait line came after the last step line */
     double step_began;      /* the trainer's time of its last start or step line; 0: none yet */
     /* what the first step of the launch reports */
@@ -499,6 +500,7 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
     case ELASTIC_LOG_STOP:
         w->stop_line_finished = strcmp(line->reason, "finished") == 0;
         w->stop_line_diverged = strcmp(line->reason, "diverged") == 0;
+        w->stop_line_in_use = strcmp(line->reason, "in_use") == 0;
         break;
     case ELASTIC_LOG_SAVE_WAIT: /* until its next step, the trainer has a save's allowance */
         w->save_wait = 1;
@@ -1045,6 +1047,19 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     s->last_failure_step = w.last_step;
     s->restarts++;
     if ((*status_out = save_state(s))) return 1;
+    /* Another live run took the run directory since this run started (the
+     * check before the first launch): every relaunch would be refused, and
+     * its checkpoints, chosen next, are not this run's progress. */
+    if (end == END_FAILED && w.stop_line_in_use) {
+        char tail[600];
+        int no_space = 0;
+        output_tail(output, tail, sizeof tail, &no_space);
+        snprintf(why, sizeof why,
+                 "the trainer was refused the run directory, which another live run holds; nothing is launched "
+                 "beside it, and its checkpoints are not this run's; the trainer's error (%s): %s",
+                 output, tail);
+        return *status_out = give_up(s, summary, why), 1;
+    }
     /* A diverged trainer would diverge again at the same step from the
      * same checkpoint: nothing to retry, as the trainer's error says. */
     if (end == END_FAILED && w.stop_line_diverged) {
@@ -1107,6 +1122,13 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
     cJSON_AddNumberToObject(e, "global_batch", (double)o->global_batch);
     status = emit(&s, "orchestrator_start", e);
     if (!status) status = end_earlier_launch(&s);
+    /* A run directory another live run holds (a tp-train started by hand:
+     * its claim, ckpt_run_claim_take) is refused before any launch: each
+     * launch would be refused by it, and its checkpoints then taken for this
+     * run's progress (its last step for this run finished). After the
+     * earlier launch of this run, which held it, ended. */
+    int claimed = status ? TP_OK : ckpt_run_claim_free(o->run_dir);
+    if (claimed) status = tp_fail_context(claimed, "refusing to launch the trainer");
     while (!status && !round_once(&s, summary, &status)) {
     }
     if (!status) {

@@ -959,6 +959,7 @@ int main(int argc, char **argv)
                  outcome.end == TRAIN_FINISHED  ? "finished"
                  : outcome.end == TRAIN_STOPPED ? "stopped"
                  : outcome.end == TRAIN_DIVERGED ? "diverged"
+                 : outcome.end == TRAIN_IN_USE   ? "in_use"
                                                  : "failed",
                  status ? outcome.reason : NULL, peak_rss, cm->world);
         if (fclose(rep.log) != 0 && !rep.log_failed)

@@ -570,6 +570,9 @@ static int set_up(trainer *t)
     status = comm_agree(c, status, "setting up");
     if (!status && o->ckpt_dir) {
         if (c->rank == 0) status = ckpt_run_claim_take(o->ckpt_dir, t->save_dir, "tp-train", &t->claim);
+        /* Said as such on the stop line: an orchestrator must not take the
+         * holder's checkpoints for this launch's (tp-elastic gives up). */
+        if (c->rank == 0 && status == TP_ERR_EXISTS) t->outcome->end = TRAIN_IN_USE;
         status = comm_agree_root(c, status, "claiming the run directory");
     }
     /* Saves of an earlier run killed meanwhile: half-written, theirs to remove. */
@@ -890,7 +893,7 @@ int train_run(const train_options *o, comm *c, train_outcome *outcome)
         status = train_steps(&t, start_step);
     }
     if (status) {
-        if (outcome->end != TRAIN_DIVERGED) outcome->end = TRAIN_FAILED;
+        if (outcome->end != TRAIN_DIVERGED && outcome->end != TRAIN_IN_USE) outcome->end = TRAIN_FAILED;
         snprintf(outcome->reason, sizeof outcome->reason, "%s", tp_errmsg());
     }
     if (t.model) {

@@ -116,6 +116,8 @@ typedef enum {
                        run (steps_run 0), resumed at or past stop_at: nothing trained, nothing saved */
     TRAIN_FAILED,   /* `reason` says why */
     TRAIN_DIVERGED, /* a failure: the gradient norm went non-finite after `step`; `reason` says what to do */
+    TRAIN_IN_USE,   /* a failure: --ckpt-dir is another live run's (ckpt_run_claim_take, rank 0 knows); nothing was
+                       done; `reason` names the holder */
 } train_end;
 
 typedef struct {
@@ -125,9 +127,9 @@ typedef struct {
     int64_t checkpoints;       /* written during the run (all committed unless it failed) */
     char last_checkpoint[4200]; /* "" when none */
     double seconds, stall_seconds, first_loss, last_loss;
-    int all_ranks_know;        /* TRAIN_FAILED, TRAIN_DIVERGED: every rank failed with it; 0: maybe only this rank, while
+    int all_ranks_know;        /* TRAIN_FAILED, TRAIN_DIVERGED, TRAIN_IN_USE: every rank failed with it; 0: maybe only this rank, while
                                   others wait on it in a collective (the caller ends them: comm_abort) */
-    char reason[2048];         /* TRAIN_FAILED, TRAIN_DIVERGED */
+    char reason[2048];         /* TRAIN_FAILED, TRAIN_DIVERGED, TRAIN_IN_USE */
 } train_outcome;
 
 /* Trains this rank's part. Returns TP_OK when finished or stopped, else the

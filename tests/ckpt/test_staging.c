@@ -292,6 +292,29 @@ Test(staging, a_run_directory_has_one_claim_at_a_time)
     ckpt_run_claim_release(NULL);
 }
 
+/* Whether a directory is claimed, asked without claiming it (tp-elastic,
+ * before it launches a trainer there): free when never claimed (and nothing
+ * is made there) or released; held, the refusal names the holder. */
+Test(staging, a_claim_is_seen_without_being_taken)
+{
+    char lock[800];
+    snprintf(lock, sizeof lock, "%s/.tp-run.lock", dir);
+    cr_assert_eq(ckpt_run_claim_free(dir), TP_OK, "never claimed: %s", tp_errmsg());
+    cr_assert(!exists(lock), "asking makes nothing");
+    ckpt_run_claim *held = NULL;
+    cr_assert_eq(ckpt_run_claim_take(dir, NULL, "tp-train", &held), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(ckpt_run_claim_free(dir), TP_ERR_EXISTS, "held");
+    char pid[64];
+    snprintf(pid, sizeof pid, "in use by tp-train (pid %ld on host ", (long)getpid());
+    cr_assert(strstr(tp_errmsg(), pid) && strstr(tp_errmsg(), "one run per directory"), "%s", tp_errmsg());
+    cr_assert_eq(ckpt_run_claim_check(held), TP_OK, "asking leaves the holder's claim alone");
+    ckpt_run_claim_release(held);
+    cr_assert_eq(ckpt_run_claim_free(dir), TP_OK, "released: %s", tp_errmsg());
+    ckpt_run_claim *again = NULL;
+    cr_assert_eq(ckpt_run_claim_take(dir, NULL, "tp-train", &again), TP_OK, "asking took nothing: %s", tp_errmsg());
+    ckpt_run_claim_release(again);
+}
+
 Test(staging, a_claim_held_by_a_killed_process_is_free, .timeout = 30)
 {
     int ready[2];

@@ -3,7 +3,7 @@
 # directories"). Two tp-train on one --ckpt-dir used to be both accepted and
 # replace each other's step_N with checkpoints of two models.
 #   Local: a second trainer (another model) refused at start naming the
-#   first's pid and host, the first undisturbed (finishes, every checkpoint
+#   first's pid and host (its log's stop line says in_use), the first undisturbed (finishes, every checkpoint
 #   its model's); the same under mpirun at tp2 (every rank refused alike);
 #   a kill -9'd trainer's directory taken at once; a FIFO or a link in the
 #   lock's place refused, never waited on.
@@ -50,7 +50,13 @@ for trial in 1 2 3; do
     named_in "$D/.tp-run.lock" "pid $first " 20
     expect_error "trial $trial: a second trainer (another model) on a live run directory is refused" 1 \
         "$D is in use by tp-train \(pid $first $HOST_PATTERN, since .*\): one run per directory" \
-        "$TRAIN" --model small --micro-batch 2 --quiet --steps 3 --ckpt-every 1 --ckpt-dir "$D" --resume
+        "$TRAIN" --model small --micro-batch 2 --quiet --steps 3 --ckpt-every 1 --ckpt-dir "$D" --resume \
+        --log "$WORK/refused$trial.jsonl"
+    # The stop line says why in a word an orchestrator acts on (tp-elastic
+    # gives up rather than take the holder's checkpoints for its run's).
+    check "trial $trial: the refused trainer's stop line says in_use, naming the holder" \
+        grep -q "\"event\":\"stop\",\"step\":0,\"reason\":\"in_use\",\"error\":\"[^\"]*in use by tp-train (pid $first " \
+        "$WORK/refused$trial.jsonl"
     release trial$trial
     wait $first
     rc=$?

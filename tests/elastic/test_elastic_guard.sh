@@ -11,7 +11,9 @@
 # of range in state.json are refused by name, expected against found. A
 # trainer's clock set forward does not stretch the hang allowance. A
 # checkpoint another process reads is kept by --keep until it is done. A
-# trainer that fails on a full disk is not called a bug.
+# run directory a live tp-train holds is refused before any launch, and a
+# launch refused for it later ends the run (the holder's checkpoints are not
+# this run's). A trainer that fails on a full disk is not called a bug.
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$ROOT/tests/elastic/lib.sh"
@@ -233,6 +235,52 @@ expect_ok "--keep beside a reader: the finished run again" timeout -k 5 $RUN_LIM
 check_all "--keep beside a reader: its reader done, step 10 is removed by the next pass" \
     '[ "$(ls "$R" | grep step_ | tr "\n" " ")" = "step_00000040 " ] &&
      grep -q "step_00000010\",\"keep\":1,\"event\":\"checkpoint_removed\"" "$WORK/.out"'
+
+# ------------------------------------- a run directory a tp-train holds
+# A tp-train started by hand holds the directory (its claim, .tp-run.lock;
+# held at its first commit): tp-elastic refuses at once, naming it, and
+# launches nothing. Before, it launched, the launch was refused, and the
+# holder's last checkpoint was then taken for this run's: "finished at step
+# 200", exit 0, with nothing trained.
+R="$WORK/claimed"
+TP_CKPT_FAULT="before-latest:WAIT:$WORK/claimed.release" "$TRAIN" $ARGS --steps 20 --ckpt-dir "$R" \
+    >"$WORK/holder.out" 2>&1 &
+holder=$!
+check "claimed: the holder is at its first commit" wait_for "$WORK/claimed.release.held" 60
+expect_error "tp-elastic on a directory a live tp-train holds: refused before any launch, naming the holder" 1 \
+    "refusing to launch the trainer: $R is in use by tp-train \\(pid $holder on host [^)]*\\): one run per directory" \
+    timeout -k 5 60 "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST -- "$TRAIN" $ARGS --steps 20
+check "claimed: nothing launched" [ "$(events "$R" launch)" -eq 0 ]
+: >"$WORK/claimed.release"
+wait $holder
+rc=$?
+check_all "claimed: the holder finished undisturbed (exit $rc), its checkpoints its own" \
+    '[ $rc -eq 0 ] && [ "$(ls "$R" | grep step_ | tr "\n" " ")" = "step_00000010 step_00000020 " ]'
+
+# A launch refused because another run took the directory after that check
+# (its stop line says "in_use", as a refused tp-train's does; the script
+# plays both: the other run's checkpoint of the last step appears, then the
+# refusal): given up at once, the other's checkpoint not taken for this
+# run's. Before, it was relaunched, chose that checkpoint and reported the
+# run finished (exit 0).
+cat >"$WORK/refused.sh" <<'EOF'
+while [ $# -gt 0 ]; do
+    case $1 in --log) log=$2 ;; --ckpt-dir) dir=$2 ;; esac
+    shift
+done
+cp -r "$OTHER/step_00000020" "$dir/"
+said="$dir is in use by tp-train (pid 7 on host far, since 2026-01-01T00:00:00Z): one run per directory"
+echo "{\"event\":\"stop\",\"step\":0,\"reason\":\"in_use\",\"error\":\"$said\",\"time\":$(date +%s)}" >>"$log"
+echo "tp-train: error: $said" >&2
+exit 1
+EOF
+R="$WORK/taken"
+expect_error "a launch refused as another run took the directory: given up at once" 1 \
+    "the trainer was refused the run directory, which another live run holds; .*in use by tp-train \\(pid 7 on host far" \
+    env OTHER="$WORK/claimed" timeout -k 5 $RUN_LIMIT "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST \
+    -- sh "$WORK/refused.sh" $ARGS --steps 20
+check_all "taken: one launch, not finished" \
+    '[ "$(events "$R" launch)" -eq 1 ] && [ "$(summary_field "$R" finished)" = False ]'
 
 # ------------------------------------------------------------ a full disk
 # A trainer that fails at once, every time, saying the disk is full (as a
