@@ -161,10 +161,15 @@ static int save_state(run_state *s)
     FILE *f = fdopen(fd, "w");
     if (!f) close(fd);
     int status = f && fputs(text, f) >= 0 && fflush(f) == 0 && fsync(fileno(f)) == 0 ? TP_OK : TP_ERR_IO;
-    if (f && fclose(f) != 0) status = TP_ERR_IO;
+    int err = errno;
+    if (f && fclose(f) != 0 && !status) status = TP_ERR_IO, err = errno;
     free(text);
-    if (!status && rename(tmp, s->state_path) != 0) status = TP_ERR_IO;
-    return status ? tp_fail(TP_ERR_IO, "%s: cannot write: %s", s->state_path, strerror(errno)) : TP_OK;
+    if (!status && rename(tmp, s->state_path) != 0) status = TP_ERR_IO, err = errno;
+    if (!status) return TP_OK;
+    /* Not left behind (a full disk's half-written file, or one no rename
+     * took): state.json, as it was, is the state. */
+    unlink(tmp);
+    return tp_fail(TP_ERR_IO, "%s: cannot write: %s", s->state_path, strerror(err));
 }
 
 /* A number of state.json within [min, max] (an integer where `integral`):

@@ -13,7 +13,9 @@
 # checkpoint another process reads is kept by --keep until it is done. A
 # run directory a live tp-train holds is refused before any launch, and a
 # launch refused for it later ends the run (the holder's checkpoints are not
-# this run's). A trainer that fails on a full disk is not called a bug.
+# this run's). A state write that fails (state.json's place taken, a full
+# disk) leaves no temporary file. A trainer that fails on a full disk is not
+# called a bug.
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$ROOT/tests/elastic/lib.sh"
@@ -281,6 +283,44 @@ expect_error "a launch refused as another run took the directory: given up at on
     -- sh "$WORK/refused.sh" $ARGS --steps 20
 check_all "taken: one launch, not finished" \
     '[ "$(events "$R" launch)" -eq 1 ] && [ "$(summary_field "$R" finished)" = False ]'
+
+# ------------------------------------------------ a state write that fails
+# state.json's place taken by a directory while the trainer runs (held at
+# its last commit): the orchestrator's state cannot be written; it stops,
+# naming the file and why, and leaves no state.json.tmp behind (before, it
+# did after every failed write).
+R="$WORK/stateless"
+TP_CKPT_FAULT="before-latest:WAIT:$WORK/stateless.release" timeout -k 5 $RUN_LIMIT "$ELASTIC" run --ckpt-dir "$R" \
+    --world 1 $FAST -- "$TRAIN" $ARGS --steps 10 >"$WORK/stateless.out" 2>"$WORK/stateless.err" &
+orchestrator=$!
+check "stateless: the trainer is at its commit" wait_for "$WORK/stateless.release.held" 60
+rm -f "$R/elastic/state.json"
+mkdir -p "$R/elastic/state.json/in-the-way"
+: >"$WORK/stateless.release"
+wait $orchestrator
+rc=$?
+check_all "stateless: exit 1, naming the file and why (exit $rc)" \
+    '[ $rc -eq 1 ] && grep -q "state.json: cannot write: Is a directory" "$WORK/stateless.err"'
+check "stateless: no state.json.tmp left" [ ! -e "$R/elastic/state.json.tmp" ]
+# A full disk, where a small tmpfs can be mounted (root): the state
+# directory (--state-dir) on one with a page left, which the orchestrator's
+# lock takes; the first state write fails, and its temporary file goes.
+FULL="$WORK/full-state"
+mkdir -p "$FULL"
+if mount -t tmpfs -o size=64k tmpfs "$FULL" 2>/dev/null; then
+    trap 'umount "$FULL" 2>/dev/null; rm -rf "$WORK"' EXIT
+    dd if=/dev/zero of="$FULL/fill" bs=4k 2>/dev/null
+    truncate -s -4096 "$FULL/fill"
+    expect_error "a state write on a full disk: exit 1, naming the file and why" 1 \
+        "$FULL/state.json: cannot write: No space left on device" \
+        timeout -k 5 $RUN_LIMIT "$ELASTIC" run --ckpt-dir "$WORK/full-run" --state-dir "$FULL" \
+        --events "$WORK/full-events.jsonl" --world 1 $FAST -- "$TRAIN" $ARGS --steps 10
+    check "a state write on a full disk: no state.json.tmp left" [ ! -e "$FULL/state.json.tmp" ]
+    umount "$FULL"
+    trap 'rm -rf "$WORK"' EXIT
+else
+    echo "[$NAME] SKIP: cannot mount a tmpfs here (not root?): the full-disk state write is not tried"
+fi
 
 # ------------------------------------------------------------ a full disk
 # A trainer that fails at once, every time, saying the disk is full (as a
