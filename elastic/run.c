@@ -1052,29 +1052,26 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     s->last_failure_step = w.last_step;
     s->restarts++;
     if ((*status_out = save_state(s))) return 1;
-    /* Another live run took the run directory since this run started (the
-     * check before the first launch): every relaunch would be refused, and
-     * its checkpoints, chosen next, are not this run's progress. */
-    if (end == END_FAILED && w.stop_line_in_use) {
+    /* A stop line that says a relaunch would fail alike: another live run
+     * took the run directory since this run started (the check before the
+     * first launch: every relaunch would be refused, and its checkpoints,
+     * chosen next, are not this run's progress); or the trainer diverged
+     * (from the same checkpoint it would again at the same step). Given up
+     * at once, quoting the trainer's error. */
+    char diverged[160];
+    snprintf(diverged, sizeof diverged, "the trainer diverged at step %lld (its gradient norm not finite), which a "
+             "relaunch from the same checkpoint would repeat", (long long)w.last_step);
+    const char *final = end != END_FAILED      ? NULL
+                        : w.stop_line_in_use   ? "the trainer was refused the run directory, which another live run "
+                                                 "holds; nothing is launched beside it, and its checkpoints are not "
+                                                 "this run's"
+                        : w.stop_line_diverged ? diverged
+                                               : NULL;
+    if (final) {
         char tail[600];
         int no_space = 0;
         output_tail(output, tail, sizeof tail, &no_space);
-        snprintf(why, sizeof why,
-                 "the trainer was refused the run directory, which another live run holds; nothing is launched "
-                 "beside it, and its checkpoints are not this run's; the trainer's error (%s): %s",
-                 output, tail);
-        return *status_out = give_up(s, summary, why), 1;
-    }
-    /* A diverged trainer would diverge again at the same step from the
-     * same checkpoint: nothing to retry, as the trainer's error says. */
-    if (end == END_FAILED && w.stop_line_diverged) {
-        char tail[600];
-        int no_space = 0;
-        output_tail(output, tail, sizeof tail, &no_space);
-        snprintf(why, sizeof why,
-                 "the trainer diverged at step %lld (its gradient norm not finite), which a relaunch from the same "
-                 "checkpoint would repeat; its error (%s): %s",
-                 (long long)w.last_step, output, tail);
+        snprintf(why, sizeof why, "%s; the trainer's error (%s): %s", final, output, tail);
         return *status_out = give_up(s, summary, why), 1;
     }
     if (s->repeats >= o->repeat_limit) {
