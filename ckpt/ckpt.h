@@ -664,13 +664,20 @@ typedef struct {
     int replace; /* a checkpoint already at the URL is replaced (it vanishes first) */
     void (*on_file)(void *ctx, int64_t bytes); /* a shard file arrived (any thread) */
     void *ctx;
+    /* The run directory's `latest` is pointed at the output once it is up
+     * (ckpt_upload_latest), as the upload's last step: when that fails, the
+     * output is removed as for any failed upload. */
+    int update_latest;
 } ckpt_upload_options;
 void ckpt_upload_options_init(ckpt_upload_options *options);
 
 /* Uploads the committed local checkpoint local_dir to url: every shard file
  * in parallel, each checked for its size there, then index.json, so that
  * the remote checkpoint is visible only whole. Refuses a URL that holds a
- * checkpoint unless replace. */
+ * checkpoint unless replace. An upload that fails, or is stopped by a
+ * signal (store/staging.h store_upload_begin), removes what it sent, and
+ * with replace what was there, before it returns: the URL then holds
+ * nothing and a plain retry is accepted. */
 int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_options *options);
 /* Downloads the remote checkpoint at url (a run directory: its newest)
  * into local_dir, committed there as a local writer would (staged, every

@@ -92,12 +92,15 @@ static int output_target_check(const store_ops *store, const char *target, int r
 }
 
 /* An upload that failed before its index (or its files naming the others)
- * went up leaves nothing at url: what it sent, and with replace what was
- * there (its index went first: no reader could use it any more), is
- * removed, so that the location reads as before the command, empty, and a
- * retry needs no --force. status and its message are kept; a removal that
- * fails too is added to the message. (A writer killed midway still leaves
- * its objects: invisible without an index, docs/STORES.md.) */
+ * went up, or whose `latest` could not follow, leaves nothing at url: what
+ * it sent, and with replace what was there (its index went first: no
+ * reader could use it any more), is removed, so that the location reads as
+ * before the command, empty, and a retry needs no --force. A signal is such
+ * a failure: it cuts the upload's requests off (store/staging.h
+ * store_stopping) and the process dies of it once this removal is done.
+ * status and its message are kept; a removal that fails too is added to
+ * the message. (A writer killed outright, SIGKILL or a lost node, still
+ * leaves its objects: invisible without an index, docs/STORES.md.) */
 static int discard_upload(const char *url, int status)
 {
     char message[2048];
@@ -185,6 +188,10 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
     ckpt_index index;
     memset(&index, 0, sizeof index);
     int status = ckpt_index_parse(text, local_index, &index);
+    /* From the first change at url until a failure is cleaned up, a signal
+     * waits for this upload (store_upload_begin): its requests fail, what
+     * it sent is removed here, and then the process dies of the signal. */
+    int held = !status && !(status = store_upload_begin(url));
     if (!status) status = ckpt_upload_begin(url, replace);
     int begun = !status;
     upload_job job = {local_dir, url, &index, transfer_threads(options), options};
@@ -193,8 +200,17 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
                               upload_shard, &job);
     tp_fault_point("upload-before-index");
     if (!status) status = store_put_data(remote_index, text, (size_t)text_size);
-    if (status && begun) status = discard_upload(url, status);
-    if (!status && replace) status = remove_stale(url, &index);
+    int committed = !status;
+    if (committed && replace) status = remove_stale(url, &index);
+    /* `latest` is part of the upload: a checkpoint up without it (a signal
+     * between the two) was refused to a plain retry, "holds a checkpoint
+     * already", though the command had failed. */
+    if (committed && !status && options && options->update_latest) {
+        tp_fault_point("before-latest");
+        if ((status = ckpt_upload_latest(url))) committed = 0;
+    }
+    if (status && begun && !committed) status = discard_upload(url, status);
+    if (held) store_upload_end();
     ckpt_index_free(&index);
     free(text);
     return status;
@@ -340,16 +356,29 @@ static int index_last(const void *a, const void *b)
     return ix != iy ? ix - iy : strcmp(x, y);
 }
 
+/* ckpt_upload_files, the signal clean-up waiting for it (ckpt_upload). */
+static int upload_files(const char *local, const char *url, const ckpt_upload_options *options);
+
 int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_options *options)
+{
+    TP_TRY(store_upload_begin(url));
+    int status = upload_files(local, url, options);
+    store_upload_end();
+    return status;
+}
+
+static int upload_files(const char *local, const char *url, const ckpt_upload_options *options)
 {
     const store_ops *posix = store_posix();
     store_stat st;
+    int update_latest = options && options->update_latest;
     TP_TRY(posix->stat(posix, local, &st));
     if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: nothing to upload", local);
-    if (!st.is_dir) {
+    if (!st.is_dir) { /* one object: made whole or not at all */
         TP_TRY(store_put_file(url, local, 0, st.size, transfer_threads(options)));
         if (options && options->on_file) options->on_file(options->ctx, st.size);
-        return TP_OK;
+        int status = update_latest ? ckpt_upload_latest(url) : TP_OK;
+        return status ? discard_upload(url, status) : TP_OK;
     }
     name_list names = {.root = local};
     int status = posix->list(posix, local, collect_name, &names);
@@ -370,6 +399,10 @@ int ckpt_upload_files(const char *local, const char *url, const ckpt_upload_opti
         status = parallel_for(first_index, first_index < threads ? first_index : threads, upload_named, &job);
     if (!status && first_index < names.count) tp_fault_point("upload-before-index");
     for (int i = first_index; !status && i < names.count; i++) status = upload_named(&job, i, 0);
+    if (!status && update_latest) {
+        tp_fault_point("before-latest");
+        status = ckpt_upload_latest(url);
+    }
     /* Nothing half-sent stays (discard_upload): whatever was at url was
      * removed first, or there was nothing (ckpt_output_begin). */
     if (status && begun) status = discard_upload(url, status);
@@ -432,9 +465,12 @@ int ckpt_output_finish(const char *target, const char *local, int ok, const ckpt
 {
     if (!ckpt_is_remote(target)) return TP_OK;
     int status = TP_OK;
-    if (ok) status = ckpt_is_committed(local) ? ckpt_upload(local, target, options)
-                                              : ckpt_upload_files(local, target, options);
-    if (ok && !status && update_latest) status = ckpt_upload_latest(target);
+    ckpt_upload_options upload;
+    if (options) upload = *options;
+    else ckpt_upload_options_init(&upload);
+    upload.update_latest = update_latest;
+    if (ok) status = ckpt_is_committed(local) ? ckpt_upload(local, target, &upload)
+                                              : ckpt_upload_files(local, target, &upload);
     /* A written output whose upload failed stays: hours of work are not
      * thrown away for a network error; `tp-ckpt copy` sends it later. */
     if (ok && status) return tp_fail_context(status, "the output stays in %s (tp-ckpt copy uploads it)", local);

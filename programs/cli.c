@@ -22,7 +22,10 @@
 
 /* The handler only writes the signal's number to a pipe (all a handler may
  * do safely); a thread that waits on the pipe removes the partial outputs,
- * which takes locks and walks directories, then dies of the signal. Threads
+ * which takes locks and walks directories, and waits for the uploads under
+ * way to remove what they sent (store_discard_all_staged: their requests
+ * fail from then on, so they do on their own threads), then dies of the
+ * signal. Threads
  * other libraries started before main (OpenBLAS) may take the signal, which
  * is why this is a handler and not sigwait with the signals blocked. */
 static int signal_pipe[2] = {-1, -1};
@@ -138,6 +141,11 @@ int cli_check_stdout_at_exit(const char *program)
 
 int cli_error(const char *program, const char *fmt, ...)
 {
+    /* A failure while the signal's clean-up runs is that clean-up's doing
+     * (an upload cut off, an output removed under its writer): the process
+     * dies of the signal and says nothing more (the line was cut midway by
+     * that death, "tp-ckpt: error: " alone). */
+    if (atomic_load(&dying)) wait_for_the_signal();
     va_list args;
     va_start(args, fmt);
     fprintf(stderr, "%s: error: ", program);

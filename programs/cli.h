@@ -96,8 +96,10 @@ int cli_catch_signal(int sig, void (*handler)(int));
 
 /* On SIGINT, SIGTERM or SIGHUP (those not ignored at the start, see
  * cli_catch_signal): removes the partial outputs this process is writing
+ * and lets its uploads remove what they sent to an object store
  * (store_discard_all_staged), then dies of the signal, so that the exit
- * status says which. Fails only when no thread can be started. */
+ * status says which; cli_error says nothing meanwhile. Fails only when no
+ * thread can be started. */
 int cli_clean_up_on_signals(void);
 
 /* Writes a checkpoint output at target, local or remote: write(ctx, path)
@@ -164,7 +166,9 @@ void cli_print_store_notices(const char *program);
  * coreutils do. Returns on_exit's result. */
 int cli_check_stdout_at_exit(const char *program);
 
-/* "PROGRAM: error: message" on stderr; returns 1, the failure exit status. */
+/* "PROGRAM: error: message" on stderr; returns 1, the failure exit status.
+ * Once the signal clean-up began (cli_clean_up_on_signals), nothing: the
+ * caller waits there for the signal to end the process. */
 int cli_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

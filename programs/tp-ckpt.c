@@ -1363,8 +1363,8 @@ static int cmd_copy(int argc, char **argv)
     progress_start(&bar, "copy", total, force_progress);
     int status;
     if (!ckpt_is_remote(resolved)) { /* straight up: no local copy needed */
+        upload.update_latest = update_latest;
         status = ckpt_upload(resolved, target, &upload);
-        if (!status && update_latest) status = ckpt_upload_latest(target);
     } else {
         copy_job job = {resolved, &upload};
         status = cli_write_output(target, force, ckpt_may_replace_checkpoint, NULL, threads, update_latest, download_into,

@@ -12,7 +12,9 @@
 
 #include "../common/clock.h"
 #include "../common/error.h"
+#include "../common/fault.h"
 #include "http.h"
+#include "staging.h"
 #include "store.h"
 
 /* ------------------------------------------------------------ shared state */
@@ -119,7 +121,20 @@ typedef struct {
     int too_slow;
     double allowed, deadline; /* seconds this attempt may take, and when they end */
     int late;
+    int writes;  /* the request adds to the store (request_writes) */
+    int stopped; /* cut off: the process is being stopped (store_stopping) */
+    int sending; /* the body's first bytes went (the test hook's point) */
 } transfer;
+
+/* Whether a request adds something to the store: all but reads and
+ * removals. None goes out once the process is being stopped by a signal
+ * (store/staging.h store_stopping), so that an upload fails and removes
+ * what it sent (DELETE, and the listings PROPFIND and GET that it needs,
+ * still go) before the process dies. */
+static int request_writes(const char *method)
+{
+    return strcmp(method, "GET") && strcmp(method, "HEAD") && strcmp(method, "PROPFIND") && strcmp(method, "DELETE");
+}
 
 static size_t on_body(char *data, size_t size, size_t count, void *ctx)
 {
@@ -162,6 +177,18 @@ static size_t on_send(char *out, size_t size, size_t count, void *ctx)
     transfer *t = ctx;
     const http_request *q = t->request;
     size_t want = size * count;
+    if (t->sent > 0 && !t->sending) {
+        t->sending = 1;
+        tp_fault_point("upload-sending"); /* a body partly sent: a test's signal strikes mid-transfer */
+    }
+    /* A body not all sent when the process is being stopped is cut off:
+     * the server drops a request whose body ends early, so the object is
+     * not made, and nothing of the upload outlives its clean-up. */
+    int64_t total = q->body ? (int64_t)q->body_size : q->body_length;
+    if (t->writes && t->sent < total && store_stopping()) {
+        t->stopped = 1;
+        return CURL_READFUNC_ABORT;
+    }
     if (q->body) {
         size_t left = q->body_size - (size_t)t->sent;
         size_t n = want < left ? want : left;
@@ -200,8 +227,16 @@ static int on_seek(void *ctx, curl_off_t offset, int origin)
 static int on_progress(void *ctx, curl_off_t down_total, curl_off_t down_now, curl_off_t up_total,
                        curl_off_t up_now)
 {
-    (void)down_total, (void)up_total;
+    (void)down_total;
     transfer *t = ctx;
+    /* Stopped while the body is being sent (on_send is not called while
+     * the server is slow to take it). A body all sent is let be answered:
+     * cut off then, the server might make the object after the upload's
+     * clean-up removed what was there. */
+    if (t->writes && up_now < up_total && store_stopping()) {
+        t->stopped = 1;
+        return 1;
+    }
     double now = now_seconds();
     if (now > t->deadline) {
         t->late = 1;
@@ -305,10 +340,17 @@ static long backoff_ms(int attempt)
     return ms / 2 + (ms > 1 ? rand() % (ms / 2 + 1) : 0);
 }
 
-static void sleep_ms(long ms)
+/* Waits ms before the next attempt of q; a write's wait ends early once the
+ * process is being stopped (it is not sent again: http_perform). */
+static void sleep_ms(const http_request *q, long ms)
 {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    const long slice = 50;
+    for (long left = ms; left > 0; left -= slice) {
+        if (request_writes(q->method) && store_stopping()) return;
+        long now = left < slice ? left : slice;
+        struct timespec ts = {now / 1000, (now % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) && errno == EINTR) {
+        }
     }
 }
 
@@ -405,7 +447,7 @@ static double throttle_answered(const http_request *q, const http_response *r, d
 static int attempt_once(CURL *curl, const http_request *q, http_response *r, CURLcode *code_out,
                         char *why, size_t why_size)
 {
-    transfer t = {.curl = curl, .request = q, .response = r, .fd = -1};
+    transfer t = {.curl = curl, .request = q, .response = r, .fd = -1, .writes = request_writes(q->method)};
     r->received = 0;
     r->error_body[0] = '\0';
     r->code = 0;
@@ -481,6 +523,8 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
     curl_off_t length = -1;
     if (curl_easy_getinfo(curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK) r->content_length = length;
     *code_out = code;
+    if (t.stopped)
+        return tp_fail(TP_ERR_STATE, "%s %s: cut off: the process is being stopped by a signal", q->method, q->url);
     if (t.read_error)
         return tp_fail(TP_ERR_IO, "%s: read failed while uploading it: %s", q->body_file, strerror(t.read_error));
     if (t.overflow && q->dst && r->code >= 200 && r->code < 300)
@@ -514,6 +558,8 @@ int http_perform(const http_request *q, http_response *r)
     char why[256] = "";
     double throttled_since = -1; /* when the server first asked this request to slow down */
     for (int attempt = 0, counted = 0;; attempt++) {
+        if (request_writes(q->method) && store_stopping()) /* a retry too: store/staging.h store_stopping */
+            return tp_fail(TP_ERR_STATE, "%s %s: not sent: the process is being stopped by a signal", q->method, q->url);
         CURLcode code = CURLE_OK;
         why[0] = '\0';
         TP_TRY(attempt_once(curl, q, r, &code, why, sizeof why));
@@ -535,7 +581,7 @@ int http_perform(const http_request *q, http_response *r)
                                q->url, reason, waited, policy.throttle_seconds, attempt + 1, attempt ? "s" : "");
             }
             long ms = backoff_ms(attempt);
-            sleep_ms((double)ms < left * 1000 ? ms : (long)(left * 1000) + 1);
+            sleep_ms(q, (double)ms < left * 1000 ? ms : (long)(left * 1000) + 1);
             continue;
         }
         if (!transient || counted >= policy.retries) {
@@ -552,7 +598,7 @@ int http_perform(const http_request *q, http_response *r)
         snprintf(text, sizeof text, "%s %s: %s; retry %d of %d in %.1f s (TP_REMOTE_RETRIES)", q->method, q->url,
                  code != CURLE_OK ? why : answer, counted, policy.retries, (double)ms / 1000);
         notify(text);
-        sleep_ms(ms);
+        sleep_ms(q, ms);
     }
 }
 

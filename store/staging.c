@@ -12,10 +12,12 @@
  *
  * Every staging entry this process holds is in a registry, so that a signal
  * handler thread can remove them all before the process dies
- * (store_discard_all_staged). */
+ * (store_discard_all_staged); that thread also waits for the uploads under
+ * way (store_upload_begin), which remove what they sent themselves. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +48,16 @@ struct store_staged {
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static store_staged *registry;
-static int cancelled; /* store_discard_all_staged ran: nothing is published any more */
+/* store_discard_all_staged began: nothing is created, published or
+ * uploaded any more. Set under uploads_lock and read under either lock
+ * (create_registered, publish: registry_lock; store_upload_begin:
+ * uploads_lock), or without one by the transfers (store_stopping). */
+static atomic_int stopping;
+/* The uploads under way (store_upload_begin/end), which the clean-up waits
+ * for. */
+static pthread_mutex_t uploads_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t uploads_ended = PTHREAD_COND_INITIALIZER;
+static int uploads;
 
 static void registry_remove(store_staged *s)
 {
@@ -304,7 +315,7 @@ static int create_registered(store_staged *st)
     if (snprintf(claim, sizeof claim, "%s" CLAIM_SUFFIX, st->staging) >= TP_PATH_MAX)
         return tp_fail(TP_ERR_ARG, "path too long: %s", st->staging);
     pthread_mutex_lock(&registry_lock);
-    int status = cancelled ? tp_fail(TP_ERR_STATE, "%s: not started: the process is being stopped by a signal", st->path)
+    int status = atomic_load(&stopping) ? tp_fail(TP_ERR_STATE, "%s: not started: the process is being stopped by a signal", st->path)
                            : s->remove_tree(s, claim);
     if (!status && st->directory) {
         status = s->make_dir(s, claim);
@@ -427,7 +438,7 @@ int store_staged_publish(store_staged *st)
     store_file *replaced = NULL; /* the lock on what is replaced */
     if (!status && st->overwrite && st->wait_for_readers > 0) status = wait_for_readers(st, &replaced);
     pthread_mutex_lock(&registry_lock);
-    if (!status && cancelled)
+    if (!status && atomic_load(&stopping))
         status = tp_fail(TP_ERR_STATE, "%s: not published: the process is being stopped by a signal", st->path);
     if (!status && (!st->overwrite || !store_exists(s, st->path))) {
         status = s->rename(s, st->staging, st->path, STORE_RENAME_NOREPLACE);
@@ -491,7 +502,7 @@ store_staged *store_staged_find(const char *staging)
 int store_staged_create(store_staged *st, int (*create)(void *ctx), void *ctx)
 {
     pthread_mutex_lock(&registry_lock);
-    int status = cancelled ? tp_fail(TP_ERR_STATE, "%s: not written: the process is being stopped by a signal", st->path)
+    int status = atomic_load(&stopping) ? tp_fail(TP_ERR_STATE, "%s: not written: the process is being stopped by a signal", st->path)
                            : create(ctx);
     pthread_mutex_unlock(&registry_lock);
     return status;
@@ -499,14 +510,48 @@ int store_staged_create(store_staged *st, int (*create)(void *ctx), void *ctx)
 
 void store_discard_all_staged(void)
 {
+    /* First of all, nothing new starts: no entry is created or published,
+     * no upload begins, no write request goes out (store/http.c), and a
+     * body being sent is cut off. */
+    pthread_mutex_lock(&uploads_lock);
+    atomic_store(&stopping, 1);
+    pthread_mutex_unlock(&uploads_lock);
     /* Called from a signal-handling thread while other threads may still be
      * writing into these entries: removal is retried a few times, and what
      * is left is a dead writer's, which the next writer removes. */
     pthread_mutex_lock(&registry_lock);
-    cancelled = 1;
     for (store_staged *s = registry; s; s = s->next)
         for (int attempt = 0; attempt < 5 && s->storage->remove_tree(s->storage, s->staging) != TP_OK; attempt++) {
         }
     pthread_mutex_unlock(&registry_lock);
+    /* An object store has no staging name to remove: each upload, its
+     * requests failing now, removes what it sent (ckpt/upload.c
+     * discard_upload) on its own thread, and the process dies after. */
+    pthread_mutex_lock(&uploads_lock);
+    while (uploads > 0) pthread_cond_wait(&uploads_ended, &uploads_lock);
+    pthread_mutex_unlock(&uploads_lock);
     tp_fault_point("signal-cleaned"); /* the window before the caller dies, held open by tests */
+}
+
+int store_stopping(void)
+{
+    return atomic_load(&stopping);
+}
+
+int store_upload_begin(const char *url)
+{
+    pthread_mutex_lock(&uploads_lock);
+    int status = atomic_load(&stopping)
+                     ? tp_fail(TP_ERR_STATE, "%s: not uploaded: the process is being stopped by a signal", url)
+                     : TP_OK;
+    if (!status) uploads++;
+    pthread_mutex_unlock(&uploads_lock);
+    return status;
+}
+
+void store_upload_end(void)
+{
+    pthread_mutex_lock(&uploads_lock);
+    if (uploads > 0 && --uploads == 0) pthread_cond_broadcast(&uploads_ended);
+    pthread_mutex_unlock(&uploads_lock);
 }

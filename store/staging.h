@@ -66,9 +66,28 @@ void store_staged_discard(store_staged *staged);
 int store_staged_create(store_staged *staged, int (*create)(void *ctx), void *ctx);
 /* The staging entry with this staging path this process holds, or NULL. */
 store_staged *store_staged_find(const char *staging);
-/* Removes every staging entry this process holds (for a signal handler
- * thread, before the process dies of the signal). */
+/* The signal clean-up (for a signal-handling thread, before the process
+ * dies of the signal): stops everything from starting (store_stopping),
+ * removes every staging entry this process holds, then waits until every
+ * upload under way has ended (store_upload_end): each removes what it sent
+ * on its own thread. */
 void store_discard_all_staged(void);
+/* Whether store_discard_all_staged began: the process is being stopped.
+ * From then on no write request (PUT, POST, MKCOL...) goes to an object
+ * store, and one whose body is being sent is cut off (store/http.c): an
+ * upload fails with TP_ERR_STATE, while its removals (DELETE) and the
+ * listings they need go through. */
+int store_stopping(void);
+/* An upload to an object store is no staging entry: an object store has no
+ * rename, and only the uploader knows what it sent (ckpt/upload.c
+ * discard_upload). Between store_upload_begin and store_upload_end, before
+ * anything at url changes until after a failure was cleaned up, the signal
+ * clean-up waits for it, so that the process dies of the signal once url
+ * holds what it held before (docs/STORES.md). Calls nest; begin fails
+ * (TP_ERR_STATE, naming url) once the process is being stopped, and then
+ * nothing may be sent. */
+int store_upload_begin(const char *url);
+void store_upload_end(void);
 /* Removes the staging entries in dir whose writers are gone (a run
  * directory's, when a run starts). */
 int store_remove_dead_staging(const char *dir);

@@ -95,6 +95,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def relay(self):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        if len(body) < length:
+            # The client went away mid-body (a cut-off upload): S3 stores
+            # nothing of such a request (400 IncompleteBody), whatever its
+            # payload hash (UNSIGNED-PAYLOAD passes the check below), where
+            # s3rver stored the bytes relayed as the object.
+            self.close_connection = True
+            try:
+                self.refuse(400, "IncompleteBody", "You did not provide the number of bytes specified by the "
+                            "Content-Length HTTP header")
+            except OSError:
+                pass
+            return
         refused = self.check(body)
         if refused:
             self.refuse(*refused)
