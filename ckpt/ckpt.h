@@ -740,7 +740,8 @@ int ckpt_output_check(const char *target, int replace, store_replace_check may_r
  * ckpt_upload, other outputs with ckpt_upload_files; and `latest` with
  * update_latest) and removes the local copy, or only removes it when the
  * writing failed (ok = 0). A failed upload keeps the local copy and says
- * where it is. */
+ * where it is, unless a signal stopped it: a signal's clean-up removes the
+ * local copy whenever it comes (store/staging.h store_scratch_make). */
 int ckpt_output_begin(const char *target, int replace, store_replace_check may_replace, void *ctx, char *local,
                       size_t local_size);
 

@@ -449,14 +449,18 @@ int ckpt_output_begin(const char *target, int replace, store_replace_check may_r
     TP_TRY(store_staging_owner(owner, sizeof owner));
     if ((size_t)snprintf(dir, sizeof dir, "%s/tp-upload.%s", temporary_dir(), owner) >= sizeof dir)
         return tp_fail(TP_ERR_ARG, "TMPDIR too long");
-    const store_ops *posix = store_posix();
-    int status = posix->make_dir(posix, dir);
-    if (status && status != TP_ERR_EXISTS) return tp_fail_context(status, "a local copy for the upload to %s", target);
+    /* Removed by a signal's clean-up too, whenever it comes: a copy left
+     * there would be sent by nobody (store_scratch_make). */
+    int status = store_scratch_make(dir);
+    if (status) return tp_fail_context(status, "a local copy for the upload to %s", target);
     /* Named as the target is ("URL/step_3/" as "URL/step_3"). */
     char parent[CKPT_PATH_MAX], base[CKPT_NAME_MAX + 1];
     if (tp_split_path(target, parent, sizeof parent, base, sizeof base)) snprintf(base, sizeof base, "checkpoint");
-    if ((size_t)snprintf(local, local_size, "%s/%s", dir, base) >= local_size)
+    if ((size_t)snprintf(local, local_size, "%s/%s", dir, base) >= local_size) {
+        rmdir(dir);
+        store_scratch_forget(dir);
         return tp_fail(TP_ERR_ARG, "path too long: %s", target);
+    }
     return TP_OK;
 }
 
@@ -471,13 +475,22 @@ int ckpt_output_finish(const char *target, const char *local, int ok, const ckpt
     upload.update_latest = update_latest;
     if (ok) status = ckpt_is_committed(local) ? ckpt_upload(local, target, &upload)
                                               : ckpt_upload_files(local, target, &upload);
-    /* A written output whose upload failed stays: hours of work are not
-     * thrown away for a network error; `tp-ckpt copy` sends it later. */
-    if (ok && status) return tp_fail_context(status, "the output stays in %s (tp-ckpt copy uploads it)", local);
     char parent[CKPT_PATH_MAX], base[CKPT_NAME_MAX];
+    int split = tp_split_path(local, parent, sizeof parent, base, sizeof base) == TP_OK;
+    /* A written output whose upload failed stays: hours of work are not
+     * thrown away for a network error; `tp-ckpt copy` sends it later. Not
+     * when a signal stopped the upload: the user asked for nothing to be
+     * left, and the signal's clean-up removes it (store_scratch_make). */
+    if (ok && status && !store_stopping()) {
+        if (split) store_scratch_forget(parent);
+        return tp_fail_context(status, "the output stays in %s (tp-ckpt copy uploads it)", local);
+    }
     const store_ops *posix = store_posix();
     posix->remove_tree(posix, local);
-    if (tp_split_path(local, parent, sizeof parent, base, sizeof base) == TP_OK) rmdir(parent);
+    if (split) {
+        rmdir(parent);
+        store_scratch_forget(parent); /* removed first: a signal meanwhile removes the rest */
+    }
     return status;
 }
 

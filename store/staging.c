@@ -48,6 +48,12 @@ struct store_staged {
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static store_staged *registry;
+/* The scratch directories (store_scratch_make), under registry_lock. */
+typedef struct scratch {
+    char path[TP_PATH_MAX];
+    struct scratch *next;
+} scratch;
+static scratch *scratches;
 /* store_discard_all_staged began: nothing is created, published or
  * uploaded any more. Set under uploads_lock and read under either lock
  * (create_registered, publish: registry_lock; store_upload_begin:
@@ -530,6 +536,13 @@ void store_discard_all_staged(void)
     pthread_mutex_lock(&uploads_lock);
     while (uploads > 0) pthread_cond_wait(&uploads_ended, &uploads_lock);
     pthread_mutex_unlock(&uploads_lock);
+    /* Last, what the uploads read from (a remote output's local copy). */
+    const store_ops *posix = store_posix();
+    pthread_mutex_lock(&registry_lock);
+    for (scratch *d = scratches; d; d = d->next)
+        for (int attempt = 0; attempt < 5 && posix->remove_tree(posix, d->path) != TP_OK; attempt++) {
+        }
+    pthread_mutex_unlock(&registry_lock);
     tp_fault_point("signal-cleaned"); /* the window before the caller dies, held open by tests */
 }
 
@@ -554,4 +567,40 @@ void store_upload_end(void)
     pthread_mutex_lock(&uploads_lock);
     if (uploads > 0 && --uploads == 0) pthread_cond_broadcast(&uploads_ended);
     pthread_mutex_unlock(&uploads_lock);
+}
+
+int store_scratch_make(const char *dir)
+{
+    scratch *d = calloc(1, sizeof *d);
+    if (!d) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    if ((size_t)snprintf(d->path, sizeof d->path, "%s", dir) >= sizeof d->path) {
+        free(d);
+        return tp_fail(TP_ERR_ARG, "path too long: %s", dir);
+    }
+    const store_ops *posix = store_posix();
+    pthread_mutex_lock(&registry_lock);
+    int status = atomic_load(&stopping)
+                     ? tp_fail(TP_ERR_STATE, "%s: not made: the process is being stopped by a signal", dir)
+                     : posix->make_dir(posix, dir);
+    if (status == TP_ERR_EXISTS) status = TP_OK;
+    if (!status) {
+        d->next = scratches;
+        scratches = d;
+    }
+    pthread_mutex_unlock(&registry_lock);
+    if (status) free(d);
+    return status;
+}
+
+void store_scratch_forget(const char *dir)
+{
+    pthread_mutex_lock(&registry_lock);
+    for (scratch **p = &scratches; *p; p = &(*p)->next)
+        if (!strcmp((*p)->path, dir)) {
+            scratch *gone = *p;
+            *p = gone->next;
+            free(gone);
+            break;
+        }
+    pthread_mutex_unlock(&registry_lock);
 }

@@ -68,9 +68,10 @@ int store_staged_create(store_staged *staged, int (*create)(void *ctx), void *ct
 store_staged *store_staged_find(const char *staging);
 /* The signal clean-up (for a signal-handling thread, before the process
  * dies of the signal): stops everything from starting (store_stopping),
- * removes every staging entry this process holds, then waits until every
+ * removes every staging entry this process holds, waits until every
  * upload under way has ended (store_upload_end): each removes what it sent
- * on its own thread. */
+ * on its own thread; then removes the scratch directories
+ * (store_scratch_make). */
 void store_discard_all_staged(void);
 /* Whether store_discard_all_staged began: the process is being stopped.
  * From then on no write request (PUT, POST, MKCOL...) goes to an object
@@ -88,6 +89,15 @@ int store_stopping(void);
  * nothing may be sent. */
 int store_upload_begin(const char *url);
 void store_upload_end(void);
+/* A local directory private to this process that is no output (a remote
+ * output's local copy before its upload, ckpt/upload.c ckpt_output_begin):
+ * made (one already there is fine) and registered, under the clean-up's
+ * lock, so that a signal's clean-up either stops it from being made
+ * (TP_ERR_STATE) or removes it, after the uploads ended. */
+int store_scratch_make(const char *dir);
+/* Forgets dir: removed (before the call, so that a signal meanwhile
+ * removes the rest) or kept by the caller. */
+void store_scratch_forget(const char *dir);
 /* Removes the staging entries in dir whose writers are gone (a run
  * directory's, when a run starts). */
 int store_remove_dead_staging(const char *dir);

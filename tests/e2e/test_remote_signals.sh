@@ -6,7 +6,9 @@
 # and dies of the signal (143, 130, 129), so that the URL holds nothing and
 # a plain retry is accepted. It left the shards it had sent (with --force,
 # the old checkpoint's shards without an index: "not a checkpoint"), and a
-# plain retry was refused, "exists already (--force replaces it)".
+# plain retry was refused, "exists already (--force replaces it)". The
+# local copy a reshard or an export is written into before its upload goes
+# too (it stayed under TMPDIR).
 # The signal strikes where the test hook says (TP_CKPT_FAULT, docs/FORMAT.md
 # "Test hook"): `upload-sending` with a shard's body partly sent (the
 # transfer is cut off), `upload-before-index` with every shard up and the
@@ -37,8 +39,13 @@ expect_ok "a local checkpoint to upload" "$CK" synth -o "$WORK/base" $MODEL --tp
 stopped() {
     sig=$1 point=$2
     shift 2
+    rm -rf "$TMPDIR"/tp-upload.* # what an earlier case left, so that each is judged alone
     run env TP_CKPT_FAULT="$point:$sig" "$@"
 }
+
+# no_local_copy: no tool's local copy of an output (tp-upload.*) is left
+# under TMPDIR.
+no_local_copy() { [ -z "$(ls -A "$TMPDIR" | grep tp-upload)" ]; }
 
 # code_of SIG: the exit status of a process that died of SIG.
 code_of() {
@@ -93,14 +100,22 @@ signal_parts() {
         "$P/run/step_00000001"
     expect_ok "$store: the retry's latest names the step" "$CK" verify "$P/run"
 
-    # tp-reshard -o URL and export -o URL: uploaded from a local copy.
+    # tp-reshard -o URL and export -o URL: written into a local copy under
+    # TMPDIR, then uploaded; the local copy goes too (it stayed, a whole
+    # checkpoint nobody would send, or an empty directory when the signal
+    # came while it was written).
     stopped HUP upload-sending "$RS" "$WORK/base" --to tp1pp1 -o "$P/r"
     check_all "$store: reshard -o URL, SIGHUP mid-shard: died of it (exit $RC), nothing left at the URL" \
         '[ "$RC" -eq 129 ] && $empty r'
+    check "$store: reshard -o URL, SIGHUP mid-shard: its local copy removed" no_local_copy
+    stopped INT staging-claimed "$RS" "$WORK/base" --to tp1pp1 -o "$P/r"
+    check_all "$store: reshard -o URL, SIGINT while writing locally: died of it (exit $RC), no local copy, nothing at the URL" \
+        '[ "$RC" -eq 130 ] && no_local_copy && $empty r'
     expect_ok "$store: reshard -o URL stopped: a plain retry is accepted" "$RS" "$WORK/base" --to tp1pp1 -o "$P/r"
     stopped TERM upload-sending "$CK" export "$WORK/base" --format safetensors -o "$P/e"
     check_all "$store: export -o URL, SIGTERM mid-file: died of it (exit $RC), nothing left at the URL" \
         '[ "$RC" -eq 143 ] && $empty e'
+    check "$store: export -o URL, SIGTERM mid-file: its local copy removed" no_local_copy
     expect_ok "$store: export -o URL stopped: a plain retry is accepted" "$CK" export "$WORK/base" \
         --format safetensors -o "$P/e"
 
