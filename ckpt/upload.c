@@ -18,6 +18,7 @@
 #include <xxhash.h>
 
 #include "../common/parallel.h"
+#include "../common/path.h"
 #include "commit.h"
 #include "index.h"
 
@@ -412,15 +413,9 @@ static int upload_files(const char *local, const char *url, const ckpt_upload_op
 
 /* ------------------------------------------------- outputs of the tools */
 
-static const char *temporary_dir(void)
-{
-    const char *tmp = getenv("TMPDIR");
-    return tmp && *tmp ? tmp : "/tmp";
-}
-
 int ckpt_local_dir_for(const char *url, const char *purpose, char *out, size_t out_size)
 {
-    if ((size_t)snprintf(out, out_size, "%s/tp-%s-%016llx", temporary_dir(), purpose,
+    if ((size_t)snprintf(out, out_size, "%s/tp-%s-%016llx", tp_temporary_dir(), purpose,
                          (unsigned long long)XXH64(url, strlen(url), 0)) >= out_size)
         return tp_fail(TP_ERR_ARG, "TMPDIR too long");
     return TP_OK;
@@ -447,7 +442,7 @@ int ckpt_output_begin(const char *target, int replace, store_replace_check may_r
     /* Written here first, committed, then uploaded: a private directory. */
     char owner[128], dir[CKPT_PATH_MAX];
     TP_TRY(store_staging_owner(owner, sizeof owner));
-    if ((size_t)snprintf(dir, sizeof dir, "%s/tp-upload.%s", temporary_dir(), owner) >= sizeof dir)
+    if ((size_t)snprintf(dir, sizeof dir, "%s/tp-upload.%s", tp_temporary_dir(), owner) >= sizeof dir)
         return tp_fail(TP_ERR_ARG, "TMPDIR too long");
     /* Removed by a signal's clean-up too, whenever it comes: a copy left
      * there would be sent by nobody (store_scratch_make). */

@@ -408,10 +408,7 @@ static int wait_for_readers(store_staged *st, store_file **held)
     *held = NULL;
     double waited = 0, pause = 0.05;
     for (;;) {
-        pthread_mutex_lock(&registry_lock);
-        int stopping = cancelled;
-        pthread_mutex_unlock(&registry_lock);
-        if (stopping || !store_exists(s, st->path)) return TP_OK;
+        if (atomic_load(&stopping) || !store_exists(s, st->path)) return TP_OK;
         int status = s->lock(s, st->path, 0, held);
         if (status != TP_ERR_EXISTS) return status;
         if (waited >= st->wait_for_readers) return TP_OK;

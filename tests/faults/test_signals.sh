@@ -175,15 +175,17 @@ check "training started with SIGTERM ignored goes on through SIGTERM to its last
     sh -c "[ $RC -eq 0 ] && [ \"\$(cat '$WORK/w/ign/latest')\" = step_00000006 ]"
 
 # Training: SIGTERM is a preemption (finish the step, save, stop with 0), as
-# a first SIGINT is; SIGHUP (or a second SIGINT) ends it at once, and what
-# the save had begun goes with the next run, silently.
-expect_ok "training: SIGTERM as a save's staging entry is born" with_fault staging-claimed:TERM \
-    trainer --model tiny --micro-batch 2 --quiet --steps 50 --ckpt-every 2 --ckpt-dir "$WORK/w/run"
-check_all "training: stopped with a whole checkpoint and no staging" \
-    'intact "$WORK/w/run/$(cat "$WORK/w/run/latest")" && no_staging "$WORK/w/run"'
-run with_fault staging-renamed:HUP trainer --model tiny --micro-batch 2 --quiet --steps 50 --ckpt-every 2 \
+# SIGHUP and a first SIGINT are; SIGKILL (or a second SIGINT) ends it at
+# once, and what the save had begun goes with the next run, silently.
+for sig in TERM HUP; do
+    expect_ok "training: SIG$sig as a save's staging entry is born" with_fault staging-claimed:$sig \
+        trainer --model tiny --micro-batch 2 --quiet --steps 50 --ckpt-every 2 --ckpt-dir "$WORK/w/run-$sig"
+    check_all "training: SIG$sig: stopped with a whole checkpoint and no staging" \
+        'intact "$WORK/w/run-$sig/$(cat "$WORK/w/run-$sig/latest")" && no_staging "$WORK/w/run-$sig"'
+done
+run with_fault staging-renamed trainer --model tiny --micro-batch 2 --quiet --steps 50 --ckpt-every 2 \
     --ckpt-dir "$WORK/w/run2"
-check "training: SIGHUP as a save's staging entry is born ends it (exit $RC)" [ "$RC" -eq 129 ]
+check "training: SIGKILL as a save's staging entry is born ends it (exit $RC)" [ "$RC" -eq 137 ]
 expect_ok "training: the next run" trainer --model tiny --micro-batch 2 --quiet --steps 2 --ckpt-every 2 \
     --ckpt-dir "$WORK/w/run2" --resume
 check_all "training: the next run removed what the interrupted save left, saying nothing of it" \
