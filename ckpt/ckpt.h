@@ -631,6 +631,13 @@ int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *
  * object store TP_OK: a lease is live or dead only by waiting for it, which
  * ckpt_run_claim_take does. */
 int ckpt_run_claim_free(const char *run_dir);
+/* The claim of a program that writes a checkpoint into run_dir beside no
+ * run of its own (tp-ckpt synth, import, copy, tp-reshard: an output named
+ * step_N, which becomes the run's `latest`): shared with other such
+ * writers, refused (naming the holder) while a run holds run_dir, and a run
+ * is refused while it is held. Local directories only: *out NULL for an
+ * object store (a lease is not shared). */
+int ckpt_run_claim_share(const char *run_dir, const char *program, ckpt_run_claim **out);
 /* TP_OK while the claim holds; an error naming the new holder once a lease
  * was taken over (this run's renewals held up for a period). */
 int ckpt_run_claim_check(ckpt_run_claim *claim);

@@ -93,14 +93,16 @@ static int refuse_local(const char *dir, const char *path, int fd)
                    seen[0] ? seen : "another process", path);
 }
 
-static int lock_local(const char *dir, const char *holder, store_file **out)
+/* The lock on dir's claim, exclusive (a run's) or with STORE_LOCK_SHARED
+ * (the writers beside no run: they share it), the holder written in it. */
+static int lock_local(const char *dir, const char *holder, int flags, store_file **out)
 {
     const store_ops *posix = store_posix();
     char path[CKPT_PATH_MAX];
     TP_TRY(tp_path_join(path, dir, LOCK_NAME));
     int fd = -1; /* a FIFO or a link put there is refused, never waited on or followed */
     TP_TRY(tp_open_regular_flags(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0644, &fd));
-    int status = posix->lock(posix, path, 0, out);
+    int status = posix->lock(posix, path, flags, out);
     if (status == TP_ERR_EXISTS) return refuse_local(dir, path, fd);
     if (status == TP_OK) {
         size_t length = strlen(holder);
@@ -297,8 +299,26 @@ int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *
         status = tp_fail(TP_ERR_ARG, "TP_RUN_LEASE_SECONDS=%s: expected seconds in %d..%d",
                          getenv("TP_RUN_LEASE_SECONDS"), LEASE_MIN_SECONDS, LEASE_MAX_SECONDS);
     if (!status) status = store_staging_owner(claim->owner, sizeof claim->owner);
-    if (!status) status = lock_local(local_dir ? local_dir : run_dir, claim->holder, &claim->lock);
+    if (!status) status = lock_local(local_dir ? local_dir : run_dir, claim->holder, 0, &claim->lock);
     if (!status && store_is_remote(run_dir)) status = take_lease(claim, run_dir);
+    if (status) {
+        ckpt_run_claim_release(claim);
+        return status;
+    }
+    *out = claim;
+    return TP_OK;
+}
+
+int ckpt_run_claim_share(const char *run_dir, const char *program, ckpt_run_claim **out)
+{
+    *out = NULL;
+    if (store_is_remote(run_dir)) return TP_OK; /* no shared lease: an object store's writers take none */
+    ckpt_run_claim *claim = calloc(1, sizeof *claim);
+    if (!claim) return tp_fail(TP_ERR_NOMEM, "out of memory for a run directory's claim");
+    pthread_mutex_init(&claim->mutex, NULL);
+    pthread_cond_init(&claim->wake, NULL);
+    describe_holder(program, claim->holder, sizeof claim->holder);
+    int status = lock_local(run_dir, claim->holder, STORE_LOCK_SHARED, &claim->lock);
     if (status) {
         ckpt_run_claim_release(claim);
         return status;

@@ -222,19 +222,16 @@ int cli_write_output(const char *target, int replace, store_replace_check may_re
     char local[CKPT_PATH_MAX];
     TP_TRY(ckpt_output_begin(target, replace, may_replace, replace_ctx, local, sizeof local));
     /* A checkpoint of a run directory (step_N, which becomes its `latest`)
-     * is written under the run's claim, as a trainer's are: never into a run
-     * a live trainer holds (it took `latest` over, and the trainer's next
-     * saves stayed behind it), and no trainer starts there meanwhile. A
-     * remote run's lease goes with a lock on the local copy's directory. */
+     * is written under a share of the run's claim: never into a run a live
+     * trainer holds (it took `latest` over, and the trainer's next saves
+     * stayed behind it), and no trainer starts there meanwhile; other such
+     * writers share it. (A local run directory: an object store's lease is
+     * not shared.) */
     ckpt_run_claim *claim = NULL;
-    char run_dir[CKPT_PATH_MAX], name[CKPT_PATH_MAX], local_dir[CKPT_PATH_MAX];
+    char run_dir[CKPT_PATH_MAX], name[CKPT_PATH_MAX];
     int status = TP_OK;
-    if (update_latest && tp_split_path(target, run_dir, sizeof run_dir, name, sizeof name) == TP_OK) {
-        int remote = ckpt_is_remote(target);
-        if (remote) status = tp_split_path(local, local_dir, sizeof local_dir, name, sizeof name);
-        if (!status)
-            status = ckpt_run_claim_take(run_dir, remote ? local_dir : NULL, program_invocation_short_name, &claim);
-    }
+    if (update_latest && tp_split_path(target, run_dir, sizeof run_dir, name, sizeof name) == TP_OK)
+        status = ckpt_run_claim_share(run_dir, program_invocation_short_name, &claim);
     if (!status) status = write(ctx, local);
     ckpt_upload_options upload;
     ckpt_upload_options_init(&upload);

@@ -89,6 +89,19 @@ check_all "the trainer undisturbed (exit $rc), latest its own, no other checkpoi
 expect_ok "with the trainer gone, synth writes a step of the run" "$CK" synth -o "$D/step_00000004" --step 4 --tp 1 --pp 1 \
     --model tiny
 check "and the lock named it while it wrote" grep -q "^tp-ckpt (pid [0-9]* $HOST_PATTERN" "$D/.tp-run.lock"
+# And the other way: no trainer starts in a run directory such a writer is
+# writing into (held at its commit); two such writers share it.
+TP_CKPT_FAULT="before-rename:WAIT:$WORK/writer.release" "$CK" synth -o "$D/step_00000006" --step 6 --tp 1 --pp 1 \
+    --model tiny >/dev/null 2>&1 &
+writer=$!
+wait_for "$WORK/writer.release.held" 60
+expect_error "a trainer in a run directory a writer is writing into: refused, naming it" 1 \
+    "$D is in use by tp-ckpt \(pid $writer $HOST_PATTERN" "$TRAIN" $LONG --steps 8 --ckpt-dir "$D" --resume
+expect_ok "a second writer beside it" "$CK" synth -o "$D/step_00000005" --step 5 --tp 1 --pp 1 --model tiny
+: >"$WORK/writer.release"
+wait $writer
+rc=$?
+check_all "the held writer committed (exit $rc), latest its step" '[ $rc -eq 0 ] && [ "$(cat "$D/latest")" = step_00000006 ]'
 
 # Under mpirun, the claim is rank 0's and its verdict every rank's. (The
 # second trainers here pass --resume, as a job script does: without it, a
