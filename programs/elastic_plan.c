@@ -145,7 +145,7 @@ int elastic_plan_main(int argc, char **argv)
             model_given = 1;
             break;
         case O_WORLD: r.world = (int)cli_int(PROGRAM, "--world", optarg, 1, 1 << 20); break;
-        case O_CKPT: ckpt = optarg; break;
+        case O_CKPT: ckpt = cli_path(PROGRAM, "--ckpt", optarg); break;
         case CLI_TRAIN_GLOBAL_BATCH:
             r.global_batch = cli_int(PROGRAM, "--global-batch", optarg, 1, (int64_t)1 << 30);
             break;

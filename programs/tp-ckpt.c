@@ -62,6 +62,7 @@ static const char *usage_text =
  * or cut-short shard files failing their pieces, not the open. */
 static formats_source *open_or_die(const char *path, int verify, int every_damage, int *exit_code)
 {
+    cli_path("tp-ckpt", "the checkpoint's path", path);
     ckpt_read_options read;
     ckpt_read_options_init(&read);
     read.verify = verify;
@@ -78,6 +79,7 @@ static formats_source *open_or_die(const char *path, int verify, int every_damag
 /* The format of path, or NULL after saying why not. */
 static const checkpoint_format *detect_or_fail(const char *path, int *exit_code)
 {
+    cli_path("tp-ckpt", "the checkpoint's path", path);
     const checkpoint_format *format = NULL;
     if (formats_detect(path, &format)) *exit_code = fail("%s", tp_errmsg());
     return format;

@@ -377,7 +377,7 @@ int main(int argc, char **argv)
      * per-piece metadata was a tenth of the time (docs/BENCHMARKS.md, issue
      * 28); `tp-ckpt verify` checks it. */
     const checkpoint_format *format;
-    if (formats_detect(argv[optind], &format)) return fail("%s", tp_errmsg());
+    if (formats_detect(cli_path("tp-reshard", "the source's path", argv[optind]), &format)) return fail("%s", tp_errmsg());
     if (true_vocab && strcmp(format->name, "megatron")) die_usage("--true-vocab-size applies to a Megatron-LM legacy source");
     ckpt_read_options read;
     ckpt_read_options_init(&read);

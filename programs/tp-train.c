@@ -192,8 +192,8 @@ static int eval_command(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (c) {
-        case O_CKPT: o.ckpt = optarg; break;
-        case O_DATA: o.data = optarg; break;
+        case O_CKPT: o.ckpt = cli_path("tp-train", "--ckpt", optarg); break;
+        case O_DATA: o.data = cli_path("tp-train", "--data", optarg); break;
         case O_WINDOWS: o.windows = cli_int("tp-train", "--windows", optarg, 1, (int64_t)1 << 40); break;
         case O_SEQ: o.seq = cli_int("tp-train", "--seq", optarg, 1, (int64_t)1 << 31); break;
         case O_TP: tp = cli_int("tp-train", "--tp", optarg, 1, 4096); break;
@@ -267,7 +267,7 @@ static int generate_command(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (c) {
-        case O_CKPT: o.ckpt = optarg; break;
+        case O_CKPT: o.ckpt = cli_path("tp-train", "--ckpt", optarg); break;
         case O_PROMPT: o.prompt = optarg; break;
         case O_TOKENS: o.tokens = cli_int("tp-train", "--tokens", optarg, 0, (int64_t)1 << 30); break;
         case O_TEMPERATURE: o.temperature = cli_number("tp-train", "--temperature", optarg); break;
@@ -725,7 +725,7 @@ int main(int argc, char **argv)
             fault_detail = "--fault-rank";
             break;
         case CLI_TRAIN_FAULT_ONCE:
-            fault.once = optarg;
+            fault.once = cli_path("tp-train", "--fault-once", optarg);
             fault_detail = "--fault-once";
             break;
         case CLI_TRAIN_STEPS: o.steps = cli_int("tp-train", "--steps", optarg, 1, (int64_t)1 << 40); break;
@@ -735,17 +735,17 @@ int main(int argc, char **argv)
         case CLI_TRAIN_WEIGHT_DECAY: o.weight_decay = cli_number("tp-train", "--weight-decay", optarg); break;
         case CLI_TRAIN_CLIP: o.clip = cli_number("tp-train", "--clip", optarg); break;
         case CLI_TRAIN_SEED: o.seed = (uint64_t)cli_int("tp-train", "--seed", optarg, 0, INT64_MAX); break;
-        case CLI_TRAIN_DATA: o.data = optarg; break;
-        case CLI_TRAIN_CKPT_DIR: o.ckpt_dir = optarg; break;
-        case CLI_TRAIN_CKPT_CACHE: o.ckpt_cache = optarg; break;
+        case CLI_TRAIN_DATA: o.data = cli_path("tp-train", "--data", optarg); break;
+        case CLI_TRAIN_CKPT_DIR: o.ckpt_dir = cli_path("tp-train", "--ckpt-dir", optarg); break;
+        case CLI_TRAIN_CKPT_CACHE: o.ckpt_cache = cli_path("tp-train", "--ckpt-cache", optarg); break;
         case CLI_TRAIN_CKPT_EVERY:
             o.ckpt_every = cli_int("tp-train", "--ckpt-every", optarg, 0, (int64_t)1 << 40);
             break;
         case CLI_TRAIN_RESUME: o.resume = 1; break;
         case CLI_TRAIN_SYNC_SAVE: o.sync_save = 1; break;
-        case CLI_TRAIN_LOG: log_path = optarg; break;
+        case CLI_TRAIN_LOG: log_path = cli_path("tp-train", "--log", optarg); break;
         case CLI_TRAIN_THREADS: o.threads = (int)cli_int("tp-train", "--threads", optarg, 1, 1024); break;
-        case CLI_TRAIN_DUMP: o.dump_dir = optarg; break;
+        case CLI_TRAIN_DUMP: o.dump_dir = cli_path("tp-train", "--dump", optarg); break;
         case CLI_TRAIN_QUIET: quiet = 1; break;
         case CLI_TRAIN_KERNEL_TIMES: kernel_times = 1; break;
         case CLI_TRAIN_SHARE_GPUS: share_gpus = 1; break;

@@ -126,6 +126,22 @@ expect_error "copy from ''" 2 "^tp-ckpt: copy's SRC is empty: give a path" "$CK"
 expect_error "tp-reshard -o ''" 2 "^tp-reshard: -o is empty: give a path" "$RS" "$WORK/ck" --to tp1 -o ''
 printf 'some text\n' >"$WORK/text"
 expect_error "tp-train prepare -o ''" 2 "^tp-train: -o is empty: give a path" "$TRAIN" prepare "$WORK/text" -o ''
+# Inputs and the trainer's paths too (each exited 1 naming '': "no such
+# checkpoint", "cannot create", "cannot list"; --log '' warned and ran on).
+for cmd in info verify; do
+    expect_error "tp-ckpt $cmd ''" 2 "^tp-ckpt: the checkpoint's path is empty: give a path" "$CK" $cmd ''
+done
+expect_error "tp-ckpt diff '' CK" 2 "^tp-ckpt: the checkpoint's path is empty" "$CK" diff '' "$WORK/ck"
+expect_error "tp-ckpt export ''" 2 "^tp-ckpt: the checkpoint's path is empty" "$CK" export '' --format gguf -o "$WORK/e.gguf"
+expect_error "tp-ckpt import ''" 2 "^tp-ckpt: the checkpoint's path is empty" "$CK" import '' -o "$WORK/i" --tp 1 --pp 1
+expect_error "tp-reshard ''" 2 "^tp-reshard: the source's path is empty" "$RS" '' --to tp1 -o "$WORK/r"
+for option in --ckpt-dir --data --log --ckpt-cache --dump; do
+    expect_error "tp-train $option ''" 2 "^tp-train: $option is empty: give a path" "$TRAIN" --model tiny --steps 1 $option ''
+done
+expect_error "tp-train eval --ckpt ''" 2 "^tp-train: --ckpt is empty" "$TRAIN" eval --ckpt '' --data "$WORK/text"
+expect_error "tp-train generate --ckpt ''" 2 "^tp-train: --ckpt is empty" "$TRAIN" generate --ckpt '' --prompt hi
+expect_error "tp-elastic plan --ckpt ''" 2 "^tp-elastic plan: --ckpt is empty" "$BIN/tp-elastic" plan --world 2 --ckpt '' \
+    --global-batch 4
 
 # ------------------------------------------------- documented options
 expect_ok "every option in --help and docs/TOOLS.md, and no other" \
