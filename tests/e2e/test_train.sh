@@ -451,11 +451,7 @@ dir="$WORK/pre-sigint-twice"
 env --default-signal=INT "$TRAIN" $LONG --fault slow --fault-step 3 --ckpt-dir "$dir" --log "$dir.jsonl" \
     >"$WORK/.out" 2>"$WORK/.err" &
 pid=$!
-waited=0
-while ! grep -q '"step":3,' "$dir.jsonl" 2>/dev/null && [ $waited -lt 300 ]; do
-    sleep 0.1
-    waited=$((waited + 1))
-done
+wait_for_step "$dir.jsonl" 3 30
 kill -INT "$pid"
 sleep 0.5
 kill -INT "$pid"
@@ -561,11 +557,7 @@ change_under_training() {
     "$TRAIN" --model tiny --quiet --micro-batch 4 --steps 100000 --data "$WORK/$name.bin" --log "$WORK/$name.jsonl" \
         </dev/null >"$WORK/.out" 2>"$WORK/.err" &
     changing=$!
-    waited=0
-    while ! grep -q '^{"step":2,' "$WORK/$name.jsonl" 2>/dev/null && [ $waited -lt 600 ]; do
-        sleep 0.1
-        waited=$((waited + 1))
-    done
+    wait_for_step "$WORK/$name.jsonl" 2 60
     "$@" "$WORK/$name.bin"
     wait "$changing"
     RC=$?

@@ -179,8 +179,7 @@ reader=$!
 wait_for "$WORK/reread.release.held" 60
 "$TRAIN" $TINY --steps 10 --ckpt-every 5 --ckpt-dir "$D" --resume --log "$WORK/reread.jsonl" >"$WORK/.out" 2>"$WORK/.err" &
 trainer=$!
-waited=0
-while ! grep -q '^{"step":10,' "$WORK/reread.jsonl" 2>/dev/null && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
+wait_for_step "$WORK/reread.jsonl" 10 60
 sleep 1
 check "the trainer waits for the reader of step 10" kill -0 "$trainer"
 : >"$WORK/reread.release"

@@ -20,6 +20,14 @@ steps_from() {
 # last_step LOG: the step of its last step line.
 last_step() { "$PY" -c 'import json,sys; print([r for r in map(json.loads, open(sys.argv[1])) if "event" not in r][-1]["step"])' "$1"; }
 
+# wait_for_step LOG N SECONDS: until a tp-train log (--log) holds step N's
+# line; false when it did not in time.
+wait_for_step() {
+    n=0
+    while ! grep -q "^{\"step\":$2," "$1" 2>/dev/null && [ $n -lt $(($3 * 10)) ]; do sleep 0.1; n=$((n + 1)); done
+    grep -q "^{\"step\":$2," "$1" 2>/dev/null
+}
+
 # events LOG KIND FIELD: FIELD of each KIND event line, one per line.
 events() { "$PY" -c 'import json,sys; [print(json.dumps(r[sys.argv[3]]).strip(chr(34))) for r in map(json.loads, open(sys.argv[1])) if r.get("event") == sys.argv[2]]' "$1" "$2" "$3" | tr '\n' ' '; }
 
