@@ -142,7 +142,7 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     /* Files are opened as pieces are read, so what is at the path must stay:
      * a replacement (--force) waits for, or refuses, readers. */
     if (!status && !r->options.holder)
-        status = r->storage->lock(r->storage, r->path, STORE_LOCK_SHARED | STORE_LOCK_WAIT, &r->hold);
+        status = store_lock_for_reading(r->storage, r->path, &r->hold);
     char index_path[CKPT_PATH_MAX] = "";
     char *text = NULL;
     if (!status) status = tp_path_join(index_path, r->path, CKPT_INDEX_NAME);

@@ -1,6 +1,7 @@
 /* files.c: small files over a store (a checkpoint's index.json and
  * `latest`, configuration, state): existence, atomic writes, whole reads. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,13 @@ struct store_hold {
     store_file *lock;
 };
 
+int store_lock_for_reading(const store_ops *storage, const char *path, store_file **out)
+{
+    char resolved[PATH_MAX];
+    const char *held = storage->local_paths && realpath(path, resolved) ? resolved : path;
+    return storage->lock(storage, held, STORE_LOCK_SHARED | STORE_LOCK_WAIT, out);
+}
+
 int store_hold_shared(const char *path, store_hold **out)
 {
     *out = NULL;
@@ -91,7 +99,7 @@ int store_hold_shared(const char *path, store_hold **out)
         free(h);
         return TP_OK;
     }
-    if (!status) status = h->storage->lock(h->storage, path, STORE_LOCK_SHARED | STORE_LOCK_WAIT, &h->lock);
+    if (!status) status = store_lock_for_reading(h->storage, path, &h->lock);
     if (status) {
         free(h);
         return tp_fail_context(status, "%s: a lock for reading", path);

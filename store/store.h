@@ -178,6 +178,12 @@ int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_
  * (the reader then says what is missing). */
 typedef struct store_hold store_hold;
 int store_hold_shared(const char *path, store_hold **out);
+/* The shared lock a reader holds on what it reads at path in storage,
+ * waited for: a local path through a symbolic link is locked where it
+ * leads (the lock itself refuses links: a writer replaces the entry a path
+ * names, never through one), so that a replacement of the target waits for
+ * this reader as for any other. */
+int store_lock_for_reading(const store_ops *storage, const char *path, store_file **out);
 void store_hold_release(store_hold *hold);
 
 /* Removes the file or directory at path (remove_tree) unless it is being

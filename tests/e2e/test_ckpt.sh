@@ -207,6 +207,25 @@ expect_error "bad number" 2 "--tp expects an integer" "$CK" synth -o "$WORK/x" -
 expect_error "synth without a model shape" 2 "synth needs" "$CK" synth -o "$WORK/x"
 expect_error "bad compression" 2 "--compress expects" "$CK" synth -o "$WORK/x" $MODEL --compress lz4
 
+# A checkpoint given through a symbolic link is read where it leads (it was
+# "cannot open to lock: Too many levels of symbolic links"), and held there:
+# a replacement of the target waits for, or refuses, a reader that came
+# through the link as any other.
+expect_ok "a checkpoint to link to" "$CK" synth -o "$WORK/linked" --tp 2 --pp 1 $MODEL
+ln -s "$WORK/linked" "$WORK/link"
+expect_ok "info through a link" "$CK" info "$WORK/link"
+expect_ok "verify through a link" "$CK" verify "$WORK/link"
+expect_ok "reshard through a link" "$BIN/tp-reshard" "$WORK/link" --to tp1 -o "$WORK/from-link"
+TP_CKPT_FAULT="before-rename:WAIT:$WORK/link.release" "$BIN/tp-reshard" "$WORK/link" --to tp1 -o "$WORK/from-link2" \
+    >/dev/null 2>&1 &
+reader=$!
+wait_for "$WORK/link.release.held" 60
+expect_error "the target replaced while read through the link: refused" 1 "linked is being read" \
+    "$CK" synth -o "$WORK/linked" --tp 1 --pp 1 $MODEL --force
+: >"$WORK/link.release"
+wait $reader
+check "the reader through the link finished (exit $?)" [ -d "$WORK/from-link2" ]
+
 # What the system will not let this process read is said to be that, not
 # damage nor a missing Megatron tracker: verify said "damaged ... N pieces
 # damaged" of a shard it had no permission to open, and a directory it could

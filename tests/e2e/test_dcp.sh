@@ -40,6 +40,8 @@ fi
 
 # ------------------------------------------ real fixtures, no Python needed
 expect_ok "info of a DCP checkpoint torch wrote (2 ranks, uneven chunks)" "$CK" info "$DATA/cols2"
+ln -s "$DATA/cols2" "$WORK/cols2-link"
+expect_ok "info through a symbolic link (it could not be locked)" "$CK" info "$WORK/cols2-link"
 check "info names the format and the torch of its class paths" \
     grep -q "^checkpoint .*(PyTorch distributed checkpoint, class paths of PyTorch 1.13)" "$WORK/.out"
 check "info says it carries no description" grep -q "^description  none" "$WORK/.out"

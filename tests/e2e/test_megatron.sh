@@ -66,6 +66,13 @@ expect_ok "fixture: Megatron-Core names tp2, GQA, SwiGLU, untied, bf16, vpp 2" "
 expect_ok "info --json of the iteration's directory" "$CK" info "$WORK/b/iter_0001000" --json
 cp "$WORK/.out" "$WORK/b.json"
 expect_ok "info --json agrees with torch.load of the reference (core)" judge "$WORK/b.json" "$WORK/b.full.pt"
+# Through symbolic links, to the checkpoint and to its iteration (refused:
+# "cannot open to lock: Too many levels of symbolic links").
+mkdir "$WORK/links"
+ln -s "$WORK/b" "$WORK/links/b"
+ln -s "$WORK/b/iter_0001000" "$WORK/links/iter_0001000"
+expect_ok "info through a link to the checkpoint" "$CK" info "$WORK/links/b"
+expect_ok "verify through a link to its iteration" "$CK" verify "$WORK/links/iter_0001000"
 
 # ------------------------------------------------- resharding to tp-ckpt
 RS="$BIN/tp-reshard"
