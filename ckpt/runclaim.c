@@ -264,9 +264,17 @@ static int take_lease(ckpt_run_claim *claim, const char *run_dir)
     TP_TRY(tp_path_join(claim->lease_url, run_dir, LEASE_NAME));
     int present = 0;
     lease found;
-    TP_TRY(read_lease(claim->lease_url, &present, &found));
-    if (present) TP_TRY(wait_for_lease(claim, run_dir, &found));
-    TP_TRY(write_lease(claim, 0));
+    int status = read_lease(claim->lease_url, &present, &found);
+    if (!status && present) status = wait_for_lease(claim, run_dir, &found);
+    if (!status) status = write_lease(claim, 0);
+    if (status) {
+        /* Refused, or the store failed before this claim wrote a lease: the
+         * one there is another's (a live run's), never removed by this one
+         * on its way out (a refused trainer deleted the live run's lease,
+         * and a third took it over and ended that run). */
+        claim->lease_url[0] = '\0';
+        return status;
+    }
     /* Of two writers at once, the later lease stands: each reads back after
      * a pause longer than a PUT takes, and the overwritten one gives way. */
     sleep_seconds(claim->period / 8 < 1 ? claim->period / 8 : 1);

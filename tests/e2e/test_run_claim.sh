@@ -151,6 +151,10 @@ expect_error "a second trainer (another cache) refused by the live lease" 1 \
     "$U/r1 is in use by tp-train \(pid $first $HOST_PATTERN.*its lease $U/r1/.tp-run.lease is renewed" \
     "$TRAIN" --model small --quiet --steps 3 --ckpt-every 1 --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-b" --resume
 check "the refused trainer uploaded nothing" [ ! -e "$WORK/dav/r1/step_00000001" ]
+# On its way out, the refused trainer deleted the live run's lease (it had
+# filled in the lease's URL before being refused): a third one then took the
+# directory over and the live run ended, "its lease taken over".
+check "and left the live run's lease in place, naming the live run" sh -c "curl -s -f '$U/r1/.tp-run.lease' | grep -q '\"pid\":$first'"
 kill -9 $first
 wait $first 2>/dev/null
 expect_ok "a kill -9'd trainer's lease (its pid gone here) taken at once" \
