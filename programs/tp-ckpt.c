@@ -1353,7 +1353,12 @@ static int cmd_copy(int argc, char **argv)
         ckpt_reader_file(r, f, &bytes);
         total += bytes;
     }
+    int64_t step = ckpt_reader_state(r)->step;
     ckpt_reader_close(r);
+    /* A DST named step_N must record step N, as every writer's output (it
+     * named step_00000100 a checkpoint of step 200, and `latest` followed). */
+    int refused = run_output_refused(target, step, 0);
+    if (refused) return refused;
     progress bar;
     ckpt_upload_options upload;
     ckpt_upload_options_init(&upload);

@@ -143,10 +143,17 @@ sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] =
     expect_ok "--force replaced it: diff of the URL with the new seed's local copy" "$CK" diff "$WORK/seed7" "$U/run"
 
     # --- 3b. tp-ckpt copy up and down; exports to a URL.
-    expect_ok "copy a local checkpoint up" "$CK" copy "$WORK/local10" "$U/cp/step_00000003"
-    check "copy up: the run's latest names it" [ "$(cat "$DAV/cp/latest")" = step_00000003 ]
+    # A DST named for another step than the checkpoint records: refused as
+    # every writer's output is (copy named a step 10 step_00000003, and the
+    # run's latest followed the name).
+    expect_error "copy up to a step's URL of another step: refused" 2 \
+        "cp/step_00000003 is named for step 3, but the checkpoint records step 10" \
+        "$CK" copy "$WORK/local10" "$U/cp/step_00000003"
+    check "nothing sent" [ ! -e "$DAV/cp/step_00000003" ]
+    expect_ok "copy a local checkpoint up" "$CK" copy "$WORK/local10" "$U/cp/step_00000010"
+    check "copy up: the run's latest names it" [ "$(cat "$DAV/cp/latest")" = step_00000010 ]
     check_all "copy up: the server's files are the local ones, byte for byte" \
-        'for f in $(ls "$WORK/local10"); do cmp -s "$WORK/local10/$f" "$DAV/cp/step_00000003/$f" || exit 1; done'
+        'for f in $(ls "$WORK/local10"); do cmp -s "$WORK/local10/$f" "$DAV/cp/step_00000010/$f" || exit 1; done'
     expect_ok "copy a run directory down" "$CK" copy "$U/cp" "$WORK/down"
     check_all "copy down: byte for byte, and it verifies" \
         'for f in $(ls "$WORK/local10"); do cmp -s "$WORK/local10/$f" "$WORK/down/$f" || exit 1; done && "$CK" verify "$WORK/down" >/dev/null'
@@ -194,13 +201,13 @@ sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] =
     # uploading every shard).
     mark=$(wc -l <"$WEBDAV_ACCESS_LOG")
     expect_ok "info of a run directory's URL with a trailing slash" "$CK" info "$U/cp/"
-    check "info: its newest step" grep -Eq "^checkpoint +$U/cp/step_00000003 " "$WORK/.out"
-    expect_ok "copy up to a step's URL with two trailing slashes" "$CK" copy "$WORK/local10" "$U/slash/step_00000003//"
+    check "info: its newest step" grep -Eq "^checkpoint +$U/cp/step_00000010 " "$WORK/.out"
+    expect_ok "copy up to a step's URL with two trailing slashes" "$CK" copy "$WORK/local10" "$U/slash/step_00000010//"
     check_all "copy up with slashes: under the name, and latest names it" \
-        '[ -s "$DAV/slash/step_00000003/index.json" ] && [ "$(cat "$DAV/slash/latest")" = step_00000003 ]'
+        '[ -s "$DAV/slash/step_00000010/index.json" ] && [ "$(cat "$DAV/slash/latest")" = step_00000010 ]'
     expect_ok "verify a run directory's URL with a trailing slash" "$CK" verify "$U/slash/"
     expect_ok "copy down from a URL with a trailing slash" "$CK" copy "$U/slash/" "$WORK/slash-down"
-    expect_ok "reshard from a checkpoint's URL with a trailing slash" "$RS" "$U/slash/step_00000003/" --to tp1pp1 \
+    expect_ok "reshard from a checkpoint's URL with a trailing slash" "$RS" "$U/slash/step_00000010/" --to tp1pp1 \
         -o "$WORK/slash-rs"
     check "no request named a path with '//'" sh -c "! tail -n +$((mark + 1)) '$WEBDAV_ACCESS_LOG' | grep -q '^[A-Z]* [^ ]*//'"
 
@@ -601,10 +608,10 @@ else
     # over a checkpoint of more files leaves the new one's alone.
     expect_ok "info of an s3:// run directory with a trailing slash" "$CK" info s3://bkt/run/
     check "info: its newest step" grep -Eq "^checkpoint +s3://bkt/run/step_00000010 " "$WORK/.out"
-    expect_ok "copy up to an s3:// step with a trailing slash" "$CK" copy "$WORK/local10" s3://bkt/slash/step_00000003/
+    expect_ok "copy up to an s3:// step with a trailing slash" "$CK" copy "$WORK/local10" s3://bkt/slash/step_00000010/
     check_all "copy up with a slash: under the name, and latest names it" \
-        '[ -e "$S3D/slash/step_00000003/index.json._S3rver_object" ] &&
-        [ "$(cat "$S3D/slash/latest._S3rver_object")" = step_00000003 ]'
+        '[ -e "$S3D/slash/step_00000010/index.json._S3rver_object" ] &&
+        [ "$(cat "$S3D/slash/latest._S3rver_object")" = step_00000010 ]'
     expect_ok "verify with a trailing slash" "$CK" verify s3://bkt/slash/
     expect_ok "local synth at tp1 pp1 (one shard)" "$CK" synth -o "$WORK/one" --model tiny --tp 1 --pp 1 --optim \
         --step 10 --force
