@@ -130,3 +130,10 @@ const char *tp_temporary_dir(void)
     const char *tmp = getenv("TMPDIR");
     return tmp && *tmp ? tmp : "/tmp";
 }
+
+int tp_url_has_user_info(const char *path)
+{
+    if (!tp_path_is_url(path)) return 0;
+    const char *authority = strstr(path, "://") + 3;
+    return memchr(authority, '@', strcspn(authority, "/?#")) != NULL;
+}

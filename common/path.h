@@ -40,6 +40,11 @@ int tp_path_is_url(const char *path);
  * or TP_ERR_ARG / TP_ERR_IO when a path cannot be resolved. */
 int tp_path_within(const char *path, const char *outer, int *within);
 
+/* Whether path is a URL whose authority holds user information
+ * (s3://KEY:SECRET@bucket, http://user:pass@host): credentials, which
+ * every message would then repeat. */
+int tp_url_has_user_info(const char *path);
+
 /* Where temporary files go: $TMPDIR when set and not empty, else /tmp. */
 const char *tp_temporary_dir(void);
 

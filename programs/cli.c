@@ -204,6 +204,9 @@ int64_t cli_size(const char *program, const char *option, const char *text)
 const char *cli_path(const char *program, const char *what, const char *text)
 {
     if (!text[0]) cli_usage_error(program, "%s is empty: give a path", what);
+    if (tp_url_has_user_info(text)) /* not repeated: the message would show the secret */
+        cli_usage_error(program, "%s: credentials in URLs are refused (they would show in logs): give them in the "
+                        "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for s3://)", what);
     return text;
 }
 

@@ -42,7 +42,7 @@ int object_call_ok(const store_ops *s, const object_call *c, http_response *r)
 int object_split_authority(const char *url, char *host, size_t host_size, const char **path_out)
 {
     const char *start = strstr(url, "://") + 3, *end = start + strcspn(start, "/?#");
-    if (memchr(start, '@', (size_t)(end - start)))
+    if (tp_url_has_user_info(url))
         return tp_fail(TP_ERR_ARG, "credentials in URLs are refused (they would show in logs): give them "
                        "in the environment");
     if (end == start || (size_t)(end - start) >= host_size) return tp_fail(TP_ERR_ARG, "%s: no host in this URL", url);

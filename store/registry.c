@@ -62,6 +62,11 @@ int store_for(const char *path, const store_ops **out)
 {
     const char *end = strstr(path, "://");
     int url = tp_path_is_url(path);
+    /* User information (s3://KEY:SECRET@bucket, http://user:pass@host) is
+     * refused first, before any message could repeat the URL. */
+    if (tp_url_has_user_info(path))
+        return tp_fail(TP_ERR_ARG, "credentials in URLs are refused (they would show in logs): give them in the "
+                       "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for s3://)");
     if (url && (*out = registered(path)) != NULL) return TP_OK;
     if (url)
         return tp_fail(TP_ERR_ARG, "%s: checkpoints live in local paths, http(s):// or s3:// locations, not in %.*s://",

@@ -153,6 +153,14 @@ static int resolve(const char *path, const sigv4_pair *query, int num_query, tar
     size_t bucket_len = slash ? (size_t)(slash - bucket) : strlen(bucket);
     const char *key = slash ? slash + 1 : "";
     if (bucket_len == 0 || bucket_len > 63) return tp_fail(TP_ERR_ARG, "%s: no bucket name in this URL", path);
+    /* s3://KEY:SECRET@bucket (Hadoop's s3a form) was taken as a bucket of
+     * that name, the secret sent in the request's path: store_for refuses
+     * it first; a bucket holds no other characters either. */
+    for (size_t i = 0; i < bucket_len; i++)
+        if (!(islower((unsigned char)bucket[i]) || isdigit((unsigned char)bucket[i]) || bucket[i] == '.' ||
+              bucket[i] == '-'))
+            return tp_fail(TP_ERR_ARG, "%s: '%.*s' is not a bucket name (lower-case letters, digits, '.' and '-')",
+                           path, (int)bucket_len, bucket);
     if (s3.path_style) {
         const char *rest;
         TP_TRY(object_split_authority(s3.endpoint, t->host, sizeof t->host, &rest));

@@ -339,6 +339,16 @@ Test(storage, credentials_in_urls_are_refused_unprinted)
     cr_assert_null(strstr(tp_errmsg(), "Hunter2Secret"), "the secret is not repeated: %s", tp_errmsg());
 }
 
+/* s3://KEY:SECRET@bucket was taken as a bucket of that name: the secret was
+ * sent in the request's path and repeated in the error. */
+Test(storage, credentials_in_s3_urls_are_refused_unprinted)
+{
+    ckpt_reader *r = NULL;
+    cr_assert_eq(ckpt_reader_open(&r, "s3://AKIA:Hunter2Secret@bucket/run", NULL), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "credentials in URLs are refused"), "%s", tp_errmsg());
+    cr_assert_null(strstr(tp_errmsg(), "Hunter2Secret"), "the secret is not repeated: %s", tp_errmsg());
+}
+
 Test(storage, an_unreachable_server_fails_after_bounded_retries)
 {
     /* Port 9 (discard) of the loopback: nothing listens, the connection is
