@@ -14,6 +14,7 @@
 #ifndef TP_FORMATS_REGISTRY_H
 #define TP_FORMATS_REGISTRY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -116,6 +117,15 @@ struct formats_write_options {
 
 void formats_write_options_init(formats_write_options *options);
 
+/* Whether format's writer would ignore one of options (1, why saying which
+ * option, its value and the format) or honour them all (0): --dtype,
+ * --compress and --device cuda are this toolkit's format's alone (the
+ * reshard engine converts, compresses and runs on a GPU; the other writers
+ * copy the source's dtypes, uncompressed, on the CPU). Asked by
+ * formats_write_plan_create, and by a program first (a usage error). */
+int formats_write_ignored_option(const checkpoint_format *format, const formats_write_options *options, char *why,
+                                 size_t size);
+
 #define FORMATS_WRITE_DETAILS 8
 
 /* What a write will do, decided before anything is written, in the words
@@ -144,7 +154,8 @@ typedef struct formats_write_plan formats_write_plan;
 
 /* Plans writing source as format (one with a writer) with options: fails,
  * naming the source and why, where the format cannot hold it (an
- * optimizer state not read is refused unless options drop it). */
+ * optimizer state not read is refused unless options drop it) or would
+ * ignore an option (formats_write_ignored_option). */
 int formats_write_plan_create(formats_source *source, const checkpoint_format *format,
                               const formats_write_options *options, formats_write_plan **out);
 const formats_write_summary *formats_write_plan_summary(const formats_write_plan *plan);

@@ -388,6 +388,31 @@ const formats_writer formats_dcp_writer = {plan_dcp, write_dcp, free_dcp, dcp_ma
 
 /* ---- the plan of any format ------------------------------------------- */
 
+int formats_write_ignored_option(const checkpoint_format *format, const formats_write_options *o, char *why,
+                                 size_t size)
+{
+    if (format->writer == &formats_own_writer) return 0;
+    const reshard_options *r = &o->reshard;
+    /* Each writer of another tool's format copies the source's values as
+     * they are, uncompressed, on the CPU: a dtype in a Megatron checkpoint
+     * is also its args' (params_dtype, bf16, fp16) and its optimizer's
+     * masters, which no writer changes. Only the values that say so pass:
+     * --dtype keep, --compress none, --device cpu or auto. */
+    const char *own = "applies to this toolkit's format (--format tp)";
+    if (r->param_dtype >= 0)
+        snprintf(why, size, "--dtype %s %s: a %s output (--format %s) keeps the source's dtypes",
+                 tp_dtype_name((tp_dtype)r->param_dtype), own, format->title, format->name);
+    else if (r->compress_level > 0)
+        snprintf(why, size, "--compress zstd:%d %s: a %s output (--format %s) is not compressed", r->compress_level, own,
+                 format->title, format->name);
+    else if (r->device == RESHARD_DEVICE_CUDA)
+        snprintf(why, size, "--device cuda %s: a %s output (--format %s) is written on the CPU", own, format->title,
+                 format->name);
+    else
+        return 0;
+    return 1;
+}
+
 /* An optimizer state the source's reader left out is refused for every
  * output unless the options leave it out too: it is never dropped unsaid. */
 static int refuse_unread_optimizer(formats_source *source, const formats_write_options *o)
@@ -413,6 +438,8 @@ int formats_write_plan_create(formats_source *source, const checkpoint_format *f
     *out = NULL;
     if (!format->writer)
         return tp_fail(TP_ERR_ARG, "%s checkpoints are read, not written", format->title);
+    char why[256];
+    if (formats_write_ignored_option(format, options, why, sizeof why)) return tp_fail(TP_ERR_ARG, "%s", why);
     TP_TRY(refuse_unread_optimizer(source, options));
     formats_write_plan *plan = calloc(1, sizeof *plan);
     cJSON *json = cJSON_CreateObject();

@@ -45,9 +45,10 @@ static const char *usage_text =
     "  --threads N              worker threads (default: all cores)\n"
     "  --memory-limit SIZE      bound on memory, e.g. 512M or 4G (default 1G)\n"
     "  --device auto|cpu|cuda   where moves and conversions run (default auto: a GPU when present and\n"
-    "                           the plan converts dtypes; plain copies stay on the CPU)\n"
-    "  --dtype keep|fp32|bf16|fp16  parameter dtype (optimizer state stays fp32; default keep)\n"
-    "  --compress zstd[:L]|none output compression (default: as the source)\n"
+    "                           the plan converts dtypes; plain copies stay on the CPU; cuda: --format tp)\n"
+    "  --dtype keep|fp32|bf16|fp16  parameter dtype (optimizer state stays fp32; default keep; --format tp:\n"
+    "                           other outputs keep the source's dtypes)\n"
+    "  --compress zstd[:L]|none output compression (default: as the source; zstd: --format tp)\n"
     "  --no-optim, --weights-only  leave out optimizer state (e.g. for inference)\n"
     "  --dry-run                print the plan: files, tensors, bytes, memory; write nothing\n"
     "  --verify                 after writing, prove the output equal to the source (digests)\n"
@@ -416,6 +417,8 @@ int main(int argc, char **argv)
     formats_write_options write_options;
     formats_write_options_init(&write_options);
     write_options.reshard = options;
+    char ignored[256]; /* --dtype, --compress, --device cuda: this toolkit's format's alone */
+    if (formats_write_ignored_option(target, &write_options, ignored, sizeof ignored)) die_usage("%s", ignored);
     write_options.dp = dcp_dp;
     write_options.naming = naming;
     write_options.torch_version = dcp_torch_given ? (int)dcp_torch : -1;

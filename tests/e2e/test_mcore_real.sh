@@ -63,6 +63,35 @@ for which in mcore-0.18/gpt_tp2pp1 mcore-0.18/gpt_tp2pp2 mcore-0.20/gpt_tp2pp1 m
         "$out.legacy"
 done
 
+# --dtype, --compress and --device cuda convert, compress and run on a GPU
+# in this toolkit's format only: with another output each was ignored (exit
+# 0, "verified", the output still fp32), and is refused now, naming the
+# option and the format (docs/TOOLS.md: an option that would be ignored is
+# refused); the values that say what such a writer does pass.
+GPT20="$WORK/mcore-0.20/ckpt/gpt_tp2pp1"
+expect_error "torch_dist -> torch_dist --dtype bf16 --verify: a usage error, not an fp32 output" 2 \
+    "^tp-reshard: --dtype bf16 applies to this toolkit's format \(--format tp\): a Megatron-Core torch_dist output \(--format torch_dist\) keeps the source's dtypes" \
+    "$RS" "$GPT20" --to tp1 --format torch_dist --dtype bf16 --verify -o "$WORK/never"
+expect_error "the default output (torch_dist) alike" 2 "^tp-reshard: --dtype fp16 applies to this toolkit's format" \
+    "$RS" "$GPT20" --to tp1 --dtype fp16 -o "$WORK/never"
+for format in torch_dist dcp megatron; do
+    expect_error "--format $format --dtype bf16: refused" 2 "^tp-reshard: --dtype bf16 applies to .* \(--format $format\)" \
+        "$RS" "$GPT20" --to tp1 --format $format --weights-only --dtype bf16 -o "$WORK/never"
+    expect_error "--format $format --compress zstd:5: refused" 2 \
+        "^tp-reshard: --compress zstd:5 applies to .* \(--format $format\) is not compressed" \
+        "$RS" "$GPT20" --to tp1 --format $format --weights-only --compress zstd:5 -o "$WORK/never"
+    expect_error "--format $format --device cuda: refused" 2 \
+        "^tp-reshard: --device cuda applies to .* \(--format $format\) is written on the CPU" \
+        "$RS" "$GPT20" --to tp1 --format $format --weights-only --device cuda -o "$WORK/never"
+    expect_ok "--format $format --dtype keep --compress none --device cpu: what it does anyway" "$RS" "$GPT20" --to tp1 \
+        --format $format --weights-only --dtype keep --compress none --device cpu -o "$WORK/kept.$format" --verify
+done
+check "nothing written for the refused runs" test ! -e "$WORK/never"
+expect_ok "this toolkit's format converts: --dtype bf16 --compress zstd" "$RS" "$GPT20" --to tp1 --format tp --dtype bf16 \
+    --compress zstd -o "$WORK/gpt20.bf16" --verify
+expect_ok "info of it" "$CK" info "$WORK/gpt20.bf16"
+check "its weights are bf16" grep -Eq "^layers.0.attention.qkv.weight +bf16 " "$WORK/.out"
+
 # Exports straight from torch_dist (no conversion first), for Hugging Face
 # and llama.cpp: each computes the logits Megatron's formula computes from
 # the legacy conversion of the same checkpoint (megatron_fixture.py's

@@ -197,6 +197,19 @@ expect_ok "reshard back to tp8 with Core's local names" "$RS" "$WORK/c_tp2pp2" -
 expect_ok "torch.load reads tp8 (core-local) and it merges to PyTorch's tensors" "$PY" "$FIXTURE" --verify "$WORK/c_tp8" \
     --full "$WORK/c.full.pt"
 expect_ok "diff: tp8 -> tp4 -> tp2pp2 -> tp8 equals the original" "$CK" diff "$WORK/c" "$WORK/c_tp8"
+# --dtype converts in this toolkit's format only: a Megatron or DCP output
+# kept the bf16 weights (and args.params_dtype, the optimizer's masters)
+# and exited 0; refused now, naming the option and the format.
+for format in megatron dcp torch_dist; do
+    expect_error "bf16 legacy -> $format --dtype fp16: refused, not written in bf16" 2 \
+        "^tp-reshard: --dtype fp16 applies to this toolkit's format \(--format tp\): a .* output \(--format $format\) keeps the source's dtypes" \
+        "$RS" "$WORK/c" --to tp4 --format $format --dtype fp16 -o "$WORK/never"
+done
+expect_error "the default output (Megatron-LM's) alike" 2 "^tp-reshard: --dtype fp16 applies to this toolkit's format" \
+    "$RS" "$WORK/c" --to tp4 --dtype fp16 -o "$WORK/never"
+check "nothing written for the refused runs" test ! -e "$WORK/never"
+expect_ok "--format tp converts it" "$RS" "$WORK/c" --to tp4 --format tp --dtype fp16 -o "$WORK/c_fp16" --verify
+check "to fp16" grep -Eq "^embedding.word_embeddings.weight +fp16 " "$("$CK" info "$WORK/c_fp16" >"$WORK/info.txt"; echo "$WORK/info.txt")"
 # Rank files past 4 GiB need Zip64 records; TP_TORCH_ZIP64=1 writes them for
 # every entry of a small file, for PyTorch to read.
 expect_ok "Zip64 records everywhere: written" env TP_TORCH_ZIP64=1 "$RS" "$WORK/c" --to tp2 -o "$WORK/c_zip64" --verify

@@ -213,6 +213,65 @@ Test(registry, a_source_of_no_megatron_model_is_not_written_as_megatrons)
     formats_source_close(source);
 }
 
+/* --dtype, --compress and --device cuda are this toolkit's format's alone:
+ * another format's writer copies the source's dtypes, uncompressed, on the
+ * CPU, and refuses them rather than ignore them (they were dropped without
+ * a word: a "bf16" output still fp32). Their values that say what it does
+ * anyway (keep, none, cpu) pass. */
+Test(registry, options_only_this_toolkits_format_honours_are_refused_by_the_others)
+{
+    formats_source *source = NULL;
+    cr_assert_eq(formats_source_open("tests/data/dcp/cols2", NULL, NULL, &source), TP_OK, "%s", tp_errmsg());
+    const struct {
+        int dtype, level;
+        reshard_device device;
+        const char *refusal;
+    } cases[] = {
+        {TP_BF16, -1, RESHARD_DEVICE_AUTO, "--dtype bf16 applies to this toolkit's format (--format tp): a %s output "
+                                           "(--format %s) keeps the source's dtypes"},
+        {-1, 3, RESHARD_DEVICE_AUTO, "--compress zstd:3 applies to this toolkit's format (--format tp): a %s output "
+                                     "(--format %s) is not compressed"},
+        {-1, -1, RESHARD_DEVICE_CUDA, "--device cuda applies to this toolkit's format (--format tp): a %s output "
+                                      "(--format %s) is written on the CPU"},
+    };
+    const char *formats[] = {"dcp", "megatron", "torch_dist"};
+    for (size_t f = 0; f < sizeof formats / sizeof *formats; f++) {
+        const checkpoint_format *format = formats_find(formats[f]);
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+            formats_write_options options;
+            formats_write_options_init(&options);
+            options.reshard.param_dtype = cases[i].dtype;
+            options.reshard.compress_level = cases[i].level;
+            options.reshard.device = cases[i].device;
+            char expected[512], why[256];
+            snprintf(expected, sizeof expected, cases[i].refusal, format->title, format->name);
+            cr_assert_eq(formats_write_ignored_option(format, &options, why, sizeof why), 1, "%s: case %zu", formats[f], i);
+            cr_assert_str_eq(why, expected);
+            formats_write_plan *plan = NULL;
+            cr_assert_eq(formats_write_plan_create(source, format, &options, &plan), TP_ERR_ARG, "%s: case %zu",
+                         formats[f], i);
+            cr_assert_null(plan);
+            cr_assert_str_eq(tp_errmsg(), expected);
+            /* This toolkit's own format honours each. */
+            cr_assert_eq(formats_write_ignored_option(formats_find("tp"), &options, why, sizeof why), 0);
+        }
+        formats_write_options options;
+        formats_write_options_init(&options);
+        options.reshard.compress_level = 0; /* --compress none */
+        options.reshard.device = RESHARD_DEVICE_CPU;
+        char why[256];
+        cr_assert_eq(formats_write_ignored_option(format, &options, why, sizeof why), 0, "%s", formats[f]);
+    }
+    formats_write_options options;
+    formats_write_options_init(&options);
+    options.reshard.device = RESHARD_DEVICE_CPU;
+    options.reshard.compress_level = 0;
+    formats_write_plan *plan = NULL;
+    cr_assert_eq(formats_write_plan_create(source, formats_find("dcp"), &options, &plan), TP_OK, "%s", tp_errmsg());
+    formats_write_plan_free(plan);
+    formats_source_close(source);
+}
+
 /* A writer of a test: its plan counts the source's tensors; its write
  * leaves a file holding that count. */
 static int marked_plan(formats_source *source, const formats_write_options *options, formats_write_summary *s,
