@@ -274,8 +274,12 @@ int megatron_config_from(const char *file, const pickle_value *root, megatron_co
     if (c->num_layers % ((int64_t)c->pp * c->vpp))
         return tp_fail(TP_ERR_FORMAT, "%s: %lld layers do not divide over pp %d x vpp %d", file, (long long)c->num_layers,
                        c->pp, c->vpp);
-    /* Fewer groups than ranks (Megatron-Core since December 2025): a
-     * group's rows spread over tp / groups ranks, the same rows on disk. */
+    /* Fewer groups than ranks (Megatron-Core 0.16 and later, f7dfb99795 of
+     * 2025-12-06: TransformerConfig takes groups that are a multiple or a
+     * divisor of tp; each rank all-gathers the fused QKV's activations and
+     * takes its group's): a group's rows spread over tp / groups ranks, the
+     * same rows on disk. Older releases and the legacy model divide() the
+     * groups by tp, and cannot build it. */
     if (c->query_groups % c->tp && c->tp % c->query_groups)
         return tp_fail(TP_ERR_LAYOUT, "%s: %lld query groups over %d tensor-parallel ranks: neither divides the other",
                        file, (long long)c->query_groups, c->tp);

@@ -962,9 +962,11 @@ int megatron_check_layout(const megatron_config *c, const ckpt_layout *to, megat
 {
     if (c->num_layers % to->pp)
         return tp_fail(TP_ERR_LAYOUT, "%lld layers do not divide over pp %d", (long long)c->num_layers, to->pp);
-    /* Megatron-Core also takes fewer query groups than ranks, a divisor:
-     * the tp/groups ranks sharing a group then cut its rows, its query
-     * heads and its key and value heads, evenly. */
+    /* Megatron-Core 0.16 and later also take fewer query groups than ranks,
+     * a divisor (f7dfb99795; before it, and in the legacy model, Attention
+     * divide()s the groups by tp): the tp/groups ranks sharing a group then
+     * cut its rows, its query heads and its key and value heads, evenly
+     * (said to the user: registry_write.c note_groups_cut). */
     int shared = naming >= MEGATRON_NAMES_CORE && to->tp % c->query_groups == 0 && c->heads % to->tp == 0;
     int groups_split = c->query_groups % to->tp == 0 ||
                        (shared && (c->heads / c->query_groups + 2) % (to->tp / c->query_groups) == 0);

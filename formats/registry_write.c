@@ -71,6 +71,37 @@ static void summarize(formats_write_summary *s, const char *format, int tp, int 
     cJSON_AddNumberToObject(j, "buffer_memory", (double)buffer_memory);
 }
 
+/* Adds a sentence to the summary's warning (said after the write). */
+static void warn(formats_write_summary *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void warn(formats_write_summary *s, const char *fmt, ...)
+{
+    size_t used = strlen(s->warning);
+    if (used && used + 2 < sizeof s->warning) {
+        memcpy(s->warning + used, "; ", 3);
+        used += 2;
+    }
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(s->warning + used, sizeof s->warning - used, fmt, args);
+    va_end(args);
+}
+
+/* Fewer query groups than the output's ranks (a Megatron-Core model's
+ * group cut between tp / groups ranks, megatron_check_layout): loaded by
+ * Megatron-Core 0.16 and later only (f7dfb99795, 2025-12-06; before it,
+ * Attention divide()s the groups by tp), said in the plan and after the
+ * write. */
+static void note_groups_cut(formats_write_summary *s, const megatron_config *c, int tp)
+{
+    if (c->query_groups % tp == 0) return;
+    char text[200];
+    snprintf(text, sizeof text, "%lld query groups over tp %d, each group's rows cut between %lld ranks: Megatron-Core "
+             "0.16 and later load that, older releases cannot build the model", (long long)c->query_groups, tp,
+             (long long)(tp / c->query_groups));
+    detail(s, "note", "%s", text);
+    warn(s, "%s", text);
+}
+
 static const char *optimizer_text(int optimizer)
 {
     return optimizer ? "weights and optimizer state" : "weights only";
@@ -240,6 +271,7 @@ static int plan_megatron(formats_source *source, const formats_write_options *o,
         snprintf(s->warning, sizeof s->warning, "the ranks' RNG states were left out: they belong to the layout %s "
                                                 "(Megatron drops them on a change of layout too)", from);
     }
+    note_groups_cut(s, w->model.model, p->tp);
     cJSON_AddStringToObject(s->json, "names", megatron_naming_name(names));
     cJSON_AddBoolToObject(s->json, "optimizer", p->optimizer);
     return TP_OK;
@@ -311,6 +343,7 @@ static int plan_torch_dist(formats_source *source, const formats_write_options *
         snprintf(s->warning, sizeof s->warning, "%d bytes entries of the source were left out (the ranks' RNG states: "
                  "they belong to the layout %s; Megatron drops them on a change of layout too)", p->left_out, from);
     }
+    note_groups_cut(s, w->model.model, p->tp);
     cJSON *j = s->json;
     cJSON_AddStringToObject(j, "names", megatron_naming_name(p->naming));
     cJSON_AddNumberToObject(j, "chunks", p->chunks);

@@ -327,14 +327,27 @@ expect_ok "verify: its padding is zero, as this format requires" "$CK" verify "$
 check "nothing was written for refused runs" test ! -e "$WORK/never"
 
 # Megatron-Core with fewer query groups than TP ranks: a group's rows cut
-# between ranks; the legacy model cannot hold that layout.
+# between ranks, as Megatron-Core 0.16 and later build the model (each rank
+# all-gathers the QKV's activations: the merged shards are what it
+# computes from); the legacy model, and Megatron-Core before 0.16, cannot
+# hold that layout: said when written (it was not), not said otherwise.
 expect_ok "fixture: Core names, 2 query groups over tp4, with the optimizer" "$PY" "$FIXTURE" "$WORK/q" --tp 4 --pp 2 \
     --layers 4 --hidden 64 --heads 8 --query-groups 2 --ffn 128 --vocab 90 --names core --optimizer --dtype bf16 \
     --full "$WORK/q.full.pt"
 expect_ok "2 groups over tp4 -> tp2pp1" "$RS" "$WORK/q" --to tp2pp1 -o "$WORK/q_tp2" --verify
+check "whole groups on each rank: no word of Megatron-Core's release" sh -c '! grep -q "query groups over tp" "$1"' sh \
+    "$WORK/.err"
 expect_ok "torch.load: tp2 merges to PyTorch's" "$PY" "$FIXTURE" --verify "$WORK/q_tp2" --full "$WORK/q.full.pt"
 expect_ok "and back to tp4pp1" "$RS" "$WORK/q_tp2" --to tp4pp1 -o "$WORK/q_tp4" --verify
+check "said: Megatron-Core 0.16 and later load it, older releases cannot" grep -q \
+    "^tp-reshard: warning: 2 query groups over tp 4, each group's rows cut between 2 ranks: Megatron-Core 0.16 and later load that, older releases cannot build the model$" \
+    "$WORK/.err"
 expect_ok "torch.load: tp4 merges to PyTorch's" "$PY" "$FIXTURE" --verify "$WORK/q_tp4" --full "$WORK/q.full.pt"
+expect_ok "the plan says it too" "$RS" "$WORK/q_tp2" --to tp4pp1 -o "$WORK/never" --dry-run
+check "in a note" grep -q "^  note .*2 query groups over tp 4, each group's rows cut between 2 ranks: Megatron-Core 0.16" \
+    "$WORK/.out"
+expect_ok "and as torch_dist" "$RS" "$WORK/q_tp2" --to tp4pp1 --format torch_dist -o "$WORK/q_tp4.td" --weights-only
+check "said there too" grep -q "warning: .*2 query groups over tp 4, each group's rows cut between 2 ranks" "$WORK/.err"
 expect_error "the legacy names cannot hold fewer groups than ranks" 1 "Megatron-Core the groups or tp to divide" "$RS" \
     "$WORK/q" --to tp4 --megatron-names legacy -o "$WORK/never"
 expect_error "nor can Megatron-Core cut a group's rows in the middle of a head" 1 "2 query groups over tp 8: the 4 ranks sharing a group cannot cut its 6 heads' rows \(4 query heads and its key and value\) evenly" "$RS" "$WORK/q" \
