@@ -228,6 +228,19 @@ static void free_megatron(void *state)
     free(w);
 }
 
+/* The names of a Megatron-LM output by default: the source's. A torch_dist
+ * source keys its layers under Transformer Engine's names whatever its
+ * modules (gpt_layer_specs.py's sharded_state_dict_keys_map: its keys are
+ * the same for both); its args.transformer_impl says which modules a
+ * legacy rank file names (the local ones: core-local), as the reader of its
+ * distributed optimizer's buffers takes it (docs/MEGATRON.md). */
+static megatron_naming default_names(const megatron_model *m, const megatron_dist *dist)
+{
+    if (m->view) return MEGATRON_NAMES_LEGACY;
+    if (dist && m->model->impl == MEGATRON_IMPL_LOCAL) return MEGATRON_NAMES_CORE_LOCAL;
+    return m->model->naming;
+}
+
 static int plan_megatron(formats_source *source, const formats_write_options *o, formats_write_summary *s, void **state)
 {
     ckpt_reader *reader = formats_source_reader(source);
@@ -244,8 +257,9 @@ static int plan_megatron(formats_source *source, const formats_write_options *o,
         return tp_fail(TP_ERR_ARG, "%s: the optimizer's state of a torch_dist checkpoint is not written as a legacy "
                                    "Megatron optimizer (its param groups and schedule belong to the run; --format tp or "
                                    "dcp keep it); --weights-only converts the weights", ckpt_reader_path(reader));
+    megatron_naming names = o->naming >= 0 ? (megatron_naming)o->naming : default_names(&w->model, dist);
     w->options = (megatron_write_options){
-        .tp = o->reshard.tp, .pp = o->reshard.pp, .naming = o->naming, .overwrite = o->reshard.overwrite,
+        .tp = o->reshard.tp, .pp = o->reshard.pp, .naming = (int)names, .overwrite = o->reshard.overwrite,
         .threads = o->reshard.threads,
         /* a view's optimizer layout is not a Megatron run's */
         .weights_only = o->reshard.drop_optimizer || w->model.view,
@@ -253,9 +267,6 @@ static int plan_megatron(formats_source *source, const formats_write_options *o,
         .names = w->model.names, .on_bytes = o->reshard.on_bytes, .progress_ctx = o->reshard.progress_ctx};
     TP_TRY(megatron_write_plan_create(reader, w->template, &w->options, &w->plan));
     const megatron_write_plan *p = &w->plan;
-    megatron_naming names = o->naming >= 0 ? (megatron_naming)o->naming
-                            : w->model.view ? MEGATRON_NAMES_LEGACY
-                                            : w->model.model->naming;
     summarize(s, "megatron-legacy", p->tp, p->pp, p->files, p->tensors, p->bytes, p->threads, p->buffer_memory);
     snprintf(s->target, sizeof s->target, "Megatron-LM tp%dpp%d, %s names", p->tp, p->pp, megatron_naming_name(names));
     snprintf(s->contents, sizeof s->contents, "%d tensors, %s", p->tensors, optimizer_text(p->optimizer));

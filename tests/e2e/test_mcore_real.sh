@@ -63,6 +63,55 @@ for which in mcore-0.18/gpt_tp2pp1 mcore-0.18/gpt_tp2pp2 mcore-0.20/gpt_tp2pp1 m
         "$out.legacy"
 done
 
+# The legacy output's names by default: the source's modules, which its
+# args.transformer_impl says (torch_dist keys a local model's layers under
+# Transformer Engine's names too). The real checkpoints were made with
+# local modules: their legacy rank files name input_layernorm and
+# pre_mlp_layernorm, no Transformer Engine key (linear_qkv.layer_norm_weight,
+# core_attention._extra_state), and keep transformer_impl 'local' (they
+# were written under Transformer Engine's names, transformer_impl changed
+# to match); --megatron-names core still writes those.
+if [ $TORCH -eq 1 ]; then
+    # modules CKPT IMPL: CKPT's rank file names the modules of IMPL, and its args say IMPL.
+    modules() {
+        "$PY" - "$ROOT/tests/support" "$1" "$2" <<'PYEOF'
+import glob, os, sys, torch
+sys.path.insert(0, sys.argv[1])
+import megatron_fixture
+megatron_fixture.install_megatron_stubs()
+path = sorted(glob.glob(os.path.join(sys.argv[2], "iter_*", "mp_rank_*", "model_optim_rng.pt")))[0]
+sd = torch.load(path, map_location="cpu", weights_only=False)
+keys = list(sd["model"]) if "model" in sd else [k for m in sd if m.startswith("model") for k in sd[m]]
+te = [k for k in keys if "layer_norm_weight" in k or "core_attention._extra_state" in k]
+local = [k for k in keys if "input_layernorm" in k or "pre_mlp_layernorm" in k]
+impl, want = sd["args"].transformer_impl, sys.argv[3]
+if impl != want:
+    sys.exit("%s: args.transformer_impl is %r, expected %r" % (path, impl, want))
+if want == "local" and (te or not local):
+    sys.exit("%s: Transformer Engine's keys %s, local ones %s" % (path, te[:2], local[:2]))
+if want == "transformer_engine" and (local or not te):
+    sys.exit("%s: local keys %s, Transformer Engine's %s" % (path, local[:2], te[:2]))
+PYEOF
+    }
+    for which in mcore-0.18/gpt_tp2pp1 mcore-0.18/gpt_tp2pp2 mcore-0.20/gpt_tp2pp1 mcore-0.20/llama_tp2pp1; do
+        release=${which%/*} name=${which#*/}
+        impl=$("$PY" "$ROOT/tests/support/mcore_metadata.py" common "$WORK/$release/ckpt/$name/iter_0000010" |
+            sed -n "s/.*'transformer_impl': '\([a-z_]*\)'.*/\1/p")
+        check "$which: its args say its modules ($impl)" [ "$impl" = local ]
+        expect_ok "$which -> legacy: the rank files name the local modules, args.transformer_impl local" modules \
+            "$WORK/$release-$name.legacy" local
+    done
+    expect_ok "mcore-0.20/llama_tp2pp1 -> legacy, names not given" "$RS" "$WORK/mcore-0.20/ckpt/llama_tp2pp1" --to tp1 \
+        --format megatron --no-optim -o "$WORK/llama.legacy.default"
+    check "the summary says core-local names" grep -q "(Megatron-LM tp1pp1, core-local names)" "$WORK/.out"
+    expect_ok "its rank file names the local modules" modules "$WORK/llama.legacy.default" local
+    expect_ok "with --megatron-names core: Transformer Engine's" "$RS" "$WORK/mcore-0.20/ckpt/llama_tp2pp1" --to tp1 \
+        --format megatron --no-optim --megatron-names core -o "$WORK/llama.legacy.te"
+    expect_ok "its rank file names Transformer Engine's modules, args.transformer_impl transformer_engine" modules \
+        "$WORK/llama.legacy.te" transformer_engine
+    expect_ok "both hold the same tensors" "$CK" diff "$WORK/llama.legacy.default" "$WORK/llama.legacy.te"
+fi
+
 # --dtype, --compress and --device cuda convert, compress and run on a GPU
 # in this toolkit's format only: with another output each was ignored (exit
 # 0, "verified", the output still fp32), and is refused now, naming the
