@@ -177,6 +177,11 @@ typedef struct {
     /* Without a template (NULL): the model to write, its args written from
      * it (the iteration its stored_iteration, tp and pp the default layout). */
     const megatron_config *model;
+    /* Without a template: a torch_dist source (model its config), whose
+     * common state's args are carried as a template's are (the output's
+     * layout, format and names given them) and its work done
+     * (num_floating_point_operations_so_far); NULL: args from the model. */
+    const struct megatron_dist *dist;
     /* A source under other names than Megatron's canonical ones (this
      * toolkit's GPT); NULL: the source's names are canonical. */
     const struct megatron_source_names *names;

@@ -37,6 +37,9 @@ typedef struct {
     ckpt_reader *source;
     const megatron_checkpoint *template; /* NULL: a model written from its config alone */
     const megatron_config *c;
+    const pickle_value *args; /* the args carried (the template's, or a torch_dist source's), or NULL */
+    const char *args_file;    /* where they were read */
+    const pickle_value *state; /* without a template: a torch_dist source's common state, or NULL */
     const megatron_source_names *names;
     void *scratch;        /* names: a piece's worth, for reordering a QKV */
     megatron_naming naming;
@@ -582,13 +585,13 @@ int megatron_args_write(byte_buffer *b, pk_memo *memo, const megatron_args_spec 
     return TP_OK;
 }
 
-/* The template's args with the parallel sizes of the output, or the
+/* The template's args, or a torch_dist source's (in the legacy format:
+ * ckpt_format torch), with the parallel sizes of the output; or the
  * model's own. */
 static int emit_args(rank_writer *r)
 {
-    megatron_args_spec spec = {.model = r->c, .naming = r->naming, .tp = r->to.tp, .pp = r->to.pp,
-                               .args = r->template ? megatron_args(r->template) : NULL,
-                               .file = r->template ? megatron_rank_path(r->template, 0, 0) : NULL,
+    megatron_args_spec spec = {.model = r->c, .naming = r->naming, .tp = r->to.tp, .pp = r->to.pp, .args = r->args,
+                               .file = r->args_file, .ckpt_format = r->template || !r->args ? NULL : "torch",
                                .no_optimizer = -1, .no_rng = -1};
     return megatron_args_write(r->b, r->memo, &spec);
 }
@@ -741,13 +744,26 @@ static int emit_optimizer(rank_writer *r)
     return TP_OK;
 }
 
+/* num_floating_point_operations_so_far, the work done, where the source
+ * records a number. */
+static void emit_work_done(byte_buffer *b, const pickle_value *flops)
+{
+    if (!flops || (flops->kind != PICKLE_FLOAT && flops->kind != PICKLE_INT)) return;
+    pk_string(b, "num_floating_point_operations_so_far");
+    if (flops->kind == PICKLE_FLOAT) pk_float(b, flops->real);
+    else pk_int(b, flops->integer);
+}
+
 /* After the model: the optimizer state and its schedule; each rank's RNG
  * and rerun state where the layout is the template's (they belong to a
  * rank: Megatron itself drops them on a change of layout); the work done. */
 static int emit_training_state(rank_writer *r)
 {
     byte_buffer *b = r->b;
-    if (!r->template) return TP_OK; /* a model alone: weights only */
+    if (!r->template) { /* a model alone: weights only, and a torch_dist source's work done */
+        emit_work_done(b, r->state ? pickle_get(r->state, "num_floating_point_operations_so_far") : NULL);
+        return TP_OK;
+    }
     if (r->optimizer) {
         pk_string(b, "optimizer");
         TP_TRY(emit_optimizer(r));
@@ -766,12 +782,7 @@ static int emit_training_state(rank_writer *r)
         pk_string(b, per_rank[i]);
         TP_TRY(carry(r, v, &this_rank, TENSORS, "%s", per_rank[i]));
     }
-    const pickle_value *flops = megatron_rank_value(r->template, 0, 0, "num_floating_point_operations_so_far");
-    if (flops && (flops->kind == PICKLE_FLOAT || flops->kind == PICKLE_INT)) {
-        pk_string(b, "num_floating_point_operations_so_far");
-        if (flops->kind == PICKLE_FLOAT) pk_float(b, flops->real);
-        else pk_int(b, flops->integer);
-    }
+    emit_work_done(b, megatron_rank_value(r->template, 0, 0, "num_floating_point_operations_so_far"));
     return TP_OK;
 }
 
@@ -1020,6 +1031,24 @@ static int check_carried(const megatron_checkpoint *template, int optimizer, int
     return TP_OK;
 }
 
+/* The args a write carries (*file: where they were read): the template's;
+ * without one a torch_dist source's, from its common state (*state); NULL:
+ * written from the model. */
+static const pickle_value *carried_args(const megatron_checkpoint *template, const megatron_write_options *o,
+                                        const char **file, const pickle_value **state)
+{
+    *file = NULL;
+    *state = NULL;
+    if (template) {
+        *file = megatron_rank_path(template, 0, 0);
+        return megatron_args(template);
+    }
+    if (!o->dist) return NULL;
+    const torch_archive *archive;
+    *state = megatron_dist_common_state(o->dist, &archive, file);
+    return pickle_get(*state, "args");
+}
+
 /* Stored bytes of tensor t at the target: every piece, on every rank that holds one. */
 static int64_t written_bytes(const ckpt_tensor_desc *t, int tp, int64_t *piece)
 {
@@ -1056,6 +1085,9 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
     megatron_naming naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
     TP_TRY(megatron_check_layout(c, &to, naming));
     if (template) TP_TRY(check_carried(template, plan->optimizer, to.tp == c->tp && to.pp == c->pp));
+    const char *args_file;
+    const pickle_value *state, *args = carried_args(template, options, &args_file, &state);
+    if (!template && args) TP_TRY(pk_value_check(args, args_file, "args", 0)); /* a torch_dist source's */
     const char *largest = "";
     for (int i = 0; i < ckpt_reader_num_tensors(source); i++) {
         const ckpt_tensor_desc *t = ckpt_reader_tensor(source, i);
@@ -1106,7 +1138,10 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
     r.to.tp = plan.tp;
     r.to.pp = plan.pp;
     r.carry_rank_state = r.to.tp == c->tp && r.to.pp == c->pp;
-    r.copy_budget = COPY_BUDGET + (template ? megatron_bytes(template) : 0);
+    r.args = carried_args(template, options, &r.args_file, &r.state);
+    r.copy_budget = COPY_BUDGET + (template        ? megatron_bytes(template)
+                                   : options->dist ? dcp_bytes(megatron_dist_dcp(options->dist))
+                                                   : 0);
     r.naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
     store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = megatron_may_replace};
     store_staged *staged;

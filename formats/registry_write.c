@@ -263,7 +263,7 @@ static int plan_megatron(formats_source *source, const formats_write_options *o,
         .threads = o->reshard.threads,
         /* a view's optimizer layout is not a Megatron run's */
         .weights_only = o->reshard.drop_optimizer || w->model.view,
-        .memory_limit = o->reshard.memory_limit, .model = w->template ? NULL : w->model.model,
+        .memory_limit = o->reshard.memory_limit, .model = w->template ? NULL : w->model.model, .dist = dist,
         .names = w->model.names, .on_bytes = o->reshard.on_bytes, .progress_ctx = o->reshard.progress_ctx};
     TP_TRY(megatron_write_plan_create(reader, w->template, &w->options, &w->plan));
     const megatron_write_plan *p = &w->plan;

@@ -112,6 +112,67 @@ PYEOF
     expect_ok "both hold the same tensors" "$CK" diff "$WORK/llama.legacy.default" "$WORK/llama.legacy.te"
 fi
 
+# A legacy output carries the torch_dist source's args (its common state's,
+# 102 fields: tokenizer_type, seed, vocab_file, data_parallel_size,
+# rotary_base... which Megatron's checkpoint loaders and
+# check_checkpoint_args read), changed only where the output differs: its
+# layout, world_size for it (the same data-parallel size), the legacy
+# format (ckpt_format torch, use_dist_ckpt false). It wrote 36 fields
+# made from the model. The work done (num_floating_point_operations_so_far)
+# goes along too. Loaded by torch 1.13 with megatron_fixture's stand-ins,
+# both sides; every rank file.
+if [ $TORCH -eq 1 ]; then
+    # args_carried SRC_ITER OUT KEY=VALUE...: OUT's args are SRC's but for the KEYs (Python literals).
+    args_carried() {
+        "$PY" - "$ROOT/tests/support" "$@" <<'PYEOF'
+import ast, glob, io, math, os, sys, torch
+sys.path.insert(0, sys.argv[1])
+import megatron_fixture, mcore_metadata
+megatron_fixture.install_megatron_stubs()
+src_dir, out_dir = sys.argv[2], sys.argv[3]
+changed = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in sys.argv[4:])}
+common = os.path.join(src_dir, "common.pt")
+data = open(common, "rb").read() if os.path.exists(common) else \
+    mcore_metadata.bytes_item(src_dir, "common_state/shard_0_1")
+state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+state = state if os.path.exists(common) else state[0]
+src = vars(state["args"])
+same = lambda a, b: a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+files = sorted(glob.glob(os.path.join(out_dir, "iter_*", "mp_rank_*", "model_optim_rng.pt")))
+problems = [] if files else ["no rank files in %s" % out_dir]
+for path in files:
+    sd = torch.load(path, map_location="cpu", weights_only=False)
+    if sd.get("num_floating_point_operations_so_far") != state["num_floating_point_operations_so_far"]:
+        problems.append("%s: num_floating_point_operations_so_far %r, the source's %r" % (
+            path, sd.get("num_floating_point_operations_so_far"), state["num_floating_point_operations_so_far"]))
+    out = vars(sd["args"])
+    for key in sorted(set(src) | set(out)):
+        want = changed[key] if key in changed else src.get(key, "<absent>")
+        got = out.get(key, "<absent>")
+        if not same(got, want):
+            problems.append("%s: args.%s is %r, expected %r (the source's: %r)" % (path, key, got, want, src.get(key)))
+if problems:
+    sys.exit("\n".join(problems[:8]))
+print("%d rank files, each with the source's %d args but %s" % (len(files), len(src), sorted(changed)))
+PYEOF
+    }
+    G182="$WORK/mcore-0.18/ckpt/gpt_tp2pp2"
+    expect_ok "0.18 GPT tp2pp2 -> legacy at its own layout, weights only" "$RS" "$G182" --to tp2pp2 --format megatron \
+        --no-optim -o "$WORK/g182.legacy"
+    expect_ok "every rank file carries the source's 102 args, as a legacy checkpoint" args_carried \
+        "$G182/iter_0000010" "$WORK/g182.legacy" "ckpt_format='torch'" use_dist_ckpt=False
+    check "it says so" grep -q "each with the source's 102 args" "$WORK/.out"
+    expect_ok "and at tp1pp2 (the loop's output): its layout and world_size changed too" args_carried \
+        "$G182/iter_0000010" "$WORK/mcore-0.18-gpt_tp2pp2.legacy" "ckpt_format='torch'" use_dist_ckpt=False \
+        tensor_model_parallel_size=1 world_size=2
+    expect_ok "the 0.20 Llama's common_state entry alike, at tp1pp2" args_carried \
+        "$WORK/mcore-0.20/ckpt/llama_tp2pp1/iter_0000010" "$WORK/mcore-0.20-llama_tp2pp1.legacy" "ckpt_format='torch'" \
+        use_dist_ckpt=False tensor_model_parallel_size=1 pipeline_model_parallel_size=2 world_size=2
+    run args_carried "$G182/iter_0000010" "$WORK/g182.legacy"
+    check "the judge can fail: ckpt_format is not the source's" grep -q "args.ckpt_format is 'torch', expected 'torch_dist'" \
+        "$WORK/.err"
+fi
+
 # --dtype, --compress and --device cuda convert, compress and run on a GPU
 # in this toolkit's format only: with another output each was ignored (exit
 # 0, "verified", the output still fp32), and is refused now, naming the

@@ -152,6 +152,31 @@ expect_error "written as torch_dist: refused the same" 1 'args\.data_path\[3\] i
     "$WORK/args" --format torch_dist --to tp2 --weights-only -o "$WORK/args_td"
 check "nothing written" test ! -e "$WORK/args_td"
 check "nothing ran" test ! -e "$MARKER"
+# A torch_dist source's args are carried into a legacy output's rank files
+# too (they were written from the model): the same allow-list, checked
+# before anything is written.
+expect_ok "a clean torch_dist checkpoint, its common state in common.pt" "$RS" "$WORK/m" --format torch_dist --to tp2 \
+    --weights-only --megatron-core 0.18 -o "$WORK/m_td"
+expect_ok "a call planted in its args" "$PY" - "$ROOT/tests/support" "$WORK/m_td/iter_0001000/common.pt" "$MARKER" <<'PYEOF'
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import megatron_fixture
+megatron_fixture.install_megatron_stubs()
+path, marker = sys.argv[2:4]
+
+class Call:
+    def __reduce__(self):
+        return (exec, ("open(%r, 'w').write('ran')" % marker,))
+
+state = torch.load(path, map_location="cpu", weights_only=False)
+state["args"].data_path = ["a", "b", "c", Call()]
+torch.save(state, path)
+PYEOF
+expect_error "torch_dist -> legacy: refused naming common.pt and the key" 1 \
+    'm_td/iter_0001000/common.pt: args\.data_path\[3\] is a call of builtins\.exec' "$RS" "$WORK/m_td" --format megatron \
+    --to tp2 --weights-only -o "$WORK/m_td_legacy"
+check "nothing written" test ! -e "$WORK/m_td_legacy"
+check "nothing ran" test ! -e "$MARKER"
 # The RNG states belong to a rank: at another layout they are left out, as
 # Megatron leaves them (with a warning), and so is what they hold.
 expect_ok "rng_state at another layout: left out" "$RS" "$WORK/rng_state" --to tp1 -o "$WORK/rng_state_tp1"
