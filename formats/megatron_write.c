@@ -585,14 +585,23 @@ int megatron_args_write(byte_buffer *b, pk_memo *memo, const megatron_args_spec 
     return TP_OK;
 }
 
+/* Whether this rank's file carries its RNG state (emit_training_state):
+ * the template's, where the layout is its own. */
+static int rank_rng_written(const rank_writer *r)
+{
+    return r->template && r->carry_rank_state && megatron_rank_value(r->template, r->pp_rank, r->tp_rank, "rng_state");
+}
+
 /* The template's args, or a torch_dist source's (in the legacy format:
  * ckpt_format torch), with the parallel sizes of the output; or the
- * model's own. */
+ * model's own. no_save_optim and no_save_rng say what this rank file
+ * holds (a weights-only output, RNG states left out on a change of layout
+ * or never read), not what the source's did. */
 static int emit_args(rank_writer *r)
 {
     megatron_args_spec spec = {.model = r->c, .naming = r->naming, .tp = r->to.tp, .pp = r->to.pp, .args = r->args,
                                .file = r->args_file, .ckpt_format = r->template || !r->args ? NULL : "torch",
-                               .no_optimizer = -1, .no_rng = -1};
+                               .no_optimizer = !r->optimizer, .no_rng = !rank_rng_written(r)};
     return megatron_args_write(r->b, r->memo, &spec);
 }
 

@@ -117,7 +117,8 @@ fi
 # rotary_base... which Megatron's checkpoint loaders and
 # check_checkpoint_args read), changed only where the output differs: its
 # layout, world_size for it (the same data-parallel size), the legacy
-# format (ckpt_format torch, use_dist_ckpt false). It wrote 36 fields
+# format (ckpt_format torch, use_dist_ckpt false), what the rank files hold
+# (weights only, no RNG state: no_save_optim, no_save_rng). It wrote 36 fields
 # made from the model. The work done (num_floating_point_operations_so_far)
 # goes along too. Loaded by torch 1.13 with megatron_fixture's stand-ins,
 # both sides; every rank file.
@@ -157,17 +158,17 @@ print("%d rank files, each with the source's %d args but %s" % (len(files), len(
 PYEOF
     }
     G182="$WORK/mcore-0.18/ckpt/gpt_tp2pp2"
+    LEGACY_ARGS="ckpt_format='torch' use_dist_ckpt=False no_save_optim=True no_save_rng=True"
     expect_ok "0.18 GPT tp2pp2 -> legacy at its own layout, weights only" "$RS" "$G182" --to tp2pp2 --format megatron \
         --no-optim -o "$WORK/g182.legacy"
     expect_ok "every rank file carries the source's 102 args, as a legacy checkpoint" args_carried \
-        "$G182/iter_0000010" "$WORK/g182.legacy" "ckpt_format='torch'" use_dist_ckpt=False
+        "$G182/iter_0000010" "$WORK/g182.legacy" $LEGACY_ARGS
     check "it says so" grep -q "each with the source's 102 args" "$WORK/.out"
     expect_ok "and at tp1pp2 (the loop's output): its layout and world_size changed too" args_carried \
-        "$G182/iter_0000010" "$WORK/mcore-0.18-gpt_tp2pp2.legacy" "ckpt_format='torch'" use_dist_ckpt=False \
-        tensor_model_parallel_size=1 world_size=2
+        "$G182/iter_0000010" "$WORK/mcore-0.18-gpt_tp2pp2.legacy" $LEGACY_ARGS tensor_model_parallel_size=1 world_size=2
     expect_ok "the 0.20 Llama's common_state entry alike, at tp1pp2" args_carried \
-        "$WORK/mcore-0.20/ckpt/llama_tp2pp1/iter_0000010" "$WORK/mcore-0.20-llama_tp2pp1.legacy" "ckpt_format='torch'" \
-        use_dist_ckpt=False tensor_model_parallel_size=1 pipeline_model_parallel_size=2 world_size=2
+        "$WORK/mcore-0.20/ckpt/llama_tp2pp1/iter_0000010" "$WORK/mcore-0.20-llama_tp2pp1.legacy" $LEGACY_ARGS \
+        tensor_model_parallel_size=1 pipeline_model_parallel_size=2 world_size=2
     run args_carried "$G182/iter_0000010" "$WORK/g182.legacy"
     check "the judge can fail: ckpt_format is not the source's" grep -q "args.ckpt_format is 'torch', expected 'torch_dist'" \
         "$WORK/.err"

@@ -233,6 +233,39 @@ expect_ok "and back to tp4pp2 with legacy names" "$RS" "$WORK/a_opt_tp2" --to tp
     -o "$WORK/a_opt_back" --verify
 expect_ok "torch.load reads it; equal to PyTorch's again" "$PY" "$FIXTURE" --verify "$WORK/a_opt_back" --full "$WORK/a.full.pt"
 expect_ok "diff: the round trip equals the original, optimizer state included" "$CK" diff "$WORK/a" "$WORK/a_opt_back"
+# args.no_save_optim and no_save_rng say what each rank file holds (they
+# were the source's: False in a weights-only output without an optimizer
+# or RNG state): torch.load of every rank file, 'optimizer' present exactly
+# when no_save_optim is False, 'rng_state' exactly when no_save_rng is.
+# saved_flags CKPT NO_OPTIM NO_RNG: every rank file of CKPT says and holds that.
+saved_flags() {
+    "$PY" - "$ROOT/tests/support" "$@" <<'PYEOF'
+import glob, os, sys, torch
+sys.path.insert(0, sys.argv[1])
+import megatron_fixture
+megatron_fixture.install_megatron_stubs()
+ckpt, no_optim, no_rng = sys.argv[2], sys.argv[3] == "True", sys.argv[4] == "True"
+files = sorted(glob.glob(os.path.join(ckpt, "iter_*", "mp_rank_*", "model_optim_rng.pt")))
+assert files, ckpt
+for path in files:
+    sd = torch.load(path, map_location="cpu", weights_only=False)
+    said = (sd["args"].no_save_optim, sd["args"].no_save_rng)
+    held = ("optimizer" not in sd, "rng_state" not in sd)
+    if said != (no_optim, no_rng) or held != said:
+        sys.exit("%s: args say no_save_optim %s, no_save_rng %s; it holds %s; expected %s" % (
+            path, said[0], said[1], "optimizer %s, rng_state %s" % ("optimizer" in sd, "rng_state" in sd),
+            (no_optim, no_rng)))
+PYEOF
+}
+expect_ok "the source: its optimizer and RNG states, saved" saved_flags "$WORK/a" False False
+expect_ok "--no-optim at another layout: no optimizer, no RNG state, and its args say so" saved_flags "$WORK/a_tp1" \
+    True True
+expect_ok "the optimizer at another layout: no RNG state, said" saved_flags "$WORK/a_opt_tp2" False True
+expect_ok "--no-optim at its own layout" "$RS" "$WORK/a" --to tp4pp2 --no-optim -o "$WORK/a_same_noopt"
+expect_ok "no optimizer, the RNG states carried, and its args say so" saved_flags "$WORK/a_same_noopt" True False
+expect_ok "this toolkit's GPT as Megatron's (weights only)" "$CK" synth -o "$WORK/gpt_for_meg" --tp 1 --pp 1 --model tiny
+expect_ok "written" "$RS" "$WORK/gpt_for_meg" --format megatron --to tp2 -o "$WORK/gpt_meg"
+expect_ok "its args say it holds neither" saved_flags "$WORK/gpt_meg" True True
 expect_ok "fixture: fp32 with the optimizer, SwiGLU, untied" "$PY" "$FIXTURE" "$WORK/f" --tp 2 --pp 1 --layers 2 --hidden 32 \
     --heads 4 --ffn 64 --vocab 90 --make-vocab-size-divisible-by 16 --swiglu --untied --optimizer --dtype fp32 \
     --full "$WORK/f.full.pt"
