@@ -12,6 +12,7 @@
 
 #include "../common/clock.h"
 #include "../common/error.h"
+#include "../common/parse.h"
 #include "../common/fault.h"
 #include "http.h"
 #include "staging.h"
@@ -23,6 +24,7 @@ static CURLSH *share;
 static pthread_mutex_t share_locks[CURL_LOCK_DATA_LAST];
 static http_policy policy;
 static int init_status;
+static char init_error[256] = "libcurl failed to initialize";
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static pthread_key_t handle_key;
 
@@ -40,13 +42,20 @@ static void share_unlock(CURL *handle, curl_lock_data data, void *ctx)
     pthread_mutex_unlock(&share_locks[data]);
 }
 
+/* A setting from the environment: unset or empty, the default; anything but
+ * a whole number in [min, max] makes every request fail naming it (0, abc
+ * or -5 for TP_REMOTE_TIMEOUT became 30 s without a word). */
 static long env_long(const char *name, long fallback, long min, long max)
 {
     const char *text = getenv(name);
     if (!text || !*text) return fallback;
-    char *end = NULL;
-    long value = strtol(text, &end, 10);
-    return *end || value < min || value > max ? fallback : value;
+    int64_t value;
+    if (parse_int(text, min, max, &value) == 0) return (long)value;
+    if (!init_status) {
+        init_status = TP_ERR_ARG;
+        snprintf(init_error, sizeof init_error, "%s=%.64s: expected a whole number in %ld..%ld", name, text, min, max);
+    }
+    return fallback;
 }
 
 static void release_handle(void *handle)
@@ -63,6 +72,7 @@ static void init(void)
     policy.backoff_ms = env_long("TP_REMOTE_BACKOFF_MS", 200, 0, 600000);
     policy.read_threads = (int)env_long("TP_REMOTE_THREADS", 8, 1, 256);
     policy.part_bytes = (int64_t)env_long("TP_REMOTE_PART_MB", 64, 5, 5120) << 20;
+    if (init_status) return; /* a setting refused: said by every request */
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK || pthread_key_create(&handle_key, release_handle)) {
         init_status = tp_fail(TP_ERR_IO, "libcurl failed to initialize");
         return;
@@ -74,7 +84,8 @@ static void init(void)
         curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) ||
         curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) ||
         curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION))
-        init_status = tp_fail(TP_ERR_IO, "libcurl cannot share connections between threads");
+        init_status = tp_fail(TP_ERR_IO, "libcurl cannot share connections between threads"),
+        snprintf(init_error, sizeof init_error, "libcurl cannot share connections between threads");
 }
 
 const http_policy *http_policy_get(void)
@@ -87,7 +98,7 @@ const http_policy *http_policy_get(void)
 static int thread_handle(CURL **out)
 {
     pthread_once(&init_once, init);
-    if (init_status) return tp_fail(init_status, "libcurl failed to initialize");
+    if (init_status) return tp_fail(init_status, "%s", init_error);
     CURL *handle = pthread_getspecific(handle_key);
     if (!handle) {
         handle = curl_easy_init();
