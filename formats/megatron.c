@@ -13,6 +13,7 @@
 #include "../common/error.h"
 #include "../common/memory.h"
 #include "../common/parallel.h"
+#include "../kernels/kernels.h"
 #include "megatron_internal.h"
 
 #define MEGATRON_ITERATION_LIMIT ((int64_t)1000000000000000) /* iterations below 10^15 */
@@ -43,6 +44,13 @@ struct megatron_checkpoint {
     int *chunk_first;                 /* stage * vpp + chunk: the chunk's first position in stage_params */
     const pickle_value **head_copies; /* pp_rank * tp + tp_rank: the tied head copy's tensor, or NULL */
     torch_archive **distrib_optim;    /* pp_rank * tp + tp_rank: distrib_optim.pt, when read */
+    /* The tied head copy's optimizer state, (pp_rank * tp + tp_rank) * 3 +
+     * role (exp_avg, exp_avg_sq, master): not a tensor of its own, kept to
+     * be compared with the embeddings' (megatron_check_replicas). */
+    struct head_state {
+        const pickle_value *tensor; /* NULL: none */
+        int64_t flat_offset;        /* a run of distrib_optim.pt's world tensor from this element, or -1 */
+    } *head_states;
     char optimizer_refusal[1024]; /* why the optimizer state is not read ("" when it is, or there is none) */
     int optimizer_status;         /* and its tp_status: TP_ERR_LAYOUT (not read by design) or TP_ERR_FORMAT (damaged) */
 };
@@ -655,6 +663,18 @@ static int rank0_entry(megatron_checkpoint *m, const char *name, const char *sou
     return tp_fail(TP_ERR_FORMAT, "%s: optimizer %s (%s) has no counterpart at tensor-parallel rank 0", file, source, name);
 }
 
+/* Keeps the tied head copy's state of role at (stage, tp_rank). */
+static int keep_head_state(megatron_checkpoint *m, int stage, int tp_rank, const char *role, const pickle_value *t,
+                           int64_t flat_offset)
+{
+    int r = !strcmp(role, "exp_avg") ? 0 : !strcmp(role, "exp_avg_sq") ? 1 : 2;
+    if (!m->head_states &&
+        !(m->head_states = calloc((size_t)m->config.tp * (size_t)m->config.pp * 3, sizeof *m->head_states)))
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
+    m->head_states[(stage * m->config.tp + tp_rank) * 3 + r] = (struct head_state){t, flat_offset};
+    return TP_OK;
+}
+
 static int add_optimizer_piece(megatron_checkpoint *m, int stage, int tp_rank, int index, const char *role,
                                const char *source, const pickle_value *t, const char *file)
 {
@@ -666,7 +686,8 @@ static int add_optimizer_piece(megatron_checkpoint *m, int stage, int tp_rank, i
         megatron_tensor_entry probe = {0};
         TP_TRY(ckpt_tensor_copy_init(&probe.copy, &d.desc));
         snprintf(probe.source, sizeof probe.source, "%s", source);
-        return check_piece(m, &probe, t, file);
+        TP_TRY(check_piece(m, &probe, t, file));
+        return keep_head_state(m, stage, tp_rank, role, t, -1);
     }
     if (tp_rank == 0) return add_entry(m, file, stage, source, &d.desc, t);
     megatron_tensor_entry *e = NULL;
@@ -691,7 +712,7 @@ static int add_flat_piece(megatron_checkpoint *m, int stage, int tp_rank, int in
     if (offset < 0 || offset + numel > torch_tensor_numel(world))
         return tp_fail(TP_ERR_FORMAT, "%s: %s: elements [%lld, %lld) of %s lie outside its %lld", file, source, (long long)offset,
                        (long long)(offset + numel), d.param, (long long)torch_tensor_numel(world));
-    if (index == HEAD_COPY) return TP_OK;
+    if (index == HEAD_COPY) return keep_head_state(m, stage, tp_rank, role, world, offset);
     megatron_tensor_entry *e = NULL;
     if (tp_rank == 0) {
         TP_TRY(new_entry(m, file, stage, source, &d.desc, &e));
@@ -912,6 +933,8 @@ static int read_optimizer(megatron_checkpoint *m)
             free(m->tensors[i].flat_offset);
         }
         m->num_tensors = model_tensors;
+        free(m->head_states);
+        m->head_states = NULL;
         for (int i = 0; m->distrib_optim && i < m->config.tp * m->config.pp; i++) torch_archive_close(m->distrib_optim[i]);
         free(m->distrib_optim);
         m->distrib_optim = NULL;
@@ -1065,6 +1088,7 @@ void megatron_close(megatron_checkpoint *m)
     free(m->archives);
     free(m->distrib_optim);
     free(m->head_copies);
+    free(m->head_states);
     free(m->chunk_first);
     free(m->tensors);
     free(m->stage_params);
@@ -1179,9 +1203,227 @@ int megatron_read_piece(const megatron_checkpoint *m, int index, int tp_rank, vo
                              size);
 }
 
+/* ------------------------------------------- copies of one tensor compared */
+
+/* Bytes [from, from + size) of a tensor's data in an archive: one stored copy. */
+typedef struct {
+    const torch_archive *archive;
+    const pickle_value *tensor;
+    int64_t from, size;
+} stored_copy;
+
+typedef struct {
+    int tensor;        /* the tensor read */
+    int piece;         /* its piece (tensor-parallel rank) the copy is of */
+    int head;          /* the copy is the tied output layer's (else tensor-parallel rank `rank`'s replica) */
+    int rank;          /* the copy's tensor-parallel rank */
+    stored_copy read, copy;
+    int differ;        /* 1: at element `element`, whose bytes are read_bits and copy_bits; 2: sizes differ */
+    int64_t element;
+    unsigned char read_bits[4], copy_bits[4];
+} replica_check;
+
+#define REPLICA_BLOCK ((int64_t)1 << 20) /* bytes of each copy compared at a time */
+
+/* Where tp_rank's piece of tensor index lies, as the reader reads it. */
+static int piece_copy(const megatron_checkpoint *m, int index, int tp_rank, stored_copy *out)
+{
+    const megatron_tensor_entry *e = &m->tensors[index];
+    const char *file;
+    int64_t offset;
+    TP_TRY(megatron_piece_range(m, index, tp_rank, &file, &offset, &out->size));
+    out->archive = piece_archive(m, e, tp_rank);
+    out->tensor = e->pieces[tp_rank];
+    out->from = e->flat_offset ? e->flat_offset[tp_rank] * 4 : 0;
+    return TP_OK;
+}
+
+/* The copies [first, first + count) of checks, of one piece: the piece
+ * read once a block at a time, each copy's block compared with it. */
+typedef struct {
+    int64_t first;
+    int count;
+} replica_group;
+
+typedef struct {
+    const megatron_checkpoint *m;
+    replica_check *checks;
+    const replica_group *groups;
+} replica_job;
+
+static int compare_copies(void *ctx, int64_t g, int thread)
+{
+    (void)thread;
+    const replica_job *job = ctx;
+    replica_check *copies = job->checks + job->groups[g].first;
+    int count = job->groups[g].count, open = 0;
+    const stored_copy *read = &copies[0].read;
+    const ckpt_tensor_desc *d = &job->m->tensors[copies[0].tensor].copy.desc;
+    for (int k = 0; k < count; k++) {
+        if (copies[k].copy.size != read->size) copies[k].differ = 2;
+        open += !copies[k].differ;
+    }
+    int64_t block = read->size < REPLICA_BLOCK ? read->size : REPLICA_BLOCK;
+    unsigned char *a = malloc((size_t)block + 1), *b = malloc((size_t)block + 1);
+    int status = a && b ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory comparing the copies of %s", d->name);
+    size_t element = tp_dtype_size(d->dtype);
+    for (int64_t at = 0; !status && open && at < read->size; at += block) {
+        int64_t n = read->size - at < block ? read->size - at : block;
+        status = torch_tensor_read(read->archive, read->tensor, a, read->from + at, n);
+        for (int k = 0; !status && k < count; k++) {
+            replica_check *c = &copies[k];
+            if (c->differ) continue;
+            status = torch_tensor_read(c->copy.archive, c->copy.tensor, b, c->copy.from + at, n);
+            if (status || !memcmp(a, b, (size_t)n)) continue;
+            int64_t e = 0; /* the first element whose bits differ */
+            while (!memcmp(a + e * (int64_t)element, b + e * (int64_t)element, element)) e++;
+            c->differ = 1;
+            c->element = at / (int64_t)element + e;
+            memcpy(c->read_bits, a + e * (int64_t)element, element);
+            memcpy(c->copy_bits, b + e * (int64_t)element, element);
+            open--;
+        }
+    }
+    free(a);
+    free(b);
+    return status;
+}
+
+/* An element's value and bits: "5 (0x40a0)". */
+static void format_element(const unsigned char *at, tp_dtype dtype, char *out, size_t size)
+{
+    float value = 0;
+    uint32_t bits = 0;
+    size_t n = tp_dtype_size(dtype);
+    convert_numbers(at, dtype, &value, TP_FP32, 1);
+    for (size_t b = 0; b < n; b++) bits |= (uint32_t)at[b] << (8 * b); /* little-endian, as torch.save writes */
+    snprintf(out, size, "%.9g (0x%0*x)", (double)value, (int)(2 * n), bits);
+}
+
+/* What a copy that differs holds: the tensor, both files, the element at
+ * its place in the piece, both values. */
+static void describe_difference(const megatron_checkpoint *m, const replica_check *c, char *out, size_t size)
+{
+    const megatron_tensor_entry *e = &m->tensors[c->tensor];
+    const ckpt_tensor_desc *d = &e->copy.desc;
+    const char *copy_file = torch_archive_path(c->copy.archive), *read_file = torch_archive_path(c->read.archive);
+    char what[CKPT_NAME_MAX + 700], rank[48];
+    snprintf(what, sizeof what, c->head ? "%s (%s) and its copy for the tied output layer differ"
+                                        : "%s (%s) is replicated over the tensor-parallel ranks and its copies differ",
+             d->name, e->source);
+    snprintf(rank, sizeof rank, c->head ? "the copy" : "tensor-parallel rank %d's copy", c->rank);
+    if (c->differ == 2) {
+        snprintf(out, size, "%s: %lld bytes in %s (%s), %lld in %s (the one read)", what, (long long)c->copy.size, copy_file,
+                 rank, (long long)c->read.size, read_file);
+        return;
+    }
+    int64_t shape[CKPT_MAX_DIMS], rest = c->element;
+    ckpt_piece_shape(d, m->config.tp, shape);
+    char place[200] = "", copy_value[64], read_value[64];
+    for (int x = d->ndim - 1; x >= 0; x--) { /* the element's coordinates in the piece */
+        int64_t coordinate = x > 0 && shape[x] > 0 ? rest % shape[x] : rest;
+        rest = x > 0 && shape[x] > 0 ? rest / shape[x] : 0;
+        char part[200];
+        snprintf(part, sizeof part, "%lld%s%.160s", (long long)coordinate, place[0] ? ", " : "", place);
+        snprintf(place, sizeof place, "%s", part);
+    }
+    format_element(c->copy_bits, d->dtype, copy_value, sizeof copy_value);
+    format_element(c->read_bits, d->dtype, read_value, sizeof read_value);
+    char piece[48] = "";
+    if (c->head) snprintf(piece, sizeof piece, " of tensor-parallel piece %d", c->piece);
+    snprintf(out, size, "%s: element [%s]%s is %s in %s (%s), %s in %s (%s)", what, place, piece, copy_value, copy_file, rank,
+             read_value, read_file, c->head ? "the one read" : "rank 0's, the one read");
+}
+
+int megatron_check_replicas(const megatron_checkpoint *m, int threads, megatron_replica_result *result)
+{
+    memset(result, 0, sizeof *result);
+    const megatron_config *c = &m->config;
+    int ranks = c->tp * c->pp, word = -1, states[3] = {-1, -1, -1};
+    static const char *const roles[3] = {"exp_avg", "exp_avg_sq", "master"};
+    for (int i = 0; i < m->num_tensors; i++) {
+        const char *name = m->tensors[i].copy.name;
+        if (!strcmp(name, "embedding.word_embeddings.weight")) word = i;
+        for (int r = 0; r < 3; r++) {
+            char state[64];
+            snprintf(state, sizeof state, "optim/%s/embedding.word_embeddings.weight", roles[r]);
+            if (!strcmp(name, state)) states[r] = i;
+        }
+    }
+    /* Every copy: tensor-parallel replicas, then the tied head's copies;
+     * grouped by the piece they copy. */
+    int64_t most = (int64_t)m->num_tensors * c->tp + 4 * (int64_t)ranks;
+    replica_check *checks = calloc((size_t)most + 1, sizeof *checks);
+    replica_group *groups = calloc((size_t)most + 1, sizeof *groups);
+    char *seen = calloc((size_t)m->num_tensors + 1, 1);
+    int status = checks && groups && seen ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    int64_t n = 0, num_groups = 0;
+    for (int i = 0; !status && c->tp > 1 && i < m->num_tensors; i++) {
+        if (m->tensors[i].copy.desc.partition.kind != CKPT_REPLICATED) continue;
+        groups[num_groups++] = (replica_group){n, c->tp - 1};
+        for (int r = 1; r < c->tp && !status; r++) {
+            replica_check *k = &checks[n++];
+            *k = (replica_check){.tensor = i, .piece = 0, .rank = r};
+            status = piece_copy(m, i, 0, &k->read);
+            if (!status) status = piece_copy(m, i, r, &k->copy);
+        }
+    }
+    for (int f = 0; !status && f < ranks; f++) {
+        int tp_rank = f % c->tp;
+        for (int r = -1; r < 3 && !status; r++) { /* the weights, then each state */
+            int index = r < 0 ? word : states[r];
+            const struct head_state *h = r >= 0 && m->head_states ? &m->head_states[f * 3 + r] : NULL;
+            const pickle_value *t = r < 0 ? m->head_copies[f] : h ? h->tensor : NULL;
+            if (!t || index < 0) continue;
+            groups[num_groups++] = (replica_group){n, 1};
+            replica_check *k = &checks[n++];
+            *k = (replica_check){.tensor = index, .piece = tp_rank, .head = 1, .rank = tp_rank};
+            status = piece_copy(m, index, tp_rank, &k->read);
+            if (!status && h && h->flat_offset >= 0) {
+                k->copy = (stored_copy){m->distrib_optim[f], t, h->flat_offset * 4, k->read.size};
+            } else if (!status) {
+                int64_t offset;
+                k->copy = (stored_copy){m->archives[f], t, 0, 0};
+                status = torch_tensor_range(m->archives[f], t, &offset, &k->copy.size);
+            }
+        }
+    }
+    replica_job job = {m, checks, groups};
+    if (!status) status = parallel_for(num_groups, threads > 0 ? threads : 1, compare_copies, &job);
+    for (int64_t g = 0; !status && g < num_groups; g++) result->bytes += checks[groups[g].first].read.size;
+    for (int64_t i = 0; !status && i < n; i++) {
+        const replica_check *k = &checks[i];
+        result->copies++;
+        result->bytes += k->copy.size;
+        result->tensors += !(seen[k->tensor] & 1);
+        seen[k->tensor] |= 1;
+        if (!k->differ) continue;
+        if (!result->copies_differ++) describe_difference(m, k, result->first_difference, sizeof result->first_difference);
+        result->tensors_differ += !(seen[k->tensor] & 2);
+        seen[k->tensor] |= 2;
+    }
+    free(checks);
+    free(groups);
+    free(seen);
+    return status;
+}
+
 int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt_reader **out)
 {
     *out = NULL;
+    /* Digests prove an output equal to the copy read: where another copy
+     * differs, the checkpoint holds two values and neither is proven. */
+    if (compute_digests) {
+        megatron_replica_result replicas;
+        TP_TRY(megatron_check_replicas(m, 1, &replicas));
+        if (replicas.copies_differ) {
+            char more[96] = "";
+            if (replicas.copies_differ > 1)
+                snprintf(more, sizeof more, " (%d copies of %d tensors differ)", replicas.copies_differ,
+                         replicas.tensors_differ);
+            return tp_fail(TP_ERR_FORMAT, "%s: %s%s", m->path, replicas.first_difference, more);
+        }
+    }
     const megatron_config *c = &m->config;
     /* The rank files, then their distrib_optim.pt where read. */
     int ranks = c->tp * c->pp, files = m->distrib_optim ? 2 * ranks : ranks;
@@ -1362,6 +1604,7 @@ int megatron_verify(const megatron_checkpoint *m, int threads, void (*on_bytes)(
         if (job.statuses[f] == TP_ERR_CHECKSUM && !result->damaged++)
             snprintf(result->first_damage, sizeof result->first_damage, "%s", job.messages[f]);
     }
+    if (!status) status = megatron_check_replicas(m, threads, &result->replicas);
     free(job.checks);
     free(job.statuses);
     free(job.messages);

@@ -126,19 +126,45 @@ const char *megatron_optimizer_refusal(const megatron_checkpoint *checkpoint, in
 /* Bytes of the checkpoint's files (rank files, and distrib_optim.pt files where read). */
 int64_t megatron_bytes(const megatron_checkpoint *checkpoint);
 
+/* What megatron_check_replicas found. */
+typedef struct {
+    int tensors;                 /* tensors stored more than once, their copies compared */
+    int copies;                  /* copies compared with the one read */
+    int64_t bytes;               /* bytes read, the copies read included */
+    int tensors_differ;          /* tensors with a copy not bitwise the one read */
+    int copies_differ;           /* such copies */
+    char first_difference[1536]; /* the first: tensor, both files, the first element differing, both values */
+} megatron_replica_result;
+
+/* Compares, bit for bit, every copy of a tensor stored more than once with
+ * the copy the reader takes (threads tensors at a time): a replicated
+ * tensor (norms, the biases of row-parallel layers, position embeddings)
+ * and its optimizer state are in every tensor-parallel rank's file and read
+ * from rank 0's; with tied embeddings and pp > 1 the last stage holds a
+ * copy of the word embeddings (and of their optimizer state) and the first
+ * stage's is read. Megatron keeps them equal (one all-reduced gradient, one
+ * update); copies that differ are damage (a bug or a flipped bit on one
+ * rank: which value is right cannot be told), counted in result, not
+ * returned; a failure to read is. A NaN differs from a number, and from
+ * another NaN of other bits. */
+int megatron_check_replicas(const megatron_checkpoint *checkpoint, int threads, megatron_replica_result *result);
+
 /* What megatron_verify found. */
 typedef struct {
     int files;              /* rank files, and distrib_optim.pt files where read */
     int entries, unchecked; /* zip entries read; of them, recording no CRC-32 to compare with */
     int damaged;            /* files with an entry whose CRC-32 differs */
     char first_damage[640]; /* the first such entry: file, entry, both CRC-32s */
+    megatron_replica_result replicas; /* the copies of tensors stored more than once compared */
 } megatron_verify_result;
 
 /* Reads every zip entry of every file of the checkpoint and compares it
  * with the CRC-32 its archive records (threads files at a time): the
- * checksums a Megatron checkpoint has. Damage is counted in result, not
- * returned; a failure to read is. on_bytes (may be NULL) hears the bytes
- * read, from worker threads. */
+ * checksums a Megatron checkpoint has; then compares every copy of a tensor
+ * stored more than once with the one read (megatron_check_replicas).
+ * Damage is counted in result, not returned; a failure to read is.
+ * on_bytes (may be NULL) hears the bytes of the files read, from worker
+ * threads. */
 int megatron_verify(const megatron_checkpoint *checkpoint, int threads, void (*on_bytes)(void *ctx, int64_t bytes),
                     void *ctx, megatron_verify_result *result);
 /* The iteration's directory. */
@@ -163,7 +189,12 @@ int megatron_read_piece(const megatron_checkpoint *checkpoint, int index, int tp
 /* The checkpoint as a ckpt_reader of a foreign checkpoint (ckpt.h): the
  * tensors above, their pieces byte ranges of the rank files, the iteration
  * as the step; each tensor's logical digest computed when compute_digests
- * (a read of every byte). The reader does not need the checkpoint after. */
+ * (a read of every byte), and with it every copy of a tensor stored more
+ * than once compared with the one read (megatron_check_replicas): copies
+ * that differ are refused (TP_ERR_FORMAT naming the tensor, both files, the
+ * element and both values), since digests of the copy read would prove an
+ * output equal to one of two values. The reader does not need the
+ * checkpoint after. */
 int megatron_reader_open(const megatron_checkpoint *checkpoint, int compute_digests, ckpt_reader **out);
 
 typedef struct {

@@ -526,6 +526,15 @@ static int verify_megatron(const char *path, int threads)
                 result.files, result.first_damage);
         bad = 1;
     }
+    /* Copies that differ are said where every file matches its CRC-32s: a
+     * damaged file explains its own (as a DCP's digests after its items). */
+    const megatron_replica_result *replicas = &result.replicas;
+    if (replicas->copies_differ && !result.damaged) {
+        fprintf(stderr, "tp-ckpt: error: %s: %d of %d tensors stored more than once differ between their copies (%d of %d "
+                "copies), the first: %s\n", megatron_path(m), replicas->tensors_differ, replicas->tensors,
+                replicas->copies_differ, replicas->copies, replicas->first_difference);
+        bad = 1;
+    }
     if (refusal && refusal_status == TP_ERR_FORMAT) {
         fprintf(stderr, "tp-ckpt: error: %s: optimizer state damaged: %s\n", megatron_path(m), refusal);
         bad = 1;
@@ -537,10 +546,14 @@ static int verify_megatron(const char *path, int threads)
                "read, not checked\n", result.unchecked);
     char size[32];
     format_bytes((double)total, size, sizeof size);
+    char copies[160] = "";
+    if (replicas->copies)
+        snprintf(copies, sizeof copies, "; every other copy (%d) of the %d tensors stored more than once equals the "
+                 "copy read", replicas->copies, replicas->tensors);
     if (!bad)
-        printf("ok: %s: %d files, %d zip entries (%s) match their CRC-32s, read in %.2f s; checked at open: every rank "
+        printf("ok: %s: %d files, %d zip entries (%s) match their CRC-32s, read in %.2f s%s; checked at open: every rank "
                "file, its zip and pickle, every tensor's shape on every rank and that its bytes lie in the file\n",
-               megatron_path(m), result.files, result.entries - result.unchecked, size, seconds);
+               megatron_path(m), result.files, result.entries - result.unchecked, size, seconds, copies);
     megatron_close(m);
     return bad ? 1 : 0;
 }
@@ -744,6 +757,28 @@ static int worse_first(const void *x, const void *y)
     return a->result.max_abs_diff < b->result.max_abs_diff ? 1 : a->result.max_abs_diff > b->result.max_abs_diff ? -1 : 0;
 }
 
+/* A Megatron-LM checkpoint holds some tensors more than once (replicated
+ * over the tensor-parallel ranks, the tied embeddings' copy) and its reader
+ * reads one copy: copies that differ from it would pass unseen through a
+ * comparison of the tensors read. They are damage, said as an error (1; 2
+ * where they could not be read); 0 where every copy is the one read, or
+ * the format stores each once. */
+static int replicas_differ(formats_source *source, const char *side, int threads)
+{
+    megatron_checkpoint *m = formats_source_megatron(source);
+    if (!m) return 0;
+    megatron_replica_result r;
+    if (megatron_check_replicas(m, threads, &r)) {
+        fprintf(stderr, "tp-ckpt: error: %s (%s): the copies of tensors stored more than once not compared: %s\n", side,
+                megatron_path(m), tp_errmsg());
+        return 2;
+    }
+    if (r.copies_differ)
+        fprintf(stderr, "tp-ckpt: error: %s (%s): %d of %d tensors stored more than once differ between their copies (%d of "
+                "%d copies; the copies read are compared), the first: %s\n", side, megatron_path(m), r.tensors_differ,
+                r.tensors, r.copies_differ, r.copies, r.first_difference);
+    return r.copies_differ ? 1 : 0;
+}
 
 static int cmd_diff(int argc, char **argv)
 {
@@ -778,6 +813,8 @@ static int cmd_diff(int argc, char **argv)
         return code;
     }
     ckpt_reader *a = formats_source_reader(source_a), *b = formats_source_reader(source_b);
+    int damaged = replicas_differ(source_a, "A", (int)threads);
+    damaged |= replicas_differ(source_b, "B", (int)threads);
     int na = ckpt_reader_num_tensors(a), nb = ckpt_reader_num_tensors(b), only = 0, n = 0;
     tensor_diff *diffs = calloc((size_t)na + 1, sizeof *diffs);
     for (int i = 0; i < na; i++) {
@@ -835,13 +872,18 @@ static int cmd_diff(int argc, char **argv)
     else if (differ)
         fprintf(stderr, "tp-ckpt: checkpoints differ: %d of %d common tensors differ, %d tensors in one only\n",
                 differing, n, only);
+    else if (damaged)
+        fprintf(stderr, "tp-ckpt: error: the %d tensors read are equal%s, %s (above): the checkpoints are %s\n", n,
+                rtol == 0 && atol == 0 ? "" : " within tolerance",
+                damaged & 1 ? "not every copy of them" : "their other copies could not be compared",
+                damaged & 1 ? "not equal" : "not known to be equal");
     else
         printf("equal: %d tensors, %lld elements%s\n", n, (long long)elements,
                rtol == 0 && atol == 0 ? ", bit-exact" : " within tolerance");
     free(diffs);
     formats_source_close(source_a);
     formats_source_close(source_b);
-    return differ || unreadable ? 1 : 0;
+    return differ || unreadable || damaged ? 1 : 0;
 }
 
 /* ------------------------------------------------------------------ synth */

@@ -112,6 +112,75 @@ check "zipfile sees the flipped bit as a bad CRC-32" test -n "$FLIPPED"
 expect_error "verify finds it by the entry's CRC-32" 1 "$FLIPPED: its" "$CK" verify "$WORK/a_flip"
 check "and says how many files are damaged" grep -q "1 of 8 files damaged" "$WORK/.err"
 
+# Tensors stored more than once: a replicated tensor (norms, the biases of
+# row-parallel layers) is in every tensor-parallel rank's file, the tied
+# embeddings also on the last stage, and one copy is read. A copy that
+# differs (a bug or a flipped bit on one rank, its file's CRC-32 intact) is
+# damage that verify names, diff does not call equal and tp-reshard
+# --verify refuses; torch.load reads the files as they are (the judge of
+# the edits: it prints the bits each edited element had).
+expect_ok "verify of the intact checkpoint" "$CK" verify "$WORK/a"
+check "verify compares the copies of a checkpoint" \
+    grep -Eq "every other copy \([0-9]+\) of the [0-9]+ tensors stored more than once equals the copy read" "$WORK/.out"
+for c in b_rep b_rep0 a_nan a_head; do rm -rf "$WORK/$c" && cp -r "$WORK/${c%%_*}" "$WORK/$c"; done
+BITS=$("$PY" - "$WORK" "$ROOT/tests/support" <<'PYEOF'
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+import megatron_fixture
+megatron_fixture.install_megatron_stubs()
+edits = [("b_rep", "mp_rank_01_001", "decoder.final_layernorm.weight", (0,), 5.0),
+         ("b_rep0", "mp_rank_00_001", "decoder.final_layernorm.weight", (0,), 5.0),
+         ("a_nan", "mp_rank_02_000", "language_model.encoder.layers.1.input_norm.bias", (3,), float("nan")),
+         ("a_head", "mp_rank_03_001", "word_embeddings_for_head.weight", (2, 1), -7.0)]
+def find(node, key, prefix=""):
+    for k, v in node.items():
+        path = prefix + str(k)
+        if path == key:
+            return v
+        if isinstance(v, dict) and key.startswith(path + "."):
+            found = find(v, key, path + ".")
+            if found is not None:
+                return found
+    return None
+for name, rank, key, at, value in edits:
+    path = "%s/%s/iter_0001000/%s/model_optim_rng.pt" % (sys.argv[1], name, rank)
+    sd = torch.load(path, map_location="cpu", weights_only=False)
+    t = next(t for t in (find(sd[m], key) for m in sd if m.startswith("model")) if t is not None)
+    print("0x%04x" % (t[at].view(torch.int16).item() & 0xffff), end=" ")
+    t[at] = value
+    torch.save(sd, path)
+PYEOF
+)
+set -- $BITS
+check "the copies edited where torch.load finds them" [ $# -eq 4 ]
+REPLICAS="is replicated over the tensor-parallel ranks and its copies differ"
+expect_error "verify: tensor-parallel rank 1's final norm differs from rank 0's, read" 1 \
+    "b_rep/iter_0001000: 1 of [0-9]+ tensors stored more than once differ .* final_norm.weight \(decoder.final_layernorm.weight\) $REPLICAS: element \[0\] is 5 \(0x40a0\) in [^ ]*b_rep/iter_0001000/mp_rank_01_001/model_optim_rng.pt \(tensor-parallel rank 1's copy\), [^ ]+ \($1\) in [^ ]*b_rep/iter_0001000/mp_rank_00_001/model_optim_rng.pt \(rank 0's, the one read\)" \
+    "$CK" verify "$WORK/b_rep"
+run "$CK" diff "$WORK/b" "$WORK/b_rep"
+check_all "diff of it: not equal (exit $RC)" '[ $RC -eq 1 ] && ! grep -q "^equal" "$WORK/.out"'
+check "diff of it: names the copy that differs" grep -Eq "^tp-ckpt: error: B \(.*b_rep/iter_0001000\): 1 of [0-9]+ tensors .*final_norm.weight .*element \[0\] is 5 \(0x40a0\)" "$WORK/.err"
+check "diff of it: the tensors read are equal, the checkpoints are not" grep -q "tensors read are equal, not every copy of them" "$WORK/.err"
+expect_error "tp-reshard --verify refuses it" 1 "b_rep/iter_0001000: final_norm.weight .*$REPLICAS: element \[0\] is 5" \
+    "$RS" "$WORK/b_rep" --to tp1 --format tp -o "$WORK/b_rep_tp1" --verify
+check "tp-reshard --verify wrote nothing" test ! -e "$WORK/b_rep_tp1"
+run "$CK" diff "$WORK/b" "$WORK/b_rep0"
+check_all "the same edit in rank 0's copy: diff finds the tensor read differs (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "^final_norm.weight  *1 " "$WORK/.out"'
+expect_error "the same edit in rank 0's copy: verify names it" 1 \
+    "$REPLICAS: element \[0\] is [^ ]+ \($1\) in [^ ]*mp_rank_01_001/model_optim_rng.pt \(tensor-parallel rank 1's copy\), 5 \(0x40a0\) in [^ ]*mp_rank_00_001" \
+    "$CK" verify "$WORK/b_rep0"
+expect_error "a NaN in tensor-parallel rank 2's copy of a norm's bias (fp16): verify names it" 1 \
+    "layers.1.input_norm.bias \(language_model.encoder.layers.1.input_norm.bias\) $REPLICAS: element \[3\] is nan \(0x7e00\) in [^ ]*mp_rank_02_000/model_optim_rng.pt \(tensor-parallel rank 2's copy\), [^ ]+ \($3\) in [^ ]*mp_rank_00_000/model_optim_rng.pt" \
+    "$CK" verify "$WORK/a_nan"
+expect_error "the last stage's copy of the tied embeddings: verify names it" 1 \
+    "embedding.word_embeddings.weight \(language_model.embedding.word_embeddings.weight\) and its copy for the tied output layer differ: element \[2, 1\] of tensor-parallel piece 3 is -7 \(0xc700\) in [^ ]*a_head/iter_0001000/mp_rank_03_001/model_optim_rng.pt \(the copy\), [^ ]+ \($4\) in [^ ]*a_head/iter_0001000/mp_rank_03_000/model_optim_rng.pt \(the one read\)" \
+    "$CK" verify "$WORK/a_head"
+# Without --verify a reshard reads the copies it writes from, rank 0's, as
+# Megatron's own converters do (docs/MEGATRON.md): not refused.
+expect_ok "tp-reshard without --verify takes rank 0's copy" "$RS" "$WORK/b_rep" --to tp1 --format tp -o "$WORK/b_rep_tp1"
+expect_ok "which equals the undamaged checkpoint" "$CK" diff "$WORK/b" "$WORK/b_rep_tp1"
+
 # The outside judge: the outputs read by the independent h5py reader
 # (tests/ckpt/check_h5py.py, checksums and padding checked) equal the
 # unsharded tensors PyTorch computed, bit for bit.

@@ -395,6 +395,124 @@ Test(megatron, optimizer_state_not_read_is_said)
     }
 }
 
+/* The copies a checkpoint holds of a tensor besides the one read: (tp - 1)
+ * of each replicated tensor (its optimizer state included), and with tied
+ * embeddings over pp > 1 the last stage's copy of each piece of the word
+ * embeddings and of their state. */
+static int expected_copies(const megatron_checkpoint *m)
+{
+    const megatron_config *c = megatron_config_of(m);
+    int copies = 0, word = 0;
+    for (int i = 0; i < megatron_num_tensors(m); i++) {
+        const ckpt_tensor_desc *t = megatron_tensor(m, i);
+        if (t->partition.kind == CKPT_REPLICATED) copies += c->tp - 1;
+        word += !strcmp(t->param ? t->param : t->name, "embedding.word_embeddings.weight");
+    }
+    return copies + (c->tied_head_copy ? word * c->tp : 0);
+}
+
+/* megatron_check_replicas of the checkpoint at dir/name, and what
+ * megatron_verify and a reader computing digests make of it. */
+static void check_copies(const char *name, int differ, const char *const *needles)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    megatron_checkpoint *m;
+    cr_assert_eq(megatron_open(path, &m), TP_OK, "%s: %s", name, tp_errmsg());
+    megatron_replica_result r;
+    cr_assert_eq(megatron_check_replicas(m, 2, &r), TP_OK, "%s: %s", name, tp_errmsg());
+    cr_assert_eq(r.copies, expected_copies(m), "%s: %d copies compared, %d expected", name, r.copies, expected_copies(m));
+    cr_assert_gt(r.tensors, 0);
+    cr_assert_eq(r.copies_differ, differ, "%s: %d copies differ, %d expected: %s", name, r.copies_differ, differ,
+                 r.first_difference);
+    for (int k = 0; needles && needles[k]; k++)
+        cr_assert(strstr(r.first_difference, needles[k]), "%s: '%s' not in: %s", name, needles[k], r.first_difference);
+    megatron_verify_result verified;
+    cr_assert_eq(megatron_verify(m, 2, NULL, NULL, &verified), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(verified.damaged, 0, "%s", verified.first_damage); /* every file's CRC-32s match: torch.save wrote them */
+    cr_assert_eq(verified.replicas.copies_differ, differ);
+    cr_assert_str_eq(verified.replicas.first_difference, r.first_difference);
+    /* The digests of the copies read would prove one of two values: refused. */
+    ckpt_reader *reader = NULL;
+    int status = megatron_reader_open(m, 1, &reader);
+    ckpt_reader_close(reader);
+    if (differ) {
+        cr_assert_eq(status, TP_ERR_FORMAT, "%s: a reader computing digests opened it", name);
+        cr_assert(strstr(tp_errmsg(), r.first_difference), "%s: %s", name, tp_errmsg());
+    } else {
+        cr_assert_eq(status, TP_OK, "%s: %s", name, tp_errmsg());
+    }
+    /* Without digests the copies read are read, as Megatron's converters read them. */
+    cr_assert_eq(megatron_reader_open(m, 0, &reader), TP_OK, "%s", tp_errmsg());
+    ckpt_reader_close(reader);
+    megatron_close(m);
+}
+
+Test(megatron, copies_of_a_tensor_are_compared)
+{
+    const char *fixtures[] = {
+        "r --tp 2 --pp 2 --layers 4 --hidden 32 --heads 4 --ffn 64 --vocab 50 --optimizer --dtype bf16 --plain-args",
+        "s --tp 2 --pp 2 --layers 4 --hidden 32 --heads 4 --ffn 64 --vocab 50 --dist-opt --dtype fp16 --plain-args",
+        "u --tp 4 --pp 1 --layers 2 --hidden 32 --heads 4 --ffn 64 --vocab 50 --optimizer --dtype fp32 --untied "
+        "--names core --rmsnorm --plain-args",
+    };
+    generate(fixtures, 3);
+    for (int k = 0; k < 3; k++) check_copies((const char *[]){"r", "s", "u"}[k], 0, NULL);
+    /* Copies changed as one rank's bug or flipped bit would (torch.save
+     * writes their CRC-32s): a replicated tensor's Adam moment on tp rank 1
+     * (r1: the first of the stage's norms), the last stage's copy of the
+     * tied embeddings' master weights (r2), tp rank 1's distrib_optim.pt
+     * master weights of a stage (s1: its replicated parameters', and the
+     * word embeddings' piece 1, which the last stage's copy no longer
+     * equals), a NaN in tp rank 3's final norm (u1), the same NaN in every
+     * copy (u2: equal, bit for bit). */
+    char command[6000];
+    snprintf(command, sizeof command,
+             "%s -c 'import shutil, sys, torch\n"
+             "d = sys.argv[1]\n"
+             "def edit(name, f, change):\n"
+             "    shutil.copytree(d + \"/\" + name[0], d + \"/\" + name, dirs_exist_ok=True)\n"
+             "    for path in f.split():\n"
+             "        path = d + \"/\" + name + \"/iter_0001000/\" + path\n"
+             "        sd = torch.load(path, map_location=\"cpu\", weights_only=False); change(sd); torch.save(sd, path)\n"
+             "def moment(sd):\n"
+             "    st = sd[\"optimizer\"][\"optimizer\"][\"state\"]\n"
+             "    st[[i for i in sorted(st) if st[i][\"exp_avg\"].dim() == 1][0]][\"exp_avg\"][5] += 1\n"
+             "def master(sd):\n"
+             "    g = [g for g in sd[\"optimizer\"][\"fp32_from_fp16_params\"] if g[0].dim() == 2][0]\n"
+             "    g[-1][1, 2] += 1\n" /* the head copy's: the stage's last parameter */
+             "def world(sd):\n"
+             "    w = sd[0][next(iter(sd[0]))]; w[\"param\"] += 1\n"
+             "def nan(sd):\n"
+             "    sd[\"model\"][\"decoder.final_layernorm.weight\"][5] = float(\"nan\")\n"
+             "edit(\"r1\", \"mp_rank_01_001/model_optim_rng.pt\", moment)\n"
+             "edit(\"r2\", \"mp_rank_00_001/model_optim_rng.pt\", master)\n"
+             "edit(\"s1\", \"mp_rank_01_000/distrib_optim.pt\", world)\n"
+             "edit(\"u1\", \"mp_rank_03/model_optim_rng.pt\", nan)\n"
+             "edit(\"u2\", \" \".join(\"mp_rank_%%02d/model_optim_rng.pt\" %% t for t in range(4)), nan)' %s",
+             fixture_python(), dir);
+    cr_assert_eq(system(command), 0, "%s", command);
+    const char *r1[] = {"optim/exp_avg/", "is replicated over the tensor-parallel ranks and its copies differ: element [5] is",
+                        "/r1/iter_0001000/mp_rank_01_001/model_optim_rng.pt (tensor-parallel rank 1's copy)",
+                        "/r1/iter_0001000/mp_rank_00_001/model_optim_rng.pt (rank 0's, the one read)", NULL};
+    check_copies("r1", 1, r1);
+    const char *r2[] = {"optim/master/embedding.word_embeddings.weight (fp32_from_fp16_params[",
+                        "]) and its copy for the tied output layer differ: element [1, 2] of tensor-parallel piece 0 is",
+                        "/r2/iter_0001000/mp_rank_00_001/model_optim_rng.pt (the copy)",
+                        "/r2/iter_0001000/mp_rank_00_000/model_optim_rng.pt (the one read)", NULL};
+    check_copies("r2", 1, r2);
+    /* Stage 0 holds the position embeddings and 2 layers of 6 replicated tensors each. */
+    const char *s1[] = {"optim/master/embedding.position_embeddings.weight (distrib_optim.pt chunk 0 param[",
+                        "element [0, 0] is", "/s1/iter_0001000/mp_rank_01_000/distrib_optim.pt (tensor-parallel rank 1's copy)",
+                        "/s1/iter_0001000/mp_rank_00_000/distrib_optim.pt (rank 0's, the one read)", NULL};
+    check_copies("s1", 13 + 1, s1);
+    const char *u1[] = {"final_norm.weight (decoder.final_layernorm.weight) is replicated over the tensor-parallel ranks "
+                        "and its copies differ: element [5] is nan (0x7fc00000) in ",
+                        "/u1/iter_0001000/mp_rank_03/model_optim_rng.pt (tensor-parallel rank 3's copy), 1", NULL};
+    check_copies("u1", 1, u1);
+    check_copies("u2", 0, NULL);
+}
+
 /* ------------------------------------------ the fuzzing corpus, replayed */
 
 #define LLVMFuzzerTestOneInput fuzz_megatron_one
