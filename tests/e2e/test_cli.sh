@@ -160,6 +160,16 @@ run "$TRAIN" --model tiny --steps 1 --ckpt-dir 's3://AKIA:TopSecret123@bucket/ru
 check_all "tp-train --ckpt-dir s3://KEY:SECRET@bucket: refused (exit $RC), the secret not repeated" '[ "$RC" -eq 2 ] &&
     grep -q "credentials in URLs are refused" "$WORK/.err" && ! grep -q TopSecret123 "$WORK/.err"'
 
+# ------------------------------------------------ the stores' settings
+# A TP_REMOTE_* setting that is not a whole number in its range was replaced
+# by the default without a word (TP_REMOTE_TIMEOUT=0, abc or -5: 30 s).
+for value in 0 abc -5 "1 0"; do
+    expect_error "TP_REMOTE_TIMEOUT='$value': refused, named" 1 "TP_REMOTE_TIMEOUT=$value: expected a whole number in 1..86400" \
+        env TP_REMOTE_TIMEOUT="$value" "$CK" info http://127.0.0.1:9/ck
+done
+expect_error "TP_REMOTE_RETRIES=many: refused, named" 1 "TP_REMOTE_RETRIES=many: expected a whole number in 0..100" \
+    env TP_REMOTE_RETRIES=many "$CK" info http://127.0.0.1:9/ck
+
 # ------------------------------------------------- documented options
 expect_ok "every option in --help and docs/TOOLS.md, and no other" \
     "$PY_INTERPRETER" "$ROOT/tests/support/documented_options.py" "$ROOT" "$BIN"
